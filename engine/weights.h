@@ -1,0 +1,42 @@
+// Model weights of a DeepSeek-V4 checkpoint, dequantized to float32 for the CPU engine.
+//
+// Load() reads a Hugging Face model directory: a single model.safetensors or shards listed in
+// model.safetensors.index.json. Tensors may be F32 / BF16 / F16, FP8 E4M3 with block scales, or
+// FP4 (E2M1, two per byte) experts with their scales; all are dequantized on load. Both the
+// transformers names (model.layers.0.self_attn.q_a_proj.weight, experts as stacked
+// gate_up_proj / down_proj) and DeepSeek's original names (layers.0.attn.wq_a.weight,
+// layers.0.ffn.experts.3.w1.weight, ...) are accepted; every tensor is stored under its
+// canonical transformers name, so the model code uses one naming. The mapping is documented in
+// docs/checkpoints.md. Immutable after Load(); concurrent reads are safe.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "engine/config.h"
+#include "engine/tensor.h"
+
+namespace pdserve::engine {
+
+class Weights {
+ public:
+  // Loads and validates every tensor the config requires: missing, unexpected, wrong-shape or
+  // wrong-dtype tensors and truncated data are errors naming the file and tensor.
+  static absl::StatusOr<Weights> Load(const std::string& model_dir, const ModelConfig& config);
+
+  // The tensor stored under canonical (transformers) `name`, or NotFound.
+  absl::StatusOr<const Tensor*> Get(std::string_view name) const;
+  // Like Get(), for names Load() has already validated: aborts with the name on a miss.
+  const Tensor& At(std::string_view name) const;
+
+  // Test hook and tooling: replace or add a tensor.
+  void Set(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
+  const std::map<std::string, Tensor, std::less<>>& all() const { return tensors_; }
+
+ private:
+  std::map<std::string, Tensor, std::less<>> tensors_;
+};
+
+}  // namespace pdserve::engine
