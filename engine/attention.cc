@@ -1,0 +1,156 @@
+#include "engine/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/sink_attention.h"
+
+namespace pdserve::engine {
+
+namespace cpu = ::pdserve::kernels::cpu;
+
+namespace {
+
+std::string Prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + ".self_attn"; }
+
+}  // namespace
+
+Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
+                     const RopeTable* main_rope, const RopeTable* compress_rope)
+    : config_(config),
+      type_(config.layer_types.at(static_cast<size_t>(layer))),
+      rate_(config.CompressRate(type_)),
+      rope_(type_ == LayerType::kSlidingAttention ? main_rope : compress_rope),
+      q_a_proj_(weights.At(Prefix(layer) + ".q_a_proj.weight")),
+      q_a_norm_(weights.At(Prefix(layer) + ".q_a_norm.weight")),
+      q_b_proj_(weights.At(Prefix(layer) + ".q_b_proj.weight")),
+      kv_proj_(weights.At(Prefix(layer) + ".kv_proj.weight")),
+      kv_norm_(weights.At(Prefix(layer) + ".kv_norm.weight")),
+      o_a_proj_(weights.At(Prefix(layer) + ".o_a_proj.weight")),
+      o_b_proj_(weights.At(Prefix(layer) + ".o_b_proj.weight")),
+      sinks_(weights.At(Prefix(layer) + ".sinks")) {
+  const float eps = static_cast<float>(config.rms_norm_eps);
+  const std::string compressor = Prefix(layer) + ".compressor";
+  if (type_ == LayerType::kHeavilyCompressedAttention) {
+    compressor_ =
+        std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
+                                     /*overlapping=*/false, config.hidden_size, eps, compress_rope);
+  } else if (type_ == LayerType::kCompressedSparseAttention) {
+    compressor_ =
+        std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
+                                     /*overlapping=*/true, config.hidden_size, eps, compress_rope);
+    indexer_compressor_ =
+        std::make_unique<Compressor>(weights, compressor + ".indexer", rate_, config.index_head_dim,
+                                     /*overlapping=*/true, config.hidden_size, eps, compress_rope);
+    indexer_ = std::make_unique<Indexer>(config, weights, compressor + ".indexer", compress_rope);
+  }
+}
+
+LayerState Attention::NewState() const {
+  LayerState s;
+  s.window_kv = Tensor({0, config_.head_dim});
+  if (compressor_) s.compressor = compressor_->NewState();
+  if (indexer_compressor_) s.indexer = indexer_compressor_->NewState();
+  return s;
+}
+
+void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, LayerState* state,
+                        float* out) const {
+  const int64_t hidden = config_.hidden_size;
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t hd = config_.head_dim;
+  const int64_t q_lora = config_.q_lora_rank;
+  const int64_t window = config_.sliding_window;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+
+  std::vector<int64_t> positions(static_cast<size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i) positions[i] = first_position + i;
+  std::vector<float> cos;
+  std::vector<float> sin;
+  rope_->Compute(positions, &cos, &sin);
+
+  std::vector<float> q_res(static_cast<size_t>(tokens * q_lora));
+  cpu::Linear(x, tokens, hidden, q_a_proj_.ptr(), q_lora, q_res.data());
+  cpu::RmsNorm(q_res.data(), q_a_norm_.ptr(), tokens, q_lora, eps, q_res.data());
+  std::vector<float> q(static_cast<size_t>(tokens * heads * hd));
+  cpu::Linear(q_res.data(), tokens, q_lora, q_b_proj_.ptr(), heads * hd, q.data());
+  cpu::RmsNorm(q.data(), nullptr, tokens * heads, hd, eps, q.data());
+  cpu::ApplyInterleavedRope(q.data(), tokens, heads * hd, heads, hd, rope_->rope_dim(), cos.data(),
+                            sin.data(), /*inverse=*/false);
+
+  // Keys of this call: the carried window rows followed by the new tokens' rows.
+  Tensor& keys = state->window_kv;
+  const int64_t carried = keys.dim(0);
+  const int64_t keys_first_position = first_position - carried;
+  std::vector<float> kv(static_cast<size_t>(tokens * hd));
+  cpu::Linear(x, tokens, hidden, kv_proj_.ptr(), hd, kv.data());
+  cpu::RmsNorm(kv.data(), kv_norm_.ptr(), tokens, hd, eps, kv.data());
+  cpu::ApplyInterleavedRope(kv.data(), tokens, hd, 1, hd, rope_->rope_dim(), cos.data(), sin.data(),
+                            /*inverse=*/false);
+  AppendRows(&keys, kv.data(), tokens);
+
+  std::vector<int32_t> picks;
+  if (compressor_) compressor_->Extend(x, tokens, &state->compressor);
+  if (indexer_) {
+    indexer_compressor_->Extend(x, tokens, &state->indexer);
+    indexer_->Select(x, q_res.data(), tokens, first_position, state->indexer.entries, &picks);
+  }
+  const Tensor& entries = state->compressor.entries;
+
+  // Key rows each query attends to.
+  std::vector<std::vector<const float*>> rows(static_cast<size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i) {
+    const int64_t t = positions[i];
+    const int64_t from = std::max(t - window + 1, keys_first_position);
+    for (int64_t p = from; p <= t; ++p) {
+      rows[i].push_back(keys.ptr() + (p - keys_first_position) * hd);
+    }
+    if (type_ == LayerType::kHeavilyCompressedAttention) {
+      const int64_t visible = std::min(entries.dim(0), (t + 1) / rate_);
+      for (int64_t w = 0; w < visible; ++w) rows[i].push_back(entries.ptr() + w * hd);
+    } else if (indexer_) {
+      for (int64_t k = 0; k < indexer_->topk(); ++k) {
+        const int32_t w = picks[static_cast<size_t>(i * indexer_->topk() + k)];
+        if (w >= 0) rows[i].push_back(entries.ptr() + w * hd);
+      }
+    }
+  }
+
+  std::vector<float> attn(static_cast<size_t>(tokens * heads * hd));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  cpu::ParallelFor(tokens * heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / heads;
+      const int64_t h = item % heads;
+      scratch.resize(rows[i].size());
+      cpu::SinkAttention(q.data() + item * hd, 1, hd, rows[i].data(),
+                         static_cast<int64_t>(rows[i].size()), sinks_.ptr() + h, scale,
+                         attn.data() + item * hd, scratch.data());
+    }
+  });
+  cpu::ApplyInterleavedRope(attn.data(), tokens, heads * hd, heads, hd, rope_->rope_dim(),
+                            cos.data(), sin.data(), /*inverse=*/true);
+
+  // Grouped output projection: group g's heads [tokens, heads * hd / G] -> [tokens, o_lora].
+  const int64_t groups = config_.o_groups;
+  const int64_t group_in = heads * hd / groups;
+  const int64_t o_lora = config_.o_lora_rank;
+  std::vector<float> grouped(static_cast<size_t>(tokens * groups * o_lora));
+  for (int64_t g = 0; g < groups; ++g) {
+    cpu::Linear(attn.data() + g * group_in, tokens, group_in, heads * hd,
+                o_a_proj_.ptr() + g * o_lora * group_in, o_lora, grouped.data() + g * o_lora,
+                groups * o_lora);
+  }
+  cpu::Linear(grouped.data(), tokens, groups * o_lora, o_b_proj_.ptr(), hidden, out);
+
+  DropFrontRows(&keys, keys.dim(0) - std::max<int64_t>(window - 1, 0));
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,55 @@
+// The DeepSeek-V4 causal language model on the CPU backend (float32, OpenBLAS GEMMs, threads).
+//
+// Math: transformers 5.17 models/deepseek_v4/modeling_deepseek_v4.py (DeepseekV4ForCausalLM),
+// one-shot semantics: the logits of a token are those of the one-shot forward over the whole
+// sequence, whatever the split into Forward calls (prefill, chunked prefill, token-by-token
+// decode). docs/engine.md describes the pieces and the one place the reference's own cache path
+// differs.
+//
+// Thread-safety: a Model is immutable after construction; Forward may run concurrently on
+// distinct ModelStates (each state is advanced by one caller at a time).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/config.h"
+#include "engine/state.h"
+#include "engine/tensor.h"
+#include "engine/weights.h"
+
+namespace pdserve::engine {
+
+class Model {
+ public:
+  // Loads config.json and the safetensors weights of a Hugging Face model directory
+  // (ModelConfig::Load, Weights::Load) and validates them.
+  static absl::StatusOr<Model> Load(const std::string& model_dir);
+  // Builds a model from parts already in memory. InvalidArgument names the first missing or
+  // mis-shaped tensor (see engine/tensor_spec.h) or an unsupported config value.
+  static absl::StatusOr<Model> FromWeights(ModelConfig config, Weights weights);
+
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  const ModelConfig& config() const;
+
+  // An empty state (position 0) for a new request.
+  ModelState NewState() const;
+
+  // Extends `state` by `tokens` (any number >= 1, at positions state->position onward) and
+  // returns their logits, float32 [tokens.size(), vocab_size]. InvalidArgument, with `state`
+  // untouched, for an empty chunk, a token id outside [0, vocab_size) or a state of another model.
+  absl::StatusOr<Tensor> Forward(ModelState* state, const std::vector<int32_t>& tokens) const;
+
+ private:
+  struct Impl;
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdserve::engine
