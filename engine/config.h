@@ -16,9 +16,9 @@
 namespace pdserve::engine {
 
 enum class LayerType {
-  kSlidingAttention,             // "sliding_attention": window only, "main" RoPE
-  kCompressedSparseAttention,    // "compressed_sparse_attention" (CSA): window + indexer top-k
-  kHeavilyCompressedAttention,   // "heavily_compressed_attention" (HCA): window + all entries
+  kSlidingAttention,            // "sliding_attention": window only, "main" RoPE
+  kCompressedSparseAttention,   // "compressed_sparse_attention" (CSA): window + indexer top-k
+  kHeavilyCompressedAttention,  // "heavily_compressed_attention" (HCA): window + all entries
 };
 
 enum class MlpLayerType { kHashMoe, kMoe };
@@ -32,10 +32,13 @@ struct RopeParams {
   double partial_rotary_factor = 0.125;
   // YaRN only (transformers modeling_rope_utils._compute_yarn_parameters).
   double factor = 1.0;
-  double original_max_position_embeddings = 0.0;  // 0: use max_position_embeddings
+  // Parse() always fills it (max_position_embeddings where the config leaves it out).
+  double original_max_position_embeddings = 0.0;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double attention_factor = 1.0;  // V4 forces 1.0 for the compress rope
+  // Parse() resolves it: given, or 1.0 injected by V4 for a flat yarn config, or YaRN's
+  // 0.1 * ln(factor) + 1 (mscale ratio when mscale / mscale_all_dim are set) for a nested one.
+  double attention_factor = 1.0;
   bool truncate = true;
 };
 
@@ -48,7 +51,10 @@ struct ModelConfig {
   int64_t num_attention_heads = 64;
   int64_t num_key_value_heads = 1;
   int64_t head_dim = 512;
-  int64_t qk_rope_head_dim = 64;  // head_dim * partial_rotary_factor
+  // int(head_dim * partial_rotary_factor) of the config. The rotary dim a layer actually uses is
+  // int(head_dim * rope.partial_rotary_factor) of its RopeParams (they differ only when a nested
+  // rope_parameters sub-dict omits partial_rotary_factor: transformers then uses 1.0).
+  int64_t qk_rope_head_dim = 64;
   int64_t q_lora_rank = 1024;
   int64_t num_experts_per_tok = 6;
   int64_t n_routed_experts = 256;
@@ -77,13 +83,13 @@ struct ModelConfig {
   int64_t index_topk = 512;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  int64_t bos_token_id = 0;
-  std::vector<int64_t> eos_token_ids = {1};
+  int64_t bos_token_id = 0;                  // -1 when config.json has null
+  std::vector<int64_t> eos_token_ids = {1};  // an int or a list in config.json; null -> empty
 
   int64_t CompressRate(LayerType t) const {
-    return t == LayerType::kCompressedSparseAttention   ? compress_rate_csa
+    return t == LayerType::kCompressedSparseAttention    ? compress_rate_csa
            : t == LayerType::kHeavilyCompressedAttention ? compress_rate_hca
-                                                          : 0;
+                                                         : 0;
   }
 
   // Parses `<model_dir>/config.json`. Errors (InvalidArgument / NotFound) name the file and key:
