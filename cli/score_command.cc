@@ -1,0 +1,95 @@
+// `pdserve score`: the float32 logits of every position of a token sequence, so the engine can be
+// compared with another implementation (e.g. transformers).
+//
+//   pdserve score --model DIR --tokens 3,17,42 [--decode-from N] --out FILE
+//
+// Prefills the first N tokens in one Forward call (default: all of them), then feeds the rest one
+// token at a time, and writes [tokens, vocab] float32 little-endian row-major logits to FILE.
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/command_registry.h"
+#include "common/status.h"
+#include "engine/model.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct ScoreOptions {
+  std::string model_dir;
+  std::string tokens;
+  int64_t decode_from = -1;  // -1: prefill everything at once
+  std::string out;
+};
+
+absl::StatusOr<std::vector<int32_t>> ParseTokens(const std::string& text) {
+  std::vector<int32_t> tokens;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("--tokens: not an integer: '", piece, "'"));
+    }
+    tokens.push_back(id);
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError("--tokens: no token ids");
+  return tokens;
+}
+
+absl::Status Score(const ScoreOptions& options) {
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseTokens(options.tokens));
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t prefill = options.decode_from < 0 ? total : options.decode_from;
+  if (prefill > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decode-from ", prefill, " exceeds the ", total, " tokens given"));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(options.model_dir));
+  engine::ModelState state = model.NewState();
+  std::vector<float> logits;
+  logits.reserve(static_cast<size_t>(total * model.config().vocab_size));
+  int64_t pos = 0;
+  while (pos < total) {
+    const int64_t n = pos == 0 && prefill > 0 ? prefill : 1;
+    PDSERVE_ASSIGN_OR_RETURN(engine::Tensor chunk,
+                             model.Forward(&state, std::vector<int32_t>(tokens.begin() + pos,
+                                                                        tokens.begin() + pos + n)));
+    logits.insert(logits.end(), chunk.data.begin(), chunk.data.end());
+    pos += n;
+  }
+  std::ofstream out(options.out, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(logits.data()),
+            static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", options.out));
+  return absl::OkStatus();
+}
+
+const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<ScoreOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "score", "Write the float32 logits [tokens, vocab] of a token sequence to a file");
+  cmd->add_option("--model", options->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--tokens", options->tokens, "Comma-separated token ids, e.g. 3,17,42")
+      ->required();
+  cmd->add_option("--decode-from", options->decode_from,
+                  "Prefill the first N tokens at once, then decode one token at a time")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--out", options->out, "Output file (raw little-endian float32)")->required();
+  cmd->callback([options, exit_code] {
+    const absl::Status status = Score(*options);
+    if (!status.ok()) {
+      std::fprintf(stderr, "pdserve score: %s\n", status.ToString().c_str());
+      *exit_code = 1;
+    }
+  });
+});
+
+}  // namespace
+}  // namespace pdserve::cli
