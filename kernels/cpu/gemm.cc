@@ -3,6 +3,13 @@
 #include <cblas.h>
 
 namespace pdserve::kernels::cpu {
+namespace {
+
+// Below this many rows, matrix-vector products beat sgemm, which packs the whole weight matrix on
+// every call (decode steps are one row).
+constexpr int64_t kGemvRows = 4;
+
+}  // namespace
 
 void Linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const float* w, int64_t out,
             float* y, int64_t y_stride) {
@@ -10,6 +17,14 @@ void Linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const fl
   if (in == 0) {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t o = 0; o < out; ++o) y[r * y_stride + o] = 0.0f;
+    }
+    return;
+  }
+  if (rows < kGemvRows) {
+    for (int64_t r = 0; r < rows; ++r) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out), static_cast<blasint>(in),
+                  1.0f, w, static_cast<blasint>(in), x + r * x_stride, 1, 0.0f, y + r * y_stride,
+                  1);
     }
     return;
   }
