@@ -18,6 +18,7 @@
 #include "cli/command_registry.h"
 #include "common/status.h"
 #include "engine/model.h"
+#include "engine/score.h"
 
 namespace pdserve::cli {
 namespace {
@@ -51,21 +52,11 @@ absl::Status Score(const ScoreOptions& options) {
         absl::StrCat("--decode-from ", prefill, " exceeds the ", total, " tokens given"));
   }
   PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(options.model_dir));
-  engine::ModelState state = model.NewState();
-  std::vector<float> logits;
-  logits.reserve(static_cast<size_t>(total * model.config().vocab_size));
-  int64_t pos = 0;
-  while (pos < total) {
-    const int64_t n = pos == 0 && prefill > 0 ? prefill : 1;
-    PDSERVE_ASSIGN_OR_RETURN(engine::Tensor chunk,
-                             model.Forward(&state, std::vector<int32_t>(tokens.begin() + pos,
-                                                                        tokens.begin() + pos + n)));
-    logits.insert(logits.end(), chunk.data.begin(), chunk.data.end());
-    pos += n;
-  }
+  PDSERVE_ASSIGN_OR_RETURN(engine::Tensor logits,
+                           engine::ScorePrefillThenDecode(model, tokens, prefill));
   std::ofstream out(options.out, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(logits.data()),
-            static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(logits.ptr()),
+            static_cast<std::streamsize>(logits.data.size() * sizeof(float)));
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", options.out));
   return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/score.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/logit_compare.h"
 
@@ -51,23 +52,11 @@ std::vector<Case> ReadCases(const fs::path& dir) {
   return cases;
 }
 
-// Feeds the case's tokens in chunks of `sizes` (the last size repeats) and collects all logits.
 Tensor RunChunks(const Model& model, const std::vector<int32_t>& tokens,
                  const std::vector<int64_t>& sizes) {
-  ModelState state = model.NewState();
-  Tensor all({0, model.config().vocab_size});
-  const int64_t total = static_cast<int64_t>(tokens.size());
-  int64_t pos = 0;
-  for (size_t i = 0; pos < total; ++i) {
-    const int64_t n = std::min(sizes[std::min(i, sizes.size() - 1)], total - pos);
-    auto logits =
-        model.Forward(&state, std::vector<int32_t>(tokens.begin() + pos, tokens.begin() + pos + n));
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    if (!logits.ok()) break;
-    AppendRows(&all, logits->ptr(), n);
-    pos += n;
-  }
-  return all;
+  auto logits = ScoreInChunks(model, tokens, sizes);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *std::move(logits) : Tensor({0, model.config().vocab_size});
 }
 
 testing::LogitDiff Compare(const Model& model, const Case& c, const Tensor& got) {
@@ -104,29 +93,29 @@ class FixtureTest : public ::testing::TestWithParam<fs::path> {
     ASSERT_FALSE(cases_.empty());
   }
 
+  // Runs every case in chunks of `sizes` ({0}: the whole case at once), prints the worst error
+  // (the figures docs/engine.md quotes) and expects a match.
+  void CheckAllCases(const std::vector<int64_t>& sizes, const std::string& what) {
+    for (const Case& c : cases_) {
+      const Tensor got = RunChunks(*model_, c.tokens,
+                                   sizes == std::vector<int64_t>{0}
+                                       ? std::vector<int64_t>{static_cast<int64_t>(c.tokens.size())}
+                                       : sizes);
+      const auto d = Compare(*model_, c, got);
+      std::printf("[ fixture ] %s %s %s max rel err %.3g\n",
+                  GetParam().parent_path().filename().c_str(), c.name.c_str(), what.c_str(),
+                  d.worst_relative);
+      ExpectMatches(*model_, c, got, what);
+    }
+  }
+
   std::unique_ptr<Model> model_;
   std::vector<Case> cases_;
 };
 
-TEST_P(FixtureTest, OneShotMatchesTransformers) {
-  for (const Case& c : cases_) {
-    const Tensor got = RunChunks(*model_, c.tokens, {static_cast<int64_t>(c.tokens.size())});
-    const auto d = Compare(*model_, c, got);
-    std::printf("[ fixture ] %s %s one-shot max rel err %.3g\n",
-                GetParam().parent_path().filename().c_str(), c.name.c_str(), d.worst_relative);
-    ExpectMatches(*model_, c, got, "one-shot");
-  }
-}
+TEST_P(FixtureTest, OneShotMatchesTransformers) { CheckAllCases({0}, "one-shot"); }
 
-TEST_P(FixtureTest, TokenByTokenDecodeMatchesTransformers) {
-  for (const Case& c : cases_) {
-    const Tensor got = RunChunks(*model_, c.tokens, {1});
-    const auto d = Compare(*model_, c, got);
-    std::printf("[ fixture ] %s %s decode max rel err %.3g\n",
-                GetParam().parent_path().filename().c_str(), c.name.c_str(), d.worst_relative);
-    ExpectMatches(*model_, c, got, "decode");
-  }
-}
+TEST_P(FixtureTest, TokenByTokenDecodeMatchesTransformers) { CheckAllCases({1}, "decode"); }
 
 TEST_P(FixtureTest, PrefillThenDecodeMatchesTransformers) {
   for (const Case& c : cases_) {

@@ -10,6 +10,7 @@
 
 #include "engine/model.h"
 #include "engine/random_weights.h"
+#include "engine/score.h"
 #include "tests/engine/logit_compare.h"
 #include "tests/engine/tiny_config.h"
 
@@ -40,21 +41,11 @@ class IncrementalTest : public ::testing::Test {
     one_shot_ = *std::move(logits);
   }
 
-  // Runs the sequence in chunks of the given sizes (cycled) and returns all logits.
+  // Runs the sequence in chunks of the given sizes (the last one repeating).
   Tensor RunChunked(const std::vector<int64_t>& sizes) {
-    ModelState state = model_->NewState();
-    Tensor all({0, model_->config().vocab_size});
-    int64_t pos = 0;
-    for (size_t i = 0; pos < kLength; ++i) {
-      const int64_t n = std::min(sizes[i % sizes.size()], kLength - pos);
-      std::vector<int32_t> chunk(tokens_.begin() + pos, tokens_.begin() + pos + n);
-      auto logits = model_->Forward(&state, chunk);
-      EXPECT_TRUE(logits.ok()) << logits.status();
-      AppendRows(&all, logits->ptr(), n);
-      pos += n;
-    }
-    EXPECT_EQ(state.position, kLength);
-    return all;
+    auto logits = ScoreInChunks(*model_, tokens_, sizes);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return logits.ok() ? *std::move(logits) : Tensor();
   }
 
   void ExpectMatchesOneShot(const Tensor& got) {
@@ -74,7 +65,7 @@ TEST_F(IncrementalTest, TokenByTokenDecodeEqualsOneShot) { ExpectMatchesOneShot(
 
 TEST_F(IncrementalTest, ChunkedPrefillEqualsOneShot) {
   ExpectMatchesOneShot(RunChunked({3}));
-  ExpectMatchesOneShot(RunChunked({5, 2, 7}));
+  ExpectMatchesOneShot(RunChunked({5, 2, 7, 1, 6, 3, 9}));
   ExpectMatchesOneShot(RunChunked({4, 8}));
 }
 
@@ -110,6 +101,12 @@ TEST_F(IncrementalTest, RejectsBadTokensWithoutTouchingState) {
   EXPECT_FALSE(model_->Forward(&state, {-1}).ok());
   EXPECT_EQ(state.position, 0);
   EXPECT_EQ(state.layers[0].window_kv.dim(0), 0);
+}
+
+TEST_F(IncrementalTest, ScoreInChunksRejectsBadChunking) {
+  EXPECT_FALSE(ScoreInChunks(*model_, tokens_, {}).ok());
+  EXPECT_FALSE(ScoreInChunks(*model_, tokens_, {3, 0}).ok());
+  EXPECT_FALSE(ScoreInChunks(*model_, {}, {1}).ok());
 }
 
 TEST_F(IncrementalTest, DifferentWeightsChangeLogits) {
