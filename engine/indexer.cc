@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rope.h"
@@ -56,9 +57,7 @@ void Indexer::Select(const float* x, const float* q_residual, int64_t tokens,
         const float* k = keys.ptr() + s * head_dim_;
         float score = 0.0f;
         for (int64_t h = 0; h < heads_; ++h) {
-          const float* qh = qi + h * head_dim_;
-          float dot = 0.0f;
-          for (int64_t c = 0; c < head_dim_; ++c) dot += qh[c] * k[c];
+          const float dot = cpu::Dot(qi + h * head_dim_, k, head_dim_);
           score += std::max(dot, 0.0f) * score_scale * (wi[h] * weight_scale);
         }
         scores[s] = score;

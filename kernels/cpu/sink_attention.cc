@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/softmax.h"
 
 namespace pdserve::kernels::cpu {
@@ -11,10 +12,7 @@ void SinkAttention(const float* q, int64_t heads, int64_t dim, const float* cons
   for (int64_t h = 0; h < heads; ++h) {
     const float* qh = q + h * dim;
     for (int64_t j = 0; j < n; ++j) {
-      const float* k = keys[j];
-      float dot = 0.0f;
-      for (int64_t c = 0; c < dim; ++c) dot += qh[c] * k[c];
-      scratch[j] = dot * scale;
+      scratch[j] = Dot(qh, keys[j], dim) * scale;
     }
     SoftmaxWithSink(scratch, n, sinks[h]);
     float* oh = out + h * dim;
