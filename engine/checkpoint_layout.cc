@@ -24,10 +24,11 @@ constexpr std::array<NamePair, 6> kModelNames = {{
     {"hc_head_scale", "model.hc_head.hc_scale"},
 }};
 
-// Per-layer tensors below "layers.N." (original) / "model.layers.N." (canonical). Where several
-// original spellings exist the first is what transformers' save_pretrained writes and what
-// OriginalName() returns; the later ones are the spellings of DeepSeek's own release.
-constexpr std::array<NamePair, 37> kLayerNames = {{
+// Per-layer tensors below "layers.N." (original) / "model.layers.N." (canonical). Where two
+// original spellings exist, the first is DeepSeek's release name (what OriginalName() returns)
+// and the second what transformers 5.17 save_pretrained writes (observed in
+// tests/fixtures/engine/*/name_map.json: it reverts self_attn.kv_norm to attn.norm).
+constexpr std::array<NamePair, 33> kLayerNames = {{
     {"attn_norm.weight", "input_layernorm.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"hc_attn_fn", "attn_hc.fn"},
@@ -42,6 +43,7 @@ constexpr std::array<NamePair, 37> kLayerNames = {{
     {"attn.wq_b.weight", "self_attn.q_b_proj.weight"},
     {"attn.wkv.weight", "self_attn.kv_proj.weight"},
     {"attn.kv_norm.weight", "self_attn.kv_norm.weight"},
+    {"attn.norm.weight", "self_attn.kv_norm.weight"},
     {"attn.wo_a.weight", "self_attn.o_a_proj.weight"},
     {"attn.wo_b.weight", "self_attn.o_b_proj.weight"},
     {"attn.compressor.wkv.weight", "self_attn.compressor.kv_proj.weight"},
@@ -49,12 +51,6 @@ constexpr std::array<NamePair, 37> kLayerNames = {{
     {"attn.compressor.ape", "self_attn.compressor.position_bias"},
     {"attn.compressor.norm.weight", "self_attn.compressor.kv_norm.weight"},
     {"attn.indexer.wq_b.weight", "self_attn.compressor.indexer.q_b_proj.weight"},
-    {"attn.indexer.wkv.weight", "self_attn.compressor.indexer.kv_proj.weight"},
-    {"attn.indexer.wgate.weight", "self_attn.compressor.indexer.gate_proj.weight"},
-    {"attn.indexer.position_bias", "self_attn.compressor.indexer.position_bias"},
-    {"attn.indexer.kv_norm.weight", "self_attn.compressor.indexer.kv_norm.weight"},
-    {"attn.indexer.scorer.weights_proj.weight",
-     "self_attn.compressor.indexer.scorer.weights_proj.weight"},
     {"attn.indexer.weights_proj.weight", "self_attn.compressor.indexer.scorer.weights_proj.weight"},
     {"attn.indexer.compressor.wkv.weight", "self_attn.compressor.indexer.kv_proj.weight"},
     {"attn.indexer.compressor.wgate.weight", "self_attn.compressor.indexer.gate_proj.weight"},
@@ -125,18 +121,29 @@ std::optional<TensorTarget> ResolveOriginal(std::string_view name) {
   return std::nullopt;
 }
 
+// A name below DeepseekV4Model in transformers' module layout (whether the config has it is
+// checked by the loader, which then reports the exact tensor).
+bool LooksCanonical(std::string_view rest) {
+  if (rest.starts_with("embed_tokens.") || rest.starts_with("hc_head.")) return true;
+  if (!ConsumePrefix(rest, "layers.") || !TakeIndex(rest)) return false;
+  for (std::string_view module : {"self_attn.", "mlp.", "attn_hc.", "ffn_hc.", "input_layernorm.",
+                                  "post_attention_layernorm."}) {
+    if (rest.starts_with(module)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::optional<TensorTarget> ResolveTensorName(std::string_view stored_name) {
-  if (stored_name.starts_with("model.") || stored_name == "lm_head.weight") {
-    return TensorTarget{std::string(stored_name)};
-  }
-  if (auto t = ResolveOriginal(stored_name)) return t;
-  // Saved from the base model (DeepseekV4Model): canonical names without the "model." prefix.
-  if (stored_name.starts_with("layers.") || stored_name.starts_with("embed_tokens.") ||
-      stored_name.starts_with("hc_head.")) {
-    return TensorTarget{absl::StrCat("model.", std::string(stored_name))};
-  }
+  if (stored_name == "lm_head.weight") return TensorTarget{std::string(stored_name)};
+  // transformers writes original names below the base-model prefix ("model.layers.0.attn.wkv")
+  // and keeps some canonical ones ("model.embed_tokens.weight"); DeepSeek writes no prefix.
+  std::string_view rest = stored_name;
+  ConsumePrefix(rest, "model.");
+  if (auto t = ResolveOriginal(rest)) return t;
+  // Canonical names; without the prefix when saved from the base model (DeepseekV4Model).
+  if (LooksCanonical(rest)) return TensorTarget{absl::StrCat("model.", std::string(rest))};
   return std::nullopt;
 }
 
