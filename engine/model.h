@@ -43,7 +43,8 @@ class Model {
 
   // Extends `state` by `tokens` (any number >= 1, at positions state->position onward) and
   // returns their logits, float32 [tokens.size(), vocab_size]. InvalidArgument, with `state`
-  // untouched, for an empty chunk, a token id outside [0, vocab_size) or a state of another model.
+  // untouched, for an empty chunk, a token id outside [0, vocab_size) or a state with another
+  // layer count. `state` must come from this model's NewState().
   absl::StatusOr<Tensor> Forward(ModelState* state, const std::vector<int32_t>& tokens) const;
 
  private:
