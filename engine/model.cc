@@ -37,11 +37,9 @@ absl::Status ValidateConfig(const ModelConfig& c) {
       static_cast<int64_t>(c.mlp_layer_types.size()) != c.num_hidden_layers) {
     return absl::InvalidArgumentError("config: layer_types / mlp_layer_types length mismatch");
   }
-  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim ||
-      c.qk_rope_head_dim > c.index_head_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: qk_rope_head_dim ", c.qk_rope_head_dim,
-                     " must be even and fit head_dim and index_head_dim"));
+  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("config: qk_rope_head_dim ", c.qk_rope_head_dim,
+                                                   " must be even and <= head_dim"));
   }
   if ((c.num_attention_heads * c.head_dim) % c.o_groups != 0) {
     return absl::InvalidArgumentError("config: num_attention_heads * head_dim % o_groups != 0");
@@ -54,8 +52,9 @@ absl::Status ValidateConfig(const ModelConfig& c) {
       return absl::InvalidArgumentError("config: compress rates must be positive");
     }
     if (t == LayerType::kCompressedSparseAttention &&
-        (c.index_topk <= 0 || c.index_n_heads <= 0 || c.index_head_dim <= 0)) {
-      return absl::InvalidArgumentError("config: indexer sizes must be positive");
+        (c.index_topk <= 0 || c.index_n_heads <= 0 || c.index_head_dim < c.qk_rope_head_dim)) {
+      return absl::InvalidArgumentError(
+          "config: indexer sizes must be positive and index_head_dim >= qk_rope_head_dim");
     }
   }
   return absl::OkStatus();

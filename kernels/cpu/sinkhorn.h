@@ -11,7 +11,8 @@
 
 namespace pdserve::kernels::cpu {
 
-// m: [n, n] row-major logits in, the projected matrix out. iters >= 1.
+// m: [n, n] row-major logits in, the projected matrix out. iters <= 1 stops after the first
+// column normalization, as the reference's loop does.
 void SinkhornProject(float* m, int64_t n, int64_t iters, float eps);
 
 }  // namespace pdserve::kernels::cpu
