@@ -74,6 +74,23 @@ TEST_F(IncrementalTest, PrefillThenDecodeEqualsOneShot) {
       RunChunked({17, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}));
 }
 
+TEST_F(IncrementalTest, CopiedStateResumesExactly) {
+  // The state is plain data: a copy taken after prefill (as a prefill worker ships it to a decode
+  // worker) continues the sequence like the original.
+  ModelState prefilled = model_->NewState();
+  const std::vector<int32_t> prompt(tokens_.begin(), tokens_.begin() + 18);
+  ASSERT_TRUE(model_->Forward(&prefilled, prompt).ok());
+  ModelState shipped = prefilled;
+  prefilled = model_->NewState();  // the original is gone
+  const int64_t vocab = model_->config().vocab_size;
+  for (int64_t t = 18; t < kLength; ++t) {
+    auto logits = model_->Forward(&shipped, {tokens_[t]});
+    ASSERT_TRUE(logits.ok());
+    const auto d = testing::CompareLogits(logits->ptr(), one_shot_.ptr() + t * vocab, 1, vocab);
+    EXPECT_LE(d.worst_relative, 1e-5) << "position " << t;
+  }
+}
+
 TEST_F(IncrementalTest, StateHasDocumentedShapes) {
   ModelState state = model_->NewState();
   ASSERT_TRUE(model_->Forward(&state, tokens_).ok());
