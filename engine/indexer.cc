@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/dot.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rope.h"
@@ -46,25 +45,30 @@ void Indexer::Select(const float* x, const float* q_residual, int64_t tokens,
   const float weight_scale = 1.0f / std::sqrt(static_cast<float>(heads_));
   const float score_scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   const int64_t n_keys = keys.dim(0);
-  cpu::ParallelFor(tokens, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(n_keys));
-    std::vector<int32_t> scratch(static_cast<size_t>(n_keys));
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t visible = std::min(n_keys, (positions[i] + 1) / rate_);
-      const float* qi = q.data() + i * q_width;
-      const float* wi = head_weights.data() + i * heads_;
-      for (int64_t s = 0; s < visible; ++s) {
-        const float* k = keys.ptr() + s * head_dim_;
-        float score = 0.0f;
+  // q . k for a block of queries at once through one GEMM: [block * heads, visible keys].
+  constexpr int64_t kBlock = 32;
+  std::vector<float> dots;
+  for (int64_t b0 = 0; b0 < tokens; b0 += kBlock) {
+    const int64_t nb = std::min(kBlock, tokens - b0);
+    const int64_t cols = std::min(n_keys, (positions[b0 + nb - 1] + 1) / rate_);
+    dots.resize(static_cast<size_t>(nb * heads_ * cols));
+    cpu::Linear(q.data() + b0 * q_width, nb * heads_, head_dim_, keys.ptr(), cols, dots.data());
+    cpu::ParallelFor(nb, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(static_cast<size_t>(cols));
+      std::vector<int32_t> scratch(static_cast<size_t>(cols));
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t i = b0 + j;
+        const int64_t visible = std::min(cols, (positions[i] + 1) / rate_);
+        std::fill(scores.begin(), scores.begin() + visible, 0.0f);
         for (int64_t h = 0; h < heads_; ++h) {
-          const float dot = cpu::Dot(qi + h * head_dim_, k, head_dim_);
-          score += std::max(dot, 0.0f) * score_scale * (wi[h] * weight_scale);
+          const float w = head_weights[i * heads_ + h] * weight_scale;
+          const float* d = dots.data() + (j * heads_ + h) * cols;
+          for (int64_t s = 0; s < visible; ++s) scores[s] += std::max(d[s], 0.0f) * score_scale * w;
         }
-        scores[s] = score;
+        cpu::TopK(scores.data(), visible, topk_, picks->data() + i * topk_, scratch.data());
       }
-      cpu::TopK(scores.data(), visible, topk_, picks->data() + i * topk_, scratch.data());
-    }
-  });
+    });
+  }
 }
 
 }  // namespace pdserve::engine
