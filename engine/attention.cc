@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/sink_attention.h"
@@ -103,38 +102,61 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
   }
   const Tensor& entries = state->compressor.entries;
 
-  // Key rows each query attends to.
-  std::vector<std::vector<const float*>> rows(static_cast<size_t>(tokens));
-  for (int64_t i = 0; i < tokens; ++i) {
-    const int64_t t = positions[i];
-    const int64_t from = std::max(t - window + 1, keys_first_position);
-    for (int64_t p = from; p <= t; ++p) {
-      rows[i].push_back(keys.ptr() + (p - keys_first_position) * hd);
-    }
-    if (type_ == LayerType::kHeavilyCompressedAttention) {
-      const int64_t visible = std::min(entries.dim(0), (t + 1) / rate_);
-      for (int64_t w = 0; w < visible; ++w) rows[i].push_back(entries.ptr() + w * hd);
-    } else if (indexer_) {
-      for (int64_t k = 0; k < indexer_->topk(); ++k) {
-        const int32_t w = picks[static_cast<size_t>(i * indexer_->topk() + k)];
-        if (w >= 0) rows[i].push_back(entries.ptr() + w * hd);
-      }
-    }
-  }
-
+  // Attention in blocks of queries: the union of the block's keys (a contiguous run of window
+  // rows, then the compressed entries any of its queries sees) is gathered once, and a per-query
+  // mask keeps each query to its own keys.
   std::vector<float> attn(static_cast<size_t>(tokens * heads * hd));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  cpu::ParallelFor(tokens * heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / heads;
-      const int64_t h = item % heads;
-      scratch.resize(rows[i].size());
-      cpu::SinkAttention(q.data() + item * hd, 1, hd, rows[i].data(),
-                         static_cast<int64_t>(rows[i].size()), sinks_.ptr() + h, scale,
-                         attn.data() + item * hd, scratch.data());
+  constexpr int64_t kBlock = 16;
+  std::vector<int32_t> block_entries;
+  std::vector<float> block_keys;
+  std::vector<uint8_t> visible;
+  for (int64_t b0 = 0; b0 < tokens; b0 += kBlock) {
+    const int64_t nb = std::min(kBlock, tokens - b0);
+    const int64_t last = positions[b0 + nb - 1];
+    const int64_t window_from = std::max(positions[b0] - window + 1, keys_first_position);
+    const int64_t window_rows = last - window_from + 1;
+    block_entries.clear();
+    if (type_ == LayerType::kHeavilyCompressedAttention) {
+      const int64_t n = std::min(entries.dim(0), (last + 1) / rate_);
+      for (int64_t w = 0; w < n; ++w) block_entries.push_back(static_cast<int32_t>(w));
+    } else if (indexer_) {
+      const auto first = picks.begin() + b0 * indexer_->topk();
+      block_entries.assign(first, first + nb * indexer_->topk());
+      std::sort(block_entries.begin(), block_entries.end());
+      block_entries.erase(std::unique(block_entries.begin(), block_entries.end()),
+                          block_entries.end());
+      block_entries.erase(block_entries.begin(),
+                          std::upper_bound(block_entries.begin(), block_entries.end(), -1));
     }
-  });
+    const int64_t n_keys = window_rows + static_cast<int64_t>(block_entries.size());
+    block_keys.resize(static_cast<size_t>(n_keys * hd));
+    std::copy_n(keys.ptr() + (window_from - keys_first_position) * hd, window_rows * hd,
+                block_keys.data());
+    for (size_t e = 0; e < block_entries.size(); ++e) {
+      std::copy_n(entries.ptr() + block_entries[e] * hd, hd,
+                  block_keys.data() + (window_rows + static_cast<int64_t>(e)) * hd);
+    }
+    visible.assign(static_cast<size_t>(nb * n_keys), 0);
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t t = positions[b0 + j];
+      uint8_t* row = visible.data() + j * n_keys;
+      for (int64_t p = std::max(t - window + 1, window_from); p <= t; ++p) row[p - window_from] = 1;
+      if (type_ == LayerType::kHeavilyCompressedAttention) {
+        const int64_t n = std::min(entries.dim(0), (t + 1) / rate_);
+        std::fill(row + window_rows, row + window_rows + n, 1);
+      } else if (indexer_) {
+        for (int64_t k = 0; k < indexer_->topk(); ++k) {
+          const int32_t w = picks[static_cast<size_t>((b0 + j) * indexer_->topk() + k)];
+          if (w < 0) continue;
+          const auto at = std::lower_bound(block_entries.begin(), block_entries.end(), w);
+          row[window_rows + (at - block_entries.begin())] = 1;
+        }
+      }
+    }
+    cpu::SinkAttention(q.data() + b0 * heads * hd, nb, heads, hd, block_keys.data(), n_keys,
+                       visible.data(), sinks_.ptr(), scale, attn.data() + b0 * heads * hd);
+  }
   cpu::ApplyInterleavedRope(attn.data(), tokens, heads * hd, heads, hd, rope_->rope_dim(),
                             cos.data(), sin.data(), /*inverse=*/true);
 

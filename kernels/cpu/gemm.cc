@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+
 namespace pdserve::kernels::cpu {
 namespace {
 
@@ -32,6 +34,17 @@ void Linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const fl
               static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x,
               static_cast<blasint>(x_stride), w, static_cast<blasint>(in), 0.0f, y,
               static_cast<blasint>(y_stride));
+}
+
+void MatMul(const float* a, int64_t m, int64_t k, const float* b, int64_t n, float* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    std::fill(c, c + m * n, 0.0f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(k), b,
+              static_cast<blasint>(n), 0.0f, c, static_cast<blasint>(n));
 }
 
 }  // namespace pdserve::kernels::cpu

@@ -20,4 +20,7 @@ inline void Linear(const float* x, int64_t rows, int64_t in, const float* w, int
   Linear(x, rows, in, in, w, out, y, out);
 }
 
+// c[m, n] = a[m, k] * b[k, n], all dense row-major. m == 0 or n == 0 is a no-op; k == 0 zeroes c.
+void MatMul(const float* a, int64_t m, int64_t k, const float* b, int64_t n, float* c);
+
 }  // namespace pdserve::kernels::cpu

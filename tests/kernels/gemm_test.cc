@@ -23,5 +23,13 @@ TEST(LinearTest, HonoursRowStrides) {
   EXPECT_EQ(y, (std::vector<float>{3, -1, 7, -1}));
 }
 
+TEST(MatMulTest, MultipliesRowMajorMatrices) {
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};  // [2, 3]
+  const std::vector<float> b = {1, 0, 0, 1, 1, 1};  // [3, 2]
+  std::vector<float> c(4, -7.0f);
+  MatMul(a.data(), 2, 3, b.data(), 2, c.data());
+  EXPECT_EQ(c, (std::vector<float>{4, 5, 10, 11}));
+}
+
 }  // namespace
 }  // namespace pdserve::kernels::cpu
