@@ -218,7 +218,7 @@ std::vector<int64_t> LogicalShape(const TensorInfo& info, bool has_scale) {
 // Fills the canonical tensors from the stored ones and tracks what has been filled.
 class Assembler {
  public:
-  Assembler(const ModelConfig& config, std::map<std::string, TensorSpec> specs)
+  Assembler(const ModelConfig& config, std::map<std::string, RequiredTensor> specs)
       : config_(config), specs_(std::move(specs)) {}
 
   absl::Status Add(const Stored& s, const TensorTarget& target, const Stored* scale) {
@@ -228,7 +228,7 @@ class Assembler {
                                                      target.canonical,
                                                      ", which this config.json does not have)"));
     }
-    const TensorSpec& spec = spec_it->second;
+    const RequiredTensor& spec = spec_it->second;
     Tensor& dst = tensors_[target.canonical];
     if (dst.shape.empty()) dst = Tensor(spec.shape);
 
@@ -322,7 +322,7 @@ class Assembler {
   }
 
   const ModelConfig& config_;
-  std::map<std::string, TensorSpec> specs_;
+  std::map<std::string, RequiredTensor> specs_;
   std::map<std::string, Tensor, std::less<>> tensors_;
   std::set<std::string> whole_filled_;
   std::map<std::string, std::vector<bool>> expert_slots_;
@@ -355,7 +355,7 @@ absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelC
     }
   }
 
-  Assembler assembler(config, ExpectedTensors(config));
+  Assembler assembler(config, RequiredTensors(config));
   for (const auto& [name, s] : stored) {
     if (scale_names.count(name) || IsIgnoredTensorName(name)) continue;
     const std::optional<TensorTarget> target = ResolveTensorName(name);

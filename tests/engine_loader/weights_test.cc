@@ -92,7 +92,7 @@ TEST_P(FixtureLoadTest, LoadsEveryExpectedTensorWithItsShape) {
   ASSERT_TRUE(config.ok()) << config.status();
   auto weights = Weights::Load(dir, *config);
   ASSERT_TRUE(weights.ok()) << weights.status();
-  const auto expected = ExpectedTensors(*config);
+  const auto expected = RequiredTensors(*config);
   EXPECT_EQ(weights->all().size(), expected.size());
   for (const auto& [name, spec] : expected) {
     EXPECT_EQ(weights->At(name).shape, spec.shape) << name;
