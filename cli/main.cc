@@ -12,7 +12,8 @@ std::vector<CommandInstaller>& Installers() {
 }  // namespace pdserve::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"pdserve: disaggregated prefill/decode serving for DeepSeek sparse-attention models"};
+  CLI::App app{
+      "pdserve: disaggregated prefill/decode serving for DeepSeek sparse-attention models"};
   app.require_subcommand(1);
   int exit_code = 0;
   for (const auto& install : pdserve::cli::Installers()) install(app, &exit_code);

@@ -11,9 +11,9 @@
 #define PDSERVE_STATUS_CONCAT(a, b) PDSERVE_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define PDSERVE_RETURN_IF_ERROR(expr)                   \
-  do {                                                  \
-    ::absl::Status pdserve_status_tmp_ = (expr);        \
+#define PDSERVE_RETURN_IF_ERROR(expr)                          \
+  do {                                                         \
+    ::absl::Status pdserve_status_tmp_ = (expr);               \
     if (!pdserve_status_tmp_.ok()) return pdserve_status_tmp_; \
   } while (0)
 

@@ -1,0 +1,361 @@
+#include "frontend/api_request.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve::frontend {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kMaxN = 128;
+constexpr int kMaxTopLogprobs = 20;
+constexpr size_t kMaxStopStrings = 4;
+
+// obj[key] when it is a string, else "" (never throws, unlike json::value()).
+std::string StringField(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// Reads typed, range-checked fields out of one JSON object; the first error wins and later
+// reads become no-ops, so call sites read linearly.
+class FieldReader {
+ public:
+  explicit FieldReader(const json& obj) : obj_(obj) {}
+
+  bool ok() const { return !error_.has_value(); }
+  ApiError error() const { return *error_; }
+  void Fail(std::string message, std::string param) {
+    if (ok()) error_ = InvalidRequest(std::move(message), std::move(param));
+  }
+
+  // The field's value, or nullptr when absent or JSON null. Marks the key as known.
+  const json* Get(const std::string& key) {
+    known_.insert(key);
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  void Number(const std::string& key, double lo, double hi, bool lo_open,
+              std::optional<double>* out) {
+    const json* v = Get(key);
+    if (!v || !ok()) return;
+    if (!v->is_number()) return Fail(absl::StrCat("'", key, "' must be a number"), key);
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
+      return Fail(absl::StrCat("'", key, "' must be ", lo_open ? "> " : ">= ", lo, " and <= ", hi,
+                               ", got ", d),
+                  key);
+    }
+    *out = d;
+  }
+
+  void Integer(const std::string& key, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+    const json* v = Get(key);
+    if (!v || !ok()) return;
+    if (!v->is_number_integer()) return Fail(absl::StrCat("'", key, "' must be an integer"), key);
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return Fail(absl::StrCat("'", key, "' must be <= ", hi), key);
+    }
+    const int64_t i = v->get<int64_t>();
+    if (i < lo || i > hi) {
+      return Fail(absl::StrCat("'", key, "' must be between ", lo, " and ", hi, ", got ", i), key);
+    }
+    *out = i;
+  }
+
+  void Bool(const std::string& key, bool* out) {
+    const json* v = Get(key);
+    if (!v || !ok()) return;
+    if (!v->is_boolean()) return Fail(absl::StrCat("'", key, "' must be a boolean"), key);
+    *out = v->get<bool>();
+  }
+
+  void String(const std::string& key, std::string* out) {
+    const json* v = Get(key);
+    if (!v || !ok()) return;
+    if (!v->is_string()) return Fail(absl::StrCat("'", key, "' must be a string"), key);
+    *out = v->get<std::string>();
+  }
+
+  // OpenAI rejects unknown top-level fields; call after every Get().
+  void RejectUnknown() {
+    if (!ok()) return;
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!known_.count(it.key())) {
+        return Fail(absl::StrCat("Unrecognized request argument supplied: ", it.key()), it.key());
+      }
+    }
+  }
+
+ private:
+  const json& obj_;
+  std::set<std::string> known_;
+  std::optional<ApiError> error_;
+};
+
+void ReadStop(FieldReader& r, ApiRequest& req) {
+  const json* v = r.Get("stop");
+  if (!v || !r.ok()) return;
+  if (v->is_string()) {
+    req.stop.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > kMaxStopStrings) {
+      return r.Fail(absl::StrCat("'stop' may hold at most ", kMaxStopStrings, " strings"), "stop");
+    }
+    for (const auto& s : *v) {
+      if (!s.is_string()) return r.Fail("'stop' must be a string or an array of strings", "stop");
+      req.stop.push_back(s.get<std::string>());
+    }
+  } else {
+    return r.Fail("'stop' must be a string or an array of strings", "stop");
+  }
+  for (const auto& s : req.stop) {
+    if (s.empty()) return r.Fail("'stop' strings must not be empty", "stop");
+  }
+}
+
+void ReadTokenList(FieldReader& r, const std::string& key, std::vector<int32_t>* out) {
+  const json* v = r.Get(key);
+  if (!v || !r.ok()) return;
+  if (!v->is_array()) return r.Fail(absl::StrCat("'", key, "' must be an array of integers"), key);
+  for (const auto& t : *v) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return r.Fail(absl::StrCat("'", key, "' must hold non-negative token ids"), key);
+    }
+    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+}
+
+void ReadLogitBias(FieldReader& r, ApiRequest& req) {
+  const json* v = r.Get("logit_bias");
+  if (!v || !r.ok()) return;
+  if (!v->is_object()) return r.Fail("'logit_bias' must be an object", "logit_bias");
+  for (auto it = v->begin(); it != v->end(); ++it) {
+    int32_t token = 0;
+    if (!absl::SimpleAtoi(it.key(), &token) || token < 0) {
+      return r.Fail(absl::StrCat("'logit_bias' key '", it.key(), "' is not a token id"),
+                    "logit_bias");
+    }
+    if (!it->is_number() || it->get<double>() < -100 || it->get<double>() > 100) {
+      return r.Fail("'logit_bias' values must be numbers between -100 and 100", "logit_bias");
+    }
+    req.logit_bias[token] = it->get<double>();
+  }
+}
+
+void ReadCommon(FieldReader& r, ApiRequest& req) {
+  r.String("model", &req.model);
+  if (r.ok() && req.model.empty()) r.Fail("'model' is required", "model");
+  r.Bool("stream", &req.stream);
+  if (const json* so = r.Get("stream_options"); so && r.ok()) {
+    if (!so->is_object()) return r.Fail("'stream_options' must be an object", "stream_options");
+    if (!req.stream) return r.Fail("'stream_options' requires 'stream': true", "stream_options");
+    FieldReader sr(*so);
+    sr.Bool("include_usage", &req.include_usage);
+    sr.RejectUnknown();
+    if (!sr.ok()) return r.Fail(sr.error().message, "stream_options");
+  }
+  std::optional<int64_t> n;
+  r.Integer("n", 1, kMaxN, &n);
+  if (n) req.n = static_cast<int>(*n);
+  r.Number("temperature", 0, 2, false, &req.temperature);
+  r.Number("top_p", 0, 1, true, &req.top_p);
+  r.Integer("top_k", -1, std::numeric_limits<int32_t>::max(), &req.top_k);
+  r.Number("min_p", 0, 1, false, &req.min_p);
+  r.Number("presence_penalty", -2, 2, false, &req.presence_penalty);
+  r.Number("frequency_penalty", -2, 2, false, &req.frequency_penalty);
+  r.Number("repetition_penalty", 0, 10, true, &req.repetition_penalty);
+  r.Integer("min_tokens", 0, std::numeric_limits<int32_t>::max(), &req.min_tokens);
+  std::optional<int64_t> seed;
+  r.Integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+            &seed);
+  if (seed) req.seed = static_cast<uint64_t>(*seed);
+  ReadStop(r, req);
+  ReadTokenList(r, "stop_token_ids", &req.stop_token_ids);
+  ReadLogitBias(r, req);
+  r.Bool("ignore_eos", &req.ignore_eos);
+  r.Bool("skip_special_tokens", &req.skip_special_tokens);
+  r.String("user", &req.user);
+}
+
+void ReadCompletionPrompt(FieldReader& r, ApiRequest& req) {
+  const json* p = r.Get("prompt");
+  if (!r.ok()) return;
+  if (!p) return r.Fail("'prompt' is required", "prompt");
+  if (p->is_string()) {
+    req.prompt_text = p->get<std::string>();
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    req.prompt_text = (*p)[0].get<std::string>();
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+    std::vector<int32_t> ids;
+    for (const auto& t : *p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return r.Fail("'prompt' token ids must be non-negative integers", "prompt");
+      }
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    req.prompt_tokens = std::move(ids);
+  } else if (p->is_array() && p->size() > 1) {
+    return r.Fail("batched prompts are not supported; send one prompt per request", "prompt");
+  } else {
+    return r.Fail("'prompt' must be a string or an array of token ids", "prompt");
+  }
+  if (req.prompt_text && req.prompt_text->empty()) {
+    return r.Fail("'prompt' must not be empty", "prompt");
+  }
+}
+
+void ReadCompletion(FieldReader& r, ApiRequest& req) {
+  ReadCommon(r, req);
+  ReadCompletionPrompt(r, req);
+  r.Integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), &req.max_tokens);
+  if (r.ok() && !req.max_tokens) req.max_tokens = 16;  // OpenAI's completions default
+  std::optional<int64_t> logprobs;
+  r.Integer("logprobs", 0, kMaxTopLogprobs, &logprobs);
+  if (logprobs) {
+    req.logprobs = true;
+    req.top_logprobs = static_cast<int>(*logprobs);
+  }
+  bool echo = false;
+  r.Bool("echo", &echo);
+  if (r.ok() && echo) r.Fail("'echo' is not supported", "echo");
+  std::string suffix;
+  r.String("suffix", &suffix);
+  if (r.ok() && !suffix.empty()) r.Fail("'suffix' is not supported", "suffix");
+  std::optional<int64_t> best_of;
+  r.Integer("best_of", 1, kMaxN, &best_of);
+  if (r.ok() && best_of && *best_of != req.n) {
+    r.Fail("'best_of' other than 'n' is not supported", "best_of");
+  }
+}
+
+void ReadMessages(FieldReader& r, ApiRequest& req) {
+  const json* m = r.Get("messages");
+  if (!r.ok()) return;
+  if (!m) return r.Fail("'messages' is required", "messages");
+  if (!m->is_array() || m->empty()) {
+    return r.Fail("'messages' must be a non-empty array", "messages");
+  }
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!msg.is_object()) return r.Fail(absl::StrCat(where, " must be an object"), "messages");
+    FieldReader mr(msg);
+    ChatMessage out;
+    mr.String("role", &out.role);
+    std::string name;
+    mr.String("name", &name);
+    const json* content = mr.Get("content");
+    mr.RejectUnknown();
+    if (!mr.ok()) return r.Fail(absl::StrCat(where, ": ", mr.error().message), "messages");
+    if (out.role != "system" && out.role != "developer" && out.role != "user" &&
+        out.role != "assistant") {
+      return r.Fail(absl::StrCat(where, ".role must be one of system, developer, user, assistant"),
+                    "messages");
+    }
+    if (content && content->is_string()) {
+      out.content = content->get<std::string>();
+    } else if (content && content->is_array()) {
+      for (const auto& part : *content) {
+        if (!part.is_object() || StringField(part, "type") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return r.Fail(absl::StrCat(where, ".content parts must be {\"type\": \"text\", ...}"),
+                        "messages");
+        }
+        out.content += part["text"].get<std::string>();
+      }
+    } else if (!(content == nullptr && out.role == "assistant")) {
+      return r.Fail(absl::StrCat(where, ".content must be a string or an array of text parts"),
+                    "messages");
+    }
+    req.messages.push_back(std::move(out));
+  }
+}
+
+void ReadChat(FieldReader& r, ApiRequest& req) {
+  ReadCommon(r, req);
+  ReadMessages(r, req);
+  std::optional<int64_t> max_tokens, max_completion_tokens;
+  r.Integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens);
+  r.Integer("max_completion_tokens", 1, std::numeric_limits<int32_t>::max(),
+            &max_completion_tokens);
+  req.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  r.Bool("logprobs", &req.logprobs);
+  std::optional<int64_t> top;
+  r.Integer("top_logprobs", 0, kMaxTopLogprobs, &top);
+  if (r.ok() && top) {
+    if (!req.logprobs) return r.Fail("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+    req.top_logprobs = static_cast<int>(*top);
+  }
+  if (const json* kw = r.Get("chat_template_kwargs"); kw && r.ok()) {
+    if (!kw->is_object()) {
+      return r.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    }
+    FieldReader kr(*kw);
+    bool thinking = false;
+    kr.Bool("thinking", &thinking);
+    if (kr.ok() && kw->contains("thinking")) req.thinking = thinking;
+    kr.RejectUnknown();
+    if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
+  }
+  if (const json* rf = r.Get("response_format"); rf && r.ok()) {
+    if (!rf->is_object() || StringField(*rf, "type") != "text") {
+      return r.Fail("only 'response_format': {\"type\": \"text\"} is supported", "response_format");
+    }
+  }
+  if (const json* tools = r.Get("tools"); tools && r.ok() && !tools->empty()) {
+    return r.Fail("'tools' are not supported by this server", "tools");
+  }
+  r.Get("tool_choice");
+}
+
+}  // namespace
+
+std::string ApiError::ToJson() const {
+  json j = {{"error",
+             {{"message", message},
+              {"type", type},
+              {"param", param.empty() ? json(nullptr) : json(param)},
+              {"code", code.empty() ? json(nullptr) : json(code)}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ApiError InvalidRequest(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.http_status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
+  json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return InvalidRequest("request body is not valid JSON");
+  }
+  if (!doc.is_object()) return InvalidRequest("request body must be a JSON object");
+  ApiRequest req;
+  req.endpoint = endpoint;
+  FieldReader r(doc);
+  if (endpoint == Endpoint::kCompletions) {
+    ReadCompletion(r, req);
+  } else {
+    ReadChat(r, req);
+  }
+  r.RejectUnknown();
+  if (!r.ok()) return r.error();
+  return req;
+}
+
+}  // namespace pdserve::frontend

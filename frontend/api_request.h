@@ -1,0 +1,82 @@
+// The OpenAI-compatible request schema pdserve accepts on /v1/completions and
+// /v1/chat/completions, parsed and validated into one ApiRequest.
+//
+// Validation follows the OpenAI API: unknown fields, wrong JSON types and out-of-range values are
+// rejected with HTTP 400 and an OpenAI-style error object naming the parameter. Extensions that
+// vLLM and SGLang clients send are accepted too: top_k, min_p, repetition_penalty, min_tokens,
+// ignore_eos, skip_special_tokens, chat_template_kwargs.thinking. Absent sampling fields stay
+// unset so that the model's generation_config.json supplies the defaults later.
+//
+// Pure functions of their input; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace pdserve::frontend {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+struct ChatMessage {
+  std::string role;  // "system", "developer", "user" or "assistant"
+  std::string content;
+};
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  // Completions: the prompt as text, or as token ids (exactly one of the two is set).
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<int32_t>> prompt_tokens;
+  // Chat completions.
+  std::vector<ChatMessage> messages;
+  std::optional<bool> thinking;  // chat_template_kwargs.thinking
+
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  int n = 1;
+  std::optional<int64_t> max_tokens;
+  std::optional<int64_t> min_tokens;
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> presence_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<double> repetition_penalty;
+  std::map<int32_t, double> logit_bias;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  // Completions: logprobs = number of top alternatives (0..20). Chat: logprobs true/false plus
+  // top_logprobs (0..20). Both map onto: return logprobs, with `top_logprobs` alternatives.
+  bool logprobs = false;
+  int top_logprobs = 0;
+  std::string user;
+};
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  std::string ToJson() const;
+};
+
+ApiError InvalidRequest(std::string message, std::string param = "", std::string code = "");
+
+using ParsedRequest = std::variant<ApiRequest, ApiError>;
+
+// Parses a request body for `endpoint`. Never throws; malformed JSON is a 400.
+ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body);
+
+}  // namespace pdserve::frontend

@@ -1,0 +1,127 @@
+#include "frontend/api_response.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve::frontend {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& j) {
+  // Token text can hold a partial UTF-8 sequence; replace invalid bytes instead of throwing.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+bool IsChat(const ApiRequest& req) { return req.endpoint == Endpoint::kChatCompletions; }
+
+json ChatLogprobs(const std::vector<TokenLogprob>& lps) {
+  json content = json::array();
+  for (const auto& lp : lps) {
+    json top = json::array();
+    for (const auto& [tok, p] : lp.top) {
+      top.push_back({{"token", tok}, {"logprob", p}, {"bytes", Bytes(tok)}});
+    }
+    content.push_back({{"token", lp.token},
+                       {"logprob", lp.logprob},
+                       {"bytes", Bytes(lp.token)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json CompletionLogprobs(const std::vector<TokenLogprob>& lps, size_t text_offset_start) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  size_t offset = text_offset_start;
+  for (const auto& lp : lps) {
+    tokens.push_back(lp.token);
+    token_logprobs.push_back(lp.logprob);
+    json alternatives = json::object();
+    for (const auto& [tok, p] : lp.top) alternatives[tok] = p;
+    top.push_back(alternatives);
+    offsets.push_back(offset);
+    offset += lp.token.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+json Choice(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first) {
+  json c = {{"index", d.index}};
+  if (IsChat(req)) {
+    json msg = json::object();
+    if (stream && first) msg["role"] = "assistant";
+    if (!stream) msg["role"] = "assistant";
+    msg["content"] = d.text;
+    c[stream ? "delta" : "message"] = msg;
+    c["logprobs"] = req.logprobs ? ChatLogprobs(d.logprobs) : json(nullptr);
+  } else {
+    c["text"] = d.text;
+    c["logprobs"] = req.logprobs ? CompletionLogprobs(d.logprobs, 0) : json(nullptr);
+  }
+  c["finish_reason"] = d.finish_reason ? json(*d.finish_reason) : json(nullptr);
+  return c;
+}
+
+json Envelope(const ApiRequest& req, const ResponseMeta& meta, bool stream) {
+  const char* object =
+      IsChat(req) ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+json UsageJson(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+}  // namespace
+
+std::string StreamChunk(const ApiRequest& req, const ResponseMeta& meta, const ChoiceDelta& delta,
+                        bool first) {
+  json j = Envelope(req, meta, true);
+  j["choices"] = json::array({Choice(req, delta, true, first)});
+  if (req.include_usage) j["usage"] = nullptr;
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+std::string StreamUsageChunk(const ApiRequest& req, const ResponseMeta& meta, const Usage& usage) {
+  json j = Envelope(req, meta, true);
+  j["choices"] = json::array();
+  j["usage"] = UsageJson(usage);
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+std::string StreamErrorEvent(const ApiError& error) {
+  return absl::StrCat("data: ", error.ToJson(), "\n\n");
+}
+
+std::string FullResponse(const ApiRequest& req, const ResponseMeta& meta,
+                         const std::vector<ChoiceDelta>& choices, const Usage& usage) {
+  json j = Envelope(req, meta, false);
+  j["choices"] = json::array();
+  for (const auto& c : choices) j["choices"].push_back(Choice(req, c, false, false));
+  j["usage"] = UsageJson(usage);
+  return Dump(j);
+}
+
+std::string NewResponseId(Endpoint endpoint) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%s%012x%012x",
+                         endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-",
+                         rng() & 0xFFFFFFFFFFFFull, rng() & 0xFFFFFFFFFFFFull);
+}
+
+}  // namespace pdserve::frontend

@@ -1,0 +1,62 @@
+// OpenAI-compatible response bodies: whole JSON responses and SSE stream chunks for
+// /v1/completions ("text_completion") and /v1/chat/completions ("chat.completion" /
+// "chat.completion.chunk"), including usage and logprobs in each endpoint's own shape.
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "frontend/api_request.h"
+
+namespace pdserve::frontend {
+
+struct TokenLogprob {
+  std::string token;  // the token's text (may be a partial UTF-8 sequence: bytes carries it)
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // most likely alternatives, best first
+};
+
+// Text produced for one choice since the previous delta; finish_reason set on the last one.
+struct ChoiceDelta {
+  int index = 0;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  std::optional<std::string> finish_reason;  // "stop", "length", "degenerate", ...
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// Identity of one response: "cmpl-..." / "chatcmpl-..." id, creation time (Unix seconds),
+// served model name.
+struct ResponseMeta {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+
+// One SSE event "data: {...}\n\n" carrying `delta`. For chat, `first` adds the
+// {"role": "assistant"} delta OpenAI sends before the content.
+std::string StreamChunk(const ApiRequest& req, const ResponseMeta& meta, const ChoiceDelta& delta,
+                        bool first);
+// The final usage-only chunk sent when stream_options.include_usage is true.
+std::string StreamUsageChunk(const ApiRequest& req, const ResponseMeta& meta, const Usage& usage);
+// An error event inside an already started stream, then the client must not expect [DONE].
+std::string StreamErrorEvent(const ApiError& error);
+inline constexpr const char* kStreamDone = "data: [DONE]\n\n";
+
+// The whole non-streaming response; `choices[i]` is choice i's concatenated deltas.
+std::string FullResponse(const ApiRequest& req, const ResponseMeta& meta,
+                         const std::vector<ChoiceDelta>& choices, const Usage& usage);
+
+// A new response id: prefix + 24 random hex digits.
+std::string NewResponseId(Endpoint endpoint);
+
+}  // namespace pdserve::frontend

@@ -1,0 +1,51 @@
+// The seam between the HTTP front and whatever generates tokens: the colocated engine
+// (`pdserve serve`) or the router that drives prefill and decode workers (`pdserve router`).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "frontend/api_request.h"
+#include "frontend/api_response.h"
+
+namespace pdserve::frontend {
+
+// Receives one request's output. The service calls it from its own threads, in order for each
+// choice, and ends with exactly one OnComplete() or OnError(). Implementations are thread-safe.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual void OnDelta(ChoiceDelta delta) = 0;
+  virtual void OnComplete(Usage usage) = 0;
+  // The request failed after it started (worker lost, isolation check failed, ...). A stream
+  // that already sent text ends with an error event, never with a truncated success.
+  virtual void OnError(ApiError error) = 0;
+};
+
+// A started request. Cancel() (or destruction) aborts its work on every worker it touches; the
+// sink may still receive calls already under way, then none.
+class Generation {
+ public:
+  virtual ~Generation() = default;
+  virtual void Cancel() = 0;
+};
+
+using StartResult = std::variant<std::unique_ptr<Generation>, ApiError>;
+
+class GenerationService {
+ public:
+  virtual ~GenerationService() = default;
+  // Names accepted in the request's "model" field; the first is the served model's.
+  virtual std::vector<std::string> ModelNames() const = 0;
+  // Starts `req`. Errors known before starting come back as ApiError: 400
+  // context_length_exceeded, 429 / 503 when queues or pools are full.
+  virtual StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) = 0;
+  // /ready: true when the service can serve a request now.
+  virtual bool Ready() const = 0;
+  // /metrics body (Prometheus text format).
+  virtual std::string MetricsText() const = 0;
+};
+
+}  // namespace pdserve::frontend

@@ -1,0 +1,449 @@
+#include "frontend/http_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <chrono>
+#include <deque>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace pdserve::frontend {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+
+constexpr auto kIdleReadTimeout = std::chrono::seconds(120);
+
+class Session;
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  GenerationService* service = nullptr;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
+  std::atomic<bool> stopped{false};
+  absl::Mutex mu;
+  std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
+
+  void Accept();
+};
+
+namespace {
+
+// Forwards a service's callbacks (any thread) onto the session's strand.
+class SessionSink;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, HttpServer::Impl* server)
+      : stream_(std::move(socket)), server_(server) {}
+
+  void Run() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+  }
+
+  // Called on the strand. Cancels any generation and closes the connection.
+  void Shutdown() {
+    CancelGeneration();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+  }
+
+  template <typename F>
+  void Post(F&& f) {
+    net::post(stream_.get_executor(), std::forward<F>(f));
+  }
+
+  void OnDelta(uint64_t gen, ChoiceDelta delta);
+  void OnComplete(uint64_t gen, Usage usage);
+  void OnError(uint64_t gen, ApiError error);
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(server_->options.max_body_bytes);
+    stream_.expires_after(kIdleReadTimeout);
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  // Answers "Expect: 100-continue" (curl sends it for large bodies) before reading the body.
+  void OnHeader(beast::error_code ec) {
+    if (ec) return OnRead(ec);
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                     parser_->get().version());
+      http::async_write(stream_, *cont,
+                        [self = shared_from_this(), cont](beast::error_code wec, size_t) {
+                          if (wec) return self->Finish();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      keep_alive_ = false;
+      ApiError e = InvalidRequest(
+          absl::StrCat("request body exceeds ", server_->options.max_body_bytes, " bytes"));
+      e.http_status = 413;
+      return SendJson(413, e.ToJson());
+    }
+    if (ec) return Finish();
+    stream_.expires_never();
+    request_ = parser_->release();
+    keep_alive_ = request_.keep_alive();
+    Route();
+  }
+
+  void Route();
+  void Generate(Endpoint endpoint);
+  void WatchDisconnect();
+  void CancelGeneration() {
+    if (generation_) {
+      generation_->Cancel();
+      generation_.reset();
+    }
+    ++generation_id_;
+    active_ = false;
+  }
+
+  void SendJson(int status, std::string body, const char* content_type = "application/json") {
+    auto res = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), request_.version());
+    res->set(http::field::server, "pdserve");
+    res->set(http::field::content_type, content_type);
+    res->keep_alive(keep_alive_);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        if (ec || !self->keep_alive_) return self->Finish();
+                        self->Read();
+                      });
+  }
+
+  void SendError(const ApiError& e) { SendJson(e.http_status, e.ToJson()); }
+
+  // Streaming: header, then chunks, then the last chunk; one write in flight at a time.
+  enum class OutKind { kChunk, kLast };
+  void Enqueue(OutKind kind, std::string data) {
+    out_.push_back({kind, std::move(data)});
+    if (!writing_ && header_written_) WriteNext();
+  }
+  void WriteHeader() {
+    stream_res_.emplace(http::status::ok, request_.version());
+    stream_res_->set(http::field::server, "pdserve");
+    stream_res_->set(http::field::content_type, "text/event-stream");
+    stream_res_->set(http::field::cache_control, "no-cache");
+    stream_res_->chunked(true);
+    stream_sr_.emplace(*stream_res_);
+    writing_ = true;
+    http::async_write_header(stream_, *stream_sr_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                               self->writing_ = false;
+                               self->header_written_ = true;
+                               if (ec) return self->Finish();
+                               self->WriteNext();
+                             });
+  }
+  void WriteNext() {
+    if (out_.empty() || writing_) return;
+    writing_ = true;
+    auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      const bool last = self->out_.front().kind == OutKind::kLast;
+      self->out_.pop_front();
+      if (ec) return self->Finish();
+      if (last) {
+        self->header_written_ = false;
+        if (!self->keep_alive_ || self->close_after_stream_) return self->Finish();
+        return self->Read();
+      }
+      self->WriteNext();
+    };
+    if (out_.front().kind == OutKind::kLast) {
+      net::async_write(stream_, http::make_chunk_last(), std::move(done));
+    } else {
+      net::async_write(stream_, http::make_chunk(net::buffer(out_.front().data)), std::move(done));
+    }
+  }
+
+  void Finish();
+
+  beast::tcp_stream stream_;
+  HttpServer::Impl* server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> request_;
+  bool keep_alive_ = true;
+
+  // The request being served.
+  ApiRequest api_;
+  ResponseMeta meta_;
+  std::unique_ptr<Generation> generation_;
+  uint64_t generation_id_ = 0;
+  bool active_ = false;
+  std::vector<ChoiceDelta> choices_;  // non-streamed: accumulated per choice
+  std::vector<bool> first_sent_;      // streamed: role delta sent per choice
+  std::optional<http::response<http::empty_body>> stream_res_;
+  std::optional<http::response_serializer<http::empty_body>> stream_sr_;
+  struct Out {
+    OutKind kind;
+    std::string data;
+  };
+  std::deque<Out> out_;
+  bool writing_ = false;
+  bool header_written_ = false;
+  bool close_after_stream_ = false;
+};
+
+class SessionSink : public GenerationSink {
+ public:
+  SessionSink(std::weak_ptr<Session> session, uint64_t gen)
+      : session_(std::move(session)), gen_(gen) {}
+  void OnDelta(ChoiceDelta delta) override {
+    if (auto s = session_.lock())
+      s->Post([s, g = gen_, d = std::move(delta)]() mutable { s->OnDelta(g, std::move(d)); });
+  }
+  void OnComplete(Usage usage) override {
+    if (auto s = session_.lock()) s->Post([s, g = gen_, usage] { s->OnComplete(g, usage); });
+  }
+  void OnError(ApiError error) override {
+    if (auto s = session_.lock())
+      s->Post([s, g = gen_, e = std::move(error)]() mutable { s->OnError(g, std::move(e)); });
+  }
+
+ private:
+  std::weak_ptr<Session> session_;
+  uint64_t gen_;
+};
+
+void Session::Route() {
+  std::string_view target(request_.target().data(), request_.target().size());
+  target = target.substr(0, target.find('?'));
+  const auto method = request_.method();
+  auto* service = server_->service;
+  if (target == "/health") {
+    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    return SendJson(200, R"({"status":"ok"})");
+  }
+  if (target == "/ready") {
+    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    return service->Ready() ? SendJson(200, R"({"status":"ready"})")
+                            : SendJson(503, R"({"status":"not ready"})");
+  }
+  if (target == "/metrics") {
+    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    return SendJson(200, service->MetricsText(), "text/plain; version=0.0.4");
+  }
+  if (target == "/v1/models") {
+    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    nlohmann::json data = nlohmann::json::array();
+    for (const auto& name : service->ModelNames()) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}});
+    }
+    return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
+  }
+  if (target == "/v1/completions" || target == "/v1/chat/completions") {
+    if (method != http::verb::post) return SendError({405, "use POST", "invalid_request_error"});
+    return Generate(target == "/v1/completions" ? Endpoint::kCompletions
+                                                : Endpoint::kChatCompletions);
+  }
+  SendError({404, absl::StrCat("no route for ", std::string(target)), "invalid_request_error"});
+}
+
+void Session::Generate(Endpoint endpoint) {
+  ParsedRequest parsed = ParseRequest(endpoint, request_.body());
+  if (auto* err = std::get_if<ApiError>(&parsed)) return SendError(*err);
+  api_ = std::move(std::get<ApiRequest>(parsed));
+  const auto names = server_->service->ModelNames();
+  if (std::find(names.begin(), names.end(), api_.model) == names.end()) {
+    ApiError e = InvalidRequest(absl::StrCat("The model '", api_.model, "' does not exist"),
+                                "model", "model_not_found");
+    e.http_status = 404;
+    return SendError(e);
+  }
+  meta_ = {NewResponseId(endpoint),
+           std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+               .count(),
+           api_.model};
+  choices_.assign(static_cast<size_t>(api_.n), ChoiceDelta{});
+  for (int i = 0; i < api_.n; ++i) choices_[static_cast<size_t>(i)].index = i;
+  first_sent_.assign(static_cast<size_t>(api_.n), false);
+  const uint64_t gen = ++generation_id_;
+  StartResult started =
+      server_->service->Start(api_, std::make_shared<SessionSink>(weak_from_this(), gen));
+  if (auto* err = std::get_if<ApiError>(&started)) return SendError(*err);
+  generation_ = std::move(std::get<std::unique_ptr<Generation>>(started));
+  active_ = true;
+  close_after_stream_ = false;
+  if (api_.stream) WriteHeader();
+  WatchDisconnect();
+}
+
+// A readable socket with nothing to read means the peer closed: cancel the request's work.
+void Session::WatchDisconnect() {
+  stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
+                                                       gen = generation_id_](beast::error_code ec) {
+    if (ec || gen != self->generation_id_ || !self->active_) return;
+    beast::error_code avail_ec;
+    if (self->stream_.socket().available(avail_ec) > 0 && !avail_ec) return;  // pipelined
+    spdlog::info("client disconnected; cancelling {}", self->meta_.id);
+    self->Finish();
+  });
+}
+
+void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
+  if (gen != generation_id_ || !active_) return;
+  const size_t i = static_cast<size_t>(delta.index);
+  if (i >= choices_.size()) return;
+  if (api_.stream) {
+    const bool first = !first_sent_[i];
+    first_sent_[i] = true;
+    Enqueue(OutKind::kChunk, StreamChunk(api_, meta_, delta, first));
+    return;
+  }
+  ChoiceDelta& c = choices_[i];
+  c.text += delta.text;
+  for (auto& lp : delta.logprobs) c.logprobs.push_back(std::move(lp));
+  if (delta.finish_reason) c.finish_reason = delta.finish_reason;
+}
+
+void Session::OnComplete(uint64_t gen, Usage usage) {
+  if (gen != generation_id_ || !active_) return;
+  active_ = false;
+  generation_.reset();
+  if (api_.stream) {
+    if (api_.include_usage) Enqueue(OutKind::kChunk, StreamUsageChunk(api_, meta_, usage));
+    Enqueue(OutKind::kChunk, kStreamDone);
+    Enqueue(OutKind::kLast, "");
+    return;
+  }
+  SendJson(200, FullResponse(api_, meta_, choices_, usage));
+}
+
+void Session::OnError(uint64_t gen, ApiError error) {
+  if (gen != generation_id_ || !active_) return;
+  active_ = false;
+  generation_.reset();
+  if (api_.stream) {
+    // Headers are out: an error event, then end the body and close; no [DONE].
+    close_after_stream_ = true;
+    Enqueue(OutKind::kChunk, StreamErrorEvent(error));
+    Enqueue(OutKind::kLast, "");
+    return;
+  }
+  SendError(error);
+}
+
+void Session::Finish() {
+  Shutdown();
+  absl::MutexLock lock(&server_->mu);
+  server_->sessions.erase(shared_from_this());
+}
+
+}  // namespace
+
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (stopped) return;
+    if (!ec) {
+      auto session = std::make_shared<Session>(std::move(socket), this);
+      {
+        absl::MutexLock lock(&mu);
+        sessions.insert(session);
+      }
+      session->Run();
+    }
+    Accept();
+  });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              GenerationService* service) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->service = service;
+  beast::error_code ec;
+  auto address = net::ip::make_address(options.host, ec);
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("bad listen address '", options.host, "'"));
+  tcp::endpoint endpoint(address, options.port);
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ", ec.message()));
+  }
+  impl->Accept();
+  for (int i = 0; i < std::max(1, options.io_threads); ++i) {
+    impl->threads.emplace_back([raw = impl.get()] { raw->ioc.run(); });
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+uint16_t HttpServer::port() const {
+  beast::error_code ec;
+  return impl_->acceptor.local_endpoint(ec).port();
+}
+
+void HttpServer::Stop() {
+  if (!impl_ || impl_->stopped.exchange(true)) return;
+  net::post(impl_->ioc, [impl = impl_.get()] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+  });
+  std::set<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    sessions.swap(impl_->sessions);
+  }
+  // Each session cancels its request and closes on its own strand; wait (bounded) for them.
+  auto pending = std::make_shared<std::atomic<int>>(static_cast<int>(sessions.size()));
+  for (const auto& s : sessions) {
+    s->Post([s, pending] {
+      s->Shutdown();
+      pending->fetch_sub(1);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (pending->load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  impl_->ioc.stop();
+  for (auto& t : impl_->threads) {
+    if (t.joinable()) t.join();
+  }
+}
+
+}  // namespace pdserve::frontend

@@ -1,0 +1,50 @@
+// The OpenAI-compatible HTTP/1.1 server (Boost.Beast on Asio): /v1/completions,
+// /v1/chat/completions (JSON or SSE streams ending with "data: [DONE]"), /v1/models, /health,
+// /ready and /metrics, in front of a GenerationService.
+//
+// Event-driven: a few I/O threads hold thousands of concurrent streams. A client that
+// disconnects (also mid-stream, also while waiting for a non-streamed answer) cancels its
+// Generation at once. Bodies over max_body_bytes get 413; errors use the OpenAI error JSON.
+//
+// Thread-safety: Start() and Stop() from one controlling thread; the service is called from the
+// I/O threads and must be thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "frontend/generation_service.h"
+
+namespace pdserve::frontend {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;  // 0: pick a free port (see HttpServer::port())
+  int io_threads = 2;
+  size_t max_body_bytes = 4 << 20;
+};
+
+class HttpServer {
+ public:
+  // Binds and starts serving. Errors: Unavailable when the address cannot be bound.
+  // REQUIRES: `service` outlives the server.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
+                                                           GenerationService* service);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  uint16_t port() const;
+  // Stops accepting, cancels every request in flight and joins the I/O threads. Idempotent.
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdserve::frontend

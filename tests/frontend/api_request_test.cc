@@ -1,0 +1,145 @@
+#include "frontend/api_request.h"
+
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+
+namespace pdserve::frontend {
+namespace {
+
+ApiRequest ParseOk(Endpoint e, const std::string& body) {
+  ParsedRequest p = ParseRequest(e, body);
+  if (auto* err = std::get_if<ApiError>(&p)) {
+    ADD_FAILURE() << err->message;
+    return {};
+  }
+  return std::get<ApiRequest>(p);
+}
+
+ApiError ParseErr(Endpoint e, const std::string& body) {
+  ParsedRequest p = ParseRequest(e, body);
+  if (auto* err = std::get_if<ApiError>(&p)) return *err;
+  ADD_FAILURE() << "accepted: " << body;
+  return {};
+}
+
+TEST(ApiRequestTest, CompletionWithSamplingFields) {
+  ApiRequest r = ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":"Hi","max_tokens":7,
+      "temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.05,"seed":42,"n":3,"stop":["\n\n"],
+      "logprobs":5,"logit_bias":{"17":-100},"presence_penalty":0.5,"stream":true,
+      "stream_options":{"include_usage":true}})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(*r.prompt_text, "Hi");
+  EXPECT_EQ(*r.max_tokens, 7);
+  EXPECT_DOUBLE_EQ(*r.temperature, 0.6);
+  EXPECT_DOUBLE_EQ(*r.top_p, 0.95);
+  EXPECT_EQ(*r.top_k, 20);
+  EXPECT_EQ(*r.seed, 42u);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n\n"});
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 5);
+  EXPECT_DOUBLE_EQ(r.logit_bias.at(17), -100);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(ApiRequestTest, CompletionDefaultsLeaveSamplingUnset) {
+  ApiRequest r = ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":[5,6,7]})");
+  EXPECT_EQ(*r.prompt_tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(*r.max_tokens, 16);  // OpenAI's completions default
+  EXPECT_FALSE(r.temperature.has_value());
+  EXPECT_FALSE(r.top_p.has_value());
+  EXPECT_EQ(r.n, 1);
+}
+
+TEST(ApiRequestTest, ChatMessagesWithTextParts) {
+  ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m","messages":[
+      {"role":"system","content":"Be brief."},
+      {"role":"user","content":[{"type":"text","text":"Hel"},{"type":"text","text":"lo"}]}],
+      "max_completion_tokens":9,"logprobs":true,"top_logprobs":3,
+      "chat_template_kwargs":{"thinking":true}})");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].role, "user");
+  EXPECT_EQ(r.messages[1].content, "Hello");
+  EXPECT_EQ(*r.max_tokens, 9);
+  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_TRUE(*r.thinking);
+}
+
+struct BadCase {
+  Endpoint endpoint;
+  const char* body;
+  const char* message;
+  const char* param;
+};
+
+class ApiRequestRejectTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ApiRequestRejectTest, RejectsWithMessageAndParam) {
+  const BadCase& c = GetParam();
+  ApiError e = ParseErr(c.endpoint, c.body);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_EQ(e.message, c.message);
+  EXPECT_EQ(e.param, c.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ApiRequestRejectTest,
+    ::testing::Values(
+        BadCase{Endpoint::kCompletions, "{not json", "request body is not valid JSON", ""},
+        BadCase{Endpoint::kCompletions, "[1,2]", "request body must be a JSON object", ""},
+        BadCase{Endpoint::kCompletions, R"({"model":"m"})", "'prompt' is required", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":""})",
+                "'prompt' must not be empty", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"prompt":"x"})", "'model' is required", "model"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","temperature":"hot"})",
+                "'temperature' must be a number", "temperature"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","temperature":2.5})",
+                "'temperature' must be >= 0 and <= 2, got 2.5", "temperature"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","top_p":0})",
+                "'top_p' must be > 0 and <= 1, got 0", "top_p"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","max_tokens":0})",
+                "'max_tokens' must be between 1 and 2147483647, got 0", "max_tokens"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","n":1.5})",
+                "'n' must be an integer", "n"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","frobnicate":1})",
+                "Unrecognized request argument supplied: frobnicate", "frobnicate"},
+        BadCase{Endpoint::kCompletions,
+                R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})",
+                "'stop' may hold at most 4 strings", "stop"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"x":1}})",
+                "'logit_bias' key 'x' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","stream_options":{}})",
+                "'stream_options' requires 'stream': true", "stream_options"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":["a","b"]})",
+                "batched prompts are not supported; send one prompt per request", "prompt"},
+        BadCase{Endpoint::kChatCompletions, R"({"model":"m","messages":[]})",
+                "'messages' must be a non-empty array", "messages"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"robot","content":"x"}]})",
+                "messages[0].role must be one of system, developer, user, assistant", "messages"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":5}]})",
+                "messages[0].content must be a string or an array of text parts", "messages"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
+                "'top_logprobs' requires 'logprobs': true", "top_logprobs"},
+        BadCase{
+            Endpoint::kChatCompletions,
+            R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
+            "only 'response_format': {\"type\": \"text\"} is supported", "response_format"}));
+
+TEST(ApiRequestTest, ErrorJsonHasOpenAiShape) {
+  ApiError e = InvalidRequest("too long", "messages", "context_length_exceeded");
+  auto j = nlohmann::json::parse(e.ToJson());
+  EXPECT_EQ(j["error"]["message"], "too long");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "messages");
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_TRUE(nlohmann::json::parse(InvalidRequest("x").ToJson())["error"]["code"].is_null());
+}
+
+}  // namespace
+}  // namespace pdserve::frontend

@@ -1,0 +1,227 @@
+#include "frontend/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve::frontend {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+// A service that "generates" tokens t0 t1 ... (max_tokens of them) per choice on its own thread,
+// `delay` apart, and can be told to fail after some tokens. Records cancellations.
+class FakeService : public GenerationService {
+ public:
+  std::chrono::milliseconds delay{0};
+  int fail_after = -1;
+  std::atomic<int> cancelled{0};
+  std::atomic<int> finished{0};
+
+  std::vector<std::string> ModelNames() const override { return {"tiny"}; }
+  bool Ready() const override { return true; }
+  std::string MetricsText() const override { return "pdserve_up 1\n"; }
+
+  StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) override {
+    if (req.prompt_text && *req.prompt_text == "overflow") {
+      return InvalidRequest("prompt is too long", "prompt", "context_length_exceeded");
+    }
+    auto gen = std::make_unique<FakeGeneration>(this);
+    auto stop = gen->stop;
+    const int tokens = static_cast<int>(req.max_tokens.value_or(4));
+    const int n = req.n;
+    threads_.emplace_back([this, sink, stop, tokens, n] {
+      for (int t = 0; t < tokens; ++t) {
+        for (int c = 0; c < n; ++c) {
+          if (stop->load()) return;
+          if (t == fail_after) {
+            sink->OnError({500, "worker lost", "server_error"});
+            return;
+          }
+          ChoiceDelta d;
+          d.index = c;
+          d.text = absl::StrCat(t == 0 ? "" : " ", "t", t);
+          if (t == tokens - 1) d.finish_reason = "length";
+          sink->OnDelta(std::move(d));
+        }
+        std::this_thread::sleep_for(delay);
+      }
+      finished++;
+      sink->OnComplete({3, tokens * n});
+    });
+    return std::unique_ptr<Generation>(std::move(gen));
+  }
+
+  ~FakeService() override {
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  struct FakeGeneration : Generation {
+    explicit FakeGeneration(FakeService* s) : service(s) {}
+    ~FakeGeneration() override { Cancel(); }
+    void Cancel() override {
+      if (!stop->exchange(true)) service->cancelled++;
+    }
+    FakeService* service;
+    std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
+  };
+  std::vector<std::thread> threads_;
+};
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HttpServerOptions opts;
+    opts.port = 0;
+    opts.max_body_bytes = 4096;
+    auto s = HttpServer::Start(opts, &service_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  void TearDown() override { server_->Stop(); }
+
+  http::response<http::string_body> Request(http::verb verb, const std::string& target,
+                                            const std::string& body = "") {
+    net::io_context ioc;
+    tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+    http::request<http::string_body> req{verb, target, 11};
+    req.set(http::field::host, "localhost");
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+    http::write(sock, req);
+    beast::flat_buffer buf;
+    http::response<http::string_body> res;
+    http::read(sock, buf, res);
+    return res;
+  }
+
+  FakeService service_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(HttpServerTest, HealthReadyModelsMetrics) {
+  EXPECT_EQ(Request(http::verb::get, "/health").result_int(), 200);
+  EXPECT_EQ(Request(http::verb::get, "/ready").result_int(), 200);
+  auto models = json::parse(Request(http::verb::get, "/v1/models").body());
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(Request(http::verb::get, "/metrics").body(), "pdserve_up 1\n");
+  EXPECT_EQ(Request(http::verb::get, "/nope").result_int(), 404);
+  EXPECT_EQ(Request(http::verb::get, "/v1/completions").result_int(), 405);
+}
+
+TEST_F(HttpServerTest, NonStreamedCompletion) {
+  auto res = Request(http::verb::post, "/v1/completions",
+                     R"({"model":"tiny","prompt":"hi","max_tokens":3,"n":2})");
+  ASSERT_EQ(res.result_int(), 200) << res.body();
+  auto j = json::parse(res.body());
+  EXPECT_EQ(j["object"], "text_completion");
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["text"], "t0 t1 t2");
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(j["usage"]["total_tokens"], 9);
+}
+
+TEST_F(HttpServerTest, StreamedChatEndsWithDone) {
+  auto res = Request(http::verb::post, "/v1/chat/completions",
+                     R"({"model":"tiny","messages":[{"role":"user","content":"hi"}],
+                         "max_tokens":3,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(res.result_int(), 200);
+  EXPECT_EQ(res[http::field::content_type], "text/event-stream");
+  std::vector<std::string> events = absl::StrSplit(res.body(), "\n\n", absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 5u) << res.body();  // 3 deltas, usage, [DONE]
+  std::string text;
+  for (int i = 0; i < 3; ++i) {
+    auto j = json::parse(events[static_cast<size_t>(i)].substr(6));
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    if (i == 0) {
+      EXPECT_EQ(j["choices"][0]["delta"]["role"], "assistant");
+    }
+    text += j["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, "t0 t1 t2");
+  EXPECT_EQ(json::parse(events[3].substr(6))["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(events[4], "data: [DONE]");
+}
+
+TEST_F(HttpServerTest, ErrorsUseOpenAiShapeAndStatus) {
+  auto bad = Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":7})");
+  EXPECT_EQ(bad.result_int(), 400);
+  EXPECT_EQ(json::parse(bad.body())["error"]["param"], "prompt");
+  auto model = Request(http::verb::post, "/v1/completions", R"({"model":"big","prompt":"x"})");
+  EXPECT_EQ(model.result_int(), 404);
+  EXPECT_EQ(json::parse(model.body())["error"]["code"], "model_not_found");
+  auto ctx =
+      Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"overflow"})");
+  EXPECT_EQ(ctx.result_int(), 400);
+  EXPECT_EQ(json::parse(ctx.body())["error"]["code"], "context_length_exceeded");
+  auto big = Request(http::verb::post, "/v1/completions",
+                     absl::StrCat(R"({"model":"tiny","prompt":")", std::string(5000, 'a'), "\"}"));
+  EXPECT_EQ(big.result_int(), 413);
+}
+
+TEST_F(HttpServerTest, FailureMidStreamSendsErrorEventNotDone) {
+  service_.fail_after = 2;
+  auto res = Request(http::verb::post, "/v1/completions",
+                     R"({"model":"tiny","prompt":"hi","max_tokens":5,"stream":true})");
+  std::vector<std::string> events = absl::StrSplit(res.body(), "\n\n", absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 3u) << res.body();
+  EXPECT_EQ(json::parse(events[2].substr(6))["error"]["message"], "worker lost");
+  EXPECT_EQ(res.body().find("[DONE]"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
+  service_.delay = std::chrono::milliseconds(50);
+  {
+    net::io_context ioc;
+    tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+    const std::string body = R"({"model":"tiny","prompt":"hi","max_tokens":1000,"stream":true})";
+    const std::string req = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                         "Content-Length: ", body.size(), "\r\n\r\n", body);
+    net::write(sock, net::buffer(req));
+    char buf[512];
+    sock.read_some(net::buffer(buf));  // headers and the first events are flowing
+  }                                    // socket closed here
+  for (int i = 0; i < 200 && service_.cancelled.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(service_.cancelled.load(), 1);
+  EXPECT_EQ(service_.finished.load(), 0);
+}
+
+TEST_F(HttpServerTest, KeepAliveServesSeveralRequests) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  beast::flat_buffer buf;
+  for (int i = 0; i < 3; ++i) {
+    http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+    req.set(http::field::host, "x");
+    req.body() = R"({"model":"tiny","prompt":"hi","max_tokens":2,"stream":true})";
+    req.prepare_payload();
+    http::write(sock, req);
+    http::response<http::string_body> res;
+    http::read(sock, buf, res);
+    EXPECT_NE(res.body().find("data: [DONE]"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::frontend
