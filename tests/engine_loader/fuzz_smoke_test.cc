@@ -50,16 +50,23 @@ std::vector<uint8_t> ReadFile(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// Runs the seed, then `iterations` mutations of it, through `target` (which aborts on a broken
+// invariant; ASan / UBSan builds also catch memory errors).
+void Replay(const std::vector<uint8_t>& seed, uint32_t rng_seed, int iterations,
+            int (*target)(const uint8_t*, size_t)) {
+  target(seed.data(), seed.size());
+  std::mt19937 rng(rng_seed);
+  for (int iter = 0; iter < iterations; ++iter) {
+    const std::vector<uint8_t> bytes = Mutate(seed, rng);
+    target(bytes.data(), bytes.size());
+  }
+}
+
 TEST(FuzzSmokeTest, MutatedConfigsNeverCrashTheParser) {
   const std::vector<uint8_t> seed =
       ReadFile(std::string(PDSERVE_FIXTURES_DIR) + "/engine/mixed_yarn_f32/model/config.json");
   ASSERT_GT(seed.size(), 100u);
-  testing::FuzzModelConfig(seed.data(), seed.size());
-  std::mt19937 rng(99);
-  for (int iter = 0; iter < 5000; ++iter) {
-    const std::vector<uint8_t> bytes = Mutate(seed, rng);
-    testing::FuzzModelConfig(bytes.data(), bytes.size());
-  }
+  Replay(seed, 99, 5000, testing::FuzzModelConfig);
 }
 
 TEST(FuzzSmokeTest, MutatedSafetensorsNeverCrashTheParser) {
@@ -70,12 +77,7 @@ TEST(FuzzSmokeTest, MutatedSafetensorsNeverCrashTheParser) {
                              {"c", "I64", {1}, testing::I64Bytes({7})}});
   const std::vector<uint8_t> seed = ReadFile(dir + "/seed.safetensors");
   ASSERT_GT(seed.size(), 16u);
-  testing::FuzzSafetensorsHeader(seed.data(), seed.size());
-  std::mt19937 rng(1234);
-  for (int iter = 0; iter < 20000; ++iter) {
-    const std::vector<uint8_t> bytes = Mutate(seed, rng);
-    testing::FuzzSafetensorsHeader(bytes.data(), bytes.size());
-  }
+  Replay(seed, 1234, 20000, testing::FuzzSafetensorsHeader);
 }
 
 }  // namespace
