@@ -102,13 +102,16 @@ bool IsQuantizedDType(DType t) {
 }
 
 // The block-scale companion of a quantized weight: `<module>.scale` under DeepSeek's names,
-// `<module>.weight_scale_inv` under transformers' FP8 names.
+// `<name>_scale_inv` under transformers' FP8 names (`….weight_scale_inv`, and
+// `…experts.gate_up_proj_scale_inv` for the stacked experts).
 const Stored* FindScale(const std::map<std::string, Stored, std::less<>>& stored,
                         std::string_view weight_name) {
-  if (!weight_name.ends_with(".weight")) return nullptr;
-  const std::string base(weight_name.substr(0, weight_name.size() - 7));
-  for (const std::string& candidate :
-       {absl::StrCat(base, ".scale"), absl::StrCat(base, ".weight_scale_inv")}) {
+  std::vector<std::string> candidates = {absl::StrCat(std::string(weight_name), "_scale_inv")};
+  if (weight_name.ends_with(".weight")) {
+    candidates.push_back(
+        absl::StrCat(std::string(weight_name.substr(0, weight_name.size() - 7)), ".scale"));
+  }
+  for (const std::string& candidate : candidates) {
     auto it = stored.find(candidate);
     if (it != stored.end()) return &it->second;
   }
