@@ -1,13 +1,12 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <map>
 #include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
