@@ -175,10 +175,10 @@ bool IsIgnoredTensorName(std::string_view stored_name) {
   return stored_name.starts_with("mtp.") || stored_name.find(".mtp.") != std::string_view::npos;
 }
 
-std::map<std::string, TensorSpec> ExpectedTensors(const ModelConfig& c) {
-  std::map<std::string, TensorSpec> specs;
+std::map<std::string, RequiredTensor> RequiredTensors(const ModelConfig& c) {
+  std::map<std::string, RequiredTensor> specs;
   auto add = [&specs](std::string name, std::vector<int64_t> shape, bool integer = false) {
-    specs[std::move(name)] = TensorSpec{std::move(shape), integer};
+    specs[std::move(name)] = RequiredTensor{std::move(shape), integer};
   };
   const int64_t h = c.hidden_size, hc = c.hc_mult, hd = c.head_dim, qr = c.q_lora_rank;
   const int64_t nh = c.num_attention_heads, ihd = c.index_head_dim;

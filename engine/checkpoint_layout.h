@@ -43,13 +43,13 @@ std::string OriginalName(const TensorTarget& target);
 // transformers (_keys_to_ignore_on_load_unexpected) the loader skips them.
 bool IsIgnoredTensorName(std::string_view stored_name);
 
-struct TensorSpec {
+struct RequiredTensor {
   std::vector<int64_t> shape;
   bool integer = false;  // stored as I32 / I64 (tid2eid); float32 values in the Tensor
 };
 
 // Every canonical tensor `config` requires with its shape (PyTorch order: Linear weights are
 // [out_features, in_features]). lm_head.weight is absent when tie_word_embeddings is set.
-std::map<std::string, TensorSpec> ExpectedTensors(const ModelConfig& config);
+std::map<std::string, RequiredTensor> RequiredTensors(const ModelConfig& config);
 
 }  // namespace pdserve::engine

@@ -1,13 +1,12 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <map>
 #include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -172,6 +171,10 @@ absl::StatusOr<RopeParams> ParseRope(const Json& dict, const std::string& source
   return p;
 }
 
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxExperts = 65536;
+
 // The size fields that must be positive for any tensor shape to make sense.
 absl::Status CheckSizes(const ModelConfig& c, const Fields& f) {
   const std::pair<const char*, int64_t> positive[] = {
@@ -196,6 +199,29 @@ absl::Status CheckSizes(const ModelConfig& c, const Fields& f) {
   };
   for (const auto& [key, value] : positive) {
     if (value <= 0) return f.Error(key, absl::StrCat("must be positive, got ", value));
+  }
+  // Bounds far above any released model keep every shape product inside int64 and the
+  // per-layer / per-expert bookkeeping small, whatever a config.json says.
+  const std::pair<const char*, int64_t> bounded[] = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"moe_intermediate_size", c.moe_intermediate_size},
+      {"num_attention_heads", c.num_attention_heads},
+      {"head_dim", c.head_dim},
+      {"q_lora_rank", c.q_lora_rank},
+      {"hc_mult", c.hc_mult},
+      {"o_groups", c.o_groups},
+      {"o_lora_rank", c.o_lora_rank},
+      {"index_n_heads", c.index_n_heads},
+      {"index_head_dim", c.index_head_dim},
+      {"compress_rate_csa", c.compress_rate_csa},
+      {"compress_rate_hca", c.compress_rate_hca},
+  };
+  for (const auto& [key, value] : bounded) {
+    if (value > kMaxDim) return f.Error(key, absl::StrCat(value, " exceeds ", kMaxDim));
+  }
+  if (c.n_routed_experts > kMaxExperts) {
+    return f.Error("n_routed_experts", absl::StrCat(c.n_routed_experts, " exceeds ", kMaxExperts));
   }
   if (c.num_experts_per_tok > c.n_routed_experts) {
     return f.Error("num_experts_per_tok",
@@ -477,9 +503,10 @@ absl::StatusOr<ModelConfig> ModelConfig::Parse(const std::string& json_text,
   PDSERVE_RETURN_IF_ERROR(ParseScalars(f, c));
   PDSERVE_RETURN_IF_ERROR(ParseTokenIds(f, c));
   PDSERVE_RETURN_IF_ERROR(ParseCompressRates(f, source, c));
-  if (c.num_hidden_layers <= 0) {
+  // Checked before the per-layer schedules are built from it.
+  if (c.num_hidden_layers <= 0 || c.num_hidden_layers > kMaxLayers) {
     return f.Error("num_hidden_layers",
-                   absl::StrCat("must be positive, got ", c.num_hidden_layers));
+                   absl::StrCat("must be in [1, ", kMaxLayers, "], got ", c.num_hidden_layers));
   }
   PDSERVE_RETURN_IF_ERROR(ParseLayerSchedules(f, c));
 

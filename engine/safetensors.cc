@@ -8,6 +8,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <utility>
 
@@ -73,14 +74,9 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const Json& entry
     return HeaderError(source, absl::StrCat(where, " has no dtype string"));
   }
   const std::string dtype = dtype_it->get<std::string>();
-  bool known = false;
-  for (const DTypeEntry& e : kDTypes) {
-    if (dtype == e.name) {
-      info.dtype = e.type;
-      known = true;
-    }
-  }
-  if (!known) return HeaderError(source, absl::StrCat(where, " has unknown dtype \"", dtype, "\""));
+  const std::optional<DType> type = DTypeFromName(dtype);
+  if (!type) return HeaderError(source, absl::StrCat(where, " has unknown dtype \"", dtype, "\""));
+  info.dtype = *type;
 
   auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array()) {
@@ -136,6 +132,13 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const Json& entry
 }  // namespace
 
 const char* DTypeName(DType t) { return Entry(t).name; }
+
+std::optional<DType> DTypeFromName(std::string_view name) {
+  for (const DTypeEntry& e : kDTypes) {
+    if (name == e.name) return e.type;
+  }
+  return std::nullopt;
+}
 int DTypeBits(DType t) { return Entry(t).bits; }
 bool IsIntegerDType(DType t) { return Entry(t).integer; }
 
@@ -184,6 +187,38 @@ absl::StatusOr<SafetensorsLayout> ParseSafetensors(std::span<const uint8_t> file
     layout.tensors.push_back(*std::move(info));
   }
   return layout;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorBytes>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const TensorBytes& t : tensors) {
+    uint64_t bits = static_cast<uint64_t>(Entry(t.dtype).bits);
+    for (int64_t d : t.shape) bits *= static_cast<uint64_t>(d);
+    if (bits % 8 != 0 || bits / 8 != t.bytes.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor \"", t.name, "\": ", t.bytes.size(), " bytes do not fit ",
+                       DTypeName(t.dtype), " ", absl::StrJoin(t.shape, ", ")));
+    }
+    header[t.name] = {{"dtype", DTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  out.write(len, 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const TensorBytes& t : tensors) {
+    out.write(t.bytes.data(), static_cast<std::streamsize>(t.bytes.size()));
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,8 +44,9 @@ enum class DType {
   kF64,
 };
 
-// The header spelling ("BF16", "F8_E4M3", ...).
+// The header spelling ("BF16", "F8_E4M3", ...), and back (std::nullopt for unknown names).
 const char* DTypeName(DType t);
+std::optional<DType> DTypeFromName(std::string_view name);
 // Size in bits of one element (4 for kF4, 8 for the one-byte types, ...).
 int DTypeBits(DType t);
 bool IsIntegerDType(DType t);
@@ -69,6 +71,19 @@ struct SafetensorsLayout {
 // tests/engine_loader/safetensors_header_fuzzer.cc).
 absl::StatusOr<SafetensorsLayout> ParseSafetensors(std::span<const uint8_t> file,
                                                    const std::string& source);
+
+// One tensor to write: `bytes` holds the little-endian elements (two F4 elements per byte).
+struct TensorBytes {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::string_view bytes;
+};
+
+// Writes a safetensors file (header padded to 8 bytes, "__metadata__": {"format": "pt"}, data in
+// the given order). InvalidArgument when a tensor's byte count does not match its dtype and
+// shape; Internal on I/O errors. Used by tests, benchmarks and tools that produce checkpoints.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorBytes>& tensors);
 
 // One opened, mmapped safetensors file. Move-only; unmaps on destruction. Concurrent reads of
 // the tensors and their bytes are safe.

@@ -102,109 +102,34 @@ bool IsQuantizedDType(DType t) {
 }
 
 // The block-scale companion of a quantized weight: `<module>.scale` under DeepSeek's names,
-// `<module>.weight_scale_inv` under transformers' FP8 names.
+// `<name>_scale_inv` under transformers' FP8 names (`….weight_scale_inv`, and
+// `…experts.gate_up_proj_scale_inv` for the stacked experts).
 const Stored* FindScale(const std::map<std::string, Stored, std::less<>>& stored,
                         std::string_view weight_name) {
-  if (!weight_name.ends_with(".weight")) return nullptr;
-  const std::string base(weight_name.substr(0, weight_name.size() - 7));
-  for (const std::string& candidate :
-       {absl::StrCat(base, ".scale"), absl::StrCat(base, ".weight_scale_inv")}) {
+  std::vector<std::string> candidates = {absl::StrCat(std::string(weight_name), "_scale_inv")};
+  if (weight_name.ends_with(".weight")) {
+    candidates.push_back(
+        absl::StrCat(std::string(weight_name.substr(0, weight_name.size() - 7)), ".scale"));
+  }
+  for (const std::string& candidate : candidates) {
     auto it = stored.find(candidate);
     if (it != stored.end()) return &it->second;
   }
   return nullptr;
 }
 
-// Reads a block-scale tensor to float, checking its dtype and shape.
-absl::StatusOr<std::vector<float>> ReadScales(const Stored& scale, const Stored& weight,
-                                              const std::vector<int64_t>& expected_shape) {
-  const TensorInfo& info = *scale.info;
-  if (info.dtype != DType::kF32 && info.dtype != DType::kF8E8M0 && info.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(scale), ": wrong dtype ", DTypeName(info.dtype), " for the scales of ",
-                     weight.info->name, " (expected F32, BF16 or F8_E8M0)"));
-  }
-  if (info.shape != expected_shape) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(scale), ": wrong shape ", info.ShapeString(), " for the scales of ",
-                     weight.info->name, " ", weight.info->ShapeString(), ", expected [",
-                     absl::StrJoin(expected_shape, ", "), "]"));
-  }
-  std::vector<float> values(static_cast<size_t>(info.NumElements()));
-  PDSERVE_RETURN_IF_ERROR(ConvertToFloat(info.dtype, scale.file->Bytes(info), values));
-  return values;
-}
+// How a stored tensor becomes float32.
+enum class Encoding { kPlain, kFp8, kFp4, kExpertIds };
 
-// Decodes one stored float tensor (plain, FP8 or FP4) of logical shape `shape` into `out`.
-absl::Status DecodeFloat(const Stored& s, const Stored* scale, const std::vector<int64_t>& shape,
-                         float* out) {
-  const TensorInfo& info = *s.info;
-  const int64_t n = Tensor::NumElements(shape);
-  const bool fp8 = info.dtype == DType::kF8E4M3;
-  const bool fp4 = info.dtype == DType::kF4 || info.dtype == DType::kI8 || info.dtype == DType::kU8;
-  if (!fp8 && !fp4) {
-    if (IsIntegerDType(info.dtype) || info.dtype == DType::kF8E5M2 ||
-        info.dtype == DType::kF8E8M0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(s), ": wrong dtype ", DTypeName(info.dtype), " (expected F32, BF16 or F16)"));
-    }
-    return ConvertToFloat(info.dtype, s.file->Bytes(info), std::span<float>(out, n));
-  }
-  if (scale == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(s), ": ", DTypeName(info.dtype), " weight without its block scales (",
-                     "expected a .scale or .weight_scale_inv tensor beside it)"));
-  }
-  if (shape.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(s), ": quantized tensors must have at least 2 dimensions"));
-  }
-  const int64_t cols = shape.back();
-  const int64_t rows = shape[shape.size() - 2];
-  const int64_t batch = n / std::max<int64_t>(rows * cols, 1);
-  std::vector<int64_t> scale_shape(shape.begin(), shape.end() - 2);
-  if (fp8) {
-    scale_shape.push_back((rows + kFp8BlockRows - 1) / kFp8BlockRows);
-    scale_shape.push_back((cols + kFp8BlockCols - 1) / kFp8BlockCols);
-  } else {
-    scale_shape.push_back(rows);
-    scale_shape.push_back((cols + kFp4BlockCols - 1) / kFp4BlockCols);
-  }
-  if (fp4 && cols % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(s), ": packed FP4 rows need an even element count, got ", cols));
-  }
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<float> scales, ReadScales(*scale, s, scale_shape));
-  const uint8_t* bytes = s.file->Bytes(info).data();
-  const int64_t scales_per_matrix = scale_shape[scale_shape.size() - 2] * scale_shape.back();
-  for (int64_t b = 0; b < batch; ++b) {
-    const float* sc = scales.data() + b * scales_per_matrix;
-    if (fp8) {
-      DequantizeFp8(bytes + b * rows * cols, rows, cols, sc, out + b * rows * cols);
-    } else {
-      DequantizeFp4(bytes + b * rows * cols / 2, rows, cols, sc, out + b * rows * cols);
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Integer tensors (tid2eid: expert ids) become float values; ids must name an expert.
-absl::Status DecodeExpertIds(const Stored& s, int64_t n_experts, float* out) {
-  const TensorInfo& info = *s.info;
-  if (info.dtype != DType::kI32 && info.dtype != DType::kI64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(s), ": wrong dtype ", DTypeName(info.dtype), " (expected I32 or I64)"));
-  }
-  const int64_t n = info.NumElements();
-  PDSERVE_RETURN_IF_ERROR(ConvertToFloat(info.dtype, s.file->Bytes(info), {out, size_t(n)}));
-  for (int64_t i = 0; i < n; ++i) {
-    if (!(out[i] >= 0 && out[i] < static_cast<float>(n_experts))) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(s), ": entry ", i, " is expert id ",
-                                                     out[i], ", outside [0, ", n_experts, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
+// One stored tensor, checked and placed: where its values go and how to decode them.
+struct Job {
+  Stored stored;
+  const Stored* scale = nullptr;
+  Encoding encoding = Encoding::kPlain;
+  std::string canonical;
+  int64_t offset = 0;          // element offset inside the canonical tensor
+  std::vector<int64_t> shape;  // logical element shape of the stored tensor
+};
 
 // Logical element shape of a stored tensor: packed FP4 in I8 / U8 holds two per byte.
 std::vector<int64_t> LogicalShape(const TensorInfo& info, bool has_scale) {
@@ -215,11 +140,106 @@ std::vector<int64_t> LogicalShape(const TensorInfo& info, bool has_scale) {
   return shape;
 }
 
-// Fills the canonical tensors from the stored ones and tracks what has been filled.
-class Assembler {
+// Picks the encoding from the dtype and checks the block scales' dtype and shape.
+absl::StatusOr<Encoding> CheckEncoding(const Stored& s, const Stored* scale, bool integer,
+                                       const std::vector<int64_t>& shape) {
+  const DType dtype = s.info->dtype;
+  if (integer) {
+    if (dtype == DType::kI32 || dtype == DType::kI64) return Encoding::kExpertIds;
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(s), ": wrong dtype ", DTypeName(dtype), " (expected I32 or I64)"));
+  }
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
+      dtype == DType::kF64) {
+    return Encoding::kPlain;
+  }
+  const bool fp8 = dtype == DType::kF8E4M3;
+  const bool fp4 = dtype == DType::kF4 || ((dtype == DType::kI8 || dtype == DType::kU8) && scale);
+  if (!fp8 && !fp4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(s), ": wrong dtype ", DTypeName(dtype), " (expected F32, BF16 or F16)"));
+  }
+  if (scale == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(s), ": ", DTypeName(dtype),
+        " weight without its block scales (expected a .scale or .weight_scale_inv tensor beside "
+        "it)"));
+  }
+  if (shape.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(s), ": quantized tensors must have at least 2 dimensions"));
+  }
+  const int64_t rows = shape[shape.size() - 2], cols = shape.back();
+  if (fp4 && cols % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(s), ": packed FP4 rows need an even element count, got ", cols));
+  }
+  // One scale grid per matrix: 128 x 128 blocks for FP8, 1 x 32 for FP4.
+  std::vector<int64_t> want(shape.begin(), shape.end() - 2);
+  want.push_back(fp8 ? (rows + kFp8BlockRows - 1) / kFp8BlockRows : rows);
+  want.push_back((cols + (fp8 ? kFp8BlockCols : kFp4BlockCols) - 1) /
+                 (fp8 ? kFp8BlockCols : kFp4BlockCols));
+  const TensorInfo& info = *scale->info;
+  if (info.dtype != DType::kF32 && info.dtype != DType::kF8E8M0 && info.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(*scale), ": wrong dtype ", DTypeName(info.dtype), " for the scales of ",
+                     s.info->name, " (expected F32, BF16 or F8_E8M0)"));
+  }
+  if (info.shape != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(*scale), ": wrong shape ", info.ShapeString(), " for the scales of ", s.info->name,
+        " ", s.info->ShapeString(), ", expected [", absl::StrJoin(want, ", "), "]"));
+  }
+  return fp8 ? Encoding::kFp8 : Encoding::kFp4;
+}
+
+// Decodes one planned tensor into `out` (the job's slot in its canonical tensor).
+absl::Status Execute(const Job& job, int64_t n_experts, float* out) {
+  const TensorInfo& info = *job.stored.info;
+  const std::span<const uint8_t> bytes = job.stored.file->Bytes(info);
+  const int64_t n = Tensor::NumElements(job.shape);
+  switch (job.encoding) {
+    case Encoding::kPlain:
+      return ConvertToFloat(info.dtype, bytes, std::span<float>(out, static_cast<size_t>(n)));
+    case Encoding::kExpertIds:
+      PDSERVE_RETURN_IF_ERROR(
+          ConvertToFloat(info.dtype, bytes, std::span<float>(out, static_cast<size_t>(n))));
+      for (int64_t i = 0; i < n; ++i) {
+        if (!(out[i] >= 0 && out[i] < static_cast<float>(n_experts))) {
+          return absl::InvalidArgumentError(absl::StrCat(Where(job.stored), ": entry ", i,
+                                                         " is expert id ", out[i], ", outside [0, ",
+                                                         n_experts, ")"));
+        }
+      }
+      return absl::OkStatus();
+    case Encoding::kFp8:
+    case Encoding::kFp4:
+      break;
+  }
+  const TensorInfo& scale_info = *job.scale->info;
+  std::vector<float> scales(static_cast<size_t>(scale_info.NumElements()));
+  PDSERVE_RETURN_IF_ERROR(
+      ConvertToFloat(scale_info.dtype, job.scale->file->Bytes(scale_info), scales));
+  const int64_t rows = job.shape[job.shape.size() - 2], cols = job.shape.back();
+  const int64_t matrices = n / std::max<int64_t>(rows * cols, 1);
+  const int64_t scales_per_matrix =
+      scale_info.shape[scale_info.shape.size() - 2] * scale_info.shape.back();
+  for (int64_t b = 0; b < matrices; ++b) {
+    const float* sc = scales.data() + b * scales_per_matrix;
+    if (job.encoding == Encoding::kFp8) {
+      DequantizeFp8(bytes.data() + b * rows * cols, rows, cols, sc, out + b * rows * cols);
+    } else {
+      DequantizeFp4(bytes.data() + b * rows * cols / 2, rows, cols, sc, out + b * rows * cols);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks every stored tensor against the config and records where it goes, before anything is
+// allocated or decoded: a bad checkpoint costs no memory beyond its header.
+class Planner {
  public:
-  Assembler(const ModelConfig& config, std::map<std::string, TensorSpec> specs)
-      : config_(config), specs_(std::move(specs)) {}
+  explicit Planner(const ModelConfig& config) : config_(config), specs_(RequiredTensors(config)) {}
 
   absl::Status Add(const Stored& s, const TensorTarget& target, const Stored* scale) {
     auto spec_it = specs_.find(target.canonical);
@@ -228,12 +248,7 @@ class Assembler {
                                                      target.canonical,
                                                      ", which this config.json does not have)"));
     }
-    const TensorSpec& spec = spec_it->second;
-    Tensor& dst = tensors_[target.canonical];
-    if (dst.shape.empty()) dst = Tensor(spec.shape);
-
-    std::vector<int64_t> want = spec.shape;
-    int64_t offset = 0;
+    Job job{s, scale, Encoding::kPlain, target.canonical, 0, spec_it->second.shape};
     if (target.part != TensorTarget::Part::kWhole) {
       if (target.expert >= config_.n_routed_experts) {
         return absl::InvalidArgumentError(absl::StrCat(Where(s), ": unexpected tensor (expert ",
@@ -241,26 +256,31 @@ class Assembler {
                                                        config_.n_routed_experts, ")"));
       }
       const int64_t inter = config_.moe_intermediate_size, h = config_.hidden_size;
-      want = target.part == TensorTarget::Part::kExpertDown ? std::vector<int64_t>{h, inter}
-                                                            : std::vector<int64_t>{inter, h};
-      offset = target.expert * Tensor::NumElements(want) *
-               (target.part == TensorTarget::Part::kExpertDown ? 1 : 2);
-      if (target.part == TensorTarget::Part::kExpertUp) offset += inter * h;
+      const bool down = target.part == TensorTarget::Part::kExpertDown;
+      job.shape = down ? std::vector<int64_t>{h, inter} : std::vector<int64_t>{inter, h};
     }
-    if (!MarkFilled(s, target)) {
+    if (!MarkFilled(target)) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(s), ": duplicate tensor: ", OriginalName(target), " / ",
                        target.canonical, " is already loaded from another stored name"));
     }
-    const std::vector<int64_t> have = LogicalShape(*s.info, scale != nullptr);
-    if (have != want) {
+    if (LogicalShape(*s.info, scale != nullptr) != job.shape) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(s), ": wrong shape ", s.info->ShapeString(), ", expected [",
-                       absl::StrJoin(want, ", "), "] for ", target.canonical));
+                       absl::StrJoin(job.shape, ", "), "] for ", target.canonical));
     }
-    float* out = dst.ptr() + offset;
-    if (spec.integer) return DecodeExpertIds(s, config_.n_routed_experts, out);
-    return DecodeFloat(s, scale, want, out);
+    PDSERVE_ASSIGN_OR_RETURN(job.encoding,
+                             CheckEncoding(s, scale, spec_it->second.integer, job.shape));
+    // After the shape check, so the products are bounded by the stored bytes.
+    if (target.part != TensorTarget::Part::kWhole) {
+      const int64_t piece = Tensor::NumElements(job.shape);
+      job.offset = target.part == TensorTarget::Part::kExpertDown
+                       ? target.expert * piece
+                       : target.expert * 2 * piece +
+                             (target.part == TensorTarget::Part::kExpertUp ? piece : 0);
+    }
+    jobs_.push_back(std::move(job));
+    return absl::OkStatus();
   }
 
   // NotFound naming the first missing tensor under both names, with a count of the rest.
@@ -282,12 +302,20 @@ class Assembler {
         missing.size() > 1 ? absl::StrCat(" and ", missing.size() - 1, " more") : ""));
   }
 
-  std::map<std::string, Tensor, std::less<>> Release() { return std::move(tensors_); }
+  // Allocates every canonical tensor and decodes the stored ones into place, one pass each.
+  absl::StatusOr<std::map<std::string, Tensor, std::less<>>> Run() const {
+    std::map<std::string, Tensor, std::less<>> tensors;
+    for (const auto& [name, spec] : specs_) tensors.emplace(name, Tensor(spec.shape));
+    for (const Job& job : jobs_) {
+      PDSERVE_RETURN_IF_ERROR(
+          Execute(job, config_.n_routed_experts, tensors.at(job.canonical).ptr() + job.offset));
+    }
+    return tensors;
+  }
 
  private:
   // Slot bitmap per stacked experts tensor: gate_up has 2 slots per expert (w1, w3), down one.
-  bool MarkFilled(const Stored& s, const TensorTarget& t) {
-    (void)s;
+  bool MarkFilled(const TensorTarget& t) {
     if (t.part == TensorTarget::Part::kWhole) {
       if (whole_filled_.count(t.canonical) || expert_slots_.count(t.canonical)) return false;
       whole_filled_.insert(t.canonical);
@@ -322,8 +350,8 @@ class Assembler {
   }
 
   const ModelConfig& config_;
-  std::map<std::string, TensorSpec> specs_;
-  std::map<std::string, Tensor, std::less<>> tensors_;
+  std::map<std::string, RequiredTensor> specs_;
+  std::vector<Job> jobs_;
   std::set<std::string> whole_filled_;
   std::map<std::string, std::vector<bool>> expert_slots_;
 };
@@ -355,7 +383,7 @@ absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelC
     }
   }
 
-  Assembler assembler(config, ExpectedTensors(config));
+  Planner planner(config);
   for (const auto& [name, s] : stored) {
     if (scale_names.count(name) || IsIgnoredTensorName(name)) continue;
     const std::optional<TensorTarget> target = ResolveTensorName(name);
@@ -367,12 +395,12 @@ absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelC
     if (config.tie_word_embeddings && target->canonical == "lm_head.weight") continue;
     auto scale_it = scale_of.find(name);
     PDSERVE_RETURN_IF_ERROR(
-        assembler.Add(s, *target, scale_it == scale_of.end() ? nullptr : scale_it->second));
+        planner.Add(s, *target, scale_it == scale_of.end() ? nullptr : scale_it->second));
   }
-  PDSERVE_RETURN_IF_ERROR(assembler.CheckComplete(model_dir));
+  PDSERVE_RETURN_IF_ERROR(planner.CheckComplete(model_dir));
 
   Weights weights;
-  weights.tensors_ = assembler.Release();
+  PDSERVE_ASSIGN_OR_RETURN(weights.tensors_, planner.Run());
   if (config.tie_word_embeddings) {
     weights.tensors_["lm_head.weight"] = weights.tensors_.at("model.embed_tokens.weight");
   }

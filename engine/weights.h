@@ -22,8 +22,13 @@ namespace pdserve::engine {
 
 class Weights {
  public:
-  // Loads and validates every tensor the config requires: missing, unexpected, wrong-shape or
-  // wrong-dtype tensors and truncated data are errors naming the file and tensor.
+  // Loads and validates every tensor the config requires (RequiredTensors() in
+  // engine/checkpoint_layout.h): missing, unexpected, wrong-shape or wrong-dtype tensors and
+  // truncated data are errors naming the file and tensor; every check runs before any tensor is
+  // allocated. Afterwards all() holds exactly the required tensors, plus lm_head.weight as a copy
+  // of model.embed_tokens.weight when tie_word_embeddings is set. Expert tensors are stacked
+  // (gate_up_proj [E, 2I, H] = per-expert w1 then w3; down_proj [E, H, I]); tid2eid [V, top-k]
+  // holds expert ids as exact float values. Formats and sources: docs/checkpoints.md.
   static absl::StatusOr<Weights> Load(const std::string& model_dir, const ModelConfig& config);
 
   // The tensor stored under canonical (transformers) `name`, or NotFound.

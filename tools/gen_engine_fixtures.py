@@ -329,14 +329,43 @@ def generate(name, kwargs, opts, out_root, base_seed):
                          do_sample=False, output_logits=True, return_dict_in_generate=True,
                          min_new_tokens=s0.numel() - n_prompt)
     gen_ids = gen.sequences[0]
-    ref = one_shot(model, gen_ids)
-    step_errs = [rel_err(gen.logits[i][0].float()[None], ref[n_prompt - 1 + i:n_prompt + i])
-                 for i in range(len(gen.logits))]
+
+    def step_errors(g):
+        ref = one_shot(model, g.sequences[0])
+        return [rel_err(g.logits[i][0].float()[None], ref[n_prompt - 1 + i:n_prompt + i])
+                for i in range(len(g.logits))]
+
+    step_errs = step_errors(gen)
+    # Replay generate() with every one-token step given an explicit all-visible sliding mask
+    # (instead of None), so the CSA compressor's top-k block_bias is concatenated and applied.
+    masks_none = []
+
+    def with_mask(self, hidden_states, *a, **kw):
+        none = kw.get("attention_mask") is None
+        masks_none.append(none)
+        cache = kw.get("past_key_values")
+        if none and hidden_states.shape[1] == 1 and cache is not None:
+            past = getattr(cache.layers[self.layer_idx], "cumulative_length", 0)
+            n = min(past, self.sliding_window - 1) + 1
+            kw["attention_mask"] = torch.zeros(1, 1, 1, n, dtype=hidden_states.dtype)
+        return probe(self, hidden_states, *a, **kw)
+
+    mv4.DeepseekV4Attention.forward = with_mask
+    try:
+        fixed = model.generate(gen_ids[None, :n_prompt], max_new_tokens=len(gen.logits),
+                               min_new_tokens=len(gen.logits), do_sample=False,
+                               output_logits=True, return_dict_in_generate=True)
+    finally:
+        mv4.DeepseekV4Attention.forward = probe
+    fixed_errs = step_errors(fixed)
     report["generate_greedy"] = {
         "prompt_len": n_prompt, "new_tokens": len(gen.logits),
         "max_rel_err": max(step_errs),
         "first_pos_over_1e-4": next((n_prompt + i for i, e in enumerate(step_errs) if e > 1e-4),
-                                    None)}
+                                    None),
+        "attention_calls_with_mask_none": sum(masks_none),
+        "attention_calls": len(masks_none),
+        "with_explicit_decode_mask_max_rel_err": max(fixed_errs)}
 
     cases = []
     rates = {CSA: cfg.compress_rates[CSA], HCA: cfg.compress_rates[HCA]}

@@ -43,7 +43,7 @@ TEST_P(NameMapTest, EverySavedNameResolvesToItsTransformersTensor) {
   const nlohmann::json map = nlohmann::json::parse(text.str());
   auto config = ModelConfig::Load(dir + "/model");
   ASSERT_TRUE(config.ok()) << config.status();
-  const auto expected = ExpectedTensors(*config);
+  const auto expected = RequiredTensors(*config);
   int checked = 0;
   for (auto it = map.begin(); it != map.end(); ++it) {
     const TensorTarget want = ParseNameMapKey(it.key());
@@ -79,7 +79,7 @@ TEST(CheckpointLayoutTest, OriginalNameInvertsResolveForEveryExpectedTensor) {
   auto config =
       ModelConfig::Load(std::string(PDSERVE_FIXTURES_DIR) + "/engine/mixed_yarn_f32/model");
   ASSERT_TRUE(config.ok()) << config.status();
-  for (const auto& [name, spec] : ExpectedTensors(*config)) {
+  for (const auto& [name, spec] : RequiredTensors(*config)) {
     if (name.ends_with("_proj") && name.find(".experts.") != std::string::npos) continue;
     const std::string original = OriginalName(TensorTarget{name});
     EXPECT_NE(original, name) << "no original name for " << name;

@@ -8,7 +8,6 @@
 
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 
 namespace pdserve::engine::testing {
 
@@ -36,27 +35,14 @@ std::string Bf16Bytes(const std::vector<float>& values) {
 }
 
 void WriteSafetensors(const std::string& path, const std::vector<StoredTensor>& tensors) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
+  std::vector<TensorBytes> out;
   for (const StoredTensor& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    const std::optional<DType> dtype = DTypeFromName(t.dtype);
+    ASSERT_TRUE(dtype.has_value()) << t.dtype;
+    out.push_back({t.name, *dtype, t.shape, t.bytes});
   }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  ASSERT_TRUE(out) << path;
-  uint64_t len = text.size();
-  char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
-  out.write(len_bytes, 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const StoredTensor& t : tensors) {
-    out.write(t.bytes.data(), static_cast<std::streamsize>(t.bytes.size()));
-  }
+  const absl::Status status = engine::WriteSafetensors(path, out);
+  ASSERT_TRUE(status.ok()) << status;
 }
 
 std::string MakeTempDir(const std::string& stem) {

@@ -192,6 +192,15 @@ TEST(ConfigTest, NonPositiveSizeIsAnError) {
               HasSubstr("key \"hidden_size\": must be positive"));
 }
 
+TEST(ConfigTest, AbsurdSizesAreRefusedBeforeAnythingIsBuilt) {
+  EXPECT_THAT(ParseError(R"({"model_type": "deepseek_v4", "num_hidden_layers": 1000000000000})"),
+              HasSubstr("key \"num_hidden_layers\": must be in [1, 4096]"));
+  EXPECT_THAT(ParseError(R"({"model_type": "deepseek_v4", "n_routed_experts": 1000000})"),
+              HasSubstr("key \"n_routed_experts\": 1000000 exceeds 65536"));
+  EXPECT_THAT(ParseError(R"({"model_type": "deepseek_v4", "vocab_size": 4294967296})"),
+              HasSubstr("key \"vocab_size\": 4294967296 exceeds 16777216"));
+}
+
 TEST(ConfigTest, MissingFileIsNotFound) {
   const std::string dir = testing::MakeTempDir("config_missing");
   auto c = ModelConfig::Load(dir);

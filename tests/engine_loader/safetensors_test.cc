@@ -131,5 +131,13 @@ TEST(SafetensorsTest, TruncatedFileOnDiskNamesFileAndTensor) {
   EXPECT_THAT(file.status().message(), HasSubstr("file truncated"));
 }
 
+TEST(SafetensorsTest, WriterRejectsByteCountMismatch) {
+  const std::string dir = testing::MakeTempDir("st_write");
+  const std::string bytes(10, '\0');
+  const absl::Status status =
+      WriteSafetensors(dir + "/a.safetensors", {TensorBytes{"x", DType::kF32, {3}, bytes}});
+  EXPECT_THAT(status.message(), HasSubstr("tensor \"x\": 10 bytes do not fit F32 3"));
+}
+
 }  // namespace
 }  // namespace pdserve::engine

@@ -92,7 +92,7 @@ TEST_P(FixtureLoadTest, LoadsEveryExpectedTensorWithItsShape) {
   ASSERT_TRUE(config.ok()) << config.status();
   auto weights = Weights::Load(dir, *config);
   ASSERT_TRUE(weights.ok()) << weights.status();
-  const auto expected = ExpectedTensors(*config);
+  const auto expected = RequiredTensors(*config);
   EXPECT_EQ(weights->all().size(), expected.size());
   for (const auto& [name, spec] : expected) {
     EXPECT_EQ(weights->At(name).shape, spec.shape) << name;
@@ -236,6 +236,31 @@ TEST(WeightsTest, Fp8WeightWithFloatScaleInvUnderTransformersNames) {
   auto weights = LoadDir(WriteModel("fp8_hf", tensors, FixtureDir(kMixed) + "/model_hf_names"));
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->At("model.layers.1.self_attn.q_b_proj.weight").data, q.expected);
+}
+
+TEST(WeightsTest, Fp8StackedExpertsWithOneScaleGridPerExpert) {
+  std::vector<StoredTensor> tensors =
+      testing::ReadAllTensors(FixtureDir(kMixed) + "/model_hf_names/model.safetensors");
+  StoredTensor& w = Find(tensors, "model.layers.2.mlp.experts.gate_up_proj");  // [4, 64, 64]
+  const std::vector<float> values = AsFloats(w);
+  std::vector<float> expected;
+  std::string codes, scales;
+  for (int64_t e = 0; e < 4; ++e) {
+    const std::vector<float> matrix(values.begin() + e * 64 * 64,
+                                    values.begin() + (e + 1) * 64 * 64);
+    const testing::Quantized q = testing::QuantizeFp8(matrix, 64, 64, /*ue8m0=*/true);
+    codes.append(q.codes.begin(), q.codes.end());
+    scales.append(q.e8m0.begin(), q.e8m0.end());
+    expected.insert(expected.end(), q.expected.begin(), q.expected.end());
+  }
+  w.dtype = "F8_E4M3";
+  w.bytes = codes;
+  tensors.push_back(
+      {"model.layers.2.mlp.experts.gate_up_proj_scale_inv", "F8_E8M0", {4, 1, 1}, scales});
+  auto weights =
+      LoadDir(WriteModel("fp8_experts", tensors, FixtureDir(kMixed) + "/model_hf_names"));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->At("model.layers.2.mlp.experts.gate_up_proj").data, expected);
 }
 
 // FP4 E2M1 routed experts, two per byte, [rows, cols / 32] UE8M0 scales; stored as "F4"
