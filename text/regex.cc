@@ -83,7 +83,8 @@ absl::StatusOr<Regex> Regex::Compile(std::string_view pattern, bool literal) {
   }
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL admits no UCP (it has no character classes to apply it to).
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
                                    translated.size(), options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {

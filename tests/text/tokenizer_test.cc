@@ -3,6 +3,7 @@
 #include "text/tokenizer.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -131,6 +132,47 @@ TEST(TokenizerTest, MalformedMergeIsInvalidArgument) {
   json spec = FixtureJson();
   spec["model"]["merges"][0] = "a b c";
   EXPECT_EQ(Tokenizer::FromJson(spec.dump()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TokenizerTest, ConcurrentEncodesAgreeWithSequentialOnes) {
+  // Fresh tokenizer, so the threads race on filling the shared piece memo.
+  auto tok = Build(FixtureJson());
+  ASSERT_NE(tok, nullptr);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) {
+    texts.push_back(std::string(kSamples[i % 4]) + " #" + std::to_string(i * 7919));
+  }
+  std::vector<std::vector<std::vector<int32_t>>> results(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (const std::string& text : texts) results[t].push_back(*tok->Encode(text));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int32_t> expected = *FixtureTokenizer().Encode(texts[i]);
+    for (int t = 0; t < 4; ++t) ASSERT_EQ(results[t][i], expected) << texts[i];
+  }
+}
+
+TEST(TokenizerTest, RemovedSplitDropsMatchesAndLiteralPatternsWork) {
+  // A Split that removes literal spaces: each space-free word encodes as if on its own.
+  json spec = FixtureJson();
+  json removed = {{"type", "Split"},
+                  {"pattern", {{"String", " "}}},
+                  {"behavior", "Removed"},
+                  {"invert", false}};
+  spec["pre_tokenizer"]["pretokenizers"].insert(spec["pre_tokenizer"]["pretokenizers"].begin(),
+                                                removed);
+  auto tok = Build(spec);
+  ASSERT_NE(tok, nullptr);
+  std::vector<int32_t> expected;
+  for (const char* word : {"alpha", "beta", "gamma"}) {
+    auto ids = FixtureTokenizer().Encode(word, {.add_special_tokens = false});
+    expected.insert(expected.end(), ids->begin(), ids->end());
+  }
+  EXPECT_EQ(*tok->Encode("alpha beta  gamma", {.add_special_tokens = false}), expected);
 }
 
 TEST(RegexTest, WhiteSpaceIncludesNextLineLikeOniguruma) {
