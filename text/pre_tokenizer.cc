@@ -71,17 +71,18 @@ absl::StatusOr<PreTokenizer> PreTokenizer::FromJson(const json& spec) {
   return PreTokenizer(std::move(stages));
 }
 
-void PreTokenizer::Split(std::string_view text, std::vector<Piece>* pieces,
-                         std::vector<Piece>* scratch) const {
+absl::Status PreTokenizer::Split(std::string_view text, std::vector<Piece>* pieces,
+                                 std::vector<Piece>* scratch) const {
   pieces->clear();
-  if (text.empty()) return;
+  if (text.empty()) return absl::OkStatus();
   pieces->push_back({0, text.size()});
   std::vector<Piece> matches;
   for (const Stage& stage : stages_) {
     scratch->clear();
     for (const Piece& piece : *pieces) {
       matches.clear();
-      stage.regex.FindAll(text.substr(piece.begin, piece.end - piece.begin), &matches);
+      PDSERVE_RETURN_IF_ERROR(
+          stage.regex.FindAll(text.substr(piece.begin, piece.end - piece.begin), &matches));
       size_t cursor = piece.begin;
       for (const Regex::Match& m : matches) {
         const size_t begin = piece.begin + m.begin;
@@ -94,6 +95,7 @@ void PreTokenizer::Split(std::string_view text, std::vector<Piece>* pieces,
     }
     pieces->swap(*scratch);
   }
+  return absl::OkStatus();
 }
 
 }  // namespace pdserve::text

@@ -29,8 +29,9 @@ class PreTokenizer {
   static absl::StatusOr<PreTokenizer> FromJson(const nlohmann::json& spec);
 
   // Replaces `*pieces` with the byte ranges of `text` in order. `scratch` is reused storage.
-  // REQUIRES: `text` is valid UTF-8.
-  void Split(std::string_view text, std::vector<Piece>* pieces, std::vector<Piece>* scratch) const;
+  // REQUIRES: `text` is valid UTF-8. Errors: as Regex::FindAll.
+  absl::Status Split(std::string_view text, std::vector<Piece>* pieces,
+                     std::vector<Piece>* scratch) const;
 
  private:
   struct Stage {

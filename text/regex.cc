@@ -99,7 +99,7 @@ absl::StatusOr<Regex> Regex::Compile(std::string_view pattern, bool literal) {
   return Regex(std::string(pattern), std::shared_ptr<void>(code, CodeDeleter()));
 }
 
-void Regex::FindAll(std::string_view subject, std::vector<Match>* matches) const {
+absl::Status Regex::FindAll(std::string_view subject, std::vector<Match>* matches) const {
   ThreadMatchState& state = MatchState();
   auto* code = static_cast<const pcre2_code*>(code_.get());
   const auto* data = reinterpret_cast<PCRE2_SPTR>(subject.data());
@@ -107,7 +107,13 @@ void Regex::FindAll(std::string_view subject, std::vector<Match>* matches) const
   while (start < subject.size()) {
     const int rc = pcre2_match(code, data, subject.size(), start, PCRE2_NO_UTF_CHECK, state.data,
                                state.context);
-    if (rc < 0) break;
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("regex '", pattern_, "': ", reinterpret_cast<const char*>(message)));
+    }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     const size_t begin = ovector[0];
     const size_t end = ovector[1];
@@ -122,6 +128,7 @@ void Regex::FindAll(std::string_view subject, std::vector<Match>* matches) const
       }
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace pdserve::text

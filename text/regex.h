@@ -32,8 +32,9 @@ class Regex {
   static absl::StatusOr<Regex> Compile(std::string_view pattern, bool literal = false);
 
   // Appends every non-empty, non-overlapping match in `subject`, left to right.
-  // REQUIRES: `subject` is valid UTF-8 (not re-checked, for speed).
-  void FindAll(std::string_view subject, std::vector<Match>* matches) const;
+  // REQUIRES: `subject` is valid UTF-8 (not re-checked, for speed). Errors: ResourceExhausted
+  // when PCRE2 fails (match or stack limit) rather than silently leaving text unmatched.
+  absl::Status FindAll(std::string_view subject, std::vector<Match>* matches) const;
 
   const std::string& pattern() const { return pattern_; }
 

@@ -109,13 +109,14 @@ absl::Status Tokenizer::InitPostProcessor(const json& spec) {
   return absl::OkStatus();
 }
 
-void Tokenizer::EncodePlain(std::string_view text, std::vector<int32_t>* ids) const {
+absl::Status Tokenizer::EncodePlain(std::string_view text, std::vector<int32_t>* ids) const {
   thread_local std::vector<PreTokenizer::Piece> pieces;
   thread_local std::vector<PreTokenizer::Piece> scratch;
-  pre_tokenizer_.Split(text, &pieces, &scratch);
+  PDSERVE_RETURN_IF_ERROR(pre_tokenizer_.Split(text, &pieces, &scratch));
   for (const PreTokenizer::Piece& piece : pieces) {
     model_->Encode(text.substr(piece.begin, piece.end - piece.begin), ids);
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
@@ -130,7 +131,8 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
     if (segment.id >= 0) {
       ids.push_back(segment.id);
     } else {
-      EncodePlain(text.substr(segment.begin, segment.end - segment.begin), &ids);
+      PDSERVE_RETURN_IF_ERROR(
+          EncodePlain(text.substr(segment.begin, segment.end - segment.begin), &ids));
     }
   }
   if (options.add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());

@@ -49,7 +49,8 @@ class Tokenizer {
   // Loads `model_dir`/tokenizer.json and, if present, `model_dir`/tokenizer_config.json.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::filesystem::path& model_dir);
 
-  // Token ids of `text`. Errors: InvalidArgument when `text` is not valid UTF-8.
+  // Token ids of `text`. Errors: InvalidArgument when `text` is not valid UTF-8;
+  // ResourceExhausted if the regex engine gives up (see Regex::FindAll).
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
                                               const EncodeOptions& options = {}) const;
 
@@ -82,7 +83,7 @@ class Tokenizer {
         added_(std::move(added)),
         config_(std::move(config)) {}
   absl::Status InitPostProcessor(const nlohmann::json& spec);
-  void EncodePlain(std::string_view text, std::vector<int32_t>* ids) const;
+  absl::Status EncodePlain(std::string_view text, std::vector<int32_t>* ids) const;
 
   std::unique_ptr<BpeModel> model_;
   PreTokenizer pre_tokenizer_;

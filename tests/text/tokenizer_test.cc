@@ -180,7 +180,7 @@ TEST(RegexTest, WhiteSpaceIncludesNextLineLikeOniguruma) {
   ASSERT_TRUE(regex.ok());
   std::vector<Regex::Match> matches;
   const std::string subject = "\xC2\x85\xC2\x85";  // two U+0085
-  regex->FindAll(subject, &matches);
+  ASSERT_TRUE(regex->FindAll(subject, &matches).ok());
   ASSERT_EQ(matches.size(), 1u);
   EXPECT_EQ(matches[0].end - matches[0].begin, subject.size());
 }
@@ -189,7 +189,7 @@ TEST(RegexTest, UnicodeEscapeIsTranslated) {
   auto regex = Regex::Compile("[\\u3040-\\u309F]+");
   ASSERT_TRUE(regex.ok()) << regex.status();
   std::vector<Regex::Match> matches;
-  regex->FindAll("aあいb", &matches);
+  ASSERT_TRUE(regex->FindAll("aあいb", &matches).ok());
   ASSERT_EQ(matches.size(), 1u);
   EXPECT_EQ(matches[0].begin, 1u);
   EXPECT_EQ(matches[0].end, 7u);
