@@ -117,14 +117,16 @@ int32_t DrawFiltered(const std::vector<double>& z, const SamplingParams& params,
   double max_z = kNegInf;
   for (double value : z) max_z = std::max(max_z, value);
   // Weights relative to the most likely token: exp(z - max_z) in [0, 1], 1 for the first.
-  auto weight = [&](int32_t token) { return std::exp(z[token] - max_z); };
+  std::vector<double> weights(z.size());
+  auto weight = [&](int32_t token) { return weights[token]; };
 
   std::vector<int32_t> candidates;
   double total = 0.0;
   for (size_t t = 0; t < z.size(); ++t) {
     if (z[t] == kNegInf) continue;
     candidates.push_back(static_cast<int32_t>(t));
-    total += weight(static_cast<int32_t>(t));
+    weights[t] = std::exp(z[t] - max_z);
+    total += weights[t];
   }
   SortedPrefix sorted(std::move(candidates), ByScoreThenId{&z});
   auto truncate = [&](size_t n) {
