@@ -108,7 +108,7 @@ class PagePool {
   // The page's bytes (page_bytes long, 64-byte aligned) after Check.
   absl::StatusOr<std::span<std::byte>> Data(RequestId owner, PageHandle handle);
 
-  // Metrics, each a consistent snapshot of one counter.
+  // Metrics, each a consistent snapshot of one counter. REQUIRES: 0 <= kind < num_kinds().
   int32_t num_kinds() const { return static_cast<int32_t>(kinds_.size()); }
   const PageKind& kind(int32_t kind) const { return kinds_[kind].spec; }
   int64_t pages_total(int32_t kind) const { return kinds_[kind].spec.num_pages; }

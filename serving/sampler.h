@@ -101,6 +101,7 @@ class RequestSampler {
 
   const SamplingParams& params() const { return params_; }
   uint64_t seed() const { return seed_; }
+  // REQUIRES: 0 <= choice < params().n.
   const TokenHistory& history(int32_t choice) const { return choices_[choice].history; }
   bool finished(int32_t choice) const { return choices_[choice].finished; }
 

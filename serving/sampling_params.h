@@ -34,7 +34,7 @@ struct SamplingParams {
   double frequency_penalty = 0.0;            // in [-2, 2]; over generated tokens
   std::map<int32_t, double> logit_bias;      // token id -> additive bias in [-100, 100]
   std::optional<uint64_t> seed;              // absent: derived from the request id
-  std::vector<int32_t> stop_token_ids;       // end a choice, like EOS; the stop token is emitted
+  std::vector<int32_t> stop_token_ids;       // end a choice like EOS (returned, with kStop)
   int32_t max_tokens = 16;                   // >= 1 generated tokens per choice
   int32_t min_tokens = 0;                    // in [0, max_tokens]; EOS and stop ids masked before
   int32_t n = 1;                             // independent choices, in [1, kMaxChoices]
