@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -359,6 +360,34 @@ TEST_F(SchedulerTest, ReleaseFenceHoldsPagesUntilItFreesThem) {
   Complete();
   ASSERT_TRUE(fence->FreeAll().ok());
   EXPECT_EQ(Build().prefill.size(), 1u);
+}
+
+TEST_F(SchedulerTest, ConcurrentSubmitAndCancelWithAStepLoopLeaveNoPagesBehind) {
+  Init(32, Options(64, 16));
+  std::vector<std::thread> clients;
+  for (RequestId client = 0; client < 3; ++client) {
+    clients.emplace_back([this, client] {
+      for (RequestId i = 0; i < 200; ++i) {
+        const RequestId id = client * 1000 + i;
+        if (!scheduler_->Submit({id, 20, 4}).ok()) continue;
+        if (i % 3 == 0) scheduler_->Cancel(id).IgnoreError();  // may have finished already
+      }
+    });
+  }
+  for (int step = 0;
+       step < 2000 && (step < 50 || scheduler_->num_running() > 0 || scheduler_->num_waiting() > 0);
+       ++step) {
+    const StepPlan plan = Build();
+    EXPECT_LE(plan.tokens(), 64);
+    Complete();
+  }
+  for (auto& client : clients) client.join();
+  while (scheduler_->num_running() > 0 || scheduler_->num_waiting() > 0) {
+    Build();
+    Complete();
+  }
+  EXPECT_EQ(pool_->pages_used(0), 0);
+  EXPECT_EQ(pool_->num_owners(), 0);
 }
 
 class ScriptedRunner final : public StepRunner {
