@@ -200,35 +200,45 @@ absl::StatusOr<std::vector<RequestId>> Scheduler::CompleteStep(const StepOutcome
       }
     }
 
-    auto advance = [&](RequestId id, int64_t prefilled, int64_t generated) {
-      Sequence& sequence = sequences_.at(id);
-      if (sequence.cancelled) return;
-      sequence.prefilled += prefilled;
-      if (sequence.prefilled == sequence.spec.prompt_tokens) {
-        sequence.phase = SequencePhase::kDecode;
-      }
-      sequence.generated += generated;
-      if (stopped.contains(id) || sequence.generated >= sequence.spec.max_tokens) {
-        finished.push_back(id);
-        release.push_back(RemoveRunningLocked(id));
-      }
-    };
-    for (const DecodeSlot& slot : in_flight_->decode) advance(slot.id, 0, 1);
-    for (const PrefillChunk& chunk : in_flight_->prefill) {
-      advance(chunk.id, chunk.length, chunk.completes_prompt ? 1 : 0);
+    release = EndStepLocked();
+    const StepPlan& plan = *in_flight_;
+    for (const DecodeSlot& slot : plan.decode) {
+      if (AdvanceLocked(slot.id, 0, 1, stopped.contains(slot.id))) finished.push_back(slot.id);
     }
-    for (RequestId id : in_flight_ids_) {
-      auto it = sequences_.find(id);
-      if (it != sequences_.end() && it->second.cancelled) {
-        release.push_back(std::move(it->second.table));
-        sequences_.erase(it);
+    for (const PrefillChunk& chunk : plan.prefill) {
+      if (AdvanceLocked(chunk.id, chunk.length, chunk.completes_prompt ? 1 : 0,
+                        stopped.contains(chunk.id))) {
+        finished.push_back(chunk.id);
       }
     }
+    for (RequestId id : finished) release.push_back(RemoveRunningLocked(id));
     in_flight_.reset();
-    in_flight_ids_.clear();
   }
   PDSERVE_RETURN_IF_ERROR(ReleaseAll(std::move(release)));
   return finished;
+}
+
+bool Scheduler::AdvanceLocked(RequestId id, int64_t prefilled, int64_t generated, bool stopped) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return false;  // cancelled during the step, already released
+  Sequence& sequence = it->second;
+  sequence.prefilled += prefilled;
+  if (sequence.prefilled == sequence.spec.prompt_tokens) sequence.phase = SequencePhase::kDecode;
+  sequence.generated += generated;
+  return stopped || sequence.generated >= sequence.spec.max_tokens;
+}
+
+std::vector<PageTable> Scheduler::EndStepLocked() {
+  std::vector<PageTable> release;
+  for (RequestId id : in_flight_ids_) {
+    auto it = sequences_.find(id);
+    if (it != sequences_.end() && it->second.cancelled) {
+      release.push_back(std::move(it->second.table));
+      sequences_.erase(it);
+    }
+  }
+  in_flight_ids_.clear();
+  return release;
 }
 
 absl::Status Scheduler::AbortStep() {
@@ -236,15 +246,8 @@ absl::Status Scheduler::AbortStep() {
   {
     absl::MutexLock lock(&mutex_);
     if (!in_flight_) return absl::FailedPreconditionError("no step is in flight");
-    for (RequestId id : in_flight_ids_) {
-      auto it = sequences_.find(id);
-      if (it != sequences_.end() && it->second.cancelled) {
-        release.push_back(std::move(it->second.table));
-        sequences_.erase(it);
-      }
-    }
+    release = EndStepLocked();
     in_flight_.reset();
-    in_flight_ids_.clear();
   }
   return ReleaseAll(std::move(release));
 }
@@ -280,9 +283,9 @@ int64_t Scheduler::num_running() const {
 
 int64_t Scheduler::num_decoding() const {
   absl::MutexLock lock(&mutex_);
-  return std::count_if(running_.begin(), running_.end(), [&](RequestId id) {
-    return sequences_.at(id).phase == SequencePhase::kDecode;
-  });
+  int64_t decoding = 0;
+  for (RequestId id : running_) decoding += sequences_.at(id).phase == SequencePhase::kDecode;
+  return decoding;
 }
 
 uint64_t Scheduler::steps_built() const {

@@ -182,6 +182,12 @@ class Scheduler {
   bool FitsLocked(const Sequence& sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Removes a running sequence and returns its pages for release.
   PageTable RemoveRunningLocked(RequestId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Records one sequence's progress in the completed step; true when it finished. False for a
+  // sequence cancelled during the step (EndStepLocked already took it).
+  bool AdvanceLocked(RequestId id, int64_t prefilled, int64_t generated, bool stopped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Clears the in-flight ids and returns the tables of sequences cancelled during the step.
+  std::vector<PageTable> EndStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status ReleaseAll(std::vector<PageTable> tables);
 
   const SchedulerOptions options_;
