@@ -217,7 +217,7 @@ absl::StatusOr<SampledToken> SampleToken(std::span<const float> logits,
     return absl::FailedPreconditionError(
         "every token is masked (min_tokens, logit_bias or -inf logits)");
   }
-  if (params.temperature > 0.0) {
+  if (params.temperature >= kGreedyTemperature) {
     for (double& value : z) value /= params.temperature;
     const PhiloxCounter counter = {key.position, key.choice, 0, 0};
     const PhiloxKey philox_key = {static_cast<uint32_t>(key.seed),

@@ -10,7 +10,8 @@
 //      RepetitionPenaltyLogitsProcessor).
 //   4. presence / frequency penalties over generated tokens: z[t] -= c[t] * frequency +
 //      (c[t] > 0) * presence, c[t] the count of t (OpenAI "parameter details").
-//   5. temperature T: T == 0 returns the argmax (lowest token id on ties); else z /= T.
+//   5. temperature T: T < kGreedyTemperature returns the argmax (lowest token id on ties);
+//      else z /= T.
 //   6. top_k, then top_p on the top-k set renormalized, then min_p (keep p >= min_p * p_max), the
 //      order of transformers' TopK / TopP / MinP warpers. Every filter keeps a prefix of the
 //      candidates sorted by (z descending, token id ascending), a strict total order, so the kept

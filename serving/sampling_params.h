@@ -21,11 +21,14 @@ namespace pdserve::serving {
 inline constexpr double kDefaultTemperature = 0.6;
 // OpenAI's limit on `top_logprobs`.
 inline constexpr int32_t kMaxTopLogprobs = 20;
+// Temperatures below this sample greedily: vLLM's epsilon, and far enough from 0 that z / T
+// cannot overflow for finite fp32 logits.
+inline constexpr double kGreedyTemperature = 1e-5;
 // Upper bound on `n`; each choice is a full sequence with its own state pages.
 inline constexpr int32_t kMaxChoices = 128;
 
 struct SamplingParams {
-  double temperature = kDefaultTemperature;  // >= 0; 0 means greedy (argmax, lowest id on ties)
+  double temperature = kDefaultTemperature;  // >= 0; below kGreedyTemperature: greedy
   double top_p = 1.0;                        // in (0, 1]; 1 keeps every token
   int32_t top_k = 0;                         // >= 0, or -1; 0 and -1 keep every token
   double min_p = 0.0;                        // in [0, 1]; relative to the most likely token

@@ -109,6 +109,18 @@ TEST(SampleTokenTest, GreedyPicksArgmaxAndLowestIdOnTies) {
   EXPECT_EQ(sampled->token, 1);
 }
 
+TEST(SampleTokenTest, TemperatureBelowEpsilonIsGreedy) {
+  SamplingParams params;
+  params.temperature = 1e-300;  // z / T would overflow to inf
+  const TokenHistory history(std::span<const int32_t>{});
+  for (uint32_t position = 0; position < 20; ++position) {
+    auto sampled =
+        SampleToken(std::vector<float>{1.0f, 3.0f, 2.9f}, params, {}, history, {1, 0, position});
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    EXPECT_EQ(sampled->token, 1);
+  }
+}
+
 TEST(SampleTokenTest, GreedyFollowsLogitBias) {
   SamplingParams params = Greedy();
   params.logit_bias = {{3, 1.5}};
