@@ -232,10 +232,11 @@ const char* FinishReasonName(FinishReason reason) {
   return reason == FinishReason::kStop ? "stop" : "length";
 }
 
-RequestSampler::RequestSampler(const SamplingParams& params, uint64_t seed,
+RequestSampler::RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
                                std::vector<int32_t> end_token_ids, std::vector<Choice> choices)
     : params_(params),
       seed_(seed),
+      vocab_size_(vocab_size),
       end_token_ids_(std::move(end_token_ids)),
       choices_(std::move(choices)) {}
 
@@ -264,33 +265,51 @@ absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& para
   for (int32_t i = 1; i < params.n; ++i) {
     choices.push_back({TokenHistory::SamePrompt(choices.front().history)});
   }
-  return RequestSampler(params, EffectiveSeed(params, request_id), std::move(end_ids),
+  return RequestSampler(params, EffectiveSeed(params, request_id), vocab_size, std::move(end_ids),
                         std::move(choices));
 }
 
-absl::StatusOr<SampleStep> RequestSampler::Next(int32_t choice, std::span<const float> logits) {
+absl::StatusOr<RequestSampler::Choice*> RequestSampler::OpenChoice(int32_t choice) {
   if (choice < 0 || choice >= static_cast<int32_t>(choices_.size())) {
     return absl::OutOfRangeError(
         absl::StrCat("choice ", choice, " is outside [0, ", choices_.size(), ")"));
   }
-  Choice& state = choices_[choice];
-  if (state.finished) {
+  if (choices_[choice].finished) {
     return absl::FailedPreconditionError(absl::StrCat("choice ", choice, " has finished"));
   }
+  return &choices_[choice];
+}
+
+std::optional<FinishReason> RequestSampler::Append(Choice& state, int32_t token) {
+  state.history.Append(token);
+  std::optional<FinishReason> finish;
+  if (std::find(end_token_ids_.begin(), end_token_ids_.end(), token) != end_token_ids_.end()) {
+    finish = FinishReason::kStop;
+  } else if (state.history.generated_length() >= params_.max_tokens) {
+    finish = FinishReason::kLength;
+  }
+  state.finished = finish.has_value();
+  return finish;
+}
+
+absl::StatusOr<SampleStep> RequestSampler::Next(int32_t choice, std::span<const float> logits) {
+  PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
   const SampleKey key = {seed_, static_cast<uint32_t>(choice),
-                         static_cast<uint32_t>(state.history.position())};
+                         static_cast<uint32_t>(state->history.position())};
   SampleStep step;
   PDSERVE_ASSIGN_OR_RETURN(step.sampled,
-                           SampleToken(logits, params_, end_token_ids_, state.history, key));
-  state.history.Append(step.sampled.token);
-  if (std::find(end_token_ids_.begin(), end_token_ids_.end(), step.sampled.token) !=
-      end_token_ids_.end()) {
-    step.finish = FinishReason::kStop;
-  } else if (state.history.generated_length() >= params_.max_tokens) {
-    step.finish = FinishReason::kLength;
-  }
-  state.finished = step.finish.has_value();
+                           SampleToken(logits, params_, end_token_ids_, state->history, key));
+  step.finish = Append(*state, step.sampled.token);
   return step;
+}
+
+absl::StatusOr<std::optional<FinishReason>> RequestSampler::Record(int32_t choice, int32_t token) {
+  PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
+  if (token < 0 || token >= vocab_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recorded token id ", token, " is outside the vocabulary [0, ", vocab_size_, ")"));
+  }
+  return Append(*state, token);
 }
 
 }  // namespace pdserve::serving

@@ -99,6 +99,10 @@ class RequestSampler {
   // (once min_tokens is reached) finishes the choice with kStop, the max_tokens-th with kLength.
   // Errors: OutOfRange for a bad choice, FailedPrecondition for a finished one, and SampleToken's.
   absl::StatusOr<SampleStep> Next(int32_t choice, std::span<const float> logits);
+  // Records a token of `choice` drawn elsewhere with this request's key (in PD mode, the prefill
+  // worker's first token), so later draws continue the same stream; returns the finish it causes.
+  // Errors: as Next's, and InvalidArgument for a token outside the vocabulary.
+  absl::StatusOr<std::optional<FinishReason>> Record(int32_t choice, int32_t token);
 
   const SamplingParams& params() const { return params_; }
   uint64_t seed() const { return seed_; }
@@ -111,11 +115,16 @@ class RequestSampler {
     TokenHistory history;
     bool finished = false;
   };
-  RequestSampler(const SamplingParams& params, uint64_t seed, std::vector<int32_t> end_token_ids,
-                 std::vector<Choice> choices);
+  RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
+                 std::vector<int32_t> end_token_ids, std::vector<Choice> choices);
+  // The choice's state when it may take another token; OutOfRange / FailedPrecondition otherwise.
+  absl::StatusOr<Choice*> OpenChoice(int32_t choice);
+  // Appends `token` and returns the finish it causes.
+  std::optional<FinishReason> Append(Choice& state, int32_t token);
 
   SamplingParams params_;
   uint64_t seed_;
+  int64_t vocab_size_;
   std::vector<int32_t> end_token_ids_;  // EOS ids then stop ids
   std::vector<Choice> choices_;
 };

@@ -278,6 +278,35 @@ TEST(RequestSamplerTest, SameSeedReproducesAcrossRequestsAndNoSeedDependsOnId) {
   EXPECT_EQ(run(params, "a"), run(params, "b"));
 }
 
+TEST(RequestSamplerTest, RecordedFirstTokenContinuesTheSameStream) {
+  SamplingParams params;
+  params.temperature = 1.0;
+  params.n = 2;
+  params.max_tokens = 6;
+  const std::vector<int32_t> prompt = {4, 5, 6};
+  const std::vector<float> logits = SpreadLogits(1000);
+  // Colocated: one sampler draws every token. PD: the prefill worker draws the first token and the
+  // decode worker records it, then draws the rest.
+  auto colocated = RequestSampler::Create(params, "req-9", {}, prompt, 1000);
+  auto prefill = RequestSampler::Create(params, "req-9", {}, prompt, 1000);
+  auto decode = RequestSampler::Create(params, "req-9", {}, prompt, 1000);
+  ASSERT_TRUE(colocated.ok() && prefill.ok() && decode.ok());
+  for (int32_t choice = 0; choice < params.n; ++choice) {
+    std::vector<int32_t> expected;
+    for (int i = 0; i < params.max_tokens; ++i) {
+      expected.push_back(colocated->Next(choice, logits)->sampled.token);
+    }
+    const int32_t first = prefill->Next(choice, logits)->sampled.token;
+    ASSERT_TRUE(decode->Record(choice, first).ok());
+    std::vector<int32_t> actual = {first};
+    for (int i = 1; i < params.max_tokens; ++i) {
+      actual.push_back(decode->Next(choice, logits)->sampled.token);
+    }
+    EXPECT_EQ(actual, expected) << "choice " << choice;
+  }
+  EXPECT_EQ(decode->Record(0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(RequestSamplerTest, StopTokenFinishesWithStopAfterMinTokens) {
   SamplingParams params = Greedy();
   params.stop_token_ids = {2};
