@@ -45,8 +45,8 @@ struct ByScoreThenId {
   }
 };
 
-// Candidates whose first sorted() entries are in final order and precede all the others. Sorting
-// lazily keeps the common case (a peaked distribution) linear in the vocabulary.
+// Candidate ids whose first sorted_ entries are in final order and precede all the others.
+// Sorting lazily keeps the common case (a peaked distribution) linear in the vocabulary.
 class SortedPrefix {
  public:
   SortedPrefix(std::vector<int32_t> ids, ByScoreThenId order)
@@ -62,6 +62,7 @@ class SortedPrefix {
     if (n < ids_.size()) {
       Extend(n);
       ids_.resize(n);
+      sorted_ = n;
     }
   }
 
