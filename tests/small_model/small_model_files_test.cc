@@ -133,4 +133,16 @@ TEST(SmallModelFilesTest, RecordedPerplexityIsTheExpOfTheMeanChunkLoss) {
   EXPECT_NEAR(std::exp(nll / predicted), record.at("perplexity").get<double>(), 1e-9);
 }
 
+TEST(SmallModelFilesTest, TieReportCoversEveryFixturePromptInOrder) {
+  const json prompts = ReadJson(kFixturesDir / "logits.json").at("prompts");
+  const json report = ReadJson(kFixturesDir / "indexer_ties.json").at("prompts");
+  ASSERT_EQ(report.size(), prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(report[i].at("name"), prompts[i].at("name"));
+    EXPECT_EQ(report[i].at("tokens").get<std::size_t>(), prompts[i].at("ids").size());
+    EXPECT_LE(report[i].at("first_tie_dependent_position").get<std::size_t>(),
+              prompts[i].at("ids").size());
+  }
+}
+
 }  // namespace

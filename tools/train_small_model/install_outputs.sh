@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copies what train.py wrote (its --out directory) into the repository: the model into
 # models/kjv-v4-tiny, the logits fixtures and samples into tests/fixtures/small_model, the run's
-# figures into models/kjv-v4-tiny/training, then regenerates MODEL_CARD.md.
+# figures into models/kjv-v4-tiny/training, re-derives the indexer tie report with the NumPy
+# reference (a few minutes), then regenerates MODEL_CARD.md.
 # Usage: tools/train_small_model/install_outputs.sh OUT_DIR DATA_DIR   (from the repository root)
 set -euo pipefail
 out="$1"
@@ -16,4 +17,6 @@ install -m 644 "$out/loss.png" "$model/loss.png"
 install -m 644 "$out/loss.csv" "$out/results.json" "$data/data.json" "$model/training/"
 install -m 644 "$out"/fixtures/* "$fixtures/"
 install -m 644 "$out/samples.json" "$fixtures/transformers_samples.json"
+python3 tools/train_small_model/numpy_reference.py --model "$model" --fixtures "$fixtures" \
+  --ties-out "$fixtures/indexer_ties.json" --perplexity
 python3 tools/train_small_model/write_model_card.py --root .
