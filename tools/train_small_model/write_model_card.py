@@ -113,7 +113,7 @@ token. `model.safetensors` is {size_mb:.1f} MB, bf16 except the int64 hash-routi
 `from_pretrained` maps them back (checked: reloaded logits equal the in-memory model's exactly).
 The first {cfg['mlp_layer_types'].count('hash_moe')} layers route by a fixed random token-to-expert
 table; the top-k routers carry DeepSeek's auxiliary-loss-free balancing bias
-(`e_score_correction_bias`), updated during training.
+(`e_score_correction_bias`, saved as `layers.N.ffn.gate.bias`), updated during training.
 
 ## Data and licence
 
