@@ -79,6 +79,8 @@ def tokenizer_config(model_max_length):
         "legacy": True,
         "model_max_length": model_max_length,
         "chat_template": chat_format.CHAT_TEMPLATE,
+        # pdserve renders the chat format natively (text/chat_format.h); this names it.
+        "pdserve_chat_format": {"name": "deepseek_v4"},
     }
 
 
