@@ -15,7 +15,7 @@ APT_PACKAGES=(
   libucx-dev ucx-utils
   libsystemd-dev systemd
   prometheus
-  bible-kjv-text
+  bible-kjv-text bible-kjv
   clang-format
 )
 PIP_PACKAGES=(numpy tokenizers safetensors openai)

@@ -1,6 +1,6 @@
 // CPU engine throughput: prefill and decode tokens/s for a ~22M-parameter DeepSeek-V4 config with
 // random weights (all three attention layer types, hash and routed MoE). Run:
-//   build/bench/engine_bench
+//   build/bench/engine/engine_bench
 // and record the figures in docs/perf.md with the date and `lscpu` model name.
 #include <benchmark/benchmark.h>
 

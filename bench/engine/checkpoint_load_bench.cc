@@ -1,7 +1,7 @@
 // Checkpoint loading speed: Weights::Load (mmap, header checks, conversion to float32, name
 // mapping, expert stacking, validation) of a 40 MB BF16 checkpoint under DeepSeek's names, and of
 // the same weights with FP8 dense / FP4 expert tensors (16 MB). Run:
-//   build/bench/checkpoint_load_bench
+//   build/bench/engine/checkpoint_load_bench
 // and record the figures in docs/checkpoints.md ("Load speed") with the date and machine.
 #include <benchmark/benchmark.h>
 

@@ -1,0 +1,316 @@
+#include "serving/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "serving/philox.h"
+
+namespace pdserve::serving {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+// The first sort extends over this many candidates; later ones double it.
+constexpr size_t kInitialSortedPrefix = 64;
+
+absl::Status CheckLogits(std::span<const float> logits) {
+  if (logits.empty()) return absl::InvalidArgumentError("logits are empty");
+  for (size_t t = 0; t < logits.size(); ++t) {
+    if (std::isnan(logits[t]) || logits[t] == std::numeric_limits<float>::infinity()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits hold ", logits[t], " at token ", t, " of ", logits.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIdInLogits(absl::string_view what, int32_t token, size_t vocab) {
+  if (token < 0 || static_cast<size_t>(token) >= vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " token id ", token, " is outside the logits [0, ", vocab, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Orders token ids by (score descending, id ascending): a strict total order.
+struct ByScoreThenId {
+  const std::vector<double>* score;
+  bool operator()(int32_t a, int32_t b) const {
+    const double sa = (*score)[a];
+    const double sb = (*score)[b];
+    return sa > sb || (sa == sb && a < b);
+  }
+};
+
+// Candidate ids whose first sorted_ entries are in final order and precede all the others.
+// Sorting lazily keeps the common case (a peaked distribution) linear in the vocabulary.
+class SortedPrefix {
+ public:
+  SortedPrefix(std::vector<int32_t> ids, ByScoreThenId order)
+      : ids_(std::move(ids)), order_(order) {}
+
+  size_t size() const { return ids_.size(); }
+  // The i-th candidate in sorted order.
+  int32_t at(size_t i) {
+    if (i >= sorted_) Extend(i + 1);
+    return ids_[i];
+  }
+  void Truncate(size_t n) {
+    if (n < ids_.size()) {
+      Extend(n);
+      ids_.resize(n);
+      sorted_ = n;
+    }
+  }
+
+ private:
+  void Extend(size_t n) {
+    n = std::min(ids_.size(), std::max({n, 2 * sorted_, kInitialSortedPrefix}));
+    if (n <= sorted_) return;
+    const auto begin = ids_.begin() + static_cast<std::ptrdiff_t>(sorted_);
+    const auto middle = ids_.begin() + static_cast<std::ptrdiff_t>(n);
+    if (middle != ids_.end()) std::nth_element(begin, middle, ids_.end(), order_);
+    std::sort(begin, middle, order_);
+    sorted_ = n;
+  }
+
+  std::vector<int32_t> ids_;
+  ByScoreThenId order_;
+  size_t sorted_ = 0;
+};
+
+// Raw log-softmax at `token` and the `top` most likely tokens.
+void FillLogprobs(std::span<const float> logits, const SamplingParams& params,
+                  SampledToken& result) {
+  double max_logit = kNegInf;
+  for (float logit : logits) max_logit = std::max<double>(max_logit, logit);
+  double sum = 0.0;
+  for (float logit : logits) sum += std::exp(logit - max_logit);
+  const double log_normalizer = max_logit + std::log(sum);
+  result.logprob = static_cast<float>(logits[result.token] - log_normalizer);
+  if (!params.logprobs) return;
+
+  std::vector<double> raw(logits.begin(), logits.end());
+  std::vector<int32_t> ids(raw.size());
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<int32_t>(t);
+  const size_t top = std::min<size_t>(*params.logprobs, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(top), ids.end(),
+                    ByScoreThenId{&raw});
+  for (size_t i = 0; i < top; ++i) {
+    result.top_logprobs.push_back({ids[i], static_cast<float>(raw[ids[i]] - log_normalizer)});
+  }
+}
+
+int32_t Argmax(const std::vector<double>& z) {
+  int32_t best = 0;
+  for (size_t t = 1; t < z.size(); ++t) {
+    if (z[t] > z[best]) best = static_cast<int32_t>(t);
+  }
+  return best;
+}
+
+// Steps 6-7 of the header over the temperature-scaled logits `z` (at least one finite). Sums run
+// in token id order over all candidates or in sorted order over a truncated prefix, both unique.
+int32_t DrawFiltered(const std::vector<double>& z, const SamplingParams& params, double uniform) {
+  double max_z = kNegInf;
+  for (double value : z) max_z = std::max(max_z, value);
+  // Weights relative to the most likely token: exp(z - max_z) in [0, 1], 1 for the first.
+  std::vector<double> weights(z.size());
+  auto weight = [&](int32_t token) { return weights[token]; };
+
+  std::vector<int32_t> candidates;
+  double total = 0.0;
+  for (size_t t = 0; t < z.size(); ++t) {
+    if (z[t] == kNegInf) continue;
+    candidates.push_back(static_cast<int32_t>(t));
+    weights[t] = std::exp(z[t] - max_z);
+    total += weights[t];
+  }
+  SortedPrefix sorted(std::move(candidates), ByScoreThenId{&z});
+  auto truncate = [&](size_t n) {
+    if (n >= sorted.size()) return;
+    sorted.Truncate(n);
+    total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += weight(sorted.at(i));
+  };
+  if (params.top_k > 0) truncate(static_cast<size_t>(params.top_k));
+  if (params.top_p < 1.0) {
+    const double threshold = params.top_p * total;
+    double cumulative = 0.0;
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      cumulative += weight(sorted.at(i));
+      if (cumulative >= threshold) {
+        truncate(i + 1);
+        break;
+      }
+    }
+  }
+  if (params.min_p > 0.0) {
+    size_t kept = 1;
+    while (kept < sorted.size() && weight(sorted.at(kept)) >= params.min_p) ++kept;
+    truncate(kept);
+  }
+
+  const double target = uniform * total;
+  double cumulative = 0.0;
+  int32_t last_positive = sorted.at(0);
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const int32_t token = sorted.at(i);
+    const double w = weight(token);
+    if (w <= 0.0) break;
+    cumulative += w;
+    last_positive = token;
+    if (cumulative > target) return token;
+  }
+  // Only reachable through rounding in the running sum: the draw belongs to the tail.
+  return last_positive;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> ProcessLogits(std::span<const float> logits,
+                                                  const SamplingParams& params,
+                                                  std::span<const int32_t> end_token_ids,
+                                                  const TokenHistory& history) {
+  PDSERVE_RETURN_IF_ERROR(CheckLogits(logits));
+  std::vector<double> z(logits.begin(), logits.end());
+  if (history.generated_length() < params.min_tokens) {
+    for (int32_t token : end_token_ids) {
+      PDSERVE_RETURN_IF_ERROR(CheckIdInLogits("end", token, z.size()));
+      z[token] = kNegInf;
+    }
+  }
+  for (const auto& [token, bias] : params.logit_bias) {
+    PDSERVE_RETURN_IF_ERROR(CheckIdInLogits("logit_bias", token, z.size()));
+    z[token] += bias;
+  }
+  const double penalty = params.repetition_penalty;
+  auto repeat = [&](int32_t token) {
+    PDSERVE_RETURN_IF_ERROR(CheckIdInLogits("history", token, z.size()));
+    z[token] = z[token] > 0.0 ? z[token] / penalty : z[token] * penalty;
+    return absl::OkStatus();
+  };
+  if (penalty != 1.0) {
+    for (int32_t token : history.prompt_tokens()) PDSERVE_RETURN_IF_ERROR(repeat(token));
+    for (const auto& [token, count] : history.generated_counts()) {
+      if (!history.prompt_tokens().contains(token)) PDSERVE_RETURN_IF_ERROR(repeat(token));
+    }
+  }
+  for (const auto& [token, count] : history.generated_counts()) {
+    PDSERVE_RETURN_IF_ERROR(CheckIdInLogits("history", token, z.size()));
+    z[token] -= count * params.frequency_penalty + params.presence_penalty;
+  }
+  return z;
+}
+
+absl::StatusOr<SampledToken> SampleToken(std::span<const float> logits,
+                                         const SamplingParams& params,
+                                         std::span<const int32_t> end_token_ids,
+                                         const TokenHistory& history, SampleKey key) {
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<double> z,
+                           ProcessLogits(logits, params, end_token_ids, history));
+  SampledToken result;
+  result.token = Argmax(z);
+  if (z[result.token] == kNegInf) {
+    return absl::FailedPreconditionError(
+        "every token is masked (min_tokens, logit_bias or -inf logits)");
+  }
+  if (params.temperature >= kGreedyTemperature) {
+    for (double& value : z) value /= params.temperature;
+    const PhiloxCounter counter = {key.position, key.choice, 0, 0};
+    const PhiloxKey philox_key = {static_cast<uint32_t>(key.seed),
+                                  static_cast<uint32_t>(key.seed >> 32)};
+    result.token = DrawFiltered(z, params, PhiloxUniform(counter, philox_key));
+  }
+  FillLogprobs(logits, params, result);
+  return result;
+}
+
+const char* FinishReasonName(FinishReason reason) {
+  return reason == FinishReason::kStop ? "stop" : "length";
+}
+
+RequestSampler::RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
+                               std::vector<int32_t> end_token_ids, std::vector<Choice> choices)
+    : params_(params),
+      seed_(seed),
+      vocab_size_(vocab_size),
+      end_token_ids_(std::move(end_token_ids)),
+      choices_(std::move(choices)) {}
+
+absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& params,
+                                                      std::string_view request_id,
+                                                      std::span<const int32_t> eos_token_ids,
+                                                      std::span<const int32_t> prompt,
+                                                      int64_t vocab_size) {
+  PDSERVE_RETURN_IF_ERROR(ValidateSamplingParams(params, vocab_size));
+  std::vector<int32_t> end_ids(eos_token_ids.begin(), eos_token_ids.end());
+  for (int32_t token : end_ids) {
+    if (token < 0 || token >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eos token id ", token, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  end_ids.insert(end_ids.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+  for (int32_t token : prompt) {
+    if (token < 0 || token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt token id ", token, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  std::vector<Choice> choices;
+  choices.push_back({TokenHistory(prompt)});
+  for (int32_t i = 1; i < params.n; ++i) {
+    choices.push_back({TokenHistory::SamePrompt(choices.front().history)});
+  }
+  return RequestSampler(params, EffectiveSeed(params, request_id), vocab_size, std::move(end_ids),
+                        std::move(choices));
+}
+
+absl::StatusOr<RequestSampler::Choice*> RequestSampler::OpenChoice(int32_t choice) {
+  if (choice < 0 || choice >= static_cast<int32_t>(choices_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("choice ", choice, " is outside [0, ", choices_.size(), ")"));
+  }
+  if (choices_[choice].finished) {
+    return absl::FailedPreconditionError(absl::StrCat("choice ", choice, " has finished"));
+  }
+  return &choices_[choice];
+}
+
+std::optional<FinishReason> RequestSampler::Append(Choice& state, int32_t token) {
+  state.history.Append(token);
+  std::optional<FinishReason> finish;
+  if (std::find(end_token_ids_.begin(), end_token_ids_.end(), token) != end_token_ids_.end()) {
+    finish = FinishReason::kStop;
+  } else if (state.history.generated_length() >= params_.max_tokens) {
+    finish = FinishReason::kLength;
+  }
+  state.finished = finish.has_value();
+  return finish;
+}
+
+absl::StatusOr<SampleStep> RequestSampler::Next(int32_t choice, std::span<const float> logits) {
+  PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
+  const SampleKey key = {seed_, static_cast<uint32_t>(choice),
+                         static_cast<uint32_t>(state->history.position())};
+  SampleStep step;
+  PDSERVE_ASSIGN_OR_RETURN(step.sampled,
+                           SampleToken(logits, params_, end_token_ids_, state->history, key));
+  step.finish = Append(*state, step.sampled.token);
+  return step;
+}
+
+absl::StatusOr<std::optional<FinishReason>> RequestSampler::Record(int32_t choice, int32_t token) {
+  PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
+  if (token < 0 || token >= vocab_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recorded token id ", token, " is outside the vocabulary [0, ", vocab_size_, ")"));
+  }
+  return Append(*state, token);
+}
+
+}  // namespace pdserve::serving

@@ -1,0 +1,84 @@
+#include "serving/sampling_params.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "xxhash.h"
+
+namespace pdserve::serving {
+namespace {
+
+absl::Status RangeError(absl::string_view field, absl::string_view range, double value) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", value));
+}
+
+absl::Status CheckTokenId(absl::string_view field, int32_t id, int64_t vocab_size) {
+  if (id < 0 || id >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " holds token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SamplingParams SamplingParams::FromGenerationConfig(const GenerationConfig& config) {
+  SamplingParams params;
+  if (config.temperature) params.temperature = *config.temperature;
+  if (config.top_p) params.top_p = *config.top_p;
+  if (config.top_k) params.top_k = static_cast<int32_t>(*config.top_k);
+  return params;
+}
+
+absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size) {
+  // Comparisons are written so that NaN fails them.
+  if (!(params.temperature >= 0.0) || std::isinf(params.temperature)) {
+    return RangeError("temperature", ">= 0 and finite", params.temperature);
+  }
+  if (!(params.top_p > 0.0 && params.top_p <= 1.0)) {
+    return RangeError("top_p", "in (0, 1]", params.top_p);
+  }
+  if (params.top_k < -1) return RangeError("top_k", ">= 0 (0 or -1: off)", params.top_k);
+  if (!(params.min_p >= 0.0 && params.min_p <= 1.0)) {
+    return RangeError("min_p", "in [0, 1]", params.min_p);
+  }
+  if (!(params.repetition_penalty > 0.0) || std::isinf(params.repetition_penalty)) {
+    return RangeError("repetition_penalty", "> 0 and finite", params.repetition_penalty);
+  }
+  if (!(params.presence_penalty >= -2.0 && params.presence_penalty <= 2.0)) {
+    return RangeError("presence_penalty", "in [-2, 2]", params.presence_penalty);
+  }
+  if (!(params.frequency_penalty >= -2.0 && params.frequency_penalty <= 2.0)) {
+    return RangeError("frequency_penalty", "in [-2, 2]", params.frequency_penalty);
+  }
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (auto status = CheckTokenId("logit_bias", token, vocab_size); !status.ok()) return status;
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return RangeError(absl::StrCat("logit_bias[", token, "]"), "in [-100, 100]", bias);
+    }
+  }
+  for (int32_t token : params.stop_token_ids) {
+    if (auto status = CheckTokenId("stop_token_ids", token, vocab_size); !status.ok()) {
+      return status;
+    }
+  }
+  if (params.max_tokens < 1) return RangeError("max_tokens", ">= 1", params.max_tokens);
+  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens) {
+    return RangeError("min_tokens", absl::StrCat("in [0, max_tokens = ", params.max_tokens, "]"),
+                      params.min_tokens);
+  }
+  if (params.n < 1 || params.n > kMaxChoices) {
+    return RangeError("n", absl::StrCat("in [1, ", kMaxChoices, "]"), params.n);
+  }
+  if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxTopLogprobs)) {
+    return RangeError("logprobs", absl::StrCat("in [0, ", kMaxTopLogprobs, "]"), *params.logprobs);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t EffectiveSeed(const SamplingParams& params, std::string_view request_id) {
+  if (params.seed) return *params.seed;
+  return XXH3_64bits(request_id.data(), request_id.size());
+}
+
+}  // namespace pdserve::serving

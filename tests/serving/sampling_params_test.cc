@@ -1,0 +1,115 @@
+#include "serving/sampling_params.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "xxhash.h"
+
+namespace pdserve::serving {
+namespace {
+
+constexpr int64_t kVocab = 100;
+
+struct InvalidCase {
+  std::string name;
+  std::function<void(SamplingParams&)> mutate;
+  std::string message;
+};
+
+class InvalidSamplingParamsTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidSamplingParamsTest, IsInvalidArgumentWithPreciseMessage) {
+  SamplingParams params;
+  GetParam().mutate(params);
+  const absl::Status status = ValidateSamplingParams(params, kVocab);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), GetParam().message);
+}
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+INSTANTIATE_TEST_SUITE_P(
+    AllFields, InvalidSamplingParamsTest,
+    ::testing::Values(
+        InvalidCase{"NegativeTemperature", [](auto& p) { p.temperature = -0.5; },
+                    "temperature must be >= 0 and finite, got -0.5"},
+        InvalidCase{"NaNTemperature", [](auto& p) { p.temperature = kNaN; },
+                    "temperature must be >= 0 and finite, got nan"},
+        InvalidCase{"ZeroTopP", [](auto& p) { p.top_p = 0; }, "top_p must be in (0, 1], got 0"},
+        InvalidCase{"TopPAboveOne", [](auto& p) { p.top_p = 1.5; },
+                    "top_p must be in (0, 1], got 1.5"},
+        InvalidCase{"TopKBelowMinusOne", [](auto& p) { p.top_k = -2; },
+                    "top_k must be >= 0 (0 or -1: off), got -2"},
+        InvalidCase{"MinPAboveOne", [](auto& p) { p.min_p = 1.25; },
+                    "min_p must be in [0, 1], got 1.25"},
+        InvalidCase{"ZeroRepetitionPenalty", [](auto& p) { p.repetition_penalty = 0; },
+                    "repetition_penalty must be > 0 and finite, got 0"},
+        InvalidCase{"PresencePenaltyAboveTwo", [](auto& p) { p.presence_penalty = 2.5; },
+                    "presence_penalty must be in [-2, 2], got 2.5"},
+        InvalidCase{"FrequencyPenaltyBelowMinusTwo", [](auto& p) { p.frequency_penalty = -3; },
+                    "frequency_penalty must be in [-2, 2], got -3"},
+        InvalidCase{"LogitBiasOutOfRange", [](auto& p) { p.logit_bias[5] = 101; },
+                    "logit_bias[5] must be in [-100, 100], got 101"},
+        InvalidCase{"LogitBiasTokenOutsideVocab", [](auto& p) { p.logit_bias[100] = 1; },
+                    "logit_bias holds token id 100 outside the vocabulary [0, 100)"},
+        InvalidCase{"NegativeStopToken",
+                    [](auto& p) {
+                      p.stop_token_ids = {3, -1};
+                    },
+                    "stop_token_ids holds token id -1 outside the vocabulary [0, 100)"},
+        InvalidCase{"ZeroMaxTokens", [](auto& p) { p.max_tokens = 0; },
+                    "max_tokens must be >= 1, got 0"},
+        InvalidCase{"MinTokensAboveMaxTokens",
+                    [](auto& p) {
+                      p.max_tokens = 4;
+                      p.min_tokens = 5;
+                    },
+                    "min_tokens must be in [0, max_tokens = 4], got 5"},
+        InvalidCase{"ZeroChoices", [](auto& p) { p.n = 0; }, "n must be in [1, 128], got 0"},
+        InvalidCase{"TooManyTopLogprobs", [](auto& p) { p.logprobs = 21; },
+                    "logprobs must be in [0, 20], got 21"}),
+    [](const ::testing::TestParamInfo<InvalidCase>& param_info) { return param_info.param.name; });
+
+TEST(SamplingParamsTest, BoundaryValuesAreValid) {
+  SamplingParams params;
+  params.temperature = 0;
+  params.top_p = 1;
+  params.top_k = -1;
+  params.min_p = 1;
+  params.presence_penalty = -2;
+  params.frequency_penalty = 2;
+  params.logit_bias = {{0, -100}, {99, 100}};
+  params.stop_token_ids = {0, 99};
+  params.min_tokens = params.max_tokens;
+  params.n = kMaxChoices;
+  params.logprobs = kMaxTopLogprobs;
+  EXPECT_TRUE(ValidateSamplingParams(params, kVocab).ok());
+}
+
+TEST(SamplingParamsTest, DefaultsComeFromGenerationConfigElseTemperature06) {
+  EXPECT_EQ(SamplingParams::FromGenerationConfig({}).temperature, 0.6);
+  GenerationConfig config;
+  config.temperature = 1.0;
+  config.top_p = 0.95;
+  config.top_k = 40;
+  const SamplingParams params = SamplingParams::FromGenerationConfig(config);
+  EXPECT_EQ(params.temperature, 1.0);
+  EXPECT_EQ(params.top_p, 0.95);
+  EXPECT_EQ(params.top_k, 40);
+}
+
+TEST(SamplingParamsTest, EffectiveSeedIsGivenSeedElseHashOfRequestId) {
+  SamplingParams params;
+  EXPECT_EQ(EffectiveSeed(params, "req-1"), XXH3_64bits("req-1", 5));
+  EXPECT_NE(EffectiveSeed(params, "req-1"), EffectiveSeed(params, "req-2"));
+  params.seed = 42;
+  EXPECT_EQ(EffectiveSeed(params, "req-1"), 42u);
+  EXPECT_EQ(EffectiveSeed(params, "req-2"), 42u);
+}
+
+}  // namespace
+}  // namespace pdserve::serving
