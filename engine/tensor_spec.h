@@ -1,7 +1,6 @@
-// The tensors a DeepSeek-V4 model needs, by canonical (transformers 5.17 in-memory) name, with
-// their float32 shapes as functions of the config. Source: the parameter definitions in
-// transformers 5.17 modeling_deepseek_v4.py (rotary inv_freq buffers are not persistent and are
-// not listed). Thread-safe (pure function).
+// The tensors the forward pass reads, by canonical (transformers 5.17 in-memory) name, with their
+// float32 shapes: the checkpoint's required tensors (checkpoint_layout.h, one list for loader and
+// model) plus lm_head.weight when embeddings are tied. Thread-safe (pure functions).
 #pragma once
 
 #include <cstdint>
@@ -19,8 +18,8 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
-// Every tensor the forward pass reads. lm_head.weight is listed even when
-// tie_word_embeddings is set (the loader is expected to alias it to model.embed_tokens.weight).
+// Every tensor the forward pass reads, in name order. lm_head.weight is listed even when
+// tie_word_embeddings is set (Model::FromWeights copies model.embed_tokens.weight into it).
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 
 // InvalidArgument naming the first tensor of ExpectedTensors(config) that is missing from
