@@ -15,7 +15,8 @@ constexpr int kDim = static_cast<int>(kIndexHeadDim);
 // Row pitch in shared memory: 8 bf16 of padding puts the 8 rows a fragment load touches on
 // distinct banks.
 constexpr int kPitch = kDim + 8;
-constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * kPitch * (kHeads + 2 * kTileKeys);
+constexpr int kStages = 3;  // key tiles in flight per block
+constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * kPitch * (kHeads + kStages * kTileKeys);
 
 __device__ __forceinline__ int VisibleKeys(const IndexerParams& p, int64_t b) {
   const int64_t by_position = (static_cast<int64_t>(p.positions[b]) + 1) / p.rate;
@@ -45,14 +46,15 @@ __global__ void __launch_bounds__(kThreads)
     IndexerScoresKernel(IndexerParams p, float* scores, int32_t* visible_out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  // Two key-tile buffers of kTileKeys rows follow q.
+  // kStages key-tile buffers of kTileKeys rows follow q.
   __nv_bfloat16* const k_s = q_s + kHeads * kPitch;
   const int64_t b = blockIdx.y;
   const int visible = VisibleKeys(p, b);
   if (blockIdx.x == 0 && threadIdx.x == 0) visible_out[b] = visible;
   const int n_tiles = (visible + kTileKeys - 1) / kTileKeys;
-  int tile = blockIdx.x;
-  if (tile >= n_tiles) return;
+  if (static_cast<int>(blockIdx.x) >= n_tiles) return;
+  // This block's tiles: blockIdx.x + i * gridDim.x for i < n_local.
+  const int n_local = (n_tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
 
   const __nv_bfloat16* q = p.q + b * kHeads * kDim;
   for (int c = threadIdx.x; c < kHeads * kDim / 8; c += kThreads) {
@@ -60,8 +62,12 @@ __global__ void __launch_bounds__(kThreads)
     const int col = (c % (kDim / 8)) * 8;
     CopyAsync16(q_s + h * kPitch + col, q + h * kDim + col, true);
   }
-  LoadKeyTile(p, b, tile, visible, k_s);
-  CopyAsyncCommit();
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_local) {
+      LoadKeyTile(p, b, blockIdx.x + i * gridDim.x, visible, k_s + i * kTileKeys * kPitch);
+    }
+    CopyAsyncCommit();
+  }
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -69,37 +75,54 @@ __global__ void __launch_bounds__(kThreads)
   const int t = lane & 3;
   // This lane's head weights: heads 8j + 2t and 8j + 2t + 1.
   float w[kHeads / 8][2];
+#pragma unroll
   for (int j = 0; j < kHeads / 8; ++j) {
     w[j][0] = p.weights[b * kHeads + 8 * j + 2 * t];
     w[j][1] = p.weights[b * kHeads + 8 * j + 2 * t + 1];
   }
   float* score_row = scores + b * p.max_keys;
 
-  for (int it = 0; tile < n_tiles; tile += gridDim.x, ++it) {
-    const int next = tile + gridDim.x;
-    if (next < n_tiles) {
-      LoadKeyTile(p, b, next, visible, k_s + ((it + 1) & 1) * kTileKeys * kPitch);
-      CopyAsyncCommit();
-      CopyAsyncWait<1>();
-    } else {
-      CopyAsyncWait<0>();
+  // The queries stay in registers as B fragments for the whole block (128 registers), so the
+  // inner loop reads only keys from shared memory.
+  uint32_t qf[kHeads / 8][kDim / 16][2];
+  CopyAsyncWait<kStages - 2>();
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kHeads / 8; ++j) {
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      const __nv_bfloat16* qh = q_s + (8 * j + g) * kPitch + 16 * ks + 2 * t;
+      qf[j][ks][0] = LoadPair(qh);
+      qf[j][ks][1] = LoadPair(qh + 8);
     }
-    __syncthreads();
-    const __nv_bfloat16* keys = k_s + ((it & 1) * kTileKeys + warp * 16) * kPitch;
+  }
+
+  for (int it = 0; it < n_local; ++it) {
+    if (it > 0) {
+      CopyAsyncWait<kStages - 2>();
+      __syncthreads();  // tile it is visible; every warp is done with tile it - 1
+    }
+    const int ahead = it + kStages - 1;
+    if (ahead < n_local) {
+      LoadKeyTile(p, b, blockIdx.x + ahead * gridDim.x, visible,
+                  k_s + (ahead % kStages) * kTileKeys * kPitch);
+    }
+    CopyAsyncCommit();
+    const __nv_bfloat16* keys = k_s + ((it % kStages) * kTileKeys + warp * 16) * kPitch;
     float acc[kHeads / 8][4] = {};
-    for (int k0 = 0; k0 < kDim; k0 += 16) {
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      const int k0 = 16 * ks;
       const uint32_t a[4] = {LoadPair(keys + g * kPitch + k0 + 2 * t),
                              LoadPair(keys + (g + 8) * kPitch + k0 + 2 * t),
                              LoadPair(keys + g * kPitch + k0 + 8 + 2 * t),
                              LoadPair(keys + (g + 8) * kPitch + k0 + 8 + 2 * t)};
-      for (int j = 0; j < kHeads / 8; ++j) {
-        const __nv_bfloat16* qh = q_s + (8 * j + g) * kPitch + k0 + 2 * t;
-        const uint32_t bq[2] = {LoadPair(qh), LoadPair(qh + 8)};
-        MmaBf16(acc[j], a, bq);
-      }
+#pragma unroll
+      for (int j = 0; j < kHeads / 8; ++j) MmaBf16(acc[j], a, qf[j][ks]);
     }
     float s0 = 0.0f;
     float s1 = 0.0f;
+#pragma unroll
     for (int j = 0; j < kHeads / 8; ++j) {
       s0 += fmaxf(acc[j][0], 0.0f) * w[j][0] + fmaxf(acc[j][1], 0.0f) * w[j][1];
       s1 += fmaxf(acc[j][2], 0.0f) * w[j][0] + fmaxf(acc[j][3], 0.0f) * w[j][1];
@@ -108,10 +131,9 @@ __global__ void __launch_bounds__(kThreads)
     s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
     s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
     s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
-    const int key0 = tile * kTileKeys + warp * 16 + g;
+    const int key0 = (blockIdx.x + it * gridDim.x) * kTileKeys + warp * 16 + g;
     if (t == 0 && key0 < visible) score_row[key0] = s0 * p.softmax_scale;
     if (t == 0 && key0 + 8 < visible) score_row[key0 + 8] = s1 * p.softmax_scale;
-    __syncthreads();
   }
 }
 
@@ -145,10 +167,10 @@ cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visib
   static const cudaError_t attribute_status = cudaFuncSetAttribute(
       IndexerScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
-  // Fixed grid: enough blocks per request to fill the GPU about four times over, never more
+  // Fixed grid: enough blocks per request to fill the GPU about twice over, never more
   // than the tiles of the longest possible request.
   const int64_t max_tiles = std::max<int64_t>(1, (p.max_keys + kTileKeys - 1) / kTileKeys);
-  const int64_t per_request = std::max<int64_t>(1, 4 * SmCount() / p.batch);
+  const int64_t per_request = std::max<int64_t>(1, 2 * SmCount() / p.batch);
   const dim3 grid(static_cast<unsigned>(std::min(max_tiles, per_request)),
                   static_cast<unsigned>(p.batch));
   IndexerScoresKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, scores, visible);

@@ -18,12 +18,14 @@ constexpr int kThreads = 256;
 constexpr int kHalf = kDim / 2;
 constexpr int kPitch = kDim + 8;  // bf16; 16 bytes of padding keep fragment loads conflict-free
 constexpr float kLog2e = 1.4426950408889634f;
+// Tiles in flight per block: enough bytes in flight to cover memory latency at one block per SM.
+constexpr int kStages = 4;
 
 struct Smem {
   __nv_bfloat16 q[kHeads * kPitch];
-  __nv_bfloat16 rows[2][kTile * kPitch];
+  __nv_bfloat16 rows[kStages][kTile * kPitch];
   float exchange[2][4][16][32];  // [dim half][head group][accumulator value][lane]
-  int valid[2][kTile];
+  int valid[kStages][kTile];
 };
 
 // Number of list entries of request b (window rows first, then compressed slots).
@@ -67,8 +69,8 @@ __device__ __forceinline__ void LoadRows(const SparseDecodeParams& p, int64_t b,
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    SparseDecodeSplitKernel(SparseDecodeParams p, float* part_out, float* part_max,
-                            float* part_sum) {
+    SparseDecodeSplitKernel(SparseDecodeParams p, float* part_out, float* part_max, float* part_sum,
+                            __nv_bfloat16* out_final) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   const int split = blockIdx.x;
@@ -78,7 +80,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   int total = 0;
   EntryCounts(p, b, &window, &total);
   const int begin = split * static_cast<int>(p.entries_per_split);
-  if (begin >= total) return;  // the combine kernel ignores this split
+  // Splits past the request's entries write nothing: the combine kernel ignores them. Split 0
+  // always runs so that a single-split launch still writes zeros for an empty request.
+  if (split > 0 && begin >= total) return;
   const int end = min(total, begin + static_cast<int>(p.entries_per_split));
   const int n_tiles = (end - begin + kTile - 1) / kTile;
 
@@ -88,8 +92,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int col = (c % (kDim / 8)) * 8;
     CopyAsync16(s.q + h * kPitch + col, q + h * kDim + col, true);
   }
-  LoadRows(p, b, begin, end, window, s.rows[0], s.valid[0]);
-  CopyAsyncCommit();
+  // Pipeline: tiles it + 1 .. it + kStages - 1 are in flight while tile it is computed.
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_tiles) LoadRows(p, b, begin + i * kTile, end, window, s.rows[i], s.valid[i]);
+    CopyAsyncCommit();
+  }
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -105,15 +112,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float running_max[2] = {-INFINITY, -INFINITY};
   float running_sum[2] = {0.0f, 0.0f};
   for (int it = 0; it < n_tiles; ++it) {
-    const int buf = it & 1;
-    if (it + 1 < n_tiles) {
-      LoadRows(p, b, begin + (it + 1) * kTile, end, window, s.rows[buf ^ 1], s.valid[buf ^ 1]);
-      CopyAsyncCommit();
-      CopyAsyncWait<1>();
-    } else {
-      CopyAsyncWait<0>();
+    const int buf = it % kStages;
+    CopyAsyncWait<kStages - 2>();
+    __syncthreads();  // tile it is visible; every warp is done with tile it - 1
+    const int ahead = it + kStages - 1;
+    if (ahead < n_tiles) {
+      const int slot = ahead % kStages;
+      LoadRows(p, b, begin + ahead * kTile, end, window, s.rows[slot], s.valid[slot]);
     }
-    __syncthreads();
+    CopyAsyncCommit();
     const __nv_bfloat16* rows = s.rows[buf];
 
     float score[kTile / 8][4] = {};
@@ -179,12 +186,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         MmaBf16(out[2 * n + 1], a, b1);
       }
     }
-    __syncthreads();
   }
 
   for (int r = 0; r < 2; ++r) {
     running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, running_sum[r], 1);
     running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, running_sum[r], 2);
+  }
+  if (gridDim.x == 1) {
+    // One split: finish here (sink and normalization), no combine pass over partials.
+    for (int r = 0; r < 2; ++r) {
+      const int head = head0 + 16 * group + g + 8 * r;
+      const float sink = p.sinks[head] * kLog2e;
+      const float top = fmaxf(running_max[r], sink);
+      float weight = 0.0f;
+      float inv = 0.0f;
+      if (top != -INFINITY) {
+        weight = exp2f(running_max[r] - top);
+        inv = 1.0f / (running_sum[r] * weight + exp2f(sink - top));
+      }
+      __nv_bfloat16* o = out_final + (b * p.heads + head) * kDim + half * kHalf + 2 * t;
+      for (int n = 0; n < kHalf / 8; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(o + 8 * n) =
+            __floats2bfloat162_rn(out[n][2 * r] * weight * inv, out[n][2 * r + 1] * weight * inv);
+      }
+    }
+    return;
   }
   const int64_t splits = gridDim.x;
   const int64_t row0 = (b * splits + split) * p.heads + head0 + 16 * group + g;
@@ -256,8 +282,9 @@ int64_t SparseDecodeSplits(const SparseDecodeParams& p) {
 
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count) {
+  // One block fits per multiprocessor; more splits than fill one wave only add partial traffic.
   const int64_t blocks = std::max<int64_t>(1, batch * (heads / kSparseHeadsPerBlock));
-  const int64_t splits = std::max<int64_t>(1, (2 * sm_count + blocks - 1) / blocks);
+  const int64_t splits = std::max<int64_t>(1, sm_count / blocks);
   const int64_t per_split = (max_entries + splits - 1) / splits;
   return std::max<int64_t>(kTile, (per_split + kTile - 1) / kTile * kTile);
 }
@@ -296,10 +323,10 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   auto* part_sum = part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.heads / kHeads));
-  SparseDecodeSplitKernel<<<grid, kThreads, sizeof(Smem), stream>>>(p, part_out, part_max,
-                                                                    part_sum);
-  cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
+  SparseDecodeSplitKernel<<<grid, kThreads, sizeof(Smem), stream>>>(p, part_out, part_max, part_sum,
+                                                                    out);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess || splits == 1) return status;
   const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
   SparseDecodeCombineKernel<<<combine_grid, kDim / 4, 0, stream>>>(
       p, static_cast<int>(splits), part_out, part_max, part_sum, out);

@@ -58,17 +58,18 @@ struct SparseDecodeParams {
 // entries_per_split).
 int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 
-// A split size (multiple of kSparseTile) that gives about two blocks per multiprocessor.
+// A split size (multiple of kSparseTile) that fills one wave of blocks (one per multiprocessor)
+// without splitting further: a single split skips the combine kernel and its fp32 partials.
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count);
 
 // Device workspace the launch needs: fp32 partial outputs, maxima and sums per split.
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
-// Runs the split kernel and the combine kernel on `stream`. Returns cudaErrorInvalidValue on bad
-// arguments (heads not a multiple of 64, entries_per_split not a multiple of 32, workspace too
-// small, missing pointers), else the launch status. No state: concurrent calls with distinct
-// workspaces are safe.
+// Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
+// Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
+// a multiple of 32, workspace too small, missing pointers), else the launch status. No state:
+// concurrent calls with distinct workspaces are safe.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream);

@@ -111,39 +111,57 @@ Reference Evaluate(const IndexerCase& c, float scale) {
   return r;
 }
 
+// A case uploaded to the device, with its launch parameters and outputs.
+struct DeviceCase {
+  DeviceCase(const IndexerCase& c, int64_t topk)
+      : q(c.q.size()),
+        pool(c.pool.size()),
+        w(c.w.size()),
+        scores(c.n_keys.size() * static_cast<size_t>(c.max_keys)),
+        table(c.page_table.size()),
+        n_keys(c.n_keys.size()),
+        positions(c.positions.size()),
+        visible(c.n_keys.size()),
+        picks(c.n_keys.size() * static_cast<size_t>(topk)) {
+    q.Upload(c.q);
+    pool.Upload(c.pool);
+    w.Upload(c.w);
+    table.Upload(c.page_table);
+    n_keys.Upload(c.n_keys);
+    positions.Upload(c.positions);
+    params.q = reinterpret_cast<const __nv_bfloat16*>(q.get());
+    params.weights = w.get();
+    params.key_pool = reinterpret_cast<const __nv_bfloat16*>(pool.get());
+    params.page_table = table.get();
+    params.page_table_stride = c.table_stride;
+    params.page_size = c.page_size;
+    params.n_keys = n_keys.get();
+    params.positions = positions.get();
+    params.rate = c.rate;
+    params.batch = static_cast<int64_t>(c.n_keys.size());
+    params.max_keys = c.max_keys;
+    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  }
+  cudaError_t Launch(int64_t topk, cudaStream_t stream) {
+    return lightning_indexer(params, topk, scores.get(), visible.get(), picks.get(), stream);
+  }
+
+  GuardedBuffer<uint16_t> q, pool;
+  GuardedBuffer<float> w, scores;
+  GuardedBuffer<int32_t> table, n_keys, positions, visible, picks;
+  IndexerParams params;
+};
+
 void RunAndCheck(const IndexerCase& c, int64_t topk) {
   const int64_t batch = static_cast<int64_t>(c.n_keys.size());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  GuardedBuffer<uint16_t> q(c.q.size()), pool(c.pool.size());
-  GuardedBuffer<float> w(c.w.size()), scores(static_cast<size_t>(batch * c.max_keys));
-  GuardedBuffer<int32_t> table(c.page_table.size()), n_keys(c.n_keys.size()),
-      positions(c.positions.size()), visible(static_cast<size_t>(batch)),
-      picks(static_cast<size_t>(batch * topk));
-  q.Upload(c.q);
-  pool.Upload(c.pool);
-  w.Upload(c.w);
-  table.Upload(c.page_table);
-  n_keys.Upload(c.n_keys);
-  positions.Upload(c.positions);
-  IndexerParams p;
-  p.q = reinterpret_cast<const __nv_bfloat16*>(q.get());
-  p.weights = w.get();
-  p.key_pool = reinterpret_cast<const __nv_bfloat16*>(pool.get());
-  p.page_table = table.get();
-  p.page_table_stride = c.table_stride;
-  p.page_size = c.page_size;
-  p.n_keys = n_keys.get();
-  p.positions = positions.get();
-  p.rate = c.rate;
-  p.batch = batch;
-  p.max_keys = c.max_keys;
-  p.softmax_scale = scale;
-  PDSERVE_CUDA_OK(lightning_indexer(p, topk, scores.get(), visible.get(), picks.get(), nullptr));
+  DeviceCase d(c, topk);
+  const float scale = d.params.softmax_scale;
+  PDSERVE_CUDA_OK(d.Launch(topk, nullptr));
   PDSERVE_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<float> got_scores = scores.Download();
-  const std::vector<int32_t> got_visible = visible.Download();
-  const std::vector<int32_t> got_picks = picks.Download();
-  EXPECT_TRUE(scores.GuardsIntact() && visible.GuardsIntact() && picks.GuardsIntact());
+  const std::vector<float> got_scores = d.scores.Download();
+  const std::vector<int32_t> got_visible = d.visible.Download();
+  const std::vector<int32_t> got_picks = d.picks.Download();
+  EXPECT_TRUE(d.scores.GuardsIntact() && d.visible.GuardsIntact() && d.picks.GuardsIntact());
 
   // The reference allocates only now, after the kernel ran.
   const Reference want = Evaluate(c, scale);
@@ -223,6 +241,39 @@ TEST(CudaIndexerTest, SmallPagesAndOddTopK) {
   std::vector<int32_t> positions;
   for (int32_t n : n_keys) positions.push_back(4 * n + 3);
   RunAndCheck(MakeCase(rng, n_keys, positions, 16, 0.3), 37);
+}
+
+// A captured launch re-reads the lengths from device memory at every replay.
+TEST(CudaIndexerTest, GraphReplayFollowsLengthsInDeviceMemory) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const int64_t topk = 64;
+  const IndexerCase c = MakeCase(rng, {900, 300, 0}, {4 * 900, 4 * 300, 0}, 64, 0.0);
+  DeviceCase d(c, topk);
+  cudaStream_t stream = nullptr;
+  PDSERVE_CUDA_OK(cudaStreamCreate(&stream));
+  PDSERVE_CUDA_OK(d.Launch(topk, stream));  // first launch outside capture sets attributes
+  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+  const std::vector<int32_t> before = d.picks.Download();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PDSERVE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  PDSERVE_CUDA_OK(d.Launch(topk, stream));
+  PDSERVE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  PDSERVE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  d.n_keys.Upload({40, 250, 0});
+  PDSERVE_CUDA_OK(cudaGraphLaunch(exec, stream));
+  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+  const std::vector<int32_t> replayed = d.picks.Download();
+  PDSERVE_CUDA_OK(d.Launch(topk, stream));
+  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(replayed, d.picks.Download());
+  EXPECT_NE(replayed, before);
+  EXPECT_EQ(d.visible.Download(), (std::vector<int32_t>{40, 250, 0}));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

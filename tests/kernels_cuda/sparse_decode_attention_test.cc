@@ -220,7 +220,7 @@ TEST(CudaSparseDecodeTest, CsaMixedLengthsManySplits) {
 TEST(CudaSparseDecodeTest, CsaSingleSplitMatchesReference) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  RunAndCheck(MakeCase(rng, 64, true, 512, {128, 1, 100}, {2048, 9, 513}, 0.0), 640);
+  RunAndCheck(MakeCase(rng, 64, true, 512, {128, 1, 100, 0}, {2048, 9, 513, 0}, 0.0), 640);
 }
 
 TEST(CudaSparseDecodeTest, HcaAllCompressedEntries) {

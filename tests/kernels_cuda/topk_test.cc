@@ -66,12 +66,14 @@ TEST(CudaTopKTest, MixedLengthsWithHeavyTiesMatchCpuRule) {
 TEST(CudaTopKTest, DistinctRandomScoresMatchCpuRule) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  const int64_t stride = 32768;
-  const std::vector<int32_t> lengths = {32768, 20000, 3, 600};
-  std::normal_distribution<float> normal;
-  std::vector<float> scores(lengths.size() * stride);
-  for (float& s : scores) s = normal(rng);
-  ExpectMatchesReference(scores, stride, lengths, 512);
+  // Rows that fit in shared memory and rows read from global memory in every pass.
+  for (int64_t stride : {32768, 50000}) {
+    const std::vector<int32_t> lengths = {static_cast<int32_t>(stride), 20000, 3, 600};
+    std::normal_distribution<float> normal;
+    std::vector<float> scores(lengths.size() * stride);
+    for (float& s : scores) s = normal(rng);
+    ExpectMatchesReference(scores, stride, lengths, 512);
+  }
 }
 
 TEST(CudaTopKTest, SignedZerosAreOneTie) {
