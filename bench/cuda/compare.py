@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Runs bench/cuda's pdserve_cuda_bench and the same math in PyTorch on the same GPU, in one run,
+and prints a Markdown table for docs/perf.md.
+
+PyTorch side (eager, bf16 GEMMs with fp32 results, as transformers 5.17 modeling_deepseek_v4.py
+computes them): gather the request's pages, then
+  indexer:   scores = scale * sum_h w_h * relu(q_h . k); torch.topk(512)
+  attention: softmax([q . k * scale, sink]) without the sink, times the rows.
+Timing: CUDA events around each call, 3 warm-ups, median of 20, a 256 MiB buffer overwritten
+before each call so inputs come from HBM (as in the C++ bench).
+
+Usage: python3 bench/cuda/compare.py --bench build-cuda/bench/pdserve_cuda_bench
+"""
+import argparse
+import statistics
+import subprocess
+
+import torch
+
+RATE, HCA_RATE, TOPK, WINDOW, PAGE, HEADS, DIM, IHEADS, IDIM = 4, 128, 512, 128, 64, 64, 512, 64, 128
+
+
+def median_us(fn, flush):
+    for _ in range(3):
+        fn()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(20):
+        flush.fill_(i)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000.0)
+    return statistics.median(times)
+
+
+def torch_indexer(batch, context, flush):
+    keys = context // RATE
+    pages = keys // PAGE
+    pool = torch.randn(batch * pages, PAGE, IDIM, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(batch * pages, device="cuda").view(batch, pages)
+    q = torch.randn(batch, IHEADS, IDIM, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(batch, IHEADS, device="cuda")
+    visible = torch.full((batch,), keys, device="cuda")
+
+    def run():
+        k = pool[table].view(batch, keys, IDIM)
+        dots = torch.bmm(q, k.transpose(1, 2)).float()  # [b, h, s]
+        scores = (torch.relu(dots) * w[:, :, None]).sum(1) * IDIM**-0.5
+        pos = torch.arange(keys, device="cuda")[None, :]
+        scores = scores.masked_fill(pos >= visible[:, None], float("-inf"))
+        return torch.topk(scores, min(TOPK, keys), dim=-1).indices
+
+    return median_us(run, flush)
+
+
+def torch_attention(batch, context, csa, flush):
+    n_comp = context // RATE if csa else context // HCA_RATE
+    pages = (n_comp + PAGE - 1) // PAGE
+    pool = torch.randn(batch * pages, PAGE, DIM, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(batch * pages, device="cuda").view(batch, pages)
+    window = torch.randn(batch, WINDOW, DIM, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.randn(HEADS, device="cuda")
+    slots = TOPK if csa else n_comp
+    idx = torch.randint(0, n_comp, (batch, slots), device="cuda")
+
+    def run():
+        page = torch.gather(table, 1, idx // PAGE)
+        rows = pool[page, idx % PAGE]  # [b, slots, dim]
+        kv = torch.cat([window, rows], dim=1)
+        logits = torch.bmm(q, kv.transpose(1, 2)).float() * DIM**-0.5
+        logits = torch.cat([logits, sinks[None, :, None].expand(batch, HEADS, 1)], dim=-1)
+        probs = torch.softmax(logits, dim=-1)[..., :-1].to(torch.bfloat16)
+        return torch.bmm(probs, kv)
+
+    return median_us(run, flush)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bench", required=True)
+    args = parser.parse_args()
+    lines = subprocess.run([args.bench], check=True, capture_output=True, text=True).stdout
+    rows = [line.split(",") for line in lines.strip().splitlines()]
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    copy = next(r for r in rows if r[0] == "copy")
+    copy_gbs = float(copy[5]) / (float(copy[4]) * 1e-6) / 1e9
+    print(f"GPU: {torch.cuda.get_device_name()}; device-to-device copy: {copy_gbs:.0f} GB/s "
+          f"(read + write); torch {torch.__version__}")
+    print("| kernel | batch | context | entries/request | pdserve us | GB/s | % copy BW | TFLOP/s "
+          "| PyTorch us | speedup |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for kernel, batch, context, entries, us, nbytes, flops in rows:
+        if kernel == "copy":
+            continue
+        batch, context, us = int(batch), int(context), float(us)
+        gbs = float(nbytes) / (us * 1e-6) / 1e9
+        tflops = float(flops) / (us * 1e-6) / 1e12
+        try:
+            if kernel == "indexer":
+                ref = torch_indexer(batch, context, flush)
+            else:
+                ref = torch_attention(batch, context, kernel == "csa_attention", flush)
+            torch.cuda.empty_cache()
+            ref_text, speed = f"{ref:.1f}", f"{ref / us:.1f}x"
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            ref_text, speed = "OOM", "-"
+        print(f"| {kernel} | {batch} | {context // 1024}K | {entries} | {us:.1f} | {gbs:.0f} | "
+              f"{100 * gbs / copy_gbs:.0f}% | {tflops:.1f} | {ref_text} | {speed} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

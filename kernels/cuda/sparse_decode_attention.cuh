@@ -1,0 +1,77 @@
+// Sparse multi-query attention for decode (DeepSeek-V4 sliding-window + CSA / HCA layers), bf16
+// state, fp32 accumulation, attention sinks, split along the KV axis with a combine kernel.
+//
+// Each request has one query token with `heads` query heads of kSparseHeadDim (the RoPE slice,
+// the last 64 dims, is already rotated in q and in the stored entries; the caller undoes it on
+// the output). Every head attends over the same list of shared K=V rows:
+//   entries 0 .. window_len[b)              the request's sliding-window rows, then
+//   CSA (indices != nullptr): indices[b, 0 .. compressed_slots), each a compressed entry index or
+//                             -1 (skipped, as are indices >= n_compressed[b]);
+//   HCA (indices == nullptr): compressed entries 0 .. min(n_compressed[b], compressed_slots).
+// out[b, h] = sum_j p_j row_j with p = softmax([s_0 .. s_{n-1}, sink_h]) without its last element,
+// s_j = softmax_scale * q[b, h] . row_j; no rows -> zeros. Source: transformers 5.17
+// modeling_deepseek_v4.py, eager_attention_forward; CPU reference kernels/cpu/sink_attention.h.
+//
+// Layouts: q [batch, heads, 512] bf16; window_pool [window pages, window_size, 512] bf16 with the
+// request's page window_page[b]; kv_pool [pages, page_size, 512] bf16 with page_table [batch,
+// page_table_stride] (compressed entry c of request b: page page_table[b][c / page_size], slot
+// c % page_size); sinks [heads] fp32; out [batch, heads, 512] bf16. Rows that are not attended
+// (past a length, index -1) are never read, so stale or NaN slots cannot leak.
+//
+// CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
+// entries_per_split); all lengths and indices are read from device memory.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pdserve::kernels::cuda {
+
+inline constexpr int64_t kSparseHeadDim = 512;
+inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
+inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
+
+struct SparseDecodeParams {
+  const __nv_bfloat16* q = nullptr;
+  int64_t batch = 0;
+  int64_t heads = 64;
+  const __nv_bfloat16* window_pool = nullptr;
+  const int32_t* window_page = nullptr;  // [batch], device
+  const int32_t* window_len = nullptr;   // [batch], device, clamped to [0, window_size]
+  int64_t window_size = 128;
+  const __nv_bfloat16* kv_pool = nullptr;
+  const int32_t* page_table = nullptr;
+  int64_t page_table_stride = 0;
+  int64_t page_size = 64;
+  const int32_t* n_compressed = nullptr;  // [batch], device: compressed entries written
+  const int32_t* indices = nullptr;       // CSA: [batch, compressed_slots]; HCA: nullptr
+  int64_t compressed_slots = 0;           // CSA: top-k; HCA: bound on n_compressed
+  const float* sinks = nullptr;
+  float softmax_scale = 1.0f;
+  int64_t entries_per_split = 256;
+};
+
+// Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /
+// entries_per_split).
+int64_t SparseDecodeSplits(const SparseDecodeParams& params);
+
+// A split size (multiple of kSparseTile) that fills one wave of blocks (one per multiprocessor)
+// without splitting further: a single split skips the combine kernel and its fp32 partials.
+int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
+                                    int sm_count);
+
+// Device workspace the launch needs: fp32 partial outputs, maxima and sums per split.
+size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
+
+// Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
+// Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
+// a multiple of 32, workspace too small, missing pointers), else the launch status. No state:
+// concurrent calls with distinct workspaces are safe.
+cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
+                                    size_t workspace_bytes, __nv_bfloat16* out,
+                                    cudaStream_t stream);
+
+}  // namespace pdserve::kernels::cuda

@@ -1,0 +1,251 @@
+// kernels/cuda/sparse_decode_attention against a float64 host evaluation of the same math
+// (kernels/cpu/sink_attention.h): softmax over [scores, sink] without the sink, over window rows
+// plus the selected (CSA) or all (HCA) compressed entries.
+#include "kernels/cuda/sparse_decode_attention.cuh"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tests/kernels_cuda/cuda_test_util.h"
+
+namespace pdserve::kernels::cuda {
+namespace {
+
+using testing::FreshRng;
+using testing::FromBf16;
+using testing::GuardedBuffer;
+using testing::ToBf16;
+
+constexpr int64_t kD = kSparseHeadDim;
+
+struct AttentionCase {
+  int64_t heads = 64;
+  int64_t window_size = 128;
+  int64_t page_size = 64;
+  int64_t slots = 0;  // CSA top-k or HCA bound
+  bool csa = true;
+  std::vector<int32_t> window_len;
+  std::vector<int32_t> window_page;
+  std::vector<int32_t> n_compressed;
+  std::vector<int32_t> indices;  // CSA only
+  std::vector<uint16_t> q;
+  std::vector<uint16_t> window_pool;
+  std::vector<uint16_t> kv_pool;
+  std::vector<int32_t> page_table;
+  int64_t table_stride = 0;
+  std::vector<float> sinks;
+};
+
+// Fills written rows with random values and every unwritten slot (window rows past window_len,
+// page tails, spare pages) with NaN. `invalid_fraction` of the CSA indices are -1.
+AttentionCase MakeCase(std::mt19937_64& rng, int64_t heads, bool csa, int64_t slots,
+                       const std::vector<int32_t>& window_len,
+                       const std::vector<int32_t>& n_compressed, double invalid_fraction) {
+  AttentionCase c;
+  c.heads = heads;
+  c.csa = csa;
+  c.slots = slots;
+  c.window_len = window_len;
+  c.n_compressed = n_compressed;
+  const int64_t batch = static_cast<int64_t>(window_len.size());
+  std::normal_distribution<float> normal;
+  const auto fill = [&](uint16_t* row) {
+    for (int64_t d = 0; d < kD; ++d) row[d] = ToBf16(normal(rng));
+  };
+  const int64_t window_pages = batch + 2;
+  c.window_pool.assign(static_cast<size_t>(window_pages * c.window_size * kD), testing::kBf16NaN);
+  std::vector<int32_t> order(static_cast<size_t>(window_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  c.window_page.assign(order.begin(), order.begin() + batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t e = 0; e < window_len[b]; ++e) {
+      fill(c.window_pool.data() + (c.window_page[b] * c.window_size + e) * kD);
+    }
+  }
+  const int64_t max_compressed = *std::max_element(n_compressed.begin(), n_compressed.end());
+  c.table_stride = std::max<int64_t>(1, (max_compressed + c.page_size - 1) / c.page_size);
+  const int64_t pages = batch * c.table_stride + 2;
+  c.kv_pool.assign(static_cast<size_t>(pages * c.page_size * kD), testing::kBf16NaN);
+  order.resize(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  c.page_table.assign(order.begin(), order.begin() + batch * c.table_stride);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t e = 0; e < n_compressed[b]; ++e) {
+      const int64_t page = c.page_table[b * c.table_stride + e / c.page_size];
+      fill(c.kv_pool.data() + (page * c.page_size + e % c.page_size) * kD);
+    }
+  }
+  if (csa) {
+    std::bernoulli_distribution invalid(invalid_fraction);
+    c.indices.assign(static_cast<size_t>(batch * slots), -1);
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<int32_t> entries(static_cast<size_t>(n_compressed[b]));
+      std::iota(entries.begin(), entries.end(), 0);
+      std::shuffle(entries.begin(), entries.end(), rng);
+      for (int64_t j = 0; j < std::min<int64_t>(slots, n_compressed[b]); ++j) {
+        if (!invalid(rng)) c.indices[b * slots + j] = entries[j];
+      }
+    }
+  }
+  c.q.resize(static_cast<size_t>(batch * heads * kD));
+  for (uint16_t& v : c.q) v = ToBf16(normal(rng));
+  c.sinks.resize(static_cast<size_t>(heads));
+  for (float& s : c.sinks) s = normal(rng);
+  return c;
+}
+
+// out[b, h, :] in float64 from the bf16 inputs.
+std::vector<double> Evaluate(const AttentionCase& c, float scale) {
+  const int64_t batch = static_cast<int64_t>(c.window_len.size());
+  std::vector<double> out(static_cast<size_t>(batch * c.heads * kD), 0.0);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<const uint16_t*> rows;
+    for (int64_t e = 0; e < c.window_len[b]; ++e) {
+      rows.push_back(c.window_pool.data() + (c.window_page[b] * c.window_size + e) * kD);
+    }
+    const int64_t n_slots = c.csa ? c.slots : std::min<int64_t>(c.slots, c.n_compressed[b]);
+    for (int64_t j = 0; j < n_slots; ++j) {
+      const int64_t e = c.csa ? c.indices[b * c.slots + j] : j;
+      if (e < 0 || e >= c.n_compressed[b]) continue;
+      const int64_t page = c.page_table[b * c.table_stride + e / c.page_size];
+      rows.push_back(c.kv_pool.data() + (page * c.page_size + e % c.page_size) * kD);
+    }
+    if (rows.empty()) continue;
+    std::vector<double> logits(rows.size());
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const uint16_t* q = c.q.data() + (b * c.heads + h) * kD;
+      double top = c.sinks[h];
+      for (size_t j = 0; j < rows.size(); ++j) {
+        double dot = 0.0;
+        for (int64_t d = 0; d < kD; ++d) dot += double{FromBf16(q[d])} * FromBf16(rows[j][d]);
+        logits[j] = dot * scale;
+        top = std::max(top, logits[j]);
+      }
+      double denom = std::exp(c.sinks[h] - top);
+      for (double& l : logits) {
+        l = std::exp(l - top);
+        denom += l;
+      }
+      double* o = out.data() + (b * c.heads + h) * kD;
+      for (size_t j = 0; j < rows.size(); ++j) {
+        for (int64_t d = 0; d < kD; ++d) o[d] += logits[j] / denom * FromBf16(rows[j][d]);
+      }
+    }
+  }
+  return out;
+}
+
+void RunAndCheck(const AttentionCase& c, int64_t entries_per_split) {
+  const int64_t batch = static_cast<int64_t>(c.window_len.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  GuardedBuffer<uint16_t> q(c.q.size()), window_pool(c.window_pool.size()),
+      kv_pool(c.kv_pool.size()), out(static_cast<size_t>(batch * c.heads * kD));
+  GuardedBuffer<int32_t> window_len(c.window_len.size()), window_page(c.window_page.size()),
+      n_compressed(c.n_compressed.size()), table(c.page_table.size()),
+      indices(std::max<size_t>(1, c.indices.size()));
+  GuardedBuffer<float> sinks(c.sinks.size());
+  q.Upload(c.q);
+  window_pool.Upload(c.window_pool);
+  kv_pool.Upload(c.kv_pool);
+  window_len.Upload(c.window_len);
+  window_page.Upload(c.window_page);
+  n_compressed.Upload(c.n_compressed);
+  table.Upload(c.page_table);
+  if (c.csa) indices.Upload(c.indices);
+  sinks.Upload(c.sinks);
+  SparseDecodeParams p;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.get());
+  p.batch = batch;
+  p.heads = c.heads;
+  p.window_pool = reinterpret_cast<const __nv_bfloat16*>(window_pool.get());
+  p.window_page = window_page.get();
+  p.window_len = window_len.get();
+  p.window_size = c.window_size;
+  p.kv_pool = reinterpret_cast<const __nv_bfloat16*>(kv_pool.get());
+  p.page_table = table.get();
+  p.page_table_stride = c.table_stride;
+  p.page_size = c.page_size;
+  p.n_compressed = n_compressed.get();
+  p.indices = c.csa ? indices.get() : nullptr;
+  p.compressed_slots = c.slots;
+  p.sinks = sinks.get();
+  p.softmax_scale = scale;
+  p.entries_per_split = entries_per_split;
+  GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
+  ASSERT_TRUE(workspace.ok() && out.ok());
+  PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),
+                                          reinterpret_cast<__nv_bfloat16*>(out.get()), nullptr));
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got_bits = out.Download();
+  EXPECT_TRUE(out.GuardsIntact());
+  EXPECT_TRUE(workspace.GuardsIntact());
+
+  const std::vector<double> want = Evaluate(c, scale);  // allocates after the kernel ran
+  for (int64_t r = 0; r < batch * c.heads; ++r) {
+    std::vector<double> got(static_cast<size_t>(kD));
+    for (int64_t d = 0; d < kD; ++d) got[d] = FromBf16(got_bits[r * kD + d]);
+    const std::vector<double> want_row(want.begin() + r * kD, want.begin() + (r + 1) * kD);
+    const testing::ErrorReport err = testing::NormalizedError(got, want_row);
+    ASSERT_EQ(err.mismatched, 0) << "request " << r / c.heads << " head " << r % c.heads;
+    const bool empty =
+        std::all_of(want_row.begin(), want_row.end(), [](double v) { return v == 0.0; });
+    if (empty) {
+      ASSERT_TRUE(std::all_of(got.begin(), got.end(), [](double v) { return v == 0.0; }))
+          << "request " << r / c.heads << " attends to nothing but got nonzero output";
+    } else {
+      ASSERT_LT(err.normalized, 1e-2) << "request " << r / c.heads << " head " << r % c.heads;
+    }
+  }
+}
+
+TEST(CudaSparseDecodeTest, CsaMixedLengthsManySplits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // Empty request, window only, fewer compressed entries than top-k, odd sizes, all-invalid
+  // indices with an empty window, and a long request.
+  const std::vector<int32_t> window_len = {0, 5, 128, 77, 0, 128, 33};
+  const std::vector<int32_t> n_compressed = {0, 0, 3, 1000, 700, 515, 64};
+  AttentionCase c = MakeCase(rng, 64, true, 512, window_len, n_compressed, 0.1);
+  for (int64_t j = 0; j < 512; ++j) c.indices[4 * 512 + j] = -1;
+  RunAndCheck(c, 64);
+}
+
+TEST(CudaSparseDecodeTest, CsaSingleSplitMatchesReference) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  RunAndCheck(MakeCase(rng, 64, true, 512, {128, 1, 100, 0}, {2048, 9, 513, 0}, 0.0), 640);
+}
+
+TEST(CudaSparseDecodeTest, HcaAllCompressedEntries) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  RunAndCheck(MakeCase(rng, 64, false, 1100, {128, 0, 17, 128}, {1030, 0, 1, 333}, 0.0), 96);
+}
+
+TEST(CudaSparseDecodeTest, HundredTwentyEightHeads) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  RunAndCheck(MakeCase(rng, 128, true, 512, {128, 41}, {900, 200}, 0.2), 128);
+}
+
+TEST(CudaSparseDecodeTest, RejectsBadArguments) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  SparseDecodeParams p;
+  p.batch = 1;
+  p.heads = 96;  // not a multiple of 64
+  unsigned char dummy = 0;
+  EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
+  p.heads = 64;
+  p.entries_per_split = 48;  // not a multiple of 32
+  EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda
