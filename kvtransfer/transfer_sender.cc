@@ -1,5 +1,6 @@
 #include "kvtransfer/transfer_sender.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,7 +36,9 @@ Transfer::Transfer(PageTransport& transport, const serving::Clock& clock, Ticket
       checksums_(pages_.size(), 0),
       page_ops_(pages_.size()),
       page_done_(pages_.size(), false),
-      next_heartbeat_(clock_.Now() + ticket_.heartbeat_interval) {
+      next_heartbeat_(clock_.Now() + ticket_.heartbeat_interval),
+      lease_length_(ticket_.lease_deadline - clock_.Now()),
+      lease_deadline_(ticket_.lease_deadline) {
   ControlMessage heartbeat{.kind = WireKind::kHeartbeat,
                            .request_id = ticket_.request_id,
                            .ticket_id = ticket_.ticket_id,
@@ -144,9 +147,12 @@ absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
 void Transfer::SendHeartbeatIfDue() {
   if (ticket_.heartbeat_interval <= absl::ZeroDuration() || clock_.Now() < next_heartbeat_) return;
   if (heartbeat_op_ != nullptr && !heartbeat_op_->Test().has_value()) return;
-  next_heartbeat_ = clock_.Now() + ticket_.heartbeat_interval;
+  const absl::Time now = clock_.Now();
+  next_heartbeat_ = now + ticket_.heartbeat_interval;
   auto op = transport_.Send(peer_, WireKind::kHeartbeat, {}, heartbeat_bytes_);
-  if (op.ok()) heartbeat_op_ = std::move(*op);
+  if (!op.ok()) return;
+  heartbeat_op_ = std::move(*op);
+  lease_deadline_ = std::max(lease_deadline_, now + lease_length_);
 }
 
 absl::StatusOr<bool> Transfer::Poll() {
@@ -154,7 +160,7 @@ absl::StatusOr<bool> Transfer::Poll() {
   if (delivered_) return true;
   transport_.Progress();
   if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return Fail(peer);
-  if (clock_.Now() > ticket_.lease_deadline) {
+  if (clock_.Now() > lease_deadline_) {
     return Fail(absl::DeadlineExceededError(
         absl::StrCat("lease of ticket ", ticket_.ticket_id, " expired during the transfer")));
   }

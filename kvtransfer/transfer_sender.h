@@ -72,6 +72,10 @@ class Transfer {
   std::unique_ptr<SendOp> heartbeat_op_;
   std::vector<std::byte> heartbeat_bytes_;
   absl::Time next_heartbeat_;
+  // The lease as the sender can vouch for it: the ticket's deadline, pushed out by the lease's
+  // initial length from each heartbeat sent (the receiver renews from arrival, which is later).
+  absl::Duration lease_length_;
+  absl::Time lease_deadline_;
   absl::Status error_;
   bool delivered_ = false;
   bool released_ = false;

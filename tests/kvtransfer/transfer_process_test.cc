@@ -45,7 +45,7 @@ class FaultTest : public ReceiverProcessTest {
     const Ticket ticket = Expect(1, 5, 0, 4);
     Send(*peer, 1, ticket, faults);
     RunUntilLine(*peer, "done");
-    TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, absl::Seconds(2));
+    TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, absl::Milliseconds(500));
     if (outcome.state == TransferState::kReceiving) {
       clock_.Advance(absl::Seconds(1));  // Past the missing-page grace after the commit.
       outcome = RunUntilDecided(ticket.ticket_id);
