@@ -122,6 +122,14 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
   return result;
 }
 
+absl::Status TransferReceiver::RegisterMemory(std::span<std::byte> memory) {
+  auto registered = UcxMemory::Register(context_, memory.data(), memory.size());
+  if (!registered.ok()) return registered.status();
+  absl::MutexLock lock(&mu_);
+  registered_.push_back(std::move(*registered));
+  return absl::OkStatus();
+}
+
 void TransferReceiver::Progress() {
   absl::MutexLock lock(&mu_);
   worker_.Progress();
@@ -233,6 +241,12 @@ TransferReceiver::Entry* TransferReceiver::FindForHeader(const PageHeader& heade
       return nullptr;
     }
     return &entry;
+  }
+  // A ticket this receiver issued and has since released: a late page from an aborted or
+  // finished transfer. It is refused like any stray page; it must not fail the request's retry.
+  if (header.ticket_id < next_ticket_id_) {
+    ++stats_.stray_messages;
+    return nullptr;
   }
   for (auto& [id, entry] : entries_) {
     if (entry->ticket.request_id == header.request_id &&

@@ -95,6 +95,11 @@ class TransferReceiver {
   // AlreadyExists when the request already has a ticket in progress.
   absl::StatusOr<Ticket> Expect(ReceiveSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Registers memory that destinations will point into (normally the whole page pool, once), so
+  // rendezvous receives land without per-message registration. The memory must outlive the
+  // receiver. Errors: the ucp_mem_map error.
+  absl::Status RegisterMemory(std::span<std::byte> memory) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Lands what arrived and sweeps deadlines. Non-blocking.
   void Progress() ABSL_LOCKS_EXCLUDED(mu_);
   // Progresses until `duration` passes on the real clock, sleeping on the UCX event fd between
@@ -144,6 +149,7 @@ class TransferReceiver {
   const ReleaseFn on_release_;
   mutable absl::Mutex mu_;
   UcxContext context_;
+  std::vector<UcxMemory> registered_ ABSL_GUARDED_BY(mu_);  // Outlives the worker's receives.
   UcxWorker worker_ ABSL_GUARDED_BY(mu_);
   const std::vector<std::byte> address_;
   std::map<uint64_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);

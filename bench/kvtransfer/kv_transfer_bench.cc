@@ -105,6 +105,7 @@ void PdserveReceiver(const Config& config, Channel& channel) {
   auto receiver = TransferReceiver::Create({.lease = absl::Seconds(60)}, clock, [](auto, auto) {});
   if (!receiver.ok()) Die(receiver.status());
   std::vector<std::byte> pool(config.total_bytes);
+  if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);
   std::vector<double> seconds;
   for (int it = 0; it < config.iterations; ++it) {
     ReceiveSpec spec{.request_id = static_cast<uint64_t>(it + 1), .epoch = 1};
