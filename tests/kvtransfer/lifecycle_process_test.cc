@@ -43,7 +43,7 @@ TEST_F(LifecycleTest, AbortMidTransferThenImmediateReuse200Times) {
   for (uint64_t round = 0; round < 200; ++round) {
     const uint64_t landed = receiver_->stats().pages_landed;
     const Ticket aborted = Expect(2 * round + 1, 2 * round + 1, 0, 4);
-    Send(*peer, 1000 + round, aborted, "delayfrom:1:50");
+    Send(*peer, 1000 + round, aborted, "delayfrom:1:5000");
     ASSERT_TRUE(RunUntilLanded(landed + 1)) << "round " << round;
     ASSERT_TRUE(receiver_->Abort(aborted.ticket_id).ok());
     ASSERT_TRUE(peer->WriteLine("abort").ok());
