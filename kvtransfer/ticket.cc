@@ -1,0 +1,147 @@
+#include "kvtransfer/ticket.h"
+
+#include "absl/strings/str_cat.h"
+#include "kvtransfer/page_header.h"
+#include "xxhash.h"
+
+namespace pdserve::kv {
+namespace {
+
+constexpr size_t kTicketFixedBytes = 64;
+constexpr size_t kDescriptorBytes = 24;
+constexpr size_t kControlFixedBytes = 48;
+
+// Appends little-endian fields to a growing buffer.
+class Writer {
+ public:
+  void Put(uint64_t value, size_t width) {
+    const size_t at = out_.size();
+    out_.resize(at + width);
+    StoreLe(out_, at, value, width);
+  }
+  void PutBytes(std::span<const std::byte> bytes) {
+    out_.insert(out_.end(), bytes.begin(), bytes.end());
+  }
+  std::vector<std::byte> Take() { return std::move(out_); }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+}  // namespace
+
+uint64_t Ticket::total_bytes() const {
+  uint64_t total = 0;
+  for (const PageDescriptor& page : pages) total += page.bytes;
+  return total;
+}
+
+std::vector<std::byte> EncodeTicket(const Ticket& ticket) {
+  Writer w;
+  w.Put(kWireMagic, 4);
+  w.Put(kWireVersion, 4);
+  w.Put(ticket.ticket_id, 8);
+  w.Put(ticket.epoch, 8);
+  w.Put(ticket.request_id, 8);
+  w.Put(ticket.receiver_incarnation, 8);
+  w.Put(static_cast<uint64_t>(absl::ToUnixMicros(ticket.lease_deadline)), 8);
+  w.Put(static_cast<uint64_t>(absl::ToInt64Microseconds(ticket.heartbeat_interval)), 8);
+  w.Put(ticket.worker_address.size(), 4);
+  w.Put(ticket.pages.size(), 4);
+  for (const PageDescriptor& page : ticket.pages) {
+    w.Put(page.layer, 4);
+    w.Put(page.page_index, 4);
+    w.Put(page.token_begin, 4);
+    w.Put(page.token_end, 4);
+    w.Put(page.bytes, 8);
+  }
+  w.PutBytes(ticket.worker_address);
+  return w.Take();
+}
+
+absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes) {
+  if (bytes.size() < kTicketFixedBytes || LoadLe(bytes, 0, 4) != kWireMagic ||
+      LoadLe(bytes, 4, 4) != kWireVersion) {
+    return absl::InvalidArgumentError("not a version-1 transfer ticket");
+  }
+  Ticket ticket;
+  ticket.ticket_id = LoadLe(bytes, 8, 8);
+  ticket.epoch = LoadLe(bytes, 16, 8);
+  ticket.request_id = LoadLe(bytes, 24, 8);
+  ticket.receiver_incarnation = LoadLe(bytes, 32, 8);
+  ticket.lease_deadline = absl::FromUnixMicros(static_cast<int64_t>(LoadLe(bytes, 40, 8)));
+  ticket.heartbeat_interval = absl::Microseconds(static_cast<int64_t>(LoadLe(bytes, 48, 8)));
+  const uint64_t address_bytes = LoadLe(bytes, 56, 4);
+  const uint64_t num_pages = LoadLe(bytes, 60, 4);
+  const uint64_t expected = kTicketFixedBytes + num_pages * kDescriptorBytes + address_bytes;
+  if (bytes.size() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ticket is ", bytes.size(), " bytes, its counts say ", expected));
+  }
+  size_t at = kTicketFixedBytes;
+  ticket.pages.resize(num_pages);
+  for (PageDescriptor& page : ticket.pages) {
+    page.layer = static_cast<uint32_t>(LoadLe(bytes, at, 4));
+    page.page_index = static_cast<uint32_t>(LoadLe(bytes, at + 4, 4));
+    page.token_begin = static_cast<uint32_t>(LoadLe(bytes, at + 8, 4));
+    page.token_end = static_cast<uint32_t>(LoadLe(bytes, at + 12, 4));
+    page.bytes = LoadLe(bytes, at + 16, 8);
+    at += kDescriptorBytes;
+  }
+  ticket.worker_address.assign(bytes.begin() + at, bytes.end());
+  return ticket;
+}
+
+std::vector<std::byte> EncodeControl(const ControlMessage& message) {
+  Writer w;
+  w.Put(kWireMagic, 4);
+  w.Put(kWireVersion, 2);
+  w.Put(static_cast<uint16_t>(message.kind), 2);
+  w.Put(message.request_id, 8);
+  w.Put(message.ticket_id, 8);
+  w.Put(message.epoch, 8);
+  w.Put(message.pages_sent, 4);
+  w.Put(static_cast<uint32_t>(message.prompt_tokens), 4);
+  w.Put(static_cast<uint32_t>(message.first_token), 4);
+  w.Put(message.layer_digests.size(), 4);
+  for (uint64_t digest : message.layer_digests) w.Put(digest, 8);
+  return w.Take();
+}
+
+absl::StatusOr<ControlMessage> DecodeControl(std::span<const std::byte> bytes) {
+  if (bytes.size() < kControlFixedBytes || LoadLe(bytes, 0, 4) != kWireMagic ||
+      LoadLe(bytes, 4, 2) != kWireVersion) {
+    return absl::InvalidArgumentError("not a version-1 control message");
+  }
+  const uint64_t kind = LoadLe(bytes, 6, 2);
+  if (kind < static_cast<uint64_t>(WireKind::kCommit) ||
+      kind > static_cast<uint64_t>(WireKind::kFence)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad control message kind ", kind));
+  }
+  ControlMessage message;
+  message.kind = static_cast<WireKind>(kind);
+  message.request_id = LoadLe(bytes, 8, 8);
+  message.ticket_id = LoadLe(bytes, 16, 8);
+  message.epoch = LoadLe(bytes, 24, 8);
+  message.pages_sent = static_cast<uint32_t>(LoadLe(bytes, 32, 4));
+  message.prompt_tokens = static_cast<int32_t>(LoadLe(bytes, 36, 4));
+  message.first_token = static_cast<int32_t>(LoadLe(bytes, 40, 4));
+  const uint64_t num_digests = LoadLe(bytes, 44, 4);
+  if (bytes.size() != kControlFixedBytes + 8 * num_digests) {
+    return absl::InvalidArgumentError("control message size does not match its digest count");
+  }
+  for (uint64_t i = 0; i < num_digests; ++i) {
+    message.layer_digests.push_back(LoadLe(bytes, kControlFixedBytes + 8 * i, 8));
+  }
+  return message;
+}
+
+uint64_t LayerDigest(std::span<const uint64_t> page_checksums_in_slot_order) {
+  std::vector<std::byte> bytes(8 * page_checksums_in_slot_order.size());
+  for (size_t i = 0; i < page_checksums_in_slot_order.size(); ++i) {
+    StoreLe(bytes, 8 * i, page_checksums_in_slot_order[i], 8);
+  }
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+}  // namespace pdserve::kv

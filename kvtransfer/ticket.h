@@ -1,0 +1,72 @@
+// The transfer ticket and the control messages of the transfer protocol (docs/protocol.md).
+//
+// A ticket is the decode worker's authorization for one sender to write one request's pages:
+// ticket id + epoch, the decode worker's UCX worker address and incarnation, one PageDescriptor
+// per destination page (the slot is the index in `pages`), and the lease. The pdserve.worker.v1
+// TransferTicket message carries the same fields over gRPC; EncodeTicket is the compact form used
+// between processes that do not speak gRPC (tests, tools).
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvtransfer/wire_kind.h"
+
+namespace pdserve::kv {
+
+struct PageDescriptor {
+  uint32_t layer = 0;
+  uint32_t page_index = 0;
+  uint32_t token_begin = 0;  // Token range [token_begin, token_end) of the page's rows.
+  uint32_t token_end = 0;
+  uint64_t bytes = 0;  // Payload size; the sender's page must match exactly.
+
+  bool operator==(const PageDescriptor&) const = default;
+};
+
+struct Ticket {
+  uint64_t ticket_id = 0;
+  uint64_t epoch = 0;
+  uint64_t request_id = 0;
+  std::vector<std::byte> worker_address;  // The decode worker's ucp worker address.
+  uint64_t receiver_incarnation = 0;      // Changes when the decode worker restarts.
+  std::vector<PageDescriptor> pages;      // Index = slot.
+  absl::Time lease_deadline = absl::InfinitePast();
+  absl::Duration heartbeat_interval = absl::ZeroDuration();
+
+  uint64_t total_bytes() const;
+  bool operator==(const Ticket&) const = default;
+};
+
+std::vector<std::byte> EncodeTicket(const Ticket& ticket);
+// Errors: InvalidArgument for truncated or malformed bytes.
+absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes);
+
+// Commit, heartbeat and fence: the non-page messages. Fields not used by a kind are zero.
+struct ControlMessage {
+  WireKind kind = WireKind::kHeartbeat;
+  uint64_t request_id = 0;
+  uint64_t ticket_id = 0;
+  uint64_t epoch = 0;
+  uint32_t pages_sent = 0;              // kCommit: pages the sender posted.
+  int32_t prompt_tokens = 0;            // kCommit.
+  int32_t first_token = -1;             // kCommit: the token the prefill worker sampled.
+  std::vector<uint64_t> layer_digests;  // kCommit: LayerDigest of each layer, index = layer.
+
+  bool operator==(const ControlMessage&) const = default;
+};
+
+std::vector<std::byte> EncodeControl(const ControlMessage& message);
+// Errors: InvalidArgument for truncated bytes, a bad magic / version, or a page kind.
+absl::StatusOr<ControlMessage> DecodeControl(std::span<const std::byte> bytes);
+
+// xxh3-64 over the little-endian payload checksums of one layer's pages in slot order: what the
+// commit carries per layer so the receiver cross-checks the set of pages, not only each page.
+uint64_t LayerDigest(std::span<const uint64_t> page_checksums_in_slot_order);
+
+}  // namespace pdserve::kv

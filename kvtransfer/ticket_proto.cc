@@ -1,0 +1,86 @@
+#include "kvtransfer/ticket_proto.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace pdserve::kv {
+
+namespace v1 = pdserve::worker::v1;
+
+v1::TransferTicket TicketToProto(const Ticket& ticket) {
+  v1::TransferTicket proto;
+  proto.set_ticket_id(ticket.ticket_id);
+  proto.set_epoch(ticket.epoch);
+  proto.set_request_id(ticket.request_id);
+  proto.set_ucx_worker_address(reinterpret_cast<const char*>(ticket.worker_address.data()),
+                               ticket.worker_address.size());
+  proto.set_receiver_incarnation(ticket.receiver_incarnation);
+  for (size_t slot = 0; slot < ticket.pages.size(); ++slot) {
+    const PageDescriptor& page = ticket.pages[slot];
+    v1::PageDescriptor* out = proto.add_pages();
+    out->set_slot(static_cast<uint32_t>(slot));
+    out->set_layer(page.layer);
+    out->set_page_index(page.page_index);
+    out->set_token_begin(page.token_begin);
+    out->set_token_end(page.token_end);
+    out->set_bytes(page.bytes);
+  }
+  proto.set_lease_deadline_unix_ms(absl::ToUnixMillis(ticket.lease_deadline));
+  proto.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(ticket.heartbeat_interval));
+  return proto;
+}
+
+absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
+  Ticket ticket;
+  ticket.ticket_id = proto.ticket_id();
+  ticket.epoch = proto.epoch();
+  ticket.request_id = proto.request_id();
+  const std::string& address = proto.ucx_worker_address();
+  const auto* begin = reinterpret_cast<const std::byte*>(address.data());
+  ticket.worker_address.assign(begin, begin + address.size());
+  ticket.receiver_incarnation = proto.receiver_incarnation();
+  for (int i = 0; i < proto.pages_size(); ++i) {
+    const v1::PageDescriptor& page = proto.pages(i);
+    if (page.slot() != static_cast<uint32_t>(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ticket page ", i, " says slot ", page.slot()));
+    }
+    if (page.token_end() < page.token_begin()) {
+      return absl::InvalidArgumentError(absl::StrCat("ticket page ", i, " has token range [",
+                                                     page.token_begin(), ", ", page.token_end(),
+                                                     ")"));
+    }
+    ticket.pages.push_back({.layer = page.layer(),
+                            .page_index = page.page_index(),
+                            .token_begin = page.token_begin(),
+                            .token_end = page.token_end(),
+                            .bytes = page.bytes()});
+  }
+  if (proto.heartbeat_interval_ms() < 0) {
+    return absl::InvalidArgumentError("negative heartbeat interval");
+  }
+  ticket.lease_deadline = absl::FromUnixMillis(proto.lease_deadline_unix_ms());
+  ticket.heartbeat_interval = absl::Milliseconds(proto.heartbeat_interval_ms());
+  return ticket;
+}
+
+v1::TransferCommit CommitToProto(const ControlMessage& commit) {
+  v1::TransferCommit proto;
+  proto.set_ticket_id(commit.ticket_id);
+  proto.set_epoch(commit.epoch);
+  proto.set_pages_sent(commit.pages_sent);
+  for (uint64_t digest : commit.layer_digests) proto.add_layer_digests(digest);
+  proto.set_prompt_tokens(commit.prompt_tokens);
+  proto.set_first_token(commit.first_token);
+  return proto;
+}
+
+v1::IsolationError IsolationErrorToProto(const absl::Status& status) {
+  const std::optional<IsolationError> kind = GetIsolationError(status);
+  if (!kind.has_value()) return v1::ISOLATION_ERROR_UNSPECIFIED;
+  // The enums share their numbers (isolation_error.h documents the 1:1 mapping).
+  return static_cast<v1::IsolationError>(static_cast<int>(*kind));
+}
+
+}  // namespace pdserve::kv

@@ -1,0 +1,232 @@
+#include "kvtransfer/transfer_sender.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kvtransfer/page_header.h"
+
+namespace pdserve::kv {
+namespace {
+
+// Upper bound on how long a cancelled transfer waits for UCX to give its sends back before it
+// leaves the rest to the lease (real time: the injected clock may stand still in tests).
+constexpr absl::Duration kCancelWait = absl::Seconds(2);
+
+// Progresses `transport` until `op` completes or `limit` of real time passes.
+bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
+  const absl::Time until = absl::Now() + limit;
+  while (!op.Test().has_value()) {
+    if (absl::Now() > until) return false;
+    transport.Progress();
+  }
+  return true;
+}
+
+}  // namespace
+
+Transfer::Transfer(PageTransport& transport, const serving::Clock& clock, Ticket ticket,
+                   PeerId peer, std::vector<std::span<const std::byte>> pages)
+    : transport_(transport),
+      clock_(clock),
+      ticket_(std::move(ticket)),
+      peer_(peer),
+      pages_(std::move(pages)),
+      checksums_(pages_.size(), 0),
+      page_ops_(pages_.size()),
+      page_done_(pages_.size(), false),
+      next_heartbeat_(clock_.Now() + ticket_.heartbeat_interval),
+      lease_length_(ticket_.lease_deadline - clock_.Now()),
+      lease_deadline_(ticket_.lease_deadline) {
+  ControlMessage heartbeat{.kind = WireKind::kHeartbeat,
+                           .request_id = ticket_.request_id,
+                           .ticket_id = ticket_.ticket_id,
+                           .epoch = ticket_.epoch};
+  heartbeat_bytes_ = EncodeControl(heartbeat);
+}
+
+Transfer::~Transfer() {
+  if (released_) return;
+  bool quiet = true;
+  for (auto& op : page_ops_) {
+    if (op != nullptr) op->Cancel();
+  }
+  if (commit_op_ != nullptr) commit_op_->Cancel();
+  for (auto& op : page_ops_) {
+    if (op != nullptr && !WaitOp(transport_, *op, kCancelWait)) quiet = false;
+  }
+  if (commit_op_ != nullptr && !WaitOp(transport_, *commit_op_, kCancelWait)) quiet = false;
+  if (heartbeat_op_ != nullptr) WaitOp(transport_, *heartbeat_op_, kCancelWait);
+  // Only a sender that knows none of its writes can still land may vouch for that; otherwise the
+  // receiver falls back to the lease.
+  if (!quiet || !transport_.PeerStatus(peer_).ok()) return;
+  ControlMessage fence{.kind = WireKind::kFence,
+                       .request_id = ticket_.request_id,
+                       .ticket_id = ticket_.ticket_id,
+                       .epoch = ticket_.epoch};
+  const std::vector<std::byte> bytes = EncodeControl(fence);
+  auto op = transport_.Send(peer_, WireKind::kFence, {}, bytes);
+  if (op.ok()) WaitOp(transport_, **op, kCancelWait);
+}
+
+absl::Status Transfer::Fail(absl::Status status) {
+  if (error_.ok()) error_ = status;
+  for (auto& op : page_ops_) {
+    if (op != nullptr) op->Cancel();
+  }
+  return error_;
+}
+
+absl::Status Transfer::PostSlot(uint32_t slot) {
+  const PageDescriptor& page = ticket_.pages[slot];
+  checksums_[slot] = PayloadChecksum(pages_[slot]);
+  const PageHeader header{.request_id = ticket_.request_id,
+                          .ticket_id = ticket_.ticket_id,
+                          .epoch = ticket_.epoch,
+                          .slot = slot,
+                          .layer = page.layer,
+                          .page_index = page.page_index,
+                          .token_begin = page.token_begin,
+                          .token_end = page.token_end,
+                          .payload_xxh3 = checksums_[slot]};
+  const auto encoded = EncodePageHeader(header);
+  auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
+  if (!op.ok()) return Fail(op.status());
+  page_ops_[slot] = std::move(*op);
+  ++pages_posted_;
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::PostLayer(uint32_t layer) {
+  PDSERVE_RETURN_IF_ERROR(error_);
+  if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
+  for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
+    if (ticket_.pages[slot].layer == layer && page_ops_[slot] == nullptr && !page_done_[slot]) {
+      PDSERVE_RETURN_IF_ERROR(PostSlot(slot));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::PostAll() {
+  PDSERVE_RETURN_IF_ERROR(error_);
+  if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
+  for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
+    if (page_ops_[slot] == nullptr && !page_done_[slot]) PDSERVE_RETURN_IF_ERROR(PostSlot(slot));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
+  PDSERVE_RETURN_IF_ERROR(error_);
+  if (pages_posted_ != ticket_.pages.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "commit before every page was posted: ", pages_posted_, " of ", ticket_.pages.size()));
+  }
+  uint32_t num_layers = 0;
+  for (const PageDescriptor& page : ticket_.pages)
+    num_layers = std::max(num_layers, page.layer + 1);
+  std::vector<std::vector<uint64_t>> per_layer(num_layers);
+  for (size_t slot = 0; slot < ticket_.pages.size(); ++slot) {
+    per_layer[ticket_.pages[slot].layer].push_back(checksums_[slot]);
+  }
+  ControlMessage commit{.kind = WireKind::kCommit,
+                        .request_id = ticket_.request_id,
+                        .ticket_id = ticket_.ticket_id,
+                        .epoch = ticket_.epoch,
+                        .pages_sent = static_cast<uint32_t>(pages_posted_),
+                        .prompt_tokens = prompt_tokens,
+                        .first_token = first_token};
+  for (const auto& checksums : per_layer) commit.layer_digests.push_back(LayerDigest(checksums));
+  commit_bytes_ = EncodeControl(commit);
+  commit_requested_ = true;
+  return absl::OkStatus();
+}
+
+void Transfer::SendHeartbeatIfDue() {
+  if (ticket_.heartbeat_interval <= absl::ZeroDuration() || clock_.Now() < next_heartbeat_) return;
+  if (heartbeat_op_ != nullptr && !heartbeat_op_->Test().has_value()) return;
+  const absl::Time now = clock_.Now();
+  next_heartbeat_ = now + ticket_.heartbeat_interval;
+  auto op = transport_.Send(peer_, WireKind::kHeartbeat, {}, heartbeat_bytes_);
+  if (!op.ok()) return;
+  heartbeat_op_ = std::move(*op);
+  lease_deadline_ = std::max(lease_deadline_, now + lease_length_);
+}
+
+absl::StatusOr<bool> Transfer::Poll() {
+  PDSERVE_RETURN_IF_ERROR(error_);
+  if (delivered_) return true;
+  transport_.Progress();
+  if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return Fail(peer);
+  if (clock_.Now() > lease_deadline_) {
+    return Fail(absl::DeadlineExceededError(
+        absl::StrCat("lease of ticket ", ticket_.ticket_id, " expired during the transfer")));
+  }
+  for (size_t slot = 0; slot < page_ops_.size(); ++slot) {
+    if (page_ops_[slot] == nullptr) continue;
+    std::optional<absl::Status> status = page_ops_[slot]->Test();
+    if (!status.has_value()) continue;
+    if (!status->ok()) {
+      return Fail(
+          absl::Status(status->code(), absl::StrCat("page slot ", slot, " of ticket ",
+                                                    ticket_.ticket_id, ": ", status->message())));
+    }
+    page_ops_[slot].reset();
+    page_done_[slot] = true;
+    ++pages_completed_;
+  }
+  SendHeartbeatIfDue();
+  if (commit_requested_ && commit_op_ == nullptr && pages_completed_ == ticket_.pages.size()) {
+    auto op = transport_.Send(peer_, WireKind::kCommit, {}, commit_bytes_);
+    if (!op.ok()) return Fail(op.status());
+    commit_op_ = std::move(*op);
+  }
+  if (commit_op_ != nullptr) {
+    std::optional<absl::Status> status = commit_op_->Test();
+    if (status.has_value()) {
+      if (!status->ok()) return Fail(*status);
+      delivered_ = true;
+    }
+  }
+  return delivered_;
+}
+
+absl::Status Transfer::Release() {
+  if (!delivered_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ticket ", ticket_.ticket_id, " released before its commit was delivered"));
+  }
+  if (heartbeat_op_ != nullptr) WaitOp(transport_, *heartbeat_op_, kCancelWait);
+  heartbeat_op_.reset();
+  commit_op_.reset();
+  released_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::Prepare(
+    const Ticket& ticket, std::vector<std::span<const std::byte>> pages) {
+  if (pages.size() != ticket.pages.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket.ticket_id, " names ",
+                                                   ticket.pages.size(), " pages, got ",
+                                                   pages.size(), " sources"));
+  }
+  for (size_t slot = 0; slot < pages.size(); ++slot) {
+    if (pages[slot].size() != ticket.pages[slot].bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is ", pages[slot].size(),
+                                                     " bytes, the ticket expects ",
+                                                     ticket.pages[slot].bytes));
+    }
+  }
+  if (clock_.Now() > ticket.lease_deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("lease of ticket ", ticket.ticket_id, " is already over"));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(PeerId peer,
+                           transport_.Connect(ticket.worker_address, ticket.receiver_incarnation));
+  return std::unique_ptr<Transfer>(
+      new Transfer(transport_, clock_, ticket, peer, std::move(pages)));
+}
+
+}  // namespace pdserve::kv

@@ -1,0 +1,202 @@
+#include "kvtransfer/ucx.h"
+
+#include <poll.h>
+
+#include <utility>
+
+#include "kvtransfer/ucs_status.h"
+
+namespace pdserve::kv {
+
+absl::StatusOr<UcxContext> UcxContext::Create() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_config_read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  ucp_context_h context = nullptr;
+  status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_init");
+  return UcxContext(context);
+}
+
+UcxContext::UcxContext(UcxContext&& other) noexcept
+    : context_(std::exchange(other.context_, nullptr)) {}
+
+UcxContext& UcxContext::operator=(UcxContext&& other) noexcept {
+  if (this != &other) {
+    if (context_ != nullptr) ucp_cleanup(context_);
+    context_ = std::exchange(other.context_, nullptr);
+  }
+  return *this;
+}
+
+UcxContext::~UcxContext() {
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+absl::StatusOr<UcxWorker> UcxWorker::Create(const UcxContext& context) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucp_worker_h worker = nullptr;
+  ucs_status_t status = ucp_worker_create(context.get(), &params, &worker);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_create");
+  ucp_address_t* address = nullptr;
+  size_t address_bytes = 0;
+  status = ucp_worker_get_address(worker, &address, &address_bytes);
+  if (status != UCS_OK) {
+    ucp_worker_destroy(worker);
+    return UcsToStatus(status, "ucp_worker_get_address");
+  }
+  const auto* begin = reinterpret_cast<const std::byte*>(address);
+  std::vector<std::byte> packed(begin, begin + address_bytes);
+  ucp_worker_release_address(worker, address);
+  return UcxWorker(worker, std::move(packed));
+}
+
+UcxWorker::UcxWorker(UcxWorker&& other) noexcept
+    : worker_(std::exchange(other.worker_, nullptr)), address_(std::move(other.address_)) {}
+
+UcxWorker& UcxWorker::operator=(UcxWorker&& other) noexcept {
+  if (this != &other) {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    worker_ = std::exchange(other.worker_, nullptr);
+    address_ = std::move(other.address_);
+  }
+  return *this;
+}
+
+UcxWorker::~UcxWorker() {
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+}
+
+bool UcxWorker::Progress() {
+  bool any = false;
+  while (ucp_worker_progress(worker_) != 0) any = true;
+  return any;
+}
+
+absl::Status UcxWorker::Wait(int timeout_ms) {
+  int fd = -1;
+  ucs_status_t status = ucp_worker_get_efd(worker_, &fd);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_get_efd");
+  status = ucp_worker_arm(worker_);
+  if (status == UCS_ERR_BUSY) return absl::OkStatus();  // Events are already pending.
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_arm");
+  pollfd pfd{fd, POLLIN, 0};
+  poll(&pfd, 1, timeout_ms);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxEndpoint::Create(const UcxWorker& worker,
+                                                                 std::span<const std::byte> address,
+                                                                 bool detect_peer_failure,
+                                                                 ErrorFn on_error) {
+  std::unique_ptr<UcxEndpoint> endpoint(new UcxEndpoint(worker.get(), std::move(on_error)));
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_handler.cb = &UcxEndpoint::OnError;
+  params.err_handler.arg = endpoint.get();
+  const ucs_status_t status = ucp_ep_create(worker.get(), &params, &endpoint->ep_);
+  if (status != UCS_OK) {
+    endpoint->ep_ = nullptr;
+    return UcsToStatus(status, "ucp_ep_create");
+  }
+  return endpoint;
+}
+
+void UcxEndpoint::OnError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* self = static_cast<UcxEndpoint*>(arg);
+  if (self->on_error_) self->on_error_(status);
+}
+
+UcxEndpoint::~UcxEndpoint() {
+  if (ep_ == nullptr) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    ucp_request_free(request);
+  }
+}
+
+absl::StatusOr<UcxMemory> UcxMemory::Register(const UcxContext& context, void* data, size_t bytes) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = data;
+  params.length = bytes;
+  ucp_mem_h memh = nullptr;
+  const ucs_status_t status = ucp_mem_map(context.get(), &params, &memh);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_mem_map");
+  return UcxMemory(context.get(), memh);
+}
+
+UcxMemory::UcxMemory(UcxMemory&& other) noexcept
+    : context_(other.context_), memh_(std::exchange(other.memh_, nullptr)) {}
+
+UcxMemory& UcxMemory::operator=(UcxMemory&& other) noexcept {
+  if (this != &other) {
+    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+    context_ = other.context_;
+    memh_ = std::exchange(other.memh_, nullptr);
+  }
+  return *this;
+}
+
+UcxMemory::~UcxMemory() {
+  if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+}
+
+absl::StatusOr<std::vector<std::byte>> UcxMemory::PackRemoteKey() const {
+  void* buffer = nullptr;
+  size_t bytes = 0;
+  const ucs_status_t status = ucp_rkey_pack(context_, memh_, &buffer, &bytes);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_rkey_pack");
+  const auto* begin = static_cast<const std::byte*>(buffer);
+  std::vector<std::byte> packed(begin, begin + bytes);
+  ucp_rkey_buffer_release(buffer);
+  return packed;
+}
+
+absl::StatusOr<UcxRemoteKey> UcxRemoteKey::Unpack(const UcxEndpoint& ep,
+                                                  std::span<const std::byte> packed) {
+  ucp_rkey_h rkey = nullptr;
+  const ucs_status_t status = ucp_ep_rkey_unpack(ep.get(), packed.data(), &rkey);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_ep_rkey_unpack");
+  return UcxRemoteKey(rkey);
+}
+
+UcxRemoteKey::UcxRemoteKey(UcxRemoteKey&& other) noexcept
+    : rkey_(std::exchange(other.rkey_, nullptr)) {}
+
+UcxRemoteKey& UcxRemoteKey::operator=(UcxRemoteKey&& other) noexcept {
+  if (this != &other) {
+    if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);
+    rkey_ = std::exchange(other.rkey_, nullptr);
+  }
+  return *this;
+}
+
+UcxRemoteKey::~UcxRemoteKey() {
+  if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);
+}
+
+absl::Status WaitRequest(UcxWorker& worker, ucs_status_ptr_t request, absl::string_view what) {
+  if (request == nullptr) return absl::OkStatus();
+  if (UCS_PTR_IS_ERR(request)) return UcsToStatus(UCS_PTR_STATUS(request), what);
+  ucs_status_t status;
+  while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) worker.Progress();
+  ucp_request_free(request);
+  return UcsToStatus(status, what);
+}
+
+}  // namespace pdserve::kv

@@ -1,0 +1,140 @@
+// RAII wrappers over the UCX ucp objects pdserve uses: context, worker, endpoint, registered
+// memory and unpacked remote keys. Each owns exactly one ucp handle and releases it in its
+// destructor; all are move-only.
+//
+// Thread-safety: a Worker and the endpoints, requests and remote keys made from it are used by
+// one thread at a time (UCS_THREAD_MODE_SERIALIZED); callers serialize with their own mutex.
+// Transports come from the environment (UCX_TLS, e.g. "tcp" or "shm,self"), as in every UCX tool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ucp/api/ucp.h"
+
+namespace pdserve::kv {
+
+// A ucp_context_h with the AM, RMA and WAKEUP features (and TAG, for benchmarks) enabled.
+class UcxContext {
+ public:
+  // Reads the UCX configuration from the environment. Errors: UcsToStatus of ucp_init.
+  static absl::StatusOr<UcxContext> Create();
+  UcxContext(UcxContext&& other) noexcept;
+  UcxContext& operator=(UcxContext&& other) noexcept;
+  UcxContext(const UcxContext&) = delete;
+  UcxContext& operator=(const UcxContext&) = delete;
+  ~UcxContext();
+
+  ucp_context_h get() const { return context_; }
+
+ private:
+  explicit UcxContext(ucp_context_h context) : context_(context) {}
+  ucp_context_h context_ = nullptr;
+};
+
+// A ucp_worker_h (serialized thread mode) and its packed address.
+class UcxWorker {
+ public:
+  static absl::StatusOr<UcxWorker> Create(const UcxContext& context);
+  UcxWorker(UcxWorker&& other) noexcept;
+  UcxWorker& operator=(UcxWorker&& other) noexcept;
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+  ~UcxWorker();
+
+  ucp_worker_h get() const { return worker_; }
+  // The packed worker address a peer passes to UcxEndpoint::Create.
+  const std::vector<std::byte>& address() const { return address_; }
+  // Runs ucp_worker_progress until it reports no more work; returns true if anything progressed.
+  bool Progress();
+  // Blocks until the worker has events or `timeout_ms` passes (poll on the worker's event fd).
+  // Errors: UcsToStatus of ucp_worker_arm / get_efd.
+  absl::Status Wait(int timeout_ms);
+
+ private:
+  UcxWorker(ucp_worker_h worker, std::vector<std::byte> address)
+      : worker_(worker), address_(std::move(address)) {}
+  ucp_worker_h worker_ = nullptr;
+  std::vector<std::byte> address_;
+};
+
+// A ucp_ep_h. With `detect_peer_failure` (UCP_ERR_HANDLING_MODE_PEER) `on_error` runs inside
+// Progress() of the owning worker when UCX declares the peer lost; after that every operation on
+// the endpoint fails. UCX 1.13 offers that mode only over transports that can detect a lost peer
+// (tcp, not shared memory alone), where ucp_ep_create answers Unavailable.
+class UcxEndpoint {
+ public:
+  using ErrorFn = std::function<void(ucs_status_t)>;
+  // Errors: UcsToStatus of ucp_ep_create (e.g. InvalidArgument for a malformed address,
+  // Unavailable when no transport reaches the address in the requested error mode).
+  static absl::StatusOr<std::unique_ptr<UcxEndpoint>> Create(const UcxWorker& worker,
+                                                             std::span<const std::byte> address,
+                                                             bool detect_peer_failure,
+                                                             ErrorFn on_error);
+  UcxEndpoint(const UcxEndpoint&) = delete;
+  UcxEndpoint& operator=(const UcxEndpoint&) = delete;
+  // Closes the endpoint with UCP_EP_CLOSE_FLAG_FORCE (no flush: a failed or restarted peer must
+  // not stall the closer) and progresses `worker` until the close completes.
+  ~UcxEndpoint();
+
+  ucp_ep_h get() const { return ep_; }
+
+ private:
+  UcxEndpoint(ucp_worker_h worker, ErrorFn on_error) : worker_(worker), on_error_(on_error) {}
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  ucp_worker_h worker_;
+  ucp_ep_h ep_ = nullptr;
+  ErrorFn on_error_;
+};
+
+// Memory registered with ucp_mem_map for zero-copy transfers; `Pack` gives the remote key bytes a
+// peer unpacks into a UcxRemoteKey.
+class UcxMemory {
+ public:
+  // Registers [data, data + bytes); the memory must outlive the UcxMemory.
+  static absl::StatusOr<UcxMemory> Register(const UcxContext& context, void* data, size_t bytes);
+  UcxMemory(UcxMemory&& other) noexcept;
+  UcxMemory& operator=(UcxMemory&& other) noexcept;
+  UcxMemory(const UcxMemory&) = delete;
+  UcxMemory& operator=(const UcxMemory&) = delete;
+  ~UcxMemory();
+
+  ucp_mem_h get() const { return memh_; }
+  absl::StatusOr<std::vector<std::byte>> PackRemoteKey() const;
+
+ private:
+  UcxMemory(ucp_context_h context, ucp_mem_h memh) : context_(context), memh_(memh) {}
+  ucp_context_h context_ = nullptr;
+  ucp_mem_h memh_ = nullptr;
+};
+
+// A remote key unpacked for one endpoint (valid only with that endpoint).
+class UcxRemoteKey {
+ public:
+  static absl::StatusOr<UcxRemoteKey> Unpack(const UcxEndpoint& ep,
+                                             std::span<const std::byte> packed);
+  UcxRemoteKey(UcxRemoteKey&& other) noexcept;
+  UcxRemoteKey& operator=(UcxRemoteKey&& other) noexcept;
+  UcxRemoteKey(const UcxRemoteKey&) = delete;
+  UcxRemoteKey& operator=(const UcxRemoteKey&) = delete;
+  ~UcxRemoteKey();
+
+  ucp_rkey_h get() const { return rkey_; }
+
+ private:
+  explicit UcxRemoteKey(ucp_rkey_h rkey) : rkey_(rkey) {}
+  ucp_rkey_h rkey_ = nullptr;
+};
+
+// Waits for a request returned by a ucp *_nbx call: progresses `worker` until it completes and
+// frees it. Returns the request's final status. `request` may be NULL or an error pointer.
+absl::Status WaitRequest(UcxWorker& worker, ucs_status_ptr_t request, absl::string_view what);
+
+}  // namespace pdserve::kv

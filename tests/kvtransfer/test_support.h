@@ -1,0 +1,73 @@
+// Shared pieces of the kvtransfer tests and their peer binary: deterministic page contents, a
+// hand-moved clock, hex coding of tickets, and a child process driven over pipes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtransfer/ticket.h"
+#include "serving/clock.h"
+
+namespace pdserve::kv::testing {
+
+// Fills `page` with bytes determined by (seed, slot): a different request or slot gives
+// different bytes, so a page that landed in the wrong place or stale is visible.
+void FillPattern(std::span<std::byte> page, uint64_t seed, uint32_t slot);
+bool MatchesPattern(std::span<const std::byte> page, uint64_t seed, uint32_t slot);
+
+// `num_pages` descriptors of `page_bytes` each over `num_layers` layers, layer-major.
+std::vector<PageDescriptor> MakeDescriptors(uint32_t num_pages, uint32_t num_layers,
+                                            uint64_t page_bytes);
+
+std::string ToHex(std::span<const std::byte> bytes);
+std::vector<std::byte> FromHex(const std::string& hex);
+
+class FakeClock final : public serving::Clock {
+ public:
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ = absl::Now();  // Tickets carry wall-clock deadlines to other processes.
+};
+
+// A child process running `argv` with `env_overrides` ("NAME=value") added, its stdin and stdout
+// connected to us. The destructor kills (SIGKILL) and reaps it.
+class PeerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<PeerProcess>> Start(
+      const std::vector<std::string>& argv, const std::vector<std::string>& env_overrides);
+  ~PeerProcess();
+
+  absl::Status WriteLine(const std::string& line);
+  // The next line, or DeadlineExceeded after `timeout`, or Unavailable at end of file.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
+  void Kill();
+  pid_t pid() const { return pid_; }
+
+ private:
+  PeerProcess(pid_t pid, int in_fd, int out_fd) : pid_(pid), in_fd_(in_fd), out_fd_(out_fd) {}
+  pid_t pid_;
+  int in_fd_;
+  int out_fd_;
+  std::string buffered_;
+  bool reaped_ = false;
+};
+
+}  // namespace pdserve::kv::testing

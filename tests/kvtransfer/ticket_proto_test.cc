@@ -1,0 +1,61 @@
+// Tickets, commits and isolation errors survive the trip through pdserve.worker.v1 messages.
+#include "kvtransfer/ticket_proto.h"
+
+#include <gtest/gtest.h>
+
+namespace pdserve::kv {
+namespace {
+
+namespace v1 = pdserve::worker::v1;
+
+TEST(TicketProtoTest, TicketRoundTripsThroughTheProto) {
+  const Ticket ticket{
+      .ticket_id = 3,
+      .epoch = 4,
+      .request_id = 5,
+      .worker_address = {std::byte{0}, std::byte{0xFF}, std::byte{7}},
+      .receiver_incarnation = 6,
+      .pages =
+          {{.layer = 0, .page_index = 0, .token_begin = 0, .token_end = 128, .bytes = 131072},
+           {.layer = 1, .page_index = 2, .token_begin = 512, .token_end = 768, .bytes = 65536}},
+      .lease_deadline = absl::FromUnixMillis(1'800'000'000'123),
+      .heartbeat_interval = absl::Milliseconds(500)};
+  const v1::TransferTicket proto = TicketToProto(ticket);
+  EXPECT_EQ(proto.pages(1).slot(), 1u);
+  auto back = TicketFromProto(proto);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, ticket);
+}
+
+TEST(TicketProtoTest, RejectsASlotOutOfPlace) {
+  v1::TransferTicket proto;
+  proto.add_pages()->set_slot(1);
+  EXPECT_EQ(TicketFromProto(proto).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TicketProtoTest, CommitCarriesDigestsAndFirstToken) {
+  const v1::TransferCommit proto = CommitToProto({.kind = WireKind::kCommit,
+                                                  .ticket_id = 1,
+                                                  .epoch = 2,
+                                                  .pages_sent = 3,
+                                                  .prompt_tokens = 40,
+                                                  .first_token = 99,
+                                                  .layer_digests = {10, 20}});
+  EXPECT_EQ(proto.first_token(), 99);
+  EXPECT_EQ(proto.prompt_tokens(), 40);
+  ASSERT_EQ(proto.layer_digests_size(), 2);
+  EXPECT_EQ(proto.layer_digests(1), 20u);
+}
+
+TEST(TicketProtoTest, IsolationErrorKindsMapOneToOne) {
+  EXPECT_EQ(IsolationErrorToProto(MakeIsolationError(IsolationError::kChecksum, "x")),
+            v1::ISOLATION_ERROR_CHECKSUM);
+  EXPECT_EQ(IsolationErrorToProto(MakeIsolationError(IsolationError::kMissing, "x")),
+            v1::ISOLATION_ERROR_MISSING);
+  EXPECT_EQ(IsolationErrorToProto(MakeIsolationError(IsolationError::kLease, "x")),
+            v1::ISOLATION_ERROR_LEASE);
+  EXPECT_EQ(IsolationErrorToProto(absl::UnavailableError("x")), v1::ISOLATION_ERROR_UNSPECIFIED);
+}
+
+}  // namespace
+}  // namespace pdserve::kv

@@ -1,0 +1,138 @@
+// Wire formats and status adapters: page header, ticket, control messages, isolation errors.
+#include <gtest/gtest.h>
+
+#include "kvtransfer/isolation_error.h"
+#include "kvtransfer/page_header.h"
+#include "kvtransfer/ticket.h"
+#include "kvtransfer/ucs_status.h"
+#include "xxhash.h"
+
+namespace pdserve::kv {
+namespace {
+
+PageHeader SampleHeader() {
+  return {.request_id = 0x1122334455667788ull,
+          .ticket_id = 42,
+          .epoch = 7,
+          .slot = 3,
+          .layer = 2,
+          .page_index = 1,
+          .token_begin = 256,
+          .token_end = 512,
+          .payload_xxh3 = 0xDEADBEEFCAFEF00Dull};
+}
+
+TEST(PageHeaderTest, RoundTripsEveryField) {
+  const auto bytes = EncodePageHeader(SampleHeader());
+  auto decoded = DecodePageHeader(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, SampleHeader());
+}
+
+TEST(PageHeaderTest, LayoutIsLittleEndianAtDocumentedOffsets) {
+  const auto bytes = EncodePageHeader(SampleHeader());
+  EXPECT_EQ(LoadLe(bytes, 0, 4), kWireMagic);
+  EXPECT_EQ(static_cast<char>(bytes[0]), 'P');
+  EXPECT_EQ(LoadLe(bytes, 8, 8), 0x1122334455667788ull);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[8]), 0x88);
+  EXPECT_EQ(LoadLe(bytes, 32, 4), 3u);
+  EXPECT_EQ(LoadLe(bytes, 56, 8), 0xDEADBEEFCAFEF00Dull);
+}
+
+TEST(PageHeaderTest, RejectsForeignBytes) {
+  auto bytes = EncodePageHeader(SampleHeader());
+  bytes[0] = std::byte{'X'};
+  EXPECT_EQ(DecodePageHeader(bytes).status().code(), absl::StatusCode::kInvalidArgument);
+  bytes = EncodePageHeader(SampleHeader());
+  bytes[52] = std::byte{1};  // Reserved.
+  EXPECT_EQ(DecodePageHeader(bytes).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodePageHeader(std::span(bytes).first(63)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PageHeaderTest, ChecksumIsXxh3OfThePayload) {
+  std::vector<std::byte> payload(1000);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 7);
+  EXPECT_EQ(PayloadChecksum(payload), XXH3_64bits(payload.data(), payload.size()));
+  const uint64_t before = PayloadChecksum(payload);
+  payload[500] ^= std::byte{1};
+  EXPECT_NE(PayloadChecksum(payload), before);
+}
+
+TEST(TicketTest, RoundTripsEveryField) {
+  Ticket ticket{
+      .ticket_id = 9,
+      .epoch = 77,
+      .request_id = 5,
+      .worker_address = {std::byte{1}, std::byte{2}, std::byte{3}},
+      .receiver_incarnation = 1234,
+      .pages = {{.layer = 0, .page_index = 0, .token_begin = 0, .token_end = 64, .bytes = 4096},
+                {.layer = 1, .page_index = 2, .token_begin = 128, .token_end = 192, .bytes = 100}},
+      .lease_deadline = absl::FromUnixMicros(1'700'000'000'123'456),
+      .heartbeat_interval = absl::Milliseconds(250)};
+  auto decoded = DecodeTicket(EncodeTicket(ticket));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, ticket);
+  EXPECT_EQ(ticket.total_bytes(), 4196u);
+}
+
+TEST(TicketTest, RejectsTruncatedBytes) {
+  Ticket ticket{.ticket_id = 1, .pages = {{.bytes = 8}}};
+  std::vector<std::byte> bytes = EncodeTicket(ticket);
+  bytes.pop_back();
+  EXPECT_EQ(DecodeTicket(bytes).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ControlMessageTest, CommitRoundTripsWithDigests) {
+  ControlMessage commit{.kind = WireKind::kCommit,
+                        .request_id = 3,
+                        .ticket_id = 4,
+                        .epoch = 5,
+                        .pages_sent = 6,
+                        .prompt_tokens = 700,
+                        .first_token = 12345,
+                        .layer_digests = {1, 2, 0xFFFFFFFFFFFFFFFFull}};
+  auto decoded = DecodeControl(EncodeControl(commit));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, commit);
+}
+
+TEST(ControlMessageTest, RejectsAPageKind) {
+  ControlMessage message{.kind = WireKind::kPage};
+  EXPECT_EQ(DecodeControl(EncodeControl(message)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ControlMessageTest, LayerDigestDependsOnOrder) {
+  const std::vector<uint64_t> a = {1, 2};
+  const std::vector<uint64_t> b = {2, 1};
+  EXPECT_NE(LayerDigest(a), LayerDigest(b));
+}
+
+TEST(IsolationErrorTest, KindSurvivesInTheStatus) {
+  for (IsolationError kind :
+       {IsolationError::kChecksum, IsolationError::kHeader, IsolationError::kEpoch,
+        IsolationError::kLease, IsolationError::kDuplicate, IsolationError::kMissing}) {
+    const absl::Status status = MakeIsolationError(kind, "detail");
+    EXPECT_EQ(GetIsolationError(status), kind);
+    EXPECT_NE(status.message().find(IsolationErrorName(kind)), absl::string_view::npos);
+  }
+  EXPECT_EQ(GetIsolationError(absl::InternalError("x")), std::nullopt);
+  EXPECT_EQ(MakeIsolationError(IsolationError::kLease, "x").code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(MakeIsolationError(IsolationError::kChecksum, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(UcsStatusTest, PeerLossIsUnavailableAndNamesTheCall) {
+  const absl::Status status = UcsToStatus(UCS_ERR_CONNECTION_RESET, "page send");
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(status.message().find("page send"), absl::string_view::npos);
+  EXPECT_TRUE(UcsToStatus(UCS_OK, "x").ok());
+  EXPECT_EQ(UcsToStatus(UCS_ERR_CANCELED, "x").code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(UcsToStatus(UCS_ERR_ENDPOINT_TIMEOUT, "x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(UcsToStatus(UCS_ERR_NO_MEMORY, "x").code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace pdserve::kv
