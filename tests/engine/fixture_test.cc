@@ -16,6 +16,7 @@
 #include "engine/score.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/logit_compare.h"
+#include "tests/engine/perturbed_model.h"
 
 namespace pdserve::engine {
 namespace {
@@ -151,17 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(ModelDirs())
 // layer) no longer match transformers' logits.
 TEST(FixtureComparisonTest, PerturbedCheckpointFails) {
   const fs::path dir = kFixtures / "mixed_yarn_f32" / "model";
-  auto config = ModelConfig::Load(dir.string());
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto weights = Weights::Load(dir.string(), *config);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  const std::string name = "model.layers.3.self_attn.sinks";
-  auto sinks = weights->Get(name);
-  ASSERT_TRUE(sinks.ok()) << sinks.status();
-  Tensor perturbed = **sinks;
-  perturbed.data[0] += 1.0f;
-  weights->Set(name, perturbed);
-  auto model = Model::FromWeights(*std::move(config), *std::move(weights));
+  auto model = testing::LoadPerturbedModel(dir.string(), "model.layers.3.self_attn.sinks", 1.0f);
   ASSERT_TRUE(model.ok()) << model.status();
   const Case c = ReadCases(dir.parent_path()).at(0);
   const auto d = Compare(*model, c, RunChunks(*model, c.tokens, {1}));

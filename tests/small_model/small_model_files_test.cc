@@ -15,39 +15,26 @@
 #include <string>
 #include <vector>
 
+#include "tests/small_model/small_model_fixtures.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const fs::path kModelDir = PDSERVE_SMALL_MODEL_DIR;
-const fs::path kFixturesDir = PDSERVE_SMALL_MODEL_FIXTURES_DIR;
+using pdserve::small_model_testing::HeldOutIds;
+using pdserve::small_model_testing::kFixturesDir;
+using pdserve::small_model_testing::kModelDir;
+using pdserve::small_model_testing::ReadBytes;
+using pdserve::small_model_testing::ReadJson;
+
 constexpr std::uintmax_t kMaxModelBytes = 32'000'000;
-
-json ReadJson(const fs::path& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  return json::parse(in);
-}
-
-std::vector<char> ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // The safetensors header: an 8-byte little-endian length, then that many bytes of JSON.
 json SafetensorsHeader(const std::vector<char>& file) {
   std::uint64_t length = 0;
   std::memcpy(&length, file.data(), sizeof(length));
   return json::parse(file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(length));
-}
-
-std::vector<std::uint32_t> HeldOutIds() {
-  const std::vector<char> bytes = ReadBytes(kFixturesDir / "heldout_slice_ids.bin");
-  std::vector<std::uint32_t> ids(bytes.size() / sizeof(std::uint32_t));
-  std::memcpy(ids.data(), bytes.data(), ids.size() * sizeof(std::uint32_t));
-  return ids;
 }
 
 TEST(SmallModelFilesTest, SafetensorsFitsTheSizeBudget) {
