@@ -207,10 +207,13 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
         {text::IncrementalDetokenizer(*tokenizer_, {req.skip_special_tokens, req.stop})});
     request->sequences.push_back(next_sequence_++);
   }
-  Request* r = request.get();
+  // The callbacks live in the request's context, so they hold the request weakly; locking it keeps
+  // it alive while a sink call may drop the last Generation.
+  std::weak_ptr<Request> weak = request;
   const bool want_logprobs = req.logprobs;
-  request->context->on_token = [this, r, want_logprobs](const TokenEvent& event) {
-    if (r->cancelled.load()) return true;
+  request->context->on_token = [this, weak, want_logprobs](const TokenEvent& event) {
+    std::shared_ptr<Request> r = weak.lock();
+    if (!r || r->cancelled.load()) return true;
     Request::Choice& choice = r->choices[event.choice];
     ++choice.tokens;
     ++generated_tokens_;
@@ -250,8 +253,9 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
     }
     return stop_string;
   };
-  request->context->on_error = [this, r](int32_t choice, const absl::Status& status) {
-    if (r->cancelled.exchange(true)) return;
+  request->context->on_error = [this, weak](int32_t choice, const absl::Status& status) {
+    std::shared_ptr<Request> r = weak.lock();
+    if (!r || r->cancelled.exchange(true)) return;
     r->sink->OnError(ServiceError(
         500, absl::StrCat("choice ", choice, " failed: ", status.message()), "server_error"));
     CancelSequences(*r);
