@@ -74,7 +74,10 @@ struct SequenceSetup {
 
 struct RunnerOptions {
   int64_t prefill_block = 64;  // >= 1: prefill Forward calls never cross a multiple of this
-  int threads = 0;             // sequences run in parallel per step; 0: hardware concurrency
+  // Sequences of one step run on up to this many threads; 0: hardware concurrency. Default 1:
+  // on the CPU backend each Forward already spreads its GEMMs over OpenBLAS's threads, and
+  // sequence threads on top oversubscribe the cores (docs/perf.md measures both).
+  int threads = 1;
   DegenerationAction degeneration = DegenerationAction::kFlag;
   guards::DegenerationThresholds thresholds;
 };

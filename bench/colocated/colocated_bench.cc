@@ -1,7 +1,8 @@
 // Throughput of the colocated serving path on the bundled model (models/kjv-v4-tiny), CPU:
 // the scheduler, the engine step runner and the paged state, without HTTP or tokenization.
 //
-//   Decode/B: B sequences decoding together; one iteration is one scheduler step (B tokens).
+//   Decode/B/T: B sequences decoding together on T runner threads; one iteration is one
+//   scheduler step (B tokens).
 //   Prefill/N: one N-token prompt from admission to its first token (N tokens).
 // Sampling at temperature 0.6 / top_p 0.95 (the model's generation_config); EOS ignored so every
 // sequence runs to max_tokens. Results: docs/perf.md.
@@ -26,7 +27,7 @@ const engine::Model& BundledModel() {
 
 class Server {
  public:
-  explicit Server(int64_t max_running)
+  Server(int64_t max_running, int threads)
       : layout_(*LayoutForModel(BundledModel().config())),
         pool_(*serving::PagePool::Create(layout_.PoolOptions(
             max_running, max_running * BundledModel().config().max_position_embeddings))) {
@@ -36,8 +37,10 @@ class Server {
     scheduler_ = *serving::Scheduler::Create(
         options, pool_.get(), [this](int64_t total) { return layout_.Demand(total); }, &clock_,
         nullptr);
+    RunnerOptions runner_options;
+    runner_options.threads = threads;
     runner_ =
-        std::make_unique<EngineStepRunner>(BundledModel(), layout_, pool_.get(), RunnerOptions{});
+        std::make_unique<EngineStepRunner>(BundledModel(), layout_, pool_.get(), runner_options);
   }
 
   void Submit(int64_t prompt_length, int32_t max_tokens) {
@@ -72,7 +75,7 @@ class Server {
 
 void Decode(benchmark::State& state) {
   const int64_t batch = state.range(0);
-  Server server(batch);
+  Server server(batch, static_cast<int>(state.range(1)));
   int64_t tokens = 0;
   for (auto _ : state) {
     if (server.decoding() < batch) {
@@ -88,11 +91,15 @@ void Decode(benchmark::State& state) {
   state.counters["tokens/s"] =
       benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
 }
-BENCHMARK(Decode)->Arg(1)->Arg(4)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(Decode)
+    ->ArgsProduct({{1, 4, 16, 64}, {1, 2}})
+    ->ArgNames({"batch", "threads"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void Prefill(benchmark::State& state) {
   const int64_t length = state.range(0);
-  Server server(1);
+  Server server(1, 1);
   for (auto _ : state) {
     server.Submit(length, 1);
     while (server.Busy()) server.Step();
