@@ -31,6 +31,7 @@ struct ChoiceOutput {
   std::vector<int32_t> tokens;
   std::vector<uint32_t> logprob_bits;  // chosen token then its top alternatives, as raw bits
   std::string finish_reason;
+  bool degenerate = false;  // as of the last token
 };
 
 uint32_t Bits(float f) {
@@ -47,7 +48,8 @@ const engine::Model& SharedModel() {
 // A pool, a scheduler and a runner over the fixture model, stepped by hand.
 class Harness {
  public:
-  Harness(int64_t max_sequences, int64_t pool_tokens, int64_t token_budget)
+  Harness(int64_t max_sequences, int64_t pool_tokens, int64_t token_budget,
+          DegenerationAction degeneration = DegenerationAction::kFlag)
       : layout_(*LayoutForModel(SharedModel().config(), 4)) {
     pool_ = *serving::PagePool::Create(layout_.PoolOptions(max_sequences, pool_tokens));
     serving::SchedulerOptions options;
@@ -59,6 +61,7 @@ class Harness {
     RunnerOptions runner_options;
     runner_options.prefill_block = 8;
     runner_options.threads = 2;  // results must not depend on the threads either
+    runner_options.degeneration = degeneration;
     runner_ =
         std::make_unique<EngineStepRunner>(SharedModel(), layout_, pool_.get(), runner_options);
   }
@@ -81,6 +84,7 @@ class Harness {
         c.logprob_bits.push_back(Bits(top.logprob));
       }
       c.finish_reason = event.finish_reason;
+      c.degenerate = event.degenerate;
       return false;
     };
     context->on_error = [](int32_t, const absl::Status& status) { ADD_FAILURE() << status; };
@@ -270,6 +274,37 @@ TEST(StepRunnerTest, CancelMidDecodeFreesEveryPage) {
   harness.Cancel(id);
   EXPECT_TRUE(harness.PoolFullyFree());
   EXPECT_FALSE(harness.Busy());
+}
+
+// A logit_bias of +100 on one token makes the output that token repeated: degenerate after the
+// detector's default 24-token span.
+RequestSpec RepeatingRequest() {
+  RequestSpec spec;
+  spec.prompt = {5, 6, 7};
+  spec.params.max_tokens = 40;
+  spec.params.seed = 9;
+  spec.params.logit_bias = {{42, 100.0}};
+  return spec;
+}
+
+TEST(StepRunnerTest, DegenerateChoiceIsFlaggedAndContinuesByDefault) {
+  Harness harness(1, 64, 64);
+  harness.Submit(0, RepeatingRequest());
+  while (harness.Busy()) harness.Step();
+  const ChoiceOutput out = harness.outputs()[0][0];
+  EXPECT_EQ(out.tokens, std::vector<int32_t>(40, 42));
+  EXPECT_TRUE(out.degenerate);
+  EXPECT_EQ(out.finish_reason, "length");
+}
+
+TEST(StepRunnerTest, DegenerateChoiceStopsWhenConfigured) {
+  Harness harness(1, 64, 64, DegenerationAction::kStop);
+  harness.Submit(0, RepeatingRequest());
+  while (harness.Busy()) harness.Step();
+  const ChoiceOutput out = harness.outputs()[0][0];
+  EXPECT_EQ(out.tokens.size(), 24u);
+  EXPECT_EQ(out.finish_reason, "degenerate");
+  EXPECT_TRUE(harness.PoolFullyFree());
 }
 
 }  // namespace
