@@ -82,7 +82,7 @@ void Decode(benchmark::State& state) {
       state.PauseTiming();
       while (server.Busy()) server.Step();
       for (int64_t b = 0; b < batch; ++b) server.Submit(64, 256);
-      server.Step();  // prefill: every prompt fits one step's budget
+      while (server.decoding() < batch) server.Step();  // prefill every prompt
       state.ResumeTiming();
     }
     tokens += server.decoding();
