@@ -193,7 +193,9 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   absl::StatusOr<serving::RequestSampler> sampler =
       serving::RequestSampler::Create(params, request_id, eos, *prompt, config.vocab_size);
   if (!sampler.ok()) return frontend::InvalidRequest(std::string(sampler.status().message()));
-  if (scheduler_->num_waiting() + params.n > options_.max_waiting) {
+  // With nobody waiting the request may be admitted at once, so only a queue already there counts.
+  const int64_t waiting = scheduler_->num_waiting();
+  if (waiting > 0 && waiting + params.n > options_.max_waiting) {
     return ServiceError(429, "too many requests are waiting; retry later", "rate_limit_exceeded");
   }
 

@@ -151,6 +151,22 @@ TEST(ColocatedServiceTest, FullPoolUnderRejectPolicyIs503) {
   EXPECT_EQ(std::get<frontend::ApiError>(second).http_status, 503);
 }
 
+TEST(ColocatedServiceTest, FullWaitingQueueIs429) {
+  ServiceOptions options;
+  options.max_batch = 1;
+  options.max_waiting = 1;
+  auto service = NewService(options);
+  auto running =
+      service->Start(Completion("In the beginning", 400), std::make_shared<CollectingSink>());
+  auto queued = service->Start(Completion("And God said", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(queued));
+  frontend::StartResult third =
+      service->Start(Completion("Blessed are", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(third));
+  EXPECT_EQ(std::get<frontend::ApiError>(third).http_status, 429);
+}
+
 TEST(ColocatedServiceTest, DeveloperRoleIsReadAsSystem) {
   auto service = NewService();
   frontend::ApiRequest req;
