@@ -136,6 +136,10 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   PDSERVE_RETURN_IF_ERROR(seq.paged.Store(state, seq.computed, pages));
   seq.computed = state.position;
   if (!work.samples) return false;
+  if (logits.data.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "sequence ", seq.id, " was asked to sample at position ", end, " with no new input"));
+  }
 
   const int64_t vocab = logits.dim(1);
   std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
