@@ -5,7 +5,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config ccache git curl
+  build-essential cmake ninja-build pkg-config ccache git curl python3
   libopenblas-dev
   nlohmann-json3-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
   libxxhash-dev libpcre2-dev libabsl-dev

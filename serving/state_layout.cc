@@ -78,9 +78,9 @@ PageKind StateLayout::Kind(StateKind kind) const {
       return {StateKindName(kind), 0, dims_.entries_per_page,
               dims_.index_head_dim * dims_.element_bytes};
     case StateKind::kCsaCompressor:
-      // m rows [kv 2D | gate 2D], 1 overlap row [Ca kv D | Ca gate D], m indexer rows
-      // [kv 2I | gate 2I], 1 indexer overlap row [Ca kv I | Ca gate I]; rows are 4D wide.
-      return {StateKindName(kind), 0, 2 * dims_.compress_rate_csa + 2, 4 * d};
+      // Rows are 4D wide: m open-window rows [kv 2D | gate 2D], m indexer open-window rows
+      // [kv 2I | gate 2I], m overlap rows [Ca kv D | Ca gate D | indexer Ca kv I | Ca gate I].
+      return {StateKindName(kind), 0, 3 * dims_.compress_rate_csa, 4 * d};
     case StateKind::kHcaCompressor:
       // m' rows [kv D | gate D]; no overlap (HCA windows do not overlap).
       return {StateKindName(kind), 0, dims_.compress_rate_hca, 2 * d};

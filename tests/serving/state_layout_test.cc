@@ -44,7 +44,7 @@ TEST(StateLayoutTest, KindsHaveTheRowsOfEachState) {
   EXPECT_EQ(window.row_bytes, 32);
   EXPECT_EQ(layout.Kind(StateKind::kIndexer).row_bytes, 16);
   const PageKind csa = layout.Kind(StateKind::kCsaCompressor);
-  EXPECT_EQ(csa.rows_per_page, 10);  // 4 + 1 compressor rows, 4 + 1 indexer rows
+  EXPECT_EQ(csa.rows_per_page, 12);  // 4 open-window, 4 indexer open-window, 4 overlap rows
   EXPECT_EQ(csa.row_bytes, 128);     // [kv 2 x 8 | gate 2 x 8] fp32
   const PageKind hca = layout.Kind(StateKind::kHcaCompressor);
   EXPECT_EQ(hca.rows_per_page, 16);

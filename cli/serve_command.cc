@@ -1,0 +1,99 @@
+// `pdserve serve`: the colocated OpenAI-compatible HTTP server (prefill and decode in one process).
+//
+//   pdserve serve [--model DIR] [--host H] [--port P] [--max-batch N] [--pool-tokens T]
+//                 [--token-budget B] [--reject-when-full] [--degeneration flag|stop]
+//
+// Prints "pdserve serve: listening on http://HOST:PORT" once bound (--port 0 picks a free port),
+// serves until SIGINT or SIGTERM, then stops the server and the engine loop.
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cli/command_registry.h"
+#include "colocated/service.h"
+#include "common/status.h"
+#include "frontend/http_server.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model_dir = "models/kjv-v4-tiny";
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;
+  int64_t max_batch = 64;
+  int64_t pool_tokens = 0;
+  int64_t token_budget = 512;
+  bool reject_when_full = false;
+  std::string degeneration = "flag";
+};
+
+absl::Status Serve(const ServeOptions& options) {
+  colocated::ServiceOptions service_options;
+  service_options.model_dir = options.model_dir;
+  service_options.max_batch = options.max_batch;
+  service_options.pool_tokens = options.pool_tokens;
+  service_options.token_budget = options.token_budget;
+  service_options.policy = options.reject_when_full ? serving::AdmissionPolicy::kReject
+                                                    : serving::AdmissionPolicy::kWait;
+  service_options.runner.degeneration = options.degeneration == "stop"
+                                            ? colocated::DegenerationAction::kStop
+                                            : colocated::DegenerationAction::kFlag;
+  // Block the signals before any thread starts, so only sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<colocated::ColocatedService> service,
+                           colocated::ColocatedService::Create(service_options));
+  frontend::HttpServerOptions http;
+  http.host = options.host;
+  http.port = options.port;
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
+                           frontend::HttpServer::Start(http, service.get()));
+  std::printf("pdserve serve: listening on http://%s:%u\n", options.host.c_str(),
+              static_cast<unsigned>(server->port()));
+  std::fflush(stdout);
+  int received = 0;
+  sigwait(&signals, &received);
+  std::fprintf(stderr, "pdserve serve: signal %d, stopping\n", received);
+  server->Stop();
+  return absl::OkStatus();
+}
+
+const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Run the colocated OpenAI-compatible HTTP server");
+  cmd->add_option("--model", o->model_dir, "Hugging Face model directory")->capture_default_str();
+  cmd->add_option("--host", o->host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port (0: any free port)")->capture_default_str();
+  cmd->add_option("--max-batch", o->max_batch, "Sequences running at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pool-tokens", o->pool_tokens,
+                  "Tokens of decode state the page pool holds (0: max-batch * context length)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--token-budget", o->token_budget, "Tokens per engine step")
+      ->capture_default_str();
+  cmd->add_flag("--reject-when-full", o->reject_when_full,
+                "Answer 503 when the pool is full instead of queueing");
+  cmd->add_option("--degeneration", o->degeneration,
+                  "On degenerate output: flag (keep going) or stop (finish_reason degenerate)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"flag", "stop"}));
+  cmd->callback([o, exit_code] {
+    const absl::Status status = Serve(*o);
+    if (!status.ok()) {
+      std::fprintf(stderr, "pdserve serve: %s\n", status.ToString().c_str());
+      *exit_code = 1;
+    }
+  });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

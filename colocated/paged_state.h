@@ -1,0 +1,86 @@
+// The engine's per-request decode state (engine::ModelState) stored in state-pool pages laid out by
+// serving::StateLayout: the storage that the colocated runner, the prefill worker and the decode
+// worker share, and the byte format the prefill worker ships (docs/serving.md, "Page format").
+//
+// Between engine steps a sequence's state lives only in its pages. A step loads the state into a
+// plain engine::ModelState (Load), runs Model::Forward on it, and writes back what the step changed
+// (Store). Both are exact float32 copies, so a state rebuilt from pages continues a sequence bit
+// for bit as the in-memory state would. Tools that need no pool keep using ModelState directly.
+//
+// Page contents (float32 on the CPU backend; W = sliding_window, D = head_dim, I = index_head_dim,
+// m / m' = CSA / HCA compression rate, p = tokens consumed):
+//   window page of layer l (every layer): row (pos % W) holds the K=V row of token pos, for the
+//     last min(p, W - 1) positions;
+//   compressed page: row e % E of the layer's page e / E holds entry e, e < p / rate;
+//   indexer page: likewise, the CSA layer's indexer keys;
+//   csa_compressor page (3m rows of 4D floats): row r < m: open window row of token with
+//     pos % m == r, [kv 2D | gate 2D]; row m + r: the indexer's open window row [kv 2I | gate 2I];
+//     row 2m + r (once p >= m): overlap row r [kv D | gate D | indexer kv I | indexer gate I];
+//   hca_compressor page (m' rows of 2D floats): row pos % m' holds [kv D | gate D].
+// Unused row tails are left as they were (poison in debug builds).
+//
+// Thread-safety: a PagedState is immutable and may be shared; Load / Store on one sequence's pages
+// must not run concurrently with another access to the same pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/config.h"
+#include "engine/state.h"
+#include "serving/page_pool.h"
+#include "serving/state_layout.h"
+
+namespace pdserve::colocated {
+
+// StateDims for `config` with fp32 elements (the CPU backend). InvalidArgument from
+// StateLayout::Create for an unusable config.
+absl::StatusOr<serving::StateLayout> LayoutForModel(const engine::ModelConfig& config,
+                                                    int64_t entries_per_page = 64);
+
+// One sequence's pages as writable byte spans: pages[kind][i] is PageTable::pages[kind][i]'s bytes.
+struct SequencePages {
+  std::vector<std::vector<std::span<std::byte>>> pages;
+};
+
+// Resolves every handle of `table` through PagePool::Data (checking owner and epoch once).
+absl::StatusOr<SequencePages> MapPages(serving::PagePool& pool, const serving::PageTable& table);
+
+class PagedState {
+ public:
+  // `config` and `layout` (from LayoutForModel(config)) must outlive this object. `total_tokens` is
+  // the sequence's prompt + max_tokens, which fixes how many entry pages each layer has.
+  PagedState(const engine::ModelConfig& config, const serving::StateLayout& layout,
+             int64_t total_tokens);
+
+  // Writes the parts of `state` that changed since `from_position` (state->position at the previous
+  // Store, 0 for a new sequence): window rows and entries of positions >= from_position, and the
+  // whole open-window / overlap rows. InvalidArgument when `state` does not match the model or
+  // holds more tokens than total_tokens; OutOfRange when `pages` lacks a page the layout names.
+  absl::Status Store(const engine::ModelState& state, int64_t from_position,
+                     const SequencePages& pages) const;
+
+  // Rebuilds the state after `position` tokens into `state`, which must be a fresh
+  // Model::NewState() (its tensors give the column counts). Errors as Store.
+  absl::Status Load(int64_t position, const SequencePages& pages, engine::ModelState* state) const;
+
+ private:
+  struct LayerInfo {
+    engine::LayerType type;
+    int64_t nth = 0;  // index among the layers of its type (CSA or HCA)
+  };
+  absl::StatusOr<float*> Row(const SequencePages& pages, serving::StateKind kind,
+                             serving::StateSlot slot) const;
+  absl::Status CheckState(const engine::ModelState& state, int64_t position) const;
+
+  const engine::ModelConfig& config_;
+  const serving::StateLayout& layout_;
+  int64_t total_tokens_;
+  std::vector<LayerInfo> layers_;
+};
+
+}  // namespace pdserve::colocated

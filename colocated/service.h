@@ -1,0 +1,111 @@
+// The colocated generation service: one process holds the model, the state pool, the scheduler
+// and the engine runner, and serves frontend::GenerationService (what `pdserve serve` puts behind
+// frontend::HttpServer and `pdserve generate` drives directly).
+//
+// Start() tokenizes (text::Tokenizer; chat through the model's text::ChatFormat, the OpenAI
+// "developer" role read as "system", `thinking` from chat_template_kwargs), fills unset sampling
+// fields from generation_config.json (else temperature 0.6), checks the context length (400
+// context_length_exceeded), and submits one scheduler sequence per choice (429 when the waiting
+// queue is full, 503 when the pool is full and the policy rejects). A loop thread steps the
+// scheduler over an EngineStepRunner; each token is detokenized incrementally with the request's
+// stop strings held back and streamed to the sink; the last delta of a choice carries
+// finish_reason ("stop", "length", "degenerate"), then OnComplete reports usage.
+// Generation::Cancel ends the request: its sequences leave the scheduler and their pages are
+// freed at once (or when the step in flight completes).
+//
+// Thread-safety: every method is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "colocated/step_runner.h"
+#include "engine/model.h"
+#include "frontend/generation_service.h"
+#include "serving/clock.h"
+#include "serving/page_pool.h"
+#include "serving/sampling_params.h"
+#include "serving/scheduler.h"
+#include "serving/state_layout.h"
+#include "text/chat_format.h"
+#include "text/tokenizer.h"
+
+namespace pdserve::colocated {
+
+struct ServiceOptions {
+  std::string model_dir = "models/kjv-v4-tiny";
+  int64_t max_batch = 64;  // sequences holding pages at once (scheduler max_running)
+  // Tokens of state the pool holds over all sequences; 0: max_batch * max_position_embeddings.
+  int64_t pool_tokens = 0;
+  int64_t token_budget = 512;  // tokens per engine step (decode + prefill)
+  int64_t max_waiting = 1024;  // sequences queued beyond this get 429
+  serving::AdmissionPolicy policy = serving::AdmissionPolicy::kWait;
+  RunnerOptions runner;
+};
+
+class ColocatedService : public frontend::GenerationService {
+ public:
+  // Loads the model, tokenizer, chat format (optional: without one, chat requests get 400) and
+  // generation_config.json, builds the pool and starts the loop thread. Errors from loading, or
+  // InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<ColocatedService>> Create(const ServiceOptions& options);
+  // Stops the loop; requests still running are cancelled without further sink calls.
+  ~ColocatedService() override;
+
+  std::vector<std::string> ModelNames() const override;
+  frontend::StartResult Start(const frontend::ApiRequest& req,
+                              std::shared_ptr<frontend::GenerationSink> sink) override;
+  bool Ready() const override { return true; }
+  std::string MetricsText() const override;
+
+  const engine::Model& model() const { return *model_; }
+  const text::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const serving::PagePool& pool() const { return *pool_; }
+  const serving::Scheduler& scheduler() const { return *scheduler_; }
+  // Sequences registered with the runner (zero once every request has finished or been cancelled).
+  int64_t active_sequences() const { return runner_->num_sequences(); }
+
+ private:
+  struct Request;
+  class RequestGeneration;
+  ColocatedService() = default;
+  // The prompt's token ids, or a 400 error.
+  absl::StatusOr<std::vector<int32_t>> PromptTokens(const frontend::ApiRequest& req) const;
+  void Loop();
+  // Takes the request's sequences out of the scheduler and the runner.
+  void CancelSequences(const Request& request);
+  void Forget(const Request& request);
+
+  ServiceOptions options_;
+  std::vector<std::string> model_names_;
+  std::unique_ptr<engine::Model> model_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
+  std::unique_ptr<text::ChatFormat> chat_format_;
+  serving::SamplingParams defaults_;
+  std::vector<int32_t> eos_ids_;
+  std::unique_ptr<serving::StateLayout> layout_;
+  std::unique_ptr<serving::PagePool> pool_;
+  serving::SystemClock clock_;
+  std::unique_ptr<serving::Scheduler> scheduler_;
+  std::unique_ptr<EngineStepRunner> runner_;
+  std::atomic<uint64_t> next_sequence_{1};
+  std::atomic<int64_t> degenerate_choices_{0};
+  std::atomic<int64_t> generated_tokens_{0};
+
+  mutable absl::Mutex mutex_;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  // Live requests by sequence id, for sequences the scheduler drops (expired).
+  absl::flat_hash_map<serving::RequestId, std::shared_ptr<Request>> by_sequence_
+      ABSL_GUARDED_BY(mutex_);
+  std::thread loop_;
+};
+
+}  // namespace pdserve::colocated

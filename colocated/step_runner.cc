@@ -1,0 +1,166 @@
+#include "colocated/step_runner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <span>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace pdserve::colocated {
+
+struct EngineStepRunner::Sequence {
+  Sequence(serving::RequestId sequence_id, SequenceSetup sequence_setup, PagedState state,
+           guards::DegenerationThresholds thresholds)
+      : id(sequence_id),
+        setup(std::move(sequence_setup)),
+        paged(std::move(state)),
+        detector(thresholds) {}
+  const serving::RequestId id;
+  const SequenceSetup setup;
+  const PagedState paged;
+  // Touched only by the thread running this sequence's work in a step; steps are ordered by the
+  // scheduler's fence.
+  int64_t computed = 0;            // tokens whose state is in the pages
+  std::vector<int32_t> generated;  // sampled tokens
+  guards::DegenerationDetector detector;
+  bool degenerate = false;
+};
+
+EngineStepRunner::EngineStepRunner(const engine::Model& model, const serving::StateLayout& layout,
+                                   serving::PagePool* pool, RunnerOptions options)
+    : model_(model), layout_(layout), pool_(pool), options_(std::move(options)) {}
+
+EngineStepRunner::~EngineStepRunner() = default;
+
+absl::Status EngineStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
+  if (setup.prompt.empty() || setup.max_tokens < 1 || !setup.request || setup.choice < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", id, " needs a prompt, max_tokens >= 1, a request and a choice"));
+  }
+  const int64_t total = static_cast<int64_t>(setup.prompt.size()) + setup.max_tokens;
+  auto sequence = std::make_shared<Sequence>(
+      id, std::move(setup), PagedState(model_.config(), layout_, total), options_.thresholds);
+  absl::MutexLock lock(&mutex_);
+  if (!sequences_.emplace(id, std::move(sequence)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+void EngineStepRunner::Remove(serving::RequestId id) {
+  absl::MutexLock lock(&mutex_);
+  sequences_.erase(id);
+}
+
+int64_t EngineStepRunner::num_sequences() const {
+  absl::MutexLock lock(&mutex_);
+  return static_cast<int64_t>(sequences_.size());
+}
+
+absl::StatusOr<serving::StepOutcome> EngineStepRunner::Run(const serving::StepPlan& plan) {
+  std::vector<Work> works;
+  {
+    // A sequence cancelled after the plan was built is skipped: the scheduler releases it when
+    // the step completes.
+    absl::MutexLock lock(&mutex_);
+    auto add = [&](serving::RequestId id, int64_t start, int64_t length, bool samples) {
+      auto it = sequences_.find(id);
+      if (it != sequences_.end()) works.push_back({it->second, start, length, samples});
+    };
+    for (const serving::DecodeSlot& slot : plan.decode) add(slot.id, slot.position, 1, true);
+    for (const serving::PrefillChunk& chunk : plan.prefill) {
+      add(chunk.id, chunk.start, chunk.length, chunk.completes_prompt);
+    }
+  }
+  std::vector<char> stopped(works.size(), 0);
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::min<int>(options_.threads > 0 ? options_.threads : hardware,
+                                    static_cast<int>(works.size()));
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < works.size(); i = next++) stopped[i] = RunOne(works[i]);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+
+  serving::StepOutcome outcome;
+  for (size_t i = 0; i < works.size(); ++i) {
+    if (stopped[i]) outcome.stopped.push_back(works[i].sequence->id);
+  }
+  return outcome;
+}
+
+bool EngineStepRunner::RunOne(const Work& work) {
+  absl::StatusOr<bool> stopped = RunOneOrError(work);
+  if (stopped.ok()) return *stopped;
+  RequestContext& request = *work.sequence->setup.request;
+  absl::MutexLock lock(&request.mu);
+  if (request.on_error) request.on_error(work.sequence->setup.choice, stopped.status());
+  return true;
+}
+
+absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
+  Sequence& seq = *work.sequence;
+  const std::vector<int32_t>& prompt = seq.setup.prompt;
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  const int64_t end = work.start + work.length;
+  // Prefill computes up to the last block boundary the chunk reaches, or the whole prompt.
+  const int64_t target = work.samples ? end : end / options_.prefill_block * options_.prefill_block;
+  if (target <= seq.computed && !work.samples) return false;
+  if (end > prompt_length + static_cast<int64_t>(seq.generated.size())) {
+    return absl::InternalError(absl::StrCat("sequence ", seq.id, " scheduled up to position ", end,
+                                            " but has only ", prompt_length + seq.generated.size(),
+                                            " tokens"));
+  }
+
+  PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table, pool_->Table(seq.id));
+  PDSERVE_ASSIGN_OR_RETURN(SequencePages pages, MapPages(*pool_, table));
+  engine::ModelState state = model_.NewState();
+  PDSERVE_RETURN_IF_ERROR(seq.paged.Load(seq.computed, pages, &state));
+  engine::Tensor logits;
+  while (state.position < target) {
+    const int64_t from = state.position;
+    const int64_t to =
+        std::min(target, (from / options_.prefill_block + 1) * options_.prefill_block);
+    std::vector<int32_t> tokens;
+    for (int64_t pos = from; pos < to; ++pos) {
+      tokens.push_back(pos < prompt_length ? prompt[pos] : seq.generated[pos - prompt_length]);
+    }
+    PDSERVE_ASSIGN_OR_RETURN(logits, model_.Forward(&state, tokens));
+  }
+  PDSERVE_RETURN_IF_ERROR(seq.paged.Store(state, seq.computed, pages));
+  seq.computed = state.position;
+  if (!work.samples) return false;
+  if (logits.data.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "sequence ", seq.id, " was asked to sample at position ", end, " with no new input"));
+  }
+
+  const int64_t vocab = logits.dim(1);
+  std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
+                              static_cast<size_t>(vocab));
+  RequestContext& request = *seq.setup.request;
+  absl::MutexLock lock(&request.mu);
+  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step, request.sampler.Next(seq.setup.choice, last));
+  seq.generated.push_back(step.sampled.token);
+  seq.detector.Push(step.sampled.token);
+  seq.degenerate = seq.degenerate || seq.detector.Repetitive();
+  TokenEvent event{seq.setup.choice, std::move(step.sampled), "", seq.degenerate};
+  bool stop = false;
+  if (step.finish) {
+    event.finish_reason = serving::FinishReasonName(*step.finish);
+    stop = *step.finish == serving::FinishReason::kStop;
+  } else if (seq.degenerate && options_.degeneration == DegenerationAction::kStop) {
+    event.finish_reason = "degenerate";
+    stop = true;
+  }
+  if (request.on_token && request.on_token(event)) stop = true;
+  return stop;
+}
+
+}  // namespace pdserve::colocated

@@ -1,0 +1,124 @@
+// serving::StepRunner on the CPU engine: executes a Scheduler StepPlan (chunked prefill chunks and
+// one decode token per running sequence), keeping every sequence's state in its state-pool pages
+// (colocated/paged_state.h), sampling with serving::RequestSampler and watching each choice with
+// guards::DegenerationDetector.
+//
+// Batch invariance. A sequence's tokens and logprobs never depend on which other sequences share
+// its steps: each sequence runs its own Model::Forward calls, and their shapes are a function of
+// the sequence alone. Decode is one token per call; prefill is cut at absolute multiples of
+// `prefill_block` (the scheduler's chunk boundaries, which depend on the token budget and on the
+// other sequences, only decide when the tokens before a boundary are computed, never how they are
+// grouped). Sampling is keyed by (seed, choice, position) (serving/sampler.h). So a request gives
+// bit-identical results alone, in any batch, and with any pool size.
+//
+// Thread-safety: Add / Remove may be called from any thread; Run from one step loop at a time.
+// Sequences of one step run on up to `threads` threads; events of one request are delivered
+// serially (one request mutex), events of different requests may be concurrent.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "colocated/paged_state.h"
+#include "engine/model.h"
+#include "guards/degeneration_detector.h"
+#include "serving/page_pool.h"
+#include "serving/sampler.h"
+#include "serving/scheduler.h"
+#include "serving/state_layout.h"
+
+namespace pdserve::colocated {
+
+// What a choice does when its output becomes degenerate (guards/degeneration_detector.h).
+enum class DegenerationAction {
+  kFlag,  // keep generating; the event carries degenerate = true
+  kStop,  // end the choice with finish_reason "degenerate"
+};
+
+// One sampled token of one choice.
+struct TokenEvent {
+  int32_t choice = 0;
+  serving::SampledToken sampled;
+  // "stop" (EOS / stop id), "length" (max_tokens) or "degenerate"; empty while the choice goes on.
+  std::string finish_reason;
+  bool degenerate = false;  // the detector flagged this choice (at this token or before)
+};
+
+// The sampler shared by a request's choices, with the mutex that serializes its use.
+struct RequestContext {
+  explicit RequestContext(serving::RequestSampler s) : sampler(std::move(s)) {}
+  absl::Mutex mu;
+  serving::RequestSampler sampler ABSL_GUARDED_BY(mu);
+  // Receives every token, under `mu`. Returning true ends the choice now with finish "stop" (a
+  // stop string matched); the runner reports it to the scheduler as stopped.
+  std::function<bool(const TokenEvent&)> on_token;
+  // Receives an engine or sampling failure of one choice (which is then reported stopped).
+  std::function<void(int32_t choice, const absl::Status&)> on_error;
+};
+
+struct SequenceSetup {
+  std::shared_ptr<RequestContext> request;
+  int32_t choice = 0;
+  std::vector<int32_t> prompt;  // >= 1 token
+  int64_t max_tokens = 1;       // as submitted to the scheduler
+};
+
+struct RunnerOptions {
+  int64_t prefill_block = 64;  // >= 1: prefill Forward calls never cross a multiple of this
+  // Sequences of one step run on up to this many threads; 0: hardware concurrency. Default 1:
+  // on the CPU backend each Forward already spreads its GEMMs over OpenBLAS's threads, and
+  // sequence threads on top oversubscribe the cores (docs/perf.md measures both).
+  int threads = 1;
+  DegenerationAction degeneration = DegenerationAction::kFlag;
+  guards::DegenerationThresholds thresholds;
+};
+
+class EngineStepRunner : public serving::StepRunner {
+ public:
+  // `model`, `layout` (LayoutForModel(model.config())) and `pool` must outlive the runner.
+  EngineStepRunner(const engine::Model& model, const serving::StateLayout& layout,
+                   serving::PagePool* pool, RunnerOptions options);
+  ~EngineStepRunner() override;
+
+  // Registers sequence `id` before it is submitted to the scheduler. AlreadyExists for a known id,
+  // InvalidArgument for an empty prompt or a bad choice.
+  absl::Status Add(serving::RequestId id, SequenceSetup setup);
+  // Forgets `id` (finished, cancelled or expired). A step in flight may still finish it.
+  void Remove(serving::RequestId id);
+  int64_t num_sequences() const;
+
+  // Runs `plan`. A sequence whose Forward or sampling fails gets on_error and is listed stopped;
+  // ids no longer registered (cancelled after the plan was built) are skipped. Never fails.
+  absl::StatusOr<serving::StepOutcome> Run(const serving::StepPlan& plan) override;
+
+ private:
+  struct Sequence;
+  struct Work {
+    std::shared_ptr<Sequence> sequence;
+    int64_t start = 0;     // first input position
+    int64_t length = 0;    // scheduled input tokens
+    bool samples = false;  // the step samples a token for this sequence
+  };
+  // Runs one sequence's work; true when the sequence stopped (EOS / stop id / degenerate / error).
+  bool RunOne(const Work& work);
+  absl::StatusOr<bool> RunOneOrError(const Work& work);
+
+  const engine::Model& model_;
+  const serving::StateLayout& layout_;
+  serving::PagePool* const pool_;
+  const RunnerOptions options_;
+  mutable absl::Mutex mutex_;
+  absl::flat_hash_map<serving::RequestId, std::shared_ptr<Sequence>> sequences_
+      ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace pdserve::colocated

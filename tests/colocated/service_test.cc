@@ -1,0 +1,190 @@
+// ColocatedService on the bundled model: cancellation frees pages, stop strings end a choice with
+// the stop text held back, context and pool limits map to their HTTP errors.
+#include "colocated/service.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace pdserve::colocated {
+namespace {
+
+class CollectingSink : public frontend::GenerationSink {
+ public:
+  void OnDelta(frontend::ChoiceDelta delta) override {
+    absl::MutexLock lock(&mu_);
+    text_ += delta.text;
+    ++deltas_;
+    if (delta.finish_reason) finish_ = *delta.finish_reason;
+  }
+  void OnComplete(frontend::Usage usage) override {
+    absl::MutexLock lock(&mu_);
+    usage_ = usage;
+    done_.Notify();
+  }
+  void OnError(frontend::ApiError error) override {
+    absl::MutexLock lock(&mu_);
+    error_ = error.message;
+    done_.Notify();
+  }
+  bool WaitDone() { return done_.WaitForNotificationWithTimeout(absl::Seconds(60)); }
+  bool WaitDeltas(int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return deltas_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(60));
+  }
+  std::string text() {
+    absl::MutexLock lock(&mu_);
+    return text_;
+  }
+  std::string finish() {
+    absl::MutexLock lock(&mu_);
+    return finish_;
+  }
+  frontend::Usage usage() {
+    absl::MutexLock lock(&mu_);
+    return usage_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Notification done_;
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  std::string finish_ ABSL_GUARDED_BY(mu_);
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  int deltas_ ABSL_GUARDED_BY(mu_) = 0;
+  frontend::Usage usage_ ABSL_GUARDED_BY(mu_);
+};
+
+std::unique_ptr<ColocatedService> NewService(ServiceOptions options = {}) {
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  absl::StatusOr<std::unique_ptr<ColocatedService>> service = ColocatedService::Create(options);
+  EXPECT_TRUE(service.ok()) << service.status();
+  return std::move(*service);
+}
+
+frontend::ApiRequest Completion(std::string prompt, int64_t max_tokens) {
+  frontend::ApiRequest req;
+  req.model = "kjv-v4-tiny";
+  req.prompt_text = std::move(prompt);
+  req.max_tokens = max_tokens;
+  req.temperature = 0;
+  return req;
+}
+
+bool PoolFullyFree(const serving::PagePool& pool) {
+  for (int32_t k = 0; k < pool.num_kinds(); ++k) {
+    if (pool.pages_free(k) != pool.pages_total(k)) return false;
+  }
+  return true;
+}
+
+// Polls until the scheduler has let go of every sequence (the loop thread releases them).
+bool WaitIdle(const ColocatedService& service) {
+  for (int i = 0; i < 6000; ++i) {
+    if (service.scheduler().num_running() == 0 && service.scheduler().num_waiting() == 0 &&
+        service.active_sequences() == 0 && PoolFullyFree(service.pool())) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+TEST(ColocatedServiceTest, CancelMidDecodeFreesEveryPage) {
+  auto service = NewService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion("And it came to pass", 400), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(sink->WaitDeltas(2));
+  EXPECT_FALSE(PoolFullyFree(service->pool()));
+  std::get<std::unique_ptr<frontend::Generation>>(started)->Cancel();
+  EXPECT_TRUE(WaitIdle(*service));
+  EXPECT_TRUE(sink->finish().empty());  // cancelled, not finished
+}
+
+TEST(ColocatedServiceTest, StopStringEndsTheChoiceBeforeIt) {
+  auto service = NewService();
+  auto plain = std::make_shared<CollectingSink>();
+  auto g1 = service->Start(Completion("In the beginning", 40), plain);
+  ASSERT_TRUE(plain->WaitDone());
+  const std::string text = plain->text();
+  ASSERT_GT(text.size(), 12u);
+  const std::string stop = text.substr(8, 4);  // greedy, so the same text comes again
+  frontend::ApiRequest req = Completion("In the beginning", 40);
+  req.stop = {stop};
+  auto stopped = std::make_shared<CollectingSink>();
+  auto g2 = service->Start(req, stopped);
+  ASSERT_TRUE(stopped->WaitDone());
+  EXPECT_EQ(stopped->text(), text.substr(0, text.find(stop)));
+  EXPECT_EQ(stopped->finish(), "stop");
+  EXPECT_LT(stopped->usage().completion_tokens, plain->usage().completion_tokens);
+  EXPECT_TRUE(WaitIdle(*service));
+}
+
+TEST(ColocatedServiceTest, PromptPlusMaxTokensOverTheContextIs400) {
+  auto service = NewService();
+  frontend::StartResult started =
+      service->Start(Completion("In the beginning", 512), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(started));
+  const frontend::ApiError& error = std::get<frontend::ApiError>(started);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.code, "context_length_exceeded");
+}
+
+TEST(ColocatedServiceTest, FullPoolUnderRejectPolicyIs503) {
+  ServiceOptions options;
+  options.max_batch = 1;
+  options.policy = serving::AdmissionPolicy::kReject;
+  auto service = NewService(options);
+  auto first =
+      service->Start(Completion("In the beginning", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(first));
+  frontend::StartResult second =
+      service->Start(Completion("And God said", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(second));
+  EXPECT_EQ(std::get<frontend::ApiError>(second).http_status, 503);
+}
+
+TEST(ColocatedServiceTest, FullWaitingQueueIs429) {
+  ServiceOptions options;
+  options.max_batch = 1;
+  options.max_waiting = 1;
+  auto service = NewService(options);
+  auto running =
+      service->Start(Completion("In the beginning", 400), std::make_shared<CollectingSink>());
+  auto queued = service->Start(Completion("And God said", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(queued));
+  frontend::StartResult third =
+      service->Start(Completion("Blessed are", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(third));
+  EXPECT_EQ(std::get<frontend::ApiError>(third).http_status, 429);
+}
+
+TEST(ColocatedServiceTest, DeveloperRoleIsReadAsSystem) {
+  auto service = NewService();
+  frontend::ApiRequest req;
+  req.endpoint = frontend::Endpoint::kChatCompletions;
+  req.model = "kjv-v4-tiny";
+  req.max_tokens = 4;
+  req.temperature = 0;
+  req.messages = {{"developer", "Be brief."}, {"user", "Who was Moses?"}};
+  auto developer = std::make_shared<CollectingSink>();
+  auto g1 = service->Start(req, developer);
+  req.messages[0].role = "system";
+  auto system = std::make_shared<CollectingSink>();
+  auto g2 = service->Start(req, system);
+  ASSERT_TRUE(developer->WaitDone());
+  ASSERT_TRUE(system->WaitDone());
+  EXPECT_EQ(developer->usage().prompt_tokens, system->usage().prompt_tokens);
+  EXPECT_EQ(developer->text(), system->text());
+}
+
+}  // namespace
+}  // namespace pdserve::colocated
