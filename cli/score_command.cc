@@ -5,8 +5,10 @@
 //
 // Prefills the first N tokens in one Forward call (default: all of them), then feeds the rest one
 // token at a time, and writes [tokens, vocab] float32 little-endian row-major logits to FILE.
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -51,14 +53,22 @@ absl::Status Score(const ScoreOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--decode-from ", prefill, " exceeds the ", total, " tokens given"));
   }
+  // Open the output first: an unwritable path fails before the model is loaded and run.
+  std::ofstream out(options.out, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot open ", options.out, " for writing: ", std::strerror(errno)));
+  }
   PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(options.model_dir));
   PDSERVE_ASSIGN_OR_RETURN(engine::Tensor logits,
                            engine::ScorePrefillThenDecode(model, tokens, prefill));
-  std::ofstream out(options.out, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(logits.ptr()),
             static_cast<std::streamsize>(logits.data.size() * sizeof(float)));
   out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", options.out));
+  if (!out) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", options.out, ": ", std::strerror(errno)));
+  }
   return absl::OkStatus();
 }
 

@@ -174,6 +174,8 @@ absl::StatusOr<RopeParams> ParseRope(const Json& dict, const std::string& source
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxExperts = 65536;
+constexpr int64_t kMaxPositions = int64_t{1} << 32;
+constexpr int64_t kMaxSinkhornIters = 1000;
 
 // The size fields that must be positive for any tensor shape to make sense.
 absl::Status CheckSizes(const ModelConfig& c, const Fields& f) {
@@ -220,6 +222,48 @@ absl::Status CheckSizes(const ModelConfig& c, const Fields& f) {
   for (const auto& [key, value] : bounded) {
     if (value > kMaxDim) return f.Error(key, absl::StrCat(value, " exceeds ", kMaxDim));
   }
+  const std::pair<const char*, int64_t> also_bounded[] = {
+      {"index_topk", c.index_topk},
+      {"sliding_window", c.sliding_window},
+  };
+  for (const auto& [key, value] : also_bounded) {
+    if (value > kMaxDim) return f.Error(key, absl::StrCat(value, " exceeds ", kMaxDim));
+  }
+  if (c.max_position_embeddings > kMaxPositions) {
+    return f.Error("max_position_embeddings",
+                   absl::StrCat(c.max_position_embeddings, " exceeds ", kMaxPositions));
+  }
+  if (c.hc_sinkhorn_iters > kMaxSinkhornIters) {
+    return f.Error("hc_sinkhorn_iters",
+                   absl::StrCat(c.hc_sinkhorn_iters, " exceeds ", kMaxSinkhornIters));
+  }
+  if (c.num_key_value_heads != 1) {
+    return f.Error(
+        "num_key_value_heads",
+        absl::StrCat("DeepSeek-V4 attention has one shared K=V head, got ", c.num_key_value_heads));
+  }
+  if (!(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0)) {
+    return f.Error("rms_norm_eps",
+                   absl::StrCat("must be finite and positive, got ", c.rms_norm_eps));
+  }
+  if (!(std::isfinite(c.hc_eps) && c.hc_eps >= 0)) {
+    return f.Error("hc_eps", absl::StrCat("must be finite and >= 0, got ", c.hc_eps));
+  }
+  if (!(std::isfinite(c.swiglu_limit) && c.swiglu_limit > 0)) {
+    return f.Error("swiglu_limit",
+                   absl::StrCat("must be finite and positive, got ", c.swiglu_limit));
+  }
+  if (!std::isfinite(c.routed_scaling_factor)) {
+    return f.Error("routed_scaling_factor", "must be finite");
+  }
+  if (c.bos_token_id >= c.vocab_size || c.bos_token_id < -1) {
+    return f.Error("bos_token_id", absl::StrCat(c.bos_token_id, " is outside the vocabulary"));
+  }
+  for (int64_t eos : c.eos_token_ids) {
+    if (eos < 0 || eos >= c.vocab_size) {
+      return f.Error("eos_token_id", absl::StrCat(eos, " is outside the vocabulary"));
+    }
+  }
   if (c.n_routed_experts > kMaxExperts) {
     return f.Error("n_routed_experts", absl::StrCat(c.n_routed_experts, " exceeds ", kMaxExperts));
   }
@@ -244,8 +288,14 @@ absl::Status CheckSizes(const ModelConfig& c, const Fields& f) {
     return f.Error("compress_rates", "heavily_compressed_attention rate must be positive");
   }
   for (const RopeParams* rope : {&c.rope_main, &c.rope_compress}) {
+    if (!(rope->partial_rotary_factor > 0.0 && rope->partial_rotary_factor <= 1.0)) {
+      return f.Error("rope_parameters",
+                     absl::StrCat("partial_rotary_factor must be in (0, 1], got ",
+                                  rope->partial_rotary_factor));
+    }
     const auto rope_dim =
         static_cast<int64_t>(static_cast<double>(c.head_dim) * rope->partial_rotary_factor);
+
     if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > c.head_dim ||
         rope_dim > c.index_head_dim) {
       return f.Error("rope_parameters",
@@ -517,6 +567,10 @@ absl::StatusOr<ModelConfig> ModelConfig::Parse(const std::string& json_text,
     int64_t legacy_rope_dim = 0;
     PDSERVE_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", legacy_rope_dim));
     prf = static_cast<double>(legacy_rope_dim) / static_cast<double>(c.head_dim);
+  }
+  if (!(prf > 0.0 && prf <= 1.0)) {
+    return f.Error(f.Has("partial_rotary_factor") ? "partial_rotary_factor" : "qk_rope_head_dim",
+                   absl::StrCat("partial rotary factor must be in (0, 1], got ", prf));
   }
   c.qk_rope_head_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * prf);
   double rope_theta = 10000.0, compress_rope_theta = 160000.0;

@@ -37,9 +37,22 @@ absl::Status ValidateConfig(const ModelConfig& c) {
       static_cast<int64_t>(c.mlp_layer_types.size()) != c.num_hidden_layers) {
     return absl::InvalidArgumentError("config: layer_types / mlp_layer_types length mismatch");
   }
-  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim) {
+  if (c.qk_rope_head_dim <= 0 || c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat("config: qk_rope_head_dim ", c.qk_rope_head_dim,
-                                                   " must be even and <= head_dim"));
+                                                   " must be positive, even and <= head_dim"));
+  }
+  // The engine rotates qk_rope_head_dim channels on every path, while transformers sizes each
+  // rope type by its own partial_rotary_factor; a config where they disagree would silently
+  // compute something else, so it is refused.
+  for (const auto& [name, rope] :
+       {std::pair{"main", &c.rope_main}, {"compress", &c.rope_compress}}) {
+    const auto dim =
+        static_cast<int64_t>(static_cast<double>(c.head_dim) * rope->partial_rotary_factor);
+    if (dim != c.qk_rope_head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: rope_parameters.", name, " rotates ", dim,
+          " channels but partial_rotary_factor / qk_rope_head_dim say ", c.qk_rope_head_dim));
+    }
   }
   if ((c.num_attention_heads * c.head_dim) % c.o_groups != 0) {
     return absl::InvalidArgumentError("config: num_attention_heads * head_dim % o_groups != 0");

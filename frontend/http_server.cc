@@ -22,9 +22,23 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-constexpr auto kIdleReadTimeout = std::chrono::seconds(120);
+// A connection must deliver a request's headers this soon after the previous response (or its
+// opening), and the body after that; slow or idle clients are closed (slowloris).
+constexpr auto kHeaderTimeout = std::chrono::seconds(30);
+constexpr auto kBodyTimeout = std::chrono::seconds(60);
+// Output queued for a client that does not read is bounded: past this the request is
+// cancelled and the connection closed, so one slow reader cannot grow the server's memory.
+constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
+// After an accept error (EMFILE, ENFILE, ...) wait before accepting again instead of spinning.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 class Session;
+
+// Errors of a request Beast could not parse: answered with 400 before closing.
+bool IsHttpParseError(const beast::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::bad_method).category() &&
+         ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
 
 }  // namespace
 
@@ -33,6 +47,7 @@ struct HttpServer::Impl {
   GenerationService* service = nullptr;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
+  net::steady_timer accept_timer{ioc};
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
   absl::Mutex mu;
@@ -76,7 +91,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Read() {
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    stream_.expires_after(kIdleReadTimeout);
+    stream_.expires_after(kHeaderTimeout);
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -99,6 +114,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void ReadBody() {
+    stream_.expires_after(kBodyTimeout);
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
@@ -111,6 +127,16 @@ class Session : public std::enable_shared_from_this<Session> {
           absl::StrCat("request body exceeds ", server_->options.max_body_bytes, " bytes"));
       e.http_status = 413;
       return SendJson(413, e.ToJson());
+    }
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      ApiError e = InvalidRequest("request header fields too large");
+      e.http_status = 431;
+      return SendJson(431, e.ToJson());
+    }
+    if (ec && IsHttpParseError(ec)) {
+      keep_alive_ = false;
+      return SendError(InvalidRequest(absl::StrCat("malformed HTTP request: ", ec.message())));
     }
     if (ec) return Finish();
     stream_.expires_never();
@@ -151,6 +177,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // Streaming: header, then chunks, then the last chunk; one write in flight at a time.
   enum class OutKind { kChunk, kLast };
   void Enqueue(OutKind kind, std::string data) {
+    queued_bytes_ += data.size();
+    if (queued_bytes_ > kMaxQueuedBytes) {
+      spdlog::warn("client is not reading its stream ({} bytes queued); cancelling {}",
+                   queued_bytes_, meta_.id);
+      return Finish();
+    }
     out_.push_back({kind, std::move(data)});
     if (!writing_ && header_written_) WriteNext();
   }
@@ -176,6 +208,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
       const bool last = self->out_.front().kind == OutKind::kLast;
+      self->queued_bytes_ -= self->out_.front().data.size();
       self->out_.pop_front();
       if (ec) return self->Finish();
       if (last) {
@@ -216,6 +249,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string data;
   };
   std::deque<Out> out_;
+  size_t queued_bytes_ = 0;
   bool writing_ = false;
   bool header_written_ = false;
   bool close_after_stream_ = false;
@@ -244,6 +278,13 @@ class SessionSink : public GenerationSink {
 
 void Session::Route() {
   std::string_view target(request_.target().data(), request_.target().size());
+  // Absolute form ("http://host/v1/models", RFC 9112 3.2.2) names the same resource.
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (target.substr(0, scheme.size()) == scheme) {
+      const size_t slash = target.find('/', scheme.size());
+      target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+    }
+  }
   target = target.substr(0, target.find('?'));
   const auto method = request_.method();
   auto* service = server_->service;
@@ -372,13 +413,28 @@ void Session::Finish() {
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (stopped) return;
-    if (!ec) {
-      auto session = std::make_shared<Session>(std::move(socket), this);
-      {
-        absl::MutexLock lock(&mu);
+    if (ec) {
+      if (ec == net::error::operation_aborted) return;
+      spdlog::warn("accept failed: {}; retrying in {} ms", ec.message(), kAcceptBackoff.count());
+      accept_timer.expires_after(kAcceptBackoff);
+      accept_timer.async_wait([this](beast::error_code) {
+        if (!stopped) Accept();
+      });
+      return;
+    }
+    std::shared_ptr<Session> session;
+    {
+      absl::MutexLock lock(&mu);
+      if (sessions.size() < options.max_connections) {
+        session = std::make_shared<Session>(std::move(socket), this);
         sessions.insert(session);
       }
+    }
+    if (session) {
       session->Run();
+    } else {
+      beast::error_code ignored;
+      socket.close(ignored);  // over the connection cap: refuse rather than queue
     }
     Accept();
   });
@@ -422,6 +478,7 @@ void HttpServer::Stop() {
   net::post(impl_->ioc, [impl = impl_.get()] {
     beast::error_code ec;
     impl->acceptor.close(ec);
+    impl->accept_timer.cancel();
   });
   std::set<std::shared_ptr<Session>> sessions;
   {

@@ -24,6 +24,8 @@ struct HttpServerOptions {
   uint16_t port = 8000;  // 0: pick a free port (see HttpServer::port())
   int io_threads = 2;
   size_t max_body_bytes = 4 << 20;
+  // Connections beyond this are closed at accept.
+  size_t max_connections = 16384;
 };
 
 class HttpServer {

@@ -25,6 +25,11 @@ std::optional<bool> OptionalBool(const json& config, const char* key) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
+  // Only regular files: a directory, FIFO or device (/dev/zero) would hang or never end.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a regular file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
   std::ostringstream buffer;

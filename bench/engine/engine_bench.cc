@@ -24,6 +24,8 @@ ModelConfig BenchConfig() {
   c.num_attention_heads = 8;
   c.head_dim = 128;
   c.qk_rope_head_dim = 32;
+  c.rope_main.partial_rotary_factor = 0.25;  // head_dim * factor = qk_rope_head_dim
+  c.rope_compress.partial_rotary_factor = 0.25;
   c.q_lora_rank = 256;
   c.num_experts_per_tok = 2;
   c.n_routed_experts = 6;

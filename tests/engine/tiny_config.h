@@ -15,6 +15,8 @@ inline ModelConfig TinyConfig() {
   c.num_attention_heads = 4;
   c.head_dim = 16;
   c.qk_rope_head_dim = 8;
+  c.rope_main.partial_rotary_factor = 0.5;  // head_dim * factor = qk_rope_head_dim
+  c.rope_compress.partial_rotary_factor = 0.5;
   c.q_lora_rank = 24;
   c.num_experts_per_tok = 2;
   c.n_routed_experts = 4;

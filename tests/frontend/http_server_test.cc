@@ -223,5 +223,53 @@ TEST_F(HttpServerTest, KeepAliveServesSeveralRequests) {
   }
 }
 
+std::string RawExchange(uint16_t port, const std::string& request) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), port});
+  net::write(sock, net::buffer(request));
+  std::string out;
+  beast::error_code ec;
+  char buf[4096];
+  for (;;) {
+    const size_t n = sock.read_some(net::buffer(buf), ec);
+    out.append(buf, n);
+    if (ec) break;
+  }
+  return out;
+}
+
+TEST_F(HttpServerTest, MalformedRequestGets400Json) {
+  const std::string out = RawExchange(server_->port(), "GARBAGE\r\n\r\n");
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+  EXPECT_NE(out.find("malformed HTTP request"), std::string::npos) << out;
+}
+
+TEST_F(HttpServerTest, OversizedHeadersGet431) {
+  const std::string out =
+      RawExchange(server_->port(), absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ",
+                                                std::string(20000, 'a'), "\r\n\r\n"));
+  EXPECT_EQ(out.rfind("HTTP/1.1 431", 0), 0u) << out.substr(0, 200);
+}
+
+TEST_F(HttpServerTest, AbsoluteFormTargetIsAccepted) {
+  EXPECT_EQ(Request(http::verb::get, "http://localhost/health").result_int(), 200);
+}
+
+TEST_F(HttpServerTest, ClientThatStopsReadingIsCancelled) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  const std::string body = R"({"model":"tiny","prompt":"hi","max_tokens":2000000,"stream":true})";
+  net::write(sock, net::buffer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                            "Content-Length: ", body.size(), "\r\n\r\n", body)));
+  // Never read: the server's queue for this stream must hit its cap and cancel the request.
+  for (int i = 0; i < 1000 && service_.cancelled.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(service_.cancelled.load(), 1);
+  EXPECT_EQ(service_.finished.load(), 0);
+}
+
 }  // namespace
 }  // namespace pdserve::frontend
