@@ -2,6 +2,9 @@
 // delays: measured TTFT / ITL / E2E must match them, errors must be classified, runs must end.
 #include <gtest/gtest.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
 #include "frontend/http_server.h"
 #include "loadgen/dataset.h"
 #include "loadgen/runner.h"
@@ -24,6 +27,7 @@ class BenchRunTest : public ::testing::Test {
     auto url = ParseEndpointUrl("http://127.0.0.1:" + std::to_string(server_->port()) + "/v1");
     ASSERT_TRUE(url.ok());
     options_.url = *url;
+    options_.request_timeout_s = 20;  // a broken test fails instead of hanging
   }
   void TearDown() override { server_->Stop(); }
 
@@ -100,9 +104,13 @@ TEST_F(BenchRunTest, ClassifiesHttpAndInStreamErrors) {
 }
 
 TEST_F(BenchRunTest, ConnectionRefusedIsAConnectError) {
-  const uint16_t port = server_->port();
-  server_->Stop();
-  options_.url.port = std::to_string(port);
+  // A port bound but not listening refuses connections, and no other process can take it.
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket bound(ioc);
+  bound.open(boost::asio::ip::tcp::v4());
+  bound.bind({boost::asio::ip::make_address("127.0.0.1"), 0});
+  options_.url.port = std::to_string(bound.local_endpoint().port());
+  options_.request_timeout_s = 5;
   UsePrompt(Api::kCompletions, "hi", 3);
   options_.num_requests = 2;
   options_.max_concurrency = 1;

@@ -35,6 +35,7 @@ class CheckTest : public ::testing::Test {
     o.model = "fake";
     o.samples = 3;
     o.logprobs = logprobs;
+    o.request_timeout_s = 20;
     auto report = RunCheck(TwoPrompts(), o);
     (*server)->Stop();
     return report;
@@ -126,6 +127,17 @@ TEST(JudgePromptsTest, FailingFractionAndOverrides) {
   prompts[0].extra = {{"thresholds", {{"no_such_key", 1}}}};
   EXPECT_EQ(JudgePrompts(prompts, samples, {std::nullopt}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShippedPromptSetsTest, LoadAndCarryValidThresholds) {
+  for (const char* name : {"prompts.jsonl", "kjv-prompts.jsonl"}) {
+    auto prompts = LoadPromptFile(std::string(PDSERVE_DEPLOY_DIR) + "/check/" + name);
+    ASSERT_TRUE(prompts.ok()) << prompts.status();
+    EXPECT_GE(prompts->size(), 5u);
+    std::vector<std::vector<RequestSample>> samples(prompts->size(), {WithText("a b c d")});
+    std::vector<std::optional<RequestSample>> greedy(prompts->size());
+    EXPECT_TRUE(JudgePrompts(*prompts, samples, greedy, {}).ok()) << name;
+  }
 }
 
 }  // namespace
