@@ -265,11 +265,17 @@ std::string ToTable(const CheckReport& report) {
       if (s.max_repeat.span_tokens > worst.span_tokens) worst = s.max_repeat;
     }
     const std::string tokenization = p.samples.empty() ? "" : p.samples[0].tokenization;
-    out += absl::StrFormat("%-24s %-6s %8s %10d %14s %9.3f %7s %-6s\n", p.id.substr(0, 24),
-                           p.pass ? "PASS" : "FAIL", absl::StrCat(ok, "/", p.samples.size()),
-                           min_bytes, absl::StrCat(worst.ngram, "-gram x", worst.repeats), min_d2,
-                           !p.greedy ? "-" : (p.greedy->pass ? "pass" : "fail"), tokenization);
+    out += absl::StrFormat(
+        "%-24s %-6s %8s %10d %14s %9.3f %7s %-6s\n", p.id.substr(0, 24), p.pass ? "PASS" : "FAIL",
+        absl::StrCat(ok, "/", p.samples.size()), min_bytes,
+        worst.repeats == 0 ? std::string("-") : absl::StrCat(worst.ngram, "-gram x", worst.repeats),
+        min_d2, !p.greedy ? "-" : (p.greedy->pass ? "pass" : "fail"), tokenization);
     for (const std::string& why : p.reasons) out += absl::StrCat("    ", why, "\n");
+    for (const SampleCheck& s : p.samples) {
+      if (s.pass) continue;
+      out += absl::StrCat("    first failing sample: ", absl::StrJoin(s.reasons, "; "), "\n");
+      break;
+    }
   }
   out += report.pass ? "PASS\n" : "FAIL\n";
   return out;
