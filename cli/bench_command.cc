@@ -10,6 +10,7 @@
 // when stdout is a terminal. Exit status 0 when at least one request completed, 1 otherwise.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -66,9 +67,12 @@ absl::StatusOr<loadgen::Slo> ParseSlo(const std::string& text) {
   return slo;
 }
 
-void DrawProgress(const loadgen::Progress& p, int64_t total) {
+// The bar fills with finished requests, or with elapsed time on a --duration run.
+void DrawProgress(const loadgen::Progress& p, int64_t total, double duration_s) {
   constexpr int kWidth = 30;
-  const double frac = total > 0 ? static_cast<double>(p.completed + p.failed) / total : 0;
+  double frac = total > 0 ? static_cast<double>(p.completed + p.failed) / total : 0;
+  if (duration_s > 0) frac = std::max(frac, p.elapsed_s / duration_s);
+  frac = std::min(frac, 1.0);
   const int filled = static_cast<int>(frac * kWidth);
   std::printf("\r[%s%s] %lld done, %lld failed, %lld in flight, %.1f s ",
               std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(),
@@ -125,9 +129,8 @@ int RunBench(BenchArgs args) {
   run.seed = args.seed;
   const bool tty = isatty(STDOUT_FILENO) == 1;
   if (tty) {
-    run.progress = [total = args.num_requests](const loadgen::Progress& p) {
-      DrawProgress(p, total);
-    };
+    run.progress = [total = args.num_requests, duration = args.duration_s](
+                       const loadgen::Progress& p) { DrawProgress(p, total, duration); };
   }
   auto result = loadgen::Run(run);
   if (tty) std::printf("\n");

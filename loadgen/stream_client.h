@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
