@@ -1,0 +1,145 @@
+// `pdserve check`: the coherence harness (loadgen/coherence_check.h).
+//
+//   pdserve check [--endpoint http://127.0.0.1:8000] [--allow-remote] [--prompts FILE.jsonl]
+//                 [--samples K] [--api chat|completions] [--model NAME] [--max-tokens N]
+//                 [--temperature T] [--no-greedy] [--no-logprobs] [--seed S]
+//                 [--min-content-bytes B] [--max-repeats R] [--min-span-tokens S]
+//                 [--max-ngram N] [--min-distinct2 D] [--max-failing-fraction F]
+//                 [--greedy-must-pass] [--json] [--output FILE]
+//
+// Without --prompts it uses deploy/check/prompts.jsonl, looked up in the current directory,
+// next to the binary's parent (a build tree) and in <prefix>/share/pdserve/check. Prints a table
+// (or JSON with --json); exit status 0 when every prompt passes, 1 when one fails, 2 on errors.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/command_registry.h"
+#include "loadgen/coherence_check.h"
+#include "loadgen/dataset.h"
+#include "loadgen/stream_client.h"
+
+namespace pdserve::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CheckArgs {
+  std::string endpoint = "http://127.0.0.1:8000";
+  bool allow_remote = false;
+  std::string prompts;
+  std::string api = "chat";
+  bool no_greedy = false;
+  bool no_logprobs = false;
+  std::optional<uint64_t> seed;
+  bool json = false;
+  std::string output;
+  loadgen::CheckOptions options;
+};
+
+int Error(const std::string& message) {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return 2;
+}
+
+std::string DefaultPromptFile() {
+  const fs::path relative = fs::path("deploy") / "check" / "prompts.jsonl";
+  std::vector<fs::path> candidates = {relative};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(exe.parent_path().parent_path() / relative);
+    candidates.push_back(exe.parent_path().parent_path() / "share" / "pdserve" / "check" /
+                         "prompts.jsonl");
+  }
+  for (const fs::path& p : candidates) {
+    if (fs::exists(p, ec)) return p.string();
+  }
+  return relative.string();
+}
+
+int RunCheckCommand(CheckArgs args) {
+  auto url = loadgen::ParseTargetUrl(args.endpoint, args.allow_remote);
+  if (!url.ok()) return Error(std::string(url.status().message()));
+  loadgen::CheckOptions& o = args.options;
+  o.url = *url;
+  o.api = args.api == "completions" ? loadgen::Api::kCompletions : loadgen::Api::kChat;
+  o.greedy_control = !args.no_greedy;
+  o.logprobs = !args.no_logprobs;
+  o.seed = args.seed;
+  if (o.model.empty()) {
+    auto model = loadgen::FirstServedModel(o.url);
+    if (!model.ok()) return Error(std::string(model.status().message()));
+    o.model = *model;
+  }
+  const std::string path = args.prompts.empty() ? DefaultPromptFile() : args.prompts;
+  auto prompts = loadgen::LoadPromptFile(path);
+  if (!prompts.ok()) return Error(std::string(prompts.status().message()));
+  auto report = loadgen::RunCheck(*prompts, o);
+  if (!report.ok()) return Error(std::string(report.status().message()));
+  const nlohmann::json json = loadgen::ToJson(*report);
+  if (!args.output.empty()) {
+    std::ofstream out(args.output);
+    out << json.dump(2) << "\n";
+    if (!out) return Error("cannot write " + args.output);
+  }
+  std::printf("%s", args.json ? (json.dump(2) + "\n").c_str() : loadgen::ToTable(*report).c_str());
+  return report->pass ? 0 : 1;
+}
+
+const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<CheckArgs>();
+  loadgen::CheckOptions& o = args->options;
+  loadgen::CheckThresholds& t = o.thresholds;
+  CLI::App* cmd = app.add_subcommand(
+      "check", "Coherence harness: K samples per prompt at the server's settings + greedy");
+  cmd->add_option("--endpoint", args->endpoint, "Base URL (http://host:port[/v1])")
+      ->capture_default_str();
+  cmd->add_flag("--allow-remote", args->allow_remote, "Allow a non-loopback endpoint");
+  cmd->add_option("--prompts", args->prompts,
+                  "JSONL prompts (default deploy/check/prompts.jsonl); lines may carry "
+                  "\"thresholds\" overrides and an \"expect\" substring");
+  cmd->add_option("--samples", o.samples, "Sampled completions per prompt")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--api", args->api, "chat or completions")
+      ->check(CLI::IsMember({"completions", "chat"}))
+      ->capture_default_str();
+  cmd->add_option("--model", o.model, "Model name (default: the first of GET /v1/models)");
+  cmd->add_option("--max-tokens", o.default_max_tokens, "max_tokens for prompts without one")
+      ->capture_default_str();
+  cmd->add_option("--temperature", o.temperature,
+                  "Override the sampled requests' temperature (default: server's settings)");
+  cmd->add_flag("--no-greedy", args->no_greedy, "Skip the greedy (temperature 0) control");
+  cmd->add_flag("--no-logprobs", args->no_logprobs,
+                "Do not ask for logprobs (judge over word tokens, not server tokens)");
+  cmd->add_option("--seed", args->seed, "Sample k uses seed + k (default: no seed sent)");
+  cmd->add_option("--concurrency", o.concurrency, "Requests in flight")->capture_default_str();
+  cmd->add_option("--request-timeout", o.request_timeout_s, "Seconds per request")
+      ->capture_default_str();
+  cmd->add_option("--min-content-bytes", t.min_content_bytes, "Shorter content fails")
+      ->capture_default_str();
+  cmd->add_option("--max-repeats", t.max_repeats, "n-gram copies in a row that fail")
+      ->capture_default_str();
+  cmd->add_option("--min-span-tokens", t.min_span_tokens, "... when covering this many tokens")
+      ->capture_default_str();
+  cmd->add_option("--max-ngram", t.max_ngram, "Longest n-gram period looked for")
+      ->capture_default_str();
+  cmd->add_option("--min-distinct2", t.min_distinct2, "Lowest passing distinct-2")
+      ->capture_default_str();
+  cmd->add_option("--max-failing-fraction", t.max_failing_fraction,
+                  "Fraction of a prompt's samples allowed to fail")
+      ->capture_default_str();
+  cmd->add_flag("--greedy-must-pass", t.greedy_must_pass, "A failing greedy control fails");
+  cmd->add_flag("--json", args->json, "Print the report as JSON");
+  cmd->add_option("--output", args->output, "Also write the JSON report to this file");
+  cmd->callback([args, exit_code] { *exit_code = RunCheckCommand(*args); });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

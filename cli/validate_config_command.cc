@@ -1,0 +1,42 @@
+// `pdserve validate-config FILE...`: checks deployment files (common/deploy_config.h).
+//
+// Prints "FILE: ok (...)" per valid file on stdout, and every error of an invalid one on stderr
+// as "file:line:column: key: message". Exit status 0 when all files are valid, 1 otherwise.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/command_registry.h"
+#include "common/deploy_config.h"
+
+namespace pdserve::cli {
+namespace {
+
+int RunValidate(const std::vector<std::string>& files) {
+  int status = 0;
+  for (const std::string& file : files) {
+    const config::ParsedDeployConfig parsed = config::LoadDeployConfigFile(file);
+    for (const config::ConfigError& e : parsed.errors) {
+      std::fprintf(stderr, "%s\n", e.ToString().c_str());
+    }
+    if (!parsed.errors.empty()) {
+      status = 1;
+      continue;
+    }
+    const config::DeployConfig& c = parsed.config;
+    std::printf("%s: ok (%s: %zu prefill, %zu decode workers, model %s)\n", file.c_str(),
+                c.name.c_str(), c.prefill.size(), c.decode.size(), c.model_path.c_str());
+  }
+  return status;
+}
+
+const CommandRegistrar kValidateConfig([](CLI::App& app, int* exit_code) {
+  auto files = std::make_shared<std::vector<std::string>>();
+  CLI::App* cmd = app.add_subcommand("validate-config", "Check deployment YAML files");
+  cmd->add_option("files", *files, "Deployment files (deploy/config/*.yaml)")->required();
+  cmd->callback([files, exit_code] { *exit_code = RunValidate(*files); });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

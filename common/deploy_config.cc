@@ -1,0 +1,322 @@
+#include "common/deploy_config.h"
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "yaml-cpp/yaml.h"
+
+namespace pdserve::config {
+namespace {
+
+const std::set<std::string> kPolicies = {"round_robin", "least_load", "power_of_two",
+                                         "prefix_aware"};
+const std::set<std::string> kBackends = {"cpu", "cuda"};
+const std::set<std::string> kTransports = {"ucx", "local"};
+const std::set<std::string> kActions = {"flag", "stop"};
+const std::set<std::string> kKernels = {"sparse_attention", "indexer", "fp8_state"};
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+// Reads typed fields out of YAML maps, recording every problem with its position.
+class Reader {
+ public:
+  Reader(std::string file, std::vector<ConfigError>* errors)
+      : file_(std::move(file)), errors_(errors) {}
+
+  void Error(const YAML::Node& at, const std::string& key, std::string message) {
+    const YAML::Mark mark = at.Mark();
+    Error(mark, key, std::move(message));
+  }
+  void Error(const YAML::Mark& mark, const std::string& key, std::string message) {
+    errors_->push_back({file_, mark.is_null() ? 0 : mark.line + 1,
+                        mark.is_null() ? 0 : mark.column + 1, key, std::move(message)});
+  }
+
+  // True when `node` is a map; unknown and duplicate keys are reported.
+  bool Map(const YAML::Node& node, const std::string& path, const std::set<std::string>& known) {
+    if (!node.IsMap()) {
+      Error(node, path.empty() ? "(document)" : path, "must be a mapping");
+      return false;
+    }
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const std::string key = kv.first.Scalar();
+      if (!known.count(key)) {
+        Error(kv.first.Mark(), Join(path, key),
+              absl::StrCat("unknown key (known: ", absl::StrJoin(known, ", "), ")"));
+      } else if (!seen.insert(key).second) {
+        Error(kv.first.Mark(), Join(path, key), "duplicate key");
+      }
+    }
+    return true;
+  }
+
+  // The value of `key`, or a null node (reported when `required`).
+  YAML::Node Field(const YAML::Node& map, const std::string& path, const std::string& key,
+                   bool required) {
+    YAML::Node value = map[key];
+    if (!value.IsDefined() || value.IsNull()) {
+      if (required) Error(map, Join(path, key), "required key is missing");
+      return YAML::Node(YAML::NodeType::Null);
+    }
+    return value;
+  }
+
+  void String(const YAML::Node& map, const std::string& path, const std::string& key, bool required,
+              std::string* out) {
+    const YAML::Node v = Field(map, path, key, required);
+    if (v.IsNull()) return;
+    if (!v.IsScalar() || v.Scalar().empty()) {
+      return Error(v, Join(path, key), "must be a non-empty string");
+    }
+    *out = v.Scalar();
+  }
+
+  void Enum(const YAML::Node& map, const std::string& path, const std::string& key, bool required,
+            const std::set<std::string>& allowed, std::string* out) {
+    const YAML::Node v = Field(map, path, key, required);
+    if (v.IsNull()) return;
+    if (!v.IsScalar() || !allowed.count(v.Scalar())) {
+      return Error(v, Join(path, key),
+                   absl::StrCat("must be one of: ", absl::StrJoin(allowed, ", ")));
+    }
+    *out = v.Scalar();
+  }
+
+  template <typename T>
+  void Int(const YAML::Node& map, const std::string& path, const std::string& key, bool required,
+           int64_t min, int64_t max, T* out) {
+    const YAML::Node v = Field(map, path, key, required);
+    if (v.IsNull()) return;
+    int64_t value = 0;
+    if (!v.IsScalar() || !absl::SimpleAtoi(v.Scalar(), &value) || value < min || value > max) {
+      return Error(v, Join(path, key),
+                   absl::StrCat("must be an integer in [", min, ", ", max, "]"));
+    }
+    *out = static_cast<T>(value);
+  }
+
+  void Bool(const YAML::Node& map, const std::string& path, const std::string& key, bool* out) {
+    const YAML::Node v = Field(map, path, key, false);
+    if (v.IsNull()) return;
+    bool value = false;
+    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, value)) {
+      return Error(v, Join(path, key), "must be true or false");
+    }
+    *out = value;
+  }
+
+ private:
+  std::string file_;
+  std::vector<ConfigError>* errors_;
+};
+
+WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& path) {
+  WorkerConfig w;
+  if (!r.Map(node, path, {"name", "host", "port", "metrics_port", "backend", "gpus", "threads"})) {
+    return w;
+  }
+  r.String(node, path, "name", true, &w.name);
+  r.String(node, path, "host", true, &w.host);
+  r.Int(node, path, "port", true, 1, 65535, &w.port);
+  r.Int(node, path, "metrics_port", false, 1, 65535, &w.metrics_port);
+  r.Enum(node, path, "backend", true, kBackends, &w.backend);
+  r.Int(node, path, "threads", false, 0, 4096, &w.threads);
+  const YAML::Node gpus = r.Field(node, path, "gpus", false);
+  if (w.backend == "cuda" && gpus.IsNull()) {
+    r.Error(node, Join(path, "gpus"), "required for backend cuda");
+  } else if (w.backend == "cpu" && !gpus.IsNull()) {
+    r.Error(gpus, Join(path, "gpus"), "not allowed for backend cpu");
+  } else if (!gpus.IsNull()) {
+    bool ok = gpus.IsScalar();
+    for (absl::string_view id : absl::StrSplit(gpus.IsScalar() ? gpus.Scalar() : "", ',')) {
+      int gpu = 0;
+      ok = ok && absl::SimpleAtoi(id, &gpu) && gpu >= 0;
+    }
+    if (ok) {
+      w.gpus = gpus.Scalar();
+    } else {
+      r.Error(gpus, Join(path, "gpus"), "must be comma-separated GPU indices, e.g. \"0,1\"");
+    }
+  }
+  if (w.backend == "cuda" && w.threads != 0) {
+    r.Error(node["threads"], Join(path, "threads"), "only for backend cpu");
+  }
+  return w;
+}
+
+std::vector<WorkerConfig> ReadWorkers(Reader& r, const YAML::Node& root, const std::string& key,
+                                      std::vector<YAML::Node>* nodes) {
+  std::vector<WorkerConfig> out;
+  const YAML::Node list = r.Field(root, "", key, true);
+  if (list.IsNull()) return out;
+  if (!list.IsSequence() || list.size() == 0) {
+    r.Error(list, key, "must be a non-empty list of workers");
+    return out;
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(ReadWorker(r, list[i], absl::StrCat(key, "[", i, "]")));
+    nodes->push_back(list[i]);
+  }
+  return out;
+}
+
+void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
+  if (!r.Map(node, "router",
+             {"host", "http_port", "grpc_port", "prefill_policy", "decode_policy",
+              "health_interval_ms", "max_body_bytes"})) {
+    return;
+  }
+  r.String(node, "router", "host", false, &c->host);
+  r.Int(node, "router", "http_port", true, 1, 65535, &c->http_port);
+  r.Int(node, "router", "grpc_port", false, 1, 65535, &c->grpc_port);
+  r.Enum(node, "router", "prefill_policy", false, kPolicies, &c->prefill_policy);
+  r.Enum(node, "router", "decode_policy", false, kPolicies, &c->decode_policy);
+  r.Int(node, "router", "health_interval_ms", false, 10, 600000, &c->health_interval_ms);
+  r.Int(node, "router", "max_body_bytes", false, 1024, int64_t{1} << 32, &c->max_body_bytes);
+}
+
+void ReadGuards(Reader& r, const YAML::Node& node, GuardsConfig* g) {
+  if (!r.Map(node, "guards",
+             {"degeneration_action", "paranoid", "canary_every", "reference_kernels"})) {
+    return;
+  }
+  r.Enum(node, "guards", "degeneration_action", false, kActions, &g->degeneration_action);
+  r.Bool(node, "guards", "paranoid", &g->paranoid);
+  r.Int(node, "guards", "canary_every", false, 0, 1000000, &g->canary_every);
+  const YAML::Node kernels = r.Field(node, "guards", "reference_kernels", false);
+  if (kernels.IsNull()) return;
+  if (!kernels.IsSequence()) {
+    return r.Error(kernels, "guards.reference_kernels", "must be a list");
+  }
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const std::string path = absl::StrCat("guards.reference_kernels[", i, "]");
+    if (!kernels[i].IsScalar() || !kKernels.count(kernels[i].Scalar())) {
+      r.Error(kernels[i], path, absl::StrCat("must be one of: ", absl::StrJoin(kKernels, ", ")));
+    } else {
+      g->reference_kernels.push_back(kernels[i].Scalar());
+    }
+  }
+}
+
+// Ports unique per host, GPUs given once per host, worker names unique.
+void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
+                      const std::vector<YAML::Node>& worker_nodes) {
+  std::map<std::pair<std::string, int>, std::string> ports;
+  auto claim_port = [&](const std::string& host, int port, const std::string& owner,
+                        const YAML::Node& at, const std::string& key) {
+    if (port == 0) return;
+    auto [it, fresh] = ports.emplace(std::make_pair(host, port), owner);
+    if (!fresh) {
+      r.Error(at, key,
+              absl::StrCat("port ", port, " on ", host, " is already used by ", it->second));
+    }
+  };
+  if (root["router"].IsMap()) {
+    claim_port(c.router.host, c.router.http_port, "router.http_port", root["router"]["http_port"],
+               "router.http_port");
+    claim_port(c.router.host, c.router.grpc_port, "router.grpc_port", root["router"]["grpc_port"],
+               "router.grpc_port");
+  }
+  std::set<std::string> names;
+  std::map<std::pair<std::string, int>, std::string> gpus;
+  size_t n = 0;
+  for (const auto* list : {&c.prefill, &c.decode}) {
+    const std::string role = list == &c.prefill ? "prefill" : "decode";
+    for (size_t i = 0; i < list->size(); ++i, ++n) {
+      const WorkerConfig& w = (*list)[i];
+      const YAML::Node& node = worker_nodes[n];
+      if (!node.IsMap()) continue;
+      const std::string path = absl::StrCat(role, "[", i, "]");
+      if (!w.name.empty() && !names.insert(w.name).second) {
+        r.Error(node["name"], Join(path, "name"), absl::StrCat("duplicate worker name ", w.name));
+      }
+      claim_port(w.host, w.port, Join(path, "port"), node["port"], Join(path, "port"));
+      claim_port(w.host, w.metrics_port, Join(path, "metrics_port"), node["metrics_port"],
+                 Join(path, "metrics_port"));
+      if (w.gpus.empty()) continue;
+      for (absl::string_view id : absl::StrSplit(w.gpus, ',')) {
+        int gpu = 0;
+        if (!absl::SimpleAtoi(id, &gpu)) continue;
+        auto [it, fresh] = gpus.emplace(std::make_pair(w.host, gpu), path);
+        if (!fresh) {
+          r.Error(node["gpus"], Join(path, "gpus"),
+                  absl::StrCat("GPU ", gpu, " on ", w.host, " is already given to ", it->second));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string ConfigError::ToString() const {
+  return absl::StrCat(file, ":", line, ":", column, ": ", key, ": ", message);
+}
+
+ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& file) {
+  ParsedDeployConfig out;
+  Reader r(file, &out.errors);
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    r.Error(e.mark, "(syntax)", e.msg);
+    return out;
+  }
+  DeployConfig& c = out.config;
+  if (!r.Map(root, "", {"name", "model", "router", "prefill", "decode", "transfer", "guards"})) {
+    return out;
+  }
+  r.String(root, "", "name", true, &c.name);
+  const YAML::Node model = r.Field(root, "", "model", true);
+  if (!model.IsNull() && r.Map(model, "model", {"path", "served_name"})) {
+    r.String(model, "model", "path", true, &c.model_path);
+    r.String(model, "model", "served_name", false, &c.served_name);
+  }
+  const YAML::Node router = r.Field(root, "", "router", true);
+  if (!router.IsNull()) ReadRouter(r, router, &c.router);
+  std::vector<YAML::Node> worker_nodes;
+  c.prefill = ReadWorkers(r, root, "prefill", &worker_nodes);
+  c.decode = ReadWorkers(r, root, "decode", &worker_nodes);
+  const YAML::Node transfer = r.Field(root, "", "transfer", false);
+  if (!transfer.IsNull() && r.Map(transfer, "transfer", {"transport", "lease_ms"})) {
+    r.Enum(transfer, "transfer", "transport", false, kTransports, &c.transport);
+    r.Int(transfer, "transfer", "lease_ms", false, 100, 3600000, &c.lease_ms);
+  }
+  const YAML::Node guards = r.Field(root, "", "guards", false);
+  if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);
+  CheckCrossFields(r, c, root, worker_nodes);
+  return out;
+}
+
+ParsedDeployConfig LoadDeployConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    ParsedDeployConfig out;
+    out.errors.push_back({path, 0, 0, "(file)", "cannot read the file"});
+    return out;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseDeployConfig(text.str(), path);
+}
+
+absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path) {
+  ParsedDeployConfig parsed = LoadDeployConfigFile(path);
+  if (parsed.errors.empty()) return std::move(parsed.config);
+  std::vector<std::string> lines;
+  for (const ConfigError& e : parsed.errors) lines.push_back(e.ToString());
+  return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+}
+
+}  // namespace pdserve::config

@@ -1,0 +1,97 @@
+// The deployment description shared by `pdserve up`, the systemd units and
+// `pdserve validate-config`: which model, which router, which prefill and decode workers run
+// where (host, ports, backend, GPUs), and the per-deployment guard switches.
+//
+// Schema (YAML; every key below is known, any other key is an error; deploy/README.md documents
+// it with examples in deploy/config/):
+//   name: string (required)
+//   model: {path: string (required), served_name: string}
+//   router: {host, http_port (required), grpc_port, prefill_policy, decode_policy,
+//            health_interval_ms, max_body_bytes}
+//     policies: round_robin | least_load | power_of_two | prefix_aware
+//   prefill: [worker, ...] (at least one)      decode: [worker, ...] (at least one)
+//     worker: {name (required, unique), host (required), port (required), metrics_port,
+//              backend: cpu | cuda (required), gpus: "0" / "0,1" (required iff cuda),
+//              threads (cpu only)}
+//   transfer: {transport: ucx | local, lease_ms}
+//   guards: {degeneration_action: flag | stop, paranoid: bool, canary_every: int >= 0,
+//            reference_kernels: [sparse_attention | indexer | fp8_state, ...]}
+// Cross-field rules: (host, port) pairs unique over the router's and workers' ports; a GPU of a
+// host is given to at most one worker; ports in 1..65535.
+//
+// Errors carry the file, the 1-based line and column (yaml-cpp's Mark) and the key path
+// ("prefill[1].gpus"). Thread-safe: pure functions over their arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pdserve::config {
+
+struct ConfigError {
+  std::string file;
+  int line = 0;    // 1-based; 0 when unknown
+  int column = 0;  // 1-based
+  std::string key;
+  std::string message;
+  // "file:line:column: key: message"
+  std::string ToString() const;
+};
+
+struct WorkerConfig {
+  std::string name;
+  std::string host;
+  int port = 0;
+  int metrics_port = 0;  // 0: /metrics on `port`'s HTTP side is not served separately
+  std::string backend;   // "cpu" or "cuda"
+  std::string gpus;      // CUDA_VISIBLE_DEVICES value, "" for cpu
+  int threads = 0;       // cpu backend threads, 0: all cores
+};
+
+struct RouterConfig {
+  std::string host = "127.0.0.1";
+  int http_port = 0;
+  int grpc_port = 0;  // 0: no gRPC front
+  std::string prefill_policy = "least_load";
+  std::string decode_policy = "least_load";
+  int health_interval_ms = 1000;
+  int64_t max_body_bytes = 4 << 20;
+};
+
+struct GuardsConfig {
+  std::string degeneration_action = "flag";
+  bool paranoid = false;
+  int canary_every = 0;  // 0: no canary
+  std::vector<std::string> reference_kernels;
+};
+
+struct DeployConfig {
+  std::string name;
+  std::string model_path;
+  std::string served_name;
+  RouterConfig router;
+  std::vector<WorkerConfig> prefill;
+  std::vector<WorkerConfig> decode;
+  std::string transport = "ucx";
+  int lease_ms = 30000;
+  GuardsConfig guards;
+};
+
+struct ParsedDeployConfig {
+  DeployConfig config;              // meaningful only when errors is empty
+  std::vector<ConfigError> errors;  // every problem found, in file order
+};
+
+// Parses and validates YAML text; `file` names it in errors.
+ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& file);
+// Reads `path` and parses it. A missing file is one error with line 0.
+ParsedDeployConfig LoadDeployConfigFile(const std::string& path);
+// LoadDeployConfigFile as a StatusOr: InvalidArgument listing every error, one per line.
+absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path);
+
+}  // namespace pdserve::config

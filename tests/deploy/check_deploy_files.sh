@@ -1,0 +1,101 @@
+#!/bin/bash
+# Checks the shipped deployment files with the tools that consume them (ctest deploy.*).
+# Usage: check_deploy_files.sh MODE ARGS...; exit 77 (ctest SKIP_RETURN_CODE) when a tool is
+# missing, with a message saying which.
+#   promtool-rules RULES.yml           promtool check rules
+#   promtool-config PROMETHEUS.yml     promtool check config (also checks its rule files)
+#   systemd-verify UNIT_DIR PDSERVE    systemd-analyze verify on copies of the units whose
+#                                      ExecStart names the built binary; any warning fails
+#   configs-valid PDSERVE CONFIG_DIR   `pdserve validate-config` accepts every shipped config
+#   configs-broken PDSERVE CONFIG_DIR  broken copies are rejected with file:line:column: key
+#   dashboard DEPLOY_DIR METRICS_MD    every pdserve_* name used by the dashboard and the
+#                                      alert rules is listed in docs/metrics.md
+set -euo pipefail
+mode=$1
+shift
+
+need() {
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "SKIP: $1 is not installed (Debian package $2)"
+    exit 77
+  fi
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+case $mode in
+  promtool-rules)
+    need promtool prometheus
+    promtool check rules "$1"
+    ;;
+  promtool-config)
+    need promtool prometheus
+    promtool check config "$1"
+    ;;
+  systemd-verify)
+    need systemd-analyze systemd
+    units=$1 binary=$2
+    cp "$units"/*.service "$tmp"/
+    sed -i "s|/usr/local/bin/pdserve|$binary|" "$tmp"/*.service
+    grep -q "ExecStart=$binary " "$tmp"/pdserve-router.service
+    ln -s pdserve-prefill@.service "$tmp"/pdserve-prefill@gpu0.service
+    ln -s pdserve-decode@.service "$tmp"/pdserve-decode@gpu0.service
+    out=$(cd "$tmp" && systemd-analyze verify --man=no ./pdserve-router.service \
+      ./pdserve-prefill@gpu0.service ./pdserve-decode@gpu0.service 2>&1) || {
+      echo "$out"
+      exit 1
+    }
+    if [[ -n $out ]]; then
+      echo "systemd-analyze verify warned:"
+      echo "$out"
+      exit 1
+    fi
+    echo "units verified"
+    ;;
+  configs-valid)
+    "$1" validate-config "$2"/local.yaml "$2"/h200x2.yaml "$2"/cluster-8gpu.yaml
+    ;;
+  configs-broken)
+    pdserve=$1 dir=$2
+    status=0
+    # expect FILE SED_EXPR EXPECTED_ERROR_PREFIX (the file name and line come from the copy).
+    expect() {
+      local name=$1 expr=$2 want=$3
+      sed "$expr" "$dir/$name" >"$tmp/$name"
+      if "$pdserve" validate-config "$tmp/$name" >"$tmp/out" 2>"$tmp/err"; then
+        echo "FAIL: $name with '$expr' was accepted"
+        status=1
+      elif ! grep -qF "$tmp/$name:$want" "$tmp/err"; then
+        echo "FAIL: $name with '$expr': wanted '$want', got:"
+        cat "$tmp/err"
+        status=1
+      else
+        echo "ok: $(cat "$tmp/err")"
+      fi
+    }
+    expect local.yaml 's/^  http_port: 8000/  http_port: 80000/' '9:14: router.http_port: '
+    expect local.yaml 's/^    backend: cpu/    backend: gpu/' '18:14: prefill[0].backend: '
+    expect h200x2.yaml 's/^    gpus: "1"/    gpus: "0"/' '26:11: decode[0].gpus: '
+    expect cluster-8gpu.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
+      '12:19: router.prefill_policy: '
+    expect cluster-8gpu.yaml 's/^    port: 9210/    prot: 9210/' '49:5: decode[1].prot: '
+    exit $status
+    ;;
+  dashboard)
+    deploy=$1 metrics=$2
+    status=0
+    for name in $(grep -ohE 'pdserve_[a-z0-9_]+' "$deploy"/grafana/*.json \
+        "$deploy"/prometheus/alerts.yml | sed -E 's/_(bucket|sum|count)$//' | sort -u); do
+      if ! grep -qF "\`$name\`" "$metrics"; then
+        echo "FAIL: $name is used but not listed in $metrics"
+        status=1
+      fi
+    done
+    exit $status
+    ;;
+  *)
+    echo "unknown mode $mode"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,104 @@
+#include "common/deploy_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace pdserve::config {
+namespace {
+
+constexpr const char* kValid = R"(name: t
+model:
+  path: models/m
+router:
+  http_port: 8000
+prefill:
+  - name: p0
+    host: h1
+    port: 9100
+    backend: cuda
+    gpus: "0,1"
+decode:
+  - name: d0
+    host: h1
+    port: 9200
+    backend: cpu
+)";
+
+TEST(DeployConfigTest, ParsesAValidFileWithDefaults) {
+  const ParsedDeployConfig parsed = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  const DeployConfig& c = parsed.config;
+  EXPECT_EQ(c.model_path, "models/m");
+  EXPECT_EQ(c.router.http_port, 8000);
+  EXPECT_EQ(c.router.prefill_policy, "least_load");
+  ASSERT_EQ(c.prefill.size(), 1u);
+  EXPECT_EQ(c.prefill[0].gpus, "0,1");
+  EXPECT_EQ(c.decode[0].backend, "cpu");
+  EXPECT_EQ(c.guards.degeneration_action, "flag");
+}
+
+// Replaces the first occurrence of `from` in kValid.
+std::string Broken(const std::string& from, const std::string& to) {
+  std::string text = kValid;
+  text.replace(text.find(from), from.size(), to);
+  return text;
+}
+
+void ExpectOneError(const std::string& yaml, int line, int column, const std::string& key) {
+  const ParsedDeployConfig parsed = ParseDeployConfig(yaml, "b.yaml");
+  ASSERT_EQ(parsed.errors.size(), 1u) << yaml;
+  const ConfigError& e = parsed.errors[0];
+  EXPECT_EQ(e.file, "b.yaml");
+  EXPECT_EQ(e.line, line) << e.ToString();
+  EXPECT_EQ(e.column, column) << e.ToString();
+  EXPECT_EQ(e.key, key) << e.ToString();
+}
+
+TEST(DeployConfigTest, UnknownKeyNamesItsLine) {
+  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  htp_port: 1"), 6, 3,
+                 "router.htp_port");
+}
+
+TEST(DeployConfigTest, BadPortValue) {
+  ExpectOneError(Broken("port: 9200", "port: 70000"), 15, 11, "decode[0].port");
+}
+
+TEST(DeployConfigTest, MissingRequiredKeyPointsAtItsMapping) {
+  ExpectOneError(Broken("    backend: cpu\n", ""), 13, 5, "decode[0].backend");
+}
+
+TEST(DeployConfigTest, GpusRequiredForCudaAndForbiddenForCpu) {
+  ExpectOneError(Broken("    gpus: \"0,1\"\n", ""), 7, 5, "prefill[0].gpus");
+  ExpectOneError(Broken("    backend: cpu", "    backend: cpu\n    gpus: \"2\""), 17, 11,
+                 "decode[0].gpus");
+  ExpectOneError(Broken("\"0,1\"", "\"0,x\""), 11, 11, "prefill[0].gpus");
+}
+
+TEST(DeployConfigTest, PortAndGpuClashesAcrossWorkers) {
+  ExpectOneError(Broken("port: 9200", "port: 9100"), 15, 11, "decode[0].port");
+  const std::string two_on_gpu1 = std::string(kValid) +
+                                  "  - name: d1\n    host: h1\n    port: 9300\n"
+                                  "    backend: cuda\n    gpus: \"1\"\n";
+  ExpectOneError(two_on_gpu1, 21, 11, "decode[1].gpus");
+}
+
+TEST(DeployConfigTest, EnumAndSyntaxErrors) {
+  ExpectOneError(Broken("backend: cpu", "backend: tpu"), 16, 14, "decode[0].backend");
+  const ParsedDeployConfig parsed = ParseDeployConfig("name: [unclosed\n", "s.yaml");
+  ASSERT_EQ(parsed.errors.size(), 1u);
+  EXPECT_EQ(parsed.errors[0].key, "(syntax)");
+  EXPECT_GE(parsed.errors[0].line, 1);
+}
+
+TEST(DeployConfigTest, ReportsEveryErrorNotJustTheFirst) {
+  std::string text = Broken("port: 9200", "port: -1");
+  text = text.replace(text.find("models/m"), 8, "");
+  const ParsedDeployConfig parsed = ParseDeployConfig(text, "b.yaml");
+  ASSERT_EQ(parsed.errors.size(), 2u);
+  EXPECT_EQ(parsed.errors[0].key, "model.path");
+  EXPECT_EQ(parsed.errors[1].key, "decode[0].port");
+}
+
+}  // namespace
+}  // namespace pdserve::config

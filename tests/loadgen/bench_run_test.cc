@@ -1,0 +1,158 @@
+// The load generator against an in-process frontend::HttpServer whose fake service injects known
+// delays: measured TTFT / ITL / E2E must match them, errors must be classified, runs must end.
+#include <gtest/gtest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "frontend/http_server.h"
+#include "loadgen/dataset.h"
+#include "loadgen/runner.h"
+#include "loadgen/stats.h"
+#include "tests/loadgen/fake_service.h"
+
+namespace pdserve::loadgen {
+namespace {
+
+using std::chrono::milliseconds;
+
+class BenchRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    frontend::HttpServerOptions opts;
+    opts.port = 0;
+    auto server = frontend::HttpServer::Start(opts, &service_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    auto url = ParseEndpointUrl("http://127.0.0.1:" + std::to_string(server_->port()) + "/v1");
+    ASSERT_TRUE(url.ok());
+    options_.url = *url;
+    options_.request_timeout_s = 20;  // a broken test fails instead of hanging
+  }
+  void TearDown() override { server_->Stop(); }
+
+  void UsePrompt(Api api, const std::string& prompt, int64_t max_tokens) {
+    PromptItem item;
+    item.prompt = prompt;
+    options_.requests = {
+        {ApiPath(api),
+         RequestBody(item, {.api = api, .model = "fake", .default_max_tokens = max_tokens})}};
+  }
+
+  FakeTokenService service_;
+  std::unique_ptr<frontend::HttpServer> server_;
+  RunOptions options_;
+};
+
+TEST_F(BenchRunTest, MeasuresInjectedTtftItlAndE2e) {
+  service_.first_token_delay = milliseconds(80);
+  service_.token_delay = milliseconds(25);
+  UsePrompt(Api::kChat, "hi", 6);
+  options_.num_requests = 8;
+  options_.max_concurrency = 4;
+  auto result = loadgen::Run(options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->samples.size(), 8u);
+  for (const RequestSample& s : result->samples) {
+    ASSERT_TRUE(s.ok()) << s.error_kind << " " << s.error_detail;
+    EXPECT_EQ(s.output_tokens, 6);
+    EXPECT_EQ(s.input_tokens, 5);
+    EXPECT_EQ(s.itl_s.size(), 5u);
+    EXPECT_EQ(s.text, " w0 w1 w2 w3 w4 w5");
+  }
+  const RunSummary r = Summarize(result->samples, result->duration_s, std::nullopt);
+  // Delays only ever add up: measured >= injected, and on a loaded 2-core CI machine we allow
+  // a few tens of ms of scheduling noise above.
+  EXPECT_GE(r.ttft.p50_ms, 80 - 1);
+  EXPECT_LE(r.ttft.p50_ms, 80 + 40);
+  EXPECT_GE(r.itl.p50_ms, 25 - 5);
+  EXPECT_LE(r.itl.p50_ms, 25 + 15);
+  EXPECT_GE(r.e2e.p50_ms, 80 + 5 * 25 - 1);
+  EXPECT_LE(r.e2e.p50_ms, 80 + 5 * 25 + 60);
+  EXPECT_NEAR(r.tpot.p50_ms, 25, 12);
+  // Two waves of 4 concurrent requests.
+  EXPECT_GE(result->duration_s, 2 * 0.205 - 0.002);
+}
+
+TEST_F(BenchRunTest, CompletionsEndpointStreamsToo) {
+  UsePrompt(Api::kCompletions, "hi", 3);
+  options_.num_requests = 2;
+  options_.max_concurrency = 2;
+  auto result = loadgen::Run(options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (const RequestSample& s : result->samples) {
+    ASSERT_TRUE(s.ok()) << s.error_kind << " " << s.error_detail;
+    EXPECT_EQ(s.text, " w0 w1 w2");
+  }
+}
+
+TEST_F(BenchRunTest, ClassifiesHttpAndInStreamErrors) {
+  UsePrompt(Api::kCompletions, "overflow", 3);
+  options_.num_requests = 3;
+  options_.max_concurrency = 3;
+  auto rejected = loadgen::Run(options_);
+  ASSERT_TRUE(rejected.ok());
+  EXPECT_EQ(Summarize(rejected->samples, 1, std::nullopt).errors.at("http_400"), 3);
+
+  service_.fail_after = 2;
+  UsePrompt(Api::kCompletions, "hi", 5);
+  auto broken = loadgen::Run(options_);
+  ASSERT_TRUE(broken.ok());
+  const RunSummary r = Summarize(broken->samples, 1, std::nullopt);
+  EXPECT_EQ(r.errors.at("stream_error"), 3);
+  EXPECT_EQ(r.completed, 0);
+}
+
+TEST_F(BenchRunTest, ConnectionRefusedIsAConnectError) {
+  // A port bound but not listening refuses connections, and no other process can take it.
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket bound(ioc);
+  bound.open(boost::asio::ip::tcp::v4());
+  bound.bind({boost::asio::ip::make_address("127.0.0.1"), 0});
+  options_.url.port = std::to_string(bound.local_endpoint().port());
+  options_.request_timeout_s = 5;
+  UsePrompt(Api::kCompletions, "hi", 3);
+  options_.num_requests = 2;
+  options_.max_concurrency = 1;
+  auto result = loadgen::Run(options_);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(Summarize(result->samples, 1, std::nullopt).errors.at("connect"), 2);
+}
+
+TEST_F(BenchRunTest, PoissonRunStopsAtItsDurationAndTimesOutStragglers) {
+  service_.first_token_delay = milliseconds(0);
+  service_.token_delay = milliseconds(100);
+  UsePrompt(Api::kCompletions, "hi", 50);  // 4.9 s per request, far past the drain limit
+  options_.rate = 20;
+  options_.duration_s = 0.3;
+  options_.drain_timeout_s = 0.2;
+  auto result = loadgen::Run(options_);
+  ASSERT_TRUE(result.ok());
+  EXPECT_GE(result->duration_s, 0.5 - 0.01);
+  EXPECT_LE(result->duration_s, 1.5);
+  ASSERT_FALSE(result->samples.empty());
+  for (const RequestSample& s : result->samples) EXPECT_EQ(s.error_kind, "timeout");
+}
+
+TEST_F(BenchRunTest, RejectsUnboundedRuns) {
+  UsePrompt(Api::kCompletions, "hi", 3);
+  options_.max_concurrency = 2;
+  EXPECT_EQ(loadgen::Run(options_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EndpointUrlTest, ParsesBaseUrlsAndRefusesRemoteHostsByDefault) {
+  auto url = ParseEndpointUrl("http://localhost:8123/v1/");
+  ASSERT_TRUE(url.ok());
+  EXPECT_EQ(url->host, "localhost");
+  EXPECT_EQ(url->port, "8123");
+  EXPECT_EQ(url->path_prefix, "");
+  EXPECT_EQ(ParseEndpointUrl("http://[::1]:9/x")->path_prefix, "/x");
+  EXPECT_FALSE(ParseEndpointUrl("https://example.com").ok());
+  EXPECT_TRUE(ParseTargetUrl("http://127.0.0.2:80", false).ok());
+  EXPECT_EQ(ParseTargetUrl("http://10.1.2.3:8000", false).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(ParseTargetUrl("http://10.1.2.3:8000", true).ok());
+}
+
+}  // namespace
+}  // namespace pdserve::loadgen

@@ -1,0 +1,55 @@
+#!/bin/bash
+# `pdserve bench` and `pdserve check` end to end through the CLI against a stub OpenAI server
+# (fake_openai_server.py): exit codes, JSON output, the shipped KJV prompt set.
+# Usage: cli_test.sh PDSERVE DEPLOY_DIR
+set -euo pipefail
+pdserve=$1 deploy=$2
+here=$(dirname "$0")
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+start_stub() {  # start_stub MODE -> sets $port
+  python3 "$here/fake_openai_server.py" --mode "$1" >"$tmp/port.$1" &
+  pids+=($!)
+  for _ in $(seq 50); do
+    [[ -s $tmp/port.$1 ]] && break
+    sleep 0.1
+  done
+  port=$(cat "$tmp/port.$1")
+}
+
+start_stub varied
+varied=http://127.0.0.1:$port/v1
+"$pdserve" bench --endpoint "$varied" --api chat --num-requests 12 --concurrency 4 \
+  --output-len 8 --slo 5000,1000 --json >"$tmp/bench.json"
+python3 - "$tmp/bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["completed"] == 12 and r["failed"] == 0, r
+assert r["output_tokens"] == 12 * 8, r
+assert r["good_requests"] == 12, r
+print("bench ok:", r["request_throughput"], "req/s")
+PY
+"$pdserve" check --endpoint "$varied" --prompts "$deploy/check/kjv-prompts.jsonl" --samples 2 \
+  --max-tokens 16 >"$tmp/check_varied.txt"
+grep -q "^PASS" "$tmp/check_varied.txt"
+echo "check passes a varied server"
+
+start_stub repeat
+status=0
+"$pdserve" check --endpoint "http://127.0.0.1:$port" --prompts "$deploy/check/prompts.jsonl" \
+  --samples 2 --max-tokens 40 --json --output "$tmp/check.json" >/dev/null || status=$?
+[[ $status == 1 ]] || { echo "check on a degenerate server exited $status, wanted 1"; exit 1; }
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert not r['pass']; \
+assert r['prompts'][0]['samples'][0]['tokenization'] == 'logprobs'" "$tmp/check.json"
+echo "check fails a degenerate server (exit 1)"
+
+status=0
+"$pdserve" bench --endpoint http://10.255.255.1:8000 --num-requests 1 2>/dev/null || status=$?
+[[ $status == 1 ]] || { echo "bench accepted a remote endpoint without --allow-remote"; exit 1; }
+echo "bench refuses a remote endpoint by default"

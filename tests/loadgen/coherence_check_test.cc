@@ -1,0 +1,144 @@
+// `pdserve check`'s judgement end to end against fake services: a degenerate one (one tag
+// repeated), a varied one, an empty one; and the per-sample measures on hand-made samples.
+#include "loadgen/coherence_check.h"
+
+#include <gtest/gtest.h>
+
+#include "frontend/http_server.h"
+#include "tests/loadgen/fake_service.h"
+
+namespace pdserve::loadgen {
+namespace {
+
+std::vector<PromptItem> TwoPrompts() {
+  PromptItem chat;
+  chat.id = "chat";
+  chat.messages = nlohmann::json::array(
+      {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}});
+  chat.max_tokens = 40;
+  PromptItem plain;
+  plain.id = "plain";
+  plain.prompt = "Write a page";
+  plain.max_tokens = 40;
+  return {chat, plain};
+}
+
+class CheckTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<CheckReport> RunAgainstService(bool logprobs) {
+    frontend::HttpServerOptions opts;
+    opts.port = 0;
+    auto server = frontend::HttpServer::Start(opts, &service_);
+    if (!server.ok()) return server.status();
+    CheckOptions o;
+    o.url = *ParseEndpointUrl("http://127.0.0.1:" + std::to_string((*server)->port()));
+    o.model = "fake";
+    o.samples = 3;
+    o.logprobs = logprobs;
+    o.request_timeout_s = 20;
+    auto report = RunCheck(TwoPrompts(), o);
+    (*server)->Stop();
+    return report;
+  }
+  FakeTokenService service_;
+};
+
+TEST_F(CheckTest, RepeatedTagFails) {
+  service_.token_text = [](int) { return std::string("<div>"); };
+  auto report = RunAgainstService(/*logprobs=*/true);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->pass);
+  ASSERT_EQ(report->prompts.size(), 2u);
+  const SampleCheck& s = report->prompts[0].samples[0];
+  EXPECT_EQ(s.tokenization, "logprobs");
+  EXPECT_EQ(s.max_repeat.ngram, 1);
+  EXPECT_EQ(s.max_repeat.repeats, 40);
+  EXPECT_FALSE(s.pass);
+  ASSERT_TRUE(report->prompts[0].greedy.has_value());
+  EXPECT_FALSE(report->prompts[0].greedy->pass);
+}
+
+TEST_F(CheckTest, VariedTextPasses) {
+  service_.token_text = [](int t) { return " w" + std::to_string(t); };
+  auto report = RunAgainstService(/*logprobs=*/true);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->pass) << ToTable(*report);
+  const SampleCheck& s = report->prompts[1].samples[2];
+  EXPECT_TRUE(s.pass);
+  EXPECT_EQ(s.tokens, 40);
+  EXPECT_DOUBLE_EQ(s.distinct2, 1.0);
+  EXPECT_EQ(s.max_repeat.repeats, 0);
+}
+
+TEST_F(CheckTest, EmptyContentFails) {
+  service_.token_text = [](int) { return std::string(); };
+  auto report = RunAgainstService(/*logprobs=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->pass);
+  const SampleCheck& s = report->prompts[0].samples[0];
+  EXPECT_TRUE(s.empty);
+  EXPECT_EQ(s.content_bytes, 0);
+  EXPECT_EQ(s.reasons.front(), "empty content");
+}
+
+RequestSample WithText(std::string text) {
+  RequestSample s;
+  s.text = std::move(text);
+  return s;
+}
+
+TEST(AnalyzeSampleTest, WordTokenizationSplitsPunctuationSoTagLoopsShow) {
+  std::string html;
+  for (int i = 0; i < 12; ++i) html += "<br>";
+  const SampleCheck c = AnalyzeSample(WithText("Intro. " + html), {}, std::nullopt);
+  EXPECT_EQ(c.tokenization, "words");
+  EXPECT_EQ(c.tokens, 2 + 12 * 3);
+  EXPECT_EQ(c.max_repeat.ngram, 3);
+  EXPECT_EQ(c.max_repeat.repeats, 12);
+  EXPECT_FALSE(c.pass);
+}
+
+TEST(AnalyzeSampleTest, WhitespaceOnlyAndDistinct2) {
+  const SampleCheck blank = AnalyzeSample(WithText(" \n\t "), {}, std::nullopt);
+  EXPECT_TRUE(blank.whitespace_only);
+  EXPECT_FALSE(blank.pass);
+  // Bigrams of a b a b c: (a,b) (b,a) (a,b) (b,c): 3 distinct of 4.
+  const SampleCheck mixed = AnalyzeSample(WithText("a b a b c"), {}, std::nullopt);
+  EXPECT_DOUBLE_EQ(mixed.distinct2, 0.75);
+  EXPECT_TRUE(mixed.pass);
+  CheckThresholds strict;
+  strict.min_distinct2 = 0.8;
+  EXPECT_FALSE(AnalyzeSample(WithText("a b a b c"), strict, std::nullopt).pass);
+  EXPECT_FALSE(AnalyzeSample(WithText("a b c"), {}, std::string("zebra")).pass);
+}
+
+TEST(JudgePromptsTest, FailingFractionAndOverrides) {
+  std::vector<PromptItem> prompts(1);
+  prompts[0].id = "p";
+  std::vector<std::vector<RequestSample>> samples = {
+      {WithText("fine words here"), WithText(""), WithText("more fine words"), WithText("ok")}};
+  auto strict = JudgePrompts(prompts, samples, {std::nullopt}, {});
+  ASSERT_TRUE(strict.ok());
+  EXPECT_FALSE(strict->pass);
+  prompts[0].extra = {{"thresholds", {{"max_failing_fraction", 0.25}}}};
+  auto lenient = JudgePrompts(prompts, samples, {std::nullopt}, {});
+  ASSERT_TRUE(lenient.ok());
+  EXPECT_TRUE(lenient->pass);
+  prompts[0].extra = {{"thresholds", {{"no_such_key", 1}}}};
+  EXPECT_EQ(JudgePrompts(prompts, samples, {std::nullopt}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShippedPromptSetsTest, LoadAndCarryValidThresholds) {
+  for (const char* name : {"prompts.jsonl", "kjv-prompts.jsonl"}) {
+    auto prompts = LoadPromptFile(std::string(PDSERVE_DEPLOY_DIR) + "/check/" + name);
+    ASSERT_TRUE(prompts.ok()) << prompts.status();
+    EXPECT_GE(prompts->size(), 5u);
+    std::vector<std::vector<RequestSample>> samples(prompts->size(), {WithText("a b c d")});
+    std::vector<std::optional<RequestSample>> greedy(prompts->size());
+    EXPECT_TRUE(JudgePrompts(*prompts, samples, greedy, {}).ok()) << name;
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::loadgen
