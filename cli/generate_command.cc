@@ -71,6 +71,7 @@ class StdoutSink : public frontend::GenerationSink {
     } else {
       std::fputs("\n", stdout);
     }
+    std::fflush(stdout);  // the text ends before the summary on stderr
     for (const auto& [index, reason] : finish_) {
       std::fprintf(stderr, "choice %d: finish_reason %s\n", index, reason.c_str());
     }
