@@ -30,7 +30,7 @@ echo "demo: pdserve serve ($model) at $url" >&2
 
 question="Who was Moses, and what did he do?"
 echo "user: $question"
-printf 'assistant:'
+printf 'assistant: '
 curl -sS -N "$url/v1/chat/completions" -H 'Content-Type: application/json' -d @- <<JSON |
 {"model": "$(basename "$model")", "stream": true, "max_tokens": 120, "seed": 1,
  "messages": [{"role": "user", "content": "$question"}]}

@@ -74,6 +74,8 @@ struct BadCase {
   const char* param;
 };
 
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.message; }
+
 class ApiRequestRejectTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(ApiRequestRejectTest, RejectsWithMessageAndParam) {

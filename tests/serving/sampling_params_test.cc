@@ -20,6 +20,9 @@ struct InvalidCase {
   std::string message;
 };
 
+// Names the case in test output (and ctest names) instead of dumping its bytes.
+void PrintTo(const InvalidCase& c, std::ostream* os) { *os << c.name; }
+
 class InvalidSamplingParamsTest : public ::testing::TestWithParam<InvalidCase> {};
 
 TEST_P(InvalidSamplingParamsTest, IsInvalidArgumentWithPreciseMessage) {
