@@ -193,6 +193,14 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   absl::StatusOr<serving::RequestSampler> sampler =
       serving::RequestSampler::Create(params, request_id, eos, *prompt, config.vocab_size);
   if (!sampler.ok()) return frontend::InvalidRequest(std::string(sampler.status().message()));
+  // Under the reject policy the choices must run at once; more than fit can never be admitted,
+  // which is the client's error (400), not a full server (a 503 would be retried forever).
+  if (options_.policy == serving::AdmissionPolicy::kReject && params.n > options_.max_batch) {
+    return frontend::InvalidRequest(
+        absl::StrCat("'n' is ", params.n, " but this server runs at most ", options_.max_batch,
+                     " sequences at once"),
+        "n");
+  }
   // With nobody waiting the request may be admitted at once, so only a queue already there counts.
   const int64_t waiting = scheduler_->num_waiting();
   if (waiting > 0 && waiting + params.n > options_.max_waiting) {

@@ -1,5 +1,6 @@
 #include "common/deploy_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -221,10 +222,16 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
               absl::StrCat("port ", port, " on ", host, " is already used by ", it->second));
     }
   };
-  if (root["router"].IsMap()) {
-    claim_port(c.router.host, c.router.http_port, "router.http_port", root["router"]["http_port"],
+  // yaml-cpp throws on type queries of a missing key's node: check IsDefined() first.
+  const YAML::Node router = root["router"];
+  if (router.IsDefined() && router.IsMap()) {
+    auto at = [&router](const char* key) {
+      const YAML::Node node = router[key];
+      return node.IsDefined() ? node : router;
+    };
+    claim_port(c.router.host, c.router.http_port, "router.http_port", at("http_port"),
                "router.http_port");
-    claim_port(c.router.host, c.router.grpc_port, "router.grpc_port", root["router"]["grpc_port"],
+    claim_port(c.router.host, c.router.grpc_port, "router.grpc_port", at("grpc_port"),
                "router.grpc_port");
   }
   std::set<std::string> names;
@@ -300,6 +307,13 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
 }
 
 ParsedDeployConfig LoadDeployConfigFile(const std::string& path) {
+  // Only regular files: a FIFO or device (/dev/zero) would hang or never end.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    ParsedDeployConfig out;
+    out.errors.push_back({path, 0, 0, "(file)", "not a regular file"});
+    return out;
+  }
   std::ifstream in(path);
   if (!in) {
     ParsedDeployConfig out;

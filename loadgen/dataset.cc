@@ -1,5 +1,6 @@
 #include "loadgen/dataset.h"
 
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -67,6 +68,11 @@ absl::StatusOr<std::vector<PromptItem>> MakeSyntheticPrompts(const SyntheticOpti
 }
 
 absl::StatusOr<std::vector<PromptItem>> LoadPromptFile(const std::string& path) {
+  // Only regular files: a FIFO or device (/dev/zero) would hang or never end.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt file ", path, " is not a regular file"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read prompt file ", path));
   std::vector<PromptItem> out;

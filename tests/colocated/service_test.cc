@@ -151,6 +151,19 @@ TEST(ColocatedServiceTest, FullPoolUnderRejectPolicyIs503) {
   EXPECT_EQ(std::get<frontend::ApiError>(second).http_status, 503);
 }
 
+TEST(ColocatedServiceTest, MoreChoicesThanTheBatchUnderRejectPolicyIs400) {
+  ServiceOptions options;
+  options.max_batch = 2;
+  options.policy = serving::AdmissionPolicy::kReject;
+  auto service = NewService(options);
+  frontend::ApiRequest req = Completion("In the beginning", 5);
+  req.n = 3;  // can never run at once, even on an idle server: not a retryable 503
+  frontend::StartResult started = service->Start(req, std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(started));
+  EXPECT_EQ(std::get<frontend::ApiError>(started).http_status, 400);
+  EXPECT_EQ(std::get<frontend::ApiError>(started).param, "n");
+}
+
 TEST(ColocatedServiceTest, FullWaitingQueueIs429) {
   ServiceOptions options;
   options.max_batch = 1;

@@ -100,5 +100,19 @@ TEST(DeployConfigTest, ReportsEveryErrorNotJustTheFirst) {
   EXPECT_EQ(parsed.errors[1].key, "decode[0].port");
 }
 
+TEST(DeployConfigTest, MissingSectionsAreErrorsNotCrashes) {
+  const ParsedDeployConfig parsed = ParseDeployConfig("name: local\n", "m.yaml");
+  ASSERT_EQ(parsed.errors.size(), 4u);
+  EXPECT_EQ(parsed.errors[0].key, "model");
+  EXPECT_EQ(parsed.errors[1].key, "router");
+  EXPECT_EQ(parsed.errors[1].message, "required key is missing");
+}
+
+TEST(DeployConfigTest, NonRegularFileIsRefused) {
+  const ParsedDeployConfig parsed = LoadDeployConfigFile("/dev/zero");
+  ASSERT_EQ(parsed.errors.size(), 1u);
+  EXPECT_EQ(parsed.errors[0].message, "not a regular file");
+}
+
 }  // namespace
 }  // namespace pdserve::config
