@@ -72,11 +72,11 @@ int RunCheckCommand(CheckArgs args) {
   o.greedy_control = !args.no_greedy;
   o.logprobs = !args.no_logprobs;
   o.seed = args.seed;
-  if (o.model.empty()) {
-    auto model = loadgen::FirstServedModel(o.url);
-    if (!model.ok()) return Error(std::string(model.status().message()));
-    o.model = *model;
-  }
+  // Asked even when --model is given: an unreachable server is an error (exit 2), not a
+  // coherence failure (exit 1).
+  auto served = loadgen::FirstServedModel(o.url);
+  if (!served.ok()) return Error(std::string(served.status().message()));
+  if (o.model.empty()) o.model = *served;
   const std::string path = args.prompts.empty() ? DefaultPromptFile() : args.prompts;
   auto prompts = loadgen::LoadPromptFile(path);
   if (!prompts.ok()) return Error(std::string(prompts.status().message()));
