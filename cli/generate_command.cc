@@ -96,6 +96,11 @@ absl::Status Generate(const GenerateOptions& options) {
   service_options.model_dir = options.model_dir;
   service_options.max_batch = std::max(1, options.n);
   service_options.token_budget = std::max<int64_t>(512, service_options.max_batch + 1);
+  service_options.model = engine::WithTestFaultsFromEnvironment({});
+  if (const std::string warning = engine::TestFaultWarning(service_options.model);
+      !warning.empty()) {
+    std::fprintf(stderr, "pdserve generate: %s\n", warning.c_str());
+  }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<colocated::ColocatedService> service,
                            colocated::ColocatedService::Create(service_options));
   frontend::ApiRequest req;

@@ -2,6 +2,11 @@
 //
 //   pdserve serve [--model DIR] [--host H] [--port P] [--max-batch N] [--pool-tokens T]
 //                 [--token-budget B] [--reject-when-full] [--degeneration flag|stop]
+//                 [--paranoid] [--canary-every N]
+//
+// Guards (docs/guards.md): --paranoid and --canary-every as deploy config guards.paranoid /
+// guards.canary_every. The environment variable PDSERVE_TEST_SCRAMBLE_INDEXER=1 makes the
+// lightning indexer deliberately wrong for the coherence tests; it is logged as a warning.
 //
 // Prints "pdserve serve: listening on http://HOST:PORT" once bound (--port 0 picks a free port),
 // serves until SIGINT or SIGTERM, then stops the server and the engine loop.
@@ -29,6 +34,8 @@ struct ServeOptions {
   int64_t token_budget = 512;
   bool reject_when_full = false;
   std::string degeneration = "flag";
+  bool paranoid = false;
+  int64_t canary_every = 0;
 };
 
 absl::Status Serve(const ServeOptions& options) {
@@ -42,6 +49,15 @@ absl::Status Serve(const ServeOptions& options) {
   service_options.runner.degeneration = options.degeneration == "stop"
                                             ? colocated::DegenerationAction::kStop
                                             : colocated::DegenerationAction::kFlag;
+  service_options.runner.paranoid = options.paranoid;
+  service_options.canary_every = options.canary_every;
+  service_options.model = engine::WithTestFaultsFromEnvironment({});
+  if (const std::string warning = engine::TestFaultWarning(service_options.model);
+      !warning.empty()) {
+    std::fprintf(stderr, "pdserve serve: %s\n", warning.c_str());
+  }
+  std::fprintf(stderr, "pdserve serve: %s\n",
+               engine::ImplementationSummary(service_options.model).c_str());
   // Block the signals before any thread starts, so only sigwait below receives them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -86,6 +102,12 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "On degenerate output: flag (keep going) or stop (finish_reason degenerate)")
       ->capture_default_str()
       ->check(CLI::IsMember({"flag", "stop"}));
+  cmd->add_flag("--paranoid", o->paranoid,
+                "Verify every page's owner and epoch before each state load and after each store");
+  cmd->add_option("--canary-every", o->canary_every,
+                  "Recompute the last-token logits of 1 in N requests from scratch (0: never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([o, exit_code] {
     const absl::Status status = Serve(*o);
     if (!status.ok()) {

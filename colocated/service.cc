@@ -86,11 +86,17 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
         options.max_batch, ", ", options.token_budget, ", ", options.pool_tokens, ", ",
         options.max_waiting));
   }
+  if (options.canary_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("canary_every must be >= 0, got ", options.canary_every));
+  }
   std::unique_ptr<ColocatedService> s(new ColocatedService());
   s->options_ = options;
+  s->canary_ = guards::CanarySampler(options.canary_every);
   s->model_names_ = {std::filesystem::path(options.model_dir).filename().string(),
                      options.model_dir};
-  PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(options.model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(engine::Model model,
+                           engine::Model::Load(options.model_dir, options.model));
   s->model_ = std::make_unique<engine::Model>(std::move(model));
   PDSERVE_ASSIGN_OR_RETURN(s->tokenizer_, text::Tokenizer::Load(options.model_dir));
   absl::StatusOr<std::unique_ptr<text::ChatFormat>> chat =
@@ -189,6 +195,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   serving::SamplingParams params = RequestParams(req, defaults_);
   params.max_tokens = static_cast<int32_t>(max_tokens);
   const std::string request_id = frontend::NewResponseId(req.endpoint);
+  const bool canary = canary_.Picks(request_id);
   std::vector<int32_t> eos = req.ignore_eos ? std::vector<int32_t>{} : eos_ids_;
   absl::StatusOr<serving::RequestSampler> sampler =
       serving::RequestSampler::Create(params, request_id, eos, *prompt, config.vocab_size);
@@ -277,7 +284,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   }
   for (int c = 0; c < params.n; ++c) {
     const serving::RequestId id = request->sequences[c];
-    absl::Status added = runner_->Add(id, {request->context, c, *prompt, max_tokens});
+    absl::Status added = runner_->Add(id, {request->context, c, *prompt, max_tokens, canary});
     absl::Status submitted =
         added.ok() ? scheduler_->Submit({id, prompt_length, max_tokens}) : added;
     if (!submitted.ok()) {
@@ -353,6 +360,19 @@ std::string ColocatedService::MetricsText() const {
         static_cast<double>(generated_tokens_.load()));
   gauge("pdserve_degenerate_choices", "Choices the degeneration detector flagged.",
         static_cast<double>(degenerate_choices_.load()));
+  const GuardCounts guards = runner_->guard_counts();
+  auto counter = [&out](const std::string& name, const std::string& help, int64_t value) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ",
+                    value, "\n");
+  };
+  counter("pdserve_canary_checks_total", "Choices whose last-token logits the canary recomputed.",
+          guards.canary_checks);
+  counter("pdserve_canary_mismatches_total",
+          "Canary checks whose logits differed from a fresh one-shot forward (request failed).",
+          guards.canary_mismatches);
+  counter("pdserve_isolation_errors_total",
+          "Paranoid-mode page checks that found a page with another owner or epoch.",
+          guards.isolation_errors);
   for (int32_t k = 0; k < pool_->num_kinds(); ++k) {
     absl::StrAppend(&out, "# HELP pdserve_state_pages_free_", pool_->kind(k).name,
                     " Free state pages of this kind.\n# TYPE pdserve_state_pages_free_",

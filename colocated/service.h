@@ -30,6 +30,7 @@
 #include "colocated/step_runner.h"
 #include "engine/model.h"
 #include "frontend/generation_service.h"
+#include "guards/canary.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
 #include "serving/sampling_params.h"
@@ -48,7 +49,12 @@ struct ServiceOptions {
   int64_t token_budget = 512;  // tokens per engine step (decode + prefill)
   int64_t max_waiting = 1024;  // sequences queued beyond this get 429
   serving::AdmissionPolicy policy = serving::AdmissionPolicy::kWait;
-  RunnerOptions runner;
+  RunnerOptions runner;  // runner.paranoid: paranoid mode (step_runner.h)
+  // The canary checks 1 in canary_every requests (guards::CanarySampler over the response id;
+  // 0: none): every choice of a picked request has its last-token logits recomputed.
+  int64_t canary_every = 0;
+  // Implementation switches and test-only faults passed to engine::Model::Load.
+  engine::ModelOptions model;
 };
 
 class ColocatedService : public frontend::GenerationService {
@@ -96,6 +102,7 @@ class ColocatedService : public frontend::GenerationService {
   serving::SystemClock clock_;
   std::unique_ptr<serving::Scheduler> scheduler_;
   std::unique_ptr<EngineStepRunner> runner_;
+  guards::CanarySampler canary_{0};
   std::atomic<uint64_t> next_sequence_{1};
   std::atomic<int64_t> degenerate_choices_{0};
   std::atomic<int64_t> generated_tokens_{0};

@@ -8,6 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "guards/canary.h"
+#include "guards/page_ownership.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {
 
@@ -23,8 +26,9 @@ struct EngineStepRunner::Sequence {
   const PagedState paged;
   // Touched only by the thread running this sequence's work in a step; steps are ordered by the
   // scheduler's fence.
-  int64_t computed = 0;            // tokens whose state is in the pages
-  std::vector<int32_t> generated;  // sampled tokens
+  int64_t computed = 0;                      // tokens whose state is in the pages
+  std::vector<int32_t> generated;            // sampled tokens
+  std::optional<serving::PageTable> pinned;  // paranoid mode: the table of the first step
   guards::DegenerationDetector detector;
   bool degenerate = false;
 };
@@ -58,6 +62,34 @@ void EngineStepRunner::Remove(serving::RequestId id) {
 int64_t EngineStepRunner::num_sequences() const {
   absl::MutexLock lock(&mutex_);
   return static_cast<int64_t>(sequences_.size());
+}
+
+GuardCounts EngineStepRunner::guard_counts() const {
+  return {canary_checks_.load(), canary_mismatches_.load(), isolation_errors_.load()};
+}
+
+absl::Status EngineStepRunner::VerifyPages(const Sequence& seq, const char* where) {
+  absl::Status ok = guards::VerifyPinnedPages(*pool_, *seq.pinned, where);
+  if (!ok.ok()) {
+    ++isolation_errors_;
+    spdlog::error("paranoid: {}", std::string(ok.message()));
+  }
+  return ok;
+}
+
+absl::Status EngineStepRunner::RunCanary(const Sequence& seq, std::span<const float> last) {
+  // The inputs `last` came from: the prompt and every generated token but the one just sampled.
+  std::vector<int32_t> tokens = seq.setup.prompt;
+  tokens.insert(tokens.end(), seq.generated.begin(), seq.generated.end() - 1);
+  PDSERVE_ASSIGN_OR_RETURN(guards::CanaryResult result,
+                           guards::CheckLastTokenLogits(model_, tokens, last));
+  ++canary_checks_;
+  if (result.pass) return absl::OkStatus();
+  ++canary_mismatches_;
+  absl::Status mismatch = guards::CanaryMismatchError(
+      absl::StrCat("sequence ", seq.id, " at position ", tokens.size()), result);
+  spdlog::error("{}", std::string(mismatch.message()));
+  return mismatch;
 }
 
 absl::StatusOr<serving::StepOutcome> EngineStepRunner::Run(const serving::StepPlan& plan) {
@@ -119,6 +151,11 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   }
 
   PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table, pool_->Table(seq.id));
+  if (options_.paranoid) {
+    if (!seq.pinned) seq.pinned = table;
+    PDSERVE_RETURN_IF_ERROR(VerifyPages(seq, "before load"));
+    table = *seq.pinned;
+  }
   PDSERVE_ASSIGN_OR_RETURN(SequencePages pages, MapPages(*pool_, table));
   engine::ModelState state = model_.NewState();
   PDSERVE_RETURN_IF_ERROR(seq.paged.Load(seq.computed, pages, &state));
@@ -134,6 +171,7 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
     PDSERVE_ASSIGN_OR_RETURN(logits, model_.Forward(&state, tokens));
   }
   PDSERVE_RETURN_IF_ERROR(seq.paged.Store(state, seq.computed, pages));
+  if (options_.paranoid) PDSERVE_RETURN_IF_ERROR(VerifyPages(seq, "after store"));
   seq.computed = state.position;
   if (!work.samples) return false;
   if (logits.data.empty()) {
@@ -158,6 +196,10 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   } else if (seq.degenerate && options_.degeneration == DegenerationAction::kStop) {
     event.finish_reason = "degenerate";
     stop = true;
+  }
+  // The canary runs before the last token is delivered, so a mismatch fails the choice instead.
+  if (seq.setup.canary && !event.finish_reason.empty()) {
+    PDSERVE_RETURN_IF_ERROR(RunCanary(seq, last));
   }
   if (request.on_token && request.on_token(event)) stop = true;
   return stop;

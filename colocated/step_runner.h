@@ -16,10 +16,12 @@
 // serially (one request mutex), events of different requests may be concurrent.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,6 +72,12 @@ struct SequenceSetup {
   int32_t choice = 0;
   std::vector<int32_t> prompt;  // >= 1 token
   int64_t max_tokens = 1;       // as submitted to the scheduler
+  // Picked by the canary (guards::CanarySampler): when the runner ends this choice (EOS, stop id,
+  // max_tokens, degeneration stop) the logits it sampled the last token from are recomputed by
+  // a fresh one-shot forward (guards::CheckLastTokenLogits) before that token is delivered; a
+  // mismatch fails the choice through on_error instead. A choice ended by a stop string (known
+  // only to on_token) is not checked.
+  bool canary = false;
 };
 
 struct RunnerOptions {
@@ -80,6 +88,19 @@ struct RunnerOptions {
   int threads = 1;
   DegenerationAction degeneration = DegenerationAction::kFlag;
   guards::DegenerationThresholds thresholds;
+  // Paranoid mode (deploy config guards.paranoid): a sequence's page table is pinned at its first
+  // step, and before every Load and after every Store each pinned page is verified to be still the
+  // sequence's live allocation (guards::VerifyPinnedPages); a page that changed owner or epoch
+  // fails the choice with an isolation error. Without it the runner uses the pool's current table
+  // and the owner + epoch check of MapPages.
+  bool paranoid = false;
+};
+
+// Guard counters since the runner started (monotonic).
+struct GuardCounts {
+  int64_t canary_checks = 0;      // choices whose last-token logits were recomputed
+  int64_t canary_mismatches = 0;  // ... and differed beyond guards::kCanaryTolerance
+  int64_t isolation_errors = 0;   // paranoid page checks that failed
 };
 
 class EngineStepRunner : public serving::StepRunner {
@@ -95,6 +116,7 @@ class EngineStepRunner : public serving::StepRunner {
   // Forgets `id` (finished, cancelled or expired). A step in flight may still finish it.
   void Remove(serving::RequestId id);
   int64_t num_sequences() const;
+  GuardCounts guard_counts() const;
 
   // Runs `plan`. A sequence whose Forward or sampling fails gets on_error and is listed stopped;
   // ids no longer registered (cancelled after the plan was built) are skipped. Never fails.
@@ -115,7 +137,16 @@ class EngineStepRunner : public serving::StepRunner {
   const engine::Model& model_;
   const serving::StateLayout& layout_;
   serving::PagePool* const pool_;
+  // Canary of `seq` over the logits `last` that its newest token (already in seq.generated) was
+  // sampled from; OK or the mismatch.
+  absl::Status RunCanary(const Sequence& seq, std::span<const float> last);
+  // Paranoid check of `seq`'s pinned table; counts and logs a failure.
+  absl::Status VerifyPages(const Sequence& seq, const char* where);
+
   const RunnerOptions options_;
+  std::atomic<int64_t> canary_checks_{0};
+  std::atomic<int64_t> canary_mismatches_{0};
+  std::atomic<int64_t> isolation_errors_{0};
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<serving::RequestId, std::shared_ptr<Sequence>> sequences_
       ABSL_GUARDED_BY(mutex_);

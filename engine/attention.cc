@@ -1,6 +1,7 @@
 #include "engine/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -18,10 +19,15 @@ namespace {
 
 std::string Prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + ".self_attn"; }
 
+// serving::kPoisonWord (a quiet NaN), what a freed or never-written pool page holds in debug
+// builds; repeated here because the engine does not depend on serving.
+float UnwrittenRowValue() { return std::bit_cast<float>(uint32_t{0x7FC57FC5u}); }
+
 }  // namespace
 
 Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
-                     const RopeTable* main_rope, const RopeTable* compress_rope)
+                     const RopeTable* main_rope, const RopeTable* compress_rope,
+                     IndexerFault indexer_fault)
     : config_(config),
       type_(config.layer_types.at(static_cast<size_t>(layer))),
       rate_(config.CompressRate(type_)),
@@ -47,7 +53,8 @@ Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t 
     indexer_compressor_ =
         std::make_unique<Compressor>(weights, compressor + ".indexer", rate_, config.index_head_dim,
                                      /*overlapping=*/true, config.hidden_size, eps, compress_rope);
-    indexer_ = std::make_unique<Indexer>(config, weights, compressor + ".indexer", compress_rope);
+    indexer_ = std::make_unique<Indexer>(config, weights, compressor + ".indexer", compress_rope,
+                                         indexer_fault);
   }
 }
 
@@ -134,8 +141,14 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
     std::copy_n(keys.ptr() + (window_from - keys_first_position) * hd, window_rows * hd,
                 block_keys.data());
     for (size_t e = 0; e < block_entries.size(); ++e) {
-      std::copy_n(entries.ptr() + block_entries[e] * hd, hd,
-                  block_keys.data() + (window_rows + static_cast<int64_t>(e)) * hd);
+      float* to = block_keys.data() + (window_rows + static_cast<int64_t>(e)) * hd;
+      if (block_entries[e] < entries.dim(0)) {
+        std::copy_n(entries.ptr() + block_entries[e] * hd, hd, to);
+      } else {
+        // Only a faulty indexer (IndexerFault::kUnmaskedSlots) names an entry that does not
+        // exist yet; a kernel would read a never-written row, which pool pages hold as poison.
+        std::fill_n(to, hd, UnwrittenRowValue());
+      }
     }
     visible.assign(static_cast<size_t>(nb * n_keys), 0);
     for (int64_t j = 0; j < nb; ++j) {

@@ -28,8 +28,10 @@ class Attention {
  public:
   // Reads model.layers.<layer>.self_attn.* from `weights` (validated by the model); `weights`,
   // `config` and the rope tables must outlive the block.
+  // `indexer_fault` is kNone except in the guards' tests (engine/model_options.h).
   Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
-            const RopeTable* main_rope, const RopeTable* compress_rope);
+            const RopeTable* main_rope, const RopeTable* compress_rope,
+            IndexerFault indexer_fault = IndexerFault::kNone);
 
   LayerState NewState() const;
 

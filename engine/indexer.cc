@@ -12,8 +12,19 @@ namespace pdserve::engine {
 
 namespace cpu = ::pdserve::kernels::cpu;
 
+namespace {
+
+// The test-only wrong indexers of engine/model_options.h, applied to one query's top-k row.
+void ApplyFault(IndexerFault fault, int64_t visible, int64_t topk, int32_t* row) {
+  if (fault == IndexerFault::kUnmaskedSlots) {
+    for (int64_t k = visible; k < topk; ++k) row[k] = static_cast<int32_t>(k);
+  }
+}
+
+}  // namespace
+
 Indexer::Indexer(const ModelConfig& config, const Weights& weights, const std::string& prefix,
-                 const RopeTable* rope)
+                 const RopeTable* rope, IndexerFault fault)
     : rate_(config.compress_rate_csa),
       heads_(config.index_n_heads),
       head_dim_(config.index_head_dim),
@@ -21,6 +32,7 @@ Indexer::Indexer(const ModelConfig& config, const Weights& weights, const std::s
       hidden_(config.hidden_size),
       q_lora_rank_(config.q_lora_rank),
       rope_(rope),
+      fault_(fault),
       q_b_proj_(weights.At(prefix + ".q_b_proj.weight")),
       weights_proj_(weights.At(prefix + ".scorer.weights_proj.weight")) {}
 
@@ -65,7 +77,9 @@ void Indexer::Select(const float* x, const float* q_residual, int64_t tokens,
           const float* d = dots.data() + (j * heads_ + h) * cols;
           for (int64_t s = 0; s < visible; ++s) scores[s] += std::max(d[s], 0.0f) * score_scale * w;
         }
-        cpu::TopK(scores.data(), visible, topk_, picks->data() + i * topk_, scratch.data());
+        int32_t* row = picks->data() + i * topk_;
+        cpu::TopK(scores.data(), visible, topk_, row, scratch.data());
+        if (fault_ != IndexerFault::kNone) ApplyFault(fault_, visible, topk_, row);
       }
     });
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/model_options.h"
 #include "engine/rope_table.h"
 #include "engine/state.h"
 #include "engine/weights.h"
@@ -26,8 +27,9 @@ class Indexer {
  public:
   // `prefix` is the indexer module, e.g. "model.layers.2.self_attn.compressor.indexer"; needs
   // q_b_proj.weight [heads * ihd, q_lora_rank] and scorer.weights_proj.weight [heads, hidden].
+  // `fault` is kNone except in the tests of the coherence guards (engine/model_options.h).
   Indexer(const ModelConfig& config, const Weights& weights, const std::string& prefix,
-          const RopeTable* rope);
+          const RopeTable* rope, IndexerFault fault = IndexerFault::kNone);
 
   // x: [tokens, hidden]; q_residual: [tokens, q_lora_rank]; the queries sit at positions
   // first_position + i. `keys` must already include every entry these queries may see.
@@ -45,6 +47,7 @@ class Indexer {
   int64_t hidden_;
   int64_t q_lora_rank_;
   const RopeTable* rope_;
+  IndexerFault fault_;
   const Tensor& q_b_proj_;
   const Tensor& weights_proj_;
 };

@@ -85,6 +85,7 @@ struct Model::Impl {
 
   ModelConfig config;
   Weights weights;
+  ModelOptions options;
   RopeTable main_rope;
   RopeTable compress_rope;
   struct Layer {
@@ -104,14 +105,16 @@ Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
 const ModelConfig& Model::config() const { return impl_->config; }
+const ModelOptions& Model::options() const { return impl_->options; }
 
-absl::StatusOr<Model> Model::Load(const std::string& model_dir) {
+absl::StatusOr<Model> Model::Load(const std::string& model_dir, ModelOptions options) {
   PDSERVE_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(model_dir));
   PDSERVE_ASSIGN_OR_RETURN(Weights weights, Weights::Load(model_dir, config));
-  return FromWeights(std::move(config), std::move(weights));
+  return FromWeights(std::move(config), std::move(weights), std::move(options));
 }
 
-absl::StatusOr<Model> Model::FromWeights(ModelConfig config, Weights weights) {
+absl::StatusOr<Model> Model::FromWeights(ModelConfig config, Weights weights,
+                                         ModelOptions options) {
   PDSERVE_RETURN_IF_ERROR(ValidateConfig(config));
   if (config.tie_word_embeddings && !weights.Get("lm_head.weight").ok()) {
     auto embed = weights.Get("model.embed_tokens.weight");
@@ -119,12 +122,14 @@ absl::StatusOr<Model> Model::FromWeights(ModelConfig config, Weights weights) {
   }
   PDSERVE_RETURN_IF_ERROR(ValidateWeights(config, weights));
   auto impl = std::make_unique<Impl>(std::move(config), std::move(weights));
+  impl->options = std::move(options);
   const ModelConfig& c = impl->config;
   const Weights& w = impl->weights;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l);
     Impl::Layer layer;
-    layer.attention = std::make_unique<Attention>(c, w, l, &impl->main_rope, &impl->compress_rope);
+    layer.attention = std::make_unique<Attention>(c, w, l, &impl->main_rope, &impl->compress_rope,
+                                                  impl->options.indexer_fault);
     layer.moe = std::make_unique<Moe>(c, w, l);
     layer.attn_hc = SiteWeights(w, p + ".attn_hc");
     layer.ffn_hc = SiteWeights(w, p + ".ffn_hc");

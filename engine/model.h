@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/model_options.h"
 #include "engine/state.h"
 #include "engine/tensor.h"
 #include "engine/weights.h"
@@ -26,17 +27,20 @@ namespace pdserve::engine {
 class Model {
  public:
   // Loads config.json and the safetensors weights of a Hugging Face model directory
-  // (ModelConfig::Load, Weights::Load) and validates them.
-  static absl::StatusOr<Model> Load(const std::string& model_dir);
+  // (ModelConfig::Load, Weights::Load) and validates them. `options`: implementation switches
+  // and test-only faults (engine/model_options.h); the default is the production engine.
+  static absl::StatusOr<Model> Load(const std::string& model_dir, ModelOptions options = {});
   // Builds a model from parts already in memory. InvalidArgument names the first missing or
   // mis-shaped tensor (see engine/tensor_spec.h) or an unsupported config value.
-  static absl::StatusOr<Model> FromWeights(ModelConfig config, Weights weights);
+  static absl::StatusOr<Model> FromWeights(ModelConfig config, Weights weights,
+                                           ModelOptions options = {});
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
   ~Model();
 
   const ModelConfig& config() const;
+  const ModelOptions& options() const;
 
   // An empty state (position 0) for a new request.
   ModelState NewState() const;
