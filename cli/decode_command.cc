@@ -27,6 +27,7 @@ struct DecodeFlags {
 };
 
 absl::Status RunDecode(const DecodeFlags& flags) {
+  worker::LogToStderr("decode");
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry,
                            worker::LoadWorkerEntry(flags.worker, "decode"));

@@ -20,6 +20,7 @@ namespace pdserve::cli {
 namespace {
 
 absl::Status RunPrefill(const worker::WorkerFlags& flags) {
+  worker::LogToStderr("prefill");
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry, worker::LoadWorkerEntry(flags, "prefill"));
   prefill::PrefillWorkerOptions options;

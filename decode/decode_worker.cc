@@ -443,7 +443,18 @@ void DecodeWorker::OnRelease(uint64_t ticket_id) {
   const uint64_t id = found->second;
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  FreePages(*it->second);
+  Request& r = *it->second;
+  if (r.phase == Phase::kReceiving && !r.aborted) {
+    // Released before the transfer loop saw an outcome: the lease ended with the transfer
+    // unverified (the receiver fails and releases such a ticket in the same sweep).
+    r.phase = Phase::kDone;
+    isolation_failures_->WithLabels({"lease"}).Increment();
+    QueueFinal(r, "error",
+               kv::MakeIsolationError(
+                   kv::IsolationError::kLease,
+                   absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended")));
+  }
+  FreePages(r);
   MaybeForget(id);
 }
 

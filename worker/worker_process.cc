@@ -9,6 +9,7 @@
 #include "common/systemd_notify.h"
 #include "frontend/generation_service.h"
 #include "frontend/http_server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::worker {
@@ -65,6 +66,10 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
                          : deploy->served_name;
   entry.deploy = std::move(*deploy);
   return entry;
+}
+
+void LogToStderr(const std::string& role) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("pdserve-" + role));
 }
 
 void BlockStopSignals() {

@@ -38,6 +38,10 @@ struct WorkerEntry {
 // Errors: the config's InvalidArgument; NotFound for an unknown name.
 absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std::string& role);
 
+// Sends spdlog's default logger to stderr (stdout carries only the "serving on" line), named
+// after `role`.
+void LogToStderr(const std::string& role);
+
 // Blocks SIGINT and SIGTERM in this thread and every thread started after it, so RunWorker's
 // sigwait receives them. Call first in the subcommand.
 void BlockStopSignals();
