@@ -17,9 +17,9 @@ namespace v1 = pdserve::worker::v1;
 
 // Prompt lengths: 1; around the sliding window (64) and the CSA compressed page (64 entries x
 // rate 4 = 256 tokens): page size - 1, page size, page size + 1; and longer than the window.
-const std::vector<int> kPromptLengths = {1,   2,   3,   5,   8,   13,  21,  34,  63,  64,  65,
-                                         80,  100, 127, 128, 129, 150, 170, 200, 230, 255, 256,
-                                         257, 270, 300, 40,  50,  90,  110, 140, 190, 320};
+const std::vector<int> kPromptLengths = {1,  2,  3,  4,   5,   6,   7,   8,   9,   10, 11,
+                                         12, 16, 20, 24,  31,  32,  33,  40,  48,  63, 64,
+                                         65, 70, 96, 127, 128, 129, 255, 256, 257, 300};
 constexpr uint64_t kCorruptRequest = 900001;
 
 std::vector<RequestSpec> EquivalenceSpecs() {

@@ -3,7 +3,9 @@
 // the pages; the prefill worker killed mid-transfer; the decode worker killed mid-transfer. The
 // transfer is held open with the prefill worker's TEST-ONLY delay switch (prefill/test_faults.h).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <csignal>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -160,6 +162,37 @@ TEST(PdFaultTest, DecodeKilledMidTransferEndsPrefillWork) {
   EXPECT_EQ(stats.running_requests(), 0);
   EXPECT_EQ(stats.waiting_requests(), 0);
   EXPECT_EQ(stats.pages_free(), stats.pages_total());
+}
+
+// The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
+int ExitStatusAfterSigterm(pid_t pid) {
+  kill(pid, SIGTERM);
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0) return -1;
+  return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;
+}
+
+TEST(PdProcessTest, WorkersReportHealthAndExitZeroOnSigterm) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  {
+    grpc::ClientContext c;
+    v1::HealthResponse health;
+    ASSERT_TRUE((*cluster)->prefill().Health(&c, v1::HealthRequest(), &health).ok());
+    EXPECT_EQ(health.state(), v1::HealthResponse::STATE_SERVING);
+    EXPECT_EQ(health.role(), "prefill");
+    EXPECT_EQ(health.model(), "kjv-v4-tiny");
+  }
+  {
+    grpc::ClientContext c;
+    v1::HealthResponse health;
+    ASSERT_TRUE((*cluster)->decode().Health(&c, v1::HealthRequest(), &health).ok());
+    EXPECT_EQ(health.state(), v1::HealthResponse::STATE_SERVING);
+    EXPECT_EQ(health.role(), "decode");
+    EXPECT_NE(health.incarnation(), 0u);
+  }
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->decode_process().pid()), 0);
 }
 
 }  // namespace
