@@ -229,7 +229,21 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
     return polled.status();
   };
 
-  // Chunked prefill: Forward calls cut at absolute multiples of prefill_block, as colocated.
+  // Chunked prefill: Forward calls cut at absolute multiples of prefill_block, as colocated. In
+  // the final block each layer's pages are stored and posted as soon as the layer's attention has
+  // extended its state, so UCX moves layer l while layers l+1.. compute.
+  PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
+  const colocated::PagedState paged(config, *model_.layout, total);
+  absl::Status posting;  // the first failure of the final block's per-layer posts
+  absl::Time first_post = absl::InfiniteFuture();
+  const engine::Model::LayerHook post_layer = [&](int64_t layer, const engine::LayerState& ls,
+                                                  int64_t position) {
+    if (!posting.ok()) return;
+    first_post = std::min(first_post, absl::Now());
+    posting = paged.StoreLayer(layer, ls, position, 0, pages);
+    if (posting.ok()) posting = transfer->PostLayer(static_cast<uint32_t>(layer));
+    if (posting.ok()) posting = check();
+  };
   const absl::Time prefill_start = absl::Now();
   engine::ModelState state = model_.model->NewState();
   engine::Tensor logits;
@@ -237,7 +251,10 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
     const int64_t to =
         std::min(prompt_length, (from / options_.prefill_block + 1) * options_.prefill_block);
     std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
-    PDSERVE_ASSIGN_OR_RETURN(logits, model_.model->Forward(&state, tokens));
+    const bool final_block = to == prompt_length;
+    PDSERVE_ASSIGN_OR_RETURN(
+        logits, model_.model->Forward(&state, tokens, final_block ? post_layer : nullptr));
+    PDSERVE_RETURN_IF_ERROR(posting);
     chunk_tokens_->Observe(static_cast<double>(to - from));
     from = to;
     PDSERVE_RETURN_IF_ERROR(check());
@@ -248,16 +265,8 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
                               static_cast<size_t>(vocab));
   PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first,
                            sampler.Next(static_cast<int32_t>(request.sampling().choice()), last));
-  PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
-  const colocated::PagedState paged(config, *model_.layout, total);
-  PDSERVE_RETURN_IF_ERROR(paged.Store(state, 0, pages));
   const absl::Time prefill_end = absl::Now();
 
-  // Layer by layer: UCX moves layer l while layer l + 1 is checksummed and posted.
-  for (uint32_t layer = 0; layer < model_.layers.size(); ++layer) {
-    PDSERVE_RETURN_IF_ERROR(transfer->PostLayer(layer));
-    PDSERVE_RETURN_IF_ERROR(check());
-  }
   PDSERVE_RETURN_IF_ERROR(
       transfer->Commit(static_cast<int32_t>(prompt_length), first.sampled.token));
   for (;;) {
@@ -272,7 +281,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   const uint64_t bytes = ticket.total_bytes();
   transfer_bytes_ += static_cast<int64_t>(bytes);
   transfer_bytes_total_->Increment(static_cast<double>(bytes));
-  const double transfer_seconds = absl::ToDoubleSeconds(transfer_end - prefill_end);
+  const double transfer_seconds = absl::ToDoubleSeconds(transfer_end - first_post);
   transfer_seconds_->Observe(transfer_seconds);
   if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
 
@@ -284,7 +293,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   commit->set_prompt_tokens(static_cast<int32_t>(prompt_length));
   commit->set_first_token(first.sampled.token);
   response.set_prefill_us(absl::ToInt64Microseconds(prefill_end - prefill_start));
-  response.set_transfer_us(absl::ToInt64Microseconds(transfer_end - prefill_end));
+  response.set_transfer_us(absl::ToInt64Microseconds(transfer_end - first_post));
   *response.mutable_first_token() = worker::SampledTokenToProto(first.sampled);
   response.set_transfer_bytes(bytes);
   return response;

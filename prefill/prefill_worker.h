@@ -7,9 +7,10 @@
 // is sampled with serving::RequestSampler keyed (seed, choice, position = prompt length), so the
 // state and the token are bit-identical to colocated mode's.
 //
-// Transfer. The state is stored into the worker's own pool pages (colocated::PagedState, the
-// transfer format), planned with kv::PlanTransfer and posted layer by layer (Transfer::PostLayer)
-// after the final Forward; UCX moves layer l while the worker posts layer l + 1. Heartbeats go out
+// Transfer. In the final prefill block, Model::Forward's per-layer hook stores each layer's state
+// into the worker's own pool pages (colocated::PagedState::StoreLayer, the transfer format) and
+// posts them (Transfer::PostLayer) as soon as the layer's attention is done, so UCX moves layer l
+// while layers l+1.. compute. Slots come from kv::PlanTransfer. Heartbeats go out
 // between prefill blocks, so a long prompt keeps its lease. One prefill runs at a time (the UCX
 // transport is single-threaded; the CPU backend's GEMMs already use every core); others wait in
 // FIFO order on a mutex.
