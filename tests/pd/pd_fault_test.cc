@@ -164,6 +164,41 @@ TEST(PdFaultTest, DecodeKilledMidTransferEndsPrefillWork) {
   EXPECT_EQ(stats.pages_free(), stats.pages_total());
 }
 
+TEST(PdFaultTest, CancelledGenerateAbortsTheRequestOnDecode) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(730001, 40, 3);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  EXPECT_EQ(DecodeStats(**cluster).waiting_requests(), 1);
+  {
+    grpc::ClientContext c;
+    v1::GenerateRequest generate;
+    generate.set_request_id(spec.request_id);
+    generate.set_ticket_id(reserved.ticket().ticket_id());
+    auto reader = (*cluster)->decode().Generate(&c, generate);
+    absl::SleepFor(absl::Milliseconds(200));
+    c.TryCancel();
+    v1::GenerateResponse event;
+    while (reader->Read(&event)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The request is aborted: no longer waiting; its pages wait behind the fence (no prefill
+  // worker ever wrote them, so the lease frees them).
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    stats = DecodeStats(**cluster);
+  } while (stats.waiting_requests() != 0 && absl::Now() < until);
+  EXPECT_EQ(stats.waiting_requests(), 0);
+  EXPECT_GT(stats.pages_quarantined(), 0);
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
