@@ -284,7 +284,9 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   }
   for (int c = 0; c < params.n; ++c) {
     const serving::RequestId id = request->sequences[c];
-    absl::Status added = runner_->Add(id, {request->context, c, *prompt, max_tokens, canary});
+    SequenceSetup setup{request->context, c, *prompt, max_tokens};
+    setup.canary = canary;
+    absl::Status added = runner_->Add(id, std::move(setup));
     absl::Status submitted =
         added.ok() ? scheduler_->Submit({id, prompt_length, max_tokens}) : added;
     if (!submitted.ok()) {

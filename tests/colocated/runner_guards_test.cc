@@ -42,7 +42,9 @@ class OneSequence {
       return false;
     };
     context->on_error = [this](int32_t, const absl::Status& status) { errors_.push_back(status); };
-    EXPECT_TRUE(runner_->Add(kId, {context, 0, prompt_, max_tokens, canary}).ok());
+    SequenceSetup setup{context, 0, prompt_, max_tokens};
+    setup.canary = canary;
+    EXPECT_TRUE(runner_->Add(kId, std::move(setup)).ok());
     EXPECT_TRUE(pool_->Allocate(kId, layout_.Demand(kTotal)).ok());
     // Another request holds the rest of the pool, so pages freed by kId are the only free ones.
     EXPECT_TRUE(pool_->Allocate(kFiller, layout_.Demand(kTotal)).ok());
