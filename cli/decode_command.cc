@@ -6,7 +6,9 @@
 // Serves the gRPC service on the config entry's host:port (the first decode entry, or NAME),
 // /metrics and /health on its metrics_port, until SIGINT or SIGTERM (exit 0). The model comes
 // from the config's model section, the lease from transfer.lease_ms, the degeneration action from
-// guards.degeneration_action. UCX_TLS picks the transport.
+// guards.degeneration_action, paranoid mode and the canary from guards.paranoid /
+// guards.canary_every, the reference switches from guards.reference_kernels (docs/guards.md).
+// UCX_TLS picks the transport; PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only wrong indexer.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -40,6 +42,9 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   options.runner.degeneration = entry.deploy.guards.degeneration_action == "stop"
                                     ? colocated::DegenerationAction::kStop
                                     : colocated::DegenerationAction::kFlag;
+  options.runner.paranoid = entry.deploy.guards.paranoid;
+  options.canary_every = entry.deploy.guards.canary_every;
+  PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeWorker> service,
                            decode::DecodeWorker::Create(options));
   worker::WorkerHooks hooks;

@@ -27,6 +27,7 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags) {
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;
   options.faults = prefill::TestFaults::FromEnvironment();
+  PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<prefill::PrefillWorker> service,
                            prefill::PrefillWorker::Create(options));
   worker::WorkerHooks hooks;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "colocated/paged_state.h"
 #include "common/status.h"
+#include "guards/canary.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/ticket_proto.h"
 #include "serving/sampler.h"
@@ -40,7 +41,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   }
   std::unique_ptr<DecodeWorker> w(new DecodeWorker());
   w->options_ = std::move(options);
-  PDSERVE_ASSIGN_OR_RETURN(w->model_, worker::LoadWorkerModel(w->options_.model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(w->model_,
+                           worker::LoadWorkerModel(w->options_.model_dir, w->options_.model));
   const engine::ModelConfig& config = w->model_.model->config();
   const int64_t pool_tokens = w->options_.pool_tokens > 0
                                   ? w->options_.pool_tokens
@@ -96,6 +98,18 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
       w->degenerate_,
       r.AddCounter("pdserve_decode_degenerate_generations_total",
                    "Generations the degeneration detector caught", {"kind", "action"}));
+
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* canary_checks,
+      r.AddCounter("pdserve_decode_canary_checks_total",
+                   "Requests whose last-token logits the canary recomputed from scratch"));
+  w->canary_checks_ = &canary_checks->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* canary_mismatches,
+      r.AddCounter("pdserve_decode_canary_mismatches_total",
+                   "Canary checks whose logits differed from a fresh one-shot forward"));
+  w->canary_mismatches_ = &canary_mismatches->Get();
+  w->canary_ = guards::CanarySampler(w->options_.canary_every);
 
   w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
   w->decode_thread_ = std::thread([self] { self->DecodeLoop(); });
@@ -349,6 +363,7 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
   setup.prompt = r.prompt;
   setup.max_tokens = r.params.max_tokens;
   setup.first_token = commit.first_token;
+  setup.canary = canary_.Picks(worker::SeedRequestId(request_id));
   absl::Status added = runner_->Add(r.sequence, std::move(setup));
   if (!added.ok()) {
     r.phase = Phase::kDone;
@@ -581,6 +596,13 @@ grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*
 
 std::string DecodeWorker::MetricsText() const {
   const RequestCounts counts = CountRequests();
+  // The runner keeps the guard counts; the counters catch up to them here.
+  const colocated::GuardCounts guards = runner_->guard_counts();
+  canary_checks_->Increment(static_cast<double>(guards.canary_checks) - canary_checks_->Value());
+  canary_mismatches_->Increment(static_cast<double>(guards.canary_mismatches) -
+                                canary_mismatches_->Value());
+  metrics::Counter& page_owner = isolation_failures_->WithLabels({"page_owner"});
+  page_owner.Increment(static_cast<double>(guards.isolation_errors) - page_owner.Value());
   running_gauge_->Set(static_cast<double>(counts.running));
   waiting_gauge_->Set(static_cast<double>(counts.waiting));
   fenced_pages_->Set(static_cast<double>(counts.quarantined_pages));

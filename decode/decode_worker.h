@@ -34,6 +34,7 @@
 #include "colocated/step_runner.h"
 #include "common/metrics.h"
 #include "engine/model.h"
+#include "guards/canary.h"
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/transfer_receiver.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
@@ -51,7 +52,12 @@ struct DecodeWorkerOptions {
   int64_t max_batch = 64;   // requests holding pages (reserved or decoding); Reserve beyond: 429
   int64_t pool_tokens = 0;  // tokens of state in the pool; 0: max_batch * context length
   absl::Duration lease = absl::Seconds(30);  // transfer lease (config transfer.lease_ms)
-  colocated::RunnerOptions runner;           // degeneration action, prefill_block
+  colocated::RunnerOptions
+      runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
+  // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by
+  // guards::CanarySampler over worker::SeedRequestId(request id).
+  int64_t canary_every = 0;
+  engine::ModelOptions model;  // guards.reference_kernels and test-only faults
 };
 
 class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
@@ -153,6 +159,9 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   metrics::Family<metrics::Counter>* isolation_failures_ = nullptr;
   metrics::Gauge* fenced_pages_ = nullptr;
   metrics::Family<metrics::Counter>* degenerate_ = nullptr;
+  metrics::Counter* canary_checks_ = nullptr;
+  metrics::Counter* canary_mismatches_ = nullptr;
+  guards::CanarySampler canary_{0};  // set once in Create
 };
 
 }  // namespace pdserve::decode

@@ -31,7 +31,8 @@ constexpr size_t kAbortedRemembered = 4096;
 absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options) {
   std::unique_ptr<PrefillWorker> w(new PrefillWorker());
   w->options_ = std::move(options);
-  PDSERVE_ASSIGN_OR_RETURN(w->model_, worker::LoadWorkerModel(w->options_.model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(w->model_,
+                           worker::LoadWorkerModel(w->options_.model_dir, w->options_.model));
   const engine::ModelConfig& config = w->model_.model->config();
   // One sequence at a time, of up to the context length.
   PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(

@@ -51,6 +51,7 @@ struct PrefillWorkerOptions {
   std::string model_name = "kjv-v4-tiny";
   int64_t prefill_block = 64;  // as colocated::RunnerOptions::prefill_block
   TestFaults faults;           // test-only; off by default
+  engine::ModelOptions model;  // guards.reference_kernels and test-only faults
 };
 
 class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {

@@ -5,12 +5,14 @@
 #include "colocated/paged_state.h"
 #include "common/status.h"
 #include "serving/generation_config.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::worker {
 
-absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir) {
+absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
+                                            engine::ModelOptions options) {
   WorkerModel w;
-  PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(model_dir, std::move(options)));
   w.model = std::make_unique<engine::Model>(std::move(model));
   const engine::ModelConfig& config = w.model->config();
   PDSERVE_ASSIGN_OR_RETURN(serving::GenerationConfig generation,
@@ -23,6 +25,18 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir) {
   w.layout = std::make_unique<serving::StateLayout>(layout);
   w.layers = LayerAttentions(config);
   return w;
+}
+
+absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConfig& deploy) {
+  engine::ModelOptions options;
+  PDSERVE_ASSIGN_OR_RETURN(options.reference_pieces,
+                           engine::ParseReferencePieces(deploy.guards.reference_kernels));
+  options = engine::WithTestFaultsFromEnvironment(std::move(options));
+  if (const std::string warning = engine::TestFaultWarning(options); !warning.empty()) {
+    spdlog::warn("{}", warning);
+  }
+  spdlog::info("{}", engine::ImplementationSummary(options));
+  return options;
 }
 
 std::vector<kv::LayerAttention> LayerAttentions(const engine::ModelConfig& config) {

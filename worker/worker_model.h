@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/deploy_config.h"
 #include "engine/config.h"
 #include "engine/model.h"
 #include "kvtransfer/transfer_plan.h"
@@ -24,8 +25,16 @@ struct WorkerModel {
   std::vector<kv::LayerAttention> layers;
 };
 
-// Errors: loading the model or generation_config.json; an unusable layout.
-absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir);
+// Errors: loading the model or generation_config.json; an unusable layout. `options`: the
+// implementation switches and test-only faults (engine/model_options.h).
+absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
+                                            engine::ModelOptions options = {});
+
+// The engine options of a worker of `deploy`: guards.reference_kernels (validated) and the
+// test-only faults of the environment (engine::WithTestFaultsFromEnvironment). Logs the
+// implementation summary, and the test-fault warning when one is on. InvalidArgument for an
+// unknown reference kernel name.
+absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConfig& deploy);
 
 std::vector<kv::LayerAttention> LayerAttentions(const engine::ModelConfig& config);
 

@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
         << "prefill:\n  - name: prefill-0\n    host: 127.0.0.1\n    port: 18100\n"
         << "    backend: cpu\ndecode:\n  - name: decode-0\n    host: 127.0.0.1\n"
         << "    port: 18200\n    backend: cpu\ntransfer:\n  transport: ucx\n  lease_ms: "
-        << options.lease_ms << "\n";
+        << options.lease_ms << "\n"
+        << options.guards_yaml;
   }
   std::vector<std::string> env = {"UCX_TLS=" + options.ucx_tls};
   std::vector<std::string> prefill_env = env;

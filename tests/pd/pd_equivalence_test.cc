@@ -104,6 +104,24 @@ void ExpectMatchesColocated(const std::string& tls) {
 
 TEST(PdEquivalenceTest, TcpMatchesColocatedBitForBit) { ExpectMatchesColocated("tcp"); }
 
+// Issue 9 on the decode worker: with paranoid mode and a canary on every request, intact
+// transferred state passes both guards (no false positive) and the tokens stay bit-identical.
+TEST(PdEquivalenceTest, ParanoidAndCanaryOnEveryRequestPassIntactState) {
+  std::vector<RequestSpec> specs = EquivalenceSpecs();
+  specs.resize(kPromptLengths.size());  // the sampled seed-11 requests, every prompt length
+  const std::vector<Outcome>& reference = Reference();
+  ClusterOptions options;
+  options.guards_yaml = "guards:\n  paranoid: true\n  canary_every: 1\n";
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<Outcome> outcomes = (*cluster)->RunAll(specs, 4);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(outcomes[i].error.empty())
+        << "request " << specs[i].request_id << ": " << outcomes[i].error;
+    EXPECT_EQ(outcomes[i], reference[i]) << "request " << specs[i].request_id;
+  }
+}
+
 TEST(PdEquivalenceTest, SharedMemoryMatchesColocatedBitForBit) {
   ExpectMatchesColocated("shm,self");
 }
