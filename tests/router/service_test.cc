@@ -148,6 +148,10 @@ TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
   EXPECT_EQ(sink->usage.completion_tokens, 6);
   // The prefill worker got the prompt and the decode worker's ticket.
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&prefill_->mu);
+    return !prefill_->prefills.empty();
+  }));
   absl::MutexLock lock(&prefill_->mu);
   ASSERT_EQ(prefill_->prefills.size(), 1u);
   EXPECT_EQ(std::vector<int32_t>(prefill_->prefills[0].token_ids().begin(),
@@ -298,7 +302,7 @@ TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
   generation->Cancel();
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
   const uint64_t id = decode_[0]->reserves[0].request_id();
-  EXPECT_TRUE(decode_[0]->Aborted(id));
+  EXPECT_TRUE(Eventually([&] { return decode_[0]->Aborted(id); }));
   EXPECT_TRUE(Eventually([&] {
     absl::MutexLock lock(&prefill_->mu);
     return !prefill_->aborts.empty();
