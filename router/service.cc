@@ -324,6 +324,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.health_timeout = options.health_timeout;
   pool.canary_timeout = options.canary_timeout;
   pool.lease_ms = options.lease_ms;
+  pool.background_checks = options.background_checks;
   if (options.canary) {
     PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));
   }

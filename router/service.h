@@ -53,6 +53,7 @@ struct RouterOptions {
   absl::Duration health_timeout = absl::Seconds(2);
   absl::Duration canary_timeout = absl::Seconds(5);
   bool canary = true;  // false: Health RPC only (tests with fake workers may turn it off)
+  bool background_checks = true;  // false: workers are checked only by pool().CheckAll()
   int64_t lease_ms = 30000;
   absl::Duration reserve_timeout = absl::Seconds(10);
   int max_attempts = 2;          // per choice: the first try plus retries before any token

@@ -73,7 +73,9 @@ WorkerPool::WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next
   for (const config::WorkerConfig& w : options_.decode) {
     decode_.push_back(std::make_unique<Worker>(w, Role::kDecode, options_.breaker_failures));
   }
-  checker_ = std::thread([this] { Loop(); });
+  if (!options_.background_checks) return;
+  for (auto& w : decode_) checkers_.emplace_back([this, w = w.get()] { Loop(*w); });
+  for (auto& w : prefill_) checkers_.emplace_back([this, w = w.get()] { Loop(*w); });
 }
 
 WorkerPool::~WorkerPool() {
@@ -81,7 +83,7 @@ WorkerPool::~WorkerPool() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  checker_.join();
+  for (std::thread& t : checkers_) t.join();
 }
 
 std::vector<Worker*> WorkerPool::prefill() const {
@@ -103,9 +105,9 @@ bool WorkerPool::Ready() const {
   return prefill_up && decode_up;
 }
 
-void WorkerPool::Loop() {
+void WorkerPool::Loop(Worker& worker) {
   while (true) {
-    CheckAll();
+    worker.RecordCheck(Check(worker), options_.down_after);
     absl::MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.health_interval)) return;
   }

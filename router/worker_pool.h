@@ -2,8 +2,8 @@
 // load the router has dispatched to it, and its health.
 //
 // A worker is up when its last health check passed and its circuit breaker is closed. The
-// health checker (a thread, every `health_interval`) calls Health with a deadline and then runs
-// a canary: a real one-token generation (Reserve on a decode worker, Prefill on a prefill
+// health checker (a thread per worker, every `health_interval`) calls Health with a deadline and
+// then runs a canary: a real one-token generation (Reserve on a decode worker, Prefill on a prefill
 // worker, Generate) through the worker and an up partner of the other role, so a worker that
 // still answers Health but cannot generate (wedged engine) is caught too. `down_after` checks
 // failing in a row mark a worker down; one passing check marks it up again (and closes its
@@ -79,12 +79,13 @@ struct WorkerPoolOptions {
   int breaker_failures = 3;
   std::vector<int32_t> canary_prompt;  // token ids; empty: no canary (Health only)
   int64_t lease_ms = 30000;
+  bool background_checks = true;  // false: only CheckAll() checks (tests)
 };
 
 class WorkerPool {
  public:
-  // Creates the channels (no connection yet) and starts the health checker, whose first round
-  // runs at once. `next_request_id` hands out cluster-unique request ids for canaries.
+  // Creates the channels (no connection yet) and starts the health checkers, whose first checks
+  // run at once. `next_request_id` hands out cluster-unique request ids for canaries.
   WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next_request_id);
   ~WorkerPool();  // stops the checker
   WorkerPool(const WorkerPool&) = delete;
@@ -94,13 +95,15 @@ class WorkerPool {
   std::vector<Worker*> decode() const;
   // At least one prefill and one decode worker up.
   bool Ready() const;
-  // Runs one round of checks now (tests; the checker thread calls it every interval).
+  // Checks every worker once now (tests; the checker threads check on their own every interval).
   void CheckAll();
 
  private:
   bool Check(Worker& worker);
   bool Canary(Worker& prefill, Worker& decode, Role checked);
-  void Loop();
+  // One checker thread per worker, so a worker whose checks hang until their deadline does not
+  // delay the others' verdicts.
+  void Loop(Worker& worker);
 
   const WorkerPoolOptions options_;
   const std::function<uint64_t()> next_request_id_;
@@ -108,7 +111,7 @@ class WorkerPool {
   std::vector<std::unique_ptr<Worker>> decode_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread checker_;
+  std::vector<std::thread> checkers_;
 };
 
 }  // namespace pdserve::router

@@ -96,7 +96,7 @@ class RouterServiceTest : public ::testing::Test {
     }
     options.decode_policy = decode_policy;
     options.canary = false;
-    options.health_interval = absl::Hours(1);  // checks run from the test
+    options.background_checks = false;  // checks run from the test
     auto service = RouterService::Create(options);
     EXPECT_TRUE(service.ok()) << service.status();
     (*service)->pool().CheckAll();
