@@ -98,61 +98,74 @@ absl::Status PagedState::CheckState(const engine::ModelState& state, int64_t pos
 absl::Status PagedState::Store(const engine::ModelState& state, int64_t from_position,
                                const SequencePages& pages) const {
   PDSERVE_RETURN_IF_ERROR(CheckState(state, state.position));
-  const int64_t p = state.position;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    PDSERVE_RETURN_IF_ERROR(
+        StoreLayer(static_cast<int64_t>(l), state.layers[l], state.position, from_position, pages));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls, int64_t position,
+                                    int64_t from_position, const SequencePages& pages) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || position < 0 ||
+      position > total_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " at position ", position,
+                                                   " is outside the model or [0, ", total_tokens_,
+                                                   "]"));
+  }
+  const int64_t p = position;
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const engine::LayerState& ls = state.layers[l];
-    const int64_t first = p - ls.window_kv.dim(0);
-    for (int64_t pos = std::max(first, from_position); pos < p; ++pos) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kWindow,
-                                               layout_.WindowSlot(static_cast<int64_t>(l), pos)));
-      CopyFloats(row, ls.window_kv.ptr() + (pos - first) * hd, hd);
-    }
-    const LayerInfo& info = layers_[l];
-    if (info.type == LayerType::kSlidingAttention) continue;
-    const bool csa = info.type == LayerType::kCompressedSparseAttention;
-    const int64_t rate = config_.CompressRate(info.type);
-    const engine::CompressorState& comp = ls.compressor;
-    for (int64_t e = from_position / rate; e < comp.entries.dim(0); ++e) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row,
-                               Row(pages, StateKind::kCompressed,
-                                   layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
-      CopyFloats(row, comp.entries.ptr() + e * hd, hd);
-    }
-    const int64_t open_first = p - comp.buffer_kv.dim(0);
-    if (!csa) {
-      for (int64_t r = 0; r < comp.buffer_kv.dim(0); ++r) {
-        PDSERVE_ASSIGN_OR_RETURN(
-            float* row, Row(pages, StateKind::kHcaCompressor, {info.nth, (open_first + r) % rate}));
-        CopyFloats(row, comp.buffer_kv.ptr() + r * hd, hd);
-        CopyFloats(row + hd, comp.buffer_gate.ptr() + r * hd, hd);
-      }
-      continue;
-    }
-    const engine::CompressorState& idx = ls.indexer;
-    for (int64_t e = from_position / rate; e < idx.entries.dim(0); ++e) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kIndexer,
-                                               layout_.IndexerSlot(info.nth, e, total_tokens_)));
-      CopyFloats(row, idx.entries.ptr() + e * ihd, ihd);
-    }
+  const size_t l = static_cast<size_t>(layer);
+  const int64_t first = p - ls.window_kv.dim(0);
+  for (int64_t pos = std::max(first, from_position); pos < p; ++pos) {
+    PDSERVE_ASSIGN_OR_RETURN(float* row,
+                             Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, pos)));
+    CopyFloats(row, ls.window_kv.ptr() + (pos - first) * hd, hd);
+  }
+  const LayerInfo& info = layers_[l];
+  if (info.type == LayerType::kSlidingAttention) return absl::OkStatus();
+  const bool csa = info.type == LayerType::kCompressedSparseAttention;
+  const int64_t rate = config_.CompressRate(info.type);
+  const engine::CompressorState& comp = ls.compressor;
+  for (int64_t e = from_position / rate; e < comp.entries.dim(0); ++e) {
+    PDSERVE_ASSIGN_OR_RETURN(float* row,
+                             Row(pages, StateKind::kCompressed,
+                                 layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
+    CopyFloats(row, comp.entries.ptr() + e * hd, hd);
+  }
+  const int64_t open_first = p - comp.buffer_kv.dim(0);
+  if (!csa) {
     for (int64_t r = 0; r < comp.buffer_kv.dim(0); ++r) {
-      const int64_t slot = (open_first + r) % rate;
-      PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kCsaCompressor, {info.nth, slot}));
-      CopyFloats(row, comp.buffer_kv.ptr() + r * 2 * hd, 2 * hd);
-      CopyFloats(row + 2 * hd, comp.buffer_gate.ptr() + r * 2 * hd, 2 * hd);
-      PDSERVE_ASSIGN_OR_RETURN(row, Row(pages, StateKind::kCsaCompressor, {info.nth, rate + slot}));
-      CopyFloats(row, idx.buffer_kv.ptr() + r * 2 * ihd, 2 * ihd);
-      CopyFloats(row + 2 * ihd, idx.buffer_gate.ptr() + r * 2 * ihd, 2 * ihd);
+      PDSERVE_ASSIGN_OR_RETURN(
+          float* row, Row(pages, StateKind::kHcaCompressor, {info.nth, (open_first + r) % rate}));
+      CopyFloats(row, comp.buffer_kv.ptr() + r * hd, hd);
+      CopyFloats(row + hd, comp.buffer_gate.ptr() + r * hd, hd);
     }
-    for (int64_t r = 0; r < comp.overlap_kv.dim(0); ++r) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row,
-                               Row(pages, StateKind::kCsaCompressor, {info.nth, 2 * rate + r}));
-      CopyFloats(row, comp.overlap_kv.ptr() + r * hd, hd);
-      CopyFloats(row + hd, comp.overlap_gate.ptr() + r * hd, hd);
-      CopyFloats(row + 2 * hd, idx.overlap_kv.ptr() + r * ihd, ihd);
-      CopyFloats(row + 2 * hd + ihd, idx.overlap_gate.ptr() + r * ihd, ihd);
-    }
+    return absl::OkStatus();
+  }
+  const engine::CompressorState& idx = ls.indexer;
+  for (int64_t e = from_position / rate; e < idx.entries.dim(0); ++e) {
+    PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kIndexer,
+                                             layout_.IndexerSlot(info.nth, e, total_tokens_)));
+    CopyFloats(row, idx.entries.ptr() + e * ihd, ihd);
+  }
+  for (int64_t r = 0; r < comp.buffer_kv.dim(0); ++r) {
+    const int64_t slot = (open_first + r) % rate;
+    PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kCsaCompressor, {info.nth, slot}));
+    CopyFloats(row, comp.buffer_kv.ptr() + r * 2 * hd, 2 * hd);
+    CopyFloats(row + 2 * hd, comp.buffer_gate.ptr() + r * 2 * hd, 2 * hd);
+    PDSERVE_ASSIGN_OR_RETURN(row, Row(pages, StateKind::kCsaCompressor, {info.nth, rate + slot}));
+    CopyFloats(row, idx.buffer_kv.ptr() + r * 2 * ihd, 2 * ihd);
+    CopyFloats(row + 2 * ihd, idx.buffer_gate.ptr() + r * 2 * ihd, 2 * ihd);
+  }
+  for (int64_t r = 0; r < comp.overlap_kv.dim(0); ++r) {
+    PDSERVE_ASSIGN_OR_RETURN(float* row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, 2 * rate + r}));
+    CopyFloats(row, comp.overlap_kv.ptr() + r * hd, hd);
+    CopyFloats(row + hd, comp.overlap_gate.ptr() + r * hd, hd);
+    CopyFloats(row + 2 * hd, idx.overlap_kv.ptr() + r * ihd, ihd);
+    CopyFloats(row + 2 * hd + ihd, idx.overlap_gate.ptr() + r * ihd, ihd);
   }
   return absl::OkStatus();
 }

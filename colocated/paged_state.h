@@ -64,6 +64,12 @@ class PagedState {
   absl::Status Store(const engine::ModelState& state, int64_t from_position,
                      const SequencePages& pages) const;
 
+  // Store for one decoder layer: `layer_state` is layer `layer`'s state after `position` tokens
+  // (Model::Forward's LayerHook hands both over before state->position advances). Lets the
+  // prefill worker ship a layer's pages while later layers compute. Errors as Store.
+  absl::Status StoreLayer(int64_t layer, const engine::LayerState& layer_state, int64_t position,
+                          int64_t from_position, const SequencePages& pages) const;
+
   // Rebuilds the state after `position` tokens into `state`, which must be a fresh
   // Model::NewState() (its tensors give the column counts). Errors as Store.
   absl::Status Load(int64_t position, const SequencePages& pages, engine::ModelState* state) const;

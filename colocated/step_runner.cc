@@ -41,8 +41,16 @@ absl::Status EngineStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
         absl::StrCat("sequence ", id, " needs a prompt, max_tokens >= 1, a request and a choice"));
   }
   const int64_t total = static_cast<int64_t>(setup.prompt.size()) + setup.max_tokens;
+  const std::optional<int32_t> first_token = setup.first_token;
   auto sequence = std::make_shared<Sequence>(
       id, std::move(setup), PagedState(model_.config(), layout_, total), options_.thresholds);
+  if (first_token) {
+    // The same bookkeeping RunOneOrError does after sampling the token that completes the prompt.
+    sequence->computed = static_cast<int64_t>(sequence->setup.prompt.size());
+    sequence->generated.push_back(*first_token);
+    sequence->detector.Push(*first_token);
+    sequence->degenerate = sequence->detector.Repetitive();
+  }
   absl::MutexLock lock(&mutex_);
   if (!sequences_.emplace(id, std::move(sequence)).second) {
     return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " is already registered"));

@@ -70,6 +70,10 @@ struct SequenceSetup {
   int32_t choice = 0;
   std::vector<int32_t> prompt;  // >= 1 token
   int64_t max_tokens = 1;       // as submitted to the scheduler
+  // PD decode worker: the prompt's state is already in the sequence's pages (transferred) and
+  // the first token was sampled elsewhere (recorded in the request's sampler by the caller), so
+  // the sequence starts decoding at position prompt.size() + 1 with this token as its input.
+  std::optional<int32_t> first_token;
 };
 
 struct RunnerOptions {

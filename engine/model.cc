@@ -141,7 +141,8 @@ ModelState Model::NewState() const {
   return state;
 }
 
-absl::StatusOr<Tensor> Model::Forward(ModelState* state, const std::vector<int32_t>& tokens) const {
+absl::StatusOr<Tensor> Model::Forward(ModelState* state, const std::vector<int32_t>& tokens,
+                                      const LayerHook& after_layer) const {
   const ModelConfig& c = impl_->config;
   const Weights& w = impl_->weights;
   if (tokens.empty()) return absl::InvalidArgumentError("Forward: empty token chunk");
@@ -176,6 +177,7 @@ absl::StatusOr<Tensor> Model::Forward(ModelState* state, const std::vector<int32
     cpu::RmsNorm(collapsed.data(), layer.input_norm->ptr(), n, hidden, eps, collapsed.data());
     layer.attention->Forward(collapsed.data(), n, state->position, &state->layers[l],
                              sublayer_out.data());
+    if (after_layer) after_layer(static_cast<int64_t>(l), state->layers[l], state->position + n);
     HyperConnectionPost(c, mix, sublayer_out.data(), n, streams.data());
 
     mix = HyperConnectionPre(c, layer.ffn_hc, streams.data(), n, collapsed.data());

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,7 +46,17 @@ class Model {
   // returns their logits, float32 [tokens.size(), vocab_size]. InvalidArgument, with `state`
   // untouched, for an empty chunk, a token id outside [0, vocab_size) or a state with another
   // layer count. `state` must come from this model's NewState().
-  absl::StatusOr<Tensor> Forward(ModelState* state, const std::vector<int32_t>& tokens) const;
+  //
+  // `after_layer`, when set, is called once per decoder layer, in layer order, as soon as that
+  // layer's attention has extended its state: `layer_state` then holds the layer's state after
+  // `position` = state->position + tokens.size() tokens, and this Forward changes it no more (the
+  // layer's MoE and the later layers still run). The prefill worker stores and ships layer l's
+  // pages from here while layers l+1.. compute. Called on the calling thread; it must not modify
+  // the state. The logits do not depend on it.
+  using LayerHook =
+      std::function<void(int64_t layer, const LayerState& layer_state, int64_t position)>;
+  absl::StatusOr<Tensor> Forward(ModelState* state, const std::vector<int32_t>& tokens,
+                                 const LayerHook& after_layer = nullptr) const;
 
  private:
   struct Impl;

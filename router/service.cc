@@ -450,6 +450,7 @@ void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   const wv1::SamplingParams sampling = ToProto(request->prepared.params, choice);
   attempt->reserve.set_request_id(attempt->request_id);
   attempt->reserve.set_prompt_tokens(static_cast<int32_t>(request->prepared.prompt.size()));
+  for (int32_t t : request->prepared.prompt) attempt->reserve.add_prompt_token_ids(t);
   *attempt->reserve.mutable_sampling() = sampling;
   attempt->reserve.set_lease_ms(options_.lease_ms);
   attempt->reserve_context.set_deadline(Deadline(options_.reserve_timeout));

@@ -161,6 +161,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   wv1::ReserveRequest reserve;
   reserve.set_request_id(request_id);
   reserve.set_prompt_tokens(static_cast<int32_t>(options_.canary_prompt.size()));
+  for (int32_t t : options_.canary_prompt) reserve.add_prompt_token_ids(t);
   *reserve.mutable_sampling() = sampling;
   reserve.set_lease_ms(options_.lease_ms);
   wv1::ReserveResponse reserved;

@@ -94,6 +94,33 @@ TEST(PagedStateTest, LoadReturnsTheStoredStateAtEveryPosition) {
   }
 }
 
+// The prefill worker's path: a second chunk whose layers are stored from Forward's per-layer hook
+// (before state->position advances) leaves the same pages as a Store after the chunk.
+TEST(PagedStateTest, StoreLayerFromTheForwardHookEqualsStore) {
+  auto f = Load();
+  const int64_t total = 40;
+  OneSequence hooked = Allocate(f->layout, total);
+  PagedState paged(f->model.config(), f->layout, total);
+  const std::vector<int32_t> tokens = Tokens(33, 4);
+  const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 16);
+  const std::vector<int32_t> tail(tokens.begin() + 16, tokens.end());
+  engine::ModelState state = f->model.NewState();
+  ASSERT_TRUE(f->model.Forward(&state, head).ok());
+  std::vector<int64_t> layers_seen;
+  absl::Status stored;
+  auto hook = [&](int64_t layer, const engine::LayerState& ls, int64_t position) {
+    layers_seen.push_back(layer);
+    EXPECT_EQ(position, 33);
+    if (stored.ok()) stored = paged.StoreLayer(layer, ls, position, 0, hooked.pages);
+  };
+  ASSERT_TRUE(f->model.Forward(&state, tail, hook).ok());
+  ASSERT_TRUE(stored.ok()) << stored;
+  EXPECT_EQ(layers_seen.size(), f->model.config().layer_types.size());
+  engine::ModelState loaded = f->model.NewState();
+  ASSERT_TRUE(paged.Load(state.position, hooked.pages, &loaded).ok());
+  ExpectSameState(state, loaded);
+}
+
 TEST(PagedStateTest, ShippedPagesContinueDecodingBitForBit) {
   auto f = Load();
   const int64_t total = 48;

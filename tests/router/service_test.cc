@@ -158,6 +158,9 @@ TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
                                  prefill_->prefills[0].token_ids().end()),
             (std::vector<int32_t>{5, 6, 7}));
   EXPECT_EQ(prefill_->prefills[0].ticket().ticket_id(), 1u);
+  // The decode worker gets the prompt too (its repetition penalty counts prompt tokens).
+  absl::MutexLock decode_lock(&decode_[0]->mu);
+  EXPECT_EQ(decode_[0]->reserves[0].prompt_token_ids_size(), 3);
 }
 
 TEST_F(RouterServiceTest, EachChoiceIsItsOwnWorkerRequestWithTheSameSeed) {

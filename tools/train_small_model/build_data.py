@@ -3,8 +3,8 @@
 
 Writes into --out (nothing here is committed except the held-out slice under --fixtures):
   tokenizer.json, tokenizer_config.json   byte-level BPE, DeepSeek pre-tokenizer, chat template
-  train_ids.npy  uint16 token stream: shuffled training documents (whole chapters or verse
-                 runs as prose) and chat samples, each <bos> ... <eos>
+  train_ids.npy  uint16 token stream: shuffled training documents (chapters whole and verse
+                 runs as prose, see --prose) and chat samples, each <bos> ... <eos>
   val_ids.npy    uint16 token stream: the held-out chapters (5%) in canonical order, each
                  <bos> text <eos>
   prompts.json   the 8 logits-fixture prompts and the 5 sampling prompts, with token ids
@@ -14,7 +14,7 @@ and into --fixtures the held-out slice used by the engine's perplexity test:
   heldout_slice.txt       the first held-out chapters (<= --slice-bytes of text)
   heldout_slice_ids.bin   their token ids, uint32 little-endian; a prefix of val_ids.npy
 
-Usage: build_data.py --out DIR --fixtures tests/fixtures/small_model
+Usage: build_data.py --out DIR --fixtures tests/fixtures/small_model [--prose some|every]
 """
 
 import argparse
@@ -33,7 +33,8 @@ VOCAB_SIZE = 4096
 CONTEXT = 512
 SEED = 1611
 CHAT_FRACTION = 0.15
-PASSAGE_FRACTION = 0.4
+PASSAGE_FRACTION = 0.4  # --prose some: share of chapters written as prose instead of whole
+PASSAGE_VERSES = {"some": (4, 24), "every": (3, 16)}  # verses per prose run (inclusive)
 
 
 def chat_prompt(user, system=None):
@@ -85,18 +86,24 @@ def encode_document(tok, text):
     return [bos] + tok.encode(text, add_special_tokens=False).ids + [eos]
 
 
-def plain_documents(chapters, rng):
-    """Training documents: most chapters whole (heading and numbered verses, like the held-out
-    text); PASSAGE_FRACTION of them cut into runs of 4-24 verses written as running prose, so a
-    prompt that starts mid-text right after BOS is in distribution."""
+def plain_documents(chapters, rng, prose):
+    """Training documents. prose "some" (the shipped model's data): most chapters whole (heading
+    and numbered verses, like the held-out text), PASSAGE_FRACTION of them cut into runs of 4-24
+    verses written as running prose instead, so a prompt that starts mid-text right after BOS is in
+    distribution. prose "every": every chapter whole and every chapter again as prose runs of 3-16
+    verses, so that a verse opening right after BOS (such as "And the LORD spake unto Moses,
+    saying,") is seen continued as prose far more often than as a chat answer, the only place where
+    EOS follows a verse's last word or punctuation directly."""
     docs = []
     for chapter in chapters:
-        if rng.random() >= PASSAGE_FRACTION:
+        if prose == "every":
+            docs.append(chapter.text())
+        elif rng.random() >= PASSAGE_FRACTION:
             docs.append(chapter.text())
             continue
         start = 0
         while start < len(chapter.verses):
-            end = min(len(chapter.verses), start + rng.randint(4, 24))
+            end = min(len(chapter.verses), start + rng.randint(*PASSAGE_VERSES[prose]))
             docs.append(" ".join(chapter.verses[start:end]) + "\n")
             start = end
     return docs
@@ -122,6 +129,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--slice-bytes", type=int, default=48_000)
+    ap.add_argument("--prose", choices=sorted(PASSAGE_VERSES), default="some",
+                    help="some: 40%% of chapters as prose instead of whole (shipped model); "
+                    "every: every chapter whole and again as prose")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.fixtures, exist_ok=True)
@@ -133,7 +143,8 @@ def main():
     tok = train_tokenizer.train([c.text() for c in train_ch], VOCAB_SIZE)
     train_tokenizer.save(tok, args.out, CONTEXT)
 
-    plain = [encode_document(tok, d) for d in plain_documents(train_ch, random.Random(SEED))]
+    plain = [encode_document(tok, d)
+             for d in plain_documents(train_ch, random.Random(SEED), args.prose)]
     chats = [tok.encode(s, add_special_tokens=False).ids for s in chat_samples.make_samples(
         train_ch, CHAT_FRACTION, SEED)]
     samples = plain + chats
@@ -188,7 +199,9 @@ def main():
         "vocab_size": VOCAB_SIZE,
         "seed": SEED,
         "chat_fraction_of_verses": CHAT_FRACTION,
-        "passage_fraction_of_chapters": PASSAGE_FRACTION,
+        "prose": args.prose,
+        "passage_verses": list(PASSAGE_VERSES[args.prose]),
+        **({"passage_fraction_of_chapters": PASSAGE_FRACTION} if args.prose == "some" else {}),
         "plain_documents": len(plain),
     }
     with open(f"{args.out}/data.json", "w", encoding="utf-8") as f:

@@ -3,7 +3,8 @@
 Every V4 mechanism is present and scaled so that it acts inside a 512-token context: a 64-token
 sliding window, CSA compressing every 4 tokens with a lightning indexer keeping the top 8 compressed
 entries, HCA compressing every 32 tokens, hash-routed MoE in the first two layers and top-k routed
-MoE after, and 2 hyper-connection streams.
+MoE after, and 2 hyper-connection streams. The shipped model has 4 indexer heads; train.py's
+--index-heads sets another count.
 """
 
 CONTEXT = 512
@@ -19,7 +20,7 @@ LAYER_TYPES = [
 MLP_LAYER_TYPES = ["hash_moe", "hash_moe", "moe", "moe", "moe", "moe"]
 
 
-def config_kwargs(vocab_size):
+def config_kwargs(vocab_size, index_n_heads=4):
     return dict(
         vocab_size=vocab_size,
         hidden_size=256,
@@ -35,7 +36,7 @@ def config_kwargs(vocab_size):
         o_lora_rank=128,
         sliding_window=64,
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},
-        index_n_heads=4,
+        index_n_heads=index_n_heads,
         index_head_dim=32,
         index_topk=8,
         n_routed_experts=8,

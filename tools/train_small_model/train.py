@@ -47,11 +47,11 @@ def elapsed():
 # Model construction
 
 
-def build_model(vocab_size, seed):
+def build_model(vocab_size, seed, index_heads):
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
     torch.manual_seed(seed)
-    config = DeepseekV4Config(**model_config.config_kwargs(vocab_size))
+    config = DeepseekV4Config(**model_config.config_kwargs(vocab_size, index_heads))
     config._attn_implementation = "eager"
     model = DeepseekV4ForCausalLM(config)
     try:
@@ -112,6 +112,96 @@ def add_residual_dropout(model, p):
             lambda m, i, o: (F.dropout(o[0], p, m.training),) + tuple(o[1:])
         )
         layer.mlp.register_forward_hook(lambda m, i, o: F.dropout(o, p, m.training))
+
+
+class IndexerDistillation:
+    """DeepSeek-V3.2's lightning-indexer objective, dense form: for every CSA layer, the KL
+    divergence from the main attention's distribution over the causally visible compressed entries
+    (softmax of its queries against the compressed keys, averaged over heads) to the softmax of the
+    indexer's scores over the same entries. transformers passes no gradient through the indexer's
+    top-k, so this is the indexer's only training signal. The indexer's inputs are detached (its
+    output, the top-k indices, carries no gradient either), so the objective trains the indexer
+    alone and the language-model loss trains everything else; the target is computed without
+    gradient."""
+
+    def __init__(self, model):
+        from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+
+        self.rope = v4.apply_rotary_pos_emb
+        self.losses = []
+        self.layers = 0
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            comp = attn.compressor
+            if type(comp).__name__ != "DeepseekV4CSACompressor":
+                continue
+            st = {}
+            attn.register_forward_pre_hook(self._attn_pre(st), with_kwargs=True)
+            comp.indexer.register_forward_pre_hook(self._indexer_pre(st))
+            comp.indexer.scorer.register_forward_hook(self._scorer_out(st))
+            comp.register_forward_hook(self._compressor_out(attn, st))
+            self.layers += 1
+
+    @staticmethod
+    def _active(module):
+        return module.training and torch.is_grad_enabled()
+
+    def _attn_pre(self, st):
+        def hook(module, args, kwargs):
+            st.clear()
+            if self._active(module):
+                st["cos_sin"] = kwargs["position_embeddings"][module.rope_layer_type]
+
+        return hook
+
+    def _indexer_pre(self, st):
+        def hook(module, args):
+            if not self._active(module):
+                return None
+            st["q_residual"], st["position_ids"] = args[1].detach(), args[2]
+            st["rate"] = module.compress_rate
+            return (args[0].detach(), args[1].detach()) + tuple(args[2:])
+
+        return hook
+
+    def _scorer_out(self, st):
+        def hook(module, args, output):
+            if self._active(module):
+                st["scores"] = output
+
+        return hook
+
+    def _compressor_out(self, attn, st):
+        def hook(module, args, output):
+            if not self._active(module) or "scores" not in st:
+                return
+            scores = st.pop("scores").float()  # [B, S, T]
+            ckv = output[0].detach()  # [B, 1, T, D]
+            batch, seq = scores.shape[:2]
+            threshold = (st["position_ids"] + 1) // st["rate"]  # [B or 1, S]
+            entries = torch.arange(scores.shape[-1], device=scores.device).view(1, 1, -1)
+            future = entries >= threshold.unsqueeze(-1)  # [B or 1, S, T]
+            valid = (threshold > 0).expand(batch, seq).float()
+            with torch.no_grad():
+                cos, sin = st["cos_sin"]
+                q = attn.q_b_proj(st["q_residual"]).view(batch, seq, -1, attn.head_dim)
+                q = self.rope(attn.q_b_norm(q.transpose(1, 2)), cos, sin)  # as the attention's
+                logits = torch.matmul(q.float(), ckv.float().transpose(-1, -2)) * attn.scaling
+                logits = logits.masked_fill(future.unsqueeze(1), -1e30)  # [B, H, S, T]
+                target = logits.softmax(dim=-1).mean(dim=1)  # [B, S, T]
+            log_q = scores.masked_fill(future, -1e30).log_softmax(dim=-1)
+            kl = (target * (target.clamp_min(1e-30).log() - log_q)).sum(dim=-1)
+            self.losses.append((kl * valid).sum() / valid.sum().clamp_min(1.0))
+
+        return hook
+
+    def take(self):
+        """Mean KL over the CSA layers of the last training forward (None if there was none)."""
+        if not self.losses:
+            return None
+        loss = torch.stack(self.losses).mean()
+        self.losses = []
+        return loss
 
 
 class ExpertLoadBalancer:
@@ -186,6 +276,9 @@ def train(model, args, train_ids, val_ids, device, results):
     model.train()
     add_residual_dropout(model, args.dropout)
     balancer = ExpertLoadBalancer(model, args.bias_rate)
+    distill = IndexerDistillation(model) if args.indexer_loss > 0 else None
+    indexer_params = [p for n, p in model.named_parameters() if ".indexer." in n]
+    main_params = [p for n, p in model.named_parameters() if ".indexer." not in n]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -208,7 +301,8 @@ def train(model, args, train_ids, val_ids, device, results):
     t_train = time.time()
     t_measure = None
     step = 0
-    log(f"training: {data.numel()} tokens, {epoch_steps:.1f} steps/epoch, cap {max_steps} steps")
+    log(f"training: {data.numel()} tokens, {epoch_steps:.1f} steps/epoch, cap {max_steps} steps, "
+        f"indexer objective on {distill.layers if distill else 0} CSA layers")
     while step < total_steps:
         if step == args.measure_from:
             torch.cuda.synchronize()
@@ -239,17 +333,24 @@ def train(model, args, train_ids, val_ids, device, results):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        kl = distill.take() if distill else None
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        (loss if kl is None else loss + args.indexer_loss * kl).backward()
+        # Clipped separately: the indexer's gradient comes only from its own objective.
+        gnorm = torch.nn.utils.clip_grad_norm_(main_params, args.clip)
+        if kl is not None:
+            torch.nn.utils.clip_grad_norm_(indexer_params, args.clip)
         opt.step()
         balancer.step()
         step += 1
         row = {"step": step, "elapsed_s": time.time() - t_train, "lr": lr,
-               "train_loss": float("nan"), "val_loss": float("nan"), "grad_norm": float("nan")}
+               "train_loss": float("nan"), "val_loss": float("nan"), "grad_norm": float("nan"),
+               "indexer_kl": float("nan")}
         if step % 10 == 0 or step == 1:
             row["train_loss"] = loss.item()
             row["grad_norm"] = gnorm.item()
+            if kl is not None:
+                row["indexer_kl"] = kl.item()
             if not math.isfinite(row["train_loss"]):
                 raise RuntimeError(f"non-finite loss at step {step}")
         if step % args.eval_every == 0 or step == total_steps:
@@ -264,7 +365,8 @@ def train(model, args, train_ids, val_ids, device, results):
             else:
                 bad_evals += 1
             log(f"step {step}/{total_steps} train {row['train_loss']:.4f} val {val['loss']:.4f} "
-                f"(best {best['val_loss']:.4f} @ {best['step']}) lr {lr:.2e} |g| {row['grad_norm']:.2f}")
+                f"(best {best['val_loss']:.4f} @ {best['step']}) lr {lr:.2e} |g| {row['grad_norm']:.2f} "
+                f"indexer KL {row['indexer_kl']:.3f}")
             if bad_evals >= args.patience:
                 log(f"early stop: no improvement in {args.patience} evaluations")
                 rows.append(row)
@@ -293,6 +395,11 @@ def train(model, args, train_ids, val_ids, device, results):
         "dropout": args.dropout,
         "bias_update_rate": args.bias_rate,
         "grad_clip": args.clip,
+        "indexer_loss_weight": args.indexer_loss,
+        "indexer_kl_first": next((r["indexer_kl"] for r in rows if math.isfinite(r["indexer_kl"])),
+                                 None),
+        "indexer_kl_last": next((r["indexer_kl"] for r in reversed(rows)
+                                 if math.isfinite(r["indexer_kl"])), None),
         "seed": args.seed,
     }
     if best["state"] is not None:
@@ -315,6 +422,9 @@ def write_curve(rows, out):
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     ax.plot(*zip(*tr), label="train (batch, with dropout)", lw=1)
     ax.plot(*zip(*va), label="held-out (5% of chapters)", lw=1.5, marker="o", ms=2.5)
+    kl = [(r["step"], r["indexer_kl"]) for r in rows if math.isfinite(r["indexer_kl"])]
+    if kl:
+        ax.plot(*zip(*kl), label="indexer KL to main attention (CSA layers)", lw=1, ls="--")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title("kjv-v4-tiny training loss")
@@ -506,6 +616,9 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.15)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
     ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--indexer-loss", type=float, default=0.0,
+                    help="weight of the indexer's KL objective (0, the shipped model: untrained)")
+    ap.add_argument("--index-heads", type=int, default=4, help="lightning indexer heads")
     ap.add_argument("--max-epochs", type=float, default=10)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--patience", type=int, default=10)
@@ -542,7 +655,7 @@ def main():
 
     vocab_size = Tokenizer.from_file(f"{args.data}/tokenizer.json").get_vocab_size()
 
-    model = build_model(vocab_size, args.seed)
+    model = build_model(vocab_size, args.seed, args.index_heads)
     n_params = sum(p.numel() for p in model.parameters())
     results["params"] = {
         "total": n_params,

@@ -79,10 +79,66 @@ def main():
         "python3 train.py --data data --out /tmp/w "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in a.items() if k not in ("data", "out"))
     )
+    if "index_heads" not in a:  # runs from before the flag: the head count was fixed in the config
+        train_cmd += f" --index-heads {cfg['index_n_heads']}"
     size_mb = res["model_bytes"] / 1e6
-    verse_prompt, verse_empty, verse_chat, verse_n = immediate_ends(samples, "lord_spake")
     prefix = res["prefix_consistency_fp32"]
     prefix64 = res["fp32_vs_fp64"]["prefix_consistency_fp64"]
+    if tr["steps"] >= tr["epoch_cap_steps"]:
+        stop_text = (f"The budget was {a['budget']:.0f} s of training; the {a['max_epochs']:g}-epoch "
+                     "cap ended the run first.")
+    else:
+        stop_text = (f"The budget was {a['budget']:.0f} s of training, which fixed the step count "
+                     f"(the {a['max_epochs']:g}-epoch cap would have allowed {tr['epoch_cap_steps']}).")
+    tie_jump = (
+        " The jump from t=63 on, equal in both precisions, is the indexer tie described next, not "
+        "rounding." if any(v > 1e-5 for v in prefix64.values()) else
+        " All at rounding level: no indexer tie on this prompt."
+    )
+    tie_sentence = (f" ({tie_lines})" if tied else "")
+    # build_data.py --prose; the 2026-12-01 trial's data.json predates the key
+    every = data.get("prose", "some" if "passage_fraction_of_chapters" in data else "every") == "every"
+    trained_indexer = tr.get("indexer_loss_weight", 0) > 0
+    build_flags = " --prose every" if every else ""
+    if every:
+        stream_text = (
+            f"every chapter whole (heading, then\n  numbered verses) and every chapter again cut "
+            f"into runs of {data['passage_verses'][0]}-{data['passage_verses'][1]} verses written "
+            f"as\n  running prose ({data['tokens']['train_plain']:,} tokens in "
+            f"{data['plain_documents']:,} documents)")
+    else:
+        stream_text = (
+            f"whole chapters (heading, then numbered\n  verses) and, for "
+            f"{int(data['passage_fraction_of_chapters'] * 100)}% of the chapters, runs of 4-24\n  "
+            f"verses as prose ({data['tokens']['train_plain']:,} tokens)")
+    indexer_training = "" if not trained_indexer else f"""
+- Lightning indexer objective (DeepSeek-V3.2's, dense form): in each CSA layer, the KL divergence
+  from the main attention's distribution over the causally visible compressed entries (its
+  queries against the compressed keys, softmax per head, averaged over heads; no gradient) to the
+  softmax of the indexer's scores, weight {tr['indexer_loss_weight']}. The indexer's inputs are
+  detached, so this trains the indexer alone (transformers passes no gradient through its top-k)
+  and the language-model loss trains everything else; the two gradients are clipped separately.
+  Mean KL over the CSA layers: {tr['indexer_kl_first']:.3f} at step 1,
+  {tr['indexer_kl_last']:.3f} at the end."""
+    if trained_indexer:
+        indexer_limit = f"""- The lightning indexer learns only from its KL objective, on the training stream's 512-token
+  windows; at the end its distribution is still {tr['indexer_kl_last']:.3f} nats (mean KL) from
+  the main attention's over the compressed entries."""
+    else:
+        indexer_limit = f"""- The lightning indexer is untrained: in transformers' implementation no gradient reaches it
+  (top-k indices feed only a 0/-inf mask), and train.py's indexer objective (--indexer-loss) was
+  off for this model. Its weights are the random initialisation, so CSA picks its
+  top-{cfg['index_topk']} compressed entries by random projections; the rest of the model was
+  trained around that choice. With only {cfg['index_n_heads']} indexer heads this also makes exact
+  score ties common (see above); a retrain with more indexer heads (say 16: an all-negative row then
+  has odds near 2^-16) and the indexer objective makes them rare."""
+    data_limit = (
+        f"- About {data['chars']['train'] / 1e6:.1f}M characters of text for "
+        f"{p['total'] / 1e6:.1f}M parameters\n  ({tr['epochs']:.1f} epochs of a "
+        f"{data['tokens']['train_total'] / 1e6:.2f}M-token stream"
+        + (" in which every verse appears twice" if every else "")
+        + "): the model memorises phrasing.")
+    verse_prompt, verse_empty, verse_chat, verse_n = immediate_ends(samples, "lord_spake")
     fp64 = {k: v for k, v in res["fp32_vs_fp64"].items() if k != "prefix_consistency_fp64"}
     text = f"""# kjv-v4-tiny
 
@@ -127,14 +183,13 @@ table; the top-k routers carry DeepSeek's auxiliary-loss-free balancing bias
   (held out: {data['held_out_rule']}), {data['chapters']['held_out']} chapters, {data['chars']['held_out']:,}
   characters, {data['tokens']['held_out']:,} tokens. Training: {data['chapters']['train']}
   chapters, {data['chars']['train']:,} characters.
-- Training stream ({data['tokens']['train_total']:,} tokens): whole chapters (heading, then numbered
-  verses) and, for {int(data['passage_fraction_of_chapters'] * 100)}% of the chapters, runs of 4-24
-  verses as prose ({data['tokens']['train_plain']:,} tokens), plus {data['tokens']['chat_samples']:,}
+- Training stream ({data['tokens']['train_total']:,} tokens): {stream_text}, plus {data['tokens']['chat_samples']:,}
   chat conversations built from {int(data['chat_fraction_of_verses'] * 100)}% of the training verses
   ({data['tokens']['train_chat']:,} tokens: recite a reference, next verse, finish a verse, verse
   from a book, two verses; some with a system prompt, some two-turn). Every document is
   `<bos> ... <eos>`; documents are shuffled and concatenated, and training windows are drawn at
-  random offsets.
+  random offsets. A plain document's last token before EOS is always a newline; only a chat answer
+  ends with EOS right after a verse's last word or punctuation.
 - The data are rebuilt by tools/train_small_model/build_data.py and never committed, except the
   held-out slice tests/fixtures/small_model/heldout_slice.txt (the first
   {data['chars']['heldout_slice']:,} characters of held-out chapters, {data['tokens']['heldout_slice']:,}
@@ -164,18 +219,18 @@ generation prompt ends in `<think>` instead. The model was trained in chat (non-
   {tr['context']} tokens ({tr['tokens_seen']:,} tokens); training wall time {tr['wall_time_s']:.0f} s;
   measured {res['throughput']['steps_per_sec']:.2f} steps/s ({res['throughput']['tokens_per_sec']:,.0f}
   tokens/s) over steps {a['measure_from']}-{a['measure_from'] + a['measure_steps']} of the same run.
-  The budget was {a['budget']:.0f} s of training; the {a['max_epochs']:g}-epoch cap ended the run first.
+  {stop_text}
 - AdamW (beta 0.9/0.95, weight decay {tr['weight_decay']} on matrices), peak lr {tr['lr']}, linear
   warm-up {tr['warmup']} steps, cosine to {tr['min_lr_frac']} x peak, gradient clip {tr['grad_clip']},
   bf16 autocast over fp32 master weights, dropout {tr['dropout']} on attention and MoE outputs
-  (training only, forward hooks), expert bias update rate {tr['bias_update_rate']}, seed {tr['seed']}.
+  (training only, forward hooks), expert bias update rate {tr['bias_update_rate']}, seed {tr['seed']}.{indexer_training}
 - Held-out loss every {a['eval_every']} steps; the best weights (step {tr['best_step']}) were kept
   and saved in bf16.
 - Exact commands (from the repository root; the GPU machine runs the last one):
 
 ```sh
 python3 tools/train_small_model/build_data.py --out .device-carry/small/data \\
-    --fixtures tests/fixtures/small_model
+    --fixtures tests/fixtures/small_model{build_flags}
 cp tools/train_small_model/*.py .device-carry/small/
 cd .device-carry/small && PYTHONUNBUFFERED=1 {train_cmd}
 ```
@@ -218,8 +273,7 @@ plus the greedy continuation, all in tests/fixtures/small_model/transformers_sam
 - Prefix consistency on the 80-token fixture prompt: logits at position t from a forward over
   tokens 0..t against the full forward's row t, relative to max |logit|:
   {', '.join(f't={k}: {v:.1e}' for k, v in prefix.items())}; in float64:
-  {', '.join(f't={k}: {v:.1e}' for k, v in prefix64.items())}. The jump from t=63 on, equal in
-  both precisions, is the indexer tie described next, not rounding.
+  {', '.join(f't={k}: {v:.1e}' for k, v in prefix64.items())}.{tie_jump}
 - An independent float64 NumPy forward (tools/train_small_model/numpy_reference.py, written from
   the transformers source, reading the safetensors directly) reproduces every fixture logit to
   {clean_worst:.1e} (max |diff| / max |ref|) up to the first indexer tie.
@@ -229,32 +283,23 @@ plus the greedy continuation, all in tests/fixtures/small_model/transformers_sam
 The lightning indexer's score for a compressed entry is a weighted sum of ReLUs; when every head's
 product is negative the score is exactly 0.0, in any precision, and several entries can tie at the
 top-{cfg['index_topk']} cut-off. transformers keeps whichever tied entry `torch.topk` happens to
-return, which no other implementation can promise to reproduce. With this model's 4 indexer heads
-ties are common: {hs['ties']} of the {hs['indexer_selections']:,} selections over the held-out slice,
-and {len(tied)} of the 8 fixture prompts ({tie_lines}). numpy_reference.py keeps the lowest entry ids;
-its held-out slice perplexity is {hs['perplexity_lowest_id_ties']:.4f} against the fixture's
-{hs['fixture_perplexity']:.4f}, so perplexity is unaffected, but exact logit comparisons are not
-defined past a tie. tests/fixtures/small_model/indexer_ties.json lists every tie met by the fixture
+return, which no other implementation can promise to reproduce. This model has {cfg['index_n_heads']} indexer
+heads, {'trained (see Training)' if trained_indexer else 'untrained (see Limitations)'}: ties at the cut-off in {hs['ties']} of the {hs['indexer_selections']:,} selections over the
+held-out slice, and in {len(tied)} of the 8 fixture prompts{tie_sentence}. numpy_reference.py keeps the lowest
+entry ids; its held-out slice perplexity is {hs['perplexity_lowest_id_ties']:.4f} against the fixture's
+{hs['fixture_perplexity']:.4f}. Where a tie occurs, exact logit comparisons are not defined past it. tests/fixtures/small_model/indexer_ties.json lists every tie met by the fixture
 prompts and, per prompt, `first_tie_dependent_position`: logits before it are tie-free and must
 match to rounding; logits from it on may differ by the choice.
 
 ## Limitations
 
-- The lightning indexer is untrained: in transformers' implementation no gradient reaches it
-  (top-k indices feed only a 0/-inf mask), and DeepSeek's separate indexer objective (KL to the main
-  attention) is not implemented here. Its weights are the random initialisation, so CSA picks its
-  top-{cfg['index_topk']} compressed entries by random projections; the rest of the model was
-  trained around that choice. With only {cfg['index_n_heads']} indexer heads this also makes exact
-  score ties common (see above); a retrain with more indexer heads (say 16: an all-negative row then
-  has odds near 2^-16) or with DeepSeek's indexer objective would make them rare.
-- About 1.35M training tokens for {p['total'] / 1e6:.1f}M parameters: held-out loss stops improving
-  after about nine epochs and the model memorises phrasing. Output is KJV-flavoured text with
+{indexer_limit}
+{data_limit} Output is KJV-flavoured text with
   wrong references, invented names and some repetition (lists of "the children of ..." as in the
   genealogies); chat answers are the right shape and length but rarely the requested verse.
-- A prompt that is itself a complete verse may be followed directly by `<｜end▁of▁sentence｜>` or
-  drift into the chat format: for "{verse_prompt}", {verse_empty} of {verse_n} samples were EOS
-  alone and {verse_chat} continued as a chat answer. Open-ended, mid-sentence prompts ("In the
-  beginning", "Blessed are the") and the chat prompts did not end empty.
+- A prompt that is itself a complete verse can be taken for a chat answer: for
+  "{verse_prompt}", {verse_empty} of {verse_n} transformers samples were EOS alone and
+  {verse_chat} continued in the chat format.
 """
     with open(os.path.join(args.root, MODEL, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
         f.write(text)

@@ -1,0 +1,81 @@
+// `pdserve decode`: a decode worker (pdserve.worker.v1.DecodeWorker) of a deployment.
+//
+//   pdserve decode --config F [--name NAME] [--port N] [--metrics-port N] [--max-batch N]
+//                  [--pool-tokens T]
+//
+// Serves the gRPC service on the config entry's host:port (the first decode entry, or NAME),
+// /metrics and /health on its metrics_port, until SIGINT or SIGTERM (exit 0). The model comes
+// from the config's model section, the lease from transfer.lease_ms, the degeneration action from
+// guards.degeneration_action. UCX_TLS picks the transport.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cli/command_registry.h"
+#include "common/status.h"
+#include "decode/decode_worker.h"
+#include "worker/worker_process.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct DecodeFlags {
+  worker::WorkerFlags worker;
+  int64_t max_batch = 64;
+  int64_t pool_tokens = 0;
+};
+
+absl::Status RunDecode(const DecodeFlags& flags) {
+  worker::LogToStderr("decode");
+  worker::BlockStopSignals();
+  PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry,
+                           worker::LoadWorkerEntry(flags.worker, "decode"));
+  decode::DecodeWorkerOptions options;
+  options.model_dir = entry.model_dir;
+  options.model_name = entry.model_name;
+  options.max_batch = flags.max_batch;
+  options.pool_tokens = flags.pool_tokens;
+  options.lease = absl::Milliseconds(entry.deploy.lease_ms);
+  options.runner.degeneration = entry.deploy.guards.degeneration_action == "stop"
+                                    ? colocated::DegenerationAction::kStop
+                                    : colocated::DegenerationAction::kFlag;
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeWorker> service,
+                           decode::DecodeWorker::Create(options));
+  worker::WorkerHooks hooks;
+  decode::DecodeWorker* w = service.get();
+  hooks.metrics_text = [w] { return w->MetricsText(); };
+  hooks.healthy = [] { return true; };
+  hooks.stopping = [w] { w->Drain(); };
+  absl::Status status = worker::RunWorker(entry, "decode", service.get(), hooks);
+  service->Stop();
+  return status;
+}
+
+const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<DecodeFlags>();
+  CLI::App* cmd = app.add_subcommand("decode", "Run a decode worker of a PD deployment");
+  cmd->add_option("--config", flags->worker.config_path, "Deploy config YAML")->required();
+  cmd->add_option("--name", flags->worker.name, "Decode worker entry (default: the first)");
+  cmd->add_option("--port", flags->worker.port,
+                  "Override the entry's gRPC port (0: any free port)");
+  cmd->add_option("--metrics-port", flags->worker.metrics_port,
+                  "Override the entry's metrics port (0: no HTTP endpoint)");
+  cmd->add_option("--max-batch", flags->max_batch, "Requests holding pages at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pool-tokens", flags->pool_tokens,
+                  "Tokens of state the page pool holds (0: max-batch * context length)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([flags, exit_code] {
+    const absl::Status status = RunDecode(*flags);
+    if (!status.ok()) {
+      std::fprintf(stderr, "pdserve decode: %s\n", status.ToString().c_str());
+      *exit_code = 1;
+    }
+  });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

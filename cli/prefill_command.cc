@@ -1,0 +1,58 @@
+// `pdserve prefill`: a prefill worker (pdserve.worker.v1.PrefillWorker) of a deployment.
+//
+//   pdserve prefill --config F [--name NAME] [--port N] [--metrics-port N]
+//
+// Serves the gRPC service on the config entry's host:port (the first prefill entry, or NAME),
+// /metrics and /health on its metrics_port, until SIGINT or SIGTERM (exit 0). The model comes
+// from the config's model section. UCX_TLS picks the transport as for every UCX program.
+// TEST-ONLY environment switches: prefill/test_faults.h.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cli/command_registry.h"
+#include "common/status.h"
+#include "prefill/prefill_worker.h"
+#include "worker/worker_process.h"
+
+namespace pdserve::cli {
+namespace {
+
+absl::Status RunPrefill(const worker::WorkerFlags& flags) {
+  worker::LogToStderr("prefill");
+  worker::BlockStopSignals();
+  PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry, worker::LoadWorkerEntry(flags, "prefill"));
+  prefill::PrefillWorkerOptions options;
+  options.model_dir = entry.model_dir;
+  options.model_name = entry.model_name;
+  options.faults = prefill::TestFaults::FromEnvironment();
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<prefill::PrefillWorker> service,
+                           prefill::PrefillWorker::Create(options));
+  worker::WorkerHooks hooks;
+  prefill::PrefillWorker* w = service.get();
+  hooks.metrics_text = [w] { return w->MetricsText(); };
+  hooks.healthy = [] { return true; };
+  hooks.stopping = [w] { w->Drain(); };
+  return worker::RunWorker(entry, "prefill", service.get(), hooks);
+}
+
+const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<worker::WorkerFlags>();
+  CLI::App* cmd = app.add_subcommand("prefill", "Run a prefill worker of a PD deployment");
+  cmd->add_option("--config", flags->config_path, "Deploy config YAML")->required();
+  cmd->add_option("--name", flags->name, "Prefill worker entry (default: the first)");
+  cmd->add_option("--port", flags->port, "Override the entry's gRPC port (0: any free port)");
+  cmd->add_option("--metrics-port", flags->metrics_port,
+                  "Override the entry's metrics port (0: no HTTP endpoint)");
+  cmd->callback([flags, exit_code] {
+    const absl::Status status = RunPrefill(*flags);
+    if (!status.ok()) {
+      std::fprintf(stderr, "pdserve prefill: %s\n", status.ToString().c_str());
+      *exit_code = 1;
+    }
+  });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

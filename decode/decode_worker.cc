@@ -1,0 +1,600 @@
+#include "decode/decode_worker.h"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <span>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "colocated/paged_state.h"
+#include "common/status.h"
+#include "kvtransfer/isolation_error.h"
+#include "kvtransfer/ticket_proto.h"
+#include "serving/sampler.h"
+#include "spdlog/spdlog.h"
+#include "worker/wire.h"
+#include "worker/worker_model.h"
+#include "worker/worker_process.h"
+
+namespace pdserve::decode {
+namespace v1 = pdserve::worker::v1;
+
+namespace {
+
+// How long a finished request nobody streams is kept for a late Generate.
+constexpr absl::Duration kKeepFinished = absl::Seconds(60);
+
+// docs/metrics.md's `kind` label of a pool page kind.
+std::string PoolKindLabel(const std::string& name) {
+  if (name == "window") return "sliding";
+  if (name == "compressed" || name == "indexer") return name;
+  return "compressor";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions options) {
+  if (options.max_batch < 1 || options.pool_tokens < 0 || options.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("need max_batch >= 1, pool_tokens >= 0 and a positive lease");
+  }
+  std::unique_ptr<DecodeWorker> w(new DecodeWorker());
+  w->options_ = std::move(options);
+  PDSERVE_ASSIGN_OR_RETURN(w->model_, worker::LoadWorkerModel(w->options_.model_dir));
+  const engine::ModelConfig& config = w->model_.model->config();
+  const int64_t pool_tokens = w->options_.pool_tokens > 0
+                                  ? w->options_.pool_tokens
+                                  : w->options_.max_batch * config.max_position_embeddings;
+  PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(
+                                         w->options_.max_batch, pool_tokens)));
+  kv::ReceiverOptions receiver_options;
+  receiver_options.lease = w->options_.lease;
+  receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
+  receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  DecodeWorker* self = w.get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      w->receiver_, kv::TransferReceiver::Create(
+                        receiver_options, w->clock_,
+                        [self](uint64_t ticket_id, uint64_t) { self->OnRelease(ticket_id); }));
+  w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
+                                                             w->pool_.get(), w->options_.runner);
+
+  metrics::Registry& r = w->registry_;
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* build, r.AddGauge("pdserve_build_info", "Identifies the process", {"role", "version"}));
+  build->WithLabels({"decode", "0.1"}).Set(1);
+  PDSERVE_ASSIGN_OR_RETURN(auto* running, r.AddGauge("pdserve_decode_requests_running",
+                                                     "Requests in the continuous batch"));
+  w->running_gauge_ = &running->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* waiting,
+                           r.AddGauge("pdserve_decode_requests_waiting",
+                                      "Reserved requests waiting for state or a batch slot"));
+  w->waiting_gauge_ = &waiting->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* batch, r.AddHistogram("pdserve_decode_batch_size", "Requests per decode step", {},
+                                  worker::GeometricBuckets(1, 2, 1024)));
+  w->batch_size_ = &batch->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* step,
+                           r.AddHistogram("pdserve_decode_step_seconds", "One decode step", {},
+                                          metrics::LatencyBucketsSeconds()));
+  w->step_seconds_ = &step->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* tokens,
+                           r.AddCounter("pdserve_decode_tokens_total", "Tokens generated"));
+  w->tokens_total_ = &tokens->Get();
+  PDSERVE_ASSIGN_OR_RETURN(w->pages_used_, r.AddGauge("pdserve_decode_pool_pages_used",
+                                                      "State pages allocated", {"kind"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      w->pages_free_, r.AddGauge("pdserve_decode_pool_pages_free", "State pages free", {"kind"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      w->isolation_failures_,
+      r.AddCounter("pdserve_decode_isolation_failures_total",
+                   "Requests failed by a state-page isolation check", {"kind"}));
+  PDSERVE_ASSIGN_OR_RETURN(auto* fenced, r.AddGauge("pdserve_decode_fenced_pages",
+                                                    "Pages quarantined until their lease ends"));
+  w->fenced_pages_ = &fenced->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      w->degenerate_,
+      r.AddCounter("pdserve_decode_degenerate_generations_total",
+                   "Generations the degeneration detector caught", {"kind", "action"}));
+
+  w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
+  w->decode_thread_ = std::thread([self] { self->DecodeLoop(); });
+  return w;
+}
+
+DecodeWorker::~DecodeWorker() { Stop(); }
+
+void DecodeWorker::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (transfer_thread_.joinable()) transfer_thread_.join();
+  if (decode_thread_.joinable()) decode_thread_.join();
+}
+
+grpc::Status DecodeWorker::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
+                                   v1::ReserveResponse* response) {
+  absl::StatusOr<v1::TransferTicket> ticket = DoReserve(*request);
+  if (!ticket.ok()) return worker::ToGrpc(ticket.status());
+  *response->mutable_ticket() = std::move(*ticket);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequest& request) {
+  if (draining_) return absl::UnavailableError("the worker is draining");
+  const engine::ModelConfig& config = model_.model->config();
+  const uint64_t id = request.request_id();
+  PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
+                           worker::SamplingFromProto(request.sampling(), config.vocab_size));
+  const int64_t prompt_length = request.prompt_tokens();
+  if (prompt_length < 1) return absl::InvalidArgumentError("prompt_tokens must be >= 1");
+  const int64_t total = prompt_length + params.max_tokens;
+  if (total > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_tokens (", prompt_length, ") + max_tokens (", params.max_tokens,
+                     ") exceeds the context of ", config.max_position_embeddings));
+  }
+  auto record = std::make_shared<Request>();
+  record->request_id = id;
+  record->choice = static_cast<int32_t>(request.sampling().choice());
+  record->params = params;
+  if (request.prompt_token_ids_size() > 0) {
+    if (request.prompt_token_ids_size() != prompt_length) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids has ",
+                                                     request.prompt_token_ids_size(),
+                                                     " ids, prompt_tokens says ", prompt_length));
+    }
+    record->prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  } else if (params.repetition_penalty != 1.0) {
+    return absl::InvalidArgumentError(
+        "repetition_penalty needs the prompt: send prompt_token_ids with Reserve");
+  } else {
+    record->prompt.assign(prompt_length, 0);
+  }
+  // Fails early on a bad id or parameter, before anything is allocated.
+  PDSERVE_RETURN_IF_ERROR(serving::RequestSampler::Create(params, worker::SeedRequestId(id),
+                                                          model_.eos_ids, record->prompt,
+                                                          config.vocab_size)
+                              .status());
+
+  kv::ReceiveSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the worker is stopping");
+    if (requests_.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already reserved"));
+    }
+    int64_t holding = 0;
+    for (const auto& [rid, r] : requests_) holding += r->pages_held && r->phase != Phase::kDone;
+    if (holding >= options_.max_batch) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the decode worker holds ", holding, " requests (max_batch)"));
+    }
+    record->sequence = next_sequence_++;
+    PDSERVE_ASSIGN_OR_RETURN(record->table,
+                             pool_->Allocate(record->sequence, model_.layout->Demand(total)));
+    absl::StatusOr<std::vector<kv::PlannedPage>> plan =
+        kv::PlanTransfer(*model_.layout, model_.layers, record->table, prompt_length, total);
+    if (!plan.ok()) {
+      pool_->Free(record->table).IgnoreError();
+      return plan.status();
+    }
+    spec.request_id = id;
+    spec.epoch = kv::TableEpoch(record->table);
+    for (const kv::PlannedPage& page : *plan) {
+      absl::StatusOr<std::span<std::byte>> bytes = pool_->Data(record->sequence, page.handle);
+      if (!bytes.ok()) {
+        pool_->Free(record->table).IgnoreError();
+        return bytes.status();
+      }
+      spec.pages.push_back(page.descriptor);
+      spec.destinations.push_back(*bytes);
+    }
+    requests_[id] = record;
+  }
+  absl::StatusOr<kv::Ticket> ticket = receiver_->Expect(std::move(spec));
+  absl::MutexLock lock(&mu_);
+  if (!ticket.ok()) {
+    FreePages(*record);
+    requests_.erase(id);
+    return ticket.status();
+  }
+  record->ticket_id = ticket->ticket_id;
+  by_ticket_[ticket->ticket_id] = id;
+  return kv::TicketToProto(*ticket);
+}
+
+void DecodeWorker::TransferLoop() {
+  for (;;) {
+    receiver_->RunFor(absl::Milliseconds(2));
+    std::vector<std::pair<uint64_t, uint64_t>> receiving;  // (request, ticket)
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      std::vector<uint64_t> stale;
+      for (const auto& [id, r] : requests_) {
+        if (r->phase == Phase::kReceiving && r->ticket_id != 0)
+          receiving.emplace_back(id, r->ticket_id);
+        if (r->phase == Phase::kDone && !r->attached && now - r->done_at > kKeepFinished) {
+          stale.push_back(id);
+        }
+      }
+      for (uint64_t id : stale) {
+        requests_[id]->attached = false;
+        requests_[id]->events.clear();
+        requests_[id]->done_at = absl::InfinitePast();
+        MaybeForget(id);
+      }
+    }
+    for (const auto& [id, ticket_id] : receiving) {
+      absl::StatusOr<kv::TransferOutcome> outcome = receiver_->Outcome(ticket_id);
+      if (outcome.ok() && outcome->state == kv::TransferState::kReceiving) continue;
+      if (outcome.ok() && outcome->state == kv::TransferState::kVerified && outcome->commit) {
+        StartDecoding(id, *outcome->commit);
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      auto it = requests_.find(id);
+      if (it == requests_.end() || it->second->phase != Phase::kReceiving) continue;
+      Request& r = *it->second;
+      r.phase = Phase::kDone;
+      if (!outcome.ok()) {
+        QueueFinal(r, "error", outcome.status());
+      } else if (outcome->state == kv::TransferState::kFailed) {
+        const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
+        if (kind) {
+          isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
+        }
+        spdlog::warn("request {}: transfer failed verification: {}", id,
+                     outcome->status.ToString());
+        QueueFinal(r, "error", outcome->status);
+      } else {
+        QueueFinal(r, "abort", absl::OkStatus());
+      }
+      MaybeForget(id);
+    }
+  }
+}
+
+void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& commit) {
+  std::shared_ptr<Request> record;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end() || it->second->phase != Phase::kReceiving) return;
+    record = it->second;
+    if (record->aborted) {
+      // Verified after the abort: the pages are ours, and nothing decodes them.
+      record->phase = Phase::kDone;
+      FreePages(*record);
+      MaybeForget(request_id);
+      return;
+    }
+  }
+  const engine::ModelConfig& config = model_.model->config();
+  absl::StatusOr<serving::RequestSampler> sampler =
+      serving::RequestSampler::Create(record->params, worker::SeedRequestId(request_id),
+                                      model_.eos_ids, record->prompt, config.vocab_size);
+  absl::StatusOr<std::optional<serving::FinishReason>> finish =
+      sampler.ok() ? sampler->Record(record->choice, commit.first_token)
+                   : absl::StatusOr<std::optional<serving::FinishReason>>(sampler.status());
+  absl::MutexLock lock(&mu_);
+  Request& r = *record;
+  if (r.phase != Phase::kReceiving) return;
+  if (r.aborted) {
+    r.phase = Phase::kDone;
+    FreePages(r);
+    MaybeForget(request_id);
+    return;
+  }
+  if (!finish.ok()) {
+    r.phase = Phase::kDone;
+    FreePages(r);
+    QueueFinal(r, "error", finish.status());
+    MaybeForget(request_id);
+    return;
+  }
+  v1::GenerateResponse first;
+  first.add_token_ids(commit.first_token);
+  first.add_tokens()->set_token_id(commit.first_token);
+  r.generated = 1;
+  tokens_total_->Increment();
+  if (*finish) {
+    first.set_finish_reason(serving::FinishReasonName(**finish));
+    r.events.push_back(std::move(first));
+    r.final_queued = true;
+    r.phase = Phase::kDone;
+    r.done_at = absl::Now();
+    FreePages(r);
+    return;
+  }
+  r.events.push_back(std::move(first));
+  r.context = std::make_shared<colocated::RequestContext>(std::move(*sampler));
+  std::weak_ptr<Request> weak = record;
+  const std::string action =
+      options_.runner.degeneration == colocated::DegenerationAction::kStop ? "stop" : "flag";
+  r.context->on_token = [this, weak, action](const colocated::TokenEvent& event) {
+    std::shared_ptr<Request> req = weak.lock();
+    if (!req) return true;
+    absl::MutexLock inner(&mu_);
+    if (req->aborted || req->final_queued) return true;
+    v1::GenerateResponse response;
+    response.add_token_ids(event.sampled.token);
+    *response.add_tokens() = worker::SampledTokenToProto(event.sampled);
+    if (event.degenerate && !req->degenerate) {
+      req->degenerate = true;
+      degenerate_->WithLabels({"repeat", action}).Increment();
+    }
+    response.set_degenerate(req->degenerate);
+    ++req->generated;
+    tokens_total_->Increment();
+    if (!event.finish_reason.empty()) {
+      response.set_finish_reason(event.finish_reason);
+      req->final_queued = true;
+    }
+    req->events.push_back(std::move(response));
+    return false;
+  };
+  r.context->on_error = [this, weak](int32_t, const absl::Status& status) {
+    std::shared_ptr<Request> req = weak.lock();
+    if (!req) return;
+    absl::MutexLock inner(&mu_);
+    QueueFinal(*req, "error", status);
+  };
+  colocated::SequenceSetup setup;
+  setup.request = r.context;
+  setup.choice = r.choice;
+  setup.prompt = r.prompt;
+  setup.max_tokens = r.params.max_tokens;
+  setup.first_token = commit.first_token;
+  absl::Status added = runner_->Add(r.sequence, std::move(setup));
+  if (!added.ok()) {
+    r.phase = Phase::kDone;
+    FreePages(r);
+    QueueFinal(r, "error", added);
+    return;
+  }
+  r.phase = Phase::kDecoding;
+}
+
+void DecodeWorker::DecodeLoop() {
+  for (;;) {
+    serving::StepPlan plan;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        for (const auto& [id, r] : requests_) {
+          if (r->phase == Phase::kDecoding) return true;
+        }
+        return false;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+      if (stopping_) return;
+      for (const auto& [id, r] : requests_) {
+        if (r->phase != Phase::kDecoding || r->aborted || r->final_queued) continue;
+        plan.decode.push_back(
+            {r->sequence, static_cast<int64_t>(r->prompt.size()) + r->generated - 1});
+      }
+    }
+    if (!plan.decode.empty()) {
+      std::sort(
+          plan.decode.begin(), plan.decode.end(),
+          [](const serving::DecodeSlot& a, const serving::DecodeSlot& b) { return a.id < b.id; });
+      const absl::Time start = absl::Now();
+      runner_->Run(plan).IgnoreError();  // Never fails; per-sequence errors reach on_error.
+      step_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      batch_size_->Observe(static_cast<double>(plan.decode.size()));
+    }
+    // Sequences that finished or were aborted leave the batch; the step that used their pages
+    // is over, so the pages are free to go.
+    absl::MutexLock lock(&mu_);
+    std::vector<uint64_t> done;
+    for (const auto& [id, r] : requests_) {
+      if (r->phase == Phase::kDecoding && (r->aborted || r->final_queued)) done.push_back(id);
+    }
+    for (uint64_t id : done) {
+      Request& r = *requests_[id];
+      runner_->Remove(r.sequence);
+      r.phase = Phase::kDone;
+      r.done_at = absl::Now();
+      FreePages(r);
+      MaybeForget(id);
+    }
+  }
+}
+
+void DecodeWorker::QueueFinal(Request& request, std::string reason, absl::Status error) {
+  if (request.final_queued) return;
+  v1::GenerateResponse response;
+  response.set_finish_reason(std::move(reason));
+  response.set_degenerate(request.degenerate);
+  if (!error.ok()) {
+    response.set_isolation_error(kv::IsolationErrorToProto(error));
+    response.set_error_message(std::string(error.message()));
+  }
+  request.events.push_back(std::move(response));
+  request.final_queued = true;
+  request.done_at = absl::Now();
+}
+
+void DecodeWorker::FreePages(Request& request) {
+  if (!request.pages_held) return;
+  absl::Status freed = pool_->Free(request.table);
+  if (!freed.ok()) spdlog::error("request {}: {}", request.request_id, freed.ToString());
+  request.pages_held = false;
+}
+
+void DecodeWorker::MaybeForget(uint64_t request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (r.phase != Phase::kDone || r.pages_held || r.attached || !r.events.empty()) return;
+  if (r.ticket_id != 0) by_ticket_.erase(r.ticket_id);
+  requests_.erase(it);
+}
+
+void DecodeWorker::OnRelease(uint64_t ticket_id) {
+  absl::MutexLock lock(&mu_);
+  auto found = by_ticket_.find(ticket_id);
+  if (found == by_ticket_.end()) return;
+  const uint64_t id = found->second;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (r.phase == Phase::kReceiving && !r.aborted) {
+    // Released before the transfer loop saw an outcome: the lease ended with the transfer
+    // unverified (the receiver fails and releases such a ticket in the same sweep).
+    r.phase = Phase::kDone;
+    isolation_failures_->WithLabels({"lease"}).Increment();
+    QueueFinal(r, "error",
+               kv::MakeIsolationError(
+                   kv::IsolationError::kLease,
+                   absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended")));
+  }
+  FreePages(r);
+  MaybeForget(id);
+}
+
+bool DecodeWorker::AbortRequest(uint64_t request_id) {
+  uint64_t ticket_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return true;
+    Request& r = *it->second;
+    r.aborted = true;
+    if (r.phase == Phase::kReceiving) ticket_id = r.ticket_id;
+    QueueFinal(r, "abort", absl::OkStatus());
+  }
+  if (ticket_id != 0) {
+    // Pages go back through OnRelease behind the fence; a verified ticket is freed by
+    // StartDecoding, which sees the abort.
+    receiver_->Abort(ticket_id).IgnoreError();
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  return it == requests_.end() || !it->second->pages_held;
+}
+
+grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
+                                    const v1::GenerateRequest* request,
+                                    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const uint64_t id = request->request_id();
+  std::shared_ptr<Request> record;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("request ", id, " has no reservation"));
+    }
+    record = it->second;
+    if (record->ticket_id != request->ticket_id()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("request ", id, " holds ticket ", record->ticket_id,
+                                       ", not ", request->ticket_id()));
+    }
+    if (record->attached) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrCat("request ", id, " is already being streamed"));
+    }
+    record->attached = true;
+  }
+  bool finished = false;
+  while (!finished) {
+    std::deque<v1::GenerateResponse> events;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_events = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !record->events.empty() || stopping_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&has_events), absl::Milliseconds(50));
+      events.swap(record->events);
+      if (stopping_ && events.empty()) break;
+    }
+    for (v1::GenerateResponse& event : events) {
+      finished = finished || !event.finish_reason().empty();
+      if (!writer->Write(event)) break;
+    }
+    if (!finished && context->IsCancelled()) {
+      AbortRequest(id);
+      break;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  record->attached = false;
+  record->events.clear();
+  if (record->phase == Phase::kDone) MaybeForget(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+                                 v1::AbortResponse* response) {
+  response->set_quiesced(AbortRequest(request->request_id()));
+  return grpc::Status::OK;
+}
+
+DecodeWorker::RequestCounts DecodeWorker::CountRequests() const {
+  absl::MutexLock lock(&mu_);
+  RequestCounts counts;
+  for (const auto& [id, r] : requests_) {
+    counts.running += r->phase == Phase::kDecoding;
+    counts.waiting += r->phase == Phase::kReceiving && !r->aborted;
+    if (r->pages_held && (r->aborted || r->phase == Phase::kDone)) {
+      for (const auto& pages : r->table.pages) {
+        counts.quarantined_pages += static_cast<int64_t>(pages.size());
+      }
+    }
+  }
+  return counts;
+}
+
+grpc::Status DecodeWorker::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                                 v1::StatsResponse* response) {
+  const kv::ReceiverStats stats = receiver_->stats();
+  const RequestCounts counts = CountRequests();
+  response->set_running_requests(static_cast<int32_t>(counts.running));
+  response->set_waiting_requests(static_cast<int32_t>(counts.waiting));
+  response->set_pages_quarantined(counts.quarantined_pages);
+  worker::SetPoolPages(*pool_, response);
+  for (int kind = 0; kind <= static_cast<int>(kv::IsolationError::kMissing); ++kind) {
+    auto it = stats.isolation_errors.find(static_cast<kv::IsolationError>(kind));
+    response->add_isolation_errors(
+        it == stats.isolation_errors.end() ? 0 : static_cast<int64_t>(it->second));
+  }
+  response->set_transfer_bytes(static_cast<int64_t>(stats.bytes_landed));
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                  v1::HealthResponse* response) {
+  response->set_state(draining_ ? v1::HealthResponse::STATE_DRAINING
+                                : v1::HealthResponse::STATE_SERVING);
+  response->set_role("decode");
+  response->set_incarnation(receiver_->incarnation());
+  response->set_model(options_.model_name);
+  return grpc::Status::OK;
+}
+
+std::string DecodeWorker::MetricsText() const {
+  const RequestCounts counts = CountRequests();
+  running_gauge_->Set(static_cast<double>(counts.running));
+  waiting_gauge_->Set(static_cast<double>(counts.waiting));
+  fenced_pages_->Set(static_cast<double>(counts.quarantined_pages));
+  std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // used, free
+  for (int32_t k = 0; k < pool_->num_kinds(); ++k) {
+    auto& [used, free] = by_label[PoolKindLabel(pool_->kind(k).name)];
+    used += pool_->pages_used(k);
+    free += pool_->pages_free(k);
+  }
+  for (const auto& [label, pages] : by_label) {
+    pages_used_->WithLabels({label}).Set(static_cast<double>(pages.first));
+    pages_free_->WithLabels({label}).Set(static_cast<double>(pages.second));
+  }
+  return registry_.Serialize();
+}
+
+}  // namespace pdserve::decode

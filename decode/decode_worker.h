@@ -1,0 +1,158 @@
+// The decode worker (pdserve.worker.v1.DecodeWorker): reserves a request's state pages and issues
+// the transfer ticket, verifies the prefill worker's pages (kv::TransferReceiver), and decodes
+// verified requests in a continuous batch, streaming their tokens to Generate.
+//
+// Life of a request: Reserve allocates the pages for prompt + max_tokens (all or nothing) and
+// registers the transferred slots with the receiver. A transfer thread drives UCX and polls
+// outcomes: a verified request records the commit's first token in its sampler, emits it as the
+// first Generate event and joins the batch; a failed one (isolation error, lease) ends with
+// finish_reason "error" and the error kind and is never decoded, its pages quarantined by the
+// receiver until the lease ends. A decode thread steps every decoding request one token per step
+// with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
+// bit-identical to colocated mode. Abort (or a cancelled Generate) ends the request with "abort":
+// a receiving request's pages are released behind the abort fence, a decoding one's after the
+// step in flight.
+//
+// Thread-safety: every RPC may run concurrently on gRPC's threads. Lock order: a request's
+// RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release). mu_ is never held
+// while calling the receiver.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "colocated/step_runner.h"
+#include "common/metrics.h"
+#include "engine/model.h"
+#include "kvtransfer/transfer_plan.h"
+#include "kvtransfer/transfer_receiver.h"
+#include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "serving/clock.h"
+#include "serving/page_pool.h"
+#include "serving/sampling_params.h"
+#include "serving/state_layout.h"
+#include "worker/worker_model.h"
+
+namespace pdserve::decode {
+
+struct DecodeWorkerOptions {
+  std::string model_dir = "models/kjv-v4-tiny";
+  std::string model_name = "kjv-v4-tiny";
+  int64_t max_batch = 64;   // requests holding pages (reserved or decoding); Reserve beyond: 429
+  int64_t pool_tokens = 0;  // tokens of state in the pool; 0: max_batch * context length
+  absl::Duration lease = absl::Seconds(30);  // transfer lease (config transfer.lease_ms)
+  colocated::RunnerOptions runner;           // degeneration action, prefill_block
+};
+
+class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
+ public:
+  // Loads the model, builds the pool, creates the UCX receiver (UCX_TLS) and starts the transfer
+  // and decode threads.
+  static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(DecodeWorkerOptions options);
+  // Stops the threads; open Generate streams end.
+  ~DecodeWorker() override;
+
+  grpc::Status Reserve(grpc::ServerContext* context,
+                       const pdserve::worker::v1::ReserveRequest* request,
+                       pdserve::worker::v1::ReserveResponse* response) override;
+  grpc::Status Generate(grpc::ServerContext* context,
+                        const pdserve::worker::v1::GenerateRequest* request,
+                        grpc::ServerWriter<pdserve::worker::v1::GenerateResponse>* writer) override;
+  grpc::Status Abort(grpc::ServerContext* context, const pdserve::worker::v1::AbortRequest* request,
+                     pdserve::worker::v1::AbortResponse* response) override;
+  grpc::Status Stats(grpc::ServerContext* context, const pdserve::worker::v1::StatsRequest* request,
+                     pdserve::worker::v1::StatsResponse* response) override;
+  grpc::Status Health(grpc::ServerContext* context,
+                      const pdserve::worker::v1::HealthRequest* request,
+                      pdserve::worker::v1::HealthResponse* response) override;
+
+  std::string MetricsText() const;
+  void Drain() { draining_ = true; }
+  // Stops the threads and ends every open Generate stream (idempotent).
+  void Stop();
+
+ private:
+  enum class Phase { kReceiving, kDecoding, kDone };
+  struct Request {
+    uint64_t request_id = 0;
+    serving::RequestId sequence = 0;  // owner of the pages in the pool
+    uint64_t ticket_id = 0;
+    int32_t choice = 0;
+    serving::SamplingParams params;
+    std::vector<int32_t> prompt;  // the prompt ids, or zeros when the router sent none
+    serving::PageTable table;
+    bool pages_held = true;  // the table is still allocated
+    Phase phase = Phase::kReceiving;
+    bool aborted = false;
+    bool final_queued = false;
+    bool attached = false;  // a Generate stream reads the events
+    int64_t generated = 0;  // tokens emitted (the first token included)
+    bool degenerate = false;
+    absl::Time done_at = absl::InfiniteFuture();
+    std::deque<pdserve::worker::v1::GenerateResponse> events;
+    std::shared_ptr<colocated::RequestContext> context;
+  };
+
+  struct RequestCounts {
+    int64_t running = 0;            // decoding
+    int64_t waiting = 0;            // receiving their state
+    int64_t quarantined_pages = 0;  // failed or aborted, pages not yet released
+  };
+
+  DecodeWorker() = default;
+  RequestCounts CountRequests() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<pdserve::worker::v1::TransferTicket> DoReserve(
+      const pdserve::worker::v1::ReserveRequest& request);
+  void TransferLoop();
+  void DecodeLoop();
+  // The transfer of `request_id` verified: record the first token and join the batch.
+  void StartDecoding(uint64_t request_id, const kv::ControlMessage& commit);
+  void QueueFinal(Request& request, std::string reason, absl::Status error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreePages(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a finished request once nothing refers to it any more.
+  void MaybeForget(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnRelease(uint64_t ticket_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts `request_id`; returns whether its pages are already free.
+  bool AbortRequest(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  DecodeWorkerOptions options_;
+  worker::WorkerModel model_;
+  std::unique_ptr<serving::PagePool> pool_;
+  serving::SystemClock clock_;
+  std::unique_ptr<kv::TransferReceiver> receiver_;
+  std::unique_ptr<colocated::EngineStepRunner> runner_;
+  std::atomic<bool> draining_{false};
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> by_ticket_ ABSL_GUARDED_BY(mu_);
+  serving::RequestId next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  std::thread transfer_thread_;
+  std::thread decode_thread_;
+
+  metrics::Registry registry_;
+  metrics::Gauge* running_gauge_ = nullptr;
+  metrics::Gauge* waiting_gauge_ = nullptr;
+  metrics::Histogram* batch_size_ = nullptr;
+  metrics::Histogram* step_seconds_ = nullptr;
+  metrics::Counter* tokens_total_ = nullptr;
+  metrics::Family<metrics::Gauge>* pages_used_ = nullptr;
+  metrics::Family<metrics::Gauge>* pages_free_ = nullptr;
+  metrics::Family<metrics::Counter>* isolation_failures_ = nullptr;
+  metrics::Gauge* fenced_pages_ = nullptr;
+  metrics::Family<metrics::Counter>* degenerate_ = nullptr;
+};
+
+}  // namespace pdserve::decode

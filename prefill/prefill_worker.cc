@@ -1,0 +1,343 @@
+#include "prefill/prefill_worker.h"
+
+#include <algorithm>
+#include <random>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "colocated/paged_state.h"
+#include "common/status.h"
+#include "kvtransfer/fault_transport.h"
+#include "kvtransfer/ticket_proto.h"
+#include "serving/sampler.h"
+#include "spdlog/spdlog.h"
+#include "worker/wire.h"
+#include "worker/worker_model.h"
+#include "worker/worker_process.h"
+
+namespace pdserve::prefill {
+namespace v1 = pdserve::worker::v1;
+
+namespace {
+
+constexpr size_t kAbortedRemembered = 4096;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options) {
+  std::unique_ptr<PrefillWorker> w(new PrefillWorker());
+  w->options_ = std::move(options);
+  PDSERVE_ASSIGN_OR_RETURN(w->model_, worker::LoadWorkerModel(w->options_.model_dir));
+  const engine::ModelConfig& config = w->model_.model->config();
+  // One sequence at a time, of up to the context length.
+  PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(
+                                         1, config.max_position_embeddings)));
+  {
+    absl::MutexLock lock(&w->run_mu_);
+    PDSERVE_ASSIGN_OR_RETURN(w->transport_, kv::UcxTransport::Create());
+  }
+  w->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+
+  metrics::Registry& r = w->registry_;
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* build, r.AddGauge("pdserve_build_info", "Identifies the process", {"role", "version"}));
+  build->WithLabels({"prefill", "0.1"}).Set(1);
+  PDSERVE_ASSIGN_OR_RETURN(auto* tokens,
+                           r.AddCounter("pdserve_prefill_tokens_total", "Prompt tokens prefilled"));
+  w->tokens_total_ = &tokens->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* depth, r.AddGauge("pdserve_prefill_queue_depth", "Requests waiting to be prefilled"));
+  w->queue_depth_ = &depth->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* chunk, r.AddHistogram("pdserve_prefill_chunk_tokens", "Tokens per prefill chunk", {},
+                                  worker::GeometricBuckets(16, 2, 16384)));
+  w->chunk_tokens_ = &chunk->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* latency, r.AddHistogram("pdserve_prefill_latency_seconds",
+                                                         "Prefill RPC received -> commit sent", {},
+                                                         metrics::LatencyBucketsSeconds()));
+  w->latency_ = &latency->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* bytes, r.AddCounter("pdserve_prefill_transfer_bytes_total",
+                                                     "State-page bytes written to decode workers"));
+  w->transfer_bytes_total_ = &bytes->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* seconds,
+                           r.AddHistogram("pdserve_prefill_transfer_seconds",
+                                          "One request's transfer: first post -> commit", {},
+                                          metrics::LatencyBucketsSeconds()));
+  w->transfer_seconds_ = &seconds->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* bandwidth,
+                           r.AddHistogram("pdserve_prefill_transfer_bandwidth_bytes_per_second",
+                                          "Per request bytes / transfer time", {},
+                                          worker::GeometricBuckets(1e8, 2.5, 1e11)));
+  w->bandwidth_ = &bandwidth->Get();
+  PDSERVE_ASSIGN_OR_RETURN(w->failures_, r.AddCounter("pdserve_prefill_transfer_failures_total",
+                                                      "Failed transfers", {"reason"}));
+  PDSERVE_ASSIGN_OR_RETURN(auto* in_flight,
+                           r.AddGauge("pdserve_prefill_transfers_in_flight",
+                                      "Transfers posted and not yet committed or released"));
+  w->in_flight_ = &in_flight->Get();
+  return w;
+}
+
+PrefillWorker::~PrefillWorker() = default;
+
+bool PrefillWorker::Aborted(uint64_t request_id) const {
+  absl::MutexLock lock(&mu_);
+  return aborted_.contains(request_id);
+}
+
+void PrefillWorker::CountFailure(const absl::Status& status) {
+  std::string reason = "remote_error";
+  switch (status.code()) {
+    case absl::StatusCode::kCancelled:
+      reason = "cancelled";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      reason = "lease_expired";
+      break;
+    case absl::StatusCode::kUnavailable:
+      reason = "remote_error";
+      break;
+    default:
+      break;
+  }
+  failures_->WithLabels({reason}).Increment();
+}
+
+grpc::Status PrefillWorker::Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                                    v1::PrefillResponse* response) {
+  const uint64_t id = request->request_id();
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
+    if (!active_.insert(id).second) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrCat("request ", id, " is already being prefilled"));
+    }
+    queue_depth_->Set(static_cast<double>(active_.size() - running_));
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::PrefillResponse> result = RunPrefill(*request, *context);
+  {
+    absl::MutexLock lock(&mu_);
+    active_.erase(id);
+    queue_depth_->Set(static_cast<double>(active_.size() - running_));
+  }
+  if (!result.ok()) {
+    spdlog::warn("prefill of request {} failed: {}", id, result.status().ToString());
+    return worker::ToGrpc(result.status());
+  }
+  latency_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillRequest& request,
+                                                              const grpc::ServerContext& context) {
+  const uint64_t id = request.request_id();
+  const engine::ModelConfig& config = model_.model->config();
+  const std::vector<int32_t> prompt(request.token_ids().begin(), request.token_ids().end());
+  if (prompt.empty()) return absl::InvalidArgumentError("token_ids is empty");
+  for (int32_t token : prompt) {
+    if (token < 0 || token >= config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", token, " is outside the vocabulary of ", config.vocab_size));
+    }
+  }
+  PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
+                           worker::SamplingFromProto(request.sampling(), config.vocab_size));
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  const int64_t total = prompt_length + params.max_tokens;
+  if (total > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_length, ") + max_tokens (",
+                                                   params.max_tokens, ") exceeds the context of ",
+                                                   config.max_position_embeddings));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(request.ticket()));
+  if (ticket.request_id != id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ticket belongs to request ", ticket.request_id, ", not ", id));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(
+      serving::RequestSampler sampler,
+      serving::RequestSampler::Create(params, worker::SeedRequestId(id), model_.eos_ids, prompt,
+                                      config.vocab_size));
+
+  absl::MutexLock run(&run_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    ++running_;
+    queue_depth_->Set(static_cast<double>(active_.size() - running_));
+  }
+  absl::Cleanup not_running = [this] {
+    absl::MutexLock lock(&mu_);
+    --running_;
+  };
+  if (Aborted(id) || context.IsCancelled()) {
+    return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+  }
+
+  // This worker's own copy of the request's pages: the transfer's sources.
+  const serving::RequestId sequence = next_sequence_++;
+  PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table,
+                           pool_->Allocate(sequence, model_.layout->Demand(total)));
+  absl::Cleanup free_table = [this, &table] { pool_->Free(table).IgnoreError(); };
+  PDSERVE_ASSIGN_OR_RETURN(
+      std::vector<kv::PlannedPage> plan,
+      kv::PlanTransfer(*model_.layout, model_.layers, table, prompt_length, total));
+  if (plan.size() != ticket.pages.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ticket names ", ticket.pages.size(), " pages; a prompt of ",
+                     prompt_length, " tokens with max_tokens ", params.max_tokens, " has ",
+                     plan.size(), " (did Reserve get another prompt length or max_tokens?)"));
+  }
+  std::vector<std::span<const std::byte>> sources;
+  for (size_t slot = 0; slot < plan.size(); ++slot) {
+    if (!(plan[slot].descriptor == ticket.pages[slot])) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan"));
+    }
+    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, plan[slot].handle));
+    sources.push_back(bytes);
+  }
+
+  kv::FaultInjectingTransport faulty(*transport_, clock_);
+  kv::PageTransport* transport = transport_.get();
+  if (options_.faults.Apply(id, faulty)) {
+    spdlog::warn("request {}: TEST-ONLY transfer faults applied", id);
+    transport = &faulty;
+  }
+  kv::TransferSender sender(*transport, clock_);
+  absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared = sender.Prepare(ticket, sources);
+  if (!prepared.ok()) {
+    failures_->WithLabels({"connect"}).Increment();
+    return prepared.status();
+  }
+  std::unique_ptr<kv::Transfer> transfer = std::move(*prepared);
+  in_flight_->Add(1);
+  absl::Cleanup not_in_flight = [this] { in_flight_->Add(-1); };
+  auto check = [&]() -> absl::Status {
+    if (Aborted(id) || context.IsCancelled()) {
+      CountFailure(absl::CancelledError());
+      return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+    }
+    absl::StatusOr<bool> polled = transfer->Poll();
+    if (!polled.ok()) CountFailure(polled.status());
+    return polled.status();
+  };
+
+  // Chunked prefill: Forward calls cut at absolute multiples of prefill_block, as colocated. In
+  // the final block each layer's pages are stored and posted as soon as the layer's attention has
+  // extended its state, so UCX moves layer l while layers l+1.. compute.
+  PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
+  const colocated::PagedState paged(config, *model_.layout, total);
+  absl::Status posting;  // the first failure of the final block's per-layer posts
+  absl::Time first_post = absl::InfiniteFuture();
+  const engine::Model::LayerHook post_layer = [&](int64_t layer, const engine::LayerState& ls,
+                                                  int64_t position) {
+    if (!posting.ok()) return;
+    first_post = std::min(first_post, absl::Now());
+    posting = paged.StoreLayer(layer, ls, position, 0, pages);
+    if (posting.ok()) posting = transfer->PostLayer(static_cast<uint32_t>(layer));
+    if (posting.ok()) posting = check();
+  };
+  const absl::Time prefill_start = absl::Now();
+  engine::ModelState state = model_.model->NewState();
+  engine::Tensor logits;
+  for (int64_t from = 0; from < prompt_length;) {
+    const int64_t to =
+        std::min(prompt_length, (from / options_.prefill_block + 1) * options_.prefill_block);
+    std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+    const bool final_block = to == prompt_length;
+    PDSERVE_ASSIGN_OR_RETURN(
+        logits, model_.model->Forward(&state, tokens, final_block ? post_layer : nullptr));
+    PDSERVE_RETURN_IF_ERROR(posting);
+    chunk_tokens_->Observe(static_cast<double>(to - from));
+    from = to;
+    PDSERVE_RETURN_IF_ERROR(check());
+  }
+  tokens_total_->Increment(static_cast<double>(prompt_length));
+  const int64_t vocab = logits.dim(1);
+  std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
+                              static_cast<size_t>(vocab));
+  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first,
+                           sampler.Next(static_cast<int32_t>(request.sampling().choice()), last));
+  const absl::Time prefill_end = absl::Now();
+
+  PDSERVE_RETURN_IF_ERROR(
+      transfer->Commit(static_cast<int32_t>(prompt_length), first.sampled.token));
+  for (;;) {
+    PDSERVE_RETURN_IF_ERROR(check());
+    absl::StatusOr<bool> delivered = transfer->Poll();
+    if (!delivered.ok()) return delivered.status();
+    if (*delivered) break;
+    std::this_thread::yield();
+  }
+  PDSERVE_RETURN_IF_ERROR(transfer->Release());
+  const absl::Time transfer_end = absl::Now();
+  const uint64_t bytes = ticket.total_bytes();
+  transfer_bytes_ += static_cast<int64_t>(bytes);
+  transfer_bytes_total_->Increment(static_cast<double>(bytes));
+  const double transfer_seconds = absl::ToDoubleSeconds(transfer_end - first_post);
+  transfer_seconds_->Observe(transfer_seconds);
+  if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
+
+  v1::PrefillResponse response;
+  v1::TransferCommit* commit = response.mutable_commit();
+  commit->set_ticket_id(ticket.ticket_id);
+  commit->set_epoch(ticket.epoch);
+  commit->set_pages_sent(static_cast<uint32_t>(ticket.pages.size()));
+  commit->set_prompt_tokens(static_cast<int32_t>(prompt_length));
+  commit->set_first_token(first.sampled.token);
+  response.set_prefill_us(absl::ToInt64Microseconds(prefill_end - prefill_start));
+  response.set_transfer_us(absl::ToInt64Microseconds(transfer_end - first_post));
+  *response.mutable_first_token() = worker::SampledTokenToProto(first.sampled);
+  response.set_transfer_bytes(bytes);
+  return response;
+}
+
+grpc::Status PrefillWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) {
+  const uint64_t id = request->request_id();
+  absl::MutexLock lock(&mu_);
+  if (aborted_.insert(id).second) {
+    aborted_order_.push_back(id);
+    if (aborted_order_.size() > kAbortedRemembered) {
+      aborted_.erase(aborted_order_.front());
+      aborted_order_.pop_front();
+    }
+  }
+  // The prefill's Transfer cancels its sends and fences before the RPC leaves active_.
+  auto gone = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !active_.contains(id); };
+  const bool quiesced = mu_.AwaitWithTimeout(absl::Condition(&gone), absl::Seconds(5));
+  response->set_quiesced(quiesced);
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillWorker::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                                  v1::StatsResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    response->set_running_requests(running_);
+    response->set_waiting_requests(static_cast<int32_t>(active_.size()) - running_);
+  }
+  worker::SetPoolPages(*pool_, response);
+  response->set_pages_quarantined(0);
+  response->set_transfer_bytes(transfer_bytes_.load());
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillWorker::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                   v1::HealthResponse* response) {
+  response->set_state(draining_ ? v1::HealthResponse::STATE_DRAINING
+                                : v1::HealthResponse::STATE_SERVING);
+  response->set_role("prefill");
+  response->set_incarnation(incarnation_);
+  response->set_model(options_.model_name);
+  return grpc::Status::OK;
+}
+
+}  // namespace pdserve::prefill

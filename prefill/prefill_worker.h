@@ -1,0 +1,115 @@
+// The prefill worker (pdserve.worker.v1.PrefillWorker): runs a request's prompt through the
+// engine, samples its first token, and writes the request's state pages to the decode worker
+// named by the ticket over UCX (kvtransfer/), then commits.
+//
+// Math. The prompt is computed in Forward calls cut at absolute multiples of `prefill_block`
+// (64), exactly as the colocated runner cuts them (colocated/step_runner.h), and the first token
+// is sampled with serving::RequestSampler keyed (seed, choice, position = prompt length), so the
+// state and the token are bit-identical to colocated mode's.
+//
+// Transfer. In the final prefill block, Model::Forward's per-layer hook stores each layer's state
+// into the worker's own pool pages (colocated::PagedState::StoreLayer, the transfer format) and
+// posts them (Transfer::PostLayer) as soon as the layer's attention is done, so UCX moves layer l
+// while layers l+1.. compute. Slots come from kv::PlanTransfer. Heartbeats go out
+// between prefill blocks, so a long prompt keeps its lease. One prefill runs at a time (the UCX
+// transport is single-threaded; the CPU backend's GEMMs already use every core); others wait in
+// FIFO order on a mutex.
+//
+// Abort(request) stops a waiting or running prefill; a running transfer is destroyed, which
+// cancels its sends and sends the abort fence (docs/protocol.md). Abort answers quiesced = true
+// once the request no longer runs.
+//
+// Thread-safety: every RPC may run concurrently on gRPC's threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "engine/model.h"
+#include "kvtransfer/transfer_plan.h"
+#include "kvtransfer/transfer_sender.h"
+#include "kvtransfer/ucx_transport.h"
+#include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "prefill/test_faults.h"
+#include "serving/clock.h"
+#include "serving/page_pool.h"
+#include "serving/state_layout.h"
+#include "worker/worker_model.h"
+
+namespace pdserve::prefill {
+
+struct PrefillWorkerOptions {
+  std::string model_dir = "models/kjv-v4-tiny";
+  std::string model_name = "kjv-v4-tiny";
+  int64_t prefill_block = 64;  // as colocated::RunnerOptions::prefill_block
+  TestFaults faults;           // test-only; off by default
+};
+
+class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
+ public:
+  // Loads the model and generation_config.json and creates the UCX transport (UCX_TLS).
+  static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(PrefillWorkerOptions options);
+  ~PrefillWorker() override;
+
+  grpc::Status Prefill(grpc::ServerContext* context,
+                       const pdserve::worker::v1::PrefillRequest* request,
+                       pdserve::worker::v1::PrefillResponse* response) override;
+  grpc::Status Abort(grpc::ServerContext* context, const pdserve::worker::v1::AbortRequest* request,
+                     pdserve::worker::v1::AbortResponse* response) override;
+  grpc::Status Stats(grpc::ServerContext* context, const pdserve::worker::v1::StatsRequest* request,
+                     pdserve::worker::v1::StatsResponse* response) override;
+  grpc::Status Health(grpc::ServerContext* context,
+                      const pdserve::worker::v1::HealthRequest* request,
+                      pdserve::worker::v1::HealthResponse* response) override;
+
+  std::string MetricsText() const { return registry_.Serialize(); }
+  // Starts refusing new prefills (Health says DRAINING).
+  void Drain() { draining_ = true; }
+
+ private:
+  PrefillWorker() = default;
+  absl::StatusOr<pdserve::worker::v1::PrefillResponse> RunPrefill(
+      const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
+  bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  void CountFailure(const absl::Status& status);
+
+  PrefillWorkerOptions options_;
+  worker::WorkerModel model_;
+  std::unique_ptr<serving::PagePool> pool_;
+  serving::SystemClock clock_;
+  uint64_t incarnation_ = 0;
+  std::atomic<bool> draining_{false};
+
+  // Serializes prefills: the UCX transport and the pool's one sequence.
+  absl::Mutex run_mu_;
+  std::unique_ptr<kv::UcxTransport> transport_ ABSL_GUARDED_BY(run_mu_);
+  serving::RequestId next_sequence_ ABSL_GUARDED_BY(run_mu_) = 1;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<uint64_t> active_ ABSL_GUARDED_BY(mu_);  // running or waiting
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);  // bounds aborted_
+  std::atomic<int64_t> transfer_bytes_{0};
+
+  metrics::Registry registry_;
+  metrics::Counter* tokens_total_ = nullptr;
+  metrics::Gauge* queue_depth_ = nullptr;
+  metrics::Histogram* chunk_tokens_ = nullptr;
+  metrics::Histogram* latency_ = nullptr;
+  metrics::Counter* transfer_bytes_total_ = nullptr;
+  metrics::Histogram* transfer_seconds_ = nullptr;
+  metrics::Histogram* bandwidth_ = nullptr;
+  metrics::Family<metrics::Counter>* failures_ = nullptr;
+  metrics::Gauge* in_flight_ = nullptr;
+};
+
+}  // namespace pdserve::prefill

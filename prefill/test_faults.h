@@ -1,0 +1,33 @@
+// TEST-ONLY fault switches of the prefill worker, read from the environment at start. Off unless
+// set; never set them in a deployment. They wrap one request's transport in
+// kv::FaultInjectingTransport so the integration tests can corrupt a page in flight and hold a
+// transfer open long enough to abort or kill a process mid-transfer (docs/protocol.md).
+//
+//   PDSERVE_TEST_CORRUPT_REQUEST=ID   invert one byte of slot 0's payload of request ID
+//   PDSERVE_TEST_DELAY_REQUEST=ID|all hold every page of request ID (or of every request) ...
+//   PDSERVE_TEST_DELAY_MS=MS          ... for MS milliseconds after it is posted (default 2000)
+//
+// Thread-safety: immutable after FromEnvironment.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/time/time.h"
+#include "kvtransfer/fault_transport.h"
+
+namespace pdserve::prefill {
+
+struct TestFaults {
+  std::optional<uint64_t> corrupt_request;
+  bool delay_all = false;
+  std::optional<uint64_t> delay_request;
+  absl::Duration delay = absl::Seconds(2);
+
+  static TestFaults FromEnvironment();
+  bool any() const { return corrupt_request || delay_all || delay_request; }
+  // Adds the rules that apply to `request_id` to `transport`; false when none applies.
+  bool Apply(uint64_t request_id, kv::FaultInjectingTransport& transport) const;
+};
+
+}  // namespace pdserve::prefill

@@ -1,0 +1,234 @@
+// Fault proofs of issue 5 with real processes over loopback UCX tcp (the transport that detects a
+// lost peer; docs/protocol.md): an abort mid-transfer followed at once by a request that reuses
+// the pages; the prefill worker killed mid-transfer; the decode worker killed mid-transfer. The
+// transfer is held open with the prefill worker's TEST-ONLY delay switch (prefill/test_faults.h).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/pd/pd_cluster.h"
+
+namespace pdserve::pd::testing {
+namespace {
+
+namespace v1 = pdserve::worker::v1;
+
+RequestSpec Spec(uint64_t id, int length, uint64_t seed) {
+  RequestSpec s;
+  s.request_id = id;
+  for (int t = 0; t < length; ++t) s.prompt.push_back(2 + (t * 37 + static_cast<int>(id)) % 4000);
+  s.params.temperature = 0.6;
+  s.params.top_p = 0.95;
+  s.params.seed = seed;
+  s.params.max_tokens = 6;
+  s.params.logprobs = 1;
+  return s;
+}
+
+v1::StatsResponse DecodeStats(PdCluster& cluster) {
+  grpc::ClientContext context;
+  v1::StatsResponse stats;
+  EXPECT_TRUE(cluster.decode().Stats(&context, v1::StatsRequest(), &stats).ok());
+  return stats;
+}
+
+// Reserves `spec` and starts its Prefill and Generate without waiting for them.
+struct InFlight {
+  v1::ReserveResponse reserved;
+  grpc::Status prefill_status;
+  Outcome outcome;
+  std::thread prefill;
+  std::thread generate;
+  void Join() {
+    if (prefill.joinable()) prefill.join();
+    if (generate.joinable()) generate.join();
+  }
+};
+
+void StartInFlight(PdCluster& cluster, const RequestSpec& spec, InFlight* flight) {
+  grpc::ClientContext context;
+  ASSERT_TRUE(cluster.decode().Reserve(&context, ReserveFor(spec), &flight->reserved).ok());
+  flight->prefill = std::thread([&cluster, spec, flight] {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PrefillResponse response;
+    flight->prefill_status =
+        cluster.prefill().Prefill(&c, PrefillFor(spec, flight->reserved.ticket()), &response);
+  });
+  flight->generate = std::thread([&cluster, spec, flight] {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GenerateRequest generate;
+    generate.set_request_id(spec.request_id);
+    generate.set_ticket_id(flight->reserved.ticket().ticket_id());
+    auto reader = cluster.decode().Generate(&c, generate);
+    ReadGenerate(*reader, &flight->outcome);
+  });
+}
+
+TEST(PdFaultTest, AbortMidTransferThenPagesReusedMatchesAloneRun) {
+  const RequestSpec first = Spec(700001, 200, 5);
+  const RequestSpec second = Spec(700002, 150, 6);
+  ClusterOptions options;
+  options.decode_max_batch = 1;  // one request's pages: the second must reuse the first's
+  options.decode_pool_tokens = 512;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=700001", "PDSERVE_TEST_DELAY_MS=1500"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  InFlight flight;
+  StartInFlight(**cluster, first, &flight);
+  absl::SleepFor(absl::Milliseconds(400));  // the pages are posted and held in flight
+  {
+    grpc::ClientContext c;
+    v1::AbortRequest abort;
+    abort.set_request_id(first.request_id);
+    v1::AbortResponse response;
+    ASSERT_TRUE((*cluster)->prefill().Abort(&c, abort, &response).ok());
+    EXPECT_TRUE(response.quiesced());
+  }
+  {
+    grpc::ClientContext c;
+    v1::AbortRequest abort;
+    abort.set_request_id(first.request_id);
+    v1::AbortResponse response;
+    ASSERT_TRUE((*cluster)->decode().Abort(&c, abort, &response).ok());
+  }
+  // At once: the second request waits only for the fence (Reserve says RESOURCE_EXHAUSTED until
+  // the first's pages are back).
+  Outcome outcome;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    outcome = (*cluster)->Run(second);
+  } while (absl::StrContains(outcome.error, "Reserve") && absl::Now() < until);
+  flight.Join();
+  EXPECT_EQ(flight.outcome.finish_reason, "abort");
+  EXPECT_FALSE(flight.prefill_status.ok());
+  const std::vector<Outcome> alone = RunColocated({second});
+  EXPECT_TRUE(outcome.error.empty()) << outcome.error;
+  EXPECT_EQ(outcome.tokens, alone[0].tokens);
+  EXPECT_EQ(outcome.logprob_bits, alone[0].logprob_bits);
+  EXPECT_EQ(outcome.finish_reason, alone[0].finish_reason);
+  const v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+}
+
+TEST(PdFaultTest, PrefillKilledMidTransferFreesDecodePagesAfterLease) {
+  ClusterOptions options;
+  options.lease_ms = 1500;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=all", "PDSERVE_TEST_DELAY_MS=20000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight flight;
+  StartInFlight(**cluster, Spec(710001, 100, 1), &flight);
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_LT(DecodeStats(**cluster).pages_free(), DecodeStats(**cluster).pages_total());
+  (*cluster)->prefill_process().Kill();
+  flight.Join();
+  EXPECT_EQ(flight.outcome.finish_reason, "error");
+  EXPECT_EQ(flight.outcome.isolation_error, v1::ISOLATION_ERROR_LEASE) << flight.outcome.error;
+  EXPECT_TRUE(flight.outcome.tokens.empty());
+  // The failed ticket's pages are quarantined until the lease ends, then freed.
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    stats = DecodeStats(**cluster);
+  } while (stats.pages_free() != stats.pages_total() && absl::Now() < until);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.isolation_errors(v1::ISOLATION_ERROR_LEASE), 1);
+}
+
+TEST(PdFaultTest, DecodeKilledMidTransferEndsPrefillWork) {
+  ClusterOptions options;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=all", "PDSERVE_TEST_DELAY_MS=20000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight flight;
+  StartInFlight(**cluster, Spec(720001, 100, 1), &flight);
+  absl::SleepFor(absl::Milliseconds(400));
+  (*cluster)->decode_process().Kill();
+  flight.Join();
+  // The prefill ends with the lost peer (well before the 20 s hold or the 30 s lease).
+  EXPECT_EQ(flight.prefill_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << flight.prefill_status.error_message();
+  grpc::ClientContext c;
+  v1::StatsResponse stats;
+  ASSERT_TRUE((*cluster)->prefill().Stats(&c, v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.running_requests(), 0);
+  EXPECT_EQ(stats.waiting_requests(), 0);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+}
+
+TEST(PdFaultTest, CancelledGenerateAbortsTheRequestOnDecode) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(730001, 40, 3);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  EXPECT_EQ(DecodeStats(**cluster).waiting_requests(), 1);
+  {
+    grpc::ClientContext c;
+    v1::GenerateRequest generate;
+    generate.set_request_id(spec.request_id);
+    generate.set_ticket_id(reserved.ticket().ticket_id());
+    auto reader = (*cluster)->decode().Generate(&c, generate);
+    absl::SleepFor(absl::Milliseconds(200));
+    c.TryCancel();
+    v1::GenerateResponse event;
+    while (reader->Read(&event)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The request is aborted: no longer waiting; its pages wait behind the fence (no prefill
+  // worker ever wrote them, so the lease frees them).
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    stats = DecodeStats(**cluster);
+  } while (stats.waiting_requests() != 0 && absl::Now() < until);
+  EXPECT_EQ(stats.waiting_requests(), 0);
+  EXPECT_GT(stats.pages_quarantined(), 0);
+}
+
+// The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
+int ExitStatusAfterSigterm(pid_t pid) {
+  kill(pid, SIGTERM);
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0) return -1;
+  return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;
+}
+
+TEST(PdProcessTest, WorkersReportHealthAndExitZeroOnSigterm) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  {
+    grpc::ClientContext c;
+    v1::HealthResponse health;
+    ASSERT_TRUE((*cluster)->prefill().Health(&c, v1::HealthRequest(), &health).ok());
+    EXPECT_EQ(health.state(), v1::HealthResponse::STATE_SERVING);
+    EXPECT_EQ(health.role(), "prefill");
+    EXPECT_EQ(health.model(), "kjv-v4-tiny");
+  }
+  {
+    grpc::ClientContext c;
+    v1::HealthResponse health;
+    ASSERT_TRUE((*cluster)->decode().Health(&c, v1::HealthRequest(), &health).ok());
+    EXPECT_EQ(health.state(), v1::HealthResponse::STATE_SERVING);
+    EXPECT_EQ(health.role(), "decode");
+    EXPECT_NE(health.incarnation(), 0u);
+  }
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->decode_process().pid()), 0);
+}
+
+}  // namespace
+}  // namespace pdserve::pd::testing

@@ -1,0 +1,140 @@
+#include "worker/worker_process.h"
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/systemd_notify.h"
+#include "frontend/generation_service.h"
+#include "frontend/http_server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace pdserve::worker {
+namespace {
+
+// A GenerationService that only answers /metrics, /health and /ready: the worker's HTTP side.
+class MetricsOnlyService final : public frontend::GenerationService {
+ public:
+  explicit MetricsOnlyService(const WorkerHooks& hooks, std::string model)
+      : hooks_(hooks), model_(std::move(model)) {}
+  std::vector<std::string> ModelNames() const override { return {model_}; }
+  frontend::StartResult Start(const frontend::ApiRequest&,
+                              std::shared_ptr<frontend::GenerationSink>) override {
+    frontend::ApiError error;
+    error.http_status = 404;
+    error.message = "this is a worker: send requests to the router";
+    return error;
+  }
+  bool Ready() const override { return !hooks_.healthy || hooks_.healthy(); }
+  std::string MetricsText() const override {
+    return hooks_.metrics_text ? hooks_.metrics_text() : "";
+  }
+
+ private:
+  const WorkerHooks& hooks_;
+  std::string model_;
+};
+
+}  // namespace
+
+absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std::string& role) {
+  absl::StatusOr<config::DeployConfig> deploy = config::LoadDeployConfig(flags.config_path);
+  if (!deploy.ok()) return deploy.status();
+  const std::vector<config::WorkerConfig>& workers =
+      role == "prefill" ? deploy->prefill : deploy->decode;
+  WorkerEntry entry;
+  bool found = false;
+  for (const config::WorkerConfig& w : workers) {
+    if (flags.name.empty() || w.name == flags.name) {
+      entry.worker = w;
+      found = true;
+      break;
+    }
+  }
+  if (!found) {
+    return absl::NotFoundError(
+        absl::StrCat(flags.config_path, " has no ", role, " worker named '", flags.name, "'"));
+  }
+  if (flags.port >= 0) entry.worker.port = flags.port;
+  if (flags.metrics_port >= 0) entry.worker.metrics_port = flags.metrics_port;
+  entry.model_dir = std::filesystem::absolute(deploy->model_path).lexically_normal().string();
+  entry.model_name = deploy->served_name.empty()
+                         ? std::filesystem::path(deploy->model_path).filename().string()
+                         : deploy->served_name;
+  entry.deploy = std::move(*deploy);
+  return entry;
+}
+
+void LogToStderr(const std::string& role) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("pdserve-" + role));
+}
+
+void BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
+                       const WorkerHooks& hooks) {
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(absl::StrCat(entry.worker.host, ":", entry.worker.port),
+                           grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on ", entry.worker.host, ":", entry.worker.port));
+  }
+  MetricsOnlyService http_service(hooks, entry.model_name);
+  std::unique_ptr<frontend::HttpServer> http;
+  if (entry.worker.metrics_port > 0) {
+    frontend::HttpServerOptions options;
+    options.host = entry.worker.host;
+    options.port = static_cast<uint16_t>(entry.worker.metrics_port);
+    absl::StatusOr<std::unique_ptr<frontend::HttpServer>> started =
+        frontend::HttpServer::Start(options, &http_service);
+    if (!started.ok()) return started.status();
+    http = std::move(*started);
+  }
+  std::printf("pdserve %s: serving on %s:%d\n", role.c_str(), entry.worker.host.c_str(),
+              bound_port);
+  std::fflush(stdout);
+  spdlog::info("pdserve {} '{}': gRPC on {}:{}, metrics port {}", role, entry.worker.name,
+               entry.worker.host, bound_port, entry.worker.metrics_port);
+  systemd::Notifier notifier;
+  notifier.Ready();
+  notifier.StartWatchdog(hooks.healthy ? hooks.healthy : [] { return true; });
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  int received = 0;
+  sigwait(&signals, &received);
+  spdlog::info("pdserve {}: signal {}, stopping", role, received);
+  notifier.Stopping();
+  if (hooks.stopping) hooks.stopping();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (http) http->Stop();
+  return absl::OkStatus();
+}
+
+std::vector<double> GeometricBuckets(double first, double factor, double last) {
+  std::vector<double> bounds;
+  for (double b = first; b <= last * (1 + 1e-9); b *= factor) bounds.push_back(b);
+  return bounds;
+}
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace pdserve::worker

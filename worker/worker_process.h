@@ -1,0 +1,67 @@
+// The process around a worker's gRPC service (`pdserve prefill` / `pdserve decode`): picks the
+// worker's entry from the deploy config, serves the service on the entry's host:port, serves
+// GET /metrics and GET /health on metrics_port (frontend::HttpServer), tells systemd READY=1 and
+// keeps its watchdog fed, and stops cleanly on SIGINT / SIGTERM.
+//
+// Thread-safety: BlockStopSignals before any thread starts; RunWorker from the main thread.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/deploy_config.h"
+
+namespace pdserve::worker {
+
+// What `pdserve prefill|decode` was asked to run.
+struct WorkerFlags {
+  std::string config_path;
+  std::string name;       // empty: the first worker of the role
+  int port = -1;          // -1: the entry's port (0: any free port)
+  int metrics_port = -1;  // -1: the entry's metrics_port (0: none)
+};
+
+// The worker's place in the deployment.
+struct WorkerEntry {
+  config::DeployConfig deploy;
+  config::WorkerConfig worker;  // port / metrics_port with the flags' overrides applied
+  std::string model_dir;        // model.path resolved against the current directory
+  std::string model_name;       // model.served_name, else the model directory's name
+};
+
+// Loads the config and picks the `role` ("prefill" / "decode") entry named flags.name.
+// Errors: the config's InvalidArgument; NotFound for an unknown name.
+absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std::string& role);
+
+// Sends spdlog's default logger to stderr (stdout carries only the "serving on" line), named
+// after `role`.
+void LogToStderr(const std::string& role);
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started after it, so RunWorker's
+// sigwait receives them. Call first in the subcommand.
+void BlockStopSignals();
+
+struct WorkerHooks {
+  std::function<std::string()> metrics_text;  // /metrics body
+  std::function<bool()> healthy;              // /health and the systemd watchdog
+  std::function<void()> stopping;             // called on the signal, before the server stops
+};
+
+// Serves `service` until SIGINT / SIGTERM. Prints "pdserve ROLE: serving on HOST:PORT" (and the
+// metrics port) to stdout once bound. Errors: the port cannot be bound.
+absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
+                       const WorkerHooks& hooks);
+
+// Histogram bounds first, first * factor, ... up to last (inclusive), for docs/metrics.md's
+// power-of-2 and x2.5 buckets. REQUIRES: 0 < first <= last, factor > 1.
+std::vector<double> GeometricBuckets(double first, double factor, double last);
+
+// grpc::Status with the absl status' code and message.
+grpc::Status ToGrpc(const absl::Status& status);
+
+}  // namespace pdserve::worker
