@@ -365,8 +365,13 @@ def main():
             check(wait_for(c.ready, 120), "cluster ready (/ready 200)")
             only = set(args.only.split(",")) if args.only else None
 
+            started = time.time()
+
             def wanted(name):
-                return only is None or name in only
+                if only is None or name in only:
+                    print(f"--- {name} (at {time.time() - started:.1f} s)", flush=True)
+                    return True
+                return False
 
             if wanted("basic"):
                 completion, answer = test_basic(c, model)
