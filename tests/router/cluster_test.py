@@ -11,7 +11,9 @@ decode workers, CPU backend, the bundled model). One cluster serves every case:
   context_length_exceeded), 404 unknown model, 413 body too large, 503 with no decode worker up;
 - a client that disconnects mid-stream frees its state on both workers (their /metrics);
 - a decode worker stopped with SIGSTOP is marked down within 10 s and new requests go to the
-  other one; after SIGCONT it comes back.
+  other one; after SIGCONT it comes back;
+- then `pdserve up` on its own config: ready, serves a chat stream, Ctrl-C stops it and its
+  children.
 
 Exits 77 (ctest SKIP) when curl is missing or the binary has no worker commands yet.
 """
@@ -317,6 +319,50 @@ def test_sigstop(c, model):
     wait_for(c.ready, 20)
 
 
+def test_up(pdserve, model_dir, model, workdir):
+    """`pdserve up` starts router + 1 prefill + 1 decode, serves, and Ctrl-C stops them all."""
+    p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"]}
+    config = os.path.join(workdir, "up.yaml")
+    with open(config, "w") as f:
+        f.write(f"""name: up-test
+model: {{path: {model_dir}, served_name: {model}}}
+router: {{host: 127.0.0.1, http_port: {p['http']}, health_interval_ms: 500}}
+prefill:
+  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
+decode:
+  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
+transfer: {{transport: ucx, lease_ms: 30000}}
+""")
+    # stderr (also the children's logs) goes to a file: a pipe nobody reads could fill and block.
+    log = open(os.path.join(workdir, "up.log"), "w+")
+    up = subprocess.Popen([pdserve, "up", "--config", config], stdout=subprocess.PIPE,
+                          stderr=log, text=True)
+    line = ""
+    deadline = time.time() + 120
+    while time.time() < deadline and "ready on" not in line:
+        line = up.stdout.readline()
+        if not line and up.poll() is not None:
+            break
+    check("ready on" in line, f"pdserve up: {line.strip()}")
+    code, text = curl(f"http://127.0.0.1:{p['http']}/v1/chat/completions",
+                      {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],
+                       "max_tokens": 8, "stream": True})
+    check(code == 200 and sse(text, chat=True)["done"], "a chat stream through `pdserve up`")
+    up.send_signal(signal.SIGINT)
+    try:
+        code = up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.kill()
+        code = None
+    log.seek(0)
+    err = log.read()
+    pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", err)]
+    alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
+             open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    check(code == 0 and len(pids) == 3 and not alive,
+          f"Ctrl-C stops `pdserve up` (exit {code}) and its {len(pids)} children (alive: {alive})")
+
+
 def test_openai(c, model):
     try:
         import openai  # noqa: PLC0415
@@ -349,7 +395,7 @@ def main():
     parser.add_argument("--model", required=True)
     parser.add_argument("--worker-pdserve", help="binary for the workers (default: --pdserve)")
     parser.add_argument("--only", help="comma-separated cases: basic, errors, openai, "
-                        "concurrent, disconnect, sigstop (default: all)")
+                        "concurrent, disconnect, sigstop, up (default: all)")
     args = parser.parse_args()
     if subprocess.run(["which", "curl"], capture_output=True).returncode != 0:
         print("SKIP: curl is not installed")
@@ -388,6 +434,8 @@ def main():
                 test_sigstop(c, model)
         finally:
             c.stop()
+        if args.only is None or "up" in args.only.split(","):
+            test_up(args.pdserve, args.model, model, workdir)
     if FAILURES:
         print(f"{len(FAILURES)} failures:\n  " + "\n  ".join(FAILURES))
         return 1
