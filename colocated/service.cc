@@ -9,48 +9,14 @@
 #include "common/status.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
-#include "text/incremental_detokenizer.h"
 
 namespace pdserve::colocated {
-namespace {
-
-frontend::ApiError ServiceError(int http_status, std::string message, std::string type,
-                                std::string code = "") {
-  frontend::ApiError e;
-  e.http_status = http_status;
-  e.message = std::move(message);
-  e.type = std::move(type);
-  e.code = std::move(code);
-  return e;
-}
-
-serving::SamplingParams RequestParams(const frontend::ApiRequest& req,
-                                      serving::SamplingParams params) {
-  if (req.temperature) params.temperature = *req.temperature;
-  if (req.top_p) params.top_p = *req.top_p;
-  if (req.top_k) params.top_k = static_cast<int32_t>(*req.top_k);
-  if (req.min_p) params.min_p = *req.min_p;
-  if (req.presence_penalty) params.presence_penalty = *req.presence_penalty;
-  if (req.frequency_penalty) params.frequency_penalty = *req.frequency_penalty;
-  if (req.repetition_penalty) params.repetition_penalty = *req.repetition_penalty;
-  params.logit_bias = req.logit_bias;
-  params.seed = req.seed;
-  params.stop_token_ids = req.stop_token_ids;
-  if (req.min_tokens) params.min_tokens = static_cast<int32_t>(*req.min_tokens);
-  params.n = req.n;
-  if (req.logprobs) params.logprobs = req.top_logprobs;
-  return params;
-}
-
-}  // namespace
 
 // One API request: its choices' detokenizers and the sink. Guarded by context->mu, which the
 // runner holds while it delivers a token.
 struct ColocatedService::Request {
   struct Choice {
-    text::IncrementalDetokenizer detokenizer;
-    int64_t tokens = 0;
-    bool done = false;
+    frontend::ChoiceText text;
     bool flagged = false;  // counted in degenerate_choices_
   };
   std::shared_ptr<RequestContext> context;
@@ -93,23 +59,11 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
   std::unique_ptr<ColocatedService> s(new ColocatedService());
   s->options_ = options;
   s->canary_ = guards::CanarySampler(options.canary_every);
-  s->model_names_ = {std::filesystem::path(options.model_dir).filename().string(),
-                     options.model_dir};
+  PDSERVE_ASSIGN_OR_RETURN(s->preparer_, frontend::RequestPreparer::Load(options.model_dir));
   PDSERVE_ASSIGN_OR_RETURN(engine::Model model,
                            engine::Model::Load(options.model_dir, options.model));
   s->model_ = std::make_unique<engine::Model>(std::move(model));
-  PDSERVE_ASSIGN_OR_RETURN(s->tokenizer_, text::Tokenizer::Load(options.model_dir));
-  absl::StatusOr<std::unique_ptr<text::ChatFormat>> chat =
-      text::LoadChatFormat(options.model_dir, *s->tokenizer_);
-  if (chat.ok()) s->chat_format_ = std::move(*chat);
-  PDSERVE_ASSIGN_OR_RETURN(serving::GenerationConfig generation,
-                           serving::GenerationConfig::Load(options.model_dir));
-  s->defaults_ = serving::SamplingParams::FromGenerationConfig(generation);
   const engine::ModelConfig& config = s->model_->config();
-  s->eos_ids_ = generation.eos_token_ids;
-  if (s->eos_ids_.empty()) {
-    for (int64_t id : config.eos_token_ids) s->eos_ids_.push_back(static_cast<int32_t>(id));
-  }
   PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, LayoutForModel(config));
   s->layout_ = std::make_unique<serving::StateLayout>(layout);
   const int64_t pool_tokens = options.pool_tokens > 0
@@ -147,56 +101,21 @@ ColocatedService::~ColocatedService() {
   }
 }
 
-std::vector<std::string> ColocatedService::ModelNames() const { return model_names_; }
-
-absl::StatusOr<std::vector<int32_t>> ColocatedService::PromptTokens(
-    const frontend::ApiRequest& req) const {
-  if (req.endpoint == frontend::Endpoint::kCompletions) {
-    if (req.prompt_tokens) return *req.prompt_tokens;
-    return tokenizer_->Encode(req.prompt_text.value_or(""));
-  }
-  if (!chat_format_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", model_names_[0], " has no chat format; use /v1/completions"));
-  }
-  std::vector<text::ChatMessage> messages;
-  for (const frontend::ChatMessage& m : req.messages) {
-    messages.push_back({m.role == "developer" ? "system" : m.role, m.content, ""});
-  }
-  text::ChatOptions chat_options;
-  chat_options.thinking = req.thinking.value_or(false);
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<text::ChatSegment> segments,
-                           chat_format_->Render(messages, chat_options));
-  return text::EncodeChat(*tokenizer_, segments);
-}
+std::vector<std::string> ColocatedService::ModelNames() const { return preparer_->model_names(); }
 
 frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
                                               std::shared_ptr<frontend::GenerationSink> sink) {
-  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(req);
-  if (!prompt.ok()) {
-    return frontend::InvalidRequest(
-        std::string(prompt.status().message()),
-        req.endpoint == frontend::Endpoint::kCompletions ? "prompt" : "messages");
-  }
-  if (prompt->empty()) return frontend::InvalidRequest("the prompt has no tokens", "prompt");
+  frontend::Prepared prepared = preparer_->Prepare(req);
+  if (auto* error = std::get_if<frontend::ApiError>(&prepared)) return *error;
+  frontend::PreparedRequest& ready = std::get<frontend::PreparedRequest>(prepared);
+  const std::vector<int32_t>* prompt = &ready.prompt;
   const engine::ModelConfig& config = model_->config();
-  const int64_t context = config.max_position_embeddings;
   const int64_t prompt_length = static_cast<int64_t>(prompt->size());
-  const int64_t max_tokens = req.max_tokens.value_or(context - prompt_length);
-  if (prompt_length + std::max<int64_t>(max_tokens, 1) > context) {
-    return frontend::InvalidRequest(
-        absl::StrCat("This model's maximum context length is ", context,
-                     " tokens. However, you "
-                     "requested ",
-                     prompt_length + max_tokens, " tokens (", prompt_length, " in the prompt, ",
-                     max_tokens, " for the completion)."),
-        "max_tokens", "context_length_exceeded");
-  }
-  serving::SamplingParams params = RequestParams(req, defaults_);
-  params.max_tokens = static_cast<int32_t>(max_tokens);
-  const std::string request_id = frontend::NewResponseId(req.endpoint);
+  serving::SamplingParams& params = ready.params;
+  const int64_t max_tokens = params.max_tokens;
+  const std::string& request_id = ready.request_id;
   const bool canary = canary_.Picks(request_id);
-  std::vector<int32_t> eos = req.ignore_eos ? std::vector<int32_t>{} : eos_ids_;
+  std::vector<int32_t> eos = req.ignore_eos ? std::vector<int32_t>{} : preparer_->eos_ids();
   absl::StatusOr<serving::RequestSampler> sampler =
       serving::RequestSampler::Create(params, request_id, eos, *prompt, config.vocab_size);
   if (!sampler.ok()) return frontend::InvalidRequest(std::string(sampler.status().message()));
@@ -211,7 +130,8 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   // With nobody waiting the request may be admitted at once, so only a queue already there counts.
   const int64_t waiting = scheduler_->num_waiting();
   if (waiting > 0 && waiting + params.n > options_.max_waiting) {
-    return ServiceError(429, "too many requests are waiting; retry later", "rate_limit_exceeded");
+    return frontend::ServerError(429, "too many requests are waiting; retry later",
+                                 "rate_limit_exceeded");
   }
 
   auto request = std::make_shared<Request>();
@@ -220,51 +140,34 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   request->prompt_tokens = prompt_length;
   request->remaining = params.n;
   for (int c = 0; c < params.n; ++c) {
-    request->choices.push_back(
-        {text::IncrementalDetokenizer(*tokenizer_, {req.skip_special_tokens, req.stop})});
+    request->choices.push_back({frontend::ChoiceText(*preparer_, req, c)});
     request->sequences.push_back(next_sequence_++);
   }
   // The callbacks live in the request's context, so they hold the request weakly; locking it keeps
   // it alive while a sink call may drop the last Generation.
   std::weak_ptr<Request> weak = request;
-  const bool want_logprobs = req.logprobs;
-  request->context->on_token = [this, weak, want_logprobs](const TokenEvent& event) {
+  request->context->on_token = [this, weak](const TokenEvent& event) {
     std::shared_ptr<Request> r = weak.lock();
     if (!r || r->cancelled.load()) return true;
     Request::Choice& choice = r->choices[event.choice];
-    ++choice.tokens;
     ++generated_tokens_;
-    frontend::ChoiceDelta delta;
-    delta.index = event.choice;
-    absl::StatusOr<text::DetokenizeStep> step = choice.detokenizer.Add(event.sampled.token);
-    if (step.ok()) delta.text = step->text;
-    if (want_logprobs) {
-      frontend::TokenLogprob lp;
-      lp.token = tokenizer_->Decode(std::vector<int32_t>{event.sampled.token}).value_or("");
-      lp.logprob = event.sampled.logprob;
-      for (const serving::TokenLogprob& top : event.sampled.top_logprobs) {
-        lp.top.emplace_back(tokenizer_->Decode(std::vector<int32_t>{top.token}).value_or(""),
-                            top.logprob);
-      }
-      delta.logprobs.push_back(std::move(lp));
+    frontend::SampledText sampled{event.sampled.token, event.sampled.logprob, {}};
+    for (const serving::TokenLogprob& top : event.sampled.top_logprobs) {
+      sampled.top.emplace_back(top.token, top.logprob);
     }
-    const bool stop_string = step.ok() && step->stopped;
+    frontend::ChoiceDelta delta = choice.text.Add(sampled, event.finish_reason);
+    const bool stop_string = delta.finish_reason && event.finish_reason.empty();
     if (event.degenerate && !choice.flagged) {
       choice.flagged = true;
       ++degenerate_choices_;
     }
-    if (stop_string || !event.finish_reason.empty()) {
-      if (!stop_string) delta.text += choice.detokenizer.Finish().text;
-      delta.finish_reason = stop_string ? "stop" : event.finish_reason;
-      choice.done = true;
-      --r->remaining;
-    }
+    if (delta.finish_reason) --r->remaining;
     if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
       r->sink->OnDelta(std::move(delta));
     }
     if (r->remaining == 0) {
       frontend::Usage usage{r->prompt_tokens, 0};
-      for (const Request::Choice& c : r->choices) usage.completion_tokens += c.tokens;
+      for (const Request::Choice& c : r->choices) usage.completion_tokens += c.text.tokens();
       r->sink->OnComplete(usage);
       Forget(*r);
     }
@@ -273,7 +176,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   request->context->on_error = [this, weak](int32_t choice, const absl::Status& status) {
     std::shared_ptr<Request> r = weak.lock();
     if (!r || r->cancelled.exchange(true)) return;
-    r->sink->OnError(ServiceError(
+    r->sink->OnError(frontend::ServerError(
         500, absl::StrCat("choice ", choice, " failed: ", status.message()), "server_error"));
     CancelSequences(*r);
   };
@@ -293,8 +196,8 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
       request->cancelled = true;
       CancelSequences(*request);
       if (absl::IsUnavailable(submitted)) {
-        return ServiceError(503, std::string(submitted.message()), "server_error",
-                            "pool_exhausted");
+        return frontend::ServerError(503, std::string(submitted.message()), "server_error",
+                                     "pool_exhausted");
       }
       return frontend::InvalidRequest(std::string(submitted.message()), "max_tokens");
     }
@@ -340,8 +243,8 @@ void ColocatedService::Loop() {
       if (!request || request->cancelled.exchange(true)) continue;
       {
         absl::MutexLock lock(&request->context->mu);
-        request->sink->OnError(ServiceError(503, "the request waited too long for state pages",
-                                            "server_error", "queue_timeout"));
+        request->sink->OnError(frontend::ServerError(
+            503, "the request waited too long for state pages", "server_error", "queue_timeout"));
       }
       CancelSequences(*request);
     }

@@ -2,16 +2,14 @@
 // and the engine runner, and serves frontend::GenerationService (what `pdserve serve` puts behind
 // frontend::HttpServer and `pdserve generate` drives directly).
 //
-// Start() tokenizes (text::Tokenizer; chat through the model's text::ChatFormat, the OpenAI
-// "developer" role read as "system", `thinking` from chat_template_kwargs), fills unset sampling
-// fields from generation_config.json (else temperature 0.6), checks the context length (400
-// context_length_exceeded), and submits one scheduler sequence per choice (429 when the waiting
-// queue is full, 503 when the pool is full and the policy rejects). A loop thread steps the
-// scheduler over an EngineStepRunner; each token is detokenized incrementally with the request's
-// stop strings held back and streamed to the sink; the last delta of a choice carries
-// finish_reason ("stop", "length", "degenerate"), then OnComplete reports usage.
-// Generation::Cancel ends the request: its sequences leave the scheduler and their pages are
-// freed at once (or when the step in flight completes).
+// Start() prepares the request as frontend::RequestPreparer does (tokenization, chat template,
+// generation_config.json defaults, 400 context_length_exceeded; the router shares it), and submits
+// one scheduler sequence per choice (429 when the waiting queue is full, 503 when the pool is full
+// and the policy rejects). A loop thread steps the scheduler over an EngineStepRunner; each token
+// is detokenized incrementally with the request's stop strings held back and streamed to the sink;
+// the last delta of a choice carries finish_reason ("stop", "length", "degenerate"), then
+// OnComplete reports usage. Generation::Cancel ends the request: its sequences leave the scheduler
+// and their pages are freed at once (or when the step in flight completes).
 //
 // Thread-safety: every method is thread-safe.
 #pragma once
@@ -30,13 +28,13 @@
 #include "colocated/step_runner.h"
 #include "engine/model.h"
 #include "frontend/generation_service.h"
+#include "frontend/request_preparer.h"
 #include "guards/canary.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
 #include "serving/sampling_params.h"
 #include "serving/scheduler.h"
 #include "serving/state_layout.h"
-#include "text/chat_format.h"
 #include "text/tokenizer.h"
 
 namespace pdserve::colocated {
@@ -73,7 +71,7 @@ class ColocatedService : public frontend::GenerationService {
   std::string MetricsText() const override;
 
   const engine::Model& model() const { return *model_; }
-  const text::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const text::Tokenizer& tokenizer() const { return preparer_->tokenizer(); }
   const serving::PagePool& pool() const { return *pool_; }
   const serving::Scheduler& scheduler() const { return *scheduler_; }
   // Sequences registered with the runner (zero once every request has finished or been cancelled).
@@ -83,20 +81,14 @@ class ColocatedService : public frontend::GenerationService {
   struct Request;
   class RequestGeneration;
   ColocatedService() = default;
-  // The prompt's token ids, or a 400 error.
-  absl::StatusOr<std::vector<int32_t>> PromptTokens(const frontend::ApiRequest& req) const;
   void Loop();
   // Takes the request's sequences out of the scheduler and the runner.
   void CancelSequences(const Request& request);
   void Forget(const Request& request);
 
   ServiceOptions options_;
-  std::vector<std::string> model_names_;
+  std::unique_ptr<frontend::RequestPreparer> preparer_;
   std::unique_ptr<engine::Model> model_;
-  std::unique_ptr<text::Tokenizer> tokenizer_;
-  std::unique_ptr<text::ChatFormat> chat_format_;
-  serving::SamplingParams defaults_;
-  std::vector<int32_t> eos_ids_;
   std::unique_ptr<serving::StateLayout> layout_;
   std::unique_ptr<serving::PagePool> pool_;
   serving::SystemClock clock_;

@@ -330,6 +330,15 @@ std::string ApiError::ToJson() const {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+ApiError ServerError(int http_status, std::string message, std::string type, std::string code) {
+  ApiError e;
+  e.http_status = http_status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  return e;
+}
+
 ApiError InvalidRequest(std::string message, std::string param, std::string code) {
   ApiError e;
   e.http_status = 400;

@@ -73,6 +73,9 @@ struct ApiError {
 };
 
 ApiError InvalidRequest(std::string message, std::string param = "", std::string code = "");
+// Any other error: `http_status` (429, 500, 503, ...) with the given type and code.
+ApiError ServerError(int http_status, std::string message, std::string type = "server_error",
+                     std::string code = "");
 
 using ParsedRequest = std::variant<ApiRequest, ApiError>;
 

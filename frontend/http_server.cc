@@ -184,6 +184,12 @@ class Session : public std::enable_shared_from_this<Session> {
       return Finish();
     }
     out_.push_back({kind, std::move(data)});
+    // The stream's header goes out with its first event, so that an error before any output
+    // still gets its own HTTP status and JSON body (OnError).
+    if (!header_started_) {
+      header_started_ = true;
+      return WriteHeader();
+    }
     if (!writing_ && header_written_) WriteNext();
   }
   void WriteHeader() {
@@ -213,6 +219,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) return self->Finish();
       if (last) {
         self->header_written_ = false;
+        self->header_started_ = false;
         if (!self->keep_alive_ || self->close_after_stream_) return self->Finish();
         return self->Read();
       }
@@ -252,6 +259,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t queued_bytes_ = 0;
   bool writing_ = false;
   bool header_written_ = false;
+  bool header_started_ = false;  // WriteHeader() called for the current stream
   bool close_after_stream_ = false;
 };
 
@@ -343,7 +351,7 @@ void Session::Generate(Endpoint endpoint) {
   generation_ = std::move(std::get<std::unique_ptr<Generation>>(started));
   active_ = true;
   close_after_stream_ = false;
-  if (api_.stream) WriteHeader();
+  header_started_ = false;
   WatchDisconnect();
 }
 
@@ -392,7 +400,7 @@ void Session::OnError(uint64_t gen, ApiError error) {
   if (gen != generation_id_ || !active_) return;
   active_ = false;
   generation_.reset();
-  if (api_.stream) {
+  if (api_.stream && header_started_) {
     // Headers are out: an error event, then end the body and close; no [DONE].
     close_after_stream_ = true;
     Enqueue(OutKind::kChunk, StreamErrorEvent(error));

@@ -4,7 +4,9 @@
 //
 // Event-driven: a few I/O threads hold thousands of concurrent streams. A client that
 // disconnects (also mid-stream, also while waiting for a non-streamed answer) cancels its
-// Generation at once. Bodies over max_body_bytes get 413; errors use the OpenAI error JSON.
+// Generation at once. Bodies over max_body_bytes get 413; errors use the OpenAI error JSON. A
+// stream's header is sent with its first event, so a request that fails before producing
+// anything (a full pool behind the router: 429) still gets its status and a JSON error body.
 //
 // Thread-safety: Start() and Stop() from one controlling thread; the service is called from the
 // I/O threads and must be thread-safe.

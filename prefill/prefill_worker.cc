@@ -207,7 +207,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
 
   kv::FaultInjectingTransport faulty(*transport_, clock_);
   kv::PageTransport* transport = transport_.get();
-  if (options_.faults.Apply(id, faulty)) {
+  if (options_.faults.Apply(id, prompt_length, faulty)) {
     spdlog::warn("request {}: TEST-ONLY transfer faults applied", id);
     transport = &faulty;
   }

@@ -25,6 +25,11 @@ TestFaults TestFaults::FromEnvironment() {
   } else {
     faults.delay_request = ParseId(delay);
   }
+  int64_t min_prompt = 0;
+  const char* min_prompt_text = std::getenv("PDSERVE_TEST_DELAY_MIN_PROMPT");
+  if (min_prompt_text != nullptr && absl::SimpleAtoi(min_prompt_text, &min_prompt)) {
+    faults.delay_min_prompt = min_prompt;
+  }
   int64_t ms = 0;
   const char* delay_ms = std::getenv("PDSERVE_TEST_DELAY_MS");
   if (delay_ms != nullptr && absl::SimpleAtoi(delay_ms, &ms) && ms >= 0) {
@@ -33,7 +38,8 @@ TestFaults TestFaults::FromEnvironment() {
   return faults;
 }
 
-bool TestFaults::Apply(uint64_t request_id, kv::FaultInjectingTransport& transport) const {
+bool TestFaults::Apply(uint64_t request_id, int64_t prompt_tokens,
+                       kv::FaultInjectingTransport& transport) const {
   bool applied = false;
   if (corrupt_request == request_id) {
     transport.AddRule({.action = kv::FaultRule::Action::kCorruptByte,
@@ -42,7 +48,7 @@ bool TestFaults::Apply(uint64_t request_id, kv::FaultInjectingTransport& transpo
                        .offset = 5});
     applied = true;
   }
-  if (delay_all || delay_request == request_id) {
+  if ((delay_all && prompt_tokens >= delay_min_prompt) || delay_request == request_id) {
     transport.AddRule({.action = kv::FaultRule::Action::kDelay,
                        .kind = kv::WireKind::kPage,
                        .delay = delay,

@@ -6,6 +6,8 @@
 //   PDSERVE_TEST_CORRUPT_REQUEST=ID   invert one byte of slot 0's payload of request ID
 //   PDSERVE_TEST_DELAY_REQUEST=ID|all hold every page of request ID (or of every request) ...
 //   PDSERVE_TEST_DELAY_MS=MS          ... for MS milliseconds after it is posted (default 2000)
+//   PDSERVE_TEST_DELAY_MIN_PROMPT=N   with `all`: only requests of >= N prompt tokens (so the
+//                                     router's short health canaries pass undelayed)
 //
 // Thread-safety: immutable after FromEnvironment.
 #pragma once
@@ -22,12 +24,15 @@ struct TestFaults {
   std::optional<uint64_t> corrupt_request;
   bool delay_all = false;
   std::optional<uint64_t> delay_request;
+  int64_t delay_min_prompt = 0;  // delay_all applies to prompts of at least this many tokens
   absl::Duration delay = absl::Seconds(2);
 
   static TestFaults FromEnvironment();
   bool any() const { return corrupt_request || delay_all || delay_request; }
-  // Adds the rules that apply to `request_id` to `transport`; false when none applies.
-  bool Apply(uint64_t request_id, kv::FaultInjectingTransport& transport) const;
+  // Adds the rules that apply to `request_id` (of `prompt_tokens` tokens) to `transport`; false
+  // when none applies.
+  bool Apply(uint64_t request_id, int64_t prompt_tokens,
+             kv::FaultInjectingTransport& transport) const;
 };
 
 }  // namespace pdserve::prefill

@@ -1,32 +1,46 @@
 #!/usr/bin/env bash
-# The main job (`make demo`). Until the disaggregated cluster exists it runs the colocated server
-# (`pdserve serve`) on the bundled model, sends one streamed chat request with curl, prints the
-# answer and stops the server.
+# The main job (`make demo`): `pdserve up --config deploy/local.yaml` starts the router, one
+# prefill and one decode worker on this machine (CPU backend, bundled model); one streamed chat
+# request goes through the router with curl, the answer is printed, then everything is stopped.
+# A binary built without the workers (`pdserve prefill` missing) runs the colocated server
+# (`pdserve serve`) instead.
 set -euo pipefail
 build=${1:-build}
+config=${PDSERVE_CONFIG:-deploy/local.yaml}
 model=${PDSERVE_MODEL:-models/kjv-v4-tiny}
 log=$(mktemp)
 server_pid=""
 cleanup() {
   if [[ -n "$server_pid" ]] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -TERM "$server_pid"
+    kill -INT "$server_pid"
     wait "$server_pid" || true
   fi
   rm -f "$log"
 }
 trap cleanup EXIT INT TERM
 
-"$build/pdserve" serve --model "$model" --host 127.0.0.1 --port 0 >"$log" &
-server_pid=$!
+if "$build/pdserve" prefill --help >/dev/null 2>&1; then
+  mode="pdserve up ($config)"
+  "$build/pdserve" up --config "$config" >"$log" &
+  server_pid=$!
+  pattern='s/^pdserve up: ready on \([^ ]*\).*/\1/p'
+  tries=3000  # model loads in three processes
+else
+  mode="pdserve serve ($model, colocated: this build has no workers)"
+  "$build/pdserve" serve --model "$model" --host 127.0.0.1 --port 0 >"$log" &
+  server_pid=$!
+  pattern='s/^pdserve serve: listening on //p'
+  tries=300
+fi
 url=""
-for _ in $(seq 1 300); do
-  url=$(sed -n 's/^pdserve serve: listening on //p' "$log")
+for _ in $(seq 1 "$tries"); do
+  url=$(sed -n "$pattern" "$log")
   [[ -n "$url" ]] && break
-  kill -0 "$server_pid" 2>/dev/null || { echo "demo: pdserve serve exited" >&2; exit 1; }
+  kill -0 "$server_pid" 2>/dev/null || { echo "demo: $mode exited" >&2; exit 1; }
   sleep 0.1
 done
-[[ -n "$url" ]] || { echo "demo: pdserve serve did not start" >&2; exit 1; }
-echo "demo: pdserve serve ($model) at $url" >&2
+[[ -n "$url" ]] || { echo "demo: $mode did not start" >&2; exit 1; }
+echo "demo: $mode at $url" >&2
 
 question="Who was Moses, and what did he do?"
 echo "user: $question"
@@ -39,7 +53,11 @@ JSON
 import json, sys
 for line in sys.stdin:
     if line.startswith("data: ") and line.strip() != "data: [DONE]":
-        for choice in json.loads(line[6:]).get("choices", []):
+        event = json.loads(line[6:])
+        if "error" in event:
+            print("\ndemo: error from the server:", event["error"].get("message"))
+            sys.exit(1)
+        for choice in event.get("choices", []):
             sys.stdout.write(choice.get("delta", {}).get("content") or "")
             sys.stdout.flush()
 print()'

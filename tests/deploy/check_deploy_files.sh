@@ -51,6 +51,18 @@ case $mode in
       echo "$out"
       exit 1
     fi
+    # Every flag a unit passes must be one its subcommand accepts (systemd cannot check that).
+    for unit in "$units"/*.service; do
+      cmdline=$(sed -n 's/^ExecStart=[^ ]* //p' "$unit")
+      sub=${cmdline%% *}
+      help=$("$binary" "$sub" --help)
+      for flag in $(grep -oE -- '--[a-z-]+' <<<"$cmdline"); do
+        grep -qE -- "(^|[ ,])$flag( |,|$)" <<<"$help" || {
+          echo "$(basename "$unit"): 'pdserve $sub' has no flag $flag"
+          exit 1
+        }
+      done
+    done
     echo "units verified"
     ;;
   configs-valid)

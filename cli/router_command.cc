@@ -1,0 +1,89 @@
+// `pdserve router`: the OpenAI-compatible HTTP front of a disaggregated deployment. It prepares
+// requests (tokenization, chat template, sampling defaults), picks a prefill and a decode worker
+// for each choice and streams the decode worker's tokens back as text (router/service.h).
+//
+//   pdserve router --config FILE [--port P]
+//
+// Serves on router.host:router.http_port (--port overrides; 0 picks a free port) and prints
+// "pdserve router: listening on http://HOST:PORT" once bound; with router.grpc_port > 0 also the
+// gRPC front pdserve.v1.Generation (router/grpc_front.h). Under systemd (Type=notify) it
+// sends READY=1 once the workers are healthy (or at once if they are not yet: /ready says when)
+// and WATCHDOG=1 keep-alives. Serves until SIGINT or SIGTERM, then exits 0.
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cli/command_registry.h"
+#include "common/deploy_config.h"
+#include "common/status.h"
+#include "common/systemd_notify.h"
+#include "frontend/http_server.h"
+#include "router/grpc_front.h"
+#include "router/service.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct RouterCommandOptions {
+  std::string config;
+  int port = -1;  // -1: the config's router.http_port
+};
+
+absl::Status RunRouter(const RouterCommandOptions& options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  PDSERVE_ASSIGN_OR_RETURN(config::DeployConfig config, config::LoadDeployConfig(options.config));
+  PDSERVE_ASSIGN_OR_RETURN(router::RouterOptions router_options, router::OptionsFromConfig(config));
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<router::RouterService> service,
+                           router::RouterService::Create(router_options));
+  frontend::HttpServerOptions http;
+  http.host = config.router.host;
+  http.port = static_cast<uint16_t>(options.port >= 0 ? options.port : config.router.http_port);
+  http.max_body_bytes = static_cast<size_t>(config.router.max_body_bytes);
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
+                           frontend::HttpServer::Start(http, service.get()));
+  std::printf("pdserve router: listening on http://%s:%u\n", http.host.c_str(),
+              static_cast<unsigned>(server->port()));
+  std::unique_ptr<router::GrpcFront> grpc_front;
+  if (config.router.grpc_port > 0) {
+    PDSERVE_ASSIGN_OR_RETURN(
+        grpc_front,
+        router::GrpcFront::Start(config.router.host, config.router.grpc_port, service.get()));
+    std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s:%d\n",
+                config.router.host.c_str(), grpc_front->port());
+  }
+  std::fflush(stdout);
+  systemd::Notifier notifier;
+  notifier.Ready();
+  notifier.StartWatchdog([] { return true; });
+  int received = 0;
+  sigwait(&signals, &received);
+  std::fprintf(stderr, "pdserve router: signal %d, stopping\n", received);
+  notifier.Stopping();
+  if (grpc_front) grpc_front->Stop();
+  server->Stop();
+  return absl::OkStatus();
+}
+
+const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<RouterCommandOptions>();
+  CLI::App* cmd = app.add_subcommand("router", "Run the router of a prefill/decode deployment");
+  cmd->add_option("--config", o->config, "Deployment config (YAML, deploy/README.md)")->required();
+  cmd->add_option("--port", o->port, "HTTP port (overrides router.http_port; 0: any free port)");
+  cmd->callback([o, exit_code] {
+    const absl::Status status = RunRouter(*o);
+    if (!status.ok()) {
+      std::fprintf(stderr, "pdserve router: %s\n", status.ToString().c_str());
+      *exit_code = 1;
+    }
+  });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

@@ -1,0 +1,220 @@
+// `pdserve up`: the main job on one machine. Starts every prefill and decode worker of the
+// deploy config and the router, as child processes of this one (the same binary, via
+// /proc/self/exe: `pdserve prefill|decode --config F --name NAME`, `pdserve router --config F`),
+// waits until the router's /ready answers 200, and prints where it serves.
+//
+//   pdserve up --config FILE [--ready-timeout SECONDS]
+//
+// Ctrl-C (SIGINT) or SIGTERM stops every child (SIGTERM, then SIGKILL after 15 s) and exits 0.
+// If a child exits on its own, `up` names it and its exit status, stops the others and exits 1:
+// a deployment with a missing part is not served half-way (systemd units restart parts
+// individually; `up` is for one machine and development).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cli/command_registry.h"
+#include "common/deploy_config.h"
+#include "common/status.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct UpOptions {
+  std::string config;
+  int ready_timeout_s = 600;
+};
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+};
+
+// Starts `pdserve args...` with the default signal mask. Errors: Internal when fork fails.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv("/proc/self/exe", argv.data());
+    std::fprintf(stderr, "pdserve up: exec failed: %s\n", std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+// GET `path` on host:port; the HTTP status, or 0 when nothing answered.
+int HttpStatus(const std::string& host, int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host == "0.0.0.0" ? "127.0.0.1" : host.c_str(), &addr.sin_addr);
+  timeval timeout{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  int status = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request =
+        absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", host, "\r\nConnection: close\r\n\r\n");
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[64] = {};
+      if (read(fd, buffer, sizeof(buffer) - 1) > 12) status = std::atoi(buffer + 9);
+    }
+  }
+  close(fd);
+  return status;
+}
+
+// Reaps children that exited; true when one did.
+bool Reap(std::vector<Child>& children) {
+  bool any = false;
+  for (Child& c : children) {
+    if (c.exited) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.exited = true;
+      c.status = status;
+      any = true;
+    }
+  }
+  return any;
+}
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
+  return "stopped";
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (!c.exited) kill(c.pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < deadline) {
+    Reap(children);
+    bool all = true;
+    for (const Child& c : children) all &= c.exited;
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (Child& c : children) {
+    if (c.exited) continue;
+    std::fprintf(stderr, "pdserve up: %s (pid %d) did not stop; killing it\n", c.name.c_str(),
+                 c.pid);
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, &c.status, 0);
+    c.exited = true;
+  }
+}
+
+// Exit status of `up`: 0 after a signal, 1 when a child died or startup failed.
+int Up(const UpOptions& options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  absl::StatusOr<config::DeployConfig> config = config::LoadDeployConfig(options.config);
+  if (!config.ok()) {
+    std::fprintf(stderr, "pdserve up: %s\n", std::string(config.status().message()).c_str());
+    return 1;
+  }
+  std::vector<Child> children;
+  auto start = [&](const std::string& name, std::vector<std::string> args) {
+    absl::StatusOr<pid_t> pid = Spawn(args);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "pdserve up: cannot start %s: %s\n", name.c_str(),
+                   std::string(pid.status().message()).c_str());
+      return false;
+    }
+    std::fprintf(stderr, "pdserve up: started %s (pid %d)\n", name.c_str(), *pid);
+    children.push_back({name, *pid});
+    return true;
+  };
+  bool ok = true;
+  for (const config::WorkerConfig& w : config->prefill) {
+    ok = ok && start(w.name, {"pdserve", "prefill", "--config", options.config, "--name", w.name});
+  }
+  for (const config::WorkerConfig& w : config->decode) {
+    ok = ok && start(w.name, {"pdserve", "decode", "--config", options.config, "--name", w.name});
+  }
+  ok = ok && start("router", {"pdserve", "router", "--config", options.config});
+  if (!ok) {
+    StopAll(children);
+    return 1;
+  }
+  const std::string& host = config->router.host;
+  const int port = config->router.http_port;
+  const auto ready_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(options.ready_timeout_s);
+  bool ready = false;
+  while (true) {
+    timespec wait{0, 200 * 1000 * 1000};
+    const int signal = sigtimedwait(&signals, nullptr, &wait);
+    if (signal == SIGINT || signal == SIGTERM) {
+      std::fprintf(stderr, "pdserve up: signal %d, stopping everything\n", signal);
+      StopAll(children);
+      return 0;
+    }
+    if (Reap(children)) {
+      for (const Child& c : children) {
+        if (c.exited) {
+          std::fprintf(stderr, "pdserve up: %s (pid %d) %s; stopping the others\n", c.name.c_str(),
+                       c.pid, Describe(c.status).c_str());
+        }
+      }
+      StopAll(children);
+      return 1;
+    }
+    if (!ready) {
+      if (HttpStatus(host, port, "/ready") == 200) {
+        ready = true;
+        std::printf("pdserve up: ready on http://%s:%d (%zu prefill, %zu decode)\n", host.c_str(),
+                    port, config->prefill.size(), config->decode.size());
+        std::fflush(stdout);
+      } else if (std::chrono::steady_clock::now() > ready_deadline) {
+        std::fprintf(stderr, "pdserve up: not ready after %d s; stopping everything\n",
+                     options.ready_timeout_s);
+        StopAll(children);
+        return 1;
+      }
+    }
+  }
+}
+
+const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<UpOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "up", "Start a whole deployment on this machine: workers and router (Ctrl-C stops all)");
+  cmd->add_option("--config", o->config, "Deployment config (YAML, deploy/README.md)")->required();
+  cmd->add_option("--ready-timeout", o->ready_timeout_s, "Seconds to wait for /ready")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->callback([o, exit_code] { *exit_code = Up(*o); });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

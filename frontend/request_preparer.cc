@@ -1,0 +1,154 @@
+#include "frontend/request_preparer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/config.h"
+#include "serving/generation_config.h"
+
+namespace pdserve::frontend {
+namespace {
+
+serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingParams params) {
+  if (req.temperature) params.temperature = *req.temperature;
+  if (req.top_p) params.top_p = *req.top_p;
+  if (req.top_k) params.top_k = static_cast<int32_t>(*req.top_k);
+  if (req.min_p) params.min_p = *req.min_p;
+  if (req.presence_penalty) params.presence_penalty = *req.presence_penalty;
+  if (req.frequency_penalty) params.frequency_penalty = *req.frequency_penalty;
+  if (req.repetition_penalty) params.repetition_penalty = *req.repetition_penalty;
+  params.logit_bias = req.logit_bias;
+  params.seed = req.seed;
+  params.stop_token_ids = req.stop_token_ids;
+  if (req.min_tokens) params.min_tokens = static_cast<int32_t>(*req.min_tokens);
+  params.n = req.n;
+  if (req.logprobs) params.logprobs = req.top_logprobs;
+  return params;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RequestPreparer>> RequestPreparer::Load(
+    const std::string& model_dir) {
+  std::unique_ptr<RequestPreparer> p(new RequestPreparer());
+  p->model_names_ = {std::filesystem::path(model_dir).filename().string(), model_dir};
+  PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
+  p->context_length_ = config.max_position_embeddings;
+  p->vocab_size_ = config.vocab_size;
+  PDSERVE_ASSIGN_OR_RETURN(p->tokenizer_, text::Tokenizer::Load(model_dir));
+  absl::StatusOr<std::unique_ptr<text::ChatFormat>> chat =
+      text::LoadChatFormat(model_dir, *p->tokenizer_);
+  if (chat.ok()) p->chat_format_ = std::move(*chat);
+  PDSERVE_ASSIGN_OR_RETURN(serving::GenerationConfig generation,
+                           serving::GenerationConfig::Load(model_dir));
+  p->defaults_ = serving::SamplingParams::FromGenerationConfig(generation);
+  p->eos_ids_ = generation.eos_token_ids;
+  if (p->eos_ids_.empty()) {
+    for (int64_t id : config.eos_token_ids) p->eos_ids_.push_back(static_cast<int32_t>(id));
+  }
+  return p;
+}
+
+absl::StatusOr<std::vector<int32_t>> RequestPreparer::PromptTokens(const ApiRequest& req) const {
+  if (req.endpoint == Endpoint::kCompletions) {
+    if (req.prompt_tokens) return *req.prompt_tokens;
+    return tokenizer_->Encode(req.prompt_text.value_or(""));
+  }
+  if (!chat_format_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", model_names_[0], " has no chat format; use /v1/completions"));
+  }
+  std::vector<text::ChatMessage> messages;
+  for (const ChatMessage& m : req.messages) {
+    messages.push_back({m.role == "developer" ? "system" : m.role, m.content, ""});
+  }
+  text::ChatOptions chat_options;
+  chat_options.thinking = req.thinking.value_or(false);
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<text::ChatSegment> segments,
+                           chat_format_->Render(messages, chat_options));
+  return text::EncodeChat(*tokenizer_, segments);
+}
+
+Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
+  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(req);
+  if (!prompt.ok()) {
+    return InvalidRequest(std::string(prompt.status().message()),
+                          req.endpoint == Endpoint::kCompletions ? "prompt" : "messages");
+  }
+  if (prompt->empty()) return InvalidRequest("the prompt has no tokens", "prompt");
+  const int64_t prompt_length = static_cast<int64_t>(prompt->size());
+  const int64_t max_tokens = req.max_tokens.value_or(context_length_ - prompt_length);
+  if (prompt_length + std::max<int64_t>(max_tokens, 1) > context_length_) {
+    return InvalidRequest(
+        absl::StrCat("This model's maximum context length is ", context_length_,
+                     " tokens. However, you requested ", prompt_length + max_tokens, " tokens (",
+                     prompt_length, " in the prompt, ", max_tokens, " for the completion)."),
+        "max_tokens", "context_length_exceeded");
+  }
+  PreparedRequest out;
+  out.request_id = NewResponseId(req.endpoint);
+  out.prompt = std::move(*prompt);
+  out.params = RequestParams(req, defaults_);
+  out.params.max_tokens = static_cast<int32_t>(max_tokens);
+  for (int32_t id : out.prompt) {
+    if (id < 0 || id >= vocab_size_) {
+      return InvalidRequest(
+          absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")"),
+          "prompt");
+    }
+  }
+  if (absl::Status valid = serving::ValidateSamplingParams(out.params, vocab_size_); !valid.ok()) {
+    return InvalidRequest(std::string(valid.message()));
+  }
+  return out;
+}
+
+TokenLogprob RequestPreparer::Logprob(const SampledText& sampled) const {
+  TokenLogprob lp;
+  lp.token = tokenizer_->Decode(std::vector<int32_t>{sampled.token}).value_or("");
+  lp.logprob = sampled.logprob;
+  for (const auto& [token, logprob] : sampled.top) {
+    lp.top.emplace_back(tokenizer_->Decode(std::vector<int32_t>{token}).value_or(""), logprob);
+  }
+  return lp;
+}
+
+ChoiceText::ChoiceText(const RequestPreparer& preparer, const ApiRequest& req, int index)
+    : preparer_(preparer),
+      detokenizer_(preparer.tokenizer(), {req.skip_special_tokens, req.stop}),
+      index_(index),
+      want_logprobs_(req.logprobs) {}
+
+ChoiceDelta ChoiceText::Add(const SampledText& sampled, const std::string& finish_reason) {
+  ChoiceDelta delta;
+  delta.index = index_;
+  if (done_) return delta;
+  ++tokens_;
+  absl::StatusOr<text::DetokenizeStep> step = detokenizer_.Add(sampled.token);
+  if (step.ok()) delta.text = step->text;
+  if (want_logprobs_) delta.logprobs.push_back(preparer_.Logprob(sampled));
+  const bool stop_string = step.ok() && step->stopped;
+  if (stop_string || !finish_reason.empty()) {
+    if (!stop_string) delta.text += detokenizer_.Finish().text;
+    delta.finish_reason = stop_string ? "stop" : finish_reason;
+    finish_reason_ = *delta.finish_reason;
+    done_ = true;
+  }
+  return delta;
+}
+
+ChoiceDelta ChoiceText::Finish(const std::string& finish_reason) {
+  ChoiceDelta delta;
+  delta.index = index_;
+  if (done_) return delta;
+  delta.text = detokenizer_.Finish().text;
+  delta.finish_reason = finish_reason;
+  finish_reason_ = finish_reason;
+  done_ = true;
+  return delta;
+}
+
+}  // namespace pdserve::frontend

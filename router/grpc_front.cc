@@ -1,0 +1,283 @@
+#include "router/grpc_front.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "pdserve/v1/generate.grpc.pb.h"
+
+namespace pdserve::router {
+namespace {
+
+namespace pv1 = pdserve::v1;
+
+grpc::StatusCode CodeFor(int http_status) {
+  switch (http_status) {
+    case 400:
+    case 413:
+      return grpc::StatusCode::INVALID_ARGUMENT;
+    case 404:
+      return grpc::StatusCode::NOT_FOUND;
+    case 429:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case 503:
+      return grpc::StatusCode::UNAVAILABLE;
+    default:
+      return grpc::StatusCode::INTERNAL;
+  }
+}
+
+grpc::Status ToStatus(const frontend::ApiError& error) {
+  return grpc::Status(CodeFor(error.http_status), error.ToJson());
+}
+
+// Shared by a call's reactor and its sink: the messages waiting to be written and the end.
+struct CallState {
+  absl::Mutex mu;
+  grpc::ServerWriteReactor<pv1::GenerateResponse>* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  std::deque<pv1::GenerateResponse> queue ABSL_GUARDED_BY(mu);
+  bool writing ABSL_GUARDED_BY(mu) = false;
+  std::optional<grpc::Status> end ABSL_GUARDED_BY(mu);
+  bool finished ABSL_GUARDED_BY(mu) = false;
+  std::string id;
+
+  // Starts the next write, or finishes once the queue is empty and the end is known.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (reactor == nullptr || writing || finished) return;
+    if (!queue.empty()) {
+      writing = true;
+      reactor->StartWrite(&queue.front());
+      return;
+    }
+    if (end) {
+      finished = true;
+      reactor->Finish(*end);
+    }
+  }
+};
+
+class Sink : public frontend::GenerationSink {
+ public:
+  explicit Sink(std::shared_ptr<CallState> state) : state_(std::move(state)) {}
+  void OnDelta(frontend::ChoiceDelta delta) override {
+    pv1::GenerateResponse response;
+    response.set_id(state_->id);
+    pv1::ChoiceDelta* out = response.add_choices();
+    out->set_index(delta.index);
+    out->set_text(delta.text);
+    for (const frontend::TokenLogprob& lp : delta.logprobs) {
+      pv1::TokenLogprob* t = out->add_logprobs();
+      t->set_token(lp.token);
+      t->set_logprob(lp.logprob);
+      for (const auto& [token, logprob] : lp.top) {
+        pv1::TopLogprob* top = t->add_top_logprobs();
+        top->set_token(token);
+        top->set_logprob(logprob);
+      }
+    }
+    if (delta.finish_reason) out->set_finish_reason(*delta.finish_reason);
+    absl::MutexLock lock(&state_->mu);
+    state_->queue.push_back(std::move(response));
+    state_->Pump();
+  }
+  void OnComplete(frontend::Usage usage) override {
+    pv1::GenerateResponse response;
+    response.set_id(state_->id);
+    response.mutable_usage()->set_prompt_tokens(usage.prompt_tokens);
+    response.mutable_usage()->set_completion_tokens(usage.completion_tokens);
+    absl::MutexLock lock(&state_->mu);
+    state_->queue.push_back(std::move(response));
+    state_->end = grpc::Status::OK;
+    state_->Pump();
+  }
+  void OnError(frontend::ApiError error) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->end = ToStatus(error);
+    state_->Pump();
+  }
+
+ private:
+  std::shared_ptr<CallState> state_;
+};
+
+class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
+ public:
+  GenerateReactor(frontend::GenerationService* service, const pv1::GenerateRequest& request)
+      : state_(std::make_shared<CallState>()) {
+    state_->id = frontend::NewResponseId(frontend::Endpoint::kCompletions);
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = this;
+    }
+    frontend::Endpoint endpoint;
+    const std::string body = ToOpenAiJson(request, &endpoint);
+    frontend::ParsedRequest parsed = frontend::ParseRequest(endpoint, body);
+    if (auto* error = std::get_if<frontend::ApiError>(&parsed)) {
+      End(ToStatus(*error));
+      return;
+    }
+    const frontend::ApiRequest& api = std::get<frontend::ApiRequest>(parsed);
+    const std::vector<std::string> names = service->ModelNames();
+    if (std::find(names.begin(), names.end(), api.model) == names.end()) {
+      frontend::ApiError e = frontend::InvalidRequest(
+          absl::StrCat("The model '", api.model, "' does not exist"), "model", "model_not_found");
+      e.http_status = 404;
+      {
+        End(ToStatus(e));
+        return;
+      }
+    }
+    frontend::StartResult started = service->Start(api, std::make_shared<Sink>(state_));
+    if (auto* error = std::get_if<frontend::ApiError>(&started)) {
+      End(ToStatus(*error));
+      return;
+    }
+    generation_ = std::move(std::get<std::unique_ptr<frontend::Generation>>(started));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->writing = false;
+    state_->queue.pop_front();
+    if (!ok) {
+      state_->finished = true;
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    state_->Pump();
+  }
+  void OnCancel() override {
+    if (generation_) generation_->Cancel();
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = nullptr;
+    }
+    if (generation_) generation_->Cancel();
+    delete this;
+  }
+
+ private:
+  void End(grpc::Status status) {
+    absl::MutexLock lock(&state_->mu);
+    state_->end = std::move(status);
+    state_->Pump();
+  }
+
+  std::shared_ptr<CallState> state_;
+  std::unique_ptr<frontend::Generation> generation_;
+};
+
+class GenerationImpl final : public pv1::Generation::CallbackService {
+ public:
+  explicit GenerationImpl(frontend::GenerationService* service) : service_(service) {}
+  grpc::ServerWriteReactor<pv1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const pv1::GenerateRequest* request) override {
+    return new GenerateReactor(service_, *request);
+  }
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const pv1::ListModelsRequest*,
+                                       pv1::ListModelsResponse* response) override {
+    for (const std::string& name : service_->ModelNames()) response->add_models(name);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  frontend::GenerationService* service_;
+};
+
+}  // namespace
+
+std::string ToOpenAiJson(const pv1::GenerateRequest& request, frontend::Endpoint* endpoint) {
+  nlohmann::json body;
+  body["model"] = request.model();
+  const bool chat = request.prompt_case() == pv1::GenerateRequest::kChat;
+  *endpoint = chat ? frontend::Endpoint::kChatCompletions : frontend::Endpoint::kCompletions;
+  if (chat) {
+    body["messages"] = nlohmann::json::array();
+    for (const pv1::ChatMessage& m : request.chat().messages()) {
+      body["messages"].push_back({{"role", m.role()}, {"content", m.content()}});
+    }
+    if (request.has_thinking()) body["chat_template_kwargs"] = {{"thinking", request.thinking()}};
+  } else if (request.prompt_case() == pv1::GenerateRequest::kTokenIds) {
+    body["prompt"] =
+        std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end());
+  } else {
+    body["prompt"] = request.text();
+  }
+  if (request.has_n()) body["n"] = request.n();
+  if (request.has_max_tokens()) body["max_tokens"] = request.max_tokens();
+  if (request.has_temperature()) body["temperature"] = request.temperature();
+  if (request.has_top_p()) body["top_p"] = request.top_p();
+  if (request.has_top_k()) body["top_k"] = request.top_k();
+  if (request.has_min_p()) body["min_p"] = request.min_p();
+  if (request.has_presence_penalty()) body["presence_penalty"] = request.presence_penalty();
+  if (request.has_frequency_penalty()) body["frequency_penalty"] = request.frequency_penalty();
+  if (request.has_repetition_penalty()) body["repetition_penalty"] = request.repetition_penalty();
+  if (!request.logit_bias().empty()) {
+    nlohmann::json bias = nlohmann::json::object();
+    for (const auto& [id, value] : request.logit_bias()) bias[std::to_string(id)] = value;
+    body["logit_bias"] = bias;
+  }
+  if (request.has_seed()) body["seed"] = request.seed();
+  if (!request.stop().empty()) {
+    body["stop"] = std::vector<std::string>(request.stop().begin(), request.stop().end());
+  }
+  if (!request.stop_token_ids().empty()) {
+    body["stop_token_ids"] =
+        std::vector<int32_t>(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  }
+  if (request.has_min_tokens()) body["min_tokens"] = request.min_tokens();
+  if (request.has_logprobs()) {
+    if (chat) {
+      body["logprobs"] = true;
+      body["top_logprobs"] = request.logprobs();
+    } else {
+      body["logprobs"] = request.logprobs();
+    }
+  }
+  body["stream"] = true;
+  return body.dump();
+}
+
+class GrpcFront::Impl {
+ public:
+  explicit Impl(frontend::GenerationService* service) : generation(service) {}
+  GenerationImpl generation;
+  std::unique_ptr<grpc::Server> server;
+};
+
+absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(const std::string& host, int port,
+                                                            frontend::GenerationService* service) {
+  std::unique_ptr<GrpcFront> front(new GrpcFront());
+  front->impl_ = std::make_unique<Impl>(service);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(),
+                           &front->port_);
+  builder.RegisterService(&front->impl_->generation);
+  front->impl_->server = builder.BuildAndStart();
+  if (!front->impl_->server || front->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", host, ":", port));
+  }
+  return front;
+}
+
+GrpcFront::~GrpcFront() { Stop(); }
+
+void GrpcFront::Stop() {
+  if (impl_ && impl_->server) {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    impl_->server.reset();
+  }
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,43 @@
+// The gRPC front of the router: pdserve.v1.Generation (proto/pdserve/v1/generate.proto) in front
+// of any frontend::GenerationService. A GenerateRequest is turned into the JSON body of the
+// equivalent OpenAI request and parsed by frontend::ParseRequest, so validation and defaults are
+// exactly the HTTP front's; deltas stream back as GenerateResponse messages, errors as gRPC
+// statuses carrying the OpenAI error JSON. A cancelled call cancels its Generation.
+//
+// Thread-safety: Start() / Stop() from one controlling thread; the service must be thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "frontend/api_request.h"
+#include "frontend/generation_service.h"
+#include "pdserve/v1/generate.pb.h"
+
+namespace pdserve::router {
+
+// The OpenAI JSON body equivalent to `request` (for frontend::ParseRequest), and its endpoint.
+std::string ToOpenAiJson(const pdserve::v1::GenerateRequest& request, frontend::Endpoint* endpoint);
+
+class GrpcFront {
+ public:
+  // Serves on host:port (0: a free port, see port()). Errors: Unavailable when it cannot bind.
+  // REQUIRES: `service` outlives the front.
+  static absl::StatusOr<std::unique_ptr<GrpcFront>> Start(const std::string& host, int port,
+                                                          frontend::GenerationService* service);
+  ~GrpcFront();
+  int port() const { return port_; }
+  // Cancels the calls in flight and stops serving. Idempotent.
+  void Stop();
+
+  class Impl;
+
+ private:
+  GrpcFront() = default;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace pdserve::router

@@ -1,0 +1,716 @@
+#include "router/service.h"
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "router/convert.h"
+#include "spdlog/spdlog.h"
+
+namespace pdserve::router {
+namespace {
+
+namespace wv1 = worker::v1;
+using Actions = std::vector<std::function<void()>>;
+
+std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+}
+
+bool WorkerDown(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// The API error for a failed Reserve.
+frontend::ApiError ReserveError(const grpc::Status& status, const std::string& worker) {
+  const std::string detail = absl::StrCat("decode worker ", worker, ": ", status.error_message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return frontend::ServerError(
+          429, absl::StrCat("the decode pool is full; retry later (", detail, ")"),
+          "rate_limit_exceeded", "pool_exhausted");
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return frontend::InvalidRequest(detail);
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return frontend::ServerError(
+          503, absl::StrCat("no decode worker could take the request (", detail, ")"),
+          "server_error", "worker_unavailable");
+    default:
+      return frontend::ServerError(500, detail, "server_error");
+  }
+}
+
+}  // namespace
+
+// One try of one choice on one (prefill, decode) pair. Fields below `mu`-comments are guarded by
+// the owning Request's mu.
+struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
+  int choice = 0;
+  int prefill_index = -1;
+  int decode_index = -1;
+  Worker* prefill = nullptr;
+  Worker* decode = nullptr;
+  uint64_t request_id = 0;
+  uint64_t ticket_id = 0;
+  grpc::ClientContext reserve_context;
+  grpc::ClientContext prefill_context;
+  grpc::ClientContext generate_context;
+  wv1::ReserveRequest reserve;
+  wv1::ReserveResponse reserved;
+  wv1::PrefillRequest prefill_request;
+  wv1::PrefillResponse prefilled;
+  wv1::GenerateRequest generate;
+  // Guarded by Request::mu.
+  bool streams_started = false;
+  bool over = false;  // finished, failed or abandoned: later events are ignored
+  bool aborted = false;
+};
+
+struct RouterService::Request : std::enable_shared_from_this<Request> {
+  RouterService* service = nullptr;
+  frontend::ApiRequest api;
+  frontend::PreparedRequest prepared;
+  std::shared_ptr<frontend::GenerationSink> sink;
+  std::string endpoint;
+  absl::Time received;
+  std::atomic<bool> cancelled{false};
+
+  absl::Mutex mu;
+  std::vector<frontend::ChoiceText> texts ABSL_GUARDED_BY(mu);
+  std::vector<int> attempts ABSL_GUARDED_BY(mu);
+  std::vector<bool> any_token ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<Attempt>> current ABSL_GUARDED_BY(mu);
+  std::vector<bool> degenerate ABSL_GUARDED_BY(mu);
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  bool ended ABSL_GUARDED_BY(mu) = false;  // the sink got OnComplete or OnError
+  bool dispatched ABSL_GUARDED_BY(mu) = false;
+  std::optional<absl::Time> first_token ABSL_GUARDED_BY(mu);
+  absl::Time last_token ABSL_GUARDED_BY(mu);
+  int64_t tokens ABSL_GUARDED_BY(mu) = 0;
+
+  // Aborts `attempt` on both workers and cancels its calls (run the actions after unlocking).
+  void AbortAttempt(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    attempt.over = true;
+    if (attempt.aborted) return;
+    attempt.aborted = true;
+    const uint64_t id = attempt.request_id, ticket = attempt.ticket_id;
+    Worker* prefill = attempt.prefill;
+    Worker* decode = attempt.decode;
+    const bool started = attempt.streams_started;
+    std::shared_ptr<Attempt> a = attempt.shared_from_this();
+    RouterService* owner = service;
+    actions->push_back([=] {
+      owner->SendAbort(*decode, id, ticket);
+      owner->SendAbort(*prefill, id, ticket);
+      a->reserve_context.TryCancel();
+      if (started) {
+        a->prefill_context.TryCancel();
+        a->generate_context.TryCancel();
+      }
+    });
+  }
+
+  // Ends the request with `error` and aborts every choice still running.
+  void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (ended) return;
+    ended = true;
+    spdlog::warn("router: request {} failed: {} {}", prepared.request_id, error.http_status,
+                 error.message);
+    service->RecordFinish(*this, error.http_status, "error");
+    if (!cancelled.load()) sink->OnError(std::move(error));
+    for (auto& attempt : current) {
+      if (attempt && !attempt->over) AbortAttempt(*attempt, actions);
+    }
+  }
+
+  // Sends `delta` for a choice, with the token timing metrics.
+  void Emit(frontend::ChoiceDelta delta, int new_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const absl::Time now = absl::Now();
+    if (new_tokens > 0) {
+      if (!first_token) {
+        first_token = now;
+        service->ttft_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
+      } else {
+        service->itl_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - last_token));
+      }
+      last_token = now;
+      tokens += new_tokens;
+      service->generation_tokens_->Get().Increment(new_tokens);
+    }
+    if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
+      if (!cancelled.load()) sink->OnDelta(std::move(delta));
+    }
+  }
+
+  void ChoiceDone(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    attempt.over = true;
+    if (--remaining > 0 || ended) return;
+    ended = true;
+    frontend::Usage usage{static_cast<int64_t>(prepared.prompt.size()), 0};
+    for (const frontend::ChoiceText& t : texts) usage.completion_tokens += t.tokens();
+    const absl::Time now = absl::Now();
+    service->e2e_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
+    if (first_token && tokens > 1) {
+      service->tpot_->WithLabels({endpoint})
+          .Observe(absl::ToDoubleSeconds(now - *first_token) / static_cast<double>(tokens - 1));
+    }
+    service->RecordFinish(*this, 200, "");
+    if (!cancelled.load()) sink->OnComplete(usage);
+  }
+};
+
+namespace {
+
+// The Generate stream of one attempt; deletes itself when the call is done.
+class GenerateReader : public grpc::ClientReadReactor<wv1::GenerateResponse> {
+ public:
+  using Request = RouterService::Request;
+  using Attempt = RouterService::Attempt;
+  GenerateReader(std::shared_ptr<Request> request, std::shared_ptr<Attempt> attempt,
+                 std::function<void(Request&, Attempt&, const wv1::GenerateResponse&)> on_event,
+                 std::function<void(Request&, Attempt&, const grpc::Status&)> on_done)
+      : request_(std::move(request)),
+        attempt_(std::move(attempt)),
+        on_event_(std::move(on_event)),
+        on_done_(std::move(on_done)) {}
+
+  void Start() {
+    attempt_->decode->decode()->async()->Generate(&attempt_->generate_context, &attempt_->generate,
+                                                  this);
+    StartRead(&event_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    on_event_(*request_, *attempt_, event_);
+    event_.Clear();
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    on_done_(*request_, *attempt_, status);
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<Request> request_;
+  std::shared_ptr<Attempt> attempt_;
+  std::function<void(Request&, Attempt&, const wv1::GenerateResponse&)> on_event_;
+  std::function<void(Request&, Attempt&, const grpc::Status&)> on_done_;
+  wv1::GenerateResponse event_;
+};
+
+void RunActions(Actions& actions) {
+  for (auto& action : actions) action();
+  actions.clear();
+}
+
+}  // namespace
+
+class RouterService::RouterGeneration : public frontend::Generation {
+ public:
+  explicit RouterGeneration(std::shared_ptr<Request> request) : request_(std::move(request)) {}
+  ~RouterGeneration() override { Cancel(); }
+  void Cancel() override {
+    if (request_->cancelled.exchange(true)) return;
+    Actions actions;
+    {
+      absl::MutexLock lock(&request_->mu);
+      if (!request_->ended) {
+        request_->ended = true;
+        request_->service->RecordFinish(*request_, 499, "cancelled");
+      }
+      for (auto& attempt : request_->current) {
+        if (attempt && !attempt->over) request_->AbortAttempt(*attempt, &actions);
+      }
+    }
+    RunActions(actions);
+  }
+
+ private:
+  std::shared_ptr<Request> request_;
+};
+
+absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& config) {
+  RouterOptions o;
+  o.model_dir = config.model_path;
+  o.served_name = config.served_name;
+  o.prefill = config.prefill;
+  o.decode = config.decode;
+  PDSERVE_ASSIGN_OR_RETURN(o.prefill_policy, ParsePolicy(config.router.prefill_policy));
+  PDSERVE_ASSIGN_OR_RETURN(o.decode_policy, ParsePolicy(config.router.decode_policy));
+  o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
+  o.lease_ms = config.lease_ms;
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const RouterOptions& options) {
+  if (options.prefill.empty() || options.decode.empty()) {
+    return absl::InvalidArgumentError(
+        "the router needs at least one prefill and one decode worker");
+  }
+  std::unique_ptr<RouterService> s(new RouterService());
+  s->options_ = options;
+  PDSERVE_ASSIGN_OR_RETURN(s->preparer_, frontend::RequestPreparer::Load(options.model_dir));
+  if (!options.served_name.empty()) s->model_names_.push_back(options.served_name);
+  for (const std::string& name : s->preparer_->model_names()) s->model_names_.push_back(name);
+  std::random_device random;
+  s->id_base_ = (static_cast<uint64_t>(random()) << 32 | random()) & ~uint64_t{0xffffffff};
+  s->prefill_policy_ = std::make_unique<Policy>(options.prefill_policy, options.prefix_load_cap);
+  s->decode_policy_ = std::make_unique<Policy>(options.decode_policy, options.prefix_load_cap);
+
+  auto& r = s->registry_;
+  const std::vector<double> latency = metrics::LatencyBucketsSeconds();
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->build_info_,
+      r.AddGauge("pdserve_build_info", "Identifies the process.", {"role", "version"}));
+  s->build_info_->WithLabels({"router", "0.1.0"}).Set(1);
+  PDSERVE_ASSIGN_OR_RETURN(s->requests_,
+                           r.AddCounter("pdserve_router_requests_total", "Finished requests.",
+                                        {"endpoint", "status", "finish_reason"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->ttft_, r.AddHistogram("pdserve_router_time_to_first_token_seconds",
+                               "Request received to first token sent.", {"endpoint"}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->itl_, r.AddHistogram("pdserve_router_inter_token_latency_seconds",
+                              "Gap between consecutive streamed tokens.", {"endpoint"}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->tpot_,
+      r.AddHistogram("pdserve_router_time_per_output_token_seconds",
+                     "Per request: (E2E - TTFT) / (output tokens - 1).", {"endpoint"}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->e2e_, r.AddHistogram("pdserve_router_e2e_request_latency_seconds",
+                              "Request received to last token sent.", {"endpoint"}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->queue_time_, r.AddHistogram("pdserve_router_queue_time_seconds",
+                                     "Request received to dispatched to workers.", {}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(s->prompt_tokens_, r.AddCounter("pdserve_router_prompt_tokens_total",
+                                                           "Prompt tokens of accepted requests."));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->generation_tokens_,
+      r.AddCounter("pdserve_router_generation_tokens_total", "Tokens streamed to clients."));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->requests_in_flight_,
+      r.AddGauge("pdserve_router_requests_in_flight", "Requests between dispatch and completion."));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->retries_,
+      r.AddCounter("pdserve_router_retries_total",
+                   "Retries on another worker before any token was sent.", {"reason"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->worker_up_,
+      r.AddGauge("pdserve_router_worker_up",
+                 "1 healthy, 0 marked down (canary or circuit breaker).", {"worker", "role"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->degenerate_,
+      r.AddCounter("pdserve_router_degenerate_generations_total",
+                   "Generations the degeneration detector caught.", {"kind", "action"}));
+
+  // Series without labels exist from the start, so dashboards see 0 rather than no data.
+  s->prompt_tokens_->Get();
+  s->generation_tokens_->Get();
+  s->requests_in_flight_->Get();
+  s->queue_time_->Get();
+
+  WorkerPoolOptions pool;
+  pool.prefill = options.prefill;
+  pool.decode = options.decode;
+  pool.health_interval = options.health_interval;
+  pool.health_timeout = options.health_timeout;
+  pool.canary_timeout = options.canary_timeout;
+  pool.lease_ms = options.lease_ms;
+  pool.background_checks = options.background_checks;
+  if (options.canary) {
+    PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));
+  }
+  RouterService* raw = s.get();
+  s->pool_ = std::make_unique<WorkerPool>(pool, [raw] { return raw->NextRequestId(); });
+  return s;
+}
+
+RouterService::~RouterService() {
+  // Outstanding calls hold their Request; wait until the workers' parts have all ended, so no
+  // callback touches this service after it is gone. The Generations were cancelled by the
+  // server's Stop() before the service is destroyed.
+  for (int i = 0; i < 1000 && (in_flight_.load() > 0 || calls_.load() > 0); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  pool_.reset();
+}
+
+std::vector<std::string> RouterService::ModelNames() const { return model_names_; }
+
+bool RouterService::Ready() const { return pool_->Ready(); }
+
+void RouterService::RecordFinish(Request& request, int http_status,
+                                 const std::string& finish_reason) {
+  std::string reason = finish_reason;
+  if (reason.empty()) {
+    reason = "stop";
+    for (const frontend::ChoiceText& t : request.texts) {
+      if (t.finish_reason() != "stop") reason = t.finish_reason();
+    }
+  }
+  requests_->WithLabels({request.endpoint, absl::StrCat(http_status), reason}).Increment();
+  if (request.dispatched) requests_in_flight_->Get().Add(-1);
+  request.dispatched = false;
+}
+
+frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
+                                           std::shared_ptr<frontend::GenerationSink> sink) {
+  const std::string endpoint =
+      req.endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions";
+  frontend::Prepared prepared = preparer_->Prepare(req);
+  if (auto* error = std::get_if<frontend::ApiError>(&prepared)) {
+    requests_->WithLabels({endpoint, absl::StrCat(error->http_status), "error"}).Increment();
+    return *error;
+  }
+  auto request = std::make_shared<Request>();
+  request->service = this;
+  request->api = req;
+  request->prepared = std::move(std::get<frontend::PreparedRequest>(prepared));
+  request->sink = std::move(sink);
+  request->endpoint = endpoint;
+  request->received = absl::Now();
+  serving::SamplingParams& params = request->prepared.params;
+  // The seed is explicit on the wire: the one the colocated service would use for this id.
+  params.seed = serving::EffectiveSeed(params, request->prepared.request_id);
+  if (req.ignore_eos) params.min_tokens = params.max_tokens;
+  const int n = params.n;
+  if (in_flight_.load() + n > options_.max_in_flight) {
+    requests_->WithLabels({endpoint, "429", "error"}).Increment();
+    return frontend::ServerError(429, "too many requests in flight; retry later",
+                                 "rate_limit_exceeded");
+  }
+  if (!pool_->Ready()) {
+    requests_->WithLabels({endpoint, "503", "error"}).Increment();
+    return frontend::ServerError(503, "no prefill or decode worker is up", "server_error",
+                                 "worker_unavailable");
+  }
+  {
+    absl::MutexLock lock(&request->mu);
+    for (int c = 0; c < n; ++c) request->texts.emplace_back(*preparer_, req, c);
+    request->attempts.assign(n, 0);
+    request->any_token.assign(n, false);
+    request->degenerate.assign(n, false);
+    request->current.resize(n);
+    request->remaining = n;
+    request->dispatched = true;
+  }
+  prompt_tokens_->Get().Increment(static_cast<double>(request->prepared.prompt.size()));
+  requests_in_flight_->Get().Add(1);
+  queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request->received));
+  for (int c = 0; c < n; ++c) Dispatch(request, c, -1, -1);
+  return std::unique_ptr<frontend::Generation>(new RouterGeneration(request));
+}
+
+void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice,
+                             int exclude_prefill, int exclude_decode) {
+  if (request->cancelled.load()) return;
+  const std::vector<Worker*> prefill = pool_->prefill();
+  const std::vector<Worker*> decode = pool_->decode();
+  auto candidates = [](const std::vector<Worker*>& workers) {
+    std::vector<Candidate> out;
+    for (const Worker* w : workers) out.push_back({w->up(), w->load()});
+    return out;
+  };
+  const std::vector<Candidate> p_candidates = candidates(prefill);
+  const std::vector<Candidate> d_candidates = candidates(decode);
+  int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
+  int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
+  // A retry prefers another worker but takes the same one when it is the only one up.
+  if (p < 0 && exclude_prefill >= 0)
+    p = prefill_policy_->Pick(p_candidates, request->prepared.prompt);
+  if (d < 0 && exclude_decode >= 0)
+    d = decode_policy_->Pick(d_candidates, request->prepared.prompt);
+  Actions actions;
+  if (p < 0 || d < 0) {
+    absl::MutexLock lock(&request->mu);
+    request->Fail(frontend::ServerError(
+                      503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
+                      "server_error", "worker_unavailable"),
+                  &actions);
+  }
+  if (!actions.empty() || p < 0 || d < 0) {
+    RunActions(actions);
+    return;
+  }
+  auto attempt = std::make_shared<Attempt>();
+  attempt->choice = choice;
+  attempt->prefill_index = p;
+  attempt->decode_index = d;
+  attempt->prefill = prefill[p];
+  attempt->decode = decode[d];
+  attempt->request_id = NextRequestId();
+  const wv1::SamplingParams sampling = ToProto(request->prepared.params, choice);
+  attempt->reserve.set_request_id(attempt->request_id);
+  attempt->reserve.set_prompt_tokens(static_cast<int32_t>(request->prepared.prompt.size()));
+  for (int32_t t : request->prepared.prompt) attempt->reserve.add_prompt_token_ids(t);
+  *attempt->reserve.mutable_sampling() = sampling;
+  attempt->reserve.set_lease_ms(options_.lease_ms);
+  attempt->reserve_context.set_deadline(Deadline(options_.reserve_timeout));
+  {
+    absl::MutexLock lock(&request->mu);
+    if (request->ended) return;
+    ++request->attempts[choice];
+    request->current[choice] = attempt;
+  }
+  attempt->prefill->AddLoad(1);
+  attempt->decode->AddLoad(1);
+  in_flight_.fetch_add(1);
+  std::shared_ptr<Request> r = request;
+  attempt->decode->decode()->async()->Reserve(
+      &attempt->reserve_context, &attempt->reserve, &attempt->reserved,
+      [this, r, attempt](grpc::Status status) { OnReserved(r, attempt, status); });
+}
+
+void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id) {
+  struct Call {
+    grpc::ClientContext context;
+    wv1::AbortRequest request;
+    wv1::AbortResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  call->context.set_deadline(Deadline(absl::Seconds(5)));
+  call->request.set_request_id(request_id);
+  call->request.set_ticket_id(ticket_id);
+  calls_.fetch_add(1);
+  auto done = [this, call](const grpc::Status&) { calls_.fetch_sub(1); };
+  if (worker.role() == Role::kDecode) {
+    worker.decode()->async()->Abort(&call->context, &call->request, &call->response,
+                                    std::move(done));
+  } else {
+    worker.prefill()->async()->Abort(&call->context, &call->request, &call->response,
+                                     std::move(done));
+  }
+}
+
+void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode) {
+  if (prefill) attempt.prefill->AddLoad(-1);
+  if (decode) {
+    attempt.decode->AddLoad(-1);
+    in_flight_.fetch_sub(1);
+  }
+}
+
+void RouterService::OnReserved(const std::shared_ptr<Request>& request,
+                               const std::shared_ptr<Attempt>& attempt,
+                               const grpc::Status& status) {
+  Actions actions;
+  bool start = false;
+  int retry_prefill = -2, retry_decode = -2;
+  {
+    absl::MutexLock lock(&request->mu);
+    if (!status.ok()) {
+      if (WorkerDown(status.error_code())) attempt->decode->RecordFailure();
+      ReleaseAttempt(*attempt, true, true);
+      attempt->over = true;
+      const bool retriable = WorkerDown(status.error_code()) ||
+                             status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      if (request->ended || request->cancelled.load()) {
+      } else if (retriable && request->attempts[attempt->choice] < options_.max_attempts) {
+        retries_
+            ->WithLabels(
+                {status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                     ? "timeout"
+                     : (WorkerDown(status.error_code()) ? "worker_down" : "reserve_failed")})
+            .Increment();
+        retry_prefill = -1;
+        retry_decode = attempt->decode_index;
+      } else {
+        request->Fail(ReserveError(status, attempt->decode->name()), &actions);
+      }
+    } else {
+      attempt->decode->RecordSuccess();
+      attempt->ticket_id = attempt->reserved.ticket().ticket_id();
+      if (request->ended || request->cancelled.load() || attempt->over) {
+        ReleaseAttempt(*attempt, true, true);
+        attempt->over = true;
+        SendAbort(*attempt->decode, attempt->request_id, attempt->ticket_id);
+      } else {
+        attempt->streams_started = true;
+        start = true;
+        attempt->prefill_request.set_request_id(attempt->request_id);
+        for (int32_t t : request->prepared.prompt) attempt->prefill_request.add_token_ids(t);
+        *attempt->prefill_request.mutable_sampling() = attempt->reserve.sampling();
+        *attempt->prefill_request.mutable_ticket() = attempt->reserved.ticket();
+        attempt->generate.set_request_id(attempt->request_id);
+        attempt->generate.set_ticket_id(attempt->ticket_id);
+      }
+    }
+  }
+  RunActions(actions);
+  if (retry_decode != -2) {
+    Dispatch(request, attempt->choice, retry_prefill, retry_decode);
+    return;
+  }
+  if (!start) return;
+  std::shared_ptr<Request> r = request;
+  calls_.fetch_add(1);
+  attempt->prefill->prefill()->async()->Prefill(&attempt->prefill_context,
+                                                &attempt->prefill_request, &attempt->prefilled,
+                                                [this, r, attempt](grpc::Status s) {
+                                                  OnPrefilled(r, attempt, s);
+                                                  calls_.fetch_sub(1);
+                                                });
+  auto* reader = new GenerateReader(
+      request, attempt,
+      [this](Request& req, Attempt& a, const wv1::GenerateResponse& event) {
+        OnGenerateEvent(req, a, event);
+      },
+      [this](Request& req, Attempt& a, const grpc::Status& s) { OnGenerateDone(req, a, s); });
+  reader->Start();
+}
+
+// Whether a failed choice may be tried again on other workers: no token of it reached the
+// client, the request is still wanted, and it has tries left.
+bool RouterService::CanRetry(Request& request, const Attempt& attempt) const {
+  return !request.any_token[attempt.choice] && !request.ended && !request.cancelled.load() &&
+         request.attempts[attempt.choice] < options_.max_attempts;
+}
+
+void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
+                                const std::shared_ptr<Attempt>& attempt,
+                                const grpc::Status& status) {
+  Actions actions;
+  bool retry = false;
+  {
+    absl::MutexLock lock(&request->mu);
+    ReleaseAttempt(*attempt, true, false);
+    if (status.ok()) {
+      attempt->prefill->RecordSuccess();
+    } else if (!attempt->over) {
+      if (WorkerDown(status.error_code())) attempt->prefill->RecordFailure();
+      if (WorkerDown(status.error_code()) && CanRetry(*request, *attempt)) {
+        retries_
+            ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                              ? "timeout"
+                              : "worker_down"})
+            .Increment();
+        request->AbortAttempt(*attempt, &actions);
+        retry = true;
+      } else {
+        request->Fail(
+            frontend::ServerError(WorkerDown(status.error_code()) ? 503 : 500,
+                                  absl::StrCat("prefill worker ", attempt->prefill->name(),
+                                               " failed: ", status.error_message()),
+                                  "server_error", "prefill_failed"),
+            &actions);
+      }
+    }
+  }
+  RunActions(actions);
+  if (retry) Dispatch(request, attempt->choice, attempt->prefill_index, -1);
+}
+
+void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
+                                    const wv1::GenerateResponse& event) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&request.mu);
+    if (attempt.over || request.ended) return;
+    const int c = attempt.choice;
+    frontend::ChoiceText& text = request.texts[c];
+    const std::string& finish = event.finish_reason();
+    const bool normal_end = finish == "stop" || finish == "length" || finish == "degenerate";
+    if (event.degenerate() && !request.degenerate[c]) {
+      request.degenerate[c] = true;
+      degenerate_->WithLabels({"unknown", finish == "degenerate" ? "stop" : "flag"}).Increment();
+    }
+    const int n = std::max(event.token_ids_size(), event.tokens_size());
+    for (int i = 0; i < n && !text.done(); ++i) {
+      frontend::SampledText sampled;
+      if (i < event.tokens_size()) {
+        const wv1::SampledToken& t = event.tokens(i);
+        sampled.token = t.token_id();
+        sampled.logprob = t.logprob();
+        for (const wv1::TokenLogprob& top : t.top_logprobs()) {
+          sampled.top.emplace_back(top.token_id(), top.logprob());
+        }
+      } else {
+        sampled.token = event.token_ids(i);
+      }
+      request.any_token[c] = true;
+      frontend::ChoiceDelta delta = text.Add(sampled, i + 1 == n && normal_end ? finish : "");
+      request.Emit(std::move(delta), 1);
+    }
+    if (text.done()) {
+      // Finished here: by the worker's final event or by a stop string (then the worker is
+      // still generating and is told to stop).
+      if (finish.empty()) request.AbortAttempt(attempt, &actions);
+      request.ChoiceDone(attempt);
+    } else if (normal_end) {
+      request.Emit(text.Finish(finish), 0);
+      request.ChoiceDone(attempt);
+    } else if (finish == "abort") {
+      request.Fail(
+          frontend::ServerError(503,
+                                absl::StrCat("decode worker ", attempt.decode->name(),
+                                             " aborted the request: ", event.error_message()),
+                                "server_error", "worker_aborted"),
+          &actions);
+    } else if (!finish.empty()) {
+      request.Fail(
+          frontend::ServerError(
+              500,
+              absl::StrCat(
+                  "decode worker ", attempt.decode->name(), ": ",
+                  finish == "error" ? "" : finish + ": ", event.error_message(),
+                  event.isolation_error() != 0
+                      ? absl::StrCat(" (isolation error ",
+                                     wv1::IsolationError_Name(event.isolation_error()), ")")
+                      : ""),
+              "server_error", event.isolation_error() != 0 ? "isolation_error" : "worker_error"),
+          &actions);
+    }
+  }
+  RunActions(actions);
+}
+
+void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status) {
+  Actions actions;
+  bool retry = false;
+  {
+    absl::MutexLock lock(&request.mu);
+    ReleaseAttempt(attempt, false, true);
+    if (!attempt.over && !request.ended) {
+      if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
+      if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
+        retries_
+            ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                              ? "timeout"
+                              : "worker_down"})
+            .Increment();
+        request.AbortAttempt(attempt, &actions);
+        retry = true;
+      } else {
+        request.Fail(
+            frontend::ServerError(status.ok() ? 500 : 503,
+                                  absl::StrCat("decode worker ", attempt.decode->name(),
+                                               " ended the stream without a final event: ",
+                                               status.ok() ? "OK" : status.error_message()),
+                                  "server_error", "worker_unavailable"),
+            &actions);
+      }
+    }
+  }
+  RunActions(actions);
+  if (retry) Dispatch(request.shared_from_this(), attempt.choice, -1, attempt.decode_index);
+}
+
+std::string RouterService::MetricsText() const {
+  for (Worker* w : pool_->prefill()) {
+    worker_up_->WithLabels({w->name(), "prefill"}).Set(w->up() ? 1 : 0);
+  }
+  for (Worker* w : pool_->decode()) {
+    worker_up_->WithLabels({w->name(), "decode"}).Set(w->up() ? 1 : 0);
+  }
+  return registry_.Serialize();
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,140 @@
+// The router's GenerationService: what `pdserve router` puts behind frontend::HttpServer (and
+// the gRPC front, router/grpc_front.h). It prepares each request exactly as the colocated service
+// does (frontend::RequestPreparer: same prompt tokens, same sampling defaults, same seed), then
+// runs every choice on a prefill and a decode worker picked by the configured policies:
+//
+//   D.Reserve(request id, prompt length, sampling, lease) -> ticket
+//   P.Prefill(request id, prompt, sampling, ticket)   }  concurrently
+//   D.Generate(request id, ticket id) -> token stream  }
+//
+// and detokenizes the stream per choice (frontend::ChoiceText: UTF-8 safe, stop strings held
+// back). Worker request ids are cluster-unique: a random 64-bit base plus a counter; choice i of
+// an n > 1 request is its own worker request with SamplingParams.choice = i and the same seed.
+// The seed is always sent explicitly: the request's, else serving::EffectiveSeed of the response
+// id, as the colocated service derives it.
+//
+// Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
+// INVALID_ARGUMENT -> 400. A choice whose workers fail before it produced a token is retried
+// once on other workers (pdserve_router_retries_total); after that, and for an "error" final
+// event or a failed Prefill, the request fails with OnError (a 5xx JSON before any token, an SSE
+// error event after). Cancel() (client gone) aborts the choice on both workers (Abort) and
+// cancels the calls. Loads are counted at dispatch and released when a worker's part ends.
+//
+// Thread-safety: every method is thread-safe. Sinks are called with the request's lock held and
+// must not call back into the Generation synchronously (frontend::HttpServer posts).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/deploy_config.h"
+#include "common/metrics.h"
+#include "frontend/generation_service.h"
+#include "frontend/request_preparer.h"
+#include "router/policy.h"
+#include "router/worker_pool.h"
+
+namespace pdserve::router {
+
+struct RouterOptions {
+  std::string model_dir;
+  std::string served_name;  // accepted in "model" besides the directory name; may be empty
+  std::vector<config::WorkerConfig> prefill;
+  std::vector<config::WorkerConfig> decode;
+  PolicyKind prefill_policy = PolicyKind::kLeastLoad;
+  PolicyKind decode_policy = PolicyKind::kLeastLoad;
+  int64_t prefix_load_cap = 8;
+  absl::Duration health_interval = absl::Seconds(1);
+  absl::Duration health_timeout = absl::Seconds(2);
+  absl::Duration canary_timeout = absl::Seconds(5);
+  bool canary = true;  // false: Health RPC only (tests with fake workers may turn it off)
+  bool background_checks = true;  // false: workers are checked only by pool().CheckAll()
+  int64_t lease_ms = 30000;
+  absl::Duration reserve_timeout = absl::Seconds(10);
+  int max_attempts = 2;          // per choice: the first try plus retries before any token
+  int64_t max_in_flight = 4096;  // worker requests; beyond this a new request gets 429
+};
+
+// The options a deploy config gives the router.
+absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& config);
+
+class RouterService : public frontend::GenerationService {
+ public:
+  // Loads the tokenizer and configs of options.model_dir (no weights), connects to the workers
+  // and starts the health checker. Errors: the model loaders', InvalidArgument for no workers.
+  static absl::StatusOr<std::unique_ptr<RouterService>> Create(const RouterOptions& options);
+  // Cancels the requests still running (no further sink calls), stops the checker.
+  ~RouterService() override;
+
+  std::vector<std::string> ModelNames() const override;
+  frontend::StartResult Start(const frontend::ApiRequest& req,
+                              std::shared_ptr<frontend::GenerationSink> sink) override;
+  bool Ready() const override;
+  std::string MetricsText() const override;
+
+  WorkerPool& pool() { return *pool_; }
+  const frontend::RequestPreparer& preparer() const { return *preparer_; }
+  // Worker requests dispatched and not finished (all choices of all requests).
+  int64_t in_flight() const { return in_flight_.load(); }
+
+  struct Request;
+  struct Attempt;
+
+ private:
+  class RouterGeneration;
+  friend struct Request;
+  RouterService() = default;
+  uint64_t NextRequestId() { return id_base_ + next_id_.fetch_add(1); }
+  // Picks workers and sends Reserve for choice `choice` of `request`. `exclude_*`: the workers
+  // of a failed attempt (-1: none).
+  void Dispatch(const std::shared_ptr<Request>& request, int choice, int exclude_prefill,
+                int exclude_decode);
+  // Counts a finished request (finish_reason empty: the choices' own reasons).
+  void RecordFinish(Request& request, int http_status, const std::string& finish_reason);
+  // Sends Abort to `worker` without waiting for the answer (counted in calls_).
+  void SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id);
+  // Gives back the load an attempt holds on its prefill and / or decode worker.
+  void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
+  bool CanRetry(Request& request, const Attempt& attempt) const;
+  // gRPC completions (gRPC callback threads).
+  void OnReserved(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
+                  const grpc::Status& status);
+  void OnPrefilled(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
+                   const grpc::Status& status);
+  void OnGenerateEvent(Request& request, Attempt& attempt,
+                       const worker::v1::GenerateResponse& event);
+  void OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status);
+
+  RouterOptions options_;
+  std::vector<std::string> model_names_;
+  std::unique_ptr<frontend::RequestPreparer> preparer_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<Policy> prefill_policy_;
+  std::unique_ptr<Policy> decode_policy_;
+  uint64_t id_base_ = 0;
+  std::atomic<uint64_t> next_id_{0};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> calls_{0};  // Prefill and Abort calls not yet answered
+
+  metrics::Registry registry_;
+  metrics::Family<metrics::Counter>* requests_ = nullptr;
+  metrics::Family<metrics::Histogram>* ttft_ = nullptr;
+  metrics::Family<metrics::Histogram>* itl_ = nullptr;
+  metrics::Family<metrics::Histogram>* tpot_ = nullptr;
+  metrics::Family<metrics::Histogram>* e2e_ = nullptr;
+  metrics::Family<metrics::Histogram>* queue_time_ = nullptr;
+  metrics::Family<metrics::Counter>* prompt_tokens_ = nullptr;
+  metrics::Family<metrics::Counter>* generation_tokens_ = nullptr;
+  metrics::Family<metrics::Gauge>* requests_in_flight_ = nullptr;
+  metrics::Family<metrics::Counter>* retries_ = nullptr;
+  metrics::Family<metrics::Gauge>* worker_up_ = nullptr;
+  metrics::Family<metrics::Counter>* degenerate_ = nullptr;
+  metrics::Family<metrics::Gauge>* build_info_ = nullptr;
+};
+
+}  // namespace pdserve::router

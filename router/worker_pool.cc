@@ -1,0 +1,231 @@
+#include "router/worker_pool.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace pdserve::router {
+namespace {
+
+namespace wv1 = worker::v1;
+
+std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+}
+
+enum class CanaryResult { kPassed, kPrefillFailed, kDecodeFailed };
+
+}  // namespace
+
+const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
+
+Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures)
+    : config_(std::move(config)), role_(role), breaker_failures_(breaker_failures) {
+  grpc::ChannelArguments args;
+  // Each worker gets its own connection even when two share an address in tests.
+  args.SetInt("grpc.use_local_subchannel_pool", 1);
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
+  channel_ = grpc::CreateCustomChannel(address(), grpc::InsecureChannelCredentials(), args);
+  if (role_ == Role::kDecode) {
+    decode_ = wv1::DecodeWorker::NewStub(channel_);
+  } else {
+    prefill_ = wv1::PrefillWorker::NewStub(channel_);
+  }
+}
+
+std::string Worker::address() const { return absl::StrCat(config_.host, ":", config_.port); }
+
+void Worker::RecordSuccess() { request_failures_.store(0); }
+
+void Worker::RecordFailure() {
+  if (request_failures_.fetch_add(1) + 1 >= breaker_failures_ && !breaker_open_.exchange(true)) {
+    spdlog::warn("router: {} worker {} circuit breaker open after {} failures", RoleName(role_),
+                 name(), breaker_failures_);
+  }
+}
+
+void Worker::RecordCheck(bool passed, int down_after) {
+  if (passed) {
+    check_failures_.store(0);
+    request_failures_.store(0);
+    const bool was_up = up();
+    breaker_open_.store(false);
+    if (!healthy_.exchange(true) || !was_up) {
+      spdlog::info("router: {} worker {} is up", RoleName(role_), name());
+    }
+    return;
+  }
+  if (check_failures_.fetch_add(1) + 1 >= down_after && healthy_.exchange(false)) {
+    spdlog::warn("router: {} worker {} marked down ({} failed checks)", RoleName(role_), name(),
+                 down_after);
+  }
+}
+
+WorkerPool::WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next_request_id)
+    : options_(std::move(options)), next_request_id_(std::move(next_request_id)) {
+  for (const config::WorkerConfig& w : options_.prefill) {
+    prefill_.push_back(std::make_unique<Worker>(w, Role::kPrefill, options_.breaker_failures));
+  }
+  for (const config::WorkerConfig& w : options_.decode) {
+    decode_.push_back(std::make_unique<Worker>(w, Role::kDecode, options_.breaker_failures));
+  }
+  if (!options_.background_checks) return;
+  for (auto& w : decode_) checkers_.emplace_back([this, w = w.get()] { Loop(*w); });
+  for (auto& w : prefill_) checkers_.emplace_back([this, w = w.get()] { Loop(*w); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : checkers_) t.join();
+}
+
+std::vector<Worker*> WorkerPool::prefill() const {
+  std::vector<Worker*> out;
+  for (const auto& w : prefill_) out.push_back(w.get());
+  return out;
+}
+
+std::vector<Worker*> WorkerPool::decode() const {
+  std::vector<Worker*> out;
+  for (const auto& w : decode_) out.push_back(w.get());
+  return out;
+}
+
+bool WorkerPool::Ready() const {
+  bool prefill_up = false, decode_up = false;
+  for (const auto& w : prefill_) prefill_up |= w->up();
+  for (const auto& w : decode_) decode_up |= w->up();
+  return prefill_up && decode_up;
+}
+
+void WorkerPool::Loop(Worker& worker) {
+  while (true) {
+    worker.RecordCheck(Check(worker), options_.down_after);
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.health_interval)) return;
+  }
+}
+
+void WorkerPool::CheckAll() {
+  for (auto& w : decode_) w->RecordCheck(Check(*w), options_.down_after);
+  for (auto& w : prefill_) w->RecordCheck(Check(*w), options_.down_after);
+}
+
+bool WorkerPool::Check(Worker& worker) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(options_.health_timeout));
+  wv1::HealthResponse health;
+  const grpc::Status status =
+      worker.role() == Role::kDecode
+          ? worker.decode()->Health(&context, wv1::HealthRequest(), &health)
+          : worker.prefill()->Health(&context, wv1::HealthRequest(), &health);
+  if (!status.ok() || health.state() != wv1::HealthResponse::STATE_SERVING) return false;
+  if (options_.canary_prompt.empty()) return true;
+  // The partner: the first up worker of the other role (its own check decides about it; a
+  // failure of its step is not held against `worker`).
+  const auto& partners = worker.role() == Role::kDecode ? prefill_ : decode_;
+  Worker* partner = nullptr;
+  for (const auto& p : partners) {
+    if (p->up()) {
+      partner = p.get();
+      break;
+    }
+  }
+  // No partner up: Health alone decides (a canary would blame this worker for its partner).
+  if (partner == nullptr) return true;
+  Worker& p = worker.role() == Role::kPrefill ? worker : *partner;
+  Worker& d = worker.role() == Role::kDecode ? worker : *partner;
+  return Canary(p, d, worker.role());
+}
+
+// One real generation of one token: Reserve on `decode`, then Prefill and Generate together.
+// True unless the step that belongs to the worker under check (role `checked`) failed; a
+// partner's failure is logged and passes (the partner's own check catches it).
+bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
+  const uint64_t request_id = next_request_id_();
+  wv1::SamplingParams sampling;
+  sampling.set_temperature(0);
+  sampling.set_top_p(1);
+  sampling.set_repetition_penalty(1);
+  sampling.set_max_tokens(1);
+  sampling.set_seed(0);
+  const auto deadline = Deadline(options_.canary_timeout);
+
+  wv1::ReserveRequest reserve;
+  reserve.set_request_id(request_id);
+  reserve.set_prompt_tokens(static_cast<int32_t>(options_.canary_prompt.size()));
+  for (int32_t t : options_.canary_prompt) reserve.add_prompt_token_ids(t);
+  *reserve.mutable_sampling() = sampling;
+  reserve.set_lease_ms(options_.lease_ms);
+  wv1::ReserveResponse reserved;
+  grpc::ClientContext reserve_context;
+  reserve_context.set_deadline(deadline);
+  grpc::Status status = decode.decode()->Reserve(&reserve_context, reserve, &reserved);
+  auto abort_both = [&] {
+    wv1::AbortRequest abort;
+    abort.set_request_id(request_id);
+    wv1::AbortResponse ignored;
+    grpc::ClientContext c1, c2;
+    c1.set_deadline(Deadline(absl::Seconds(1)));
+    c2.set_deadline(Deadline(absl::Seconds(1)));
+    decode.decode()->Abort(&c1, abort, &ignored).ok();
+    prefill.prefill()->Abort(&c2, abort, &ignored).ok();
+  };
+  if (!status.ok()) {
+    // RESOURCE_EXHAUSTED: a full worker is busy, not broken.
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return true;
+    spdlog::warn("router: canary Reserve on {} failed: {}", decode.name(), status.error_message());
+    return checked != Role::kDecode;
+  }
+
+  wv1::PrefillRequest prefill_request;
+  prefill_request.set_request_id(request_id);
+  for (int32_t t : options_.canary_prompt) prefill_request.add_token_ids(t);
+  *prefill_request.mutable_sampling() = sampling;
+  *prefill_request.mutable_ticket() = reserved.ticket();
+  wv1::PrefillResponse prefilled;
+  grpc::ClientContext prefill_context;
+  prefill_context.set_deadline(deadline);
+  grpc::Status prefill_status;
+  absl::Notification prefill_done;
+  prefill.prefill()->async()->Prefill(&prefill_context, &prefill_request, &prefilled,
+                                      [&](grpc::Status s) {
+                                        prefill_status = std::move(s);
+                                        prefill_done.Notify();
+                                      });
+
+  wv1::GenerateRequest generate;
+  generate.set_request_id(request_id);
+  generate.set_ticket_id(reserved.ticket().ticket_id());
+  grpc::ClientContext generate_context;
+  generate_context.set_deadline(deadline);
+  std::unique_ptr<grpc::ClientReader<wv1::GenerateResponse>> reader =
+      decode.decode()->Generate(&generate_context, generate);
+  wv1::GenerateResponse event;
+  std::string finish;
+  int tokens = 0;
+  while (reader->Read(&event)) {
+    tokens += event.token_ids_size();
+    if (!event.finish_reason().empty()) finish = event.finish_reason();
+  }
+  const grpc::Status generate_status = reader->Finish();
+  prefill_done.WaitForNotification();  // the deadline bounds it
+  const bool generated = generate_status.ok() && tokens >= 1 &&
+                         (finish == "stop" || finish == "length" || finish == "degenerate");
+  if (generated && prefill_status.ok()) return true;
+  abort_both();
+  spdlog::warn("router: canary through {} and {} failed: prefill {}, generate {} ({} tokens, {})",
+               prefill.name(), decode.name(), prefill_status.error_message(),
+               generate_status.error_message(), tokens, finish);
+  if (!prefill_status.ok()) return checked != Role::kPrefill;
+  return checked != Role::kDecode;
+}
+
+}  // namespace pdserve::router

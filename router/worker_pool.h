@@ -1,0 +1,117 @@
+// The router's view of its prefill and decode workers: a gRPC channel and stub per worker, the
+// load the router has dispatched to it, and its health.
+//
+// A worker is up when its last health check passed and its circuit breaker is closed. The
+// health checker (a thread per worker, every `health_interval`) calls Health with a deadline and
+// then runs a canary: a real one-token generation (Reserve on a decode worker, Prefill on a prefill
+// worker, Generate) through the worker and an up partner of the other role, so a worker that
+// still answers Health but cannot generate (wedged engine) is caught too. `down_after` checks
+// failing in a row mark a worker down; one passing check marks it up again (and closes its
+// breaker). The circuit breaker opens after `breaker_failures` request failures in a row
+// (UNAVAILABLE or DEADLINE_EXCEEDED from the worker), so traffic moves away before the next
+// check; a success resets the count.
+//
+// Thread-safety: every method is thread-safe; Worker references stay valid for the pool's life.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/deploy_config.h"
+#include "pdserve/worker/v1/worker.grpc.pb.h"
+
+namespace pdserve::router {
+
+enum class Role { kPrefill, kDecode };
+const char* RoleName(Role role);
+
+class Worker {
+ public:
+  Worker(config::WorkerConfig config, Role role, int breaker_failures);
+
+  const std::string& name() const { return config_.name; }
+  Role role() const { return role_; }
+  std::string address() const;
+  // REQUIRES: role() == kDecode / kPrefill respectively.
+  worker::v1::DecodeWorker::Stub* decode() const { return decode_.get(); }
+  worker::v1::PrefillWorker::Stub* prefill() const { return prefill_.get(); }
+
+  bool up() const { return healthy_.load() && !breaker_open_.load(); }
+  int64_t load() const { return load_.load(); }
+  // Load counted at dispatch: +1 when a request is sent, -1 when its work here ends.
+  void AddLoad(int64_t delta) { load_.fetch_add(delta); }
+
+  // Request outcomes for the circuit breaker.
+  void RecordSuccess();
+  void RecordFailure();
+  // Health checker results.
+  void RecordCheck(bool passed, int down_after);
+
+ private:
+  const config::WorkerConfig config_;
+  const Role role_;
+  const int breaker_failures_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<worker::v1::DecodeWorker::Stub> decode_;
+  std::unique_ptr<worker::v1::PrefillWorker::Stub> prefill_;
+  std::atomic<int64_t> load_{0};
+  std::atomic<bool> healthy_{false};  // down until the first check passes
+  std::atomic<bool> breaker_open_{false};
+  std::atomic<int> request_failures_{0};
+  std::atomic<int> check_failures_{0};
+};
+
+struct WorkerPoolOptions {
+  std::vector<config::WorkerConfig> prefill;
+  std::vector<config::WorkerConfig> decode;
+  absl::Duration health_interval = absl::Seconds(1);
+  absl::Duration health_timeout = absl::Seconds(2);  // Health RPC deadline
+  absl::Duration canary_timeout = absl::Seconds(5);  // whole canary generation deadline
+  int down_after = 2;
+  int breaker_failures = 3;
+  std::vector<int32_t> canary_prompt;  // token ids; empty: no canary (Health only)
+  int64_t lease_ms = 30000;
+  bool background_checks = true;  // false: only CheckAll() checks (tests)
+};
+
+class WorkerPool {
+ public:
+  // Creates the channels (no connection yet) and starts the health checkers, whose first checks
+  // run at once. `next_request_id` hands out cluster-unique request ids for canaries.
+  WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next_request_id);
+  ~WorkerPool();  // stops the checker
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  std::vector<Worker*> prefill() const;
+  std::vector<Worker*> decode() const;
+  // At least one prefill and one decode worker up.
+  bool Ready() const;
+  // Checks every worker once now (tests; the checker threads check on their own every interval).
+  void CheckAll();
+
+ private:
+  bool Check(Worker& worker);
+  bool Canary(Worker& prefill, Worker& decode, Role checked);
+  // One checker thread per worker, so a worker whose checks hang until their deadline does not
+  // delay the others' verdicts.
+  void Loop(Worker& worker);
+
+  const WorkerPoolOptions options_;
+  const std::function<uint64_t()> next_request_id_;
+  std::vector<std::unique_ptr<Worker>> prefill_;
+  std::vector<std::unique_ptr<Worker>> decode_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> checkers_;
+};
+
+}  // namespace pdserve::router

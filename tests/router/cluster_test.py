@@ -1,0 +1,446 @@
+#!/usr/bin/env python3
+"""Integration test of the disaggregated cluster: real `pdserve prefill`, `pdserve decode` and
+`pdserve router` processes on free loopback ports with a temporary deploy config (1 prefill and 2
+decode workers, CPU backend, the bundled model). One cluster serves every case:
+
+- curl and the OpenAI python client (skipped with a message where `import openai` fails),
+  non-streamed and streamed, completions and chat; streamed text == non-streamed text (same seed);
+- the router's output equals the colocated server's (`pdserve serve`) for the same request;
+- 64 concurrent requests, each equal to its alone-run;
+- error statuses and OpenAI error JSON: 400 (empty prompt, wrong type, unknown field,
+  context_length_exceeded), 404 unknown model, 413 body too large, 503 with no decode worker up;
+- a client that disconnects mid-stream frees its state on both workers (their /metrics);
+- a decode worker stopped with SIGSTOP is marked down within 10 s and new requests go to the
+  other one; after SIGCONT it comes back;
+- then `pdserve up` on its own config: ready, serves a chat stream, Ctrl-C stops it and its
+  children.
+
+Exits 77 (ctest SKIP) when curl is missing or the binary has no worker commands yet.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+FAILURES = []
+
+
+def check(cond, message):
+    print(("ok: " if cond else "FAIL: ") + message, flush=True)
+    if not cond:
+        FAILURES.append(message)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def curl(url, body=None, stream=False, raw=None):
+    args = ["curl", "-sS", "-N", "-w", "\n%{http_code}", url]
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        if body is not None or raw is not None:
+            f.write(raw if raw is not None else json.dumps(body))
+            f.flush()
+            args += ["-H", "Content-Type: application/json", "--data-binary", "@" + f.name]
+        out = subprocess.run(args, capture_output=True).stdout.decode("utf-8", "replace")
+    text, code = out.rsplit("\n", 1) if "\n" in out else ("", out or "0")
+    return int(code), text
+
+
+def sse(body, chat):
+    pieces, finish, done, usage, error = {}, {}, False, None, None
+    for line in body.splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            done = True
+            continue
+        event = json.loads(data)
+        if "error" in event:
+            error = event["error"]
+        if event.get("usage"):
+            usage = event["usage"]
+        for choice in event.get("choices", []):
+            i = choice["index"]
+            piece = (choice.get("delta", {}).get("content") if chat else choice.get("text")) or ""
+            pieces[i] = pieces.get(i, "") + piece
+            if choice.get("finish_reason"):
+                finish[i] = choice["finish_reason"]
+    return {"text": pieces, "finish": finish, "done": done, "usage": usage, "error": error}
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def metric_sum(text, name, labels=""):
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_for(predicate, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if predicate():
+                return True
+        except Exception:  # noqa: BLE001 - a process still starting
+            pass
+        time.sleep(0.2)
+    return False
+
+
+class Cluster:
+    def __init__(self, pdserve, model, workdir, worker_pdserve=None):
+        self.pdserve = pdserve
+        worker_pdserve = worker_pdserve or pdserve
+        self.ports = {n: free_port() for n in
+                      ["http", "p0", "p0m", "d0", "d0m", "d1", "d1m"]}
+        self.config = os.path.join(workdir, "cluster.yaml")
+        p = self.ports
+        with open(self.config, "w") as f:
+            f.write(f"""name: cluster-test
+model:
+  path: {model}
+  served_name: kjv-v4-tiny
+router:
+  host: 127.0.0.1
+  http_port: {p['http']}
+  prefill_policy: round_robin
+  decode_policy: least_load
+  health_interval_ms: 500
+prefill:
+  - {{name: prefill-0, host: 127.0.0.1, port: {p['p0']}, metrics_port: {p['p0m']}, backend: cpu, threads: 1}}
+decode:
+  - {{name: decode-0, host: 127.0.0.1, port: {p['d0']}, metrics_port: {p['d0m']}, backend: cpu, threads: 1}}
+  - {{name: decode-1, host: 127.0.0.1, port: {p['d1']}, metrics_port: {p['d1m']}, backend: cpu, threads: 1}}
+transfer:
+  transport: ucx
+  lease_ms: 30000
+""")
+        self.procs = {}
+        for role, name in [("prefill", "prefill-0"), ("decode", "decode-0"),
+                           ("decode", "decode-1")]:
+            self.procs[name] = subprocess.Popen(
+                [worker_pdserve, role, "--config", self.config, "--name", name])
+        self.procs["router"] = subprocess.Popen([pdserve, "router", "--config", self.config],
+                                                stdout=subprocess.PIPE, text=True)
+        self.base = f"http://127.0.0.1:{p['http']}"
+
+    def ready(self):
+        return curl(self.base + "/ready")[0] == 200
+
+    def stop(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+        for name, proc in self.procs.items():
+            try:
+                code = proc.wait(timeout=20)
+                check(code == 0, f"{name} exited {code} after SIGTERM")
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                check(False, f"{name} did not stop on SIGTERM")
+
+
+def test_basic(c, model):
+    body = {"model": model, "prompt": "And God said", "max_tokens": 16, "seed": 7,
+            "temperature": 0.6}
+    code, text = curl(c.base + "/v1/completions", body)
+    check(code == 200, f"curl completion HTTP {code} {text[:200]}")
+    full = json.loads(text)
+    completion = full["choices"][0]["text"]
+    check(len(completion) > 0 and full["usage"]["completion_tokens"] > 0,
+          f"completion text {completion!r} usage {full['usage']}")
+    code, text = curl(c.base + "/v1/completions",
+                      dict(body, stream=True, stream_options={"include_usage": True}))
+    s = sse(text, chat=False)
+    check(s["done"] and s["text"].get(0) == completion,
+          "curl: streamed completion == non-streamed, ends with [DONE]")
+    check(s["usage"] == full["usage"], f"usage in the stream {s['usage']}")
+
+    chat = {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],
+            "max_tokens": 16, "seed": 3}
+    code, text = curl(c.base + "/v1/chat/completions", chat)
+    check(code == 200, f"curl chat HTTP {code}")
+    answer = json.loads(text)["choices"][0]["message"]["content"]
+    code, text = curl(c.base + "/v1/chat/completions", dict(chat, stream=True))
+    s = sse(text, chat=True)
+    check(s["done"] and s["text"].get(0) == answer, "curl: streamed chat == non-streamed chat")
+
+    # n > 1 with logprobs: each choice equals the same choice run alone.
+    nb = dict(body, n=2, logprobs=2, max_tokens=6)
+    code, text = curl(c.base + "/v1/completions", nb)
+    both = json.loads(text)
+    check(code == 200 and len(both["choices"]) == 2, f"n=2 HTTP {code}")
+    check(len(both["choices"][0]["logprobs"]["tokens"]) == 6, "logprobs for every token")
+    return completion, answer
+
+
+def test_colocated_equal(pdserve, model_dir, model, completion, answer):
+    serve = subprocess.Popen([pdserve, "serve", "--model", model_dir, "--port", "0"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        base = serve.stdout.readline().strip().rsplit(" ", 1)[1]
+        body = {"model": model, "prompt": "And God said", "max_tokens": 16, "seed": 7,
+                "temperature": 0.6}
+        code, text = curl(base + "/v1/completions", body)
+        check(json.loads(text)["choices"][0]["text"] == completion,
+              "router completion == colocated `pdserve serve` completion (same seed)")
+        chat = {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],
+                "max_tokens": 16, "seed": 3}
+        code, text = curl(base + "/v1/chat/completions", chat)
+        check(json.loads(text)["choices"][0]["message"]["content"] == answer,
+              "router chat == colocated chat (same seed)")
+    finally:
+        serve.terminate()
+        serve.wait(timeout=20)
+
+
+def test_concurrent(c, model):
+    prompts = [f"In the beginning {i}" for i in range(64)]
+
+    def run(i):
+        body = {"model": model, "prompt": prompts[i], "max_tokens": 8, "seed": i,
+                "temperature": 0.8}
+        code, text = curl(c.base + "/v1/completions", body)
+        return code, json.loads(text)["choices"][0]["text"] if code == 200 else text
+
+    alone = [run(i) for i in range(0, 64, 8)]
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        together = list(pool.map(run, range(64)))
+    check(all(code == 200 for code, _ in together), "64 concurrent requests all 200")
+    check(all(together[i * 8] == alone[i] for i in range(8)),
+          "concurrent results equal their alone-runs (sampled every 8th)")
+    alone_rest = [run(i) for i in range(64)]
+    check(together == alone_rest, "each of the 64 concurrent results equals its alone-run")
+
+
+def test_errors(c, model):
+    def error(path, body=None, raw=None):
+        code, text = curl(c.base + path, body, raw=raw)
+        try:
+            return code, json.loads(text)["error"]
+        except (ValueError, KeyError):
+            return code, {"message": text}
+
+    code, e = error("/v1/completions", {"model": model, "prompt": ""})
+    check(code == 400 and e.get("type") == "invalid_request_error", f"empty prompt -> {code}")
+    code, e = error("/v1/completions", {"model": model, "prompt": "x", "max_tokens": "ten"})
+    check(code == 400 and e.get("param") == "max_tokens", f"wrong type -> {code} {e}")
+    code, e = error("/v1/completions", {"model": model, "prompt": "x", "frobnicate": 1})
+    check(code == 400, f"unknown field -> {code}")
+    code, e = error("/v1/completions", {"model": model, "prompt": "x", "max_tokens": 10 ** 8})
+    check(code == 400 and e.get("code") == "context_length_exceeded",
+          f"context_length_exceeded -> {code} {e.get('code')}")
+    code, e = error("/v1/completions", {"model": "gpt-9", "prompt": "x"})
+    check(code == 404 and e.get("code") == "model_not_found", f"unknown model -> {code}")
+    code, e = error("/v1/completions", raw=json.dumps(
+        {"model": model, "prompt": "x" * (5 << 20)}))
+    check(code == 413, f"body too large -> {code}")
+    code, text = curl(c.base + "/v1/models")
+    check(code == 200 and model in text, "/v1/models lists the served name")
+    check(curl(c.base + "/health")[0] == 200, "/health 200")
+
+
+def test_disconnect(c, model):
+    d = [c.ports["d0m"], c.ports["d1m"]]
+    before = [metric_sum(metrics(p), "pdserve_decode_pool_pages_used") for p in d]
+    body = json.dumps({"model": model, "prompt": "And it came to pass", "max_tokens": 400,
+                       "seed": 1, "stream": True, "ignore_eos": True})
+    s = socket.create_connection(("127.0.0.1", c.ports["http"]), timeout=30)
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    got = b""
+    while got.count(b"data: ") < 3:
+        piece = s.recv(4096)
+        if not piece:
+            break
+        got += piece
+    check(got.count(b"data: ") >= 3, f"stream started: {got[:200]!r}")
+    during = [metric_sum(metrics(p), "pdserve_decode_pool_pages_used") for p in d]
+    check(sum(during) > sum(before), f"pages in use while streaming {before} -> {during}")
+    s.close()
+    freed = wait_for(lambda: [metric_sum(metrics(p), "pdserve_decode_pool_pages_used")
+                              for p in d] == before, 10)
+    check(freed, "client disconnect frees the decode pages (decode /metrics)")
+    pm = metrics(c.ports["p0m"])
+    check(metric_sum(pm, "pdserve_prefill_transfers_in_flight") == 0,
+          "no transfer in flight on the prefill worker after the disconnect")
+    rm = metrics(c.ports["http"])
+    check(metric_sum(rm, "pdserve_router_requests_in_flight") == 0, "router in-flight back to 0")
+
+
+def test_sigstop(c, model):
+    victim = c.procs["decode-0"]
+    victim.send_signal(signal.SIGSTOP)
+    t0 = time.time()
+    down = wait_for(lambda: 'pdserve_router_worker_up{worker="decode-0",role="decode"} 0'
+                    in metrics(c.ports["http"]), 15)
+    elapsed = time.time() - t0
+    check(down and elapsed <= 10, f"SIGSTOPped decode-0 marked down after {elapsed:.1f} s")
+    before = metric_sum(metrics(c.ports["d1m"]), "pdserve_decode_tokens_total")
+    for i in range(4):
+        code, text = curl(c.base + "/v1/completions",
+                          {"model": model, "prompt": "And", "max_tokens": 4, "seed": i})
+        check(code == 200, f"request {i} while decode-0 is stopped: HTTP {code}")
+    after = metric_sum(metrics(c.ports["d1m"]), "pdserve_decode_tokens_total")
+    check(after - before >= 16, f"decode-1 generated them ({after - before} tokens)")
+    victim.send_signal(signal.SIGCONT)
+    t0 = time.time()
+    up = wait_for(lambda: 'pdserve_router_worker_up{worker="decode-0",role="decode"} 1'
+                  in metrics(c.ports["http"]), 20)
+    check(up, f"decode-0 back up {time.time() - t0:.1f} s after SIGCONT")
+    # With every decode worker stopped, new requests get 503.
+    for name in ["decode-0", "decode-1"]:
+        c.procs[name].send_signal(signal.SIGSTOP)
+    wait_for(lambda: curl(c.base + "/ready")[0] == 503, 15)
+    code, text = curl(c.base + "/v1/completions", {"model": model, "prompt": "And",
+                                                    "max_tokens": 2})
+    check(code == 503 and "error" in json.loads(text), f"no decode worker up -> {code}")
+    for name in ["decode-0", "decode-1"]:
+        c.procs[name].send_signal(signal.SIGCONT)
+    wait_for(c.ready, 20)
+
+
+def test_up(pdserve, model_dir, model, workdir):
+    """`pdserve up` starts router + 1 prefill + 1 decode, serves, and Ctrl-C stops them all."""
+    p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"]}
+    config = os.path.join(workdir, "up.yaml")
+    with open(config, "w") as f:
+        f.write(f"""name: up-test
+model: {{path: {model_dir}, served_name: {model}}}
+router: {{host: 127.0.0.1, http_port: {p['http']}, health_interval_ms: 500}}
+prefill:
+  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
+decode:
+  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
+transfer: {{transport: ucx, lease_ms: 30000}}
+""")
+    # stderr (also the children's logs) goes to a file: a pipe nobody reads could fill and block.
+    log = open(os.path.join(workdir, "up.log"), "w+")
+    up = subprocess.Popen([pdserve, "up", "--config", config], stdout=subprocess.PIPE,
+                          stderr=log, text=True)
+    line = ""
+    deadline = time.time() + 120
+    while time.time() < deadline and "ready on" not in line:
+        line = up.stdout.readline()
+        if not line and up.poll() is not None:
+            break
+    check("ready on" in line, f"pdserve up: {line.strip()}")
+    code, text = curl(f"http://127.0.0.1:{p['http']}/v1/chat/completions",
+                      {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],
+                       "max_tokens": 8, "stream": True})
+    check(code == 200 and sse(text, chat=True)["done"], "a chat stream through `pdserve up`")
+    up.send_signal(signal.SIGINT)
+    try:
+        code = up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.kill()
+        code = None
+    log.seek(0)
+    err = log.read()
+    pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", err)]
+    alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
+             open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    check(code == 0 and len(pids) == 3 and not alive,
+          f"Ctrl-C stops `pdserve up` (exit {code}) and its {len(pids)} children (alive: {alive})")
+
+
+def test_openai(c, model):
+    try:
+        import openai  # noqa: PLC0415
+    except ImportError:
+        print("SKIP: the openai python package is not installed (pip install openai); "
+              "the curl cases above cover the same requests")
+        return
+    client = openai.OpenAI(base_url=c.base + "/v1", api_key="none")
+    r = client.completions.create(model=model, prompt="And God said", max_tokens=12, seed=5)
+    text = r.choices[0].text
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=model, prompt="And God said", max_tokens=12, seed=5, stream=True) if ch.choices)
+    check(streamed == text, "openai client: streamed completion == non-streamed")
+    msgs = [{"role": "user", "content": "Who was Moses?"}]
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=12, seed=5)
+    answer = r.choices[0].message.content
+    streamed = "".join((ch.choices[0].delta.content or "") for ch in client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=12, seed=5, stream=True) if ch.choices)
+    check(streamed == answer, "openai client: streamed chat == non-streamed")
+    try:
+        client.completions.create(model="nope", prompt="x")
+        check(False, "openai client: unknown model raises")
+    except openai.NotFoundError:
+        check(True, "openai client: unknown model raises NotFoundError")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pdserve", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--worker-pdserve", help="binary for the workers (default: --pdserve)")
+    parser.add_argument("--only", help="comma-separated cases: basic, errors, openai, "
+                        "concurrent, disconnect, sigstop, up (default: all)")
+    args = parser.parse_args()
+    if subprocess.run(["which", "curl"], capture_output=True).returncode != 0:
+        print("SKIP: curl is not installed")
+        return 77
+    if subprocess.run([args.worker_pdserve or args.pdserve, "decode", "--help"],
+                      capture_output=True).returncode != 0:
+        print("SKIP: this pdserve has no worker commands (prefill/decode) yet")
+        return 77
+    model = "kjv-v4-tiny"
+    with tempfile.TemporaryDirectory() as workdir:
+        c = Cluster(args.pdserve, args.model, workdir, args.worker_pdserve)
+        try:
+            check(wait_for(c.ready, 120), "cluster ready (/ready 200)")
+            only = set(args.only.split(",")) if args.only else None
+
+            started = time.time()
+
+            def wanted(name):
+                if only is None or name in only:
+                    print(f"--- {name} (at {time.time() - started:.1f} s)", flush=True)
+                    return True
+                return False
+
+            if wanted("basic"):
+                completion, answer = test_basic(c, model)
+                test_colocated_equal(args.pdserve, args.model, model, completion, answer)
+            if wanted("errors"):
+                test_errors(c, model)
+            if wanted("openai"):
+                test_openai(c, model)
+            if wanted("concurrent"):
+                test_concurrent(c, model)
+            if wanted("disconnect"):
+                test_disconnect(c, model)
+            if wanted("sigstop"):
+                test_sigstop(c, model)
+        finally:
+            c.stop()
+        if args.only is None or "up" in args.only.split(","):
+            test_up(args.pdserve, args.model, model, workdir)
+    if FAILURES:
+        print(f"{len(FAILURES)} failures:\n  " + "\n  ".join(FAILURES))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+// In-process fake prefill and decode workers (pdserve.worker.v1 over real gRPC on loopback) for
+// the router's tests. The decode worker generates a deterministic token sequence:
+//   token(i) = 100 + (seed + 7 * choice + 13 * i + prompt_tokens) % 300
+// for i in [0, max_tokens), one token per event, then a final event with finish_reason "length"
+// and no tokens. Knobs make it refuse Reserve, fail with an "error" event, or wait between
+// tokens (cancellation tests). Everything it saw is recorded for assertions.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "grpc/grpc.h"
+#include "grpcpp/grpcpp.h"
+#include "pdserve/worker/v1/worker.grpc.pb.h"
+
+namespace pdserve::router::testing {
+
+// gRPC 1.51 runs client callbacks on a shared "callback alternative" completion queue that is
+// created with the first channel that makes a callback call and shut down with the last one;
+// tests that create and drop channels one after another race that shutdown against the next
+// creation and can abort in grpc_cq_internal_unref. A server process keeps its channels for its
+// lifetime; tests call this first so one channel holds the queue for the whole binary.
+inline void KeepCallbackQueueAlive() {
+  static const bool kept = [] {
+    grpc_init();
+    static std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials());
+    static auto stub = worker::v1::DecodeWorker::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(10));
+    worker::v1::HealthRequest request;
+    worker::v1::HealthResponse response;
+    absl::Mutex mu;
+    bool done = false;
+    stub->async()->Health(&context, &request, &response, [&](grpc::Status) {
+      absl::MutexLock lock(&mu);
+      done = true;
+    });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    return true;
+  }();
+  (void)kept;
+}
+
+inline int32_t FakeToken(uint64_t seed, uint32_t choice, int i, int prompt_tokens) {
+  return 100 + static_cast<int32_t>((seed + 7 * choice + 13 * static_cast<uint64_t>(i) +
+                                     static_cast<uint64_t>(prompt_tokens)) %
+                                    300);
+}
+
+class FakeDecode final : public worker::v1::DecodeWorker::Service {
+ public:
+  grpc::StatusCode reserve_code = grpc::StatusCode::OK;  // != OK: Reserve fails with it
+  bool fail_with_error_event = false;
+  int token_delay_ms = 0;
+  worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
+
+  grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
+                       worker::v1::ReserveResponse* response) override {
+    absl::MutexLock lock(&mu);
+    reserves.push_back(*request);
+    if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, "fake refuses");
+    response->mutable_ticket()->set_ticket_id(++next_ticket);
+    response->mutable_ticket()->set_request_id(request->request_id());
+    reserved[request->request_id()] = *request;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Generate(grpc::ServerContext* context, const worker::v1::GenerateRequest* request,
+                        grpc::ServerWriter<worker::v1::GenerateResponse>* writer) override {
+    worker::v1::ReserveRequest r;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = reserved.find(request->request_id());
+      if (it == reserved.end()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no");
+      r = it->second;
+    }
+    const worker::v1::SamplingParams& s = r.sampling();
+    for (int i = 0; i < s.max_tokens(); ++i) {
+      if (fail_with_error_event && i == 2) {
+        worker::v1::GenerateResponse error;
+        error.set_finish_reason("error");
+        error.set_isolation_error(worker::v1::ISOLATION_ERROR_CHECKSUM);
+        error.set_error_message("page 3 checksum mismatch");
+        writer->Write(error);
+        return grpc::Status::OK;
+      }
+      if (token_delay_ms > 0) {
+        for (int w = 0; w < token_delay_ms / 5; ++w) {
+          if (context->IsCancelled() || Aborted(request->request_id())) break;
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+      }
+      if (context->IsCancelled() || Aborted(request->request_id())) {
+        worker::v1::GenerateResponse abort;
+        abort.set_finish_reason("abort");
+        writer->Write(abort);
+        return grpc::Status::OK;
+      }
+      worker::v1::GenerateResponse event;
+      const int32_t token = FakeToken(s.seed(), s.choice(), i, r.prompt_tokens());
+      event.add_token_ids(token);
+      if (s.has_logprobs()) {
+        worker::v1::SampledToken* t = event.add_tokens();
+        t->set_token_id(token);
+        t->set_logprob(-0.5f);
+        for (int k = 0; k < s.logprobs(); ++k) {
+          worker::v1::TokenLogprob* top = t->add_top_logprobs();
+          top->set_token_id(token + k);
+          top->set_logprob(-0.5f - static_cast<float>(k));
+        }
+      }
+      if (!writer->Write(event)) return grpc::Status::OK;
+    }
+    worker::v1::GenerateResponse last;
+    last.set_finish_reason("length");
+    writer->Write(last);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Abort(grpc::ServerContext*, const worker::v1::AbortRequest* request,
+                     worker::v1::AbortResponse* response) override {
+    absl::MutexLock lock(&mu);
+    aborts.push_back(request->request_id());
+    response->set_quiesced(true);
+    return grpc::Status::OK;
+  }
+  grpc::Status Stats(grpc::ServerContext*, const worker::v1::StatsRequest*,
+                     worker::v1::StatsResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
+                      worker::v1::HealthResponse* response) override {
+    response->set_state(state);
+    response->set_role("decode");
+    return grpc::Status::OK;
+  }
+
+  bool Aborted(uint64_t id) {
+    absl::MutexLock lock(&mu);
+    for (uint64_t a : aborts) {
+      if (a == id) return true;
+    }
+    return false;
+  }
+
+  absl::Mutex mu;
+  uint64_t next_ticket = 0;
+  std::vector<worker::v1::ReserveRequest> reserves;
+  std::map<uint64_t, worker::v1::ReserveRequest> reserved;
+  std::vector<uint64_t> aborts;
+};
+
+class FakePrefill final : public worker::v1::PrefillWorker::Service {
+ public:
+  grpc::StatusCode prefill_code = grpc::StatusCode::OK;
+
+  grpc::Status Prefill(grpc::ServerContext*, const worker::v1::PrefillRequest* request,
+                       worker::v1::PrefillResponse* response) override {
+    absl::MutexLock lock(&mu);
+    prefills.push_back(*request);
+    if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
+    response->mutable_commit()->set_ticket_id(request->ticket().ticket_id());
+    response->mutable_commit()->set_prompt_tokens(request->token_ids_size());
+    return grpc::Status::OK;
+  }
+  grpc::Status Abort(grpc::ServerContext*, const worker::v1::AbortRequest* request,
+                     worker::v1::AbortResponse* response) override {
+    absl::MutexLock lock(&mu);
+    aborts.push_back(request->request_id());
+    response->set_quiesced(true);
+    return grpc::Status::OK;
+  }
+  grpc::Status Stats(grpc::ServerContext*, const worker::v1::StatsRequest*,
+                     worker::v1::StatsResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
+                      worker::v1::HealthResponse* response) override {
+    response->set_state(worker::v1::HealthResponse::STATE_SERVING);
+    response->set_role("prefill");
+    return grpc::Status::OK;
+  }
+
+  absl::Mutex mu;
+  std::vector<worker::v1::PrefillRequest> prefills;
+  std::vector<uint64_t> aborts;
+};
+
+// A gRPC server on a free loopback port serving one fake.
+class FakeServer {
+ public:
+  explicit FakeServer(grpc::Service* service) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service);
+    server_ = builder.BuildAndStart();
+  }
+  ~FakeServer() { server_->Shutdown(std::chrono::system_clock::now()); }
+  int port() const { return port_; }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace pdserve::router::testing

@@ -1,0 +1,139 @@
+// The gRPC front (pdserve.v1.Generation) over a scripted GenerationService: request mapping,
+// streamed deltas and usage, and error statuses.
+#include "router/grpc_front.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "pdserve/v1/generate.grpc.pb.h"
+#include "tests/router/fake_workers.h"
+
+namespace pdserve::router {
+namespace {
+
+namespace pv1 = pdserve::v1;
+
+// Answers every request with two deltas ("Hel", "lo" + finish "length") and usage {3, 2}, and
+// remembers the request it got.
+class ScriptedService : public frontend::GenerationService {
+ public:
+  std::vector<std::string> ModelNames() const override { return {"tiny"}; }
+  frontend::StartResult Start(const frontend::ApiRequest& req,
+                              std::shared_ptr<frontend::GenerationSink> sink) override {
+    last = req;
+    if (req.max_tokens && *req.max_tokens == 99) {
+      frontend::ApiError e;
+      e.http_status = 429;
+      e.message = "full";
+      return e;
+    }
+    sink->OnDelta({0, "Hel", {}, std::nullopt});
+    sink->OnDelta({0, "lo", {}, std::string("length")});
+    sink->OnComplete({3, 2});
+    return std::unique_ptr<frontend::Generation>(new NoopGeneration());
+  }
+  bool Ready() const override { return true; }
+  std::string MetricsText() const override { return ""; }
+  frontend::ApiRequest last;
+
+ private:
+  class NoopGeneration : public frontend::Generation {
+   public:
+    void Cancel() override {}
+  };
+};
+
+class GrpcFrontTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::KeepCallbackQueueAlive();
+    auto front = GrpcFront::Start("127.0.0.1", 0, &service_);
+    ASSERT_TRUE(front.ok()) << front.status();
+    front_ = std::move(*front);
+    stub_ = pv1::Generation::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(front_->port()), grpc::InsecureChannelCredentials()));
+  }
+
+  grpc::Status Generate(const pv1::GenerateRequest& request,
+                        std::vector<pv1::GenerateResponse>* out) {
+    grpc::ClientContext context;
+    auto reader = stub_->Generate(&context, request);
+    pv1::GenerateResponse response;
+    while (reader->Read(&response)) out->push_back(response);
+    return reader->Finish();
+  }
+
+  ScriptedService service_;
+  std::unique_ptr<GrpcFront> front_;
+  std::unique_ptr<pv1::Generation::Stub> stub_;
+};
+
+TEST_F(GrpcFrontTest, StreamsDeltasThenUsage) {
+  pv1::GenerateRequest request;
+  request.set_model("tiny");
+  request.set_text("And God said");
+  request.set_max_tokens(2);
+  request.set_seed(7);
+  request.set_temperature(0.5);
+  request.add_stop("\n");
+  std::vector<pv1::GenerateResponse> out;
+  ASSERT_TRUE(Generate(request, &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].choices(0).text(), "Hel");
+  EXPECT_EQ(out[1].choices(0).text(), "lo");
+  EXPECT_EQ(out[1].choices(0).finish_reason(), "length");
+  EXPECT_EQ(out[2].usage().prompt_tokens(), 3);
+  EXPECT_EQ(out[2].usage().completion_tokens(), 2);
+  EXPECT_EQ(out[0].id(), out[2].id());
+  EXPECT_EQ(*service_.last.prompt_text, "And God said");
+  EXPECT_EQ(*service_.last.seed, 7u);
+  EXPECT_DOUBLE_EQ(*service_.last.temperature, 0.5);
+  EXPECT_EQ(service_.last.stop, std::vector<std::string>{"\n"});
+  EXPECT_FALSE(service_.last.top_p.has_value());  // unset stays unset: model defaults apply
+}
+
+TEST_F(GrpcFrontTest, ChatWithLogprobsMapsToTheChatEndpoint) {
+  pv1::GenerateRequest request;
+  request.set_model("tiny");
+  pv1::ChatMessage* m = request.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  request.set_logprobs(3);
+  std::vector<pv1::GenerateResponse> out;
+  ASSERT_TRUE(Generate(request, &out).ok());
+  EXPECT_EQ(service_.last.endpoint, frontend::Endpoint::kChatCompletions);
+  EXPECT_TRUE(service_.last.logprobs);
+  EXPECT_EQ(service_.last.top_logprobs, 3);
+  ASSERT_EQ(service_.last.messages.size(), 1u);
+  EXPECT_EQ(service_.last.messages[0].content, "Hi");
+}
+
+TEST_F(GrpcFrontTest, ErrorsAreStatusesWithTheOpenAiJson) {
+  pv1::GenerateRequest request;
+  request.set_model("nope");
+  request.set_text("x");
+  std::vector<pv1::GenerateResponse> out;
+  grpc::Status status = Generate(request, &out);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(nlohmann::json::parse(status.error_message())["error"]["code"], "model_not_found");
+
+  request.set_model("tiny");
+  request.set_temperature(-1);
+  status = Generate(request, &out);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(nlohmann::json::parse(status.error_message())["error"]["param"], "temperature");
+
+  request.clear_temperature();
+  request.set_max_tokens(99);
+  status = Generate(request, &out);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(out.empty());
+}
+
+}  // namespace
+}  // namespace pdserve::router

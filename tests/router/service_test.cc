@@ -1,0 +1,348 @@
+// The router's GenerationService against in-process fake workers (tests/router/fake_workers.h):
+// request flow, n > 1, seeds, logprobs, stop strings, errors, retries and cancellation.
+#include "router/service.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "serving/sampling_params.h"
+#include "tests/router/fake_workers.h"
+
+namespace pdserve::router {
+namespace {
+
+using testing::FakeDecode;
+using testing::FakePrefill;
+using testing::FakeServer;
+using testing::FakeToken;
+
+class CollectingSink : public frontend::GenerationSink {
+ public:
+  void OnDelta(frontend::ChoiceDelta delta) override {
+    absl::MutexLock lock(&mu);
+    if (static_cast<size_t>(delta.index) >= text.size()) {
+      text.resize(delta.index + 1);
+      finish.resize(delta.index + 1);
+      logprobs.resize(delta.index + 1);
+    }
+    text[delta.index] += delta.text;
+    for (auto& lp : delta.logprobs) logprobs[delta.index].push_back(lp);
+    if (delta.finish_reason) finish[delta.index] = *delta.finish_reason;
+  }
+  void OnComplete(frontend::Usage u) override {
+    usage = u;
+    done.Notify();
+  }
+  void OnError(frontend::ApiError e) override {
+    error = e;
+    failed = true;
+    done.Notify();
+  }
+  absl::Mutex mu;
+  std::vector<std::string> text;
+  std::vector<std::string> finish;
+  std::vector<std::vector<frontend::TokenLogprob>> logprobs;
+  frontend::Usage usage;
+  frontend::ApiError error;
+  bool failed = false;
+  absl::Notification done;
+};
+
+// Polls `done` (calls that end asynchronously: a stream's last event reaches the client before the
+// stream's own end); gives up after 10 s.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 2000; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return done();
+}
+
+config::WorkerConfig WorkerAt(const std::string& name, int port) {
+  config::WorkerConfig w;
+  w.name = name;
+  w.host = "127.0.0.1";
+  w.port = port;
+  w.backend = "cpu";
+  return w;
+}
+
+class RouterServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::KeepCallbackQueueAlive();
+    for (int i = 0; i < 2; ++i) {
+      decode_.push_back(std::make_unique<FakeDecode>());
+      decode_servers_.push_back(std::make_unique<FakeServer>(decode_.back().get()));
+    }
+    prefill_ = std::make_unique<FakePrefill>();
+    prefill_server_ = std::make_unique<FakeServer>(prefill_.get());
+  }
+
+  std::unique_ptr<RouterService> MakeService(int decode_workers = 1,
+                                             PolicyKind decode_policy = PolicyKind::kRoundRobin) {
+    RouterOptions options;
+    options.model_dir = PDSERVE_BUNDLED_MODEL;
+    options.served_name = "tiny";
+    options.prefill = {WorkerAt("p0", prefill_server_->port())};
+    for (int i = 0; i < decode_workers; ++i) {
+      options.decode.push_back(WorkerAt("d" + std::to_string(i), decode_servers_[i]->port()));
+    }
+    options.decode_policy = decode_policy;
+    options.canary = false;
+    options.background_checks = false;  // checks run from the test
+    auto service = RouterService::Create(options);
+    EXPECT_TRUE(service.ok()) << service.status();
+    (*service)->pool().CheckAll();
+    EXPECT_TRUE((*service)->Ready());
+    return std::move(*service);
+  }
+
+  // Runs `req` to completion.
+  std::shared_ptr<CollectingSink> Run(RouterService& service, const frontend::ApiRequest& req) {
+    auto sink = std::make_shared<CollectingSink>();
+    frontend::StartResult started = service.Start(req, sink);
+    if (auto* error = std::get_if<frontend::ApiError>(&started)) {
+      sink->OnError(*error);
+      return sink;
+    }
+    sink->done.WaitForNotification();
+    return sink;
+  }
+
+  static frontend::ApiRequest Completion(std::vector<int32_t> prompt, int max_tokens) {
+    frontend::ApiRequest req;
+    req.model = "tiny";
+    req.prompt_tokens = std::move(prompt);
+    req.max_tokens = max_tokens;
+    req.seed = 42;
+    return req;
+  }
+
+  std::string Decode(const RouterService& service, const std::vector<int32_t>& ids) {
+    return *service.preparer().tokenizer().Decode(ids);
+  }
+
+  std::vector<std::unique_ptr<FakeDecode>> decode_;
+  std::vector<std::unique_ptr<FakeServer>> decode_servers_;
+  std::unique_ptr<FakePrefill> prefill_;
+  std::unique_ptr<FakeServer> prefill_server_;
+};
+
+TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({5, 6, 7}, 6));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 6; ++i) expected.push_back(FakeToken(42, 0, i, 3));
+  ASSERT_EQ(sink->text.size(), 1u);
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  EXPECT_EQ(sink->finish[0], "length");
+  EXPECT_EQ(sink->usage.prompt_tokens, 3);
+  EXPECT_EQ(sink->usage.completion_tokens, 6);
+  // The prefill worker got the prompt and the decode worker's ticket.
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&prefill_->mu);
+    return !prefill_->prefills.empty();
+  }));
+  absl::MutexLock lock(&prefill_->mu);
+  ASSERT_EQ(prefill_->prefills.size(), 1u);
+  EXPECT_EQ(std::vector<int32_t>(prefill_->prefills[0].token_ids().begin(),
+                                 prefill_->prefills[0].token_ids().end()),
+            (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(prefill_->prefills[0].ticket().ticket_id(), 1u);
+  // The decode worker gets the prompt too (its repetition penalty counts prompt tokens).
+  absl::MutexLock decode_lock(&decode_[0]->mu);
+  EXPECT_EQ(decode_[0]->reserves[0].prompt_token_ids_size(), 3);
+}
+
+TEST_F(RouterServiceTest, EachChoiceIsItsOwnWorkerRequestWithTheSameSeed) {
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({9, 9}, 3);
+  req.n = 3;
+  auto sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  ASSERT_EQ(sink->text.size(), 3u);
+  for (uint32_t c = 0; c < 3; ++c) {
+    std::vector<int32_t> expected;
+    for (int i = 0; i < 3; ++i) expected.push_back(FakeToken(42, c, i, 2));
+    EXPECT_EQ(sink->text[c], Decode(*service, expected)) << "choice " << c;
+  }
+  absl::MutexLock lock(&decode_[0]->mu);
+  ASSERT_EQ(decode_[0]->reserves.size(), 3u);
+  std::set<uint64_t> ids;
+  for (const auto& r : decode_[0]->reserves) {
+    ids.insert(r.request_id());
+    EXPECT_EQ(r.sampling().seed(), 42u);
+    EXPECT_EQ(r.sampling().max_tokens(), 3);
+  }
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(sink->usage.completion_tokens, 9);
+}
+
+TEST_F(RouterServiceTest, UnsetFieldsComeFromGenerationConfigAndTheSeedIsExplicit) {
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2, 3}, 2);
+  req.seed.reset();
+  Run(*service, req);
+  Run(*service, req);
+  absl::MutexLock lock(&decode_[0]->mu);
+  ASSERT_EQ(decode_[0]->reserves.size(), 2u);
+  const auto& first = decode_[0]->reserves[0].sampling();
+  EXPECT_TRUE(first.has_seed());
+  EXPECT_NE(first.seed(), decode_[0]->reserves[1].sampling().seed());
+  const serving::SamplingParams& defaults = service->preparer().defaults();
+  EXPECT_FLOAT_EQ(first.temperature(), static_cast<float>(defaults.temperature));
+  EXPECT_FLOAT_EQ(first.top_p(), static_cast<float>(defaults.top_p));
+  EXPECT_EQ(first.top_k(), defaults.top_k);
+}
+
+TEST_F(RouterServiceTest, LogprobsAreDetokenized) {
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({4, 4}, 2);
+  req.logprobs = true;
+  req.top_logprobs = 2;
+  auto sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed);
+  ASSERT_EQ(sink->logprobs[0].size(), 2u);
+  const int32_t first = FakeToken(42, 0, 0, 2);
+  EXPECT_EQ(sink->logprobs[0][0].token, Decode(*service, {first}));
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.5f);
+  ASSERT_EQ(sink->logprobs[0][0].top.size(), 2u);
+  EXPECT_EQ(sink->logprobs[0][0].top[1].first, Decode(*service, {first + 1}));
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].top[1].second, -1.5f);
+}
+
+TEST_F(RouterServiceTest, StopStringEndsTheChoiceAndAbortsTheDecodeWorker) {
+  auto service = MakeService();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(FakeToken(42, 0, i, 2));
+  const std::string full = Decode(*service, ids);
+  const std::string second = Decode(*service, {ids[2]});
+  frontend::ApiRequest req = Completion({3, 3}, 8);
+  req.stop = {second};
+  auto sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed);
+  EXPECT_EQ(sink->finish[0], "stop");
+  EXPECT_EQ(sink->text[0], full.substr(0, full.find(second)));
+  EXPECT_TRUE(
+      Eventually([&] { return decode_[0]->Aborted(decode_[0]->reserves[0].request_id()); }));
+}
+
+TEST_F(RouterServiceTest, FullDecodePoolIs429) {
+  decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1}, 2));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 429);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
+  decode_[0]->reserve_code = grpc::StatusCode::INVALID_ARGUMENT;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1}, 2));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+}
+
+TEST_F(RouterServiceTest, UnavailableDecodeWorkerIsRetriedOnTheOther) {
+  decode_[0]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+  auto service = MakeService(2, PolicyKind::kLeastLoad);
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_EQ(sink->finish[0], "length");
+  EXPECT_EQ(decode_[0]->reserves.size(), 1u);
+  EXPECT_EQ(decode_[1]->reserves.size(), 1u);
+  EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
+            std::string::npos)
+      << service->MetricsText();
+}
+
+TEST_F(RouterServiceTest, ErrorEventFailsTheRequestWithTheIsolationError) {
+  decode_[0]->fail_with_error_event = true;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 5));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 500);
+  EXPECT_NE(sink->error.message.find("checksum mismatch"), std::string::npos);
+  EXPECT_NE(sink->error.message.find("ISOLATION_ERROR_CHECKSUM"), std::string::npos);
+  EXPECT_EQ(sink->error.code, "isolation_error");
+}
+
+TEST_F(RouterServiceTest, FailedPrefillIsAnError) {
+  prefill_->prefill_code = grpc::StatusCode::INTERNAL;
+  decode_[0]->token_delay_ms = 50;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 5));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 500);
+  EXPECT_EQ(sink->error.code, "prefill_failed");
+}
+
+TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
+  decode_[0]->token_delay_ms = 100;
+  auto service = MakeService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 200), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started))
+      << std::get<frontend::ApiError>(started).message;
+  auto& generation = std::get<std::unique_ptr<frontend::Generation>>(started);
+  for (int i = 0; i < 400; ++i) {
+    {
+      absl::MutexLock lock(&sink->mu);
+      if (!sink->text.empty()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  generation->Cancel();
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  const uint64_t id = decode_[0]->reserves[0].request_id();
+  EXPECT_TRUE(Eventually([&] { return decode_[0]->Aborted(id); }));
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&prefill_->mu);
+    return !prefill_->aborts.empty();
+  }));
+  absl::MutexLock lock(&prefill_->mu);
+  ASSERT_EQ(prefill_->aborts.size(), 1u);
+  EXPECT_EQ(prefill_->aborts[0], id);
+  EXPECT_FALSE(sink->done.HasBeenNotified());
+}
+
+TEST_F(RouterServiceTest, WorkerFailingHealthIsMarkedDownAndBackUp) {
+  auto service = MakeService(2);
+  decode_[1]->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().decode()[1]->up());  // one failed check is not enough
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().decode()[1]->up());
+  EXPECT_NE(
+      service->MetricsText().find("pdserve_router_worker_up{worker=\"d1\",role=\"decode\"} 0"),
+      std::string::npos);
+  // Requests go to the other decode worker only.
+  for (int i = 0; i < 4; ++i) ASSERT_FALSE(Run(*service, Completion({1}, 1))->failed);
+  EXPECT_EQ(decode_[1]->reserves.size(), 0u);
+  EXPECT_EQ(decode_[0]->reserves.size(), 4u);
+  decode_[1]->state = worker::v1::HealthResponse::STATE_SERVING;
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().decode()[1]->up());
+}
+
+TEST_F(RouterServiceTest, ContextOverflowIs400) {
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2, 3}, 1 << 30);
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+  EXPECT_EQ(sink->error.code, "context_length_exceeded");
+}
+
+}  // namespace
+}  // namespace pdserve::router
