@@ -5,12 +5,17 @@
 //
 //   pdserve up --config FILE [--ready-timeout SECONDS]
 //
+// Before starting anything it checks that every configured port (router HTTP and gRPC, each
+// worker's port and metrics port) is free, so a second `up`, or processes left from an earlier
+// one, are reported instead of half-serving (gRPC would otherwise share a port with SO_REUSEPORT).
+// Each child gets PR_SET_PDEATHSIG, so it is stopped (SIGTERM) even when `up` itself is killed.
 // Ctrl-C (SIGINT) or SIGTERM stops every child (SIGTERM, then SIGKILL after 15 s) and exits 0.
 // If a child exits on its own, `up` names it and its exit status, stops the others and exits 1:
 // a deployment with a missing part is not served half-way (systemd units restart parts
 // individually; `up` is for one machine and development).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,9 +55,12 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    // Stop with `up`, even when it is SIGKILLed; if it died before prctl took effect, stop now.
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(1);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -61,6 +69,47 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
     _exit(127);
   }
   return pid;
+}
+
+// OK when nothing listens on host:port (a plain bind without SO_REUSEPORT succeeds).
+absl::Status CheckPortFree(const std::string& what, const std::string& host, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // TIME_WAIT is not "in use"
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return absl::OkStatus();  // not an IPv4 literal: leave the check to the child's own bind
+  }
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const int error = errno;
+  close(fd);
+  if (free) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " port ", host, ":", port,
+                                                    " is not free (", std::strerror(error),
+                                                    "); is another pdserve running?"));
+}
+
+// Every port the deployment will listen on, checked before anything starts.
+absl::Status CheckPortsFree(const config::DeployConfig& config) {
+  PDSERVE_RETURN_IF_ERROR(
+      CheckPortFree("router HTTP", config.router.host, config.router.http_port));
+  if (config.router.grpc_port > 0) {
+    PDSERVE_RETURN_IF_ERROR(
+        CheckPortFree("router gRPC", config.router.host, config.router.grpc_port));
+  }
+  for (const auto* workers : {&config.prefill, &config.decode}) {
+    for (const config::WorkerConfig& w : *workers) {
+      PDSERVE_RETURN_IF_ERROR(CheckPortFree(w.name, w.host, w.port));
+      if (w.metrics_port > 0) {
+        PDSERVE_RETURN_IF_ERROR(CheckPortFree(w.name + " metrics", w.host, w.metrics_port));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // GET `path` on host:port; the HTTP status, or 0 when nothing answered.
@@ -140,6 +189,10 @@ int Up(const UpOptions& options) {
   absl::StatusOr<config::DeployConfig> config = config::LoadDeployConfig(options.config);
   if (!config.ok()) {
     std::fprintf(stderr, "pdserve up: %s\n", std::string(config.status().message()).c_str());
+    return 1;
+  }
+  if (absl::Status ports = CheckPortsFree(*config); !ports.ok()) {
+    std::fprintf(stderr, "pdserve up: %s\n", std::string(ports.message()).c_str());
     return 1;
   }
   std::vector<Child> children;
