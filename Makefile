@@ -21,7 +21,9 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-demo: build
+# The demo needs only the pdserve binary, not the tests and benchmarks.
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target pdserve
 	./scripts/demo.sh $(BUILD)
 
 bench: build
