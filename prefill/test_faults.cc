@@ -19,6 +19,11 @@ std::optional<uint64_t> ParseId(const char* text) {
 TestFaults TestFaults::FromEnvironment() {
   TestFaults faults;
   faults.corrupt_request = ParseId(std::getenv("PDSERVE_TEST_CORRUPT_REQUEST"));
+  int64_t corrupt_len = 0;
+  const char* corrupt_len_text = std::getenv("PDSERVE_TEST_CORRUPT_PROMPT_LEN");
+  if (corrupt_len_text != nullptr && absl::SimpleAtoi(corrupt_len_text, &corrupt_len)) {
+    faults.corrupt_prompt_len = corrupt_len;
+  }
   const char* delay = std::getenv("PDSERVE_TEST_DELAY_REQUEST");
   if (delay != nullptr && std::string(delay) == "all") {
     faults.delay_all = true;
@@ -41,7 +46,7 @@ TestFaults TestFaults::FromEnvironment() {
 bool TestFaults::Apply(uint64_t request_id, int64_t prompt_tokens,
                        kv::FaultInjectingTransport& transport) const {
   bool applied = false;
-  if (corrupt_request == request_id) {
+  if (corrupt_request == request_id || corrupt_prompt_len == prompt_tokens) {
     transport.AddRule({.action = kv::FaultRule::Action::kCorruptByte,
                        .kind = kv::WireKind::kPage,
                        .slot = 0,

@@ -4,6 +4,8 @@
 // transfer open long enough to abort or kill a process mid-transfer (docs/protocol.md).
 //
 //   PDSERVE_TEST_CORRUPT_REQUEST=ID   invert one byte of slot 0's payload of request ID
+//   PDSERVE_TEST_CORRUPT_PROMPT_LEN=N invert that byte in every request of exactly N prompt tokens
+//                                     (for tests through the router, which assigns the ids)
 //   PDSERVE_TEST_DELAY_REQUEST=ID|all hold every page of request ID (or of every request) ...
 //   PDSERVE_TEST_DELAY_MS=MS          ... for MS milliseconds after it is posted (default 2000)
 //   PDSERVE_TEST_DELAY_MIN_PROMPT=N   with `all`: only requests of >= N prompt tokens (so the
@@ -22,13 +24,14 @@ namespace pdserve::prefill {
 
 struct TestFaults {
   std::optional<uint64_t> corrupt_request;
+  std::optional<int64_t> corrupt_prompt_len;
   bool delay_all = false;
   std::optional<uint64_t> delay_request;
   int64_t delay_min_prompt = 0;  // delay_all applies to prompts of at least this many tokens
   absl::Duration delay = absl::Seconds(2);
 
   static TestFaults FromEnvironment();
-  bool any() const { return corrupt_request || delay_all || delay_request; }
+  bool any() const { return corrupt_request || corrupt_prompt_len || delay_all || delay_request; }
   // Adds the rules that apply to `request_id` (of `prompt_tokens` tokens) to `transport`; false
   // when none applies.
   bool Apply(uint64_t request_id, int64_t prompt_tokens,
