@@ -52,10 +52,12 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
   receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   DecodeWorker* self = w.get();
-  PDSERVE_ASSIGN_OR_RETURN(
-      w->receiver_, kv::TransferReceiver::Create(
-                        receiver_options, w->clock_,
-                        [self](uint64_t ticket_id, uint64_t) { self->OnRelease(ticket_id); }));
+  PDSERVE_ASSIGN_OR_RETURN(w->receiver_,
+                           kv::TransferReceiver::Create(
+                               receiver_options, w->clock_,
+                               [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
+                                 self->OnRelease(ticket_id, outcome);
+                               }));
   w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
                                                              w->pool_.get(), w->options_.runner);
 
@@ -127,6 +129,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   const uint64_t id = request.request_id();
   PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
                            worker::SamplingFromProto(request.sampling(), config.vocab_size));
+  PDSERVE_RETURN_IF_ERROR(worker::CheckCanProduceToken(params, model_.eos_ids, config.vocab_size));
   const int64_t prompt_length = request.prompt_tokens();
   if (prompt_length < 1) return absl::InvalidArgumentError("prompt_tokens must be >= 1");
   const int64_t total = prompt_length + params.max_tokens;
@@ -242,6 +245,11 @@ void DecodeWorker::TransferLoop() {
       r.phase = Phase::kDone;
       if (!outcome.ok()) {
         QueueFinal(r, "error", outcome.status());
+      } else if (outcome->state == kv::TransferState::kAbandoned) {
+        // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
+        // error. The receiver releases the pages once no receive is in flight.
+        spdlog::warn("request {}: {}", id, outcome->status.ToString());
+        QueueFinal(r, "error", outcome->status);
       } else if (outcome->state == kv::TransferState::kFailed) {
         const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
         if (kind) {
@@ -436,7 +444,7 @@ void DecodeWorker::MaybeForget(uint64_t request_id) {
   requests_.erase(it);
 }
 
-void DecodeWorker::OnRelease(uint64_t ticket_id) {
+void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   absl::MutexLock lock(&mu_);
   auto found = by_ticket_.find(ticket_id);
   if (found == by_ticket_.end()) return;
@@ -445,14 +453,22 @@ void DecodeWorker::OnRelease(uint64_t ticket_id) {
   if (it == requests_.end()) return;
   Request& r = *it->second;
   if (r.phase == Phase::kReceiving && !r.aborted) {
-    // Released before the transfer loop saw an outcome: the lease ended with the transfer
-    // unverified (the receiver fails and releases such a ticket in the same sweep).
+    // Released before the transfer loop saw an outcome: the receiver decided and released the
+    // ticket in one sweep (a lease that ended unverified, or the sender's fence: abandoned).
     r.phase = Phase::kDone;
-    isolation_failures_->WithLabels({"lease"}).Increment();
-    QueueFinal(r, "error",
-               kv::MakeIsolationError(
-                   kv::IsolationError::kLease,
-                   absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended")));
+    absl::Status error = outcome;
+    if (error.ok()) {
+      error = kv::MakeIsolationError(
+          kv::IsolationError::kLease,
+          absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended"));
+    }
+    if (const std::optional<kv::IsolationError> kind = kv::GetIsolationError(error); kind) {
+      isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
+      spdlog::warn("request {}: transfer failed verification: {}", id, error.ToString());
+    } else {
+      spdlog::warn("request {}: {}", id, error.ToString());
+    }
+    QueueFinal(r, "error", std::move(error));
   }
   FreePages(r);
   MaybeForget(id);

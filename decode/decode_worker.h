@@ -122,7 +122,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   void FreePages(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a finished request once nothing refers to it any more.
   void MaybeForget(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnRelease(uint64_t ticket_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The receiver released `ticket_id`'s pages; `outcome` is the ticket's final status.
+  void OnRelease(uint64_t ticket_id, const absl::Status& outcome) ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts `request_id`; returns whether its pages are already free.
   bool AbortRequest(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
 

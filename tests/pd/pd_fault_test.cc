@@ -199,6 +199,83 @@ TEST(PdFaultTest, CancelledGenerateAbortsTheRequestOnDecode) {
   EXPECT_GT(stats.pages_quarantined(), 0);
 }
 
+// Sampling that can never produce a token on the 4096-token bundled model.
+serving::SamplingParams EveryTokenMasked(serving::SamplingParams params) {
+  params.stop_token_ids.clear();
+  for (int32_t id = 0; id < 4096; ++id) params.stop_token_ids.push_back(id);
+  params.min_tokens = params.max_tokens;
+  return params;
+}
+
+TEST(PdFaultTest, ReserveRejectsSamplingThatCanNeverProduceAToken) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RequestSpec spec = Spec(740001, 30, 1);
+  spec.params = EveryTokenMasked(spec.params);
+  grpc::ClientContext c;
+  v1::ReserveResponse reserved;
+  const grpc::Status status = (*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "every token is masked"))
+      << status.error_message();
+  const v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+}
+
+// The prefill worker fails after connecting (its sampling masks every token): its fence ends the
+// request on decode at once, as an error that is not an isolation failure, and frees the pages.
+TEST(PdFaultTest, PrefillFailureAfterConnectEndsDecodeRequestAtOnceWithoutIsolationError) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(740002, 100, 1);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  const absl::Time start = absl::Now();
+  RequestSpec rejected = spec;
+  rejected.params = EveryTokenMasked(spec.params);
+  grpc::Status prefill_status;
+  std::thread prefill([&] {
+    grpc::ClientContext c;
+    v1::PrefillResponse response;
+    prefill_status =
+        (*cluster)->prefill().Prefill(&c, PrefillFor(rejected, reserved.ticket()), &response);
+  });
+  Outcome outcome;
+  {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest generate;
+    generate.set_request_id(spec.request_id);
+    generate.set_ticket_id(reserved.ticket().ticket_id());
+    auto reader = (*cluster)->decode().Generate(&c, generate);
+    ReadGenerate(*reader, &outcome);
+  }
+  prefill.join();
+  EXPECT_EQ(prefill_status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << prefill_status.error_message();
+  EXPECT_EQ(outcome.finish_reason, "error");
+  EXPECT_EQ(outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED) << outcome.error;
+  EXPECT_TRUE(absl::StrContains(outcome.error, "prefill worker abandoned the transfer"))
+      << outcome.error;
+  EXPECT_TRUE(outcome.tokens.empty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));  // the lease is 30 s
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  do {
+    stats = DecodeStats(**cluster);
+    if (stats.pages_free() == stats.pages_total()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < until);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
+    EXPECT_EQ(stats.isolation_errors(kind), 0) << "kind " << kind;
+  }
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
