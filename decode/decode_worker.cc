@@ -474,8 +474,9 @@ void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   MaybeForget(id);
 }
 
-bool DecodeWorker::AbortRequest(uint64_t request_id) {
+bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
   uint64_t ticket_id = 0;
+  uint64_t fence_ticket_id = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
@@ -483,6 +484,8 @@ bool DecodeWorker::AbortRequest(uint64_t request_id) {
     Request& r = *it->second;
     r.aborted = true;
     if (r.phase == Phase::kReceiving) ticket_id = r.ticket_id;
+    // Also for a request aborted before (e.g. its Generate was cancelled) whose pages still wait.
+    if (prefill_quiesced && r.pages_held) fence_ticket_id = r.ticket_id;
     QueueFinal(r, "abort", absl::OkStatus());
   }
   if (ticket_id != 0) {
@@ -490,6 +493,8 @@ bool DecodeWorker::AbortRequest(uint64_t request_id) {
     // StartDecoding, which sees the abort.
     receiver_->Abort(ticket_id).IgnoreError();
   }
+  // The prefill worker vouched that nothing is or will be in flight: the fence.
+  if (fence_ticket_id != 0) receiver_->ConfirmFence(fence_ticket_id);
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   return it == requests_.end() || !it->second->pages_held;
@@ -536,7 +541,7 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
       if (!writer->Write(event)) break;
     }
     if (!finished && context->IsCancelled()) {
-      AbortRequest(id);
+      AbortRequest(id, /*prefill_quiesced=*/false);
       break;
     }
   }
@@ -549,7 +554,7 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
 
 grpc::Status DecodeWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                  v1::AbortResponse* response) {
-  response->set_quiesced(AbortRequest(request->request_id()));
+  response->set_quiesced(AbortRequest(request->request_id(), request->prefill_quiesced()));
   return grpc::Status::OK;
 }
 

@@ -124,8 +124,10 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   void MaybeForget(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The receiver released `ticket_id`'s pages; `outcome` is the ticket's final status.
   void OnRelease(uint64_t ticket_id, const absl::Status& outcome) ABSL_LOCKS_EXCLUDED(mu_);
-  // Aborts `request_id`; returns whether its pages are already free.
-  bool AbortRequest(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts `request_id`; returns whether its pages are already free. `prefill_quiesced`: the
+  // prefill worker said no write is or will be in flight (AbortRequest.prefill_quiesced), which
+  // stands for the sender's fence.
+  bool AbortRequest(uint64_t request_id, bool prefill_quiesced) ABSL_LOCKS_EXCLUDED(mu_);
 
   DecodeWorkerOptions options_;
   worker::WorkerModel model_;

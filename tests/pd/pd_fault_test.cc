@@ -36,6 +36,18 @@ v1::StatsResponse DecodeStats(PdCluster& cluster) {
   return stats;
 }
 
+// Sends Abort for request `id` to the decode worker (with `prefill_quiesced`) and returns its
+// answer; the call must succeed.
+v1::AbortResponse AbortOnDecode(PdCluster& cluster, uint64_t id, bool prefill_quiesced) {
+  grpc::ClientContext c;
+  v1::AbortRequest abort;
+  abort.set_request_id(id);
+  abort.set_prefill_quiesced(prefill_quiesced);
+  v1::AbortResponse response;
+  EXPECT_TRUE(cluster.decode().Abort(&c, abort, &response).ok());
+  return response;
+}
+
 // Reserves `spec` and starts its Prefill and Generate without waiting for them.
 struct InFlight {
   v1::ReserveResponse reserved;
@@ -274,6 +286,41 @@ TEST(PdFaultTest, PrefillFailureAfterConnectEndsDecodeRequestAtOnceWithoutIsolat
   for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
     EXPECT_EQ(stats.isolation_errors(kind), 0) << "kind " << kind;
   }
+}
+
+// Reserve then Abort, many times over on a worker that holds two requests: with prefill_quiesced
+// (the router's word that the prefill worker never wrote or will write) the pages are free at
+// once and never block --max-batch; without it they wait for the fence or the lease.
+TEST(PdFaultTest, AbortWithPrefillQuiescedFreesPagesAtOnce) {
+  ClusterOptions options;
+  options.decode_max_batch = 2;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (uint64_t id = 750001; id < 750011; ++id) {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    const grpc::Status status =
+        (*cluster)->decode().Reserve(&c, ReserveFor(Spec(id, 80, 1)), &reserved);
+    ASSERT_TRUE(status.ok()) << "request " << id << ": " << status.error_message();
+    EXPECT_TRUE(AbortOnDecode(**cluster, id, /*prefill_quiesced=*/true).quiesced())
+        << "request " << id;
+  }
+  v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  // Without the prefill worker's word the pages stay behind the fence (the 30 s lease here).
+  {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(Spec(750100, 80, 1)), &reserved).ok());
+  }
+  EXPECT_FALSE(AbortOnDecode(**cluster, 750100, /*prefill_quiesced=*/false).quiesced());
+  EXPECT_GT(DecodeStats(**cluster).pages_quarantined(), 0);
+  // A later Abort with the prefill worker's word frees them.
+  EXPECT_TRUE(AbortOnDecode(**cluster, 750100, /*prefill_quiesced=*/true).quiesced());
+  stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
 }
 
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
