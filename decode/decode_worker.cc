@@ -115,6 +115,41 @@ void DecodeWorker::Stop() {
   if (decode_thread_.joinable()) decode_thread_.join();
 }
 
+bool DecodeWorker::Drain(absl::Duration timeout) {
+  draining_ = true;
+  std::vector<uint64_t> tickets;
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& [id, r] : requests_) {
+        if (r->phase != Phase::kDone || r->attached) return false;
+      }
+      return true;
+    };
+    if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
+    int64_t open = 0;
+    for (const auto& [id, r] : requests_) {
+      if (r->phase == Phase::kDone && r->final_queued) continue;
+      ++open;
+      if (r->phase == Phase::kReceiving && r->ticket_id != 0) tickets.push_back(r->ticket_id);
+      QueueFinal(*r, "error", absl::UnavailableError("worker shutting down"));
+      r->aborted = true;
+    }
+    spdlog::warn("drain: {} requests still open after {}; ending them", open,
+                 absl::FormatDuration(timeout));
+  }
+  for (uint64_t ticket_id : tickets) receiver_->Abort(ticket_id).IgnoreError();
+  absl::MutexLock lock(&mu_);
+  auto streams_ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, r] : requests_) {
+      if (r->attached) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&streams_ended), absl::Seconds(2));
+  return false;
+}
+
 grpc::Status DecodeWorker::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
                                    v1::ReserveResponse* response) {
   absl::StatusOr<v1::TransferTicket> ticket = DoReserve(*request);

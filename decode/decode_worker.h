@@ -77,7 +77,12 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
                       pdserve::worker::v1::HealthResponse* response) override;
 
   std::string MetricsText() const;
-  void Drain() { draining_ = true; }
+  // Turns DRAINING (Health says STATE_DRAINING; Reserve answers UNAVAILABLE) and waits up to
+  // `timeout` for every reserved request to finish and its stream to end. Requests still open
+  // then end with a final event finish_reason "error", error_message "worker shutting down"
+  // (never a silent cut); waits at most 2 s more for their streams to take it. Returns whether
+  // every request finished by itself.
+  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the threads and ends every open Generate stream (idempotent).
   void Stop();
 

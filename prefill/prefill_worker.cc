@@ -299,17 +299,33 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   return response;
 }
 
-grpc::Status PrefillWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) {
-  const uint64_t id = request->request_id();
-  absl::MutexLock lock(&mu_);
-  if (aborted_.insert(id).second) {
-    aborted_order_.push_back(id);
+void PrefillWorker::RememberAborted(uint64_t request_id) {
+  if (aborted_.insert(request_id).second) {
+    aborted_order_.push_back(request_id);
     if (aborted_order_.size() > kAbortedRemembered) {
       aborted_.erase(aborted_order_.front());
       aborted_order_.pop_front();
     }
   }
+}
+
+bool PrefillWorker::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_.empty(); };
+  if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
+  spdlog::warn("drain: {} prefills still running after {}; aborting them", active_.size(),
+               absl::FormatDuration(timeout));
+  for (uint64_t id : active_) RememberAborted(id);
+  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(5));
+  return false;
+}
+
+grpc::Status PrefillWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) {
+  const uint64_t id = request->request_id();
+  absl::MutexLock lock(&mu_);
+  RememberAborted(id);
   // The prefill's Transfer cancels its sends and fences before the RPC leaves active_.
   auto gone = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !active_.contains(id); };
   const bool quiesced = mu_.AwaitWithTimeout(absl::Condition(&gone), absl::Seconds(5));

@@ -71,8 +71,10 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
                       pdserve::worker::v1::HealthResponse* response) override;
 
   std::string MetricsText() const { return registry_.Serialize(); }
-  // Starts refusing new prefills (Health says DRAINING).
-  void Drain() { draining_ = true; }
+  // Starts refusing new prefills (UNAVAILABLE; Health says DRAINING), waits up to `timeout` for
+  // running and queued prefills to finish, then aborts the rest (their transfers fence) and waits
+  // at most 5 s more for them to stop. Returns whether every prefill finished by itself.
+  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   PrefillWorker() = default;
@@ -80,6 +82,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
       const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
   bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
   void CountFailure(const absl::Status& status);
+  void RememberAborted(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   PrefillWorkerOptions options_;
   worker::WorkerModel model_;

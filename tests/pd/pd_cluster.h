@@ -45,6 +45,7 @@ struct ClusterOptions {
   int64_t decode_max_batch = 64;
   int64_t decode_pool_tokens = 0;
   std::vector<std::string> prefill_env;  // e.g. the TEST-ONLY fault switches
+  int64_t drain_timeout_ms = 30000;      // both workers' --drain-timeout-ms
 };
 
 class PdCluster {

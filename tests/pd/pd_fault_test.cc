@@ -354,5 +354,84 @@ TEST(PdProcessTest, WorkersReportHealthAndExitZeroOnSigterm) {
   EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->decode_process().pid()), 0);
 }
 
+// Health of the decode worker (STATE_UNSPECIFIED when the call fails).
+v1::HealthResponse::State DecodeHealth(PdCluster& cluster) {
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::HealthResponse health;
+  if (!cluster.decode().Health(&c, v1::HealthRequest(), &health).ok()) {
+    return v1::HealthResponse::STATE_UNSPECIFIED;
+  }
+  return health.state();
+}
+
+// The exit status of `pid` once it exits (without reaping it).
+int ExitStatus(pid_t pid) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0) return -1;
+  return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;
+}
+
+// SIGTERM drains: Health says DRAINING, Reserve is UNAVAILABLE, and the running request finishes
+// normally (its transfer is held 1.5 s past the signal) before the worker exits 0.
+TEST(PdProcessTest, SigtermDrainsRunningRequestsThenExitsZero) {
+  ClusterOptions options;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=760001", "PDSERVE_TEST_DELAY_MS=1500"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(760001, 100, 4);
+  InFlight flight;
+  StartInFlight(**cluster, spec, &flight);
+  absl::SleepFor(absl::Milliseconds(300));
+  const pid_t decode_pid = (*cluster)->decode_process().pid();
+  ASSERT_EQ(kill(decode_pid, SIGTERM), 0);
+  v1::HealthResponse::State state = v1::HealthResponse::STATE_SERVING;
+  const absl::Time until = absl::Now() + absl::Seconds(1);
+  while (state == v1::HealthResponse::STATE_SERVING && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+    state = DecodeHealth(**cluster);
+  }
+  EXPECT_EQ(state, v1::HealthResponse::STATE_DRAINING);
+  {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    const grpc::Status status =
+        (*cluster)->decode().Reserve(&c, ReserveFor(Spec(760002, 20, 1)), &reserved);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  }
+  flight.Join();
+  EXPECT_TRUE(flight.prefill_status.ok()) << flight.prefill_status.error_message();
+  EXPECT_TRUE(flight.outcome.error.empty()) << flight.outcome.error;
+  EXPECT_EQ(flight.outcome.finish_reason, "length");
+  EXPECT_EQ(flight.outcome.tokens.size(), 6u);
+  EXPECT_EQ(ExitStatus(decode_pid), 0);
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
+}
+
+// A request still open when the drain timeout passes ends with a final "error" event naming the
+// shutdown, never a cut stream.
+TEST(PdProcessTest, DrainTimeoutEndsOpenStreamsWithFinalErrorEvent) {
+  ClusterOptions options;
+  options.drain_timeout_ms = 300;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=all", "PDSERVE_TEST_DELAY_MS=20000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight flight;
+  StartInFlight(**cluster, Spec(770001, 100, 1), &flight);
+  absl::SleepFor(absl::Milliseconds(300));
+  const pid_t decode_pid = (*cluster)->decode_process().pid();
+  const absl::Time signalled = absl::Now();
+  ASSERT_EQ(kill(decode_pid, SIGTERM), 0);
+  if (flight.generate.joinable()) flight.generate.join();
+  EXPECT_EQ(flight.outcome.finish_reason, "error");
+  EXPECT_EQ(flight.outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED);
+  EXPECT_TRUE(absl::StrContains(flight.outcome.error, "worker shutting down"))
+      << flight.outcome.error;
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(10));
+  EXPECT_EQ(ExitStatus(decode_pid), 0);
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
+  flight.Join();
+}
+
 }  // namespace
 }  // namespace pdserve::pd::testing
