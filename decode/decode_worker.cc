@@ -240,7 +240,10 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   }
   record->ticket_id = ticket->ticket_id;
   by_ticket_[ticket->ticket_id] = id;
-  return kv::TicketToProto(*ticket);
+  v1::TransferTicket proto = kv::TicketToProto(*ticket);
+  proto.set_reserved_prompt_tokens(static_cast<int32_t>(prompt_length));
+  proto.set_reserved_max_tokens(params.max_tokens);
+  return proto;
 }
 
 void DecodeWorker::TransferLoop() {
@@ -315,6 +318,20 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
       MaybeForget(request_id);
       return;
     }
+  }
+  if (commit.prompt_tokens != static_cast<int64_t>(record->prompt.size())) {
+    // The pages verified against the ticket, but the prefill computed another prompt.
+    const absl::Status mismatch = absl::FailedPreconditionError(
+        absl::StrCat("request ", request_id, ": the commit says ", commit.prompt_tokens,
+                     " prompt tokens, Reserve reserved ", record->prompt.size()));
+    spdlog::error("{}", mismatch.ToString());
+    absl::MutexLock lock(&mu_);
+    if (record->phase != Phase::kReceiving) return;
+    record->phase = Phase::kDone;
+    FreePages(*record);
+    QueueFinal(*record, "error", mismatch);
+    MaybeForget(request_id);
+    return;
   }
   const engine::ModelConfig& config = model_.model->config();
   absl::StatusOr<serving::RequestSampler> sampler =

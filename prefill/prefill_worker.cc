@@ -156,6 +156,18 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
                                                    params.max_tokens, ") exceeds the context of ",
                                                    config.max_position_embeddings));
   }
+  // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
+  // max_tokens would write pages the decode worker cannot use.
+  const v1::TransferTicket& ticket_proto = request.ticket();
+  if ((ticket_proto.reserved_prompt_tokens() != 0 &&
+       ticket_proto.reserved_prompt_tokens() != prompt_length) ||
+      (ticket_proto.reserved_max_tokens() != 0 &&
+       ticket_proto.reserved_max_tokens() != params.max_tokens)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request ", id, ": Prefill has a prompt of ", prompt_length, " tokens and max_tokens ",
+        params.max_tokens, "; Reserve reserved ", ticket_proto.reserved_prompt_tokens(), " and ",
+        ticket_proto.reserved_max_tokens()));
+  }
   PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(request.ticket()));
   if (ticket.request_id != id) {
     return absl::InvalidArgumentError(

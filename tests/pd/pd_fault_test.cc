@@ -323,6 +323,30 @@ TEST(PdFaultTest, AbortWithPrefillQuiescedFreesPagesAtOnce) {
   EXPECT_EQ(stats.pages_quarantined(), 0);
 }
 
+// A Prefill whose max_tokens differs from what Reserve reserved fails FAILED_PRECONDITION before
+// it writes anything.
+TEST(PdFaultTest, PrefillWithOtherMaxTokensThanReservedIsFailedPrecondition) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(780001, 50, 1);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  EXPECT_EQ(reserved.ticket().reserved_prompt_tokens(), 50);
+  EXPECT_EQ(reserved.ticket().reserved_max_tokens(), 6);
+  RequestSpec other = spec;
+  other.params.max_tokens = 7;
+  grpc::ClientContext c;
+  v1::PrefillResponse response;
+  const grpc::Status status =
+      (*cluster)->prefill().Prefill(&c, PrefillFor(other, reserved.ticket()), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "Reserve reserved 50 and 6"))
+      << status.error_message();
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
