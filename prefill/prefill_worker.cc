@@ -178,19 +178,32 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
       serving::RequestSampler::Create(params, worker::SeedRequestId(id), model_.eos_ids, prompt,
                                       config.vocab_size));
 
-  absl::MutexLock run(&run_mu_);
+  // Waits for this request's turn (FIFO) or its abort / cancellation, whichever comes first: an
+  // aborted queued request leaves at once (its Abort answers quiesced) and never starts.
   {
     absl::MutexLock lock(&mu_);
+    run_queue_.push_back(id);
+    auto turn = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return aborted_.contains(id) || (!run_busy_ && run_queue_.front() == id);
+    };
+    // The timeout only re-checks the client's cancellation, which no Condition can see.
+    while (!mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(50)) &&
+           !context.IsCancelled()) {
+    }
+    const bool mine =
+        !aborted_.contains(id) && !context.IsCancelled() && !run_busy_ && run_queue_.front() == id;
+    run_queue_.erase(std::find(run_queue_.begin(), run_queue_.end(), id));
+    if (!mine) return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+    run_busy_ = true;
     ++running_;
     queue_depth_->Set(static_cast<double>(active_.size() - running_));
   }
   absl::Cleanup not_running = [this] {
     absl::MutexLock lock(&mu_);
     --running_;
+    run_busy_ = false;
   };
-  if (Aborted(id) || context.IsCancelled()) {
-    return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
-  }
+  absl::MutexLock run(&run_mu_);  // Uncontended: run_busy_ admits one prefill at a time.
 
   // This worker's own copy of the request's pages: the transfer's sources.
   const serving::RequestId sequence = next_sequence_++;

@@ -347,6 +347,47 @@ TEST(PdFaultTest, PrefillWithOtherMaxTokensThanReservedIsFailedPrecondition) {
       << status.error_message();
 }
 
+// Abort of a prefill waiting behind a running one answers at once (quiesced) and the waiting
+// request never starts; the running one is unaffected.
+TEST(PdFaultTest, AbortOfQueuedPrefillAnswersAtOnceAndItNeverStarts) {
+  ClusterOptions options;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=790001", "PDSERVE_TEST_DELAY_MS=3000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight running;
+  StartInFlight(**cluster, Spec(790001, 100, 1), &running);
+  absl::SleepFor(absl::Milliseconds(300));
+  InFlight queued;
+  StartInFlight(**cluster, Spec(790002, 60, 1), &queued);
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    grpc::ClientContext c;
+    v1::StatsResponse stats;
+    ASSERT_TRUE((*cluster)->prefill().Stats(&c, v1::StatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.running_requests(), 1);
+    EXPECT_EQ(stats.waiting_requests(), 1);
+  }
+  const absl::Time start = absl::Now();
+  {
+    grpc::ClientContext c;
+    v1::AbortRequest abort;
+    abort.set_request_id(790002);
+    v1::AbortResponse response;
+    ASSERT_TRUE((*cluster)->prefill().Abort(&c, abort, &response).ok());
+    EXPECT_TRUE(response.quiesced());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));  // the running prefill holds 3 s
+  if (queued.prefill.joinable()) queued.prefill.join();
+  EXPECT_EQ(queued.prefill_status.error_code(), grpc::StatusCode::CANCELLED)
+      << queued.prefill_status.error_message();
+  EXPECT_TRUE(AbortOnDecode(**cluster, 790002, /*prefill_quiesced=*/true).quiesced());
+  running.Join();
+  queued.Join();
+  EXPECT_TRUE(running.prefill_status.ok()) << running.prefill_status.error_message();
+  EXPECT_EQ(running.outcome.finish_reason, "length");
+  EXPECT_EQ(queued.outcome.finish_reason, "abort");
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
