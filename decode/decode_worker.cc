@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "colocated/paged_state.h"
 #include "common/status.h"
 #include "kvtransfer/isolation_error.h"
@@ -210,8 +211,17 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
           absl::StrCat("the decode worker holds ", holding, " requests (max_batch)"));
     }
     record->sequence = next_sequence_++;
-    PDSERVE_ASSIGN_OR_RETURN(record->table,
-                             pool_->Allocate(record->sequence, model_.layout->Demand(total)));
+    absl::StatusOr<serving::PageTable> table =
+        pool_->Allocate(record->sequence, model_.layout->Demand(total));
+    if (!table.ok()) {
+      // The pool names its owner, our internal sequence number; the caller knows the request id.
+      const std::string detail = absl::StrReplaceAll(
+          table.status().message(), {{absl::StrCat("request ", record->sequence, " "), ""}});
+      return absl::Status(table.status().code(),
+                          absl::StrCat("request ", id, " (prompt ", prompt_length, " + max_tokens ",
+                                       params.max_tokens, " tokens): ", detail));
+    }
+    record->table = std::move(*table);
     absl::StatusOr<std::vector<kv::PlannedPage>> plan =
         kv::PlanTransfer(*model_.layout, model_.layers, record->table, prompt_length, total);
     if (!plan.ok()) {

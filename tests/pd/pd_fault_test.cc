@@ -388,6 +388,27 @@ TEST(PdFaultTest, AbortOfQueuedPrefillAnswersAtOnceAndItNeverStarts) {
   EXPECT_EQ(queued.outcome.finish_reason, "abort");
 }
 
+// A full pool's RESOURCE_EXHAUSTED names the request id (not the worker's internal sequence).
+TEST(PdFaultTest, ReserveOnAFullPoolNamesTheRequestId) {
+  ClusterOptions options;
+  options.decode_pool_tokens = 256;  // a few 500-token requests
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  grpc::Status status;
+  uint64_t id = 800000;
+  while (status.ok() && id < 800060) {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    status = (*cluster)->decode().Reserve(&c, ReserveFor(Spec(++id, 500, 1)), &reserved);
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(),
+                               absl::StrCat("request ", id, " (prompt 500 + max_tokens 6")))
+      << status.error_message();
+  EXPECT_FALSE(absl::StrContains(status.error_message(), absl::StrCat("request ", id - 800000)))
+      << status.error_message();
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
