@@ -103,23 +103,22 @@ TEST(PdFaultTest, AbortMidTransferThenPagesReusedMatchesAloneRun) {
     ASSERT_TRUE((*cluster)->prefill().Abort(&c, abort, &response).ok());
     EXPECT_TRUE(response.quiesced());
   }
-  {
-    grpc::ClientContext c;
-    v1::AbortRequest abort;
-    abort.set_request_id(first.request_id);
-    v1::AbortResponse response;
-    ASSERT_TRUE((*cluster)->decode().Abort(&c, abort, &response).ok());
-  }
-  // At once: the second request waits only for the fence (Reserve says RESOURCE_EXHAUSTED until
-  // the first's pages are back).
+  // The prefill worker's fence ends the request on decode at once (the router aborts the prefill
+  // worker first): an abandoned transfer, not an isolation error.
+  flight.Join();
+  EXPECT_EQ(flight.outcome.finish_reason, "error");
+  EXPECT_EQ(flight.outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED);
+  EXPECT_TRUE(absl::StrContains(flight.outcome.error, "prefill worker abandoned the transfer"))
+      << flight.outcome.error;
+  EXPECT_EQ(flight.prefill_status.error_code(), grpc::StatusCode::CANCELLED);
+  // The router's decode Abort that follows finds the pages free already.
+  EXPECT_TRUE(AbortOnDecode(**cluster, first.request_id, /*prefill_quiesced=*/true).quiesced());
+  // At once: the second request's Reserve finds the first's pages back.
   Outcome outcome;
   const absl::Time until = absl::Now() + absl::Seconds(20);
   do {
     outcome = (*cluster)->Run(second);
   } while (absl::StrContains(outcome.error, "Reserve") && absl::Now() < until);
-  flight.Join();
-  EXPECT_EQ(flight.outcome.finish_reason, "abort");
-  EXPECT_FALSE(flight.prefill_status.ok());
   const std::vector<Outcome> alone = RunColocated({second});
   EXPECT_TRUE(outcome.error.empty()) << outcome.error;
   EXPECT_EQ(outcome.tokens, alone[0].tokens);
