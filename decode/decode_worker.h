@@ -7,7 +7,9 @@
 // outcomes: a verified request records the commit's first token in its sampler, emits it as the
 // first Generate event and joins the batch; a failed one (isolation error, lease) ends with
 // finish_reason "error" and the error kind and is never decoded, its pages quarantined by the
-// receiver until the lease ends. A decode thread steps every decoding request one token per step
+// receiver until the lease ends; one the prefill worker abandoned (its fence before a commit)
+// ends with "error" at once, not as an isolation error, its pages freed once no receive is in
+// flight. A decode thread steps every decoding request one token per step
 // with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
 // bit-identical to colocated mode. Abort (or a cancelled Generate) ends the request with "abort":
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
