@@ -1,14 +1,17 @@
 // `pdserve decode`: a decode worker (pdserve.worker.v1.DecodeWorker) of a deployment.
 //
 //   pdserve decode --config F [--name NAME] [--port N] [--metrics-port N] [--max-batch N]
-//                  [--pool-tokens T]
+//                  [--pool-tokens T] [--drain-timeout-ms MS]
 //
 // Serves the gRPC service on the config entry's host:port (the first decode entry, or NAME),
-// /metrics and /health on its metrics_port, until SIGINT or SIGTERM (exit 0). The model comes
-// from the config's model section, the lease from transfer.lease_ms, the degeneration action from
-// guards.degeneration_action, paranoid mode and the canary from guards.paranoid /
-// guards.canary_every, the reference switches from guards.reference_kernels (docs/guards.md).
-// UCX_TLS picks the transport; PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only wrong indexer.
+// /metrics and /health on its metrics_port, until SIGINT or SIGTERM: then it drains (Health says
+// DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
+// finish; streams still open then end with finish_reason "error", "worker shutting down") and
+// exits 0. The model comes from the config's model section, the lease from transfer.lease_ms,
+// the degeneration action from guards.degeneration_action, paranoid mode and the canary from
+// guards.paranoid / guards.canary_every, the reference switches from guards.reference_kernels
+// (docs/guards.md). UCX_TLS picks the transport; PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only
+// wrong indexer.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -51,8 +54,9 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   decode::DecodeWorker* w = service.get();
   hooks.metrics_text = [w] { return w->MetricsText(); };
   hooks.healthy = [] { return true; };
-  hooks.stopping = [w] { w->Drain(); };
-  absl::Status status = worker::RunWorker(entry, "decode", service.get(), hooks);
+  hooks.stopping = [w](absl::Duration timeout) { w->Drain(timeout); };
+  absl::Status status =
+      worker::RunWorker(entry, "decode", service.get(), hooks, flags.worker.drain_timeout_ms);
   service->Stop();
   return status;
 }
@@ -66,6 +70,10 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "Override the entry's gRPC port (0: any free port)");
   cmd->add_option("--metrics-port", flags->worker.metrics_port,
                   "Override the entry's metrics port (0: no HTTP endpoint)");
+  cmd->add_option("--drain-timeout-ms", flags->worker.drain_timeout_ms,
+                  "On SIGTERM / SIGINT: how long running requests may take to finish")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-batch", flags->max_batch, "Requests holding pages at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -1,10 +1,14 @@
 // `pdserve prefill`: a prefill worker (pdserve.worker.v1.PrefillWorker) of a deployment.
 //
 //   pdserve prefill --config F [--name NAME] [--port N] [--metrics-port N]
+//                   [--drain-timeout-ms MS]
 //
 // Serves the gRPC service on the config entry's host:port (the first prefill entry, or NAME),
-// /metrics and /health on its metrics_port, until SIGINT or SIGTERM (exit 0). The model comes
-// from the config's model section. UCX_TLS picks the transport as for every UCX program.
+// /metrics and /health on its metrics_port, until SIGINT or SIGTERM: then it drains (Health says
+// DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
+// finish; streams still open then end with finish_reason "error", "worker shutting down") and
+// exits 0. The model comes from the config's model section. UCX_TLS picks the transport as for
+// every UCX program.
 // TEST-ONLY environment switches: prefill/test_faults.h.
 #include <cstdio>
 #include <memory>
@@ -34,8 +38,8 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags) {
   prefill::PrefillWorker* w = service.get();
   hooks.metrics_text = [w] { return w->MetricsText(); };
   hooks.healthy = [] { return true; };
-  hooks.stopping = [w] { w->Drain(); };
-  return worker::RunWorker(entry, "prefill", service.get(), hooks);
+  hooks.stopping = [w](absl::Duration timeout) { w->Drain(timeout); };
+  return worker::RunWorker(entry, "prefill", service.get(), hooks, flags.drain_timeout_ms);
 }
 
 const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
@@ -46,6 +50,10 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--port", flags->port, "Override the entry's gRPC port (0: any free port)");
   cmd->add_option("--metrics-port", flags->metrics_port,
                   "Override the entry's metrics port (0: no HTTP endpoint)");
+  cmd->add_option("--drain-timeout-ms", flags->drain_timeout_ms,
+                  "On SIGTERM / SIGINT: how long running prefills may take to finish")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([flags, exit_code] {
     const absl::Status status = RunPrefill(*flags);
     if (!status.ok()) {

@@ -10,6 +10,9 @@
 // one, are reported instead of half-serving (gRPC would otherwise share a port with SO_REUSEPORT).
 // Each child gets PR_SET_PDEATHSIG, so it is stopped (SIGTERM) even when `up` itself is killed.
 // Ctrl-C (SIGINT) or SIGTERM stops every child (SIGTERM, then SIGKILL after 15 s) and exits 0.
+// The workers are started with --drain-timeout-ms 2000 (kUpDrainTimeoutMs), so Ctrl-C stays fast:
+// a worker lets running requests finish for at most 2 s, then ends the rest with a final "error"
+// event (a production unit keeps the 30 s default).
 // If a child exits on its own, `up` names it and its exit status, stops the others and exits 1:
 // a deployment with a missing part is not served half-way (systemd units restart parts
 // individually; `up` is for one machine and development).
@@ -37,6 +40,9 @@
 
 namespace pdserve::cli {
 namespace {
+
+// The workers' --drain-timeout-ms under `up` (see the file comment).
+constexpr const char* kUpDrainTimeoutMs = "2000";
 
 struct UpOptions {
   std::string config;
@@ -209,10 +215,12 @@ int Up(const UpOptions& options) {
   };
   bool ok = true;
   for (const config::WorkerConfig& w : config->prefill) {
-    ok = ok && start(w.name, {"pdserve", "prefill", "--config", options.config, "--name", w.name});
+    ok = ok && start(w.name, {"pdserve", "prefill", "--config", options.config, "--name", w.name,
+                              "--drain-timeout-ms", kUpDrainTimeoutMs});
   }
   for (const config::WorkerConfig& w : config->decode) {
-    ok = ok && start(w.name, {"pdserve", "decode", "--config", options.config, "--name", w.name});
+    ok = ok && start(w.name, {"pdserve", "decode", "--config", options.config, "--name", w.name,
+                              "--drain-timeout-ms", kUpDrainTimeoutMs});
   }
   ok = ok && start("router", {"pdserve", "router", "--config", options.config});
   if (!ok) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "colocated/paged_state.h"
 #include "common/status.h"
 #include "guards/canary.h"
@@ -54,10 +55,12 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
   receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   DecodeWorker* self = w.get();
-  PDSERVE_ASSIGN_OR_RETURN(
-      w->receiver_, kv::TransferReceiver::Create(
-                        receiver_options, w->clock_,
-                        [self](uint64_t ticket_id, uint64_t) { self->OnRelease(ticket_id); }));
+  PDSERVE_ASSIGN_OR_RETURN(w->receiver_,
+                           kv::TransferReceiver::Create(
+                               receiver_options, w->clock_,
+                               [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
+                                 self->OnRelease(ticket_id, outcome);
+                               }));
   w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
                                                              w->pool_.get(), w->options_.runner);
 
@@ -127,6 +130,41 @@ void DecodeWorker::Stop() {
   if (decode_thread_.joinable()) decode_thread_.join();
 }
 
+bool DecodeWorker::Drain(absl::Duration timeout) {
+  draining_ = true;
+  std::vector<uint64_t> tickets;
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& [id, r] : requests_) {
+        if (r->phase != Phase::kDone || r->attached) return false;
+      }
+      return true;
+    };
+    if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
+    int64_t open = 0;
+    for (const auto& [id, r] : requests_) {
+      if (r->phase == Phase::kDone && r->final_queued) continue;
+      ++open;
+      if (r->phase == Phase::kReceiving && r->ticket_id != 0) tickets.push_back(r->ticket_id);
+      QueueFinal(*r, "error", absl::UnavailableError("worker shutting down"));
+      r->aborted = true;
+    }
+    spdlog::warn("drain: {} requests still open after {}; ending them", open,
+                 absl::FormatDuration(timeout));
+  }
+  for (uint64_t ticket_id : tickets) receiver_->Abort(ticket_id).IgnoreError();
+  absl::MutexLock lock(&mu_);
+  auto streams_ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, r] : requests_) {
+      if (r->attached) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&streams_ended), absl::Seconds(2));
+  return false;
+}
+
 grpc::Status DecodeWorker::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
                                    v1::ReserveResponse* response) {
   absl::StatusOr<v1::TransferTicket> ticket = DoReserve(*request);
@@ -141,6 +179,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   const uint64_t id = request.request_id();
   PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
                            worker::SamplingFromProto(request.sampling(), config.vocab_size));
+  PDSERVE_RETURN_IF_ERROR(worker::CheckCanProduceToken(params, model_.eos_ids, config.vocab_size));
   const int64_t prompt_length = request.prompt_tokens();
   if (prompt_length < 1) return absl::InvalidArgumentError("prompt_tokens must be >= 1");
   const int64_t total = prompt_length + params.max_tokens;
@@ -186,8 +225,17 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
           absl::StrCat("the decode worker holds ", holding, " requests (max_batch)"));
     }
     record->sequence = next_sequence_++;
-    PDSERVE_ASSIGN_OR_RETURN(record->table,
-                             pool_->Allocate(record->sequence, model_.layout->Demand(total)));
+    absl::StatusOr<serving::PageTable> table =
+        pool_->Allocate(record->sequence, model_.layout->Demand(total));
+    if (!table.ok()) {
+      // The pool names its owner, our internal sequence number; the caller knows the request id.
+      const std::string detail = absl::StrReplaceAll(
+          table.status().message(), {{absl::StrCat("request ", record->sequence, " "), ""}});
+      return absl::Status(table.status().code(),
+                          absl::StrCat("request ", id, " (prompt ", prompt_length, " + max_tokens ",
+                                       params.max_tokens, " tokens): ", detail));
+    }
+    record->table = std::move(*table);
     absl::StatusOr<std::vector<kv::PlannedPage>> plan =
         kv::PlanTransfer(*model_.layout, model_.layers, record->table, prompt_length, total);
     if (!plan.ok()) {
@@ -216,7 +264,10 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   }
   record->ticket_id = ticket->ticket_id;
   by_ticket_[ticket->ticket_id] = id;
-  return kv::TicketToProto(*ticket);
+  v1::TransferTicket proto = kv::TicketToProto(*ticket);
+  proto.set_reserved_prompt_tokens(static_cast<int32_t>(prompt_length));
+  proto.set_reserved_max_tokens(params.max_tokens);
+  return proto;
 }
 
 void DecodeWorker::TransferLoop() {
@@ -256,6 +307,11 @@ void DecodeWorker::TransferLoop() {
       r.phase = Phase::kDone;
       if (!outcome.ok()) {
         QueueFinal(r, "error", outcome.status());
+      } else if (outcome->state == kv::TransferState::kAbandoned) {
+        // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
+        // error. The receiver releases the pages once no receive is in flight.
+        spdlog::warn("request {}: {}", id, outcome->status.ToString());
+        QueueFinal(r, "error", outcome->status);
       } else if (outcome->state == kv::TransferState::kFailed) {
         const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
         if (kind) {
@@ -286,6 +342,20 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
       MaybeForget(request_id);
       return;
     }
+  }
+  if (commit.prompt_tokens != static_cast<int64_t>(record->prompt.size())) {
+    // The pages verified against the ticket, but the prefill computed another prompt.
+    const absl::Status mismatch = absl::FailedPreconditionError(
+        absl::StrCat("request ", request_id, ": the commit says ", commit.prompt_tokens,
+                     " prompt tokens, Reserve reserved ", record->prompt.size()));
+    spdlog::error("{}", mismatch.ToString());
+    absl::MutexLock lock(&mu_);
+    if (record->phase != Phase::kReceiving) return;
+    record->phase = Phase::kDone;
+    FreePages(*record);
+    QueueFinal(*record, "error", mismatch);
+    MaybeForget(request_id);
+    return;
   }
   const engine::ModelConfig& config = model_.model->config();
   absl::StatusOr<serving::RequestSampler> sampler =
@@ -451,7 +521,7 @@ void DecodeWorker::MaybeForget(uint64_t request_id) {
   requests_.erase(it);
 }
 
-void DecodeWorker::OnRelease(uint64_t ticket_id) {
+void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   absl::MutexLock lock(&mu_);
   auto found = by_ticket_.find(ticket_id);
   if (found == by_ticket_.end()) return;
@@ -460,21 +530,30 @@ void DecodeWorker::OnRelease(uint64_t ticket_id) {
   if (it == requests_.end()) return;
   Request& r = *it->second;
   if (r.phase == Phase::kReceiving && !r.aborted) {
-    // Released before the transfer loop saw an outcome: the lease ended with the transfer
-    // unverified (the receiver fails and releases such a ticket in the same sweep).
+    // Released before the transfer loop saw an outcome: the receiver decided and released the
+    // ticket in one sweep (a lease that ended unverified, or the sender's fence: abandoned).
     r.phase = Phase::kDone;
-    isolation_failures_->WithLabels({"lease"}).Increment();
-    QueueFinal(r, "error",
-               kv::MakeIsolationError(
-                   kv::IsolationError::kLease,
-                   absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended")));
+    absl::Status error = outcome;
+    if (error.ok()) {
+      error = kv::MakeIsolationError(
+          kv::IsolationError::kLease,
+          absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended"));
+    }
+    if (const std::optional<kv::IsolationError> kind = kv::GetIsolationError(error); kind) {
+      isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
+      spdlog::warn("request {}: transfer failed verification: {}", id, error.ToString());
+    } else {
+      spdlog::warn("request {}: {}", id, error.ToString());
+    }
+    QueueFinal(r, "error", std::move(error));
   }
   FreePages(r);
   MaybeForget(id);
 }
 
-bool DecodeWorker::AbortRequest(uint64_t request_id) {
+bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
   uint64_t ticket_id = 0;
+  uint64_t fence_ticket_id = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
@@ -482,6 +561,8 @@ bool DecodeWorker::AbortRequest(uint64_t request_id) {
     Request& r = *it->second;
     r.aborted = true;
     if (r.phase == Phase::kReceiving) ticket_id = r.ticket_id;
+    // Also for a request aborted before (e.g. its Generate was cancelled) whose pages still wait.
+    if (prefill_quiesced && r.pages_held) fence_ticket_id = r.ticket_id;
     QueueFinal(r, "abort", absl::OkStatus());
   }
   if (ticket_id != 0) {
@@ -489,6 +570,8 @@ bool DecodeWorker::AbortRequest(uint64_t request_id) {
     // StartDecoding, which sees the abort.
     receiver_->Abort(ticket_id).IgnoreError();
   }
+  // The prefill worker vouched that nothing is or will be in flight: the fence.
+  if (fence_ticket_id != 0) receiver_->ConfirmFence(fence_ticket_id);
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   return it == requests_.end() || !it->second->pages_held;
@@ -535,7 +618,7 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
       if (!writer->Write(event)) break;
     }
     if (!finished && context->IsCancelled()) {
-      AbortRequest(id);
+      AbortRequest(id, /*prefill_quiesced=*/false);
       break;
     }
   }
@@ -548,7 +631,7 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
 
 grpc::Status DecodeWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                  v1::AbortResponse* response) {
-  response->set_quiesced(AbortRequest(request->request_id()));
+  response->set_quiesced(AbortRequest(request->request_id(), request->prefill_quiesced()));
   return grpc::Status::OK;
 }
 

@@ -7,7 +7,9 @@
 // outcomes: a verified request records the commit's first token in its sampler, emits it as the
 // first Generate event and joins the batch; a failed one (isolation error, lease) ends with
 // finish_reason "error" and the error kind and is never decoded, its pages quarantined by the
-// receiver until the lease ends. A decode thread steps every decoding request one token per step
+// receiver until the lease ends; one the prefill worker abandoned (its fence before a commit)
+// ends with "error" at once, not as an isolation error, its pages freed once no receive is in
+// flight. A decode thread steps every decoding request one token per step
 // with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
 // bit-identical to colocated mode. Abort (or a cancelled Generate) ends the request with "abort":
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
@@ -83,7 +85,12 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
                       pdserve::worker::v1::HealthResponse* response) override;
 
   std::string MetricsText() const;
-  void Drain() { draining_ = true; }
+  // Turns DRAINING (Health says STATE_DRAINING; Reserve answers UNAVAILABLE) and waits up to
+  // `timeout` for every reserved request to finish and its stream to end. Requests still open
+  // then end with a final event finish_reason "error", error_message "worker shutting down"
+  // (never a silent cut); waits at most 2 s more for their streams to take it. Returns whether
+  // every request finished by itself.
+  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the threads and ends every open Generate stream (idempotent).
   void Stop();
 
@@ -128,9 +135,12 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   void FreePages(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a finished request once nothing refers to it any more.
   void MaybeForget(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnRelease(uint64_t ticket_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Aborts `request_id`; returns whether its pages are already free.
-  bool AbortRequest(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The receiver released `ticket_id`'s pages; `outcome` is the ticket's final status.
+  void OnRelease(uint64_t ticket_id, const absl::Status& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts `request_id`; returns whether its pages are already free. `prefill_quiesced`: the
+  // prefill worker said no write is or will be in flight (AbortRequest.prefill_quiesced), which
+  // stands for the sender's fence.
+  bool AbortRequest(uint64_t request_id, bool prefill_quiesced) ABSL_LOCKS_EXCLUDED(mu_);
 
   DecodeWorkerOptions options_;
   worker::WorkerModel model_;

@@ -183,8 +183,20 @@ void TransferReceiver::ConfirmFence(uint64_t ticket_id) {
   absl::MutexLock lock(&mu_);
   auto found = entries_.find(ticket_id);
   if (found == entries_.end()) return;
-  found->second->fence = true;
+  OnFence(*found->second);
   Sweep();
+}
+
+void TransferReceiver::OnFence(Entry& entry) {
+  entry.fence = true;
+  // With a commit the sender claimed every page delivered: the missing-page check decides.
+  if (entry.state != TransferState::kReceiving || entry.commit.has_value()) return;
+  entry.state = TransferState::kAbandoned;
+  ++stats_.abandoned;
+  entry.status = absl::AbortedError(
+      absl::StrCat("the prefill worker abandoned the transfer (ticket ", entry.ticket.ticket_id,
+                   ": fenced with ", entry.landed, " of ", entry.ticket.pages.size(),
+                   " pages landed and no commit)"));
 }
 
 ReceiverStats TransferReceiver::stats() const {
@@ -192,7 +204,8 @@ ReceiverStats TransferReceiver::stats() const {
   ReceiverStats stats = stats_;
   stats.tickets_held = 0;
   for (const auto& [id, entry] : entries_) {
-    if (entry->state == TransferState::kFailed || entry->state == TransferState::kAborted) {
+    if (entry->state == TransferState::kFailed || entry->state == TransferState::kAborted ||
+        entry->state == TransferState::kAbandoned) {
       ++stats.tickets_held;
     }
   }
@@ -374,7 +387,7 @@ void TransferReceiver::HandleControl(std::span<const std::byte> bytes) {
   }
   Entry& entry = *found->second;
   if (message.kind == WireKind::kFence) {
-    entry.fence = true;
+    OnFence(entry);
     Sweep();
     return;
   }
@@ -472,6 +485,9 @@ void TransferReceiver::Sweep() {
         case TransferState::kAborted:
           release = entry.fence || now >= ticket.lease_deadline;
           break;
+        case TransferState::kAbandoned:
+          release = true;
+          break;
         case TransferState::kVerified:
           // The pages are the request's; keep the outcome readable until the lease would end.
           forget = now >= ticket.lease_deadline;
@@ -480,7 +496,7 @@ void TransferReceiver::Sweep() {
           break;
       }
     }
-    if (release) on_release_(ticket.ticket_id, ticket.request_id);
+    if (release) on_release_(ticket.ticket_id, ticket.request_id, entry.status);
     if (release || forget) {
       it = entries_.erase(it);
     } else {

@@ -5,9 +5,11 @@
 // (docs/protocol.md, "Verification"), each landed payload is checksummed, and the commit closes
 // the transfer. A request's outcome is exactly one of: verified (its pages now belong to the
 // caller), failed with an isolation error (pages quarantined until the lease ends), aborted
-// (pages held behind the abort fence) or lease-expired. Pages of a request that did not verify
-// go back to the caller only through `on_release`, and only when no receive into them is in
-// flight and (for aborts) the sender's fence arrived or the lease expired.
+// (pages held behind the abort fence), abandoned (the sender fenced before committing: it stopped
+// and has nothing in flight, e.g. the prefill failed or was aborted on its side) or
+// lease-expired. Pages of a request that did not verify go back to the caller only through
+// `on_release`, and only when no receive into them is in flight and (for aborts) the sender's
+// fence arrived or the lease expired (abandoned: at once, once no receive is in flight).
 //
 // Time: leases, heartbeats and the missing-page grace use the injected clock; Progress() sweeps
 // them on every call, and RunFor() waits on the UCX event fd with a timeout so the sweep runs
@@ -45,6 +47,9 @@ enum class TransferState {
   kVerified,   // Every check passed; the caller owns the pages.
   kFailed,     // Isolation error; pages quarantined until the lease ends.
   kAborted,    // Abort(); pages held behind the fence.
+  // The sender's fence (or ConfirmFence) arrived before any commit: the sender stopped and has no
+  // write in flight. Not an isolation error; pages released once no receive is in flight.
+  kAbandoned,
 };
 
 struct ReceiverOptions {
@@ -66,7 +71,9 @@ struct ReceiveSpec {
 
 struct TransferOutcome {
   TransferState state = TransferState::kReceiving;
-  absl::Status status;  // The isolation error when kFailed; Cancelled when kAborted.
+  // The isolation error when kFailed; Cancelled when kAborted; Aborted (canonical code, not an
+  // isolation error) "the prefill worker abandoned the transfer ..." when kAbandoned.
+  absl::Status status;
   std::optional<ControlMessage> commit;  // Set once verified.
 };
 
@@ -75,13 +82,17 @@ struct ReceiverStats {
   uint64_t bytes_landed = 0;
   uint64_t stray_messages = 0;  // Messages for no known ticket or request (dropped).
   std::map<IsolationError, uint64_t> isolation_errors;
-  size_t tickets_held = 0;  // Failed or aborted tickets whose pages are not yet released.
+  size_t tickets_held = 0;  // Failed, aborted or abandoned tickets whose pages are not released.
+  uint64_t abandoned = 0;   // Tickets the sender fenced before committing.
 };
 
 class TransferReceiver {
  public:
-  // Called when a ticket's pages may be reused (see the file comment).
-  using ReleaseFn = std::function<void(uint64_t ticket_id, uint64_t request_id)>;
+  // Called when a ticket's pages may be reused (see the file comment). `outcome` is the ticket's
+  // final status: the isolation error (kFailed), Cancelled (kAborted) or the abandonment error
+  // (kAbandoned).
+  using ReleaseFn =
+      std::function<void(uint64_t ticket_id, uint64_t request_id, const absl::Status& outcome)>;
 
   // Creates the UCX context and worker and registers the message handlers. `clock` must outlive
   // the receiver. Errors: the UCX setup error.
@@ -113,8 +124,9 @@ class TransferReceiver {
   // Stops accepting pages for the ticket; its pages are released behind the fence.
   // Errors: NotFound; FailedPrecondition if it was already verified (the caller owns the pages).
   absl::Status Abort(uint64_t ticket_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // The control plane's word that the sender has no write in flight (same effect as a fence
-  // message). Unknown tickets are ignored.
+  // The control plane's word that the sender has no write in flight and never will (same effect
+  // as a fence message): an aborted ticket's pages are released once no receive is in flight; a
+  // ticket still receiving without a commit becomes kAbandoned. Unknown tickets are ignored.
   void ConfirmFence(uint64_t ticket_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<std::byte>& worker_address() const { return address_; }
@@ -140,6 +152,8 @@ class TransferReceiver {
   void FinishLanding(uint64_t ticket_id, uint32_t slot, ucs_status_t status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailEntry(Entry& entry, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the sender's fence: see ConfirmFence.
+  void OnFence(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryVerify(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Sweep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindForHeader(const PageHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -157,6 +157,18 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
                                                    params.max_tokens, ") exceeds the context of ",
                                                    config.max_position_embeddings));
   }
+  // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
+  // max_tokens would write pages the decode worker cannot use.
+  const v1::TransferTicket& ticket_proto = request.ticket();
+  if ((ticket_proto.reserved_prompt_tokens() != 0 &&
+       ticket_proto.reserved_prompt_tokens() != prompt_length) ||
+      (ticket_proto.reserved_max_tokens() != 0 &&
+       ticket_proto.reserved_max_tokens() != params.max_tokens)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request ", id, ": Prefill has a prompt of ", prompt_length, " tokens and max_tokens ",
+        params.max_tokens, "; Reserve reserved ", ticket_proto.reserved_prompt_tokens(), " and ",
+        ticket_proto.reserved_max_tokens()));
+  }
   PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(request.ticket()));
   if (ticket.request_id != id) {
     return absl::InvalidArgumentError(
@@ -167,19 +179,32 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
       serving::RequestSampler::Create(params, worker::SeedRequestId(id), model_.eos_ids, prompt,
                                       config.vocab_size));
 
-  absl::MutexLock run(&run_mu_);
+  // Waits for this request's turn (FIFO) or its abort / cancellation, whichever comes first: an
+  // aborted queued request leaves at once (its Abort answers quiesced) and never starts.
   {
     absl::MutexLock lock(&mu_);
+    run_queue_.push_back(id);
+    auto turn = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return aborted_.contains(id) || (!run_busy_ && run_queue_.front() == id);
+    };
+    // The timeout only re-checks the client's cancellation, which no Condition can see.
+    while (!mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(50)) &&
+           !context.IsCancelled()) {
+    }
+    const bool mine =
+        !aborted_.contains(id) && !context.IsCancelled() && !run_busy_ && run_queue_.front() == id;
+    run_queue_.erase(std::find(run_queue_.begin(), run_queue_.end(), id));
+    if (!mine) return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+    run_busy_ = true;
     ++running_;
     queue_depth_->Set(static_cast<double>(active_.size() - running_));
   }
   absl::Cleanup not_running = [this] {
     absl::MutexLock lock(&mu_);
     --running_;
+    run_busy_ = false;
   };
-  if (Aborted(id) || context.IsCancelled()) {
-    return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
-  }
+  absl::MutexLock run(&run_mu_);  // Uncontended: run_busy_ admits one prefill at a time.
 
   // This worker's own copy of the request's pages: the transfer's sources.
   const serving::RequestId sequence = next_sequence_++;
@@ -214,103 +239,150 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   kv::TransferSender sender(*transport, clock_);
   absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared = sender.Prepare(ticket, sources);
   if (!prepared.ok()) {
-    failures_->WithLabels({"connect"}).Increment();
+    // Prepare says DeadlineExceeded for a ticket whose lease already ended.
+    failures_
+        ->WithLabels({prepared.status().code() == absl::StatusCode::kDeadlineExceeded
+                          ? "lease_expired"
+                          : "connect"})
+        .Increment();
     return prepared.status();
   }
   std::unique_ptr<kv::Transfer> transfer = std::move(*prepared);
   in_flight_->Add(1);
   absl::Cleanup not_in_flight = [this] { in_flight_->Add(-1); };
-  auto check = [&]() -> absl::Status {
-    if (Aborted(id) || context.IsCancelled()) {
-      CountFailure(absl::CancelledError());
-      return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+  // Every failure from here on is one failed transfer (the Transfer fences on destruction):
+  // counted once, by the transfer's error, or "prefill_error" when the prefill itself failed.
+  bool transfer_error = false;
+  absl::StatusOr<v1::PrefillResponse> result = [&]() -> absl::StatusOr<v1::PrefillResponse> {
+    auto check = [&]() -> absl::Status {
+      if (Aborted(id) || context.IsCancelled()) {
+        transfer_error = true;
+        return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+      }
+      absl::StatusOr<bool> polled = transfer->Poll();
+      if (!polled.ok()) transfer_error = true;
+      return polled.status();
+    };
+
+    // Chunked prefill: Forward calls cut at absolute multiples of prefill_block, as colocated. In
+    // the final block each layer's pages are stored and posted as soon as the layer's attention has
+    // extended its state, so UCX moves layer l while layers l+1.. compute.
+    PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
+    const colocated::PagedState paged(config, *model_.layout, total);
+    absl::Status posting;  // the first failure of the final block's per-layer posts
+    absl::Time first_post = absl::InfiniteFuture();
+    const engine::Model::LayerHook post_layer = [&](int64_t layer, const engine::LayerState& ls,
+                                                    int64_t position) {
+      if (!posting.ok()) return;
+      first_post = std::min(first_post, absl::Now());
+      posting = paged.StoreLayer(layer, ls, position, 0, pages);
+      if (posting.ok()) {
+        posting = transfer->PostLayer(static_cast<uint32_t>(layer));
+        if (!posting.ok()) transfer_error = true;
+      }
+      if (posting.ok()) posting = check();
+    };
+    const absl::Time prefill_start = absl::Now();
+    engine::ModelState state = model_.model->NewState();
+    engine::Tensor logits;
+    for (int64_t from = 0; from < prompt_length;) {
+      const int64_t to =
+          std::min(prompt_length, (from / options_.prefill_block + 1) * options_.prefill_block);
+      std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+      const bool final_block = to == prompt_length;
+      PDSERVE_ASSIGN_OR_RETURN(
+          logits, model_.model->Forward(&state, tokens, final_block ? post_layer : nullptr));
+      PDSERVE_RETURN_IF_ERROR(posting);
+      chunk_tokens_->Observe(static_cast<double>(to - from));
+      from = to;
+      PDSERVE_RETURN_IF_ERROR(check());
     }
-    absl::StatusOr<bool> polled = transfer->Poll();
-    if (!polled.ok()) CountFailure(polled.status());
-    return polled.status();
-  };
+    tokens_total_->Increment(static_cast<double>(prompt_length));
+    const int64_t vocab = logits.dim(1);
+    std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
+                                static_cast<size_t>(vocab));
+    PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first,
+                             sampler.Next(static_cast<int32_t>(request.sampling().choice()), last));
+    const absl::Time prefill_end = absl::Now();
 
-  // Chunked prefill: Forward calls cut at absolute multiples of prefill_block, as colocated. In
-  // the final block each layer's pages are stored and posted as soon as the layer's attention has
-  // extended its state, so UCX moves layer l while layers l+1.. compute.
-  PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
-  const colocated::PagedState paged(config, *model_.layout, total);
-  absl::Status posting;  // the first failure of the final block's per-layer posts
-  absl::Time first_post = absl::InfiniteFuture();
-  const engine::Model::LayerHook post_layer = [&](int64_t layer, const engine::LayerState& ls,
-                                                  int64_t position) {
-    if (!posting.ok()) return;
-    first_post = std::min(first_post, absl::Now());
-    posting = paged.StoreLayer(layer, ls, position, 0, pages);
-    if (posting.ok()) posting = transfer->PostLayer(static_cast<uint32_t>(layer));
-    if (posting.ok()) posting = check();
-  };
-  const absl::Time prefill_start = absl::Now();
-  engine::ModelState state = model_.model->NewState();
-  engine::Tensor logits;
-  for (int64_t from = 0; from < prompt_length;) {
-    const int64_t to =
-        std::min(prompt_length, (from / options_.prefill_block + 1) * options_.prefill_block);
-    std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
-    const bool final_block = to == prompt_length;
-    PDSERVE_ASSIGN_OR_RETURN(
-        logits, model_.model->Forward(&state, tokens, final_block ? post_layer : nullptr));
-    PDSERVE_RETURN_IF_ERROR(posting);
-    chunk_tokens_->Observe(static_cast<double>(to - from));
-    from = to;
-    PDSERVE_RETURN_IF_ERROR(check());
+    if (absl::Status committed =
+            transfer->Commit(static_cast<int32_t>(prompt_length), first.sampled.token);
+        !committed.ok()) {
+      transfer_error = true;
+      return committed;
+    }
+    for (;;) {
+      PDSERVE_RETURN_IF_ERROR(check());
+      absl::StatusOr<bool> delivered = transfer->Poll();
+      if (!delivered.ok()) {
+        transfer_error = true;
+        return delivered.status();
+      }
+      if (*delivered) break;
+      std::this_thread::yield();
+    }
+    if (absl::Status released = transfer->Release(); !released.ok()) {
+      transfer_error = true;
+      return released;
+    }
+    const absl::Time transfer_end = absl::Now();
+    const uint64_t bytes = ticket.total_bytes();
+    transfer_bytes_ += static_cast<int64_t>(bytes);
+    transfer_bytes_total_->Increment(static_cast<double>(bytes));
+    const double transfer_seconds = absl::ToDoubleSeconds(transfer_end - first_post);
+    transfer_seconds_->Observe(transfer_seconds);
+    if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
+
+    v1::PrefillResponse response;
+    v1::TransferCommit* commit = response.mutable_commit();
+    commit->set_ticket_id(ticket.ticket_id);
+    commit->set_epoch(ticket.epoch);
+    commit->set_pages_sent(static_cast<uint32_t>(ticket.pages.size()));
+    commit->set_prompt_tokens(static_cast<int32_t>(prompt_length));
+    commit->set_first_token(first.sampled.token);
+    response.set_prefill_us(absl::ToInt64Microseconds(prefill_end - prefill_start));
+    response.set_transfer_us(absl::ToInt64Microseconds(transfer_end - first_post));
+    *response.mutable_first_token() = worker::SampledTokenToProto(first.sampled);
+    response.set_transfer_bytes(bytes);
+    return response;
+  }();
+  if (!result.ok()) {
+    if (transfer_error) {
+      CountFailure(result.status());
+    } else {
+      failures_->WithLabels({"prefill_error"}).Increment();
+    }
   }
-  tokens_total_->Increment(static_cast<double>(prompt_length));
-  const int64_t vocab = logits.dim(1);
-  std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
-                              static_cast<size_t>(vocab));
-  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first,
-                           sampler.Next(static_cast<int32_t>(request.sampling().choice()), last));
-  const absl::Time prefill_end = absl::Now();
+  return result;
+}
 
-  PDSERVE_RETURN_IF_ERROR(
-      transfer->Commit(static_cast<int32_t>(prompt_length), first.sampled.token));
-  for (;;) {
-    PDSERVE_RETURN_IF_ERROR(check());
-    absl::StatusOr<bool> delivered = transfer->Poll();
-    if (!delivered.ok()) return delivered.status();
-    if (*delivered) break;
-    std::this_thread::yield();
+void PrefillWorker::RememberAborted(uint64_t request_id) {
+  if (aborted_.insert(request_id).second) {
+    aborted_order_.push_back(request_id);
+    if (aborted_order_.size() > kAbortedRemembered) {
+      aborted_.erase(aborted_order_.front());
+      aborted_order_.pop_front();
+    }
   }
-  PDSERVE_RETURN_IF_ERROR(transfer->Release());
-  const absl::Time transfer_end = absl::Now();
-  const uint64_t bytes = ticket.total_bytes();
-  transfer_bytes_ += static_cast<int64_t>(bytes);
-  transfer_bytes_total_->Increment(static_cast<double>(bytes));
-  const double transfer_seconds = absl::ToDoubleSeconds(transfer_end - first_post);
-  transfer_seconds_->Observe(transfer_seconds);
-  if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
+}
 
-  v1::PrefillResponse response;
-  v1::TransferCommit* commit = response.mutable_commit();
-  commit->set_ticket_id(ticket.ticket_id);
-  commit->set_epoch(ticket.epoch);
-  commit->set_pages_sent(static_cast<uint32_t>(ticket.pages.size()));
-  commit->set_prompt_tokens(static_cast<int32_t>(prompt_length));
-  commit->set_first_token(first.sampled.token);
-  response.set_prefill_us(absl::ToInt64Microseconds(prefill_end - prefill_start));
-  response.set_transfer_us(absl::ToInt64Microseconds(transfer_end - first_post));
-  *response.mutable_first_token() = worker::SampledTokenToProto(first.sampled);
-  response.set_transfer_bytes(bytes);
-  return response;
+bool PrefillWorker::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_.empty(); };
+  if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
+  spdlog::warn("drain: {} prefills still running after {}; aborting them", active_.size(),
+               absl::FormatDuration(timeout));
+  for (uint64_t id : active_) RememberAborted(id);
+  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(5));
+  return false;
 }
 
 grpc::Status PrefillWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                   v1::AbortResponse* response) {
   const uint64_t id = request->request_id();
   absl::MutexLock lock(&mu_);
-  if (aborted_.insert(id).second) {
-    aborted_order_.push_back(id);
-    if (aborted_order_.size() > kAbortedRemembered) {
-      aborted_.erase(aborted_order_.front());
-      aborted_order_.pop_front();
-    }
-  }
+  RememberAborted(id);
   // The prefill's Transfer cancels its sends and fences before the RPC leaves active_.
   auto gone = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !active_.contains(id); };
   const bool quiesced = mu_.AwaitWithTimeout(absl::Condition(&gone), absl::Seconds(5));

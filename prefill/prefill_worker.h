@@ -13,11 +13,13 @@
 // while layers l+1.. compute. Slots come from kv::PlanTransfer. Heartbeats go out
 // between prefill blocks, so a long prompt keeps its lease. One prefill runs at a time (the UCX
 // transport is single-threaded; the CPU backend's GEMMs already use every core); others wait in
-// FIFO order on a mutex.
+// FIFO order (run_queue_).
 //
-// Abort(request) stops a waiting or running prefill; a running transfer is destroyed, which
-// cancels its sends and sends the abort fence (docs/protocol.md). Abort answers quiesced = true
-// once the request no longer runs.
+// Abort(request) stops a waiting or running prefill; a waiting one leaves the queue at once and
+// never starts; a running transfer is destroyed, which cancels its sends and sends the abort fence
+// (docs/protocol.md). Abort answers quiesced = true once the request no longer runs. A Prefill
+// that fails after the transfer was prepared also destroys the transfer, so the decode worker
+// gets the fence and ends the request at once (not an isolation failure).
 //
 // Thread-safety: every RPC may run concurrently on gRPC's threads.
 #pragma once
@@ -72,8 +74,10 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
                       pdserve::worker::v1::HealthResponse* response) override;
 
   std::string MetricsText() const { return registry_.Serialize(); }
-  // Starts refusing new prefills (Health says DRAINING).
-  void Drain() { draining_ = true; }
+  // Starts refusing new prefills (UNAVAILABLE; Health says DRAINING), waits up to `timeout` for
+  // running and queued prefills to finish, then aborts the rest (their transfers fence) and waits
+  // at most 5 s more for them to stop. Returns whether every prefill finished by itself.
+  bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   PrefillWorker() = default;
@@ -81,6 +85,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
       const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
   bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
   void CountFailure(const absl::Status& status);
+  void RememberAborted(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   PrefillWorkerOptions options_;
   worker::WorkerModel model_;
@@ -97,6 +102,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   mutable absl::Mutex mu_;
   absl::flat_hash_set<uint64_t> active_ ABSL_GUARDED_BY(mu_);  // running or waiting
   int running_ ABSL_GUARDED_BY(mu_) = 0;
+  // Prefills waiting for their turn, in arrival order; run_busy_ while one runs.
+  std::deque<uint64_t> run_queue_ ABSL_GUARDED_BY(mu_);
+  bool run_busy_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);  // bounds aborted_
   std::atomic<int64_t> transfer_bytes_{0};

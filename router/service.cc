@@ -107,8 +107,7 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
     std::shared_ptr<Attempt> a = attempt.shared_from_this();
     RouterService* owner = service;
     actions->push_back([=] {
-      owner->SendAbort(*decode, id, ticket);
-      owner->SendAbort(*prefill, id, ticket);
+      owner->SendAbortPrefillThenDecode(*prefill, *decode, id, ticket);
       a->reserve_context.TryCancel();
       if (started) {
         a->prefill_context.TryCancel();
@@ -469,18 +468,34 @@ void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
       [this, r, attempt](grpc::Status status) { OnReserved(r, attempt, status); });
 }
 
-void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id) {
+void RouterService::SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
+                                               uint64_t ticket_id) {
+  Worker* d = &decode;
+  SendAbort(prefill, request_id, ticket_id, /*prefill_quiesced=*/false,
+            [this, d, request_id, ticket_id](bool quiesced) {
+              SendAbort(*d, request_id, ticket_id, quiesced);
+            });
+}
+
+void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id,
+                              bool prefill_quiesced, std::function<void(bool quiesced)> then) {
   struct Call {
     grpc::ClientContext context;
     wv1::AbortRequest request;
     wv1::AbortResponse response;
   };
   auto call = std::make_shared<Call>();
-  call->context.set_deadline(Deadline(absl::Seconds(5)));
+  // A prefill worker answers within 5 s (it waits that long at most for the prefill to stop).
+  call->context.set_deadline(
+      Deadline(worker.role() == Role::kDecode ? absl::Seconds(5) : absl::Seconds(6)));
   call->request.set_request_id(request_id);
   call->request.set_ticket_id(ticket_id);
+  if (worker.role() == Role::kDecode) call->request.set_prefill_quiesced(prefill_quiesced);
   calls_.fetch_add(1);
-  auto done = [this, call](const grpc::Status&) { calls_.fetch_sub(1); };
+  auto done = [this, call, then = std::move(then)](const grpc::Status& status) {
+    if (then) then(status.ok() && call->response.quiesced());
+    calls_.fetch_sub(1);
+  };
   if (worker.role() == Role::kDecode) {
     worker.decode()->async()->Abort(&call->context, &call->request, &call->response,
                                     std::move(done));
@@ -531,7 +546,9 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
       if (request->ended || request->cancelled.load() || attempt->over) {
         ReleaseAttempt(*attempt, true, true);
         attempt->over = true;
-        SendAbort(*attempt->decode, attempt->request_id, attempt->ticket_id);
+        // No Prefill was sent for this attempt: nothing can write its pages.
+        SendAbort(*attempt->decode, attempt->request_id, attempt->ticket_id,
+                  /*prefill_quiesced=*/true);
       } else {
         attempt->streams_started = true;
         start = true;

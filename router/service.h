@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,7 +98,15 @@ class RouterService : public frontend::GenerationService {
   // Counts a finished request (finish_reason empty: the choices' own reasons).
   void RecordFinish(Request& request, int http_status, const std::string& finish_reason);
   // Sends Abort to `worker` without waiting for the answer (counted in calls_).
-  void SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id);
+  // `prefill_quiesced` goes into a decode worker's AbortRequest (ignored for a prefill worker).
+  // `then` (optional) runs on the answer with its `quiesced` (false when the call failed).
+  void SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id,
+                 bool prefill_quiesced = false, std::function<void(bool quiesced)> then = nullptr);
+  // Aborts on the prefill worker first, then on the decode worker with prefill_quiesced from the
+  // prefill worker's answer, so the decode worker frees the pages at once when nothing is in
+  // flight (docs/protocol.md, "Abort").
+  void SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
+                                  uint64_t ticket_id);
   // Gives back the load an attempt holds on its prefill and / or decode worker.
   void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
   bool CanRetry(Request& request, const Attempt& attempt) const;

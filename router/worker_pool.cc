@@ -171,12 +171,15 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   auto abort_both = [&] {
     wv1::AbortRequest abort;
     abort.set_request_id(request_id);
-    wv1::AbortResponse ignored;
+    wv1::AbortResponse prefill_answer, ignored;
     grpc::ClientContext c1, c2;
     c1.set_deadline(Deadline(absl::Seconds(1)));
     c2.set_deadline(Deadline(absl::Seconds(1)));
+    // Prefill first: its quiesced answer lets the decode worker free the pages at once.
+    const bool quiesced =
+        prefill.prefill()->Abort(&c2, abort, &prefill_answer).ok() && prefill_answer.quiesced();
+    abort.set_prefill_quiesced(quiesced);
     decode.decode()->Abort(&c1, abort, &ignored).ok();
-    prefill.prefill()->Abort(&c2, abort, &ignored).ok();
   };
   if (!status.ok()) {
     // RESOURCE_EXHAUSTED: a full worker is busy, not broken.

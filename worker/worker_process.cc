@@ -81,7 +81,7 @@ void BlockStopSignals() {
 }
 
 absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
-                       const WorkerHooks& hooks) {
+                       const WorkerHooks& hooks, int64_t drain_timeout_ms) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(absl::StrCat(entry.worker.host, ":", entry.worker.port),
@@ -118,9 +118,10 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   sigaddset(&signals, SIGTERM);
   int received = 0;
   sigwait(&signals, &received);
-  spdlog::info("pdserve {}: signal {}, stopping", role, received);
+  spdlog::info("pdserve {}: signal {}, draining (at most {} ms)", role, received, drain_timeout_ms);
   notifier.Stopping();
-  if (hooks.stopping) hooks.stopping();
+  if (hooks.stopping) hooks.stopping(absl::Milliseconds(drain_timeout_ms));
+  spdlog::info("pdserve {}: drained, stopping", role);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (http) http->Stop();
   return absl::OkStatus();

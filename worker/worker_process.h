@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/deploy_config.h"
 
 namespace pdserve::worker {
@@ -24,6 +25,8 @@ struct WorkerFlags {
   std::string name;       // empty: the first worker of the role
   int port = -1;          // -1: the entry's port (0: any free port)
   int metrics_port = -1;  // -1: the entry's metrics_port (0: none)
+  // --drain-timeout-ms: on SIGTERM / SIGINT, how long running requests may take to finish.
+  int64_t drain_timeout_ms = 30000;
 };
 
 // The worker's place in the deployment.
@@ -49,13 +52,17 @@ void BlockStopSignals();
 struct WorkerHooks {
   std::function<std::string()> metrics_text;  // /metrics body
   std::function<bool()> healthy;              // /health and the systemd watchdog
-  std::function<void()> stopping;             // called on the signal, before the server stops
+  // Called on the signal, before the server stops: turns the worker DRAINING and returns once
+  // its running requests finished or `drain_timeout` passed (ending the rest with a final
+  // event). The gRPC server keeps serving (Health, Generate, Abort) meanwhile.
+  std::function<void(absl::Duration drain_timeout)> stopping;
 };
 
-// Serves `service` until SIGINT / SIGTERM. Prints "pdserve ROLE: serving on HOST:PORT" (and the
-// metrics port) to stdout once bound. Errors: the port cannot be bound.
+// Serves `service` until SIGINT / SIGTERM, then drains (hooks.stopping with
+// absl::Milliseconds(drain_timeout_ms)) and stops the server. Prints "pdserve ROLE: serving on
+// HOST:PORT" (and the metrics port) to stdout once bound. Errors: the port cannot be bound.
 absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
-                       const WorkerHooks& hooks);
+                       const WorkerHooks& hooks, int64_t drain_timeout_ms);
 
 // Histogram bounds first, first * factor, ... up to last (inclusive), for docs/metrics.md's
 // power-of-2 and x2.5 buckets. REQUIRES: 0 < first <= last, factor > 1.

@@ -28,11 +28,13 @@ class InProcessTest : public ::testing::Test {
   }
 
   std::unique_ptr<TransferReceiver> MakeReceiver(uint64_t incarnation) {
-    auto receiver = TransferReceiver::Create(
-        {.lease = absl::Seconds(10),
-         .heartbeat_interval = absl::Seconds(1),
-         .incarnation = incarnation},
-        clock_, [this](uint64_t ticket_id, uint64_t) { released_.push_back(ticket_id); });
+    auto receiver =
+        TransferReceiver::Create({.lease = absl::Seconds(10),
+                                  .heartbeat_interval = absl::Seconds(1),
+                                  .incarnation = incarnation},
+                                 clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
+                                   released_.push_back(ticket_id);
+                                 });
     EXPECT_TRUE(receiver.ok()) << receiver.status();
     return receiver.ok() ? std::move(*receiver) : nullptr;
   }
@@ -175,6 +177,20 @@ TEST_F(InProcessTest, AbortWaitsForTheFenceOrTheLease) {
   clock_.Advance(absl::Seconds(11));
   receiver->RunFor(absl::Milliseconds(10));
   EXPECT_EQ(released_, (std::vector<uint64_t>{fenced.ticket_id, unfenced.ticket_id}));
+}
+
+TEST_F(InProcessTest, FenceForAReceivingTicketAbandonsItWithoutAnIsolationError) {
+  auto receiver = MakeReceiver(1);
+  const Ticket ticket = Expect(*receiver, 1);
+  // The sender's word that it stopped with nothing in flight, before any commit: released at
+  // once, well inside the lease, and not counted as an isolation error.
+  receiver->ConfirmFence(ticket.ticket_id);
+  EXPECT_EQ(released_, std::vector<uint64_t>{ticket.ticket_id});
+  EXPECT_EQ(receiver->Outcome(ticket.ticket_id).status().code(), absl::StatusCode::kNotFound);
+  const ReceiverStats stats = receiver->stats();
+  EXPECT_TRUE(stats.isolation_errors.empty());
+  EXPECT_EQ(stats.abandoned, 1u);
+  EXPECT_EQ(stats.tickets_held, 0u);
 }
 
 TEST_F(InProcessTest, ExpectRejectsMismatchedDestinations) {

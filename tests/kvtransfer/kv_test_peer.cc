@@ -152,7 +152,7 @@ int RunSender() {
 int RunReceiver(uint32_t num_pages, uint64_t page_bytes) {
   serving::SystemClock clock;
   auto receiver = TransferReceiver::Create({.incarnation = static_cast<uint64_t>(getpid())}, clock,
-                                           [](uint64_t, uint64_t) {});
+                                           [](uint64_t, uint64_t, const absl::Status&) {});
   if (!receiver.ok()) {
     Say("error " + receiver.status().ToString());
     return 1;

@@ -26,11 +26,13 @@ class ReceiverProcessTest : public ::testing::Test {
     tls_ = tls;
     setenv("UCX_TLS", tls.c_str(), 1);
     pool_.assign(kPoolPages, std::vector<std::byte>(kPageBytes));
-    auto receiver = TransferReceiver::Create(
-        {.lease = absl::Seconds(10),
-         .heartbeat_interval = absl::Milliseconds(100),
-         .incarnation = 1},
-        clock_, [this](uint64_t ticket_id, uint64_t) { released_.push_back(ticket_id); });
+    auto receiver =
+        TransferReceiver::Create({.lease = absl::Seconds(10),
+                                  .heartbeat_interval = absl::Milliseconds(100),
+                                  .incarnation = 1},
+                                 clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
+                                   released_.push_back(ticket_id);
+                                 });
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = std::move(*receiver);
   }

@@ -98,10 +98,13 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
   prefill_env.insert(prefill_env.end(), options.prefill_env.begin(), options.prefill_env.end());
   auto decode = StartWorker("decode", config,
                             {"--max-batch", absl::StrCat(options.decode_max_batch), "--pool-tokens",
-                             absl::StrCat(options.decode_pool_tokens)},
+                             absl::StrCat(options.decode_pool_tokens), "--drain-timeout-ms",
+                             absl::StrCat(options.drain_timeout_ms)},
                             env);
   if (!decode.ok()) return decode.status();
-  auto prefill = StartWorker("prefill", config, {}, prefill_env);
+  auto prefill =
+      StartWorker("prefill", config, {"--drain-timeout-ms", absl::StrCat(options.drain_timeout_ms)},
+                  prefill_env);
   if (!prefill.ok()) return prefill.status();
   cluster->decode_process_ = std::move(decode->first);
   cluster->prefill_process_ = std::move(prefill->first);

@@ -46,6 +46,7 @@ struct ClusterOptions {
   int64_t decode_pool_tokens = 0;
   std::vector<std::string> prefill_env;  // e.g. the TEST-ONLY fault switches
   std::string guards_yaml;               // a `guards:` section for the deploy config, or ""
+  int64_t drain_timeout_ms = 30000;      // both workers' --drain-timeout-ms
 };
 
 class PdCluster {

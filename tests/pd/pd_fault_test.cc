@@ -36,6 +36,18 @@ v1::StatsResponse DecodeStats(PdCluster& cluster) {
   return stats;
 }
 
+// Sends Abort for request `id` to the decode worker (with `prefill_quiesced`) and returns its
+// answer; the call must succeed.
+v1::AbortResponse AbortOnDecode(PdCluster& cluster, uint64_t id, bool prefill_quiesced) {
+  grpc::ClientContext c;
+  v1::AbortRequest abort;
+  abort.set_request_id(id);
+  abort.set_prefill_quiesced(prefill_quiesced);
+  v1::AbortResponse response;
+  EXPECT_TRUE(cluster.decode().Abort(&c, abort, &response).ok());
+  return response;
+}
+
 // Reserves `spec` and starts its Prefill and Generate without waiting for them.
 struct InFlight {
   v1::ReserveResponse reserved;
@@ -91,23 +103,22 @@ TEST(PdFaultTest, AbortMidTransferThenPagesReusedMatchesAloneRun) {
     ASSERT_TRUE((*cluster)->prefill().Abort(&c, abort, &response).ok());
     EXPECT_TRUE(response.quiesced());
   }
-  {
-    grpc::ClientContext c;
-    v1::AbortRequest abort;
-    abort.set_request_id(first.request_id);
-    v1::AbortResponse response;
-    ASSERT_TRUE((*cluster)->decode().Abort(&c, abort, &response).ok());
-  }
-  // At once: the second request waits only for the fence (Reserve says RESOURCE_EXHAUSTED until
-  // the first's pages are back).
+  // The prefill worker's fence ends the request on decode at once (the router aborts the prefill
+  // worker first): an abandoned transfer, not an isolation error.
+  flight.Join();
+  EXPECT_EQ(flight.outcome.finish_reason, "error");
+  EXPECT_EQ(flight.outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED);
+  EXPECT_TRUE(absl::StrContains(flight.outcome.error, "prefill worker abandoned the transfer"))
+      << flight.outcome.error;
+  EXPECT_EQ(flight.prefill_status.error_code(), grpc::StatusCode::CANCELLED);
+  // The router's decode Abort that follows finds the pages free already.
+  EXPECT_TRUE(AbortOnDecode(**cluster, first.request_id, /*prefill_quiesced=*/true).quiesced());
+  // At once: the second request's Reserve finds the first's pages back.
   Outcome outcome;
   const absl::Time until = absl::Now() + absl::Seconds(20);
   do {
     outcome = (*cluster)->Run(second);
   } while (absl::StrContains(outcome.error, "Reserve") && absl::Now() < until);
-  flight.Join();
-  EXPECT_EQ(flight.outcome.finish_reason, "abort");
-  EXPECT_FALSE(flight.prefill_status.ok());
   const std::vector<Outcome> alone = RunColocated({second});
   EXPECT_TRUE(outcome.error.empty()) << outcome.error;
   EXPECT_EQ(outcome.tokens, alone[0].tokens);
@@ -199,6 +210,204 @@ TEST(PdFaultTest, CancelledGenerateAbortsTheRequestOnDecode) {
   EXPECT_GT(stats.pages_quarantined(), 0);
 }
 
+// Sampling that can never produce a token on the 4096-token bundled model.
+serving::SamplingParams EveryTokenMasked(serving::SamplingParams params) {
+  params.stop_token_ids.clear();
+  for (int32_t id = 0; id < 4096; ++id) params.stop_token_ids.push_back(id);
+  params.min_tokens = params.max_tokens;
+  return params;
+}
+
+TEST(PdFaultTest, ReserveRejectsSamplingThatCanNeverProduceAToken) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RequestSpec spec = Spec(740001, 30, 1);
+  spec.params = EveryTokenMasked(spec.params);
+  grpc::ClientContext c;
+  v1::ReserveResponse reserved;
+  const grpc::Status status = (*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "every token is masked"))
+      << status.error_message();
+  const v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+}
+
+// The prefill worker fails after connecting (its sampling masks every token): its fence ends the
+// request on decode at once, as an error that is not an isolation failure, and frees the pages.
+TEST(PdFaultTest, PrefillFailureAfterConnectEndsDecodeRequestAtOnceWithoutIsolationError) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(740002, 100, 1);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  const absl::Time start = absl::Now();
+  RequestSpec rejected = spec;
+  rejected.params = EveryTokenMasked(spec.params);
+  grpc::Status prefill_status;
+  std::thread prefill([&] {
+    grpc::ClientContext c;
+    v1::PrefillResponse response;
+    prefill_status =
+        (*cluster)->prefill().Prefill(&c, PrefillFor(rejected, reserved.ticket()), &response);
+  });
+  Outcome outcome;
+  {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest generate;
+    generate.set_request_id(spec.request_id);
+    generate.set_ticket_id(reserved.ticket().ticket_id());
+    auto reader = (*cluster)->decode().Generate(&c, generate);
+    ReadGenerate(*reader, &outcome);
+  }
+  prefill.join();
+  EXPECT_EQ(prefill_status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << prefill_status.error_message();
+  EXPECT_EQ(outcome.finish_reason, "error");
+  EXPECT_EQ(outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED) << outcome.error;
+  EXPECT_TRUE(absl::StrContains(outcome.error, "prefill worker abandoned the transfer"))
+      << outcome.error;
+  EXPECT_TRUE(outcome.tokens.empty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));  // the lease is 30 s
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  do {
+    stats = DecodeStats(**cluster);
+    if (stats.pages_free() == stats.pages_total()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < until);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
+    EXPECT_EQ(stats.isolation_errors(kind), 0) << "kind " << kind;
+  }
+}
+
+// Reserve then Abort, many times over on a worker that holds two requests: with prefill_quiesced
+// (the router's word that the prefill worker never wrote or will write) the pages are free at
+// once and never block --max-batch; without it they wait for the fence or the lease.
+TEST(PdFaultTest, AbortWithPrefillQuiescedFreesPagesAtOnce) {
+  ClusterOptions options;
+  options.decode_max_batch = 2;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (uint64_t id = 750001; id < 750011; ++id) {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    const grpc::Status status =
+        (*cluster)->decode().Reserve(&c, ReserveFor(Spec(id, 80, 1)), &reserved);
+    ASSERT_TRUE(status.ok()) << "request " << id << ": " << status.error_message();
+    EXPECT_TRUE(AbortOnDecode(**cluster, id, /*prefill_quiesced=*/true).quiesced())
+        << "request " << id;
+  }
+  v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  // Without the prefill worker's word the pages stay behind the fence (the 30 s lease here).
+  {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(Spec(750100, 80, 1)), &reserved).ok());
+  }
+  EXPECT_FALSE(AbortOnDecode(**cluster, 750100, /*prefill_quiesced=*/false).quiesced());
+  EXPECT_GT(DecodeStats(**cluster).pages_quarantined(), 0);
+  // A later Abort with the prefill worker's word frees them.
+  EXPECT_TRUE(AbortOnDecode(**cluster, 750100, /*prefill_quiesced=*/true).quiesced());
+  stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+}
+
+// A Prefill whose max_tokens differs from what Reserve reserved fails FAILED_PRECONDITION before
+// it writes anything.
+TEST(PdFaultTest, PrefillWithOtherMaxTokensThanReservedIsFailedPrecondition) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(780001, 50, 1);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  EXPECT_EQ(reserved.ticket().reserved_prompt_tokens(), 50);
+  EXPECT_EQ(reserved.ticket().reserved_max_tokens(), 6);
+  RequestSpec other = spec;
+  other.params.max_tokens = 7;
+  grpc::ClientContext c;
+  v1::PrefillResponse response;
+  const grpc::Status status =
+      (*cluster)->prefill().Prefill(&c, PrefillFor(other, reserved.ticket()), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "Reserve reserved 50 and 6"))
+      << status.error_message();
+}
+
+// Abort of a prefill waiting behind a running one answers at once (quiesced) and the waiting
+// request never starts; the running one is unaffected.
+TEST(PdFaultTest, AbortOfQueuedPrefillAnswersAtOnceAndItNeverStarts) {
+  ClusterOptions options;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=790001", "PDSERVE_TEST_DELAY_MS=3000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight running;
+  StartInFlight(**cluster, Spec(790001, 100, 1), &running);
+  absl::SleepFor(absl::Milliseconds(300));
+  InFlight queued;
+  StartInFlight(**cluster, Spec(790002, 60, 1), &queued);
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    grpc::ClientContext c;
+    v1::StatsResponse stats;
+    ASSERT_TRUE((*cluster)->prefill().Stats(&c, v1::StatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.running_requests(), 1);
+    EXPECT_EQ(stats.waiting_requests(), 1);
+  }
+  const absl::Time start = absl::Now();
+  {
+    grpc::ClientContext c;
+    v1::AbortRequest abort;
+    abort.set_request_id(790002);
+    v1::AbortResponse response;
+    ASSERT_TRUE((*cluster)->prefill().Abort(&c, abort, &response).ok());
+    EXPECT_TRUE(response.quiesced());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));  // the running prefill holds 3 s
+  if (queued.prefill.joinable()) queued.prefill.join();
+  EXPECT_EQ(queued.prefill_status.error_code(), grpc::StatusCode::CANCELLED)
+      << queued.prefill_status.error_message();
+  EXPECT_TRUE(AbortOnDecode(**cluster, 790002, /*prefill_quiesced=*/true).quiesced());
+  running.Join();
+  queued.Join();
+  EXPECT_TRUE(running.prefill_status.ok()) << running.prefill_status.error_message();
+  EXPECT_EQ(running.outcome.finish_reason, "length");
+  EXPECT_EQ(queued.outcome.finish_reason, "abort");
+}
+
+// A full pool's RESOURCE_EXHAUSTED names the request id (not the worker's internal sequence).
+TEST(PdFaultTest, ReserveOnAFullPoolNamesTheRequestId) {
+  ClusterOptions options;
+  options.decode_pool_tokens = 256;  // a few 500-token requests
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  grpc::Status status;
+  uint64_t id = 800000;
+  while (status.ok() && id < 800060) {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    status = (*cluster)->decode().Reserve(&c, ReserveFor(Spec(++id, 500, 1)), &reserved);
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(),
+                               absl::StrCat("request ", id, " (prompt 500 + max_tokens 6")))
+      << status.error_message();
+  EXPECT_FALSE(absl::StrContains(status.error_message(), absl::StrCat("request ", id - 800000)))
+      << status.error_message();
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
@@ -228,6 +437,85 @@ TEST(PdProcessTest, WorkersReportHealthAndExitZeroOnSigterm) {
   }
   EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
   EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->decode_process().pid()), 0);
+}
+
+// Health of the decode worker (STATE_UNSPECIFIED when the call fails).
+v1::HealthResponse::State DecodeHealth(PdCluster& cluster) {
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::HealthResponse health;
+  if (!cluster.decode().Health(&c, v1::HealthRequest(), &health).ok()) {
+    return v1::HealthResponse::STATE_UNSPECIFIED;
+  }
+  return health.state();
+}
+
+// The exit status of `pid` once it exits (without reaping it).
+int ExitStatus(pid_t pid) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0) return -1;
+  return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;
+}
+
+// SIGTERM drains: Health says DRAINING, Reserve is UNAVAILABLE, and the running request finishes
+// normally (its transfer is held 1.5 s past the signal) before the worker exits 0.
+TEST(PdProcessTest, SigtermDrainsRunningRequestsThenExitsZero) {
+  ClusterOptions options;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=760001", "PDSERVE_TEST_DELAY_MS=1500"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(760001, 100, 4);
+  InFlight flight;
+  StartInFlight(**cluster, spec, &flight);
+  absl::SleepFor(absl::Milliseconds(300));
+  const pid_t decode_pid = (*cluster)->decode_process().pid();
+  ASSERT_EQ(kill(decode_pid, SIGTERM), 0);
+  v1::HealthResponse::State state = v1::HealthResponse::STATE_SERVING;
+  const absl::Time until = absl::Now() + absl::Seconds(1);
+  while (state == v1::HealthResponse::STATE_SERVING && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+    state = DecodeHealth(**cluster);
+  }
+  EXPECT_EQ(state, v1::HealthResponse::STATE_DRAINING);
+  {
+    grpc::ClientContext c;
+    v1::ReserveResponse reserved;
+    const grpc::Status status =
+        (*cluster)->decode().Reserve(&c, ReserveFor(Spec(760002, 20, 1)), &reserved);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  }
+  flight.Join();
+  EXPECT_TRUE(flight.prefill_status.ok()) << flight.prefill_status.error_message();
+  EXPECT_TRUE(flight.outcome.error.empty()) << flight.outcome.error;
+  EXPECT_EQ(flight.outcome.finish_reason, "length");
+  EXPECT_EQ(flight.outcome.tokens.size(), 6u);
+  EXPECT_EQ(ExitStatus(decode_pid), 0);
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
+}
+
+// A request still open when the drain timeout passes ends with a final "error" event naming the
+// shutdown, never a cut stream.
+TEST(PdProcessTest, DrainTimeoutEndsOpenStreamsWithFinalErrorEvent) {
+  ClusterOptions options;
+  options.drain_timeout_ms = 300;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=all", "PDSERVE_TEST_DELAY_MS=20000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight flight;
+  StartInFlight(**cluster, Spec(770001, 100, 1), &flight);
+  absl::SleepFor(absl::Milliseconds(300));
+  const pid_t decode_pid = (*cluster)->decode_process().pid();
+  const absl::Time signalled = absl::Now();
+  ASSERT_EQ(kill(decode_pid, SIGTERM), 0);
+  if (flight.generate.joinable()) flight.generate.join();
+  EXPECT_EQ(flight.outcome.finish_reason, "error");
+  EXPECT_EQ(flight.outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED);
+  EXPECT_TRUE(absl::StrContains(flight.outcome.error, "worker shutting down"))
+      << flight.outcome.error;
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(10));
+  EXPECT_EQ(ExitStatus(decode_pid), 0);
+  EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
+  flight.Join();
 }
 
 }  // namespace

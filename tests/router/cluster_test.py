@@ -134,10 +134,14 @@ transfer:
   lease_ms: 30000
 """)
         self.procs = {}
+        # A short drain (workers that have the flag): stop() waits 20 s for every process.
+        helps = subprocess.run([worker_pdserve, "decode", "--help"], capture_output=True,
+                               text=True).stdout
+        drain = ["--drain-timeout-ms", "3000"] if "--drain-timeout-ms" in helps else []
         for role, name in [("prefill", "prefill-0"), ("decode", "decode-0"),
                            ("decode", "decode-1")]:
             self.procs[name] = subprocess.Popen(
-                [worker_pdserve, role, "--config", self.config, "--name", name])
+                [worker_pdserve, role, "--config", self.config, "--name", name] + drain)
         self.procs["router"] = subprocess.Popen([pdserve, "router", "--config", self.config],
                                                 stdout=subprocess.PIPE, text=True)
         self.base = f"http://127.0.0.1:{p['http']}"
