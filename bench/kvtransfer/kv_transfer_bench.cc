@@ -102,7 +102,8 @@ void Report(const Config& config, std::vector<double> seconds) {
 
 void PdserveReceiver(const Config& config, Channel& channel) {
   serving::SystemClock clock;
-  auto receiver = TransferReceiver::Create({.lease = absl::Seconds(60)}, clock, [](auto, auto) {});
+  auto receiver =
+      TransferReceiver::Create({.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {});
   if (!receiver.ok()) Die(receiver.status());
   std::vector<std::byte> pool(config.total_bytes);
   if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);
