@@ -23,7 +23,7 @@
 namespace pdserve::cli {
 namespace {
 
-absl::Status RunPrefill(const worker::WorkerFlags& flags) {
+absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   worker::LogToStderr("prefill");
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry, worker::LoadWorkerEntry(flags, "prefill"));
@@ -31,6 +31,7 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags) {
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;
   options.faults = prefill::TestFaults::FromEnvironment();
+  options.max_waiting = max_waiting;
   PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<prefill::PrefillWorker> service,
                            prefill::PrefillWorker::Create(options));
@@ -54,8 +55,13 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "On SIGTERM / SIGINT: how long running prefills may take to finish")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([flags, exit_code] {
-    const absl::Status status = RunPrefill(*flags);
+  auto max_waiting = std::make_shared<int64_t>(32);
+  cmd->add_option("--max-waiting", *max_waiting,
+                  "Prefills that may wait for their turn; more get RESOURCE_EXHAUSTED (429)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->callback([flags, max_waiting, exit_code] {
+    const absl::Status status = RunPrefill(*flags, *max_waiting);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve prefill: %s\n", status.ToString().c_str());
       *exit_code = 1;

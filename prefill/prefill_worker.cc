@@ -114,6 +114,11 @@ grpc::Status PrefillWorker::Prefill(grpc::ServerContext* context, const v1::Pref
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
+    if (static_cast<int64_t>(active_.size()) - running_ >= options_.max_waiting) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("the prefill queue holds ", options_.max_waiting,
+                                       " requests (max_waiting); retry later"));
+    }
     if (!active_.insert(id).second) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                           absl::StrCat("request ", id, " is already being prefilled"));

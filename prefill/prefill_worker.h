@@ -52,6 +52,9 @@ struct PrefillWorkerOptions {
   std::string model_dir = "models/kjv-v4-tiny";
   std::string model_name = "kjv-v4-tiny";
   int64_t prefill_block = 64;  // as colocated::RunnerOptions::prefill_block
+  // Prefills waiting for their turn beyond this are refused with RESOURCE_EXHAUSTED (the router
+  // answers 429), so a queue never outlives the transfer leases its requests hold on decode.
+  int64_t max_waiting = 32;
   TestFaults faults;           // test-only; off by default
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
 };

@@ -102,9 +102,10 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
                              absl::StrCat(options.drain_timeout_ms)},
                             env);
   if (!decode.ok()) return decode.status();
-  auto prefill =
-      StartWorker("prefill", config, {"--drain-timeout-ms", absl::StrCat(options.drain_timeout_ms)},
-                  prefill_env);
+  auto prefill = StartWorker("prefill", config,
+                             {"--drain-timeout-ms", absl::StrCat(options.drain_timeout_ms),
+                              "--max-waiting", absl::StrCat(options.prefill_max_waiting)},
+                             prefill_env);
   if (!prefill.ok()) return prefill.status();
   cluster->decode_process_ = std::move(decode->first);
   cluster->prefill_process_ = std::move(prefill->first);

@@ -387,6 +387,36 @@ TEST(PdFaultTest, AbortOfQueuedPrefillAnswersAtOnceAndItNeverStarts) {
   EXPECT_EQ(queued.outcome.finish_reason, "abort");
 }
 
+// A prefill queue at --max-waiting refuses the next Prefill with RESOURCE_EXHAUSTED at once (the
+// router's 429), so queued requests never sit past their decode leases; the others still finish.
+TEST(PdFaultTest, PrefillQueueAtMaxWaitingRefusesWithResourceExhausted) {
+  ClusterOptions options;
+  options.prefill_max_waiting = 1;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=791001", "PDSERVE_TEST_DELAY_MS=2000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight running;
+  StartInFlight(**cluster, Spec(791001, 100, 1), &running);
+  absl::SleepFor(absl::Milliseconds(300));
+  InFlight queued;
+  StartInFlight(**cluster, Spec(791002, 60, 1), &queued);
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  InFlight refused;
+  StartInFlight(**cluster, Spec(791003, 60, 1), &refused);
+  if (refused.prefill.joinable()) refused.prefill.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));  // the running prefill holds 2 s
+  EXPECT_EQ(refused.prefill_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.prefill_status.error_message();
+  EXPECT_TRUE(AbortOnDecode(**cluster, 791003, /*prefill_quiesced=*/true).quiesced());
+  running.Join();
+  queued.Join();
+  refused.Join();
+  EXPECT_EQ(running.outcome.finish_reason, "length");
+  EXPECT_EQ(queued.outcome.finish_reason, "length");
+  EXPECT_EQ(refused.outcome.finish_reason, "abort");
+}
+
 // A full pool's RESOURCE_EXHAUSTED names the request id (not the worker's internal sequence).
 TEST(PdFaultTest, ReserveOnAFullPoolNamesTheRequestId) {
   ClusterOptions options;
