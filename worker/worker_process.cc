@@ -2,9 +2,11 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/systemd_notify.h"
 #include "frontend/generation_service.h"
@@ -65,6 +67,14 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
                          ? std::filesystem::path(deploy->model_path).filename().string()
                          : deploy->served_name;
   entry.deploy = std::move(*deploy);
+  // A worker configured on a loopback address keeps its UCX traffic on the loopback device too;
+  // otherwise UCX's tcp transport also listens on, and may connect through, the host's other
+  // interfaces. An operator's own UCX_NET_DEVICES wins. Runs before any thread starts.
+  const std::string& host = entry.worker.host;
+  if ((absl::StartsWith(host, "127.") || host == "localhost" || host == "::1") &&
+      std::getenv("UCX_NET_DEVICES") == nullptr) {
+    setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);
+  }
   return entry;
 }
 
