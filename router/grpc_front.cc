@@ -44,21 +44,31 @@ struct CallState {
   std::deque<pv1::GenerateResponse> queue ABSL_GUARDED_BY(mu);
   bool writing ABSL_GUARDED_BY(mu) = false;
   std::optional<grpc::Status> end ABSL_GUARDED_BY(mu);
-  bool finished ABSL_GUARDED_BY(mu) = false;
+  bool finished ABSL_GUARDED_BY(mu) = false;   // Finish() was called (exactly once per call)
+  bool cancelled ABSL_GUARDED_BY(mu) = false;  // the client cancelled or its deadline passed
   std::string id;
+
+  // Calls Finish(status) unless it was called already. Every call is finished exactly once:
+  // normally by Pump, or with CANCELLED by a cancellation / failed write.
+  void FinishOnce(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (reactor == nullptr || finished) return;
+    finished = true;
+    reactor->Finish(status);
+  }
 
   // Starts the next write, or finishes once the queue is empty and the end is known.
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (reactor == nullptr || writing || finished) return;
+    if (cancelled) {
+      FinishOnce(grpc::Status::CANCELLED);
+      return;
+    }
     if (!queue.empty()) {
       writing = true;
       reactor->StartWrite(&queue.front());
       return;
     }
-    if (end) {
-      finished = true;
-      reactor->Finish(*end);
-    }
+    if (end) FinishOnce(*end);
   }
 };
 
@@ -146,13 +156,20 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
     state_->writing = false;
     state_->queue.pop_front();
     if (!ok) {
-      state_->finished = true;
-      Finish(grpc::Status::CANCELLED);
+      state_->FinishOnce(grpc::Status::CANCELLED);
       return;
     }
     state_->Pump();
   }
+  // The client cancelled (or its deadline passed): stop the generation and finish the call with
+  // CANCELLED (now, or when the write in progress completes), so that OnDone runs and the call is
+  // freed. gRPC calls OnCancel after the constructor returned, so generation_ is settled.
   void OnCancel() override {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->cancelled = true;
+      state_->Pump();  // finishes unless a write is in progress (its OnWriteDone finishes)
+    }
     if (generation_) generation_->Cancel();
   }
   void OnDone() override {

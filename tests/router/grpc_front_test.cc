@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
@@ -133,6 +134,87 @@ TEST_F(GrpcFrontTest, ErrorsAreStatusesWithTheOpenAiJson) {
   status = Generate(request, &out);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(out.empty());
+}
+
+// Starts every request and never ends it: the client has to cancel. Counts the generations
+// cancelled and destroyed (the front destroys a call's generation when the call is done).
+class HangingService : public frontend::GenerationService {
+ public:
+  std::vector<std::string> ModelNames() const override { return {"tiny"}; }
+  frontend::StartResult Start(const frontend::ApiRequest&,
+                              std::shared_ptr<frontend::GenerationSink> sink) override {
+    sink->OnDelta({0, "Hel", {}, std::nullopt});
+    absl::MutexLock lock(&mu);
+    ++started;
+    return std::unique_ptr<frontend::Generation>(new CountingGeneration(this));
+  }
+  bool Ready() const override { return true; }
+  std::string MetricsText() const override { return ""; }
+
+  absl::Mutex mu;
+  int started ABSL_GUARDED_BY(mu) = 0;
+  int cancelled ABSL_GUARDED_BY(mu) = 0;
+  int destroyed ABSL_GUARDED_BY(mu) = 0;
+
+ private:
+  class CountingGeneration : public frontend::Generation {
+   public:
+    explicit CountingGeneration(HangingService* owner) : owner_(owner) {}
+    ~CountingGeneration() override {
+      absl::MutexLock lock(&owner_->mu);
+      ++owner_->destroyed;
+    }
+    void Cancel() override {
+      absl::MutexLock lock(&owner_->mu);
+      if (!cancelled_) ++owner_->cancelled;
+      cancelled_ = true;
+    }
+
+   private:
+    HangingService* owner_;
+    bool cancelled_ = false;
+  };
+};
+
+TEST(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
+  testing::KeepCallbackQueueAlive();
+  HangingService service;
+  auto front = GrpcFront::Start("127.0.0.1", 0, &service);
+  ASSERT_TRUE(front.ok()) << front.status();
+  auto stub = pv1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*front)->port()), grpc::InsecureChannelCredentials()));
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext context;
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.set_text("And God said");
+    auto reader = stub->Generate(&context, request);
+    pv1::GenerateResponse response;
+    ASSERT_TRUE(reader->Read(&response));  // the call is running on the server
+    EXPECT_EQ(response.choices(0).text(), "Hel");
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  {
+    // Every call is done on the server (OnDone freed it and its generation). The timeout only
+    // bounds a failing run; the condition is what is asserted.
+    absl::MutexLock lock(&service.mu);
+    const bool all_done = service.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](HangingService* s)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->destroyed == kCalls; },
+            &service),
+        absl::Seconds(30));
+    EXPECT_TRUE(all_done);
+    EXPECT_EQ(service.started, kCalls);
+    EXPECT_EQ(service.cancelled, kCalls);
+    EXPECT_EQ(service.destroyed, kCalls);
+  }
+  // No call is left for the server's shutdown to wait on.
+  (*front)->Stop();
 }
 
 }  // namespace
