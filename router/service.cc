@@ -1,6 +1,7 @@
 #include "router/service.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <random>
@@ -17,7 +18,6 @@ namespace pdserve::router {
 namespace {
 
 namespace wv1 = worker::v1;
-using Actions = std::vector<std::function<void()>>;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
@@ -71,6 +71,13 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   bool streams_started = false;
   bool over = false;  // finished, failed or abandoned: later events are ignored
   bool aborted = false;
+  // The first token's logprobs come from the Prefill answer (PrefillResponse.first_token), not
+  // from Generate's first event. When logprobs are requested, Generate's events (and its end)
+  // are held here until Prefill has answered, then replayed in order.
+  bool prefill_answered = false;
+  bool first_event_handled = false;
+  std::deque<wv1::GenerateResponse> held;
+  std::optional<grpc::Status> held_done;
 };
 
 struct RouterService::Request : std::enable_shared_from_this<Request> {
@@ -579,11 +586,25 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
                                 const grpc::Status& status) {
   Actions actions;
   bool retry = false;
+  bool retry_decode = false;
   {
     absl::MutexLock lock(&request->mu);
     ReleaseAttempt(*attempt, true, false);
     if (status.ok()) {
       attempt->prefill->RecordSuccess();
+      attempt->prefill_answered = true;
+      // Replays what Generate sent while the first token's logprobs were awaited.
+      while (!attempt->held.empty() && !attempt->over && !request->ended) {
+        wv1::GenerateResponse event = std::move(attempt->held.front());
+        attempt->held.pop_front();
+        HandleEvent(*request, *attempt, event, &actions);
+      }
+      attempt->held.clear();
+      if (attempt->held_done) {
+        const grpc::Status done = *attempt->held_done;
+        attempt->held_done.reset();
+        retry_decode = HandleDone(*request, *attempt, done, &actions);
+      }
     } else if (!attempt->over) {
       if (WorkerDown(status.error_code())) attempt->prefill->RecordFailure();
       if (WorkerDown(status.error_code()) && CanRetry(*request, *attempt)) {
@@ -606,6 +627,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
   }
   RunActions(actions);
   if (retry) Dispatch(request, attempt->choice, attempt->prefill_index, -1);
+  if (retry_decode) Dispatch(request, attempt->choice, -1, attempt->decode_index);
 }
 
 void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
@@ -614,7 +636,22 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
   {
     absl::MutexLock lock(&request.mu);
     if (attempt.over || request.ended) return;
+    if (request.prepared.params.logprobs && !attempt.prefill_answered) {
+      attempt.held.push_back(event);  // replayed by OnPrefilled
+      return;
+    }
+    HandleEvent(request, attempt, event, &actions);
+  }
+  RunActions(actions);
+}
+
+void RouterService::HandleEvent(Request& request, Attempt& attempt,
+                                const wv1::GenerateResponse& event, Actions* actions_out) {
+  Actions& actions = *actions_out;
+  {
     const int c = attempt.choice;
+    const bool first_event = !attempt.first_event_handled;
+    attempt.first_event_handled = true;
     frontend::ChoiceText& text = request.texts[c];
     const std::string& finish = event.finish_reason();
     const bool normal_end = finish == "stop" || finish == "length" || finish == "degenerate";
@@ -634,6 +671,29 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
         }
       } else {
         sampled.token = event.token_ids(i);
+      }
+      if (first_event && i == 0 && request.prepared.params.logprobs) {
+        // Generate's first token carries only its id: the logprobs are the prefill worker's.
+        const wv1::SampledToken& first = attempt.prefilled.first_token();
+        if (!attempt.prefilled.has_first_token() || first.token_id() != sampled.token) {
+          request.Fail(
+              frontend::ServerError(
+                  500,
+                  absl::StrCat("prefill worker ", attempt.prefill->name(),
+                               attempt.prefilled.has_first_token()
+                                   ? absl::StrCat(" sampled first token ", first.token_id(),
+                                                  " but decode worker ", attempt.decode->name(),
+                                                  " streamed ", sampled.token)
+                                   : " sent no first token logprobs"),
+                  "server_error", "first_token_mismatch"),
+              &actions);
+          return;
+        }
+        sampled.logprob = first.logprob();
+        sampled.top.clear();
+        for (const wv1::TokenLogprob& top : first.top_logprobs()) {
+          sampled.top.emplace_back(top.token_id(), top.logprob());
+        }
       }
       request.any_token[c] = true;
       frontend::ChoiceDelta delta = text.Add(sampled, i + 1 == n && normal_end ? finish : "");
@@ -669,7 +729,6 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
           &actions);
     }
   }
-  RunActions(actions);
 }
 
 void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status) {
@@ -678,29 +737,35 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
   {
     absl::MutexLock lock(&request.mu);
     ReleaseAttempt(attempt, false, true);
-    if (!attempt.over && !request.ended) {
-      if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
-      if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
-        retries_
-            ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                              ? "timeout"
-                              : "worker_down"})
-            .Increment();
-        request.AbortAttempt(attempt, &actions);
-        retry = true;
-      } else {
-        request.Fail(
-            frontend::ServerError(status.ok() ? 500 : 503,
-                                  absl::StrCat("decode worker ", attempt.decode->name(),
-                                               " ended the stream without a final event: ",
-                                               status.ok() ? "OK" : status.error_message()),
-                                  "server_error", "worker_unavailable"),
-            &actions);
-      }
+    if (status.ok() && !attempt.held.empty() && !attempt.over && !request.ended) {
+      attempt.held_done = status;  // after the held events, when Prefill answers
+    } else {
+      retry = HandleDone(request, attempt, status, &actions);
     }
   }
   RunActions(actions);
   if (retry) Dispatch(request.shared_from_this(), attempt.choice, -1, attempt.decode_index);
+}
+
+bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
+                               Actions* actions) {
+  if (attempt.over || request.ended) return false;
+  if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
+  if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
+    retries_
+        ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout"
+                                                                                 : "worker_down"})
+        .Increment();
+    request.AbortAttempt(attempt, actions);
+    return true;
+  }
+  request.Fail(frontend::ServerError(status.ok() ? 500 : 503,
+                                     absl::StrCat("decode worker ", attempt.decode->name(),
+                                                  " ended the stream without a final event: ",
+                                                  status.ok() ? "OK" : status.error_message()),
+                                     "server_error", "worker_unavailable"),
+               actions);
+  return false;
 }
 
 std::string RouterService::MetricsText() const {

@@ -13,6 +13,11 @@
 // The seed is always sent explicitly: the request's, else serving::EffectiveSeed of the response
 // id, as the colocated service derives it.
 //
+// The first token's logprob and top_logprobs come from PrefillResponse.first_token (Generate's
+// first event carries only its id): when logprobs are requested, a choice's Generate events are
+// held until its Prefill has answered; a failed Prefill fails the request (a 5xx before any
+// token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
+//
 // Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
 // INVALID_ARGUMENT -> 400. A choice whose workers fail before it produced a token is retried
 // once on other workers (pdserve_router_retries_total); after that, and for an "error" final
@@ -26,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +46,9 @@
 #include "router/worker_pool.h"
 
 namespace pdserve::router {
+
+// Work to run once a Request's lock is released (Abort calls, cancellations).
+using Actions = std::vector<std::function<void()>>;
 
 struct RouterOptions {
   std::string model_dir;
@@ -109,6 +118,13 @@ class RouterService : public frontend::GenerationService {
   void OnGenerateEvent(Request& request, Attempt& attempt,
                        const worker::v1::GenerateResponse& event);
   void OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status);
+  // REQUIRES: request.mu held. One Generate event of `attempt` (the first token's logprobs
+  // taken from the Prefill answer when logprobs are requested).
+  void HandleEvent(Request& request, Attempt& attempt, const worker::v1::GenerateResponse& event,
+                   Actions* actions);
+  // REQUIRES: request.mu held. The end of `attempt`'s Generate stream without a final event.
+  // Returns whether the choice is to be dispatched again (on another decode worker).
+  bool HandleDone(Request& request, Attempt& attempt, const grpc::Status& status, Actions* actions);
 
   RouterOptions options_;
   std::vector<std::string> model_names_;

@@ -214,10 +214,54 @@ TEST_F(RouterServiceTest, LogprobsAreDetokenized) {
   ASSERT_EQ(sink->logprobs[0].size(), 2u);
   const int32_t first = FakeToken(42, 0, 0, 2);
   EXPECT_EQ(sink->logprobs[0][0].token, Decode(*service, {first}));
-  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.5f);
+  // The first token's logprobs are the prefill worker's (PrefillResponse.first_token).
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.25f);
   ASSERT_EQ(sink->logprobs[0][0].top.size(), 2u);
   EXPECT_EQ(sink->logprobs[0][0].top[1].first, Decode(*service, {first + 1}));
-  EXPECT_FLOAT_EQ(sink->logprobs[0][0].top[1].second, -1.5f);
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].top[1].second, -1.25f);
+  // The second token's are the decode worker's.
+  const int32_t second = FakeToken(42, 0, 1, 2);
+  EXPECT_EQ(sink->logprobs[0][1].token, Decode(*service, {second}));
+  EXPECT_FLOAT_EQ(sink->logprobs[0][1].logprob, -0.5f);
+  ASSERT_EQ(sink->logprobs[0][1].top.size(), 2u);
+  EXPECT_FLOAT_EQ(sink->logprobs[0][1].top[1].second, -1.5f);
+}
+
+TEST_F(RouterServiceTest, FirstTokenLogprobsWaitForASlowPrefillForEveryChoice) {
+  prefill_->delay_ms = 300;  // Generate's events arrive first and are held
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({4, 4, 4}, 3);
+  req.logprobs = true;
+  req.top_logprobs = 3;
+  req.n = 2;
+  auto sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  ASSERT_EQ(sink->logprobs.size(), 2u);
+  for (uint32_t c = 0; c < 2; ++c) {
+    ASSERT_EQ(sink->logprobs[c].size(), 3u) << "choice " << c;
+    const int32_t first = FakeToken(42, c, 0, 3);
+    EXPECT_EQ(sink->logprobs[c][0].token, Decode(*service, {first}));
+    EXPECT_FLOAT_EQ(sink->logprobs[c][0].logprob, -0.25f);
+    ASSERT_EQ(sink->logprobs[c][0].top.size(), 3u);
+    EXPECT_EQ(sink->logprobs[c][0].top[2].first, Decode(*service, {first + 2}));
+    EXPECT_FLOAT_EQ(sink->logprobs[c][0].top[2].second, -2.25f);
+    EXPECT_FLOAT_EQ(sink->logprobs[c][2].logprob, -0.5f);
+    EXPECT_EQ(sink->finish[c], "length");
+  }
+  EXPECT_EQ(sink->usage.completion_tokens, 6);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, FailedPrefillFailsALogprobsRequestBeforeAnyToken) {
+  prefill_->prefill_code = grpc::StatusCode::INTERNAL;
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({4, 4}, 4);
+  req.logprobs = true;
+  req.top_logprobs = 1;
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 500);
+  EXPECT_TRUE(sink->text.empty() || sink->text[0].empty());
 }
 
 TEST_F(RouterServiceTest, StopStringEndsTheChoiceAndAbortsTheDecodeWorker) {
