@@ -47,6 +47,27 @@ frontend::ApiError ReserveError(const grpc::Status& status, const std::string& w
   }
 }
 
+// The API error for a failed Prefill (see OnPrefilled for the retries before it).
+frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker) {
+  const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return frontend::ServerError(
+          429, absl::StrCat("the prefill pool is full; retry later (", detail, ")"),
+          "rate_limit_exceeded", "prefill_busy");
+    case grpc::StatusCode::UNAVAILABLE:
+      return frontend::ServerError(
+          503, absl::StrCat("no prefill worker could take the request (", detail, ")"),
+          "server_error", "worker_unavailable");
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return frontend::ServerError(
+          503, absl::StrCat("prefill worker ", worker, " did not answer in time (", detail, ")"),
+          "server_error", "prefill_timeout");
+    default:
+      return frontend::ServerError(500, detail, "server_error", "prefill_failed");
+  }
+}
+
 }  // namespace
 
 // One try of one choice on one (prefill, decode) pair. Fields below `mu`-comments are guarded by
@@ -254,6 +275,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   PDSERVE_ASSIGN_OR_RETURN(o.decode_policy, ParsePolicy(config.router.decode_policy));
   o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
   o.lease_ms = config.lease_ms;
+  o.prefill_timeout = absl::Milliseconds(config.lease_ms);
   return o;
 }
 
@@ -559,6 +581,7 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
   if (!start) return;
   std::shared_ptr<Request> r = request;
   calls_.fetch_add(1);
+  attempt->prefill_context.set_deadline(Deadline(options_.prefill_timeout));
   attempt->prefill->prefill()->async()->Prefill(&attempt->prefill_context,
                                                 &attempt->prefill_request, &attempt->prefilled,
                                                 [this, r, attempt](grpc::Status s) {
@@ -572,6 +595,13 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
       },
       [this](Request& req, Attempt& a, const grpc::Status& s) { OnGenerateDone(req, a, s); });
   reader->Start();
+}
+
+bool RouterService::OtherPrefillUp(const Attempt& attempt) const {
+  for (const Worker* w : pool_->prefill()) {
+    if (w != attempt.prefill && w->up()) return true;
+  }
+  return false;
 }
 
 // Whether a failed choice may be tried again on other workers: no token of it reached the
@@ -597,7 +627,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
       while (!attempt->held.empty() && !attempt->over && !request->ended) {
         wv1::GenerateResponse event = std::move(attempt->held.front());
         attempt->held.pop_front();
-        HandleEvent(*request, *attempt, event, &actions);
+        retry = HandleEvent(*request, *attempt, event, &actions) || retry;
       }
       attempt->held.clear();
       if (attempt->held_done) {
@@ -606,22 +636,25 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
         retry_decode = HandleDone(*request, *attempt, done, &actions);
       }
     } else if (!attempt->over) {
-      if (WorkerDown(status.error_code())) attempt->prefill->RecordFailure();
-      if (WorkerDown(status.error_code()) && CanRetry(*request, *attempt)) {
+      // RESOURCE_EXHAUSTED (its queue is full): tried on another prefill worker when one is up,
+      // else 429; the worker is busy, not down. UNAVAILABLE / DEADLINE_EXCEEDED (down, stopped,
+      // past prefill_timeout): counted against the worker, retried (on another one when one is
+      // up), else 503. Anything else: 500 with the worker's message. A failure after a token
+      // reached the client is an SSE error event. Every failure aborts the decode reservation.
+      const grpc::StatusCode code = status.error_code();
+      if (WorkerDown(code)) attempt->prefill->RecordFailure();
+      const bool busy = code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      if ((WorkerDown(code) || (busy && OtherPrefillUp(*attempt))) &&
+          CanRetry(*request, *attempt)) {
         retries_
-            ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+            ->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED
                               ? "timeout"
-                              : "worker_down"})
+                              : (busy ? "prefill_busy" : "worker_down")})
             .Increment();
         request->AbortAttempt(*attempt, &actions);
         retry = true;
       } else {
-        request->Fail(
-            frontend::ServerError(WorkerDown(status.error_code()) ? 503 : 500,
-                                  absl::StrCat("prefill worker ", attempt->prefill->name(),
-                                               " failed: ", status.error_message()),
-                                  "server_error", "prefill_failed"),
-            &actions);
+        request->Fail(PrefillError(status, attempt->prefill->name()), &actions);
       }
     }
   }
@@ -633,6 +666,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
 void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
                                     const wv1::GenerateResponse& event) {
   Actions actions;
+  bool retry = false;
   {
     absl::MutexLock lock(&request.mu);
     if (attempt.over || request.ended) return;
@@ -640,12 +674,13 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
       attempt.held.push_back(event);  // replayed by OnPrefilled
       return;
     }
-    HandleEvent(request, attempt, event, &actions);
+    retry = HandleEvent(request, attempt, event, &actions);
   }
   RunActions(actions);
+  if (retry) Dispatch(request.shared_from_this(), attempt.choice, attempt.prefill_index, -1);
 }
 
-void RouterService::HandleEvent(Request& request, Attempt& attempt,
+bool RouterService::HandleEvent(Request& request, Attempt& attempt,
                                 const wv1::GenerateResponse& event, Actions* actions_out) {
   Actions& actions = *actions_out;
   {
@@ -687,7 +722,7 @@ void RouterService::HandleEvent(Request& request, Attempt& attempt,
                                    : " sent no first token logprobs"),
                   "server_error", "first_token_mismatch"),
               &actions);
-          return;
+          return false;
         }
         sampled.logprob = first.logprob();
         sampled.top.clear();
@@ -714,6 +749,23 @@ void RouterService::HandleEvent(Request& request, Attempt& attempt,
                                              " aborted the request: ", event.error_message()),
                                 "server_error", "worker_aborted"),
           &actions);
+    } else if (finish == "error" && event.isolation_error() == wv1::ISOLATION_ERROR_LEASE &&
+               !attempt.prefill_answered && !request.any_token[c]) {
+      // The transfer's lease ran out before the prefill worker answered: it stalled (stopped,
+      // wedged), which is the prefill worker's failure, not an isolation error.
+      attempt.prefill->RecordFailure();
+      if (CanRetry(request, attempt)) {
+        retries_->WithLabels({"timeout"}).Increment();
+        request.AbortAttempt(attempt, &actions);
+        return true;
+      }
+      request.Fail(frontend::ServerError(
+                       503,
+                       absl::StrCat("prefill worker ", attempt.prefill->name(),
+                                    " stalled: the transfer lease ran out before it answered (",
+                                    event.error_message(), ")"),
+                       "server_error", "prefill_timeout"),
+                   &actions);
     } else if (!finish.empty()) {
       request.Fail(
           frontend::ServerError(
@@ -729,6 +781,7 @@ void RouterService::HandleEvent(Request& request, Attempt& attempt,
           &actions);
     }
   }
+  return false;
 }
 
 void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status) {

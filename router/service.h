@@ -19,11 +19,15 @@
 // token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
 //
 // Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
-// INVALID_ARGUMENT -> 400. A choice whose workers fail before it produced a token is retried
-// once on other workers (pdserve_router_retries_total); after that, and for an "error" final
-// event or a failed Prefill, the request fails with OnError (a 5xx JSON before any token, an SSE
-// error event after). Cancel() (client gone) aborts the choice on both workers (Abort) and
-// cancels the calls. Loads are counted at dispatch and released when a worker's part ends.
+// INVALID_ARGUMENT -> 400. Prefill's (before any token, after a retry on another prefill worker
+// when one is up): RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503
+// worker_unavailable, DEADLINE_EXCEEDED (options.prefill_timeout) -> 503 prefill_timeout,
+// others -> 500 prefill_failed with the worker's message; the decode reservation is aborted. A
+// choice whose workers fail before it produced a token is retried once on other workers
+// (pdserve_router_retries_total); after that, and for an "error" final event or a failed Prefill,
+// the request fails with OnError (a 5xx JSON before any token, an SSE error event after). Cancel()
+// (client gone) aborts the choice on both workers (Abort) and cancels the calls. Loads are counted
+// at dispatch and released when a worker's part ends.
 //
 // Thread-safety: every method is thread-safe. Sinks are called with the request's lock held and
 // must not call back into the Generation synchronously (frontend::HttpServer posts).
@@ -65,6 +69,9 @@ struct RouterOptions {
   bool background_checks = true;  // false: workers are checked only by pool().CheckAll()
   int64_t lease_ms = 30000;
   absl::Duration reserve_timeout = absl::Seconds(10);
+  // The Prefill RPC's deadline (a stopped prefill worker fails the choice, 503 prefill_timeout,
+  // retried on another prefill worker before any token). The deploy config's transfer lease.
+  absl::Duration prefill_timeout = absl::Seconds(30);
   int max_attempts = 2;          // per choice: the first try plus retries before any token
   int64_t max_in_flight = 4096;  // worker requests; beyond this a new request gets 429
 };
@@ -110,6 +117,8 @@ class RouterService : public frontend::GenerationService {
   // Gives back the load an attempt holds on its prefill and / or decode worker.
   void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
   bool CanRetry(Request& request, const Attempt& attempt) const;
+  // Whether a prefill worker other than the attempt's is up.
+  bool OtherPrefillUp(const Attempt& attempt) const;
   // gRPC completions (gRPC callback threads).
   void OnReserved(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
                   const grpc::Status& status);
@@ -119,8 +128,9 @@ class RouterService : public frontend::GenerationService {
                        const worker::v1::GenerateResponse& event);
   void OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status);
   // REQUIRES: request.mu held. One Generate event of `attempt` (the first token's logprobs
-  // taken from the Prefill answer when logprobs are requested).
-  void HandleEvent(Request& request, Attempt& attempt, const worker::v1::GenerateResponse& event,
+  // taken from the Prefill answer when logprobs are requested). Returns whether the choice is to
+  // be dispatched again on another prefill worker (its transfer lease ran out before any token).
+  bool HandleEvent(Request& request, Attempt& attempt, const worker::v1::GenerateResponse& event,
                    Actions* actions);
   // REQUIRES: request.mu held. The end of `attempt`'s Generate stream without a final event.
   // Returns whether the choice is to be dispatched again (on another decode worker).

@@ -58,6 +58,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
  public:
   grpc::StatusCode reserve_code = grpc::StatusCode::OK;  // != OK: Reserve fails with it
   bool fail_with_error_event = false;
+  bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
 
@@ -82,6 +83,14 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       r = it->second;
     }
     const worker::v1::SamplingParams& s = r.sampling();
+    if (lease_error_first) {
+      worker::v1::GenerateResponse error;
+      error.set_finish_reason("error");
+      error.set_isolation_error(worker::v1::ISOLATION_ERROR_LEASE);
+      error.set_error_message("lease expired before the commit");
+      writer->Write(error);
+      return grpc::Status::OK;
+    }
     for (int i = 0; i < s.max_tokens(); ++i) {
       if (fail_with_error_event && i == 2) {
         worker::v1::GenerateResponse error;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -95,6 +96,9 @@ class RouterServiceTest : public ::testing::Test {
       options.decode.push_back(WorkerAt("d" + std::to_string(i), decode_servers_[i]->port()));
     }
     options.decode_policy = decode_policy;
+    if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
+    options.prefill_policy = PolicyKind::kRoundRobin;
+    if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
     options.canary = false;
     options.background_checks = false;  // checks run from the test
     auto service = RouterService::Create(options);
@@ -133,6 +137,15 @@ class RouterServiceTest : public ::testing::Test {
   std::vector<std::unique_ptr<FakeServer>> decode_servers_;
   std::unique_ptr<FakePrefill> prefill_;
   std::unique_ptr<FakeServer> prefill_server_;
+  // Set before MakeService: a second prefill worker "p1" / another Prefill deadline.
+  std::unique_ptr<FakePrefill> second_prefill_;
+  std::unique_ptr<FakeServer> second_prefill_server_;
+  std::optional<absl::Duration> prefill_timeout_;
+
+  void AddSecondPrefill() {
+    second_prefill_ = std::make_unique<FakePrefill>();
+    second_prefill_server_ = std::make_unique<FakeServer>(second_prefill_.get());
+  }
 };
 
 TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
@@ -329,6 +342,76 @@ TEST_F(RouterServiceTest, FailedPrefillIsAnError) {
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 500);
   EXPECT_EQ(sink->error.code, "prefill_failed");
+}
+
+TEST_F(RouterServiceTest, FullPrefillWorkerIs429AndTheReservationIsAborted) {
+  prefill_->prefill_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 5));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 429);
+  EXPECT_EQ(sink->error.code, "prefill_busy");
+  EXPECT_TRUE(sink->text.empty() || sink->text[0].empty());
+  const uint64_t id = decode_[0]->reserves[0].request_id();
+  EXPECT_TRUE(Eventually([&] { return decode_[0]->Aborted(id); }));
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  // A busy worker is not a down one.
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, FullPrefillWorkerIsRetriedOnAnotherOne) {
+  prefill_->prefill_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  AddSecondPrefill();
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 4));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 4; ++i) expected.push_back(FakeToken(42, 0, i, 2));
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  absl::MutexLock lock(&second_prefill_->mu);
+  EXPECT_EQ(second_prefill_->prefills.size(), 1u);
+}
+
+TEST_F(RouterServiceTest, UnavailablePrefillIs503AndOtherCodesAre500WithTheMessage) {
+  prefill_->prefill_code = grpc::StatusCode::UNAVAILABLE;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  prefill_->prefill_code = grpc::StatusCode::FAILED_PRECONDITION;
+  service->pool().CheckAll();
+  sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 500);
+  EXPECT_EQ(sink->error.code, "prefill_failed");
+  EXPECT_NE(sink->error.message.find("fake prefill"), std::string::npos);
+}
+
+TEST_F(RouterServiceTest, StalledPrefillFailsAtItsDeadlineWith503) {
+  prefill_->delay_ms = 1000;          // far past the 100 ms deadline
+  decode_[0]->token_delay_ms = 3000;  // Generate has nothing to say meanwhile
+  prefill_timeout_ = absl::Milliseconds(100);
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2}, 3);
+  req.logprobs = true;  // the first token waits for Prefill
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "prefill_timeout");
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, LeaseRunningOutBeforePrefillAnswersIsAPrefillTimeoutNotIsolation) {
+  prefill_->delay_ms = 300;  // has not answered when the decode worker's lease runs out
+  decode_[0]->lease_error_first = true;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "prefill_timeout");
+  absl::MutexLock lock(&decode_[0]->mu);
+  EXPECT_EQ(decode_[0]->reserves.size(), 2u);  // retried once
 }
 
 TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
