@@ -1,6 +1,7 @@
 #include "router/grpc_front.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -35,6 +36,39 @@ grpc::StatusCode CodeFor(int http_status) {
 
 grpc::Status ToStatus(const frontend::ApiError& error) {
   return grpc::Status(CodeFor(error.http_status), error.ToJson());
+}
+
+// What the JSON round trip cannot check: a NaN / infinite sampling value becomes JSON null
+// (then the model's default), and `thinking` on a non-chat prompt would be dropped silently.
+std::optional<frontend::ApiError> ValidateGrpcOnly(const pv1::GenerateRequest& request) {
+  const std::pair<const char*, std::optional<double>> values[] = {
+      {"temperature",
+       request.has_temperature() ? std::optional(request.temperature()) : std::nullopt},
+      {"top_p", request.has_top_p() ? std::optional(request.top_p()) : std::nullopt},
+      {"min_p", request.has_min_p() ? std::optional(request.min_p()) : std::nullopt},
+      {"presence_penalty",
+       request.has_presence_penalty() ? std::optional(request.presence_penalty()) : std::nullopt},
+      {"frequency_penalty",
+       request.has_frequency_penalty() ? std::optional(request.frequency_penalty()) : std::nullopt},
+      {"repetition_penalty", request.has_repetition_penalty()
+                                 ? std::optional(request.repetition_penalty())
+                                 : std::nullopt},
+  };
+  for (const auto& [name, value] : values) {
+    if (value && !std::isfinite(*value)) {
+      return frontend::InvalidRequest(absl::StrCat("'", name, "' must be a finite number"), name);
+    }
+  }
+  for (const auto& [id, value] : request.logit_bias()) {
+    if (!std::isfinite(value)) {
+      return frontend::InvalidRequest(
+          absl::StrCat("'logit_bias' for token ", id, " must be a finite number"), "logit_bias");
+    }
+  }
+  if (request.has_thinking() && request.prompt_case() != pv1::GenerateRequest::kChat) {
+    return frontend::InvalidRequest("'thinking' is for chat prompts only", "thinking");
+  }
+  return std::nullopt;
 }
 
 // Shared by a call's reactor and its sink: the messages waiting to be written and the end.
@@ -124,6 +158,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
+    }
+    if (std::optional<frontend::ApiError> invalid = ValidateGrpcOnly(request)) {
+      End(ToStatus(*invalid));
+      return;
     }
     frontend::Endpoint endpoint;
     const std::string body = ToOpenAiJson(request, &endpoint);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +136,37 @@ TEST_F(GrpcFrontTest, ErrorsAreStatusesWithTheOpenAiJson) {
   status = Generate(request, &out);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(out.empty());
+}
+
+TEST_F(GrpcFrontTest, NonFiniteSamplingValuesAndThinkingOnTextAreInvalidArgument) {
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  const double kInf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::string param;
+    std::function<void(pv1::GenerateRequest&)> set;
+  };
+  const std::vector<Case> cases = {
+      {"temperature", [&](pv1::GenerateRequest& r) { r.set_temperature(kNan); }},
+      {"temperature", [&](pv1::GenerateRequest& r) { r.set_temperature(kInf); }},
+      {"top_p", [&](pv1::GenerateRequest& r) { r.set_top_p(kNan); }},
+      {"min_p", [&](pv1::GenerateRequest& r) { r.set_min_p(-kInf); }},
+      {"presence_penalty", [&](pv1::GenerateRequest& r) { r.set_presence_penalty(kNan); }},
+      {"frequency_penalty", [&](pv1::GenerateRequest& r) { r.set_frequency_penalty(kInf); }},
+      {"repetition_penalty", [&](pv1::GenerateRequest& r) { r.set_repetition_penalty(kNan); }},
+      {"logit_bias", [&](pv1::GenerateRequest& r) { (*r.mutable_logit_bias())[5] = kNan; }},
+      {"thinking", [&](pv1::GenerateRequest& r) { r.set_thinking(true); }},
+  };
+  for (const Case& c : cases) {
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.set_text("And God said");
+    c.set(request);
+    std::vector<pv1::GenerateResponse> out;
+    grpc::Status status = Generate(request, &out);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.param;
+    EXPECT_EQ(nlohmann::json::parse(status.error_message())["error"]["param"], c.param);
+    EXPECT_TRUE(out.empty());
+  }
 }
 
 // Starts every request and never ends it: the client has to cancel. Counts the generations
