@@ -208,9 +208,16 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     return grpc::Status::OK;
   }
   grpc::Status Stats(grpc::ServerContext*, const worker::v1::StatsRequest*,
-                     worker::v1::StatsResponse*) override {
+                     worker::v1::StatsResponse* response) override {
+    absl::MutexLock lock(&mu);
+    stats_transfer_bytes += stats_bytes_per_call;
+    response->set_waiting_requests(stats_waiting);
+    response->set_transfer_bytes(stats_transfer_bytes);
     return grpc::Status::OK;
   }
+  int32_t stats_waiting = 0;         // Stats' waiting_requests
+  int64_t stats_bytes_per_call = 0;  // Stats' transfer_bytes grows this much per call
+  int64_t stats_transfer_bytes = 0;
   grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
                       worker::v1::HealthResponse* response) override {
     response->set_state(worker::v1::HealthResponse::STATE_SERVING);

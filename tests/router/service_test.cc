@@ -99,7 +99,8 @@ class RouterServiceTest : public ::testing::Test {
     if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
     options.prefill_policy = PolicyKind::kRoundRobin;
     if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
-    options.canary = false;
+    options.canary = canary_timeout_.has_value();
+    if (canary_timeout_) options.canary_timeout = *canary_timeout_;
     options.background_checks = false;  // checks run from the test
     auto service = RouterService::Create(options);
     EXPECT_TRUE(service.ok()) << service.status();
@@ -141,6 +142,7 @@ class RouterServiceTest : public ::testing::Test {
   std::unique_ptr<FakePrefill> second_prefill_;
   std::unique_ptr<FakeServer> second_prefill_server_;
   std::optional<absl::Duration> prefill_timeout_;
+  std::optional<absl::Duration> canary_timeout_;  // set: canaries on, with this deadline
 
   void AddSecondPrefill() {
     second_prefill_ = std::make_unique<FakePrefill>();
@@ -346,6 +348,7 @@ TEST_F(RouterServiceTest, FailedPrefillIsAnError) {
 
 TEST_F(RouterServiceTest, FullPrefillWorkerIs429AndTheReservationIsAborted) {
   prefill_->prefill_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
   auto service = MakeService();
   auto sink = Run(*service, Completion({1, 2}, 5));
   ASSERT_TRUE(sink->failed);
@@ -374,6 +377,7 @@ TEST_F(RouterServiceTest, FullPrefillWorkerIsRetriedOnAnotherOne) {
 
 TEST_F(RouterServiceTest, UnavailablePrefillIs503AndOtherCodesAre500WithTheMessage) {
   prefill_->prefill_code = grpc::StatusCode::UNAVAILABLE;
+  decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
   auto service = MakeService();
   auto sink = Run(*service, Completion({1, 2}, 3));
   ASSERT_TRUE(sink->failed);
@@ -412,6 +416,29 @@ TEST_F(RouterServiceTest, LeaseRunningOutBeforePrefillAnswersIsAPrefillTimeoutNo
   EXPECT_EQ(sink->error.code, "prefill_timeout");
   absl::MutexLock lock(&decode_[0]->mu);
   EXPECT_EQ(decode_[0]->reserves.size(), 2u);  // retried once
+}
+
+TEST_F(RouterServiceTest, BusyPrefillWorkerWhoseCanaryTimesOutStaysUp) {
+  prefill_->delay_ms = 400;  // every Prefill outlasts the canary's 150 ms
+  prefill_->stats_waiting = 3;
+  prefill_->stats_bytes_per_call = 4096;  // sending: making progress
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();  // its first CheckAll ran the prefill canary
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, PrefillWorkerWithWorkButNoProgressIsMarkedDown) {
+  prefill_->delay_ms = 400;
+  prefill_->stats_waiting = 3;
+  prefill_->stats_bytes_per_call = 0;  // wedged: nothing sent between checks
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();  // first sample: counted busy, up
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().prefill()[0]->up());
 }
 
 TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
