@@ -162,6 +162,7 @@ class Session : public std::enable_shared_from_this<Session> {
         static_cast<http::status>(status), request_.version());
     res->set(http::field::server, "pdserve");
     res->set(http::field::content_type, content_type);
+    if (status == 429) res->set(http::field::retry_after, "1");
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -312,7 +313,7 @@ void Session::Route() {
   if (target == "/v1/models") {
     if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
     nlohmann::json data = nlohmann::json::array();
-    for (const auto& name : service->ModelNames()) {
+    for (const auto& name : service->ListedModelNames()) {
       data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}});
     }
     return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
@@ -327,13 +328,17 @@ void Session::Route() {
 
 void Session::Generate(Endpoint endpoint) {
   ParsedRequest parsed = ParseRequest(endpoint, request_.body());
-  if (auto* err = std::get_if<ApiError>(&parsed)) return SendError(*err);
+  if (auto* err = std::get_if<ApiError>(&parsed)) {
+    server_->service->RecordRejected(endpoint, err->http_status);
+    return SendError(*err);
+  }
   api_ = std::move(std::get<ApiRequest>(parsed));
   const auto names = server_->service->ModelNames();
   if (std::find(names.begin(), names.end(), api_.model) == names.end()) {
     ApiError e = InvalidRequest(absl::StrCat("The model '", api_.model, "' does not exist"),
                                 "model", "model_not_found");
     e.http_status = 404;
+    server_->service->RecordRejected(endpoint, e.http_status);
     return SendError(e);
   }
   meta_ = {NewResponseId(endpoint),

@@ -159,14 +159,16 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
     }
+    frontend::Endpoint endpoint;
+    const std::string body = ToOpenAiJson(request, &endpoint);
     if (std::optional<frontend::ApiError> invalid = ValidateGrpcOnly(request)) {
+      service->RecordRejected(endpoint, invalid->http_status);
       End(ToStatus(*invalid));
       return;
     }
-    frontend::Endpoint endpoint;
-    const std::string body = ToOpenAiJson(request, &endpoint);
     frontend::ParsedRequest parsed = frontend::ParseRequest(endpoint, body);
     if (auto* error = std::get_if<frontend::ApiError>(&parsed)) {
+      service->RecordRejected(endpoint, error->http_status);
       End(ToStatus(*error));
       return;
     }
@@ -176,10 +178,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
       frontend::ApiError e = frontend::InvalidRequest(
           absl::StrCat("The model '", api.model, "' does not exist"), "model", "model_not_found");
       e.http_status = 404;
-      {
-        End(ToStatus(e));
-        return;
-      }
+      service->RecordRejected(endpoint, e.http_status);
+      End(ToStatus(e));
+      return;
     }
     frontend::StartResult started = service->Start(api, std::make_shared<Sink>(state_));
     if (auto* error = std::get_if<frontend::ApiError>(&started)) {
@@ -240,7 +241,7 @@ class GenerationImpl final : public pv1::Generation::CallbackService {
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pv1::ListModelsRequest*,
                                        pv1::ListModelsResponse* response) override {
-    for (const std::string& name : service_->ModelNames()) response->add_models(name);
+    for (const std::string& name : service_->ListedModelNames()) response->add_models(name);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;

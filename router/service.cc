@@ -374,6 +374,23 @@ RouterService::~RouterService() {
 
 std::vector<std::string> RouterService::ModelNames() const { return model_names_; }
 
+std::vector<std::string> RouterService::ListedModelNames() const {
+  std::vector<std::string> out;
+  for (const std::string& name : model_names_) {
+    if (name == options_.model_dir) continue;
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
+}
+
+void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status) {
+  requests_
+      ->WithLabels(
+          {endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions",
+           absl::StrCat(http_status), "error"})
+      .Increment();
+}
+
 bool RouterService::Ready() const { return pool_->Ready(); }
 
 void RouterService::RecordFinish(Request& request, int http_status,

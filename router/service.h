@@ -87,7 +87,12 @@ class RouterService : public frontend::GenerationService {
   // Cancels the requests still running (no further sink calls), stops the checker.
   ~RouterService() override;
 
+  // Accepted in "model": the served name, the model directory's name and its path.
   std::vector<std::string> ModelNames() const override;
+  // Listed: the served name and the directory's name, each once (never the path).
+  std::vector<std::string> ListedModelNames() const override;
+  // Counts a 400 / 404 the front answered (pdserve_router_requests_total{code, "error"}).
+  void RecordRejected(frontend::Endpoint endpoint, int http_status) override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override;

@@ -35,9 +35,19 @@ class FakeService : public GenerationService {
   bool Ready() const override { return true; }
   std::string MetricsText() const override { return "pdserve_up 1\n"; }
 
+  void RecordRejected(Endpoint endpoint, int http_status) override {
+    absl::MutexLock lock(&rejected_mu);
+    rejected.emplace_back(endpoint, http_status);
+  }
+  absl::Mutex rejected_mu;
+  std::vector<std::pair<Endpoint, int>> rejected ABSL_GUARDED_BY(rejected_mu);
+
   StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) override {
     if (req.prompt_text && *req.prompt_text == "overflow") {
       return InvalidRequest("prompt is too long", "prompt", "context_length_exceeded");
+    }
+    if (req.prompt_text && *req.prompt_text == "busy") {
+      return ApiError{429, "full", "rate_limit_exceeded"};
     }
     auto gen = std::make_unique<FakeGeneration>(this);
     auto stop = gen->stop;
@@ -123,6 +133,26 @@ TEST_F(HttpServerTest, HealthReadyModelsMetrics) {
   EXPECT_EQ(Request(http::verb::get, "/metrics").body(), "pdserve_up 1\n");
   EXPECT_EQ(Request(http::verb::get, "/nope").result_int(), 404);
   EXPECT_EQ(Request(http::verb::get, "/v1/completions").result_int(), 405);
+}
+
+TEST_F(HttpServerTest, RefusedRequestsAreReportedAnd429SaysRetryAfter) {
+  EXPECT_EQ(Request(http::verb::post, "/v1/completions", "{not json").result_int(), 400);
+  EXPECT_EQ(Request(http::verb::post, "/v1/chat/completions",
+                    R"({"model":"nope","messages":[{"role":"user","content":"hi"}]})")
+                .result_int(),
+            404);
+  {
+    absl::MutexLock lock(&service_.rejected_mu);
+    ASSERT_EQ(service_.rejected.size(), 2u);
+    EXPECT_EQ(service_.rejected[0], std::make_pair(Endpoint::kCompletions, 400));
+    EXPECT_EQ(service_.rejected[1], std::make_pair(Endpoint::kChatCompletions, 404));
+  }
+  auto busy = Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"busy"})");
+  EXPECT_EQ(busy.result_int(), 429);
+  EXPECT_EQ(busy[http::field::retry_after], "1");
+  auto ok = Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"hi"})");
+  EXPECT_EQ(ok.result_int(), 200);
+  EXPECT_EQ(ok.count(http::field::retry_after), 0u);
 }
 
 TEST_F(HttpServerTest, NonStreamedCompletion) {

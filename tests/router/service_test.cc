@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
@@ -439,6 +441,37 @@ TEST_F(RouterServiceTest, PrefillWorkerWithWorkButNoProgressIsMarkedDown) {
   service->pool().CheckAll();
   service->pool().CheckAll();
   EXPECT_FALSE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, ModelsAreListedOnceWithoutThePathAndRejectionsAreCounted) {
+  auto service = MakeService();
+  const std::string dir_name = std::filesystem::path(PDSERVE_BUNDLED_MODEL).filename().string();
+  EXPECT_EQ(service->ListedModelNames(), (std::vector<std::string>{"tiny", dir_name}));
+  const std::vector<std::string> accepted = service->ModelNames();
+  EXPECT_NE(std::find(accepted.begin(), accepted.end(), PDSERVE_BUNDLED_MODEL), accepted.end());
+  service->RecordRejected(frontend::Endpoint::kCompletions, 400);
+  service->RecordRejected(frontend::Endpoint::kChatCompletions, 404);
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",status="400",)"
+                         R"(finish_reason="error"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="chat_completions",)"
+                         R"(status="404",finish_reason="error"} 1)"),
+            std::string::npos);
+}
+
+TEST_F(RouterServiceTest, ServedNameEqualToTheDirectoryNameIsListedOnce) {
+  RouterOptions options;
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  options.served_name = std::filesystem::path(PDSERVE_BUNDLED_MODEL).filename().string();
+  options.prefill = {WorkerAt("p0", prefill_server_->port())};
+  options.decode = {WorkerAt("d0", decode_servers_[0]->port())};
+  options.canary = false;
+  options.background_checks = false;
+  auto service = RouterService::Create(options);
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ((*service)->ListedModelNames(), std::vector<std::string>{options.served_name});
 }
 
 TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
