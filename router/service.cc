@@ -99,6 +99,10 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   bool first_event_handled = false;
   std::deque<wv1::GenerateResponse> held;
   std::optional<grpc::Status> held_done;
+  // The last Generate event's (or the stream start's) time, absl::ToUnixNanos; and whether the
+  // stream was cancelled because its worker is down and it stalled (CancelStalledStreams).
+  std::atomic<int64_t> last_event_ns{0};
+  std::atomic<bool> stalled_on_down{false};
 };
 
 struct RouterService::Request : std::enable_shared_from_this<Request> {
@@ -354,6 +358,9 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.canary_timeout = options.canary_timeout;
   pool.lease_ms = options.lease_ms;
   pool.background_checks = options.background_checks;
+  pool.on_still_down = [raw = s.get()](Worker& w) {
+    if (w.role() == Role::kDecode) raw->CancelStalledStreams(w);
+  };
   if (options.canary) {
     PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));
   }
@@ -596,6 +603,14 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
     return;
   }
   if (!start) return;
+  attempt->last_event_ns.store(absl::ToUnixNanos(absl::Now()));
+  {
+    absl::MutexLock lock(&streams_mu_);
+    if (streams_.size() >= 256) {
+      std::erase_if(streams_, [](const std::weak_ptr<Attempt>& a) { return a.expired(); });
+    }
+    streams_.push_back(attempt);
+  }
   std::shared_ptr<Request> r = request;
   calls_.fetch_add(1);
   attempt->prefill_context.set_deadline(Deadline(options_.prefill_timeout));
@@ -682,6 +697,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
 
 void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
                                     const wv1::GenerateResponse& event) {
+  attempt.last_event_ns.store(absl::ToUnixNanos(absl::Now()));
   Actions actions;
   bool retry = false;
   {
@@ -820,6 +836,21 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
 bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
                                Actions* actions) {
   if (attempt.over || request.ended) return false;
+  if (attempt.stalled_on_down.load()) {
+    if (CanRetry(request, attempt)) {
+      retries_->WithLabels({"worker_down"}).Increment();
+      request.AbortAttempt(attempt, actions);
+      return true;
+    }
+    request.Fail(frontend::ServerError(
+                     503,
+                     absl::StrCat("decode worker ", attempt.decode->name(),
+                                  " is down and its stream stalled for ",
+                                  absl::FormatDuration(options_.stall_timeout), " or more"),
+                     "server_error", "worker_unavailable"),
+                 actions);
+    return false;
+  }
   if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
   if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
     retries_
@@ -836,6 +867,27 @@ bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::S
                                      "server_error", "worker_unavailable"),
                actions);
   return false;
+}
+
+void RouterService::CancelStalledStreams(Worker& decode) {
+  const int64_t stalled_before = absl::ToUnixNanos(absl::Now() - options_.stall_timeout);
+  std::vector<std::shared_ptr<Attempt>> stalled;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    std::erase_if(streams_, [&](const std::weak_ptr<Attempt>& a) {
+      std::shared_ptr<Attempt> live = a.lock();
+      if (live == nullptr) return true;
+      if (live->decode != &decode || live->last_event_ns.load() > stalled_before) return false;
+      stalled.push_back(std::move(live));
+      return true;
+    });
+  }
+  for (const std::shared_ptr<Attempt>& a : stalled) {
+    spdlog::warn("router: decode worker {} is down; cancelling its stalled stream {}",
+                 decode.name(), a->request_id);
+    a->stalled_on_down.store(true);
+    a->generate_context.TryCancel();  // OnGenerateDone fails or retries the choice
+  }
 }
 
 std::string RouterService::MetricsText() const {

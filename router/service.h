@@ -72,6 +72,10 @@ struct RouterOptions {
   // The Prefill RPC's deadline (a stopped prefill worker fails the choice, 503 prefill_timeout,
   // retried on another prefill worker before any token). The deploy config's transfer lease.
   absl::Duration prefill_timeout = absl::Seconds(30);
+  // A Generate stream on a decode worker the health checker holds down that has had no event
+  // for this long is cancelled and its choice fails (503 worker_unavailable, retried on another
+  // decode worker when no token went out), instead of hanging until the worker comes back.
+  absl::Duration stall_timeout = absl::Seconds(10);
   int max_attempts = 2;          // per choice: the first try plus retries before any token
   int64_t max_in_flight = 4096;  // worker requests; beyond this a new request gets 429
 };
@@ -141,8 +145,15 @@ class RouterService : public frontend::GenerationService {
   // Returns whether the choice is to be dispatched again (on another decode worker).
   bool HandleDone(Request& request, Attempt& attempt, const grpc::Status& status, Actions* actions);
 
+  // The checker found `decode` still down: cancels its streams stalled past stall_timeout.
+  void CancelStalledStreams(Worker& decode);
+
   RouterOptions options_;
   std::vector<std::string> model_names_;
+  // Attempts whose Generate stream was started (pruned as they go); declared before pool_ so
+  // they outlive the checker's calls.
+  absl::Mutex streams_mu_;
+  std::vector<std::weak_ptr<Attempt>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::unique_ptr<frontend::RequestPreparer> preparer_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Policy> prefill_policy_;

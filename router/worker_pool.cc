@@ -107,15 +107,21 @@ bool WorkerPool::Ready() const {
 
 void WorkerPool::Loop(Worker& worker) {
   while (true) {
-    worker.RecordCheck(Check(worker), options_.down_after);
+    CheckAndRecord(worker);
     absl::MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.health_interval)) return;
   }
 }
 
 void WorkerPool::CheckAll() {
-  for (auto& w : decode_) w->RecordCheck(Check(*w), options_.down_after);
-  for (auto& w : prefill_) w->RecordCheck(Check(*w), options_.down_after);
+  for (auto& w : decode_) CheckAndRecord(*w);
+  for (auto& w : prefill_) CheckAndRecord(*w);
+}
+
+void WorkerPool::CheckAndRecord(Worker& worker) {
+  const bool passed = Check(worker);
+  worker.RecordCheck(passed, options_.down_after);
+  if (!passed && !worker.up() && options_.on_still_down) options_.on_still_down(worker);
 }
 
 bool WorkerPool::Check(Worker& worker) {

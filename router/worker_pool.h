@@ -90,6 +90,8 @@ struct WorkerPoolOptions {
   std::vector<int32_t> canary_prompt;  // token ids; empty: no canary (Health only)
   int64_t lease_ms = 30000;
   bool background_checks = true;  // false: only CheckAll() checks (tests)
+  // Called (from the checker) after every failed check that leaves the worker down.
+  std::function<void(Worker&)> on_still_down;
 };
 
 class WorkerPool {
@@ -116,6 +118,8 @@ class WorkerPool {
   // One checker thread per worker, so a worker whose checks hang until their deadline does not
   // delay the others' verdicts.
   void Loop(Worker& worker);
+  // Runs one check of `worker` and records it (then on_still_down when it is down).
+  void CheckAndRecord(Worker& worker);
 
   const WorkerPoolOptions options_;
   const std::function<uint64_t()> next_request_id_;

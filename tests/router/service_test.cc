@@ -103,6 +103,7 @@ class RouterServiceTest : public ::testing::Test {
     if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
     options.canary = canary_timeout_.has_value();
     if (canary_timeout_) options.canary_timeout = *canary_timeout_;
+    if (stall_timeout_) options.stall_timeout = *stall_timeout_;
     options.background_checks = false;  // checks run from the test
     auto service = RouterService::Create(options);
     EXPECT_TRUE(service.ok()) << service.status();
@@ -144,7 +145,8 @@ class RouterServiceTest : public ::testing::Test {
   std::unique_ptr<FakePrefill> second_prefill_;
   std::unique_ptr<FakeServer> second_prefill_server_;
   std::optional<absl::Duration> prefill_timeout_;
-  std::optional<absl::Duration> canary_timeout_;  // set: canaries on, with this deadline
+  std::optional<absl::Duration> canary_timeout_;
+  std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
 
   void AddSecondPrefill() {
     second_prefill_ = std::make_unique<FakePrefill>();
@@ -367,14 +369,18 @@ TEST_F(RouterServiceTest, FullPrefillWorkerIs429AndTheReservationIsAborted) {
 TEST_F(RouterServiceTest, FullPrefillWorkerIsRetriedOnAnotherOne) {
   prefill_->prefill_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
   AddSecondPrefill();
+  decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
   auto service = MakeService();
   auto sink = Run(*service, Completion({1, 2}, 4));
   ASSERT_FALSE(sink->failed) << sink->error.message;
   std::vector<int32_t> expected;
   for (int i = 0; i < 4; ++i) expected.push_back(FakeToken(42, 0, i, 2));
   EXPECT_EQ(sink->text[0], Decode(*service, expected));
-  absl::MutexLock lock(&second_prefill_->mu);
-  EXPECT_EQ(second_prefill_->prefills.size(), 1u);
+  // The fake decode does not wait for the commit: p1's Prefill may arrive after the last token.
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&second_prefill_->mu);
+    return second_prefill_->prefills.size() == 1u;
+  }));
 }
 
 TEST_F(RouterServiceTest, UnavailablePrefillIs503AndOtherCodesAre500WithTheMessage) {
@@ -472,6 +478,29 @@ TEST_F(RouterServiceTest, ServedNameEqualToTheDirectoryNameIsListedOnce) {
   auto service = RouterService::Create(options);
   ASSERT_TRUE(service.ok()) << service.status();
   EXPECT_EQ((*service)->ListedModelNames(), std::vector<std::string>{options.served_name});
+}
+
+TEST_F(RouterServiceTest, StalledStreamOnADecodeWorkerMarkedDownEndsWithAnError) {
+  decode_[0]->token_delay_ms = 60000;  // the stream says nothing
+  stall_timeout_ = absl::ZeroDuration();
+  auto service = MakeService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 5), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  // The stream is open on d0 (its Reserve arrived).
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return !decode_[0]->reserves.empty();
+  }));
+  decode_[0]->state = worker::v1::HealthResponse::STATE_UNSPECIFIED;  // fails Health
+  service->pool().CheckAll();
+  service->pool().CheckAll();  // down_after = 2: down, its stalled stream is cancelled
+  ASSERT_FALSE(service->pool().decode()[0]->up());
+  sink->done.WaitForNotification();
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
 TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
