@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
+#include "router/service.h"
 #include "tests/router/fake_workers.h"
 
 namespace pdserve::router {
@@ -248,6 +249,57 @@ TEST(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
   }
   // No call is left for the server's shutdown to wait on.
   (*front)->Stop();
+}
+
+TEST(GrpcFrontCancelTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) {
+  testing::KeepCallbackQueueAlive();
+  testing::FakeDecode decode;
+  decode.token_delay_ms = 50;
+  testing::FakePrefill prefill;
+  testing::FakeServer decode_server(&decode), prefill_server(&prefill);
+  RouterOptions options;
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  options.served_name = "tiny";
+  options.prefill = {{"p0", "127.0.0.1", prefill_server.port(), 0, "cpu"}};
+  options.decode = {{"d0", "127.0.0.1", decode_server.port(), 0, "cpu"}};
+  options.canary = false;
+  options.background_checks = false;
+  auto service = RouterService::Create(options);
+  ASSERT_TRUE(service.ok()) << service.status();
+  (*service)->pool().CheckAll();
+  auto front = GrpcFront::Start("127.0.0.1", 0, service->get());
+  ASSERT_TRUE(front.ok()) << front.status();
+  auto stub = pv1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*front)->port()), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 5; ++i) {
+    grpc::ClientContext context;
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.mutable_token_ids()->add_ids(5);
+    request.mutable_token_ids()->add_ids(6);
+    request.set_max_tokens(200);
+    auto reader = stub->Generate(&context, request);
+    pv1::GenerateResponse response;
+    // A token: the choice runs on the workers.
+    ASSERT_TRUE(reader->Read(&response)) << reader->Finish().error_message();
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  (*front)->Stop();  // returns: no call is left open
+  // Every worker request was aborted and its calls ended (the bound only limits a failing run).
+  auto aborts = [&] {
+    absl::MutexLock lock(&decode.mu);
+    return decode.aborts.size();
+  };
+  for (int i = 0; i < 2000 && ((*service)->in_flight() != 0 || aborts() < 5); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ((*service)->in_flight(), 0);
+  absl::MutexLock lock(&decode.mu);
+  EXPECT_EQ(decode.reserves.size(), 5u);
+  EXPECT_EQ(decode.aborts.size(), 5u);
 }
 
 }  // namespace
