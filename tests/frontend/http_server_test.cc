@@ -216,6 +216,36 @@ TEST_F(HttpServerTest, FailureMidStreamSendsErrorEventNotDone) {
   EXPECT_EQ(res.body().find("[DONE]"), std::string::npos);
 }
 
+TEST_F(HttpServerTest, DrainEndsARunningStreamWithAWholeErrorEvent) {
+  service_.delay = std::chrono::milliseconds(20);  // 1000 tokens: far longer than the grace
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+  req.set(http::field::host, "localhost");
+  req.body() = R"({"model":"tiny","prompt":"hi","max_tokens":1000,"stream":true})";
+  req.prepare_payload();
+  http::write(sock, req);
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  http::read_header(sock, buf, parser);  // the stream is running
+  std::thread drain([&] { server_->Drain(std::chrono::milliseconds(50)); });
+  beast::error_code ec;
+  http::read(sock, buf, parser, ec);  // to the last chunk
+  drain.join();
+  ASSERT_FALSE(ec) << ec.message();
+  const std::string body = parser.get().body();
+  std::vector<std::string> events = absl::StrSplit(body, "\n\n", absl::SkipEmpty());
+  ASSERT_GE(events.size(), 2u) << body;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_NO_THROW(json::parse(events[i].substr(6))) << events[i];
+  }
+  const json last = json::parse(events.back().substr(6));
+  EXPECT_EQ(last["error"]["code"], "shutting_down");
+  EXPECT_EQ(body.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(service_.cancelled.load(), 1);
+}
+
 TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
   service_.delay = std::chrono::milliseconds(50);
   {
