@@ -9,6 +9,7 @@
 // gRPC front pdserve.v1.Generation (router/grpc_front.h). Under systemd (Type=notify) it
 // sends READY=1 once the workers are healthy (or at once if they are not yet: /ready says when)
 // and WATCHDOG=1 keep-alives. Serves until SIGINT or SIGTERM, then exits 0.
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +31,7 @@ namespace {
 struct RouterCommandOptions {
   std::string config;
   int port = -1;  // -1: the config's router.http_port
+  int drain_timeout_ms = 10000;
 };
 
 absl::Status RunRouter(const RouterCommandOptions& options) {
@@ -66,6 +68,9 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   sigwait(&signals, &received);
   std::fprintf(stderr, "pdserve router: signal %d, stopping\n", received);
   notifier.Stopping();
+  // HTTP: no new connections; running requests get drain_timeout_ms to finish, then an SSE error
+  // event (never a stream cut mid-event).
+  server->Drain(std::chrono::milliseconds(options.drain_timeout_ms));
   if (grpc_front) grpc_front->Stop();
   server->Stop();
   return absl::OkStatus();
@@ -76,6 +81,9 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("router", "Run the router of a prefill/decode deployment");
   cmd->add_option("--config", o->config, "Deployment config (YAML, deploy/README.md)")->required();
   cmd->add_option("--port", o->port, "HTTP port (overrides router.http_port; 0: any free port)");
+  cmd->add_option("--drain-timeout-ms", o->drain_timeout_ms,
+                  "On SIGTERM / SIGINT: how long running HTTP requests may finish before they end "
+                  "with an error event");
   cmd->callback([o, exit_code] {
     const absl::Status status = RunRouter(*o);
     if (!status.ok()) {

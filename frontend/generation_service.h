@@ -42,6 +42,12 @@ class GenerationService {
   // Starts `req`. Errors known before starting come back as ApiError: 400
   // context_length_exceeded, 429 / 503 when queues or pools are full.
   virtual StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) = 0;
+  // The ids /v1/models and gRPC ListModels list: each served name once, no filesystem path
+  // (ModelNames() may hold aliases). Default: ModelNames().
+  virtual std::vector<std::string> ListedModelNames() const { return ModelNames(); }
+  // A request a front refused before Start() (unparsable or invalid body: 400, unknown model:
+  // 404), so the service's request counter sees every finished request. Default: nothing.
+  virtual void RecordRejected(Endpoint /*endpoint*/, int /*http_status*/) {}
   // /ready: true when the service can serve a request now.
   virtual bool Ready() const = 0;
   // /metrics body (Prometheus text format).

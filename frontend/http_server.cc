@@ -50,6 +50,8 @@ struct HttpServer::Impl {
   net::steady_timer accept_timer{ioc};
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
+  std::atomic<int> active{0};         // sessions with a request in flight
+  std::atomic<bool> draining{false};  // Drain(): no new connections
   absl::Mutex mu;
   std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
 
@@ -65,6 +67,28 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
       : stream_(std::move(socket)), server_(server) {}
+
+  ~Session() {
+    if (active_) server_->active.fetch_sub(1);
+  }
+
+  // Called on the strand: active_ and the server's count together.
+  void SetActive(bool active) {
+    if (active != active_) server_->active.fetch_add(active ? 1 : -1);
+    active_ = active;
+  }
+
+  // Called on the strand (HttpServer::Drain): a request still running ends with a 503 (an SSE
+  // error event once the stream's headers are out; never a cut event), then the connection closes.
+  bool EndForShutdown() {
+    if (!active_) return false;
+    keep_alive_ = false;
+    ending_ = true;
+    OnError(generation_id_, ServerError(503, "the server is shutting down; retry elsewhere",
+                                        "server_error", "shutting_down"));
+    return true;
+  }
+  bool Ending() const { return ending_.load(); }
 
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
@@ -154,7 +178,7 @@ class Session : public std::enable_shared_from_this<Session> {
       generation_.reset();
     }
     ++generation_id_;
-    active_ = false;
+    SetActive(false);
   }
 
   void SendJson(int status, std::string body, const char* content_type = "application/json") {
@@ -162,6 +186,7 @@ class Session : public std::enable_shared_from_this<Session> {
         static_cast<http::status>(status), request_.version());
     res->set(http::field::server, "pdserve");
     res->set(http::field::content_type, content_type);
+    if (status == 429) res->set(http::field::retry_after, "1");
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -247,6 +272,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<Generation> generation_;
   uint64_t generation_id_ = 0;
   bool active_ = false;
+  std::atomic<bool> ending_{false};   // EndForShutdown ran
   std::vector<ChoiceDelta> choices_;  // non-streamed: accumulated per choice
   std::vector<bool> first_sent_;      // streamed: role delta sent per choice
   std::optional<http::response<http::empty_body>> stream_res_;
@@ -312,7 +338,7 @@ void Session::Route() {
   if (target == "/v1/models") {
     if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
     nlohmann::json data = nlohmann::json::array();
-    for (const auto& name : service->ModelNames()) {
+    for (const auto& name : service->ListedModelNames()) {
       data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}});
     }
     return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
@@ -327,13 +353,17 @@ void Session::Route() {
 
 void Session::Generate(Endpoint endpoint) {
   ParsedRequest parsed = ParseRequest(endpoint, request_.body());
-  if (auto* err = std::get_if<ApiError>(&parsed)) return SendError(*err);
+  if (auto* err = std::get_if<ApiError>(&parsed)) {
+    server_->service->RecordRejected(endpoint, err->http_status);
+    return SendError(*err);
+  }
   api_ = std::move(std::get<ApiRequest>(parsed));
   const auto names = server_->service->ModelNames();
   if (std::find(names.begin(), names.end(), api_.model) == names.end()) {
     ApiError e = InvalidRequest(absl::StrCat("The model '", api_.model, "' does not exist"),
                                 "model", "model_not_found");
     e.http_status = 404;
+    server_->service->RecordRejected(endpoint, e.http_status);
     return SendError(e);
   }
   meta_ = {NewResponseId(endpoint),
@@ -349,7 +379,7 @@ void Session::Generate(Endpoint endpoint) {
       server_->service->Start(api_, std::make_shared<SessionSink>(weak_from_this(), gen));
   if (auto* err = std::get_if<ApiError>(&started)) return SendError(*err);
   generation_ = std::move(std::get<std::unique_ptr<Generation>>(started));
-  active_ = true;
+  SetActive(true);
   close_after_stream_ = false;
   header_started_ = false;
   WatchDisconnect();
@@ -385,7 +415,7 @@ void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
 
 void Session::OnComplete(uint64_t gen, Usage usage) {
   if (gen != generation_id_ || !active_) return;
-  active_ = false;
+  SetActive(false);
   generation_.reset();
   if (api_.stream) {
     if (api_.include_usage) Enqueue(OutKind::kChunk, StreamUsageChunk(api_, meta_, usage));
@@ -398,7 +428,7 @@ void Session::OnComplete(uint64_t gen, Usage usage) {
 
 void Session::OnError(uint64_t gen, ApiError error) {
   if (gen != generation_id_ || !active_) return;
-  active_ = false;
+  SetActive(false);
   generation_.reset();
   if (api_.stream && header_started_) {
     // Headers are out: an error event, then end the body and close; no [DONE].
@@ -420,13 +450,13 @@ void Session::Finish() {
 
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (stopped) return;
+    if (stopped || draining) return;
     if (ec) {
       if (ec == net::error::operation_aborted) return;
       spdlog::warn("accept failed: {}; retrying in {} ms", ec.message(), kAcceptBackoff.count());
       accept_timer.expires_after(kAcceptBackoff);
       accept_timer.async_wait([this](beast::error_code) {
-        if (!stopped) Accept();
+        if (!stopped && !draining) Accept();
       });
       return;
     }
@@ -479,6 +509,48 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
 uint16_t HttpServer::port() const {
   beast::error_code ec;
   return impl_->acceptor.local_endpoint(ec).port();
+}
+
+void HttpServer::Drain(std::chrono::milliseconds grace) {
+  if (!impl_ || impl_->stopped.load() || impl_->draining.exchange(true)) return;
+  net::post(impl_->ioc, [impl = impl_.get()] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+    impl->accept_timer.cancel();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (impl_->active.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (impl_->active.load() == 0) return;
+  spdlog::warn("drain: {} requests still running after {} ms; ending them with an error event",
+               impl_->active.load(), grace.count());
+  std::set<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    sessions = impl_->sessions;
+  }
+  auto ended = std::make_shared<std::atomic<int>>(0);
+  auto posted = std::make_shared<std::atomic<int>>(static_cast<int>(sessions.size()));
+  for (const auto& s : sessions) {
+    s->Post([s, ended, posted] {
+      if (s->EndForShutdown()) ended->fetch_add(1);
+      posted->fetch_sub(1);
+    });
+  }
+  // The error events go out, then those connections close (Finish leaves the set); bounded.
+  const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < flush_deadline) {
+    if (posted->load() == 0) {
+      int open = 0;
+      {
+        absl::MutexLock lock(&impl_->mu);
+        for (const auto& s : sessions) open += impl_->sessions.count(s) > 0 && s->Ending();
+      }
+      if (open == 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 void HttpServer::Stop() {

@@ -12,6 +12,7 @@
 // I/O threads and must be thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,10 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   uint16_t port() const;
+  // Graceful shutdown, before Stop(): stops accepting, waits up to `grace` for the requests in
+  // flight to finish, then ends those still running with a 503 (an SSE error event on a started
+  // stream, written whole) and waits (bounded, 2 s) for those connections to close.
+  void Drain(std::chrono::milliseconds grace);
   // Stops accepting, cancels every request in flight and joins the I/O threads. Idempotent.
   void Stop();
 

@@ -1,6 +1,7 @@
 #include "router/grpc_front.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -37,6 +38,39 @@ grpc::Status ToStatus(const frontend::ApiError& error) {
   return grpc::Status(CodeFor(error.http_status), error.ToJson());
 }
 
+// What the JSON round trip cannot check: a NaN / infinite sampling value becomes JSON null
+// (then the model's default), and `thinking` on a non-chat prompt would be dropped silently.
+std::optional<frontend::ApiError> ValidateGrpcOnly(const pv1::GenerateRequest& request) {
+  const std::pair<const char*, std::optional<double>> values[] = {
+      {"temperature",
+       request.has_temperature() ? std::optional(request.temperature()) : std::nullopt},
+      {"top_p", request.has_top_p() ? std::optional(request.top_p()) : std::nullopt},
+      {"min_p", request.has_min_p() ? std::optional(request.min_p()) : std::nullopt},
+      {"presence_penalty",
+       request.has_presence_penalty() ? std::optional(request.presence_penalty()) : std::nullopt},
+      {"frequency_penalty",
+       request.has_frequency_penalty() ? std::optional(request.frequency_penalty()) : std::nullopt},
+      {"repetition_penalty", request.has_repetition_penalty()
+                                 ? std::optional(request.repetition_penalty())
+                                 : std::nullopt},
+  };
+  for (const auto& [name, value] : values) {
+    if (value && !std::isfinite(*value)) {
+      return frontend::InvalidRequest(absl::StrCat("'", name, "' must be a finite number"), name);
+    }
+  }
+  for (const auto& [id, value] : request.logit_bias()) {
+    if (!std::isfinite(value)) {
+      return frontend::InvalidRequest(
+          absl::StrCat("'logit_bias' for token ", id, " must be a finite number"), "logit_bias");
+    }
+  }
+  if (request.has_thinking() && request.prompt_case() != pv1::GenerateRequest::kChat) {
+    return frontend::InvalidRequest("'thinking' is for chat prompts only", "thinking");
+  }
+  return std::nullopt;
+}
+
 // Shared by a call's reactor and its sink: the messages waiting to be written and the end.
 struct CallState {
   absl::Mutex mu;
@@ -44,21 +78,31 @@ struct CallState {
   std::deque<pv1::GenerateResponse> queue ABSL_GUARDED_BY(mu);
   bool writing ABSL_GUARDED_BY(mu) = false;
   std::optional<grpc::Status> end ABSL_GUARDED_BY(mu);
-  bool finished ABSL_GUARDED_BY(mu) = false;
+  bool finished ABSL_GUARDED_BY(mu) = false;   // Finish() was called (exactly once per call)
+  bool cancelled ABSL_GUARDED_BY(mu) = false;  // the client cancelled or its deadline passed
   std::string id;
+
+  // Calls Finish(status) unless it was called already. Every call is finished exactly once:
+  // normally by Pump, or with CANCELLED by a cancellation / failed write.
+  void FinishOnce(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (reactor == nullptr || finished) return;
+    finished = true;
+    reactor->Finish(status);
+  }
 
   // Starts the next write, or finishes once the queue is empty and the end is known.
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (reactor == nullptr || writing || finished) return;
+    if (cancelled) {
+      FinishOnce(grpc::Status::CANCELLED);
+      return;
+    }
     if (!queue.empty()) {
       writing = true;
       reactor->StartWrite(&queue.front());
       return;
     }
-    if (end) {
-      finished = true;
-      reactor->Finish(*end);
-    }
+    if (end) FinishOnce(*end);
   }
 };
 
@@ -117,8 +161,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
     }
     frontend::Endpoint endpoint;
     const std::string body = ToOpenAiJson(request, &endpoint);
+    if (std::optional<frontend::ApiError> invalid = ValidateGrpcOnly(request)) {
+      service->RecordRejected(endpoint, invalid->http_status);
+      End(ToStatus(*invalid));
+      return;
+    }
     frontend::ParsedRequest parsed = frontend::ParseRequest(endpoint, body);
     if (auto* error = std::get_if<frontend::ApiError>(&parsed)) {
+      service->RecordRejected(endpoint, error->http_status);
       End(ToStatus(*error));
       return;
     }
@@ -128,10 +178,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
       frontend::ApiError e = frontend::InvalidRequest(
           absl::StrCat("The model '", api.model, "' does not exist"), "model", "model_not_found");
       e.http_status = 404;
-      {
-        End(ToStatus(e));
-        return;
-      }
+      service->RecordRejected(endpoint, e.http_status);
+      End(ToStatus(e));
+      return;
     }
     frontend::StartResult started = service->Start(api, std::make_shared<Sink>(state_));
     if (auto* error = std::get_if<frontend::ApiError>(&started)) {
@@ -146,13 +195,20 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
     state_->writing = false;
     state_->queue.pop_front();
     if (!ok) {
-      state_->finished = true;
-      Finish(grpc::Status::CANCELLED);
+      state_->FinishOnce(grpc::Status::CANCELLED);
       return;
     }
     state_->Pump();
   }
+  // The client cancelled (or its deadline passed): stop the generation and finish the call with
+  // CANCELLED (now, or when the write in progress completes), so that OnDone runs and the call is
+  // freed. gRPC calls OnCancel after the constructor returned, so generation_ is settled.
   void OnCancel() override {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->cancelled = true;
+      state_->Pump();  // finishes unless a write is in progress (its OnWriteDone finishes)
+    }
     if (generation_) generation_->Cancel();
   }
   void OnDone() override {
@@ -185,7 +241,7 @@ class GenerationImpl final : public pv1::Generation::CallbackService {
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pv1::ListModelsRequest*,
                                        pv1::ListModelsResponse* response) override {
-    for (const std::string& name : service_->ModelNames()) response->add_models(name);
+    for (const std::string& name : service_->ListedModelNames()) response->add_models(name);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;

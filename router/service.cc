@@ -1,6 +1,7 @@
 #include "router/service.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <random>
@@ -17,7 +18,6 @@ namespace pdserve::router {
 namespace {
 
 namespace wv1 = worker::v1;
-using Actions = std::vector<std::function<void()>>;
 
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
@@ -47,6 +47,27 @@ frontend::ApiError ReserveError(const grpc::Status& status, const std::string& w
   }
 }
 
+// The API error for a failed Prefill (see OnPrefilled for the retries before it).
+frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker) {
+  const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return frontend::ServerError(
+          429, absl::StrCat("the prefill pool is full; retry later (", detail, ")"),
+          "rate_limit_exceeded", "prefill_busy");
+    case grpc::StatusCode::UNAVAILABLE:
+      return frontend::ServerError(
+          503, absl::StrCat("no prefill worker could take the request (", detail, ")"),
+          "server_error", "worker_unavailable");
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return frontend::ServerError(
+          503, absl::StrCat("prefill worker ", worker, " did not answer in time (", detail, ")"),
+          "server_error", "prefill_timeout");
+    default:
+      return frontend::ServerError(500, detail, "server_error", "prefill_failed");
+  }
+}
+
 }  // namespace
 
 // One try of one choice on one (prefill, decode) pair. Fields below `mu`-comments are guarded by
@@ -71,6 +92,17 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   bool streams_started = false;
   bool over = false;  // finished, failed or abandoned: later events are ignored
   bool aborted = false;
+  // The first token's logprobs come from the Prefill answer (PrefillResponse.first_token), not
+  // from Generate's first event. When logprobs are requested, Generate's events (and its end)
+  // are held here until Prefill has answered, then replayed in order.
+  bool prefill_answered = false;
+  bool first_event_handled = false;
+  std::deque<wv1::GenerateResponse> held;
+  std::optional<grpc::Status> held_done;
+  // The last Generate event's (or the stream start's) time, absl::ToUnixNanos; and whether the
+  // stream was cancelled because its worker is down and it stalled (CancelStalledStreams).
+  std::atomic<int64_t> last_event_ns{0};
+  std::atomic<bool> stalled_on_down{false};
 };
 
 struct RouterService::Request : std::enable_shared_from_this<Request> {
@@ -246,6 +278,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   PDSERVE_ASSIGN_OR_RETURN(o.decode_policy, ParsePolicy(config.router.decode_policy));
   o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
   o.lease_ms = config.lease_ms;
+  o.prefill_timeout = absl::Milliseconds(config.lease_ms);
   return o;
 }
 
@@ -324,6 +357,9 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.canary_timeout = options.canary_timeout;
   pool.lease_ms = options.lease_ms;
   pool.background_checks = options.background_checks;
+  pool.on_still_down = [raw = s.get()](Worker& w) {
+    if (w.role() == Role::kDecode) raw->CancelStalledStreams(w);
+  };
   if (options.canary) {
     PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));
   }
@@ -343,6 +379,23 @@ RouterService::~RouterService() {
 }
 
 std::vector<std::string> RouterService::ModelNames() const { return model_names_; }
+
+std::vector<std::string> RouterService::ListedModelNames() const {
+  std::vector<std::string> out;
+  for (const std::string& name : model_names_) {
+    if (name == options_.model_dir) continue;
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
+}
+
+void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status) {
+  requests_
+      ->WithLabels(
+          {endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions",
+           absl::StrCat(http_status), "error"})
+      .Increment();
+}
 
 bool RouterService::Ready() const { return pool_->Ready(); }
 
@@ -567,8 +620,17 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
     return;
   }
   if (!start) return;
+  attempt->last_event_ns.store(absl::ToUnixNanos(absl::Now()));
+  {
+    absl::MutexLock lock(&streams_mu_);
+    if (streams_.size() >= 256) {
+      std::erase_if(streams_, [](const std::weak_ptr<Attempt>& a) { return a.expired(); });
+    }
+    streams_.push_back(attempt);
+  }
   std::shared_ptr<Request> r = request;
   calls_.fetch_add(1);
+  attempt->prefill_context.set_deadline(Deadline(options_.prefill_timeout));
   attempt->prefill->prefill()->async()->Prefill(&attempt->prefill_context,
                                                 &attempt->prefill_request, &attempt->prefilled,
                                                 [this, r, attempt](grpc::Status s) {
@@ -584,6 +646,13 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
   reader->Start();
 }
 
+bool RouterService::OtherPrefillUp(const Attempt& attempt) const {
+  for (const Worker* w : pool_->prefill()) {
+    if (w != attempt.prefill && w->up()) return true;
+  }
+  return false;
+}
+
 // Whether a failed choice may be tried again on other workers: no token of it reached the
 // client, the request is still wanted, and it has tries left.
 bool RouterService::CanRetry(Request& request, const Attempt& attempt) const {
@@ -596,42 +665,78 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
                                 const grpc::Status& status) {
   Actions actions;
   bool retry = false;
+  bool retry_decode = false;
   {
     absl::MutexLock lock(&request->mu);
     ReleaseAttempt(*attempt, true, false);
     if (status.ok()) {
       attempt->prefill->RecordSuccess();
+      attempt->prefill_answered = true;
+      // Replays what Generate sent while the first token's logprobs were awaited.
+      while (!attempt->held.empty() && !attempt->over && !request->ended) {
+        wv1::GenerateResponse event = std::move(attempt->held.front());
+        attempt->held.pop_front();
+        retry = HandleEvent(*request, *attempt, event, &actions) || retry;
+      }
+      attempt->held.clear();
+      if (attempt->held_done) {
+        const grpc::Status done = *attempt->held_done;
+        attempt->held_done.reset();
+        retry_decode = HandleDone(*request, *attempt, done, &actions);
+      }
     } else if (!attempt->over) {
-      if (WorkerDown(status.error_code())) attempt->prefill->RecordFailure();
-      if (WorkerDown(status.error_code()) && CanRetry(*request, *attempt)) {
+      // RESOURCE_EXHAUSTED (its queue is full): tried on another prefill worker when one is up,
+      // else 429; the worker is busy, not down. UNAVAILABLE / DEADLINE_EXCEEDED (down, stopped,
+      // past prefill_timeout): counted against the worker, retried (on another one when one is
+      // up), else 503. Anything else: 500 with the worker's message. A failure after a token
+      // reached the client is an SSE error event. Every failure aborts the decode reservation.
+      const grpc::StatusCode code = status.error_code();
+      if (WorkerDown(code)) attempt->prefill->RecordFailure();
+      const bool busy = code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      if ((WorkerDown(code) || (busy && OtherPrefillUp(*attempt))) &&
+          CanRetry(*request, *attempt)) {
         retries_
-            ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+            ->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED
                               ? "timeout"
-                              : "worker_down"})
+                              : (busy ? "prefill_busy" : "worker_down")})
             .Increment();
         request->AbortAttempt(*attempt, &actions);
         retry = true;
       } else {
-        request->Fail(
-            frontend::ServerError(WorkerDown(status.error_code()) ? 503 : 500,
-                                  absl::StrCat("prefill worker ", attempt->prefill->name(),
-                                               " failed: ", status.error_message()),
-                                  "server_error", "prefill_failed"),
-            &actions);
+        request->Fail(PrefillError(status, attempt->prefill->name()), &actions);
       }
     }
   }
   RunActions(actions);
   if (retry) Dispatch(request, attempt->choice, attempt->prefill_index, -1);
+  if (retry_decode) Dispatch(request, attempt->choice, -1, attempt->decode_index);
 }
 
 void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
                                     const wv1::GenerateResponse& event) {
+  attempt.last_event_ns.store(absl::ToUnixNanos(absl::Now()));
   Actions actions;
+  bool retry = false;
   {
     absl::MutexLock lock(&request.mu);
     if (attempt.over || request.ended) return;
+    if (request.prepared.params.logprobs && !attempt.prefill_answered) {
+      attempt.held.push_back(event);  // replayed by OnPrefilled
+      return;
+    }
+    retry = HandleEvent(request, attempt, event, &actions);
+  }
+  RunActions(actions);
+  if (retry) Dispatch(request.shared_from_this(), attempt.choice, attempt.prefill_index, -1);
+}
+
+bool RouterService::HandleEvent(Request& request, Attempt& attempt,
+                                const wv1::GenerateResponse& event, Actions* actions_out) {
+  Actions& actions = *actions_out;
+  {
     const int c = attempt.choice;
+    const bool first_event = !attempt.first_event_handled;
+    attempt.first_event_handled = true;
     frontend::ChoiceText& text = request.texts[c];
     const std::string& finish = event.finish_reason();
     const bool normal_end = finish == "stop" || finish == "length" || finish == "degenerate";
@@ -652,6 +757,29 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
       } else {
         sampled.token = event.token_ids(i);
       }
+      if (first_event && i == 0 && request.prepared.params.logprobs) {
+        // Generate's first token carries only its id: the logprobs are the prefill worker's.
+        const wv1::SampledToken& first = attempt.prefilled.first_token();
+        if (!attempt.prefilled.has_first_token() || first.token_id() != sampled.token) {
+          request.Fail(
+              frontend::ServerError(
+                  500,
+                  absl::StrCat("prefill worker ", attempt.prefill->name(),
+                               attempt.prefilled.has_first_token()
+                                   ? absl::StrCat(" sampled first token ", first.token_id(),
+                                                  " but decode worker ", attempt.decode->name(),
+                                                  " streamed ", sampled.token)
+                                   : " sent no first token logprobs"),
+                  "server_error", "first_token_mismatch"),
+              &actions);
+          return false;
+        }
+        sampled.logprob = first.logprob();
+        sampled.top.clear();
+        for (const wv1::TokenLogprob& top : first.top_logprobs()) {
+          sampled.top.emplace_back(top.token_id(), top.logprob());
+        }
+      }
       request.any_token[c] = true;
       frontend::ChoiceDelta delta = text.Add(sampled, i + 1 == n && normal_end ? finish : "");
       request.Emit(std::move(delta), 1);
@@ -671,6 +799,23 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
                                              " aborted the request: ", event.error_message()),
                                 "server_error", "worker_aborted"),
           &actions);
+    } else if (finish == "error" && event.isolation_error() == wv1::ISOLATION_ERROR_LEASE &&
+               !attempt.prefill_answered && !request.any_token[c]) {
+      // The transfer's lease ran out before the prefill worker answered: it stalled (stopped,
+      // wedged), which is the prefill worker's failure, not an isolation error.
+      attempt.prefill->RecordFailure();
+      if (CanRetry(request, attempt)) {
+        retries_->WithLabels({"timeout"}).Increment();
+        request.AbortAttempt(attempt, &actions);
+        return true;
+      }
+      request.Fail(frontend::ServerError(
+                       503,
+                       absl::StrCat("prefill worker ", attempt.prefill->name(),
+                                    " stalled: the transfer lease ran out before it answered (",
+                                    event.error_message(), ")"),
+                       "server_error", "prefill_timeout"),
+                   &actions);
     } else if (!finish.empty()) {
       request.Fail(
           frontend::ServerError(
@@ -686,7 +831,7 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
           &actions);
     }
   }
-  RunActions(actions);
+  return false;
 }
 
 void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status) {
@@ -695,29 +840,71 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
   {
     absl::MutexLock lock(&request.mu);
     ReleaseAttempt(attempt, false, true);
-    if (!attempt.over && !request.ended) {
-      if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
-      if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
-        retries_
-            ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                              ? "timeout"
-                              : "worker_down"})
-            .Increment();
-        request.AbortAttempt(attempt, &actions);
-        retry = true;
-      } else {
-        request.Fail(
-            frontend::ServerError(status.ok() ? 500 : 503,
-                                  absl::StrCat("decode worker ", attempt.decode->name(),
-                                               " ended the stream without a final event: ",
-                                               status.ok() ? "OK" : status.error_message()),
-                                  "server_error", "worker_unavailable"),
-            &actions);
-      }
+    if (status.ok() && !attempt.held.empty() && !attempt.over && !request.ended) {
+      attempt.held_done = status;  // after the held events, when Prefill answers
+    } else {
+      retry = HandleDone(request, attempt, status, &actions);
     }
   }
   RunActions(actions);
   if (retry) Dispatch(request.shared_from_this(), attempt.choice, -1, attempt.decode_index);
+}
+
+bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
+                               Actions* actions) {
+  if (attempt.over || request.ended) return false;
+  if (attempt.stalled_on_down.load()) {
+    if (CanRetry(request, attempt)) {
+      retries_->WithLabels({"worker_down"}).Increment();
+      request.AbortAttempt(attempt, actions);
+      return true;
+    }
+    request.Fail(frontend::ServerError(
+                     503,
+                     absl::StrCat("decode worker ", attempt.decode->name(),
+                                  " is down and its stream stalled for ",
+                                  absl::FormatDuration(options_.stall_timeout), " or more"),
+                     "server_error", "worker_unavailable"),
+                 actions);
+    return false;
+  }
+  if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
+  if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
+    retries_
+        ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout"
+                                                                                 : "worker_down"})
+        .Increment();
+    request.AbortAttempt(attempt, actions);
+    return true;
+  }
+  request.Fail(frontend::ServerError(status.ok() ? 500 : 503,
+                                     absl::StrCat("decode worker ", attempt.decode->name(),
+                                                  " ended the stream without a final event: ",
+                                                  status.ok() ? "OK" : status.error_message()),
+                                     "server_error", "worker_unavailable"),
+               actions);
+  return false;
+}
+
+void RouterService::CancelStalledStreams(Worker& decode) {
+  const int64_t stalled_before = absl::ToUnixNanos(absl::Now() - options_.stall_timeout);
+  std::vector<std::shared_ptr<Attempt>> stalled;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    std::erase_if(streams_, [&](const std::weak_ptr<Attempt>& a) {
+      std::shared_ptr<Attempt> live = a.lock();
+      if (live == nullptr) return true;
+      if (live->decode != &decode || live->last_event_ns.load() > stalled_before) return false;
+      stalled.push_back(std::move(live));
+      return true;
+    });
+  }
+  for (const std::shared_ptr<Attempt>& a : stalled) {
+    spdlog::warn("router: decode worker {} is down; cancelling its stalled stream {}",
+                 decode.name(), a->request_id);
+    a->stalled_on_down.store(true);
+    a->generate_context.TryCancel();  // OnGenerateDone fails or retries the choice
+  }
 }
 
 std::string RouterService::MetricsText() const {

@@ -13,12 +13,21 @@
 // The seed is always sent explicitly: the request's, else serving::EffectiveSeed of the response
 // id, as the colocated service derives it.
 //
+// The first token's logprob and top_logprobs come from PrefillResponse.first_token (Generate's
+// first event carries only its id): when logprobs are requested, a choice's Generate events are
+// held until its Prefill has answered; a failed Prefill fails the request (a 5xx before any
+// token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
+//
 // Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
-// INVALID_ARGUMENT -> 400. A choice whose workers fail before it produced a token is retried
-// once on other workers (pdserve_router_retries_total); after that, and for an "error" final
-// event or a failed Prefill, the request fails with OnError (a 5xx JSON before any token, an SSE
-// error event after). Cancel() (client gone) aborts the choice on both workers (Abort) and
-// cancels the calls. Loads are counted at dispatch and released when a worker's part ends.
+// INVALID_ARGUMENT -> 400. Prefill's (before any token, after a retry on another prefill worker
+// when one is up): RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503
+// worker_unavailable, DEADLINE_EXCEEDED (options.prefill_timeout) -> 503 prefill_timeout,
+// others -> 500 prefill_failed with the worker's message; the decode reservation is aborted. A
+// choice whose workers fail before it produced a token is retried once on other workers
+// (pdserve_router_retries_total); after that, and for an "error" final event or a failed Prefill,
+// the request fails with OnError (a 5xx JSON before any token, an SSE error event after). Cancel()
+// (client gone) aborts the choice on both workers (Abort) and cancels the calls. Loads are counted
+// at dispatch and released when a worker's part ends.
 //
 // Thread-safety: every method is thread-safe. Sinks are called with the request's lock held and
 // must not call back into the Generation synchronously (frontend::HttpServer posts).
@@ -42,6 +51,9 @@
 
 namespace pdserve::router {
 
+// Work to run once a Request's lock is released (Abort calls, cancellations).
+using Actions = std::vector<std::function<void()>>;
+
 struct RouterOptions {
   std::string model_dir;
   std::string served_name;  // accepted in "model" besides the directory name; may be empty
@@ -57,6 +69,13 @@ struct RouterOptions {
   bool background_checks = true;  // false: workers are checked only by pool().CheckAll()
   int64_t lease_ms = 30000;
   absl::Duration reserve_timeout = absl::Seconds(10);
+  // The Prefill RPC's deadline (a stopped prefill worker fails the choice, 503 prefill_timeout,
+  // retried on another prefill worker before any token). The deploy config's transfer lease.
+  absl::Duration prefill_timeout = absl::Seconds(30);
+  // A Generate stream on a decode worker the health checker holds down that has had no event
+  // for this long is cancelled and its choice fails (503 worker_unavailable, retried on another
+  // decode worker when no token went out), instead of hanging until the worker comes back.
+  absl::Duration stall_timeout = absl::Seconds(10);
   int max_attempts = 2;          // per choice: the first try plus retries before any token
   int64_t max_in_flight = 4096;  // worker requests; beyond this a new request gets 429
 };
@@ -72,7 +91,12 @@ class RouterService : public frontend::GenerationService {
   // Cancels the requests still running (no further sink calls), stops the checker.
   ~RouterService() override;
 
+  // Accepted in "model": the served name, the model directory's name and its path.
   std::vector<std::string> ModelNames() const override;
+  // Listed: the served name and the directory's name, each once (never the path).
+  std::vector<std::string> ListedModelNames() const override;
+  // Counts a 400 / 404 the front answered (pdserve_router_requests_total{code, "error"}).
+  void RecordRejected(frontend::Endpoint endpoint, int http_status) override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override;
@@ -110,6 +134,8 @@ class RouterService : public frontend::GenerationService {
   // Gives back the load an attempt holds on its prefill and / or decode worker.
   void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
   bool CanRetry(Request& request, const Attempt& attempt) const;
+  // Whether a prefill worker other than the attempt's is up.
+  bool OtherPrefillUp(const Attempt& attempt) const;
   // gRPC completions (gRPC callback threads).
   void OnReserved(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
                   const grpc::Status& status);
@@ -118,9 +144,24 @@ class RouterService : public frontend::GenerationService {
   void OnGenerateEvent(Request& request, Attempt& attempt,
                        const worker::v1::GenerateResponse& event);
   void OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status);
+  // REQUIRES: request.mu held. One Generate event of `attempt` (the first token's logprobs
+  // taken from the Prefill answer when logprobs are requested). Returns whether the choice is to
+  // be dispatched again on another prefill worker (its transfer lease ran out before any token).
+  bool HandleEvent(Request& request, Attempt& attempt, const worker::v1::GenerateResponse& event,
+                   Actions* actions);
+  // REQUIRES: request.mu held. The end of `attempt`'s Generate stream without a final event.
+  // Returns whether the choice is to be dispatched again (on another decode worker).
+  bool HandleDone(Request& request, Attempt& attempt, const grpc::Status& status, Actions* actions);
+
+  // The checker found `decode` still down: cancels its streams stalled past stall_timeout.
+  void CancelStalledStreams(Worker& decode);
 
   RouterOptions options_;
   std::vector<std::string> model_names_;
+  // Attempts whose Generate stream was started (pruned as they go); declared before pool_ so
+  // they outlive the checker's calls.
+  absl::Mutex streams_mu_;
+  std::vector<std::weak_ptr<Attempt>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::unique_ptr<frontend::RequestPreparer> preparer_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Policy> prefill_policy_;

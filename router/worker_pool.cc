@@ -107,15 +107,21 @@ bool WorkerPool::Ready() const {
 
 void WorkerPool::Loop(Worker& worker) {
   while (true) {
-    worker.RecordCheck(Check(worker), options_.down_after);
+    CheckAndRecord(worker);
     absl::MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.health_interval)) return;
   }
 }
 
 void WorkerPool::CheckAll() {
-  for (auto& w : decode_) w->RecordCheck(Check(*w), options_.down_after);
-  for (auto& w : prefill_) w->RecordCheck(Check(*w), options_.down_after);
+  for (auto& w : decode_) CheckAndRecord(*w);
+  for (auto& w : prefill_) CheckAndRecord(*w);
+}
+
+void WorkerPool::CheckAndRecord(Worker& worker) {
+  const bool passed = Check(worker);
+  worker.RecordCheck(passed, options_.down_after);
+  if (!passed && !worker.up() && options_.on_still_down) options_.on_still_down(worker);
 }
 
 bool WorkerPool::Check(Worker& worker) {
@@ -227,8 +233,26 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   spdlog::warn("router: canary through {} and {} failed: prefill {}, generate {} ({} tokens, {})",
                prefill.name(), decode.name(), prefill_status.error_message(),
                generate_status.error_message(), tokens, finish);
+  if (checked == Role::kPrefill &&
+      prefill_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && PrefillBusy(prefill)) {
+    spdlog::info("router: prefill worker {} is busy (canary timed out in its queue), not down",
+                 prefill.name());
+    return true;
+  }
   if (!prefill_status.ok()) return checked != Role::kPrefill;
   return checked != Role::kDecode;
+}
+
+bool WorkerPool::PrefillBusy(Worker& prefill) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(options_.health_timeout));
+  wv1::StatsResponse stats;
+  const grpc::Status status = prefill.prefill()->Stats(&context, wv1::StatsRequest(), &stats);
+  if (!status.ok()) return false;
+  const int64_t previous = prefill.ExchangeTransferBytes(stats.transfer_bytes());
+  const bool has_work = stats.waiting_requests() + stats.running_requests() > 0;
+  const bool progressed = previous < 0 || stats.transfer_bytes() > previous;
+  return has_work && progressed;
 }
 
 }  // namespace pdserve::router

@@ -11,6 +11,13 @@
 // (UNAVAILABLE or DEADLINE_EXCEEDED from the worker), so traffic moves away before the next
 // check; a success resets the count.
 //
+// Busy is not wedged: a prefill worker whose canary Prefill passes its deadline (the canary
+// waited in a full queue) still passes its check when its Stats RPC answers within
+// `health_timeout`, reports waiting or running requests, and its transfer_bytes grew since the
+// checker's previous sample (or there is none yet): it is making progress. A stopped worker
+// answers neither Health nor Stats and is marked down after `down_after` checks as before; one
+// that answers but sends nothing is wedged and fails.
+//
 // Thread-safety: every method is thread-safe; Worker references stay valid for the pool's life.
 #pragma once
 
@@ -54,6 +61,8 @@ class Worker {
   void RecordFailure();
   // Health checker results.
   void RecordCheck(bool passed, int down_after);
+  // The checker's last Stats sample of transfer_bytes (-1: none yet); returns the previous one.
+  int64_t ExchangeTransferBytes(int64_t bytes) { return transfer_bytes_.exchange(bytes); }
 
  private:
   const config::WorkerConfig config_;
@@ -67,6 +76,7 @@ class Worker {
   std::atomic<bool> breaker_open_{false};
   std::atomic<int> request_failures_{0};
   std::atomic<int> check_failures_{0};
+  std::atomic<int64_t> transfer_bytes_{-1};
 };
 
 struct WorkerPoolOptions {
@@ -80,6 +90,8 @@ struct WorkerPoolOptions {
   std::vector<int32_t> canary_prompt;  // token ids; empty: no canary (Health only)
   int64_t lease_ms = 30000;
   bool background_checks = true;  // false: only CheckAll() checks (tests)
+  // Called (from the checker) after every failed check that leaves the worker down.
+  std::function<void(Worker&)> on_still_down;
 };
 
 class WorkerPool {
@@ -101,9 +113,13 @@ class WorkerPool {
  private:
   bool Check(Worker& worker);
   bool Canary(Worker& prefill, Worker& decode, Role checked);
+  // Whether a prefill worker whose canary timed out is busy (see the header comment).
+  bool PrefillBusy(Worker& prefill);
   // One checker thread per worker, so a worker whose checks hang until their deadline does not
   // delay the others' verdicts.
   void Loop(Worker& worker);
+  // Runs one check of `worker` and records it (then on_still_down when it is down).
+  void CheckAndRecord(Worker& worker);
 
   const WorkerPoolOptions options_;
   const std::function<uint64_t()> next_request_id_;

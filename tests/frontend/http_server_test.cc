@@ -35,9 +35,19 @@ class FakeService : public GenerationService {
   bool Ready() const override { return true; }
   std::string MetricsText() const override { return "pdserve_up 1\n"; }
 
+  void RecordRejected(Endpoint endpoint, int http_status) override {
+    absl::MutexLock lock(&rejected_mu);
+    rejected.emplace_back(endpoint, http_status);
+  }
+  absl::Mutex rejected_mu;
+  std::vector<std::pair<Endpoint, int>> rejected ABSL_GUARDED_BY(rejected_mu);
+
   StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) override {
     if (req.prompt_text && *req.prompt_text == "overflow") {
       return InvalidRequest("prompt is too long", "prompt", "context_length_exceeded");
+    }
+    if (req.prompt_text && *req.prompt_text == "busy") {
+      return ApiError{429, "full", "rate_limit_exceeded"};
     }
     auto gen = std::make_unique<FakeGeneration>(this);
     auto stop = gen->stop;
@@ -125,6 +135,26 @@ TEST_F(HttpServerTest, HealthReadyModelsMetrics) {
   EXPECT_EQ(Request(http::verb::get, "/v1/completions").result_int(), 405);
 }
 
+TEST_F(HttpServerTest, RefusedRequestsAreReportedAnd429SaysRetryAfter) {
+  EXPECT_EQ(Request(http::verb::post, "/v1/completions", "{not json").result_int(), 400);
+  EXPECT_EQ(Request(http::verb::post, "/v1/chat/completions",
+                    R"({"model":"nope","messages":[{"role":"user","content":"hi"}]})")
+                .result_int(),
+            404);
+  {
+    absl::MutexLock lock(&service_.rejected_mu);
+    ASSERT_EQ(service_.rejected.size(), 2u);
+    EXPECT_EQ(service_.rejected[0], std::make_pair(Endpoint::kCompletions, 400));
+    EXPECT_EQ(service_.rejected[1], std::make_pair(Endpoint::kChatCompletions, 404));
+  }
+  auto busy = Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"busy"})");
+  EXPECT_EQ(busy.result_int(), 429);
+  EXPECT_EQ(busy[http::field::retry_after], "1");
+  auto ok = Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":"hi"})");
+  EXPECT_EQ(ok.result_int(), 200);
+  EXPECT_EQ(ok.count(http::field::retry_after), 0u);
+}
+
 TEST_F(HttpServerTest, NonStreamedCompletion) {
   auto res = Request(http::verb::post, "/v1/completions",
                      R"({"model":"tiny","prompt":"hi","max_tokens":3,"n":2})");
@@ -184,6 +214,36 @@ TEST_F(HttpServerTest, FailureMidStreamSendsErrorEventNotDone) {
   ASSERT_EQ(events.size(), 3u) << res.body();
   EXPECT_EQ(json::parse(events[2].substr(6))["error"]["message"], "worker lost");
   EXPECT_EQ(res.body().find("[DONE]"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, DrainEndsARunningStreamWithAWholeErrorEvent) {
+  service_.delay = std::chrono::milliseconds(20);  // 1000 tokens: far longer than the grace
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+  req.set(http::field::host, "localhost");
+  req.body() = R"({"model":"tiny","prompt":"hi","max_tokens":1000,"stream":true})";
+  req.prepare_payload();
+  http::write(sock, req);
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  http::read_header(sock, buf, parser);  // the stream is running
+  std::thread drain([&] { server_->Drain(std::chrono::milliseconds(50)); });
+  beast::error_code ec;
+  http::read(sock, buf, parser, ec);  // to the last chunk
+  drain.join();
+  ASSERT_FALSE(ec) << ec.message();
+  const std::string body = parser.get().body();
+  std::vector<std::string> events = absl::StrSplit(body, "\n\n", absl::SkipEmpty());
+  ASSERT_GE(events.size(), 2u) << body;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_NO_THROW(json::parse(events[i].substr(6))) << events[i];
+  }
+  const json last = json::parse(events.back().substr(6));
+  EXPECT_EQ(last["error"]["code"], "shutting_down");
+  EXPECT_EQ(body.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(service_.cancelled.load(), 1);
 }
 
 TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {

@@ -58,6 +58,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
  public:
   grpc::StatusCode reserve_code = grpc::StatusCode::OK;  // != OK: Reserve fails with it
   bool fail_with_error_event = false;
+  bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
 
@@ -82,6 +83,14 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       r = it->second;
     }
     const worker::v1::SamplingParams& s = r.sampling();
+    if (lease_error_first) {
+      worker::v1::GenerateResponse error;
+      error.set_finish_reason("error");
+      error.set_isolation_error(worker::v1::ISOLATION_ERROR_LEASE);
+      error.set_error_message("lease expired before the commit");
+      writer->Write(error);
+      return grpc::Status::OK;
+    }
     for (int i = 0; i < s.max_tokens(); ++i) {
       if (fail_with_error_event && i == 2) {
         worker::v1::GenerateResponse error;
@@ -109,6 +118,12 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       if (s.has_logprobs()) {
         worker::v1::SampledToken* t = event.add_tokens();
         t->set_token_id(token);
+        // As the real decode worker: the first token (the commit's) carries only its id; its
+        // logprobs are in PrefillResponse.first_token.
+        if (i == 0) {
+          if (!writer->Write(event)) return grpc::Status::OK;
+          continue;
+        }
         t->set_logprob(-0.5f);
         for (int k = 0; k < s.logprobs(); ++k) {
           worker::v1::TokenLogprob* top = t->add_top_logprobs();
@@ -160,14 +175,29 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
 class FakePrefill final : public worker::v1::PrefillWorker::Service {
  public:
   grpc::StatusCode prefill_code = grpc::StatusCode::OK;
+  int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events)
 
   grpc::Status Prefill(grpc::ServerContext*, const worker::v1::PrefillRequest* request,
                        worker::v1::PrefillResponse* response) override {
+    if (delay_ms > 0) absl::SleepFor(absl::Milliseconds(delay_ms));
     absl::MutexLock lock(&mu);
     prefills.push_back(*request);
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
     response->mutable_commit()->set_ticket_id(request->ticket().ticket_id());
     response->mutable_commit()->set_prompt_tokens(request->token_ids_size());
+    // The first token as the decode worker streams it, with logprob -0.25 and top_logprobs
+    // (token + k, -0.25 - k) when logprobs are requested.
+    const worker::v1::SamplingParams& s = request->sampling();
+    const int32_t token = FakeToken(s.seed(), s.choice(), 0, request->token_ids_size());
+    response->mutable_commit()->set_first_token(token);
+    worker::v1::SampledToken* first = response->mutable_first_token();
+    first->set_token_id(token);
+    first->set_logprob(s.has_logprobs() ? -0.25f : 0.0f);
+    for (int k = 0; k < s.logprobs(); ++k) {
+      worker::v1::TokenLogprob* top = first->add_top_logprobs();
+      top->set_token_id(token + k);
+      top->set_logprob(-0.25f - static_cast<float>(k));
+    }
     return grpc::Status::OK;
   }
   grpc::Status Abort(grpc::ServerContext*, const worker::v1::AbortRequest* request,
@@ -178,9 +208,16 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     return grpc::Status::OK;
   }
   grpc::Status Stats(grpc::ServerContext*, const worker::v1::StatsRequest*,
-                     worker::v1::StatsResponse*) override {
+                     worker::v1::StatsResponse* response) override {
+    absl::MutexLock lock(&mu);
+    stats_transfer_bytes += stats_bytes_per_call;
+    response->set_waiting_requests(stats_waiting);
+    response->set_transfer_bytes(stats_transfer_bytes);
     return grpc::Status::OK;
   }
+  int32_t stats_waiting = 0;         // Stats' waiting_requests
+  int64_t stats_bytes_per_call = 0;  // Stats' transfer_bytes grows this much per call
+  int64_t stats_transfer_bytes = 0;
   grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
                       worker::v1::HealthResponse* response) override {
     response->set_state(worker::v1::HealthResponse::STATE_SERVING);

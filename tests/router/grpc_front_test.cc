@@ -4,13 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
+#include "router/service.h"
 #include "tests/router/fake_workers.h"
 
 namespace pdserve::router {
@@ -133,6 +137,169 @@ TEST_F(GrpcFrontTest, ErrorsAreStatusesWithTheOpenAiJson) {
   status = Generate(request, &out);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(out.empty());
+}
+
+TEST_F(GrpcFrontTest, NonFiniteSamplingValuesAndThinkingOnTextAreInvalidArgument) {
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  const double kInf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::string param;
+    std::function<void(pv1::GenerateRequest&)> set;
+  };
+  const std::vector<Case> cases = {
+      {"temperature", [&](pv1::GenerateRequest& r) { r.set_temperature(kNan); }},
+      {"temperature", [&](pv1::GenerateRequest& r) { r.set_temperature(kInf); }},
+      {"top_p", [&](pv1::GenerateRequest& r) { r.set_top_p(kNan); }},
+      {"min_p", [&](pv1::GenerateRequest& r) { r.set_min_p(-kInf); }},
+      {"presence_penalty", [&](pv1::GenerateRequest& r) { r.set_presence_penalty(kNan); }},
+      {"frequency_penalty", [&](pv1::GenerateRequest& r) { r.set_frequency_penalty(kInf); }},
+      {"repetition_penalty", [&](pv1::GenerateRequest& r) { r.set_repetition_penalty(kNan); }},
+      {"logit_bias", [&](pv1::GenerateRequest& r) { (*r.mutable_logit_bias())[5] = kNan; }},
+      {"thinking", [&](pv1::GenerateRequest& r) { r.set_thinking(true); }},
+  };
+  for (const Case& c : cases) {
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.set_text("And God said");
+    c.set(request);
+    std::vector<pv1::GenerateResponse> out;
+    grpc::Status status = Generate(request, &out);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.param;
+    EXPECT_EQ(nlohmann::json::parse(status.error_message())["error"]["param"], c.param);
+    EXPECT_TRUE(out.empty());
+  }
+}
+
+// Starts every request and never ends it: the client has to cancel. Counts the generations
+// cancelled and destroyed (the front destroys a call's generation when the call is done).
+class HangingService : public frontend::GenerationService {
+ public:
+  std::vector<std::string> ModelNames() const override { return {"tiny"}; }
+  frontend::StartResult Start(const frontend::ApiRequest&,
+                              std::shared_ptr<frontend::GenerationSink> sink) override {
+    sink->OnDelta({0, "Hel", {}, std::nullopt});
+    absl::MutexLock lock(&mu);
+    ++started;
+    return std::unique_ptr<frontend::Generation>(new CountingGeneration(this));
+  }
+  bool Ready() const override { return true; }
+  std::string MetricsText() const override { return ""; }
+
+  absl::Mutex mu;
+  int started ABSL_GUARDED_BY(mu) = 0;
+  int cancelled ABSL_GUARDED_BY(mu) = 0;
+  int destroyed ABSL_GUARDED_BY(mu) = 0;
+
+ private:
+  class CountingGeneration : public frontend::Generation {
+   public:
+    explicit CountingGeneration(HangingService* owner) : owner_(owner) {}
+    ~CountingGeneration() override {
+      absl::MutexLock lock(&owner_->mu);
+      ++owner_->destroyed;
+    }
+    void Cancel() override {
+      absl::MutexLock lock(&owner_->mu);
+      if (!cancelled_) ++owner_->cancelled;
+      cancelled_ = true;
+    }
+
+   private:
+    HangingService* owner_;
+    bool cancelled_ = false;
+  };
+};
+
+TEST(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
+  testing::KeepCallbackQueueAlive();
+  HangingService service;
+  auto front = GrpcFront::Start("127.0.0.1", 0, &service);
+  ASSERT_TRUE(front.ok()) << front.status();
+  auto stub = pv1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*front)->port()), grpc::InsecureChannelCredentials()));
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext context;
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.set_text("And God said");
+    auto reader = stub->Generate(&context, request);
+    pv1::GenerateResponse response;
+    ASSERT_TRUE(reader->Read(&response));  // the call is running on the server
+    EXPECT_EQ(response.choices(0).text(), "Hel");
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  {
+    // Every call is done on the server (OnDone freed it and its generation). The timeout only
+    // bounds a failing run; the condition is what is asserted.
+    absl::MutexLock lock(&service.mu);
+    const bool all_done = service.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](HangingService* s)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->destroyed == kCalls; },
+            &service),
+        absl::Seconds(30));
+    EXPECT_TRUE(all_done);
+    EXPECT_EQ(service.started, kCalls);
+    EXPECT_EQ(service.cancelled, kCalls);
+    EXPECT_EQ(service.destroyed, kCalls);
+  }
+  // No call is left for the server's shutdown to wait on.
+  (*front)->Stop();
+}
+
+TEST(GrpcFrontCancelTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) {
+  testing::KeepCallbackQueueAlive();
+  testing::FakeDecode decode;
+  decode.token_delay_ms = 50;
+  testing::FakePrefill prefill;
+  testing::FakeServer decode_server(&decode), prefill_server(&prefill);
+  RouterOptions options;
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  options.served_name = "tiny";
+  options.prefill = {{"p0", "127.0.0.1", prefill_server.port(), 0, "cpu"}};
+  options.decode = {{"d0", "127.0.0.1", decode_server.port(), 0, "cpu"}};
+  options.canary = false;
+  options.background_checks = false;
+  auto service = RouterService::Create(options);
+  ASSERT_TRUE(service.ok()) << service.status();
+  (*service)->pool().CheckAll();
+  auto front = GrpcFront::Start("127.0.0.1", 0, service->get());
+  ASSERT_TRUE(front.ok()) << front.status();
+  auto stub = pv1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*front)->port()), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 5; ++i) {
+    grpc::ClientContext context;
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.mutable_token_ids()->add_ids(5);
+    request.mutable_token_ids()->add_ids(6);
+    request.set_max_tokens(200);
+    auto reader = stub->Generate(&context, request);
+    pv1::GenerateResponse response;
+    // A token: the choice runs on the workers.
+    ASSERT_TRUE(reader->Read(&response)) << reader->Finish().error_message();
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  (*front)->Stop();  // returns: no call is left open
+  // Every worker request was aborted and its calls ended (the bound only limits a failing run).
+  auto aborts = [&] {
+    absl::MutexLock lock(&decode.mu);
+    return decode.aborts.size();
+  };
+  for (int i = 0; i < 2000 && ((*service)->in_flight() != 0 || aborts() < 5); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ((*service)->in_flight(), 0);
+  absl::MutexLock lock(&decode.mu);
+  EXPECT_EQ(decode.reserves.size(), 5u);
+  EXPECT_EQ(decode.aborts.size(), 5u);
 }
 
 }  // namespace

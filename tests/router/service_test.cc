@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -95,7 +98,12 @@ class RouterServiceTest : public ::testing::Test {
       options.decode.push_back(WorkerAt("d" + std::to_string(i), decode_servers_[i]->port()));
     }
     options.decode_policy = decode_policy;
-    options.canary = false;
+    if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
+    options.prefill_policy = PolicyKind::kRoundRobin;
+    if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
+    options.canary = canary_timeout_.has_value();
+    if (canary_timeout_) options.canary_timeout = *canary_timeout_;
+    if (stall_timeout_) options.stall_timeout = *stall_timeout_;
     options.background_checks = false;  // checks run from the test
     auto service = RouterService::Create(options);
     EXPECT_TRUE(service.ok()) << service.status();
@@ -133,6 +141,17 @@ class RouterServiceTest : public ::testing::Test {
   std::vector<std::unique_ptr<FakeServer>> decode_servers_;
   std::unique_ptr<FakePrefill> prefill_;
   std::unique_ptr<FakeServer> prefill_server_;
+  // Set before MakeService: a second prefill worker "p1" / another Prefill deadline.
+  std::unique_ptr<FakePrefill> second_prefill_;
+  std::unique_ptr<FakeServer> second_prefill_server_;
+  std::optional<absl::Duration> prefill_timeout_;
+  std::optional<absl::Duration> canary_timeout_;
+  std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
+
+  void AddSecondPrefill() {
+    second_prefill_ = std::make_unique<FakePrefill>();
+    second_prefill_server_ = std::make_unique<FakeServer>(second_prefill_.get());
+  }
 };
 
 TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
@@ -214,10 +233,54 @@ TEST_F(RouterServiceTest, LogprobsAreDetokenized) {
   ASSERT_EQ(sink->logprobs[0].size(), 2u);
   const int32_t first = FakeToken(42, 0, 0, 2);
   EXPECT_EQ(sink->logprobs[0][0].token, Decode(*service, {first}));
-  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.5f);
+  // The first token's logprobs are the prefill worker's (PrefillResponse.first_token).
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.25f);
   ASSERT_EQ(sink->logprobs[0][0].top.size(), 2u);
   EXPECT_EQ(sink->logprobs[0][0].top[1].first, Decode(*service, {first + 1}));
-  EXPECT_FLOAT_EQ(sink->logprobs[0][0].top[1].second, -1.5f);
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].top[1].second, -1.25f);
+  // The second token's are the decode worker's.
+  const int32_t second = FakeToken(42, 0, 1, 2);
+  EXPECT_EQ(sink->logprobs[0][1].token, Decode(*service, {second}));
+  EXPECT_FLOAT_EQ(sink->logprobs[0][1].logprob, -0.5f);
+  ASSERT_EQ(sink->logprobs[0][1].top.size(), 2u);
+  EXPECT_FLOAT_EQ(sink->logprobs[0][1].top[1].second, -1.5f);
+}
+
+TEST_F(RouterServiceTest, FirstTokenLogprobsWaitForASlowPrefillForEveryChoice) {
+  prefill_->delay_ms = 300;  // Generate's events arrive first and are held
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({4, 4, 4}, 3);
+  req.logprobs = true;
+  req.top_logprobs = 3;
+  req.n = 2;
+  auto sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  ASSERT_EQ(sink->logprobs.size(), 2u);
+  for (uint32_t c = 0; c < 2; ++c) {
+    ASSERT_EQ(sink->logprobs[c].size(), 3u) << "choice " << c;
+    const int32_t first = FakeToken(42, c, 0, 3);
+    EXPECT_EQ(sink->logprobs[c][0].token, Decode(*service, {first}));
+    EXPECT_FLOAT_EQ(sink->logprobs[c][0].logprob, -0.25f);
+    ASSERT_EQ(sink->logprobs[c][0].top.size(), 3u);
+    EXPECT_EQ(sink->logprobs[c][0].top[2].first, Decode(*service, {first + 2}));
+    EXPECT_FLOAT_EQ(sink->logprobs[c][0].top[2].second, -2.25f);
+    EXPECT_FLOAT_EQ(sink->logprobs[c][2].logprob, -0.5f);
+    EXPECT_EQ(sink->finish[c], "length");
+  }
+  EXPECT_EQ(sink->usage.completion_tokens, 6);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, FailedPrefillFailsALogprobsRequestBeforeAnyToken) {
+  prefill_->prefill_code = grpc::StatusCode::INTERNAL;
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({4, 4}, 4);
+  req.logprobs = true;
+  req.top_logprobs = 1;
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 500);
+  EXPECT_TRUE(sink->text.empty() || sink->text[0].empty());
 }
 
 TEST_F(RouterServiceTest, StopStringEndsTheChoiceAndAbortsTheDecodeWorker) {
@@ -285,6 +348,159 @@ TEST_F(RouterServiceTest, FailedPrefillIsAnError) {
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 500);
   EXPECT_EQ(sink->error.code, "prefill_failed");
+}
+
+TEST_F(RouterServiceTest, FullPrefillWorkerIs429AndTheReservationIsAborted) {
+  prefill_->prefill_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 5));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 429);
+  EXPECT_EQ(sink->error.code, "prefill_busy");
+  EXPECT_TRUE(sink->text.empty() || sink->text[0].empty());
+  const uint64_t id = decode_[0]->reserves[0].request_id();
+  EXPECT_TRUE(Eventually([&] { return decode_[0]->Aborted(id); }));
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  // A busy worker is not a down one.
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, FullPrefillWorkerIsRetriedOnAnotherOne) {
+  prefill_->prefill_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  AddSecondPrefill();
+  decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 4));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 4; ++i) expected.push_back(FakeToken(42, 0, i, 2));
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  // The fake decode does not wait for the commit: p1's Prefill may arrive after the last token.
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&second_prefill_->mu);
+    return second_prefill_->prefills.size() == 1u;
+  }));
+}
+
+TEST_F(RouterServiceTest, UnavailablePrefillIs503AndOtherCodesAre500WithTheMessage) {
+  prefill_->prefill_code = grpc::StatusCode::UNAVAILABLE;
+  decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  prefill_->prefill_code = grpc::StatusCode::FAILED_PRECONDITION;
+  service->pool().CheckAll();
+  sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 500);
+  EXPECT_EQ(sink->error.code, "prefill_failed");
+  EXPECT_NE(sink->error.message.find("fake prefill"), std::string::npos);
+}
+
+TEST_F(RouterServiceTest, StalledPrefillFailsAtItsDeadlineWith503) {
+  prefill_->delay_ms = 1000;          // far past the 100 ms deadline
+  decode_[0]->token_delay_ms = 3000;  // Generate has nothing to say meanwhile
+  prefill_timeout_ = absl::Milliseconds(100);
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2}, 3);
+  req.logprobs = true;  // the first token waits for Prefill
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "prefill_timeout");
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, LeaseRunningOutBeforePrefillAnswersIsAPrefillTimeoutNotIsolation) {
+  prefill_->delay_ms = 300;  // has not answered when the decode worker's lease runs out
+  decode_[0]->lease_error_first = true;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "prefill_timeout");
+  absl::MutexLock lock(&decode_[0]->mu);
+  EXPECT_EQ(decode_[0]->reserves.size(), 2u);  // retried once
+}
+
+TEST_F(RouterServiceTest, BusyPrefillWorkerWhoseCanaryTimesOutStaysUp) {
+  prefill_->delay_ms = 400;  // every Prefill outlasts the canary's 150 ms
+  prefill_->stats_waiting = 3;
+  prefill_->stats_bytes_per_call = 4096;  // sending: making progress
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();  // its first CheckAll ran the prefill canary
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, PrefillWorkerWithWorkButNoProgressIsMarkedDown) {
+  prefill_->delay_ms = 400;
+  prefill_->stats_waiting = 3;
+  prefill_->stats_bytes_per_call = 0;  // wedged: nothing sent between checks
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();  // first sample: counted busy, up
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, ModelsAreListedOnceWithoutThePathAndRejectionsAreCounted) {
+  auto service = MakeService();
+  const std::string dir_name = std::filesystem::path(PDSERVE_BUNDLED_MODEL).filename().string();
+  EXPECT_EQ(service->ListedModelNames(), (std::vector<std::string>{"tiny", dir_name}));
+  const std::vector<std::string> accepted = service->ModelNames();
+  EXPECT_NE(std::find(accepted.begin(), accepted.end(), PDSERVE_BUNDLED_MODEL), accepted.end());
+  service->RecordRejected(frontend::Endpoint::kCompletions, 400);
+  service->RecordRejected(frontend::Endpoint::kChatCompletions, 404);
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",status="400",)"
+                         R"(finish_reason="error"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="chat_completions",)"
+                         R"(status="404",finish_reason="error"} 1)"),
+            std::string::npos);
+}
+
+TEST_F(RouterServiceTest, ServedNameEqualToTheDirectoryNameIsListedOnce) {
+  RouterOptions options;
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  options.served_name = std::filesystem::path(PDSERVE_BUNDLED_MODEL).filename().string();
+  options.prefill = {WorkerAt("p0", prefill_server_->port())};
+  options.decode = {WorkerAt("d0", decode_servers_[0]->port())};
+  options.canary = false;
+  options.background_checks = false;
+  auto service = RouterService::Create(options);
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ((*service)->ListedModelNames(), std::vector<std::string>{options.served_name});
+}
+
+TEST_F(RouterServiceTest, StalledStreamOnADecodeWorkerMarkedDownEndsWithAnError) {
+  decode_[0]->token_delay_ms = 60000;  // the stream says nothing
+  stall_timeout_ = absl::ZeroDuration();
+  auto service = MakeService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 5), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  // The stream is open on d0 (its Reserve arrived).
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return !decode_[0]->reserves.empty();
+  }));
+  decode_[0]->state = worker::v1::HealthResponse::STATE_UNSPECIFIED;  // fails Health
+  service->pool().CheckAll();
+  service->pool().CheckAll();  // down_after = 2: down, its stalled stream is cancelled
+  ASSERT_FALSE(service->pool().decode()[0]->up());
+  sink->done.WaitForNotification();
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
 TEST_F(RouterServiceTest, CancelAbortsBothWorkers) {
