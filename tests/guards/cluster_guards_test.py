@@ -157,7 +157,7 @@ def proof_abort_reuse(c, rounds):
     code, baseline = complete(c.base, b_prompt, 11)
     check(code == 200, f"alone-run of the follow-up request: HTTP {code}")
     expected = baseline["choices"][0]["text"]
-    equal, retries = 0, 0
+    equal, retries, refusal = 0, 0, None
     for r in range(rounds):
         disconnect_during_transfer(c.base, a_prompt, 1000 + r, 0.03)
         deadline = time.time() + 10  # > the 2 s lease
@@ -166,6 +166,7 @@ def proof_abort_reuse(c, rounds):
             if code != 429 or time.time() > deadline:
                 break
             retries += 1  # the aborted request's pages are not free yet (the fence)
+            refusal = refusal or body
             time.sleep(0.02)
         if code == 200 and body["choices"][0]["text"] == expected:
             equal += 1
@@ -178,6 +179,10 @@ def proof_abort_reuse(c, rounds):
             for name in ("router", "prefill-0", "decode-0"):
                 print(f"  --- {name} log:\n" + c.log_tail(name), flush=True)
             break
+    if refusal is not None:
+        error = refusal.get("error", {})
+        check(error.get("type") == "rate_limit_exceeded" and error.get("code") and
+              error.get("message"), f"a full decode pool answers 429 with OpenAI error JSON: {error}")
     check(equal == rounds, f"after an abort during transfer, the next request on a one-request "
                            f"pool equals its alone-run {equal}/{rounds} times ({retries} waits)")
 
