@@ -55,7 +55,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "On SIGTERM / SIGINT: how long running prefills may take to finish")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  auto max_waiting = std::make_shared<int64_t>(32);
+  auto max_waiting = std::make_shared<int64_t>(256);
   cmd->add_option("--max-waiting", *max_waiting,
                   "Prefills that may wait for their turn; more get RESOURCE_EXHAUSTED (429)")
       ->capture_default_str()

@@ -54,7 +54,9 @@ struct PrefillWorkerOptions {
   int64_t prefill_block = 64;  // as colocated::RunnerOptions::prefill_block
   // Prefills waiting for their turn beyond this are refused with RESOURCE_EXHAUSTED (the router
   // answers 429), so a queue never outlives the transfer leases its requests hold on decode.
-  int64_t max_waiting = 32;
+  // Default 256: four decode workers' worth of reservations (--max-batch 64 each); a deployment
+  // whose prefill is slow against its lease sets it lower.
+  int64_t max_waiting = 256;
   TestFaults faults;           // test-only; off by default
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
 };

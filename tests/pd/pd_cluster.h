@@ -47,7 +47,7 @@ struct ClusterOptions {
   std::vector<std::string> prefill_env;  // e.g. the TEST-ONLY fault switches
   std::string guards_yaml;               // a `guards:` section for the deploy config, or ""
   int64_t drain_timeout_ms = 30000;      // both workers' --drain-timeout-ms
-  int64_t prefill_max_waiting = 32;      // the prefill worker's --max-waiting
+  int64_t prefill_max_waiting = 256;     // the prefill worker's --max-waiting
 };
 
 class PdCluster {

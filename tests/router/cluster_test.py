@@ -229,7 +229,8 @@ def test_concurrent(c, model):
     alone = [run(i) for i in range(0, 64, 8)]
     with concurrent.futures.ThreadPoolExecutor(64) as pool:
         together = list(pool.map(run, range(64)))
-    check(all(code == 200 for code, _ in together), "64 concurrent requests all 200")
+    refused = [(code, text[:200]) for code, text in together if code != 200]
+    check(not refused, f"64 concurrent requests all 200 (others: {refused[:3]})")
     check(all(together[i * 8] == alone[i] for i in range(8)),
           "concurrent results equal their alone-runs (sampled every 8th)")
     alone_rest = [run(i) for i in range(64)]
