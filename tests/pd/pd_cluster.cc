@@ -15,6 +15,7 @@
 #include "colocated/paged_state.h"
 #include "colocated/step_runner.h"
 #include "engine/model.h"
+#include "router/convert.h"
 #include "serving/generation_config.h"
 #include "serving/scheduler.h"
 #include "worker/wire.h"
@@ -129,29 +130,11 @@ PdCluster::~PdCluster() {
   }
 }
 
-v1::SamplingParams ToProto(const serving::SamplingParams& params, int32_t choice) {
-  v1::SamplingParams proto;
-  proto.set_temperature(static_cast<float>(params.temperature));
-  proto.set_top_p(static_cast<float>(params.top_p));
-  proto.set_top_k(params.top_k);
-  proto.set_min_p(static_cast<float>(params.min_p));
-  if (params.seed) proto.set_seed(*params.seed);
-  proto.set_max_tokens(params.max_tokens);
-  proto.set_min_tokens(params.min_tokens);
-  for (int32_t id : params.stop_token_ids) proto.add_stop_token_ids(id);
-  proto.set_presence_penalty(static_cast<float>(params.presence_penalty));
-  proto.set_frequency_penalty(static_cast<float>(params.frequency_penalty));
-  proto.set_repetition_penalty(static_cast<float>(params.repetition_penalty));
-  proto.set_choice(static_cast<uint32_t>(choice));
-  if (params.logprobs) proto.set_logprobs(*params.logprobs);
-  return proto;
-}
-
 v1::ReserveRequest ReserveFor(const RequestSpec& spec) {
   v1::ReserveRequest request;
   request.set_request_id(spec.request_id);
   request.set_prompt_tokens(static_cast<int32_t>(spec.prompt.size()));
-  *request.mutable_sampling() = ToProto(spec.params, spec.choice);
+  *request.mutable_sampling() = router::ToProto(spec.params, spec.choice);
   request.set_lease_ms(30000);
   for (int32_t id : spec.prompt) request.add_prompt_token_ids(id);
   return request;
@@ -161,7 +144,7 @@ v1::PrefillRequest PrefillFor(const RequestSpec& spec, const v1::TransferTicket&
   v1::PrefillRequest request;
   request.set_request_id(spec.request_id);
   for (int32_t id : spec.prompt) request.add_token_ids(id);
-  *request.mutable_sampling() = ToProto(spec.params, spec.choice);
+  *request.mutable_sampling() = router::ToProto(spec.params, spec.choice);
   *request.mutable_ticket() = ticket;
   return request;
 }

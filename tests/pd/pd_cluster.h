@@ -75,7 +75,6 @@ class PdCluster {
   std::unique_ptr<pdserve::worker::v1::DecodeWorker::Stub> decode_stub_;
 };
 
-pdserve::worker::v1::SamplingParams ToProto(const serving::SamplingParams& params, int32_t choice);
 pdserve::worker::v1::ReserveRequest ReserveFor(const RequestSpec& spec);
 pdserve::worker::v1::PrefillRequest PrefillFor(const RequestSpec& spec,
                                                const pdserve::worker::v1::TransferTicket& ticket);
