@@ -26,15 +26,17 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 
 }  // namespace
 
-Transfer::Transfer(PageTransport& transport, const serving::Clock& clock, Ticket ticket,
-                   PeerId peer, std::vector<std::span<const std::byte>> pages)
+Transfer::Transfer(PageTransport& transport, const serving::Clock& clock, SenderOptions options,
+                   Ticket ticket, PeerId peer, std::vector<std::span<const std::byte>> pages)
     : transport_(transport),
       clock_(clock),
+      options_(options),
       ticket_(std::move(ticket)),
       peer_(peer),
       pages_(std::move(pages)),
       checksums_(pages_.size(), 0),
       page_ops_(pages_.size()),
+      page_queued_(pages_.size(), false),
       page_done_(pages_.size(), false),
       next_heartbeat_(clock_.Now() + ticket_.heartbeat_interval),
       lease_length_(ticket_.lease_deadline - clock_.Now()),
@@ -59,7 +61,7 @@ Transfer::~Transfer() {
   if (commit_op_ != nullptr && !WaitOp(transport_, *commit_op_, kCancelWait)) quiet = false;
   if (heartbeat_op_ != nullptr) WaitOp(transport_, *heartbeat_op_, kCancelWait);
   // Only a sender that knows none of its writes can still land may vouch for that; otherwise the
-  // receiver falls back to the lease.
+  // receiver falls back to the lease. Queued pages were never handed over: nothing to wait for.
   if (!quiet || !transport_.PeerStatus(peer_).ok()) return;
   ControlMessage fence{.kind = WireKind::kFence,
                        .request_id = ticket_.request_id,
@@ -72,13 +74,14 @@ Transfer::~Transfer() {
 
 absl::Status Transfer::Fail(absl::Status status) {
   if (error_.ok()) error_ = status;
+  queued_.clear();
   for (auto& op : page_ops_) {
     if (op != nullptr) op->Cancel();
   }
   return error_;
 }
 
-absl::Status Transfer::PostSlot(uint32_t slot) {
+absl::Status Transfer::SendSlot(uint32_t slot) {
   const PageDescriptor& page = ticket_.pages[slot];
   checksums_[slot] = PayloadChecksum(pages_[slot]);
   const PageHeader header{.request_id = ticket_.request_id,
@@ -94,7 +97,28 @@ absl::Status Transfer::PostSlot(uint32_t slot) {
   auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
   if (!op.ok()) return Fail(op.status());
   page_ops_[slot] = std::move(*op);
+  in_flight_.push_back(slot);
+  in_flight_bytes_ += pages_[slot].size();
+  return absl::OkStatus();
+}
+
+void Transfer::Queue(uint32_t slot) {
+  if (page_queued_[slot]) return;
+  page_queued_[slot] = true;
+  queued_.push_back(slot);
   ++pages_posted_;
+}
+
+absl::Status Transfer::Pump() {
+  while (!queued_.empty()) {
+    const uint32_t slot = queued_.front();
+    if (!in_flight_.empty() &&
+        in_flight_bytes_ + pages_[slot].size() > options_.max_in_flight_bytes) {
+      break;
+    }
+    queued_.pop_front();
+    PDSERVE_RETURN_IF_ERROR(SendSlot(slot));
+  }
   return absl::OkStatus();
 }
 
@@ -102,20 +126,16 @@ absl::Status Transfer::PostLayer(uint32_t layer) {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
   for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
-    if (ticket_.pages[slot].layer == layer && page_ops_[slot] == nullptr && !page_done_[slot]) {
-      PDSERVE_RETURN_IF_ERROR(PostSlot(slot));
-    }
+    if (ticket_.pages[slot].layer == layer) Queue(slot);
   }
-  return absl::OkStatus();
+  return Pump();
 }
 
 absl::Status Transfer::PostAll() {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
-  for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
-    if (page_ops_[slot] == nullptr && !page_done_[slot]) PDSERVE_RETURN_IF_ERROR(PostSlot(slot));
-  }
-  return absl::OkStatus();
+  for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) Queue(slot);
+  return Pump();
 }
 
 absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
@@ -124,6 +144,19 @@ absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
     return absl::FailedPreconditionError(absl::StrCat(
         "commit before every page was posted: ", pages_posted_, " of ", ticket_.pages.size()));
   }
+  commit_ = ControlMessage{.kind = WireKind::kCommit,
+                           .request_id = ticket_.request_id,
+                           .ticket_id = ticket_.ticket_id,
+                           .epoch = ticket_.epoch,
+                           .pages_sent = static_cast<uint32_t>(pages_posted_),
+                           .prompt_tokens = prompt_tokens,
+                           .first_token = first_token};
+  commit_requested_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::SendCommit() {
+  // Every page has been sent, so every checksum is known.
   uint32_t num_layers = 0;
   for (const PageDescriptor& page : ticket_.pages)
     num_layers = std::max(num_layers, page.layer + 1);
@@ -131,16 +164,11 @@ absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
   for (size_t slot = 0; slot < ticket_.pages.size(); ++slot) {
     per_layer[ticket_.pages[slot].layer].push_back(checksums_[slot]);
   }
-  ControlMessage commit{.kind = WireKind::kCommit,
-                        .request_id = ticket_.request_id,
-                        .ticket_id = ticket_.ticket_id,
-                        .epoch = ticket_.epoch,
-                        .pages_sent = static_cast<uint32_t>(pages_posted_),
-                        .prompt_tokens = prompt_tokens,
-                        .first_token = first_token};
-  for (const auto& checksums : per_layer) commit.layer_digests.push_back(LayerDigest(checksums));
-  commit_bytes_ = EncodeControl(commit);
-  commit_requested_ = true;
+  for (const auto& checksums : per_layer) commit_.layer_digests.push_back(LayerDigest(checksums));
+  commit_bytes_ = EncodeControl(commit_);
+  auto op = transport_.Send(peer_, WireKind::kCommit, {}, commit_bytes_);
+  if (!op.ok()) return Fail(op.status());
+  commit_op_ = std::move(*op);
   return absl::OkStatus();
 }
 
@@ -155,6 +183,32 @@ void Transfer::SendHeartbeatIfDue() {
   lease_deadline_ = std::max(lease_deadline_, now + lease_length_);
 }
 
+absl::Status Transfer::CollectPages() {
+  size_t kept = 0;
+  for (size_t i = 0; i < in_flight_.size(); ++i) {
+    const uint32_t slot = in_flight_[i];
+    std::optional<absl::Status> status = page_ops_[slot]->Test();
+    if (!status.has_value()) {
+      in_flight_[kept++] = slot;
+      continue;
+    }
+    if (!status->ok()) {
+      // The failed send stays in flight for the destructor, which cancels and waits for it.
+      in_flight_.erase(in_flight_.begin() + static_cast<ptrdiff_t>(kept),
+                       in_flight_.begin() + static_cast<ptrdiff_t>(i));
+      return Fail(
+          absl::Status(status->code(), absl::StrCat("page slot ", slot, " of ticket ",
+                                                    ticket_.ticket_id, ": ", status->message())));
+    }
+    page_ops_[slot].reset();
+    page_done_[slot] = true;
+    in_flight_bytes_ -= pages_[slot].size();
+    ++pages_completed_;
+  }
+  in_flight_.resize(kept);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> Transfer::Poll() {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (delivered_) return true;
@@ -164,24 +218,11 @@ absl::StatusOr<bool> Transfer::Poll() {
     return Fail(absl::DeadlineExceededError(
         absl::StrCat("lease of ticket ", ticket_.ticket_id, " expired during the transfer")));
   }
-  for (size_t slot = 0; slot < page_ops_.size(); ++slot) {
-    if (page_ops_[slot] == nullptr) continue;
-    std::optional<absl::Status> status = page_ops_[slot]->Test();
-    if (!status.has_value()) continue;
-    if (!status->ok()) {
-      return Fail(
-          absl::Status(status->code(), absl::StrCat("page slot ", slot, " of ticket ",
-                                                    ticket_.ticket_id, ": ", status->message())));
-    }
-    page_ops_[slot].reset();
-    page_done_[slot] = true;
-    ++pages_completed_;
-  }
+  PDSERVE_RETURN_IF_ERROR(CollectPages());
+  PDSERVE_RETURN_IF_ERROR(Pump());
   SendHeartbeatIfDue();
   if (commit_requested_ && commit_op_ == nullptr && pages_completed_ == ticket_.pages.size()) {
-    auto op = transport_.Send(peer_, WireKind::kCommit, {}, commit_bytes_);
-    if (!op.ok()) return Fail(op.status());
-    commit_op_ = std::move(*op);
+    PDSERVE_RETURN_IF_ERROR(SendCommit());
   }
   if (commit_op_ != nullptr) {
     std::optional<absl::Status> status = commit_op_->Test();
@@ -226,7 +267,7 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::Prepare(
   PDSERVE_ASSIGN_OR_RETURN(PeerId peer,
                            transport_.Connect(ticket.worker_address, ticket.receiver_incarnation));
   return std::unique_ptr<Transfer>(
-      new Transfer(transport_, clock_, ticket, peer, std::move(pages)));
+      new Transfer(transport_, clock_, options_, ticket, peer, std::move(pages)));
 }
 
 }  // namespace pdserve::kv

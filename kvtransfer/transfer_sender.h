@@ -5,12 +5,18 @@
 // is released cancels its sends, waits until none is in flight and then tells the receiver so
 // with a fence message (docs/protocol.md, "Abort fence").
 //
+// Posted pages are queued; at most SenderOptions::max_in_flight_bytes of them are handed to the
+// transport at a time, each checksummed just before it is handed over. Poll() then only looks at
+// the sends in flight, and the checksum pass runs shortly before UCX copies the same page
+// (docs/perf.md, "State transfer over UCX").
+//
 // Thread-safety: a TransferSender and its Transfers are used by one thread (the one that drives
 // the transport).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -23,6 +29,13 @@
 
 namespace pdserve::kv {
 
+struct SenderOptions {
+  // Bytes of page payload handed to the transport and not yet completed, at most (at least one
+  // page is always allowed). UCX moves data only while the sender polls, so more in flight buys
+  // nothing, and a page checksummed long before UCX copies it has left the cache by then.
+  size_t max_in_flight_bytes = size_t{8} << 20;
+};
+
 class Transfer {
  public:
   Transfer(const Transfer&) = delete;
@@ -30,43 +43,59 @@ class Transfer {
   // Cancels unless Release() succeeded (see the file comment).
   ~Transfer();
 
-  // Posts every page of `layer` (its state must be final: the checksum is taken now).
+  // Posts every page of `layer`. Its state must be final from now on: the checksum is taken when
+  // the page is handed to the transport, now or in a later Poll(), as the window allows.
   // Errors: FailedPrecondition after Commit or a failure; the transfer's error if it failed.
   absl::Status PostLayer(uint32_t layer);
-  // Posts every page not yet posted.
+  // Posts every page not yet posted (same contract as PostLayer).
   absl::Status PostAll();
   // Asks for the commit, sent once every page send has completed. Requires all pages posted.
   absl::Status Commit(int32_t prompt_tokens, int32_t first_token);
-  // Drives the transport, sends heartbeats, and reports: true once the commit was delivered,
-  // false while in flight. Errors (the transfer stops and cancels its sends): Unavailable when the
-  // decode worker is lost, DeadlineExceeded when the lease passed, the send's error otherwise.
+  // Drives the transport, hands queued pages to it as earlier ones complete, sends heartbeats,
+  // and reports: true once the commit was delivered, false while in flight. Errors (the transfer
+  // stops and cancels its sends): Unavailable when the decode worker is lost, DeadlineExceeded
+  // when the lease passed, the send's error otherwise.
   absl::StatusOr<bool> Poll();
   // Ends a delivered transfer (no fence needed). Errors: FailedPrecondition if not delivered.
   absl::Status Release();
 
   const Ticket& ticket() const { return ticket_; }
+  // Pages posted by the caller (queued or handed to the transport).
   size_t pages_posted() const { return pages_posted_; }
   size_t pages_completed() const { return pages_completed_; }
 
  private:
   friend class TransferSender;
-  Transfer(PageTransport& transport, const serving::Clock& clock, Ticket ticket, PeerId peer,
-           std::vector<std::span<const std::byte>> pages);
-  absl::Status PostSlot(uint32_t slot);
+  Transfer(PageTransport& transport, const serving::Clock& clock, SenderOptions options,
+           Ticket ticket, PeerId peer, std::vector<std::span<const std::byte>> pages);
+  // Queues `slot` (once); Pump hands queued pages to the transport while the window allows.
+  void Queue(uint32_t slot);
+  absl::Status Pump();
+  absl::Status SendSlot(uint32_t slot);
+  // Collects finished page sends; the first failed one fails the transfer.
+  absl::Status CollectPages();
+  // Encodes the commit with the per-layer digests (every page sent by then) and sends it.
+  absl::Status SendCommit();
   absl::Status Fail(absl::Status status);
   void SendHeartbeatIfDue();
 
   PageTransport& transport_;
   const serving::Clock& clock_;
+  SenderOptions options_;
   Ticket ticket_;
   PeerId peer_;
   std::vector<std::span<const std::byte>> pages_;
   std::vector<uint64_t> checksums_;
-  std::vector<std::unique_ptr<SendOp>> page_ops_;  // Index = slot; null until posted.
+  std::vector<std::unique_ptr<SendOp>> page_ops_;  // Index = slot; null unless in flight.
+  std::vector<bool> page_queued_;                  // Posted by the caller (index = slot).
   std::vector<bool> page_done_;
+  std::deque<uint32_t> queued_;      // Posted, not yet handed to the transport, in post order.
+  std::vector<uint32_t> in_flight_;  // Handed to the transport, not yet completed.
+  size_t in_flight_bytes_ = 0;
   size_t pages_posted_ = 0;
   size_t pages_completed_ = 0;
   std::unique_ptr<SendOp> commit_op_;
+  ControlMessage commit_;  // Set by Commit(); the digests are filled in by SendCommit().
   std::vector<std::byte> commit_bytes_;
   bool commit_requested_ = false;
   std::unique_ptr<SendOp> heartbeat_op_;
@@ -84,8 +113,8 @@ class Transfer {
 class TransferSender {
  public:
   // `transport` and `clock` must outlive the sender and its transfers.
-  TransferSender(PageTransport& transport, const serving::Clock& clock)
-      : transport_(transport), clock_(clock) {}
+  TransferSender(PageTransport& transport, const serving::Clock& clock, SenderOptions options = {})
+      : transport_(transport), clock_(clock), options_(options) {}
 
   // Connects to the ticket's decode worker and checks the sources against the ticket: one span per
   // slot, each exactly the descriptor's size. The spans must stay valid until the Transfer ends.
@@ -97,6 +126,7 @@ class TransferSender {
  private:
   PageTransport& transport_;
   const serving::Clock& clock_;
+  SenderOptions options_;
 };
 
 }  // namespace pdserve::kv
