@@ -3,6 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/wire_kind.h"
 #include "xxhash.h"
+#if defined(__x86_64__)
+#include "xxh_x86dispatch.h"
+#endif
 
 namespace pdserve::kv {
 
@@ -61,7 +64,13 @@ absl::StatusOr<PageHeader> DecodePageHeader(std::span<const std::byte> bytes) {
 }
 
 uint64_t PayloadChecksum(std::span<const std::byte> payload) {
+#if defined(__x86_64__)
+  // The same function as XXH3_64bits (same value), with the widest vector unit this CPU has;
+  // libxxhash's plain entry point is built for SSE2, 1.4x slower on cached pages.
+  return XXH3_64bits_dispatch(payload.data(), payload.size());
+#else
   return XXH3_64bits(payload.data(), payload.size());
+#endif
 }
 
 }  // namespace pdserve::kv

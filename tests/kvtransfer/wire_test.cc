@@ -59,6 +59,22 @@ TEST(PageHeaderTest, ChecksumIsXxh3OfThePayload) {
   EXPECT_NE(PayloadChecksum(payload), before);
 }
 
+// PayloadChecksum may take a vectorized path; every size class of XXH3 (short inputs, 129-240
+// bytes, the striped loop and its tail) must still give libxxhash's reference value.
+TEST(PageHeaderTest, ChecksumEqualsReferenceXxh3AtEverySizeClass) {
+  std::vector<std::byte> buffer((1 << 20) + 64);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<std::byte>(i * 131 + 7);
+  for (size_t size :
+       {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{17}, size_t{128}, size_t{129},
+        size_t{240}, size_t{241}, size_t{1024}, size_t{4095}, size_t{65536 + 7}, size_t{1} << 20}) {
+    for (size_t offset : {size_t{0}, size_t{1}, size_t{63}}) {
+      const std::span<const std::byte> payload = std::span(buffer).subspan(offset, size);
+      EXPECT_EQ(PayloadChecksum(payload), XXH3_64bits(payload.data(), payload.size()))
+          << "size " << size << " offset " << offset;
+    }
+  }
+}
+
 TEST(TicketTest, RoundTripsEveryField) {
   Ticket ticket{
       .ticket_id = 9,
