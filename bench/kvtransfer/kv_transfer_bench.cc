@@ -6,6 +6,11 @@
 //         am | tag | put  raw ucp_am_send_nbx (receiver lands with ucp_am_recv_data_nbx) /
 //                  ucp_tag_send_nbx into pre-posted receives / ucp_put_nbx + flush into
 //                  registered memory; timed on the sender from the first post to completion
+//         am-hot   raw AM as `am`, but every message is sent from and lands in one page-sized
+//                  buffer on each side, as ucx_perftest does: the buffers stay in cache, so this
+//                  separates how we drive UCX from what moving distinct memory costs
+//         memcpy   one process copies the total, page by page, between two distinct buffers: the
+//                  machine's single-core memory-copy bound for distinct pages (no UCX)
 // Prints one line per iteration and "best <GB/s> median <GB/s>" (GB = 1e9 bytes).
 // The receiver is the parent, the sender a forked child (fork happens before UCX starts).
 #include <poll.h>
@@ -36,6 +41,10 @@ struct Config {
   uint64_t page_bytes = 0;
   int iterations = 0;
   uint64_t pages() const { return total_bytes / page_bytes; }
+  bool hot() const { return mode == "am-hot"; }
+  // Where page p lives in a buffer of buffer_bytes(): its own place, or the one hot page.
+  uint64_t offset(uint64_t page) const { return hot() ? 0 : page * page_bytes; }
+  uint64_t buffer_bytes() const { return hot() ? page_bytes : total_bytes; }
 };
 
 // CLOCK_MONOTONIC is one clock for both processes of the machine.
@@ -96,6 +105,23 @@ void Report(const Config& config, std::vector<double> seconds) {
   for (size_t i = 0; i < gbps.size(); ++i) std::printf("iteration %zu %.3f GB/s\n", i, gbps[i]);
   std::sort(gbps.begin(), gbps.end());
   std::printf("best %.3f median %.3f\n", gbps.back(), gbps[gbps.size() / 2]);
+}
+
+// ---- memory-copy bound -------------------------------------------------------------------------
+
+void MemcpyBound(const Config& config) {
+  std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});
+  std::vector<std::byte> destination(config.total_bytes);
+  std::vector<double> seconds;
+  for (int it = 0; it < config.iterations; ++it) {
+    const int64_t start = NowNs();
+    for (uint64_t p = 0; p < config.pages(); ++p) {
+      std::memcpy(destination.data() + p * config.page_bytes, source.data() + p * config.page_bytes,
+                  config.page_bytes);
+    }
+    seconds.push_back(static_cast<double>(NowNs() - start) / 1e9);
+  }
+  Report(config, seconds);
 }
 
 // ---- pdserve protocol -------------------------------------------------------------------------
@@ -168,7 +194,7 @@ constexpr unsigned kRawAmId = 9;
 struct RawAmState {
   UcxWorker* worker;
   std::byte* pool;
-  uint64_t page_bytes;
+  const Config* config;
   uint64_t landed = 0;
 };
 
@@ -182,7 +208,7 @@ ucs_status_t OnRawAm(void* arg, const void* header, size_t, void* data, size_t l
   auto* state = static_cast<RawAmState*>(arg);
   uint64_t page = 0;
   std::memcpy(&page, header, sizeof(page));
-  std::byte* destination = state->pool + page * state->page_bytes;
+  std::byte* destination = state->pool + state->config->offset(page);
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
     std::memcpy(destination, data, length);
     ++state->landed;
@@ -202,12 +228,12 @@ void RawReceiver(const Config& config, Channel& channel) {
   if (!context.ok()) Die(context.status());
   auto worker = UcxWorker::Create(*context);
   if (!worker.ok()) Die(worker.status());
-  std::vector<std::byte> pool(config.total_bytes);
+  std::vector<std::byte> pool(config.buffer_bytes());
   auto memory = UcxMemory::Register(*context, pool.data(), pool.size());
   if (!memory.ok()) Die(memory.status());
   auto rkey = memory->PackRemoteKey();
   if (!rkey.ok()) Die(rkey.status());
-  RawAmState am{&*worker, pool.data(), config.page_bytes};
+  RawAmState am{&*worker, pool.data(), &config};
   ucp_am_handler_param_t handler{};
   handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                        UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -236,7 +262,8 @@ void RawReceiver(const Config& config, Channel& channel) {
       if (absl::Status s = WaitRequest(*worker, request, "tag receive"); !s.ok()) Die(s);
     }
     channel.Write("next");
-    while (config.mode == "am" && am.landed < config.pages() * (it + 1)) worker->Progress();
+    while (config.mode != "tag" && config.mode != "put" && am.landed < config.pages() * (it + 1))
+      worker->Progress();
   }
   while (!channel.Ready()) worker->Progress();  // Up until the sender's report is written.
   channel.Read();
@@ -257,7 +284,7 @@ void RawSender(const Config& config, Channel& channel) {
   auto rkey = UcxRemoteKey::Unpack(**endpoint, Unhex(hello.substr(s1 + 1, s2 - s1 - 1)));
   if (!rkey.ok()) Die(rkey.status());
   const uint64_t remote_base = std::stoull(hello.substr(s2 + 1));
-  std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});
+  std::vector<std::byte> source(config.buffer_bytes(), std::byte{0x5A});
   std::vector<double> seconds;
   for (int it = 0; it < config.iterations; ++it) {
     channel.Read();  // "go": receives are posted.
@@ -266,7 +293,7 @@ void RawSender(const Config& config, Channel& channel) {
     std::vector<uint64_t> headers(config.pages());
     for (uint64_t p = 0; p < config.pages(); ++p) {
       ucp_request_param_t rp{};
-      std::byte* data = source.data() + p * config.page_bytes;
+      std::byte* data = source.data() + config.offset(p);
       headers[p] = p;
       if (config.mode == "put") {
         sends.push_back(ucp_put_nbx((*endpoint)->get(), data, config.page_bytes,
@@ -303,15 +330,19 @@ void RawSender(const Config& config, Channel& channel) {
 int main(int argc, char** argv) {
   using pdserve::kv::Channel;
   if (argc != 5) {
-    std::fprintf(
-        stderr,
-        "usage: kv_transfer_bench pdserve|am|tag|put <total MiB> <page KiB> <iterations>\n");
+    std::fprintf(stderr,
+                 "usage: kv_transfer_bench pdserve|am|am-hot|tag|put|memcpy <total MiB> <page KiB> "
+                 "<iterations>\n");
     return 2;
   }
   pdserve::kv::Config config{.mode = argv[1],
                              .total_bytes = std::stoull(argv[2]) << 20,
                              .page_bytes = std::stoull(argv[3]) << 10,
                              .iterations = std::stoi(argv[4])};
+  if (config.mode == "memcpy") {
+    pdserve::kv::MemcpyBound(config);
+    return 0;
+  }
   int to_sender[2];
   int to_receiver[2];
   if (pipe(to_sender) != 0 || pipe(to_receiver) != 0) return 1;

@@ -1,6 +1,9 @@
 #!/bin/bash
 # Transfer bandwidth of 1 GiB of pages: the kvtransfer protocol and raw UCX put / tag / AM
 # (kv_transfer_bench) against ucx_perftest with the same message size, in one run, per transport.
+# Two references explain the distance to ucx_perftest, which sends every message from (and lands
+# it in) one message-sized buffer that stays in cache: `am-hot` (our raw AM loop with the same
+# single buffer) and `memcpy` (one core copying the 1 GiB page by page: the memory-copy bound).
 # Usage: bench/kvtransfer/run_kvtransfer_bench.sh [build dir] [rounds] [page KiB ...]
 # Each figure is the best over `rounds` rounds (ours: best of 3 iterations per round); rounds
 # interleave ours and ucx_perftest so that load from other processes hits both alike.
@@ -44,23 +47,27 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); host: $(uname -n), $(nproc) cores,
      "$(ucx_info -v | head -1 | sed 's/# //'); load average $(cut -d' ' -f1-3 /proc/loadavg);" \
      "best of $rounds rounds"
 echo
-echo "| UCX_TLS | page | pdserve | raw am | raw tag | raw put | perftest ucp_am_bw | perftest tag_bw | perftest ucp_put_bw | pdserve / best perftest |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| UCX_TLS | page | pdserve | raw am | raw am, hot buffer | raw tag | raw put | memcpy, 1 core | perftest ucp_am_bw | perftest tag_bw | perftest ucp_put_bw | pdserve / best perftest | pdserve / raw am |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for tls in tcp "shm,self"; do
   for kib in "${pages_kib[@]}"; do
     bytes=$((kib << 10))
-    p=0 am=0 tag=0 put=0 pam=0 ptag=0 pput=0
+    p=0 am=0 hot=0 tag=0 put=0 copy=0 pam=0 ptag=0 pput=0
     for _ in $(seq "$rounds"); do
       p=$(max "$p" "$(ours "$tls" pdserve "$kib")")
       pam=$(max "$pam" "$(perftest "$tls" ucp_am_bw $bytes)")
       ptag=$(max "$ptag" "$(perftest "$tls" tag_bw $bytes)")
       am=$(max "$am" "$(ours "$tls" am "$kib")")
+      hot=$(max "$hot" "$(ours "$tls" am-hot "$kib")")
       tag=$(max "$tag" "$(ours "$tls" tag "$kib")")
       put=$(max "$put" "$(ours "$tls" put "$kib")")
       pput=$(max "$pput" "$(perftest "$tls" ucp_put_bw $bytes)")
+      copy=$(max "$copy" "$(ours "$tls" memcpy "$kib")")
     done
     ratio=$(awk -v a="$p" -v b="$(max "$pam" "$ptag")" \
               'BEGIN { if (b > 0) printf "%.0f%%", 100 * a / b; else print "n/a" }')
-    echo "| $tls | ${kib} KiB | $p | $am | $tag | $put | $pam | $ptag | $pput | $ratio |"
+    raw_ratio=$(awk -v a="$p" -v b="$am" \
+                  'BEGIN { if (b > 0) printf "%.0f%%", 100 * a / b; else print "n/a" }')
+    echo "| $tls | ${kib} KiB | $p | $am | $hot | $tag | $put | $copy | $pam | $ptag | $pput | $ratio | $raw_ratio |"
   done
 done
