@@ -11,6 +11,8 @@
 //                  separates how we drive UCX from what moving distinct memory costs
 //         memcpy   one process copies the total, page by page, between two distinct buffers: the
 //                  machine's single-core memory-copy bound for distinct pages (no UCX)
+// Raw modes connect as pdserve does: with peer error handling where UCX allows it (tcp), without
+// it where UCX 1.13 refuses it (shared memory alone).
 // Prints one line per iteration and "best <GB/s> median <GB/s>" (GB = 1e9 bytes).
 // The receiver is the parent, the sender a forked child (fork happens before UCX starts).
 #include <poll.h>
