@@ -15,7 +15,7 @@
 namespace pdserve::kv::testing {
 namespace {
 
-constexpr uint64_t kPageBytes = 64 * 1024;
+constexpr uint64_t kPageBytes = uint64_t{64} * 1024;
 
 // Records every message; a message other than the fence completes only when the test says so.
 class ScriptedTransport final : public PageTransport {
