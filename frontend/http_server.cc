@@ -46,6 +46,10 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   GenerationService* service = nullptr;
   net::io_context ioc;
+  // The acceptor and its retry timer are used only on this strand: accept completions, the
+  // retry and the close of Drain()/Stop() run on different io threads otherwise (a concurrent
+  // close crashed in epoll deregistration).
+  net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
   tcp::acceptor acceptor{ioc};
   net::steady_timer accept_timer{ioc};
   std::vector<std::thread> threads;
@@ -449,33 +453,36 @@ void Session::Finish() {
 }  // namespace
 
 void HttpServer::Impl::Accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (stopped || draining) return;
-    if (ec) {
-      if (ec == net::error::operation_aborted) return;
-      spdlog::warn("accept failed: {}; retrying in {} ms", ec.message(), kAcceptBackoff.count());
-      accept_timer.expires_after(kAcceptBackoff);
-      accept_timer.async_wait([this](beast::error_code) {
-        if (!stopped && !draining) Accept();
-      });
-      return;
-    }
-    std::shared_ptr<Session> session;
-    {
-      absl::MutexLock lock(&mu);
-      if (sessions.size() < options.max_connections) {
-        session = std::make_shared<Session>(std::move(socket), this);
-        sessions.insert(session);
-      }
-    }
-    if (session) {
-      session->Run();
-    } else {
-      beast::error_code ignored;
-      socket.close(ignored);  // over the connection cap: refuse rather than queue
-    }
-    Accept();
-  });
+  acceptor.async_accept(
+      net::make_strand(ioc),
+      net::bind_executor(accept_strand, [this](beast::error_code ec, tcp::socket socket) {
+        if (stopped || draining) return;
+        if (ec) {
+          if (ec == net::error::operation_aborted) return;
+          spdlog::warn("accept failed: {}; retrying in {} ms", ec.message(),
+                       kAcceptBackoff.count());
+          accept_timer.expires_after(kAcceptBackoff);
+          accept_timer.async_wait(net::bind_executor(accept_strand, [this](beast::error_code) {
+            if (!stopped && !draining) Accept();
+          }));
+          return;
+        }
+        std::shared_ptr<Session> session;
+        {
+          absl::MutexLock lock(&mu);
+          if (sessions.size() < options.max_connections) {
+            session = std::make_shared<Session>(std::move(socket), this);
+            sessions.insert(session);
+          }
+        }
+        if (session) {
+          session->Run();
+        } else {
+          beast::error_code ignored;
+          socket.close(ignored);  // over the connection cap: refuse rather than queue
+        }
+        Accept();
+      }));
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -499,7 +506,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ", ec.message()));
   }
-  impl->Accept();
+  net::post(impl->accept_strand, [raw = impl.get()] { raw->Accept(); });
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
     impl->threads.emplace_back([raw = impl.get()] { raw->ioc.run(); });
   }
@@ -513,7 +520,7 @@ uint16_t HttpServer::port() const {
 
 void HttpServer::Drain(std::chrono::milliseconds grace) {
   if (!impl_ || impl_->stopped.load() || impl_->draining.exchange(true)) return;
-  net::post(impl_->ioc, [impl = impl_.get()] {
+  net::post(impl_->accept_strand, [impl = impl_.get()] {
     beast::error_code ec;
     impl->acceptor.close(ec);
     impl->accept_timer.cancel();
@@ -555,7 +562,7 @@ void HttpServer::Drain(std::chrono::milliseconds grace) {
 
 void HttpServer::Stop() {
   if (!impl_ || impl_->stopped.exchange(true)) return;
-  net::post(impl_->ioc, [impl = impl_.get()] {
+  net::post(impl_->accept_strand, [impl = impl_.get()] {
     beast::error_code ec;
     impl->acceptor.close(ec);
     impl->accept_timer.cancel();
