@@ -34,7 +34,10 @@ CONTEXT = 512
 SEED = 1611
 CHAT_FRACTION = 0.15
 PASSAGE_FRACTION = 0.4  # --prose some: share of chapters written as prose instead of whole
-PASSAGE_VERSES = {"some": (4, 24), "every": (3, 16)}  # verses per prose run (inclusive)
+# verses per prose run (inclusive); "every-sentence" is "every" with each run extended until it
+# ends a sentence
+PASSAGE_VERSES = {"some": (4, 24), "every": (3, 16), "every-sentence": (3, 16)}
+SENTENCE_END = (".", "?", "!")
 
 
 def chat_prompt(user, system=None):
@@ -93,10 +96,13 @@ def plain_documents(chapters, rng, prose):
     distribution. prose "every": every chapter whole and every chapter again as prose runs of 3-16
     verses, so that a verse opening right after BOS (such as "And the LORD spake unto Moses,
     saying,") is seen continued as prose far more often than as a chat answer, the only place where
-    EOS follows a verse's last word or punctuation directly."""
+    EOS follows a verse's last word or punctuation directly. prose "every-sentence": as "every",
+    but a run that would end on a verse ending mid-sentence (such as "... saying,") is extended
+    to the next verse that ends with . ? or ! (or the chapter's end), so that no plain document
+    teaches EOS right after an unfinished sentence."""
     docs = []
     for chapter in chapters:
-        if prose == "every":
+        if prose.startswith("every"):
             docs.append(chapter.text())
         elif rng.random() >= PASSAGE_FRACTION:
             docs.append(chapter.text())
@@ -104,6 +110,10 @@ def plain_documents(chapters, rng, prose):
         start = 0
         while start < len(chapter.verses):
             end = min(len(chapter.verses), start + rng.randint(*PASSAGE_VERSES[prose]))
+            if prose == "every-sentence":
+                while end < len(chapter.verses) and not chapter.verses[end - 1].rstrip().endswith(
+                        SENTENCE_END):
+                    end += 1
             docs.append(" ".join(chapter.verses[start:end]) + "\n")
             start = end
     return docs
@@ -131,7 +141,8 @@ def main():
     ap.add_argument("--slice-bytes", type=int, default=48_000)
     ap.add_argument("--prose", choices=sorted(PASSAGE_VERSES), default="some",
                     help="some: 40%% of chapters as prose instead of whole (shipped model); "
-                    "every: every chapter whole and again as prose")
+                    "every: every chapter whole and again as prose; every-sentence: as every, "
+                    "each prose run ending a sentence")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.fixtures, exist_ok=True)

@@ -17,6 +17,7 @@ install -m 644 "$out/loss.png" "$model/loss.png"
 install -m 644 "$out/loss.csv" "$out/results.json" "$data/data.json" "$model/training/"
 install -m 644 "$out"/fixtures/* "$fixtures/"
 install -m 644 "$out/samples.json" "$fixtures/transformers_samples.json"
+if [ -f "$out/coherence_eval.json" ]; then install -m 644 "$out/coherence_eval.json" "$model/training/"; fi
 python3 tools/train_small_model/numpy_reference.py --model "$model" --fixtures "$fixtures" \
   --ties-out "$fixtures/indexer_ties.json" --perplexity
 python3 tools/train_small_model/write_model_card.py --root .

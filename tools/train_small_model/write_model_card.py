@@ -52,6 +52,24 @@ def immediate_ends(samples, name):
     return p["prompt"].replace("<｜begin▁of▁sentence｜>", ""), empty, chat, len(p["samples"])
 
 
+def rate_section(root):
+    """Degeneration rate over many samples (eval_coherence.py's output, when the run has one)."""
+    path = os.path.join(root, MODEL, "training", "coherence_eval.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path, encoding="utf-8") as f:
+        ev = json.load(f)
+    per = ", ".join(f"{p['name']} {p['flagged']}" for p in ev["prompts"])
+    total = ev["n"] * len(ev["prompts"])
+    return f"""
+Degeneration rate over more samples (tools/train_small_model/eval_coherence.py: transformers
+`generate`, {ev['n']} samples of up to {ev['tokens']} new tokens per prompt at the same settings,
+pdserve's detector thresholds; training/coherence_eval.json): {ev['total_flagged']} of {total}
+flagged ({per}). The flagged samples open with verse-like text and fall into the loop later:
+the model is not loop-free; it loops rarely.
+"""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=".")
@@ -97,14 +115,18 @@ def main():
     )
     tie_sentence = (f" ({tie_lines})" if tied else "")
     # build_data.py --prose; the 2026-12-01 trial's data.json predates the key
-    every = data.get("prose", "some" if "passage_fraction_of_chapters" in data else "every") == "every"
+    prose = data.get("prose", "some" if "passage_fraction_of_chapters" in data else "every")
+    every = prose.startswith("every")
     trained_indexer = tr.get("indexer_loss_weight", 0) > 0
-    build_flags = " --prose every" if every else ""
+    build_flags = f" --prose {prose}" if every else ""
     if every:
+        sentence_rule = (", each run extended until it ends a sentence (. ? or !) or the chapter,\n  "
+                         "so that no plain document ends mid-sentence" if prose == "every-sentence"
+                         else "")
         stream_text = (
             f"every chapter whole (heading, then\n  numbered verses) and every chapter again cut "
             f"into runs of {data['passage_verses'][0]}-{data['passage_verses'][1]} verses written "
-            f"as\n  running prose ({data['tokens']['train_plain']:,} tokens in "
+            f"as\n  running prose{sentence_rule} ({data['tokens']['train_plain']:,} tokens in "
             f"{data['plain_documents']:,} documents)")
     else:
         stream_text = (
@@ -261,7 +283,7 @@ plus the greedy continuation, all in tests/fixtures/small_model/transformers_sam
 {SHOWN_PER_PROMPT} of each are shown (cut at {SHOWN_CHARS} characters; `\\n` is a newline).
 
 {sample_section(samples)}
-
+{rate_section(args.root)}
 ## Checks
 
 - Saved and reloaded weights give identical logits (max |diff| {res['reload_max_abs_logit_diff']}).
