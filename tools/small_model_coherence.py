@@ -94,33 +94,29 @@ def logits_section(logits: list, ties: dict) -> list:
         "script). Figure: max over positions of max|diff| / max|ref| of that position; tolerance "
         "1e-4 and identical argmax.",
         "",
-        "| prompt | tokens | first tie-dependent position | one-shot, before it | after it |",
-        "| --- | --- | --- | --- | --- |",
+        "| prompt | tokens | indexer ties | one-shot max rel err |",
+        "| --- | --- | --- | --- |",
     ]
     for p in logits:
         tied = p["first_tie_dependent_position"] < p["tokens"]
-        first = p["first_tie_dependent_position"] if tied else "- (no tie)"
-        after = f"{p['max_rel_diff_after_tie']:.1e}" if tied else "-"
-        lines.append(f"| {p['name']} | {p['tokens']} | {first} | "
-                     f"{p['max_rel_diff_before_tie']:.1e} | {after} |")
-    heldout = next(p for p in ties["prompts"] if p["first_tie_dependent_position"] < p["tokens"])
+        lines.append(f"| {p['name']} | {p['tokens']} | "
+                     f"{'from position ' + str(p['first_tie_dependent_position']) if tied else 'none'}"
+                     f" | {p['max_rel_diff']:.1e} |")
+    hs = ties["heldout_slice"]
+    heads = json.loads((MODEL_CARD.parent / "config.json").read_text())["index_n_heads"]
     lines += [
         "",
-        f"Indexer ties. {heldout['name']} has exact top-k ties in the first CSA layer's lightning "
-        "indexer (scores of exactly 0.0 at the top-8 cut-off) at positions "
-        + ", ".join(str(t["position"]) for t in heldout["ties"])
-        + " (tests/fixtures/small_model/indexer_ties.json). The engine keeps the lowest entry ids "
-        "(docs/engine.md); `torch.topk` leaves the order unspecified "
-        "(docs/engine-reference.md). The test compares strictly up to the first tie-dependent "
-        "position and holds the positions after it to 1e-2 with identical argmax: at position "
-        "49 transformers kept another tied entry than the engine (max|diff| 3.05e-2 on logits up "
-        "to 9.7, 3.1e-3 per position); the effect fades through the sliding window and HCA "
-        "(below 1e-4 from position 59) and never changes the argmax. The float64 NumPy reference, "
-        "which also keeps the lowest ids, measures the same absolute difference "
-        f"({heldout['max_rel_diff_overall']:.1e} in its normalisation by the prompt's largest "
-        "logit). The engine's decode equals its own one-shot forward across the ties "
-        "(TiedPromptDecodesLikeItsOneShotForward). PerturbedWeightFails shows the strict "
-        "comparison can fail: one attention sink of the last layer moved by 1.0 gives 4.5e-3.",
+        "Indexer ties. Where the lightning indexer's scores tie at the top-k cut-off, the engine "
+        "keeps the lowest entry ids (docs/engine.md) and `torch.topk` leaves the order "
+        "unspecified (docs/engine-reference.md), so logits past a tie are not comparable exactly. "
+        f"The model's {heads} trained indexer heads leave "
+        f"{sum(1 for p in ties['prompts'] if p['ties'])} of the fixture prompts with a tie "
+        "(tests/fixtures/small_model/indexer_ties.json, from the float64 NumPy reference) and "
+        f"{hs['ties']} of the {hs['indexer_selections']:,} selections over the held-out slice; the "
+        "test requires a tie-free fixture and compares every position strictly. The engine's "
+        "token-by-token decode equals its own one-shot forward on the longest prompt "
+        "(LongestPromptDecodesLikeItsOneShotForward). PerturbedWeightFails shows the strict "
+        "comparison can fail: one attention sink of the last layer moved by 1.0.",
         "",
     ]
     return lines
@@ -144,9 +140,7 @@ def perplexity_section(ppl: dict, ties: dict) -> list:
         f"{ties['heldout_slice']['perplexity_lowest_id_ties']:.4f} |",
         "",
         f"Relative difference to the training script: {ppl['relative_diff']:.1e} (bound 1e-2); "
-        f"worst chunk {ppl['worst_chunk_nll_diff_per_token']:.1e} nats/token. The engine agrees "
-        "with the NumPy reference, which breaks indexer ties the same way; the remaining 1e-4 is "
-        "transformers' choice among tied entries.",
+        f"worst chunk {ppl['worst_chunk_nll_diff_per_token']:.1e} nats/token.",
         "",
     ]
 
@@ -200,8 +194,7 @@ def coherence_section(coh: dict, reference: dict) -> list:
     for p in failing:
         lines.append(f"**{p['name']}** (prompt `{cut(p['prompt'], 200)}`): {p['flagged']} "
                      f"flagged; transformers {p['transformers_flagged']}/20 with the same "
-                     f"detector; allowed by the test: {p['allowed_flagged']} (99.9% binomial "
-                     "quantile of the rate transformers' samples estimate).")
+                     "detector.")
         lines.append("")
         for s in p["samples"]:
             if s["flags"] != "-":
@@ -216,25 +209,20 @@ def coherence_section(coh: dict, reference: dict) -> list:
         "- Issue 7's proof (\"no sample flagged\") holds for "
         + ", ".join(p["name"] for p in coh["prompts"] if not p["flagged"])
         + " and fails for " + (", ".join(p["name"] for p in failing) or "none") + ".",
-        "- The failures are the model's, not the engine's: the engine's logits equal "
-        "transformers' (proof 1), its greedy continuations equal transformers' token for token, "
-        "and transformers' own samples of the same prompts are flagged at a similar rate "
-        "(HF flagged column). \"And the LORD spake unto Moses, saying,\" is a complete verse "
-        "opening after which the model puts EOS first with the probability in the P(EOS first) "
-        "column, so about that fraction of samples is empty; \"Blessed are the\" drifts into the "
-        "genealogy lists the model memorised (\"nor of their fathers, nor of their fathers, "
-        "...\").",
-        "- The test asserts the proof as written where transformers' samples are clean, and "
-        "elsewhere that the engine degenerates no more often than the model does under "
-        "transformers. Meeting the proof on every prompt needs a better model (more text or "
-        "fewer epochs, or end-of-verse handling), not an engine change.",
+        "- The test asserts the proof as written: no engine sample flagged on any of the "
+        f"{len(coh['prompts'])} prompts. The HF flagged column runs the same detector over "
+        "transformers' own samples of the model, which use other random draws: it tells the "
+        "model's rate from the engine's, and relaxes nothing.",
+        "- P(EOS first) is the probability, under temperature and top-p, that a sample is empty: "
+        "for the complete-verse prompt \"And the LORD spake unto Moses, saying,\" the training "
+        "data put EOS right after a verse only at the end of a chat answer.",
         "",
     ]
     return lines
 
 
 def card_section(coh: dict, ppl: dict, logits: list, reference: dict) -> str:
-    worst = max(p["max_rel_diff_before_tie"] for p in logits)
+    worst = max(p["max_rel_diff"] for p in logits)
     same_greedy = sum(1 for p in coh["prompts"] if p["greedy"]["equals_transformers"])
     lines = [
         CARD_SECTION,
@@ -246,7 +234,7 @@ def card_section(coh: dict, ppl: dict, logits: list, reference: dict) -> str:
         f"- Held-out slice perplexity: {ppl['perplexity']:.4f} (transformers "
         f"{ppl['script_perplexity']:.4f}; relative difference {ppl['relative_diff']:.1e}).",
         f"- Logits: equal to transformers' within {worst:.1e} (max|diff| / max|ref| per "
-        f"position) on all {len(logits)} fixture prompts up to the first indexer tie; see "
+        f"position) at every position of all {len(logits)} fixture prompts; see "
         "docs/small-model-coherence.md.",
         f"- Samples at temperature {coh['temperature']}, top-p {coh['top_p']}, "
         f"{coh['samples_per_prompt']} per prompt, up to {coh['max_new_tokens']} tokens; greedy "

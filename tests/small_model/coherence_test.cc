@@ -9,13 +9,10 @@
 // empty-content check. The greedy continuation of each prompt is reported next to them (a greedy
 // single sample proves nothing: shared/design.md, "Lessons") and must equal transformers'.
 //
-// What is asserted. The same detector is run over transformers' own 20 samples per prompt
-// (re-encoded from their text). Where transformers has none flagged, no engine sample may be
-// flagged: issue 7's proof as written. Where transformers itself has flagged samples, the model
-// fails that proof on this prompt whatever the engine does (the engine's logits equal
-// transformers', logits_test.cc); the test then requires the engine's count of flagged samples to
-// stay within the 99.9% binomial quantile of the model's rate estimated from transformers' samples
-// (an engine that degenerates more fails), and reports the prompt as FAIL in the table.
+// What is asserted: issue 7's proof as written, on every prompt: no engine sample is flagged. The
+// same detector is also run over transformers' own 20 samples per prompt (re-encoded from their
+// text) and their count is reported next to the engine's (HF flagged), as a diagnosis of whether a
+// failure is the model's or the engine's; it relaxes nothing.
 // tools/small_model_coherence.py reruns this test and writes the table into
 // docs/small-model-coherence.md and the model card.
 //
@@ -214,17 +211,6 @@ double NextTokenProbability(std::span<const float> logits, const serving::Sampli
   return 0.0;
 }
 
-// Smallest k with P(X <= k) >= 0.999 for X ~ Binomial(n, p).
-int BinomialUpperQuantile(int n, double p) {
-  double cumulative = 0.0;
-  for (int k = 0; k <= n; ++k) {
-    cumulative += std::exp(std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) +
-                           k * std::log(p) + (n - k) * std::log1p(-p));
-    if (cumulative >= 0.999) return k;
-  }
-  return n;
-}
-
 struct PromptRun {
   const PromptSpec* spec = nullptr;
   std::vector<int32_t> ids;
@@ -297,7 +283,7 @@ class SmallModelCoherenceTest : public ::testing::Test {
   std::vector<int32_t> eos_ids_;
 };
 
-TEST_F(SmallModelCoherenceTest, DegenerateSamplesOnlyWhereTransformersHasThemToo) {
+TEST_F(SmallModelCoherenceTest, NoSampleFlaggedOnAnyPrompt) {
   ASSERT_DOUBLE_EQ(params_.temperature, 0.6);
   ASSERT_DOUBLE_EQ(params_.top_p, 0.95);
   ASSERT_FALSE(eos_ids_.empty());
@@ -404,14 +390,8 @@ TEST_F(SmallModelCoherenceTest, DegenerateSamplesOnlyWhereTransformersHasThemToo
       }
       eos_count += g.ended_by_eos ? 1 : 0;
       flagged += g.flagged() ? 1 : 0;
-      if (ref_flagged == 0) {
-        EXPECT_FALSE(g.flagged()) << run.spec->name << " seed " << g.seed << " flags " << Flags(g)
-                                  << ": \"" << g.text << "\"";
-      } else if (g.flagged()) {
-        std::printf("[ flagged ] %s seed %llu %s (%s): %s\n", run.spec->name.c_str(),
-                    static_cast<unsigned long long>(g.seed), Flags(g).c_str(),
-                    RepeatText(r).c_str(), g.text.c_str());
-      }
+      EXPECT_FALSE(g.flagged()) << run.spec->name << " seed " << g.seed << " flags " << Flags(g)
+                                << " (" << RepeatText(r) << "): \"" << g.text << "\"";
       samples.push_back({{"seed", g.seed},
                          {"tokens", g.tokens.size()},
                          {"eos", g.ended_by_eos},
@@ -420,14 +400,6 @@ TEST_F(SmallModelCoherenceTest, DegenerateSamplesOnlyWhereTransformersHasThemToo
                          {"max_repeat_times", r.repeats},
                          {"distinct2", d2.value_or(-1.0)},
                          {"flags", Flags(g)}});
-    }
-    int bound = 0;
-    if (ref_flagged > 0) {
-      bound = BinomialUpperQuantile(
-          kSamplesPerPrompt, (ref_flagged + 1.0) / (static_cast<double>(kSamplesPerPrompt) + 2.0));
-      EXPECT_LE(flagged, bound) << run.spec->name << ": the engine degenerates more often than "
-                                << "transformers on the same model (" << ref_flagged << "/"
-                                << kSamplesPerPrompt << ")";
     }
     const Generation& greedy = run.greedy;
     std::vector<int32_t> greedy_ids = greedy.tokens;
@@ -458,7 +430,6 @@ TEST_F(SmallModelCoherenceTest, DegenerateSamplesOnlyWhereTransformersHasThemToo
                                  {"eos_count", eos_count},
                                  {"flagged", flagged},
                                  {"transformers_flagged", ref_flagged},
-                                 {"allowed_flagged", bound},
                                  {"verdict", verdict},
                                  {"max_repeat_ngram", worst.ngram},
                                  {"max_repeat_times", worst.repeats},
