@@ -1,5 +1,5 @@
 // Device helpers shared by the CUDA kernels: asynchronous 16-byte copies with zero fill, the
-// bf16 m16n8k16 tensor-core product and bf16 packing.
+// bf16 m16n8k16 tensor-core product, bf16 packing and fp32 <-> storage-type conversion.
 //
 // Fragment layouts follow the PTX ISA ("Matrix fragments for mma.m16n8k16 with floating point
 // type"): with g = lane / 4 and t = lane % 4, the f32 accumulator holds (row g, cols 2t, 2t+1) in
@@ -60,6 +60,22 @@ __device__ __forceinline__ uint32_t LoadPair(const __nv_bfloat16* p) {
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Storage type <-> fp32 for kernels that take fp32 or bf16 tensors and compute in fp32; the store
+// rounds to nearest even once.
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -2,6 +2,7 @@
 // conversion, fresh random seeds and normalized error. Test-only; not thread-safe.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace pdserve::kernels::cuda::testing {
@@ -127,6 +130,71 @@ inline ErrorReport NormalizedError(const std::vector<double>& got,
   }
   report.normalized = norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
   return report;
+}
+
+// Host storage of a kernel's element type: float, or bf16 held as its uint16_t bit pattern.
+template <typename T>
+float HostToFloat(T v) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    return FromBf16(v);
+  } else {
+    return v;
+  }
+}
+template <typename T>
+T HostFromFloat(float f) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    return ToBf16(f);
+  } else {
+    return f;
+  }
+}
+// The device pointer a kernel takes for host storage type T (uint16_t -> __nv_bfloat16).
+template <typename T>
+auto DevicePtr(GuardedBuffer<T>& buffer) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    return reinterpret_cast<__nv_bfloat16*>(buffer.get());
+  } else {
+    return buffer.get();
+  }
+}
+
+template <typename T>
+std::vector<double> Widen(const std::vector<T>& values) {
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = HostToFloat(values[i]);
+  return out;
+}
+
+// got matches want: NaN/Inf at the same positions and normalized error at most `tolerance`.
+inline void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
+                       double tolerance, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const ErrorReport report = NormalizedError(got, want);
+  EXPECT_EQ(report.mismatched, 0) << what;
+  EXPECT_LE(report.normalized, tolerance) << what;
+}
+
+template <typename T>
+std::vector<float> ToFloats(const std::vector<T>& values) {
+  std::vector<float> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = HostToFloat(values[i]);
+  return out;
+}
+
+// Normalized-error tolerance of a kernel that computes what the fp32 CPU reference computes and
+// rounds once to storage type T: fp32 differs by summation order or an ulp of a math function,
+// bf16 by at most one bf16 rounding (2^-8 relative).
+template <typename T>
+inline constexpr double kStorageTolerance = std::is_same_v<T, float> ? 1e-6 : 4e-3;
+
+// got (storage T) against the fp32 reference `want` rounded to T, by ExpectNear.
+template <typename T>
+void ExpectNearReference(const std::vector<T>& got, const std::vector<float>& want,
+                         const std::string& what) {
+  std::vector<T> rounded(want.size());
+  for (size_t i = 0; i < want.size(); ++i) rounded[i] = HostFromFloat<T>(want[i]);
+  ExpectNear(Widen(got), Widen(rounded), kStorageTolerance<T>, what);
 }
 
 }  // namespace pdserve::kernels::cuda::testing
