@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +13,8 @@
 
 namespace pdserve::frontend {
 namespace {
+
+constexpr double kSuppressedControlTokenBias = -100.0;
 
 serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingParams params) {
   if (req.temperature) params.temperature = *req.temperature;
@@ -93,6 +97,16 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   out.prompt = std::move(*prompt);
   out.params = RequestParams(req, defaults_);
   out.params.max_tokens = static_cast<int32_t>(max_tokens);
+  if (req.endpoint == Endpoint::kChatCompletions && chat_format_) {
+    // The chat format's control tokens cannot occur in an answer: suppressed (OpenAI's strongest
+    // logit_bias), unless the request biases that token itself. docs/chat-format.md.
+    text::ChatOptions chat_options;
+    chat_options.thinking = req.thinking.value_or(false);
+    for (const std::string& token : chat_format_->ControlTokensNotInAnswer(chat_options)) {
+      const std::optional<int32_t> id = tokenizer_->TokenToId(token);
+      if (id) out.params.logit_bias.try_emplace(*id, kSuppressedControlTokenBias);
+    }
+  }
   for (int32_t id : out.prompt) {
     if (id < 0 || id >= vocab_size_) {
       return InvalidRequest(

@@ -112,6 +112,14 @@ absl::StatusOr<std::vector<ChatSegment>> DeepSeekV4ChatFormat::Render(
   return out.Take();
 }
 
+std::vector<std::string> DeepSeekV4ChatFormat::ControlTokensNotInAnswer(
+    const ChatOptions& options) const {
+  std::vector<std::string> out = {tokens_.bos, tokens_.user, tokens_.assistant,
+                                  tokens_.think_begin};
+  if (!options.thinking) out.push_back(tokens_.think_end);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ChatFormat>> LoadChatFormat(const std::filesystem::path& model_dir,
                                                            const Tokenizer& tokenizer) {
   const TokenizerConfig& config = tokenizer.config();

@@ -46,6 +46,10 @@ class ChatFormat {
   // Errors: InvalidArgument for an unknown role or an empty conversation.
   virtual absl::StatusOr<std::vector<ChatSegment>> Render(std::span<const ChatMessage> messages,
                                                           const ChatOptions& options) const = 0;
+  // Control tokens that cannot occur in the assistant's answer to a prompt rendered with
+  // `options` (the answer ends with EOS, which is not among them): a model that samples one has
+  // left the format (e.g. writes a user question of its own, then a second think_end).
+  virtual std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const = 0;
 };
 
 // The token strings a DeepSeek-V4 style format uses.
@@ -66,6 +70,9 @@ class DeepSeekV4ChatFormat : public ChatFormat {
   std::string_view name() const override { return "deepseek_v4"; }
   absl::StatusOr<std::vector<ChatSegment>> Render(std::span<const ChatMessage> messages,
                                                   const ChatOptions& options) const override;
+  // BOS, both role markers and think_begin; think_end too in non-thinking mode (the generation
+  // prompt already ends with it). In thinking mode the answer closes its reasoning with think_end.
+  std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const override;
   const DeepSeekV4Tokens& tokens() const { return tokens_; }
 
  private:
