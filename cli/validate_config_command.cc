@@ -1,10 +1,13 @@
 // `pdserve validate-config FILE...`: checks deployment files (common/deploy_config.h).
 //
 // Prints "FILE: ok (...)" per valid file on stdout, and every error of an invalid one on stderr
-// as "file:line:column: key: message". Exit status 0 when all files are valid, 1 otherwise.
+// as "file:line:column: key: message", and a warning on stderr when a valid file's model path has
+// no config.json from the current directory. Exit status 0 when all files are valid, 1 otherwise.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "cli/command_registry.h"
@@ -25,6 +28,16 @@ int RunValidate(const std::vector<std::string>& files) {
       continue;
     }
     const config::DeployConfig& c = parsed.config;
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::path(c.model_path) / "config.json", ec)) {
+      // Not an error: the file may be checked where the model is not installed. `pdserve up`
+      // and the workers resolve a relative path against their working directory.
+      std::fprintf(stderr,
+                   "%s: warning: model path '%s' has no config.json as seen from this directory "
+                   "(%s); processes started here would fail\n",
+                   file.c_str(), c.model_path.c_str(),
+                   std::filesystem::current_path(ec).string().c_str());
+    }
     std::printf("%s: ok (%s: %zu prefill, %zu decode workers, model %s)\n", file.c_str(),
                 c.name.c_str(), c.prefill.size(), c.decode.size(), c.model_path.c_str());
   }

@@ -62,7 +62,9 @@ class FieldReader {
     if (!v || !ok()) return;
     if (!v->is_number_integer()) return Fail(absl::StrCat("'", key, "' must be an integer"), key);
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-      return Fail(absl::StrCat("'", key, "' must be <= ", hi), key);
+      return Fail(absl::StrCat("'", key, "' must be between ", lo, " and ", hi, ", got ",
+                               v->get<uint64_t>()),
+                  key);
     }
     const int64_t i = v->get<int64_t>();
     if (i < lo || i > hi) {
