@@ -1,8 +1,11 @@
 #include "frontend/http_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <cerrno>
 #include <chrono>
 #include <deque>
 #include <set>
@@ -389,13 +392,20 @@ void Session::Generate(Endpoint endpoint) {
   WatchDisconnect();
 }
 
-// A readable socket with nothing to read means the peer closed: cancel the request's work.
+// The peer closed (or reset) its side: cancel the request's work. A readiness report alone is
+// not proof: a peek that finds end-of-stream or a socket error is; a pipelined request is not a
+// disconnect, and a wake-up with nothing there (EAGAIN) only re-arms the watch.
 void Session::WatchDisconnect() {
   stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
                                                        gen = generation_id_](beast::error_code ec) {
     if (ec || gen != self->generation_id_ || !self->active_) return;
-    beast::error_code avail_ec;
-    if (self->stream_.socket().available(avail_ec) > 0 && !avail_ec) return;  // pipelined
+    char byte = 0;
+    const ssize_t n =
+        ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return;  // pipelined: the next Read() takes it
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      return self->WatchDisconnect();
+    }
     spdlog::info("client disconnected; cancelling {}", self->meta_.id);
     self->Finish();
   });
