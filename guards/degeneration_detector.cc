@@ -23,7 +23,15 @@ void DegenerationDetector::Push(int32_t token) {
   const int64_t max_n = static_cast<int64_t>(ring_.size());
   for (int64_t n = 1; n <= max_n; ++n) {
     const bool equal = count_ >= n && ring_[static_cast<size_t>((count_ - n) % max_n)] == token;
-    match_[static_cast<size_t>(n)] = equal ? match_[static_cast<size_t>(n)] + 1 : 0;
+    int64_t& matched = match_[static_cast<size_t>(n)];
+    matched = equal ? matched + 1 : 0;
+    // Latched over every period, not only the longest stretch: a later, longer stretch with
+    // fewer repeats must not hide a loop already seen.
+    const int64_t span = matched + n;
+    if (matched > 0 && span / n >= thresholds_.min_repeats &&
+        span >= thresholds_.min_span_tokens) {
+      repetitive_ = true;
+    }
   }
   ring_[static_cast<size_t>(count_ % max_n)] = token;
   ++count_;
@@ -48,10 +56,7 @@ RepeatRun DegenerationDetector::CurrentRun() const {
   return best;
 }
 
-bool DegenerationDetector::Repetitive() const {
-  return longest_.repeats >= thresholds_.min_repeats &&
-         longest_.span_tokens >= thresholds_.min_span_tokens;
-}
+bool DegenerationDetector::Repetitive() const { return repetitive_; }
 
 void DegenerationDetector::PushText(std::string_view text) {
   if (text.empty()) return;

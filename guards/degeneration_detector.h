@@ -41,7 +41,8 @@ class DegenerationDetector {
   // The longest periodic stretch ending at the last token, and the longest seen so far.
   RepeatRun CurrentRun() const;
   const RepeatRun& LongestRun() const { return longest_; }
-  // True once LongestRun() meets both thresholds.
+  // True once any periodic stretch (any period up to max_ngram, at any point so far) has met both
+  // thresholds; latched: it stays true whatever follows.
   bool Repetitive() const;
   // True when text has been fed and every character of it is whitespace (Unicode White_Space).
   bool WhitespaceOnly() const { return saw_text_ && !saw_visible_; }
@@ -56,6 +57,7 @@ class DegenerationDetector {
   std::vector<int64_t> match_;  // match_[n]: consecutive tokens equal to the one n back
   int64_t count_ = 0;
   RepeatRun longest_;
+  bool repetitive_ = false;
   bool saw_text_ = false;
   bool saw_visible_ = false;
   uint32_t pending_codepoint_ = 0;  // UTF-8 decoding across PushText() calls

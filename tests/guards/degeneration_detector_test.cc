@@ -50,6 +50,20 @@ TEST(DegenerationDetectorTest, LongestPeriodIsThirtyTwo) {
   EXPECT_EQ(b.LongestRun().repeats, 0);
 }
 
+// The trial's case: a short loop, then a longer periodic stretch with fewer repeats outranks it
+// in LongestRun(); the loop must stay flagged.
+TEST(DegenerationDetectorTest, LoopStaysFlaggedWhenALongerStretchFollows) {
+  DegenerationDetector d;
+  PushNgram(d, {7, 8, 9}, 9);  // 27 tokens, 9 copies: degenerate
+  ASSERT_TRUE(d.Repetitive());
+  std::vector<int32_t> long_gram;
+  for (int i = 0; i < 20; ++i) long_gram.push_back(100 + i);
+  PushNgram(d, long_gram, 3);  // 60 tokens, period 20: a longer span, 3 copies
+  EXPECT_EQ(d.LongestRun().ngram, 20);
+  EXPECT_LT(d.LongestRun().repeats, 8);
+  EXPECT_TRUE(d.Repetitive());
+}
+
 TEST(DegenerationDetectorTest, FewRepeatsAreNotDegenerate) {
   DegenerationDetector d;
   PushNgram(d, {4, 8}, 5);
