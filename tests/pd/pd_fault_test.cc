@@ -488,6 +488,73 @@ TEST(PdFaultTest, CommitAfterACancelledGenerateFreesThePagesAtOnce) {
   }
 }
 
+// An Abort that overtakes its Reserve (the router aborts a choice whose Reserve is still on the
+// wire) is remembered: the Reserve is refused and allocates nothing.
+TEST(PdFaultTest, AbortBeforeReserveRefusesTheReserve) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_TRUE(AbortOnDecode(**cluster, 760001, /*prefill_quiesced=*/true).quiesced());
+  const grpc::Status status = ReserveOnDecode(**cluster, Spec(760001, 80, 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << status.error_message();
+  EXPECT_EQ(status.error_message(), "request 760001 was aborted before it was reserved");
+  const v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.waiting_requests(), 0);
+}
+
+// Aborts racing their Reserves (as when the router fails a wide fan-out while Reserves are in
+// flight): whichever comes first, no ticket reached a prefill worker, so no page stays fenced.
+TEST(PdFaultTest, AbortsRacingReservesLeaveNoPageFenced) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::thread> threads;
+  for (uint64_t id = 770001; id <= 770064; ++id) {
+    threads.emplace_back([&cluster, id] {
+      const grpc::Status status = ReserveOnDecode(**cluster, Spec(id, 80, 1));
+      EXPECT_TRUE(status.ok() || status.error_code() == grpc::StatusCode::ABORTED)
+          << status.error_message();
+    });
+    threads.emplace_back(
+        [&cluster, id] { AbortOnDecode(**cluster, id, /*prefill_quiesced=*/true); });
+  }
+  for (std::thread& t : threads) t.join();
+  const v1::StatsResponse stats = AwaitAllPagesFree(**cluster, absl::Seconds(2));
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());  // the lease is 30 s
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  EXPECT_EQ(stats.waiting_requests(), 0);
+}
+
+// RESOURCE_EXHAUSTED says what ran out: batch slots (requests that may still decode), or state
+// pages (an aborted request behind its fence holds pages, not a batch slot).
+TEST(PdFaultTest, FullDecodeWorkerSaysWhetherBatchSlotsOrPagesRanOut) {
+  ClusterOptions options;
+  options.decode_max_batch = 2;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (uint64_t id : {810001, 810002}) {
+    ASSERT_TRUE(ReserveOnDecode(**cluster, Spec(id, 80, 1)).ok());
+  }
+  grpc::Status status = ReserveOnDecode(**cluster, Spec(810003, 80, 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(),
+            "no free batch slot: 2 requests are receiving or decoding (max_batch 2)");
+  // Aborted without the prefill worker's word: its pages stay behind the fence (30 s lease).
+  EXPECT_FALSE(AbortOnDecode(**cluster, 810001, /*prefill_quiesced=*/false).quiesced());
+  status = ReserveOnDecode(**cluster, Spec(810004, 80, 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StartsWith(status.error_message(),
+                               "request 810004 (prompt 80 + max_tokens 6 tokens): out of state "
+                               "pages: needs "))
+      << status.error_message();
+  const int64_t fenced = DecodeStats(**cluster).pages_quarantined();
+  EXPECT_GT(fenced, 0);
+  EXPECT_TRUE(absl::EndsWith(status.error_message(),
+                             absl::StrCat(" (", fenced,
+                                          " pages are held by aborted or failed requests until "
+                                          "their fence or lease)")))
+      << status.error_message();
+}
+
 // The exit status of `pid` once it exits, without reaping it (PeerProcess reaps).
 int ExitStatusAfterSigterm(pid_t pid) {
   kill(pid, SIGTERM);
