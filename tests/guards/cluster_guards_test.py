@@ -11,8 +11,8 @@ Real `pdserve prefill`, `pdserve decode` and `pdserve router` processes on free 
    test-only delay), and at once a new request arrives at a decode worker whose pool holds one
    request (--max-batch 1), so it reuses the aborted request's pages: the new request equals its
    alone-run, 200 times in a row. (It is retried while the decode worker answers 429: the
-   aborted request's pages are free only once the fence or, in some disconnect races, the 2 s
-   lease of this cluster says no write is in flight; the waits are reported.)
+   aborted request's pages are free only once the router's abort reached the decode worker and
+   the fence says no write is in flight; the waits are reported, docs/guards.md.)
 4. After those 200 disconnects during transfer, the decode pool is fully free, nothing is fenced
    or in flight on either worker, and the cluster still serves.
 5. A decode worker killed (SIGKILL) mid-stream: the client gets an error event (never a
