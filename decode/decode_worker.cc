@@ -26,12 +26,21 @@ namespace {
 
 // How long a finished request nobody streams is kept for a late Generate.
 constexpr absl::Duration kKeepFinished = absl::Seconds(60);
+// How many ids of requests aborted before (or while) they were reserved are remembered, so that
+// their Reserve is refused (the router's ids are unique, so a few thousand cover any race).
+constexpr size_t kAbortedRemembered = 4096;
 
 // docs/metrics.md's `kind` label of a pool page kind.
 std::string PoolKindLabel(const std::string& name) {
   if (name == "window") return "sliding";
   if (name == "compressed" || name == "indexer") return name;
   return "compressor";
+}
+
+int64_t TablePages(const serving::PageTable& table) {
+  int64_t pages = 0;
+  for (const auto& kind : table.pages) pages += static_cast<int64_t>(kind.size());
+  return pages;
 }
 
 }  // namespace
@@ -218,11 +227,20 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
     if (requests_.contains(id)) {
       return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already reserved"));
     }
+    if (aborted_ids_.contains(id)) {
+      return absl::AbortedError(
+          absl::StrCat("request ", id, " was aborted before it was reserved"));
+    }
+    // A batch slot is taken by a request that may still decode; an aborted one only holds pages
+    // (behind its fence), which the pool's own check below counts.
     int64_t holding = 0;
-    for (const auto& [rid, r] : requests_) holding += r->pages_held && r->phase != Phase::kDone;
+    for (const auto& [rid, r] : requests_) {
+      holding += r->pages_held && r->phase != Phase::kDone && !r->aborted;
+    }
     if (holding >= options_.max_batch) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the decode worker holds ", holding, " requests (max_batch)"));
+      return absl::ResourceExhaustedError(absl::StrCat("no free batch slot: ", holding,
+                                                       " requests are receiving or decoding (",
+                                                       "max_batch ", options_.max_batch, ")"));
     }
     record->sequence = next_sequence_++;
     absl::StatusOr<serving::PageTable> table =
@@ -231,9 +249,15 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
       // The pool names its owner, our internal sequence number; the caller knows the request id.
       const std::string detail = absl::StrReplaceAll(
           table.status().message(), {{absl::StrCat("request ", record->sequence, " "), ""}});
-      return absl::Status(table.status().code(),
-                          absl::StrCat("request ", id, " (prompt ", prompt_length, " + max_tokens ",
-                                       params.max_tokens, " tokens): ", detail));
+      const int64_t fenced = QuarantinedPages();
+      return absl::Status(
+          table.status().code(),
+          absl::StrCat("request ", id, " (prompt ", prompt_length, " + max_tokens ",
+                       params.max_tokens, " tokens): out of state pages: ", detail,
+                       fenced > 0 ? absl::StrCat(" (", fenced,
+                                                 " pages are held by aborted or failed requests "
+                                                 "until their fence or lease)")
+                                  : ""));
     }
     record->table = std::move(*table);
     absl::StatusOr<std::vector<kv::PlannedPage>> plan =
@@ -256,14 +280,31 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
     requests_[id] = record;
   }
   absl::StatusOr<kv::Ticket> ticket = receiver_->Expect(std::move(spec));
-  absl::MutexLock lock(&mu_);
-  if (!ticket.ok()) {
-    FreePages(*record);
-    requests_.erase(id);
-    return ticket.status();
+  bool aborted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ticket.ok()) {
+      FreePages(*record);
+      requests_.erase(id);
+      return ticket.status();
+    }
+    record->ticket_id = ticket->ticket_id;
+    by_ticket_[ticket->ticket_id] = id;
+    aborted = record->aborted;
   }
-  record->ticket_id = ticket->ticket_id;
-  by_ticket_[ticket->ticket_id] = id;
+  if (aborted) {
+    // Aborted while its pages were being registered (AbortRequest saw no ticket yet). The ticket
+    // never left this process, so nothing can write into the pages: they go back at once.
+    receiver_->Abort(ticket->ticket_id).IgnoreError();
+    receiver_->ConfirmFence(ticket->ticket_id);
+    absl::MutexLock lock(&mu_);
+    record->phase = Phase::kDone;
+    record->events.clear();  // the "abort" event: nobody will stream a refused reservation
+    MaybeForget(id);
+    RememberAborted(id);
+    return absl::AbortedError(absl::StrCat("request ", id, " was aborted while being reserved"));
+  }
+  absl::MutexLock lock(&mu_);
   v1::TransferTicket proto = kv::TicketToProto(*ticket);
   proto.set_reserved_prompt_tokens(static_cast<int32_t>(prompt_length));
   proto.set_reserved_max_tokens(params.max_tokens);
@@ -521,6 +562,15 @@ void DecodeWorker::MaybeForget(uint64_t request_id) {
   requests_.erase(it);
 }
 
+void DecodeWorker::RememberAborted(uint64_t request_id) {
+  if (!aborted_ids_.insert(request_id).second) return;
+  aborted_order_.push_back(request_id);
+  if (aborted_order_.size() > kAbortedRemembered) {
+    aborted_ids_.erase(aborted_order_.front());
+    aborted_order_.pop_front();
+  }
+}
+
 void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   absl::MutexLock lock(&mu_);
   auto found = by_ticket_.find(ticket_id);
@@ -557,7 +607,11 @@ bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
-    if (it == requests_.end()) return true;
+    if (it == requests_.end()) {
+      // Possibly an Abort that overtook its Reserve: that Reserve is refused.
+      RememberAborted(request_id);
+      return true;
+    }
     Request& r = *it->second;
     r.aborted = true;
     if (r.phase == Phase::kReceiving) ticket_id = r.ticket_id;
@@ -641,13 +695,17 @@ DecodeWorker::RequestCounts DecodeWorker::CountRequests() const {
   for (const auto& [id, r] : requests_) {
     counts.running += r->phase == Phase::kDecoding;
     counts.waiting += r->phase == Phase::kReceiving && !r->aborted;
-    if (r->pages_held && (r->aborted || r->phase == Phase::kDone)) {
-      for (const auto& pages : r->table.pages) {
-        counts.quarantined_pages += static_cast<int64_t>(pages.size());
-      }
-    }
   }
+  counts.quarantined_pages = QuarantinedPages();
   return counts;
+}
+
+int64_t DecodeWorker::QuarantinedPages() const {
+  int64_t pages = 0;
+  for (const auto& [id, r] : requests_) {
+    if (r->pages_held && (r->aborted || r->phase == Phase::kDone)) pages += TablePages(r->table);
+  }
+  return pages;
 }
 
 grpc::Status DecodeWorker::Stats(grpc::ServerContext*, const v1::StatsRequest*,

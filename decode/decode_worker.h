@@ -13,7 +13,9 @@
 // with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
 // bit-identical to colocated mode. Abort (or a cancelled Generate) ends the request with "abort":
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
-// step in flight.
+// step in flight. An Abort that comes before its Reserve, or while Reserve is registering the
+// request, makes that Reserve fail with ABORTED: the ticket never left this worker, so nothing
+// can write the pages and they are freed at once (or never allocated).
 //
 // Thread-safety: every RPC may run concurrently on gRPC's threads. Lock order: a request's
 // RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release). mu_ is never held
@@ -30,6 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -124,6 +127,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
 
   DecodeWorker() = default;
   RequestCounts CountRequests() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages of failed or aborted requests not yet released (behind their fence or lease).
+  int64_t QuarantinedPages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<pdserve::worker::v1::TransferTicket> DoReserve(
       const pdserve::worker::v1::ReserveRequest& request);
   void TransferLoop();
@@ -135,6 +140,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   void FreePages(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a finished request once nothing refers to it any more.
   void MaybeForget(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers (boundedly) that `request_id` was aborted before its Reserve registered it.
+  void RememberAborted(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The receiver released `ticket_id`'s pages; `outcome` is the ticket's final status.
   void OnRelease(uint64_t ticket_id, const absl::Status& outcome) ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts `request_id`; returns whether its pages are already free. `prefill_quiesced`: the
@@ -154,6 +161,10 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> by_ticket_ ABSL_GUARDED_BY(mu_);
+  // Ids of requests aborted before (or while) Reserve registered them: their Reserve fails.
+  // Bounded (kAbortedRemembered); the deque holds them oldest first.
+  absl::flat_hash_set<uint64_t> aborted_ids_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);
   serving::RequestId next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   std::thread transfer_thread_;
   std::thread decode_thread_;

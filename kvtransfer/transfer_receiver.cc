@@ -174,6 +174,9 @@ absl::Status TransferReceiver::Abort(uint64_t ticket_id) {
   if (entry.state == TransferState::kReceiving) {
     entry.state = TransferState::kAborted;
     entry.status = absl::CancelledError(absl::StrCat("ticket ", ticket_id, " aborted"));
+    // A commit already in hand (pages still within the missing-page grace) is the sender's word
+    // that every page send completed: it has finished writing, which is what the fence waits for.
+    if (entry.commit.has_value()) entry.fence = true;
   }
   Sweep();
   return absl::OkStatus();
@@ -388,6 +391,15 @@ void TransferReceiver::HandleControl(std::span<const std::byte> bytes) {
   Entry& entry = *found->second;
   if (message.kind == WireKind::kFence) {
     OnFence(entry);
+    Sweep();
+    return;
+  }
+  if (entry.state == TransferState::kAborted && message.kind == WireKind::kCommit &&
+      message.epoch == entry.ticket.epoch) {
+    // The sender commits only after every page send of the ticket completed, and sends nothing
+    // for it afterwards (a committed transfer is released, not fenced): the commit is its word
+    // that no write is in flight. Pages it sent after the abort were refused, never landed.
+    entry.fence = true;
     Sweep();
     return;
   }

@@ -9,7 +9,8 @@
 // and has nothing in flight, e.g. the prefill failed or was aborted on its side) or
 // lease-expired. Pages of a request that did not verify go back to the caller only through
 // `on_release`, and only when no receive into them is in flight and (for aborts) the sender's
-// fence arrived or the lease expired (abandoned: at once, once no receive is in flight).
+// fence or its commit for the ticket's epoch arrived (a sender commits only once every page send
+// completed), or the lease expired (abandoned: at once, once no receive is in flight).
 //
 // Time: leases, heartbeats and the missing-page grace use the injected clock; Progress() sweeps
 // them on every call, and RunFor() waits on the UCX event fd with a timeout so the sweep runs
@@ -121,8 +122,10 @@ class TransferReceiver {
   // Errors: NotFound once the ticket was released (or never existed).
   absl::StatusOr<TransferOutcome> Outcome(uint64_t ticket_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Stops accepting pages for the ticket; its pages are released behind the fence.
-  // Errors: NotFound; FailedPrecondition if it was already verified (the caller owns the pages).
+  // Stops accepting pages for the ticket; its pages are released behind the fence: the sender's
+  // fence message, its commit for the ticket's epoch (before or after the abort), ConfirmFence,
+  // or the lease end. Errors: NotFound; FailedPrecondition if it was already verified (the
+  // caller owns the pages).
   absl::Status Abort(uint64_t ticket_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The control plane's word that the sender has no write in flight and never will (same effect
   // as a fence message): an aborted ticket's pages are released once no receive is in flight; a

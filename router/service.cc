@@ -33,7 +33,8 @@ frontend::ApiError ReserveError(const grpc::Status& status, const std::string& w
   switch (status.error_code()) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return frontend::ServerError(
-          429, absl::StrCat("the decode pool is full; retry later (", detail, ")"),
+          429,
+          absl::StrCat("the decode worker has no room for the request; retry later (", detail, ")"),
           "rate_limit_exceeded", "pool_exhausted");
     case grpc::StatusCode::INVALID_ARGUMENT:
       return frontend::InvalidRequest(detail);

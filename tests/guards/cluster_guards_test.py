@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Isolation guards through the whole cluster, with real processes (issue 9, proofs 2-5).
+"""Isolation guards through the whole cluster, with real processes (issue 9, proofs 2-6).
 
 Real `pdserve prefill`, `pdserve decode` and `pdserve router` processes on free loopback ports
 (CPU backend, the bundled model), driven over the router's OpenAI HTTP API:
@@ -11,12 +11,16 @@ Real `pdserve prefill`, `pdserve decode` and `pdserve router` processes on free 
    test-only delay), and at once a new request arrives at a decode worker whose pool holds one
    request (--max-batch 1), so it reuses the aborted request's pages: the new request equals its
    alone-run, 200 times in a row. (It is retried while the decode worker answers 429: the
-   aborted request's pages are free only once the fence or, in some disconnect races, the 2 s
-   lease of this cluster says no write is in flight; the waits are reported.)
+   aborted request's pages are free only once the router's abort reached the decode worker and
+   the fence says no write is in flight; the waits are reported, docs/guards.md.)
 4. After those 200 disconnects during transfer, the decode pool is fully free, nothing is fenced
    or in flight on either worker, and the cluster still serves.
 5. A decode worker killed (SIGKILL) mid-stream: the client gets an error event (never a
    truncated success), the router marks the worker down, and new requests go to the other one.
+6. A request with more choices (n) than the decode worker has batch slots is refused with 429
+   pool_exhausted naming the batch slots; the choices it had reserved (some still reserving when
+   the router gave up) never reached a prefill worker, so the pool is fully free at once, not
+   after the 30 s lease.
 
 Sampling is the model's production setting (temperature 0.6 from generation_config.json, fixed
 seeds), not greedy. Exits 77 when curl is missing.
@@ -241,6 +245,31 @@ def proof_kill_decode(c):
     check(ok == 4, f"new requests go to the other decode worker ({ok}/4 served)")
 
 
+def proof_wide_fanout_refused(c):
+    code, text = curl(c.base + "/v1/completions",
+                      {"model": MODEL, "prompt": prompt(20, 3), "max_tokens": 8, "n": 64,
+                       "seed": 5, "temperature": 0.6})
+    try:
+        error = json.loads(text).get("error", {})
+    except json.JSONDecodeError:
+        error = {"raw": text}
+    check(code == 429 and error.get("code") == "pool_exhausted" and
+          "no free batch slot" in error.get("message", "") and
+          "max_batch 16" in error.get("message", ""),
+          f"n=64 on a 16-slot decode worker is 429 naming the batch slots: {code} {error}")
+    refused = time.time()
+
+    def free():
+        d = c.decode_metrics(0)
+        return (metric_sum(d, "pdserve_decode_pool_pages_used") == 0 and
+                metric_sum(d, "pdserve_decode_fenced_pages") == 0)
+
+    check(wait_for(free, 3), "the refused request's reserved choices leave no page used or fenced "
+                             f"(within {time.time() - refused:.1f} s; the lease is 30 s)")
+    code, _ = complete(c.base, prompt(20, 3), 5)
+    check(code == 200, f"the next request is served: HTTP {code}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("pdserve")
@@ -261,6 +290,14 @@ def main():
             proof_corrupt_page(c)
             print("--- proof 5: decode worker killed mid-stream", flush=True)
             proof_kill_decode(c)
+        finally:
+            c.stop()
+        # Proof 6: one decode worker with 16 batch slots, the default 30 s lease.
+        c = Cluster(pdserve, model_dir, work, 1, ["--max-batch", "16"], {})
+        try:
+            check(c.ready(), "cluster with a 16-slot decode worker is ready")
+            print("--- proof 6: a fan-out wider than the batch refused with 429", flush=True)
+            proof_wide_fanout_refused(c)
         finally:
             c.stop()
         # Proofs 3 and 4: one decode worker whose pool holds one request; transfers held 100 ms.

@@ -72,6 +72,21 @@ class InProcessTest : public ::testing::Test {
     return TransferState::kReceiving;
   }
 
+  // Commits, drives both sides until the commit is delivered, releases the transfer and lets the
+  // receiver handle the commit.
+  void DeliverCommit(TransferReceiver& receiver, Transfer& transfer) {
+    ASSERT_TRUE(transfer.Commit(256, 7).ok());
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    absl::StatusOr<bool> delivered = false;
+    while (delivered.ok() && !*delivered && absl::Now() < until) {
+      delivered = transfer.Poll();
+      receiver.Progress();
+    }
+    ASSERT_TRUE(delivered.ok() && *delivered) << delivered.status();
+    EXPECT_TRUE(transfer.Release().ok());
+    receiver.RunFor(absl::Milliseconds(20));
+  }
+
   FakeClock clock_;
   std::unique_ptr<UcxTransport> transport_;
   std::vector<std::vector<std::byte>> pool_;
@@ -177,6 +192,85 @@ TEST_F(InProcessTest, AbortWaitsForTheFenceOrTheLease) {
   clock_.Advance(absl::Seconds(11));
   receiver->RunFor(absl::Milliseconds(10));
   EXPECT_EQ(released_, (std::vector<uint64_t>{fenced.ticket_id, unfenced.ticket_id}));
+}
+
+// The decode side aborts after every page landed and before the prefill side commits (the
+// client's disconnect reached only the decode worker). The sender commits only once every page
+// send completed, so its commit is the word that no write is in flight: the pages come back at
+// once, long before the 10 s lease (the fake clock never moves).
+TEST_F(InProcessTest, CommitAfterTheAbortLiftsTheFence) {
+  auto receiver = MakeReceiver(1);
+  const Ticket ticket = Expect(*receiver, 1);
+  TransferSender sender(*transport_, clock_);
+  auto transfer = sender.Prepare(ticket, {sources_.begin(), sources_.end()});
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (receiver->stats().pages_landed < 4 && absl::Now() < until) {
+    ASSERT_TRUE((*transfer)->Poll().ok());
+    receiver->Progress();
+  }
+  ASSERT_EQ(receiver->stats().pages_landed, 4u);
+  ASSERT_TRUE(receiver->Abort(ticket.ticket_id).ok());
+  receiver->RunFor(absl::Milliseconds(10));
+  EXPECT_TRUE(released_.empty()) << "released before the sender said it finished writing";
+
+  DeliverCommit(*receiver, **transfer);
+  EXPECT_EQ(released_, std::vector<uint64_t>{ticket.ticket_id});
+  EXPECT_EQ(receiver->Outcome(ticket.ticket_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(receiver->stats().isolation_errors.empty());
+}
+
+// Only a commit for the ticket's own epoch stands for the fence: a stale writer's commit (another
+// epoch) leaves the aborted ticket's pages held.
+TEST_F(InProcessTest, ACommitOfAnotherEpochDoesNotLiftTheAbortFence) {
+  auto receiver = MakeReceiver(1);
+  const Ticket ticket = Expect(*receiver, 1);
+  ASSERT_TRUE(receiver->Abort(ticket.ticket_id).ok());
+  auto peer = transport_->Connect(receiver->worker_address(), 1);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto send_commit = [&](uint64_t epoch) {
+    const std::vector<std::byte> bytes = EncodeControl({.kind = WireKind::kCommit,
+                                                        .request_id = ticket.request_id,
+                                                        .ticket_id = ticket.ticket_id,
+                                                        .epoch = epoch,
+                                                        .pages_sent = 4,
+                                                        .prompt_tokens = 256,
+                                                        .first_token = 7});
+    auto op = transport_->Send(*peer, WireKind::kCommit, {}, bytes);
+    ASSERT_TRUE(op.ok()) << op.status();
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (!(*op)->Test().has_value() && absl::Now() < until) {
+      transport_->Progress();
+      receiver->Progress();
+    }
+    ASSERT_TRUE((*op)->Test().has_value());
+    receiver->RunFor(absl::Milliseconds(20));
+  };
+  send_commit(ticket.epoch + 1);
+  EXPECT_TRUE(released_.empty());
+  EXPECT_EQ(receiver->Outcome(ticket.ticket_id)->state, TransferState::kAborted);
+  send_commit(ticket.epoch);
+  EXPECT_EQ(released_, std::vector<uint64_t>{ticket.ticket_id});
+}
+
+// A commit that arrived before the abort (a page still inside the missing-page grace) already
+// said the sender finished writing: the abort releases the pages without waiting for more.
+TEST_F(InProcessTest, AbortAfterTheCommitReleasesAtOnce) {
+  auto receiver = MakeReceiver(1);
+  const Ticket ticket = Expect(*receiver, 1);
+  FaultInjectingTransport faults(*transport_, clock_);
+  faults.AddRule({.action = FaultRule::Action::kDrop, .slot = 3});
+  TransferSender sender(faults, clock_);
+  auto transfer = sender.Prepare(ticket, {sources_.begin(), sources_.end()});
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  DeliverCommit(*receiver, **transfer);
+  ASSERT_EQ(receiver->Outcome(ticket.ticket_id)->state, TransferState::kReceiving);
+  EXPECT_EQ(receiver->stats().pages_landed, 3u);
+  ASSERT_TRUE(receiver->Abort(ticket.ticket_id).ok());
+  EXPECT_EQ(released_, std::vector<uint64_t>{ticket.ticket_id});
+  EXPECT_TRUE(receiver->stats().isolation_errors.empty());
 }
 
 TEST_F(InProcessTest, FenceForAReceivingTicketAbandonsItWithoutAnIsolationError) {

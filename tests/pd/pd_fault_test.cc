@@ -36,6 +36,26 @@ v1::StatsResponse DecodeStats(PdCluster& cluster) {
   return stats;
 }
 
+// Polls the decode worker's stats until every page is free or `timeout` passes; the last stats.
+v1::StatsResponse AwaitAllPagesFree(PdCluster& cluster, absl::Duration timeout) {
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + timeout;
+  do {
+    stats = DecodeStats(cluster);
+    if (stats.pages_free() == stats.pages_total()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < until);
+  return stats;
+}
+
+// Reserve on the decode worker; the ticket goes to `reserved` when given.
+grpc::Status ReserveOnDecode(PdCluster& cluster, const RequestSpec& spec,
+                             v1::ReserveResponse* reserved = nullptr) {
+  grpc::ClientContext c;
+  v1::ReserveResponse response;
+  return cluster.decode().Reserve(&c, ReserveFor(spec), reserved ? reserved : &response);
+}
+
 // Sends Abort for request `id` to the decode worker (with `prefill_quiesced`) and returns its
 // answer; the call must succeed.
 v1::AbortResponse AbortOnDecode(PdCluster& cluster, uint64_t id, bool prefill_quiesced) {
@@ -46,6 +66,23 @@ v1::AbortResponse AbortOnDecode(PdCluster& cluster, uint64_t id, bool prefill_qu
   v1::AbortResponse response;
   EXPECT_TRUE(cluster.decode().Abort(&c, abort, &response).ok());
   return response;
+}
+
+// Attaches Generate to `ticket`'s request, cancels the call after `wait` (the client went away)
+// and returns the call's final status code.
+grpc::StatusCode CancelGenerateAfter(PdCluster& cluster, const v1::TransferTicket& ticket,
+                                     absl::Duration wait) {
+  grpc::ClientContext c;
+  v1::GenerateRequest generate;
+  generate.set_request_id(ticket.request_id());
+  generate.set_ticket_id(ticket.ticket_id());
+  auto reader = cluster.decode().Generate(&c, generate);
+  absl::SleepFor(wait);
+  c.TryCancel();
+  v1::GenerateResponse event;
+  while (reader->Read(&event)) {
+  }
+  return reader->Finish().error_code();
 }
 
 // Reserves `spec` and starts its Prefill and Generate without waiting for them.
@@ -185,19 +222,8 @@ TEST(PdFaultTest, CancelledGenerateAbortsTheRequestOnDecode) {
     ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
   }
   EXPECT_EQ(DecodeStats(**cluster).waiting_requests(), 1);
-  {
-    grpc::ClientContext c;
-    v1::GenerateRequest generate;
-    generate.set_request_id(spec.request_id);
-    generate.set_ticket_id(reserved.ticket().ticket_id());
-    auto reader = (*cluster)->decode().Generate(&c, generate);
-    absl::SleepFor(absl::Milliseconds(200));
-    c.TryCancel();
-    v1::GenerateResponse event;
-    while (reader->Read(&event)) {
-    }
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  }
+  EXPECT_EQ(CancelGenerateAfter(**cluster, reserved.ticket(), absl::Milliseconds(200)),
+            grpc::StatusCode::CANCELLED);
   // The request is aborted: no longer waiting; its pages wait behind the fence (no prefill
   // worker ever wrote them, so the lease frees them).
   v1::StatsResponse stats;
@@ -273,13 +299,7 @@ TEST(PdFaultTest, PrefillFailureAfterConnectEndsDecodeRequestAtOnceWithoutIsolat
       << outcome.error;
   EXPECT_TRUE(outcome.tokens.empty());
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));  // the lease is 30 s
-  v1::StatsResponse stats;
-  const absl::Time until = absl::Now() + absl::Seconds(5);
-  do {
-    stats = DecodeStats(**cluster);
-    if (stats.pages_free() == stats.pages_total()) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  } while (absl::Now() < until);
+  const v1::StatsResponse stats = AwaitAllPagesFree(**cluster, absl::Seconds(5));
   EXPECT_EQ(stats.pages_free(), stats.pages_total());
   EXPECT_EQ(stats.pages_quarantined(), 0);
   for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
@@ -435,6 +455,103 @@ TEST(PdFaultTest, ReserveOnAFullPoolNamesTheRequestId) {
                                absl::StrCat("request ", id, " (prompt 500 + max_tokens 6")))
       << status.error_message();
   EXPECT_FALSE(absl::StrContains(status.error_message(), absl::StrCat("request ", id - 800000)))
+      << status.error_message();
+}
+
+// The decode worker alone hears of the abort (its Generate is cancelled) while the prefill worker
+// commits normally: the commit, sent once every page send completed, is the sender's word that
+// no write is in flight, so the pages come back at once instead of at the 30 s lease.
+TEST(PdFaultTest, CommitAfterACancelledGenerateFreesThePagesAtOnce) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(740001, 40, 3);
+  v1::ReserveResponse reserved;
+  ASSERT_TRUE(ReserveOnDecode(**cluster, spec, &reserved).ok());
+  EXPECT_EQ(CancelGenerateAfter(**cluster, reserved.ticket(), absl::Milliseconds(200)),
+            grpc::StatusCode::CANCELLED);
+  ASSERT_GT(AwaitAllPagesFree(**cluster, absl::Milliseconds(300)).pages_quarantined(), 0)
+      << "the aborted request's pages wait behind the fence";
+  const absl::Time start = absl::Now();
+  {
+    grpc::ClientContext c;
+    v1::PrefillResponse response;
+    const grpc::Status status =
+        (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();  // the prefill side committed normally
+  }
+  const v1::StatsResponse stats = AwaitAllPagesFree(**cluster, absl::Seconds(5));
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // the lease is 30 s
+  for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
+    EXPECT_EQ(stats.isolation_errors(kind), 0) << "kind " << kind;
+  }
+}
+
+// An Abort that overtakes its Reserve (the router aborts a choice whose Reserve is still on the
+// wire) is remembered: the Reserve is refused and allocates nothing.
+TEST(PdFaultTest, AbortBeforeReserveRefusesTheReserve) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_TRUE(AbortOnDecode(**cluster, 760001, /*prefill_quiesced=*/true).quiesced());
+  const grpc::Status status = ReserveOnDecode(**cluster, Spec(760001, 80, 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << status.error_message();
+  EXPECT_EQ(status.error_message(), "request 760001 was aborted before it was reserved");
+  const v1::StatsResponse stats = DecodeStats(**cluster);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.waiting_requests(), 0);
+}
+
+// Aborts racing their Reserves (as when the router fails a wide fan-out while Reserves are in
+// flight): whichever comes first, no ticket reached a prefill worker, so no page stays fenced.
+TEST(PdFaultTest, AbortsRacingReservesLeaveNoPageFenced) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::thread> threads;
+  for (uint64_t id = 770001; id <= 770064; ++id) {
+    threads.emplace_back([&cluster, id] {
+      const grpc::Status status = ReserveOnDecode(**cluster, Spec(id, 80, 1));
+      EXPECT_TRUE(status.ok() || status.error_code() == grpc::StatusCode::ABORTED)
+          << status.error_message();
+    });
+    threads.emplace_back(
+        [&cluster, id] { AbortOnDecode(**cluster, id, /*prefill_quiesced=*/true); });
+  }
+  for (std::thread& t : threads) t.join();
+  const v1::StatsResponse stats = AwaitAllPagesFree(**cluster, absl::Seconds(2));
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());  // the lease is 30 s
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  EXPECT_EQ(stats.waiting_requests(), 0);
+}
+
+// RESOURCE_EXHAUSTED says what ran out: batch slots (requests that may still decode), or state
+// pages (an aborted request behind its fence holds pages, not a batch slot).
+TEST(PdFaultTest, FullDecodeWorkerSaysWhetherBatchSlotsOrPagesRanOut) {
+  ClusterOptions options;
+  options.decode_max_batch = 2;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (uint64_t id : {810001, 810002}) {
+    ASSERT_TRUE(ReserveOnDecode(**cluster, Spec(id, 80, 1)).ok());
+  }
+  grpc::Status status = ReserveOnDecode(**cluster, Spec(810003, 80, 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(),
+            "no free batch slot: 2 requests are receiving or decoding (max_batch 2)");
+  // Aborted without the prefill worker's word: its pages stay behind the fence (30 s lease).
+  EXPECT_FALSE(AbortOnDecode(**cluster, 810001, /*prefill_quiesced=*/false).quiesced());
+  status = ReserveOnDecode(**cluster, Spec(810004, 80, 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StartsWith(status.error_message(),
+                               "request 810004 (prompt 80 + max_tokens 6 tokens): out of state "
+                               "pages: needs "))
+      << status.error_message();
+  const int64_t fenced = DecodeStats(**cluster).pages_quarantined();
+  EXPECT_GT(fenced, 0);
+  EXPECT_TRUE(absl::EndsWith(status.error_message(),
+                             absl::StrCat(" (", fenced,
+                                          " pages are held by aborted or failed requests until "
+                                          "their fence or lease)")))
       << status.error_message();
 }
 
