@@ -102,9 +102,8 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
     // logit_bias), unless the request biases that token itself. docs/chat-format.md.
     text::ChatOptions chat_options;
     chat_options.thinking = req.thinking.value_or(false);
-    for (const std::string& token : chat_format_->ControlTokensNotInAnswer(chat_options)) {
-      const std::optional<int32_t> id = tokenizer_->TokenToId(token);
-      if (id) out.params.logit_bias.try_emplace(*id, kSuppressedControlTokenBias);
+    for (int32_t id : text::ControlTokenIdsNotInAnswer(*chat_format_, *tokenizer_, chat_options)) {
+      out.params.logit_bias.try_emplace(id, kSuppressedControlTokenBias);
     }
   }
   for (int32_t id : out.prompt) {

@@ -120,6 +120,16 @@ std::vector<std::string> DeepSeekV4ChatFormat::ControlTokensNotInAnswer(
   return out;
 }
 
+std::vector<int32_t> ControlTokenIdsNotInAnswer(const ChatFormat& format,
+                                                const Tokenizer& tokenizer,
+                                                const ChatOptions& options) {
+  std::vector<int32_t> ids;
+  for (const std::string& token : format.ControlTokensNotInAnswer(options)) {
+    if (const std::optional<int32_t> id = tokenizer.TokenToId(token)) ids.push_back(*id);
+  }
+  return ids;
+}
+
 absl::StatusOr<std::unique_ptr<ChatFormat>> LoadChatFormat(const std::filesystem::path& model_dir,
                                                            const Tokenizer& tokenizer) {
   const TokenizerConfig& config = tokenizer.config();

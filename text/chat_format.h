@@ -97,6 +97,12 @@ absl::StatusOr<std::unique_ptr<ChatFormat>> LoadChatFormat(const std::filesystem
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
                                                 std::span<const ChatSegment> segments);
 
+// The ids of format.ControlTokensNotInAnswer(options) in `tokenizer` (tokens it lacks are left
+// out), for suppressing them while sampling a chat answer (docs/chat-format.md).
+std::vector<int32_t> ControlTokenIdsNotInAnswer(const ChatFormat& format,
+                                                const Tokenizer& tokenizer,
+                                                const ChatOptions& options);
+
 // The prompt as one string (control and plain text concatenated), for logs and docs.
 std::string JoinSegments(std::span<const ChatSegment> segments);
 

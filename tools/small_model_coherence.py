@@ -213,6 +213,11 @@ def coherence_section(coh: dict, reference: dict) -> list:
         f"{len(coh['prompts'])} prompts. The HF flagged column runs the same detector over "
         "transformers' own samples of the model, which use other random draws: it tells the "
         "model's rate from the engine's, and relaxes nothing.",
+        "- The proof holds for these fixed seeds (1611000 + 100 x prompt + sample), not for "
+        "every seed: the model loops in about 1% of 200-token samples on the plain prompts "
+        "(models/kjv-v4-tiny/MODEL_CARD.md gives the rate over 100 samples per prompt; a server "
+        "trial found 2 of 300 with other seeds). Chat samples get the server's suppression of "
+        "the chat format's control tokens (docs/chat-format.md), as in production.",
         "- P(EOS first) is the probability, under temperature and top-p, that a sample is empty: "
         "for the complete-verse prompt \"And the LORD spake unto Moses, saying,\" the training "
         "data put EOS right after a verse only at the end of a chat answer.",

@@ -4,9 +4,9 @@
 For every sample prompt of build_data.py's prompts.json, draws N samples of up to T new tokens
 at temperature 0.6 / top_p 0.95 (generation_config.json's settings) with transformers'
 `generate` (KV cache), and runs each through a port of pdserve's degeneration detector
-(guards/degeneration_detector.cc, default thresholds: an n-gram of period <= 32 repeated >= 8
-times back to back over >= 24 tokens) plus the empty / whitespace-only checks of
-tests/small_model/coherence_test.cc. Used to choose between training runs (issue 7, proof 3);
+(guards/degeneration_detector.cc, default thresholds, latched: an n-gram of period <= 32
+repeated >= 8 times back to back over >= 24 tokens anywhere in the sample) plus the empty /
+whitespace-only checks of tests/small_model/coherence_test.cc. Used to choose between training runs (issue 7, proof 3);
 the proof itself is the C++ test on pdserve's engine.
 
 Usage: eval_coherence.py --model DIR --prompts data/prompts.json [--n 100] [--tokens 200]
@@ -24,25 +24,17 @@ import torch
 MAX_NGRAM, MIN_REPEATS, MIN_SPAN = 32, 8, 24
 
 
-def longest_run(tokens):
-    """guards::DegenerationDetector::LongestRun(): (ngram, repeats, span) of the longest
-    periodic stretch seen, ties to more repeats."""
+def repetitive(tokens):
+    """guards::DegenerationDetector::Repetitive(), latched: some period n <= 32 has had a stretch
+    of >= 8 back-to-back copies over >= 24 tokens at some point. Returns (n, copies) or None."""
     match = [0] * (MAX_NGRAM + 1)
-    longest = (0, 0, 0)
     for i, tok in enumerate(tokens):
         for n in range(1, MAX_NGRAM + 1):
             match[n] = match[n] + 1 if i >= n and tokens[i - n] == tok else 0
-        cur = (0, 0, 0)
-        for n in range(1, MAX_NGRAM + 1):
-            if match[n] == 0:
-                continue
             span = match[n] + n
-            run = (n, span // n, span)
-            if span > cur[2] or (span == cur[2] and run[1] > cur[1]):
-                cur = run
-        if cur[2] > longest[2] or (cur[2] == longest[2] and cur[1] > longest[1]):
-            longest = cur
-    return longest
+            if match[n] and span // n >= MIN_REPEATS and span >= MIN_SPAN:
+                return n, span // n
+    return None
 
 
 def flag(tokens, text):
@@ -51,10 +43,8 @@ def flag(tokens, text):
         return "empty"
     if not text.strip():
         return "whitespace"
-    n, repeats, span = longest_run(tokens)
-    if repeats >= MIN_REPEATS and span >= MIN_SPAN:
-        return f"repeats {repeats}x{n}"
-    return None
+    loop = repetitive(tokens)
+    return f"repeats {loop[1]}x{loop[0]}" if loop else None
 
 
 def main():
@@ -77,7 +67,8 @@ def main():
     with open(args.prompts) as f:
         prompts = json.load(f)["samples"]
     torch.manual_seed(args.seed)
-    report = {"model": args.model, "n": args.n, "tokens": args.tokens, "prompts": []}
+    report = {"model": args.model, "n": args.n, "tokens": args.tokens, "seed": args.seed,
+              "detector": "latched", "prompts": []}
     t0 = time.time()
     for p in prompts:
         ids = torch.tensor([p["ids"]], device=device)

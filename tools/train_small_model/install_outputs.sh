@@ -3,10 +3,12 @@
 # models/kjv-v4-tiny, the logits fixtures and samples into tests/fixtures/small_model, the run's
 # figures into models/kjv-v4-tiny/training, re-derives the indexer tie report with the NumPy
 # reference (a few minutes), then regenerates MODEL_CARD.md.
-# Usage: tools/train_small_model/install_outputs.sh OUT_DIR DATA_DIR   (from the repository root)
+# Usage: tools/train_small_model/install_outputs.sh OUT_DIR DATA_DIR [TRAIN_LOG]
+#        (from the repository root; TRAIN_LOG: train.py's console output, kept as training/log.txt)
 set -euo pipefail
 out="$1"
 data="$2"
+log="${3:-}"
 model=models/kjv-v4-tiny
 fixtures=tests/fixtures/small_model
 mkdir -p "$model/training" "$fixtures"
@@ -17,6 +19,7 @@ install -m 644 "$out/loss.png" "$model/loss.png"
 install -m 644 "$out/loss.csv" "$out/results.json" "$data/data.json" "$model/training/"
 install -m 644 "$out"/fixtures/* "$fixtures/"
 install -m 644 "$out/samples.json" "$fixtures/transformers_samples.json"
+if [ -n "$log" ]; then grep -v "Loading weights" "$log" | tr -d '\r' > "$model/training/log.txt"; fi
 if [ -f "$out/coherence_eval.json" ]; then install -m 644 "$out/coherence_eval.json" "$model/training/"; fi
 python3 tools/train_small_model/numpy_reference.py --model "$model" --fixtures "$fixtures" \
   --ties-out "$fixtures/indexer_ties.json" --perplexity

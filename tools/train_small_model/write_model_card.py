@@ -61,11 +61,15 @@ def rate_section(root):
         ev = json.load(f)
     per = ", ".join(f"{p['name']} {p['flagged']}" for p in ev["prompts"])
     total = ev["n"] * len(ev["prompts"])
+    check = ("" if ev.get("detector") == "latched" else
+             " The run's check looked at each sample's longest repeated stretch only at its end;"
+             " the detector now latches any loop, which can only flag more, so this count is a"
+             " lower bound.")
     return f"""
-Degeneration rate over more samples (tools/train_small_model/eval_coherence.py: transformers
-`generate`, {ev['n']} samples of up to {ev['tokens']} new tokens per prompt at the same settings,
-pdserve's detector thresholds; training/coherence_eval.json): {ev['total_flagged']} of {total}
-flagged ({per}). The flagged samples open with verse-like text and fall into the loop later:
+Degeneration rate over more samples (`eval_coherence.py --model MODEL --prompts
+data/prompts.json --n {ev['n']} --tokens {ev['tokens']} --seed {ev.get('seed', 1)}`: transformers
+`generate` at the same settings, pdserve's detector thresholds; training/coherence_eval.json):
+{ev['total_flagged']} of {total} flagged ({per}).{check} The flagged samples open with verse-like text and fall into the loop later:
 the model is not loop-free; it loops rarely.
 """
 
@@ -102,7 +106,11 @@ def main():
     size_mb = res["model_bytes"] / 1e6
     prefix = res["prefix_consistency_fp32"]
     prefix64 = res["fp32_vs_fp64"]["prefix_consistency_fp64"]
-    if tr["steps"] >= tr["epoch_cap_steps"]:
+    if tr["steps"] < tr["planned_steps"]:
+        stop_text = (f"The budget ({a['budget']:.0f} s) planned {tr['planned_steps']} steps; early "
+                     f"stopping ended the run at step {tr['steps']}, {a['patience']} evaluations "
+                     f"after the best held-out loss (step {tr['best_step']}).")
+    elif tr["steps"] >= tr["epoch_cap_steps"]:
         stop_text = (f"The budget was {a['budget']:.0f} s of training; the {a['max_epochs']:g}-epoch "
                      "cap ended the run first.")
     else:
@@ -195,12 +203,18 @@ table; the top-k routers carry DeepSeek's auxiliary-loss-free balancing bias
 
 ## Data and licence
 
-- Text: the King James Version (1611) from the Debian 12 packages `bible-kjv-text` 4.38 (the
+- Text: the King James Version (translated 1611; the package prints a later standardised text,
+  e.g. "unto", not the 1611 printing's "vnto") from the Debian 12 packages `bible-kjv-text` 4.38 (the
   compressed text) and `bible-kjv` 4.38 (the `bible` program that prints it), both in
   scripts/install-deps.sh. Debian's copyright file for the text says: "The copyright for the King
   James Version text of the Bible is expired since the translation was done in 1611". The text is
   public domain in most of the world; in the United Kingdom the Crown's rights in the KJV are
   administered under letters patent. The `bible` program is GPL-2+; only its output is used.
+  The same copyright file carries the Bible Retrieval System's data-file legend, repeated here:
+  "Bible Retrieval System, Chip Chapin, Hewlett Packard Company, Initial release, September 5,
+  1989 ... This file is provided for unrestricted use provided that this legend is included on
+  all tape media and as a part of the software program in whole or part. Users may copy, modify
+  or distribute this file at will."
 - 1189 chapters, 31102 verses. Held out: every 20th chapter in canonical order
   (held out: {data['held_out_rule']}), {data['chapters']['held_out']} chapters, {data['chars']['held_out']:,}
   characters, {data['tokens']['held_out']:,} tokens. Training: {data['chapters']['train']}
