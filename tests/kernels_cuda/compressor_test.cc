@@ -73,8 +73,9 @@ class ReferenceCompressor {
     std::vector<std::pair<int64_t, std::vector<float>>> emitted;
     int64_t consumed = 0;
     while (static_cast<int64_t>(buffer_kv_.size()) / width - consumed >= c_.rate) {
-      emitted.emplace_back(entries_, EmitEntry(buffer_kv_.data() + consumed * width,
-                                               buffer_gate_.data() + consumed * width));
+      const int64_t w = entries_;  // EmitEntry advances entries_
+      emitted.emplace_back(w, EmitEntry(buffer_kv_.data() + consumed * width,
+                                        buffer_gate_.data() + consumed * width));
       consumed += c_.rate;
     }
     buffer_kv_.erase(buffer_kv_.begin(), buffer_kv_.begin() + consumed * width);
