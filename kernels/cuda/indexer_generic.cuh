@@ -22,9 +22,10 @@
 // int32 in device memory. scores [rows, max_keys] fp32: entries at or past visible[r] are left
 // untouched; visible [rows] int32.
 //
-// Errors: cudaErrorInvalidValue on bad arguments (negative sizes, heads or head_dim or rate < 1,
-// max_keys past INT32_MAX, heads x head_dim too large for shared memory (about 45000 values), null
-// pointers when rows > 0), else the launch status. rows == 0 launches nothing.
+// Errors: cudaErrorInvalidValue on bad arguments (negative sizes; heads, head_dim or rate < 1;
+// heads or head_dim past 4096; max_keys past INT32_MAX - 64; a shared-memory footprint past 200
+// KiB, about (heads + 64) x head_dim + 68 x heads floats: 64 x 128 takes 84 KiB, 64 x 512 is
+// refused; null pointers when rows > 0), else the launch status. rows == 0 launches nothing.
 //
 // Asynchronous on `stream`; no state besides a one-time kernel attribute, so concurrent calls on
 // different outputs are safe. CUDA-graph safe: no allocation, no synchronization; the launch shape
