@@ -129,8 +129,9 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 
 // ---------------------------------------------------------------------------------------------
 // Experts: (1) group the picks by expert into tiles of up to kTileRows picks; (2) gate_up
-// products + ClampedSwiGlu per tile into the fp32 activations; (3) down products per tile, added
-// into out tile after tile (ascending expert order), each output column owned by one warp.
+// products + ClampedSwiGlu per tile into the fp32 activations; then per chunk of output columns:
+// (3) down products per tile times the pick's weight into the contributions buffer; (4) each row
+// adds its contributions to out in ascending perm position (= ascending expert, then pick).
 
 constexpr int kTileRows = 8;
 constexpr int kWeightRows = 4;  // weight rows one warp streams per tile
@@ -140,27 +141,37 @@ constexpr int kDownCols = kWeightRows;        // output columns per warp
 constexpr int kExpertWarps = 8;
 constexpr int kExpertThreads = kExpertWarps * 32;
 constexpr int kGroupThreads = static_cast<int>(kMaxMoeExperts);  // one thread per expert
-// Blocks the gate_up pass aims for (several per SM of an H200); the rest loops over tiles.
-constexpr int64_t kGateUpTargetBlocks = 1024;
+// Blocks the tile passes aim for (several per SM of an H200); the rest loops over tiles.
+constexpr int64_t kTargetBlocks = 1024;
+constexpr int kCombineThreads = 256;
+// The contributions buffer holds max(inter, kMinChunk) output columns per pick.
+constexpr int64_t kMinChunk = 512;
 
-// The workspace: [n_tiles int32, padding to 16 B][perm int32 x picks][tiles int4 x max_tiles]
-// [act fp32 x picks x inter]. perm lists pick indices (r * k + j) grouped by expert, ascending
-// within an expert; tile t covers perm[start .. start + count) of one expert (int4: expert,
-// start, count, unused), tiles in ascending expert order; act row p belongs to perm[p].
+// The workspace: [n_tiles int32, padding to 16 B][perm int32 x picks][pos int32 x picks]
+// [tiles int4 x max_tiles][act fp32 x picks x inter][contrib fp32 x picks x chunk]. perm lists
+// pick indices (r * k + j) grouped by expert, ascending within an expert; pos is its inverse (-1
+// for an invalid expert id); tile t covers perm[start .. start + count) of one expert (int4:
+// expert, start, count, unused), tiles in ascending expert order; act and contrib row p belong to
+// pick perm[p].
 struct WorkspaceLayout {
   int64_t picks = 0;
   int64_t max_tiles = 0;
+  int64_t chunk = 0;
   size_t perm_offset = 0;
+  size_t pos_offset = 0;
   size_t tiles_offset = 0;
   size_t act_offset = 0;
+  size_t contrib_offset = 0;
   size_t bytes = 0;
 };
 
 struct ExpertsWorkspace {
   int32_t* n_tiles;
   int32_t* perm;
+  int32_t* pos;
   int4* tiles;
   float* act;
+  float* contrib;
 };
 
 size_t RoundUp16(size_t bytes) { return (bytes + 15) / 16 * 16; }
@@ -169,22 +180,29 @@ bool MakeLayout(int64_t rows, int64_t k, int64_t inter, WorkspaceLayout* layout)
   if (rows < 0 || inter < 0 || k < 1 || k > kMaxMoeTopK) return false;
   if (rows > INT32_MAX / k) return false;
   const int64_t picks = rows * k;
-  if (inter > 0 && picks > kMaxElements / 4 / inter) return false;
+  const int64_t chunk = inter > kMinChunk ? inter : kMinChunk;
+  if (picks > kMaxElements / 16 / chunk) return false;
   layout->picks = picks;
+  layout->chunk = chunk;
   // Tiles: at most one partial tile per expert that has picks, plus full tiles.
   layout->max_tiles = (picks < kMaxMoeExperts ? picks : kMaxMoeExperts) + picks / kTileRows;
   layout->perm_offset = 16;
-  layout->tiles_offset = layout->perm_offset + RoundUp16(static_cast<size_t>(picks) * 4);
+  layout->pos_offset = layout->perm_offset + RoundUp16(static_cast<size_t>(picks) * 4);
+  layout->tiles_offset = layout->pos_offset + RoundUp16(static_cast<size_t>(picks) * 4);
   layout->act_offset = layout->tiles_offset + static_cast<size_t>(layout->max_tiles) * 16;
-  layout->bytes = layout->act_offset + static_cast<size_t>(picks * inter) * 4;
+  layout->contrib_offset = layout->act_offset + static_cast<size_t>(picks * inter) * 4;
+  layout->bytes = layout->contrib_offset + static_cast<size_t>(picks * chunk) * 4;
   return true;
 }
 
 ExpertsWorkspace Bind(const WorkspaceLayout& layout, void* workspace) {
   auto* base = static_cast<unsigned char*>(workspace);
-  return {reinterpret_cast<int32_t*>(base), reinterpret_cast<int32_t*>(base + layout.perm_offset),
+  return {reinterpret_cast<int32_t*>(base),
+          reinterpret_cast<int32_t*>(base + layout.perm_offset),
+          reinterpret_cast<int32_t*>(base + layout.pos_offset),
           reinterpret_cast<int4*>(base + layout.tiles_offset),
-          reinterpret_cast<float*>(base + layout.act_offset)};
+          reinterpret_cast<float*>(base + layout.act_offset),
+          reinterpret_cast<float*>(base + layout.contrib_offset)};
 }
 
 template <typename T>
@@ -250,6 +268,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     const unsigned peers = __match_any_sync(kFullMask, valid ? e : -1);
     const int before = __popc(peers & ((1u << lane) - 1u));
     if (valid) ws.perm[cursor[e] + before] = p;
+    if (p < picks) ws.pos[p] = valid ? cursor[e] + before : -1;
     __syncwarp();
     if (valid && before == 0) cursor[e] += __popc(peers);
     __syncwarp();
@@ -402,90 +421,104 @@ __global__ void __launch_bounds__(kExpertThreads, 2)
   }
 }
 
-// Grid: output column groups; each warp owns kDownCols columns of out and walks every tile in
-// order, so a row's contributions land in ascending expert order and no two threads ever update
-// the same element. Lane = m * kDownCols + column.
+// Grid (output column groups of the chunk, tile slots); each warp owns kDownCols columns
+// c_begin + c0 .. c_begin + c0 + 3 and writes weight * (down_e act) of each pick of its tiles to
+// contrib. Lane = m * kDownCols + column.
 template <int VEC>
 __global__ void __launch_bounds__(kExpertThreads, 2)
-    DownKernel(int64_t hidden, int64_t inter, int k, const __nv_bfloat16* down,
-               const float* weights, ExpertsWorkspace ws, float* out) {
+    DownKernel(int64_t hidden, int64_t inter, int64_t c_begin, int64_t c_count, int64_t chunk,
+               const __nv_bfloat16* down, const float* weights, ExpertsWorkspace ws) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kExpertWarps + warp) * kDownCols;
-  if (c0 >= hidden) return;  // no block barrier in this kernel
+  if (c0 >= c_count) return;  // no block barrier in this kernel
   const int m = lane / kDownCols;
   const int64_t column = c0 + lane % kDownCols;
   const int n_tiles = *ws.n_tiles;
-  for (int t = 0; t < n_tiles; ++t) {
+  for (int t = static_cast<int>(blockIdx.y); t < n_tiles; t += static_cast<int>(gridDim.y)) {
     const int4 tile = ws.tiles[t];
     const int start = tile.y;
     const int count = tile.z;
     const int lane_pick = lane < count ? ws.perm[start + lane] : ws.perm[start];
-    const int pick = __shfl_sync(kFullMask, lane_pick, m);
-    const int row = pick / k;
-    const bool active = m < count && column < hidden;
-    // Issued before the products so their latency hides behind them; the warp's previous tile
-    // wrote these elements before the __syncwarp() that ended it.
-    float total = 0.0f;
-    float weight = 0.0f;
-    if (active) {
-      total = out[static_cast<int64_t>(row) * hidden + column];
-      weight = weights[pick];
-    }
+    const float weight = weights[__shfl_sync(kFullMask, lane_pick, m)];  // issued early
     const float* a_rows[kTileRows];
 #pragma unroll
     for (int i = 0; i < kTileRows; ++i) {
       a_rows[i] = ws.act + static_cast<int64_t>(start + (i < count ? i : 0)) * inter;
     }
-    const __nv_bfloat16* w = down + static_cast<int64_t>(tile.x) * hidden * inter;
+    const __nv_bfloat16* w = down + (static_cast<int64_t>(tile.x) * hidden + c_begin) * inter;
     const __nv_bfloat16* w_rows[kWeightRows];
 #pragma unroll
-    for (int r = 0; r < kWeightRows; ++r) {
-      w_rows[r] = w + (c0 + r < hidden ? c0 + r : c0) * inter;
-    }
+    for (int r = 0; r < kWeightRows; ++r) w_rows[r] = w + (c0 + r < c_count ? c0 + r : c0) * inter;
     float acc[32];
     TileDot<VEC>(a_rows, count, w_rows, inter, lane, acc);
-    const float contribution = __fmul_rn(weight, ReduceTransposed(acc, lane));
-    // A row that picked this expert more than once (hash routing) has adjacent picks in the tile:
-    // the first adds them all, in pick order.
-    const int previous_row = __shfl_up_sync(kFullMask, row, kDownCols);
-    const bool repeat = active && m > 0 && previous_row == row;
-    total = __fadd_rn(total, contribution);
-    if (__any_sync(kFullMask, repeat)) {
-      for (int d = 1; d < kTileRows; ++d) {
-        const float next = __shfl_down_sync(kFullMask, contribution, d * kDownCols);
-        const int next_row = __shfl_down_sync(kFullMask, row, d * kDownCols);
-        if (m + d < count && next_row == row) total = __fadd_rn(total, next);
-      }
+    const float value = ReduceTransposed(acc, lane);
+    if (m < count && column < c_count) {
+      ws.contrib[static_cast<int64_t>(start + m) * chunk + column] = __fmul_rn(weight, value);
     }
-    if (active && !repeat) out[static_cast<int64_t>(row) * hidden + column] = total;
-    __syncwarp();
+  }
+}
+
+// One block per row: out[r, c_begin + c] += its picks' contributions one at a time, in ascending
+// perm position, i.e. ascending expert and then pick order (the CPU reference's order).
+__global__ void __launch_bounds__(kCombineThreads)
+    CombineKernel(int k, int64_t hidden, int64_t c_begin, int64_t c_count, int64_t chunk,
+                  ExpertsWorkspace ws, float* out) {
+  __shared__ int order[kMaxMoeTopK];
+  __shared__ int n_valid;
+  const int64_t row = blockIdx.x;
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const int p = lane < k ? ws.pos[row * k + lane] : -1;
+    int rank = 0;  // valid positions are distinct
+    for (int j = 0; j < k; ++j) {
+      const int q = __shfl_sync(kFullMask, p, j);
+      if (q >= 0 && q < p) ++rank;
+    }
+    if (p >= 0) order[rank] = p;
+    const unsigned valid = __ballot_sync(kFullMask, p >= 0);
+    if (lane == 0) n_valid = __popc(valid);
+  }
+  __syncthreads();
+  if (n_valid == 0) return;
+  float* out_row = out + row * hidden + c_begin;
+  for (int64_t c = threadIdx.x; c < c_count; c += kCombineThreads) {
+    float total = out_row[c];
+    for (int i = 0; i < n_valid; ++i) {
+      total = __fadd_rn(total, ws.contrib[static_cast<int64_t>(order[i]) * chunk + c]);
+    }
+    out_row[c] = total;
   }
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Grid of a tile pass: column groups x tile slots, about kTargetBlocks blocks but no more slots
+// than tiles.
+dim3 TileGrid(int64_t columns, int64_t columns_per_block, int64_t tile_slots) {
+  const int64_t column_blocks = (columns + columns_per_block - 1) / columns_per_block;
+  int64_t slots = (kTargetBlocks + column_blocks - 1) / column_blocks;
+  if (slots > tile_slots) slots = tile_slots;
+  if (slots > 65535) slots = 65535;
+  return dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slots));
+}
+
 template <int VEC>
 cudaError_t LaunchGateUp(const __nv_bfloat16* x, int64_t hidden, int64_t inter, int k,
                          const __nv_bfloat16* gate_up, float limit, int64_t tile_slots,
                          const ExpertsWorkspace& ws, cudaStream_t stream) {
-  const int64_t column_blocks =
-      (inter + kExpertWarps * kGateUpCols - 1) / (kExpertWarps * kGateUpCols);
-  int64_t slots = (kGateUpTargetBlocks + column_blocks - 1) / column_blocks;
-  if (slots > tile_slots) slots = tile_slots;
-  if (slots > 65535) slots = 65535;
-  const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slots));
+  const dim3 grid = TileGrid(inter, kExpertWarps * kGateUpCols, tile_slots);
   GateUpKernel<VEC><<<grid, kExpertThreads, 0, stream>>>(x, hidden, inter, k, gate_up, limit, ws);
   return cudaGetLastError();
 }
 
 template <int VEC>
-cudaError_t LaunchDown(int64_t hidden, int64_t inter, int k, const __nv_bfloat16* down,
-                       const float* weights, const ExpertsWorkspace& ws, float* out,
-                       cudaStream_t stream) {
-  const int64_t blocks = (hidden + kExpertWarps * kDownCols - 1) / (kExpertWarps * kDownCols);
-  DownKernel<VEC><<<static_cast<unsigned>(blocks), kExpertThreads, 0, stream>>>(
-      hidden, inter, k, down, weights, ws, out);
+cudaError_t LaunchDown(int64_t hidden, int64_t inter, int64_t c_begin, int64_t c_count,
+                       int64_t chunk, const __nv_bfloat16* down, const float* weights,
+                       int64_t tile_slots, const ExpertsWorkspace& ws, cudaStream_t stream) {
+  const dim3 grid = TileGrid(c_count, kExpertWarps * kDownCols, tile_slots);
+  DownKernel<VEC><<<grid, kExpertThreads, 0, stream>>>(hidden, inter, c_begin, c_count, chunk, down,
+                                                       weights, ws);
   return cudaGetLastError();
 }
 
@@ -556,9 +589,20 @@ cudaError_t moe_experts(const __nv_bfloat16* x, int64_t rows, int64_t hidden, in
   if (status != cudaSuccess) return status;
   // act rows are 32-byte aligned when inter % 8 == 0 (the workspace and act_offset are 16-aligned,
   // float4 loads need 16).
-  return inter % 8 == 0 && Aligned16(down)
-             ? LaunchDown<8>(hidden, inter, ki, down, weights, ws, out, stream)
-             : LaunchDown<1>(hidden, inter, ki, down, weights, ws, out, stream);
+  const bool down_vectorized = inter % 8 == 0 && Aligned16(down);
+  for (int64_t c_begin = 0; c_begin < hidden; c_begin += layout.chunk) {
+    const int64_t c_count = hidden - c_begin < layout.chunk ? hidden - c_begin : layout.chunk;
+    status = down_vectorized ? LaunchDown<8>(hidden, inter, c_begin, c_count, layout.chunk, down,
+                                             weights, tile_slots, ws, stream)
+                             : LaunchDown<1>(hidden, inter, c_begin, c_count, layout.chunk, down,
+                                             weights, tile_slots, ws, stream);
+    if (status != cudaSuccess) return status;
+    CombineKernel<<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(
+        ki, hidden, c_begin, c_count, layout.chunk, ws, out);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace pdserve::kernels::cuda

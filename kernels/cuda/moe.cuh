@@ -58,8 +58,10 @@ cudaError_t moe_route(const float* logits, int64_t rows, int64_t n_experts, int6
                       float* weights, cudaStream_t stream);
 
 // Bytes of device workspace moe_experts needs for rows x k picks and intermediate size inter: the
-// picks grouped by expert, and the fp32 intermediate activations [rows * k, inter]. 0 for
-// negative sizes or sizes past the limits of moe_experts. Host only; no CUDA call.
+// picks grouped by expert, the fp32 intermediate activations [rows * k, inter] and the fp32
+// per-pick contributions to a chunk of max(inter, 512) output columns [rows * k, chunk]; about
+// 4 * rows * k * (inter + max(inter, 512)) bytes. 0 for negative sizes or sizes past the limits
+// of moe_experts. Host only; no CUDA call.
 size_t moe_experts_workspace_bytes(int64_t rows, int64_t k, int64_t inter);
 
 // Adds the routed experts' outputs to out (the shared expert's output is already there):
@@ -75,14 +77,14 @@ size_t moe_experts_workspace_bytes(int64_t rows, int64_t k, int64_t inter);
 //     16-byte aligned; its contents on entry do not matter.
 // Math: bf16 x bf16 products accumulated in fp32; the activation gate / up -> ClampedSwiGlu
 // (std::min / std::clamp semantics, as kernels/cuda/activations.cuh) stays fp32 and feeds the
-// down projection in fp32. A row's contributions are added to out one at a time in ascending
-// expert order, then ascending j (the CPU reference's order). Weights of experts nobody picked
-// are never read, so NaN there cannot leak.
-// An expert id outside [0, n_experts) is skipped: it reads nothing and adds nothing.
-// Speed: built for decode (rows 1..256): the picks are grouped by expert in tiles of up to 8 rows,
-// so each expert's weights are streamed once per tile (16-byte bf16 loads, warp-per-output-row
-// products on CUDA cores). Large rows (prefill) are correct but not fast: each extra tile of an
-// expert reads its weights again (from L2) and no tensor cores are used.
+// down projection in fp32; each pick's contribution weight * down_e(...) is fp32, and a row's
+// contributions are added to out one at a time in ascending expert order, then ascending j (the
+// CPU reference's order). Weights of experts nobody picked are never read, so NaN there cannot
+// leak. An expert id outside [0, n_experts) is skipped: it reads nothing and adds nothing.
+// Speed: built for decode (rows 1..256): the picks are grouped by expert in tiles of up to 8, so
+// each expert's weights are streamed once per tile (16-byte bf16 loads, one warp per 4 weight
+// rows, CUDA-core fp32 FMAs). Large rows (prefill) are correct but not fast: every further tile
+// of an expert reads its weights again (from L2) and no tensor cores are used.
 // Requires rows >= 0, hidden >= 0, inter >= 0, 1 <= k <= kMaxMoeTopK, 1 <= n_experts <=
 // kMaxMoeExperts, rows * k < 2^31 and every tensor under 2^62 elements. rows, hidden or inter of
 // 0 adds nothing. Returns cudaErrorInvalidValue on bad arguments (including null pointers when

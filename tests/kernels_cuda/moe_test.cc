@@ -387,14 +387,16 @@ TEST_F(CudaMoeTest, ExpertsMatchCpu) {
     int64_t rows, hidden, inter, k, n_experts;
     float limit;  // 0.5 clamps most gates and ups
   };
-  // 16-byte and scalar loads for each product (hidden, inter % 8), one tile per expert and many.
+  // 16-byte and scalar loads for each product (hidden, inter % 8), one tile per expert and many,
+  // one chunk of output columns (max(inter, 512)) and several with a tail.
   for (const Case& c : std::vector<Case>{{1, 48, 72, 1, 4, 10.0f},
                                          {7, 100, 48, 6, 16, 0.5f},
                                          {130, 72, 100, 6, 64, 10.0f},
                                          {130, 48, 72, 3, 4, 0.5f},
                                          {130, 256, 256, 2, 8, 10.0f},
                                          {7, 100, 100, 5, 9, 10.0f},
-                                         {3, 1024, 512, 6, 16, 10.0f}}) {
+                                         {3, 1024, 512, 6, 16, 10.0f},
+                                         {7, 1100, 100, 4, 8, 10.0f}}) {
     const ExpertProblem p = MakeExperts(c.rows, c.hidden, c.inter, c.k, c.n_experts, c.limit);
     const std::vector<float> got = RunExperts(p);
     ExpectExpertsMatchCpu(p, got);
