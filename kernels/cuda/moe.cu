@@ -275,21 +275,34 @@ __global__ void __launch_bounds__(kGroupThreads)
   }
 }
 
+// Eight bf16 (little-endian pairs in four words) -> fp32: a bf16 is the high half of its fp32.
+__device__ __forceinline__ void UnpackBf16x8(const uint32_t (&u)[4], float (&f)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+  }
+}
+
 // VEC consecutive elements -> fp32. VEC = 8 needs 16-byte (bf16) / 32-byte (fp32) alignment.
-// Weights are streamed past L1 (read once per tile), activations go through it (every warp of
-// the block reads the same tile rows).
-template <int VEC>
-__device__ __forceinline__ void LoadWeights(const __nv_bfloat16* p, float (&f)[VEC]) {
+// Weights (STREAMING) bypass L1: each is read once per tile; activations go through it: every
+// warp of the block reads the same tile rows.
+template <int VEC, bool STREAMING>
+__device__ __forceinline__ void LoadBf16(const __nv_bfloat16* p, float (&f)[VEC]) {
   if constexpr (VEC == 8) {
     uint32_t u[4];
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
-        : "l"(p));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(u[i] << 16);
-      f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    if constexpr (STREAMING) {
+      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+          : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+          : "l"(p));
+    } else {
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      u[0] = v.x;
+      u[1] = v.y;
+      u[2] = v.z;
+      u[3] = v.w;
     }
+    UnpackBf16x8(u, f);
   } else {
     f[0] = __bfloat162float(p[0]);
   }
@@ -297,17 +310,7 @@ __device__ __forceinline__ void LoadWeights(const __nv_bfloat16* p, float (&f)[V
 
 template <int VEC>
 __device__ __forceinline__ void LoadActivations(const __nv_bfloat16* p, float (&f)[VEC]) {
-  if constexpr (VEC == 8) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(u[i] << 16);
-      f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
-    }
-  } else {
-    f[0] = __bfloat162float(p[0]);
-  }
+  LoadBf16<VEC, false>(p, f);
 }
 
 template <int VEC>
@@ -336,7 +339,7 @@ __device__ __forceinline__ void TileDot(const A* const (&a_rows)[kTileRows], int
   for (int64_t i = static_cast<int64_t>(lane) * VEC; i < len; i += 32 * VEC) {
     float w[kWeightRows][VEC];
 #pragma unroll
-    for (int r = 0; r < kWeightRows; ++r) LoadWeights<VEC>(w_rows[r] + i, w[r]);
+    for (int r = 0; r < kWeightRows; ++r) LoadBf16<VEC, true>(w_rows[r] + i, w[r]);
 #pragma unroll
     for (int m = 0; m < kTileRows; ++m) {
       if (m >= count) break;

@@ -84,7 +84,11 @@ size_t moe_experts_workspace_bytes(int64_t rows, int64_t k, int64_t inter);
 // Speed: built for decode (rows 1..256): the picks are grouped by expert in tiles of up to 8, so
 // each expert's weights are streamed once per tile (16-byte bf16 loads, one warp per 4 weight
 // rows, CUDA-core fp32 FMAs). Large rows (prefill) are correct but not fast: every further tile
-// of an expert reads its weights again (from L2) and no tensor cores are used.
+// of an expert reads its weights again (from L2) and no tensor cores are used. Measured on one
+// H200 (hidden 4096, inter 2048, 256 experts, k 6, random picks): rows 1 / 16 / 64 / 256 take
+// 120 / 1061 / 2553 / 6685 us, i.e. the picked experts' weights at 2.5 / 4.0 / 3.8 / 1.9 TB/s;
+// rows 4096 take 131 ms (CUDA-core bound). At the kjv-v4-tiny shape (256, 256, 8 experts, k 2):
+// 19 us for 1 row, 42 us for 256.
 // Requires rows >= 0, hidden >= 0, inter >= 0, 1 <= k <= kMaxMoeTopK, 1 <= n_experts <=
 // kMaxMoeExperts, rows * k < 2^31 and every tensor under 2^62 elements. rows, hidden or inter of
 // 0 adds nothing. Returns cudaErrorInvalidValue on bad arguments (including null pointers when

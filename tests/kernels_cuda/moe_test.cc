@@ -170,6 +170,46 @@ std::vector<double> ReferenceExperts(const ExpertProblem& p) {
   return out;
 }
 
+// moe_experts' device buffers, filled from a problem (out from out_init), and its call.
+struct DeviceExperts {
+  explicit DeviceExperts(const ExpertProblem& p)
+      : x(p.x.size()),
+        gate_up(p.gate_up.size()),
+        down(p.down.size()),
+        experts(p.experts.size()),
+        weights(p.weights.size()),
+        out(p.out_init.size()),
+        workspace_bytes(moe_experts_workspace_bytes(p.rows, p.k, p.inter)),
+        workspace(workspace_bytes) {
+    x.Upload(p.x);
+    gate_up.Upload(p.gate_up);
+    down.Upload(p.down);
+    experts.Upload(p.experts);
+    weights.Upload(p.weights);
+    out.Upload(p.out_init);
+  }
+
+  bool ok() const {
+    return x.ok() && gate_up.ok() && down.ok() && experts.ok() && weights.ok() && out.ok() &&
+           workspace.ok();
+  }
+
+  cudaError_t Run(const ExpertProblem& p, cudaStream_t stream) {
+    return moe_experts(Bf16(x), p.rows, p.hidden, p.inter, p.k, p.n_experts, Bf16(gate_up),
+                       Bf16(down), experts.get(), weights.get(), p.limit, workspace.get(),
+                       workspace_bytes, out.get(), stream);
+  }
+
+  GuardedBuffer<uint16_t> x;
+  GuardedBuffer<uint16_t> gate_up;
+  GuardedBuffer<uint16_t> down;
+  GuardedBuffer<int32_t> experts;
+  GuardedBuffer<float> weights;
+  GuardedBuffer<float> out;
+  size_t workspace_bytes;
+  GuardedBuffer<unsigned char> workspace;
+};
+
 class CudaMoeTest : public ::testing::Test {
  protected:
   std::vector<uint16_t> RandomBf16(size_t n, float stddev) {
@@ -243,35 +283,20 @@ class CudaMoeTest : public ::testing::Test {
   // Runs moe_experts twice from out_init (the results must be bit-identical) on a workspace
   // pre-filled with 0xFF; checks every guard; returns out.
   std::vector<float> RunExperts(const ExpertProblem& p) {
-    GuardedBuffer<uint16_t> x(p.x.size());
-    GuardedBuffer<uint16_t> gate_up(p.gate_up.size());
-    GuardedBuffer<uint16_t> down(p.down.size());
-    GuardedBuffer<int32_t> experts(p.experts.size());
-    GuardedBuffer<float> weights(p.weights.size());
-    GuardedBuffer<float> out(p.out_init.size());
-    const size_t bytes = moe_experts_workspace_bytes(p.rows, p.k, p.inter);
-    GuardedBuffer<unsigned char> workspace(bytes);
-    EXPECT_TRUE(x.ok() && gate_up.ok() && down.ok() && experts.ok() && weights.ok() && out.ok() &&
-                workspace.ok());
-    x.Upload(p.x);
-    gate_up.Upload(p.gate_up);
-    down.Upload(p.down);
-    experts.Upload(p.experts);
-    weights.Upload(p.weights);
+    DeviceExperts device(p);
+    EXPECT_TRUE(device.ok());
     std::vector<float> results[2];
     for (std::vector<float>& result : results) {
-      out.Upload(p.out_init);
-      EXPECT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
-      const cudaError_t status = moe_experts(
-          Bf16(x), p.rows, p.hidden, p.inter, p.k, p.n_experts, Bf16(gate_up), Bf16(down),
-          experts.get(), weights.get(), p.limit, workspace.get(), bytes, out.get(), nullptr);
+      device.out.Upload(p.out_init);
+      EXPECT_EQ(cudaMemset(device.workspace.get(), 0xFF, device.workspace_bytes), cudaSuccess);
+      const cudaError_t status = device.Run(p, nullptr);
       EXPECT_EQ(status, cudaSuccess) << cudaGetErrorString(status);
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      result = out.Download();
+      result = device.out.Download();
     }
     EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4), 0)
         << "not deterministic: " << Describe(p);
-    EXPECT_TRUE(out.GuardsIntact() && workspace.GuardsIntact()) << Describe(p);
+    EXPECT_TRUE(device.out.GuardsIntact() && device.workspace.GuardsIntact()) << Describe(p);
     return results[0];
   }
 
@@ -462,25 +487,14 @@ TEST_F(CudaMoeTest, GraphReplayRoutesFromDeviceMemory) {
   RouteProblem route = MakeRoute(p.rows, p.n_experts, p.k, MoeScoring::kSqrtSoftplus);
   std::normal_distribution<float> normal;
   for (int64_t e = 0; e < p.n_experts; ++e) route.bias.push_back(0.3f * normal(rng_));
-  const size_t bytes = moe_experts_workspace_bytes(p.rows, p.k, p.inter);
-  GuardedBuffer<float> logits(static_cast<size_t>(p.rows * p.n_experts));
-  GuardedBuffer<float> bias(route.bias.size());
-  GuardedBuffer<uint16_t> x(p.x.size());
-  GuardedBuffer<uint16_t> gate_up(p.gate_up.size());
-  GuardedBuffer<uint16_t> down(p.down.size());
-  GuardedBuffer<int32_t> experts(p.experts.size());
-  GuardedBuffer<float> weights(p.weights.size());
-  GuardedBuffer<float> out(p.out_init.size());
-  GuardedBuffer<unsigned char> workspace(bytes);
-  ASSERT_TRUE(logits.ok() && bias.ok() && x.ok() && gate_up.ok() && down.ok() && experts.ok() &&
-              weights.ok() && out.ok() && workspace.ok());
   // Every expert's weights finite: the replays pick whichever experts the logits say.
   p.gate_up = RandomBf16(p.gate_up.size(), 0.125f);
   p.down = RandomBf16(p.down.size(), 0.125f);
+  DeviceExperts device(p);
+  GuardedBuffer<float> logits(static_cast<size_t>(p.rows * p.n_experts));
+  GuardedBuffer<float> bias(route.bias.size());
+  ASSERT_TRUE(device.ok() && logits.ok() && bias.ok());
   bias.Upload(route.bias);
-  x.Upload(p.x);
-  gate_up.Upload(p.gate_up);
-  down.Upload(p.down);
 
   cudaStream_t stream = nullptr;
   PDSERVE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -488,10 +502,8 @@ TEST_F(CudaMoeTest, GraphReplayRoutesFromDeviceMemory) {
   PDSERVE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   const cudaError_t routed =
       moe_route(logits.get(), p.rows, p.n_experts, p.k, route.scoring, bias.get(), nullptr, nullptr,
-                kRoutedScale, experts.get(), weights.get(), stream);
-  const cudaError_t added =
-      moe_experts(Bf16(x), p.rows, p.hidden, p.inter, p.k, p.n_experts, Bf16(gate_up), Bf16(down),
-                  experts.get(), weights.get(), p.limit, workspace.get(), bytes, out.get(), stream);
+                kRoutedScale, device.experts.get(), device.weights.get(), stream);
+  const cudaError_t added = device.Run(p, stream);
   PDSERVE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
   PDSERVE_CUDA_OK(routed);
   PDSERVE_CUDA_OK(added);
@@ -501,18 +513,19 @@ TEST_F(CudaMoeTest, GraphReplayRoutesFromDeviceMemory) {
     route.logits.clear();
     for (size_t i = 0; i < logits.size(); ++i) route.logits.push_back(2.0f * normal(rng_));
     logits.Upload(route.logits);
-    out.Upload(p.out_init);
+    device.out.Upload(p.out_init);
     PDSERVE_CUDA_OK(cudaGraphLaunch(exec, stream));
     PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
-    const Routing got_route{experts.Download(), weights.Download()};
-    const std::vector<float> got = out.Download();
+    const Routing got_route{device.experts.Download(), device.weights.Download()};
+    const std::vector<float> got = device.out.Download();
     const Routing want_route = ReferenceRoute(route);
     ExpectSameRouting(got_route, want_route, "replay " + std::to_string(replay));
     p.experts = want_route.experts;
     p.weights = want_route.weights;
     ExpectExpertsMatchCpu(p, got);
   }
-  EXPECT_TRUE(out.GuardsIntact() && workspace.GuardsIntact() && experts.GuardsIntact());
+  EXPECT_TRUE(device.out.GuardsIntact() && device.workspace.GuardsIntact() &&
+              device.experts.GuardsIntact() && device.weights.GuardsIntact());
   PDSERVE_CUDA_OK(cudaGraphExecDestroy(exec));
   PDSERVE_CUDA_OK(cudaGraphDestroy(graph));
   PDSERVE_CUDA_OK(cudaStreamDestroy(stream));
