@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/quant.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
@@ -27,11 +28,12 @@ float UnwrittenRowValue() { return std::bit_cast<float>(uint32_t{0x7FC57FC5u}); 
 
 Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
                      const RopeTable* main_rope, const RopeTable* compress_rope,
-                     IndexerFault indexer_fault)
+                     IndexerFault indexer_fault, bool bf16_storage)
     : config_(config),
       type_(config.layer_types.at(static_cast<size_t>(layer))),
       rate_(config.CompressRate(type_)),
       rope_(type_ == LayerType::kSlidingAttention ? main_rope : compress_rope),
+      bf16_storage_(bf16_storage),
       q_a_proj_(weights.At(Prefix(layer) + ".q_a_proj.weight")),
       q_a_norm_(weights.At(Prefix(layer) + ".q_a_norm.weight")),
       q_b_proj_(weights.At(Prefix(layer) + ".q_b_proj.weight")),
@@ -43,16 +45,16 @@ Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t 
   const float eps = static_cast<float>(config.rms_norm_eps);
   const std::string compressor = Prefix(layer) + ".compressor";
   if (type_ == LayerType::kHeavilyCompressedAttention) {
-    compressor_ =
-        std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
-                                     /*overlapping=*/false, config.hidden_size, eps, compress_rope);
+    compressor_ = std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
+                                               /*overlapping=*/false, config.hidden_size, eps,
+                                               compress_rope, bf16_storage);
   } else if (type_ == LayerType::kCompressedSparseAttention) {
-    compressor_ =
-        std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
-                                     /*overlapping=*/true, config.hidden_size, eps, compress_rope);
-    indexer_compressor_ =
-        std::make_unique<Compressor>(weights, compressor + ".indexer", rate_, config.index_head_dim,
-                                     /*overlapping=*/true, config.hidden_size, eps, compress_rope);
+    compressor_ = std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
+                                               /*overlapping=*/true, config.hidden_size, eps,
+                                               compress_rope, bf16_storage);
+    indexer_compressor_ = std::make_unique<Compressor>(
+        weights, compressor + ".indexer", rate_, config.index_head_dim,
+        /*overlapping=*/true, config.hidden_size, eps, compress_rope, bf16_storage);
     indexer_ = std::make_unique<Indexer>(config, weights, compressor + ".indexer", compress_rope,
                                          indexer_fault);
   }
@@ -99,6 +101,7 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
   cpu::RmsNorm(kv.data(), kv_norm_.ptr(), tokens, hd, eps, kv.data());
   cpu::ApplyInterleavedRope(kv.data(), tokens, hd, 1, hd, rope_->rope_dim(), cos.data(), sin.data(),
                             /*inverse=*/false);
+  if (bf16_storage_) RoundToBf16(kv.data(), tokens * hd);
   AppendRows(&keys, kv.data(), tokens);
 
   std::vector<int32_t> picks;

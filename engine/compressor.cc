@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "engine/quant.h"
 #include "kernels/cpu/gated_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rms_norm.h"
@@ -12,7 +13,8 @@ namespace pdserve::engine {
 namespace cpu = ::pdserve::kernels::cpu;
 
 Compressor::Compressor(const Weights& weights, const std::string& prefix, int64_t rate, int64_t dim,
-                       bool overlapping, int64_t hidden, float norm_eps, const RopeTable* rope)
+                       bool overlapping, int64_t hidden, float norm_eps, const RopeTable* rope,
+                       bool bf16_entries)
     : rate_(rate),
       dim_(dim),
       overlapping_(overlapping),
@@ -20,6 +22,7 @@ Compressor::Compressor(const Weights& weights, const std::string& prefix, int64_
       hidden_(hidden),
       norm_eps_(norm_eps),
       rope_(rope),
+      bf16_entries_(bf16_entries),
       kv_proj_(weights.At(prefix + ".kv_proj.weight")),
       gate_proj_(weights.At(prefix + ".gate_proj.weight")),
       position_bias_(weights.At(prefix + ".position_bias")),
@@ -93,6 +96,7 @@ void Compressor::EmitEntry(const float* kv, const float* gate, CompressorState* 
   rope_->Compute({state->entries.dim(0) * rate_}, &cos, &sin);
   cpu::ApplyInterleavedRope(entry.data(), 1, dim_, 1, dim_, rope_->rope_dim(), cos.data(),
                             sin.data(), /*inverse=*/false);
+  if (bf16_entries_) RoundToBf16(entry.data(), dim_);
   AppendRows(&state->entries, entry.data(), 1);
 
   if (overlapping_) {

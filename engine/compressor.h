@@ -28,7 +28,8 @@ class Compressor {
   // and kv_norm.weight [dim] must exist in `weights` (validated by the model). `weights` and
   // `rope` must outlive the compressor.
   Compressor(const Weights& weights, const std::string& prefix, int64_t rate, int64_t dim,
-             bool overlapping, int64_t hidden, float norm_eps, const RopeTable* rope);
+             bool overlapping, int64_t hidden, float norm_eps, const RopeTable* rope,
+             bool bf16_entries = false);
 
   // Returns an empty state with the right column counts.
   CompressorState NewState() const;
@@ -47,6 +48,7 @@ class Compressor {
   int64_t hidden_;
   float norm_eps_;
   const RopeTable* rope_;
+  bool bf16_entries_;  // ModelOptions::bf16_storage: entries rounded to bf16
   const Tensor& kv_proj_;
   const Tensor& gate_proj_;
   const Tensor& position_bias_;

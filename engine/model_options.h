@@ -59,6 +59,11 @@ struct ModelOptions {
   std::vector<SwitchablePiece> reference_pieces;
   // TEST ONLY: kNone in every deployment.
   IndexerFault indexer_fault = IndexerFault::kNone;
+  // TEST ONLY: emulate the CUDA backend's storage precision (engine/gpu/gpu_model.h) so its
+  // fp32-GEMM mode can be compared row for row: the keys of the state (window rows, compressed
+  // entries, indexer keys) and the routed experts' input are rounded to bf16 where the CUDA
+  // engine stores or reads them as bf16. false in every deployment.
+  bool bf16_storage = false;
 };
 
 // `base` with indexer_fault = kUnmaskedSlots when kScrambleIndexerEnv is "1", else unchanged.

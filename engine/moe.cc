@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "engine/quant.h"
 #include "kernels/cpu/activations.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/softmax.h"
@@ -17,9 +18,10 @@ std::string Prefix(int64_t layer) { return "model.layers." + std::to_string(laye
 
 }  // namespace
 
-Moe::Moe(const ModelConfig& config, const Weights& weights, int64_t layer)
+Moe::Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input)
     : config_(config),
       hash_(config.mlp_layer_types.at(static_cast<size_t>(layer)) == MlpLayerType::kHashMoe),
+      bf16_input_(bf16_input),
       gate_(weights.At(Prefix(layer) + ".gate.weight")),
       gate_up_(weights.At(Prefix(layer) + ".experts.gate_up_proj")),
       down_(weights.At(Prefix(layer) + ".experts.down_proj")),
@@ -104,6 +106,7 @@ void Moe::Forward(const float* x, int64_t tokens, const int32_t* token_ids, floa
     for (int64_t r = 0; r < n; ++r) {
       std::copy_n(x + (list[r] / k) * hidden, hidden, xs.data() + r * hidden);
     }
+    if (bf16_input_) RoundToBf16(xs.data(), n * hidden);
     gate_up.resize(static_cast<size_t>(n * 2 * inter));
     cpu::Linear(xs.data(), n, hidden, gate_up_.ptr() + e * 2 * inter * hidden, 2 * inter,
                 gate_up.data());

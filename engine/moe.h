@@ -22,7 +22,8 @@ class Moe {
  public:
   // Reads model.layers.<layer>.mlp.* (validated by the model). tid2eid holds expert ids as floats
   // [vocab, k]; they were range-checked by the model.
-  Moe(const ModelConfig& config, const Weights& weights, int64_t layer);
+  // bf16_input: ModelOptions::bf16_storage (the routed experts see x rounded to bf16).
+  Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input = false);
 
   // x: [tokens, hidden] (post_attention_layernorm output); token_ids: [tokens] (used by hash
   // layers); out: [tokens, hidden].
@@ -35,6 +36,7 @@ class Moe {
 
   const ModelConfig& config_;
   bool hash_;
+  bool bf16_input_;
   const Tensor& gate_;
   const Tensor* correction_bias_ = nullptr;  // routed layers
   const Tensor* tid2eid_ = nullptr;          // hash layers

@@ -38,6 +38,17 @@ void ConvertHalves(const uint8_t* src, std::span<float> dst, Fn fn) {
 
 float Bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
+float RoundToBf16(float v) {
+  if (std::isnan(v)) return v;
+  uint32_t u = std::bit_cast<uint32_t>(v);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return std::bit_cast<float>(u & 0xFFFF0000u);
+}
+
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = RoundToBf16(x[i]);
+}
+
 float F16ToFloat(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   const uint32_t exp = (bits >> 10) & 0x1fu;

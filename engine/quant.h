@@ -25,6 +25,10 @@ inline constexpr int64_t kFp8BlockCols = 128;
 inline constexpr int64_t kFp4BlockCols = 32;
 
 float Bf16ToFloat(uint16_t bits);
+// `v` rounded to the nearest bf16 value (ties to even), returned as float; NaN stays NaN.
+float RoundToBf16(float v);
+// Rounds x[0 .. n) in place as RoundToBf16.
+void RoundToBf16(float* x, int64_t n);
 float F16ToFloat(uint16_t bits);
 float E4M3ToFloat(uint8_t bits);
 float E8M0ToFloat(uint8_t bits);

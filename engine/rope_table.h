@@ -24,6 +24,8 @@ class RopeTable {
 
   int64_t rope_dim() const { return rope_dim_; }
   const std::vector<float>& inv_freq() const { return inv_freq_; }
+  // The factor cos / sin are multiplied by (YaRN's attention factor; 1 for "default").
+  float attention_scaling() const { return attention_scaling_; }
 
   // Writes cos / sin for each position: both [positions.size(), rope_dim / 2].
   void Compute(const std::vector<int64_t>& positions, std::vector<float>* cos,
