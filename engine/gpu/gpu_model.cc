@@ -1,0 +1,521 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/gpu/gpu_model_impl.h"
+
+namespace pdserve::engine::gpu {
+
+absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int64_t rows,
+                                  int64_t k, const Linear& w, int64_t n, float* y) {
+  if (rows == 0) return absl::OkStatus();
+  if (options.gemm_inputs == GemmInputs::kFp32) {
+    return GemmF32(x_f32, rows, k, w.f32.get(), n, y);
+  }
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  // Row-major y[rows, n] = x[rows, k] W[n, k]^T is column-major y^T[n, rows] = W^T x^T.
+  PDSERVE_CUBLAS_RETURN(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                                     static_cast<int>(rows), static_cast<int>(k), &alpha,
+                                     w.bf.get(), CUDA_R_16BF, static_cast<int>(k), x_rounded,
+                                     CUDA_R_16BF, static_cast<int>(k), &beta, y, CUDA_R_32F,
+                                     static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::GemmF32(const float* x, int64_t rows, int64_t k, const float* w,
+                                     int64_t n, float* y) {
+  if (rows == 0) return absl::OkStatus();
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  PDSERVE_CUBLAS_RETURN(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                                    static_cast<int>(rows), static_cast<int>(k), &alpha, w,
+                                    static_cast<int>(k), x, static_cast<int>(k), &beta, y,
+                                    static_cast<int>(n)));
+  return absl::OkStatus();
+}
+
+// collapsed = rms(input) (the normalized sublayer input) from the hyper-connection streams.
+absl::Status GpuModel::Impl::HcPre(const HcWeights& hc, const DeviceArray<float>& norm,
+                                   int64_t rows) {
+  const ModelConfig& c = config;
+  const int64_t flat_dim = c.hc_mult * c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  PDSERVE_CUDA_RETURN(
+      kc::rms_norm(streams.get(), nullptr, rows, flat_dim, flat_dim, eps, flat.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(GemmF32(flat.get(), rows, flat_dim, hc.fn.get(), hc.outputs, mix.get()));
+  PDSERVE_CUDA_RETURN(kc::hyper_connection_pre(mix.get(), streams.get(), rows, c.hc_mult,
+                                               c.hidden_size, hc.base.get(), hc.scale.get(),
+                                               static_cast<float>(c.hc_eps), c.hc_sinkhorn_iters,
+                                               post.get(), comb.get(), collapsed.get(), stream));
+  PDSERVE_CUDA_RETURN(kc::rms_norm(collapsed.get(), norm.get(), rows, c.hidden_size, c.hidden_size,
+                                   eps, collapsed.get(), stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const SegmentArrays& segs) {
+  const ModelConfig& c = config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  const int64_t hd = c.head_dim;
+  const int64_t q_lora = c.q_lora_rank;
+  const int64_t rope_dim = c.qk_rope_head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scaling = layer.rope->attention_scaling();
+  const float* inv_freq = layer.inv_freq->get();
+  const int32_t* positions = Row(kPosition);
+  const bool decode = segs.max_tokens == 1;
+
+  PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
+  PDSERVE_RETURN_IF_ERROR(
+      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.q_a_proj, q_lora, q_res.get()));
+  PDSERVE_CUDA_RETURN(kc::rms_norm(q_res.get(), layer.q_a_norm.get(), rows, q_lora, q_lora, eps,
+                                   q_res.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(Cast(q_res.get(), rows * q_lora, q_res_bf.get()));
+  PDSERVE_RETURN_IF_ERROR(
+      Gemm(q_res.get(), q_res_bf.get(), rows, q_lora, layer.q_b_proj, heads * hd, q.get()));
+  PDSERVE_CUDA_RETURN(kc::rms_norm(q.get(), nullptr, rows * heads, hd, hd, eps, q.get(), stream));
+  PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(q.get(), rows, heads * hd, heads, hd, rope_dim,
+                                                 positions, inv_freq, scaling, false, stream));
+  PDSERVE_RETURN_IF_ERROR(
+      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.kv_proj, hd, kv.get()));
+  PDSERVE_CUDA_RETURN(
+      kc::rms_norm(kv.get(), layer.kv_norm.get(), rows, hd, hd, eps, kv.get(), stream));
+  PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(kv.get(), rows, hd, 1, hd, rope_dim, positions,
+                                                 inv_freq, scaling, false, stream));
+  PDSERVE_RETURN_IF_ERROR(Cast(kv.get(), rows * hd, new_kv.get()));
+
+  auto update = [&](CompressorWeights& cw) -> absl::Status {
+    const int64_t width = cw.width();
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.kv_proj, width, comp_kv.get()));
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.gate_proj, width, comp_gate.get()));
+    kc::CompressorParams p;
+    p.kv = comp_kv.get();
+    p.gate = comp_gate.get();
+    p.dim = cw.dim;
+    p.overlapping = cw.overlapping;
+    p.rate = cw.rate;
+    p.first_position = segs.first_position;
+    p.n_tokens = segs.n_tokens;
+    p.row_offset = segs.row_offset;
+    p.slot = segs.slot;
+    p.segments = segs.segments;
+    p.max_tokens = segs.max_tokens;
+    p.ring_kv = cw.ring_kv.get();
+    p.ring_gate = cw.ring_gate.get();
+    p.entries = cw.entries.get();
+    p.entry_capacity = cw.capacity;
+    p.position_bias = cw.position_bias.get();
+    p.norm_weight = cw.kv_norm.get();
+    p.eps = eps;
+    p.inv_freq = inv_freq;
+    p.attention_scaling = scaling;
+    p.rope_dim = rope_dim;
+    PDSERVE_CUDA_RETURN(kc::compressor_update(p, stream));
+    return absl::OkStatus();
+  };
+  if (layer.has_compressor) PDSERVE_RETURN_IF_ERROR(update(layer.compressor));
+  if (layer.has_indexer) {
+    CompressorWeights& ic = layer.indexer_compressor;
+    PDSERVE_RETURN_IF_ERROR(update(ic));
+    const int64_t ih = c.index_n_heads;
+    const int64_t ihd = c.index_head_dim;
+    PDSERVE_RETURN_IF_ERROR(Gemm(q_res.get(), q_res_bf.get(), rows, q_lora, layer.indexer_q_b_proj,
+                                 ih * ihd, idx_q.get()));
+    PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(idx_q.get(), rows, ih * ihd, ih, ihd, rope_dim,
+                                                   positions, inv_freq, scaling, false, stream));
+    PDSERVE_RETURN_IF_ERROR(Gemm(collapsed.get(), x_bf.get(), rows, hidden,
+                                 layer.indexer_weights_proj, ih, idx_w.get()));
+    PDSERVE_CUDA_RETURN(
+        Scale(idx_w.get(), rows * ih, 1.0f / std::sqrt(static_cast<float>(ih)), stream));
+    if (decode && fast_indexer) {
+      PDSERVE_RETURN_IF_ERROR(FastIndexer(layer, rows));
+    } else {
+      PDSERVE_CUDA_RETURN(kc::indexer_scores_generic(
+          idx_q.get(), idx_w.get(), rows, ih, ihd, ic.entries.get(), ic.capacity, Row(kSlot),
+          positions, ic.rate, 1.0f / std::sqrt(static_cast<float>(ihd)), ic.capacity,
+          idx_scores.get(), idx_visible.get(), stream));
+      PDSERVE_CUDA_RETURN(kc::top_k(idx_scores.get(), rows, ic.capacity, idx_visible.get(),
+                                    c.index_topk, picks.get(), stream));
+    }
+  }
+  // A decode row's own key goes into the ring first (its slot held position t - W, which no
+  // query of this call sees); a longer chunk appends after attention, since its early queries
+  // still read ring rows its later rows would overwrite.
+  if (decode) {
+    PDSERVE_CUDA_RETURN(
+        WindowAppend(segs, new_kv.get(), hd, c.sliding_window, layer.window_ring.get(), stream));
+  }
+  if (decode && fast_attention) {
+    PDSERVE_RETURN_IF_ERROR(FastAttention(layer, rows));
+  } else {
+    kc::SinkAttentionParams ap;
+    ap.q = q.get();
+    ap.rows = rows;
+    ap.heads = heads;
+    ap.head_dim = hd;
+    ap.slot_of_row = Row(kSlot);
+    ap.position_of_row = positions;
+    ap.first_position = Row(kFirstPosition);
+    ap.first_row = Row(kFirstRow);
+    ap.new_kv = new_kv.get();
+    ap.window_ring = layer.window_ring.get();
+    ap.window = c.sliding_window;
+    if (layer.has_compressor) {
+      ap.entries = layer.compressor.entries.get();
+      ap.entry_capacity = layer.compressor.capacity;
+      ap.rate = layer.compressor.rate;
+      ap.indices = layer.has_indexer ? picks.get() : nullptr;
+      ap.compressed_slots = layer.has_indexer ? c.index_topk : layer.compressor.capacity;
+    }
+    ap.sinks = layer.sinks.get();
+    ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    PDSERVE_CUDA_RETURN(kc::sink_attention(ap, attn.get(), stream));
+  }
+  PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(attn.get(), rows, heads * hd, heads, hd, rope_dim,
+                                                 positions, inv_freq, scaling, true, stream));
+  if (!decode) {
+    PDSERVE_CUDA_RETURN(
+        WindowAppend(segs, new_kv.get(), hd, c.sliding_window, layer.window_ring.get(), stream));
+  }
+
+  // Grouped output projection: group g's heads [rows, heads * hd / G] -> [rows, o_lora].
+  const int64_t groups = c.o_groups;
+  const int64_t group_in = heads * hd / groups;
+  const int64_t o_lora = c.o_lora_rank;
+  PDSERVE_RETURN_IF_ERROR(Cast(attn.get(), rows * heads * hd, attn_bf.get()));
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  if (options.gemm_inputs == GemmInputs::kFp32) {
+    PDSERVE_CUBLAS_RETURN(cublasSgemmStridedBatched(
+        cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),
+        static_cast<int>(group_in), &alpha, layer.o_a_proj.f32.get(), static_cast<int>(group_in),
+        o_lora * group_in, attn.get(), static_cast<int>(heads * hd), group_in, &beta, grouped.get(),
+        static_cast<int>(groups * o_lora), o_lora, static_cast<int>(groups)));
+  } else {
+    PDSERVE_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
+        cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),
+        static_cast<int>(group_in), &alpha, layer.o_a_proj.bf.get(), CUDA_R_16BF,
+        static_cast<int>(group_in), o_lora * group_in, attn_bf.get(), CUDA_R_16BF,
+        static_cast<int>(heads * hd), group_in, &beta, grouped.get(), CUDA_R_32F,
+        static_cast<int>(groups * o_lora), o_lora, static_cast<int>(groups), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+  }
+  PDSERVE_RETURN_IF_ERROR(Cast(grouped.get(), rows * groups * o_lora, grouped_bf.get()));
+  return Gemm(grouped.get(), grouped_bf.get(), rows, groups * o_lora, layer.o_b_proj, hidden,
+              sub_out.get());
+}
+
+kc::SparseDecodeParams GpuModel::Impl::DecodeParams(const Layer& layer, int64_t batch) {
+  const ModelConfig& c = config;
+  kc::SparseDecodeParams p;
+  p.q = q_bf.get();
+  p.batch = batch;
+  p.heads = c.num_attention_heads;
+  p.window_pool = layer.window_ring.get();
+  p.window_page = Row(kSlot);  // a slot's ring is one window page
+  p.window_len = window_len.get();
+  p.window_size = c.sliding_window;
+  if (layer.has_compressor) {
+    p.kv_pool = layer.compressor.entries.get();
+    p.page_table = page_table.get();
+    p.page_table_stride = layer.compressor.capacity / kPageSize;
+    p.page_size = kPageSize;
+    p.n_compressed = n_compressed.get();
+    p.indices = layer.has_indexer ? picks.get() : nullptr;
+    p.compressed_slots = layer.has_indexer ? c.index_topk : layer.compressor.capacity;
+  } else {
+    p.n_compressed = window_len.get();  // read by nothing: no compressed slots
+    p.compressed_slots = 0;
+  }
+  p.sinks = layer.sinks.get();
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.entries_per_split = kc::SparseDecodeEntriesPerSplit(
+      batch, p.heads, p.window_size + p.compressed_slots, std::max(sm_count, 1));
+  return p;
+}
+
+absl::Status GpuModel::Impl::FastIndexer(Layer& layer, int64_t rows) {
+  const ModelConfig& c = config;
+  CompressorWeights& ic = layer.indexer_compressor;
+  PDSERVE_CUDA_RETURN(DecodePageTables(Row(kSlot), Row(kPosition), rows, c.sliding_window, ic.rate,
+                                       ic.capacity, kPageSize, window_len.get(), n_compressed.get(),
+                                       page_table.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(
+      Cast(idx_q.get(), rows * c.index_n_heads * c.index_head_dim, idx_q_bf.get()));
+  kc::IndexerParams p;
+  p.q = idx_q_bf.get();
+  p.weights = idx_w.get();
+  p.key_pool = ic.entries.get();
+  p.page_table = page_table.get();
+  p.page_table_stride = ic.capacity / kPageSize;
+  p.page_size = kPageSize;
+  p.n_keys = n_compressed.get();
+  p.positions = Row(kPosition);
+  p.rate = ic.rate;
+  p.batch = rows;
+  p.max_keys = ic.capacity;
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.index_head_dim));
+  PDSERVE_CUDA_RETURN(kc::lightning_indexer(p, c.index_topk, idx_scores.get(), idx_visible.get(),
+                                            picks.get(), stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::FastAttention(Layer& layer, int64_t rows) {
+  const ModelConfig& c = config;
+  const int64_t n = rows * c.num_attention_heads * c.head_dim;
+  const int64_t rate = layer.has_compressor ? layer.compressor.rate : 1;
+  const int64_t capacity = layer.has_compressor ? layer.compressor.capacity : 0;
+  PDSERVE_CUDA_RETURN(DecodePageTables(Row(kSlot), Row(kPosition), rows, c.sliding_window, rate,
+                                       capacity, kPageSize, window_len.get(), n_compressed.get(),
+                                       page_table.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(Cast(q.get(), n, q_bf.get()));
+  const kc::SparseDecodeParams p = DecodeParams(layer, rows);
+  PDSERVE_CUDA_RETURN(kc::sparse_decode_attention(p, attn_workspace.get(), attn_workspace.size(),
+                                                  attn_bf.get(), stream));
+  PDSERVE_CUDA_RETURN(CastToF32(attn_bf.get(), n, attn.get(), stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
+  const ModelConfig& c = config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.moe_intermediate_size;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
+  // Shared expert first: it initializes sub_out.
+  PDSERVE_RETURN_IF_ERROR(
+      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_gate, inter, sh_gate.get()));
+  PDSERVE_RETURN_IF_ERROR(
+      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_up, inter, sh_up.get()));
+  PDSERVE_CUDA_RETURN(kc::clamped_swiglu(sh_gate.get(), sh_up.get(), rows, inter, inter, limit,
+                                         sh_gate.get(), inter, stream));
+  PDSERVE_RETURN_IF_ERROR(Cast(sh_gate.get(), rows * inter, act_bf.get()));
+  PDSERVE_RETURN_IF_ERROR(
+      Gemm(sh_gate.get(), act_bf.get(), rows, inter, layer.shared_down, hidden, sub_out.get()));
+
+  PDSERVE_RETURN_IF_ERROR(GemmF32(collapsed.get(), rows, hidden, layer.gate.get(),
+                                  c.n_routed_experts, router_logits.get()));
+  kc::MoeScoring scoring = kc::MoeScoring::kSqrtSoftplus;
+  if (c.scoring_func == ScoringFunc::kSigmoid) scoring = kc::MoeScoring::kSigmoid;
+  if (c.scoring_func == ScoringFunc::kSoftmax) scoring = kc::MoeScoring::kSoftmax;
+  PDSERVE_CUDA_RETURN(kc::moe_route(router_logits.get(), rows, c.n_routed_experts,
+                                    c.num_experts_per_tok, scoring,
+                                    layer.hash ? nullptr : layer.correction_bias.get(),
+                                    layer.hash ? layer.tid2eid.get() : nullptr, Row(kToken),
+                                    static_cast<float>(c.routed_scaling_factor),
+                                    route_experts.get(), route_weights.get(), stream));
+  PDSERVE_CUDA_RETURN(kc::moe_experts(
+      x_bf.get(), rows, hidden, inter, c.num_experts_per_tok, c.n_routed_experts,
+      layer.gate_up.get(), layer.down.get(), route_experts.get(), route_weights.get(), limit,
+      moe_workspace.get(), moe_workspace.size(), sub_out.get(), stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max_tokens) {
+  const ModelConfig& c = config;
+  SegmentArrays segs;
+  segs.first_position = Seg(kSegFirstPosition);
+  segs.n_tokens = Seg(kSegTokens);
+  segs.row_offset = Seg(kSegRowOffset);
+  segs.slot = Seg(kSegSlot);
+  segs.segments = segments;
+  segs.max_tokens = max_tokens;
+  PDSERVE_CUDA_RETURN(EmbedStreams(Row(kToken), rows, embed.get(), c.vocab_size, c.hidden_size,
+                                   c.hc_mult, streams.get(), stream));
+  for (Layer& layer : layers) {
+    PDSERVE_RETURN_IF_ERROR(HcPre(layer.attn_hc, layer.input_norm, rows));
+    PDSERVE_RETURN_IF_ERROR(Attention(layer, rows, segs));
+    PDSERVE_CUDA_RETURN(kc::hyper_connection_post(post.get(), comb.get(), sub_out.get(), rows,
+                                                  c.hc_mult, c.hidden_size, streams.get(), stream));
+    PDSERVE_RETURN_IF_ERROR(HcPre(layer.ffn_hc, layer.post_attention_norm, rows));
+    PDSERVE_RETURN_IF_ERROR(Moe(layer, rows));
+    PDSERVE_CUDA_RETURN(kc::hyper_connection_post(post.get(), comb.get(), sub_out.get(), rows,
+                                                  c.hc_mult, c.hidden_size, streams.get(), stream));
+  }
+  const int64_t flat_dim = c.hc_mult * c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  PDSERVE_CUDA_RETURN(
+      kc::rms_norm(streams.get(), nullptr, rows, flat_dim, flat_dim, eps, flat.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(
+      GemmF32(flat.get(), rows, flat_dim, head_hc.fn.get(), head_hc.outputs, mix.get()));
+  PDSERVE_CUDA_RETURN(kc::hyper_head(mix.get(), streams.get(), rows, c.hc_mult, c.hidden_size,
+                                     head_hc.base.get(), head_hc.scale.get(),
+                                     static_cast<float>(c.hc_eps), collapsed.get(), stream));
+  PDSERVE_CUDA_RETURN(kc::rms_norm(collapsed.get(), final_norm.get(), rows, c.hidden_size,
+                                   c.hidden_size, eps, collapsed.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * c.hidden_size, x_bf.get()));
+  return Gemm(collapsed.get(), x_bf.get(), rows, c.hidden_size, lm_head, c.vocab_size,
+              logits.get());
+}
+
+absl::StatusOr<Tensor> GpuModel::Impl::Run(
+    const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
+    bool use_graph) {
+  const ModelConfig& c = config;
+  int64_t real_rows = 0;
+  int64_t max_tokens = 0;
+  for (const auto& [slot, tokens] : work) {
+    real_rows += static_cast<int64_t>(tokens.size());
+    max_tokens = std::max<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
+  }
+  const int64_t rows = std::max(padded_rows, real_rows);
+  const int64_t segments = static_cast<int64_t>(work.size()) + (rows - real_rows);
+  int32_t* row = rows_host.get();
+  int32_t* seg = seg_host.get();
+  auto set_row = [&](int64_t r, int32_t token, int64_t slot, int64_t pos, int64_t first_pos,
+                     int64_t first_row) {
+    row[kToken * max_rows + r] = token;
+    row[kSlot * max_rows + r] = static_cast<int32_t>(slot);
+    row[kPosition * max_rows + r] = static_cast<int32_t>(pos);
+    row[kFirstPosition * max_rows + r] = static_cast<int32_t>(first_pos);
+    row[kFirstRow * max_rows + r] = static_cast<int32_t>(first_row);
+  };
+  auto set_seg = [&](int64_t b, int64_t first_pos, int64_t n, int64_t offset, int64_t slot) {
+    seg[kSegFirstPosition * max_rows + b] = static_cast<int32_t>(first_pos);
+    seg[kSegTokens * max_rows + b] = static_cast<int32_t>(n);
+    seg[kSegRowOffset * max_rows + b] = static_cast<int32_t>(offset);
+    seg[kSegSlot * max_rows + b] = static_cast<int32_t>(slot);
+  };
+  int64_t r = 0;
+  int64_t b = 0;
+  for (const auto& [slot, tokens] : work) {
+    const int64_t p0 = slot_positions[static_cast<size_t>(slot)];
+    set_seg(b++, p0, static_cast<int64_t>(tokens.size()), r, slot);
+    const int64_t first_row = r;
+    for (size_t i = 0; i < tokens.size(); ++i, ++r) {
+      set_row(r, tokens[i], slot, p0 + static_cast<int64_t>(i), p0, first_row);
+    }
+  }
+  // Padding rows: one token at position 0 of the scratch slot each (identical, so their writes
+  // to the scratch slot agree); their logits are dropped.
+  for (; r < rows; ++r) {
+    set_seg(b++, 0, 1, r, scratch_slot);
+    set_row(r, 0, scratch_slot, 0, 0, r);
+  }
+  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(rows_meta.get(), rows_host.get(),
+                                      rows_meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                      stream));
+  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(seg_meta.get(), seg_host.get(),
+                                      seg_meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                      stream));
+  if (use_graph) {
+    auto it = graphs.find(rows);
+    if (it == graphs.end()) {
+      PDSERVE_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+      const absl::Status enqueued = Enqueue(rows, segments, max_tokens);
+      cudaGraph_t graph = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+      PDSERVE_RETURN_IF_ERROR(enqueued);
+      PDSERVE_CUDA_RETURN(ended);
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      PDSERVE_CUDA_RETURN(inst);
+      it = graphs.emplace(rows, exec).first;
+    }
+    PDSERVE_CUDA_RETURN(cudaGraphLaunch(it->second, stream));
+  } else {
+    PDSERVE_RETURN_IF_ERROR(Enqueue(rows, segments, max_tokens));
+  }
+  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(logits_host.get(), logits.get(),
+                                      static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream));
+  PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  for (const auto& [slot, tokens] : work) {
+    slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
+  }
+  Tensor out({real_rows, c.vocab_size});
+  std::memcpy(out.ptr(), logits_host.get(), out.data.size() * sizeof(float));
+  return out;
+}
+
+const ModelConfig& GpuModel::config() const { return impl_->config; }
+int64_t GpuModel::slots() const { return impl_->options.slots; }
+int64_t GpuModel::max_context() const { return impl_->max_context; }
+
+absl::Status GpuModel::ResetSlot(int64_t slot) {
+  if (slot < 0 || slot >= impl_->options.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", impl_->options.slots, ")"));
+  }
+  impl_->slot_positions[static_cast<size_t>(slot)] = 0;
+  return absl::OkStatus();
+}
+
+int64_t GpuModel::Position(int64_t slot) const {
+  if (slot < 0 || slot >= impl_->options.slots) return -1;
+  return impl_->slot_positions[static_cast<size_t>(slot)];
+}
+
+namespace {
+
+absl::Status CheckTokens(const ModelConfig& c, const std::vector<int32_t>& tokens) {
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GpuModel: token id ", id, " outside [0, ", c.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.options.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
+  }
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0 || n > m.options.max_chunk) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: chunk of ", n, " tokens outside [1, ", m.options.max_chunk, "]"));
+  }
+  PDSERVE_RETURN_IF_ERROR(CheckTokens(m.config, tokens));
+  if (m.slot_positions[static_cast<size_t>(slot)] + n > m.max_context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: context past max_context ", m.max_context));
+  }
+  return m.Run({{slot, tokens}}, n, /*use_graph=*/false);
+}
+
+absl::StatusOr<Tensor> GpuModel::DecodeStep(const std::vector<int64_t>& slots,
+                                            const std::vector<int32_t>& tokens, bool use_graph) {
+  Impl& m = *impl_;
+  if (slots.empty() || slots.size() != tokens.size()) {
+    return absl::InvalidArgumentError("GpuModel: DecodeStep needs one token per slot");
+  }
+  const auto batch = static_cast<int64_t>(slots.size());
+  const auto bucket =
+      std::lower_bound(m.options.decode_buckets.begin(), m.options.decode_buckets.end(), batch);
+  if (bucket == m.options.decode_buckets.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: batch ", batch, " above the largest bucket"));
+  }
+  PDSERVE_RETURN_IF_ERROR(CheckTokens(m.config, tokens));
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> work;
+  std::vector<bool> seen(static_cast<size_t>(m.options.slots), false);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots[i];
+    if (s < 0 || s >= m.options.slots || seen[static_cast<size_t>(s)]) {
+      return absl::InvalidArgumentError(absl::StrCat("GpuModel: bad or repeated slot ", s));
+    }
+    seen[static_cast<size_t>(s)] = true;
+    if (m.slot_positions[static_cast<size_t>(s)] + 1 > m.max_context) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GpuModel: slot ", s, " past max_context ", m.max_context));
+    }
+    work.push_back({s, {tokens[i]}});
+  }
+  return m.Run(work, *bucket, use_graph);
+}
+
+}  // namespace pdserve::engine::gpu

@@ -1,0 +1,102 @@
+// The DeepSeek-V4 causal language model on the CUDA backend: the CPU engine's forward pass
+// (engine/model.h, same math and one-shot semantics) with bf16 weights and bf16 state, fp32
+// activations and accumulation, cuBLAS GEMMs and the kernels of kernels/cuda.
+//
+// Requests live in state slots: fixed-capacity device pools per layer (sliding-window ring,
+// compressed entries, indexer keys, compressor rings), so a request's state never moves and one
+// decode step for any set of slots has a fixed launch shape. Forward() extends one slot by a
+// chunk of tokens (prefill, chunked prefill, or one decode token); DecodeStep() runs one token
+// for each of several slots at once, padded to a batch-size bucket, either eagerly or as the
+// bucket's captured CUDA graph (the two give identical bits: same kernels, same shapes).
+//
+// Precision: GEMM inputs are rounded to bf16 (weights stored bf16; activations rounded per GEMM),
+// products accumulate in fp32 (cuBLAS compute type 32F); norms, softmax, hyper-connections and
+// routing run in fp32; the hyper-connection mixes keep fp32 weights. The state (window rows,
+// compressed entries, indexer keys) is stored bf16; the compressors' raw partial windows fp32.
+//
+// Attention runs through kernels/cuda/sink_attention.cuh (any shape) and the indexer through
+// kernels/cuda/indexer_generic.cuh + top_k; decode steps at DeepSeek-V4 shapes through the
+// fixed-shape kernels (sparse_decode_attention.cuh, indexer.cuh) on paged views of the same pools.
+//
+// Thread-safety: not thread-safe; one caller drives a GpuModel (it owns one CUDA stream).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/config.h"
+#include "engine/tensor.h"
+#include "engine/weights.h"
+
+namespace pdserve::engine::gpu {
+
+// How activations and weights enter the dense GEMMs.
+enum class GemmInputs {
+  kBf16,  // both bf16, fp32 accumulation (the production path)
+  // fp32 activations times the same bf16-rounded weight values held as fp32 (SGEMM, no TF32):
+  // a reference mode for precision studies and tests. Twice the weight memory; the routed
+  // experts (kernels/cuda/moe.cuh) and the state stay bf16.
+  kFp32,
+};
+
+struct GpuModelOptions {
+  int device = 0;
+  int64_t slots = 8;        // requests held at once
+  int64_t max_context = 0;  // tokens per request; 0 -> min(max_position_embeddings, 4096)
+  int64_t max_chunk = 256;  // tokens per Forward() call
+  // Decode batch-size buckets; DecodeStep pads a batch to the smallest bucket >= it. Buckets
+  // above `slots` are dropped and `slots` itself is always one; empty: the powers of two below
+  // slots, and slots.
+  std::vector<int64_t> decode_buckets;
+  // Decode steps use the fixed-shape kernels where the model's shapes fit them: sparse decode
+  // attention (head_dim 512, heads a multiple of 64) and the lightning indexer (64 heads x 128).
+  // false: the any-shape kernels (what guards.reference_kernels "sparse_attention" / "indexer"
+  // select once this engine serves; tests compare the two).
+  bool fixed_shape_attention = true;
+  bool fixed_shape_indexer = true;
+  GemmInputs gemm_inputs = GemmInputs::kBf16;
+};
+
+class GpuModel {
+ public:
+  // Uploads `weights` (validated by the CPU engine's ValidateWeights rules: pass weights a
+  // Model::FromWeights accepted) and allocates the slot pools and workspaces on options.device.
+  // FailedPrecondition when no CUDA device is present; InvalidArgument for bad options (a bucket
+  // larger than slots, max_context above max_position_embeddings); Internal for CUDA / cuBLAS
+  // errors.
+  static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config,
+                                                          const Weights& weights,
+                                                          GpuModelOptions options = {});
+  ~GpuModel();
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  const ModelConfig& config() const;
+  int64_t slots() const;
+  int64_t max_context() const;
+
+  // Clears slot `slot` (position 0) for a new request. InvalidArgument for a bad slot.
+  absl::Status ResetSlot(int64_t slot);
+  // Tokens consumed by the slot's request so far.
+  int64_t Position(int64_t slot) const;
+
+  // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
+  // returns their logits, fp32 [tokens.size(), vocab_size] on the host. InvalidArgument (state
+  // untouched) for an empty or too long chunk, a bad id or slot, or a context past max_context.
+  absl::StatusOr<Tensor> Forward(int64_t slot, const std::vector<int32_t>& tokens);
+
+  // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
+  // logits [slots.size(), vocab_size]. use_graph: replay the bucket's CUDA graph (captured on
+  // first use); else launch the same kernels eagerly. Errors as Forward.
+  absl::StatusOr<Tensor> DecodeStep(const std::vector<int64_t>& slots,
+                                    const std::vector<int32_t>& tokens, bool use_graph);
+
+ private:
+  struct Impl;
+  explicit GpuModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdserve::engine::gpu

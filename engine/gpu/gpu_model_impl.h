@@ -1,0 +1,261 @@
+// Internals of the GPU engine (engine/gpu/gpu_model.h) shared by its two sources:
+// gpu_model_load.cc (weights upload, pools, workspaces) and gpu_model.cc (the forward pass).
+// Not a public interface. Not thread-safe, as GpuModel.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/gpu/device_memory.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/gpu/ops.cuh"
+#include "engine/rope_table.h"
+#include "kernels/cuda/activations.cuh"
+#include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/hyper_connection.cuh"
+#include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/indexer_generic.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/rms_norm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/sink_attention.cuh"
+#include "kernels/cuda/sparse_decode_attention.cuh"
+#include "kernels/cuda/topk.cuh"
+
+namespace pdserve::engine::gpu {
+
+namespace kc = ::pdserve::kernels::cuda;
+using bf16 = __nv_bfloat16;
+
+constexpr int64_t kPageSize = 64;
+
+inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(s)));
+}
+
+#define PDSERVE_CUBLAS_RETURN(expr) \
+  PDSERVE_RETURN_IF_ERROR(::pdserve::engine::gpu::CublasStatus((expr), #expr))
+
+inline std::vector<bf16> ToBf16(const Tensor& t) {
+  std::vector<bf16> out(t.data.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = __float2bfloat16_rn(t.data[i]);
+  return out;
+}
+
+inline absl::Status UploadBf16(const Tensor& t, DeviceArray<bf16>* d) {
+  return d->Upload(ToBf16(t));
+}
+// A projection weight [out, in]: bf16 on the device, or (GemmInputs::kFp32) the same
+// bf16-rounded values held as fp32 for SGEMM.
+struct Linear {
+  DeviceArray<bf16> bf;
+  DeviceArray<float> f32;
+};
+
+inline absl::Status UploadLinear(const Tensor& t, bool fp32, Linear* d) {
+  if (!fp32) return d->bf.Upload(ToBf16(t));
+  std::vector<float> rounded(t.data.size());
+  for (size_t i = 0; i < rounded.size(); ++i) {
+    rounded[i] = __bfloat162float(__float2bfloat16_rn(t.data[i]));
+  }
+  return d->f32.Upload(rounded);
+}
+
+inline absl::Status UploadF32(const Tensor& t, DeviceArray<float>* d) { return d->Upload(t.data); }
+
+inline std::string AttnPrefix(int64_t l) { return absl::StrCat("model.layers.", l, ".self_attn"); }
+
+struct CompressorWeights {
+  Linear kv_proj;
+  Linear gate_proj;
+  DeviceArray<float> position_bias;
+  DeviceArray<float> kv_norm;
+  int64_t dim = 0;
+  int64_t rate = 0;
+  bool overlapping = false;
+  int64_t width() const { return overlapping ? 2 * dim : dim; }
+  // State pools, indexed by slot.
+  DeviceArray<float> ring_kv;
+  DeviceArray<float> ring_gate;
+  DeviceArray<bf16> entries;
+  int64_t capacity = 0;
+
+  absl::Status Load(const Weights& w, const std::string& prefix, int64_t d, int64_t m, bool overlap,
+                    bool fp32, int64_t slots, int64_t max_context) {
+    dim = d;
+    rate = m;
+    overlapping = overlap;
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(prefix + ".kv_proj.weight"), fp32, &kv_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(prefix + ".gate_proj.weight"), fp32, &gate_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".position_bias"), &position_bias));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".kv_norm.weight"), &kv_norm));
+    // Whole pages of kPageSize entries: the fixed-shape decode kernels read the pool as pages.
+    capacity = (std::max<int64_t>(1, max_context / m) + kPageSize - 1) / kPageSize * kPageSize;
+    const auto s = static_cast<size_t>(slots);
+    PDSERVE_RETURN_IF_ERROR(ring_kv.Allocate(s * 2 * m * width()));
+    PDSERVE_RETURN_IF_ERROR(ring_gate.Allocate(s * 2 * m * width()));
+    return entries.Allocate(s * capacity * dim);
+  }
+};
+
+struct HcWeights {
+  DeviceArray<float> fn;
+  DeviceArray<float> base;
+  DeviceArray<float> scale;
+  int64_t outputs = 0;
+  absl::Status Load(const Weights& w, const std::string& prefix, const char* fn_name,
+                    const char* base_name, const char* scale_name) {
+    const Tensor& f = w.At(prefix + fn_name);
+    outputs = f.dim(0);
+    PDSERVE_RETURN_IF_ERROR(UploadF32(f, &fn));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + base_name), &base));
+    return UploadF32(w.At(prefix + scale_name), &scale);
+  }
+};
+
+struct Layer {
+  LayerType type = LayerType::kSlidingAttention;
+  const RopeTable* rope = nullptr;
+  const DeviceArray<float>* inv_freq = nullptr;
+  HcWeights attn_hc;
+  HcWeights ffn_hc;
+  DeviceArray<float> input_norm;
+  DeviceArray<float> post_attention_norm;
+  // Attention.
+  Linear q_a_proj;
+  DeviceArray<float> q_a_norm;
+  Linear q_b_proj;
+  Linear kv_proj;
+  DeviceArray<float> kv_norm;
+  Linear o_a_proj;
+  Linear o_b_proj;
+  DeviceArray<float> sinks;
+  DeviceArray<bf16> window_ring;  // [slots, W, hd]
+  bool has_compressor = false;
+  CompressorWeights compressor;
+  bool has_indexer = false;
+  CompressorWeights indexer_compressor;
+  Linear indexer_q_b_proj;
+  Linear indexer_weights_proj;
+  // MoE.
+  bool hash = false;
+  DeviceArray<float> gate;  // fp32: routing sees the same logits the fp32 CPU engine would
+  DeviceArray<float> correction_bias;
+  DeviceArray<int32_t> tid2eid;
+  DeviceArray<bf16> gate_up;
+  DeviceArray<bf16> down;
+  Linear shared_gate;
+  Linear shared_up;
+  Linear shared_down;
+};
+
+// Per-call metadata, staged in pinned memory and copied to the device before the kernels run.
+enum RowField { kToken, kSlot, kPosition, kFirstPosition, kFirstRow, kRowFields };
+enum SegField { kSegFirstPosition, kSegTokens, kSegRowOffset, kSegSlot, kSegFields };
+
+struct GpuModel::Impl {
+  ModelConfig config;
+  GpuModelOptions options;
+  int64_t max_rows = 0;
+  int64_t max_context = 0;
+  int64_t scratch_slot = 0;             // the extra slot padding rows of a decode bucket write to
+  std::vector<int64_t> slot_positions;  // tokens consumed, per slot
+  RopeTable main_rope;
+  RopeTable compress_rope;
+  DeviceArray<float> main_inv_freq;
+  DeviceArray<float> compress_inv_freq;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DeviceArray<unsigned char> cublas_workspace;
+
+  DeviceArray<bf16> embed;
+  Linear lm_head;
+  DeviceArray<float> final_norm;
+  HcWeights head_hc;
+  std::vector<Layer> layers;
+
+  // Workspace, sized for max_rows.
+  DeviceArray<float> streams, flat, mix, post, comb, collapsed, sub_out;
+  DeviceArray<bf16> x_bf;
+  DeviceArray<float> q_res, q, kv, attn, grouped;
+  DeviceArray<bf16> q_res_bf, new_kv, attn_bf, grouped_bf;
+  DeviceArray<float> comp_kv, comp_gate;
+  DeviceArray<float> idx_q, idx_w, idx_scores;
+  DeviceArray<int32_t> idx_visible, picks;
+  DeviceArray<float> sh_gate, sh_up, router_logits, route_weights;
+  DeviceArray<bf16> act_bf;
+  DeviceArray<int32_t> route_experts;
+  DeviceArray<unsigned char> moe_workspace;
+  DeviceArray<float> logits;
+  // Fixed-shape decode kernels: their bf16 inputs, paged views and workspace.
+  bool fast_attention = false;
+  bool fast_indexer = false;
+  int sm_count = 0;
+  DeviceArray<bf16> q_bf, idx_q_bf;
+  DeviceArray<int32_t> window_len, n_compressed, page_table;
+  DeviceArray<unsigned char> attn_workspace;
+  DeviceArray<int32_t> rows_meta;  // [kRowFields, max_rows]
+  DeviceArray<int32_t> seg_meta;   // [kSegFields, max_rows]
+  PinnedArray<int32_t> rows_host;
+  PinnedArray<int32_t> seg_host;
+  PinnedArray<float> logits_host;
+  std::map<int64_t, cudaGraphExec_t> graphs;
+
+  Impl(ModelConfig c, GpuModelOptions o)
+      : config(std::move(c)),
+        options(std::move(o)),
+        main_rope(config.rope_main, config.qk_rope_head_dim, config.max_position_embeddings),
+        compress_rope(config.rope_compress, config.qk_rope_head_dim,
+                      config.max_position_embeddings) {}
+  ~Impl() {
+    for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  const int32_t* Row(RowField f) const { return rows_meta.get() + f * max_rows; }
+  const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
+
+  absl::Status Load(const Weights& w);
+  absl::Status Allocate();
+  // y[rows, n] = x[rows, k] @ W[n, k]^T, fp32 out, all rows contiguous. x_rounded is x already
+  // rounded to bf16 (x_rounded, read in GemmInputs::kBf16), x_f32 the fp32 source (read in kFp32).
+  absl::Status Gemm(const float* x_f32, const bf16* x_rounded, int64_t rows, int64_t k,
+                    const Linear& w, int64_t n, float* y);
+  // As Gemm with fp32 x and W (hyper-connection mixes, the router).
+  absl::Status GemmF32(const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
+                       float* y);
+  absl::Status Cast(const float* x, int64_t n, bf16* y) {
+    return CudaStatus(CastToBf16(x, n, y, stream), "CastToBf16");
+  }
+  absl::Status HcPre(const HcWeights& hc, const DeviceArray<float>& norm, int64_t rows);
+  absl::Status Attention(Layer& layer, int64_t rows, const SegmentArrays& segs);
+  // The fixed-shape decode kernel's parameters for `layer` over `batch` decode rows (pointers to
+  // this Impl's buffers), and the workspace that needs.
+  kc::SparseDecodeParams DecodeParams(const Layer& layer, int64_t batch);
+  size_t DecodeWorkspace(const Layer& layer, int64_t batch) {
+    return kc::SparseDecodeWorkspaceBytes(DecodeParams(layer, batch));
+  }
+  absl::Status FastIndexer(Layer& layer, int64_t rows);
+  absl::Status FastAttention(Layer& layer, int64_t rows);
+  absl::Status Moe(Layer& layer, int64_t rows);
+  // Every kernel of one call over `rows` stacked rows in `segs.segments` segments (metadata
+  // already on the device): the part a decode graph captures.
+  absl::Status Enqueue(int64_t rows, int64_t segments, int64_t max_tokens);
+  // Stages the metadata, copies it, runs Enqueue or the graph, and copies `out_rows` logits back.
+  absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
+                             int64_t padded_rows, bool use_graph);
+};
+
+}  // namespace pdserve::engine::gpu

@@ -1,0 +1,241 @@
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/gpu/gpu_model_impl.h"
+
+namespace pdserve::engine::gpu {
+
+absl::Status GpuModel::Impl::Load(const Weights& w) {
+  const ModelConfig& c = config;
+  const int64_t slots = options.slots + 1;
+  const bool fp32 = options.gemm_inputs == GemmInputs::kFp32;
+  PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At("model.embed_tokens.weight"), &embed));
+  auto lm = w.Get("lm_head.weight");
+  PDSERVE_RETURN_IF_ERROR(
+      UploadLinear(lm.ok() ? **lm : w.At("model.embed_tokens.weight"), fp32, &lm_head));
+  PDSERVE_RETURN_IF_ERROR(UploadF32(w.At("model.norm.weight"), &final_norm));
+  PDSERVE_RETURN_IF_ERROR(head_hc.Load(w, "model.hc_head", ".hc_fn", ".hc_base", ".hc_scale"));
+  PDSERVE_RETURN_IF_ERROR(main_inv_freq.Upload(main_rope.inv_freq()));
+  PDSERVE_RETURN_IF_ERROR(compress_inv_freq.Upload(compress_rope.inv_freq()));
+  layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Layer& layer = layers[static_cast<size_t>(l)];
+    const std::string p = absl::StrCat("model.layers.", l);
+    const std::string a = AttnPrefix(l);
+    layer.type = c.layer_types[static_cast<size_t>(l)];
+    const bool sliding = layer.type == LayerType::kSlidingAttention;
+    layer.rope = sliding ? &main_rope : &compress_rope;
+    layer.inv_freq = sliding ? &main_inv_freq : &compress_inv_freq;
+    PDSERVE_RETURN_IF_ERROR(layer.attn_hc.Load(w, p + ".attn_hc", ".fn", ".base", ".scale"));
+    PDSERVE_RETURN_IF_ERROR(layer.ffn_hc.Load(w, p + ".ffn_hc", ".fn", ".base", ".scale"));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(p + ".input_layernorm.weight"), &layer.input_norm));
+    PDSERVE_RETURN_IF_ERROR(
+        UploadF32(w.At(p + ".post_attention_layernorm.weight"), &layer.post_attention_norm));
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".q_a_proj.weight"), fp32, &layer.q_a_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".q_a_norm.weight"), &layer.q_a_norm));
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".q_b_proj.weight"), fp32, &layer.q_b_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".kv_proj.weight"), fp32, &layer.kv_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".kv_norm.weight"), &layer.kv_norm));
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".o_a_proj.weight"), fp32, &layer.o_a_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".o_b_proj.weight"), fp32, &layer.o_b_proj));
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".sinks"), &layer.sinks));
+    PDSERVE_RETURN_IF_ERROR(
+        layer.window_ring.Allocate(static_cast<size_t>(slots * c.sliding_window * c.head_dim)));
+    const int64_t rate = sliding ? 1 : c.CompressRate(layer.type);
+    const std::string comp = a + ".compressor";
+    if (!sliding) {
+      layer.has_compressor = true;
+      const bool csa = layer.type == LayerType::kCompressedSparseAttention;
+      PDSERVE_RETURN_IF_ERROR(
+          layer.compressor.Load(w, comp, c.head_dim, rate, csa, fp32, slots, max_context));
+      if (csa) {
+        layer.has_indexer = true;
+        PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(
+            w, comp + ".indexer", c.index_head_dim, rate, true, fp32, slots, max_context));
+        PDSERVE_RETURN_IF_ERROR(
+            UploadLinear(w.At(comp + ".indexer.q_b_proj.weight"), fp32, &layer.indexer_q_b_proj));
+        PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(comp + ".indexer.scorer.weights_proj.weight"),
+                                             fp32, &layer.indexer_weights_proj));
+      }
+    }
+    const std::string m = p + ".mlp";
+    layer.hash = c.mlp_layer_types[static_cast<size_t>(l)] == MlpLayerType::kHashMoe;
+    PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(m + ".gate.weight"), &layer.gate));
+    if (layer.hash) {
+      const Tensor& t = w.At(m + ".gate.tid2eid");
+      std::vector<int32_t> ids(t.data.size());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(t.data[i]);
+      PDSERVE_RETURN_IF_ERROR(layer.tid2eid.Upload(ids));
+    } else {
+      PDSERVE_RETURN_IF_ERROR(
+          UploadF32(w.At(m + ".gate.e_score_correction_bias"), &layer.correction_bias));
+    }
+    PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At(m + ".experts.gate_up_proj"), &layer.gate_up));
+    PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At(m + ".experts.down_proj"), &layer.down));
+    PDSERVE_RETURN_IF_ERROR(
+        UploadLinear(w.At(m + ".shared_experts.gate_proj.weight"), fp32, &layer.shared_gate));
+    PDSERVE_RETURN_IF_ERROR(
+        UploadLinear(w.At(m + ".shared_experts.up_proj.weight"), fp32, &layer.shared_up));
+    PDSERVE_RETURN_IF_ERROR(
+        UploadLinear(w.At(m + ".shared_experts.down_proj.weight"), fp32, &layer.shared_down));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::Allocate() {
+  const ModelConfig& c = config;
+  const auto r = static_cast<size_t>(max_rows);
+  const auto hidden = static_cast<size_t>(c.hidden_size);
+  const auto hc = static_cast<size_t>(c.hc_mult);
+  const auto heads_hd = static_cast<size_t>(c.num_attention_heads * c.head_dim);
+  const auto hd = static_cast<size_t>(c.head_dim);
+  const auto inter = static_cast<size_t>(c.moe_intermediate_size);
+  const auto k = static_cast<size_t>(c.num_experts_per_tok);
+  size_t width = 2 * std::max(hd, static_cast<size_t>(c.index_head_dim));
+  size_t idx_cap = 1;
+  for (const Layer& l : layers) {
+    if (l.has_indexer)
+      idx_cap = std::max(idx_cap, static_cast<size_t>(l.indexer_compressor.capacity));
+  }
+  PDSERVE_RETURN_IF_ERROR(streams.Allocate(r * hc * hidden));
+  PDSERVE_RETURN_IF_ERROR(flat.Allocate(r * hc * hidden));
+  PDSERVE_RETURN_IF_ERROR(mix.Allocate(r * (2 + hc) * hc));
+  PDSERVE_RETURN_IF_ERROR(post.Allocate(r * hc));
+  PDSERVE_RETURN_IF_ERROR(comb.Allocate(r * hc * hc));
+  PDSERVE_RETURN_IF_ERROR(collapsed.Allocate(r * hidden));
+  PDSERVE_RETURN_IF_ERROR(sub_out.Allocate(r * hidden));
+  PDSERVE_RETURN_IF_ERROR(x_bf.Allocate(r * std::max(hidden, inter)));
+  PDSERVE_RETURN_IF_ERROR(q_res.Allocate(r * c.q_lora_rank));
+  PDSERVE_RETURN_IF_ERROR(q_res_bf.Allocate(r * c.q_lora_rank));
+  PDSERVE_RETURN_IF_ERROR(q.Allocate(r * heads_hd));
+  PDSERVE_RETURN_IF_ERROR(kv.Allocate(r * hd));
+  PDSERVE_RETURN_IF_ERROR(new_kv.Allocate(r * hd));
+  PDSERVE_RETURN_IF_ERROR(attn.Allocate(r * heads_hd));
+  PDSERVE_RETURN_IF_ERROR(attn_bf.Allocate(r * heads_hd));
+  PDSERVE_RETURN_IF_ERROR(grouped.Allocate(r * c.o_groups * c.o_lora_rank));
+  PDSERVE_RETURN_IF_ERROR(grouped_bf.Allocate(r * c.o_groups * c.o_lora_rank));
+  PDSERVE_RETURN_IF_ERROR(comp_kv.Allocate(r * width));
+  PDSERVE_RETURN_IF_ERROR(comp_gate.Allocate(r * width));
+  PDSERVE_RETURN_IF_ERROR(idx_q.Allocate(r * c.index_n_heads * c.index_head_dim));
+  PDSERVE_RETURN_IF_ERROR(idx_w.Allocate(r * c.index_n_heads));
+  PDSERVE_RETURN_IF_ERROR(idx_scores.Allocate(r * idx_cap));
+  PDSERVE_RETURN_IF_ERROR(idx_visible.Allocate(r));
+  PDSERVE_RETURN_IF_ERROR(picks.Allocate(r * std::max<int64_t>(1, c.index_topk)));
+  PDSERVE_RETURN_IF_ERROR(sh_gate.Allocate(r * inter));
+  PDSERVE_RETURN_IF_ERROR(sh_up.Allocate(r * inter));
+  PDSERVE_RETURN_IF_ERROR(act_bf.Allocate(r * inter));
+  PDSERVE_RETURN_IF_ERROR(router_logits.Allocate(r * c.n_routed_experts));
+  PDSERVE_RETURN_IF_ERROR(route_experts.Allocate(r * k));
+  PDSERVE_RETURN_IF_ERROR(route_weights.Allocate(r * k));
+  PDSERVE_RETURN_IF_ERROR(moe_workspace.Allocate(std::max<size_t>(
+      1,
+      kc::moe_experts_workspace_bytes(max_rows, c.num_experts_per_tok, c.moe_intermediate_size))));
+  PDSERVE_RETURN_IF_ERROR(logits.Allocate(r * c.vocab_size));
+  size_t max_capacity = kPageSize;
+  for (const Layer& l : layers) {
+    if (l.has_compressor) max_capacity = std::max<size_t>(max_capacity, l.compressor.capacity);
+  }
+  max_capacity = std::max(max_capacity, idx_cap);
+  PDSERVE_RETURN_IF_ERROR(window_len.Allocate(r));
+  PDSERVE_RETURN_IF_ERROR(n_compressed.Allocate(r));
+  PDSERVE_RETURN_IF_ERROR(page_table.Allocate(r * (max_capacity / kPageSize)));
+  if (fast_attention) {
+    PDSERVE_RETURN_IF_ERROR(q_bf.Allocate(r * heads_hd));
+    size_t bytes = 1;
+    for (int64_t batch : options.decode_buckets) {
+      for (const Layer& l : layers) bytes = std::max(bytes, DecodeWorkspace(l, batch));
+    }
+    PDSERVE_RETURN_IF_ERROR(attn_workspace.Allocate(bytes));
+  }
+  if (fast_indexer) {
+    PDSERVE_RETURN_IF_ERROR(idx_q_bf.Allocate(r * c.index_n_heads * c.index_head_dim));
+  }
+  PDSERVE_RETURN_IF_ERROR(rows_meta.Allocate(r * kRowFields));
+  PDSERVE_RETURN_IF_ERROR(seg_meta.Allocate(r * kSegFields));
+  PDSERVE_RETURN_IF_ERROR(rows_host.Allocate(r * kRowFields));
+  PDSERVE_RETURN_IF_ERROR(seg_host.Allocate(r * kSegFields));
+  PDSERVE_RETURN_IF_ERROR(logits_host.Allocate(r * c.vocab_size));
+  // cuBLAS gets a fixed workspace so eager and captured launches choose the same algorithms.
+  PDSERVE_RETURN_IF_ERROR(cublas_workspace.Allocate(size_t{32} << 20));
+  PDSERVE_CUBLAS_RETURN(
+      cublasSetWorkspace(cublas, cublas_workspace.get(), cublas_workspace.size()));
+  return absl::OkStatus();
+}
+
+GpuModel::GpuModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuModel::~GpuModel() = default;
+
+absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& config,
+                                                           const Weights& weights,
+                                                           GpuModelOptions options) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError("GpuModel: no CUDA device");
+  }
+  if (options.device < 0 || options.device >= devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: device ", options.device, " outside [0, ", devices, ")"));
+  }
+  if (options.slots <= 0 || options.max_chunk <= 0) {
+    return absl::InvalidArgumentError("GpuModel: slots and max_chunk must be positive");
+  }
+  std::vector<int64_t>& buckets = options.decode_buckets;
+  if (buckets.empty()) {
+    for (int64_t b = 1; b < options.slots; b *= 2) buckets.push_back(b);
+  }
+  buckets.erase(
+      std::remove_if(buckets.begin(), buckets.end(), [&](int64_t b) { return b >= options.slots; }),
+      buckets.end());
+  buckets.push_back(options.slots);
+  std::sort(buckets.begin(), buckets.end());
+  buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+  if (buckets.front() <= 0) {
+    return absl::InvalidArgumentError("GpuModel: decode buckets must be positive");
+  }
+  const int64_t max_context = options.max_context > 0
+                                  ? options.max_context
+                                  : std::min<int64_t>(config.max_position_embeddings, 4096);
+  if (max_context > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuModel: max_context ", max_context,
+                                                   " > max_position_embeddings ",
+                                                   config.max_position_embeddings));
+  }
+  if (config.index_topk > kc::kMaxTopK) {
+    return absl::InvalidArgumentError("GpuModel: index_topk above the top-k kernel's bound");
+  }
+  PDSERVE_CUDA_RETURN(cudaSetDevice(options.device));
+  auto impl = std::make_unique<Impl>(config, options);
+  impl->max_context = max_context;
+  impl->max_rows = std::max(options.max_chunk, options.decode_buckets.back());
+  impl->scratch_slot = options.slots;
+  impl->slot_positions.assign(static_cast<size_t>(options.slots + 1), 0);
+  PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  PDSERVE_CUBLAS_RETURN(cublasCreate(&impl->cublas));
+  PDSERVE_CUBLAS_RETURN(cublasSetStream(impl->cublas, impl->stream));
+  PDSERVE_RETURN_IF_ERROR(impl->Load(weights));
+  impl->fast_attention = options.fixed_shape_attention && config.head_dim == kc::kSparseHeadDim &&
+                         config.num_attention_heads % kc::kSparseHeadsPerBlock == 0;
+  impl->fast_indexer = options.fixed_shape_indexer && config.index_n_heads == kc::kIndexHeads &&
+                       config.index_head_dim == kc::kIndexHeadDim;
+  PDSERVE_CUDA_RETURN(
+      cudaDeviceGetAttribute(&impl->sm_count, cudaDevAttrMultiProcessorCount, options.device));
+  PDSERVE_RETURN_IF_ERROR(impl->Allocate());
+  // State pools start as NaN (all bits set): a kernel that read a slot's never-written row
+  // would turn that request's logits into NaN, which the tests would see.
+  for (Layer& layer : impl->layers) {
+    PDSERVE_RETURN_IF_ERROR(layer.window_ring.Fill(0xFF));
+    for (CompressorWeights* cw : {&layer.compressor, &layer.indexer_compressor}) {
+      PDSERVE_RETURN_IF_ERROR(cw->ring_kv.Fill(0xFF));
+      PDSERVE_RETURN_IF_ERROR(cw->ring_gate.Fill(0xFF));
+      PDSERVE_RETURN_IF_ERROR(cw->entries.Fill(0xFF));
+    }
+  }
+  PDSERVE_CUDA_RETURN(cudaDeviceSynchronize());
+  return std::unique_ptr<GpuModel>(new GpuModel(std::move(impl)));
+}
+
+}  // namespace pdserve::engine::gpu

@@ -1,0 +1,133 @@
+#include "engine/gpu/ops.cuh"
+
+namespace pdserve::engine::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__global__ void CastKernel(const float* x, int64_t n, __nv_bfloat16* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void EmbedKernel(const int32_t* tokens, const __nv_bfloat16* embed, int64_t vocab,
+                            int64_t hidden, int64_t hc, float* streams) {
+  const int64_t r = blockIdx.x;
+  const int64_t token = tokens[r];
+  const bool valid = token >= 0 && token < vocab;
+  for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
+    const float v = valid ? __bfloat162float(embed[token * hidden + c]) : 0.0f;
+    for (int64_t j = 0; j < hc; ++j) streams[(r * hc + j) * hidden + c] = v;
+  }
+}
+
+// grid (segments, max_tokens): block (b, i) copies the segment's i-th new row if it is among
+// the last `window` ones.
+__global__ void WindowAppendKernel(SegmentArrays s, const __nv_bfloat16* new_rows, int64_t dim,
+                                   int64_t window, __nv_bfloat16* ring) {
+  const int64_t b = blockIdx.x;
+  const int64_t i = blockIdx.y;
+  const int64_t n = s.n_tokens[b];
+  if (i >= n || i < n - window) return;
+  const int64_t position = s.first_position[b] + i;
+  const __nv_bfloat16* from = new_rows + (s.row_offset[b] + i) * dim;
+  __nv_bfloat16* to = ring + (s.slot[b] * window + position % window) * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) to[c] = from[c];
+}
+
+__global__ void CastF32Kernel(const __nv_bfloat16* x, int64_t n, float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) y[i] = __bfloat162float(x[i]);
+}
+
+__global__ void PageTableKernel(const int32_t* slot, const int32_t* position, int64_t window,
+                                int64_t rate, int64_t capacity, int64_t page_size,
+                                int32_t* window_len, int32_t* n_compressed, int32_t* page_table) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = position[r];
+  const int64_t pages = capacity / page_size;
+  if (threadIdx.x == 0) {
+    window_len[r] = static_cast<int32_t>(min(t + 1, window));
+    n_compressed[r] = static_cast<int32_t>(min((t + 1) / rate, capacity));
+  }
+  for (int64_t i = threadIdx.x; i < pages; i += kThreads) {
+    page_table[r * pages + i] = static_cast<int32_t>(slot[r] * pages + i);
+  }
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) x[i] *= scale;
+}
+
+}  // namespace
+
+cudaError_t CastToBf16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (x == nullptr || y == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  CastKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t EmbedStreams(const int32_t* tokens, int64_t rows, const __nv_bfloat16* embed,
+                         int64_t vocab, int64_t hidden, int64_t hc, float* streams,
+                         cudaStream_t stream) {
+  if (rows < 0 || vocab <= 0 || hidden <= 0 || hc <= 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (tokens == nullptr || embed == nullptr || streams == nullptr) return cudaErrorInvalidValue;
+  EmbedKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(tokens, embed, vocab, hidden,
+                                                                    hc, streams);
+  return cudaGetLastError();
+}
+
+cudaError_t WindowAppend(const SegmentArrays& segments, const __nv_bfloat16* new_rows, int64_t dim,
+                         int64_t window, __nv_bfloat16* ring, cudaStream_t stream) {
+  if (segments.segments < 0 || segments.max_tokens < 0 || dim <= 0 || window <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (segments.segments == 0 || segments.max_tokens == 0) return cudaSuccess;
+  if (new_rows == nullptr || ring == nullptr || segments.first_position == nullptr ||
+      segments.n_tokens == nullptr || segments.row_offset == nullptr || segments.slot == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(segments.segments),
+                  static_cast<unsigned>(segments.max_tokens));
+  WindowAppendKernel<<<grid, kThreads, 0, stream>>>(segments, new_rows, dim, window, ring);
+  return cudaGetLastError();
+}
+
+cudaError_t CastToF32(const __nv_bfloat16* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (x == nullptr || y == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  CastF32Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64_t rows,
+                             int64_t window, int64_t rate, int64_t capacity, int64_t page_size,
+                             int32_t* window_len, int32_t* n_compressed, int32_t* page_table,
+                             cudaStream_t stream) {
+  if (rows < 0 || window <= 0 || rate <= 0 || capacity < 0 || page_size <= 0 ||
+      capacity % page_size != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  if (slot == nullptr || position == nullptr || window_len == nullptr || n_compressed == nullptr ||
+      (capacity > 0 && page_table == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  PageTableKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      slot, position, window, rate, capacity, page_size, window_len, n_compressed, page_table);
+  return cudaGetLastError();
+}
+
+cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, scale);
+  return cudaGetLastError();
+}
+
+}  // namespace pdserve::engine::gpu

@@ -1,0 +1,56 @@
+// Glue kernels of the GPU engine (engine/gpu/gpu_model.h): casts, the embedding gather, the
+// sliding-window ring append and the residual add. The model's math lives in kernels/cuda; these
+// only move and convert data. All asynchronous on `stream`, CUDA-graph safe (launch shapes from
+// the size arguments only; per-segment values read from device memory), stateless, and return
+// cudaErrorInvalidValue on negative sizes or missing pointers, else the launch status.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdserve::engine::gpu {
+
+// y[i] = bf16(x[i]) (round to nearest even), i < n.
+cudaError_t CastToBf16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream);
+
+// streams[r, j, :] = float(embed[tokens[r], :]) for j < hc: the embedding copied into each of
+// the hc hyper-connection streams. embed [vocab, hidden] bf16; streams [rows, hc, hidden] fp32.
+// A token id outside [0, vocab) yields zeros (the engine validates ids before).
+cudaError_t EmbedStreams(const int32_t* tokens, int64_t rows, const __nv_bfloat16* embed,
+                         int64_t vocab, int64_t hidden, int64_t hc, float* streams,
+                         cudaStream_t stream);
+
+// Segments of one call (one per request), device int32 arrays of length `segments`.
+struct SegmentArrays {
+  const int32_t* first_position = nullptr;  // position of the segment's first new row
+  const int32_t* n_tokens = nullptr;        // new rows of the segment
+  const int32_t* row_offset = nullptr;      // its first row in the call's stacked rows
+  const int32_t* slot = nullptr;            // the request's state slot
+  int64_t segments = 0;
+  int64_t max_tokens = 0;  // host bound on n_tokens (launch shape)
+};
+
+// Writes the new rows of positions max(p0, p0 + n - window) .. p0 + n - 1 of each segment into
+// ring[slot][position % window]. new_rows [rows, dim] bf16; ring [slots, window, dim] bf16.
+cudaError_t WindowAppend(const SegmentArrays& segments, const __nv_bfloat16* new_rows, int64_t dim,
+                         int64_t window, __nv_bfloat16* ring, cudaStream_t stream);
+
+// y[i] = float(x[i]), i < n.
+cudaError_t CastToF32(const __nv_bfloat16* x, int64_t n, float* y, cudaStream_t stream);
+
+// The paged views the fixed-shape decode kernels (kernels/cuda/sparse_decode_attention.cuh,
+// indexer.cuh) take of the engine's per-slot pools, for one decode row per request: row r of
+// slot s at position t gets window_len[r] = min(t + 1, window), n_compressed[r] =
+// min((t + 1) / rate, capacity) and page_table[r][i] = s * (capacity / page_size) + i for
+// i < capacity / page_size (a slot's entries are consecutive pages). capacity % page_size == 0.
+cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64_t rows,
+                             int64_t window, int64_t rate, int64_t capacity, int64_t page_size,
+                             int32_t* window_len, int32_t* n_compressed, int32_t* page_table,
+                             cudaStream_t stream);
+
+// x[i] *= scale, i < n.
+cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream);
+
+}  // namespace pdserve::engine::gpu
