@@ -454,6 +454,36 @@ int64_t GpuModel::Position(int64_t slot) const {
   return impl_->slot_positions[static_cast<size_t>(slot)];
 }
 
+absl::Status GpuModel::CopySlot(int64_t from, int64_t to) {
+  Impl& m = *impl_;
+  const int64_t n = m.options.slots;
+  if (from < 0 || from >= n || to < 0 || to >= n || from == to) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuModel: CopySlot(", from, ", ", to,
+                                                   ") needs two distinct slots in [0, ", n, ")"));
+  }
+  // Every pool is [slots + 1, per-slot rows...]: one contiguous block per slot.
+  auto copy = [&](auto& pool) -> absl::Status {
+    if (pool.size() == 0) return absl::OkStatus();
+    const size_t per_slot = pool.size() / static_cast<size_t>(n + 1) * sizeof(*pool.get());
+    auto* base = reinterpret_cast<unsigned char*>(pool.get());
+    return CudaStatus(cudaMemcpyAsync(base + static_cast<size_t>(to) * per_slot,
+                                      base + static_cast<size_t>(from) * per_slot, per_slot,
+                                      cudaMemcpyDeviceToDevice, m.stream),
+                      "CopySlot");
+  };
+  for (Layer& layer : m.layers) {
+    PDSERVE_RETURN_IF_ERROR(copy(layer.window_ring));
+    for (CompressorWeights* cw : {&layer.compressor, &layer.indexer_compressor}) {
+      PDSERVE_RETURN_IF_ERROR(copy(cw->ring_kv));
+      PDSERVE_RETURN_IF_ERROR(copy(cw->ring_gate));
+      PDSERVE_RETURN_IF_ERROR(copy(cw->entries));
+    }
+  }
+  PDSERVE_CUDA_RETURN(cudaStreamSynchronize(m.stream));
+  m.slot_positions[static_cast<size_t>(to)] = m.slot_positions[static_cast<size_t>(from)];
+  return absl::OkStatus();
+}
+
 namespace {
 
 absl::Status CheckTokens(const ModelConfig& c, const std::vector<int32_t>& tokens) {

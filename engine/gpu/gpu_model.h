@@ -81,6 +81,10 @@ class GpuModel {
   absl::Status ResetSlot(int64_t slot);
   // Tokens consumed by the slot's request so far.
   int64_t Position(int64_t slot) const;
+  // Makes slot `to` continue exactly where slot `from` is (its whole state and position), e.g.
+  // to fork one prefilled prompt into n choices. InvalidArgument for bad or equal slots;
+  // Internal for a CUDA error.
+  absl::Status CopySlot(int64_t from, int64_t to);
 
   // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
   // returns their logits, fp32 [tokens.size(), vocab_size] on the host. InvalidArgument (state

@@ -310,6 +310,28 @@ TEST_P(GpuModelTest, GraphDecodeEqualsEagerBitForBit) {
   }
 }
 
+// A forked request (CopySlot) continues exactly as its source: same logits bit for bit at every
+// later step, in the same decode batch.
+TEST_P(GpuModelTest, CopySlotForksARequest) {
+  auto gpu = MakeGpu(model_, 4, 512);
+  ASSERT_NE(gpu, nullptr);
+  const auto& prompt = model_.prompts.back();
+  ASSERT_TRUE(gpu->Forward(2, prompt).ok());
+  ASSERT_TRUE(gpu->CopySlot(2, 0).ok());
+  EXPECT_EQ(gpu->Position(0), static_cast<int64_t>(prompt.size()));
+  const int64_t vocab = model_.config.vocab_size;
+  int32_t token = prompt.back();
+  for (int step = 0; step < 12; ++step) {
+    auto logits = gpu->DecodeStep({0, 2}, {token, token}, /*use_graph=*/step % 2 == 0);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(std::memcmp(logits->ptr(), logits->ptr() + vocab, vocab * sizeof(float)), 0)
+        << "step " << step;
+    token = static_cast<int32_t>(Argmax(logits->ptr(), vocab));
+  }
+  EXPECT_FALSE(gpu->CopySlot(1, 1).ok());
+  EXPECT_FALSE(gpu->CopySlot(0, 4).ok());
+}
+
 TEST_P(GpuModelTest, BadInputIsRefusedAndStateUntouched) {
   auto gpu = MakeGpu(model_, 2, 16);
   ASSERT_NE(gpu, nullptr);
