@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/sparse_decode_attention.cuh"
+#include "kernels/cuda/topk.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -89,7 +90,8 @@ int32_t* Upload(const std::vector<int32_t>& host) {
   return d;
 }
 
-int Run() {
+// only_batch / only_context: 0 runs every size, else only that one (for profiling one case).
+int Run(int64_t only_batch, int64_t only_context) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t flush_bytes = size_t{256} << 20;
@@ -147,6 +149,7 @@ int Run() {
   int32_t* window_len = Upload(std::vector<int32_t>(max_batch, kWindow));
   // CSA indices: spread over the visible entries (every (keys / 512)-th), as a top-k would be.
   for (int64_t context : contexts) {
+    if (only_context != 0 && context != only_context) continue;
     const int64_t keys = context / kRate;
     int32_t* n_keys = Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(keys)));
     int32_t* positions = Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(context - 1)));
@@ -158,6 +161,7 @@ int Run() {
     int32_t* n_hca =
         Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(context / kHcaRate)));
     for (int64_t batch : batches) {
+      if (only_batch != 0 && batch != only_batch) continue;
       IndexerParams ip;
       ip.q = reinterpret_cast<const __nv_bfloat16*>(q_index);
       ip.weights = w;
@@ -179,6 +183,19 @@ int Run() {
       const double flops = 2.0 * batch * keys * kIndexHeads * kIndexHeadDim;
       std::printf("indexer,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), us, bytes, flops);
+      // The two stages alone: scores (keys in, fp32 scores out) and top-k (scores in, picks out).
+      const double scores_us =
+          MedianMicros([&] { BENCH_CHECK(indexer_scores(ip, scores, visible, nullptr)); }, 20,
+                       flush, flush_bytes);
+      std::printf("indexer_scores,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), static_cast<long long>(keys), scores_us,
+                  batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+      const double topk_us = MedianMicros(
+          [&] { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, nullptr)); }, 20,
+          flush, flush_bytes);
+      std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), static_cast<long long>(keys), topk_us,
+                  batch * (keys * 4.0 + kTopK * 4.0));
 
       for (bool csa : {true, false}) {
         SparseDecodeParams sp;
@@ -225,4 +242,9 @@ int Run() {
 }  // namespace
 }  // namespace pdserve::kernels::cuda
 
-int main() { return pdserve::kernels::cuda::Run(); }
+// Usage: pdserve_cuda_bench [batch context]  (both 0 or absent: every size).
+int main(int argc, char** argv) {
+  const int64_t batch = argc > 2 ? std::atoll(argv[1]) : 0;
+  const int64_t context = argc > 2 ? std::atoll(argv[2]) : 0;
+  return pdserve::kernels::cuda::Run(batch, context);
+}
