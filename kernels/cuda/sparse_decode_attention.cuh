@@ -18,6 +18,11 @@
 // c % page_size); sinks [heads] fp32; out [batch, heads, 512] bf16. Rows that are not attended
 // (past a length, index -1) are never read, so stale or NaN slots cannot leak.
 //
+// Method (sm_90a): per (split, request, 64 heads) one block of two warpgroups running Hopper's
+// warpgroup MMA with the 64 heads as M, rows staged 64 at a time (kSparseTile) in shared memory;
+// see the .cu for the data flow. Scores and the output accumulate in fp32; the probabilities are
+// rounded to bf16 for the P V product.
+//
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
 #pragma once
@@ -32,7 +37,7 @@ namespace pdserve::kernels::cuda {
 
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
-inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
+inline constexpr int64_t kSparseTile = 64;           // entries_per_split must be a multiple
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;

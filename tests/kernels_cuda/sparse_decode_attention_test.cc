@@ -226,7 +226,7 @@ TEST(CudaSparseDecodeTest, CsaSingleSplitMatchesReference) {
 TEST(CudaSparseDecodeTest, HcaAllCompressedEntries) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  RunAndCheck(MakeCase(rng, 64, false, 1100, {128, 0, 17, 128}, {1030, 0, 1, 333}, 0.0), 96);
+  RunAndCheck(MakeCase(rng, 64, false, 1100, {128, 0, 17, 128}, {1030, 0, 1, 333}, 0.0), 192);
 }
 
 TEST(CudaSparseDecodeTest, HundredTwentyEightHeads) {
@@ -243,7 +243,7 @@ TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   unsigned char dummy = 0;
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
   p.heads = 64;
-  p.entries_per_split = 48;  // not a multiple of 32
+  p.entries_per_split = 96;  // not a multiple of 64
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
