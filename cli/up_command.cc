@@ -201,6 +201,9 @@ int Up(const UpOptions& options) {
     std::fprintf(stderr, "pdserve up: %s\n", std::string(ports.message()).c_str());
     return 1;
   }
+  // NVLink multicast off in every child, whatever the environment says (the workers force it
+  // too). Set here, single-threaded, before any fork.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   std::vector<Child> children;
   auto start = [&](const std::string& name, std::vector<std::string> args) {
     absl::StatusOr<pid_t> pid = Spawn(args);

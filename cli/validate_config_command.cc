@@ -2,7 +2,8 @@
 //
 // Prints "FILE: ok (...)" per valid file on stdout, and every error of an invalid one on stderr
 // as "file:line:column: key: message", and a warning on stderr when a valid file's model path has
-// no config.json from the current directory. Exit status 0 when all files are valid, 1 otherwise.
+// no config.json from the current directory or a worker asks for a backend this build's workers
+// do not run. Exit status 0 when all files are valid, 1 otherwise.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -10,6 +11,8 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/command_registry.h"
 #include "common/deploy_config.h"
 
@@ -37,6 +40,18 @@ int RunValidate(const std::vector<std::string>& files) {
                    "(%s); processes started here would fail\n",
                    file.c_str(), c.model_path.c_str(),
                    std::filesystem::current_path(ec).string().c_str());
+    }
+    std::vector<std::string> not_cpu;
+    for (const auto* workers : {&c.prefill, &c.decode}) {
+      for (const config::WorkerConfig& w : *workers) {
+        if (w.backend != "cpu") not_cpu.push_back(absl::StrCat("'", w.name, "' (", w.backend, ")"));
+      }
+    }
+    if (!not_cpu.empty()) {
+      std::fprintf(stderr,
+                   "%s: warning: worker %s: the prefill and decode workers of this build run "
+                   "only the CPU engine and refuse other backends\n",
+                   file.c_str(), absl::StrJoin(not_cpu, ", ").c_str());
     }
     std::printf("%s: ok (%s: %zu prefill, %zu decode workers, model %s)\n", file.c_str(),
                 c.name.c_str(), c.prefill.size(), c.decode.size(), c.model_path.c_str());

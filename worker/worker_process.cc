@@ -11,6 +11,7 @@
 #include "common/systemd_notify.h"
 #include "frontend/generation_service.h"
 #include "frontend/http_server.h"
+#include "kernels/cpu/parallel.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -60,6 +61,22 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
     return absl::NotFoundError(
         absl::StrCat(flags.config_path, " has no ", role, " worker named '", flags.name, "'"));
   }
+  // The CUDA engine (engine/gpu) is not wired into the workers yet: refuse rather than run the
+  // CPU engine under a config that asked for GPUs.
+  if (entry.worker.backend != "cpu") {
+    return absl::UnimplementedError(absl::StrCat(
+        flags.config_path, ": ", role, " worker '", entry.worker.name, "' has backend ",
+        entry.worker.backend,
+        ", but the prefill and decode workers of this build run only the CPU engine; use "
+        "backend: cpu"));
+  }
+  // threads: 0 leaves every core to the engine's pool and OpenBLAS. Before any thread starts.
+  if (entry.worker.threads > 0 && !kernels::cpu::SetNumThreads(entry.worker.threads)) {
+    return absl::InternalError("threads: the CPU thread pool had already started");
+  }
+  // NVLink multicast stays off in every pdserve process, whatever the environment says (a
+  // program that uses it can take a host's shared GPUs out of service).
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   if (flags.port >= 0) entry.worker.port = flags.port;
   if (flags.metrics_port >= 0) entry.worker.metrics_port = flags.metrics_port;
   entry.model_dir = std::filesystem::absolute(deploy->model_path).lexically_normal().string();

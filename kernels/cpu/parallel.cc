@@ -1,6 +1,9 @@
 #include "kernels/cpu/parallel.h"
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -72,9 +75,17 @@ class ThreadPool {
   uint64_t generation_ = 0;
 };
 
+std::atomic<int> requested_threads{0};  // SetNumThreads's count; 0: all cores
+std::atomic<bool> pool_started{false};
+
 ThreadPool& Pool() {
-  static ThreadPool* pool =
-      new ThreadPool(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  static ThreadPool* pool = [] {
+    pool_started = true;
+    const int requested = requested_threads.load();
+    return new ThreadPool(requested > 0
+                              ? requested
+                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  }();
   return *pool;
 }
 
@@ -83,6 +94,14 @@ thread_local bool in_parallel_region = false;
 }  // namespace
 
 int NumThreads() { return Pool().threads(); }
+
+bool SetNumThreads(int threads) {
+  if (threads < 1) return false;
+  if (pool_started.load()) return Pool().threads() == threads;
+  requested_threads = threads;
+  openblas_set_num_threads(threads);
+  return true;
+}
 
 void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& body) {
   if (n <= 0) return;

@@ -13,7 +13,14 @@ namespace pdserve::kernels::cpu {
 // Runs body(begin, end) over a partition of [0, n). n <= 0 is a no-op.
 void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& body);
 
-// Number of threads ParallelFor uses (std::thread::hardware_concurrency(), at least 1).
+// Number of threads ParallelFor uses: SetNumThreads's count when it was called before the pool
+// started, else std::thread::hardware_concurrency() (at least 1).
 int NumThreads();
+
+// Sets the threads ParallelFor and OpenBLAS use (threads >= 1). Takes effect only before the
+// first ParallelFor / NumThreads call of the process, which starts the pool; returns false
+// (changing nothing) after that unless the count is the same. Call it at process start, before
+// other threads run.
+bool SetNumThreads(int threads);
 
 }  // namespace pdserve::kernels::cpu

@@ -8,6 +8,8 @@
 #                                      ExecStart names the built binary; any warning fails
 #   configs-valid PDSERVE CONFIG_DIR   `pdserve validate-config` accepts every shipped config
 #   configs-broken PDSERVE CONFIG_DIR  broken copies are rejected with file:line:column: key
+#   cuda-refused PDSERVE CONFIG_DIR    validate-config warns about backend cuda, and a worker
+#                                      of a cuda config refuses to start (CPU engine only)
 #   dashboard DEPLOY_DIR METRICS_MD    every pdserve_* name used by the dashboard and the
 #                                      alert rules is listed in docs/metrics.md
 set -euo pipefail
@@ -93,6 +95,22 @@ case $mode in
       '12:19: router.prefill_policy: '
     expect cluster-8gpu.yaml 's/^    port: 9210/    prot: 9210/' '49:5: decode[1].prot: '
     exit $status
+    ;;
+  cuda-refused)
+    pdserve=$1 dir=$2
+    "$pdserve" validate-config "$dir"/h200x2.yaml >"$tmp/out" 2>"$tmp/err"
+    grep -qF "warning: worker 'prefill-0' (cuda), 'decode-0' (cuda): " "$tmp/err" || {
+      echo "FAIL: no backend warning from validate-config:"; cat "$tmp/err"; exit 1; }
+    grep -qF "h200x2.yaml: ok" "$tmp/out" || { echo "FAIL: h200x2.yaml not valid"; exit 1; }
+    # The refusal comes before the model loads or a port binds (the model path is not here).
+    if timeout 60 "$pdserve" prefill --config "$dir"/h200x2.yaml --name prefill-0 \
+        >"$tmp/out" 2>"$tmp/err"; then
+      echo "FAIL: a backend cuda prefill worker started"
+      exit 1
+    fi
+    grep -qF "run only the CPU engine" "$tmp/err" || {
+      echo "FAIL: the refusal does not say why:"; cat "$tmp/err"; exit 1; }
+    echo "ok: $(head -1 "$tmp/err")"
     ;;
   dashboard)
     deploy=$1 metrics=$2

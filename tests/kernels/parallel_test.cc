@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 namespace pdserve::kernels::cpu {
@@ -27,6 +29,29 @@ TEST(ParallelForTest, NestedCallRunsInline) {
     }
   });
   for (int h : hits) EXPECT_EQ(h, 1);
+}
+
+// The pool is process-wide, so the count is checked in a fresh process (a threadsafe death test
+// re-executes the binary), where it cannot have started yet.
+TEST(ParallelForTest, SetNumThreadsBeforeFirstUseSizesThePool) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const bool set = SetNumThreads(3);
+        const bool first = NumThreads() == 3;
+        const bool same_again = SetNumThreads(3);
+        const bool changed_late = SetNumThreads(2);
+        std::vector<int> hits(10, 0);
+        ParallelFor(10, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) ++hits[i];
+        });
+        bool covered = true;
+        for (int h : hits) covered = covered && h == 1;
+        std::exit(set && first && same_again && !changed_late && NumThreads() == 3 && covered ? 0
+                                                                                              : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_FALSE(SetNumThreads(0));
 }
 
 }  // namespace
