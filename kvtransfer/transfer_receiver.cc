@@ -142,10 +142,20 @@ void TransferReceiver::RunFor(absl::Duration duration, absl::Duration poll_inter
     Progress();
     const absl::Duration left = until - absl::Now();
     if (left <= absl::ZeroDuration()) return;
-    absl::MutexLock lock(&mu_);
     const absl::Duration wait = std::min(left, poll_interval);
-    worker_.Wait(static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait))))
-        .IgnoreError();  // A failed wait only shortens the sleep; Progress() reports nothing.
+    const int wait_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
+    absl::StatusOr<int> fd;
+    {
+      absl::MutexLock lock(&mu_);
+      fd = worker_.Arm();
+    }
+    // Sleep without the lock: Prepare (a Reserve), Abort and Outcome must not wait for it. A
+    // failed arm sleeps the interval; events that arrive meanwhile end the sleep.
+    if (fd.ok()) {
+      UcxWorker::WaitReadable(*fd, wait_ms);
+    } else {
+      absl::SleepFor(wait);
+    }
   }
 }
 

@@ -115,7 +115,8 @@ class TransferReceiver {
   // Lands what arrived and sweeps deadlines. Non-blocking.
   void Progress() ABSL_LOCKS_EXCLUDED(mu_);
   // Progresses until `duration` passes on the real clock, sleeping on the UCX event fd between
-  // messages (at most `poll_interval` at a time, so deadlines are swept while idle).
+  // messages (at most `poll_interval` at a time, so deadlines are swept while idle). The mutex
+  // is not held while it sleeps, so other calls (Prepare for a Reserve) do not wait for it.
   void RunFor(absl::Duration duration, absl::Duration poll_interval = absl::Milliseconds(5))
       ABSL_LOCKS_EXCLUDED(mu_);
 

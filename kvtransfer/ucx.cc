@@ -81,15 +81,26 @@ bool UcxWorker::Progress() {
 }
 
 absl::Status UcxWorker::Wait(int timeout_ms) {
+  absl::StatusOr<int> fd = Arm();
+  if (!fd.ok()) return fd.status();
+  WaitReadable(*fd, timeout_ms);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> UcxWorker::Arm() {
   int fd = -1;
   ucs_status_t status = ucp_worker_get_efd(worker_, &fd);
   if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_get_efd");
   status = ucp_worker_arm(worker_);
-  if (status == UCS_ERR_BUSY) return absl::OkStatus();  // Events are already pending.
+  if (status == UCS_ERR_BUSY) return -1;  // Events are already pending.
   if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_arm");
+  return fd;
+}
+
+void UcxWorker::WaitReadable(int fd, int timeout_ms) {
+  if (fd < 0) return;
   pollfd pfd{fd, POLLIN, 0};
   poll(&pfd, 1, timeout_ms);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxEndpoint::Create(const UcxWorker& worker,

@@ -57,6 +57,11 @@ class UcxWorker {
   // Blocks until the worker has events or `timeout_ms` passes (poll on the worker's event fd).
   // Errors: UcsToStatus of ucp_worker_arm / get_efd.
   absl::Status Wait(int timeout_ms);
+  // The two halves of Wait, for a caller that serializes UCX calls under a lock it must not hold
+  // while sleeping: Arm() (a UCX call) returns the event fd to poll, or -1 when events are
+  // already pending; WaitReadable (no UCX call) sleeps on that fd. Errors as Wait.
+  absl::StatusOr<int> Arm();
+  static void WaitReadable(int fd, int timeout_ms);
 
  private:
   UcxWorker(ucp_worker_h worker, std::vector<std::byte> address)

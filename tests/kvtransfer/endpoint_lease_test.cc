@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/transfer_receiver.h"
@@ -175,6 +176,20 @@ TEST_F(InProcessTest, IdleReceiverSweepsAnExpiredLease) {
   receiver->RunFor(absl::Milliseconds(30));
   EXPECT_EQ(released_, std::vector<uint64_t>{ticket.ticket_id});
   EXPECT_EQ(receiver->stats().isolation_errors[IsolationError::kLease], 1u);
+}
+
+// RunFor sleeps on the UCX event fd without the receiver's lock: a Reserve's Prepare (here
+// Expect) on another thread returns while the idle receiver sleeps out a 2 s poll interval.
+TEST_F(InProcessTest, PrepareDoesNotWaitForAnIdleReceiversSleep) {
+  auto receiver = MakeReceiver(1);
+  std::thread runner([&] { receiver->RunFor(absl::Seconds(3), absl::Seconds(2)); });
+  absl::SleepFor(absl::Milliseconds(200));  // the runner is asleep on the fd by now
+  const absl::Time start = absl::Now();
+  const Ticket ticket = Expect(*receiver, 1);
+  const absl::Duration took = absl::Now() - start;
+  runner.join();
+  EXPECT_GT(ticket.ticket_id, 0u);
+  EXPECT_LT(took, absl::Seconds(1)) << "Prepare waited for the sleep: " << took;
 }
 
 TEST_F(InProcessTest, AbortWaitsForTheFenceOrTheLease) {
