@@ -347,7 +347,11 @@ void DecodeWorker::TransferLoop() {
       Request& r = *it->second;
       r.phase = Phase::kDone;
       if (!outcome.ok()) {
+        // The receiver no longer holds the ticket and never released it to us (it forgets only
+        // verified tickets, whose pages are the request's): no write can be in flight, so the
+        // pages come back here rather than never.
         QueueFinal(r, "error", outcome.status());
+        FreePages(r);
       } else if (outcome->state == kv::TransferState::kAbandoned) {
         // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
         // error. The receiver releases the pages once no receive is in flight.

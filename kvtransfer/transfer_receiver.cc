@@ -23,6 +23,8 @@ struct TransferReceiver::Entry {
   std::optional<ControlMessage> commit;
   absl::Time commit_at;
   bool fence = false;
+  // A verified outcome was read by Outcome(): the owner knows the pages are its own.
+  mutable bool outcome_read = false;
 };
 
 // user_data of one rendezvous receive: which slot of which ticket it fills.
@@ -166,6 +168,7 @@ absl::StatusOr<TransferOutcome> TransferReceiver::Outcome(uint64_t ticket_id) co
     return absl::NotFoundError(absl::StrCat("ticket ", ticket_id, " is not held"));
   }
   const Entry& entry = *found->second;
+  if (entry.state == TransferState::kVerified) entry.outcome_read = true;
   return TransferOutcome{entry.state, entry.status,
                          entry.state == TransferState::kVerified ? entry.commit : std::nullopt};
 }
@@ -511,8 +514,13 @@ void TransferReceiver::Sweep() {
           release = true;
           break;
         case TransferState::kVerified:
-          // The pages are the request's; keep the outcome readable until the lease would end.
-          forget = now >= ticket.lease_deadline;
+          // The pages are the request's; keep the outcome readable until the lease would end,
+          // and until the owner read it: a receiver that stalled past the lease (a stopped or
+          // starved process) can verify and reach the deadline in one sweep, and an outcome
+          // dropped unread would leave the owner with neither the request nor its pages. An
+          // owner that never reads loses it one more lease later.
+          forget = now >= ticket.lease_deadline &&
+                   (entry.outcome_read || now >= ticket.lease_deadline + options_.lease);
           break;
         case TransferState::kReceiving:
           break;

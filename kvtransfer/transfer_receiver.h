@@ -120,7 +120,8 @@ class TransferReceiver {
   void RunFor(absl::Duration duration, absl::Duration poll_interval = absl::Milliseconds(5))
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Errors: NotFound once the ticket was released (or never existed).
+  // Errors: NotFound once the ticket was released (or never existed). A verified outcome stays
+  // readable until the lease ends and it was read once (or one more lease passed unread).
   absl::StatusOr<TransferOutcome> Outcome(uint64_t ticket_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stops accepting pages for the ticket; its pages are released behind the fence: the sender's

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <csignal>
+#include <iostream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -210,6 +211,55 @@ TEST(PdFaultTest, DecodeKilledMidTransferEndsPrefillWork) {
   EXPECT_EQ(stats.running_requests(), 0);
   EXPECT_EQ(stats.waiting_requests(), 0);
   EXPECT_EQ(stats.pages_free(), stats.pages_total());
+}
+
+// The decode worker stalls (SIGSTOP: a stopped or starved process) while a transfer is under
+// way and resumes after the lease: the pages and the commit then land and verify in the same sweep
+// that reaches the lease. The request may decode (its state verified) or fail, but its pages must
+// come back; they used to be lost until the process restarted (the receiver forgot the verified
+// ticket unread, and the worker freed nothing on NotFound).
+TEST(PdFaultTest, DecodeStalledPastTheLeaseLosesNoPages) {
+  ClusterOptions options;
+  options.lease_ms = 2000;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // A first request connects the prefill worker's endpoint, so that the stalled request's pages
+  // go into the socket at once (a new endpoint would wait for the stopped peer's handshake).
+  const RequestSpec warm = Spec(730000, 40, 3);
+  const Outcome alone = (*cluster)->Run(warm);
+  ASSERT_TRUE(alone.error.empty()) << alone.error;
+  const RequestSpec spec = Spec(730001, 40, 3);
+  v1::ReserveResponse reserved;
+  ASSERT_TRUE(ReserveOnDecode(**cluster, spec, &reserved).ok());
+  const pid_t decode_pid = (*cluster)->decode_process().pid();
+  ASSERT_EQ(kill(decode_pid, SIGSTOP), 0);
+  grpc::Status prefill_status;
+  std::thread prefill([&] {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::PrefillResponse response;
+    prefill_status =
+        (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
+  });
+  absl::SleepFor(absl::Milliseconds(3500));  // past the 2 s lease while stopped
+  ASSERT_EQ(kill(decode_pid, SIGCONT), 0);
+  prefill.join();
+  Outcome outcome;
+  {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::GenerateRequest generate;
+    generate.set_request_id(spec.request_id);
+    generate.set_ticket_id(reserved.ticket().ticket_id());
+    auto reader = (*cluster)->decode().Generate(&c, generate);
+    ReadGenerate(*reader, &outcome);
+  }
+  std::cout << "prefill: " << prefill_status.error_message() << " (code "
+            << prefill_status.error_code() << "); generate: " << outcome.tokens.size()
+            << " tokens, finish " << outcome.finish_reason << " " << outcome.error << "\n";
+  const v1::StatsResponse stats = AwaitAllPagesFree(**cluster, absl::Seconds(10));
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.running_requests(), 0);
 }
 
 TEST(PdFaultTest, CancelledGenerateAbortsTheRequestOnDecode) {
