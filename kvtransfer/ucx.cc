@@ -2,8 +2,10 @@
 
 #include <poll.h>
 
+#include <cstddef>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "kvtransfer/ucs_status.h"
 
 namespace pdserve::kv {
@@ -103,10 +105,30 @@ void UcxWorker::WaitReadable(int fd, int timeout_ms) {
   poll(&pfd, 1, timeout_ms);
 }
 
+absl::Status CheckPeerAddress(std::span<const std::byte> address) {
+  // UCX's packed worker address (src/ucp/wireup/address.c): a header byte whose low 4 bits are
+  // the address format version (0: v1, 1: v2), then the worker's 64-bit uuid, then the devices.
+  constexpr size_t kHeaderBytes = 1 + 8;
+  constexpr unsigned kKnownVersions = 2;
+  if (address.size() < kHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the peer's UCX worker address has ",
+                                                   address.size(), " bytes, fewer than its ",
+                                                   kHeaderBytes, "-byte header"));
+  }
+  const unsigned version = std::to_integer<unsigned>(address[0]) & 0x0Fu;
+  if (version >= kKnownVersions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the peer's UCX worker address has format version ", version,
+                     ", which this UCX does not know (a corrupt ticket, or another UCX build)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<UcxEndpoint>> UcxEndpoint::Create(const UcxWorker& worker,
                                                                  std::span<const std::byte> address,
                                                                  bool detect_peer_failure,
                                                                  ErrorFn on_error) {
+  if (absl::Status checked = CheckPeerAddress(address); !checked.ok()) return checked;
   std::unique_ptr<UcxEndpoint> endpoint(new UcxEndpoint(worker.get(), std::move(on_error)));
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |

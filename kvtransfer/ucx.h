@@ -70,6 +70,12 @@ class UcxWorker {
   std::vector<std::byte> address_;
 };
 
+// Checks what can be checked of a peer's packed UCX worker address before ucp_ep_create parses
+// it: UCX aborts the process (an assertion) on an unknown address format version, and a ticket
+// is input from the network. InvalidArgument for a short address or an unknown version. Other
+// corruption is caught by UCX's own checks or fails the connection.
+absl::Status CheckPeerAddress(std::span<const std::byte> address);
+
 // A ucp_ep_h. With `detect_peer_failure` (UCP_ERR_HANDLING_MODE_PEER) `on_error` runs inside
 // Progress() of the owning worker when UCX declares the peer lost; after that every operation on
 // the endpoint fails. UCX 1.13 offers that mode only over transports that can detect a lost peer

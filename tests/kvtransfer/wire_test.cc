@@ -5,6 +5,7 @@
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/ucs_status.h"
+#include "kvtransfer/ucx.h"
 #include "xxhash.h"
 
 namespace pdserve::kv {
@@ -148,6 +149,32 @@ TEST(UcsStatusTest, PeerLossIsUnavailableAndNamesTheCall) {
   EXPECT_EQ(UcsToStatus(UCS_ERR_CANCELED, "x").code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(UcsToStatus(UCS_ERR_ENDPOINT_TIMEOUT, "x").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(UcsToStatus(UCS_ERR_NO_MEMORY, "x").code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A ticket's worker address is checked before UCX parses it: UCX aborts the process on an
+// unknown address version (a breaker's ticket of 0xaa bytes crashed the prefill worker).
+TEST(UcxAddressTest, UnknownVersionOrShortAddressIsRefusedBeforeUcxSeesIt) {
+  absl::StatusOr<UcxContext> context = UcxContext::Create();
+  ASSERT_TRUE(context.ok()) << context.status();
+  absl::StatusOr<UcxWorker> worker = UcxWorker::Create(*context);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  const std::vector<std::byte>& own = worker->address();
+  EXPECT_TRUE(CheckPeerAddress(own).ok());
+  auto connected = UcxEndpoint::Create(*worker, own, /*detect_peer_failure=*/false, nullptr);
+  EXPECT_TRUE(connected.ok()) << connected.status();
+
+  const std::vector<std::byte> garbage(own.size(), std::byte{0xaa});
+  auto refused = UcxEndpoint::Create(*worker, garbage, false, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("format version 10"), absl::string_view::npos)
+      << refused.status();
+
+  std::vector<std::byte> other_version = own;
+  other_version[0] = (other_version[0] & std::byte{0xF0}) | std::byte{0x07};
+  EXPECT_EQ(CheckPeerAddress(other_version).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckPeerAddress(std::span<const std::byte>(own.data(), 8)).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
