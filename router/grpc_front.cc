@@ -317,6 +317,8 @@ absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(const std::string& h
   std::unique_ptr<GrpcFront> front(new GrpcFront());
   front->impl_ = std::make_unique<Impl>(service);
   grpc::ServerBuilder builder;
+  // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(),
                            &front->port_);
   builder.RegisterService(&front->impl_->generation);

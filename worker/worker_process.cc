@@ -111,6 +111,8 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
                        const WorkerHooks& hooks, int64_t drain_timeout_ms) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
+  // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(absl::StrCat(entry.worker.host, ":", entry.worker.port),
                            grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(service);

@@ -8,6 +8,8 @@
 #                                      ExecStart names the built binary; any warning fails
 #   configs-valid PDSERVE CONFIG_DIR   `pdserve validate-config` accepts every shipped config
 #   configs-broken PDSERVE CONFIG_DIR  broken copies are rejected with file:line:column: key
+#   port-taken PDSERVE REPO_DIR         a second decode worker on a taken gRPC port exits with an
+#                                      error instead of sharing the port (SO_REUSEPORT off)
 #   cuda-refused PDSERVE CONFIG_DIR    validate-config warns about backend cuda, and a worker
 #                                      of a cuda config refuses to start (CPU engine only)
 #   dashboard DEPLOY_DIR METRICS_MD    every pdserve_* name used by the dashboard and the
@@ -95,6 +97,30 @@ case $mode in
       '12:19: router.prefill_policy: '
     expect cluster-8gpu.yaml 's/^    port: 9210/    prot: 9210/' '49:5: decode[1].prot: '
     exit $status
+    ;;
+  port-taken)
+    pdserve=$1 repo=$2
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    cd "$repo"  # the config's model path is relative to the repository root
+    "$pdserve" decode --config deploy/local.yaml --name decode-0 --port "$port" --metrics-port 0 \
+      >"$tmp/first.out" 2>"$tmp/first.err" &
+    first=$!
+    trap 'kill $first 2>/dev/null; rm -rf "$tmp"' EXIT
+    for _ in $(seq 1 600); do
+      grep -q "serving on" "$tmp/first.out" && break
+      kill -0 $first 2>/dev/null || { echo "FAIL: first worker died:"; cat "$tmp/first.err"; exit 1; }
+      sleep 0.1
+    done
+    grep -q "serving on" "$tmp/first.out" || { echo "FAIL: first worker not serving"; exit 1; }
+    if timeout 30 "$pdserve" decode --config deploy/local.yaml --name decode-0 --port "$port" \
+        --metrics-port 0 >"$tmp/second.out" 2>"$tmp/second.err"; then
+      echo "FAIL: a second worker started on taken port $port"
+      exit 1
+    fi
+    grep -qF "cannot serve gRPC on 127.0.0.1:$port" "$tmp/second.err" || {
+      echo "FAIL: the second worker's error does not name the port:"; cat "$tmp/second.err"; exit 1; }
+    kill -0 $first || { echo "FAIL: the first worker died"; exit 1; }
+    echo "ok: $(grep -F 'cannot serve' "$tmp/second.err")"
     ;;
   cuda-refused)
     pdserve=$1 dir=$2
