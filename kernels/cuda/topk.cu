@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/topk.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -66,6 +67,33 @@ __device__ __forceinline__ uint32_t KeyAt(const float* row, const uint32_t* cach
   return cache != nullptr ? cache[i] : OrderKey(row[i]);
 }
 
+// Calls f(key, index, valid) for the 4 * n4 entries of src[0, n4) (16-byte vectors of order keys,
+// or of floats when kFloats), kBatch vectors per thread loaded before any is looked at.
+template <bool kFloats, typename F>
+__device__ __forceinline__ void ForEachVector(const uint4* src, int n4, F&& f) {
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int q0 = 0; q0 < n4; q0 += kBatch * kThreads) {
+    uint4 u[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int q = q0 + j * kThreads + tid;
+      u[j] = q < n4 ? src[q] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int q = q0 + j * kThreads + tid;
+      if constexpr (kFloats) {
+        u[j] = make_uint4(OrderKey(__uint_as_float(u[j].x)), OrderKey(__uint_as_float(u[j].y)),
+                          OrderKey(__uint_as_float(u[j].z)), OrderKey(__uint_as_float(u[j].w)));
+      }
+      f(u[j].x, 4 * q, q < n4);
+      f(u[j].y, 4 * q + 1, q < n4);
+      f(u[j].z, 4 * q + 2, q < n4);
+      f(u[j].w, 4 * q + 3, q < n4);
+    }
+  }
+}
+
 // Calls f(key, index, valid) for every entry of row[0, n), in no fixed order: from `cache` when
 // not null, else from global memory (16 bytes per load when the row is 16-byte aligned). Every
 // thread makes the same number of calls (`valid` is false past the row), so f may use warp
@@ -75,27 +103,10 @@ __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cac
   const int tid = static_cast<int>(threadIdx.x);
   if (cache != nullptr || (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
     const int n4 = n / 4;
-    for (int q0 = 0; q0 < n4; q0 += kBatch * kThreads) {
-      uint4 u[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int q = q0 + j * kThreads + tid;
-        u[j] = make_uint4(0, 0, 0, 0);
-        if (q < n4 && cache != nullptr) {
-          u[j] = reinterpret_cast<const uint4*>(cache)[q];
-        } else if (q < n4) {
-          const float4 v = reinterpret_cast<const float4*>(row)[q];
-          u[j] = make_uint4(OrderKey(v.x), OrderKey(v.y), OrderKey(v.z), OrderKey(v.w));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int q = q0 + j * kThreads + tid;
-        f(u[j].x, 4 * q, q < n4);
-        f(u[j].y, 4 * q + 1, q < n4);
-        f(u[j].z, 4 * q + 2, q < n4);
-        f(u[j].w, 4 * q + 3, q < n4);
-      }
+    if (cache != nullptr) {
+      ForEachVector<false>(reinterpret_cast<const uint4*>(cache), n4, f);
+    } else {
+      ForEachVector<true>(reinterpret_cast<const uint4*>(row), n4, f);
     }
     if (4 * n4 < n) {  // the last n % 4 entries
       const int i = 4 * n4 + tid;
@@ -103,35 +114,25 @@ __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cac
     }
   } else {
     for (int i0 = 0; i0 < n; i0 += 4 * kBatch * kThreads) {
-      uint32_t u[4 * kBatch];
+      float v[4 * kBatch];
 #pragma unroll
       for (int j = 0; j < 4 * kBatch; ++j) {
         const int i = i0 + j * kThreads + tid;
-        u[j] = i < n ? OrderKey(row[i]) : 0u;
+        v[j] = i < n ? row[i] : 0.0f;
       }
 #pragma unroll
       for (int j = 0; j < 4 * kBatch; ++j) {
         const int i = i0 + j * kThreads + tid;
-        f(u[j], i, i < n);
+        f(OrderKey(v[j]), i, i < n);
       }
     }
   }
 }
 
-// Counts the lanes with `counted` in hist[bin]. Lanes in the first counted lane's bin add once
-// through it: ties and narrow score ranges would otherwise serialize on one shared word. All lanes
-// must call.
+// Counts an entry in hist[bin]. An increment by one compiles to ATOMS.POPC.INC, which adds the
+// lanes of a warp that share a bin in one update, so ties and narrow score ranges cost no more.
 __device__ __forceinline__ void CountInBin(uint32_t* hist, bool counted, uint32_t bin) {
-  const uint32_t ballot = __ballot_sync(kFullMask, counted);
-  if (ballot == 0) return;
-  const int leader = __ffs(ballot) - 1;
-  const uint32_t leader_bin = __shfl_sync(kFullMask, bin, leader);
-  const uint32_t same = __ballot_sync(kFullMask, counted && bin == leader_bin);
-  if ((threadIdx.x & 31) == static_cast<uint32_t>(leader)) {
-    atomicAdd(&hist[bin], __popc(same));
-  } else if (counted && bin != leader_bin) {
-    atomicAdd(&hist[bin], 1u);
-  }
+  if (counted) atomicAdd(&hist[bin], 1u);
 }
 
 // Appends PickKey(key, index) of the lanes with `take` to picks[count...] (one shared atomic per
@@ -191,11 +192,24 @@ __device__ int SelectCandidates(const float* row, uint32_t* cache, int n, int pi
   uint32_t hi = 0xFFFFFFFFu;
   int shift = 32 - kBinBits;
   reinterpret_cast<uint4*>(hist)[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  ForEachKey(row, nullptr, n, [&](uint32_t key, int i, bool valid) {
+  const auto count_top_bits = [&](uint32_t key, int i, bool valid) {
     if (valid && cache != nullptr) cache[i] = key;
     CountInBin(hist, valid, key >> shift);
-  });
+  };
+  if (cache != nullptr && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    // The whole row in flight at once: copied as floats, then turned into keys in place.
+    const int n4 = n / 4;
+    for (int q = threadIdx.x; q < n4; q += kThreads) CopyAsync16(cache + 4 * q, row + 4 * q, true);
+    CopyAsyncCommit();
+    CopyAsyncWait<0>();
+    __syncthreads();
+    ForEachVector<true>(reinterpret_cast<const uint4*>(cache), n4, count_top_bits);
+    const int i = 4 * n4 + static_cast<int>(threadIdx.x);
+    if (4 * n4 < n) count_top_bits(i < n ? OrderKey(row[i]) : 0u, i, i < n);
+  } else {
+    __syncthreads();
+    ForEachKey(row, nullptr, n, count_top_bits);
+  }
   __syncthreads();
   const uint32_t* keys = cache;
 
