@@ -129,8 +129,9 @@ __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cac
   }
 }
 
-// Counts an entry in hist[bin]. An increment by one compiles to ATOMS.POPC.INC, which adds the
-// lanes of a warp that share a bin in one update, so ties and narrow score ranges cost no more.
+// Counts an entry in hist[bin]. An increment by one compiles to ATOMS.POPC.INC, which (by its
+// name; to confirm in a profile of tie-heavy rows) adds the lanes of a warp that share a word in
+// one update, so ties and narrow score ranges need no vote-based aggregation here.
 __device__ __forceinline__ void CountInBin(uint32_t* hist, bool counted, uint32_t bin) {
   if (counted) atomicAdd(&hist[bin], 1u);
 }
