@@ -58,6 +58,7 @@ struct HttpServer::Impl {
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
   std::atomic<int> active{0};         // sessions with a request in flight
+  std::atomic<size_t> body_bytes{0};  // reserved by request bodies being read
   std::atomic<bool> draining{false};  // Drain(): no new connections
   absl::Mutex mu;
   std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
@@ -77,6 +78,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   ~Session() {
     if (active_) server_->active.fetch_sub(1);
+    ReleaseBody();
   }
 
   // Called on the strand: active_ and the server's count together.
@@ -128,9 +130,38 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
+  // Reserves the body's bytes in the server-wide budget; false (nothing reserved) when it is
+  // spent.
+  bool ReserveBody() {
+    const auto length = parser_->content_length();
+    size_t need =
+        length ? static_cast<size_t>(std::min<uint64_t>(*length, server_->options.max_body_bytes))
+               : (parser_->chunked() ? server_->options.max_body_bytes : 0);
+    if (need == 0) return true;
+    if (server_->body_bytes.fetch_add(need) + need > server_->options.max_buffered_body_bytes) {
+      server_->body_bytes.fetch_sub(need);
+      return false;
+    }
+    reserved_body_ = need;
+    return true;
+  }
+  void ReleaseBody() {
+    if (reserved_body_ == 0) return;
+    server_->body_bytes.fetch_sub(reserved_body_);
+    reserved_body_ = 0;
+  }
+
   // Answers "Expect: 100-continue" (curl sends it for large bodies) before reading the body.
   void OnHeader(beast::error_code ec) {
     if (ec) return OnRead(ec);
+    if (!ReserveBody()) {
+      keep_alive_ = false;
+      request_.version(parser_->get().version());
+      return SendError(ServerError(503,
+                                   "too many large request bodies are being received; "
+                                   "retry later",
+                                   "server_error", "server_busy"));
+    }
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
                                                                      parser_->get().version());
@@ -169,6 +200,7 @@ class Session : public std::enable_shared_from_this<Session> {
       keep_alive_ = false;
       return SendError(InvalidRequest(absl::StrCat("malformed HTTP request: ", ec.message())));
     }
+    ReleaseBody();
     if (ec) return Finish();
     stream_.expires_never();
     request_ = parser_->release();
@@ -229,7 +261,13 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_res_->set(http::field::server, "pdserve");
     stream_res_->set(http::field::content_type, "text/event-stream");
     stream_res_->set(http::field::cache_control, "no-cache");
-    stream_res_->chunked(true);
+    // HTTP/1.0 has no chunked encoding: the body is the events, ended by closing.
+    chunked_ = request_.version() >= 11;
+    if (!chunked_) {
+      keep_alive_ = false;
+      stream_res_->keep_alive(false);
+    }
+    stream_res_->chunked(chunked_);
     stream_sr_.emplace(*stream_res_);
     writing_ = true;
     http::async_write_header(stream_, *stream_sr_,
@@ -257,7 +295,10 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       self->WriteNext();
     };
-    if (out_.front().kind == OutKind::kLast) {
+    if (!chunked_) {
+      // kLast is an empty write: `done` then closes the connection (keep_alive_ is off).
+      net::async_write(stream_, net::buffer(out_.front().data), std::move(done));
+    } else if (out_.front().kind == OutKind::kLast) {
       net::async_write(stream_, http::make_chunk_last(), std::move(done));
     } else {
       net::async_write(stream_, http::make_chunk(net::buffer(out_.front().data)), std::move(done));
@@ -294,6 +335,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool header_written_ = false;
   bool header_started_ = false;  // WriteHeader() called for the current stream
   bool close_after_stream_ = false;
+  bool chunked_ = true;       // the current stream's body is chunked (HTTP/1.1)
+  size_t reserved_body_ = 0;  // bytes of the server's body budget held while reading
 };
 
 class SessionSink : public GenerationSink {
@@ -504,10 +547,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   impl->options = options;
   impl->service = service;
   beast::error_code ec;
-  auto address = net::ip::make_address(options.host, ec);
-  if (ec)
-    return absl::InvalidArgumentError(absl::StrCat("bad listen address '", options.host, "'"));
-  tcp::endpoint endpoint(address, options.port);
+  tcp::endpoint endpoint;
+  if (auto address = net::ip::make_address(options.host, ec); !ec) {
+    endpoint = tcp::endpoint(address, options.port);
+  } else {
+    // A host name ("localhost"): its first address.
+    tcp::resolver resolver(impl->ioc);
+    auto resolved = resolver.resolve(options.host, std::to_string(options.port), ec);
+    if (ec || resolved.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("bad listen address '", options.host,
+                                                     "': ", ec ? ec.message() : "no address"));
+    }
+    endpoint = resolved.begin()->endpoint();
+  }
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) impl->acceptor.bind(endpoint, ec);

@@ -7,6 +7,8 @@
 // Generation at once. Bodies over max_body_bytes get 413; errors use the OpenAI error JSON. A
 // stream's header is sent with its first event, so a request that fails before producing
 // anything (a full pool behind the router: 429) still gets its status and a JSON error body.
+// HTTP/1.0 clients get their stream unframed (no chunked encoding), ended by closing. `host` may
+// be an address or a name (resolved once at Start).
 //
 // Thread-safety: Start() and Stop() from one controlling thread; the service is called from the
 // I/O threads and must be thread-safe.
@@ -29,11 +31,15 @@ struct HttpServerOptions {
   size_t max_body_bytes = 4 << 20;
   // Connections beyond this are closed at accept.
   size_t max_connections = 16384;
+  // Request bodies being read, all connections together (Content-Length, or max_body_bytes for
+  // a chunked body): a request beyond it gets 503 instead of buffering without bound.
+  size_t max_buffered_body_bytes = size_t{256} << 20;
 };
 
 class HttpServer {
  public:
-  // Binds and starts serving. Errors: Unavailable when the address cannot be bound.
+  // Binds and starts serving. Errors: InvalidArgument when the host does not resolve,
+  // Unavailable when the address cannot be bound.
   // REQUIRES: `service` outlives the server.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
                                                            GenerationService* service);

@@ -337,5 +337,77 @@ TEST_F(HttpServerTest, ClientThatStopsReadingIsCancelled) {
   EXPECT_GT(drained, 0u);
 }
 
+// HTTP/1.0 has no chunked encoding: the stream's events come unframed and the server closes the
+// connection after the last one.
+TEST_F(HttpServerTest, Http10StreamIsUnframedAndEndsWithClose) {
+  const std::string body = R"({"model":"tiny","prompt":"hi","max_tokens":3,"stream":true})";
+  const std::string out =
+      RawExchange(server_->port(), absl::StrCat("POST /v1/completions HTTP/1.0\r\nContent-Length: ",
+                                                body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(out.rfind("HTTP/1.0 200", 0), 0u) << out;
+  const size_t head_end = out.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << out;
+  const std::string head = out.substr(0, head_end);
+  EXPECT_EQ(head.find("chunked"), std::string::npos) << head;
+  // The body starts with the first event, not a chunk-size line, and ends with [DONE].
+  const std::string events = out.substr(head_end + 4);
+  EXPECT_EQ(events.rfind("data: {", 0), 0u) << events;
+  EXPECT_NE(events.find("data: [DONE]\n\n"), std::string::npos) << events;
+  EXPECT_EQ(events.substr(events.size() - 14), "data: [DONE]\n\n") << events;
+}
+
+// Request bodies being read count against one server-wide budget: beyond it a request gets 503
+// at once (its body is never buffered), and the budget comes back when a body is read.
+TEST(HttpServerBodyBudgetTest, BodiesBeyondTheBudgetGet503) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.max_body_bytes = 4096;
+  opts.max_buffered_body_bytes = 6000;  // one 4 KiB body at a time
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  net::io_context ioc;
+  // The first client announces a 4000-byte body and sends none of it: its reservation holds.
+  tcp::socket slow(ioc);
+  slow.connect({net::ip::make_address("127.0.0.1"), (*server)->port()});
+  net::write(slow, net::buffer(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                           "Content-Length: 4000\r\n\r\n")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string refused =
+      RawExchange((*server)->port(),
+                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+  EXPECT_NE(refused.find("server_busy"), std::string::npos) << refused;
+  // Small bodies still fit beside the held one.
+  const std::string body = R"({"model":"tiny","prompt":"hi","max_tokens":1})";
+  const std::string small = RawExchange(
+      (*server)->port(),
+      absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                   "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(small.rfind("HTTP/1.1 200", 0), 0u) << small;
+  // Once the slow client goes away its reservation is released.
+  slow.close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string later =
+      RawExchange((*server)->port(),
+                  absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                               "Content-Length: 3000\r\n\r\n", std::string(3000, ' ')));
+  EXPECT_EQ(later.rfind("HTTP/1.1 400", 0), 0u) << later.substr(0, 200);  // parsed: bad JSON
+  (*server)->Stop();
+}
+
+TEST(HttpServerHostTest, HostNameIsResolved) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.host = "localhost";
+  opts.port = 0;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_GT((*server)->port(), 0);
+  (*server)->Stop();
+  opts.host = "no-such-host.invalid";
+  EXPECT_EQ(HttpServer::Start(opts, &service).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pdserve::frontend
