@@ -19,7 +19,8 @@ namespace {
 const std::set<std::string> kPolicies = {"round_robin", "least_load", "power_of_two",
                                          "prefix_aware"};
 const std::set<std::string> kBackends = {"cpu", "cuda"};
-const std::set<std::string> kTransports = {"ucx", "local"};
+// The workers move state pages over UCX only (UCX_TLS picks tcp, shared memory, ...).
+const std::set<std::string> kTransports = {"ucx"};
 const std::set<std::string> kActions = {"flag", "stop"};
 const std::set<std::string> kKernels = {"sparse_attention", "indexer", "fp8_state"};
 

@@ -13,7 +13,7 @@
 //     worker: {name (required, unique), host (required), port (required), metrics_port,
 //              backend: cpu | cuda (required), gpus: "0" / "0,1" (required iff cuda),
 //              threads (cpu only)}
-//   transfer: {transport: ucx | local, lease_ms}
+//   transfer: {transport: ucx, lease_ms}
 //   guards: {degeneration_action: flag | stop, paranoid: bool, canary_every: int >= 0,
 //            reference_kernels: [sparse_attention | indexer | fp8_state, ...]}
 // Cross-field rules: (host, port) pairs unique over the router's and workers' ports; a GPU of a

@@ -92,6 +92,7 @@ case $mode in
     }
     expect local.yaml 's/^  http_port: 8000/  http_port: 80000/' '9:14: router.http_port: '
     expect local.yaml 's/^    backend: cpu/    backend: gpu/' '18:14: prefill[0].backend: '
+    expect local.yaml 's/^  transport: ucx/  transport: local/' '28:14: transfer.transport: '
     expect h200x2.yaml 's/^    gpus: "1"/    gpus: "0"/' '26:11: decode[0].gpus: '
     expect cluster-8gpu.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
       '12:19: router.prefill_policy: '
