@@ -69,6 +69,20 @@ v1::AbortResponse AbortOnDecode(PdCluster& cluster, uint64_t id, bool prefill_qu
   return response;
 }
 
+// Attaches Generate to `ticket`'s request and reads its stream to the end (deadline in s).
+Outcome GenerateOutcome(PdCluster& cluster, uint64_t request_id, const v1::TransferTicket& ticket,
+                        int deadline_s) {
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
+  v1::GenerateRequest generate;
+  generate.set_request_id(request_id);
+  generate.set_ticket_id(ticket.ticket_id());
+  auto reader = cluster.decode().Generate(&c, generate);
+  Outcome outcome;
+  ReadGenerate(*reader, &outcome);
+  return outcome;
+}
+
 // Attaches Generate to `ticket`'s request, cancels the call after `wait` (the client went away)
 // and returns the call's final status code.
 grpc::StatusCode CancelGenerateAfter(PdCluster& cluster, const v1::TransferTicket& ticket,
@@ -244,16 +258,7 @@ TEST(PdFaultTest, DecodeStalledPastTheLeaseLosesNoPages) {
   absl::SleepFor(absl::Milliseconds(3500));  // past the 2 s lease while stopped
   ASSERT_EQ(kill(decode_pid, SIGCONT), 0);
   prefill.join();
-  Outcome outcome;
-  {
-    grpc::ClientContext c;
-    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    v1::GenerateRequest generate;
-    generate.set_request_id(spec.request_id);
-    generate.set_ticket_id(reserved.ticket().ticket_id());
-    auto reader = (*cluster)->decode().Generate(&c, generate);
-    ReadGenerate(*reader, &outcome);
-  }
+  const Outcome outcome = GenerateOutcome(**cluster, spec.request_id, reserved.ticket(), 20);
   std::cout << "prefill: " << prefill_status.error_message() << " (code "
             << prefill_status.error_code() << "); generate: " << outcome.tokens.size()
             << " tokens, finish " << outcome.finish_reason << " " << outcome.error << "\n";
@@ -330,16 +335,7 @@ TEST(PdFaultTest, PrefillFailureAfterConnectEndsDecodeRequestAtOnceWithoutIsolat
     prefill_status =
         (*cluster)->prefill().Prefill(&c, PrefillFor(rejected, reserved.ticket()), &response);
   });
-  Outcome outcome;
-  {
-    grpc::ClientContext c;
-    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    v1::GenerateRequest generate;
-    generate.set_request_id(spec.request_id);
-    generate.set_ticket_id(reserved.ticket().ticket_id());
-    auto reader = (*cluster)->decode().Generate(&c, generate);
-    ReadGenerate(*reader, &outcome);
-  }
+  const Outcome outcome = GenerateOutcome(**cluster, spec.request_id, reserved.ticket(), 60);
   prefill.join();
   EXPECT_EQ(prefill_status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
       << prefill_status.error_message();
