@@ -1,6 +1,5 @@
 #include "frontend/request_preparer.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -84,14 +83,8 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   }
   if (prompt->empty()) return InvalidRequest("the prompt has no tokens", "prompt");
   const int64_t prompt_length = static_cast<int64_t>(prompt->size());
+  if (std::optional<ApiError> error = ContextLengthError(req, prompt_length)) return *error;
   const int64_t max_tokens = req.max_tokens.value_or(context_length_ - prompt_length);
-  if (prompt_length + std::max<int64_t>(max_tokens, 1) > context_length_) {
-    return InvalidRequest(
-        absl::StrCat("This model's maximum context length is ", context_length_,
-                     " tokens. However, you requested ", prompt_length + max_tokens, " tokens (",
-                     prompt_length, " in the prompt, ", max_tokens, " for the completion)."),
-        "max_tokens", "context_length_exceeded");
-  }
   PreparedRequest out;
   out.request_id = NewResponseId(req.endpoint);
   out.prompt = std::move(*prompt);
@@ -117,6 +110,33 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
     return InvalidRequest(std::string(valid.message()));
   }
   return out;
+}
+
+std::optional<ApiError> RequestPreparer::ContextLengthError(const ApiRequest& req,
+                                                            int64_t prompt_length) const {
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  const char* what = chat ? "messages" : "prompt";
+  const std::string limit =
+      absl::StrCat("This model's maximum context length is ", context_length_, " tokens. ");
+  if (prompt_length >= context_length_) {
+    // The prompt alone leaves no room for one generated token: the prompt is at fault, whatever
+    // max_tokens says (OpenAI's wording for an over-long prompt).
+    return InvalidRequest(
+        absl::StrCat(
+            limit, "However, your ", what, " resulted in ", prompt_length, " tokens",
+            prompt_length == context_length_ ? ", which leaves no room for the completion" : "",
+            ". Please reduce the length of the ", what, "."),
+        what, "context_length_exceeded");
+  }
+  if (req.max_tokens && prompt_length + *req.max_tokens > context_length_) {
+    return InvalidRequest(
+        absl::StrCat(limit, "However, you requested ", prompt_length + *req.max_tokens, " tokens (",
+                     prompt_length, " in the ", what, ", ", *req.max_tokens,
+                     " for the completion). Please reduce the length of the ", what,
+                     ", or max_tokens to at most ", context_length_ - prompt_length, "."),
+        "max_tokens", "context_length_exceeded");
+  }
+  return std::nullopt;
 }
 
 TokenLogprob RequestPreparer::Logprob(const SampledText& sampled) const {

@@ -3,7 +3,8 @@
 
 Starts the server on a free loopback port and checks, with curl and with the OpenAI python client:
 non-streamed and streamed completions and chat completions, that streamed text equals the
-non-streamed text for the same seed, usage and finish_reason, and a 400 context_length_exceeded.
+non-streamed text for the same seed, usage and finish_reason, and a 400 context_length_exceeded
+(a chat prompt over the context names "messages").
 The OpenAI client part is skipped (with a message) where `openai` cannot be imported; the whole
 test exits 77 (ctest SKIP) when curl is missing.
 """
@@ -89,6 +90,12 @@ def main():
 
         code, body = curl(base + "/v1/completions", dict(prompt, max_tokens=100000))
         check(code == 400 and "context_length_exceeded" in body, f"too long: HTTP {code}")
+        long_chat = {"model": model, "messages": [{"role": "user", "content": "And " * 600}]}
+        code, body = curl(base + "/v1/chat/completions", long_chat)
+        error = json.loads(body).get("error", {})
+        check(code == 400 and error.get("param") == "messages"
+              and "your messages resulted in" in error.get("message", ""),
+              f"chat over the context without max_tokens names the messages: {code} {error}")
 
         try:
             import openai
