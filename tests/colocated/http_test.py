@@ -3,8 +3,9 @@
 
 Starts the server on a free loopback port and checks, with curl and with the OpenAI python client:
 non-streamed and streamed completions and chat completions, that streamed text equals the
-non-streamed text for the same seed, usage and finish_reason, and a 400 context_length_exceeded
-(a chat prompt over the context names "messages").
+non-streamed text for the same seed, usage and finish_reason, 400 context_length_exceeded (a chat
+prompt over the context names "messages"), and /v1/completions' top_logprobs dicts ordered most
+likely first.
 The OpenAI client part is skipped (with a message) where `openai` cannot be imported; the whole
 test exits 77 (ctest SKIP) when curl is missing.
 """
@@ -21,6 +22,18 @@ def curl(url, body, stream=False):
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     text, code = out.rsplit("\n", 1)
     return int(code), text
+
+
+def sse_choices(body):
+    """The choices of every data event of an SSE body, in order."""
+    return [choice for line in body.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+            for choice in json.loads(line[len("data: "):]).get("choices", [])]
+
+
+def ranked(top_logprobs):
+    """True when every {token: logprob} dict lists its entries by logprob, best first."""
+    return all(list(d.values()) == sorted(d.values(), reverse=True) for d in top_logprobs)
 
 
 def sse_text(body, chat):
@@ -96,6 +109,17 @@ def main():
         check(code == 400 and error.get("param") == "messages"
               and "your messages resulted in" in error.get("message", ""),
               f"chat over the context without max_tokens names the messages: {code} {error}")
+
+        with_logprobs = dict(prompt, logprobs=5, max_tokens=8)
+        code, body = curl(base + "/v1/completions", with_logprobs)
+        top = json.loads(body)["choices"][0]["logprobs"]["top_logprobs"]
+        check(code == 200 and len(top) == 8 and all(len(d) >= 2 for d in top) and ranked(top),
+              f"top_logprobs most likely first: {top[:2]}")
+        code, body = curl(base + "/v1/completions", dict(with_logprobs, stream=True), stream=True)
+        top = [d for c in sse_choices(body) if c.get("logprobs")
+               for d in c["logprobs"]["top_logprobs"]]
+        check(code == 200 and len(top) == 8 and ranked(top),
+              f"streamed top_logprobs most likely first: {top[:2]}")
 
         try:
             import openai
