@@ -103,6 +103,10 @@ ColocatedService::~ColocatedService() {
 
 std::vector<std::string> ColocatedService::ModelNames() const { return preparer_->model_names(); }
 
+std::vector<std::string> ColocatedService::ListedModelNames() const {
+  return {preparer_->model_names().front()};
+}
+
 frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
                                               std::shared_ptr<frontend::GenerationSink> sink) {
   frontend::Prepared prepared = preparer_->Prepare(req);

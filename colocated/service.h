@@ -64,7 +64,9 @@ class ColocatedService : public frontend::GenerationService {
   // Stops the loop; requests still running are cancelled without further sink calls.
   ~ColocatedService() override;
 
+  // Accepted: the model directory's name and its path as given; listed: the name alone.
   std::vector<std::string> ModelNames() const override;
+  std::vector<std::string> ListedModelNames() const override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override { return true; }

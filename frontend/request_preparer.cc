@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,12 +33,22 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
   return params;
 }
 
+// The last component of `model_dir` ("models/kjv-v4-tiny/" and "." name their directory too).
+std::string DirectoryName(const std::string& model_dir) {
+  std::error_code error;
+  std::filesystem::path path = std::filesystem::absolute(model_dir, error);
+  if (error) path = model_dir;
+  path = path.lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  return path.filename().string();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RequestPreparer>> RequestPreparer::Load(
     const std::string& model_dir) {
   std::unique_ptr<RequestPreparer> p(new RequestPreparer());
-  p->model_names_ = {std::filesystem::path(model_dir).filename().string(), model_dir};
+  p->model_names_ = {DirectoryName(model_dir), model_dir};
   PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
   p->context_length_ = config.max_position_embeddings;
   p->vocab_size_ = config.vocab_size;

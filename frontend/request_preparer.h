@@ -70,7 +70,8 @@ class RequestPreparer {
   const serving::SamplingParams& defaults() const { return defaults_; }
   int64_t context_length() const { return context_length_; }
   int64_t vocab_size() const { return vocab_size_; }
-  // {directory name, model_dir}: the names accepted in a request's "model" field.
+  // {directory name, model_dir}: the names accepted in a request's "model" field. The first
+  // (the directory's own name, without the path) is the served name /v1/models lists.
   const std::vector<std::string>& model_names() const { return model_names_; }
 
   // The API logprob entry for one sampled token.

@@ -4,8 +4,8 @@
 Starts the server on a free loopback port and checks, with curl and with the OpenAI python client:
 non-streamed and streamed completions and chat completions, that streamed text equals the
 non-streamed text for the same seed, usage and finish_reason, 400 context_length_exceeded (a chat
-prompt over the context names "messages"), and /v1/completions' top_logprobs dicts ordered most
-likely first.
+prompt over the context names "messages"), /v1/models listing the model once (its path still
+accepted as an alias), and /v1/completions' top_logprobs dicts ordered most likely first.
 The OpenAI client part is skipped (with a message) where `openai` cannot be imported; the whole
 test exits 77 (ctest SKIP) when curl is missing.
 """
@@ -20,6 +20,13 @@ def curl(url, body, stream=False):
     args = ["curl", "-sS", "-N" if stream else "-s", "-H", "Content-Type: application/json",
             "-d", json.dumps(body), "-w", "\n%{http_code}", url]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    text, code = out.rsplit("\n", 1)
+    return int(code), text
+
+
+def get(url):
+    out = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", url], check=True,
+                         capture_output=True, text=True).stdout
     text, code = out.rsplit("\n", 1)
     return int(code), text
 
@@ -109,6 +116,12 @@ def main():
         check(code == 400 and error.get("param") == "messages"
               and "your messages resulted in" in error.get("message", ""),
               f"chat over the context without max_tokens names the messages: {code} {error}")
+
+        code, body = get(base + "/v1/models")
+        ids = [m["id"] for m in json.loads(body)["data"]]
+        check(code == 200 and ids == [model], f"/v1/models lists the model once: {ids}")
+        code, body = curl(base + "/v1/completions", dict(prompt, model=args.model))
+        check(code == 200, f"the model's path is accepted as its name: HTTP {code}")
 
         with_logprobs = dict(prompt, logprobs=5, max_tokens=8)
         code, body = curl(base + "/v1/completions", with_logprobs)

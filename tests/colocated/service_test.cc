@@ -127,6 +127,13 @@ TEST(ColocatedServiceTest, StopStringEndsTheChoiceBeforeIt) {
   EXPECT_TRUE(WaitIdle(*service));
 }
 
+TEST(ColocatedServiceTest, ModelIsListedOnceAndItsPathStillAccepted) {
+  auto service = NewService();
+  EXPECT_EQ(service->ListedModelNames(), std::vector<std::string>{"kjv-v4-tiny"});
+  EXPECT_EQ(service->ModelNames(),
+            (std::vector<std::string>{"kjv-v4-tiny", PDSERVE_BUNDLED_MODEL}));
+}
+
 TEST(ColocatedServiceTest, PromptPlusMaxTokensOverTheContextIs400) {
   auto service = NewService();
   frontend::StartResult started =

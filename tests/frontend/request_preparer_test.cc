@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "frontend/api_request.h"
 #include "text/tokenizer.h"
@@ -97,6 +98,14 @@ TEST_F(RequestPreparerTest, CompletionsAreLeftAlone) {
   const PreparedRequest p =
       Prepare(Endpoint::kCompletions, R"({"model":"kjv-v4-tiny","prompt":"In the beginning"})");
   EXPECT_TRUE(p.params.logit_bias.empty());
+}
+
+TEST_F(RequestPreparerTest, ServedNameIsTheDirectoryNameEvenWithATrailingSlash) {
+  EXPECT_EQ(preparer_->model_names(),
+            (std::vector<std::string>{"kjv-v4-tiny", PDSERVE_BUNDLED_MODEL}));
+  auto slash = RequestPreparer::Load(std::string(PDSERVE_BUNDLED_MODEL) + "/");
+  ASSERT_TRUE(slash.ok()) << slash.status();
+  EXPECT_EQ((*slash)->model_names().front(), "kjv-v4-tiny");
 }
 
 TEST_F(RequestPreparerTest, ChatOverTheContextNamesTheMessages) {
