@@ -5,15 +5,23 @@ Starts the server on a free loopback port and checks, with curl and with the Ope
 non-streamed and streamed completions and chat completions, that streamed text equals the
 non-streamed text for the same seed, usage and finish_reason, 400 context_length_exceeded (a chat
 prompt over the context names "messages"), /v1/models listing the model once (its path still
-accepted as an alias), and /v1/completions' top_logprobs dicts ordered most likely first.
+accepted as an alias), /v1/completions' top_logprobs dicts ordered most likely first, and /metrics:
+every family it exports is in docs/metrics.md with that type, pdserve_build_info has role "serve",
+and `promtool check metrics` accepts it (where promtool is installed).
 The OpenAI client part is skipped (with a message) where `openai` cannot be imported; the whole
 test exits 77 (ctest SKIP) when curl is missing.
 """
 import argparse
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tests", "ops"))
+from prometheus_scrape_test import documented_metrics  # noqa: E402
 
 
 def curl(url, body, stream=False):
@@ -133,6 +141,26 @@ def main():
                for d in c["logprobs"]["top_logprobs"]]
         check(code == 200 and len(top) == 8 and ranked(top),
               f"streamed top_logprobs most likely first: {top[:2]}")
+
+        code, metrics = get(base + "/metrics")
+        exported = dict(re.findall(r"^# TYPE (\S+) (\S+)$", metrics, re.M))
+        documented = documented_metrics(ROOT)
+        wrong = {name: kind for name, kind in exported.items() if documented.get(name) != kind}
+        check(code == 200 and exported and not wrong,
+              f"/metrics: {len(exported)} families, each in docs/metrics.md with its type "
+              f"(not: {wrong})")
+        check(re.search(r'^pdserve_build_info\{role="serve",version="[0-9.]+"\} 1$', metrics, re.M),
+              "/metrics: pdserve_build_info{role=\"serve\"}")
+        check(re.search(r"^pdserve_serve_generation_tokens_total [1-9]", metrics, re.M),
+              "/metrics: generated tokens counted")
+        promtool = shutil.which("promtool")
+        if promtool:
+            lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
+                                  capture_output=True)
+            # promtool exits 3 for lint warnings only (e.g. naming advice); 1 for parse errors.
+            check(lint.returncode in (0, 3), f"promtool check metrics: {lint.stdout}{lint.stderr}")
+        else:
+            print("SKIP (promtool part): promtool is not installed")
 
         try:
             import openai
