@@ -9,7 +9,9 @@
 // sequence is the server's own tokens when it returns logprobs (one entry per generated token;
 // equal token strings count as one id), else "words": maximal runs of letters, digits and
 // non-ASCII bytes, each other visible character on its own (so "<div><div>" is 6 tokens).
-// Each sample's report says which tokenization it used.
+// Each sample's report says which tokenization it used. A repeat is reported only from two
+// back-to-back copies up; a sample whose request failed has nothing measured (null in the JSON,
+// "-" in the table, where each column is over the prompt's measured samples).
 //
 // Thread-safety: RunCheck blocks its caller; the rest are pure functions.
 #pragma once
