@@ -118,6 +118,16 @@ SampleCheck AnalyzeSample(const RequestSample& sample, const CheckThresholds& t,
   c.content_bytes = static_cast<int64_t>(sample.text.size());
   if (!sample.ok()) {
     c.request_error = sample.error_kind;
+    const json body = json::parse(sample.error_detail, nullptr, /*allow_exceptions=*/false);
+    if (body.is_object() && body.contains("error") && body["error"].is_object()) {
+      const json& error = body["error"];
+      if (error.contains("code") && error["code"].is_string()) {
+        c.request_error_code = error["code"].get<std::string>();
+      }
+      if (error.contains("message") && error["message"].is_string()) {
+        c.request_error_message = error["message"].get<std::string>();
+      }
+    }
     c.reasons.push_back(absl::StrCat("request failed: ", sample.error_kind, " ",
                                      sample.error_detail.substr(0, 200)));
     return c;
@@ -292,6 +302,26 @@ std::string ToTable(const CheckReport& report) {
   }
   out += report.pass ? "PASS\n" : "FAIL\n";
   return out;
+}
+
+std::string ContextLengthSummary(const CheckReport& report) {
+  std::vector<std::string> ids;
+  std::string message;
+  for (const PromptCheck& p : report.prompts) {
+    bool refused = false;
+    auto look = [&](const SampleCheck& s) {
+      if (s.request_error_code != "context_length_exceeded") return;
+      refused = true;
+      if (message.empty()) message = s.request_error_message;
+    };
+    for (const SampleCheck& s : p.samples) look(s);
+    if (p.greedy) look(*p.greedy);
+    if (refused) ids.push_back(p.id);
+  }
+  if (ids.empty()) return "";
+  return absl::StrCat(ids.size(), " of ", report.prompts.size(),
+                      " prompts do not fit the model's context (HTTP 400 context_length_exceeded: ",
+                      absl::StrJoin(ids, ", "), "); the server says: \"", message, "\"");
 }
 
 }  // namespace pdserve::loadgen

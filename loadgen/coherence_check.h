@@ -48,7 +48,10 @@ absl::Status ApplyThresholdOverrides(const nlohmann::json& overrides, CheckThres
 struct SampleCheck {
   bool greedy = false;
   std::string request_error;  // error kind when the request itself failed
-  std::string tokenization;   // "logprobs" or "words"
+  // The OpenAI error body's "error.code" and "error.message" of a failed request, if it had one.
+  std::string request_error_code;
+  std::string request_error_message;
+  std::string tokenization;  // "logprobs" or "words"
   int64_t content_bytes = 0;
   int64_t tokens = 0;
   guards::RepeatRun max_repeat;
@@ -108,5 +111,11 @@ absl::StatusOr<CheckReport> JudgePrompts(const std::vector<PromptItem>& prompts,
 
 nlohmann::json ToJson(const CheckReport& report);
 std::string ToTable(const CheckReport& report);
+
+// One line naming the prompts the server refused as longer than the model's context (a 400
+// context_length_exceeded on any of their requests) with the server's first such message, or
+// "" when there were none. Such a prompt set cannot be judged: `pdserve check` prints the line
+// before its report and exits 2.
+std::string ContextLengthSummary(const CheckReport& report);
 
 }  // namespace pdserve::loadgen

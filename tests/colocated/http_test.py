@@ -7,7 +7,8 @@ non-streamed text for the same seed, usage and finish_reason, 400 context_length
 prompt over the context names "messages"), /v1/models listing the model once (its path still
 accepted as an alias), /v1/completions' top_logprobs dicts ordered most likely first, and /metrics:
 every family it exports is in docs/metrics.md with that type, pdserve_build_info has role "serve",
-and `promtool check metrics` accepts it (where promtool is installed).
+and `promtool check metrics` accepts it (where promtool is installed); `pdserve check` with a
+prompt set over the model's context says so in its first line and exits 2.
 The OpenAI client part is skipped (with a message) where `openai` cannot be imported; the whole
 test exits 77 (ctest SKIP) when curl is missing.
 """
@@ -161,6 +162,16 @@ def main():
             check(lint.returncode in (0, 3), f"promtool check metrics: {lint.stdout}{lint.stderr}")
         else:
             print("SKIP (promtool part): promtool is not installed")
+
+        # pdserve check with its default prompt set, which does not fit the 512-token context:
+        # one line says so first, and the exit status is 2 (cannot judge), not 1.
+        run = subprocess.run([args.pdserve, "check", "--endpoint", base, "--samples", "1"],
+                             capture_output=True, text=True, timeout=120)
+        first = (run.stderr.splitlines() or [""])[0]
+        check(run.returncode == 2 and first.startswith("error: 5 of 5 prompts do not fit the "
+                                                       "model's context")
+              and "--prompts deploy/check/kjv-prompts.jsonl" in first,
+              f"check with prompts over the context: exit {run.returncode}, {first[:160]}")
 
         try:
             import openai

@@ -165,6 +165,26 @@ TEST(JudgePromptsTest, PromptWithEveryRequestFailedShowsNothingMeasured) {
   EXPECT_EQ(j["prompts"][1]["samples"][1]["distinct2"], 0.75);
 }
 
+TEST(JudgePromptsTest, PromptsOverTheContextAreNamedInOneLine) {
+  std::vector<PromptItem> prompts(3);
+  prompts[0].id = "long";
+  prompts[1].id = "fits";
+  prompts[2].id = "long-greedy";
+  RequestSample other = Refused();
+  other.error_detail = R"({"error":{"code":"invalid_value","message":"bad"}})";
+  auto report = JudgePrompts(prompts, {{Refused()}, {WithText("a b c"), other}, {WithText("a b")}},
+                             {std::nullopt, std::nullopt, Refused()}, {});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->prompts[0].samples[0].request_error_code, "context_length_exceeded");
+  EXPECT_EQ(report->prompts[0].samples[0].request_error_message, "too long");
+  EXPECT_EQ(ContextLengthSummary(*report),
+            "2 of 3 prompts do not fit the model's context (HTTP 400 context_length_exceeded: "
+            "long, long-greedy); the server says: \"too long\"");
+  report->prompts.erase(report->prompts.begin());
+  report->prompts.pop_back();
+  EXPECT_EQ(ContextLengthSummary(*report), "");
+}
+
 TEST(JudgePromptsTest, FailingFractionAndOverrides) {
   std::vector<PromptItem> prompts(1);
   prompts[0].id = "p";
