@@ -118,7 +118,9 @@ const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
   cmd->add_option("--samples", o.samples, "Sampled completions per prompt")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--api", args->api, "chat or completions")
+  cmd->add_option("--api", args->api,
+                  "chat, or completions: raw text prompts only (\"prompt\" lines; no chat "
+                  "template is applied)")
       ->check(CLI::IsMember({"completions", "chat"}))
       ->capture_default_str();
   cmd->add_option("--model", o.model, "Model name (default: the first of GET /v1/models)");

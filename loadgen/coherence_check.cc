@@ -216,6 +216,21 @@ absl::StatusOr<CheckReport> RunCheck(const std::vector<PromptItem>& prompts,
                                      const CheckOptions& o) {
   if (o.samples < 1) return absl::InvalidArgumentError("--samples must be >= 1");
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts");
+  if (o.api == Api::kCompletions) {
+    // /v1/completions applies no chat template: chat messages flattened to text are not what
+    // the model was trained on (the bundled model answers such text with EOS at once), so the
+    // check would judge the prompt, not the server.
+    std::vector<std::string> chat;
+    for (const PromptItem& item : prompts) {
+      if (item.messages.is_array() && item.token_ids.empty()) chat.push_back(item.id);
+    }
+    if (!chat.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--api completions sends raw text (/v1/completions applies no chat template), and ",
+          chat.size(), " of ", prompts.size(), " prompts are chat messages (",
+          absl::StrJoin(chat, ", "), "): use --api chat, or a prompt file of \"prompt\" lines"));
+    }
+  }
   const int per_prompt = o.samples + (o.greedy_control ? 1 : 0);
   RunOptions run;
   run.url = o.url;

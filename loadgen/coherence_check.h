@@ -96,9 +96,11 @@ struct CheckOptions {
 };
 
 // Sends every prompt's samples and greedy control, then judges them. Prompt lines may carry
-// "thresholds" (overrides) and "expect" (a required substring) in PromptItem::extra.
-// Errors: InvalidArgument for bad options or overrides; Unavailable when the host does not
-// resolve. Failed requests are failing samples, not errors.
+// "thresholds" (overrides) and "expect" (a required substring) in PromptItem::extra. With
+// Api::kCompletions the prompts must be raw text ("prompt" lines): /v1/completions applies no
+// chat template, so chat ("messages") lines are refused rather than flattened.
+// Errors: InvalidArgument for bad options or overrides, or chat prompts with kCompletions;
+// Unavailable when the host does not resolve. Failed requests are failing samples, not errors.
 absl::StatusOr<CheckReport> RunCheck(const std::vector<PromptItem>& prompts,
                                      const CheckOptions& options);
 

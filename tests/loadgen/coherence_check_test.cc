@@ -70,6 +70,18 @@ TEST_F(CheckTest, VariedTextPasses) {
   EXPECT_EQ(s.max_repeat.repeats, 0);
 }
 
+TEST_F(CheckTest, CompletionsRefuseChatPrompts) {
+  CheckOptions o;
+  o.url = *ParseEndpointUrl("http://127.0.0.1:1");  // never contacted
+  o.api = Api::kCompletions;
+  const absl::StatusOr<CheckReport> report = RunCheck(TwoPrompts(), o);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(report.status().message(),
+            "--api completions sends raw text (/v1/completions applies no chat template), and 1 "
+            "of 2 prompts are chat messages (chat): use --api chat, or a prompt file of "
+            "\"prompt\" lines");
+}
+
 TEST_F(CheckTest, EmptyContentFails) {
   service_.token_text = [](int) { return std::string(); };
   auto report = RunAgainstService(/*logprobs=*/false);
