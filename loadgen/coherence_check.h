@@ -1,7 +1,7 @@
 // The coherence harness behind `pdserve check`: N prompts x K samples at the deployment's own
 // sampling settings, plus one greedy control (temperature 0) per prompt, each judged for the
-// silent failure modes of ../shared/design.md ("Lessons"): one n-gram repeated until the
-// token limit, empty or whitespace-only content, low diversity.
+// silent failure modes of docs/guards.md: one n-gram repeated until the token limit, empty or
+// whitespace-only content, low diversity.
 //
 // Per sample it measures content length (UTF-8 bytes), the longest back-to-back repeat of an
 // n-gram (guards::DegenerationDetector, n = 1..max_ngram), distinct-2 (distinct token bigrams /
