@@ -82,6 +82,13 @@ void DrawProgress(const loadgen::Progress& p, int64_t total, double duration_s) 
 }
 
 int RunBench(BenchArgs args) {
+  // Checked before anything is sent (loadgen::Run refuses these too, but after the model lookup).
+  if (args.num_requests <= 0 && args.duration_s <= 0) {
+    return Fail("give --num-requests N or --duration SECONDS (or both): the run needs a bound");
+  }
+  if (args.num_requests <= 0 && args.rate <= 0 && args.concurrency <= 0) {
+    return Fail("a run by --duration alone needs --rate or --concurrency");
+  }
   auto url = loadgen::ParseTargetUrl(args.endpoint, args.allow_remote);
   if (!url.ok()) return Fail(std::string(url.status().message()));
   std::optional<loadgen::Slo> slo;
@@ -180,8 +187,10 @@ const CommandRegistrar kBench([](CLI::App& app, int* exit_code) {
                 "Send synthetic prompts as token ids (exact lengths; completions only)");
   cmd->add_option("--token-id-max", args->synthetic.token_id_max, "Largest synthetic token id")
       ->capture_default_str();
-  cmd->add_option("--num-requests", args->num_requests, "Requests to send (0: no limit)");
-  cmd->add_option("--duration", args->duration_s, "Seconds to send requests for (0: no limit)");
+  cmd->add_option("--num-requests", args->num_requests,
+                  "Requests to send (this, --duration or both is required)");
+  cmd->add_option("--duration", args->duration_s,
+                  "Seconds to send requests for (this, --num-requests or both is required)");
   cmd->add_option("--rate", args->rate, "Poisson arrival rate, requests/s (0: no pacing)");
   cmd->add_option("--concurrency", args->concurrency, "Most requests in flight (0: no cap)");
   cmd->add_option("--request-timeout", args->request_timeout_s, "Seconds per request")
@@ -190,12 +199,22 @@ const CommandRegistrar kBench([](CLI::App& app, int* exit_code) {
                   "Seconds in-flight requests may run past --duration")
       ->capture_default_str();
   cmd->add_option("--slo", args->slo, "Goodput SLO as TTFT_MS,TPOT_MS");
-  cmd->add_flag("--ignore-eos,!--no-ignore-eos", args->ignore_eos,
-                "Ask for exactly max_tokens (ignore_eos extension; default on)");
+  // Two flags, not CLI11's "--ignore-eos,!--no-ignore-eos" (its help reads
+  // "--ignore-eos,--no-ignore-eos{false}", which looks like a default of off).
+  CLI::Option* ignore_eos = cmd->add_flag_function(
+      "--ignore-eos", [args](int64_t) { args->ignore_eos = true; },
+      "Ask for exactly max_tokens tokens (the ignore_eos extension); the default");
+  cmd->add_flag_function(
+         "--no-ignore-eos", [args](int64_t) { args->ignore_eos = false; },
+         "Let generations stop at EOS, so they may be shorter than max_tokens")
+      ->excludes(ignore_eos);
   cmd->add_option("--temperature", args->temperature, "Override the server's temperature");
   cmd->add_option("--seed", args->seed, "Seed of prompts and arrivals")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print the summary as JSON");
   cmd->add_option("--output", args->output, "Also write the summary JSON to this file");
+  cmd->footer(
+      "Required: --num-requests N or --duration S, or both (the run ends at whichever comes "
+      "first);\n--duration without --num-requests also needs --rate or --concurrency.");
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 });
 

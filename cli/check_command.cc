@@ -9,7 +9,9 @@
 //
 // Without --prompts it uses deploy/check/prompts.jsonl, looked up in the current directory,
 // next to the binary's parent (a build tree) and in <prefix>/share/pdserve/check. Prints a table
-// (or JSON with --json); exit status 0 when every prompt passes, 1 when one fails, 2 on errors.
+// (or JSON with --json); exit status 0 when every prompt passes, 1 when one fails, 2 on errors,
+// including prompts the server refused as longer than the model's context (said first, in one
+// line on stderr: loadgen::ContextLengthSummary).
 #include <unistd.h>
 
 #include <cstdio>
@@ -88,7 +90,16 @@ int RunCheckCommand(CheckArgs args) {
     out << json.dump(2) << "\n";
     if (!out) return Error("cannot write " + args.output);
   }
+  // Said first, in one line: otherwise only each request's 400 in the report tells.
+  const std::string too_long = loadgen::ContextLengthSummary(*report);
+  if (!too_long.empty()) {
+    std::fprintf(stderr, "error: %s; %s\n", too_long.c_str(),
+                 o.model.find("kjv-v4-tiny") != std::string::npos
+                     ? "for the bundled kjv-v4-tiny use --prompts deploy/check/kjv-prompts.jsonl"
+                     : "use prompts made for this model, or a lower max_tokens");
+  }
   std::printf("%s", args.json ? (json.dump(2) + "\n").c_str() : loadgen::ToTable(*report).c_str());
+  if (!too_long.empty()) return 2;
   return report->pass ? 0 : 1;
 }
 
@@ -107,7 +118,9 @@ const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
   cmd->add_option("--samples", o.samples, "Sampled completions per prompt")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--api", args->api, "chat or completions")
+  cmd->add_option("--api", args->api,
+                  "chat, or completions: raw text prompts only (\"prompt\" lines; no chat "
+                  "template is applied)")
       ->check(CLI::IsMember({"completions", "chat"}))
       ->capture_default_str();
   cmd->add_option("--model", o.model, "Model name (default: the first of GET /v1/models)");

@@ -5,9 +5,11 @@
 //
 //   pdserve up --config FILE [--ready-timeout SECONDS]
 //
-// Before starting anything it checks that every configured port (router HTTP and gRPC, each
-// worker's port and metrics port) is free, so a second `up`, or processes left from an earlier
-// one, are reported instead of half-serving (gRPC would otherwise share a port with SO_REUSEPORT).
+// Before starting anything it checks that the model path holds a config.json as seen from the
+// working directory (config::CheckModelPath; the children resolve a relative path against it),
+// and that every configured port (router HTTP and gRPC, each worker's port and metrics port) is
+// free, so a second `up`, or processes left from an earlier one, are reported instead of
+// half-serving (gRPC would otherwise share a port with SO_REUSEPORT).
 // Each child gets PR_SET_PDEATHSIG, so it is stopped (SIGTERM) even when `up` itself is killed.
 // Ctrl-C (SIGINT) or SIGTERM stops every child (SIGTERM, then SIGKILL after 15 s) and exits 0.
 // The workers are started with --drain-timeout-ms 2000 (kUpDrainTimeoutMs), so Ctrl-C stays fast:
@@ -195,6 +197,12 @@ int Up(const UpOptions& options) {
   absl::StatusOr<config::DeployConfig> config = config::LoadDeployConfig(options.config);
   if (!config.ok()) {
     std::fprintf(stderr, "pdserve up: %s\n", std::string(config.status().message()).c_str());
+    return 1;
+  }
+  // Every child would load the model and fail on a path that is not there: say so once, first.
+  if (absl::Status model = config::CheckModelPath(*config); !model.ok()) {
+    std::fprintf(stderr, "pdserve up: %s: %s\n", options.config.c_str(),
+                 std::string(model.message()).c_str());
     return 1;
   }
   if (absl::Status ports = CheckPortsFree(*config); !ports.ok()) {

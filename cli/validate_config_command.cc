@@ -5,12 +5,11 @@
 // no config.json from the current directory or a worker asks for a backend this build's workers
 // do not run. Exit status 0 when all files are valid, 1 otherwise.
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
-#include <system_error>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/command_registry.h"
@@ -31,15 +30,10 @@ int RunValidate(const std::vector<std::string>& files) {
       continue;
     }
     const config::DeployConfig& c = parsed.config;
-    std::error_code ec;
-    if (!std::filesystem::exists(std::filesystem::path(c.model_path) / "config.json", ec)) {
-      // Not an error: the file may be checked where the model is not installed. `pdserve up`
-      // and the workers resolve a relative path against their working directory.
-      std::fprintf(stderr,
-                   "%s: warning: model path '%s' has no config.json as seen from this directory "
-                   "(%s); processes started here would fail\n",
-                   file.c_str(), c.model_path.c_str(),
-                   std::filesystem::current_path(ec).string().c_str());
+    if (const absl::Status model = config::CheckModelPath(c); !model.ok()) {
+      // Not an error: the file may be checked where the model is not installed.
+      std::fprintf(stderr, "%s: warning: %s; processes started here would fail\n", file.c_str(),
+                   std::string(model.message()).c_str());
     }
     std::vector<std::string> not_cpu;
     for (const auto* workers : {&c.prefill, &c.decode}) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -17,7 +18,7 @@ namespace pdserve::colocated {
 struct ColocatedService::Request {
   struct Choice {
     frontend::ChoiceText text;
-    bool flagged = false;  // counted in degenerate_choices_
+    bool flagged = false;  // counted in pdserve_serve_degenerate_generations_total
   };
   std::shared_ptr<RequestContext> context;
   std::shared_ptr<frontend::GenerationSink> sink;
@@ -84,8 +85,50 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
                                               &s->clock_, nullptr));
   s->runner_ =
       std::make_unique<EngineStepRunner>(*s->model_, *s->layout_, s->pool_.get(), options.runner);
+  PDSERVE_RETURN_IF_ERROR(s->AddMetrics());
   s->loop_ = std::thread([svc = s.get()] { svc->Loop(); });
   return s;
+}
+
+absl::Status ColocatedService::AddMetrics() {
+  metrics::Registry& r = registry_;
+  PDSERVE_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "serve"));
+  PDSERVE_ASSIGN_OR_RETURN(auto* running,
+                           r.AddGauge("pdserve_serve_sequences_running",
+                                      "Sequences (one per choice) in the continuous batch"));
+  running_ = &running->Get();
+  PDSERVE_ASSIGN_OR_RETURN(auto* waiting, r.AddGauge("pdserve_serve_sequences_waiting",
+                                                     "Sequences waiting for admission"));
+  waiting_ = &waiting->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* tokens, r.AddCounter("pdserve_serve_generation_tokens_total", "Tokens generated"));
+  generation_tokens_ = &tokens->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* degenerate,
+      r.AddCounter("pdserve_serve_degenerate_generations_total",
+                   "Choices the degeneration detector caught", {"kind", "action"}));
+  // The detector's one test is repetition (guards::DegenerationDetector::Repetitive).
+  degenerate_choices_ = &degenerate->WithLabels(
+      {"repeat", options_.runner.degeneration == DegenerationAction::kStop ? "stop" : "flag"});
+  PDSERVE_ASSIGN_OR_RETURN(
+      pages_used_, r.AddGauge("pdserve_serve_pool_pages_used", "State pages allocated", {"kind"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      pages_free_, r.AddGauge("pdserve_serve_pool_pages_free", "State pages free", {"kind"}));
+  PDSERVE_ASSIGN_OR_RETURN(auto* checks,
+                           r.AddCounter("pdserve_serve_canary_checks_total",
+                                        "Choices whose last-token logits the canary recomputed"));
+  canary_checks_ = &checks->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* mismatches,
+      r.AddCounter("pdserve_serve_canary_mismatches_total",
+                   "Canary checks whose logits differed from a fresh one-shot forward"));
+  canary_mismatches_ = &mismatches->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto* isolation, r.AddCounter("pdserve_serve_isolation_failures_total",
+                                    "Choices failed by a state-page isolation check", {"kind"}));
+  // Colocated state never crosses a process: paranoid mode's owner check is the one kind.
+  page_owner_failures_ = &isolation->WithLabels({"page_owner"});
+  return absl::OkStatus();
 }
 
 ColocatedService::~ColocatedService() {
@@ -102,6 +145,10 @@ ColocatedService::~ColocatedService() {
 }
 
 std::vector<std::string> ColocatedService::ModelNames() const { return preparer_->model_names(); }
+
+std::vector<std::string> ColocatedService::ListedModelNames() const {
+  return {preparer_->model_names().front()};
+}
 
 frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
                                               std::shared_ptr<frontend::GenerationSink> sink) {
@@ -150,7 +197,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
     std::shared_ptr<Request> r = weak.lock();
     if (!r || r->cancelled.load()) return true;
     Request::Choice& choice = r->choices[event.choice];
-    ++generated_tokens_;
+    generation_tokens_->Increment();
     frontend::SampledText sampled{event.sampled.token, event.sampled.logprob, {}};
     for (const serving::TokenLogprob& top : event.sampled.top_logprobs) {
       sampled.top.emplace_back(top.token, top.logprob);
@@ -159,7 +206,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
     const bool stop_string = delta.finish_reason && event.finish_reason.empty();
     if (event.degenerate && !choice.flagged) {
       choice.flagged = true;
-      ++degenerate_choices_;
+      degenerate_choices_->Increment();
     }
     if (delta.finish_reason) --r->remaining;
     if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
@@ -252,39 +299,26 @@ void ColocatedService::Loop() {
 }
 
 std::string ColocatedService::MetricsText() const {
-  std::string out;
-  auto gauge = [&out](const std::string& name, const std::string& help, double value) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ",
-                    value, "\n");
-  };
-  gauge("pdserve_sequences_waiting", "Sequences waiting for admission.",
-        static_cast<double>(scheduler_->num_waiting()));
-  gauge("pdserve_sequences_running", "Sequences holding state pages.",
-        static_cast<double>(scheduler_->num_running()));
-  gauge("pdserve_generated_tokens", "Tokens generated since start.",
-        static_cast<double>(generated_tokens_.load()));
-  gauge("pdserve_degenerate_choices", "Choices the degeneration detector flagged.",
-        static_cast<double>(degenerate_choices_.load()));
+  running_->Set(static_cast<double>(scheduler_->num_running()));
+  waiting_->Set(static_cast<double>(scheduler_->num_waiting()));
+  // The runner keeps the guard counts; the counters catch up to them here.
   const GuardCounts guards = runner_->guard_counts();
-  auto counter = [&out](const std::string& name, const std::string& help, int64_t value) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ",
-                    value, "\n");
-  };
-  counter("pdserve_canary_checks_total", "Choices whose last-token logits the canary recomputed.",
-          guards.canary_checks);
-  counter("pdserve_canary_mismatches_total",
-          "Canary checks whose logits differed from a fresh one-shot forward (request failed).",
-          guards.canary_mismatches);
-  counter("pdserve_isolation_errors_total",
-          "Paranoid-mode page checks that found a page with another owner or epoch.",
-          guards.isolation_errors);
+  canary_checks_->Increment(static_cast<double>(guards.canary_checks) - canary_checks_->Value());
+  canary_mismatches_->Increment(static_cast<double>(guards.canary_mismatches) -
+                                canary_mismatches_->Value());
+  page_owner_failures_->Increment(static_cast<double>(guards.isolation_errors) -
+                                  page_owner_failures_->Value());
+  std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // used, free
   for (int32_t k = 0; k < pool_->num_kinds(); ++k) {
-    absl::StrAppend(&out, "# HELP pdserve_state_pages_free_", pool_->kind(k).name,
-                    " Free state pages of this kind.\n# TYPE pdserve_state_pages_free_",
-                    pool_->kind(k).name, " gauge\npdserve_state_pages_free_", pool_->kind(k).name,
-                    " ", pool_->pages_free(k), "\n");
+    auto& [used, free] = by_label[serving::PoolKindLabel(pool_->kind(k).name)];
+    used += pool_->pages_used(k);
+    free += pool_->pages_free(k);
   }
-  return out;
+  for (const auto& [label, pages] : by_label) {
+    pages_used_->WithLabels({label}).Set(static_cast<double>(pages.first));
+    pages_free_->WithLabels({label}).Set(static_cast<double>(pages.second));
+  }
+  return registry_.Serialize();
 }
 
 }  // namespace pdserve::colocated

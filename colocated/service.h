@@ -23,9 +23,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "colocated/step_runner.h"
+#include "common/metrics.h"
 #include "engine/model.h"
 #include "frontend/generation_service.h"
 #include "frontend/request_preparer.h"
@@ -64,7 +66,9 @@ class ColocatedService : public frontend::GenerationService {
   // Stops the loop; requests still running are cancelled without further sink calls.
   ~ColocatedService() override;
 
+  // Accepted: the model directory's name and its path as given; listed: the name alone.
   std::vector<std::string> ModelNames() const override;
+  std::vector<std::string> ListedModelNames() const override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override { return true; }
@@ -81,6 +85,8 @@ class ColocatedService : public frontend::GenerationService {
   struct Request;
   class RequestGeneration;
   ColocatedService() = default;
+  // Registers the /metrics families. Errors: those of metrics::Registry.
+  absl::Status AddMetrics();
   void Loop();
   // Takes the request's sequences out of the scheduler and the runner.
   void CancelSequences(const Request& request);
@@ -96,8 +102,17 @@ class ColocatedService : public frontend::GenerationService {
   std::unique_ptr<EngineStepRunner> runner_;
   guards::CanarySampler canary_{0};
   std::atomic<uint64_t> next_sequence_{1};
-  std::atomic<int64_t> degenerate_choices_{0};
-  std::atomic<int64_t> generated_tokens_{0};
+  // /metrics (docs/metrics.md, "Colocated server"); the pointers are into registry_.
+  metrics::Registry registry_;
+  metrics::Gauge* running_ = nullptr;
+  metrics::Gauge* waiting_ = nullptr;
+  metrics::Counter* generation_tokens_ = nullptr;
+  metrics::Counter* degenerate_choices_ = nullptr;
+  metrics::Family<metrics::Gauge>* pages_used_ = nullptr;
+  metrics::Family<metrics::Gauge>* pages_free_ = nullptr;
+  metrics::Counter* canary_checks_ = nullptr;
+  metrics::Counter* canary_mismatches_ = nullptr;
+  metrics::Counter* page_owner_failures_ = nullptr;
 
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;

@@ -334,4 +334,19 @@ absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path) {
   return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
 }
 
+absl::Status CheckModelPath(const DeployConfig& config) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(config.model_path) / "config.json", ec)) {
+    return absl::OkStatus();
+  }
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model path '", config.model_path, "' has no config.json as seen from the working directory ",
+      cwd.empty() ? "(unknown)" : cwd,
+      std::filesystem::path(config.model_path).is_relative()
+          ? " (a relative model.path is resolved against it: run from the directory it is relative "
+            "to, e.g. the repository root, or make it absolute)"
+          : ""));
+}
+
 }  // namespace pdserve::config

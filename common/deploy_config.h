@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -93,5 +94,11 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
 ParsedDeployConfig LoadDeployConfigFile(const std::string& path);
 // LoadDeployConfigFile as a StatusOr: InvalidArgument listing every error, one per line.
 absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path);
+
+// OK when `config.model_path` holds a config.json as seen from the current working directory
+// (the directory the workers and the router resolve a relative path against). Else
+// FailedPrecondition naming the path and the working directory. `pdserve up` refuses to start
+// on it; `pdserve validate-config` warns (the file may be checked where the model is not).
+absl::Status CheckModelPath(const DeployConfig& config);
 
 }  // namespace pdserve::config

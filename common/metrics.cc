@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/version.h"
 
 namespace pdserve::metrics {
 namespace {
@@ -197,6 +198,14 @@ std::string Registry::Serialize() const {
     }
   }
   return out;
+}
+
+absl::Status AddBuildInfo(Registry& registry, const std::string& role) {
+  absl::StatusOr<Family<Gauge>*> build_info =
+      registry.AddGauge("pdserve_build_info", "Identifies the process.", {"role", "version"});
+  if (!build_info.ok()) return build_info.status();
+  (*build_info)->WithLabels({role, kVersion}).Set(1);
+  return absl::OkStatus();
 }
 
 }  // namespace pdserve::metrics

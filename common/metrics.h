@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -148,5 +149,10 @@ class Registry {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
+
+// Registers pdserve_build_info{role, version} = 1 (docs/metrics.md, "Every process"): `role` is
+// router, prefill, decode or serve; the version is pdserve::kVersion (common/version.h).
+// Errors: those of Registry::AddGauge (a second call on the same registry: InvalidArgument).
+absl::Status AddBuildInfo(Registry& registry, const std::string& role);
 
 }  // namespace pdserve::metrics

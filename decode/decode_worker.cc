@@ -14,6 +14,7 @@
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/ticket_proto.h"
 #include "serving/sampler.h"
+#include "serving/state_layout.h"
 #include "spdlog/spdlog.h"
 #include "worker/wire.h"
 #include "worker/worker_model.h"
@@ -29,13 +30,6 @@ constexpr absl::Duration kKeepFinished = absl::Seconds(60);
 // How many ids of requests aborted before (or while) they were reserved are remembered, so that
 // their Reserve is refused (the router's ids are unique, so a few thousand cover any race).
 constexpr size_t kAbortedRemembered = 4096;
-
-// docs/metrics.md's `kind` label of a pool page kind.
-std::string PoolKindLabel(const std::string& name) {
-  if (name == "window") return "sliding";
-  if (name == "compressed" || name == "indexer") return name;
-  return "compressor";
-}
 
 int64_t TablePages(const serving::PageTable& table) {
   int64_t pages = 0;
@@ -74,9 +68,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                                                              w->pool_.get(), w->options_.runner);
 
   metrics::Registry& r = w->registry_;
-  PDSERVE_ASSIGN_OR_RETURN(
-      auto* build, r.AddGauge("pdserve_build_info", "Identifies the process", {"role", "version"}));
-  build->WithLabels({"decode", "0.1"}).Set(1);
+  PDSERVE_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "decode"));
   PDSERVE_ASSIGN_OR_RETURN(auto* running, r.AddGauge("pdserve_decode_requests_running",
                                                      "Requests in the continuous batch"));
   w->running_gauge_ = &running->Get();
@@ -753,7 +745,7 @@ std::string DecodeWorker::MetricsText() const {
   fenced_pages_->Set(static_cast<double>(counts.quarantined_pages));
   std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // used, free
   for (int32_t k = 0; k < pool_->num_kinds(); ++k) {
-    auto& [used, free] = by_label[PoolKindLabel(pool_->kind(k).name)];
+    auto& [used, free] = by_label[serving::PoolKindLabel(pool_->kind(k).name)];
     used += pool_->pages_used(k);
     free += pool_->pages_free(k);
   }

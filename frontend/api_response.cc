@@ -9,7 +9,10 @@
 namespace pdserve::frontend {
 namespace {
 
-using json = nlohmann::json;
+// Objects keep their insertion order: the legacy completions format's top_logprobs entries are
+// {token: logprob} dicts whose order is the ranking (most likely first), and the envelope keys
+// come out in OpenAI's order (id, object, created, model, choices, usage).
+using json = nlohmann::ordered_json;
 
 std::string Dump(const json& j) {
   // Token text can hold a partial UTF-8 sequence; replace invalid bytes instead of throwing.
@@ -47,7 +50,10 @@ json CompletionLogprobs(const std::vector<TokenLogprob>& lps, size_t text_offset
     tokens.push_back(lp.token);
     token_logprobs.push_back(lp.logprob);
     json alternatives = json::object();
-    for (const auto& [tok, p] : lp.top) alternatives[tok] = p;
+    // Best first; two ids with the same text (partial UTF-8 pieces) keep the better logprob.
+    for (const auto& [tok, p] : lp.top) {
+      if (!alternatives.contains(tok)) alternatives[tok] = p;
+    }
     top.push_back(alternatives);
     offsets.push_back(offset);
     offset += lp.token.size();

@@ -1,6 +1,8 @@
 // OpenAI-compatible response bodies: whole JSON responses and SSE stream chunks for
 // /v1/completions ("text_completion") and /v1/chat/completions ("chat.completion" /
-// "chat.completion.chunk"), including usage and logprobs in each endpoint's own shape.
+// "chat.completion.chunk"), including usage and logprobs in each endpoint's own shape. JSON
+// objects keep insertion order, so /v1/completions' top_logprobs dicts list the most likely
+// token first.
 //
 // Pure functions; thread-safe.
 #pragma once

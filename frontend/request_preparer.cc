@@ -1,9 +1,9 @@
 #include "frontend/request_preparer.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,12 +33,22 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
   return params;
 }
 
+// The last component of `model_dir` ("models/kjv-v4-tiny/" and "." name their directory too).
+std::string DirectoryName(const std::string& model_dir) {
+  std::error_code error;
+  std::filesystem::path path = std::filesystem::absolute(model_dir, error);
+  if (error) path = model_dir;
+  path = path.lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  return path.filename().string();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RequestPreparer>> RequestPreparer::Load(
     const std::string& model_dir) {
   std::unique_ptr<RequestPreparer> p(new RequestPreparer());
-  p->model_names_ = {std::filesystem::path(model_dir).filename().string(), model_dir};
+  p->model_names_ = {DirectoryName(model_dir), model_dir};
   PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
   p->context_length_ = config.max_position_embeddings;
   p->vocab_size_ = config.vocab_size;
@@ -84,14 +94,8 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   }
   if (prompt->empty()) return InvalidRequest("the prompt has no tokens", "prompt");
   const int64_t prompt_length = static_cast<int64_t>(prompt->size());
+  if (std::optional<ApiError> error = ContextLengthError(req, prompt_length)) return *error;
   const int64_t max_tokens = req.max_tokens.value_or(context_length_ - prompt_length);
-  if (prompt_length + std::max<int64_t>(max_tokens, 1) > context_length_) {
-    return InvalidRequest(
-        absl::StrCat("This model's maximum context length is ", context_length_,
-                     " tokens. However, you requested ", prompt_length + max_tokens, " tokens (",
-                     prompt_length, " in the prompt, ", max_tokens, " for the completion)."),
-        "max_tokens", "context_length_exceeded");
-  }
   PreparedRequest out;
   out.request_id = NewResponseId(req.endpoint);
   out.prompt = std::move(*prompt);
@@ -117,6 +121,33 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
     return InvalidRequest(std::string(valid.message()));
   }
   return out;
+}
+
+std::optional<ApiError> RequestPreparer::ContextLengthError(const ApiRequest& req,
+                                                            int64_t prompt_length) const {
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  const char* what = chat ? "messages" : "prompt";
+  const std::string limit =
+      absl::StrCat("This model's maximum context length is ", context_length_, " tokens. ");
+  if (prompt_length >= context_length_) {
+    // The prompt alone leaves no room for one generated token: the prompt is at fault, whatever
+    // max_tokens says (OpenAI's wording for an over-long prompt).
+    return InvalidRequest(
+        absl::StrCat(
+            limit, "However, your ", what, " resulted in ", prompt_length, " tokens",
+            prompt_length == context_length_ ? ", which leaves no room for the completion" : "",
+            ". Please reduce the length of the ", what, "."),
+        what, "context_length_exceeded");
+  }
+  if (req.max_tokens && prompt_length + *req.max_tokens > context_length_) {
+    return InvalidRequest(
+        absl::StrCat(limit, "However, you requested ", prompt_length + *req.max_tokens, " tokens (",
+                     prompt_length, " in the ", what, ", ", *req.max_tokens,
+                     " for the completion). Please reduce the length of the ", what,
+                     ", or max_tokens to at most ", context_length_ - prompt_length, "."),
+        "max_tokens", "context_length_exceeded");
+  }
+  return std::nullopt;
 }
 
 TokenLogprob RequestPreparer::Logprob(const SampledText& sampled) const {

@@ -70,7 +70,8 @@ class RequestPreparer {
   const serving::SamplingParams& defaults() const { return defaults_; }
   int64_t context_length() const { return context_length_; }
   int64_t vocab_size() const { return vocab_size_; }
-  // {directory name, model_dir}: the names accepted in a request's "model" field.
+  // {directory name, model_dir}: the names accepted in a request's "model" field. The first
+  // (the directory's own name, without the path) is the served name /v1/models lists.
   const std::vector<std::string>& model_names() const { return model_names_; }
 
   // The API logprob entry for one sampled token.
@@ -78,6 +79,11 @@ class RequestPreparer {
 
  private:
   RequestPreparer() = default;
+  // The 400 context_length_exceeded for a prompt of `prompt_length` tokens, or nullopt when it
+  // and the request's max_tokens fit the context. A prompt that leaves no room for one token
+  // is blamed on the prompt ("prompt" / "messages"); a prompt that fits with a max_tokens that
+  // does not, on max_tokens (a chat request without max_tokens gets the room that is left).
+  std::optional<ApiError> ContextLengthError(const ApiRequest& req, int64_t prompt_length) const;
   std::vector<std::string> model_names_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::unique_ptr<text::ChatFormat> chat_format_;

@@ -1,5 +1,5 @@
 // Online detector of degenerate generations: a repeated n-gram running to the token limit, or
-// content that is empty or whitespace only (the failure modes in ../shared/design.md, "Lessons").
+// content that is empty or whitespace only (the failure modes of docs/guards.md).
 //
 // Repeats: for every period n in 1..max_ngram the detector keeps how many consecutive tokens
 // have equalled the token n places earlier. A periodic stretch of `span` tokens with period n

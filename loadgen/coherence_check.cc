@@ -72,7 +72,11 @@ json ToJson(const SampleCheck& s) {
             {"empty", s.empty},
             {"whitespace_only", s.whitespace_only},
             {"text", s.text}};
-  if (!s.request_error.empty()) j["request_error"] = s.request_error;
+  if (!s.request_error.empty()) {
+    // A failed request has no output to measure: null, not the defaults.
+    j["request_error"] = s.request_error;
+    for (const char* key : {"tokenization", "tokens", "max_repeat", "distinct2"}) j[key] = nullptr;
+  }
   return j;
 }
 
@@ -114,6 +118,16 @@ SampleCheck AnalyzeSample(const RequestSample& sample, const CheckThresholds& t,
   c.content_bytes = static_cast<int64_t>(sample.text.size());
   if (!sample.ok()) {
     c.request_error = sample.error_kind;
+    const json body = json::parse(sample.error_detail, nullptr, /*allow_exceptions=*/false);
+    if (body.is_object() && body.contains("error") && body["error"].is_object()) {
+      const json& error = body["error"];
+      if (error.contains("code") && error["code"].is_string()) {
+        c.request_error_code = error["code"].get<std::string>();
+      }
+      if (error.contains("message") && error["message"].is_string()) {
+        c.request_error_message = error["message"].get<std::string>();
+      }
+    }
     c.reasons.push_back(absl::StrCat("request failed: ", sample.error_kind, " ",
                                      sample.error_detail.substr(0, 200)));
     return c;
@@ -129,6 +143,9 @@ SampleCheck AnalyzeSample(const RequestSample& sample, const CheckThresholds& t,
   detector.PushText(sample.text);
   c.tokens = static_cast<int64_t>(ids.size());
   c.max_repeat = detector.LongestRun();
+  // One copy and a token is no repeat (text whose token recurs once max_ngram later reads
+  // "32-gram x1"): only two or more back-to-back copies are reported.
+  if (c.max_repeat.repeats < 2 && !detector.Repetitive()) c.max_repeat = {};
   c.distinct2 = Distinct2(ids);
   c.empty = detector.Empty();
   c.whitespace_only = detector.WhitespaceOnly();
@@ -199,6 +216,21 @@ absl::StatusOr<CheckReport> RunCheck(const std::vector<PromptItem>& prompts,
                                      const CheckOptions& o) {
   if (o.samples < 1) return absl::InvalidArgumentError("--samples must be >= 1");
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts");
+  if (o.api == Api::kCompletions) {
+    // /v1/completions applies no chat template: chat messages flattened to text are not what
+    // the model was trained on (the bundled model answers such text with EOS at once), so the
+    // check would judge the prompt, not the server.
+    std::vector<std::string> chat;
+    for (const PromptItem& item : prompts) {
+      if (item.messages.is_array() && item.token_ids.empty()) chat.push_back(item.id);
+    }
+    if (!chat.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--api completions sends raw text (/v1/completions applies no chat template), and ",
+          chat.size(), " of ", prompts.size(), " prompts are chat messages (",
+          absl::StrJoin(chat, ", "), "): use --api chat, or a prompt file of \"prompt\" lines"));
+    }
+  }
   const int per_prompt = o.samples + (o.greedy_control ? 1 : 0);
   RunOptions run;
   run.url = o.url;
@@ -255,21 +287,27 @@ std::string ToTable(const CheckReport& report) {
                       "min bytes", "worst repeat", "min dist2", "greedy", "tokens");
   for (const PromptCheck& p : report.prompts) {
     int ok = 0;
+    // Over the samples whose request succeeded; "-" where there is none (nothing to measure).
+    int measured = 0;
     int64_t min_bytes = INT64_MAX;
     double min_d2 = 1;
     guards::RepeatRun worst;
+    std::string tokenization;
     for (const SampleCheck& s : p.samples) {
       ok += s.pass ? 1 : 0;
+      if (!s.request_error.empty()) continue;
+      if (measured++ == 0) tokenization = s.tokenization;
       min_bytes = std::min(min_bytes, s.content_bytes);
       min_d2 = std::min(min_d2, s.distinct2);
       if (s.max_repeat.span_tokens > worst.span_tokens) worst = s.max_repeat;
     }
-    const std::string tokenization = p.samples.empty() ? "" : p.samples[0].tokenization;
+    const std::string none = "-";
     out += absl::StrFormat(
-        "%-24s %-6s %8s %10d %14s %9.3f %7s %-6s\n", p.id.substr(0, 24), p.pass ? "PASS" : "FAIL",
-        absl::StrCat(ok, "/", p.samples.size()), min_bytes,
-        worst.repeats == 0 ? std::string("-") : absl::StrCat(worst.ngram, "-gram x", worst.repeats),
-        min_d2, !p.greedy ? "-" : (p.greedy->pass ? "pass" : "fail"), tokenization);
+        "%-24s %-6s %8s %10s %14s %9s %7s %-6s\n", p.id.substr(0, 24), p.pass ? "PASS" : "FAIL",
+        absl::StrCat(ok, "/", p.samples.size()), measured == 0 ? none : absl::StrCat(min_bytes),
+        worst.repeats == 0 ? none : absl::StrCat(worst.ngram, "-gram x", worst.repeats),
+        measured == 0 ? none : absl::StrFormat("%.3f", min_d2),
+        !p.greedy ? "-" : (p.greedy->pass ? "pass" : "fail"), measured == 0 ? none : tokenization);
     for (const std::string& why : p.reasons) out += absl::StrCat("    ", why, "\n");
     for (const SampleCheck& s : p.samples) {
       if (s.pass) continue;
@@ -279,6 +317,26 @@ std::string ToTable(const CheckReport& report) {
   }
   out += report.pass ? "PASS\n" : "FAIL\n";
   return out;
+}
+
+std::string ContextLengthSummary(const CheckReport& report) {
+  std::vector<std::string> ids;
+  std::string message;
+  for (const PromptCheck& p : report.prompts) {
+    bool refused = false;
+    auto look = [&](const SampleCheck& s) {
+      if (s.request_error_code != "context_length_exceeded") return;
+      refused = true;
+      if (message.empty()) message = s.request_error_message;
+    };
+    for (const SampleCheck& s : p.samples) look(s);
+    if (p.greedy) look(*p.greedy);
+    if (refused) ids.push_back(p.id);
+  }
+  if (ids.empty()) return "";
+  return absl::StrCat(ids.size(), " of ", report.prompts.size(),
+                      " prompts do not fit the model's context (HTTP 400 context_length_exceeded: ",
+                      absl::StrJoin(ids, ", "), "); the server says: \"", message, "\"");
 }
 
 }  // namespace pdserve::loadgen

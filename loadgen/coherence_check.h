@@ -1,7 +1,7 @@
 // The coherence harness behind `pdserve check`: N prompts x K samples at the deployment's own
 // sampling settings, plus one greedy control (temperature 0) per prompt, each judged for the
-// silent failure modes of ../shared/design.md ("Lessons"): one n-gram repeated until the
-// token limit, empty or whitespace-only content, low diversity.
+// silent failure modes of docs/guards.md: one n-gram repeated until the token limit, empty or
+// whitespace-only content, low diversity.
 //
 // Per sample it measures content length (UTF-8 bytes), the longest back-to-back repeat of an
 // n-gram (guards::DegenerationDetector, n = 1..max_ngram), distinct-2 (distinct token bigrams /
@@ -9,7 +9,9 @@
 // sequence is the server's own tokens when it returns logprobs (one entry per generated token;
 // equal token strings count as one id), else "words": maximal runs of letters, digits and
 // non-ASCII bytes, each other visible character on its own (so "<div><div>" is 6 tokens).
-// Each sample's report says which tokenization it used.
+// Each sample's report says which tokenization it used. A repeat is reported only from two
+// back-to-back copies up; a sample whose request failed has nothing measured (null in the JSON,
+// "-" in the table, where each column is over the prompt's measured samples).
 //
 // Thread-safety: RunCheck blocks its caller; the rest are pure functions.
 #pragma once
@@ -46,7 +48,10 @@ absl::Status ApplyThresholdOverrides(const nlohmann::json& overrides, CheckThres
 struct SampleCheck {
   bool greedy = false;
   std::string request_error;  // error kind when the request itself failed
-  std::string tokenization;   // "logprobs" or "words"
+  // The OpenAI error body's "error.code" and "error.message" of a failed request, if it had one.
+  std::string request_error_code;
+  std::string request_error_message;
+  std::string tokenization;  // "logprobs" or "words"
   int64_t content_bytes = 0;
   int64_t tokens = 0;
   guards::RepeatRun max_repeat;
@@ -91,9 +96,11 @@ struct CheckOptions {
 };
 
 // Sends every prompt's samples and greedy control, then judges them. Prompt lines may carry
-// "thresholds" (overrides) and "expect" (a required substring) in PromptItem::extra.
-// Errors: InvalidArgument for bad options or overrides; Unavailable when the host does not
-// resolve. Failed requests are failing samples, not errors.
+// "thresholds" (overrides) and "expect" (a required substring) in PromptItem::extra. With
+// Api::kCompletions the prompts must be raw text ("prompt" lines): /v1/completions applies no
+// chat template, so chat ("messages") lines are refused rather than flattened.
+// Errors: InvalidArgument for bad options or overrides, or chat prompts with kCompletions;
+// Unavailable when the host does not resolve. Failed requests are failing samples, not errors.
 absl::StatusOr<CheckReport> RunCheck(const std::vector<PromptItem>& prompts,
                                      const CheckOptions& options);
 
@@ -106,5 +113,11 @@ absl::StatusOr<CheckReport> JudgePrompts(const std::vector<PromptItem>& prompts,
 
 nlohmann::json ToJson(const CheckReport& report);
 std::string ToTable(const CheckReport& report);
+
+// One line naming the prompts the server refused as longer than the model's context (a 400
+// context_length_exceeded on any of their requests) with the server's first such message, or
+// "" when there were none. Such a prompt set cannot be judged: `pdserve check` prints the line
+// before its report and exits 2.
+std::string ContextLengthSummary(const CheckReport& report);
 
 }  // namespace pdserve::loadgen

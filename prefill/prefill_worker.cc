@@ -44,9 +44,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   w->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
   metrics::Registry& r = w->registry_;
-  PDSERVE_ASSIGN_OR_RETURN(
-      auto* build, r.AddGauge("pdserve_build_info", "Identifies the process", {"role", "version"}));
-  build->WithLabels({"prefill", "0.1"}).Set(1);
+  PDSERVE_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "prefill"));
   PDSERVE_ASSIGN_OR_RETURN(auto* tokens,
                            r.AddCounter("pdserve_prefill_tokens_total", "Prompt tokens prefilled"));
   w->tokens_total_ = &tokens->Get();

@@ -300,10 +300,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
 
   auto& r = s->registry_;
   const std::vector<double> latency = metrics::LatencyBucketsSeconds();
-  PDSERVE_ASSIGN_OR_RETURN(
-      s->build_info_,
-      r.AddGauge("pdserve_build_info", "Identifies the process.", {"role", "version"}));
-  s->build_info_->WithLabels({"router", "0.1.0"}).Set(1);
+  PDSERVE_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "router"));
   PDSERVE_ASSIGN_OR_RETURN(s->requests_,
                            r.AddCounter("pdserve_router_requests_total", "Finished requests.",
                                         {"endpoint", "status", "finish_reason"}));

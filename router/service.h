@@ -184,7 +184,6 @@ class RouterService : public frontend::GenerationService {
   metrics::Family<metrics::Counter>* retries_ = nullptr;
   metrics::Family<metrics::Gauge>* worker_up_ = nullptr;
   metrics::Family<metrics::Counter>* degenerate_ = nullptr;
-  metrics::Family<metrics::Gauge>* build_info_ = nullptr;
 };
 
 }  // namespace pdserve::router

@@ -25,6 +25,12 @@ const char* StateKindName(StateKind kind) {
   return "unknown";
 }
 
+std::string PoolKindLabel(const std::string& name) {
+  if (name == "window") return "sliding";
+  if (name == "compressed" || name == "indexer") return name;
+  return "compressor";
+}
+
 absl::StatusOr<StateLayout> StateLayout::Create(const StateDims& dims) {
   if (dims.sliding_layers < 0 || dims.csa_layers < 0 || dims.hca_layers < 0 ||
       dims.sliding_layers + dims.csa_layers + dims.hca_layers == 0) {

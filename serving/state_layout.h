@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "serving/page_pool.h"
@@ -45,6 +46,10 @@ enum class StateKind : int32_t {
 };
 inline constexpr int kNumStateKinds = 5;
 const char* StateKindName(StateKind kind);  // "window", "compressed", ...
+// The `kind` label of the pool-page metrics (docs/metrics.md) for the kind named `name`
+// (StateKindName): "window" -> "sliding", "compressed" and "indexer" as they are, either
+// compressor kind -> "compressor".
+std::string PoolKindLabel(const std::string& name);
 
 // A row of one sequence's state: page index within PageTable::pages[kind], row within the page.
 struct StateSlot {

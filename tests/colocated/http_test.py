@@ -3,15 +3,26 @@
 
 Starts the server on a free loopback port and checks, with curl and with the OpenAI python client:
 non-streamed and streamed completions and chat completions, that streamed text equals the
-non-streamed text for the same seed, usage and finish_reason, and a 400 context_length_exceeded.
+non-streamed text for the same seed, usage and finish_reason, 400 context_length_exceeded (a chat
+prompt over the context names "messages"), /v1/models listing the model once (its path still
+accepted as an alias), /v1/completions' top_logprobs dicts ordered most likely first, and /metrics:
+every family it exports is in docs/metrics.md with that type, pdserve_build_info has role "serve",
+and `promtool check metrics` accepts it (where promtool is installed); `pdserve check` with a
+prompt set over the model's context says so in its first line and exits 2.
 The OpenAI client part is skipped (with a message) where `openai` cannot be imported; the whole
 test exits 77 (ctest SKIP) when curl is missing.
 """
 import argparse
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tests", "ops"))
+from prometheus_scrape_test import documented_metrics  # noqa: E402
 
 
 def curl(url, body, stream=False):
@@ -20,6 +31,25 @@ def curl(url, body, stream=False):
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     text, code = out.rsplit("\n", 1)
     return int(code), text
+
+
+def get(url):
+    out = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", url], check=True,
+                         capture_output=True, text=True).stdout
+    text, code = out.rsplit("\n", 1)
+    return int(code), text
+
+
+def sse_choices(body):
+    """The choices of every data event of an SSE body, in order."""
+    return [choice for line in body.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+            for choice in json.loads(line[len("data: "):]).get("choices", [])]
+
+
+def ranked(top_logprobs):
+    """True when every {token: logprob} dict lists its entries by logprob, best first."""
+    return all(list(d.values()) == sorted(d.values(), reverse=True) for d in top_logprobs)
 
 
 def sse_text(body, chat):
@@ -89,6 +119,59 @@ def main():
 
         code, body = curl(base + "/v1/completions", dict(prompt, max_tokens=100000))
         check(code == 400 and "context_length_exceeded" in body, f"too long: HTTP {code}")
+        long_chat = {"model": model, "messages": [{"role": "user", "content": "And " * 600}]}
+        code, body = curl(base + "/v1/chat/completions", long_chat)
+        error = json.loads(body).get("error", {})
+        check(code == 400 and error.get("param") == "messages"
+              and "your messages resulted in" in error.get("message", ""),
+              f"chat over the context without max_tokens names the messages: {code} {error}")
+
+        code, body = get(base + "/v1/models")
+        ids = [m["id"] for m in json.loads(body)["data"]]
+        check(code == 200 and ids == [model], f"/v1/models lists the model once: {ids}")
+        code, body = curl(base + "/v1/completions", dict(prompt, model=args.model))
+        check(code == 200, f"the model's path is accepted as its name: HTTP {code}")
+
+        with_logprobs = dict(prompt, logprobs=5, max_tokens=8)
+        code, body = curl(base + "/v1/completions", with_logprobs)
+        top = json.loads(body)["choices"][0]["logprobs"]["top_logprobs"]
+        check(code == 200 and len(top) == 8 and all(len(d) >= 2 for d in top) and ranked(top),
+              f"top_logprobs most likely first: {top[:2]}")
+        code, body = curl(base + "/v1/completions", dict(with_logprobs, stream=True), stream=True)
+        top = [d for c in sse_choices(body) if c.get("logprobs")
+               for d in c["logprobs"]["top_logprobs"]]
+        check(code == 200 and len(top) == 8 and ranked(top),
+              f"streamed top_logprobs most likely first: {top[:2]}")
+
+        code, metrics = get(base + "/metrics")
+        exported = dict(re.findall(r"^# TYPE (\S+) (\S+)$", metrics, re.M))
+        documented = documented_metrics(ROOT)
+        wrong = {name: kind for name, kind in exported.items() if documented.get(name) != kind}
+        check(code == 200 and exported and not wrong,
+              f"/metrics: {len(exported)} families, each in docs/metrics.md with its type "
+              f"(not: {wrong})")
+        check(re.search(r'^pdserve_build_info\{role="serve",version="[0-9.]+"\} 1$', metrics, re.M),
+              "/metrics: pdserve_build_info{role=\"serve\"}")
+        check(re.search(r"^pdserve_serve_generation_tokens_total [1-9]", metrics, re.M),
+              "/metrics: generated tokens counted")
+        promtool = shutil.which("promtool")
+        if promtool:
+            lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
+                                  capture_output=True)
+            # promtool exits 3 for lint warnings only (e.g. naming advice); 1 for parse errors.
+            check(lint.returncode in (0, 3), f"promtool check metrics: {lint.stdout}{lint.stderr}")
+        else:
+            print("SKIP (promtool part): promtool is not installed")
+
+        # pdserve check with its default prompt set, which does not fit the 512-token context:
+        # one line says so first, and the exit status is 2 (cannot judge), not 1.
+        run = subprocess.run([args.pdserve, "check", "--endpoint", base, "--samples", "1"],
+                             capture_output=True, text=True, timeout=120)
+        first = (run.stderr.splitlines() or [""])[0]
+        check(run.returncode == 2 and first.startswith("error: 5 of 5 prompts do not fit the "
+                                                       "model's context")
+              and "--prompts deploy/check/kjv-prompts.jsonl" in first,
+              f"check with prompts over the context: exit {run.returncode}, {first[:160]}")
 
         try:
             import openai

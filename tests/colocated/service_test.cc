@@ -127,6 +127,58 @@ TEST(ColocatedServiceTest, StopStringEndsTheChoiceBeforeIt) {
   EXPECT_TRUE(WaitIdle(*service));
 }
 
+TEST(ColocatedServiceTest, ModelIsListedOnceAndItsPathStillAccepted) {
+  auto service = NewService();
+  EXPECT_EQ(service->ListedModelNames(), std::vector<std::string>{"kjv-v4-tiny"});
+  EXPECT_EQ(service->ModelNames(),
+            (std::vector<std::string>{"kjv-v4-tiny", PDSERVE_BUNDLED_MODEL}));
+}
+
+// docs/metrics.md, "Colocated server": the documented names, types and values.
+TEST(ColocatedServiceTest, MetricsFollowTheContract) {
+  auto service = NewService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::ApiRequest req = Completion("In the beginning", 12);
+  req.ignore_eos = true;
+  auto generation = service->Start(req, sink);
+  ASSERT_TRUE(sink->WaitDone());
+  ASSERT_EQ(sink->usage().completion_tokens, 12);
+  ASSERT_TRUE(WaitIdle(*service));
+  const std::string text = service->MetricsText();
+  for (const char* line : {
+           "# TYPE pdserve_build_info gauge\n",
+           "pdserve_build_info{role=\"serve\",version=\"0.1.0\"} 1\n",
+           "# TYPE pdserve_serve_generation_tokens_total counter\n",
+           "pdserve_serve_generation_tokens_total 12\n",
+           "# TYPE pdserve_serve_sequences_running gauge\n",
+           "pdserve_serve_sequences_running 0\n",
+           "pdserve_serve_sequences_waiting 0\n",
+           "# TYPE pdserve_serve_degenerate_generations_total counter\n",
+           "pdserve_serve_degenerate_generations_total{kind=\"repeat\",action=\"flag\"} 0\n",
+           "pdserve_serve_pool_pages_used{kind=\"sliding\"} 0\n",
+           "pdserve_serve_canary_checks_total 0\n",
+           "pdserve_serve_canary_mismatches_total 0\n",
+           "pdserve_serve_isolation_failures_total{kind=\"page_owner\"} 0\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+  }
+  // Every page is free again: used 0 and free > 0 for each documented kind.
+  for (const char* kind : {"sliding", "compressed", "indexer", "compressor"}) {
+    const std::string used =
+        std::string("pdserve_serve_pool_pages_used{kind=\"") + kind + "\"} 0\n";
+    const std::string free = std::string("pdserve_serve_pool_pages_free{kind=\"") + kind + "\"} ";
+    EXPECT_NE(text.find(used), std::string::npos) << kind;
+    const size_t at = text.find(free);
+    ASSERT_NE(at, std::string::npos) << kind;
+    EXPECT_GT(std::stol(text.substr(at + free.size())), 0) << kind;
+  }
+  // No name outside the contract's scheme (the old undocumented ones are gone).
+  for (const char* old : {"pdserve_generated_tokens ", "pdserve_sequences_", "pdserve_state_pages",
+                          "pdserve_degenerate_choices", "pdserve_canary_", "pdserve_isolation_"}) {
+    EXPECT_EQ(text.find(old), std::string::npos) << old;
+  }
+}
+
 TEST(ColocatedServiceTest, PromptPlusMaxTokensOverTheContextIs400) {
   auto service = NewService();
   frontend::StartResult started =

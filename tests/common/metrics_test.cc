@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/version.h"
+
 namespace pdserve::metrics {
 namespace {
 
@@ -126,6 +128,18 @@ TEST(MetricsTest, OutputPassesPromtool) {
   while (fgets(buf, sizeof(buf), p)) output += buf;
   EXPECT_EQ(pclose(p), 0) << output;
   EXPECT_EQ(output, "") << output;
+}
+
+TEST(MetricsTest, BuildInfoCarriesTheRoleAndTheOneVersion) {
+  Registry r;
+  ASSERT_TRUE(AddBuildInfo(r, "serve").ok());
+  EXPECT_EQ(r.Serialize(),
+            "# HELP pdserve_build_info Identifies the process.\n"
+            "# TYPE pdserve_build_info gauge\n"
+            "pdserve_build_info{role=\"serve\",version=\"" +
+                std::string(kVersion) + "\"} 1\n");
+  EXPECT_STREQ(kVersion, "0.1.0");
+  EXPECT_EQ(AddBuildInfo(r, "router").code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -14,6 +14,9 @@
 #                                      of a cuda config refuses to start (CPU engine only)
 #   dashboard DEPLOY_DIR METRICS_MD    every pdserve_* name used by the dashboard and the
 #                                      alert rules is listed in docs/metrics.md
+#   up-model-path PDSERVE CONFIG_DIR   `pdserve up` run where local.yaml's relative model path
+#                                      does not exist starts no child and names the path and
+#                                      the working directory (validate-config warns the same)
 set -euo pipefail
 mode=$1
 shift
@@ -150,6 +153,25 @@ case $mode in
       fi
     done
     exit $status
+    ;;
+  up-model-path)
+    pdserve=$1 dir=$(cd "$2" && pwd -P)
+    here=$(cd "$tmp" && pwd -P)
+    want="model path 'models/kjv-v4-tiny' has no config.json as seen from the working directory $here"
+    if (cd "$here" && timeout 60 "$pdserve" up --config "$dir"/local.yaml) >"$tmp/out" \
+        2>"$tmp/err"; then
+      echo "FAIL: pdserve up started without the model"
+      exit 1
+    fi
+    grep -qF "pdserve up: $dir/local.yaml: $want" "$tmp/err" || {
+      echo "FAIL: the refusal does not name the path and the directory:"; cat "$tmp/err"; exit 1; }
+    if grep -q "started" "$tmp/err"; then
+      echo "FAIL: children were started before the refusal:"; cat "$tmp/err"; exit 1
+    fi
+    (cd "$here" && "$pdserve" validate-config "$dir"/local.yaml) >"$tmp/out" 2>"$tmp/err"
+    grep -qF "local.yaml: warning: $want" "$tmp/err" || {
+      echo "FAIL: validate-config does not warn the same way:"; cat "$tmp/err"; exit 1; }
+    echo "ok: $(head -1 "$tmp/err")"
     ;;
   *)
     echo "unknown mode $mode"

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace pdserve::config {
@@ -112,6 +114,49 @@ TEST(DeployConfigTest, NonRegularFileIsRefused) {
   const ParsedDeployConfig parsed = LoadDeployConfigFile("/dev/zero");
   ASSERT_EQ(parsed.errors.size(), 1u);
   EXPECT_EQ(parsed.errors[0].message, "not a regular file");
+}
+
+// Runs in a fresh directory holding models/m/config.json, and returns to the old one after.
+class ModelPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    old_ = std::filesystem::current_path();
+    dir_ = std::filesystem::path(::testing::TempDir()) / "model_path_test";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ / "models" / "m");
+    std::ofstream(dir_ / "models" / "m" / "config.json") << "{}";
+    std::filesystem::current_path(dir_);
+  }
+  void TearDown() override {
+    std::filesystem::current_path(old_);
+    std::filesystem::remove_all(dir_);
+  }
+  std::filesystem::path old_, dir_;
+};
+
+TEST_F(ModelPathTest, RelativePathIsResolvedAgainstTheWorkingDirectory) {
+  DeployConfig c;
+  c.model_path = "models/m";
+  EXPECT_TRUE(CheckModelPath(c).ok());
+  std::filesystem::current_path(dir_ / "models");
+  const absl::Status status = CheckModelPath(c);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "model path 'models/m' has no config.json as seen from the working directory " +
+                std::filesystem::current_path().string() +
+                " (a relative model.path is resolved against it: run from the directory it is "
+                "relative to, e.g. the repository root, or make it absolute)");
+}
+
+TEST_F(ModelPathTest, AbsolutePathWorksFromAnywhere) {
+  DeployConfig c;
+  c.model_path = (dir_ / "models" / "m").string();
+  std::filesystem::current_path("/");
+  EXPECT_TRUE(CheckModelPath(c).ok());
+  c.model_path = (dir_ / "models" / "absent").string();
+  EXPECT_EQ(CheckModelPath(c).message(), "model path '" + c.model_path +
+                                             "' has no config.json as seen from the working "
+                                             "directory /");
 }
 
 }  // namespace

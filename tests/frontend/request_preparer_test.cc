@@ -1,12 +1,16 @@
 // RequestPreparer on the bundled model: the chat format's control tokens are suppressed in chat
-// answers (docs/chat-format.md, "Control tokens in answers").
+// answers (docs/chat-format.md, "Control tokens in answers"); a prompt over the 512-token
+// context is blamed on the prompt, a max_tokens that does not fit on max_tokens.
 #include "frontend/request_preparer.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include "frontend/api_request.h"
 #include "text/tokenizer.h"
@@ -31,6 +35,25 @@ class RequestPreparerTest : public ::testing::Test {
     Prepared prepared = preparer_->Prepare(std::get<ApiRequest>(parsed));
     EXPECT_TRUE(std::holds_alternative<PreparedRequest>(prepared)) << body;
     return std::get<PreparedRequest>(prepared);
+  }
+
+  // The 400 for `body`, and the prompt's length in tokens.
+  std::pair<ApiError, int64_t> Reject(Endpoint endpoint, const std::string& body) {
+    ParsedRequest parsed = ParseRequest(endpoint, body);
+    EXPECT_TRUE(std::holds_alternative<ApiRequest>(parsed)) << body;
+    const ApiRequest& req = std::get<ApiRequest>(parsed);
+    Prepared prepared = preparer_->Prepare(req);
+    EXPECT_TRUE(std::holds_alternative<ApiError>(prepared)) << body;
+    auto tokens = preparer_->PromptTokens(req);
+    EXPECT_TRUE(tokens.ok()) << tokens.status();
+    return {std::get<ApiError>(prepared), static_cast<int64_t>(tokens->size())};
+  }
+
+  // A text of `words` copies of " And".
+  static std::string Words(int words) {
+    std::string text = "And";
+    for (int i = 1; i < words; ++i) text += " And";
+    return text;
   }
 
   int32_t Id(const std::string& token) { return tokenizer_->TokenToId(token).value_or(-1); }
@@ -75,6 +98,89 @@ TEST_F(RequestPreparerTest, CompletionsAreLeftAlone) {
   const PreparedRequest p =
       Prepare(Endpoint::kCompletions, R"({"model":"kjv-v4-tiny","prompt":"In the beginning"})");
   EXPECT_TRUE(p.params.logit_bias.empty());
+}
+
+TEST_F(RequestPreparerTest, ServedNameIsTheDirectoryNameEvenWithATrailingSlash) {
+  EXPECT_EQ(preparer_->model_names(),
+            (std::vector<std::string>{"kjv-v4-tiny", PDSERVE_BUNDLED_MODEL}));
+  auto slash = RequestPreparer::Load(std::string(PDSERVE_BUNDLED_MODEL) + "/");
+  ASSERT_TRUE(slash.ok()) << slash.status();
+  EXPECT_EQ((*slash)->model_names().front(), "kjv-v4-tiny");
+}
+
+TEST_F(RequestPreparerTest, ChatOverTheContextNamesTheMessages) {
+  const auto [error, length] = Reject(
+      Endpoint::kChatCompletions,
+      R"({"model":"kjv-v4-tiny","messages":[{"role":"user","content":")" + Words(600) + R"("}]})");
+  ASSERT_GT(length, 512);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.code, "context_length_exceeded");
+  EXPECT_EQ(error.param, "messages");
+  EXPECT_EQ(error.message,
+            "This model's maximum context length is 512 tokens. However, your "
+            "messages resulted in " +
+                std::to_string(length) + " tokens. Please reduce the length of the messages.");
+}
+
+TEST_F(RequestPreparerTest, ChatFillingTheContextLeavesNoRoom) {
+  // Find a message that renders to exactly 512 tokens.
+  for (int words = 400; words < 600; ++words) {
+    ParsedRequest parsed =
+        ParseRequest(Endpoint::kChatCompletions,
+                     R"({"model":"kjv-v4-tiny","messages":[{"role":"user","content":")" +
+                         Words(words) + R"("}]})");
+    const ApiRequest& req = std::get<ApiRequest>(parsed);
+    auto tokens = preparer_->PromptTokens(req);
+    ASSERT_TRUE(tokens.ok());
+    if (tokens->size() < 512) continue;
+    if (tokens->size() > 512) GTEST_SKIP() << "no message of exactly 512 tokens";
+    Prepared prepared = preparer_->Prepare(req);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));
+    const ApiError& error = std::get<ApiError>(prepared);
+    EXPECT_EQ(error.param, "messages");
+    EXPECT_EQ(error.message,
+              "This model's maximum context length is 512 tokens. However, your messages "
+              "resulted in 512 tokens, which leaves no room for the completion. Please reduce "
+              "the length of the messages.");
+    return;
+  }
+  FAIL() << "no message reached 512 tokens";
+}
+
+TEST_F(RequestPreparerTest, CompletionOverTheContextNamesThePrompt) {
+  const auto [error, length] =
+      Reject(Endpoint::kCompletions,
+             R"({"model":"kjv-v4-tiny","max_tokens":5,"prompt":")" + Words(600) + R"("})");
+  ASSERT_GT(length, 512);
+  EXPECT_EQ(error.param, "prompt");
+  EXPECT_EQ(error.code, "context_length_exceeded");
+  EXPECT_EQ(error.message,
+            "This model's maximum context length is 512 tokens. However, your "
+            "prompt resulted in " +
+                std::to_string(length) + " tokens. Please reduce the length of the prompt.");
+}
+
+TEST_F(RequestPreparerTest, MaxTokensOverTheContextNamesMaxTokens) {
+  const auto [error, length] =
+      Reject(Endpoint::kChatCompletions,
+             R"({"model":"kjv-v4-tiny","max_tokens":510,"messages":[{"role":"user","content":")" +
+                 Words(20) + R"("}]})");
+  ASSERT_LT(length, 512);
+  EXPECT_EQ(error.param, "max_tokens");
+  EXPECT_EQ(error.code, "context_length_exceeded");
+  EXPECT_EQ(error.message,
+            "This model's maximum context length is 512 tokens. However, you requested " +
+                std::to_string(length + 510) + " tokens (" + std::to_string(length) +
+                " in the messages, 510 for the completion). Please reduce the length of the "
+                "messages, or max_tokens to at most " +
+                std::to_string(512 - length) + ".");
+}
+
+TEST_F(RequestPreparerTest, ChatWithoutMaxTokensGetsTheRoomLeft) {
+  const std::string body =
+      R"({"model":"kjv-v4-tiny","messages":[{"role":"user","content":")" + Words(20) + R"("}]})";
+  const PreparedRequest p = Prepare(Endpoint::kChatCompletions, body);
+  EXPECT_EQ(p.params.max_tokens, 512 - static_cast<int64_t>(p.prompt.size()));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #!/bin/bash
 # `pdserve bench` and `pdserve check` end to end through the CLI against a stub OpenAI server
-# (fake_openai_server.py): exit codes, JSON output, the shipped KJV prompt set.
+# (fake_openai_server.py): exit codes, JSON output, the shipped KJV prompt set, bench --help.
 # Usage: cli_test.sh PDSERVE DEPLOY_DIR
 set -euo pipefail
 pdserve=$1 deploy=$2
@@ -53,3 +53,15 @@ status=0
 "$pdserve" bench --endpoint http://10.255.255.1:8000 --num-requests 1 2>/dev/null || status=$?
 [[ $status == 1 ]] || { echo "bench accepted a remote endpoint without --allow-remote"; exit 1; }
 echo "bench refuses a remote endpoint by default"
+
+# The help says which bound is required and that --ignore-eos is the default; without a bound
+# bench stops before contacting the endpoint (nothing listens on port 1).
+help=$("$pdserve" bench --help)
+grep -qF "Required: --num-requests N or --duration S" <<<"$help" || { echo "$help"; exit 1; }
+grep -A1 -- "--ignore-eos" <<<"$help" | grep -qF "the default" || { echo "$help"; exit 1; }
+if grep -qF "{false}" <<<"$help"; then echo "help still shows {false}: $help"; exit 1; fi
+status=0
+"$pdserve" bench --endpoint http://127.0.0.1:1 2>"$tmp/err" || status=$?
+[[ $status == 1 ]] && grep -qF "give --num-requests N or --duration SECONDS" "$tmp/err" || {
+  echo "bench without a bound: exit $status, $(cat "$tmp/err")"; exit 1; }
+echo "bench help and a missing bound are clear"

@@ -70,6 +70,18 @@ TEST_F(CheckTest, VariedTextPasses) {
   EXPECT_EQ(s.max_repeat.repeats, 0);
 }
 
+TEST_F(CheckTest, CompletionsRefuseChatPrompts) {
+  CheckOptions o;
+  o.url = *ParseEndpointUrl("http://127.0.0.1:1");  // never contacted
+  o.api = Api::kCompletions;
+  const absl::StatusOr<CheckReport> report = RunCheck(TwoPrompts(), o);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(report.status().message(),
+            "--api completions sends raw text (/v1/completions applies no chat template), and 1 "
+            "of 2 prompts are chat messages (chat): use --api chat, or a prompt file of "
+            "\"prompt\" lines");
+}
+
 TEST_F(CheckTest, EmptyContentFails) {
   service_.token_text = [](int) { return std::string(); };
   auto report = RunAgainstService(/*logprobs=*/false);
@@ -110,6 +122,79 @@ TEST(AnalyzeSampleTest, WhitespaceOnlyAndDistinct2) {
   strict.min_distinct2 = 0.8;
   EXPECT_FALSE(AnalyzeSample(WithText("a b a b c"), strict, std::nullopt).pass);
   EXPECT_FALSE(AnalyzeSample(WithText("a b c"), {}, std::string("zebra")).pass);
+}
+
+TEST(AnalyzeSampleTest, OneCopyIsNoRepeat) {
+  // w0 recurs once, 32 words later: period 32, one copy and a token.
+  std::string text;
+  for (int i = 0; i < 32; ++i) text += "w" + std::to_string(i) + " ";
+  const SampleCheck c = AnalyzeSample(WithText(text + "w0"), {}, std::nullopt);
+  EXPECT_EQ(c.tokens, 33);
+  EXPECT_EQ(c.max_repeat.ngram, 0);
+  EXPECT_EQ(c.max_repeat.repeats, 0);
+  EXPECT_TRUE(c.pass);
+  const SampleCheck twice = AnalyzeSample(WithText("a b a b"), {}, std::nullopt);
+  EXPECT_EQ(twice.max_repeat.ngram, 2);
+  EXPECT_EQ(twice.max_repeat.repeats, 2);
+}
+
+RequestSample Refused() {
+  RequestSample s;
+  s.error_kind = "http_400";
+  s.error_detail = R"({"error":{"code":"context_length_exceeded","message":"too long"}})";
+  return s;
+}
+
+TEST(JudgePromptsTest, PromptWithEveryRequestFailedShowsNothingMeasured) {
+  std::vector<PromptItem> prompts(2);
+  prompts[0].id = "refused";
+  prompts[1].id = "mixed";
+  std::string loop;
+  for (int i = 0; i < 10; ++i) loop += "x y z ";
+  auto report = JudgePrompts(
+      prompts, {{Refused(), Refused()}, {Refused(), WithText("a b a b c"), WithText(loop)}},
+      {Refused(), std::nullopt}, {});
+  ASSERT_TRUE(report.ok()) << report.status();
+  const std::string table = ToTable(*report);
+  // Columns: prompt result ok/K min-bytes worst-repeat min-dist2 greedy tokens.
+  EXPECT_NE(
+      table.find("\nrefused                  FAIL        0/2          -              -         -"
+                 "    fail -     \n"),
+      std::string::npos)
+      << table;
+  // Over the two measured samples only: 9 bytes ("a b a b c"), the loop's repeat and distinct-2.
+  EXPECT_NE(
+      table.find("\nmixed                    FAIL        1/3          9     3-gram x10     0.103"
+                 "       - words \n"),
+      std::string::npos)
+      << table;
+  const nlohmann::json j = ToJson(*report);
+  const nlohmann::json& refused = j["prompts"][0]["samples"][0];
+  EXPECT_EQ(refused["request_error"], "http_400");
+  EXPECT_TRUE(refused["distinct2"].is_null());
+  EXPECT_TRUE(refused["max_repeat"].is_null());
+  EXPECT_TRUE(refused["tokens"].is_null());
+  EXPECT_EQ(j["prompts"][1]["samples"][1]["distinct2"], 0.75);
+}
+
+TEST(JudgePromptsTest, PromptsOverTheContextAreNamedInOneLine) {
+  std::vector<PromptItem> prompts(3);
+  prompts[0].id = "long";
+  prompts[1].id = "fits";
+  prompts[2].id = "long-greedy";
+  RequestSample other = Refused();
+  other.error_detail = R"({"error":{"code":"invalid_value","message":"bad"}})";
+  auto report = JudgePrompts(prompts, {{Refused()}, {WithText("a b c"), other}, {WithText("a b")}},
+                             {std::nullopt, std::nullopt, Refused()}, {});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->prompts[0].samples[0].request_error_code, "context_length_exceeded");
+  EXPECT_EQ(report->prompts[0].samples[0].request_error_message, "too long");
+  EXPECT_EQ(ContextLengthSummary(*report),
+            "2 of 3 prompts do not fit the model's context (HTTP 400 context_length_exceeded: "
+            "long, long-greedy); the server says: \"too long\"");
+  report->prompts.erase(report->prompts.begin());
+  report->prompts.pop_back();
+  EXPECT_EQ(ContextLengthSummary(*report), "");
 }
 
 TEST(JudgePromptsTest, FailingFractionAndOverrides) {

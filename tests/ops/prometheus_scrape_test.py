@@ -4,8 +4,9 @@
 Starts `pdserve up` (router + 1 prefill + 1 decode, CPU, the bundled model) on free loopback
 ports and a Prometheus server (Debian package `prometheus`) scraping all three processes every
 second. Then:
-  1. every process's /metrics passes `promtool check metrics` and carries its role's names
-     (docs/metrics.md);
+  1. every process's /metrics passes `promtool check metrics`, carries its role's names and
+     exports only families docs/metrics.md lists, with that type; pdserve_build_info names the
+     role, with one version for all three;
   2. N streamed chat requests are timed by this client (time to first content byte);
   3. after a scrape, the PromQL query
        histogram_quantile(0.99, sum by (le) (pdserve_router_time_to_first_token_seconds_bucket))
@@ -23,6 +24,7 @@ Usage: prometheus_scrape_test.py PDSERVE_BINARY REPO_ROOT
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -47,6 +49,13 @@ def free_port():
 def http_get(url, timeout=10):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read().decode()
+
+
+def documented_metrics(root):
+    """{name: type} from docs/metrics.md's tables ("histogram (buckets ...)" read as histogram)."""
+    row = re.compile(r"^\| `(pdserve_[a-z0-9_]+)` \| (counter|gauge|histogram)", re.M)
+    with open(os.path.join(root, "docs", "metrics.md")) as f:
+        return dict(row.findall(f.read()))
 
 
 def wait_for(what, fn, timeout_s, procs):
@@ -184,6 +193,7 @@ guards:
         expected = {"pdserve-router": "pdserve_router_time_to_first_token_seconds",
                     "pdserve-prefill": "pdserve_prefill_tokens_total",
                     "pdserve-decode": "pdserve_decode_requests_running"}
+        documented, versions = documented_metrics(root), set()
         for job, port in targets.items():
             _, text = http_get(f"http://127.0.0.1:{port}/metrics")
             check = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
@@ -193,7 +203,20 @@ guards:
                 raise SystemExit(f"FAIL: promtool check metrics on {job}: {check.stderr}")
             if expected[job] not in text:
                 raise SystemExit(f"FAIL: {job} /metrics lacks {expected[job]}")
+            exported = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+            wrong = {n: t for n, t in exported.items() if documented.get(n) != t}
+            if wrong:
+                raise SystemExit(f"FAIL: {job} exports families not in docs/metrics.md "
+                                 f"with that type: {wrong}")
+            role = job.removeprefix("pdserve-")
+            build = re.findall(rf'^pdserve_build_info{{role="{role}",version="([^"]+)"}} 1$',
+                               text, re.M)
+            if len(build) != 1:
+                raise SystemExit(f"FAIL: {job} lacks pdserve_build_info{{role=\"{role}\"}}")
+            versions.add(build[0])
             print(f"{job}: /metrics passes promtool ({len(text.splitlines())} lines)")
+        if len(versions) != 1:
+            raise SystemExit(f"FAIL: the processes report different versions: {versions}")
 
         # 2. Timed requests.
         ttfts = []

@@ -254,6 +254,11 @@ def test_errors(c, model):
     code, e = error("/v1/completions", {"model": model, "prompt": "x", "max_tokens": 10 ** 8})
     check(code == 400 and e.get("code") == "context_length_exceeded",
           f"context_length_exceeded -> {code} {e.get('code')}")
+    code, e = error("/v1/chat/completions",
+                    {"model": model, "messages": [{"role": "user", "content": "And " * 600}]})
+    check(code == 400 and e.get("param") == "messages"
+          and "your messages resulted in" in e.get("message", ""),
+          f"chat over the context without max_tokens -> {code} {e}")
     code, e = error("/v1/completions", {"model": "gpt-9", "prompt": "x"})
     check(code == 404 and e.get("code") == "model_not_found", f"unknown model -> {code}")
     code, e = error("/v1/completions", raw=json.dumps(

@@ -7,7 +7,7 @@
 // (Philox keyed by seed / choice / position; one seed per sample). Every sample goes through
 // guards::DegenerationDetector with its default thresholds (repeats, whitespace-only) and an
 // empty-content check. The greedy continuation of each prompt is reported next to them (a greedy
-// single sample proves nothing: shared/design.md, "Lessons") and must equal transformers'.
+// single sample proves nothing: docs/guards.md) and must equal transformers'.
 //
 // What is asserted: issue 7's proof as written, on every prompt: no engine sample is flagged. The
 // same detector is also run over transformers' own 20 samples per prompt (re-encoded from their

@@ -1,0 +1,83 @@
+// Response bodies: /v1/completions' top_logprobs dicts keep the ranking (most likely first), in
+// whole responses and stream chunks alike.
+#include "frontend/api_response.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "frontend/api_request.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve::frontend {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+ApiRequest CompletionWithLogprobs() {
+  ApiRequest req;
+  req.endpoint = Endpoint::kCompletions;
+  req.logprobs = true;
+  req.top_logprobs = 3;
+  return req;
+}
+
+ChoiceDelta Delta() {
+  ChoiceDelta d;
+  d.text = " zeta";
+  // Ranked best first, alphabetically last first: a sorted object would reverse them.
+  d.logprobs.push_back({" zeta", -0.25f, {{" zeta", -0.25f}, {" mu", -1.5f}, {" alpha", -3.0f}}});
+  // Two alternatives with the same text keep the better logprob, in its place.
+  d.logprobs.push_back({"b", -0.5f, {{"b", -0.5f}, {"a", -1.0f}, {"b", -2.0f}}});
+  d.finish_reason = "length";
+  return d;
+}
+
+// The keys of top_logprobs[i] in document order, and their values.
+std::vector<std::pair<std::string, float>> TopEntries(const ordered_json& logprobs, int i) {
+  std::vector<std::pair<std::string, float>> out;
+  for (const auto& [key, value] : logprobs["top_logprobs"][i].items()) {
+    out.emplace_back(key, value.get<float>());
+  }
+  return out;
+}
+
+void ExpectRanked(const ordered_json& logprobs) {
+  using Entries = std::vector<std::pair<std::string, float>>;
+  EXPECT_EQ(TopEntries(logprobs, 0),
+            (Entries{{" zeta", -0.25f}, {" mu", -1.5f}, {" alpha", -3.0f}}));
+  EXPECT_EQ(TopEntries(logprobs, 1), (Entries{{"b", -0.5f}, {"a", -1.0f}}));
+  EXPECT_EQ(logprobs["tokens"], ordered_json({" zeta", "b"}));
+  EXPECT_EQ(logprobs["text_offset"], ordered_json({0, 5}));
+}
+
+TEST(ApiResponseTest, CompletionTopLogprobsAreMostLikelyFirst) {
+  const std::string body =
+      FullResponse(CompletionWithLogprobs(), {"cmpl-1", 7, "m"}, {Delta()}, {3, 2});
+  const ordered_json j = ordered_json::parse(body);
+  ExpectRanked(j["choices"][0]["logprobs"]);
+  // The raw text too: " zeta" comes before " alpha".
+  EXPECT_LT(body.find("\" zeta\":"), body.find("\" alpha\":"));
+}
+
+TEST(ApiResponseTest, StreamedCompletionTopLogprobsAreMostLikelyFirst) {
+  const std::string chunk =
+      StreamChunk(CompletionWithLogprobs(), {"cmpl-1", 7, "m"}, Delta(), true);
+  ASSERT_EQ(chunk.rfind("data: ", 0), 0u);
+  const ordered_json j = ordered_json::parse(chunk.substr(6));
+  ExpectRanked(j["choices"][0]["logprobs"]);
+}
+
+TEST(ApiResponseTest, EnvelopeKeysInOpenAIOrder) {
+  const ordered_json j = ordered_json::parse(
+      FullResponse(CompletionWithLogprobs(), {"cmpl-1", 7, "m"}, {Delta()}, {3, 2}));
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : j.items()) keys.push_back(key);
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"id", "object", "created", "model", "choices", "usage"}));
+  EXPECT_EQ(j["usage"]["total_tokens"], 5);
+}
+
+}  // namespace
+}  // namespace pdserve::frontend
