@@ -32,7 +32,7 @@ PY_MODULES="numpy tokenizers safetensors openai"
 stamp_dir="${PDSERVE_DEPS_STAMP_DIR:-/var/lib/pdserve}"
 # CMakeLists.txt looks for the venv here too (PDSERVE_TEST_VENV).
 venv="$stamp_dir/venv"
-stamp="$stamp_dir/deps-$(printf '%s ' "${APT_PACKAGES[@]}" "${PIP_PACKAGES[@]}" $PY_MODULES |
+stamp="$stamp_dir/deps-$(printf '%s ' "${APT_PACKAGES[@]}" "${PIP_PACKAGES[@]}" "$PY_MODULES" |
   md5sum | cut -c1-12)"
 
 if [ -f "$stamp" ] && [ -x "$venv/bin/python3" ]; then

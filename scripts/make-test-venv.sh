@@ -33,11 +33,12 @@ if [ ! -x "$py" ]; then
   "$base" -m venv --system-site-packages "$venv"
 fi
 
-# The pinned requirements that are not installed at their version (empty: nothing to do).
+# The pinned requirements that are not installed at their version (none: nothing to do).
 # -s: no user site-packages (~/.local), so only the venv and Debian's packages count.
-todo=$("$py" -s - "$@" <<'PY'
+todo_line=$("$py" -s - "$@" <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version
+todo = []
 for req in sys.argv[1:]:
     name, _, want = req.partition("==")
     try:
@@ -45,18 +46,19 @@ for req in sys.argv[1:]:
             continue
     except PackageNotFoundError:
         pass
-    print(req)
+    todo.append(req)
+print(" ".join(todo))
 PY
 )
-if [ -n "$todo" ]; then
-  # shellcheck disable=SC2086  # one requirement a line, none with spaces
-  echo "make-test-venv: pip install" $todo
-  PYTHONNOUSERSITE=1 "$py" -m pip install -q --disable-pip-version-check $todo
+read -r -a todo <<<"$todo_line"
+if [ ${#todo[@]} -gt 0 ]; then
+  echo "make-test-venv: pip install ${todo[*]}"
+  PYTHONNOUSERSITE=1 "$py" -m pip install -q --disable-pip-version-check "${todo[@]}"
 fi
 
-# shellcheck disable=SC2086
+read -r -a mods <<<"$modules"
 "$py" -s -c "import importlib, sys
 for m in sys.argv[1:]:
     mod = importlib.import_module(m)
-    print(f'  {m} {getattr(mod, \"__version__\", \"?\")} ({mod.__file__})')" $modules
+    print(f'  {m} {getattr(mod, \"__version__\", \"?\")} ({mod.__file__})')" "${mods[@]}"
 echo "make-test-venv: $py is ready"
