@@ -26,7 +26,7 @@ def main():
         import tokenizers
     except ImportError as e:
         print(f"SKIP: the Python `tokenizers` package is not importable ({e}); "
-              "install it (pip install tokenizers) to run the live cross-check")
+              "scripts/install-deps.sh makes the venv with it")
         return 77
     sys.path.insert(0, args.tools)
     import text_golden_vectors
