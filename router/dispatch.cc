@@ -215,6 +215,16 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
       if (WorkerDown(status.error_code())) attempt->decode->RecordFailure();
       ReleaseAttempt(*attempt, true, true);
       attempt->over = true;
+      if (AnswerLost(status.error_code()) && !attempt->aborted) {
+        // The answer was lost, not a refusal: the Reserve may have run (or still run) on the
+        // worker and hold pages until its lease. No Prefill was sent for this attempt, so the
+        // worker frees them at once (prefill_quiesced), and an Abort that overtakes the Reserve
+        // makes it fail with ABORTED (docs/protocol.md).
+        attempt->aborted = true;
+        actions.push_back([this, decode = attempt->decode, id = attempt->request_id] {
+          SendAbort(*decode, id, /*ticket_id=*/0, /*prefill_quiesced=*/true);
+        });
+      }
       const bool retriable = WorkerDown(status.error_code()) ||
                              status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
       if (request->ended || request->cancelled.load()) {

@@ -41,6 +41,13 @@ inline bool WorkerDown(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// A status that may stand for a call the worker ran although its answer never arrived (past the
+// deadline, cancelled, connection lost): a Reserve with such a status may hold pages there.
+inline bool AnswerLost(grpc::StatusCode code) {
+  return code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED ||
+         code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN;
+}
+
 // Runs and clears `actions` (call with no Request lock held).
 void RunActions(Actions& actions);
 

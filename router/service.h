@@ -19,15 +19,18 @@
 // token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
 //
 // Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
-// INVALID_ARGUMENT -> 400. Prefill's (before any token, after a retry on another prefill worker
-// when one is up): RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503
-// worker_unavailable, DEADLINE_EXCEEDED (options.prefill_timeout) -> 503 prefill_timeout,
-// others -> 500 prefill_failed with the worker's message; the decode reservation is aborted. A
-// choice whose workers fail before it produced a token is retried once on other workers
-// (pdserve_router_retries_total); after that, and for an "error" final event or a failed Prefill,
-// the request fails with OnError (a 5xx JSON before any token, an SSE error event after). Cancel()
-// (client gone) aborts the choice on both workers (Abort) and cancels the calls. Loads are counted
-// at dispatch and released when a worker's part ends.
+// INVALID_ARGUMENT -> 400. A Reserve whose answer was lost (past reserve_timeout, cancelled,
+// connection lost) may still have reserved pages on its decode worker: it is aborted there with
+// prefill_quiesced (no Prefill was sent), which frees them at once or makes the late Reserve fail.
+// Prefill's (before any token, after a retry on another prefill worker when one is up):
+// RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503 worker_unavailable, DEADLINE_EXCEEDED
+// (options.prefill_timeout) -> 503 prefill_timeout, others -> 500 prefill_failed with the worker's
+// message; the decode reservation is aborted. A choice whose workers fail before it produced a
+// token is retried once on other workers (pdserve_router_retries_total); after that, and for an
+// "error" final event or a failed Prefill, the request fails with OnError (a 5xx JSON before any
+// token, an SSE error event after). Cancel() (client gone) aborts the choice on both workers
+// (Abort) and cancels the calls. Loads are counted at dispatch and released when a worker's part
+// ends.
 //
 // Thread-safety: every method is thread-safe. Sinks are called with the request's lock held and
 // must not call back into the Generation synchronously (frontend::HttpServer posts).

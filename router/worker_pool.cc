@@ -190,6 +190,18 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   if (!status.ok()) {
     // RESOURCE_EXHAUSTED: a full worker is busy, not broken.
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return true;
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // The Reserve may have run on the worker after all: no Prefill was sent, so it frees the
+      // pages at once (and refuses a Reserve the Abort overtook).
+      wv1::AbortRequest abort;
+      abort.set_request_id(request_id);
+      abort.set_prefill_quiesced(true);
+      wv1::AbortResponse ignored;
+      grpc::ClientContext abort_context;
+      abort_context.set_deadline(Deadline(absl::Seconds(1)));
+      decode.decode()->Abort(&abort_context, abort, &ignored).ok();
+    }
     spdlog::warn("router: canary Reserve on {} failed: {}", decode.name(), status.error_message());
     return checked != Role::kDecode;
   }

@@ -60,10 +60,12 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   bool fail_with_error_event = false;
   bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
+  int reserve_delay_ms = 0;  // > 0: Reserve answers this late (after its work is done)
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
 
   grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
                        worker::v1::ReserveResponse* response) override {
+    if (reserve_delay_ms > 0) absl::SleepFor(absl::Milliseconds(reserve_delay_ms));
     absl::MutexLock lock(&mu);
     reserves.push_back(*request);
     if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, "fake refuses");
@@ -143,6 +145,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
                      worker::v1::AbortResponse* response) override {
     absl::MutexLock lock(&mu);
     aborts.push_back(request->request_id());
+    abort_requests.push_back(*request);
     response->set_quiesced(true);
     return grpc::Status::OK;
   }
@@ -170,6 +173,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::vector<worker::v1::ReserveRequest> reserves;
   std::map<uint64_t, worker::v1::ReserveRequest> reserved;
   std::vector<uint64_t> aborts;
+  std::vector<worker::v1::AbortRequest> abort_requests;
 };
 
 class FakePrefill final : public worker::v1::PrefillWorker::Service {

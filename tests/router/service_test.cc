@@ -101,6 +101,7 @@ class RouterServiceTest : public ::testing::Test {
     if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
     options.prefill_policy = PolicyKind::kRoundRobin;
     if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
+    if (reserve_timeout_) options.reserve_timeout = *reserve_timeout_;
     options.canary = canary_timeout_.has_value();
     if (canary_timeout_) options.canary_timeout = *canary_timeout_;
     if (stall_timeout_) options.stall_timeout = *stall_timeout_;
@@ -145,6 +146,7 @@ class RouterServiceTest : public ::testing::Test {
   std::unique_ptr<FakePrefill> second_prefill_;
   std::unique_ptr<FakeServer> second_prefill_server_;
   std::optional<absl::Duration> prefill_timeout_;
+  std::optional<absl::Duration> reserve_timeout_;
   std::optional<absl::Duration> canary_timeout_;
   std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
 
@@ -306,6 +308,62 @@ TEST_F(RouterServiceTest, FullDecodePoolIs429) {
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 429);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, ReservePastItsDeadlineIsAbortedOnTheDecodeWorker) {
+  decode_[0]->reserve_delay_ms = 300;  // the worker reserves, but answers after the deadline
+  reserve_timeout_ = absl::Milliseconds(50);
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  // Both tries (the first and its retry) reserved on the worker; each is aborted, with
+  // prefill_quiesced (no Prefill was sent), so the worker frees its pages at once.
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return decode_[0]->reserves.size() == 2u && decode_[0]->abort_requests.size() == 2u;
+  }));
+  absl::MutexLock lock(&decode_[0]->mu);
+  std::set<uint64_t> reserved, aborted;
+  for (const auto& r : decode_[0]->reserves) reserved.insert(r.request_id());
+  for (const auto& a : decode_[0]->abort_requests) {
+    aborted.insert(a.request_id());
+    EXPECT_TRUE(a.prefill_quiesced()) << a.request_id();
+  }
+  EXPECT_EQ(aborted, reserved);
+  absl::MutexLock prefill_lock(&prefill_->mu);
+  EXPECT_TRUE(prefill_->prefills.empty());
+}
+
+TEST_F(RouterServiceTest, CanaryReservePastItsDeadlineIsAborted) {
+  canary_timeout_ = absl::Milliseconds(100);
+  auto service = MakeService();  // canaries pass
+  size_t before = 0;
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    before = decode_[0]->reserves.size();
+    EXPECT_TRUE(decode_[0]->abort_requests.empty());  // passed canaries abort nothing
+  }
+  decode_[0]->reserve_delay_ms = 300;
+  service->pool().CheckAll();  // both workers' canaries reserve on d0 and time out
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return decode_[0]->reserves.size() == before + 2 && decode_[0]->abort_requests.size() == 2u;
+  }));
+  absl::MutexLock lock(&decode_[0]->mu);
+  std::set<uint64_t> late;  // the Reserves of the timed-out canaries
+  for (size_t i = before; i < decode_[0]->reserves.size(); ++i) {
+    late.insert(decode_[0]->reserves[i].request_id());
+  }
+  std::set<uint64_t> aborted;
+  for (const auto& a : decode_[0]->abort_requests) {
+    if (late.contains(a.request_id())) {
+      aborted.insert(a.request_id());
+      EXPECT_TRUE(a.prefill_quiesced());
+    }
+  }
+  EXPECT_EQ(aborted, late);
 }
 
 TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
