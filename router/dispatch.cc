@@ -278,6 +278,7 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
   std::shared_ptr<Request> r = request;
   calls_.fetch_add(1);
   attempt->prefill_context.set_deadline(Deadline(options_.prefill_timeout));
+  attempt->prefill_pending.store(true);
   attempt->prefill->prefill()->async()->Prefill(&attempt->prefill_context,
                                                 &attempt->prefill_request, &attempt->prefilled,
                                                 [this, r, attempt](grpc::Status s) {
@@ -315,8 +316,15 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
   bool retry_decode = false;
   {
     absl::MutexLock lock(&request->mu);
+    attempt->prefill_pending.store(false);
     ReleaseAttempt(*attempt, true, false);
-    if (status.ok()) {
+    // Cancelled by CancelPrefillsOn: the worker was marked down while it prefilled.
+    const bool on_down =
+        attempt->prefill_on_down.load() && status.error_code() == grpc::StatusCode::CANCELLED;
+    if (on_down && attempt->first_event_handled && !request->prepared.params.logprobs) {
+      // Raced with the commit: the decode worker has the state and streams; nothing is missing.
+      attempt->prefill_answered = true;
+    } else if (status.ok()) {
       attempt->prefill->RecordSuccess();
       attempt->prefill_answered = true;
       // Replays what Generate sent while the first token's logprobs were awaited.
@@ -337,7 +345,12 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
       // past prefill_timeout): counted against the worker, retried (on another one when one is
       // up), else 503. Anything else: 500 with the worker's message. A failure after a token
       // reached the client is an SSE error event. Every failure aborts the decode reservation.
-      const grpc::StatusCode code = status.error_code();
+      // A Prefill cancelled because its worker was marked down counts as UNAVAILABLE.
+      const grpc::Status failure =
+          on_down ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "the health checker marked the worker down while it prefilled")
+                  : status;
+      const grpc::StatusCode code = failure.error_code();
       if (WorkerDown(code)) attempt->prefill->RecordFailure();
       const bool busy = code == grpc::StatusCode::RESOURCE_EXHAUSTED;
       if ((WorkerDown(code) || (busy && OtherPrefillUp(*attempt))) &&
@@ -350,7 +363,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
         request->AbortAttempt(*attempt, &actions);
         retry = true;
       } else {
-        request->Fail(PrefillError(status, attempt->prefill->name()), &actions);
+        request->Fail(PrefillError(failure, attempt->prefill->name()), &actions);
       }
     }
   }
@@ -362,6 +375,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
 void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
                                     const wv1::GenerateResponse& event) {
   attempt.last_event_ns.store(absl::ToUnixNanos(absl::Now()));
+  attempt.got_event.store(true);
   Actions actions;
   bool retry = false;
   {
@@ -551,6 +565,27 @@ void RouterService::CancelStalledStreams(Worker& decode) {
                  decode.name(), a->request_id);
     a->stalled_on_down.store(true);
     a->generate_context.TryCancel();  // OnGenerateDone fails or retries the choice
+  }
+}
+
+void RouterService::CancelPrefillsOn(Worker& prefill) {
+  std::vector<std::shared_ptr<Attempt>> cancel;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (const std::weak_ptr<Attempt>& weak : streams_) {
+      std::shared_ptr<Attempt> a = weak.lock();
+      // A Generate event means the transfer was committed: the decode worker has the state.
+      if (a != nullptr && a->prefill == &prefill && a->prefill_pending.load() &&
+          !a->got_event.load()) {
+        cancel.push_back(std::move(a));
+      }
+    }
+  }
+  for (const std::shared_ptr<Attempt>& a : cancel) {
+    if (a->prefill_on_down.exchange(true)) continue;
+    spdlog::warn("router: prefill worker {} is down; cancelling its prefill of request {}",
+                 prefill.name(), a->request_id);
+    a->prefill_context.TryCancel();  // OnPrefilled retries the choice or fails it (503)
   }
 }
 

@@ -84,6 +84,11 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   // stream was cancelled because its worker is down and it stalled (CancelStalledStreams).
   std::atomic<int64_t> last_event_ns{0};
   std::atomic<bool> stalled_on_down{false};
+  // The Prefill call is out (sent, not answered); a Generate event arrived; the Prefill was
+  // cancelled because the health checker marked its worker down (CancelPrefillsOn).
+  std::atomic<bool> prefill_pending{false};
+  std::atomic<bool> got_event{false};
+  std::atomic<bool> prefill_on_down{false};
 };
 
 struct RouterService::Request : std::enable_shared_from_this<Request> {

@@ -46,7 +46,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   PDSERVE_ASSIGN_OR_RETURN(o.decode_policy, ParsePolicy(config.router.decode_policy));
   o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
   o.lease_ms = config.lease_ms;
-  o.prefill_timeout = absl::Milliseconds(config.lease_ms);
+  o.prefill_timeout = absl::Milliseconds(config.router.prefill_timeout_ms);
   return o;
 }
 
@@ -126,7 +126,11 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.lease_ms = options.lease_ms;
   pool.background_checks = options.background_checks;
   pool.on_still_down = [raw = s.get()](Worker& w) {
-    if (w.role() == Role::kDecode) raw->CancelStalledStreams(w);
+    if (w.role() == Role::kDecode) {
+      raw->CancelStalledStreams(w);
+    } else {
+      raw->CancelPrefillsOn(w);
+    }
   };
   if (options.canary) {
     PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));

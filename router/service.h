@@ -72,9 +72,12 @@ struct RouterOptions {
   bool background_checks = true;  // false: workers are checked only by pool().CheckAll()
   int64_t lease_ms = 30000;
   absl::Duration reserve_timeout = absl::Seconds(10);
-  // The Prefill RPC's deadline (a stopped prefill worker fails the choice, 503 prefill_timeout,
-  // retried on another prefill worker before any token). The deploy config's transfer lease.
-  absl::Duration prefill_timeout = absl::Seconds(30);
+  // The Prefill RPC's deadline: how long a prefill worker may take to answer (its queue wait
+  // included) before the choice fails (503 prefill_timeout, retried on another prefill worker
+  // before any token). router.prefill_timeout_ms; independent of the transfer lease, which only
+  // bounds a transfer between heartbeats. A worker the health checker marks down does not wait
+  // for it: its Prefill calls are cancelled then (CancelPrefillsOn).
+  absl::Duration prefill_timeout = absl::Seconds(60);
   // A Generate stream on a decode worker the health checker holds down that has had no event
   // for this long is cancelled and its choice fails (503 worker_unavailable, retried on another
   // decode worker when no token went out), instead of hanging until the worker comes back.
@@ -158,6 +161,11 @@ class RouterService : public frontend::GenerationService {
 
   // The checker found `decode` still down: cancels its streams stalled past stall_timeout.
   void CancelStalledStreams(Worker& decode);
+  // The checker found `prefill` down: cancels its Prefill calls still out whose transfer has not
+  // committed (no Generate event yet); each choice is retried on another prefill worker before
+  // any token (pdserve_router_retries_total{reason="worker_down"}), else fails with 503
+  // worker_unavailable, instead of waiting out prefill_timeout.
+  void CancelPrefillsOn(Worker& prefill);
 
   RouterOptions options_;
   std::vector<std::string> model_names_;

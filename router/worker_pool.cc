@@ -263,8 +263,10 @@ bool WorkerPool::PrefillBusy(Worker& prefill) {
   if (!status.ok()) return false;
   const int64_t previous = prefill.ExchangeTransferBytes(stats.transfer_bytes());
   const bool has_work = stats.waiting_requests() + stats.running_requests() > 0;
-  const bool progressed = previous < 0 || stats.transfer_bytes() > previous;
-  return has_work && progressed;
+  // Sent bytes since the previous sample: it made progress, also when the work that delayed
+  // the canary (or ran its short lease out in the queue) has just drained.
+  if (previous >= 0 && stats.transfer_bytes() > previous) return true;
+  return has_work && previous < 0;
 }
 
 }  // namespace pdserve::router

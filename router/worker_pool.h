@@ -13,10 +13,11 @@
 //
 // Busy is not wedged: a prefill worker whose canary Prefill passes its deadline (the canary
 // waited in a full queue) still passes its check when its Stats RPC answers within
-// `health_timeout`, reports waiting or running requests, and its transfer_bytes grew since the
-// checker's previous sample (or there is none yet): it is making progress. A stopped worker
-// answers neither Health nor Stats and is marked down after `down_after` checks as before; one
-// that answers but sends nothing is wedged and fails.
+// `health_timeout` and its transfer_bytes grew since the checker's previous sample (it made
+// progress, also when the work that delayed the canary has just drained), or there is no sample
+// yet and it reports waiting or running requests. A stopped worker answers neither Health nor
+// Stats and is marked down after `down_after` checks as before; one that answers but sends
+// nothing is wedged and fails.
 //
 // Thread-safety: every method is thread-safe; Worker references stay valid for the pool's life.
 #pragma once

@@ -179,11 +179,19 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
 class FakePrefill final : public worker::v1::PrefillWorker::Service {
  public:
   grpc::StatusCode prefill_code = grpc::StatusCode::OK;
-  int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events)
+  int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events), or
+                     // CANCELLED as soon as its call is cancelled
 
-  grpc::Status Prefill(grpc::ServerContext*, const worker::v1::PrefillRequest* request,
+  grpc::Status Prefill(grpc::ServerContext* context, const worker::v1::PrefillRequest* request,
                        worker::v1::PrefillResponse* response) override {
-    if (delay_ms > 0) absl::SleepFor(absl::Milliseconds(delay_ms));
+    for (int waited = 0; waited < delay_ms; waited += 5) {
+      if (context->IsCancelled()) {
+        absl::MutexLock lock(&mu);
+        cancelled.push_back(request->request_id());
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the router cancelled the prefill");
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     absl::MutexLock lock(&mu);
     prefills.push_back(*request);
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
@@ -224,14 +232,16 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
   int64_t stats_transfer_bytes = 0;
   grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
                       worker::v1::HealthResponse* response) override {
-    response->set_state(worker::v1::HealthResponse::STATE_SERVING);
+    response->set_state(state);
     response->set_role("prefill");
     return grpc::Status::OK;
   }
+  worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
 
   absl::Mutex mu;
   std::vector<worker::v1::PrefillRequest> prefills;
   std::vector<uint64_t> aborts;
+  std::vector<uint64_t> cancelled;  // Prefills that saw their call cancelled while delayed
 };
 
 // A gRPC server on a free loopback port serving one fake.

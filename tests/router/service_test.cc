@@ -472,6 +472,86 @@ TEST_F(RouterServiceTest, StalledPrefillFailsAtItsDeadlineWith503) {
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+TEST_F(RouterServiceTest, PrefillOnAWorkerMarkedDownIsRetriedOnAnotherAtOnce) {
+  prefill_->delay_ms = 60000;  // p0 never answers (stopped), far inside the 60 s deadline
+  // No Generate event before the commit, as on a real decode worker (d0's first comes late).
+  decode_[0]->token_delay_ms = 3000;
+  AddSecondPrefill();
+  auto service = MakeService(2);  // round robin: the retry goes to p1 and d1
+  frontend::ApiRequest req = Completion({1, 2, 3}, 3);
+  req.logprobs = true;  // the tokens wait for Prefill's answer (the first token's logprobs)
+  auto sink = std::make_shared<CollectingSink>();
+  const absl::Time start = absl::Now();
+  frontend::StartResult started = service->Start(req, sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {  // round robin: the first request's Prefill is on p0
+    absl::MutexLock lock(&decode_[0]->mu);
+    return !decode_[0]->reserves.empty();
+  }));
+  prefill_->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  service->pool().CheckAll();
+  service->pool().CheckAll();  // down_after = 2: p0 down, its Prefill cancelled
+  ASSERT_FALSE(service->pool().prefill()[0]->up());
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 3; ++i) expected.push_back(FakeToken(42, 0, i, 3));
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.25f);  // p1's first token logprobs
+  EXPECT_TRUE(Eventually([&] {                            // p0 sees its call cancelled
+    absl::MutexLock lock(&prefill_->mu);
+    return prefill_->cancelled.size() == 1u;
+  }));
+  {
+    absl::MutexLock lock(&second_prefill_->mu);
+    EXPECT_EQ(second_prefill_->prefills.size(), 1u);
+  }
+  EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
+            std::string::npos)
+      << service->MetricsText();
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, PrefillOnTheOnlyPrefillWorkerMarkedDownIs503AtOnce) {
+  prefill_->delay_ms = 60000;
+  decode_[0]->token_delay_ms = 3000;  // no Generate event before the commit
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2, 3}, 3);
+  req.logprobs = true;
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(req, sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return !decode_[0]->reserves.empty();
+  }));
+  prefill_->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  // Retried at once, and no other prefill worker is up.
+  EXPECT_EQ(sink->error.message, "no prefill worker is up");
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST(RouterOptionsTest, PrefillDeadlineIsItsOwnSettingNotTheTransferLease) {
+  config::DeployConfig deploy;
+  deploy.model_path = "m";
+  deploy.lease_ms = 150;
+  absl::StatusOr<RouterOptions> defaults = OptionsFromConfig(deploy);
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->prefill_timeout, absl::Seconds(60));
+  EXPECT_EQ(defaults->lease_ms, 150);
+  deploy.router.prefill_timeout_ms = 45000;
+  absl::StatusOr<RouterOptions> set = OptionsFromConfig(deploy);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->prefill_timeout, absl::Seconds(45));
+}
+
 TEST_F(RouterServiceTest, LeaseRunningOutBeforePrefillAnswersIsAPrefillTimeoutNotIsolation) {
   prefill_->delay_ms = 300;  // has not answered when the decode worker's lease runs out
   decode_[0]->lease_error_first = true;
@@ -491,6 +571,20 @@ TEST_F(RouterServiceTest, BusyPrefillWorkerWhoseCanaryTimesOutStaysUp) {
   canary_timeout_ = absl::Milliseconds(150);
   auto service = MakeService();  // its first CheckAll ran the prefill canary
   service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, PrefillWorkerThatSentBytesSinceTheLastCheckStaysUpWithAnEmptyQueue) {
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();  // canaries pass
+  // Now each canary outlasts its 150 ms, as behind a long prefill that has just drained when
+  // Stats answers (no queue), and the worker sent bytes between samples.
+  prefill_->delay_ms = 400;
+  prefill_->stats_waiting = 0;
+  prefill_->stats_bytes_per_call = 4096;
+  service->pool().CheckAll();  // the first sample, no queue: not known busy (one failure)
+  service->pool().CheckAll();  // bytes grew since: busy, not wedged (before: a second failure)
   service->pool().CheckAll();
   EXPECT_TRUE(service->pool().prefill()[0]->up());
 }
