@@ -30,6 +30,7 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
   if (req.min_tokens) params.min_tokens = static_cast<int32_t>(*req.min_tokens);
   params.n = req.n;
   if (req.logprobs) params.logprobs = req.top_logprobs;
+  params.ignore_eos = req.ignore_eos;
   return params;
 }
 

@@ -204,7 +204,6 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   serving::SamplingParams& params = request->prepared.params;
   // The seed is explicit on the wire: the one the colocated service would use for this id.
   params.seed = serving::EffectiveSeed(params, request->prepared.request_id);
-  if (req.ignore_eos) params.min_tokens = params.max_tokens;
   const int n = params.n;
   if (in_flight_.load() + n > options_.max_in_flight) {
     requests_->WithLabels({endpoint, "429", "error"}).Increment();

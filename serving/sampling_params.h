@@ -42,6 +42,9 @@ struct SamplingParams {
   int32_t min_tokens = 0;                    // in [0, max_tokens]; EOS and stop ids masked before
   int32_t n = 1;                             // independent choices, in [1, kMaxChoices]
   std::optional<int32_t> logprobs;  // absent: none; k in [0, 20]: chosen token + k most likely
+  // The model's EOS ids are ordinary tokens (not end ids, not masked by min_tokens);
+  // stop_token_ids still end a choice. RequestSampler::Create drops the EOS ids it is given.
+  bool ignore_eos = false;
 
   // The defaults a model asks for: temperature / top_p / top_k from `config` where present.
   static SamplingParams FromGenerationConfig(const GenerationConfig& config);

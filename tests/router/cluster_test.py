@@ -5,7 +5,8 @@ decode workers, CPU backend, the bundled model). One cluster serves every case:
 
 - curl and the OpenAI python client (skipped with a message where `import openai` fails),
   non-streamed and streamed, completions and chat; streamed text == non-streamed text (same seed);
-- the router's output equals the colocated server's (`pdserve serve`) for the same request;
+- the router's output equals the colocated server's (`pdserve serve`) for the same request,
+  also for the EQUAL_CASES below (ignore_eos with EOS forced, ignore_eos with stop_token_ids);
 - 64 concurrent requests, each equal to its alone-run;
 - error statuses and OpenAI error JSON: 400 (empty prompt, wrong type, unknown field,
   context_length_exceeded), 404 unknown model, 413 body too large, 503 with no decode worker up;
@@ -197,11 +198,43 @@ def test_basic(c, model):
     return completion, answer
 
 
-def test_colocated_equal(pdserve, model_dir, model, completion, answer):
+# Requests whose router response must equal the colocated server's (status, choices, usage),
+# each with a check of its own on the router's body.
+EQUAL_CASES = [
+    ("ignore_eos with EOS (id 1) forced: sampled and passed over, not a stop",
+     {"prompt": "And God said", "max_tokens": 6, "seed": 7, "ignore_eos": True,
+      "logit_bias": {"1": 100}},
+     lambda b: b["choices"][0]["finish_reason"] == "length" and
+     b["usage"]["completion_tokens"] == 6),
+    ("ignore_eos + stop_token_ids: the stop id still stops, after min_tokens",
+     {"prompt": "And God said", "max_tokens": 8, "seed": 7, "ignore_eos": True, "min_tokens": 2,
+      "stop_token_ids": [500], "logit_bias": {"500": 100}},
+     lambda b: b["choices"][0]["finish_reason"] == "stop" and
+     b["usage"]["completion_tokens"] == 3),
+]
+
+
+def response_core(code, text):
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return code, text
+    if code != 200:
+        return code, body.get("error")
+    return code, {"choices": body["choices"], "usage": body["usage"]}
+
+
+def test_colocated_equal(pdserve, model_dir, model, completion, answer, c):
     serve = subprocess.Popen([pdserve, "serve", "--model", model_dir, "--port", "0"],
                              stdout=subprocess.PIPE, text=True)
     try:
         base = serve.stdout.readline().strip().rsplit(" ", 1)[1]
+        for name, body, expect in EQUAL_CASES:
+            body = dict(body, model=model)
+            routed = response_core(*curl(c.base + "/v1/completions", body))
+            colocated = response_core(*curl(base + "/v1/completions", body))
+            check(routed == colocated, f"router == colocated: {name}: {routed} vs {colocated}")
+            check(routed[0] == 200 and expect(routed[1]), f"{name}: {routed}")
         body = {"model": model, "prompt": "And God said", "max_tokens": 16, "seed": 7,
                 "temperature": 0.6}
         code, text = curl(base + "/v1/completions", body)
@@ -426,7 +459,7 @@ def main():
 
             if wanted("basic"):
                 completion, answer = test_basic(c, model)
-                test_colocated_equal(args.pdserve, args.model, model, completion, answer)
+                test_colocated_equal(args.pdserve, args.model, model, completion, answer, c)
             if wanted("errors"):
                 test_errors(c, model)
             if wanted("openai"):

@@ -225,6 +225,25 @@ TEST_F(RouterServiceTest, UnsetFieldsComeFromGenerationConfigAndTheSeedIsExplici
   EXPECT_EQ(first.top_k(), defaults.top_k);
 }
 
+TEST_F(RouterServiceTest, IgnoreEosTravelsAsItsOwnFieldAndMinTokensStaysTheRequests) {
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2, 3}, 6);
+  req.ignore_eos = true;
+  req.stop_token_ids = {7};
+  ASSERT_FALSE(Run(*service, req)->failed);
+  absl::MutexLock lock(&decode_[0]->mu);
+  ASSERT_EQ(decode_[0]->reserves.size(), 1u);
+  const worker::v1::SamplingParams& s = decode_[0]->reserves[0].sampling();
+  EXPECT_TRUE(s.ignore_eos());
+  EXPECT_EQ(s.min_tokens(), 0);  // not max_tokens: that masked the stop ids too
+  EXPECT_EQ(s.max_tokens(), 6);
+  ASSERT_EQ(s.stop_token_ids_size(), 1);
+  EXPECT_EQ(s.stop_token_ids(0), 7);
+  absl::MutexLock prefill_lock(&prefill_->mu);
+  ASSERT_EQ(prefill_->prefills.size(), 1u);
+  EXPECT_TRUE(prefill_->prefills[0].sampling().ignore_eos());
+}
+
 TEST_F(RouterServiceTest, LogprobsAreDetokenized) {
   auto service = MakeService();
   frontend::ApiRequest req = Completion({4, 4}, 2);
