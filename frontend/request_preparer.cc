@@ -117,6 +117,8 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   if (absl::Status valid = serving::ValidateSamplingParams(out.params, vocab_size_); !valid.ok()) {
     return InvalidRequest(std::string(valid.message()));
   }
+  // The values the workers see (worker.v1 carries float32), also colocated: both modes agree.
+  serving::RoundToFloat32(out.params);
   return out;
 }
 

@@ -6,7 +6,8 @@ decode workers, CPU backend, the bundled model). One cluster serves every case:
 - curl and the OpenAI python client (skipped with a message where `import openai` fails),
   non-streamed and streamed, completions and chat; streamed text == non-streamed text (same seed);
 - the router's output equals the colocated server's (`pdserve serve`) for the same request,
-  also for the EQUAL_CASES below (ignore_eos with EOS forced, ignore_eos with stop_token_ids);
+  also for the EQUAL_CASES below (ignore_eos with EOS forced, ignore_eos with stop_token_ids,
+  extreme sampling values: tiny top_p / repetition_penalty, and below float32 a 400 on both);
 - 64 concurrent requests, each equal to its alone-run;
 - error statuses and OpenAI error JSON: 400 (empty prompt, wrong type, unknown field,
   context_length_exceeded), 404 unknown model, 413 body too large, 503 with no decode worker up;
@@ -198,19 +199,33 @@ def test_basic(c, model):
     return completion, answer
 
 
-# Requests whose router response must equal the colocated server's (status, choices, usage),
-# each with a check of its own on the router's body.
+# Requests whose router response must equal the colocated server's (status, choices or error,
+# usage), each with the status it must have and a check of its own on the router's body.
 EQUAL_CASES = [
     ("ignore_eos with EOS (id 1) forced: sampled and passed over, not a stop",
      {"prompt": "And God said", "max_tokens": 6, "seed": 7, "ignore_eos": True,
-      "logit_bias": {"1": 100}},
+      "logit_bias": {"1": 100}}, 200,
      lambda b: b["choices"][0]["finish_reason"] == "length" and
      b["usage"]["completion_tokens"] == 6),
     ("ignore_eos + stop_token_ids: the stop id still stops, after min_tokens",
      {"prompt": "And God said", "max_tokens": 8, "seed": 7, "ignore_eos": True, "min_tokens": 2,
-      "stop_token_ids": [500], "logit_bias": {"500": 100}},
+      "stop_token_ids": [500], "logit_bias": {"500": 100}}, 200,
      lambda b: b["choices"][0]["finish_reason"] == "stop" and
      b["usage"]["completion_tokens"] == 3),
+    # Extreme sampling values: the workers take float32, the colocated server rounds to the same.
+    ("top_p 2e-38 (the smallest float32s): keeps the top token only, at temperature 1.5",
+     {"prompt": "And God said", "max_tokens": 12, "seed": 3, "temperature": 1.5,
+      "top_p": 2e-38}, 200, lambda b: b["usage"]["completion_tokens"] == 12),
+    ("repetition_penalty 2e-38 and top_p 0.999999999 (rounds to 1)",
+     {"prompt": "And God said", "max_tokens": 12, "seed": 3, "temperature": 0.9,
+      "repetition_penalty": 2e-38, "top_p": 0.999999999}, 200,
+     lambda b: b["usage"]["completion_tokens"] == 12),
+    ("top_p 1e-46 (0 as float32, 'off' on the wire before): 400 naming float32",
+     {"prompt": "And God said", "max_tokens": 4, "top_p": 1e-46}, 400,
+     lambda e: e["message"].startswith("top_p 1e-46 cannot be carried as a float32")),
+    ("repetition_penalty 1e-46: 400 as well",
+     {"prompt": "And God said", "max_tokens": 4, "repetition_penalty": 1e-46}, 400,
+     lambda e: "repetition_penalty" in e["message"]),
 ]
 
 
@@ -229,12 +244,12 @@ def test_colocated_equal(pdserve, model_dir, model, completion, answer, c):
                              stdout=subprocess.PIPE, text=True)
     try:
         base = serve.stdout.readline().strip().rsplit(" ", 1)[1]
-        for name, body, expect in EQUAL_CASES:
+        for name, body, status, expect in EQUAL_CASES:
             body = dict(body, model=model)
             routed = response_core(*curl(c.base + "/v1/completions", body))
             colocated = response_core(*curl(base + "/v1/completions", body))
             check(routed == colocated, f"router == colocated: {name}: {routed} vs {colocated}")
-            check(routed[0] == 200 and expect(routed[1]), f"{name}: {routed}")
+            check(routed[0] == status and expect(routed[1]), f"{name}: {routed}")
         body = {"model": model, "prompt": "And God said", "max_tokens": 16, "seed": 7,
                 "temperature": 0.6}
         code, text = curl(base + "/v1/completions", body)
