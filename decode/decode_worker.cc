@@ -450,9 +450,11 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     *response.add_tokens() = worker::SampledTokenToProto(event.sampled);
     if (event.degenerate && !req->degenerate) {
       req->degenerate = true;
-      degenerate_->WithLabels({"repeat", action}).Increment();
+      req->degeneration_kind = event.degeneration_kind.empty() ? "repeat" : event.degeneration_kind;
+      degenerate_->WithLabels({req->degeneration_kind, action}).Increment();
     }
     response.set_degenerate(req->degenerate);
+    response.set_degeneration_kind(req->degeneration_kind);
     ++req->generated;
     tokens_total_->Increment();
     if (!event.finish_reason.empty()) {
@@ -537,6 +539,7 @@ void DecodeWorker::QueueFinal(Request& request, std::string reason, absl::Status
   v1::GenerateResponse response;
   response.set_finish_reason(std::move(reason));
   response.set_degenerate(request.degenerate);
+  response.set_degeneration_kind(request.degeneration_kind);
   if (!error.ok()) {
     response.set_isolation_error(kv::IsolationErrorToProto(error));
     response.set_error_message(std::string(error.message()));

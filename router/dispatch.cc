@@ -401,9 +401,15 @@ bool RouterService::HandleEvent(Request& request, Attempt& attempt,
     frontend::ChoiceText& text = request.texts[c];
     const std::string& finish = event.finish_reason();
     const bool normal_end = finish == "stop" || finish == "length" || finish == "degenerate";
-    if (event.degenerate() && !request.degenerate[c]) {
-      request.degenerate[c] = true;
-      degenerate_->WithLabels({"unknown", finish == "degenerate" ? "stop" : "flag"}).Increment();
+    if (event.degenerate() && request.degeneration[c].empty()) {
+      // The kind the decode worker found; "unknown" from a worker that predates the field.
+      request.degeneration[c] =
+          event.degeneration_kind().empty() ? "unknown" : event.degeneration_kind();
+      const char* action = finish == "degenerate" ? "stop" : "flag";
+      degenerate_->WithLabels({request.degeneration[c], action}).Increment();
+      spdlog::warn("router: request {} choice {} is degenerate ({}, action {}) on decode worker {}",
+                   request.prepared.request_id, c, request.degeneration[c], action,
+                   attempt.decode->name());
     }
     const int n = std::max(event.token_ids_size(), event.tokens_size());
     for (int i = 0; i < n && !text.done(); ++i) {

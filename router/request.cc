@@ -57,6 +57,8 @@ void RouterService::Request::Emit(frontend::ChoiceDelta delta, int new_tokens) {
     service->generation_tokens_->Get().Increment(new_tokens);
   }
   if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
+    const std::string& kind = degeneration[static_cast<size_t>(delta.index)];
+    if (!kind.empty()) delta.degeneration_kind = kind;
     if (!cancelled.load()) sink->OnDelta(std::move(delta));
   }
 }

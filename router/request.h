@@ -105,7 +105,9 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   std::vector<int> attempts ABSL_GUARDED_BY(mu);
   std::vector<bool> any_token ABSL_GUARDED_BY(mu);
   std::vector<std::shared_ptr<Attempt>> current ABSL_GUARDED_BY(mu);
-  std::vector<bool> degenerate ABSL_GUARDED_BY(mu);
+  // Per choice: the degeneration kind once the detector flagged it (GenerateResponse
+  // .degeneration_kind, "unknown" when the worker sent none); empty: not flagged.
+  std::vector<std::string> degeneration ABSL_GUARDED_BY(mu);
   int remaining ABSL_GUARDED_BY(mu) = 0;
   bool ended ABSL_GUARDED_BY(mu) = false;  // the sink got OnComplete or OnError
   bool dispatched ABSL_GUARDED_BY(mu) = false;
@@ -119,7 +121,8 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   // Ends the request with `error` and aborts every choice still running.
   void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // Sends `delta` for a choice, with the token timing metrics.
+  // Sends `delta` for a choice, with the token timing metrics; a flagged choice's deltas carry
+  // its degeneration kind.
   void Emit(frontend::ChoiceDelta delta, int new_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Marks `attempt`'s choice finished; the last one completes the request (OnComplete).

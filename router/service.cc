@@ -220,7 +220,7 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
     for (int c = 0; c < n; ++c) request->texts.emplace_back(*preparer_, req, c);
     request->attempts.assign(n, 0);
     request->any_token.assign(n, false);
-    request->degenerate.assign(n, false);
+    request->degeneration.assign(n, "");
     request->current.resize(n);
     request->remaining = n;
     request->dispatched = true;

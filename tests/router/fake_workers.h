@@ -61,6 +61,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
   int reserve_delay_ms = 0;  // > 0: Reserve answers this late (after its work is done)
+  // >= 0: the events of tokens from this index on say degenerate, with this kind ("" as a
+  // worker that predates GenerateResponse.degeneration_kind).
+  int degenerate_from = -1;
+  std::string degeneration_kind = "repeat";
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
 
   grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
@@ -117,6 +121,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       worker::v1::GenerateResponse event;
       const int32_t token = FakeToken(s.seed(), s.choice(), i, r.prompt_tokens());
       event.add_token_ids(token);
+      if (degenerate_from >= 0 && i >= degenerate_from) {
+        event.set_degenerate(true);
+        event.set_degeneration_kind(degeneration_kind);
+      }
       if (s.has_logprobs()) {
         worker::v1::SampledToken* t = event.add_tokens();
         t->set_token_id(token);

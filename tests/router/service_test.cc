@@ -32,7 +32,9 @@ class CollectingSink : public frontend::GenerationSink {
       text.resize(delta.index + 1);
       finish.resize(delta.index + 1);
       logprobs.resize(delta.index + 1);
+      kinds.resize(delta.index + 1);
     }
+    kinds[delta.index].push_back(delta.degeneration_kind.value_or(""));
     text[delta.index] += delta.text;
     for (auto& lp : delta.logprobs) logprobs[delta.index].push_back(lp);
     if (delta.finish_reason) finish[delta.index] = *delta.finish_reason;
@@ -50,6 +52,7 @@ class CollectingSink : public frontend::GenerationSink {
   std::vector<std::string> text;
   std::vector<std::string> finish;
   std::vector<std::vector<frontend::TokenLogprob>> logprobs;
+  std::vector<std::vector<std::string>> kinds;  // per choice, per delta: degeneration_kind or ""
   frontend::Usage usage;
   frontend::ApiError error;
   bool failed = false;
@@ -242,6 +245,41 @@ TEST_F(RouterServiceTest, IgnoreEosTravelsAsItsOwnFieldAndMinTokensStaysTheReque
   absl::MutexLock prefill_lock(&prefill_->mu);
   ASSERT_EQ(prefill_->prefills.size(), 1u);
   EXPECT_TRUE(prefill_->prefills[0].sampling().ignore_eos());
+}
+
+TEST_F(RouterServiceTest, DegenerateChoiceCarriesItsKindInDeltasAndMetrics) {
+  decode_[0]->degenerate_from = 3;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 6));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  // Deltas before the fourth token are not flagged; from it on every one is (the last, with
+  // finish_reason, included), so the whole response carries the kind.
+  const std::vector<std::string>& kinds = sink->kinds[0];
+  ASSERT_GE(kinds.size(), 3u);
+  EXPECT_EQ(kinds.front(), "");
+  EXPECT_EQ(kinds.back(), "repeat");
+  const auto first = std::find(kinds.begin(), kinds.end(), "repeat");
+  EXPECT_EQ(std::count(first, kinds.end(), "repeat"), kinds.end() - first);
+  EXPECT_LE(first - kinds.begin(), 3);
+  EXPECT_EQ(sink->finish[0], "length");
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_degenerate_generations_total{kind="repeat",)"
+                         R"(action="flag"} 1)"),
+            std::string::npos)
+      << metrics;
+}
+
+TEST_F(RouterServiceTest, DegenerateWithoutAKindFromAnOlderWorkerIsUnknown) {
+  decode_[0]->degenerate_from = 0;
+  decode_[0]->degeneration_kind = "";
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 2));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  ASSERT_FALSE(sink->kinds[0].empty());
+  for (const std::string& kind : sink->kinds[0]) EXPECT_EQ(kind, "unknown");
+  EXPECT_NE(service->MetricsText().find(
+                R"(pdserve_router_degenerate_generations_total{kind="unknown",action="flag"} 1)"),
+            std::string::npos);
 }
 
 TEST_F(RouterServiceTest, LogprobsAreDetokenized) {
