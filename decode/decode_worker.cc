@@ -220,6 +220,19 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
                                                           config.vocab_size)
                               .status());
 
+  // A demand larger than the whole pool can never be met, however long one waits: refused with
+  // its own code before anything is reserved (RESOURCE_EXHAUSTED means "not now").
+  const serving::PageDemand demand = model_.layout->Demand(total);
+  for (int32_t k = 0; k < pool_->num_kinds() && k < static_cast<int32_t>(demand.size()); ++k) {
+    if (demand[k] > pool_->pages_total(k)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prompt ", prompt_length, " + max_tokens ", params.max_tokens, " tokens need ", demand[k],
+          " state pages of kind '", pool_->kind(k).name,
+          "', more than this decode worker's whole pool holds (", pool_->pages_total(k),
+          "): the request can never be served here; lower max_tokens"));
+    }
+  }
+
   kv::ReceiveSpec spec;
   {
     absl::MutexLock lock(&mu_);
@@ -243,8 +256,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
                                                        "max_batch ", options_.max_batch, ")"));
     }
     record->sequence = next_sequence_++;
-    absl::StatusOr<serving::PageTable> table =
-        pool_->Allocate(record->sequence, model_.layout->Demand(total));
+    absl::StatusOr<serving::PageTable> table = pool_->Allocate(record->sequence, demand);
     if (!table.ok()) {
       // The pool names its owner, our internal sequence number; the caller knows the request id.
       const std::string detail = absl::StrReplaceAll(
@@ -735,6 +747,7 @@ grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*
   response->set_role("decode");
   response->set_incarnation(receiver_->incarnation());
   response->set_model(options_.model_name);
+  response->set_max_batch(options_.max_batch);
   return grpc::Status::OK;
 }
 

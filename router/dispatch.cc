@@ -27,6 +27,9 @@ frontend::ApiError ReserveError(const grpc::Status& status, const std::string& w
           "rate_limit_exceeded", "pool_exhausted");
     case grpc::StatusCode::INVALID_ARGUMENT:
       return frontend::InvalidRequest(detail);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      // It can never fit that worker's pool (prompt + max_tokens): the client's to change.
+      return frontend::InvalidRequest(detail, "max_tokens");
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return frontend::ServerError(

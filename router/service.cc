@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "router/request.h"
@@ -171,6 +173,22 @@ void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status)
 
 bool RouterService::Ready() const { return pool_->Ready(); }
 
+std::optional<frontend::ApiError> RouterService::FanOutError(int n) const {
+  int64_t slots = 0;
+  std::vector<std::string> workers;
+  for (const Worker* w : pool_->decode()) {
+    if (w->max_batch() <= 0) return std::nullopt;  // not stated: no bound known
+    slots += w->max_batch();
+    workers.push_back(absl::StrCat(w->name(), ": max_batch ", w->max_batch()));
+  }
+  if (n <= slots) return std::nullopt;
+  return frontend::InvalidRequest(
+      absl::StrCat("'n' is ", n, " but the decode workers run at most ", slots,
+                   " sequences at once (", absl::StrJoin(workers, ", "),
+                   "): the choices could never all hold a batch slot"),
+      "n");
+}
+
 void RouterService::RecordFinish(Request& request, int http_status,
                                  const std::string& finish_reason) {
   std::string reason = finish_reason;
@@ -214,6 +232,10 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
     requests_->WithLabels({endpoint, "503", "error"}).Increment();
     return frontend::ServerError(503, "no prefill or decode worker is up", "server_error",
                                  "worker_unavailable");
+  }
+  if (std::optional<frontend::ApiError> wide = FanOutError(n)) {
+    requests_->WithLabels({endpoint, "400", "error"}).Increment();
+    return *wide;
   }
   {
     absl::MutexLock lock(&request->mu);

@@ -18,8 +18,10 @@
 // held until its Prefill has answered; a failed Prefill fails the request (a 5xx before any
 // token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
 //
-// Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
-// INVALID_ARGUMENT -> 400. A Reserve whose answer was lost (past reserve_timeout, cancelled,
+// Errors: more choices (n) than the decode workers' batch slots together -> 400 (param n) before
+// anything is reserved. Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
+// INVALID_ARGUMENT -> 400, FAILED_PRECONDITION (the request can never fit the worker's pool) ->
+// 400 (param max_tokens). A Reserve whose answer was lost (past reserve_timeout, cancelled,
 // connection lost) may still have reserved pages on its decode worker: it is aborted there with
 // prefill_quiesced (no Prefill was sent), which frees them at once or makes the late Reserve fail.
 // Prefill's (before any token, after a retry on another prefill worker when one is up):
@@ -40,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -140,6 +143,10 @@ class RouterService : public frontend::GenerationService {
   // Gives back the load an attempt holds on its prefill and / or decode worker.
   void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
   bool CanRetry(Request& request, const Attempt& attempt) const;
+  // The 400 (param n) for a request of `n` choices that can never all run at once: more than the
+  // decode workers' batch slots together (HealthResponse.max_batch of each; no bound while a
+  // worker has not stated it). Nothing is reserved for such a request.
+  std::optional<frontend::ApiError> FanOutError(int n) const;
   // Whether a prefill worker other than the attempt's is up.
   bool OtherPrefillUp(const Attempt& attempt) const;
   // gRPC completions (gRPC callback threads).

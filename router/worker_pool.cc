@@ -133,6 +133,7 @@ bool WorkerPool::Check(Worker& worker) {
           ? worker.decode()->Health(&context, wv1::HealthRequest(), &health)
           : worker.prefill()->Health(&context, wv1::HealthRequest(), &health);
   if (!status.ok() || health.state() != wv1::HealthResponse::STATE_SERVING) return false;
+  if (worker.role() == Role::kDecode) worker.set_max_batch(health.max_batch());
   if (options_.canary_prompt.empty()) return true;
   // The partner: the first up worker of the other role (its own check decides about it; a
   // failure of its step is not held against `worker`).

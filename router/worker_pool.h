@@ -64,6 +64,9 @@ class Worker {
   void RecordCheck(bool passed, int down_after);
   // The checker's last Stats sample of transfer_bytes (-1: none yet); returns the previous one.
   int64_t ExchangeTransferBytes(int64_t bytes) { return transfer_bytes_.exchange(bytes); }
+  // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
+  int64_t max_batch() const { return max_batch_.load(); }
+  void set_max_batch(int64_t slots) { max_batch_.store(slots); }
 
  private:
   const config::WorkerConfig config_;
@@ -78,6 +81,7 @@ class Worker {
   std::atomic<int> request_failures_{0};
   std::atomic<int> check_failures_{0};
   std::atomic<int64_t> transfer_bytes_{-1};
+  std::atomic<int64_t> max_batch_{0};
 };
 
 struct WorkerPoolOptions {

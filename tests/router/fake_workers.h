@@ -66,6 +66,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   int degenerate_from = -1;
   std::string degeneration_kind = "repeat";
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
+  int64_t max_batch = 0;  // HealthResponse.max_batch (0: not stated)
 
   grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
                        worker::v1::ReserveResponse* response) override {
@@ -165,6 +166,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
                       worker::v1::HealthResponse* response) override {
     response->set_state(state);
     response->set_role("decode");
+    response->set_max_batch(max_batch);
     return grpc::Status::OK;
   }
 

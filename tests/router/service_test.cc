@@ -423,6 +423,41 @@ TEST_F(RouterServiceTest, CanaryReservePastItsDeadlineIsAborted) {
   EXPECT_EQ(aborted, late);
 }
 
+TEST_F(RouterServiceTest, MoreChoicesThanTheDecodeWorkersSlotsIs400BeforeAnyReserve) {
+  decode_[0]->max_batch = 3;
+  decode_[1]->max_batch = 2;
+  auto service = MakeService(2);
+  frontend::ApiRequest req = Completion({1, 2}, 2);
+  req.n = 6;
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+  EXPECT_EQ(sink->error.param, "n");
+  EXPECT_EQ(sink->error.message,
+            "'n' is 6 but the decode workers run at most 5 sequences at once (d0: max_batch 3, "
+            "d1: max_batch 2): the choices could never all hold a batch slot");
+  for (auto& d : decode_) {
+    absl::MutexLock lock(&d->mu);
+    EXPECT_TRUE(d->reserves.empty());
+  }
+  req.n = 5;  // fits both workers together
+  sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_EQ(sink->usage.completion_tokens, 10);
+}
+
+TEST_F(RouterServiceTest, ReserveThatCanNeverFitIs400OnMaxTokens) {
+  decode_[0]->reserve_code = grpc::StatusCode::FAILED_PRECONDITION;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1}, 2));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+  EXPECT_EQ(sink->error.param, "max_tokens");
+  EXPECT_EQ(sink->error.type, "invalid_request_error");
+  absl::MutexLock lock(&decode_[0]->mu);
+  EXPECT_EQ(decode_[0]->reserves.size(), 1u);  // not retried: it never fits
+}
+
 TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
   decode_[0]->reserve_code = grpc::StatusCode::INVALID_ARGUMENT;
   auto service = MakeService();
