@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {
 
@@ -18,8 +19,10 @@ namespace pdserve::colocated {
 struct ColocatedService::Request {
   struct Choice {
     frontend::ChoiceText text;
-    bool flagged = false;  // counted in pdserve_serve_degenerate_generations_total
+    bool flagged = false;           // counted in pdserve_serve_degenerate_generations_total
+    std::string degeneration_kind;  // with flagged: TokenEvent::degeneration_kind
   };
+  std::string id;  // the response id ("cmpl-..."), for logs
   std::shared_ptr<RequestContext> context;
   std::shared_ptr<frontend::GenerationSink> sink;
   std::vector<serving::RequestId> sequences;
@@ -183,6 +186,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
 
   auto request = std::make_shared<Request>();
   request->context = std::make_shared<RequestContext>(std::move(*sampler));
+  request->id = request_id;
   request->sink = std::move(sink);
   request->prompt_tokens = prompt_length;
   request->remaining = params.n;
@@ -206,8 +210,12 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
     const bool stop_string = delta.finish_reason && event.finish_reason.empty();
     if (event.degenerate && !choice.flagged) {
       choice.flagged = true;
+      choice.degeneration_kind = event.degeneration_kind;
       degenerate_choices_->Increment();
+      spdlog::warn("serve: choice {} of {} is degenerate ({})", event.choice, r->id,
+                   choice.degeneration_kind);
     }
+    if (choice.flagged) delta.degeneration_kind = choice.degeneration_kind;
     if (delta.finish_reason) --r->remaining;
     if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
       r->sink->OnDelta(std::move(delta));

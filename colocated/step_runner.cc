@@ -196,7 +196,8 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   seq.generated.push_back(step.sampled.token);
   seq.detector.Push(step.sampled.token);
   seq.degenerate = seq.degenerate || seq.detector.Repetitive();
-  TokenEvent event{seq.setup.choice, std::move(step.sampled), "", seq.degenerate};
+  TokenEvent event{seq.setup.choice, std::move(step.sampled), "", seq.degenerate,
+                   seq.degenerate ? "repeat" : ""};
   bool stop = false;
   if (step.finish) {
     event.finish_reason = serving::FinishReasonName(*step.finish);

@@ -53,6 +53,9 @@ struct TokenEvent {
   // "stop" (EOS / stop id), "length" (max_tokens) or "degenerate"; empty while the choice goes on.
   std::string finish_reason;
   bool degenerate = false;  // the detector flagged this choice (at this token or before)
+  // With degenerate: what it found, docs/metrics.md's `kind` ("repeat": an n-gram repeated; the
+  // runner feeds the detector token ids only, so its content checks do not run here).
+  std::string degeneration_kind;
 };
 
 // The sampler shared by a request's choices, with the mutex that serializes its use.

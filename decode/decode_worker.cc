@@ -212,6 +212,19 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
                                                           config.vocab_size)
                               .status());
 
+  // A demand larger than the whole pool can never be met, however long one waits: refused with
+  // its own code before anything is reserved (RESOURCE_EXHAUSTED means "not now").
+  const serving::PageDemand demand = model_.layout->Demand(total);
+  for (int32_t k = 0; k < pool_->num_kinds() && k < static_cast<int32_t>(demand.size()); ++k) {
+    if (demand[k] > pool_->pages_total(k)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prompt ", prompt_length, " + max_tokens ", params.max_tokens, " tokens need ", demand[k],
+          " state pages of kind '", pool_->kind(k).name,
+          "', more than this decode worker's whole pool holds (", pool_->pages_total(k),
+          "): the request can never be served here; lower max_tokens"));
+    }
+  }
+
   kv::ReceiveSpec spec;
   {
     absl::MutexLock lock(&mu_);
@@ -235,8 +248,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
                                                        "max_batch ", options_.max_batch, ")"));
     }
     record->sequence = next_sequence_++;
-    absl::StatusOr<serving::PageTable> table =
-        pool_->Allocate(record->sequence, model_.layout->Demand(total));
+    absl::StatusOr<serving::PageTable> table = pool_->Allocate(record->sequence, demand);
     if (!table.ok()) {
       // The pool names its owner, our internal sequence number; the caller knows the request id.
       const std::string detail = absl::StrReplaceAll(
@@ -446,9 +458,11 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     *response.add_tokens() = worker::SampledTokenToProto(event.sampled);
     if (event.degenerate && !req->degenerate) {
       req->degenerate = true;
-      degenerate_->WithLabels({"repeat", action}).Increment();
+      req->degeneration_kind = event.degeneration_kind.empty() ? "repeat" : event.degeneration_kind;
+      degenerate_->WithLabels({req->degeneration_kind, action}).Increment();
     }
     response.set_degenerate(req->degenerate);
+    response.set_degeneration_kind(req->degeneration_kind);
     ++req->generated;
     tokens_total_->Increment();
     if (!event.finish_reason.empty()) {
@@ -533,6 +547,7 @@ void DecodeWorker::QueueFinal(Request& request, std::string reason, absl::Status
   v1::GenerateResponse response;
   response.set_finish_reason(std::move(reason));
   response.set_degenerate(request.degenerate);
+  response.set_degeneration_kind(request.degeneration_kind);
   if (!error.ok()) {
     response.set_isolation_error(kv::IsolationErrorToProto(error));
     response.set_error_message(std::string(error.message()));
@@ -728,6 +743,7 @@ grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*
   response->set_role("decode");
   response->set_incarnation(receiver_->incarnation());
   response->set_model(options_.model_name);
+  response->set_max_batch(options_.max_batch);
   return grpc::Status::OK;
 }
 

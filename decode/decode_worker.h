@@ -114,6 +114,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     bool attached = false;  // a Generate stream reads the events
     int64_t generated = 0;  // tokens emitted (the first token included)
     bool degenerate = false;
+    std::string degeneration_kind;  // set with degenerate (TokenEvent::degeneration_kind)
     absl::Time done_at = absl::InfiniteFuture();
     std::deque<pdserve::worker::v1::GenerateResponse> events;
     std::shared_ptr<colocated::RequestContext> context;

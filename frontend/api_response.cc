@@ -78,6 +78,10 @@ json Choice(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first
     c["logprobs"] = req.logprobs ? CompletionLogprobs(d.logprobs, 0) : json(nullptr);
   }
   c["finish_reason"] = d.finish_reason ? json(*d.finish_reason) : json(nullptr);
+  if (d.degeneration_kind) {
+    c["degenerate"] = true;
+    c["degeneration_kind"] = *d.degeneration_kind;
+  }
   return c;
 }
 

@@ -29,6 +29,10 @@ struct ChoiceDelta {
   std::string text;
   std::vector<TokenLogprob> logprobs;
   std::optional<std::string> finish_reason;  // "stop", "length", "degenerate", ...
+  // Set once the degeneration detector flagged the choice (guards/), on this delta and every
+  // later one: the kind ("repeat", "whitespace", "empty"; "unknown" from an older worker). The
+  // JSON choice then carries "degenerate": true and "degeneration_kind": kind; absent otherwise.
+  std::optional<std::string> degeneration_kind;
 };
 
 struct Usage {

@@ -468,6 +468,7 @@ void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
   c.text += delta.text;
   for (auto& lp : delta.logprobs) c.logprobs.push_back(std::move(lp));
   if (delta.finish_reason) c.finish_reason = delta.finish_reason;
+  if (delta.degeneration_kind) c.degeneration_kind = delta.degeneration_kind;
 }
 
 void Session::OnComplete(uint64_t gen, Usage usage) {

@@ -30,6 +30,7 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
   if (req.min_tokens) params.min_tokens = static_cast<int32_t>(*req.min_tokens);
   params.n = req.n;
   if (req.logprobs) params.logprobs = req.top_logprobs;
+  params.ignore_eos = req.ignore_eos;
   return params;
 }
 
@@ -120,6 +121,8 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   if (absl::Status valid = serving::ValidateSamplingParams(out.params, vocab_size_); !valid.ok()) {
     return InvalidRequest(std::string(valid.message()));
   }
+  // The values the workers see (worker.v1 carries float32), also colocated: both modes agree.
+  serving::RoundToFloat32(out.params);
   return out;
 }
 

@@ -126,6 +126,10 @@ class Sink : public frontend::GenerationSink {
       }
     }
     if (delta.finish_reason) out->set_finish_reason(*delta.finish_reason);
+    if (delta.degeneration_kind) {
+      out->set_degenerate(true);
+      out->set_degeneration_kind(*delta.degeneration_kind);
+    }
     absl::MutexLock lock(&state_->mu);
     state_->queue.push_back(std::move(response));
     state_->Pump();

@@ -1,249 +1,18 @@
 #include "router/service.h"
 
 #include <algorithm>
-#include <deque>
-#include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
-#include "grpcpp/grpcpp.h"
-#include "router/convert.h"
-#include "spdlog/spdlog.h"
+#include "router/request.h"
 
 namespace pdserve::router {
-namespace {
-
-namespace wv1 = worker::v1;
-
-std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
-}
-
-bool WorkerDown(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
-
-// The API error for a failed Reserve.
-frontend::ApiError ReserveError(const grpc::Status& status, const std::string& worker) {
-  const std::string detail = absl::StrCat("decode worker ", worker, ": ", status.error_message());
-  switch (status.error_code()) {
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return frontend::ServerError(
-          429,
-          absl::StrCat("the decode worker has no room for the request; retry later (", detail, ")"),
-          "rate_limit_exceeded", "pool_exhausted");
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return frontend::InvalidRequest(detail);
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return frontend::ServerError(
-          503, absl::StrCat("no decode worker could take the request (", detail, ")"),
-          "server_error", "worker_unavailable");
-    default:
-      return frontend::ServerError(500, detail, "server_error");
-  }
-}
-
-// The API error for a failed Prefill (see OnPrefilled for the retries before it).
-frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker) {
-  const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
-  switch (status.error_code()) {
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return frontend::ServerError(
-          429, absl::StrCat("the prefill pool is full; retry later (", detail, ")"),
-          "rate_limit_exceeded", "prefill_busy");
-    case grpc::StatusCode::UNAVAILABLE:
-      return frontend::ServerError(
-          503, absl::StrCat("no prefill worker could take the request (", detail, ")"),
-          "server_error", "worker_unavailable");
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return frontend::ServerError(
-          503, absl::StrCat("prefill worker ", worker, " did not answer in time (", detail, ")"),
-          "server_error", "prefill_timeout");
-    default:
-      return frontend::ServerError(500, detail, "server_error", "prefill_failed");
-  }
-}
-
-}  // namespace
-
-// One try of one choice on one (prefill, decode) pair. Fields below `mu`-comments are guarded by
-// the owning Request's mu.
-struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
-  int choice = 0;
-  int prefill_index = -1;
-  int decode_index = -1;
-  Worker* prefill = nullptr;
-  Worker* decode = nullptr;
-  uint64_t request_id = 0;
-  uint64_t ticket_id = 0;
-  grpc::ClientContext reserve_context;
-  grpc::ClientContext prefill_context;
-  grpc::ClientContext generate_context;
-  wv1::ReserveRequest reserve;
-  wv1::ReserveResponse reserved;
-  wv1::PrefillRequest prefill_request;
-  wv1::PrefillResponse prefilled;
-  wv1::GenerateRequest generate;
-  // Guarded by Request::mu.
-  bool streams_started = false;
-  bool over = false;  // finished, failed or abandoned: later events are ignored
-  bool aborted = false;
-  // The first token's logprobs come from the Prefill answer (PrefillResponse.first_token), not
-  // from Generate's first event. When logprobs are requested, Generate's events (and its end)
-  // are held here until Prefill has answered, then replayed in order.
-  bool prefill_answered = false;
-  bool first_event_handled = false;
-  std::deque<wv1::GenerateResponse> held;
-  std::optional<grpc::Status> held_done;
-  // The last Generate event's (or the stream start's) time, absl::ToUnixNanos; and whether the
-  // stream was cancelled because its worker is down and it stalled (CancelStalledStreams).
-  std::atomic<int64_t> last_event_ns{0};
-  std::atomic<bool> stalled_on_down{false};
-};
-
-struct RouterService::Request : std::enable_shared_from_this<Request> {
-  RouterService* service = nullptr;
-  frontend::ApiRequest api;
-  frontend::PreparedRequest prepared;
-  std::shared_ptr<frontend::GenerationSink> sink;
-  std::string endpoint;
-  absl::Time received;
-  std::atomic<bool> cancelled{false};
-
-  absl::Mutex mu;
-  std::vector<frontend::ChoiceText> texts ABSL_GUARDED_BY(mu);
-  std::vector<int> attempts ABSL_GUARDED_BY(mu);
-  std::vector<bool> any_token ABSL_GUARDED_BY(mu);
-  std::vector<std::shared_ptr<Attempt>> current ABSL_GUARDED_BY(mu);
-  std::vector<bool> degenerate ABSL_GUARDED_BY(mu);
-  int remaining ABSL_GUARDED_BY(mu) = 0;
-  bool ended ABSL_GUARDED_BY(mu) = false;  // the sink got OnComplete or OnError
-  bool dispatched ABSL_GUARDED_BY(mu) = false;
-  std::optional<absl::Time> first_token ABSL_GUARDED_BY(mu);
-  absl::Time last_token ABSL_GUARDED_BY(mu);
-  int64_t tokens ABSL_GUARDED_BY(mu) = 0;
-
-  // Aborts `attempt` on both workers and cancels its calls (run the actions after unlocking).
-  void AbortAttempt(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    attempt.over = true;
-    if (attempt.aborted) return;
-    attempt.aborted = true;
-    const uint64_t id = attempt.request_id, ticket = attempt.ticket_id;
-    Worker* prefill = attempt.prefill;
-    Worker* decode = attempt.decode;
-    const bool started = attempt.streams_started;
-    std::shared_ptr<Attempt> a = attempt.shared_from_this();
-    RouterService* owner = service;
-    actions->push_back([=] {
-      owner->SendAbortPrefillThenDecode(*prefill, *decode, id, ticket);
-      a->reserve_context.TryCancel();
-      if (started) {
-        a->prefill_context.TryCancel();
-        a->generate_context.TryCancel();
-      }
-    });
-  }
-
-  // Ends the request with `error` and aborts every choice still running.
-  void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (ended) return;
-    ended = true;
-    spdlog::warn("router: request {} failed: {} {}", prepared.request_id, error.http_status,
-                 error.message);
-    service->RecordFinish(*this, error.http_status, "error");
-    if (!cancelled.load()) sink->OnError(std::move(error));
-    for (auto& attempt : current) {
-      if (attempt && !attempt->over) AbortAttempt(*attempt, actions);
-    }
-  }
-
-  // Sends `delta` for a choice, with the token timing metrics.
-  void Emit(frontend::ChoiceDelta delta, int new_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const absl::Time now = absl::Now();
-    if (new_tokens > 0) {
-      if (!first_token) {
-        first_token = now;
-        service->ttft_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
-      } else {
-        service->itl_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - last_token));
-      }
-      last_token = now;
-      tokens += new_tokens;
-      service->generation_tokens_->Get().Increment(new_tokens);
-    }
-    if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
-      if (!cancelled.load()) sink->OnDelta(std::move(delta));
-    }
-  }
-
-  void ChoiceDone(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    attempt.over = true;
-    if (--remaining > 0 || ended) return;
-    ended = true;
-    frontend::Usage usage{static_cast<int64_t>(prepared.prompt.size()), 0};
-    for (const frontend::ChoiceText& t : texts) usage.completion_tokens += t.tokens();
-    const absl::Time now = absl::Now();
-    service->e2e_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
-    if (first_token && tokens > 1) {
-      service->tpot_->WithLabels({endpoint})
-          .Observe(absl::ToDoubleSeconds(now - *first_token) / static_cast<double>(tokens - 1));
-    }
-    service->RecordFinish(*this, 200, "");
-    if (!cancelled.load()) sink->OnComplete(usage);
-  }
-};
-
-namespace {
-
-// The Generate stream of one attempt; deletes itself when the call is done.
-class GenerateReader : public grpc::ClientReadReactor<wv1::GenerateResponse> {
- public:
-  using Request = RouterService::Request;
-  using Attempt = RouterService::Attempt;
-  GenerateReader(std::shared_ptr<Request> request, std::shared_ptr<Attempt> attempt,
-                 std::function<void(Request&, Attempt&, const wv1::GenerateResponse&)> on_event,
-                 std::function<void(Request&, Attempt&, const grpc::Status&)> on_done)
-      : request_(std::move(request)),
-        attempt_(std::move(attempt)),
-        on_event_(std::move(on_event)),
-        on_done_(std::move(on_done)) {}
-
-  void Start() {
-    attempt_->decode->decode()->async()->Generate(&attempt_->generate_context, &attempt_->generate,
-                                                  this);
-    StartRead(&event_);
-    StartCall();
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    on_event_(*request_, *attempt_, event_);
-    event_.Clear();
-    StartRead(&event_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    on_done_(*request_, *attempt_, status);
-    delete this;
-  }
-
- private:
-  std::shared_ptr<Request> request_;
-  std::shared_ptr<Attempt> attempt_;
-  std::function<void(Request&, Attempt&, const wv1::GenerateResponse&)> on_event_;
-  std::function<void(Request&, Attempt&, const grpc::Status&)> on_done_;
-  wv1::GenerateResponse event_;
-};
-
-void RunActions(Actions& actions) {
-  for (auto& action : actions) action();
-  actions.clear();
-}
-
-}  // namespace
 
 class RouterService::RouterGeneration : public frontend::Generation {
  public:
@@ -279,7 +48,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   PDSERVE_ASSIGN_OR_RETURN(o.decode_policy, ParsePolicy(config.router.decode_policy));
   o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
   o.lease_ms = config.lease_ms;
-  o.prefill_timeout = absl::Milliseconds(config.lease_ms);
+  o.prefill_timeout = absl::Milliseconds(config.router.prefill_timeout_ms);
   return o;
 }
 
@@ -356,7 +125,11 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.lease_ms = options.lease_ms;
   pool.background_checks = options.background_checks;
   pool.on_still_down = [raw = s.get()](Worker& w) {
-    if (w.role() == Role::kDecode) raw->CancelStalledStreams(w);
+    if (w.role() == Role::kDecode) {
+      raw->CancelStalledStreams(w);
+    } else {
+      raw->CancelPrefillsOn(w);
+    }
   };
   if (options.canary) {
     PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));
@@ -397,6 +170,22 @@ void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status)
 
 bool RouterService::Ready() const { return pool_->Ready(); }
 
+std::optional<frontend::ApiError> RouterService::FanOutError(int n) const {
+  int64_t slots = 0;
+  std::vector<std::string> workers;
+  for (const Worker* w : pool_->decode()) {
+    if (w->max_batch() <= 0) return std::nullopt;  // not stated: no bound known
+    slots += w->max_batch();
+    workers.push_back(absl::StrCat(w->name(), ": max_batch ", w->max_batch()));
+  }
+  if (n <= slots) return std::nullopt;
+  return frontend::InvalidRequest(
+      absl::StrCat("'n' is ", n, " but the decode workers run at most ", slots,
+                   " sequences at once (", absl::StrJoin(workers, ", "),
+                   "): the choices could never all hold a batch slot"),
+      "n");
+}
+
 void RouterService::RecordFinish(Request& request, int http_status,
                                  const std::string& finish_reason) {
   std::string reason = finish_reason;
@@ -430,7 +219,6 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   serving::SamplingParams& params = request->prepared.params;
   // The seed is explicit on the wire: the one the colocated service would use for this id.
   params.seed = serving::EffectiveSeed(params, request->prepared.request_id);
-  if (req.ignore_eos) params.min_tokens = params.max_tokens;
   const int n = params.n;
   if (in_flight_.load() + n > options_.max_in_flight) {
     requests_->WithLabels({endpoint, "429", "error"}).Increment();
@@ -442,12 +230,16 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
     return frontend::ServerError(503, "no prefill or decode worker is up", "server_error",
                                  "worker_unavailable");
   }
+  if (std::optional<frontend::ApiError> wide = FanOutError(n)) {
+    requests_->WithLabels({endpoint, "400", "error"}).Increment();
+    return *wide;
+  }
   {
     absl::MutexLock lock(&request->mu);
     for (int c = 0; c < n; ++c) request->texts.emplace_back(*preparer_, req, c);
     request->attempts.assign(n, 0);
     request->any_token.assign(n, false);
-    request->degenerate.assign(n, false);
+    request->degeneration.assign(n, "");
     request->current.resize(n);
     request->remaining = n;
     request->dispatched = true;
@@ -457,452 +249,6 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request->received));
   for (int c = 0; c < n; ++c) Dispatch(request, c, -1, -1);
   return std::unique_ptr<frontend::Generation>(new RouterGeneration(request));
-}
-
-void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice,
-                             int exclude_prefill, int exclude_decode) {
-  if (request->cancelled.load()) return;
-  const std::vector<Worker*> prefill = pool_->prefill();
-  const std::vector<Worker*> decode = pool_->decode();
-  auto candidates = [](const std::vector<Worker*>& workers) {
-    std::vector<Candidate> out;
-    for (const Worker* w : workers) out.push_back({w->up(), w->load()});
-    return out;
-  };
-  const std::vector<Candidate> p_candidates = candidates(prefill);
-  const std::vector<Candidate> d_candidates = candidates(decode);
-  int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
-  int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
-  // A retry prefers another worker but takes the same one when it is the only one up.
-  if (p < 0 && exclude_prefill >= 0)
-    p = prefill_policy_->Pick(p_candidates, request->prepared.prompt);
-  if (d < 0 && exclude_decode >= 0)
-    d = decode_policy_->Pick(d_candidates, request->prepared.prompt);
-  Actions actions;
-  if (p < 0 || d < 0) {
-    absl::MutexLock lock(&request->mu);
-    request->Fail(frontend::ServerError(
-                      503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
-                      "server_error", "worker_unavailable"),
-                  &actions);
-  }
-  if (!actions.empty() || p < 0 || d < 0) {
-    RunActions(actions);
-    return;
-  }
-  auto attempt = std::make_shared<Attempt>();
-  attempt->choice = choice;
-  attempt->prefill_index = p;
-  attempt->decode_index = d;
-  attempt->prefill = prefill[p];
-  attempt->decode = decode[d];
-  attempt->request_id = NextRequestId();
-  const wv1::SamplingParams sampling = ToProto(request->prepared.params, choice);
-  attempt->reserve.set_request_id(attempt->request_id);
-  attempt->reserve.set_prompt_tokens(static_cast<int32_t>(request->prepared.prompt.size()));
-  for (int32_t t : request->prepared.prompt) attempt->reserve.add_prompt_token_ids(t);
-  *attempt->reserve.mutable_sampling() = sampling;
-  attempt->reserve.set_lease_ms(options_.lease_ms);
-  attempt->reserve_context.set_deadline(Deadline(options_.reserve_timeout));
-  {
-    absl::MutexLock lock(&request->mu);
-    if (request->ended) return;
-    ++request->attempts[choice];
-    request->current[choice] = attempt;
-  }
-  attempt->prefill->AddLoad(1);
-  attempt->decode->AddLoad(1);
-  in_flight_.fetch_add(1);
-  std::shared_ptr<Request> r = request;
-  attempt->decode->decode()->async()->Reserve(
-      &attempt->reserve_context, &attempt->reserve, &attempt->reserved,
-      [this, r, attempt](grpc::Status status) { OnReserved(r, attempt, status); });
-}
-
-void RouterService::SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
-                                               uint64_t ticket_id) {
-  Worker* d = &decode;
-  SendAbort(prefill, request_id, ticket_id, /*prefill_quiesced=*/false,
-            [this, d, request_id, ticket_id](bool quiesced) {
-              SendAbort(*d, request_id, ticket_id, quiesced);
-            });
-}
-
-void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id,
-                              bool prefill_quiesced, std::function<void(bool quiesced)> then) {
-  struct Call {
-    grpc::ClientContext context;
-    wv1::AbortRequest request;
-    wv1::AbortResponse response;
-  };
-  auto call = std::make_shared<Call>();
-  // A prefill worker answers within 5 s (it waits that long at most for the prefill to stop).
-  call->context.set_deadline(
-      Deadline(worker.role() == Role::kDecode ? absl::Seconds(5) : absl::Seconds(6)));
-  call->request.set_request_id(request_id);
-  call->request.set_ticket_id(ticket_id);
-  if (worker.role() == Role::kDecode) call->request.set_prefill_quiesced(prefill_quiesced);
-  calls_.fetch_add(1);
-  auto done = [this, call, then = std::move(then)](const grpc::Status& status) {
-    if (then) then(status.ok() && call->response.quiesced());
-    calls_.fetch_sub(1);
-  };
-  if (worker.role() == Role::kDecode) {
-    worker.decode()->async()->Abort(&call->context, &call->request, &call->response,
-                                    std::move(done));
-  } else {
-    worker.prefill()->async()->Abort(&call->context, &call->request, &call->response,
-                                     std::move(done));
-  }
-}
-
-void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode) {
-  if (prefill) attempt.prefill->AddLoad(-1);
-  if (decode) {
-    attempt.decode->AddLoad(-1);
-    in_flight_.fetch_sub(1);
-  }
-}
-
-void RouterService::OnReserved(const std::shared_ptr<Request>& request,
-                               const std::shared_ptr<Attempt>& attempt,
-                               const grpc::Status& status) {
-  Actions actions;
-  bool start = false;
-  int retry_prefill = -2, retry_decode = -2;
-  {
-    absl::MutexLock lock(&request->mu);
-    if (!status.ok()) {
-      if (WorkerDown(status.error_code())) attempt->decode->RecordFailure();
-      ReleaseAttempt(*attempt, true, true);
-      attempt->over = true;
-      const bool retriable = WorkerDown(status.error_code()) ||
-                             status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      if (request->ended || request->cancelled.load()) {
-      } else if (retriable && request->attempts[attempt->choice] < options_.max_attempts) {
-        retries_
-            ->WithLabels(
-                {status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                     ? "timeout"
-                     : (WorkerDown(status.error_code()) ? "worker_down" : "reserve_failed")})
-            .Increment();
-        retry_prefill = -1;
-        retry_decode = attempt->decode_index;
-      } else {
-        request->Fail(ReserveError(status, attempt->decode->name()), &actions);
-      }
-    } else {
-      attempt->decode->RecordSuccess();
-      attempt->ticket_id = attempt->reserved.ticket().ticket_id();
-      if (request->ended || request->cancelled.load() || attempt->over) {
-        ReleaseAttempt(*attempt, true, true);
-        attempt->over = true;
-        // No Prefill was sent for this attempt: nothing can write its pages.
-        SendAbort(*attempt->decode, attempt->request_id, attempt->ticket_id,
-                  /*prefill_quiesced=*/true);
-      } else {
-        attempt->streams_started = true;
-        start = true;
-        attempt->prefill_request.set_request_id(attempt->request_id);
-        for (int32_t t : request->prepared.prompt) attempt->prefill_request.add_token_ids(t);
-        *attempt->prefill_request.mutable_sampling() = attempt->reserve.sampling();
-        *attempt->prefill_request.mutable_ticket() = attempt->reserved.ticket();
-        attempt->generate.set_request_id(attempt->request_id);
-        attempt->generate.set_ticket_id(attempt->ticket_id);
-      }
-    }
-  }
-  RunActions(actions);
-  if (retry_decode != -2) {
-    Dispatch(request, attempt->choice, retry_prefill, retry_decode);
-    return;
-  }
-  if (!start) return;
-  attempt->last_event_ns.store(absl::ToUnixNanos(absl::Now()));
-  {
-    absl::MutexLock lock(&streams_mu_);
-    if (streams_.size() >= 256) {
-      std::erase_if(streams_, [](const std::weak_ptr<Attempt>& a) { return a.expired(); });
-    }
-    streams_.push_back(attempt);
-  }
-  std::shared_ptr<Request> r = request;
-  calls_.fetch_add(1);
-  attempt->prefill_context.set_deadline(Deadline(options_.prefill_timeout));
-  attempt->prefill->prefill()->async()->Prefill(&attempt->prefill_context,
-                                                &attempt->prefill_request, &attempt->prefilled,
-                                                [this, r, attempt](grpc::Status s) {
-                                                  OnPrefilled(r, attempt, s);
-                                                  calls_.fetch_sub(1);
-                                                });
-  auto* reader = new GenerateReader(
-      request, attempt,
-      [this](Request& req, Attempt& a, const wv1::GenerateResponse& event) {
-        OnGenerateEvent(req, a, event);
-      },
-      [this](Request& req, Attempt& a, const grpc::Status& s) { OnGenerateDone(req, a, s); });
-  reader->Start();
-}
-
-bool RouterService::OtherPrefillUp(const Attempt& attempt) const {
-  for (const Worker* w : pool_->prefill()) {
-    if (w != attempt.prefill && w->up()) return true;
-  }
-  return false;
-}
-
-// Whether a failed choice may be tried again on other workers: no token of it reached the
-// client, the request is still wanted, and it has tries left.
-bool RouterService::CanRetry(Request& request, const Attempt& attempt) const {
-  return !request.any_token[attempt.choice] && !request.ended && !request.cancelled.load() &&
-         request.attempts[attempt.choice] < options_.max_attempts;
-}
-
-void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
-                                const std::shared_ptr<Attempt>& attempt,
-                                const grpc::Status& status) {
-  Actions actions;
-  bool retry = false;
-  bool retry_decode = false;
-  {
-    absl::MutexLock lock(&request->mu);
-    ReleaseAttempt(*attempt, true, false);
-    if (status.ok()) {
-      attempt->prefill->RecordSuccess();
-      attempt->prefill_answered = true;
-      // Replays what Generate sent while the first token's logprobs were awaited.
-      while (!attempt->held.empty() && !attempt->over && !request->ended) {
-        wv1::GenerateResponse event = std::move(attempt->held.front());
-        attempt->held.pop_front();
-        retry = HandleEvent(*request, *attempt, event, &actions) || retry;
-      }
-      attempt->held.clear();
-      if (attempt->held_done) {
-        const grpc::Status done = *attempt->held_done;
-        attempt->held_done.reset();
-        retry_decode = HandleDone(*request, *attempt, done, &actions);
-      }
-    } else if (!attempt->over) {
-      // RESOURCE_EXHAUSTED (its queue is full): tried on another prefill worker when one is up,
-      // else 429; the worker is busy, not down. UNAVAILABLE / DEADLINE_EXCEEDED (down, stopped,
-      // past prefill_timeout): counted against the worker, retried (on another one when one is
-      // up), else 503. Anything else: 500 with the worker's message. A failure after a token
-      // reached the client is an SSE error event. Every failure aborts the decode reservation.
-      const grpc::StatusCode code = status.error_code();
-      if (WorkerDown(code)) attempt->prefill->RecordFailure();
-      const bool busy = code == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      if ((WorkerDown(code) || (busy && OtherPrefillUp(*attempt))) &&
-          CanRetry(*request, *attempt)) {
-        retries_
-            ->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED
-                              ? "timeout"
-                              : (busy ? "prefill_busy" : "worker_down")})
-            .Increment();
-        request->AbortAttempt(*attempt, &actions);
-        retry = true;
-      } else {
-        request->Fail(PrefillError(status, attempt->prefill->name()), &actions);
-      }
-    }
-  }
-  RunActions(actions);
-  if (retry) Dispatch(request, attempt->choice, attempt->prefill_index, -1);
-  if (retry_decode) Dispatch(request, attempt->choice, -1, attempt->decode_index);
-}
-
-void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
-                                    const wv1::GenerateResponse& event) {
-  attempt.last_event_ns.store(absl::ToUnixNanos(absl::Now()));
-  Actions actions;
-  bool retry = false;
-  {
-    absl::MutexLock lock(&request.mu);
-    if (attempt.over || request.ended) return;
-    if (request.prepared.params.logprobs && !attempt.prefill_answered) {
-      attempt.held.push_back(event);  // replayed by OnPrefilled
-      return;
-    }
-    retry = HandleEvent(request, attempt, event, &actions);
-  }
-  RunActions(actions);
-  if (retry) Dispatch(request.shared_from_this(), attempt.choice, attempt.prefill_index, -1);
-}
-
-bool RouterService::HandleEvent(Request& request, Attempt& attempt,
-                                const wv1::GenerateResponse& event, Actions* actions_out) {
-  Actions& actions = *actions_out;
-  {
-    const int c = attempt.choice;
-    const bool first_event = !attempt.first_event_handled;
-    attempt.first_event_handled = true;
-    frontend::ChoiceText& text = request.texts[c];
-    const std::string& finish = event.finish_reason();
-    const bool normal_end = finish == "stop" || finish == "length" || finish == "degenerate";
-    if (event.degenerate() && !request.degenerate[c]) {
-      request.degenerate[c] = true;
-      degenerate_->WithLabels({"unknown", finish == "degenerate" ? "stop" : "flag"}).Increment();
-    }
-    const int n = std::max(event.token_ids_size(), event.tokens_size());
-    for (int i = 0; i < n && !text.done(); ++i) {
-      frontend::SampledText sampled;
-      if (i < event.tokens_size()) {
-        const wv1::SampledToken& t = event.tokens(i);
-        sampled.token = t.token_id();
-        sampled.logprob = t.logprob();
-        for (const wv1::TokenLogprob& top : t.top_logprobs()) {
-          sampled.top.emplace_back(top.token_id(), top.logprob());
-        }
-      } else {
-        sampled.token = event.token_ids(i);
-      }
-      if (first_event && i == 0 && request.prepared.params.logprobs) {
-        // Generate's first token carries only its id: the logprobs are the prefill worker's.
-        const wv1::SampledToken& first = attempt.prefilled.first_token();
-        if (!attempt.prefilled.has_first_token() || first.token_id() != sampled.token) {
-          request.Fail(
-              frontend::ServerError(
-                  500,
-                  absl::StrCat("prefill worker ", attempt.prefill->name(),
-                               attempt.prefilled.has_first_token()
-                                   ? absl::StrCat(" sampled first token ", first.token_id(),
-                                                  " but decode worker ", attempt.decode->name(),
-                                                  " streamed ", sampled.token)
-                                   : " sent no first token logprobs"),
-                  "server_error", "first_token_mismatch"),
-              &actions);
-          return false;
-        }
-        sampled.logprob = first.logprob();
-        sampled.top.clear();
-        for (const wv1::TokenLogprob& top : first.top_logprobs()) {
-          sampled.top.emplace_back(top.token_id(), top.logprob());
-        }
-      }
-      request.any_token[c] = true;
-      frontend::ChoiceDelta delta = text.Add(sampled, i + 1 == n && normal_end ? finish : "");
-      request.Emit(std::move(delta), 1);
-    }
-    if (text.done()) {
-      // Finished here: by the worker's final event or by a stop string (then the worker is
-      // still generating and is told to stop).
-      if (finish.empty()) request.AbortAttempt(attempt, &actions);
-      request.ChoiceDone(attempt);
-    } else if (normal_end) {
-      request.Emit(text.Finish(finish), 0);
-      request.ChoiceDone(attempt);
-    } else if (finish == "abort") {
-      request.Fail(
-          frontend::ServerError(503,
-                                absl::StrCat("decode worker ", attempt.decode->name(),
-                                             " aborted the request: ", event.error_message()),
-                                "server_error", "worker_aborted"),
-          &actions);
-    } else if (finish == "error" && event.isolation_error() == wv1::ISOLATION_ERROR_LEASE &&
-               !attempt.prefill_answered && !request.any_token[c]) {
-      // The transfer's lease ran out before the prefill worker answered: it stalled (stopped,
-      // wedged), which is the prefill worker's failure, not an isolation error.
-      attempt.prefill->RecordFailure();
-      if (CanRetry(request, attempt)) {
-        retries_->WithLabels({"timeout"}).Increment();
-        request.AbortAttempt(attempt, &actions);
-        return true;
-      }
-      request.Fail(frontend::ServerError(
-                       503,
-                       absl::StrCat("prefill worker ", attempt.prefill->name(),
-                                    " stalled: the transfer lease ran out before it answered (",
-                                    event.error_message(), ")"),
-                       "server_error", "prefill_timeout"),
-                   &actions);
-    } else if (!finish.empty()) {
-      request.Fail(
-          frontend::ServerError(
-              500,
-              absl::StrCat(
-                  "decode worker ", attempt.decode->name(), ": ",
-                  finish == "error" ? "" : finish + ": ", event.error_message(),
-                  event.isolation_error() != 0
-                      ? absl::StrCat(" (isolation error ",
-                                     wv1::IsolationError_Name(event.isolation_error()), ")")
-                      : ""),
-              "server_error", event.isolation_error() != 0 ? "isolation_error" : "worker_error"),
-          &actions);
-    }
-  }
-  return false;
-}
-
-void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status) {
-  Actions actions;
-  bool retry = false;
-  {
-    absl::MutexLock lock(&request.mu);
-    ReleaseAttempt(attempt, false, true);
-    if (status.ok() && !attempt.held.empty() && !attempt.over && !request.ended) {
-      attempt.held_done = status;  // after the held events, when Prefill answers
-    } else {
-      retry = HandleDone(request, attempt, status, &actions);
-    }
-  }
-  RunActions(actions);
-  if (retry) Dispatch(request.shared_from_this(), attempt.choice, -1, attempt.decode_index);
-}
-
-bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
-                               Actions* actions) {
-  if (attempt.over || request.ended) return false;
-  if (attempt.stalled_on_down.load()) {
-    if (CanRetry(request, attempt)) {
-      retries_->WithLabels({"worker_down"}).Increment();
-      request.AbortAttempt(attempt, actions);
-      return true;
-    }
-    request.Fail(frontend::ServerError(
-                     503,
-                     absl::StrCat("decode worker ", attempt.decode->name(),
-                                  " is down and its stream stalled for ",
-                                  absl::FormatDuration(options_.stall_timeout), " or more"),
-                     "server_error", "worker_unavailable"),
-                 actions);
-    return false;
-  }
-  if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
-  if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
-    retries_
-        ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout"
-                                                                                 : "worker_down"})
-        .Increment();
-    request.AbortAttempt(attempt, actions);
-    return true;
-  }
-  request.Fail(frontend::ServerError(status.ok() ? 500 : 503,
-                                     absl::StrCat("decode worker ", attempt.decode->name(),
-                                                  " ended the stream without a final event: ",
-                                                  status.ok() ? "OK" : status.error_message()),
-                                     "server_error", "worker_unavailable"),
-               actions);
-  return false;
-}
-
-void RouterService::CancelStalledStreams(Worker& decode) {
-  const int64_t stalled_before = absl::ToUnixNanos(absl::Now() - options_.stall_timeout);
-  std::vector<std::shared_ptr<Attempt>> stalled;
-  {
-    absl::MutexLock lock(&streams_mu_);
-    std::erase_if(streams_, [&](const std::weak_ptr<Attempt>& a) {
-      std::shared_ptr<Attempt> live = a.lock();
-      if (live == nullptr) return true;
-      if (live->decode != &decode || live->last_event_ns.load() > stalled_before) return false;
-      stalled.push_back(std::move(live));
-      return true;
-    });
-  }
-  for (const std::shared_ptr<Attempt>& a : stalled) {
-    spdlog::warn("router: decode worker {} is down; cancelling its stalled stream {}",
-                 decode.name(), a->request_id);
-    a->stalled_on_down.store(true);
-    a->generate_context.TryCancel();  // OnGenerateDone fails or retries the choice
-  }
 }
 
 std::string RouterService::MetricsText() const {

@@ -18,16 +18,21 @@
 // held until its Prefill has answered; a failed Prefill fails the request (a 5xx before any
 // token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
 //
-// Errors: Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
-// INVALID_ARGUMENT -> 400. Prefill's (before any token, after a retry on another prefill worker
-// when one is up): RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503
-// worker_unavailable, DEADLINE_EXCEEDED (options.prefill_timeout) -> 503 prefill_timeout,
-// others -> 500 prefill_failed with the worker's message; the decode reservation is aborted. A
-// choice whose workers fail before it produced a token is retried once on other workers
-// (pdserve_router_retries_total); after that, and for an "error" final event or a failed Prefill,
-// the request fails with OnError (a 5xx JSON before any token, an SSE error event after). Cancel()
-// (client gone) aborts the choice on both workers (Abort) and cancels the calls. Loads are counted
-// at dispatch and released when a worker's part ends.
+// Errors: more choices (n) than the decode workers' batch slots together -> 400 (param n) before
+// anything is reserved. Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
+// INVALID_ARGUMENT -> 400, FAILED_PRECONDITION (the request can never fit the worker's pool) ->
+// 400 (param max_tokens). A Reserve whose answer was lost (past reserve_timeout, cancelled,
+// connection lost) may still have reserved pages on its decode worker: it is aborted there with
+// prefill_quiesced (no Prefill was sent), which frees them at once or makes the late Reserve fail.
+// Prefill's (before any token, after a retry on another prefill worker when one is up):
+// RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503 worker_unavailable, DEADLINE_EXCEEDED
+// (options.prefill_timeout) -> 503 prefill_timeout, others -> 500 prefill_failed with the worker's
+// message; the decode reservation is aborted. A choice whose workers fail before it produced a
+// token is retried once on other workers (pdserve_router_retries_total); after that, and for an
+// "error" final event or a failed Prefill, the request fails with OnError (a 5xx JSON before any
+// token, an SSE error event after). Cancel() (client gone) aborts the choice on both workers
+// (Abort) and cancels the calls. Loads are counted at dispatch and released when a worker's part
+// ends.
 //
 // Thread-safety: every method is thread-safe. Sinks are called with the request's lock held and
 // must not call back into the Generation synchronously (frontend::HttpServer posts).
@@ -37,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,9 +75,12 @@ struct RouterOptions {
   bool background_checks = true;  // false: workers are checked only by pool().CheckAll()
   int64_t lease_ms = 30000;
   absl::Duration reserve_timeout = absl::Seconds(10);
-  // The Prefill RPC's deadline (a stopped prefill worker fails the choice, 503 prefill_timeout,
-  // retried on another prefill worker before any token). The deploy config's transfer lease.
-  absl::Duration prefill_timeout = absl::Seconds(30);
+  // The Prefill RPC's deadline: how long a prefill worker may take to answer (its queue wait
+  // included) before the choice fails (503 prefill_timeout, retried on another prefill worker
+  // before any token). router.prefill_timeout_ms; independent of the transfer lease, which only
+  // bounds a transfer between heartbeats. A worker the health checker marks down does not wait
+  // for it: its Prefill calls are cancelled then (CancelPrefillsOn).
+  absl::Duration prefill_timeout = absl::Seconds(60);
   // A Generate stream on a decode worker the health checker holds down that has had no event
   // for this long is cancelled and its choice fails (503 worker_unavailable, retried on another
   // decode worker when no token went out), instead of hanging until the worker comes back.
@@ -134,6 +143,10 @@ class RouterService : public frontend::GenerationService {
   // Gives back the load an attempt holds on its prefill and / or decode worker.
   void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
   bool CanRetry(Request& request, const Attempt& attempt) const;
+  // The 400 (param n) for a request of `n` choices that can never all run at once: more than the
+  // decode workers' batch slots together (HealthResponse.max_batch of each; no bound while a
+  // worker has not stated it). Nothing is reserved for such a request.
+  std::optional<frontend::ApiError> FanOutError(int n) const;
   // Whether a prefill worker other than the attempt's is up.
   bool OtherPrefillUp(const Attempt& attempt) const;
   // gRPC completions (gRPC callback threads).
@@ -155,6 +168,11 @@ class RouterService : public frontend::GenerationService {
 
   // The checker found `decode` still down: cancels its streams stalled past stall_timeout.
   void CancelStalledStreams(Worker& decode);
+  // The checker found `prefill` down: cancels its Prefill calls still out whose transfer has not
+  // committed (no Generate event yet); each choice is retried on another prefill worker before
+  // any token (pdserve_router_retries_total{reason="worker_down"}), else fails with 503
+  // worker_unavailable, instead of waiting out prefill_timeout.
+  void CancelPrefillsOn(Worker& prefill);
 
   RouterOptions options_;
   std::vector<std::string> model_names_;

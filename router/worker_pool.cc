@@ -133,6 +133,7 @@ bool WorkerPool::Check(Worker& worker) {
           ? worker.decode()->Health(&context, wv1::HealthRequest(), &health)
           : worker.prefill()->Health(&context, wv1::HealthRequest(), &health);
   if (!status.ok() || health.state() != wv1::HealthResponse::STATE_SERVING) return false;
+  if (worker.role() == Role::kDecode) worker.set_max_batch(health.max_batch());
   if (options_.canary_prompt.empty()) return true;
   // The partner: the first up worker of the other role (its own check decides about it; a
   // failure of its step is not held against `worker`).
@@ -190,6 +191,18 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   if (!status.ok()) {
     // RESOURCE_EXHAUSTED: a full worker is busy, not broken.
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return true;
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // The Reserve may have run on the worker after all: no Prefill was sent, so it frees the
+      // pages at once (and refuses a Reserve the Abort overtook).
+      wv1::AbortRequest abort;
+      abort.set_request_id(request_id);
+      abort.set_prefill_quiesced(true);
+      wv1::AbortResponse ignored;
+      grpc::ClientContext abort_context;
+      abort_context.set_deadline(Deadline(absl::Seconds(1)));
+      decode.decode()->Abort(&abort_context, abort, &ignored).ok();
+    }
     spdlog::warn("router: canary Reserve on {} failed: {}", decode.name(), status.error_message());
     return checked != Role::kDecode;
   }
@@ -251,8 +264,10 @@ bool WorkerPool::PrefillBusy(Worker& prefill) {
   if (!status.ok()) return false;
   const int64_t previous = prefill.ExchangeTransferBytes(stats.transfer_bytes());
   const bool has_work = stats.waiting_requests() + stats.running_requests() > 0;
-  const bool progressed = previous < 0 || stats.transfer_bytes() > previous;
-  return has_work && progressed;
+  // Sent bytes since the previous sample: it made progress, also when the work that delayed
+  // the canary (or ran its short lease out in the queue) has just drained.
+  if (previous >= 0 && stats.transfer_bytes() > previous) return true;
+  return has_work && previous < 0;
 }
 
 }  // namespace pdserve::router

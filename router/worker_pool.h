@@ -13,10 +13,11 @@
 //
 // Busy is not wedged: a prefill worker whose canary Prefill passes its deadline (the canary
 // waited in a full queue) still passes its check when its Stats RPC answers within
-// `health_timeout`, reports waiting or running requests, and its transfer_bytes grew since the
-// checker's previous sample (or there is none yet): it is making progress. A stopped worker
-// answers neither Health nor Stats and is marked down after `down_after` checks as before; one
-// that answers but sends nothing is wedged and fails.
+// `health_timeout` and its transfer_bytes grew since the checker's previous sample (it made
+// progress, also when the work that delayed the canary has just drained), or there is no sample
+// yet and it reports waiting or running requests. A stopped worker answers neither Health nor
+// Stats and is marked down after `down_after` checks as before; one that answers but sends
+// nothing is wedged and fails.
 //
 // Thread-safety: every method is thread-safe; Worker references stay valid for the pool's life.
 #pragma once
@@ -63,6 +64,9 @@ class Worker {
   void RecordCheck(bool passed, int down_after);
   // The checker's last Stats sample of transfer_bytes (-1: none yet); returns the previous one.
   int64_t ExchangeTransferBytes(int64_t bytes) { return transfer_bytes_.exchange(bytes); }
+  // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
+  int64_t max_batch() const { return max_batch_.load(); }
+  void set_max_batch(int64_t slots) { max_batch_.store(slots); }
 
  private:
   const config::WorkerConfig config_;
@@ -77,6 +81,7 @@ class Worker {
   std::atomic<int> request_failures_{0};
   std::atomic<int> check_failures_{0};
   std::atomic<int64_t> transfer_bytes_{-1};
+  std::atomic<int64_t> max_batch_{0};
 };
 
 struct WorkerPoolOptions {

@@ -247,7 +247,8 @@ absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& para
                                                       std::span<const int32_t> prompt,
                                                       int64_t vocab_size) {
   PDSERVE_RETURN_IF_ERROR(ValidateSamplingParams(params, vocab_size));
-  std::vector<int32_t> end_ids(eos_token_ids.begin(), eos_token_ids.end());
+  std::vector<int32_t> end_ids;
+  if (!params.ignore_eos) end_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
   for (int32_t token : end_ids) {
     if (token < 0 || token >= vocab_size) {
       return absl::InvalidArgumentError(

@@ -89,7 +89,8 @@ struct SampleStep {
 class RequestSampler {
  public:
   // Validates `params` against `vocab_size` (see ValidateSamplingParams); `eos_token_ids` come from
-  // generation_config.json or the model config. The seed is EffectiveSeed(params, request_id).
+  // generation_config.json or the model config and are not used when params.ignore_eos (then
+  // only params.stop_token_ids end a choice). The seed is EffectiveSeed(params, request_id).
   static absl::StatusOr<RequestSampler> Create(const SamplingParams& params,
                                                std::string_view request_id,
                                                std::span<const int32_t> eos_token_ids,

@@ -1,6 +1,8 @@
 #include "serving/sampling_params.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "xxhash.h"
@@ -11,6 +13,21 @@ namespace {
 absl::Status RangeError(absl::string_view field, absl::string_view range, double value) {
   return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", value));
 }
+
+// 0 or a normal float32 in magnitude (see ValidateSamplingParams).
+absl::Status CheckFloat32(absl::string_view field, double value) {
+  const double magnitude = std::abs(value);
+  if (value == 0.0 || (magnitude >= kMinFloat32 && magnitude <= kMaxFloat32)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " ", value,
+                   " cannot be carried as a float32 (the workers' sampling values): a "
+                   "nonzero value must have a magnitude from ",
+                   kMinFloat32, " to ", kMaxFloat32));
+}
+
+double Float32(double value) { return static_cast<double>(static_cast<float>(value)); }
 
 absl::Status CheckTokenId(absl::string_view field, int32_t id, int64_t vocab_size) {
   if (id < 0 || id >= vocab_size) {
@@ -73,7 +90,33 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
   if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxTopLogprobs)) {
     return RangeError("logprobs", absl::StrCat("in [0, ", kMaxTopLogprobs, "]"), *params.logprobs);
   }
+  for (const auto& [field, value] :
+       {std::pair<absl::string_view, double>{"temperature", params.temperature},
+        {"top_p", params.top_p},
+        {"min_p", params.min_p},
+        {"repetition_penalty", params.repetition_penalty},
+        {"presence_penalty", params.presence_penalty},
+        {"frequency_penalty", params.frequency_penalty}}) {
+    if (auto status = CheckFloat32(field, value); !status.ok()) return status;
+  }
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (auto status = CheckFloat32(absl::StrCat("logit_bias[", token, "]"), bias); !status.ok()) {
+      return status;
+    }
+  }
   return absl::OkStatus();
+}
+
+void RoundToFloat32(SamplingParams& params) {
+  // One loop over the fields, not six assignments: GCC 12.2's SLP vectorizer at -O2 drops the
+  // round trip of temperature and top_p when they are written field by field (measured; the
+  // test RoundToFloat32GivesTheWorkersValues catches it).
+  for (double* value :
+       {&params.temperature, &params.top_p, &params.min_p, &params.repetition_penalty,
+        &params.presence_penalty, &params.frequency_penalty}) {
+    *value = Float32(*value);
+  }
+  for (auto& [token, bias] : params.logit_bias) bias = Float32(bias);
 }
 
 uint64_t EffectiveSeed(const SamplingParams& params, std::string_view request_id) {

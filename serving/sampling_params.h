@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -42,6 +43,9 @@ struct SamplingParams {
   int32_t min_tokens = 0;                    // in [0, max_tokens]; EOS and stop ids masked before
   int32_t n = 1;                             // independent choices, in [1, kMaxChoices]
   std::optional<int32_t> logprobs;  // absent: none; k in [0, 20]: chosen token + k most likely
+  // The model's EOS ids are ordinary tokens (not end ids, not masked by min_tokens);
+  // stop_token_ids still end a choice. RequestSampler::Create drops the EOS ids it is given.
+  bool ignore_eos = false;
 
   // The defaults a model asks for: temperature / top_p / top_k from `config` where present.
   static SamplingParams FromGenerationConfig(const GenerationConfig& config);
@@ -49,8 +53,21 @@ struct SamplingParams {
 
 // OK when every field is in range for a model with `vocab_size` tokens; otherwise InvalidArgument
 // naming the field, the allowed range and the offending value (for example
-// "top_p must be in (0, 1], got 0"). NaN and infinities are rejected for every real field.
+// "top_p must be in (0, 1], got 0"). NaN and infinities are rejected for every real field, and so
+// is a real value that float32 (what worker.v1 carries) cannot hold: every one must be 0 or of
+// magnitude in [kMinFloat32, kMaxFloat32]. Below it, e.g. top_p 1e-46, the value would reach a
+// worker as 0 ("off" for top_p and repetition_penalty) while the colocated server applied it.
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
+
+// The magnitudes a real sampling value may take besides 0: those of the normal float32 numbers.
+inline constexpr double kMinFloat32 = std::numeric_limits<float>::min();  // 1.17549435e-38
+inline constexpr double kMaxFloat32 = std::numeric_limits<float>::max();  // 3.40282347e+38
+
+// Rounds every real field (temperature, top_p, min_p, the penalties, logit_bias) to the nearest
+// float32, the precision worker.v1 carries them in, so a request samples with exactly the same
+// values through the router as colocated. REQUIRES: ValidateSamplingParams(params) is OK (then no
+// value rounds to 0 or to infinity).
+void RoundToFloat32(SamplingParams& params);
 
 // The seed that keys this request's random stream: `params.seed` when given (so two requests with
 // the same seed and prompt agree, as OpenAI documents), else xxh3-64 of `request_id` (so requests

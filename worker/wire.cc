@@ -27,6 +27,7 @@ absl::StatusOr<serving::SamplingParams> SamplingFromProto(
   params.min_tokens = proto.min_tokens();
   params.n = static_cast<int32_t>(proto.choice()) + 1;
   if (proto.has_logprobs()) params.logprobs = proto.logprobs();
+  params.ignore_eos = proto.ignore_eos();
   absl::Status valid = serving::ValidateSamplingParams(params, vocab_size);
   if (!valid.ok()) return valid;
   return params;
@@ -67,7 +68,9 @@ absl::Status CheckCanProduceToken(const serving::SamplingParams& params,
     masked[static_cast<size_t>(id)] = true;
     ++count;
   };
-  for (int32_t id : eos_ids) mask(id);
+  if (!params.ignore_eos) {
+    for (int32_t id : eos_ids) mask(id);
+  }
   for (int32_t id : params.stop_token_ids) mask(id);
   if (count < vocab_size) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(

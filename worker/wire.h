@@ -24,8 +24,9 @@ namespace pdserve::worker {
 absl::StatusOr<serving::SamplingParams> SamplingFromProto(
     const pdserve::worker::v1::SamplingParams& proto, int64_t vocab_size);
 
-// OK unless `params` can never produce a token: min_tokens > 0 and the end ids (`eos_ids` and
-// params.stop_token_ids, all masked before min_tokens) cover every id of the vocabulary, so the
+// OK unless `params` can never produce a token: min_tokens > 0 and the end ids (`eos_ids` unless
+// params.ignore_eos, and params.stop_token_ids, all masked before min_tokens) cover every id of
+// the vocabulary, so the
 // first token is always "every token is masked". Exact (logit_bias is finite and cannot mask).
 // Errors: InvalidArgument naming the fields.
 absl::Status CheckCanProduceToken(const serving::SamplingParams& params,

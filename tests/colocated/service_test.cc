@@ -2,6 +2,7 @@
 // the stop text held back, context and pool limits map to their HTTP errors.
 #include "colocated/service.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ class CollectingSink : public frontend::GenerationSink {
     absl::MutexLock lock(&mu_);
     text_ += delta.text;
     ++deltas_;
+    kinds_.push_back(delta.degeneration_kind.value_or(""));
     if (delta.finish_reason) finish_ = *delta.finish_reason;
   }
   void OnComplete(frontend::Usage usage) override {
@@ -50,6 +52,11 @@ class CollectingSink : public frontend::GenerationSink {
     absl::MutexLock lock(&mu_);
     return usage_;
   }
+  // Per delta: its degeneration_kind, or "".
+  std::vector<std::string> kinds() {
+    absl::MutexLock lock(&mu_);
+    return kinds_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -58,6 +65,7 @@ class CollectingSink : public frontend::GenerationSink {
   std::string finish_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
   int deltas_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> kinds_ ABSL_GUARDED_BY(mu_);
   frontend::Usage usage_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -106,6 +114,26 @@ TEST(ColocatedServiceTest, CancelMidDecodeFreesEveryPage) {
   std::get<std::unique_ptr<frontend::Generation>>(started)->Cancel();
   EXPECT_TRUE(WaitIdle(*service));
   EXPECT_TRUE(sink->finish().empty());  // cancelled, not finished
+}
+
+// degeneration flag: the choice goes on, and every delta from the flagged token on carries the
+// kind (the response's "degenerate" / "degeneration_kind").
+TEST(ColocatedServiceTest, DegenerateChoiceIsFlaggedWithItsKindInTheDeltas) {
+  std::unique_ptr<ColocatedService> service = NewService();
+  frontend::ApiRequest req = Completion("And God said", 40);
+  req.logit_bias = {{500, 100.0}};  // the same token every time: a repeat
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(req, sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->finish(), "length");
+  EXPECT_EQ(sink->usage().completion_tokens, 40);
+  const std::vector<std::string> kinds = sink->kinds();
+  ASSERT_FALSE(kinds.empty());
+  EXPECT_EQ(kinds.front(), "");       // not repetitive yet
+  EXPECT_EQ(kinds.back(), "repeat");  // ... flagged before the end, and still flagged
+  const size_t first = std::find(kinds.begin(), kinds.end(), "repeat") - kinds.begin();
+  for (size_t i = first; i < kinds.size(); ++i) EXPECT_EQ(kinds[i], "repeat") << i;
 }
 
 TEST(ColocatedServiceTest, StopStringEndsTheChoiceBeforeIt) {

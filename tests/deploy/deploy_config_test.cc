@@ -62,6 +62,16 @@ TEST(DeployConfigTest, UnknownKeyNamesItsLine) {
                  "router.htp_port");
 }
 
+TEST(DeployConfigTest, RouterPrefillTimeout) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.prefill_timeout_ms, 60000);
+  const ParsedDeployConfig set = ParseDeployConfig(
+      Broken("  http_port: 8000", "  http_port: 8000\n  prefill_timeout_ms: 5000"), "t.yaml");
+  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+  EXPECT_EQ(set.config.router.prefill_timeout_ms, 5000);
+  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  prefill_timeout_ms: 50"), 6, 23,
+                 "router.prefill_timeout_ms");
+}
+
 TEST(DeployConfigTest, BadPortValue) {
   ExpectOneError(Broken("port: 9200", "port: 70000"), 15, 11, "decode[0].port");
 }

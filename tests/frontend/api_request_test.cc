@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "frontend/api_response.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::frontend {
@@ -132,6 +133,28 @@ INSTANTIATE_TEST_SUITE_P(
             Endpoint::kChatCompletions,
             R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
             "only 'response_format': {\"type\": \"text\"} is supported", "response_format"}));
+
+TEST(ApiResponseTest, DegenerateChoiceCarriesTheFlagAndItsKind) {
+  ApiRequest req;
+  req.endpoint = Endpoint::kCompletions;
+  const ResponseMeta meta{"cmpl-1", 7, "m"};
+  ChoiceDelta plain{0, "a", {}, std::nullopt, std::nullopt};
+  ChoiceDelta flagged{0, "b", {}, std::string("length"), std::string("repeat")};
+  const nlohmann::json full = nlohmann::json::parse(FullResponse(req, meta, {flagged}, {1, 2}));
+  EXPECT_EQ(full["choices"][0]["degenerate"], true);
+  EXPECT_EQ(full["choices"][0]["degeneration_kind"], "repeat");
+  const nlohmann::json clean = nlohmann::json::parse(FullResponse(req, meta, {plain}, {1, 1}));
+  EXPECT_FALSE(clean["choices"][0].contains("degenerate"));
+  EXPECT_FALSE(clean["choices"][0].contains("degeneration_kind"));
+  req.endpoint = Endpoint::kChatCompletions;
+  req.stream = true;
+  const std::string chunk = StreamChunk(req, meta, flagged, false);
+  ASSERT_EQ(chunk.rfind("data: ", 0), 0u);
+  const nlohmann::json event = nlohmann::json::parse(chunk.substr(6));
+  EXPECT_EQ(event["choices"][0]["degenerate"], true);
+  EXPECT_EQ(event["choices"][0]["degeneration_kind"], "repeat");
+  EXPECT_EQ(event["choices"][0]["delta"]["content"], "b");
+}
 
 TEST(ApiRequestTest, ErrorJsonHasOpenAiShape) {
   ApiError e = InvalidRequest("too long", "messages", "context_length_exceeded");

@@ -110,6 +110,8 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
   if (!prefill.ok()) return prefill.status();
   cluster->decode_process_ = std::move(decode->first);
   cluster->prefill_process_ = std::move(prefill->first);
+  cluster->decode_port_ = decode->second;
+  cluster->prefill_port_ = prefill->second;
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
   cluster->decode_stub_ = v1::DecodeWorker::NewStub(grpc::CreateCustomChannel(

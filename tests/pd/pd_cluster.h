@@ -65,6 +65,9 @@ class PdCluster {
   pdserve::worker::v1::PrefillWorker::Stub& prefill() { return *prefill_stub_; }
   kv::testing::PeerProcess& prefill_process() { return *prefill_process_; }
   kv::testing::PeerProcess& decode_process() { return *decode_process_; }
+  // The workers' gRPC ports on 127.0.0.1 (for a router in the test process).
+  int prefill_port() const { return prefill_port_; }
+  int decode_port() const { return decode_port_; }
 
  private:
   PdCluster() = default;
@@ -73,6 +76,8 @@ class PdCluster {
   std::unique_ptr<kv::testing::PeerProcess> decode_process_;
   std::unique_ptr<pdserve::worker::v1::PrefillWorker::Stub> prefill_stub_;
   std::unique_ptr<pdserve::worker::v1::DecodeWorker::Stub> decode_stub_;
+  int prefill_port_ = 0;
+  int decode_port_ = 0;
 };
 
 pdserve::worker::v1::ReserveRequest ReserveFor(const RequestSpec& spec);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -111,6 +112,55 @@ void ExpectMatchesColocated(const std::string& tls) {
 }
 
 TEST(PdEquivalenceTest, TcpMatchesColocatedBitForBit) { ExpectMatchesColocated("tcp"); }
+
+// ignore_eos on both workers as in colocated mode: EOS (id 1, forced by logit_bias) is sampled
+// and passed over; stop_token_ids still stop, after min_tokens.
+TEST(PdEquivalenceTest, IgnoreEosMatchesColocated) {
+  constexpr int32_t kEos = 1, kStop = 500;
+  std::vector<RequestSpec> specs;
+  auto add = [&](bool ignore_eos, std::map<int32_t, double> bias, std::vector<int32_t> stop,
+                 int32_t min_tokens) {
+    RequestSpec s;
+    s.request_id = 5000 + specs.size();
+    s.prompt = {5, 6, 7, 8, 9};
+    s.params.temperature = 0.6;
+    s.params.seed = 3;
+    s.params.max_tokens = 4;
+    s.params.min_tokens = min_tokens;
+    s.params.ignore_eos = ignore_eos;
+    s.params.logit_bias = std::move(bias);
+    s.params.stop_token_ids = std::move(stop);
+    s.params.logprobs = 1;
+    specs.push_back(std::move(s));
+  };
+  add(true, {{kEos, 100.0}}, {}, 0);        // EOS every time, never an end: length
+  add(true, {{kStop, 100.0}}, {kStop}, 0);  // the stop id stops at once
+  add(true, {{kStop, 100.0}}, {kStop}, 2);  // ... after min_tokens
+  add(false, {{kEos, 100.0}}, {}, 0);       // without it EOS stops
+  add(true, {{kEos, 100.0}}, {kEos}, 0);    // EOS named in stop_token_ids still stops
+  const std::vector<Outcome> reference = RunColocated(specs);
+  auto cluster = PdCluster::Start({});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<Outcome> pd = (*cluster)->RunAll(specs, 2);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE(reference[i].error.empty()) << reference[i].error;
+    EXPECT_TRUE(pd[i].error.empty()) << i << ": " << pd[i].error;
+    EXPECT_EQ(pd[i].tokens, reference[i].tokens) << i;
+    EXPECT_EQ(pd[i].logprob_bits, reference[i].logprob_bits) << i;
+    EXPECT_EQ(pd[i].finish_reason, reference[i].finish_reason) << i;
+  }
+  EXPECT_EQ(pd[0].tokens, std::vector<int32_t>(4, kEos));
+  EXPECT_EQ(pd[0].finish_reason, "length");
+  EXPECT_EQ(pd[1].tokens, std::vector<int32_t>{kStop});
+  EXPECT_EQ(pd[1].finish_reason, "stop");
+  ASSERT_EQ(pd[2].tokens.size(), 3u);  // min_tokens 2 masks the stop id twice
+  EXPECT_EQ(pd[2].tokens[2], kStop);
+  EXPECT_EQ(pd[2].finish_reason, "stop");
+  EXPECT_EQ(pd[3].tokens, std::vector<int32_t>{kEos});
+  EXPECT_EQ(pd[3].finish_reason, "stop");
+  EXPECT_EQ(pd[4].tokens, std::vector<int32_t>{kEos});
+  EXPECT_EQ(pd[4].finish_reason, "stop");
+}
 
 // Issue 9 on the decode worker: with paranoid mode and a canary on every request, intact
 // transferred state passes both guards (no false positive) and the tokens stay bit-identical.

@@ -26,6 +26,22 @@ TEST(SamplingFromProtoTest, ChoiceSelectsItsStreamAndZeroMeansOff) {
   EXPECT_FLOAT_EQ(static_cast<float>(params->temperature), 0.6f);
 }
 
+TEST(SamplingFromProtoTest, IgnoreEosTravelsAndLeavesMinTokensAlone) {
+  pdserve::worker::v1::SamplingParams proto;
+  proto.set_max_tokens(8);
+  proto.set_min_tokens(2);
+  proto.add_stop_token_ids(9);
+  absl::StatusOr<serving::SamplingParams> params = SamplingFromProto(proto, 100);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_FALSE(params->ignore_eos);
+  proto.set_ignore_eos(true);
+  params = SamplingFromProto(proto, 100);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_TRUE(params->ignore_eos);
+  EXPECT_EQ(params->min_tokens, 2);
+  EXPECT_EQ(params->stop_token_ids, std::vector<int32_t>{9});
+}
+
 TEST(SamplingFromProtoTest, OutOfRangeFieldsAreInvalidArgument) {
   pdserve::worker::v1::SamplingParams proto;
   proto.set_max_tokens(0);
@@ -50,6 +66,10 @@ TEST(CheckCanProduceTokenTest, EndIdsCoveringTheVocabWithMinTokensAreInvalidArgu
   // One token left unmasked, or nothing masked at all (min_tokens 0): a token can be produced.
   EXPECT_TRUE(CheckCanProduceToken(params, {}, 10).ok());
   params.min_tokens = 0;
+  EXPECT_TRUE(CheckCanProduceToken(params, eos, 10).ok());
+  // With ignore_eos the EOS ids are not masked: token 0 is left.
+  params.min_tokens = 4;
+  params.ignore_eos = true;
   EXPECT_TRUE(CheckCanProduceToken(params, eos, 10).ok());
 }
 

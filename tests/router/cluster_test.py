@@ -6,7 +6,11 @@ decode workers, CPU backend, the bundled model). One cluster serves every case:
 - curl and the OpenAI python client (its part skipped with a message where `import openai` fails,
   and then the test exits 77 at the end, after every other case ran),
   non-streamed and streamed, completions and chat; streamed text == non-streamed text (same seed);
-- the router's output equals the colocated server's (`pdserve serve`) for the same request;
+- the router's output equals the colocated server's (`pdserve serve`) for the same request,
+  also for the EQUAL_CASES below (ignore_eos with EOS forced, ignore_eos with stop_token_ids,
+  extreme sampling values: tiny top_p / repetition_penalty, and below float32 a 400 on both;
+  a flagged degenerate choice, whose "degenerate" / "degeneration_kind" fields agree in JSON and
+  in the streams);
 - 64 concurrent requests, each equal to its alone-run;
 - error statuses and OpenAI error JSON: 400 (empty prompt, wrong type, unknown field,
   context_length_exceeded), 404 unknown model, 413 body too large, 503 with no decode worker up;
@@ -199,11 +203,83 @@ def test_basic(c, model):
     return completion, answer
 
 
-def test_colocated_equal(pdserve, model_dir, model, completion, answer):
+# Requests whose router response must equal the colocated server's (status, choices or error,
+# usage), each with the status it must have and a check of its own on the router's body.
+EQUAL_CASES = [
+    ("ignore_eos with EOS (id 1) forced: sampled and passed over, not a stop",
+     {"prompt": "And God said", "max_tokens": 6, "seed": 7, "ignore_eos": True,
+      "logit_bias": {"1": 100}}, 200,
+     lambda b: b["choices"][0]["finish_reason"] == "length" and
+     b["usage"]["completion_tokens"] == 6),
+    ("ignore_eos + stop_token_ids: the stop id still stops, after min_tokens",
+     {"prompt": "And God said", "max_tokens": 8, "seed": 7, "ignore_eos": True, "min_tokens": 2,
+      "stop_token_ids": [500], "logit_bias": {"500": 100}}, 200,
+     lambda b: b["choices"][0]["finish_reason"] == "stop" and
+     b["usage"]["completion_tokens"] == 3),
+    # Extreme sampling values: the workers take float32, the colocated server rounds to the same.
+    ("top_p 2e-38 (the smallest float32s): keeps the top token only, at temperature 1.5",
+     {"prompt": "And God said", "max_tokens": 12, "seed": 3, "temperature": 1.5,
+      "top_p": 2e-38}, 200, lambda b: b["usage"]["completion_tokens"] == 12),
+    ("repetition_penalty 2e-38 and top_p 0.999999999 (rounds to 1)",
+     {"prompt": "And God said", "max_tokens": 12, "seed": 3, "temperature": 0.9,
+      "repetition_penalty": 2e-38, "top_p": 0.999999999}, 200,
+     lambda b: b["usage"]["completion_tokens"] == 12),
+    ("top_p 1e-46 (0 as float32, 'off' on the wire before): 400 naming float32",
+     {"prompt": "And God said", "max_tokens": 4, "top_p": 1e-46}, 400,
+     lambda e: e["message"].startswith("top_p 1e-46 cannot be carried as a float32")),
+    # guards.degeneration_action flag (the default here and in `pdserve serve`): the choice goes on
+    # and carries "degenerate": true and its "degeneration_kind".
+    ("a forced repeat (one token every time) is flagged: degenerate + degeneration_kind",
+     {"prompt": "And God said", "max_tokens": 30, "temperature": 0, "logit_bias": {"500": 100}},
+     200, lambda b: b["choices"][0].get("degenerate") is True and
+     b["choices"][0].get("degeneration_kind") == "repeat" and
+     b["choices"][0]["finish_reason"] == "length"),
+    ("repetition_penalty 1e-46: 400 as well",
+     {"prompt": "And God said", "max_tokens": 4, "repetition_penalty": 1e-46}, 400,
+     lambda e: "repetition_penalty" in e["message"]),
+]
+
+
+def degenerate_flags(body):
+    """Per SSE choice chunk: its degeneration_kind when it says degenerate: true, else None."""
+    flags = []
+    for line in body.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[len("data: "):]).get("choices", []):
+                flags.append(choice.get("degeneration_kind") if choice.get("degenerate") else None)
+    return flags
+
+
+def response_core(code, text):
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return code, text
+    if code != 200:
+        return code, body.get("error")
+    return code, {"choices": body["choices"], "usage": body["usage"]}
+
+
+def test_colocated_equal(pdserve, model_dir, model, completion, answer, c):
     serve = subprocess.Popen([pdserve, "serve", "--model", model_dir, "--port", "0"],
                              stdout=subprocess.PIPE, text=True)
     try:
         base = serve.stdout.readline().strip().rsplit(" ", 1)[1]
+        for name, body, status, expect in EQUAL_CASES:
+            body = dict(body, model=model)
+            routed = response_core(*curl(c.base + "/v1/completions", body))
+            colocated = response_core(*curl(base + "/v1/completions", body))
+            check(routed == colocated, f"router == colocated: {name}: {routed} vs {colocated}")
+            check(routed[0] == status and expect(routed[1]), f"{name}: {routed}")
+        # The same flag in the streams, from the flagged token on (the last chunk has it).
+        body = {"model": model, "prompt": "And God said", "max_tokens": 30, "temperature": 0,
+                "logit_bias": {"500": 100}, "stream": True}
+        for where, url in [("router", c.base), ("colocated", base)]:
+            flags = degenerate_flags(curl(url + "/v1/completions", body)[1])
+            check(len(flags) > 2 and flags[0] is None and flags[-1] == "repeat" and
+                  None not in flags[flags.index("repeat"):],
+                  f"{where} stream: chunks carry degeneration_kind from the flagged token on: "
+                  f"{flags}")
         body = {"model": model, "prompt": "And God said", "max_tokens": 16, "seed": 7,
                 "temperature": 0.6}
         code, text = curl(base + "/v1/completions", body)
@@ -434,7 +510,7 @@ def main():
 
             if wanted("basic"):
                 completion, answer = test_basic(c, model)
-                test_colocated_equal(args.pdserve, args.model, model, completion, answer)
+                test_colocated_equal(args.pdserve, args.model, model, completion, answer, c)
             if wanted("errors"):
                 test_errors(c, model)
             if wanted("openai"):

@@ -60,10 +60,17 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   bool fail_with_error_event = false;
   bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
+  int reserve_delay_ms = 0;  // > 0: Reserve answers this late (after its work is done)
+  // >= 0: the events of tokens from this index on say degenerate, with this kind ("" as a
+  // worker that predates GenerateResponse.degeneration_kind).
+  int degenerate_from = -1;
+  std::string degeneration_kind = "repeat";
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
+  int64_t max_batch = 0;  // HealthResponse.max_batch (0: not stated)
 
   grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
                        worker::v1::ReserveResponse* response) override {
+    if (reserve_delay_ms > 0) absl::SleepFor(absl::Milliseconds(reserve_delay_ms));
     absl::MutexLock lock(&mu);
     reserves.push_back(*request);
     if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, "fake refuses");
@@ -115,6 +122,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       worker::v1::GenerateResponse event;
       const int32_t token = FakeToken(s.seed(), s.choice(), i, r.prompt_tokens());
       event.add_token_ids(token);
+      if (degenerate_from >= 0 && i >= degenerate_from) {
+        event.set_degenerate(true);
+        event.set_degeneration_kind(degeneration_kind);
+      }
       if (s.has_logprobs()) {
         worker::v1::SampledToken* t = event.add_tokens();
         t->set_token_id(token);
@@ -143,6 +154,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
                      worker::v1::AbortResponse* response) override {
     absl::MutexLock lock(&mu);
     aborts.push_back(request->request_id());
+    abort_requests.push_back(*request);
     response->set_quiesced(true);
     return grpc::Status::OK;
   }
@@ -154,6 +166,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
                       worker::v1::HealthResponse* response) override {
     response->set_state(state);
     response->set_role("decode");
+    response->set_max_batch(max_batch);
     return grpc::Status::OK;
   }
 
@@ -170,16 +183,25 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::vector<worker::v1::ReserveRequest> reserves;
   std::map<uint64_t, worker::v1::ReserveRequest> reserved;
   std::vector<uint64_t> aborts;
+  std::vector<worker::v1::AbortRequest> abort_requests;
 };
 
 class FakePrefill final : public worker::v1::PrefillWorker::Service {
  public:
   grpc::StatusCode prefill_code = grpc::StatusCode::OK;
-  int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events)
+  int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events), or
+                     // CANCELLED as soon as its call is cancelled
 
-  grpc::Status Prefill(grpc::ServerContext*, const worker::v1::PrefillRequest* request,
+  grpc::Status Prefill(grpc::ServerContext* context, const worker::v1::PrefillRequest* request,
                        worker::v1::PrefillResponse* response) override {
-    if (delay_ms > 0) absl::SleepFor(absl::Milliseconds(delay_ms));
+    for (int waited = 0; waited < delay_ms; waited += 5) {
+      if (context->IsCancelled()) {
+        absl::MutexLock lock(&mu);
+        cancelled.push_back(request->request_id());
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the router cancelled the prefill");
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     absl::MutexLock lock(&mu);
     prefills.push_back(*request);
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
@@ -220,14 +242,16 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
   int64_t stats_transfer_bytes = 0;
   grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
                       worker::v1::HealthResponse* response) override {
-    response->set_state(worker::v1::HealthResponse::STATE_SERVING);
+    response->set_state(state);
     response->set_role("prefill");
     return grpc::Status::OK;
   }
+  worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
 
   absl::Mutex mu;
   std::vector<worker::v1::PrefillRequest> prefills;
   std::vector<uint64_t> aborts;
+  std::vector<uint64_t> cancelled;  // Prefills that saw their call cancelled while delayed
 };
 
 // A gRPC server on a free loopback port serving one fake.

@@ -32,7 +32,9 @@ class CollectingSink : public frontend::GenerationSink {
       text.resize(delta.index + 1);
       finish.resize(delta.index + 1);
       logprobs.resize(delta.index + 1);
+      kinds.resize(delta.index + 1);
     }
+    kinds[delta.index].push_back(delta.degeneration_kind.value_or(""));
     text[delta.index] += delta.text;
     for (auto& lp : delta.logprobs) logprobs[delta.index].push_back(lp);
     if (delta.finish_reason) finish[delta.index] = *delta.finish_reason;
@@ -50,6 +52,7 @@ class CollectingSink : public frontend::GenerationSink {
   std::vector<std::string> text;
   std::vector<std::string> finish;
   std::vector<std::vector<frontend::TokenLogprob>> logprobs;
+  std::vector<std::vector<std::string>> kinds;  // per choice, per delta: degeneration_kind or ""
   frontend::Usage usage;
   frontend::ApiError error;
   bool failed = false;
@@ -101,6 +104,7 @@ class RouterServiceTest : public ::testing::Test {
     if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
     options.prefill_policy = PolicyKind::kRoundRobin;
     if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
+    if (reserve_timeout_) options.reserve_timeout = *reserve_timeout_;
     options.canary = canary_timeout_.has_value();
     if (canary_timeout_) options.canary_timeout = *canary_timeout_;
     if (stall_timeout_) options.stall_timeout = *stall_timeout_;
@@ -145,6 +149,7 @@ class RouterServiceTest : public ::testing::Test {
   std::unique_ptr<FakePrefill> second_prefill_;
   std::unique_ptr<FakeServer> second_prefill_server_;
   std::optional<absl::Duration> prefill_timeout_;
+  std::optional<absl::Duration> reserve_timeout_;
   std::optional<absl::Duration> canary_timeout_;
   std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
 
@@ -221,6 +226,60 @@ TEST_F(RouterServiceTest, UnsetFieldsComeFromGenerationConfigAndTheSeedIsExplici
   EXPECT_FLOAT_EQ(first.temperature(), static_cast<float>(defaults.temperature));
   EXPECT_FLOAT_EQ(first.top_p(), static_cast<float>(defaults.top_p));
   EXPECT_EQ(first.top_k(), defaults.top_k);
+}
+
+TEST_F(RouterServiceTest, IgnoreEosTravelsAsItsOwnFieldAndMinTokensStaysTheRequests) {
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2, 3}, 6);
+  req.ignore_eos = true;
+  req.stop_token_ids = {7};
+  ASSERT_FALSE(Run(*service, req)->failed);
+  absl::MutexLock lock(&decode_[0]->mu);
+  ASSERT_EQ(decode_[0]->reserves.size(), 1u);
+  const worker::v1::SamplingParams& s = decode_[0]->reserves[0].sampling();
+  EXPECT_TRUE(s.ignore_eos());
+  EXPECT_EQ(s.min_tokens(), 0);  // not max_tokens: that masked the stop ids too
+  EXPECT_EQ(s.max_tokens(), 6);
+  ASSERT_EQ(s.stop_token_ids_size(), 1);
+  EXPECT_EQ(s.stop_token_ids(0), 7);
+  absl::MutexLock prefill_lock(&prefill_->mu);
+  ASSERT_EQ(prefill_->prefills.size(), 1u);
+  EXPECT_TRUE(prefill_->prefills[0].sampling().ignore_eos());
+}
+
+TEST_F(RouterServiceTest, DegenerateChoiceCarriesItsKindInDeltasAndMetrics) {
+  decode_[0]->degenerate_from = 3;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 6));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  // Deltas before the fourth token are not flagged; from it on every one is (the last, with
+  // finish_reason, included), so the whole response carries the kind.
+  const std::vector<std::string>& kinds = sink->kinds[0];
+  ASSERT_GE(kinds.size(), 3u);
+  EXPECT_EQ(kinds.front(), "");
+  EXPECT_EQ(kinds.back(), "repeat");
+  const auto first = std::find(kinds.begin(), kinds.end(), "repeat");
+  EXPECT_EQ(std::count(first, kinds.end(), "repeat"), kinds.end() - first);
+  EXPECT_LE(first - kinds.begin(), 3);
+  EXPECT_EQ(sink->finish[0], "length");
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_degenerate_generations_total{kind="repeat",)"
+                         R"(action="flag"} 1)"),
+            std::string::npos)
+      << metrics;
+}
+
+TEST_F(RouterServiceTest, DegenerateWithoutAKindFromAnOlderWorkerIsUnknown) {
+  decode_[0]->degenerate_from = 0;
+  decode_[0]->degeneration_kind = "";
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 2));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  ASSERT_FALSE(sink->kinds[0].empty());
+  for (const std::string& kind : sink->kinds[0]) EXPECT_EQ(kind, "unknown");
+  EXPECT_NE(service->MetricsText().find(
+                R"(pdserve_router_degenerate_generations_total{kind="unknown",action="flag"} 1)"),
+            std::string::npos);
 }
 
 TEST_F(RouterServiceTest, LogprobsAreDetokenized) {
@@ -306,6 +365,97 @@ TEST_F(RouterServiceTest, FullDecodePoolIs429) {
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 429);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, ReservePastItsDeadlineIsAbortedOnTheDecodeWorker) {
+  decode_[0]->reserve_delay_ms = 300;  // the worker reserves, but answers after the deadline
+  reserve_timeout_ = absl::Milliseconds(50);
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  // Both tries (the first and its retry) reserved on the worker; each is aborted, with
+  // prefill_quiesced (no Prefill was sent), so the worker frees its pages at once.
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return decode_[0]->reserves.size() == 2u && decode_[0]->abort_requests.size() == 2u;
+  }));
+  absl::MutexLock lock(&decode_[0]->mu);
+  std::set<uint64_t> reserved, aborted;
+  for (const auto& r : decode_[0]->reserves) reserved.insert(r.request_id());
+  for (const auto& a : decode_[0]->abort_requests) {
+    aborted.insert(a.request_id());
+    EXPECT_TRUE(a.prefill_quiesced()) << a.request_id();
+  }
+  EXPECT_EQ(aborted, reserved);
+  absl::MutexLock prefill_lock(&prefill_->mu);
+  EXPECT_TRUE(prefill_->prefills.empty());
+}
+
+TEST_F(RouterServiceTest, CanaryReservePastItsDeadlineIsAborted) {
+  canary_timeout_ = absl::Milliseconds(100);
+  auto service = MakeService();  // canaries pass
+  size_t before = 0;
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    before = decode_[0]->reserves.size();
+    EXPECT_TRUE(decode_[0]->abort_requests.empty());  // passed canaries abort nothing
+  }
+  decode_[0]->reserve_delay_ms = 300;
+  service->pool().CheckAll();  // both workers' canaries reserve on d0 and time out
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return decode_[0]->reserves.size() == before + 2 && decode_[0]->abort_requests.size() == 2u;
+  }));
+  absl::MutexLock lock(&decode_[0]->mu);
+  std::set<uint64_t> late;  // the Reserves of the timed-out canaries
+  for (size_t i = before; i < decode_[0]->reserves.size(); ++i) {
+    late.insert(decode_[0]->reserves[i].request_id());
+  }
+  std::set<uint64_t> aborted;
+  for (const auto& a : decode_[0]->abort_requests) {
+    if (late.contains(a.request_id())) {
+      aborted.insert(a.request_id());
+      EXPECT_TRUE(a.prefill_quiesced());
+    }
+  }
+  EXPECT_EQ(aborted, late);
+}
+
+TEST_F(RouterServiceTest, MoreChoicesThanTheDecodeWorkersSlotsIs400BeforeAnyReserve) {
+  decode_[0]->max_batch = 3;
+  decode_[1]->max_batch = 2;
+  auto service = MakeService(2);
+  frontend::ApiRequest req = Completion({1, 2}, 2);
+  req.n = 6;
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+  EXPECT_EQ(sink->error.param, "n");
+  EXPECT_EQ(sink->error.message,
+            "'n' is 6 but the decode workers run at most 5 sequences at once (d0: max_batch 3, "
+            "d1: max_batch 2): the choices could never all hold a batch slot");
+  for (auto& d : decode_) {
+    absl::MutexLock lock(&d->mu);
+    EXPECT_TRUE(d->reserves.empty());
+  }
+  req.n = 5;  // fits both workers together
+  sink = Run(*service, req);
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_EQ(sink->usage.completion_tokens, 10);
+}
+
+TEST_F(RouterServiceTest, ReserveThatCanNeverFitIs400OnMaxTokens) {
+  decode_[0]->reserve_code = grpc::StatusCode::FAILED_PRECONDITION;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1}, 2));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+  EXPECT_EQ(sink->error.param, "max_tokens");
+  EXPECT_EQ(sink->error.type, "invalid_request_error");
+  absl::MutexLock lock(&decode_[0]->mu);
+  EXPECT_EQ(decode_[0]->reserves.size(), 1u);  // not retried: it never fits
 }
 
 TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
@@ -414,6 +564,86 @@ TEST_F(RouterServiceTest, StalledPrefillFailsAtItsDeadlineWith503) {
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+TEST_F(RouterServiceTest, PrefillOnAWorkerMarkedDownIsRetriedOnAnotherAtOnce) {
+  prefill_->delay_ms = 60000;  // p0 never answers (stopped), far inside the 60 s deadline
+  // No Generate event before the commit, as on a real decode worker (d0's first comes late).
+  decode_[0]->token_delay_ms = 3000;
+  AddSecondPrefill();
+  auto service = MakeService(2);  // round robin: the retry goes to p1 and d1
+  frontend::ApiRequest req = Completion({1, 2, 3}, 3);
+  req.logprobs = true;  // the tokens wait for Prefill's answer (the first token's logprobs)
+  auto sink = std::make_shared<CollectingSink>();
+  const absl::Time start = absl::Now();
+  frontend::StartResult started = service->Start(req, sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {  // round robin: the first request's Prefill is on p0
+    absl::MutexLock lock(&decode_[0]->mu);
+    return !decode_[0]->reserves.empty();
+  }));
+  prefill_->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  service->pool().CheckAll();
+  service->pool().CheckAll();  // down_after = 2: p0 down, its Prefill cancelled
+  ASSERT_FALSE(service->pool().prefill()[0]->up());
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 3; ++i) expected.push_back(FakeToken(42, 0, i, 3));
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  EXPECT_FLOAT_EQ(sink->logprobs[0][0].logprob, -0.25f);  // p1's first token logprobs
+  EXPECT_TRUE(Eventually([&] {                            // p0 sees its call cancelled
+    absl::MutexLock lock(&prefill_->mu);
+    return prefill_->cancelled.size() == 1u;
+  }));
+  {
+    absl::MutexLock lock(&second_prefill_->mu);
+    EXPECT_EQ(second_prefill_->prefills.size(), 1u);
+  }
+  EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
+            std::string::npos)
+      << service->MetricsText();
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST_F(RouterServiceTest, PrefillOnTheOnlyPrefillWorkerMarkedDownIs503AtOnce) {
+  prefill_->delay_ms = 60000;
+  decode_[0]->token_delay_ms = 3000;  // no Generate event before the commit
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({1, 2, 3}, 3);
+  req.logprobs = true;
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(req, sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return !decode_[0]->reserves.empty();
+  }));
+  prefill_->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  // Retried at once, and no other prefill worker is up.
+  EXPECT_EQ(sink->error.message, "no prefill worker is up");
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+TEST(RouterOptionsTest, PrefillDeadlineIsItsOwnSettingNotTheTransferLease) {
+  config::DeployConfig deploy;
+  deploy.model_path = "m";
+  deploy.lease_ms = 150;
+  absl::StatusOr<RouterOptions> defaults = OptionsFromConfig(deploy);
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->prefill_timeout, absl::Seconds(60));
+  EXPECT_EQ(defaults->lease_ms, 150);
+  deploy.router.prefill_timeout_ms = 45000;
+  absl::StatusOr<RouterOptions> set = OptionsFromConfig(deploy);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->prefill_timeout, absl::Seconds(45));
+}
+
 TEST_F(RouterServiceTest, LeaseRunningOutBeforePrefillAnswersIsAPrefillTimeoutNotIsolation) {
   prefill_->delay_ms = 300;  // has not answered when the decode worker's lease runs out
   decode_[0]->lease_error_first = true;
@@ -433,6 +663,20 @@ TEST_F(RouterServiceTest, BusyPrefillWorkerWhoseCanaryTimesOutStaysUp) {
   canary_timeout_ = absl::Milliseconds(150);
   auto service = MakeService();  // its first CheckAll ran the prefill canary
   service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+TEST_F(RouterServiceTest, PrefillWorkerThatSentBytesSinceTheLastCheckStaysUpWithAnEmptyQueue) {
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();  // canaries pass
+  // Now each canary outlasts its 150 ms, as behind a long prefill that has just drained when
+  // Stats answers (no queue), and the worker sent bytes between samples.
+  prefill_->delay_ms = 400;
+  prefill_->stats_waiting = 0;
+  prefill_->stats_bytes_per_call = 4096;
+  service->pool().CheckAll();  // the first sample, no queue: not known busy (one failure)
+  service->pool().CheckAll();  // bytes grew since: busy, not wedged (before: a second failure)
   service->pool().CheckAll();
   EXPECT_TRUE(service->pool().prefill()[0]->up());
 }

@@ -328,6 +328,31 @@ TEST(RequestSamplerTest, StopTokenFinishesWithStopAfterMinTokens) {
   EXPECT_EQ(sampler->Next(0, logits).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(RequestSamplerTest, IgnoreEosSamplesEosAsATokenAndStopIdsStillStop) {
+  SamplingParams params = Greedy();
+  params.ignore_eos = true;
+  params.stop_token_ids = {2};
+  params.min_tokens = 1;
+  params.max_tokens = 5;
+  const std::vector<int32_t> eos = {3};
+  const std::vector<int32_t> prompt = {0};
+  auto sampler = RequestSampler::Create(params, "r", eos, prompt, 4);
+  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  // EOS (3) is the most likely token: taken (not masked by min_tokens) and it does not end.
+  const std::vector<float> eos_first = {0.0f, 1.0f, 2.0f, 3.0f};
+  auto first = sampler->Next(0, eos_first);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->sampled.token, 3);
+  EXPECT_FALSE(first->finish.has_value());
+  auto second = sampler->Next(0, eos_first);
+  EXPECT_EQ(second->sampled.token, 3);
+  EXPECT_FALSE(second->finish.has_value());
+  // The stop id still ends the choice.
+  auto third = sampler->Next(0, std::vector<float>{0.0f, 1.0f, 4.0f, 3.0f});
+  EXPECT_EQ(third->sampled.token, 2);
+  EXPECT_EQ(third->finish, FinishReason::kStop);
+}
+
 TEST(RequestSamplerTest, MaxTokensFinishesWithLength) {
   SamplingParams params = Greedy();
   params.max_tokens = 2;

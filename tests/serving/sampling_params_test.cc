@@ -74,7 +74,30 @@ INSTANTIATE_TEST_SUITE_P(
                     "min_tokens must be in [0, max_tokens = 4], got 5"},
         InvalidCase{"ZeroChoices", [](auto& p) { p.n = 0; }, "n must be in [1, 128], got 0"},
         InvalidCase{"TooManyTopLogprobs", [](auto& p) { p.logprobs = 21; },
-                    "logprobs must be in [0, 20], got 21"}),
+                    "logprobs must be in [0, 20], got 21"},
+        // Values float32 (worker.v1) cannot hold: 0 ("off") or infinity on the wire.
+        InvalidCase{"TopPBelowFloat32", [](auto& p) { p.top_p = 1e-46; },
+                    "top_p 1e-46 cannot be carried as a float32 (the workers' sampling values): a "
+                    "nonzero value must have a magnitude from 1.17549e-38 to 3.40282e+38"},
+        InvalidCase{"RepetitionPenaltyBelowFloat32", [](auto& p) { p.repetition_penalty = 1e-46; },
+                    "repetition_penalty 1e-46 cannot be carried as a float32 (the workers' "
+                    "sampling values): a "
+                    "nonzero value must have a magnitude from 1.17549e-38 to 3.40282e+38"},
+        InvalidCase{"SubnormalMinP", [](auto& p) { p.min_p = 1e-40; },
+                    "min_p 1e-40 cannot be carried as a float32 (the workers' sampling values): a "
+                    "nonzero value must have a magnitude from 1.17549e-38 to 3.40282e+38"},
+        InvalidCase{
+            "TemperatureAboveFloat32", [](auto& p) { p.temperature = 1e39; },
+            "temperature 1e+39 cannot be carried as a float32 (the workers' sampling values): a "
+            "nonzero value must have a magnitude from 1.17549e-38 to 3.40282e+38"},
+        InvalidCase{"TinyPresencePenalty", [](auto& p) { p.presence_penalty = -1e-300; },
+                    "presence_penalty -1e-300 cannot be carried as a float32 (the workers' "
+                    "sampling values): a "
+                    "nonzero value must have a magnitude from 1.17549e-38 to 3.40282e+38"},
+        InvalidCase{
+            "TinyLogitBias", [](auto& p) { p.logit_bias[3] = 1e-45; },
+            "logit_bias[3] 1e-45 cannot be carried as a float32 (the workers' sampling values): a "
+            "nonzero value must have a magnitude from 1.17549e-38 to 3.40282e+38"}),
     [](const ::testing::TestParamInfo<InvalidCase>& param_info) { return param_info.param.name; });
 
 TEST(SamplingParamsTest, BoundaryValuesAreValid) {
@@ -90,6 +113,38 @@ TEST(SamplingParamsTest, BoundaryValuesAreValid) {
   params.min_tokens = params.max_tokens;
   params.n = kMaxChoices;
   params.logprobs = kMaxTopLogprobs;
+  EXPECT_TRUE(ValidateSamplingParams(params, kVocab).ok());
+}
+
+TEST(SamplingParamsTest, SmallestNormalFloat32IsValid) {
+  SamplingParams params;
+  params.top_p = kMinFloat32;
+  params.repetition_penalty = kMinFloat32;
+  params.min_p = kMinFloat32;
+  params.temperature = kMaxFloat32;
+  params.logit_bias = {{1, -kMinFloat32}};
+  EXPECT_TRUE(ValidateSamplingParams(params, kVocab).ok());
+}
+
+TEST(SamplingParamsTest, RoundToFloat32GivesTheWorkersValues) {
+  SamplingParams params;
+  params.temperature = 0.7;
+  params.top_p = 2e-38;
+  params.min_p = 0.05;
+  params.repetition_penalty = 1.1;
+  params.presence_penalty = -0.3;
+  params.frequency_penalty = 0.1;
+  params.logit_bias = {{4, 0.123456789}};
+  RoundToFloat32(params);
+  EXPECT_EQ(params.temperature, static_cast<double>(0.7f));
+  EXPECT_NE(params.temperature, 0.7);
+  EXPECT_EQ(params.top_p, static_cast<double>(2e-38f));
+  EXPECT_GT(params.top_p, 0.0);
+  EXPECT_EQ(params.min_p, static_cast<double>(0.05f));
+  EXPECT_EQ(params.repetition_penalty, static_cast<double>(1.1f));
+  EXPECT_EQ(params.presence_penalty, static_cast<double>(-0.3f));
+  EXPECT_EQ(params.frequency_penalty, static_cast<double>(0.1f));
+  EXPECT_EQ(params.logit_bias[4], static_cast<double>(0.123456789f));
   EXPECT_TRUE(ValidateSamplingParams(params, kVocab).ok());
 }
 

@@ -1,0 +1,82 @@
+#include "router/request.h"
+
+#include <utility>
+
+#include "spdlog/spdlog.h"
+
+namespace pdserve::router {
+
+void RunActions(Actions& actions) {
+  for (auto& action : actions) action();
+  actions.clear();
+}
+
+void RouterService::Request::AbortAttempt(Attempt& attempt, Actions* actions) {
+  attempt.over = true;
+  if (attempt.aborted) return;
+  attempt.aborted = true;
+  const uint64_t id = attempt.request_id, ticket = attempt.ticket_id;
+  Worker* prefill = attempt.prefill;
+  Worker* decode = attempt.decode;
+  const bool started = attempt.streams_started;
+  std::shared_ptr<Attempt> a = attempt.shared_from_this();
+  RouterService* owner = service;
+  actions->push_back([=] {
+    owner->SendAbortPrefillThenDecode(*prefill, *decode, id, ticket);
+    a->reserve_context.TryCancel();
+    if (started) {
+      a->prefill_context.TryCancel();
+      a->generate_context.TryCancel();
+    }
+  });
+}
+
+void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
+  if (ended) return;
+  ended = true;
+  spdlog::warn("router: request {} failed: {} {}", prepared.request_id, error.http_status,
+               error.message);
+  service->RecordFinish(*this, error.http_status, "error");
+  if (!cancelled.load()) sink->OnError(std::move(error));
+  for (auto& attempt : current) {
+    if (attempt && !attempt->over) AbortAttempt(*attempt, actions);
+  }
+}
+
+void RouterService::Request::Emit(frontend::ChoiceDelta delta, int new_tokens) {
+  const absl::Time now = absl::Now();
+  if (new_tokens > 0) {
+    if (!first_token) {
+      first_token = now;
+      service->ttft_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
+    } else {
+      service->itl_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - last_token));
+    }
+    last_token = now;
+    tokens += new_tokens;
+    service->generation_tokens_->Get().Increment(new_tokens);
+  }
+  if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
+    const std::string& kind = degeneration[static_cast<size_t>(delta.index)];
+    if (!kind.empty()) delta.degeneration_kind = kind;
+    if (!cancelled.load()) sink->OnDelta(std::move(delta));
+  }
+}
+
+void RouterService::Request::ChoiceDone(Attempt& attempt) {
+  attempt.over = true;
+  if (--remaining > 0 || ended) return;
+  ended = true;
+  frontend::Usage usage{static_cast<int64_t>(prepared.prompt.size()), 0};
+  for (const frontend::ChoiceText& t : texts) usage.completion_tokens += t.tokens();
+  const absl::Time now = absl::Now();
+  service->e2e_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
+  if (first_token && tokens > 1) {
+    service->tpot_->WithLabels({endpoint})
+        .Observe(absl::ToDoubleSeconds(now - *first_token) / static_cast<double>(tokens - 1));
+  }
+  service->RecordFinish(*this, 200, "");
+  if (!cancelled.load()) sink->OnComplete(usage);
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,132 @@
+// The state of one RouterService request and of each try of its choices: internal to router/
+// (service.cc is the service front, dispatch.cc drives the workers, request.cc the request's own
+// bookkeeping). Not part of the router's API.
+//
+// Thread-safety: a Request's fields marked ABSL_GUARDED_BY(mu) and an Attempt's fields below its
+// "Guarded by Request::mu" line are touched only under the owning Request's mu; the rest are
+// set before the request or attempt is shared, or atomic.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "frontend/api_response.h"
+#include "frontend/generation_service.h"
+#include "frontend/request_preparer.h"
+#include "grpcpp/grpcpp.h"
+#include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "router/service.h"
+#include "router/worker_pool.h"
+
+namespace pdserve::router {
+
+namespace wv1 = worker::v1;
+
+// The gRPC deadline `timeout` from now.
+inline std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+}
+
+// A status that means the worker is down or stopped (retried on another worker).
+inline bool WorkerDown(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// A status that may stand for a call the worker ran although its answer never arrived (past the
+// deadline, cancelled, connection lost): a Reserve with such a status may hold pages there.
+inline bool AnswerLost(grpc::StatusCode code) {
+  return code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED ||
+         code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN;
+}
+
+// Runs and clears `actions` (call with no Request lock held).
+void RunActions(Actions& actions);
+
+// One try of one choice on one (prefill, decode) pair. Fields below `mu`-comments are guarded by
+// the owning Request's mu.
+struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
+  int choice = 0;
+  int prefill_index = -1;
+  int decode_index = -1;
+  Worker* prefill = nullptr;
+  Worker* decode = nullptr;
+  uint64_t request_id = 0;
+  uint64_t ticket_id = 0;
+  grpc::ClientContext reserve_context;
+  grpc::ClientContext prefill_context;
+  grpc::ClientContext generate_context;
+  wv1::ReserveRequest reserve;
+  wv1::ReserveResponse reserved;
+  wv1::PrefillRequest prefill_request;
+  wv1::PrefillResponse prefilled;
+  wv1::GenerateRequest generate;
+  // Guarded by Request::mu.
+  bool streams_started = false;
+  bool over = false;  // finished, failed or abandoned: later events are ignored
+  bool aborted = false;
+  // The first token's logprobs come from the Prefill answer (PrefillResponse.first_token), not
+  // from Generate's first event. When logprobs are requested, Generate's events (and its end)
+  // are held here until Prefill has answered, then replayed in order.
+  bool prefill_answered = false;
+  bool first_event_handled = false;
+  std::deque<wv1::GenerateResponse> held;
+  std::optional<grpc::Status> held_done;
+  // The last Generate event's (or the stream start's) time, absl::ToUnixNanos; and whether the
+  // stream was cancelled because its worker is down and it stalled (CancelStalledStreams).
+  std::atomic<int64_t> last_event_ns{0};
+  std::atomic<bool> stalled_on_down{false};
+  // The Prefill call is out (sent, not answered); a Generate event arrived; the Prefill was
+  // cancelled because the health checker marked its worker down (CancelPrefillsOn).
+  std::atomic<bool> prefill_pending{false};
+  std::atomic<bool> got_event{false};
+  std::atomic<bool> prefill_on_down{false};
+};
+
+struct RouterService::Request : std::enable_shared_from_this<Request> {
+  RouterService* service = nullptr;
+  frontend::ApiRequest api;
+  frontend::PreparedRequest prepared;
+  std::shared_ptr<frontend::GenerationSink> sink;
+  std::string endpoint;
+  absl::Time received;
+  std::atomic<bool> cancelled{false};
+
+  absl::Mutex mu;
+  std::vector<frontend::ChoiceText> texts ABSL_GUARDED_BY(mu);
+  std::vector<int> attempts ABSL_GUARDED_BY(mu);
+  std::vector<bool> any_token ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<Attempt>> current ABSL_GUARDED_BY(mu);
+  // Per choice: the degeneration kind once the detector flagged it (GenerateResponse
+  // .degeneration_kind, "unknown" when the worker sent none); empty: not flagged.
+  std::vector<std::string> degeneration ABSL_GUARDED_BY(mu);
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  bool ended ABSL_GUARDED_BY(mu) = false;  // the sink got OnComplete or OnError
+  bool dispatched ABSL_GUARDED_BY(mu) = false;
+  std::optional<absl::Time> first_token ABSL_GUARDED_BY(mu);
+  absl::Time last_token ABSL_GUARDED_BY(mu);
+  int64_t tokens ABSL_GUARDED_BY(mu) = 0;
+
+  // Aborts `attempt` on both workers and cancels its calls (run the actions after unlocking).
+  void AbortAttempt(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Ends the request with `error` and aborts every choice still running.
+  void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Sends `delta` for a choice, with the token timing metrics; a flagged choice's deltas carry
+  // its degeneration kind.
+  void Emit(frontend::ChoiceDelta delta, int new_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Marks `attempt`'s choice finished; the last one completes the request (OnComplete).
+  void ChoiceDone(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+};
+
+}  // namespace pdserve::router
