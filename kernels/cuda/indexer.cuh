@@ -14,8 +14,17 @@
 // page_table[b][s / page_size], slot s % page_size. Slots past n_keys[b] are never read, so stale
 // or NaN page tails cannot leak.
 //
+// Method (indexer_scores): the visible keys of all requests, in 64-key tiles request by request,
+// are split into equal contiguous ranges, one per block (two 128-thread blocks per SM, one wave),
+// whatever the lengths; each block streams its range through a 5-stage cp.async pipeline (16
+// consecutive threads copy one 256-byte key row) and scores each tile with bf16 m16n8k16
+// tensor-core products against the request's queries held in registers, reloading them where its
+// range enters the next request. Batches past 1024 requests run as several launches.
+//
 // CUDA-graph safe: the launch shape depends only on (batch, max_keys); n_keys and positions are
-// read from device memory, and a block exits once its tiles pass its request's visible length.
+// read from device memory when the kernels run. No allocation, no state besides one-time kernel
+// attributes: make the first call outside graph capture. Concurrent calls on different outputs are
+// safe.
 #pragma once
 
 #include <cuda_bf16.h>

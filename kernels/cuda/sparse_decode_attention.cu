@@ -16,7 +16,7 @@ namespace {
 // both warpgroups hold identical scores and probabilities), and warpgroup w then accumulates
 // O[:, half w] += P V[:, half w] with P from registers. Rows are staged 64 at a time, two stages
 // deep, by cp.async into the 128-byte-swizzled layout wgmma reads; the row lookups (CSA index,
-// page table) for the tile after next run while the current tile computes.
+// page table) run two and three tiles ahead, also by cp.async, so no thread waits on them.
 constexpr int kDim = static_cast<int>(kSparseHeadDim);
 constexpr int kHeads = static_cast<int>(kSparseHeadsPerBlock);
 constexpr int kRows = static_cast<int>(kSparseTile);  // K/V rows per tile
@@ -34,8 +34,14 @@ constexpr int kQOffset = 0;
 constexpr int kTileOffset = kOperandBytes;
 constexpr int kExchangeOffset = kTileOffset + kStages * kOperandBytes;
 constexpr int kExchangeBytes = 2 * 32 * 128 * 4;  // [warpgroup][accumulator][thread] fp32
-constexpr int kValidOffset = kExchangeOffset + kExchangeBytes;
-constexpr int kSmemBytes = kValidOffset + kStages * kRows * 4 + 1024;  // + alignment slack
+constexpr int kValidOffset = kExchangeOffset + kExchangeBytes;  // [stage][row] int32
+// Row lookups run ahead of the copies: the CSA index of a tile's rows three tiles ahead, their
+// pool page two tiles ahead, both fetched by cp.async so no thread waits on them.
+constexpr int kIndexRing = 3;
+constexpr int kPageRing = 2;
+constexpr int kIndexOffset = kValidOffset + kStages * kRows * 4;        // [kIndexRing][row] int32
+constexpr int kPageOffset = kIndexOffset + kIndexRing * kRows * 4;      // [kPageRing][row] int32
+constexpr int kSmemBytes = kPageOffset + kPageRing * kRows * 4 + 1024;  // + alignment slack
 static_assert(kHeads == 64 && kDim == 512, "the layout assumes 64 heads of 512 dims");
 
 // Byte offset of (row, 16-byte unit 0..63) inside a 64-row operand.
@@ -130,6 +136,11 @@ __device__ __forceinline__ void CopyAsync16Shared(uint32_t dst, const void* src,
                "r"(valid ? 16 : 0));
 }
 
+__device__ __forceinline__ void CopyAsync4(int* smem_dst, const int32_t* src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+
 // Number of list entries of request b (window rows first, then compressed slots).
 __device__ __forceinline__ void EntryCounts(const SparseDecodeParams& p, int64_t b, int* window,
                                             int* total) {
@@ -140,33 +151,6 @@ __device__ __forceinline__ void EntryCounts(const SparseDecodeParams& p, int64_t
   }
   *window = w;
   *total = w + static_cast<int>(compressed);
-}
-
-// Where list entry e of request b lives, in three dependent steps so that the global loads of a
-// later tile's lookups overlap the current tile's math. RowCode: the compressed entry (the CSA
-// index, or the slot for HCA); RowPage: its pool page, -1 when the entry is not attended (past
-// `end`, a window row, index -1 or >= n_compressed); RowSource: the row's address, nullptr when
-// not attended.
-__device__ __forceinline__ int RowCode(const SparseDecodeParams& p, int64_t b, int e, int end,
-                                       int window) {
-  if (e >= end || e < window) return 0;
-  const int slot = e - window;
-  return p.indices == nullptr ? slot : p.indices[b * p.compressed_slots + slot];
-}
-
-__device__ __forceinline__ int RowPage(const SparseDecodeParams& p, int64_t b, int e, int end,
-                                       int window, int code, int n_compressed) {
-  if (e >= end || e < window || code < 0 || code >= n_compressed) return -1;
-  return p.page_table[b * p.page_table_stride + code / p.page_size];
-}
-
-__device__ __forceinline__ const __nv_bfloat16* RowSource(const SparseDecodeParams& p, int e,
-                                                          int end, int window,
-                                                          const __nv_bfloat16* window_rows,
-                                                          int code, int page) {
-  if (e < end && e < window) return window_rows + int64_t{e} * kDim;
-  if (page < 0) return nullptr;
-  return p.kv_pool + (int64_t{page} * p.page_size + code % p.page_size) * kDim;
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -209,23 +193,57 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int part = tid & 7;
 
   const __nv_bfloat16* const q = p.q + (b * p.heads + head0) * kDim;
-  const auto entry = [&](int tile, int k) { return begin + tile * kRows + row_a + 32 * k; };
-  const auto resolve = [&](int tile, int k) {
-    const int e = entry(tile, k);
-    const int code = RowCode(p, b, e, end, window);
-    const int page = RowPage(p, b, e, end, window, code, n_compressed);
-    return RowSource(p, e, end, window, window_rows, code, page);
+  int* const index_ring = reinterpret_cast<int*>(smem + kIndexOffset);
+  int* const page_ring = reinterpret_cast<int*>(smem + kPageOffset);
+  // Lookup step 1 (threads 0..63, one tile row each): the row's compressed entry (CSA index or
+  // HCA slot), -1 for window rows and rows past `end`.
+  const auto fetch_index = [&](int tile) {
+    if (tid >= kRows || tile >= n_tiles) return;
+    const int e = begin + tile * kRows + tid;
+    int* const dst = index_ring + (tile % kIndexRing) * kRows + tid;
+    if (e < end && e >= window) {
+      if (p.indices != nullptr) {
+        CopyAsync4(dst, p.indices + b * p.compressed_slots + (e - window));
+      } else {
+        *dst = e - window;
+      }
+    } else {
+      *dst = -1;
+    }
   };
-  const auto issue = [&](int tile, const __nv_bfloat16* const(&src)[2]) {
+  // Lookup step 2: the entry's pool page, -1 when it is not attended (index -1 or past the
+  // entries written).
+  const auto fetch_page = [&](int tile) {
+    if (tid >= kRows || tile >= n_tiles) return;
+    const int c = index_ring[(tile % kIndexRing) * kRows + tid];
+    int* const dst = page_ring + (tile % kPageRing) * kRows + tid;
+    if (c >= 0 && c < n_compressed) {
+      CopyAsync4(dst, p.page_table + b * p.page_table_stride + c / p.page_size);
+    } else {
+      *dst = -1;
+    }
+  };
+  // Lookup step 3: the address of tile row r, nullptr when the row is not attended.
+  const auto source = [&](int tile, int r) -> const __nv_bfloat16* {
+    const int e = begin + tile * kRows + r;
+    if (e >= end) return nullptr;
+    if (e < window) return window_rows + int64_t{e} * kDim;
+    const int page = page_ring[(tile % kPageRing) * kRows + r];
+    if (page < 0) return nullptr;
+    const int c = index_ring[(tile % kIndexRing) * kRows + r];
+    return p.kv_pool + (int64_t{page} * p.page_size + c % p.page_size) * kDim;
+  };
+  const auto issue = [&](int tile) {
     const uint32_t dst = base + kTileOffset + (tile % kStages) * kOperandBytes;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int r = row_a + 32 * k;
-      const bool ok = src[k] != nullptr;
+      const __nv_bfloat16* const src = source(tile, r);
+      const bool ok = src != nullptr;
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
         const int unit = part + 8 * c;
-        CopyAsync16Shared(dst + SwizzledOffset(r, unit), ok ? src[k] + unit * 8 : q, ok);
+        CopyAsync16Shared(dst + SwizzledOffset(r, unit), ok ? src + unit * 8 : q, ok);
       }
       if (part == 0) valid[(tile % kStages) * kRows + r] = ok;
     }
@@ -240,15 +258,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       CopyAsync16Shared(base + kQOffset + SwizzledOffset(r, unit), q + r * kDim + unit * 8, true);
     }
   }
-  if (n_tiles > 0) {
-    const __nv_bfloat16* const first[2] = {resolve(0, 0), resolve(0, 1)};
-    issue(0, first);
-  }
+  // Prologue: indices of tiles 0..2, pages of tiles 0..1, then the rows of tile 0.
+  for (int tile = 0; tile < kIndexRing; ++tile) fetch_index(tile);
   CopyAsyncCommit();
-  // Rows of tile it + 1 (addresses) and of tile it + 2 (lookups in flight).
-  const __nv_bfloat16* next_src[2] = {resolve(1, 0), resolve(1, 1)};
-  int code2[2];
-  int page2[2];
+  CopyAsyncWait<0>();
+  __syncthreads();
+  for (int tile = 0; tile < kPageRing; ++tile) fetch_page(tile);
+  CopyAsyncCommit();
+  CopyAsyncWait<0>();
+  __syncthreads();
+  if (n_tiles > 0) issue(0);
+  CopyAsyncCommit();
 
   float o[128];
 #pragma unroll
@@ -263,10 +283,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     CopyAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();  // tile it is visible to wgmma; every thread is done with tile it - 1
-    if (it + 1 < n_tiles) issue(it + 1, next_src);
+    if (it + 1 < n_tiles) issue(it + 1);
+    fetch_page(it + 2);
+    fetch_index(it + 3);
     CopyAsyncCommit();
-#pragma unroll
-    for (int k = 0; k < 2; ++k) code2[k] = RowCode(p, b, entry(it + 2, k), end, window);
 
     const uint32_t tile = base + kTileOffset + (it % kStages) * kOperandBytes;
     float s[32];
@@ -280,10 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1)
               SmemDescriptor(tile + offset, 16, 1024));
     }
     WgmmaCommit();
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      page2[k] = RowPage(p, b, entry(it + 2, k), end, window, code2[k], n_compressed);
-    }
     WgmmaWaitAll();
     FenceRegisters(s);
 
@@ -345,10 +361,6 @@ __global__ void __launch_bounds__(kThreads, 1)
               SmemDescriptor(tile + 4 * wg * kRegionBytes + kk * 16 * 128, kRegionBytes, 1024));
     }
     WgmmaCommit();
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      next_src[k] = RowSource(p, entry(it + 2, k), end, window, window_rows, code2[k], page2[k]);
-    }
     WgmmaWaitAll();
     FenceRegisters(o);
   }

@@ -243,6 +243,42 @@ TEST(CudaIndexerTest, SmallPagesAndOddTopK) {
   RunAndCheck(MakeCase(rng, n_keys, positions, 16, 0.3), 37);
 }
 
+// More tiles than the grid has blocks, so each block's share of the tiles runs across several
+// requests (empty ones among them), reloading queries at each: whole pages (64, 128 slots: one or
+// two tiles per page) and pages a tile straddles (48).
+TEST(CudaIndexerTest, BlocksSpanningRequestsMatchReference) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::uniform_int_distribution<int32_t> length(0, 700);
+  std::bernoulli_distribution empty(0.3);
+  for (int64_t page_size : {64, 128, 48}) {
+    std::vector<int32_t> n_keys;
+    std::vector<int32_t> positions;
+    for (int r = 0; r < 300; ++r) {
+      const int32_t n = empty(rng) ? 0 : length(rng);
+      n_keys.push_back(n);
+      positions.push_back(r % 7 == 0 ? 2 * n : 4 * n + 3);  // every 7th sees half its keys
+    }
+    n_keys[17] = 4100;  // one long request: a block's whole share
+    positions[17] = 4 * 4100;
+    RunAndCheck(MakeCase(rng, n_keys, positions, page_size, 0.2), 512);
+  }
+}
+
+// More requests than one launch takes (1024): the batch runs as several launches.
+TEST(CudaIndexerTest, MoreRequestsThanOneLaunch) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::uniform_int_distribution<int32_t> length(0, 90);
+  std::vector<int32_t> n_keys;
+  std::vector<int32_t> positions;
+  for (int r = 0; r < 1100; ++r) {
+    n_keys.push_back(length(rng));
+    positions.push_back(4 * n_keys.back());
+  }
+  RunAndCheck(MakeCase(rng, n_keys, positions, 64, 0.0), 40);
+}
+
 // A captured launch re-reads the lengths from device memory at every replay.
 TEST(CudaIndexerTest, GraphReplayFollowsLengthsInDeviceMemory) {
   PDSERVE_SKIP_WITHOUT_GPU();

@@ -76,6 +76,35 @@ TEST(CudaTopKTest, DistinctRandomScoresMatchCpuRule) {
   }
 }
 
+// Rows of 32K+ entries (in shared memory, and past it from global memory; 16-byte aligned and
+// not) whose k-th score is shared by more entries than the candidate buffer holds (4096), so the
+// lowest-index ties are ranked in index order; plus rows whose scores differ only in their last
+// bits, or sit next to one huge outlier, which take several selection rounds.
+TEST(CudaTopKTest, LongRowsWithMassiveTiesMatchCpuRule) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::normal_distribution<float> normal;
+  std::bernoulli_distribution rare(0.01);
+  std::uniform_int_distribution<int> level(0, 4);
+  std::uniform_int_distribution<int> ulps(0, 5000);
+  for (int64_t stride : {32768, 40001, 50000, 50001}) {
+    const int64_t rows = 6;
+    std::vector<float> scores(static_cast<size_t>(rows * stride));
+    for (int64_t i = 0; i < stride; ++i) {
+      float* s = scores.data() + i;
+      s[0] = rare(rng) ? std::fabs(normal(rng)) + 1.0f : 0.0f;  // ~1% above a sea of zeros
+      s[stride] = 0.5f * static_cast<float>(level(rng));        // 5 levels of ~stride/5 ties
+      s[2 * stride] = 3.0f;                                     // one value throughout
+      s[3 * stride] = std::nextafter(1.0f + static_cast<float>(ulps(rng)) * 0x1p-23f, 2.0f);
+      s[4 * stride] = i == 12345 ? 1e30f : normal(rng);  // one outlier coarsens the first round
+      s[5 * stride] = rare(rng) ? -0.0f : -std::fabs(normal(rng));
+    }
+    std::vector<int32_t> lengths(rows, static_cast<int32_t>(stride));
+    lengths[1] = static_cast<int32_t>(stride - 3);
+    for (int64_t k : {1, 512, 2048}) ExpectMatchesReference(scores, stride, lengths, k);
+  }
+}
+
 TEST(CudaTopKTest, SignedZerosAreOneTie) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
