@@ -11,12 +11,14 @@ AdmissionQueue::AdmissionQueue(Options options) : options_(options), backoff_(op
   thread_ = std::thread([this] { Loop(); });
 }
 
-AdmissionQueue::~AdmissionQueue() {
+AdmissionQueue::~AdmissionQueue() { Stop(); }
+
+void AdmissionQueue::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 uint64_t AdmissionQueue::Push(Entry entry) {

@@ -44,7 +44,7 @@ class AdmissionQueue {
   };
 
   explicit AdmissionQueue(Options options);
-  // Stops the thread; entries still waiting are dropped without a callback.
+  // Stop().
   ~AdmissionQueue();
   AdmissionQueue(const AdmissionQueue&) = delete;
   AdmissionQueue& operator=(const AdmissionQueue&) = delete;
@@ -64,6 +64,10 @@ class AdmissionQueue {
   void Admitted() ABSL_LOCKS_EXCLUDED(mu_);
   // Entries waiting (not counting one being tried).
   int64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops the thread once a callback running now returns; no callback runs after it, and
+  // entries still waiting (or pushed later) are dropped without one. Idempotent (one caller at
+  // a time: the owner's destructor).
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);

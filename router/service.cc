@@ -167,8 +167,8 @@ RouterService::~RouterService() {
   // Outstanding calls hold their Request; wait until the workers' parts have all ended, so no
   // callback touches this service after it is gone. The Generations were cancelled by the
   // server's Stop() before the service is destroyed. The admission queue stops first: its
-  // thread dispatches.
-  queue_.reset();
+  // thread dispatches (the object stays until the members go: late calls into it are harmless).
+  if (queue_ != nullptr) queue_->Stop();
   for (int i = 0; i < 1000 && (in_flight_.load() > 0 || calls_.load() > 0); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -211,8 +211,7 @@ class RouterService : public frontend::GenerationService {
   std::vector<std::weak_ptr<Attempt>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::unique_ptr<frontend::RequestPreparer> preparer_;
   std::unique_ptr<WorkerPool> pool_;
-  // Declared after pool_, so its thread stops before the pool goes (the destructor also stops it
-  // first); null when options.queue_timeout is zero.
+  // Its thread is stopped first in the destructor; null when options.queue_timeout is zero.
   std::unique_ptr<AdmissionQueue> queue_;
   std::unique_ptr<Policy> prefill_policy_;
   std::unique_ptr<Policy> decode_policy_;
