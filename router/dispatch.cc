@@ -16,15 +16,10 @@
 namespace pdserve::router {
 namespace {
 
-// The API error for a failed Reserve.
+// The API error for a failed Reserve (RESOURCE_EXHAUSTED is admission's: Enqueue).
 frontend::ApiError ReserveError(const grpc::Status& status, const std::string& worker) {
   const std::string detail = absl::StrCat("decode worker ", worker, ": ", status.error_message());
   switch (status.error_code()) {
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return frontend::ServerError(
-          429,
-          absl::StrCat("the decode worker has no room for the request; retry later (", detail, ")"),
-          "rate_limit_exceeded", "pool_exhausted");
     case grpc::StatusCode::INVALID_ARGUMENT:
       return frontend::InvalidRequest(detail);
     case grpc::StatusCode::FAILED_PRECONDITION:
@@ -101,9 +96,9 @@ class GenerateReader : public grpc::ClientReadReactor<wv1::GenerateResponse> {
 
 }  // namespace
 
-void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice,
-                             int exclude_prefill, int exclude_decode) {
-  if (request->cancelled.load()) return;
+bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice,
+                             int exclude_prefill, int exclude_decode, bool from_queue) {
+  if (request->cancelled.load()) return false;
   const std::vector<Worker*> prefill = pool_->prefill();
   const std::vector<Worker*> decode = pool_->decode();
   auto candidates = [](const std::vector<Worker*>& workers) {
@@ -112,7 +107,14 @@ void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
     return out;
   };
   const std::vector<Candidate> p_candidates = candidates(prefill);
-  const std::vector<Candidate> d_candidates = candidates(decode);
+  std::vector<Candidate> d_candidates = candidates(decode);
+  {
+    absl::MutexLock lock(&request->mu);
+    // The workers that had no room for this choice are not asked again before it waits.
+    for (int full : request->full_decode[static_cast<size_t>(choice)]) {
+      d_candidates[static_cast<size_t>(full)].up = false;
+    }
+  }
   int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
   int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
   // A retry prefers another worker but takes the same one when it is the only one up.
@@ -130,9 +132,10 @@ void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   }
   if (!actions.empty() || p < 0 || d < 0) {
     RunActions(actions);
-    return;
+    return false;
   }
   auto attempt = std::make_shared<Attempt>();
+  attempt->from_queue = from_queue;
   attempt->choice = choice;
   attempt->prefill_index = p;
   attempt->decode_index = d;
@@ -148,7 +151,7 @@ void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   attempt->reserve_context.set_deadline(Deadline(options_.reserve_timeout));
   {
     absl::MutexLock lock(&request->mu);
-    if (request->ended) return;
+    if (request->ended) return false;
     ++request->attempts[choice];
     request->current[choice] = attempt;
   }
@@ -159,6 +162,7 @@ void RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   attempt->decode->decode()->async()->Reserve(
       &attempt->reserve_context, &attempt->reserve, &attempt->reserved,
       [this, r, attempt](grpc::Status status) { OnReserved(r, attempt, status); });
+  return true;
 }
 
 void RouterService::SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
@@ -203,7 +207,79 @@ void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode) 
   if (decode) {
     attempt.decode->AddLoad(-1);
     in_flight_.fetch_sub(1);
+    // Its batch slot frees (an abort lands shortly after): a waiting choice gets a try.
+    if (attempt.reserved_ok && queue_ != nullptr) queue_->RoomFreed();
   }
+}
+
+bool RouterService::DecodeLeftToAsk(Request& request, int choice) const {
+  const std::vector<Worker*> decode = pool_->decode();
+  const std::vector<int>& full = request.full_decode[static_cast<size_t>(choice)];
+  for (size_t i = 0; i < decode.size(); ++i) {
+    if (decode[i]->up() && std::find(full.begin(), full.end(), static_cast<int>(i)) == full.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
+  const size_t c = static_cast<size_t>(choice);
+  const absl::Time now = absl::Now();
+  if (!request.queued_since[c]) {
+    request.queued_since[c] = now;
+    queued_->Get().Increment();
+  }
+  const absl::Time deadline = *request.queued_since[c] + options_.queue_timeout;
+  if (queue_ == nullptr || now >= deadline) {
+    const std::string detail =
+        request.full_detail.empty() ? std::string() : absl::StrCat(" (", request.full_detail, ")");
+    request.EndWait(choice, "timeout");
+    request.Fail(
+        frontend::ServerError(
+            429,
+            queue_ == nullptr
+                ? absl::StrCat("every decode worker is full; retry later", detail)
+                : absl::StrCat("every decode worker stayed full for the ",
+                               absl::ToInt64Milliseconds(options_.queue_timeout),
+                               " ms the request may wait (router.queue_timeout_ms); retry later",
+                               detail),
+            "rate_limit_exceeded", "pool_exhausted"),
+        actions);
+    return;
+  }
+  std::shared_ptr<Request> r = request.shared_from_this();
+  AdmissionQueue::Entry entry;
+  entry.deadline = deadline;
+  entry.admit = [this, r, choice] { return Admit(r, choice); };
+  entry.expire = [this, r, choice] { Expire(r, choice); };
+  request.queued[c] = true;
+  if (request.queue_ticket[c] != 0) {
+    queue_->PushBack(request.queue_ticket[c], std::move(entry));  // keeps its place
+  } else {
+    request.queue_ticket[c] = queue_->Push(std::move(entry));
+  }
+}
+
+bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
+  {
+    absl::MutexLock lock(&request->mu);
+    request->queued[static_cast<size_t>(choice)] = false;
+    if (request->ended || request->cancelled.load()) return false;
+    request->full_decode[static_cast<size_t>(choice)].clear();  // a new round: ask them all
+  }
+  return Dispatch(request, choice, -1, -1, /*from_queue=*/true);
+}
+
+void RouterService::Expire(const std::shared_ptr<Request>& request, int choice) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&request->mu);
+    request->queued[static_cast<size_t>(choice)] = false;
+    if (request->ended || request->cancelled.load()) return;
+    Enqueue(*request, choice, &actions);  // past its deadline: fails with 429
+  }
+  RunActions(actions);
 }
 
 void RouterService::OnReserved(const std::shared_ptr<Request>& request,
@@ -212,6 +288,7 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
   Actions actions;
   bool start = false;
   int retry_prefill = -2, retry_decode = -2;
+  bool retry_from_queue = false;
   {
     absl::MutexLock lock(&request->mu);
     if (!status.ok()) {
@@ -228,15 +305,26 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
           SendAbort(*decode, id, /*ticket_id=*/0, /*prefill_quiesced=*/true);
         });
       }
-      const bool retriable = WorkerDown(status.error_code()) ||
-                             status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      const grpc::StatusCode code = status.error_code();
+      const int c = attempt->choice;
       if (request->ended || request->cancelled.load()) {
-      } else if (retriable && request->attempts[attempt->choice] < options_.max_attempts) {
+      } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        // No room there now (batch slots or state pages): no failed try. The other decode
+        // workers are asked first; when all are full the choice waits for room.
+        --request->attempts[c];
+        request->full_decode[static_cast<size_t>(c)].push_back(attempt->decode_index);
+        request->full_detail =
+            absl::StrCat("decode worker ", attempt->decode->name(), ": ", status.error_message());
+        if (DecodeLeftToAsk(*request, c)) {
+          retry_prefill = -1;
+          retry_decode = -1;
+          retry_from_queue = attempt->from_queue;  // still the queue's try
+        } else {
+          Enqueue(*request, c, &actions);
+        }
+      } else if (WorkerDown(code) && request->attempts[c] < options_.max_attempts) {
         retries_
-            ->WithLabels(
-                {status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                     ? "timeout"
-                     : (WorkerDown(status.error_code()) ? "worker_down" : "reserve_failed")})
+            ->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout" : "worker_down"})
             .Increment();
         retry_prefill = -1;
         retry_decode = attempt->decode_index;
@@ -246,6 +334,18 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
     } else {
       attempt->decode->RecordSuccess();
       attempt->ticket_id = attempt->reserved.ticket().ticket_id();
+      attempt->reserved_ok = true;
+      const size_t c = static_cast<size_t>(attempt->choice);
+      // Room was found: the queue's next entry gets a try too (room may be left).
+      if (attempt->from_queue && queue_ != nullptr) queue_->Admitted();
+      request->EndWait(attempt->choice, "admitted");
+      request->queue_ticket[c] = 0;
+      if (!request->reserved_once[c]) {
+        request->reserved_once[c] = true;
+        if (++request->reserved_choices == static_cast<int>(request->reserved_once.size())) {
+          queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request->received));
+        }
+      }
       if (request->ended || request->cancelled.load() || attempt->over) {
         ReleaseAttempt(*attempt, true, true);
         attempt->over = true;
@@ -266,7 +366,7 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
   }
   RunActions(actions);
   if (retry_decode != -2) {
-    Dispatch(request, attempt->choice, retry_prefill, retry_decode);
+    Dispatch(request, attempt->choice, retry_prefill, retry_decode, retry_from_queue);
     return;
   }
   if (!start) return;

@@ -38,9 +38,28 @@ void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
                error.message);
   service->RecordFinish(*this, error.http_status, "error");
   if (!cancelled.load()) sink->OnError(std::move(error));
+  Unqueue("cancelled");
   for (auto& attempt : current) {
     if (attempt && !attempt->over) AbortAttempt(*attempt, actions);
   }
+}
+
+void RouterService::Request::Unqueue(const char* outcome) {
+  for (size_t c = 0; c < queued.size(); ++c) {
+    if (!queued[c]) continue;
+    // Not waiting any more when the queue is trying it right now; that try finds the request
+    // ended and sends nothing.
+    if (service->queue_ != nullptr) service->queue_->Remove(queue_ticket[c]);
+    queued[c] = false;
+    EndWait(static_cast<int>(c), outcome);
+  }
+}
+
+void RouterService::Request::EndWait(int choice, const char* outcome) {
+  std::optional<absl::Time>& since = queued_since[static_cast<size_t>(choice)];
+  if (!since) return;
+  service->queue_wait_->WithLabels({outcome}).Observe(absl::ToDoubleSeconds(absl::Now() - *since));
+  since.reset();
 }
 
 void RouterService::Request::Emit(frontend::ChoiceDelta delta, int new_tokens) {

@@ -69,7 +69,11 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   wv1::PrefillRequest prefill_request;
   wv1::PrefillResponse prefilled;
   wv1::GenerateRequest generate;
+  // Dispatched from the admission queue: its Reserve's outcome is the queue's try
+  // (AdmissionQueue::Admitted / PushBack). Set before the attempt is shared.
+  bool from_queue = false;
   // Guarded by Request::mu.
+  bool reserved_ok = false;  // Reserve succeeded: its end frees a decode slot (RoomFreed)
   bool streams_started = false;
   bool over = false;  // finished, failed or abandoned: later events are ignored
   bool aborted = false;
@@ -114,12 +118,32 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   std::optional<absl::Time> first_token ABSL_GUARDED_BY(mu);
   absl::Time last_token ABSL_GUARDED_BY(mu);
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;
+  // Admission, per choice: the decode workers that answered "no room" since the choice last left
+  // the queue (not asked again before it waits); when it first found every one full (its wait
+  // starts; reset once it holds a reservation); its queue ticket (kept while it is being tried,
+  // so a try that finds no room keeps its place) and whether it is waiting in the queue now;
+  // whether it ever held a reservation. `full_detail`: the last "no room" answer, for the 429.
+  std::vector<std::vector<int>> full_decode ABSL_GUARDED_BY(mu);
+  std::vector<std::optional<absl::Time>> queued_since ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> queue_ticket ABSL_GUARDED_BY(mu);
+  std::vector<bool> queued ABSL_GUARDED_BY(mu);
+  std::vector<bool> reserved_once ABSL_GUARDED_BY(mu);
+  int reserved_choices ABSL_GUARDED_BY(mu) = 0;
+  std::string full_detail ABSL_GUARDED_BY(mu);
 
   // Aborts `attempt` on both workers and cancels its calls (run the actions after unlocking).
   void AbortAttempt(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // Ends the request with `error` and aborts every choice still running.
+  // Ends the request with `error`, takes its choices out of the admission queue and aborts every
+  // choice still running.
   void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Takes every choice waiting in the admission queue out of it, counting its wait with
+  // `outcome` (pdserve_router_queue_wait_seconds).
+  void Unqueue(const char* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Ends choice `choice`'s wait (if it waited), counting it with `outcome`.
+  void EndWait(int choice, const char* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Sends `delta` for a choice, with the token timing metrics; a flagged choice's deltas carry
   // its degeneration kind.

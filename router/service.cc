@@ -27,6 +27,7 @@ class RouterService::RouterGeneration : public frontend::Generation {
         request_->ended = true;
         request_->service->RecordFinish(*request_, 499, "cancelled");
       }
+      request_->Unqueue("cancelled");
       for (auto& attempt : request_->current) {
         if (attempt && !attempt->over) request_->AbortAttempt(*attempt, &actions);
       }
@@ -49,6 +50,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
   o.lease_ms = config.lease_ms;
   o.prefill_timeout = absl::Milliseconds(config.router.prefill_timeout_ms);
+  o.queue_timeout = absl::Milliseconds(config.router.queue_timeout_ms);
   return o;
 }
 
@@ -87,8 +89,22 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
       s->e2e_, r.AddHistogram("pdserve_router_e2e_request_latency_seconds",
                               "Request received to last token sent.", {"endpoint"}, latency));
   PDSERVE_ASSIGN_OR_RETURN(
-      s->queue_time_, r.AddHistogram("pdserve_router_queue_time_seconds",
-                                     "Request received to dispatched to workers.", {}, latency));
+      s->queue_time_,
+      r.AddHistogram("pdserve_router_queue_time_seconds",
+                     "Request received to every choice holding a decode reservation (the "
+                     "admission queue included).",
+                     {}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->queue_depth_,
+      r.AddGauge("pdserve_router_queue_depth",
+                 "Choices waiting in the admission queue for room on a decode worker."));
+  PDSERVE_ASSIGN_OR_RETURN(s->queued_,
+                           r.AddCounter("pdserve_router_queued_total",
+                                        "Choices that found every decode worker full and waited."));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->queue_wait_, r.AddHistogram("pdserve_router_queue_wait_seconds",
+                                     "One choice's wait in the admission queue, by how it ended.",
+                                     {"outcome"}, latency));
   PDSERVE_ASSIGN_OR_RETURN(s->prompt_tokens_, r.AddCounter("pdserve_router_prompt_tokens_total",
                                                            "Prompt tokens of accepted requests."));
   PDSERVE_ASSIGN_OR_RETURN(
@@ -115,6 +131,8 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   s->generation_tokens_->Get();
   s->requests_in_flight_->Get();
   s->queue_time_->Get();
+  s->queue_depth_->Get();
+  s->queued_->Get();
 
   WorkerPoolOptions pool;
   pool.prefill = options.prefill;
@@ -136,13 +154,18 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   }
   RouterService* raw = s.get();
   s->pool_ = std::make_unique<WorkerPool>(pool, [raw] { return raw->NextRequestId(); });
+  if (options.queue_timeout > absl::ZeroDuration()) {
+    s->queue_ = std::make_unique<AdmissionQueue>(options.queue);
+  }
   return s;
 }
 
 RouterService::~RouterService() {
   // Outstanding calls hold their Request; wait until the workers' parts have all ended, so no
   // callback touches this service after it is gone. The Generations were cancelled by the
-  // server's Stop() before the service is destroyed.
+  // server's Stop() before the service is destroyed. The admission queue stops first: its
+  // thread dispatches (the object stays until the members go: late calls into it are harmless).
+  if (queue_ != nullptr) queue_->Stop();
   for (int i = 0; i < 1000 && (in_flight_.load() > 0 || calls_.load() > 0); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -220,7 +243,8 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   // The seed is explicit on the wire: the one the colocated service would use for this id.
   params.seed = serving::EffectiveSeed(params, request->prepared.request_id);
   const int n = params.n;
-  if (in_flight_.load() + n > options_.max_in_flight) {
+  const int64_t queued = queue_ != nullptr ? queue_->size() : 0;
+  if (in_flight_.load() + queued + n > options_.max_in_flight) {
     requests_->WithLabels({endpoint, "429", "error"}).Increment();
     return frontend::ServerError(429, "too many requests in flight; retry later",
                                  "rate_limit_exceeded");
@@ -241,13 +265,30 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
     request->any_token.assign(n, false);
     request->degeneration.assign(n, "");
     request->current.resize(n);
+    request->full_decode.resize(n);
+    request->queued_since.resize(n);
+    request->queue_ticket.assign(n, 0);
+    request->queued.assign(n, false);
+    request->reserved_once.assign(n, false);
     request->remaining = n;
     request->dispatched = true;
   }
   prompt_tokens_->Get().Increment(static_cast<double>(request->prepared.prompt.size()));
   requests_in_flight_->Get().Add(1);
-  queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request->received));
-  for (int c = 0; c < n; ++c) Dispatch(request, c, -1, -1);
+  // First come first served: while choices wait for room, a new request waits behind them.
+  const bool behind = queued > 0;
+  for (int c = 0; c < n; ++c) {
+    if (!behind) {
+      Dispatch(request, c, -1, -1);
+      continue;
+    }
+    Actions actions;
+    {
+      absl::MutexLock lock(&request->mu);
+      if (!request->ended) Enqueue(*request, c, &actions);
+    }
+    RunActions(actions);
+  }
   return std::unique_ptr<frontend::Generation>(new RouterGeneration(request));
 }
 
@@ -258,6 +299,7 @@ std::string RouterService::MetricsText() const {
   for (Worker* w : pool_->decode()) {
     worker_up_->WithLabels({w->name(), "decode"}).Set(w->up() ? 1 : 0);
   }
+  queue_depth_->Get().Set(queue_ != nullptr ? static_cast<double>(queue_->size()) : 0.0);
   return registry_.Serialize();
 }
 

@@ -18,8 +18,15 @@
 // held until its Prefill has answered; a failed Prefill fails the request (a 5xx before any
 // token), and a first token the two workers disagree on is a 500 "first_token_mismatch".
 //
+// Admission: a Reserve answered RESOURCE_EXHAUSTED (no batch slot or no state pages now) is no
+// failed try: the choice asks the other decode workers that are up, and when every one is full
+// it waits in the admission queue (router/admission_queue.h: first come first served; tried
+// again when a reservation of this router ends, else after a short backoff) for up to
+// options.queue_timeout, then the request gets 429 pool_exhausted (Retry-After). While choices
+// wait, new requests queue behind them. A client gone while queued takes its choices out.
+//
 // Errors: more choices (n) than the decode workers' batch slots together -> 400 (param n) before
-// anything is reserved. Reserve's RESOURCE_EXHAUSTED -> 429, UNAVAILABLE (or no worker up) -> 503,
+// anything is reserved. Reserve's UNAVAILABLE (or no worker up) -> 503,
 // INVALID_ARGUMENT -> 400, FAILED_PRECONDITION (the request can never fit the worker's pool) ->
 // 400 (param max_tokens). A Reserve whose answer was lost (past reserve_timeout, cancelled,
 // connection lost) may still have reserved pages on its decode worker: it is aborted there with
@@ -52,6 +59,7 @@
 #include "common/metrics.h"
 #include "frontend/generation_service.h"
 #include "frontend/request_preparer.h"
+#include "router/admission_queue.h"
 #include "router/policy.h"
 #include "router/worker_pool.h"
 
@@ -86,7 +94,12 @@ struct RouterOptions {
   // decode worker when no token went out), instead of hanging until the worker comes back.
   absl::Duration stall_timeout = absl::Seconds(10);
   int max_attempts = 2;          // per choice: the first try plus retries before any token
-  int64_t max_in_flight = 4096;  // worker requests; beyond this a new request gets 429
+  int64_t max_in_flight = 4096;  // worker requests, queued ones included; beyond: 429 at once
+  // How long a choice may wait in the admission queue for room on a decode worker (every one
+  // answered RESOURCE_EXHAUSTED: no batch slot or no state pages) before the request gets 429
+  // with Retry-After. router.queue_timeout_ms; zero: no waiting, 429 at once.
+  absl::Duration queue_timeout = absl::Seconds(60);
+  AdmissionQueue::Options queue;  // its backoff for tries nobody signalled
 };
 
 // The options a deploy config gives the router.
@@ -124,10 +137,26 @@ class RouterService : public frontend::GenerationService {
   friend struct Request;
   RouterService() = default;
   uint64_t NextRequestId() { return id_base_ + next_id_.fetch_add(1); }
-  // Picks workers and sends Reserve for choice `choice` of `request`. `exclude_*`: the workers
-  // of a failed attempt (-1: none).
-  void Dispatch(const std::shared_ptr<Request>& request, int choice, int exclude_prefill,
-                int exclude_decode);
+  // Picks workers and sends Reserve for choice `choice` of `request`, skipping the decode
+  // workers that answered "no room" for it since it last left the queue. `exclude_*`: the workers
+  // of a failed attempt (-1: none). `from_queue`: the admission queue's try. Returns whether a
+  // Reserve was sent (false: the request is gone, or it failed with 503 for want of workers).
+  bool Dispatch(const std::shared_ptr<Request>& request, int choice, int exclude_prefill,
+                int exclude_decode, bool from_queue = false);
+  // REQUIRES: request.mu held. Choice `choice` found every decode worker full (or arrived while
+  // others wait): it waits in the admission queue, in its old place when it waited before, until
+  // its wait passes options.queue_timeout; past that (or with no queue) the request fails with
+  // 429 pool_exhausted.
+  void Enqueue(Request& request, int choice, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
+  // The admission queue's callbacks (its thread): a try for a waiting choice, and the end of a
+  // wait that passed its deadline (429).
+  bool Admit(const std::shared_ptr<Request>& request, int choice);
+  void Expire(const std::shared_ptr<Request>& request, int choice);
+  // REQUIRES: request.mu held. Whether a decode worker that is up has not answered "no room" for
+  // `choice` yet.
+  bool DecodeLeftToAsk(Request& request, int choice) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
   // Counts a finished request (finish_reason empty: the choices' own reasons).
   void RecordFinish(Request& request, int http_status, const std::string& finish_reason);
   // Sends Abort to `worker` without waiting for the answer (counted in calls_).
@@ -182,6 +211,8 @@ class RouterService : public frontend::GenerationService {
   std::vector<std::weak_ptr<Attempt>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::unique_ptr<frontend::RequestPreparer> preparer_;
   std::unique_ptr<WorkerPool> pool_;
+  // Its thread is stopped first in the destructor; null when options.queue_timeout is zero.
+  std::unique_ptr<AdmissionQueue> queue_;
   std::unique_ptr<Policy> prefill_policy_;
   std::unique_ptr<Policy> decode_policy_;
   uint64_t id_base_ = 0;
@@ -196,6 +227,9 @@ class RouterService : public frontend::GenerationService {
   metrics::Family<metrics::Histogram>* tpot_ = nullptr;
   metrics::Family<metrics::Histogram>* e2e_ = nullptr;
   metrics::Family<metrics::Histogram>* queue_time_ = nullptr;
+  metrics::Family<metrics::Gauge>* queue_depth_ = nullptr;
+  metrics::Family<metrics::Counter>* queued_ = nullptr;
+  metrics::Family<metrics::Histogram>* queue_wait_ = nullptr;
   metrics::Family<metrics::Counter>* prompt_tokens_ = nullptr;
   metrics::Family<metrics::Counter>* generation_tokens_ = nullptr;
   metrics::Family<metrics::Gauge>* requests_in_flight_ = nullptr;

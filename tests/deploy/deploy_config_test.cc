@@ -72,6 +72,16 @@ TEST(DeployConfigTest, RouterPrefillTimeout) {
                  "router.prefill_timeout_ms");
 }
 
+TEST(DeployConfigTest, RouterQueueTimeout) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.queue_timeout_ms, 60000);
+  const ParsedDeployConfig off = ParseDeployConfig(
+      Broken("  http_port: 8000", "  http_port: 8000\n  queue_timeout_ms: 0"), "t.yaml");
+  ASSERT_TRUE(off.errors.empty()) << off.errors[0].ToString();
+  EXPECT_EQ(off.config.router.queue_timeout_ms, 0);
+  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  queue_timeout_ms: -1"), 6, 21,
+                 "router.queue_timeout_ms");
+}
+
 TEST(DeployConfigTest, BadPortValue) {
   ExpectOneError(Broken("port: 9200", "port: 70000"), 15, 11, "decode[0].port");
 }

@@ -175,5 +175,54 @@ TEST_F(PdRouterTest, RequestLargerThanTheWholePoolIs400OnMaxTokens) {
   EXPECT_EQ(stats.pages_quarantined(), 0);
 }
 
+// More requests than the decode worker's batch slots at once: the router waits for room and
+// serves them all, each equal to its alone-run (before: every one past the slots got 429). A
+// client that goes away while queued leaves nothing behind.
+TEST_F(PdRouterTest, RequestsBeyondTheBatchWaitForRoomAndAreServed) {
+  ClusterOptions cluster;
+  cluster.decode_max_batch = 2;
+  StartCluster(cluster);
+  auto router = MakeRouter({});
+  std::vector<std::shared_ptr<Sink>> alone;
+  for (int i = 0; i < 6; ++i) {
+    alone.push_back(Start(*router, Completion(10 + i, 12)));
+    alone.back()->done.WaitForNotification();
+    ASSERT_FALSE(alone.back()->failed) << alone.back()->error.message;
+  }
+  std::vector<std::shared_ptr<Sink>> together;
+  for (int i = 0; i < 6; ++i) together.push_back(Start(*router, Completion(10 + i, 12)));
+  auto depth = [&] {
+    const std::string metrics = router->MetricsText();
+    const size_t at = metrics.find("\npdserve_router_queue_depth ");
+    return at == std::string::npos ? -1 : std::stoi(metrics.substr(at + 28));
+  };
+  for (int i = 0; i < 500 && depth() < 4; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(depth(), 4);  // two hold the slots, four wait
+  std::unique_ptr<frontend::Generation> gone;
+  std::shared_ptr<Sink> gone_sink = Start(*router, Completion(30, 12), &gone);
+  gone->Cancel();  // queued behind the four waiting: it leaves the queue
+  for (int i = 0; i < 6; ++i) {
+    together[i]->done.WaitForNotification();
+    ASSERT_FALSE(together[i]->failed) << i << ": " << together[i]->error.message;
+    EXPECT_EQ(together[i]->text[0], alone[i]->text[0]) << i;
+    EXPECT_EQ(together[i]->usage.completion_tokens, alone[i]->usage.completion_tokens) << i;
+  }
+  EXPECT_FALSE(gone_sink->done.HasBeenNotified());
+  const std::string metrics = router->MetricsText();
+  EXPECT_NE(metrics.find("pdserve_router_queue_depth 0\n"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("pdserve_router_queued_total 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="cancelled"} 1)"),
+            std::string::npos)
+      << metrics;
+  for (int i = 0; i < 100; ++i) {  // the last streams' slots free just after their final event
+    const v1::StatsResponse stats = DecodeStats(*cluster_);
+    if (stats.pages_free() == stats.pages_total()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const v1::StatsResponse stats = DecodeStats(*cluster_);
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+}
+
 }  // namespace
 }  // namespace pdserve::pd::testing

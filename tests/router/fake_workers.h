@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,9 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::string degeneration_kind = "repeat";
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
   int64_t max_batch = 0;  // HealthResponse.max_batch (0: not stated)
+  // >= 0: at most this many requests hold a reservation (from Reserve until their Generate
+  // ends or they are aborted); Reserve beyond answers RESOURCE_EXHAUSTED, as a full worker.
+  int slots = -1;
 
   grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
                        worker::v1::ReserveResponse* response) override {
@@ -74,6 +78,11 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     absl::MutexLock lock(&mu);
     reserves.push_back(*request);
     if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, "fake refuses");
+    if (slots >= 0 && static_cast<int>(holding.size()) >= slots) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no free batch slot (fake)");
+    }
+    holding.insert(request->request_id());
+    admitted.push_back(request->request_id());
     response->mutable_ticket()->set_ticket_id(++next_ticket);
     response->mutable_ticket()->set_request_id(request->request_id());
     reserved[request->request_id()] = *request;
@@ -89,6 +98,15 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       if (it == reserved.end()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no");
       r = it->second;
     }
+    // The slot frees when the stream ends, whichever way.
+    struct Release {
+      FakeDecode* self;
+      uint64_t id;
+      ~Release() {
+        absl::MutexLock lock(&self->mu);
+        self->holding.erase(id);
+      }
+    } release{this, request->request_id()};
     const worker::v1::SamplingParams& s = r.sampling();
     if (lease_error_first) {
       worker::v1::GenerateResponse error;
@@ -155,6 +173,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     absl::MutexLock lock(&mu);
     aborts.push_back(request->request_id());
     abort_requests.push_back(*request);
+    holding.erase(request->request_id());
     response->set_quiesced(true);
     return grpc::Status::OK;
   }
@@ -184,6 +203,8 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::map<uint64_t, worker::v1::ReserveRequest> reserved;
   std::vector<uint64_t> aborts;
   std::vector<worker::v1::AbortRequest> abort_requests;
+  std::set<uint64_t> holding;      // requests holding a slot (see `slots`)
+  std::vector<uint64_t> admitted;  // request ids in the order their Reserve succeeded
 };
 
 class FakePrefill final : public worker::v1::PrefillWorker::Service {

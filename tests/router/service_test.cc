@@ -14,150 +14,19 @@
 
 #include "absl/synchronization/notification.h"
 #include "serving/sampling_params.h"
-#include "tests/router/fake_workers.h"
+#include "tests/router/service_fixture.h"
 
 namespace pdserve::router {
 namespace {
 
+using testing::CollectingSink;
+using testing::Eventually;
 using testing::FakeDecode;
 using testing::FakePrefill;
 using testing::FakeServer;
 using testing::FakeToken;
-
-class CollectingSink : public frontend::GenerationSink {
- public:
-  void OnDelta(frontend::ChoiceDelta delta) override {
-    absl::MutexLock lock(&mu);
-    if (static_cast<size_t>(delta.index) >= text.size()) {
-      text.resize(delta.index + 1);
-      finish.resize(delta.index + 1);
-      logprobs.resize(delta.index + 1);
-      kinds.resize(delta.index + 1);
-    }
-    kinds[delta.index].push_back(delta.degeneration_kind.value_or(""));
-    text[delta.index] += delta.text;
-    for (auto& lp : delta.logprobs) logprobs[delta.index].push_back(lp);
-    if (delta.finish_reason) finish[delta.index] = *delta.finish_reason;
-  }
-  void OnComplete(frontend::Usage u) override {
-    usage = u;
-    done.Notify();
-  }
-  void OnError(frontend::ApiError e) override {
-    error = e;
-    failed = true;
-    done.Notify();
-  }
-  absl::Mutex mu;
-  std::vector<std::string> text;
-  std::vector<std::string> finish;
-  std::vector<std::vector<frontend::TokenLogprob>> logprobs;
-  std::vector<std::vector<std::string>> kinds;  // per choice, per delta: degeneration_kind or ""
-  frontend::Usage usage;
-  frontend::ApiError error;
-  bool failed = false;
-  absl::Notification done;
-};
-
-// Polls `done` (calls that end asynchronously: a stream's last event reaches the client before the
-// stream's own end); gives up after 10 s.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 2000; ++i) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return done();
-}
-
-config::WorkerConfig WorkerAt(const std::string& name, int port) {
-  config::WorkerConfig w;
-  w.name = name;
-  w.host = "127.0.0.1";
-  w.port = port;
-  w.backend = "cpu";
-  return w;
-}
-
-class RouterServiceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    testing::KeepCallbackQueueAlive();
-    for (int i = 0; i < 2; ++i) {
-      decode_.push_back(std::make_unique<FakeDecode>());
-      decode_servers_.push_back(std::make_unique<FakeServer>(decode_.back().get()));
-    }
-    prefill_ = std::make_unique<FakePrefill>();
-    prefill_server_ = std::make_unique<FakeServer>(prefill_.get());
-  }
-
-  std::unique_ptr<RouterService> MakeService(int decode_workers = 1,
-                                             PolicyKind decode_policy = PolicyKind::kRoundRobin) {
-    RouterOptions options;
-    options.model_dir = PDSERVE_BUNDLED_MODEL;
-    options.served_name = "tiny";
-    options.prefill = {WorkerAt("p0", prefill_server_->port())};
-    for (int i = 0; i < decode_workers; ++i) {
-      options.decode.push_back(WorkerAt("d" + std::to_string(i), decode_servers_[i]->port()));
-    }
-    options.decode_policy = decode_policy;
-    if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
-    options.prefill_policy = PolicyKind::kRoundRobin;
-    if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
-    if (reserve_timeout_) options.reserve_timeout = *reserve_timeout_;
-    options.canary = canary_timeout_.has_value();
-    if (canary_timeout_) options.canary_timeout = *canary_timeout_;
-    if (stall_timeout_) options.stall_timeout = *stall_timeout_;
-    options.background_checks = false;  // checks run from the test
-    auto service = RouterService::Create(options);
-    EXPECT_TRUE(service.ok()) << service.status();
-    (*service)->pool().CheckAll();
-    EXPECT_TRUE((*service)->Ready());
-    return std::move(*service);
-  }
-
-  // Runs `req` to completion.
-  std::shared_ptr<CollectingSink> Run(RouterService& service, const frontend::ApiRequest& req) {
-    auto sink = std::make_shared<CollectingSink>();
-    frontend::StartResult started = service.Start(req, sink);
-    if (auto* error = std::get_if<frontend::ApiError>(&started)) {
-      sink->OnError(*error);
-      return sink;
-    }
-    sink->done.WaitForNotification();
-    return sink;
-  }
-
-  static frontend::ApiRequest Completion(std::vector<int32_t> prompt, int max_tokens) {
-    frontend::ApiRequest req;
-    req.model = "tiny";
-    req.prompt_tokens = std::move(prompt);
-    req.max_tokens = max_tokens;
-    req.seed = 42;
-    return req;
-  }
-
-  std::string Decode(const RouterService& service, const std::vector<int32_t>& ids) {
-    return *service.preparer().tokenizer().Decode(ids);
-  }
-
-  std::vector<std::unique_ptr<FakeDecode>> decode_;
-  std::vector<std::unique_ptr<FakeServer>> decode_servers_;
-  std::unique_ptr<FakePrefill> prefill_;
-  std::unique_ptr<FakeServer> prefill_server_;
-  // Set before MakeService: a second prefill worker "p1" / another Prefill deadline.
-  std::unique_ptr<FakePrefill> second_prefill_;
-  std::unique_ptr<FakeServer> second_prefill_server_;
-  std::optional<absl::Duration> prefill_timeout_;
-  std::optional<absl::Duration> reserve_timeout_;
-  std::optional<absl::Duration> canary_timeout_;
-  std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
-
-  void AddSecondPrefill() {
-    second_prefill_ = std::make_unique<FakePrefill>();
-    second_prefill_server_ = std::make_unique<FakeServer>(second_prefill_.get());
-  }
-};
+using testing::RouterServiceTest;
+using testing::WorkerAt;
 
 TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
   auto service = MakeService();
@@ -356,106 +225,6 @@ TEST_F(RouterServiceTest, StopStringEndsTheChoiceAndAbortsTheDecodeWorker) {
   EXPECT_EQ(sink->text[0], full.substr(0, full.find(second)));
   EXPECT_TRUE(
       Eventually([&] { return decode_[0]->Aborted(decode_[0]->reserves[0].request_id()); }));
-}
-
-TEST_F(RouterServiceTest, FullDecodePoolIs429) {
-  decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
-  auto service = MakeService();
-  auto sink = Run(*service, Completion({1}, 2));
-  ASSERT_TRUE(sink->failed);
-  EXPECT_EQ(sink->error.http_status, 429);
-  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
-}
-
-TEST_F(RouterServiceTest, ReservePastItsDeadlineIsAbortedOnTheDecodeWorker) {
-  decode_[0]->reserve_delay_ms = 300;  // the worker reserves, but answers after the deadline
-  reserve_timeout_ = absl::Milliseconds(50);
-  auto service = MakeService();
-  auto sink = Run(*service, Completion({1, 2}, 3));
-  ASSERT_TRUE(sink->failed);
-  EXPECT_EQ(sink->error.http_status, 503);
-  EXPECT_EQ(sink->error.code, "worker_unavailable");
-  // Both tries (the first and its retry) reserved on the worker; each is aborted, with
-  // prefill_quiesced (no Prefill was sent), so the worker frees its pages at once.
-  ASSERT_TRUE(Eventually([&] {
-    absl::MutexLock lock(&decode_[0]->mu);
-    return decode_[0]->reserves.size() == 2u && decode_[0]->abort_requests.size() == 2u;
-  }));
-  absl::MutexLock lock(&decode_[0]->mu);
-  std::set<uint64_t> reserved, aborted;
-  for (const auto& r : decode_[0]->reserves) reserved.insert(r.request_id());
-  for (const auto& a : decode_[0]->abort_requests) {
-    aborted.insert(a.request_id());
-    EXPECT_TRUE(a.prefill_quiesced()) << a.request_id();
-  }
-  EXPECT_EQ(aborted, reserved);
-  absl::MutexLock prefill_lock(&prefill_->mu);
-  EXPECT_TRUE(prefill_->prefills.empty());
-}
-
-TEST_F(RouterServiceTest, CanaryReservePastItsDeadlineIsAborted) {
-  canary_timeout_ = absl::Milliseconds(100);
-  auto service = MakeService();  // canaries pass
-  size_t before = 0;
-  {
-    absl::MutexLock lock(&decode_[0]->mu);
-    before = decode_[0]->reserves.size();
-    EXPECT_TRUE(decode_[0]->abort_requests.empty());  // passed canaries abort nothing
-  }
-  decode_[0]->reserve_delay_ms = 300;
-  service->pool().CheckAll();  // both workers' canaries reserve on d0 and time out
-  ASSERT_TRUE(Eventually([&] {
-    absl::MutexLock lock(&decode_[0]->mu);
-    return decode_[0]->reserves.size() == before + 2 && decode_[0]->abort_requests.size() == 2u;
-  }));
-  absl::MutexLock lock(&decode_[0]->mu);
-  std::set<uint64_t> late;  // the Reserves of the timed-out canaries
-  for (size_t i = before; i < decode_[0]->reserves.size(); ++i) {
-    late.insert(decode_[0]->reserves[i].request_id());
-  }
-  std::set<uint64_t> aborted;
-  for (const auto& a : decode_[0]->abort_requests) {
-    if (late.contains(a.request_id())) {
-      aborted.insert(a.request_id());
-      EXPECT_TRUE(a.prefill_quiesced());
-    }
-  }
-  EXPECT_EQ(aborted, late);
-}
-
-TEST_F(RouterServiceTest, MoreChoicesThanTheDecodeWorkersSlotsIs400BeforeAnyReserve) {
-  decode_[0]->max_batch = 3;
-  decode_[1]->max_batch = 2;
-  auto service = MakeService(2);
-  frontend::ApiRequest req = Completion({1, 2}, 2);
-  req.n = 6;
-  auto sink = Run(*service, req);
-  ASSERT_TRUE(sink->failed);
-  EXPECT_EQ(sink->error.http_status, 400);
-  EXPECT_EQ(sink->error.param, "n");
-  EXPECT_EQ(sink->error.message,
-            "'n' is 6 but the decode workers run at most 5 sequences at once (d0: max_batch 3, "
-            "d1: max_batch 2): the choices could never all hold a batch slot");
-  for (auto& d : decode_) {
-    absl::MutexLock lock(&d->mu);
-    EXPECT_TRUE(d->reserves.empty());
-  }
-  req.n = 5;  // fits both workers together
-  sink = Run(*service, req);
-  ASSERT_FALSE(sink->failed) << sink->error.message;
-  EXPECT_EQ(sink->usage.completion_tokens, 10);
-}
-
-TEST_F(RouterServiceTest, ReserveThatCanNeverFitIs400OnMaxTokens) {
-  decode_[0]->reserve_code = grpc::StatusCode::FAILED_PRECONDITION;
-  auto service = MakeService();
-  auto sink = Run(*service, Completion({1}, 2));
-  ASSERT_TRUE(sink->failed);
-  EXPECT_EQ(sink->error.http_status, 400);
-  EXPECT_EQ(sink->error.param, "max_tokens");
-  EXPECT_EQ(sink->error.type, "invalid_request_error");
-  absl::MutexLock lock(&decode_[0]->mu);
-  EXPECT_EQ(decode_[0]->reserves.size(), 1u);  // not retried: it never fits
 }
 
 TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
