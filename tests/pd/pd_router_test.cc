@@ -68,7 +68,9 @@ class PdRouterTest : public ::testing::Test {
     cluster_ = std::move(*cluster);
   }
 
-  std::unique_ptr<router::RouterService> MakeRouter(router::RouterOptions options) {
+  // The fixture owns the router, so Generations a test leaves behind (an ASSERT that returned
+  // early) end before it goes.
+  router::RouterService* MakeRouter(router::RouterOptions options) {
     options.model_dir = PDSERVE_BUNDLED_MODEL;
     options.prefill = {Worker("prefill-0", cluster_->prefill_port())};
     options.decode = {Worker("decode-0", cluster_->decode_port())};
@@ -78,7 +80,8 @@ class PdRouterTest : public ::testing::Test {
     EXPECT_TRUE(service.ok()) << service.status();
     (*service)->pool().CheckAll();
     EXPECT_TRUE((*service)->Ready());
-    return std::move(*service);
+    routers_.push_back(std::move(*service));
+    return routers_.back().get();
   }
 
   static frontend::ApiRequest Completion(int prompt_length, int max_tokens) {
@@ -106,7 +109,17 @@ class PdRouterTest : public ::testing::Test {
     return sink;
   }
 
+  // Idle: every decode page free (the last streams' slots free just after their final event).
+  void WaitForIdleDecode() {
+    for (int i = 0; i < 250; ++i) {
+      const v1::StatsResponse stats = DecodeStats(*cluster_);
+      if (stats.pages_free() == stats.pages_total()) return;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
   std::unique_ptr<PdCluster> cluster_;
+  std::vector<std::unique_ptr<router::RouterService>> routers_;  // destroyed after generations_
   std::vector<std::unique_ptr<frontend::Generation>> generations_;
 };
 
@@ -189,6 +202,9 @@ TEST_F(PdRouterTest, RequestsBeyondTheBatchWaitForRoomAndAreServed) {
     alone.back()->done.WaitForNotification();
     ASSERT_FALSE(alone.back()->failed) << alone.back()->error.message;
   }
+  // The alone-runs' slots free just after their final events: start from an idle decode worker,
+  // or a third request may wait for a slot a finished one still holds (depth 5, not 4).
+  WaitForIdleDecode();
   std::vector<std::shared_ptr<Sink>> together;
   for (int i = 0; i < 6; ++i) together.push_back(Start(*router, Completion(10 + i, 12)));
   auto depth = [&] {
@@ -196,7 +212,7 @@ TEST_F(PdRouterTest, RequestsBeyondTheBatchWaitForRoomAndAreServed) {
     const size_t at = metrics.find("\npdserve_router_queue_depth ");
     return at == std::string::npos ? -1 : std::stoi(metrics.substr(at + 28));
   };
-  for (int i = 0; i < 500 && depth() < 4; ++i) absl::SleepFor(absl::Milliseconds(2));
+  for (int i = 0; i < 1000 && depth() != 4; ++i) absl::SleepFor(absl::Milliseconds(2));
   ASSERT_EQ(depth(), 4);  // two hold the slots, four wait
   std::unique_ptr<frontend::Generation> gone;
   std::shared_ptr<Sink> gone_sink = Start(*router, Completion(30, 12), &gone);
@@ -214,11 +230,7 @@ TEST_F(PdRouterTest, RequestsBeyondTheBatchWaitForRoomAndAreServed) {
   EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="cancelled"} 1)"),
             std::string::npos)
       << metrics;
-  for (int i = 0; i < 100; ++i) {  // the last streams' slots free just after their final event
-    const v1::StatsResponse stats = DecodeStats(*cluster_);
-    if (stats.pages_free() == stats.pages_total()) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitForIdleDecode();
   const v1::StatsResponse stats = DecodeStats(*cluster_);
   EXPECT_EQ(stats.pages_free(), stats.pages_total());
   EXPECT_EQ(stats.pages_quarantined(), 0);
