@@ -5,8 +5,6 @@
 set -euo pipefail
 pack=$(readlink -f "${1:-.device-carry/kvtransfer}")
 shift || true
-export PATH=$pack/bin:$PATH
-export LD_LIBRARY_PATH=$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export UCX_MODULE_DIR=$pack/lib/ucx
-chmod +x "$pack"/bin/* "$pack"/build/bench/kvtransfer/kv_transfer_bench
+# shellcheck source=/dev/null
+source "$pack/env.sh"
 exec bash bench/kvtransfer/run_kvtransfer_bench.sh "$pack/build" "$@"
