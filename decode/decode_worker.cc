@@ -148,7 +148,8 @@ bool DecodeWorker::Drain(absl::Duration timeout) {
       if (r->phase == Phase::kDone && r->final_queued) continue;
       ++open;
       if (r->phase == Phase::kReceiving && r->ticket_id != 0) tickets.push_back(r->ticket_id);
-      QueueFinal(*r, "error", absl::UnavailableError("worker shutting down"));
+      // "abort", not "error": the worker ended it (the router answers 503, retry later).
+      QueueFinal(*r, "abort", absl::UnavailableError("worker shutting down"));
       r->aborted = true;
     }
     spdlog::warn("drain: {} requests still open after {}; ending them", open,

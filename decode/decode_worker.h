@@ -90,7 +90,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   std::string MetricsText() const;
   // Turns DRAINING (Health says STATE_DRAINING; Reserve answers UNAVAILABLE) and waits up to
   // `timeout` for every reserved request to finish and its stream to end. Requests still open
-  // then end with a final event finish_reason "error", error_message "worker shutting down"
+  // then end with a final event finish_reason "abort", error_message "worker shutting down"
   // (never a silent cut); waits at most 2 s more for their streams to take it. Returns whether
   // every request finished by itself.
   bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);

@@ -686,9 +686,9 @@ TEST(PdProcessTest, SigtermDrainsRunningRequestsThenExitsZero) {
   EXPECT_EQ(ExitStatusAfterSigterm((*cluster)->prefill_process().pid()), 0);
 }
 
-// A request still open when the drain timeout passes ends with a final "error" event naming the
+// A request still open when the drain timeout passes ends with a final "abort" event naming the
 // shutdown, never a cut stream.
-TEST(PdProcessTest, DrainTimeoutEndsOpenStreamsWithFinalErrorEvent) {
+TEST(PdProcessTest, DrainTimeoutEndsOpenStreamsWithFinalAbortEvent) {
   ClusterOptions options;
   options.drain_timeout_ms = 300;
   options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=all", "PDSERVE_TEST_DELAY_MS=20000"};
@@ -701,7 +701,7 @@ TEST(PdProcessTest, DrainTimeoutEndsOpenStreamsWithFinalErrorEvent) {
   const absl::Time signalled = absl::Now();
   ASSERT_EQ(kill(decode_pid, SIGTERM), 0);
   if (flight.generate.joinable()) flight.generate.join();
-  EXPECT_EQ(flight.outcome.finish_reason, "error");
+  EXPECT_EQ(flight.outcome.finish_reason, "abort");
   EXPECT_EQ(flight.outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED);
   EXPECT_TRUE(absl::StrContains(flight.outcome.error, "worker shutting down"))
       << flight.outcome.error;

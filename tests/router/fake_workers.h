@@ -59,6 +59,9 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
  public:
   grpc::StatusCode reserve_code = grpc::StatusCode::OK;  // != OK: Reserve fails with it
   bool fail_with_error_event = false;
+  // The third event is a final "abort" with this message (a decode worker whose drain timeout
+  // passed: "worker shutting down"); empty: no such event.
+  std::string abort_message;
   bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
   int reserve_delay_ms = 0;  // > 0: Reserve answers this late (after its work is done)
@@ -117,6 +120,13 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       return grpc::Status::OK;
     }
     for (int i = 0; i < s.max_tokens(); ++i) {
+      if (!abort_message.empty() && i == 2) {
+        worker::v1::GenerateResponse abort;
+        abort.set_finish_reason("abort");
+        abort.set_error_message(abort_message);
+        writer->Write(abort);
+        return grpc::Status::OK;
+      }
       if (fail_with_error_event && i == 2) {
         worker::v1::GenerateResponse error;
         error.set_finish_reason("error");

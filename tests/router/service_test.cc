@@ -259,6 +259,19 @@ TEST_F(RouterServiceTest, ErrorEventFailsTheRequestWithTheIsolationError) {
   EXPECT_EQ(sink->error.code, "isolation_error");
 }
 
+// A decode worker that shuts down (its drain timeout passed) ends open requests with "abort":
+// the client gets 503 (retry later), not 500.
+TEST_F(RouterServiceTest, DecodeWorkerShuttingDownIs503) {
+  decode_[0]->abort_message = "worker shutting down";
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 5));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.code, "worker_aborted");
+  EXPECT_NE(sink->error.message.find("worker shutting down"), std::string::npos)
+      << sink->error.message;
+}
+
 TEST_F(RouterServiceTest, FailedPrefillIsAnError) {
   prefill_->prefill_code = grpc::StatusCode::INTERNAL;
   decode_[0]->token_delay_ms = 50;
