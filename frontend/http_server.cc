@@ -220,15 +220,20 @@ class Session : public std::enable_shared_from_this<Session> {
     SetActive(false);
   }
 
-  void SendJson(int status, std::string body, const char* content_type = "application/json") {
+  // `allow`: the Allow header of a 405 (RFC 9110 15.5.6). A HEAD request gets the header of the
+  // GET response (Content-Length included) and no body.
+  void SendJson(int status, std::string body, const char* content_type = "application/json",
+                const char* allow = nullptr) {
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(status), request_.version());
     res->set(http::field::server, "pdserve");
     res->set(http::field::content_type, content_type);
     if (status == 429) res->set(http::field::retry_after, "1");
+    if (allow != nullptr) res->set(http::field::allow, allow);
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
+    if (request_.method() == http::verb::head) res->body().clear();
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec || !self->keep_alive_) return self->Finish();
@@ -237,6 +242,11 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void SendError(const ApiError& e) { SendJson(e.http_status, e.ToJson()); }
+  // 405 naming the methods `target` takes.
+  void SendMethodNotAllowed(bool post) {
+    const ApiError e{405, post ? "use POST" : "use GET", "invalid_request_error"};
+    SendJson(e.http_status, e.ToJson(), "application/json", post ? "POST" : "GET, HEAD");
+  }
 
   // Streaming: header, then chunks, then the last chunk; one write in flight at a time.
   enum class OutKind { kChunk, kLast };
@@ -371,22 +381,23 @@ void Session::Route() {
   }
   target = target.substr(0, target.find('?'));
   const auto method = request_.method();
+  const bool get = method == http::verb::get || method == http::verb::head;
   auto* service = server_->service;
   if (target == "/health") {
-    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    if (!get) return SendMethodNotAllowed(false);
     return SendJson(200, R"({"status":"ok"})");
   }
   if (target == "/ready") {
-    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    if (!get) return SendMethodNotAllowed(false);
     return service->Ready() ? SendJson(200, R"({"status":"ready"})")
                             : SendJson(503, R"({"status":"not ready"})");
   }
   if (target == "/metrics") {
-    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    if (!get) return SendMethodNotAllowed(false);
     return SendJson(200, service->MetricsText(), "text/plain; version=0.0.4");
   }
   if (target == "/v1/models") {
-    if (method != http::verb::get) return SendError({405, "use GET", "invalid_request_error"});
+    if (!get) return SendMethodNotAllowed(false);
     nlohmann::json data = nlohmann::json::array();
     for (const auto& name : service->ListedModelNames()) {
       data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}});
@@ -394,7 +405,7 @@ void Session::Route() {
     return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
   }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
-    if (method != http::verb::post) return SendError({405, "use POST", "invalid_request_error"});
+    if (method != http::verb::post) return SendMethodNotAllowed(true);
     return Generate(target == "/v1/completions" ? Endpoint::kCompletions
                                                 : Endpoint::kChatCompletions);
   }

@@ -135,6 +135,39 @@ TEST_F(HttpServerTest, HealthReadyModelsMetrics) {
   EXPECT_EQ(Request(http::verb::get, "/v1/completions").result_int(), 405);
 }
 
+TEST_F(HttpServerTest, MethodNotAllowedNamesTheMethodsAndHeadHasNoBody) {
+  auto wrong = Request(http::verb::get, "/v1/chat/completions");
+  EXPECT_EQ(wrong.result_int(), 405);
+  EXPECT_EQ(wrong[http::field::allow], "POST");
+  EXPECT_EQ(json::parse(wrong.body())["error"]["message"], "use POST");
+  auto post = Request(http::verb::post, "/health");
+  EXPECT_EQ(post.result_int(), 405);
+  EXPECT_EQ(post[http::field::allow], "GET, HEAD");
+  // HEAD: the GET response's status and Content-Length, no body (the next request on the same
+  // connection would fail to parse if one were sent).
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  beast::flat_buffer buf;
+  for (const char* target : {"/health", "/v1/models", "/metrics"}) {
+    http::request<http::empty_body> head{http::verb::head, target, 11};
+    head.set(http::field::host, "localhost");
+    http::write(sock, head);
+    http::response_parser<http::string_body> parser;
+    parser.skip(true);
+    http::read(sock, buf, parser);
+    EXPECT_EQ(parser.get().result_int(), 200) << target;
+    EXPECT_NE(parser.get()[http::field::content_length], "0") << target;
+    EXPECT_TRUE(parser.get().body().empty()) << target;
+  }
+  http::request<http::empty_body> get{http::verb::get, "/health", 11};
+  get.set(http::field::host, "localhost");
+  http::write(sock, get);
+  http::response<http::string_body> res;
+  http::read(sock, buf, res);
+  EXPECT_EQ(res.body(), R"({"status":"ok"})");
+}
+
 TEST_F(HttpServerTest, RefusedRequestsAreReportedAnd429SaysRetryAfter) {
   EXPECT_EQ(Request(http::verb::post, "/v1/completions", "{not json").result_int(), 400);
   EXPECT_EQ(Request(http::verb::post, "/v1/chat/completions",
