@@ -288,7 +288,9 @@ std::string ToOpenAiJson(const pv1::GenerateRequest& request, frontend::Endpoint
     for (const auto& [id, value] : request.logit_bias()) bias[std::to_string(id)] = value;
     body["logit_bias"] = bias;
   }
-  if (request.has_seed()) body["seed"] = request.seed();
+  // The HTTP API's seed is a signed 64-bit integer whose bits key the generator; the same bits
+  // here, so every uint64 is accepted and 2^64 - 1 samples as HTTP's -1.
+  if (request.has_seed()) body["seed"] = static_cast<int64_t>(request.seed());
   if (!request.stop().empty()) {
     body["stop"] = std::vector<std::string>(request.stop().begin(), request.stop().end());
   }

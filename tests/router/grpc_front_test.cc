@@ -101,6 +101,23 @@ TEST_F(GrpcFrontTest, StreamsDeltasThenUsage) {
   EXPECT_FALSE(service_.last.top_p.has_value());  // unset stays unset: model defaults apply
 }
 
+// A seed of 2^63 or more (uint64 on this API, int64 on HTTP) keys the generator with the same
+// bits instead of failing as out of range.
+TEST_F(GrpcFrontTest, SeedsAboveInt64MaxKeepTheirBits) {
+  for (const uint64_t seed : {uint64_t{1} << 63, ~uint64_t{0}}) {
+    pv1::GenerateRequest request;
+    request.set_model("tiny");
+    request.set_text("And God said");
+    request.set_max_tokens(2);
+    request.set_seed(seed);
+    std::vector<pv1::GenerateResponse> out;
+    const grpc::Status status = Generate(request, &out);
+    ASSERT_TRUE(status.ok()) << seed << ": " << status.error_message();
+    ASSERT_TRUE(service_.last.seed.has_value());
+    EXPECT_EQ(*service_.last.seed, seed);
+  }
+}
+
 TEST_F(GrpcFrontTest, ChatWithLogprobsMapsToTheChatEndpoint) {
   pv1::GenerateRequest request;
   request.set_model("tiny");
