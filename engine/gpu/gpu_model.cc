@@ -439,6 +439,7 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
 const ModelConfig& GpuModel::config() const { return impl_->config; }
 int64_t GpuModel::slots() const { return impl_->options.slots; }
 int64_t GpuModel::max_context() const { return impl_->max_context; }
+int64_t GpuModel::max_chunk() const { return impl_->options.max_chunk; }
 
 absl::Status GpuModel::ResetSlot(int64_t slot) {
   if (slot < 0 || slot >= impl_->options.slots) {

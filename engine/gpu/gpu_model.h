@@ -77,6 +77,10 @@ class GpuModel {
   const ModelConfig& config() const;
   int64_t slots() const;
   int64_t max_context() const;
+  int64_t max_chunk() const;  // tokens per Forward() call at most
+  // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
+  // for this model: what colocated::PagedState::Load fills before ImportState.
+  ModelState NewState() const;
 
   // Clears slot `slot` (position 0) for a new request. InvalidArgument for a bad slot.
   absl::Status ResetSlot(int64_t slot);

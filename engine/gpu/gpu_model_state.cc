@@ -52,6 +52,11 @@ absl::Status CheckSize(size_t image, size_t device) {
 
 }  // namespace
 
+ModelState GpuModel::NewState() const {
+  // An image at position 0 always fits its own geometry.
+  return *StateFromRingImage(impl_->geometry, NewRingImage(impl_->geometry));
+}
+
 absl::StatusOr<ModelState> GpuModel::ExportState(int64_t slot) {
   Impl& m = *impl_;
   const int64_t slots = m.options.slots;

@@ -103,6 +103,13 @@ TEST_F(RingStateTest, CpuStateRoundTripsAtEveryPosition) {
   }
 }
 
+// The image of position 0 is the CPU engine's NewState (what GpuModel::NewState returns).
+TEST_F(RingStateTest, EmptyImageIsTheCpuNewState) {
+  auto empty = StateFromRingImage(geometry_, NewRingImage(geometry_));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  ExpectSameState(model_->NewState(), *empty, 0);
+}
+
 // Rows land where the CUDA engine's kernels read them.
 TEST_F(RingStateTest, RowsSitAtTheirRingPositions) {
   const int64_t p = 30;  // window rows 25..29; CSA: 7 entries, buffer 28..29, overlap 24..27
