@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,6 +42,20 @@
 
 namespace pdserve::colocated {
 
+// What a RunnerFactory gets: the model and the pool the service built.
+struct RunnerContext {
+  std::string model_dir;
+  const engine::ModelConfig* config = nullptr;
+  const serving::StateLayout* layout = nullptr;
+  serving::PagePool* pool = nullptr;
+  RunnerOptions options;
+  int64_t slots = 0;        // sequences at once (the scheduler's max_running = max_batch)
+  int64_t max_context = 0;  // tokens per sequence at most (prompt + max_tokens)
+};
+// Builds the service's runner on another engine (colocated/gpu/gpu_backend.h for CUDA).
+using RunnerFactory =
+    std::function<absl::StatusOr<std::unique_ptr<SequenceRunner>>(const RunnerContext&)>;
+
 struct ServiceOptions {
   std::string model_dir = "models/kjv-v4-tiny";
   int64_t max_batch = 64;  // sequences holding pages at once (scheduler max_running)
@@ -55,6 +70,10 @@ struct ServiceOptions {
   int64_t canary_every = 0;
   // Implementation switches and test-only faults passed to engine::Model::Load.
   engine::ModelOptions model;
+  // Empty: the CPU engine (engine::Model::Load with `model`, EngineStepRunner). Set: the runner
+  // it returns, and no CPU model is loaded; canary_every must then be 0 (the canary recomputes on
+  // the CPU engine), else Create fails with FailedPrecondition.
+  RunnerFactory runner_factory;
 };
 
 class ColocatedService : public frontend::GenerationService {
@@ -74,7 +93,7 @@ class ColocatedService : public frontend::GenerationService {
   bool Ready() const override { return true; }
   std::string MetricsText() const override;
 
-  const engine::Model& model() const { return *model_; }
+  const engine::ModelConfig& config() const { return config_; }
   const text::Tokenizer& tokenizer() const { return preparer_->tokenizer(); }
   const serving::PagePool& pool() const { return *pool_; }
   const serving::Scheduler& scheduler() const { return *scheduler_; }
@@ -94,12 +113,13 @@ class ColocatedService : public frontend::GenerationService {
 
   ServiceOptions options_;
   std::unique_ptr<frontend::RequestPreparer> preparer_;
-  std::unique_ptr<engine::Model> model_;
+  std::unique_ptr<engine::Model> model_;  // the CPU engine; null with a runner_factory
+  engine::ModelConfig config_;
   std::unique_ptr<serving::StateLayout> layout_;
   std::unique_ptr<serving::PagePool> pool_;
   serving::SystemClock clock_;
   std::unique_ptr<serving::Scheduler> scheduler_;
-  std::unique_ptr<EngineStepRunner> runner_;
+  std::unique_ptr<SequenceRunner> runner_;
   guards::CanarySampler canary_{0};
   std::atomic<uint64_t> next_sequence_{1};
   // /metrics (docs/metrics.md, "Colocated server"); the pointers are into registry_.

@@ -58,6 +58,15 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
   return std::unique_ptr<GpuStepRunner>(new GpuStepRunner(gpu, layout, pool, std::move(options)));
 }
 
+absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
+    std::unique_ptr<engine::gpu::GpuModel> gpu, const serving::StateLayout& layout,
+    serving::PagePool* pool, RunnerOptions options) {
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuStepRunner> runner,
+                           Create(gpu.get(), layout, pool, std::move(options)));
+  runner->owned_gpu_ = std::move(gpu);
+  return runner;
+}
+
 absl::Status GpuStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
   PDSERVE_RETURN_IF_ERROR(CheckSequenceSetup(id, setup));
   if (setup.canary) {

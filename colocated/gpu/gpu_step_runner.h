@@ -57,7 +57,7 @@
 
 namespace pdserve::colocated {
 
-class GpuStepRunner : public serving::StepRunner {
+class GpuStepRunner : public SequenceRunner {
  public:
   // `gpu`, `layout` (LayoutForModel(gpu->config())) and `pool` must outlive the runner; the runner
   // alone drives `gpu` and uses all of its slots. InvalidArgument for prefill_block outside [1,
@@ -66,16 +66,20 @@ class GpuStepRunner : public serving::StepRunner {
                                                                const serving::StateLayout& layout,
                                                                serving::PagePool* pool,
                                                                RunnerOptions options);
+  // As above, owning `gpu` (what pdserve serve --backend cuda builds, colocated/gpu/gpu_backend.h).
+  static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(
+      std::unique_ptr<engine::gpu::GpuModel> gpu, const serving::StateLayout& layout,
+      serving::PagePool* pool, RunnerOptions options);
   ~GpuStepRunner() override;
 
   // As EngineStepRunner::Add; also InvalidArgument when prompt + max_tokens exceeds the model's
   // max_context, and FailedPrecondition for a canary choice.
-  absl::Status Add(serving::RequestId id, SequenceSetup setup);
+  absl::Status Add(serving::RequestId id, SequenceSetup setup) override;
   // Forgets `id` and frees its slot.
-  void Remove(serving::RequestId id);
-  int64_t num_sequences() const;
+  void Remove(serving::RequestId id) override;
+  int64_t num_sequences() const override;
   int64_t free_slots() const;
-  GuardCounts guard_counts() const { return {}; }
+  GuardCounts guard_counts() const override { return {}; }
 
   // Runs `plan` (see the header comment). A sequence whose engine call or sampling fails gets
   // on_error and is listed stopped; a failed DecodeStep fails every sequence of the batch. Never
@@ -100,6 +104,7 @@ class GpuStepRunner : public serving::StepRunner {
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
 
+  std::unique_ptr<engine::gpu::GpuModel> owned_gpu_;  // null unless created owning the model
   engine::gpu::GpuModel* const gpu_;
   const serving::StateLayout& layout_;
   serving::PagePool* const pool_;
