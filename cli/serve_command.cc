@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
@@ -49,7 +50,9 @@ struct ServeOptions {
 };
 
 // The runner factory of `--backend`: empty for cpu.
-absl::StatusOr<colocated::RunnerFactory> BackendFactory(const ServeOptions& options) {
+absl::StatusOr<colocated::RunnerFactory> BackendFactory(
+    const ServeOptions& options,
+    [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
   if (options.backend == "cpu") return colocated::RunnerFactory();
   if (options.canary_every > 0 || options.paranoid) {
     return absl::FailedPreconditionError(
@@ -59,6 +62,7 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(const ServeOptions& opti
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
   colocated::GpuBackendOptions gpu;
   gpu.device = options.device;
+  gpu.reference_pieces = reference_pieces;
   return colocated::GpuRunnerFactory(gpu);
 #else
   return absl::FailedPreconditionError(
@@ -80,7 +84,8 @@ absl::Status Serve(const ServeOptions& options) {
   service_options.runner.paranoid = options.paranoid;
   service_options.canary_every = options.canary_every;
   service_options.model = engine::WithTestFaultsFromEnvironment({});
-  PDSERVE_ASSIGN_OR_RETURN(service_options.runner_factory, BackendFactory(options));
+  PDSERVE_ASSIGN_OR_RETURN(service_options.runner_factory,
+                           BackendFactory(options, service_options.model.reference_pieces));
   if (const std::string warning = engine::TestFaultWarning(service_options.model);
       !warning.empty()) {
     std::fprintf(stderr, "pdserve serve: %s\n", warning.c_str());

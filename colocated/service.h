@@ -42,20 +42,6 @@
 
 namespace pdserve::colocated {
 
-// What a RunnerFactory gets: the model and the pool the service built.
-struct RunnerContext {
-  std::string model_dir;
-  const engine::ModelConfig* config = nullptr;
-  const serving::StateLayout* layout = nullptr;
-  serving::PagePool* pool = nullptr;
-  RunnerOptions options;
-  int64_t slots = 0;        // sequences at once (the scheduler's max_running = max_batch)
-  int64_t max_context = 0;  // tokens per sequence at most (prompt + max_tokens)
-};
-// Builds the service's runner on another engine (colocated/gpu/gpu_backend.h for CUDA).
-using RunnerFactory =
-    std::function<absl::StatusOr<std::unique_ptr<SequenceRunner>>(const RunnerContext&)>;
-
 struct ServiceOptions {
   std::string model_dir = "models/kjv-v4-tiny";
   int64_t max_batch = 64;  // sequences holding pages at once (scheduler max_running)

@@ -123,6 +123,21 @@ class SequenceRunner : public serving::StepRunner {
   virtual GuardCounts guard_counts() const = 0;
 };
 
+// What a RunnerFactory gets: the model and the pool its caller (the colocated service, the
+// decode worker) built.
+struct RunnerContext {
+  std::string model_dir;
+  const engine::ModelConfig* config = nullptr;
+  const serving::StateLayout* layout = nullptr;
+  serving::PagePool* pool = nullptr;
+  RunnerOptions options;
+  int64_t slots = 0;        // sequences at once (the scheduler's max_running, or max_batch)
+  int64_t max_context = 0;  // tokens per sequence at most (prompt + max_tokens)
+};
+// Builds a runner on another engine than the CPU's (colocated/gpu/gpu_backend.h for CUDA).
+using RunnerFactory =
+    std::function<absl::StatusOr<std::unique_ptr<SequenceRunner>>(const RunnerContext&)>;
+
 class EngineStepRunner : public SequenceRunner {
  public:
   // `model`, `layout` (LayoutForModel(model.config())) and `pool` must outlive the runner.

@@ -38,6 +38,12 @@ RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
         gpu_options.max_context = context.max_context;
         gpu_options.max_chunk = options.max_chunk;
         gpu_options.gemm_inputs = options.gemm_inputs;
+        for (engine::SwitchablePiece piece : options.reference_pieces) {
+          if (piece == engine::SwitchablePiece::kSparseAttention) {
+            gpu_options.fixed_shape_attention = false;
+          }
+          if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
+        }
         PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModel> gpu,
                                  engine::gpu::GpuModel::Create(config, weights, gpu_options));
         RunnerOptions runner_options = context.options;

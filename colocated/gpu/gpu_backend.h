@@ -6,8 +6,12 @@
 // Thread-safety: the factory is called once, by ColocatedService::Create.
 #pragma once
 
-#include "colocated/service.h"
+#include <cstdint>
+#include <vector>
+
+#include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/model_options.h"
 
 namespace pdserve::colocated {
 
@@ -15,6 +19,10 @@ struct GpuBackendOptions {
   int device = 0;  // CUDA device ordinal
   engine::gpu::GemmInputs gemm_inputs = engine::gpu::GemmInputs::kBf16;
   int64_t max_chunk = 256;  // tokens per prefill Forward call; the runner's prefill_block is capped
+  // guards.reference_kernels: kSparseAttention -> GpuModelOptions::fixed_shape_attention = false,
+  // kIndexer -> fixed_shape_indexer = false (the any-shape reference kernels); kFp8State changes
+  // nothing (the GPU state is bf16 / fp32 already).
+  std::vector<engine::SwitchablePiece> reference_pieces;
 };
 
 // The factory: weights from the context's model_dir (engine::Weights::Load, then the CPU engine's
