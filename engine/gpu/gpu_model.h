@@ -18,7 +18,8 @@
 // kernels/cuda/indexer_generic.cuh + top_k; decode steps at DeepSeek-V4 shapes through the
 // fixed-shape kernels (sparse_decode_attention.cuh, indexer.cuh) on paged views of the same pools.
 //
-// Thread-safety: not thread-safe; one caller drives a GpuModel (it owns one CUDA stream).
+// Thread-safety: not thread-safe; one caller at a time drives a GpuModel (it owns one CUDA
+// stream), from any thread: each call makes options.device current on the calling thread.
 #pragma once
 
 #include <cstdint>

@@ -226,6 +226,11 @@ struct GpuModel::Impl {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
+  // Makes options.device the calling thread's current device: every public entry point does, so
+  // a GpuModel created on one thread may be driven from another (a server's step loop).
+  absl::Status UseDevice() const {
+    return CudaStatus(cudaSetDevice(options.device), "cudaSetDevice");
+  }
   const int32_t* Row(RowField f) const { return rows_meta.get() + f * max_rows; }
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 

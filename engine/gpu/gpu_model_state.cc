@@ -61,6 +61,7 @@ absl::StatusOr<ModelState> GpuModel::ExportState(int64_t slot) {
   Impl& m = *impl_;
   const int64_t slots = m.options.slots;
   PDSERVE_RETURN_IF_ERROR(CheckSlot(slot, slots));
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   RingImage image = NewRingImage(m.geometry);
   image.position = m.slot_positions[static_cast<size_t>(slot)];
   std::vector<std::vector<bf16>> staged;  // bf16 blocks, converted after the copies land
@@ -96,6 +97,7 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state) {
   Impl& m = *impl_;
   const int64_t slots = m.options.slots;
   PDSERVE_RETURN_IF_ERROR(CheckSlot(slot, slots));
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   PDSERVE_ASSIGN_OR_RETURN(
       RingImage image,
       RingImageFromState(m.geometry, state, std::numeric_limits<float>::quiet_NaN()));
