@@ -20,6 +20,10 @@
 #include "cli/command_registry.h"
 #include "common/status.h"
 #include "decode/decode_worker.h"
+#include "spdlog/spdlog.h"
+#ifdef PDSERVE_HAVE_CUDA_BACKEND
+#include "colocated/gpu/gpu_backend.h"
+#endif
 #include "worker/worker_process.h"
 
 namespace pdserve::cli {
@@ -48,6 +52,19 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   options.runner.paranoid = entry.deploy.guards.paranoid;
   options.canary_every = entry.deploy.guards.canary_every;
   PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
+  if (entry.worker.backend == "cuda") {
+#ifdef PDSERVE_HAVE_CUDA_BACKEND
+    // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's one GPU: device 0 here.
+    spdlog::info("backend cuda: decode on CUDA_VISIBLE_DEVICES={} (colocated::GpuStepRunner)",
+                 entry.worker.gpus);
+    colocated::GpuBackendOptions gpu;
+    gpu.reference_pieces = options.model.reference_pieces;
+    options.runner_factory = colocated::GpuRunnerFactory(gpu);
+#else
+    return absl::FailedPreconditionError(
+        "backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+#endif
+  }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeWorker> service,
                            decode::DecodeWorker::Create(options));
   worker::WorkerHooks hooks;

@@ -2,7 +2,12 @@
 //
 //   pdserve serve [--model DIR] [--host H] [--port P] [--max-batch N] [--pool-tokens T]
 //                 [--token-budget B] [--reject-when-full] [--degeneration flag|stop]
-//                 [--paranoid] [--canary-every N]
+//                 [--paranoid] [--canary-every N] [--backend cpu|cuda] [--device N]
+//
+// --backend cuda serves on the CUDA engine (engine/gpu, colocated/gpu/gpu_backend.h) on GPU
+// --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
+// It refuses --canary-every and --paranoid (both defined over the CPU engine and its pages), and
+// without a GPU (or in a build without CUDA) it exits 1 with a FailedPrecondition message.
 //
 // Guards (docs/guards.md): --paranoid and --canary-every as deploy config guards.paranoid /
 // guards.canary_every. The environment variable PDSERVE_TEST_SCRAMBLE_INDEXER=1 makes the
@@ -15,10 +20,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
 #include "colocated/service.h"
+#ifdef PDSERVE_HAVE_CUDA_BACKEND
+#include "colocated/gpu/gpu_backend.h"
+#endif
 #include "common/status.h"
 #include "frontend/http_server.h"
 
@@ -36,7 +45,30 @@ struct ServeOptions {
   std::string degeneration = "flag";
   bool paranoid = false;
   int64_t canary_every = 0;
+  std::string backend = "cpu";
+  int device = 0;
 };
+
+// The runner factory of `--backend`: empty for cpu.
+absl::StatusOr<colocated::RunnerFactory> BackendFactory(
+    const ServeOptions& options,
+    [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
+  if (options.backend == "cpu") return colocated::RunnerFactory();
+  if (options.canary_every > 0 || options.paranoid) {
+    return absl::FailedPreconditionError(
+        "--backend cuda does not support --canary-every or --paranoid (both need the CPU "
+        "engine's state pages)");
+  }
+#ifdef PDSERVE_HAVE_CUDA_BACKEND
+  colocated::GpuBackendOptions gpu;
+  gpu.device = options.device;
+  gpu.reference_pieces = reference_pieces;
+  return colocated::GpuRunnerFactory(gpu);
+#else
+  return absl::FailedPreconditionError(
+      "--backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+#endif
+}
 
 absl::Status Serve(const ServeOptions& options) {
   colocated::ServiceOptions service_options;
@@ -52,12 +84,18 @@ absl::Status Serve(const ServeOptions& options) {
   service_options.runner.paranoid = options.paranoid;
   service_options.canary_every = options.canary_every;
   service_options.model = engine::WithTestFaultsFromEnvironment({});
+  PDSERVE_ASSIGN_OR_RETURN(service_options.runner_factory,
+                           BackendFactory(options, service_options.model.reference_pieces));
   if (const std::string warning = engine::TestFaultWarning(service_options.model);
       !warning.empty()) {
     std::fprintf(stderr, "pdserve serve: %s\n", warning.c_str());
   }
-  std::fprintf(stderr, "pdserve serve: %s\n",
-               engine::ImplementationSummary(service_options.model).c_str());
+  if (options.backend == "cpu") {
+    std::fprintf(stderr, "pdserve serve: %s\n",
+                 engine::ImplementationSummary(service_options.model).c_str());
+  } else {
+    std::fprintf(stderr, "pdserve serve: backend cuda on device %d\n", options.device);
+  }
   // Block the signals before any thread starts, so only sigwait below receives them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -106,6 +144,12 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                 "Verify every page's owner and epoch before each state load and after each store");
   cmd->add_option("--canary-every", o->canary_every,
                   "Recompute the last-token logits of 1 in N requests from scratch (0: never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--backend", o->backend, "Engine: cpu, or cuda (the CUDA engine on --device)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", o->device, "CUDA device ordinal for --backend cuda")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->callback([o, exit_code] {

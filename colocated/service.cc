@@ -64,10 +64,20 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
   s->options_ = options;
   s->canary_ = guards::CanarySampler(options.canary_every);
   PDSERVE_ASSIGN_OR_RETURN(s->preparer_, frontend::RequestPreparer::Load(options.model_dir));
-  PDSERVE_ASSIGN_OR_RETURN(engine::Model model,
-                           engine::Model::Load(options.model_dir, options.model));
-  s->model_ = std::make_unique<engine::Model>(std::move(model));
-  const engine::ModelConfig& config = s->model_->config();
+  if (options.runner_factory && options.canary_every > 0) {
+    return absl::FailedPreconditionError(
+        "the logits canary recomputes on the CPU engine: canary_every must be 0 with another "
+        "backend");
+  }
+  if (options.runner_factory) {
+    PDSERVE_ASSIGN_OR_RETURN(s->config_, engine::ModelConfig::Load(options.model_dir));
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(engine::Model model,
+                             engine::Model::Load(options.model_dir, options.model));
+    s->model_ = std::make_unique<engine::Model>(std::move(model));
+    s->config_ = s->model_->config();
+  }
+  const engine::ModelConfig& config = s->config_;
   PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, LayoutForModel(config));
   s->layout_ = std::make_unique<serving::StateLayout>(layout);
   const int64_t pool_tokens = options.pool_tokens > 0
@@ -86,8 +96,19 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
                                                 return layout_ptr->Demand(total_tokens);
                                               },
                                               &s->clock_, nullptr));
-  s->runner_ =
-      std::make_unique<EngineStepRunner>(*s->model_, *s->layout_, s->pool_.get(), options.runner);
+  if (options.runner_factory) {
+    RunnerContext context{options.model_dir,
+                          &config,
+                          s->layout_.get(),
+                          s->pool_.get(),
+                          options.runner,
+                          options.max_batch,
+                          std::min(config.max_position_embeddings, pool_tokens)};
+    PDSERVE_ASSIGN_OR_RETURN(s->runner_, options.runner_factory(context));
+  } else {
+    s->runner_ =
+        std::make_unique<EngineStepRunner>(*s->model_, *s->layout_, s->pool_.get(), options.runner);
+  }
   PDSERVE_RETURN_IF_ERROR(s->AddMetrics());
   s->loop_ = std::thread([svc = s.get()] { svc->Loop(); });
   return s;
@@ -159,7 +180,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   if (auto* error = std::get_if<frontend::ApiError>(&prepared)) return *error;
   frontend::PreparedRequest& ready = std::get<frontend::PreparedRequest>(prepared);
   const std::vector<int32_t>* prompt = &ready.prompt;
-  const engine::ModelConfig& config = model_->config();
+  const engine::ModelConfig& config = config_;
   const int64_t prompt_length = static_cast<int64_t>(prompt->size());
   serving::SamplingParams& params = ready.params;
   const int64_t max_tokens = params.max_tokens;
@@ -262,9 +283,10 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
 
 void ColocatedService::CancelSequences(const Request& request) {
   for (serving::RequestId id : request.sequences) {
-    // NotFound: the sequence already finished or was never submitted.
-    scheduler_->Cancel(id).IgnoreError();
+    // The runner first: a GPU runner's slot is then free before the scheduler may admit another
+    // sequence in this one's place. NotFound: the sequence already finished or was never submitted.
     runner_->Remove(id);
+    scheduler_->Cancel(id).IgnoreError();
   }
   Forget(request);
 }

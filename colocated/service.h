@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +56,10 @@ struct ServiceOptions {
   int64_t canary_every = 0;
   // Implementation switches and test-only faults passed to engine::Model::Load.
   engine::ModelOptions model;
+  // Empty: the CPU engine (engine::Model::Load with `model`, EngineStepRunner). Set: the runner
+  // it returns, and no CPU model is loaded; canary_every must then be 0 (the canary recomputes on
+  // the CPU engine), else Create fails with FailedPrecondition.
+  RunnerFactory runner_factory;
 };
 
 class ColocatedService : public frontend::GenerationService {
@@ -74,7 +79,7 @@ class ColocatedService : public frontend::GenerationService {
   bool Ready() const override { return true; }
   std::string MetricsText() const override;
 
-  const engine::Model& model() const { return *model_; }
+  const engine::ModelConfig& config() const { return config_; }
   const text::Tokenizer& tokenizer() const { return preparer_->tokenizer(); }
   const serving::PagePool& pool() const { return *pool_; }
   const serving::Scheduler& scheduler() const { return *scheduler_; }
@@ -94,12 +99,13 @@ class ColocatedService : public frontend::GenerationService {
 
   ServiceOptions options_;
   std::unique_ptr<frontend::RequestPreparer> preparer_;
-  std::unique_ptr<engine::Model> model_;
+  std::unique_ptr<engine::Model> model_;  // the CPU engine; null with a runner_factory
+  engine::ModelConfig config_;
   std::unique_ptr<serving::StateLayout> layout_;
   std::unique_ptr<serving::PagePool> pool_;
   serving::SystemClock clock_;
   std::unique_ptr<serving::Scheduler> scheduler_;
-  std::unique_ptr<EngineStepRunner> runner_;
+  std::unique_ptr<SequenceRunner> runner_;
   guards::CanarySampler canary_{0};
   std::atomic<uint64_t> next_sequence_{1};
   // /metrics (docs/metrics.md, "Colocated server"); the pointers are into registry_.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "colocated/choice_step.h"
 #include "common/status.h"
 #include "guards/canary.h"
 #include "guards/page_ownership.h"
@@ -20,17 +21,15 @@ struct EngineStepRunner::Sequence {
       : id(sequence_id),
         setup(std::move(sequence_setup)),
         paged(std::move(state)),
-        detector(thresholds) {}
+        progress(thresholds) {}
   const serving::RequestId id;
   const SequenceSetup setup;
   const PagedState paged;
   // Touched only by the thread running this sequence's work in a step; steps are ordered by the
   // scheduler's fence.
   int64_t computed = 0;                      // tokens whose state is in the pages
-  std::vector<int32_t> generated;            // sampled tokens
   std::optional<serving::PageTable> pinned;  // paranoid mode: the table of the first step
-  guards::DegenerationDetector detector;
-  bool degenerate = false;
+  ChoiceProgress progress;                   // sampled tokens and the detector
 };
 
 EngineStepRunner::EngineStepRunner(const engine::Model& model, const serving::StateLayout& layout,
@@ -40,10 +39,7 @@ EngineStepRunner::EngineStepRunner(const engine::Model& model, const serving::St
 EngineStepRunner::~EngineStepRunner() = default;
 
 absl::Status EngineStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
-  if (setup.prompt.empty() || setup.max_tokens < 1 || !setup.request || setup.choice < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sequence ", id, " needs a prompt, max_tokens >= 1, a request and a choice"));
-  }
+  PDSERVE_RETURN_IF_ERROR(CheckSequenceSetup(id, setup));
   const int64_t total = static_cast<int64_t>(setup.prompt.size()) + setup.max_tokens;
   const std::optional<int32_t> first_token = setup.first_token;
   auto sequence = std::make_shared<Sequence>(
@@ -51,9 +47,7 @@ absl::Status EngineStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
   if (first_token) {
     // The same bookkeeping RunOneOrError does after sampling the token that completes the prompt.
     sequence->computed = static_cast<int64_t>(sequence->setup.prompt.size());
-    sequence->generated.push_back(*first_token);
-    sequence->detector.Push(*first_token);
-    sequence->degenerate = sequence->detector.Repetitive();
+    sequence->progress.Record(*first_token);
   }
   absl::MutexLock lock(&mutex_);
   if (!sequences_.emplace(id, std::move(sequence)).second) {
@@ -88,7 +82,8 @@ absl::Status EngineStepRunner::VerifyPages(const Sequence& seq, const char* wher
 absl::Status EngineStepRunner::RunCanary(const Sequence& seq, std::span<const float> last) {
   // The inputs `last` came from: the prompt and every generated token but the one just sampled.
   std::vector<int32_t> tokens = seq.setup.prompt;
-  tokens.insert(tokens.end(), seq.generated.begin(), seq.generated.end() - 1);
+  const std::vector<int32_t>& generated = seq.progress.generated;
+  tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);
   PDSERVE_ASSIGN_OR_RETURN(guards::CanaryResult result,
                            guards::CheckLastTokenLogits(model_, tokens, last));
   ++canary_checks_;
@@ -152,9 +147,10 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   // Prefill computes up to the last block boundary the chunk reaches, or the whole prompt.
   const int64_t target = work.samples ? end : end / options_.prefill_block * options_.prefill_block;
   if (target <= seq.computed && !work.samples) return false;
-  if (end > prompt_length + static_cast<int64_t>(seq.generated.size())) {
+  const std::vector<int32_t>& generated = seq.progress.generated;
+  if (end > prompt_length + static_cast<int64_t>(generated.size())) {
     return absl::InternalError(absl::StrCat("sequence ", seq.id, " scheduled up to position ", end,
-                                            " but has only ", prompt_length + seq.generated.size(),
+                                            " but has only ", prompt_length + generated.size(),
                                             " tokens"));
   }
 
@@ -174,7 +170,7 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
         std::min(target, (from / options_.prefill_block + 1) * options_.prefill_block);
     std::vector<int32_t> tokens;
     for (int64_t pos = from; pos < to; ++pos) {
-      tokens.push_back(pos < prompt_length ? prompt[pos] : seq.generated[pos - prompt_length]);
+      tokens.push_back(pos < prompt_length ? prompt[pos] : generated[pos - prompt_length]);
     }
     PDSERVE_ASSIGN_OR_RETURN(logits, model_.Forward(&state, tokens));
   }
@@ -190,28 +186,9 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   const int64_t vocab = logits.dim(1);
   std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
                               static_cast<size_t>(vocab));
-  RequestContext& request = *seq.setup.request;
-  absl::MutexLock lock(&request.mu);
-  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step, request.sampler.Next(seq.setup.choice, last));
-  seq.generated.push_back(step.sampled.token);
-  seq.detector.Push(step.sampled.token);
-  seq.degenerate = seq.degenerate || seq.detector.Repetitive();
-  TokenEvent event{seq.setup.choice, std::move(step.sampled), "", seq.degenerate,
-                   seq.degenerate ? "repeat" : ""};
-  bool stop = false;
-  if (step.finish) {
-    event.finish_reason = serving::FinishReasonName(*step.finish);
-    stop = *step.finish == serving::FinishReason::kStop;
-  } else if (seq.degenerate && options_.degeneration == DegenerationAction::kStop) {
-    event.finish_reason = "degenerate";
-    stop = true;
-  }
-  // The canary runs before the last token is delivered, so a mismatch fails the choice instead.
-  if (seq.setup.canary && !event.finish_reason.empty()) {
-    PDSERVE_RETURN_IF_ERROR(RunCanary(seq, last));
-  }
-  if (request.on_token && request.on_token(event)) stop = true;
-  return stop;
+  std::function<absl::Status()> canary;
+  if (seq.setup.canary) canary = [&] { return RunCanary(seq, last); };
+  return SampleAndDeliver(seq.setup, last, options_.degeneration, &seq.progress, canary);
 }
 
 }  // namespace pdserve::colocated

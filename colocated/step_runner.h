@@ -110,7 +110,35 @@ struct GuardCounts {
   int64_t isolation_errors = 0;   // paranoid page checks that failed
 };
 
-class EngineStepRunner : public serving::StepRunner {
+// What a service drives: a StepRunner whose sequences it registers before Scheduler::Submit and
+// forgets once released. EngineStepRunner (CPU engine) and GpuStepRunner (colocated/gpu, CUDA).
+class SequenceRunner : public serving::StepRunner {
+ public:
+  // Registers sequence `id`. AlreadyExists for a known id, InvalidArgument for a bad setup; a
+  // runner may refuse what it cannot serve (FailedPrecondition).
+  virtual absl::Status Add(serving::RequestId id, SequenceSetup setup) = 0;
+  // Forgets `id` (finished, cancelled or expired). A step in flight may still finish it.
+  virtual void Remove(serving::RequestId id) = 0;
+  virtual int64_t num_sequences() const = 0;
+  virtual GuardCounts guard_counts() const = 0;
+};
+
+// What a RunnerFactory gets: the model and the pool its caller (the colocated service, the
+// decode worker) built.
+struct RunnerContext {
+  std::string model_dir;
+  const engine::ModelConfig* config = nullptr;
+  const serving::StateLayout* layout = nullptr;
+  serving::PagePool* pool = nullptr;
+  RunnerOptions options;
+  int64_t slots = 0;        // sequences at once (the scheduler's max_running, or max_batch)
+  int64_t max_context = 0;  // tokens per sequence at most (prompt + max_tokens)
+};
+// Builds a runner on another engine than the CPU's (colocated/gpu/gpu_backend.h for CUDA).
+using RunnerFactory =
+    std::function<absl::StatusOr<std::unique_ptr<SequenceRunner>>(const RunnerContext&)>;
+
+class EngineStepRunner : public SequenceRunner {
  public:
   // `model`, `layout` (LayoutForModel(model.config())) and `pool` must outlive the runner.
   EngineStepRunner(const engine::Model& model, const serving::StateLayout& layout,
@@ -119,11 +147,11 @@ class EngineStepRunner : public serving::StepRunner {
 
   // Registers sequence `id` before it is submitted to the scheduler. AlreadyExists for a known id,
   // InvalidArgument for an empty prompt or a bad choice.
-  absl::Status Add(serving::RequestId id, SequenceSetup setup);
+  absl::Status Add(serving::RequestId id, SequenceSetup setup) override;
   // Forgets `id` (finished, cancelled or expired). A step in flight may still finish it.
-  void Remove(serving::RequestId id);
-  int64_t num_sequences() const;
-  GuardCounts guard_counts() const;
+  void Remove(serving::RequestId id) override;
+  int64_t num_sequences() const override;
+  GuardCounts guard_counts() const override;
 
   // Runs `plan`. A sequence whose Forward or sampling fails gets on_error and is listed stopped;
   // ids no longer registered (cancelled after the plan was built) are skipped. Never fails.

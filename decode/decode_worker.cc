@@ -64,8 +64,24 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                                [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
                                  self->OnRelease(ticket_id, outcome);
                                }));
-  w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
-                                                             w->pool_.get(), w->options_.runner);
+  if (w->options_.runner_factory) {
+    if (w->options_.canary_every > 0) {
+      return absl::FailedPreconditionError(
+          "the logits canary recomputes on the CPU engine: guards.canary_every must be 0 for a "
+          "decode worker with backend cuda");
+    }
+    const colocated::RunnerContext context{w->options_.model_dir,
+                                           &config,
+                                           w->model_.layout.get(),
+                                           w->pool_.get(),
+                                           w->options_.runner,
+                                           w->options_.max_batch,
+                                           std::min(config.max_position_embeddings, pool_tokens)};
+    PDSERVE_ASSIGN_OR_RETURN(w->runner_, w->options_.runner_factory(context));
+  } else {
+    w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
+                                                               w->pool_.get(), w->options_.runner);
+  }
 
   metrics::Registry& r = w->registry_;
   PDSERVE_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "decode"));

@@ -11,7 +11,10 @@
 // ends with "error" at once, not as an isolation error, its pages freed once no receive is in
 // flight. A decode thread steps every decoding request one token per step
 // with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
-// bit-identical to colocated mode. Abort (or a cancelled Generate) ends the request with "abort":
+// bit-identical to colocated mode; with DecodeWorkerOptions::runner_factory (backend: cuda) with
+// colocated::GpuStepRunner instead, which imports each verified request's pages into a GPU slot
+// and decodes the whole batch in one step (colocated/gpu/gpu_step_runner.h says what batch
+// invariance then holds). Abort (or a cancelled Generate) ends the request with "abort":
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
 // step in flight. An Abort that comes before its Reserve, or while Reserve is registering the
 // request, makes that Reserve fail with ABORTED: the ticket never left this worker, so nothing
@@ -63,6 +66,10 @@ struct DecodeWorkerOptions {
   // guards::CanarySampler over worker::SeedRequestId(request id).
   int64_t canary_every = 0;
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
+  // Empty: decode on the CPU engine (colocated::EngineStepRunner). Set (backend: cuda,
+  // colocated/gpu/gpu_backend.h): the runner it returns, with max_batch slots; canary_every must
+  // then be 0 (FailedPrecondition otherwise), and paranoid is refused by the GPU runner.
+  colocated::RunnerFactory runner_factory;
 };
 
 class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
@@ -155,7 +162,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   std::unique_ptr<serving::PagePool> pool_;
   serving::SystemClock clock_;
   std::unique_ptr<kv::TransferReceiver> receiver_;
-  std::unique_ptr<colocated::EngineStepRunner> runner_;
+  std::unique_ptr<colocated::SequenceRunner> runner_;
   std::atomic<bool> draining_{false};
 
   mutable absl::Mutex mu_;

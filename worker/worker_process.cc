@@ -61,14 +61,23 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
     return absl::NotFoundError(
         absl::StrCat(flags.config_path, " has no ", role, " worker named '", flags.name, "'"));
   }
-  // The CUDA engine (engine/gpu) is not wired into the workers yet: refuse rather than run the
-  // CPU engine under a config that asked for GPUs.
-  if (entry.worker.backend != "cpu") {
+  // The decode worker runs the CUDA engine (colocated/gpu) on one GPU; the prefill worker does not
+  // yet (it needs the state export per layer): refuse rather than run the CPU engine under a
+  // config that asked for GPUs.
+  if (entry.worker.backend == "cuda" && role == "prefill") {
     return absl::UnimplementedError(absl::StrCat(
-        flags.config_path, ": ", role, " worker '", entry.worker.name, "' has backend ",
-        entry.worker.backend,
-        ", but the prefill and decode workers of this build run only the CPU engine; use "
-        "backend: cpu"));
+        flags.config_path, ": prefill worker '", entry.worker.name,
+        "' has backend cuda, but the prefill worker of this build runs only the CPU engine; use "
+        "backend: cpu (a cuda decode worker takes its pages as they are)"));
+  }
+  if (entry.worker.backend == "cuda") {
+    if (absl::StrContains(entry.worker.gpus, ',')) {
+      return absl::UnimplementedError(
+          absl::StrCat(flags.config_path, ": ", role, " worker '", entry.worker.name,
+                       "' has gpus \"", entry.worker.gpus, "\"; a worker uses one GPU for now"));
+    }
+    // The worker's GPU is device 0 of this process; before any CUDA call.
+    setenv("CUDA_VISIBLE_DEVICES", entry.worker.gpus.c_str(), /*overwrite=*/1);
   }
   // threads: 0 leaves every core to the engine's pool and OpenBLAS. Before any thread starts.
   if (entry.worker.threads > 0 && !kernels::cpu::SetNumThreads(entry.worker.threads)) {

@@ -439,6 +439,7 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
 const ModelConfig& GpuModel::config() const { return impl_->config; }
 int64_t GpuModel::slots() const { return impl_->options.slots; }
 int64_t GpuModel::max_context() const { return impl_->max_context; }
+int64_t GpuModel::max_chunk() const { return impl_->options.max_chunk; }
 
 absl::Status GpuModel::ResetSlot(int64_t slot) {
   if (slot < 0 || slot >= impl_->options.slots) {
@@ -457,6 +458,7 @@ int64_t GpuModel::Position(int64_t slot) const {
 absl::Status GpuModel::CopySlot(int64_t from, int64_t to) {
   Impl& m = *impl_;
   const int64_t n = m.options.slots;
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (from < 0 || from >= n || to < 0 || to >= n || from == to) {
     return absl::InvalidArgumentError(absl::StrCat("GpuModel: CopySlot(", from, ", ", to,
                                                    ") needs two distinct slots in [0, ", n, ")"));
@@ -500,6 +502,7 @@ absl::Status CheckTokens(const ModelConfig& c, const std::vector<int32_t>& token
 
 absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens) {
   Impl& m = *impl_;
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slot < 0 || slot >= m.options.slots) {
     return absl::InvalidArgumentError(
         absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
@@ -520,6 +523,7 @@ absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t
 absl::StatusOr<Tensor> GpuModel::DecodeStep(const std::vector<int64_t>& slots,
                                             const std::vector<int32_t>& tokens, bool use_graph) {
   Impl& m = *impl_;
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slots.empty() || slots.size() != tokens.size()) {
     return absl::InvalidArgumentError("GpuModel: DecodeStep needs one token per slot");
   }

@@ -18,7 +18,8 @@
 // kernels/cuda/indexer_generic.cuh + top_k; decode steps at DeepSeek-V4 shapes through the
 // fixed-shape kernels (sparse_decode_attention.cuh, indexer.cuh) on paged views of the same pools.
 //
-// Thread-safety: not thread-safe; one caller drives a GpuModel (it owns one CUDA stream).
+// Thread-safety: not thread-safe; one caller at a time drives a GpuModel (it owns one CUDA
+// stream), from any thread: each call makes options.device current on the calling thread.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/state.h"
 #include "engine/tensor.h"
 #include "engine/weights.h"
 
@@ -76,6 +78,10 @@ class GpuModel {
   const ModelConfig& config() const;
   int64_t slots() const;
   int64_t max_context() const;
+  int64_t max_chunk() const;  // tokens per Forward() call at most
+  // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
+  // for this model: what colocated::PagedState::Load fills before ImportState.
+  ModelState NewState() const;
 
   // Clears slot `slot` (position 0) for a new request. InvalidArgument for a bad slot.
   absl::Status ResetSlot(int64_t slot);
@@ -85,6 +91,28 @@ class GpuModel {
   // to fork one prefilled prompt into n choices. InvalidArgument for bad or equal slots;
   // Internal for a CUDA error.
   absl::Status CopySlot(int64_t from, int64_t to);
+
+  // The request state of slot `slot` in the CPU engine's layout (engine/state.h) at position
+  // Position(slot): window_kv [min(p, W-1), hd], each compressor's buffer_kv / buffer_gate
+  // [p % m, width], overlap_kv / overlap_gate [m, dim] (CSA and indexer once p >= m, else
+  // [0, dim]), entries [p / m, dim]; empty compressor fields where the layer has none. Host
+  // float32: the window rows, compressed entries and indexer keys are the device's bf16 values
+  // exactly, the compressor buffers and overlaps its fp32 values. The mapping is
+  // engine/ring_state.h. A CPU engine with this model's weights continues the sequence from it
+  // (up to the two engines' arithmetic), as does ImportState on any GpuModel of the same model.
+  // InvalidArgument for a bad slot; Internal for a CUDA error. Synchronizes the stream.
+  absl::StatusOr<ModelState> ExportState(int64_t slot);
+  // Makes slot `slot` hold `state` (any CPU-layout state: from the CPU engine, from ExportState
+  // of this or another GpuModel of the same model, or loaded from state-pool pages), so the next
+  // Forward / DecodeStep continues at state.position. Window rows, entries and indexer keys are
+  // rounded to bf16 (round to nearest even) as the device stores them; the compressor buffers and
+  // overlaps stay fp32, exact. The rows the next forward does not read are set to NaN, as a fresh
+  // pool's. ExportState then ImportState reproduces a slot bit for bit. InvalidArgument, slot
+  // untouched, for a bad slot or a state whose shapes do not match this model at state.position
+  // (engine::ValidateRingState: layer count, rows and columns of every field) or whose position
+  // exceeds max_context; Internal for a CUDA error (the slot's contents are then undefined until
+  // ResetSlot or a successful import). Synchronizes the stream.
+  absl::Status ImportState(int64_t slot, const ModelState& state);
 
   // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
   // returns their logits, fp32 [tokens.size(), vocab_size] on the host. InvalidArgument (state

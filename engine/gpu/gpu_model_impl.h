@@ -19,6 +19,7 @@
 #include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/ops.cuh"
+#include "engine/ring_state.h"
 #include "engine/rope_table.h"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
@@ -101,7 +102,7 @@ struct CompressorWeights {
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".position_bias"), &position_bias));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".kv_norm.weight"), &kv_norm));
     // Whole pages of kPageSize entries: the fixed-shape decode kernels read the pool as pages.
-    capacity = (std::max<int64_t>(1, max_context / m) + kPageSize - 1) / kPageSize * kPageSize;
+    capacity = RingEntryCapacity(max_context, m, kPageSize);
     const auto s = static_cast<size_t>(slots);
     PDSERVE_RETURN_IF_ERROR(ring_kv.Allocate(s * 2 * m * width()));
     PDSERVE_RETURN_IF_ERROR(ring_gate.Allocate(s * 2 * m * width()));
@@ -171,6 +172,7 @@ struct GpuModel::Impl {
   int64_t max_context = 0;
   int64_t scratch_slot = 0;             // the extra slot padding rows of a decode bucket write to
   std::vector<int64_t> slot_positions;  // tokens consumed, per slot
+  RingGeometry geometry;                // one slot's state layout (ExportState / ImportState)
   RopeTable main_rope;
   RopeTable compress_rope;
   DeviceArray<float> main_inv_freq;
@@ -224,6 +226,11 @@ struct GpuModel::Impl {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
+  // Makes options.device the calling thread's current device: every public entry point does, so
+  // a GpuModel created on one thread may be driven from another (a server's step loop).
+  absl::Status UseDevice() const {
+    return CudaStatus(cudaSetDevice(options.device), "cudaSetDevice");
+  }
   const int32_t* Row(RowField f) const { return rows_meta.get() + f * max_rows; }
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 

@@ -210,6 +210,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   PDSERVE_CUDA_RETURN(cudaSetDevice(options.device));
   auto impl = std::make_unique<Impl>(config, options);
   impl->max_context = max_context;
+  impl->geometry = RingGeometryFor(config, max_context, kPageSize);
   impl->max_rows = std::max(options.max_chunk, options.decode_buckets.back());
   impl->scratch_slot = options.slots;
   impl->slot_positions.assign(static_cast<size_t>(options.slots + 1), 0);

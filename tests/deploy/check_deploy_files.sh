@@ -129,7 +129,7 @@ case $mode in
   cuda-refused)
     pdserve=$1 dir=$2
     "$pdserve" validate-config "$dir"/h200x2.yaml >"$tmp/out" 2>"$tmp/err"
-    grep -qF "warning: worker 'prefill-0' (cuda), 'decode-0' (cuda): " "$tmp/err" || {
+    grep -qF "warning: prefill worker 'prefill-0' (cuda): " "$tmp/err" || {
       echo "FAIL: no backend warning from validate-config:"; cat "$tmp/err"; exit 1; }
     grep -qF "h200x2.yaml: ok" "$tmp/out" || { echo "FAIL: h200x2.yaml not valid"; exit 1; }
     # The refusal comes before the model loads or a port binds (the model path is not here).
@@ -138,7 +138,7 @@ case $mode in
       echo "FAIL: a backend cuda prefill worker started"
       exit 1
     fi
-    grep -qF "run only the CPU engine" "$tmp/err" || {
+    grep -qF "runs only the CPU engine" "$tmp/err" || {
       echo "FAIL: the refusal does not say why:"; cat "$tmp/err"; exit 1; }
     echo "ok: $(head -1 "$tmp/err")"
     ;;

@@ -30,146 +30,10 @@
 #include "engine/random_weights.h"
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine_gpu/gpu_test_models.h"
 
 namespace pdserve::engine::gpu {
 namespace {
-
-namespace fs = std::filesystem;
-
-fs::path SourceDir() {
-  const char* env = std::getenv("PDSERVE_SOURCE_DIR");
-  return (env != nullptr && *env != '\0') ? fs::path(env) : fs::path(PDSERVE_SOURCE_DIR_DEFAULT);
-}
-
-nlohmann::json ReadJson(const fs::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-struct TestModel {
-  std::string name;
-  ModelConfig config;
-  Weights weights;
-  std::unique_ptr<Model> cpu;
-  std::vector<std::vector<int32_t>> prompts;
-};
-
-// Loads a model directory twice: once for the CPU engine, once as the weights the GPU uploads.
-void Load(const fs::path& dir, TestModel* m) {
-  auto config = ModelConfig::Load(dir.string());
-  ASSERT_TRUE(config.ok()) << config.status();
-  m->config = *config;
-  auto weights = Weights::Load(dir.string(), m->config);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  m->weights = std::move(*weights);
-  auto cpu = Model::Load(dir.string());
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  m->cpu = std::make_unique<Model>(std::move(*cpu));
-}
-
-std::vector<std::string> ModelNames() {
-  return {"mixed_yarn_f32", "csa_sigmoid_bf16", "legacy_f32", "kjv-v4-tiny"};
-}
-
-void LoadByName(const std::string& name, TestModel* m) {
-  m->name = name;
-  if (name == "kjv-v4-tiny") {
-    Load(SourceDir() / "models" / name, m);
-    const nlohmann::json j = ReadJson(SourceDir() / "tests/fixtures/small_model/logits.json");
-    for (const auto& p : j["prompts"]) m->prompts.push_back(p["ids"].get<std::vector<int32_t>>());
-    // A long held-out stretch: past the sliding window (64), many HCA (32) and CSA (4) entries.
-    std::ifstream in(SourceDir() / "tests/fixtures/small_model/heldout_slice_ids.bin",
-                     std::ios::binary);
-    std::vector<uint32_t> raw(300);
-    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size() * 4));
-    m->prompts.emplace_back(raw.begin(), raw.end());
-    return;
-  }
-  const fs::path dir = SourceDir() / "tests/fixtures/engine" / name;
-  Load(dir / "model", m);
-  const nlohmann::json j = ReadJson(dir / "cases.json");
-  for (const auto& c : j["cases"]) m->prompts.push_back(c["tokens"].get<std::vector<int32_t>>());
-}
-
-std::unique_ptr<GpuModel> MakeGpu(const TestModel& m, int64_t slots, int64_t max_chunk,
-                                  GemmInputs inputs = GemmInputs::kBf16) {
-  GpuModelOptions options;
-  options.gemm_inputs = inputs;
-  options.slots = slots;
-  options.max_chunk = max_chunk;
-  options.max_context = std::min<int64_t>(m.config.max_position_embeddings, 512);
-  auto gpu = GpuModel::Create(m.config, m.weights, options);
-  if (!gpu.ok()) {
-    if (absl::IsFailedPrecondition(gpu.status())) return nullptr;
-    ADD_FAILURE() << gpu.status();
-    return nullptr;
-  }
-  return std::move(*gpu);
-}
-
-bool HasGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-int64_t Argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
-
-// The weights as the GPU holds them: every projection, the experts, the embedding and lm_head
-// rounded to bf16; norms, hyper-connection mixes, the router, biases and sinks kept fp32.
-Weights RoundedLikeGpu(const Weights& w) {
-  Weights out = w;
-  for (const auto& [name, tensor] : w.all()) {
-    const bool projection = name.ends_with("_proj.weight") || name.ends_with("_proj");
-    if (projection || name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-      Tensor rounded = tensor;
-      RoundToBf16(rounded.ptr(), rounded.numel());
-      out.Set(name, std::move(rounded));
-    }
-  }
-  return out;
-}
-
-// GPU rows against reference rows, one figure per row: max_v |gpu - ref| / max |ref| over the
-// row's whole prompt (issue 10's max|diff| / max|ref|), and whether the argmax agrees.
-struct RowStats {
-  std::vector<double> rel;
-  int64_t argmax_equal = 0;
-
-  // gpu [n, vocab] against rows [first, first + n) of ref [prompt length, vocab].
-  void Add(const Tensor& gpu, const Tensor& ref, int64_t first) {
-    const int64_t vocab = ref.dim(1);
-    double max_ref = 0.0;
-    for (float v : ref.data) max_ref = std::max(max_ref, std::abs(static_cast<double>(v)));
-    for (int64_t i = 0; i < gpu.dim(0); ++i) {
-      const float* g = gpu.ptr() + i * vocab;
-      const float* r = ref.ptr() + (first + i) * vocab;
-      double d = 0.0;
-      for (int64_t v = 0; v < vocab; ++v) {
-        ASSERT_TRUE(std::isfinite(g[v])) << "row " << first + i << " logit " << v;
-        d = std::max(d, std::abs(static_cast<double>(g[v]) - r[v]));
-      }
-      rel.push_back(d / std::max(max_ref, 1e-30));
-      argmax_equal += Argmax(g, vocab) == Argmax(r, vocab);
-    }
-  }
-  void Merge(const RowStats& o) {
-    rel.insert(rel.end(), o.rel.begin(), o.rel.end());
-    argmax_equal += o.argmax_equal;
-  }
-  int64_t rows() const { return static_cast<int64_t>(rel.size()); }
-  double ArgmaxRate() const {
-    return static_cast<double>(argmax_equal) / std::max<int64_t>(rows(), 1);
-  }
-  double Worst() const { return rel.empty() ? 0.0 : *std::max_element(rel.begin(), rel.end()); }
-  int64_t Over(double bound) const {
-    return std::count_if(rel.begin(), rel.end(), [&](double r) { return r > bound; });
-  }
-  std::string Summary(double bound) const {
-    return std::to_string(rows()) + " rows, argmax agreement " + std::to_string(ArgmaxRate()) +
-           ", worst max|diff|/max|ref| " + std::to_string(Worst()) + ", rows over " +
-           std::to_string(bound) + ": " + std::to_string(Over(bound));
-  }
-};
 
 // Every prompt of `m` on `gpu` in two ways, each row against the CPU engine `cpu`'s one-shot
 // logits: whole-prompt prefill in one call (slot 0), and chunked prefill of the first half in
@@ -448,12 +312,7 @@ TEST(GpuModelV4ShapesTest, FixedShapeDecodeKernelsInTheEngine) {
   EXPECT_EQ(production.rows(), 340);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest, ::testing::ValuesIn(ModelNames()),
-                         [](const ::testing::TestParamInfo<std::string>& param_info) {
-                           std::string name = param_info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest, ::testing::ValuesIn(ModelNames()), ModelTestName);
 
 }  // namespace
 }  // namespace pdserve::engine::gpu

@@ -1,0 +1,58 @@
+#include "colocated/gpu/gpu_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "colocated/gpu/gpu_step_runner.h"
+#include "common/status.h"
+#include "engine/tensor_spec.h"
+#include "engine/weights.h"
+
+namespace pdserve::colocated {
+
+RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
+  return
+      [options](const RunnerContext& context) -> absl::StatusOr<std::unique_ptr<SequenceRunner>> {
+        // Before the weights load, which takes a while for a large model.
+        int devices = 0;
+        if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+          cudaGetLastError();
+          return absl::FailedPreconditionError(
+              "backend cuda: no CUDA device is present (use --backend cpu on this machine)");
+        }
+        if (options.device < 0 || options.device >= devices) {
+          return absl::InvalidArgumentError(absl::StrCat("backend cuda: device ", options.device,
+                                                         " outside the ", devices, " present"));
+        }
+        const engine::ModelConfig& config = *context.config;
+        PDSERVE_ASSIGN_OR_RETURN(engine::Weights weights,
+                                 engine::Weights::Load(context.model_dir, config));
+        PDSERVE_RETURN_IF_ERROR(engine::ValidateWeights(config, weights));
+        engine::gpu::GpuModelOptions gpu_options;
+        gpu_options.device = options.device;
+        gpu_options.slots = context.slots;
+        gpu_options.max_context = context.max_context;
+        gpu_options.max_chunk = options.max_chunk;
+        gpu_options.gemm_inputs = options.gemm_inputs;
+        for (engine::SwitchablePiece piece : options.reference_pieces) {
+          if (piece == engine::SwitchablePiece::kSparseAttention) {
+            gpu_options.fixed_shape_attention = false;
+          }
+          if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
+        }
+        PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModel> gpu,
+                                 engine::gpu::GpuModel::Create(config, weights, gpu_options));
+        RunnerOptions runner_options = context.options;
+        runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);
+        PDSERVE_ASSIGN_OR_RETURN(
+            std::unique_ptr<GpuStepRunner> runner,
+            GpuStepRunner::Create(std::move(gpu), *context.layout, context.pool, runner_options));
+        return std::unique_ptr<SequenceRunner>(std::move(runner));
+      };
+}
+
+}  // namespace pdserve::colocated

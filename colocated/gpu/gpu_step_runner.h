@@ -1,0 +1,118 @@
+// serving::StepRunner on the CUDA engine (engine/gpu/gpu_model.h): the contract of
+// colocated::EngineStepRunner (same SequenceSetup / TokenEvent / RequestContext, same sampling
+// through colocated/choice_step.h, so the same RequestSampler keys (seed, choice, position) and
+// the same degeneration detector), but a sequence's state lives in a GpuModel state slot for the
+// whole of its life instead of in state-pool pages.
+//
+// Slots. A sequence takes a free slot at the first step that schedules it and gives it back on
+// Remove; Add reserves nothing, so any number of sequences may be registered while they wait.
+// The scheduler must admit at most slots() sequences at once (SchedulerOptions::max_running <=
+// slots(); colocated::ColocatedService sets max_batch = slots): then a scheduled sequence always
+// finds a slot, and a full GPU makes new sequences wait in the scheduler's queue. A sequence that
+// finds none anyway (a scheduler allowed more) fails with ResourceExhausted through on_error.
+// Callers should Remove a cancelled sequence before Scheduler::Cancel, so its slot is free before
+// the scheduler can admit another sequence in its place.
+//
+// A step. Prefill chunks run as Forward calls of one sequence each, cut at absolute multiples of
+// prefill_block (<= the model's max_chunk), as the CPU runner cuts them; then every decoding
+// sequence of the step runs in ONE GpuModel::DecodeStep(use_graph = true), padded to its bucket.
+//
+// Batch invariance (what holds on the GPU, unlike the CPU runner's promise): prefill logits depend
+// on the sequence alone (its own Forward calls, shapes fixed by prefill_block). Decode logits come
+// from GEMMs over the whole padded bucket: cuBLAS may pick another algorithm, split or reduction
+// order for another row count, so a sequence's decode logits can change in the last bits when the
+// number of decoding sequences crosses a bucket boundary; rows of the same bucket do not interact
+// (each row's arithmetic is its own). Tokens therefore equal the alone-run's unless the two
+// draws fall on opposite sides of a near-tie. tests/engine_gpu/gpu_step_runner_test.cc measures
+// it (GpuModel decode rows alone vs in a batch of 5 and 9) and prints the difference.
+//
+// PD decode worker: a SequenceSetup with first_token has the prompt's state in the sequence's
+// pages (colocated::PagedState layout); at its first step the runner loads them and imports them
+// into its slot (GpuModel::ImportState), then decodes from position prompt.size().
+//
+// Guards: the canary is refused (Add returns FailedPrecondition; `pdserve serve --backend cuda`
+// refuses --canary-every at startup), and so is paranoid mode (Create returns
+// FailedPrecondition): both are defined over the CPU engine and the state pages, which the GPU
+// runner does not recompute or keep. guard_counts() stays zero.
+//
+// Thread-safety: Add / Remove / num_sequences / free_slots from any thread; Run from one step loop
+// at a time (it alone drives the GpuModel, which is not thread-safe). Sequences of one step run on
+// the calling thread; events of one request are delivered under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "colocated/step_runner.h"
+#include "engine/gpu/gpu_model.h"
+#include "serving/page_pool.h"
+#include "serving/scheduler.h"
+#include "serving/state_layout.h"
+
+namespace pdserve::colocated {
+
+class GpuStepRunner : public SequenceRunner {
+ public:
+  // `gpu`, `layout` (LayoutForModel(gpu->config())) and `pool` must outlive the runner; the runner
+  // alone drives `gpu` and uses all of its slots. InvalidArgument for prefill_block outside [1,
+  // gpu->max_chunk()]; FailedPrecondition for options.paranoid.
+  static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(engine::gpu::GpuModel* gpu,
+                                                               const serving::StateLayout& layout,
+                                                               serving::PagePool* pool,
+                                                               RunnerOptions options);
+  // As above, owning `gpu` (what pdserve serve --backend cuda builds, colocated/gpu/gpu_backend.h).
+  static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(
+      std::unique_ptr<engine::gpu::GpuModel> gpu, const serving::StateLayout& layout,
+      serving::PagePool* pool, RunnerOptions options);
+  ~GpuStepRunner() override;
+
+  // As EngineStepRunner::Add; also InvalidArgument when prompt + max_tokens exceeds the model's
+  // max_context, and FailedPrecondition for a canary choice.
+  absl::Status Add(serving::RequestId id, SequenceSetup setup) override;
+  // Forgets `id` and frees its slot.
+  void Remove(serving::RequestId id) override;
+  int64_t num_sequences() const override;
+  int64_t free_slots() const;
+  GuardCounts guard_counts() const override { return {}; }
+
+  // Runs `plan` (see the header comment). A sequence whose engine call or sampling fails gets
+  // on_error and is listed stopped; a failed DecodeStep fails every sequence of the batch. Never
+  // fails as a whole.
+  absl::StatusOr<serving::StepOutcome> Run(const serving::StepPlan& plan) override;
+
+ private:
+  struct Sequence;
+  struct Work {
+    std::shared_ptr<Sequence> sequence;
+    int64_t start = 0;
+    int64_t length = 0;
+    bool samples = false;
+  };
+  GpuStepRunner(engine::gpu::GpuModel* gpu, const serving::StateLayout& layout,
+                serving::PagePool* pool, RunnerOptions options);
+  // Gives `seq` a slot (fresh, or holding its transferred prompt state).
+  absl::Status Place(Sequence& seq);
+  absl::StatusOr<bool> RunPrefill(const Work& work);
+  // The decode works of one step through one DecodeStep; sets stopped[i] for works[i].
+  void RunDecode(const std::vector<Work>& works, std::vector<char>* stopped);
+  // on_error for `seq`'s choice; returns true (the sequence stops).
+  static bool Fail(const Sequence& seq, const absl::Status& status);
+
+  std::unique_ptr<engine::gpu::GpuModel> owned_gpu_;  // null unless created owning the model
+  engine::gpu::GpuModel* const gpu_;
+  const serving::StateLayout& layout_;
+  serving::PagePool* const pool_;
+  const RunnerOptions options_;
+  mutable absl::Mutex mutex_;
+  absl::flat_hash_map<serving::RequestId, std::shared_ptr<Sequence>> sequences_
+      ABSL_GUARDED_BY(mutex_);
+  std::vector<int64_t> free_slots_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace pdserve::colocated

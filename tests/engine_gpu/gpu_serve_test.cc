@@ -1,0 +1,159 @@
+// The colocated server on the CUDA backend (colocated/gpu/gpu_backend.h, what `pdserve serve
+// --backend cuda` runs) against the CPU backend on the bundled model: the same text for greedy and
+// seeded T=0.6 completions (fp32 GEMMs on the GPU, the CPU engine emulating bf16 storage; the
+// bundled model's weights are bf16 already), the same HTTP errors, and the refusals. Without a
+// GPU only the refusals run (Create is FailedPrecondition, the canary is refused).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "colocated/gpu/gpu_backend.h"
+#include "colocated/service.h"
+#include "tests/engine_gpu/gpu_test_models.h"
+
+namespace pdserve::colocated {
+namespace {
+
+class TextSink : public frontend::GenerationSink {
+ public:
+  void OnDelta(frontend::ChoiceDelta delta) override {
+    absl::MutexLock lock(&mu_);
+    text_ += delta.text;
+    if (delta.finish_reason) finish_ = *delta.finish_reason;
+  }
+  void OnComplete(frontend::Usage usage) override {
+    absl::MutexLock lock(&mu_);
+    tokens_ = usage.completion_tokens;
+    done_.Notify();
+  }
+  void OnError(frontend::ApiError error) override {
+    absl::MutexLock lock(&mu_);
+    error_ = error.message;
+    done_.Notify();
+  }
+  // "text|finish|tokens" once done, or the error.
+  std::string Result() {
+    if (!done_.WaitForNotificationWithTimeout(absl::Seconds(120))) return "timeout";
+    absl::MutexLock lock(&mu_);
+    if (!error_.empty()) return "error: " + error_;
+    return text_ + "|" + finish_ + "|" + std::to_string(tokens_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Notification done_;
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  std::string finish_ ABSL_GUARDED_BY(mu_);
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+ServiceOptions Options(bool gpu) {
+  ServiceOptions options;
+  options.model_dir = (engine::gpu::SourceDir() / "models" / "kjv-v4-tiny").string();
+  options.max_batch = 8;
+  options.token_budget = 96;
+  options.runner.prefill_block = 32;
+  if (gpu) {
+    GpuBackendOptions backend;
+    backend.gemm_inputs = engine::gpu::GemmInputs::kFp32;
+    options.runner_factory = GpuRunnerFactory(backend);
+  } else {
+    options.model.bf16_storage = true;
+  }
+  return options;
+}
+
+frontend::ApiRequest Completion(std::string prompt, int64_t max_tokens, double temperature,
+                                uint64_t seed) {
+  frontend::ApiRequest req;
+  req.model = "kjv-v4-tiny";
+  req.prompt_text = std::move(prompt);
+  req.max_tokens = max_tokens;
+  req.temperature = temperature;
+  req.seed = seed;
+  return req;
+}
+
+// Every request started at once on `service`; each one's Result() or its start error.
+std::vector<std::string> Serve(ColocatedService& service,
+                               const std::vector<frontend::ApiRequest>& requests) {
+  std::vector<std::shared_ptr<TextSink>> sinks;
+  std::vector<std::unique_ptr<frontend::Generation>> generations;
+  std::vector<std::string> results(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    sinks.push_back(std::make_shared<TextSink>());
+    frontend::StartResult started = service.Start(requests[i], sinks.back());
+    if (auto* error = std::get_if<frontend::ApiError>(&started)) {
+      results[i] = "start error " + std::to_string(error->http_status) + ": " + error->message;
+      sinks.back() = nullptr;
+    } else {
+      generations.push_back(std::move(std::get<std::unique_ptr<frontend::Generation>>(started)));
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (sinks[i]) results[i] = sinks[i]->Result();
+  }
+  return results;
+}
+
+std::vector<frontend::ApiRequest> Requests() {
+  const std::vector<std::string> prompts = {
+      "In the beginning",
+      "And God said",
+      "The LORD is my shepherd; I shall not want.",
+      "And it came to pass, when the king heard the words of the book of the law, that he rent "
+      "his clothes.",
+      "Blessed",
+      "For God so loved the world",
+  };
+  std::vector<frontend::ApiRequest> requests;
+  uint64_t seed = 7;
+  for (const std::string& p : prompts) {
+    requests.push_back(Completion(p, 24, 0.0, seed++));
+    requests.push_back(Completion(p, 24, 0.6, seed++));
+  }
+  requests.push_back(Completion("In the beginning", 600, 0.0, 1));  // context_length_exceeded
+  return requests;
+}
+
+TEST(GpuBackendTest, ServesLikeTheCpuBackend) {
+  if (!engine::gpu::HasGpu()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = ColocatedService::Create(Options(true));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = ColocatedService::Create(Options(false));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::vector<frontend::ApiRequest> requests = Requests();
+  const std::vector<std::string> got = Serve(**gpu, requests);
+  const std::vector<std::string> want = Serve(**cpu, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << "request " << i << ": " << requests[i].prompt_text.value_or("");
+  }
+  EXPECT_NE(got.back().find("start error 400"), std::string::npos) << got.back();
+  EXPECT_EQ((*gpu)->active_sequences(), 0);
+}
+
+TEST(GpuBackendTest, WithoutAGpuCreateIsFailedPrecondition) {
+  if (engine::gpu::HasGpu()) GTEST_SKIP() << "a CUDA device is present";
+  auto service = ColocatedService::Create(Options(true));
+  ASSERT_FALSE(service.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(service.status())) << service.status();
+  EXPECT_NE(service.status().message().find("no CUDA device"), std::string::npos);
+}
+
+TEST(GpuBackendTest, CanaryIsRefused) {
+  ServiceOptions options = Options(true);
+  options.canary_every = 4;
+  auto service = ColocatedService::Create(options);
+  EXPECT_TRUE(absl::IsFailedPrecondition(service.status())) << service.status();
+}
+
+}  // namespace
+}  // namespace pdserve::colocated
