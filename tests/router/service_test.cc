@@ -103,6 +103,12 @@ TEST_F(RouterServiceTest, IgnoreEosTravelsAsItsOwnFieldAndMinTokensStaysTheReque
   req.ignore_eos = true;
   req.stop_token_ids = {7};
   ASSERT_FALSE(Run(*service, req)->failed);
+  // The fake decode streams without waiting for the Prefill, which may still be on its way.
+  auto prefilled = [this] {
+    absl::MutexLock prefill_lock(&prefill_->mu);
+    return prefill_->prefills.size();
+  };
+  for (int i = 0; i < 200 && prefilled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
   absl::MutexLock lock(&decode_[0]->mu);
   ASSERT_EQ(decode_[0]->reserves.size(), 1u);
   const worker::v1::SamplingParams& s = decode_[0]->reserves[0].sampling();
