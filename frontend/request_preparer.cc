@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "engine/config.h"
 #include "serving/generation_config.h"
+#include "serving/sampler.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -120,6 +121,10 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   }
   if (absl::Status valid = serving::ValidateSamplingParams(out.params, vocab_size_); !valid.ok()) {
     return InvalidRequest(std::string(valid.message()));
+  }
+  if (absl::Status reachable = serving::CheckMinTokensReachable(out.params, eos_ids_, vocab_size_);
+      !reachable.ok()) {
+    return InvalidRequest(std::string(reachable.message()), "min_tokens");
   }
   // The values the workers see (worker.v1 carries float32), also colocated: both modes agree.
   serving::RoundToFloat32(out.params);

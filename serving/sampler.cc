@@ -241,12 +241,36 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t seed, int6
       end_token_ids_(std::move(end_token_ids)),
       choices_(std::move(choices)) {}
 
+absl::Status CheckMinTokensReachable(const SamplingParams& params,
+                                     std::span<const int32_t> eos_token_ids, int64_t vocab_size) {
+  if (params.min_tokens <= 0 || vocab_size <= 0) return absl::OkStatus();
+  std::vector<bool> ends(static_cast<size_t>(vocab_size), false);
+  int64_t covered = 0;
+  auto mark = [&](int32_t token) {
+    if (token >= 0 && token < vocab_size && !ends[static_cast<size_t>(token)]) {
+      ends[static_cast<size_t>(token)] = true;
+      ++covered;
+    }
+  };
+  if (!params.ignore_eos) {
+    for (int32_t token : eos_token_ids) mark(token);
+  }
+  for (int32_t token : params.stop_token_ids) mark(token);
+  if (covered < vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "min_tokens is ", params.min_tokens,
+      " but stop_token_ids and the end-of-sequence ids cover "
+      "all ",
+      vocab_size, " tokens of the vocabulary: no token could be generated before min_tokens"));
+}
+
 absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& params,
                                                       std::string_view request_id,
                                                       std::span<const int32_t> eos_token_ids,
                                                       std::span<const int32_t> prompt,
                                                       int64_t vocab_size) {
   PDSERVE_RETURN_IF_ERROR(ValidateSamplingParams(params, vocab_size));
+  PDSERVE_RETURN_IF_ERROR(CheckMinTokensReachable(params, eos_token_ids, vocab_size));
   std::vector<int32_t> end_ids;
   if (!params.ignore_eos) end_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
   for (int32_t token : end_ids) {

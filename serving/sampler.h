@@ -79,6 +79,13 @@ absl::StatusOr<SampledToken> SampleToken(std::span<const float> logits,
 enum class FinishReason { kStop, kLength };
 const char* FinishReasonName(FinishReason reason);  // "stop" / "length" (OpenAI finish_reason)
 
+// InvalidArgument naming min_tokens when params.min_tokens > 0 and the end ids (eos_token_ids
+// unless params.ignore_eos, plus params.stop_token_ids) cover the whole vocabulary [0,
+// vocab_size): every token is masked before min_tokens, so no first token could be sampled.
+// Ids outside the vocabulary are ignored here (ValidateSamplingParams refuses them).
+absl::Status CheckMinTokensReachable(const SamplingParams& params,
+                                     std::span<const int32_t> eos_token_ids, int64_t vocab_size);
+
 struct SampleStep {
   SampledToken sampled;
   std::optional<FinishReason> finish;  // set when this token ends the choice

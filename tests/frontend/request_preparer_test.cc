@@ -94,6 +94,23 @@ TEST_F(RequestPreparerTest, RequestBiasOnAControlTokenWins) {
   EXPECT_EQ(p.params.logit_bias.at(Id("</think>")), 5.0);
 }
 
+TEST_F(RequestPreparerTest, MinTokensThatNoTokenCanMeetIs400) {
+  std::string all = "0";
+  for (int i = 1; i < 4096; ++i) all += "," + std::to_string(i);
+  const std::string body =
+      R"({"model": "kjv-v4-tiny", "prompt": "And", "max_tokens": 3, "min_tokens": 3,
+                               "stop_token_ids": [)" +
+      all + "]}";
+  auto [error, length] = Reject(Endpoint::kCompletions, body);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.param, "min_tokens");
+  EXPECT_NE(error.message.find("cover all 4096 tokens"), std::string::npos) << error.message;
+  // Without min_tokens the same stop ids only end the choice at its first token.
+  Prepare(Endpoint::kCompletions, R"({"model": "kjv-v4-tiny", "prompt": "And", "max_tokens": 3,
+                                      "stop_token_ids": [)" +
+                                      all + "]}");
+}
+
 TEST_F(RequestPreparerTest, CompletionsAreLeftAlone) {
   const PreparedRequest p =
       Prepare(Endpoint::kCompletions, R"({"model":"kjv-v4-tiny","prompt":"In the beginning"})");

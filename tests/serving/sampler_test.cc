@@ -307,6 +307,32 @@ TEST(RequestSamplerTest, RecordedFirstTokenContinuesTheSameStream) {
   EXPECT_EQ(decode->Record(0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// min_tokens with end ids covering the vocabulary could never sample a token: refused up front
+// (was: FailedPrecondition 'every token is masked' at the first step, a 500).
+TEST(RequestSamplerTest, MinTokensWithEveryTokenAnEndIdIsRefused) {
+  SamplingParams params = Greedy();
+  params.min_tokens = 1;
+  params.max_tokens = 5;
+  params.stop_token_ids = {0, 1, 2};
+  const std::vector<int32_t> eos = {3};
+  const std::vector<int32_t> prompt = {0};
+  auto refused = RequestSampler::Create(params, "r", eos, prompt, 4);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("min_tokens"), std::string::npos);
+  EXPECT_FALSE(CheckMinTokensReachable(params, eos, 4).ok());
+  // One token left (the eos is not an end id with ignore_eos, or not every id is listed), or
+  // no min_tokens: fine.
+  params.ignore_eos = true;
+  EXPECT_TRUE(CheckMinTokensReachable(params, eos, 4).ok());
+  EXPECT_TRUE(RequestSampler::Create(params, "r", eos, prompt, 4).ok());
+  params.ignore_eos = false;
+  params.stop_token_ids = {0, 1, 1};
+  EXPECT_TRUE(CheckMinTokensReachable(params, eos, 4).ok());
+  params.stop_token_ids = {0, 1, 2};
+  params.min_tokens = 0;
+  EXPECT_TRUE(CheckMinTokensReachable(params, eos, 4).ok());
+}
+
 TEST(RequestSamplerTest, StopTokenFinishesWithStopAfterMinTokens) {
   SamplingParams params = Greedy();
   params.stop_token_ids = {2};
