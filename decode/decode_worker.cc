@@ -197,7 +197,8 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   const uint64_t id = request.request_id();
   PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
                            worker::SamplingFromProto(request.sampling(), config.vocab_size));
-  PDSERVE_RETURN_IF_ERROR(worker::CheckCanProduceToken(params, model_.eos_ids, config.vocab_size));
+  PDSERVE_RETURN_IF_ERROR(
+      serving::CheckMinTokensReachable(params, model_.eos_ids, config.vocab_size));
   const int64_t prompt_length = request.prompt_tokens();
   if (prompt_length < 1) return absl::InvalidArgumentError("prompt_tokens must be >= 1");
   const int64_t total = prompt_length + params.max_tokens;

@@ -257,11 +257,13 @@ absl::Status CheckMinTokensReachable(const SamplingParams& params,
   }
   for (int32_t token : params.stop_token_ids) mark(token);
   if (covered < vocab_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "min_tokens is ", params.min_tokens,
-      " but stop_token_ids and the end-of-sequence ids cover "
-      "all ",
-      vocab_size, " tokens of the vocabulary: no token could be generated before min_tokens"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("min_tokens is ", params.min_tokens,
+                   " but stop_token_ids and the end-of-sequence ids cover "
+                   "all ",
+                   vocab_size,
+                   " tokens of the vocabulary: every token is masked before min_tokens, so no "
+                   "token could be generated"));
 }
 
 absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& params,

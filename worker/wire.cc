@@ -58,24 +58,4 @@ void SetPoolPages(const serving::PagePool& pool, pdserve::worker::v1::StatsRespo
   stats->set_pages_free(free);
 }
 
-absl::Status CheckCanProduceToken(const serving::SamplingParams& params,
-                                  std::span<const int32_t> eos_ids, int64_t vocab_size) {
-  if (params.min_tokens <= 0 || vocab_size <= 0) return absl::OkStatus();
-  std::vector<bool> masked(static_cast<size_t>(vocab_size), false);
-  int64_t count = 0;
-  auto mask = [&](int32_t id) {
-    if (id < 0 || id >= vocab_size || masked[static_cast<size_t>(id)]) return;
-    masked[static_cast<size_t>(id)] = true;
-    ++count;
-  };
-  if (!params.ignore_eos) {
-    for (int32_t id : eos_ids) mask(id);
-  }
-  for (int32_t id : params.stop_token_ids) mask(id);
-  if (count < vocab_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "stop_token_ids and the model's EOS ids cover all ", vocab_size, " tokens and min_tokens is ",
-      params.min_tokens, ": every token is masked, so no token can ever be produced"));
-}
-
 }  // namespace pdserve::worker

@@ -24,14 +24,6 @@ namespace pdserve::worker {
 absl::StatusOr<serving::SamplingParams> SamplingFromProto(
     const pdserve::worker::v1::SamplingParams& proto, int64_t vocab_size);
 
-// OK unless `params` can never produce a token: min_tokens > 0 and the end ids (`eos_ids` unless
-// params.ignore_eos, and params.stop_token_ids, all masked before min_tokens) cover every id of
-// the vocabulary, so the
-// first token is always "every token is masked". Exact (logit_bias is finite and cannot mask).
-// Errors: InvalidArgument naming the fields.
-absl::Status CheckCanProduceToken(const serving::SamplingParams& params,
-                                  std::span<const int32_t> eos_ids, int64_t vocab_size);
-
 // The request id string the seed is derived from when the request carries none: the decimal
 // request id (xxh3-64 of it; serving::EffectiveSeed).
 std::string SeedRequestId(uint64_t request_id);

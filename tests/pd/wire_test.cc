@@ -54,24 +54,5 @@ TEST(SamplingFromProtoTest, OutOfRangeFieldsAreInvalidArgument) {
   EXPECT_EQ(SamplingFromProto(proto, 100).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CheckCanProduceTokenTest, EndIdsCoveringTheVocabWithMinTokensAreInvalidArgument) {
-  serving::SamplingParams params;
-  params.max_tokens = 4;
-  params.min_tokens = 4;
-  for (int32_t id = 1; id < 10; ++id) params.stop_token_ids.push_back(id);
-  const std::vector<int32_t> eos = {0};
-  absl::Status status = CheckCanProduceToken(params, eos, 10);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("every token is masked"), std::string::npos) << status;
-  // One token left unmasked, or nothing masked at all (min_tokens 0): a token can be produced.
-  EXPECT_TRUE(CheckCanProduceToken(params, {}, 10).ok());
-  params.min_tokens = 0;
-  EXPECT_TRUE(CheckCanProduceToken(params, eos, 10).ok());
-  // With ignore_eos the EOS ids are not masked: token 0 is left.
-  params.min_tokens = 4;
-  params.ignore_eos = true;
-  EXPECT_TRUE(CheckCanProduceToken(params, eos, 10).ok());
-}
-
 }  // namespace
 }  // namespace pdserve::worker

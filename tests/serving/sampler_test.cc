@@ -318,7 +318,7 @@ TEST(RequestSamplerTest, MinTokensWithEveryTokenAnEndIdIsRefused) {
   const std::vector<int32_t> prompt = {0};
   auto refused = RequestSampler::Create(params, "r", eos, prompt, 4);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("min_tokens"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("every token is masked"), std::string::npos);
   EXPECT_FALSE(CheckMinTokensReachable(params, eos, 4).ok());
   // One token left (the eos is not an end id with ignore_eos, or not every id is listed), or
   // no min_tokens: fine.
