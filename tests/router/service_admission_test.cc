@@ -149,6 +149,35 @@ TEST_F(RouterServiceTest, ClientGoneWhileQueuedLeavesTheQueue) {
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+// A queued choice whose try fails otherwise (here the worker refuses outright, as one going
+// down) fails its request, and its wait still ends in an outcome: every choice counted in
+// queued_total is counted once in queue_wait_seconds (it was not: the try had taken it out of
+// the queue, so the request's failure found nothing waiting).
+TEST_F(RouterServiceTest, QueuedChoiceWhoseTryFailsEndsItsWait) {
+  decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  queue_timeout_ = absl::Seconds(20);
+  auto service = MakeService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 3), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {
+    return service->MetricsText().find("pdserve_router_queued_total 1\n") != std::string::npos;
+  }));
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::INVALID_ARGUMENT;
+  }
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_NE(sink->error.http_status, 429);
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="cancelled"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pdserve_router_queue_depth 0\n"), std::string::npos) << metrics;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 // With two decode workers, a full one sends the choice to the other before it waits.
 TEST_F(RouterServiceTest, FullDecodeWorkerSendsTheChoiceToTheOtherFirst) {
   decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
