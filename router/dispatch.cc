@@ -108,27 +108,36 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   };
   const std::vector<Candidate> p_candidates = candidates(prefill);
   std::vector<Candidate> d_candidates = candidates(decode);
+  bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
   {
     absl::MutexLock lock(&request->mu);
     // The workers that had no room for this choice are not asked again before it waits.
     for (int full : request->full_decode[static_cast<size_t>(choice)]) {
+      full_one_up |= d_candidates[static_cast<size_t>(full)].up;
       d_candidates[static_cast<size_t>(full)].up = false;
     }
   }
   int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
   int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
-  // A retry prefers another worker but takes the same one when it is the only one up.
+  // A retry prefers another worker but takes the same one when it is the only one up; not when
+  // a full one is up: the choice waits for room there rather than retry the one that failed.
   if (p < 0 && exclude_prefill >= 0)
     p = prefill_policy_->Pick(p_candidates, request->prepared.prompt);
-  if (d < 0 && exclude_decode >= 0)
+  if (d < 0 && exclude_decode >= 0 && !full_one_up)
     d = decode_policy_->Pick(d_candidates, request->prepared.prompt);
   Actions actions;
   if (p < 0 || d < 0) {
     absl::MutexLock lock(&request->mu);
-    request->Fail(frontend::ServerError(
-                      503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
-                      "server_error", "worker_unavailable"),
-                  &actions);
+    if (p >= 0 && full_one_up) {
+      // Every decode worker left to ask went down or failed this choice: it waits for room on
+      // the full ones, as when all are full (before: 503 "no decode worker is up" while one was).
+      if (!request->ended) Enqueue(*request, choice, &actions);
+    } else {
+      request->Fail(frontend::ServerError(
+                        503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
+                        "server_error", "worker_unavailable"),
+                    &actions);
+    }
   }
   if (!actions.empty() || p < 0 || d < 0) {
     RunActions(actions);

@@ -191,6 +191,41 @@ TEST_F(RouterServiceTest, FullDecodeWorkerSendsTheChoiceToTheOtherFirst) {
   EXPECT_EQ(service->MetricsText().find("pdserve_router_queued_total 1"), std::string::npos);
 }
 
+// Two decode workers: d0 full, d1 goes down while the choice asks it. The choice waits for room
+// on d0, which is up; it was 503 "no decode worker is up" (kill -9 of one of two decode workers
+// with 58 choices queued failed 5 requests so).
+TEST_F(RouterServiceTest, ChoiceWhoseOtherDecodeWorkerGoesDownWaitsForTheFullOne) {
+  decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  decode_[1]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+  decode_[1]->reserve_delay_ms = 500;  // marked down below while its Reserve is answered
+  queue_timeout_ = absl::Seconds(20);
+  auto service = MakeService(2, PolicyKind::kRoundRobin);  // both up; d1 down at the next checks:
+  decode_[1]->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 3), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  // d0 answered "no room"; d1 is asked now.
+  ASSERT_TRUE(Eventually([&] { return service->pool().decode()[1]->load() == 1; }));
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  ASSERT_FALSE(service->pool().decode()[1]->up());
+  ASSERT_TRUE(Eventually([&] {
+    return service->MetricsText().find("pdserve_router_queue_depth 1\n") != std::string::npos;
+  })) << (sink->failed ? sink->error.message : "");
+  EXPECT_FALSE(sink->done.HasBeenNotified());
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::OK;  // room on d0
+  }
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="admitted"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 TEST_F(RouterServiceTest, ReservePastItsDeadlineIsAbortedOnTheDecodeWorker) {
   decode_[0]->reserve_delay_ms = 300;  // the worker reserves, but answers after the deadline
   reserve_timeout_ = absl::Milliseconds(50);
