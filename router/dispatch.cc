@@ -111,9 +111,9 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
   {
     absl::MutexLock lock(&request->mu);
+    full_one_up = FullDecodeUp(*request, choice);
     // The workers that had no room for this choice are not asked again before it waits.
     for (int full : request->full_decode[static_cast<size_t>(choice)]) {
-      full_one_up |= d_candidates[static_cast<size_t>(full)].up;
       d_candidates[static_cast<size_t>(full)].up = false;
     }
   }
@@ -232,6 +232,14 @@ bool RouterService::DecodeLeftToAsk(Request& request, int choice) const {
   return false;
 }
 
+bool RouterService::FullDecodeUp(Request& request, int choice) const {
+  const std::vector<Worker*> decode = pool_->decode();
+  for (int full : request.full_decode[static_cast<size_t>(choice)]) {
+    if (decode[static_cast<size_t>(full)]->up()) return true;
+  }
+  return false;
+}
+
 void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
   const size_t c = static_cast<size_t>(choice);
   const absl::Time now = absl::Now();
@@ -337,6 +345,11 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
             .Increment();
         retry_prefill = -1;
         retry_decode = attempt->decode_index;
+      } else if (WorkerDown(code) && queue_ != nullptr && OtherDecodeUp(*attempt)) {
+        // Out of retries (the full worker it asked between them sent it back to this one), but
+        // another decode worker is up: the choice, which has no token yet, waits for room there
+        // (before: 503 "no decode worker could take the request" with that worker up).
+        Enqueue(*request, c, &actions);
       } else {
         request->Fail(ReserveError(status, attempt->decode->name()), &actions);
       }
@@ -404,6 +417,13 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
       },
       [this](Request& req, Attempt& a, const grpc::Status& s) { OnGenerateDone(req, a, s); });
   reader->Start();
+}
+
+bool RouterService::OtherDecodeUp(const Attempt& attempt) const {
+  for (const Worker* w : pool_->decode()) {
+    if (w != attempt.decode && w->up()) return true;
+  }
+  return false;
 }
 
 bool RouterService::OtherPrefillUp(const Attempt& attempt) const {

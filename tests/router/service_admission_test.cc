@@ -226,6 +226,38 @@ TEST_F(RouterServiceTest, ChoiceWhoseOtherDecodeWorkerGoesDownWaitsForTheFullOne
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+// Two decode workers: d1 refuses (UNAVAILABLE, not yet held down), d0 is full. The choice tries
+// d1, then d0 (no room), then d1 again: out of retries, it waits for room on d0, which is up; it
+// was 503 "no decode worker could take the request" (SIGTERM of one of two decode workers with
+// 66 choices queued failed a request so).
+TEST_F(RouterServiceTest, ChoiceOutOfRetriesWaitsWhileAnotherDecodeWorkerIsUp) {
+  queue_timeout_ = absl::Seconds(20);
+  auto service = MakeService(2, PolicyKind::kRoundRobin);
+  ASSERT_FALSE(Run(*service, Completion({1, 2}, 3))->failed);  // d0's turn: d1 is asked first
+  {
+    absl::MutexLock lock0(&decode_[0]->mu);
+    absl::MutexLock lock1(&decode_[1]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+    decode_[1]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+  }
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 3), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {
+    return sink->done.HasBeenNotified() ||
+           service->MetricsText().find("pdserve_router_queued_total 1\n") != std::string::npos;
+  }));
+  absl::SleepFor(absl::Milliseconds(300));  // a few tries from the queue
+  ASSERT_FALSE(sink->done.HasBeenNotified()) << sink->error.message;
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::OK;  // room on d0
+  }
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 TEST_F(RouterServiceTest, ReservePastItsDeadlineIsAbortedOnTheDecodeWorker) {
   decode_[0]->reserve_delay_ms = 300;  // the worker reserves, but answers after the deadline
   reserve_timeout_ = absl::Milliseconds(50);
