@@ -108,8 +108,10 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   };
   const std::vector<Candidate> p_candidates = candidates(prefill);
   std::vector<Candidate> d_candidates = candidates(decode);
+  bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
   {
     absl::MutexLock lock(&request->mu);
+    full_one_up = FullDecodeUp(*request, choice);
     // The workers that had no room for this choice are not asked again before it waits.
     for (int full : request->full_decode[static_cast<size_t>(choice)]) {
       d_candidates[static_cast<size_t>(full)].up = false;
@@ -117,18 +119,25 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   }
   int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
   int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
-  // A retry prefers another worker but takes the same one when it is the only one up.
+  // A retry prefers another worker but takes the same one when it is the only one up; not when
+  // a full one is up: the choice waits for room there rather than retry the one that failed.
   if (p < 0 && exclude_prefill >= 0)
     p = prefill_policy_->Pick(p_candidates, request->prepared.prompt);
-  if (d < 0 && exclude_decode >= 0)
+  if (d < 0 && exclude_decode >= 0 && !full_one_up)
     d = decode_policy_->Pick(d_candidates, request->prepared.prompt);
   Actions actions;
   if (p < 0 || d < 0) {
     absl::MutexLock lock(&request->mu);
-    request->Fail(frontend::ServerError(
-                      503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
-                      "server_error", "worker_unavailable"),
-                  &actions);
+    if (p >= 0 && full_one_up) {
+      // Every decode worker left to ask went down or failed this choice: it waits for room on
+      // the full ones, as when all are full (before: 503 "no decode worker is up" while one was).
+      if (!request->ended) Enqueue(*request, choice, &actions);
+    } else {
+      request->Fail(frontend::ServerError(
+                        503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
+                        "server_error", "worker_unavailable"),
+                    &actions);
+    }
   }
   if (!actions.empty() || p < 0 || d < 0) {
     RunActions(actions);
@@ -219,6 +228,14 @@ bool RouterService::DecodeLeftToAsk(Request& request, int choice) const {
     if (decode[i]->up() && std::find(full.begin(), full.end(), static_cast<int>(i)) == full.end()) {
       return true;
     }
+  }
+  return false;
+}
+
+bool RouterService::FullDecodeUp(Request& request, int choice) const {
+  const std::vector<Worker*> decode = pool_->decode();
+  for (int full : request.full_decode[static_cast<size_t>(choice)]) {
+    if (decode[static_cast<size_t>(full)]->up()) return true;
   }
   return false;
 }
@@ -328,6 +345,11 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
             .Increment();
         retry_prefill = -1;
         retry_decode = attempt->decode_index;
+      } else if (WorkerDown(code) && queue_ != nullptr && OtherDecodeUp(*attempt)) {
+        // Out of retries (the full worker it asked between them sent it back to this one), but
+        // another decode worker is up: the choice, which has no token yet, waits for room there
+        // (before: 503 "no decode worker could take the request" with that worker up).
+        Enqueue(*request, c, &actions);
       } else {
         request->Fail(ReserveError(status, attempt->decode->name()), &actions);
       }
@@ -395,6 +417,13 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
       },
       [this](Request& req, Attempt& a, const grpc::Status& s) { OnGenerateDone(req, a, s); });
   reader->Start();
+}
+
+bool RouterService::OtherDecodeUp(const Attempt& attempt) const {
+  for (const Worker* w : pool_->decode()) {
+    if (w != attempt.decode && w->up()) return true;
+  }
+  return false;
 }
 
 bool RouterService::OtherPrefillUp(const Attempt& attempt) const {

@@ -37,8 +37,8 @@ void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
   spdlog::warn("router: request {} failed: {} {}", prepared.request_id, error.http_status,
                error.message);
   service->RecordFinish(*this, error.http_status, "error");
+  Unqueue("cancelled");  // before the answer: the metrics agree by the time the client sees it
   if (!cancelled.load()) sink->OnError(std::move(error));
-  Unqueue("cancelled");
   for (auto& attempt : current) {
     if (attempt && !attempt->over) AbortAttempt(*attempt, actions);
   }
@@ -46,10 +46,10 @@ void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
 
 void RouterService::Request::Unqueue(const char* outcome) {
   for (size_t c = 0; c < queued.size(); ++c) {
-    if (!queued[c]) continue;
-    // Not waiting any more when the queue is trying it right now; that try finds the request
-    // ended and sends nothing.
-    if (service->queue_ != nullptr) service->queue_->Remove(queue_ticket[c]);
+    // Not waiting any more when the queue is trying it right now (its Reserve may be in flight);
+    // that try finds the request ended and sends nothing. Its wait ends here all the same, or
+    // no outcome would ever count it (pdserve_router_queued_total counted it).
+    if (queued[c] && service->queue_ != nullptr) service->queue_->Remove(queue_ticket[c]);
     queued[c] = false;
     EndWait(static_cast<int>(c), outcome);
   }

@@ -138,8 +138,9 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   // choice still running.
   void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // Takes every choice waiting in the admission queue out of it, counting its wait with
-  // `outcome` (pdserve_router_queue_wait_seconds).
+  // Takes every choice waiting in the admission queue out of it and ends the wait of every
+  // choice that has not held a reservation since it queued (waiting, or being tried now),
+  // counting it with `outcome` (pdserve_router_queue_wait_seconds).
   void Unqueue(const char* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Ends choice `choice`'s wait (if it waited), counting it with `outcome`.

@@ -157,6 +157,9 @@ class RouterService : public frontend::GenerationService {
   // `choice` yet.
   bool DecodeLeftToAsk(Request& request, int choice) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
+  // REQUIRES: request.mu held. Whether a decode worker that answered "no room" for `choice` is
+  // up: the choice may wait for room there rather than fail when the others are down.
+  bool FullDecodeUp(Request& request, int choice) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
   // Counts a finished request (finish_reason empty: the choices' own reasons).
   void RecordFinish(Request& request, int http_status, const std::string& finish_reason);
   // Sends Abort to `worker` without waiting for the answer (counted in calls_).
@@ -178,6 +181,8 @@ class RouterService : public frontend::GenerationService {
   std::optional<frontend::ApiError> FanOutError(int n) const;
   // Whether a prefill worker other than the attempt's is up.
   bool OtherPrefillUp(const Attempt& attempt) const;
+  // Whether a decode worker other than the attempt's is up.
+  bool OtherDecodeUp(const Attempt& attempt) const;
   // gRPC completions (gRPC callback threads).
   void OnReserved(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
                   const grpc::Status& status);

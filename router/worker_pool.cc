@@ -29,6 +29,12 @@ Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures)
   // Each worker gets its own connection even when two share an address in tests.
   args.SetInt("grpc.use_local_subchannel_pool", 1);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
+  // A worker that comes back is seen by the next health check, not at gRPC's next reconnect:
+  // by default those back off from 1 s by 1.6x up to 120 s, so a decode worker down 60 s was
+  // seen up 9-16 s after it served again (the router answered 503 meanwhile), and one down for
+  // minutes up to 2 minutes late. Connecting to a worker that is down costs a refused connect.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = grpc::CreateCustomChannel(address(), grpc::InsecureChannelCredentials(), args);
   if (role_ == Role::kDecode) {
     decode_ = wv1::DecodeWorker::NewStub(channel_);

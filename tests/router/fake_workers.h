@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/grpc.h"
 #include "grpcpp/grpcpp.h"
@@ -288,9 +289,11 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
 // A gRPC server on a free loopback port serving one fake.
 class FakeServer {
  public:
-  explicit FakeServer(grpc::Service* service) {
+  // `port` 0: a free one.
+  explicit FakeServer(grpc::Service* service, int port = 0) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                             &port_);
     builder.RegisterService(service);
     server_ = builder.BuildAndStart();
   }

@@ -149,6 +149,35 @@ TEST_F(RouterServiceTest, ClientGoneWhileQueuedLeavesTheQueue) {
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+// A queued choice whose try fails otherwise (here the worker refuses outright, as one going
+// down) fails its request, and its wait still ends in an outcome: every choice counted in
+// queued_total is counted once in queue_wait_seconds (it was not: the try had taken it out of
+// the queue, so the request's failure found nothing waiting).
+TEST_F(RouterServiceTest, QueuedChoiceWhoseTryFailsEndsItsWait) {
+  decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  queue_timeout_ = absl::Seconds(20);
+  auto service = MakeService();
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 3), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {
+    return service->MetricsText().find("pdserve_router_queued_total 1\n") != std::string::npos;
+  }));
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::INVALID_ARGUMENT;
+  }
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_NE(sink->error.http_status, 429);
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="cancelled"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pdserve_router_queue_depth 0\n"), std::string::npos) << metrics;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 // With two decode workers, a full one sends the choice to the other before it waits.
 TEST_F(RouterServiceTest, FullDecodeWorkerSendsTheChoiceToTheOtherFirst) {
   decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
@@ -160,6 +189,73 @@ TEST_F(RouterServiceTest, FullDecodeWorkerSendsTheChoiceToTheOtherFirst) {
   EXPECT_EQ(decode_[0]->reserves.size(), 1u);
   EXPECT_EQ(decode_[1]->reserves.size(), 1u);
   EXPECT_EQ(service->MetricsText().find("pdserve_router_queued_total 1"), std::string::npos);
+}
+
+// Two decode workers: d0 full, d1 goes down while the choice asks it. The choice waits for room
+// on d0, which is up; it was 503 "no decode worker is up" (kill -9 of one of two decode workers
+// with 58 choices queued failed 5 requests so).
+TEST_F(RouterServiceTest, ChoiceWhoseOtherDecodeWorkerGoesDownWaitsForTheFullOne) {
+  decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  decode_[1]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+  decode_[1]->reserve_delay_ms = 500;  // marked down below while its Reserve is answered
+  queue_timeout_ = absl::Seconds(20);
+  auto service = MakeService(2, PolicyKind::kRoundRobin);  // both up; d1 down at the next checks:
+  decode_[1]->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 3), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  // d0 answered "no room"; d1 is asked now.
+  ASSERT_TRUE(Eventually([&] { return service->pool().decode()[1]->load() == 1; }));
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  ASSERT_FALSE(service->pool().decode()[1]->up());
+  ASSERT_TRUE(Eventually([&] {
+    return service->MetricsText().find("pdserve_router_queue_depth 1\n") != std::string::npos;
+  })) << (sink->failed ? sink->error.message : "");
+  EXPECT_FALSE(sink->done.HasBeenNotified());
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::OK;  // room on d0
+  }
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="admitted"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// Two decode workers: d1 refuses (UNAVAILABLE, not yet held down), d0 is full. The choice tries
+// d1, then d0 (no room), then d1 again: out of retries, it waits for room on d0, which is up; it
+// was 503 "no decode worker could take the request" (SIGTERM of one of two decode workers with
+// 66 choices queued failed a request so).
+TEST_F(RouterServiceTest, ChoiceOutOfRetriesWaitsWhileAnotherDecodeWorkerIsUp) {
+  queue_timeout_ = absl::Seconds(20);
+  auto service = MakeService(2, PolicyKind::kRoundRobin);
+  ASSERT_FALSE(Run(*service, Completion({1, 2}, 3))->failed);  // d0's turn: d1 is asked first
+  {
+    absl::MutexLock lock0(&decode_[0]->mu);
+    absl::MutexLock lock1(&decode_[1]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+    decode_[1]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+  }
+  auto sink = std::make_shared<CollectingSink>();
+  frontend::StartResult started = service->Start(Completion({1, 2}, 3), sink);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+  ASSERT_TRUE(Eventually([&] {
+    return sink->done.HasBeenNotified() ||
+           service->MetricsText().find("pdserve_router_queued_total 1\n") != std::string::npos;
+  }));
+  absl::SleepFor(absl::Milliseconds(300));  // a few tries from the queue
+  ASSERT_FALSE(sink->done.HasBeenNotified()) << sink->error.message;
+  {
+    absl::MutexLock lock(&decode_[0]->mu);
+    decode_[0]->reserve_code = grpc::StatusCode::OK;  // room on d0
+  }
+  ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
 TEST_F(RouterServiceTest, ReservePastItsDeadlineIsAbortedOnTheDecodeWorker) {
