@@ -45,12 +45,8 @@ class GpuPrefillTest : public ::testing::Test {
   void SetUp() override {
     if (!engine::gpu::HasGpu()) GTEST_SKIP() << "no CUDA device";
     engine::gpu::LoadByName("kjv-v4-tiny", &model_);
-    engine::ModelOptions options;
-    options.bf16_storage = true;
-    auto cpu = engine::Model::FromWeights(model_.config,
-                                          engine::gpu::RoundedLikeGpu(model_.weights), options);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = std::make_unique<engine::Model>(std::move(*cpu));
+    cpu_ = engine::gpu::CpuLikeGpu(model_);
+    ASSERT_NE(cpu_, nullptr);
     layout_ = std::make_unique<serving::StateLayout>(*colocated::LayoutForModel(model_.config));
     gpu_ = engine::gpu::MakeGpu(model_, 3, 256, GemmInputs::kFp32);
     ASSERT_NE(gpu_, nullptr);

@@ -120,12 +120,8 @@ class GpuStepRunnerTest : public ::testing::Test {
   void SetUp() override {
     if (!engine::gpu::HasGpu()) GTEST_SKIP() << "no CUDA device";
     engine::gpu::LoadByName("kjv-v4-tiny", &model_);
-    engine::ModelOptions options;
-    options.bf16_storage = true;
-    auto cpu = engine::Model::FromWeights(model_.config,
-                                          engine::gpu::RoundedLikeGpu(model_.weights), options);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = std::make_unique<engine::Model>(std::move(*cpu));
+    cpu_ = engine::gpu::CpuLikeGpu(model_);
+    ASSERT_NE(cpu_, nullptr);
   }
 
   std::unique_ptr<GpuModel> Gpu(int64_t slots, GemmInputs inputs = GemmInputs::kFp32) {
