@@ -7,8 +7,9 @@
 // /metrics and /health on its metrics_port, until SIGINT or SIGTERM: then it drains (Health says
 // DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
 // finish; streams still open then end with finish_reason "error", "worker shutting down") and
-// exits 0. The model comes from the config's model section. UCX_TLS picks the transport as for
-// every UCX program.
+// exits 0. The model comes from the config's model section, the engine from the entry's backend
+// (cpu, or cuda on its one GPU: prefill/gpu), the reference switches from
+// guards.reference_kernels. UCX_TLS picks the transport as for every UCX program.
 // TEST-ONLY environment switches: prefill/test_faults.h.
 #include <cstdio>
 #include <memory>
@@ -18,6 +19,10 @@
 #include "cli/command_registry.h"
 #include "common/status.h"
 #include "prefill/prefill_worker.h"
+#include "spdlog/spdlog.h"
+#ifdef PDSERVE_HAVE_CUDA_BACKEND
+#include "prefill/gpu/gpu_prefill_engine.h"
+#endif
 #include "worker/worker_process.h"
 
 namespace pdserve::cli {
@@ -33,6 +38,19 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   options.faults = prefill::TestFaults::FromEnvironment();
   options.max_waiting = max_waiting;
   PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
+  if (entry.worker.backend == "cuda") {
+#ifdef PDSERVE_HAVE_CUDA_BACKEND
+    // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's one GPU: device 0 here.
+    spdlog::info("backend cuda: prefill on CUDA_VISIBLE_DEVICES={} (prefill::GpuPrefillEngine)",
+                 entry.worker.gpus);
+    colocated::GpuBackendOptions gpu;
+    gpu.reference_pieces = options.model.reference_pieces;
+    options.engine_factory = prefill::GpuPrefillEngineFactory(gpu);
+#else
+    return absl::FailedPreconditionError(
+        "backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+#endif
+  }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<prefill::PrefillWorker> service,
                            prefill::PrefillWorker::Create(options));
   worker::WorkerHooks hooks;

@@ -2,16 +2,13 @@
 //
 // Prints "FILE: ok (...)" per valid file on stdout, and every error of an invalid one on stderr
 // as "file:line:column: key: message", and a warning on stderr when a valid file's model path has
-// no config.json from the current directory or a worker asks for a backend this build's workers
-// do not run. Exit status 0 when all files are valid, 1 otherwise.
+// no config.json from the current directory. Exit status 0 when all files are valid, 1 otherwise.
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "cli/command_registry.h"
 #include "common/deploy_config.h"
 
@@ -34,16 +31,6 @@ int RunValidate(const std::vector<std::string>& files) {
       // Not an error: the file may be checked where the model is not installed.
       std::fprintf(stderr, "%s: warning: %s; processes started here would fail\n", file.c_str(),
                    std::string(model.message()).c_str());
-    }
-    std::vector<std::string> not_cpu;
-    for (const config::WorkerConfig& w : c.prefill) {
-      if (w.backend != "cpu") not_cpu.push_back(absl::StrCat("'", w.name, "' (", w.backend, ")"));
-    }
-    if (!not_cpu.empty()) {
-      std::fprintf(stderr,
-                   "%s: warning: prefill worker %s: the prefill worker of this build runs only "
-                   "the CPU engine and refuses other backends (decode workers run backend cuda)\n",
-                   file.c_str(), absl::StrJoin(not_cpu, ", ").c_str());
     }
     std::printf("%s: ok (%s: %zu prefill, %zu decode workers, model %s)\n", file.c_str(),
                 c.name.c_str(), c.prefill.size(), c.decode.size(), c.model_path.c_str());

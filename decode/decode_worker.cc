@@ -46,8 +46,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   std::unique_ptr<DecodeWorker> w(new DecodeWorker());
   w->options_ = std::move(options);
   PDSERVE_ASSIGN_OR_RETURN(w->model_,
-                           worker::LoadWorkerModel(w->options_.model_dir, w->options_.model));
-  const engine::ModelConfig& config = w->model_.model->config();
+                           worker::LoadWorkerModel(w->options_.model_dir, w->options_.model,
+                                                   /*cpu_engine=*/!w->options_.runner_factory));
+  const engine::ModelConfig& config = w->model_.config;
   const int64_t pool_tokens = w->options_.pool_tokens > 0
                                   ? w->options_.pool_tokens
                                   : w->options_.max_batch * config.max_position_embeddings;
@@ -193,7 +194,7 @@ grpc::Status DecodeWorker::Reserve(grpc::ServerContext*, const v1::ReserveReques
 
 absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequest& request) {
   if (draining_) return absl::UnavailableError("the worker is draining");
-  const engine::ModelConfig& config = model_.model->config();
+  const engine::ModelConfig& config = model_.config;
   const uint64_t id = request.request_id();
   PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
                            worker::SamplingFromProto(request.sampling(), config.vocab_size));
@@ -424,7 +425,7 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     MaybeForget(request_id);
     return;
   }
-  const engine::ModelConfig& config = model_.model->config();
+  const engine::ModelConfig& config = model_.config;
   absl::StatusOr<serving::RequestSampler> sampler =
       serving::RequestSampler::Create(record->params, worker::SeedRequestId(request_id),
                                       model_.eos_ids, record->prompt, config.vocab_size);

@@ -68,7 +68,8 @@ struct DecodeWorkerOptions {
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
   // Empty: decode on the CPU engine (colocated::EngineStepRunner). Set (backend: cuda,
   // colocated/gpu/gpu_backend.h): the runner it returns, with max_batch slots; canary_every must
-  // then be 0 (FailedPrecondition otherwise), and paranoid is refused by the GPU runner.
+  // then be 0 (FailedPrecondition otherwise), and paranoid is refused by the GPU runner. The CPU
+  // engine's weights are then not loaded (the config only).
   colocated::RunnerFactory runner_factory;
 };
 

@@ -32,8 +32,17 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   std::unique_ptr<PrefillWorker> w(new PrefillWorker());
   w->options_ = std::move(options);
   PDSERVE_ASSIGN_OR_RETURN(w->model_,
-                           worker::LoadWorkerModel(w->options_.model_dir, w->options_.model));
-  const engine::ModelConfig& config = w->model_.model->config();
+                           worker::LoadWorkerModel(w->options_.model_dir, w->options_.model,
+                                                   /*cpu_engine=*/!w->options_.engine_factory));
+  const engine::ModelConfig& config = w->model_.config;
+  if (w->options_.engine_factory) {
+    const PrefillEngineContext context{w->options_.model_dir, &config, w->options_.prefill_block};
+    PDSERVE_ASSIGN_OR_RETURN(w->engine_, w->options_.engine_factory(context));
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(w->engine_,
+                             CpuPrefillEngine(*w->model_.model, w->options_.prefill_block));
+  }
+  spdlog::info("prefill engine: {}", w->engine_->Describe());
   // One sequence at a time, of up to the context length.
   PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(
                                          1, config.max_position_embeddings)));
@@ -142,7 +151,7 @@ grpc::Status PrefillWorker::Prefill(grpc::ServerContext* context, const v1::Pref
 absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillRequest& request,
                                                               const grpc::ServerContext& context) {
   const uint64_t id = request.request_id();
-  const engine::ModelConfig& config = model_.model->config();
+  const engine::ModelConfig& config = model_.config;
   const std::vector<int32_t> prompt(request.token_ids().begin(), request.token_ids().end());
   if (prompt.empty()) return absl::InvalidArgumentError("token_ids is empty");
   for (int32_t token : prompt) {
@@ -159,6 +168,11 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
     return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_length, ") + max_tokens (",
                                                    params.max_tokens, ") exceeds the context of ",
                                                    config.max_position_embeddings));
+  }
+  if (prompt_length > engine_->max_context()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a prompt of ", prompt_length,
+                     " tokens exceeds the prefill engine's context of ", engine_->max_context()));
   }
   // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
   // max_tokens would write pages the decode worker cannot use.
@@ -267,43 +281,28 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
       return polled.status();
     };
 
-    // Chunked prefill: Forward calls cut at absolute multiples of prefill_block, as colocated. In
-    // the final block each layer's pages are stored and posted as soon as the layer's attention has
-    // extended its state, so UCX moves layer l while layers l+1.. compute.
+    // Chunked prefill on the engine (prefill/prefill_engine.h): each layer's pages are posted as
+    // soon as the engine has stored the layer's final state (on the CPU engine while later layers
+    // compute; on the CUDA engine after the forward).
     PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
     const colocated::PagedState paged(config, *model_.layout, total);
-    absl::Status posting;  // the first failure of the final block's per-layer posts
     absl::Time first_post = absl::InfiniteFuture();
-    const engine::Model::LayerHook post_layer = [&](int64_t layer, const engine::LayerState& ls,
-                                                    int64_t position) {
-      if (!posting.ok()) return;
+    const PrefillEngine::LayerStored post_layer = [&](int64_t layer) -> absl::Status {
       first_post = std::min(first_post, absl::Now());
-      posting = paged.StoreLayer(layer, ls, position, 0, pages);
-      if (posting.ok()) {
-        posting = transfer->PostLayer(static_cast<uint32_t>(layer));
-        if (!posting.ok()) transfer_error = true;
+      if (absl::Status posted = transfer->PostLayer(static_cast<uint32_t>(layer)); !posted.ok()) {
+        transfer_error = true;
+        return posted;
       }
-      if (posting.ok()) posting = check();
+      return check();
+    };
+    const PrefillEngine::ChunkDone chunk_done = [&](int64_t tokens) {
+      chunk_tokens_->Observe(static_cast<double>(tokens));
+      return check();
     };
     const absl::Time prefill_start = absl::Now();
-    engine::ModelState state = model_.model->NewState();
-    engine::Tensor logits;
-    for (int64_t from = 0; from < prompt_length;) {
-      const int64_t to =
-          std::min(prompt_length, (from / options_.prefill_block + 1) * options_.prefill_block);
-      std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
-      const bool final_block = to == prompt_length;
-      PDSERVE_ASSIGN_OR_RETURN(
-          logits, model_.model->Forward(&state, tokens, final_block ? post_layer : nullptr));
-      PDSERVE_RETURN_IF_ERROR(posting);
-      chunk_tokens_->Observe(static_cast<double>(to - from));
-      from = to;
-      PDSERVE_RETURN_IF_ERROR(check());
-    }
+    PDSERVE_ASSIGN_OR_RETURN(std::vector<float> last,
+                             engine_->Run(prompt, paged, pages, post_layer, chunk_done));
     tokens_total_->Increment(static_cast<double>(prompt_length));
-    const int64_t vocab = logits.dim(1);
-    std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
-                                static_cast<size_t>(vocab));
     PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first,
                              sampler.Next(static_cast<int32_t>(request.sampling().choice()), last));
     const absl::Time prefill_end = absl::Now();

@@ -2,18 +2,22 @@
 // engine, samples its first token, and writes the request's state pages to the decode worker
 // named by the ticket over UCX (kvtransfer/), then commits.
 //
-// Math. The prompt is computed in Forward calls cut at absolute multiples of `prefill_block`
-// (64), exactly as the colocated runner cuts them (colocated/step_runner.h), and the first token
-// is sampled with serving::RequestSampler keyed (seed, choice, position = prompt length), so the
-// state and the token are bit-identical to colocated mode's.
+// Math. The prompt runs on a PrefillEngine (prefill/prefill_engine.h): the CPU engine by default,
+// the CUDA engine (prefill/gpu) with PrefillWorkerOptions::engine_factory. Both cut the prompt at
+// absolute multiples of `prefill_block` (64), exactly as the colocated runners cut them
+// (colocated/step_runner.h), and the first token is sampled here from the engine's last logits
+// with serving::RequestSampler keyed (seed, choice, position = prompt length). On the CPU engine
+// the state and the token are bit-identical to colocated mode's; on the CUDA engine they are
+// `serve --backend cuda`'s prefill (same engine, same cuts).
 //
-// Transfer. In the final prefill block, Model::Forward's per-layer hook stores each layer's state
-// into the worker's own pool pages (colocated::PagedState::StoreLayer, the transfer format) and
-// posts them (Transfer::PostLayer) as soon as the layer's attention is done, so UCX moves layer l
-// while layers l+1.. compute. Slots come from kv::PlanTransfer. Heartbeats go out
-// between prefill blocks, so a long prompt keeps its lease. One prefill runs at a time (the UCX
-// transport is single-threaded; the CPU backend's GEMMs already use every core); others wait in
-// FIFO order (run_queue_).
+// Transfer. The engine stores each layer's final prompt state into the worker's own pool pages
+// (colocated::PagedState::StoreLayer, the transfer format) and hands the layer over; the worker
+// posts its pages (Transfer::PostLayer) at once. On the CPU engine that happens inside the final
+// block's forward, so UCX moves layer l while layers l+1.. compute; on the CUDA engine after the
+// whole forward (prefill/gpu/gpu_prefill_engine.h says why). Slots come from kv::PlanTransfer.
+// Heartbeats go out between prefill blocks, so a long prompt keeps its lease. One prefill runs at
+// a time (the UCX transport is single-threaded; the CPU backend's GEMMs already use every core;
+// the CUDA engine has one slot); others wait in FIFO order (run_queue_), at most max_waiting.
 //
 // Abort(request) stops a waiting or running prefill; a waiting one leaves the queue at once and
 // never starts; a running transfer is destroyed, which cancels its sends and sends the abort fence
@@ -40,6 +44,7 @@
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "prefill/prefill_engine.h"
 #include "prefill/test_faults.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
@@ -59,11 +64,15 @@ struct PrefillWorkerOptions {
   int64_t max_waiting = 256;
   TestFaults faults;           // test-only; off by default
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
+  // Empty: the CPU engine (engine::Model, loaded here). Set (backend: cuda, prefill/gpu): the
+  // engine it returns; the CPU engine's weights are then not loaded (the config only).
+  PrefillEngineFactory engine_factory;
 };
 
 class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
  public:
-  // Loads the model and generation_config.json and creates the UCX transport (UCX_TLS).
+  // Loads the model (the CPU engine, or the config and options.engine_factory's engine) and
+  // generation_config.json and creates the UCX transport (UCX_TLS).
   static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(PrefillWorkerOptions options);
   ~PrefillWorker() override;
 
@@ -94,6 +103,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
 
   PrefillWorkerOptions options_;
   worker::WorkerModel model_;
+  std::unique_ptr<PrefillEngine> engine_;  // driven under run_mu_
   std::unique_ptr<serving::PagePool> pool_;
   serving::SystemClock clock_;
   uint64_t incarnation_ = 0;

@@ -10,11 +10,17 @@
 namespace pdserve::worker {
 
 absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
-                                            engine::ModelOptions options) {
+                                            engine::ModelOptions options, bool cpu_engine) {
   WorkerModel w;
-  PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(model_dir, std::move(options)));
-  w.model = std::make_unique<engine::Model>(std::move(model));
-  const engine::ModelConfig& config = w.model->config();
+  if (cpu_engine) {
+    PDSERVE_ASSIGN_OR_RETURN(engine::Model model,
+                             engine::Model::Load(model_dir, std::move(options)));
+    w.model = std::make_unique<engine::Model>(std::move(model));
+    w.config = w.model->config();
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(w.config, engine::ModelConfig::Load(model_dir));
+  }
+  const engine::ModelConfig& config = w.config;
   PDSERVE_ASSIGN_OR_RETURN(serving::GenerationConfig generation,
                            serving::GenerationConfig::Load(model_dir));
   w.eos_ids = generation.eos_token_ids;

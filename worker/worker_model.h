@@ -1,5 +1,6 @@
-// The model as both workers load it: the engine, the end-of-sequence ids, the state page layout
-// and the per-layer attention types kv::PlanTransfer needs. Both workers plan a request's
+// The model as both workers load it: its config, the CPU engine (only where the worker computes
+// on it), the end-of-sequence ids, the state page layout and the per-layer attention types
+// kv::PlanTransfer needs. Both workers plan a request's
 // transfer from the same config, so slot i names the same state on both.
 // Thread-safety: immutable after LoadWorkerModel; share freely.
 #pragma once
@@ -19,16 +20,21 @@
 namespace pdserve::worker {
 
 struct WorkerModel {
+  engine::ModelConfig config;
+  // The CPU engine (weights in host memory); null when loaded without it (a backend cuda worker,
+  // whose weights live on the GPU: loading both would hold the model twice in host memory).
   std::unique_ptr<engine::Model> model;
   std::vector<int32_t> eos_ids;  // generation_config.json's, else config.json's (as colocated)
   std::unique_ptr<serving::StateLayout> layout;  // colocated::LayoutForModel: the page format
   std::vector<kv::LayerAttention> layers;
 };
 
-// Errors: loading the model or generation_config.json; an unusable layout. `options`: the
-// implementation switches and test-only faults (engine/model_options.h).
+// Errors: loading the model (config.json; with `cpu_engine` also the weights) or
+// generation_config.json; an unusable layout. `options`: the implementation switches and
+// test-only faults (engine/model_options.h). `cpu_engine` false: config only, `model` stays null.
 absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
-                                            engine::ModelOptions options = {});
+                                            engine::ModelOptions options = {},
+                                            bool cpu_engine = true);
 
 // The engine options of a worker of `deploy`: guards.reference_kernels (validated) and the
 // test-only faults of the environment (engine::WithTestFaultsFromEnvironment). Logs the

@@ -61,15 +61,7 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
     return absl::NotFoundError(
         absl::StrCat(flags.config_path, " has no ", role, " worker named '", flags.name, "'"));
   }
-  // The decode worker runs the CUDA engine (colocated/gpu) on one GPU; the prefill worker does not
-  // yet (it needs the state export per layer): refuse rather than run the CPU engine under a
-  // config that asked for GPUs.
-  if (entry.worker.backend == "cuda" && role == "prefill") {
-    return absl::UnimplementedError(absl::StrCat(
-        flags.config_path, ": prefill worker '", entry.worker.name,
-        "' has backend cuda, but the prefill worker of this build runs only the CPU engine; use "
-        "backend: cpu (a cuda decode worker takes its pages as they are)"));
-  }
+  // Either worker runs the CUDA engine (colocated/gpu, prefill/gpu) on one GPU.
   if (entry.worker.backend == "cuda") {
     if (absl::StrContains(entry.worker.gpus, ',')) {
       return absl::UnimplementedError(

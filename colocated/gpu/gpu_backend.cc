@@ -14,38 +14,42 @@
 
 namespace pdserve::colocated {
 
+absl::StatusOr<std::unique_ptr<engine::gpu::GpuModel>> LoadGpuModel(
+    const GpuBackendOptions& options, const std::string& model_dir,
+    const engine::ModelConfig& config, int64_t slots, int64_t max_context) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        "backend cuda: no CUDA device is present (use --backend cpu on this machine)");
+  }
+  if (options.device < 0 || options.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("backend cuda: device ", options.device,
+                                                   " outside the ", devices, " present"));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(engine::Weights weights, engine::Weights::Load(model_dir, config));
+  PDSERVE_RETURN_IF_ERROR(engine::ValidateWeights(config, weights));
+  engine::gpu::GpuModelOptions gpu_options;
+  gpu_options.device = options.device;
+  gpu_options.slots = slots;
+  gpu_options.max_context = max_context;
+  gpu_options.max_chunk = options.max_chunk;
+  gpu_options.gemm_inputs = options.gemm_inputs;
+  for (engine::SwitchablePiece piece : options.reference_pieces) {
+    if (piece == engine::SwitchablePiece::kSparseAttention) {
+      gpu_options.fixed_shape_attention = false;
+    }
+    if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
+  }
+  return engine::gpu::GpuModel::Create(config, weights, gpu_options);
+}
+
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
   return
       [options](const RunnerContext& context) -> absl::StatusOr<std::unique_ptr<SequenceRunner>> {
-        // Before the weights load, which takes a while for a large model.
-        int devices = 0;
-        if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-          cudaGetLastError();
-          return absl::FailedPreconditionError(
-              "backend cuda: no CUDA device is present (use --backend cpu on this machine)");
-        }
-        if (options.device < 0 || options.device >= devices) {
-          return absl::InvalidArgumentError(absl::StrCat("backend cuda: device ", options.device,
-                                                         " outside the ", devices, " present"));
-        }
-        const engine::ModelConfig& config = *context.config;
-        PDSERVE_ASSIGN_OR_RETURN(engine::Weights weights,
-                                 engine::Weights::Load(context.model_dir, config));
-        PDSERVE_RETURN_IF_ERROR(engine::ValidateWeights(config, weights));
-        engine::gpu::GpuModelOptions gpu_options;
-        gpu_options.device = options.device;
-        gpu_options.slots = context.slots;
-        gpu_options.max_context = context.max_context;
-        gpu_options.max_chunk = options.max_chunk;
-        gpu_options.gemm_inputs = options.gemm_inputs;
-        for (engine::SwitchablePiece piece : options.reference_pieces) {
-          if (piece == engine::SwitchablePiece::kSparseAttention) {
-            gpu_options.fixed_shape_attention = false;
-          }
-          if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
-        }
         PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModel> gpu,
-                                 engine::gpu::GpuModel::Create(config, weights, gpu_options));
+                                 LoadGpuModel(options, context.model_dir, *context.config,
+                                              context.slots, context.max_context));
         RunnerOptions runner_options = context.options;
         runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);
         PDSERVE_ASSIGN_OR_RETURN(

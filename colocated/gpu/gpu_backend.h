@@ -7,8 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model_options.h"
@@ -24,6 +27,17 @@ struct GpuBackendOptions {
   // nothing (the GPU state is bf16 / fp32 already).
   std::vector<engine::SwitchablePiece> reference_pieces;
 };
+
+// The model's weights (engine::Weights::Load from `model_dir`, then the CPU engine's
+// ValidateWeights) uploaded as a GpuModel of `slots` slots, `max_context` tokens each, on
+// options.device: what GpuRunnerFactory and the prefill worker's CUDA engine (prefill/gpu) run.
+// Checks for a device before the weights load, which takes a while for a large model. The host
+// copy of the weights is freed before it returns. Errors: the weights' (NotFound,
+// InvalidArgument), FailedPrecondition when no CUDA device is present, InvalidArgument for a
+// device outside the present ones, GpuModel::Create's.
+absl::StatusOr<std::unique_ptr<engine::gpu::GpuModel>> LoadGpuModel(
+    const GpuBackendOptions& options, const std::string& model_dir,
+    const engine::ModelConfig& config, int64_t slots, int64_t max_context);
 
 // The factory: weights from the context's model_dir (engine::Weights::Load, then the CPU engine's
 // ValidateWeights), a GpuModel of context.slots slots and context.max_context tokens on

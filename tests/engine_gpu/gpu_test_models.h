@@ -128,6 +128,16 @@ inline Weights RoundedLikeGpu(const Weights& w) {
   return out;
 }
 
+// The CPU engine emulating the GPU's precision: bf16 storage and the GPU's bf16-rounded weights
+// (the reference the runner and prefill tests compare tokens with). Null, with a failure, on error.
+inline std::unique_ptr<Model> CpuLikeGpu(const TestModel& m) {
+  ModelOptions options;
+  options.bf16_storage = true;
+  auto cpu = Model::FromWeights(m.config, RoundedLikeGpu(m.weights), options);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  return cpu.ok() ? std::make_unique<Model>(std::move(*cpu)) : nullptr;
+}
+
 // GPU rows against reference rows, one figure per row: max_v |gpu - ref| / max |ref| over the
 // row's whole prompt (issue 10's max|diff| / max|ref|), and whether the argmax agrees.
 struct RowStats {

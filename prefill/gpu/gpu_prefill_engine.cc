@@ -1,0 +1,88 @@
+#include "prefill/gpu/gpu_prefill_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace pdserve::prefill {
+namespace {
+
+constexpr int64_t kSlot = 0;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
+    engine::gpu::GpuModel* gpu, int64_t prefill_block) {
+  if (gpu == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
+  if (prefill_block < 1 || prefill_block > gpu->max_chunk()) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU prefill: prefill_block ", prefill_block,
+                                                   " outside [1, max_chunk ", gpu->max_chunk(),
+                                                   "]"));
+  }
+  return std::unique_ptr<GpuPrefillEngine>(new GpuPrefillEngine(gpu, prefill_block));
+}
+
+absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
+    std::unique_ptr<engine::gpu::GpuModel> gpu, int64_t prefill_block) {
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuPrefillEngine> engine,
+                           Create(gpu.get(), prefill_block));
+  engine->owned_ = std::move(gpu);
+  return engine;
+}
+
+absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t> prompt,
+                                                         const colocated::PagedState& paged,
+                                                         const colocated::SequencePages& pages,
+                                                         const LayerStored& layer_stored,
+                                                         const ChunkDone& chunk_done) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  const auto length = static_cast<int64_t>(prompt.size());
+  if (length > gpu_->max_context()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a prompt of ", length, " tokens exceeds the GPU slot's context of ", gpu_->max_context()));
+  }
+  // A failed earlier prefill may have left the slot mid-prompt.
+  PDSERVE_RETURN_IF_ERROR(gpu_->ResetSlot(kSlot));
+  engine::Tensor logits;
+  for (int64_t from = 0; from < length;) {
+    const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
+    const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+    PDSERVE_ASSIGN_OR_RETURN(logits, gpu_->Forward(kSlot, tokens));
+    PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
+    from = to;
+  }
+  PDSERVE_ASSIGN_OR_RETURN(engine::ModelState state, gpu_->ExportState(kSlot));
+  const int64_t vocab = logits.dim(1);
+  const float* last = logits.ptr() + (logits.dim(0) - 1) * vocab;
+  std::vector<float> last_logits(last, last + vocab);
+  for (size_t layer = 0; layer < state.layers.size(); ++layer) {
+    const auto l = static_cast<int64_t>(layer);
+    PDSERVE_RETURN_IF_ERROR(paged.StoreLayer(l, state.layers[layer], state.position, 0, pages));
+    PDSERVE_RETURN_IF_ERROR(layer_stored(l));
+  }
+  return last_logits;
+}
+
+std::string GpuPrefillEngine::Describe() const {
+  return absl::StrCat("cuda (one slot of ", gpu_->max_context(), " tokens, prefill block ",
+                      prefill_block_, ")");
+}
+
+PrefillEngineFactory GpuPrefillEngineFactory(colocated::GpuBackendOptions options) {
+  return [options](const PrefillEngineContext& context)
+             -> absl::StatusOr<std::unique_ptr<PrefillEngine>> {
+    const engine::ModelConfig& config = *context.config;
+    PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModel> gpu,
+                             colocated::LoadGpuModel(options, context.model_dir, config,
+                                                     /*slots=*/1, config.max_position_embeddings));
+    PDSERVE_ASSIGN_OR_RETURN(
+        std::unique_ptr<GpuPrefillEngine> engine,
+        GpuPrefillEngine::Create(std::move(gpu),
+                                 std::min(context.prefill_block, options.max_chunk)));
+    return std::unique_ptr<PrefillEngine>(std::move(engine));
+  };
+}
+
+}  // namespace pdserve::prefill

@@ -1,0 +1,84 @@
+// How a prefill worker computes a prompt: the prompt's state into the request's pages (the
+// transfer format, colocated::PagedState), each layer handed over once its pages hold the layer's
+// final prompt state, and the last position's logits, from which the worker samples the first
+// token. Two engines:
+//
+// - CPU (CpuPrefillEngine, engine::Model): Forward calls cut at absolute multiples of
+//   prefill_block, as the colocated runner cuts them (colocated/step_runner.h); in the final
+//   block Model::Forward's LayerHook stores each layer's pages as soon as the layer's attention is
+//   done, so the worker ships layer l while layers l+1.. compute.
+// - CUDA (prefill/gpu, engine::gpu::GpuModel): the same cuts (prefill_block <= max_chunk) on a
+//   GPU slot; after the last chunk the slot's state is exported once (GpuModel::ExportState,
+//   host fp32 in the CPU layout) and stored layer by layer. Every layer is final only when the
+//   whole prompt has run, and GpuModel exports a whole slot in one synchronizing copy, so the
+//   pages go out after the forward rather than overlapped with it (docs/protocol.md).
+//
+// Thread-safety: one Run at a time per engine (the worker serializes prefills).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "colocated/paged_state.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "serving/state_layout.h"
+
+namespace pdserve::prefill {
+
+class PrefillEngine {
+ public:
+  // Called once per layer, in layer order, right after the layer's pages hold its final prompt
+  // state. A non-OK status stops the prefill and Run returns it.
+  using LayerStored = std::function<absl::Status(int64_t layer)>;
+  // Called after each Forward chunk with its token count (between chunks: aborts, heartbeats,
+  // metrics). A non-OK status stops the prefill and Run returns it.
+  using ChunkDone = std::function<absl::Status(int64_t tokens)>;
+
+  virtual ~PrefillEngine() = default;
+
+  // Runs `prompt` (1 .. the context's token ids, already checked against the vocabulary) from
+  // position 0, stores every layer's state after the whole prompt into `pages` through `paged`,
+  // calling `layer_stored` for each, and returns the logits of the prompt's last position,
+  // fp32 [vocab_size]. Errors: the engine's (InvalidArgument for a prompt the engine cannot hold,
+  // Internal for a device error), PagedState's, or the first non-OK callback status.
+  virtual absl::StatusOr<std::vector<float>> Run(std::span<const int32_t> prompt,
+                                                 const colocated::PagedState& paged,
+                                                 const colocated::SequencePages& pages,
+                                                 const LayerStored& layer_stored,
+                                                 const ChunkDone& chunk_done) = 0;
+
+  // The longest prompt + max_tokens it serves (the CPU engine: max_position_embeddings).
+  virtual int64_t max_context() const = 0;
+  // For logs: "cpu", "cuda device 0 (...)".
+  virtual std::string Describe() const = 0;
+};
+
+// What a factory gets: the model directory (weights), its config and the page layout. Both
+// outlive the engine.
+struct PrefillEngineContext {
+  std::string model_dir;
+  const engine::ModelConfig* config = nullptr;
+  int64_t prefill_block = 64;
+};
+using PrefillEngineFactory =
+    std::function<absl::StatusOr<std::unique_ptr<PrefillEngine>>(const PrefillEngineContext&)>;
+
+// The CPU engine over `model` (which must outlive it). InvalidArgument for prefill_block < 1.
+absl::StatusOr<std::unique_ptr<PrefillEngine>> CpuPrefillEngine(const engine::Model& model,
+                                                                int64_t prefill_block);
+
+// The exclusive end of the prefill block that starts at `from`: the next absolute multiple of
+// `block`, capped at `length`. Shared by both engines so their chunks (and floats) match.
+inline int64_t PrefillBlockEnd(int64_t from, int64_t length, int64_t block) {
+  return std::min(length, (from / block + 1) * block);
+}
+
+}  // namespace pdserve::prefill

@@ -1,0 +1,261 @@
+// The prefill worker's CUDA engine (prefill/gpu/gpu_prefill_engine.h) on the bundled model with
+// fp32 GEMMs: it writes a prompt's state into pool pages and returns the last logits, the first
+// token is sampled from them as the prefill worker samples it, and decoding from those pages (on
+// the CPU engine and on colocated::GpuStepRunner) gives the tokens of the CPU prefill engine's
+// pages decoded on the CPU engine (which emulates the GPU's bf16 storage with its rounded
+// weights): greedy exactly, seeded T=0.6 with at most 3 of 12 requests parting at one draw. The
+// pages hold the exported slot state bit for bit. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "colocated/gpu/gpu_step_runner.h"
+#include "colocated/paged_state.h"
+#include "colocated/step_runner.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/model.h"
+#include "prefill/gpu/gpu_prefill_engine.h"
+#include "prefill/prefill_engine.h"
+#include "serving/page_pool.h"
+#include "serving/sampler.h"
+#include "tests/engine_gpu/gpu_test_models.h"
+#include "tests/engine_gpu/runner_outputs.h"
+
+namespace pdserve::prefill {
+namespace {
+
+using colocated::Outputs;
+using colocated::RequestSpec;
+using engine::gpu::GemmInputs;
+using engine::gpu::GpuModel;
+
+constexpr int64_t kPrefillBlock = 64;  // the prefill worker's default
+
+// A prompt prefilled by an engine: the state rebuilt from its pages and the first token.
+struct Prefilled {
+  std::vector<engine::ModelState> states;
+  std::vector<int32_t> first;
+};
+
+class GpuPrefillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!engine::gpu::HasGpu()) GTEST_SKIP() << "no CUDA device";
+    engine::gpu::LoadByName("kjv-v4-tiny", &model_);
+    cpu_ = engine::gpu::CpuLikeGpu(model_);
+    ASSERT_NE(cpu_, nullptr);
+    layout_ = std::make_unique<serving::StateLayout>(*colocated::LayoutForModel(model_.config));
+    gpu_ = engine::gpu::MakeGpu(model_, 3, 256, GemmInputs::kFp32);
+    ASSERT_NE(gpu_, nullptr);
+  }
+
+  // Twelve prompts of 1 .. 250 tokens (the window is 64, the HCA rate 32, the block 64).
+  std::vector<RequestSpec> Specs(double temperature) const {
+    std::vector<std::vector<int32_t>> prompts(model_.prompts.begin(), model_.prompts.end() - 1);
+    const std::vector<int32_t>& long_text = model_.prompts.back();
+    for (size_t length : {1, 64, 97, 250}) {
+      prompts.emplace_back(long_text.begin(), long_text.begin() + static_cast<long>(length));
+    }
+    prompts.resize(12);
+    std::vector<RequestSpec> specs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestSpec s;
+      s.prompt = prompts[i];
+      s.params.temperature = temperature;
+      s.params.top_p = temperature > 0 ? 0.95 : 1.0;
+      s.params.seed = 2000 + static_cast<int64_t>(i);
+      s.params.max_tokens = 20;
+      specs.push_back(s);
+    }
+    return specs;
+  }
+
+  // What the prefill worker does per request: the engine fills fresh pages, the first token is
+  // sampled from its last logits with the request's key (as colocated::MakeContext keys it);
+  // here the state is then rebuilt from the pages, as the decode worker's runner loads it.
+  Prefilled Prefill(PrefillEngine& engine, const std::vector<RequestSpec>& specs) {
+    Prefilled out;
+    auto pool = *serving::PagePool::Create(layout_->PoolOptions(1, 1024));
+    std::vector<int32_t> eos;
+    for (int64_t id : model_.config.eos_token_ids) eos.push_back(static_cast<int32_t>(id));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const RequestSpec& spec = specs[i];
+      const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.params.max_tokens;
+      auto table = pool->Allocate(1, layout_->Demand(total));
+      EXPECT_TRUE(table.ok()) << table.status();
+      if (!table.ok()) return out;
+      auto pages = colocated::MapPages(*pool, *table);
+      EXPECT_TRUE(pages.ok());
+      const colocated::PagedState paged(model_.config, *layout_, total);
+      auto logits = engine.Run(
+          spec.prompt, paged, *pages, [](int64_t) { return absl::OkStatus(); },
+          [](int64_t) { return absl::OkStatus(); });
+      EXPECT_TRUE(logits.ok()) << logits.status();
+      if (!logits.ok()) return out;
+      auto sampler = serving::RequestSampler::Create(spec.params, absl::StrCat("req-", i), eos,
+                                                     spec.prompt, model_.config.vocab_size);
+      EXPECT_TRUE(sampler.ok());
+      auto first = sampler->Next(0, *logits);
+      EXPECT_TRUE(first.ok());
+      out.first.push_back(first->sampled.token);
+      out.states.push_back(cpu_->NewState());
+      EXPECT_TRUE(
+          paged.Load(static_cast<int64_t>(spec.prompt.size()), *pages, &out.states.back()).ok());
+      EXPECT_TRUE(pool->Free(*table).ok());
+    }
+    return out;
+  }
+
+  Outputs DecodeOnCpu(const std::vector<RequestSpec>& specs, const Prefilled& p) {
+    return colocated::RunTransferred<colocated::EngineStepRunner>(
+        model_.config, specs, p.states, p.first,
+        [&](const serving::StateLayout& layout, serving::PagePool* pool) {
+          colocated::RunnerOptions options;
+          options.prefill_block = kPrefillBlock;
+          return std::make_unique<colocated::EngineStepRunner>(*cpu_, layout, pool, options);
+        });
+  }
+
+  Outputs DecodeOnGpu(const std::vector<RequestSpec>& specs, const Prefilled& p,
+                      GpuModel* decode_gpu) {
+    return colocated::RunTransferred<colocated::GpuStepRunner>(
+        model_.config, specs, p.states, p.first,
+        [&](const serving::StateLayout& layout, serving::PagePool* pool) {
+          colocated::RunnerOptions options;
+          options.prefill_block = kPrefillBlock;
+          auto runner = colocated::GpuStepRunner::Create(decode_gpu, layout, pool, options);
+          EXPECT_TRUE(runner.ok()) << runner.status();
+          return runner.ok() ? std::move(*runner) : nullptr;
+        });
+  }
+
+  // The reference: the CPU prefill engine's pages decoded on the CPU engine.
+  Outputs CpuPath(const std::vector<RequestSpec>& specs) {
+    auto cpu_engine = CpuPrefillEngine(*cpu_, kPrefillBlock);
+    EXPECT_TRUE(cpu_engine.ok());
+    return DecodeOnCpu(specs, Prefill(**cpu_engine, specs));
+  }
+
+  engine::gpu::TestModel model_;
+  std::unique_ptr<engine::Model> cpu_;
+  std::unique_ptr<serving::StateLayout> layout_;
+  std::unique_ptr<GpuModel> gpu_;
+};
+
+TEST_F(GpuPrefillTest, GreedyPagesDecodeToTheCpuPrefillsTokens) {
+  auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<RequestSpec> specs = Specs(0.0);
+  const Prefilled gpu = Prefill(**engine, specs);
+  const Outputs want = CpuPath(specs);
+  colocated::ExpectSameTokens(DecodeOnCpu(specs, gpu), want);
+  auto decode_gpu = engine::gpu::MakeGpu(model_, 12, 256, GemmInputs::kFp32);
+  ASSERT_NE(decode_gpu, nullptr);
+  colocated::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want);
+}
+
+// T = 0.6, top_p 0.95, fixed seeds: the first token is drawn from the GPU's logits with the
+// request's key, as on the CPU (at most 3 of 12 requests may part at one draw that falls between
+// the engines' probabilities: ExpectSameTokens).
+TEST_F(GpuPrefillTest, SeededPagesDecodeToTheCpuPrefillsTokens) {
+  auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<RequestSpec> specs = Specs(0.6);
+  const Prefilled gpu = Prefill(**engine, specs);
+  const Outputs want = CpuPath(specs);
+  colocated::ExpectSameTokens(DecodeOnCpu(specs, gpu), want, /*max_diverged=*/3);
+  auto decode_gpu = engine::gpu::MakeGpu(model_, 12, 256, GemmInputs::kFp32);
+  ASSERT_NE(decode_gpu, nullptr);
+  colocated::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want,
+                              /*max_diverged=*/3);
+}
+
+// The pages hold exactly the slot's state: a slot imported from them continues bit for bit as a
+// slot that ran the prompt itself (same cuts) would. Layers are handed over in order, once each,
+// after chunks cut at absolute multiples of the block.
+TEST_F(GpuPrefillTest, PagesHoldTheSlotStateBitForBit) {
+  auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t>& text = model_.prompts.back();
+  const std::vector<int32_t> prompt(text.begin(), text.begin() + 150);
+  const int64_t total = 160;
+  auto pool = *serving::PagePool::Create(layout_->PoolOptions(1, 1024));
+  auto table = *pool->Allocate(1, layout_->Demand(total));
+  auto pages = *colocated::MapPages(*pool, table);
+  const colocated::PagedState paged(model_.config, *layout_, total);
+  std::vector<int64_t> layers;
+  std::vector<int64_t> chunks;
+  auto logits = (*engine)->Run(
+      prompt, paged, pages,
+      [&](int64_t layer) {
+        layers.push_back(layer);
+        return absl::OkStatus();
+      },
+      [&](int64_t tokens) {
+        chunks.push_back(tokens);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(chunks, (std::vector<int64_t>{64, 64, 22}));
+  ASSERT_EQ(static_cast<int64_t>(layers.size()), model_.config.num_hidden_layers);
+  for (size_t l = 0; l < layers.size(); ++l) EXPECT_EQ(layers[l], static_cast<int64_t>(l));
+
+  // Slot 1 runs the prompt itself; slot 2 imports the pages. Both then take the same token.
+  ASSERT_TRUE(gpu_->ResetSlot(1).ok());
+  engine::Tensor direct;
+  for (int64_t from = 0; from < 150;) {
+    const int64_t to = PrefillBlockEnd(from, 150, kPrefillBlock);
+    direct = *gpu_->Forward(1, std::vector<int32_t>(prompt.begin() + from, prompt.begin() + to));
+    from = to;
+  }
+  const int64_t vocab = model_.config.vocab_size;
+  EXPECT_EQ(*logits, std::vector<float>(direct.ptr() + (direct.dim(0) - 1) * vocab,
+                                        direct.ptr() + direct.dim(0) * vocab));
+  engine::ModelState loaded = gpu_->NewState();
+  ASSERT_TRUE(paged.Load(150, pages, &loaded).ok());
+  ASSERT_TRUE(gpu_->ImportState(2, loaded).ok());
+  auto next_direct = gpu_->Forward(1, {text[150]});
+  auto next_imported = gpu_->Forward(2, {text[150]});
+  ASSERT_TRUE(next_direct.ok() && next_imported.ok());
+  EXPECT_EQ(next_direct->data, next_imported->data);
+}
+
+// A callback's error stops the prefill and comes back; the slot serves the next prompt as new.
+TEST_F(GpuPrefillTest, ACallbackErrorStopsThePrefill) {
+  auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE(absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), 257).status()));
+  const std::vector<int32_t>& text = model_.prompts.back();
+  const std::vector<int32_t> prompt(text.begin(), text.begin() + 100);
+  auto pool = *serving::PagePool::Create(layout_->PoolOptions(1, 1024));
+  auto table = *pool->Allocate(1, layout_->Demand(110));
+  auto pages = *colocated::MapPages(*pool, table);
+  const colocated::PagedState paged(model_.config, *layout_, 110);
+  auto ok = [](int64_t) { return absl::OkStatus(); };
+  int64_t chunks = 0;
+  auto stopped = (*engine)->Run(prompt, paged, pages, ok, [&](int64_t) {
+    ++chunks;
+    return absl::CancelledError("aborted");
+  });
+  EXPECT_TRUE(absl::IsCancelled(stopped.status())) << stopped.status();
+  EXPECT_EQ(chunks, 1);
+  auto layer_failed = (*engine)->Run(
+      prompt, paged, pages, [](int64_t) { return absl::UnavailableError("peer gone"); }, ok);
+  EXPECT_TRUE(absl::IsUnavailable(layer_failed.status())) << layer_failed.status();
+  auto again = (*engine)->Run(prompt, paged, pages, ok, ok);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(gpu_->ResetSlot(1).ok());
+  engine::Tensor direct =
+      *gpu_->Forward(1, std::vector<int32_t>(prompt.begin(), prompt.begin() + 64));
+  direct = *gpu_->Forward(1, std::vector<int32_t>(prompt.begin() + 64, prompt.end()));
+  const int64_t vocab = model_.config.vocab_size;
+  EXPECT_EQ(*again, std::vector<float>(direct.ptr() + (direct.dim(0) - 1) * vocab,
+                                       direct.ptr() + direct.dim(0) * vocab));
+}
+
+}  // namespace
+}  // namespace pdserve::prefill

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# End to end on one GPU: a `pdserve up` cluster whose prefill AND decode workers both run
+# `backend: cuda` on gpus "0" (the same GPU; state pages staged through host memory over UCX
+# loopback), against `pdserve serve --backend cuda` (the same engine colocated) and
+# `pdserve serve --backend cpu` (the reference), for twelve completions on the bundled model:
+# six greedy, six seeded at T 0.6 / top_p 0.95, sent one at a time, 32 tokens each.
+#
+# Pass (exit 0) when:
+#   - every request's first token (sampled by the CUDA prefill worker) equals the colocated CUDA
+#     server's: prefill logits depend on the sequence alone (same engine, same 64-token cuts);
+#   - at most 2 of 12 PD completions part from the colocated CUDA ones after the first token
+#     (decode rows may change in the last bits when a router health canary shares a decode step
+#     and moves the batch to another bucket: docs/serving.md);
+#   - at least 8 of 12 PD completions equal the CPU server's for their first 4 tokens (bf16 CUDA
+#     vs fp32 CPU part at near-ties; a wrong or foreign state parts at once, nearly everywhere).
+# Prints one row per request (mode, tokens, where PD parts from colocated CUDA and from CPU).
+#
+# Run from the repository root of a checkout (models/kjv-v4-tiny is read there), with the
+# binaries packed by tools/gpu/pack_binaries.sh:
+#   here:  tools/gpu/pack_binaries.sh .device-carry/pd build/pdserve
+#   there: source .device-carry/pd/env.sh && tools/gpu/run_pd_cuda_e2e.sh
+# Environment: PDSERVE (default: pdserve on PATH), OUT (logs, default ./gpu-out/pd-e2e),
+# BASE_PORT (default 18000; uses BASE_PORT .. BASE_PORT+6), E2E_BACKEND=cpu (every "cuda" above
+# becomes cpu: checks this script's plumbing on a machine without a GPU; the rows then all equal).
+set -euo pipefail
+pdserve=${PDSERVE:-$(command -v pdserve || echo build/pdserve)}
+out=${OUT:-gpu-out/pd-e2e}
+base=${BASE_PORT:-18000}
+model=models/kjv-v4-tiny
+backend=${E2E_BACKEND:-cuda}
+if [ "$backend" = cuda ]; then gpus='gpus: "0"'; else gpus='threads: 2'; fi
+[ -x "$pdserve" ] || { echo "no pdserve binary ($pdserve)" >&2; exit 2; }
+[ -f "$model/config.json" ] || { echo "run from the repository root ($model missing)" >&2; exit 2; }
+mkdir -p "$out"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+cat > "$out/pd-cuda.yaml" <<YAML
+name: pd-cuda-e2e
+model:
+  path: $model
+  served_name: kjv-v4-tiny
+router:
+  host: 127.0.0.1
+  http_port: $base
+  prefill_policy: round_robin
+  decode_policy: least_load
+  health_interval_ms: 5000
+prefill:
+  - name: prefill-0
+    host: 127.0.0.1
+    port: $((base + 1))
+    metrics_port: $((base + 2))
+    backend: $backend
+    $gpus
+decode:
+  - name: decode-0
+    host: 127.0.0.1
+    port: $((base + 3))
+    metrics_port: $((base + 4))
+    backend: $backend
+    $gpus
+transfer:
+  transport: ucx
+  lease_ms: 30000
+guards:
+  degeneration_action: flag
+  paranoid: false
+  canary_every: 0
+YAML
+
+wait_ready() {  # url path, seconds, pid
+  local url=$1 seconds=$2 pid=$3
+  for _ in $(seq 1 $((seconds * 2))); do
+    kill -0 "$pid" 2>/dev/null || return 1
+    python3 - "$url" <<'PY' && return 0
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+PY
+    sleep 0.5
+  done
+  return 1
+}
+
+run_requests() {  # base url, output json
+  python3 - "$1" "$2" <<'PY'
+import json, sys, urllib.request
+url, path = sys.argv[1], sys.argv[2]
+prompts = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed are the",
+           "And it came to pass", "For God so loved"]
+cases = []
+for i, p in enumerate(prompts):
+    cases.append({"prompt": p, "temperature": 0.0, "seed": 1, "mode": "greedy"})
+for i, p in enumerate(prompts):
+    cases.append({"prompt": p, "temperature": 0.6, "top_p": 0.95, "seed": 7000 + i,
+                  "mode": "T0.6"})
+results = []
+for c in cases:
+    body = {"model": "kjv-v4-tiny", "prompt": c["prompt"], "max_tokens": 32,
+            "temperature": c["temperature"], "seed": c["seed"], "logprobs": 0}
+    if "top_p" in c:
+        body["top_p"] = c["top_p"]
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        choice = json.load(r)["choices"][0]
+    lp = choice.get("logprobs") or {}
+    results.append({"mode": c["mode"], "prompt": c["prompt"], "text": choice["text"],
+                    "tokens": lp.get("tokens") or list(choice["text"])})
+json.dump(results, open(path, "w"), indent=1)
+PY
+}
+
+serve() {  # backend, port, name
+  "$pdserve" serve --backend "$1" --model "$model" --host 127.0.0.1 --port "$2" \
+    > "$out/$3.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  wait_ready "http://127.0.0.1:$2/health" 120 "$pid" ||
+    { echo "FAIL: pdserve serve --backend $1 did not come up (log $out/$3.log)"; tail -5 "$out/$3.log"; exit 1; }
+  run_requests "http://127.0.0.1:$2" "$out/$3.json"
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  pids=()
+}
+
+echo "== pdserve serve --backend cpu"
+serve cpu $((base + 5)) serve-cpu
+echo "== pdserve serve --backend $backend"
+serve "$backend" $((base + 6)) serve-cuda
+echo "== pdserve up (prefill and decode backend $backend, one GPU)"
+"$pdserve" up --config "$out/pd-cuda.yaml" > "$out/up.log" 2>&1 &
+up=$!
+pids+=("$up")
+wait_ready "http://127.0.0.1:$base/ready" 180 "$up" ||
+  { echo "FAIL: pdserve up was not ready (log $out/up.log)"; tail -20 "$out/up.log"; exit 1; }
+[ "$backend" != cuda ] || grep -q "backend cuda: prefill on CUDA_VISIBLE_DEVICES=0" "$out/up.log" ||
+  { echo "FAIL: the prefill worker did not say it runs the CUDA engine"; exit 1; }
+run_requests "http://127.0.0.1:$base" "$out/pd-cuda.json"
+kill -INT "$up"; wait "$up" 2>/dev/null || true
+pids=()
+
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+cpu, col, pd = (json.load(open(f"{out}/{n}.json")) for n in ("serve-cpu", "serve-cuda", "pd-cuda"))
+
+def parts(a, b):
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else n
+
+print(f"{'#':>2} {'mode':6} {'prompt':26} {'tok':>3} {'pd-vs-cuda':>10} {'pd-vs-cpu':>9}")
+first_token_bad = decode_parted = cpu_close = 0
+for i, (c, g, p) in enumerate(zip(cpu, col, pd)):
+    vs_col, vs_cpu = parts(p["tokens"], g["tokens"]), parts(p["tokens"], c["tokens"])
+    first_token_bad += vs_col == 0
+    decode_parted += vs_col is not None and vs_col > 0
+    cpu_close += vs_cpu is None or vs_cpu >= 4
+    show = lambda x: "equal" if x is None else f"@{x}"
+    print(f"{i:>2} {p['mode']:6} {p['prompt'][:26]:26} {len(p['tokens']):>3} "
+          f"{show(vs_col):>10} {show(vs_cpu):>9}")
+ok = first_token_bad == 0 and decode_parted <= 2 and cpu_close >= 8 and all(p["tokens"] for p in pd)
+print(f"first tokens differing from colocated cuda: {first_token_bad} (want 0); "
+      f"parted later: {decode_parted} (want <= 2); equal to cpu for >= 4 tokens: "
+      f"{cpu_close}/12 (want >= 8)")
+print("PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
