@@ -272,7 +272,6 @@ absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& para
                                                       std::span<const int32_t> prompt,
                                                       int64_t vocab_size) {
   PDSERVE_RETURN_IF_ERROR(ValidateSamplingParams(params, vocab_size));
-  PDSERVE_RETURN_IF_ERROR(CheckMinTokensReachable(params, eos_token_ids, vocab_size));
   std::vector<int32_t> end_ids;
   if (!params.ignore_eos) end_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
   for (int32_t token : end_ids) {

@@ -82,7 +82,9 @@ const char* FinishReasonName(FinishReason reason);  // "stop" / "length" (OpenAI
 // InvalidArgument naming min_tokens when params.min_tokens > 0 and the end ids (eos_token_ids
 // unless params.ignore_eos, plus params.stop_token_ids) cover the whole vocabulary [0,
 // vocab_size): every token is masked before min_tokens, so no first token could be sampled.
-// Ids outside the vocabulary are ignored here (ValidateSamplingParams refuses them).
+// Ids outside the vocabulary are ignored here (ValidateSamplingParams refuses them). Called by
+// the request preparer (400 on min_tokens) and the decode worker's Reserve; RequestSampler::Create
+// does not call it (such a sampler fails its first step with FailedPrecondition).
 absl::Status CheckMinTokensReachable(const SamplingParams& params,
                                      std::span<const int32_t> eos_token_ids, int64_t vocab_size);
 

@@ -307,8 +307,10 @@ TEST(RequestSamplerTest, RecordedFirstTokenContinuesTheSameStream) {
   EXPECT_EQ(decode->Record(0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-// min_tokens with end ids covering the vocabulary could never sample a token: refused up front
-// (was: FailedPrecondition 'every token is masked' at the first step, a 500).
+// min_tokens with end ids covering the vocabulary could never sample a token: the request
+// preparer and the decode worker's Reserve refuse it up front with this check (a sampler made
+// anyway fails its first step with FailedPrecondition 'every token is masked', which the PD
+// fault tests use to fail a prefill after it connected).
 TEST(RequestSamplerTest, MinTokensWithEveryTokenAnEndIdIsRefused) {
   SamplingParams params = Greedy();
   params.min_tokens = 1;
@@ -316,10 +318,13 @@ TEST(RequestSamplerTest, MinTokensWithEveryTokenAnEndIdIsRefused) {
   params.stop_token_ids = {0, 1, 2};
   const std::vector<int32_t> eos = {3};
   const std::vector<int32_t> prompt = {0};
-  auto refused = RequestSampler::Create(params, "r", eos, prompt, 4);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("every token is masked"), std::string::npos);
-  EXPECT_FALSE(CheckMinTokensReachable(params, eos, 4).ok());
+  const absl::Status refused = CheckMinTokensReachable(params, eos, 4);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("every token is masked"), std::string::npos) << refused;
+  auto sampler = RequestSampler::Create(params, "r", eos, prompt, 4);
+  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, 1.5f};
+  EXPECT_EQ(sampler->Next(0, logits).status().code(), absl::StatusCode::kFailedPrecondition);
   // One token left (the eos is not an end id with ignore_eos, or not every id is listed), or
   // no min_tokens: fine.
   params.ignore_eos = true;
