@@ -253,7 +253,7 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
       claim_port(w.host, w.port, Join(path, "port"), node["port"], Join(path, "port"));
       claim_port(w.host, w.metrics_port, Join(path, "metrics_port"), node["metrics_port"],
                  Join(path, "metrics_port"));
-      if (w.gpus.empty()) continue;
+      if (w.gpus.empty() || c.share_gpus) continue;
       for (absl::string_view id : absl::StrSplit(w.gpus, ',')) {
         int gpu = 0;
         if (!absl::SimpleAtoi(id, &gpu)) continue;
@@ -284,7 +284,9 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
     return out;
   }
   DeployConfig& c = out.config;
-  if (!r.Map(root, "", {"name", "model", "router", "prefill", "decode", "transfer", "guards"})) {
+  if (!r.Map(
+          root, "",
+          {"name", "model", "router", "prefill", "decode", "transfer", "guards", "share_gpus"})) {
     return out;
   }
   r.String(root, "", "name", true, &c.name);
@@ -305,6 +307,7 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   }
   const YAML::Node guards = r.Field(root, "", "guards", false);
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);
+  r.Bool(root, "", "share_gpus", &c.share_gpus);
   CheckCrossFields(r, c, root, worker_nodes);
   return out;
 }

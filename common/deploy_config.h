@@ -14,10 +14,12 @@
 //              backend: cpu | cuda (required), gpus: "0" / "0,1" (required iff cuda),
 //              threads (cpu only)}
 //   transfer: {transport: ucx, lease_ms}
+//   share_gpus: bool (default false): workers of a host may name the same GPU (a one-GPU trial of
+//     prefill and decode on the CUDA engine; each worker holds its own weights and state there)
 //   guards: {degeneration_action: flag | stop, paranoid: bool, canary_every: int >= 0,
 //            reference_kernels: [sparse_attention | indexer | fp8_state, ...]}
 // Cross-field rules: (host, port) pairs unique over the router's and workers' ports; a GPU of a
-// host is given to at most one worker; ports in 1..65535.
+// host is given to at most one worker unless share_gpus; ports in 1..65535.
 //
 // Errors carry the file, the 1-based line and column (yaml-cpp's Mark) and the key path
 // ("prefill[1].gpus"). Thread-safe: pure functions over their arguments.
@@ -83,6 +85,7 @@ struct DeployConfig {
   std::string transport = "ucx";
   int lease_ms = 30000;
   GuardsConfig guards;
+  bool share_gpus = false;
 };
 
 struct ParsedDeployConfig {

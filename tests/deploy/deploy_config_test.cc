@@ -103,6 +103,11 @@ TEST(DeployConfigTest, PortAndGpuClashesAcrossWorkers) {
                                   "  - name: d1\n    host: h1\n    port: 9300\n"
                                   "    backend: cuda\n    gpus: \"1\"\n";
   ExpectOneError(two_on_gpu1, 21, 11, "decode[1].gpus");
+  // share_gpus: a one-GPU trial may give GPU 1 to both.
+  const ParsedDeployConfig shared = ParseDeployConfig(two_on_gpu1 + "share_gpus: true\n", "s.yaml");
+  EXPECT_TRUE(shared.errors.empty()) << shared.errors[0].ToString();
+  EXPECT_TRUE(shared.config.share_gpus);
+  EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.share_gpus);
 }
 
 TEST(DeployConfigTest, EnumAndSyntaxErrors) {

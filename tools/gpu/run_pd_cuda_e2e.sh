@@ -41,6 +41,7 @@ trap cleanup EXIT
 
 cat > "$out/pd-cuda.yaml" <<YAML
 name: pd-cuda-e2e
+share_gpus: true
 model:
   path: $model
   served_name: kjv-v4-tiny
