@@ -242,25 +242,29 @@ bool RouterService::FullDecodeUp(Request& request, int choice) const {
 
 void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
   const size_t c = static_cast<size_t>(choice);
+  const std::string detail =
+      request.full_detail.empty() ? std::string() : absl::StrCat(" (", request.full_detail, ")");
+  if (queue_ == nullptr) {  // router.queue_timeout_ms 0: nothing waits, so nothing is queued
+    request.Fail(
+        frontend::ServerError(429, absl::StrCat("every decode worker is full; retry later", detail),
+                              "rate_limit_exceeded", "pool_exhausted"),
+        actions);
+    return;
+  }
   const absl::Time now = absl::Now();
   if (!request.queued_since[c]) {
     request.queued_since[c] = now;
     queued_->Get().Increment();
   }
   const absl::Time deadline = *request.queued_since[c] + options_.queue_timeout;
-  if (queue_ == nullptr || now >= deadline) {
-    const std::string detail =
-        request.full_detail.empty() ? std::string() : absl::StrCat(" (", request.full_detail, ")");
+  if (now >= deadline) {
     request.EndWait(choice, "timeout");
     request.Fail(
         frontend::ServerError(
             429,
-            queue_ == nullptr
-                ? absl::StrCat("every decode worker is full; retry later", detail)
-                : absl::StrCat("every decode worker stayed full for the ",
-                               absl::ToInt64Milliseconds(options_.queue_timeout),
-                               " ms the request may wait (router.queue_timeout_ms); retry later",
-                               detail),
+            absl::StrCat("every decode worker stayed full for the ",
+                         absl::ToInt64Milliseconds(options_.queue_timeout),
+                         " ms the request may wait (router.queue_timeout_ms); retry later", detail),
             "rate_limit_exceeded", "pool_exhausted"),
         actions);
     return;

@@ -29,6 +29,12 @@ TEST_F(RouterServiceTest, FullDecodePoolIs429AtOnceWithoutAQueue) {
   EXPECT_EQ(sink->error.message,
             "every decode worker is full; retry later (decode worker d0: fake refuses)");
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  // Nothing waited: no queued choice, no wait observed (the 429 is counted as a request).
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find("\npdserve_router_queued_total 0\n"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("pdserve_router_queue_wait_seconds_count{outcome=\"timeout\"}"),
+            std::string::npos)
+      << metrics;
   absl::MutexLock lock(&decode_[0]->mu);
   EXPECT_EQ(decode_[0]->reserves.size(), 1u);
 }
