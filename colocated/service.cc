@@ -338,15 +338,9 @@ std::string ColocatedService::MetricsText() const {
                                 canary_mismatches_->Value());
   page_owner_failures_->Increment(static_cast<double>(guards.isolation_errors) -
                                   page_owner_failures_->Value());
-  std::map<std::string, std::pair<int64_t, int64_t>> by_label;  // used, free
-  for (int32_t k = 0; k < pool_->num_kinds(); ++k) {
-    auto& [used, free] = by_label[serving::PoolKindLabel(pool_->kind(k).name)];
-    used += pool_->pages_used(k);
-    free += pool_->pages_free(k);
-  }
-  for (const auto& [label, pages] : by_label) {
-    pages_used_->WithLabels({label}).Set(static_cast<double>(pages.first));
-    pages_free_->WithLabels({label}).Set(static_cast<double>(pages.second));
+  for (const auto& [label, pages] : serving::PoolPagesByLabel(*pool_)) {
+    pages_used_->WithLabels({label}).Set(static_cast<double>(pages.used));
+    pages_free_->WithLabels({label}).Set(static_cast<double>(pages.free));
   }
   return registry_.Serialize();
 }

@@ -31,6 +31,16 @@ std::string PoolKindLabel(const std::string& name) {
   return "compressor";
 }
 
+std::map<std::string, PoolPages> PoolPagesByLabel(const PagePool& pool) {
+  std::map<std::string, PoolPages> by_label;
+  for (int32_t k = 0; k < pool.num_kinds(); ++k) {
+    PoolPages& pages = by_label[PoolKindLabel(pool.kind(k).name)];
+    pages.used += pool.pages_used(k);
+    pages.free += pool.pages_free(k);
+  }
+  return by_label;
+}
+
 absl::StatusOr<StateLayout> StateLayout::Create(const StateDims& dims) {
   if (dims.sliding_layers < 0 || dims.csa_layers < 0 || dims.hca_layers < 0 ||
       dims.sliding_layers + dims.csa_layers + dims.hca_layers == 0) {

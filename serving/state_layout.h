@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -50,6 +51,14 @@ const char* StateKindName(StateKind kind);  // "window", "compressed", ...
 // (StateKindName): "window" -> "sliding", "compressed" and "indexer" as they are, either
 // compressor kind -> "compressor".
 std::string PoolKindLabel(const std::string& name);
+
+// Pages used and free in `pool`, summed per PoolKindLabel (the pool-page metrics' series).
+// Thread-safety: as PagePool's counters.
+struct PoolPages {
+  int64_t used = 0;
+  int64_t free = 0;
+};
+std::map<std::string, PoolPages> PoolPagesByLabel(const PagePool& pool);
 
 // A row of one sequence's state: page index within PageTable::pages[kind], row within the page.
 struct StateSlot {
