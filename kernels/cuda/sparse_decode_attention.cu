@@ -8,45 +8,69 @@
 namespace pdserve::kernels::cuda {
 namespace {
 
-// Design (sm_90a): one block of two warpgroups per (split, request, 64-head group). The 64 query
-// heads are the M = 64 of Hopper's warpgroup MMA (wgmma), so every K/V row staged in shared memory
-// is read once per warpgroup instead of once per 16-head mma.sync tile. Warpgroup w computes the
-// scores over dims 256w .. 256w + 255 (S_w = Q[:, half w] K[:, half w]^T, both operands from
-// shared memory); the two halves are added through shared memory (fp32, the same order in both, so
-// both warpgroups hold identical scores and probabilities), and warpgroup w then accumulates
-// O[:, half w] += P V[:, half w] with P from registers. Rows are staged 64 at a time, two stages
-// deep, by cp.async into the 128-byte-swizzled layout wgmma reads; the row lookups (CSA index,
-// page table) run two and three tiles ahead, also by cp.async, so no thread waits on them.
+// Design (sm_90a). One block per (split, request, 64-head group), 3 warpgroups:
+// - Producer (warpgroup 2, 4 warps at 56 registers after setmaxnreg): copies the queries, then
+//   resolves each 32-row tile's rows (window row, or CSA index -> pool page: dependent loads it
+//   runs one and two blocks of four tiles ahead) and copies them with cp.async into a ring of
+//   kStages stages, each completing on an mbarrier, so up to four tiles are in flight.
+// - Consumers (warpgroups 0 and 1, 224 registers): Hopper's warpgroup MMA (wgmma) with the 64
+//   query heads as M. Warpgroup w computes the scores over dims 256w .. 256w + 255 (S_w = Q[:,
+//   half w] K[:, half w]^T, both operands from shared memory); the halves are added through
+//   shared memory (fp32, the same order in both, so both warpgroups hold identical scores and
+//   probabilities), and warpgroup w accumulates O[:, half w] += P V[:, half w] with P from
+//   registers. The scores of tile i + 1 and the P V product of tile i are issued back to back,
+//   and the next tile's exchange and softmax run while they do. The softmax rescales o lazily
+//   (only when the maximum moves by more than kRescaleSlack).
+// The output leaves through shared memory in whole 16-byte stores: bf16 and final with one split,
+// else fp32 partials (unnormalized, with their reference maxima and sums) that a combine kernel
+// merges with the sink. Measured figures and what limits them: docs/perf.md.
 constexpr int kDim = static_cast<int>(kSparseHeadDim);
 constexpr int kHeads = static_cast<int>(kSparseHeadsPerBlock);
-constexpr int kRows = static_cast<int>(kSparseTile);  // K/V rows per tile
-constexpr int kThreads = 256;
+constexpr int kRows = static_cast<int>(kSparseTile);  // K/V rows per stage
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+// Registers per thread after setmaxnreg: the producer warpgroup gives most of its share to the
+// consumers, whose accumulators need them (56 + 2 x 224 = 504 = 3 x 168, the launch's share).
+constexpr int kProducerRegisters = 56;
+constexpr int kConsumerRegisters = 224;
+constexpr int kProducerWarps = 4;
+constexpr int kRowsPerProducer = kRows / kProducerWarps;
 constexpr int kHalf = kDim / 2;
-constexpr int kStages = 2;
+constexpr int kStages = 4;
 constexpr float kLog2e = 1.4426950408889634f;
-// A 64-row operand (Q, or a K/V tile) is 8 regions of 64 rows x 128 bytes (64 dims each); in a
-// region row r starts at r * 128 and its 16-byte unit u sits at unit u ^ (r % 8) (the 128-byte
-// swizzle of the wgmma shared-memory layouts, PTX ISA "Shared Memory Matrix Layout"). Regions are
-// 1024-byte aligned so the swizzle pattern starts at each one.
-constexpr int kRegionBytes = 64 * 128;
-constexpr int kOperandBytes = 8 * kRegionBytes;  // 64 KB
+constexpr float kRescaleSlack = 8.0f;  // log2 units: probabilities up to 256 before a rescale
+// An operand of n rows (Q: 64 heads; a stage: 32 rows) is 8 regions of n rows x 128 bytes (64
+// dims each); in a region row r starts at r * 128 and its 16-byte unit u sits at unit u ^ (r % 8)
+// (the 128-byte swizzle of the wgmma shared-memory layouts, PTX ISA "Shared Memory Matrix
+// Layout"). Regions are 1024-byte aligned so the swizzle pattern starts at each one.
+constexpr int kQRegionBytes = kHeads * 128;
+constexpr int kTileRegionBytes = kRows * 128;
+constexpr int kQBytes = 8 * kQRegionBytes;        // 64 KB
+constexpr int kTileBytes = 8 * kTileRegionBytes;  // 32 KB
 constexpr int kQOffset = 0;
-constexpr int kTileOffset = kOperandBytes;
-constexpr int kExchangeOffset = kTileOffset + kStages * kOperandBytes;
-constexpr int kExchangeBytes = 2 * 32 * 128 * 4;  // [warpgroup][accumulator][thread] fp32
-constexpr int kValidOffset = kExchangeOffset + kExchangeBytes;  // [stage][row] int32
-// Row lookups run ahead of the copies: the CSA index of a tile's rows three tiles ahead, their
-// pool page two tiles ahead, both fetched by cp.async so no thread waits on them.
-constexpr int kIndexRing = 3;
-constexpr int kPageRing = 2;
-constexpr int kIndexOffset = kValidOffset + kStages * kRows * 4;        // [kIndexRing][row] int32
-constexpr int kPageOffset = kIndexOffset + kIndexRing * kRows * 4;      // [kPageRing][row] int32
-constexpr int kSmemBytes = kPageOffset + kPageRing * kRows * 4 + 1024;  // + alignment slack
-static_assert(kHeads == 64 && kDim == 512, "the layout assumes 64 heads of 512 dims");
+constexpr int kTileOffset = kQOffset + kQBytes;
+constexpr int kExchangeOffset = kTileOffset + kStages * kTileBytes;
+constexpr int kExchangeBytes = 2 * 2 * 16 * 128 * 4;  // [tile parity][warpgroup][k][thread] float4
+// [stage] uint32: bit r set when row r of the stage is attended (written by producer warp r / 8 as
+// byte r / 8).
+constexpr int kValidOffset = kExchangeOffset + kExchangeBytes;
+constexpr int kBarrierOffset = kValidOffset + kStages * 4;
+// mbarriers: full[stage] (the stage's rows landed), empty[stage] (its consumers are done), and
+// q_full (the queries landed).
+constexpr int kFullBarrier = 0;
+constexpr int kEmptyBarrier = kStages;
+constexpr int kQBarrier = 2 * kStages;
+constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 1) * 8 + 1024;  // + alignment slack
+// With several splits the fp32 partial output [64 heads][512] is staged in the stages.
+constexpr int kPartialOffset = kTileOffset;
+static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 8,
+              "the layout assumes these shapes");
+static_assert(kStages * kTileBytes >= kHeads * kDim * 4, "partial outputs fit in the stages");
+static_assert(kSmemBytes <= 227 * 1024, "one block per multiprocessor");
 
-// Byte offset of (row, 16-byte unit 0..63) inside a 64-row operand.
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit) {
-  return static_cast<uint32_t>((unit >> 3) * kRegionBytes + row * 128 +
+// Byte offset of (row, 16-byte unit 0..63) inside an operand whose regions are `region_bytes`.
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit, int region_bytes) {
+  return static_cast<uint32_t>((unit >> 3) * region_bytes + row * 128 +
                                (((unit & 7) ^ (row & 7)) << 4));
 }
 
@@ -65,34 +89,55 @@ __device__ __forceinline__ void WgmmaFence() {
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void WgmmaWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
 // Keeps the compiler from moving accesses of an accumulator across wgmma issue / wait.
 template <int N>
 __device__ __forceinline__ void FenceRegisters(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-// Generic-proxy writes to shared memory (cp.async, stores) before async-proxy reads (wgmma).
+// Generic-proxy writes to shared memory (cp.async) before async-proxy reads (wgmma).
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// The two consumer warpgroups only (barrier 0 is __syncthreads, which the producer would need).
+__device__ __forceinline__ void ConsumerBarrier() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+}
 
-// d[64 x 64] += A[64 x 16] * B[16 x 64] (fp32 accumulate), A and B bf16 K-major in shared
-// memory, given by descriptors.
-__device__ __forceinline__ void WgmmaQk(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrive with release semantics: this thread's earlier shared-memory writes are visible to a
+// thread whose wait sees the phase complete.
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival, made when every cp.async this thread issued before it has landed.
+__device__ __forceinline__ void MbarrierArriveOnCopies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// d[64 x 32] = A[64 x 16] * B[16 x 32] (+ d when `accumulate`; fp32), A and B bf16 K-major in
+// shared memory, given by descriptors.
+__device__ __forceinline__ void WgmmaQk(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                        int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b));
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 // d[64 x 256] += A[64 x 16] * B[16 x 256] (fp32 accumulate), A bf16 in registers (the accumulator
@@ -133,281 +178,477 @@ __device__ __forceinline__ void WgmmaPv(float (&d)[128], const uint32_t (&a)[4],
 
 __device__ __forceinline__ void CopyAsync16Shared(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
 
-__device__ __forceinline__ void CopyAsync4(int* smem_dst, const int32_t* src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+// Per-block facts every role needs, from the request's window length and compressed entries
+// written (its list: window rows first, then compressed slots).
+struct BlockWork {
+  int64_t b = 0;    // request
+  int head0 = 0;    // first head of the block
+  int window = 0;   // window rows of the request
+  int begin = 0;    // first list entry of this split
+  int end = 0;      // one past its last
+  int n_tiles = 0;  // 32-row tiles of the split
+};
+
+__device__ __forceinline__ int WindowRows(const SparseDecodeParams& p, int window_len) {
+  return static_cast<int>(min(max(int64_t{window_len}, int64_t{0}), p.window_size));
 }
 
-// Number of list entries of request b (window rows first, then compressed slots).
-__device__ __forceinline__ void EntryCounts(const SparseDecodeParams& p, int64_t b, int* window,
-                                            int* total) {
-  const int w = static_cast<int>(min(max(int64_t{p.window_len[b]}, int64_t{0}), p.window_size));
+// Entries of a request's list: its window rows, then the CSA slots or the HCA entries written.
+__device__ __forceinline__ int RequestEntries(const SparseDecodeParams& p, int window_len,
+                                              int n_compressed) {
   int64_t compressed = p.compressed_slots;
   if (p.indices == nullptr) {
-    compressed = min(max(int64_t{p.n_compressed[b]}, int64_t{0}), p.compressed_slots);
+    compressed = min(max(int64_t{n_compressed}, int64_t{0}), p.compressed_slots);
   }
-  *window = w;
-  *total = w + static_cast<int>(compressed);
+  return WindowRows(p, window_len) + static_cast<int>(compressed);
+}
+
+__device__ __forceinline__ BlockWork GetBlockWork(const SparseDecodeParams& p, int window_len,
+                                                  int n_compressed) {
+  BlockWork w;
+  w.b = blockIdx.y;
+  w.head0 = static_cast<int>(blockIdx.z) * kHeads;
+  w.window = WindowRows(p, window_len);
+  const int total = RequestEntries(p, window_len, n_compressed);
+  w.begin = static_cast<int>(blockIdx.x) * static_cast<int>(p.entries_per_split);
+  w.end = min(total, w.begin + static_cast<int>(p.entries_per_split));
+  w.n_tiles = max(0, (w.end - w.begin + kRows - 1) / kRows);
+  return w;
+}
+
+// Producer warps: the queries of the block, 16 bytes per copy, consecutive lanes on consecutive
+// bytes of a head; the copies land on the q_full barrier. Needs nothing loaded first, so they go
+// out before anything else.
+__device__ __forceinline__ void IssueQueries(const SparseDecodeParams& p, uint32_t base) {
+  const int lane = threadIdx.x & 31;
+  const int pw = (static_cast<int>(threadIdx.x) - kConsumerThreads) >> 5;
+  const __nv_bfloat16* const q =
+      p.q + (int64_t{blockIdx.y} * p.heads + int64_t{blockIdx.z} * kHeads) * kDim;
+#pragma unroll 4
+  for (int i = pw; i < kHeads * kDim / 8 / 32; i += kProducerWarps) {
+    const int unit_index = i * 32 + lane;
+    const int head = unit_index >> 6;
+    const int unit = unit_index & 63;
+    CopyAsync16Shared(base + kQOffset + SwizzledOffset(head, unit, kQRegionBytes),
+                      q + head * kDim + unit * 8, true);
+  }
+  MbarrierArriveOnCopies(base + kBarrierOffset + kQBarrier * 8);
+}
+
+// The producer warps: every tile's rows into the stage ring. Producer warp pw owns rows 8 pw ..
+// 8 pw + 7 of every tile. The row lookups run in blocks of four tiles: lane l resolves row
+// 8 pw + l % 8 of tile 4 blk + l / 8, the CSA indices two blocks ahead and their pool pages one
+// block ahead, so a dependent global load is waited for at most once per four tiles. For the
+// copies 8 lanes take one 128-byte region row, so a warp instruction moves 4 rows' worth of one
+// region and every 32-byte sector is requested whole.
+__device__ void Produce(const SparseDecodeParams& p, const BlockWork& w, int n_compressed,
+                        int window_page, uint32_t base, unsigned char* valid_bytes) {
+  const int lane = threadIdx.x & 31;
+  const int pw = (static_cast<int>(threadIdx.x) - kConsumerThreads) >> 5;
+  if (w.n_tiles == 0) return;
+  const __nv_bfloat16* const window_rows =
+      p.window_pool + int64_t{window_page} * p.window_size * kDim;
+  const int my_row = kRowsPerProducer * pw + (lane & 7);  // the row this lane resolves
+  const int my_sub = lane >> 3;                           // of tile 4 blk + my_sub
+  const auto entry_index = [&](int block) {
+    return w.begin + (4 * block + my_sub) * kRows + my_row;
+  };
+  // Compressed entry of this lane's row of `block` (CSA index or HCA slot), -1 for window rows
+  // and rows past the split.
+  const auto entry_of = [&](int block) -> int {
+    const int e = entry_index(block);
+    if (e >= w.end || e < w.window) return -1;
+    if (p.indices == nullptr) return e - w.window;
+    return p.indices[w.b * p.compressed_slots + (e - w.window)];
+  };
+  // Its pool page, -1 when it is not attended (index -1 or past the entries written).
+  const auto page_of = [&](int c) -> int {
+    if (c < 0 || c >= n_compressed) return -1;
+    return p.page_table[w.b * p.page_table_stride + c / p.page_size];
+  };
+  int entry0 = entry_of(0);
+  int entry1 = entry_of(1);
+  int page0 = page_of(entry0);
+  const int n_blocks = (w.n_tiles + 3) / 4;
+  const int part = lane & 7;
+  for (int block = 0; block < n_blocks; ++block) {
+    // The next blocks' CSA indices go out before this block waits for its stages; their pages
+    // once this block's first tile is out (page_of waits for the index), so the first tile never
+    // waits on a lookup it does not need.
+    const int entry2 = entry_of(block + 2);
+    int page1 = -1;
+    const int e = entry_index(block);
+    const __nv_bfloat16* src = nullptr;
+    if (e < w.end) {
+      if (e < w.window) {
+        src = window_rows + int64_t{e} * kDim;
+      } else if (page0 >= 0) {
+        src = p.kv_pool + (int64_t{page0} * p.page_size + entry0 % p.page_size) * kDim;
+      }
+    }
+    const uint32_t attended = __ballot_sync(0xFFFFFFFFu, src != nullptr);
+    for (int sub = 0; sub < 4; ++sub) {
+      const int it = 4 * block + sub;
+      if (it >= w.n_tiles) break;
+      const int stage = it % kStages;
+      if (it >= kStages) {
+        MbarrierWait(base + kBarrierOffset + (kEmptyBarrier + stage) * 8, ((it / kStages) - 1) & 1);
+      }
+      if (lane == 0)
+        valid_bytes[stage * 4 + pw] = static_cast<unsigned char>(attended >> (8 * sub));
+      const uint32_t tile = base + kTileOffset + stage * kTileBytes;
+#pragma unroll 1
+      for (int group = 0; group < kRowsPerProducer / 4; ++group) {
+        const int local = 4 * group + (lane >> 3);
+        const int row = kRowsPerProducer * pw + local;
+        const auto row_src = reinterpret_cast<const __nv_bfloat16*>(
+            __shfl_sync(0xFFFFFFFFu, reinterpret_cast<uintptr_t>(src), 8 * sub + local));
+        const bool ok = row_src != nullptr;
+        // A row not attended is zero-filled from a dummy source that is never read.
+        const __nv_bfloat16* const from = (ok ? row_src : p.q) + part * 8;
+        const uint32_t to = tile + row * 128 + ((part ^ (row & 7)) << 4);
+#pragma unroll
+        for (int region = 0; region < 8; ++region) {
+          CopyAsync16Shared(to + region * kTileRegionBytes, from + region * 64, ok);
+        }
+      }
+      const uint32_t full = base + kBarrierOffset + (kFullBarrier + stage) * 8;
+      MbarrierArrive(full);          // the valid flags
+      MbarrierArriveOnCopies(full);  // the rows
+      if (sub == 0) page1 = page_of(entry1);
+    }
+    entry0 = entry1;
+    entry1 = entry2;
+    page0 = page1;
+  }
+}
+
+// Accumulators of one consumer thread: output o for heads (head_lo, head_lo + 8) and columns
+// 256 * warpgroup + 8n + 2t (+1), and per head the reference maximum of the scaled scores (log2
+// domain, at most kRescaleSlack below the largest seen) and the sum of exp2(score - reference).
+struct ConsumerState {
+  float o[128];
+  float running_max[2];
+  float running_sum[2];
+};
+
+// Waits for the wgmma groups issued before the last `PENDING` (groups complete in order).
+template <int PENDING>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+
+__device__ __forceinline__ uint32_t StageAddress(uint32_t base, int it) {
+  return base + kTileOffset + (it % kStages) * kTileBytes;
+}
+
+// Waits until tile `it`'s rows have landed; then they are visible to wgmma.
+__device__ __forceinline__ void WaitFull(uint32_t base, int it) {
+  MbarrierWait(base + kBarrierOffset + (kFullBarrier + it % kStages) * 8, (it / kStages) & 1);
+  FenceProxyAsync();
+}
+
+// Issues S = Q[:, half WG] K^T over the stage at `tile` (16 wgmma, one commit group). WG is a
+// template parameter so the descriptors are warp-uniform arithmetic.
+template <int WG>
+__device__ __forceinline__ void IssueScores(float (&s)[16], uint32_t base, uint32_t tile) {
+  WgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < kHalf / 16; ++ks) {
+    const int region = 4 * WG + ks / 4;
+    const int column_bytes = (ks % 4) * 32;
+    WgmmaQk(s, SmemDescriptor(base + kQOffset + region * kQRegionBytes + column_bytes, 16, 1024),
+            SmemDescriptor(tile + region * kTileRegionBytes + column_bytes, 16, 1024), ks > 0);
+  }
+  WgmmaCommit();
+}
+
+// One tile of the consumer pipeline. On entry the scores of tile `it` are complete in `s` and the
+// P V product of tile it - 1 may still run (under this tile's exchange and softmax); on exit the
+// scores of tile it + 1 are complete in `s_next` and this tile's P V product may still run. The
+// last tile scores its own stage again instead (unused): every tile issues the same wgmma groups,
+// so one copy of this code serves all.
+template <int WG>
+__device__ __forceinline__ void ConsumeTile(const SparseDecodeParams& p, uint32_t base,
+                                            unsigned char* smem, int it, int n_tiles,
+                                            float (&s)[16], float (&s_next)[16],
+                                            ConsumerState& st) {
+  const int tid_wg = threadIdx.x & 127;
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  FenceRegisters(s);
+  // Full scores: own half + the other warpgroup's half (fp32 addition commutes, so both
+  // warpgroups get the same bits). Two exchange buffers alternate by tile, so one barrier per
+  // tile orders every write after the other warpgroup's read of two tiles before.
+  // Stored as 4 float4 per thread, [buffer][warpgroup][k][thread]: consecutive threads on
+  // consecutive 16 bytes.
+  float4* const exchange = reinterpret_cast<float4*>(smem + kExchangeOffset);
+  float4* const mine = exchange + ((it & 1) * 2 + WG) * 4 * 128 + tid_wg;
+  const float4* const other = exchange + ((it & 1) * 2 + (WG ^ 1)) * 4 * 128 + tid_wg;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    mine[k * 128] = make_float4(s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]);
+  }
+  ConsumerBarrier();
+  const uint32_t attended =
+      reinterpret_cast<const uint32_t*>(smem + kValidOffset)[it % kStages] >> (2 * t);
+  const float scale = p.softmax_scale * kLog2e;  // > 0: the order of raw scores is kept
+  // The scores stay as the tensor cores left them (registers of a finished wgmma group must not
+  // be redefined while another group runs); the probabilities get registers of their own.
+  float prob[16];
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 v = other[k * 128];
+    const float theirs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = 4 * k + c;
+      const bool ok = ((attended >> (8 * k + (c & 1))) & 1u) != 0;  // row 8k + 2t + (c & 1)
+      prob[i] = ok ? s[i] + theirs[c] : -INFINITY;
+      tile_max[c >> 1] = fmaxf(tile_max[c >> 1], prob[i]);
+    }
+  }
+  // Lazy rescaling: the reference maximum (running_max, log2 domain) moves only when a score
+  // exceeds it by more than kRescaleSlack, so o is rescaled rarely; probabilities relative to the
+  // reference stay below 2^kRescaleSlack. The final normalization uses the same reference, so
+  // the result is the softmax up to rounding (the idea of FlashAttention-4's conditional
+  // rescaling).
+  float alpha[2];
+  float shift[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
+    const float top = tile_max[r] * scale;
+    alpha[r] = 1.0f;
+    if (top > st.running_max[r] + kRescaleSlack) {
+      alpha[r] = exp2f(st.running_max[r] - top);  // 0 while nothing was visible
+      st.running_max[r] = top;
+      st.running_sum[r] *= alpha[r];
+    }
+    // With nothing visible yet the reference is -inf; subtracting 0 keeps exp2 at 0, not NaN.
+    shift[r] = st.running_max[r] == -INFINITY ? 0.0f : st.running_max[r];
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    prob[i] = exp2f(fmaf(prob[i], scale, -shift[(i & 3) >> 1]));
+    st.running_sum[(i & 3) >> 1] += prob[i];
+  }
+  // The P V product of tile it - 1 is done: o may be rescaled, its stage is free, and the
+  // registers of its P (read by the tensor cores while it runs) may take this tile's.
+  WgmmaWait<0>();
+  FenceRegisters(st.o);
+  uint32_t a[2][4];
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[kk][r] = PackBf16(prob[8 * kk + 2 * r], prob[8 * kk + 2 * r + 1]);
+  }
+  // A reference that moved nowhere in the warp leaves o as it is (alpha is exactly 1): the warp
+  // skips the 128 products (a real branch, not predicated products).
+  if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      st.o[4 * n] *= alpha[0];
+      st.o[4 * n + 1] *= alpha[0];
+      st.o[4 * n + 2] *= alpha[1];
+      st.o[4 * n + 3] *= alpha[1];
+    }
+  }
+  if (it > 0) {
+    __syncwarp();
+    if (lane == 0) MbarrierArrive(base + kBarrierOffset + (kEmptyBarrier + (it - 1) % kStages) * 8);
+  }
+  // The scores of tile it + 1 and the P V product of tile it go to the tensor cores back to back;
+  // the first runs while the next tile's exchange waits, the second under the next softmax.
+  const bool has_next = it + 1 < n_tiles;
+  if (has_next) WaitFull(base, it + 1);
+  IssueScores<WG>(s_next, base, StageAddress(base, has_next ? it + 1 : it));
+  const uint32_t tile = StageAddress(base, it);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    // B = rows 16kk .. 16kk + 15 of the stage, dims 256 * WG ..: MN-major (dims contiguous),
+    // leading byte offset = one region (64 dims), stride byte offset = 8 rows.
+    WgmmaPv(
+        st.o, a[kk],
+        SmemDescriptor(tile + 4 * WG * kTileRegionBytes + kk * 16 * 128, kTileRegionBytes, 1024));
+  }
+  WgmmaCommit();
+  WgmmaWait<1>();  // the scores of tile it + 1
+}
+
+template <int WG>
+__device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles, uint32_t base,
+                                        unsigned char* smem, ConsumerState& st) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) st.o[i] = 0.0f;
+  st.running_max[0] = st.running_max[1] = -INFINITY;
+  st.running_sum[0] = st.running_sum[1] = 0.0f;
+  if (n_tiles > 0) {
+    MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+    float s_even[16];
+    float s_odd[16];
+    WaitFull(base, 0);
+    IssueScores<WG>(s_even, base, StageAddress(base, 0));
+    WgmmaWait<0>();
+    // Two register sets alternate: a tile's scores land in one while the other is in use.
+    for (int it = 0; it < n_tiles; it += 2) {
+      ConsumeTile<WG>(p, base, smem, it, n_tiles, s_even, s_odd, st);
+      if (it + 1 < n_tiles) ConsumeTile<WG>(p, base, smem, it + 1, n_tiles, s_odd, s_even, st);
+    }
+    WgmmaWait<0>();
+    FenceRegisters(st.o);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st.running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, st.running_sum[r], 1);
+    st.running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, st.running_sum[r], 2);
+  }
+}
+
+// out = sum_i w_i o_i / (sum_i w_i l_i + exp2(sink - top)), w_i = exp2(m_i - top), top the
+// largest of the maxima m_i and the sink (all log2-domain); zeros when nothing is visible.
+__device__ __forceinline__ float MergeWeight(float m, float top) {
+  return top == -INFINITY ? 0.0f : exp2f(m - top);
+}
+
+// Byte offset of (head, 16-byte unit u) in the bf16 output staged in shared memory: rows of 1 KB,
+// the unit XOR-ed with head % 8 so the 8 heads a warp writes at once fall in different banks.
+__device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
+  return head * kDim * 2 + ((unit ^ (head & 7)) << 4);
+}
+
+// The consumer warpgroups: every tile, then the output (one split) or the partials.
+template <int WG>
+__device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
+                                                 uint32_t base, unsigned char* smem,
+                                                 __nv_bfloat16* out, float* part_out,
+                                                 float* part_max, float* part_sum) {
+  const int tid = threadIdx.x;
+  const int splits = static_cast<int>(gridDim.x);
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int head_lo = 16 * ((tid & 127) >> 5) + g;  // this thread's heads: head_lo, head_lo + 8
+  // Loaded now, used at the end: the sinks of this thread's heads.
+  const float sink_lo = p.sinks[w.head0 + head_lo] * kLog2e;
+  const float sink_hi = p.sinks[w.head0 + head_lo + 8] * kLog2e;
+  ConsumerState st;
+  Consume<WG>(p, w.n_tiles, base, smem, st);
+  // The query area is reused below: with no tile, its copies were never waited for.
+  if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+  __nv_bfloat16* const block_out = out + (w.b * p.heads + w.head0) * kDim;
+  if (splits == 1) {
+    // One split: finish here (sink and normalization). The bf16 output is staged in the query
+    // area (free: both warpgroups are past their last score product) and leaves in whole
+    // 16-byte stores, consecutive threads on consecutive bytes.
+    ConsumerBarrier();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = head_lo + 8 * r;
+      const float sink = r == 0 ? sink_lo : sink_hi;
+      const float top = fmaxf(st.running_max[r], sink);
+      const float weight = MergeWeight(st.running_max[r], top);
+      const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
+      const float inv = denom > 0.0f ? weight / denom : 0.0f;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
+        *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) +
+                                           4 * t) =
+            __floats2bfloat162_rn(st.o[4 * n + 2 * r] * inv, st.o[4 * n + 2 * r + 1] * inv);
+      }
+    }
+    ConsumerBarrier();
+#pragma unroll 4
+    for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
+      const int head = i >> 6;
+      const int unit = i & 63;
+      reinterpret_cast<uint4*>(block_out)[i] =
+          *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
+    }
+    return;
+  }
+
+  // Several splits: the unnormalized fp32 output (staged in the stages, free once both
+  // warpgroups are past the last tile; 16-byte units XOR-ed with head % 8 against bank
+  // conflicts) and this thread's maxima and sums go to the partials.
+  ConsumerBarrier();
+  unsigned char* const staged = smem + kPartialOffset;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head_lo + 8 * r;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      const int unit =
+          (WG * kHalf + 8 * n) / 4;  // 4 fp32 per unit; this thread's 8 bytes at 8(t%2)
+      const int col = 2 * t;         // of columns 8n .. 8n + 7: units unit, unit + 1
+      const int u = unit + col / 4;
+      *reinterpret_cast<float2*>(staged + head * kDim * 4 + ((u ^ (head & 7)) << 4) +
+                                 (col % 4) * 4) =
+          make_float2(st.o[4 * n + 2 * r], st.o[4 * n + 2 * r + 1]);
+    }
+    if (WG == 0 && t == 0) {
+      const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
+      part_max[row] = st.running_max[r];
+      part_sum[row] = st.running_sum[r];
+    }
+  }
+  ConsumerBarrier();
+  float* const block_part = part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
+#pragma unroll 4
+  for (int i = tid; i < kHeads * kDim / 4; i += kConsumerThreads) {
+    const int head = i >> 7;
+    const int unit = i & 127;
+    reinterpret_cast<float4*>(block_part)[i] =
+        *reinterpret_cast<const float4*>(staged + head * kDim * 4 + ((unit ^ (head & 7)) << 4));
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
     SparseDecodeSplitKernel(SparseDecodeParams p, float* part_out, float* part_max, float* part_sum,
-                            __nv_bfloat16* out_final) {
+                            __nv_bfloat16* out) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  float* const exchange = reinterpret_cast<float*>(smem + kExchangeOffset);
-  int* const valid = reinterpret_cast<int*>(smem + kValidOffset);
-
-  const int split = blockIdx.x;
-  const int64_t b = blockIdx.y;
-  const int head0 = blockIdx.z * kHeads;
-  int window = 0;
-  int total = 0;
-  EntryCounts(p, b, &window, &total);
-  const int begin = split * static_cast<int>(p.entries_per_split);
-  // Splits past the request's entries write nothing: the combine kernel ignores them. Split 0
-  // always runs so that a single-split launch still writes zeros for an empty request.
-  if (split > 0 && begin >= total) return;
-  const int end = min(total, begin + static_cast<int>(p.entries_per_split));
-  const int n_tiles = max(0, (end - begin + kRows - 1) / kRows);
-  const int n_compressed = p.n_compressed[b];
-  const __nv_bfloat16* const window_rows =
-      p.window_size > 0 ? p.window_pool + int64_t{p.window_page[b]} * p.window_size * kDim
-                        : nullptr;
-
   const int tid = threadIdx.x;
-  const int wg = tid >> 7;  // warpgroup: score dims and output dims 256 * wg ..
-  const int tid_wg = tid & 127;
-  const int warp_wg = tid_wg >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  // Loader role: rows row_a and row_a + 32 of each tile, 16-byte units part + 8c (8 threads
-  // cover one 128-byte region row, conflict-free under the swizzle).
-  const int row_a = tid >> 3;
-  const int part = tid & 7;
-
-  const __nv_bfloat16* const q = p.q + (b * p.heads + head0) * kDim;
-  int* const index_ring = reinterpret_cast<int*>(smem + kIndexOffset);
-  int* const page_ring = reinterpret_cast<int*>(smem + kPageOffset);
-  // Lookup step 1 (threads 0..63, one tile row each): the row's compressed entry (CSA index or
-  // HCA slot), -1 for window rows and rows past `end`.
-  const auto fetch_index = [&](int tile) {
-    if (tid >= kRows || tile >= n_tiles) return;
-    const int e = begin + tile * kRows + tid;
-    int* const dst = index_ring + (tile % kIndexRing) * kRows + tid;
-    if (e < end && e >= window) {
-      if (p.indices != nullptr) {
-        CopyAsync4(dst, p.indices + b * p.compressed_slots + (e - window));
-      } else {
-        *dst = e - window;
-      }
-    } else {
-      *dst = -1;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      // An arrive and an arrive-on-copies from every producer thread.
+      MbarrierInit(base + kBarrierOffset + (kFullBarrier + s) * 8, 2 * 32 * kProducerWarps);
+      MbarrierInit(base + kBarrierOffset + (kEmptyBarrier + s) * 8, kConsumerThreads / 32);
     }
-  };
-  // Lookup step 2: the entry's pool page, -1 when it is not attended (index -1 or past the
-  // entries written).
-  const auto fetch_page = [&](int tile) {
-    if (tid >= kRows || tile >= n_tiles) return;
-    const int c = index_ring[(tile % kIndexRing) * kRows + tid];
-    int* const dst = page_ring + (tile % kPageRing) * kRows + tid;
-    if (c >= 0 && c < n_compressed) {
-      CopyAsync4(dst, p.page_table + b * p.page_table_stride + c / p.page_size);
-    } else {
-      *dst = -1;
-    }
-  };
-  // Lookup step 3: the address of tile row r, nullptr when the row is not attended.
-  const auto source = [&](int tile, int r) -> const __nv_bfloat16* {
-    const int e = begin + tile * kRows + r;
-    if (e >= end) return nullptr;
-    if (e < window) return window_rows + int64_t{e} * kDim;
-    const int page = page_ring[(tile % kPageRing) * kRows + r];
-    if (page < 0) return nullptr;
-    const int c = index_ring[(tile % kIndexRing) * kRows + r];
-    return p.kv_pool + (int64_t{page} * p.page_size + c % p.page_size) * kDim;
-  };
-  const auto issue = [&](int tile) {
-    const uint32_t dst = base + kTileOffset + (tile % kStages) * kOperandBytes;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int r = row_a + 32 * k;
-      const __nv_bfloat16* const src = source(tile, r);
-      const bool ok = src != nullptr;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int unit = part + 8 * c;
-        CopyAsync16Shared(dst + SwizzledOffset(r, unit), ok ? src + unit * 8 : q, ok);
-      }
-      if (part == 0) valid[(tile % kStages) * kRows + r] = ok;
-    }
-  };
-
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int r = row_a + 32 * k;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const int unit = part + 8 * c;
-      CopyAsync16Shared(base + kQOffset + SwizzledOffset(r, unit), q + r * kDim + unit * 8, true);
-    }
+    MbarrierInit(base + kBarrierOffset + kQBarrier * 8, 32 * kProducerWarps);
   }
-  // Prologue: indices of tiles 0..2, pages of tiles 0..1, then the rows of tile 0.
-  for (int tile = 0; tile < kIndexRing; ++tile) fetch_index(tile);
-  CopyAsyncCommit();
-  CopyAsyncWait<0>();
   __syncthreads();
-  for (int tile = 0; tile < kPageRing; ++tile) fetch_page(tile);
-  CopyAsyncCommit();
-  CopyAsyncWait<0>();
-  __syncthreads();
-  if (n_tiles > 0) issue(0);
-  CopyAsyncCommit();
 
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  float running_max[2] = {-INFINITY, -INFINITY};
-  float running_sum[2] = {0.0f, 0.0f};
-  const float scale = p.softmax_scale * kLog2e;
-  float* const mine = exchange + wg * 32 * 128 + tid_wg;
-  const float* const other = exchange + (wg ^ 1) * 32 * 128 + tid_wg;
-
-  for (int it = 0; it < n_tiles; ++it) {
-    CopyAsyncWait<0>();
-    FenceProxyAsync();
-    __syncthreads();  // tile it is visible to wgmma; every thread is done with tile it - 1
-    if (it + 1 < n_tiles) issue(it + 1);
-    fetch_page(it + 2);
-    fetch_index(it + 3);
-    CopyAsyncCommit();
-
-    const uint32_t tile = base + kTileOffset + (it % kStages) * kOperandBytes;
-    float s[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    WgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < kHalf / 16; ++ks) {
-      const uint32_t offset = (4 * wg + ks / 4) * kRegionBytes + (ks % 4) * 32;
-      WgmmaQk(s, SmemDescriptor(base + kQOffset + offset, 16, 1024),
-              SmemDescriptor(tile + offset, 16, 1024));
+  const int64_t b = blockIdx.y;
+  if (tid >= kConsumerThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    // The queries go out first; the request's lengths and window page are loaded together.
+    IssueQueries(p, base);
+    const int window_len = p.window_len[b];
+    const int n_compressed = p.n_compressed[b];
+    const int window_page = p.window_size > 0 ? p.window_page[b] : 0;
+    const BlockWork w = GetBlockWork(p, window_len, n_compressed);
+    Produce(p, w, n_compressed, window_page, base, smem + kValidOffset);
+    // A block with nothing to attend keeps its threads until the query copies have landed.
+    if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
+    if (tid < 128) {
+      ConsumeAndFinish<0>(p, w, base, smem, out, part_out, part_max, part_sum);
+    } else {
+      ConsumeAndFinish<1>(p, w, base, smem, out, part_out, part_max, part_sum);
     }
-    WgmmaCommit();
-    WgmmaWaitAll();
-    FenceRegisters(s);
-
-    // Full scores: own half + the other warpgroup's half (fp32 addition commutes, so both
-    // warpgroups get the same bits).
-#pragma unroll
-    for (int i = 0; i < 32; ++i) mine[i * 128] = s[i];
-    __syncthreads();
-    const int* const tile_valid = valid + (it % kStages) * kRows;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = 4 * j + c;
-        const float full = s[i] + other[i * 128];
-        const bool ok = tile_valid[8 * j + 2 * t + (c & 1)] != 0;
-        s[i] = ok ? full * scale : -INFINITY;
-        tile_max[c >> 1] = fmaxf(tile_max[c >> 1], s[i]);
-      }
-    }
-    float alpha[2];
-    float shift[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
-      const float new_max = fmaxf(running_max[r], tile_max[r]);
-      // With nothing visible yet the maximum is -inf; subtracting 0 keeps exp2 at 0, not NaN.
-      shift[r] = new_max == -INFINITY ? 0.0f : new_max;
-      alpha[r] = exp2f(running_max[r] - shift[r]);
-      running_max[r] = new_max;
-      running_sum[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      s[i] = exp2f(s[i] - shift[(i & 3) >> 1]);
-      running_sum[(i & 3) >> 1] += s[i];
-    }
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[4 * n] *= alpha[0];
-      o[4 * n + 1] *= alpha[0];
-      o[4 * n + 2] *= alpha[1];
-      o[4 * n + 3] *= alpha[1];
-    }
-    uint32_t a[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) a[kk][r] = PackBf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-    }
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      // B = rows 16kk .. 16kk + 15 of the tile, dims 256 * wg ..: MN-major (dims contiguous),
-      // leading byte offset = one region (64 dims), stride byte offset = 8 rows.
-      WgmmaPv(o, a[kk],
-              SmemDescriptor(tile + 4 * wg * kRegionBytes + kk * 16 * 128, kRegionBytes, 1024));
-    }
-    WgmmaCommit();
-    WgmmaWaitAll();
-    FenceRegisters(o);
-  }
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, running_sum[r], 1);
-    running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, running_sum[r], 2);
-  }
-  const int head_lo = 16 * warp_wg + g;  // this thread's heads: head_lo and head_lo + 8
-  if (gridDim.x == 1) {
-    // One split: finish here (sink and normalization), no combine pass over partials.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = head0 + head_lo + 8 * r;
-      const float sink = p.sinks[head] * kLog2e;
-      const float top = fmaxf(running_max[r], sink);
-      float weight = 0.0f;
-      float inv = 0.0f;
-      if (top != -INFINITY) {
-        weight = exp2f(running_max[r] - top);
-        inv = 1.0f / (running_sum[r] * weight + exp2f(sink - top));
-      }
-      __nv_bfloat16* const dst = out_final + (b * p.heads + head) * kDim + wg * kHalf + 2 * t;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * n) = __floats2bfloat162_rn(
-            o[4 * n + 2 * r] * weight * inv, o[4 * n + 2 * r + 1] * weight * inv);
-      }
-    }
-    return;
-  }
-  const int64_t splits = gridDim.x;
-  const int64_t row0 = (b * splits + split) * p.heads + head0 + head_lo;
-  const int64_t row1 = row0 + 8;
-#pragma unroll
-  for (int n = 0; n < 32; ++n) {
-    const int col = wg * kHalf + 8 * n + 2 * t;
-    *reinterpret_cast<float2*>(part_out + row0 * kDim + col) = make_float2(o[4 * n], o[4 * n + 1]);
-    *reinterpret_cast<float2*>(part_out + row1 * kDim + col) =
-        make_float2(o[4 * n + 2], o[4 * n + 3]);
-  }
-  if (wg == 0 && t == 0) {
-    part_max[row0] = running_max[0];
-    part_sum[row0] = running_sum[0];
-    part_max[row1] = running_max[1];
-    part_sum[row1] = running_sum[1];
   }
 }
 
@@ -417,11 +658,9 @@ __global__ void __launch_bounds__(kDim / 4)
                               const float* part_max, const float* part_sum, __nv_bfloat16* out) {
   const int64_t b = blockIdx.x;
   const int64_t h = blockIdx.y;
-  int window = 0;
-  int total = 0;
-  EntryCounts(p, b, &window, &total);
+  const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
   const int per_split = static_cast<int>(p.entries_per_split);
-  const int active = min(splits, (total + per_split - 1) / per_split);
+  const int active = min(splits, (entries + per_split - 1) / per_split);
   const float sink = p.sinks[h] * kLog2e;  // a logit, not scaled by softmax_scale
   float top = sink;
   for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[(b * splits + sp) * p.heads + h]);
@@ -481,8 +720,9 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads % kHeads != 0 ||
-      p.heads / kHeads > 65535 || p.window_size < 0 || p.compressed_slots < 0 || p.page_size < 1 ||
-      p.entries_per_split <= 0 || p.entries_per_split % kSparseTile != 0 ||
+      !(p.softmax_scale > 0.0f) || p.heads / kHeads > 65535 || p.window_size < 0 ||
+      p.compressed_slots < 0 || p.page_size < 1 || p.entries_per_split <= 0 ||
+      p.entries_per_split % kSparseTile != 0 ||
       p.window_size + p.compressed_slots > INT32_MAX / 2) {
     return cudaErrorInvalidValue;
   }

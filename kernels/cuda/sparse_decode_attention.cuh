@@ -18,10 +18,11 @@
 // c % page_size); sinks [heads] fp32; out [batch, heads, 512] bf16. Rows that are not attended
 // (past a length, index -1) are never read, so stale or NaN slots cannot leak.
 //
-// Method (sm_90a): per (split, request, 64 heads) one block of two warpgroups running Hopper's
-// warpgroup MMA with the 64 heads as M, rows staged 64 at a time (kSparseTile) in shared memory;
-// see the .cu for the data flow. Scores and the output accumulate in fp32; the probabilities are
-// rounded to bf16 for the P V product.
+// Method (sm_90a): per (split, request, 64 heads) one block of two consumer warpgroups running
+// Hopper's warpgroup MMA with the 64 heads as M and a producer warp that copies the attended rows
+// 32 at a time (kSparseTile) into a four-stage ring in shared memory (see the .cu for the data
+// flow); with several splits a combine kernel merges their fp32 partials. Scores and the output
+// accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -37,7 +38,7 @@ namespace pdserve::kernels::cuda {
 
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
-inline constexpr int64_t kSparseTile = 64;           // entries_per_split must be a multiple
+inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;
@@ -55,7 +56,7 @@ struct SparseDecodeParams {
   const int32_t* indices = nullptr;       // CSA: [batch, compressed_slots]; HCA: nullptr
   int64_t compressed_slots = 0;           // CSA: top-k; HCA: bound on n_compressed
   const float* sinks = nullptr;
-  float softmax_scale = 1.0f;
+  float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
 };
 
@@ -73,7 +74,9 @@ size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
 // Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
 // Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
-// a multiple of 32, workspace too small, missing pointers), else the launch status. No state:
+// a multiple of kSparseTile, softmax_scale not > 0, workspace too small, missing pointers), else
+// the launch status. No
+// state besides a one-time kernel attribute (make the first call outside graph capture):
 // concurrent calls with distinct workspaces are safe.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,

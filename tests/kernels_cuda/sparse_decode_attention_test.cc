@@ -142,9 +142,9 @@ std::vector<double> Evaluate(const AttentionCase& c, float scale) {
   return out;
 }
 
-void RunAndCheck(const AttentionCase& c, int64_t entries_per_split) {
+void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
+                 float scale = 1.0f / std::sqrt(static_cast<float>(kD))) {
   const int64_t batch = static_cast<int64_t>(c.window_len.size());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
   GuardedBuffer<uint16_t> q(c.q.size()), window_pool(c.window_pool.size()),
       kv_pool(c.kv_pool.size()), out(static_cast<size_t>(batch * c.heads * kD));
   GuardedBuffer<int32_t> window_len(c.window_len.size()), window_page(c.window_page.size()),
@@ -229,10 +229,50 @@ TEST(CudaSparseDecodeTest, HcaAllCompressedEntries) {
   RunAndCheck(MakeCase(rng, 64, false, 1100, {128, 0, 17, 128}, {1030, 0, 1, 333}, 0.0), 192);
 }
 
+TEST(CudaSparseDecodeTest, EverySplitOneTile) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // 128 window rows + 128 slots in 8 splits of one 32-row tile: requests whose later splits are
+  // empty, a request with nothing visible, tails shorter than a tile.
+  RunAndCheck(MakeCase(rng, 64, true, 128, {128, 0, 31, 100, 0}, {400, 90, 33, 0, 0}, 0.3), 32);
+  // 128 + 64 entries in 6 splits (HCA), and in 2.
+  RunAndCheck(MakeCase(rng, 64, false, 64, {128, 7, 0}, {64, 63, 1}, 0.0), 32);
+  RunAndCheck(MakeCase(rng, 64, false, 64, {128, 7, 0}, {64, 63, 1}, 0.0), 96);
+}
+
+TEST(CudaSparseDecodeTest, WideScoreRangeMovesTheReferenceMidway) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // Scores with a standard deviation of ~16 (log2 units): later rows often beat the running
+  // reference maximum by more than the kernel's slack, so the output is rescaled between tiles
+  // (with the usual 1/sqrt(512) scale it hardly ever is). One split and several.
+  const AttentionCase c = MakeCase(rng, 64, true, 512, {128, 90, 3}, {2000, 700, 40}, 0.1);
+  RunAndCheck(c, 640, 0.5f);
+  RunAndCheck(c, 96, 0.5f);
+}
+
 TEST(CudaSparseDecodeTest, HundredTwentyEightHeads) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   RunAndCheck(MakeCase(rng, 128, true, 512, {128, 41}, {900, 200}, 0.2), 128);
+}
+
+TEST(CudaSparseDecodeTest, SplitSizeFillsOneWave) {
+  // Host arithmetic only (no GPU needed). 132 multiprocessors, 640 and 1152 entries.
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(128, 64, 640, 132), 640);  // a block per request
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 64, 640, 132), 160);   // 4 splits
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 128, 640, 132), 320);  // 2 head groups, 2 splits
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(1, 64, 640, 132), kSparseTile);
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(1, 64, 5, 132), kSparseTile);
+  for (int64_t batch = 1; batch <= 300; ++batch) {
+    SparseDecodeParams p;
+    p.batch = batch;
+    p.window_size = 128;
+    p.compressed_slots = 1021;
+    p.entries_per_split = SparseDecodeEntriesPerSplit(batch, 64, 1149, 132);
+    EXPECT_EQ(p.entries_per_split % kSparseTile, 0);
+    EXPECT_LE(SparseDecodeSplits(p) * batch, std::max<int64_t>(132, batch));
+  }
 }
 
 TEST(CudaSparseDecodeTest, RejectsBadArguments) {
@@ -243,7 +283,10 @@ TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   unsigned char dummy = 0;
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
   p.heads = 64;
-  p.entries_per_split = 96;  // not a multiple of 64
+  p.entries_per_split = 48;  // not a multiple of kSparseTile
+  EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
+  p.entries_per_split = 64;
+  p.softmax_scale = 0.0f;  // the kernel needs a positive scale
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
