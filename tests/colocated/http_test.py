@@ -24,6 +24,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "ops"))
 from prometheus_scrape_test import documented_metrics  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_process import popen  # noqa: E402  (tests/child_process.py)
+
 
 def curl(url, body, stream=False):
     args = ["curl", "-sS", "-N" if stream else "-s", "-H", "Content-Type: application/json",
@@ -86,7 +89,7 @@ def main():
     if shutil.which("curl") is None:
         print("SKIP: curl is not installed")
         return 77
-    server = subprocess.Popen([args.pdserve, "serve", "--model", args.model, "--port", "0",
+    server = popen([args.pdserve, "serve", "--model", args.model, "--port", "0",
                                "--max-batch", "8"], stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()

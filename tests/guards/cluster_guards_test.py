@@ -43,6 +43,9 @@ from cluster_test import check, curl, free_port, metric_sum, metrics, sse, wait_
 
 import cluster_test  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_process import popen  # noqa: E402  (tests/child_process.py)
+
 MODEL = "kjv-v4-tiny"
 CORRUPT_LEN = 37  # prompt length (tokens) of the one request whose page is corrupted
 
@@ -74,14 +77,14 @@ decode:
         env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"))
         self.logs = {n: open(os.path.join(workdir, f"{n}-{decoders}.log"), "w")
                      for n in ["prefill-0", "router"] + [f"decode-{i}" for i in range(decoders)]}
-        self.procs = {"prefill-0": subprocess.Popen(
+        self.procs = {"prefill-0": popen(
             [pdserve, "prefill", "--config", self.config, "--name", "prefill-0"],
             env=dict(env, **prefill_env), stderr=self.logs["prefill-0"])}
         for i in range(decoders):
-            self.procs[f"decode-{i}"] = subprocess.Popen(
+            self.procs[f"decode-{i}"] = popen(
                 [pdserve, "decode", "--config", self.config, "--name", f"decode-{i}"] +
                 decode_flags, env=env, stderr=self.logs[f"decode-{i}"])
-        self.procs["router"] = subprocess.Popen([pdserve, "router", "--config", self.config],
+        self.procs["router"] = popen([pdserve, "router", "--config", self.config],
                                                 stdout=self.logs["router"],
                                                 stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{p['http']}"
@@ -216,7 +219,7 @@ def proof_kill_decode(c):
             "temperature": 0.6, "stream": True}
     args = ["curl", "-sS", "-N", c.base + "/v1/completions", "-H",
             "Content-Type: application/json", "-d", json.dumps(body)]
-    stream = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    stream = popen(args, stdout=subprocess.PIPE, text=True)
     busy = None
     deadline = time.time() + 30
     while busy is None and time.time() < deadline:

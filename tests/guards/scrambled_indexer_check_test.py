@@ -19,6 +19,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_process import popen  # noqa: E402  (tests/child_process.py)
+
 
 def check(cond, message):
     if not cond:
@@ -33,7 +36,7 @@ def serve_and_check(args, scramble):
     if scramble:
         env["PDSERVE_TEST_SCRAMBLE_INDEXER"] = "1"
     with tempfile.TemporaryFile("w+") as err, tempfile.NamedTemporaryFile(suffix=".json") as out:
-        server = subprocess.Popen([args.pdserve, "serve", "--model", args.model, "--port", "0",
+        server = popen([args.pdserve, "serve", "--model", args.model, "--port", "0",
                                    "--max-batch", "32"],
                                   stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         try:

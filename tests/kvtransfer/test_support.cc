@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,9 +80,13 @@ absl::StatusOr<std::unique_ptr<PeerProcess>> PeerProcess::Start(
   if (pipe(to_child) != 0 || pipe(from_child) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    // A test binary that is killed (timeout, SIGKILL, a debugger) takes its peers with it instead
+    // of leaving worker processes that hold ports and CPU for the next tests.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
     dup2(to_child[0], STDIN_FILENO);
     dup2(from_child[1], STDOUT_FILENO);
     close(to_child[0]);

@@ -35,6 +35,9 @@ import time
 import urllib.parse
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_process import popen  # noqa: E402  (tests/child_process.py)
+
 BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100,
            250, 600]
 REQUESTS = 8
@@ -176,9 +179,9 @@ guards:
     env["PDSERVE_TEST_DELAY_MS"] = "2000"
     env["PDSERVE_TEST_DELAY_MIN_PROMPT"] = "8"  # the router's canary prompt is shorter
     log = open(os.path.join(work, "cluster.log"), "w")
-    up = subprocess.Popen([binary, "up", "--config", config], stdout=log, stderr=log, env=env,
+    up = popen([binary, "up", "--config", config], stdout=log, stderr=log, env=env,
                           start_new_session=True)
-    prom = subprocess.Popen([prometheus, "--config.file", os.path.join(work, "prometheus.yml"),
+    prom = popen([prometheus, "--config.file", os.path.join(work, "prometheus.yml"),
                              "--storage.tsdb.path", os.path.join(work, "tsdb"),
                              "--web.listen-address", f"127.0.0.1:{ports['prom']}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -35,6 +35,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_process import popen  # noqa: E402  (tests/child_process.py)
+
 FAILURES = []
 SKIPPED = []  # cases that could not run (a package missing); the test then exits 77
 
@@ -146,9 +149,9 @@ transfer:
         drain = ["--drain-timeout-ms", "3000"] if "--drain-timeout-ms" in helps else []
         for role, name in [("prefill", "prefill-0"), ("decode", "decode-0"),
                            ("decode", "decode-1")]:
-            self.procs[name] = subprocess.Popen(
+            self.procs[name] = popen(
                 [worker_pdserve, role, "--config", self.config, "--name", name] + drain)
-        self.procs["router"] = subprocess.Popen([pdserve, "router", "--config", self.config],
+        self.procs["router"] = popen([pdserve, "router", "--config", self.config],
                                                 stdout=subprocess.PIPE, text=True)
         self.base = f"http://127.0.0.1:{p['http']}"
 
@@ -261,7 +264,7 @@ def response_core(code, text):
 
 
 def test_colocated_equal(pdserve, model_dir, model, completion, answer, c):
-    serve = subprocess.Popen([pdserve, "serve", "--model", model_dir, "--port", "0"],
+    serve = popen([pdserve, "serve", "--model", model_dir, "--port", "0"],
                              stdout=subprocess.PIPE, text=True)
     try:
         base = serve.stdout.readline().strip().rsplit(" ", 1)[1]
@@ -425,7 +428,7 @@ transfer: {{transport: ucx, lease_ms: 30000}}
 """)
     # stderr (also the children's logs) goes to a file: a pipe nobody reads could fill and block.
     log = open(os.path.join(workdir, "up.log"), "w+")
-    up = subprocess.Popen([pdserve, "up", "--config", config], stdout=subprocess.PIPE,
+    up = popen([pdserve, "up", "--config", config], stdout=subprocess.PIPE,
                           stderr=log, text=True)
     line = ""
     deadline = time.time() + 120
