@@ -62,6 +62,10 @@ struct Flags {
   int64_t transfer_context = 4096;
   int64_t repeats = 5;
   int64_t vocab = 129280;
+  // The expert-parallel group's GPUs and communicator ("0,0" with "local": two ranks on one GPU,
+  // which checks the path on a one-GPU machine; its figures say nothing about two GPUs).
+  std::string ep_devices = "0,1";
+  std::string ep_comm = "nccl";
 };
 
 // V4-Flash layer shapes with `layers` layers: CSA and HCA alternating, the first layer's MoE
@@ -138,13 +142,13 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-absl::StatusOr<std::unique_ptr<GpuModelGroup>> MakeGroup(const engine::ModelConfig& config,
-                                                         const engine::Weights& weights,
-                                                         std::vector<int> devices, int64_t slots,
-                                                         int64_t max_context) {
+absl::StatusOr<std::unique_ptr<GpuModelGroup>> MakeGroup(
+    const engine::ModelConfig& config, const engine::Weights& weights, std::vector<int> devices,
+    int64_t slots, int64_t max_context,
+    engine::gpu::ExpertCommKind comm = engine::gpu::ExpertCommKind::kNccl) {
   engine::gpu::GpuGroupOptions options;
   options.devices = std::move(devices);
-  options.comm = engine::gpu::ExpertCommKind::kNccl;
+  options.comm = comm;
   options.model.slots = slots;
   options.model.max_context = max_context;
   options.model.max_chunk = 256;
@@ -295,18 +299,27 @@ absl::Status Run(const Flags& flags) {
   const int64_t context = flags.prompt + flags.steps + 8;
   std::printf("| decode | setup | layers | batch | tokens/s |\n");
   struct Setup {
-    const char* name;
+    std::string name;
     std::vector<int> devices;
   };
   std::vector<Setup> setups = {{"PD decode worker, 1 GPU", {devices >= 2 ? 1 : 0}}};
-  if (devices >= 2) setups.push_back({"colocated EP, 2 GPUs (NCCL)", {0, 1}});
+  PDSERVE_ASSIGN_OR_RETURN(const engine::gpu::ExpertCommKind comm,
+                           engine::gpu::ParseExpertCommKind(flags.ep_comm));
+  std::vector<int> ep_devices;
+  for (absl::string_view d : absl::StrSplit(flags.ep_devices, ',')) {
+    ep_devices.push_back(std::stoi(std::string(d)));
+  }
+  if (*std::max_element(ep_devices.begin(), ep_devices.end()) < devices) {
+    setups.push_back(
+        {"colocated EP, GPUs " + flags.ep_devices + " (" + flags.ep_comm + ")", ep_devices});
+  }
   for (const Setup& setup : setups) {
     const auto world = static_cast<int64_t>(setup.devices.size());
     PDSERVE_ASSIGN_OR_RETURN(auto group, MakeGroup(config, weights, setup.devices,
-                                                   (max_batch + world - 1) / world, context));
+                                                   (max_batch + world - 1) / world, context, comm));
     for (int64_t batch : batches) {
       PDSERVE_ASSIGN_OR_RETURN(const double rate, DecodeRate(*group, batch, flags));
-      std::printf("| decode | %s | %lld | %lld | %.1f |\n", setup.name,
+      std::printf("| decode | %s | %lld | %lld | %.1f |\n", setup.name.c_str(),
                   static_cast<long long>(flags.layers), static_cast<long long>(batch), rate);
       std::fflush(stdout);
     }
@@ -327,6 +340,8 @@ int main(int argc, char** argv) {
   app.add_option("--transfer-context", flags.transfer_context, "Tokens of the moved state");
   app.add_option("--repeats", flags.repeats, "Transfers timed (median)");
   app.add_option("--vocab", flags.vocab, "Vocabulary (V4-Flash: 129280)");
+  app.add_option("--ep-devices", flags.ep_devices, "The expert-parallel group's GPUs");
+  app.add_option("--ep-comm", flags.ep_comm, "Its communicator: nccl, local or auto");
   CLI11_PARSE(app, argc, argv);
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   const absl::Status status = pdserve::bench::Run(flags);

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "engine/tensor_spec.h"
 #include "engine/weights.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {
 
@@ -52,6 +53,7 @@ RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
             std::unique_ptr<engine::gpu::GpuModelGroup> group,
             LoadGpuModelGroup(options, context.model_dir, *context.config,
                               (context.slots + ranks - 1) / ranks, context.max_context));
+        spdlog::info("backend cuda: {}", group->Describe());
         RunnerOptions runner_options = context.options;
         runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);
         PDSERVE_ASSIGN_OR_RETURN(
