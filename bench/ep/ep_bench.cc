@@ -84,55 +84,6 @@ engine::ModelConfig FlashShapes(const Flags& flags) {
   return c;
 }
 
-// Random weights without drawing 6.4 G normal samples per layer: RandomWeights of the same model
-// with 8 experts, whose experts are then tiled to the model's 256; the router (gate, correction
-// bias, hash table) is drawn for all 256 so picks spread over every expert.
-engine::Weights FastRandomWeights(const engine::ModelConfig& config) {
-  engine::ModelConfig small = config;
-  small.n_routed_experts = 8;
-  engine::Weights w = engine::RandomWeights(small, 1);
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  auto uniform = [&state] {  // xorshift64*: in [-1, 1)
-    state ^= state >> 12;
-    state ^= state << 25;
-    state ^= state >> 27;
-    return static_cast<float>((state * 0x2545F4914F6CDD1Dull) >> 40) / 8388608.0f - 1.0f;
-  };
-  const int64_t experts = config.n_routed_experts;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const std::string m = "model.layers." + std::to_string(l) + ".mlp";
-    for (const char* name : {".experts.gate_up_proj", ".experts.down_proj"}) {
-      const engine::Tensor& from = w.At(m + name);
-      const int64_t per = from.numel() / from.dim(0);
-      std::vector<int64_t> shape = from.shape;
-      shape[0] = experts;
-      engine::Tensor tiled(shape);
-      for (int64_t e = 0; e < experts; ++e) {
-        std::memcpy(tiled.ptr() + e * per, from.ptr() + (e % from.dim(0)) * per,
-                    static_cast<size_t>(per) * sizeof(float));
-      }
-      w.Set(m + name, std::move(tiled));
-    }
-    engine::Tensor gate({experts, config.hidden_size});
-    const float scale = 1.0f / std::sqrt(static_cast<float>(config.hidden_size));
-    for (float& v : gate.data) v = scale * 1.7f * uniform();
-    w.Set(m + ".gate.weight", std::move(gate));
-    if (config.mlp_layer_types[static_cast<size_t>(l)] == engine::MlpLayerType::kHashMoe) {
-      engine::Tensor ids({config.vocab_size, config.num_experts_per_tok});
-      for (int64_t i = 0; i < ids.numel(); ++i) {
-        ids.data[static_cast<size_t>(i)] =
-            static_cast<float>(static_cast<int64_t>((uniform() + 1.0f) * 0.5f * experts) % experts);
-      }
-      w.Set(m + ".gate.tid2eid", std::move(ids));
-    } else {
-      engine::Tensor bias({experts});
-      for (float& v : bias.data) v = 0.5f * uniform();
-      w.Set(m + ".gate.e_score_correction_bias", std::move(bias));
-    }
-  }
-  return w;
-}
-
 double Seconds(Clock::time_point from) {
   return std::chrono::duration<double>(Clock::now() - from).count();
 }
@@ -216,6 +167,7 @@ absl::Status Transfer(const engine::ModelConfig& config, const engine::Weights& 
   const int64_t context = flags.transfer_context;
   PDSERVE_ASSIGN_OR_RETURN(auto prefill, MakeGroup(config, weights, {0}, 1, context + 64));
   PDSERVE_ASSIGN_OR_RETURN(auto decode, MakeGroup(config, weights, {1}, 1, context + 64));
+  std::fprintf(stderr, "transfer: two 1-GPU models loaded\n");
   GpuModel& p = prefill->rank(0);
   GpuModel& d = decode->rank(0);
   for (int64_t from = 0; from < context; from += p.max_chunk()) {
@@ -292,7 +244,7 @@ absl::Status Run(const Flags& flags) {
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const engine::ModelConfig config = FlashShapes(flags);
   const Clock::time_point made = Clock::now();
-  const engine::Weights weights = FastRandomWeights(config);
+  const engine::Weights weights = engine::FastRandomWeights(config, 1);
   std::fprintf(stderr, "random weights of %lld layers in %.1f s\n",
                static_cast<long long>(flags.layers), Seconds(made));
   if (devices >= 2) PDSERVE_RETURN_IF_ERROR(Transfer(config, weights, flags));
@@ -315,8 +267,11 @@ absl::Status Run(const Flags& flags) {
   }
   for (const Setup& setup : setups) {
     const auto world = static_cast<int64_t>(setup.devices.size());
+    const Clock::time_point load = Clock::now();
     PDSERVE_ASSIGN_OR_RETURN(auto group, MakeGroup(config, weights, setup.devices,
                                                    (max_batch + world - 1) / world, context, comm));
+    std::fprintf(stderr, "%s: %s loaded in %.1f s\n", setup.name.c_str(), group->Describe().c_str(),
+                 Seconds(load));
     for (int64_t batch : batches) {
       PDSERVE_ASSIGN_OR_RETURN(const double rate, DecodeRate(*group, batch, flags));
       std::printf("| decode | %s | %lld | %lld | %.1f |\n", setup.name.c_str(),

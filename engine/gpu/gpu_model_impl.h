@@ -12,7 +12,9 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -60,13 +62,23 @@ inline absl::Status UploadBf16(const Tensor& t, DeviceArray<bf16>* d) {
 }
 
 // Entries [first, first + count) of t's first dimension (an expert-parallel rank's experts),
-// rounded to bf16 on the device.
+// rounded to bf16 on the device. The rounding of a large block (a V4-Flash layer's experts are
+// 6.4 G values) is split over the host's cores; each value's rounding is the same either way.
 inline absl::Status UploadBf16Rows(const Tensor& t, int64_t first, int64_t count,
                                    DeviceArray<bf16>* d) {
   const auto per = static_cast<size_t>(t.numel() / t.dim(0));
   std::vector<bf16> out(static_cast<size_t>(count) * per);
   const float* from = t.data.data() + static_cast<size_t>(first) * per;
-  for (size_t i = 0; i < out.size(); ++i) out[i] = __float2bfloat16_rn(from[i]);
+  auto round = [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) out[i] = __float2bfloat16_rn(from[i]);
+  };
+  const size_t n = out.size();
+  const size_t parts =
+      n < (size_t{1} << 24) ? 1 : std::max<size_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (size_t p = 1; p < parts; ++p) pool.emplace_back(round, n * p / parts, n * (p + 1) / parts);
+  round(0, n / parts);
+  for (std::thread& th : pool) th.join();
   return d->Upload(out);
 }
 // A projection weight [out, in]: bf16 on the device, or (GemmInputs::kFp32) the same
