@@ -54,10 +54,13 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
   if (entry.worker.backend == "cuda") {
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
-    // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's one GPU: device 0 here.
-    spdlog::info("backend cuda: decode on CUDA_VISIBLE_DEVICES={} (colocated::GpuStepRunner)",
-                 entry.worker.gpus);
+    // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's GPUs: devices 0 .. n-1 here,
+    // one rank each (several: one expert-parallel group, NCCL where it loads).
     colocated::GpuBackendOptions gpu;
+    PDSERVE_ASSIGN_OR_RETURN(gpu.devices, worker::CudaDevices(entry.worker));
+    spdlog::info(
+        "backend cuda: decode on CUDA_VISIBLE_DEVICES={}, {} rank(s) (colocated::GpuStepRunner)",
+        entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
     options.runner_factory = colocated::GpuRunnerFactory(gpu);
 #else

@@ -8,9 +8,9 @@
 // DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
 // finish; streams still open then end with finish_reason "error", "worker shutting down") and
 // exits 0. The model comes from the config's model section, the engine from the entry's backend
-// (cpu, or cuda on its one GPU: prefill/gpu), the reference switches from
-// guards.reference_kernels. UCX_TLS picks the transport as for every UCX program.
-// TEST-ONLY environment switches: prefill/test_faults.h.
+// (cpu, or cuda on its GPUs: prefill/gpu; several GPUs make one expert-parallel group), the
+// reference switches from guards.reference_kernels. UCX_TLS picks the transport as for every UCX
+// program. TEST-ONLY environment switches: prefill/test_faults.h.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -40,10 +40,13 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
   if (entry.worker.backend == "cuda") {
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
-    // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's one GPU: device 0 here.
-    spdlog::info("backend cuda: prefill on CUDA_VISIBLE_DEVICES={} (prefill::GpuPrefillEngine)",
-                 entry.worker.gpus);
+    // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's GPUs: devices 0 .. n-1 here,
+    // one rank each (several: one expert-parallel group, NCCL where it loads).
     colocated::GpuBackendOptions gpu;
+    PDSERVE_ASSIGN_OR_RETURN(gpu.devices, worker::CudaDevices(entry.worker));
+    spdlog::info(
+        "backend cuda: prefill on CUDA_VISIBLE_DEVICES={}, {} rank(s) (prefill::GpuPrefillEngine)",
+        entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
     options.engine_factory = prefill::GpuPrefillEngineFactory(gpu);
 #else

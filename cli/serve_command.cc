@@ -3,9 +3,15 @@
 //   pdserve serve [--model DIR] [--host H] [--port P] [--max-batch N] [--pool-tokens T]
 //                 [--token-budget B] [--reject-when-full] [--degeneration flag|stop]
 //                 [--paranoid] [--canary-every N] [--backend cpu|cuda] [--device N]
+//                 [--devices LIST] [--expert-comm auto|nccl|local]
 //
 // --backend cuda serves on the CUDA engine (engine/gpu, colocated/gpu/gpu_backend.h) on GPU
 // --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
+// --devices "0,1" instead spans several GPUs as one expert-parallel group (experts split over the
+// GPUs, requests spread over them; docs/engine-gpu.md, "Several GPUs") whose MoE collectives go
+// through --expert-comm (auto: NCCL where libnccl.so.2 loads and the GPUs are distinct, else the
+// in-process one, which also runs several ranks on one GPU: --devices 0,0).
+// NCCL_NVLS_ENABLE=0 is set before anything starts (NVLink multicast stays off).
 // It refuses --canary-every and --paranoid (both defined over the CPU engine and its pages), and
 // without a GPU (or in a build without CUDA) it exits 1 with a FailedPrecondition message.
 //
@@ -18,16 +24,19 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cli/command_registry.h"
 #include "colocated/service.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
 #include "colocated/gpu/gpu_backend.h"
 #endif
+#include "common/deploy_config.h"
 #include "common/status.h"
 #include "frontend/http_server.h"
 
@@ -47,6 +56,8 @@ struct ServeOptions {
   int64_t canary_every = 0;
   std::string backend = "cpu";
   int device = 0;
+  std::string devices;  // "0,1": an expert-parallel group (overrides device)
+  std::string expert_comm = "auto";
 };
 
 // The runner factory of `--backend`: empty for cpu.
@@ -61,7 +72,18 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
   }
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
   colocated::GpuBackendOptions gpu;
-  gpu.device = options.device;
+  gpu.devices = {options.device};
+  if (!options.devices.empty()) {
+    // Several ranks may share a GPU with the local communicator (a one-GPU trial of the sharding).
+    absl::StatusOr<std::vector<int>> devices =
+        config::ParseGpuList(options.devices, /*allow_repeats=*/options.expert_comm != "nccl");
+    if (!devices.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices \"", options.devices, "\" ", devices.status().message()));
+    }
+    gpu.devices = *devices;
+  }
+  PDSERVE_ASSIGN_OR_RETURN(gpu.comm, engine::gpu::ParseExpertCommKind(options.expert_comm));
   gpu.reference_pieces = reference_pieces;
   return colocated::GpuRunnerFactory(gpu);
 #else
@@ -71,6 +93,9 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
 }
 
 absl::Status Serve(const ServeOptions& options) {
+  // NVLink multicast stays off whatever the environment says (it can take a host's shared GPUs
+  // out of service). Before any thread starts.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   colocated::ServiceOptions service_options;
   service_options.model_dir = options.model_dir;
   service_options.max_batch = options.max_batch;
@@ -94,7 +119,9 @@ absl::Status Serve(const ServeOptions& options) {
     std::fprintf(stderr, "pdserve serve: %s\n",
                  engine::ImplementationSummary(service_options.model).c_str());
   } else {
-    std::fprintf(stderr, "pdserve serve: backend cuda on device %d\n", options.device);
+    std::fprintf(
+        stderr, "pdserve serve: backend cuda on device(s) %s\n",
+        options.devices.empty() ? std::to_string(options.device).c_str() : options.devices.c_str());
   }
   // Block the signals before any thread starts, so only sigwait below receives them.
   sigset_t signals;
@@ -152,6 +179,12 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--device", o->device, "CUDA device ordinal for --backend cuda")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--devices", o->devices,
+                  "CUDA device ordinals, e.g. 0,1: one expert-parallel group (overrides --device)");
+  cmd->add_option("--expert-comm", o->expert_comm,
+                  "Collectives of a --devices group: auto (NCCL where it loads), nccl or local")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "local"}));
   cmd->callback([o, exit_code] {
     const absl::Status status = Serve(*o);
     if (!status.ok()) {

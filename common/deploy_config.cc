@@ -1,5 +1,6 @@
 #include "common/deploy_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -139,15 +140,13 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
   } else if (w.backend == "cpu" && !gpus.IsNull()) {
     r.Error(gpus, Join(path, "gpus"), "not allowed for backend cpu");
   } else if (!gpus.IsNull()) {
-    bool ok = gpus.IsScalar();
-    for (absl::string_view id : absl::StrSplit(gpus.IsScalar() ? gpus.Scalar() : "", ',')) {
-      int gpu = 0;
-      ok = ok && absl::SimpleAtoi(id, &gpu) && gpu >= 0;
-    }
-    if (ok) {
+    absl::StatusOr<std::vector<int>> ids =
+        absl::InvalidArgumentError("must be comma-separated GPU indices, e.g. \"0,1\"");
+    if (gpus.IsScalar()) ids = ParseGpuList(gpus.Scalar());
+    if (ids.ok()) {
       w.gpus = gpus.Scalar();
     } else {
-      r.Error(gpus, Join(path, "gpus"), "must be comma-separated GPU indices, e.g. \"0,1\"");
+      r.Error(gpus, Join(path, "gpus"), std::string(ids.status().message()));
     }
   }
   if (w.backend == "cuda" && w.threads != 0) {
@@ -268,6 +267,22 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> ParseGpuList(absl::string_view gpus, bool allow_repeats) {
+  std::vector<int> ids;
+  for (absl::string_view id : absl::StrSplit(gpus, ',')) {
+    int gpu = 0;
+    if (!absl::SimpleAtoi(id, &gpu) || gpu < 0) {
+      return absl::InvalidArgumentError("must be comma-separated GPU indices, e.g. \"0,1\"");
+    }
+    if (!allow_repeats && std::find(ids.begin(), ids.end(), gpu) != ids.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("names GPU ", gpu, " twice (a worker runs one rank per GPU)"));
+    }
+    ids.push_back(gpu);
+  }
+  return ids;
+}
 
 std::string ConfigError::ToString() const {
   return absl::StrCat(file, ":", line, ":", column, ": ", key, ": ", message);

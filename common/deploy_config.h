@@ -11,7 +11,8 @@
 //     policies: round_robin | least_load | power_of_two | prefix_aware
 //   prefill: [worker, ...] (at least one)      decode: [worker, ...] (at least one)
 //     worker: {name (required, unique), host (required), port (required), metrics_port,
-//              backend: cpu | cuda (required), gpus: "0" / "0,1" (required iff cuda),
+//              backend: cpu | cuda (required), gpus: "0" / "0,1" (required iff cuda; several
+//              distinct GPUs make the worker one expert-parallel group, docs/engine-gpu.md),
 //              threads (cpu only)}
 //   transfer: {transport: ucx, lease_ms}
 //   share_gpus: bool (default false): workers of a host may name the same GPU (a one-GPU trial of
@@ -52,8 +53,10 @@ struct WorkerConfig {
   int port = 0;
   int metrics_port = 0;  // 0: /metrics on `port`'s HTTP side is not served separately
   std::string backend;   // "cpu" or "cuda"
-  std::string gpus;      // CUDA_VISIBLE_DEVICES value, "" for cpu
-  int threads = 0;       // cpu backend threads, 0: all cores
+  // CUDA_VISIBLE_DEVICES value, "" for cpu. Several GPUs ("0,1"): one expert-parallel group,
+  // a rank per GPU (engine/gpu/gpu_model_group.h).
+  std::string gpus;
+  int threads = 0;  // cpu backend threads, 0: all cores
 };
 
 struct RouterConfig {
@@ -92,6 +95,12 @@ struct ParsedDeployConfig {
   DeployConfig config;              // meaningful only when errors is empty
   std::vector<ConfigError> errors;  // every problem found, in file order
 };
+
+// A worker's `gpus` value as GPU indices in order: "0,1" -> {0, 1}. InvalidArgument for an empty
+// list, an entry that is not a non-negative integer, or an index named twice (one rank per GPU)
+// unless allow_repeats (`pdserve serve --devices 0,0 --expert-comm local`: several ranks on one
+// GPU, for trying the expert sharding where only one GPU exists).
+absl::StatusOr<std::vector<int>> ParseGpuList(absl::string_view gpus, bool allow_repeats = false);
 
 // Parses and validates YAML text; `file` names it in errors.
 ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& file);

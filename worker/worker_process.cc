@@ -61,14 +61,10 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
     return absl::NotFoundError(
         absl::StrCat(flags.config_path, " has no ", role, " worker named '", flags.name, "'"));
   }
-  // Either worker runs the CUDA engine (colocated/gpu, prefill/gpu) on one GPU.
+  // Either worker runs the CUDA engine (colocated/gpu, prefill/gpu) on its GPUs: one GPU, or
+  // several as one expert-parallel group. The worker's GPUs are devices 0 .. n-1 of this process;
+  // set before any CUDA call.
   if (entry.worker.backend == "cuda") {
-    if (absl::StrContains(entry.worker.gpus, ',')) {
-      return absl::UnimplementedError(
-          absl::StrCat(flags.config_path, ": ", role, " worker '", entry.worker.name,
-                       "' has gpus \"", entry.worker.gpus, "\"; a worker uses one GPU for now"));
-    }
-    // The worker's GPU is device 0 of this process; before any CUDA call.
     setenv("CUDA_VISIBLE_DEVICES", entry.worker.gpus.c_str(), /*overwrite=*/1);
   }
   // threads: 0 leaves every core to the engine's pool and OpenBLAS. Before any thread starts.
@@ -94,6 +90,17 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
     setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);
   }
   return entry;
+}
+
+absl::StatusOr<std::vector<int>> CudaDevices(const config::WorkerConfig& worker) {
+  absl::StatusOr<std::vector<int>> gpus = config::ParseGpuList(worker.gpus);
+  if (!gpus.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", worker.name, "': gpus \"",
+                                                   worker.gpus, "\" ", gpus.status().message()));
+  }
+  std::vector<int> devices(gpus->size());
+  for (size_t i = 0; i < devices.size(); ++i) devices[i] = static_cast<int>(i);
+  return devices;
 }
 
 void LogToStderr(const std::string& role) {

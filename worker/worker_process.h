@@ -37,9 +37,16 @@ struct WorkerEntry {
   std::string model_name;       // model.served_name, else the model directory's name
 };
 
-// Loads the config and picks the `role` ("prefill" / "decode") entry named flags.name.
-// Errors: the config's InvalidArgument; NotFound for an unknown name.
+// Loads the config and picks the `role` ("prefill" / "decode") entry named flags.name. For a cuda
+// worker it sets CUDA_VISIBLE_DEVICES to the entry's gpus (so they are devices 0 .. n-1 here:
+// CudaDevices); in every process NCCL_NVLS_ENABLE=0. Errors: the config's InvalidArgument;
+// NotFound for an unknown name.
 absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std::string& role);
+
+// The CUDA device ordinals of a cuda worker's GPUs once LoadWorkerEntry set CUDA_VISIBLE_DEVICES:
+// 0 .. n-1 for n GPUs in `gpus` (one rank each; several make one expert-parallel group).
+// InvalidArgument for a gpus value config::ParseGpuList refuses.
+absl::StatusOr<std::vector<int>> CudaDevices(const config::WorkerConfig& worker);
 
 // Sends spdlog's default logger to stderr (stdout carries only the "serving on" line), named
 // after `role`.

@@ -11,27 +11,28 @@
 #include "common/status.h"
 #include "engine/tensor_spec.h"
 #include "engine/weights.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {
 
-absl::StatusOr<std::unique_ptr<engine::gpu::GpuModel>> LoadGpuModel(
+absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     const GpuBackendOptions& options, const std::string& model_dir,
-    const engine::ModelConfig& config, int64_t slots, int64_t max_context) {
+    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
     return absl::FailedPreconditionError(
         "backend cuda: no CUDA device is present (use --backend cpu on this machine)");
   }
-  if (options.device < 0 || options.device >= devices) {
-    return absl::InvalidArgumentError(absl::StrCat("backend cuda: device ", options.device,
-                                                   " outside the ", devices, " present"));
-  }
+  // Before the weights load, which takes a while for a large model.
+  PDSERVE_RETURN_IF_ERROR(engine::gpu::CheckRankDevices(options.devices, "backend cuda"));
   PDSERVE_ASSIGN_OR_RETURN(engine::Weights weights, engine::Weights::Load(model_dir, config));
   PDSERVE_RETURN_IF_ERROR(engine::ValidateWeights(config, weights));
-  engine::gpu::GpuModelOptions gpu_options;
-  gpu_options.device = options.device;
-  gpu_options.slots = slots;
+  engine::gpu::GpuGroupOptions group;
+  group.devices = options.devices;
+  group.comm = options.comm;
+  engine::gpu::GpuModelOptions& gpu_options = group.model;
+  gpu_options.slots = slots_per_rank;
   gpu_options.max_context = max_context;
   gpu_options.max_chunk = options.max_chunk;
   gpu_options.gemm_inputs = options.gemm_inputs;
@@ -41,20 +42,23 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModel>> LoadGpuModel(
     }
     if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
   }
-  return engine::gpu::GpuModel::Create(config, weights, gpu_options);
+  return engine::gpu::GpuModelGroup::Create(config, weights, group);
 }
 
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
   return
       [options](const RunnerContext& context) -> absl::StatusOr<std::unique_ptr<SequenceRunner>> {
-        PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModel> gpu,
-                                 LoadGpuModel(options, context.model_dir, *context.config,
-                                              context.slots, context.max_context));
+        const auto ranks = static_cast<int64_t>(std::max<size_t>(1, options.devices.size()));
+        PDSERVE_ASSIGN_OR_RETURN(
+            std::unique_ptr<engine::gpu::GpuModelGroup> group,
+            LoadGpuModelGroup(options, context.model_dir, *context.config,
+                              (context.slots + ranks - 1) / ranks, context.max_context));
+        spdlog::info("backend cuda: {}", group->Describe());
         RunnerOptions runner_options = context.options;
         runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<GpuStepRunner> runner,
-            GpuStepRunner::Create(std::move(gpu), *context.layout, context.pool, runner_options));
+            GpuStepRunner::Create(std::move(group), *context.layout, context.pool, runner_options));
         return std::unique_ptr<SequenceRunner>(std::move(runner));
       };
 }

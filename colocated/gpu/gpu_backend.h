@@ -1,6 +1,7 @@
-// The CUDA backend of the colocated server (`pdserve serve --backend cuda`): a
+// The CUDA backend of the colocated server (`pdserve serve --backend cuda`) and of the workers: a
 // ServiceOptions::runner_factory that loads the model's weights onto one GPU as an
-// engine::gpu::GpuModel with one state slot per batch sequence and serves it through
+// engine::gpu::GpuModel, or onto several as an expert-parallel engine::gpu::GpuModelGroup (one
+// rank per GPU), with one state slot per batch sequence, and serves it through
 // colocated::GpuStepRunner.
 //
 // Thread-safety: the factory is called once, by ColocatedService::Create.
@@ -14,12 +15,17 @@
 #include "absl/status/statusor.h"
 #include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/gpu_model_group.h"
 #include "engine/model_options.h"
 
 namespace pdserve::colocated {
 
 struct GpuBackendOptions {
-  int device = 0;  // CUDA device ordinal
+  // CUDA device ordinals, one rank each: one device is a plain GpuModel, several an
+  // expert-parallel group.
+  std::vector<int> devices = {0};
+  // The group's communicator (several devices only).
+  engine::gpu::ExpertCommKind comm = engine::gpu::ExpertCommKind::kAuto;
   engine::gpu::GemmInputs gemm_inputs = engine::gpu::GemmInputs::kBf16;
   int64_t max_chunk = 256;  // tokens per prefill Forward call; the runner's prefill_block is capped
   // guards.reference_kernels: kSparseAttention -> GpuModelOptions::fixed_shape_attention = false,
@@ -29,21 +35,20 @@ struct GpuBackendOptions {
 };
 
 // The model's weights (engine::Weights::Load from `model_dir`, then the CPU engine's
-// ValidateWeights) uploaded as a GpuModel of `slots` slots, `max_context` tokens each, on
-// options.device: what GpuRunnerFactory and the prefill worker's CUDA engine (prefill/gpu) run.
-// Checks for a device before the weights load, which takes a while for a large model. The host
-// copy of the weights is freed before it returns. Errors: the weights' (NotFound,
-// InvalidArgument), FailedPrecondition when no CUDA device is present, InvalidArgument for a
-// device outside the present ones, GpuModel::Create's.
-absl::StatusOr<std::unique_ptr<engine::gpu::GpuModel>> LoadGpuModel(
+// ValidateWeights) uploaded as a group of one GpuModel per options.devices entry, each of
+// `slots_per_rank` slots of `max_context` tokens: what GpuRunnerFactory and the prefill worker's
+// CUDA engine (prefill/gpu) run. Checks the devices before the weights load, which takes a while
+// for a large model. The host copy of the weights is freed before it returns. Errors: the
+// weights' (NotFound, InvalidArgument), FailedPrecondition when no CUDA device is present,
+// InvalidArgument for no devices or a device outside the present ones, GpuModelGroup::Create's.
+absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     const GpuBackendOptions& options, const std::string& model_dir,
-    const engine::ModelConfig& config, int64_t slots, int64_t max_context);
+    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context);
 
-// The factory: weights from the context's model_dir (engine::Weights::Load, then the CPU engine's
-// ValidateWeights), a GpuModel of context.slots slots and context.max_context tokens on
-// options.device, and a GpuStepRunner owning it. Errors: the weights' (NotFound, InvalidArgument),
-// FailedPrecondition when no CUDA device is present (GpuModel::Create) or for paranoid mode,
-// InvalidArgument for a device outside the present ones, Internal for CUDA errors.
+// The factory: weights from the context's model_dir, a group (LoadGpuModelGroup) whose ranks hold
+// context.slots slots between them (ceil(slots / ranks) each) of context.max_context tokens, and
+// a GpuStepRunner owning it. Errors: LoadGpuModelGroup's, FailedPrecondition for paranoid mode,
+// Internal for CUDA errors.
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options);
 
 }  // namespace pdserve::colocated

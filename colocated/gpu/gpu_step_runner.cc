@@ -9,6 +9,7 @@
 #include "colocated/choice_step.h"
 #include "colocated/paged_state.h"
 #include "common/status.h"
+#include "engine/expert_parallel.h"
 
 namespace pdserve::colocated {
 
@@ -18,7 +19,8 @@ struct GpuStepRunner::Sequence {
       : id(sequence_id), setup(std::move(sequence_setup)), progress(thresholds) {}
   const serving::RequestId id;
   const SequenceSetup setup;
-  int64_t slot = -1;  // set once under the runner's mutex, by the step loop
+  int64_t rank = -1;  // the group rank holding the slot
+  int64_t slot = -1;  // set once (with rank) under the runner's mutex, by the step loop
   // Touched only by the step loop.
   int64_t computed = 0;  // tokens whose state is in the slot (or, before placement, the pages)
   ChoiceProgress progress;
@@ -34,38 +36,45 @@ struct GpuStepRunner::Sequence {
   }
 };
 
-GpuStepRunner::GpuStepRunner(engine::gpu::GpuModel* gpu, const serving::StateLayout& layout,
-                             serving::PagePool* pool, RunnerOptions options)
-    : gpu_(gpu), layout_(layout), pool_(pool), options_(std::move(options)) {
-  for (int64_t s = gpu_->slots() - 1; s >= 0; --s) free_slots_.push_back(s);
+GpuStepRunner::GpuStepRunner(std::unique_ptr<engine::gpu::GpuModelGroup> group,
+                             const serving::StateLayout& layout, serving::PagePool* pool,
+                             RunnerOptions options)
+    : group_(std::move(group)), layout_(layout), pool_(pool), options_(std::move(options)) {
+  free_slots_.resize(static_cast<size_t>(group_->world()));
+  for (int64_t r = 0; r < group_->world(); ++r) {
+    for (int64_t s = group_->rank(r).slots() - 1; s >= 0; --s) {
+      free_slots_[static_cast<size_t>(r)].push_back(s);
+    }
+  }
 }
 
 GpuStepRunner::~GpuStepRunner() = default;
 
 absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
-    engine::gpu::GpuModel* gpu, const serving::StateLayout& layout, serving::PagePool* pool,
-    RunnerOptions options) {
-  if (options.prefill_block < 1 || options.prefill_block > gpu->max_chunk()) {
+    std::unique_ptr<engine::gpu::GpuModelGroup> group, const serving::StateLayout& layout,
+    serving::PagePool* pool, RunnerOptions options) {
+  const engine::gpu::GpuModel& gpu = group->rank(0);
+  if (options.prefill_block < 1 || options.prefill_block > gpu.max_chunk()) {
     return absl::InvalidArgumentError(absl::StrCat("GPU runner: prefill_block ",
                                                    options.prefill_block, " outside [1, max_chunk ",
-                                                   gpu->max_chunk(), "]"));
+                                                   gpu.max_chunk(), "]"));
   }
   if (options.paranoid) {
     return absl::FailedPreconditionError(
         "GPU runner: paranoid page checks need the state in pool pages; the CUDA backend keeps "
         "it in device slots (use the CPU backend for guards.paranoid)");
   }
-  return std::unique_ptr<GpuStepRunner>(new GpuStepRunner(gpu, layout, pool, std::move(options)));
+  return std::unique_ptr<GpuStepRunner>(
+      new GpuStepRunner(std::move(group), layout, pool, std::move(options)));
 }
 
 absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
-    std::unique_ptr<engine::gpu::GpuModel> gpu, const serving::StateLayout& layout,
-    serving::PagePool* pool, RunnerOptions options) {
-  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuStepRunner> runner,
-                           Create(gpu.get(), layout, pool, std::move(options)));
-  runner->owned_gpu_ = std::move(gpu);
-  return runner;
+    engine::gpu::GpuModel* gpu, const serving::StateLayout& layout, serving::PagePool* pool,
+    RunnerOptions options) {
+  return Create(engine::gpu::GpuModelGroup::Single(gpu), layout, pool, std::move(options));
 }
+
+engine::gpu::GpuModel& GpuStepRunner::Model(const Sequence& seq) { return group_->rank(seq.rank); }
 
 absl::Status GpuStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
   PDSERVE_RETURN_IF_ERROR(CheckSequenceSetup(id, setup));
@@ -75,10 +84,10 @@ absl::Status GpuStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
         "CUDA backend");
   }
   const int64_t total = static_cast<int64_t>(setup.prompt.size()) + setup.max_tokens;
-  if (total > gpu_->max_context()) {
+  if (total > group_->rank(0).max_context()) {
     return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " needs ", total,
                                                    " tokens of context, the GPU holds ",
-                                                   gpu_->max_context()));
+                                                   group_->rank(0).max_context()));
   }
   const std::optional<int32_t> first_token = setup.first_token;
   auto sequence = std::make_shared<Sequence>(id, std::move(setup), options_.thresholds);
@@ -97,7 +106,8 @@ void GpuStepRunner::Remove(serving::RequestId id) {
   absl::MutexLock lock(&mutex_);
   auto it = sequences_.find(id);
   if (it == sequences_.end()) return;
-  if (it->second->slot >= 0) free_slots_.push_back(it->second->slot);
+  const Sequence& seq = *it->second;
+  if (seq.slot >= 0) free_slots_[static_cast<size_t>(seq.rank)].push_back(seq.slot);
   sequences_.erase(it);
 }
 
@@ -108,7 +118,9 @@ int64_t GpuStepRunner::num_sequences() const {
 
 int64_t GpuStepRunner::free_slots() const {
   absl::MutexLock lock(&mutex_);
-  return static_cast<int64_t>(free_slots_.size());
+  int64_t n = 0;
+  for (const std::vector<int64_t>& rank : free_slots_) n += static_cast<int64_t>(rank.size());
+  return n;
 }
 
 bool GpuStepRunner::Fail(const Sequence& seq, const absl::Status& status) {
@@ -119,15 +131,16 @@ bool GpuStepRunner::Fail(const Sequence& seq, const absl::Status& status) {
 }
 
 absl::Status GpuStepRunner::Place(Sequence& seq) {
-  if (!seq.setup.first_token) return gpu_->ResetSlot(seq.slot);
+  engine::gpu::GpuModel& gpu = Model(seq);
+  if (!seq.setup.first_token) return gpu.ResetSlot(seq.slot);
   // PD decode: the prompt's state arrived in the sequence's pages.
   PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table, pool_->Table(seq.id));
   PDSERVE_ASSIGN_OR_RETURN(SequencePages pages, MapPages(*pool_, table));
   const int64_t total = static_cast<int64_t>(seq.setup.prompt.size()) + seq.setup.max_tokens;
-  const PagedState paged(gpu_->config(), layout_, total);
-  engine::ModelState state = gpu_->NewState();
+  const PagedState paged(gpu.config(), layout_, total);
+  engine::ModelState state = gpu.NewState();
   PDSERVE_RETURN_IF_ERROR(paged.Load(seq.computed, pages, &state));
-  return gpu_->ImportState(seq.slot, state);
+  return gpu.ImportState(seq.slot, state);
 }
 
 absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan& plan) {
@@ -145,12 +158,19 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
       if (it == sequences_.end()) return;
       Sequence& seq = *it->second;
       if (seq.slot < 0) {
-        if (free_slots_.empty()) {
+        std::vector<int64_t> free;
+        for (const std::vector<int64_t>& rank : free_slots_) {
+          free.push_back(static_cast<int64_t>(rank.size()));
+        }
+        const int64_t rank = engine::PickRank(free);
+        if (rank < 0) {
           no_slot.push_back(it->second);
           return;
         }
-        seq.slot = free_slots_.back();
-        free_slots_.pop_back();
+        std::vector<int64_t>& slots = free_slots_[static_cast<size_t>(rank)];
+        seq.rank = rank;
+        seq.slot = slots.back();
+        slots.pop_back();
         to_place.push_back(it->second);
       }
       into->push_back({it->second, start, length, samples});
@@ -168,7 +188,7 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
                    absl::StrCat("sequence ", seq->id,
                                 ": every GPU state slot is taken (the scheduler admitted "
                                 "more sequences than the runner's ",
-                                gpu_->slots(), " slots)")));
+                                group_->world() * group_->rank(0).slots(), " slots)")));
     outcome.stopped.push_back(seq->id);
   }
   std::vector<std::shared_ptr<Sequence>> failed;
@@ -185,10 +205,10 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
   decode.erase(std::remove_if(decode.begin(), decode.end(), is_failed), decode.end());
   prefill.erase(std::remove_if(prefill.begin(), prefill.end(), is_failed), prefill.end());
 
-  for (const Work& work : prefill) {
-    absl::StatusOr<bool> stopped = RunPrefill(work);
-    if (!stopped.ok()) Fail(*work.sequence, stopped.status());
-    if (!stopped.ok() || *stopped) outcome.stopped.push_back(work.sequence->id);
+  std::vector<char> prefill_stopped(prefill.size(), 0);
+  RunPrefill(prefill, &prefill_stopped);
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    if (prefill_stopped[i]) outcome.stopped.push_back(prefill[i].sequence->id);
   }
   std::vector<char> stopped(decode.size(), 0);
   RunDecode(decode, &stopped);
@@ -198,72 +218,155 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
   return outcome;
 }
 
-absl::StatusOr<bool> GpuStepRunner::RunPrefill(const Work& work) {
-  Sequence& seq = *work.sequence;
-  const int64_t end = work.start + work.length;
+void GpuStepRunner::RunPrefill(const std::vector<Work>& works, std::vector<char>* stopped) {
+  // One Forward of works[work] over positions [from, to) of its sequence.
+  struct Call {
+    size_t work = 0;
+    int64_t from = 0;
+    int64_t to = 0;
+  };
+  const int64_t world = group_->world();
   const int64_t block = options_.prefill_block;
-  // Prefill computes up to the last block boundary the chunk reaches, or the whole prompt.
-  const int64_t target = work.samples ? end : end / block * block;
-  if (target <= seq.computed && !work.samples) return false;
-  if (end > seq.known_tokens() || gpu_->Position(seq.slot) != seq.computed) {
-    return absl::InternalError(absl::StrCat("sequence ", seq.id, " scheduled up to position ", end,
-                                            " with ", seq.known_tokens(), " tokens known and ",
-                                            gpu_->Position(seq.slot), " in its slot"));
+  std::vector<std::vector<Call>> calls(static_cast<size_t>(world));
+  std::vector<absl::Status> status(works.size());
+  std::vector<engine::Tensor> logits(works.size());
+  for (size_t i = 0; i < works.size(); ++i) {
+    const Work& work = works[i];
+    Sequence& seq = *work.sequence;
+    const int64_t end = work.start + work.length;
+    // Prefill computes up to the last block boundary the chunk reaches, or the whole prompt.
+    const int64_t target = work.samples ? end : end / block * block;
+    if (target <= seq.computed && !work.samples) continue;
+    if (end > seq.known_tokens() || Model(seq).Position(seq.slot) != seq.computed) {
+      status[i] = absl::InternalError(absl::StrCat(
+          "sequence ", seq.id, " scheduled up to position ", end, " with ", seq.known_tokens(),
+          " tokens known and ", Model(seq).Position(seq.slot), " in its slot"));
+      continue;
+    }
+    for (int64_t from = seq.computed; from < target;) {
+      const int64_t to = std::min(target, (from / block + 1) * block);
+      calls[static_cast<size_t>(seq.rank)].push_back({i, from, to});
+      from = to;
+    }
   }
-  engine::Tensor logits;
-  while (seq.computed < target) {
-    const int64_t from = seq.computed;
-    const int64_t to = std::min(target, (from / block + 1) * block);
-    std::vector<int32_t> tokens;
-    for (int64_t pos = from; pos < to; ++pos) tokens.push_back(seq.TokenAt(pos));
-    PDSERVE_ASSIGN_OR_RETURN(logits, gpu_->Forward(seq.slot, tokens));
-    seq.computed = to;
+  std::vector<std::vector<int64_t>> lengths(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    for (const Call& c : calls[static_cast<size_t>(r)]) {
+      lengths[static_cast<size_t>(r)].push_back(c.to - c.from);
+    }
   }
-  if (!work.samples) return false;
-  if (logits.data.empty()) {
-    return absl::InternalError(absl::StrCat(
-        "sequence ", seq.id, " was asked to sample at position ", end, " with no new input"));
+  const std::vector<int64_t> rounds = engine::PrefillRoundRows(lengths);
+  for (size_t round = 0; round < rounds.size(); ++round) {
+    // One rank alone pads nothing; a group pads every rank to the round's longest chunk.
+    const int64_t rows = world > 1 ? rounds[round] : 0;
+    // Each rank touches only its own calls, works and sequences.
+    const std::vector<absl::Status> ran =
+        group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
+          const std::vector<Call>& mine = calls[static_cast<size_t>(r)];
+          if (round >= mine.size() || !status[mine[round].work].ok()) {
+            return world > 1 ? gpu.Idle(rounds[round]) : absl::OkStatus();
+          }
+          const Call& c = mine[round];
+          Sequence& seq = *works[c.work].sequence;
+          std::vector<int32_t> tokens;
+          for (int64_t pos = c.from; pos < c.to; ++pos) tokens.push_back(seq.TokenAt(pos));
+          absl::StatusOr<engine::Tensor> out = gpu.Forward(seq.slot, tokens, rows);
+          if (!out.ok()) {
+            status[c.work] = out.status();
+            return out.status();
+          }
+          seq.computed = c.to;
+          logits[c.work] = std::move(*out);
+          return absl::OkStatus();
+        });
+    // A rank that failed outside its own call (Idle, an aborted group) fails its pending works.
+    for (int64_t r = 0; r < world; ++r) {
+      const absl::Status& s = ran[static_cast<size_t>(r)];
+      if (s.ok()) continue;
+      for (const Call& c : calls[static_cast<size_t>(r)]) {
+        if (status[c.work].ok()) status[c.work] = s;
+      }
+    }
   }
-  const int64_t vocab = logits.dim(1);
-  std::span<const float> last(logits.ptr() + (logits.dim(0) - 1) * vocab,
-                              static_cast<size_t>(vocab));
-  return SampleAndDeliver(seq.setup, last, options_.degeneration, &seq.progress, nullptr);
+  for (size_t i = 0; i < works.size(); ++i) {
+    const Work& work = works[i];
+    Sequence& seq = *work.sequence;
+    if (!status[i].ok()) {
+      (*stopped)[i] = Fail(seq, status[i]);
+      continue;
+    }
+    if (!work.samples) continue;
+    const engine::Tensor& out = logits[i];
+    if (out.data.empty()) {
+      (*stopped)[i] = Fail(seq, absl::InternalError(absl::StrCat(
+                                    "sequence ", seq.id, " was asked to sample at position ",
+                                    work.start + work.length, " with no new input")));
+      continue;
+    }
+    const int64_t vocab = out.dim(1);
+    std::span<const float> last(out.ptr() + (out.dim(0) - 1) * vocab, static_cast<size_t>(vocab));
+    absl::StatusOr<bool> stop =
+        SampleAndDeliver(seq.setup, last, options_.degeneration, &seq.progress, nullptr);
+    (*stopped)[i] = stop.ok() ? *stop : Fail(seq, stop.status());
+  }
 }
 
 void GpuStepRunner::RunDecode(const std::vector<Work>& works, std::vector<char>* stopped) {
-  std::vector<int64_t> slots;
-  std::vector<int32_t> tokens;
-  std::vector<size_t> batch;  // index into works of each batch row
+  const int64_t world = group_->world();
+  const auto ranks = static_cast<size_t>(world);
+  std::vector<std::vector<int64_t>> slots(ranks);
+  std::vector<std::vector<int32_t>> tokens(ranks);
+  std::vector<std::vector<size_t>> batch(ranks);  // index into works of each batch row, per rank
+  std::vector<int64_t> sizes(ranks, 0);
   for (size_t i = 0; i < works.size(); ++i) {
     Sequence& seq = *works[i].sequence;
     // A decode input is the newest token, at position computed (the slot's position).
     if (works[i].start != seq.computed || works[i].start >= seq.known_tokens() ||
-        gpu_->Position(seq.slot) != seq.computed) {
+        Model(seq).Position(seq.slot) != seq.computed) {
       (*stopped)[i] =
           Fail(seq, absl::InternalError(absl::StrCat(
                         "sequence ", seq.id, " decode at position ", works[i].start, " but ",
                         seq.computed, " computed and ", seq.known_tokens(), " tokens known")));
       continue;
     }
-    slots.push_back(seq.slot);
-    tokens.push_back(seq.TokenAt(seq.computed));
-    batch.push_back(i);
+    const auto r = static_cast<size_t>(seq.rank);
+    slots[r].push_back(seq.slot);
+    tokens[r].push_back(seq.TokenAt(seq.computed));
+    batch[r].push_back(i);
+    ++sizes[r];
   }
-  if (batch.empty()) return;
-  absl::StatusOr<engine::Tensor> logits = gpu_->DecodeStep(slots, tokens, /*use_graph=*/true);
-  if (!logits.ok()) {
-    for (size_t i : batch) (*stopped)[i] = Fail(*works[i].sequence, logits.status());
-    return;
+  absl::StatusOr<int64_t> rows = engine::GroupDecodeRows(sizes, group_->rank(0).decode_buckets());
+  if (rows.ok() && *rows == 0) return;
+  std::vector<absl::StatusOr<engine::Tensor>> logits(ranks, absl::UnknownError("not run"));
+  if (rows.ok()) {
+    const std::vector<absl::Status> ran =
+        group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
+          const auto i = static_cast<size_t>(r);
+          logits[i] =
+              gpu.DecodeStep(slots[i], tokens[i], /*use_graph=*/true, world > 1 ? *rows : 0);
+          return logits[i].status();
+        });
+    for (size_t r = 0; r < ranks; ++r) {
+      if (!ran[r].ok()) logits[r] = ran[r];
+    }
+  } else {
+    for (auto& l : logits) l = rows.status();
   }
-  const int64_t vocab = logits->dim(1);
-  for (size_t r = 0; r < batch.size(); ++r) {
-    Sequence& seq = *works[batch[r]].sequence;
-    seq.computed += 1;
-    std::span<const float> row(logits->ptr() + static_cast<int64_t>(r) * vocab,
-                               static_cast<size_t>(vocab));
-    absl::StatusOr<bool> stop =
-        SampleAndDeliver(seq.setup, row, options_.degeneration, &seq.progress, nullptr);
-    (*stopped)[batch[r]] = stop.ok() ? *stop : Fail(seq, stop.status());
+  for (size_t r = 0; r < ranks; ++r) {
+    if (!logits[r].ok()) {
+      for (size_t i : batch[r]) (*stopped)[i] = Fail(*works[i].sequence, logits[r].status());
+      continue;
+    }
+    const int64_t vocab = logits[r]->dim(1);
+    for (size_t row = 0; row < batch[r].size(); ++row) {
+      Sequence& seq = *works[batch[r][row]].sequence;
+      seq.computed += 1;
+      std::span<const float> out(logits[r]->ptr() + static_cast<int64_t>(row) * vocab,
+                                 static_cast<size_t>(vocab));
+      absl::StatusOr<bool> stop =
+          SampleAndDeliver(seq.setup, out, options_.degeneration, &seq.progress, nullptr);
+      (*stopped)[batch[r][row]] = stop.ok() ? *stop : Fail(seq, stop.status());
+    }
   }
 }
 

@@ -10,12 +10,22 @@
 // slots(); colocated::ColocatedService sets max_batch = slots): then a scheduled sequence always
 // finds a slot, and a full GPU makes new sequences wait in the scheduler's queue. A sequence that
 // finds none anyway (a scheduler allowed more) fails with ResourceExhausted through on_error.
+//
+// Several GPUs (an expert-parallel engine::gpu::GpuModelGroup): a new sequence goes to the rank
+// with the most free slots (engine::PickRank), so the scheduler's batch spreads evenly, and stays
+// there; slots() counts every rank's. Each step runs in lock step on the group's rank threads:
+// prefill chunks in rounds (round i runs every rank's i-th Forward, all padded to the round's
+// longest chunk; a rank without one runs GpuModel::Idle), then one DecodeStep per rank padded to
+// the bucket of the largest rank's batch (empty on a rank with nothing to decode). Sampling stays
+// on the calling thread. A failed call breaks the group (GpuModelGroup::Run): every later step
+// fails its sequences with that error.
 // Callers should Remove a cancelled sequence before Scheduler::Cancel, so its slot is free before
 // the scheduler can admit another sequence in its place.
 //
 // A step. Prefill chunks run as Forward calls of one sequence each, cut at absolute multiples of
 // prefill_block (<= the model's max_chunk), as the CPU runner cuts them; then every decoding
-// sequence of the step runs in ONE GpuModel::DecodeStep(use_graph = true), padded to its bucket.
+// sequence of the step runs in ONE GpuModel::DecodeStep(use_graph = true) per rank, padded to its
+// bucket.
 //
 // Batch invariance (what holds on the GPU, unlike the CPU runner's promise): prefill logits depend
 // on the sequence alone (its own Forward calls, shapes fixed by prefill_block). Decode logits come
@@ -36,8 +46,10 @@
 // runner does not recompute or keep. guard_counts() stays zero.
 //
 // Thread-safety: Add / Remove / num_sequences / free_slots from any thread; Run from one step loop
-// at a time (it alone drives the GpuModel, which is not thread-safe). Sequences of one step run on
-// the calling thread; events of one request are delivered under its mutex.
+// at a time (it alone drives the models, which are not thread-safe). A one-GPU step runs on the
+// calling thread; a group's forward passes run on its rank threads, each touching only its own
+// rank's sequences, and every event is delivered from the calling thread under its request's
+// mutex.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +63,7 @@
 #include "absl/synchronization/mutex.h"
 #include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/gpu_model_group.h"
 #include "serving/page_pool.h"
 #include "serving/scheduler.h"
 #include "serving/state_layout.h"
@@ -66,9 +79,10 @@ class GpuStepRunner : public SequenceRunner {
                                                                const serving::StateLayout& layout,
                                                                serving::PagePool* pool,
                                                                RunnerOptions options);
-  // As above, owning `gpu` (what pdserve serve --backend cuda builds, colocated/gpu/gpu_backend.h).
+  // Over every rank of `group` (owned; what pdserve serve --backend cuda and a cuda decode worker
+  // build, colocated/gpu/gpu_backend.h). Errors as above.
   static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(
-      std::unique_ptr<engine::gpu::GpuModel> gpu, const serving::StateLayout& layout,
+      std::unique_ptr<engine::gpu::GpuModelGroup> group, const serving::StateLayout& layout,
       serving::PagePool* pool, RunnerOptions options);
   ~GpuStepRunner() override;
 
@@ -78,7 +92,7 @@ class GpuStepRunner : public SequenceRunner {
   // Forgets `id` and frees its slot.
   void Remove(serving::RequestId id) override;
   int64_t num_sequences() const override;
-  int64_t free_slots() const;
+  int64_t free_slots() const;  // over every rank
   GuardCounts guard_counts() const override { return {}; }
 
   // Runs `plan` (see the header comment). A sequence whose engine call or sampling fails gets
@@ -94,25 +108,27 @@ class GpuStepRunner : public SequenceRunner {
     int64_t length = 0;
     bool samples = false;
   };
-  GpuStepRunner(engine::gpu::GpuModel* gpu, const serving::StateLayout& layout,
-                serving::PagePool* pool, RunnerOptions options);
+  GpuStepRunner(std::unique_ptr<engine::gpu::GpuModelGroup> group,
+                const serving::StateLayout& layout, serving::PagePool* pool, RunnerOptions options);
+  engine::gpu::GpuModel& Model(const Sequence& seq);
   // Gives `seq` a slot (fresh, or holding its transferred prompt state).
   absl::Status Place(Sequence& seq);
-  absl::StatusOr<bool> RunPrefill(const Work& work);
-  // The decode works of one step through one DecodeStep; sets stopped[i] for works[i].
+  // The prefill works of one step, in lock-step rounds over the ranks; sets stopped[i] for
+  // works[i].
+  void RunPrefill(const std::vector<Work>& works, std::vector<char>* stopped);
+  // The decode works of one step through one DecodeStep per rank; sets stopped[i] for works[i].
   void RunDecode(const std::vector<Work>& works, std::vector<char>* stopped);
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
 
-  std::unique_ptr<engine::gpu::GpuModel> owned_gpu_;  // null unless created owning the model
-  engine::gpu::GpuModel* const gpu_;
+  const std::unique_ptr<engine::gpu::GpuModelGroup> group_;
   const serving::StateLayout& layout_;
   serving::PagePool* const pool_;
   const RunnerOptions options_;
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<serving::RequestId, std::shared_ptr<Sequence>> sequences_
       ABSL_GUARDED_BY(mutex_);
-  std::vector<int64_t> free_slots_ ABSL_GUARDED_BY(mutex_);
+  std::vector<std::vector<int64_t>> free_slots_ ABSL_GUARDED_BY(mutex_);  // per rank
 };
 
 }  // namespace pdserve::colocated

@@ -57,7 +57,8 @@ absl::Status GpuModel::Impl::HcPre(const HcWeights& hc, const DeviceArray<float>
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const SegmentArrays& segs) {
+absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const SegmentArrays& segs,
+                                       bool decode) {
   const ModelConfig& c = config;
   const int64_t hidden = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
@@ -68,7 +69,6 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
   const float scaling = layer.rope->attention_scaling();
   const float* inv_freq = layer.inv_freq->get();
   const int32_t* positions = Row(kPosition);
-  const bool decode = segs.max_tokens == 1;
 
   PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
   PDSERVE_RETURN_IF_ERROR(
@@ -300,6 +300,7 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
   PDSERVE_RETURN_IF_ERROR(
       Gemm(sh_gate.get(), act_bf.get(), rows, inter, layer.shared_down, hidden, sub_out.get()));
 
+  // The router is replicated: every rank routes its own rows to global expert ids.
   PDSERVE_RETURN_IF_ERROR(GemmF32(collapsed.get(), rows, hidden, layer.gate.get(),
                                   c.n_routed_experts, router_logits.get()));
   kc::MoeScoring scoring = kc::MoeScoring::kSqrtSoftplus;
@@ -311,6 +312,7 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
                                     layer.hash ? layer.tid2eid.get() : nullptr, Row(kToken),
                                     static_cast<float>(c.routed_scaling_factor),
                                     route_experts.get(), route_weights.get(), stream));
+  if (comm != nullptr) return ExpertParallelMoe(layer, rows);
   PDSERVE_CUDA_RETURN(kc::moe_experts(
       x_bf.get(), rows, hidden, inter, c.num_experts_per_tok, c.n_routed_experts,
       layer.gate_up.get(), layer.down.get(), route_experts.get(), route_weights.get(), limit,
@@ -318,7 +320,39 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max_tokens) {
+// A first version of the dispatch (docs/engine-gpu.md, "Several GPUs"): every rank sees every
+// row of the group and computes its own experts' share for the rows that picked them (the kernel
+// skips picks of other ranks' experts, so the work is the rank's picks, not all rows); the bytes
+// moved are world * rows * (hidden bf16 + k picks) in and world * rows * hidden fp32 back, the
+// same as an all-to-all whose buffers have room for every row. The partial sums stay fp32.
+absl::Status GpuModel::Impl::ExpertParallelMoe(Layer& layer, int64_t rows) {
+  const ModelConfig& c = config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t k = c.num_experts_per_tok;
+  const int64_t all_rows = comm->world() * rows;
+  const auto r = static_cast<size_t>(rows);
+  const ExpertComm::Gather gathers[] = {
+      {x_bf.get(), ep_x.get(), r * static_cast<size_t>(hidden) * sizeof(bf16)},
+      {route_experts.get(), ep_experts.get(), r * static_cast<size_t>(k) * sizeof(int32_t)},
+      {route_weights.get(), ep_weights.get(), r * static_cast<size_t>(k) * sizeof(float)},
+  };
+  PDSERVE_RETURN_IF_ERROR(comm->AllGather(gathers, stream));
+  PDSERVE_CUDA_RETURN(LocalExpertIds(ep_experts.get(), all_rows * k, shard.first, shard.count,
+                                     ep_experts.get(), stream));
+  PDSERVE_CUDA_RETURN(cudaMemsetAsync(
+      ep_out.get(), 0, static_cast<size_t>(all_rows * hidden) * sizeof(float), stream));
+  PDSERVE_CUDA_RETURN(kc::moe_experts(
+      ep_x.get(), all_rows, hidden, c.moe_intermediate_size, k, shard.count, layer.gate_up.get(),
+      layer.down.get(), ep_experts.get(), ep_weights.get(), static_cast<float>(c.swiglu_limit),
+      moe_workspace.get(), moe_workspace.size(), ep_out.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(comm->ReduceScatterSum(ep_out.get(), ep_reduced.get(),
+                                                 static_cast<size_t>(rows * hidden), stream));
+  PDSERVE_CUDA_RETURN(AddInto(sub_out.get(), ep_reduced.get(), rows * hidden, stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max_tokens,
+                                     bool decode) {
   const ModelConfig& c = config;
   SegmentArrays segs;
   segs.first_position = Seg(kSegFirstPosition);
@@ -331,7 +365,7 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
                                    c.hc_mult, streams.get(), stream));
   for (Layer& layer : layers) {
     PDSERVE_RETURN_IF_ERROR(HcPre(layer.attn_hc, layer.input_norm, rows));
-    PDSERVE_RETURN_IF_ERROR(Attention(layer, rows, segs));
+    PDSERVE_RETURN_IF_ERROR(Attention(layer, rows, segs, decode));
     PDSERVE_CUDA_RETURN(kc::hyper_connection_post(post.get(), comb.get(), sub_out.get(), rows,
                                                   c.hc_mult, c.hidden_size, streams.get(), stream));
     PDSERVE_RETURN_IF_ERROR(HcPre(layer.ffn_hc, layer.post_attention_norm, rows));
@@ -357,7 +391,7 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
 
 absl::StatusOr<Tensor> GpuModel::Impl::Run(
     const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
-    bool use_graph) {
+    bool use_graph, bool decode) {
   const ModelConfig& c = config;
   int64_t real_rows = 0;
   int64_t max_tokens = 0;
@@ -367,6 +401,7 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
   }
   const int64_t rows = std::max(padded_rows, real_rows);
   const int64_t segments = static_cast<int64_t>(work.size()) + (rows - real_rows);
+  if (rows > real_rows) max_tokens = std::max<int64_t>(max_tokens, 1);  // padding segments
   int32_t* row = rows_host.get();
   int32_t* seg = seg_host.get();
   auto set_row = [&](int64_t r, int32_t token, int64_t slot, int64_t pos, int64_t first_pos,
@@ -409,7 +444,7 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
     auto it = graphs.find(rows);
     if (it == graphs.end()) {
       PDSERVE_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-      const absl::Status enqueued = Enqueue(rows, segments, max_tokens);
+      const absl::Status enqueued = Enqueue(rows, segments, max_tokens, decode);
       cudaGraph_t graph = nullptr;
       const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
       PDSERVE_RETURN_IF_ERROR(enqueued);
@@ -422,11 +457,14 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
     }
     PDSERVE_CUDA_RETURN(cudaGraphLaunch(it->second, stream));
   } else {
-    PDSERVE_RETURN_IF_ERROR(Enqueue(rows, segments, max_tokens));
+    PDSERVE_RETURN_IF_ERROR(Enqueue(rows, segments, max_tokens, decode));
   }
-  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(logits_host.get(), logits.get(),
-                                      static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream));
+  if (real_rows > 0) {
+    PDSERVE_CUDA_RETURN(
+        cudaMemcpyAsync(logits_host.get(), logits.get(),
+                        static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream));
+  }
   PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
   for (const auto& [slot, tokens] : work) {
     slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
@@ -440,6 +478,11 @@ const ModelConfig& GpuModel::config() const { return impl_->config; }
 int64_t GpuModel::slots() const { return impl_->options.slots; }
 int64_t GpuModel::max_context() const { return impl_->max_context; }
 int64_t GpuModel::max_chunk() const { return impl_->options.max_chunk; }
+const std::vector<int64_t>& GpuModel::decode_buckets() const {
+  return impl_->options.decode_buckets;
+}
+int64_t GpuModel::rank() const { return impl_->comm != nullptr ? impl_->comm->rank() : 0; }
+int64_t GpuModel::world() const { return impl_->comm != nullptr ? impl_->comm->world() : 1; }
 
 absl::Status GpuModel::ResetSlot(int64_t slot) {
   if (slot < 0 || slot >= impl_->options.slots) {
@@ -498,9 +541,18 @@ absl::Status CheckTokens(const ModelConfig& c, const std::vector<int32_t>& token
   return absl::OkStatus();
 }
 
+absl::Status CheckGroupRows(int64_t group_rows, int64_t max_rows) {
+  if (group_rows < 0 || group_rows > max_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: group_rows ", group_rows, " outside [0, ", max_rows, "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens) {
+absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens,
+                                         int64_t group_rows) {
   Impl& m = *impl_;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slot < 0 || slot >= m.options.slots) {
@@ -513,21 +565,33 @@ absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t
         absl::StrCat("GpuModel: chunk of ", n, " tokens outside [1, ", m.options.max_chunk, "]"));
   }
   PDSERVE_RETURN_IF_ERROR(CheckTokens(m.config, tokens));
+  PDSERVE_RETURN_IF_ERROR(CheckGroupRows(group_rows, m.max_rows));
   if (m.slot_positions[static_cast<size_t>(slot)] + n > m.max_context) {
     return absl::InvalidArgumentError(
         absl::StrCat("GpuModel: context past max_context ", m.max_context));
   }
-  return m.Run({{slot, tokens}}, n, /*use_graph=*/false);
+  const int64_t rows = std::max(n, group_rows);
+  return m.Run({{slot, tokens}}, rows, /*use_graph=*/false, n == 1 && m.IsBucket(rows));
+}
+
+absl::Status GpuModel::Idle(int64_t rows) {
+  Impl& m = *impl_;
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  if (rows < 1) return absl::InvalidArgumentError("GpuModel: Idle needs at least one row");
+  PDSERVE_RETURN_IF_ERROR(CheckGroupRows(rows, m.max_rows));
+  return m.Run({}, rows, /*use_graph=*/false, m.IsBucket(rows)).status();
 }
 
 absl::StatusOr<Tensor> GpuModel::DecodeStep(const std::vector<int64_t>& slots,
-                                            const std::vector<int32_t>& tokens, bool use_graph) {
+                                            const std::vector<int32_t>& tokens, bool use_graph,
+                                            int64_t group_rows) {
   Impl& m = *impl_;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  if (slots.empty() || slots.size() != tokens.size()) {
+  if (slots.size() != tokens.size() || (slots.empty() && group_rows <= 0)) {
     return absl::InvalidArgumentError("GpuModel: DecodeStep needs one token per slot");
   }
-  const auto batch = static_cast<int64_t>(slots.size());
+  PDSERVE_RETURN_IF_ERROR(CheckGroupRows(group_rows, m.max_rows));
+  const int64_t batch = std::max(static_cast<int64_t>(slots.size()), group_rows);
   const auto bucket =
       std::lower_bound(m.options.decode_buckets.begin(), m.options.decode_buckets.end(), batch);
   if (bucket == m.options.decode_buckets.end()) {
@@ -549,7 +613,9 @@ absl::StatusOr<Tensor> GpuModel::DecodeStep(const std::vector<int64_t>& slots,
     }
     work.push_back({s, {tokens[i]}});
   }
-  return m.Run(work, *bucket, use_graph);
+  // The local communicator's host barrier would not run at a graph's replay.
+  const bool graph = use_graph && (m.comm == nullptr || m.comm->graph_capturable());
+  return m.Run(work, *bucket, graph, /*decode=*/true);
 }
 
 }  // namespace pdserve::engine::gpu

@@ -18,8 +18,18 @@
 // kernels/cuda/indexer_generic.cuh + top_k; decode steps at DeepSeek-V4 shapes through the
 // fixed-shape kernels (sparse_decode_attention.cuh, indexer.cuh) on paged views of the same pools.
 //
+// Expert parallelism (GpuModelOptions::expert_comm; docs/engine-gpu.md, "Several GPUs"): the
+// model is one rank of a group. It holds only its block of routed experts (ExpertShardOf); the
+// rest is replicated and runs on the rank's own requests (data-parallel attention). A MoE layer
+// all-gathers the group's rows (bf16 inputs, picks, weights), runs the rank's experts on every
+// row and reduce-scatters the fp32 partial sums back to the rows' ranks. So every call that runs
+// the forward pass (Forward, DecodeStep, Idle) is a lock-step call of the group: all ranks make
+// one at the same time with the same padded row count (the group_rows arguments; a rank with no
+// work calls Idle or an empty DecodeStep). engine/gpu/gpu_model_group.h drives that.
+//
 // Thread-safety: not thread-safe; one caller at a time drives a GpuModel (it owns one CUDA
-// stream), from any thread: each call makes options.device current on the calling thread.
+// stream), from any thread: each call makes options.device current on the calling thread. The
+// ranks of a group are driven by one thread each, concurrently.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/gpu/expert_comm.h"
 #include "engine/state.h"
 #include "engine/tensor.h"
 #include "engine/weights.h"
@@ -59,6 +70,11 @@ struct GpuModelOptions {
   bool fixed_shape_attention = true;
   bool fixed_shape_indexer = true;
   GemmInputs gemm_inputs = GemmInputs::kBf16;
+  // Expert parallelism: this model is rank expert_comm->rank() of expert_comm->world() and holds
+  // routed experts ExpertShardOf(n_routed_experts, world, rank) only. Not owned; must outlive the
+  // model; its device must be `device`. A communicator that cannot be captured into CUDA graphs
+  // (the local one) makes DecodeStep eager whatever use_graph says. Null: every expert here.
+  ExpertComm* expert_comm = nullptr;
 };
 
 class GpuModel {
@@ -79,6 +95,10 @@ class GpuModel {
   int64_t slots() const;
   int64_t max_context() const;
   int64_t max_chunk() const;  // tokens per Forward() call at most
+  // The decode batch buckets, ascending (GpuModelOptions::decode_buckets after Create's rules).
+  const std::vector<int64_t>& decode_buckets() const;
+  int64_t rank() const;   // 0 without expert parallelism
+  int64_t world() const;  // 1 without expert parallelism
   // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
   // for this model: what colocated::PagedState::Load fills before ImportState.
   ModelState NewState() const;
@@ -115,15 +135,28 @@ class GpuModel {
   absl::Status ImportState(int64_t slot, const ModelState& state);
 
   // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
-  // returns their logits, fp32 [tokens.size(), vocab_size] on the host. InvalidArgument (state
-  // untouched) for an empty or too long chunk, a bad id or slot, or a context past max_context.
-  absl::StatusOr<Tensor> Forward(int64_t slot, const std::vector<int32_t>& tokens);
+  // returns their logits, fp32 [tokens.size(), vocab_size] on the host. group_rows > tokens.size()
+  // pads the call to that many rows (a lock-step call of an expert-parallel group; the padding
+  // rows write only a scratch slot and their logits are dropped). InvalidArgument (state
+  // untouched) for an empty or too long chunk, group_rows above max(max_chunk, the largest
+  // bucket), a bad id or slot, or a context past max_context.
+  absl::StatusOr<Tensor> Forward(int64_t slot, const std::vector<int32_t>& tokens,
+                                 int64_t group_rows = 0);
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
-  // logits [slots.size(), vocab_size]. use_graph: replay the bucket's CUDA graph (captured on
+  // logits [slots.size(), vocab_size]. The batch runs padded to the smallest bucket holding
+  // max(slots.size(), group_rows); `slots` may be empty when group_rows > 0 (a rank of a group
+  // with nothing to decode this step). use_graph: replay the bucket's CUDA graph (captured on
   // first use); else launch the same kernels eagerly. Errors as Forward.
   absl::StatusOr<Tensor> DecodeStep(const std::vector<int64_t>& slots,
-                                    const std::vector<int32_t>& tokens, bool use_graph);
+                                    const std::vector<int32_t>& tokens, bool use_graph,
+                                    int64_t group_rows = 0);
+
+  // Runs the forward pass over `rows` padding rows only (eagerly): how a rank of an
+  // expert-parallel group with no work takes part in a lock-step Forward of the others. Touches
+  // only the scratch slot. InvalidArgument for rows outside [1, max(max_chunk, the largest
+  // bucket)]; Internal for CUDA errors; Aborted when the group was aborted.
+  absl::Status Idle(int64_t rows);
 
  private:
   struct Impl;

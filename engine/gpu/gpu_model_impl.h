@@ -12,10 +12,13 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/expert_parallel.h"
 #include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/ops.cuh"
@@ -56,6 +59,27 @@ inline std::vector<bf16> ToBf16(const Tensor& t) {
 
 inline absl::Status UploadBf16(const Tensor& t, DeviceArray<bf16>* d) {
   return d->Upload(ToBf16(t));
+}
+
+// Entries [first, first + count) of t's first dimension (an expert-parallel rank's experts),
+// rounded to bf16 on the device. The rounding of a large block (a V4-Flash layer's experts are
+// 6.4 G values) is split over the host's cores; each value's rounding is the same either way.
+inline absl::Status UploadBf16Rows(const Tensor& t, int64_t first, int64_t count,
+                                   DeviceArray<bf16>* d) {
+  const auto per = static_cast<size_t>(t.numel() / t.dim(0));
+  std::vector<bf16> out(static_cast<size_t>(count) * per);
+  const float* from = t.data.data() + static_cast<size_t>(first) * per;
+  auto round = [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) out[i] = __float2bfloat16_rn(from[i]);
+  };
+  const size_t n = out.size();
+  const size_t parts =
+      n < (size_t{1} << 24) ? 1 : std::max<size_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (size_t p = 1; p < parts; ++p) pool.emplace_back(round, n * p / parts, n * (p + 1) / parts);
+  round(0, n / parts);
+  for (std::thread& th : pool) th.join();
+  return d->Upload(out);
 }
 // A projection weight [out, in]: bf16 on the device, or (GemmInputs::kFp32) the same
 // bf16-rounded values held as fp32 for SGEMM.
@@ -154,7 +178,7 @@ struct Layer {
   DeviceArray<float> gate;  // fp32: routing sees the same logits the fp32 CPU engine would
   DeviceArray<float> correction_bias;
   DeviceArray<int32_t> tid2eid;
-  DeviceArray<bf16> gate_up;
+  DeviceArray<bf16> gate_up;  // the rank's routed experts (all of them without a group)
   DeviceArray<bf16> down;
   Linear shared_gate;
   Linear shared_up;
@@ -213,6 +237,15 @@ struct GpuModel::Impl {
   PinnedArray<int32_t> seg_host;
   PinnedArray<float> logits_host;
   std::map<int64_t, cudaGraphExec_t> graphs;
+  // Expert parallelism (options.expert_comm): the rank's experts and the group's stacked rows,
+  // [world * max_rows, ...] (rank p's rows at p * rows).
+  ExpertComm* comm = nullptr;
+  ExpertShard shard;
+  DeviceArray<bf16> ep_x;           // [world * max_rows, hidden] gathered MoE inputs
+  DeviceArray<int32_t> ep_experts;  // [world * max_rows, k] gathered picks, then local ids
+  DeviceArray<float> ep_weights;    // [world * max_rows, k] gathered pick weights
+  DeviceArray<float> ep_out;        // [world * max_rows, hidden] this rank's partial sums
+  DeviceArray<float> ep_reduced;    // [max_rows, hidden] the group's sums of this rank's rows
 
   Impl(ModelConfig c, GpuModelOptions o)
       : config(std::move(c)),
@@ -247,7 +280,9 @@ struct GpuModel::Impl {
     return CudaStatus(CastToBf16(x, n, y, stream), "CastToBf16");
   }
   absl::Status HcPre(const HcWeights& hc, const DeviceArray<float>& norm, int64_t rows);
-  absl::Status Attention(Layer& layer, int64_t rows, const SegmentArrays& segs);
+  // decode: one token per segment at a bucket's row count (the fixed-shape decode kernels, the
+  // ring written before attention); else the any-shape path.
+  absl::Status Attention(Layer& layer, int64_t rows, const SegmentArrays& segs, bool decode);
   // The fixed-shape decode kernel's parameters for `layer` over `batch` decode rows (pointers to
   // this Impl's buffers), and the workspace that needs.
   kc::SparseDecodeParams DecodeParams(const Layer& layer, int64_t batch);
@@ -257,12 +292,20 @@ struct GpuModel::Impl {
   absl::Status FastIndexer(Layer& layer, int64_t rows);
   absl::Status FastAttention(Layer& layer, int64_t rows);
   absl::Status Moe(Layer& layer, int64_t rows);
+  // The routed experts of an expert-parallel rank: gather the group's rows, run this rank's
+  // experts on all of them, reduce-scatter the sums back and add this rank's rows to sub_out.
+  absl::Status ExpertParallelMoe(Layer& layer, int64_t rows);
   // Every kernel of one call over `rows` stacked rows in `segs.segments` segments (metadata
   // already on the device): the part a decode graph captures.
-  absl::Status Enqueue(int64_t rows, int64_t segments, int64_t max_tokens);
-  // Stages the metadata, copies it, runs Enqueue or the graph, and copies `out_rows` logits back.
+  absl::Status Enqueue(int64_t rows, int64_t segments, int64_t max_tokens, bool decode);
+  bool IsBucket(int64_t rows) const {
+    return std::binary_search(options.decode_buckets.begin(), options.decode_buckets.end(), rows);
+  }
+  // Stages the metadata, copies it, runs Enqueue or the graph, and copies the work's logits back.
+  // Rows past the work's are padding (one token at position 0 of the scratch slot each). decode:
+  // as Attention's (only with one token per segment and a bucket's rows).
   absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
-                             int64_t padded_rows, bool use_graph);
+                             int64_t padded_rows, bool use_graph, bool decode);
 };
 
 }  // namespace pdserve::engine::gpu

@@ -73,8 +73,11 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
       PDSERVE_RETURN_IF_ERROR(
           UploadF32(w.At(m + ".gate.e_score_correction_bias"), &layer.correction_bias));
     }
-    PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At(m + ".experts.gate_up_proj"), &layer.gate_up));
-    PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At(m + ".experts.down_proj"), &layer.down));
+    // The rank's block of routed experts (all of them without a group).
+    PDSERVE_RETURN_IF_ERROR(UploadBf16Rows(w.At(m + ".experts.gate_up_proj"), shard.first,
+                                           shard.count, &layer.gate_up));
+    PDSERVE_RETURN_IF_ERROR(
+        UploadBf16Rows(w.At(m + ".experts.down_proj"), shard.first, shard.count, &layer.down));
     PDSERVE_RETURN_IF_ERROR(
         UploadLinear(w.At(m + ".shared_experts.gate_proj.weight"), fp32, &layer.shared_gate));
     PDSERVE_RETURN_IF_ERROR(
@@ -130,9 +133,19 @@ absl::Status GpuModel::Impl::Allocate() {
   PDSERVE_RETURN_IF_ERROR(router_logits.Allocate(r * c.n_routed_experts));
   PDSERVE_RETURN_IF_ERROR(route_experts.Allocate(r * k));
   PDSERVE_RETURN_IF_ERROR(route_weights.Allocate(r * k));
-  PDSERVE_RETURN_IF_ERROR(moe_workspace.Allocate(std::max<size_t>(
-      1,
-      kc::moe_experts_workspace_bytes(max_rows, c.num_experts_per_tok, c.moe_intermediate_size))));
+  // An expert-parallel rank runs its experts over the whole group's rows.
+  const int64_t world = comm != nullptr ? comm->world() : 1;
+  PDSERVE_RETURN_IF_ERROR(moe_workspace.Allocate(
+      std::max<size_t>(1, kc::moe_experts_workspace_bytes(world * max_rows, c.num_experts_per_tok,
+                                                          c.moe_intermediate_size))));
+  if (comm != nullptr) {
+    const auto all = static_cast<size_t>(world) * r;
+    PDSERVE_RETURN_IF_ERROR(ep_x.Allocate(all * hidden));
+    PDSERVE_RETURN_IF_ERROR(ep_experts.Allocate(all * k));
+    PDSERVE_RETURN_IF_ERROR(ep_weights.Allocate(all * k));
+    PDSERVE_RETURN_IF_ERROR(ep_out.Allocate(all * hidden));
+    PDSERVE_RETURN_IF_ERROR(ep_reduced.Allocate(r * hidden));
+  }
   PDSERVE_RETURN_IF_ERROR(logits.Allocate(r * c.vocab_size));
   size_t max_capacity = kPageSize;
   for (const Layer& l : layers) {
@@ -207,9 +220,22 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   if (config.index_topk > kc::kMaxTopK) {
     return absl::InvalidArgumentError("GpuModel: index_topk above the top-k kernel's bound");
   }
+  ExpertShard shard{0, config.n_routed_experts};
+  if (options.expert_comm != nullptr) {
+    const ExpertComm& comm = *options.expert_comm;
+    if (comm.device() != options.device) {
+      return absl::InvalidArgumentError(absl::StrCat("GpuModel: expert communicator on device ",
+                                                     comm.device(), ", model on device ",
+                                                     options.device));
+    }
+    PDSERVE_ASSIGN_OR_RETURN(shard,
+                             ExpertShardOf(config.n_routed_experts, comm.world(), comm.rank()));
+  }
   PDSERVE_CUDA_RETURN(cudaSetDevice(options.device));
   auto impl = std::make_unique<Impl>(config, options);
   impl->max_context = max_context;
+  impl->comm = options.expert_comm;
+  impl->shard = shard;
   impl->geometry = RingGeometryFor(config, max_context, kPageSize);
   impl->max_rows = std::max(options.max_chunk, options.decode_buckets.back());
   impl->scratch_slot = options.slots;

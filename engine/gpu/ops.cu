@@ -62,6 +62,27 @@ __global__ void ScaleKernel(float* x, int64_t n, float scale) {
   if (i < n) x[i] *= scale;
 }
 
+__global__ void SumPartsKernel(const float* parts, int64_t n_parts, int64_t n, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float sum = parts[i];
+  for (int64_t p = 1; p < n_parts; ++p) sum += parts[p * n + i];
+  out[i] = sum;
+}
+
+__global__ void AddIntoKernel(float* y, const float* x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+__global__ void LocalExpertIdsKernel(const int32_t* experts, int64_t n, int32_t first,
+                                     int32_t count, int32_t* local) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  const int32_t e = experts[i];
+  local[i] = e >= first && e - first < count ? e - first : -1;
+}
+
 }  // namespace
 
 cudaError_t CastToBf16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
@@ -127,6 +148,35 @@ cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t SumParts(const float* parts, int64_t n_parts, int64_t n, float* out,
+                     cudaStream_t stream) {
+  if (n_parts < 1 || n < 0 || (n > 0 && (parts == nullptr || out == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0) return cudaSuccess;
+  SumPartsKernel<<<Blocks(n), kThreads, 0, stream>>>(parts, n_parts, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t AddInto(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (x == nullptr || y == nullptr))) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LocalExpertIds(const int32_t* experts, int64_t n, int64_t first, int64_t count,
+                           int32_t* local, cudaStream_t stream) {
+  if (n < 0 || first < 0 || count < 0 || first + count > INT32_MAX ||
+      (n > 0 && (experts == nullptr || local == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0) return cudaSuccess;
+  LocalExpertIdsKernel<<<Blocks(n), kThreads, 0, stream>>>(experts, n, static_cast<int32_t>(first),
+                                                           static_cast<int32_t>(count), local);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 // Glue kernels of the GPU engine (engine/gpu/gpu_model.h): casts, the embedding gather, the
-// sliding-window ring append and the residual add. The model's math lives in kernels/cuda; these
+// sliding-window ring append, the residual add and the expert-parallel MoE's bookkeeping (partial
+// sums, local expert ids). The model's math lives in kernels/cuda; these
 // only move and convert data. All asynchronous on `stream`, CUDA-graph safe (launch shapes from
 // the size arguments only; per-segment values read from device memory), stateless, and return
 // cudaErrorInvalidValue on negative sizes or missing pointers, else the launch status.
@@ -52,5 +53,20 @@ cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64
 
 // x[i] *= scale, i < n.
 cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream);
+
+// out[i] = parts[0 * n + i] + parts[1 * n + i] + ... + parts[(n_parts - 1) * n + i], summed in
+// that order (fp32), i < n: the local communicator's reduce-scatter (engine/gpu/local_comm.h).
+// out may alias parts' first block.
+cudaError_t SumParts(const float* parts, int64_t n_parts, int64_t n, float* out,
+                     cudaStream_t stream);
+
+// y[i] += x[i], i < n (fp32).
+cudaError_t AddInto(float* y, const float* x, int64_t n, cudaStream_t stream);
+
+// local[i] = experts[i] - first when experts[i] is in [first, first + count), else -1, i < n
+// (int32): a rank's view of global expert picks, whose -1 the routed experts kernel skips
+// (kernels/cuda/moe.cuh). local may alias experts.
+cudaError_t LocalExpertIds(const int32_t* experts, int64_t n, int64_t first, int64_t count,
+                           int32_t* local, cudaStream_t stream);
 
 }  // namespace pdserve::engine::gpu

@@ -14,22 +14,20 @@ constexpr int64_t kSlot = 0;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
-    engine::gpu::GpuModel* gpu, int64_t prefill_block) {
-  if (gpu == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
-  if (prefill_block < 1 || prefill_block > gpu->max_chunk()) {
+    std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block) {
+  if (group == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
+  const int64_t max_chunk = group->rank(0).max_chunk();
+  if (prefill_block < 1 || prefill_block > max_chunk) {
     return absl::InvalidArgumentError(absl::StrCat("GPU prefill: prefill_block ", prefill_block,
-                                                   " outside [1, max_chunk ", gpu->max_chunk(),
-                                                   "]"));
+                                                   " outside [1, max_chunk ", max_chunk, "]"));
   }
-  return std::unique_ptr<GpuPrefillEngine>(new GpuPrefillEngine(gpu, prefill_block));
+  return std::unique_ptr<GpuPrefillEngine>(new GpuPrefillEngine(std::move(group), prefill_block));
 }
 
 absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
-    std::unique_ptr<engine::gpu::GpuModel> gpu, int64_t prefill_block) {
-  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuPrefillEngine> engine,
-                           Create(gpu.get(), prefill_block));
-  engine->owned_ = std::move(gpu);
-  return engine;
+    engine::gpu::GpuModel* gpu, int64_t prefill_block) {
+  if (gpu == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
+  return Create(engine::gpu::GpuModelGroup::Single(gpu), prefill_block);
 }
 
 absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t> prompt,
@@ -39,21 +37,29 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
                                                          const ChunkDone& chunk_done) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   const auto length = static_cast<int64_t>(prompt.size());
-  if (length > gpu_->max_context()) {
+  engine::gpu::GpuModel& gpu = group_->rank(0);
+  if (length > gpu.max_context()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a prompt of ", length, " tokens exceeds the GPU slot's context of ", gpu_->max_context()));
+        "a prompt of ", length, " tokens exceeds the GPU slot's context of ", gpu.max_context()));
   }
   // A failed earlier prefill may have left the slot mid-prompt.
-  PDSERVE_RETURN_IF_ERROR(gpu_->ResetSlot(kSlot));
+  PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(kSlot));
   engine::Tensor logits;
   for (int64_t from = 0; from < length;) {
     const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
     const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
-    PDSERVE_ASSIGN_OR_RETURN(logits, gpu_->Forward(kSlot, tokens));
+    // Rank 0 runs the chunk; the other ranks of a group meet its MoE collectives with padding.
+    const std::vector<absl::Status> ran =
+        group_->Run([&](int64_t r, engine::gpu::GpuModel& model) -> absl::Status {
+          if (r > 0) return model.Idle(to - from);
+          PDSERVE_ASSIGN_OR_RETURN(logits, model.Forward(kSlot, tokens));
+          return absl::OkStatus();
+        });
+    for (const absl::Status& s : ran) PDSERVE_RETURN_IF_ERROR(s);
     PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
     from = to;
   }
-  PDSERVE_ASSIGN_OR_RETURN(engine::ModelState state, gpu_->ExportState(kSlot));
+  PDSERVE_ASSIGN_OR_RETURN(engine::ModelState state, gpu.ExportState(kSlot));
   const int64_t vocab = logits.dim(1);
   const float* last = logits.ptr() + (logits.dim(0) - 1) * vocab;
   std::vector<float> last_logits(last, last + vocab);
@@ -66,23 +72,25 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
 }
 
 std::string GpuPrefillEngine::Describe() const {
-  return absl::StrCat("cuda (one slot of ", gpu_->max_context(), " tokens, prefill block ",
-                      prefill_block_, ")");
+  return absl::StrCat("cuda (", group_->Describe(), ", one slot of ", group_->rank(0).max_context(),
+                      " tokens, prefill block ", prefill_block_, ")");
 }
 
 PrefillEngineFactory GpuPrefillEngineFactory(colocated::GpuBackendOptions options) {
-  return [options](const PrefillEngineContext& context)
-             -> absl::StatusOr<std::unique_ptr<PrefillEngine>> {
-    const engine::ModelConfig& config = *context.config;
-    PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModel> gpu,
-                             colocated::LoadGpuModel(options, context.model_dir, config,
-                                                     /*slots=*/1, config.max_position_embeddings));
-    PDSERVE_ASSIGN_OR_RETURN(
-        std::unique_ptr<GpuPrefillEngine> engine,
-        GpuPrefillEngine::Create(std::move(gpu),
-                                 std::min(context.prefill_block, options.max_chunk)));
-    return std::unique_ptr<PrefillEngine>(std::move(engine));
-  };
+  return
+      [options](
+          const PrefillEngineContext& context) -> absl::StatusOr<std::unique_ptr<PrefillEngine>> {
+        const engine::ModelConfig& config = *context.config;
+        PDSERVE_ASSIGN_OR_RETURN(
+            std::unique_ptr<engine::gpu::GpuModelGroup> group,
+            colocated::LoadGpuModelGroup(options, context.model_dir, config,
+                                         /*slots_per_rank=*/1, config.max_position_embeddings));
+        PDSERVE_ASSIGN_OR_RETURN(
+            std::unique_ptr<GpuPrefillEngine> engine,
+            GpuPrefillEngine::Create(std::move(group),
+                                     std::min(context.prefill_block, options.max_chunk)));
+        return std::unique_ptr<PrefillEngine>(std::move(engine));
+      };
 }
 
 }  // namespace pdserve::prefill

@@ -73,7 +73,7 @@ case $mode in
     echo "units verified"
     ;;
   configs-valid)
-    "$1" validate-config "$2"/local.yaml "$2"/h200x2.yaml "$2"/cluster-8gpu.yaml
+    "$1" validate-config "$2"/local.yaml "$2"/h200x2.yaml "$2"/h200x4-ep.yaml "$2"/cluster-8gpu.yaml
     ;;
   configs-broken)
     pdserve=$1 dir=$2

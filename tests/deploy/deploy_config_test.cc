@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace pdserve::config {
 namespace {
@@ -95,6 +96,28 @@ TEST(DeployConfigTest, GpusRequiredForCudaAndForbiddenForCpu) {
   ExpectOneError(Broken("    backend: cpu", "    backend: cpu\n    gpus: \"2\""), 17, 11,
                  "decode[0].gpus");
   ExpectOneError(Broken("\"0,1\"", "\"0,x\""), 11, 11, "prefill[0].gpus");
+}
+
+TEST(DeployConfigTest, SeveralGpusMakeOneExpertParallelWorker) {
+  const ParsedDeployConfig parsed = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  EXPECT_EQ(parsed.config.prefill[0].gpus, "0,1");
+  // One rank per GPU: a GPU named twice in one worker is refused even with share_gpus.
+  const std::string twice = Broken("\"0,1\"", "\"1,1\"") + "share_gpus: true\n";
+  const ParsedDeployConfig refused = ParseDeployConfig(twice, "s.yaml");
+  ASSERT_EQ(refused.errors.size(), 1u);
+  EXPECT_EQ(refused.errors[0].key, "prefill[0].gpus");
+  EXPECT_EQ(refused.errors[0].message, "names GPU 1 twice (a worker runs one rank per GPU)");
+}
+
+TEST(DeployConfigTest, ParseGpuList) {
+  EXPECT_EQ(*ParseGpuList("3"), std::vector<int>({3}));
+  EXPECT_EQ(*ParseGpuList("2,0,1"), std::vector<int>({2, 0, 1}));
+  for (const char* bad : {"", "0,", ",1", "a", "-1", "0,0", "1,2,1", "0;1"}) {
+    EXPECT_EQ(ParseGpuList(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(*ParseGpuList("0,0", /*allow_repeats=*/true), std::vector<int>({0, 0}));
+  EXPECT_FALSE(ParseGpuList("0,a", /*allow_repeats=*/true).ok());
 }
 
 TEST(DeployConfigTest, PortAndGpuClashesAcrossWorkers) {

@@ -25,6 +25,7 @@
 #include "colocated/paged_state.h"
 #include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/gpu_model_group.h"
 #include "engine/model.h"
 #include "serving/clock.h"
 #include "tests/engine_gpu/gpu_test_models.h"
@@ -253,6 +254,39 @@ TEST_F(GpuStepRunnerTest, DecodesFromATransferredPromptState) {
         return std::make_unique<EngineStepRunner>(*cpu_, layout, pool, options);
       });
   ExpectSameTokens(got, want);
+}
+
+// An expert-parallel group as the runner's engine: 2 ranks on GPU 0 (in-process communicator),
+// the experts split over them, requests spread over the ranks and stepped in lock step (prefill
+// rounds padded to the longest chunk, decode padded to the largest rank's bucket). Seeded T=0.6
+// completions in mixed steps equal the 1-rank runner's (the logits differ only in the order of
+// fp32 additions; at most 1 of 24 choices may part at a near-tie draw), and the slots come back.
+TEST_F(GpuStepRunnerTest, ExpertParallelGroupEqualsOneGpu) {
+  engine::gpu::GpuGroupOptions group_options;
+  group_options.devices = {0, 0};
+  group_options.comm = engine::gpu::ExpertCommKind::kLocal;
+  group_options.model.slots = 8;
+  group_options.model.max_chunk = 256;
+  group_options.model.max_context = std::min<int64_t>(model_.config.max_position_embeddings, 512);
+  group_options.model.gemm_inputs = GemmInputs::kFp32;
+  auto group = engine::gpu::GpuModelGroup::Create(model_.config, model_.weights, group_options);
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::vector<RequestSpec> specs = Specs(0.6, 2, 3);
+  GpuHarness h(model_.config, 16, 48,
+               [&](const serving::StateLayout& layout, serving::PagePool* pool) {
+                 RunnerOptions options;
+                 options.prefill_block = kPrefillBlock;
+                 auto runner = GpuStepRunner::Create(std::move(*group), layout, pool, options);
+                 EXPECT_TRUE(runner.ok()) << runner.status();
+                 return runner.ok() ? std::move(*runner) : nullptr;
+               });
+  const Outputs got = h.RunAll(specs);
+  EXPECT_GT(h.mixed_steps(), 0);
+  EXPECT_EQ(h.runner().free_slots(), 16);
+  auto gpu = Gpu(16);
+  ASSERT_NE(gpu, nullptr);
+  GpuHarness one(model_.config, 16, 48, MakeGpuRunner(gpu.get()));
+  ExpectSameTokens(got, one.RunAll(specs), /*max_diverged=*/1);
 }
 
 // Refusals: a canary choice, a sequence longer than the GPU's context, paranoid mode, a prefill

@@ -3,8 +3,10 @@
 # kernels/cuda on its own and runs its GPU tests, then runs the GPU engine test packed by
 # tools/gpu/pack_engine_tests.sh (when present). Logs under $OUT (default ./gpu-out); a summary
 # is printed last. Environment: PACK (the packed folder, default .device-carry/gpu), KFILTER /
-# EFILTER (ctest -R / --gtest_filter), SKIP_KERNELS=1.
+# EFILTER (ctest -R / --gtest_filter), SKIP_KERNELS=1. NVLink multicast stays off for the NCCL
+# tests (NCCL_NVLS_ENABLE=0), which load the machine's own libnccl.so.2 (found below).
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0
 out=${OUT:-gpu-out}
 pack=${PACK:-.device-carry/gpu}
 mkdir -p "$out"
@@ -25,8 +27,9 @@ fi
 if [ -f "$pack/libs.tar.xz" ]; then
   mkdir -p /tmp/pdserve-libs && tar -xJf "$pack/libs.tar.xz" -C /tmp/pdserve-libs
   cublas=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
+  nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
   chmod +x "$pack/bin/engine_gpu_tests"
-  LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:${LD_LIBRARY_PATH:-} PDSERVE_SOURCE_DIR=$PWD \
+  LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:$nccl:${LD_LIBRARY_PATH:-} PDSERVE_SOURCE_DIR=$PWD \
     timeout 500 "$pack/bin/engine_gpu_tests" ${EFILTER:+--gtest_filter="$EFILTER"} > "$out/engine.log" 2>&1
   rc=$?
   grep -E "^\[  FAILED|Failure|Expected|Which is" "$out/engine.log" | head -30

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# End to end on one GPU: a `pdserve up` cluster whose prefill AND decode workers both run
-# `backend: cuda` on gpus "0" (the same GPU; state pages staged through host memory over UCX
+# End to end: a `pdserve up` cluster whose prefill AND decode workers both run `backend: cuda`
+# (by default both on gpus "0", the same GPU; state pages staged through host memory over UCX
 # loopback), against `pdserve serve --backend cuda` (the same engine colocated) and
 # `pdserve serve --backend cpu` (the reference), for twelve completions on the bundled model:
 # six greedy, six seeded at T 0.6 / top_p 0.95, sent one at a time, 32 tokens each.
+# PREFILL_GPUS / DECODE_GPUS (default "0") name the workers' GPU groups (issue 11's proof: prefill
+# "0", decode "1"; "0,1": an expert-parallel worker); SERVE_DEVICES (default "0") the colocated
+# CUDA server's (--devices; "0,1": a 2-GPU expert-parallel group, "0,0": two ranks on one GPU
+# through the in-process communicator).
 #
 # Pass (exit 0) when:
 #   - every request's first token (sampled by the CUDA prefill worker) equals the colocated CUDA
@@ -28,7 +32,22 @@ out=${OUT:-gpu-out/pd-e2e}
 base=${BASE_PORT:-18000}
 model=models/kjv-v4-tiny
 backend=${E2E_BACKEND:-cuda}
-if [ "$backend" = cuda ]; then gpus='gpus: "0"'; else gpus='threads: 2'; fi
+prefill_gpus=${PREFILL_GPUS:-0}
+decode_gpus=${DECODE_GPUS:-0}
+serve_devices=${SERVE_DEVICES:-0}
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (pdserve forces it too)
+if [ "$backend" = cuda ]; then
+  pgpus="gpus: \"$prefill_gpus\""
+  dgpus="gpus: \"$decode_gpus\""
+else
+  pgpus='threads: 2'
+  dgpus='threads: 2'
+fi
+# Workers on overlapping GPUs need share_gpus.
+share=false
+for g in ${prefill_gpus//,/ }; do
+  if [[ ",$decode_gpus," == *",$g,"* ]]; then share=true; fi
+done
 [ -x "$pdserve" ] || { echo "no pdserve binary ($pdserve)" >&2; exit 2; }
 [ -f "$model/config.json" ] || { echo "run from the repository root ($model missing)" >&2; exit 2; }
 mkdir -p "$out"
@@ -41,7 +60,7 @@ trap cleanup EXIT
 
 cat > "$out/pd-cuda.yaml" <<YAML
 name: pd-cuda-e2e
-share_gpus: true
+share_gpus: $share
 model:
   path: $model
   served_name: kjv-v4-tiny
@@ -57,14 +76,14 @@ prefill:
     port: $((base + 1))
     metrics_port: $((base + 2))
     backend: $backend
-    $gpus
+    $pgpus
 decode:
   - name: decode-0
     host: 127.0.0.1
     port: $((base + 3))
     metrics_port: $((base + 4))
     backend: $backend
-    $gpus
+    $dgpus
 transfer:
   transport: ucx
   lease_ms: 30000
@@ -120,8 +139,10 @@ PY
 }
 
 serve() {  # backend, port, name
-  "$pdserve" serve --backend "$1" --model "$model" --host 127.0.0.1 --port "$2" \
-    > "$out/$3.log" 2>&1 &
+  local devices=()
+  [ "$1" != cuda ] || devices=(--devices "$serve_devices")
+  "$pdserve" serve --backend "$1" "${devices[@]}" --model "$model" --host 127.0.0.1 \
+    --port "$2" > "$out/$3.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
   wait_ready "http://127.0.0.1:$2/health" 120 "$pid" ||
@@ -133,15 +154,15 @@ serve() {  # backend, port, name
 
 echo "== pdserve serve --backend cpu"
 serve cpu $((base + 5)) serve-cpu
-echo "== pdserve serve --backend $backend"
+echo "== pdserve serve --backend $backend (devices $serve_devices)"
 serve "$backend" $((base + 6)) serve-cuda
-echo "== pdserve up (prefill and decode backend $backend, one GPU)"
+echo "== pdserve up (prefill and decode backend $backend, prefill gpus $prefill_gpus, decode gpus $decode_gpus)"
 "$pdserve" up --config "$out/pd-cuda.yaml" > "$out/up.log" 2>&1 &
 up=$!
 pids+=("$up")
 wait_ready "http://127.0.0.1:$base/ready" 180 "$up" ||
   { echo "FAIL: pdserve up was not ready (log $out/up.log)"; tail -20 "$out/up.log"; exit 1; }
-[ "$backend" != cuda ] || grep -q "backend cuda: prefill on CUDA_VISIBLE_DEVICES=0" "$out/up.log" ||
+[ "$backend" != cuda ] || grep -q "backend cuda: prefill on CUDA_VISIBLE_DEVICES=$prefill_gpus," "$out/up.log" ||
   { echo "FAIL: the prefill worker did not say it runs the CUDA engine"; exit 1; }
 run_requests "http://127.0.0.1:$base" "$out/pd-cuda.json"
 kill -INT "$up"; wait "$up" 2>/dev/null || true
