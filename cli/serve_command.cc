@@ -64,7 +64,15 @@ struct ServeOptions {
 absl::StatusOr<colocated::RunnerFactory> BackendFactory(
     const ServeOptions& options,
     [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
-  if (options.backend == "cpu") return colocated::RunnerFactory();
+  if (options.backend == "cpu") {
+    // Flags that would do nothing on the CPU engine are refused rather than ignored.
+    if (!options.devices.empty() || options.expert_comm != "auto") {
+      return absl::InvalidArgumentError(
+          "--devices and --expert-comm choose the GPUs of --backend cuda; the CPU engine uses "
+          "neither");
+    }
+    return colocated::RunnerFactory();
+  }
   if (options.canary_every > 0 || options.paranoid) {
     return absl::FailedPreconditionError(
         "--backend cuda does not support --canary-every or --paranoid (both need the CPU "
@@ -78,8 +86,11 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
     absl::StatusOr<std::vector<int>> devices =
         config::ParseGpuList(options.devices, /*allow_repeats=*/options.expert_comm != "nccl");
     if (!devices.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices \"", options.devices, "\" ", devices.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices \"", options.devices, "\" ", devices.status().message(),
+          options.expert_comm == "nccl" ? "; with NCCL each rank needs a GPU of its own "
+                                          "(--expert-comm local can put several ranks on one GPU)"
+                                        : ""));
     }
     gpu.devices = *devices;
   }
@@ -180,7 +191,10 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--devices", o->devices,
-                  "CUDA device ordinals, e.g. 0,1: one expert-parallel group (overrides --device)");
+                  "CUDA device ordinals, e.g. 0,1: one expert-parallel group (overrides --device)")
+      ->check([](const std::string& list) {
+        return list.empty() ? std::string("an empty list names no GPU") : std::string();
+      });
   cmd->add_option("--expert-comm", o->expert_comm,
                   "Collectives of a --devices group: auto (NCCL where it loads), nccl or local")
       ->capture_default_str()

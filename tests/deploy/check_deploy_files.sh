@@ -17,6 +17,9 @@
 #   up-model-path PDSERVE CONFIG_DIR   `pdserve up` run where local.yaml's relative model path
 #                                      does not exist starts no child and names the path and
 #                                      the working directory (validate-config warns the same)
+#   serve-gpu-flags PDSERVE            `pdserve serve` refuses GPU flags that would do nothing
+#                                      (--devices / --expert-comm with --backend cpu, an empty
+#                                      --devices) with exit 1 or CLI11's usage error, no server
 set -euo pipefail
 mode=$1
 shift
@@ -178,6 +181,23 @@ case $mode in
     grep -qF "local.yaml: warning: $want" "$tmp/err" || {
       echo "FAIL: validate-config does not warn the same way:"; cat "$tmp/err"; exit 1; }
     echo "ok: $(head -1 "$tmp/err")"
+    ;;
+  serve-gpu-flags)
+    pdserve=$1
+    refused() {  # refused WANT ARGS...: the command exits non-zero and its stderr names WANT
+      local want=$1
+      shift
+      if timeout 20 "$pdserve" serve --port 0 "$@" >"$tmp/out" 2>"$tmp/err"; then
+        echo "FAIL: serve $* was accepted"; cat "$tmp/err"; exit 1
+      fi
+      grep -qF -- "$want" "$tmp/err" || {
+        echo "FAIL: serve $* did not say '$want':"; cat "$tmp/err"; exit 1; }
+      ! grep -q "listening on" "$tmp/out" || { echo "FAIL: serve $* started"; exit 1; }
+      echo "ok: serve $*: $(head -1 "$tmp/err")"
+    }
+    refused "the CPU engine uses neither" --backend cpu --devices 0,1
+    refused "the CPU engine uses neither" --backend cpu --expert-comm local
+    refused "an empty list names no GPU" --backend cuda --devices ""
     ;;
   *)
     echo "unknown mode $mode"
