@@ -86,10 +86,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("decode", "Run a decode worker of a PD deployment");
   cmd->add_option("--config", flags->worker.config_path, "Deploy config YAML")->required();
   cmd->add_option("--name", flags->worker.name, "Decode worker entry (default: the first)");
-  cmd->add_option("--port", flags->worker.port,
-                  "Override the entry's gRPC port (0: any free port)");
+  cmd->add_option("--port", flags->worker.port, "Override the entry's gRPC port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--metrics-port", flags->worker.metrics_port,
-                  "Override the entry's metrics port (0: no HTTP endpoint)");
+                  "Override the entry's metrics port (0: no HTTP endpoint)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--drain-timeout-ms", flags->worker.drain_timeout_ms,
                   "On SIGTERM / SIGINT: how long running requests may take to finish")
       ->capture_default_str()

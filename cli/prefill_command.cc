@@ -69,9 +69,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("prefill", "Run a prefill worker of a PD deployment");
   cmd->add_option("--config", flags->config_path, "Deploy config YAML")->required();
   cmd->add_option("--name", flags->name, "Prefill worker entry (default: the first)");
-  cmd->add_option("--port", flags->port, "Override the entry's gRPC port (0: any free port)");
+  cmd->add_option("--port", flags->port, "Override the entry's gRPC port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--metrics-port", flags->metrics_port,
-                  "Override the entry's metrics port (0: no HTTP endpoint)");
+                  "Override the entry's metrics port (0: no HTTP endpoint)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--drain-timeout-ms", flags->drain_timeout_ms,
                   "On SIGTERM / SIGINT: how long running prefills may take to finish")
       ->capture_default_str()

@@ -80,7 +80,8 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   auto o = std::make_shared<RouterCommandOptions>();
   CLI::App* cmd = app.add_subcommand("router", "Run the router of a prefill/decode deployment");
   cmd->add_option("--config", o->config, "Deployment config (YAML, deploy/README.md)")->required();
-  cmd->add_option("--port", o->port, "HTTP port (overrides router.http_port; 0: any free port)");
+  cmd->add_option("--port", o->port, "HTTP port (overrides router.http_port; 0: any free port)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--drain-timeout-ms", o->drain_timeout_ms,
                   "On SIGTERM / SIGINT: how long running HTTP requests may finish before they end "
                   "with an error event");

@@ -271,9 +271,16 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
 absl::StatusOr<std::vector<int>> ParseGpuList(absl::string_view gpus, bool allow_repeats) {
   std::vector<int> ids;
   for (absl::string_view id : absl::StrSplit(gpus, ',')) {
+    // Digits only (no spaces, signs or leading zeros): the list goes on to CUDA_VISIBLE_DEVICES,
+    // which must read it as this parse does.
     int gpu = 0;
-    if (!absl::SimpleAtoi(id, &gpu) || gpu < 0) {
-      return absl::InvalidArgumentError("must be comma-separated GPU indices, e.g. \"0,1\"");
+    const bool digits =
+        !id.empty() && id.size() <= 4 &&
+        std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+        (id.size() == 1 || id[0] != '0');
+    if (!digits || !absl::SimpleAtoi(id, &gpu) || gpu > kMaxGpuIndex) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("must be comma-separated GPU indices 0..", kMaxGpuIndex, ", e.g. \"0,1\""));
     }
     if (!allow_repeats && std::find(ids.begin(), ids.end(), gpu) != ids.end()) {
       return absl::InvalidArgumentError(

@@ -97,9 +97,11 @@ struct ParsedDeployConfig {
 };
 
 // A worker's `gpus` value as GPU indices in order: "0,1" -> {0, 1}. InvalidArgument for an empty
-// list, an entry that is not a non-negative integer, or an index named twice (one rank per GPU)
-// unless allow_repeats (`pdserve serve --devices 0,0 --expert-comm local`: several ranks on one
-// GPU, for trying the expert sharding where only one GPU exists).
+// list, an entry that is not plain decimal digits (no spaces, signs or leading zeros: the value
+// becomes CUDA_VISIBLE_DEVICES as written) or above kMaxGpuIndex, or an index named twice (one
+// rank per GPU) unless allow_repeats (`pdserve serve --devices 0,0 --expert-comm local`: several
+// ranks on one GPU, for trying the expert sharding where only one GPU exists).
+inline constexpr int kMaxGpuIndex = 1023;
 absl::StatusOr<std::vector<int>> ParseGpuList(absl::string_view gpus, bool allow_repeats = false);
 
 // Parses and validates YAML text; `file` names it in errors.

@@ -7,16 +7,21 @@ on to its own children. The signal follows the thread that started the child, so
 from the test's main thread.
 """
 import ctypes
+import os
 import signal
 import subprocess
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent():
-    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+def _die_with(parent):
+    def preexec():
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != parent:  # the test died before the prctl: nobody would signal us
+            os._exit(1)
+    return preexec
 
 
 def popen(*args, **kwargs):
-    return subprocess.Popen(*args, preexec_fn=_die_with_parent, **kwargs)
+    return subprocess.Popen(*args, preexec_fn=_die_with(os.getpid()), **kwargs)

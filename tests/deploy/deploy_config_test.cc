@@ -113,7 +113,12 @@ TEST(DeployConfigTest, SeveralGpusMakeOneExpertParallelWorker) {
 TEST(DeployConfigTest, ParseGpuList) {
   EXPECT_EQ(*ParseGpuList("3"), std::vector<int>({3}));
   EXPECT_EQ(*ParseGpuList("2,0,1"), std::vector<int>({2, 0, 1}));
-  for (const char* bad : {"", "0,", ",1", "a", "-1", "0,0", "1,2,1", "0;1"}) {
+  EXPECT_EQ(*ParseGpuList("1023,10"), std::vector<int>({1023, 10}));
+  // Only what CUDA_VISIBLE_DEVICES reads the same way: no spaces, signs, leading zeros or
+  // indices past kMaxGpuIndex (the breaker's " +0, 01" named two ranks that CUDA would not).
+  for (const char* bad :
+       {"",     "0,",   ",1", "a",  "-1", "0,0", "1,2,1", "0;1",  " 0",         "0 ",
+        "0, 1", "0 ,1", "+1", "-0", "00", "01",  "0\n",   "1024", "2147483647", "99999999999"}) {
     EXPECT_EQ(ParseGpuList(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_EQ(*ParseGpuList("0,0", /*allow_repeats=*/true), std::vector<int>({0, 0}));
