@@ -38,7 +38,7 @@ Transfer::Transfer(PageTransport& transport, const serving::Clock& clock, Sender
       page_ops_(pages_.size()),
       page_queued_(pages_.size(), false),
       page_done_(pages_.size(), false),
-      next_heartbeat_(clock_.Now() + ticket_.heartbeat_interval),
+      next_heartbeat_(clock_.Now()),  // the first Poll renews the lease at once
       lease_length_(ticket_.lease_deadline - clock_.Now()),
       lease_deadline_(ticket_.lease_deadline) {
   ControlMessage heartbeat{.kind = WireKind::kHeartbeat,

@@ -61,6 +61,11 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
       auto* depth, r.AddGauge("pdserve_prefill_queue_depth", "Requests waiting to be prefilled"));
   w->queue_depth_ = &depth->Get();
   PDSERVE_ASSIGN_OR_RETURN(
+      auto* queue_timeouts,
+      r.AddCounter("pdserve_prefill_queue_timeouts_total",
+                   "Requests refused in the queue because their transfer lease would end first"));
+  w->queue_timeouts_ = &queue_timeouts->Get();
+  PDSERVE_ASSIGN_OR_RETURN(
       auto* chunk, r.AddHistogram("pdserve_prefill_chunk_tokens", "Tokens per prefill chunk", {},
                                   worker::GeometricBuckets(16, 2, 16384)));
   w->chunk_tokens_ = &chunk->Get();
@@ -197,20 +202,41 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
                                       config.vocab_size));
 
   // Waits for this request's turn (FIFO) or its abort / cancellation, whichever comes first: an
-  // aborted queued request leaves at once (its Abort answers quiesced) and never starts.
+  // aborted queued request leaves at once (its Abort answers quiesced) and never starts. Nothing
+  // renews the decode worker's lease before the transfer starts, so a request that has waited
+  // half of the lease it came with gives up as RESOURCE_EXHAUSTED: the worker is busy, not
+  // broken, the decode worker hears of it from the router before its lease turns into an
+  // isolation error, and a request that does start has half its lease left for the transfer's
+  // first heartbeats (the sender renews by the lease length it sees at Prepare).
+  const absl::Time arrival = clock_.Now();
+  const absl::Time give_up = arrival + (ticket.lease_deadline - arrival) / 2;
   {
     absl::MutexLock lock(&mu_);
     run_queue_.push_back(id);
     auto turn = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return aborted_.contains(id) || (!run_busy_ && run_queue_.front() == id);
     };
-    // The timeout only re-checks the client's cancellation, which no Condition can see.
+    // The timeout only re-checks the client's cancellation and the lease, which no Condition can
+    // see.
+    bool lease_ending = false;
     while (!mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(50)) &&
            !context.IsCancelled()) {
+      if (clock_.Now() >= give_up) {
+        lease_ending = true;
+        break;
+      }
     }
-    const bool mine =
-        !aborted_.contains(id) && !context.IsCancelled() && !run_busy_ && run_queue_.front() == id;
+    const bool mine = !lease_ending && !aborted_.contains(id) && !context.IsCancelled() &&
+                      !run_busy_ && run_queue_.front() == id;
     run_queue_.erase(std::find(run_queue_.begin(), run_queue_.end(), id));
+    if (lease_ending) {
+      queue_timeouts_->Increment();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("request ", id, " waited ", absl::FormatDuration(clock_.Now() - arrival),
+                       " in the prefill queue and its transfer lease ends in ",
+                       absl::FormatDuration(ticket.lease_deadline - clock_.Now()),
+                       ": the prefill worker is busy; retry later"));
+    }
     if (!mine) return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
     run_busy_ = true;
     ++running_;

@@ -127,6 +127,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   metrics::Registry registry_;
   metrics::Counter* tokens_total_ = nullptr;
   metrics::Gauge* queue_depth_ = nullptr;
+  metrics::Counter* queue_timeouts_ = nullptr;  // gave up in the queue: the lease would end
   metrics::Histogram* chunk_tokens_ = nullptr;
   metrics::Histogram* latency_ = nullptr;
   metrics::Counter* transfer_bytes_total_ = nullptr;

@@ -483,6 +483,40 @@ TEST(PdFaultTest, PrefillQueueAtMaxWaitingRefusesWithResourceExhausted) {
   EXPECT_EQ(refused.outcome.finish_reason, "abort");
 }
 
+// A request whose transfer lease would end while it waits in the prefill queue (nothing renews
+// the lease before its transfer starts) is refused with RESOURCE_EXHAUSTED a margin before the
+// lease ends: the worker is busy, not broken, and the decode worker hears of it as an abort
+// instead of counting a lease isolation error (before: every queued request past the lease
+// failed as an isolation error, the router opened the prefill worker's breaker and answered 503
+// "no prefill worker is up"; found by the breaker with 16 long prompts on a 2 s lease).
+TEST(PdFaultTest, QueuedPrefillGivesUpBeforeItsLeaseEnds) {
+  ClusterOptions options;
+  options.lease_ms = 2000;
+  options.prefill_env = {"PDSERVE_TEST_DELAY_REQUEST=792001", "PDSERVE_TEST_DELAY_MS=3000"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  InFlight running;  // holds the prefill worker for 3 s (its heartbeats renew its own lease)
+  StartInFlight(**cluster, Spec(792001, 100, 1), &running);
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  InFlight queued;
+  StartInFlight(**cluster, Spec(792002, 60, 1), &queued);
+  if (queued.prefill.joinable()) queued.prefill.join();
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(queued.prefill_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << queued.prefill_status.error_message();
+  EXPECT_TRUE(absl::StrContains(queued.prefill_status.error_message(), "prefill queue"))
+      << queued.prefill_status.error_message();
+  EXPECT_GT(waited, absl::Milliseconds(700)) << "it waited its turn first";
+  EXPECT_LT(waited, absl::Milliseconds(2000)) << "and gave up before the lease ended";
+  EXPECT_TRUE(AbortOnDecode(**cluster, 792002, /*prefill_quiesced=*/true).quiesced());
+  running.Join();
+  queued.Join();
+  EXPECT_EQ(running.outcome.finish_reason, "length") << running.outcome.error;
+  EXPECT_EQ(queued.outcome.finish_reason, "abort") << queued.outcome.error;
+  EXPECT_EQ(queued.outcome.isolation_error, v1::ISOLATION_ERROR_UNSPECIFIED);
+}
+
 // A full pool's RESOURCE_EXHAUSTED names the request id (not the worker's internal sequence).
 TEST(PdFaultTest, ReserveOnAFullPoolNamesTheRequestId) {
   ClusterOptions options;
