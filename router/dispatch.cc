@@ -41,7 +41,7 @@ frontend::ApiError PrefillError(const grpc::Status& status, const std::string& w
   switch (status.error_code()) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return frontend::ServerError(
-          429, absl::StrCat("the prefill pool is full; retry later (", detail, ")"),
+          429, absl::StrCat("the prefill workers are busy; retry later (", detail, ")"),
           "rate_limit_exceeded", "prefill_busy");
     case grpc::StatusCode::UNAVAILABLE:
       return frontend::ServerError(
