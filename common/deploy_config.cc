@@ -8,6 +8,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -212,17 +213,51 @@ void ReadGuards(Reader& r, const YAML::Node& node, GuardsConfig* g) {
 }
 
 // Ports unique per host, GPUs given once per host, worker names unique.
+// What the config alone can tell about where a host string points (no name lookups: validation
+// stays offline and deterministic). Loopback names and the wildcard address all mean the machine
+// that runs the process; any other name stands for itself.
+bool IsWildcardHost(absl::string_view host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+bool IsLocalHost(absl::string_view host) {
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1" ||
+         host == "[::1]" || IsWildcardHost(host);
+}
+// The machine of `host`: one key for every local alias.
+std::string MachineOf(const std::string& host) {
+  return IsLocalHost(host) ? std::string("this machine") : host;
+}
+// The address a listener on `host` binds ("localhost" is 127.0.0.1).
+std::string AddressOf(const std::string& host) {
+  return host == "localhost" ? std::string("127.0.0.1") : host;
+}
+// Two listeners on one port clash when they bind the same address, or one binds the wildcard
+// address of the machine the other is on.
+bool PortsClash(const std::string& a, const std::string& b) {
+  return AddressOf(a) == AddressOf(b) ||
+         ((IsWildcardHost(a) || IsWildcardHost(b)) && MachineOf(a) == MachineOf(b));
+}
+
 void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
                       const std::vector<YAML::Node>& worker_nodes) {
-  std::map<std::pair<std::string, int>, std::string> ports;
+  struct Claim {
+    std::string host;
+    int port;
+    std::string owner;
+  };
+  std::vector<Claim> ports;
   auto claim_port = [&](const std::string& host, int port, const std::string& owner,
                         const YAML::Node& at, const std::string& key) {
     if (port == 0) return;
-    auto [it, fresh] = ports.emplace(std::make_pair(host, port), owner);
-    if (!fresh) {
-      r.Error(at, key,
-              absl::StrCat("port ", port, " on ", host, " is already used by ", it->second));
+    for (const Claim& other : ports) {
+      if (other.port == port && PortsClash(host, other.host)) {
+        r.Error(at, key,
+                absl::StrCat("port ", port, " on ", host, " is already used by ", other.owner,
+                             other.host == host ? "" : absl::StrCat(" (on ", other.host, ")")));
+        return;
+      }
     }
+    ports.push_back({host, port, owner});
   };
   // yaml-cpp throws on type queries of a missing key's node: check IsDefined() first.
   const YAML::Node router = root["router"];
@@ -256,7 +291,8 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
       for (absl::string_view id : absl::StrSplit(w.gpus, ',')) {
         int gpu = 0;
         if (!absl::SimpleAtoi(id, &gpu)) continue;
-        auto [it, fresh] = gpus.emplace(std::make_pair(w.host, gpu), path);
+        // GPUs belong to machines: 127.0.0.1, localhost and 0.0.0.0 share this one's.
+        auto [it, fresh] = gpus.emplace(std::make_pair(MachineOf(w.host), gpu), path);
         if (!fresh) {
           r.Error(node["gpus"], Join(path, "gpus"),
                   absl::StrCat("GPU ", gpu, " on ", w.host, " is already given to ", it->second));

@@ -138,6 +138,41 @@ TEST(DeployConfigTest, PortAndGpuClashesAcrossWorkers) {
   EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.share_gpus);
 }
 
+// Local aliases are one machine: its GPUs and, through the wildcard address, its ports (the
+// breaker's configs with 127.0.0.1 / localhost / 0.0.0.0 passed validate-config and failed only
+// when `up` bound the port).
+TEST(DeployConfigTest, ClashesSeeThroughLocalHostAliases) {
+  const auto with_hosts = [](const std::string& prefill_host, const std::string& decode_host,
+                             const std::string& decode_port, const std::string& decode_gpus) {
+    std::string text = kValid;
+    text.replace(text.find("host: h1"), 8, "host: " + prefill_host);
+    text.replace(text.find("host: h1"), 8, "host: " + decode_host);
+    text.replace(text.find("port: 9200"), 10, "port: " + decode_port);
+    if (!decode_gpus.empty()) {
+      text.replace(text.find("backend: cpu"), 12,
+                   "backend: cuda\n    gpus: \"" + decode_gpus + "\"");
+    }
+    return ParseDeployConfig(text, "a.yaml");
+  };
+  // GPU 1 on 127.0.0.1 and on localhost / 0.0.0.0 / 127.0.0.2: one machine, one GPU.
+  for (const char* alias : {"localhost", "0.0.0.0", "127.0.0.2", "127.0.0.1"}) {
+    const ParsedDeployConfig parsed = with_hosts("127.0.0.1", alias, "9200", "1");
+    ASSERT_EQ(parsed.errors.size(), 1u) << alias;
+    EXPECT_EQ(parsed.errors[0].key, "decode[0].gpus") << alias;
+  }
+  // Other hosts keep their own GPUs.
+  EXPECT_TRUE(with_hosts("127.0.0.1", "10.0.0.2", "9200", "1").errors.empty());
+  // The same port: on 0.0.0.0 it takes every local address; 127.0.0.1 and localhost are one
+  // address; 127.0.0.1 and 127.0.0.2 are two.
+  for (const char* alias : {"0.0.0.0", "localhost", "127.0.0.1"}) {
+    const ParsedDeployConfig parsed = with_hosts("127.0.0.1", alias, "9100", "");
+    ASSERT_EQ(parsed.errors.size(), 1u) << alias;
+    EXPECT_EQ(parsed.errors[0].key, "decode[0].port") << alias;
+  }
+  EXPECT_TRUE(with_hosts("127.0.0.1", "127.0.0.2", "9100", "").errors.empty());
+  EXPECT_TRUE(with_hosts("10.0.0.1", "0.0.0.0", "9100", "").errors.empty());
+}
+
 TEST(DeployConfigTest, EnumAndSyntaxErrors) {
   ExpectOneError(Broken("backend: cpu", "backend: tpu"), 16, 14, "decode[0].backend");
   const ParsedDeployConfig parsed = ParseDeployConfig("name: [unclosed\n", "s.yaml");
