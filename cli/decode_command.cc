@@ -51,7 +51,8 @@ absl::Status RunDecode(const DecodeFlags& flags) {
                                     : colocated::DegenerationAction::kFlag;
   options.runner.paranoid = entry.deploy.guards.paranoid;
   options.canary_every = entry.deploy.guards.canary_every;
-  PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
+  PDSERVE_ASSIGN_OR_RETURN(options.model,
+                           worker::WorkerModelOptions(entry.deploy, entry.worker.backend));
   if (entry.worker.backend == "cuda") {
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
     // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's GPUs: devices 0 .. n-1 here,

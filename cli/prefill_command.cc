@@ -37,7 +37,8 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   options.model_name = entry.model_name;
   options.faults = prefill::TestFaults::FromEnvironment();
   options.max_waiting = max_waiting;
-  PDSERVE_ASSIGN_OR_RETURN(options.model, worker::WorkerModelOptions(entry.deploy));
+  PDSERVE_ASSIGN_OR_RETURN(options.model,
+                           worker::WorkerModelOptions(entry.deploy, entry.worker.backend));
   if (entry.worker.backend == "cuda") {
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
     // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's GPUs: devices 0 .. n-1 here,

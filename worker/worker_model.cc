@@ -33,7 +33,8 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
   return w;
 }
 
-absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConfig& deploy) {
+absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConfig& deploy,
+                                                        const std::string& backend) {
   engine::ModelOptions options;
   PDSERVE_ASSIGN_OR_RETURN(options.reference_pieces,
                            engine::ParseReferencePieces(deploy.guards.reference_kernels));
@@ -41,7 +42,7 @@ absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConf
   if (const std::string warning = engine::TestFaultWarning(options); !warning.empty()) {
     spdlog::warn("{}", warning);
   }
-  spdlog::info("{}", engine::ImplementationSummary(options));
+  if (backend == "cpu") spdlog::info("{}", engine::ImplementationSummary(options));
   return options;
 }
 

@@ -36,11 +36,13 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
                                             engine::ModelOptions options = {},
                                             bool cpu_engine = true);
 
-// The engine options of a worker of `deploy`: guards.reference_kernels (validated) and the
-// test-only faults of the environment (engine::WithTestFaultsFromEnvironment). Logs the
-// implementation summary, and the test-fault warning when one is on. InvalidArgument for an
-// unknown reference kernel name.
-absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConfig& deploy);
+// The engine options of a worker of `deploy` on `backend` ("cpu" / "cuda"):
+// guards.reference_kernels (validated) and the test-only faults of the environment
+// (engine::WithTestFaultsFromEnvironment). Logs the CPU engine's implementation summary (backend
+// cpu only: the CUDA workers log their own line), and the test-fault warning when one is on.
+// InvalidArgument for an unknown reference kernel name.
+absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConfig& deploy,
+                                                        const std::string& backend);
 
 std::vector<kv::LayerAttention> LayerAttentions(const engine::ModelConfig& config);
 
