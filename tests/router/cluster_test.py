@@ -37,6 +37,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
+from test_ports import free_port  # noqa: E402,F401  (tests/test_ports.py)
 
 FAILURES = []
 SKIPPED = []  # cases that could not run (a package missing); the test then exits 77
@@ -46,12 +47,6 @@ def check(cond, message):
     print(("ok: " if cond else "FAIL: ") + message, flush=True)
     if not cond:
         FAILURES.append(message)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def curl(url, body=None, stream=False, raw=None):
