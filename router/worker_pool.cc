@@ -138,7 +138,21 @@ bool WorkerPool::Check(Worker& worker) {
       worker.role() == Role::kDecode
           ? worker.decode()->Health(&context, wv1::HealthRequest(), &health)
           : worker.prefill()->Health(&context, wv1::HealthRequest(), &health);
-  if (!status.ok() || health.state() != wv1::HealthResponse::STATE_SERVING) return false;
+  // Why a check failed is logged while the worker is up (at most down_after lines an outage).
+  if (!status.ok()) {
+    if (worker.up()) {
+      spdlog::info("router: health check of {} worker {} failed: {} ({})", RoleName(worker.role()),
+                   worker.name(), status.error_message(), static_cast<int>(status.error_code()));
+    }
+    return false;
+  }
+  if (health.state() != wv1::HealthResponse::STATE_SERVING) {
+    if (worker.up()) {
+      spdlog::info("router: {} worker {} is not serving (health state {})", RoleName(worker.role()),
+                   worker.name(), static_cast<int>(health.state()));
+    }
+    return false;
+  }
   if (worker.role() == Role::kDecode) worker.set_max_batch(health.max_batch());
   if (options_.canary_prompt.empty()) return true;
   // The partner: the first up worker of the other role (its own check decides about it; a
