@@ -14,13 +14,12 @@ namespace {
 //   runs one and two blocks of four tiles ahead) and copies them with cp.async into a ring of
 //   kStages stages, each completing on an mbarrier, so up to four tiles are in flight.
 // - Consumers (warpgroups 0 and 1, 224 registers): Hopper's warpgroup MMA (wgmma) with the 64
-//   query heads as M. Warpgroup w computes the scores over dims 256w .. 256w + 255 (S_w = Q[:,
-//   half w] K[:, half w]^T, both operands from shared memory); the halves are added through
-//   shared memory (fp32, the same order in both, so both warpgroups hold identical scores and
-//   probabilities), and warpgroup w accumulates O[:, half w] += P V[:, half w] with P from
-//   registers. The scores of tile i + 1 and the P V product of tile i are issued back to back,
-//   and the next tile's exchange and softmax run while they do. The softmax rescales o lazily
-//   (only when the maximum moves by more than kRescaleSlack).
+//   query heads as M, taking turns over the tiles (see Consume): warpgroup w computes the full
+//   scores S = Q K^T of tiles w, w + 2, ... (both operands from shared memory) and their softmax,
+//   and hands P (bf16) with the reference maxima to the other warpgroup; each accumulates its
+//   half of the output columns, O[:, half w] += P V[:, half w] over every tile. One warpgroup's
+//   softmax runs while the other's products occupy the tensor cores. The softmax rescales o
+//   lazily (only when the maximum moves by more than kRescaleSlack).
 // The output leaves through shared memory in whole 16-byte stores: bf16 and final with one split,
 // else fp32 partials (unnormalized, with their reference maxima and sums) that a combine kernel
 // merges with the sink. Measured figures and what limits them: docs/perf.md.
@@ -49,11 +48,15 @@ constexpr int kQBytes = 8 * kQRegionBytes;        // 64 KB
 constexpr int kTileBytes = 8 * kTileRegionBytes;  // 32 KB
 constexpr int kQOffset = 0;
 constexpr int kTileOffset = kQOffset + kQBytes;
-constexpr int kExchangeOffset = kTileOffset + kStages * kTileBytes;
-constexpr int kExchangeBytes = 2 * 2 * 16 * 128 * 4;  // [tile parity][warpgroup][k][thread] float4
+// P handed between the consumer warpgroups: [from][k][thread] uint4 (bf16 pairs), and the
+// reference maxima with it: [from][thread] float2 (at the end: the sums).
+constexpr int kPOffset = kTileOffset + kStages * kTileBytes;
+constexpr int kPBytes = 2 * 2 * 128 * 16;
+constexpr int kRefOffset = kPOffset + kPBytes;
+constexpr int kRefBytes = 2 * 128 * 8;
 // [stage] uint32: bit r set when row r of the stage is attended (written by producer warp r / 8 as
 // byte r / 8).
-constexpr int kValidOffset = kExchangeOffset + kExchangeBytes;
+constexpr int kValidOffset = kRefOffset + kRefBytes;
 constexpr int kBarrierOffset = kValidOffset + kStages * 4;
 // mbarriers: full[stage] (the stage's rows landed), empty[stage] (its consumers are done), and
 // q_full (the queries landed).
@@ -94,6 +97,10 @@ template <int N>
 __device__ __forceinline__ void FenceRegisters(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void FenceFragment(uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) asm volatile("" : "+r"(a[i / 4][i % 4])::"memory");
 }
 // Generic-proxy writes to shared memory (cp.async) before async-proxy reads (wgmma).
 __device__ __forceinline__ void FenceProxyAsync() {
@@ -328,8 +335,9 @@ __device__ void Produce(const SparseDecodeParams& p, const BlockWork& w, int n_c
 }
 
 // Accumulators of one consumer thread: output o for heads (head_lo, head_lo + 8) and columns
-// 256 * warpgroup + 8n + 2t (+1), and per head the reference maximum of the scaled scores (log2
-// domain, at most kRescaleSlack below the largest seen) and the sum of exp2(score - reference).
+// 256 * warpgroup + 8n + 2t (+1); per head the reference maximum of the scaled scores (log2
+// domain; the same sequence of values in both warpgroups, see Consume) and the sum of
+// exp2(score - reference) over this warpgroup's own tiles.
 struct ConsumerState {
   float o[128];
   float running_max[2];
@@ -352,14 +360,44 @@ __device__ __forceinline__ void WaitFull(uint32_t base, int it) {
   FenceProxyAsync();
 }
 
-// Issues S = Q[:, half WG] K^T over the stage at `tile` (16 wgmma, one commit group). WG is a
-// template parameter so the descriptors are warp-uniform arithmetic.
+// One arrival per warp on the stage of tile `it`: this warpgroup's products that read it are done.
+__device__ __forceinline__ void ReleaseStage(uint32_t base, int it) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) {
+    MbarrierArrive(base + kBarrierOffset + (kEmptyBarrier + it % kStages) * 8);
+  }
+}
+
+// P handed from warpgroup `from` to the other (kPOffset: [from][k][thread] uint4, its
+// reference maxima at kRefOffset: [from][thread] float2). Thread k of either warpgroup holds the
+// same heads and columns of a wgmma fragment, so a hand-over is thread to thread.
+__device__ __forceinline__ void NamedArrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+__device__ __forceinline__ void NamedSync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+
+// True when `value` is true in every thread of consumer warpgroup WG (its own named barrier, 4 +
+// WG: a warpgroup-uniform answer, as issuing a wgmma or not must be).
 template <int WG>
+__device__ __forceinline__ bool WarpgroupAll(bool value) {
+  uint32_t all;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(value ? 1u : 0u), "n"(4 + WG)
+      : "memory");
+  return all != 0;
+}
+
+// Issues S = Q K^T over all 512 dims of the stage at `tile` (32 wgmma, one commit group).
 __device__ __forceinline__ void IssueScores(float (&s)[16], uint32_t base, uint32_t tile) {
   WgmmaFence();
 #pragma unroll
-  for (int ks = 0; ks < kHalf / 16; ++ks) {
-    const int region = 4 * WG + ks / 4;
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    const int region = ks / 4;
     const int column_bytes = (ks % 4) * 32;
     WgmmaQk(s, SmemDescriptor(base + kQOffset + region * kQRegionBytes + column_bytes, 16, 1024),
             SmemDescriptor(tile + region * kTileRegionBytes + column_bytes, 16, 1024), ks > 0);
@@ -367,90 +405,36 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], uint32_t base, uint3
   WgmmaCommit();
 }
 
-// One tile of the consumer pipeline. On entry the scores of tile `it` are complete in `s` and the
-// P V product of tile it - 1 may still run (under this tile's exchange and softmax); on exit the
-// scores of tile it + 1 are complete in `s_next` and this tile's P V product may still run. The
-// last tile scores its own stage again instead (unused): every tile issues the same wgmma groups,
-// so one copy of this code serves all.
+// Issues O[:, half WG] += P V[:, half WG] over the stage at `tile` (2 wgmma, one commit group).
+// B = rows 16kk .. 16kk + 15 of the stage, dims 256 * WG ..: MN-major (dims contiguous), leading
+// byte offset = one region (64 dims), stride byte offset = 8 rows.
 template <int WG>
-__device__ __forceinline__ void ConsumeTile(const SparseDecodeParams& p, uint32_t base,
-                                            unsigned char* smem, int it, int n_tiles,
-                                            float (&s)[16], float (&s_next)[16],
-                                            ConsumerState& st) {
-  const int tid_wg = threadIdx.x & 127;
-  const int lane = threadIdx.x & 31;
-  const int t = lane & 3;
-  FenceRegisters(s);
-  // Full scores: own half + the other warpgroup's half (fp32 addition commutes, so both
-  // warpgroups get the same bits). Two exchange buffers alternate by tile, so one barrier per
-  // tile orders every write after the other warpgroup's read of two tiles before.
-  // Stored as 4 float4 per thread, [buffer][warpgroup][k][thread]: consecutive threads on
-  // consecutive 16 bytes.
-  float4* const exchange = reinterpret_cast<float4*>(smem + kExchangeOffset);
-  float4* const mine = exchange + ((it & 1) * 2 + WG) * 4 * 128 + tid_wg;
-  const float4* const other = exchange + ((it & 1) * 2 + (WG ^ 1)) * 4 * 128 + tid_wg;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    mine[k * 128] = make_float4(s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]);
-  }
-  ConsumerBarrier();
-  const uint32_t attended =
-      reinterpret_cast<const uint32_t*>(smem + kValidOffset)[it % kStages] >> (2 * t);
-  const float scale = p.softmax_scale * kLog2e;  // > 0: the order of raw scores is kept
-  // The scores stay as the tensor cores left them (registers of a finished wgmma group must not
-  // be redefined while another group runs); the probabilities get registers of their own.
-  float prob[16];
-  float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float4 v = other[k * 128];
-    const float theirs[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int i = 4 * k + c;
-      const bool ok = ((attended >> (8 * k + (c & 1))) & 1u) != 0;  // row 8k + 2t + (c & 1)
-      prob[i] = ok ? s[i] + theirs[c] : -INFINITY;
-      tile_max[c >> 1] = fmaxf(tile_max[c >> 1], prob[i]);
-    }
-  }
-  // Lazy rescaling: the reference maximum (running_max, log2 domain) moves only when a score
-  // exceeds it by more than kRescaleSlack, so o is rescaled rarely; probabilities relative to the
-  // reference stay below 2^kRescaleSlack. The final normalization uses the same reference, so
-  // the result is the softmax up to rounding (the idea of FlashAttention-4's conditional
-  // rescaling).
-  float alpha[2];
-  float shift[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
-    const float top = tile_max[r] * scale;
-    alpha[r] = 1.0f;
-    if (top > st.running_max[r] + kRescaleSlack) {
-      alpha[r] = exp2f(st.running_max[r] - top);  // 0 while nothing was visible
-      st.running_max[r] = top;
-      st.running_sum[r] *= alpha[r];
-    }
-    // With nothing visible yet the reference is -inf; subtracting 0 keeps exp2 at 0, not NaN.
-    shift[r] = st.running_max[r] == -INFINITY ? 0.0f : st.running_max[r];
-  }
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    prob[i] = exp2f(fmaf(prob[i], scale, -shift[(i & 3) >> 1]));
-    st.running_sum[(i & 3) >> 1] += prob[i];
-  }
-  // The P V product of tile it - 1 is done: o may be rescaled, its stage is free, and the
-  // registers of its P (read by the tensor cores while it runs) may take this tile's.
-  WgmmaWait<0>();
-  FenceRegisters(st.o);
-  uint32_t a[2][4];
+__device__ __forceinline__ void IssueValues(float (&o)[128], const uint32_t (&a)[2][4],
+                                            uint32_t tile) {
+  WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[kk][r] = PackBf16(prob[8 * kk + 2 * r], prob[8 * kk + 2 * r + 1]);
+    WgmmaPv(
+        o, a[kk],
+        SmemDescriptor(tile + 4 * WG * kTileRegionBytes + kk * 16 * 128, kTileRegionBytes, 1024));
   }
-  // A reference that moved nowhere in the warp leaves o as it is (alpha is exactly 1): the warp
-  // skips the 128 products (a real branch, not predicated products).
+  WgmmaCommit();
+}
+
+// Moves this thread's reference maxima up to `to` (never down): o and the sums follow. Only while
+// no wgmma writes o. A reference that moved nowhere in the warp leaves o as it is (a real branch).
+__device__ __forceinline__ void RaiseReference(ConsumerState& st, float to0, float to1) {
+  const float to[2] = {to0, to1};
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    alpha[r] = 1.0f;
+    if (to[r] > st.running_max[r]) {
+      alpha[r] = exp2f(st.running_max[r] - to[r]);  // 0 while nothing was visible
+      st.running_max[r] = to[r];
+      st.running_sum[r] *= alpha[r];
+    }
+  }
   if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
@@ -460,56 +444,205 @@ __device__ __forceinline__ void ConsumeTile(const SparseDecodeParams& p, uint32_
       st.o[4 * n + 3] *= alpha[1];
     }
   }
-  if (it > 0) {
-    __syncwarp();
-    if (lane == 0) MbarrierArrive(base + kBarrierOffset + (kEmptyBarrier + (it - 1) % kStages) * 8);
-  }
-  // The scores of tile it + 1 and the P V product of tile it go to the tensor cores back to back;
-  // the first runs while the next tile's exchange waits, the second under the next softmax.
-  const bool has_next = it + 1 < n_tiles;
-  if (has_next) WaitFull(base, it + 1);
-  IssueScores<WG>(s_next, base, StageAddress(base, has_next ? it + 1 : it));
-  const uint32_t tile = StageAddress(base, it);
-  WgmmaFence();
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
-    // B = rows 16kk .. 16kk + 15 of the stage, dims 256 * WG ..: MN-major (dims contiguous),
-    // leading byte offset = one region (64 dims), stride byte offset = 8 rows.
-    WgmmaPv(
-        st.o, a[kk],
-        SmemDescriptor(tile + 4 * WG * kTileRegionBytes + kk * 16 * 128, kTileRegionBytes, 1024));
-  }
-  WgmmaCommit();
-  WgmmaWait<1>();  // the scores of tile it + 1
 }
 
+// The softmax of tile `it` (scores complete in `s`, no wgmma in flight). The reference maxima
+// first take the other warpgroup's (ref_{it-1}, `other_ref`), then rise when a score exceeds them
+// by more than kRescaleSlack (lazy rescaling: probabilities relative to the reference stay below
+// 2^kRescaleSlack and o is rescaled rarely; the final normalization uses the same reference, so
+// the result is the softmax up to rounding: the idea of FlashAttention-4's conditional
+// rescaling). Then P = exp2(scaled score - reference), its sum, and P packed to bf16 in the
+// A-operand layout of the P V product.
+__device__ __forceinline__ void Softmax(const SparseDecodeParams& p, const unsigned char* smem,
+                                        int it, const float (&s)[16], float2 other_ref,
+                                        ConsumerState& st, uint32_t (&a)[2][4]) {
+  const int t = threadIdx.x & 3;
+  const uint32_t attended =
+      reinterpret_cast<const uint32_t*>(smem + kValidOffset)[it % kStages] >> (2 * t);
+  const float scale = p.softmax_scale * kLog2e;  // > 0: the order of raw scores is kept
+  // The scores stay as the tensor cores left them (ptxas serializes wgmma when other
+  // instructions define its accumulator registers); the probabilities get registers of their own.
+  float prob[16];
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    // s[i] is (head row (i & 3) >> 1, column 8 (i / 4) + 2t + (i & 1)) of the tile.
+    const bool ok = ((attended >> (8 * (i >> 2) + (i & 1))) & 1u) != 0;
+    prob[i] = ok ? s[i] : -INFINITY;
+    tile_max[(i & 3) >> 1] = fmaxf(tile_max[(i & 3) >> 1], prob[i]);
+  }
+  float top[2];
+  const float before[2] = {other_ref.x, other_ref.y};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
+    const float base = fmaxf(st.running_max[r], before[r]);
+    top[r] = tile_max[r] * scale;
+    top[r] = top[r] > base + kRescaleSlack ? top[r] : base;
+  }
+  RaiseReference(st, top[0], top[1]);
+  float shift[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // With nothing visible yet the reference is -inf; subtracting 0 keeps exp2 at 0, not NaN.
+    shift[r] = st.running_max[r] == -INFINITY ? 0.0f : st.running_max[r];
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    prob[i] = exp2f(fmaf(prob[i], scale, -shift[(i & 3) >> 1]));
+    st.running_sum[(i & 3) >> 1] += prob[i];
+  }
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      a[kk][r] = PackBf16(prob[8 * kk + 2 * r], prob[8 * kk + 2 * r + 1]);
+    }
+  }
+}
+
+// Brings P of the other warpgroup's tile, made against its reference `made_at`, to this
+// thread's reference (at least as high): a factor <= 1 per head, applied only when one moved.
+__device__ __forceinline__ void Rebase(uint32_t (&a)[2][4], float2 made_at,
+                                       const ConsumerState& st) {
+  const float from[2] = {made_at.x, made_at.y};
+  float factor[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    factor[r] = st.running_max[r] > from[r] ? exp2f(from[r] - st.running_max[r]) : 1.0f;
+  }
+  if (factor[0] == 1.0f && factor[1] == 1.0f) return;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      // a[kk][r] holds head row g for even r, g + 8 for odd r (the A fragment layout).
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&a[kk][r]);
+      const float2 f = __bfloat1622float2(v);
+      a[kk][r] = PackBf16(f.x * factor[r & 1], f.y * factor[r & 1]);
+    }
+  }
+}
+
+// The consumer warpgroups take turns (FlashMLA's "seesaw" schedule): warpgroup w owns the tiles
+// i = w, w + 2, ...: it computes their full 512-dim scores and softmax, and hands P (bf16) and the
+// reference maxima to the other warpgroup; each warpgroup accumulates its half of the output
+// columns over every tile, its own P from registers and the other's as received. One iteration
+// of warpgroup w (its tile i):
+//   wait for its products of the last iteration and release their stages; issue S_i = Q K_i^T;
+//   receive P_{i-1} and ref_{i-1}; when ref_{i-1} is this warpgroup's reference for every head
+//   (the usual case), issue P_{i-1} V_{i-1} at once; wait (and release tile i - 1's stage);
+//   softmax of tile i from ref_{i-1} (raising o to ref_i); hand P_i, ref_i over; issue
+//   P_{i-1} V_{i-1} now if it waited (P_{i-1} brought down to ref_i), and P_i V_i.
+// So one warpgroup's softmax runs while the other's products occupy the tensor cores, a tile's
+// stage goes back to the producer as soon as both have read it, and the reference maxima form
+// one sequence over the tiles in order (ref_i from ref_{i-1}), the same in both warpgroups
+// (o is only rescaled while no wgmma writes it: ptxas serializes every wgmma of the kernel
+// otherwise). The warpgroup that does not own the last tile adds it after its loop. Named
+// barriers: 2 + w for P handed over by warpgroup w, 4 + w for warpgroup w's votes.
 template <int WG>
 __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles, uint32_t base,
                                         unsigned char* smem, ConsumerState& st) {
+  const int tid_wg = threadIdx.x & 127;
 #pragma unroll
   for (int i = 0; i < 128; ++i) st.o[i] = 0.0f;
   st.running_max[0] = st.running_max[1] = -INFINITY;
   st.running_sum[0] = st.running_sum[1] = 0.0f;
-  if (n_tiles > 0) {
-    MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
-    float s_even[16];
-    float s_odd[16];
-    WaitFull(base, 0);
-    IssueScores<WG>(s_even, base, StageAddress(base, 0));
-    WgmmaWait<0>();
-    // Two register sets alternate: a tile's scores land in one while the other is in use.
-    for (int it = 0; it < n_tiles; it += 2) {
-      ConsumeTile<WG>(p, base, smem, it, n_tiles, s_even, s_odd, st);
-      if (it + 1 < n_tiles) ConsumeTile<WG>(p, base, smem, it + 1, n_tiles, s_odd, s_even, st);
-    }
+  uint4* const p_mine = reinterpret_cast<uint4*>(smem + kPOffset) + WG * 2 * 128 + tid_wg;
+  const uint4* const p_other =
+      reinterpret_cast<const uint4*>(smem + kPOffset) + (WG ^ 1) * 2 * 128 + tid_wg;
+  float2* const ref_mine = reinterpret_cast<float2*>(smem + kRefOffset) + WG * 128 + tid_wg;
+  const float2* const ref_other =
+      reinterpret_cast<const float2*>(smem + kRefOffset) + (WG ^ 1) * 128 + tid_wg;
+  // P of this warpgroup's tile and of the other's: registers a wgmma reads while it runs, kept
+  // alive (FenceFragment) until a wait says it is done.
+  uint32_t a_own[2][4];
+  uint32_t a_other[2][4];
+  const auto receive = [&]() {
+    NamedSync(2 + (WG ^ 1));
+    const uint4 lo = p_other[0];
+    const uint4 hi = p_other[128];
+    a_other[0][0] = lo.x, a_other[0][1] = lo.y, a_other[0][2] = lo.z, a_other[0][3] = lo.w;
+    a_other[1][0] = hi.x, a_other[1][1] = hi.y, a_other[1][2] = hi.z, a_other[1][3] = hi.w;
+    return *ref_other;
+  };
+  if (n_tiles > 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+  float s[16];
+  bool other_released = true;  // the stage of the other's tile it - 3 went back early
+  for (int it = WG; it < n_tiles; it += 2) {
+    // This warpgroup's P V products of its last iteration are done: their stages go back to the
+    // producer before anything here waits for a tile (a later release would hold back the
+    // copies of the tiles after this one).
     WgmmaWait<0>();
     FenceRegisters(st.o);
+    FenceFragment(a_own);
+    FenceFragment(a_other);
+    if (it >= 2) ReleaseStage(base, it - 2);
+    if (it >= 3 && !other_released) ReleaseStage(base, it - 3);
+    // The scores go out before the hand-over is awaited: they need only the tile, and the other
+    // warpgroup's softmax is what the two wait on in turn.
+    WaitFull(base, it);
+    IssueScores(s, base, StageAddress(base, it));
+    float2 other_ref = make_float2(-INFINITY, -INFINITY);
+    // P_{i-1} goes to the tensor cores at once when it was made against this warpgroup's
+    // reference (every head of the warpgroup: the usual case once the maxima settle), so its
+    // stage is released before the softmax; else after the softmax, brought down to ref_i.
+    bool early = false;
+    if (it >= 1) {
+      other_ref = receive();
+      early =
+          WarpgroupAll<WG>(other_ref.x <= st.running_max[0] && other_ref.y <= st.running_max[1]);
+      if (early) {
+        WaitFull(base, it - 1);  // complete already (the other warpgroup waited for it)
+        IssueValues<WG>(st.o, a_other, StageAddress(base, it - 1));
+      }
+    }
+    WgmmaWait<0>();
+    FenceRegisters(s);
+    FenceRegisters(st.o);
+    FenceFragment(a_other);
+    other_released = early;
+    if (early) ReleaseStage(base, it - 1);
+    Softmax(p, smem, it, s, other_ref, st, a_own);
+    p_mine[0] = make_uint4(a_own[0][0], a_own[0][1], a_own[0][2], a_own[0][3]);
+    p_mine[128] = make_uint4(a_own[1][0], a_own[1][1], a_own[1][2], a_own[1][3]);
+    *ref_mine = make_float2(st.running_max[0], st.running_max[1]);
+    NamedArrive(2 + WG);
+    if (it >= 1 && !early) {
+      Rebase(a_other, other_ref, st);
+      WaitFull(base, it - 1);
+      IssueValues<WG>(st.o, a_other, StageAddress(base, it - 1));
+    }
+    IssueValues<WG>(st.o, a_own, StageAddress(base, it));
+  }
+  WgmmaWait<0>();
+  FenceRegisters(st.o);
+  FenceFragment(a_own);
+  FenceFragment(a_other);
+  if (n_tiles > 0 && ((n_tiles - 1) & 1) != WG) {
+    // The other's last tile: o rises to its reference, then its P V.
+    const float2 last_ref = receive();
+    RaiseReference(st, last_ref.x, last_ref.y);
+    WaitFull(base, n_tiles - 1);
+    IssueValues<WG>(st.o, a_other, StageAddress(base, n_tiles - 1));
+    WgmmaWait<0>();
+    FenceRegisters(st.o);
+    FenceFragment(a_other);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     st.running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, st.running_sum[r], 1);
     st.running_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, st.running_sum[r], 2);
   }
+  // Both warpgroups end on the last tile's reference; the sums of their own tiles are added in
+  // one fixed order, so both hold the same bits. The hand-over area is free once both are here.
+  ConsumerBarrier();
+  *ref_mine = make_float2(st.running_sum[0], st.running_sum[1]);
+  ConsumerBarrier();
+  const float2 theirs = *ref_other;
+  st.running_sum[0] = WG == 0 ? st.running_sum[0] + theirs.x : theirs.x + st.running_sum[0];
+  st.running_sum[1] = WG == 0 ? st.running_sum[1] + theirs.y : theirs.y + st.running_sum[1];
 }
 
 // out = sum_i w_i o_i / (sum_i w_i l_i + exp2(sink - top)), w_i = exp2(m_i - top), top the

@@ -18,11 +18,14 @@
 // c % page_size); sinks [heads] fp32; out [batch, heads, 512] bf16. Rows that are not attended
 // (past a length, index -1) are never read, so stale or NaN slots cannot leak.
 //
-// Method (sm_90a): per (split, request, 64 heads) one block of two consumer warpgroups running
-// Hopper's warpgroup MMA with the 64 heads as M and a producer warp that copies the attended rows
-// 32 at a time (kSparseTile) into a four-stage ring in shared memory (see the .cu for the data
-// flow); with several splits a combine kernel merges their fp32 partials. Scores and the output
-// accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
+// Method (sm_90a): per (split, request, 64 heads) one block of a producer warpgroup that copies
+// the attended rows 32 at a time (kSparseTile) into a four-stage ring in shared memory and two
+// consumer warpgroups running Hopper's warpgroup MMA with the 64 heads as M. The consumers take
+// turns over the tiles (FlashMLA's "seesaw" schedule): each computes the full scores and softmax
+// of every other tile, hands P to the other, and accumulates its half of the output columns over
+// every tile (see the .cu for the data flow); with several splits a combine kernel merges their
+// fp32 partials. Scores and the output accumulate in fp32; the probabilities are rounded to bf16
+// for the P V product.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.

@@ -251,6 +251,22 @@ TEST(CudaSparseDecodeTest, WideScoreRangeMovesTheReferenceMidway) {
   RunAndCheck(c, 96, 0.5f);
 }
 
+TEST(CudaSparseDecodeTest, TilesTakenInTurnsByTheConsumerWarpgroups) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // The two consumer warpgroups own alternate 32-row tiles and hand P over: lists of 1, 2, 3, 4
+  // and 5 tiles (the last tile owned by either warpgroup), and requests whose first tiles have
+  // nothing visible (no window, CSA indices -1) so the reference maximum is -inf for a few
+  // hand-overs before rows appear in a tile of the first or of the second warpgroup.
+  const std::vector<int32_t> window_len = {0, 0, 0, 0, 0, 0, 0};
+  const std::vector<int32_t> n_compressed = {32, 64, 96, 128, 160, 300, 300};
+  AttentionCase c = MakeCase(rng, 64, true, 160, window_len, n_compressed, 0.0);
+  for (int64_t j = 0; j < 64; ++j) c.indices[5 * 160 + j] = -1;  // rows from tile 2 (first)
+  for (int64_t j = 0; j < 96; ++j) c.indices[6 * 160 + j] = -1;  // rows from tile 3 (second)
+  RunAndCheck(c, 160);
+  RunAndCheck(c, 160, 0.5f);  // wide score range: the reference moves in either warpgroup
+}
+
 TEST(CudaSparseDecodeTest, HundredTwentyEightHeads) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
