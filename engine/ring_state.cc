@@ -1,6 +1,7 @@
 #include "engine/ring_state.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -79,8 +80,25 @@ void CompressorToImage(const RingCompressorGeometry& g, const CompressorState& s
   std::copy(s.entries.data.begin(), s.entries.data.end(), image->entries.begin());
 }
 
-void CompressorFromImage(const RingCompressorGeometry& g, const RingCompressorImage& image,
-                         int64_t position, CompressorState* s) {
+// A device value on the host: fp32 as it is, bf16 (its bit pattern) widened exactly.
+inline float Widen(float v) { return v; }
+inline float Widen(uint16_t bf16_bits) {
+  const uint32_t bits = static_cast<uint32_t>(bf16_bits) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+template <typename E>
+void WidenRows(const E* from, int64_t n, float* to) {
+  for (int64_t i = 0; i < n; ++i) to[i] = Widen(from[i]);
+}
+
+// The CPU fields of one compressor from its ring rows (fp32) and entries (E: float or bf16 bits).
+template <typename E>
+void CompressorFromBlocks(const RingCompressorGeometry& g, const float* ring_kv,
+                          const float* ring_gate, const E* entries_block, int64_t position,
+                          CompressorState* s) {
   if (!g.present()) return;
   const int64_t width = g.width();
   const int64_t ring_rows = 2 * g.rate;
@@ -90,21 +108,50 @@ void CompressorFromImage(const RingCompressorGeometry& g, const RingCompressorIm
   for (int64_t q = window_start; q < position; ++q) {
     const int64_t from = q % ring_rows * width;
     const int64_t to = (q - window_start) * width;
-    std::copy_n(image.ring_kv.data() + from, width, s->buffer_kv.ptr() + to);
-    std::copy_n(image.ring_gate.data() + from, width, s->buffer_gate.ptr() + to);
+    std::copy_n(ring_kv + from, width, s->buffer_kv.ptr() + to);
+    std::copy_n(ring_gate + from, width, s->buffer_gate.ptr() + to);
   }
   const int64_t overlap = OverlapRows(g, position);
   s->overlap_kv = Tensor({overlap, g.dim});
   s->overlap_gate = Tensor({overlap, g.dim});
   for (int64_t r = 0; r < overlap; ++r) {
     const int64_t from = (window_start - g.rate + r) % ring_rows * width;
-    std::copy_n(image.ring_kv.data() + from, g.dim, s->overlap_kv.ptr() + r * g.dim);
-    std::copy_n(image.ring_gate.data() + from, g.dim, s->overlap_gate.ptr() + r * g.dim);
+    std::copy_n(ring_kv + from, g.dim, s->overlap_kv.ptr() + r * g.dim);
+    std::copy_n(ring_gate + from, g.dim, s->overlap_gate.ptr() + r * g.dim);
   }
   const int64_t entries = position / g.rate;
   s->entries = Tensor({entries, g.dim});
-  std::copy_n(image.entries.begin(), Size(entries, g.dim), s->entries.data.begin());
+  WidenRows(entries_block, entries * g.dim, s->entries.ptr());
 }
+
+// One layer's CPU fields from its window ring (E: float or bf16 bits) and compressor blocks.
+template <typename E, typename C>
+LayerState LayerFromBlocks(const RingLayerGeometry& g, const E* window, const C& compressor,
+                           const C& indexer, int64_t position) {
+  LayerState s;
+  const int64_t rows = WindowRows(g, position);
+  s.window_kv = Tensor({rows, g.head_dim});
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t q = position - rows + r;
+    WidenRows(window + q % g.window * g.head_dim, g.head_dim, s.window_kv.ptr() + r * g.head_dim);
+  }
+  CompressorFromBlocks(g.compressor, compressor.ring_kv, compressor.ring_gate, compressor.entries,
+                       position, &s.compressor);
+  CompressorFromBlocks(g.indexer, indexer.ring_kv, indexer.ring_gate, indexer.entries, position,
+                       &s.indexer);
+  return s;
+}
+
+// RingCompressorImage seen as the pointers LayerFromBlocks reads.
+struct ImageBlocks {
+  const float* ring_kv;
+  const float* ring_gate;
+  const float* entries;
+  explicit ImageBlocks(const RingCompressorImage& image)
+      : ring_kv(image.ring_kv.data()),
+        ring_gate(image.ring_gate.data()),
+        entries(image.entries.data()) {}
+};
 
 bool ImageFits(const RingCompressorGeometry& g, const RingCompressorImage& image) {
   if (!g.present())
@@ -228,19 +275,15 @@ absl::StatusOr<ModelState> StateFromRingImage(const RingGeometry& geometry,
       return absl::InvalidArgumentError(
           absl::StrCat("ring image layer ", l, " does not have the geometry's sizes"));
     }
-    LayerState s;
-    const int64_t rows = WindowRows(g, p);
-    s.window_kv = Tensor({rows, g.head_dim});
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t q = p - rows + r;
-      std::copy_n(in.window.data() + q % g.window * g.head_dim, g.head_dim,
-                  s.window_kv.ptr() + r * g.head_dim);
-    }
-    CompressorFromImage(g.compressor, in.compressor, p, &s.compressor);
-    CompressorFromImage(g.indexer, in.indexer, p, &s.indexer);
-    state.layers.push_back(std::move(s));
+    state.layers.push_back(LayerFromBlocks(g, in.window.data(), ImageBlocks(in.compressor),
+                                           ImageBlocks(in.indexer), p));
   }
   return state;
+}
+
+LayerState LayerStateFromRingBlocks(const RingLayerGeometry& geometry,
+                                    const RingLayerBlocks& blocks, int64_t position) {
+  return LayerFromBlocks(geometry, blocks.window, blocks.compressor, blocks.indexer, position);
 }
 
 }  // namespace pdserve::engine

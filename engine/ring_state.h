@@ -1,7 +1,9 @@
 // The fixed-capacity ring layout of one request's decode state, as the CUDA engine's state slots
 // hold it (engine/gpu/gpu_model.h), and its exact conversion to and from the CPU engine's
 // ModelState (engine/state.h). Pure host logic with no CUDA dependency, so it is tested on the
-// CPU; GpuModel::ExportState / ImportState copy a slot's blocks to and from a RingImage.
+// CPU; GpuModel::ExportState / ImportState copy a slot's blocks to and from a RingImage, and
+// GpuModel::ExportLayerAsync copies one layer's blocks into pinned memory that
+// LayerStateFromRingBlocks reads.
 //
 // Ring layout of one slot, per layer (W = sliding_window, hd = head_dim, m = the compressor's
 // rate, width = 2 * dim when overlapping else dim, p = position):
@@ -104,5 +106,28 @@ absl::StatusOr<RingImage> RingImageFromState(const RingGeometry& geometry, const
 // The CPU-layout state of `image` at image.position. InvalidArgument when the image's vector
 // sizes or position do not fit `geometry`.
 absl::StatusOr<ModelState> StateFromRingImage(const RingGeometry& geometry, const RingImage& image);
+
+// One layer's blocks as the device stores them, seen in host memory (a copy of a slot's blocks):
+// bf16 values as their bit patterns (the upper 16 bits of the float32 of the same value), the
+// compressor rings fp32. Not owning; pointers of an absent compressor are not read.
+struct RingCompressorBlocks {
+  const float* ring_kv = nullptr;     // [2m, width]
+  const float* ring_gate = nullptr;   // [2m, width]
+  const uint16_t* entries = nullptr;  // bf16 bits, rows 0 .. position / m - 1 at least, [*, dim]
+};
+
+struct RingLayerBlocks {
+  const uint16_t* window = nullptr;  // bf16 bits [W, hd]
+  RingCompressorBlocks compressor;
+  RingCompressorBlocks indexer;
+};
+
+// Layer state at `position` in the CPU engine's layout from that layer's blocks: exactly the
+// layer StateFromRingImage gives for an image holding the same values (bf16 widened to float
+// exactly, NaN payloads included). REQUIRES: 0 <= position <= geometry's max_context and every
+// present block holds the sizes above (the caller copied them from a slot of this geometry).
+// Thread-safe (pure function).
+LayerState LayerStateFromRingBlocks(const RingLayerGeometry& geometry,
+                                    const RingLayerBlocks& blocks, int64_t position);
 
 }  // namespace pdserve::engine

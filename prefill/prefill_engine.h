@@ -8,10 +8,11 @@
 //   block Model::Forward's LayerHook stores each layer's pages as soon as the layer's attention is
 //   done, so the worker ships layer l while layers l+1.. compute.
 // - CUDA (prefill/gpu, engine::gpu::GpuModel): the same cuts (prefill_block <= max_chunk) on a
-//   GPU slot; after the last chunk the slot's state is exported once (GpuModel::ExportState,
-//   host fp32 in the CPU layout) and stored layer by layer. Every layer is final only when the
-//   whole prompt has run, and GpuModel exports a whole slot in one synchronizing copy, so the
-//   pages go out after the forward rather than overlapped with it (docs/protocol.md).
+//   GPU slot; after the last chunk the slot's state is copied to pinned host memory layer by
+//   layer (GpuModel::ExportLayerAsync, an event per layer), and each layer is stored and handed
+//   over as soon as its copy lands, while later layers still copy. Every layer is final only when
+//   the whole prompt has run, so the pages go out after the forward rather than overlapped with
+//   it (docs/protocol.md).
 //
 // Thread-safety: one Run at a time per engine (the worker serializes prefills).
 #pragma once

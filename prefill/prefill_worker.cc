@@ -309,7 +309,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
 
     // Chunked prefill on the engine (prefill/prefill_engine.h): each layer's pages are posted as
     // soon as the engine has stored the layer's final state (on the CPU engine while later layers
-    // compute; on the CUDA engine after the forward).
+    // compute; on the CUDA engine after the forward, while later layers copy to the host).
     PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
     const colocated::PagedState paged(config, *model_.layout, total);
     absl::Time first_post = absl::InfiniteFuture();

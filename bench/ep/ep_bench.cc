@@ -35,6 +35,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_split.h"
+#include "bench/ep/flash_shapes.h"
 #include "common/status.h"
 #include "engine/config.h"
 #include "engine/expert_parallel.h"
@@ -52,7 +53,6 @@ namespace {
 
 using engine::gpu::GpuModel;
 using engine::gpu::GpuModelGroup;
-using Clock = std::chrono::steady_clock;
 
 struct Flags {
   int64_t layers = 4;
@@ -67,31 +67,6 @@ struct Flags {
   std::string ep_devices = "0,1";
   std::string ep_comm = "nccl";
 };
-
-// V4-Flash layer shapes with `layers` layers: CSA and HCA alternating, the first layer's MoE
-// hash-routed (V4 routes its first layers by token hash).
-engine::ModelConfig FlashShapes(const Flags& flags) {
-  engine::ModelConfig c;
-  c.num_hidden_layers = flags.layers;
-  c.vocab_size = flags.vocab;
-  c.max_position_embeddings = 65536;
-  for (int64_t l = 0; l < flags.layers; ++l) {
-    c.layer_types.push_back(l % 2 == 0 ? engine::LayerType::kCompressedSparseAttention
-                                       : engine::LayerType::kHeavilyCompressedAttention);
-    c.mlp_layer_types.push_back(l == 0 ? engine::MlpLayerType::kHashMoe
-                                       : engine::MlpLayerType::kMoe);
-  }
-  return c;
-}
-
-double Seconds(Clock::time_point from) {
-  return std::chrono::duration<double>(Clock::now() - from).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 absl::StatusOr<std::unique_ptr<GpuModelGroup>> MakeGroup(
     const engine::ModelConfig& config, const engine::Weights& weights, std::vector<int> devices,
@@ -242,7 +217,7 @@ absl::Status Run(const Flags& flags) {
     batches.push_back(std::stoll(std::string(b)));
   }
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-  const engine::ModelConfig config = FlashShapes(flags);
+  const engine::ModelConfig config = FlashShapes(flags.layers, flags.vocab);
   const Clock::time_point made = Clock::now();
   const engine::Weights weights = engine::FastRandomWeights(config, 1);
   std::fprintf(stderr, "random weights of %lld layers in %.1f s\n",

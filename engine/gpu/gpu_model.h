@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "engine/config.h"
 #include "engine/gpu/expert_comm.h"
+#include "engine/gpu/state_staging.h"
 #include "engine/state.h"
 #include "engine/tensor.h"
 #include "engine/weights.h"
@@ -120,8 +121,29 @@ class GpuModel {
   // exactly, the compressor buffers and overlaps its fp32 values. The mapping is
   // engine/ring_state.h. A CPU engine with this model's weights continues the sequence from it
   // (up to the two engines' arithmetic), as does ImportState on any GpuModel of the same model.
-  // InvalidArgument for a bad slot; Internal for a CUDA error. Synchronizes the stream.
+  // InvalidArgument for a bad slot; Internal for a CUDA error. Synchronizes the stream: one
+  // blocking transfer of the whole slot (entry blocks at full capacity) through pageable memory.
+  // The prefill worker exports layer by layer instead (ExportLayerAsync); this stays the simple
+  // whole-state export and the reference that path is tested against.
   absl::StatusOr<ModelState> ExportState(int64_t slot);
+
+  // Pinned bytes of one StateStaging layer buffer: the largest layer's blocks at max_context.
+  size_t StagingLayerBytes() const;
+  // A staging of `buffers` layer buffers (buffers x StagingLayerBytes() pinned bytes, allocated
+  // here once) for ExportLayerAsync on this model; it must not outlive the model.
+  // InvalidArgument for buffers outside [1, layers]; Internal for a CUDA error.
+  absl::StatusOr<std::unique_ptr<StateStaging>> NewStateStaging(int64_t buffers) const;
+  // Enqueues the device-to-host copies of layer `layer` of slot `slot` at its current position
+  // into `staging` (the layer's buffer, layer % buffers) on the model's stream, after the work
+  // already enqueued there, records the buffer's event and returns without waiting; then
+  // StateStaging::TakeLayer(layer) waits for that layer only and gives its CPU-layout state,
+  // bit for bit ExportState's layer. Copies of several layers run in the order enqueued, so the
+  // host can take layer L while later layers are still copying. Later calls on this model are
+  // ordered after the copies on the same stream, so a copy sees the slot as it was when it was
+  // enqueued even if the slot runs on meanwhile. InvalidArgument for a bad slot or layer or a
+  // staging of another model; FailedPrecondition when the layer's buffer still holds a layer not
+  // taken; Internal for a CUDA error.
+  absl::Status ExportLayerAsync(int64_t slot, int64_t layer, StateStaging* staging);
   // Makes slot `slot` hold `state` (any CPU-layout state: from the CPU engine, from ExportState
   // of this or another GpuModel of the same model, or loaded from state-pool pages), so the next
   // Forward / DecodeStep continues at state.position. Window rows, entries and indexer keys are

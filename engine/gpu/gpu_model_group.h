@@ -9,8 +9,8 @@
 // CUDA model through a group, so one code path serves one GPU and several.
 //
 // Thread-safety: Run from one thread at a time (a server's step loop); rank(r) may be used
-// directly (ResetSlot, ImportState, ExportState, CopySlot: calls with no collective) from that
-// thread between Runs. Create and destroy from one thread.
+// directly (ResetSlot, ImportState, ExportState, ExportLayerAsync, CopySlot: calls with no
+// collective) from that thread between Runs. Create and destroy from one thread.
 #pragma once
 
 #include <cstdint>

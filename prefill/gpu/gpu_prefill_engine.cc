@@ -14,20 +14,35 @@ constexpr int64_t kSlot = 0;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
-    std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block) {
+    std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block,
+    int64_t staging_buffers) {
   if (group == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
-  const int64_t max_chunk = group->rank(0).max_chunk();
+  engine::gpu::GpuModel& gpu = group->rank(0);
+  const int64_t max_chunk = gpu.max_chunk();
   if (prefill_block < 1 || prefill_block > max_chunk) {
     return absl::InvalidArgumentError(absl::StrCat("GPU prefill: prefill_block ", prefill_block,
                                                    " outside [1, max_chunk ", max_chunk, "]"));
   }
-  return std::unique_ptr<GpuPrefillEngine>(new GpuPrefillEngine(std::move(group), prefill_block));
+  const int64_t layers = gpu.config().num_hidden_layers;
+  if (staging_buffers < 0 || staging_buffers > layers) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU prefill: ", staging_buffers,
+                                                   " staging buffers outside [0, ", layers, "]"));
+  }
+  if (staging_buffers == 0) {
+    const auto fit =
+        static_cast<int64_t>(kStagingBudgetBytes / std::max<size_t>(1, gpu.StagingLayerBytes()));
+    staging_buffers = std::clamp<int64_t>(fit, std::min<int64_t>(2, layers), layers);
+  }
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::StateStaging> staging,
+                           gpu.NewStateStaging(staging_buffers));
+  return std::unique_ptr<GpuPrefillEngine>(
+      new GpuPrefillEngine(std::move(group), std::move(staging), prefill_block));
 }
 
 absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
-    engine::gpu::GpuModel* gpu, int64_t prefill_block) {
+    engine::gpu::GpuModel* gpu, int64_t prefill_block, int64_t staging_buffers) {
   if (gpu == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
-  return Create(engine::gpu::GpuModelGroup::Single(gpu), prefill_block);
+  return Create(engine::gpu::GpuModelGroup::Single(gpu), prefill_block, staging_buffers);
 }
 
 absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t> prompt,
@@ -42,7 +57,8 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
     return absl::InvalidArgumentError(absl::StrCat(
         "a prompt of ", length, " tokens exceeds the GPU slot's context of ", gpu.max_context()));
   }
-  // A failed earlier prefill may have left the slot mid-prompt.
+  // A failed earlier prefill may have left the slot mid-prompt and copies in the staging.
+  PDSERVE_RETURN_IF_ERROR(staging_->Discard());
   PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(kSlot));
   engine::Tensor logits;
   for (int64_t from = 0; from < length;) {
@@ -59,21 +75,40 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
     PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
     from = to;
   }
-  PDSERVE_ASSIGN_OR_RETURN(engine::ModelState state, gpu.ExportState(kSlot));
   const int64_t vocab = logits.dim(1);
   const float* last = logits.ptr() + (logits.dim(0) - 1) * vocab;
   std::vector<float> last_logits(last, last + vocab);
-  for (size_t layer = 0; layer < state.layers.size(); ++layer) {
-    const auto l = static_cast<int64_t>(layer);
-    PDSERVE_RETURN_IF_ERROR(paged.StoreLayer(l, state.layers[layer], state.position, 0, pages));
+  PDSERVE_RETURN_IF_ERROR(StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored));
+  return last_logits;
+}
+
+absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
+                             engine::gpu::StateStaging& staging, const colocated::PagedState& paged,
+                             const colocated::SequencePages& pages,
+                             const PrefillEngine::LayerStored& layer_stored) {
+  // Every buffer's layer copy is enqueued at once; each layer taken frees its buffer for the
+  // layer `ahead` further on. So while the host stores layer L and the worker posts it, the
+  // device is copying layers L + 1 .. L + ahead.
+  const int64_t layers = gpu.config().num_hidden_layers;
+  const int64_t ahead = staging.buffers();
+  const int64_t position = gpu.Position(slot);
+  for (int64_t l = 0; l < std::min(ahead, layers); ++l) {
+    PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l, &staging));
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    PDSERVE_ASSIGN_OR_RETURN(const engine::LayerState layer, staging.TakeLayer(l));
+    if (l + ahead < layers)
+      PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l + ahead, &staging));
+    PDSERVE_RETURN_IF_ERROR(paged.StoreLayer(l, layer, position, 0, pages));
     PDSERVE_RETURN_IF_ERROR(layer_stored(l));
   }
-  return last_logits;
+  return absl::OkStatus();
 }
 
 std::string GpuPrefillEngine::Describe() const {
   return absl::StrCat("cuda (", group_->Describe(), ", one slot of ", group_->rank(0).max_context(),
-                      " tokens, prefill block ", prefill_block_, ")");
+                      " tokens, prefill block ", prefill_block_, ", state staged through ",
+                      staging_->buffers(), " pinned layer buffers)");
 }
 
 PrefillEngineFactory GpuPrefillEngineFactory(colocated::GpuBackendOptions options) {

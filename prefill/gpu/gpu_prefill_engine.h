@@ -1,20 +1,26 @@
 // The prefill worker's CUDA engine (`backend: cuda`): the prompt runs on one slot of an
 // engine::gpu::GpuModel in Forward calls cut at absolute multiples of prefill_block (as the CPU
-// engine and the colocated runners cut them); after the last chunk the slot's state is exported
-// once (GpuModel::ExportState: host fp32 in the CPU engine's layout, the device's bf16 window
-// rows, entries and indexer keys exactly) and stored into the request's pages layer by layer,
-// each layer handed to the worker (which posts its pages) as soon as it is stored. The slot is
-// free again when Run returns: the worker runs one prefill at a time, so one slot suffices.
+// engine and the colocated runners cut them). After the last chunk the slot's state leaves layer
+// by layer through pinned host memory (engine::gpu::StateStaging, allocated once per engine):
+// the device-to-host copies of as many layers as the staging has buffers are enqueued at once
+// (GpuModel::ExportLayerAsync, one event per layer), and for each layer in order the engine waits
+// for that layer's copy only, converts it to the CPU engine's layout, stores it into the
+// request's pages and hands it to the worker (which posts its pages), then enqueues the copy of
+// the layer that buffer serves next. So the copies of later layers run while earlier layers are
+// stored, checksummed and sent. The pages hold the device's bf16 values exactly (bit for bit what
+// GpuModel::ExportState gives). The slot is free again when Run returns: the worker runs one
+// prefill at a time, so one slot suffices.
 //
 // Several GPUs (an expert-parallel engine::gpu::GpuModelGroup): the prompt runs on rank 0 and
 // every other rank takes part in each chunk's MoE collectives with padding rows
 // (GpuModel::Idle), since the worker has one prompt at a time to give it. What several GPUs buy
 // the prefill worker is room for the experts, not data parallelism.
 //
-// Why not per layer during the forward, as the CPU engine does: GpuModel has no per-layer hook
-// or export; its ExportState copies a whole slot in one synchronizing transfer. The pages
-// therefore leave after the forward; the transfer overlaps only the stores of later layers
-// (docs/protocol.md, "Prefill on the CUDA engine").
+// What does not overlap (docs/protocol.md, "Prefill on the CUDA engine"): the copies start after
+// the whole forward, not per layer during it as on the CPU engine (GpuModel's Forward is one
+// synchronizing call over every layer, with no per-layer hook), so a layer's state never leaves
+// while later layers compute; the transfer still adds to TTFT, minus the part hidden behind the
+// copies.
 //
 // Thread-safety: one Run at a time (GpuModel is not thread-safe).
 #pragma once
@@ -30,19 +36,29 @@
 #include "colocated/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
+#include "engine/gpu/state_staging.h"
 #include "prefill/prefill_engine.h"
 
 namespace pdserve::prefill {
 
 class GpuPrefillEngine final : public PrefillEngine {
  public:
+  // Pinned staging the default (staging_buffers 0) may take: as many layer buffers
+  // (GpuModel::StagingLayerBytes each) as fit, at least 2 and at most the model's layers.
+  static constexpr size_t kStagingBudgetBytes = size_t{256} << 20;
+
   // Over `gpu` (not owned; it must outlive the engine; tests share one GpuModel). Uses slot 0.
-  // InvalidArgument for prefill_block outside [1, gpu->max_chunk()].
+  // staging_buffers: pinned layer buffers of the state staging (1 .. layers; 0: the default
+  // above); the copies run at most that many layers ahead of the stores. InvalidArgument for
+  // prefill_block outside [1, gpu->max_chunk()] or staging_buffers outside [0, layers]; Internal
+  // when the pinned staging cannot be allocated.
   static absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> Create(engine::gpu::GpuModel* gpu,
-                                                                  int64_t prefill_block);
-  // Over every rank of `group` (owned). Errors as above.
+                                                                  int64_t prefill_block,
+                                                                  int64_t staging_buffers = 0);
+  // Over every rank of `group` (owned); the staging is rank 0's. Errors as above.
   static absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> Create(
-      std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block);
+      std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block,
+      int64_t staging_buffers = 0);
 
   absl::StatusOr<std::vector<float>> Run(std::span<const int32_t> prompt,
                                          const colocated::PagedState& paged,
@@ -53,12 +69,27 @@ class GpuPrefillEngine final : public PrefillEngine {
   std::string Describe() const override;
 
  private:
-  GpuPrefillEngine(std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block)
-      : group_(std::move(group)), prefill_block_(prefill_block) {}
+  GpuPrefillEngine(std::unique_ptr<engine::gpu::GpuModelGroup> group,
+                   std::unique_ptr<engine::gpu::StateStaging> staging, int64_t prefill_block)
+      : group_(std::move(group)), staging_(std::move(staging)), prefill_block_(prefill_block) {}
 
   std::unique_ptr<engine::gpu::GpuModelGroup> group_;
+  // Rank 0's; declared after group_ so it goes first (it must not outlive the model).
+  std::unique_ptr<engine::gpu::StateStaging> staging_;
   int64_t prefill_block_;
 };
+
+// What GpuPrefillEngine::Run does after the forward, on its own (bench/ep/staging_bench times
+// it): stores slot `slot`'s state at its position into `pages` (a fresh sequence: from position
+// 0) layer by layer through `staging` (of `gpu`; empty: nothing held), calling layer_stored(l)
+// after layer l is stored, in order. The device-to-host copies run up to staging.buffers()
+// layers ahead of the stores. On an error the staging may still hold copies: Discard it before
+// the next use. Errors: ExportLayerAsync's, TakeLayer's, PagedState::StoreLayer's, and
+// layer_stored's own.
+absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
+                             engine::gpu::StateStaging& staging, const colocated::PagedState& paged,
+                             const colocated::SequencePages& pages,
+                             const PrefillEngine::LayerStored& layer_stored);
 
 // The factory the prefill worker takes for `backend: cuda` (PrefillWorkerOptions::engine_factory):
 // colocated::LoadGpuModelGroup with one slot per rank of the model's whole context (a prompt may be

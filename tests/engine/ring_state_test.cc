@@ -62,6 +62,18 @@ class RingStateTest : public ::testing::Test {
     state.position = n;
     return state;
   }
+  // Calls f(state) with the CPU state after 0, 1, ..., tokens_.size() tokens (one token a call).
+  template <typename F>
+  void AtEveryPosition(F f) {
+    ModelState state = model_->NewState();
+    for (int64_t p = 0; p <= static_cast<int64_t>(tokens_.size()); ++p) {
+      if (p > 0) {
+        ASSERT_TRUE(model_->Forward(&state, {tokens_[static_cast<size_t>(p - 1)]}).ok());
+      }
+      state.position = p;
+      f(state);
+    }
+  }
   ModelConfig config_ = testing::TinyConfig();
   RingGeometry geometry_ = RingGeometryFor(config_, 64, kPage);
   std::unique_ptr<Model> model_;
@@ -88,19 +100,14 @@ TEST_F(RingStateTest, GeometryFollowsTheLayerTypes) {
 // state goes to the ring layout and back unchanged, bit for bit; the rows it leaves unread hold
 // NaN, so none of them reaches the rebuilt state.
 TEST_F(RingStateTest, CpuStateRoundTripsAtEveryPosition) {
-  ModelState state = model_->NewState();
-  for (int64_t p = 0; p <= static_cast<int64_t>(tokens_.size()); ++p) {
-    if (p > 0) {
-      ASSERT_TRUE(model_->Forward(&state, {tokens_[static_cast<size_t>(p - 1)]}).ok());
-    }
-    state.position = p;
+  AtEveryPosition([&](const ModelState& state) {
     auto image = RingImageFromState(geometry_, state, std::numeric_limits<float>::quiet_NaN());
     ASSERT_TRUE(image.ok()) << image.status();
-    EXPECT_EQ(image->position, p);
+    EXPECT_EQ(image->position, state.position);
     auto back = StateFromRingImage(geometry_, *image);
     ASSERT_TRUE(back.ok()) << back.status();
-    ExpectSameState(state, *back, p);
-  }
+    ExpectSameState(state, *back, state.position);
+  });
 }
 
 // The image of position 0 is the CPU engine's NewState (what GpuModel::NewState returns).
@@ -154,6 +161,62 @@ TEST_F(RingStateTest, RebuiltStateContinuesExactly) {
   auto b = model_->Forward(&*rebuilt, next);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(SameTensor(*a, *b));
+}
+
+// The upper 16 bits of each value: how the device's bf16 blocks of a value look in host memory.
+std::vector<uint16_t> Bf16Bits(const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof(bits));
+    out[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return out;
+}
+
+// The bf16 bits widened back, in place: the image the device's blocks stand for.
+void WidenInPlace(std::vector<float>* values) {
+  const std::vector<uint16_t> bits = Bf16Bits(*values);
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&(*values)[i], &wide, sizeof(wide));
+  }
+}
+
+// At every position 0..45 each layer rebuilt from bf16 blocks (as GpuModel::ExportLayerAsync
+// copies them: window and entries as bf16 bits, rings fp32; the unread rows NaN) equals, bit for
+// bit, that layer of StateFromRingImage over the same values widened to float.
+TEST_F(RingStateTest, LayerFromBf16BlocksEqualsTheImagesLayer) {
+  AtEveryPosition([&](const ModelState& state) {
+    const int64_t p = state.position;
+    auto image = RingImageFromState(geometry_, state, std::numeric_limits<float>::quiet_NaN());
+    ASSERT_TRUE(image.ok()) << image.status();
+    for (RingLayerImage& layer : image->layers) {
+      WidenInPlace(&layer.window);
+      WidenInPlace(&layer.compressor.entries);
+      WidenInPlace(&layer.indexer.entries);
+    }
+    auto want = StateFromRingImage(geometry_, *image);
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (size_t l = 0; l < geometry_.layers.size(); ++l) {
+      const RingLayerImage& in = image->layers[l];
+      const std::vector<uint16_t> window = Bf16Bits(in.window);
+      const std::vector<uint16_t> entries = Bf16Bits(in.compressor.entries);
+      const std::vector<uint16_t> keys = Bf16Bits(in.indexer.entries);
+      RingLayerBlocks blocks;
+      blocks.window = window.data();
+      blocks.compressor = {in.compressor.ring_kv.data(), in.compressor.ring_gate.data(),
+                           entries.data()};
+      blocks.indexer = {in.indexer.ring_kv.data(), in.indexer.ring_gate.data(), keys.data()};
+      ModelState got{p, {}};
+      got.layers.assign(l, LayerState{});
+      got.layers.push_back(LayerStateFromRingBlocks(geometry_.layers[l], blocks, p));
+      ModelState one{p, {}};
+      one.layers.assign(l, LayerState{});
+      one.layers.push_back(want->layers[l]);
+      ExpectSameState(one, got, p);
+    }
+  });
 }
 
 TEST_F(RingStateTest, MismatchedStatesAreInvalidArgument) {

@@ -16,42 +16,10 @@
 #include "engine/model.h"
 #include "engine/ring_state.h"
 #include "tests/engine_gpu/gpu_test_models.h"
+#include "tests/engine_gpu/state_compare.h"
 
 namespace pdserve::engine::gpu {
 namespace {
-
-// Every tensor of a state, named, in a fixed order.
-std::vector<std::pair<std::string, const Tensor*>> Fields(const ModelState& s) {
-  std::vector<std::pair<std::string, const Tensor*>> out;
-  for (size_t l = 0; l < s.layers.size(); ++l) {
-    const LayerState& ls = s.layers[l];
-    const std::string p = "layer " + std::to_string(l) + " ";
-    out.push_back({p + "window_kv", &ls.window_kv});
-    for (auto [name, c] : {std::pair{"compressor.", &ls.compressor}, {"indexer.", &ls.indexer}}) {
-      out.push_back({p + name + "buffer_kv", &c->buffer_kv});
-      out.push_back({p + name + "buffer_gate", &c->buffer_gate});
-      out.push_back({p + name + "overlap_kv", &c->overlap_kv});
-      out.push_back({p + name + "overlap_gate", &c->overlap_gate});
-      out.push_back({p + name + "entries", &c->entries});
-    }
-  }
-  return out;
-}
-
-bool SameState(const ModelState& a, const ModelState& b) {
-  if (a.position != b.position || a.layers.size() != b.layers.size()) return false;
-  const auto fa = Fields(a);
-  const auto fb = Fields(b);
-  for (size_t i = 0; i < fa.size(); ++i) {
-    const Tensor& x = *fa[i].second;
-    const Tensor& y = *fb[i].second;
-    if (x.shape != y.shape ||
-        std::memcmp(x.data.data(), y.data.data(), x.data.size() * sizeof(float)) != 0) {
-      return false;
-    }
-  }
-  return true;
-}
 
 Tensor Row(const Tensor& logits, int64_t i) {
   Tensor row({1, logits.dim(1)});

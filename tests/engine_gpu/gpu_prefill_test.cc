@@ -7,7 +7,10 @@
 // pages hold the exported slot state bit for bit. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -221,6 +224,78 @@ TEST_F(GpuPrefillTest, PagesHoldTheSlotStateBitForBit) {
   auto next_imported = gpu_->Forward(2, {text[150]});
   ASSERT_TRUE(next_direct.ok() && next_imported.ok());
   EXPECT_EQ(next_direct->data, next_imported->data);
+}
+
+// Fills every page of `pages` with one byte pattern, so pages written the same way compare equal
+// byte for byte (pool memory starts uninitialized).
+void FillPages(const colocated::SequencePages& pages) {
+  for (const auto& kind : pages.pages) {
+    for (std::span<std::byte> page : kind) std::fill(page.begin(), page.end(), std::byte{0xA5});
+  }
+}
+
+bool SamePageBytes(const colocated::SequencePages& a, const colocated::SequencePages& b) {
+  if (a.pages.size() != b.pages.size()) return false;
+  for (size_t k = 0; k < a.pages.size(); ++k) {
+    if (a.pages[k].size() != b.pages[k].size()) return false;
+    for (size_t i = 0; i < a.pages[k].size(); ++i) {
+      if (!std::equal(a.pages[k][i].begin(), a.pages[k][i].end(), b.pages[k][i].begin(),
+                      b.pages[k][i].end())) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The staged export (1 pinned layer buffer, 2, and the default: every layer) writes the pages the
+// whole-slot export wrote (GpuModel::ExportState, then PagedState::StoreLayer per layer), byte for
+// byte, for prompts of 1, 64, 97 and 250 tokens.
+TEST_F(GpuPrefillTest, StagedPagesEqualTheWholeSlotExportsPages) {
+  const int64_t layers = model_.config.num_hidden_layers;
+  std::vector<std::unique_ptr<GpuPrefillEngine>> engines;
+  for (int64_t buffers : {int64_t{1}, std::min<int64_t>(2, layers), int64_t{0}}) {
+    auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, buffers);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engines.push_back(std::move(*engine));
+  }
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, -1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, layers + 1).status()));
+  auto pool = *serving::PagePool::Create(layout_->PoolOptions(2, 1024));
+  const std::vector<int32_t>& text = model_.prompts.back();
+  auto ok = [](int64_t) { return absl::OkStatus(); };
+  for (int64_t length : {1, 64, 97, 250}) {
+    const std::vector<int32_t> prompt(text.begin(), text.begin() + length);
+    const int64_t total = length + 8;
+    const colocated::PagedState paged(model_.config, *layout_, total);
+    auto want_table = *pool->Allocate(1, layout_->Demand(total));
+    auto want = *colocated::MapPages(*pool, want_table);
+    FillPages(want);
+    ASSERT_TRUE(gpu_->ResetSlot(1).ok());
+    for (int64_t from = 0; from < length;) {
+      const int64_t to = PrefillBlockEnd(from, length, kPrefillBlock);
+      ASSERT_TRUE(
+          gpu_->Forward(1, std::vector<int32_t>(prompt.begin() + from, prompt.begin() + to)).ok());
+      from = to;
+    }
+    auto state = gpu_->ExportState(1);
+    ASSERT_TRUE(state.ok()) << state.status();
+    for (int64_t l = 0; l < layers; ++l) {
+      ASSERT_TRUE(paged.StoreLayer(l, state->layers[static_cast<size_t>(l)], length, 0, want).ok());
+    }
+    auto got_table = *pool->Allocate(2, layout_->Demand(total));
+    auto got = *colocated::MapPages(*pool, got_table);
+    for (auto& engine : engines) {
+      FillPages(got);
+      auto logits = engine->Run(prompt, paged, got, ok, ok);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      EXPECT_TRUE(SamePageBytes(got, want)) << length << " tokens, " << engine->Describe();
+    }
+    ASSERT_TRUE(pool->Free(want_table).ok());
+    ASSERT_TRUE(pool->Free(got_table).ok());
+  }
 }
 
 // A callback's error stops the prefill and comes back; the slot serves the next prompt as new.

@@ -1,0 +1,235 @@
+// StateStaging and GpuModel::ExportLayerAsync / NewStateStaging / StagingLayerBytes: a slot's
+// state copied layer by layer into pinned host memory, one event per layer buffer.
+#include "engine/gpu/state_staging.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/gpu/gpu_model_impl.h"
+
+namespace pdserve::engine::gpu {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of one compressor's blocks in a layer buffer.
+struct CompressorOffsets {
+  size_t ring_kv = 0;
+  size_t ring_gate = 0;
+  size_t entries = 0;
+};
+
+// Where a layer's blocks sit in its buffer (each block 256-byte aligned), and the bytes in all.
+struct LayerOffsets {
+  size_t window = 0;
+  CompressorOffsets compressor;
+  CompressorOffsets indexer;
+  size_t end = 0;
+};
+
+void PlaceCompressor(const RingCompressorGeometry& g, size_t* at, CompressorOffsets* out) {
+  if (!g.present()) return;
+  const size_t ring = static_cast<size_t>(2 * g.rate * g.width()) * sizeof(float);
+  out->ring_kv = *at;
+  out->ring_gate = *at += AlignUp(ring);
+  out->entries = *at += AlignUp(ring);
+  *at += AlignUp(static_cast<size_t>(g.entry_capacity * g.dim) * sizeof(bf16));
+}
+
+LayerOffsets OffsetsOf(const RingLayerGeometry& g) {
+  LayerOffsets o;
+  size_t at = AlignUp(static_cast<size_t>(g.window * g.head_dim) * sizeof(bf16));
+  PlaceCompressor(g.compressor, &at, &o.compressor);
+  PlaceCompressor(g.indexer, &at, &o.indexer);
+  o.end = at;
+  return o;
+}
+
+size_t LargestLayerBytes(const RingGeometry& geometry) {
+  size_t bytes = 0;
+  for (const RingLayerGeometry& g : geometry.layers) bytes = std::max(bytes, OffsetsOf(g).end);
+  return bytes;
+}
+
+// Every pool is [slots + 1, per-slot elements]: slot s's block starts at s * per-slot.
+template <typename T>
+const T* SlotBlock(const DeviceArray<T>& pool, int64_t slots, int64_t slot, size_t want,
+                   absl::Status* status) {
+  const size_t n = pool.size() / static_cast<size_t>(slots + 1);
+  if (n != want && status->ok()) {
+    *status = absl::InternalError(
+        absl::StrCat("GpuModel: a device block of ", n, " values where the layout has ", want));
+  }
+  return pool.get() + static_cast<size_t>(slot) * n;
+}
+
+}  // namespace
+
+struct StateStaging::Impl {
+  // A layer buffer: which layer's copy it holds (-1: free) at which slot position.
+  struct Buffer {
+    cudaEvent_t event = nullptr;
+    int64_t layer = -1;
+    int64_t position = 0;
+  };
+
+  const GpuModel* owner = nullptr;
+  RingGeometry geometry;
+  size_t buffer_bytes = 0;
+  size_t copied_bytes = 0;
+  PinnedArray<unsigned char> memory;  // [buffers, buffer_bytes]
+  std::vector<Buffer> buffers;
+
+  ~Impl() {
+    for (Buffer& b : buffers) {
+      if (b.layer >= 0) cudaEventSynchronize(b.event);
+      if (b.event != nullptr) cudaEventDestroy(b.event);
+    }
+  }
+  Buffer& For(int64_t layer) { return buffers[static_cast<size_t>(layer) % buffers.size()]; }
+  unsigned char* Base(int64_t layer) {
+    return memory.get() + static_cast<size_t>(layer) % buffers.size() * buffer_bytes;
+  }
+};
+
+StateStaging::StateStaging(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StateStaging::~StateStaging() = default;
+
+int64_t StateStaging::buffers() const { return static_cast<int64_t>(impl_->buffers.size()); }
+size_t StateStaging::pinned_bytes() const { return impl_->memory.size(); }
+size_t StateStaging::copied_bytes() const { return impl_->copied_bytes; }
+
+bool StateStaging::Holds(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(impl_->geometry.layers.size())) return false;
+  return impl_->For(layer).layer == layer;
+}
+
+absl::StatusOr<LayerState> StateStaging::TakeLayer(int64_t layer) {
+  Impl& s = *impl_;
+  if (!Holds(layer)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("StateStaging: layer ", layer, " is not held (not exported, or taken)"));
+  }
+  Impl::Buffer& buffer = s.For(layer);
+  buffer.layer = -1;
+  PDSERVE_CUDA_RETURN(cudaEventSynchronize(buffer.event));
+  const RingLayerGeometry& g = s.geometry.layers[static_cast<size_t>(layer)];
+  const LayerOffsets o = OffsetsOf(g);
+  const unsigned char* base = s.Base(layer);
+  auto compressor = [&](const CompressorOffsets& c) {
+    return RingCompressorBlocks{reinterpret_cast<const float*>(base + c.ring_kv),
+                                reinterpret_cast<const float*>(base + c.ring_gate),
+                                reinterpret_cast<const uint16_t*>(base + c.entries)};
+  };
+  RingLayerBlocks blocks;
+  blocks.window = reinterpret_cast<const uint16_t*>(base + o.window);
+  blocks.compressor = compressor(o.compressor);
+  blocks.indexer = compressor(o.indexer);
+  return LayerStateFromRingBlocks(g, blocks, buffer.position);
+}
+
+absl::Status StateStaging::Discard() {
+  absl::Status status;
+  for (Impl::Buffer& b : impl_->buffers) {
+    if (b.layer < 0) continue;
+    b.layer = -1;
+    const absl::Status s = CudaStatus(cudaEventSynchronize(b.event), "StateStaging::Discard");
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+size_t GpuModel::StagingLayerBytes() const { return LargestLayerBytes(impl_->geometry); }
+
+absl::StatusOr<std::unique_ptr<StateStaging>> GpuModel::NewStateStaging(int64_t buffers) const {
+  const auto layers = static_cast<int64_t>(impl_->layers.size());
+  if (buffers < 1 || buffers > layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: ", buffers, " staging buffers outside [1, ", layers, " layers]"));
+  }
+  PDSERVE_RETURN_IF_ERROR(impl_->UseDevice());
+  auto s = std::make_unique<StateStaging::Impl>();
+  s->owner = this;
+  s->geometry = impl_->geometry;
+  s->buffer_bytes = LargestLayerBytes(s->geometry);
+  s->buffers.resize(static_cast<size_t>(buffers));
+  for (StateStaging::Impl::Buffer& b : s->buffers) {
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&b.event, cudaEventDisableTiming));
+  }
+  PDSERVE_RETURN_IF_ERROR(s->memory.Allocate(static_cast<size_t>(buffers) * s->buffer_bytes));
+  return std::unique_ptr<StateStaging>(new StateStaging(std::move(s)));
+}
+
+absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStaging* staging) {
+  Impl& m = *impl_;
+  const int64_t slots = m.options.slots;
+  if (slot < 0 || slot >= slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", slots, ")"));
+  }
+  if (layer < 0 || layer >= static_cast<int64_t>(m.layers.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: layer ", layer, " outside [0, ", m.layers.size(), ")"));
+  }
+  if (staging == nullptr || staging->impl_->owner != this) {
+    return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
+  }
+  StateStaging::Impl& s = *staging->impl_;
+  StateStaging::Impl::Buffer& buffer = s.For(layer);
+  if (buffer.layer >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("StateStaging: the buffer of layer ", layer,
+                                                      " still holds layer ", buffer.layer,
+                                                      " (take or discard it first)"));
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  const int64_t position = m.slot_positions[static_cast<size_t>(slot)];
+  const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
+  const LayerOffsets o = OffsetsOf(g);
+  Layer& device = m.layers[static_cast<size_t>(layer)];
+  unsigned char* base = s.Base(layer);
+  absl::Status layout;
+  size_t bytes = 0;
+  struct Copy {
+    void* to;
+    const void* from;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;  // every block's place is checked before the first copy
+  auto add = [&](size_t offset, const void* from, size_t n) {
+    if (n == 0) return;
+    copies.push_back({base + offset, from, n});
+    bytes += n;
+  };
+  add(o.window,
+      SlotBlock(device.window_ring, slots, slot, static_cast<size_t>(g.window * g.head_dim),
+                &layout),
+      static_cast<size_t>(g.window * g.head_dim) * sizeof(bf16));
+  for (auto [cg, cw, co] : {std::tuple{&g.compressor, &device.compressor, &o.compressor},
+                            std::tuple{&g.indexer, &device.indexer_compressor, &o.indexer}}) {
+    if (!cg->present()) continue;
+    const auto ring = static_cast<size_t>(2 * cg->rate * cg->width());
+    const auto capacity = static_cast<size_t>(cg->entry_capacity * cg->dim);
+    add(co->ring_kv, SlotBlock(cw->ring_kv, slots, slot, ring, &layout), ring * sizeof(float));
+    add(co->ring_gate, SlotBlock(cw->ring_gate, slots, slot, ring, &layout), ring * sizeof(float));
+    // Only the entries emitted so far; the rest of the block is never read from this state.
+    add(co->entries, SlotBlock(cw->entries, slots, slot, capacity, &layout),
+        static_cast<size_t>(position / cg->rate * cg->dim) * sizeof(bf16));
+  }
+  PDSERVE_RETURN_IF_ERROR(layout);
+  for (const Copy& c : copies) {
+    PDSERVE_CUDA_RETURN(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToHost, m.stream));
+  }
+  PDSERVE_CUDA_RETURN(cudaEventRecord(buffer.event, m.stream));
+  buffer.layer = layer;
+  buffer.position = position;
+  s.copied_bytes += bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace pdserve::engine::gpu

@@ -1,0 +1,64 @@
+// Page-locked (pinned) host memory that one slot's state is copied into layer by layer, so the
+// host can convert, store and send layer L while the device still copies later layers
+// (GpuModel::ExportLayerAsync; docs/protocol.md, "Prefill on the CUDA engine").
+//
+// A staging holds `buffers` layer buffers, each sized for the largest layer of the model at
+// GpuModel::max_context (window ring [W, hd] bf16, each compressor's rings [2m, width] fp32 and
+// entries [capacity, dim] bf16), allocated once with cudaMallocHost; layer L uses buffer
+// L % buffers. The protocol, per layer: GpuModel::ExportLayerAsync(slot, L, staging) enqueues the
+// device-to-host copies of L's blocks on the model's stream (after every kernel already enqueued
+// there, so the copy sees the state of the last Forward) and records the buffer's event;
+// TakeLayer(L) waits for that event and returns L's state in the CPU engine's layout, freeing the
+// buffer for layer L + buffers. Only the rows a CPU state holds are converted; of the entries only
+// rows 0 .. position / m - 1 are copied.
+//
+// Thread-safety: not thread-safe; one caller at a time, as the GpuModel that made it. The staging
+// must not outlive that GpuModel. Its destructor waits for copies still in flight.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/state.h"
+
+namespace pdserve::engine::gpu {
+
+class GpuModel;
+
+class StateStaging {
+ public:
+  ~StateStaging();
+  StateStaging(const StateStaging&) = delete;
+  StateStaging& operator=(const StateStaging&) = delete;
+
+  int64_t buffers() const;
+  // Pinned bytes held (buffers() x the largest layer's blocks at max_context).
+  size_t pinned_bytes() const;
+  // Device-to-host bytes enqueued since creation (every ExportLayerAsync into this staging).
+  size_t copied_bytes() const;
+  // Whether layer `layer`'s copy was enqueued and not yet taken.
+  bool Holds(int64_t layer) const;
+
+  // Waits for layer `layer`'s copy (enqueued by ExportLayerAsync) and returns its state at the
+  // slot's position when the copy was enqueued, in the CPU engine's layout (engine/state.h),
+  // equal bit for bit to GpuModel::ExportState's layer at that point. Frees the layer's buffer.
+  // FailedPrecondition when the layer is not held (never exported here, or already taken);
+  // Internal for a CUDA error (the buffer is freed).
+  absl::StatusOr<LayerState> TakeLayer(int64_t layer);
+
+  // Waits for every copy in flight and frees every buffer without converting: how a caller that
+  // stops mid-way (an error, an abort) makes the staging ready for the next slot. Internal for a
+  // CUDA error of a copy (every buffer is freed all the same).
+  absl::Status Discard();
+
+ private:
+  friend class GpuModel;
+  struct Impl;
+  explicit StateStaging(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdserve::engine::gpu
