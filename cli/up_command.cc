@@ -96,6 +96,14 @@ absl::Status CheckPortFree(const std::string& what, const std::string& host, int
   const int error = errno;
   close(fd);
   if (free) return absl::OkStatus();
+  if (error == EADDRNOTAVAIL) {
+    // Not a busy port: the host is another machine's address (a multi-host config).
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " host ", host, " is not an address of this machine (", std::strerror(error),
+        "); `pdserve up` runs every process of the config here: on several hosts start each "
+        "process with its systemd unit on its own host (deploy/README.md, \"Multi-host "
+        "install\")"));
+  }
   return absl::FailedPreconditionError(absl::StrCat(what, " port ", host, ":", port,
                                                     " is not free (", std::strerror(error),
                                                     "); is another pdserve running?"));

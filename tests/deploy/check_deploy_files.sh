@@ -182,6 +182,24 @@ case $mode in
       echo "FAIL: validate-config does not warn the same way:"; cat "$tmp/err"; exit 1; }
     echo "ok: $(head -1 "$tmp/err")"
     ;;
+  up-foreign-host)
+    # A config naming another machine's address (192.0.2.1, TEST-NET-1: never this machine's):
+    # `up` refuses before starting anything and says so, not "port not free".
+    pdserve=$1 repo=$2
+    sed 's/^  host: 127.0.0.1$/  host: 192.0.2.1/' "$repo"/deploy/local.yaml > "$tmp/foreign.yaml"
+    grep -q "host: 192.0.2.1" "$tmp/foreign.yaml" || { echo "FAIL: no router host to replace"; exit 1; }
+    if (cd "$repo" && timeout 60 "$pdserve" up --config "$tmp/foreign.yaml") >"$tmp/out" \
+        2>"$tmp/err"; then
+      echo "FAIL: pdserve up started with a foreign router host"
+      exit 1
+    fi
+    grep -qF "router HTTP host 192.0.2.1 is not an address of this machine" "$tmp/err" || {
+      echo "FAIL: the refusal does not say the host is not this machine's:"; cat "$tmp/err"; exit 1; }
+    if grep -q "not free\|started" "$tmp/err"; then
+      echo "FAIL: blamed a busy port or started children:"; cat "$tmp/err"; exit 1
+    fi
+    echo "ok: $(head -1 "$tmp/err")"
+    ;;
   serve-gpu-flags)
     pdserve=$1
     refused() {  # refused WANT ARGS...: the command exits non-zero and its stderr names WANT
