@@ -10,6 +10,7 @@
 #include <deque>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +35,10 @@ constexpr auto kBodyTimeout = std::chrono::seconds(60);
 constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
 // After an accept error (EMFILE, ENFILE, ...) wait before accepting again instead of spinning.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+// How long a connection answered before its request was read to the end (413, 431, 503
+// server_busy, malformed) keeps reading and dropping what the client still sends (Linger).
+constexpr auto kLingerTimeout = std::chrono::seconds(30);
+constexpr size_t kLingerReadBytes = 16384;
 
 class Session;
 
@@ -156,6 +161,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return OnRead(ec);
     if (!ReserveBody()) {
       keep_alive_ = false;
+      linger_ = true;
       request_.version(parser_->get().version());
       return SendError(ServerError(503,
                                    "too many large request bodies are being received; "
@@ -185,6 +191,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnRead(beast::error_code ec) {
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
+      linger_ = true;
       ApiError e = InvalidRequest(
           absl::StrCat("request body exceeds ", server_->options.max_body_bytes, " bytes"));
       e.http_status = 413;
@@ -192,12 +199,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (ec == http::error::header_limit) {
       keep_alive_ = false;
+      linger_ = true;
       ApiError e = InvalidRequest("request header fields too large");
       e.http_status = 431;
       return SendJson(431, e.ToJson());
     }
     if (ec && IsHttpParseError(ec)) {
       keep_alive_ = false;
+      linger_ = true;
       return SendError(InvalidRequest(absl::StrCat("malformed HTTP request: ", ec.message())));
     }
     ReleaseBody();
@@ -236,9 +245,32 @@ class Session : public std::enable_shared_from_this<Session> {
     if (request_.method() == http::verb::head) res->body().clear();
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        if (!ec && self->linger_) return self->Linger();
                         if (ec || !self->keep_alive_) return self->Finish();
                         self->Read();
                       });
+  }
+
+  // Called on the strand once the error response is out. Closing a socket that holds unread
+  // input resets the connection, and a client still writing its request (most send the whole
+  // body before reading) then loses the response too. So, as RFC 9112 9.6 asks: close the sending
+  // side, read and drop what still comes until the client closes or kLingerTimeout passes (no
+  // buffering: one scratch buffer), then close.
+  void Linger() {
+    linger_ = false;
+    ReleaseBody();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    linger_buffer_.resize(kLingerReadBytes);
+    stream_.expires_after(kLingerTimeout);
+    DropInput();
+  }
+  void DropInput() {
+    stream_.async_read_some(net::buffer(linger_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->Finish();
+                              self->DropInput();
+                            });
   }
 
   void SendError(const ApiError& e) { SendJson(e.http_status, e.ToJson()); }
@@ -323,6 +355,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   bool keep_alive_ = true;
+  bool linger_ = false;  // the response answers a request not read to its end: Linger() after it
+  std::vector<char> linger_buffer_;
 
   // The request being served.
   ApiRequest api_;

@@ -345,6 +345,28 @@ TEST_F(HttpServerTest, OversizedHeadersGet431) {
   EXPECT_EQ(out.rfind("HTTP/1.1 431", 0), 0u) << out.substr(0, 200);
 }
 
+// Most clients (Python's http.client and requests, the openai package) send the whole body before
+// they read: an oversized one must still get its 413, not a connection reset under their write.
+TEST_F(HttpServerTest, OversizedBodySentWholeStillGets413) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  const std::string body(size_t{4} << 20, ' ');  // far beyond max_body_bytes (4096)
+  beast::error_code ec;
+  net::write(sock,
+             net::buffer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                      "Content-Length: ", body.size(), "\r\n\r\n", body)),
+             ec);
+  EXPECT_FALSE(ec) << "writing the body: " << ec.message();
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(sock, buf, res, ec);
+  ASSERT_FALSE(ec) << "reading the response: " << ec.message();
+  EXPECT_EQ(res.result_int(), 413);
+  EXPECT_NE(res.body().find("exceeds 4096 bytes"), std::string::npos) << res.body();
+  EXPECT_FALSE(res.keep_alive());
+}
+
 TEST_F(HttpServerTest, AbsoluteFormTargetIsAccepted) {
   EXPECT_EQ(Request(http::verb::get, "http://localhost/health").result_int(), 200);
 }
