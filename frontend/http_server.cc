@@ -367,6 +367,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> ending_{false};   // EndForShutdown ran
   std::vector<ChoiceDelta> choices_;  // non-streamed: accumulated per choice
   std::vector<bool> first_sent_;      // streamed: role delta sent per choice
+  std::vector<size_t> text_offsets_;  // streamed: each choice's text_offset so far
   std::optional<http::response<http::empty_body>> stream_res_;
   std::optional<http::response_serializer<http::empty_body>> stream_sr_;
   struct Out {
@@ -469,6 +470,7 @@ void Session::Generate(Endpoint endpoint) {
   choices_.assign(static_cast<size_t>(api_.n), ChoiceDelta{});
   for (int i = 0; i < api_.n; ++i) choices_[static_cast<size_t>(i)].index = i;
   first_sent_.assign(static_cast<size_t>(api_.n), false);
+  text_offsets_.assign(static_cast<size_t>(api_.n), 0);
   const uint64_t gen = ++generation_id_;
   StartResult started =
       server_->service->Start(api_, std::make_shared<SessionSink>(weak_from_this(), gen));
@@ -506,7 +508,9 @@ void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
   if (api_.stream) {
     const bool first = !first_sent_[i];
     first_sent_[i] = true;
-    Enqueue(OutKind::kChunk, StreamChunk(api_, meta_, delta, first));
+    const size_t offset = text_offsets_[i];
+    text_offsets_[i] += StreamTextLength(delta);
+    Enqueue(OutKind::kChunk, StreamChunk(api_, meta_, delta, first, offset));
     return;
   }
   ChoiceDelta& c = choices_[i];

@@ -53,7 +53,8 @@ class FakeService : public GenerationService {
     auto stop = gen->stop;
     const int tokens = static_cast<int>(req.max_tokens.value_or(4));
     const int n = req.n;
-    threads_.emplace_back([this, sink, stop, tokens, n] {
+    const bool logprobs = req.logprobs;
+    threads_.emplace_back([this, sink, stop, tokens, n, logprobs] {
       for (int t = 0; t < tokens; ++t) {
         for (int c = 0; c < n; ++c) {
           if (stop->load()) return;
@@ -64,6 +65,7 @@ class FakeService : public GenerationService {
           ChoiceDelta d;
           d.index = c;
           d.text = absl::StrCat(t == 0 ? "" : " ", "t", t);
+          if (logprobs) d.logprobs.push_back({d.text, -1.0f, {}});
           if (t == tokens - 1) d.finish_reason = "length";
           sink->OnDelta(std::move(d));
         }
@@ -221,6 +223,26 @@ TEST_F(HttpServerTest, StreamedChatEndsWithDone) {
   EXPECT_EQ(text, "t0 t1 t2");
   EXPECT_EQ(json::parse(events[3].substr(6))["usage"]["completion_tokens"], 3);
   EXPECT_EQ(events[4], "data: [DONE]");
+}
+
+// /v1/completions' logprobs.text_offset counts from the start of the choice's text in every
+// chunk of a stream too, as in the non-streamed response (it restarted at 0 in each chunk).
+TEST_F(HttpServerTest, StreamedTextOffsetsCountFromTheStartOfTheText) {
+  const std::string request = R"({"model":"tiny","prompt":"hi","max_tokens":3,"logprobs":0)";
+  auto whole = Request(http::verb::post, "/v1/completions", request + "}");
+  ASSERT_EQ(whole.result_int(), 200) << whole.body();
+  const json expected = json::parse(whole.body())["choices"][0]["logprobs"]["text_offset"];
+  EXPECT_EQ(expected, json({0, 2, 5}));
+  auto streamed = Request(http::verb::post, "/v1/completions", request + R"(,"stream":true})");
+  ASSERT_EQ(streamed.result_int(), 200) << streamed.body();
+  std::vector<std::string> events = absl::StrSplit(streamed.body(), "\n\n", absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 4u) << streamed.body();  // 3 deltas, [DONE]
+  json offsets = json::array();
+  for (size_t i = 0; i < 3; ++i) {
+    const json chunk = json::parse(events[i].substr(6));
+    for (const json& o : chunk["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(offsets, expected);
 }
 
 TEST_F(HttpServerTest, ErrorsUseOpenAiShapeAndStatus) {
