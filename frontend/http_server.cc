@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
@@ -595,6 +596,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
                                                               GenerationService* service) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // One body of the largest allowed size always fits an idle server: a budget below it would
+  // answer such a request "server busy, retry later" forever.
+  impl->options.max_buffered_body_bytes =
+      std::max(options.max_buffered_body_bytes, options.max_body_bytes);
   impl->service = service;
   beast::error_code ec;
   tcp::endpoint endpoint;

@@ -473,6 +473,25 @@ TEST(HttpServerBodyBudgetTest, BodiesBeyondTheBudgetGet503) {
   (*server)->Stop();
 }
 
+// A body max_body_bytes allows is received on an idle server even when the budget was set
+// below it (router.max_body_bytes 512 MiB over the 256 MiB budget answered every 300 MB body
+// "503 server_busy, retry later", forever).
+TEST(HttpServerBodyBudgetTest, OneBodyOfTheLimitAlwaysFits) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.max_body_bytes = 8192;
+  opts.max_buffered_body_bytes = 6000;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string out =
+      RawExchange((*server)->port(),
+                  absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                               "Content-Length: 8000\r\n\r\n", std::string(8000, ' ')));
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out.substr(0, 300);  // read and parsed
+  (*server)->Stop();
+}
+
 TEST(HttpServerHostTest, HostNameIsResolved) {
   FakeService service;
   HttpServerOptions opts;
