@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/command_registry.h"
@@ -88,6 +90,11 @@ int RunBench(BenchArgs args) {
   }
   if (args.num_requests <= 0 && args.rate <= 0 && args.concurrency <= 0) {
     return Fail("a run by --duration alone needs --rate or --concurrency");
+  }
+  // JSON has no NaN or infinity: such a value would go out as null, the server's default.
+  if (args.temperature && !(*args.temperature >= 0 && std::isfinite(*args.temperature))) {
+    return Fail(
+        absl::StrCat("--temperature must be a finite number >= 0, got ", *args.temperature));
   }
   auto url = loadgen::ParseTargetUrl(args.endpoint, args.allow_remote);
   if (!url.ok()) return Fail(std::string(url.status().message()));

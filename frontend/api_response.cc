@@ -64,7 +64,8 @@ json CompletionLogprobs(const std::vector<TokenLogprob>& lps, size_t text_offset
           {"text_offset", offsets}};
 }
 
-json Choice(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first) {
+json Choice(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first,
+            size_t text_offset = 0) {
   json c = {{"index", d.index}};
   if (IsChat(req)) {
     json msg = json::object();
@@ -75,7 +76,7 @@ json Choice(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first
     c["logprobs"] = req.logprobs ? ChatLogprobs(d.logprobs) : json(nullptr);
   } else {
     c["text"] = d.text;
-    c["logprobs"] = req.logprobs ? CompletionLogprobs(d.logprobs, 0) : json(nullptr);
+    c["logprobs"] = req.logprobs ? CompletionLogprobs(d.logprobs, text_offset) : json(nullptr);
   }
   c["finish_reason"] = d.finish_reason ? json(*d.finish_reason) : json(nullptr);
   if (d.degeneration_kind) {
@@ -100,11 +101,17 @@ json UsageJson(const Usage& u) {
 }  // namespace
 
 std::string StreamChunk(const ApiRequest& req, const ResponseMeta& meta, const ChoiceDelta& delta,
-                        bool first) {
+                        bool first, size_t text_offset) {
   json j = Envelope(req, meta, true);
-  j["choices"] = json::array({Choice(req, delta, true, first)});
+  j["choices"] = json::array({Choice(req, delta, true, first, text_offset)});
   if (req.include_usage) j["usage"] = nullptr;
   return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+size_t StreamTextLength(const ChoiceDelta& delta) {
+  size_t length = 0;
+  for (const TokenLogprob& lp : delta.logprobs) length += lp.token.size();
+  return length;
 }
 
 std::string StreamUsageChunk(const ApiRequest& req, const ResponseMeta& meta, const Usage& usage) {

@@ -49,9 +49,13 @@ struct ResponseMeta {
 };
 
 // One SSE event "data: {...}\n\n" carrying `delta`. For chat, `first` adds the
-// {"role": "assistant"} delta OpenAI sends before the content.
+// {"role": "assistant"} delta OpenAI sends before the content. `text_offset`: where this delta's
+// first token starts in the choice's text (the sum of StreamTextLength over its earlier deltas):
+// /v1/completions' logprobs.text_offset counts from the start, as in the whole response.
 std::string StreamChunk(const ApiRequest& req, const ResponseMeta& meta, const ChoiceDelta& delta,
-                        bool first);
+                        bool first, size_t text_offset = 0);
+// How far `delta` advances its choice's text_offset: the length of its logprobs' token texts.
+size_t StreamTextLength(const ChoiceDelta& delta);
 // The final usage-only chunk sent when stream_options.include_usage is true.
 std::string StreamUsageChunk(const ApiRequest& req, const ResponseMeta& meta, const Usage& usage);
 // An error event inside an already started stream, then the client must not expect [DONE].

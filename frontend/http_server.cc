@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
@@ -10,6 +11,7 @@
 #include <deque>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +36,10 @@ constexpr auto kBodyTimeout = std::chrono::seconds(60);
 constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
 // After an accept error (EMFILE, ENFILE, ...) wait before accepting again instead of spinning.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+// How long a connection answered before its request was read to the end (413, 431, 503
+// server_busy, malformed) keeps reading and dropping what the client still sends (Linger).
+constexpr auto kLingerTimeout = std::chrono::seconds(30);
+constexpr size_t kLingerReadBytes = 16384;
 
 class Session;
 
@@ -156,6 +162,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return OnRead(ec);
     if (!ReserveBody()) {
       keep_alive_ = false;
+      linger_ = true;
       request_.version(parser_->get().version());
       return SendError(ServerError(503,
                                    "too many large request bodies are being received; "
@@ -185,6 +192,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnRead(beast::error_code ec) {
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
+      linger_ = true;
       ApiError e = InvalidRequest(
           absl::StrCat("request body exceeds ", server_->options.max_body_bytes, " bytes"));
       e.http_status = 413;
@@ -192,12 +200,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (ec == http::error::header_limit) {
       keep_alive_ = false;
+      linger_ = true;
       ApiError e = InvalidRequest("request header fields too large");
       e.http_status = 431;
       return SendJson(431, e.ToJson());
     }
     if (ec && IsHttpParseError(ec)) {
       keep_alive_ = false;
+      linger_ = true;
       return SendError(InvalidRequest(absl::StrCat("malformed HTTP request: ", ec.message())));
     }
     ReleaseBody();
@@ -236,9 +246,32 @@ class Session : public std::enable_shared_from_this<Session> {
     if (request_.method() == http::verb::head) res->body().clear();
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        if (!ec && self->linger_) return self->Linger();
                         if (ec || !self->keep_alive_) return self->Finish();
                         self->Read();
                       });
+  }
+
+  // Called on the strand once the error response is out. Closing a socket that holds unread
+  // input resets the connection, and a client still writing its request (most send the whole
+  // body before reading) then loses the response too. So, as RFC 9112 9.6 asks: close the sending
+  // side, read and drop what still comes until the client closes or kLingerTimeout passes (no
+  // buffering: one scratch buffer), then close.
+  void Linger() {
+    linger_ = false;
+    ReleaseBody();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    linger_buffer_.resize(kLingerReadBytes);
+    stream_.expires_after(kLingerTimeout);
+    DropInput();
+  }
+  void DropInput() {
+    stream_.async_read_some(net::buffer(linger_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->Finish();
+                              self->DropInput();
+                            });
   }
 
   void SendError(const ApiError& e) { SendJson(e.http_status, e.ToJson()); }
@@ -323,6 +356,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   bool keep_alive_ = true;
+  bool linger_ = false;  // the response answers a request not read to its end: Linger() after it
+  std::vector<char> linger_buffer_;
 
   // The request being served.
   ApiRequest api_;
@@ -333,6 +368,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> ending_{false};   // EndForShutdown ran
   std::vector<ChoiceDelta> choices_;  // non-streamed: accumulated per choice
   std::vector<bool> first_sent_;      // streamed: role delta sent per choice
+  std::vector<size_t> text_offsets_;  // streamed: each choice's text_offset so far
   std::optional<http::response<http::empty_body>> stream_res_;
   std::optional<http::response_serializer<http::empty_body>> stream_sr_;
   struct Out {
@@ -435,6 +471,7 @@ void Session::Generate(Endpoint endpoint) {
   choices_.assign(static_cast<size_t>(api_.n), ChoiceDelta{});
   for (int i = 0; i < api_.n; ++i) choices_[static_cast<size_t>(i)].index = i;
   first_sent_.assign(static_cast<size_t>(api_.n), false);
+  text_offsets_.assign(static_cast<size_t>(api_.n), 0);
   const uint64_t gen = ++generation_id_;
   StartResult started =
       server_->service->Start(api_, std::make_shared<SessionSink>(weak_from_this(), gen));
@@ -472,7 +509,9 @@ void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
   if (api_.stream) {
     const bool first = !first_sent_[i];
     first_sent_[i] = true;
-    Enqueue(OutKind::kChunk, StreamChunk(api_, meta_, delta, first));
+    const size_t offset = text_offsets_[i];
+    text_offsets_[i] += StreamTextLength(delta);
+    Enqueue(OutKind::kChunk, StreamChunk(api_, meta_, delta, first, offset));
     return;
   }
   ChoiceDelta& c = choices_[i];
@@ -557,6 +596,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
                                                               GenerationService* service) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // One body of the largest allowed size always fits an idle server: a budget below it would
+  // answer such a request "server busy, retry later" forever.
+  impl->options.max_buffered_body_bytes =
+      std::max(options.max_buffered_body_bytes, options.max_body_bytes);
   impl->service = service;
   beast::error_code ec;
   tcp::endpoint endpoint;

@@ -32,7 +32,8 @@ struct HttpServerOptions {
   // Connections beyond this are closed at accept.
   size_t max_connections = 16384;
   // Request bodies being read, all connections together (Content-Length, or max_body_bytes for
-  // a chunked body): a request beyond it gets 503 instead of buffering without bound.
+  // a chunked body): a request beyond it gets 503 instead of buffering without bound. Raised to
+  // max_body_bytes when below it.
   size_t max_buffered_body_bytes = size_t{256} << 20;
 };
 

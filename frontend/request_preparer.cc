@@ -35,6 +35,12 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
   return params;
 }
 
+// The request parameter a serving::ValidateSamplingParams error is about: the first word of its
+// message ("logit_bias[5] must be ...", "top_p 1e-40 cannot ...").
+std::string SamplingParamOf(absl::string_view message) {
+  return std::string(message.substr(0, message.find_first_not_of("abcdefghijklmnopqrstuvwxyz_")));
+}
+
 // The last component of `model_dir` ("models/kjv-v4-tiny/" and "." name their directory too).
 std::string DirectoryName(const std::string& model_dir) {
   std::error_code error;
@@ -120,7 +126,7 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
     }
   }
   if (absl::Status valid = serving::ValidateSamplingParams(out.params, vocab_size_); !valid.ok()) {
-    return InvalidRequest(std::string(valid.message()));
+    return InvalidRequest(std::string(valid.message()), SamplingParamOf(valid.message()));
   }
   if (absl::Status reachable = serving::CheckMinTokensReachable(out.params, eos_ids_, vocab_size_);
       !reachable.ok()) {

@@ -1,6 +1,7 @@
 #include "loadgen/coherence_check.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <utility>
@@ -215,6 +216,11 @@ absl::StatusOr<CheckReport> JudgePrompts(const std::vector<PromptItem>& prompts,
 absl::StatusOr<CheckReport> RunCheck(const std::vector<PromptItem>& prompts,
                                      const CheckOptions& o) {
   if (o.samples < 1) return absl::InvalidArgumentError("--samples must be >= 1");
+  // JSON has no NaN or infinity: such a value would go out as null, the server's default.
+  if (o.temperature && !(*o.temperature >= 0 && std::isfinite(*o.temperature))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--temperature must be a finite number >= 0, got ", *o.temperature));
+  }
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts");
   if (o.api == Api::kCompletions) {
     // /v1/completions applies no chat template: chat messages flattened to text are not what

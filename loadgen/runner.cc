@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <random>
@@ -173,6 +174,12 @@ class Driver {
 
 absl::StatusOr<RunResult> Run(const RunOptions& options) {
   if (options.requests.empty()) return absl::InvalidArgumentError("no requests to send");
+  // NaN passes every "<= 0" test below; an infinite time overflows the clock's arithmetic.
+  if (std::isnan(options.rate) || !std::isfinite(options.duration_s) ||
+      !std::isfinite(options.request_timeout_s) || !std::isfinite(options.drain_timeout_s)) {
+    return absl::InvalidArgumentError(
+        "the rate must be a number and the duration and timeouts finite numbers");
+  }
   if (options.num_requests <= 0 && options.duration_s <= 0) {
     return absl::InvalidArgumentError("set a number of requests or a duration");
   }

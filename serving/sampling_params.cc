@@ -10,7 +10,10 @@
 namespace pdserve::serving {
 namespace {
 
-absl::Status RangeError(absl::string_view field, absl::string_view range, double value) {
+// `value` keeps its type: integers are written whole (a double would print 2147483647 as
+// 2.14748e+09).
+template <typename T>
+absl::Status RangeError(absl::string_view field, absl::string_view range, T value) {
   return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", value));
 }
 

@@ -53,10 +53,12 @@ struct SamplingParams {
 
 // OK when every field is in range for a model with `vocab_size` tokens; otherwise InvalidArgument
 // naming the field, the allowed range and the offending value (for example
-// "top_p must be in (0, 1], got 0"). NaN and infinities are rejected for every real field, and so
-// is a real value that float32 (what worker.v1 carries) cannot hold: every one must be 0 or of
-// magnitude in [kMinFloat32, kMaxFloat32]. Below it, e.g. top_p 1e-46, the value would reach a
-// worker as 0 ("off" for top_p and repetition_penalty) while the colocated server applied it.
+// "top_p must be in (0, 1], got 0"); the message starts with the field's name, which is the
+// OpenAI request parameter's (the HTTP front reports it as the error's param). NaN and infinities
+// are rejected for every real field, and so is a real value that float32 (what worker.v1 carries)
+// cannot hold: every one must be 0 or of magnitude in [kMinFloat32, kMaxFloat32]. Below it, e.g.
+// top_p 1e-46, the value would reach a worker as 0 ("off" for top_p and repetition_penalty) while
+// the colocated server applied it.
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
 // The magnitudes a real sampling value may take besides 0: those of the normal float32 numbers.

@@ -53,7 +53,8 @@ class FakeService : public GenerationService {
     auto stop = gen->stop;
     const int tokens = static_cast<int>(req.max_tokens.value_or(4));
     const int n = req.n;
-    threads_.emplace_back([this, sink, stop, tokens, n] {
+    const bool logprobs = req.logprobs;
+    threads_.emplace_back([this, sink, stop, tokens, n, logprobs] {
       for (int t = 0; t < tokens; ++t) {
         for (int c = 0; c < n; ++c) {
           if (stop->load()) return;
@@ -64,6 +65,7 @@ class FakeService : public GenerationService {
           ChoiceDelta d;
           d.index = c;
           d.text = absl::StrCat(t == 0 ? "" : " ", "t", t);
+          if (logprobs) d.logprobs.push_back({d.text, -1.0f, {}});
           if (t == tokens - 1) d.finish_reason = "length";
           sink->OnDelta(std::move(d));
         }
@@ -223,6 +225,26 @@ TEST_F(HttpServerTest, StreamedChatEndsWithDone) {
   EXPECT_EQ(events[4], "data: [DONE]");
 }
 
+// /v1/completions' logprobs.text_offset counts from the start of the choice's text in every
+// chunk of a stream too, as in the non-streamed response (it restarted at 0 in each chunk).
+TEST_F(HttpServerTest, StreamedTextOffsetsCountFromTheStartOfTheText) {
+  const std::string request = R"({"model":"tiny","prompt":"hi","max_tokens":3,"logprobs":0)";
+  auto whole = Request(http::verb::post, "/v1/completions", request + "}");
+  ASSERT_EQ(whole.result_int(), 200) << whole.body();
+  const json expected = json::parse(whole.body())["choices"][0]["logprobs"]["text_offset"];
+  EXPECT_EQ(expected, json({0, 2, 5}));
+  auto streamed = Request(http::verb::post, "/v1/completions", request + R"(,"stream":true})");
+  ASSERT_EQ(streamed.result_int(), 200) << streamed.body();
+  std::vector<std::string> events = absl::StrSplit(streamed.body(), "\n\n", absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 4u) << streamed.body();  // 3 deltas, [DONE]
+  json offsets = json::array();
+  for (size_t i = 0; i < 3; ++i) {
+    const json chunk = json::parse(events[i].substr(6));
+    for (const json& o : chunk["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(offsets, expected);
+}
+
 TEST_F(HttpServerTest, ErrorsUseOpenAiShapeAndStatus) {
   auto bad = Request(http::verb::post, "/v1/completions", R"({"model":"tiny","prompt":7})");
   EXPECT_EQ(bad.result_int(), 400);
@@ -345,6 +367,28 @@ TEST_F(HttpServerTest, OversizedHeadersGet431) {
   EXPECT_EQ(out.rfind("HTTP/1.1 431", 0), 0u) << out.substr(0, 200);
 }
 
+// Most clients (Python's http.client and requests, the openai package) send the whole body before
+// they read: an oversized one must still get its 413, not a connection reset under their write.
+TEST_F(HttpServerTest, OversizedBodySentWholeStillGets413) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  const std::string body(size_t{4} << 20, ' ');  // far beyond max_body_bytes (4096)
+  beast::error_code ec;
+  net::write(sock,
+             net::buffer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                      "Content-Length: ", body.size(), "\r\n\r\n", body)),
+             ec);
+  EXPECT_FALSE(ec) << "writing the body: " << ec.message();
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(sock, buf, res, ec);
+  ASSERT_FALSE(ec) << "reading the response: " << ec.message();
+  EXPECT_EQ(res.result_int(), 413);
+  EXPECT_NE(res.body().find("exceeds 4096 bytes"), std::string::npos) << res.body();
+  EXPECT_FALSE(res.keep_alive());
+}
+
 TEST_F(HttpServerTest, AbsoluteFormTargetIsAccepted) {
   EXPECT_EQ(Request(http::verb::get, "http://localhost/health").result_int(), 200);
 }
@@ -426,6 +470,25 @@ TEST(HttpServerBodyBudgetTest, BodiesBeyondTheBudgetGet503) {
                   absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
                                "Content-Length: 3000\r\n\r\n", std::string(3000, ' ')));
   EXPECT_EQ(later.rfind("HTTP/1.1 400", 0), 0u) << later.substr(0, 200);  // parsed: bad JSON
+  (*server)->Stop();
+}
+
+// A body max_body_bytes allows is received on an idle server even when the budget was set
+// below it (router.max_body_bytes 512 MiB over the 256 MiB budget answered every 300 MB body
+// "503 server_busy, retry later", forever).
+TEST(HttpServerBodyBudgetTest, OneBodyOfTheLimitAlwaysFits) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.max_body_bytes = 8192;
+  opts.max_buffered_body_bytes = 6000;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string out =
+      RawExchange((*server)->port(),
+                  absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                               "Content-Length: 8000\r\n\r\n", std::string(8000, ' ')));
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out.substr(0, 300);  // read and parsed
   (*server)->Stop();
 }
 

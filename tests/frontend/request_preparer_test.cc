@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "frontend/api_request.h"
 #include "text/tokenizer.h"
 
@@ -109,6 +110,25 @@ TEST_F(RequestPreparerTest, MinTokensThatNoTokenCanMeetIs400) {
   Prepare(Endpoint::kCompletions, R"({"model": "kjv-v4-tiny", "prompt": "And", "max_tokens": 3,
                                       "stop_token_ids": [)" +
                                       all + "]}");
+}
+
+// The sampling checks past the JSON schema name their parameter too, as OpenAI's errors do
+// (param was null: a client could not tell which field to fix).
+TEST_F(RequestPreparerTest, SamplingErrorsNameTheirParameter) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("logit_bias": {"4096": 1})", "logit_bias"},
+      {R"("stop_token_ids": [4096])", "stop_token_ids"},
+      {R"("max_tokens": 3, "min_tokens": 4)", "min_tokens"},
+      {R"("top_p": 1e-40)", "top_p"},
+      {R"("logit_bias": {"7": 1e-40})", "logit_bias"},
+  };
+  for (const auto& [fields, param] : cases) {
+    const std::string body =
+        absl::StrCat(R"({"model": "kjv-v4-tiny", "prompt": "And", )", fields, "}");
+    auto [error, length] = Reject(Endpoint::kCompletions, body);
+    EXPECT_EQ(error.http_status, 400) << body;
+    EXPECT_EQ(error.param, param) << body << ": " << error.message;
+  }
 }
 
 TEST_F(RequestPreparerTest, CompletionsAreLeftAlone) {

@@ -4,6 +4,9 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <functional>
+#include <limits>
+#include <vector>
 
 #include "frontend/http_server.h"
 #include "loadgen/dataset.h"
@@ -142,6 +145,30 @@ TEST_F(BenchRunTest, RejectsUnboundedRuns) {
   UsePrompt(Api::kCompletions, "hi", 3);
   options_.max_concurrency = 2;
   EXPECT_EQ(loadgen::Run(options_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// NaN passed every "<= 0" check: `pdserve bench --rate nan --duration 1` then issued requests in
+// a loop that never yielded to its timers (a hang, memory growing).
+TEST_F(BenchRunTest, RejectsNonFiniteRatesAndTimes) {
+  UsePrompt(Api::kCompletions, "hi", 1);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (auto set : std::vector<std::function<void(RunOptions&)>>{
+           [nan](RunOptions& o) { o.rate = nan; },
+           [nan](RunOptions& o) { o.duration_s = nan; },
+           [inf](RunOptions& o) { o.duration_s = inf; },
+           [nan](RunOptions& o) { o.request_timeout_s = nan; },
+           [inf](RunOptions& o) { o.request_timeout_s = inf; },
+           [nan](RunOptions& o) { o.drain_timeout_s = nan; },
+       }) {
+    RunOptions options = options_;
+    options.num_requests = 1;
+    options.max_concurrency = 1;
+    set(options);
+    EXPECT_EQ(loadgen::Run(options).status().code(), absl::StatusCode::kInvalidArgument)
+        << "rate " << options.rate << ", duration " << options.duration_s << ", timeouts "
+        << options.request_timeout_s << " / " << options.drain_timeout_s;
+  }
 }
 
 TEST(EndpointUrlTest, ParsesBaseUrlsAndRefusesRemoteHostsByDefault) {

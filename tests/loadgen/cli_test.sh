@@ -40,6 +40,16 @@ PY
 grep -q "^PASS" "$tmp/check_varied.txt"
 echo "check passes a varied server"
 
+# Values JSON cannot carry are refused before anything is sent (a NaN temperature went out as
+# null: the server's default sampled; a NaN rate hung the run).
+for args in "--temperature nan --num-requests 1" "--rate nan --duration 1"; do
+  status=0
+  # shellcheck disable=SC2086
+  timeout 60 "$pdserve" bench --endpoint "$varied" $args >"$tmp/nan.txt" 2>&1 || status=$?
+  [[ $status == 1 ]] || { echo "bench $args exited $status, wanted 1"; cat "$tmp/nan.txt"; exit 1; }
+done
+echo "bench refuses NaN settings"
+
 start_stub repeat
 status=0
 "$pdserve" check --endpoint "http://127.0.0.1:$port" --prompts "$deploy/check/prompts.jsonl" \

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "frontend/http_server.h"
 #include "tests/loadgen/fake_service.h"
 
@@ -80,6 +82,19 @@ TEST_F(CheckTest, CompletionsRefuseChatPrompts) {
             "--api completions sends raw text (/v1/completions applies no chat template), and 1 "
             "of 2 prompts are chat messages (chat): use --api chat, or a prompt file of "
             "\"prompt\" lines");
+}
+
+// A NaN temperature went out as JSON null, so the server's default sampled and the check passed
+// as if it had run at the temperature asked for.
+TEST_F(CheckTest, NonFiniteTemperatureIsRefused) {
+  CheckOptions o;
+  o.url = *ParseEndpointUrl("http://127.0.0.1:1");  // never contacted
+  for (double t :
+       {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -1.0}) {
+    o.temperature = t;
+    const absl::StatusOr<CheckReport> report = RunCheck(TwoPrompts(), o);
+    EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument) << t;
+  }
 }
 
 TEST_F(CheckTest, EmptyContentFails) {

@@ -72,6 +72,13 @@ INSTANTIATE_TEST_SUITE_P(
                       p.min_tokens = 5;
                     },
                     "min_tokens must be in [0, max_tokens = 4], got 5"},
+        // Integers are written whole (a double's 6 digits gave "got 2.14748e+09").
+        InvalidCase{"LargeMinTokensAboveMaxTokens",
+                    [](auto& p) {
+                      p.max_tokens = 5;
+                      p.min_tokens = 2147483647;
+                    },
+                    "min_tokens must be in [0, max_tokens = 5], got 2147483647"},
         InvalidCase{"ZeroChoices", [](auto& p) { p.n = 0; }, "n must be in [1, 128], got 0"},
         InvalidCase{"TooManyTopLogprobs", [](auto& p) { p.logprobs = 21; },
                     "logprobs must be in [0, 20], got 21"},
