@@ -336,7 +336,19 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   Reader r(file, &out.errors);
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(yaml));
+    // Every document is read, so a second one (after a `---`) is an error, not silently dropped.
+    // Empty documents (a trailing `---`) do not count.
+    std::vector<YAML::Node> documents;
+    for (const YAML::Node& d : YAML::LoadAll(std::string(yaml))) {
+      if (!d.IsNull()) documents.push_back(d);
+    }
+    if (documents.size() > 1) {
+      r.Error(documents[1].Mark(), "(document)",
+              absl::StrCat("a deploy config is one YAML document; this file has ", documents.size(),
+                           " (the second starts here)"));
+      return out;
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
     r.Error(e.mark, "(syntax)", e.msg);
     return out;

@@ -181,6 +181,22 @@ TEST(DeployConfigTest, EnumAndSyntaxErrors) {
   EXPECT_GE(parsed.errors[0].line, 1);
 }
 
+TEST(DeployConfigTest, SecondYamlDocumentIsAnError) {
+  // A `---` and a second document used to be dropped without a word (yaml-cpp's Load reads the
+  // first document only): its settings silently did not apply.
+  const std::string text = std::string(kValid) + "---\nname: other\n";
+  const ParsedDeployConfig parsed = ParseDeployConfig(text, "two.yaml");
+  ASSERT_EQ(parsed.errors.size(), 1u);
+  EXPECT_EQ(parsed.errors[0].key, "(document)");
+  EXPECT_NE(parsed.errors[0].message.find("this file has 2"), std::string::npos);
+  EXPECT_GT(parsed.errors[0].line, 10);
+  // Document markers around the one document, and empty documents, are fine.
+  EXPECT_TRUE(ParseDeployConfig(std::string(kValid) + "---\n", "end.yaml").errors.empty());
+  EXPECT_TRUE(ParseDeployConfig(std::string("---\n") + kValid, "start.yaml").errors.empty());
+  EXPECT_TRUE(
+      ParseDeployConfig(std::string("---\n") + kValid + "...\n---\n", "both.yaml").errors.empty());
+}
+
 TEST(DeployConfigTest, ReportsEveryErrorNotJustTheFirst) {
   std::string text = Broken("port: 9200", "port: -1");
   text = text.replace(text.find("models/m"), 8, "");
