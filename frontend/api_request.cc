@@ -16,6 +16,10 @@ using json = nlohmann::json;
 constexpr int kMaxN = 128;
 constexpr int kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopStrings = 4;
+// Longest stop string, in bytes: text that may still become a stop string is held back and
+// matched against every prefix of each stop string after every token (O(length^2) each), so an
+// unbounded stop string let one request make its detokenization arbitrarily slow.
+constexpr size_t kMaxStopBytes = 512;
 
 // obj[key] when it is a string, else "" (never throws, unlike json::value()).
 std::string StringField(const json& obj, const char* key) {
@@ -121,6 +125,11 @@ void ReadStop(FieldReader& r, ApiRequest& req) {
   }
   for (const auto& s : req.stop) {
     if (s.empty()) return r.Fail("'stop' strings must not be empty", "stop");
+    if (s.size() > kMaxStopBytes) {
+      return r.Fail(absl::StrCat("'stop' strings may be at most ", kMaxStopBytes,
+                                 " bytes long, got ", s.size()),
+                    "stop");
+    }
   }
 }
 

@@ -134,6 +134,17 @@ INSTANTIATE_TEST_SUITE_P(
             R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
             "only 'response_format': {\"type\": \"text\"} is supported", "response_format"}));
 
+TEST(ApiRequestTest, StopStringsAreAtMost512Bytes) {
+  const auto body = [](size_t bytes) {
+    return R"({"model":"m","prompt":"x","stop":["a",")" + std::string(bytes, 'z') + R"("]})";
+  };
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, body(512)).stop.back().size(), 512u);
+  const ApiError e = ParseErr(Endpoint::kCompletions, body(513));
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.message, "'stop' strings may be at most 512 bytes long, got 513");
+  EXPECT_EQ(e.param, "stop");
+}
+
 TEST(ApiResponseTest, DegenerateChoiceCarriesTheFlagAndItsKind) {
   ApiRequest req;
   req.endpoint = Endpoint::kCompletions;
