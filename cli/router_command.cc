@@ -50,13 +50,17 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   http.max_body_bytes = static_cast<size_t>(config.router.max_body_bytes);
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
                            frontend::HttpServer::Start(http, service.get()));
-  std::printf("pdserve router: listening on http://%s:%u\n", http.host.c_str(),
-              static_cast<unsigned>(server->port()));
+  // Both fronts are bound before either is announced: a gRPC port that cannot be bound ends the
+  // router with that error, never after a "listening" line that a launcher would trust.
   std::unique_ptr<router::GrpcFront> grpc_front;
   if (config.router.grpc_port > 0) {
     PDSERVE_ASSIGN_OR_RETURN(
         grpc_front,
         router::GrpcFront::Start(config.router.host, config.router.grpc_port, service.get()));
+  }
+  std::printf("pdserve router: listening on http://%s:%u\n", http.host.c_str(),
+              static_cast<unsigned>(server->port()));
+  if (grpc_front) {
     std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s:%d\n",
                 config.router.host.c_str(), grpc_front->port());
   }

@@ -17,6 +17,8 @@
 #   up-model-path PDSERVE CONFIG_DIR   `pdserve up` run where local.yaml's relative model path
 #                                      does not exist starts no child and names the path and
 #                                      the working directory (validate-config warns the same)
+#   router-grpc-taken PDSERVE REPO_DIR a router whose gRPC port is taken exits 1 naming it and
+#                                      never prints "listening" (a launcher trusts that line)
 #   serve-gpu-flags PDSERVE            `pdserve serve` refuses GPU flags that would do nothing
 #                                      (--devices / --expert-comm with --backend cpu, an empty
 #                                      --devices) with exit 1 or CLI11's usage error, no server
@@ -128,6 +130,31 @@ case $mode in
       echo "FAIL: the second worker's error does not name the port:"; cat "$tmp/second.err"; exit 1; }
     kill -0 $first || { echo "FAIL: the first worker died"; exit 1; }
     echo "ok: $(grep -F 'cannot serve' "$tmp/second.err")"
+    ;;
+  router-grpc-taken)
+    pdserve=$1 repo=$2
+    # Hold a listening socket on a free port, then give that port to the router as grpc_port.
+    python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print(s.getsockname()[1], flush=True); time.sleep(120)' >"$tmp/port" &
+    holder=$!
+    trap 'kill $holder 2>/dev/null; rm -rf "$tmp"' EXIT
+    for _ in $(seq 1 100); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+    port=$(cat "$tmp/port")
+    [ -n "$port" ] || { echo "FAIL: no port held"; exit 1; }
+    sed "s/^  http_port: 8000$/  http_port: 8000\n  grpc_port: $port/" "$repo"/deploy/local.yaml \
+      >"$tmp/router.yaml"
+    grep -q "grpc_port: $port" "$tmp/router.yaml" || { echo "FAIL: no grpc_port set"; exit 1; }
+    if (cd "$repo" && timeout 60 "$pdserve" router --config "$tmp/router.yaml" --port 0) \
+        >"$tmp/out" 2>"$tmp/err"; then
+      echo "FAIL: the router started on a taken gRPC port"
+      exit 1
+    fi
+    grep -qF "$port" "$tmp/err" || { echo "FAIL: the error does not name port $port:"; cat "$tmp/err"; exit 1; }
+    if grep -q "listening" "$tmp/out"; then
+      echo "FAIL: the router announced itself before failing:"; cat "$tmp/out"; exit 1
+    fi
+    echo "ok: $(tail -1 "$tmp/err")"
     ;;
   cuda-accepted)
     pdserve=$1 dir=$2
