@@ -27,10 +27,6 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-// A connection must deliver a request's headers this soon after the previous response (or its
-// opening), and the body after that; slow or idle clients are closed (slowloris).
-constexpr auto kHeaderTimeout = std::chrono::seconds(30);
-constexpr auto kBodyTimeout = std::chrono::seconds(60);
 // Output queued for a client that does not read is bounded: past this the request is
 // cancelled and the connection closed, so one slow reader cannot grow the server's memory.
 constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
@@ -80,7 +76,7 @@ class SessionSink;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {}
+      : stream_(std::move(socket)), server_(server), read_timer_(stream_.get_executor()) {}
 
   ~Session() {
     if (active_) server_->active.fetch_sub(1);
@@ -112,6 +108,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Called on the strand. Cancels any generation and closes the connection.
   void Shutdown() {
     CancelGeneration();
+    StopReadTimer();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -130,7 +127,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Read() {
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    stream_.expires_after(kHeaderTimeout);
+    ArmReadTimer(server_->options.header_timeout);
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -160,6 +157,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Answers "Expect: 100-continue" (curl sends it for large bodies) before reading the body.
   void OnHeader(beast::error_code ec) {
     if (ec) return OnRead(ec);
+    StopReadTimer();  // ReadBody arms the body's; a 100 Continue or an early answer needs none
     if (!ReserveBody()) {
       keep_alive_ = false;
       linger_ = true;
@@ -182,14 +180,57 @@ class Session : public std::enable_shared_from_this<Session> {
     ReadBody();
   }
 
+  // The read deadlines (header, then body) run on a timer of our own rather than the stream's:
+  // the stream's timeout closes the socket, and a 408 must still be written. When the timer
+  // fires it cancels the pending read, whose handler then sees read_timed_out_. `read_timer_id_`
+  // tells a current expiry from one already queued when the read finished (cancel() cannot
+  // withdraw that one).
+  void ArmReadTimer(std::chrono::milliseconds timeout) {
+    const uint64_t id = ++read_timer_id_;
+    read_timed_out_ = false;
+    read_timer_.expires_after(timeout);
+    read_timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
+      if (ec || id != self->read_timer_id_) return;
+      self->read_timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+  }
+  void StopReadTimer() {
+    ++read_timer_id_;
+    read_timer_.cancel();
+  }
+
+  // A read cut off by its deadline: 408 when any of the request arrived, else (an idle
+  // keep-alive connection) a silent close.
+  void OnReadTimeout() {
+    read_timed_out_ = false;
+    const bool started = parser_->is_header_done() || parser_->got_some() || buffer_.size() > 0;
+    if (!started) return Finish();
+    keep_alive_ = false;
+    linger_ = true;
+    const unsigned version = parser_->is_header_done() ? parser_->get().version() : 11;
+    request_ = {};
+    request_.version(version);
+    SendError(ServerError(408,
+                          parser_->is_header_done() ? "the request body did not arrive in time"
+                                                    : "the request headers did not arrive in time",
+                          "invalid_request_error", "request_timeout"));
+  }
+
   void ReadBody() {
-    stream_.expires_after(kBodyTimeout);
+    ArmReadTimer(server_->options.body_timeout);
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
+    if (read_timed_out_ && ec) {  // (a read that completed as its deadline fired is served)
+      ReleaseBody();
+      return OnReadTimeout();
+    }
+    StopReadTimer();
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
       linger_ = true;
@@ -212,7 +253,6 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     ReleaseBody();
     if (ec) return Finish();
-    stream_.expires_never();
     request_ = parser_->release();
     keep_alive_ = request_.keep_alive();
     Route();
@@ -358,6 +398,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   bool linger_ = false;  // the response answers a request not read to its end: Linger() after it
   std::vector<char> linger_buffer_;
+  net::steady_timer read_timer_;  // the header / body deadline (ArmReadTimer)
+  uint64_t read_timer_id_ = 0;
+  bool read_timed_out_ = false;
 
   // The request being served.
   ApiRequest api_;

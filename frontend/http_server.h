@@ -35,6 +35,12 @@ struct HttpServerOptions {
   // a chunked body): a request beyond it gets 503 instead of buffering without bound. Raised to
   // max_body_bytes when below it.
   size_t max_buffered_body_bytes = size_t{256} << 20;
+  // A connection must deliver a request's headers within header_timeout of the previous
+  // response (or of its opening), and the body within body_timeout after the headers (slowloris).
+  // A request cut off part way gets 408 (OpenAI-style JSON, code "request_timeout") and the
+  // connection closes; an idle keep-alive connection that sent nothing is closed silently.
+  std::chrono::milliseconds header_timeout{30000};
+  std::chrono::milliseconds body_timeout{60000};
 };
 
 class HttpServer {

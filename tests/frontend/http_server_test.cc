@@ -433,6 +433,44 @@ TEST_F(HttpServerTest, Http10StreamIsUnframedAndEndsWithClose) {
   EXPECT_EQ(events.substr(events.size() - 14), "data: [DONE]\n\n") << events;
 }
 
+// Read deadlines: a body or header cut off part way gets a 408 JSON error (the connection then
+// closes); a connection that sends nothing is closed without a response; a whole request is
+// served as usual.
+TEST(HttpServerTimeoutTest, PartialRequestsGet408AndIdleConnectionsClose) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.header_timeout = std::chrono::milliseconds(300);
+  opts.body_timeout = std::chrono::milliseconds(300);
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->port();
+  const auto started = std::chrono::steady_clock::now();
+  // 10 of 100 announced body bytes, then nothing.
+  const std::string body_cut = RawExchange(
+      port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":");
+  EXPECT_EQ(body_cut.rfind("HTTP/1.1 408", 0), 0u) << body_cut;
+  EXPECT_NE(body_cut.find("Connection: close"), std::string::npos) << body_cut;
+  const size_t json_at = body_cut.find("\r\n\r\n");
+  ASSERT_NE(json_at, std::string::npos) << body_cut;
+  const json error = json::parse(body_cut.substr(json_at + 4));
+  EXPECT_EQ(error["error"]["code"], "request_timeout") << body_cut;
+  EXPECT_EQ(error["error"]["message"], "the request body did not arrive in time") << body_cut;
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(250));
+  // Half a header line.
+  const std::string header_cut = RawExchange(port, "POST /v1/completions HTTP/1.1\r\nHo");
+  EXPECT_EQ(header_cut.rfind("HTTP/1.1 408", 0), 0u) << header_cut;
+  EXPECT_NE(header_cut.find("the request headers did not arrive in time"), std::string::npos)
+      << header_cut;
+  // Nothing at all: closed, no bytes.
+  EXPECT_EQ(RawExchange(port, ""), "");
+  // A whole request right away is answered as usual.
+  const std::string ok =
+      RawExchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
+  (*server)->Stop();
+}
+
 // Request bodies being read count against one server-wide budget: beyond it a request gets 503
 // at once (its body is never buffered), and the budget comes back when a body is read.
 TEST(HttpServerBodyBudgetTest, BodiesBeyondTheBudgetGet503) {
