@@ -175,7 +175,8 @@ std::vector<WorkerConfig> ReadWorkers(Reader& r, const YAML::Node& root, const s
 void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
   if (!r.Map(node, "router",
              {"host", "http_port", "grpc_port", "prefill_policy", "decode_policy",
-              "health_interval_ms", "max_body_bytes", "prefill_timeout_ms", "queue_timeout_ms"})) {
+              "health_interval_ms", "health_timeout_ms", "max_body_bytes", "prefill_timeout_ms",
+              "queue_timeout_ms"})) {
     return;
   }
   r.String(node, "router", "host", false, &c->host);
@@ -184,6 +185,7 @@ void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
   r.Enum(node, "router", "prefill_policy", false, kPolicies, &c->prefill_policy);
   r.Enum(node, "router", "decode_policy", false, kPolicies, &c->decode_policy);
   r.Int(node, "router", "health_interval_ms", false, 10, 600000, &c->health_interval_ms);
+  r.Int(node, "router", "health_timeout_ms", false, 100, 600000, &c->health_timeout_ms);
   r.Int(node, "router", "max_body_bytes", false, 1024, int64_t{1} << 32, &c->max_body_bytes);
   r.Int(node, "router", "prefill_timeout_ms", false, 100, 3600000, &c->prefill_timeout_ms);
   r.Int(node, "router", "queue_timeout_ms", false, 0, 3600000, &c->queue_timeout_ms);

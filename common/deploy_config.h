@@ -7,7 +7,8 @@
 //   name: string (required)
 //   model: {path: string (required), served_name: string}
 //   router: {host, http_port (required), grpc_port, prefill_policy, decode_policy,
-//            health_interval_ms, max_body_bytes, prefill_timeout_ms, queue_timeout_ms}
+//            health_interval_ms, health_timeout_ms, max_body_bytes, prefill_timeout_ms,
+//            queue_timeout_ms}
 //     policies: round_robin | least_load | power_of_two | prefix_aware
 //   prefill: [worker, ...] (at least one)      decode: [worker, ...] (at least one)
 //     worker: {name (required, unique), host (required), port (required), metrics_port,
@@ -66,6 +67,9 @@ struct RouterConfig {
   std::string prefill_policy = "least_load";
   std::string decode_policy = "least_load";
   int health_interval_ms = 1000;
+  // Deadline of the health check's Health and Stats RPCs, in [100, 600000]: raise it
+  // where workers share few cores with their engines and answer late under load.
+  int health_timeout_ms = 2000;
   int64_t max_body_bytes = 4 << 20;
   int prefill_timeout_ms = 60000;  // the Prefill RPC's deadline, in [100, 3600000]
   int queue_timeout_ms = 60000;    // longest wait for decode room, in [0, 3600000]; 0: no waiting

@@ -48,6 +48,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   PDSERVE_ASSIGN_OR_RETURN(o.prefill_policy, ParsePolicy(config.router.prefill_policy));
   PDSERVE_ASSIGN_OR_RETURN(o.decode_policy, ParsePolicy(config.router.decode_policy));
   o.health_interval = absl::Milliseconds(config.router.health_interval_ms);
+  o.health_timeout = absl::Milliseconds(config.router.health_timeout_ms);
   o.lease_ms = config.lease_ms;
   o.prefill_timeout = absl::Milliseconds(config.router.prefill_timeout_ms);
   o.queue_timeout = absl::Milliseconds(config.router.queue_timeout_ms);

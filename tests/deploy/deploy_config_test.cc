@@ -83,6 +83,16 @@ TEST(DeployConfigTest, RouterQueueTimeout) {
                  "router.queue_timeout_ms");
 }
 
+TEST(DeployConfigTest, RouterHealthTimeout) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.health_timeout_ms, 2000);
+  const ParsedDeployConfig set = ParseDeployConfig(
+      Broken("  http_port: 8000", "  http_port: 8000\n  health_timeout_ms: 10000"), "t.yaml");
+  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+  EXPECT_EQ(set.config.router.health_timeout_ms, 10000);
+  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  health_timeout_ms: 99"), 6, 22,
+                 "router.health_timeout_ms");
+}
+
 TEST(DeployConfigTest, BadPortValue) {
   ExpectOneError(Broken("port: 9200", "port: 70000"), 15, 11, "decode[0].port");
 }

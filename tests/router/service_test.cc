@@ -432,6 +432,18 @@ TEST(RouterOptionsTest, PrefillDeadlineIsItsOwnSettingNotTheTransferLease) {
   EXPECT_EQ(set->prefill_timeout, absl::Seconds(45));
 }
 
+TEST(RouterOptionsTest, HealthTimeoutComesFromTheConfig) {
+  config::DeployConfig deploy;
+  deploy.model_path = "m";
+  absl::StatusOr<RouterOptions> defaults = OptionsFromConfig(deploy);
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->health_timeout, absl::Seconds(2));
+  deploy.router.health_timeout_ms = 7500;
+  absl::StatusOr<RouterOptions> set = OptionsFromConfig(deploy);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->health_timeout, absl::Milliseconds(7500));
+}
+
 TEST_F(RouterServiceTest, LeaseRunningOutBeforePrefillAnswersIsAPrefillTimeoutNotIsolation) {
   prefill_->delay_ms = 300;  // has not answered when the decode worker's lease runs out
   decode_[0]->lease_error_first = true;
