@@ -63,34 +63,26 @@ TEST(DeployConfigTest, UnknownKeyNamesItsLine) {
                  "router.htp_port");
 }
 
-TEST(DeployConfigTest, RouterPrefillTimeout) {
-  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.prefill_timeout_ms, 60000);
+// A router integer key added under http_port (line 6): its default, a value in range read back,
+// and one out of range refused at the value's column.
+void ExpectRouterInt(const std::string& key, int RouterConfig::*field, int default_value,
+                     int in_range, int out_of_range) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.*field, default_value) << key;
+  const std::string line = "  " + key + ": ";
   const ParsedDeployConfig set = ParseDeployConfig(
-      Broken("  http_port: 8000", "  http_port: 8000\n  prefill_timeout_ms: 5000"), "t.yaml");
+      Broken("  http_port: 8000", "  http_port: 8000\n" + line + std::to_string(in_range)),
+      "t.yaml");
   ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
-  EXPECT_EQ(set.config.router.prefill_timeout_ms, 5000);
-  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  prefill_timeout_ms: 50"), 6, 23,
-                 "router.prefill_timeout_ms");
+  EXPECT_EQ(set.config.router.*field, in_range) << key;
+  ExpectOneError(
+      Broken("  http_port: 8000", "  http_port: 8000\n" + line + std::to_string(out_of_range)), 6,
+      static_cast<int>(line.size()) + 1, "router." + key);
 }
 
-TEST(DeployConfigTest, RouterQueueTimeout) {
-  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.queue_timeout_ms, 60000);
-  const ParsedDeployConfig off = ParseDeployConfig(
-      Broken("  http_port: 8000", "  http_port: 8000\n  queue_timeout_ms: 0"), "t.yaml");
-  ASSERT_TRUE(off.errors.empty()) << off.errors[0].ToString();
-  EXPECT_EQ(off.config.router.queue_timeout_ms, 0);
-  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  queue_timeout_ms: -1"), 6, 21,
-                 "router.queue_timeout_ms");
-}
-
-TEST(DeployConfigTest, RouterHealthTimeout) {
-  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.router.health_timeout_ms, 2000);
-  const ParsedDeployConfig set = ParseDeployConfig(
-      Broken("  http_port: 8000", "  http_port: 8000\n  health_timeout_ms: 10000"), "t.yaml");
-  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
-  EXPECT_EQ(set.config.router.health_timeout_ms, 10000);
-  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  health_timeout_ms: 99"), 6, 22,
-                 "router.health_timeout_ms");
+TEST(DeployConfigTest, RouterTimeouts) {
+  ExpectRouterInt("prefill_timeout_ms", &RouterConfig::prefill_timeout_ms, 60000, 5000, 50);
+  ExpectRouterInt("queue_timeout_ms", &RouterConfig::queue_timeout_ms, 60000, 0, -1);
+  ExpectRouterInt("health_timeout_ms", &RouterConfig::health_timeout_ms, 2000, 10000, 99);
 }
 
 TEST(DeployConfigTest, BadPortValue) {
