@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,14 +35,20 @@ struct ScoreOptions {
 
 absl::StatusOr<std::vector<int32_t>> ParseTokens(const std::string& text) {
   std::vector<int32_t> tokens;
-  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  if (absl::StripAsciiWhitespace(text).empty()) {
+    return absl::InvalidArgumentError("--tokens: no token ids");
+  }
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
     int32_t id = 0;
+    if (absl::StripAsciiWhitespace(piece).empty()) {  // "1,,2" or a trailing comma: not skipped
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokens: empty token id at position ", tokens.size() + 1));
+    }
     if (!absl::SimpleAtoi(piece, &id)) {
       return absl::InvalidArgumentError(absl::StrCat("--tokens: not an integer: '", piece, "'"));
     }
     tokens.push_back(id);
   }
-  if (tokens.empty()) return absl::InvalidArgumentError("--tokens: no token ids");
   return tokens;
 }
 
