@@ -116,7 +116,7 @@ const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
                   "JSONL prompts (default deploy/check/prompts.jsonl); lines may carry "
                   "\"thresholds\" overrides and an \"expect\" substring");
   cmd->add_option("--samples", o.samples, "Sampled completions per prompt")
-      ->check(CLI::PositiveNumber)
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--api", args->api,
                   "chat, or completions: raw text prompts only (\"prompt\" lines; no chat "

@@ -19,6 +19,12 @@ using CommandInstaller = std::function<void(CLI::App& app, int* exit_code)>;
 
 std::vector<CommandInstaller>& Installers();
 
+// Option checks with plain messages ("--max-tokens: must be > 0, got 0"); CLI11's own
+// PositiveNumber / NonNegativeNumber print the range as doubles ("0.000000 to 1797...").
+// A value that is not a finite number is refused too (NaN passes every comparison check).
+CLI::Validator Positive();
+CLI::Validator NonNegative();
+
 struct CommandRegistrar {
   explicit CommandRegistrar(CommandInstaller installer) {
     Installers().push_back(std::move(installer));

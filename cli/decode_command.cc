@@ -95,14 +95,14 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--drain-timeout-ms", flags->worker.drain_timeout_ms,
                   "On SIGTERM / SIGINT: how long running requests may take to finish")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--max-batch", flags->max_batch, "Requests holding pages at once")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->add_option("--pool-tokens", flags->pool_tokens,
                   "Tokens of state the page pool holds (0: max-batch * context length)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->callback([flags, exit_code] {
     const absl::Status status = RunDecode(*flags);
     if (!status.ok()) {

@@ -140,7 +140,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", o->seed, "Random seed");
   cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate per choice")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->add_option("--n", o->n, "Independent choices")
       ->capture_default_str()
       ->check(CLI::Range(1, 128));

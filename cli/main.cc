@@ -1,6 +1,8 @@
 // The `pdserve` binary: one executable, one subcommand per job (score, generate, serve, prefill,
 // decode, router, up, ...). Subcommands register themselves (command_registry.h).
+#include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "cli/command_registry.h"
 
@@ -8,6 +10,34 @@ namespace pdserve::cli {
 std::vector<CommandInstaller>& Installers() {
   static std::vector<CommandInstaller> installers;
   return installers;
+}
+
+namespace {
+// A check that the value parses as a finite number passing `ok`; else "must be <what>, got X".
+CLI::Validator NumberCheck(bool (*ok)(double), const char* what, const char* help) {
+  return CLI::Validator(
+      [ok, what](std::string& value) -> std::string {
+        double number = 0.0;
+        size_t used = 0;
+        try {
+          number = std::stod(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != value.size() || !std::isfinite(number) || !ok(number)) {
+          return std::string("must be ") + what + ", got " + value;
+        }
+        return "";
+      },
+      help, "");
+}
+}  // namespace
+
+CLI::Validator Positive() {
+  return NumberCheck([](double v) { return v > 0; }, "> 0", "POSITIVE");
+}
+CLI::Validator NonNegative() {
+  return NumberCheck([](double v) { return v >= 0; }, ">= 0", "NONNEGATIVE");
 }
 }  // namespace pdserve::cli
 

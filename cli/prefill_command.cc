@@ -78,12 +78,12 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--drain-timeout-ms", flags->drain_timeout_ms,
                   "On SIGTERM / SIGINT: how long running prefills may take to finish")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   auto max_waiting = std::make_shared<int64_t>(256);
   cmd->add_option("--max-waiting", *max_waiting,
                   "Prefills that may wait for their turn; more get RESOURCE_EXHAUSTED (429)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->callback([flags, max_waiting, exit_code] {
     const absl::Status status = RunPrefill(*flags, *max_waiting);
     if (!status.ok()) {

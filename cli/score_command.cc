@@ -88,7 +88,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--decode-from", options->decode_from,
                   "Prefill the first N tokens at once, then decode one token at a time")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--out", options->out, "Output file (raw little-endian float32)")->required();
   cmd->callback([options, exit_code] {
     const absl::Status status = Score(*options);

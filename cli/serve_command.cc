@@ -165,11 +165,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--port", o->port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--max-batch", o->max_batch, "Sequences running at once")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->add_option("--pool-tokens", o->pool_tokens,
                   "Tokens of decode state the page pool holds (0: max-batch * context length)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--token-budget", o->token_budget, "Tokens per engine step")
       ->capture_default_str();
   cmd->add_flag("--reject-when-full", o->reject_when_full,
@@ -183,13 +183,13 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--canary-every", o->canary_every,
                   "Recompute the last-token logits of 1 in N requests from scratch (0: never)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--backend", o->backend, "Engine: cpu, or cuda (the CUDA engine on --device)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--device", o->device, "CUDA device ordinal for --backend cuda")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--devices", o->devices,
                   "CUDA device ordinals, e.g. 0,1: one expert-parallel group (overrides --device)")
       ->check([](const std::string& list) {

@@ -292,7 +292,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o->config, "Deployment config (YAML, deploy/README.md)")->required();
   cmd->add_option("--ready-timeout", o->ready_timeout_s, "Seconds to wait for /ready")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   cmd->callback([o, exit_code] { *exit_code = Up(*o); });
 });
 
