@@ -84,10 +84,31 @@ WorkerPool::WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next
   for (auto& w : prefill_) checkers_.emplace_back([this, w = w.get()] { Loop(*w); });
 }
 
+class WorkerPool::CallScope {
+ public:
+  CallScope(WorkerPool& pool, grpc::ClientContext* context) : pool_(pool), context_(context) {
+    absl::MutexLock lock(&pool_.mu_);
+    if (pool_.stop_) context_->TryCancel();  // (gRPC cancels a call not started yet at its start)
+    pool_.calls_.insert(context_);
+  }
+  ~CallScope() {
+    absl::MutexLock lock(&pool_.mu_);
+    pool_.calls_.erase(context_);
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  WorkerPool& pool_;
+  grpc::ClientContext* context_;
+};
+
 WorkerPool::~WorkerPool() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    // Checks in flight end now rather than at their deadline (a worker that stopped answering).
+    for (grpc::ClientContext* context : calls_) context->TryCancel();
   }
   for (std::thread& t : checkers_) t.join();
 }
@@ -126,6 +147,10 @@ void WorkerPool::CheckAll() {
 
 void WorkerPool::CheckAndRecord(Worker& worker) {
   const bool passed = Check(worker);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;  // a check cut off by the shutdown says nothing about the worker
+  }
   worker.RecordCheck(passed, options_.down_after);
   if (!passed && !worker.up() && options_.on_still_down) options_.on_still_down(worker);
 }
@@ -133,6 +158,7 @@ void WorkerPool::CheckAndRecord(Worker& worker) {
 bool WorkerPool::Check(Worker& worker) {
   grpc::ClientContext context;
   context.set_deadline(Deadline(options_.health_timeout));
+  const CallScope scope(*this, &context);
   wv1::HealthResponse health;
   const grpc::Status status =
       worker.role() == Role::kDecode
@@ -194,6 +220,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   wv1::ReserveResponse reserved;
   grpc::ClientContext reserve_context;
   reserve_context.set_deadline(deadline);
+  const CallScope reserve_scope(*this, &reserve_context);
   grpc::Status status = decode.decode()->Reserve(&reserve_context, reserve, &reserved);
   auto abort_both = [&] {
     wv1::AbortRequest abort;
@@ -235,6 +262,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   wv1::PrefillResponse prefilled;
   grpc::ClientContext prefill_context;
   prefill_context.set_deadline(deadline);
+  const CallScope prefill_scope(*this, &prefill_context);
   grpc::Status prefill_status;
   absl::Notification prefill_done;
   prefill.prefill()->async()->Prefill(&prefill_context, &prefill_request, &prefilled,
@@ -248,6 +276,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   generate.set_ticket_id(reserved.ticket().ticket_id());
   grpc::ClientContext generate_context;
   generate_context.set_deadline(deadline);
+  const CallScope generate_scope(*this, &generate_context);
   std::unique_ptr<grpc::ClientReader<wv1::GenerateResponse>> reader =
       decode.decode()->Generate(&generate_context, generate);
   wv1::GenerateResponse event;
@@ -279,6 +308,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
 bool WorkerPool::PrefillBusy(Worker& prefill) {
   grpc::ClientContext context;
   context.set_deadline(Deadline(options_.health_timeout));
+  const CallScope scope(*this, &context);
   wv1::StatsResponse stats;
   const grpc::Status status = prefill.prefill()->Stats(&context, wv1::StatsRequest(), &stats);
   if (!status.ok()) return false;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +126,11 @@ class WorkerPool {
   void Loop(Worker& worker);
   // Runs one check of `worker` and records it (then on_still_down when it is down).
   void CheckAndRecord(Worker& worker);
+  // A check's RPC context, registered while its call may be in flight so that the destructor
+  // can cancel it: a worker that stopped answering would otherwise hold the pool's (the
+  // router's) shutdown for up to health_timeout / canary_timeout. Cancelled at once when the
+  // pool is already stopping.
+  class CallScope;
 
   const WorkerPoolOptions options_;
   const std::function<uint64_t()> next_request_id_;
@@ -132,6 +138,7 @@ class WorkerPool {
   std::vector<std::unique_ptr<Worker>> decode_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // CallScope
   std::vector<std::thread> checkers_;
 };
 

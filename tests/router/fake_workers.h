@@ -72,6 +72,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::string degeneration_kind = "repeat";
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
   int64_t max_batch = 0;  // HealthResponse.max_batch (0: not stated)
+  // Health answers only once its call is cancelled (or after 60 s), as a SIGSTOPped worker
+  // whose connection stays open; health_calls counts the calls that arrived.
+  bool health_hangs = false;
+  std::atomic<int> health_calls{0};
   // >= 0: at most this many requests hold a reservation (from Reserve until their Generate
   // ends or they are aborted); Reserve beyond answers RESOURCE_EXHAUSTED, as a full worker.
   int slots = -1;
@@ -192,8 +196,14 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
                      worker::v1::StatsResponse*) override {
     return grpc::Status::OK;
   }
-  grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
+  grpc::Status Health(grpc::ServerContext* context, const worker::v1::HealthRequest*,
                       worker::v1::HealthResponse* response) override {
+    health_calls.fetch_add(1);
+    if (health_hangs) {
+      const absl::Time until = absl::Now() + absl::Seconds(60);
+      while (!context->IsCancelled() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+      return grpc::Status::CANCELLED;
+    }
     response->set_state(state);
     response->set_role("decode");
     response->set_max_batch(max_batch);

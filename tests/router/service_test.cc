@@ -632,6 +632,31 @@ TEST(WorkerPoolTest, WorkerBackAfterAnOutageIsSeenUpWithinASecondOrTwo) {
   EXPECT_LT(absl::Now() - restarted, absl::Milliseconds(2500));
 }
 
+// Stopping the pool does not wait out a check's deadline: a worker that stopped answering
+// (SIGSTOPped, its connection open) held the router's shutdown on SIGTERM for the whole
+// router.health_timeout_ms (up to 10 minutes) before the checks in flight were cancelled.
+TEST(WorkerPoolTest, StoppingCancelsAHangingCheckInsteadOfWaitingOutItsDeadline) {
+  FakeDecode decode;
+  decode.health_hangs = true;
+  FakeServer server(&decode);
+  WorkerPoolOptions options;
+  config::WorkerConfig worker;
+  worker.name = "d0";
+  worker.host = "127.0.0.1";
+  worker.port = server.port();
+  options.decode.push_back(worker);
+  options.health_timeout = absl::Seconds(60);
+  auto pool = std::make_unique<WorkerPool>(options, [] { return uint64_t{1}; });
+  const absl::Time started = absl::Now();
+  while (decode.health_calls.load() == 0 && absl::Now() - started < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GT(decode.health_calls.load(), 0);
+  const absl::Time stopping = absl::Now();
+  pool.reset();
+  EXPECT_LT(absl::Now() - stopping, absl::Seconds(3));
+}
+
 TEST_F(RouterServiceTest, ContextOverflowIs400) {
   auto service = MakeService();
   frontend::ApiRequest req = Completion({1, 2, 3}, 1 << 30);
