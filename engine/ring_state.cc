@@ -77,7 +77,9 @@ void CompressorToImage(const RingCompressorGeometry& g, const CompressorState& s
     std::copy_n(s.overlap_kv.ptr() + r * g.dim, g.dim, image->ring_kv.data() + to);
     std::copy_n(s.overlap_gate.ptr() + r * g.dim, g.dim, image->ring_gate.data() + to);
   }
-  std::copy(s.entries.data.begin(), s.entries.data.end(), image->entries.begin());
+  if (!image->entries.empty()) {
+    std::copy(s.entries.data.begin(), s.entries.data.end(), image->entries.begin());
+  }
 }
 
 // A device value on the host: fp32 as it is, bf16 (its bit pattern) widened exactly.
@@ -174,12 +176,14 @@ absl::Status CheckLayersAndPosition(const RingGeometry& geometry, size_t layers,
   return absl::OkStatus();
 }
 
-RingCompressorImage NewCompressorImage(const RingCompressorGeometry& g, float fill) {
+// `entries` false: the entry block is left empty (LayerRingImage without entries).
+RingCompressorImage NewCompressorImage(const RingCompressorGeometry& g, float fill,
+                                       bool entries = true) {
   RingCompressorImage image;
   if (!g.present()) return image;
   image.ring_kv.assign(Size(2 * g.rate, g.width()), fill);
   image.ring_gate.assign(Size(2 * g.rate, g.width()), fill);
-  image.entries.assign(Size(g.entry_capacity, g.dim), fill);
+  if (entries) image.entries.assign(Size(g.entry_capacity, g.dim), fill);
   return image;
 }
 
@@ -209,15 +213,19 @@ RingGeometry RingGeometryFor(const ModelConfig& config, int64_t max_context, int
   return g;
 }
 
+namespace {
+RingLayerImage NewLayerImage(const RingLayerGeometry& g, float fill, bool entries = true) {
+  RingLayerImage layer;
+  layer.window.assign(Size(g.window, g.head_dim), fill);
+  layer.compressor = NewCompressorImage(g.compressor, fill, entries);
+  layer.indexer = NewCompressorImage(g.indexer, fill, entries);
+  return layer;
+}
+}  // namespace
+
 RingImage NewRingImage(const RingGeometry& geometry, float fill) {
   RingImage image;
-  for (const RingLayerGeometry& g : geometry.layers) {
-    RingLayerImage layer;
-    layer.window.assign(Size(g.window, g.head_dim), fill);
-    layer.compressor = NewCompressorImage(g.compressor, fill);
-    layer.indexer = NewCompressorImage(g.indexer, fill);
-    image.layers.push_back(std::move(layer));
-  }
+  for (const RingLayerGeometry& g : geometry.layers) image.layers.push_back(NewLayerImage(g, fill));
   return image;
 }
 
@@ -240,23 +248,28 @@ absl::Status ValidateRingState(const RingGeometry& geometry, const ModelState& s
 absl::StatusOr<RingImage> RingImageFromState(const RingGeometry& geometry, const ModelState& state,
                                              float unread) {
   PDSERVE_RETURN_IF_ERROR(ValidateRingState(geometry, state));
-  RingImage image = NewRingImage(geometry, unread);
-  const int64_t p = state.position;
-  image.position = p;
+  RingImage image;
+  image.position = state.position;
   for (size_t l = 0; l < geometry.layers.size(); ++l) {
-    const RingLayerGeometry& g = geometry.layers[l];
-    const LayerState& s = state.layers[l];
-    RingLayerImage& out = image.layers[l];
-    const int64_t rows = WindowRows(g, p);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t q = p - rows + r;
-      std::copy_n(s.window_kv.ptr() + r * g.head_dim, g.head_dim,
-                  out.window.data() + q % g.window * g.head_dim);
-    }
-    CompressorToImage(g.compressor, s.compressor, p, &out.compressor);
-    CompressorToImage(g.indexer, s.indexer, p, &out.indexer);
+    image.layers.push_back(
+        LayerRingImage(geometry.layers[l], state.layers[l], state.position, unread));
   }
   return image;
+}
+
+RingLayerImage LayerRingImage(const RingLayerGeometry& g, const LayerState& s, int64_t position,
+                              float unread, bool entries) {
+  RingLayerImage out = NewLayerImage(g, unread, entries);
+  const int64_t p = position;
+  const int64_t rows = WindowRows(g, p);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t q = p - rows + r;
+    std::copy_n(s.window_kv.ptr() + r * g.head_dim, g.head_dim,
+                out.window.data() + q % g.window * g.head_dim);
+  }
+  CompressorToImage(g.compressor, s.compressor, p, &out.compressor);
+  CompressorToImage(g.indexer, s.indexer, p, &out.indexer);
+  return out;
 }
 
 absl::StatusOr<ModelState> StateFromRingImage(const RingGeometry& geometry,

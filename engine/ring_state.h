@@ -103,6 +103,14 @@ absl::Status ValidateRingState(const RingGeometry& geometry, const ModelState& s
 absl::StatusOr<RingImage> RingImageFromState(const RingGeometry& geometry, const ModelState& state,
                                              float unread = 0.0f);
 
+// One layer of RingImageFromState(geometry, state, unread): layer `s` of a state at `position`
+// that ValidateRingState accepted for the geometry `g` belongs to (not checked again here), so a
+// caller can convert layer by layer (GpuModel::ImportState with a staging). With `entries` false
+// both compressors' entry blocks stay empty: entry row w is the state's entries row w (w < p / m)
+// and `unread` past them, which such a caller writes itself without a full-capacity copy.
+RingLayerImage LayerRingImage(const RingLayerGeometry& g, const LayerState& s, int64_t position,
+                              float unread, bool entries = true);
+
 // The CPU-layout state of `image` at image.position. InvalidArgument when the image's vector
 // sizes or position do not fit `geometry`.
 absl::StatusOr<ModelState> StateFromRingImage(const RingGeometry& geometry, const RingImage& image);

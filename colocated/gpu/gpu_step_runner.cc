@@ -140,7 +140,15 @@ absl::Status GpuStepRunner::Place(Sequence& seq) {
   const PagedState paged(gpu.config(), layout_, total);
   engine::ModelState state = gpu.NewState();
   PDSERVE_RETURN_IF_ERROR(paged.Load(seq.computed, pages, &state));
-  return gpu.ImportState(seq.slot, state);
+  // Through pinned buffers, each layer's copy overlapping the next layer's conversion.
+  if (import_staging_.empty()) import_staging_.resize(static_cast<size_t>(group_->world()));
+  std::unique_ptr<engine::gpu::StateStaging>& staging =
+      import_staging_[static_cast<size_t>(seq.rank)];
+  if (staging == nullptr) {
+    const auto layers = static_cast<int64_t>(gpu.config().num_hidden_layers);
+    PDSERVE_ASSIGN_OR_RETURN(staging, gpu.NewStateStaging(std::min<int64_t>(2, layers)));
+  }
+  return gpu.ImportState(seq.slot, state, staging.get());
 }
 
 absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan& plan) {

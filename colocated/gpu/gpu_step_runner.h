@@ -38,7 +38,8 @@
 //
 // PD decode worker: a SequenceSetup with first_token has the prompt's state in the sequence's
 // pages (colocated::PagedState layout); at its first step the runner loads them and imports them
-// into its slot (GpuModel::ImportState), then decodes from position prompt.size().
+// into its slot (GpuModel::ImportState through two pinned layer buffers per rank, each layer's
+// copy overlapping the next one's conversion), then decodes from position prompt.size().
 //
 // Guards: the canary is refused (Add returns FailedPrecondition; `pdserve serve --backend cuda`
 // refuses --canary-every at startup), and so is paranoid mode (Create returns
@@ -64,6 +65,7 @@
 #include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
+#include "engine/gpu/state_staging.h"
 #include "serving/page_pool.h"
 #include "serving/scheduler.h"
 #include "serving/state_layout.h"
@@ -129,6 +131,9 @@ class GpuStepRunner : public SequenceRunner {
   absl::flat_hash_map<serving::RequestId, std::shared_ptr<Sequence>> sequences_
       ABSL_GUARDED_BY(mutex_);
   std::vector<std::vector<int64_t>> free_slots_ ABSL_GUARDED_BY(mutex_);  // per rank
+  // Per rank, made at the first PD placement: the pinned buffers a transferred prompt state is
+  // imported through (two layers). Used by Run only (one step at a time).
+  std::vector<std::unique_ptr<engine::gpu::StateStaging>> import_staging_;
 };
 
 }  // namespace pdserve::colocated

@@ -155,6 +155,16 @@ class GpuModel {
   // exceeds max_context; Internal for a CUDA error (the slot's contents are then undefined until
   // ResetSlot or a successful import). Synchronizes the stream.
   absl::Status ImportState(int64_t slot, const ModelState& state);
+  // The same import through `staging`'s pinned layer buffers (a staging of this model holding no
+  // exported layer): layer L is converted into buffer L % buffers and its host-to-device copies
+  // are enqueued while the host converts the layers after it, so the copies overlap the
+  // conversion and run at pinned speed; of the entry blocks only the p / m rows written are
+  // converted and copied, the rest is set on the device to the fresh pool's NaN (all bits set).
+  // Same result bit for bit on every row a forward reads (the unread rows are NaN either way, with
+  // another NaN payload in the entry blocks), same errors; FailedPrecondition
+  // when a buffer still holds an exported layer. Synchronizes the stream; on return every
+  // buffer is free again.
+  absl::Status ImportState(int64_t slot, const ModelState& state, StateStaging* staging);
 
   // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
   // returns their logits, fp32 [tokens.size(), vocab_size] on the host. group_rows > tokens.size()

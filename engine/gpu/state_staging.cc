@@ -3,6 +3,8 @@
 #include "engine/gpu/state_staging.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/gpu/gpu_model_impl.h"
+#include "engine/ring_state.h"
 
 namespace pdserve::engine::gpu {
 namespace {
@@ -67,6 +70,18 @@ const T* SlotBlock(const DeviceArray<T>& pool, int64_t slots, int64_t slot, size
         absl::StrCat("GpuModel: a device block of ", n, " values where the layout has ", want));
   }
   return pool.get() + static_cast<size_t>(slot) * n;
+}
+
+template <typename T>
+T* MutableSlotBlock(DeviceArray<T>* pool, int64_t slots, int64_t slot, size_t want,
+                    absl::Status* status) {
+  return const_cast<T*>(SlotBlock(*pool, slots, slot, want, status));
+}
+
+// Rounds values[0, n) to bf16 (round to nearest even, as ImportState) into `out`.
+void ToBf16(const float* values, size_t n, unsigned char* out) {
+  bf16* to = reinterpret_cast<bf16*>(out);
+  for (size_t i = 0; i < n; ++i) to[i] = __float2bfloat16_rn(values[i]);
 }
 
 }  // namespace
@@ -229,6 +244,102 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
   buffer.layer = layer;
   buffer.position = position;
   s.copied_bytes += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateStaging* staging) {
+  Impl& m = *impl_;
+  const int64_t slots = m.options.slots;
+  if (slot < 0 || slot >= slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", slots, ")"));
+  }
+  if (staging == nullptr || staging->impl_->owner != this) {
+    return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
+  }
+  StateStaging::Impl& s = *staging->impl_;
+  for (const StateStaging::Impl::Buffer& b : s.buffers) {
+    if (b.layer >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "StateStaging: a buffer still holds exported layer ", b.layer, " (take or discard it)"));
+    }
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  PDSERVE_RETURN_IF_ERROR(ValidateRingState(m.geometry, state));
+  // Every device block's size is checked before the first copy, so a mismatch leaves the slot
+  // untouched.
+  absl::Status layout;
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const RingLayerGeometry& g = m.geometry.layers[l];
+    Layer& device = m.layers[l];
+    SlotBlock(device.window_ring, slots, slot, static_cast<size_t>(g.window * g.head_dim), &layout);
+    for (auto [cg, cw] : {std::pair{&g.compressor, &device.compressor},
+                          std::pair{&g.indexer, &device.indexer_compressor}}) {
+      if (!cg->present()) continue;
+      const auto ring = static_cast<size_t>(2 * cg->rate * cg->width());
+      SlotBlock(cw->ring_kv, slots, slot, ring, &layout);
+      SlotBlock(cw->ring_gate, slots, slot, ring, &layout);
+      SlotBlock(cw->entries, slots, slot, static_cast<size_t>(cg->entry_capacity * cg->dim),
+                &layout);
+    }
+  }
+  PDSERVE_RETURN_IF_ERROR(layout);
+  const float unread = std::numeric_limits<float>::quiet_NaN();
+  absl::Status status;
+  for (size_t l = 0; l < m.layers.size() && status.ok(); ++l) {
+    const auto layer = static_cast<int64_t>(l);
+    StateStaging::Impl::Buffer& buffer = s.For(layer);
+    // The buffer's previous layer (layer - buffers) must have reached the device.
+    status = CudaStatus(cudaEventSynchronize(buffer.event), "ImportState");
+    if (!status.ok()) break;
+    const RingLayerGeometry& g = m.geometry.layers[l];
+    // Window and compressor rings through the layer's image; the entry blocks straight from the
+    // state (only its p / m rows are converted and copied, the rest of the block is set to NaN
+    // on the device).
+    const LayerState& from = state.layers[l];
+    const RingLayerImage image = LayerRingImage(g, from, state.position, unread, /*entries=*/false);
+    const LayerOffsets o = OffsetsOf(g);
+    unsigned char* base = s.Base(layer);
+    Layer& device = m.layers[l];
+    auto copy = [&](void* to, size_t offset, size_t bytes) {
+      if (bytes == 0 || !status.ok()) return;
+      status =
+          CudaStatus(cudaMemcpyAsync(to, base + offset, bytes, cudaMemcpyHostToDevice, m.stream),
+                     "ImportState");
+      s.copied_bytes += bytes;
+    };
+    ToBf16(image.window.data(), image.window.size(), base + o.window);
+    copy(MutableSlotBlock(&device.window_ring, slots, slot, image.window.size(), &layout), o.window,
+         image.window.size() * sizeof(bf16));
+    for (auto [cg, cw, co, ci, cs] : {std::tuple{&g.compressor, &device.compressor, &o.compressor,
+                                                 &image.compressor, &from.compressor},
+                                      std::tuple{&g.indexer, &device.indexer_compressor, &o.indexer,
+                                                 &image.indexer, &from.indexer}}) {
+      if (!cg->present()) continue;
+      std::memcpy(base + co->ring_kv, ci->ring_kv.data(), ci->ring_kv.size() * sizeof(float));
+      std::memcpy(base + co->ring_gate, ci->ring_gate.data(), ci->ring_gate.size() * sizeof(float));
+      const size_t written = cs->entries.data.size();  // [p / m, dim], checked by validation
+      ToBf16(cs->entries.data.data(), written, base + co->entries);
+      copy(MutableSlotBlock(&cw->ring_kv, slots, slot, ci->ring_kv.size(), &layout), co->ring_kv,
+           ci->ring_kv.size() * sizeof(float));
+      copy(MutableSlotBlock(&cw->ring_gate, slots, slot, ci->ring_gate.size(), &layout),
+           co->ring_gate, ci->ring_gate.size() * sizeof(float));
+      const size_t capacity = static_cast<size_t>(cg->entry_capacity * cg->dim);
+      bf16* entries = MutableSlotBlock(&cw->entries, slots, slot, capacity, &layout);
+      copy(entries, co->entries, written * sizeof(bf16));
+      if (status.ok() && written < capacity) {  // the fresh pool's NaN (all bits set)
+        status = CudaStatus(
+            cudaMemsetAsync(entries + written, 0xFF, (capacity - written) * sizeof(bf16), m.stream),
+            "ImportState");
+      }
+    }
+    if (status.ok()) status = CudaStatus(cudaEventRecord(buffer.event, m.stream), "ImportState");
+  }
+  // Every copy has landed (or failed) before the buffers are reused or freed.
+  const absl::Status synced = CudaStatus(cudaStreamSynchronize(m.stream), "ImportState");
+  PDSERVE_RETURN_IF_ERROR(status);
+  PDSERVE_RETURN_IF_ERROR(synced);
+  m.slot_positions[static_cast<size_t>(slot)] = state.position;
   return absl::OkStatus();
 }
 

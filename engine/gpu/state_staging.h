@@ -12,6 +12,9 @@
 // buffer for layer L + buffers. Only the rows a CPU state holds are converted; of the entries only
 // rows 0 .. position / m - 1 are copied.
 //
+// The same buffers carry states the other way: GpuModel::ImportState(slot, state, staging)
+// converts layer by layer into them and copies each to the device while converting the next.
+//
 // Thread-safety: not thread-safe; one caller at a time, as the GpuModel that made it. The staging
 // must not outlive that GpuModel. Its destructor waits for copies still in flight.
 #pragma once
@@ -37,7 +40,8 @@ class StateStaging {
   int64_t buffers() const;
   // Pinned bytes held (buffers() x the largest layer's blocks at max_context).
   size_t pinned_bytes() const;
-  // Device-to-host bytes enqueued since creation (every ExportLayerAsync into this staging).
+  // Bytes enqueued since creation: device to host by ExportLayerAsync, host to device by
+  // ImportState through this staging.
   size_t copied_bytes() const;
   // Whether layer `layer`'s copy was enqueued and not yet taken.
   bool Holds(int64_t layer) const;

@@ -110,6 +110,33 @@ TEST_F(RingStateTest, CpuStateRoundTripsAtEveryPosition) {
   });
 }
 
+// LayerRingImage is RingImageFromState's layer, value for value (the fill 7 marks unread
+// rows); without entries its entry blocks are empty and every other block is the same.
+TEST_F(RingStateTest, LayerImageIsTheImagesLayer) {
+  AtEveryPosition([&](const ModelState& state) {
+    auto image = RingImageFromState(geometry_, state, 7.0f);
+    ASSERT_TRUE(image.ok()) << image.status();
+    for (size_t l = 0; l < geometry_.layers.size(); ++l) {
+      const RingLayerImage& want = image->layers[l];
+      for (bool entries : {true, false}) {
+        const RingLayerImage got =
+            LayerRingImage(geometry_.layers[l], state.layers[l], state.position, 7.0f, entries);
+        EXPECT_EQ(got.window, want.window) << state.position << " layer " << l;
+        for (auto [c, d] : {std::pair{&got.compressor, &want.compressor},
+                            std::pair{&got.indexer, &want.indexer}}) {
+          EXPECT_EQ(c->ring_kv, d->ring_kv) << state.position << " layer " << l;
+          EXPECT_EQ(c->ring_gate, d->ring_gate) << state.position << " layer " << l;
+          if (entries) {
+            EXPECT_EQ(c->entries, d->entries) << state.position << " layer " << l;
+          } else {
+            EXPECT_TRUE(c->entries.empty()) << state.position << " layer " << l;
+          }
+        }
+      }
+    }
+  });
+}
+
 // The image of position 0 is the CPU engine's NewState (what GpuModel::NewState returns).
 TEST_F(RingStateTest, EmptyImageIsTheCpuNewState) {
   auto empty = StateFromRingImage(geometry_, NewRingImage(geometry_));

@@ -1,12 +1,14 @@
 // GpuModel::ExportLayerAsync + StateStaging (engine/gpu/state_staging.h): a slot exported layer by
 // layer through pinned buffers equals GpuModel::ExportState bit for bit, whatever the number of
 // buffers, at positions before and past the window and across compressor windows; the copies see
-// the slot as it was when they were enqueued; and the refusals. Same models as gpu_model_test.cc;
+// the slot as it was when they were enqueued; and the refusals. ImportState through a staging
+// equals the plain ImportState. Same models as gpu_model_test.cc;
 // skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -171,6 +173,88 @@ TEST_P(GpuStateStagingTest, RefusalsAndDiscard) {
   auto want = gpu->ExportState(0);
   ASSERT_TRUE(want.ok());
   EXPECT_EQ(FirstDifference(*layer, want->layers[static_cast<size_t>(last)]), "");
+}
+
+// ImportState through a staging (1, 2 and all-layer buffers, one staging reused for every
+// import) makes the slot what the plain ImportState makes it: the same exported state bit for
+// bit and the same next-token logits bit for bit (a row left stale instead of NaN, or a block
+// of the wrong layer, would show there), at positions before and past the window.
+TEST_P(GpuStateStagingTest, StagedImportEqualsImportStateBitForBit) {
+  auto gpu = MakeGpu(model_, 3, 64);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t layers = model_.config.num_hidden_layers;
+  const int64_t w = model_.config.sliding_window;
+  std::vector<int64_t> positions = {0, 1, w - 1, w + 1, 129, 300};
+  std::erase_if(positions, [&](int64_t p) { return p < 0 || p >= gpu->max_context(); });
+  std::vector<std::unique_ptr<StateStaging>> stagings;
+  for (int64_t buffers : {int64_t{1}, std::min<int64_t>(2, layers), layers}) {
+    auto staging = gpu->NewStateStaging(buffers);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    stagings.push_back(std::move(*staging));
+  }
+  const int32_t next = model_.prompts.front()[0];
+  for (int64_t p : positions) {
+    Prefill(*gpu, 0, p);
+    auto state = gpu->ExportState(0);
+    ASSERT_TRUE(state.ok()) << state.status();
+    Prefill(*gpu, 1, 7);  // other contents first: the import must replace every block
+    ASSERT_TRUE(gpu->ImportState(1, *state).ok());
+    auto want_state = gpu->ExportState(1);
+    ASSERT_TRUE(want_state.ok());
+    auto want = gpu->Forward(1, {next});
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (auto& staging : stagings) {
+      Prefill(*gpu, 2, 11);
+      const size_t copied_before = staging->copied_bytes();
+      ASSERT_TRUE(gpu->ImportState(2, *state, staging.get()).ok());
+      EXPECT_EQ(gpu->Position(2), p);
+      EXPECT_GE(staging->copied_bytes() - copied_before,
+                static_cast<size_t>(layers * w * model_.config.head_dim * 2));
+      auto got_state = gpu->ExportState(2);
+      ASSERT_TRUE(got_state.ok());
+      EXPECT_TRUE(SameState(*got_state, *want_state))
+          << "position " << p << ", " << staging->buffers() << " buffers";
+      auto got = gpu->Forward(2, {next});
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->data.size(), want->data.size());
+      EXPECT_EQ(std::memcmp(got->ptr(), want->ptr(), want->data.size() * sizeof(float)), 0)
+          << "position " << p << ", " << staging->buffers() << " buffers";
+    }
+  }
+}
+
+// A staged import refuses a foreign staging, a staging still holding an exported layer and a
+// state of the wrong shape, each leaving the slot as it was.
+TEST_P(GpuStateStagingTest, StagedImportRefusals) {
+  auto gpu = MakeGpu(model_, 2, 64);
+  auto other = MakeGpu(model_, 1, 64);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(other, nullptr);
+  auto staging = gpu->NewStateStaging(1);
+  auto foreign = other->NewStateStaging(1);
+  ASSERT_TRUE(staging.ok() && foreign.ok());
+  Prefill(*gpu, 0, 9);
+  auto state = gpu->ExportState(0);
+  ASSERT_TRUE(state.ok());
+  Prefill(*gpu, 1, 5);
+  auto before = gpu->ExportState(1);
+  ASSERT_TRUE(before.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(gpu->ImportState(1, *state, foreign->get())));
+  EXPECT_TRUE(absl::IsInvalidArgument(gpu->ImportState(1, *state, nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(gpu->ImportState(2, *state, staging->get())));
+  engine::ModelState wrong = *state;
+  wrong.layers.pop_back();
+  EXPECT_TRUE(absl::IsInvalidArgument(gpu->ImportState(1, wrong, staging->get())));
+  ASSERT_TRUE(gpu->ExportLayerAsync(0, 0, staging->get()).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(gpu->ImportState(1, *state, staging->get())));
+  auto after = gpu->ExportState(1);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(gpu->Position(1), 5);
+  EXPECT_TRUE(SameState(*before, *after));
+  // Once the exported layer is taken the staging imports again.
+  ASSERT_TRUE((*staging)->TakeLayer(0).ok());
+  ASSERT_TRUE(gpu->ImportState(1, *state, staging->get()).ok());
+  EXPECT_EQ(gpu->Position(1), 9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuStateStagingTest, ::testing::ValuesIn(ModelNames()),
