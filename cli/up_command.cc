@@ -12,9 +12,12 @@
 // half-serving (gRPC would otherwise share a port with SO_REUSEPORT).
 // Each child gets PR_SET_PDEATHSIG, so it is stopped (SIGTERM) even when `up` itself is killed.
 // Ctrl-C (SIGINT) or SIGTERM stops every child (SIGTERM, then SIGKILL after 15 s) and exits 0.
-// The workers are started with --drain-timeout-ms 2000 (kUpDrainTimeoutMs), so Ctrl-C stays fast:
-// a worker lets running requests finish for at most 2 s, then ends the rest with a final "error"
-// event (a production unit keeps the 30 s default).
+// The workers are started with --drain-timeout-ms 2000 (`up --drain-timeout-ms` changes it), so
+// Ctrl-C stays fast: a worker lets running requests finish for at most 2 s, then ends the rest
+// with a final "error" event (a production unit keeps the 30 s default); the router gets the same
+// drain. A child still running 15 s past the drain is killed (SIGKILL).
+// The children are started from the binary's own path (readlink of /proc/self/exe), so they show
+// as `pdserve` in ps / pgrep.
 // If a child exits on its own, `up` names it and its exit status, stops the others and exits 1:
 // a deployment with a missing part is not served half-way (systemd units restart parts
 // individually; `up` is for one machine and development).
@@ -43,13 +46,21 @@
 namespace pdserve::cli {
 namespace {
 
-// The workers' --drain-timeout-ms under `up` (see the file comment).
-constexpr const char* kUpDrainTimeoutMs = "2000";
-
 struct UpOptions {
   std::string config;
   int ready_timeout_s = 600;
+  int drain_timeout_ms = 2000;  // the children's --drain-timeout-ms (see the file comment)
 };
+
+// This binary's path, so that children are named after it; /proc/self/exe when it cannot be
+// read (or the file was replaced since: the link then ends in " (deleted)").
+std::string SelfPath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "/proc/self/exe";
+  const std::string self(path, static_cast<size_t>(n));
+  return access(self.c_str(), X_OK) == 0 ? self : "/proc/self/exe";
+}
 
 struct Child {
   std::string name;
@@ -60,6 +71,7 @@ struct Child {
 
 // Starts `pdserve args...` with the default signal mask. Errors: Internal when fork fails.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
+  static const std::string self = SelfPath();
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -72,7 +84,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv("/proc/self/exe", argv.data());
+    execv(self.c_str(), argv.data());
     std::fprintf(stderr, "pdserve up: exec failed: %s\n", std::strerror(errno));
     _exit(127);
   }
@@ -172,11 +184,12 @@ std::string Describe(int status) {
   return "stopped";
 }
 
-void StopAll(std::vector<Child>& children) {
+void StopAll(std::vector<Child>& children, int drain_timeout_ms) {
   for (Child& c : children) {
     if (!c.exited) kill(c.pid, SIGTERM);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(drain_timeout_ms) + std::chrono::seconds(15);
   while (std::chrono::steady_clock::now() < deadline) {
     Reap(children);
     bool all = true;
@@ -232,18 +245,20 @@ int Up(const UpOptions& options) {
     children.push_back({name, *pid});
     return true;
   };
+  const std::string drain = std::to_string(options.drain_timeout_ms);
   bool ok = true;
   for (const config::WorkerConfig& w : config->prefill) {
     ok = ok && start(w.name, {"pdserve", "prefill", "--config", options.config, "--name", w.name,
-                              "--drain-timeout-ms", kUpDrainTimeoutMs});
+                              "--drain-timeout-ms", drain});
   }
   for (const config::WorkerConfig& w : config->decode) {
     ok = ok && start(w.name, {"pdserve", "decode", "--config", options.config, "--name", w.name,
-                              "--drain-timeout-ms", kUpDrainTimeoutMs});
+                              "--drain-timeout-ms", drain});
   }
-  ok = ok && start("router", {"pdserve", "router", "--config", options.config});
+  ok = ok && start("router",
+                   {"pdserve", "router", "--config", options.config, "--drain-timeout-ms", drain});
   if (!ok) {
-    StopAll(children);
+    StopAll(children, options.drain_timeout_ms);
     return 1;
   }
   const std::string& host = config->router.host;
@@ -256,7 +271,7 @@ int Up(const UpOptions& options) {
     const int signal = sigtimedwait(&signals, nullptr, &wait);
     if (signal == SIGINT || signal == SIGTERM) {
       std::fprintf(stderr, "pdserve up: signal %d, stopping everything\n", signal);
-      StopAll(children);
+      StopAll(children, options.drain_timeout_ms);
       return 0;
     }
     if (Reap(children)) {
@@ -266,7 +281,7 @@ int Up(const UpOptions& options) {
                        c.pid, Describe(c.status).c_str());
         }
       }
-      StopAll(children);
+      StopAll(children, options.drain_timeout_ms);
       return 1;
     }
     if (!ready) {
@@ -278,7 +293,7 @@ int Up(const UpOptions& options) {
       } else if (std::chrono::steady_clock::now() > ready_deadline) {
         std::fprintf(stderr, "pdserve up: not ready after %d s; stopping everything\n",
                      options.ready_timeout_s);
-        StopAll(children);
+        StopAll(children, options.drain_timeout_ms);
         return 1;
       }
     }
@@ -293,6 +308,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--ready-timeout", o->ready_timeout_s, "Seconds to wait for /ready")
       ->capture_default_str()
       ->check(Positive());
+  cmd->add_option("--drain-timeout-ms", o->drain_timeout_ms,
+                  "On Ctrl-C / SIGTERM: how long the workers and the router let running requests "
+                  "finish before they end them with an error event")
+      ->capture_default_str()
+      ->check(NonNegative());
   cmd->callback([o, exit_code] { *exit_code = Up(*o); });
 });
 

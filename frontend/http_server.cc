@@ -8,6 +8,7 @@
 #include <boost/beast.hpp>
 #include <cerrno>
 #include <chrono>
+#include <ctime>
 #include <deque>
 #include <set>
 #include <thread>
@@ -50,6 +51,9 @@ bool IsHttpParseError(const beast::error_code& ec) {
 struct HttpServer::Impl {
   HttpServerOptions options;
   GenerationService* service = nullptr;
+  // /v1/models "created": when this server started (Unix seconds), the time its models were
+  // made available.
+  int64_t started = static_cast<int64_t>(std::time(nullptr));
   net::io_context ioc;
   // The acceptor and its retry timer are used only on this strand: accept completions, the
   // retry and the close of Drain()/Stop() run on different io threads otherwise (a concurrent
@@ -479,7 +483,10 @@ void Session::Route() {
     if (!get) return SendMethodNotAllowed(false);
     nlohmann::json data = nlohmann::json::array();
     for (const auto& name : service->ListedModelNames()) {
-      data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}});
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", server_->started},
+                      {"owned_by", "pdserve"}});
     }
     return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
   }

@@ -6,6 +6,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <chrono>
+#include <ctime>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +133,10 @@ TEST_F(HttpServerTest, HealthReadyModelsMetrics) {
   EXPECT_EQ(Request(http::verb::get, "/ready").result_int(), 200);
   auto models = json::parse(Request(http::verb::get, "/v1/models").body());
   EXPECT_EQ(models["data"][0]["id"], "tiny");
+  // "created": when the server started (Unix seconds), not 0.
+  const int64_t created = models["data"][0]["created"].get<int64_t>();
+  EXPECT_LE(created, static_cast<int64_t>(std::time(nullptr)));
+  EXPECT_GT(created, static_cast<int64_t>(std::time(nullptr)) - 600);
   EXPECT_EQ(Request(http::verb::get, "/metrics").body(), "pdserve_up 1\n");
   EXPECT_EQ(Request(http::verb::get, "/nope").result_int(), 404);
   EXPECT_EQ(Request(http::verb::get, "/v1/completions").result_int(), 405);
