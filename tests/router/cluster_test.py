@@ -436,6 +436,14 @@ transfer: {{transport: ucx, lease_ms: 30000}}
                       {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],
                        "max_tokens": 8, "stream": True})
     check(code == 200 and sse(text, chat=True)["done"], "a chat stream through `pdserve up`")
+    # The children run the binary under its own name (ps / pgrep show `pdserve`, not `exe`).
+    log.flush()
+    log.seek(0)
+    started = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", log.read())]
+    names = sorted(open(f"/proc/{pid}/comm").read().strip() for pid in started
+                   if os.path.exists(f"/proc/{pid}/comm"))
+    check(names == ["pdserve"] * 3, f"`pdserve up`'s children are named pdserve: {names}")
+    log.seek(0, os.SEEK_END)
     up.send_signal(signal.SIGINT)
     try:
         code = up.wait(timeout=30)
