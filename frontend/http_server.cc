@@ -137,19 +137,18 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
-  // Reserves the body's bytes in the server-wide budget; false (nothing reserved) when it is
-  // spent.
-  bool ReserveBody() {
-    const auto length = parser_->content_length();
-    size_t need =
-        length ? static_cast<size_t>(std::min<uint64_t>(*length, server_->options.max_body_bytes))
-               : (parser_->chunked() ? server_->options.max_body_bytes : 0);
-    if (need == 0) return true;
-    if (server_->body_bytes.fetch_add(need) + need > server_->options.max_buffered_body_bytes) {
-      server_->body_bytes.fetch_sub(need);
+  // Counts the body bytes received so far in the server-wide budget (they are counted as they
+  // arrive, not as declared: connections that announce large bodies and send nothing hold
+  // nothing); false, with what was counted before kept, when the new bytes do not fit.
+  bool ReserveArrived() {
+    const size_t have = parser_->get().body().size();
+    if (have <= reserved_body_) return true;
+    const size_t more = have - reserved_body_;
+    if (server_->body_bytes.fetch_add(more) + more > server_->options.max_buffered_body_bytes) {
+      server_->body_bytes.fetch_sub(more);
       return false;
     }
-    reserved_body_ = need;
+    reserved_body_ = have;
     return true;
   }
   void ReleaseBody() {
@@ -161,16 +160,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Answers "Expect: 100-continue" (curl sends it for large bodies) before reading the body.
   void OnHeader(beast::error_code ec) {
     if (ec) return OnRead(ec);
-    StopReadTimer();  // ReadBody arms the body's; a 100 Continue or an early answer needs none
-    if (!ReserveBody()) {
-      keep_alive_ = false;
-      linger_ = true;
-      request_.version(parser_->get().version());
-      return SendError(ServerError(503,
-                                   "too many large request bodies are being received; "
-                                   "retry later",
-                                   "server_error", "server_busy"));
-    }
+    StopReadTimer();  // ReadBody arms the body's; a 100 Continue needs none
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
                                                                      parser_->get().version());
@@ -224,9 +214,29 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void ReadBody() {
     ArmReadTimer(server_->options.body_timeout);
-    http::async_read(
+    ReadSomeBody();
+  }
+  // The body a piece at a time, each piece counted in the budget as it lands.
+  void ReadSomeBody() {
+    if (parser_->is_done()) return OnRead({});
+    http::async_read_some(
         stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBodyPiece(ec); });
+  }
+  void OnBodyPiece(beast::error_code ec) {
+    if (ec) return OnRead(ec);
+    if (!ReserveArrived()) {
+      StopReadTimer();
+      ReleaseBody();
+      keep_alive_ = false;
+      linger_ = true;
+      const unsigned version = parser_->get().version();
+      request_ = {};
+      request_.version(version);
+      return SendError(ServerError(503, "too many request bodies are being received; retry later",
+                                   "server_error", "server_busy"));
+    }
+    ReadSomeBody();
   }
 
   void OnRead(beast::error_code ec) {

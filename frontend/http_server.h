@@ -31,9 +31,10 @@ struct HttpServerOptions {
   size_t max_body_bytes = 4 << 20;
   // Connections beyond this are closed at accept.
   size_t max_connections = 16384;
-  // Request bodies being read, all connections together (Content-Length, or max_body_bytes for
-  // a chunked body): a request beyond it gets 503 instead of buffering without bound. Raised to
-  // max_body_bytes when below it.
+  // Bytes of request bodies received and not yet handed to the service, all connections
+  // together, counted as they arrive: a request whose bytes would go beyond it gets 503
+  // server_busy instead of buffering without bound (announcing a large body and sending nothing
+  // holds nothing). Raised to max_body_bytes when below it.
   size_t max_buffered_body_bytes = size_t{256} << 20;
   // A connection must deliver a request's headers within header_timeout of the previous
   // response (or of its opening), and the body within body_timeout after the headers (slowloris).

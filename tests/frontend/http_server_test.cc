@@ -7,7 +7,9 @@
 #include <boost/beast.hpp>
 #include <chrono>
 #include <ctime>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -476,36 +478,55 @@ TEST(HttpServerTimeoutTest, PartialRequestsGet408AndIdleConnectionsClose) {
   (*server)->Stop();
 }
 
-// Request bodies being read count against one server-wide budget: beyond it a request gets 503
-// at once (its body is never buffered), and the budget comes back when a body is read.
+// Request bodies count against one server-wide budget as their bytes arrive: beyond it a
+// request gets 503, and the budget comes back when a body is read or its client goes away.
+// Connections that only announce large bodies hold none of it.
 TEST(HttpServerBodyBudgetTest, BodiesBeyondTheBudgetGet503) {
   FakeService service;
   HttpServerOptions opts;
   opts.port = 0;
   opts.max_body_bytes = 4096;
-  opts.max_buffered_body_bytes = 6000;  // one 4 KiB body at a time
+  opts.max_buffered_body_bytes = 6000;
   auto server = HttpServer::Start(opts, &service);
   ASSERT_TRUE(server.ok()) << server.status();
   net::io_context ioc;
-  // The first client announces a 4000-byte body and sends none of it: its reservation holds.
-  tcp::socket slow(ioc);
-  slow.connect({net::ip::make_address("127.0.0.1"), (*server)->port()});
-  net::write(slow, net::buffer(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                                           "Content-Length: 4000\r\n\r\n")));
+  // Announcing bodies holds nothing: eight clients declare 2000 bytes (or chunked) and send none
+  // (counted as declared, three of them would fill the budget).
+  std::vector<std::unique_ptr<tcp::socket>> idle;
+  for (int i = 0; i < 8; ++i) {
+    idle.push_back(std::make_unique<tcp::socket>(ioc));
+    idle.back()->connect({net::ip::make_address("127.0.0.1"), (*server)->port()});
+    net::write(*idle.back(),
+               net::buffer(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") +
+                           (i % 2 == 0 ? "Content-Length: 2000\r\n\r\n"
+                                       : "Transfer-Encoding: chunked\r\n\r\n")));
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const std::string refused =
-      RawExchange((*server)->port(),
-                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n");
-  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
-  EXPECT_NE(refused.find("server_busy"), std::string::npos) << refused;
-  // Small bodies still fit beside the held one.
   const std::string body = R"({"model":"tiny","prompt":"hi","max_tokens":1})";
   const std::string small = RawExchange(
       (*server)->port(),
       absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
                    "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
   EXPECT_EQ(small.rfind("HTTP/1.1 200", 0), 0u) << small;
-  // Once the slow client goes away its reservation is released.
+  // A client that sent 3500 of its 4000 bytes holds 3500: a 3000-byte body no longer fits.
+  tcp::socket slow(ioc);
+  slow.connect({net::ip::make_address("127.0.0.1"), (*server)->port()});
+  net::write(slow,
+             net::buffer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                      "Content-Length: 4000\r\n\r\n", std::string(3500, ' '))));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string refused = RawExchange(
+      (*server)->port(), absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                      "Content-Length: 3000\r\n\r\n", std::string(3000, ' ')));
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("server_busy"), std::string::npos) << refused.substr(0, 300);
+  // Small bodies still fit beside the held one.
+  const std::string beside = RawExchange(
+      (*server)->port(),
+      absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                   "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(beside.rfind("HTTP/1.1 200", 0), 0u) << beside;
+  // Once the slow client goes away its bytes are released.
   slow.close();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const std::string later =
@@ -513,12 +534,10 @@ TEST(HttpServerBodyBudgetTest, BodiesBeyondTheBudgetGet503) {
                   absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
                                "Content-Length: 3000\r\n\r\n", std::string(3000, ' ')));
   EXPECT_EQ(later.rfind("HTTP/1.1 400", 0), 0u) << later.substr(0, 200);  // parsed: bad JSON
+  for (auto& s : idle) s->close();
   (*server)->Stop();
 }
 
-// A body max_body_bytes allows is received on an idle server even when the budget was set
-// below it (router.max_body_bytes 512 MiB over the 256 MiB budget answered every 300 MB body
-// "503 server_busy, retry later", forever).
 TEST(HttpServerBodyBudgetTest, OneBodyOfTheLimitAlwaysFits) {
   FakeService service;
   HttpServerOptions opts;
