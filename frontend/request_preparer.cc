@@ -1,5 +1,7 @@
 #include "frontend/request_preparer.h"
 
+#include <algorithm>
+
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -61,6 +63,13 @@ absl::StatusOr<std::unique_ptr<RequestPreparer>> RequestPreparer::Load(
   p->context_length_ = config.max_position_embeddings;
   p->vocab_size_ = config.vocab_size;
   PDSERVE_ASSIGN_OR_RETURN(p->tokenizer_, text::Tokenizer::Load(model_dir));
+  std::string bytes;
+  for (int32_t id = 0; id < p->tokenizer_->vocab_size(); ++id) {
+    bytes.clear();
+    if (p->tokenizer_->AppendTokenBytes(id, /*skip_special_tokens=*/false, &bytes).ok()) {
+      p->max_token_bytes_ = std::max<int64_t>(p->max_token_bytes_, std::ssize(bytes));
+    }
+  }
   absl::StatusOr<std::unique_ptr<text::ChatFormat>> chat =
       text::LoadChatFormat(model_dir, *p->tokenizer_);
   if (chat.ok()) p->chat_format_ = std::move(*chat);
@@ -94,7 +103,32 @@ absl::StatusOr<std::vector<int32_t>> RequestPreparer::PromptTokens(const ApiRequ
   return text::EncodeChat(*tokenizer_, segments);
 }
 
+std::optional<ApiError> RequestPreparer::SurelyTooLong(const ApiRequest& req) const {
+  int64_t bytes = 0;
+  if (req.endpoint == Endpoint::kCompletions) {
+    if (req.prompt_tokens || !req.prompt_text) return std::nullopt;
+    bytes = std::ssize(*req.prompt_text);
+  } else {
+    for (const ChatMessage& m : req.messages) bytes += std::ssize(m.content);
+  }
+  // Every token stands for at most max_token_bytes_ bytes of the text (byte-level BPE; the
+  // factor 2 leaves room for a normalizer that shortens text), so a prompt of `bytes` bytes has
+  // at least this many tokens.
+  const int64_t at_least = bytes / (2 * std::max<int64_t>(max_token_bytes_, 1));
+  if (at_least < context_length_) return std::nullopt;
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  const char* what = chat ? "messages" : "prompt";
+  return InvalidRequest(
+      absl::StrCat("This model's maximum context length is ", context_length_,
+                   " tokens. However, your ", what, " (", bytes, " bytes) has at least ", at_least,
+                   " tokens. Please reduce the length of the ", what, "."),
+      what, "context_length_exceeded");
+}
+
 Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
+  // A prompt far too long for the context is refused before it is tokenized (which can take
+  // seconds for megabytes of text, on the server's I/O thread).
+  if (std::optional<ApiError> error = SurelyTooLong(req)) return *error;
   absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(req);
   if (!prompt.ok()) {
     return InvalidRequest(std::string(prompt.status().message()),

@@ -84,6 +84,10 @@ class RequestPreparer {
   // is blamed on the prompt ("prompt" / "messages"); a prompt that fits with a max_tokens that
   // does not, on max_tokens (a chat request without max_tokens gets the room that is left).
   std::optional<ApiError> ContextLengthError(const ApiRequest& req, int64_t prompt_length) const;
+  // The 400 context_length_exceeded for a text prompt (or chat messages) whose byte length alone
+  // shows that it cannot fit: at least bytes / (2 * max_token_bytes_) tokens, that many >= the
+  // context. nullopt when it may fit (then the tokens decide) or the prompt is token ids.
+  std::optional<ApiError> SurelyTooLong(const ApiRequest& req) const;
   std::vector<std::string> model_names_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::unique_ptr<text::ChatFormat> chat_format_;
@@ -91,6 +95,7 @@ class RequestPreparer {
   std::vector<int32_t> eos_ids_;
   int64_t context_length_ = 0;
   int64_t vocab_size_ = 0;
+  int64_t max_token_bytes_ = 1;  // the longest any token decodes to (special tokens included)
 };
 
 // One choice's text: feed it tokens in order; it says what to send and when the choice is over.

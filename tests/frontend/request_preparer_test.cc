@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -195,6 +196,47 @@ TEST_F(RequestPreparerTest, CompletionOverTheContextNamesThePrompt) {
             "This model's maximum context length is 512 tokens. However, your "
             "prompt resulted in " +
                 std::to_string(length) + " tokens. Please reduce the length of the prompt.");
+}
+
+// A text whose byte length alone shows it cannot fit (at least bytes / (2 * the longest token's
+// bytes) tokens, that many >= the context) is refused before it is tokenized, saying so; one
+// byte shorter than that bound it is tokenized and refused with its exact length.
+TEST_F(RequestPreparerTest, PromptsSurelyTooLongAreRefusedBeforeTokenizing) {
+  int64_t longest = 1;
+  std::string bytes;
+  for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+    bytes.clear();
+    ASSERT_TRUE(tokenizer_->AppendTokenBytes(id, false, &bytes).ok());
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(bytes.size()));
+  }
+  ASSERT_GT(longest, 1);
+  const int64_t bound = 2 * longest * 512;  // the first length refused from its bytes
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const bool chat = endpoint == Endpoint::kChatCompletions;
+    auto body = [&](int64_t n) {
+      std::string text = Words(static_cast<int>(n / 4 + 1)).substr(0, static_cast<size_t>(n));
+      return chat ? R"({"model":"kjv-v4-tiny","messages":[{"role":"user","content":")" + text +
+                        R"("}]})"
+                  : R"({"model":"kjv-v4-tiny","prompt":")" + text + R"("})";
+    };
+    for (int64_t n : {bound, int64_t{3} << 20}) {
+      ParsedRequest parsed = ParseRequest(endpoint, body(n));
+      Prepared prepared = preparer_->Prepare(std::get<ApiRequest>(parsed));
+      ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));
+      const ApiError& error = std::get<ApiError>(prepared);
+      EXPECT_EQ(error.code, "context_length_exceeded");
+      EXPECT_EQ(error.param, chat ? "messages" : "prompt");
+      const char* what = chat ? "messages" : "prompt";
+      EXPECT_EQ(error.message,
+                absl::StrCat("This model's maximum context length is 512 tokens. However, your ",
+                             what, " (", n, " bytes) has at least ", n / (2 * longest),
+                             " tokens. Please reduce the length of the ", what, "."));
+    }
+    const auto [error, length] = Reject(endpoint, body(bound - 1));
+    EXPECT_NE(error.message.find("resulted in " + std::to_string(length) + " tokens"),
+              std::string::npos)
+        << error.message;
+  }
 }
 
 TEST_F(RequestPreparerTest, MaxTokensOverTheContextNamesMaxTokens) {
