@@ -64,12 +64,23 @@ class Reader {
     return true;
   }
 
-  // The value of `key`, or a null node (reported when `required`).
+  // The value of `key`, or a null node: when the key is absent (reported when `required`) or
+  // present without a value (`key:` or `key: ~`, always reported: an empty value is not the
+  // default, which leaving the key out gives).
   YAML::Node Field(const YAML::Node& map, const std::string& path, const std::string& key,
                    bool required) {
     YAML::Node value = map[key];
-    if (!value.IsDefined() || value.IsNull()) {
+    if (!value.IsDefined()) {
       if (required) Error(map, Join(path, key), "required key is missing");
+      return YAML::Node(YAML::NodeType::Null);
+    }
+    if (value.IsNull()) {
+      // At the key: an empty value's own mark is where the next token starts (the next line).
+      YAML::Mark at = value.Mark();
+      for (const auto& kv : map) {
+        if (kv.first.IsScalar() && kv.first.Scalar() == key) at = kv.first.Mark();
+      }
+      Error(at, Join(path, key), "has no value (leave the key out for its default)");
       return YAML::Node(YAML::NodeType::Null);
     }
     return value;

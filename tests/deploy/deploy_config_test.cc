@@ -89,6 +89,30 @@ TEST(DeployConfigTest, BadPortValue) {
   ExpectOneError(Broken("port: 9200", "port: 70000"), 15, 11, "decode[0].port");
 }
 
+// `key:` or `key: ~` is an error naming the key, not a silent default.
+TEST(DeployConfigTest, EmptyValueIsAnError) {
+  for (const char* empty : {"", " ~", " null"}) {
+    const std::string yaml =
+        Broken("  http_port: 8000", std::string("  http_port: 8000\n  health_timeout_ms:") + empty);
+    const ParsedDeployConfig parsed = ParseDeployConfig(yaml, "b.yaml");
+    ASSERT_EQ(parsed.errors.size(), 1u) << yaml;
+    EXPECT_EQ(parsed.errors[0].line, 6) << parsed.errors[0].ToString();
+    EXPECT_EQ(parsed.errors[0].column, 3) << parsed.errors[0].ToString();
+    EXPECT_NE(parsed.errors[0].ToString().find(
+                  "router.health_timeout_ms: has no value (leave the key out for its default)"),
+              std::string::npos)
+        << parsed.errors[0].ToString();
+  }
+  const ParsedDeployConfig policy = ParseDeployConfig(
+      Broken("  http_port: 8000", "  http_port: 8000\n  prefill_policy:"), "b.yaml");
+  ASSERT_EQ(policy.errors.size(), 1u);
+  EXPECT_NE(policy.errors[0].ToString().find("router.prefill_policy"), std::string::npos);
+  const ParsedDeployConfig threads =
+      ParseDeployConfig(Broken("    backend: cpu", "    backend: cpu\n    threads:"), "b.yaml");
+  ASSERT_EQ(threads.errors.size(), 1u);
+  EXPECT_NE(threads.errors[0].ToString().find("decode[0].threads"), std::string::npos);
+}
+
 TEST(DeployConfigTest, MissingRequiredKeyPointsAtItsMapping) {
   ExpectOneError(Broken("    backend: cpu\n", ""), 13, 5, "decode[0].backend");
 }
