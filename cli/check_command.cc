@@ -113,8 +113,11 @@ const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--allow-remote", args->allow_remote, "Allow a non-loopback endpoint");
   cmd->add_option("--prompts", args->prompts,
-                  "JSONL prompts (default deploy/check/prompts.jsonl); lines may carry "
-                  "\"thresholds\" overrides and an \"expect\" substring");
+                  "JSONL prompts (default: deploy/check/prompts.jsonl from the current "
+                  "directory, else beside the binary's parent directory (a build tree), else "
+                  "<prefix>/share/pdserve/check/"
+                  "prompts.jsonl); lines may carry \"thresholds\" overrides and an \"expect\" "
+                  "substring");
   cmd->add_option("--samples", o.samples, "Sampled completions per prompt")
       ->check(Positive())
       ->capture_default_str();
