@@ -3,12 +3,23 @@
 //   kernel,batch,context,entries,median_us,bytes,flops
 // (entries: indexer keys or attended rows per request; bytes: inputs read once + outputs
 // written once; flops: multiply-adds x 2). bench/cuda/compare.py adds PyTorch and the table.
+//
+// Two timings (PDSERVE_BENCH_TIMING):
+// - launch (default): CUDA events around one launch, after a flush of L2 (PDSERVE_BENCH_FLUSH);
+//   median of 20. Every launch pays its own launch latency, first bytes and drain alone.
+// - graph: one launch per layer of kLayers layers, each layer with its own pools, queries and
+//   windows (as a decode step's graph holds one launch per layer, each over that layer's state),
+//   captured in one CUDA graph; median over 20 replays of (replay time / kLayers). No flush: the
+//   layers' inputs together exceed L2 several times at batch >= 32 (so each launch reads from HBM
+//   what the launches between evicted); at batch 1 and a short context they fit in L2, and the
+//   launch table is the one to read there.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,18 +87,18 @@ struct Flush {
   void* read = nullptr;  // nullptr: write only
   size_t bytes = 0;
   uint4* sink = nullptr;
-  void Run(int i) const {
-    BENCH_CHECK(cudaMemsetAsync(write, i & 0xFF, bytes));
+  void Run(int i, cudaStream_t stream) const {
+    BENCH_CHECK(cudaMemsetAsync(write, i & 0xFF, bytes, stream));
     if (read != nullptr) {
-      ReadAll<<<1024, 256>>>(static_cast<const uint4*>(read), bytes / 16, sink);
+      ReadAll<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(read), bytes / 16, sink);
       BENCH_CHECK(cudaGetLastError());
     }
   }
 };
 
-// Median time of `reps` launches of `fn`, each after `flush`.
+// Median time of `reps` launches of `fn` on `stream`, each after `flush`.
 template <typename Fn>
-double MedianMicros(Fn fn, int reps, const Flush& flush) {
+double MedianMicros(Fn fn, int reps, const Flush& flush, cudaStream_t stream) {
   cudaEvent_t start;
   cudaEvent_t stop;
   BENCH_CHECK(cudaEventCreate(&start));
@@ -95,10 +106,10 @@ double MedianMicros(Fn fn, int reps, const Flush& flush) {
   for (int i = 0; i < 3; ++i) fn();
   std::vector<float> times;
   for (int i = 0; i < reps; ++i) {
-    flush.Run(i);
-    BENCH_CHECK(cudaEventRecord(start));
+    flush.Run(i, stream);
+    BENCH_CHECK(cudaEventRecord(start, stream));
     fn();
-    BENCH_CHECK(cudaEventRecord(stop));
+    BENCH_CHECK(cudaEventRecord(stop, stream));
     BENCH_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -108,6 +119,41 @@ double MedianMicros(Fn fn, int reps, const Flush& flush) {
   BENCH_CHECK(cudaEventDestroy(start));
   BENCH_CHECK(cudaEventDestroy(stop));
   return 1000.0 * times[times.size() / 2];
+}
+
+// Median over `reps` replays of a graph holding launch(0), ..., launch(layers - 1) on `stream`,
+// divided by `layers`: the time per launch inside a decode step's graph.
+double GraphMicros(const std::function<void(int)>& launch, int layers, int reps,
+                   cudaStream_t stream) {
+  for (int l = 0; l < layers; ++l) launch(l);  // first calls outside capture (kernel attributes)
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int l = 0; l < layers; ++l) launch(l);
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  return 1000.0 * times[times.size() / 2] / layers;
 }
 
 std::vector<int32_t> Iota(int64_t n, int64_t stride, int64_t rows) {
@@ -122,10 +168,27 @@ int32_t* Upload(const std::vector<int32_t>& host) {
   return d;
 }
 
+// One layer's inputs: its own indexer keys, compressed KV, window rows and queries.
+struct LayerInputs {
+  uint16_t* index_pool = nullptr;
+  uint16_t* kv_pool = nullptr;
+  uint16_t* window_pool = nullptr;
+  uint16_t* q_index = nullptr;
+  uint16_t* q = nullptr;
+};
+
 // only_batch / only_context: 0 runs every size, else only that one (for profiling one case).
 int Run(int64_t only_batch, int64_t only_context) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const char* timing = std::getenv("PDSERVE_BENCH_TIMING");
+  const bool graph = timing != nullptr && std::string(timing) == "graph";
+  if (timing != nullptr && !graph && std::string(timing) != "launch") {
+    std::fprintf(stderr, "PDSERVE_BENCH_TIMING must be launch or graph, got '%s'\n", timing);
+    return 2;
+  }
   Flush flush;
   flush.bytes = size_t{256} << 20;
   flush.write = DeviceAlloc<unsigned char>(flush.bytes);
@@ -142,8 +205,8 @@ int Run(int64_t only_batch, int64_t only_context) {
   void* dst = DeviceAlloc<unsigned char>(copy_bytes);
   BENCH_CHECK(cudaMemset(src, 1, copy_bytes));
   const double copy_us = MedianMicros(
-      [&] { BENCH_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10,
-      flush);
+      [&] { BENCH_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream)); },
+      10, flush, stream);
   std::printf("copy,0,0,0,%.3f,%zu,0\n", copy_us, 2 * copy_bytes);
   BENCH_CHECK(cudaFree(src));
   BENCH_CHECK(cudaFree(dst));
@@ -154,6 +217,8 @@ int Run(int64_t only_batch, int64_t only_context) {
   constexpr int64_t kWindow = 128;
   constexpr int64_t kPage = 64;
   constexpr int64_t kHeads = 64;
+  // Graph timing: 16 layers x (1.07 GB of indexer keys + 4.3 GB of compressed KV) = 86 GB.
+  const int layers = graph ? 16 : 1;
   const std::vector<int64_t> batches = {1, 32, 128};
   const std::vector<int64_t> contexts = {4096, 32768, 131072};
   const int64_t max_batch = 128;
@@ -161,16 +226,27 @@ int Run(int64_t only_batch, int64_t only_context) {
   const int64_t pages_per_request = max_keys / kPage;
 
   // Indexer keys and compressed KV for the largest case; requests own interleaved pages.
-  uint16_t* index_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kIndexHeadDim);
-  uint16_t* kv_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kSparseHeadDim);
-  uint16_t* window_pool = DeviceAlloc<uint16_t>(max_batch * kWindow * kSparseHeadDim);
-  uint16_t* q_index = DeviceAlloc<uint16_t>(max_batch * kIndexHeads * kIndexHeadDim);
-  uint16_t* q = DeviceAlloc<uint16_t>(max_batch * kHeads * kSparseHeadDim);
-  FillBf16(index_pool, max_batch * max_keys * kIndexHeadDim, 1);
-  FillBf16(kv_pool, max_batch * max_keys * kSparseHeadDim, 2);
-  FillBf16(window_pool, max_batch * kWindow * kSparseHeadDim, 3);
-  FillBf16(q_index, max_batch * kIndexHeads * kIndexHeadDim, 4);
-  FillBf16(q, max_batch * kHeads * kSparseHeadDim, 5);
+  std::vector<LayerInputs> inputs(layers);
+  for (int l = 0; l < layers; ++l) {
+    LayerInputs& in = inputs[l];
+    const uint32_t seed = 16 * l;
+    in.index_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kIndexHeadDim);
+    in.kv_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kSparseHeadDim);
+    in.window_pool = DeviceAlloc<uint16_t>(max_batch * kWindow * kSparseHeadDim);
+    in.q_index = DeviceAlloc<uint16_t>(max_batch * kIndexHeads * kIndexHeadDim);
+    in.q = DeviceAlloc<uint16_t>(max_batch * kHeads * kSparseHeadDim);
+    FillBf16(in.index_pool, max_batch * max_keys * kIndexHeadDim, seed + 1);
+    FillBf16(in.kv_pool, max_batch * max_keys * kSparseHeadDim, seed + 2);
+    FillBf16(in.window_pool, max_batch * kWindow * kSparseHeadDim, seed + 3);
+    FillBf16(in.q_index, max_batch * kIndexHeads * kIndexHeadDim, seed + 4);
+    FillBf16(in.q, max_batch * kHeads * kSparseHeadDim, seed + 5);
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+  // launch(l) runs layer l's call on `stream`.
+  auto time_us = [&](const std::function<void(int)>& launch) {
+    return graph ? GraphMicros(launch, layers, 20, stream)
+                 : MedianMicros([&] { launch(0); }, 20, flush, stream);
+  };
   std::vector<float> host_w(max_batch * kIndexHeads);
   for (size_t i = 0; i < host_w.size(); ++i) host_w[i] = static_cast<float>(i % 13) / 13.0f - 0.4f;
   float* w = DeviceAlloc<float>(host_w.size());
@@ -202,9 +278,7 @@ int Run(int64_t only_batch, int64_t only_context) {
     for (int64_t batch : batches) {
       if (only_batch != 0 && batch != only_batch) continue;
       IndexerParams ip;
-      ip.q = reinterpret_cast<const __nv_bfloat16*>(q_index);
       ip.weights = w;
-      ip.key_pool = reinterpret_cast<const __nv_bfloat16*>(index_pool);
       ip.page_table = page_table;
       ip.page_table_stride = pages_per_request;
       ip.page_size = kPage;
@@ -214,37 +288,39 @@ int Run(int64_t only_batch, int64_t only_context) {
       ip.batch = batch;
       ip.max_keys = keys;
       ip.softmax_scale = 0.0883883f;
-      const double us = MedianMicros(
-          [&] { BENCH_CHECK(lightning_indexer(ip, kTopK, scores, visible, picks, nullptr)); }, 20,
-          flush);
+      auto layer_ip = [&](int l) {
+        IndexerParams lp = ip;
+        lp.q = reinterpret_cast<const __nv_bfloat16*>(inputs[l].q_index);
+        lp.key_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].index_pool);
+        return lp;
+      };
+      const double us = time_us([&](int l) {
+        BENCH_CHECK(lightning_indexer(layer_ip(l), kTopK, scores, visible, picks, stream));
+      });
       const double bytes = batch * (keys * kIndexHeadDim * 2.0 + kIndexHeads * kIndexHeadDim * 2.0 +
                                     kIndexHeads * 4.0 + kTopK * 4.0);
       const double flops = 2.0 * batch * keys * kIndexHeads * kIndexHeadDim;
       std::printf("indexer,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), us, bytes, flops);
       // The two stages alone: scores (keys in, fp32 scores out) and top-k (scores in, picks out).
-      const double scores_us = MedianMicros(
-          [&] { BENCH_CHECK(indexer_scores(ip, scores, visible, nullptr)); }, 20, flush);
+      const double scores_us = time_us(
+          [&](int l) { BENCH_CHECK(indexer_scores(layer_ip(l), scores, visible, stream)); });
       std::printf("indexer_scores,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), scores_us,
                   batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
-      const double topk_us = MedianMicros(
-          [&] { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, nullptr)); }, 20,
-          flush);
+      const double topk_us = time_us(
+          [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
       std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), topk_us,
                   batch * (keys * 4.0 + kTopK * 4.0));
 
       for (bool csa : {true, false}) {
         SparseDecodeParams sp;
-        sp.q = reinterpret_cast<const __nv_bfloat16*>(q);
         sp.batch = batch;
         sp.heads = kHeads;
-        sp.window_pool = reinterpret_cast<const __nv_bfloat16*>(window_pool);
         sp.window_page = window_page;
         sp.window_len = window_len;
         sp.window_size = kWindow;
-        sp.kv_pool = reinterpret_cast<const __nv_bfloat16*>(kv_pool);
         sp.page_table = page_table;
         sp.page_table_stride = pages_per_request;
         sp.page_size = kPage;
@@ -254,22 +330,45 @@ int Run(int64_t only_batch, int64_t only_context) {
         sp.sinks = sinks;
         sp.softmax_scale = 0.0441942f;
         const int64_t entries = kWindow + sp.compressed_slots;
-        sp.entries_per_split = SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms);
-        const size_t ws_bytes = SparseDecodeWorkspaceBytes(sp);
-        void* ws = DeviceAlloc<unsigned char>(ws_bytes);
-        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
-            DeviceAlloc<uint16_t>(batch * kHeads * kSparseHeadDim));
-        const double attn_us = MedianMicros(
-            [&] { BENCH_CHECK(sparse_decode_attention(sp, ws, ws_bytes, out, nullptr)); }, 20,
-            flush);
+        const char* name = csa ? "csa_attention" : "hca_attention";
         const double attn_bytes =
             batch * (entries * kSparseHeadDim * 2.0 + 2.0 * kHeads * kSparseHeadDim * 2.0);
         const double attn_flops = 4.0 * batch * kHeads * entries * kSparseHeadDim;
-        std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", csa ? "csa_attention" : "hca_attention",
-                    static_cast<long long>(batch), static_cast<long long>(context),
-                    static_cast<long long>(entries), attn_us, attn_bytes, attn_flops);
-        BENCH_CHECK(cudaFree(ws));
-        BENCH_CHECK(cudaFree(out));
+        // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
+        auto time_split = [&](int64_t per, const std::string& suffix) {
+          SparseDecodeParams split = sp;
+          split.entries_per_split = per;
+          const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
+          void* ws = DeviceAlloc<unsigned char>(ws_bytes);
+          __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
+              DeviceAlloc<uint16_t>(batch * kHeads * kSparseHeadDim));
+          const double attn_us = time_us([&](int l) {
+            SparseDecodeParams lp = split;
+            lp.q = reinterpret_cast<const __nv_bfloat16*>(inputs[l].q);
+            lp.window_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].window_pool);
+            lp.kv_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].kv_pool);
+            BENCH_CHECK(sparse_decode_attention(lp, ws, ws_bytes, out, stream));
+          });
+          std::printf("%s%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", name, suffix.c_str(),
+                      static_cast<long long>(batch), static_cast<long long>(context),
+                      static_cast<long long>(entries), attn_us, attn_bytes, attn_flops);
+          BENCH_CHECK(cudaFree(ws));
+          BENCH_CHECK(cudaFree(out));
+        };
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "");
+        // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
+        // "<kernel>@<entries per split>" (to fit SparseDecodeEntriesPerSplit to measurements).
+        const char* sweep = std::getenv("PDSERVE_BENCH_SPLITS");
+        if (sweep == nullptr || std::string(sweep) != "1") continue;
+        const int64_t whole = (entries + kSparseTile - 1) / kSparseTile * kSparseTile;
+        for (int64_t per = kSparseTile; per <= whole; per += kSparseTile) {
+          const int64_t splits = (entries + per - 1) / per;
+          if (per > kSparseTile && per != whole &&
+              (entries + per - kSparseTile - 1) / (per - kSparseTile) == splits) {
+            continue;  // only the smallest split size giving each number of splits
+          }
+          time_split(per, "@" + std::to_string(per));
+        }
       }
     }
   }
