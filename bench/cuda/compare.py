@@ -80,17 +80,20 @@ def time_layers(run_layer, flush):
     return graph_us(run_layer) if TIMING == "graph" else median_us(lambda: run_layer(0), flush)
 
 
-def distinct_layers(pool_bytes):
-    return max(1, min(LAYERS, POOL_BUDGET // max(1, pool_bytes)))
+def paged_pools(batch, pages, dim):
+    """Random bf16 pools [batch * pages, PAGE, dim] with a random page table [batch, pages] each:
+    one per layer, or as many as POOL_BUDGET holds (layers then share them round-robin)."""
+    n = max(1, min(LAYERS, POOL_BUDGET // (batch * pages * PAGE * dim * 2)))
+    pools = [torch.randn(batch * pages, PAGE, dim, device="cuda", dtype=torch.bfloat16)
+             for _ in range(n)]
+    tables = [torch.randperm(batch * pages, device="cuda").view(batch, pages) for _ in range(n)]
+    return n, pools, tables
 
 
 def torch_indexer(batch, context, flush):
     keys = context // RATE
     pages = keys // PAGE
-    n = distinct_layers(batch * pages * PAGE * IDIM * 2)
-    pools = [torch.randn(batch * pages, PAGE, IDIM, device="cuda", dtype=torch.bfloat16)
-             for _ in range(n)]
-    tables = [torch.randperm(batch * pages, device="cuda").view(batch, pages) for _ in range(n)]
+    n, pools, tables = paged_pools(batch, pages, IDIM)
     qs = [torch.randn(batch, IHEADS, IDIM, device="cuda", dtype=torch.bfloat16)
           for _ in range(LAYERS)]
     w = torch.randn(batch, IHEADS, device="cuda")
@@ -110,10 +113,7 @@ def torch_indexer(batch, context, flush):
 def torch_attention(batch, context, csa, flush):
     n_comp = context // RATE if csa else context // HCA_RATE
     pages = (n_comp + PAGE - 1) // PAGE
-    n = distinct_layers(batch * pages * PAGE * DIM * 2)
-    pools = [torch.randn(batch * pages, PAGE, DIM, device="cuda", dtype=torch.bfloat16)
-             for _ in range(n)]
-    tables = [torch.randperm(batch * pages, device="cuda").view(batch, pages) for _ in range(n)]
+    n, pools, tables = paged_pools(batch, pages, DIM)
     windows = [torch.randn(batch, WINDOW, DIM, device="cuda", dtype=torch.bfloat16)
                for _ in range(LAYERS)]
     qs = [torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)

@@ -96,19 +96,19 @@ struct Flush {
   }
 };
 
-// Median time of `reps` launches of `fn` on `stream`, each after `flush`.
-template <typename Fn>
-double MedianMicros(Fn fn, int reps, const Flush& flush, cudaStream_t stream) {
+// Median over `reps` runs of `timed` on `stream`, each after `before(i)` and timed alone by CUDA
+// events, in microseconds.
+template <typename Before, typename Timed>
+double EventMedianMicros(Before before, Timed timed, int reps, cudaStream_t stream) {
   cudaEvent_t start;
   cudaEvent_t stop;
   BENCH_CHECK(cudaEventCreate(&start));
   BENCH_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) fn();
   std::vector<float> times;
   for (int i = 0; i < reps; ++i) {
-    flush.Run(i, stream);
+    before(i);
     BENCH_CHECK(cudaEventRecord(start, stream));
-    fn();
+    timed();
     BENCH_CHECK(cudaEventRecord(stop, stream));
     BENCH_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
@@ -119,6 +119,13 @@ double MedianMicros(Fn fn, int reps, const Flush& flush, cudaStream_t stream) {
   BENCH_CHECK(cudaEventDestroy(start));
   BENCH_CHECK(cudaEventDestroy(stop));
   return 1000.0 * times[times.size() / 2];
+}
+
+// Median time of `reps` launches of `fn` on `stream`, each after `flush`.
+template <typename Fn>
+double MedianMicros(Fn fn, int reps, const Flush& flush, cudaStream_t stream) {
+  for (int i = 0; i < 3; ++i) fn();
+  return EventMedianMicros([&](int i) { flush.Run(i, stream); }, fn, reps, stream);
 }
 
 // Median over `reps` replays of a graph holding launch(0), ..., launch(layers - 1) on `stream`,
@@ -133,27 +140,12 @@ double GraphMicros(const std::function<void(int)>& launch, int layers, int reps,
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start;
-  cudaEvent_t stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<float> times;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(start, stream));
-    BENCH_CHECK(cudaGraphLaunch(exec, stream));
-    BENCH_CHECK(cudaEventRecord(stop, stream));
-    BENCH_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  const double us = EventMedianMicros(
+      [](int) {}, [&] { BENCH_CHECK(cudaGraphLaunch(exec, stream)); }, reps, stream);
   BENCH_CHECK(cudaGraphExecDestroy(exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
-  return 1000.0 * times[times.size() / 2] / layers;
+  return us / layers;
 }
 
 std::vector<int32_t> Iota(int64_t n, int64_t stride, int64_t rows) {
