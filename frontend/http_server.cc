@@ -62,6 +62,8 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{ioc};
   net::steady_timer accept_timer{ioc};
   std::vector<std::thread> threads;
+  // Runs GenerationService::Start (HttpServerOptions::prepare_threads).
+  std::unique_ptr<net::thread_pool> prepare_pool;
   std::atomic<bool> stopped{false};
   std::atomic<int> active{0};         // sessions with a request in flight
   std::atomic<size_t> body_bytes{0};  // reserved by request bodies being read
@@ -126,6 +128,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnDelta(uint64_t gen, ChoiceDelta delta);
   void OnComplete(uint64_t gen, Usage usage);
   void OnError(uint64_t gen, ApiError error);
+  void OnStarted(uint64_t gen, StartResult started);
 
  private:
   void Read() {
@@ -533,14 +536,37 @@ void Session::Generate(Endpoint endpoint) {
   first_sent_.assign(static_cast<size_t>(api_.n), false);
   text_offsets_.assign(static_cast<size_t>(api_.n), 0);
   const uint64_t gen = ++generation_id_;
-  StartResult started =
-      server_->service->Start(api_, std::make_shared<SessionSink>(weak_from_this(), gen));
-  if (auto* err = std::get_if<ApiError>(&started)) return SendError(*err);
-  generation_ = std::move(std::get<std::unique_ptr<Generation>>(started));
   SetActive(true);
   close_after_stream_ = false;
   header_started_ = false;
   WatchDisconnect();
+  // Start tokenizes the prompt (a second or more for megabytes) and admits the request: on the
+  // prepare pool, not on this I/O thread, which serves other connections meanwhile. Deltas may
+  // reach the strand before OnStarted does; api_ and the choices are set already, and a request
+  // that ended meanwhile (client gone, drain) has moved generation_id_ on.
+  net::post(*server_->prepare_pool, [self = shared_from_this(), gen, api = api_] {
+    HttpServer::Impl* server = self->server_;
+    StartResult started =
+        server->stopped.load()
+            ? StartResult(ServerError(503, "the server is shutting down; retry elsewhere",
+                                      "server_error", "shutting_down"))
+            : server->service->Start(api, std::make_shared<SessionSink>(self, gen));
+    self->Post([self, gen, started = std::move(started)]() mutable {
+      self->OnStarted(gen, std::move(started));
+    });
+  });
+}
+
+// Called on the strand with Start's result for request `gen`.
+void Session::OnStarted(uint64_t gen, StartResult started) {
+  auto* generation = std::get_if<std::unique_ptr<Generation>>(&started);
+  if (gen != generation_id_ || !active_) {
+    // Ended before its Start returned (client gone, drain, or already complete): stop its work.
+    if (generation != nullptr && *generation) (*generation)->Cancel();
+    return;
+  }
+  if (auto* err = std::get_if<ApiError>(&started)) return OnError(gen, std::move(*err));
+  generation_ = std::move(*generation);
 }
 
 // The peer closed (or reset) its side: cancel the request's work. A readiness report alone is
@@ -683,6 +709,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ", ec.message()));
   }
+  impl->prepare_pool = std::make_unique<net::thread_pool>(std::max(1, options.prepare_threads));
   net::post(impl->accept_strand, [raw = impl.get()] { raw->Accept(); });
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
     impl->threads.emplace_back([raw = impl.get()] { raw->ioc.run(); });
@@ -744,6 +771,9 @@ void HttpServer::Stop() {
     impl->acceptor.close(ec);
     impl->accept_timer.cancel();
   });
+  // Starts under way finish (later ones answer 503): their results reach the sessions' strands
+  // before the shutdowns below, which cancel them.
+  impl_->prepare_pool->join();
   std::set<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&impl_->mu);

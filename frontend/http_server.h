@@ -11,7 +11,7 @@
 // be an address or a name (resolved once at Start).
 //
 // Thread-safety: Start() and Stop() from one controlling thread; the service is called from the
-// I/O threads and must be thread-safe.
+// I/O threads (and Start from the prepare threads) and must be thread-safe.
 #pragma once
 
 #include <chrono>
@@ -28,6 +28,9 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;  // 0: pick a free port (see HttpServer::port())
   int io_threads = 2;
+  // Threads that run the service's Start (tokenizing the prompt, admission) off the I/O threads,
+  // so a prompt of megabytes holds up no other connection. At least 1.
+  int prepare_threads = 2;
   size_t max_body_bytes = 4 << 20;
   // Connections beyond this are closed at accept.
   size_t max_connections = 16384;

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::frontend {
@@ -33,6 +35,10 @@ class FakeService : public GenerationService {
   int fail_after = -1;
   std::atomic<int> cancelled{0};
   std::atomic<int> finished{0};
+  // The prompt "slow": Start waits for slow_release (at most 3 s) before it returns, as a
+  // tokenizer does on a prompt of megabytes.
+  absl::Notification slow_entered;
+  absl::Notification slow_release;
 
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
   bool Ready() const override { return true; }
@@ -51,6 +57,10 @@ class FakeService : public GenerationService {
     }
     if (req.prompt_text && *req.prompt_text == "busy") {
       return ApiError{429, "full", "rate_limit_exceeded"};
+    }
+    if (req.prompt_text && *req.prompt_text == "slow") {
+      slow_entered.Notify();
+      slow_release.WaitForNotificationWithTimeout(absl::Seconds(3));
     }
     auto gen = std::make_unique<FakeGeneration>(this);
     auto stop = gen->stop;
@@ -551,6 +561,41 @@ TEST(HttpServerBodyBudgetTest, OneBodyOfTheLimitAlwaysFits) {
                   absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
                                "Content-Length: 8000\r\n\r\n", std::string(8000, ' ')));
   EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out.substr(0, 300);  // read and parsed
+  (*server)->Stop();
+}
+
+// The service's Start (tokenizing, admission) runs off the I/O threads: with one I/O thread, a
+// request whose Start takes seconds holds up neither /health nor another connection's request.
+TEST(HttpServerPrepareTest, SlowStartDoesNotHoldTheIoThread) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.io_threads = 1;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->port();
+  auto post = [port](const std::string& prompt) {
+    const std::string body =
+        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
+    return RawExchange(
+        port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                           "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+  };
+  std::string slow_out;
+  std::thread slow([&] { slow_out = post("slow"); });
+  ASSERT_TRUE(service.slow_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const auto started = std::chrono::steady_clock::now();
+  const std::string health =
+      RawExchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string other = post("hi");
+  const auto waited = std::chrono::steady_clock::now() - started;
+  service.slow_release.Notify();
+  slow.join();
+  EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+  EXPECT_EQ(other.rfind("HTTP/1.1 200", 0), 0u) << other;
+  EXPECT_LT(waited, std::chrono::milliseconds(1500)) << "held up behind the slow Start";
+  EXPECT_EQ(slow_out.rfind("HTTP/1.1 200", 0), 0u) << slow_out;
+  EXPECT_NE(slow_out.find("t0 t1"), std::string::npos) << slow_out;
   (*server)->Stop();
 }
 
