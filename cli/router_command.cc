@@ -88,7 +88,9 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--drain-timeout-ms", o->drain_timeout_ms,
                   "On SIGTERM / SIGINT: how long running HTTP requests may finish before they end "
-                  "with an error event");
+                  "with an error event")
+      ->capture_default_str()
+      ->check(NonNegative());
   cmd->callback([o, exit_code] {
     const absl::Status status = RunRouter(*o);
     if (!status.ok()) {

@@ -167,8 +167,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
                                                                      parser_->get().version());
+      ArmWriteTimeout();
       http::async_write(stream_, *cont,
                         [self = shared_from_this(), cont](beast::error_code wec, size_t) {
+                          self->ClearWriteTimeout();
                           if (wec) return self->Finish();
                           self->ReadBody();
                         });
@@ -197,6 +199,11 @@ class Session : public std::enable_shared_from_this<Session> {
     ++read_timer_id_;
     read_timer_.cancel();
   }
+  // Each response write must be taken by the client within write_timeout (the stream's own
+  // timeout closes the socket; the write then fails and the connection finishes). Cleared when
+  // the write completes, so that it never applies to a later read.
+  void ArmWriteTimeout() { stream_.expires_after(server_->options.write_timeout); }
+  void ClearWriteTimeout() { stream_.expires_never(); }
 
   // A read cut off by its deadline: 408 when any of the request arrived, else (an idle
   // keep-alive connection) a silent close.
@@ -301,8 +308,10 @@ class Session : public std::enable_shared_from_this<Session> {
     res->body() = std::move(body);
     res->prepare_payload();
     if (request_.method() == http::verb::head) res->body().clear();
+    ArmWriteTimeout();
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        self->ClearWriteTimeout();
                         if (!ec && self->linger_) return self->Linger();
                         if (ec || !self->keep_alive_) return self->Finish();
                         self->Read();
@@ -370,8 +379,10 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_res_->chunked(chunked_);
     stream_sr_.emplace(*stream_res_);
     writing_ = true;
+    ArmWriteTimeout();
     http::async_write_header(stream_, *stream_sr_,
                              [self = shared_from_this()](beast::error_code ec, size_t) {
+                               self->ClearWriteTimeout();
                                self->writing_ = false;
                                self->header_written_ = true;
                                if (ec) return self->Finish();
@@ -382,6 +393,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (out_.empty() || writing_) return;
     writing_ = true;
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->ClearWriteTimeout();
       self->writing_ = false;
       const bool last = self->out_.front().kind == OutKind::kLast;
       self->queued_bytes_ -= self->out_.front().data.size();
@@ -395,6 +407,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       self->WriteNext();
     };
+    ArmWriteTimeout();
     if (!chunked_) {
       // kLast is an empty write: `done` then closes the connection (keep_alive_ is off).
       net::async_write(stream_, net::buffer(out_.front().data), std::move(done));

@@ -45,6 +45,10 @@ struct HttpServerOptions {
   // connection closes; an idle keep-alive connection that sent nothing is closed silently.
   std::chrono::milliseconds header_timeout{30000};
   std::chrono::milliseconds body_timeout{60000};
+  // A response write (a JSON body, a stream's header or event) the client does not take within
+  // write_timeout closes the connection and cancels its request: a client that stops reading
+  // would otherwise hold its response (up to a whole body) and the connection forever.
+  std::chrono::milliseconds write_timeout{60000};
 };
 
 class HttpServer {

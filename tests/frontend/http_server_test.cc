@@ -42,7 +42,8 @@ class FakeService : public GenerationService {
 
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
   bool Ready() const override { return true; }
-  std::string MetricsText() const override { return "pdserve_up 1\n"; }
+  std::string metrics = "pdserve_up 1\n";
+  std::string MetricsText() const override { return metrics; }
 
   void RecordRejected(Endpoint endpoint, int http_status) override {
     absl::MutexLock lock(&rejected_mu);
@@ -484,6 +485,42 @@ TEST(HttpServerTimeoutTest, PartialRequestsGet408AndIdleConnectionsClose) {
   // A whole request right away is answered as usual.
   const std::string ok =
       RawExchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
+  (*server)->Stop();
+}
+
+// A client that stops reading its response does not hold it (and the connection) forever: a
+// write not taken within write_timeout closes the connection (a slow reader of large responses,
+// or of error bodies echoing a 4 MB request, held them without bound).
+TEST(HttpServerTimeoutTest, ResponsesNotReadInTimeCloseTheConnection) {
+  FakeService service;
+  service.metrics = std::string(size_t{64} << 20, 'm');
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.write_timeout = std::chrono::milliseconds(300);
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.open(tcp::v4());
+  sock.set_option(net::socket_base::receive_buffer_size(4096));
+  sock.connect({net::ip::make_address("127.0.0.1"), (*server)->port()});
+  net::write(
+      sock,
+      net::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // What the socket buffers held arrives, then the close: far less than the 64 MB body.
+  size_t received = 0;
+  beast::error_code ec;
+  std::vector<char> buf(size_t{1} << 20);
+  for (;;) {
+    received += sock.read_some(net::buffer(buf), ec);
+    if (ec) break;
+  }
+  EXPECT_LT(received, service.metrics.size());
+  // The server goes on serving.
+  const std::string ok = RawExchange(
+      (*server)->port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
   (*server)->Stop();
 }
