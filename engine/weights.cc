@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/quant.h"
+#include "engine/random_weights.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -24,6 +25,7 @@ using Json = nlohmann::json;
 
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
+constexpr char kRandomFile[] = "random_weights.json";
 
 // A tensor as stored: which file, which header entry.
 struct Stored {
@@ -356,9 +358,46 @@ class Planner {
   std::map<std::string, std::vector<bool>> expert_slots_;
 };
 
+// A model directory with random_weights.json ({"seed": N}) and no checkpoint: FastRandomWeights
+// of the config, the same values in every process that loads it (benchmarks at real layer shapes
+// without a checkpoint of hundreds of GB: tools/gpu/make_random_model.py).
+absl::StatusOr<Weights> RandomFromDir(const std::string& model_dir, const ModelConfig& config) {
+  namespace fs = std::filesystem;
+  const std::string path = absl::StrCat(model_dir, "/", kRandomFile);
+  std::error_code ec;
+  for (const char* checkpoint : {kSingleFile, kIndexFile}) {
+    if (fs::exists(absl::StrCat(model_dir, "/", checkpoint), ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_dir, ": holds both ", kRandomFile, " and ", checkpoint,
+                       "; keep one (random weights or the checkpoint)"));
+    }
+  }
+  PDSERVE_ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  const Json spec = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (spec.is_discarded() || !spec.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
+  }
+  for (auto it = spec.begin(); it != spec.end(); ++it) {
+    if (it.key() != "seed") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": unknown key \"", it.key(), "\" (only \"seed\")"));
+    }
+  }
+  const auto seed = spec.find("seed");
+  if (seed == spec.end() || !seed->is_number_unsigned()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": \"seed\" must be a non-negative integer"));
+  }
+  return FastRandomWeights(config, seed->get<uint64_t>());
+}
+
 }  // namespace
 
 absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelConfig& config) {
+  std::error_code exists_ec;
+  if (std::filesystem::exists(absl::StrCat(model_dir, "/", kRandomFile), exists_ec)) {
+    return RandomFromDir(model_dir, config);
+  }
   PDSERVE_ASSIGN_OR_RETURN(std::vector<SafetensorsFile> files, OpenFiles(model_dir));
 
   std::map<std::string, Stored, std::less<>> stored;

@@ -29,6 +29,9 @@ class Weights {
   // of model.embed_tokens.weight when tie_word_embeddings is set. Expert tensors are stacked
   // (gate_up_proj [E, 2I, H] = per-expert w1 then w3; down_proj [E, H, I]); tid2eid [V, top-k]
   // holds expert ids as exact float values. Formats and sources: docs/checkpoints.md.
+  // A directory with random_weights.json ({"seed": N}) instead of a checkpoint loads
+  // FastRandomWeights(config, N) (engine/random_weights.h); with a checkpoint beside it, or a
+  // malformed file, InvalidArgument.
   static absl::StatusOr<Weights> Load(const std::string& model_dir, const ModelConfig& config);
 
   // The tensor stored under canonical (transformers) `name`, or NotFound.

@@ -3,14 +3,17 @@
 // sharding, tied embeddings, quantized forms, and one precise error per bad-checkpoint case.
 #include "engine/weights.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/config.h"
+#include "engine/random_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -296,6 +299,90 @@ TEST_P(Fp4ExpertTest, ExpertWeightsDequantizeOnLoad) {
 INSTANTIATE_TEST_SUITE_P(Storage, Fp4ExpertTest, ::testing::Values("F4", "I8", "U8"));
 
 // ---- Bad checkpoints: each gives its own precise error, naming the file and tensor. ----
+
+// random_weights.json instead of a checkpoint: FastRandomWeights of the config and seed.
+TEST(WeightsTest, RandomWeightsFileLoadsTheSeedsWeights) {
+  const std::string dir = testing::MakeTempDir("random_weights");
+  testing::CopyFile(FixtureDir(kMixed) + "/model/config.json", dir + "/config.json");
+  std::ofstream(dir + "/random_weights.json") << R"({"seed": 7})";
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto loaded = Weights::Load(dir, *config);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Weights expected = FastRandomWeights(*config, 7);
+  const Weights other_seed = FastRandomWeights(*config, 8);
+  ASSERT_EQ(loaded->all().size(), expected.all().size());
+  for (const auto& [name, tensor] : expected.all()) {
+    const Tensor& got = loaded->At(name);
+    ASSERT_EQ(got.shape, tensor.shape) << name;
+    EXPECT_EQ(got.data, tensor.data) << name;
+  }
+  EXPECT_NE(loaded->At("model.embed_tokens.weight").data,
+            other_seed.At("model.embed_tokens.weight").data);
+}
+
+TEST(WeightsErrorTest, RandomWeightsFileErrors) {
+  const std::string dir = testing::MakeTempDir("random_weights_bad");
+  testing::CopyFile(FixtureDir(kMixed) + "/model/config.json", dir + "/config.json");
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto error_of = [&](const std::string& text) {
+    std::ofstream(dir + "/random_weights.json") << text;
+    auto loaded = Weights::Load(dir, *config);
+    return loaded.ok() ? std::string("ok") : std::string(loaded.status().message());
+  };
+  EXPECT_THAT(error_of("{"), HasSubstr("random_weights.json: malformed JSON"));
+  EXPECT_THAT(error_of(R"({"seed": -1})"), HasSubstr("\"seed\" must be a non-negative integer"));
+  EXPECT_THAT(error_of(R"({"sed": 1})"), HasSubstr("unknown key \"sed\""));
+  testing::CopyFile(FixtureDir(kMixed) + "/model/model.safetensors", dir + "/model.safetensors");
+  EXPECT_THAT(error_of(R"({"seed": 1})"),
+              HasSubstr("holds both random_weights.json and model.safetensors"));
+}
+
+// tools/gpu/make_random_model.py's default directory: DeepSeek-V4-Flash shapes, which are
+// engine::ModelConfig's defaults, and the default layer schedule of a config that names none.
+TEST(RandomModelToolTest, FlashShapesAreTheEngineDefaults) {
+  const std::string dir = testing::MakeTempDir("random_flash");
+  const std::string source = PDSERVE_SOURCE_DIR;
+  const std::string command = absl::StrCat(
+      "python3 ", source, "/tools/gpu/make_random_model.py --out ", dir,
+      "/model --layers 43 --seed 3 --tokenizer-from ", source, "/models/kjv-v4-tiny > /dev/null");
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto config = ModelConfig::Load(dir + "/model");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig flash;
+  EXPECT_EQ(config->hidden_size, flash.hidden_size);
+  EXPECT_EQ(config->moe_intermediate_size, flash.moe_intermediate_size);
+  EXPECT_EQ(config->num_attention_heads, flash.num_attention_heads);
+  EXPECT_EQ(config->num_key_value_heads, flash.num_key_value_heads);
+  EXPECT_EQ(config->head_dim, flash.head_dim);
+  EXPECT_EQ(config->qk_rope_head_dim, flash.qk_rope_head_dim);
+  EXPECT_EQ(config->q_lora_rank, flash.q_lora_rank);
+  EXPECT_EQ(config->o_lora_rank, flash.o_lora_rank);
+  EXPECT_EQ(config->o_groups, flash.o_groups);
+  EXPECT_EQ(config->n_routed_experts, flash.n_routed_experts);
+  EXPECT_EQ(config->num_experts_per_tok, flash.num_experts_per_tok);
+  EXPECT_EQ(config->n_shared_experts, flash.n_shared_experts);
+  EXPECT_EQ(config->index_n_heads, flash.index_n_heads);
+  EXPECT_EQ(config->index_head_dim, flash.index_head_dim);
+  EXPECT_EQ(config->index_topk, flash.index_topk);
+  EXPECT_EQ(config->sliding_window, flash.sliding_window);
+  EXPECT_EQ(config->hc_mult, flash.hc_mult);
+  EXPECT_EQ(config->compress_rate_csa, flash.compress_rate_csa);
+  EXPECT_EQ(config->compress_rate_hca, flash.compress_rate_hca);
+  EXPECT_EQ(config->num_hidden_layers, 43);
+  auto schedule =
+      ModelConfig::Parse(R"({"model_type": "deepseek_v4", "num_hidden_layers": 43})", "inline");
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_EQ(config->layer_types, schedule->layer_types);
+  EXPECT_EQ(config->mlp_layer_types, schedule->mlp_layer_types);
+  EXPECT_EQ(config->layer_types[0], LayerType::kHeavilyCompressedAttention);
+  EXPECT_EQ(config->layer_types[3], LayerType::kCompressedSparseAttention);
+  // The tokenizer's model sets the vocabulary.
+  auto bundled = ModelConfig::Load(source + "/models/kjv-v4-tiny");
+  ASSERT_TRUE(bundled.ok()) << bundled.status();
+  EXPECT_EQ(config->vocab_size, bundled->vocab_size);
+}
 
 TEST(WeightsErrorTest, NoCheckpointFile) {
   const std::string dir = testing::MakeTempDir("no_ckpt");
