@@ -350,6 +350,20 @@ ApiError ServerError(int http_status, std::string message, std::string type, std
   return e;
 }
 
+ApiError ModelNotFound(std::string_view model) {
+  constexpr size_t kShown = 256;
+  std::string shown(model);
+  if (shown.size() > kShown) {
+    size_t cut = kShown;
+    while (cut > 0 && (static_cast<unsigned char>(shown[cut]) & 0xC0) == 0x80) --cut;
+    shown = absl::StrCat(shown.substr(0, cut), "...");
+  }
+  ApiError e = InvalidRequest(absl::StrCat("The model '", shown, "' does not exist"), "model",
+                              "model_not_found");
+  e.http_status = 404;
+  return e;
+}
+
 ApiError InvalidRequest(std::string message, std::string param, std::string code) {
   ApiError e;
   e.http_status = 400;

@@ -73,6 +73,9 @@ struct ApiError {
 };
 
 ApiError InvalidRequest(std::string message, std::string param = "", std::string code = "");
+// 404 model_not_found naming `model`, cut to its first 256 bytes (at a UTF-8 character boundary,
+// then "...") so that a request cannot make its error response megabytes long.
+ApiError ModelNotFound(std::string_view model);
 // Any other error: `http_status` (429, 500, 503, ...) with the given type and code.
 ApiError ServerError(int http_status, std::string message, std::string type = "server_error",
                      std::string code = "");

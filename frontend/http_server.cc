@@ -533,9 +533,7 @@ void Session::Generate(Endpoint endpoint) {
   api_ = std::move(std::get<ApiRequest>(parsed));
   const auto names = server_->service->ModelNames();
   if (std::find(names.begin(), names.end(), api_.model) == names.end()) {
-    ApiError e = InvalidRequest(absl::StrCat("The model '", api_.model, "' does not exist"),
-                                "model", "model_not_found");
-    e.http_status = 404;
+    ApiError e = ModelNotFound(api_.model);
     server_->service->RecordRejected(endpoint, e.http_status);
     return SendError(e);
   }

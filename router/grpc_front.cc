@@ -179,9 +179,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
     const frontend::ApiRequest& api = std::get<frontend::ApiRequest>(parsed);
     const std::vector<std::string> names = service->ModelNames();
     if (std::find(names.begin(), names.end(), api.model) == names.end()) {
-      frontend::ApiError e = frontend::InvalidRequest(
-          absl::StrCat("The model '", api.model, "' does not exist"), "model", "model_not_found");
-      e.http_status = 404;
+      frontend::ApiError e = frontend::ModelNotFound(api.model);
       service->RecordRejected(endpoint, e.http_status);
       End(ToStatus(e));
       return;

@@ -177,5 +177,21 @@ TEST(ApiRequestTest, ErrorJsonHasOpenAiShape) {
   EXPECT_TRUE(nlohmann::json::parse(InvalidRequest("x").ToJson())["error"]["code"].is_null());
 }
 
+// The error names the model; a name of megabytes is cut (a request must not make its error
+// response as large as itself), at a character boundary so the JSON stays valid UTF-8.
+TEST(ApiRequestTest, ModelNotFoundNamesTheModelCutToItsStart) {
+  ApiError short_name = ModelNotFound("gpt-4");
+  EXPECT_EQ(short_name.http_status, 404);
+  EXPECT_EQ(short_name.message, "The model 'gpt-4' does not exist");
+  EXPECT_EQ(short_name.code, "model_not_found");
+  EXPECT_EQ(short_name.param, "model");
+  // 255 ASCII bytes, then 2-byte characters: byte 256 is the middle of one.
+  const std::string long_name =
+      std::string(255, 'm') + std::string(4 << 20, 'x').replace(0, 4, "\xC3\xA9\xC3\xA9");
+  ApiError cut = ModelNotFound(long_name);
+  EXPECT_EQ(cut.message, "The model '" + std::string(255, 'm') + "...' does not exist");
+  EXPECT_NO_THROW(nlohmann::json::parse(cut.ToJson()));
+}
+
 }  // namespace
 }  // namespace pdserve::frontend
