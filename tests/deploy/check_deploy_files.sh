@@ -78,7 +78,7 @@ case $mode in
     echo "units verified"
     ;;
   configs-valid)
-    "$1" validate-config "$2"/local.yaml "$2"/h200x2.yaml "$2"/h200x4-ep.yaml "$2"/cluster-8gpu.yaml
+    "$1" validate-config "$2"/local.yaml "$2"/h200x2.yaml "$2"/h200x4-ep.yaml "$2"/cluster-8gpu.yaml "$2"/cluster-2host.yaml
     ;;
   configs-broken)
     pdserve=$1 dir=$2
@@ -102,9 +102,9 @@ case $mode in
     expect local.yaml 's/^    backend: cpu/    backend: gpu/' '18:14: prefill[0].backend: '
     expect local.yaml 's/^  transport: ucx/  transport: local/' '28:14: transfer.transport: '
     expect h200x2.yaml 's/^    gpus: "1"/    gpus: "0"/' '26:11: decode[0].gpus: '
-    expect cluster-8gpu.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
+    expect cluster-2host.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
       '12:19: router.prefill_policy: '
-    expect cluster-8gpu.yaml 's/^    port: 9210/    prot: 9210/' '49:5: decode[1].prot: '
+    expect cluster-2host.yaml 's/^    port: 9210/    prot: 9210/' '49:5: decode[1].prot: '
     exit $status
     ;;
   port-taken)
