@@ -9,25 +9,31 @@ build=${1:-build}
 config=${PDSERVE_CONFIG:-deploy/local.yaml}
 model=${PDSERVE_MODEL:-models/kjv-v4-tiny}
 log=$(mktemp)
+errlog=$(mktemp)  # the processes' own log lines: shown only when something fails
 server_pid=""
 cleanup() {
+  local status=$?
   if [[ -n "$server_pid" ]] && kill -0 "$server_pid" 2>/dev/null; then
     kill -INT "$server_pid"
     wait "$server_pid" || true
   fi
-  rm -f "$log"
+  if [[ $status -ne 0 ]]; then
+    echo "demo: the last lines the processes logged:" >&2
+    tail -n 20 "$errlog" >&2
+  fi
+  rm -f "$log" "$errlog"
 }
 trap cleanup EXIT INT TERM
 
 if "$build/pdserve" prefill --help >/dev/null 2>&1; then
   mode="pdserve up ($config)"
-  "$build/pdserve" up --config "$config" >"$log" &
+  "$build/pdserve" up --config "$config" >"$log" 2>"$errlog" &
   server_pid=$!
   pattern='s/^pdserve up: ready on \([^ ]*\).*/\1/p'
   tries=3000  # model loads in three processes
 else
   mode="pdserve serve ($model, colocated: this build has no workers)"
-  "$build/pdserve" serve --model "$model" --host 127.0.0.1 --port 0 >"$log" &
+  "$build/pdserve" serve --model "$model" --host 127.0.0.1 --port 0 >"$log" 2>"$errlog" &
   server_pid=$!
   pattern='s/^pdserve serve: listening on //p'
   tries=300
