@@ -67,8 +67,10 @@ struct SparseDecodeParams {
 // entries_per_split).
 int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 
-// A split size (multiple of kSparseTile) that fills one wave of blocks (one per multiprocessor)
-// without splitting further: a single split skips the combine kernel and its fp32 partials.
+// A split size (multiple of kSparseTile) for requests of up to `max_entries` entries: the one a
+// cost model fitted to H200 measurements (see the definition) predicts fastest, within one wave of
+// blocks (one per multiprocessor). Splitting shortens each block's list but adds fp32 partials and
+// the combine kernel, so small lists and batches that fill the wave stay whole. Host arithmetic.
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count);
 

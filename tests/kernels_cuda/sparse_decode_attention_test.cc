@@ -273,12 +273,16 @@ TEST(CudaSparseDecodeTest, HundredTwentyEightHeads) {
   RunAndCheck(MakeCase(rng, 128, true, 512, {128, 41}, {900, 200}, 0.2), 128);
 }
 
-TEST(CudaSparseDecodeTest, SplitSizeFillsOneWave) {
-  // Host arithmetic only (no GPU needed). 132 multiprocessors, 640 and 1152 entries.
+TEST(CudaSparseDecodeTest, SplitSizeFollowsTheMeasuredCosts) {
+  // Host arithmetic only (no GPU needed). 132 multiprocessors. Each expectation is the fastest
+  // split size of the H200 sweep in docs/perf.md (2026-12-03), or within 5% of it.
   EXPECT_EQ(SparseDecodeEntriesPerSplit(128, 64, 640, 132), 640);  // a block per request
-  EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 64, 640, 132), 160);   // 4 splits
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 64, 640, 132), 160);   // CSA b32: 4 splits
   EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 128, 640, 132), 320);  // 2 head groups, 2 splits
-  EXPECT_EQ(SparseDecodeEntriesPerSplit(1, 64, 640, 132), kSparseTile);
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(1, 64, 640, 132), 64);     // CSA b1: 10 splits
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 64, 160, 132), 160);   // HCA b32 x 4K: whole
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(1, 64, 1152, 132), 96);    // HCA b1 x 128K: 12 splits
+  EXPECT_EQ(SparseDecodeEntriesPerSplit(32, 64, 1152, 132), 288);  // HCA b32 x 128K: 4 splits
   EXPECT_EQ(SparseDecodeEntriesPerSplit(1, 64, 5, 132), kSparseTile);
   for (int64_t batch = 1; batch <= 300; ++batch) {
     SparseDecodeParams p;
