@@ -93,6 +93,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void SetActive(bool active) {
     if (active != active_) server_->active.fetch_add(active ? 1 : -1);
     active_ = active;
+    live_gen_.store(active ? generation_id_ : 0);
   }
 
   // Called on the strand (HttpServer::Drain): a request still running ends with a 503 (an SSE
@@ -438,6 +439,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<Generation> generation_;
   uint64_t generation_id_ = 0;
   bool active_ = false;
+  // generation_id_ while a request is active, else 0: the prepare pool skips the Start of a
+  // request that ended while it waited (client gone, drain).
+  std::atomic<uint64_t> live_gen_{0};
   std::atomic<bool> ending_{false};   // EndForShutdown ran
   std::vector<ChoiceDelta> choices_;  // non-streamed: accumulated per choice
   std::vector<bool> first_sent_;      // streamed: role delta sent per choice
@@ -557,8 +561,10 @@ void Session::Generate(Endpoint endpoint) {
   // that ended meanwhile (client gone, drain) has moved generation_id_ on.
   net::post(*server_->prepare_pool, [self = shared_from_this(), gen, api = api_] {
     HttpServer::Impl* server = self->server_;
+    // A request that ended while it waited is not started (OnStarted drops this result).
+    const bool ended = self->live_gen_.load() != gen;
     StartResult started =
-        server->stopped.load()
+        server->stopped.load() || ended
             ? StartResult(ServerError(503, "the server is shutting down; retry elsewhere",
                                       "server_error", "shutting_down"))
             : server->service->Start(api, std::make_shared<SessionSink>(self, gen));
