@@ -541,6 +541,15 @@ void Session::Generate(Endpoint endpoint) {
     server_->service->RecordRejected(endpoint, e.http_status);
     return SendError(e);
   }
+  // The body stays in the budget of buffered bodies until Start has run (max_buffered_body_bytes):
+  // requests waiting for a prepare thread hold their bodies (and a copy) too.
+  const size_t held = request_.body().size();
+  if (server_->body_bytes.fetch_add(held) + held > server_->options.max_buffered_body_bytes) {
+    server_->body_bytes.fetch_sub(held);
+    server_->service->RecordRejected(endpoint, 503);
+    return SendError(ServerError(503, "too many request bodies are being received; retry later",
+                                 "server_error", "server_busy"));
+  }
   meta_ = {NewResponseId(endpoint),
            std::chrono::duration_cast<std::chrono::seconds>(
                std::chrono::system_clock::now().time_since_epoch())
@@ -559,7 +568,7 @@ void Session::Generate(Endpoint endpoint) {
   // prepare pool, not on this I/O thread, which serves other connections meanwhile. Deltas may
   // reach the strand before OnStarted does; api_ and the choices are set already, and a request
   // that ended meanwhile (client gone, drain) has moved generation_id_ on.
-  net::post(*server_->prepare_pool, [self = shared_from_this(), gen, api = api_] {
+  net::post(*server_->prepare_pool, [self = shared_from_this(), gen, held, api = api_] {
     HttpServer::Impl* server = self->server_;
     // A request that ended while it waited is not started (OnStarted drops this result).
     const bool ended = self->live_gen_.load() != gen;
@@ -568,6 +577,7 @@ void Session::Generate(Endpoint endpoint) {
             ? StartResult(ServerError(503, "the server is shutting down; retry elsewhere",
                                       "server_error", "shutting_down"))
             : server->service->Start(api, std::make_shared<SessionSink>(self, gen));
+    server->body_bytes.fetch_sub(held);
     self->Post([self, gen, started = std::move(started)]() mutable {
       self->OnStarted(gen, std::move(started));
     });

@@ -675,6 +675,43 @@ TEST(HttpServerPrepareTest, DepartedClientsRequestIsNotStarted) {
   (*server)->Stop();
 }
 
+// Bodies waiting for a prepare thread stay in max_buffered_body_bytes: past it a request gets 503
+// server_busy rather than queueing without bound (each waiting 4 MB prompt held ~12 MB).
+TEST(HttpServerPrepareTest, BodiesWaitingForPrepareCountInTheBudget) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.prepare_threads = 1;
+  opts.max_body_bytes = 4096;
+  opts.max_buffered_body_bytes = 4096;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->port();
+  auto request = [](const std::string& prompt) {
+    const std::string body =
+        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
+    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  };
+  std::string slow_out, first_out;
+  std::thread slow([&] { slow_out = RawExchange(port, request("slow")); });
+  ASSERT_TRUE(service.slow_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::thread first([&] { first_out = RawExchange(port, request(std::string(3000, 'a'))); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // waits for the prepare thread
+  const std::string second = RawExchange(port, request(std::string(3000, 'b')));
+  service.slow_release.Notify();
+  slow.join();
+  first.join();
+  EXPECT_EQ(slow_out.rfind("HTTP/1.1 200", 0), 0u) << slow_out;
+  EXPECT_EQ(first_out.rfind("HTTP/1.1 200", 0), 0u) << first_out;
+  EXPECT_EQ(second.rfind("HTTP/1.1 503", 0), 0u) << second;
+  EXPECT_NE(second.find("server_busy"), std::string::npos) << second;
+  // Released once started: the next one fits.
+  const std::string third = RawExchange(port, request(std::string(3000, 'c')));
+  EXPECT_EQ(third.rfind("HTTP/1.1 200", 0), 0u) << third;
+  (*server)->Stop();
+}
+
 TEST(HttpServerHostTest, HostNameIsResolved) {
   FakeService service;
   HttpServerOptions opts;
