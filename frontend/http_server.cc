@@ -93,6 +93,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void SetActive(bool active) {
     if (active != active_) server_->active.fetch_add(active ? 1 : -1);
     active_ = active;
+    live_gen_.store(active ? generation_id_ : 0);
   }
 
   // Called on the strand (HttpServer::Drain): a request still running ends with a 503 (an SSE
@@ -438,6 +439,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<Generation> generation_;
   uint64_t generation_id_ = 0;
   bool active_ = false;
+  // generation_id_ while a request is active, else 0: the prepare pool skips the Start of a
+  // request that ended while it waited (client gone, drain).
+  std::atomic<uint64_t> live_gen_{0};
   std::atomic<bool> ending_{false};   // EndForShutdown ran
   std::vector<ChoiceDelta> choices_;  // non-streamed: accumulated per choice
   std::vector<bool> first_sent_;      // streamed: role delta sent per choice
@@ -537,6 +541,15 @@ void Session::Generate(Endpoint endpoint) {
     server_->service->RecordRejected(endpoint, e.http_status);
     return SendError(e);
   }
+  // The body stays in the budget of buffered bodies until Start has run (max_buffered_body_bytes):
+  // requests waiting for a prepare thread hold their bodies (and a copy) too.
+  const size_t held = request_.body().size();
+  if (server_->body_bytes.fetch_add(held) + held > server_->options.max_buffered_body_bytes) {
+    server_->body_bytes.fetch_sub(held);
+    server_->service->RecordRejected(endpoint, 503);
+    return SendError(ServerError(503, "too many request bodies are being received; retry later",
+                                 "server_error", "server_busy"));
+  }
   meta_ = {NewResponseId(endpoint),
            std::chrono::duration_cast<std::chrono::seconds>(
                std::chrono::system_clock::now().time_since_epoch())
@@ -555,13 +568,16 @@ void Session::Generate(Endpoint endpoint) {
   // prepare pool, not on this I/O thread, which serves other connections meanwhile. Deltas may
   // reach the strand before OnStarted does; api_ and the choices are set already, and a request
   // that ended meanwhile (client gone, drain) has moved generation_id_ on.
-  net::post(*server_->prepare_pool, [self = shared_from_this(), gen, api = api_] {
+  net::post(*server_->prepare_pool, [self = shared_from_this(), gen, held, api = api_] {
     HttpServer::Impl* server = self->server_;
+    // A request that ended while it waited is not started (OnStarted drops this result).
+    const bool ended = self->live_gen_.load() != gen;
     StartResult started =
-        server->stopped.load()
+        server->stopped.load() || ended
             ? StartResult(ServerError(503, "the server is shutting down; retry elsewhere",
                                       "server_error", "shutting_down"))
             : server->service->Start(api, std::make_shared<SessionSink>(self, gen));
+    server->body_bytes.fetch_sub(held);
     self->Post([self, gen, started = std::move(started)]() mutable {
       self->OnStarted(gen, std::move(started));
     });

@@ -57,8 +57,12 @@ curl -sS -N "$url/v1/chat/completions" -H 'Content-Type: application/json' -d @-
 JSON
   python3 -c '
 import json, sys
+events, other = 0, []
 for line in sys.stdin:
-    if line.startswith("data: ") and line.strip() != "data: [DONE]":
+    if not line.startswith("data: "):
+        other.append(line)  # not a stream: an error response (404, 429, ...) is a JSON body
+    elif line.strip() != "data: [DONE]":
+        events += 1
         event = json.loads(line[6:])
         if "error" in event:
             print("\ndemo: error from the server:", event["error"].get("message"))
@@ -66,4 +70,7 @@ for line in sys.stdin:
         for choice in event.get("choices", []):
             sys.stdout.write(choice.get("delta", {}).get("content") or "")
             sys.stdout.flush()
-print()'
+print()
+if events == 0:
+    print("demo: no answer from the server:", "".join(other).strip()[:500])
+    sys.exit(1)'

@@ -35,6 +35,7 @@ class FakeService : public GenerationService {
   int fail_after = -1;
   std::atomic<int> cancelled{0};
   std::atomic<int> finished{0};
+  std::atomic<int> starts{0};  // Start calls
   // The prompt "slow": Start waits for slow_release (at most 3 s) before it returns, as a
   // tokenizer does on a prompt of megabytes.
   absl::Notification slow_entered;
@@ -53,6 +54,7 @@ class FakeService : public GenerationService {
   std::vector<std::pair<Endpoint, int>> rejected ABSL_GUARDED_BY(rejected_mu);
 
   StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) override {
+    starts++;
     if (req.prompt_text && *req.prompt_text == "overflow") {
       return InvalidRequest("prompt is too long", "prompt", "context_length_exceeded");
     }
@@ -633,6 +635,80 @@ TEST(HttpServerPrepareTest, SlowStartDoesNotHoldTheIoThread) {
   EXPECT_LT(waited, std::chrono::milliseconds(1500)) << "held up behind the slow Start";
   EXPECT_EQ(slow_out.rfind("HTTP/1.1 200", 0), 0u) << slow_out;
   EXPECT_NE(slow_out.find("t0 t1"), std::string::npos) << slow_out;
+  (*server)->Stop();
+}
+
+// A client that leaves while its request waits for a prepare thread costs no Start (tokenizing
+// megabytes for nobody), and the requests queued behind it do not wait for that work.
+TEST(HttpServerPrepareTest, DepartedClientsRequestIsNotStarted) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.prepare_threads = 1;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->port();
+  auto request = [](const std::string& prompt) {
+    const std::string body =
+        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
+    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  };
+  std::string slow_out;
+  std::thread slow([&] { slow_out = RawExchange(port, request("slow")); });
+  ASSERT_TRUE(service.slow_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  {
+    // Queued behind "slow" on the one prepare thread; the client sends and leaves.
+    net::io_context ioc;
+    tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), port});
+    net::write(sock, net::buffer(request("hi")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server sees it leave
+  service.slow_release.Notify();
+  slow.join();
+  const std::string other = RawExchange(port, request("hi"));
+  EXPECT_EQ(slow_out.rfind("HTTP/1.1 200", 0), 0u) << slow_out;
+  EXPECT_EQ(other.rfind("HTTP/1.1 200", 0), 0u) << other;
+  EXPECT_EQ(service.starts.load(), 2) << "the departed client's request was started";
+  (*server)->Stop();
+}
+
+// Bodies waiting for a prepare thread stay in max_buffered_body_bytes: past it a request gets 503
+// server_busy rather than queueing without bound (each waiting 4 MB prompt held ~12 MB).
+TEST(HttpServerPrepareTest, BodiesWaitingForPrepareCountInTheBudget) {
+  FakeService service;
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.prepare_threads = 1;
+  opts.max_body_bytes = 4096;
+  opts.max_buffered_body_bytes = 4096;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->port();
+  auto request = [](const std::string& prompt) {
+    const std::string body =
+        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
+    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  };
+  std::string slow_out, first_out;
+  std::thread slow([&] { slow_out = RawExchange(port, request("slow")); });
+  ASSERT_TRUE(service.slow_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::thread first([&] { first_out = RawExchange(port, request(std::string(3000, 'a'))); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // waits for the prepare thread
+  const std::string second = RawExchange(port, request(std::string(3000, 'b')));
+  service.slow_release.Notify();
+  slow.join();
+  first.join();
+  EXPECT_EQ(slow_out.rfind("HTTP/1.1 200", 0), 0u) << slow_out;
+  EXPECT_EQ(first_out.rfind("HTTP/1.1 200", 0), 0u) << first_out;
+  EXPECT_EQ(second.rfind("HTTP/1.1 503", 0), 0u) << second;
+  EXPECT_NE(second.find("server_busy"), std::string::npos) << second;
+  // Released once started: the next one fits.
+  const std::string third = RawExchange(port, request(std::string(3000, 'c')));
+  EXPECT_EQ(third.rfind("HTTP/1.1 200", 0), 0u) << third;
   (*server)->Stop();
 }
 

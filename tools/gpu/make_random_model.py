@@ -111,8 +111,9 @@ def main():
     args = parser.parse_args()
     if args.layers < 1:
         sys.exit(f"--layers: must be >= 1, got {args.layers}")
-    if args.seed < 0:
-        sys.exit(f"--seed: must be >= 0, got {args.seed}")
+    if args.seed < 0 or args.seed >= 2**64:
+        # The engine reads the seed as an unsigned 64-bit integer and refuses any other.
+        sys.exit(f"--seed: must be >= 0 and < 2**64, got {args.seed}")
     source_path = os.path.join(args.tokenizer_from, "config.json")
     try:
         with open(source_path) as f:
