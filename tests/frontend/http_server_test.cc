@@ -603,6 +603,14 @@ TEST(HttpServerBodyBudgetTest, OneBodyOfTheLimitAlwaysFits) {
   (*server)->Stop();
 }
 
+// A whole POST /v1/completions request (Connection: close) for `prompt`, max_tokens 2.
+std::string CompletionRequest(const std::string& prompt) {
+  const std::string body =
+      absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
+  return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                      "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+}
+
 // The service's Start (tokenizing, admission) runs off the I/O threads: with one I/O thread, a
 // request whose Start takes seconds holds up neither /health nor another connection's request.
 TEST(HttpServerPrepareTest, SlowStartDoesNotHoldTheIoThread) {
@@ -614,11 +622,7 @@ TEST(HttpServerPrepareTest, SlowStartDoesNotHoldTheIoThread) {
   ASSERT_TRUE(server.ok()) << server.status();
   const uint16_t port = (*server)->port();
   auto post = [port](const std::string& prompt) {
-    const std::string body =
-        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
-    return RawExchange(
-        port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
-                           "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+    return RawExchange(port, CompletionRequest(prompt));
   };
   std::string slow_out;
   std::thread slow([&] { slow_out = post("slow"); });
@@ -648,27 +652,21 @@ TEST(HttpServerPrepareTest, DepartedClientsRequestIsNotStarted) {
   auto server = HttpServer::Start(opts, &service);
   ASSERT_TRUE(server.ok()) << server.status();
   const uint16_t port = (*server)->port();
-  auto request = [](const std::string& prompt) {
-    const std::string body =
-        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
-    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
-                        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-  };
   std::string slow_out;
-  std::thread slow([&] { slow_out = RawExchange(port, request("slow")); });
+  std::thread slow([&] { slow_out = RawExchange(port, CompletionRequest("slow")); });
   ASSERT_TRUE(service.slow_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
   {
     // Queued behind "slow" on the one prepare thread; the client sends and leaves.
     net::io_context ioc;
     tcp::socket sock(ioc);
     sock.connect({net::ip::make_address("127.0.0.1"), port});
-    net::write(sock, net::buffer(request("hi")));
+    net::write(sock, net::buffer(CompletionRequest("hi")));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server sees it leave
   service.slow_release.Notify();
   slow.join();
-  const std::string other = RawExchange(port, request("hi"));
+  const std::string other = RawExchange(port, CompletionRequest("hi"));
   EXPECT_EQ(slow_out.rfind("HTTP/1.1 200", 0), 0u) << slow_out;
   EXPECT_EQ(other.rfind("HTTP/1.1 200", 0), 0u) << other;
   EXPECT_EQ(service.starts.load(), 2) << "the departed client's request was started";
@@ -687,18 +685,13 @@ TEST(HttpServerPrepareTest, BodiesWaitingForPrepareCountInTheBudget) {
   auto server = HttpServer::Start(opts, &service);
   ASSERT_TRUE(server.ok()) << server.status();
   const uint16_t port = (*server)->port();
-  auto request = [](const std::string& prompt) {
-    const std::string body =
-        absl::StrCat(R"({"model":"tiny","max_tokens":2,"prompt":")", prompt, R"("})");
-    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
-                        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-  };
   std::string slow_out, first_out;
-  std::thread slow([&] { slow_out = RawExchange(port, request("slow")); });
+  std::thread slow([&] { slow_out = RawExchange(port, CompletionRequest("slow")); });
   ASSERT_TRUE(service.slow_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  std::thread first([&] { first_out = RawExchange(port, request(std::string(3000, 'a'))); });
+  std::thread first(
+      [&] { first_out = RawExchange(port, CompletionRequest(std::string(3000, 'a'))); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // waits for the prepare thread
-  const std::string second = RawExchange(port, request(std::string(3000, 'b')));
+  const std::string second = RawExchange(port, CompletionRequest(std::string(3000, 'b')));
   service.slow_release.Notify();
   slow.join();
   first.join();
@@ -707,7 +700,7 @@ TEST(HttpServerPrepareTest, BodiesWaitingForPrepareCountInTheBudget) {
   EXPECT_EQ(second.rfind("HTTP/1.1 503", 0), 0u) << second;
   EXPECT_NE(second.find("server_busy"), std::string::npos) << second;
   // Released once started: the next one fits.
-  const std::string third = RawExchange(port, request(std::string(3000, 'c')));
+  const std::string third = RawExchange(port, CompletionRequest(std::string(3000, 'c')));
   EXPECT_EQ(third.rfind("HTTP/1.1 200", 0), 0u) << third;
   (*server)->Stop();
 }
