@@ -28,12 +28,12 @@ float UnwrittenRowValue() { return std::bit_cast<float>(uint32_t{0x7FC57FC5u}); 
 
 Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
                      const RopeTable* main_rope, const RopeTable* compress_rope,
-                     IndexerFault indexer_fault, bool bf16_storage)
+                     IndexerFault indexer_fault, bool bf16_state)
     : config_(config),
       type_(config.layer_types.at(static_cast<size_t>(layer))),
       rate_(config.CompressRate(type_)),
       rope_(type_ == LayerType::kSlidingAttention ? main_rope : compress_rope),
-      bf16_storage_(bf16_storage),
+      bf16_state_(bf16_state),
       q_a_proj_(weights.At(Prefix(layer) + ".q_a_proj.weight")),
       q_a_norm_(weights.At(Prefix(layer) + ".q_a_norm.weight")),
       q_b_proj_(weights.At(Prefix(layer) + ".q_b_proj.weight")),
@@ -47,14 +47,14 @@ Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t 
   if (type_ == LayerType::kHeavilyCompressedAttention) {
     compressor_ = std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
                                                /*overlapping=*/false, config.hidden_size, eps,
-                                               compress_rope, bf16_storage);
+                                               compress_rope, bf16_state);
   } else if (type_ == LayerType::kCompressedSparseAttention) {
     compressor_ = std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
                                                /*overlapping=*/true, config.hidden_size, eps,
-                                               compress_rope, bf16_storage);
+                                               compress_rope, bf16_state);
     indexer_compressor_ = std::make_unique<Compressor>(
         weights, compressor + ".indexer", rate_, config.index_head_dim,
-        /*overlapping=*/true, config.hidden_size, eps, compress_rope, bf16_storage);
+        /*overlapping=*/true, config.hidden_size, eps, compress_rope, bf16_state);
     indexer_ = std::make_unique<Indexer>(config, weights, compressor + ".indexer", compress_rope,
                                          indexer_fault);
   }
@@ -101,7 +101,7 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
   cpu::RmsNorm(kv.data(), kv_norm_.ptr(), tokens, hd, eps, kv.data());
   cpu::ApplyInterleavedRope(kv.data(), tokens, hd, 1, hd, rope_->rope_dim(), cos.data(), sin.data(),
                             /*inverse=*/false);
-  if (bf16_storage_) RoundToBf16(kv.data(), tokens * hd);
+  if (bf16_state_) RoundToBf16(kv.data(), tokens * hd);
   AppendRows(&keys, kv.data(), tokens);
 
   std::vector<int32_t> picks;

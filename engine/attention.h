@@ -31,7 +31,7 @@ class Attention {
   // `indexer_fault` is kNone except in the guards' tests (engine/model_options.h).
   Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
             const RopeTable* main_rope, const RopeTable* compress_rope,
-            IndexerFault indexer_fault = IndexerFault::kNone, bool bf16_storage = false);
+            IndexerFault indexer_fault = IndexerFault::kNone, bool bf16_state = false);
 
   LayerState NewState() const;
 
@@ -45,7 +45,7 @@ class Attention {
   LayerType type_;
   int64_t rate_;
   const RopeTable* rope_;
-  bool bf16_storage_;  // ModelOptions::bf16_storage
+  bool bf16_state_;  // ModelOptions::bf16_state
   const Tensor& q_a_proj_;
   const Tensor& q_a_norm_;
   const Tensor& q_b_proj_;

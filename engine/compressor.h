@@ -48,7 +48,7 @@ class Compressor {
   int64_t hidden_;
   float norm_eps_;
   const RopeTable* rope_;
-  bool bf16_entries_;  // ModelOptions::bf16_storage: entries rounded to bf16
+  bool bf16_entries_;  // ModelOptions::bf16_state: entries rounded to bf16
   const Tensor& kv_proj_;
   const Tensor& gate_proj_;
   const Tensor& position_bias_;

@@ -130,8 +130,8 @@ absl::StatusOr<Model> Model::FromWeights(ModelConfig config, Weights weights,
     Impl::Layer layer;
     layer.attention =
         std::make_unique<Attention>(c, w, l, &impl->main_rope, &impl->compress_rope,
-                                    impl->options.indexer_fault, impl->options.bf16_storage);
-    layer.moe = std::make_unique<Moe>(c, w, l, impl->options.bf16_storage);
+                                    impl->options.indexer_fault, impl->options.bf16_state);
+    layer.moe = std::make_unique<Moe>(c, w, l, impl->options.bf16_expert_input);
     layer.attn_hc = SiteWeights(w, p + ".attn_hc");
     layer.ffn_hc = SiteWeights(w, p + ".ffn_hc");
     layer.input_norm = &w.At(p + ".input_layernorm.weight");

@@ -59,11 +59,16 @@ struct ModelOptions {
   std::vector<SwitchablePiece> reference_pieces;
   // TEST ONLY: kNone in every deployment.
   IndexerFault indexer_fault = IndexerFault::kNone;
-  // TEST ONLY: emulate the CUDA backend's storage precision (engine/gpu/gpu_model.h) so its
-  // fp32-GEMM mode can be compared row for row: the keys of the state (window rows, compressed
-  // entries, indexer keys) and the routed experts' input are rounded to bf16 where the CUDA
-  // engine stores or reads them as bf16. false in every deployment.
-  bool bf16_storage = false;
+  // TEST ONLY (false in every deployment): the CUDA backend's storage precision
+  // (engine/gpu/gpu_model.h), so its fp32-GEMM mode can be compared row for row and the effect
+  // of each rounding measured alone. bf16_state: the keys of the state (window rows, compressed
+  // entries, indexer keys) are rounded to bf16 where the CUDA engine stores them as bf16.
+  // bf16_expert_input: the routed experts read their input rounded to bf16, as
+  // kernels/cuda/moe.cuh does.
+  bool bf16_state = false;
+  bool bf16_expert_input = false;
+  // Both of the above: the CUDA engine's storage precision.
+  void EmulateGpuStorage() { bf16_state = bf16_expert_input = true; }
 };
 
 // `base` with indexer_fault = kUnmaskedSlots when kScrambleIndexerEnv is "1", else unchanged.

@@ -22,7 +22,7 @@ class Moe {
  public:
   // Reads model.layers.<layer>.mlp.* (validated by the model). tid2eid holds expert ids as floats
   // [vocab, k]; they were range-checked by the model.
-  // bf16_input: ModelOptions::bf16_storage (the routed experts see x rounded to bf16).
+  // bf16_input: ModelOptions::bf16_expert_input (the routed experts see x rounded to bf16).
   Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input = false);
 
   // x: [tokens, hidden] (post_attention_layernorm output); token_ids: [tokens] (used by hash

@@ -36,7 +36,7 @@ class GpuModelStateTest : public ::testing::TestWithParam<std::string> {
   // The CPU engine emulating the GPU's storage on the GPU's rounded weights.
   std::unique_ptr<Model> EmulatingCpu() {
     ModelOptions options;
-    options.bf16_storage = true;
+    options.EmulateGpuStorage();
     auto cpu = Model::FromWeights(model_.config, RoundedLikeGpu(model_.weights), options);
     EXPECT_TRUE(cpu.ok()) << cpu.status();
     return cpu.ok() ? std::make_unique<Model>(std::move(*cpu)) : nullptr;

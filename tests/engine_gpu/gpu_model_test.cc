@@ -125,12 +125,12 @@ TEST(GpuModelFixturesTest, Bf16MatchesCpuOnTheFixtures) {
 }
 
 // The engine's logic, isolated from bf16 arithmetic: the GPU with fp32 GEMMs against the CPU
-// engine emulating the GPU's bf16 storage (ModelOptions::bf16_storage) on the same rounded
+// engine emulating the GPU's bf16 storage (ModelOptions::EmulateGpuStorage) on the same rounded
 // weights. Discrete choices then agree, so rows match to fp32 accumulation order, except where
 // a stored value lies so near a bf16 rounding boundary that the two round it apart.
 TEST_P(GpuModelTest, Fp32GemmsMatchCpuWithGpuStoragePrecision) {
   ModelOptions options;
-  options.bf16_storage = true;
+  options.EmulateGpuStorage();
   auto cpu = Model::FromWeights(model_.config, RoundedLikeGpu(model_.weights), options);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto gpu = MakeGpu(model_, 5, 512, GemmInputs::kFp32);
@@ -280,7 +280,7 @@ TEST(GpuModelV4ShapesTest, FixedShapeDecodeKernelsInTheEngine) {
   std::vector<int32_t> tokens(340);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 512);
   ModelOptions emulate;
-  emulate.bf16_storage = true;
+  emulate.EmulateGpuStorage();
   auto cpu_emulated = Model::FromWeights(config, RoundedLikeGpu(weights), emulate);
   auto cpu = Model::FromWeights(config, weights);
   ASSERT_TRUE(cpu_emulated.ok() && cpu.ok());

@@ -66,7 +66,7 @@ ServiceOptions Options(bool gpu) {
     backend.gemm_inputs = engine::gpu::GemmInputs::kFp32;
     options.runner_factory = GpuRunnerFactory(backend);
   } else {
-    options.model.bf16_storage = true;
+    options.model.EmulateGpuStorage();
   }
   return options;
 }

@@ -24,6 +24,7 @@
 #include "engine/quant.h"
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/rounded_weights.h"
 
 namespace pdserve::engine::gpu {
 
@@ -113,26 +114,11 @@ inline bool HasGpu() {
 
 inline int64_t Argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
 
-// The weights as the GPU holds them: every projection, the experts, the embedding and lm_head
-// rounded to bf16; norms, hyper-connection mixes, the router, biases and sinks kept fp32.
-inline Weights RoundedLikeGpu(const Weights& w) {
-  Weights out = w;
-  for (const auto& [name, tensor] : w.all()) {
-    const bool projection = name.ends_with("_proj.weight") || name.ends_with("_proj");
-    if (projection || name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-      Tensor rounded = tensor;
-      RoundToBf16(rounded.ptr(), rounded.numel());
-      out.Set(name, std::move(rounded));
-    }
-  }
-  return out;
-}
-
 // The CPU engine emulating the GPU's precision: bf16 storage and the GPU's bf16-rounded weights
 // (the reference the runner and prefill tests compare tokens with). Null, with a failure, on error.
 inline std::unique_ptr<Model> CpuLikeGpu(const TestModel& m) {
   ModelOptions options;
-  options.bf16_storage = true;
+  options.EmulateGpuStorage();
   auto cpu = Model::FromWeights(m.config, RoundedLikeGpu(m.weights), options);
   EXPECT_TRUE(cpu.ok()) << cpu.status();
   return cpu.ok() ? std::make_unique<Model>(std::move(*cpu)) : nullptr;
