@@ -77,6 +77,24 @@ __global__ void ReadAll(const uint4* p, size_t n, uint4* sink) {
   if (x == 0x9E3779B9u) *sink = make_uint4(x, x, x, x);
 }
 
+// Reads `n` 16-byte units with four loads in flight per thread: the floor for a kernel that must
+// read that many bytes (the same timing, the same launch, none of the kernel's work; see the
+// "_read" rows of Run).
+__global__ void __launch_bounds__(512) ReadFloor(const uint4* p, size_t n, uint4* sink) {
+  uint32_t x = 0;
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = p[i];
+    const uint4 b = p[i + stride];
+    const uint4 c = p[i + 2 * stride];
+    const uint4 d = p[i + 3 * stride];
+    x ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) x ^= p[i].x;
+  if (x == 0x9E3779B9u) *sink = make_uint4(x, x, x, x);
+}
+
 // What runs before each timed launch so that no input is served from L2: `write` overwrites a
 // 256 MiB buffer (L2 is then full of dirty lines of it, written back while the timed kernel
 // reads: extra HBM traffic charged to that kernel); with PDSERVE_BENCH_FLUSH=clean a second
@@ -239,6 +257,23 @@ int Run(int64_t only_batch, int64_t only_context) {
     return graph ? GraphMicros(launch, layers, 20, stream)
                  : MedianMicros([&] { launch(0); }, 20, flush, stream);
   };
+  // The floor for `bytes` (each layer reads its own compressed KV, as the kernels do): printed as
+  // "<name>_read" with the kernel's row key, so the tables show what a kernel that only read its
+  // bytes, contiguously and with nothing else to do, reaches at that size and timing.
+  uint4* read_sink = DeviceAlloc<uint4>(1);
+  auto print_floor = [&](const char* name, int64_t batch, int64_t context, int64_t entries,
+                         double bytes) {
+    const size_t units = static_cast<size_t>(bytes) / 16;
+    const unsigned blocks = static_cast<unsigned>(
+        std::min<size_t>(size_t{4} * sms, std::max<size_t>(1, (units + 2047) / 2048)));
+    const double us = time_us([&](int l) {
+      ReadFloor<<<blocks, 512, 0, stream>>>(reinterpret_cast<const uint4*>(inputs[l].kv_pool),
+                                            units, read_sink);
+      BENCH_CHECK(cudaGetLastError());
+    });
+    std::printf("%s_read,%lld,%lld,%lld,%.3f,%.0f,0\n", name, static_cast<long long>(batch),
+                static_cast<long long>(context), static_cast<long long>(entries), us, bytes);
+  };
   std::vector<float> host_w(max_batch * kIndexHeads);
   for (size_t i = 0; i < host_w.size(); ++i) host_w[i] = static_cast<float>(i % 13) / 13.0f - 0.4f;
   float* w = DeviceAlloc<float>(host_w.size());
@@ -294,6 +329,7 @@ int Run(int64_t only_batch, int64_t only_context) {
       const double flops = 2.0 * batch * keys * kIndexHeads * kIndexHeadDim;
       std::printf("indexer,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), us, bytes, flops);
+      print_floor("indexer", batch, context, keys, bytes);
       // The two stages alone: scores (keys in, fp32 scores out) and top-k (scores in, picks out).
       const double scores_us = time_us(
           [&](int l) { BENCH_CHECK(indexer_scores(layer_ip(l), scores, visible, stream)); });
@@ -348,6 +384,7 @@ int Run(int64_t only_batch, int64_t only_context) {
           BENCH_CHECK(cudaFree(out));
         };
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "");
+        print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
         // "<kernel>@<entries per split>" (to fit SparseDecodeEntriesPerSplit to measurements).
         const char* sweep = std::getenv("PDSERVE_BENCH_SPLITS");
