@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -97,10 +98,13 @@ inline float FromBf16(uint16_t h) {
 
 inline constexpr uint16_t kBf16NaN = 0x7FC0;
 
-// A generator seeded freshly for every test; the seed is printed so a failure can be replayed.
+// A generator seeded freshly for every test; the seed is printed so a failure can be replayed
+// with PDSERVE_TEST_SEED=<seed> (every test of that run then starts from it).
 inline std::mt19937_64 FreshRng() {
-  const uint64_t seed =
-      (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  const char* fixed = std::getenv("PDSERVE_TEST_SEED");
+  const uint64_t seed = fixed != nullptr ? std::strtoull(fixed, nullptr, 10)
+                                         : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                                               std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   return std::mt19937_64(seed);
 }
