@@ -14,6 +14,9 @@ absl::Status UcsToStatus(ucs_status_t status, absl::string_view what) {
     case UCS_ERR_REJECTED:
     case UCS_ERR_NOT_CONNECTED:
     case UCS_ERR_IO_ERROR:
+    // Attaching a peer's shared memory segment failed: the peer process is gone (killed or
+    // restarted), as ucp_ep_create to a dead decode worker's address over shm answers.
+    case UCS_ERR_SHMEM_SEGMENT:
       return absl::UnavailableError(message);
     case UCS_ERR_CANCELED:
       return absl::CancelledError(message);

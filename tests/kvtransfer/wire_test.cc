@@ -1,5 +1,7 @@
 // Wire formats and status adapters: page header, ticket, control messages, isolation errors.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/page_header.h"
@@ -175,6 +177,55 @@ TEST(UcxAddressTest, UnknownVersionOrShortAddressIsRefusedBeforeUcxSeesIt) {
   EXPECT_EQ(CheckPeerAddress(other_version).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckPeerAddress(std::span<const std::byte>(own.data(), 8)).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A decode worker killed while a prefill worker still held its ticket: connecting to its address
+// must say "peer gone" (Unavailable: the router retries, else answers 503), not Internal (a 500
+// "prefill_failed" that blamed the prefill worker). The peer here is a child process that
+// publishes its worker address and dies without cleaning up, as kill -9 does; over shared
+// memory ucp_ep_create then fails with UCS_ERR_SHMEM_SEGMENT (the dead peer's segment is gone).
+TEST(UcxAddressTest, ConnectingToAKilledPeerIsUnavailable) {
+  EXPECT_EQ(UcsToStatus(UCS_ERR_SHMEM_SEGMENT, "ucp_ep_create").code(),
+            absl::StatusCode::kUnavailable);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    absl::StatusOr<UcxContext> peer_context = UcxContext::Create();
+    if (!peer_context.ok()) _exit(1);
+    absl::StatusOr<UcxWorker> peer = UcxWorker::Create(*peer_context);
+    if (!peer.ok()) _exit(1);
+    const std::vector<std::byte>& address = peer->address();
+    const ssize_t size = static_cast<ssize_t>(address.size());
+    if (write(fds[1], address.data(), address.size()) != size) _exit(1);
+    _exit(0);  // no ucp_worker_destroy / ucp_cleanup: as if killed
+  }
+  close(fds[1]);
+  std::vector<std::byte> address;
+  std::byte buffer[4096];
+  for (ssize_t got; (got = read(fds[0], buffer, sizeof(buffer))) > 0;) {
+    address.insert(address.end(), buffer, buffer + got);
+  }
+  close(fds[0]);
+  int wait_status = 0;
+  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
+  ASSERT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0);
+  ASSERT_FALSE(address.empty());
+
+  absl::StatusOr<UcxContext> context = UcxContext::Create();
+  ASSERT_TRUE(context.ok()) << context.status();
+  absl::StatusOr<UcxWorker> worker = UcxWorker::Create(*context);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  // Without peer failure detection: UcxTransport::Connect's fallback, the path shared memory
+  // takes (with detection UCX answers UCS_ERR_UNREACHABLE, already Unavailable).
+  auto connected = UcxEndpoint::Create(*worker, address, /*detect_peer_failure=*/false, nullptr);
+  // Where UCX creates the endpoint anyway (tcp alone), the loss shows later, in the error
+  // handler; a failure here must be Unavailable whatever the transport.
+  if (!connected.ok()) {
+    EXPECT_EQ(connected.status().code(), absl::StatusCode::kUnavailable) << connected.status();
+  }
 }
 
 }  // namespace
