@@ -520,6 +520,20 @@ void Session::Route() {
     }
     return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
   }
+  // OpenAI's retrieve model: GET /v1/models/{model}, any name the server accepts.
+  if (constexpr std::string_view kModel = "/v1/models/"; target.starts_with(kModel)) {
+    if (!get) return SendMethodNotAllowed(false);
+    const std::string name(target.substr(kModel.size()));
+    const auto names = service->ModelNames();
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      return SendError(ModelNotFound(name));
+    }
+    return SendJson(200, nlohmann::json{{"id", name},
+                                        {"object", "model"},
+                                        {"created", server_->started},
+                                        {"owned_by", "pdserve"}}
+                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (method != http::verb::post) return SendMethodNotAllowed(true);
     return Generate(target == "/v1/completions" ? Endpoint::kCompletions

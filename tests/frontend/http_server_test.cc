@@ -157,6 +157,21 @@ TEST_F(HttpServerTest, HealthReadyModelsMetrics) {
   EXPECT_EQ(Request(http::verb::get, "/v1/completions").result_int(), 405);
 }
 
+// OpenAI's "retrieve model" (the openai client's models.retrieve): the listed model object, and
+// model_not_found for a name the server does not serve (it was "no route for ..." before).
+TEST_F(HttpServerTest, RetrieveModelByName) {
+  auto found = Request(http::verb::get, "/v1/models/tiny");
+  ASSERT_EQ(found.result_int(), 200) << found.body();
+  auto model = json::parse(found.body());
+  EXPECT_EQ(model["id"], "tiny");
+  EXPECT_EQ(model["object"], "model");
+  EXPECT_EQ(model["owned_by"], "pdserve");
+  auto missing = Request(http::verb::get, "/v1/models/nope");
+  EXPECT_EQ(missing.result_int(), 404);
+  EXPECT_EQ(json::parse(missing.body())["error"]["code"], "model_not_found");
+  EXPECT_EQ(Request(http::verb::post, "/v1/models/tiny").result_int(), 405);
+}
+
 TEST_F(HttpServerTest, MethodNotAllowedNamesTheMethodsAndHeadHasNoBody) {
   auto wrong = Request(http::verb::get, "/v1/chat/completions");
   EXPECT_EQ(wrong.result_int(), 405);
