@@ -11,7 +11,9 @@
 // free, so a second `up`, or processes left from an earlier one, are reported instead of
 // half-serving (gRPC would otherwise share a port with SO_REUSEPORT).
 // Each child gets PR_SET_PDEATHSIG, so it is stopped (SIGTERM) even when `up` itself is killed.
-// Ctrl-C (SIGINT) or SIGTERM stops every child (SIGTERM, then SIGKILL after 15 s) and exits 0.
+// Ctrl-C (SIGINT) or SIGTERM stops every child and exits 0: the router first, then the workers
+// (SIGTERM; SIGKILL for one still running 15 s past the drain), so requests the router is
+// draining still have their workers and the router does not report them down on the way out.
 // The workers are started with --drain-timeout-ms 2000 (`up --drain-timeout-ms` changes it), so
 // Ctrl-C stays fast: a worker lets running requests finish for at most 2 s, then ends the rest
 // with a final "error" event (a production unit keeps the 30 s default); the router gets the same
@@ -28,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -67,6 +70,7 @@ struct Child {
   pid_t pid = -1;
   bool exited = false;
   int status = 0;
+  bool router = false;
 };
 
 // Starts `pdserve args...` with the default signal mask. Errors: Internal when fork fails.
@@ -184,27 +188,40 @@ std::string Describe(int status) {
   return "stopped";
 }
 
-void StopAll(std::vector<Child>& children, int drain_timeout_ms) {
+// SIGTERM to the children `which` selects, then waits for them (drain + 15 s) and kills those
+// still running.
+template <typename Which>
+void StopSome(std::vector<Child>& children, int drain_timeout_ms, Which which) {
   for (Child& c : children) {
-    if (!c.exited) kill(c.pid, SIGTERM);
+    if (!c.exited && which(c)) kill(c.pid, SIGTERM);
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(drain_timeout_ms) + std::chrono::seconds(15);
   while (std::chrono::steady_clock::now() < deadline) {
     Reap(children);
     bool all = true;
-    for (const Child& c : children) all &= c.exited;
+    for (const Child& c : children) all &= c.exited || !which(c);
     if (all) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (Child& c : children) {
-    if (c.exited) continue;
+    if (c.exited || !which(c)) continue;
     std::fprintf(stderr, "pdserve up: %s (pid %d) did not stop; killing it\n", c.name.c_str(),
                  c.pid);
     kill(c.pid, SIGKILL);
     waitpid(c.pid, &c.status, 0);
     c.exited = true;
   }
+}
+
+// The router first (it lets its running requests finish, up to the drain, while the workers
+// still serve them, and stops health-checking), then the workers.
+void StopAll(std::vector<Child>& children, int drain_timeout_ms) {
+  if (std::any_of(children.begin(), children.end(), [](const Child& c) { return c.router; })) {
+    StopSome(children, drain_timeout_ms, [](const Child& c) { return c.router; });
+    std::fprintf(stderr, "pdserve up: router stopped; stopping the workers\n");
+  }
+  StopSome(children, drain_timeout_ms, [](const Child&) { return true; });
 }
 
 // Exit status of `up`: 0 after a signal, 1 when a child died or startup failed.
@@ -257,6 +274,7 @@ int Up(const UpOptions& options) {
   }
   ok = ok && start("router",
                    {"pdserve", "router", "--config", options.config, "--drain-timeout-ms", drain});
+  if (ok) children.back().router = true;
   if (!ok) {
     StopAll(children, options.drain_timeout_ms);
     return 1;

@@ -450,12 +450,22 @@ transfer: {{transport: ucx, lease_ms: 30000}}
                    if os.path.exists(f"/proc/{pid}/comm"))
     check(names == ["pdserve"] * 3, f"`pdserve up`'s children are named pdserve: {names}")
     log.seek(0, os.SEEK_END)
+    # A long stream still running when Ctrl-C comes: the router drains it (up to the 2 s drain),
+    # during which its health checks would find stopped workers if they were stopped with it.
+    stream = subprocess.Popen(
+        ["curl", "-sN", f"http://127.0.0.1:{p['http']}/v1/completions", "-H",
+         "Content-Type: application/json", "-d",
+         json.dumps({"model": model, "prompt": "And God said", "max_tokens": 400,
+                     "ignore_eos": True, "stream": True})],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
     up.send_signal(signal.SIGINT)
     try:
         code = up.wait(timeout=30)
     except subprocess.TimeoutExpired:
         up.kill()
         code = None
+    stream.wait(timeout=30)
     log.seek(0)
     err = log.read()
     pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", err)]
@@ -463,6 +473,14 @@ transfer: {{transport: ucx, lease_ms: 30000}}
              open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     check(code == 0 and len(pids) == 3 and not alive,
           f"Ctrl-C stops `pdserve up` (exit {code}) and its {len(pids)} children (alive: {alive})")
+    # The router stops first (its health checks never see stopped workers), then the workers.
+    after = err[err.find("stopping everything"):]
+    router_done = after.find("router stopped; stopping the workers")
+    worker_signal = min([i for i in (after.find("prefill: signal"), after.find("decode: signal"))
+                         if i >= 0] or [len(after)])
+    noise = [l for l in after.splitlines() if "marked down" in l or "health check of" in l]
+    check(0 <= router_done < worker_signal and not noise,
+          f"Ctrl-C stops the router before its workers: {after[:300]!r}")
 
 
 def test_openai(c, model):
