@@ -310,6 +310,12 @@ absl::StatusOr<std::string> HttpGet(const EndpointUrl& url, absl::string_view pa
     });
   });
   ioc.run();
+  if (error == boost::asio::error::connection_refused) {
+    return absl::UnavailableError(
+        absl::StrCat("GET ", path, ": connection refused at ", url.host, ":", url.port,
+                     ": nothing listens there (is the server started? `pdserve up` prints "
+                     "\"ready on ...\" once it serves)"));
+  }
   if (error) {
     return absl::UnavailableError(absl::StrCat("GET ", path, ": ", error.message()));
   }

@@ -6,12 +6,14 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "frontend/http_server.h"
 #include "loadgen/dataset.h"
 #include "loadgen/runner.h"
 #include "loadgen/stats.h"
+#include "loadgen/stream_client.h"
 #include "tests/loadgen/fake_service.h"
 
 namespace pdserve::loadgen {
@@ -183,6 +185,24 @@ TEST(EndpointUrlTest, ParsesBaseUrlsAndRefusesRemoteHostsByDefault) {
   EXPECT_EQ(ParseTargetUrl("http://10.1.2.3:8000", false).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(ParseTargetUrl("http://10.1.2.3:8000", true).ok());
+}
+
+// A server that is not up (yet): the error says that nothing listens at that address, not just
+// "Connection refused" (a new user ran `check` right after `pdserve up ... &`).
+TEST(EndpointUrlTest, NothingListeningSaysSo) {
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::acceptor probe(
+      ioc, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const std::string port = std::to_string(probe.local_endpoint().port());
+  probe.close();  // the port is free now: connecting to it is refused
+  auto url = ParseEndpointUrl("http://127.0.0.1:" + port);
+  ASSERT_TRUE(url.ok());
+  const absl::StatusOr<std::string> model = FirstServedModel(*url);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(model.status().message().find("nothing listens there"), std::string::npos)
+      << model.status();
+  EXPECT_NE(model.status().message().find("127.0.0.1:" + port), std::string::npos);
 }
 
 }  // namespace
