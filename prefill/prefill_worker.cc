@@ -15,6 +15,7 @@
 #include "kvtransfer/ticket_proto.h"
 #include "serving/sampler.h"
 #include "spdlog/spdlog.h"
+#include "worker/transfer_peer.h"
 #include "worker/wire.h"
 #include "worker/worker_model.h"
 #include "worker/worker_process.h"
@@ -288,7 +289,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
                           ? "lease_expired"
                           : "connect"})
         .Increment();
-    return prepared.status();
+    return worker::MarkTransferPeerFailure(prepared.status());
   }
   std::unique_ptr<kv::Transfer> transfer = std::move(*prepared);
   in_flight_->Add(1);
@@ -377,6 +378,10 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   if (!result.ok()) {
     if (transfer_error) {
       CountFailure(result.status());
+      // An abort or cancellation is the router's own doing, not the decode worker's.
+      if (result.status().code() != absl::StatusCode::kCancelled) {
+        return worker::MarkTransferPeerFailure(result.status());
+      }
     } else {
       failures_->WithLabels({"prefill_error"}).Increment();
     }

@@ -12,6 +12,7 @@
 #include "router/request.h"
 #include "router/service.h"
 #include "spdlog/spdlog.h"
+#include "worker/transfer_peer.h"
 
 namespace pdserve::router {
 namespace {
@@ -36,8 +37,15 @@ frontend::ApiError ReserveError(const grpc::Status& status, const std::string& w
 }
 
 // The API error for a failed Prefill (see OnPrefilled for the retries before it).
-frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker) {
+frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker,
+                                const std::string& decode_worker) {
   const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
+  if (WorkerDown(status.error_code()) && status.error_details() == worker::kTransferPeerFailed) {
+    return frontend::ServerError(503,
+                                 absl::StrCat("the state transfer to decode worker ", decode_worker,
+                                              " failed (", detail, ")"),
+                                 "server_error", "worker_unavailable");
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return frontend::ServerError(
@@ -487,7 +495,16 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
                                  "the health checker marked the worker down while it prefilled")
                   : status;
       const grpc::StatusCode code = failure.error_code();
-      if (WorkerDown(code)) attempt->prefill->RecordFailure();
+      // The prefill ran but its transfer to the decode worker failed (that worker gone or
+      // failing, worker/transfer_peer.h): counted against the decode worker and retried with
+      // another one; the prefill worker is fine.
+      const bool decode_peer =
+          WorkerDown(code) && failure.error_details() == worker::kTransferPeerFailed;
+      if (decode_peer) {
+        attempt->decode->RecordFailure();
+      } else if (WorkerDown(code)) {
+        attempt->prefill->RecordFailure();
+      }
       const bool busy = code == grpc::StatusCode::RESOURCE_EXHAUSTED;
       if ((WorkerDown(code) || (busy && OtherPrefillUp(*attempt))) &&
           CanRetry(*request, *attempt)) {
@@ -497,9 +514,10 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
                               : (busy ? "prefill_busy" : "worker_down")})
             .Increment();
         request->AbortAttempt(*attempt, &actions);
-        retry = true;
+        (decode_peer ? retry_decode : retry) = true;
       } else {
-        request->Fail(PrefillError(failure, attempt->prefill->name()), &actions);
+        request->Fail(PrefillError(failure, attempt->prefill->name(), attempt->decode->name()),
+                      &actions);
       }
     }
   }

@@ -14,6 +14,7 @@
 #include "kernels/cpu/parallel.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "worker/transfer_peer.h"
 
 namespace pdserve::worker {
 namespace {
@@ -172,7 +173,8 @@ std::vector<double> GeometricBuckets(double first, double factor, double last) {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()),
+                      IsTransferPeerFailure(status) ? kTransferPeerFailed : "");
 }
 
 }  // namespace pdserve::worker

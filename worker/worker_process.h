@@ -75,7 +75,8 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
 // power-of-2 and x2.5 buckets. REQUIRES: 0 < first <= last, factor > 1.
 std::vector<double> GeometricBuckets(double first, double factor, double last);
 
-// grpc::Status with the absl status' code and message.
+// grpc::Status with the absl status' code and message, and error_details kTransferPeerFailed
+// for a status MarkTransferPeerFailure marked (worker/transfer_peer.h).
 grpc::Status ToGrpc(const absl::Status& status);
 
 }  // namespace pdserve::worker

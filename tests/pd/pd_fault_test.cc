@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/pd/pd_cluster.h"
+#include "worker/transfer_peer.h"
 
 namespace pdserve::pd::testing {
 namespace {
@@ -219,6 +220,8 @@ TEST(PdFaultTest, DecodeKilledMidTransferEndsPrefillWork) {
   // The prefill ends with the lost peer (well before the 20 s hold or the 30 s lease).
   EXPECT_EQ(flight.prefill_status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << flight.prefill_status.error_message();
+  // Marked as the transfer's failure, so the router counts it against the decode worker.
+  EXPECT_EQ(flight.prefill_status.error_details(), worker::kTransferPeerFailed);
   grpc::ClientContext c;
   v1::StatsResponse stats;
   ASSERT_TRUE((*cluster)->prefill().Stats(&c, v1::StatsRequest(), &stats).ok());

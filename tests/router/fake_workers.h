@@ -231,6 +231,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
 class FakePrefill final : public worker::v1::PrefillWorker::Service {
  public:
   grpc::StatusCode prefill_code = grpc::StatusCode::OK;
+  // The first `fail_first` Prefill calls fail with UNAVAILABLE and error details `fail_details`
+  // (worker/transfer_peer.h's marker: the transfer to the decode worker failed).
+  int fail_first = 0;
+  std::string fail_details;
   int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events), or
                      // CANCELLED as soon as its call is cancelled
 
@@ -246,6 +250,10 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     }
     absl::MutexLock lock(&mu);
     prefills.push_back(*request);
+    if (fail_first > 0) {
+      --fail_first;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake transfer failure", fail_details);
+    }
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
     response->mutable_commit()->set_ticket_id(request->ticket().ticket_id());
     response->mutable_commit()->set_prompt_tokens(request->token_ids_size());

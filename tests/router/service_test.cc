@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "serving/sampling_params.h"
 #include "tests/router/service_fixture.h"
+#include "worker/transfer_peer.h"
 
 namespace pdserve::router {
 namespace {
@@ -390,6 +391,54 @@ TEST_F(RouterServiceTest, PrefillOnAWorkerMarkedDownIsRetriedOnAnotherAtOnce) {
   EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
             std::string::npos)
       << service->MetricsText();
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// A Prefill whose transfer to its decode worker failed (the worker marked it with
+// worker/transfer_peer.h's details) counts against that decode worker, not the prefill worker:
+// three such failures in a row (breaker_failures 3) used to open the only prefill worker's
+// breaker, so the next request got 503 although both workers were fine. The retry goes to the
+// other decode worker.
+TEST_F(RouterServiceTest, TransferFailureCountsAgainstTheDecodeWorker) {
+  prefill_->fail_first = 3;
+  prefill_->fail_details = worker::kTransferPeerFailed;
+  auto service = MakeService(2);
+  // With logprobs the router holds a decode worker's tokens until Prefill has answered (the fake
+  // decode worker streams without waiting for a commit, as a real one never does).
+  frontend::ApiRequest req = Completion({1, 2}, 2);
+  req.logprobs = true;
+  for (int i = 0; i < 3; ++i) {
+    {
+      absl::MutexLock lock(&prefill_->mu);
+      if (prefill_->fail_first == 0) break;
+    }
+    Run(*service, req);
+  }
+  {
+    absl::MutexLock lock(&prefill_->mu);
+    ASSERT_EQ(prefill_->fail_first, 0);
+  }
+  EXPECT_TRUE(service->pool().prefill()[0]->up());  // three failures in a row, none its own
+  auto after = Run(*service, req);
+  EXPECT_FALSE(after->failed) << after->error.message;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// When every try's transfer fails, the error says so and names the decode worker.
+TEST_F(RouterServiceTest, TransferFailureOnEveryTryIs503NamingTheDecodeWorker) {
+  prefill_->fail_first = 1000;
+  prefill_->fail_details = worker::kTransferPeerFailed;
+  auto service = MakeService(2);
+  // With logprobs the router holds a decode worker's tokens until Prefill has answered (the fake
+  // decode worker streams without waiting for a commit, as a real one never does).
+  frontend::ApiRequest req = Completion({1, 2}, 2);
+  req.logprobs = true;
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_NE(sink->error.message.find("the state transfer to decode worker d"), std::string::npos)
+      << sink->error.message;
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
