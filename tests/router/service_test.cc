@@ -394,19 +394,25 @@ TEST_F(RouterServiceTest, PrefillOnAWorkerMarkedDownIsRetriedOnAnotherAtOnce) {
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+// The prefill worker's first `n` Prefill calls fail in their transfer (worker/transfer_peer.h's
+// marker). Returns `req` with logprobs: the router then holds a decode worker's tokens until
+// Prefill has answered (the fake decode worker streams without waiting for a commit, as a real
+// one never does).
+frontend::ApiRequest FailTransfers(FakePrefill& prefill, int n, frontend::ApiRequest req) {
+  prefill.fail_first = n;
+  prefill.fail_details = worker::kTransferPeerFailed;
+  req.logprobs = true;
+  return req;
+}
+
 // A Prefill whose transfer to its decode worker failed (the worker marked it with
 // worker/transfer_peer.h's details) counts against that decode worker, not the prefill worker:
 // three such failures in a row (breaker_failures 3) used to open the only prefill worker's
 // breaker, so the next request got 503 although both workers were fine. The retry goes to the
 // other decode worker.
 TEST_F(RouterServiceTest, TransferFailureCountsAgainstTheDecodeWorker) {
-  prefill_->fail_first = 3;
-  prefill_->fail_details = worker::kTransferPeerFailed;
   auto service = MakeService(2);
-  // With logprobs the router holds a decode worker's tokens until Prefill has answered (the fake
-  // decode worker streams without waiting for a commit, as a real one never does).
-  frontend::ApiRequest req = Completion({1, 2}, 2);
-  req.logprobs = true;
+  const frontend::ApiRequest req = FailTransfers(*prefill_, 3, Completion({1, 2}, 2));
   for (int i = 0; i < 3; ++i) {
     {
       absl::MutexLock lock(&prefill_->mu);
@@ -426,13 +432,8 @@ TEST_F(RouterServiceTest, TransferFailureCountsAgainstTheDecodeWorker) {
 
 // When every try's transfer fails, the error says so and names the decode worker.
 TEST_F(RouterServiceTest, TransferFailureOnEveryTryIs503NamingTheDecodeWorker) {
-  prefill_->fail_first = 1000;
-  prefill_->fail_details = worker::kTransferPeerFailed;
   auto service = MakeService(2);
-  // With logprobs the router holds a decode worker's tokens until Prefill has answered (the fake
-  // decode worker streams without waiting for a commit, as a real one never does).
-  frontend::ApiRequest req = Completion({1, 2}, 2);
-  req.logprobs = true;
+  const frontend::ApiRequest req = FailTransfers(*prefill_, 1000, Completion({1, 2}, 2));
   auto sink = Run(*service, req);
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 503);
