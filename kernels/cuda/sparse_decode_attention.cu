@@ -20,9 +20,9 @@ namespace {
 //   half of the output columns, O[:, half w] += P V[:, half w] over every tile. One warpgroup's
 //   softmax runs while the other's products occupy the tensor cores. The softmax rescales o
 //   lazily (only when the maximum moves by more than kRescaleSlack).
-// The output leaves through shared memory in whole 16-byte stores: bf16 and final with one split,
-// else fp32 partials (unnormalized, with their reference maxima and sums) that a combine kernel
-// merges with the sink. Measured figures and what limits them: docs/perf.md.
+// The output leaves through shared memory in whole 16-byte stores, in bf16: final with one split,
+// else each split's unnormalized output (with its fp32 reference maxima and sums) that a combine
+// kernel merges, in fp32, with the sink. Measured figures and what limits them: docs/perf.md.
 constexpr int kDim = static_cast<int>(kSparseHeadDim);
 constexpr int kHeads = static_cast<int>(kSparseHeadsPerBlock);
 constexpr int kRows = static_cast<int>(kSparseTile);  // K/V rows per stage
@@ -64,11 +64,9 @@ constexpr int kFullBarrier = 0;
 constexpr int kEmptyBarrier = kStages;
 constexpr int kQBarrier = 2 * kStages;
 constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 1) * 8 + 1024;  // + alignment slack
-// With several splits the fp32 partial output [64 heads][512] is staged in the stages.
-constexpr int kPartialOffset = kTileOffset;
 static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 8,
               "the layout assumes these shapes");
-static_assert(kStages * kTileBytes >= kHeads * kDim * 4, "partial outputs fit in the stages");
+static_assert(kQBytes == kHeads * kDim * 2, "the bf16 output is staged in the query area");
 static_assert(kSmemBytes <= 227 * 1024, "one block per multiprocessor");
 
 // Byte offset of (row, 16-byte unit 0..63) inside an operand whose regions are `region_bytes`.
@@ -661,7 +659,7 @@ __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
 template <int WG>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
-                                                 __nv_bfloat16* out, float* part_out,
+                                                 __nv_bfloat16* out, __nv_bfloat16* part_out,
                                                  float* part_max, float* part_sum) {
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
@@ -676,77 +674,49 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   Consume<WG>(p, w.n_tiles, base, smem, st);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
-  __nv_bfloat16* const block_out = out + (w.b * p.heads + w.head0) * kDim;
-  if (splits == 1) {
-    // One split: finish here (sink and normalization). The bf16 output is staged in the query
-    // area (free: both warpgroups are past their last score product) and leaves in whole
-    // 16-byte stores, consecutive threads on consecutive bytes.
-    ConsumerBarrier();
+  // One split: the final output (sink and normalization applied). Several: this split's
+  // unnormalized output in bf16, and its maxima and sums in fp32, for the combine kernel.
+  __nv_bfloat16* const dst =
+      splits == 1 ? out + (w.b * p.heads + w.head0) * kDim
+                  : part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
+  // The bf16 rows are staged in the query area (free: both warpgroups are past their last score
+  // product) and leave in whole 16-byte stores, consecutive threads on consecutive bytes.
+  ConsumerBarrier();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = head_lo + 8 * r;
+  for (int r = 0; r < 2; ++r) {
+    const int head = head_lo + 8 * r;
+    float scale = 1.0f;
+    if (splits == 1) {
       const float sink = r == 0 ? sink_lo : sink_hi;
       const float top = fmaxf(st.running_max[r], sink);
       const float weight = MergeWeight(st.running_max[r], top);
       const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
-      const float inv = denom > 0.0f ? weight / denom : 0.0f;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
-        *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) +
-                                           4 * t) =
-            __floats2bfloat162_rn(st.o[4 * n + 2 * r] * inv, st.o[4 * n + 2 * r + 1] * inv);
-      }
-    }
-    ConsumerBarrier();
-#pragma unroll 4
-    for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
-      const int head = i >> 6;
-      const int unit = i & 63;
-      reinterpret_cast<uint4*>(block_out)[i] =
-          *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
-    }
-    return;
-  }
-
-  // Several splits: the unnormalized fp32 output (staged in the stages, free once both
-  // warpgroups are past the last tile; 16-byte units XOR-ed with head % 8 against bank
-  // conflicts) and this thread's maxima and sums go to the partials.
-  ConsumerBarrier();
-  unsigned char* const staged = smem + kPartialOffset;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head_lo + 8 * r;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      const int unit =
-          (WG * kHalf + 8 * n) / 4;  // 4 fp32 per unit; this thread's 8 bytes at 8(t%2)
-      const int col = 2 * t;         // of columns 8n .. 8n + 7: units unit, unit + 1
-      const int u = unit + col / 4;
-      *reinterpret_cast<float2*>(staged + head * kDim * 4 + ((u ^ (head & 7)) << 4) +
-                                 (col % 4) * 4) =
-          make_float2(st.o[4 * n + 2 * r], st.o[4 * n + 2 * r + 1]);
-    }
-    if (WG == 0 && t == 0) {
+      scale = denom > 0.0f ? weight / denom : 0.0f;
+    } else if (WG == 0 && t == 0) {
       const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
       part_max[row] = st.running_max[r];
       part_sum[row] = st.running_sum[r];
     }
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
+      *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) + 4 * t) =
+          __floats2bfloat162_rn(st.o[4 * n + 2 * r] * scale, st.o[4 * n + 2 * r + 1] * scale);
+    }
   }
   ConsumerBarrier();
-  float* const block_part = part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
 #pragma unroll 4
-  for (int i = tid; i < kHeads * kDim / 4; i += kConsumerThreads) {
-    const int head = i >> 7;
-    const int unit = i & 127;
-    reinterpret_cast<float4*>(block_part)[i] =
-        *reinterpret_cast<const float4*>(staged + head * kDim * 4 + ((unit ^ (head & 7)) << 4));
+  for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
+    const int head = i >> 6;
+    const int unit = i & 63;
+    reinterpret_cast<uint4*>(dst)[i] =
+        *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    SparseDecodeSplitKernel(SparseDecodeParams p, float* part_out, float* part_max, float* part_sum,
-                            __nv_bfloat16* out) {
+    SparseDecodeSplitKernel(SparseDecodeParams p, __nv_bfloat16* part_out, float* part_max,
+                            float* part_sum, __nv_bfloat16* out) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -787,7 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // One block per (request, head): merges the splits that had entries and the sink.
 __global__ void __launch_bounds__(kDim / 4)
-    SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const float* part_out,
+    SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
                               const float* part_max, const float* part_sum, __nv_bfloat16* out) {
   const int64_t b = blockIdx.x;
   const int64_t h = blockIdx.y;
@@ -805,11 +775,13 @@ __global__ void __launch_bounds__(kDim / 4)
       const int64_t row = (b * splits + sp) * p.heads + h;
       const float weight = exp2f(part_max[row] - top);
       denom += weight * part_sum[row];
-      const float4 v = reinterpret_cast<const float4*>(part_out + row * kDim)[threadIdx.x];
-      acc.x += weight * v.x;
-      acc.y += weight * v.y;
-      acc.z += weight * v.z;
-      acc.w += weight * v.w;
+      const uint2 raw = reinterpret_cast<const uint2*>(part_out + row * kDim)[threadIdx.x];
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      acc.x += weight * lo.x;
+      acc.y += weight * lo.y;
+      acc.z += weight * hi.x;
+      acc.w += weight * hi.y;
     }
   }
   const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
@@ -841,13 +813,14 @@ int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_en
   // (bench/cuda/cuda_bench.cu with PDSERVE_BENCH_SPLITS=1, graph timing; docs/perf.md,
   // 2026-12-03): a block takes 1.04 per 32-row tile whatever the load (the per-block pipeline,
   // not HBM, bounds it), and splitting costs 4 (the partials staged and written, the combine
-  // launch) + 0.2 per split (the combine's loop over them) + 0.3 per MB of fp32 partials written
-  // and read back. Blocks stay within one wave (one block fits per multiprocessor).
+  // launch) + 0.2 per split (the combine's loop over them) + 0.3 per MB of partials written and
+  // read back (fitted with fp32 partials; they are bf16 since, at the same cost per MB). Blocks
+  // stay within one wave (one block fits per multiprocessor).
   constexpr double kTileUs = 1.04;
   constexpr double kSplitUs = 4.0;
   constexpr double kPerSplitUs = 0.2;
   constexpr double kPartialUsPerMb = 0.3;
-  constexpr double kPartialMbPerBlock = kSparseHeadsPerBlock * kDim * sizeof(float) / 1e6;
+  constexpr double kPartialMbPerBlock = kSparseHeadsPerBlock * kDim * sizeof(__nv_bfloat16) / 1e6;
   const int64_t blocks = std::max<int64_t>(1, batch * (heads / kSparseHeadsPerBlock));
   const int64_t tiles = std::max<int64_t>(1, (max_entries + kSparseTile - 1) / kSparseTile);
   const int64_t max_splits = std::min<int64_t>(tiles, std::max<int64_t>(1, sm_count / blocks));
@@ -869,7 +842,7 @@ int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_en
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
-  return AlignUp(rows * kDim * sizeof(float)) + 2 * AlignUp(rows * sizeof(float));
+  return AlignUp(rows * kDim * sizeof(__nv_bfloat16)) + 2 * AlignUp(rows * sizeof(float));
 }
 
 cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace,
@@ -896,8 +869,8 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   const int64_t splits = SparseDecodeSplits(p);
   const size_t rows = PartialRows(p);
   auto* base = static_cast<unsigned char*>(workspace);
-  auto* part_out = reinterpret_cast<float*>(base);
-  auto* part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(float)));
+  auto* part_out = reinterpret_cast<__nv_bfloat16*>(base);
+  auto* part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
   auto* part_sum = part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.heads / kHeads));

@@ -24,8 +24,8 @@
 // turns over the tiles (FlashMLA's "seesaw" schedule): each computes the full scores and softmax
 // of every other tile, hands P to the other, and accumulates its half of the output columns over
 // every tile (see the .cu for the data flow); with several splits a combine kernel merges their
-// fp32 partials. Scores and the output accumulate in fp32; the probabilities are rounded to bf16
-// for the P V product.
+// partial outputs (bf16, unnormalized, with fp32 maxima and sums) in fp32. Scores and the output
+// accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -69,12 +69,13 @@ int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 
 // A split size (multiple of kSparseTile) for requests of up to `max_entries` entries: the one a
 // cost model fitted to H200 measurements (see the definition) predicts fastest, within one wave of
-// blocks (one per multiprocessor). Splitting shortens each block's list but adds fp32 partials and
-// the combine kernel, so small lists and batches that fill the wave stay whole. Host arithmetic.
+// blocks (one per multiprocessor). Splitting shortens each block's list but adds partial outputs
+// and the combine kernel, so small lists and batches that fill the wave stay whole. Host
+// arithmetic.
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count);
 
-// Device workspace the launch needs: fp32 partial outputs, maxima and sums per split.
+// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split.
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
 // Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
