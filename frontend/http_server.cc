@@ -11,6 +11,8 @@
 #include <ctime>
 #include <deque>
 #include <set>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -41,6 +43,29 @@ constexpr size_t kLingerReadBytes = 16384;
 class Session;
 
 // Errors of a request Beast could not parse: answered with 400 before closing.
+// A path segment with its percent-encoded octets decoded (RFC 3986 2.1); "%" not followed by
+// two hex digits is kept as sent.
+std::string PercentDecode(std::string_view segment) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(segment.size());
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] == '%' && i + 2 < segment.size() && hex(segment[i + 1]) >= 0 &&
+        hex(segment[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(segment[i + 1]) * 16 + hex(segment[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(segment[i]);
+    }
+  }
+  return out;
+}
+
 bool IsHttpParseError(const beast::error_code& ec) {
   return ec.category() == http::make_error_code(http::error::bad_method).category() &&
          ec != http::error::end_of_stream && ec != http::error::partial_message;
@@ -523,7 +548,8 @@ void Session::Route() {
   // OpenAI's retrieve model: GET /v1/models/{model}, any name the server accepts.
   if (constexpr std::string_view kModel = "/v1/models/"; target.starts_with(kModel)) {
     if (!get) return SendMethodNotAllowed(false);
-    const std::string name(target.substr(kModel.size()));
+    // Percent-decoded: a client that encodes path parameters sends "org/model" as org%2Fmodel.
+    const std::string name = PercentDecode(target.substr(kModel.size()));
     const auto names = service->ModelNames();
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       return SendError(ModelNotFound(name));

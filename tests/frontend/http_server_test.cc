@@ -172,6 +172,21 @@ TEST_F(HttpServerTest, RetrieveModelByName) {
   EXPECT_EQ(Request(http::verb::post, "/v1/models/tiny").result_int(), 405);
 }
 
+// The name is a path segment: percent-encoded octets stand for themselves (RFC 3986 2.1), as a
+// client that encodes path parameters sends a name with '/' or other reserved characters. It was
+// compared encoded, so "ti%6Ey" (and "org%2Fmodel" for a served "org/model") was not found.
+TEST_F(HttpServerTest, RetrieveModelDecodesPercentEncodedNames) {
+  auto encoded = Request(http::verb::get, "/v1/models/%74i%6ey");
+  ASSERT_EQ(encoded.result_int(), 200) << encoded.body();
+  EXPECT_EQ(json::parse(encoded.body())["id"], "tiny");
+  // Not an escape: kept as sent, and still just not found.
+  auto malformed = Request(http::verb::get, "/v1/models/tiny%zz");
+  EXPECT_EQ(malformed.result_int(), 404);
+  EXPECT_NE(json::parse(malformed.body())["error"]["message"].get<std::string>().find("tiny%zz"),
+            std::string::npos);
+  EXPECT_EQ(Request(http::verb::get, "/v1/models/tiny%2F").result_int(), 404);
+}
+
 TEST_F(HttpServerTest, MethodNotAllowedNamesTheMethodsAndHeadHasNoBody) {
   auto wrong = Request(http::verb::get, "/v1/chat/completions");
   EXPECT_EQ(wrong.result_int(), 405);
