@@ -33,6 +33,13 @@ constexpr size_t kMaxErrorDetail = 2048;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// What a refused connection means: nothing listens at host:port (yet).
+std::string ConnectionRefused(const EndpointUrl& url) {
+  return absl::StrCat("connection refused at ", url.host, ":", url.port,
+                      ": nothing listens there (is the server started? `pdserve up` prints "
+                      "\"ready on ...\" once it serves)");
+}
+
 // The content text of choice 0 in a chunk of either endpoint; `*timed` says whether the chunk
 // carried generated output at all (reasoning text counts for timing, not for content).
 std::string ChunkText(const json& choice, bool* timed) {
@@ -69,7 +76,11 @@ void AppendLogprobTokens(const json& choice, std::vector<std::string>* out) {
 class StreamCall : public std::enable_shared_from_this<StreamCall> {
  public:
   StreamCall(net::io_context& ioc, const EndpointUrl& url, StreamCallSpec spec, StreamDone done)
-      : socket_(ioc), timer_(ioc), spec_(std::move(spec)), done_(std::move(done)) {
+      : socket_(ioc),
+        timer_(ioc),
+        spec_(std::move(spec)),
+        done_(std::move(done)),
+        refused_(ConnectionRefused(url)) {
     request_ = {http::verb::post, spec_.target, 11};
     request_.set(http::field::host, url.HostHeader());
     request_.set(http::field::content_type, "application/json");
@@ -87,6 +98,9 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
     });
     net::async_connect(socket_, addresses,
                        [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+                         if (ec == net::error::connection_refused) {
+                           return self->Fail("connect", self->refused_);
+                         }
                          if (ec) return self->Fail("connect", ec.message());
                          self->Write();
                        });
@@ -211,6 +225,7 @@ class StreamCall : public std::enable_shared_from_this<StreamCall> {
   bool saw_done_ = false;
   bool finished_ = false;
   std::string error_body_;
+  std::string refused_;  // the "connect" error detail when the connection is refused
   RequestSample sample_;
 };
 
@@ -311,10 +326,7 @@ absl::StatusOr<std::string> HttpGet(const EndpointUrl& url, absl::string_view pa
   });
   ioc.run();
   if (error == boost::asio::error::connection_refused) {
-    return absl::UnavailableError(
-        absl::StrCat("GET ", path, ": connection refused at ", url.host, ":", url.port,
-                     ": nothing listens there (is the server started? `pdserve up` prints "
-                     "\"ready on ...\" once it serves)"));
+    return absl::UnavailableError(absl::StrCat("GET ", path, ": ", ConnectionRefused(url)));
   }
   if (error) {
     return absl::UnavailableError(absl::StrCat("GET ", path, ": ", error.message()));

@@ -205,5 +205,34 @@ TEST(EndpointUrlTest, NothingListeningSaysSo) {
   EXPECT_NE(model.status().message().find("127.0.0.1:" + port), std::string::npos);
 }
 
+// `bench --model M` does not ask GET /v1/models first: its requests' own connect errors say the
+// same (each one was a bare "Connection refused", with no address).
+TEST(EndpointUrlTest, BenchRequestsToNothingListeningSaySo) {
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::acceptor probe(
+      ioc, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const std::string port = std::to_string(probe.local_endpoint().port());
+  probe.close();
+  auto url = ParseEndpointUrl("http://127.0.0.1:" + port);
+  ASSERT_TRUE(url.ok());
+  RunOptions options;
+  options.url = *url;
+  PromptItem item;
+  item.prompt = "hi";
+  options.requests = {
+      {ApiPath(Api::kCompletions), RequestBody(item, {.api = Api::kCompletions, .model = "m"})}};
+  options.num_requests = 2;
+  options.max_concurrency = 1;
+  options.request_timeout_s = 20;
+  auto result = loadgen::Run(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->samples.size(), 2u);
+  for (const RequestSample& s : result->samples) {
+    EXPECT_EQ(s.error_kind, "connect");
+    EXPECT_NE(s.error_detail.find("nothing listens there"), std::string::npos) << s.error_detail;
+    EXPECT_NE(s.error_detail.find("127.0.0.1:" + port), std::string::npos) << s.error_detail;
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::loadgen
