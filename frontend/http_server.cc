@@ -42,7 +42,6 @@ constexpr size_t kLingerReadBytes = 16384;
 
 class Session;
 
-// Errors of a request Beast could not parse: answered with 400 before closing.
 // A path segment with its percent-encoded octets decoded (RFC 3986 2.1); "%" not followed by
 // two hex digits is kept as sent.
 std::string PercentDecode(std::string_view segment) {
@@ -66,6 +65,7 @@ std::string PercentDecode(std::string_view segment) {
   return out;
 }
 
+// Errors of a request Beast could not parse: answered with 400 before closing.
 bool IsHttpParseError(const beast::error_code& ec) {
   return ec.category() == http::make_error_code(http::error::bad_method).category() &&
          ec != http::error::end_of_stream && ec != http::error::partial_message;
