@@ -187,17 +187,24 @@ TEST(EndpointUrlTest, ParsesBaseUrlsAndRefusesRemoteHostsByDefault) {
   EXPECT_TRUE(ParseTargetUrl("http://10.1.2.3:8000", true).ok());
 }
 
-// A server that is not up (yet): the error says that nothing listens at that address, not just
-// "Connection refused" (a new user ran `check` right after `pdserve up ... &`).
-TEST(EndpointUrlTest, NothingListeningSaysSo) {
+// http://127.0.0.1:<port> on a port just bound and released (`*port`): connecting is refused.
+EndpointUrl UrlWhereNothingListens(std::string* port) {
   boost::asio::io_context ioc;
   boost::asio::ip::tcp::acceptor probe(
       ioc, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
-  const std::string port = std::to_string(probe.local_endpoint().port());
-  probe.close();  // the port is free now: connecting to it is refused
-  auto url = ParseEndpointUrl("http://127.0.0.1:" + port);
-  ASSERT_TRUE(url.ok());
-  const absl::StatusOr<std::string> model = FirstServedModel(*url);
+  *port = std::to_string(probe.local_endpoint().port());
+  probe.close();
+  absl::StatusOr<EndpointUrl> url = ParseEndpointUrl("http://127.0.0.1:" + *port);
+  EXPECT_TRUE(url.ok()) << url.status();
+  return url.ok() ? *url : EndpointUrl();
+}
+
+// A server that is not up (yet): the error says that nothing listens at that address, not just
+// "Connection refused" (a new user ran `check` right after `pdserve up ... &`).
+TEST(EndpointUrlTest, NothingListeningSaysSo) {
+  std::string port;
+  const EndpointUrl url = UrlWhereNothingListens(&port);
+  const absl::StatusOr<std::string> model = FirstServedModel(url);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(model.status().message().find("nothing listens there"), std::string::npos)
@@ -208,15 +215,10 @@ TEST(EndpointUrlTest, NothingListeningSaysSo) {
 // `bench --model M` does not ask GET /v1/models first: its requests' own connect errors say the
 // same (each one was a bare "Connection refused", with no address).
 TEST(EndpointUrlTest, BenchRequestsToNothingListeningSaySo) {
-  boost::asio::io_context ioc;
-  boost::asio::ip::tcp::acceptor probe(
-      ioc, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
-  const std::string port = std::to_string(probe.local_endpoint().port());
-  probe.close();
-  auto url = ParseEndpointUrl("http://127.0.0.1:" + port);
-  ASSERT_TRUE(url.ok());
+  std::string port;
+  const EndpointUrl url = UrlWhereNothingListens(&port);
   RunOptions options;
-  options.url = *url;
+  options.url = url;
   PromptItem item;
   item.prompt = "hi";
   options.requests = {
