@@ -36,11 +36,17 @@ frontend::ApiError ReserveError(const grpc::Status& status, const std::string& w
   }
 }
 
+// A failed Prefill whose transfer to the decode worker failed, as the prefill worker marks it
+// (worker/transfer_peer.h): the decode worker's failure, not the prefill worker's.
+bool TransferPeerFailed(const grpc::Status& status) {
+  return WorkerDown(status.error_code()) && status.error_details() == worker::kTransferPeerFailed;
+}
+
 // The API error for a failed Prefill (see OnPrefilled for the retries before it).
 frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker,
                                 const std::string& decode_worker) {
   const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
-  if (WorkerDown(status.error_code()) && status.error_details() == worker::kTransferPeerFailed) {
+  if (TransferPeerFailed(status)) {
     return frontend::ServerError(503,
                                  absl::StrCat("the state transfer to decode worker ", decode_worker,
                                               " failed (", detail, ")"),
@@ -498,8 +504,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
       // The prefill ran but its transfer to the decode worker failed (that worker gone or
       // failing, worker/transfer_peer.h): counted against the decode worker and retried with
       // another one; the prefill worker is fine.
-      const bool decode_peer =
-          WorkerDown(code) && failure.error_details() == worker::kTransferPeerFailed;
+      const bool decode_peer = TransferPeerFailed(failure);
       if (decode_peer) {
         attempt->decode->RecordFailure();
       } else if (WorkerDown(code)) {

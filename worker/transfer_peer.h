@@ -6,8 +6,6 @@
 // no details, and the failure counts against the prefill worker as before.
 #pragma once
 
-#include <string_view>
-
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 
