@@ -79,7 +79,9 @@ __global__ void ReadAll(const uint4* p, size_t n, uint4* sink) {
 
 // Reads `n` 16-byte units with four loads in flight per thread: the floor for a kernel that must
 // read that many bytes (the same timing, the same launch, none of the kernel's work; see the
-// "_read" rows of Run).
+// "_read" rows of Run). Only one word of each unit is folded in, so the compiler may load just
+// that word; a warp still touches every 32-byte sector of its 512 contiguous bytes, so the DRAM
+// traffic is the whole range (the figures in docs/perf.md, 2026-12-03, are of this version).
 __global__ void __launch_bounds__(512) ReadFloor(const uint4* p, size_t n, uint4* sink) {
   uint32_t x = 0;
   const size_t stride = size_t{gridDim.x} * blockDim.x;
