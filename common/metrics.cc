@@ -1,47 +1,34 @@
 #include "common/metrics.h"
 
-#include <charconv>
+#include <algorithm>
 #include <cmath>
-#include <limits>
+#include <cstdlib>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
+#include "prometheus/check_names.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace pdserve::metrics {
 namespace {
 
-void AtomicAdd(std::atomic<double>& target, double delta) {
-  double old = target.load(std::memory_order_relaxed);
-  while (!target.compare_exchange_weak(old, old + delta, std::memory_order_relaxed)) {
-  }
-}
-
-bool IsMetricName(const std::string& s) {
-  if (s.empty()) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
-    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
-  }
-  return true;
-}
-
-bool IsLabelName(const std::string& s) {
-  return IsMetricName(s) && s.find(':') == std::string::npos && s.rfind("__", 0) != 0;
-}
-
-// Prometheus text format: label values escape backslash, double quote and newline; HELP text
-// escapes backslash and newline.
-std::string Escape(const std::string& s, bool quote) {
+// The exposition format escapes backslash and newline in HELP text; prometheus-cpp 1.0's
+// TextSerializer writes the help as given, so it is escaped here once, at registration.
+std::string EscapeHelp(const std::string& help) {
   std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
+  out.reserve(help.size());
+  for (char c : help) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
-    } else if (quote && c == '"') {
-      out += "\\\"";
     } else {
       out += c;
     }
@@ -49,64 +36,110 @@ std::string Escape(const std::string& s, bool quote) {
   return out;
 }
 
-std::string FormatValue(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);  // shortest round-trip form
-  return std::string(buf, end);
+prometheus::Labels ToLabels(const std::vector<std::string>& names,
+                            const std::vector<std::string>& values) {
+  prometheus::Labels labels;
+  for (size_t i = 0; i < names.size(); ++i) labels.emplace(names[i], values[i]);
+  return labels;
 }
 
-std::string LabelSet(const std::vector<std::string>& names, const std::vector<std::string>& values,
-                     const std::string& extra_name = "", const std::string& extra_value = "") {
-  std::string out;
-  for (size_t i = 0; i < names.size(); ++i) {
-    absl::StrAppend(&out, out.empty() ? "" : ",", names[i], "=\"", Escape(values[i], true), "\"");
-  }
-  if (!extra_name.empty()) {
-    absl::StrAppend(&out, out.empty() ? "" : ",", extra_name, "=\"", extra_value, "\"");
-  }
-  return out.empty() ? "" : absl::StrCat("{", out, "}");
+bool LabelsBefore(const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+  auto key = [](const prometheus::ClientMetric& m) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& l : m.label) out.emplace_back(l.name, l.value);
+    return out;
+  };
+  return key(a) < key(b);
+}
+
+prometheus::ClientMetric::Histogram Snapshot(const prometheus::Histogram& h) {
+  return h.Collect().histogram;
 }
 
 }  // namespace
 
 void Counter::Increment(double delta) {
-  if (delta > 0) AtomicAdd(value_, delta);
+  if (delta > 0) impl_.Increment(delta);
 }
+double Counter::Value() const { return impl_.Value(); }
 
-void Gauge::Add(double delta) { AtomicAdd(value_, delta); }
-
-Histogram::Histogram(std::vector<double> upper_bounds)
-    : upper_bounds_(std::move(upper_bounds)),
-      counts_(new std::atomic<uint64_t>[upper_bounds_.size() + 1]) {
-  for (size_t i = 0; i <= upper_bounds_.size(); ++i) counts_[i].store(0);
-}
+void Gauge::Set(double v) { impl_.Set(v); }
+void Gauge::Add(double delta) { impl_.Increment(delta); }
+double Gauge::Value() const { return impl_.Value(); }
 
 void Histogram::Observe(double v) {
-  if (std::isnan(v)) return;
-  size_t i = 0;
-  while (i < upper_bounds_.size() && v > upper_bounds_[i]) ++i;
-  counts_[i].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
-  AtomicAdd(sum_, v);
+  if (!std::isnan(v)) impl_.Observe(v);
 }
+
+uint64_t Histogram::BucketCount(size_t i) const {
+  const prometheus::ClientMetric::Histogram s = Snapshot(impl_);
+  const uint64_t below = i == 0 ? 0 : s.bucket[i - 1].cumulative_count;
+  return s.bucket[i].cumulative_count - below;
+}
+
+uint64_t Histogram::Count() const { return Snapshot(impl_).sample_count; }
+double Histogram::Sum() const { return Snapshot(impl_).sample_sum; }
 
 std::vector<double> LatencyBucketsSeconds() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,   0.25,  0.5,
           1.0,   2.5,    5.0,   10.0, 25.0,  50.0, 100.0, 250.0, 600.0};
 }
 
+template <typename T>
+std::unique_ptr<T> Family<T>::Create(const std::vector<std::string>& label_values) {
+  const prometheus::Labels labels = ToLabels(label_names_, label_values);
+  if constexpr (std::is_same_v<T, Histogram>) {
+    return std::make_unique<Histogram>(impl_.Add(labels, buckets_), buckets_);
+  } else {
+    return std::make_unique<T>(impl_.Add(labels));
+  }
+}
+
+template <typename T>
+T& Family<T>::WithLabels(const std::vector<std::string>& label_values) {
+  if (label_values.size() != label_names_.size()) std::abort();
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<T>& slot = series_[label_values];
+  if (!slot) slot = Create(label_values);
+  return *slot;
+}
+
+template <typename T>
+void Family<T>::ExportAtZero(const std::vector<std::vector<std::string>>& values_per_label) {
+  if (values_per_label.size() != label_names_.size()) std::abort();
+  // Odometer over the lists: every combination once (none when a list is empty).
+  std::vector<size_t> at(values_per_label.size(), 0);
+  for (const auto& values : values_per_label) {
+    if (values.empty()) return;
+  }
+  for (;;) {
+    std::vector<std::string> labels;
+    for (size_t i = 0; i < at.size(); ++i) labels.push_back(values_per_label[i][at[i]]);
+    WithLabels(labels);
+    size_t i = 0;
+    while (i < at.size() && ++at[i] == values_per_label[i].size()) at[i++] = 0;
+    if (i == at.size()) return;
+  }
+}
+
+template class Family<Counter>;
+template class Family<Gauge>;
+template class Family<Histogram>;
+
+Registry::Registry()
+    : impl_(std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+Registry::~Registry() = default;
+
 absl::Status Registry::CheckNew(const std::string& name,
                                 const std::vector<std::string>& label_names, bool histogram) const {
-  if (!IsMetricName(name)) {
+  if (!prometheus::CheckMetricName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid metric name '", name, "'"));
   }
-  if (entries_.count(name)) {
+  if (names_.contains(name)) {
     return absl::InvalidArgumentError(absl::StrCat("metric '", name, "' registered twice"));
   }
   for (const auto& l : label_names) {
-    if (!IsLabelName(l) || (histogram && l == "le")) {
+    if (!prometheus::CheckLabelName(l) || (histogram && l == "le")) {
       return absl::InvalidArgumentError(
           absl::StrCat("invalid label name '", l, "' on metric '", name, "'"));
     }
@@ -119,24 +152,20 @@ absl::StatusOr<Family<Counter>*> Registry::AddCounter(const std::string& name,
                                                       std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
   if (auto s = CheckNew(name, label_names, false); !s.ok()) return s;
-  Entry& e = entries_[name];
-  e.type = MetricType::kCounter;
-  e.help = help;
-  e.label_names = label_names;
-  e.counter.reset(new Family<Counter>(std::move(label_names), {}));
-  return e.counter.get();
+  names_.insert(name);
+  auto& impl = prometheus::BuildCounter().Name(name).Help(EscapeHelp(help)).Register(*impl_);
+  counters_.emplace_back(new Family<Counter>(impl, std::move(label_names), {}));
+  return counters_.back().get();
 }
 
 absl::StatusOr<Family<Gauge>*> Registry::AddGauge(const std::string& name, const std::string& help,
                                                   std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
   if (auto s = CheckNew(name, label_names, false); !s.ok()) return s;
-  Entry& e = entries_[name];
-  e.type = MetricType::kGauge;
-  e.help = help;
-  e.label_names = label_names;
-  e.gauge.reset(new Family<Gauge>(std::move(label_names), {}));
-  return e.gauge.get();
+  names_.insert(name);
+  auto& impl = prometheus::BuildGauge().Name(name).Help(EscapeHelp(help)).Register(*impl_);
+  gauges_.emplace_back(new Family<Gauge>(impl, std::move(label_names), {}));
+  return gauges_.back().get();
 }
 
 absl::StatusOr<Family<Histogram>*> Registry::AddHistogram(const std::string& name,
@@ -151,53 +180,21 @@ absl::StatusOr<Family<Histogram>*> Registry::AddHistogram(const std::string& nam
           absl::StrCat("histogram '", name, "' bounds must be finite and strictly increasing"));
     }
   }
-  Entry& e = entries_[name];
-  e.type = MetricType::kHistogram;
-  e.help = help;
-  e.label_names = label_names;
-  e.histogram.reset(new Family<Histogram>(std::move(label_names), std::move(upper_bounds)));
-  return e.histogram.get();
+  names_.insert(name);
+  auto& impl = prometheus::BuildHistogram().Name(name).Help(EscapeHelp(help)).Register(*impl_);
+  histograms_.emplace_back(
+      new Family<Histogram>(impl, std::move(label_names), std::move(upper_bounds)));
+  return histograms_.back().get();
 }
 
 std::string Registry::Serialize() const {
-  absl::MutexLock lock(&mu_);
-  std::string out;
-  for (const auto& [name, e] : entries_) {
-    const char* type = e.type == MetricType::kCounter ? "counter"
-                       : e.type == MetricType::kGauge ? "gauge"
-                                                      : "histogram";
-    absl::StrAppend(&out, "# HELP ", name, " ", Escape(e.help, false), "\n");
-    absl::StrAppend(&out, "# TYPE ", name, " ", type, "\n");
-    if (e.counter) {
-      for (const auto& [labels, c] : e.counter->Series()) {
-        absl::StrAppend(&out, name, LabelSet(e.label_names, labels), " ", FormatValue(c->Value()),
-                        "\n");
-      }
-    } else if (e.gauge) {
-      for (const auto& [labels, g] : e.gauge->Series()) {
-        absl::StrAppend(&out, name, LabelSet(e.label_names, labels), " ", FormatValue(g->Value()),
-                        "\n");
-      }
-    } else {
-      for (const auto& [labels, h] : e.histogram->Series()) {
-        uint64_t cumulative = 0;
-        const auto& bounds = h->upper_bounds();
-        for (size_t i = 0; i <= bounds.size(); ++i) {
-          cumulative += h->BucketCount(i);
-          const std::string le = i < bounds.size()
-                                     ? FormatValue(bounds[i])
-                                     : FormatValue(std::numeric_limits<double>::infinity());
-          absl::StrAppend(&out, name, "_bucket", LabelSet(e.label_names, labels, "le", le), " ",
-                          cumulative, "\n");
-        }
-        absl::StrAppend(&out, name, "_sum", LabelSet(e.label_names, labels), " ",
-                        FormatValue(h->Sum()), "\n");
-        absl::StrAppend(&out, name, "_count", LabelSet(e.label_names, labels), " ", cumulative,
-                        "\n");
-      }
-    }
+  std::vector<prometheus::MetricFamily> families = impl_->Collect();
+  std::sort(families.begin(), families.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (auto& family : families) {
+    std::stable_sort(family.metric.begin(), family.metric.end(), LabelsBefore);
   }
-  return out;
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 absl::Status AddBuildInfo(Registry& registry, const std::string& role) {

@@ -1,21 +1,24 @@
-// A small Prometheus metrics registry: counters, gauges and histograms with labels, rendered in
-// the Prometheus text exposition format 0.0.4 (what /metrics serves).
+// pdserve's metrics registry: counters, gauges and histograms with labels, kept by Prometheus's C++
+// client (prometheus-cpp, Debian package prometheus-cpp-dev) and rendered by its TextSerializer in
+// the Prometheus text exposition format 0.0.4 (what /metrics serves over each process's own HTTP
+// server; civetweb's Exposer is not used).
 //
-// Debian 12 packages no Prometheus C++ client, so pdserve keeps this one; its output is checked
-// with `promtool check metrics` in the tests. Metric names are pdserve_* by convention.
+// This header keeps the small API the processes were written against (families addressed by an
+// ordered list of label values, absl::Status errors instead of exceptions); the values live in
+// prometheus::Counter / Gauge / Histogram. Metric names are pdserve_* by convention
+// (docs/metrics.md); the output is checked with `promtool check metrics` in the tests.
 //
 // Thread-safety: every method is safe to call from any thread. Families and series are created
 // under a mutex and never destroyed while the registry lives, so references returned by
-// Family::WithLabels() stay valid for the registry's lifetime; updating a series is lock-free
-// (atomics). Serialize() takes a consistent-enough snapshot: each value is read atomically, a
-// histogram's buckets, sum and count may come from slightly different instants.
+// Family::WithLabels() stay valid for the registry's lifetime; updating a counter or gauge is
+// lock-free, a histogram observation takes the histogram's own mutex. Serialize() reads each
+// series atomically; different series may come from slightly different instants.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -26,100 +29,106 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
 namespace pdserve::metrics {
 
 class Counter {
  public:
-  // REQUIRES: delta >= 0 (a negative delta is ignored: counters only go up).
+  explicit Counter(prometheus::Counter& impl) : impl_(impl) {}
+  // REQUIRES: delta >= 0 (a negative or NaN delta is ignored: counters only go up).
   void Increment(double delta = 1.0);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Counter& impl_;
 };
 
 class Gauge {
  public:
-  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
+  explicit Gauge(prometheus::Gauge& impl) : impl_(impl) {}
+  void Set(double v);
   void Add(double delta);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge& impl_;
 };
 
 class Histogram {
  public:
-  // `upper_bounds` strictly increasing and finite; the +Inf bucket is implicit.
-  explicit Histogram(std::vector<double> upper_bounds);
-  // Records one observation (seconds for latencies). NaN is ignored.
+  Histogram(prometheus::Histogram& impl, std::vector<double> upper_bounds)
+      : impl_(impl), upper_bounds_(std::move(upper_bounds)) {}
+  // Records one observation (seconds for latencies); a value on a bound counts in that bound's
+  // bucket (le is inclusive). NaN is ignored.
   void Observe(double v);
   const std::vector<double>& upper_bounds() const { return upper_bounds_; }
   // Non-cumulative count of bucket i (i == upper_bounds().size() is the +Inf bucket).
-  uint64_t BucketCount(size_t i) const { return counts_[i].load(std::memory_order_relaxed); }
-  uint64_t Count() const { return count_.load(std::memory_order_relaxed); }
-  double Sum() const { return sum_.load(std::memory_order_relaxed); }
+  uint64_t BucketCount(size_t i) const;
+  uint64_t Count() const;
+  double Sum() const;
 
  private:
-  std::vector<double> upper_bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;
-  std::atomic<uint64_t> count_{0};
-  std::atomic<double> sum_{0.0};
+  prometheus::Histogram& impl_;
+  const std::vector<double> upper_bounds_;
 };
 
 // Latency buckets from 1 ms to 600 s (seconds), roughly x2.5 apart: the router's TTFT, ITL, TPOT,
 // end-to-end and queue-time histograms use them.
 std::vector<double> LatencyBucketsSeconds();
 
-enum class MetricType { kCounter, kGauge, kHistogram };
-
 // All series of one metric name, one per distinct label-value tuple.
 template <typename T>
 class Family {
  public:
-  // The series for `label_values` (same order as the family's label names), created on first
-  // use. REQUIRES: label_values.size() == number of label names (else the call aborts: a
+  // The series for `label_values` (same order as the family's label names), created at 0 on
+  // first use. REQUIRES: label_values.size() == number of label names (else the call aborts: a
   // programming error, not an input error).
   T& WithLabels(const std::vector<std::string>& label_values);
   // The series with no labels. REQUIRES: the family has no label names.
   T& Get() { return WithLabels({}); }
-  // (label values, series) pairs in label-value order; the pointers stay valid for the
-  // registry's lifetime.
-  std::vector<std::pair<std::vector<std::string>, const T*>> Series() const {
-    absl::MutexLock lock(&mu_);
-    std::vector<std::pair<std::vector<std::string>, const T*>> out;
-    for (const auto& [labels, series] : series_) out.emplace_back(labels, series.get());
-    return out;
-  }
+  // Creates (at 0) the series of every combination of `values_per_label` (one list per label
+  // name, in the family's label order), so that /metrics shows them before their first event
+  // and PromQL's increase() sees that event. REQUIRES: one list per label name.
+  void ExportAtZero(const std::vector<std::vector<std::string>>& values_per_label);
+  const std::vector<std::string>& label_names() const { return label_names_; }
 
  private:
   friend class Registry;
-  Family(std::vector<std::string> label_names, std::vector<double> buckets)
-      : label_names_(std::move(label_names)), buckets_(std::move(buckets)) {}
+  using Impl = std::conditional_t<
+      std::is_same_v<T, Counter>, prometheus::Family<prometheus::Counter>,
+      std::conditional_t<std::is_same_v<T, Gauge>, prometheus::Family<prometheus::Gauge>,
+                         prometheus::Family<prometheus::Histogram>>>;
+  Family(Impl& impl, std::vector<std::string> label_names, std::vector<double> buckets)
+      : impl_(impl), label_names_(std::move(label_names)), buckets_(std::move(buckets)) {}
+  // A new series of `impl_` with these labels (defined in metrics.cc per T).
+  std::unique_ptr<T> Create(const std::vector<std::string>& label_values);
 
+  Impl& impl_;
   const std::vector<std::string> label_names_;
   const std::vector<double> buckets_;  // histograms only
   mutable absl::Mutex mu_;
   std::map<std::vector<std::string>, std::unique_ptr<T>> series_ ABSL_GUARDED_BY(mu_);
 };
 
-template <typename T>
-T& Family<T>::WithLabels(const std::vector<std::string>& label_values) {
-  if (label_values.size() != label_names_.size()) std::abort();
-  absl::MutexLock lock(&mu_);
-  auto& slot = series_[label_values];
-  if (!slot) {
-    if constexpr (std::is_same_v<T, Histogram>) {
-      slot = std::make_unique<Histogram>(buckets_);
-    } else {
-      slot = std::make_unique<T>();
-    }
-  }
-  return *slot;
-}
+extern template class Family<Counter>;
+extern template class Family<Gauge>;
+extern template class Family<Histogram>;
 
 class Registry {
  public:
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
   // Registers a metric family. Errors (InvalidArgument): a name or label name that is not a
   // valid Prometheus identifier, a reserved label name ("le" on histograms, "__*"), a duplicate
   // metric name, histogram bounds that are not strictly increasing and finite.
@@ -131,23 +140,20 @@ class Registry {
                                                   std::vector<std::string> label_names,
                                                   std::vector<double> upper_bounds);
 
-  // The whole registry in the Prometheus text format, families in name order.
+  // The whole registry in the Prometheus text format (prometheus::TextSerializer), families in
+  // name order and series in label order. Families without a series are left out.
   std::string Serialize() const;
 
  private:
-  struct Entry {
-    MetricType type;
-    std::string help;
-    std::vector<std::string> label_names;
-    std::unique_ptr<Family<Counter>> counter;
-    std::unique_ptr<Family<Gauge>> gauge;
-    std::unique_ptr<Family<Histogram>> histogram;
-  };
   absl::Status CheckNew(const std::string& name, const std::vector<std::string>& label_names,
                         bool histogram) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  std::unique_ptr<prometheus::Registry> impl_;
   mutable absl::Mutex mu_;
-  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> names_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Family<Counter>>> counters_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Family<Gauge>>> gauges_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Family<Histogram>>> histograms_ ABSL_GUARDED_BY(mu_);
 };
 
 // Registers pdserve_build_info{role, version} = 1 (docs/metrics.md, "Every process"): `role` is

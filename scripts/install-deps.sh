@@ -20,6 +20,7 @@ APT_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libucx-dev ucx-utils
   libsystemd-dev systemd
+  prometheus-cpp-dev
   prometheus
   bible-kjv-text bible-kjv
   clang-format

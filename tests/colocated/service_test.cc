@@ -182,7 +182,7 @@ TEST(ColocatedServiceTest, MetricsFollowTheContract) {
            "pdserve_serve_sequences_running 0\n",
            "pdserve_serve_sequences_waiting 0\n",
            "# TYPE pdserve_serve_degenerate_generations_total counter\n",
-           "pdserve_serve_degenerate_generations_total{kind=\"repeat\",action=\"flag\"} 0\n",
+           "pdserve_serve_degenerate_generations_total{action=\"flag\",kind=\"repeat\"} 0\n",
            "pdserve_serve_pool_pages_used{kind=\"sliding\"} 0\n",
            "pdserve_serve_canary_checks_total 0\n",
            "pdserve_serve_canary_mismatches_total 0\n",

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -56,12 +57,67 @@ TEST(MetricsTest, HistogramBucketsAreCumulativeWithInf) {
   h.Observe(100);
   EXPECT_EQ(r.Serialize(),
             "# HELP pdserve_ttft_seconds TTFT.\n# TYPE pdserve_ttft_seconds histogram\n"
+            "pdserve_ttft_seconds_count 4\n"
+            "pdserve_ttft_seconds_sum 102.15\n"
             "pdserve_ttft_seconds_bucket{le=\"0.1\"} 2\n"
             "pdserve_ttft_seconds_bucket{le=\"1\"} 2\n"
             "pdserve_ttft_seconds_bucket{le=\"2.5\"} 3\n"
-            "pdserve_ttft_seconds_bucket{le=\"+Inf\"} 4\n"
-            "pdserve_ttft_seconds_sum 102.15\n"
-            "pdserve_ttft_seconds_count 4\n");
+            "pdserve_ttft_seconds_bucket{le=\"+Inf\"} 4\n");
+  EXPECT_EQ(h.Count(), 4u);
+  EXPECT_EQ(h.BucketCount(0), 2u);
+  EXPECT_EQ(h.BucketCount(1), 0u);
+  EXPECT_EQ(h.BucketCount(3), 1u);  // +Inf
+  EXPECT_DOUBLE_EQ(h.Sum(), 102.15);
+}
+
+TEST(MetricsTest, HistogramIgnoresNaN) {
+  Registry r;
+  auto& h = (*r.AddHistogram("pdserve_h_seconds", "h", {}, {1}))->Get();
+  h.Observe(std::nan(""));
+  h.Observe(0.5);
+  EXPECT_EQ(h.Count(), 1u);
+  EXPECT_EQ(h.Sum(), 0.5);
+}
+
+TEST(MetricsTest, LabelsAppearInNameOrderAndSeriesInLabelOrder) {
+  Registry r;
+  auto* fam = *r.AddGauge("pdserve_g", "g", {"zone", "app"});
+  fam->WithLabels({"b", "x"}).Set(2);
+  fam->WithLabels({"a", "y"}).Set(1);
+  EXPECT_EQ(r.Serialize(),
+            "# HELP pdserve_g g\n# TYPE pdserve_g gauge\n"
+            "pdserve_g{app=\"x\",zone=\"b\"} 2\n"
+            "pdserve_g{app=\"y\",zone=\"a\"} 1\n");
+}
+
+TEST(MetricsTest, ExportAtZeroCreatesEveryCombination) {
+  Registry r;
+  auto* counter = *r.AddCounter("pdserve_d_total", "d", {"kind", "action"});
+  counter->ExportAtZero({{"repeat", "empty"}, {"flag", "stop"}});
+  counter->ExportAtZero({{"none"}, {}});  // an empty list: no combination
+  auto* hist = *r.AddHistogram("pdserve_e_seconds", "e", {"endpoint"}, {1});
+  hist->ExportAtZero({{"completions"}});
+  EXPECT_EQ(r.Serialize(),
+            "# HELP pdserve_d_total d\n# TYPE pdserve_d_total counter\n"
+            "pdserve_d_total{action=\"flag\",kind=\"empty\"} 0\n"
+            "pdserve_d_total{action=\"flag\",kind=\"repeat\"} 0\n"
+            "pdserve_d_total{action=\"stop\",kind=\"empty\"} 0\n"
+            "pdserve_d_total{action=\"stop\",kind=\"repeat\"} 0\n"
+            "# HELP pdserve_e_seconds e\n# TYPE pdserve_e_seconds histogram\n"
+            "pdserve_e_seconds_count{endpoint=\"completions\"} 0\n"
+            "pdserve_e_seconds_sum{endpoint=\"completions\"} 0\n"
+            "pdserve_e_seconds_bucket{endpoint=\"completions\",le=\"1\"} 0\n"
+            "pdserve_e_seconds_bucket{endpoint=\"completions\",le=\"+Inf\"} 0\n");
+  // The exported series are the ones WithLabels returns.
+  counter->WithLabels({"empty", "stop"}).Increment();
+  EXPECT_NE(r.Serialize().find("pdserve_d_total{action=\"stop\",kind=\"empty\"} 1\n"),
+            std::string::npos);
+}
+
+TEST(MetricsTest, FamilyWithoutSeriesIsLeftOut) {
+  Registry r;
+  ASSERT_TRUE(r.AddCounter("pdserve_unused_total", "u", {"k"}).ok());
+  EXPECT_EQ(r.Serialize(), "");
 }
 
 TEST(MetricsTest, LabelValuesAreEscaped) {
@@ -118,6 +174,8 @@ TEST(MetricsTest, OutputPassesPromtool) {
   auto* h =
       *r.AddHistogram("pdserve_e2e_seconds", "End to end.", {"endpoint"}, LatencyBucketsSeconds());
   h->WithLabels({"/v1/completions"}).Observe(2.0);
+  h->ExportAtZero({{"/v1/chat/completions"}});
+  (*r.AddCounter("pdserve_failures_total", "Failures.", {"reason"}))->ExportAtZero({{"a", "b"}});
   const std::string path = ::testing::TempDir() + "/metrics.prom";
   std::ofstream(path) << r.Serialize();
   const std::string cmd = promtool + " check metrics < " + path + " 2>&1";

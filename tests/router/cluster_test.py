@@ -385,7 +385,7 @@ def test_sigstop(c, model):
     victim = c.procs["decode-0"]
     victim.send_signal(signal.SIGSTOP)
     t0 = time.time()
-    down = wait_for(lambda: 'pdserve_router_worker_up{worker="decode-0",role="decode"} 0'
+    down = wait_for(lambda: 'pdserve_router_worker_up{role="decode",worker="decode-0"} 0'
                     in metrics(c.ports["http"]), 15)
     elapsed = time.time() - t0
     check(down and elapsed <= 10, f"SIGSTOPped decode-0 marked down after {elapsed:.1f} s")
@@ -398,7 +398,7 @@ def test_sigstop(c, model):
     check(after - before >= 16, f"decode-1 generated them ({after - before} tokens)")
     victim.send_signal(signal.SIGCONT)
     t0 = time.time()
-    up = wait_for(lambda: 'pdserve_router_worker_up{worker="decode-0",role="decode"} 1'
+    up = wait_for(lambda: 'pdserve_router_worker_up{role="decode",worker="decode-0"} 1'
                   in metrics(c.ports["http"]), 20)
     check(up, f"decode-0 back up {time.time() - t0:.1f} s after SIGCONT")
     # With every decode worker stopped, new requests get 503.

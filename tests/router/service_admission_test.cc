@@ -142,7 +142,7 @@ TEST_F(RouterServiceTest, ClientGoneWhileQueuedLeavesTheQueue) {
   EXPECT_NE(metrics.find(R"(pdserve_router_queue_wait_seconds_count{outcome="cancelled"} 1)"),
             std::string::npos)
       << metrics;
-  EXPECT_NE(metrics.find(R"(status="499",finish_reason="cancelled"} 1)"), std::string::npos)
+  EXPECT_NE(metrics.find(R"(finish_reason="cancelled",status="499"} 1)"), std::string::npos)
       << metrics;
   ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_FALSE(first->failed);

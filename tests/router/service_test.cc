@@ -139,8 +139,8 @@ TEST_F(RouterServiceTest, DegenerateChoiceCarriesItsKindInDeltasAndMetrics) {
   EXPECT_LE(first - kinds.begin(), 3);
   EXPECT_EQ(sink->finish[0], "length");
   const std::string metrics = service->MetricsText();
-  EXPECT_NE(metrics.find(R"(pdserve_router_degenerate_generations_total{kind="repeat",)"
-                         R"(action="flag"} 1)"),
+  EXPECT_NE(metrics.find(R"(pdserve_router_degenerate_generations_total{action="flag",)"
+                         R"(kind="repeat"} 1)"),
             std::string::npos)
       << metrics;
 }
@@ -154,7 +154,7 @@ TEST_F(RouterServiceTest, DegenerateWithoutAKindFromAnOlderWorkerIsUnknown) {
   ASSERT_FALSE(sink->kinds[0].empty());
   for (const std::string& kind : sink->kinds[0]) EXPECT_EQ(kind, "unknown");
   EXPECT_NE(service->MetricsText().find(
-                R"(pdserve_router_degenerate_generations_total{kind="unknown",action="flag"} 1)"),
+                R"(pdserve_router_degenerate_generations_total{action="flag",kind="unknown"} 1)"),
             std::string::npos);
 }
 
@@ -552,12 +552,12 @@ TEST_F(RouterServiceTest, ModelsAreListedOnceWithoutThePathAndRejectionsAreCount
   service->RecordRejected(frontend::Endpoint::kCompletions, 400);
   service->RecordRejected(frontend::Endpoint::kChatCompletions, 404);
   const std::string metrics = service->MetricsText();
-  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",status="400",)"
-                         R"(finish_reason="error"} 1)"),
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",)"
+                         R"(finish_reason="error",status="400"} 1)"),
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="chat_completions",)"
-                         R"(status="404",finish_reason="error"} 1)"),
+                         R"(finish_reason="error",status="404"} 1)"),
             std::string::npos);
 }
 
@@ -634,7 +634,7 @@ TEST_F(RouterServiceTest, WorkerFailingHealthIsMarkedDownAndBackUp) {
   service->pool().CheckAll();
   EXPECT_FALSE(service->pool().decode()[1]->up());
   EXPECT_NE(
-      service->MetricsText().find("pdserve_router_worker_up{worker=\"d1\",role=\"decode\"} 0"),
+      service->MetricsText().find("pdserve_router_worker_up{role=\"decode\",worker=\"d1\"} 0"),
       std::string::npos);
   // Requests go to the other decode worker only.
   for (int i = 0; i < 4; ++i) ASSERT_FALSE(Run(*service, Completion({1}, 1))->failed);
