@@ -119,6 +119,14 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
       w->degenerate_,
       r.AddCounter("pdserve_decode_degenerate_generations_total",
                    "Generations the degeneration detector caught", {"kind", "action"}));
+  // The series alerts and dashboards read exist at 0 from the start, so increase() sees the
+  // first event (docs/metrics.md).
+  std::vector<std::string> isolation_kinds = {"page_owner"};
+  for (kv::IsolationError kind : kv::kAllIsolationErrors) {
+    isolation_kinds.emplace_back(kv::IsolationErrorName(kind));
+  }
+  w->isolation_failures_->ExportAtZero({isolation_kinds});
+  w->degenerate_->ExportAtZero({{"repeat", "whitespace", "empty"}, {"flag", "stop"}});
 
   PDSERVE_ASSIGN_OR_RETURN(
       auto* canary_checks,

@@ -20,6 +20,11 @@ enum class IsolationError {
   kMissing = 6,    // The commit arrived but a slot never did.
 };
 
+// Every kind, in value order (the decode worker exports each one's failure counter from the start).
+inline constexpr IsolationError kAllIsolationErrors[] = {
+    IsolationError::kChecksum, IsolationError::kHeader,    IsolationError::kEpoch,
+    IsolationError::kLease,    IsolationError::kDuplicate, IsolationError::kMissing};
+
 absl::string_view IsolationErrorName(IsolationError kind);
 
 // "isolation error (<name>): <detail>" with the kind attached as a payload.

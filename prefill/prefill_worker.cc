@@ -89,6 +89,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   w->bandwidth_ = &bandwidth->Get();
   PDSERVE_ASSIGN_OR_RETURN(w->failures_, r.AddCounter("pdserve_prefill_transfer_failures_total",
                                                       "Failed transfers", {"reason"}));
+  // At 0 from the start, so the transfer-failure alert's increase() sees the first one.
+  w->failures_->ExportAtZero(
+      {{"connect", "lease_expired", "cancelled", "remote_error", "prefill_error"}});
   PDSERVE_ASSIGN_OR_RETURN(auto* in_flight,
                            r.AddGauge("pdserve_prefill_transfers_in_flight",
                                       "Transfers posted and not yet committed or released"));
@@ -103,20 +106,12 @@ bool PrefillWorker::Aborted(uint64_t request_id) const {
   return aborted_.contains(request_id);
 }
 
-void PrefillWorker::CountFailure(const absl::Status& status) {
-  std::string reason = "remote_error";
-  switch (status.code()) {
-    case absl::StatusCode::kCancelled:
-      reason = "cancelled";
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      reason = "lease_expired";
-      break;
-    case absl::StatusCode::kUnavailable:
-      reason = "remote_error";
-      break;
-    default:
-      break;
+void PrefillWorker::CountFailure(const absl::Status& status, bool aborted) {
+  const char* reason = "remote_error";
+  if (aborted) {
+    reason = "cancelled";
+  } else if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    reason = "lease_expired";
   }
   failures_->WithLabels({reason}).Increment();
 }
@@ -377,7 +372,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   }();
   if (!result.ok()) {
     if (transfer_error) {
-      CountFailure(result.status());
+      CountFailure(result.status(), Aborted(id) || context.IsCancelled());
       // An abort or cancellation is the router's own doing, not the decode worker's.
       if (result.status().code() != absl::StatusCode::kCancelled) {
         return worker::MarkTransferPeerFailure(result.status());

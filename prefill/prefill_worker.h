@@ -98,7 +98,12 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::StatusOr<pdserve::worker::v1::PrefillResponse> RunPrefill(
       const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
   bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
-  void CountFailure(const absl::Status& status);
+  // Counts one failed transfer in pdserve_prefill_transfer_failures_total: reason "cancelled"
+  // only when `aborted` (the router aborted the request or cancelled its call: a client that went
+  // away, or a request that ended elsewhere), so the transfer-failure alert can leave those out;
+  // otherwise "lease_expired" for DEADLINE_EXCEEDED and "remote_error" for anything else (a
+  // transport's own CANCELLED included).
+  void CountFailure(const absl::Status& status, bool aborted);
   void RememberAborted(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   PrefillWorkerOptions options_;

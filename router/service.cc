@@ -134,6 +134,18 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   s->queue_time_->Get();
   s->queue_depth_->Get();
   s->queued_->Get();
+  // So do the labelled series alerts and dashboards read, so increase() sees the first event
+  // (docs/metrics.md lists the values).
+  const std::vector<std::string> endpoints = {"completions", "chat_completions"};
+  for (auto* latency_family : {s->ttft_, s->itl_, s->tpot_, s->e2e_}) {
+    latency_family->ExportAtZero({endpoints});
+  }
+  s->requests_->ExportAtZero({endpoints, {"200"}, {"stop", "length", "degenerate"}});
+  s->requests_->ExportAtZero({endpoints, {"499"}, {"cancelled"}});
+  s->requests_->ExportAtZero({endpoints, {"400", "429", "503"}, {"error"}});
+  s->queue_wait_->ExportAtZero({{"admitted", "timeout", "cancelled"}});
+  s->retries_->ExportAtZero({{"worker_down", "timeout", "prefill_busy"}});
+  s->degenerate_->ExportAtZero({{"repeat", "whitespace", "empty", "unknown"}, {"flag", "stop"}});
 
   WorkerPoolOptions pool;
   pool.prefill = options.prefill;

@@ -4,6 +4,8 @@
 # missing, with a message saying which.
 #   promtool-rules RULES.yml           promtool check rules
 #   promtool-config PROMETHEUS.yml     promtool check config (also checks its rule files)
+#   promtool-test RULE_TESTS.yml       promtool test rules (alert cases: tests/deploy/alerts_test.yml)
+#   ldd-prometheus PDSERVE             the binary links Prometheus's C++ client (libprometheus-cpp)
 #   systemd-verify UNIT_DIR PDSERVE    systemd-analyze verify on copies of the units whose
 #                                      ExecStart names the built binary; any warning fails
 #   configs-valid PDSERVE CONFIG_DIR   `pdserve validate-config` accepts every shipped config
@@ -44,6 +46,18 @@ case $mode in
   promtool-config)
     need promtool prometheus
     promtool check config "$1"
+    ;;
+  promtool-test)
+    need promtool prometheus
+    promtool test rules "$1"
+    ;;
+  ldd-prometheus)
+    libs=$(ldd "$1")
+    grep -E '^\s*libprometheus-cpp-core\.so' <<<"$libs" || {
+      echo "FAIL: $1 does not link libprometheus-cpp-core:"
+      echo "$libs"
+      exit 1
+    }
     ;;
   systemd-verify)
     need systemd-analyze systemd

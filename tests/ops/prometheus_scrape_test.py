@@ -7,6 +7,10 @@ second. Then:
   1. every process's /metrics passes `promtool check metrics`, carries its role's names and
      exports only families docs/metrics.md lists, with that type; pdserve_build_info names the
      role, with one version for all three;
+     before any request (docs/metrics.md, "Series at 0 from the start"): every pdserve_* name the
+     Grafana dashboard's queries and the alert rules use is exported by the process of its role;
+     every series that section lists is there at 0; and every labelled counter or histogram the
+     dashboard and the alerts read is listed there;
   2. N streamed chat requests are timed by this client (time to first content byte);
   3. after a scrape, the PromQL query
        histogram_quantile(0.99, sum by (le) (pdserve_router_time_to_first_token_seconds_bucket))
@@ -53,6 +57,97 @@ def documented_metrics(root):
     row = re.compile(r"^\| `(pdserve_[a-z0-9_]+)` \| (counter|gauge|histogram)", re.M)
     with open(os.path.join(root, "docs", "metrics.md")) as f:
         return dict(row.findall(f.read()))
+
+
+def documented_label_cells(root):
+    """{name: the labels cell of its docs/metrics.md row} ('' for a family without labels)."""
+    row = re.compile(r"^\| `(pdserve_[a-z0-9_]+)` \|[^|]*\|([^|]*)\|", re.M)
+    with open(os.path.join(root, "docs", "metrics.md")) as f:
+        return {name: cell.strip() for name, cell in row.findall(f.read())}
+
+
+def queried_names(root):
+    """pdserve_* families the Grafana dashboard's queries and the alert rules use (the names as
+    written, e.g. pdserve_x_bucket for a histogram)."""
+    names = set()
+    with open(os.path.join(root, "deploy", "grafana", "pdserve-dashboard.json")) as f:
+        dashboard = json.load(f)
+    panels = list(dashboard["panels"])
+    while panels:
+        panel = panels.pop()
+        panels.extend(panel.get("panels", []))
+        for target in panel.get("targets", []):
+            names.update(re.findall(r"pdserve_[a-z0-9_]+", target["expr"]))
+    with open(os.path.join(root, "deploy", "prometheus", "alerts.yml")) as f:
+        for line in f:
+            if line.strip().startswith("#"):
+                continue
+            names.update(re.findall(r"pdserve_[a-z0-9_]+", line))
+    return names
+
+
+def family_of(name):
+    return re.sub(r"_(bucket|sum|count)$", "", name)
+
+
+def zero_series(root):
+    """[(family, {label: value})] from docs/metrics.md's "Series at 0 from the start" block, each
+    `a|b` label value expanded to one series per value."""
+    with open(os.path.join(root, "docs", "metrics.md")) as f:
+        text = f.read()
+    block = re.search(r"^## Series at 0 from the start\n.*?^```\n(.*?)^```", text, re.M | re.S)
+    if not block:
+        raise SystemExit("FAIL: docs/metrics.md has no 'Series at 0 from the start' block")
+    out = []
+    for line in block.group(1).splitlines():
+        m = re.fullmatch(r"(pdserve_[a-z0-9_]+)\{(.*)\}", line.strip())
+        if not m:
+            raise SystemExit(f"FAIL: docs/metrics.md zero-series line not understood: {line}")
+        combos = [{}]
+        for label, values in re.findall(r'(\w+)="([^"]*)"', m.group(2)):
+            combos = [dict(c, **{label: v}) for c in combos for v in values.split("|")]
+        out.extend((m.group(1), c) for c in combos)
+    return out
+
+
+def samples(text):
+    """{(sample name, frozenset of label pairs): value} of a /metrics text."""
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)", line)
+        if m and not line.startswith("#"):
+            labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def check_fresh_metrics(root, job, text, documented):
+    """Step 1's checks of a freshly started process's /metrics (see the module docstring)."""
+    role = job.removeprefix("pdserve-")
+    exported = samples(text)
+    sample_names = {name for name, _ in exported}
+    queried = queried_names(root)
+    for name in sorted(n for n in queried if n.startswith(f"pdserve_{role}_")):
+        if name not in sample_names:
+            raise SystemExit(f"FAIL: the dashboard or an alert reads {name}, {job} exports none")
+    zeros = zero_series(root)
+    listed = {family for family, _ in zeros}
+    cells = documented_label_cells(root)
+    for family in sorted({family_of(n) for n in queried}):
+        if documented.get(family) in ("counter", "histogram") and cells.get(family) and \
+                family not in listed:
+            raise SystemExit(f"FAIL: {family} is read by the dashboard or an alert but not in "
+                             "docs/metrics.md's 'Series at 0 from the start'")
+    count = 0
+    for family, labels in zeros:
+        if not family.startswith(f"pdserve_{role}_"):
+            continue
+        sample = family + "_count" if documented.get(family) == "histogram" else family
+        value = exported.get((sample, frozenset(labels.items())))
+        if value != 0:
+            raise SystemExit(f"FAIL: {job} on start: {sample}{labels} is {value}, wanted 0")
+        count += 1
+    print(f"{job}: every dashboard/alert name exported; {count} listed series at 0")
 
 
 def wait_for(what, fn, timeout_s, procs):
@@ -211,6 +306,7 @@ guards:
             if len(build) != 1:
                 raise SystemExit(f"FAIL: {job} lacks pdserve_build_info{{role=\"{role}\"}}")
             versions.add(build[0])
+            check_fresh_metrics(root, job, text, documented)
             print(f"{job}: /metrics passes promtool ({len(text.splitlines())} lines)")
         if len(versions) != 1:
             raise SystemExit(f"FAIL: the processes report different versions: {versions}")
