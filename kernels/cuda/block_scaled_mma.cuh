@@ -190,13 +190,27 @@ __device__ __forceinline__ void BlockProduct(const GemmArgs& a, const WeightRegs
   }
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with LaunchDependent may start while
+// the kernel before it still runs; GridDependencyWait blocks until that kernel has finished and
+// its writes are visible (a no-op when launched normally), GridDependencyTrigger lets the next
+// one start.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void GridDependencyTrigger() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // Grid: x = work item (fastest, so the items of one expert, or the token chunks of a dense
 // GEMM, run together and share the weight tile through L2), y = 64-row tile of n, z = k split.
-// 128 threads.
+// 128 threads. Weights are streamed three 128-k blocks deep (two in flight while one is used); a
+// dense GEMM issues its first two weight loads before waiting for the act-quant kernel.
 template <bool FP4, int NT>
 __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
+  const bool dense = a.items == nullptr;
+  if (!dense) GridDependencyWait();  // the items come from the grouping kernel
   WorkItem item;
-  if (a.items == nullptr) {
+  if (dense) {
     item.expert = 0;
     item.first = static_cast<int32_t>(blockIdx.x) * 8 * NT;
     item.count = static_cast<int32_t>(min(int64_t{8 * NT}, a.dense_rows - item.first));
@@ -214,6 +228,24 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   const int64_t kblocks = a.k / kBlockK;
   const int64_t kb_begin = kblocks * blockIdx.z / a.k_splits;
   const int64_t kb_end = kblocks * (blockIdx.z + 1) / a.k_splits;
+  const int64_t row_bytes = FP4 ? a.k / 2 : a.k;
+  const uint8_t* w_rows = a.w + (int64_t{item.expert} * a.n + n0 + g) * row_bytes;
+  const uint8_t* sc_rows =
+      FP4 ? a.w_scale8 + (int64_t{item.expert} * a.n + n0 + g) * (a.k / kFp4Group) : nullptr;
+  const float* w_scale =
+      FP4 ? nullptr
+          : a.w_scale +
+                (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) + n0 / kBlockK) * kblocks;
+  const bool valid0 = n0 + g < a.n;
+  const bool valid1 = n0 + g + 8 < a.n;
+  WeightRegs<FP4> cur;
+  WeightRegs<FP4> ahead;
+  if (kb_begin < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin, t, cur);
+  if (kb_begin + 1 < kb_end) {
+    LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin + 1, t, ahead);
+  }
+  if (dense) GridDependencyWait();  // xq / xs come from the act-quant kernel
+  GridDependencyTrigger();
 
   // Per tile: this thread's B row (token g of the tile) and the x rows of its C columns.
   int32_t x_row[NT];
@@ -230,28 +262,16 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
     EntryRows(a, item.first + min(j * 8 + 2 * t + 1, last), &row, &out_row);
     xs_row[j][1] = static_cast<int32_t>(row);
   }
-  const int64_t row_bytes = FP4 ? a.k / 2 : a.k;
-  const uint8_t* w_rows = a.w + (int64_t{item.expert} * a.n + n0 + g) * row_bytes;
-  const uint8_t* sc_rows =
-      FP4 ? a.w_scale8 + (int64_t{item.expert} * a.n + n0 + g) * (a.k / kFp4Group) : nullptr;
-  const float* w_scale =
-      FP4 ? nullptr
-          : a.w_scale +
-                (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) + n0 / kBlockK) * kblocks;
-  const bool valid0 = n0 + g < a.n;
-  const bool valid1 = n0 + g + 8 < a.n;
-
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  WeightRegs<FP4> cur;
-  if (kb_begin < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin, t, cur);
   for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-    WeightRegs<FP4> next = cur;
-    if (kb + 1 < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb + 1, t, next);
+    WeightRegs<FP4> next = ahead;
+    if (kb + 2 < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb + 2, t, next);
     const float ws = FP4 ? 1.0f : __ldg(w_scale + kb);
     BlockProduct<FP4, NT>(a, cur, ws, kb, t, tiles, x_row, xs_row, acc);
-    cur = next;
+    cur = ahead;
+    ahead = next;
   }
 
   // Epilogue: c0, c1 = row n0 + g, columns 2t, 2t + 1; c2, c3 = row n0 + g + 8.
@@ -281,6 +301,7 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
 __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                    const float* row_weight, const int32_t* row_expert,
                                    int32_t n_experts, __nv_bfloat16* out, int64_t out_stride) {
+  GridDependencyWait();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / n;
@@ -304,6 +325,7 @@ __device__ __forceinline__ float RoundUpToPowerOfTwo(float s) {
 // 128, 4 values per lane.
 __global__ void ActQuantKernel(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
                                bool ue8m0, uint8_t* xq, float* xs) {
+  GridDependencyTrigger();  // the GEMM may start streaming its weights now
   const int64_t kblocks = k / kBlockK;
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -354,7 +376,31 @@ inline constexpr int64_t kMaxN = int64_t{65535} * kRowsPerBlock;  // grid.y limi
 inline size_t AlignUp(size_t v) { return (v + 255) & ~size_t{255}; }
 
 // Token tiles of 8 per block (the template parameter NT) for `rows` entries per item.
-inline int TilesFor(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8; }
+// (At most 4 tiles: with 8 the accumulators spilled and 64 tokens ran 4-7x slower than 32 on the
+// H200, 2026-12-04; more tokens take more items, which re-read the weight tile from L2.)
+inline int TilesFor(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...) with programmatic stream serialization
+// (it may start before the previous kernel on `stream` ends; see GridDependencyWait), or plainly
+// when the runtime refuses that.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                            Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return cudaSuccess;
+  (void)cudaGetLastError();
+  kernel<<<grid, block, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
 
 // Splits of k so that about 512 blocks run (4 per multiprocessor on an H200, 132 of them), each
 // split at least 2 blocks of 128 k, at most 16 splits. A pure function of the sizes, so the
@@ -372,19 +418,12 @@ cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t
                   static_cast<unsigned>(a.k_splits));
   switch (tiles) {
     case 1:
-      BlockScaledGemmKernel<FP4, 1><<<grid, 128, 0, stream>>>(a);
-      break;
+      return LaunchDependent(BlockScaledGemmKernel<FP4, 1>, grid, dim3(128), stream, a);
     case 2:
-      BlockScaledGemmKernel<FP4, 2><<<grid, 128, 0, stream>>>(a);
-      break;
-    case 4:
-      BlockScaledGemmKernel<FP4, 4><<<grid, 128, 0, stream>>>(a);
-      break;
+      return LaunchDependent(BlockScaledGemmKernel<FP4, 2>, grid, dim3(128), stream, a);
     default:
-      BlockScaledGemmKernel<FP4, 8><<<grid, 128, 0, stream>>>(a);
-      break;
+      return LaunchDependent(BlockScaledGemmKernel<FP4, 4>, grid, dim3(128), stream, a);
   }
-  return cudaGetLastError();
 }
 
 inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
@@ -402,9 +441,8 @@ inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t ro
                                 cudaStream_t stream) {
   const int64_t total = rows * n;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
-  SplitKReduceKernel<<<blocks, 256, 0, stream>>>(partial, splits, rows, n, row_weight, row_expert,
-                                                 n_experts, out, out_stride);
-  return cudaGetLastError();
+  return LaunchDependent(SplitKReduceKernel, dim3(blocks), dim3(256), stream, partial, splits, rows,
+                         n, row_weight, row_expert, n_experts, out, out_stride);
 }
 
 }  // namespace

@@ -144,10 +144,37 @@ TEST(CudaFp8GemmTest, NanAndInfPropagateToTheSamePositions) {
 TEST(CudaFp8GemmTest, CublasLtMatchesReference) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  for (int64_t m : {1, 77, 256}) {
-    DenseCase c = MakeDense(rng, m, 384, 512, m == 77);
+  // Token counts that are multiples of 4: on the H200 (CUDA 13.0, 2026-12-04) cuBLASLt's
+  // block-scaled FP8 had no algorithm for 1 or 2 tokens, nor for 77 (the heuristic answered
+  // CUBLAS_STATUS_NOT_SUPPORTED; torch._scaled_mm failed the same way).
+  for (int64_t m : {4, 16, 80, 256}) {
+    DenseCase c = MakeDense(rng, m, 384, 512, m == 80);
     c.out_stride = c.n + 8;  // multiple of 8, columns past n untouched
     RunAndCheck(c, Path::kCublasLt);
+  }
+}
+
+TEST(CudaFp8GemmTest, CublasLtWithoutAnAlgorithmSaysSo) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const DenseCase c = MakeDense(rng, 1, 256, 256, false);
+  GuardedBuffer<uint16_t> x(c.x.size());
+  GuardedBuffer<uint8_t> w(c.w.size());
+  GuardedBuffer<float> w_scale(c.w_scale.size());
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(c.m * c.out_stride));
+  GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.k));
+  cublasLtHandle_t handle = nullptr;
+  ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  std::string refusal;
+  const cudaError_t status = fp8_gemm_cublaslt(
+      handle, reinterpret_cast<const __nv_bfloat16*>(x.get()), c.m, c.k, c.x_stride, w.get(),
+      w_scale.get(), c.n, false, reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride,
+      ws.get(), ws.size(), nullptr, &refusal);
+  cublasLtDestroy(handle);
+  // Either cuBLASLt runs it (a newer library) or the refusal names the cuBLASLt step.
+  if (status != cudaSuccess) {
+    EXPECT_EQ(status, cudaErrorNotSupported);
+    EXPECT_NE(refusal.find("cuBLASLt heuristic"), std::string::npos) << refusal;
   }
 }
 
