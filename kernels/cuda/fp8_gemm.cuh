@@ -16,10 +16,12 @@
 // `weight`); w_scale [ceil(n / 128), k / 128] fp32 row-major (`scale` / `weight_scale_inv`);
 // out [m, out_stride] bf16 (columns 0..n-1 written, nothing else).
 //
-// Speed: written for decode (m = 1..128): each weight byte is read once from HBM per 64 tokens
-// (16-byte loads, 4 warps of 16 rows per block, k split over blocks for small n). For large m it
-// is correct but tensor-core bound on mma.sync: use fp8_gemm_cublaslt there (docs/perf.md has
-// both, measured).
+// Speed: written for decode (m = 1..16): each weight byte is streamed once per 32 tokens
+// (16-byte loads, three 128-k blocks in flight per warp, 4 warps of 16 rows per block, k split
+// over blocks for small n). Measured on one H200 (docs/perf.md, 2026-12-04, CUDA graphs): 1-8
+// tokens at 56-59% of the read floor for wq_b [32768, 1024] (1.4-1.5x faster than bf16), 23-51%
+// for the smaller shapes. On sm_90 the e4m3 mma.sync runs as f16 HMMA plus conversions, so from
+// 16-32 tokens on fp8_gemm_cublaslt is faster; use it there.
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and

@@ -144,7 +144,7 @@ TEST(CudaFp8GemmTest, NanAndInfPropagateToTheSamePositions) {
 TEST(CudaFp8GemmTest, CublasLtMatchesReference) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  // Token counts that are multiples of 4: on the H200 (CUDA 13.0, 2026-12-04) cuBLASLt's
+  // Token counts cuBLASLt has algorithms for: on the H200 (CUDA 13.0, 2026-12-04) its
   // block-scaled FP8 had no algorithm for 1 or 2 tokens, nor for 77 (the heuristic answered
   // CUBLAS_STATUS_NOT_SUPPORTED; torch._scaled_mm failed the same way).
   for (int64_t m : {4, 16, 80, 256}) {
