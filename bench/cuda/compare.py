@@ -15,7 +15,14 @@ Timing, as the C++ bench's (PDSERVE_BENCH_TIMING):
   median over 20 replays of (replay time / 16). PyTorch's many small kernels lose their launch
   gaps here, as pdserve's launches do.
 
+With --gemm-bench (bench/cuda/gemm_bench.cu's binary) it times the block-scaled FP8 / FP4 GEMMs
+instead, against torch._scaled_mm with 1 x 128 activation and 128 x 128 weight scales (the
+activations already quantized: the GEMM alone), bf16 torch.matmul, and bf16 torch._grouped_mm over
+the 256 experts, all in CUDA graphs of 16 layers (dense, each layer its own weights) or 8 layers
+(grouped, one expert tensor, each layer its own random top-6 routing), as the C++ bench does.
+
 Usage: python3 bench/cuda/compare.py --bench build-cuda/bench/pdserve_cuda_bench
+       python3 bench/cuda/compare.py --gemm-bench build-cuda/bench/pdserve_gemm_bench
 """
 import argparse
 import os
@@ -134,10 +141,125 @@ def torch_attention(batch, context, csa, flush):
     return time_layers(run, flush)
 
 
+GEMM_LAYERS, MOE_LAYERS, EXPERTS, TOP_K = 16, 8, 256, 6
+
+
+def graph_layers_us(run_layer, layers):
+    """graph_us over `layers` layers (the GEMM benches' own layer counts)."""
+    global LAYERS
+    saved, LAYERS = LAYERS, layers
+    try:
+        return graph_us(run_layer)
+    finally:
+        LAYERS = saved
+
+
+def torch_dense(n, k, m):
+    """(torch._scaled_mm block-scaled FP8 us, bf16 torch.matmul us) for x [m, k] @ W[n, k]^T."""
+    fp8 = torch.float8_e4m3fn
+    xq = (torch.randn(m, k, device="cuda") * 50).to(fp8)
+    scale_a = torch.rand(k // 128, m, device="cuda").t() + 0.5  # [m, k/128], outer-dim-major
+    ws = [(torch.randn(n, k, device="cuda") * 50).to(fp8) for _ in range(GEMM_LAYERS)]
+    scales = [torch.rand(n // 128, k // 128, device="cuda") + 0.5 for _ in range(GEMM_LAYERS)]
+    try:
+        fp8_us = graph_layers_us(lambda l: torch._scaled_mm(
+            xq, ws[l].t(), scale_a=scale_a, scale_b=scales[l].t(), out_dtype=torch.bfloat16),
+            GEMM_LAYERS)
+    except RuntimeError as e:
+        print(f"torch._scaled_mm n={n} k={k} m={m}: {str(e).splitlines()[0]}", flush=True)
+        fp8_us = float("nan")
+    del ws, scales
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(GEMM_LAYERS)]
+    bf16_us = graph_layers_us(lambda l: torch.matmul(x, wb[l].t()), GEMM_LAYERS)
+    del wb
+    torch.cuda.empty_cache()
+    return fp8_us, bf16_us
+
+
+MOE_WEIGHTS = {}
+
+
+def torch_grouped(n, k, m):
+    """bf16 torch._grouped_mm over 256 experts for m tokens x top-6 random picks (us)."""
+    if (n, k) not in MOE_WEIGHTS:
+        MOE_WEIGHTS.clear()
+        torch.cuda.empty_cache()
+        MOE_WEIGHTS[(n, k)] = torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16)
+    w = MOE_WEIGHTS[(n, k)]
+    xs, offs = [], []
+    for _ in range(MOE_LAYERS):
+        picks = torch.rand(m, EXPERTS, device="cuda").topk(TOP_K, dim=1).indices.flatten()
+        counts = torch.bincount(picks, minlength=EXPERTS)
+        offs.append(torch.cumsum(counts, 0).to(torch.int32))
+        xs.append(torch.randn(m * TOP_K, k, device="cuda", dtype=torch.bfloat16))
+    try:
+        return graph_layers_us(lambda l: torch._grouped_mm(xs[l], w.transpose(-2, -1),
+                                                           offs=offs[l]), MOE_LAYERS)
+    except RuntimeError as e:
+        print(f"torch._grouped_mm n={n} k={k} m={m}: {str(e).splitlines()[0]}", flush=True)
+        return float("nan")
+
+
+def gemm_main(bench):
+    lines = subprocess.run([bench], check=True, capture_output=True, text=True).stdout
+    rows = [line.split(",") for line in lines.strip().splitlines()]
+    ceiling = {r[0]: float(r[4]) / (float(r[3]) * 1e-6) / 1e9 for r in rows
+               if r[0] in ("copy", "read")}
+    read_gbs = ceiling["read"]
+    table = {}
+    for kernel, shape, tokens, us, nbytes, flops in rows:
+        if kernel not in ceiling:
+            table[(kernel, shape, int(tokens))] = (float(us), float(nbytes), float(flops))
+    print(f"GPU: {torch.cuda.get_device_name()}; device-to-device copy: {ceiling['copy']:.0f} GB/s "
+          f"(read + write); read floor (ReadFloor over 2 GiB): {read_gbs:.0f} GB/s; "
+          f"torch {torch.__version__}; timing: CUDA graphs; % = weight bytes / time / read floor",
+          flush=True)
+    shapes = {"wq_b": (32768, 1024), "wo_b": (4096, 8192), "w13": (4096, 4096), "w2": (4096, 2048)}
+
+    def cell(key):
+        if key not in table:
+            return "-", "-"
+        us, nbytes, flops = table[key]
+        gbs = nbytes / (us * 1e-6) / 1e9
+        return f"{us:.1f}", f"{100 * gbs / read_gbs:.0f}% / {flops / (us * 1e-6) / 1e12:.0f}"
+
+    print("\n| shape | tokens | pdserve fp8 us | % read BW / TFLOP/s | pdserve cuBLASLt us | "
+          "% read BW / TFLOP/s | torch._scaled_mm us | torch bf16 us |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (kernel, shape, tokens) in list(table):
+        if kernel != "fp8_own":
+            continue
+        n, k = shapes[shape]
+        fp8_us, bf16_us = torch_dense(n, k, tokens)
+        own_us, own_eff = cell(("fp8_own", shape, tokens))
+        lt_us, lt_eff = cell(("fp8_cublaslt", shape, tokens))
+        print(f"| {shape} | {tokens} | {own_us} | {own_eff} | {lt_us} | {lt_eff} | "
+              f"{fp8_us:.1f} | {bf16_us:.1f} |", flush=True)
+    print("\n| experts | tokens | FP8 us | % read BW / TFLOP/s | FP4 us | % read BW / TFLOP/s | "
+          "torch._grouped_mm bf16 us |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (kernel, shape, tokens) in list(table):
+        if kernel != "moe_fp8":
+            continue
+        n, k = shapes[shape]
+        ref = torch_grouped(n, k, tokens)
+        fp8_us, fp8_eff = cell(("moe_fp8", shape, tokens))
+        fp4_us, fp4_eff = cell(("moe_fp4", shape, tokens))
+        print(f"| {shape} | {tokens} | {fp8_us} | {fp8_eff} | {fp4_us} | {fp4_eff} | {ref:.1f} |",
+              flush=True)
+    MOE_WEIGHTS.clear()
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--bench", required=True)
+    parser.add_argument("--bench")
+    parser.add_argument("--gemm-bench")
     args = parser.parse_args()
+    if args.gemm_bench:
+        gemm_main(args.gemm_bench)
+    if not args.bench:
+        return
     lines = subprocess.run([args.bench], check=True, capture_output=True, text=True).stdout
     rows = [line.split(",") for line in lines.strip().splitlines()]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")

@@ -1,0 +1,163 @@
+// Timing helpers shared by the CUDA benchmarks (cuda_bench.cu, gemm_bench.cu): checked CUDA
+// calls, device allocation, random bf16 fill, the L2 flush, the read floor, event and CUDA-graph
+// medians. Benchmark-only; not thread-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+// Not in an unnamed namespace: each benchmark is one translation unit, and a helper it does not
+// use must not warn.
+namespace pdserve::kernels::cuda {
+
+#define BENCH_CHECK(expr)                                                                       \
+  do {                                                                                          \
+    const cudaError_t bench_status = (expr);                                                    \
+    if (bench_status != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(bench_status)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+template <typename T>
+T* DeviceAlloc(size_t n) {
+  void* p = nullptr;
+  BENCH_CHECK(cudaMalloc(&p, n * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+// 32 well-mixed bits from an element index and a seed.
+__device__ __forceinline__ uint32_t HashIndex(size_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  return h;
+}
+
+// Random bf16 in about [-1, 1) from a hash of the index (never all zeros: METHOD.md).
+__global__ void FillRandomBf16(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t h = HashIndex(i, seed);
+    const float f = static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f;
+    p[i] = static_cast<uint16_t>(__float_as_uint(f) >> 16);
+  }
+}
+
+void FillBf16(uint16_t* p, size_t n, uint32_t seed) {
+  FillRandomBf16<<<1024, 256>>>(p, n, seed);
+  BENCH_CHECK(cudaGetLastError());
+}
+
+// Reads `n` 16-byte units (the clean flush: afterwards L2 holds only lines of this buffer, none
+// dirty). The XOR is stored only when it equals a value that random fill never gives, so the
+// reads are not optimized away.
+__global__ void ReadAll(const uint4* p, size_t n, uint4* sink) {
+  uint32_t x = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = p[i];
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x9E3779B9u) *sink = make_uint4(x, x, x, x);
+}
+
+// Reads `n` 16-byte units with four loads in flight per thread: the floor for a kernel that must
+// read that many bytes (the same timing, the same launch, none of the kernel's work; see the
+// "_read" rows of Run). Only one word of each unit is folded in, so the compiler may load just
+// that word; a warp still touches every 32-byte sector of its 512 contiguous bytes, so the DRAM
+// traffic is the whole range (the figures in docs/perf.md, 2026-12-03, are of this version).
+__global__ void __launch_bounds__(512) ReadFloor(const uint4* p, size_t n, uint4* sink) {
+  uint32_t x = 0;
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = p[i];
+    const uint4 b = p[i + stride];
+    const uint4 c = p[i + 2 * stride];
+    const uint4 d = p[i + 3 * stride];
+    x ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) x ^= p[i].x;
+  if (x == 0x9E3779B9u) *sink = make_uint4(x, x, x, x);
+}
+
+// What runs before each timed launch so that no input is served from L2: `write` overwrites a
+// 256 MiB buffer (L2 is then full of dirty lines of it, written back while the timed kernel
+// reads: extra HBM traffic charged to that kernel); with PDSERVE_BENCH_FLUSH=clean a second
+// 256 MiB buffer is then read, so L2 holds only clean lines when the timing starts (as Nsight
+// Compute's default cache control leaves it).
+struct Flush {
+  void* write = nullptr;
+  void* read = nullptr;  // nullptr: write only
+  size_t bytes = 0;
+  uint4* sink = nullptr;
+  void Run(int i, cudaStream_t stream) const {
+    BENCH_CHECK(cudaMemsetAsync(write, i & 0xFF, bytes, stream));
+    if (read != nullptr) {
+      ReadAll<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(read), bytes / 16, sink);
+      BENCH_CHECK(cudaGetLastError());
+    }
+  }
+};
+
+// Median over `reps` runs of `timed` on `stream`, each after `before(i)` and timed alone by CUDA
+// events, in microseconds.
+template <typename Before, typename Timed>
+double EventMedianMicros(Before before, Timed timed, int reps, cudaStream_t stream) {
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    before(i);
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    timed();
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  return 1000.0 * times[times.size() / 2];
+}
+
+// Median time of `reps` launches of `fn` on `stream`, each after `flush`.
+template <typename Fn>
+double MedianMicros(Fn fn, int reps, const Flush& flush, cudaStream_t stream) {
+  for (int i = 0; i < 3; ++i) fn();
+  return EventMedianMicros([&](int i) { flush.Run(i, stream); }, fn, reps, stream);
+}
+
+// Median over `reps` replays of a graph holding launch(0), ..., launch(layers - 1) on `stream`,
+// divided by `layers`: the time per launch inside a decode step's graph.
+double GraphMicros(const std::function<void(int)>& launch, int layers, int reps,
+                   cudaStream_t stream) {
+  for (int l = 0; l < layers; ++l) launch(l);  // first calls outside capture (kernel attributes)
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int l = 0; l < layers; ++l) launch(l);
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  const double us = EventMedianMicros(
+      [](int) {}, [&] { BENCH_CHECK(cudaGraphLaunch(exec, stream)); }, reps, stream);
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  return us / layers;
+}
+
+}  // namespace pdserve::kernels::cuda

@@ -1,0 +1,265 @@
+// Times the block-scaled FP8 / FP4 GEMMs (kernels/cuda/fp8_gemm.cuh, moe_gemm.cuh) at
+// DeepSeek-V4-Flash shapes (engine/config.h: hidden 4096, q_lora 1024, 64 heads x 512, o_groups 8
+// x o_lora 1024, 256 routed experts of 2048, top-6), timed inside CUDA graphs. Prints CSV rows:
+//   kernel,shape,tokens,median_us,bytes,flops
+// kernel: copy (device-to-device, bytes = read + written), read (ReadFloor: bytes read), fp8_own
+// (fp8_gemm), fp8_cublaslt (fp8_gemm_cublaslt), moe_fp8 / moe_fp4 (moe_grouped_gemm over 256
+// experts, top-6 routing). shape: wq_b [32768, 1024], wo_b [4096, 8192], w13 = experts' gate+up
+// [4096, 4096] and w2 = down [4096, 2048] (dense rows: one expert's matrix as a plain GEMM). bytes:
+// the weight and scale bytes the call must read (grouped: of the experts the routing touched,
+// averaged over the layers), flops: 2 x tokens (x top-6) x n x k. Every time includes the
+// activation quantization kernel (and the split-k reduction or grouping kernel where they run).
+//
+// Graph timing: one launch per layer of kLayers layers captured in one CUDA graph, median over
+// 20 replays of (replay time / kLayers). Dense layers each have their own weights (16 x the
+// matrix: 128-512 MB, beyond L2); grouped layers share one expert tensor (4.3 GB gate+up FP8)
+// with their own random routing, so a decode batch's experts come from HBM.
+// bench/cuda/compare.py --gemm-bench runs this and PyTorch's counterparts in one run.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_util.cuh"
+#include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
+
+namespace pdserve::kernels::cuda {
+namespace {
+
+constexpr int kLayers = 16;
+constexpr int kMoeLayers = 8;
+constexpr int64_t kExperts = 256;
+constexpr int64_t kTopK = 6;
+const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
+
+struct Shape {
+  const char* name;
+  int64_t n;
+  int64_t k;
+};
+const std::vector<Shape> kShapes = {
+    {"wq_b", 32768, 1024}, {"wo_b", 4096, 8192}, {"w13", 4096, 4096}, {"w2", 4096, 2048}};
+
+// Random bytes with the e4m3 NaN codes replaced (hash of the index; never all zeros).
+__global__ void FillWeightBytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint8_t b = static_cast<uint8_t>(HashIndex(i, seed));
+    if ((b & 0x7F) == 0x7F) b ^= 1;
+    p[i] = b;
+  }
+}
+
+// Scales near 1 (fp32: 1 + small; ue8m0: 126..128).
+__global__ void FillScales(float* f, uint8_t* e8, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t h = (static_cast<uint32_t>(i) * 2246822519u) ^ seed;
+    if (f != nullptr) f[i] = 0.75f + static_cast<float>(h % 1024) / 2048.0f;
+    if (e8 != nullptr) e8[i] = static_cast<uint8_t>(126 + h % 3);
+  }
+}
+
+uint8_t* RandomWeights(size_t bytes, uint32_t seed) {
+  uint8_t* p = DeviceAlloc<uint8_t>(bytes);
+  FillWeightBytes<<<2048, 256>>>(p, bytes, seed);
+  BENCH_CHECK(cudaGetLastError());
+  return p;
+}
+
+void PrintRow(const char* kernel, const char* shape, int64_t tokens, double us, double bytes,
+              double flops) {
+  std::printf("%s,%s,%lld,%.3f,%.0f,%.0f\n", kernel, shape, static_cast<long long>(tokens), us,
+              bytes, flops);
+  std::fflush(stdout);
+}
+
+void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x, __nv_bfloat16* out,
+               void* ws, size_t ws_bytes) {
+  for (const Shape& s : kShapes) {
+    const size_t w_bytes = static_cast<size_t>(s.n * s.k);
+    const size_t scales = static_cast<size_t>(((s.n + 127) / 128) * (s.k / 128));
+    std::vector<uint8_t*> w(kLayers);
+    std::vector<float*> sc(kLayers);
+    for (int l = 0; l < kLayers; ++l) {
+      w[l] = RandomWeights(w_bytes, 977u * l + 1);
+      sc[l] = DeviceAlloc<float>(scales);
+      FillScales<<<256, 256>>>(sc[l], nullptr, scales, 31u * l);
+      BENCH_CHECK(cudaGetLastError());
+    }
+    const double bytes = static_cast<double>(w_bytes + 4 * scales);
+    for (int64_t m : kTokens) {
+      const double flops = 2.0 * m * s.n * s.k;
+      const double own = GraphMicros(
+          [&](int l) {
+            BENCH_CHECK(
+                fp8_gemm(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws, ws_bytes, stream));
+          },
+          kLayers, 20, stream);
+      PrintRow("fp8_own", s.name, m, own, bytes, flops);
+      std::string refusal;
+      const cudaError_t probe = fp8_gemm_cublaslt(lt, x, m, s.k, s.k, w[0], sc[0], s.n, true, out,
+                                                  s.n, ws, ws_bytes, stream, &refusal);
+      if (probe != cudaSuccess) {
+        std::fprintf(stderr, "cublaslt %s m=%lld: %s\n", s.name, static_cast<long long>(m),
+                     refusal.c_str());
+        continue;
+      }
+      const double lt_us = GraphMicros(
+          [&](int l) {
+            BENCH_CHECK(fp8_gemm_cublaslt(lt, x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws,
+                                          ws_bytes, stream));
+          },
+          kLayers, 20, stream);
+      PrintRow("fp8_cublaslt", s.name, m, lt_us, bytes, flops);
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      BENCH_CHECK(cudaFree(w[l]));
+      BENCH_CHECK(cudaFree(sc[l]));
+    }
+  }
+}
+
+// Random top-6 routing of `tokens` tokens over 256 experts (distinct per token), one per layer;
+// returns the mean number of distinct experts touched.
+double Routings(int64_t tokens, std::vector<int32_t*>& experts, std::mt19937_64& rng) {
+  double distinct = 0.0;
+  std::vector<int32_t> order(kExperts);
+  for (int l = 0; l < kMoeLayers; ++l) {
+    std::vector<int32_t> host;
+    std::set<int32_t> used;
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::iota(order.begin(), order.end(), 0);
+      for (int64_t j = 0; j < kTopK; ++j) {
+        std::swap(order[j], order[j + rng() % (kExperts - j)]);
+        host.push_back(order[j]);
+        used.insert(order[j]);
+      }
+    }
+    distinct += static_cast<double>(used.size()) / kMoeLayers;
+    BENCH_CHECK(cudaMemcpy(experts[l], host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  }
+  return distinct;
+}
+
+void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, float* pick_w,
+             void* ws, size_t ws_bytes) {
+  std::mt19937_64 rng(12345);
+  std::vector<int32_t*> experts(kMoeLayers);
+  for (int32_t*& e : experts) e = DeviceAlloc<int32_t>(kTokens.back() * kTopK);
+  for (const Shape& s : {kShapes[2], kShapes[3]}) {
+    for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4}) {
+      const bool fp4 = format == ExpertFormat::kFp4;
+      ExpertWeights ew;
+      ew.format = format;
+      ew.n_experts = kExperts;
+      ew.n = s.n;
+      ew.k = s.k;
+      const size_t w_bytes = static_cast<size_t>(kExperts * s.n * s.k / (fp4 ? 2 : 1));
+      const size_t scales = fp4 ? static_cast<size_t>(kExperts * s.n * s.k / 32)
+                                : static_cast<size_t>(kExperts * (s.n / 128) * (s.k / 128));
+      uint8_t* w = RandomWeights(w_bytes, fp4 ? 7u : 5u);
+      float* sc = fp4 ? nullptr : DeviceAlloc<float>(scales);
+      uint8_t* sc8 = fp4 ? DeviceAlloc<uint8_t>(scales) : nullptr;
+      FillScales<<<1024, 256>>>(sc, sc8, scales, 3u);
+      BENCH_CHECK(cudaGetLastError());
+      ew.w = w;
+      ew.scale = sc;
+      ew.scale_e8m0 = sc8;
+      const double expert_bytes = static_cast<double>(w_bytes) / kExperts +
+                                  static_cast<double>(scales) / kExperts * (fp4 ? 1 : 4);
+      const bool down = s.k == 2048;  // w2 takes one row per pick
+      for (int64_t m : kTokens) {
+        const double distinct = Routings(m, experts, rng);
+        const double us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(moe_grouped_gemm(x, s.k, down, experts[l], down ? pick_w : nullptr, m,
+                                           kTopK, ew, true, out, s.n, ws, ws_bytes, stream));
+            },
+            kMoeLayers, 20, stream);
+        PrintRow(fp4 ? "moe_fp4" : "moe_fp8", s.name, m, us, distinct * expert_bytes,
+                 2.0 * m * kTopK * s.n * s.k);
+      }
+      BENCH_CHECK(cudaFree(w));
+      if (sc != nullptr) BENCH_CHECK(cudaFree(sc));
+      if (sc8 != nullptr) BENCH_CHECK(cudaFree(sc8));
+    }
+  }
+  for (int32_t* e : experts) BENCH_CHECK(cudaFree(e));
+}
+
+int Run(const std::string& only) {
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Ceilings, timed by events outside graphs (a graph's memcpy node ran at 2.8 TB/s, the
+  // runtime's own copy kernel at ~4.3): a 2 GiB device-to-device copy (bytes read + written) and
+  // ReadFloor over 2 GiB (bytes read), the floor of a kernel that only reads its weights.
+  const size_t copy_bytes = size_t{2} << 30;
+  void* src = DeviceAlloc<unsigned char>(copy_bytes);
+  void* dst = DeviceAlloc<unsigned char>(copy_bytes);
+  BENCH_CHECK(cudaMemset(src, 1, copy_bytes));
+  const auto events_us = [&](const std::function<void()>& fn) {
+    for (int i = 0; i < 3; ++i) fn();
+    return EventMedianMicros([](int) {}, fn, 10, stream);
+  };
+  const double copy_us = events_us([&] {
+    BENCH_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  PrintRow("copy", "-", 0, copy_us, 2.0 * copy_bytes, 0);
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  uint4* sink = DeviceAlloc<uint4>(1);
+  const double read_us = events_us([&] {
+    ReadFloor<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(src), copy_bytes / 16, sink);
+    BENCH_CHECK(cudaGetLastError());
+  });
+  PrintRow("read", "-", 0, read_us, static_cast<double>(copy_bytes), 0);
+  BENCH_CHECK(cudaFree(src));
+  BENCH_CHECK(cudaFree(dst));
+
+  const int64_t max_rows = kTokens.back() * kTopK;
+  const int64_t max_k = 8192;
+  const int64_t max_n = 32768;
+  auto* x = reinterpret_cast<__nv_bfloat16*>(DeviceAlloc<uint16_t>(max_rows * max_k));
+  FillBf16(reinterpret_cast<uint16_t*>(x), max_rows * max_k, 99);
+  auto* out = reinterpret_cast<__nv_bfloat16*>(DeviceAlloc<uint16_t>(max_rows * max_n));
+  float* pick_w = DeviceAlloc<float>(max_rows);
+  FillScales<<<64, 256>>>(pick_w, nullptr, max_rows, 17);
+  size_t ws_bytes = fp8_gemm_cublaslt_workspace_bytes(kTokens.back(), max_k);
+  for (const Shape& s : kShapes) {
+    for (int64_t m : kTokens) ws_bytes = std::max(ws_bytes, fp8_gemm_workspace_bytes(m, s.n, s.k));
+    for (ExpertFormat f : {ExpertFormat::kFp8, ExpertFormat::kFp4}) {
+      ExpertWeights ew;
+      ew.format = f;
+      ew.n_experts = kExperts;
+      ew.n = s.n;
+      ew.k = s.k;
+      for (int64_t m : kTokens) {
+        ws_bytes = std::max(ws_bytes, moe_grouped_gemm_workspace_bytes(m, kTopK, m * kTopK, ew));
+      }
+    }
+  }
+  void* ws = DeviceAlloc<unsigned char>(ws_bytes);
+  cublasLtHandle_t lt;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
+  BENCH_CHECK(cudaDeviceSynchronize());
+  if (only.empty() || only == "dense") DenseRows(stream, lt, x, out, ws, ws_bytes);
+  if (only.empty() || only == "moe") MoeRows(stream, x, out, pick_w, ws, ws_bytes);
+  cublasLtDestroy(lt);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda
+
+// Optional argument: "dense" or "moe" runs only those rows.
+int main(int argc, char** argv) { return pdserve::kernels::cuda::Run(argc > 1 ? argv[1] : ""); }

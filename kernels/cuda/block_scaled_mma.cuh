@@ -1,0 +1,449 @@
+// Device code shared by fp8_gemm.cu and moe_gemm.cu: the block-scaled weight-streaming GEMM on
+// the FP8 tensor cores (mma.sync m16n8k32 e4m3, sm_89+), activation quantization per 1 x 128 and
+// the split-K reduction. Internal to kernels/cuda; the launchers in fp8_gemm.cuh / moe_gemm.cuh
+// document the math and validate the arguments.
+//
+// The GEMM is computed transposed, out^T[n, token] = W[n, :] . xq[token, :], so the weight rows
+// fill the 16 rows of the mma's A operand and up to 8 tokens its B columns: decode batches use
+// the tensor cores without padding tokens to 64 or 128. Each warp owns 16 weight rows and streams
+// them once per k-range with 16-byte loads (4-byte for FP4); a block is 4 warps = 64 rows.
+//
+// Fragment layouts (PTX ISA, "mma.m16n8k32", 8-bit types; g = lane / 4, t = lane % 4): A reg 0 =
+// row g, logical k 4t..4t+3; reg 1 = row g + 8, same k; reg 2 = row g, k 16+4t..; reg 3 = row g +
+// 8, k 16+4t..; B reg 0 = k 4t..4t+3 of column g, reg 1 = k 16+4t..; C c0, c1 = (row g, columns
+// 2t, 2t+1), c2, c3 = (row g + 8, same columns). Since k is summed over, any permutation of the 32
+// physical k positions of one mma works when A and B use the same one; the loads below pick the
+// permutation that lets each thread read contiguous bytes:
+// - FP8: thread t reads bytes 16t .. 16t+15 of each 64-byte half of a 128-k block; mma step q of
+//   that half takes bytes 8q .. 8q+3 (logical 4t..) and 8q+4 .. 8q+7 (logical 16+4t..).
+// - FP4: the mma step s covers exactly the 32-element scale group s of the 128-k block (the
+//   group's ue8m0 scale is applied per row to that step's fp32 result); thread t takes elements
+//   8t .. 8t+7 of the group (4 packed bytes), low half -> logical 4t.., high half -> 16+4t...
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace pdserve::kernels::cuda::block_scaled {
+// Unnamed: each including .cu file gets its own copy of the kernels.
+namespace {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kRowsPerBlock = 16 * kWarps;
+inline constexpr int kBlockK = 128;  // quantization block along k (activations and FP8 weights)
+inline constexpr int kFp4Group = 32;
+
+// One piece of work along z: `count` (<= 8 * NT) consecutive entries of the entry list starting
+// at `first`, all for expert `expert`.
+struct WorkItem {
+  int32_t expert;
+  int32_t first;
+  int32_t count;
+};
+
+struct GemmArgs {
+  const uint8_t* w;         // FP8: [E, n, k] e4m3; FP4: [E, n, k / 2] packed e2m1
+  const float* w_scale;     // FP8: [E, ceil(n / 128), k / 128] fp32
+  const uint8_t* w_scale8;  // FP4: [E, n, k / 32] ue8m0
+  const uint8_t* xq;        // [x_rows, k] e4m3 (quantized activations)
+  const float* xs;          // [k / 128, x_rows] fp32 (per-row scale of each 128-k block)
+  int64_t x_rows;
+  int64_t n;
+  int64_t k;
+  // Entries: nullptr items = dense (item z covers entries z * 8NT ..; entry i = x row i = out row
+  // i; `dense_rows` entries). Else items[0 .. *n_items) and entry i maps to pick entry_pick[i]:
+  // x row = pick / x_row_div, out row = pick.
+  const WorkItem* items;
+  const int32_t* n_items;
+  const int32_t* entry_pick;
+  int32_t x_row_div;
+  int64_t dense_rows;
+  const float* row_weight;  // [out rows] multiplier of each out row; nullptr = 1
+  int32_t k_splits;
+  float* partial;  // k_splits > 1: [k_splits, out_rows, n] fp32
+  int64_t out_rows;
+  __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
+  int64_t out_stride;
+};
+
+__device__ __forceinline__ void MmaE4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four packed e2m1 values (16 bits, element 0 in the low nibble) -> four e4m3 bytes, exact
+// (every e2m1 value is an e4m3 value): magnitude by byte-permute lookup, sign moved to bit 7.
+__device__ __forceinline__ uint32_t E2m1x4ToE4m3x4(uint32_t x16) {
+  constexpr uint32_t kLutLo = 0x3C383000u;  // 0, 0.5, 1, 1.5
+  constexpr uint32_t kLutHi = 0x4C484440u;  // 2, 3, 4, 6
+  const uint32_t magnitude = __byte_perm(kLutLo, kLutHi, x16 & 0x7777u);
+  uint32_t spread = (x16 | (x16 << 8)) & 0x00FF00FFu;
+  spread = (spread | (spread << 4)) & 0x0F0F0F0Fu;
+  return magnitude | ((spread << 4) & 0x80808080u);
+}
+
+// ue8m0 -> fp32: 2^(e - 127); 0xFF is NaN (as engine/quant.h's E8M0ToFloat).
+__device__ __forceinline__ float E8m0ToFloat(uint32_t e) {
+  if (e == 0xFFu) return __uint_as_float(0x7FC00000u);
+  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+
+// The x row and out row of entry `i` of the item.
+__device__ __forceinline__ void EntryRows(const GemmArgs& a, int64_t i, int64_t* x_row,
+                                          int64_t* out_row) {
+  if (a.items == nullptr) {
+    *x_row = i;
+    *out_row = i;
+  } else {
+    const int32_t pick = a.entry_pick[i];
+    *x_row = pick / a.x_row_div;
+    *out_row = pick;
+  }
+}
+
+template <bool FP4>
+struct WeightRegs {
+  // FP8: [row g / g+8][half h] 16 bytes; FP4: [row][group s] 4 bytes + the 4 group scales.
+  uint4 v[2][2];
+  uint32_t sc[2];
+};
+
+template <bool FP4>
+__device__ __forceinline__ void LoadWeights(const GemmArgs& a, const uint8_t* w_rows,
+                                            const uint8_t* sc_rows, bool valid0, bool valid1,
+                                            int64_t kb, int t, WeightRegs<FP4>& r) {
+  const bool valid[2] = {valid0, valid1};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* row = w_rows + (h == 0 ? 0 : 8 * (FP4 ? a.k / 2 : a.k));
+    if constexpr (FP4) {
+      const uint32_t* p = reinterpret_cast<const uint32_t*>(row + kb * 64 + 4 * t);
+      r.v[h][0] = valid[h] ? make_uint4(__ldg(p), __ldg(p + 4), __ldg(p + 8), __ldg(p + 12))
+                           : make_uint4(0, 0, 0, 0);
+      const uint8_t* s = sc_rows + (h == 0 ? 0 : 8 * (a.k / kFp4Group)) + kb * 4;
+      r.sc[h] = valid[h] ? __ldg(reinterpret_cast<const uint32_t*>(s)) : 0x7F7F7F7Fu;
+    } else {
+      const uint4* p = reinterpret_cast<const uint4*>(row + kb * kBlockK + 16 * t);
+      r.v[h][0] = valid[h] ? __ldg(p) : make_uint4(0, 0, 0, 0);
+      r.v[h][1] = valid[h] ? __ldg(p + 4) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// acc[j] += the 128-k block kb's contribution of token tile j, for the tiles holding entries.
+template <bool FP4, int NT>
+__device__ __forceinline__ void BlockProduct(const GemmArgs& a, const WeightRegs<FP4>& w,
+                                             float w_scale, int64_t kb, int t, int tiles,
+                                             const int32_t (&x_row)[NT],
+                                             const int32_t (&xs_row)[NT][2], float (&acc)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if (j >= tiles) break;
+    const uint8_t* x = a.xq + int64_t{x_row[j]} * a.k + kb * kBlockK;
+    const float s0 = a.xs[kb * a.x_rows + xs_row[j][0]];
+    const float s1 = a.xs[kb * a.x_rows + xs_row[j][1]];
+    if constexpr (FP4) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint2 b = __ldg(reinterpret_cast<const uint2*>(x + 32 * s + 8 * t));
+        const uint32_t w0 = Word(w.v[0][0], s);
+        const uint32_t w1 = Word(w.v[1][0], s);
+        const uint32_t frag[4] = {E2m1x4ToE4m3x4(w0 & 0xFFFFu), E2m1x4ToE4m3x4(w1 & 0xFFFFu),
+                                  E2m1x4ToE4m3x4(w0 >> 16), E2m1x4ToE4m3x4(w1 >> 16)};
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        MmaE4m3(d, frag, b.x, b.y);
+        const float g0 = E8m0ToFloat((w.sc[0] >> (8 * s)) & 0xFFu);
+        const float g1 = E8m0ToFloat((w.sc[1] >> (8 * s)) & 0xFFu);
+        acc[j][0] += d[0] * (g0 * s0);
+        acc[j][1] += d[1] * (g0 * s1);
+        acc[j][2] += d[2] * (g1 * s0);
+        acc[j][3] += d[3] * (g1 * s1);
+      }
+    } else {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 b = __ldg(reinterpret_cast<const uint4*>(x + 64 * h + 16 * t));
+        const uint32_t f0[4] = {w.v[0][h].x, w.v[1][h].x, w.v[0][h].y, w.v[1][h].y};
+        MmaE4m3(d, f0, b.x, b.y);
+        const uint32_t f1[4] = {w.v[0][h].z, w.v[1][h].z, w.v[0][h].w, w.v[1][h].w};
+        MmaE4m3(d, f1, b.z, b.w);
+      }
+      acc[j][0] += d[0] * (w_scale * s0);
+      acc[j][1] += d[1] * (w_scale * s1);
+      acc[j][2] += d[2] * (w_scale * s0);
+      acc[j][3] += d[3] * (w_scale * s1);
+    }
+  }
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched with LaunchDependent may start while
+// the kernel before it still runs; GridDependencyWait blocks until that kernel has finished and
+// its writes are visible (a no-op when launched normally), GridDependencyTrigger lets the next
+// one start.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void GridDependencyTrigger() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Grid: x = work item (fastest, so the items of one expert, or the token chunks of a dense
+// GEMM, run together and share the weight tile through L2), y = 64-row tile of n, z = k split.
+// 128 threads. Weights are streamed three 128-k blocks deep (two in flight while one is used); a
+// dense GEMM issues its first two weight loads before waiting for the act-quant kernel.
+template <bool FP4, int NT>
+__global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
+  const bool dense = a.items == nullptr;
+  if (!dense) GridDependencyWait();  // the items come from the grouping kernel
+  WorkItem item;
+  if (dense) {
+    item.expert = 0;
+    item.first = static_cast<int32_t>(blockIdx.x) * 8 * NT;
+    item.count = static_cast<int32_t>(min(int64_t{8 * NT}, a.dense_rows - item.first));
+  } else {
+    if (static_cast<int32_t>(blockIdx.x) >= *a.n_items) return;
+    item = a.items[blockIdx.x];
+  }
+  if (item.count <= 0) return;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int64_t n0 = int64_t{blockIdx.y} * kRowsPerBlock + (threadIdx.x / 32) * 16;
+  if (n0 >= a.n) return;
+  const int tiles = (item.count + 7) / 8;
+  const int64_t kblocks = a.k / kBlockK;
+  const int64_t kb_begin = kblocks * blockIdx.z / a.k_splits;
+  const int64_t kb_end = kblocks * (blockIdx.z + 1) / a.k_splits;
+  const int64_t row_bytes = FP4 ? a.k / 2 : a.k;
+  const uint8_t* w_rows = a.w + (int64_t{item.expert} * a.n + n0 + g) * row_bytes;
+  const uint8_t* sc_rows =
+      FP4 ? a.w_scale8 + (int64_t{item.expert} * a.n + n0 + g) * (a.k / kFp4Group) : nullptr;
+  const float* w_scale =
+      FP4 ? nullptr
+          : a.w_scale +
+                (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) + n0 / kBlockK) * kblocks;
+  const bool valid0 = n0 + g < a.n;
+  const bool valid1 = n0 + g + 8 < a.n;
+  WeightRegs<FP4> cur;
+  WeightRegs<FP4> ahead;
+  if (kb_begin < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin, t, cur);
+  if (kb_begin + 1 < kb_end) {
+    LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin + 1, t, ahead);
+  }
+  if (dense) GridDependencyWait();  // xq / xs come from the act-quant kernel
+  GridDependencyTrigger();
+
+  // Per tile: this thread's B row (token g of the tile) and the x rows of its C columns.
+  int32_t x_row[NT];
+  int32_t xs_row[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    int64_t row = 0;
+    int64_t out_row = 0;
+    const int last = item.count - 1;
+    EntryRows(a, item.first + min(j * 8 + g, last), &row, &out_row);
+    x_row[j] = static_cast<int32_t>(row);
+    EntryRows(a, item.first + min(j * 8 + 2 * t, last), &row, &out_row);
+    xs_row[j][0] = static_cast<int32_t>(row);
+    EntryRows(a, item.first + min(j * 8 + 2 * t + 1, last), &row, &out_row);
+    xs_row[j][1] = static_cast<int32_t>(row);
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+    WeightRegs<FP4> next = ahead;
+    if (kb + 2 < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb + 2, t, next);
+    const float ws = FP4 ? 1.0f : __ldg(w_scale + kb);
+    BlockProduct<FP4, NT>(a, cur, ws, kb, t, tiles, x_row, xs_row, acc);
+    cur = ahead;
+    ahead = next;
+  }
+
+  // Epilogue: c0, c1 = row n0 + g, columns 2t, 2t + 1; c2, c3 = row n0 + g + 8.
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if (j >= tiles) break;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int e = j * 8 + 2 * t + (c & 1);
+      const int64_t n = n0 + g + (c >= 2 ? 8 : 0);
+      if (e >= item.count || n >= a.n) continue;
+      int64_t x_row = 0;
+      int64_t out_row = 0;
+      EntryRows(a, item.first + e, &x_row, &out_row);
+      if (a.k_splits > 1) {
+        a.partial[(int64_t{blockIdx.z} * a.out_rows + out_row) * a.n + n] = acc[j][c];
+      } else {
+        const float weight = a.row_weight != nullptr ? a.row_weight[out_row] : 1.0f;
+        a.out[out_row * a.out_stride + n] = __float2bfloat16_rn(acc[j][c] * weight);
+      }
+    }
+  }
+}
+
+// out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) for rows r with valid[r] (nullptr: all),
+// summed in ascending s.
+__global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t rows, int64_t n,
+                                   const float* row_weight, const int32_t* row_expert,
+                                   int32_t n_experts, __nv_bfloat16* out, int64_t out_stride) {
+  GridDependencyWait();
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / n;
+    if (row_expert != nullptr && (row_expert[r] < 0 || row_expert[r] >= n_experts)) continue;
+    float sum = 0.0f;
+    for (int32_t s = 0; s < splits; ++s) sum += partial[(s * rows + r) * n + i % n];
+    const float weight = row_weight != nullptr ? row_weight[r] : 1.0f;
+    out[r * out_stride + i % n] = __float2bfloat16_rn(sum * weight);
+  }
+}
+
+// The smallest power of two >= s, for finite positive normal s (Inf stays Inf).
+__device__ __forceinline__ float RoundUpToPowerOfTwo(float s) {
+  const uint32_t u = __float_as_uint(s);
+  return __uint_as_float((u & 0x007FFFFFu) != 0 ? (u & 0x7F800000u) + 0x00800000u : u);
+}
+
+// Quantizes x [rows, k] bf16 (row stride x_stride) per 1 x 128 block, as DeepSeek's act_quant:
+// amax = max(max |x|, 1e-4) (NaN ignored), s = amax / 448 (ue8m0: 2^ceil(log2(amax / 448))),
+// xq = e4m3(x / s) saturated to +-448 (NaN stays NaN), xs[kb, row] = s. One warp per block of
+// 128, 4 values per lane.
+__global__ void ActQuantKernel(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
+                               bool ue8m0, uint8_t* xq, float* xs) {
+  GridDependencyTrigger();  // the GEMM may start streaming its weights now
+  const int64_t kblocks = k / kBlockK;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= rows * kblocks) return;
+  const int64_t r = warp / kblocks;
+  const int64_t kb = warp % kblocks;
+  const __nv_bfloat16* src = x + r * x_stride + kb * kBlockK + 4 * lane;
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  const __nv_bfloat162 p0 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+  const __nv_bfloat162 p1 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+  const float v[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  }
+  amax = fmaxf(amax, 1e-4f);
+  float s = amax / 448.0f;
+  if (ue8m0) s = RoundUpToPowerOfTwo(s);
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3);
+    packed |= static_cast<uint32_t>(q) << (8 * i);
+  }
+  *reinterpret_cast<uint32_t*>(xq + r * k + kb * kBlockK + 4 * lane) = packed;
+  if (lane == 0) xs[kb * rows + r] = s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: refusals, the split-K choice and the launch.
+
+// Writes "<what>" to *refusal (when given) and returns cudaErrorInvalidValue.
+inline cudaError_t Refuse(std::string* refusal, const std::string& what) {
+  if (refusal != nullptr) *refusal = what;
+  return cudaErrorInvalidValue;
+}
+
+// a * b <= limit for a, b >= 0, without overflow.
+inline bool ProductAtMost(int64_t a, int64_t b, int64_t limit) { return a == 0 || b <= limit / a; }
+
+inline bool Aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+inline constexpr int64_t kMaxElements = int64_t{1} << 62;
+inline constexpr int64_t kMaxN = int64_t{65535} * kRowsPerBlock;  // grid.y limit
+
+inline size_t AlignUp(size_t v) { return (v + 255) & ~size_t{255}; }
+
+// Token tiles of 8 per block (the template parameter NT) for `rows` entries per item.
+// (At most 4 tiles: with 8 the accumulators spilled and 64 tokens ran 4-7x slower than 32 on the
+// H200, 2026-12-04; more tokens take more items, which re-read the weight tile from L2.)
+inline int TilesFor(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...) with programmatic stream serialization
+// (it may start before the previous kernel on `stream` ends; see GridDependencyWait), or plainly
+// when the runtime refuses that.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                            Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return cudaSuccess;
+  (void)cudaGetLastError();
+  kernel<<<grid, block, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+// Splits of k so that about 512 blocks run (4 per multiprocessor on an H200, 132 of them), each
+// split at least 2 blocks of 128 k, at most 16 splits. A pure function of the sizes, so the
+// workspace size is known before the launch.
+inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
+  int32_t splits = 1;
+  while (splits < 16 && blocks * splits < 512 && kblocks / (2 * splits) >= 2) splits *= 2;
+  return splits;
+}
+
+template <bool FP4>
+cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(items),
+                  static_cast<unsigned>((a.n + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(a.k_splits));
+  switch (tiles) {
+    case 1:
+      return LaunchDependent(BlockScaledGemmKernel<FP4, 1>, grid, dim3(128), stream, a);
+    case 2:
+      return LaunchDependent(BlockScaledGemmKernel<FP4, 2>, grid, dim3(128), stream, a);
+    default:
+      return LaunchDependent(BlockScaledGemmKernel<FP4, 4>, grid, dim3(128), stream, a);
+  }
+}
+
+inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
+                                  bool ue8m0, uint8_t* xq, float* xs, cudaStream_t stream) {
+  const int64_t warps = rows * (k / kBlockK);
+  if (warps == 0) return cudaSuccess;
+  ActQuantKernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, rows, k, x_stride,
+                                                                             ue8m0, xq, xs);
+  return cudaGetLastError();
+}
+
+inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,
+                                const float* row_weight, const int32_t* row_expert,
+                                int32_t n_experts, __nv_bfloat16* out, int64_t out_stride,
+                                cudaStream_t stream) {
+  const int64_t total = rows * n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
+  return LaunchDependent(SplitKReduceKernel, dim3(blocks), dim3(256), stream, partial, splits, rows,
+                         n, row_weight, row_expert, n_experts, out, out_stride);
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda::block_scaled

@@ -1,0 +1,74 @@
+// FP8 e4m3 block-scaled dense GEMM on Hopper, as DeepSeek-V3/V4 inference computes its linear
+// layers: weights stay e4m3 with one fp32 scale per 128 x 128 block, activations are quantized
+// per 1 x 128 on the fly, the output is bf16.
+//
+// Math (CPU reference kernels/cpu/fp8_gemm.h, Fp8GemmReference):
+//   act quant, per row r and 128-block b of x (DeepSeek inference's act_quant):
+//     amax = max(max_i |x[r, 128b + i]|, 1e-4) (NaN ignored); s[r, b] = amax / 448, or with
+//     ue8m0 the smallest power of two >= amax / 448; xq = e4m3(x / s), saturated to +-448,
+//     rounded to nearest even; NaN stays NaN, Inf becomes NaN (Inf / Inf).
+//   out[r, n] = bf16( sum_b s[r, b] * w_scale[n / 128, b] * sum_i xq[r, 128b+i] * w[n, 128b+i] )
+// The inner sums run on the FP8 tensor cores (mma.sync m16n8k32, fp32 accumulation inside one
+// 128-block), the outer sum in fp32 in ascending b (split over blocks, then the splits added in
+// ascending order: deterministic, equal inputs give equal bits). NaN / Inf propagate as in fp32.
+//
+// Layouts: x [m, x_stride] bf16 (columns 0..k-1 read); w [n, k] e4m3 row-major (DeepSeek's
+// `weight`); w_scale [ceil(n / 128), k / 128] fp32 row-major (`scale` / `weight_scale_inv`);
+// out [m, out_stride] bf16 (columns 0..n-1 written, nothing else).
+//
+// Speed: written for decode (m = 1..16): each weight byte is streamed once per 32 tokens
+// (16-byte loads, three 128-k blocks in flight per warp, 4 warps of 16 rows per block, k split
+// over blocks for small n). Measured on one H200 (docs/perf.md, 2026-12-04, CUDA graphs): 1-8
+// tokens at 56-59% of the read floor for wq_b [32768, 1024] (1.4-1.5x faster than bf16), 23-51%
+// for the smaller shapes. On sm_90 the e4m3 mma.sync runs as f16 HMMA plus conversions, so from
+// 16-32 tokens on fp8_gemm_cublaslt is faster; use it there.
+//
+// CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
+// sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
+// workspaces are safe.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pdserve::kernels::cuda {
+
+// Bytes of device workspace fp8_gemm needs (quantized activations, their scales and the split-k
+// partial sums); 0 for sizes fp8_gemm refuses. Host only.
+size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k);
+
+// out = x @ dequant(w, w_scale)^T as above. Requires m, n >= 0; k > 0 and a multiple of 128;
+// x_stride >= k and a multiple of 8; out_stride >= n; x, w, out 16-byte aligned; w_scale 4-byte
+// aligned; every tensor under 2^62 elements; workspace 256-byte aligned with at least
+// fp8_gemm_workspace_bytes(m, n, k) bytes. m or n of 0 writes nothing. Returns
+// cudaErrorInvalidValue on bad arguments, with `refusal` (when given) naming the argument and
+// the check that failed, else the launch status.
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
+
+// Bytes of device workspace fp8_gemm_cublaslt needs: fp8_gemm's activation buffers plus
+// kCublasLtWorkspace for cuBLASLt itself.
+inline constexpr size_t kCublasLtWorkspace = size_t{32} << 20;
+size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t k);
+
+// The same function through cuBLASLt's block-scaled FP8 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+// for the activations, BLK128x128_32F for the weights; CUDA 12.9+ on sm_90): the activations are
+// quantized by the same kernel, then one cublasLtMatmul. Same requirements as fp8_gemm plus n a
+// multiple of 16 and out_stride a multiple of 8; `handle` from cublasLtCreate. Descriptors and
+// the algorithm are chosen on every call (host work, outside a captured graph's replay). Returns
+// cudaErrorNotSupported when cuBLASLt has no algorithm or refuses the call (`refusal` says which
+// cuBLASLt status), cudaErrorInvalidValue on bad arguments.
+cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                              bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              std::string* refusal = nullptr);
+
+}  // namespace pdserve::kernels::cuda

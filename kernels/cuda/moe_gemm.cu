@@ -1,0 +1,273 @@
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/block_scaled_mma.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
+
+namespace pdserve::kernels::cuda {
+namespace {
+
+namespace bs = block_scaled;
+
+constexpr int64_t kMaxExperts = 1024;  // one thread per expert in the grouping block
+constexpr int64_t kMaxTopK = 32;
+constexpr int kGroupThreads = 1024;
+
+// Exclusive prefix sum of v over the block's 1024 threads (one value each); returns the thread's
+// prefix and writes the total to *total. `scratch` holds 1024 ints.
+__device__ int32_t BlockExclusiveScan(int32_t v, int32_t* scratch, int32_t* total) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int offset = 1; offset < kGroupThreads; offset <<= 1) {
+    const int32_t add = threadIdx.x >= offset ? scratch[threadIdx.x - offset] : 0;
+    __syncthreads();
+    scratch[threadIdx.x] += add;
+    __syncthreads();
+  }
+  const int32_t inclusive = scratch[threadIdx.x];
+  *total = scratch[kGroupThreads - 1];
+  __syncthreads();
+  return inclusive - v;
+}
+
+// Groups the picks by expert (one block of 1024 threads): entry_pick lists the valid picks
+// expert by expert (in no fixed order inside an expert: each pick's result does not depend on
+// its position); items cut each expert's entries into runs of at most `chunk`.
+__global__ void __launch_bounds__(kGroupThreads)
+    GroupPicksKernel(const int32_t* experts, int32_t picks, int32_t n_experts, int32_t chunk,
+                     int32_t* entry_pick, bs::WorkItem* items, int32_t* n_items) {
+  __shared__ int32_t count[kMaxExperts];
+  __shared__ int32_t fill[kMaxExperts];
+  __shared__ int32_t scratch[kGroupThreads];
+  const int e = threadIdx.x;
+  if (e < n_experts) {
+    count[e] = 0;
+    fill[e] = 0;
+  }
+  __syncthreads();
+  for (int32_t p = threadIdx.x; p < picks; p += kGroupThreads) {
+    const int32_t x = experts[p];
+    if (x >= 0 && x < n_experts) atomicAdd(&count[x], 1);
+  }
+  __syncthreads();
+  const int32_t mine = e < n_experts ? count[e] : 0;
+  const int32_t my_items = (mine + chunk - 1) / chunk;
+  int32_t total_entries = 0;
+  int32_t total_items = 0;
+  const int32_t entry_offset = BlockExclusiveScan(mine, scratch, &total_entries);
+  const int32_t item_offset = BlockExclusiveScan(my_items, scratch, &total_items);
+  for (int32_t i = 0; i < my_items; ++i) {
+    items[item_offset + i] =
+        bs::WorkItem{e, entry_offset + i * chunk, min(chunk, mine - i * chunk)};
+  }
+  if (threadIdx.x == 0) *n_items = total_items;
+  if (e < n_experts) count[e] = entry_offset;  // reused as each expert's first entry
+  __syncthreads();
+  for (int32_t p = threadIdx.x; p < picks; p += kGroupThreads) {
+    const int32_t x = experts[p];
+    if (x >= 0 && x < n_experts) entry_pick[count[x] + atomicAdd(&fill[x], 1)] = p;
+  }
+}
+
+__global__ void CombineKernel(const __nv_bfloat16* y, int64_t y_stride, const int32_t* experts,
+                              int64_t tokens, int32_t top_k, int64_t n_experts, int64_t n,
+                              float* out, int64_t out_stride) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < tokens * n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / n;
+    const int64_t c = i % n;
+    float sum = out[t * out_stride + c];
+    for (int32_t j = 0; j < top_k; ++j) {
+      const int32_t e = experts[t * top_k + j];
+      if (e < 0 || e >= n_experts) continue;
+      sum += __bfloat162float(y[(t * top_k + j) * y_stride + c]);
+    }
+    out[t * out_stride + c] = sum;
+  }
+}
+
+// Sizes and workspace layout: entry_pick [picks] | items [max_items] | n_items | xq [x_rows, k] |
+// xs [k / 128, x_rows] | partial [splits, picks, n].
+struct GroupedPlan {
+  int tiles = 1;
+  int64_t max_items = 0;
+  int32_t splits = 1;
+  size_t entry_bytes = 0;
+  size_t item_bytes = 0;
+  size_t count_bytes = 256;
+  size_t xq_bytes = 0;
+  size_t xs_bytes = 0;
+  size_t partial_bytes = 0;
+  size_t total() const {
+    return entry_bytes + item_bytes + count_bytes + xq_bytes + xs_bytes + partial_bytes;
+  }
+};
+
+GroupedPlan PlanGrouped(int64_t tokens, int64_t top_k, int64_t x_rows, const ExpertWeights& w) {
+  GroupedPlan p;
+  const int64_t picks = tokens * top_k;
+  const int64_t busy = std::max<int64_t>(1, std::min(w.n_experts, picks));
+  // Entries per item: about 4x the mean picks per routed expert, so a skewed batch rarely needs
+  // more than one item per expert.
+  p.tiles = bs::TilesFor(4 * ((picks + busy - 1) / busy));
+  const int64_t chunk = 8 * p.tiles;
+  p.max_items = busy + picks / chunk;
+  const int64_t row_tiles = (w.n + bs::kRowsPerBlock - 1) / bs::kRowsPerBlock;
+  p.splits = bs::ChooseKSplits(row_tiles * busy, w.k / bs::kBlockK);
+  p.entry_bytes = bs::AlignUp(static_cast<size_t>(picks) * 4);
+  p.item_bytes = bs::AlignUp(static_cast<size_t>(p.max_items) * sizeof(bs::WorkItem));
+  p.xq_bytes = bs::AlignUp(static_cast<size_t>(x_rows * w.k));
+  p.xs_bytes = bs::AlignUp(static_cast<size_t>(x_rows * (w.k / bs::kBlockK)) * 4);
+  p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * picks * w.n * 4) : 0;
+  return p;
+}
+
+// The checks of the sizes alone (workspace sizing and launch).
+cudaError_t ValidateSizes(int64_t tokens, int64_t top_k, int64_t x_rows, const ExpertWeights& w,
+                          std::string* refusal) {
+  const auto refuse = [&](const std::string& what) { return bs::Refuse(refusal, what); };
+  if (tokens < 0) return refuse("tokens: negative (" + std::to_string(tokens) + ")");
+  if (top_k < 1 || top_k > kMaxTopK) return refuse("top_k: outside [1, 32]");
+  if (tokens * top_k >= (int64_t{1} << 31)) return refuse("tokens * top_k: 2^31 or more");
+  if (w.n_experts < 1 || w.n_experts > kMaxExperts) {
+    return refuse("weights.n_experts: outside [1, 1024]");
+  }
+  if (w.n < 1 || w.n > bs::kMaxN) return refuse("weights.n: outside [1, 4194240]");
+  if (w.k <= 0 || w.k % bs::kBlockK != 0) {
+    return refuse("weights.k: not a positive multiple of 128 (" + std::to_string(w.k) + ")");
+  }
+  if (!bs::ProductAtMost(w.n_experts * w.n, w.k, bs::kMaxElements)) {
+    return refuse("weights.w: n_experts * n * k >= 2^62");
+  }
+  if (!bs::ProductAtMost(x_rows, w.k, bs::kMaxElements) ||
+      !bs::ProductAtMost(16 * tokens * top_k, w.n, bs::kMaxElements)) {
+    return refuse("x / out: elements >= 2^62");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t ValidatePointers(const __nv_bfloat16* x, int64_t x_stride, const int32_t* experts,
+                             const ExpertWeights& w, const __nv_bfloat16* out, int64_t out_stride,
+                             std::string* refusal) {
+  const auto refuse = [&](const std::string& what) { return bs::Refuse(refusal, what); };
+  if (x_stride < w.k || x_stride % 8 != 0) {
+    return refuse("x_stride: below k or not a multiple of 8 (" + std::to_string(x_stride) + ")");
+  }
+  if (out_stride < w.n) return refuse("out_stride: below n (" + std::to_string(out_stride) + ")");
+  if (x == nullptr || !bs::Aligned(x, 16)) return refuse("x: null or not 16-byte aligned");
+  if (experts == nullptr) return refuse("experts: null");
+  if (w.w == nullptr || !bs::Aligned(w.w, 16)) {
+    return refuse("weights.w: null or not 16-byte aligned");
+  }
+  if (w.format == ExpertFormat::kFp8 && (w.scale == nullptr || !bs::Aligned(w.scale, 4))) {
+    return refuse("weights.scale: null or not 4-byte aligned (FP8 experts)");
+  }
+  if (w.format == ExpertFormat::kFp4 &&
+      (w.scale_e8m0 == nullptr || !bs::Aligned(w.scale_e8m0, 4))) {
+    return refuse("weights.scale_e8m0: null or not 4-byte aligned (FP4 experts)");
+  }
+  if (out == nullptr || !bs::Aligned(out, 16)) return refuse("out: null or not 16-byte aligned");
+  return cudaSuccess;
+}
+
+}  // namespace
+
+size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
+                                        const ExpertWeights& weights) {
+  if (x_rows < 0 || ValidateSizes(tokens, top_k, x_rows, weights, nullptr) != cudaSuccess) {
+    return 0;
+  }
+  return PlanGrouped(tokens, top_k, x_rows, weights).total();
+}
+
+cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
+                             const int32_t* experts, const float* pick_weights, int64_t tokens,
+                             int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
+                             __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  const int64_t x_rows = x_per_pick ? tokens * top_k : tokens;
+  cudaError_t status = ValidateSizes(tokens, top_k, x_rows, weights, refusal);
+  if (status != cudaSuccess || tokens == 0) return status;
+  status = ValidatePointers(x, x_stride, experts, weights, out, out_stride, refusal);
+  if (status != cudaSuccess) return status;
+  const GroupedPlan plan = PlanGrouped(tokens, top_k, x_rows, weights);
+  if (workspace_bytes < plan.total()) {
+    return bs::Refuse(refusal, "workspace_bytes: " + std::to_string(workspace_bytes) + " < the " +
+                                   std::to_string(plan.total()) + " needed");
+  }
+  if (workspace == nullptr || !bs::Aligned(workspace, 256)) {
+    return bs::Refuse(refusal, "workspace: null or not 256-byte aligned");
+  }
+  uint8_t* p = static_cast<uint8_t*>(workspace);
+  int32_t* entry_pick = reinterpret_cast<int32_t*>(p);
+  p += plan.entry_bytes;
+  bs::WorkItem* items = reinterpret_cast<bs::WorkItem*>(p);
+  p += plan.item_bytes;
+  int32_t* n_items = reinterpret_cast<int32_t*>(p);
+  p += plan.count_bytes;
+  uint8_t* xq = p;
+  p += plan.xq_bytes;
+  float* xs = reinterpret_cast<float*>(p);
+  p += plan.xs_bytes;
+  float* partial = reinterpret_cast<float*>(p);
+
+  const int64_t picks = tokens * top_k;
+  GroupPicksKernel<<<1, kGroupThreads, 0, stream>>>(experts, static_cast<int32_t>(picks),
+                                                    static_cast<int32_t>(weights.n_experts),
+                                                    8 * plan.tiles, entry_pick, items, n_items);
+  status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  status = bs::LaunchActQuant(x, x_rows, weights.k, x_stride, ue8m0_act_scale, xq, xs, stream);
+  if (status != cudaSuccess) return status;
+  bs::GemmArgs a{};
+  a.w = weights.w;
+  a.w_scale = weights.scale;
+  a.w_scale8 = weights.scale_e8m0;
+  a.xq = xq;
+  a.xs = xs;
+  a.x_rows = x_rows;
+  a.n = weights.n;
+  a.k = weights.k;
+  a.items = items;
+  a.n_items = n_items;
+  a.entry_pick = entry_pick;
+  a.x_row_div = x_per_pick ? 1 : static_cast<int32_t>(top_k);
+  a.row_weight = pick_weights;
+  a.k_splits = plan.splits;
+  a.partial = partial;
+  a.out_rows = picks;
+  a.out = out;
+  a.out_stride = out_stride;
+  status = weights.format == ExpertFormat::kFp4
+               ? bs::LaunchGemm<true>(a, plan.tiles, plan.max_items, stream)
+               : bs::LaunchGemm<false>(a, plan.tiles, plan.max_items, stream);
+  if (status != cudaSuccess || plan.splits == 1) return status;
+  return bs::LaunchReduce(partial, plan.splits, picks, weights.n, pick_weights, experts,
+                          static_cast<int32_t>(weights.n_experts), out, out_stride, stream);
+}
+
+cudaError_t moe_combine(const __nv_bfloat16* y, int64_t y_stride, const int32_t* experts,
+                        int64_t tokens, int64_t top_k, int64_t n_experts, int64_t n, float* out,
+                        int64_t out_stride, cudaStream_t stream, std::string* refusal) {
+  const auto refuse = [&](const std::string& what) { return bs::Refuse(refusal, what); };
+  if (tokens < 0 || n < 0) return refuse("tokens / n: negative");
+  if (top_k < 1 || top_k > kMaxTopK) return refuse("top_k: outside [1, 32]");
+  if (y_stride < n) return refuse("y_stride: below n");
+  if (out_stride < n) return refuse("out_stride: below n");
+  if (!bs::ProductAtMost(tokens * top_k, y_stride, bs::kMaxElements) ||
+      !bs::ProductAtMost(tokens, out_stride, bs::kMaxElements)) {
+    return refuse("y / out: elements >= 2^62");
+  }
+  if (tokens == 0 || n == 0) return cudaSuccess;
+  if (y == nullptr) return refuse("y: null");
+  if (experts == nullptr) return refuse("experts: null");
+  if (out == nullptr) return refuse("out: null");
+  const int64_t total = tokens * n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
+  CombineKernel<<<blocks, 256, 0, stream>>>(
+      y, y_stride, experts, tokens, static_cast<int32_t>(top_k), n_experts, n, out, out_stride);
+  return cudaGetLastError();
+}
+
+}  // namespace pdserve::kernels::cuda

@@ -1,0 +1,90 @@
+// Grouped GEMM of DeepSeek-V4's routed experts with block-scaled FP8 or FP4 weights (the
+// checkpoint's own formats kept in HBM), and the combine of the picks' outputs.
+//
+// Math (CPU reference kernels/cpu/fp8_gemm.h, MoeGemmReference):
+//   for every pick p = token * top_k + j with a valid expert e = experts[p] (0 <= e < n_experts):
+//     out[p, :] = bf16( weight[p] * xq_row . dequant(W_e)^T )
+//   where xq_row is row p (x_per_pick: the input of the down projection, one row per pick) or row
+//   token of x (the input of gate / up), quantized per 1 x 128 exactly as fp8_gemm does (the
+//   same act-quant kernel), and dequant(W_e) is
+//     FP8: e4m3(w[e, n, k]) * scale[e, n / 128, k / 128] (fp32 scales);
+//     FP4: e2m1(w[e, n, k]) * 2^(scale[e, n, k / 32] - 127) (ue8m0 scales, 0xFF = NaN; the packed
+//          byte holds element 2i in its low nibble, docs/checkpoints.md).
+//   Picks with an invalid expert id leave their out row untouched.
+//   The FP8 inner sums run on the tensor cores per 128-block, the FP4 ones per 32-group (each e2m1
+//   value is converted exactly to e4m3 in registers, the group's scale applied to the fp32
+//   result); the outer sums are fp32 in ascending k. Equal inputs give equal bits.
+//
+// Grouping (decode and prefill alike): the picks are grouped by expert on the device (counting
+// sort in one block); each block then streams one 64-row tile of one routed expert's weights for
+// up to 64 of its picks. Experts nobody picked are never read. All of it is CUDA-graph safe: no
+// host synchronization, launch shapes from the sizes only (blocks past the device-side count of
+// work items exit at once).
+//
+// Speed (one H200, docs/perf.md, 2026-12-04, V4-Flash's 256 experts, top-6): FP8 gate+up at
+// 16-64 tokens reads the routed experts at 81-82% of the read floor, 50% at 1 token, 2.0-2.6x
+// faster than bf16 torch._grouped_mm at 1-64 tokens; FP4 is slower than FP8 at every size
+// (instruction-bound: 24-37% of the read floor), hence FP4 experts are to become FP8 at load.
+// Prefill sizes (>= 2048 tokens) are 2-7x slower than a bf16 grouped GEMM: not a prefill kernel.
+//
+// Asynchronous on `stream`; no state, so concurrent calls with different outputs and workspaces
+// are safe.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pdserve::kernels::cuda {
+
+enum class ExpertFormat { kFp8, kFp4 };
+
+// Routed experts' weights of one projection, all experts stacked.
+//   kFp8: w [n_experts, n, k] e4m3; scale [n_experts, ceil(n / 128), k / 128] fp32.
+//   kFp4: w [n_experts, n, k / 2] packed e2m1; scale_e8m0 [n_experts, n, k / 32] ue8m0 bytes.
+struct ExpertWeights {
+  ExpertFormat format = ExpertFormat::kFp8;
+  const uint8_t* w = nullptr;
+  const float* scale = nullptr;
+  const uint8_t* scale_e8m0 = nullptr;
+  int64_t n_experts = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+// Bytes of device workspace moe_grouped_gemm needs for `tokens` x `top_k` picks and x_rows rows of
+// input; 0 for sizes moe_grouped_gemm refuses. Host only.
+size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
+                                        const ExpertWeights& weights);
+
+// out[p, :] for every valid pick, as above.
+//   x [x_rows, x_stride] bf16: x_rows = tokens (x_per_pick false) or tokens * top_k (true).
+//   experts [tokens, top_k] int32 (moe_route's output); pick_weights [tokens, top_k] fp32 or
+//   nullptr (= 1: gate / up); out [tokens * top_k, out_stride] bf16.
+//   ue8m0_act_scale: round the activation scales up to powers of two (DeepSeek's scale_fmt).
+// Requires tokens >= 0, 1 <= top_k <= 32, tokens * top_k < 2^31, 1 <= n_experts <= 1024,
+// 1 <= n <= 4194240, k > 0 a multiple of 128, x_stride >= k and a multiple of 8, out_stride >= n,
+// 16-byte aligned x, w and out, scales present for the format, workspace 256-byte aligned with
+// at least moe_grouped_gemm_workspace_bytes bytes. tokens of 0 writes nothing. Returns
+// cudaErrorInvalidValue on bad arguments, with `refusal` (when given) naming the argument and the
+// check that failed, else the launch status.
+cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
+                             const int32_t* experts, const float* pick_weights, int64_t tokens,
+                             int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
+                             __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream,
+                             std::string* refusal = nullptr);
+
+// out[t, c] += sum over j ascending of y[t * top_k + j, c] (fp32), skipping picks whose expert id
+// is outside [0, n_experts) (their y rows are never read). y [tokens * top_k, y_stride] bf16
+// (moe_grouped_gemm's output of the down projection, already weighted); out [tokens, out_stride]
+// fp32. Requires tokens, n >= 0, 1 <= top_k <= 32, y_stride and out_stride >= n, tensors under
+// 2^62 elements. Returns cudaErrorInvalidValue with `refusal` on bad arguments.
+cudaError_t moe_combine(const __nv_bfloat16* y, int64_t y_stride, const int32_t* experts,
+                        int64_t tokens, int64_t top_k, int64_t n_experts, int64_t n, float* out,
+                        int64_t out_stride, cudaStream_t stream, std::string* refusal = nullptr);
+
+}  // namespace pdserve::kernels::cuda

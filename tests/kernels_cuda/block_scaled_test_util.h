@@ -1,0 +1,94 @@
+// Random inputs for the block-scaled GEMM tests (fp8_gemm_test.cc, moe_gemm_test.cc): e4m3 and
+// packed e2m1 weights, fp32 and ue8m0 scales, bf16 activations, and the comparison of a bf16 GPU
+// output against the float32 CPU reference. Test-only; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/kernels_cuda/cuda_test_util.h"
+
+namespace pdserve::kernels::cuda::testing {
+
+// Random finite e4m3 codes (never the NaN codes 0x7F / 0xFF).
+inline std::vector<uint8_t> RandomE4m3(std::mt19937_64& rng, size_t n) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) {
+    do {
+      b = static_cast<uint8_t>(byte(rng));
+    } while ((b & 0x7F) == 0x7F);
+  }
+  return v;
+}
+
+inline std::vector<uint8_t> RandomBytes(std::mt19937_64& rng, size_t n) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) b = static_cast<uint8_t>(byte(rng));
+  return v;
+}
+
+// Powers of two 2^[-4, 4] times a random mantissa in [1, 2).
+inline std::vector<float> RandomScales(std::mt19937_64& rng, size_t n) {
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-4, 4);
+  std::vector<float> v(n);
+  for (float& s : v) s = std::ldexp(mantissa(rng), exponent(rng));
+  return v;
+}
+
+// ue8m0 exponents 127 +- 4.
+inline std::vector<uint8_t> RandomUe8m0(std::mt19937_64& rng, size_t n) {
+  std::uniform_int_distribution<int> e(123, 131);
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) b = static_cast<uint8_t>(e(rng));
+  return v;
+}
+
+// bf16 bits of N(0, 1) values times 2^[-6, 6] per row (rows of very different magnitudes).
+inline std::vector<uint16_t> RandomActivations(std::mt19937_64& rng, int64_t rows, int64_t stride) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> exponent(-6, 6);
+  std::vector<uint16_t> v(static_cast<size_t>(rows * stride));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int e = exponent(rng);
+    for (int64_t c = 0; c < stride; ++c) v[r * stride + c] = ToBf16(std::ldexp(normal(rng), e));
+  }
+  return v;
+}
+
+inline std::vector<float> ToFloatsBf16(const std::vector<uint16_t>& bits) {
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = FromBf16(bits[i]);
+  return v;
+}
+
+// Compares rows [rows, n] of a bf16 GPU output (row stride `stride`) with the float32 reference
+// [rows, n] rounded to bf16: NaN / Inf at the same positions, normalized error <= 4e-3 (one bf16
+// rounding plus the fp32 summation order), columns n .. stride-1 still holding `sentinel`. Only
+// rows with check[r] (empty: all) are compared; the others must hold `sentinel` entirely.
+inline void ExpectBf16Rows(const std::vector<uint16_t>& got, int64_t rows, int64_t n,
+                           int64_t stride, const std::vector<float>& want,
+                           const std::vector<bool>& check, uint16_t sentinel,
+                           const std::string& what) {
+  std::vector<double> g;
+  std::vector<double> w;
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool compared = check.empty() || check[r];
+    for (int64_t c = 0; c < stride; ++c) {
+      const uint16_t bits = got[r * stride + c];
+      if (!compared || c >= n) {
+        ASSERT_EQ(bits, sentinel) << what << ": row " << r << " column " << c << " written";
+        continue;
+      }
+      g.push_back(FromBf16(bits));
+      w.push_back(FromBf16(ToBf16(want[r * n + c])));
+    }
+  }
+  ExpectNear(g, w, 4e-3, what);
+}
+
+}  // namespace pdserve::kernels::cuda::testing

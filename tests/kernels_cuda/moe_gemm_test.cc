@@ -1,0 +1,274 @@
+// kernels/cuda/moe_gemm (grouped GEMM of the routed experts, FP8 and FP4 weights, and the
+// combine) against kernels/cpu/fp8_gemm.h's MoeGemmReference: fresh random weights, scales,
+// activations and routings each run (seed printed; PDSERVE_TEST_SEED replays), the kernel before
+// the reference.
+#include "kernels/cuda/moe_gemm.cuh"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/fp8_gemm.h"
+#include "tests/kernels_cuda/block_scaled_test_util.h"
+#include "tests/kernels_cuda/cuda_test_util.h"
+
+namespace pdserve::kernels::cuda {
+namespace {
+
+using testing::FreshRng;
+using testing::GuardedBuffer;
+
+constexpr uint16_t kSentinel = 0xA5A5;
+
+struct MoeCase {
+  bool fp4 = false;
+  int64_t n_experts = 16;
+  int64_t n = 192;
+  int64_t k = 512;
+  int64_t tokens = 1;
+  int64_t top_k = 6;
+  bool x_per_pick = false;
+  bool weighted = false;
+  bool ue8m0 = false;
+  int64_t x_stride = 512;
+  int64_t out_stride = 192;
+  std::vector<uint16_t> x;
+  std::vector<int32_t> experts;
+  std::vector<float> pick_weights;
+  std::vector<uint8_t> w;
+  std::vector<float> scale;
+  std::vector<uint8_t> scale_e8m0;
+};
+
+// Distinct experts per token drawn from the first `used` experts (the rest get no tokens).
+MoeCase MakeMoe(std::mt19937_64& rng, bool fp4, int64_t tokens, int64_t top_k, int64_t used,
+                bool x_per_pick, bool weighted) {
+  MoeCase c;
+  c.fp4 = fp4;
+  c.tokens = tokens;
+  c.top_k = top_k;
+  c.x_per_pick = x_per_pick;
+  c.weighted = weighted;
+  c.ue8m0 = tokens % 2 == 1;
+  c.x_stride = c.k + 8 * (tokens % 2);
+  c.out_stride = c.n + 3;
+  const int64_t rows = x_per_pick ? tokens * top_k : tokens;
+  c.x = testing::RandomActivations(rng, rows, c.x_stride);
+  std::vector<int32_t> order(static_cast<size_t>(used));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    c.experts.insert(c.experts.end(), order.begin(), order.begin() + top_k);
+  }
+  std::uniform_real_distribution<float> unit(0.05f, 1.0f);
+  if (weighted) {
+    c.pick_weights.resize(c.experts.size());
+    for (float& v : c.pick_weights) v = unit(rng);
+  }
+  const auto size = [&](int64_t per_expert) {
+    return static_cast<size_t>(c.n_experts * per_expert);
+  };
+  if (fp4) {
+    c.w = testing::RandomBytes(rng, size(c.n * c.k / 2));
+    c.scale_e8m0 = testing::RandomUe8m0(rng, size(c.n * c.k / 32));
+  } else {
+    c.w = testing::RandomE4m3(rng, size(c.n * c.k));
+    c.scale = testing::RandomScales(rng, size(((c.n + 127) / 128) * (c.k / 128)));
+  }
+  return c;
+}
+
+void RunAndCheck(const MoeCase& c, const std::string& what) {
+  const int64_t picks = c.tokens * c.top_k;
+  GuardedBuffer<uint16_t> x(c.x.size());
+  GuardedBuffer<int32_t> experts(c.experts.size());
+  GuardedBuffer<float> pick_weights(std::max<size_t>(1, c.pick_weights.size()));
+  GuardedBuffer<uint8_t> w(c.w.size());
+  GuardedBuffer<float> scale(std::max<size_t>(1, c.scale.size()));
+  GuardedBuffer<uint8_t> scale_e8m0(std::max<size_t>(1, c.scale_e8m0.size()));
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(picks * c.out_stride));
+  x.Upload(c.x);
+  experts.Upload(c.experts);
+  if (c.weighted) pick_weights.Upload(c.pick_weights);
+  w.Upload(c.w);
+  if (c.fp4) {
+    scale_e8m0.Upload(c.scale_e8m0);
+  } else {
+    scale.Upload(c.scale);
+  }
+  ExpertWeights ew;
+  ew.format = c.fp4 ? ExpertFormat::kFp4 : ExpertFormat::kFp8;
+  ew.w = w.get();
+  ew.scale = c.fp4 ? nullptr : scale.get();
+  ew.scale_e8m0 = c.fp4 ? scale_e8m0.get() : nullptr;
+  ew.n_experts = c.n_experts;
+  ew.n = c.n;
+  ew.k = c.k;
+  const int64_t rows = c.x_per_pick ? picks : c.tokens;
+  GuardedBuffer<uint8_t> ws(moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
+  ASSERT_TRUE(ws.ok() && out.ok() && ws.size() > 0) << what;
+  std::string refusal;
+  const cudaError_t status =
+      moe_grouped_gemm(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.x_stride, c.x_per_pick,
+                       experts.get(), c.weighted ? pick_weights.get() : nullptr, c.tokens, c.top_k,
+                       ew, c.ue8m0, reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride,
+                       ws.get(), ws.size(), nullptr, &refusal);
+  ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = out.Download();
+  EXPECT_TRUE(out.GuardsIntact()) << what;
+  EXPECT_TRUE(ws.GuardsIntact()) << what;
+
+  std::vector<float> want(static_cast<size_t>(picks * c.n), 0.0f);
+  const std::vector<float> xf = testing::ToFloatsBf16(c.x);
+  cpu::ExpertWeightsRef ref{c.fp4, c.w.data(), c.scale.data(), c.scale_e8m0.data(), c.n_experts,
+                            c.n,   c.k};
+  cpu::MoeGemmReference(xf.data(), c.x_stride, c.x_per_pick, c.experts.data(),
+                        c.weighted ? c.pick_weights.data() : nullptr, c.tokens, c.top_k, ref,
+                        c.ue8m0, want.data());
+  std::vector<bool> valid(static_cast<size_t>(picks));
+  for (int64_t p = 0; p < picks; ++p) valid[p] = c.experts[p] >= 0 && c.experts[p] < c.n_experts;
+  testing::ExpectBf16Rows(got, picks, c.n, c.out_stride, want, valid, kSentinel, what);
+}
+
+TEST(CudaMoeGemmTest, OddTokenCountsZeroTokenExpertsBothFormats) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (bool fp4 : {false, true}) {
+    for (int64_t tokens : {1, 5, 37}) {
+      const std::string what =
+          std::string(fp4 ? "fp4" : "fp8") + " tokens " + std::to_string(tokens);
+      // Experts 12..15 get no tokens; gate/up form (x per token) and down form (x per pick,
+      // weighted).
+      RunAndCheck(MakeMoe(rng, fp4, tokens, 6, 12, false, false), what + " gate/up");
+      RunAndCheck(MakeMoe(rng, fp4, tokens, 6, 12, true, true), what + " down");
+    }
+  }
+}
+
+TEST(CudaMoeGemmTest, AllTokensOnOneExpert) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (bool fp4 : {false, true}) {
+    // 141 tokens, top-1, all on expert 9: several work items of one expert.
+    MoeCase c = MakeMoe(rng, fp4, 141, 1, 16, false, true);
+    std::fill(c.experts.begin(), c.experts.end(), 9);
+    RunAndCheck(c, fp4 ? "fp4 one expert" : "fp8 one expert");
+  }
+}
+
+TEST(CudaMoeGemmTest, InvalidExpertIdsLeaveRowsUntouched) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  MoeCase c = MakeMoe(rng, true, 7, 3, 16, false, true);
+  c.experts[0] = -1;
+  c.experts[4] = 16;
+  c.experts[20] = -7;
+  RunAndCheck(c, "invalid ids");
+}
+
+TEST(CudaMoeGemmTest, ExtremeScales) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  MoeCase fp8 = MakeMoe(rng, false, 3, 6, 16, false, false);
+  for (size_t i = 0; i < fp8.scale.size(); ++i) fp8.scale[i] = std::ldexp(1.0f, i % 2 ? 20 : -20);
+  RunAndCheck(fp8, "fp8 scales 2^+-20");
+  MoeCase fp4 = MakeMoe(rng, true, 3, 6, 16, true, false);
+  for (size_t i = 0; i < fp4.scale_e8m0.size(); ++i) fp4.scale_e8m0[i] = i % 3 ? 147 : 107;
+  RunAndCheck(fp4, "fp4 scales 2^+-20");
+}
+
+TEST(CudaMoeGemmTest, NanAndInfMatchInPosition) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  MoeCase c = MakeMoe(rng, false, 5, 6, 16, false, false);
+  c.x[1 * c.x_stride + 3] = testing::kBf16NaN;
+  c.x[3 * c.x_stride + 300] = 0x7F80;
+  c.w[static_cast<size_t>((c.experts[0] * c.n + 50) * c.k + 7)] = 0x7F;  // token 0's expert
+  RunAndCheck(c, "fp8 NaN/Inf");
+  MoeCase f = MakeMoe(rng, true, 5, 6, 16, true, false);
+  f.x[2 * f.x_stride + 3] = testing::kBf16NaN;
+  f.scale_e8m0[static_cast<size_t>((f.experts[7] * f.n + 9) * (f.k / 32) + 2)] = 0xFF;  // NaN
+  RunAndCheck(f, "fp4 NaN scale");
+}
+
+TEST(CudaMoeGemmTest, CombineSumsValidPicksInOrder) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const int64_t tokens = 13;
+  const int64_t top_k = 6;
+  const int64_t n = 100;
+  const int64_t y_stride = 104;
+  const int64_t out_stride = 101;
+  std::vector<uint16_t> y = testing::RandomActivations(rng, tokens * top_k, y_stride);
+  std::vector<int32_t> experts(static_cast<size_t>(tokens * top_k));
+  std::uniform_int_distribution<int32_t> id(-1, 8);  // -1 and 8 (= n_experts) are invalid
+  for (int32_t& e : experts) e = id(rng);
+  std::vector<float> out_init(static_cast<size_t>(tokens * out_stride));
+  std::normal_distribution<float> normal;
+  for (float& v : out_init) v = normal(rng);
+  GuardedBuffer<uint16_t> yd(y.size());
+  GuardedBuffer<int32_t> ed(experts.size());
+  GuardedBuffer<float> od(out_init.size());
+  yd.Upload(y);
+  ed.Upload(experts);
+  od.Upload(out_init);
+  PDSERVE_CUDA_OK(moe_combine(reinterpret_cast<const __nv_bfloat16*>(yd.get()), y_stride, ed.get(),
+                              tokens, top_k, 8, n, od.get(), out_stride, nullptr));
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = od.Download();
+  EXPECT_TRUE(od.GuardsIntact());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t c = 0; c < out_stride; ++c) {
+      float want = out_init[t * out_stride + c];
+      if (c < n) {
+        for (int64_t j = 0; j < top_k; ++j) {
+          const int32_t e = experts[t * top_k + j];
+          if (e >= 0 && e < 8) want += testing::FromBf16(y[(t * top_k + j) * y_stride + c]);
+        }
+      }
+      ASSERT_EQ(got[t * out_stride + c], want) << "token " << t << " column " << c;
+    }
+  }
+}
+
+TEST(CudaMoeGemmTest, RefusalsNameTheArgument) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  GuardedBuffer<uint16_t> x(4096);
+  GuardedBuffer<int32_t> experts(64);
+  GuardedBuffer<uint8_t> w(4096);
+  GuardedBuffer<uint16_t> out(4096);
+  GuardedBuffer<uint8_t> ws(1 << 20);
+  ExpertWeights ew;
+  ew.format = ExpertFormat::kFp4;
+  ew.w = w.get();
+  ew.n_experts = 4;
+  ew.n = 16;
+  ew.k = 128;
+  const auto refusal_of = [&](const ExpertWeights& weights, int64_t top_k) {
+    std::string refusal;
+    const cudaError_t status = moe_grouped_gemm(
+        reinterpret_cast<const __nv_bfloat16*>(x.get()), 128, false, experts.get(), nullptr, 2,
+        top_k, weights, false, reinterpret_cast<__nv_bfloat16*>(out.get()), 16, ws.get(), ws.size(),
+        nullptr, &refusal);
+    EXPECT_EQ(status, cudaErrorInvalidValue);
+    return refusal;
+  };
+  EXPECT_NE(refusal_of(ew, 2).find("weights.scale_e8m0:"), std::string::npos);
+  EXPECT_NE(refusal_of(ew, 0).find("top_k:"), std::string::npos);
+  ExpertWeights bad_k = ew;
+  bad_k.k = 96;
+  EXPECT_NE(refusal_of(bad_k, 2).find("weights.k:"), std::string::npos);
+  ExpertWeights many = ew;
+  many.n_experts = 2000;
+  EXPECT_NE(refusal_of(many, 2).find("weights.n_experts:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda
