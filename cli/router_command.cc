@@ -18,9 +18,11 @@
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
+#include "common/api_keys.h"
 #include "common/deploy_config.h"
 #include "common/status.h"
 #include "common/systemd_notify.h"
+#include "common/tls_credentials.h"
 #include "frontend/http_server.h"
 #include "router/grpc_front.h"
 #include "router/service.h"
@@ -48,17 +50,28 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   http.host = config.router.host;
   http.port = static_cast<uint16_t>(options.port >= 0 ? options.port : config.router.http_port);
   http.max_body_bytes = static_cast<size_t>(config.router.max_body_bytes);
+  // security (docs/security.md): API keys on both fronts, TLS on both when configured.
+  std::shared_ptr<const common::ApiKeys> api_keys;
+  if (!config.security.api_keys_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(api_keys, common::ApiKeys::LoadFile(config.security.api_keys_file));
+  }
+  http.api_keys = api_keys;
+  http.tls_cert_file = config.security.tls_cert_file;
+  http.tls_key_file = config.security.tls_key_file;
+  PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> front_credentials,
+                           common::FrontServerCredentials(config.security));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
                            frontend::HttpServer::Start(http, service.get()));
   // Both fronts are bound before either is announced: a gRPC port that cannot be bound ends the
   // router with that error, never after a "listening" line that a launcher would trust.
   std::unique_ptr<router::GrpcFront> grpc_front;
   if (config.router.grpc_port > 0) {
-    PDSERVE_ASSIGN_OR_RETURN(
-        grpc_front,
-        router::GrpcFront::Start(config.router.host, config.router.grpc_port, service.get()));
+    PDSERVE_ASSIGN_OR_RETURN(grpc_front,
+                             router::GrpcFront::Start(config.router.host, config.router.grpc_port,
+                                                      service.get(), front_credentials, api_keys));
   }
-  std::printf("pdserve router: listening on http://%s:%u\n", http.host.c_str(),
+  std::printf("pdserve router: listening on %s://%s:%u\n",
+              config.security.front_tls() ? "https" : "http", http.host.c_str(),
               static_cast<unsigned>(server->port()));
   if (grpc_front) {
     std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s:%d\n",

@@ -31,6 +31,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -165,6 +169,33 @@ int HttpStatus(const std::string& host, int port, const std::string& path) {
   }
   close(fd);
   return status;
+}
+
+// The same probe over TLS, for a router with security.tls. The certificate is not verified: the
+// probe only asks whether the router `up` started on this machine answers yet.
+int HttpsStatus(const std::string& host, int port, const std::string& path) {
+  namespace net = boost::asio;
+  namespace http = boost::beast::http;
+  try {
+    net::io_context ioc;
+    net::ssl::context context(net::ssl::context::tls_client);
+    context.set_verify_mode(net::ssl::verify_none);
+    boost::beast::ssl_stream<boost::beast::tcp_stream> stream(ioc, context);
+    auto& tcp = boost::beast::get_lowest_layer(stream);
+    tcp.expires_after(std::chrono::seconds(2));
+    tcp.connect({net::ip::make_address(host == "0.0.0.0" ? "127.0.0.1" : host),
+                 static_cast<uint16_t>(port)});
+    stream.handshake(net::ssl::stream_base::client);
+    http::request<http::empty_body> request{http::verb::get, path, 11};
+    request.set(http::field::host, host);
+    http::write(stream, request);
+    boost::beast::flat_buffer buffer;
+    http::response<http::string_body> response;
+    http::read(stream, buffer, response);
+    return response.result_int();
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 // Reaps children that exited; true when one did.
@@ -303,10 +334,12 @@ int Up(const UpOptions& options) {
       return 1;
     }
     if (!ready) {
-      if (HttpStatus(host, port, "/ready") == 200) {
+      const bool tls = config->security.front_tls();
+      if ((tls ? HttpsStatus : HttpStatus)(host, port, "/ready") == 200) {
         ready = true;
-        std::printf("pdserve up: ready on http://%s:%d (%zu prefill, %zu decode)\n", host.c_str(),
-                    port, config->prefill.size(), config->decode.size());
+        std::printf("pdserve up: ready on %s://%s:%d (%zu prefill, %zu decode)\n",
+                    tls ? "https" : "http", host.c_str(), port, config->prefill.size(),
+                    config->decode.size());
         std::fflush(stdout);
       } else if (std::chrono::steady_clock::now() > ready_deadline) {
         std::fprintf(stderr, "pdserve up: not ready after %d s; stopping everything\n",

@@ -225,6 +225,27 @@ void ReadGuards(Reader& r, const YAML::Node& node, GuardsConfig* g) {
   }
 }
 
+// security: {api_keys_file, tls: {cert_file, key_file}, cluster_tls: {ca_file, cert_file,
+// key_file}}. Each block is all-or-nothing: a certificate without its key is an error here, not
+// a process that starts without TLS. Whether the files exist and parse is checked when a
+// process starts (common/tls_credentials.h), where they are read.
+void ReadSecurity(Reader& r, const YAML::Node& node, SecurityConfig* s) {
+  if (!r.Map(node, "security", {"api_keys_file", "tls", "cluster_tls"})) return;
+  r.String(node, "security", "api_keys_file", false, &s->api_keys_file);
+  const YAML::Node tls = r.Field(node, "security", "tls", false);
+  if (!tls.IsNull() && r.Map(tls, "security.tls", {"cert_file", "key_file"})) {
+    r.String(tls, "security.tls", "cert_file", true, &s->tls_cert_file);
+    r.String(tls, "security.tls", "key_file", true, &s->tls_key_file);
+  }
+  const YAML::Node cluster = r.Field(node, "security", "cluster_tls", false);
+  if (!cluster.IsNull() &&
+      r.Map(cluster, "security.cluster_tls", {"ca_file", "cert_file", "key_file"})) {
+    r.String(cluster, "security.cluster_tls", "ca_file", true, &s->cluster_ca_file);
+    r.String(cluster, "security.cluster_tls", "cert_file", true, &s->cluster_cert_file);
+    r.String(cluster, "security.cluster_tls", "key_file", true, &s->cluster_key_file);
+  }
+}
+
 // Ports unique per host, GPUs given once per host, worker names unique.
 // What the config alone can tell about where a host string points (no name lookups: validation
 // stays offline and deterministic). Loopback names and the wildcard address all mean the machine
@@ -367,9 +388,9 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
     return out;
   }
   DeployConfig& c = out.config;
-  if (!r.Map(
-          root, "",
-          {"name", "model", "router", "prefill", "decode", "transfer", "guards", "share_gpus"})) {
+  if (!r.Map(root, "",
+             {"name", "model", "router", "prefill", "decode", "transfer", "guards", "security",
+              "share_gpus"})) {
     return out;
   }
   r.String(root, "", "name", true, &c.name);
@@ -390,6 +411,8 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   }
   const YAML::Node guards = r.Field(root, "", "guards", false);
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);
+  const YAML::Node security = r.Field(root, "", "security", false);
+  if (!security.IsNull()) ReadSecurity(r, security, &c.security);
   r.Bool(root, "", "share_gpus", &c.share_gpus);
   CheckCrossFields(r, c, root, worker_nodes);
   return out;

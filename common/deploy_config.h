@@ -16,6 +16,10 @@
 //              distinct GPUs make the worker one expert-parallel group, docs/engine-gpu.md),
 //              threads (cpu only)}
 //   transfer: {transport: ucx, lease_ms}
+//   security: {api_keys_file, tls: {cert_file, key_file}, cluster_tls: {ca_file, cert_file,
+//   key_file}}
+//     (all optional; docs/security.md): API keys on the router's HTTP and gRPC fronts, TLS on
+//     those fronts, and mutual TLS between the router and the workers' gRPC.
 //   share_gpus: bool (default false): workers of a host may name the same GPU (a one-GPU trial of
 //     prefill and decode on the CUDA engine; each worker holds its own weights and state there)
 //   guards: {degeneration_action: flag | stop, paranoid: bool, canary_every: int >= 0,
@@ -82,6 +86,24 @@ struct GuardsConfig {
   std::vector<std::string> reference_kernels;
 };
 
+// Who may call the cluster (docs/security.md). Empty strings: off (the default, for loopback).
+struct SecurityConfig {
+  // Keys the router's HTTP and gRPC fronts accept as `Authorization: Bearer <key>`, one per line.
+  std::string api_keys_file;
+  // PEM certificate chain and private key the router's fronts serve TLS with (HTTPS, gRPC TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Mutual TLS between the router and the workers: every worker's gRPC requires a client
+  // certificate signed by ca_file, and the router verifies the workers against it; both sides
+  // present cert_file / key_file (the cluster's certificate).
+  std::string cluster_ca_file;
+  std::string cluster_cert_file;
+  std::string cluster_key_file;
+
+  bool cluster_tls() const { return !cluster_ca_file.empty(); }
+  bool front_tls() const { return !tls_cert_file.empty(); }
+};
+
 struct DeployConfig {
   std::string name;
   std::string model_path;
@@ -92,6 +114,7 @@ struct DeployConfig {
   std::string transport = "ucx";
   int lease_ms = 30000;
   GuardsConfig guards;
+  SecurityConfig security;
   bool share_gpus = false;
 };
 

@@ -350,6 +350,12 @@ ApiError ServerError(int http_status, std::string message, std::string type, std
   return e;
 }
 
+ApiError InvalidApiKey() {
+  return ServerError(401,
+                     "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                     "invalid_request_error", "invalid_api_key");
+}
+
 ApiError ModelNotFound(std::string_view model) {
   constexpr size_t kShown = 256;
   std::string shown(model);

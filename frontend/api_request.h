@@ -79,6 +79,8 @@ ApiError ModelNotFound(std::string_view model);
 // Any other error: `http_status` (429, 500, 503, ...) with the given type and code.
 ApiError ServerError(int http_status, std::string message, std::string type = "server_error",
                      std::string code = "");
+// 401 invalid_api_key: a front with API keys got none, or a wrong one (docs/security.md).
+ApiError InvalidApiKey();
 
 using ParsedRequest = std::variant<ApiRequest, ApiError>;
 

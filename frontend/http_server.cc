@@ -18,6 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/api_keys.h"
+#include "common/status.h"
+#include "frontend/session_stream.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -90,9 +93,10 @@ struct HttpServer::Impl {
   // Runs GenerationService::Start (HttpServerOptions::prepare_threads).
   std::unique_ptr<net::thread_pool> prepare_pool;
   std::atomic<bool> stopped{false};
-  std::atomic<int> active{0};         // sessions with a request in flight
-  std::atomic<size_t> body_bytes{0};  // reserved by request bodies being read
-  std::atomic<bool> draining{false};  // Drain(): no new connections
+  std::atomic<int> active{0};              // sessions with a request in flight
+  std::atomic<size_t> body_bytes{0};       // reserved by request bodies being read
+  std::atomic<bool> draining{false};       // Drain(): no new connections
+  std::unique_ptr<net::ssl::context> tls;  // HTTPS: set when options name a certificate
   absl::Mutex mu;
   std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
 
@@ -107,7 +111,10 @@ class SessionSink;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server), read_timer_(stream_.get_executor()) {}
+      : stream_(server->tls ? SessionStream(std::move(socket), *server->tls)
+                            : SessionStream(std::move(socket))),
+        server_(server),
+        read_timer_(stream_.get_executor()) {}
 
   ~Session() {
     if (active_) server_->active.fetch_sub(1);
@@ -133,8 +140,17 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   bool Ending() const { return ending_.load(); }
 
+  // A TLS connection must finish its handshake within header_timeout; then requests are read.
   void Run() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->stream_.tls())
+        self->stream_.tcp().expires_after(self->server_->options.header_timeout);
+      self->stream_.Handshake([self](beast::error_code ec) {
+        self->stream_.tcp().expires_never();
+        if (ec) return self->Finish();
+        self->Read();
+      });
+    });
   }
 
   // Called on the strand. Cancels any generation and closes the connection.
@@ -142,8 +158,8 @@ class Session : public std::enable_shared_from_this<Session> {
     CancelGeneration();
     StopReadTimer();
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.close();
+    stream_.tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.tcp().close();
   }
 
   template <typename F>
@@ -218,7 +234,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec || id != self->read_timer_id_) return;
       self->read_timed_out_ = true;
       beast::error_code ignored;
-      self->stream_.socket().cancel(ignored);
+      self->stream_.tcp().socket().cancel(ignored);
     });
   }
   void StopReadTimer() {
@@ -228,8 +244,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Each response write must be taken by the client within write_timeout (the stream's own
   // timeout closes the socket; the write then fails and the connection finishes). Cleared when
   // the write completes, so that it never applies to a later read.
-  void ArmWriteTimeout() { stream_.expires_after(server_->options.write_timeout); }
-  void ClearWriteTimeout() { stream_.expires_never(); }
+  void ArmWriteTimeout() { stream_.tcp().expires_after(server_->options.write_timeout); }
+  void ClearWriteTimeout() { stream_.tcp().expires_never(); }
 
   // A read cut off by its deadline: 408 when any of the request arrived, else (an idle
   // keep-alive connection) a silent close.
@@ -353,9 +369,9 @@ class Session : public std::enable_shared_from_this<Session> {
     linger_ = false;
     ReleaseBody();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
     linger_buffer_.resize(kLingerReadBytes);
-    stream_.expires_after(kLingerTimeout);
+    stream_.tcp().expires_after(kLingerTimeout);
     DropInput();
   }
   void DropInput() {
@@ -446,7 +462,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Finish();
 
-  beast::tcp_stream stream_;
+  SessionStream stream_;
   HttpServer::Impl* server_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -521,6 +537,17 @@ void Session::Route() {
   const auto method = request_.method();
   const bool get = method == http::verb::get || method == http::verb::head;
   auto* service = server_->service;
+  // Probes and Prometheus reach /health, /ready and /metrics without a key; the API needs one.
+  const auto& keys = server_->options.api_keys;
+  const auto authorization = request_[http::field::authorization];
+  if (keys && target.starts_with("/v1/") &&
+      !keys->Matches(std::string_view(authorization.data(), authorization.size()))) {
+    if (target == "/v1/completions" || target == "/v1/chat/completions") {
+      service->RecordRejected(
+          target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, 401);
+    }
+    return SendError(InvalidApiKey());
+  }
   if (target == "/health") {
     if (!get) return SendMethodNotAllowed(false);
     return SendJson(200, R"({"status":"ok"})");
@@ -640,19 +667,20 @@ void Session::OnStarted(uint64_t gen, StartResult started) {
 // not proof: a peek that finds end-of-stream or a socket error is; a pipelined request is not a
 // disconnect, and a wake-up with nothing there (EAGAIN) only re-arms the watch.
 void Session::WatchDisconnect() {
-  stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
-                                                       gen = generation_id_](beast::error_code ec) {
-    if (ec || gen != self->generation_id_ || !self->active_) return;
-    char byte = 0;
-    const ssize_t n =
-        ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0) return;  // pipelined: the next Read() takes it
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      return self->WatchDisconnect();
-    }
-    spdlog::info("client disconnected; cancelling {}", self->meta_.id);
-    self->Finish();
-  });
+  stream_.tcp().socket().async_wait(
+      tcp::socket::wait_read,
+      [self = shared_from_this(), gen = generation_id_](beast::error_code ec) {
+        if (ec || gen != self->generation_id_ || !self->active_) return;
+        char byte = 0;
+        const ssize_t n =
+            ::recv(self->stream_.tcp().socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return;  // pipelined: the next Read() takes it
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          return self->WatchDisconnect();
+        }
+        spdlog::info("client disconnected; cancelling {}", self->meta_.id);
+        self->Finish();
+      });
 }
 
 void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
@@ -709,6 +737,31 @@ void Session::Finish() {
 
 }  // namespace
 
+namespace {
+
+// TLS 1.2 or later with the options' PEM certificate chain and key. Errors: InvalidArgument
+// naming the file that could not be used.
+absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const HttpServerOptions& options) {
+  auto context = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+  context->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                       net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                       net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use);
+  beast::error_code ec;
+  context->use_certificate_chain_file(options.tls_cert_file, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS certificate '", options.tls_cert_file, "': ", ec.message()));
+  }
+  context->use_private_key_file(options.tls_key_file, net::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS key '", options.tls_key_file, "': ", ec.message()));
+  }
+  return context;
+}
+
+}  // namespace
+
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(
       net::make_strand(ioc),
@@ -754,6 +807,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   impl->options.max_buffered_body_bytes =
       std::max(options.max_buffered_body_bytes, options.max_body_bytes);
   impl->service = service;
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(impl->tls, TlsContext(options));
+  }
   beast::error_code ec;
   tcp::endpoint endpoint;
   if (auto address = net::ip::make_address(options.host, ec); !ec) {

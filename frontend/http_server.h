@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/api_keys.h"
 #include "frontend/generation_service.h"
 
 namespace pdserve::frontend {
@@ -49,12 +50,19 @@ struct HttpServerOptions {
   // write_timeout closes the connection and cancels its request: a client that stops reading
   // would otherwise hold its response (up to a whole body) and the connection forever.
   std::chrono::milliseconds write_timeout{60000};
+  // With keys: every /v1/... request needs `Authorization: Bearer <key>` naming one of them, else
+  // 401 invalid_api_key before its body is parsed (docs/security.md). /health, /ready and /metrics
+  // stay open to probes and Prometheus.
+  std::shared_ptr<const common::ApiKeys> api_keys;
+  // Both set: HTTPS (TLS 1.2 or later) with this PEM certificate chain and private key.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpServer {
  public:
-  // Binds and starts serving. Errors: InvalidArgument when the host does not resolve,
-  // Unavailable when the address cannot be bound.
+  // Binds and starts serving. Errors: InvalidArgument when the host does not resolve or the TLS
+  // certificate or key cannot be used, Unavailable when the address cannot be bound.
   // REQUIRES: `service` outlives the server.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
                                                            GenerationService* service);

@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/api_keys.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
@@ -23,6 +24,8 @@ grpc::StatusCode CodeFor(int http_status) {
     case 400:
     case 413:
       return grpc::StatusCode::INVALID_ARGUMENT;
+    case 401:
+      return grpc::StatusCode::UNAUTHENTICATED;
     case 404:
       return grpc::StatusCode::NOT_FOUND;
     case 429:
@@ -233,24 +236,48 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
   std::unique_ptr<frontend::Generation> generation_;
 };
 
+// Ends a call at once with `status`, before anything of the request has run.
+class RefusedWriteReactor final : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
+ public:
+  explicit RefusedWriteReactor(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 class GenerationImpl final : public pv1::Generation::CallbackService {
  public:
-  explicit GenerationImpl(frontend::GenerationService* service) : service_(service) {}
+  GenerationImpl(frontend::GenerationService* service,
+                 std::shared_ptr<const common::ApiKeys> api_keys)
+      : service_(service), api_keys_(std::move(api_keys)) {}
   grpc::ServerWriteReactor<pv1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext*, const pv1::GenerateRequest* request) override {
+      grpc::CallbackServerContext* context, const pv1::GenerateRequest* request) override {
+    if (!Authorized(*context)) return new RefusedWriteReactor(ToStatus(frontend::InvalidApiKey()));
     return new GenerateReactor(service_, *request);
   }
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pv1::ListModelsRequest*,
                                        pv1::ListModelsResponse* response) override {
-    for (const std::string& name : service_->ListedModelNames()) response->add_models(name);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (!Authorized(*context)) {
+      reactor->Finish(ToStatus(frontend::InvalidApiKey()));
+      return reactor;
+    }
+    for (const std::string& name : service_->ListedModelNames()) response->add_models(name);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 
  private:
+  // The call's `authorization` metadata names one of the keys (or the front has none).
+  bool Authorized(const grpc::CallbackServerContext& context) const {
+    if (!api_keys_) return true;
+    const auto& metadata = context.client_metadata();
+    const auto it = metadata.find("authorization");
+    return it != metadata.end() &&
+           api_keys_->Matches(std::string_view(it->second.data(), it->second.size()));
+  }
+
   frontend::GenerationService* service_;
+  std::shared_ptr<const common::ApiKeys> api_keys_;
 };
 
 }  // namespace
@@ -311,19 +338,23 @@ std::string ToOpenAiJson(const pv1::GenerateRequest& request, frontend::Endpoint
 
 class GrpcFront::Impl {
  public:
-  explicit Impl(frontend::GenerationService* service) : generation(service) {}
+  Impl(frontend::GenerationService* service, std::shared_ptr<const common::ApiKeys> api_keys)
+      : generation(service, std::move(api_keys)) {}
   GenerationImpl generation;
   std::unique_ptr<grpc::Server> server;
 };
 
-absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(const std::string& host, int port,
-                                                            frontend::GenerationService* service) {
+absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
+    const std::string& host, int port, frontend::GenerationService* service,
+    std::shared_ptr<grpc::ServerCredentials> credentials,
+    std::shared_ptr<const common::ApiKeys> api_keys) {
   std::unique_ptr<GrpcFront> front(new GrpcFront());
-  front->impl_ = std::make_unique<Impl>(service);
+  front->impl_ = std::make_unique<Impl>(service, std::move(api_keys));
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(absl::StrCat(host, ":", port),
+                           credentials ? credentials : grpc::InsecureServerCredentials(),
                            &front->port_);
   builder.RegisterService(&front->impl_->generation);
   front->impl_->server = builder.BuildAndStart();

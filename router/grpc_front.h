@@ -12,8 +12,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/api_keys.h"
 #include "frontend/api_request.h"
 #include "frontend/generation_service.h"
+#include "grpcpp/security/server_credentials.h"
 #include "pdserve/v1/generate.pb.h"
 
 namespace pdserve::router {
@@ -23,10 +25,14 @@ std::string ToOpenAiJson(const pdserve::v1::GenerateRequest& request, frontend::
 
 class GrpcFront {
  public:
-  // Serves on host:port (0: a free port, see port()). Errors: Unavailable when it cannot bind.
-  // REQUIRES: `service` outlives the front.
-  static absl::StatusOr<std::unique_ptr<GrpcFront>> Start(const std::string& host, int port,
-                                                          frontend::GenerationService* service);
+  // Serves on host:port (0: a free port, see port()) with `credentials` (null: insecure; TLS
+  // under security.tls). With `api_keys`, every call needs `authorization: Bearer <key>`
+  // metadata naming one of them, else UNAUTHENTICATED before anything runs.
+  // Errors: Unavailable when it cannot bind. REQUIRES: `service` outlives the front.
+  static absl::StatusOr<std::unique_ptr<GrpcFront>> Start(
+      const std::string& host, int port, frontend::GenerationService* service,
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
+      std::shared_ptr<const common::ApiKeys> api_keys = nullptr);
   ~GrpcFront();
   int port() const { return port_; }
   // Cancels the calls in flight and stops serving. Idempotent.

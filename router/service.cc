@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
+#include "common/tls_credentials.h"
 #include "router/request.h"
 
 namespace pdserve::router {
@@ -52,6 +53,8 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   o.lease_ms = config.lease_ms;
   o.prefill_timeout = absl::Milliseconds(config.router.prefill_timeout_ms);
   o.queue_timeout = absl::Milliseconds(config.router.queue_timeout_ms);
+  PDSERVE_ASSIGN_OR_RETURN(o.worker_credentials,
+                           common::ClusterChannelCredentials(config.security));
   return o;
 }
 
@@ -155,6 +158,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.canary_timeout = options.canary_timeout;
   pool.lease_ms = options.lease_ms;
   pool.background_checks = options.background_checks;
+  pool.credentials = options.worker_credentials;
   pool.on_still_down = [raw = s.get()](Worker& w) {
     if (w.role() == Role::kDecode) {
       raw->CancelStalledStreams(w);

@@ -100,6 +100,9 @@ struct RouterOptions {
   // with Retry-After. router.queue_timeout_ms; zero: no waiting, 429 at once.
   absl::Duration queue_timeout = absl::Seconds(60);
   AdmissionQueue::Options queue;  // its backoff for tries nobody signalled
+  // Credentials of the channels to the workers (mutual TLS under security.cluster_tls,
+  // common/tls_credentials.h); null: insecure.
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
 };
 
 // The options a deploy config gives the router.

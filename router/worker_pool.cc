@@ -23,7 +23,8 @@ enum class CanaryResult { kPassed, kPrefillFailed, kDecodeFailed };
 
 const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
 
-Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures)
+Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
+               std::shared_ptr<grpc::ChannelCredentials> credentials)
     : config_(std::move(config)), role_(role), breaker_failures_(breaker_failures) {
   grpc::ChannelArguments args;
   // Each worker gets its own connection even when two share an address in tests.
@@ -35,7 +36,8 @@ Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures)
   // minutes up to 2 minutes late. Connecting to a worker that is down costs a refused connect.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(address(), grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(
+      address(), credentials ? credentials : grpc::InsecureChannelCredentials(), args);
   if (role_ == Role::kDecode) {
     decode_ = wv1::DecodeWorker::NewStub(channel_);
   } else {
@@ -74,10 +76,12 @@ void Worker::RecordCheck(bool passed, int down_after) {
 WorkerPool::WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next_request_id)
     : options_(std::move(options)), next_request_id_(std::move(next_request_id)) {
   for (const config::WorkerConfig& w : options_.prefill) {
-    prefill_.push_back(std::make_unique<Worker>(w, Role::kPrefill, options_.breaker_failures));
+    prefill_.push_back(std::make_unique<Worker>(w, Role::kPrefill, options_.breaker_failures,
+                                                options_.credentials));
   }
   for (const config::WorkerConfig& w : options_.decode) {
-    decode_.push_back(std::make_unique<Worker>(w, Role::kDecode, options_.breaker_failures));
+    decode_.push_back(std::make_unique<Worker>(w, Role::kDecode, options_.breaker_failures,
+                                               options_.credentials));
   }
   if (!options_.background_checks) return;
   for (auto& w : decode_) checkers_.emplace_back([this, w = w.get()] { Loop(*w); });

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deploy_config.h"
+#include "grpcpp/security/credentials.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 
 namespace pdserve::router {
@@ -44,7 +45,9 @@ const char* RoleName(Role role);
 
 class Worker {
  public:
-  Worker(config::WorkerConfig config, Role role, int breaker_failures);
+  // `credentials` null: an insecure channel.
+  Worker(config::WorkerConfig config, Role role, int breaker_failures,
+         std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   const std::string& name() const { return config_.name; }
   Role role() const { return role_; }
@@ -88,6 +91,8 @@ class Worker {
 struct WorkerPoolOptions {
   std::vector<config::WorkerConfig> prefill;
   std::vector<config::WorkerConfig> decode;
+  // The channels' credentials (mutual TLS, common/tls_credentials.h); null: insecure.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration health_interval = absl::Seconds(1);
   absl::Duration health_timeout = absl::Seconds(2);  // Health RPC deadline
   absl::Duration canary_timeout = absl::Seconds(5);  // whole canary generation deadline

@@ -8,7 +8,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/systemd_notify.h"
+#include "common/tls_credentials.h"
 #include "frontend/generation_service.h"
 #include "frontend/http_server.h"
 #include "kernels/cpu/parallel.h"
@@ -122,8 +124,11 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   int bound_port = 0;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(absl::StrCat(entry.worker.host, ":", entry.worker.port),
-                           grpc::InsecureServerCredentials(), &bound_port);
+  // Mutual TLS under security.cluster_tls: only callers with the cluster's certificate get in.
+  PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                           common::ClusterServerCredentials(entry.deploy.security));
+  builder.AddListeningPort(absl::StrCat(entry.worker.host, ":", entry.worker.port), credentials,
+                           &bound_port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {

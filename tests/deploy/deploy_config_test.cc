@@ -79,6 +79,39 @@ void ExpectRouterInt(const std::string& key, int RouterConfig::*field, int defau
       static_cast<int>(line.size()) + 1, "router." + key);
 }
 
+TEST(DeployConfigTest, SecurityIsOffByDefaultAndParsedWhenGiven) {
+  const ParsedDeployConfig plain = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(plain.errors.empty());
+  EXPECT_TRUE(plain.config.security.api_keys_file.empty());
+  EXPECT_FALSE(plain.config.security.front_tls());
+  EXPECT_FALSE(plain.config.security.cluster_tls());
+
+  const std::string yaml = std::string(kValid) + R"(security:
+  api_keys_file: /etc/k.txt
+  tls: {cert_file: r.pem, key_file: r.key}
+  cluster_tls: {ca_file: ca.pem, cert_file: c.pem, key_file: c.key}
+)";
+  const ParsedDeployConfig parsed = ParseDeployConfig(yaml, "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  const SecurityConfig& s = parsed.config.security;
+  EXPECT_EQ(s.api_keys_file, "/etc/k.txt");
+  EXPECT_EQ(s.tls_cert_file, "r.pem");
+  EXPECT_EQ(s.tls_key_file, "r.key");
+  EXPECT_EQ(s.cluster_ca_file, "ca.pem");
+  EXPECT_EQ(s.cluster_cert_file, "c.pem");
+  EXPECT_EQ(s.cluster_key_file, "c.key");
+  EXPECT_TRUE(s.front_tls());
+  EXPECT_TRUE(s.cluster_tls());
+}
+
+TEST(DeployConfigTest, ACertificateWithoutItsKeyIsAnError) {
+  ExpectOneError(std::string(kValid) + "security:\n  tls: {cert_file: r.pem}\n", 18, 8,
+                 "security.tls.key_file");
+  ExpectOneError(std::string(kValid) + "security:\n  cluster_tls: {ca_file: a, cert_file: b}\n", 18,
+                 16, "security.cluster_tls.key_file");
+  ExpectOneError(std::string(kValid) + "security:\n  api_key: x\n", 18, 3, "security.api_key");
+}
+
 TEST(DeployConfigTest, RouterTimeouts) {
   ExpectRouterInt("prefill_timeout_ms", &RouterConfig::prefill_timeout_ms, 60000, 5000, 50);
   ExpectRouterInt("queue_timeout_ms", &RouterConfig::queue_timeout_ms, 60000, 0, -1);
