@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "colocated/paged_state.h"
 #include "common/status.h"
 #include "guards/canary.h"
@@ -84,65 +83,68 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                                                                w->pool_.get(), w->options_.runner);
   }
 
-  metrics::Registry& r = w->registry_;
+  PDSERVE_RETURN_IF_ERROR(w->AddMetrics());
+  w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
+  w->decode_thread_ = std::thread([self] { self->DecodeLoop(); });
+  return w;
+}
+
+absl::Status DecodeWorker::AddMetrics() {
+  metrics::Registry& r = registry_;
   PDSERVE_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "decode"));
   PDSERVE_ASSIGN_OR_RETURN(auto* running, r.AddGauge("pdserve_decode_requests_running",
                                                      "Requests in the continuous batch"));
-  w->running_gauge_ = &running->Get();
+  running_gauge_ = &running->Get();
   PDSERVE_ASSIGN_OR_RETURN(auto* waiting,
                            r.AddGauge("pdserve_decode_requests_waiting",
                                       "Reserved requests waiting for state or a batch slot"));
-  w->waiting_gauge_ = &waiting->Get();
+  waiting_gauge_ = &waiting->Get();
   PDSERVE_ASSIGN_OR_RETURN(
       auto* batch, r.AddHistogram("pdserve_decode_batch_size", "Requests per decode step", {},
                                   worker::GeometricBuckets(1, 2, 1024)));
-  w->batch_size_ = &batch->Get();
+  batch_size_ = &batch->Get();
   PDSERVE_ASSIGN_OR_RETURN(auto* step,
                            r.AddHistogram("pdserve_decode_step_seconds", "One decode step", {},
                                           metrics::LatencyBucketsSeconds()));
-  w->step_seconds_ = &step->Get();
+  step_seconds_ = &step->Get();
   PDSERVE_ASSIGN_OR_RETURN(auto* tokens,
                            r.AddCounter("pdserve_decode_tokens_total", "Tokens generated"));
-  w->tokens_total_ = &tokens->Get();
-  PDSERVE_ASSIGN_OR_RETURN(w->pages_used_, r.AddGauge("pdserve_decode_pool_pages_used",
-                                                      "State pages allocated", {"kind"}));
+  tokens_total_ = &tokens->Get();
   PDSERVE_ASSIGN_OR_RETURN(
-      w->pages_free_, r.AddGauge("pdserve_decode_pool_pages_free", "State pages free", {"kind"}));
+      pages_used_, r.AddGauge("pdserve_decode_pool_pages_used", "State pages allocated", {"kind"}));
   PDSERVE_ASSIGN_OR_RETURN(
-      w->isolation_failures_,
+      pages_free_, r.AddGauge("pdserve_decode_pool_pages_free", "State pages free", {"kind"}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      isolation_failures_,
       r.AddCounter("pdserve_decode_isolation_failures_total",
                    "Requests failed by a state-page isolation check", {"kind"}));
   PDSERVE_ASSIGN_OR_RETURN(auto* fenced, r.AddGauge("pdserve_decode_fenced_pages",
                                                     "Pages quarantined until their lease ends"));
-  w->fenced_pages_ = &fenced->Get();
-  PDSERVE_ASSIGN_OR_RETURN(
-      w->degenerate_,
-      r.AddCounter("pdserve_decode_degenerate_generations_total",
-                   "Generations the degeneration detector caught", {"kind", "action"}));
+  fenced_pages_ = &fenced->Get();
+  PDSERVE_ASSIGN_OR_RETURN(degenerate_, r.AddCounter("pdserve_decode_degenerate_generations_total",
+                                                     "Generations the degeneration detector caught",
+                                                     {"kind", "action"}));
   // The series alerts and dashboards read exist at 0 from the start, so increase() sees the
   // first event (docs/metrics.md).
   std::vector<std::string> isolation_kinds = {"page_owner"};
   for (kv::IsolationError kind : kv::kAllIsolationErrors) {
     isolation_kinds.emplace_back(kv::IsolationErrorName(kind));
   }
-  w->isolation_failures_->ExportAtZero({isolation_kinds});
-  w->degenerate_->ExportAtZero({{"repeat", "whitespace", "empty"}, {"flag", "stop"}});
+  isolation_failures_->ExportAtZero({isolation_kinds});
+  degenerate_->ExportAtZero({{"repeat", "whitespace", "empty"}, {"flag", "stop"}});
 
   PDSERVE_ASSIGN_OR_RETURN(
       auto* canary_checks,
       r.AddCounter("pdserve_decode_canary_checks_total",
                    "Requests whose last-token logits the canary recomputed from scratch"));
-  w->canary_checks_ = &canary_checks->Get();
+  canary_checks_ = &canary_checks->Get();
   PDSERVE_ASSIGN_OR_RETURN(
       auto* canary_mismatches,
       r.AddCounter("pdserve_decode_canary_mismatches_total",
                    "Canary checks whose logits differed from a fresh one-shot forward"));
-  w->canary_mismatches_ = &canary_mismatches->Get();
-  w->canary_ = guards::CanarySampler(w->options_.canary_every);
-
-  w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
-  w->decode_thread_ = std::thread([self] { self->DecodeLoop(); });
-  return w;
+  canary_mismatches_ = &canary_mismatches->Get();
+  canary_ = guards::CanarySampler(options_.canary_every);
+  return absl::OkStatus();
 }
 
 DecodeWorker::~DecodeWorker() { Stop(); }
@@ -163,19 +165,18 @@ bool DecodeWorker::Drain(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (const auto& [id, r] : requests_) {
-        if (r->phase != Phase::kDone || r->attached) return false;
+        if (!Ended(r->state) || r->attached) return false;
       }
       return true;
     };
     if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
     int64_t open = 0;
     for (const auto& [id, r] : requests_) {
-      if (r->phase == Phase::kDone && r->final_queued) continue;
+      if (Ended(r->state)) continue;
       ++open;
-      if (r->phase == Phase::kReceiving && r->ticket_id != 0) tickets.push_back(r->ticket_id);
+      if (Receiving(r->state) && r->ticket_id != 0) tickets.push_back(r->ticket_id);
       // "abort", not "error": the worker ended it (the router answers 503, retry later).
-      QueueFinal(*r, "abort", absl::UnavailableError("worker shutting down"));
-      r->aborted = true;
+      Finish(*r, RequestEvent::kAbort, "abort", absl::UnavailableError("worker shutting down"));
     }
     spdlog::warn("drain: {} requests still open after {}; ending them", open,
                  absl::FormatDuration(timeout));
@@ -192,216 +193,78 @@ bool DecodeWorker::Drain(absl::Duration timeout) {
   return false;
 }
 
-grpc::Status DecodeWorker::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
-                                   v1::ReserveResponse* response) {
-  absl::StatusOr<v1::TransferTicket> ticket = DoReserve(*request);
-  if (!ticket.ok()) return worker::ToGrpc(ticket.status());
-  *response->mutable_ticket() = std::move(*ticket);
-  return grpc::Status::OK;
-}
-
-absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequest& request) {
-  if (draining_) return absl::UnavailableError("the worker is draining");
-  const engine::ModelConfig& config = model_.config;
-  const uint64_t id = request.request_id();
-  PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
-                           worker::SamplingFromProto(request.sampling(), config.vocab_size));
-  PDSERVE_RETURN_IF_ERROR(
-      serving::CheckMinTokensReachable(params, model_.eos_ids, config.vocab_size));
-  const int64_t prompt_length = request.prompt_tokens();
-  if (prompt_length < 1) return absl::InvalidArgumentError("prompt_tokens must be >= 1");
-  const int64_t total = prompt_length + params.max_tokens;
-  if (total > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt_tokens (", prompt_length, ") + max_tokens (", params.max_tokens,
-                     ") exceeds the context of ", config.max_position_embeddings));
-  }
-  auto record = std::make_shared<Request>();
-  record->request_id = id;
-  record->choice = static_cast<int32_t>(request.sampling().choice());
-  record->params = params;
-  if (request.prompt_token_ids_size() > 0) {
-    if (request.prompt_token_ids_size() != prompt_length) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids has ",
-                                                     request.prompt_token_ids_size(),
-                                                     " ids, prompt_tokens says ", prompt_length));
-    }
-    record->prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
-  } else if (params.repetition_penalty != 1.0) {
-    return absl::InvalidArgumentError(
-        "repetition_penalty needs the prompt: send prompt_token_ids with Reserve");
-  } else {
-    record->prompt.assign(prompt_length, 0);
-  }
-  // Fails early on a bad id or parameter, before anything is allocated.
-  PDSERVE_RETURN_IF_ERROR(serving::RequestSampler::Create(params, worker::SeedRequestId(id),
-                                                          model_.eos_ids, record->prompt,
-                                                          config.vocab_size)
-                              .status());
-
-  // A demand larger than the whole pool can never be met, however long one waits: refused with
-  // its own code before anything is reserved (RESOURCE_EXHAUSTED means "not now").
-  const serving::PageDemand demand = model_.layout->Demand(total);
-  for (int32_t k = 0; k < pool_->num_kinds() && k < static_cast<int32_t>(demand.size()); ++k) {
-    if (demand[k] > pool_->pages_total(k)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "prompt ", prompt_length, " + max_tokens ", params.max_tokens, " tokens need ", demand[k],
-          " state pages of kind '", pool_->kind(k).name,
-          "', more than this decode worker's whole pool holds (", pool_->pages_total(k),
-          "): the request can never be served here; lower max_tokens"));
-    }
-  }
-
-  kv::ReceiveSpec spec;
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the worker is stopping");
-    if (requests_.contains(id)) {
-      return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already reserved"));
-    }
-    if (aborted_ids_.contains(id)) {
-      return absl::AbortedError(
-          absl::StrCat("request ", id, " was aborted before it was reserved"));
-    }
-    // A batch slot is taken by a request that may still decode; an aborted one only holds pages
-    // (behind its fence), which the pool's own check below counts.
-    int64_t holding = 0;
-    for (const auto& [rid, r] : requests_) {
-      holding += r->pages_held && r->phase != Phase::kDone && !r->aborted;
-    }
-    if (holding >= options_.max_batch) {
-      return absl::ResourceExhaustedError(absl::StrCat("no free batch slot: ", holding,
-                                                       " requests are receiving or decoding (",
-                                                       "max_batch ", options_.max_batch, ")"));
-    }
-    record->sequence = next_sequence_++;
-    absl::StatusOr<serving::PageTable> table = pool_->Allocate(record->sequence, demand);
-    if (!table.ok()) {
-      // The pool names its owner, our internal sequence number; the caller knows the request id.
-      const std::string detail = absl::StrReplaceAll(
-          table.status().message(), {{absl::StrCat("request ", record->sequence, " "), ""}});
-      const int64_t fenced = QuarantinedPages();
-      return absl::Status(
-          table.status().code(),
-          absl::StrCat("request ", id, " (prompt ", prompt_length, " + max_tokens ",
-                       params.max_tokens, " tokens): out of state pages: ", detail,
-                       fenced > 0 ? absl::StrCat(" (", fenced,
-                                                 " pages are held by aborted or failed requests "
-                                                 "until their fence or lease)")
-                                  : ""));
-    }
-    record->table = std::move(*table);
-    absl::StatusOr<std::vector<kv::PlannedPage>> plan =
-        kv::PlanTransfer(*model_.layout, model_.layers, record->table, prompt_length, total);
-    if (!plan.ok()) {
-      pool_->Free(record->table).IgnoreError();
-      return plan.status();
-    }
-    spec.request_id = id;
-    spec.epoch = kv::TableEpoch(record->table);
-    for (const kv::PlannedPage& page : *plan) {
-      absl::StatusOr<std::span<std::byte>> bytes = pool_->Data(record->sequence, page.handle);
-      if (!bytes.ok()) {
-        pool_->Free(record->table).IgnoreError();
-        return bytes.status();
-      }
-      spec.pages.push_back(page.descriptor);
-      spec.destinations.push_back(*bytes);
-    }
-    requests_[id] = record;
-  }
-  absl::StatusOr<kv::Ticket> ticket = receiver_->Expect(std::move(spec));
-  bool aborted = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!ticket.ok()) {
-      FreePages(*record);
-      requests_.erase(id);
-      return ticket.status();
-    }
-    record->ticket_id = ticket->ticket_id;
-    by_ticket_[ticket->ticket_id] = id;
-    aborted = record->aborted;
-  }
-  if (aborted) {
-    // Aborted while its pages were being registered (AbortRequest saw no ticket yet). The ticket
-    // never left this process, so nothing can write into the pages: they go back at once.
-    receiver_->Abort(ticket->ticket_id).IgnoreError();
-    receiver_->ConfirmFence(ticket->ticket_id);
-    absl::MutexLock lock(&mu_);
-    record->phase = Phase::kDone;
-    record->events.clear();  // the "abort" event: nobody will stream a refused reservation
-    MaybeForget(id);
-    RememberAborted(id);
-    return absl::AbortedError(absl::StrCat("request ", id, " was aborted while being reserved"));
-  }
-  absl::MutexLock lock(&mu_);
-  v1::TransferTicket proto = kv::TicketToProto(*ticket);
-  proto.set_reserved_prompt_tokens(static_cast<int32_t>(prompt_length));
-  proto.set_reserved_max_tokens(params.max_tokens);
-  return proto;
-}
-
 void DecodeWorker::TransferLoop() {
   for (;;) {
     receiver_->RunFor(absl::Milliseconds(2));
-    std::vector<std::pair<uint64_t, uint64_t>> receiving;  // (request, ticket)
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      const absl::Time now = absl::Now();
-      std::vector<uint64_t> stale;
-      for (const auto& [id, r] : requests_) {
-        if (r->phase == Phase::kReceiving && r->ticket_id != 0)
-          receiving.emplace_back(id, r->ticket_id);
-        if (r->phase == Phase::kDone && !r->attached && now - r->done_at > kKeepFinished) {
-          stale.push_back(id);
-        }
-      }
-      for (uint64_t id : stale) {
-        requests_[id]->attached = false;
-        requests_[id]->events.clear();
-        requests_[id]->done_at = absl::InfinitePast();
-        MaybeForget(id);
-      }
+      SweepFinished();
     }
-    for (const auto& [id, ticket_id] : receiving) {
-      absl::StatusOr<kv::TransferOutcome> outcome = receiver_->Outcome(ticket_id);
-      if (outcome.ok() && outcome->state == kv::TransferState::kReceiving) continue;
-      if (outcome.ok() && outcome->state == kv::TransferState::kVerified && outcome->commit) {
-        StartDecoding(id, *outcome->commit);
-        continue;
-      }
-      absl::MutexLock lock(&mu_);
-      auto it = requests_.find(id);
-      if (it == requests_.end() || it->second->phase != Phase::kReceiving) continue;
-      Request& r = *it->second;
-      r.phase = Phase::kDone;
-      if (!outcome.ok()) {
-        // The receiver no longer holds the ticket and never released it to us (it forgets only
-        // verified tickets, whose pages are the request's): no write can be in flight, so the
-        // pages come back here rather than never.
-        QueueFinal(r, "error", outcome.status());
-        FreePages(r);
-      } else if (outcome->state == kv::TransferState::kAbandoned) {
-        // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
-        // error. The receiver releases the pages once no receive is in flight.
-        spdlog::warn("request {}: {}", id, outcome->status.ToString());
-        QueueFinal(r, "error", outcome->status);
-      } else if (outcome->state == kv::TransferState::kFailed) {
-        const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
-        if (kind) {
-          isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
-        }
-        spdlog::warn("request {}: transfer failed verification: {}", id,
-                     outcome->status.ToString());
-        QueueFinal(r, "error", outcome->status);
-      } else {
-        QueueFinal(r, "abort", absl::OkStatus());
-      }
-      MaybeForget(id);
+    PollTransferOutcomes();
+  }
+}
+
+void DecodeWorker::SweepFinished() {
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> stale;
+  for (const auto& [id, r] : requests_) {
+    if (Ended(r->state) && !r->attached && now - r->done_at > kKeepFinished) stale.push_back(id);
+  }
+  for (uint64_t id : stale) {
+    requests_[id]->events.clear();
+    requests_[id]->done_at = absl::InfinitePast();
+    MaybeForget(id);
+  }
+}
+
+void DecodeWorker::PollTransferOutcomes() {
+  std::vector<std::pair<uint64_t, uint64_t>> receiving;  // (request, ticket)
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : requests_) {
+      if (Receiving(r->state) && r->ticket_id != 0) receiving.emplace_back(id, r->ticket_id);
     }
   }
+  for (const auto& [id, ticket_id] : receiving) {
+    absl::StatusOr<kv::TransferOutcome> outcome = receiver_->Outcome(ticket_id);
+    if (outcome.ok() && outcome->state == kv::TransferState::kReceiving) continue;
+    if (outcome.ok() && outcome->state == kv::TransferState::kVerified && outcome->commit) {
+      StartDecoding(id, *outcome->commit);
+      continue;
+    }
+    EndTransfer(id, outcome);
+  }
+}
+
+void DecodeWorker::EndTransfer(uint64_t request_id,
+                               const absl::StatusOr<kv::TransferOutcome>& outcome) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || !Receiving(it->second->state)) return;
+  Request& r = *it->second;
+  if (!outcome.ok()) {
+    // The receiver no longer holds the ticket and never released it to us (it forgets only
+    // verified tickets, whose pages are the request's): no write can be in flight, so the
+    // pages come back here rather than never.
+    Finish(r, RequestEvent::kTransferLost, "error", outcome.status());
+  } else if (outcome->state == kv::TransferState::kAbandoned) {
+    // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
+    // error. The receiver releases the pages once no receive is in flight.
+    spdlog::warn("request {}: {}", request_id, outcome->status.ToString());
+    Finish(r, RequestEvent::kTransferEnded, "error", outcome->status);
+  } else if (outcome->state == kv::TransferState::kFailed) {
+    const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
+    if (kind) {
+      isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
+    }
+    spdlog::warn("request {}: transfer failed verification: {}", request_id,
+                 outcome->status.ToString());
+    Finish(r, RequestEvent::kTransferEnded, "error", outcome->status);
+  } else {
+    Finish(r, RequestEvent::kTransferEnded, "abort", absl::OkStatus());
+  }
+  MaybeForget(request_id);
 }
 
 void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& commit) {
@@ -409,12 +272,11 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
-    if (it == requests_.end() || it->second->phase != Phase::kReceiving) return;
+    if (it == requests_.end() || !Receiving(it->second->state)) return;
     record = it->second;
-    if (record->aborted) {
+    if (record->state == RequestState::kAbortedReceiving) {
       // Verified after the abort: the pages are ours, and nothing decodes them.
-      record->phase = Phase::kDone;
-      FreePages(*record);
+      Apply(*record, RequestEvent::kEndAtStart);
       MaybeForget(request_id);
       return;
     }
@@ -426,176 +288,198 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
                      " prompt tokens, Reserve reserved ", record->prompt.size()));
     spdlog::error("{}", mismatch.ToString());
     absl::MutexLock lock(&mu_);
-    if (record->phase != Phase::kReceiving) return;
-    record->phase = Phase::kDone;
-    FreePages(*record);
-    QueueFinal(*record, "error", mismatch);
+    if (!Receiving(record->state)) return;
+    Finish(*record, RequestEvent::kEndAtStart, "error", mismatch);
     MaybeForget(request_id);
     return;
   }
-  const engine::ModelConfig& config = model_.config;
   absl::StatusOr<serving::RequestSampler> sampler =
       serving::RequestSampler::Create(record->params, worker::SeedRequestId(request_id),
-                                      model_.eos_ids, record->prompt, config.vocab_size);
+                                      model_.eos_ids, record->prompt, model_.config.vocab_size);
   absl::StatusOr<std::optional<serving::FinishReason>> finish =
       sampler.ok() ? sampler->Record(record->choice, commit.first_token)
                    : absl::StatusOr<std::optional<serving::FinishReason>>(sampler.status());
   absl::MutexLock lock(&mu_);
   Request& r = *record;
-  if (r.phase != Phase::kReceiving) return;
-  if (r.aborted) {
-    r.phase = Phase::kDone;
-    FreePages(r);
+  if (!Receiving(r.state)) return;
+  if (r.state == RequestState::kAbortedReceiving || !finish.ok()) {
+    Finish(r, RequestEvent::kEndAtStart, "error", finish.status());
     MaybeForget(request_id);
     return;
   }
-  if (!finish.ok()) {
-    r.phase = Phase::kDone;
-    FreePages(r);
-    QueueFinal(r, "error", finish.status());
-    MaybeForget(request_id);
-    return;
-  }
+  if (EmitFirstToken(r, commit.first_token, *finish)) return;
+  r.context = MakeContext(record, std::move(*sampler));
+  JoinBatch(r, commit.first_token);
+}
+
+bool DecodeWorker::EmitFirstToken(Request& r, int32_t first_token,
+                                  const std::optional<serving::FinishReason>& finish) {
   v1::GenerateResponse first;
-  first.add_token_ids(commit.first_token);
-  first.add_tokens()->set_token_id(commit.first_token);
+  first.add_token_ids(first_token);
+  first.add_tokens()->set_token_id(first_token);
   r.generated = 1;
   tokens_total_->Increment();
-  if (*finish) {
-    first.set_finish_reason(serving::FinishReasonName(**finish));
+  if (!finish) {
     r.events.push_back(std::move(first));
-    r.final_queued = true;
-    r.phase = Phase::kDone;
-    r.done_at = absl::Now();
-    FreePages(r);
-    return;
+    return false;
   }
+  first.set_finish_reason(serving::FinishReasonName(*finish));
   r.events.push_back(std::move(first));
-  r.context = std::make_shared<colocated::RequestContext>(std::move(*sampler));
+  r.done_at = absl::Now();
+  Apply(r, RequestEvent::kEndAtStart);
+  return true;
+}
+
+std::shared_ptr<colocated::RequestContext> DecodeWorker::MakeContext(
+    const std::shared_ptr<Request>& record, serving::RequestSampler sampler) {
+  auto context = std::make_shared<colocated::RequestContext>(std::move(sampler));
   std::weak_ptr<Request> weak = record;
   const std::string action =
       options_.runner.degeneration == colocated::DegenerationAction::kStop ? "stop" : "flag";
-  r.context->on_token = [this, weak, action](const colocated::TokenEvent& event) {
+  context->on_token = [this, weak, action](const colocated::TokenEvent& event) {
     std::shared_ptr<Request> req = weak.lock();
     if (!req) return true;
     absl::MutexLock inner(&mu_);
-    if (req->aborted || req->final_queued) return true;
+    if (req->state != RequestState::kDecoding) return true;
     v1::GenerateResponse response;
     response.add_token_ids(event.sampled.token);
     *response.add_tokens() = worker::SampledTokenToProto(event.sampled);
-    if (event.degenerate && !req->degenerate) {
-      req->degenerate = true;
+    if (event.degenerate && req->degeneration_kind.empty()) {
       req->degeneration_kind = event.degeneration_kind.empty() ? "repeat" : event.degeneration_kind;
       degenerate_->WithLabels({req->degeneration_kind, action}).Increment();
     }
-    response.set_degenerate(req->degenerate);
+    response.set_degenerate(!req->degeneration_kind.empty());
     response.set_degeneration_kind(req->degeneration_kind);
     ++req->generated;
     tokens_total_->Increment();
-    if (!event.finish_reason.empty()) {
-      response.set_finish_reason(event.finish_reason);
-      req->final_queued = true;
-    }
+    const bool last = !event.finish_reason.empty();
+    if (last) response.set_finish_reason(event.finish_reason);
     req->events.push_back(std::move(response));
+    if (last) Apply(*req, RequestEvent::kFinalQueued);
     return false;
   };
-  r.context->on_error = [this, weak](int32_t, const absl::Status& status) {
+  context->on_error = [this, weak](int32_t, const absl::Status& status) {
     std::shared_ptr<Request> req = weak.lock();
     if (!req) return;
     absl::MutexLock inner(&mu_);
-    QueueFinal(*req, "error", status);
+    if (req->state == RequestState::kDecoding) {
+      Finish(*req, RequestEvent::kFinalQueued, "error", status);
+    }
   };
+  return context;
+}
+
+void DecodeWorker::JoinBatch(Request& r, int32_t first_token) {
   colocated::SequenceSetup setup;
   setup.request = r.context;
   setup.choice = r.choice;
   setup.prompt = r.prompt;
   setup.max_tokens = r.params.max_tokens;
-  setup.first_token = commit.first_token;
-  setup.canary = canary_.Picks(worker::SeedRequestId(request_id));
+  setup.first_token = first_token;
+  setup.canary = canary_.Picks(worker::SeedRequestId(r.request_id));
   absl::Status added = runner_->Add(r.sequence, std::move(setup));
   if (!added.ok()) {
-    r.phase = Phase::kDone;
-    FreePages(r);
-    QueueFinal(r, "error", added);
+    Finish(r, RequestEvent::kEndAtStart, "error", added);
     return;
   }
-  r.phase = Phase::kDecoding;
+  Apply(r, RequestEvent::kJoinBatch);
 }
 
 void DecodeWorker::DecodeLoop() {
   for (;;) {
     serving::StepPlan plan;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_) return true;
-        for (const auto& [id, r] : requests_) {
-          if (r->phase == Phase::kDecoding) return true;
-        }
-        return false;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
-      if (stopping_) return;
-      for (const auto& [id, r] : requests_) {
-        if (r->phase != Phase::kDecoding || r->aborted || r->final_queued) continue;
-        plan.decode.push_back(
-            {r->sequence, static_cast<int64_t>(r->prompt.size()) + r->generated - 1});
-      }
-    }
+    if (!PlanStep(plan)) return;
     if (!plan.decode.empty()) {
-      std::sort(
-          plan.decode.begin(), plan.decode.end(),
-          [](const serving::DecodeSlot& a, const serving::DecodeSlot& b) { return a.id < b.id; });
       const absl::Time start = absl::Now();
       runner_->Run(plan).IgnoreError();  // Never fails; per-sequence errors reach on_error.
       step_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
       batch_size_->Observe(static_cast<double>(plan.decode.size()));
     }
-    // Sequences that finished or were aborted leave the batch; the step that used their pages
-    // is over, so the pages are free to go.
-    absl::MutexLock lock(&mu_);
-    std::vector<uint64_t> done;
-    for (const auto& [id, r] : requests_) {
-      if (r->phase == Phase::kDecoding && (r->aborted || r->final_queued)) done.push_back(id);
-    }
-    for (uint64_t id : done) {
-      Request& r = *requests_[id];
-      runner_->Remove(r.sequence);
-      r.phase = Phase::kDone;
-      r.done_at = absl::Now();
-      FreePages(r);
-      MaybeForget(id);
-    }
+    LeaveBatch();
   }
 }
 
-void DecodeWorker::QueueFinal(Request& request, std::string reason, absl::Status error) {
-  if (request.final_queued) return;
+bool DecodeWorker::PlanStep(serving::StepPlan& plan) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopping_) return true;
+    for (const auto& [id, r] : requests_) {
+      if (InBatch(r->state)) return true;
+    }
+    return false;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+  if (stopping_) return false;
+  for (const auto& [id, r] : requests_) {
+    if (r->state != RequestState::kDecoding) continue;
+    plan.decode.push_back({r->sequence, static_cast<int64_t>(r->prompt.size()) + r->generated - 1});
+  }
+  std::sort(plan.decode.begin(), plan.decode.end(),
+            [](const serving::DecodeSlot& a, const serving::DecodeSlot& b) { return a.id < b.id; });
+  return true;
+}
+
+void DecodeWorker::LeaveBatch() {
+  // The step that used their pages is over, so the pages are free to go.
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> done;
+  for (const auto& [id, r] : requests_) {
+    if (InBatch(r->state) && r->state != RequestState::kDecoding) done.push_back(id);
+  }
+  for (uint64_t id : done) {
+    Request& r = *requests_[id];
+    runner_->Remove(r.sequence);
+    r.done_at = absl::Now();
+    Apply(r, RequestEvent::kLeaveBatch);
+    MaybeForget(id);
+  }
+}
+
+bool DecodeWorker::Apply(Request& request, RequestEvent event) {
+  absl::StatusOr<RequestState> next = NextRequestState(request.state, event);
+  if (!next.ok()) {
+    // A bug: the request must not go on as if nothing happened. It fails; a decoding one leaves
+    // the batch after the step, a receiving one waits for its transfer's end as an aborted one.
+    spdlog::error("request {}: {}", request.request_id, next.status().ToString());
+    if (FinalQueued(request.state)) return false;
+    QueueFinal(request, "error", absl::InternalError(next.status().message()));
+    Apply(request, request.state == RequestState::kDecoding ? RequestEvent::kFinalQueued
+                                                            : RequestEvent::kAbort);
+    return false;
+  }
+  const bool frees = HoldsPages(request.state) && !HoldsPages(*next);
+  request.state = *next;
+  if (frees) {
+    absl::Status freed = pool_->Free(request.table);
+    if (!freed.ok()) spdlog::error("request {}: {}", request.request_id, freed.ToString());
+  }
+  return true;
+}
+
+void DecodeWorker::Finish(Request& request, RequestEvent event, std::string reason,
+                          absl::Status error) {
+  if (!FinalQueued(request.state)) QueueFinal(request, std::move(reason), error);
+  Apply(request, event);
+}
+
+void DecodeWorker::QueueFinal(Request& request, std::string reason, const absl::Status& error) {
   v1::GenerateResponse response;
   response.set_finish_reason(std::move(reason));
-  response.set_degenerate(request.degenerate);
+  response.set_degenerate(!request.degeneration_kind.empty());
   response.set_degeneration_kind(request.degeneration_kind);
   if (!error.ok()) {
     response.set_isolation_error(kv::IsolationErrorToProto(error));
     response.set_error_message(std::string(error.message()));
   }
   request.events.push_back(std::move(response));
-  request.final_queued = true;
   request.done_at = absl::Now();
-}
-
-void DecodeWorker::FreePages(Request& request) {
-  if (!request.pages_held) return;
-  absl::Status freed = pool_->Free(request.table);
-  if (!freed.ok()) spdlog::error("request {}: {}", request.request_id, freed.ToString());
-  request.pages_held = false;
 }
 
 void DecodeWorker::MaybeForget(uint64_t request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
-  if (r.phase != Phase::kDone || r.pages_held || r.attached || !r.events.empty()) return;
+  if (r.state != RequestState::kDone || r.attached || !r.events.empty()) return;
   if (r.ticket_id != 0) by_ticket_.erase(r.ticket_id);
   requests_.erase(it);
 }
@@ -617,25 +501,26 @@ void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
-  if (r.phase == Phase::kReceiving && !r.aborted) {
-    // Released before the transfer loop saw an outcome: the receiver decided and released the
-    // ticket in one sweep (a lease that ended unverified, or the sender's fence: abandoned).
-    r.phase = Phase::kDone;
-    absl::Status error = outcome;
-    if (error.ok()) {
-      error = kv::MakeIsolationError(
-          kv::IsolationError::kLease,
-          absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended"));
-    }
-    if (const std::optional<kv::IsolationError> kind = kv::GetIsolationError(error); kind) {
-      isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
-      spdlog::warn("request {}: transfer failed verification: {}", id, error.ToString());
-    } else {
-      spdlog::warn("request {}: {}", id, error.ToString());
-    }
-    QueueFinal(r, "error", std::move(error));
+  if (r.state != RequestState::kReceiving) {
+    Apply(r, RequestEvent::kReleased);
+    MaybeForget(id);
+    return;
   }
-  FreePages(r);
+  // Released before the transfer loop saw an outcome: the receiver decided and released the
+  // ticket in one sweep (a lease that ended unverified, or the sender's fence: abandoned).
+  absl::Status error = outcome;
+  if (error.ok()) {
+    error = kv::MakeIsolationError(
+        kv::IsolationError::kLease,
+        absl::StrCat("ticket ", ticket_id, " was not verified before its lease ended"));
+  }
+  if (const std::optional<kv::IsolationError> kind = kv::GetIsolationError(error); kind) {
+    isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
+    spdlog::warn("request {}: transfer failed verification: {}", id, error.ToString());
+  } else {
+    spdlog::warn("request {}: {}", id, error.ToString());
+  }
+  Finish(r, RequestEvent::kReleased, "error", std::move(error));
   MaybeForget(id);
 }
 
@@ -651,11 +536,10 @@ bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
       return true;
     }
     Request& r = *it->second;
-    r.aborted = true;
-    if (r.phase == Phase::kReceiving) ticket_id = r.ticket_id;
+    if (Receiving(r.state)) ticket_id = r.ticket_id;
     // Also for a request aborted before (e.g. its Generate was cancelled) whose pages still wait.
-    if (prefill_quiesced && r.pages_held) fence_ticket_id = r.ticket_id;
-    QueueFinal(r, "abort", absl::OkStatus());
+    if (prefill_quiesced && HoldsPages(r.state)) fence_ticket_id = r.ticket_id;
+    Finish(r, RequestEvent::kAbort, "abort", absl::OkStatus());
   }
   if (ticket_id != 0) {
     // Pages go back through OnRelease behind the fence; a verified ticket is freed by
@@ -666,7 +550,7 @@ bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
   if (fence_ticket_id != 0) receiver_->ConfirmFence(fence_ticket_id);
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
-  return it == requests_.end() || !it->second->pages_held;
+  return it == requests_.end() || !HoldsPages(it->second->state);
 }
 
 grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
@@ -717,7 +601,7 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
   absl::MutexLock lock(&mu_);
   record->attached = false;
   record->events.clear();
-  if (record->phase == Phase::kDone) MaybeForget(id);
+  MaybeForget(id);
   return grpc::Status::OK;
 }
 
@@ -731,8 +615,8 @@ DecodeWorker::RequestCounts DecodeWorker::CountRequests() const {
   absl::MutexLock lock(&mu_);
   RequestCounts counts;
   for (const auto& [id, r] : requests_) {
-    counts.running += r->phase == Phase::kDecoding;
-    counts.waiting += r->phase == Phase::kReceiving && !r->aborted;
+    counts.running += InBatch(r->state);
+    counts.waiting += r->state == RequestState::kReceiving;
   }
   counts.quarantined_pages = QuarantinedPages();
   return counts;
@@ -741,7 +625,7 @@ DecodeWorker::RequestCounts DecodeWorker::CountRequests() const {
 int64_t DecodeWorker::QuarantinedPages() const {
   int64_t pages = 0;
   for (const auto& [id, r] : requests_) {
-    if (r->pages_held && (r->aborted || r->phase == Phase::kDone)) pages += TablePages(r->table);
+    if (Quarantined(r->state)) pages += TablePages(r->table);
   }
   return pages;
 }

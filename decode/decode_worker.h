@@ -18,7 +18,8 @@
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
 // step in flight. An Abort that comes before its Reserve, or while Reserve is registering the
 // request, makes that Reserve fail with ABORTED: the ticket never left this worker, so nothing
-// can write the pages and they are freed at once (or never allocated).
+// can write the pages and they are freed at once (or never allocated). Each of these steps is an
+// event of the request's one lifecycle (decode/request_state.h), applied by Apply.
 //
 // Thread-safety: every RPC may run concurrently on gRPC's threads. Lock order: a request's
 // RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release). mu_ is never held
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +43,7 @@
 #include "absl/time/time.h"
 #include "colocated/step_runner.h"
 #include "common/metrics.h"
+#include "decode/request_state.h"
 #include "engine/model.h"
 #include "guards/canary.h"
 #include "kvtransfer/transfer_plan.h"
@@ -48,6 +51,7 @@
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
+#include "serving/sampler.h"
 #include "serving/sampling_params.h"
 #include "serving/state_layout.h"
 #include "worker/worker_model.h"
@@ -106,7 +110,6 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   void Stop();
 
  private:
-  enum class Phase { kReceiving, kDecoding, kDone };
   struct Request {
     uint64_t request_id = 0;
     serving::RequestId sequence = 0;  // owner of the pages in the pool
@@ -115,14 +118,11 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     serving::SamplingParams params;
     std::vector<int32_t> prompt;  // the prompt ids, or zeros when the router sent none
     serving::PageTable table;
-    bool pages_held = true;  // the table is still allocated
-    Phase phase = Phase::kReceiving;
-    bool aborted = false;
-    bool final_queued = false;
-    bool attached = false;  // a Generate stream reads the events
+    // Changed only by Apply / Finish (decode/request_state.h says what each state holds).
+    RequestState state = RequestState::kReceiving;
+    bool attached = false;  // a Generate stream reads the events (the stream's, not the request's)
     int64_t generated = 0;  // tokens emitted (the first token included)
-    bool degenerate = false;
-    std::string degeneration_kind;  // set with degenerate (TokenEvent::degeneration_kind)
+    std::string degeneration_kind;  // non-empty once flagged (TokenEvent::degeneration_kind)
     absl::Time done_at = absl::InfiniteFuture();
     std::deque<pdserve::worker::v1::GenerateResponse> events;
     std::shared_ptr<colocated::RequestContext> context;
@@ -135,18 +135,60 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   };
 
   DecodeWorker() = default;
+  absl::Status AddMetrics();
   RequestCounts CountRequests() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages of failed or aborted requests not yet released (behind their fence or lease).
   int64_t QuarantinedPages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Reserve, in three steps: the request record from a validated ReserveRequest (nothing
+  // allocated); its admission (a batch slot and its pages, the receive spec for the receiver);
+  // its registration with the receiver, which issues the ticket.
   absl::StatusOr<pdserve::worker::v1::TransferTicket> DoReserve(
       const pdserve::worker::v1::ReserveRequest& request);
+  absl::StatusOr<std::shared_ptr<Request>> NewRequest(
+      const pdserve::worker::v1::ReserveRequest& request) const;
+  absl::StatusOr<kv::ReceiveSpec> AdmitLocked(Request& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where each planned page of `record`'s table lands.
+  absl::StatusOr<kv::ReceiveSpec> ReceiveSpecFor(const Request& record, int64_t total_tokens);
+  absl::StatusOr<pdserve::worker::v1::TransferTicket> Register(std::shared_ptr<Request> record,
+                                                               kv::ReceiveSpec spec);
+
   void TransferLoop();
-  void DecodeLoop();
+  // Forgets finished requests nobody streamed for kKeepFinished.
+  void SweepFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Polls the receiver for the outcome of every receiving request and acts on each.
+  void PollTransferOutcomes() ABSL_LOCKS_EXCLUDED(mu_);
+  // The transfer of `request_id` ended without verifying (`outcome` is not OK or not kVerified).
+  void EndTransfer(uint64_t request_id, const absl::StatusOr<kv::TransferOutcome>& outcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The transfer of `request_id` verified: record the first token and join the batch.
   void StartDecoding(uint64_t request_id, const kv::ControlMessage& commit);
-  void QueueFinal(Request& request, std::string reason, absl::Status error)
+  // Emits the verified first token; true when it was the request's last.
+  bool EmitFirstToken(Request& r, int32_t first_token,
+                      const std::optional<serving::FinishReason>& finish)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreePages(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The runner's per-request context: its callbacks queue the request's events.
+  std::shared_ptr<colocated::RequestContext> MakeContext(const std::shared_ptr<Request>& record,
+                                                         serving::RequestSampler sampler);
+  // Adds the verified request to the runner and the batch.
+  void JoinBatch(Request& r, int32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void DecodeLoop();
+  // The next step's plan: every decoding request, in sequence order; false when stopping.
+  bool PlanStep(serving::StepPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // Requests that finished or were aborted leave the batch after the step.
+  void LeaveBatch() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Moves `request` on by `event` (NextRequestState); its pages go back to the pool when the new
+  // state holds none. An illegal event is a bug: logged as an error, and the request fails
+  // (finish_reason "error") instead of going on silently. Returns whether the event was legal.
+  bool Apply(Request& request, RequestEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the final event (unless one is queued already), then applies `event`.
+  void Finish(Request& request, RequestEvent event, std::string reason, absl::Status error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueFinal(Request& request, std::string reason, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a finished request once nothing refers to it any more.
   void MaybeForget(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Remembers (boundedly) that `request_id` was aborted before its Reserve registered it.

@@ -70,6 +70,29 @@ frontend::ApiError PrefillError(const grpc::Status& status, const std::string& w
   }
 }
 
+// A final event that ends the choice normally (not an abort or error).
+bool NormalEnd(const std::string& finish) {
+  return finish == "stop" || finish == "length" || finish == "degenerate";
+}
+
+frontend::SampledText SampledFrom(const wv1::SampledToken& token) {
+  frontend::SampledText sampled;
+  sampled.token = token.token_id();
+  sampled.logprob = token.logprob();
+  for (const wv1::TokenLogprob& top : token.top_logprobs()) {
+    sampled.top.emplace_back(top.token_id(), top.logprob());
+  }
+  return sampled;
+}
+
+// Token `i` of a Generate event: with its logprobs when the event has them, else the id alone.
+frontend::SampledText SampledAt(const wv1::GenerateResponse& event, int i) {
+  if (i < event.tokens_size()) return SampledFrom(event.tokens(i));
+  frontend::SampledText sampled;
+  sampled.token = event.token_ids(i);
+  return sampled;
+}
+
 // The Generate stream of one attempt; deletes itself when the call is done.
 class GenerateReader : public grpc::ClientReadReactor<wv1::GenerateResponse> {
  public:
@@ -127,7 +150,7 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
     absl::MutexLock lock(&request->mu);
     full_one_up = FullDecodeUp(*request, choice);
     // The workers that had no room for this choice are not asked again before it waits.
-    for (int full : request->full_decode[static_cast<size_t>(choice)]) {
+    for (int full : request->choices[static_cast<size_t>(choice)].full_decode) {
       d_candidates[static_cast<size_t>(full)].up = false;
     }
   }
@@ -175,8 +198,9 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   {
     absl::MutexLock lock(&request->mu);
     if (request->ended) return false;
-    ++request->attempts[choice];
-    request->current[choice] = attempt;
+    Choice& c = request->choices[static_cast<size_t>(choice)];
+    ++c.attempts;
+    c.current = attempt;
   }
   attempt->prefill->AddLoad(1);
   attempt->decode->AddLoad(1);
@@ -225,19 +249,19 @@ void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t tick
   }
 }
 
-void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode) {
+void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, bool reserved) {
   if (prefill) attempt.prefill->AddLoad(-1);
   if (decode) {
     attempt.decode->AddLoad(-1);
     in_flight_.fetch_sub(1);
     // Its batch slot frees (an abort lands shortly after): a waiting choice gets a try.
-    if (attempt.reserved_ok && queue_ != nullptr) queue_->RoomFreed();
+    if (reserved && queue_ != nullptr) queue_->RoomFreed();
   }
 }
 
 bool RouterService::DecodeLeftToAsk(Request& request, int choice) const {
   const std::vector<Worker*> decode = pool_->decode();
-  const std::vector<int>& full = request.full_decode[static_cast<size_t>(choice)];
+  const std::vector<int>& full = request.choices[static_cast<size_t>(choice)].full_decode;
   for (size_t i = 0; i < decode.size(); ++i) {
     if (decode[i]->up() && std::find(full.begin(), full.end(), static_cast<int>(i)) == full.end()) {
       return true;
@@ -248,14 +272,14 @@ bool RouterService::DecodeLeftToAsk(Request& request, int choice) const {
 
 bool RouterService::FullDecodeUp(Request& request, int choice) const {
   const std::vector<Worker*> decode = pool_->decode();
-  for (int full : request.full_decode[static_cast<size_t>(choice)]) {
+  for (int full : request.choices[static_cast<size_t>(choice)].full_decode) {
     if (decode[static_cast<size_t>(full)]->up()) return true;
   }
   return false;
 }
 
 void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
-  const size_t c = static_cast<size_t>(choice);
+  Choice& c = request.choices[static_cast<size_t>(choice)];
   const std::string detail =
       request.full_detail.empty() ? std::string() : absl::StrCat(" (", request.full_detail, ")");
   if (queue_ == nullptr) {  // router.queue_timeout_ms 0: nothing waits, so nothing is queued
@@ -266,11 +290,11 @@ void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
     return;
   }
   const absl::Time now = absl::Now();
-  if (!request.queued_since[c]) {
-    request.queued_since[c] = now;
+  if (!c.queued_since) {
+    c.queued_since = now;
     queued_->Get().Increment();
   }
-  const absl::Time deadline = *request.queued_since[c] + options_.queue_timeout;
+  const absl::Time deadline = *c.queued_since + options_.queue_timeout;
   if (now >= deadline) {
     request.EndWait(choice, "timeout");
     request.Fail(
@@ -288,31 +312,36 @@ void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
   entry.deadline = deadline;
   entry.admit = [this, r, choice] { return Admit(r, choice); };
   entry.expire = [this, r, choice] { Expire(r, choice); };
-  request.queued[c] = true;
-  if (request.queue_ticket[c] != 0) {
-    queue_->PushBack(request.queue_ticket[c], std::move(entry));  // keeps its place
+  if (!request.Move(choice, ChoiceEvent::kQueue, actions)) return;
+  if (c.queue_ticket != 0) {
+    queue_->PushBack(c.queue_ticket, std::move(entry));  // keeps its place
   } else {
-    request.queue_ticket[c] = queue_->Push(std::move(entry));
+    c.queue_ticket = queue_->Push(std::move(entry));
   }
 }
 
 bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
+  Actions actions;
+  bool dispatch = false;
   {
     absl::MutexLock lock(&request->mu);
-    request->queued[static_cast<size_t>(choice)] = false;
-    if (request->ended || request->cancelled.load()) return false;
-    request->full_decode[static_cast<size_t>(choice)].clear();  // a new round: ask them all
+    dispatch = request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
+               !request->cancelled.load();
+    // A new round: ask them all.
+    if (dispatch) request->choices[static_cast<size_t>(choice)].full_decode.clear();
   }
-  return Dispatch(request, choice, -1, -1, /*from_queue=*/true);
+  RunActions(actions);
+  return dispatch && Dispatch(request, choice, -1, -1, /*from_queue=*/true);
 }
 
 void RouterService::Expire(const std::shared_ptr<Request>& request, int choice) {
   Actions actions;
   {
     absl::MutexLock lock(&request->mu);
-    request->queued[static_cast<size_t>(choice)] = false;
-    if (request->ended || request->cancelled.load()) return;
-    Enqueue(*request, choice, &actions);  // past its deadline: fails with 429
+    if (request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
+        !request->cancelled.load()) {
+      Enqueue(*request, choice, &actions);  // past its deadline: fails with 429
+    }
   }
   RunActions(actions);
 }
@@ -322,94 +351,104 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
                                const grpc::Status& status) {
   Actions actions;
   bool start = false;
-  int retry_prefill = -2, retry_decode = -2;
-  bool retry_from_queue = false;
+  Retry retry;
   {
     absl::MutexLock lock(&request->mu);
     if (!status.ok()) {
-      if (WorkerDown(status.error_code())) attempt->decode->RecordFailure();
-      ReleaseAttempt(*attempt, true, true);
-      attempt->over = true;
-      if (AnswerLost(status.error_code()) && !attempt->aborted) {
-        // The answer was lost, not a refusal: the Reserve may have run (or still run) on the
-        // worker and hold pages until its lease. No Prefill was sent for this attempt, so the
-        // worker frees them at once (prefill_quiesced), and an Abort that overtakes the Reserve
-        // makes it fail with ABORTED (docs/protocol.md).
-        attempt->aborted = true;
-        actions.push_back([this, decode = attempt->decode, id = attempt->request_id] {
-          SendAbort(*decode, id, /*ticket_id=*/0, /*prefill_quiesced=*/true);
-        });
-      }
-      const grpc::StatusCode code = status.error_code();
-      const int c = attempt->choice;
-      if (request->ended || request->cancelled.load()) {
-      } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-        // No room there now (batch slots or state pages): no failed try. The other decode
-        // workers are asked first; when all are full the choice waits for room.
-        --request->attempts[c];
-        request->full_decode[static_cast<size_t>(c)].push_back(attempt->decode_index);
-        request->full_detail =
-            absl::StrCat("decode worker ", attempt->decode->name(), ": ", status.error_message());
-        if (DecodeLeftToAsk(*request, c)) {
-          retry_prefill = -1;
-          retry_decode = -1;
-          retry_from_queue = attempt->from_queue;  // still the queue's try
-        } else {
-          Enqueue(*request, c, &actions);
-        }
-      } else if (WorkerDown(code) && request->attempts[c] < options_.max_attempts) {
-        retries_
-            ->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout" : "worker_down"})
-            .Increment();
-        retry_prefill = -1;
-        retry_decode = attempt->decode_index;
-      } else if (WorkerDown(code) && queue_ != nullptr && OtherDecodeUp(*attempt)) {
-        // Out of retries (the full worker it asked between them sent it back to this one), but
-        // another decode worker is up: the choice, which has no token yet, waits for room there
-        // (before: 503 "no decode worker could take the request" with that worker up).
-        Enqueue(*request, c, &actions);
-      } else {
-        request->Fail(ReserveError(status, attempt->decode->name()), &actions);
-      }
+      retry = ReserveFailed(*request, *attempt, status, &actions);
     } else {
-      attempt->decode->RecordSuccess();
-      attempt->ticket_id = attempt->reserved.ticket().ticket_id();
-      attempt->reserved_ok = true;
-      const size_t c = static_cast<size_t>(attempt->choice);
-      // Room was found: the queue's next entry gets a try too (room may be left).
-      if (attempt->from_queue && queue_ != nullptr) queue_->Admitted();
-      request->EndWait(attempt->choice, "admitted");
-      request->queue_ticket[c] = 0;
-      if (!request->reserved_once[c]) {
-        request->reserved_once[c] = true;
-        if (++request->reserved_choices == static_cast<int>(request->reserved_once.size())) {
-          queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request->received));
-        }
-      }
-      if (request->ended || request->cancelled.load() || attempt->over) {
-        ReleaseAttempt(*attempt, true, true);
-        attempt->over = true;
-        // No Prefill was sent for this attempt: nothing can write its pages.
-        SendAbort(*attempt->decode, attempt->request_id, attempt->ticket_id,
-                  /*prefill_quiesced=*/true);
-      } else {
-        attempt->streams_started = true;
-        start = true;
-        attempt->prefill_request.set_request_id(attempt->request_id);
-        for (int32_t t : request->prepared.prompt) attempt->prefill_request.add_token_ids(t);
-        *attempt->prefill_request.mutable_sampling() = attempt->reserve.sampling();
-        *attempt->prefill_request.mutable_ticket() = attempt->reserved.ticket();
-        attempt->generate.set_request_id(attempt->request_id);
-        attempt->generate.set_ticket_id(attempt->ticket_id);
-      }
+      start = Reserved(*request, *attempt, &actions);
     }
   }
   RunActions(actions);
-  if (retry_decode != -2) {
-    Dispatch(request, attempt->choice, retry_prefill, retry_decode, retry_from_queue);
+  if (retry.decode != -2) {
+    Dispatch(request, attempt->choice, retry.prefill, retry.decode, retry.from_queue);
     return;
   }
-  if (!start) return;
+  if (start) StartStreams(request, attempt);
+}
+
+RouterService::Retry RouterService::ReserveFailed(Request& request, Attempt& attempt,
+                                                  const grpc::Status& status, Actions* actions) {
+  if (WorkerDown(status.error_code())) attempt.decode->RecordFailure();
+  ReleaseAttempt(attempt, true, true, /*reserved=*/false);
+  if (AnswerLost(status.error_code()) && attempt.state != AttemptState::kAborted) {
+    // The answer was lost, not a refusal: the Reserve may have run (or still run) on the
+    // worker and hold pages until its lease. No Prefill was sent for this attempt, so the
+    // worker frees them at once (prefill_quiesced), and an Abort that overtakes the Reserve
+    // makes it fail with ABORTED (docs/protocol.md).
+    request.Move(attempt, AttemptEvent::kAbort, actions);
+    actions->push_back([this, decode = attempt.decode, id = attempt.request_id] {
+      SendAbort(*decode, id, /*ticket_id=*/0, /*prefill_quiesced=*/true);
+    });
+  } else {
+    request.Move(attempt, AttemptEvent::kEnd, actions);
+  }
+  const grpc::StatusCode code = status.error_code();
+  const int c = attempt.choice;
+  Choice& choice = request.choices[static_cast<size_t>(c)];
+  Retry retry;
+  if (request.ended || request.cancelled.load()) {
+  } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    // No room there now (batch slots or state pages): no failed try. The other decode
+    // workers are asked first; when all are full the choice waits for room.
+    --choice.attempts;
+    choice.full_decode.push_back(attempt.decode_index);
+    request.full_detail =
+        absl::StrCat("decode worker ", attempt.decode->name(), ": ", status.error_message());
+    if (DecodeLeftToAsk(request, c)) {
+      retry = {-1, -1, attempt.from_queue};  // still the queue's try
+    } else {
+      Enqueue(request, c, actions);
+    }
+  } else if (WorkerDown(code) && choice.attempts < options_.max_attempts) {
+    retries_->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout" : "worker_down"})
+        .Increment();
+    retry = {-1, attempt.decode_index, false};
+  } else if (WorkerDown(code) && queue_ != nullptr && OtherDecodeUp(attempt)) {
+    // Out of retries (the full worker it asked between them sent it back to this one), but
+    // another decode worker is up: the choice, which has no token yet, waits for room there.
+    Enqueue(request, c, actions);
+  } else {
+    request.Fail(ReserveError(status, attempt.decode->name()), actions);
+  }
+  return retry;
+}
+
+bool RouterService::Reserved(Request& request, Attempt& attempt, Actions* actions) {
+  attempt.decode->RecordSuccess();
+  attempt.ticket_id = attempt.reserved.ticket().ticket_id();
+  Choice& c = request.choices[static_cast<size_t>(attempt.choice)];
+  // Room was found: the queue's next entry gets a try too (room may be left).
+  if (attempt.from_queue && queue_ != nullptr) queue_->Admitted();
+  request.EndWait(attempt.choice, "admitted");
+  c.queue_ticket = 0;
+  if (!c.reserved_once) {
+    c.reserved_once = true;
+    if (++request.reserved_choices == static_cast<int>(request.choices.size())) {
+      queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request.received));
+    }
+  }
+  if (request.ended || request.cancelled.load() || attempt.over()) {
+    ReleaseAttempt(attempt, true, true);
+    request.Move(attempt, AttemptEvent::kEnd, actions);
+    // No Prefill was sent for this attempt: nothing can write its pages.
+    SendAbort(*attempt.decode, attempt.request_id, attempt.ticket_id,
+              /*prefill_quiesced=*/true);
+    return false;
+  }
+  if (!request.Move(attempt, AttemptEvent::kReserved, actions)) return false;
+  attempt.prefill_request.set_request_id(attempt.request_id);
+  for (int32_t t : request.prepared.prompt) attempt.prefill_request.add_token_ids(t);
+  *attempt.prefill_request.mutable_sampling() = attempt.reserve.sampling();
+  *attempt.prefill_request.mutable_ticket() = attempt.reserved.ticket();
+  attempt.generate.set_request_id(attempt.request_id);
+  attempt.generate.set_ticket_id(attempt.ticket_id);
+  return true;
+}
+
+void RouterService::StartStreams(const std::shared_ptr<Request>& request,
+                                 const std::shared_ptr<Attempt>& attempt) {
   attempt->last_event_ns.store(absl::ToUnixNanos(absl::Now()));
   {
     absl::MutexLock lock(&streams_mu_);
@@ -454,8 +493,9 @@ bool RouterService::OtherPrefillUp(const Attempt& attempt) const {
 // Whether a failed choice may be tried again on other workers: no token of it reached the
 // client, the request is still wanted, and it has tries left.
 bool RouterService::CanRetry(Request& request, const Attempt& attempt) const {
-  return !request.any_token[attempt.choice] && !request.ended && !request.cancelled.load() &&
-         request.attempts[attempt.choice] < options_.max_attempts;
+  const Choice& choice = request.choices[static_cast<size_t>(attempt.choice)];
+  return !choice.any_token() && !request.ended && !request.cancelled.load() &&
+         choice.attempts < options_.max_attempts;
 }
 
 void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
@@ -473,12 +513,12 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
         attempt->prefill_on_down.load() && status.error_code() == grpc::StatusCode::CANCELLED;
     if (on_down && attempt->first_event_handled && !request->prepared.params.logprobs) {
       // Raced with the commit: the decode worker has the state and streams; nothing is missing.
-      attempt->prefill_answered = true;
+      request->Move(*attempt, AttemptEvent::kPrefillAnswered, &actions);
     } else if (status.ok()) {
       attempt->prefill->RecordSuccess();
-      attempt->prefill_answered = true;
+      request->Move(*attempt, AttemptEvent::kPrefillAnswered, &actions);
       // Replays what Generate sent while the first token's logprobs were awaited.
-      while (!attempt->held.empty() && !attempt->over && !request->ended) {
+      while (!attempt->held.empty() && !attempt->over() && !request->ended) {
         wv1::GenerateResponse event = std::move(attempt->held.front());
         attempt->held.pop_front();
         retry = HandleEvent(*request, *attempt, event, &actions) || retry;
@@ -489,7 +529,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
         attempt->held_done.reset();
         retry_decode = HandleDone(*request, *attempt, done, &actions);
       }
-    } else if (!attempt->over) {
+    } else if (!attempt->over()) {
       // RESOURCE_EXHAUSTED (its queue is full): tried on another prefill worker when one is up,
       // else 429; the worker is busy, not down. UNAVAILABLE / DEADLINE_EXCEEDED (down, stopped,
       // past prefill_timeout): counted against the worker, retried (on another one when one is
@@ -539,8 +579,8 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
   bool retry = false;
   {
     absl::MutexLock lock(&request.mu);
-    if (attempt.over || request.ended) return;
-    if (request.prepared.params.logprobs && !attempt.prefill_answered) {
+    if (attempt.over() || request.ended) return;
+    if (request.prepared.params.logprobs && attempt.state != AttemptState::kPrefilled) {
       attempt.held.push_back(event);  // replayed by OnPrefilled
       return;
     }
@@ -551,111 +591,114 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
 }
 
 bool RouterService::HandleEvent(Request& request, Attempt& attempt,
-                                const wv1::GenerateResponse& event, Actions* actions_out) {
+                                const wv1::GenerateResponse& event, Actions* actions) {
+  const bool first_event = !attempt.first_event_handled;
+  attempt.first_event_handled = true;
+  NoteDegeneration(request, attempt, event);
+  if (!EmitTokens(request, attempt, event, first_event, actions)) return false;
+  return HandleFinish(request, attempt, event, actions);
+}
+
+void RouterService::NoteDegeneration(Request& request, const Attempt& attempt,
+                                     const wv1::GenerateResponse& event) {
+  Choice& choice = request.choices[static_cast<size_t>(attempt.choice)];
+  if (!event.degenerate() || !choice.degeneration.empty()) return;
+  // The kind the decode worker found; "unknown" from a worker that predates the field.
+  choice.degeneration = event.degeneration_kind().empty() ? "unknown" : event.degeneration_kind();
+  const char* action = event.finish_reason() == "degenerate" ? "stop" : "flag";
+  degenerate_->WithLabels({choice.degeneration, action}).Increment();
+  spdlog::warn("router: request {} choice {} is degenerate ({}, action {}) on decode worker {}",
+               request.prepared.request_id, attempt.choice, choice.degeneration, action,
+               attempt.decode->name());
+}
+
+bool RouterService::EmitTokens(Request& request, const Attempt& attempt,
+                               const wv1::GenerateResponse& event, bool first_event,
+                               Actions* actions) {
+  const int c = attempt.choice;
+  frontend::ChoiceText& text = request.choices[static_cast<size_t>(c)].text;
+  const std::string& finish = event.finish_reason();
+  const int n = std::max(event.token_ids_size(), event.tokens_size());
+  for (int i = 0; i < n && !text.done(); ++i) {
+    frontend::SampledText sampled = SampledAt(event, i);
+    if (first_event && i == 0 && request.prepared.params.logprobs) {
+      // Generate's first token carries only its id: the logprobs are the prefill worker's.
+      const wv1::SampledToken& first = attempt.prefilled.first_token();
+      if (!attempt.prefilled.has_first_token() || first.token_id() != sampled.token) {
+        request.Fail(
+            frontend::ServerError(
+                500,
+                absl::StrCat("prefill worker ", attempt.prefill->name(),
+                             attempt.prefilled.has_first_token()
+                                 ? absl::StrCat(" sampled first token ", first.token_id(),
+                                                " but decode worker ", attempt.decode->name(),
+                                                " streamed ", sampled.token)
+                                 : " sent no first token logprobs"),
+                "server_error", "first_token_mismatch"),
+            actions);
+        return false;
+      }
+      sampled = SampledFrom(first);
+    }
+    if (!request.Move(c, ChoiceEvent::kToken, actions)) return false;
+    frontend::ChoiceDelta delta = text.Add(sampled, i + 1 == n && NormalEnd(finish) ? finish : "");
+    request.Emit(std::move(delta), 1);
+  }
+  return true;
+}
+
+bool RouterService::HandleFinish(Request& request, Attempt& attempt,
+                                 const wv1::GenerateResponse& event, Actions* actions_out) {
   Actions& actions = *actions_out;
-  {
-    const int c = attempt.choice;
-    const bool first_event = !attempt.first_event_handled;
-    attempt.first_event_handled = true;
-    frontend::ChoiceText& text = request.texts[c];
-    const std::string& finish = event.finish_reason();
-    const bool normal_end = finish == "stop" || finish == "length" || finish == "degenerate";
-    if (event.degenerate() && request.degeneration[c].empty()) {
-      // The kind the decode worker found; "unknown" from a worker that predates the field.
-      request.degeneration[c] =
-          event.degeneration_kind().empty() ? "unknown" : event.degeneration_kind();
-      const char* action = finish == "degenerate" ? "stop" : "flag";
-      degenerate_->WithLabels({request.degeneration[c], action}).Increment();
-      spdlog::warn("router: request {} choice {} is degenerate ({}, action {}) on decode worker {}",
-                   request.prepared.request_id, c, request.degeneration[c], action,
-                   attempt.decode->name());
+  const int c = attempt.choice;
+  Choice& choice = request.choices[static_cast<size_t>(c)];
+  frontend::ChoiceText& text = choice.text;
+  const std::string& finish = event.finish_reason();
+  const bool normal_end = NormalEnd(finish);
+  if (text.done()) {
+    // Finished here: by the worker's final event or by a stop string (then the worker is
+    // still generating and is told to stop).
+    if (finish.empty()) request.AbortAttempt(attempt, &actions);
+    request.ChoiceDone(attempt, &actions);
+  } else if (normal_end) {
+    request.Emit(text.Finish(finish), 0);
+    request.ChoiceDone(attempt, &actions);
+  } else if (finish == "abort") {
+    request.Fail(
+        frontend::ServerError(503,
+                              absl::StrCat("decode worker ", attempt.decode->name(),
+                                           " aborted the request: ", event.error_message()),
+                              "server_error", "worker_aborted"),
+        &actions);
+  } else if (finish == "error" && event.isolation_error() == wv1::ISOLATION_ERROR_LEASE &&
+             attempt.state != AttemptState::kPrefilled && !choice.any_token()) {
+    // The transfer's lease ran out before the prefill worker answered: it stalled (stopped,
+    // wedged), which is the prefill worker's failure, not an isolation error.
+    attempt.prefill->RecordFailure();
+    if (CanRetry(request, attempt)) {
+      retries_->WithLabels({"timeout"}).Increment();
+      request.AbortAttempt(attempt, &actions);
+      return true;
     }
-    const int n = std::max(event.token_ids_size(), event.tokens_size());
-    for (int i = 0; i < n && !text.done(); ++i) {
-      frontend::SampledText sampled;
-      if (i < event.tokens_size()) {
-        const wv1::SampledToken& t = event.tokens(i);
-        sampled.token = t.token_id();
-        sampled.logprob = t.logprob();
-        for (const wv1::TokenLogprob& top : t.top_logprobs()) {
-          sampled.top.emplace_back(top.token_id(), top.logprob());
-        }
-      } else {
-        sampled.token = event.token_ids(i);
-      }
-      if (first_event && i == 0 && request.prepared.params.logprobs) {
-        // Generate's first token carries only its id: the logprobs are the prefill worker's.
-        const wv1::SampledToken& first = attempt.prefilled.first_token();
-        if (!attempt.prefilled.has_first_token() || first.token_id() != sampled.token) {
-          request.Fail(
-              frontend::ServerError(
-                  500,
-                  absl::StrCat("prefill worker ", attempt.prefill->name(),
-                               attempt.prefilled.has_first_token()
-                                   ? absl::StrCat(" sampled first token ", first.token_id(),
-                                                  " but decode worker ", attempt.decode->name(),
-                                                  " streamed ", sampled.token)
-                                   : " sent no first token logprobs"),
-                  "server_error", "first_token_mismatch"),
-              &actions);
-          return false;
-        }
-        sampled.logprob = first.logprob();
-        sampled.top.clear();
-        for (const wv1::TokenLogprob& top : first.top_logprobs()) {
-          sampled.top.emplace_back(top.token_id(), top.logprob());
-        }
-      }
-      request.any_token[c] = true;
-      frontend::ChoiceDelta delta = text.Add(sampled, i + 1 == n && normal_end ? finish : "");
-      request.Emit(std::move(delta), 1);
-    }
-    if (text.done()) {
-      // Finished here: by the worker's final event or by a stop string (then the worker is
-      // still generating and is told to stop).
-      if (finish.empty()) request.AbortAttempt(attempt, &actions);
-      request.ChoiceDone(attempt);
-    } else if (normal_end) {
-      request.Emit(text.Finish(finish), 0);
-      request.ChoiceDone(attempt);
-    } else if (finish == "abort") {
-      request.Fail(
-          frontend::ServerError(503,
-                                absl::StrCat("decode worker ", attempt.decode->name(),
-                                             " aborted the request: ", event.error_message()),
-                                "server_error", "worker_aborted"),
-          &actions);
-    } else if (finish == "error" && event.isolation_error() == wv1::ISOLATION_ERROR_LEASE &&
-               !attempt.prefill_answered && !request.any_token[c]) {
-      // The transfer's lease ran out before the prefill worker answered: it stalled (stopped,
-      // wedged), which is the prefill worker's failure, not an isolation error.
-      attempt.prefill->RecordFailure();
-      if (CanRetry(request, attempt)) {
-        retries_->WithLabels({"timeout"}).Increment();
-        request.AbortAttempt(attempt, &actions);
-        return true;
-      }
-      request.Fail(frontend::ServerError(
-                       503,
-                       absl::StrCat("prefill worker ", attempt.prefill->name(),
-                                    " stalled: the transfer lease ran out before it answered (",
-                                    event.error_message(), ")"),
-                       "server_error", "prefill_timeout"),
-                   &actions);
-    } else if (!finish.empty()) {
-      request.Fail(
-          frontend::ServerError(
-              500,
-              absl::StrCat(
-                  "decode worker ", attempt.decode->name(), ": ",
-                  finish == "error" ? "" : finish + ": ", event.error_message(),
-                  event.isolation_error() != 0
-                      ? absl::StrCat(" (isolation error ",
-                                     wv1::IsolationError_Name(event.isolation_error()), ")")
-                      : ""),
-              "server_error", event.isolation_error() != 0 ? "isolation_error" : "worker_error"),
-          &actions);
-    }
+    request.Fail(frontend::ServerError(
+                     503,
+                     absl::StrCat("prefill worker ", attempt.prefill->name(),
+                                  " stalled: the transfer lease ran out before it answered (",
+                                  event.error_message(), ")"),
+                     "server_error", "prefill_timeout"),
+                 &actions);
+  } else if (!finish.empty()) {
+    request.Fail(
+        frontend::ServerError(
+            500,
+            absl::StrCat("decode worker ", attempt.decode->name(), ": ",
+                         finish == "error" ? "" : finish + ": ", event.error_message(),
+                         event.isolation_error() != 0
+                             ? absl::StrCat(" (isolation error ",
+                                            wv1::IsolationError_Name(event.isolation_error()), ")")
+                             : ""),
+            "server_error", event.isolation_error() != 0 ? "isolation_error" : "worker_error"),
+        &actions);
   }
   return false;
 }
@@ -666,7 +709,7 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
   {
     absl::MutexLock lock(&request.mu);
     ReleaseAttempt(attempt, false, true);
-    if (status.ok() && !attempt.held.empty() && !attempt.over && !request.ended) {
+    if (status.ok() && !attempt.held.empty() && !attempt.over() && !request.ended) {
       attempt.held_done = status;  // after the held events, when Prefill answers
     } else {
       retry = HandleDone(request, attempt, status, &actions);
@@ -678,7 +721,7 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
 
 bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
                                Actions* actions) {
-  if (attempt.over || request.ended) return false;
+  if (attempt.over() || request.ended) return false;
   if (attempt.stalled_on_down.load()) {
     if (CanRetry(request, attempt)) {
       retries_->WithLabels({"worker_down"}).Increment();

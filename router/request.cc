@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::router {
@@ -11,14 +12,42 @@ void RunActions(Actions& actions) {
   actions.clear();
 }
 
+bool RouterService::Request::Move(int choice, ChoiceEvent event, Actions* actions) {
+  Choice& c = choices[static_cast<size_t>(choice)];
+  absl::StatusOr<ChoiceState> next = NextChoiceState(c.state, event);
+  if (next.ok()) {
+    c.state = *next;
+    return true;
+  }
+  spdlog::error("router: request {} choice {}: {}", prepared.request_id, choice,
+                next.status().ToString());
+  Fail(frontend::ServerError(500, absl::StrCat("internal error: ", next.status().message()),
+                             "server_error"),
+       actions);
+  return false;
+}
+
+bool RouterService::Request::Move(Attempt& attempt, AttemptEvent event, Actions* actions) {
+  absl::StatusOr<AttemptState> next = NextAttemptState(attempt.state, event);
+  if (next.ok()) {
+    attempt.state = *next;
+    return true;
+  }
+  spdlog::error("router: request {} attempt {}: {}", prepared.request_id, attempt.request_id,
+                next.status().ToString());
+  Fail(frontend::ServerError(500, absl::StrCat("internal error: ", next.status().message()),
+                             "server_error"),
+       actions);
+  return false;
+}
+
 void RouterService::Request::AbortAttempt(Attempt& attempt, Actions* actions) {
-  attempt.over = true;
-  if (attempt.aborted) return;
-  attempt.aborted = true;
+  if (attempt.state == AttemptState::kAborted) return;
+  const bool started = StreamsStarted(attempt.state);
+  if (!Move(attempt, AttemptEvent::kAbort, actions)) return;
   const uint64_t id = attempt.request_id, ticket = attempt.ticket_id;
   Worker* prefill = attempt.prefill;
   Worker* decode = attempt.decode;
-  const bool started = attempt.streams_started;
   std::shared_ptr<Attempt> a = attempt.shared_from_this();
   RouterService* owner = service;
   actions->push_back([=] {
@@ -37,26 +66,29 @@ void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
   spdlog::warn("router: request {} failed: {} {}", prepared.request_id, error.http_status,
                error.message);
   service->RecordFinish(*this, error.http_status, "error");
-  Unqueue("cancelled");  // before the answer: the metrics agree by the time the client sees it
+  // Before the answer: the metrics agree by the time the client sees it.
+  Unqueue("cancelled", actions);
   if (!cancelled.load()) sink->OnError(std::move(error));
-  for (auto& attempt : current) {
-    if (attempt && !attempt->over) AbortAttempt(*attempt, actions);
+  for (Choice& choice : choices) {
+    if (choice.current && !choice.current->over()) AbortAttempt(*choice.current, actions);
   }
 }
 
-void RouterService::Request::Unqueue(const char* outcome) {
-  for (size_t c = 0; c < queued.size(); ++c) {
+void RouterService::Request::Unqueue(const char* outcome, Actions* actions) {
+  for (size_t c = 0; c < choices.size(); ++c) {
     // Not waiting any more when the queue is trying it right now (its Reserve may be in flight);
     // that try finds the request ended and sends nothing. Its wait ends here all the same, or
     // no outcome would ever count it (pdserve_router_queued_total counted it).
-    if (queued[c] && service->queue_ != nullptr) service->queue_->Remove(queue_ticket[c]);
-    queued[c] = false;
+    if (choices[c].state == ChoiceState::kQueued && service->queue_ != nullptr) {
+      service->queue_->Remove(choices[c].queue_ticket);
+    }
+    Move(static_cast<int>(c), ChoiceEvent::kRequestEnded, actions);
     EndWait(static_cast<int>(c), outcome);
   }
 }
 
 void RouterService::Request::EndWait(int choice, const char* outcome) {
-  std::optional<absl::Time>& since = queued_since[static_cast<size_t>(choice)];
+  std::optional<absl::Time>& since = choices[static_cast<size_t>(choice)].queued_since;
   if (!since) return;
   service->queue_wait_->WithLabels({outcome}).Observe(absl::ToDoubleSeconds(absl::Now() - *since));
   since.reset();
@@ -76,18 +108,19 @@ void RouterService::Request::Emit(frontend::ChoiceDelta delta, int new_tokens) {
     service->generation_tokens_->Get().Increment(new_tokens);
   }
   if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
-    const std::string& kind = degeneration[static_cast<size_t>(delta.index)];
+    const std::string& kind = choices[static_cast<size_t>(delta.index)].degeneration;
     if (!kind.empty()) delta.degeneration_kind = kind;
     if (!cancelled.load()) sink->OnDelta(std::move(delta));
   }
 }
 
-void RouterService::Request::ChoiceDone(Attempt& attempt) {
-  attempt.over = true;
+void RouterService::Request::ChoiceDone(Attempt& attempt, Actions* actions) {
+  Move(attempt, AttemptEvent::kEnd, actions);
+  Move(attempt.choice, ChoiceEvent::kFinish, actions);
   if (--remaining > 0 || ended) return;
   ended = true;
   frontend::Usage usage{static_cast<int64_t>(prepared.prompt.size()), 0};
-  for (const frontend::ChoiceText& t : texts) usage.completion_tokens += t.tokens();
+  for (const Choice& c : choices) usage.completion_tokens += c.text.tokens();
   const absl::Time now = absl::Now();
   service->e2e_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
   if (first_token && tokens > 1) {

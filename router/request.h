@@ -24,6 +24,7 @@
 #include "frontend/request_preparer.h"
 #include "grpcpp/grpcpp.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "router/lifecycle.h"
 #include "router/service.h"
 #include "router/worker_pool.h"
 
@@ -73,17 +74,16 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   // (AdmissionQueue::Admitted / PushBack). Set before the attempt is shared.
   bool from_queue = false;
   // Guarded by Request::mu.
-  bool reserved_ok = false;  // Reserve succeeded: its end frees a decode slot (RoomFreed)
-  bool streams_started = false;
-  bool over = false;  // finished, failed or abandoned: later events are ignored
-  bool aborted = false;
+  // Changed only by Request::Move (router/lifecycle.h).
+  AttemptState state = AttemptState::kReserving;
+  bool over() const { return AttemptOver(state); }
   // The first token's logprobs come from the Prefill answer (PrefillResponse.first_token), not
   // from Generate's first event. When logprobs are requested, Generate's events (and its end)
-  // are held here until Prefill has answered, then replayed in order.
-  bool prefill_answered = false;
+  // are held here until Prefill has answered (kPrefilled), then replayed in order.
   bool first_event_handled = false;
   std::deque<wv1::GenerateResponse> held;
   std::optional<grpc::Status> held_done;
+  // Set from other threads without Request::mu (the health checker, the stream reactors):
   // The last Generate event's (or the stream start's) time, absl::ToUnixNanos; and whether the
   // stream was cancelled because its worker is down and it stalled (CancelStalledStreams).
   std::atomic<int64_t> last_event_ns{0};
@@ -93,6 +93,29 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   std::atomic<bool> prefill_pending{false};
   std::atomic<bool> got_event{false};
   std::atomic<bool> prefill_on_down{false};
+};
+
+// One choice of a request (API `n`), guarded by its Request's mu.
+struct RouterService::Choice {
+  explicit Choice(frontend::ChoiceText choice_text) : text(std::move(choice_text)) {}
+  frontend::ChoiceText text;
+  // Changed only by Request::Move (router/lifecycle.h).
+  ChoiceState state = ChoiceState::kTrying;
+  int attempts = 0;  // tries counted against max_attempts
+  std::shared_ptr<Attempt> current;
+  // The degeneration kind once the detector flagged it (GenerateResponse.degeneration_kind,
+  // "unknown" when the worker sent none); empty: not flagged.
+  std::string degeneration;
+  // Admission: the decode workers that answered "no room" since the choice last left the queue
+  // (not asked again before it waits); when it first found every one full (its wait starts;
+  // reset once it holds a reservation); its queue ticket (kept while it is being tried, so a try
+  // that finds no room keeps its place); whether it ever held a reservation.
+  std::vector<int> full_decode;
+  std::optional<absl::Time> queued_since;
+  uint64_t queue_ticket = 0;
+  bool reserved_once = false;
+  // A token of it reached the client: it is never retried.
+  bool any_token() const { return state == ChoiceState::kStreaming || state == ChoiceState::kDone; }
 };
 
 struct RouterService::Request : std::enable_shared_from_this<Request> {
@@ -105,31 +128,21 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   std::atomic<bool> cancelled{false};
 
   absl::Mutex mu;
-  std::vector<frontend::ChoiceText> texts ABSL_GUARDED_BY(mu);
-  std::vector<int> attempts ABSL_GUARDED_BY(mu);
-  std::vector<bool> any_token ABSL_GUARDED_BY(mu);
-  std::vector<std::shared_ptr<Attempt>> current ABSL_GUARDED_BY(mu);
-  // Per choice: the degeneration kind once the detector flagged it (GenerateResponse
-  // .degeneration_kind, "unknown" when the worker sent none); empty: not flagged.
-  std::vector<std::string> degeneration ABSL_GUARDED_BY(mu);
+  std::vector<Choice> choices ABSL_GUARDED_BY(mu);
   int remaining ABSL_GUARDED_BY(mu) = 0;
   bool ended ABSL_GUARDED_BY(mu) = false;  // the sink got OnComplete or OnError
   bool dispatched ABSL_GUARDED_BY(mu) = false;
   std::optional<absl::Time> first_token ABSL_GUARDED_BY(mu);
   absl::Time last_token ABSL_GUARDED_BY(mu);
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;
-  // Admission, per choice: the decode workers that answered "no room" since the choice last left
-  // the queue (not asked again before it waits); when it first found every one full (its wait
-  // starts; reset once it holds a reservation); its queue ticket (kept while it is being tried,
-  // so a try that finds no room keeps its place) and whether it is waiting in the queue now;
-  // whether it ever held a reservation. `full_detail`: the last "no room" answer, for the 429.
-  std::vector<std::vector<int>> full_decode ABSL_GUARDED_BY(mu);
-  std::vector<std::optional<absl::Time>> queued_since ABSL_GUARDED_BY(mu);
-  std::vector<uint64_t> queue_ticket ABSL_GUARDED_BY(mu);
-  std::vector<bool> queued ABSL_GUARDED_BY(mu);
-  std::vector<bool> reserved_once ABSL_GUARDED_BY(mu);
-  int reserved_choices ABSL_GUARDED_BY(mu) = 0;
-  std::string full_detail ABSL_GUARDED_BY(mu);
+  int reserved_choices ABSL_GUARDED_BY(mu) = 0;  // choices that held a reservation once
+  std::string full_detail ABSL_GUARDED_BY(mu);   // the last "no room" answer, for the 429
+
+  // Moves choice `choice` (or `attempt`) on by `event` (router/lifecycle.h). An illegal event
+  // is a bug: logged as an error, and the request fails with a 500. Returns whether it was legal.
+  bool Move(int choice, ChoiceEvent event, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool Move(Attempt& attempt, AttemptEvent event, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Aborts `attempt` on both workers and cancels its calls (run the actions after unlocking).
   void AbortAttempt(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -138,10 +151,10 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   // choice still running.
   void Fail(frontend::ApiError error, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // Takes every choice waiting in the admission queue out of it and ends the wait of every
-  // choice that has not held a reservation since it queued (waiting, or being tried now),
-  // counting it with `outcome` (pdserve_router_queue_wait_seconds).
-  void Unqueue(const char* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Takes every choice waiting in the admission queue out of it, ends the wait of every choice
+  // that has not held a reservation since it queued (waiting, or being tried now), counting it
+  // with `outcome` (pdserve_router_queue_wait_seconds), and ends every unfinished choice.
+  void Unqueue(const char* outcome, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Ends choice `choice`'s wait (if it waited), counting it with `outcome`.
   void EndWait(int choice, const char* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -151,7 +164,7 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   void Emit(frontend::ChoiceDelta delta, int new_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Marks `attempt`'s choice finished; the last one completes the request (OnComplete).
-  void ChoiceDone(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void ChoiceDone(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 }  // namespace pdserve::router

@@ -28,9 +28,11 @@ class RouterService::RouterGeneration : public frontend::Generation {
         request_->ended = true;
         request_->service->RecordFinish(*request_, 499, "cancelled");
       }
-      request_->Unqueue("cancelled");
-      for (auto& attempt : request_->current) {
-        if (attempt && !attempt->over) request_->AbortAttempt(*attempt, &actions);
+      request_->Unqueue("cancelled", &actions);
+      for (Choice& choice : request_->choices) {
+        if (choice.current && !choice.current->over()) {
+          request_->AbortAttempt(*choice.current, &actions);
+        }
       }
     }
     RunActions(actions);
@@ -231,8 +233,8 @@ void RouterService::RecordFinish(Request& request, int http_status,
   std::string reason = finish_reason;
   if (reason.empty()) {
     reason = "stop";
-    for (const frontend::ChoiceText& t : request.texts) {
-      if (t.finish_reason() != "stop") reason = t.finish_reason();
+    for (const Choice& c : request.choices) {
+      if (c.text.finish_reason() != "stop") reason = c.text.finish_reason();
     }
   }
   requests_->WithLabels({request.endpoint, absl::StrCat(http_status), reason}).Increment();
@@ -277,16 +279,10 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   }
   {
     absl::MutexLock lock(&request->mu);
-    for (int c = 0; c < n; ++c) request->texts.emplace_back(*preparer_, req, c);
-    request->attempts.assign(n, 0);
-    request->any_token.assign(n, false);
-    request->degeneration.assign(n, "");
-    request->current.resize(n);
-    request->full_decode.resize(n);
-    request->queued_since.resize(n);
-    request->queue_ticket.assign(n, 0);
-    request->queued.assign(n, false);
-    request->reserved_once.assign(n, false);
+    request->choices.reserve(static_cast<size_t>(n));
+    for (int c = 0; c < n; ++c) {
+      request->choices.emplace_back(frontend::ChoiceText(*preparer_, req, c));
+    }
     request->remaining = n;
     request->dispatched = true;
   }

@@ -134,6 +134,7 @@ class RouterService : public frontend::GenerationService {
 
   struct Request;
   struct Attempt;
+  struct Choice;
 
  private:
   class RouterGeneration;
@@ -175,8 +176,9 @@ class RouterService : public frontend::GenerationService {
   // flight (docs/protocol.md, "Abort").
   void SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
                                   uint64_t ticket_id);
-  // Gives back the load an attempt holds on its prefill and / or decode worker.
-  void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode);
+  // Gives back the load an attempt holds on its prefill and / or decode worker. `reserved`: its
+  // Reserve succeeded, so the end of its decode side frees a batch slot (RoomFreed).
+  void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, bool reserved = true);
   bool CanRetry(Request& request, const Attempt& attempt) const;
   // The 400 (param n) for a request of `n` choices that can never all run at once: more than the
   // decode workers' batch slots together (HealthResponse.max_batch of each; no bound while a
@@ -186,11 +188,28 @@ class RouterService : public frontend::GenerationService {
   bool OtherPrefillUp(const Attempt& attempt) const;
   // Whether a decode worker other than the attempt's is up.
   bool OtherDecodeUp(const Attempt& attempt) const;
+  // Where a failed attempt's choice is dispatched again: its Dispatch arguments (decode -2: not
+  // dispatched again).
+  struct Retry {
+    int prefill = -2;
+    int decode = -2;
+    bool from_queue = false;
+  };
   // gRPC completions (gRPC callback threads).
   void OnReserved(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
                   const grpc::Status& status);
   void OnPrefilled(const std::shared_ptr<Request>& request, const std::shared_ptr<Attempt>& attempt,
                    const grpc::Status& status);
+  // REQUIRES: request.mu held. OnReserved's two outcomes: a failed Reserve (retried on another
+  // decode worker, queued, or the request fails), and a reservation (false: not wanted any
+  // more, it is aborted at once; true: start the streams).
+  Retry ReserveFailed(Request& request, Attempt& attempt, const grpc::Status& status,
+                      Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
+  bool Reserved(Request& request, Attempt& attempt, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
+  // Sends the attempt's Prefill and opens its Generate stream.
+  void StartStreams(const std::shared_ptr<Request>& request,
+                    const std::shared_ptr<Attempt>& attempt);
   void OnGenerateEvent(Request& request, Attempt& attempt,
                        const worker::v1::GenerateResponse& event);
   void OnGenerateDone(Request& request, Attempt& attempt, const grpc::Status& status);
@@ -199,6 +218,14 @@ class RouterService : public frontend::GenerationService {
   // be dispatched again on another prefill worker (its transfer lease ran out before any token).
   bool HandleEvent(Request& request, Attempt& attempt, const worker::v1::GenerateResponse& event,
                    Actions* actions);
+  // REQUIRES: request.mu held. HandleEvent's parts: the degeneration flag; the event's tokens
+  // (false: the request failed); the final event's outcome (true: dispatch the choice again).
+  void NoteDegeneration(Request& request, const Attempt& attempt,
+                        const worker::v1::GenerateResponse& event);
+  bool EmitTokens(Request& request, const Attempt& attempt,
+                  const worker::v1::GenerateResponse& event, bool first_event, Actions* actions);
+  bool HandleFinish(Request& request, Attempt& attempt, const worker::v1::GenerateResponse& event,
+                    Actions* actions);
   // REQUIRES: request.mu held. The end of `attempt`'s Generate stream without a final event.
   // Returns whether the choice is to be dispatched again (on another decode worker).
   bool HandleDone(Request& request, Attempt& attempt, const grpc::Status& status, Actions* actions);
