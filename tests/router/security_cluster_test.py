@@ -9,7 +9,7 @@ tools/make_test_certs.sh) and checks, with the OpenAI python client and Python's
   3. plain HTTP to the router gets no HTTP answer;
   4. the decode worker's gRPC port refuses a TLS caller without a certificate and one with a
      certificate of another CA, and completes the handshake for the cluster's certificate.
-Exit 77 (skipped) when the openai client or httpx is missing.
+Exit 77 (skipped) when the openai client or its HTTP client package is missing.
 
 Usage: security_cluster_test.py --pdserve build/pdserve --model models/kjv-v4-tiny --tls DIR
 """
@@ -29,8 +29,12 @@ from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402
 
 try:
-    import httpx
     import openai
+    # The openai client's own HTTP client package (httpx2 for openai 3.x, httpx before).
+    try:
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
