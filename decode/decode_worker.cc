@@ -59,12 +59,12 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
   receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   DecodeWorker* self = w.get();
-  PDSERVE_ASSIGN_OR_RETURN(w->receiver_,
-                           kv::TransferReceiver::Create(
-                               receiver_options, w->clock_,
-                               [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
-                                 self->OnRelease(ticket_id, outcome);
-                               }));
+  PDSERVE_ASSIGN_OR_RETURN(
+      w->receiver_,
+      kv::CreateUcxReceiver(receiver_options, w->clock_,
+                            [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
+                              self->OnRelease(ticket_id, outcome);
+                            }));
   if (w->options_.runner_factory) {
     if (w->options_.canary_every > 0) {
       return absl::FailedPreconditionError(

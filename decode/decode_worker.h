@@ -44,7 +44,7 @@
 #include "engine/model.h"
 #include "guards/canary.h"
 #include "kvtransfer/transfer_plan.h"
-#include "kvtransfer/transfer_receiver.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
