@@ -61,10 +61,14 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   DecodeWorker* self = w.get();
   PDSERVE_ASSIGN_OR_RETURN(
       w->receiver_,
-      kv::CreateUcxReceiver(receiver_options, w->clock_,
-                            [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
-                              self->OnRelease(ticket_id, outcome);
-                            }));
+      kv::CreateUcxReceiver(
+          receiver_options, w->clock_,
+          [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
+            self->OnRelease(ticket_id, outcome);
+          },
+          [self](uint64_t ticket_id, uint64_t request_id, const kv::TransferOutcome& outcome) {
+            self->OnOutcome(ticket_id, request_id, outcome);
+          }));
   if (w->options_.runner_factory) {
     if (w->options_.canary_every > 0) {
       return absl::FailedPreconditionError(
@@ -337,15 +341,14 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
 void DecodeWorker::TransferLoop() {
   for (;;) {
     receiver_->RunFor(absl::Milliseconds(2));
-    std::vector<std::pair<uint64_t, uint64_t>> receiving;  // (request, ticket)
+    std::vector<Decided> decided;  // pushed by the receiver (OnOutcome) meanwhile
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+      decided.swap(decided_);
       const absl::Time now = absl::Now();
       std::vector<uint64_t> stale;
       for (const auto& [id, r] : requests_) {
-        if (r->phase == Phase::kReceiving && r->ticket_id != 0)
-          receiving.emplace_back(id, r->ticket_id);
         if (r->phase == Phase::kDone && !r->attached && now - r->done_at > kKeepFinished) {
           stale.push_back(id);
         }
@@ -357,43 +360,52 @@ void DecodeWorker::TransferLoop() {
         MaybeForget(id);
       }
     }
-    for (const auto& [id, ticket_id] : receiving) {
-      absl::StatusOr<kv::TransferOutcome> outcome = receiver_->Outcome(ticket_id);
-      if (outcome.ok() && outcome->state == kv::TransferState::kReceiving) continue;
-      if (outcome.ok() && outcome->state == kv::TransferState::kVerified && outcome->commit) {
-        StartDecoding(id, *outcome->commit);
-        continue;
-      }
-      absl::MutexLock lock(&mu_);
-      auto it = requests_.find(id);
-      if (it == requests_.end() || it->second->phase != Phase::kReceiving) continue;
-      Request& r = *it->second;
-      r.phase = Phase::kDone;
-      if (!outcome.ok()) {
-        // The receiver no longer holds the ticket and never released it to us (it forgets only
-        // verified tickets, whose pages are the request's): no write can be in flight, so the
-        // pages come back here rather than never.
-        QueueFinal(r, "error", outcome.status());
-        FreePages(r);
-      } else if (outcome->state == kv::TransferState::kAbandoned) {
-        // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
-        // error. The receiver releases the pages once no receive is in flight.
-        spdlog::warn("request {}: {}", id, outcome->status.ToString());
-        QueueFinal(r, "error", outcome->status);
-      } else if (outcome->state == kv::TransferState::kFailed) {
-        const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
-        if (kind) {
-          isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
-        }
-        spdlog::warn("request {}: transfer failed verification: {}", id,
-                     outcome->status.ToString());
-        QueueFinal(r, "error", outcome->status);
-      } else {
-        QueueFinal(r, "abort", absl::OkStatus());
-      }
-      MaybeForget(id);
-    }
+    for (const Decided& d : decided) HandleOutcome(d);
   }
+}
+
+void DecodeWorker::OnOutcome(uint64_t ticket_id, uint64_t request_id,
+                             const kv::TransferOutcome& outcome) {
+  absl::MutexLock lock(&mu_);
+  decided_.push_back({request_id, ticket_id, outcome});
+}
+
+void DecodeWorker::HandleOutcome(const Decided& d) {
+  const kv::TransferOutcome& outcome = d.outcome;
+  if (outcome.state == kv::TransferState::kVerified && outcome.commit) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = requests_.find(d.request_id);
+      if (it == requests_.end() || it->second->ticket_id != d.ticket_id) return;
+    }
+    StartDecoding(d.request_id, *outcome.commit);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(d.request_id);
+  if (it == requests_.end() || it->second->phase != Phase::kReceiving ||
+      it->second->ticket_id != d.ticket_id) {
+    return;
+  }
+  Request& r = *it->second;
+  r.phase = Phase::kDone;
+  if (outcome.state == kv::TransferState::kAbandoned) {
+    // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
+    // error. The receiver releases the pages once no receive is in flight.
+    spdlog::warn("request {}: {}", d.request_id, outcome.status.ToString());
+    QueueFinal(r, "error", outcome.status);
+  } else if (outcome.state == kv::TransferState::kFailed) {
+    const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome.status);
+    if (kind) {
+      isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
+    }
+    spdlog::warn("request {}: transfer failed verification: {}", d.request_id,
+                 outcome.status.ToString());
+    QueueFinal(r, "error", outcome.status);
+  } else {
+    QueueFinal(r, "abort", absl::OkStatus());
+  }
+  MaybeForget(d.request_id);
 }
 
 void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& commit) {
