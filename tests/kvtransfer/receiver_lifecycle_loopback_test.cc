@@ -227,6 +227,34 @@ TEST_F(LoopbackReceiverTest, FenceAfterTheCommitLeavesTheMissingPageCheckToDecid
             IsolationError::kMissing);
 }
 
+// A page for a ticket that is no longer receiving (here aborted, its fence not yet in) is refused
+// before a byte lands, and its sender learns it at once (Cancelled).
+TEST_F(LoopbackReceiverTest, PageForAnAbortedTicketIsRefusedBeforeItLands) {
+  send_faults_.AddRule({.action = Action::kDelay, .slot = 3, .delay = absl::Seconds(1)});
+  const Ticket ticket = Expect(1, 1, 0, 4);
+  auto transfer = Send(ticket, 1);
+  Pump(transfer.get());
+  ASSERT_TRUE(receiver_->Abort(ticket.ticket_id).ok());
+  clock_.Advance(absl::Seconds(2));  // The held page goes out now.
+  Pump(transfer.get());
+  EXPECT_FALSE(last_poll_.ok());
+  EXPECT_EQ(last_poll_.status().code(), absl::StatusCode::kCancelled) << last_poll_.status();
+  EXPECT_TRUE(PageIsZero(3));
+  EXPECT_EQ(receiver_->stats().pages_landed, 3u);
+}
+
+// Verified pages belong to the request: an Abort then is refused and releases nothing.
+TEST_F(LoopbackReceiverTest, AbortOfAVerifiedTicketIsRefused) {
+  const Ticket ticket = Expect(1, 1, 0, 4);
+  auto transfer = Send(ticket, 1);
+  ASSERT_EQ(RunUntilDecided(ticket.ticket_id, transfer.get()).state, TransferState::kVerified);
+  EXPECT_EQ(receiver_->Abort(ticket.ticket_id).code(), absl::StatusCode::kFailedPrecondition);
+  receiver_->ConfirmFence(ticket.ticket_id);
+  Pump();
+  EXPECT_TRUE(released_.empty());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kVerified);
+}
+
 // A sender lost while its page was being received: the slot stays empty and the lease decides.
 TEST_F(LoopbackReceiverTest, SenderLostMidPageLeavesTheSlotToTheLease) {
   receive_faults_->AddRule({.action = Action::kDisconnect, .slot = 2});

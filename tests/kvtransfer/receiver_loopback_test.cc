@@ -223,5 +223,13 @@ TEST_F(LoopbackReceiverTest, SecondTicketForAReceivingRequestIsRefused) {
   EXPECT_EQ(receiver_->Expect(spec).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// More destinations than descriptors: every descriptor has a matching destination, only the
+// count check refuses it.
+TEST_F(LoopbackReceiverTest, ExpectRejectsMoreDestinationsThanPages) {
+  ReceiveSpec spec{.request_id = 1, .pages = MakeDescriptors(1, 1, kPageBytes)};
+  spec.destinations = {pool_[0], pool_[1]};
+  EXPECT_EQ(receiver_->Expect(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pdserve::kv::testing
