@@ -58,12 +58,16 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
   receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   DecodeWorker* self = w.get();
-  PDSERVE_ASSIGN_OR_RETURN(w->receiver_,
-                           kv::TransferReceiver::Create(
-                               receiver_options, w->clock_,
-                               [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
-                                 self->OnRelease(ticket_id, outcome);
-                               }));
+  PDSERVE_ASSIGN_OR_RETURN(
+      w->receiver_,
+      kv::CreateUcxReceiver(
+          receiver_options, w->clock_,
+          [self](uint64_t ticket_id, uint64_t, const absl::Status& outcome) {
+            self->OnRelease(ticket_id, outcome);
+          },
+          [self](uint64_t ticket_id, uint64_t request_id, const kv::TransferOutcome& outcome) {
+            self->OnOutcome(ticket_id, request_id, outcome);
+          }));
   if (w->options_.runner_factory) {
     if (w->options_.canary_every > 0) {
       return absl::FailedPreconditionError(
@@ -196,12 +200,14 @@ bool DecodeWorker::Drain(absl::Duration timeout) {
 void DecodeWorker::TransferLoop() {
   for (;;) {
     receiver_->RunFor(absl::Milliseconds(2));
+    std::vector<Decided> decided;  // pushed by the receiver (OnOutcome) meanwhile
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+      decided.swap(decided_);
       SweepFinished();
     }
-    PollTransferOutcomes();
+    for (const Decided& d : decided) HandleOutcome(d);
   }
 }
 
@@ -218,53 +224,51 @@ void DecodeWorker::SweepFinished() {
   }
 }
 
-void DecodeWorker::PollTransferOutcomes() {
-  std::vector<std::pair<uint64_t, uint64_t>> receiving;  // (request, ticket)
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, r] : requests_) {
-      if (Receiving(r->state) && r->ticket_id != 0) receiving.emplace_back(id, r->ticket_id);
-    }
-  }
-  for (const auto& [id, ticket_id] : receiving) {
-    absl::StatusOr<kv::TransferOutcome> outcome = receiver_->Outcome(ticket_id);
-    if (outcome.ok() && outcome->state == kv::TransferState::kReceiving) continue;
-    if (outcome.ok() && outcome->state == kv::TransferState::kVerified && outcome->commit) {
-      StartDecoding(id, *outcome->commit);
-      continue;
-    }
-    EndTransfer(id, outcome);
-  }
+void DecodeWorker::OnOutcome(uint64_t ticket_id, uint64_t request_id,
+                             const kv::TransferOutcome& outcome) {
+  absl::MutexLock lock(&mu_);
+  decided_.push_back({request_id, ticket_id, outcome});
 }
 
-void DecodeWorker::EndTransfer(uint64_t request_id,
-                               const absl::StatusOr<kv::TransferOutcome>& outcome) {
+void DecodeWorker::HandleOutcome(const Decided& d) {
+  if (d.outcome.state == kv::TransferState::kVerified && d.outcome.commit) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = requests_.find(d.request_id);
+      if (it == requests_.end() || it->second->ticket_id != d.ticket_id) return;
+    }
+    StartDecoding(d.request_id, *d.outcome.commit);
+    return;
+  }
+  EndTransfer(d);
+}
+
+void DecodeWorker::EndTransfer(const Decided& d) {
+  const kv::TransferOutcome& outcome = d.outcome;
   absl::MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end() || !Receiving(it->second->state)) return;
+  auto it = requests_.find(d.request_id);
+  if (it == requests_.end() || !Receiving(it->second->state) ||
+      it->second->ticket_id != d.ticket_id) {
+    return;
+  }
   Request& r = *it->second;
-  if (!outcome.ok()) {
-    // The receiver no longer holds the ticket and never released it to us (it forgets only
-    // verified tickets, whose pages are the request's): no write can be in flight, so the
-    // pages come back here rather than never.
-    Finish(r, RequestEvent::kTransferLost, "error", outcome.status());
-  } else if (outcome->state == kv::TransferState::kAbandoned) {
+  if (outcome.state == kv::TransferState::kAbandoned) {
     // The prefill side stopped (failed, aborted, shut down) and fenced: not an isolation
     // error. The receiver releases the pages once no receive is in flight.
-    spdlog::warn("request {}: {}", request_id, outcome->status.ToString());
-    Finish(r, RequestEvent::kTransferEnded, "error", outcome->status);
-  } else if (outcome->state == kv::TransferState::kFailed) {
-    const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome->status);
+    spdlog::warn("request {}: {}", d.request_id, outcome.status.ToString());
+    Finish(r, RequestEvent::kTransferEnded, "error", outcome.status);
+  } else if (outcome.state == kv::TransferState::kFailed) {
+    const std::optional<kv::IsolationError> kind = kv::GetIsolationError(outcome.status);
     if (kind) {
       isolation_failures_->WithLabels({std::string(kv::IsolationErrorName(*kind))}).Increment();
     }
-    spdlog::warn("request {}: transfer failed verification: {}", request_id,
-                 outcome->status.ToString());
-    Finish(r, RequestEvent::kTransferEnded, "error", outcome->status);
+    spdlog::warn("request {}: transfer failed verification: {}", d.request_id,
+                 outcome.status.ToString());
+    Finish(r, RequestEvent::kTransferEnded, "error", outcome.status);
   } else {
     Finish(r, RequestEvent::kTransferEnded, "abort", absl::OkStatus());
   }
-  MaybeForget(request_id);
+  MaybeForget(d.request_id);
 }
 
 void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& commit) {

@@ -3,7 +3,7 @@
 // verified requests in a continuous batch, streaming their tokens to Generate.
 //
 // Life of a request: Reserve allocates the pages for prompt + max_tokens (all or nothing) and
-// registers the transferred slots with the receiver. A transfer thread drives UCX and polls
+// registers the transferred slots with the receiver. A transfer thread drives UCX and takes
 // outcomes: a verified request records the commit's first token in its sampler, emits it as the
 // first Generate event and joins the batch; a failed one (isolation error, lease) ends with
 // finish_reason "error" and the error kind and is never decoded, its pages quarantined by the
@@ -22,8 +22,8 @@
 // event of the request's one lifecycle (decode/request_state.h), applied by Apply.
 //
 // Thread-safety: every RPC may run concurrently on gRPC's threads. Lock order: a request's
-// RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release). mu_ is never held
-// while calling the receiver.
+// RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release, on_outcome). mu_ is
+// never held while calling the receiver.
 #pragma once
 
 #include <atomic>
@@ -47,7 +47,7 @@
 #include "engine/model.h"
 #include "guards/canary.h"
 #include "kvtransfer/transfer_plan.h"
-#include "kvtransfer/transfer_receiver.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
@@ -153,14 +153,24 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   absl::StatusOr<pdserve::worker::v1::TransferTicket> Register(std::shared_ptr<Request> record,
                                                                kv::ReceiveSpec spec);
 
+  // A transfer outcome the receiver pushed (OnOutcome), for the transfer loop.
+  struct Decided {
+    uint64_t request_id = 0;
+    uint64_t ticket_id = 0;
+    kv::TransferOutcome outcome;
+  };
   void TransferLoop();
   // Forgets finished requests nobody streamed for kKeepFinished.
   void SweepFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Polls the receiver for the outcome of every receiving request and acts on each.
-  void PollTransferOutcomes() ABSL_LOCKS_EXCLUDED(mu_);
-  // The transfer of `request_id` ended without verifying (`outcome` is not OK or not kVerified).
-  void EndTransfer(uint64_t request_id, const absl::StatusOr<kv::TransferOutcome>& outcome)
+  // The receiver decided `ticket_id` (its on_outcome; runs under the receiver's mutex): queued
+  // for the transfer loop, which handles it after the receiver's current RunFor.
+  void OnOutcome(uint64_t ticket_id, uint64_t request_id, const kv::TransferOutcome& outcome)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Verified: starts decoding; otherwise EndTransfer.
+  void HandleOutcome(const Decided& decided) ABSL_LOCKS_EXCLUDED(mu_);
+  // The transfer ended without verifying (failed, abandoned, aborted): the request ends with the
+  // outcome's error or abort.
+  void EndTransfer(const Decided& decided) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The transfer of `request_id` verified: record the first token and join the batch.
   void StartDecoding(uint64_t request_id, const kv::ControlMessage& commit);
@@ -212,6 +222,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> by_ticket_ ABSL_GUARDED_BY(mu_);
+  std::vector<Decided> decided_ ABSL_GUARDED_BY(mu_);  // OnOutcome -> TransferLoop
   // Ids of requests aborted before (or while) Reserve registered them: their Reserve fails.
   // Bounded (kAbortedRemembered); the deque holds them oldest first.
   absl::flat_hash_set<uint64_t> aborted_ids_ ABSL_GUARDED_BY(mu_);

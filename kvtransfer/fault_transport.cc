@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kvtransfer/ticket.h"
+
 namespace pdserve::kv {
 
 // One message as the faults shaped it: owns any rewritten header or payload copy, the inner ops
@@ -80,15 +82,28 @@ class FaultInjectingTransport::FaultOp final : public SendOp {
 
 size_t FaultInjectingTransport::delayed() const { return held_.size(); }
 
-FaultRule* FaultInjectingTransport::Match(WireKind kind, std::span<const std::byte> header) {
+bool RuleMatches(const FaultRule& rule, WireKind kind, std::optional<uint64_t> ticket_id,
+                 std::optional<uint32_t> slot) {
+  if (rule.uses == 0 || rule.kind != kind) return false;
+  if (rule.ticket_id.has_value() && rule.ticket_id != ticket_id) return false;
+  return !rule.slot.has_value() || rule.slot == slot;
+}
+
+FaultRule* FaultInjectingTransport::Match(WireKind kind, std::span<const std::byte> header,
+                                          std::span<const std::byte> payload) {
   std::optional<uint32_t> slot;
+  std::optional<uint64_t> ticket_id;
   if (kind == WireKind::kPage) {
     auto decoded = DecodePageHeader(header);
-    if (decoded.ok()) slot = decoded->slot;
+    if (decoded.ok()) {
+      slot = decoded->slot;
+      ticket_id = decoded->ticket_id;
+    }
+  } else if (auto decoded = DecodeControl(payload); decoded.ok()) {
+    ticket_id = decoded->ticket_id;
   }
   for (FaultRule& rule : rules_) {
-    if (rule.uses == 0 || rule.kind != kind) continue;
-    if (rule.slot.has_value() && rule.slot != slot) continue;
+    if (!RuleMatches(rule, kind, ticket_id, slot)) continue;
     if (rule.uses > 0) --rule.uses;
     return &rule;
   }
@@ -99,7 +114,7 @@ absl::StatusOr<std::unique_ptr<SendOp>> FaultInjectingTransport::Send(
     PeerId peer, WireKind kind, std::span<const std::byte> header,
     std::span<const std::byte> payload) {
   auto op = std::make_unique<FaultOp>(*this, peer, kind, header, payload);
-  const FaultRule* rule = Match(kind, header);
+  const FaultRule* rule = Match(kind, header, payload);
   if (rule == nullptr) {
     op->SendCopy();
     return op;

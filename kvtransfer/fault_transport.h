@@ -1,8 +1,8 @@
 // A PageTransport decorator that injects faults into chosen messages, for tests (house style:
 // a fault-injecting wrapper around the real transport, as leveldb's fault Env).
 //
-// Rules match a message by kind and, for pages, by slot; the first matching rule that still has
-// uses left applies. Thread-safety: as the wrapped transport.
+// Rules match a message by kind, optionally by ticket and, for pages, by slot; the first matching
+// rule that still has uses left applies. Thread-safety: as the wrapped transport.
 #pragma once
 
 #include <cstddef>
@@ -34,8 +34,14 @@ struct FaultRule {
   size_t offset = 0;
   absl::Duration delay = absl::ZeroDuration();
   std::function<void(PageHeader&)> rewrite;
-  int uses = 1;  // How many messages the rule applies to; -1 for all.
+  int uses = 1;                       // How many messages the rule applies to; -1 for all.
+  std::optional<uint64_t> ticket_id;  // nullopt matches every ticket.
 };
+
+// Whether `rule` (with uses left) applies to a message of `kind` for `ticket_id` and, for pages,
+// `slot` (nullopt: the message could not be decoded). Shared by both fault decorators.
+bool RuleMatches(const FaultRule& rule, WireKind kind, std::optional<uint64_t> ticket_id,
+                 std::optional<uint32_t> slot);
 
 class FaultInjectingTransport final : public PageTransport {
  public:
@@ -60,7 +66,8 @@ class FaultInjectingTransport final : public PageTransport {
 
  private:
   class FaultOp;
-  FaultRule* Match(WireKind kind, std::span<const std::byte> header);
+  FaultRule* Match(WireKind kind, std::span<const std::byte> header,
+                   std::span<const std::byte> payload);
 
   PageTransport& inner_;
   const serving::Clock& clock_;

@@ -1,12 +1,10 @@
 #include "kvtransfer/transfer_receiver.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kvtransfer/ucs_status.h"
 
 namespace pdserve::kv {
 
@@ -23,42 +21,27 @@ struct TransferReceiver::Entry {
   std::optional<ControlMessage> commit;
   absl::Time commit_at;
   bool fence = false;
-  // A verified outcome was read by Outcome(): the owner knows the pages are its own.
+  // A verified outcome was read by Outcome() or reported to on_outcome: the owner knows the pages
+  // are its own.
   mutable bool outcome_read = false;
 };
 
-// user_data of one rendezvous receive: which slot of which ticket it fills.
-struct TransferReceiver::Landing {
-  TransferReceiver* self;
-  uint64_t ticket_id;
-  uint32_t slot;
-};
-
-TransferReceiver::TransferReceiver(ReceiverOptions options, const serving::Clock& clock,
-                                   ReleaseFn on_release, UcxContext context, UcxWorker worker)
+TransferReceiver::TransferReceiver(std::unique_ptr<ReceiveTransport> transport,
+                                   ReceiverOptions options, const serving::Clock& clock,
+                                   ReleaseFn on_release, OutcomeFn on_outcome)
     : options_(options),
       clock_(clock),
       on_release_(std::move(on_release)),
-      context_(std::move(context)),
-      worker_(std::move(worker)),
-      address_(worker_.address()) {}
-
-absl::StatusOr<std::unique_ptr<TransferReceiver>> TransferReceiver::Create(
-    ReceiverOptions options, const serving::Clock& clock, ReleaseFn on_release) {
-  auto context = UcxContext::Create();
-  if (!context.ok()) return context.status();
-  auto worker = UcxWorker::Create(*context);
-  if (!worker.ok()) return worker.status();
-  std::unique_ptr<TransferReceiver> receiver(new TransferReceiver(
-      options, clock, std::move(on_release), std::move(*context), std::move(*worker)));
-  absl::Status registered = receiver->RegisterHandlers();
-  if (!registered.ok()) return registered;
-  return receiver;
+      on_outcome_(std::move(on_outcome)),
+      transport_(std::move(transport)),
+      address_(transport_->address()) {
+  absl::MutexLock lock(&mu_);
+  transport_->SetSink(this);
 }
 
 TransferReceiver::~TransferReceiver() {
-  // Rendezvous receives hold Landing records and write into caller memory: let them finish (or
-  // fail) before the worker goes away.
+  // Receives in flight write into caller memory and call back into this object: let them finish
+  // (or fail) before the transport goes away.
   absl::MutexLock lock(&mu_);
   const absl::Time until = absl::Now() + absl::Seconds(2);
   auto in_flight = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -67,24 +50,7 @@ TransferReceiver::~TransferReceiver() {
     }
     return false;
   };
-  while (in_flight() && absl::Now() < until) worker_.Progress();
-}
-
-absl::Status TransferReceiver::RegisterHandlers() {
-  absl::MutexLock lock(&mu_);
-  for (WireKind kind :
-       {WireKind::kPage, WireKind::kCommit, WireKind::kHeartbeat, WireKind::kFence}) {
-    ucp_am_handler_param_t param{};
-    param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                       UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    param.id = static_cast<unsigned>(kind);
-    param.flags = UCP_AM_FLAG_WHOLE_MSG;
-    param.cb = kind == WireKind::kPage ? &TransferReceiver::OnPage : &TransferReceiver::OnControl;
-    param.arg = this;
-    const ucs_status_t status = ucp_worker_set_am_recv_handler(worker_.get(), &param);
-    if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_set_am_recv_handler");
-  }
-  return absl::OkStatus();
+  while (in_flight() && absl::Now() < until) transport_->Progress();
 }
 
 absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
@@ -125,16 +91,13 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
 }
 
 absl::Status TransferReceiver::RegisterMemory(std::span<std::byte> memory) {
-  auto registered = UcxMemory::Register(context_, memory.data(), memory.size());
-  if (!registered.ok()) return registered.status();
   absl::MutexLock lock(&mu_);
-  registered_.push_back(std::move(*registered));
-  return absl::OkStatus();
+  return transport_->RegisterMemory(memory);
 }
 
 void TransferReceiver::Progress() {
   absl::MutexLock lock(&mu_);
-  worker_.Progress();
+  transport_->Progress();
   Sweep();
 }
 
@@ -144,20 +107,13 @@ void TransferReceiver::RunFor(absl::Duration duration, absl::Duration poll_inter
     Progress();
     const absl::Duration left = until - absl::Now();
     if (left <= absl::ZeroDuration()) return;
-    const absl::Duration wait = std::min(left, poll_interval);
-    const int wait_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
-    absl::StatusOr<int> fd;
+    std::function<void(absl::Duration)> sleep;
     {
       absl::MutexLock lock(&mu_);
-      fd = worker_.Arm();
+      sleep = transport_->ArmWait();
     }
-    // Sleep without the lock: Prepare (a Reserve), Abort and Outcome must not wait for it. A
-    // failed arm sleeps the interval; events that arrive meanwhile end the sleep.
-    if (fd.ok()) {
-      UcxWorker::WaitReadable(*fd, wait_ms);
-    } else {
-      absl::SleepFor(wait);
-    }
+    // Sleep without the lock: Prepare (a Reserve), Abort and Outcome must not wait for it.
+    sleep(std::min(left, poll_interval));
   }
 }
 
@@ -185,11 +141,11 @@ absl::Status TransferReceiver::Abort(uint64_t ticket_id) {
         absl::StrCat("ticket ", ticket_id, " is verified; its pages belong to the request"));
   }
   if (entry.state == TransferState::kReceiving) {
-    entry.state = TransferState::kAborted;
-    entry.status = absl::CancelledError(absl::StrCat("ticket ", ticket_id, " aborted"));
     // A commit already in hand (pages still within the missing-page grace) is the sender's word
     // that every page send completed: it has finished writing, which is what the fence waits for.
     if (entry.commit.has_value()) entry.fence = true;
+    Decide(entry, TransferState::kAborted,
+           absl::CancelledError(absl::StrCat("ticket ", ticket_id, " aborted")));
   }
   Sweep();
   return absl::OkStatus();
@@ -207,12 +163,12 @@ void TransferReceiver::OnFence(Entry& entry) {
   entry.fence = true;
   // With a commit the sender claimed every page delivered: the missing-page check decides.
   if (entry.state != TransferState::kReceiving || entry.commit.has_value()) return;
-  entry.state = TransferState::kAbandoned;
   ++stats_.abandoned;
-  entry.status = absl::AbortedError(
-      absl::StrCat("the prefill worker abandoned the transfer (ticket ", entry.ticket.ticket_id,
-                   ": fenced with ", entry.landed, " of ", entry.ticket.pages.size(),
-                   " pages landed and no commit)"));
+  Decide(entry, TransferState::kAbandoned,
+         absl::AbortedError(absl::StrCat("the prefill worker abandoned the transfer (ticket ",
+                                         entry.ticket.ticket_id, ": fenced with ", entry.landed,
+                                         " of ", entry.ticket.pages.size(),
+                                         " pages landed and no commit)")));
 }
 
 ReceiverStats TransferReceiver::stats() const {
@@ -226,35 +182,6 @@ ReceiverStats TransferReceiver::stats() const {
     }
   }
   return stats;
-}
-
-ucs_status_t TransferReceiver::OnPage(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<TransferReceiver*>(arg);
-  // Runs inside worker_.Progress(), which holds mu_.
-  self->mu_.AssertHeld();
-  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  return self->HandlePage({static_cast<const std::byte*>(header), header_length}, data, length,
-                          rendezvous);
-}
-
-ucs_status_t TransferReceiver::OnControl(void* arg, const void* /*header*/,
-                                         size_t /*header_length*/, void* data, size_t length,
-                                         const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<TransferReceiver*>(arg);
-  self->mu_.AssertHeld();
-  // Control messages are tens of bytes and always eager; a rendezvous one is not ours.
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
-  self->HandleControl({static_cast<const std::byte*>(data), length});
-  return UCS_OK;
-}
-
-void TransferReceiver::OnLanded(void* request, ucs_status_t status, size_t /*length*/,
-                                void* user_data) {
-  std::unique_ptr<Landing> landing(static_cast<Landing*>(user_data));
-  landing->self->mu_.AssertHeld();
-  landing->self->FinishLanding(landing->ticket_id, landing->slot, status);
-  ucp_request_free(request);
 }
 
 TransferReceiver::Entry* TransferReceiver::FindForHeader(const PageHeader& header) {
@@ -291,81 +218,70 @@ TransferReceiver::Entry* TransferReceiver::FindForHeader(const PageHeader& heade
   return nullptr;
 }
 
-ucs_status_t TransferReceiver::HandlePage(std::span<const std::byte> header_bytes, void* data,
-                                          size_t length, bool rendezvous) {
-  // A rejected rendezvous page never lands and its sender's send completes with this status, so
-  // a sender that writes to an aborted or failed ticket learns it at once.
-  constexpr ucs_status_t kRejected = UCS_ERR_CANCELED;
-  auto decoded = DecodePageHeader(header_bytes);
-  if (!decoded.ok()) {
-    ++stats_.stray_messages;
-    return rendezvous ? kRejected : UCS_OK;
-  }
-  const PageHeader& header = *decoded;
-  Entry* entry = FindForHeader(header);
-  if (entry == nullptr || entry->state != TransferState::kReceiving) {
-    if (entry != nullptr) ++stats_.stray_messages;
-    return rendezvous ? kRejected : UCS_OK;
-  }
-  const Ticket& ticket = entry->ticket;
+absl::Status TransferReceiver::CheckPage(const Entry& entry, const PageHeader& header,
+                                         size_t length) const {
+  const Ticket& ticket = entry.ticket;
   const std::string where = absl::StrCat("ticket ", ticket.ticket_id, " slot ", header.slot);
-  absl::Status error;
   if (header.epoch != ticket.epoch) {
-    error = MakeIsolationError(IsolationError::kEpoch,
-                               absl::StrCat(where, " carries epoch ", header.epoch,
-                                            ", the ticket's epoch is ", ticket.epoch));
-  } else if (header.slot >= ticket.pages.size()) {
-    error = MakeIsolationError(
+    return MakeIsolationError(IsolationError::kEpoch,
+                              absl::StrCat(where, " carries epoch ", header.epoch,
+                                           ", the ticket's epoch is ", ticket.epoch));
+  }
+  if (header.slot >= ticket.pages.size()) {
+    return MakeIsolationError(
         IsolationError::kHeader,
         absl::StrCat(where, " is beyond the ticket's ", ticket.pages.size(), " pages"));
-  } else if (const PageDescriptor& page = ticket.pages[header.slot];
-             page.layer != header.layer || page.page_index != header.page_index ||
-             page.token_begin != header.token_begin || page.token_end != header.token_end ||
-             page.bytes != length) {
-    error = MakeIsolationError(
+  }
+  if (const PageDescriptor& page = ticket.pages[header.slot];
+      page.layer != header.layer || page.page_index != header.page_index ||
+      page.token_begin != header.token_begin || page.token_end != header.token_end ||
+      page.bytes != length) {
+    return MakeIsolationError(
         IsolationError::kHeader,
         absl::StrCat(where, " names layer ", header.layer, " page ", header.page_index, " tokens [",
                      header.token_begin, ", ", header.token_end, ") with ", length,
                      " bytes; the ticket says layer ", page.layer, " page ", page.page_index,
                      " tokens [", page.token_begin, ", ", page.token_end, ") with ", page.bytes,
                      " bytes"));
-  } else if (entry->slots[header.slot] != Entry::Slot::kEmpty) {
-    error = MakeIsolationError(IsolationError::kDuplicate,
-                               absl::StrCat(where, " arrived more than once"));
   }
-  if (!error.ok()) {
+  if (entry.slots[header.slot] != Entry::Slot::kEmpty) {
+    return MakeIsolationError(IsolationError::kDuplicate,
+                              absl::StrCat(where, " arrived more than once"));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<LandingTarget> TransferReceiver::OnPageHeader(std::span<const std::byte> header_bytes,
+                                                            size_t length) {
+  mu_.AssertHeld();  // Runs inside transport_->Progress().
+  auto decoded = DecodePageHeader(header_bytes);
+  if (!decoded.ok()) {
+    ++stats_.stray_messages;
+    return std::nullopt;
+  }
+  const PageHeader& header = *decoded;
+  Entry* entry = FindForHeader(header);
+  if (entry == nullptr || entry->state != TransferState::kReceiving) {
+    if (entry != nullptr) ++stats_.stray_messages;
+    return std::nullopt;
+  }
+  if (absl::Status error = CheckPage(*entry, header, length); !error.ok()) {
     FailEntry(*entry, std::move(error));
-    return rendezvous ? kRejected : UCS_OK;
+    return std::nullopt;
   }
   entry->slots[header.slot] = Entry::Slot::kLanding;
   entry->header_checksums[header.slot] = header.payload_xxh3;
   ++entry->landings_in_flight;
-  std::byte* destination = entry->destinations[header.slot].data();
-  if (!rendezvous) {
-    std::memcpy(destination, data, length);
-    FinishLanding(ticket.ticket_id, header.slot, UCS_OK);
-    return UCS_OK;
-  }
-  auto* landing = new Landing{this, ticket.ticket_id, header.slot};
-  ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  param.cb.recv_am = &TransferReceiver::OnLanded;
-  param.user_data = landing;
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_.get(), data, destination, length, &param);
-  if (UCS_PTR_IS_ERR(request)) {
-    delete landing;
-    FinishLanding(ticket.ticket_id, header.slot, UCS_PTR_STATUS(request));
-  }
-  return UCS_OK;
+  return LandingTarget{entry->destinations[header.slot], entry->ticket.ticket_id, header.slot};
 }
 
-void TransferReceiver::FinishLanding(uint64_t ticket_id, uint32_t slot, ucs_status_t status) {
+void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) {
+  mu_.AssertHeld();
   auto found = entries_.find(ticket_id);
   if (found == entries_.end()) return;  // Unreachable: entries with landings are never erased.
   Entry& entry = *found->second;
   --entry.landings_in_flight;
-  if (status != UCS_OK) {
+  if (!status.ok()) {
     // The sender vanished mid-page; the page stays empty and the lease decides.
     entry.slots[slot] = Entry::Slot::kEmpty;
     return;
@@ -389,7 +305,8 @@ void TransferReceiver::FinishLanding(uint64_t ticket_id, uint32_t slot, ucs_stat
   TryVerify(entry);
 }
 
-void TransferReceiver::HandleControl(std::span<const std::byte> bytes) {
+void TransferReceiver::OnControl(std::span<const std::byte> bytes) {
+  mu_.AssertHeld();
   auto decoded = DecodeControl(bytes);
   if (!decoded.ok()) {
     ++stats_.stray_messages;
@@ -417,6 +334,10 @@ void TransferReceiver::HandleControl(std::span<const std::byte> bytes) {
     return;
   }
   if (entry.state != TransferState::kReceiving) return;
+  HandleCommitOrHeartbeat(entry, std::move(message));
+}
+
+void TransferReceiver::HandleCommitOrHeartbeat(Entry& entry, ControlMessage message) {
   if (message.epoch != entry.ticket.epoch) {
     FailEntry(entry,
               MakeIsolationError(
@@ -435,13 +356,22 @@ void TransferReceiver::HandleControl(std::span<const std::byte> bytes) {
   TryVerify(entry);
 }
 
+void TransferReceiver::Decide(Entry& entry, TransferState state, absl::Status status) {
+  entry.state = state;
+  entry.status = std::move(status);
+  if (!on_outcome_) return;
+  const bool verified = state == TransferState::kVerified;
+  if (verified) entry.outcome_read = true;
+  on_outcome_(entry.ticket.ticket_id, entry.ticket.request_id,
+              TransferOutcome{state, entry.status, verified ? entry.commit : std::nullopt});
+}
+
 void TransferReceiver::FailEntry(Entry& entry, absl::Status status) {
   if (entry.state != TransferState::kReceiving) return;
-  entry.state = TransferState::kFailed;
   if (std::optional<IsolationError> kind = GetIsolationError(status); kind.has_value()) {
     ++stats_.isolation_errors[*kind];
   }
-  entry.status = std::move(status);
+  Decide(entry, TransferState::kFailed, std::move(status));
 }
 
 void TransferReceiver::TryVerify(Entry& entry) {
@@ -473,8 +403,26 @@ void TransferReceiver::TryVerify(Entry& entry) {
                                       ": layer digests in the commit differ from the pages")));
     return;
   }
-  entry.state = TransferState::kVerified;
-  entry.status = absl::OkStatus();
+  Decide(entry, TransferState::kVerified, absl::OkStatus());
+}
+
+void TransferReceiver::CheckDeadlines(Entry& entry, absl::Time now) {
+  const Ticket& ticket = entry.ticket;
+  if (now > ticket.lease_deadline) {
+    FailEntry(entry, MakeIsolationError(
+                         IsolationError::kLease,
+                         absl::StrCat("ticket ", ticket.ticket_id, " lease expired with ",
+                                      entry.landed, " of ", ticket.pages.size(), " pages landed")));
+  } else if (entry.commit.has_value() && now > entry.commit_at + options_.missing_grace) {
+    std::vector<size_t> missing;
+    for (size_t slot = 0; slot < entry.slots.size(); ++slot) {
+      if (entry.slots[slot] != Entry::Slot::kLanded) missing.push_back(slot);
+    }
+    FailEntry(entry, MakeIsolationError(
+                         IsolationError::kMissing,
+                         absl::StrCat("ticket ", ticket.ticket_id, " committed without slots ",
+                                      absl::StrJoin(missing, ","))));
+  }
 }
 
 void TransferReceiver::Sweep() {
@@ -482,24 +430,7 @@ void TransferReceiver::Sweep() {
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& entry = *it->second;
     const Ticket& ticket = entry.ticket;
-    if (entry.state == TransferState::kReceiving) {
-      if (now > ticket.lease_deadline) {
-        FailEntry(entry,
-                  MakeIsolationError(
-                      IsolationError::kLease,
-                      absl::StrCat("ticket ", ticket.ticket_id, " lease expired with ",
-                                   entry.landed, " of ", ticket.pages.size(), " pages landed")));
-      } else if (entry.commit.has_value() && now > entry.commit_at + options_.missing_grace) {
-        std::vector<size_t> missing;
-        for (size_t slot = 0; slot < entry.slots.size(); ++slot) {
-          if (entry.slots[slot] != Entry::Slot::kLanded) missing.push_back(slot);
-        }
-        FailEntry(entry, MakeIsolationError(
-                             IsolationError::kMissing,
-                             absl::StrCat("ticket ", ticket.ticket_id, " committed without slots ",
-                                          absl::StrJoin(missing, ","))));
-      }
-    }
+    if (entry.state == TransferState::kReceiving) CheckDeadlines(entry, now);
     bool release = false;
     bool forget = false;
     if (entry.landings_in_flight == 0) {

@@ -1,24 +1,26 @@
 // The decode side of transfers: issues tickets, lands pages, verifies, fences and sweeps leases.
 //
 // Expect() registers a request's destination pages and returns the ticket for the sender. Pages
-// arrive as UCX active messages; each header is checked against the ticket before a byte lands
+// arrive through a ReceiveTransport (UCX active messages in production, kvtransfer/ucx/; the
+// in-process loopback in tests); each header is checked against the ticket before a byte lands
 // (docs/protocol.md, "Verification"), each landed payload is checksummed, and the commit closes
 // the transfer. A request's outcome is exactly one of: verified (its pages now belong to the
 // caller), failed with an isolation error (pages quarantined until the lease ends), aborted
 // (pages held behind the abort fence), abandoned (the sender fenced before committing: it stopped
 // and has nothing in flight, e.g. the prefill failed or was aborted on its side) or
-// lease-expired. Pages of a request that did not verify go back to the caller only through
-// `on_release`, and only when no receive into them is in flight and (for aborts) the sender's
-// fence or its commit for the ticket's epoch arrived (a sender commits only once every page send
-// completed), or the lease expired (abandoned: at once, once no receive is in flight).
+// lease-expired. `on_outcome` reports each outcome once, when it is decided. Pages of a request
+// that did not verify go back to the caller only through `on_release`, and only when no receive
+// into them is in flight and (for aborts) the sender's fence or its commit for the ticket's epoch
+// arrived (a sender commits only once every page send completed), or the lease expired
+// (abandoned: at once, once no receive is in flight).
 //
 // Time: leases, heartbeats and the missing-page grace use the injected clock; Progress() sweeps
-// them on every call, and RunFor() waits on the UCX event fd with a timeout so the sweep runs
-// even when no message arrives.
+// them on every call, and RunFor() sleeps on the transport's wake-up with a timeout so the sweep
+// runs even when no message arrives.
 //
 // Thread-safety: every public method may be called from any thread; one mutex serializes them
-// with the UCX worker (whose callbacks run inside Progress()). `on_release` runs with that mutex
-// held and must not call back into the receiver.
+// with the transport (whose sink callbacks run inside Progress()). `on_release` and `on_outcome`
+// run with that mutex held and must not call back into the receiver.
 #pragma once
 
 #include <cstddef>
@@ -37,8 +39,8 @@
 #include "absl/time/time.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/page_header.h"
+#include "kvtransfer/receive_transport.h"
 #include "kvtransfer/ticket.h"
-#include "kvtransfer/ucx.h"
 #include "serving/clock.h"
 
 namespace pdserve::kv {
@@ -87,7 +89,7 @@ struct ReceiverStats {
   uint64_t abandoned = 0;   // Tickets the sender fenced before committing.
 };
 
-class TransferReceiver {
+class TransferReceiver final : private PageSink {
  public:
   // Called when a ticket's pages may be reused (see the file comment). `outcome` is the ticket's
   // final status: the isolation error (kFailed), Cancelled (kAborted) or the abandonment error
@@ -95,12 +97,17 @@ class TransferReceiver {
   using ReleaseFn =
       std::function<void(uint64_t ticket_id, uint64_t request_id, const absl::Status& outcome)>;
 
-  // Creates the UCX context and worker and registers the message handlers. `clock` must outlive
-  // the receiver. Errors: the UCX setup error.
-  static absl::StatusOr<std::unique_ptr<TransferReceiver>> Create(ReceiverOptions options,
-                                                                  const serving::Clock& clock,
-                                                                  ReleaseFn on_release);
-  ~TransferReceiver();
+  // Called once per ticket when its outcome is decided (it leaves kReceiving): verified (with the
+  // commit), failed, aborted or abandoned. A verified outcome reported here counts as read.
+  using OutcomeFn =
+      std::function<void(uint64_t ticket_id, uint64_t request_id, const TransferOutcome& outcome)>;
+
+  // A receiver over `transport` (sink set here). `clock` must outlive the receiver;
+  // `on_outcome` may be empty. kvtransfer/ucx/ucx_receive_transport.h: CreateUcxReceiver.
+  TransferReceiver(std::unique_ptr<ReceiveTransport> transport, ReceiverOptions options,
+                   const serving::Clock& clock, ReleaseFn on_release,
+                   OutcomeFn on_outcome = nullptr);
+  ~TransferReceiver() override;
 
   // Registers a request's pages and returns its ticket (new ticket id, lease from now).
   // Errors: InvalidArgument when descriptors and destinations disagree in count or size;
@@ -109,14 +116,15 @@ class TransferReceiver {
 
   // Registers memory that destinations will point into (normally the whole page pool, once), so
   // rendezvous receives land without per-message registration. The memory must outlive the
-  // receiver. Errors: the ucp_mem_map error.
+  // receiver. Errors: the transport's (ucp_mem_map's) error.
   absl::Status RegisterMemory(std::span<std::byte> memory) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Lands what arrived and sweeps deadlines. Non-blocking.
   void Progress() ABSL_LOCKS_EXCLUDED(mu_);
-  // Progresses until `duration` passes on the real clock, sleeping on the UCX event fd between
-  // messages (at most `poll_interval` at a time, so deadlines are swept while idle). The mutex
-  // is not held while it sleeps, so other calls (Prepare for a Reserve) do not wait for it.
+  // Progresses until `duration` passes on the real clock, sleeping on the transport's wake-up
+  // (the UCX event fd) between messages (at most `poll_interval` at a time, so deadlines are swept
+  // while idle). The mutex is not held while it sleeps, so other calls (Prepare for a Reserve) do
+  // not wait for it.
   void RunFor(absl::Duration duration, absl::Duration poll_interval = absl::Milliseconds(5))
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -140,36 +148,37 @@ class TransferReceiver {
 
  private:
   struct Entry;
-  struct Landing;
-  TransferReceiver(ReceiverOptions options, const serving::Clock& clock, ReleaseFn on_release,
-                   UcxContext context, UcxWorker worker);
-  absl::Status RegisterHandlers();
 
-  static ucs_status_t OnPage(void* arg, const void* header, size_t header_length, void* data,
-                             size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t OnControl(void* arg, const void* header, size_t header_length, void* data,
-                                size_t length, const ucp_am_recv_param_t* param);
-  static void OnLanded(void* request, ucs_status_t status, size_t length, void* user_data);
+  // PageSink: run inside transport_->Progress(), with mu_ held.
+  std::optional<LandingTarget> OnPageHeader(std::span<const std::byte> header,
+                                            size_t length) override;
+  void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) override;
+  void OnControl(std::span<const std::byte> bytes) override;
 
-  ucs_status_t HandlePage(std::span<const std::byte> header, void* data, size_t length,
-                          bool rendezvous) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleControl(std::span<const std::byte> bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishLanding(uint64_t ticket_id, uint32_t slot, ucs_status_t status)
+  // The header checks of docs/protocol.md "Verification" for a page of a receiving entry; the
+  // isolation error of the first that fails, else OK.
+  absl::Status CheckPage(const Entry& entry, const PageHeader& header, size_t length) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleCommitOrHeartbeat(Entry& entry, ControlMessage message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leaves kReceiving for `state` with `status` and reports the outcome.
+  void Decide(Entry& entry, TransferState state, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailEntry(Entry& entry, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the sender's fence: see ConfirmFence.
   void OnFence(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryVerify(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Sweep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease and missing-page deadlines of a receiving entry.
+  void CheckDeadlines(Entry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindForHeader(const PageHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReceiverOptions options_;
   const serving::Clock& clock_;
   const ReleaseFn on_release_;
+  const OutcomeFn on_outcome_;
   mutable absl::Mutex mu_;
-  UcxContext context_;
-  std::vector<UcxMemory> registered_ ABSL_GUARDED_BY(mu_);  // Outlives the worker's receives.
-  UcxWorker worker_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<ReceiveTransport> transport_ ABSL_PT_GUARDED_BY(mu_);
   const std::vector<std::byte> address_;
   std::map<uint64_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -42,7 +42,7 @@
 #include "engine/model.h"
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/transfer_sender.h"
-#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "prefill/prefill_engine.h"
 #include "prefill/test_faults.h"

@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/transfer_receiver.h"
 #include "kvtransfer/transfer_sender.h"
-#include "kvtransfer/ucs_status.h"
-#include "kvtransfer/ucx.h"
-#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/ucx/ucs_status.h"
+#include "kvtransfer/ucx/ucx.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 
 namespace pdserve::kv {
 namespace {
@@ -131,7 +131,7 @@ void MemcpyBound(const Config& config) {
 void PdserveReceiver(const Config& config, Channel& channel) {
   serving::SystemClock clock;
   auto receiver =
-      TransferReceiver::Create({.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {});
+      CreateUcxReceiver({.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {});
   if (!receiver.ok()) Die(receiver.status());
   std::vector<std::byte> pool(config.total_bytes);
   if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);

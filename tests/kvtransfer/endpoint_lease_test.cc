@@ -6,9 +6,9 @@
 #include <thread>
 
 #include "kvtransfer/fault_transport.h"
-#include "kvtransfer/transfer_receiver.h"
 #include "kvtransfer/transfer_sender.h"
-#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 #include "tests/kvtransfer/test_support.h"
 
 namespace pdserve::kv::testing {
@@ -30,12 +30,12 @@ class InProcessTest : public ::testing::Test {
 
   std::unique_ptr<TransferReceiver> MakeReceiver(uint64_t incarnation) {
     auto receiver =
-        TransferReceiver::Create({.lease = absl::Seconds(10),
-                                  .heartbeat_interval = absl::Seconds(1),
-                                  .incarnation = incarnation},
-                                 clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
-                                   released_.push_back(ticket_id);
-                                 });
+        CreateUcxReceiver({.lease = absl::Seconds(10),
+                           .heartbeat_interval = absl::Seconds(1),
+                           .incarnation = incarnation},
+                          clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
+                            released_.push_back(ticket_id);
+                          });
     EXPECT_TRUE(receiver.ok()) << receiver.status();
     return receiver.ok() ? std::move(*receiver) : nullptr;
   }

@@ -22,9 +22,9 @@
 
 #include "absl/strings/str_split.h"
 #include "kvtransfer/fault_transport.h"
-#include "kvtransfer/transfer_receiver.h"
 #include "kvtransfer/transfer_sender.h"
-#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 #include "tests/kvtransfer/test_support.h"
 
 namespace pdserve::kv::testing {
@@ -151,8 +151,8 @@ int RunSender() {
 
 int RunReceiver(uint32_t num_pages, uint64_t page_bytes) {
   serving::SystemClock clock;
-  auto receiver = TransferReceiver::Create({.incarnation = static_cast<uint64_t>(getpid())}, clock,
-                                           [](uint64_t, uint64_t, const absl::Status&) {});
+  auto receiver = CreateUcxReceiver({.incarnation = static_cast<uint64_t>(getpid())}, clock,
+                                    [](uint64_t, uint64_t, const absl::Status&) {});
   if (!receiver.ok()) {
     Say("error " + receiver.status().ToString());
     return 1;

@@ -5,7 +5,7 @@
 
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/transfer_sender.h"
-#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 #include "tests/kvtransfer/process_fixture.h"
 
 namespace pdserve::kv::testing {

@@ -11,7 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/transfer_receiver.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "tests/kvtransfer/test_support.h"
 
 namespace pdserve::kv::testing {
@@ -27,12 +27,12 @@ class ReceiverProcessTest : public ::testing::Test {
     setenv("UCX_TLS", tls.c_str(), 1);
     pool_.assign(kPoolPages, std::vector<std::byte>(kPageBytes));
     auto receiver =
-        TransferReceiver::Create({.lease = absl::Seconds(10),
-                                  .heartbeat_interval = absl::Milliseconds(100),
-                                  .incarnation = 1},
-                                 clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
-                                   released_.push_back(ticket_id);
-                                 });
+        CreateUcxReceiver({.lease = absl::Seconds(10),
+                           .heartbeat_interval = absl::Milliseconds(100),
+                           .incarnation = 1},
+                          clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
+                            released_.push_back(ticket_id);
+                          });
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = std::move(*receiver);
   }
@@ -50,12 +50,8 @@ class ReceiverProcessTest : public ::testing::Test {
   // A ticket for `request_id` over pool pages [first, first + count).
   Ticket Expect(uint64_t request_id, uint64_t epoch, uint32_t first, uint32_t count,
                 uint64_t page_bytes = kPageBytes) {
-    ReceiveSpec spec{
-        .request_id = request_id, .epoch = epoch, .pages = MakeDescriptors(count, 2, page_bytes)};
-    for (uint32_t i = 0; i < count; ++i) {
-      spec.destinations.push_back(std::span(pool_[first + i]).first(page_bytes));
-    }
-    auto ticket = receiver_->Expect(std::move(spec));
+    auto ticket =
+        receiver_->Expect(SpecOverPool(pool_, request_id, epoch, first, count, page_bytes));
     EXPECT_TRUE(ticket.ok()) << ticket.status();
     return ticket.ok() ? *ticket : Ticket{};
   }

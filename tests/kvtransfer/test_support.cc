@@ -55,6 +55,16 @@ std::vector<PageDescriptor> MakeDescriptors(uint32_t num_pages, uint32_t num_lay
   return pages;
 }
 
+ReceiveSpec SpecOverPool(std::vector<std::vector<std::byte>>& pool, uint64_t request_id,
+                         uint64_t epoch, uint32_t first, uint32_t count, uint64_t page_bytes) {
+  ReceiveSpec spec{
+      .request_id = request_id, .epoch = epoch, .pages = MakeDescriptors(count, 2, page_bytes)};
+  for (uint32_t i = 0; i < count; ++i) {
+    spec.destinations.push_back(std::span(pool[first + i]).first(page_bytes));
+  }
+  return spec;
+}
+
 std::string ToHex(std::span<const std::byte> bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string hex;

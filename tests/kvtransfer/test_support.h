@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtransfer/ticket.h"
+#include "kvtransfer/transfer_receiver.h"
 #include "serving/clock.h"
 
 namespace pdserve::kv::testing {
@@ -27,6 +28,11 @@ bool MatchesPattern(std::span<const std::byte> page, uint64_t seed, uint32_t slo
 // `num_pages` descriptors of `page_bytes` each over `num_layers` layers, layer-major.
 std::vector<PageDescriptor> MakeDescriptors(uint32_t num_pages, uint32_t num_layers,
                                             uint64_t page_bytes);
+
+// A receive spec for `request_id` over `pool` pages [first, first + count), `page_bytes` of each,
+// with MakeDescriptors(count, 2, page_bytes).
+ReceiveSpec SpecOverPool(std::vector<std::vector<std::byte>>& pool, uint64_t request_id,
+                         uint64_t epoch, uint32_t first, uint32_t count, uint64_t page_bytes);
 
 std::string ToHex(std::span<const std::byte> bytes);
 std::vector<std::byte> FromHex(const std::string& hex);

@@ -6,8 +6,8 @@
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/ticket.h"
-#include "kvtransfer/ucs_status.h"
-#include "kvtransfer/ucx.h"
+#include "kvtransfer/ucx/ucs_status.h"
+#include "kvtransfer/ucx/ucx.h"
 #include "xxhash.h"
 
 namespace pdserve::kv {

@@ -1,4 +1,4 @@
-#include "kvtransfer/ucs_status.h"
+#include "kvtransfer/ucx/ucs_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kvtransfer/page_transport.h"
-#include "kvtransfer/ucx.h"
+#include "kvtransfer/ucx/ucx.h"
 
 namespace pdserve::kv {
 

@@ -1,9 +1,9 @@
-#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/ucs_status.h"
+#include "kvtransfer/ucx/ucs_status.h"
 
 namespace pdserve::kv {
 namespace {

@@ -1,4 +1,4 @@
-#include "kvtransfer/ucx.h"
+#include "kvtransfer/ucx/ucx.h"
 
 #include <poll.h>
 
@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/ucs_status.h"
+#include "kvtransfer/ucx/ucs_status.h"
 
 namespace pdserve::kv {
 

@@ -1,0 +1,72 @@
+// The receiver's view of the wire, mirroring PageTransport on the send side: a transport delivers
+// page and control messages to a PageSink (the receiver's rules, TransferReceiver) and lands a
+// page's payload only where the sink said, after the sink checked its header. UcxReceiveTransport
+// (kvtransfer/ucx/) is the real one, LoopbackNetwork's receive end
+// (kvtransfer/loopback_transport.h) the in-process one, FaultInjectingReceiveTransport
+// (kvtransfer/fault_receive_transport.h) decorates any.
+//
+// Thread-safety: the owner serializes every call (TransferReceiver holds its mutex), except Wait.
+// Sink callbacks run inside Progress(), on its thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace pdserve::kv {
+
+// Where one accepted page lands: `destination` (exactly the payload's size), and the (ticket,
+// slot) the transport hands back to PageSink::OnPageLanded.
+struct LandingTarget {
+  std::span<std::byte> destination;
+  uint64_t ticket_id = 0;
+  uint32_t slot = 0;
+};
+
+class PageSink {
+ public:
+  virtual ~PageSink() = default;
+  // A page message's `header` (the encoded PageHeader) and its payload's length, before any byte
+  // lands. Returns where to land the payload, or nullopt to refuse it: the payload is dropped and
+  // a sender whose page was refused before landing sees its send complete with Cancelled.
+  virtual std::optional<LandingTarget> OnPageHeader(std::span<const std::byte> header,
+                                                    size_t length) = 0;
+  // The payload of an accepted page landed in its target (`status` OK) or could not (the sender
+  // vanished mid-page; the target's bytes are then unspecified). Called exactly once per accepted
+  // page, possibly inside the OnPageHeader's Progress() call or a later one.
+  virtual void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) = 0;
+  // A control message (commit, heartbeat, fence): its encoded bytes.
+  virtual void OnControl(std::span<const std::byte> bytes) = 0;
+};
+
+class ReceiveTransport {
+ public:
+  virtual ~ReceiveTransport() = default;
+
+  // Sets the sink messages go to; called once, before the first Progress(). `sink` must outlive
+  // every later call.
+  virtual void SetSink(PageSink* sink) = 0;
+
+  // The address a sender's PageTransport::Connect takes (carried in the ticket).
+  virtual std::vector<std::byte> address() const = 0;
+
+  // Registers memory destinations will point into (e.g. the whole page pool), so large payloads
+  // land without per-message registration. The memory must outlive the transport. Errors: the
+  // transport's registration error.
+  virtual absl::Status RegisterMemory(std::span<std::byte> memory) = 0;
+
+  // Delivers what arrived: sink callbacks run inside this call. Non-blocking.
+  virtual void Progress() = 0;
+
+  // Prepares to sleep (serialized with Progress) and returns the sleeper, which the caller runs
+  // without its lock: it returns when a message may have arrived or after its timeout.
+  virtual std::function<void(absl::Duration timeout)> ArmWait() = 0;
+};
+
+}  // namespace pdserve::kv
