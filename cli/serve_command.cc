@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/command_registry.h"
 #include "colocated/service.h"
+#include "common/api_keys.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
 #include "colocated/gpu/gpu_backend.h"
 #endif
@@ -58,6 +59,9 @@ struct ServeOptions {
   int device = 0;
   std::string devices;  // "0,1": an expert-parallel group (overrides device)
   std::string expert_comm = "auto";
+  std::string api_keys_file;  // docs/security.md
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 // The runner factory of `--backend`: empty for cpu.
@@ -145,9 +149,15 @@ absl::Status Serve(const ServeOptions& options) {
   frontend::HttpServerOptions http;
   http.host = options.host;
   http.port = options.port;
+  if (!options.api_keys_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(http.api_keys, common::ApiKeys::LoadFile(options.api_keys_file));
+  }
+  http.tls_cert_file = options.tls_cert_file;
+  http.tls_key_file = options.tls_key_file;
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
                            frontend::HttpServer::Start(http, service.get()));
-  std::printf("pdserve serve: listening on http://%s:%u\n", options.host.c_str(),
+  std::printf("pdserve serve: listening on %s://%s:%u\n",
+              options.tls_cert_file.empty() ? "http" : "https", options.host.c_str(),
               static_cast<unsigned>(server->port()));
   std::fflush(stdout);
   int received = 0;
@@ -199,6 +209,13 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "Collectives of a --devices group: auto (NCCL where it loads), nccl or local")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "local"}));
+  cmd->add_option("--api-keys-file", o->api_keys_file,
+                  "Keys /v1/ requests must send as 'Authorization: Bearer <key>', one per line "
+                  "(docs/security.md)");
+  auto* cert = cmd->add_option("--tls-cert", o->tls_cert_file, "Serve HTTPS with this PEM chain");
+  auto* key = cmd->add_option("--tls-key", o->tls_key_file, "The PEM private key of --tls-cert");
+  cert->needs(key);
+  key->needs(cert);
   cmd->callback([o, exit_code] {
     const absl::Status status = Serve(*o);
     if (!status.ok()) {
