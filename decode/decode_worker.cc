@@ -228,7 +228,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   // Fails early on a bad id or parameter, before anything is allocated.
   PDSERVE_RETURN_IF_ERROR(serving::RequestSampler::Create(params, worker::SeedRequestId(id),
                                                           model_.eos_ids, record->prompt,
-                                                          config.vocab_size)
+                                                          config.vocab_size, model_.vocabulary)
                               .status());
 
   // A demand larger than the whole pool can never be met, however long one waits: refused with
@@ -426,9 +426,9 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     return;
   }
   const engine::ModelConfig& config = model_.config;
-  absl::StatusOr<serving::RequestSampler> sampler =
-      serving::RequestSampler::Create(record->params, worker::SeedRequestId(request_id),
-                                      model_.eos_ids, record->prompt, config.vocab_size);
+  absl::StatusOr<serving::RequestSampler> sampler = serving::RequestSampler::Create(
+      record->params, worker::SeedRequestId(request_id), model_.eos_ids, record->prompt,
+      config.vocab_size, model_.vocabulary);
   absl::StatusOr<std::optional<serving::FinishReason>> finish =
       sampler.ok() ? sampler->Record(record->choice, commit.first_token)
                    : absl::StatusOr<std::optional<serving::FinishReason>>(sampler.status());
