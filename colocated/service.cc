@@ -109,6 +109,8 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
     s->runner_ =
         std::make_unique<EngineStepRunner>(*s->model_, *s->layout_, s->pool_.get(), options.runner);
   }
+  PDSERVE_ASSIGN_OR_RETURN(s->vocabulary_,
+                           structured::TokenVocabulary::FromTokenizer(s->preparer_->tokenizer()));
   PDSERVE_RETURN_IF_ERROR(s->AddMetrics());
   s->loop_ = std::thread([svc = s.get()] { svc->Loop(); });
   return s;
@@ -187,8 +189,8 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   const std::string& request_id = ready.request_id;
   const bool canary = canary_.Picks(request_id);
   std::vector<int32_t> eos = req.ignore_eos ? std::vector<int32_t>{} : preparer_->eos_ids();
-  absl::StatusOr<serving::RequestSampler> sampler =
-      serving::RequestSampler::Create(params, request_id, eos, *prompt, config.vocab_size);
+  absl::StatusOr<serving::RequestSampler> sampler = serving::RequestSampler::Create(
+      params, request_id, eos, *prompt, config.vocab_size, vocabulary_);
   if (!sampler.ok()) return frontend::InvalidRequest(std::string(sampler.status().message()));
   // Under the reject policy the choices must run at once; more than fit can never be admitted,
   // which is the client's error (400), not a full server (a 503 would be retried forever).

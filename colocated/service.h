@@ -38,6 +38,7 @@
 #include "serving/sampling_params.h"
 #include "serving/scheduler.h"
 #include "serving/state_layout.h"
+#include "structured/token_vocabulary.h"
 #include "text/tokenizer.h"
 
 namespace pdserve::colocated {
@@ -99,6 +100,8 @@ class ColocatedService : public frontend::GenerationService {
 
   ServiceOptions options_;
   std::unique_ptr<frontend::RequestPreparer> preparer_;
+  // The tokenizer's tokens as bytes, for response_format's token mask.
+  std::shared_ptr<const structured::TokenVocabulary> vocabulary_;
   std::unique_ptr<engine::Model> model_;  // the CPU engine; null with a runner_factory
   engine::ModelConfig config_;
   std::unique_ptr<serving::StateLayout> layout_;

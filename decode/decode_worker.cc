@@ -297,9 +297,9 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     MaybeForget(request_id);
     return;
   }
-  absl::StatusOr<serving::RequestSampler> sampler =
-      serving::RequestSampler::Create(record->params, worker::SeedRequestId(request_id),
-                                      model_.eos_ids, record->prompt, model_.config.vocab_size);
+  absl::StatusOr<serving::RequestSampler> sampler = serving::RequestSampler::Create(
+      record->params, worker::SeedRequestId(request_id), model_.eos_ids, record->prompt,
+      model_.config.vocab_size, model_.vocabulary);
   absl::StatusOr<std::optional<serving::FinishReason>> finish =
       sampler.ok() ? sampler->Record(record->choice, commit.first_token)
                    : absl::StatusOr<std::optional<serving::FinishReason>>(sampler.status());

@@ -72,7 +72,7 @@ absl::StatusOr<std::shared_ptr<DecodeWorker::Request>> DecodeWorker::NewRequest(
   // Fails early on a bad id or parameter, before anything is allocated.
   PDSERVE_RETURN_IF_ERROR(serving::RequestSampler::Create(params, worker::SeedRequestId(id),
                                                           model_.eos_ids, record->prompt,
-                                                          config.vocab_size)
+                                                          config.vocab_size, model_.vocabulary)
                               .status());
   // A demand larger than the whole pool can never be met, however long one waits: refused with
   // its own code before anything is reserved (RESOURCE_EXHAUSTED means "not now").

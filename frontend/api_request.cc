@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "frontend/response_format.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::frontend {
@@ -319,11 +320,6 @@ void ReadChat(FieldReader& r, ApiRequest& req) {
     kr.RejectUnknown();
     if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
   }
-  if (const json* rf = r.Get("response_format"); rf && r.ok()) {
-    if (!rf->is_object() || StringField(*rf, "type") != "text") {
-      return r.Fail("only 'response_format': {\"type\": \"text\"} is supported", "response_format");
-    }
-  }
   if (const json* tools = r.Get("tools"); tools && r.ok() && !tools->empty()) {
     return r.Fail("'tools' are not supported by this server", "tools");
   }
@@ -392,6 +388,11 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
     ReadCompletion(r, req);
   } else {
     ReadChat(r, req);
+    if (const json* rf = r.Get("response_format"); rf && r.ok()) {
+      std::variant<std::string, ApiError> schema = ReadResponseFormat(*rf, body);
+      if (auto* error = std::get_if<ApiError>(&schema)) r.Fail(error->message, error->param);
+      if (auto* text = std::get_if<std::string>(&schema)) req.json_schema = std::move(*text);
+    }
   }
   r.RejectUnknown();
   if (!r.ok()) return r.error();

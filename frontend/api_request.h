@@ -36,6 +36,9 @@ struct ApiRequest {
   // Chat completions.
   std::vector<ChatMessage> messages;
   std::optional<bool> thinking;  // chat_template_kwargs.thinking
+  // response_format (frontend/response_format.h): the JSON Schema the output must satisfy, as
+  // compact JSON; empty: text.
+  std::string json_schema;
 
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -1,7 +1,6 @@
 #include "frontend/request_preparer.h"
 
 #include <algorithm>
-
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -34,6 +33,7 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
   params.n = req.n;
   if (req.logprobs) params.logprobs = req.top_logprobs;
   params.ignore_eos = req.ignore_eos;
+  params.json_schema = req.json_schema;
   return params;
 }
 

@@ -195,7 +195,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   PDSERVE_ASSIGN_OR_RETURN(
       serving::RequestSampler sampler,
       serving::RequestSampler::Create(params, worker::SeedRequestId(id), model_.eos_ids, prompt,
-                                      config.vocab_size));
+                                      config.vocab_size, model_.vocabulary));
 
   // Waits for this request's turn (FIFO) or its abort / cancellation, whichever comes first: an
   // aborted queued request leaves at once (its Abort answers quiesced) and never starts. Nothing

@@ -21,6 +21,7 @@ worker::v1::SamplingParams ToProto(const serving::SamplingParams& params, int ch
   out.set_choice(static_cast<uint32_t>(choice));
   if (params.logprobs) out.set_logprobs(*params.logprobs);
   out.set_ignore_eos(params.ignore_eos);
+  out.set_json_schema(params.json_schema);
   return out;
 }
 

@@ -174,9 +174,15 @@ int32_t DrawFiltered(const std::vector<double>& z, const SamplingParams& params,
 absl::StatusOr<std::vector<double>> ProcessLogits(std::span<const float> logits,
                                                   const SamplingParams& params,
                                                   std::span<const int32_t> end_token_ids,
-                                                  const TokenHistory& history) {
+                                                  const TokenHistory& history,
+                                                  std::span<const uint64_t> allowed) {
   PDSERVE_RETURN_IF_ERROR(CheckLogits(logits));
   std::vector<double> z(logits.begin(), logits.end());
+  if (!allowed.empty()) {
+    for (size_t t = 0; t < z.size(); ++t) {
+      if (t / 64 >= allowed.size() || !((allowed[t / 64] >> (t % 64)) & 1)) z[t] = kNegInf;
+    }
+  }
   if (history.generated_length() < params.min_tokens) {
     for (int32_t token : end_token_ids) {
       PDSERVE_RETURN_IF_ERROR(CheckIdInLogits("end", token, z.size()));
@@ -209,14 +215,15 @@ absl::StatusOr<std::vector<double>> ProcessLogits(std::span<const float> logits,
 absl::StatusOr<SampledToken> SampleToken(std::span<const float> logits,
                                          const SamplingParams& params,
                                          std::span<const int32_t> end_token_ids,
-                                         const TokenHistory& history, SampleKey key) {
+                                         const TokenHistory& history, SampleKey key,
+                                         std::span<const uint64_t> allowed) {
   PDSERVE_ASSIGN_OR_RETURN(std::vector<double> z,
-                           ProcessLogits(logits, params, end_token_ids, history));
+                           ProcessLogits(logits, params, end_token_ids, history, allowed));
   SampledToken result;
   result.token = Argmax(z);
   if (z[result.token] == kNegInf) {
     return absl::FailedPreconditionError(
-        "every token is masked (min_tokens, logit_bias or -inf logits)");
+        "every token is masked (min_tokens, logit_bias, response_format or -inf logits)");
   }
   if (params.temperature >= kGreedyTemperature) {
     for (double& value : z) value /= params.temperature;
@@ -234,12 +241,14 @@ const char* FinishReasonName(FinishReason reason) {
 }
 
 RequestSampler::RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
-                               std::vector<int32_t> end_token_ids, std::vector<Choice> choices)
+                               std::vector<int32_t> end_token_ids, std::vector<Choice> choices,
+                               std::shared_ptr<structured::JsonConstraint> constraint)
     : params_(params),
       seed_(seed),
       vocab_size_(vocab_size),
       end_token_ids_(std::move(end_token_ids)),
-      choices_(std::move(choices)) {}
+      choices_(std::move(choices)),
+      constraint_(std::move(constraint)) {}
 
 absl::Status CheckMinTokensReachable(const SamplingParams& params,
                                      std::span<const int32_t> eos_token_ids, int64_t vocab_size) {
@@ -266,12 +275,20 @@ absl::Status CheckMinTokensReachable(const SamplingParams& params,
                    "token could be generated"));
 }
 
-absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& params,
-                                                      std::string_view request_id,
-                                                      std::span<const int32_t> eos_token_ids,
-                                                      std::span<const int32_t> prompt,
-                                                      int64_t vocab_size) {
+absl::StatusOr<RequestSampler> RequestSampler::Create(
+    const SamplingParams& params, std::string_view request_id,
+    std::span<const int32_t> eos_token_ids, std::span<const int32_t> prompt, int64_t vocab_size,
+    std::shared_ptr<const structured::TokenVocabulary> vocabulary) {
   PDSERVE_RETURN_IF_ERROR(ValidateSamplingParams(params, vocab_size));
+  std::shared_ptr<structured::JsonConstraint> constraint;
+  if (!params.json_schema.empty()) {
+    if (!vocabulary) {
+      return absl::FailedPreconditionError(
+          "response_format needs the tokenizer's vocabulary, which this server did not load");
+    }
+    PDSERVE_ASSIGN_OR_RETURN(
+        constraint, structured::JsonConstraint::Create(params.json_schema, std::move(vocabulary)));
+  }
   std::vector<int32_t> end_ids;
   if (!params.ignore_eos) end_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
   for (int32_t token : end_ids) {
@@ -292,8 +309,11 @@ absl::StatusOr<RequestSampler> RequestSampler::Create(const SamplingParams& para
   for (int32_t i = 1; i < params.n; ++i) {
     choices.push_back({TokenHistory::SamePrompt(choices.front().history)});
   }
+  if (constraint) {
+    for (Choice& choice : choices) choice.json = constraint->Start();
+  }
   return RequestSampler(params, EffectiveSeed(params, request_id), vocab_size, std::move(end_ids),
-                        std::move(choices));
+                        std::move(choices), std::move(constraint));
 }
 
 absl::StatusOr<RequestSampler::Choice*> RequestSampler::OpenChoice(int32_t choice) {
@@ -319,13 +339,32 @@ std::optional<FinishReason> RequestSampler::Append(Choice& state, int32_t token)
   return finish;
 }
 
+absl::Status RequestSampler::AdvanceJson(Choice& state, int32_t token) {
+  if (!state.json) return absl::OkStatus();
+  const bool ends =
+      std::find(end_token_ids_.begin(), end_token_ids_.end(), token) != end_token_ids_.end();
+  if ((ends && state.json->Complete()) || constraint_->Accept(*state.json, token)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("token id ", token, " does not continue the JSON document of response_format"));
+}
+
 absl::StatusOr<SampleStep> RequestSampler::Next(int32_t choice, std::span<const float> logits) {
   PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
   const SampleKey key = {seed_, static_cast<uint32_t>(choice),
                          static_cast<uint32_t>(state->history.position())};
+  std::span<const uint64_t> allowed;
+  if (state->json) {
+    const int64_t remaining = params_.max_tokens - state->history.generated_length();
+    PDSERVE_RETURN_IF_ERROR(constraint_->FillMask(*state->json, remaining, end_token_ids_,
+                                                  static_cast<int64_t>(logits.size()), &mask_));
+    allowed = mask_;
+  }
   SampleStep step;
-  PDSERVE_ASSIGN_OR_RETURN(step.sampled,
-                           SampleToken(logits, params_, end_token_ids_, state->history, key));
+  PDSERVE_ASSIGN_OR_RETURN(
+      step.sampled, SampleToken(logits, params_, end_token_ids_, state->history, key, allowed));
+  PDSERVE_RETURN_IF_ERROR(AdvanceJson(*state, step.sampled.token));
   step.finish = Append(*state, step.sampled.token);
   return step;
 }
@@ -336,6 +375,7 @@ absl::StatusOr<std::optional<FinishReason>> RequestSampler::Record(int32_t choic
     return absl::InvalidArgumentError(absl::StrCat(
         "recorded token id ", token, " is outside the vocabulary [0, ", vocab_size_, ")"));
   }
+  PDSERVE_RETURN_IF_ERROR(AdvanceJson(*state, token));
   return Append(*state, token);
 }
 

@@ -2,6 +2,8 @@
 //
 // For one choice at one position, SampleToken transforms the model's raw logits z (fp32, shape
 // [vocab]) in double precision, in this order:
+//   0. response_format: tokens outside the step's allowed set (a bitset from
+//      structured::JsonConstraint, when the request has a json_schema) get -inf.
 //   1. min_tokens: while fewer than min_tokens tokens are generated, EOS and stop ids get -inf
 //      (vLLM MinTokensLogitsProcessor).
 //   2. logit_bias: z[t] += bias[t] (OpenAI).
@@ -25,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -33,6 +36,8 @@
 #include "absl/status/statusor.h"
 #include "serving/sampling_params.h"
 #include "serving/token_history.h"
+#include "structured/json_constraint.h"
+#include "structured/token_vocabulary.h"
 
 namespace pdserve::serving {
 
@@ -58,23 +63,26 @@ struct SampleKey {
   uint32_t position = 0;
 };
 
-// Steps 1-4 of the header: the processed logits, double [vocab], before temperature. Same
+// Steps 0-4 of the header: the processed logits, double [vocab], before temperature. Same
 // arguments and InvalidArgument errors as SampleToken. Thread-safe: a pure function.
 absl::StatusOr<std::vector<double>> ProcessLogits(std::span<const float> logits,
                                                   const SamplingParams& params,
                                                   std::span<const int32_t> end_token_ids,
-                                                  const TokenHistory& history);
+                                                  const TokenHistory& history,
+                                                  std::span<const uint64_t> allowed = {});
 
 // Samples one token. `logits`: raw model output for this choice's last position, fp32 [vocab].
 // `params` must have passed ValidateSamplingParams for this vocab. `end_token_ids`: EOS and stop
-// ids, masked while history.generated_length() < params.min_tokens.
+// ids, masked while history.generated_length() < params.min_tokens. `allowed`: empty, or the
+// bitset of the tokens this step may take (bit t of word t / 64; tokens past it are refused).
 // Errors: InvalidArgument when logits are empty or hold NaN or +inf (named by token id), or when a
 // logit_bias / end token id is outside the logits; FailedPrecondition when every token is masked.
 // Thread-safe: a pure function of its arguments.
 absl::StatusOr<SampledToken> SampleToken(std::span<const float> logits,
                                          const SamplingParams& params,
                                          std::span<const int32_t> end_token_ids,
-                                         const TokenHistory& history, SampleKey key);
+                                         const TokenHistory& history, SampleKey key,
+                                         std::span<const uint64_t> allowed = {});
 
 enum class FinishReason { kStop, kLength };
 const char* FinishReasonName(FinishReason reason);  // "stop" / "length" (OpenAI finish_reason)
@@ -100,10 +108,14 @@ class RequestSampler {
   // Validates `params` against `vocab_size` (see ValidateSamplingParams); `eos_token_ids` come from
   // generation_config.json or the model config and are not used when params.ignore_eos (then
   // only params.stop_token_ids end a choice). The seed is EffectiveSeed(params, request_id).
-  static absl::StatusOr<RequestSampler> Create(const SamplingParams& params,
-                                               std::string_view request_id,
-                                               std::span<const int32_t> eos_token_ids,
-                                               std::span<const int32_t> prompt, int64_t vocab_size);
+  // A request with params.json_schema needs `vocabulary` (the tokenizer's tokens as bytes): its
+  // schema is compiled here (InvalidArgument naming an unsupported keyword) and every choice's
+  // tokens are masked to keep the output a document the schema accepts; without a vocabulary
+  // such a request is FailedPrecondition.
+  static absl::StatusOr<RequestSampler> Create(
+      const SamplingParams& params, std::string_view request_id,
+      std::span<const int32_t> eos_token_ids, std::span<const int32_t> prompt, int64_t vocab_size,
+      std::shared_ptr<const structured::TokenVocabulary> vocabulary = nullptr);
 
   // Samples and records the next token of `choice` in [0, n). A token that is an EOS or stop id
   // (once min_tokens is reached) finishes the choice with kStop, the max_tokens-th with kLength.
@@ -111,7 +123,8 @@ class RequestSampler {
   absl::StatusOr<SampleStep> Next(int32_t choice, std::span<const float> logits);
   // Records a token of `choice` drawn elsewhere with this request's key (in PD mode, the prefill
   // worker's first token), so later draws continue the same stream; returns the finish it causes.
-  // Errors: as Next's, and InvalidArgument for a token outside the vocabulary.
+  // Errors: as Next's, and InvalidArgument for a token outside the vocabulary or one the
+  // response_format's JSON cannot continue with.
   absl::StatusOr<std::optional<FinishReason>> Record(int32_t choice, int32_t token);
 
   const SamplingParams& params() const { return params_; }
@@ -124,11 +137,16 @@ class RequestSampler {
   struct Choice {
     TokenHistory history;
     bool finished = false;
+    std::optional<structured::JsonMatcher> json;  // with a json_schema: where the output is
   };
   RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
-                 std::vector<int32_t> end_token_ids, std::vector<Choice> choices);
+                 std::vector<int32_t> end_token_ids, std::vector<Choice> choices,
+                 std::shared_ptr<structured::JsonConstraint> constraint);
   // The choice's state when it may take another token; OutOfRange / FailedPrecondition otherwise.
   absl::StatusOr<Choice*> OpenChoice(int32_t choice);
+  // Moves the choice's JSON matcher past `token` (an end id: only when the document is
+  // complete); InvalidArgument when the document cannot continue with it.
+  absl::Status AdvanceJson(Choice& state, int32_t token);
   // Appends `token` and returns the finish it causes.
   std::optional<FinishReason> Append(Choice& state, int32_t token);
 
@@ -137,6 +155,9 @@ class RequestSampler {
   int64_t vocab_size_;
   std::vector<int32_t> end_token_ids_;  // EOS ids then stop ids
   std::vector<Choice> choices_;
+  // Shared by copies of this sampler and its choices (thread-safe); null without a json_schema.
+  std::shared_ptr<structured::JsonConstraint> constraint_;
+  std::vector<uint64_t> mask_;  // the last step's allowed tokens
 };
 
 }  // namespace pdserve::serving

@@ -93,6 +93,14 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
   if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxTopLogprobs)) {
     return RangeError("logprobs", absl::StrCat("in [0, ", kMaxTopLogprobs, "]"), *params.logprobs);
   }
+  if (!params.json_schema.empty() && params.min_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "min_tokens must be 0 with response_format: the end of the JSON ends the choice");
+  }
+  if (!params.json_schema.empty() && params.ignore_eos) {
+    return absl::InvalidArgumentError(
+        "ignore_eos must be false with response_format: the end of the JSON ends the choice");
+  }
   for (const auto& [field, value] :
        {std::pair<absl::string_view, double>{"temperature", params.temperature},
         {"top_p", params.top_p},

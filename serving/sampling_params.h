@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -46,6 +47,10 @@ struct SamplingParams {
   // The model's EOS ids are ordinary tokens (not end ids, not masked by min_tokens);
   // stop_token_ids still end a choice. RequestSampler::Create drops the EOS ids it is given.
   bool ignore_eos = false;
+  // response_format json_object / json_schema: the JSON Schema the output must satisfy (compact
+  // JSON text; structured::kJsonObjectSchema for json_object), enforced by a token mask per step
+  // (structured/json_constraint.h). Empty: unconstrained.
+  std::string json_schema;
 
   // The defaults a model asks for: temperature / top_p / top_k from `config` where present.
   static SamplingParams FromGenerationConfig(const GenerationConfig& config);

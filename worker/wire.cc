@@ -28,6 +28,7 @@ absl::StatusOr<serving::SamplingParams> SamplingFromProto(
   params.n = static_cast<int32_t>(proto.choice()) + 1;
   if (proto.has_logprobs()) params.logprobs = proto.logprobs();
   params.ignore_eos = proto.ignore_eos();
+  params.json_schema = proto.json_schema();
   absl::Status valid = serving::ValidateSamplingParams(params, vocab_size);
   if (!valid.ok()) return valid;
   return params;

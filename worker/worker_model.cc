@@ -1,11 +1,13 @@
 #include "worker/worker_model.h"
 
+#include <filesystem>
 #include <utility>
 
 #include "colocated/paged_state.h"
 #include "common/status.h"
 #include "serving/generation_config.h"
 #include "spdlog/spdlog.h"
+#include "text/tokenizer.h"
 
 namespace pdserve::worker {
 
@@ -30,6 +32,11 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
   PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, colocated::LayoutForModel(config));
   w.layout = std::make_unique<serving::StateLayout>(layout);
   w.layers = LayerAttentions(config);
+  if (std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+    PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<text::Tokenizer> tokenizer,
+                             text::Tokenizer::Load(model_dir));
+    PDSERVE_ASSIGN_OR_RETURN(w.vocabulary, structured::TokenVocabulary::FromTokenizer(*tokenizer));
+  }
   return w;
 }
 

@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "kvtransfer/transfer_plan.h"
 #include "serving/state_layout.h"
+#include "structured/token_vocabulary.h"
 
 namespace pdserve::worker {
 
@@ -27,11 +28,15 @@ struct WorkerModel {
   std::vector<int32_t> eos_ids;  // generation_config.json's, else config.json's (as colocated)
   std::unique_ptr<serving::StateLayout> layout;  // colocated::LayoutForModel: the page format
   std::vector<kv::LayerAttention> layers;
+  // The tokenizer's tokens as bytes, for response_format's token mask; null when the model
+  // directory has no tokenizer.json (then such requests are refused).
+  std::shared_ptr<const structured::TokenVocabulary> vocabulary;
 };
 
 // Errors: loading the model (config.json; with `cpu_engine` also the weights) or
-// generation_config.json; an unusable layout. `options`: the implementation switches and
-// test-only faults (engine/model_options.h). `cpu_engine` false: config only, `model` stays null.
+// generation_config.json; an unusable layout; a tokenizer.json that is there but does not load.
+// `options`: the implementation switches and test-only faults (engine/model_options.h).
+// `cpu_engine` false: config only, `model` stays null.
 absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
                                             engine::ModelOptions options = {},
                                             bool cpu_engine = true);

@@ -132,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{
             Endpoint::kChatCompletions,
             R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
-            "only 'response_format': {\"type\": \"text\"} is supported", "response_format"}));
+            "'response_format' must be an object with a string 'type'", "response_format"}));
 
 TEST(ApiRequestTest, StopStringsAreAtMost512Bytes) {
   const auto body = [](size_t bytes) {

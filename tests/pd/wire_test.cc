@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "router/convert.h"
+
 namespace pdserve::worker {
 namespace {
 
@@ -40,6 +42,19 @@ TEST(SamplingFromProtoTest, IgnoreEosTravelsAndLeavesMinTokensAlone) {
   EXPECT_TRUE(params->ignore_eos);
   EXPECT_EQ(params->min_tokens, 2);
   EXPECT_EQ(params->stop_token_ids, std::vector<int32_t>{9});
+}
+
+TEST(SamplingFromProtoTest, TheResponseFormatSchemaTravelsFromTheRouter) {
+  serving::SamplingParams params;
+  params.max_tokens = 8;
+  params.json_schema = R"({"type":"object","properties":{"b":{},"a":{}}})";
+  absl::StatusOr<serving::SamplingParams> read =
+      SamplingFromProto(router::ToProto(params, /*choice=*/0), 100);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->json_schema, params.json_schema);
+  params.min_tokens = 1;  // the JSON's end ends the choice: no min_tokens with it
+  EXPECT_EQ(SamplingFromProto(router::ToProto(params, 0), 100).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SamplingFromProtoTest, OutOfRangeFieldsAreInvalidArgument) {

@@ -1,0 +1,318 @@
+#include "structured/json_schema.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace pdserve::structured {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int64_t kCostCap = int64_t{1} << 40;
+
+int64_t Add(int64_t a, int64_t b) { return std::min(kCostCap, a + b); }
+int64_t Mul(int64_t a, int64_t b) {
+  return b == 0 ? 0 : (a > kCostCap / b ? kCostCap : std::min(kCostCap, a * b));
+}
+
+bool IsAnnotation(const std::string& key) {
+  static const std::set<std::string> kAnnotations = {
+      "title", "description", "default",    "examples", "$schema",
+      "$id",   "$comment",    "deprecated", "readOnly", "writeOnly"};
+  return kAnnotations.count(key) > 0 || key.rfind("x-", 0) == 0;
+}
+
+absl::Status Refuse(const std::string& path, std::string what) {
+  return absl::InvalidArgumentError(absl::StrCat(what, " (at ", path, ")"));
+}
+
+absl::StatusOr<uint8_t> TypeBit(const json& name, const std::string& path) {
+  static const std::pair<const char*, uint8_t> kNames[] = {
+      {"object", kTypeObject}, {"array", kTypeArray},     {"string", kTypeString},
+      {"number", kTypeNumber}, {"integer", kTypeInteger}, {"boolean", kTypeBoolean},
+      {"null", kTypeNull}};
+  if (name.is_string()) {
+    for (const auto& [n, bit] : kNames) {
+      if (name.get<std::string>() == n) return bit;
+    }
+  }
+  return Refuse(path, absl::StrCat("'type' ", name.dump(), " is not a JSON Schema type"));
+}
+
+// The types a literal value has, as JsonType bits (an integral float is an integer too).
+uint8_t TypesOf(const json& v) {
+  switch (v.type()) {
+    case json::value_t::object:
+      return kTypeObject;
+    case json::value_t::array:
+      return kTypeArray;
+    case json::value_t::string:
+      return kTypeString;
+    case json::value_t::boolean:
+      return kTypeBoolean;
+    case json::value_t::null:
+      return kTypeNull;
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return kTypeNumber | kTypeInteger;
+    case json::value_t::number_float: {
+      const double d = v.get<double>();
+      return d == static_cast<double>(static_cast<int64_t>(d)) ? kTypeNumber | kTypeInteger
+                                                               : kTypeNumber;
+    }
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+class JsonSchema::Compiler {
+ public:
+  explicit Compiler(JsonSchema* out) : out_(out) {}
+
+  absl::Status Run(const json& schema) {
+    SchemaNode& any = New();
+    any.types = kTypeAny;
+    any.additional = &any;
+    any.items = &any;
+    any.min_bytes = 1;
+    any.tail = {1};
+    out_->any_ = &any;
+    SchemaNode& boolean = New();
+    boolean.literals = {"false", "true"};
+    boolean.min_bytes = 4;
+    out_->boolean_ = &boolean;
+    SchemaNode& null = New();
+    null.literals = {"null"};
+    null.min_bytes = 4;
+    out_->null_ = &null;
+    PDSERVE_ASSIGN_OR_RETURN(out_->root_, Node(schema, "#", 0));
+    return absl::OkStatus();
+  }
+
+ private:
+  SchemaNode& New() { return out_->nodes_.emplace_back(); }
+
+  absl::StatusOr<const SchemaNode*> Node(const json& schema, const std::string& path, int depth) {
+    if (depth > kMaxNesting) {
+      return Refuse(path, absl::StrCat("the schema nests deeper than ", kMaxNesting, " levels"));
+    }
+    if (schema.is_boolean()) {
+      if (schema.get<bool>()) return out_->any_;
+      return Refuse(path, "the schema false accepts nothing");
+    }
+    if (!schema.is_object()) return Refuse(path, "a schema must be an object or a boolean");
+    for (auto it = schema.begin(); it != schema.end(); ++it) {
+      static const std::set<std::string> kSupported = {
+          "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+          "enum", "const",      "anyOf"};
+      if (!kSupported.count(it.key()) && !IsAnnotation(it.key())) {
+        return Refuse(path, absl::StrCat("keyword '", it.key(), "' is not supported"));
+      }
+    }
+    if (schema.contains("anyOf")) return AnyOf(schema, path, depth);
+    SchemaNode& node = New();
+    PDSERVE_RETURN_IF_ERROR(Types(schema, path, node));
+    PDSERVE_RETURN_IF_ERROR(Literals(schema, path, node));
+    if (!node.literals.empty()) {
+      node.min_bytes = kCostCap;
+      for (const std::string& l : node.literals) {
+        node.min_bytes = std::min<int64_t>(node.min_bytes, static_cast<int64_t>(l.size()));
+      }
+      return &node;
+    }
+    if (node.types & kTypeObject) PDSERVE_RETURN_IF_ERROR(Object(schema, path, depth, node));
+    if (node.types & kTypeArray) PDSERVE_RETURN_IF_ERROR(Array(schema, path, depth, node));
+    node.min_bytes = MinBytes(node);
+    return &node;
+  }
+
+  absl::StatusOr<const SchemaNode*> AnyOf(const json& schema, const std::string& path, int depth) {
+    for (auto it = schema.begin(); it != schema.end(); ++it) {
+      if (it.key() != "anyOf" && !IsAnnotation(it.key())) {
+        return Refuse(path, absl::StrCat("keyword '", it.key(),
+                                         "' next to 'anyOf' is not supported (move it into "
+                                         "each alternative)"));
+      }
+    }
+    const json& list = schema["anyOf"];
+    if (!list.is_array() || list.empty()) {
+      return Refuse(path, "'anyOf' must be a non-empty array of schemas");
+    }
+    SchemaNode& node = New();
+    node.min_bytes = kCostCap;
+    for (size_t i = 0; i < list.size(); ++i) {
+      PDSERVE_ASSIGN_OR_RETURN(const SchemaNode* alt,
+                               Node(list[i], absl::StrCat(path, "/anyOf/", i), depth));
+      node.any_of.push_back(alt);
+      node.min_bytes = std::min(node.min_bytes, alt->min_bytes);
+    }
+    return &node;
+  }
+
+  absl::Status Types(const json& schema, const std::string& path, SchemaNode& node) {
+    auto it = schema.find("type");
+    if (it == schema.end()) return absl::OkStatus();
+    node.types = 0;
+    if (it->is_array()) {
+      for (const json& name : *it) {
+        PDSERVE_ASSIGN_OR_RETURN(uint8_t bit, TypeBit(name, path));
+        node.types |= bit;
+      }
+      if (node.types == 0) return Refuse(path, "'type' must name at least one type");
+    } else {
+      PDSERVE_ASSIGN_OR_RETURN(node.types, TypeBit(*it, path));
+    }
+    if (node.types & kTypeNumber) node.types |= kTypeInteger;
+    return absl::OkStatus();
+  }
+
+  // enum and const, filtered by type: the node's literals.
+  absl::Status Literals(const json& schema, const std::string& path, SchemaNode& node) {
+    const bool has_enum = schema.contains("enum");
+    const bool has_const = schema.contains("const");
+    if (!has_enum && !has_const) return absl::OkStatus();
+    std::vector<json> values;
+    if (has_enum) {
+      const json& e = schema["enum"];
+      if (!e.is_array() || e.empty()) return Refuse(path, "'enum' must be a non-empty array");
+      values.assign(e.begin(), e.end());
+    }
+    if (has_const) {
+      const json& c = schema["const"];
+      if (has_enum) {
+        const bool listed = std::find(values.begin(), values.end(), c) != values.end();
+        values.clear();
+        if (listed) values.push_back(c);
+      } else {
+        values.push_back(c);
+      }
+    }
+    std::set<std::string> literals;
+    for (const json& v : values) {
+      if (TypesOf(v) & node.types) literals.insert(v.dump());
+    }
+    if (literals.empty()) {
+      return Refuse(path, "no value of 'enum' / 'const' has the schema's 'type'");
+    }
+    node.literals.assign(literals.begin(), literals.end());
+    return absl::OkStatus();
+  }
+
+  absl::Status Object(const json& schema, const std::string& path, int depth, SchemaNode& node) {
+    std::set<std::string> required;
+    if (auto it = schema.find("required"); it != schema.end()) {
+      if (!it->is_array()) return Refuse(path, "'required' must be an array of strings");
+      for (const json& name : *it) {
+        if (!name.is_string()) return Refuse(path, "'required' must be an array of strings");
+        required.insert(name.get<std::string>());
+      }
+    }
+    if (auto it = schema.find("properties"); it != schema.end()) {
+      if (!it->is_object()) return Refuse(path, "'properties' must be an object");
+      for (auto p = it->begin(); p != it->end(); ++p) {
+        SchemaProperty property;
+        property.name = p.key();
+        property.key = json(p.key()).dump();
+        property.required = required.erase(p.key()) > 0;
+        PDSERVE_ASSIGN_OR_RETURN(property.value,
+                                 Node(*p, absl::StrCat(path, "/properties/", p.key()), depth + 1));
+        node.properties.push_back(std::move(property));
+      }
+    }
+    if (!required.empty()) {
+      return Refuse(
+          path, absl::StrCat("required property '", *required.begin(), "' is not in 'properties'"));
+    }
+    node.additional = out_->any_;
+    if (auto it = schema.find("additionalProperties"); it != schema.end()) {
+      if (it->is_boolean() && !it->get<bool>()) {
+        node.additional = nullptr;
+      } else {
+        PDSERVE_ASSIGN_OR_RETURN(node.additional,
+                                 Node(*it, absl::StrCat(path, "/additionalProperties"), depth + 1));
+      }
+    }
+    ObjectCosts(node);
+    return absl::OkStatus();
+  }
+
+  absl::Status Array(const json& schema, const std::string& path, int depth, SchemaNode& node) {
+    node.items = out_->any_;
+    if (auto it = schema.find("items"); it != schema.end()) {
+      if (it->is_boolean() && !it->get<bool>()) {
+        node.max_items = 0;
+      } else if (it->is_array()) {
+        return Refuse(path, "'items' as an array (tuple validation) is not supported");
+      } else {
+        PDSERVE_ASSIGN_OR_RETURN(node.items, Node(*it, absl::StrCat(path, "/items"), depth + 1));
+      }
+    }
+    for (const char* key : {"minItems", "maxItems"}) {
+      auto it = schema.find(key);
+      if (it == schema.end()) continue;
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+          it->get<int64_t>() > kMaxItemsLimit) {
+        return Refuse(path,
+                      absl::StrCat("'", key, "' must be an integer in [0, ", kMaxItemsLimit, "]"));
+      }
+      (std::string(key) == "minItems" ? node.min_items : node.max_items) =
+          std::min(node.max_items, it->get<int64_t>());
+    }
+    if (node.min_items > node.max_items) {
+      return Refuse(path, "'minItems' is larger than 'maxItems'");
+    }
+    return absl::OkStatus();
+  }
+
+  static void ObjectCosts(SchemaNode& node) {
+    const size_t n = node.properties.size();
+    node.tail.assign(n + 1, 1);
+    node.via_key.assign(n, 0);
+    for (size_t j = n; j-- > 0;) {
+      const SchemaProperty& p = node.properties[j];
+      node.via_key[j] =
+          Add(Add(static_cast<int64_t>(p.key.size()) + 1, p.value->min_bytes), node.tail[j + 1]);
+      node.tail[j] = p.required ? Add(1, node.via_key[j]) : node.tail[j + 1];
+    }
+  }
+
+  static int64_t MinBytes(const SchemaNode& node) {
+    int64_t best = kCostCap;
+    if (node.types & (kTypeNumber | kTypeInteger)) best = 1;
+    if (node.types & kTypeString) best = std::min<int64_t>(best, 2);
+    if (node.types & (kTypeBoolean | kTypeNull)) best = std::min<int64_t>(best, 4);
+    if (node.types & kTypeObject) {
+      const bool any_required = node.tail.size() > 1 && node.tail[0] > 1;
+      best = std::min(best, any_required ? Add(node.tail[0], 0) : 2);
+    }
+    if (node.types & kTypeArray) {
+      const int64_t m = node.items->min_bytes;
+      best = std::min(
+          best, node.min_items == 0 ? 2 : Add(Add(1, Mul(node.min_items, m)), node.min_items));
+    }
+    return best;
+  }
+
+  JsonSchema* out_;
+};
+
+absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const json& schema) {
+  std::shared_ptr<JsonSchema> out(new JsonSchema());
+  Compiler compiler(out.get());
+  PDSERVE_RETURN_IF_ERROR(compiler.Run(schema));
+  return std::shared_ptr<const JsonSchema>(std::move(out));
+}
+
+absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Parse(std::string_view text) {
+  json schema = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded()) return absl::InvalidArgumentError("the schema is not valid JSON");
+  return Compile(schema);
+}
+
+}  // namespace pdserve::structured

@@ -1,0 +1,168 @@
+// The token mask on the bundled model's real tokenizer (models/kjv-v4-tiny): it equals a brute
+// force over every token, admits the end ids exactly when the document is complete, and keeps
+// every walk through it closable within max_tokens; RequestSampler applies it on random logits.
+#include "structured/json_constraint.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "serving/sampler.h"
+#include "text/tokenizer.h"
+
+namespace pdserve::structured {
+namespace {
+
+using json = nlohmann::json;
+
+struct Bundled {
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::shared_ptr<const TokenVocabulary> vocabulary;
+};
+
+const Bundled& Model() {
+  static const Bundled* bundled = [] {
+    auto* b = new Bundled;
+    b->tokenizer = *text::Tokenizer::Load(PDSERVE_BUNDLED_MODEL);
+    b->vocabulary = *TokenVocabulary::FromTokenizer(*b->tokenizer);
+    return b;
+  }();
+  return *bundled;
+}
+
+// tests/structured/schemas.json: the schemas the router test samples, each {"name", "schema"}.
+std::vector<std::string> Schemas() {
+  std::ifstream in(PDSERVE_JSON_SCHEMAS);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::string> out;
+  for (const auto& entry : nlohmann::ordered_json::parse(text.str())) {
+    out.push_back(entry["schema"].dump());
+  }
+  return out;
+}
+
+bool Bit(const std::vector<uint64_t>& bits, int32_t t) { return (bits[t / 64] >> (t % 64)) & 1; }
+
+constexpr int32_t kEos = 1;  // the bundled model's eos_token_id
+
+TEST(TokenVocabularyTest, BundledVocabularyHasEveryPrintableAsciiByteAsAToken) {
+  // The budget rule counts one token per byte of the shortest completion.
+  for (int byte = 0x20; byte < 0x7f; ++byte) {
+    EXPECT_GE(Model().vocabulary->SingleByteToken(static_cast<uint8_t>(byte)), 0) << byte;
+  }
+  EXPECT_TRUE(Model().vocabulary->bytes(kEos).empty());  // special: only allowed as an end id
+}
+
+// Every token the automaton accepts from the state, by brute force.
+std::vector<int32_t> BruteForce(const JsonMatcher& m) {
+  std::vector<int32_t> out;
+  for (int32_t t = 0; t < Model().vocabulary->size(); ++t) {
+    JsonMatcher copy = m;
+    const std::string& bytes = Model().vocabulary->bytes(t);
+    if (!bytes.empty() && copy.Advance(bytes)) out.push_back(t);
+  }
+  return out;
+}
+
+TEST(JsonConstraintTest, MaskEqualsBruteForceAlongADocumentAndEndsOnlyWhenComplete) {
+  const std::string schema = Schemas()[17];  // "event": strings, enums, arrays, anyOf
+  const std::string doc =
+      R"({"title": "And \"God\" said", "day":3,"participants":[{"name":"Moses","role":"prophet"}],)"
+      R"("location":{"lat":31.5,"lon":-35.25}})";
+  auto constraint = *JsonConstraint::Create(schema, Model().vocabulary);
+  JsonMatcher m = constraint->Start();
+  const int64_t vocab = Model().vocabulary->size();
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    std::vector<uint64_t> mask;
+    ASSERT_TRUE(constraint->FillMask(m, 1 << 20, {&kEos, 1}, vocab, &mask).ok());
+    std::vector<int32_t> allowed;
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (Bit(mask, t) && t != kEos) allowed.push_back(t);
+    }
+    EXPECT_EQ(allowed, BruteForce(m)) << "after " << doc.substr(0, i);
+    EXPECT_EQ(Bit(mask, kEos), i == doc.size()) << "after " << doc.substr(0, i);
+    if (i < doc.size()) {
+      ASSERT_TRUE(m.Advance(static_cast<uint8_t>(doc[i]))) << doc.substr(0, i);
+    }
+  }
+}
+
+// Walks of random allowed tokens under a token budget at least the schema's shortest document
+// (in bytes): each ends in a complete document that parses, within the budget, for every schema
+// of the router test.
+TEST(JsonConstraintTest, RandomWalksThroughTheMaskCloseWithinMaxTokens) {
+  std::mt19937 rng(29);
+  const int64_t vocab = Model().vocabulary->size();
+  for (const std::string& schema : Schemas()) {
+    auto constraint = *JsonConstraint::Create(schema, Model().vocabulary);
+    const int64_t shortest = constraint->Start().MinCompletionBytes();
+    for (int64_t max_tokens : {shortest, shortest + 8, shortest + 64}) {
+      for (int walk = 0; walk < 4; ++walk) {
+        JsonMatcher m = constraint->Start();
+        std::string out;
+        bool ended = false;
+        for (int64_t step = 0; step < max_tokens && !ended; ++step) {
+          std::vector<uint64_t> mask;
+          ASSERT_TRUE(constraint->FillMask(m, max_tokens - step, {&kEos, 1}, vocab, &mask).ok());
+          std::vector<int32_t> allowed;
+          for (int32_t t = 0; t < vocab; ++t) {
+            if (Bit(mask, t)) allowed.push_back(t);
+          }
+          const int32_t t = allowed[rng() % allowed.size()];
+          if (t == kEos) {
+            ended = true;
+          } else {
+            ASSERT_TRUE(constraint->Accept(m, t));
+            out += Model().vocabulary->bytes(t);
+          }
+        }
+        EXPECT_TRUE(m.Complete()) << schema << "\n" << out;
+        EXPECT_FALSE(json::parse(out, nullptr, false).is_discarded()) << schema << "\n" << out;
+      }
+    }
+  }
+}
+
+TEST(JsonConstraintTest, RequestSamplerMasksRandomLogitsAndRecordRefusesOffGrammarTokens) {
+  serving::SamplingParams params;
+  params.temperature = 1.0;
+  params.max_tokens = 64;
+  params.n = 2;
+  params.json_schema = Schemas()[0];  // person
+  const int32_t eos[] = {kEos};
+  const int64_t vocab = Model().vocabulary->size();
+  auto sampler = serving::RequestSampler::Create(params, "req", eos, std::vector<int32_t>{5}, vocab,
+                                                 Model().vocabulary);
+  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::string text;
+  for (int step = 0; step < params.max_tokens && !sampler->finished(0); ++step) {
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& z : logits) z = normal(rng);
+    absl::StatusOr<serving::SampleStep> next = sampler->Next(0, logits);
+    ASSERT_TRUE(next.ok()) << next.status();
+    if (next->sampled.token != kEos) text += Model().vocabulary->bytes(next->sampled.token);
+  }
+  const json parsed = json::parse(text, nullptr, false);
+  ASSERT_TRUE(parsed.is_object()) << text;
+  EXPECT_TRUE(parsed["name"].is_string()) << text;
+  EXPECT_TRUE(parsed["age"].is_number_integer()) << text;
+  // Choice 1 has read nothing: a token that cannot start the object is refused.
+  const int32_t letter = Model().vocabulary->SingleByteToken('a');
+  EXPECT_EQ(sampler->Record(1, letter).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(sampler->Record(1, Model().vocabulary->SingleByteToken('{')).ok());
+  // Without a vocabulary a json_schema request cannot run.
+  EXPECT_EQ(serving::RequestSampler::Create(params, "req", eos, std::vector<int32_t>{5}, vocab)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace pdserve::structured

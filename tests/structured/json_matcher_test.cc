@@ -1,0 +1,166 @@
+// The JSON automaton: documents a schema accepts and refuses, byte by byte, and the shortest
+// completion it reports.
+#include "structured/json_matcher.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pdserve::structured {
+namespace {
+
+std::shared_ptr<const JsonSchema> Schema(const std::string& text) {
+  absl::StatusOr<std::shared_ptr<const JsonSchema>> schema = JsonSchema::Parse(text);
+  EXPECT_TRUE(schema.ok()) << schema.status();
+  return *schema;
+}
+
+// The whole of `doc` is read and forms a complete document.
+bool Accepts(const std::string& schema, const std::string& doc) {
+  JsonMatcher m(Schema(schema));
+  return m.Advance(doc) && m.Complete();
+}
+
+// The bytes of `doc` are all read (a prefix of some document), complete or not.
+bool Reads(const std::string& schema, const std::string& doc) {
+  JsonMatcher m(Schema(schema));
+  return m.Advance(doc);
+}
+
+const char kPerson[] = R"({"type":"object","properties":{
+  "name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},
+  "kind":{"enum":["a","b",3]}},"required":["name","kind"],"additionalProperties":false})";
+
+TEST(JsonMatcherTest, AcceptsObjectsInDeclarationOrderWithOptionalPropertiesLeftOut) {
+  EXPECT_TRUE(Accepts(kPerson, R"({"name":"x","kind":"a"})"));
+  EXPECT_TRUE(Accepts(kPerson, R"({"name":"x","age":-12,"tags":["p","q"],"kind":3})"));
+  EXPECT_TRUE(Accepts(kPerson, "{ \"name\" : \"x\" ,\n\"kind\": \"b\" }"));
+}
+
+TEST(JsonMatcherTest, RefusesMissingRequiredOtherOrderUnknownKeysAndValuesOutsideEnum) {
+  EXPECT_FALSE(Accepts(kPerson, R"({"name":"x"})"));              // kind missing
+  EXPECT_FALSE(Reads(kPerson, R"({"kind":"a","name":"x"})"));     // order
+  EXPECT_FALSE(Reads(kPerson, R"({"name":"x","other":1})"));      // not declared
+  EXPECT_FALSE(Reads(kPerson, R"({"name":"x","kind":"c"})"));     // not in enum
+  EXPECT_FALSE(Reads(kPerson, R"({"name":"x","age":1.5})"));      // integer
+  EXPECT_FALSE(Reads(kPerson, R"({"name":"x","tags":["p",]})"));  // trailing comma
+  EXPECT_FALSE(Reads(kPerson, R"({"name":"x","kind":"a"} )"));    // after the document
+}
+
+TEST(JsonMatcherTest, StringsTakeEscapesAndUtf8AndRefuseControlBytesAndSurrogates) {
+  const std::string s = R"({"type":"string"})";
+  EXPECT_TRUE(Accepts(s, R"("a\"b\\c\/\n\t\u00e9\uFFFF")"));
+  EXPECT_TRUE(Accepts(s, "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""));
+  EXPECT_FALSE(Reads(s, "\"a\x01"));         // control byte
+  EXPECT_FALSE(Reads(s, R"("\x")"));         // no such escape
+  EXPECT_FALSE(Reads(s, R"("\ud800")"));     // surrogate code unit
+  EXPECT_FALSE(Reads(s, "\"\xc0\x80\""));    // overlong
+  EXPECT_FALSE(Reads(s, "\"\xed\xa0\x80"));  // UTF-8 surrogate
+  EXPECT_FALSE(Reads(s, "\"\xe2\x82\""));    // truncated sequence
+}
+
+TEST(JsonMatcherTest, NumbersFollowJsonGrammarWithBoundedDigits) {
+  const std::string n = R"({"type":"number"})";
+  for (const char* ok : {"0", "-0", "12", "-3.25", "1e5", "2.5E-3", "6e+10"}) {
+    EXPECT_TRUE(Accepts(n, ok)) << ok;
+  }
+  for (const char* bad : {"01", "-", "1.", ".5", "1e", "+1", "--1"}) {
+    EXPECT_FALSE(Accepts(n, bad)) << bad;
+  }
+  EXPECT_TRUE(Accepts(n, std::string(kMaxIntegerDigits, '7')));
+  EXPECT_FALSE(Reads(n, std::string(kMaxIntegerDigits + 1, '7')));
+  EXPECT_FALSE(Reads(R"({"type":"integer"})", "1.0"));
+  EXPECT_FALSE(Reads(R"({"type":"integer"})", "1e3"));
+}
+
+TEST(JsonMatcherTest, AnyOfConstAndArraysBoundedByMinAndMaxItems) {
+  const std::string any_of = R"({"anyOf":[{"type":"object","properties":{"a":{"type":"null"}},
+    "required":["a"],"additionalProperties":false},{"type":"object","properties":{"b":{"type":
+    "boolean"}},"required":["b"],"additionalProperties":false},{"type":"string"}]})";
+  EXPECT_TRUE(Accepts(any_of, R"({"a":null})"));
+  EXPECT_TRUE(Accepts(any_of, R"({"b":true})"));
+  EXPECT_TRUE(Accepts(any_of, R"("s")"));
+  EXPECT_FALSE(Reads(any_of, R"({"a":true})"));
+  EXPECT_TRUE(Accepts(R"({"const":{"k":[1,"two"]}})", R"({"k":[1,"two"]})"));
+  EXPECT_FALSE(Reads(R"({"const":{"k":[1,"two"]}})", R"({"k":[2)"));
+  const std::string items =
+      R"({"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":3})";
+  EXPECT_FALSE(Accepts(items, "[1]"));
+  EXPECT_TRUE(Accepts(items, "[1,2]"));
+  EXPECT_TRUE(Accepts(items, "[1,2,3]"));
+  EXPECT_FALSE(Reads(items, "[1,2,3,"));
+  EXPECT_TRUE(Accepts(R"({"enum":[1,12]})", "12"));
+  EXPECT_TRUE(Accepts(R"({"enum":[1,12]})", "1"));
+  EXPECT_FALSE(Reads(R"({"enum":[1,12]})", "13"));
+}
+
+TEST(JsonMatcherTest, WhitespaceRunsAreBounded) {
+  const std::string o = R"({"type":"object"})";
+  EXPECT_TRUE(Accepts(o, std::string("{") + std::string(kMaxWhitespace, ' ') + "}"));
+  EXPECT_FALSE(Reads(o, std::string("{") + std::string(kMaxWhitespace + 1, ' ')));
+}
+
+TEST(JsonMatcherTest, ShortestCompletionCountsRequiredPropertiesAndClosers) {
+  JsonMatcher m(Schema(R"({"type":"object","properties":{"a":{"type":"integer"},
+    "b":{"type":"array","items":{"type":"string"},"minItems":2}},"required":["a","b"]})"));
+  EXPECT_EQ(m.MinCompletionBytes(), std::string(R"({"a":0,"b":["",""]})").size());
+  ASSERT_TRUE(m.Advance(R"({"a":)"));
+  EXPECT_EQ(m.MinCompletionBytes(), std::string(R"(0,"b":["",""]})").size());
+  ASSERT_TRUE(m.Advance(R"(17,"b":["xy)"));
+  EXPECT_EQ(m.MinCompletionBytes(), std::string("\",\"\"]}").size());
+  ASSERT_TRUE(m.Advance(R"(","z"]})"));
+  EXPECT_EQ(m.MinCompletionBytes(), 0);
+  EXPECT_TRUE(m.Complete());
+}
+
+// From every prefix of a document, following bytes that each shorten the completion by one
+// ends in a complete document after exactly MinCompletionBytes bytes, and it parses.
+TEST(JsonMatcherTest, ShortestCompletionIsReachableFromEveryPrefix) {
+  const std::string schema = R"({"type":"object","properties":{"id":{"type":"integer"},
+    "v":{"anyOf":[{"type":"null"},{"type":"array","items":{"enum":["p","qq"]},"minItems":1}]},
+    "o":{"type":"object","properties":{"s":{"type":"string"}},"required":["s"]}},
+    "required":["id","v","o"]})";
+  const std::string doc = R"({"id":-40,"v":["qq","p"],"o":{"s":"a\u0041b"}})";
+  for (size_t cut = 0; cut <= doc.size(); ++cut) {
+    JsonMatcher m(Schema(schema));
+    ASSERT_TRUE(m.Advance(doc.substr(0, cut))) << cut;
+    std::string out = doc.substr(0, cut);
+    const int64_t need = m.MinCompletionBytes();
+    for (int64_t step = 0; step < need; ++step) {
+      bool moved = false;
+      for (int byte = 0; byte < 256 && !moved; ++byte) {
+        JsonMatcher next = m;
+        if (next.Advance(static_cast<uint8_t>(byte)) &&
+            next.MinCompletionBytes() == need - step - 1) {
+          m = next;
+          out.push_back(static_cast<char>(byte));
+          moved = true;
+        }
+      }
+      ASSERT_TRUE(moved) << "stuck after " << out;
+    }
+    EXPECT_TRUE(m.Complete()) << out;
+    EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded()) << out;
+  }
+}
+
+TEST(JsonSchemaTest, RefusesKeywordsItCannotEnforceByName) {
+  for (const char* keyword : {"pattern", "format", "minLength", "minimum", "$ref", "allOf", "oneOf",
+                              "uniqueItems", "patternProperties"}) {
+    const std::string schema =
+        std::string(R"({"type":"object","properties":{"x":{")") + keyword + R"(":1}}})";
+    absl::StatusOr<std::shared_ptr<const JsonSchema>> compiled = JsonSchema::Parse(schema);
+    ASSERT_FALSE(compiled.ok()) << keyword;
+    EXPECT_NE(compiled.status().message().find(std::string("'") + keyword + "'"), std::string::npos)
+        << compiled.status();
+    EXPECT_NE(compiled.status().message().find("#/properties/x"), std::string::npos);
+  }
+  EXPECT_FALSE(JsonSchema::Parse(R"({"required":["a"],"properties":{}})").ok());
+  EXPECT_FALSE(JsonSchema::Parse(R"({"type":"string","anyOf":[{}]})").ok());
+  EXPECT_FALSE(JsonSchema::Parse(R"({"type":"integer","enum":["a"]})").ok());
+  EXPECT_TRUE(JsonSchema::Parse(R"({"title":"t","description":"d","type":"null"})").ok());
+}
+
+}  // namespace
+}  // namespace pdserve::structured
