@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/progress_heartbeat.h"
 #include "frontend/generation_service.h"
 
 namespace pdserve::frontend {
@@ -49,6 +50,10 @@ struct HttpServerOptions {
   // write_timeout closes the connection and cancels its request: a client that stops reading
   // would otherwise hold its response (up to a whole body) and the connection forever.
   std::chrono::milliseconds write_timeout{60000};
+  // When set, a timer on the I/O threads beats it every 100 ms: the event loop's progress for
+  // the systemd watchdog (it stops when no I/O thread is free to run a handler).
+  // REQUIRES: outlives the server.
+  ProgressHeartbeat* heartbeat = nullptr;
 };
 
 class HttpServer {
