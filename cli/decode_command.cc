@@ -67,7 +67,8 @@ absl::Status RunDecode(const DecodeFlags& flags) {
     options.runner_factory = colocated::GpuRunnerFactory(gpu);
 #else
     return absl::FailedPreconditionError(
-        "backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+        "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "
+        "nvcc at configure time)");
 #endif
   }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeWorker> service,

@@ -52,7 +52,8 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
     options.engine_factory = prefill::GpuPrefillEngineFactory(gpu);
 #else
     return absl::FailedPreconditionError(
-        "backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+        "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "
+        "nvcc at configure time)");
 #endif
   }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<prefill::PrefillWorker> service,
