@@ -11,7 +11,7 @@
 // the degeneration action from guards.degeneration_action, paranoid mode and the canary from
 // guards.paranoid / guards.canary_every, the reference switches from guards.reference_kernels
 // (docs/guards.md). UCX_TLS picks the transport; PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only
-// wrong indexer.
+// wrong indexer, decode/test_faults.h the test-only stalled loop.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -51,6 +51,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
                                     : colocated::DegenerationAction::kFlag;
   options.runner.paranoid = entry.deploy.guards.paranoid;
   options.canary_every = entry.deploy.guards.canary_every;
+  options.faults = decode::TestFaults::FromEnvironment();
   PDSERVE_ASSIGN_OR_RETURN(options.model,
                            worker::WorkerModelOptions(entry.deploy, entry.worker.backend));
   if (entry.worker.backend == "cuda") {
@@ -66,7 +67,8 @@ absl::Status RunDecode(const DecodeFlags& flags) {
     options.runner_factory = colocated::GpuRunnerFactory(gpu);
 #else
     return absl::FailedPreconditionError(
-        "backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+        "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "
+        "nvcc at configure time)");
 #endif
   }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeWorker> service,
@@ -75,9 +77,11 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   decode::DecodeWorker* w = service.get();
   hooks.metrics_text = [w] { return w->MetricsText(); };
   hooks.healthy = [] { return true; };
+  hooks.loops = {&w->progress()};
   hooks.stopping = [w](absl::Duration timeout) { w->Drain(timeout); };
-  absl::Status status =
-      worker::RunWorker(entry, "decode", service.get(), hooks, flags.worker.drain_timeout_ms);
+  absl::Status status = worker::RunWorker(entry, "decode", service.get(),
+                                          pdserve::worker::v1::DecodeWorker::service_full_name(),
+                                          hooks, flags.worker.drain_timeout_ms);
   service->Stop();
   return status;
 }

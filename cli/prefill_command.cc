@@ -52,7 +52,8 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
     options.engine_factory = prefill::GpuPrefillEngineFactory(gpu);
 #else
     return absl::FailedPreconditionError(
-        "backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+        "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "
+        "nvcc at configure time)");
 #endif
   }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<prefill::PrefillWorker> service,
@@ -61,8 +62,11 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   prefill::PrefillWorker* w = service.get();
   hooks.metrics_text = [w] { return w->MetricsText(); };
   hooks.healthy = [] { return true; };
+  hooks.loops = {&w->progress()};
   hooks.stopping = [w](absl::Duration timeout) { w->Drain(timeout); };
-  return worker::RunWorker(entry, "prefill", service.get(), hooks, flags.drain_timeout_ms);
+  return worker::RunWorker(entry, "prefill", service.get(),
+                           pdserve::worker::v1::PrefillWorker::service_full_name(), hooks,
+                           flags.drain_timeout_ms);
 }
 
 const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {

@@ -8,7 +8,8 @@
 // "pdserve router: listening on http://HOST:PORT" once bound; with router.grpc_port > 0 also the
 // gRPC front pdserve.v1.Generation (router/grpc_front.h). Under systemd (Type=notify) it
 // sends READY=1 once the workers are healthy (or at once if they are not yet: /ready says when)
-// and WATCHDOG=1 keep-alives. Serves until SIGINT or SIGTERM, then exits 0.
+// and WATCHDOG=1 keep-alives while its HTTP event loop runs. Serves until SIGINT or SIGTERM, then
+// exits 0.
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -60,6 +61,9 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   http.tls_key_file = config.security.tls_key_file;
   PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> front_credentials,
                            common::FrontServerCredentials(config.security));
+  // The HTTP front's event loop is the router's work loop that the systemd watchdog watches.
+  ProgressHeartbeat event_loop;
+  http.heartbeat = &event_loop;
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
                            frontend::HttpServer::Start(http, service.get()));
   // Both fronts are bound before either is announced: a gRPC port that cannot be bound ends the
@@ -80,11 +84,12 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   std::fflush(stdout);
   systemd::Notifier notifier;
   notifier.Ready();
-  notifier.StartWatchdog([] { return true; });
+  notifier.StartWatchdog({&event_loop});
   int received = 0;
   sigwait(&signals, &received);
   std::fprintf(stderr, "pdserve router: signal %d, stopping\n", received);
   notifier.Stopping();
+  if (grpc_front) grpc_front->StopServing();
   // HTTP: no new connections; running requests get drain_timeout_ms to finish, then an SSE error
   // event (never a stream cut mid-event).
   server->Drain(std::chrono::milliseconds(options.drain_timeout_ms));

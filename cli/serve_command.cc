@@ -103,7 +103,8 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
   return colocated::GpuRunnerFactory(gpu);
 #else
   return absl::FailedPreconditionError(
-      "--backend cuda: this pdserve was built without CUDA (nvcc was not found at configure time)");
+      "--backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "
+      "nvcc at configure time)");
 #endif
 }
 

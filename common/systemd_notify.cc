@@ -2,6 +2,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -34,13 +35,15 @@ void Notifier::Ready() { Send("READY=1"); }
 void Notifier::Stopping() { Send("STOPPING=1"); }
 void Notifier::Status(absl::string_view text) { Send(absl::StrCat("STATUS=", text)); }
 
-void Notifier::StartWatchdog(std::function<bool()> healthy) {
+void Notifier::StartWatchdog(std::vector<const ProgressHeartbeat*> loops) {
   if (!enabled_ || watchdog_interval_.count() == 0) return;
   const absl::Duration period = absl::Microseconds(watchdog_interval_.count() / 2);
-  watchdog_ = std::thread([this, period, healthy = std::move(healthy)] {
+  watchdog_ = std::thread([this, period, loops = std::move(loops)] {
     absl::MutexLock lock(&mu_);
     while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-      if (healthy()) Send("WATCHDOG=1");
+      const bool progressing = std::all_of(loops.begin(), loops.end(),
+                                           [&](const auto* loop) { return loop->Age() < period; });
+      if (progressing) Send("WATCHDOG=1");
     }
   });
 }

@@ -1,23 +1,23 @@
 // systemd service notifications (sd_notify(3)) for Type=notify units: READY once serving,
 // STOPPING on shutdown, STATUS lines, and WATCHDOG keep-alives from a background thread while
-// the process reports itself healthy (WatchdogSec= in the unit restarts a wedged process).
+// the process's work loops make progress (WatchdogSec= in the unit restarts a wedged process).
 //
 // A no-op when NOTIFY_SOCKET is unset (not started by systemd: tests, `pdserve up`, a shell).
 // The watchdog runs only when systemd asked for one (WATCHDOG_USEC, sd_watchdog_enabled(3)); it
 // pings every half interval, as sd_watchdog_enabled(3) recommends.
 //
-// Thread-safety: all methods may be called from any thread; `healthy` is called on the watchdog
-// thread and must be thread-safe.
+// Thread-safety: all methods may be called from any thread.
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/progress_heartbeat.h"
 
 namespace pdserve::systemd {
 
@@ -37,10 +37,11 @@ class Notifier {
   void Ready();
   void Stopping();
   void Status(absl::string_view text);
-  // Starts pinging WATCHDOG=1 every watchdog_interval()/2 while healthy() returns true, so a
-  // wedged process (healthy() false, or a hung thread) is restarted. No-op without a watchdog.
-  // REQUIRES: called at most once.
-  void StartWatchdog(std::function<bool()> healthy);
+  // Starts pinging WATCHDOG=1 every watchdog_interval()/2 while every one of `loops` beat within
+  // the last watchdog_interval()/2 (or is idle: common/progress_heartbeat.h), so a loop wedged
+  // that long stops the pings and systemd restarts the process within WatchdogSec. No-op without
+  // a watchdog. REQUIRES: called at most once; the heartbeats outlive the notifier.
+  void StartWatchdog(std::vector<const ProgressHeartbeat*> loops);
 
  private:
   void Send(const std::string& state);

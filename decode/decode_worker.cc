@@ -390,7 +390,15 @@ void DecodeWorker::JoinBatch(Request& r, int32_t first_token) {
 }
 
 void DecodeWorker::DecodeLoop() {
+  const absl::Time loop_start = absl::Now();
   for (;;) {
+    progress_.Beat();
+    if (options_.faults.StallsLoop(loop_start)) {
+      spdlog::warn("TEST-ONLY: the decode loop stalls (PDSERVE_TEST_STALL_DECODE_LOOP_MS)");
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&stopping_));
+      return;
+    }
     serving::StepPlan plan;
     if (!PlanStep(plan)) return;
     if (!plan.decode.empty()) {

@@ -44,6 +44,8 @@
 #include "colocated/step_runner.h"
 #include "common/metrics.h"
 #include "decode/request_state.h"
+#include "common/progress_heartbeat.h"
+#include "decode/test_faults.h"
 #include "engine/model.h"
 #include "guards/canary.h"
 #include "kvtransfer/transfer_plan.h"
@@ -75,6 +77,7 @@ struct DecodeWorkerOptions {
   // then be 0 (FailedPrecondition otherwise), and paranoid is refused by the GPU runner. The CPU
   // engine's weights are then not loaded (the config only).
   colocated::RunnerFactory runner_factory;
+  TestFaults faults;  // TEST-ONLY (decode/test_faults.h); none by default
 };
 
 class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
@@ -100,6 +103,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
                       pdserve::worker::v1::HealthResponse* response) override;
 
   std::string MetricsText() const;
+  // The decode loop's heartbeat (a step, or an idle wait of at most 20 ms): the systemd watchdog.
+  const ProgressHeartbeat& progress() const { return progress_; }
   // Turns DRAINING (Health says STATE_DRAINING; Reserve answers UNAVAILABLE) and waits up to
   // `timeout` for every reserved request to finish and its stream to end. Requests still open
   // then end with a final event finish_reason "abort", error_message "worker shutting down"
@@ -230,6 +235,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   serving::RequestId next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   std::thread transfer_thread_;
   std::thread decode_thread_;
+  ProgressHeartbeat progress_;
 
   metrics::Registry registry_;
   metrics::Gauge* running_gauge_ = nullptr;

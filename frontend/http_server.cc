@@ -42,6 +42,8 @@ constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 // server_busy, malformed) keeps reading and dropping what the client still sends (Linger).
 constexpr auto kLingerTimeout = std::chrono::seconds(30);
 constexpr size_t kLingerReadBytes = 16384;
+// How often the event loop beats HttpServerOptions::heartbeat.
+constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(100);
 
 class Session;
 
@@ -89,6 +91,7 @@ struct HttpServer::Impl {
   net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
   tcp::acceptor acceptor{ioc};
   net::steady_timer accept_timer{ioc};
+  net::steady_timer heartbeat_timer{ioc};  // used only by its own handler chain
   std::vector<std::thread> threads;
   // Runs GenerationService::Start (HttpServerOptions::prepare_threads).
   std::unique_ptr<net::thread_pool> prepare_pool;
@@ -101,6 +104,14 @@ struct HttpServer::Impl {
   std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
 
   void Accept();
+  // Beats options.heartbeat and runs again after kHeartbeatPeriod, until the server stops.
+  void Heartbeat() {
+    options.heartbeat->Beat();
+    heartbeat_timer.expires_after(kHeartbeatPeriod);
+    heartbeat_timer.async_wait([this](beast::error_code ec) {
+      if (!ec && !stopped.load()) Heartbeat();
+    });
+  }
 };
 
 namespace {
@@ -834,6 +845,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   }
   impl->prepare_pool = std::make_unique<net::thread_pool>(std::max(1, options.prepare_threads));
   net::post(impl->accept_strand, [raw = impl.get()] { raw->Accept(); });
+  if (options.heartbeat != nullptr) net::post(impl->ioc, [raw = impl.get()] { raw->Heartbeat(); });
   for (int i = 0; i < std::max(1, options.io_threads); ++i) {
     impl->threads.emplace_back([raw = impl.get()] { raw->ioc.run(); });
   }

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/api_keys.h"
+#include "common/progress_heartbeat.h"
 #include "frontend/generation_service.h"
 
 namespace pdserve::frontend {
@@ -57,6 +58,10 @@ struct HttpServerOptions {
   // Both set: HTTPS (TLS 1.2 or later) with this PEM certificate chain and private key.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // When set, a timer on the I/O threads beats it every 100 ms: the event loop's progress for
+  // the systemd watchdog (it stops when no I/O thread is free to run a handler).
+  // REQUIRES: outlives the server.
+  ProgressHeartbeat* heartbeat = nullptr;
 };
 
 class HttpServer {

@@ -235,6 +235,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
     }
     if (!mine) return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
     run_busy_ = true;
+    progress_.Beat();
     ++running_;
     queue_depth_->Set(static_cast<double>(active_.size() - running_));
   }
@@ -242,6 +243,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
     absl::MutexLock lock(&mu_);
     --running_;
     run_busy_ = false;
+    progress_.Idle();  // no prefill runs: nothing to be stuck in
   };
   absl::MutexLock run(&run_mu_);  // Uncontended: run_busy_ admits one prefill at a time.
 
@@ -294,6 +296,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   bool transfer_error = false;
   absl::StatusOr<v1::PrefillResponse> result = [&]() -> absl::StatusOr<v1::PrefillResponse> {
     auto check = [&]() -> absl::Status {
+      progress_.Beat();  // a chunk, a layer posted, or a poll of the transfer
       if (Aborted(id) || context.IsCancelled()) {
         transfer_error = true;
         return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));

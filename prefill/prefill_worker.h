@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "common/progress_heartbeat.h"
 #include "engine/model.h"
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/transfer_sender.h"
@@ -88,6 +89,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
                       pdserve::worker::v1::HealthResponse* response) override;
 
   std::string MetricsText() const { return registry_.Serialize(); }
+  // The running prefill's heartbeat (each chunk, layer posted and transfer poll; idle while no
+  // prefill runs): the systemd watchdog.
+  const ProgressHeartbeat& progress() const { return progress_; }
   // Starts refusing new prefills (UNAVAILABLE; Health says DRAINING), waits up to `timeout` for
   // running and queued prefills to finish, then aborts the rest (their transfers fence) and waits
   // at most 5 s more for them to stop. Returns whether every prefill finished by itself.
@@ -128,6 +132,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::flat_hash_set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);  // bounds aborted_
   std::atomic<int64_t> transfer_bytes_{0};
+  ProgressHeartbeat progress_;
 
   metrics::Registry registry_;
   metrics::Counter* tokens_total_ = nullptr;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/api_keys.h"
+#include "common/grpc_discovery.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
@@ -18,6 +19,9 @@ namespace pdserve::router {
 namespace {
 
 namespace pv1 = pdserve::v1;
+
+// How often grpc.health.v1 re-reads the router's readiness.
+constexpr absl::Duration kHealthPeriod = absl::Milliseconds(200);
 
 grpc::StatusCode CodeFor(int http_status) {
   switch (http_status) {
@@ -342,6 +346,7 @@ class GrpcFront::Impl {
       : generation(service, std::move(api_keys)) {}
   GenerationImpl generation;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<rpc::ServingFollower> health;  // stopped before the server
 };
 
 absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
@@ -350,6 +355,7 @@ absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
     std::shared_ptr<const common::ApiKeys> api_keys) {
   std::unique_ptr<GrpcFront> front(new GrpcFront());
   front->impl_ = std::make_unique<Impl>(service, std::move(api_keys));
+  rpc::EnableGrpcDiscovery();
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -361,12 +367,21 @@ absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
   if (!front->impl_->server || front->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", host, ":", port));
   }
+  // grpc.health.v1 says SERVING while the router is ready (its /ready: enough healthy workers).
+  front->impl_->health = std::make_unique<rpc::ServingFollower>(
+      front->impl_->server.get(), std::vector<std::string>{pv1::Generation::service_full_name()},
+      [service] { return service->Ready(); }, kHealthPeriod);
   return front;
 }
 
 GrpcFront::~GrpcFront() { Stop(); }
 
+void GrpcFront::StopServing() {
+  if (impl_ && impl_->health) impl_->health->Stop();
+}
+
 void GrpcFront::Stop() {
+  StopServing();
   if (impl_ && impl_->server) {
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     impl_->server.reset();

@@ -2,7 +2,9 @@
 // of any frontend::GenerationService. A GenerateRequest is turned into the JSON body of the
 // equivalent OpenAI request and parsed by frontend::ParseRequest, so validation and defaults are
 // exactly the HTTP front's; deltas stream back as GenerateResponse messages, errors as gRPC
-// statuses carrying the OpenAI error JSON. A cancelled call cancels its Generation.
+// statuses carrying the OpenAI error JSON. A cancelled call cancels its Generation. The listener
+// also serves reflection and grpc.health.v1 (common/grpc_discovery.h), SERVING while the
+// service is Ready() (re-read every 200 ms) and NOT_SERVING from StopServing() on.
 //
 // Thread-safety: Start() / Stop() from one controlling thread; the service must be thread-safe.
 #pragma once
@@ -35,6 +37,8 @@ class GrpcFront {
       std::shared_ptr<const common::ApiKeys> api_keys = nullptr);
   ~GrpcFront();
   int port() const { return port_; }
+  // grpc.health.v1 says NOT_SERVING from now on (the router is draining); calls still run.
+  void StopServing();
   // Cancels the calls in flight and stops serving. Idempotent.
   void Stop();
 

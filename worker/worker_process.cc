@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/grpc_discovery.h"
 #include "common/systemd_notify.h"
 #include "common/tls_credentials.h"
 #include "frontend/generation_service.h"
@@ -119,7 +120,9 @@ void BlockStopSignals() {
 }
 
 absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
-                       const WorkerHooks& hooks, int64_t drain_timeout_ms) {
+                       const std::string& service_name, const WorkerHooks& hooks,
+                       int64_t drain_timeout_ms) {
+  rpc::EnableGrpcDiscovery();
   grpc::ServerBuilder builder;
   int bound_port = 0;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
@@ -135,6 +138,8 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
     return absl::UnavailableError(
         absl::StrCat("cannot serve gRPC on ", entry.worker.host, ":", entry.worker.port));
   }
+  // The model is loaded and the service registered: ready until the drain.
+  rpc::SetServing(*server, {service_name}, true);
   MetricsOnlyService http_service(hooks, entry.model_name);
   std::unique_ptr<frontend::HttpServer> http;
   if (entry.worker.metrics_port > 0) {
@@ -153,7 +158,7 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
                entry.worker.host, bound_port, entry.worker.metrics_port);
   systemd::Notifier notifier;
   notifier.Ready();
-  notifier.StartWatchdog(hooks.healthy ? hooks.healthy : [] { return true; });
+  notifier.StartWatchdog(hooks.loops);
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -163,6 +168,7 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   sigwait(&signals, &received);
   spdlog::info("pdserve {}: signal {}, draining (at most {} ms)", role, received, drain_timeout_ms);
   notifier.Stopping();
+  rpc::SetServing(*server, {service_name}, false);
   if (hooks.stopping) hooks.stopping(absl::Milliseconds(drain_timeout_ms));
   spdlog::info("pdserve {}: drained, stopping", role);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

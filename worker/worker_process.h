@@ -1,7 +1,8 @@
 // The process around a worker's gRPC service (`pdserve prefill` / `pdserve decode`): picks the
 // worker's entry from the deploy config, serves the service on the entry's host:port, serves
 // GET /metrics and GET /health on metrics_port (frontend::HttpServer), tells systemd READY=1 and
-// keeps its watchdog fed, and stops cleanly on SIGINT / SIGTERM.
+// keeps its watchdog fed while the worker's loops make progress, and stops cleanly on SIGINT /
+// SIGTERM.
 //
 // Thread-safety: BlockStopSignals before any thread starts; RunWorker from the main thread.
 #pragma once
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/deploy_config.h"
+#include "common/progress_heartbeat.h"
 
 namespace pdserve::worker {
 
@@ -58,18 +60,25 @@ void BlockStopSignals();
 
 struct WorkerHooks {
   std::function<std::string()> metrics_text;  // /metrics body
-  std::function<bool()> healthy;              // /health and the systemd watchdog
+  std::function<bool()> healthy;              // /health
+  // The worker's work loops (common/progress_heartbeat.h): the systemd watchdog pings only while
+  // each of them makes progress.
+  std::vector<const ProgressHeartbeat*> loops;
   // Called on the signal, before the server stops: turns the worker DRAINING and returns once
   // its running requests finished or `drain_timeout` passed (ending the rest with a final
   // event). The gRPC server keeps serving (Health, Generate, Abort) meanwhile.
   std::function<void(absl::Duration drain_timeout)> stopping;
 };
 
-// Serves `service` until SIGINT / SIGTERM, then drains (hooks.stopping with
-// absl::Milliseconds(drain_timeout_ms)) and stops the server. Prints "pdserve ROLE: serving on
-// HOST:PORT" (and the metrics port) to stdout once bound. Errors: the port cannot be bound.
+// Serves `service` (full name `service_name`, e.g. "pdserve.worker.v1.DecodeWorker") until
+// SIGINT / SIGTERM, then drains (hooks.stopping with absl::Milliseconds(drain_timeout_ms)) and
+// stops the server. The listener also serves reflection and grpc.health.v1 (common/
+// grpc_discovery.h): SERVING for "" and `service_name` once bound, NOT_SERVING from the signal on.
+// Prints "pdserve ROLE: serving on HOST:PORT" (and the metrics port) to stdout once bound.
+// Errors: the port cannot be bound.
 absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
-                       const WorkerHooks& hooks, int64_t drain_timeout_ms);
+                       const std::string& service_name, const WorkerHooks& hooks,
+                       int64_t drain_timeout_ms);
 
 // Histogram bounds first, first * factor, ... up to last (inclusive), for docs/metrics.md's
 // power-of-2 and x2.5 buckets. REQUIRES: 0 < first <= last, factor > 1.

@@ -7,17 +7,25 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/launch_check.h"
 
 namespace pdserve::engine::gpu {
 
+// `what` failed with `e`; for a launcher's refusal (cudaErrorInvalidValue) the message also says
+// which argument check failed (kernels/cuda/launch_check.h).
 inline absl::Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  const std::string refusal =
+      e == cudaErrorInvalidValue ? kernels::cuda::TakeLaunchRefusal() : std::string();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e),
+                                          refusal.empty() ? "" : " (", refusal,
+                                          refusal.empty() ? "" : ")"));
 }
 
 #define PDSERVE_CUDA_RETURN(expr)                                                               \

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/launch_check.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -32,11 +33,17 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 cudaError_t ClampedSwiGlu(const T* gate, const T* up, int64_t rows, int64_t cols, int64_t in_stride,
                           float limit, T* out, int64_t out_stride, cudaStream_t stream) {
-  if (rows < 0 || cols < 0 || in_stride < cols || out_stride < cols) return cudaErrorInvalidValue;
+  constexpr const char* kLauncher = "clamped_swiglu";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, cols >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, in_stride >= cols);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, out_stride >= cols);
   if (rows == 0 || cols == 0) return cudaSuccess;
-  if (gate == nullptr || up == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, gate != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, up != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, out != nullptr);
   const int64_t limit_rows = (int64_t{1} << 62) / (in_stride > out_stride ? in_stride : out_stride);
-  if (rows > limit_rows) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows <= limit_rows);
   const int64_t wanted = (rows * cols + kThreads - 1) / kThreads;
   const int64_t blocks = wanted < kMaxBlocks ? wanted : kMaxBlocks;
   ClampedSwiGluKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(

@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/launch_check.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -131,27 +132,46 @@ __global__ void __launch_bounds__(kThreads) RingKernel(CompressorParams p, int64
   }
 }
 
-bool ValidShape(const CompressorParams& p) {
-  return p.rate >= 1 && p.rate <= kMaxCompressorRate && p.dim >= 1 && p.dim <= kMaxCompressorDim &&
-         p.rope_dim >= 0 && p.rope_dim % 2 == 0 && p.rope_dim <= p.dim && p.segments >= 0 &&
-         p.segments <= kMaxCompressorSegments && p.max_tokens >= 0 && p.max_tokens <= INT32_MAX &&
-         p.entry_capacity >= 0;
+constexpr const char* kLauncher = "compressor_update";
+
+cudaError_t CheckShape(const CompressorParams& p) {
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rate >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rate <= kMaxCompressorRate);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.dim >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.dim <= kMaxCompressorDim);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rope_dim >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rope_dim % 2 == 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rope_dim <= p.dim);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.segments >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.segments <= kMaxCompressorSegments);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_tokens >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_tokens <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entry_capacity >= 0);
+  return cudaSuccess;
 }
 
-bool ValidPointers(const CompressorParams& p) {
-  return p.kv != nullptr && p.gate != nullptr && p.first_position != nullptr &&
-         p.n_tokens != nullptr && p.row_offset != nullptr && p.slot != nullptr &&
-         p.ring_kv != nullptr && p.ring_gate != nullptr && p.position_bias != nullptr &&
-         p.norm_weight != nullptr && (p.entry_capacity == 0 || p.entries != nullptr) &&
-         (p.rope_dim == 0 || p.inv_freq != nullptr);
+cudaError_t CheckPointers(const CompressorParams& p) {
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.kv != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.gate != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.first_position != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.n_tokens != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.row_offset != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.slot != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.ring_kv != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.ring_gate != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.position_bias != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.norm_weight != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entry_capacity == 0 || p.entries != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rope_dim == 0 || p.inv_freq != nullptr);
+  return cudaSuccess;
 }
 
 }  // namespace
 
 cudaError_t compressor_update(const CompressorParams& params, cudaStream_t stream) {
-  if (!ValidShape(params)) return cudaErrorInvalidValue;
+  if (const cudaError_t e = CheckShape(params); e != cudaSuccess) return e;
   if (params.segments == 0 || params.max_tokens == 0) return cudaSuccess;
-  if (!ValidPointers(params)) return cudaErrorInvalidValue;
+  if (const cudaError_t e = CheckPointers(params); e != cudaSuccess) return e;
   const int64_t width = params.overlapping ? 2 * params.dim : params.dim;
   const auto segments = static_cast<unsigned>(params.segments);
 

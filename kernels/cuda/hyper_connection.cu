@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/hyper_connection.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sinkhorn.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -86,14 +87,19 @@ __global__ void __launch_bounds__(kThreads)
 
 // Shape checks shared by the three entry points; sets *blocks to rows * ceil(hidden / kThreads)
 // (at least one chunk per row).
-bool ValidShape(int64_t rows, int64_t hc, int64_t hidden, int64_t* chunks, int64_t* blocks) {
-  if (rows < 0 || hidden < 0 || hc < 1 || hc > kMaxSinkhornN) return false;
-  if (hidden > (int64_t{1} << 62) / hc) return false;
-  if (hidden > 0 && rows > (int64_t{1} << 62) / (hc * hidden)) return false;
+// cudaSuccess with the grid's chunks per row and blocks, or `launcher`'s refusal.
+cudaError_t CheckShape(const char* launcher, int64_t rows, int64_t hc, int64_t hidden,
+                       int64_t* chunks, int64_t* blocks) {
+  PDSERVE_LAUNCH_REQUIRE(launcher, rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE(launcher, hidden >= 0);
+  PDSERVE_LAUNCH_REQUIRE(launcher, hc >= 1);
+  PDSERVE_LAUNCH_REQUIRE(launcher, hc <= kMaxSinkhornN);
+  PDSERVE_LAUNCH_REQUIRE(launcher, hidden <= (int64_t{1} << 62) / hc);
+  PDSERVE_LAUNCH_REQUIRE(launcher, hidden == 0 || rows <= (int64_t{1} << 62) / (hc * hidden));
   *chunks = hidden == 0 ? 1 : (hidden + kThreads - 1) / kThreads;
-  if (rows > INT32_MAX / *chunks) return false;
+  PDSERVE_LAUNCH_REQUIRE(launcher, rows <= INT32_MAX / *chunks);
   *blocks = rows * *chunks;
-  return true;
+  return cudaSuccess;
 }
 
 cudaError_t Collapse(const float* mix, int64_t mix_stride, const float* streams, int64_t hc,
@@ -121,12 +127,16 @@ cudaError_t hyper_connection_pre(const float* mix, const float* streams, int64_t
                                  cudaStream_t stream) {
   int64_t chunks = 0;
   int64_t blocks = 0;
-  if (!ValidShape(rows, hc, hidden, &chunks, &blocks)) return cudaErrorInvalidValue;
+  constexpr const char* kLauncher = "hyper_connection_pre";
+  if (const cudaError_t e = CheckShape(kLauncher, rows, hc, hidden, &chunks, &blocks); e) return e;
   if (rows == 0) return cudaSuccess;
-  if (mix == nullptr || streams == nullptr || base == nullptr || scale == nullptr ||
-      post == nullptr || comb == nullptr || collapsed == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, mix != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, streams != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, base != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, scale != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, post != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, comb != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, collapsed != nullptr);
   const cudaError_t status = Collapse(mix, (2 + hc) * hc, streams, hc, hidden, chunks, blocks, base,
                                       scale, eps, post, comb, collapsed, stream);
   if (status != cudaSuccess) return status;
@@ -138,11 +148,13 @@ cudaError_t hyper_connection_post(const float* post, const float* comb, const fl
                                   cudaStream_t stream) {
   int64_t chunks = 0;
   int64_t blocks = 0;
-  if (!ValidShape(rows, hc, hidden, &chunks, &blocks)) return cudaErrorInvalidValue;
+  constexpr const char* kLauncher = "hyper_connection_post";
+  if (const cudaError_t e = CheckShape(kLauncher, rows, hc, hidden, &chunks, &blocks); e) return e;
   if (rows == 0 || hidden == 0) return cudaSuccess;
-  if (post == nullptr || comb == nullptr || y == nullptr || streams == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, post != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, comb != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, y != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, streams != nullptr);
   const size_t smem = sizeof(float) * static_cast<size_t>(hc * hc + hc + hc * kThreads);
   PostKernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       post, comb, y, static_cast<int>(hc), hidden, chunks, streams);
@@ -154,12 +166,14 @@ cudaError_t hyper_head(const float* mix, const float* streams, int64_t rows, int
                        cudaStream_t stream) {
   int64_t chunks = 0;
   int64_t blocks = 0;
-  if (!ValidShape(rows, hc, hidden, &chunks, &blocks)) return cudaErrorInvalidValue;
+  constexpr const char* kLauncher = "hyper_head";
+  if (const cudaError_t e = CheckShape(kLauncher, rows, hc, hidden, &chunks, &blocks); e) return e;
   if (rows == 0 || hidden == 0) return cudaSuccess;
-  if (mix == nullptr || streams == nullptr || base == nullptr || scale == nullptr ||
-      out == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, mix != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, streams != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, base != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, scale != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, out != nullptr);
   return Collapse(mix, hc, streams, hc, hidden, chunks, blocks, base, scale, eps, nullptr, nullptr,
                   out, stream);
 }

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -328,16 +329,23 @@ size_t SmemBytes(int64_t nb) {
 
 cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visible,
                            cudaStream_t stream) {
-  if (p.batch < 0 || p.max_keys < 0 || p.page_size < 1 || p.rate < 1 || p.batch > 65535 ||
-      p.max_keys > INT32_MAX - kTileKeys) {
-    return cudaErrorInvalidValue;
-  }
+  constexpr const char* kLauncher = "indexer_scores";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_keys >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_size >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rate >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_keys <= INT32_MAX - kTileKeys);
   if (p.batch == 0) return cudaSuccess;
-  if (p.q == nullptr || p.weights == nullptr || p.key_pool == nullptr || p.page_table == nullptr ||
-      p.n_keys == nullptr || p.positions == nullptr || scores == nullptr || visible == nullptr ||
-      p.page_table_stride * p.page_size < p.max_keys) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.q != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.weights != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.key_pool != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_table != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.n_keys != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.positions != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, scores != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, visible != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_table_stride * p.page_size >= p.max_keys);
   static const cudaError_t attribute_status = [] {
     const int bytes = static_cast<int>(SmemBytes(kMaxBatchPerLaunch));
     const cudaError_t whole = cudaFuncSetAttribute(

@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/indexer_generic.cuh"
+#include "kernels/cuda/launch_check.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -140,19 +141,28 @@ cudaError_t indexer_scores_generic(const float* q, const float* head_weights, in
                                    const int32_t* position_of_row, int64_t rate, float score_scale,
                                    int64_t max_keys, float* scores, int32_t* visible,
                                    cudaStream_t stream) {
-  if (rows < 0 || heads < 1 || head_dim < 1 || key_capacity < 0 || rate < 1 || max_keys < 0 ||
-      max_keys > INT32_MAX - kTileKeys || heads > 4096 || head_dim > 4096) {
-    return cudaErrorInvalidValue;
-  }
+  constexpr const char* kLauncher = "indexer_scores_generic";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, heads >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, head_dim >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, key_capacity >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rate >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, max_keys >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, max_keys <= INT32_MAX - kTileKeys);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, heads <= 4096);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, head_dim <= 4096);
   const Shape shape = MakeShape(heads, head_dim);
   const size_t smem_bytes = sizeof(float) * SmemFloats(shape);
-  if (smem_bytes > kMaxSmemBytes) return cudaErrorInvalidValue;
-  if (rows > (int64_t{1} << 62) / (heads * head_dim + max_keys)) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, smem_bytes <= kMaxSmemBytes);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows <= (int64_t{1} << 62) / (heads * head_dim + max_keys));
   if (rows == 0) return cudaSuccess;
-  if (q == nullptr || head_weights == nullptr || keys == nullptr || slot_of_row == nullptr ||
-      position_of_row == nullptr || scores == nullptr || visible == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, q != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, head_weights != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, keys != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, slot_of_row != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, position_of_row != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, scores != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, visible != nullptr);
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(IndexerScoresGenericKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(kMaxSmemBytes));

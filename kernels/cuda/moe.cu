@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/moe.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -176,12 +177,17 @@ struct ExpertsWorkspace {
 
 size_t RoundUp16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-bool MakeLayout(int64_t rows, int64_t k, int64_t inter, WorkspaceLayout* layout) {
-  if (rows < 0 || inter < 0 || k < 1 || k > kMaxMoeTopK) return false;
-  if (rows > INT32_MAX / k) return false;
+// Fills `layout` and returns nullptr, or returns the check the sizes failed.
+const char* MakeLayout(int64_t rows, int64_t k, int64_t inter, WorkspaceLayout* layout) {
+  if (rows < 0) return "rows >= 0";
+  if (inter < 0) return "inter >= 0";
+  if (k < 1) return "k >= 1";
+  if (k > kMaxMoeTopK) return "k <= kMaxMoeTopK";
+  if (rows > INT32_MAX / k) return "rows <= INT32_MAX / k";
   const int64_t picks = rows * k;
   const int64_t chunk = inter > kMinChunk ? inter : kMinChunk;
-  if (picks > kMaxElements / 16 / chunk) return false;
+  if (picks > kMaxElements / 16 / chunk)
+    return "rows * k <= kMaxElements / 16 / max(inter, kMinChunk)";
   layout->picks = picks;
   layout->chunk = chunk;
   // Tiles: at most one partial tile per expert that has picks, plus full tiles.
@@ -192,7 +198,7 @@ bool MakeLayout(int64_t rows, int64_t k, int64_t inter, WorkspaceLayout* layout)
   layout->act_offset = layout->tiles_offset + static_cast<size_t>(layout->max_tiles) * 16;
   layout->contrib_offset = layout->act_offset + static_cast<size_t>(picks * inter) * 4;
   layout->bytes = layout->contrib_offset + static_cast<size_t>(picks * chunk) * 4;
-  return true;
+  return nullptr;
 }
 
 ExpertsWorkspace Bind(const WorkspaceLayout& layout, void* workspace) {
@@ -531,20 +537,24 @@ cudaError_t moe_route(const float* logits, int64_t rows, int64_t n_experts, int6
                       MoeScoring scoring, const float* correction_bias, const int32_t* tid2eid,
                       const int32_t* token_ids, float routed_scaling_factor, int32_t* experts,
                       float* weights, cudaStream_t stream) {
-  if (rows < 0 || n_experts < 1 || n_experts > kMaxMoeExperts || k < 1 || k > kMaxMoeTopK) {
-    return cudaErrorInvalidValue;
-  }
-  if (scoring != MoeScoring::kSoftmax && scoring != MoeScoring::kSigmoid &&
-      scoring != MoeScoring::kSqrtSoftplus) {
-    return cudaErrorInvalidValue;
-  }
-  if (tid2eid == nullptr && k > n_experts) return cudaErrorInvalidValue;
+  constexpr const char* kLauncher = "moe_route";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, n_experts >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, n_experts <= kMaxMoeExperts);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, k >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, k <= kMaxMoeTopK);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, scoring == MoeScoring::kSoftmax ||
+                                        scoring == MoeScoring::kSigmoid ||
+                                        scoring == MoeScoring::kSqrtSoftplus);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, tid2eid != nullptr || k <= n_experts);
   if (rows == 0) return cudaSuccess;
-  if (logits == nullptr || experts == nullptr || weights == nullptr) return cudaErrorInvalidValue;
-  if (tid2eid != nullptr && token_ids == nullptr) return cudaErrorInvalidValue;
-  if (rows > kMaxElements / kMaxMoeExperts) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, logits != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, experts != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, weights != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, tid2eid == nullptr || token_ids != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows <= kMaxElements / kMaxMoeExperts);
   const int64_t blocks = (rows + kRouteWarps - 1) / kRouteWarps;
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, blocks <= INT32_MAX);
   const size_t shared_bytes = sizeof(float) * kRouteWarps * static_cast<size_t>(n_experts);
   RouteKernel<<<static_cast<unsigned>(blocks), kRouteWarps * 32, shared_bytes, stream>>>(
       logits, rows, static_cast<int>(n_experts), static_cast<int>(k), scoring, correction_bias,
@@ -554,7 +564,7 @@ cudaError_t moe_route(const float* logits, int64_t rows, int64_t n_experts, int6
 
 size_t moe_experts_workspace_bytes(int64_t rows, int64_t k, int64_t inter) {
   WorkspaceLayout layout;
-  return MakeLayout(rows, k, inter, &layout) ? layout.bytes : 0;
+  return MakeLayout(rows, k, inter, &layout) == nullptr ? layout.bytes : 0;
 }
 
 cudaError_t moe_experts(const __nv_bfloat16* x, int64_t rows, int64_t hidden, int64_t inter,
@@ -563,19 +573,27 @@ cudaError_t moe_experts(const __nv_bfloat16* x, int64_t rows, int64_t hidden, in
                         float swiglu_limit, void* workspace, size_t workspace_bytes, float* out,
                         cudaStream_t stream) {
   WorkspaceLayout layout;
-  if (!MakeLayout(rows, k, inter, &layout)) return cudaErrorInvalidValue;
-  if (hidden < 0 || n_experts < 1 || n_experts > kMaxMoeExperts) return cudaErrorInvalidValue;
+  constexpr const char* kLauncher = "moe_experts";
+  if (const char* failed = MakeLayout(rows, k, inter, &layout))
+    return RefuseLaunch(kLauncher, failed);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, hidden >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, n_experts >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, n_experts <= kMaxMoeExperts);
   if (rows == 0 || hidden == 0 || inter == 0) return cudaSuccess;
-  if (x == nullptr || gate_up == nullptr || down == nullptr || experts == nullptr ||
-      weights == nullptr || out == nullptr || workspace == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  if (workspace_bytes < layout.bytes || !Aligned16(workspace)) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, x != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, gate_up != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, down != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, experts != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, weights != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, out != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace_bytes >= layout.bytes);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, Aligned16(workspace));
   // Every tensor under 2^62 elements: x / out, and one expert's weights times n_experts.
-  if (hidden > INT32_MAX || inter > INT32_MAX || rows > kMaxElements / hidden ||
-      hidden > kMaxElements / (2 * inter * n_experts)) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, hidden <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, inter <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows <= kMaxElements / hidden);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, hidden <= kMaxElements / (2 * inter * n_experts));
   const ExpertsWorkspace ws = Bind(layout, workspace);
   const int picks = static_cast<int>(layout.picks);
   GroupKernel<<<1, kGroupThreads, 0, stream>>>(experts, picks, static_cast<int>(n_experts), ws);

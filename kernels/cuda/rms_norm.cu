@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/rms_norm.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -77,11 +78,11 @@ cudaError_t Launch(const T* x, const T* weight, int64_t rows, int64_t dim, int64
   if (dim / VEC <= kMaxWarpRowVectors) {
     constexpr int kRowsPerBlock = kThreads / 32;
     const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+    PDSERVE_LAUNCH_REQUIRE("rms_norm", blocks <= INT32_MAX);
     RmsNormKernel<T, VEC, 32><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         x, weight, rows, dim, stride, eps, y);
   } else {
-    if (rows > INT32_MAX) return cudaErrorInvalidValue;
+    PDSERVE_LAUNCH_REQUIRE("rms_norm", rows <= INT32_MAX);
     RmsNormKernel<T, VEC, kThreads><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         x, weight, rows, dim, stride, eps, y);
   }
@@ -93,10 +94,13 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename T>
 cudaError_t RmsNorm(const T* x, const T* weight, int64_t rows, int64_t dim, int64_t stride,
                     float eps, T* y, cudaStream_t stream) {
-  if (rows < 0 || dim < 0 || stride < dim) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE("rms_norm", rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE("rms_norm", dim >= 0);
+  PDSERVE_LAUNCH_REQUIRE("rms_norm", stride >= dim);
   if (rows == 0 || dim == 0) return cudaSuccess;
-  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (rows > (int64_t{1} << 62) / stride) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE("rms_norm", x != nullptr);
+  PDSERVE_LAUNCH_REQUIRE("rms_norm", y != nullptr);
+  PDSERVE_LAUNCH_REQUIRE("rms_norm", rows <= (int64_t{1} << 62) / stride);
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   const bool vectorized = dim % kVec == 0 && stride % kVec == 0 && Aligned16(x) && Aligned16(y) &&
                           (weight == nullptr || Aligned16(weight));

@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/rope.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -47,16 +48,23 @@ template <typename T>
 cudaError_t Rope(T* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim,
                  int64_t rope_dim, const int32_t* positions, const float* inv_freq,
                  float attention_scaling, bool inverse, cudaStream_t stream) {
-  if (rows < 0 || heads < 0 || head_dim < 0 || rope_dim < 0 || rope_dim % 2 != 0 ||
-      rope_dim > head_dim || rope_dim > kMaxRopeDim || head_dim > INT32_MAX ||
-      (head_dim > 0 && heads > INT32_MAX / head_dim) || row_stride < heads * head_dim) {
-    return cudaErrorInvalidValue;
-  }
+  constexpr const char* kLauncher = "apply_interleaved_rope";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, heads >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, head_dim >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rope_dim >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rope_dim % 2 == 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rope_dim <= head_dim);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rope_dim <= kMaxRopeDim);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, head_dim <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, head_dim == 0 || heads <= INT32_MAX / head_dim);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, row_stride >= heads * head_dim);
   if (rows == 0 || heads == 0 || rope_dim == 0) return cudaSuccess;
-  if (x == nullptr || positions == nullptr || inv_freq == nullptr || rows > INT32_MAX ||
-      rows > (int64_t{1} << 62) / row_stride) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, x != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, positions != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, inv_freq != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, rows <= (int64_t{1} << 62) / row_stride);
   RopeKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       x, row_stride, static_cast<int>(heads), static_cast<int>(head_dim),
       static_cast<int>(rope_dim), positions, inv_freq, attention_scaling, inverse ? -1.0f : 1.0f);

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sink_attention.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -111,22 +112,31 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t sink_attention(const SinkAttentionParams& p, float* out, cudaStream_t stream) {
-  if (p.rows < 0 || p.heads <= 0 || p.head_dim <= 0 || p.head_dim > 1024 || p.window <= 0 ||
-      p.compressed_slots < 0 || p.rate <= 0 || (p.entries != nullptr && p.entry_capacity < 0)) {
-    return cudaErrorInvalidValue;
-  }
+  constexpr const char* kLauncher = "sink_attention";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.head_dim > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.head_dim <= 1024);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rate > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries == nullptr || p.entry_capacity >= 0);
   if (p.rows == 0) return cudaSuccess;
-  if (p.q == nullptr || p.slot_of_row == nullptr || p.position_of_row == nullptr ||
-      p.first_position == nullptr || p.first_row == nullptr || p.new_kv == nullptr ||
-      p.window_ring == nullptr || p.sinks == nullptr || out == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.q != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.slot_of_row != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.position_of_row != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.first_position != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.first_row != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.new_kv != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_ring != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.sinks != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, out != nullptr);
   const int64_t n_keys = p.window + (p.entries != nullptr ? p.compressed_slots : 0);
   const size_t shared = static_cast<size_t>(n_keys) * (sizeof(void*) + sizeof(float)) +
                         static_cast<size_t>(p.head_dim) * sizeof(float);
-  if (shared > kMaxSharedBytes || p.rows > INT32_MAX || p.heads > 65535) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, shared <= kMaxSharedBytes);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rows <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads <= 65535);
   const cudaError_t attr = cudaFuncSetAttribute(
       SinkAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (attr != cudaSuccess) return attr;

@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sinkhorn.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -65,12 +66,15 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t sinkhorn_project(float* m, int64_t count, int64_t n, int64_t iters, float eps,
                              cudaStream_t stream) {
-  if (count < 0 || n < 1 || n > kMaxSinkhornN) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", count >= 0);
+  PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", n >= 1);
+  PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", n <= kMaxSinkhornN);
   if (count == 0) return cudaSuccess;
-  if (m == nullptr) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", m != nullptr);
   const int64_t per_block = kWarps * (32 / n);
   const int64_t blocks = (count + per_block - 1) / per_block;
-  if (blocks > INT32_MAX || count > (int64_t{1} << 62) / (n * n)) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", blocks <= INT32_MAX);
+  PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", count <= (int64_t{1} << 62) / (n * n));
   SinkhornKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       m, count, static_cast<int>(n), iters, eps);
   return cudaGetLastError();

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -848,21 +849,31 @@ size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
 cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
-  if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads % kHeads != 0 ||
-      !(p.softmax_scale > 0.0f) || p.heads / kHeads > 65535 || p.window_size < 0 ||
-      p.compressed_slots < 0 || p.page_size < 1 || p.entries_per_split <= 0 ||
-      p.entries_per_split % kSparseTile != 0 ||
-      p.window_size + p.compressed_slots > INT32_MAX / 2) {
-    return cudaErrorInvalidValue;
-  }
+  constexpr const char* kLauncher = "sparse_decode_attention";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads % kHeads == 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.softmax_scale > 0.0f);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads / kHeads <= 65535);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_size >= 1);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split % kSparseTile == 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size + p.compressed_slots <= INT32_MAX / 2);
   if (p.batch == 0) return cudaSuccess;
-  if (p.q == nullptr || p.window_len == nullptr || p.n_compressed == nullptr ||
-      p.sinks == nullptr || out == nullptr || workspace == nullptr ||
-      workspace_bytes < SparseDecodeWorkspaceBytes(p) ||
-      (p.window_size > 0 && (p.window_pool == nullptr || p.window_page == nullptr)) ||
-      (p.compressed_slots > 0 && (p.kv_pool == nullptr || p.page_table == nullptr))) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.q != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_len != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.n_compressed != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.sinks != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, out != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace_bytes >= SparseDecodeWorkspaceBytes(p));
+  PDSERVE_LAUNCH_REQUIRE(
+      kLauncher, p.window_size == 0 || (p.window_pool != nullptr && p.window_page != nullptr));
+  PDSERVE_LAUNCH_REQUIRE(
+      kLauncher, p.compressed_slots == 0 || (p.kv_pool != nullptr && p.page_table != nullptr));
   static const cudaError_t attribute_status = cudaFuncSetAttribute(
       SparseDecodeSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;

@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -348,11 +349,15 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                   int64_t k, int32_t* out, cudaStream_t stream) {
-  if (rows < 0 || stride < 0 || k < 1 || k > kMaxTopK || stride > kMaxStride) {
-    return cudaErrorInvalidValue;
-  }
+  PDSERVE_LAUNCH_REQUIRE("top_k", rows >= 0);
+  PDSERVE_LAUNCH_REQUIRE("top_k", stride >= 0);
+  PDSERVE_LAUNCH_REQUIRE("top_k", k >= 1);
+  PDSERVE_LAUNCH_REQUIRE("top_k", k <= kMaxTopK);
+  PDSERVE_LAUNCH_REQUIRE("top_k", stride <= kMaxStride);
   if (rows == 0) return cudaSuccess;
-  if (scores == nullptr || lengths == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  PDSERVE_LAUNCH_REQUIRE("top_k", scores != nullptr);
+  PDSERVE_LAUNCH_REQUIRE("top_k", lengths != nullptr);
+  PDSERVE_LAUNCH_REQUIRE("top_k", out != nullptr);
   const bool cache_row = stride <= kMaxCachedScores;
   const size_t smem = kMaxCandidates * sizeof(uint64_t) + kBins * sizeof(uint32_t) +
                       (cache_row ? static_cast<size_t>(stride) * sizeof(uint32_t) : 0);

@@ -12,8 +12,11 @@
 #   configs-broken PDSERVE CONFIG_DIR  broken copies are rejected with file:line:column: key
 #   port-taken PDSERVE REPO_DIR         a second decode worker on a taken gRPC port exits with an
 #                                      error instead of sharing the port (SO_REUSEPORT off)
-#   cuda-accepted PDSERVE CONFIG_DIR   validate-config takes backend cuda workers without a
-#                                      warning, and a cuda prefill worker is not refused
+#   cuda-accepted PDSERVE CONFIG_DIR BACKENDS
+#                                      validate-config takes backend cuda workers without a
+#                                      warning, and a cuda prefill worker is not refused; with
+#                                      BACKENDS=cpu (a build without the CUDA backend) it is
+#                                      refused for that reason only
 #   dashboard DEPLOY_DIR METRICS_MD    every pdserve_* name used by the dashboard and the
 #                                      alert rules is listed in docs/metrics.md
 #   up-model-path PDSERVE CONFIG_DIR   `pdserve up` run where local.yaml's relative model path
@@ -113,8 +116,8 @@ case $mode in
       fi
     }
     expect local.yaml 's/^  http_port: 8000/  http_port: 80000/' '9:14: router.http_port: '
-    expect local.yaml 's/^    backend: cpu/    backend: gpu/' '18:14: prefill[0].backend: '
-    expect local.yaml 's/^  transport: ucx/  transport: local/' '28:14: transfer.transport: '
+    expect local.yaml 's/^    backend: cpu/    backend: gpu/' '19:14: prefill[0].backend: '
+    expect local.yaml 's/^  transport: ucx/  transport: local/' '29:14: transfer.transport: '
     expect h200x2.yaml 's/^    gpus: "1"/    gpus: "0"/' '26:11: decode[0].gpus: '
     expect cluster-2host.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
       '12:19: router.prefill_policy: '
@@ -156,8 +159,7 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$tmp/port" &
     for _ in $(seq 1 100); do [ -s "$tmp/port" ] && break; sleep 0.1; done
     port=$(cat "$tmp/port")
     [ -n "$port" ] || { echo "FAIL: no port held"; exit 1; }
-    sed "s/^  http_port: 8000$/  http_port: 8000\n  grpc_port: $port/" "$repo"/deploy/local.yaml \
-      >"$tmp/router.yaml"
+    sed "s/^  grpc_port: 8001$/  grpc_port: $port/" "$repo"/deploy/local.yaml >"$tmp/router.yaml"
     grep -q "grpc_port: $port" "$tmp/router.yaml" || { echo "FAIL: no grpc_port set"; exit 1; }
     if (cd "$repo" && timeout 60 "$pdserve" router --config "$tmp/router.yaml" --port 0) \
         >"$tmp/out" 2>"$tmp/err"; then
@@ -171,7 +173,7 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$tmp/port" &
     echo "ok: $(tail -1 "$tmp/err")"
     ;;
   cuda-accepted)
-    pdserve=$1 dir=$2
+    pdserve=$1 dir=$2 backends=$3
     "$pdserve" validate-config "$dir"/h200x2.yaml >"$tmp/out" 2>"$tmp/err"
     if grep -qF "warning: prefill worker" "$tmp/err"; then
       echo "FAIL: validate-config still warns about a backend cuda prefill worker:"; cat "$tmp/err"
@@ -187,6 +189,12 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$tmp/port" &
     fi
     if grep -qF "runs only the CPU engine" "$tmp/err"; then
       echo "FAIL: the backend cuda prefill worker was refused:"; cat "$tmp/err"; exit 1
+    fi
+    if [[ $backends == cpu ]]; then
+      grep -qF "backend cuda: this pdserve was built without the CUDA backend" "$tmp/err" || {
+        echo "FAIL: a build without CUDA did not say so:"; cat "$tmp/err"; exit 1; }
+      echo "ok (no CUDA backend in this build): $(tail -1 "$tmp/err")"
+      exit 0
     fi
     grep -qF "backend cuda: prefill on CUDA_VISIBLE_DEVICES=0" "$tmp/err" || {
       echo "FAIL: the prefill worker did not take the CUDA engine:"; cat "$tmp/err"; exit 1; }

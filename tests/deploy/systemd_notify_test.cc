@@ -53,7 +53,7 @@ TEST(SystemdNotifyTest, NoOpWithoutNotifySocket) {
   Notifier notifier;
   EXPECT_FALSE(notifier.enabled());
   notifier.Ready();
-  notifier.StartWatchdog([] { return true; });
+  notifier.StartWatchdog({});
   EXPECT_EQ(notifier.watchdog_interval().count(), 0);
 }
 
@@ -70,27 +70,77 @@ TEST(SystemdNotifyTest, SendsReadyAndStatus) {
   unsetenv("NOTIFY_SOCKET");
 }
 
-TEST(SystemdNotifyTest, WatchdogPingsOnlyWhileHealthy) {
-  NotifySocket socket;
-  setenv("NOTIFY_SOCKET", socket.path().c_str(), 1);
-  setenv("WATCHDOG_USEC", "100000", 1);
-  setenv("WATCHDOG_PID", std::to_string(getpid()).c_str(), 1);
-  std::atomic<bool> healthy{true};
+// WATCHDOG_USEC=200 ms: pings every 100 ms while each loop beat within the last 100 ms.
+class WatchdogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("NOTIFY_SOCKET", socket_.path().c_str(), 1);
+    setenv("WATCHDOG_USEC", "200000", 1);
+    setenv("WATCHDOG_PID", std::to_string(getpid()).c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    unsetenv("WATCHDOG_PID");
+  }
+  // Reads datagrams until none comes for `quiet_ms` (at most for 1 s); returns when the last one
+  // came (`since` when none came).
+  std::chrono::steady_clock::time_point LastPing(std::chrono::steady_clock::time_point since,
+                                                 int quiet_ms) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (std::chrono::steady_clock::now() < give_up && !socket_.Receive(quiet_ms).empty()) {
+      since = std::chrono::steady_clock::now();
+    }
+    return since;
+  }
+
+  NotifySocket socket_;
+};
+
+TEST_F(WatchdogTest, StuckLoopStopsThePingsWithinWatchdogSec) {
+  ProgressHeartbeat loop;
+  std::atomic<bool> stuck{false};
+  std::thread worker([&] {
+    while (!stuck) {
+      loop.Beat();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
   {
     Notifier notifier;
-    EXPECT_EQ(notifier.watchdog_interval().count(), 100000);
-    notifier.StartWatchdog([&healthy] { return healthy.load(); });
-    EXPECT_EQ(socket.Receive(), "WATCHDOG=1");
-    healthy = false;
-    // Pings are 50 ms apart: after 120 ms any ping sent before the switch has arrived.
-    std::this_thread::sleep_for(std::chrono::milliseconds(120));
-    while (!socket.Receive(1).empty()) {
-    }
-    EXPECT_EQ(socket.Receive(300), "");
+    EXPECT_EQ(notifier.watchdog_interval().count(), 200000);
+    notifier.StartWatchdog({&loop});
+    EXPECT_EQ(socket_.Receive(), "WATCHDOG=1");
+    EXPECT_EQ(socket_.Receive(), "WATCHDOG=1");
+    stuck = true;
+    worker.join();
+    const auto stalled = std::chrono::steady_clock::now();
+    // A ping may still come while the last beat is younger than 100 ms; none after that.
+    const auto last = LastPing(stalled, /*quiet_ms=*/150);
+    EXPECT_LT(last - stalled, std::chrono::milliseconds(200)) << "pings went on past WatchdogSec";
+    EXPECT_EQ(socket_.Receive(600), "");
   }
-  unsetenv("NOTIFY_SOCKET");
-  unsetenv("WATCHDOG_USEC");
-  unsetenv("WATCHDOG_PID");
+}
+
+TEST_F(WatchdogTest, IdleLoopKeepsPinging) {
+  ProgressHeartbeat loop;  // never beat: idle from the start
+  ProgressHeartbeat waiting;
+  waiting.Beat();
+  waiting.Idle();  // waits for work without a bound
+  Notifier notifier;
+  notifier.StartWatchdog({&loop, &waiting});
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(socket_.Receive(), "WATCHDOG=1") << "ping " << i;
+}
+
+TEST_F(WatchdogTest, OneStuckLoopOfTwoStopsThePings) {
+  ProgressHeartbeat idle;
+  ProgressHeartbeat stuck;
+  stuck.Beat();  // and never again
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  Notifier notifier;
+  notifier.StartWatchdog({&idle, &stuck});
+  // The first ping is due 100 ms after the start, when the stuck beat is 120 ms old.
+  EXPECT_EQ(socket_.Receive(500), "");
 }
 
 }  // namespace

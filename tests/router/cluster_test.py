@@ -38,6 +38,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402,F401  (tests/test_ports.py)
+from up_cluster import start_up  # noqa: E402  (tests/up_cluster.py)
 
 FAILURES = []
 SKIPPED = []  # cases that could not run (a package missing); the test then exits 77
@@ -415,28 +416,7 @@ def test_sigstop(c, model):
 
 def test_up(pdserve, model_dir, model, workdir):
     """`pdserve up` starts router + 1 prefill + 1 decode, serves, and Ctrl-C stops them all."""
-    p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"]}
-    config = os.path.join(workdir, "up.yaml")
-    with open(config, "w") as f:
-        f.write(f"""name: up-test
-model: {{path: {model_dir}, served_name: {model}}}
-router: {{host: 127.0.0.1, http_port: {p['http']}, health_interval_ms: 500}}
-prefill:
-  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
-decode:
-  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
-transfer: {{transport: ucx, lease_ms: 30000}}
-""")
-    # stderr (also the children's logs) goes to a file: a pipe nobody reads could fill and block.
-    log = open(os.path.join(workdir, "up.log"), "w+")
-    up = popen([pdserve, "up", "--config", config], stdout=subprocess.PIPE,
-                          stderr=log, text=True)
-    line = ""
-    deadline = time.time() + 120
-    while time.time() < deadline and "ready on" not in line:
-        line = up.stdout.readline()
-        if not line and up.poll() is not None:
-            break
+    up, log, p, line = start_up(pdserve, model_dir, model, workdir)
     check("ready on" in line, f"pdserve up: {line.strip()}")
     code, text = curl(f"http://127.0.0.1:{p['http']}/v1/chat/completions",
                       {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],

@@ -1,0 +1,200 @@
+// The CUDA launchers' argument checks name the argument and the check that failed
+// (kernels/cuda/launch_check.h). Every refusal here happens before any CUDA runtime call, so this
+// runs on machines without a GPU (no `gpu` label). The pointers are host addresses that a refused
+// launcher never dereferences.
+#include "kernels/cuda/launch_check.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/activations.cuh"
+#include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/hyper_connection.cuh"
+#include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/indexer_generic.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/rms_norm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/sink_attention.cuh"
+#include "kernels/cuda/sinkhorn.cuh"
+#include "kernels/cuda/sparse_decode_attention.cuh"
+#include "kernels/cuda/topk.cuh"
+
+namespace pdserve::kernels::cuda {
+namespace {
+
+struct Refusal {
+  const char* name;
+  std::function<cudaError_t()> launch;
+  std::string expected;  // TakeLaunchRefusal() afterwards
+};
+
+// Host memory standing in for device buffers: 16-byte aligned, never read by a refused launcher.
+alignas(16) float f32[64];
+alignas(16) int32_t i32[64];
+alignas(16) __nv_bfloat16 bf16[64];
+
+SparseDecodeParams ValidSparse() {
+  SparseDecodeParams p;
+  p.q = bf16;
+  p.batch = 1;
+  p.window_pool = bf16;
+  p.window_page = i32;
+  p.window_len = i32;
+  p.n_compressed = i32;
+  p.sinks = f32;
+  return p;
+}
+
+CompressorParams ValidCompressor() {
+  CompressorParams p;
+  p.kv = f32;
+  p.gate = f32;
+  p.dim = 8;
+  p.rate = 4;
+  p.first_position = i32;
+  p.n_tokens = i32;
+  p.row_offset = i32;
+  p.slot = i32;
+  p.segments = 1;
+  p.max_tokens = 4;
+  p.ring_kv = f32;
+  p.ring_gate = f32;
+  p.position_bias = f32;
+  p.norm_weight = f32;
+  return p;
+}
+
+std::vector<Refusal> Refusals() {
+  return {
+      {"rms_norm_stride", [] { return rms_norm(f32, nullptr, 2, 8, 4, 1e-6f, f32, nullptr); },
+       "rms_norm: argument check failed: stride >= dim"},
+      {"rms_norm_null_x", [] { return rms_norm(nullptr, nullptr, 2, 8, 8, 1e-6f, f32, nullptr); },
+       "rms_norm: argument check failed: x != nullptr"},
+      {"clamped_swiglu_out_stride",
+       [] { return clamped_swiglu(f32, f32, 2, 8, 8, 7.0f, f32, 4, nullptr); },
+       "clamped_swiglu: argument check failed: out_stride >= cols"},
+      {"top_k_k", [] { return top_k(f32, 1, 8, i32, 0, i32, nullptr); },
+       "top_k: argument check failed: k >= 1"},
+      {"sinkhorn_n", [] { return sinkhorn_project(f32, 1, 0, 20, 1e-6f, nullptr); },
+       "sinkhorn_project: argument check failed: n >= 1"},
+      {"rope_odd",
+       [] { return apply_interleaved_rope(f32, 1, 8, 1, 8, 3, i32, f32, 1.0f, false, nullptr); },
+       "apply_interleaved_rope: argument check failed: rope_dim % 2 == 0"},
+      {"sink_attention_head_dim",
+       [] {
+         SinkAttentionParams p;
+         p.rows = 1;
+         p.heads = 1;
+         p.head_dim = 2048;
+         p.window = 4;
+         return sink_attention(p, f32, nullptr);
+       },
+       "sink_attention: argument check failed: p.head_dim <= 1024"},
+      {"sparse_heads",
+       [] {
+         SparseDecodeParams p = ValidSparse();
+         p.heads = 65;
+         return sparse_decode_attention(p, f32, sizeof(f32), bf16, nullptr);
+       },
+       "sparse_decode_attention: argument check failed: p.heads % kHeads == 0"},
+      {"sparse_workspace",
+       [] { return sparse_decode_attention(ValidSparse(), f32, 16, bf16, nullptr); },
+       "sparse_decode_attention: argument check failed: workspace_bytes >= "
+       "SparseDecodeWorkspaceBytes(p)"},
+      {"indexer_page_size",
+       [] {
+         IndexerParams p;
+         p.page_size = 0;
+         return indexer_scores(p, f32, i32, nullptr);
+       },
+       "indexer_scores: argument check failed: p.page_size >= 1"},
+      {"indexer_generic_heads",
+       [] {
+         return indexer_scores_generic(f32, f32, 1, 0, 8, bf16, 4, i32, i32, 4, 1.0f, 4, f32, i32,
+                                       nullptr);
+       },
+       "indexer_scores_generic: argument check failed: heads >= 1"},
+      {"compressor_rope_dim",
+       [] {
+         CompressorParams p = ValidCompressor();
+         p.rope_dim = 3;
+         return compressor_update(p, nullptr);
+       },
+       "compressor_update: argument check failed: p.rope_dim % 2 == 0"},
+      {"compressor_ring_gate",
+       [] {
+         CompressorParams p = ValidCompressor();
+         p.ring_gate = nullptr;
+         return compressor_update(p, nullptr);
+       },
+       "compressor_update: argument check failed: p.ring_gate != nullptr"},
+      {"hyper_connection_post_hc",
+       [] { return hyper_connection_post(f32, f32, f32, 1, 0, 8, f32, nullptr); },
+       "hyper_connection_post: argument check failed: hc >= 1"},
+      {"hyper_head_out",
+       [] { return hyper_head(f32, f32, 1, 4, 8, f32, f32, 1e-6f, nullptr, nullptr); },
+       "hyper_head: argument check failed: out != nullptr"},
+      {"moe_route_scoring",
+       [] {
+         return moe_route(f32, 1, 8, 2, static_cast<MoeScoring>(7), nullptr, nullptr, nullptr, 1.0f,
+                          i32, f32, nullptr);
+       },
+       "moe_route: argument check failed: scoring == MoeScoring::kSoftmax || scoring == "
+       "MoeScoring::kSigmoid || scoring == MoeScoring::kSqrtSoftplus"},
+      {"moe_experts_k",
+       [] {
+         return moe_experts(bf16, 1, 8, 8, 0, 4, bf16, bf16, i32, f32, 7.0f, f32, sizeof(f32), f32,
+                            nullptr);
+       },
+       "moe_experts: argument check failed: k >= 1"},
+      {"moe_experts_alignment",
+       [] {
+         const size_t bytes = moe_experts_workspace_bytes(1, 1, 8);
+         std::vector<unsigned char> workspace(bytes + 16);
+         void* misaligned =
+             workspace.data() + (reinterpret_cast<uintptr_t>(workspace.data()) % 16 ? 0 : 1);
+         return moe_experts(bf16, 1, 8, 8, 1, 4, bf16, bf16, i32, f32, 7.0f, misaligned, bytes, f32,
+                            nullptr);
+       },
+       "moe_experts: argument check failed: Aligned16(workspace)"},
+  };
+}
+
+class LaunchRefusalTest : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(LaunchRefusalTest, NamesTheFailedCheck) {
+  TakeLaunchRefusal();  // nothing left from an earlier case
+  EXPECT_EQ(GetParam().launch(), cudaErrorInvalidValue);
+  EXPECT_EQ(TakeLaunchRefusal(), GetParam().expected);
+  EXPECT_EQ(TakeLaunchRefusal(), "") << "taking the refusal clears it";
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, LaunchRefusalTest, ::testing::ValuesIn(Refusals()),
+                         [](const ::testing::TestParamInfo<Refusal>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
+
+TEST(LaunchCheckTest, EmptyWorkIsNoRefusal) {
+  TakeLaunchRefusal();
+  EXPECT_EQ(rms_norm(static_cast<const float*>(nullptr), nullptr, 0, 8, 8, 1e-6f, nullptr, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(TakeLaunchRefusal(), "");
+}
+
+TEST(LaunchCheckTest, TheRefusalStaysOnItsThread) {
+  TakeLaunchRefusal();
+  ASSERT_EQ(top_k(f32, 1, 8, i32, 0, i32, nullptr), cudaErrorInvalidValue);
+  std::string other = "unset";
+  std::thread([&] { other = TakeLaunchRefusal(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_EQ(TakeLaunchRefusal(), "top_k: argument check failed: k >= 1");
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda

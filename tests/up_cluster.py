@@ -1,0 +1,37 @@
+"""`pdserve up` on a one-host config for the Python tests: router + 1 prefill + 1 decode worker,
+CPU backend, on free loopback ports (tests/test_ports.py), stderr (also the children's logs) in
+a file, since a pipe nobody reads could fill and block.
+"""
+import os
+import subprocess
+import time
+
+from child_process import popen
+from test_ports import free_port
+
+
+def start_up(pdserve, model_dir, model, workdir, grpc=False):
+    """Starts `pdserve up` and waits (up to 120 s) for its "ready on" line. Returns (process, log
+    file, ports by name: http, grpc (with grpc=True), p, pm, d, dm; the last stdout line)."""
+    p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"] + (["grpc"] if grpc else [])}
+    grpc_port = f", grpc_port: {p['grpc']}" if grpc else ""
+    config = os.path.join(workdir, "up.yaml")
+    with open(config, "w") as f:
+        f.write(f"""name: up-test
+model: {{path: {model_dir}, served_name: {model}}}
+router: {{host: 127.0.0.1, http_port: {p['http']}{grpc_port}, health_interval_ms: 500}}
+prefill:
+  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
+decode:
+  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
+transfer: {{transport: ucx, lease_ms: 30000}}
+""")
+    log = open(os.path.join(workdir, "up.log"), "w+")
+    up = popen([pdserve, "up", "--config", config], stdout=subprocess.PIPE, stderr=log, text=True)
+    line = ""
+    deadline = time.time() + 120
+    while time.time() < deadline and "ready on" not in line:
+        line = up.stdout.readline()
+        if not line and up.poll() is not None:
+            break
+    return up, log, p, line
