@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "colocated/paged_state.h"
 #include "common/status.h"
+#include "runtime/paged_state.h"
 #include "serving/generation_config.h"
 #include "spdlog/spdlog.h"
 

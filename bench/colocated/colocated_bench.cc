@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "colocated/step_runner.h"
 #include "engine/model.h"
+#include "runtime/step_runner.h"
 #include "serving/clock.h"
 
 namespace pdserve::colocated {
