@@ -22,7 +22,7 @@
 #include "decode/decode_worker.h"
 #include "spdlog/spdlog.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
-#include "colocated/gpu/gpu_backend.h"
+#include "runtime/cuda/gpu_backend.h"
 #endif
 #include "worker/worker_process.h"
 

@@ -8,7 +8,7 @@
 // DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
 // finish; streams still open then end with finish_reason "error", "worker shutting down") and
 // exits 0. The model comes from the config's model section, the engine from the entry's backend
-// (cpu, or cuda on its GPUs: prefill/gpu; several GPUs make one expert-parallel group), the
+// (cpu, or cuda on its GPUs: runtime/cuda; several GPUs make one expert-parallel group), the
 // reference switches from guards.reference_kernels. UCX_TLS picks the transport as for every UCX
 // program. TEST-ONLY environment switches: prefill/test_faults.h.
 #include <cstdio>
@@ -21,7 +21,7 @@
 #include "prefill/prefill_worker.h"
 #include "spdlog/spdlog.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
-#include "prefill/gpu/gpu_prefill_engine.h"
+#include "runtime/cuda/gpu_prefill_engine.h"
 #endif
 #include "worker/worker_process.h"
 

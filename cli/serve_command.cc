@@ -5,7 +5,7 @@
 //                 [--paranoid] [--canary-every N] [--backend cpu|cuda] [--device N]
 //                 [--devices LIST] [--expert-comm auto|nccl|local]
 //
-// --backend cuda serves on the CUDA engine (engine/gpu, colocated/gpu/gpu_backend.h) on GPU
+// --backend cuda serves on the CUDA engine (engine/gpu, runtime/cuda/gpu_backend.h) on GPU
 // --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
 // --devices "0,1" instead spans several GPUs as one expert-parallel group (experts split over the
 // GPUs, requests spread over them; docs/engine-gpu.md, "Several GPUs") whose MoE collectives go
@@ -35,7 +35,7 @@
 #include "colocated/service.h"
 #include "common/api_keys.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
-#include "colocated/gpu/gpu_backend.h"
+#include "runtime/cuda/gpu_backend.h"
 #endif
 #include "common/deploy_config.h"
 #include "common/status.h"

@@ -7,11 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/paged_state.h"
 #include "common/status.h"
 #include "guards/canary.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/ticket_proto.h"
+#include "runtime/paged_state.h"
 #include "serving/sampler.h"
 #include "serving/state_layout.h"
 #include "spdlog/spdlog.h"

@@ -13,7 +13,7 @@
 // with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
 // bit-identical to colocated mode; with DecodeWorkerOptions::runner_factory (backend: cuda) with
 // colocated::GpuStepRunner instead, which imports each verified request's pages into a GPU slot
-// and decodes the whole batch in one step (colocated/gpu/gpu_step_runner.h says what batch
+// and decodes the whole batch in one step (runtime/cuda/gpu_step_runner.h says what batch
 // invariance then holds). Abort (or a cancelled Generate) ends the request with "abort":
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
 // step in flight. An Abort that comes before its Reserve, or while Reserve is registering the
@@ -41,7 +41,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "colocated/step_runner.h"
 #include "common/metrics.h"
 #include "decode/request_state.h"
 #include "common/progress_heartbeat.h"
@@ -51,6 +50,7 @@
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "runtime/step_runner.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
@@ -73,7 +73,7 @@ struct DecodeWorkerOptions {
   int64_t canary_every = 0;
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
   // Empty: decode on the CPU engine (colocated::EngineStepRunner). Set (backend: cuda,
-  // colocated/gpu/gpu_backend.h): the runner it returns, with max_batch slots; canary_every must
+  // runtime/cuda/gpu_backend.h): the runner it returns, with max_batch slots; canary_every must
   // then be 0 (FailedPrecondition otherwise), and paranoid is refused by the GPU runner. The CPU
   // engine's weights are then not loaded (the config only).
   colocated::RunnerFactory runner_factory;

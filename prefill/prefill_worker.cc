@@ -9,10 +9,10 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "colocated/paged_state.h"
 #include "common/status.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/ticket_proto.h"
+#include "runtime/paged_state.h"
 #include "serving/sampler.h"
 #include "spdlog/spdlog.h"
 #include "worker/transfer_peer.h"
@@ -306,7 +306,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
       return polled.status();
     };
 
-    // Chunked prefill on the engine (prefill/prefill_engine.h): each layer's pages are posted as
+    // Chunked prefill on the engine (runtime/prefill_engine.h): each layer's pages are posted as
     // soon as the engine has stored the layer's final state (on the CPU engine while later layers
     // compute; on the CUDA engine after the forward, while later layers copy to the host).
     PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));

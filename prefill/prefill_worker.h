@@ -2,10 +2,10 @@
 // engine, samples its first token, and writes the request's state pages to the decode worker
 // named by the ticket over UCX (kvtransfer/), then commits.
 //
-// Math. The prompt runs on a PrefillEngine (prefill/prefill_engine.h): the CPU engine by default,
-// the CUDA engine (prefill/gpu) with PrefillWorkerOptions::engine_factory. Both cut the prompt at
+// Math. The prompt runs on a PrefillEngine (runtime/prefill_engine.h): the CPU engine by default,
+// the CUDA engine (runtime/cuda) with PrefillWorkerOptions::engine_factory. Both cut the prompt at
 // absolute multiples of `prefill_block` (64), exactly as the colocated runners cut them
-// (colocated/step_runner.h), and the first token is sampled here from the engine's last logits
+// (runtime/step_runner.h), and the first token is sampled here from the engine's last logits
 // with serving::RequestSampler keyed (seed, choice, position = prompt length). On the CPU engine
 // the state and the token are bit-identical to colocated mode's; on the CUDA engine they are
 // `serve --backend cuda`'s prefill (same engine, same cuts).
@@ -14,7 +14,7 @@
 // (colocated::PagedState::StoreLayer, the transfer format) and hands the layer over; the worker
 // posts its pages (Transfer::PostLayer) at once. On the CPU engine that happens inside the final
 // block's forward, so UCX moves layer l while layers l+1.. compute; on the CUDA engine after the
-// whole forward (prefill/gpu/gpu_prefill_engine.h says why). Slots come from kv::PlanTransfer.
+// whole forward (runtime/cuda/gpu_prefill_engine.h says why). Slots come from kv::PlanTransfer.
 // Heartbeats go out between prefill blocks, so a long prompt keeps its lease. One prefill runs at
 // a time (the UCX transport is single-threaded; the CPU backend's GEMMs already use every core;
 // the CUDA engine has one slot); others wait in FIFO order (run_queue_), at most max_waiting.
@@ -45,8 +45,8 @@
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
-#include "prefill/prefill_engine.h"
 #include "prefill/test_faults.h"
+#include "runtime/prefill_engine.h"
 #include "serving/clock.h"
 #include "serving/page_pool.h"
 #include "serving/state_layout.h"
@@ -65,7 +65,7 @@ struct PrefillWorkerOptions {
   int64_t max_waiting = 256;
   TestFaults faults;           // test-only; off by default
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
-  // Empty: the CPU engine (engine::Model, loaded here). Set (backend: cuda, prefill/gpu): the
+  // Empty: the CPU engine (engine::Model, loaded here). Set (backend: cuda, runtime/cuda): the
   // engine it returns; the CPU engine's weights are then not loaded (the config only).
   PrefillEngineFactory engine_factory;
 };

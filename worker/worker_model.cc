@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <utility>
 
-#include "colocated/paged_state.h"
 #include "common/status.h"
+#include "runtime/paged_state.h"
 #include "serving/generation_config.h"
 #include "spdlog/spdlog.h"
 #include "text/tokenizer.h"

@@ -65,7 +65,7 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
     return absl::NotFoundError(
         absl::StrCat(flags.config_path, " has no ", role, " worker named '", flags.name, "'"));
   }
-  // Either worker runs the CUDA engine (colocated/gpu, prefill/gpu) on its GPUs: one GPU, or
+  // Either worker runs the CUDA engine (runtime/cuda, runtime/cuda) on its GPUs: one GPU, or
   // several as one expert-parallel group. The worker's GPUs are devices 0 .. n-1 of this process;
   // set before any CUDA call.
   if (entry.worker.backend == "cuda") {

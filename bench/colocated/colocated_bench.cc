@@ -18,9 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "colocated/step_runner.h"
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
+#include "runtime/step_runner.h"
 #include "serving/clock.h"
 #include "structured/token_vocabulary.h"
 #include "text/tokenizer.h"

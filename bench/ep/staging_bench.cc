@@ -32,7 +32,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_split.h"
 #include "bench/ep/flash_shapes.h"
-#include "colocated/paged_state.h"
 #include "common/status.h"
 #include "engine/config.h"
 #include "engine/gpu/device_memory.h"
@@ -40,8 +39,9 @@
 #include "engine/random_weights.h"
 #include "engine/ring_state.h"
 #include "engine/weights.h"
-#include "prefill/gpu/gpu_prefill_engine.h"
-#include "prefill/prefill_engine.h"
+#include "runtime/cuda/gpu_prefill_engine.h"
+#include "runtime/paged_state.h"
+#include "runtime/prefill_engine.h"
 #include "serving/page_pool.h"
 
 namespace pdserve::bench {

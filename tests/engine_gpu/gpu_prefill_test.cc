@@ -1,4 +1,4 @@
-// The prefill worker's CUDA engine (prefill/gpu/gpu_prefill_engine.h) on the bundled model with
+// The prefill worker's CUDA engine (runtime/cuda/gpu_prefill_engine.h) on the bundled model with
 // fp32 GEMMs: it writes a prompt's state into pool pages and returns the last logits, the first
 // token is sampled from them as the prefill worker samples it, and decoding from those pages (on
 // the CPU engine and on colocated::GpuStepRunner) gives the tokens of the CPU prefill engine's
@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/gpu/gpu_step_runner.h"
-#include "colocated/paged_state.h"
-#include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
-#include "prefill/gpu/gpu_prefill_engine.h"
-#include "prefill/prefill_engine.h"
+#include "runtime/cuda/gpu_prefill_engine.h"
+#include "runtime/cuda/gpu_step_runner.h"
+#include "runtime/paged_state.h"
+#include "runtime/prefill_engine.h"
+#include "runtime/step_runner.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
 #include "tests/engine_gpu/gpu_test_models.h"

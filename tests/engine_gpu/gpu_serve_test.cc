@@ -1,4 +1,4 @@
-// The colocated server on the CUDA backend (colocated/gpu/gpu_backend.h, what `pdserve serve
+// The colocated server on the CUDA backend (runtime/cuda/gpu_backend.h, what `pdserve serve
 // --backend cuda` runs) against the CPU backend on the bundled model: the same text for greedy and
 // seeded T=0.6 completions (fp32 GEMMs on the GPU, the CPU engine emulating bf16 storage; the
 // bundled model's weights are bf16 already), the same HTTP errors, and the refusals. Without a
@@ -14,8 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "colocated/gpu/gpu_backend.h"
 #include "colocated/service.h"
+#include "runtime/cuda/gpu_backend.h"
 #include "tests/engine_gpu/gpu_test_models.h"
 
 namespace pdserve::colocated {

@@ -1,11 +1,11 @@
-// colocated::GpuStepRunner (colocated/gpu/gpu_step_runner.h) under the real scheduler, on the
+// colocated::GpuStepRunner (runtime/cuda/gpu_step_runner.h) under the real scheduler, on the
 // bundled model with fp32 GEMMs, against colocated::EngineStepRunner on the CPU engine emulating
 // the GPU's bf16 storage with the GPU's rounded weights: greedy and seeded T=0.6 tokens equal for
 // a dozen prompts of mixed lengths, steps mixing prefill chunks and decode, more requests than
 // slots (the scheduler waits), and decode from a prompt state transferred in pages
 // (first_token). Also measures how much a decode row's logits depend on the batch it shares.
 // Skips without a CUDA device.
-#include "colocated/gpu/gpu_step_runner.h"
+#include "runtime/cuda/gpu_step_runner.h"
 
 #include <gtest/gtest.h>
 
@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/paged_state.h"
-#include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/model.h"
+#include "runtime/paged_state.h"
+#include "runtime/step_runner.h"
 #include "serving/clock.h"
 #include "tests/engine_gpu/gpu_test_models.h"
 #include "tests/engine_gpu/runner_outputs.h"

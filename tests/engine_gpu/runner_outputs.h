@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/paged_state.h"
-#include "colocated/step_runner.h"
 #include "engine/config.h"
 #include "engine/state.h"
+#include "runtime/paged_state.h"
+#include "runtime/step_runner.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
 #include "serving/state_layout.h"

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "colocated/step_runner.h"
 #include "engine/model.h"
 #include "gtest/gtest.h"
 #include "guards/page_ownership.h"
+#include "runtime/step_runner.h"
 
 namespace pdserve::colocated {
 namespace {

@@ -1,4 +1,4 @@
-#include "colocated/gpu/gpu_backend.h"
+#include "runtime/cuda/gpu_backend.h"
 
 #include <cuda_runtime.h>
 
@@ -7,10 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/gpu/gpu_step_runner.h"
 #include "common/status.h"
 #include "engine/tensor_spec.h"
 #include "engine/weights.h"
+#include "runtime/cuda/gpu_step_runner.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {

@@ -1,4 +1,4 @@
-#include "colocated/choice_step.h"
+#include "runtime/choice_step.h"
 
 #include <string>
 #include <utility>

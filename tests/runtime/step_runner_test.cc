@@ -1,7 +1,7 @@
 // EngineStepRunner under the real scheduler: batch invariance (a request's tokens and logprobs
 // are bit-identical alone, in a 64-request batch, and in a pool small enough that requests wait)
 // and page accounting when requests are cancelled mid-prefill and mid-decode.
-#include "colocated/step_runner.h"
+#include "runtime/step_runner.h"
 
 #include <algorithm>
 #include <cstring>

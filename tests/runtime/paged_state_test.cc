@@ -1,6 +1,6 @@
 // PagedState: the engine state stored in pool pages is an exact copy, and pages shipped as bytes to
 // a fresh pool continue decoding with bit-identical logits.
-#include "colocated/paged_state.h"
+#include "runtime/paged_state.h"
 
 #include <cstring>
 #include <memory>

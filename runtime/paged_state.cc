@@ -1,4 +1,4 @@
-#include "colocated/paged_state.h"
+#include "runtime/paged_state.h"
 
 #include <algorithm>
 #include <cstring>

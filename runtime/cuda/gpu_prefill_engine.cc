@@ -1,4 +1,4 @@
-#include "prefill/gpu/gpu_prefill_engine.h"
+#include "runtime/cuda/gpu_prefill_engine.h"
 
 #include <algorithm>
 #include <utility>

@@ -4,10 +4,10 @@
 // token. Two engines:
 //
 // - CPU (CpuPrefillEngine, engine::Model): Forward calls cut at absolute multiples of
-//   prefill_block, as the colocated runner cuts them (colocated/step_runner.h); in the final
+//   prefill_block, as the colocated runner cuts them (runtime/step_runner.h); in the final
 //   block Model::Forward's LayerHook stores each layer's pages as soon as the layer's attention is
 //   done, so the worker ships layer l while layers l+1.. compute.
-// - CUDA (prefill/gpu, engine::gpu::GpuModel): the same cuts (prefill_block <= max_chunk) on a
+// - CUDA (runtime/cuda, engine::gpu::GpuModel): the same cuts (prefill_block <= max_chunk) on a
 //   GPU slot; after the last chunk the slot's state is copied to pinned host memory layer by
 //   layer (GpuModel::ExportLayerAsync, an event per layer), and each layer is stored and handed
 //   over as soon as its copy lands, while later layers still copy. Every layer is final only when
@@ -27,9 +27,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "colocated/paged_state.h"
 #include "engine/config.h"
 #include "engine/model.h"
+#include "runtime/paged_state.h"
 #include "serving/state_layout.h"
 
 namespace pdserve::prefill {

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/model_options.h"
+#include "runtime/step_runner.h"
 
 namespace pdserve::colocated {
 
@@ -37,7 +37,7 @@ struct GpuBackendOptions {
 // The model's weights (engine::Weights::Load from `model_dir`, then the CPU engine's
 // ValidateWeights) uploaded as a group of one GpuModel per options.devices entry, each of
 // `slots_per_rank` slots of `max_context` tokens: what GpuRunnerFactory and the prefill worker's
-// CUDA engine (prefill/gpu) run. Checks the devices before the weights load, which takes a while
+// CUDA engine (runtime/cuda) run. Checks the devices before the weights load, which takes a while
 // for a large model. The host copy of the weights is freed before it returns. Errors: the
 // weights' (NotFound, InvalidArgument), FailedPrecondition when no CUDA device is present,
 // InvalidArgument for no devices or a device outside the present ones, GpuModelGroup::Create's.

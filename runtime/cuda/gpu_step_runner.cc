@@ -1,4 +1,4 @@
-#include "colocated/gpu/gpu_step_runner.h"
+#include "runtime/cuda/gpu_step_runner.h"
 
 #include <algorithm>
 #include <span>
@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/choice_step.h"
-#include "colocated/paged_state.h"
 #include "common/status.h"
 #include "engine/expert_parallel.h"
+#include "runtime/choice_step.h"
+#include "runtime/paged_state.h"
 
 namespace pdserve::colocated {
 

@@ -33,11 +33,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "colocated/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
-#include "prefill/prefill_engine.h"
+#include "runtime/cuda/gpu_backend.h"
+#include "runtime/prefill_engine.h"
 
 namespace pdserve::prefill {
 

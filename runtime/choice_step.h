@@ -1,5 +1,5 @@
 // The sampling half of a runner step, shared by the CPU and CUDA step runners
-// (colocated/step_runner.h, colocated/gpu/gpu_step_runner.h): a choice's next token drawn with its
+// (runtime/step_runner.h, runtime/cuda/gpu_step_runner.h): a choice's next token drawn with its
 // request's serving::RequestSampler from the logits the engine produced, the degeneration
 // detector fed, the TokenEvent built and delivered. Both runners therefore sample, flag and stop
 // identically; only how the logits are computed differs.
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "colocated/step_runner.h"
 #include "guards/degeneration_detector.h"
+#include "runtime/step_runner.h"
 
 namespace pdserve::colocated {
 

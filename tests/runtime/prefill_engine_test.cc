@@ -2,7 +2,7 @@
 // every layer handed over once, in order, in the final block; the pages equal the state of
 // Model::Forward over the same chunks stored whole; callback errors stop the prefill. Also
 // worker::LoadWorkerModel without the CPU engine (what a backend cuda worker loads).
-#include "prefill/prefill_engine.h"
+#include "runtime/prefill_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "colocated/paged_state.h"
 #include "engine/model.h"
+#include "runtime/paged_state.h"
 #include "serving/page_pool.h"
 #include "worker/worker_model.h"
 

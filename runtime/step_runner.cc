@@ -1,4 +1,4 @@
-#include "colocated/step_runner.h"
+#include "runtime/step_runner.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,10 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "colocated/choice_step.h"
 #include "common/status.h"
 #include "guards/canary.h"
 #include "guards/page_ownership.h"
+#include "runtime/choice_step.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {

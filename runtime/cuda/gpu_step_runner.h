@@ -1,6 +1,6 @@
 // serving::StepRunner on the CUDA engine (engine/gpu/gpu_model.h): the contract of
 // colocated::EngineStepRunner (same SequenceSetup / TokenEvent / RequestContext, same sampling
-// through colocated/choice_step.h, so the same RequestSampler keys (seed, choice, position) and
+// through runtime/choice_step.h, so the same RequestSampler keys (seed, choice, position) and
 // the same degeneration detector), but a sequence's state lives in a GpuModel state slot for the
 // whole of its life instead of in state-pool pages.
 //
@@ -62,10 +62,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "colocated/step_runner.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
+#include "runtime/step_runner.h"
 #include "serving/page_pool.h"
 #include "serving/scheduler.h"
 #include "serving/state_layout.h"
@@ -82,7 +82,7 @@ class GpuStepRunner : public SequenceRunner {
                                                                serving::PagePool* pool,
                                                                RunnerOptions options);
   // Over every rank of `group` (owned; what pdserve serve --backend cuda and a cuda decode worker
-  // build, colocated/gpu/gpu_backend.h). Errors as above.
+  // build, runtime/cuda/gpu_backend.h). Errors as above.
   static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(
       std::unique_ptr<engine::gpu::GpuModelGroup> group, const serving::StateLayout& layout,
       serving::PagePool* pool, RunnerOptions options);

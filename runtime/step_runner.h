@@ -1,6 +1,6 @@
 // serving::StepRunner on the CPU engine: executes a Scheduler StepPlan (chunked prefill chunks and
 // one decode token per running sequence), keeping every sequence's state in its state-pool pages
-// (colocated/paged_state.h), sampling with serving::RequestSampler and watching each choice with
+// (runtime/paged_state.h), sampling with serving::RequestSampler and watching each choice with
 // guards::DegenerationDetector.
 //
 // Batch invariance. A sequence's tokens and logprobs never depend on which other sequences share
@@ -30,9 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "colocated/paged_state.h"
 #include "engine/model.h"
 #include "guards/degeneration_detector.h"
+#include "runtime/paged_state.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
 #include "serving/scheduler.h"
@@ -111,7 +111,7 @@ struct GuardCounts {
 };
 
 // What a service drives: a StepRunner whose sequences it registers before Scheduler::Submit and
-// forgets once released. EngineStepRunner (CPU engine) and GpuStepRunner (colocated/gpu, CUDA).
+// forgets once released. EngineStepRunner (CPU engine) and GpuStepRunner (runtime/cuda, CUDA).
 class SequenceRunner : public serving::StepRunner {
  public:
   // Registers sequence `id`. AlreadyExists for a known id, InvalidArgument for a bad setup; a
@@ -134,7 +134,7 @@ struct RunnerContext {
   int64_t slots = 0;        // sequences at once (the scheduler's max_running, or max_batch)
   int64_t max_context = 0;  // tokens per sequence at most (prompt + max_tokens)
 };
-// Builds a runner on another engine than the CPU's (colocated/gpu/gpu_backend.h for CUDA).
+// Builds a runner on another engine than the CPU's (runtime/cuda/gpu_backend.h for CUDA).
 using RunnerFactory =
     std::function<absl::StatusOr<std::unique_ptr<SequenceRunner>>(const RunnerContext&)>;
 

@@ -1,4 +1,4 @@
-#include "prefill/prefill_engine.h"
+#include "runtime/prefill_engine.h"
 
 #include <algorithm>
 #include <utility>
