@@ -87,7 +87,10 @@ void RouterService::Request::ChoiceDone(Attempt& attempt) {
   if (--remaining > 0 || ended) return;
   ended = true;
   frontend::Usage usage{static_cast<int64_t>(prepared.prompt.size()), 0};
-  for (const frontend::ChoiceText& t : texts) usage.completion_tokens += t.tokens();
+  for (const frontend::ChoiceText& t : texts) {
+    usage.completion_tokens += t.tokens();
+    usage.reasoning_tokens += t.reasoning_tokens();
+  }
   const absl::Time now = absl::Now();
   service->e2e_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
   if (first_token && tokens > 1) {
