@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/config.h"
+#include "frontend/chat_prompt.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
 
@@ -91,34 +92,7 @@ absl::StatusOr<std::vector<int32_t>> RequestPreparer::PromptTokens(const ApiRequ
     return absl::InvalidArgumentError(
         absl::StrCat("model ", model_names_[0], " has no chat format; use /v1/completions"));
   }
-  std::vector<text::ChatMessage> messages;
-  for (const ChatMessage& m : req.messages) {
-    text::ChatMessage& out = messages.emplace_back();
-    out.role = m.role == "developer" ? "system" : m.role;
-    out.content = m.content;
-    out.reasoning_content = m.reasoning_content;
-    out.tool_call_id = m.tool_call_id;
-    for (const ToolCall& c : m.tool_calls) out.tool_calls.push_back({c.id, c.name, c.arguments});
-  }
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<text::ChatSegment> segments,
-                           chat_format_->Render(messages, ChatOptionsOf(req)));
-  if (req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed) {
-    // The answer must be a tool call: its opening is written for the model (thinking is off,
-    // api_request.cc checks), and ChoiceText reads it back first.
-    for (text::ChatSegment& s : chat_format_->ToolCallOpening(req.tool_choice_name)) {
-      segments.push_back(std::move(s));
-    }
-  }
-  return text::EncodeChat(*tokenizer_, segments);
-}
-
-text::ChatOptions ChatOptionsOf(const ApiRequest& req) {
-  text::ChatOptions options;
-  options.thinking = ThinkingOn(req);
-  options.reasoning_effort_max = req.reasoning_effort == "max";
-  // tool_choice "none": the tools stay out of the prompt, so the model is not offered them.
-  if (req.tool_choice != ToolChoice::kNone) options.tools = req.tools;
-  return options;
+  return ChatPromptTokens(*chat_format_, *tokenizer_, req);
 }
 
 std::optional<ApiError> RequestPreparer::SurelyTooLong(const ApiRequest& req) const {

@@ -101,10 +101,6 @@ class RequestPreparer {
   int64_t max_token_bytes_ = 1;  // the longest any token decodes to (special tokens included)
 };
 
-// The chat format options of `req`: thinking (ThinkingOn), reasoning_effort max, and its tools
-// unless tool_choice is "none".
-text::ChatOptions ChatOptionsOf(const ApiRequest& req);
-
 // One choice's text: feed it tokens in order; it says what to send and when the choice is over.
 // A chat choice's text is split into reasoning, content and tool calls (text::ChatOutputParser);
 // a choice that made tool calls and stopped ends with finish_reason "tool_calls".

@@ -5,12 +5,15 @@
 // with InvalidArgument (never another error, never a crash).
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string_view>
 #include <variant>
 
 #include "frontend/api_request.h"
-#include "frontend/request_preparer.h"
+#include "frontend/chat_prompt.h"
 #include "nlohmann/json.hpp"
+#include "text/chat_format.h"
+#include "text/tokenizer.h"
 
 namespace {
 
@@ -20,10 +23,19 @@ void Check(bool ok) {
   if (!ok) std::abort();
 }
 
-const RequestPreparer& Preparer() {
-  static const RequestPreparer* preparer =
-      RequestPreparer::Load(PDSERVE_BUNDLED_MODEL).value().release();
-  return *preparer;
+// The bundled model's tokenizer and chat format, loaded once.
+struct Model {
+  std::unique_ptr<pdserve::text::Tokenizer> tokenizer;
+  std::unique_ptr<pdserve::text::ChatFormat> format;
+};
+const Model& Bundled() {
+  static const Model* model = [] {
+    auto* m = new Model;
+    m->tokenizer = pdserve::text::Tokenizer::Load(PDSERVE_BUNDLED_MODEL).value();
+    m->format = pdserve::text::LoadChatFormat(PDSERVE_BUNDLED_MODEL, *m->tokenizer).value();
+    return m;
+  }();
+  return *model;
 }
 
 }  // namespace
@@ -39,12 +51,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const ApiRequest& req = std::get<ApiRequest>(parsed);
     if (endpoint != Endpoint::kChatCompletions) continue;
-    auto ids = Preparer().PromptTokens(req);
+    auto ids = ChatPromptTokens(*Bundled().format, *Bundled().tokenizer, req);
     if (!ids.ok()) {
       Check(ids.status().code() == absl::StatusCode::kInvalidArgument);
       continue;
     }
-    for (int32_t id : *ids) Check(id >= 0 && id < Preparer().tokenizer().vocab_size());
+    for (int32_t id : *ids) Check(id >= 0 && id < Bundled().tokenizer->vocab_size());
   }
   return 0;
 }
