@@ -154,7 +154,7 @@ void ChatOutputParser::Drain(bool at_end, ChatOutputPiece& piece) {
       continue;
     }
     const bool reasoning = state_ == State::kReasoning;
-    if (!reasoning && !options_.tools) {
+    if (!reasoning && (!options_.tools || tools_off_)) {
       piece.content += pending_;
       pending_.clear();
       return;
@@ -231,6 +231,9 @@ void ChatOutputParser::Malformed(ChatOutputPiece& piece) {
   block_raw_.clear();
   pending_.clear();
   state_ = State::kContent;
+  // The rest of the answer is content too: how much of it had arrived when the block went wrong
+  // depends on how the text was split, and the result must not.
+  tools_off_ = true;
 }
 
 }  // namespace pdserve::text

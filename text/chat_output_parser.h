@@ -12,8 +12,8 @@
 // its arguments as a JSON object text in the module's layout ({"K": "string", "N": 5}; a
 // string="false" value must itself be JSON). Malformed tool-call text (a broken tag, a value
 // that is not JSON, a duplicate parameter, a block cut off by the end of the answer) is released
-// as content from the point where it went wrong; tool calls before it stay. So the pieces'
-// concatenation never depends on how the text was split.
+// as content from the point where it went wrong, and so is the rest of the answer; tool calls
+// before it stay. So the pieces' concatenation never depends on how the text was split.
 //
 // Thread-safety: one parser per choice, used by one thread at a time.
 #pragma once
@@ -75,6 +75,7 @@ class ChatOutputParser {
   // is released): content again if the block turns out malformed.
   std::string block_raw_;
   bool block_header_read_ = false;
+  bool tools_off_ = false;  // a block was malformed: the rest of the answer is content
 };
 
 }  // namespace pdserve::text

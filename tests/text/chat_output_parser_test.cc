@@ -152,6 +152,21 @@ TEST(ChatOutputParserTest, MalformedToolOutputIsReturnedAsText) {
   EXPECT_EQ(got.content, "x\n\n<｜DSML｜tool_callsX");
 }
 
+// Found by the fuzzer: a malformed block followed by a valid one. Only the first block decides;
+// otherwise how far the text had arrived when it went wrong would change the result.
+TEST(ChatOutputParserTest, AfterAMalformedBlockTheRestIsContent) {
+  const std::string text =
+      "\n\n<｜DSML｜tool_calls>\nbroken\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  std::vector<std::string> bytes;
+  for (char ch : text) bytes.push_back(std::string(1, ch));
+  for (const auto& pieces : {std::vector<std::string>{text}, bytes}) {
+    Joined got = ParsePieces(pieces, {.tools = true});
+    EXPECT_TRUE(got.calls.empty());
+    EXPECT_EQ(got.content, text);
+  }
+}
+
 TEST(ChatOutputParserTest, ForcedPrefixIsReadFirst) {
   Joined got = ParsePieces(
       {"f\">\n<｜DSML｜parameter name=\"k\" string=\"true\">v</｜DSML｜parameter>\n"
