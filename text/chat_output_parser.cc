@@ -103,7 +103,11 @@ Parse ParseInvoke(std::string_view text, const Tags& tags, ParsedToolCall* call,
     if (!p || std::find(names.begin(), names.end(), p->name) != names.end()) {
       return Parse::kMalformed;
     }
-    if (!p->is_string && !nlohmann::json::accept(p->value)) return Parse::kMalformed;
+    // nlohmann's accept() stops at a NUL byte ("0\0x" passes): NULs are refused first.
+    if (!p->is_string &&
+        (p->value.find('\0') != std::string::npos || !nlohmann::json::accept(p->value))) {
+      return Parse::kMalformed;
+    }
     absl::StrAppend(&arguments, names.empty() ? "" : ", ", PythonJsonString(p->name), ": ",
                     p->is_string ? PythonJsonString(p->value) : p->value);
     names.push_back(p->name);

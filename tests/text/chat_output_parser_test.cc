@@ -137,8 +137,11 @@ TEST(ChatOutputParserTest, MalformedToolOutputIsReturnedAsText) {
       "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"a\" string=\"true\">2</｜DSML｜parameter>\n"
       "</｜DSML｜invoke>\n",  // duplicate parameter
       "<｜DSML｜invoke name=\"g\">\n<｜DSML｜parameter name=\"a\" string=\"maybe\">1"
-      "</｜DSML｜parameter>\n</｜DSML｜invoke>\n",        // bad string flag
-      "garbage",                                          // neither invoke nor end
+      "</｜DSML｜parameter>\n</｜DSML｜invoke>\n",  // bad string flag
+      std::string("<｜DSML｜invoke name=\"g\">\n<｜DSML｜parameter name=\"a\" string=\"false\">0\0"
+                  "</｜DSML｜parameter>\n</｜DSML｜invoke>\n",
+                  118),  // JSON, then a NUL byte (found by the fuzzer)
+      "garbage",         // neither invoke nor end
       "<｜DSML｜invoke name=\"g\">\n<｜DSML｜parameter",  // cut off by the end of the answer
   };
   for (const std::string& bad : broken) {
