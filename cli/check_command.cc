@@ -7,8 +7,11 @@
 //                 [--max-ngram N] [--min-distinct2 D] [--max-failing-fraction F]
 //                 [--greedy-must-pass] [--json] [--output FILE]
 //
-// Without --prompts it uses deploy/check/prompts.jsonl, looked up in the current directory,
-// next to the binary's parent (a build tree) and in <prefix>/share/pdserve/check. Prints a table
+// Without --prompts it uses the first of deploy/check/prompts.jsonl and kjv-prompts.jsonl (looked
+// up in the current directory, next to the binary's parent (a build tree) and in
+// <prefix>/share/pdserve/check) whose every prompt fits the served model's context, as
+// GET /v1/models lists it ("max_model_len"): prompt bytes (at least its token count under
+// byte-level BPE) + kTemplateTokens + max_tokens. Prints a table
 // (or JSON with --json); exit status 0 when every prompt passes, 1 when one fails, 2 on errors,
 // including prompts the server refused as longer than the model's context (said first, in one
 // line on stderr: loadgen::ContextLengthSummary).
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cli/command_registry.h"
 #include "loadgen/coherence_check.h"
 #include "loadgen/dataset.h"
@@ -49,20 +53,65 @@ int Error(const std::string& message) {
   return 2;
 }
 
-std::string DefaultPromptFile() {
-  const fs::path relative = fs::path("deploy") / "check" / "prompts.jsonl";
+// Room for the chat template's control tokens around the messages.
+constexpr int64_t kTemplateTokens = 32;
+
+std::string DefaultPromptFile(const std::string& name) {
+  const fs::path relative = fs::path("deploy") / "check" / name;
   std::vector<fs::path> candidates = {relative};
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     candidates.push_back(exe.parent_path().parent_path() / relative);
-    candidates.push_back(exe.parent_path().parent_path() / "share" / "pdserve" / "check" /
-                         "prompts.jsonl");
+    candidates.push_back(exe.parent_path().parent_path() / "share" / "pdserve" / "check" / name);
   }
   for (const fs::path& p : candidates) {
     if (fs::exists(p, ec)) return p.string();
   }
   return relative.string();
+}
+
+// "max_model_len" of `model` in GET /v1/models; 0 when the server does not say.
+int64_t ServedContextLength(const loadgen::EndpointUrl& url, const std::string& model) {
+  auto body = loadgen::HttpGet(url, "/v1/models", std::chrono::milliseconds(10000));
+  if (!body.ok()) return 0;
+  const nlohmann::json j = nlohmann::json::parse(*body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) return 0;
+  for (const nlohmann::json& m : j["data"]) {
+    if (m.is_object() && m.value("id", "") == model && m.contains("max_model_len") &&
+        m["max_model_len"].is_number_integer()) {
+      return m["max_model_len"].get<int64_t>();
+    }
+  }
+  return 0;
+}
+
+// Whether every prompt of `prompts` surely fits a context of `context` tokens.
+bool AllFit(const std::vector<loadgen::PromptItem>& prompts, int64_t context,
+            int64_t default_max_tokens) {
+  for (const loadgen::PromptItem& p : prompts) {
+    const int64_t bytes = static_cast<int64_t>(
+        p.messages.is_null() ? p.prompt.size() + p.token_ids.size() : p.messages.dump().size());
+    const int64_t max_tokens = p.max_tokens > 0 ? p.max_tokens : default_max_tokens;
+    if (bytes + kTemplateTokens + max_tokens > context) return false;
+  }
+  return true;
+}
+
+// The prompt set for a run without --prompts (see the file comment).
+absl::StatusOr<std::vector<loadgen::PromptItem>> DefaultPrompts(const loadgen::CheckOptions& o) {
+  const int64_t context = ServedContextLength(o.url, o.model);
+  std::string tried;
+  for (const char* name : {"prompts.jsonl", "kjv-prompts.jsonl"}) {
+    const std::string path = DefaultPromptFile(name);
+    auto prompts = loadgen::LoadPromptFile(path);
+    if (!prompts.ok()) return prompts.status();
+    if (context == 0 || AllFit(*prompts, context, o.default_max_tokens)) return prompts;
+    tried += (tried.empty() ? "" : ", ") + path;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no default prompt set fits the model's context of ", context, " tokens (",
+                   tried, "); pass --prompts"));
 }
 
 int RunCheckCommand(CheckArgs args) {
@@ -79,8 +128,7 @@ int RunCheckCommand(CheckArgs args) {
   auto served = loadgen::FirstServedModel(o.url);
   if (!served.ok()) return Error(std::string(served.status().message()));
   if (o.model.empty()) o.model = *served;
-  const std::string path = args.prompts.empty() ? DefaultPromptFile() : args.prompts;
-  auto prompts = loadgen::LoadPromptFile(path);
+  auto prompts = args.prompts.empty() ? DefaultPrompts(o) : loadgen::LoadPromptFile(args.prompts);
   if (!prompts.ok()) return Error(std::string(prompts.status().message()));
   auto report = loadgen::RunCheck(*prompts, o);
   if (!report.ok()) return Error(std::string(report.status().message()));
@@ -113,11 +161,11 @@ const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--allow-remote", args->allow_remote, "Allow a non-loopback endpoint");
   cmd->add_option("--prompts", args->prompts,
-                  "JSONL prompts (default: deploy/check/prompts.jsonl from the current "
-                  "directory, else beside the binary's parent directory (a build tree), else "
-                  "<prefix>/share/pdserve/check/"
-                  "prompts.jsonl); lines may carry \"thresholds\" overrides and an \"expect\" "
-                  "substring");
+                  "JSONL prompts (default: the first of deploy/check/prompts.jsonl and "
+                  "kjv-prompts.jsonl whose prompts fit the served model's context, from the "
+                  "current directory, else beside the binary's parent directory (a build tree), "
+                  "else <prefix>/share/pdserve/check/); lines may carry \"thresholds\" overrides "
+                  "and an \"expect\" substring");
   cmd->add_option("--samples", o.samples, "Sampled completions per prompt")
       ->check(Positive())
       ->capture_default_str();

@@ -245,7 +245,10 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
     }
     if (r->remaining == 0) {
       frontend::Usage usage{r->prompt_tokens, 0};
-      for (const Request::Choice& c : r->choices) usage.completion_tokens += c.text.tokens();
+      for (const Request::Choice& c : r->choices) {
+        usage.completion_tokens += c.text.tokens();
+        usage.reasoning_tokens += c.text.reasoning_tokens();
+      }
       r->sink->OnComplete(usage);
       Forget(*r);
     }

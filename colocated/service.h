@@ -75,6 +75,7 @@ class ColocatedService : public frontend::GenerationService {
   // Accepted: the model directory's name and its path as given; listed: the name alone.
   std::vector<std::string> ModelNames() const override;
   std::vector<std::string> ListedModelNames() const override;
+  int64_t MaxModelLength() const override { return preparer_->context_length(); }
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override { return true; }

@@ -1,13 +1,19 @@
 #include "frontend/api_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "frontend/response_format.h"
+#include "absl/synchronization/mutex.h"
+#include "frontend/tool_request.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -21,6 +27,22 @@ constexpr size_t kMaxStopStrings = 4;
 // matched against every prefix of each stop string after every token (O(length^2) each), so an
 // unbounded stop string let one request make its detokenization arbitrarily slow.
 constexpr size_t kMaxStopBytes = 512;
+
+// Logs an ignored field the first time its name is seen (at most kMaxLoggedFields names are
+// remembered, so that bodies full of random keys cannot grow the set without bound).
+void LogIgnoredOnce(const std::string& name) {
+  constexpr size_t kMaxLoggedFields = 256;
+  constexpr size_t kMaxShownBytes = 64;
+  static absl::Mutex mutex(absl::kConstInit);
+  static auto* seen ABSL_GUARDED_BY(mutex) = new absl::flat_hash_set<std::string>();
+  {
+    absl::MutexLock lock(&mutex);
+    if (seen->size() >= kMaxLoggedFields || !seen->insert(name).second) return;
+  }
+  spdlog::warn("ignoring unknown request field '{}' (logged once per field name)",
+               nlohmann::json(name.substr(0, kMaxShownBytes))
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
 
 // obj[key] when it is a string, else "" (never throws, unlike json::value()).
 std::string StringField(const json& obj, const char* key) {
@@ -92,14 +114,19 @@ class FieldReader {
     *out = v->get<std::string>();
   }
 
-  // OpenAI rejects unknown top-level fields; call after every Get().
-  void RejectUnknown() {
+  // Fields no Get() asked for are ignored and logged once per name (prefixed with `where`, e.g.
+  // "messages[]."), as vLLM does: SDKs add fields faster than servers learn them. Call after
+  // every Get().
+  void IgnoreUnknown(const std::string& where = "") {
     if (!ok()) return;
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (!known_.count(it.key())) {
-        return Fail(absl::StrCat("Unrecognized request argument supplied: ", it.key()), it.key());
-      }
+      if (!known_.count(it.key())) LogIgnoredOnce(where + it.key());
     }
+  }
+
+  // A field that asks for what pdserve cannot do: 400 naming it when present (not null).
+  void Unsupported(const std::string& key, const std::string& what) {
+    if (Get(key) && ok()) Fail(absl::StrCat("'", key, "' is not supported: ", what), key);
   }
 
  private:
@@ -173,7 +200,7 @@ void ReadCommon(FieldReader& r, ApiRequest& req) {
     if (!req.stream) return r.Fail("'stream_options' requires 'stream': true", "stream_options");
     FieldReader sr(*so);
     sr.Bool("include_usage", &req.include_usage);
-    sr.RejectUnknown();
+    sr.IgnoreUnknown("stream_options.");
     if (!sr.ok()) return r.Fail(sr.error().message, "stream_options");
   }
   std::optional<int64_t> n;
@@ -197,6 +224,14 @@ void ReadCommon(FieldReader& r, ApiRequest& req) {
   r.Bool("ignore_eos", &req.ignore_eos);
   r.Bool("skip_special_tokens", &req.skip_special_tokens);
   r.String("user", &req.user);
+  // Accepted, and change nothing here: metadata and store (nothing is stored), service_tier.
+  if (const json* metadata = r.Get("metadata"); metadata && r.ok() && !metadata->is_object()) {
+    return r.Fail("'metadata' must be an object", "metadata");
+  }
+  bool store = false;
+  r.Bool("store", &store);
+  std::string service_tier;
+  r.String("service_tier", &service_tier);
 }
 
 void ReadCompletionPrompt(FieldReader& r, ApiRequest& req) {
@@ -268,22 +303,35 @@ void ReadMessages(FieldReader& r, ApiRequest& req) {
     std::string name;
     mr.String("name", &name);
     const json* content = mr.Get("content");
-    mr.RejectUnknown();
+    const json* tool_calls = mr.Get("tool_calls");
+    mr.String("tool_call_id", &out.tool_call_id);
+    mr.String("reasoning_content", &out.reasoning_content);
+    mr.IgnoreUnknown("messages[].");
     if (!mr.ok()) return r.Fail(absl::StrCat(where, ": ", mr.error().message), "messages");
     if (out.role != "system" && out.role != "developer" && out.role != "user" &&
-        out.role != "assistant") {
-      return r.Fail(absl::StrCat(where, ".role must be one of system, developer, user, assistant"),
-                    "messages");
+        out.role != "assistant" && out.role != "tool") {
+      return r.Fail(
+          absl::StrCat(where, ".role must be one of system, developer, user, assistant, tool"),
+          "messages");
     }
+    if (tool_calls && out.role == "assistant") {
+      if (auto error = ReadToolCalls(*tool_calls, where, &out.tool_calls)) {
+        return r.Fail(error->message, "messages");
+      }
+    }
+    // A tool message's text parts are joined by blank lines (encoding_dsv4.py), others directly.
+    const char* joiner = out.role == "tool" ? "\n\n" : "";
     if (content && content->is_string()) {
       out.content = content->get<std::string>();
     } else if (content && content->is_array()) {
-      for (const auto& part : *content) {
+      for (size_t p = 0; p < content->size(); ++p) {
+        const json& part = (*content)[p];
         if (!part.is_object() || StringField(part, "type") != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return r.Fail(absl::StrCat(where, ".content parts must be {\"type\": \"text\", ...}"),
                         "messages");
         }
+        if (p > 0) out.content += joiner;
         out.content += part["text"].get<std::string>();
       }
     } else if (!(content == nullptr && out.role == "assistant")) {
@@ -291,6 +339,33 @@ void ReadMessages(FieldReader& r, ApiRequest& req) {
                     "messages");
     }
     req.messages.push_back(std::move(out));
+  }
+}
+
+constexpr const char* kReasoningEfforts[] = {"none", "minimal", "low", "medium", "high", "max"};
+
+void ReadThinking(FieldReader& r, ApiRequest& req) {
+  if (const json* kw = r.Get("chat_template_kwargs"); kw && r.ok()) {
+    if (!kw->is_object()) {
+      return r.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    }
+    FieldReader kr(*kw);
+    for (const char* key : {"thinking", "enable_thinking"}) {
+      bool thinking = false;
+      kr.Bool(key, &thinking);
+      if (kr.ok() && kw->contains(key) && !(*kw)[key].is_null()) req.thinking = thinking;
+    }
+    kr.IgnoreUnknown("chat_template_kwargs.");
+    if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
+  }
+  r.String("reasoning_effort", &req.reasoning_effort);
+  if (r.ok() && !req.reasoning_effort.empty() &&
+      std::find(std::begin(kReasoningEfforts), std::end(kReasoningEfforts), req.reasoning_effort) ==
+          std::end(kReasoningEfforts)) {
+    r.Fail(absl::StrCat("'reasoning_effort' must be one of none, minimal, low, medium, high, max; "
+                        "got '",
+                        req.reasoning_effort, "'"),
+           "reasoning_effort");
   }
 }
 
@@ -309,24 +384,50 @@ void ReadChat(FieldReader& r, ApiRequest& req) {
     if (!req.logprobs) return r.Fail("'top_logprobs' requires 'logprobs': true", "top_logprobs");
     req.top_logprobs = static_cast<int>(*top);
   }
-  if (const json* kw = r.Get("chat_template_kwargs"); kw && r.ok()) {
-    if (!kw->is_object()) {
-      return r.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+  ReadThinking(r, req);
+  r.Bool("parallel_tool_calls", &req.parallel_tool_calls);
+  r.Unsupported("functions", "use 'tools'");
+  r.Unsupported("function_call", "use 'tool_choice'");
+  r.Unsupported("audio", "this server writes text only");
+  r.Unsupported("prediction", "predicted outputs are not implemented");
+  r.Unsupported("web_search_options", "this server does not search the web");
+  if (const json* modalities = r.Get("modalities"); modalities && r.ok()) {
+    if (*modalities != json::array({"text"})) {
+      r.Fail("'modalities' is not supported: this server writes text only", "modalities");
     }
-    FieldReader kr(*kw);
-    bool thinking = false;
-    kr.Bool("thinking", &thinking);
-    if (kr.ok() && kw->contains("thinking")) req.thinking = thinking;
-    kr.RejectUnknown();
-    if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
   }
-  if (const json* tools = r.Get("tools"); tools && r.ok() && !tools->empty()) {
-    return r.Fail("'tools' are not supported by this server", "tools");
+}
+
+// tools, then tool_choice (which may name one of them).
+std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, ApiRequest& req) {
+  if (r.Get("tools")) {
+    // Parsed again keeping key order: the prompt shows each tool as the client wrote it.
+    const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+    if (auto error = ReadTools(ordered["tools"], &req.tools)) return error;
   }
-  r.Get("tool_choice");
+  if (const json* choice = r.Get("tool_choice")) {
+    if (auto error = ReadToolChoice(*choice, req.tools, &req)) return error;
+  }
+  const bool forced =
+      req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed;
+  if (forced && ThinkingOn(req)) {
+    // The call is forced by writing its opening into the prompt, which thinking mode cannot do:
+    // there the answer opens with the reasoning.
+    return InvalidRequest(
+        "'tool_choice' \"required\" or a named function needs thinking off "
+        "(chat_template_kwargs.thinking false)",
+        "tool_choice");
+  }
+  return std::nullopt;
 }
 
 }  // namespace
+
+bool ThinkingOn(const ApiRequest& req) {
+  if (req.reasoning_effort == "none") return false;
+  if (req.thinking) return *req.thinking;
+  return !req.reasoning_effort.empty();
+}
 
 std::string ApiError::ToJson() const {
   json j = {{"error",
@@ -394,7 +495,10 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
       if (auto* text = std::get_if<std::string>(&schema)) req.json_schema = std::move(*text);
     }
   }
-  r.RejectUnknown();
+  if (r.ok() && endpoint == Endpoint::kChatCompletions) {
+    if (auto error = ReadChatTools(r, body, req)) return *error;
+  }
+  r.IgnoreUnknown();
   if (!r.ok()) return r.error();
   return req;
 }

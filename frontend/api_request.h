@@ -1,11 +1,15 @@
 // The OpenAI-compatible request schema pdserve accepts on /v1/completions and
 // /v1/chat/completions, parsed and validated into one ApiRequest.
 //
-// Validation follows the OpenAI API: unknown fields, wrong JSON types and out-of-range values are
-// rejected with HTTP 400 and an OpenAI-style error object naming the parameter. Extensions that
-// vLLM and SGLang clients send are accepted too: top_k, min_p, repetition_penalty, min_tokens,
-// ignore_eos, skip_special_tokens, chat_template_kwargs.thinking. Absent sampling fields stay
-// unset so that the model's generation_config.json supplies the defaults later.
+// Validation follows the OpenAI API: wrong JSON types and out-of-range values are rejected with
+// HTTP 400 and an OpenAI-style error object naming the parameter, and so is a field that asks for
+// something pdserve cannot do (audio output, predicted outputs, web search, the legacy
+// `functions`). Fields the OpenAI SDK sends that change nothing here are accepted (user, metadata,
+// store, service_tier, stream_options); other unknown fields are ignored and logged once per
+// field name, as vLLM does. Extensions that vLLM and SGLang clients send are accepted too: top_k,
+// min_p, repetition_penalty, min_tokens, ignore_eos, skip_special_tokens,
+// chat_template_kwargs.thinking (alias enable_thinking). Absent sampling fields stay unset so
+// that the model's generation_config.json supplies the defaults later.
 //
 // Pure functions of their input; thread-safe.
 #pragma once
@@ -18,14 +22,29 @@
 #include <variant>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+
 namespace pdserve::frontend {
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
-struct ChatMessage {
-  std::string role;  // "system", "developer", "user" or "assistant"
-  std::string content;
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text, as the client sent it
 };
+
+struct ChatMessage {
+  std::string role;                  // "system", "developer", "user", "assistant" or "tool"
+  std::string content;               // text parts joined ("\n\n" between a tool message's parts)
+  std::string reasoning_content;     // assistant: its reasoning, as returned by this API
+  std::vector<ToolCall> tool_calls;  // assistant
+  std::string tool_call_id;          // tool
+};
+
+// tool_choice: "auto" (the model decides), "none" (tool calls are not parsed), "required" (the
+// answer is a tool call), or a named function (a call of that function).
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -35,10 +54,19 @@ struct ApiRequest {
   std::optional<std::vector<int32_t>> prompt_tokens;
   // Chat completions.
   std::vector<ChatMessage> messages;
-  std::optional<bool> thinking;  // chat_template_kwargs.thinking
   // response_format (frontend/response_format.h): the JSON Schema the output must satisfy, as
   // compact JSON; empty: text.
   std::string json_schema;
+  std::optional<bool> thinking;  // chat_template_kwargs.thinking; see ThinkingOn()
+  // "none", "minimal", "low", "medium", "high" or "max"; "" when absent. "max" adds DeepSeek's
+  // maximum-effort instruction in thinking mode; "none" turns thinking off.
+  std::string reasoning_effort;
+  // The tools' "function" objects ({"name", "description", "parameters", ...}) in the client's
+  // key order: the prompt shows them as the client wrote them.
+  std::vector<nlohmann::ordered_json> tools;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kNamed: the function
+  bool parallel_tool_calls = true;
 
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -64,6 +92,10 @@ struct ApiRequest {
   int top_logprobs = 0;
   std::string user;
 };
+
+// Whether a chat request runs in thinking mode: chat_template_kwargs.thinking when given, else on
+// when reasoning_effort is given (other than "none"); reasoning_effort "none" is always off.
+bool ThinkingOn(const ApiRequest& req);
 
 // An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
 struct ApiError {

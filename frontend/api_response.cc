@@ -64,15 +64,42 @@ json CompletionLogprobs(const std::vector<TokenLogprob>& lps, size_t text_offset
           {"text_offset", offsets}};
 }
 
+json ToolCalls(const std::vector<ToolCallDelta>& calls, bool stream) {
+  json out = json::array();
+  for (const ToolCallDelta& call : calls) {
+    json j = json::object();
+    if (stream) j["index"] = call.index;
+    j["id"] = call.id;
+    j["type"] = "function";
+    j["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// The chat message (whole response) or delta (stream). A message always has content (null when
+// the answer is only tool calls, as OpenAI), reasoning_content in thinking mode, tool_calls when
+// there are any; a delta carries only what it has (content "" when it has nothing else).
+json ChatMessageJson(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first) {
+  json msg = json::object();
+  if (!stream || first) msg["role"] = "assistant";
+  if (stream) {
+    if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
+    if (!d.text.empty() || (d.reasoning.empty() && d.tool_calls.empty())) msg["content"] = d.text;
+    if (!d.tool_calls.empty()) msg["tool_calls"] = ToolCalls(d.tool_calls, true);
+    return msg;
+  }
+  msg["content"] = d.text.empty() && !d.tool_calls.empty() ? json(nullptr) : json(d.text);
+  if (ThinkingOn(req) || !d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
+  if (!d.tool_calls.empty()) msg["tool_calls"] = ToolCalls(d.tool_calls, false);
+  return msg;
+}
+
 json Choice(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first,
             size_t text_offset = 0) {
   json c = {{"index", d.index}};
   if (IsChat(req)) {
-    json msg = json::object();
-    if (stream && first) msg["role"] = "assistant";
-    if (!stream) msg["role"] = "assistant";
-    msg["content"] = d.text;
-    c[stream ? "delta" : "message"] = msg;
+    c[stream ? "delta" : "message"] = ChatMessageJson(req, d, stream, first);
     c["logprobs"] = req.logprobs ? ChatLogprobs(d.logprobs) : json(nullptr);
   } else {
     c["text"] = d.text;
@@ -92,10 +119,17 @@ json Envelope(const ApiRequest& req, const ResponseMeta& meta, bool stream) {
   return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
 }
 
-json UsageJson(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+json UsageJson(const ApiRequest& req, const Usage& u) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (IsChat(req)) j["completion_tokens_details"] = {{"reasoning_tokens", u.reasoning_tokens}};
+  return j;
+}
+
+std::string RandomHex24() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%012x%012x", rng() & 0xFFFFFFFFFFFFull, rng() & 0xFFFFFFFFFFFFull);
 }
 
 }  // namespace
@@ -117,7 +151,7 @@ size_t StreamTextLength(const ChoiceDelta& delta) {
 std::string StreamUsageChunk(const ApiRequest& req, const ResponseMeta& meta, const Usage& usage) {
   json j = Envelope(req, meta, true);
   j["choices"] = json::array();
-  j["usage"] = UsageJson(usage);
+  j["usage"] = UsageJson(req, usage);
   return absl::StrCat("data: ", Dump(j), "\n\n");
 }
 
@@ -130,15 +164,24 @@ std::string FullResponse(const ApiRequest& req, const ResponseMeta& meta,
   json j = Envelope(req, meta, false);
   j["choices"] = json::array();
   for (const auto& c : choices) j["choices"].push_back(Choice(req, c, false, false));
-  j["usage"] = UsageJson(usage);
+  j["usage"] = UsageJson(req, usage);
   return Dump(j);
 }
 
 std::string NewResponseId(Endpoint endpoint) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return absl::StrFormat("%s%012x%012x",
-                         endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-",
-                         rng() & 0xFFFFFFFFFFFFull, rng() & 0xFFFFFFFFFFFFull);
+  return absl::StrCat(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-",
+                      RandomHex24());
+}
+
+std::string NewToolCallId() { return absl::StrCat("call_", RandomHex24()); }
+
+void AppendDelta(ChoiceDelta delta, ChoiceDelta& into) {
+  into.text += delta.text;
+  into.reasoning += delta.reasoning;
+  for (auto& call : delta.tool_calls) into.tool_calls.push_back(std::move(call));
+  for (auto& lp : delta.logprobs) into.logprobs.push_back(std::move(lp));
+  if (delta.finish_reason) into.finish_reason = std::move(delta.finish_reason);
+  if (delta.degeneration_kind) into.degeneration_kind = std::move(delta.degeneration_kind);
 }
 
 }  // namespace pdserve::frontend

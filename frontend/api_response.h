@@ -23,21 +23,35 @@ struct TokenLogprob {
   std::vector<std::pair<std::string, float>> top;  // most likely alternatives, best first
 };
 
+// A tool call the model made, released whole (its invoke block was complete).
+struct ToolCallDelta {
+  int index = 0;   // position among the choice's tool calls
+  std::string id;  // "call_" + 24 hex digits
+  std::string name;
+  std::string arguments;  // JSON object text
+};
+
 // Text produced for one choice since the previous delta; finish_reason set on the last one.
 struct ChoiceDelta {
   int index = 0;
-  std::string text;
+  std::string text;  // answer text (chat: the message content)
   std::vector<TokenLogprob> logprobs;
   std::optional<std::string> finish_reason;  // "stop", "length", "degenerate", ...
   // Set once the degeneration detector flagged the choice (guards/), on this delta and every
   // later one: the kind ("repeat", "whitespace", "empty"; "unknown" from an older worker). The
   // JSON choice then carries "degenerate": true and "degeneration_kind": kind; absent otherwise.
   std::optional<std::string> degeneration_kind;
+  // Chat: reasoning text (message.reasoning_content, thinking mode) and tool calls.
+  std::string reasoning;
+  std::vector<ToolCallDelta> tool_calls;
 };
 
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Of completion_tokens, those generated inside the reasoning (chat: reported as
+  // usage.completion_tokens_details.reasoning_tokens).
+  int64_t reasoning_tokens = 0;
 };
 
 // Identity of one response: "cmpl-..." / "chatcmpl-..." id, creation time (Unix seconds),
@@ -62,11 +76,17 @@ std::string StreamUsageChunk(const ApiRequest& req, const ResponseMeta& meta, co
 std::string StreamErrorEvent(const ApiError& error);
 inline constexpr const char* kStreamDone = "data: [DONE]\n\n";
 
+// Appends `delta` to the accumulated choice `into` (text, reasoning, tool calls, logprobs,
+// finish_reason, degeneration): a non-streamed response is its deltas joined.
+void AppendDelta(ChoiceDelta delta, ChoiceDelta& into);
+
 // The whole non-streaming response; `choices[i]` is choice i's concatenated deltas.
 std::string FullResponse(const ApiRequest& req, const ResponseMeta& meta,
                          const std::vector<ChoiceDelta>& choices, const Usage& usage);
 
 // A new response id: prefix + 24 random hex digits.
 std::string NewResponseId(Endpoint endpoint);
+// A new tool call id: "call_" + 24 random hex digits.
+std::string NewToolCallId();
 
 }  // namespace pdserve::frontend

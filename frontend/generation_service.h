@@ -2,6 +2,7 @@
 // (`pdserve serve`) or the router that drives prefill and decode workers (`pdserve router`).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <variant>
@@ -45,6 +46,9 @@ class GenerationService {
   // The ids /v1/models and gRPC ListModels list: each served name once, no filesystem path
   // (ModelNames() may hold aliases). Default: ModelNames().
   virtual std::vector<std::string> ListedModelNames() const { return ModelNames(); }
+  // The served model's context length in tokens (prompt + completion), listed by /v1/models as
+  // "max_model_len" (vLLM's field); 0: unknown, not listed.
+  virtual int64_t MaxModelLength() const { return 0; }
   // A request a front refused before Start() (unparsable or invalid body: 400, unknown model:
   // 404), so the service's request counter sees every finished request. Default: nothing.
   virtual void RecordRejected(Endpoint /*endpoint*/, int /*http_status*/) {}

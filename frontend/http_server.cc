@@ -580,6 +580,7 @@ void Session::Route() {
                       {"object", "model"},
                       {"created", server_->started},
                       {"owned_by", "pdserve"}});
+      if (service->MaxModelLength() > 0) data.back()["max_model_len"] = service->MaxModelLength();
     }
     return SendJson(200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
   }
@@ -706,11 +707,7 @@ void Session::OnDelta(uint64_t gen, ChoiceDelta delta) {
     Enqueue(OutKind::kChunk, StreamChunk(api_, meta_, delta, first, offset));
     return;
   }
-  ChoiceDelta& c = choices_[i];
-  c.text += delta.text;
-  for (auto& lp : delta.logprobs) c.logprobs.push_back(std::move(lp));
-  if (delta.finish_reason) c.finish_reason = delta.finish_reason;
-  if (delta.degeneration_kind) c.degeneration_kind = delta.degeneration_kind;
+  AppendDelta(std::move(delta), choices_[i]);
 }
 
 void Session::OnComplete(uint64_t gen, Usage usage) {

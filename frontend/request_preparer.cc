@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/config.h"
+#include "frontend/chat_prompt.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
 
@@ -92,15 +93,7 @@ absl::StatusOr<std::vector<int32_t>> RequestPreparer::PromptTokens(const ApiRequ
     return absl::InvalidArgumentError(
         absl::StrCat("model ", model_names_[0], " has no chat format; use /v1/completions"));
   }
-  std::vector<text::ChatMessage> messages;
-  for (const ChatMessage& m : req.messages) {
-    messages.push_back({m.role == "developer" ? "system" : m.role, m.content, ""});
-  }
-  text::ChatOptions chat_options;
-  chat_options.thinking = req.thinking.value_or(false);
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<text::ChatSegment> segments,
-                           chat_format_->Render(messages, chat_options));
-  return text::EncodeChat(*tokenizer_, segments);
+  return ChatPromptTokens(*chat_format_, *tokenizer_, req);
 }
 
 std::optional<ApiError> RequestPreparer::SurelyTooLong(const ApiRequest& req) const {
@@ -146,9 +139,8 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   if (req.endpoint == Endpoint::kChatCompletions && chat_format_) {
     // The chat format's control tokens cannot occur in an answer: suppressed (OpenAI's strongest
     // logit_bias), unless the request biases that token itself. docs/chat-format.md.
-    text::ChatOptions chat_options;
-    chat_options.thinking = req.thinking.value_or(false);
-    for (int32_t id : text::ControlTokenIdsNotInAnswer(*chat_format_, *tokenizer_, chat_options)) {
+    for (int32_t id :
+         text::ControlTokenIdsNotInAnswer(*chat_format_, *tokenizer_, ChatOptionsOf(req))) {
       out.params.logit_bias.try_emplace(id, kSuppressedControlTokenBias);
     }
   }
@@ -208,27 +200,87 @@ TokenLogprob RequestPreparer::Logprob(const SampledText& sampled) const {
   return lp;
 }
 
+namespace {
+
+// The answer parser of a chat choice; nullopt for /v1/completions or a model without a chat
+// format (its text is all content).
+std::optional<text::ChatOutputParser> AnswerParser(const RequestPreparer& preparer,
+                                                   const ApiRequest& req) {
+  const text::ChatFormat* format = preparer.chat_format();
+  if (req.endpoint != Endpoint::kChatCompletions || format == nullptr) return std::nullopt;
+  const text::ChatOptions options = ChatOptionsOf(req);
+  text::ChatOutputOptions parse = format->AnswerOptions(options, !options.tools.empty());
+  if (req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed) {
+    parse.forced_prefix = text::JoinSegments(format->ToolCallOpening(req.tool_choice_name));
+  }
+  return text::ChatOutputParser(std::move(parse));
+}
+
+}  // namespace
+
 ChoiceText::ChoiceText(const RequestPreparer& preparer, const ApiRequest& req, int index)
     : preparer_(preparer),
       detokenizer_(preparer.tokenizer(), {req.skip_special_tokens, req.stop}),
+      answer_(AnswerParser(preparer, req)),
       index_(index),
-      want_logprobs_(req.logprobs) {}
+      want_logprobs_(req.logprobs),
+      parallel_tool_calls_(req.parallel_tool_calls),
+      stop_token_ids_(req.stop_token_ids) {}
+
+bool ChoiceText::EndsChoice(int32_t token, const std::string& finish_reason) const {
+  if (finish_reason != "stop") return false;
+  const auto& eos = preparer_.eos_ids();
+  return std::find(eos.begin(), eos.end(), token) != eos.end() ||
+         std::find(stop_token_ids_.begin(), stop_token_ids_.end(), token) != stop_token_ids_.end();
+}
+
+void ChoiceText::Split(std::string text, bool at_end, ChoiceDelta& delta) {
+  if (!answer_) {
+    delta.text += text;
+    return;
+  }
+  text::ChatOutputPiece piece = answer_->Add(text);
+  if (at_end) {
+    text::ChatOutputPiece rest = answer_->Finish();
+    piece.reasoning += rest.reasoning;
+    piece.content += rest.content;
+    for (auto& call : rest.tool_calls) piece.tool_calls.push_back(std::move(call));
+  }
+  delta.text += piece.content;
+  delta.reasoning += piece.reasoning;
+  for (text::ParsedToolCall& call : piece.tool_calls) {
+    // parallel_tool_calls false: one call per answer; later ones are dropped.
+    if (!parallel_tool_calls_ && tool_calls_ > 0) continue;
+    delta.tool_calls.push_back(
+        {tool_calls_++, NewToolCallId(), std::move(call.name), std::move(call.arguments)});
+  }
+}
+
+void ChoiceText::End(const std::string& finish_reason, ChoiceDelta& delta) {
+  // A choice that made tool calls and then stopped on its own ends with "tool_calls" (OpenAI).
+  finish_reason_ = finish_reason == "stop" && tool_calls_ > 0 ? "tool_calls" : finish_reason;
+  delta.finish_reason = finish_reason_;
+  done_ = true;
+}
 
 ChoiceDelta ChoiceText::Add(const SampledText& sampled, const std::string& finish_reason) {
   ChoiceDelta delta;
   delta.index = index_;
   if (done_) return delta;
   ++tokens_;
+  if (answer_ && answer_->in_reasoning()) ++reasoning_tokens_;
   absl::StatusOr<text::DetokenizeStep> step = detokenizer_.Add(sampled.token);
-  if (step.ok()) delta.text = step->text;
-  if (want_logprobs_) delta.logprobs.push_back(preparer_.Logprob(sampled));
-  const bool stop_string = step.ok() && step->stopped;
-  if (stop_string || !finish_reason.empty()) {
-    if (!stop_string) delta.text += detokenizer_.Finish().text;
-    delta.finish_reason = stop_string ? "stop" : finish_reason;
-    finish_reason_ = *delta.finish_reason;
-    done_ = true;
+  // The token that ended the choice (EOS, a stop token) has no text: its logprob is left out
+  // so that the logprob tokens join to the text.
+  if (want_logprobs_ && !EndsChoice(sampled.token, finish_reason)) {
+    delta.logprobs.push_back(preparer_.Logprob(sampled));
   }
+  const bool stop_string = step.ok() && step->stopped;
+  const bool ends = stop_string || !finish_reason.empty();
+  std::string text = step.ok() ? step->text : "";
+  if (ends && !stop_string) text += detokenizer_.Finish().text;
+  Split(std::move(text), ends, delta);
+  if (ends) End(stop_string ? "stop" : finish_reason, delta);
   return delta;
 }
 
@@ -236,10 +288,8 @@ ChoiceDelta ChoiceText::Finish(const std::string& finish_reason) {
   ChoiceDelta delta;
   delta.index = index_;
   if (done_) return delta;
-  delta.text = detokenizer_.Finish().text;
-  delta.finish_reason = finish_reason;
-  finish_reason_ = finish_reason;
-  done_ = true;
+  Split(detokenizer_.Finish().text, /*at_end=*/true, delta);
+  End(finish_reason, delta);
   return delta;
 }
 

@@ -26,6 +26,7 @@
 #include "frontend/api_response.h"
 #include "serving/sampling_params.h"
 #include "text/chat_format.h"
+#include "text/chat_output_parser.h"
 #include "text/incremental_detokenizer.h"
 #include "text/tokenizer.h"
 
@@ -65,6 +66,8 @@ class RequestPreparer {
   absl::StatusOr<std::vector<int32_t>> PromptTokens(const ApiRequest& req) const;
 
   const text::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The model's chat format; nullptr when it has none.
+  const text::ChatFormat* chat_format() const { return chat_format_.get(); }
   // EOS ids: generation_config.json's, else config.json's.
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   const serving::SamplingParams& defaults() const { return defaults_; }
@@ -99,6 +102,8 @@ class RequestPreparer {
 };
 
 // One choice's text: feed it tokens in order; it says what to send and when the choice is over.
+// A chat choice's text is split into reasoning, content and tool calls (text::ChatOutputParser);
+// a choice that made tool calls and stopped ends with finish_reason "tool_calls".
 class ChoiceText {
  public:
   // REQUIRES: `preparer` outlives this object.
@@ -116,15 +121,28 @@ class ChoiceText {
 
   bool done() const { return done_; }
   int64_t tokens() const { return tokens_; }
+  // Of tokens(), those sampled while the answer was still in its reasoning.
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
   // The reason the choice ended ("" while it runs).
   const std::string& finish_reason() const { return finish_reason_; }
 
  private:
+  // Whether `token` ending the choice with `finish_reason` is its EOS or stop token.
+  bool EndsChoice(int32_t token, const std::string& finish_reason) const;
+  // Runs released text through the answer parser into `delta` (`at_end`: the choice is over).
+  void Split(std::string text, bool at_end, ChoiceDelta& delta);
+  void End(const std::string& finish_reason, ChoiceDelta& delta);
+
   const RequestPreparer& preparer_;
   text::IncrementalDetokenizer detokenizer_;
+  std::optional<text::ChatOutputParser> answer_;
   int index_;
   bool want_logprobs_;
+  bool parallel_tool_calls_;
+  std::vector<int32_t> stop_token_ids_;
+  int tool_calls_ = 0;
   int64_t tokens_ = 0;
+  int64_t reasoning_tokens_ = 0;
   bool done_ = false;
   std::string finish_reason_;
 };

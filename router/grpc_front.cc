@@ -72,10 +72,68 @@ std::optional<frontend::ApiError> ValidateGrpcOnly(const pv1::GenerateRequest& r
           absl::StrCat("'logit_bias' for token ", id, " must be a finite number"), "logit_bias");
     }
   }
-  if (request.has_thinking() && request.prompt_case() != pv1::GenerateRequest::kChat) {
-    return frontend::InvalidRequest("'thinking' is for chat prompts only", "thinking");
+  if (request.prompt_case() != pv1::GenerateRequest::kChat) {
+    const std::pair<const char*, bool> chat_only[] = {
+        {"thinking", request.has_thinking()},
+        {"reasoning_effort", request.has_reasoning_effort()},
+        {"tools", !request.tools().empty()},
+        {"tool_choice", request.has_tool_choice()},
+        {"tool_choice_function", request.has_tool_choice_function()},
+        {"parallel_tool_calls", request.has_parallel_tool_calls()}};
+    for (const auto& [name, set] : chat_only) {
+      if (set) {
+        return frontend::InvalidRequest(absl::StrCat("'", name, "' is for chat prompts only"),
+                                        name);
+      }
+    }
+  }
+  if (request.has_tool_choice() && request.has_tool_choice_function()) {
+    return frontend::InvalidRequest("set 'tool_choice' or 'tool_choice_function', not both",
+                                    "tool_choice");
+  }
+  for (const pv1::Tool& tool : request.tools()) {
+    if (!tool.parameters_json().empty() &&
+        !nlohmann::ordered_json::accept(tool.parameters_json())) {
+      return frontend::InvalidRequest(
+          absl::StrCat("tools: parameters_json of '", tool.name(), "' is not JSON"), "tools");
+    }
   }
   return std::nullopt;
+}
+
+nlohmann::ordered_json ChatMessageJson(const pv1::ChatMessage& m) {
+  nlohmann::ordered_json j = {{"role", m.role()}, {"content", m.content()}};
+  if (!m.reasoning_content().empty()) j["reasoning_content"] = m.reasoning_content();
+  if (!m.tool_call_id().empty()) j["tool_call_id"] = m.tool_call_id();
+  for (const pv1::ToolCall& c : m.tool_calls()) {
+    j["tool_calls"].push_back({{"id", c.id()},
+                               {"type", "function"},
+                               {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
+  }
+  return j;
+}
+
+// reasoning_effort, tools, tool_choice and parallel_tool_calls in the HTTP API's shape.
+// REQUIRES: ValidateGrpcOnly(request) passed (parameters_json is JSON).
+void AddChatTools(const pv1::GenerateRequest& request, nlohmann::ordered_json& body) {
+  if (request.has_reasoning_effort()) body["reasoning_effort"] = request.reasoning_effort();
+  for (const pv1::Tool& tool : request.tools()) {
+    nlohmann::ordered_json function = {{"name", tool.name()}};
+    if (!tool.description().empty()) function["description"] = tool.description();
+    if (!tool.parameters_json().empty()) {
+      function["parameters"] = nlohmann::ordered_json::parse(tool.parameters_json(), nullptr,
+                                                             /*allow_exceptions=*/false);
+    }
+    body["tools"].push_back({{"type", "function"}, {"function", function}});
+  }
+  if (request.has_tool_choice()) body["tool_choice"] = request.tool_choice();
+  if (request.has_tool_choice_function()) {
+    body["tool_choice"] = {{"type", "function"},
+                           {"function", {{"name", request.tool_choice_function()}}}};
+  }
+  if (request.has_parallel_tool_calls()) {
+    body["parallel_tool_calls"] = request.parallel_tool_calls();
+  }
 }
 
 // Shared by a call's reactor and its sink: the messages waiting to be written and the end.
@@ -122,6 +180,14 @@ class Sink : public frontend::GenerationSink {
     pv1::ChoiceDelta* out = response.add_choices();
     out->set_index(delta.index);
     out->set_text(delta.text);
+    out->set_reasoning(delta.reasoning);
+    for (const frontend::ToolCallDelta& call : delta.tool_calls) {
+      pv1::ToolCall* c = out->add_tool_calls();
+      c->set_id(call.id);
+      c->set_name(call.name);
+      c->set_arguments(call.arguments);
+      c->set_index(call.index);
+    }
     for (const frontend::TokenLogprob& lp : delta.logprobs) {
       pv1::TokenLogprob* t = out->add_logprobs();
       t->set_token(lp.token);
@@ -146,6 +212,7 @@ class Sink : public frontend::GenerationSink {
     response.set_id(state_->id);
     response.mutable_usage()->set_prompt_tokens(usage.prompt_tokens);
     response.mutable_usage()->set_completion_tokens(usage.completion_tokens);
+    response.mutable_usage()->set_reasoning_tokens(usage.reasoning_tokens);
     absl::MutexLock lock(&state_->mu);
     state_->queue.push_back(std::move(response));
     state_->end = grpc::Status::OK;
@@ -287,16 +354,18 @@ class GenerationImpl final : public pv1::Generation::CallbackService {
 }  // namespace
 
 std::string ToOpenAiJson(const pv1::GenerateRequest& request, frontend::Endpoint* endpoint) {
-  nlohmann::json body;
+  // Ordered: the tools' schemas reach the prompt in the order the client wrote them.
+  nlohmann::ordered_json body;
   body["model"] = request.model();
   const bool chat = request.prompt_case() == pv1::GenerateRequest::kChat;
   *endpoint = chat ? frontend::Endpoint::kChatCompletions : frontend::Endpoint::kCompletions;
   if (chat) {
     body["messages"] = nlohmann::json::array();
     for (const pv1::ChatMessage& m : request.chat().messages()) {
-      body["messages"].push_back({{"role", m.role()}, {"content", m.content()}});
+      body["messages"].push_back(ChatMessageJson(m));
     }
     if (request.has_thinking()) body["chat_template_kwargs"] = {{"thinking", request.thinking()}};
+    AddChatTools(request, body);
   } else if (request.prompt_case() == pv1::GenerateRequest::kTokenIds) {
     body["prompt"] =
         std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end());
@@ -313,7 +382,7 @@ std::string ToOpenAiJson(const pv1::GenerateRequest& request, frontend::Endpoint
   if (request.has_frequency_penalty()) body["frequency_penalty"] = request.frequency_penalty();
   if (request.has_repetition_penalty()) body["repetition_penalty"] = request.repetition_penalty();
   if (!request.logit_bias().empty()) {
-    nlohmann::json bias = nlohmann::json::object();
+    nlohmann::ordered_json bias = nlohmann::ordered_json::object();
     for (const auto& [id, value] : request.logit_bias()) bias[std::to_string(id)] = value;
     body["logit_bias"] = bias;
   }

@@ -120,7 +120,10 @@ void RouterService::Request::ChoiceDone(Attempt& attempt, Actions* actions) {
   if (--remaining > 0 || ended) return;
   ended = true;
   frontend::Usage usage{static_cast<int64_t>(prepared.prompt.size()), 0};
-  for (const Choice& c : choices) usage.completion_tokens += c.text.tokens();
+  for (const Choice& c : choices) {
+    usage.completion_tokens += c.text.tokens();
+    usage.reasoning_tokens += c.text.reasoning_tokens();
+  }
   const absl::Time now = absl::Now();
   service->e2e_->WithLabels({endpoint}).Observe(absl::ToDoubleSeconds(now - received));
   if (first_token && tokens > 1) {

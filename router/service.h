@@ -120,6 +120,7 @@ class RouterService : public frontend::GenerationService {
   std::vector<std::string> ModelNames() const override;
   // Listed: the served name and the directory's name, each once (never the path).
   std::vector<std::string> ListedModelNames() const override;
+  int64_t MaxModelLength() const override { return preparer_->context_length(); }
   // Counts a 400 / 404 the front answered (pdserve_router_requests_total{code, "error"}).
   void RecordRejected(frontend::Endpoint endpoint, int http_status) override;
   frontend::StartResult Start(const frontend::ApiRequest& req,

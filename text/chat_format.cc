@@ -1,7 +1,10 @@
 #include "text/chat_format.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "text/python_json.h"
 
 namespace pdserve::text {
 namespace {
@@ -25,17 +28,162 @@ class SegmentWriter {
   std::vector<ChatSegment> segments_;
 };
 
-// encoding_dsv4.py merges consecutive user messages into one turn joined by blank lines.
-std::vector<ChatMessage> MergeUserRuns(std::span<const ChatMessage> messages) {
-  std::vector<ChatMessage> merged;
+// The instruction reasoning_effort "max" puts in front of a thinking-mode prompt.
+constexpr std::string_view kReasoningEffortMax =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to "
+    "resolve the root cause, rigorously stress-testing your logic against all potential paths, "
+    "edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, "
+    "considered alternative, and rejected hypothesis to ensure absolutely no assumption is left "
+    "unchecked.\n\n";
+
+// One part of a user turn: text, or a tool result (wrapped in <tool_result>).
+struct UserPart {
+  std::string text;
+  bool tool_result = false;
+  std::string tool_call_id;
+};
+
+// A message after DeepSeek's preprocessing: tool results become parts of user turns.
+struct Turn {
+  std::string role;                      // system, user, assistant
+  const ChatMessage* message = nullptr;  // system / assistant
+  std::vector<UserPart> parts;           // user
+};
+
+// merge_tool_messages: consecutive user and tool messages form one user turn whose parts are
+// joined by blank lines.
+std::vector<Turn> MergeTurns(std::span<const ChatMessage> messages) {
+  std::vector<Turn> turns;
   for (const ChatMessage& m : messages) {
-    if (m.role == "user" && !merged.empty() && merged.back().role == "user") {
-      merged.back().content += "\n\n" + m.content;
+    if (m.role == "user" || m.role == "tool") {
+      if (turns.empty() || turns.back().role != "user") turns.push_back({"user", nullptr, {}});
+      turns.back().parts.push_back({m.content, m.role == "tool", m.tool_call_id});
     } else {
-      merged.push_back(m);
+      turns.push_back({m.role, &m, {}});
     }
   }
-  return merged;
+  return turns;
+}
+
+// sort_tool_results_by_call_order: the tool results of a user turn follow the order of the
+// calls of the latest assistant turn with tool calls (unknown ids rank as the first call).
+void SortToolResults(std::vector<Turn>& turns) {
+  std::vector<std::string> order;
+  for (Turn& t : turns) {
+    if (t.role == "assistant" && !t.message->tool_calls.empty()) {
+      order.clear();
+      for (const ChatToolCall& c : t.message->tool_calls) order.push_back(c.id);
+      continue;
+    }
+    if (t.role != "user" || order.empty()) continue;
+    auto rank = [&](const UserPart& p) {
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (!order[i].empty() && order[i] == p.tool_call_id) return i;
+      }
+      return size_t{0};
+    };
+    std::vector<UserPart> results;
+    for (const UserPart& p : t.parts) {
+      if (p.tool_result) results.push_back(p);
+    }
+    if (results.size() < 2) continue;
+    std::stable_sort(results.begin(), results.end(),
+                     [&](const UserPart& a, const UserPart& b) { return rank(a) < rank(b); });
+    size_t next = 0;
+    for (UserPart& p : t.parts) {
+      if (p.tool_result) p = results[next++];
+    }
+  }
+}
+
+void Dsml(const DeepSeekV4Tokens& tokens, SegmentWriter& out) {
+  if (tokens.dsml_is_token) {
+    out.Control(tokens.dsml);
+  } else {
+    out.Plain(tokens.dsml);
+  }
+}
+
+// The tools section (TOOLS_TEMPLATE of encoding_dsv4.py) with each tool's schema on one line.
+void WriteTools(const DeepSeekV4Tokens& tokens, const std::vector<nlohmann::ordered_json>& tools,
+                SegmentWriter& out) {
+  std::string schemas;
+  for (const nlohmann::ordered_json& tool : tools) {
+    if (!schemas.empty()) schemas += "\n";
+    schemas += PythonJsonDumps(tool);
+  }
+  // {D}: the DSML marker, {TS} / {TE}: think begin / end, {S}: the schemas, one per line.
+  static constexpr std::string_view kTemplate =
+      "## Tools\n\nYou have access to a set of tools to help answer the user's question. You "
+      "can invoke tools by writing a \"<{D}tool_calls>\" block like the following:\n\n"
+      "<{D}tool_calls>\n<{D}invoke name=\"$TOOL_NAME\">\n<{D}parameter name=\"$PARAMETER_NAME\" "
+      "string=\"true|false\">$PARAMETER_VALUE</{D}parameter>\n...\n</{D}invoke>\n"
+      "<{D}invoke name=\"$TOOL_NAME2\">\n...\n</{D}invoke>\n</{D}tool_calls>\n\n"
+      "String parameters should be specified as is and set `string=\"true\"`. For all other "
+      "types (numbers, booleans, arrays, objects), pass the value in JSON format and set "
+      "`string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by {TS}), you MUST output "
+      "your complete reasoning inside {TS}...{TE} BEFORE any tool calls or final response.\n\n"
+      "Otherwise, output directly after {TE} with tool calls or final response.\n\n"
+      "### Available Tool Schemas\n\n{S}\n\nYou MUST strictly follow the above defined tool "
+      "name and parameter schemas to invoke tool calls.\n";
+  std::string_view rest = kTemplate;
+  while (!rest.empty()) {
+    const size_t open = rest.find('{');
+    out.Plain(rest.substr(0, open));
+    if (open == std::string_view::npos) break;
+    const size_t close = rest.find('}', open);
+    const std::string_view key = rest.substr(open + 1, close - open - 1);
+    if (key == "D") {
+      Dsml(tokens, out);
+    } else if (key == "TS") {
+      out.Control(tokens.think_begin);
+    } else if (key == "TE") {
+      out.Control(tokens.think_end);
+    } else {
+      out.Plain(schemas);
+    }
+    rest.remove_prefix(close + 1);
+  }
+}
+
+// An assistant turn's tool calls as a DSML tool_calls block (encode_arguments_to_dsml).
+absl::Status WriteToolCalls(const DeepSeekV4Tokens& tokens, std::span<const ChatToolCall> calls,
+                            SegmentWriter& out) {
+  auto tag = [&](std::string_view before, std::string_view after) {
+    out.Plain(before);
+    Dsml(tokens, out);
+    out.Plain(after);
+  };
+  tag("\n\n<", "tool_calls>\n");
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (i > 0) out.Plain("\n");
+    tag("<", absl::StrCat("invoke name=\"", calls[i].name, "\">\n"));
+    // Arguments that are not JSON travel as one string parameter named "arguments".
+    nlohmann::ordered_json args = nlohmann::ordered_json::parse(calls[i].arguments, nullptr,
+                                                                /*allow_exceptions=*/false);
+    if (args.is_discarded()) args = {{"arguments", calls[i].arguments}};
+    if (!args.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chat: arguments of tool call '", calls[i].id, "' must be a JSON object"));
+    }
+    bool first = true;
+    for (auto it = args.begin(); it != args.end(); ++it) {
+      if (!first) out.Plain("\n");
+      first = false;
+      const bool is_string = it.value().is_string();
+      tag("<", absl::StrCat("parameter name=\"", it.key(), "\" string=\"",
+                            is_string ? "true" : "false", "\">",
+                            is_string ? it.value().get<std::string>() : PythonJsonDumps(it.value()),
+                            "</"));
+      Dsml(tokens, out);
+      out.Plain("parameter>");
+    }
+    tag("\n</", "invoke>");
+  }
+  tag("\n</", "tool_calls>");
+  return absl::OkStatus();
 }
 
 absl::Status CheckControlToken(const Tokenizer& tokenizer, const std::string& token,
@@ -75,38 +223,62 @@ absl::StatusOr<DeepSeekV4Tokens> V4Tokens(const TokenizerConfig& config, const j
 absl::StatusOr<std::vector<ChatSegment>> DeepSeekV4ChatFormat::Render(
     std::span<const ChatMessage> messages, const ChatOptions& options) const {
   if (messages.empty()) return absl::InvalidArgumentError("chat: no messages");
-  const std::vector<ChatMessage> turns = MergeUserRuns(messages);
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+      return absl::InvalidArgumentError(absl::StrCat("chat: unsupported role '", m.role, "'"));
+    }
+  }
+  // Request-level tools belong to a leading system message; one is added when there is none.
+  std::vector<ChatMessage> with_system;
+  if (!options.tools.empty() && messages[0].role != "system") {
+    with_system.push_back({"system", "", "", {}, ""});
+    with_system.insert(with_system.end(), messages.begin(), messages.end());
+    messages = with_system;
+  }
+  std::vector<Turn> turns = MergeTurns(messages);
+  SortToolResults(turns);
+  // encode_messages turns drop_thinking off when the conversation has tools.
+  const bool keep_reasoning = !options.tools.empty();
+  const int count = static_cast<int>(turns.size());
   int last_user = -1;
-  for (int i = 0; i < static_cast<int>(turns.size()); ++i) {
+  for (int i = 0; i < count; ++i) {
     if (turns[i].role == "user") last_user = i;
   }
   SegmentWriter out;
   if (options.add_bos) out.Control(tokens_.bos);
-  for (int i = 0; i < static_cast<int>(turns.size()); ++i) {
-    const ChatMessage& m = turns[i];
-    if (m.role == "system") {
-      out.Plain(m.content);
-    } else if (m.role == "user") {
+  for (int i = 0; i < count; ++i) {
+    const Turn& t = turns[i];
+    if (i == 0 && options.thinking && options.reasoning_effort_max) out.Plain(kReasoningEffortMax);
+    if (t.role == "system") {
+      out.Plain(t.message->content);
+      if (i == 0 && !options.tools.empty()) {
+        out.Plain("\n\n");
+        WriteTools(tokens_, options.tools, out);
+      }
+    } else if (t.role == "user") {
       out.Control(tokens_.user);
-      out.Plain(m.content);
-    } else if (m.role == "assistant") {
-      // Reasoning of turns before the last user message is dropped (drop_thinking); a turn after
-      // it keeps its reasoning, closed by think_end.
-      if (options.thinking && i > last_user) {
-        out.Plain(m.reasoning_content);
+      for (size_t j = 0; j < t.parts.size(); ++j) {
+        if (j > 0) out.Plain("\n\n");
+        const UserPart& p = t.parts[j];
+        out.Plain(p.tool_result ? absl::StrCat("<tool_result>", p.text, "</tool_result>") : p.text);
+      }
+    } else {
+      // Reasoning of turns before the last user turn is dropped unless tools keep it.
+      if (options.thinking && (keep_reasoning || i > last_user)) {
+        out.Plain(t.message->reasoning_content);
         out.Control(tokens_.think_end);
       }
-      out.Plain(m.content);
+      out.Plain(t.message->content);
+      if (!t.message->tool_calls.empty()) {
+        PDSERVE_RETURN_IF_ERROR(WriteToolCalls(tokens_, t.message->tool_calls, out));
+      }
       out.Control(tokens_.eos);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("chat: unsupported role '", m.role, "'"));
     }
-    const bool next_is_assistant =
-        i + 1 < static_cast<int>(turns.size()) && turns[i + 1].role == "assistant";
-    const bool last = i + 1 == static_cast<int>(turns.size());
-    if (m.role == "user" && (next_is_assistant || last)) {
+    const bool next_is_assistant = i + 1 < count && turns[i + 1].role == "assistant";
+    if (t.role == "user" && (next_is_assistant || i + 1 == count)) {
       out.Control(tokens_.assistant);
-      out.Control(options.thinking && i >= last_user ? tokens_.think_begin : tokens_.think_end);
+      const bool think = options.thinking && (keep_reasoning || i >= last_user);
+      out.Control(think ? tokens_.think_begin : tokens_.think_end);
     }
   }
   return out.Take();
@@ -117,6 +289,28 @@ std::vector<std::string> DeepSeekV4ChatFormat::ControlTokensNotInAnswer(
   std::vector<std::string> out = {tokens_.bos, tokens_.user, tokens_.assistant,
                                   tokens_.think_begin};
   if (!options.thinking) out.push_back(tokens_.think_end);
+  return out;
+}
+
+std::vector<ChatSegment> DeepSeekV4ChatFormat::ToolCallOpening(
+    std::string_view function_name) const {
+  SegmentWriter out;
+  out.Plain("\n\n<");
+  Dsml(tokens_, out);
+  out.Plain("tool_calls>\n<");
+  Dsml(tokens_, out);
+  out.Plain("invoke name=\"");
+  if (!function_name.empty()) out.Plain(absl::StrCat(std::string(function_name), "\">\n"));
+  return out.Take();
+}
+
+ChatOutputOptions DeepSeekV4ChatFormat::AnswerOptions(const ChatOptions& options,
+                                                      bool parse_tools) const {
+  ChatOutputOptions out;
+  out.thinking = options.thinking;
+  out.tools = parse_tools;
+  out.think_end = tokens_.think_end;
+  out.dsml = tokens_.dsml;
   return out;
 }
 
@@ -173,6 +367,7 @@ absl::StatusOr<std::unique_ptr<ChatFormat>> LoadChatFormat(const std::filesystem
                                     {&tokens.think_end, "think_end"}}) {
     PDSERVE_RETURN_IF_ERROR(CheckControlToken(tokenizer, *token, what));
   }
+  tokens.dsml_is_token = tokenizer.added_vocabulary().TokenToId(tokens.dsml).has_value();
   return std::make_unique<DeepSeekV4ChatFormat>(std::move(tokens));
 }
 

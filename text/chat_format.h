@@ -17,19 +17,38 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "text/chat_output_parser.h"
 #include "text/tokenizer.h"
 
 namespace pdserve::text {
 
+// One tool call of an assistant turn, as the OpenAI API carries it.
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text of an object
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
-  std::string reasoning_content;  // assistant only: the thinking text, if any
+  std::string reasoning_content;         // assistant only: the thinking text, if any
+  std::vector<ChatToolCall> tool_calls;  // assistant only
+  std::string tool_call_id;              // tool only: the call this result answers
 };
 
 struct ChatOptions {
   bool thinking = false;  // thinking mode (the model reasons inside <think>...</think>)
   bool add_bos = true;
+  // reasoning_effort "max": in thinking mode the prompt opens with DeepSeek's instruction
+  // paragraph (REASONING_EFFORT_MAX of encoding_dsv4.py).
+  bool reasoning_effort_max = false;
+  // The request's tools: each tool's "function" object (name, description, parameters), in the
+  // request's key order. Non-empty: the tools section goes after the first system message's
+  // content (a system message is added in front when the conversation has none), and reasoning
+  // of earlier assistant turns is kept.
+  std::vector<nlohmann::ordered_json> tools;
 };
 
 // One run of prompt text: a control token (exactly one added token) or plain content.
@@ -42,14 +61,22 @@ class ChatFormat {
  public:
   virtual ~ChatFormat() = default;
   virtual std::string_view name() const = 0;
-  // Renders `messages` to prompt segments (generation prompt included after a final user turn).
-  // Errors: InvalidArgument for an unknown role or an empty conversation.
+  // Renders `messages` to prompt segments (generation prompt included after a final user or
+  // tool turn). Errors: InvalidArgument for an unknown role, an empty conversation, or tool-call
+  // arguments that are JSON but not an object.
   virtual absl::StatusOr<std::vector<ChatSegment>> Render(std::span<const ChatMessage> messages,
                                                           const ChatOptions& options) const = 0;
   // Control tokens that cannot occur in the assistant's answer to a prompt rendered with
   // `options` (the answer ends with EOS, which is not among them): a model that samples one has
   // left the format (e.g. writes a user question of its own, then a second think_end).
   virtual std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const = 0;
+  // The opening of a tool-call answer, for appending to the prompt so that the answer must be a
+  // tool call: of `function_name`, or of any function when it is empty (then the model writes
+  // the name). Only for prompts rendered with thinking off.
+  virtual std::vector<ChatSegment> ToolCallOpening(std::string_view function_name) const = 0;
+  // How to split an answer to a prompt rendered with `options` (markers of this format);
+  // `parse_tools`: read tool-call blocks as tool calls.
+  virtual ChatOutputOptions AnswerOptions(const ChatOptions& options, bool parse_tools) const = 0;
 };
 
 // The token strings a DeepSeek-V4 style format uses.
@@ -60,10 +87,15 @@ struct DeepSeekV4Tokens {
   std::string assistant = "<｜Assistant｜>";
   std::string think_begin = "<think>";
   std::string think_end = "</think>";
+  // The DSML marker of tool-call blocks. Rendered as a control token only where the tokenizer
+  // has it as an added token (`dsml_is_token`), otherwise as plain text.
+  std::string dsml = "｜DSML｜";
+  bool dsml_is_token = false;
 };
 
 // DeepSeek-V4's chat encoding (encoding/encoding_dsv4.py of the model repository, encode_messages
-// with drop_thinking=True, no tools): see docs/chat-format.md for the exact layout.
+// with drop_thinking=True): tools and tool results in DSML, thinking on and off, reasoning_effort
+// max. See docs/chat-format.md for the exact layout.
 class DeepSeekV4ChatFormat : public ChatFormat {
  public:
   explicit DeepSeekV4ChatFormat(DeepSeekV4Tokens tokens) : tokens_(std::move(tokens)) {}
@@ -73,6 +105,9 @@ class DeepSeekV4ChatFormat : public ChatFormat {
   // BOS, both role markers and think_begin; think_end too in non-thinking mode (the generation
   // prompt already ends with it). In thinking mode the answer closes its reasoning with think_end.
   std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const override;
+  // "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"" (+ name + "\">\n" when named).
+  std::vector<ChatSegment> ToolCallOpening(std::string_view function_name) const override;
+  ChatOutputOptions AnswerOptions(const ChatOptions& options, bool parse_tools) const override;
   const DeepSeekV4Tokens& tokens() const { return tokens_; }
 
  private:

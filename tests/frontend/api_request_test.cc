@@ -107,8 +107,6 @@ INSTANTIATE_TEST_SUITE_P(
                 "'max_tokens' must be between 1 and 2147483647, got 0", "max_tokens"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","n":1.5})",
                 "'n' must be an integer", "n"},
-        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","frobnicate":1})",
-                "Unrecognized request argument supplied: frobnicate", "frobnicate"},
         BadCase{Endpoint::kCompletions,
                 R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})",
                 "'stop' may hold at most 4 strings", "stop"},
@@ -122,7 +120,57 @@ INSTANTIATE_TEST_SUITE_P(
                 "'messages' must be a non-empty array", "messages"},
         BadCase{Endpoint::kChatCompletions,
                 R"({"model":"m","messages":[{"role":"robot","content":"x"}]})",
-                "messages[0].role must be one of system, developer, user, assistant", "messages"},
+                "messages[0].role must be one of system, developer, user, assistant, tool",
+                "messages"},
+        BadCase{
+            Endpoint::kChatCompletions,
+            R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"f"}]})",
+            "tools[0] must be {\"type\": \"function\", ...}", "tools"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":""}}]})",
+                "tools[0].function.name must be a non-empty string", "tools"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":"f"}}],)"
+                R"("tool_choice":{"type":"function","function":{"name":"g"}}})",
+                "'tool_choice' names function 'g', which is not in 'tools'", "tool_choice"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tool_choice":"required"})",
+                "'tool_choice' requires 'tools'", "tool_choice"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":"f"}}],)"
+                R"("tool_choice":"required","reasoning_effort":"high"})",
+                "'tool_choice' \"required\" or a named function needs thinking off "
+                "(chat_template_kwargs.thinking false)",
+                "tool_choice"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"x"})",
+                "'tool_choice' must be \"none\", \"auto\", \"required\" or a function",
+                "tool_choice"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c"}]}]})",
+                "messages[0].tool_calls[0] must be {\"id\", \"type\": \"function\", "
+                "\"function\": {\"name\", \"arguments\"}} with string name and arguments",
+                "messages"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("reasoning_effort":"extreme"})",
+                "'reasoning_effort' must be one of none, minimal, low, medium, high, max; got "
+                "'extreme'",
+                "reasoning_effort"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],"audio":{}})",
+                "'audio' is not supported: this server writes text only", "audio"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("modalities":["text","audio"]})",
+                "'modalities' is not supported: this server writes text only", "modalities"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[]})",
+                "'functions' is not supported: use 'tools'", "functions"},
         BadCase{Endpoint::kChatCompletions,
                 R"({"model":"m","messages":[{"role":"user","content":5}]})",
                 "messages[0].content must be a string or an array of text parts", "messages"},
@@ -133,6 +181,59 @@ INSTANTIATE_TEST_SUITE_P(
             Endpoint::kChatCompletions,
             R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
             "'response_format' must be an object with a string 'type'", "response_format"}));
+
+TEST(ApiRequestTest, FieldsTheSdkSendsAreAcceptedAndUnknownOnesIgnored) {
+  ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m",
+      "messages":[{"role":"user","content":"x","some_message_field":1}],
+      "stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false},
+      "user":"u","metadata":{"k":"v"},"store":false,"service_tier":"auto",
+      "parallel_tool_calls":false,"max_completion_tokens":7,"logprobs":true,"top_logprobs":2,
+      "n":3,"modalities":["text"],"frobnicate":{"deep":[1]}})");
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.user, "u");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_EQ(*r.max_tokens, 7);
+  EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":"x","frobnicate":1})").n, 1);
+}
+
+TEST(ApiRequestTest, ToolsToolMessagesAndToolCallsAreRead) {
+  ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m",
+      "tools":[{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2},
+                "description":"d"}}],
+      "tool_choice":{"type":"function","function":{"name":"f"}},
+      "messages":[{"role":"user","content":"x"},
+        {"role":"assistant","content":null,"reasoning_content":"r",
+         "tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+        {"role":"tool","tool_call_id":"c1",
+         "content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})");
+  ASSERT_EQ(r.tools.size(), 1u);
+  // The client's key order is kept: the prompt shows the schema as it was written.
+  EXPECT_EQ(r.tools[0].dump(), R"({"name":"f","parameters":{"z":1,"a":2},"description":"d"})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r.tool_choice_name, "f");
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[1].reasoning_content, "r");
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].id, "c1");
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments, "{}");
+  EXPECT_EQ(r.messages[2].tool_call_id, "c1");
+  EXPECT_EQ(r.messages[2].content, "a\n\nb");
+}
+
+TEST(ApiRequestTest, ThinkingFollowsKwargsThenReasoningEffort) {
+  auto thinking = [](const std::string& fields) {
+    return ThinkingOn(
+        ParseOk(Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}])" + fields + "}"));
+  };
+  EXPECT_FALSE(thinking(""));
+  EXPECT_TRUE(thinking(R"(,"reasoning_effort":"max")"));
+  EXPECT_FALSE(thinking(R"(,"reasoning_effort":"none","chat_template_kwargs":{"thinking":true})"));
+  EXPECT_FALSE(thinking(R"(,"reasoning_effort":"high","chat_template_kwargs":{"thinking":false})"));
+  EXPECT_TRUE(thinking(R"(,"chat_template_kwargs":{"enable_thinking":true})"));
+}
 
 TEST(ApiRequestTest, StopStringsAreAtMost512Bytes) {
   const auto body = [](size_t bytes) {

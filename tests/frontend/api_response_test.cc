@@ -79,5 +79,48 @@ TEST(ApiResponseTest, EnvelopeKeysInOpenAIOrder) {
   EXPECT_EQ(j["usage"]["total_tokens"], 5);
 }
 
+ApiRequest ThinkingChat(bool stream) {
+  ApiRequest req;
+  req.endpoint = Endpoint::kChatCompletions;
+  req.thinking = true;
+  req.stream = stream;
+  return req;
+}
+
+TEST(ApiResponseTest, ChatMessageCarriesReasoningAndToolCalls) {
+  ChoiceDelta d;
+  d.reasoning = "plan";
+  d.tool_calls.push_back({0, "call_1", "f", R"({"a": 1})"});
+  d.finish_reason = "tool_calls";
+  const ordered_json full = ordered_json::parse(
+      FullResponse(ThinkingChat(false), {"chatcmpl-1", 7, "m"}, {d},
+                   {.prompt_tokens = 3, .completion_tokens = 9, .reasoning_tokens = 4}));
+  const ordered_json& message = full["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  EXPECT_EQ(message["reasoning_content"], "plan");
+  EXPECT_EQ(
+      message["tool_calls"].dump(),
+      R"([{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}])");
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(full["usage"]["completion_tokens_details"]["reasoning_tokens"], 4);
+}
+
+TEST(ApiResponseTest, ChatDeltaCarriesOnlyWhatItHas) {
+  const ResponseMeta meta{"chatcmpl-1", 7, "m"};
+  auto delta_json = [&](const ChoiceDelta& d, bool first) {
+    const std::string chunk = StreamChunk(ThinkingChat(true), meta, d, first);
+    return ordered_json::parse(chunk.substr(6))["choices"][0]["delta"];
+  };
+  ChoiceDelta reasoning;
+  reasoning.reasoning = "hm";
+  EXPECT_EQ(delta_json(reasoning, true).dump(), R"({"role":"assistant","reasoning_content":"hm"})");
+  ChoiceDelta call;
+  call.tool_calls.push_back({1, "call_2", "g", "{}"});
+  EXPECT_EQ(delta_json(call, false).dump(),
+            R"({"tool_calls":[{"index":1,"id":"call_2","type":"function",)"
+            R"("function":{"name":"g","arguments":"{}"}}]})");
+  EXPECT_EQ(delta_json(ChoiceDelta{}, false).dump(), R"({"content":""})");
+}
+
 }  // namespace
 }  // namespace pdserve::frontend

@@ -422,6 +422,7 @@ def test_up(pdserve, model_dir, model, workdir):
                       {"model": model, "messages": [{"role": "user", "content": "Who was Moses?"}],
                        "max_tokens": 8, "stream": True})
     check(code == 200 and sse(text, chat=True)["done"], "a chat stream through `pdserve up`")
+    openai_tool_round_trip(f"http://127.0.0.1:{p['http']}", model)
     # The children run the binary under its own name (ps / pgrep show `pdserve`, not `exe`).
     log.flush()
     log.seek(0)
@@ -461,6 +462,66 @@ def test_up(pdserve, model_dir, model, workdir):
     noise = [l for l in after.splitlines() if "marked down" in l or "health check of" in l]
     check(0 <= router_done < worker_signal and not noise,
           f"Ctrl-C stops the router before its workers: {after[:300]!r}")
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def openai_tool_round_trip(base, model):
+    """The OpenAI client's tool loop, unchanged: tools, the assistant's tool call and the tool's
+    result go back; the answer is a valid message. The bundled model (512-token context) cannot
+    hold the tools section (about 700 tokens), so the answering turn uses tool_choice "none" and
+    tool_choice "auto" must be a clean 400 context_length_exceeded."""
+    try:
+        import openai  # noqa: PLC0415
+    except ImportError:
+        print("SKIP: the openai python package is not installed")
+        SKIPPED.append("openai tool round trip")
+        return
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    messages = [
+        {"role": "user", "content": "What is the weather in Jerusalem?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Jerusalem"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24 C"},
+    ]
+    r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL],
+                                       tool_choice="none", max_tokens=16, seed=3,
+                                       parallel_tool_calls=False, user="u",
+                                       metadata={"k": "v"}, store=False)
+    m = r.choices[0].message
+    check(m.role == "assistant" and isinstance(m.content, str) and not m.tool_calls and
+          r.choices[0].finish_reason in ("stop", "length"),
+          f"openai tool round trip through `pdserve up`: {r.choices[0]}")
+    streamed = "".join((ch.choices[0].delta.content or "") for ch in client.chat.completions.create(
+        model=model, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=16,
+        seed=3, stream=True, stream_options={"include_usage": True}) if ch.choices)
+    check(streamed == m.content, "tool round trip: streamed answer == non-streamed")
+    try:
+        client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL],
+                                       max_tokens=16)
+        check(False, "tools section over the 512-token context is refused")
+    except openai.BadRequestError as e:
+        check(e.code == "context_length_exceeded", f"tools over the context: 400 {e.code}")
+    thinking = dict(model=model, messages=[{"role": "user", "content": "Who was Moses?"}],
+                    max_tokens=24, seed=4, extra_body={"chat_template_kwargs": {"thinking": True}})
+    r = client.chat.completions.create(**thinking)
+    reasoning = (r.choices[0].message.model_extra or {}).get("reasoning_content")
+    details = r.usage.completion_tokens_details
+    check(isinstance(reasoning, str) and details is not None and details.reasoning_tokens >= 0,
+          f"thinking mode: reasoning_content and reasoning_tokens ({r.choices[0].message})")
+    parts = {"reasoning": "", "content": ""}
+    for ch in client.chat.completions.create(stream=True, **thinking):
+        if ch.choices:
+            parts["reasoning"] += (ch.choices[0].delta.model_extra or {}).get(
+                "reasoning_content") or ""
+            parts["content"] += ch.choices[0].delta.content or ""
+    check(parts == {"reasoning": reasoning, "content": r.choices[0].message.content or ""},
+          "thinking mode: streamed reasoning and content == non-streamed")
 
 
 def test_openai(c, model):

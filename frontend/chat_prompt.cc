@@ -1,0 +1,41 @@
+#include "frontend/chat_prompt.h"
+
+#include <utility>
+
+#include "common/status.h"
+
+namespace pdserve::frontend {
+
+text::ChatOptions ChatOptionsOf(const ApiRequest& req) {
+  text::ChatOptions options;
+  options.thinking = ThinkingOn(req);
+  options.reasoning_effort_max = req.reasoning_effort == "max";
+  if (req.tool_choice != ToolChoice::kNone) options.tools = req.tools;
+  return options;
+}
+
+absl::StatusOr<std::vector<int32_t>> ChatPromptTokens(const text::ChatFormat& format,
+                                                      const text::Tokenizer& tokenizer,
+                                                      const ApiRequest& req) {
+  std::vector<text::ChatMessage> messages;
+  for (const ChatMessage& m : req.messages) {
+    text::ChatMessage& out = messages.emplace_back();
+    out.role = m.role == "developer" ? "system" : m.role;
+    out.content = m.content;
+    out.reasoning_content = m.reasoning_content;
+    out.tool_call_id = m.tool_call_id;
+    for (const ToolCall& c : m.tool_calls) out.tool_calls.push_back({c.id, c.name, c.arguments});
+  }
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<text::ChatSegment> segments,
+                           format.Render(messages, ChatOptionsOf(req)));
+  if (req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed) {
+    // The answer must be a tool call: its opening is written for the model (thinking is off,
+    // api_request.cc checks), and ChoiceText reads it back first.
+    for (text::ChatSegment& s : format.ToolCallOpening(req.tool_choice_name)) {
+      segments.push_back(std::move(s));
+    }
+  }
+  return text::EncodeChat(tokenizer, segments);
+}
+
+}  // namespace pdserve::frontend
