@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/histogram_buckets.h"
 #include "common/status.h"
 #include "guards/canary.h"
 #include "kvtransfer/isolation_error.h"
@@ -71,17 +72,17 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           "the logits canary recomputes on the CPU engine: guards.canary_every must be 0 for a "
           "decode worker with backend cuda");
     }
-    const colocated::RunnerContext context{w->options_.model_dir,
-                                           &config,
-                                           w->model_.layout.get(),
-                                           w->pool_.get(),
-                                           w->options_.runner,
-                                           w->options_.max_batch,
-                                           std::min(config.max_position_embeddings, pool_tokens)};
+    const runtime::RunnerContext context{w->options_.model_dir,
+                                         &config,
+                                         w->model_.layout.get(),
+                                         w->pool_.get(),
+                                         w->options_.runner,
+                                         w->options_.max_batch,
+                                         std::min(config.max_position_embeddings, pool_tokens)};
     PDSERVE_ASSIGN_OR_RETURN(w->runner_, w->options_.runner_factory(context));
   } else {
-    w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
-                                                               w->pool_.get(), w->options_.runner);
+    w->runner_ = std::make_unique<runtime::EngineStepRunner>(*w->model_.model, *w->model_.layout,
+                                                             w->pool_.get(), w->options_.runner);
   }
 
   metrics::Registry& r = w->registry_;
@@ -95,7 +96,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   w->waiting_gauge_ = &waiting->Get();
   PDSERVE_ASSIGN_OR_RETURN(
       auto* batch, r.AddHistogram("pdserve_decode_batch_size", "Requests per decode step", {},
-                                  worker::GeometricBuckets(1, 2, 1024)));
+                                  metrics::GeometricBuckets(1, 2, 1024)));
   w->batch_size_ = &batch->Get();
   PDSERVE_ASSIGN_OR_RETURN(auto* step,
                            r.AddHistogram("pdserve_decode_step_seconds", "One decode step", {},
@@ -463,11 +464,11 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     return;
   }
   r.events.push_back(std::move(first));
-  r.context = std::make_shared<colocated::RequestContext>(std::move(*sampler));
+  r.context = std::make_shared<runtime::RequestContext>(std::move(*sampler));
   std::weak_ptr<Request> weak = record;
   const std::string action =
-      options_.runner.degeneration == colocated::DegenerationAction::kStop ? "stop" : "flag";
-  r.context->on_token = [this, weak, action](const colocated::TokenEvent& event) {
+      options_.runner.degeneration == runtime::DegenerationAction::kStop ? "stop" : "flag";
+  r.context->on_token = [this, weak, action](const runtime::TokenEvent& event) {
     std::shared_ptr<Request> req = weak.lock();
     if (!req) return true;
     absl::MutexLock inner(&mu_);
@@ -497,7 +498,7 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     absl::MutexLock inner(&mu_);
     QueueFinal(*req, "error", status);
   };
-  colocated::SequenceSetup setup;
+  runtime::SequenceSetup setup;
   setup.request = r.context;
   setup.choice = r.choice;
   setup.prompt = r.prompt;
@@ -769,7 +770,7 @@ grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*
 std::string DecodeWorker::MetricsText() const {
   const RequestCounts counts = CountRequests();
   // The runner keeps the guard counts; the counters catch up to them here.
-  const colocated::GuardCounts guards = runner_->guard_counts();
+  const runtime::GuardCounts guards = runner_->guard_counts();
   canary_checks_->Increment(static_cast<double>(guards.canary_checks) - canary_checks_->Value());
   canary_mismatches_->Increment(static_cast<double>(guards.canary_mismatches) -
                                 canary_mismatches_->Value());

@@ -34,7 +34,7 @@ struct TransferReceiver::Landing {
   uint32_t slot;
 };
 
-TransferReceiver::TransferReceiver(ReceiverOptions options, const serving::Clock& clock,
+TransferReceiver::TransferReceiver(ReceiverOptions options, const Clock& clock,
                                    ReleaseFn on_release, UcxContext context, UcxWorker worker)
     : options_(options),
       clock_(clock),
@@ -43,8 +43,9 @@ TransferReceiver::TransferReceiver(ReceiverOptions options, const serving::Clock
       worker_(std::move(worker)),
       address_(worker_.address()) {}
 
-absl::StatusOr<std::unique_ptr<TransferReceiver>> TransferReceiver::Create(
-    ReceiverOptions options, const serving::Clock& clock, ReleaseFn on_release) {
+absl::StatusOr<std::unique_ptr<TransferReceiver>> TransferReceiver::Create(ReceiverOptions options,
+                                                                           const Clock& clock,
+                                                                           ReleaseFn on_release) {
   auto context = UcxContext::Create();
   if (!context.ok()) return context.status();
   auto worker = UcxWorker::Create(*context);

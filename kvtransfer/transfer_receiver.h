@@ -35,11 +35,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/ucx.h"
-#include "serving/clock.h"
 
 namespace pdserve::kv {
 
@@ -98,7 +98,7 @@ class TransferReceiver {
   // Creates the UCX context and worker and registers the message handlers. `clock` must outlive
   // the receiver. Errors: the UCX setup error.
   static absl::StatusOr<std::unique_ptr<TransferReceiver>> Create(ReceiverOptions options,
-                                                                  const serving::Clock& clock,
+                                                                  const Clock& clock,
                                                                   ReleaseFn on_release);
   ~TransferReceiver();
 
@@ -141,7 +141,7 @@ class TransferReceiver {
  private:
   struct Entry;
   struct Landing;
-  TransferReceiver(ReceiverOptions options, const serving::Clock& clock, ReleaseFn on_release,
+  TransferReceiver(ReceiverOptions options, const Clock& clock, ReleaseFn on_release,
                    UcxContext context, UcxWorker worker);
   absl::Status RegisterHandlers();
 
@@ -164,7 +164,7 @@ class TransferReceiver {
   Entry* FindForHeader(const PageHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReceiverOptions options_;
-  const serving::Clock& clock_;
+  const Clock& clock_;
   const ReleaseFn on_release_;
   mutable absl::Mutex mu_;
   UcxContext context_;

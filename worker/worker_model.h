@@ -25,7 +25,7 @@ struct WorkerModel {
   // whose weights live on the GPU: loading both would hold the model twice in host memory).
   std::unique_ptr<engine::Model> model;
   std::vector<int32_t> eos_ids;  // generation_config.json's, else config.json's (as colocated)
-  std::unique_ptr<serving::StateLayout> layout;  // colocated::LayoutForModel: the page format
+  std::unique_ptr<serving::StateLayout> layout;  // runtime::LayoutForModel: the page format
   std::vector<kv::LayerAttention> layers;
 };
 

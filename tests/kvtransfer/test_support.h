@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kvtransfer/ticket.h"
-#include "serving/clock.h"
 
 namespace pdserve::kv::testing {
 
@@ -31,7 +31,7 @@ std::vector<PageDescriptor> MakeDescriptors(uint32_t num_pages, uint32_t num_lay
 std::string ToHex(std::span<const std::byte> bytes);
 std::vector<std::byte> FromHex(const std::string& hex);
 
-class FakeClock final : public serving::Clock {
+class FakeClock final : public Clock {
  public:
   absl::Time Now() const override {
     absl::MutexLock lock(&mu_);
