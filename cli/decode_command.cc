@@ -47,8 +47,8 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   options.pool_tokens = flags.pool_tokens;
   options.lease = absl::Milliseconds(entry.deploy.lease_ms);
   options.runner.degeneration = entry.deploy.guards.degeneration_action == "stop"
-                                    ? colocated::DegenerationAction::kStop
-                                    : colocated::DegenerationAction::kFlag;
+                                    ? runtime::DegenerationAction::kStop
+                                    : runtime::DegenerationAction::kFlag;
   options.runner.paranoid = entry.deploy.guards.paranoid;
   options.canary_every = entry.deploy.guards.canary_every;
   options.faults = decode::TestFaults::FromEnvironment();
@@ -58,13 +58,13 @@ absl::Status RunDecode(const DecodeFlags& flags) {
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
     // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's GPUs: devices 0 .. n-1 here,
     // one rank each (several: one expert-parallel group, NCCL where it loads).
-    colocated::GpuBackendOptions gpu;
+    runtime::GpuBackendOptions gpu;
     PDSERVE_ASSIGN_OR_RETURN(gpu.devices, worker::CudaDevices(entry.worker));
     spdlog::info(
-        "backend cuda: decode on CUDA_VISIBLE_DEVICES={}, {} rank(s) (colocated::GpuStepRunner)",
+        "backend cuda: decode on CUDA_VISIBLE_DEVICES={}, {} rank(s) (runtime::GpuStepRunner)",
         entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
-    options.runner_factory = colocated::GpuRunnerFactory(gpu);
+    options.runner_factory = runtime::GpuRunnerFactory(gpu);
 #else
     return absl::FailedPreconditionError(
         "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "

@@ -43,13 +43,13 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
     // LoadWorkerEntry set CUDA_VISIBLE_DEVICES to the worker's GPUs: devices 0 .. n-1 here,
     // one rank each (several: one expert-parallel group, NCCL where it loads).
-    colocated::GpuBackendOptions gpu;
+    runtime::GpuBackendOptions gpu;
     PDSERVE_ASSIGN_OR_RETURN(gpu.devices, worker::CudaDevices(entry.worker));
     spdlog::info(
-        "backend cuda: prefill on CUDA_VISIBLE_DEVICES={}, {} rank(s) (prefill::GpuPrefillEngine)",
+        "backend cuda: prefill on CUDA_VISIBLE_DEVICES={}, {} rank(s) (runtime::GpuPrefillEngine)",
         entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
-    options.engine_factory = prefill::GpuPrefillEngineFactory(gpu);
+    options.engine_factory = runtime::GpuPrefillEngineFactory(gpu);
 #else
     return absl::FailedPreconditionError(
         "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "

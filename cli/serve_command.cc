@@ -65,7 +65,7 @@ struct ServeOptions {
 };
 
 // The runner factory of `--backend`: empty for cpu.
-absl::StatusOr<colocated::RunnerFactory> BackendFactory(
+absl::StatusOr<runtime::RunnerFactory> BackendFactory(
     const ServeOptions& options,
     [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
   if (options.backend == "cpu") {
@@ -75,7 +75,7 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
           "--devices and --expert-comm choose the GPUs of --backend cuda; the CPU engine uses "
           "neither");
     }
-    return colocated::RunnerFactory();
+    return runtime::RunnerFactory();
   }
   if (options.canary_every > 0 || options.paranoid) {
     return absl::FailedPreconditionError(
@@ -83,7 +83,7 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
         "engine's state pages)");
   }
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
-  colocated::GpuBackendOptions gpu;
+  runtime::GpuBackendOptions gpu;
   gpu.devices = {options.device};
   if (!options.devices.empty()) {
     // Several ranks may share a GPU with the local communicator (a one-GPU trial of the sharding).
@@ -100,7 +100,7 @@ absl::StatusOr<colocated::RunnerFactory> BackendFactory(
   }
   PDSERVE_ASSIGN_OR_RETURN(gpu.comm, engine::gpu::ParseExpertCommKind(options.expert_comm));
   gpu.reference_pieces = reference_pieces;
-  return colocated::GpuRunnerFactory(gpu);
+  return runtime::GpuRunnerFactory(gpu);
 #else
   return absl::FailedPreconditionError(
       "--backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "
@@ -120,8 +120,8 @@ absl::Status Serve(const ServeOptions& options) {
   service_options.policy = options.reject_when_full ? serving::AdmissionPolicy::kReject
                                                     : serving::AdmissionPolicy::kWait;
   service_options.runner.degeneration = options.degeneration == "stop"
-                                            ? colocated::DegenerationAction::kStop
-                                            : colocated::DegenerationAction::kFlag;
+                                            ? runtime::DegenerationAction::kStop
+                                            : runtime::DegenerationAction::kFlag;
   service_options.runner.paranoid = options.paranoid;
   service_options.canary_every = options.canary_every;
   service_options.model = engine::WithTestFaultsFromEnvironment({});

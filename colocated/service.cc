@@ -23,7 +23,7 @@ struct ColocatedService::Request {
     std::string degeneration_kind;  // with flagged: TokenEvent::degeneration_kind
   };
   std::string id;  // the response id ("cmpl-..."), for logs
-  std::shared_ptr<RequestContext> context;
+  std::shared_ptr<runtime::RequestContext> context;
   std::shared_ptr<frontend::GenerationSink> sink;
   std::vector<serving::RequestId> sequences;
   std::vector<Choice> choices;
@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
     s->config_ = s->model_->config();
   }
   const engine::ModelConfig& config = s->config_;
-  PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, LayoutForModel(config));
+  PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, runtime::LayoutForModel(config));
   s->layout_ = std::make_unique<serving::StateLayout>(layout);
   const int64_t pool_tokens = options.pool_tokens > 0
                                   ? options.pool_tokens
@@ -97,17 +97,17 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
                                               },
                                               &s->clock_, nullptr));
   if (options.runner_factory) {
-    RunnerContext context{options.model_dir,
-                          &config,
-                          s->layout_.get(),
-                          s->pool_.get(),
-                          options.runner,
-                          options.max_batch,
-                          std::min(config.max_position_embeddings, pool_tokens)};
+    runtime::RunnerContext context{options.model_dir,
+                                   &config,
+                                   s->layout_.get(),
+                                   s->pool_.get(),
+                                   options.runner,
+                                   options.max_batch,
+                                   std::min(config.max_position_embeddings, pool_tokens)};
     PDSERVE_ASSIGN_OR_RETURN(s->runner_, options.runner_factory(context));
   } else {
-    s->runner_ =
-        std::make_unique<EngineStepRunner>(*s->model_, *s->layout_, s->pool_.get(), options.runner);
+    s->runner_ = std::make_unique<runtime::EngineStepRunner>(*s->model_, *s->layout_,
+                                                             s->pool_.get(), options.runner);
   }
   PDSERVE_ASSIGN_OR_RETURN(s->vocabulary_,
                            structured::TokenVocabulary::FromTokenizer(s->preparer_->tokenizer()));
@@ -135,7 +135,8 @@ absl::Status ColocatedService::AddMetrics() {
                    "Choices the degeneration detector caught", {"kind", "action"}));
   // The detector's one test is repetition (guards::DegenerationDetector::Repetitive).
   degenerate_choices_ = &degenerate->WithLabels(
-      {"repeat", options_.runner.degeneration == DegenerationAction::kStop ? "stop" : "flag"});
+      {"repeat",
+       options_.runner.degeneration == runtime::DegenerationAction::kStop ? "stop" : "flag"});
   PDSERVE_ASSIGN_OR_RETURN(
       pages_used_, r.AddGauge("pdserve_serve_pool_pages_used", "State pages allocated", {"kind"}));
   PDSERVE_ASSIGN_OR_RETURN(
@@ -208,7 +209,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   }
 
   auto request = std::make_shared<Request>();
-  request->context = std::make_shared<RequestContext>(std::move(*sampler));
+  request->context = std::make_shared<runtime::RequestContext>(std::move(*sampler));
   request->id = request_id;
   request->sink = std::move(sink);
   request->prompt_tokens = prompt_length;
@@ -220,7 +221,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   // The callbacks live in the request's context, so they hold the request weakly; locking it keeps
   // it alive while a sink call may drop the last Generation.
   std::weak_ptr<Request> weak = request;
-  request->context->on_token = [this, weak](const TokenEvent& event) {
+  request->context->on_token = [this, weak](const runtime::TokenEvent& event) {
     std::shared_ptr<Request> r = weak.lock();
     if (!r || r->cancelled.load()) return true;
     Request::Choice& choice = r->choices[event.choice];
@@ -268,7 +269,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
   }
   for (int c = 0; c < params.n; ++c) {
     const serving::RequestId id = request->sequences[c];
-    SequenceSetup setup{request->context, c, *prompt, max_tokens};
+    runtime::SequenceSetup setup{request->context, c, *prompt, max_tokens};
     setup.canary = canary;
     absl::Status added = runner_->Add(id, std::move(setup));
     absl::Status submitted =
@@ -337,7 +338,7 @@ std::string ColocatedService::MetricsText() const {
   running_->Set(static_cast<double>(scheduler_->num_running()));
   waiting_->Set(static_cast<double>(scheduler_->num_waiting()));
   // The runner keeps the guard counts; the counters catch up to them here.
-  const GuardCounts guards = runner_->guard_counts();
+  const runtime::GuardCounts guards = runner_->guard_counts();
   canary_checks_->Increment(static_cast<double>(guards.canary_checks) - canary_checks_->Value());
   canary_mismatches_->Increment(static_cast<double>(guards.canary_mismatches) -
                                 canary_mismatches_->Value());

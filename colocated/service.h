@@ -27,13 +27,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "engine/model.h"
 #include "frontend/generation_service.h"
 #include "frontend/request_preparer.h"
 #include "guards/canary.h"
 #include "runtime/step_runner.h"
-#include "serving/clock.h"
 #include "serving/page_pool.h"
 #include "serving/sampling_params.h"
 #include "serving/scheduler.h"
@@ -51,7 +51,7 @@ struct ServiceOptions {
   int64_t token_budget = 512;  // tokens per engine step (decode + prefill)
   int64_t max_waiting = 1024;  // sequences queued beyond this get 429
   serving::AdmissionPolicy policy = serving::AdmissionPolicy::kWait;
-  RunnerOptions runner;  // runner.paranoid: paranoid mode (step_runner.h)
+  runtime::RunnerOptions runner;  // runner.paranoid: paranoid mode (step_runner.h)
   // The canary checks 1 in canary_every requests (guards::CanarySampler over the response id;
   // 0: none): every choice of a picked request has its last-token logits recomputed.
   int64_t canary_every = 0;
@@ -60,7 +60,7 @@ struct ServiceOptions {
   // Empty: the CPU engine (engine::Model::Load with `model`, EngineStepRunner). Set: the runner
   // it returns, and no CPU model is loaded; canary_every must then be 0 (the canary recomputes on
   // the CPU engine), else Create fails with FailedPrecondition.
-  RunnerFactory runner_factory;
+  runtime::RunnerFactory runner_factory;
 };
 
 class ColocatedService : public frontend::GenerationService {
@@ -107,9 +107,9 @@ class ColocatedService : public frontend::GenerationService {
   engine::ModelConfig config_;
   std::unique_ptr<serving::StateLayout> layout_;
   std::unique_ptr<serving::PagePool> pool_;
-  serving::SystemClock clock_;
+  SystemClock clock_;
   std::unique_ptr<serving::Scheduler> scheduler_;
-  std::unique_ptr<SequenceRunner> runner_;
+  std::unique_ptr<runtime::SequenceRunner> runner_;
   guards::CanarySampler canary_{0};
   std::atomic<uint64_t> next_sequence_{1};
   // /metrics (docs/metrics.md, "Colocated server"); the pointers are into registry_.

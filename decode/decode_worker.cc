@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/histogram_buckets.h"
 #include "common/status.h"
 #include "guards/canary.h"
 #include "kvtransfer/isolation_error.h"
@@ -74,17 +75,17 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           "the logits canary recomputes on the CPU engine: guards.canary_every must be 0 for a "
           "decode worker with backend cuda");
     }
-    const colocated::RunnerContext context{w->options_.model_dir,
-                                           &config,
-                                           w->model_.layout.get(),
-                                           w->pool_.get(),
-                                           w->options_.runner,
-                                           w->options_.max_batch,
-                                           std::min(config.max_position_embeddings, pool_tokens)};
+    const runtime::RunnerContext context{w->options_.model_dir,
+                                         &config,
+                                         w->model_.layout.get(),
+                                         w->pool_.get(),
+                                         w->options_.runner,
+                                         w->options_.max_batch,
+                                         std::min(config.max_position_embeddings, pool_tokens)};
     PDSERVE_ASSIGN_OR_RETURN(w->runner_, w->options_.runner_factory(context));
   } else {
-    w->runner_ = std::make_unique<colocated::EngineStepRunner>(*w->model_.model, *w->model_.layout,
-                                                               w->pool_.get(), w->options_.runner);
+    w->runner_ = std::make_unique<runtime::EngineStepRunner>(*w->model_.model, *w->model_.layout,
+                                                             w->pool_.get(), w->options_.runner);
   }
 
   PDSERVE_RETURN_IF_ERROR(w->AddMetrics());
@@ -105,7 +106,7 @@ absl::Status DecodeWorker::AddMetrics() {
   waiting_gauge_ = &waiting->Get();
   PDSERVE_ASSIGN_OR_RETURN(
       auto* batch, r.AddHistogram("pdserve_decode_batch_size", "Requests per decode step", {},
-                                  worker::GeometricBuckets(1, 2, 1024)));
+                                  metrics::GeometricBuckets(1, 2, 1024)));
   batch_size_ = &batch->Get();
   PDSERVE_ASSIGN_OR_RETURN(auto* step,
                            r.AddHistogram("pdserve_decode_step_seconds", "One decode step", {},
@@ -334,13 +335,13 @@ bool DecodeWorker::EmitFirstToken(Request& r, int32_t first_token,
   return true;
 }
 
-std::shared_ptr<colocated::RequestContext> DecodeWorker::MakeContext(
+std::shared_ptr<runtime::RequestContext> DecodeWorker::MakeContext(
     const std::shared_ptr<Request>& record, serving::RequestSampler sampler) {
-  auto context = std::make_shared<colocated::RequestContext>(std::move(sampler));
+  auto context = std::make_shared<runtime::RequestContext>(std::move(sampler));
   std::weak_ptr<Request> weak = record;
   const std::string action =
-      options_.runner.degeneration == colocated::DegenerationAction::kStop ? "stop" : "flag";
-  context->on_token = [this, weak, action](const colocated::TokenEvent& event) {
+      options_.runner.degeneration == runtime::DegenerationAction::kStop ? "stop" : "flag";
+  context->on_token = [this, weak, action](const runtime::TokenEvent& event) {
     std::shared_ptr<Request> req = weak.lock();
     if (!req) return true;
     absl::MutexLock inner(&mu_);
@@ -374,7 +375,7 @@ std::shared_ptr<colocated::RequestContext> DecodeWorker::MakeContext(
 }
 
 void DecodeWorker::JoinBatch(Request& r, int32_t first_token) {
-  colocated::SequenceSetup setup;
+  runtime::SequenceSetup setup;
   setup.request = r.context;
   setup.choice = r.choice;
   setup.prompt = r.prompt;
@@ -673,7 +674,7 @@ grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*
 std::string DecodeWorker::MetricsText() const {
   const RequestCounts counts = CountRequests();
   // The runner keeps the guard counts; the counters catch up to them here.
-  const colocated::GuardCounts guards = runner_->guard_counts();
+  const runtime::GuardCounts guards = runner_->guard_counts();
   canary_checks_->Increment(static_cast<double>(guards.canary_checks) - canary_checks_->Value());
   canary_mismatches_->Increment(static_cast<double>(guards.canary_mismatches) -
                                 canary_mismatches_->Value());

@@ -10,9 +10,9 @@
 // receiver until the lease ends; one the prefill worker abandoned (its fence before a commit)
 // ends with "error" at once, not as an isolation error, its pages freed once no receive is in
 // flight. A decode thread steps every decoding request one token per step
-// with colocated::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
+// with runtime::EngineStepRunner (one Forward per sequence, the colocated math), so tokens are
 // bit-identical to colocated mode; with DecodeWorkerOptions::runner_factory (backend: cuda) with
-// colocated::GpuStepRunner instead, which imports each verified request's pages into a GPU slot
+// runtime::GpuStepRunner instead, which imports each verified request's pages into a GPU slot
 // and decodes the whole batch in one step (runtime/cuda/gpu_step_runner.h says what batch
 // invariance then holds). Abort (or a cancelled Generate) ends the request with "abort":
 // a receiving request's pages are released behind the abort fence, a decoding one's after the
@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "decode/request_state.h"
 #include "common/progress_heartbeat.h"
@@ -51,7 +52,6 @@
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "runtime/step_runner.h"
-#include "serving/clock.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
 #include "serving/sampling_params.h"
@@ -66,17 +66,16 @@ struct DecodeWorkerOptions {
   int64_t max_batch = 64;   // requests holding pages (reserved or decoding); Reserve beyond: 429
   int64_t pool_tokens = 0;  // tokens of state in the pool; 0: max_batch * context length
   absl::Duration lease = absl::Seconds(30);  // transfer lease (config transfer.lease_ms)
-  colocated::RunnerOptions
-      runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
+  runtime::RunnerOptions runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
   // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by
   // guards::CanarySampler over worker::SeedRequestId(request id).
   int64_t canary_every = 0;
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
-  // Empty: decode on the CPU engine (colocated::EngineStepRunner). Set (backend: cuda,
+  // Empty: decode on the CPU engine (runtime::EngineStepRunner). Set (backend: cuda,
   // runtime/cuda/gpu_backend.h): the runner it returns, with max_batch slots; canary_every must
   // then be 0 (FailedPrecondition otherwise), and paranoid is refused by the GPU runner. The CPU
   // engine's weights are then not loaded (the config only).
-  colocated::RunnerFactory runner_factory;
+  runtime::RunnerFactory runner_factory;
   TestFaults faults;  // TEST-ONLY (decode/test_faults.h); none by default
 };
 
@@ -130,7 +129,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     std::string degeneration_kind;  // non-empty once flagged (TokenEvent::degeneration_kind)
     absl::Time done_at = absl::InfiniteFuture();
     std::deque<pdserve::worker::v1::GenerateResponse> events;
-    std::shared_ptr<colocated::RequestContext> context;
+    std::shared_ptr<runtime::RequestContext> context;
   };
 
   struct RequestCounts {
@@ -184,7 +183,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
                       const std::optional<serving::FinishReason>& finish)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runner's per-request context: its callbacks queue the request's events.
-  std::shared_ptr<colocated::RequestContext> MakeContext(const std::shared_ptr<Request>& record,
+  std::shared_ptr<runtime::RequestContext> MakeContext(const std::shared_ptr<Request>& record,
                                                          serving::RequestSampler sampler);
   // Adds the verified request to the runner and the batch.
   void JoinBatch(Request& r, int32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -218,9 +217,9 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   DecodeWorkerOptions options_;
   worker::WorkerModel model_;
   std::unique_ptr<serving::PagePool> pool_;
-  serving::SystemClock clock_;
+  SystemClock clock_;
   std::unique_ptr<kv::TransferReceiver> receiver_;
-  std::unique_ptr<colocated::SequenceRunner> runner_;
+  std::unique_ptr<runtime::SequenceRunner> runner_;
   std::atomic<bool> draining_{false};
 
   mutable absl::Mutex mu_;

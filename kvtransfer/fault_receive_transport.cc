@@ -9,7 +9,7 @@
 namespace pdserve::kv {
 
 FaultInjectingReceiveTransport::FaultInjectingReceiveTransport(
-    std::unique_ptr<ReceiveTransport> inner, const serving::Clock& clock)
+    std::unique_ptr<ReceiveTransport> inner, const Clock& clock)
     : inner_(std::move(inner)), clock_(clock) {
   inner_->SetSink(this);
 }

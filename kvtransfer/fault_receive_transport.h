@@ -23,7 +23,7 @@
 
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/receive_transport.h"
-#include "serving/clock.h"
+#include "common/clock.h"
 
 namespace pdserve::kv {
 
@@ -31,7 +31,7 @@ class FaultInjectingReceiveTransport final : public ReceiveTransport, private Pa
  public:
   // `clock` must outlive this object.
   FaultInjectingReceiveTransport(std::unique_ptr<ReceiveTransport> inner,
-                                 const serving::Clock& clock);
+                                 const Clock& clock);
 
   void AddRule(FaultRule rule) { rules_.push_back(std::move(rule)); }
   // Messages held back by kDelay rules and not yet shown to the sink.
@@ -72,7 +72,7 @@ class FaultInjectingReceiveTransport final : public ReceiveTransport, private Pa
   void Show(const Staged& staged);
 
   std::unique_ptr<ReceiveTransport> inner_;
-  const serving::Clock& clock_;
+  const Clock& clock_;
   PageSink* sink_ = nullptr;
   std::vector<FaultRule> rules_;
   std::map<uint64_t, Staged> landing_;  // Staged pages the inner transport is landing, by id.

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/page_transport.h"
-#include "serving/clock.h"
 
 namespace pdserve::kv {
 
@@ -46,7 +46,7 @@ bool RuleMatches(const FaultRule& rule, WireKind kind, std::optional<uint64_t> t
 class FaultInjectingTransport final : public PageTransport {
  public:
   // `inner` and `clock` must outlive this object.
-  FaultInjectingTransport(PageTransport& inner, const serving::Clock& clock)
+  FaultInjectingTransport(PageTransport& inner, const Clock& clock)
       : inner_(inner), clock_(clock) {}
 
   void AddRule(FaultRule rule) { rules_.push_back(std::move(rule)); }
@@ -70,7 +70,7 @@ class FaultInjectingTransport final : public PageTransport {
                    std::span<const std::byte> payload);
 
   PageTransport& inner_;
-  const serving::Clock& clock_;
+  const Clock& clock_;
   std::vector<FaultRule> rules_;
   std::vector<FaultOp*> held_;  // Delayed ops, owned by their callers.
 };

@@ -27,7 +27,7 @@ struct TransferReceiver::Entry {
 };
 
 TransferReceiver::TransferReceiver(std::unique_ptr<ReceiveTransport> transport,
-                                   ReceiverOptions options, const serving::Clock& clock,
+                                   ReceiverOptions options, const Clock& clock,
                                    ReleaseFn on_release, OutcomeFn on_outcome)
     : options_(options),
       clock_(clock),

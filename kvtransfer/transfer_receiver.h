@@ -37,11 +37,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/ticket.h"
-#include "serving/clock.h"
+#include "common/clock.h"
 
 namespace pdserve::kv {
 
@@ -105,7 +106,7 @@ class TransferReceiver final : private PageSink {
   // A receiver over `transport` (sink set here). `clock` must outlive the receiver;
   // `on_outcome` may be empty. kvtransfer/ucx/ucx_receive_transport.h: CreateUcxReceiver.
   TransferReceiver(std::unique_ptr<ReceiveTransport> transport, ReceiverOptions options,
-                   const serving::Clock& clock, ReleaseFn on_release,
+                   const Clock& clock, ReleaseFn on_release,
                    OutcomeFn on_outcome = nullptr);
   ~TransferReceiver() override;
 
@@ -174,7 +175,7 @@ class TransferReceiver final : private PageSink {
   Entry* FindForHeader(const PageHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReceiverOptions options_;
-  const serving::Clock& clock_;
+  const Clock& clock_;
   const ReleaseFn on_release_;
   const OutcomeFn on_outcome_;
   mutable absl::Mutex mu_;

@@ -26,7 +26,7 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 
 }  // namespace
 
-Transfer::Transfer(PageTransport& transport, const serving::Clock& clock, SenderOptions options,
+Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions options,
                    Ticket ticket, PeerId peer, std::vector<std::span<const std::byte>> pages)
     : transport_(transport),
       clock_(clock),

@@ -23,9 +23,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "kvtransfer/page_transport.h"
 #include "kvtransfer/ticket.h"
-#include "serving/clock.h"
 
 namespace pdserve::kv {
 
@@ -66,8 +66,8 @@ class Transfer {
 
  private:
   friend class TransferSender;
-  Transfer(PageTransport& transport, const serving::Clock& clock, SenderOptions options,
-           Ticket ticket, PeerId peer, std::vector<std::span<const std::byte>> pages);
+  Transfer(PageTransport& transport, const Clock& clock, SenderOptions options, Ticket ticket,
+           PeerId peer, std::vector<std::span<const std::byte>> pages);
   // Queues `slot` (once); Pump hands queued pages to the transport while the window allows.
   void Queue(uint32_t slot);
   absl::Status Pump();
@@ -80,7 +80,7 @@ class Transfer {
   void SendHeartbeatIfDue();
 
   PageTransport& transport_;
-  const serving::Clock& clock_;
+  const Clock& clock_;
   SenderOptions options_;
   Ticket ticket_;
   PeerId peer_;
@@ -113,7 +113,7 @@ class Transfer {
 class TransferSender {
  public:
   // `transport` and `clock` must outlive the sender and its transfers.
-  TransferSender(PageTransport& transport, const serving::Clock& clock, SenderOptions options = {})
+  TransferSender(PageTransport& transport, const Clock& clock, SenderOptions options = {})
       : transport_(transport), clock_(clock), options_(options) {}
 
   // Connects to the ticket's decode worker and checks the sources against the ticket: one span per
@@ -125,7 +125,7 @@ class TransferSender {
 
  private:
   PageTransport& transport_;
-  const serving::Clock& clock_;
+  const Clock& clock_;
   SenderOptions options_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/histogram_buckets.h"
 #include "common/status.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/ticket_proto.h"
@@ -37,11 +38,12 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                                                    /*cpu_engine=*/!w->options_.engine_factory));
   const engine::ModelConfig& config = w->model_.config;
   if (w->options_.engine_factory) {
-    const PrefillEngineContext context{w->options_.model_dir, &config, w->options_.prefill_block};
+    const runtime::PrefillEngineContext context{w->options_.model_dir, &config,
+                                                w->options_.prefill_block};
     PDSERVE_ASSIGN_OR_RETURN(w->engine_, w->options_.engine_factory(context));
   } else {
-    PDSERVE_ASSIGN_OR_RETURN(w->engine_,
-                             CpuPrefillEngine(*w->model_.model, w->options_.prefill_block));
+    PDSERVE_ASSIGN_OR_RETURN(
+        w->engine_, runtime::CpuPrefillEngine(*w->model_.model, w->options_.prefill_block));
   }
   spdlog::info("prefill engine: {}", w->engine_->Describe());
   // One sequence at a time, of up to the context length.
@@ -68,7 +70,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   w->queue_timeouts_ = &queue_timeouts->Get();
   PDSERVE_ASSIGN_OR_RETURN(
       auto* chunk, r.AddHistogram("pdserve_prefill_chunk_tokens", "Tokens per prefill chunk", {},
-                                  worker::GeometricBuckets(16, 2, 16384)));
+                                  metrics::GeometricBuckets(16, 2, 16384)));
   w->chunk_tokens_ = &chunk->Get();
   PDSERVE_ASSIGN_OR_RETURN(auto* latency, r.AddHistogram("pdserve_prefill_latency_seconds",
                                                          "Prefill RPC received -> commit sent", {},
@@ -85,7 +87,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   PDSERVE_ASSIGN_OR_RETURN(auto* bandwidth,
                            r.AddHistogram("pdserve_prefill_transfer_bandwidth_bytes_per_second",
                                           "Per request bytes / transfer time", {},
-                                          worker::GeometricBuckets(1e8, 2.5, 1e11)));
+                                          metrics::GeometricBuckets(1e8, 2.5, 1e11)));
   w->bandwidth_ = &bandwidth->Get();
   PDSERVE_ASSIGN_OR_RETURN(w->failures_, r.AddCounter("pdserve_prefill_transfer_failures_total",
                                                       "Failed transfers", {"reason"}));
@@ -149,13 +151,15 @@ grpc::Status PrefillWorker::Prefill(grpc::ServerContext* context, const v1::Pref
   return grpc::Status::OK;
 }
 
-absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillRequest& request,
-                                                              const grpc::ServerContext& context) {
-  const uint64_t id = request.request_id();
+absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
+    const v1::PrefillRequest& request) const {
   const engine::ModelConfig& config = model_.config;
-  const std::vector<int32_t> prompt(request.token_ids().begin(), request.token_ids().end());
-  if (prompt.empty()) return absl::InvalidArgumentError("token_ids is empty");
-  for (int32_t token : prompt) {
+  Admitted a;
+  a.id = request.request_id();
+  a.choice = static_cast<int32_t>(request.sampling().choice());
+  a.prompt.assign(request.token_ids().begin(), request.token_ids().end());
+  if (a.prompt.empty()) return absl::InvalidArgumentError("token_ids is empty");
+  for (int32_t token : a.prompt) {
     if (token < 0 || token >= config.vocab_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("token id ", token, " is outside the vocabulary of ", config.vocab_size));
@@ -163,40 +167,52 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   }
   PDSERVE_ASSIGN_OR_RETURN(serving::SamplingParams params,
                            worker::SamplingFromProto(request.sampling(), config.vocab_size));
-  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
-  const int64_t total = prompt_length + params.max_tokens;
-  if (total > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_length, ") + max_tokens (",
+  a.prompt_length = static_cast<int64_t>(a.prompt.size());
+  a.max_tokens = params.max_tokens;
+  a.total = a.prompt_length + params.max_tokens;
+  if (a.total > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt (", a.prompt_length, ") + max_tokens (",
                                                    params.max_tokens, ") exceeds the context of ",
                                                    config.max_position_embeddings));
   }
-  if (prompt_length > engine_->max_context()) {
+  if (a.prompt_length > engine_->max_context()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a prompt of ", prompt_length,
+        absl::StrCat("a prompt of ", a.prompt_length,
                      " tokens exceeds the prefill engine's context of ", engine_->max_context()));
   }
+  PDSERVE_ASSIGN_OR_RETURN(a.ticket, CheckTicket(request, a));
+  PDSERVE_ASSIGN_OR_RETURN(
+      serving::RequestSampler sampler,
+      serving::RequestSampler::Create(params, worker::SeedRequestId(a.id), model_.eos_ids, a.prompt,
+                                      config.vocab_size, model_.vocabulary));
+  a.sampler.emplace(std::move(sampler));
+  return a;
+}
+
+absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& request,
+                                                      const Admitted& a) {
   // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
   // max_tokens would write pages the decode worker cannot use.
   const v1::TransferTicket& ticket_proto = request.ticket();
   if ((ticket_proto.reserved_prompt_tokens() != 0 &&
-       ticket_proto.reserved_prompt_tokens() != prompt_length) ||
+       ticket_proto.reserved_prompt_tokens() != a.prompt_length) ||
       (ticket_proto.reserved_max_tokens() != 0 &&
-       ticket_proto.reserved_max_tokens() != params.max_tokens)) {
+       ticket_proto.reserved_max_tokens() != a.max_tokens)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "request ", id, ": Prefill has a prompt of ", prompt_length, " tokens and max_tokens ",
-        params.max_tokens, "; Reserve reserved ", ticket_proto.reserved_prompt_tokens(), " and ",
+        "request ", a.id, ": Prefill has a prompt of ", a.prompt_length, " tokens and max_tokens ",
+        a.max_tokens, "; Reserve reserved ", ticket_proto.reserved_prompt_tokens(), " and ",
         ticket_proto.reserved_max_tokens()));
   }
-  PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(request.ticket()));
-  if (ticket.request_id != id) {
+  PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(ticket_proto));
+  if (ticket.request_id != a.id) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the ticket belongs to request ", ticket.request_id, ", not ", id));
+        absl::StrCat("the ticket belongs to request ", ticket.request_id, ", not ", a.id));
   }
-  PDSERVE_ASSIGN_OR_RETURN(
-      serving::RequestSampler sampler,
-      serving::RequestSampler::Create(params, worker::SeedRequestId(id), model_.eos_ids, prompt,
-                                      config.vocab_size, model_.vocabulary));
+  return ticket;
+}
 
+absl::Status PrefillWorker::AwaitTurn(uint64_t id, absl::Time lease_deadline,
+                                      const grpc::ServerContext& context) {
   // Waits for this request's turn (FIFO) or its abort / cancellation, whichever comes first: an
   // aborted queued request leaves at once (its Abort answers quiesced) and never starts. Nothing
   // renews the decode worker's lease before the transfer starts, so a request that has waited
@@ -205,40 +221,196 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   // isolation error, and a request that does start has half its lease left for the transfer's
   // first heartbeats (the sender renews by the lease length it sees at Prepare).
   const absl::Time arrival = clock_.Now();
-  const absl::Time give_up = arrival + (ticket.lease_deadline - arrival) / 2;
-  {
-    absl::MutexLock lock(&mu_);
-    run_queue_.push_back(id);
-    auto turn = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return aborted_.contains(id) || (!run_busy_ && run_queue_.front() == id);
-    };
-    // The timeout only re-checks the client's cancellation and the lease, which no Condition can
-    // see.
-    bool lease_ending = false;
-    while (!mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(50)) &&
-           !context.IsCancelled()) {
-      if (clock_.Now() >= give_up) {
-        lease_ending = true;
-        break;
-      }
+  const absl::Time give_up = arrival + (lease_deadline - arrival) / 2;
+  absl::MutexLock lock(&mu_);
+  run_queue_.push_back(id);
+  auto turn = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return aborted_.contains(id) || (!run_busy_ && run_queue_.front() == id);
+  };
+  // The timeout only re-checks the client's cancellation and the lease, which no Condition can
+  // see.
+  bool lease_ending = false;
+  while (!mu_.AwaitWithTimeout(absl::Condition(&turn), absl::Milliseconds(50)) &&
+         !context.IsCancelled()) {
+    if (clock_.Now() >= give_up) {
+      lease_ending = true;
+      break;
     }
-    const bool mine = !lease_ending && !aborted_.contains(id) && !context.IsCancelled() &&
-                      !run_busy_ && run_queue_.front() == id;
-    run_queue_.erase(std::find(run_queue_.begin(), run_queue_.end(), id));
-    if (lease_ending) {
-      queue_timeouts_->Increment();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("request ", id, " waited ", absl::FormatDuration(clock_.Now() - arrival),
-                       " in the prefill queue and its transfer lease ends in ",
-                       absl::FormatDuration(ticket.lease_deadline - clock_.Now()),
-                       ": the prefill worker is busy; retry later"));
-    }
-    if (!mine) return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
-    run_busy_ = true;
-    progress_.Beat();
-    ++running_;
-    queue_depth_->Set(static_cast<double>(active_.size() - running_));
   }
+  const bool mine = !lease_ending && !aborted_.contains(id) && !context.IsCancelled() &&
+                    !run_busy_ && run_queue_.front() == id;
+  run_queue_.erase(std::find(run_queue_.begin(), run_queue_.end(), id));
+  if (lease_ending) {
+    queue_timeouts_->Increment();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request ", id, " waited ", absl::FormatDuration(clock_.Now() - arrival),
+                     " in the prefill queue and its transfer lease ends in ",
+                     absl::FormatDuration(lease_deadline - clock_.Now()),
+                     ": the prefill worker is busy; retry later"));
+  }
+  if (!mine) return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+  run_busy_ = true;
+  progress_.Beat();
+  ++running_;
+  queue_depth_->Set(static_cast<double>(active_.size() - running_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::span<const std::byte>>> PrefillWorker::PlanSources(
+    const Admitted& a, serving::RequestId sequence, const serving::PageTable& table) {
+  PDSERVE_ASSIGN_OR_RETURN(
+      std::vector<kv::PlannedPage> plan,
+      kv::PlanTransfer(*model_.layout, model_.layers, table, a.prompt_length, a.total));
+  if (plan.size() != a.ticket.pages.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ticket names ", a.ticket.pages.size(), " pages; a prompt of ",
+                     a.prompt_length, " tokens with max_tokens ", a.max_tokens, " has ",
+                     plan.size(), " (did Reserve get another prompt length or max_tokens?)"));
+  }
+  std::vector<std::span<const std::byte>> sources;
+  for (size_t slot = 0; slot < plan.size(); ++slot) {
+    if (!(plan[slot].descriptor == a.ticket.pages[slot])) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan"));
+    }
+    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, plan[slot].handle));
+    sources.push_back(bytes);
+  }
+  return sources;
+}
+
+absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
+    const Admitted& a, std::vector<std::span<const std::byte>> sources,
+    kv::FaultInjectingTransport& faulty) {
+  kv::PageTransport* transport = transport_.get();
+  if (options_.faults.Apply(a.id, a.prompt_length, faulty)) {
+    spdlog::warn("request {}: TEST-ONLY transfer faults applied", a.id);
+    transport = &faulty;
+  }
+  kv::TransferSender sender(*transport, clock_);
+  absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared =
+      sender.Prepare(a.ticket, std::move(sources));
+  if (!prepared.ok()) {
+    // Prepare says DeadlineExceeded for a ticket whose lease already ended.
+    failures_
+        ->WithLabels({prepared.status().code() == absl::StatusCode::kDeadlineExceeded
+                          ? "lease_expired"
+                          : "connect"})
+        .Increment();
+    return worker::MarkTransferPeerFailure(prepared.status());
+  }
+  return prepared;
+}
+
+absl::Status PrefillWorker::Check(uint64_t id, Sending& sending) {
+  progress_.Beat();  // a chunk, a layer posted, or a poll of the transfer
+  if (Aborted(id) || sending.context.IsCancelled()) {
+    return sending.Fail(absl::CancelledError(absl::StrCat("request ", id, " was aborted")));
+  }
+  absl::StatusOr<bool> polled = sending.transfer.Poll();
+  if (!polled.ok()) return sending.Fail(polled.status());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<serving::SampleStep> PrefillWorker::PrefillPages(Admitted& a,
+                                                                const serving::PageTable& table,
+                                                                Sending& sending, Timing* t) {
+  // Chunked prefill on the engine (runtime/prefill_engine.h): each layer's pages are posted as
+  // soon as the engine has stored the layer's final state (on the CPU engine while later layers
+  // compute; on the CUDA engine after the forward, while later layers copy to the host).
+  PDSERVE_ASSIGN_OR_RETURN(runtime::SequencePages pages, runtime::MapPages(*pool_, table));
+  const runtime::PagedState paged(model_.config, *model_.layout, a.total);
+  const runtime::PrefillEngine::LayerStored post_layer = [&](int64_t layer) -> absl::Status {
+    t->first_post = std::min(t->first_post, absl::Now());
+    if (absl::Status posted = sending.transfer.PostLayer(static_cast<uint32_t>(layer));
+        !posted.ok()) {
+      return sending.Fail(posted);
+    }
+    return Check(a.id, sending);
+  };
+  const runtime::PrefillEngine::ChunkDone chunk_done = [&](int64_t tokens) {
+    chunk_tokens_->Observe(static_cast<double>(tokens));
+    return Check(a.id, sending);
+  };
+  t->prefill_start = absl::Now();
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<float> last,
+                           engine_->Run(a.prompt, paged, pages, post_layer, chunk_done));
+  tokens_total_->Increment(static_cast<double>(a.prompt_length));
+  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first, a.sampler->Next(a.choice, last));
+  t->prefill_end = absl::Now();
+  return first;
+}
+
+absl::Status PrefillWorker::Deliver(const Admitted& a, int32_t first_token, Sending& sending) {
+  if (absl::Status committed =
+          sending.transfer.Commit(static_cast<int32_t>(a.prompt_length), first_token);
+      !committed.ok()) {
+    return sending.Fail(committed);
+  }
+  for (;;) {
+    PDSERVE_RETURN_IF_ERROR(Check(a.id, sending));
+    absl::StatusOr<bool> delivered = sending.transfer.Poll();
+    if (!delivered.ok()) return sending.Fail(delivered.status());
+    if (*delivered) break;
+    std::this_thread::yield();
+  }
+  if (absl::Status released = sending.transfer.Release(); !released.ok()) {
+    return sending.Fail(released);
+  }
+  return absl::OkStatus();
+}
+
+void PrefillWorker::RecordTransfer(const kv::Ticket& ticket, const Timing& t) {
+  const uint64_t bytes = ticket.total_bytes();
+  transfer_bytes_ += static_cast<int64_t>(bytes);
+  transfer_bytes_total_->Increment(static_cast<double>(bytes));
+  const double transfer_seconds = absl::ToDoubleSeconds(t.transfer_end - t.first_post);
+  transfer_seconds_->Observe(transfer_seconds);
+  if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
+}
+
+v1::PrefillResponse PrefillWorker::Response(const Admitted& a, const serving::SampledToken& first,
+                                            const Timing& t) {
+  v1::PrefillResponse response;
+  v1::TransferCommit* commit = response.mutable_commit();
+  commit->set_ticket_id(a.ticket.ticket_id);
+  commit->set_epoch(a.ticket.epoch);
+  commit->set_pages_sent(static_cast<uint32_t>(a.ticket.pages.size()));
+  commit->set_prompt_tokens(static_cast<int32_t>(a.prompt_length));
+  commit->set_first_token(first.token);
+  response.set_prefill_us(absl::ToInt64Microseconds(t.prefill_end - t.prefill_start));
+  response.set_transfer_us(absl::ToInt64Microseconds(t.transfer_end - t.first_post));
+  *response.mutable_first_token() = worker::SampledTokenToProto(first);
+  response.set_transfer_bytes(a.ticket.total_bytes());
+  return response;
+}
+
+absl::StatusOr<v1::PrefillResponse> PrefillWorker::PrefillAndSend(Admitted& a,
+                                                                  const serving::PageTable& table,
+                                                                  Sending& sending) {
+  Timing t;
+  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first, PrefillPages(a, table, sending, &t));
+  PDSERVE_RETURN_IF_ERROR(Deliver(a, first.sampled.token, sending));
+  t.transfer_end = absl::Now();
+  RecordTransfer(a.ticket, t);
+  return Response(a, first.sampled, t);
+}
+
+absl::Status PrefillWorker::Failed(absl::Status status, bool transfer_error, bool aborted) {
+  if (!transfer_error) {
+    failures_->WithLabels({"prefill_error"}).Increment();
+    return status;
+  }
+  CountFailure(status, aborted);
+  // An abort or cancellation is the router's own doing, not the decode worker's.
+  if (status.code() == absl::StatusCode::kCancelled) return status;
+  return worker::MarkTransferPeerFailure(status);
+}
+
+absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillRequest& request,
+                                                              const grpc::ServerContext& context) {
+  PDSERVE_ASSIGN_OR_RETURN(Admitted a, Admit(request));
+  PDSERVE_RETURN_IF_ERROR(AwaitTurn(a.id, a.ticket.lease_deadline, context));
   absl::Cleanup not_running = [this] {
     absl::MutexLock lock(&mu_);
     --running_;
@@ -250,140 +422,20 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   // This worker's own copy of the request's pages: the transfer's sources.
   const serving::RequestId sequence = next_sequence_++;
   PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table,
-                           pool_->Allocate(sequence, model_.layout->Demand(total)));
+                           pool_->Allocate(sequence, model_.layout->Demand(a.total)));
   absl::Cleanup free_table = [this, &table] { pool_->Free(table).IgnoreError(); };
-  PDSERVE_ASSIGN_OR_RETURN(
-      std::vector<kv::PlannedPage> plan,
-      kv::PlanTransfer(*model_.layout, model_.layers, table, prompt_length, total));
-  if (plan.size() != ticket.pages.size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ticket names ", ticket.pages.size(), " pages; a prompt of ",
-                     prompt_length, " tokens with max_tokens ", params.max_tokens, " has ",
-                     plan.size(), " (did Reserve get another prompt length or max_tokens?)"));
-  }
-  std::vector<std::span<const std::byte>> sources;
-  for (size_t slot = 0; slot < plan.size(); ++slot) {
-    if (!(plan[slot].descriptor == ticket.pages[slot])) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan"));
-    }
-    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, plan[slot].handle));
-    sources.push_back(bytes);
-  }
-
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<std::span<const std::byte>> sources,
+                           PlanSources(a, sequence, table));
   kv::FaultInjectingTransport faulty(*transport_, clock_);
-  kv::PageTransport* transport = transport_.get();
-  if (options_.faults.Apply(id, prompt_length, faulty)) {
-    spdlog::warn("request {}: TEST-ONLY transfer faults applied", id);
-    transport = &faulty;
-  }
-  kv::TransferSender sender(*transport, clock_);
-  absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared = sender.Prepare(ticket, sources);
-  if (!prepared.ok()) {
-    // Prepare says DeadlineExceeded for a ticket whose lease already ended.
-    failures_
-        ->WithLabels({prepared.status().code() == absl::StatusCode::kDeadlineExceeded
-                          ? "lease_expired"
-                          : "connect"})
-        .Increment();
-    return worker::MarkTransferPeerFailure(prepared.status());
-  }
-  std::unique_ptr<kv::Transfer> transfer = std::move(*prepared);
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
+                           StartTransfer(a, std::move(sources), faulty));
   in_flight_->Add(1);
   absl::Cleanup not_in_flight = [this] { in_flight_->Add(-1); };
   // Every failure from here on is one failed transfer (the Transfer fences on destruction):
   // counted once, by the transfer's error, or "prefill_error" when the prefill itself failed.
-  bool transfer_error = false;
-  absl::StatusOr<v1::PrefillResponse> result = [&]() -> absl::StatusOr<v1::PrefillResponse> {
-    auto check = [&]() -> absl::Status {
-      progress_.Beat();  // a chunk, a layer posted, or a poll of the transfer
-      if (Aborted(id) || context.IsCancelled()) {
-        transfer_error = true;
-        return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
-      }
-      absl::StatusOr<bool> polled = transfer->Poll();
-      if (!polled.ok()) transfer_error = true;
-      return polled.status();
-    };
-
-    // Chunked prefill on the engine (runtime/prefill_engine.h): each layer's pages are posted as
-    // soon as the engine has stored the layer's final state (on the CPU engine while later layers
-    // compute; on the CUDA engine after the forward, while later layers copy to the host).
-    PDSERVE_ASSIGN_OR_RETURN(colocated::SequencePages pages, colocated::MapPages(*pool_, table));
-    const colocated::PagedState paged(config, *model_.layout, total);
-    absl::Time first_post = absl::InfiniteFuture();
-    const PrefillEngine::LayerStored post_layer = [&](int64_t layer) -> absl::Status {
-      first_post = std::min(first_post, absl::Now());
-      if (absl::Status posted = transfer->PostLayer(static_cast<uint32_t>(layer)); !posted.ok()) {
-        transfer_error = true;
-        return posted;
-      }
-      return check();
-    };
-    const PrefillEngine::ChunkDone chunk_done = [&](int64_t tokens) {
-      chunk_tokens_->Observe(static_cast<double>(tokens));
-      return check();
-    };
-    const absl::Time prefill_start = absl::Now();
-    PDSERVE_ASSIGN_OR_RETURN(std::vector<float> last,
-                             engine_->Run(prompt, paged, pages, post_layer, chunk_done));
-    tokens_total_->Increment(static_cast<double>(prompt_length));
-    PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first,
-                             sampler.Next(static_cast<int32_t>(request.sampling().choice()), last));
-    const absl::Time prefill_end = absl::Now();
-
-    if (absl::Status committed =
-            transfer->Commit(static_cast<int32_t>(prompt_length), first.sampled.token);
-        !committed.ok()) {
-      transfer_error = true;
-      return committed;
-    }
-    for (;;) {
-      PDSERVE_RETURN_IF_ERROR(check());
-      absl::StatusOr<bool> delivered = transfer->Poll();
-      if (!delivered.ok()) {
-        transfer_error = true;
-        return delivered.status();
-      }
-      if (*delivered) break;
-      std::this_thread::yield();
-    }
-    if (absl::Status released = transfer->Release(); !released.ok()) {
-      transfer_error = true;
-      return released;
-    }
-    const absl::Time transfer_end = absl::Now();
-    const uint64_t bytes = ticket.total_bytes();
-    transfer_bytes_ += static_cast<int64_t>(bytes);
-    transfer_bytes_total_->Increment(static_cast<double>(bytes));
-    const double transfer_seconds = absl::ToDoubleSeconds(transfer_end - first_post);
-    transfer_seconds_->Observe(transfer_seconds);
-    if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
-
-    v1::PrefillResponse response;
-    v1::TransferCommit* commit = response.mutable_commit();
-    commit->set_ticket_id(ticket.ticket_id);
-    commit->set_epoch(ticket.epoch);
-    commit->set_pages_sent(static_cast<uint32_t>(ticket.pages.size()));
-    commit->set_prompt_tokens(static_cast<int32_t>(prompt_length));
-    commit->set_first_token(first.sampled.token);
-    response.set_prefill_us(absl::ToInt64Microseconds(prefill_end - prefill_start));
-    response.set_transfer_us(absl::ToInt64Microseconds(transfer_end - first_post));
-    *response.mutable_first_token() = worker::SampledTokenToProto(first.sampled);
-    response.set_transfer_bytes(bytes);
-    return response;
-  }();
-  if (!result.ok()) {
-    if (transfer_error) {
-      CountFailure(result.status(), Aborted(id) || context.IsCancelled());
-      // An abort or cancellation is the router's own doing, not the decode worker's.
-      if (result.status().code() != absl::StatusCode::kCancelled) {
-        return worker::MarkTransferPeerFailure(result.status());
-      }
-    } else {
-      failures_->WithLabels({"prefill_error"}).Increment();
-    }
-  }
+  Sending sending{*transfer, context};
+  absl::StatusOr<v1::PrefillResponse> result = PrefillAndSend(a, table, sending);
+  if (!result.ok()) return Failed(result.status(), sending.transfer_error, Aborted(a.id) || context.IsCancelled());
   return result;
 }
 

@@ -11,7 +11,7 @@
 // `serve --backend cuda`'s prefill (same engine, same cuts).
 //
 // Transfer. The engine stores each layer's final prompt state into the worker's own pool pages
-// (colocated::PagedState::StoreLayer, the transfer format) and hands the layer over; the worker
+// (runtime::PagedState::StoreLayer, the transfer format) and hands the layer over; the worker
 // posts its pages (Transfer::PostLayer) at once. On the CPU engine that happens inside the final
 // block's forward, so UCX moves layer l while layers l+1.. compute; on the CUDA engine after the
 // whole forward (runtime/cuda/gpu_prefill_engine.h says why). Slots come from kv::PlanTransfer.
@@ -29,26 +29,34 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "common/progress_heartbeat.h"
 #include "engine/model.h"
+#include "kvtransfer/fault_transport.h"
+#include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "prefill/test_faults.h"
 #include "runtime/prefill_engine.h"
-#include "serving/clock.h"
 #include "serving/page_pool.h"
+#include "serving/sampler.h"
 #include "serving/state_layout.h"
 #include "worker/worker_model.h"
 
@@ -57,7 +65,7 @@ namespace pdserve::prefill {
 struct PrefillWorkerOptions {
   std::string model_dir = "models/kjv-v4-tiny";
   std::string model_name = "kjv-v4-tiny";
-  int64_t prefill_block = 64;  // as colocated::RunnerOptions::prefill_block
+  int64_t prefill_block = 64;  // as runtime::RunnerOptions::prefill_block
   // Prefills waiting for their turn beyond this are refused with RESOURCE_EXHAUSTED (the router
   // answers 429), so a queue never outlives the transfer leases its requests hold on decode.
   // Default 256: four decode workers' worth of reservations (--max-batch 64 each); a deployment
@@ -67,7 +75,7 @@ struct PrefillWorkerOptions {
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
   // Empty: the CPU engine (engine::Model, loaded here). Set (backend: cuda, runtime/cuda): the
   // engine it returns; the CPU engine's weights are then not loaded (the config only).
-  PrefillEngineFactory engine_factory;
+  runtime::PrefillEngineFactory engine_factory;
 };
 
 class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
@@ -98,9 +106,71 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // What RunPrefill checked and derived from a request before it waits for its turn.
+  struct Admitted {
+    uint64_t id = 0;
+    int32_t choice = 0;
+    std::vector<int32_t> prompt;
+    int64_t prompt_length = 0;
+    int64_t max_tokens = 0;
+    int64_t total = 0;  // prompt + max_tokens: the extent of the request's pages
+    kv::Ticket ticket;
+    std::optional<serving::RequestSampler> sampler;  // set
+  };
+  // One transfer as RunPrefill drives it; transfer_error once a failure is the transfer's own.
+  struct Sending {
+    kv::Transfer& transfer;
+    const grpc::ServerContext& context;
+    bool transfer_error = false;
+    absl::Status Fail(absl::Status status) {
+      transfer_error = true;
+      return status;
+    }
+  };
+  // When the engine ran and the pages left, for the metrics and the response.
+  struct Timing {
+    absl::Time prefill_start;
+    absl::Time prefill_end;
+    absl::Time first_post = absl::InfiniteFuture();
+    absl::Time transfer_end;
+  };
+
   PrefillWorker() = default;
+  // The steps of one Prefill RPC, in order: Admit, AwaitTurn, PlanSources, StartTransfer,
+  // PrefillAndSend (PrefillPages, Deliver, RecordTransfer, Response), Failed on an error.
   absl::StatusOr<pdserve::worker::v1::PrefillResponse> RunPrefill(
       const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
+  // The request's tokens, sampling and ticket against the model, the engine and Reserve's plan.
+  absl::StatusOr<Admitted> Admit(const pdserve::worker::v1::PrefillRequest& request) const;
+  static absl::StatusOr<kv::Ticket> CheckTicket(const pdserve::worker::v1::PrefillRequest& request,
+                                                const Admitted& a);
+  // Waits for the request's turn (then run_busy_ and running_ are set for it), its abort or
+  // cancellation (Cancelled), or half its lease (ResourceExhausted).
+  absl::Status AwaitTurn(uint64_t id, absl::Time lease_deadline, const grpc::ServerContext& context)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The pages of `table` in the ticket's slot order, checked against the ticket.
+  absl::StatusOr<std::vector<std::span<const std::byte>>> PlanSources(
+      const Admitted& a, serving::RequestId sequence, const serving::PageTable& table);
+  // Connects to the decode worker (through `faulty` when test faults apply); counts a failure.
+  absl::StatusOr<std::unique_ptr<kv::Transfer>> StartTransfer(
+      const Admitted& a, std::vector<std::span<const std::byte>> sources,
+      kv::FaultInjectingTransport& faulty) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  absl::StatusOr<pdserve::worker::v1::PrefillResponse> PrefillAndSend(
+      Admitted& a, const serving::PageTable& table, Sending& sending);
+  // OK unless the request was aborted or cancelled or the transfer failed (drives it once).
+  absl::Status Check(uint64_t id, Sending& sending);
+  // Runs the prompt on the engine, posting each layer as it is stored; samples the first token.
+  absl::StatusOr<serving::SampleStep> PrefillPages(Admitted& a, const serving::PageTable& table,
+                                                   Sending& sending, Timing* t);
+  // Commits, drives the transfer until the commit is delivered, and releases it.
+  absl::Status Deliver(const Admitted& a, int32_t first_token, Sending& sending);
+  void RecordTransfer(const kv::Ticket& ticket, const Timing& t);
+  static pdserve::worker::v1::PrefillResponse Response(const Admitted& a,
+                                                       const serving::SampledToken& first,
+                                                       const Timing& t);
+  // Counts `status` (by its reason when the transfer failed, else "prefill_error") and returns
+  // it, marked as the decode worker's failure unless it was a cancellation.
+  absl::Status Failed(absl::Status status, bool transfer_error, bool aborted);
   bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Counts one failed transfer in pdserve_prefill_transfer_failures_total: reason "cancelled"
   // only when `aborted` (the router aborted the request or cancelled its call: a client that went
@@ -112,9 +182,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
 
   PrefillWorkerOptions options_;
   worker::WorkerModel model_;
-  std::unique_ptr<PrefillEngine> engine_;  // driven under run_mu_
+  std::unique_ptr<runtime::PrefillEngine> engine_;  // driven under run_mu_
   std::unique_ptr<serving::PagePool> pool_;
-  serving::SystemClock clock_;
+  SystemClock clock_;
   uint64_t incarnation_ = 0;
   std::atomic<bool> draining_{false};
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 absl::Status CheckSequenceSetup(serving::RequestId id, const SequenceSetup& setup) {
   if (!setup.prompt.empty() && setup.max_tokens >= 1 && setup.request && setup.choice >= 0) {
@@ -45,4 +45,4 @@ absl::StatusOr<bool> SampleAndDeliver(const SequenceSetup& setup, std::span<cons
   return stop;
 }
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -15,9 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "guards/degeneration_detector.h"
-#include "runtime/step_runner.h"
+#include "runtime/step_types.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 // InvalidArgument unless `setup` has a prompt, max_tokens >= 1, a request and a choice >= 0 (what
 // both runners' Add require of sequence `id`).
@@ -45,4 +45,4 @@ absl::StatusOr<bool> SampleAndDeliver(const SequenceSetup& setup, std::span<cons
                                       DegenerationAction action, ChoiceProgress* progress,
                                       const std::function<absl::Status()>& before_final);
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 namespace {
 
 using engine::LayerType;
@@ -239,4 +239,4 @@ absl::Status PagedState::Load(int64_t position, const SequencePages& pages,
   return absl::OkStatus();
 }
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

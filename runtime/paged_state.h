@@ -35,7 +35,7 @@
 #include "serving/page_pool.h"
 #include "serving/state_layout.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 // StateDims for `config` with fp32 elements (the CPU backend). InvalidArgument from
 // StateLayout::Create for an unusable config.
@@ -89,4 +89,4 @@ class PagedState {
   std::vector<LayerInfo> layers_;
 };
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

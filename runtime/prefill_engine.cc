@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace pdserve::prefill {
+namespace pdserve::runtime {
 namespace {
 
 class CpuEngine final : public PrefillEngine {
@@ -15,8 +15,8 @@ class CpuEngine final : public PrefillEngine {
       : model_(model), prefill_block_(prefill_block) {}
 
   absl::StatusOr<std::vector<float>> Run(std::span<const int32_t> prompt,
-                                         const colocated::PagedState& paged,
-                                         const colocated::SequencePages& pages,
+                                         const runtime::PagedState& paged,
+                                         const runtime::SequencePages& pages,
                                          const LayerStored& layer_stored,
                                          const ChunkDone& chunk_done) override {
     if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
@@ -63,4 +63,4 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> CpuPrefillEngine(const engine::Mo
   return std::make_unique<CpuEngine>(model, prefill_block);
 }
 
-}  // namespace pdserve::prefill
+}  // namespace pdserve::runtime

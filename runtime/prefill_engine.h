@@ -1,5 +1,5 @@
 // How a prefill worker computes a prompt: the prompt's state into the request's pages (the
-// transfer format, colocated::PagedState), each layer handed over once its pages hold the layer's
+// transfer format, runtime::PagedState), each layer handed over once its pages hold the layer's
 // final prompt state, and the last position's logits, from which the worker samples the first
 // token. Two engines:
 //
@@ -32,7 +32,7 @@
 #include "runtime/paged_state.h"
 #include "serving/state_layout.h"
 
-namespace pdserve::prefill {
+namespace pdserve::runtime {
 
 class PrefillEngine {
  public:
@@ -51,8 +51,8 @@ class PrefillEngine {
   // fp32 [vocab_size]. Errors: the engine's (InvalidArgument for a prompt the engine cannot hold,
   // Internal for a device error), PagedState's, or the first non-OK callback status.
   virtual absl::StatusOr<std::vector<float>> Run(std::span<const int32_t> prompt,
-                                                 const colocated::PagedState& paged,
-                                                 const colocated::SequencePages& pages,
+                                                 const runtime::PagedState& paged,
+                                                 const runtime::SequencePages& pages,
                                                  const LayerStored& layer_stored,
                                                  const ChunkDone& chunk_done) = 0;
 
@@ -82,4 +82,4 @@ inline int64_t PrefillBlockEnd(int64_t from, int64_t length, int64_t block) {
   return std::min(length, (from / block + 1) * block);
 }
 
-}  // namespace pdserve::prefill
+}  // namespace pdserve::runtime

@@ -13,7 +13,7 @@
 #include "runtime/choice_step.h"
 #include "spdlog/spdlog.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 struct EngineStepRunner::Sequence {
   Sequence(serving::RequestId sequence_id, SequenceSetup sequence_setup, PagedState state,
@@ -191,4 +191,4 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
   return SampleAndDeliver(seq.setup, last, options_.degeneration, &seq.progress, canary);
 }
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

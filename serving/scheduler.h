@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "serving/clock.h"
+#include "common/clock.h"
 #include "serving/page_pool.h"
 
 namespace pdserve::serving {

@@ -29,7 +29,7 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
   if (w.eos_ids.empty()) {
     for (int64_t id : config.eos_token_ids) w.eos_ids.push_back(static_cast<int32_t>(id));
   }
-  PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, colocated::LayoutForModel(config));
+  PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, runtime::LayoutForModel(config));
   w.layout = std::make_unique<serving::StateLayout>(layout);
   w.layers = LayerAttentions(config);
   if (std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {

@@ -26,7 +26,7 @@ struct WorkerModel {
   // whose weights live on the GPU: loading both would hold the model twice in host memory).
   std::unique_ptr<engine::Model> model;
   std::vector<int32_t> eos_ids;  // generation_config.json's, else config.json's (as colocated)
-  std::unique_ptr<serving::StateLayout> layout;  // colocated::LayoutForModel: the page format
+  std::unique_ptr<serving::StateLayout> layout;  // runtime::LayoutForModel: the page format
   std::vector<kv::LayerAttention> layers;
   // The tokenizer's tokens as bytes, for response_format's token mask; null when the model
   // directory has no tokenizer.json (then such requests are refused).

@@ -8,44 +8,17 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
 #include "common/grpc_discovery.h"
+#include "common/metrics_http_server.h"
+#include "common/status.h"
 #include "common/systemd_notify.h"
 #include "common/tls_credentials.h"
-#include "frontend/generation_service.h"
-#include "frontend/http_server.h"
 #include "kernels/cpu/parallel.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "worker/transfer_peer.h"
 
 namespace pdserve::worker {
-namespace {
-
-// A GenerationService that only answers /metrics, /health and /ready: the worker's HTTP side.
-class MetricsOnlyService final : public frontend::GenerationService {
- public:
-  explicit MetricsOnlyService(const WorkerHooks& hooks, std::string model)
-      : hooks_(hooks), model_(std::move(model)) {}
-  std::vector<std::string> ModelNames() const override { return {model_}; }
-  frontend::StartResult Start(const frontend::ApiRequest&,
-                              std::shared_ptr<frontend::GenerationSink>) override {
-    frontend::ApiError error;
-    error.http_status = 404;
-    error.message = "this is a worker: send requests to the router";
-    return error;
-  }
-  bool Ready() const override { return !hooks_.healthy || hooks_.healthy(); }
-  std::string MetricsText() const override {
-    return hooks_.metrics_text ? hooks_.metrics_text() : "";
-  }
-
- private:
-  const WorkerHooks& hooks_;
-  std::string model_;
-};
-
-}  // namespace
 
 absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std::string& role) {
   absl::StatusOr<config::DeployConfig> deploy = config::LoadDeployConfig(flags.config_path);
@@ -140,14 +113,13 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   }
   // The model is loaded and the service registered: ready until the drain.
   rpc::SetServing(*server, {service_name}, true);
-  MetricsOnlyService http_service(hooks, entry.model_name);
-  std::unique_ptr<frontend::HttpServer> http;
+  std::unique_ptr<metrics::MetricsHttpServer> http;
   if (entry.worker.metrics_port > 0) {
-    frontend::HttpServerOptions options;
+    metrics::MetricsHttpOptions options;
     options.host = entry.worker.host;
     options.port = static_cast<uint16_t>(entry.worker.metrics_port);
-    absl::StatusOr<std::unique_ptr<frontend::HttpServer>> started =
-        frontend::HttpServer::Start(options, &http_service);
+    absl::StatusOr<std::unique_ptr<metrics::MetricsHttpServer>> started =
+        metrics::MetricsHttpServer::Start(options, {hooks.metrics_text, hooks.healthy});
     if (!started.ok()) return started.status();
     http = std::move(*started);
   }
@@ -174,12 +146,6 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (http) http->Stop();
   return absl::OkStatus();
-}
-
-std::vector<double> GeometricBuckets(double first, double factor, double last) {
-  std::vector<double> bounds;
-  for (double b = first; b <= last * (1 + 1e-9); b *= factor) bounds.push_back(b);
-  return bounds;
 }
 
 grpc::Status ToGrpc(const absl::Status& status) {

@@ -1,8 +1,8 @@
 // The process around a worker's gRPC service (`pdserve prefill` / `pdserve decode`): picks the
 // worker's entry from the deploy config, serves the service on the entry's host:port, serves
-// GET /metrics and GET /health on metrics_port (frontend::HttpServer), tells systemd READY=1 and
-// keeps its watchdog fed while the worker's loops make progress, and stops cleanly on SIGINT /
-// SIGTERM.
+// GET /metrics, /health and /ready on metrics_port (common/metrics_http_server.h), tells systemd
+// READY=1 and keeps its watchdog fed while the worker's loops make progress, and stops cleanly on
+// SIGINT / SIGTERM.
 //
 // Thread-safety: BlockStopSignals before any thread starts; RunWorker from the main thread.
 #pragma once
@@ -79,10 +79,6 @@ struct WorkerHooks {
 absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::Service* service,
                        const std::string& service_name, const WorkerHooks& hooks,
                        int64_t drain_timeout_ms);
-
-// Histogram bounds first, first * factor, ... up to last (inclusive), for docs/metrics.md's
-// power-of-2 and x2.5 buckets. REQUIRES: 0 < first <= last, factor > 1.
-std::vector<double> GeometricBuckets(double first, double factor, double last);
 
 // grpc::Status with the absl status' code and message, and error_details kTransferPeerFailed
 // for a status MarkTransferPeerFailure marked (worker/transfer_peer.h).

@@ -18,14 +18,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "common/clock.h"
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
 #include "runtime/step_runner.h"
-#include "serving/clock.h"
+#include "common/clock.h"
 #include "structured/token_vocabulary.h"
 #include "text/tokenizer.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 namespace {
 
 const engine::Model& BundledModel() {
@@ -102,7 +103,7 @@ class Server {
 
  private:
   serving::StateLayout layout_;
-  serving::SystemClock clock_;
+  SystemClock clock_;
   std::unique_ptr<serving::PagePool> pool_;
   std::unique_ptr<serving::Scheduler> scheduler_;
   std::unique_ptr<EngineStepRunner> runner_;
@@ -163,6 +164,6 @@ void Prefill(benchmark::State& state) {
 BENCHMARK(Prefill)->Arg(128)->Arg(448)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime
 
 BENCHMARK_MAIN();

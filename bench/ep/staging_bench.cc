@@ -1,7 +1,7 @@
 // Issue 11's prefill-side measurement (docs/perf.md, "Several GPUs"): how long a CUDA prefill's
 // state takes to reach the request's pages once the forward is done, through the whole-slot
 // export the prefill worker used before (GpuModel::ExportState, then PagedState::StoreLayer layer
-// by layer) and through the staged one it uses now (prefill::StoreSlotStaged, what
+// by layer) and through the staged one it uses now (runtime::StoreSlotStaged, what
 // GpuPrefillEngine::Run calls after its forward: per-layer device-to-host copies into pinned
 // buffers, each layer stored as soon as its copy lands), on one GPU; and device-to-host bandwidth
 // into pinned and into pageable memory.
@@ -81,21 +81,21 @@ size_t StateBytes(const engine::ModelState& state) {
 absl::Status Measure(const std::string& name, GpuModel& gpu, const Flags& flags) {
   const engine::ModelConfig& config = gpu.config();
   const int64_t position = gpu.Position(0);
-  PDSERVE_ASSIGN_OR_RETURN(const serving::StateLayout layout, colocated::LayoutForModel(config));
+  PDSERVE_ASSIGN_OR_RETURN(const serving::StateLayout layout, runtime::LayoutForModel(config));
   PDSERVE_ASSIGN_OR_RETURN(auto pool,
                            serving::PagePool::Create(layout.PoolOptions(2, 2 * position)));
   PDSERVE_ASSIGN_OR_RETURN(const serving::PageTable old_table,
                            pool->Allocate(1, layout.Demand(position)));
   PDSERVE_ASSIGN_OR_RETURN(const serving::PageTable new_table,
                            pool->Allocate(2, layout.Demand(position)));
-  PDSERVE_ASSIGN_OR_RETURN(const colocated::SequencePages old_pages,
-                           colocated::MapPages(*pool, old_table));
-  PDSERVE_ASSIGN_OR_RETURN(const colocated::SequencePages new_pages,
-                           colocated::MapPages(*pool, new_table));
-  const colocated::PagedState paged(config, layout, position);
+  PDSERVE_ASSIGN_OR_RETURN(const runtime::SequencePages old_pages,
+                           runtime::MapPages(*pool, old_table));
+  PDSERVE_ASSIGN_OR_RETURN(const runtime::SequencePages new_pages,
+                           runtime::MapPages(*pool, new_table));
+  const runtime::PagedState paged(config, layout, position);
   // The prefill engine's default staging.
   const int64_t layers = config.num_hidden_layers;
-  const auto fit = static_cast<int64_t>(prefill::GpuPrefillEngine::kStagingBudgetBytes /
+  const auto fit = static_cast<int64_t>(runtime::GpuPrefillEngine::kStagingBudgetBytes /
                                         gpu.StagingLayerBytes());
   PDSERVE_ASSIGN_OR_RETURN(auto staging, gpu.NewStateStaging(std::clamp<int64_t>(
                                              fit, std::min<int64_t>(2, layers), layers)));
@@ -122,7 +122,7 @@ absl::Status Measure(const std::string& name, GpuModel& gpu, const Flags& flags)
     const size_t copied_before = staging->copied_bytes();
     start = Clock::now();
     PDSERVE_RETURN_IF_ERROR(
-        prefill::StoreSlotStaged(gpu, 0, *staging, paged, new_pages, [&](int64_t layer) {
+        runtime::StoreSlotStaged(gpu, 0, *staging, paged, new_pages, [&](int64_t layer) {
           if (layer == 0) first = Clock::now();
           return absl::OkStatus();
         }));
@@ -188,19 +188,19 @@ absl::Status Bundled(const Flags& flags) {
   options.max_context = context;
   options.max_chunk = 256;
   PDSERVE_ASSIGN_OR_RETURN(auto gpu, GpuModel::Create(config, weights, options));
-  PDSERVE_ASSIGN_OR_RETURN(auto engine, prefill::GpuPrefillEngine::Create(gpu.get(), 64));
-  PDSERVE_ASSIGN_OR_RETURN(const serving::StateLayout layout, colocated::LayoutForModel(config));
+  PDSERVE_ASSIGN_OR_RETURN(auto engine, runtime::GpuPrefillEngine::Create(gpu.get(), 64));
+  PDSERVE_ASSIGN_OR_RETURN(const serving::StateLayout layout, runtime::LayoutForModel(config));
   PDSERVE_ASSIGN_OR_RETURN(auto pool, serving::PagePool::Create(layout.PoolOptions(1, context)));
   PDSERVE_ASSIGN_OR_RETURN(const serving::PageTable table,
                            pool->Allocate(1, layout.Demand(context)));
-  PDSERVE_ASSIGN_OR_RETURN(const colocated::SequencePages pages, colocated::MapPages(*pool, table));
+  PDSERVE_ASSIGN_OR_RETURN(const runtime::SequencePages pages, runtime::MapPages(*pool, table));
   std::vector<int32_t> prompt(static_cast<size_t>(context));
   for (int64_t i = 0; i < context; ++i) {
     prompt[static_cast<size_t>(i)] = static_cast<int32_t>((31 * i + 5) % config.vocab_size);
   }
   auto ok = [](int64_t) { return absl::OkStatus(); };
   PDSERVE_RETURN_IF_ERROR(
-      engine->Run(prompt, colocated::PagedState(config, layout, context), pages, ok, ok).status());
+      engine->Run(prompt, runtime::PagedState(config, layout, context), pages, ok, ok).status());
   return Measure(flags.model, *gpu, flags);
 }
 

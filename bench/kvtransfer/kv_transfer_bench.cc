@@ -129,7 +129,7 @@ void MemcpyBound(const Config& config) {
 // ---- pdserve protocol -------------------------------------------------------------------------
 
 void PdserveReceiver(const Config& config, Channel& channel) {
-  serving::SystemClock clock;
+  SystemClock clock;
   auto receiver =
       CreateUcxReceiver({.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {});
   if (!receiver.ok()) Die(receiver.status());
@@ -160,7 +160,7 @@ void PdserveReceiver(const Config& config, Channel& channel) {
 }
 
 void PdserveSender(const Config& config, Channel& channel) {
-  serving::SystemClock clock;
+  SystemClock clock;
   auto transport = UcxTransport::Create();
   if (!transport.ok()) Die(transport.status());
   std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});

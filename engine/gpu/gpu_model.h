@@ -101,7 +101,7 @@ class GpuModel {
   int64_t rank() const;   // 0 without expert parallelism
   int64_t world() const;  // 1 without expert parallelism
   // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
-  // for this model: what colocated::PagedState::Load fills before ImportState.
+  // for this model: what runtime::PagedState::Load fills before ImportState.
   ModelState NewState() const;
 
   // Clears slot `slot` (position 0) for a new request. InvalidArgument for a bad slot.

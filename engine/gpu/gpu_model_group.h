@@ -5,7 +5,7 @@
 // "Several GPUs").
 //
 // A one-rank group is a plain GpuModel: no communicator, no thread (Run calls on the caller), the
-// model's arithmetic unchanged. colocated::GpuStepRunner and prefill::GpuPrefillEngine drive every
+// model's arithmetic unchanged. runtime::GpuStepRunner and runtime::GpuPrefillEngine drive every
 // CUDA model through a group, so one code path serves one GPU and several.
 //
 // Thread-safety: Run from one thread at a time (a server's step loop); rank(r) may be used

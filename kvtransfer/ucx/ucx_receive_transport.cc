@@ -115,7 +115,7 @@ void UcxReceiveTransport::OnLanded(void* request, ucs_status_t status, size_t /*
 }
 
 absl::StatusOr<std::unique_ptr<TransferReceiver>> CreateUcxReceiver(
-    ReceiverOptions options, const serving::Clock& clock, TransferReceiver::ReleaseFn on_release,
+    ReceiverOptions options, const Clock& clock, TransferReceiver::ReleaseFn on_release,
     TransferReceiver::OutcomeFn on_outcome) {
   auto transport = UcxReceiveTransport::Create();
   if (!transport.ok()) return transport.status();

@@ -48,7 +48,7 @@ class UcxReceiveTransport final : public ReceiveTransport {
 
 // A TransferReceiver over a fresh UcxReceiveTransport (the decode worker's receiver).
 absl::StatusOr<std::unique_ptr<TransferReceiver>> CreateUcxReceiver(
-    ReceiverOptions options, const serving::Clock& clock, TransferReceiver::ReleaseFn on_release,
+    ReceiverOptions options, const Clock& clock, TransferReceiver::ReleaseFn on_release,
     TransferReceiver::OutcomeFn on_outcome = nullptr);
 
 }  // namespace pdserve::kv

@@ -13,7 +13,7 @@
 #include "runtime/cuda/gpu_step_runner.h"
 #include "spdlog/spdlog.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     const GpuBackendOptions& options, const std::string& model_dir,
@@ -63,4 +63,4 @@ RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
       };
 }
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

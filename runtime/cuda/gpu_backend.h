@@ -2,7 +2,7 @@
 // ServiceOptions::runner_factory that loads the model's weights onto one GPU as an
 // engine::gpu::GpuModel, or onto several as an expert-parallel engine::gpu::GpuModelGroup (one
 // rank per GPU), with one state slot per batch sequence, and serves it through
-// colocated::GpuStepRunner.
+// runtime::GpuStepRunner.
 //
 // Thread-safety: the factory is called once, by ColocatedService::Create.
 #pragma once
@@ -16,9 +16,9 @@
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/model_options.h"
-#include "runtime/step_runner.h"
+#include "runtime/step_types.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 struct GpuBackendOptions {
   // CUDA device ordinals, one rank each: one device is a plain GpuModel, several an
@@ -51,4 +51,4 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
 // Internal for CUDA errors.
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options);
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

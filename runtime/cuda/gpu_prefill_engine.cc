@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace pdserve::prefill {
+namespace pdserve::runtime {
 namespace {
 
 constexpr int64_t kSlot = 0;
@@ -46,8 +46,8 @@ absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
 }
 
 absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t> prompt,
-                                                         const colocated::PagedState& paged,
-                                                         const colocated::SequencePages& pages,
+                                                         const runtime::PagedState& paged,
+                                                         const runtime::SequencePages& pages,
                                                          const LayerStored& layer_stored,
                                                          const ChunkDone& chunk_done) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
@@ -83,8 +83,8 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
 }
 
 absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
-                             engine::gpu::StateStaging& staging, const colocated::PagedState& paged,
-                             const colocated::SequencePages& pages,
+                             engine::gpu::StateStaging& staging, const runtime::PagedState& paged,
+                             const runtime::SequencePages& pages,
                              const PrefillEngine::LayerStored& layer_stored) {
   // Every buffer's layer copy is enqueued at once; each layer taken frees its buffer for the
   // layer `ahead` further on. So while the host stores layer L and the worker posts it, the
@@ -111,15 +111,15 @@ std::string GpuPrefillEngine::Describe() const {
                       staging_->buffers(), " pinned layer buffers)");
 }
 
-PrefillEngineFactory GpuPrefillEngineFactory(colocated::GpuBackendOptions options) {
+PrefillEngineFactory GpuPrefillEngineFactory(runtime::GpuBackendOptions options) {
   return
       [options](
           const PrefillEngineContext& context) -> absl::StatusOr<std::unique_ptr<PrefillEngine>> {
         const engine::ModelConfig& config = *context.config;
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<engine::gpu::GpuModelGroup> group,
-            colocated::LoadGpuModelGroup(options, context.model_dir, config,
-                                         /*slots_per_rank=*/1, config.max_position_embeddings));
+            runtime::LoadGpuModelGroup(options, context.model_dir, config,
+                                       /*slots_per_rank=*/1, config.max_position_embeddings));
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<GpuPrefillEngine> engine,
             GpuPrefillEngine::Create(std::move(group),
@@ -128,4 +128,4 @@ PrefillEngineFactory GpuPrefillEngineFactory(colocated::GpuBackendOptions option
       };
 }
 
-}  // namespace pdserve::prefill
+}  // namespace pdserve::runtime

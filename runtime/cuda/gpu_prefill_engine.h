@@ -39,7 +39,7 @@
 #include "runtime/cuda/gpu_backend.h"
 #include "runtime/prefill_engine.h"
 
-namespace pdserve::prefill {
+namespace pdserve::runtime {
 
 class GpuPrefillEngine final : public PrefillEngine {
  public:
@@ -61,8 +61,8 @@ class GpuPrefillEngine final : public PrefillEngine {
       int64_t staging_buffers = 0);
 
   absl::StatusOr<std::vector<float>> Run(std::span<const int32_t> prompt,
-                                         const colocated::PagedState& paged,
-                                         const colocated::SequencePages& pages,
+                                         const runtime::PagedState& paged,
+                                         const runtime::SequencePages& pages,
                                          const LayerStored& layer_stored,
                                          const ChunkDone& chunk_done) override;
   int64_t max_context() const override { return group_->rank(0).max_context(); }
@@ -87,14 +87,14 @@ class GpuPrefillEngine final : public PrefillEngine {
 // the next use. Errors: ExportLayerAsync's, TakeLayer's, PagedState::StoreLayer's, and
 // layer_stored's own.
 absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
-                             engine::gpu::StateStaging& staging, const colocated::PagedState& paged,
-                             const colocated::SequencePages& pages,
+                             engine::gpu::StateStaging& staging, const runtime::PagedState& paged,
+                             const runtime::SequencePages& pages,
                              const PrefillEngine::LayerStored& layer_stored);
 
 // The factory the prefill worker takes for `backend: cuda` (PrefillWorkerOptions::engine_factory):
-// colocated::LoadGpuModelGroup with one slot per rank of the model's whole context (a prompt may be
+// runtime::LoadGpuModelGroup with one slot per rank of the model's whole context (a prompt may be
 // as long as the worker accepts), prefill_block capped at options.max_chunk. Errors:
 // LoadGpuModelGroup's.
-PrefillEngineFactory GpuPrefillEngineFactory(colocated::GpuBackendOptions options);
+PrefillEngineFactory GpuPrefillEngineFactory(runtime::GpuBackendOptions options);
 
-}  // namespace pdserve::prefill
+}  // namespace pdserve::runtime

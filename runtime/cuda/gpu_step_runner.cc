@@ -11,7 +11,7 @@
 #include "runtime/choice_step.h"
 #include "runtime/paged_state.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 struct GpuStepRunner::Sequence {
   Sequence(serving::RequestId sequence_id, SequenceSetup sequence_setup,
@@ -378,4 +378,4 @@ void GpuStepRunner::RunDecode(const std::vector<Work>& works, std::vector<char>*
   }
 }
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

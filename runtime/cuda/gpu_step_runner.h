@@ -1,5 +1,5 @@
 // serving::StepRunner on the CUDA engine (engine/gpu/gpu_model.h): the contract of
-// colocated::EngineStepRunner (same SequenceSetup / TokenEvent / RequestContext, same sampling
+// runtime::EngineStepRunner (same SequenceSetup / TokenEvent / RequestContext, same sampling
 // through runtime/choice_step.h, so the same RequestSampler keys (seed, choice, position) and
 // the same degeneration detector), but a sequence's state lives in a GpuModel state slot for the
 // whole of its life instead of in state-pool pages.
@@ -37,7 +37,7 @@
 // it (GpuModel decode rows alone vs in a batch of 5 and 9) and prints the difference.
 //
 // PD decode worker: a SequenceSetup with first_token has the prompt's state in the sequence's
-// pages (colocated::PagedState layout); at its first step the runner loads them and imports them
+// pages (runtime::PagedState layout); at its first step the runner loads them and imports them
 // into its slot (GpuModel::ImportState through two pinned layer buffers per rank, each layer's
 // copy overlapping the next one's conversion), then decodes from position prompt.size().
 //
@@ -65,12 +65,12 @@
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
-#include "runtime/step_runner.h"
+#include "runtime/step_types.h"
 #include "serving/page_pool.h"
 #include "serving/scheduler.h"
 #include "serving/state_layout.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 class GpuStepRunner : public SequenceRunner {
  public:
@@ -104,12 +104,7 @@ class GpuStepRunner : public SequenceRunner {
 
  private:
   struct Sequence;
-  struct Work {
-    std::shared_ptr<Sequence> sequence;
-    int64_t start = 0;
-    int64_t length = 0;
-    bool samples = false;
-  };
+  using Work = StepWork<Sequence>;
   GpuStepRunner(std::unique_ptr<engine::gpu::GpuModelGroup> group,
                 const serving::StateLayout& layout, serving::PagePool* pool, RunnerOptions options);
   engine::gpu::GpuModel& Model(const Sequence& seq);
@@ -136,4 +131,4 @@ class GpuStepRunner : public SequenceRunner {
   std::vector<std::unique_ptr<engine::gpu::StateStaging>> import_staging_;
 };
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -1,7 +1,7 @@
 // The prefill worker's CUDA engine (runtime/cuda/gpu_prefill_engine.h) on the bundled model with
 // fp32 GEMMs: it writes a prompt's state into pool pages and returns the last logits, the first
 // token is sampled from them as the prefill worker samples it, and decoding from those pages (on
-// the CPU engine and on colocated::GpuStepRunner) gives the tokens of the CPU prefill engine's
+// the CPU engine and on runtime::GpuStepRunner) gives the tokens of the CPU prefill engine's
 // pages decoded on the CPU engine (which emulates the GPU's bf16 storage with its rounded
 // weights): greedy exactly, seeded T=0.6 with at most 3 of 12 requests parting at one draw. The
 // pages hold the exported slot state bit for bit. Skips without a CUDA device.
@@ -27,7 +27,7 @@
 #include "tests/engine_gpu/gpu_test_models.h"
 #include "tests/engine_gpu/runner_outputs.h"
 
-namespace pdserve::prefill {
+namespace pdserve::runtime {
 namespace {
 
 using colocated::Outputs;
@@ -50,7 +50,7 @@ class GpuPrefillTest : public ::testing::Test {
     engine::gpu::LoadByName("kjv-v4-tiny", &model_);
     cpu_ = engine::gpu::CpuLikeGpu(model_);
     ASSERT_NE(cpu_, nullptr);
-    layout_ = std::make_unique<serving::StateLayout>(*colocated::LayoutForModel(model_.config));
+    layout_ = std::make_unique<serving::StateLayout>(*runtime::LayoutForModel(model_.config));
     gpu_ = engine::gpu::MakeGpu(model_, 3, 256, GemmInputs::kFp32);
     ASSERT_NE(gpu_, nullptr);
   }
@@ -90,9 +90,9 @@ class GpuPrefillTest : public ::testing::Test {
       auto table = pool->Allocate(1, layout_->Demand(total));
       EXPECT_TRUE(table.ok()) << table.status();
       if (!table.ok()) return out;
-      auto pages = colocated::MapPages(*pool, *table);
+      auto pages = runtime::MapPages(*pool, *table);
       EXPECT_TRUE(pages.ok());
-      const colocated::PagedState paged(model_.config, *layout_, total);
+      const runtime::PagedState paged(model_.config, *layout_, total);
       auto logits = engine.Run(
           spec.prompt, paged, *pages, [](int64_t) { return absl::OkStatus(); },
           [](int64_t) { return absl::OkStatus(); });
@@ -113,23 +113,23 @@ class GpuPrefillTest : public ::testing::Test {
   }
 
   Outputs DecodeOnCpu(const std::vector<RequestSpec>& specs, const Prefilled& p) {
-    return colocated::RunTransferred<colocated::EngineStepRunner>(
+    return colocated::RunTransferred<runtime::EngineStepRunner>(
         model_.config, specs, p.states, p.first,
         [&](const serving::StateLayout& layout, serving::PagePool* pool) {
-          colocated::RunnerOptions options;
+          runtime::RunnerOptions options;
           options.prefill_block = kPrefillBlock;
-          return std::make_unique<colocated::EngineStepRunner>(*cpu_, layout, pool, options);
+          return std::make_unique<runtime::EngineStepRunner>(*cpu_, layout, pool, options);
         });
   }
 
   Outputs DecodeOnGpu(const std::vector<RequestSpec>& specs, const Prefilled& p,
                       GpuModel* decode_gpu) {
-    return colocated::RunTransferred<colocated::GpuStepRunner>(
+    return colocated::RunTransferred<runtime::GpuStepRunner>(
         model_.config, specs, p.states, p.first,
         [&](const serving::StateLayout& layout, serving::PagePool* pool) {
-          colocated::RunnerOptions options;
+          runtime::RunnerOptions options;
           options.prefill_block = kPrefillBlock;
-          auto runner = colocated::GpuStepRunner::Create(decode_gpu, layout, pool, options);
+          auto runner = runtime::GpuStepRunner::Create(decode_gpu, layout, pool, options);
           EXPECT_TRUE(runner.ok()) << runner.status();
           return runner.ok() ? std::move(*runner) : nullptr;
         });
@@ -154,10 +154,10 @@ TEST_F(GpuPrefillTest, GreedyPagesDecodeToTheCpuPrefillsTokens) {
   const std::vector<RequestSpec> specs = Specs(0.0);
   const Prefilled gpu = Prefill(**engine, specs);
   const Outputs want = CpuPath(specs);
-  colocated::ExpectSameTokens(DecodeOnCpu(specs, gpu), want);
+  runtime::ExpectSameTokens(DecodeOnCpu(specs, gpu), want);
   auto decode_gpu = engine::gpu::MakeGpu(model_, 12, 256, GemmInputs::kFp32);
   ASSERT_NE(decode_gpu, nullptr);
-  colocated::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want);
+  runtime::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want);
 }
 
 // T = 0.6, top_p 0.95, fixed seeds: the first token is drawn from the GPU's logits with the
@@ -169,11 +169,11 @@ TEST_F(GpuPrefillTest, SeededPagesDecodeToTheCpuPrefillsTokens) {
   const std::vector<RequestSpec> specs = Specs(0.6);
   const Prefilled gpu = Prefill(**engine, specs);
   const Outputs want = CpuPath(specs);
-  colocated::ExpectSameTokens(DecodeOnCpu(specs, gpu), want, /*max_diverged=*/3);
+  runtime::ExpectSameTokens(DecodeOnCpu(specs, gpu), want, /*max_diverged=*/3);
   auto decode_gpu = engine::gpu::MakeGpu(model_, 12, 256, GemmInputs::kFp32);
   ASSERT_NE(decode_gpu, nullptr);
-  colocated::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want,
-                              /*max_diverged=*/3);
+  runtime::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want,
+                            /*max_diverged=*/3);
 }
 
 // The pages hold exactly the slot's state: a slot imported from them continues bit for bit as a
@@ -187,8 +187,8 @@ TEST_F(GpuPrefillTest, PagesHoldTheSlotStateBitForBit) {
   const int64_t total = 160;
   auto pool = *serving::PagePool::Create(layout_->PoolOptions(1, 1024));
   auto table = *pool->Allocate(1, layout_->Demand(total));
-  auto pages = *colocated::MapPages(*pool, table);
-  const colocated::PagedState paged(model_.config, *layout_, total);
+  auto pages = *runtime::MapPages(*pool, table);
+  const runtime::PagedState paged(model_.config, *layout_, total);
   std::vector<int64_t> layers;
   std::vector<int64_t> chunks;
   auto logits = (*engine)->Run(
@@ -228,13 +228,13 @@ TEST_F(GpuPrefillTest, PagesHoldTheSlotStateBitForBit) {
 
 // Fills every page of `pages` with one byte pattern, so pages written the same way compare equal
 // byte for byte (pool memory starts uninitialized).
-void FillPages(const colocated::SequencePages& pages) {
+void FillPages(const runtime::SequencePages& pages) {
   for (const auto& kind : pages.pages) {
     for (std::span<std::byte> page : kind) std::fill(page.begin(), page.end(), std::byte{0xA5});
   }
 }
 
-bool SamePageBytes(const colocated::SequencePages& a, const colocated::SequencePages& b) {
+bool SamePageBytes(const runtime::SequencePages& a, const runtime::SequencePages& b) {
   if (a.pages.size() != b.pages.size()) return false;
   for (size_t k = 0; k < a.pages.size(); ++k) {
     if (a.pages[k].size() != b.pages[k].size()) return false;
@@ -269,9 +269,9 @@ TEST_F(GpuPrefillTest, StagedPagesEqualTheWholeSlotExportsPages) {
   for (int64_t length : {1, 64, 97, 250}) {
     const std::vector<int32_t> prompt(text.begin(), text.begin() + length);
     const int64_t total = length + 8;
-    const colocated::PagedState paged(model_.config, *layout_, total);
+    const runtime::PagedState paged(model_.config, *layout_, total);
     auto want_table = *pool->Allocate(1, layout_->Demand(total));
-    auto want = *colocated::MapPages(*pool, want_table);
+    auto want = *runtime::MapPages(*pool, want_table);
     FillPages(want);
     ASSERT_TRUE(gpu_->ResetSlot(1).ok());
     for (int64_t from = 0; from < length;) {
@@ -286,7 +286,7 @@ TEST_F(GpuPrefillTest, StagedPagesEqualTheWholeSlotExportsPages) {
       ASSERT_TRUE(paged.StoreLayer(l, state->layers[static_cast<size_t>(l)], length, 0, want).ok());
     }
     auto got_table = *pool->Allocate(2, layout_->Demand(total));
-    auto got = *colocated::MapPages(*pool, got_table);
+    auto got = *runtime::MapPages(*pool, got_table);
     for (auto& engine : engines) {
       FillPages(got);
       auto logits = engine->Run(prompt, paged, got, ok, ok);
@@ -308,8 +308,8 @@ TEST_F(GpuPrefillTest, ACallbackErrorStopsThePrefill) {
   const std::vector<int32_t> prompt(text.begin(), text.begin() + 100);
   auto pool = *serving::PagePool::Create(layout_->PoolOptions(1, 1024));
   auto table = *pool->Allocate(1, layout_->Demand(110));
-  auto pages = *colocated::MapPages(*pool, table);
-  const colocated::PagedState paged(model_.config, *layout_, 110);
+  auto pages = *runtime::MapPages(*pool, table);
+  const runtime::PagedState paged(model_.config, *layout_, 110);
   auto ok = [](int64_t) { return absl::OkStatus(); };
   int64_t chunks = 0;
   auto stopped = (*engine)->Run(prompt, paged, pages, ok, [&](int64_t) {
@@ -333,4 +333,4 @@ TEST_F(GpuPrefillTest, ACallbackErrorStopsThePrefill) {
 }
 
 }  // namespace
-}  // namespace pdserve::prefill
+}  // namespace pdserve::runtime

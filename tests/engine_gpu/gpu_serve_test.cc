@@ -62,9 +62,9 @@ ServiceOptions Options(bool gpu) {
   options.token_budget = 96;
   options.runner.prefill_block = 32;
   if (gpu) {
-    GpuBackendOptions backend;
+    runtime::GpuBackendOptions backend;
     backend.gemm_inputs = engine::gpu::GemmInputs::kFp32;
-    options.runner_factory = GpuRunnerFactory(backend);
+    options.runner_factory = runtime::GpuRunnerFactory(backend);
   } else {
     options.model.EmulateGpuStorage();
   }

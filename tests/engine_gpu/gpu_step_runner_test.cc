@@ -1,5 +1,5 @@
-// colocated::GpuStepRunner (runtime/cuda/gpu_step_runner.h) under the real scheduler, on the
-// bundled model with fp32 GEMMs, against colocated::EngineStepRunner on the CPU engine emulating
+// runtime::GpuStepRunner (runtime/cuda/gpu_step_runner.h) under the real scheduler, on the
+// bundled model with fp32 GEMMs, against runtime::EngineStepRunner on the CPU engine emulating
 // the GPU's bf16 storage with the GPU's rounded weights: greedy and seeded T=0.6 tokens equal for
 // a dozen prompts of mixed lengths, steps mixing prefill chunks and decode, more requests than
 // slots (the scheduler waits), and decode from a prompt state transferred in pages
@@ -22,16 +22,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/model.h"
 #include "runtime/paged_state.h"
 #include "runtime/step_runner.h"
-#include "serving/clock.h"
 #include "tests/engine_gpu/gpu_test_models.h"
 #include "tests/engine_gpu/runner_outputs.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 namespace {
 
 using engine::gpu::GemmInputs;
@@ -103,7 +103,7 @@ class Harness {
  private:
   const engine::ModelConfig& config_;
   serving::StateLayout layout_;
-  serving::SystemClock clock_;
+  SystemClock clock_;
   std::unique_ptr<serving::PagePool> pool_;
   std::unique_ptr<serving::Scheduler> scheduler_;
   std::unique_ptr<Runner> runner_;
@@ -361,4 +361,4 @@ TEST_F(GpuStepRunnerTest, DecodeRowsAcrossBatchSizesAreMeasured) {
 }
 
 }  // namespace
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -22,7 +22,7 @@
 #include "serving/sampler.h"
 #include "serving/state_layout.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 
 struct RequestSpec {
   std::vector<int32_t> prompt;
@@ -152,4 +152,4 @@ inline void ExpectSameTokens(const Outputs& gpu, const Outputs& cpu, int max_div
   EXPECT_LE(diverged, max_diverged);
 }
 
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -77,7 +77,7 @@ struct Job {
 };
 
 int RunSender() {
-  serving::SystemClock clock;
+  SystemClock clock;
   auto transport = UcxTransport::Create();
   if (!transport.ok()) {
     Say("error " + transport.status().ToString());
@@ -150,7 +150,7 @@ int RunSender() {
 }
 
 int RunReceiver(uint32_t num_pages, uint64_t page_bytes) {
-  serving::SystemClock clock;
+  SystemClock clock;
   auto receiver = CreateUcxReceiver({.incarnation = static_cast<uint64_t>(getpid())}, clock,
                                     [](uint64_t, uint64_t, const absl::Status&) {});
   if (!receiver.ok()) {

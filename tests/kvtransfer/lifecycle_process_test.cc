@@ -112,7 +112,7 @@ TEST(SenderSideTest, ReceiverKilledMidTransferFailsTheSenderPromptly) {
   auto ticket = DecodeTicket(FromHex(line->substr(7)));
   ASSERT_TRUE(ticket.ok()) << ticket.status();
 
-  serving::SystemClock clock;
+  SystemClock clock;
   auto transport = UcxTransport::Create();
   ASSERT_TRUE(transport.ok()) << transport.status();
   FaultInjectingTransport faults(**transport, clock);

@@ -14,9 +14,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_receiver.h"
-#include "serving/clock.h"
+#include "common/clock.h"
 
 namespace pdserve::kv::testing {
 
@@ -37,7 +38,7 @@ ReceiveSpec SpecOverPool(std::vector<std::vector<std::byte>>& pool, uint64_t req
 std::string ToHex(std::span<const std::byte> bytes);
 std::vector<std::byte> FromHex(const std::string& hex);
 
-class FakeClock final : public serving::Clock {
+class FakeClock final : public Clock {
  public:
   absl::Time Now() const override {
     absl::MutexLock lock(&mu_);

@@ -225,17 +225,17 @@ std::vector<Outcome> RunColocated(const std::vector<RequestSpec>& specs) {
       new engine::Model(*engine::Model::Load(PDSERVE_BUNDLED_MODEL));
   const serving::GenerationConfig generation =
       *serving::GenerationConfig::Load(PDSERVE_BUNDLED_MODEL);
-  const serving::StateLayout layout = *colocated::LayoutForModel(model->config());
+  const serving::StateLayout layout = *runtime::LayoutForModel(model->config());
   std::unique_ptr<serving::PagePool> pool = *serving::PagePool::Create(
       layout.PoolOptions(64, 64 * model->config().max_position_embeddings));
-  serving::SystemClock clock;
+  SystemClock clock;
   serving::SchedulerOptions options;
   options.token_budget = 512;
   options.max_running = 64;
   std::unique_ptr<serving::Scheduler> scheduler = *serving::Scheduler::Create(
       options, pool.get(), [&layout](int64_t total) { return layout.Demand(total); }, &clock,
       nullptr);
-  colocated::EngineStepRunner runner(*model, layout, pool.get(), colocated::RunnerOptions{});
+  runtime::EngineStepRunner runner(*model, layout, pool.get(), runtime::RunnerOptions{});
   std::vector<Outcome> outcomes(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     serving::SamplingParams params = specs[i].params;
@@ -247,9 +247,9 @@ std::vector<Outcome> RunColocated(const std::vector<RequestSpec>& specs) {
       outcomes[i].error = sampler.status().ToString();
       continue;
     }
-    auto context = std::make_shared<colocated::RequestContext>(std::move(*sampler));
+    auto context = std::make_shared<runtime::RequestContext>(std::move(*sampler));
     Outcome* out = &outcomes[i];
-    context->on_token = [out](const colocated::TokenEvent& event) {
+    context->on_token = [out](const runtime::TokenEvent& event) {
       out->tokens.push_back(event.sampled.token);
       v1::SampledToken proto = worker::SampledTokenToProto(event.sampled);
       AppendLogprobs(proto, &out->logprob_bits);

@@ -1,7 +1,7 @@
 // Test harness of the PD integration tests: one `pdserve prefill` and one `pdserve decode`
 // process on loopback (UCX_TLS chosen per cluster), gRPC stubs to both, the router's request flow
 // (Reserve, then Prefill and Generate concurrently) and the colocated reference run in-process
-// (serving::Scheduler + colocated::EngineStepRunner, the colocated mode's engine path).
+// (serving::Scheduler + runtime::EngineStepRunner, the colocated mode's engine path).
 #pragma once
 
 #include <grpcpp/grpcpp.h>

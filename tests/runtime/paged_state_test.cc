@@ -9,7 +9,7 @@
 #include "engine/model.h"
 #include "gtest/gtest.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 namespace {
 
 constexpr char kModelDir[] = PDSERVE_ENGINE_FIXTURES_DIR "/mixed_yarn_f32/model";
@@ -179,4 +179,4 @@ TEST(PagedStateTest, StoreBeyondTheSequencesTokensFails) {
 }
 
 }  // namespace
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

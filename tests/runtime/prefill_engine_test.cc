@@ -1,4 +1,4 @@
-// prefill::CpuPrefillEngine on the bundled model: chunks cut at absolute multiples of the block,
+// runtime::CpuPrefillEngine on the bundled model: chunks cut at absolute multiples of the block,
 // every layer handed over once, in order, in the final block; the pages equal the state of
 // Model::Forward over the same chunks stored whole; callback errors stop the prefill. Also
 // worker::LoadWorkerModel without the CPU engine (what a backend cuda worker loads).
@@ -16,7 +16,7 @@
 #include "serving/page_pool.h"
 #include "worker/worker_model.h"
 
-namespace pdserve::prefill {
+namespace pdserve::runtime {
 namespace {
 
 constexpr char kModelDir[] = PDSERVE_BUNDLED_MODEL;
@@ -27,7 +27,7 @@ class CpuPrefillEngineTest : public ::testing::Test {
     auto model = engine::Model::Load(kModelDir);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::make_unique<engine::Model>(std::move(*model));
-    layout_ = std::make_unique<serving::StateLayout>(*colocated::LayoutForModel(config()));
+    layout_ = std::make_unique<serving::StateLayout>(*runtime::LayoutForModel(config()));
     pool_ = *serving::PagePool::Create(layout_->PoolOptions(2, 2048));
   }
   const engine::ModelConfig& config() const { return model_->config(); }
@@ -49,8 +49,8 @@ TEST_F(CpuPrefillEngineTest, PagesHoldTheChunkedForwardsState) {
   const std::vector<int32_t> prompt = Prompt(150);
   const int64_t total = 160;
   auto table = *pool_->Allocate(1, layout_->Demand(total));
-  auto pages = *colocated::MapPages(*pool_, table);
-  const colocated::PagedState paged(config(), *layout_, total);
+  auto pages = *runtime::MapPages(*pool_, table);
+  const runtime::PagedState paged(config(), *layout_, total);
   std::vector<int64_t> layers;
   std::vector<int64_t> chunks;
   auto logits = (*engine)->Run(
@@ -82,7 +82,7 @@ TEST_F(CpuPrefillEngineTest, PagesHoldTheChunkedForwardsState) {
   EXPECT_EQ(*logits, std::vector<float>(direct.ptr() + (direct.dim(0) - 1) * vocab,
                                         direct.ptr() + direct.dim(0) * vocab));
   auto table2 = *pool_->Allocate(2, layout_->Demand(total));
-  auto pages2 = *colocated::MapPages(*pool_, table2);
+  auto pages2 = *runtime::MapPages(*pool_, table2);
   ASSERT_TRUE(paged.Store(state, 0, pages2).ok());
   engine::ModelState a = model_->NewState();
   engine::ModelState b = model_->NewState();
@@ -100,8 +100,8 @@ TEST_F(CpuPrefillEngineTest, ACallbackErrorStopsThePrefill) {
   ASSERT_TRUE(engine.ok());
   const std::vector<int32_t> prompt = Prompt(100);
   auto table = *pool_->Allocate(1, layout_->Demand(110));
-  auto pages = *colocated::MapPages(*pool_, table);
-  const colocated::PagedState paged(config(), *layout_, 110);
+  auto pages = *runtime::MapPages(*pool_, table);
+  const runtime::PagedState paged(config(), *layout_, 110);
   auto ok = [](int64_t) { return absl::OkStatus(); };
   int64_t chunks = 0;
   auto stopped = (*engine)->Run(prompt, paged, pages, ok, [&](int64_t) {
@@ -139,4 +139,4 @@ TEST(LoadWorkerModelTest, WithoutTheCpuEngineLoadsTheConfigOnly) {
 }
 
 }  // namespace
-}  // namespace pdserve::prefill
+}  // namespace pdserve::runtime

@@ -11,7 +11,7 @@
 #include "guards/page_ownership.h"
 #include "runtime/step_runner.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 namespace {
 
 constexpr char kModelDir[] = PDSERVE_BUNDLED_MODEL;
@@ -164,4 +164,4 @@ TEST(RunnerCanaryTest, CorruptedStateFailsTheLastToken) {
 }
 
 }  // namespace
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "engine/model.h"
 #include "gtest/gtest.h"
-#include "serving/clock.h"
 
-namespace pdserve::colocated {
+namespace pdserve::runtime {
 namespace {
 
 constexpr char kModelDir[] = PDSERVE_ENGINE_FIXTURES_DIR "/mixed_yarn_f32/model";
@@ -124,7 +124,7 @@ class Harness {
 
  private:
   serving::StateLayout layout_;
-  serving::SystemClock clock_;
+  SystemClock clock_;
   std::unique_ptr<serving::PagePool> pool_;
   std::unique_ptr<serving::Scheduler> scheduler_;
   std::unique_ptr<EngineStepRunner> runner_;
@@ -308,4 +308,4 @@ TEST(StepRunnerTest, DegenerateChoiceStopsWhenConfigured) {
 }
 
 }  // namespace
-}  // namespace pdserve::colocated
+}  // namespace pdserve::runtime

@@ -5,7 +5,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace pdserve::serving {
+namespace pdserve {
 
 class Clock {
  public:
@@ -19,4 +19,4 @@ class SystemClock final : public Clock {
   absl::Time Now() const override { return absl::Now(); }
 };
 
-}  // namespace pdserve::serving
+}  // namespace pdserve

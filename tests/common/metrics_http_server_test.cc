@@ -1,0 +1,136 @@
+// The workers' metrics endpoint (common/metrics_http_server.h) over a real socket: each path's
+// status, body and content type, methods, unknown paths, keep-alive and a client that sends
+// nothing.
+#include "common/metrics_http_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pdserve::metrics {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+constexpr char kExposition[] =
+    "# HELP pdserve_x_total X\n# TYPE pdserve_x_total counter\npdserve_x_total 3\n";
+
+class MetricsHttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MetricsHttpHandlers handlers;
+    handlers.metrics_text = [] { return std::string(kExposition); };
+    handlers.ready = [this] { return ready_.load(); };
+    MetricsHttpOptions options;
+    options.request_timeout = std::chrono::milliseconds(300);
+    auto started = MetricsHttpServer::Start(options, std::move(handlers));
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = std::move(*started);
+    ASSERT_GT(server_->port(), 0);
+  }
+
+  void Connect() {
+    stream_.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), server_->port()));
+  }
+
+  http::response<http::string_body> Send(http::verb method, const std::string& target) {
+    http::request<http::string_body> req(method, target, 11);
+    req.set(http::field::host, "127.0.0.1");
+    req.keep_alive(true);
+    http::write(stream_, req);
+    http::response_parser<http::string_body> parser;
+    parser.skip(method == http::verb::head);
+    http::read(stream_, buffer_, parser);
+    return parser.release();
+  }
+
+  http::response<http::string_body> Get(const std::string& target) {
+    Connect();
+    return Send(http::verb::get, target);
+  }
+
+  std::atomic<bool> ready_{true};
+  std::unique_ptr<MetricsHttpServer> server_;
+  net::io_context io_;
+  beast::tcp_stream stream_{io_};
+  beast::flat_buffer buffer_;
+};
+
+TEST_F(MetricsHttpServerTest, MetricsIsTheExpositionAsPrometheusText) {
+  const auto res = Get("/metrics");
+  EXPECT_EQ(res.result_int(), 200);
+  EXPECT_EQ(res.body(), kExposition);
+  EXPECT_EQ(res[http::field::content_type], "text/plain; version=0.0.4");
+}
+
+TEST_F(MetricsHttpServerTest, HealthIsOkWhileTheProcessRuns) {
+  ready_ = false;
+  const auto res = Get("/health");
+  EXPECT_EQ(res.result_int(), 200);
+  EXPECT_EQ(res.body(), R"({"status":"ok"})");
+}
+
+TEST_F(MetricsHttpServerTest, ReadyFollowsTheHandler) {
+  Connect();
+  EXPECT_EQ(Send(http::verb::get, "/ready").body(), R"({"status":"ready"})");
+  ready_ = false;
+  const auto res = Send(http::verb::get, "/ready");  // same connection: keep-alive
+  EXPECT_EQ(res.result_int(), 503);
+  EXPECT_EQ(res.body(), R"({"status":"not ready"})");
+}
+
+TEST_F(MetricsHttpServerTest, HeadGetsTheHeaderWithoutBody) {
+  Connect();
+  const auto res = Send(http::verb::head, "/metrics");
+  EXPECT_EQ(res.result_int(), 200);
+  EXPECT_EQ(res[http::field::content_length], std::to_string(std::string(kExposition).size()));
+  EXPECT_TRUE(res.body().empty());
+}
+
+TEST_F(MetricsHttpServerTest, OtherMethodIs405AndOtherPathIs404) {
+  Connect();
+  const auto post = Send(http::verb::post, "/metrics");
+  EXPECT_EQ(post.result_int(), 405);
+  EXPECT_EQ(post[http::field::allow], "GET, HEAD");
+  const auto missing = Send(http::verb::get, "/v1/completions");
+  EXPECT_EQ(missing.result_int(), 404);
+  EXPECT_NE(missing.body().find("no route for /v1/completions"), std::string::npos);
+}
+
+TEST_F(MetricsHttpServerTest, SilentClientIsClosedAfterTheTimeout) {
+  Connect();
+  char byte;
+  beast::error_code ec;
+  stream_.expires_after(std::chrono::seconds(5));
+  stream_.read_some(net::buffer(&byte, 1), ec);
+  // Closed by the server (eof or reset), not by this client's own 5 s timeout.
+  EXPECT_TRUE(ec == net::error::eof || ec == net::error::connection_reset) << ec.message();
+}
+
+TEST_F(MetricsHttpServerTest, StopIsIdempotentAndRefusesNewConnections) {
+  const uint16_t port = server_->port();
+  server_->Stop();
+  server_->Stop();
+  beast::error_code ec;
+  stream_.socket().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
+  EXPECT_TRUE(ec) << "connected after Stop";
+}
+
+TEST(MetricsHttpServerStartTest, TakenPortIsUnavailable) {
+  auto first = MetricsHttpServer::Start({}, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  MetricsHttpOptions options;
+  options.port = (*first)->port();
+  EXPECT_EQ(MetricsHttpServer::Start(options, {}).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pdserve::metrics
