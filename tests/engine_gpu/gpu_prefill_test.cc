@@ -30,8 +30,8 @@
 namespace pdserve::runtime {
 namespace {
 
-using colocated::Outputs;
-using colocated::RequestSpec;
+using runtime::Outputs;
+using runtime::RequestSpec;
 using engine::gpu::GemmInputs;
 using engine::gpu::GpuModel;
 
@@ -113,7 +113,7 @@ class GpuPrefillTest : public ::testing::Test {
   }
 
   Outputs DecodeOnCpu(const std::vector<RequestSpec>& specs, const Prefilled& p) {
-    return colocated::RunTransferred<runtime::EngineStepRunner>(
+    return runtime::RunTransferred<runtime::EngineStepRunner>(
         model_.config, specs, p.states, p.first,
         [&](const serving::StateLayout& layout, serving::PagePool* pool) {
           runtime::RunnerOptions options;
@@ -124,7 +124,7 @@ class GpuPrefillTest : public ::testing::Test {
 
   Outputs DecodeOnGpu(const std::vector<RequestSpec>& specs, const Prefilled& p,
                       GpuModel* decode_gpu) {
-    return colocated::RunTransferred<runtime::GpuStepRunner>(
+    return runtime::RunTransferred<runtime::GpuStepRunner>(
         model_.config, specs, p.states, p.first,
         [&](const serving::StateLayout& layout, serving::PagePool* pool) {
           runtime::RunnerOptions options;
