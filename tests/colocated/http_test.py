@@ -166,9 +166,13 @@ def main():
         else:
             print("SKIP (promtool part): promtool is not installed")
 
-        # pdserve check with its default prompt set, which does not fit the 512-token context:
-        # one line says so first, and the exit status is 2 (cannot judge), not 1.
-        run = subprocess.run([args.pdserve, "check", "--endpoint", base, "--samples", "1"],
+        # pdserve check with a prompt set that does not fit the 512-token context: one line says
+        # so first, and the exit status is 2 (cannot judge), not 1. (Without --prompts it picks
+        # the default set that fits, from /v1/models' max_model_len.)
+        long_prompts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "deploy", "check", "prompts.jsonl")
+        run = subprocess.run([args.pdserve, "check", "--endpoint", base, "--samples", "1",
+                              "--prompts", long_prompts],
                              capture_output=True, text=True, timeout=120)
         first = (run.stderr.splitlines() or [""])[0]
         check(run.returncode == 2 and first.startswith("error: 5 of 5 prompts do not fit the "
