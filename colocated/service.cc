@@ -241,7 +241,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
     }
     if (choice.flagged) delta.degeneration_kind = choice.degeneration_kind;
     if (delta.finish_reason) --r->remaining;
-    if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
+    if (delta.HasPayload()) {
       r->sink->OnDelta(std::move(delta));
     }
     if (r->remaining == 0) {

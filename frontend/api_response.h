@@ -44,6 +44,13 @@ struct ChoiceDelta {
   // Chat: reasoning text (message.reasoning_content, thinking mode) and tool calls.
   std::string reasoning;
   std::vector<ToolCallDelta> tool_calls;
+
+  // Whether the delta has anything for the client: text, reasoning, tool calls, logprobs or a
+  // finish. Empty deltas (a token held back by the detokenizer) are not sent.
+  bool HasPayload() const {
+    return !text.empty() || !reasoning.empty() || !tool_calls.empty() || !logprobs.empty() ||
+           finish_reason.has_value();
+  }
 };
 
 struct Usage {

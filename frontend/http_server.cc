@@ -548,11 +548,13 @@ void Session::Route() {
   const auto method = request_.method();
   const bool get = method == http::verb::get || method == http::verb::head;
   auto* service = server_->service;
-  // Probes and Prometheus reach /health, /ready and /metrics without a key; the API needs one.
+  // Probes and Prometheus reach /health, /ready and /metrics without a key; the API needs one,
+  // in exactly one Authorization header (two are refused: a proxy and the client disagreeing).
   const auto& keys = server_->options.api_keys;
   const auto authorization = request_[http::field::authorization];
   if (keys && target.starts_with("/v1/") &&
-      !keys->Matches(std::string_view(authorization.data(), authorization.size()))) {
+      (request_.count(http::field::authorization) != 1 ||
+       !keys->Matches(std::string_view(authorization.data(), authorization.size())))) {
     if (target == "/v1/completions" || target == "/v1/chat/completions") {
       service->RecordRejected(
           target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, 401);

@@ -1,5 +1,8 @@
 #include "frontend/response_format.h"
 
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "structured/json_schema.h"
 
@@ -11,6 +14,26 @@ using json = nlohmann::json;
 constexpr const char* kParam = "response_format";
 
 ApiError Refuse(std::string message) { return InvalidRequest(std::move(message), kParam); }
+
+// Deeper JSON than any schema pdserve compiles (structured::JsonSchema refuses schemas nesting
+// deeper than 24 levels, each at most a few JSON levels). Checked before the schema is copied or
+// re-serialized, both of which recurse once per level: a 2 MB body of nested arrays would
+// otherwise overflow the stack of the thread that reads it.
+constexpr int kMaxJsonDepth = 256;
+
+// Whether `value` nests deeper than `limit`, found without recursion.
+bool DeeperThan(const json& value, int limit) {
+  std::vector<std::pair<const json*, int>> stack = {{&value, 1}};
+  while (!stack.empty()) {
+    auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (depth > limit) return true;
+    if (node->is_structured()) {
+      for (const json& child : *node) stack.emplace_back(&child, depth + 1);
+    }
+  }
+  return false;
+}
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -42,12 +65,17 @@ std::variant<std::string, ApiError> ReadJsonSchema(const json& value, std::strin
       strict != spec->end() && !strict->is_boolean() && !strict->is_null()) {
     return Refuse("'response_format.json_schema.strict' must be a boolean");
   }
-  // Without a schema any JSON value will do. The body parsed before, so it parses again.
+  // Without a schema any JSON value will do. The body parsed before, so it parses again (keeping
+  // the client's key order); the subtree is moved out, never copied.
   nlohmann::ordered_json schema = nlohmann::ordered_json::object();
-  if (spec->contains("schema")) {
-    schema = nlohmann::ordered_json::parse(
-        body.begin(), body.end(), nullptr,
-        /*allow_exceptions=*/false)["response_format"]["json_schema"]["schema"];
+  if (auto given = spec->find("schema"); given != spec->end()) {
+    if (DeeperThan(*given, kMaxJsonDepth)) {
+      return Refuse(absl::StrCat("'response_format.json_schema.schema' nests deeper than ",
+                                 kMaxJsonDepth, " JSON levels"));
+    }
+    nlohmann::ordered_json doc = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr,
+                                                               /*allow_exceptions=*/false);
+    schema = std::move(doc["response_format"]["json_schema"]["schema"]);
   }
   absl::StatusOr<std::shared_ptr<const structured::JsonSchema>> compiled =
       structured::JsonSchema::Compile(schema);

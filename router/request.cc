@@ -107,7 +107,7 @@ void RouterService::Request::Emit(frontend::ChoiceDelta delta, int new_tokens) {
     tokens += new_tokens;
     service->generation_tokens_->Get().Increment(new_tokens);
   }
-  if (!delta.text.empty() || !delta.logprobs.empty() || delta.finish_reason) {
+  if (delta.HasPayload()) {
     const std::string& kind = choices[static_cast<size_t>(delta.index)].degeneration;
     if (!kind.empty()) delta.degeneration_kind = kind;
     if (!cancelled.load()) sink->OnDelta(std::move(delta));

@@ -144,6 +144,11 @@ def run_cases(up, log, p, model):
         services = list_services(channel)
         check(service in services and "grpc.health.v1.Health" in services,
               f"{name} ({port}): reflection lists {services}")
+        # The router's health follows its readiness on a 200 ms poll, so it may lag /ready by
+        # that much: wait (bounded) for it rather than read it once.
+        deadline = time.time() + 3
+        while health(channel, "") != "SERVING" and time.time() < deadline:
+            time.sleep(0.05)
         check(health(channel, "") == "SERVING", f"{name}: grpc.health.v1 says SERVING")
         check(health(channel, service) == "SERVING", f"{name}: {service} is SERVING")
         check(health(channel, "no.such.Service") == "NOT_FOUND",

@@ -122,5 +122,21 @@ TEST(ApiResponseTest, ChatDeltaCarriesOnlyWhatItHas) {
   EXPECT_EQ(delta_json(ChoiceDelta{}, false).dump(), R"({"content":""})");
 }
 
+// Deltas with only reasoning or only tool calls are sent (thinking mode lost its reasoning when
+// the filter looked at text and logprobs alone); a delta with nothing is not.
+TEST(ApiResponseTest, ADeltaWithOnlyReasoningOrToolCallsHasAPayload) {
+  ChoiceDelta empty;
+  EXPECT_FALSE(empty.HasPayload());
+  ChoiceDelta reasoning;
+  reasoning.reasoning = " LORD";
+  EXPECT_TRUE(reasoning.HasPayload());
+  ChoiceDelta call;
+  call.tool_calls.emplace_back();
+  EXPECT_TRUE(call.HasPayload());
+  ChoiceDelta finish;
+  finish.finish_reason = "stop";
+  EXPECT_TRUE(finish.HasPayload());
+}
+
 }  // namespace
 }  // namespace pdserve::frontend

@@ -124,6 +124,24 @@ TEST_F(ApiKeyTest, EitherKeyIsServed) {
   EXPECT_EQ(service_.starts.load(), 2);
 }
 
+TEST_F(ApiKeyTest, TwoAuthorizationHeadersAreRefusedWhateverTheirOrder) {
+  for (const auto& [first, second] : {std::pair{"Bearer sk-test-1", "Bearer sk-wrong"},
+                                      std::pair{"Bearer sk-wrong", "Bearer sk-test-1"},
+                                      std::pair{"Bearer sk-test-1", "Bearer sk-test-1"}}) {
+    net::io_context ioc;
+    tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+    auto req = MakeRequest(http::verb::post, "/v1/completions", first);
+    req.insert(http::field::authorization, second);
+    http::write(sock, req);
+    beast::flat_buffer buf;
+    http::response<http::string_body> res;
+    http::read(sock, buf, res);
+    EXPECT_EQ(res.result_int(), 401) << first << " / " << second;
+  }
+  EXPECT_EQ(service_.starts.load(), 0);
+}
+
 TEST_F(ApiKeyTest, ProbesAndMetricsNeedNoKey) {
   EXPECT_EQ(Plain(server_->port(), http::verb::get, "/health").result_int(), 200);
   EXPECT_EQ(Plain(server_->port(), http::verb::get, "/ready").result_int(), 200);

@@ -55,5 +55,30 @@ TEST(ResponseFormatTest, UnenforceableKeywordsAndMalformedValuesAre400OnResponse
             "error: 'response_format' of type json_schema needs a 'json_schema' object");
 }
 
+// A 2 MB body of nested schemas (under the 4 MiB body limit) is refused before anything copies
+// or re-serializes it: both recurse once per level, and this depth overflowed the reading
+// thread's stack (the router died with SIGSEGV).
+TEST(ResponseFormatTest, AMillionLevelsDeepSchemaIs400NotACrash) {
+  constexpr int kDepth = 200000;
+  std::string schema;
+  for (int i = 0; i < kDepth; ++i) schema += R"({"items":)";
+  schema += "{}";
+  schema += std::string(kDepth, '}');
+  const std::string error =
+      Schema(R"({"type":"json_schema","json_schema":{"name":"deep","schema":)" + schema + "}}");
+  EXPECT_NE(error.find("nests deeper than 256 JSON levels"), std::string::npos)
+      << error.substr(0, 200);
+}
+
+TEST(ResponseFormatTest, ASchemaJustUnderTheJsonDepthLimitReachesTheCompiler) {
+  std::string schema;
+  for (int i = 0; i < 100; ++i) schema += R"({"items":)";
+  schema += "{}" + std::string(100, '}');
+  const std::string error =
+      Schema(R"({"type":"json_schema","json_schema":{"name":"deep","schema":)" + schema + "}}");
+  // The compiler's own, stricter limit answers (schema levels, not JSON levels).
+  EXPECT_NE(error.find("nests deeper than 24 levels"), std::string::npos) << error.substr(0, 200);
+}
+
 }  // namespace
 }  // namespace pdserve::frontend

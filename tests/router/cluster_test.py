@@ -518,8 +518,14 @@ def openai_tool_round_trip(base, model):
     r = client.chat.completions.create(**thinking)
     reasoning = (r.choices[0].message.model_extra or {}).get("reasoning_content")
     details = r.usage.completion_tokens_details
-    check(isinstance(reasoning, str) and details is not None and details.reasoning_tokens >= 0,
-          f"thinking mode: reasoning_content and reasoning_tokens ({r.choices[0].message})")
+    check(isinstance(reasoning, str) and details is not None and details.reasoning_tokens > 0
+          and len(reasoning) >= details.reasoning_tokens,
+          f"thinking mode: reasoning_content holds its {details and details.reasoning_tokens} "
+          f"reasoning tokens ({r.choices[0].message})")
+    # Deltas that carry only reasoning reach the client whether or not logprobs ride along.
+    r2 = client.chat.completions.create(logprobs=True, **thinking)
+    check((r2.choices[0].message.model_extra or {}).get("reasoning_content") == reasoning,
+          "thinking mode: reasoning_content is the same with and without logprobs")
     parts = {"reasoning": "", "content": ""}
     for ch in client.chat.completions.create(stream=True, **thinking):
         if ch.choices:
