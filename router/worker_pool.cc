@@ -36,6 +36,15 @@ Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
   // minutes up to 2 minutes late. Connecting to a worker that is down costs a refused connect.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A link that goes away without a reset (a cable, a dead host) leaves the connection open:
+  // calls time out, and after the link returns TCP's retransmission backoff kept the router
+  // from the worker for another 17-30 s (tests/router/netns_cluster_test.py). HTTP/2 pings
+  // every 2 s, answered within 2 s, close such a connection, so the next health check
+  // reconnects. The workers permit these pings (worker/worker_process.cc).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   channel_ = grpc::CreateCustomChannel(
       address(), credentials ? credentials : grpc::InsecureChannelCredentials(), args);
   if (role_ == Role::kDecode) {

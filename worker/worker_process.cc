@@ -100,6 +100,11 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   int bound_port = 0;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The router pings every 2 s to find dead links (router/worker_pool.cc); without these a
+  // server answers pings that come more often than every 5 minutes with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Mutual TLS under security.cluster_tls: only callers with the cluster's certificate get in.
   PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            common::ClusterServerCredentials(entry.deploy.security));
