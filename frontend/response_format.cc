@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "frontend/json_depth.h"
 #include "structured/json_schema.h"
 
 namespace pdserve::frontend {
@@ -14,26 +15,6 @@ using json = nlohmann::json;
 constexpr const char* kParam = "response_format";
 
 ApiError Refuse(std::string message) { return InvalidRequest(std::move(message), kParam); }
-
-// Deeper JSON than any schema pdserve compiles (structured::JsonSchema refuses schemas nesting
-// deeper than 24 levels, each at most a few JSON levels). Checked before the schema is copied or
-// re-serialized, both of which recurse once per level: a 2 MB body of nested arrays would
-// otherwise overflow the stack of the thread that reads it.
-constexpr int kMaxJsonDepth = 256;
-
-// Whether `value` nests deeper than `limit`, found without recursion.
-bool DeeperThan(const json& value, int limit) {
-  std::vector<std::pair<const json*, int>> stack = {{&value, 1}};
-  while (!stack.empty()) {
-    auto [node, depth] = stack.back();
-    stack.pop_back();
-    if (depth > limit) return true;
-    if (node->is_structured()) {
-      for (const json& child : *node) stack.emplace_back(&child, depth + 1);
-    }
-  }
-  return false;
-}
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;

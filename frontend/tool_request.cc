@@ -1,6 +1,7 @@
 #include "frontend/tool_request.h"
 
 #include "absl/strings/str_cat.h"
+#include "frontend/json_depth.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -25,6 +26,12 @@ std::optional<ApiError> ReadTools(const nlohmann::ordered_json& tools,
       return InvalidRequest(absl::StrCat(where, ".function must be an object"), "tools");
     }
     const nlohmann::ordered_json& function = tool["function"];
+    // Checked before the copy below, which recurses once per level.
+    if (DeeperThan(function, kMaxJsonDepth)) {
+      return InvalidRequest(
+          absl::StrCat(where, ".function nests deeper than ", kMaxJsonDepth, " JSON levels"),
+          "tools");
+    }
     if (!IsString(function, "name") || function["name"].get<std::string>().empty()) {
       return InvalidRequest(absl::StrCat(where, ".function.name must be a non-empty string"),
                             "tools");

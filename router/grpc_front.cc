@@ -1,7 +1,6 @@
 #include "router/grpc_front.h"
 
 #include <algorithm>
-#include <cmath>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -12,8 +11,8 @@
 #include "common/api_keys.h"
 #include "common/grpc_discovery.h"
 #include "grpcpp/grpcpp.h"
-#include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
+#include "router/grpc_request.h"
 
 namespace pdserve::router {
 namespace {
@@ -43,97 +42,6 @@ grpc::StatusCode CodeFor(int http_status) {
 
 grpc::Status ToStatus(const frontend::ApiError& error) {
   return grpc::Status(CodeFor(error.http_status), error.ToJson());
-}
-
-// What the JSON round trip cannot check: a NaN / infinite sampling value becomes JSON null
-// (then the model's default), and `thinking` on a non-chat prompt would be dropped silently.
-std::optional<frontend::ApiError> ValidateGrpcOnly(const pv1::GenerateRequest& request) {
-  const std::pair<const char*, std::optional<double>> values[] = {
-      {"temperature",
-       request.has_temperature() ? std::optional(request.temperature()) : std::nullopt},
-      {"top_p", request.has_top_p() ? std::optional(request.top_p()) : std::nullopt},
-      {"min_p", request.has_min_p() ? std::optional(request.min_p()) : std::nullopt},
-      {"presence_penalty",
-       request.has_presence_penalty() ? std::optional(request.presence_penalty()) : std::nullopt},
-      {"frequency_penalty",
-       request.has_frequency_penalty() ? std::optional(request.frequency_penalty()) : std::nullopt},
-      {"repetition_penalty", request.has_repetition_penalty()
-                                 ? std::optional(request.repetition_penalty())
-                                 : std::nullopt},
-  };
-  for (const auto& [name, value] : values) {
-    if (value && !std::isfinite(*value)) {
-      return frontend::InvalidRequest(absl::StrCat("'", name, "' must be a finite number"), name);
-    }
-  }
-  for (const auto& [id, value] : request.logit_bias()) {
-    if (!std::isfinite(value)) {
-      return frontend::InvalidRequest(
-          absl::StrCat("'logit_bias' for token ", id, " must be a finite number"), "logit_bias");
-    }
-  }
-  if (request.prompt_case() != pv1::GenerateRequest::kChat) {
-    const std::pair<const char*, bool> chat_only[] = {
-        {"thinking", request.has_thinking()},
-        {"reasoning_effort", request.has_reasoning_effort()},
-        {"tools", !request.tools().empty()},
-        {"tool_choice", request.has_tool_choice()},
-        {"tool_choice_function", request.has_tool_choice_function()},
-        {"parallel_tool_calls", request.has_parallel_tool_calls()}};
-    for (const auto& [name, set] : chat_only) {
-      if (set) {
-        return frontend::InvalidRequest(absl::StrCat("'", name, "' is for chat prompts only"),
-                                        name);
-      }
-    }
-  }
-  if (request.has_tool_choice() && request.has_tool_choice_function()) {
-    return frontend::InvalidRequest("set 'tool_choice' or 'tool_choice_function', not both",
-                                    "tool_choice");
-  }
-  for (const pv1::Tool& tool : request.tools()) {
-    if (!tool.parameters_json().empty() &&
-        !nlohmann::ordered_json::accept(tool.parameters_json())) {
-      return frontend::InvalidRequest(
-          absl::StrCat("tools: parameters_json of '", tool.name(), "' is not JSON"), "tools");
-    }
-  }
-  return std::nullopt;
-}
-
-nlohmann::ordered_json ChatMessageJson(const pv1::ChatMessage& m) {
-  nlohmann::ordered_json j = {{"role", m.role()}, {"content", m.content()}};
-  if (!m.reasoning_content().empty()) j["reasoning_content"] = m.reasoning_content();
-  if (!m.tool_call_id().empty()) j["tool_call_id"] = m.tool_call_id();
-  for (const pv1::ToolCall& c : m.tool_calls()) {
-    j["tool_calls"].push_back({{"id", c.id()},
-                               {"type", "function"},
-                               {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
-  }
-  return j;
-}
-
-// reasoning_effort, tools, tool_choice and parallel_tool_calls in the HTTP API's shape.
-// REQUIRES: ValidateGrpcOnly(request) passed (parameters_json is JSON).
-void AddChatTools(const pv1::GenerateRequest& request, nlohmann::ordered_json& body) {
-  if (request.has_reasoning_effort()) body["reasoning_effort"] = request.reasoning_effort();
-  for (const pv1::Tool& tool : request.tools()) {
-    nlohmann::ordered_json function = {{"name", tool.name()}};
-    if (!tool.description().empty()) function["description"] = tool.description();
-    if (!tool.parameters_json().empty()) {
-      function["parameters"] = nlohmann::ordered_json::parse(tool.parameters_json(), nullptr,
-                                                             /*allow_exceptions=*/false);
-    }
-    body["tools"].push_back({{"type", "function"}, {"function", function}});
-  }
-  if (request.has_tool_choice()) body["tool_choice"] = request.tool_choice();
-  if (request.has_tool_choice_function()) {
-    body["tool_choice"] = {{"type", "function"},
-                           {"function", {{"name", request.tool_choice_function()}}}};
-  }
-  if (request.has_parallel_tool_calls()) {
-    body["parallel_tool_calls"] = request.parallel_tool_calls();
-  }
 }
 
 // Shared by a call's reactor and its sink: the messages waiting to be written and the end.
@@ -238,13 +146,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
       state_->reactor = this;
     }
     frontend::Endpoint endpoint;
-    const std::string body = ToOpenAiJson(request, &endpoint);
-    if (std::optional<frontend::ApiError> invalid = ValidateGrpcOnly(request)) {
-      service->RecordRejected(endpoint, invalid->http_status);
-      End(ToStatus(*invalid));
-      return;
-    }
-    frontend::ParsedRequest parsed = frontend::ParseRequest(endpoint, body);
+    frontend::ParsedRequest parsed = ParseGenerateRequest(request, &endpoint);
     if (auto* error = std::get_if<frontend::ApiError>(&parsed)) {
       service->RecordRejected(endpoint, error->http_status);
       End(ToStatus(*error));
@@ -352,62 +254,6 @@ class GenerationImpl final : public pv1::Generation::CallbackService {
 };
 
 }  // namespace
-
-std::string ToOpenAiJson(const pv1::GenerateRequest& request, frontend::Endpoint* endpoint) {
-  // Ordered: the tools' schemas reach the prompt in the order the client wrote them.
-  nlohmann::ordered_json body;
-  body["model"] = request.model();
-  const bool chat = request.prompt_case() == pv1::GenerateRequest::kChat;
-  *endpoint = chat ? frontend::Endpoint::kChatCompletions : frontend::Endpoint::kCompletions;
-  if (chat) {
-    body["messages"] = nlohmann::json::array();
-    for (const pv1::ChatMessage& m : request.chat().messages()) {
-      body["messages"].push_back(ChatMessageJson(m));
-    }
-    if (request.has_thinking()) body["chat_template_kwargs"] = {{"thinking", request.thinking()}};
-    AddChatTools(request, body);
-  } else if (request.prompt_case() == pv1::GenerateRequest::kTokenIds) {
-    body["prompt"] =
-        std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end());
-  } else {
-    body["prompt"] = request.text();
-  }
-  if (request.has_n()) body["n"] = request.n();
-  if (request.has_max_tokens()) body["max_tokens"] = request.max_tokens();
-  if (request.has_temperature()) body["temperature"] = request.temperature();
-  if (request.has_top_p()) body["top_p"] = request.top_p();
-  if (request.has_top_k()) body["top_k"] = request.top_k();
-  if (request.has_min_p()) body["min_p"] = request.min_p();
-  if (request.has_presence_penalty()) body["presence_penalty"] = request.presence_penalty();
-  if (request.has_frequency_penalty()) body["frequency_penalty"] = request.frequency_penalty();
-  if (request.has_repetition_penalty()) body["repetition_penalty"] = request.repetition_penalty();
-  if (!request.logit_bias().empty()) {
-    nlohmann::ordered_json bias = nlohmann::ordered_json::object();
-    for (const auto& [id, value] : request.logit_bias()) bias[std::to_string(id)] = value;
-    body["logit_bias"] = bias;
-  }
-  // The HTTP API's seed is a signed 64-bit integer whose bits key the generator; the same bits
-  // here, so every uint64 is accepted and 2^64 - 1 samples as HTTP's -1.
-  if (request.has_seed()) body["seed"] = static_cast<int64_t>(request.seed());
-  if (!request.stop().empty()) {
-    body["stop"] = std::vector<std::string>(request.stop().begin(), request.stop().end());
-  }
-  if (!request.stop_token_ids().empty()) {
-    body["stop_token_ids"] =
-        std::vector<int32_t>(request.stop_token_ids().begin(), request.stop_token_ids().end());
-  }
-  if (request.has_min_tokens()) body["min_tokens"] = request.min_tokens();
-  if (request.has_logprobs()) {
-    if (chat) {
-      body["logprobs"] = true;
-      body["top_logprobs"] = request.logprobs();
-    } else {
-      body["logprobs"] = request.logprobs();
-    }
-  }
-  body["stream"] = true;
-  return body.dump();
-}
 
 class GrpcFront::Impl {
  public:

@@ -1,10 +1,11 @@
 // The gRPC front of the router: pdserve.v1.Generation (proto/pdserve/v1/generate.proto) in front
 // of any frontend::GenerationService. A GenerateRequest is turned into the JSON body of the
-// equivalent OpenAI request and parsed by frontend::ParseRequest, so validation and defaults are
-// exactly the HTTP front's; deltas stream back as GenerateResponse messages, errors as gRPC
-// statuses carrying the OpenAI error JSON. A cancelled call cancels its Generation. The listener
-// also serves reflection and grpc.health.v1 (common/grpc_discovery.h), SERVING while the
-// service is Ready() (re-read every 200 ms) and NOT_SERVING from StopServing() on.
+// equivalent OpenAI request and parsed by frontend::ParseRequest (router/grpc_request.h), so
+// validation, error messages and defaults are exactly the HTTP front's; deltas stream back as
+// GenerateResponse messages, errors as gRPC statuses carrying the OpenAI error JSON. A cancelled
+// call cancels its Generation. The listener also serves reflection and grpc.health.v1
+// (common/grpc_discovery.h), SERVING while the service is Ready() (re-read every 200 ms) and
+// NOT_SERVING from StopServing() on.
 //
 // Thread-safety: Start() / Stop() from one controlling thread; the service must be thread-safe.
 #pragma once
@@ -21,9 +22,6 @@
 #include "pdserve/v1/generate.pb.h"
 
 namespace pdserve::router {
-
-// The OpenAI JSON body equivalent to `request` (for frontend::ParseRequest), and its endpoint.
-std::string ToOpenAiJson(const pdserve::v1::GenerateRequest& request, frontend::Endpoint* endpoint);
 
 class GrpcFront {
  public:

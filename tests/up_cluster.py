@@ -2,8 +2,11 @@
 CPU backend, on free loopback ports (tests/test_ports.py), stderr (also the children's logs) in
 a file, since a pipe nobody reads could fill and block.
 """
+import contextlib
 import os
+import signal
 import subprocess
+import tempfile
 import time
 
 from child_process import popen
@@ -35,3 +38,25 @@ transfer: {{transport: ucx, lease_ms: 30000}}
         if not line and up.poll() is not None:
             break
     return up, log, p, line
+
+
+@contextlib.contextmanager
+def running_up(pdserve, model_dir, model, check, failures, grpc=False):
+    """start_up in a temporary directory, `check`ed to get ready; yields (process, log file,
+    ports or None when it did not get ready). On leaving it stops the cluster with Ctrl-C (kill
+    after 30 s) and, when `failures` is non-empty, prints the log's tail."""
+    with tempfile.TemporaryDirectory() as workdir:
+        up, log, p, line = start_up(pdserve, model_dir, model, workdir, grpc=grpc)
+        ready = "ready on" in line
+        check(ready, line.strip() or "pdserve up did not get ready")
+        try:
+            yield up, log, (p if ready else None)
+        finally:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                up.kill()
+            if failures:
+                log.seek(0)
+                print(log.read()[-4000:])

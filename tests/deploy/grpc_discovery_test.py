@@ -19,22 +19,18 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from up_cluster import start_up  # noqa: E402  (tests/up_cluster.py)
+from up_cluster import running_up  # noqa: E402  (tests/up_cluster.py)
 
 try:
     import grpc
-    from google.protobuf import descriptor_pool, message_factory
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-        ProtoReflectionDescriptorDatabase)
+    from grpc_generation import generation_call, join_choice  # tests/grpc_generation.py
 except ImportError as e:
     print(f"SKIP: {e} (pip packages grpcio, grpcio-reflection, grpcio-health-checking)")
     sys.exit(77)
@@ -78,22 +74,10 @@ def wait_health(channel, want, timeout):
 
 def generate_by_reflection(channel, model, prompt, max_tokens, seed):
     """Streams one Generate with message classes made from reflected descriptors."""
-    pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
-    method = pool.FindServiceByName("pdserve.v1.Generation").FindMethodByName("Generate")
-    request_class = message_factory.GetMessageClass(method.input_type)
-    response_class = message_factory.GetMessageClass(method.output_type)
-    call = channel.unary_stream("/pdserve.v1.Generation/Generate",
-                                request_serializer=request_class.SerializeToString,
-                                response_deserializer=response_class.FromString)
+    request_class, call = generation_call(channel)
     request = request_class(model=model, text=prompt, max_tokens=max_tokens, seed=seed)
-    text, finish, completion_tokens = "", None, None
-    for response in call(request, timeout=60):
-        for choice in response.choices:
-            text += choice.text
-            finish = choice.finish_reason or finish
-        if response.HasField("usage"):
-            completion_tokens = response.usage.completion_tokens
-    return text, finish, completion_tokens
+    out = join_choice(call(request, timeout=60))
+    return out["text"], out["finish_reason"], (out["usage"] or {}).get("completion_tokens")
 
 
 def http_completion(port, model, prompt, max_tokens, seed):
@@ -111,22 +95,9 @@ def main():
     parser.add_argument("--model", required=True, help="model directory")
     args = parser.parse_args()
     model = os.path.basename(os.path.normpath(args.model))
-    with tempfile.TemporaryDirectory() as workdir:
-        up, log, p, line = start_up(args.pdserve, args.model, model, workdir, grpc=True)
-        ready = "ready on" in line
-        check(ready, line.strip() or "pdserve up did not get ready")
-        try:
-            if ready:
-                run_cases(up, log, p, model)
-        finally:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                up.kill()
-            if FAILURES:
-                log.seek(0)
-                print(log.read()[-4000:])
+    with running_up(args.pdserve, args.model, model, check, FAILURES, grpc=True) as (up, log, p):
+        if p:
+            run_cases(up, log, p, model)
     print(f"{len(FAILURES)} failure(s)" if FAILURES else "all passed")
     return 1 if FAILURES else 0
 

@@ -222,6 +222,19 @@ TEST(ApiRequestTest, ToolsToolMessagesAndToolCallsAreRead) {
   EXPECT_EQ(r.messages[2].content, "a\n\nb");
 }
 
+// A tool's parameters 200000 arrays deep (a 400 KB body) are refused before the tool is copied,
+// which recurses once per level: as with response_format, such a body overflowed the stack.
+TEST(ApiRequestTest, AToolNestingDeeperThan256LevelsIs400NotACrash) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const ApiError e = ParseErr(Endpoint::kChatCompletions,
+                              R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                              R"("tools":[{"type":"function","function":{"name":"f",)"
+                              R"("parameters":{"p":)" +
+                                  deep + "}}}]}");
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_EQ(e.message, "tools[0].function nests deeper than 256 JSON levels");
+}
+
 TEST(ApiRequestTest, ThinkingFollowsKwargsThenReasoningEffort) {
   auto thinking = [](const std::string& fields) {
     return ThinkingOn(

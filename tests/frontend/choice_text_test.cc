@@ -4,8 +4,6 @@
 // counted, and the EOS that ends a choice has no logprob.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <variant>
@@ -15,19 +13,15 @@
 #include "frontend/api_request.h"
 #include "frontend/request_preparer.h"
 #include "nlohmann/json.hpp"
+#include "tests/frontend/golden_answers.h"
 
 namespace pdserve::frontend {
 namespace {
 
 using nlohmann::json;
 
-constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
-
-json GoldenCompletions() {
-  std::ifstream in(PDSERVE_FIXTURES_DIR "/text/deepseek_v4_chat_golden.json");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return json::parse(text)["completions"];
-}
+using testing::GoldenCompletions;
+using testing::kEos;
 
 class ChoiceTextTest : public ::testing::Test {
  protected:
@@ -52,14 +46,7 @@ class ChoiceTextTest : public ::testing::Test {
   }
 
   // The ids of `text` (control tokens included) then EOS.
-  std::vector<int32_t> Ids(std::string text) {
-    if (text.ends_with(kEos)) text.resize(text.size() - kEos.size());
-    auto ids =
-        preparer_->tokenizer().Encode(text, {.add_special_tokens = false, .allow_special = true});
-    EXPECT_TRUE(ids.ok());
-    ids->push_back(preparer_->eos_ids().at(0));
-    return *ids;
-  }
+  std::vector<int32_t> Ids(const std::string& text) { return testing::AnswerIds(*preparer_, text); }
 
   // Runs `ids` through one ChoiceText, the last with finish_reason "stop"; the deltas.
   static std::vector<ChoiceDelta> Run(const std::vector<int32_t>& ids, ChoiceText* text) {

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402,F401  (tests/test_ports.py)
 from up_cluster import start_up  # noqa: E402  (tests/up_cluster.py)
+from chat_requests import TOOL_ROUND_TRIP, WEATHER_TOOL  # noqa: E402  (tests/chat_requests.py)
 
 FAILURES = []
 SKIPPED = []  # cases that could not run (a package missing); the test then exits 77
@@ -470,12 +471,6 @@ def test_up(pdserve, model_dir, model, workdir):
           f"Ctrl-C stops the router before its workers: {after[:300]!r}")
 
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
-
-
 def openai_tool_round_trip(base, model):
     """The OpenAI client's tool loop, unchanged: tools, the assistant's tool call and the tool's
     result go back; the answer is a valid message. The bundled model (512-token context) cannot
@@ -488,13 +483,7 @@ def openai_tool_round_trip(base, model):
         SKIPPED.append("openai tool round trip")
         return
     client = openai.OpenAI(base_url=base + "/v1", api_key="none")
-    messages = [
-        {"role": "user", "content": "What is the weather in Jerusalem?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Jerusalem"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24 C"},
-    ]
+    messages = TOOL_ROUND_TRIP
     r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL],
                                        tool_choice="none", max_tokens=16, seed=3,
                                        parallel_tool_calls=False, user="u",

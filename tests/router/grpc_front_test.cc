@@ -16,6 +16,7 @@
 #include "pdserve/v1/generate.grpc.pb.h"
 #include "router/service.h"
 #include "tests/router/fake_workers.h"
+#include "tests/router/generation_client.h"
 
 namespace pdserve::router {
 namespace {
@@ -65,11 +66,7 @@ class GrpcFrontTest : public ::testing::Test {
 
   grpc::Status Generate(const pv1::GenerateRequest& request,
                         std::vector<pv1::GenerateResponse>* out) {
-    grpc::ClientContext context;
-    auto reader = stub_->Generate(&context, request);
-    pv1::GenerateResponse response;
-    while (reader->Read(&response)) out->push_back(response);
-    return reader->Finish();
+    return testing::GenerateAll(*stub_, request, out);
   }
 
   ScriptedService service_;
