@@ -213,37 +213,52 @@ int64_t DecodeBuckets(int64_t slots) {
   return n;
 }
 
-GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replicated_bytes,
-                const PlanRequest& q) {
-  GpuPlan p;
-  const int64_t world = std::max(1, q.world);
-  const int64_t per_expert = expert_bytes / std::max<int64_t>(1, config.n_routed_experts);
-  p.weights = replicated_bytes + per_expert * CeilDiv(config.n_routed_experts, world);
-  p.slots = q.prefill ? 1 : CeilDiv(q.max_batch, world);
-  const int64_t rows = std::max(q.max_chunk, p.slots);
-  p.activations = GpuActivationBytes(config, rows, q.max_context, static_cast<int>(world));
-  p.state = (p.slots + 1) * GpuSlotStateBytes(config, q.max_context).total();
-  p.graphs = q.prefill ? 0 : DecodeBuckets(p.slots) * kGraphAllowance;
-  p.runtime = kRuntimeAllowance;
-  const int64_t fixed = p.weights + p.activations + p.graphs + p.runtime;
-  const int64_t free = q.gpu_bytes - fixed;
-  const int64_t slot = GpuSlotStateBytes(config, q.max_context).total();
-  p.max_batch_at_context = free > slot ? (free / slot - 1) * world : 0;
-  if (q.prefill) p.max_batch_at_context = std::min<int64_t>(p.max_batch_at_context, world);
-  // Largest context at the batch: bisect over whole pages of 64 tokens.
-  int64_t lo = 0, hi = config.max_position_embeddings;
+namespace {
+
+// Largest x in [0, hi] with fits(x) (fits is monotone: true up to some x, then false).
+template <typename Fits>
+int64_t LargestFitting(int64_t hi, Fits fits) {
+  int64_t lo = 0;
   while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    const int64_t need = (p.slots + 1) * GpuSlotStateBytes(config, mid).total() +
-                         GpuActivationBytes(config, rows, mid, static_cast<int>(world)) -
-                         p.activations;
-    if (need <= free) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  p.max_context_at_batch = lo;
+  return lo;
+}
+
+}  // namespace
+
+GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replicated_bytes,
+                const PlanRequest& q) {
+  const int64_t world = std::max(1, q.world);
+  const int64_t per_expert = expert_bytes / std::max<int64_t>(1, config.n_routed_experts);
+  const int64_t weights = replicated_bytes + per_expert * CeilDiv(config.n_routed_experts, world);
+  // One rank's plan at `slots` slots (plus the scratch slot) of `context` tokens.
+  auto plan = [&](int64_t slots, int64_t context) {
+    GpuPlan p;
+    p.weights = weights;
+    p.slots = slots;
+    p.activations =
+        GpuActivationBytes(config, std::max(q.max_chunk, slots), context, static_cast<int>(world));
+    p.state = (slots + 1) * GpuSlotStateBytes(config, context).total();
+    p.graphs = q.prefill ? 0 : DecodeBuckets(slots) * kGraphAllowance;
+    p.runtime = kRuntimeAllowance;
+    return p;
+  };
+  GpuPlan p = plan(q.prefill ? 1 : CeilDiv(q.max_batch, world), q.max_context);
+  auto fits = [&](int64_t slots, int64_t context) {
+    return slots >= 1 && plan(slots, context).total() <= q.gpu_bytes;
+  };
+  // Batch: slots per rank (prefill: one), activations and graphs growing with them.
+  const int64_t max_slots = q.prefill ? 1 : int64_t{1} << 20;
+  p.max_batch_at_context =
+      world * LargestFitting(max_slots, [&](int64_t s) { return fits(s, q.max_context); });
+  p.max_context_at_batch =
+      LargestFitting(config.max_position_embeddings, [&](int64_t c) { return fits(p.slots, c); });
   return p;
 }
 

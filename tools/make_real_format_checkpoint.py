@@ -22,15 +22,26 @@ same names) with the same config: the loader must return identical float32 value
 (ctest tools.real_format_checkpoint). --shapes tiny takes the bundled model's widths (a CPU runs
 it), flash DeepSeek-V4-Flash's (tests/fixtures/v4_configs/flash/config.json).
 
-Not done: --quantize-from (FP8-quantizing an existing bf16 model) is not implemented.
+--quantize-from MODEL_DIR instead quantizes an existing checkpoint (model.safetensors or shards;
+BF16 / F32 / F16 tensors, e.g. the bundled models/kjv-v4-tiny) into the same layout: names
+mapped to the release's (`model.layers.N.` -> `layers.N.`, `model.embed_tokens.weight` ->
+`embed.weight`, ...), each FP8 block scaled by 2^ceil(log2(amax / 448)) and each FP4 group of 32
+by 2^ceil(log2(amax / 6)) (UE8M0, as DeepSeek's scale_fmt), codes rounded to nearest (ties to the
+even code); --expert-format fp8 keeps the experts FP8 too. Other files of MODEL_DIR (tokenizer,
+generation_config.json) are copied. Pure Python: about 1 s per million weights.
 
 Usage: tools/make_real_format_checkpoint.py --out DIR [--layers 2] [--seed 1]
            [--shapes tiny|flash] [--shard-mb 4096] [--reference-out DIR]
+       tools/make_real_format_checkpoint.py --out DIR --quantize-from MODEL_DIR
+           [--expert-format fp4|fp8] [--shard-mb 4096]
 """
 import argparse
+import bisect
 import json
+import math
 import os
 import random
+import shutil
 import struct
 import sys
 
@@ -41,7 +52,8 @@ SHAPES = {
 }
 QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
          "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
-DTYPE_BYTES = {"F32": 4, "BF16": 2, "I32": 4, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
+DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1,
+               "F8_E8M0": 1}
 FP8_SCALE_EXP = 127 - 7   # ue8m0 byte of 2^-7
 FP4_SCALE_EXP = 127 - 8   # 2^-8
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -223,6 +235,157 @@ def write_checkpoint(out, entries, produce, shard_bytes):
             indent=1)
 
 
+E4M3_POS = []  # (value, code) of the finite non-negative e4m3 codes, ascending
+for _b in range(0x7F):
+    _e, _m = _b >> 3, _b & 7
+    E4M3_POS.append(_m / 8 * 2.0 ** -6 if _e == 0 else (1 + _m / 8) * 2.0 ** (_e - 7))
+E2M1_POS = E2M1
+
+
+def nearest(table, x):
+    """Index of the entry of ascending `table` nearest to x >= 0 (ties to the even index)."""
+    i = bisect.bisect_left(table, x)
+    if i == 0:
+        return 0
+    if i == len(table):
+        return len(table) - 1
+    lo, hi = table[i - 1], table[i]
+    if x - lo < hi - x or (x - lo == hi - x and (i - 1) % 2 == 0):
+        return i - 1
+    return i
+
+
+def pow2_scale(amax, top):
+    """UE8M0 byte of the smallest power of two s with amax / s <= top (127 for amax 0)."""
+    if amax == 0:
+        return 127
+    e = math.ceil(math.log2(amax / top))
+    return max(0, min(254, e + 127))
+
+
+def quantize_fp8(vals, rows, cols):
+    codes, scales = bytearray(rows * cols), bytearray()
+    for br in range(0, rows, 128):
+        for bc in range(0, cols, 128):
+            rr, cc = range(br, min(br + 128, rows)), range(bc, min(bc + 128, cols))
+            amax = max(abs(vals[r * cols + c]) for r in rr for c in cc)
+            sb = pow2_scale(amax, 448.0)
+            scales.append(sb)
+            inv = 2.0 ** (127 - sb)
+            for r in rr:
+                for c in cc:
+                    v = vals[r * cols + c] * inv
+                    code = nearest(E4M3_POS, abs(v))
+                    codes[r * cols + c] = code | (0x80 if v < 0 else 0)
+    # scales were appended block-row-major: [ceil(rows/128), ceil(cols/128)]
+    return bytes(codes), bytes(scales)
+
+
+def quantize_fp4(vals, rows, cols):
+    packed, scales = bytearray(rows * cols // 2), bytearray()
+    for r in range(rows):
+        for g in range(0, cols, 32):
+            group = vals[r * cols + g:r * cols + min(g + 32, cols)]
+            sb = pow2_scale(max(abs(v) for v in group), 6.0)
+            scales.append(sb)
+            inv = 2.0 ** (127 - sb)
+            for j, v in enumerate(group):
+                nib = nearest(E2M1_POS, abs(v * inv)) | (8 if v < 0 else 0)
+                k = r * cols + g + j
+                packed[k // 2] |= nib << (4 * (k % 2))
+    return bytes(packed), bytes(scales)
+
+
+TOP_NAMES = {"model.embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight",
+             "model.norm.weight": "norm.weight", "model.hc_head.hc_fn": "hc_head_fn",
+             "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale"}
+
+
+def release_name(name):
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    if name.startswith("model."):
+        name = name[len("model."):]
+    return name.replace(".attn.norm.weight", ".attn.kv_norm.weight")
+
+
+def read_checkpoint(model_dir):
+    """[(name, dtype, shape, bytes)] of model.safetensors or the index's shards."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    out = []
+    for fname in files:
+        with open(os.path.join(model_dir, fname), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            data = f.read()
+        for name, t in header.items():
+            if name != "__metadata__":
+                b, e = t["data_offsets"]
+                out.append((name, t["dtype"], t["shape"], data[b:e]))
+    return out
+
+
+def as_floats(dtype, data):
+    n = len(data) // {"F32": 4, "BF16": 2, "F16": 2}[dtype]
+    if dtype == "F32":
+        return list(struct.unpack(f"<{n}f", data))
+    if dtype == "F16":
+        return list(struct.unpack(f"<{n}e", data))
+    wide = bytearray(4 * n)
+    wide[2::4], wide[3::4] = data[0::2], data[1::2]
+    return list(struct.unpack(f"<{n}f", bytes(wide)))
+
+
+def quantize_from(a):
+    entries, blobs = [], []
+    for name, dtype, shape, data in read_checkpoint(a.quantize_from):
+        rname = release_name(name)
+        experts = ".ffn.experts." in rname
+        kind = None
+        if dtype in ("F32", "BF16", "F16") and len(shape) == 2 and rname.endswith(".weight"):
+            if experts:
+                kind = a.expert_format
+            elif rname not in ("embed.weight", "head.weight") and \
+                    not rname.endswith("ffn.gate.weight"):
+                kind = "fp8"
+        if kind is None:
+            entries.append((rname, dtype, shape))
+            blobs.append(data)
+            continue
+        vals = as_floats(dtype, data)
+        rows, cols = shape
+        if kind == "fp8":
+            codes, scales = quantize_fp8(vals, rows, cols)
+            entries.append((rname, "F8_E4M3", shape))
+        else:
+            codes, scales = quantize_fp4(vals, rows, cols)
+            entries.append((rname, "I8", [rows, cols // 2]))
+        blobs.append(codes)
+        scale_shape = ([cdiv(rows, 128), cdiv(cols, 128)] if kind == "fp8"
+                       else [rows, cdiv(cols, 32)])
+        entries.append((rname[:-len("weight")] + "scale", "F8_E8M0", scale_shape))
+        blobs.append(scales)
+    os.makedirs(a.out, exist_ok=True)
+    for fname in os.listdir(a.quantize_from):
+        src = os.path.join(a.quantize_from, fname)
+        if os.path.isfile(src) and not fname.startswith("model.safetensors") and \
+                not fname.endswith(".safetensors"):
+            shutil.copyfile(src, os.path.join(a.out, fname))
+    with open(os.path.join(a.out, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = QUANT
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    write_checkpoint(a.out, entries, lambda i: blobs[i], int(a.shard_mb * (1 << 20)))
+    print(f"{a.out}: {len(entries)} tensors quantized from {a.quantize_from}")
+    return 0
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -231,7 +394,11 @@ def main(argv):
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--shard-mb", type=float, default=4096)
     ap.add_argument("--reference-out")
+    ap.add_argument("--quantize-from")
+    ap.add_argument("--expert-format", choices=("fp4", "fp8"), default="fp4")
     a = ap.parse_args(argv)
+    if a.quantize_from:
+        return quantize_from(a)
     if a.layers < 1:
         ap.error(f"--layers: must be >= 1, got {a.layers}")
     with open(SHAPES[a.shapes]) as f:
