@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
+#include "cli/memory_check.h"
 #include "common/status.h"
 #include "decode/decode_worker.h"
 #include "spdlog/spdlog.h"
@@ -40,6 +41,10 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry,
                            worker::LoadWorkerEntry(flags.worker, "decode"));
+  // Before anything loads: a cuda worker whose GPUs cannot hold it is refused (`pdserve plan`).
+  PDSERVE_RETURN_IF_ERROR(CheckWorkerMemory(
+      entry.worker, entry.model_dir,
+      WorkerPlanOptions{.max_batch = flags.max_batch, .pool_tokens = flags.pool_tokens}));
   decode::DecodeWorkerOptions options;
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;

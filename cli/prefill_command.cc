@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
+#include "cli/memory_check.h"
 #include "common/status.h"
 #include "prefill/prefill_worker.h"
 #include "spdlog/spdlog.h"
@@ -32,6 +33,9 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   worker::LogToStderr("prefill");
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry, worker::LoadWorkerEntry(flags, "prefill"));
+  // Before anything loads: a cuda worker whose GPUs cannot hold it is refused (`pdserve plan`).
+  PDSERVE_RETURN_IF_ERROR(
+      CheckWorkerMemory(entry.worker, entry.model_dir, WorkerPlanOptions{.prefill = true}));
   prefill::PrefillWorkerOptions options;
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;

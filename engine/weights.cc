@@ -47,7 +47,7 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
 
 // Opens model.safetensors, or every shard model.safetensors.index.json names, and checks that
 // each tensor the index lists is in the shard it names.
-absl::StatusOr<std::vector<SafetensorsFile>> OpenFiles(const std::string& dir) {
+absl::StatusOr<std::vector<SafetensorsFile>> OpenFilesImpl(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string index_path = absl::StrCat(dir, "/", kIndexFile);
   std::vector<SafetensorsFile> files;
@@ -393,12 +393,22 @@ absl::StatusOr<Weights> RandomFromDir(const std::string& model_dir, const ModelC
 
 }  // namespace
 
+absl::StatusOr<std::vector<SafetensorsFile>> OpenCheckpointFiles(const std::string& model_dir) {
+  return OpenFilesImpl(model_dir);
+}
+
+bool HasCheckpointFiles(const std::string& model_dir) {
+  std::error_code ec;
+  return std::filesystem::exists(absl::StrCat(model_dir, "/", kSingleFile), ec) ||
+         std::filesystem::exists(absl::StrCat(model_dir, "/", kIndexFile), ec);
+}
+
 absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelConfig& config) {
   std::error_code exists_ec;
   if (std::filesystem::exists(absl::StrCat(model_dir, "/", kRandomFile), exists_ec)) {
     return RandomFromDir(model_dir, config);
   }
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<SafetensorsFile> files, OpenFiles(model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<SafetensorsFile> files, OpenCheckpointFiles(model_dir));
 
   std::map<std::string, Stored, std::less<>> stored;
   for (const SafetensorsFile& file : files) {

@@ -13,9 +13,11 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/safetensors.h"
 #include "engine/tensor.h"
 
 namespace pdserve::engine {
@@ -46,5 +48,12 @@ class Weights {
  private:
   std::map<std::string, Tensor, std::less<>> tensors_;
 };
+
+// The checkpoint files of `model_dir`: model.safetensors, or every shard
+// model.safetensors.index.json names (each tensor the index lists checked to be in its shard).
+// Only headers are parsed; data is mapped, not read. Errors as Weights::Load's for the files.
+absl::StatusOr<std::vector<SafetensorsFile>> OpenCheckpointFiles(const std::string& model_dir);
+// True when `model_dir` holds model.safetensors or model.safetensors.index.json.
+bool HasCheckpointFiles(const std::string& model_dir);
 
 }  // namespace pdserve::engine

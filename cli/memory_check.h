@@ -1,0 +1,36 @@
+// The memory plan of one deploy-config worker (engine/memory_plan.h), shared by `pdserve plan`
+// and the start of `pdserve prefill` / `pdserve decode`, which refuse, before loading anything, a
+// backend-cuda worker whose GPUs cannot hold it. Thread-safe: reads files only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/deploy_config.h"
+#include "engine/memory_plan.h"
+
+namespace pdserve::cli {
+
+struct WorkerPlanOptions {
+  bool prefill = false;
+  int64_t max_batch = 64;   // decode: `pdserve decode --max-batch`
+  int64_t pool_tokens = 0;  // decode: `--pool-tokens` (0: max_batch * context length)
+  int64_t max_context = 0;  // 0: what today's worker uses (see WorkerPlanRequest)
+  int64_t gpu_bytes = engine::kH200Bytes;
+};
+
+// The request today's worker makes of its GPUs: prefill one slot per rank of
+// max_position_embeddings tokens; decode ceil(max_batch / GPUs) slots per rank of
+// min(max_position_embeddings, pool_tokens) tokens (runtime/cuda/gpu_backend.cc), unless
+// options.max_context is set. InvalidArgument for a bad `gpus` value.
+absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig& worker,
+                                                      const engine::ModelConfig& config,
+                                                      const WorkerPlanOptions& options);
+
+// OK for a cpu worker; for a cuda worker engine::CheckPlanFits over the model's config.json and
+// checkpoint headers (ResourceExhausted naming what to change), or the files' errors.
+absl::Status CheckWorkerMemory(const config::WorkerConfig& worker, const std::string& model_dir,
+                               const WorkerPlanOptions& options);
+
+}  // namespace pdserve::cli

@@ -1,0 +1,111 @@
+// `pdserve plan --config F`: the memory plan of every backend-cuda worker of a deployment
+// (engine/memory_plan.h): per GPU the bytes for weights, state, activations and CUDA graphs in the
+// checkpoint's stored precision and as today's CUDA engine holds them, the largest batch x context
+// that fit, and the host page pool. Exit status 1, with the reason on stderr, when a worker does
+// not fit as the engine is today; 0 otherwise. Nothing is loaded: config.json and the
+// safetensors headers are read.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cli/command_registry.h"
+#include "cli/memory_check.h"
+#include "common/deploy_config.h"
+#include "common/status.h"
+#include "engine/memory_plan.h"
+
+namespace pdserve::cli {
+
+absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig& worker,
+                                                      const engine::ModelConfig& config,
+                                                      const WorkerPlanOptions& options) {
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<int> gpus, config::ParseGpuList(worker.gpus));
+  engine::PlanRequest q;
+  q.worker = worker.name;
+  q.prefill = options.prefill;
+  q.world = static_cast<int>(gpus.size());
+  q.max_batch = options.prefill ? 1 : options.max_batch;
+  q.gpu_bytes = options.gpu_bytes;
+  const int64_t pool = options.pool_tokens > 0 ? options.pool_tokens
+                                               : options.max_batch * config.max_position_embeddings;
+  q.max_context = options.max_context > 0 ? options.max_context
+                  : options.prefill       ? config.max_position_embeddings
+                                          : std::min(config.max_position_embeddings, pool);
+  return q;
+}
+
+absl::Status CheckWorkerMemory(const config::WorkerConfig& worker, const std::string& model_dir,
+                               const WorkerPlanOptions& options) {
+  if (worker.backend != "cuda") return absl::OkStatus();
+  PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(engine::WeightBytes weights, engine::PlanWeightBytes(model_dir, config));
+  PDSERVE_ASSIGN_OR_RETURN(engine::PlanRequest q, WorkerPlanRequest(worker, config, options));
+  return engine::CheckPlanFits(config, weights, q);
+}
+
+namespace {
+
+struct PlanFlags {
+  std::string config_path;
+  std::string model_dir;  // overrides the deploy config's model.path
+  WorkerPlanOptions options;
+  double gpu_memory_gib = 140.0;
+};
+
+absl::StatusOr<bool> RunPlan(PlanFlags flags) {
+  PDSERVE_ASSIGN_OR_RETURN(config::DeployConfig deploy,
+                           config::LoadDeployConfig(flags.config_path));
+  const std::string model_dir = flags.model_dir.empty() ? deploy.model_path : flags.model_dir;
+  PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(engine::WeightBytes weights, engine::PlanWeightBytes(model_dir, config));
+  flags.options.gpu_bytes = static_cast<int64_t>(flags.gpu_memory_gib * engine::kGiB);
+  std::printf("model %s: %lld layers, %lld routed experts\n", model_dir.c_str(),
+              static_cast<long long>(config.num_hidden_layers),
+              static_cast<long long>(config.n_routed_experts));
+  bool fits = true;
+  for (bool prefill : {true, false}) {
+    for (const config::WorkerConfig& w : prefill ? deploy.prefill : deploy.decode) {
+      if (w.backend != "cuda") {
+        std::printf("%s: backend cpu: no GPU (host page pool and fp32 weights only)\n",
+                    w.name.c_str());
+        continue;
+      }
+      WorkerPlanOptions o = flags.options;
+      o.prefill = prefill;
+      PDSERVE_ASSIGN_OR_RETURN(engine::PlanRequest q, WorkerPlanRequest(w, config, o));
+      std::printf("%s", engine::FormatPlan(config, weights, q).c_str());
+      if (absl::Status s = engine::CheckPlanFits(config, weights, q); !s.ok()) {
+        std::fprintf(stderr, "pdserve plan: refused: %s\n", std::string(s.message()).c_str());
+        fits = false;
+      }
+    }
+  }
+  return fits;
+}
+
+const CommandRegistrar kPlan([](CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand("plan", "Memory plan of a deployment's GPU workers");
+  cmd->add_option("--config", flags->config_path, "Deploy config YAML")->required();
+  cmd->add_option("--model", flags->model_dir, "Model directory (default: the config's)");
+  cmd->add_option("--max-batch", flags->options.max_batch, "Decode sequences (pdserve decode)")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_option("--pool-tokens", flags->options.pool_tokens, "As pdserve decode --pool-tokens")
+      ->check(NonNegative());
+  cmd->add_option("--max-context", flags->options.max_context,
+                  "Tokens per sequence (default: what the worker uses today)")
+      ->check(NonNegative());
+  cmd->add_option("--gpu-memory-gib", flags->gpu_memory_gib, "HBM per GPU (H200: 140)")
+      ->capture_default_str();
+  cmd->callback([flags, exit_code] {
+    const absl::StatusOr<bool> fits = RunPlan(*flags);
+    if (!fits.ok()) std::fprintf(stderr, "pdserve plan: %s\n", fits.status().ToString().c_str());
+    *exit_code = fits.ok() && *fits ? 0 : 1;
+  });
+});
+
+}  // namespace
+}  // namespace pdserve::cli

@@ -1,0 +1,133 @@
+// The memory plan of a worker's GPUs (issue 25, `pdserve plan`): bytes for weights, decode state,
+// activations and CUDA graphs per GPU, and the largest batch x context that fit, computed from a
+// model directory's config.json and safetensors headers before anything is loaded.
+//
+// Sources of each figure (docs/memory-plan.md has the tables and what is assumed):
+// - Weights: the checkpoint's safetensors headers (model.safetensors or the shards of
+//   model.safetensors.index.json; only headers are read), else, for a directory without a
+//   checkpoint, RequiredTensors(config) shapes in the stored formats of StoredFormatOf (what a
+//   DeepSeek-V4 release stores when config.json has a quantization_config) or in config.json's
+//   `dtype` (bf16) without one. The routed experts are split over an expert-parallel group
+//   (engine/expert_parallel.h: the largest rank holds ceil(E / world) experts); everything else is
+//   replicated on every GPU (docs/engine-gpu.md, "Several GPUs"). "today" is what the CUDA engine
+//   holds now: every matrix bf16, the router, vectors and hyper-connections fp32
+//   (engine/gpu/gpu_model_load.cc, UploadLinear / UploadF32).
+// - Decode state on a GPU: the slot pools of engine/gpu/gpu_model_impl.h (Layer::window_ring,
+//   CompressorWeights::Load) in the ring layout of engine/ring_state.h: per layer a bf16 window
+//   [W, head_dim], per compressor fp32 kv and gate rings [2m, width] and bf16 entries
+//   [RingEntryCapacity(context, m, 64), dim]; slots + 1 per rank (the scratch slot).
+// - Host state pool: serving/state_layout.h page kinds (fp32 rows), as PagePool allocates them.
+// - Activations: GpuModel::Impl::Allocate (engine/gpu/gpu_model_load.cc) at max_rows =
+//   max(max_chunk, slots per rank).
+// - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
+//   per captured decode bucket, kRuntimeAllowance per GPU), said so in the output.
+//
+// Thread-safety: pure functions over their arguments (PlanWeightBytes reads files).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/config.h"
+
+namespace pdserve::engine {
+
+inline constexpr int64_t kGiB = int64_t{1} << 30;
+inline constexpr int64_t kMiB = int64_t{1} << 20;
+// One H200's HBM as the plan counts it (nvidia-smi reports 143771 MiB).
+inline constexpr int64_t kH200Bytes = 140 * kGiB;
+inline constexpr int64_t kGraphAllowance = 16 * kMiB;   // per captured decode bucket (assumed)
+inline constexpr int64_t kRuntimeAllowance = 1 * kGiB;  // context, cuBLAS, NCCL (assumed)
+
+// How a tensor is stored when the release's quantization applies.
+enum class StoredFormat { kFp8Block, kFp4Expert, kBf16, kF32, kI32 };
+const char* StoredFormatName(StoredFormat f);  // "fp8", "fp4", "bf16", "f32", "i32"
+// The stored format of canonical tensor `name` in a DeepSeek-V4 release layout: routed experts
+// FP4 (e2m1 two per byte + ue8m0 scales per 1 x 32), embeddings / lm_head / router gate bf16,
+// other 2-D `.weight` matrices FP8 e4m3 (+ ue8m0 scales per 128 x 128), tid2eid i32, every other
+// tensor (norms, hyper-connections, sinks, position biases, correction bias) f32. The same rule
+// as tools/make_real_format_checkpoint.py.
+StoredFormat StoredFormatOf(const std::string& name, size_t rank, bool integer);
+// Bytes of a tensor of `shape` stored as `format`, scales included.
+int64_t StoredBytes(StoredFormat format, const std::vector<int64_t>& shape);
+
+struct WeightBytes {
+  std::string source;                       // where the figures come from, for the output
+  int64_t experts = 0;                      // routed experts (+ their scales) as stored
+  int64_t replicated = 0;                   // everything else as stored
+  int64_t experts_today = 0;                // the CUDA engine's bf16 experts
+  int64_t replicated_today = 0;             // the CUDA engine's copy of the rest
+  int64_t host_fp32 = 0;                    // Weights::Load's float32 copy of every tensor
+  std::map<std::string, int64_t> by_dtype;  // stored bytes per dtype name
+};
+
+// Reads `model_dir`'s checkpoint headers (or, without a checkpoint, config.json as above).
+// Errors: NotFound / InvalidArgument from the files, naming them.
+absl::StatusOr<WeightBytes> PlanWeightBytes(const std::string& model_dir,
+                                            const ModelConfig& config);
+// The config-only figures (no checkpoint): `quantized` picks StoredFormatOf, else bf16 / f32.
+WeightBytes WeightBytesFromConfig(const ModelConfig& config, bool quantized);
+
+// One request's decode state in the CUDA engine's slot pools at `context` tokens, per kind.
+struct SlotStateBytes {
+  int64_t window = 0;      // bf16 sliding-window rings, every layer
+  int64_t rings = 0;       // fp32 compressor kv + gate rings (CSA, HCA, indexer)
+  int64_t compressed = 0;  // bf16 CSA + HCA entries
+  int64_t indexer = 0;     // bf16 indexer keys (CSA layers)
+  int64_t total() const { return window + rings + compressed + indexer; }
+};
+SlotStateBytes GpuSlotStateBytes(const ModelConfig& config, int64_t context);
+
+// Bytes of the host page pool a worker allocates for `max_sequences` sequences and
+// `token_capacity` tokens (fp32 rows; serving::StateLayout::PoolOptions).
+int64_t HostPoolBytes(const ModelConfig& config, int64_t max_sequences, int64_t token_capacity,
+                      int64_t entries_per_page = 64);
+
+// Device workspace of one GpuModel rank at `max_rows` rows (GpuModel::Impl::Allocate).
+int64_t GpuActivationBytes(const ModelConfig& config, int64_t max_rows, int64_t context, int world);
+
+// Decode buckets a GpuModel with `slots` slots captures (powers of two below slots, and slots).
+int64_t DecodeBuckets(int64_t slots);
+
+struct PlanRequest {
+  std::string worker = "worker";  // names the worker in messages
+  bool prefill = false;           // prefill: one sequence per rank
+  int world = 1;                  // GPUs of the expert-parallel group
+  int64_t max_batch = 64;         // sequences of the worker (decode)
+  int64_t max_context = 0;        // tokens per sequence
+  int64_t max_chunk = 256;        // rows per Forward call (runtime::GpuBackendOptions)
+  int64_t gpu_bytes = kH200Bytes;
+};
+
+// The plan of one GPU of the group (the largest rank), in one precision.
+struct GpuPlan {
+  int64_t weights = 0;
+  int64_t state = 0;
+  int64_t activations = 0;
+  int64_t graphs = 0;   // allowance
+  int64_t runtime = 0;  // allowance
+  int64_t slots = 0;    // per rank, without the scratch slot
+  int64_t total() const { return weights + state + activations + graphs + runtime; }
+  // Largest batch (whole group) at the request's context, and largest context at its batch;
+  // 0 when none fits.
+  int64_t max_batch_at_context = 0;
+  int64_t max_context_at_batch = 0;
+};
+GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replicated_bytes,
+                const PlanRequest& request);
+
+// The plan as text (both precisions, the batch x context table) for `pdserve plan`.
+std::string FormatPlan(const ModelConfig& config, const WeightBytes& weights,
+                       const PlanRequest& request);
+
+// OK when the CUDA engine as it is today (bf16 weights) fits the request; else ResourceExhausted
+// naming the worker, the bytes, and what to change (more GPUs, fewer layers per GPU, a smaller
+// context, a smaller batch), with the figure that would fit where one exists.
+absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& weights,
+                           const PlanRequest& request);
+
+}  // namespace pdserve::engine

@@ -1,0 +1,96 @@
+// engine/memory_plan.h against what the engine allocates: the host state pool's bytes for the
+// bundled model (PagePool as the workers create it), one CUDA slot's bytes against the ring
+// layout's sizes (engine/ring_state.h, what GpuModel allocates per slot), the weight bytes read
+// from a checkpoint's headers against the files' data sections, and the refusal of a config
+// that cannot fit.
+#include "engine/memory_plan.h"
+
+#include <filesystem>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/ring_state.h"
+#include "engine/safetensors.h"
+#include "gtest/gtest.h"
+#include "runtime/paged_state.h"
+#include "serving/page_pool.h"
+
+namespace pdserve::engine {
+namespace {
+
+int64_t PoolBytes(const serving::PagePool& pool) {
+  int64_t bytes = 0;
+  for (int32_t k = 0; k < pool.num_kinds(); ++k) {
+    bytes += pool.kind(k).page_bytes() * pool.pages_total(k);
+  }
+  return bytes;
+}
+
+TEST(MemoryPlanTest, HostPoolBytesEqualWhatThePagePoolAllocates) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto layout = runtime::LayoutForModel(*config);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  for (auto [seqs, tokens] : {std::pair<int64_t, int64_t>{1, 512}, {64, 64 * 512}, {3, 700}}) {
+    auto pool = serving::PagePool::Create(layout->PoolOptions(seqs, tokens));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    EXPECT_EQ(HostPoolBytes(*config, seqs, tokens), PoolBytes(**pool)) << seqs << " x " << tokens;
+  }
+}
+
+TEST(MemoryPlanTest, SlotBytesEqualTheRingLayoutsSizes) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (int64_t context : {1, 64, 333, 512}) {
+    const RingImage image = NewRingImage(RingGeometryFor(*config, context, 64));
+    int64_t bf16 = 0, f32 = 0;  // the device stores windows and entries bf16, rings fp32
+    for (const RingLayerImage& l : image.layers) {
+      bf16 += static_cast<int64_t>(l.window.size() + l.compressor.entries.size() +
+                                   l.indexer.entries.size());
+      f32 += static_cast<int64_t>(l.compressor.ring_kv.size() + l.compressor.ring_gate.size() +
+                                  l.indexer.ring_kv.size() + l.indexer.ring_gate.size());
+    }
+    const SlotStateBytes s = GpuSlotStateBytes(*config, context);
+    EXPECT_EQ(s.total(), 2 * bf16 + 4 * f32) << context;
+    EXPECT_GT(s.compressed, 0);
+    EXPECT_GT(s.indexer, 0);
+  }
+}
+
+TEST(MemoryPlanTest, CheckpointHeadersGiveTheDataSectionBytes) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto w = PlanWeightBytes(PDSERVE_BUNDLED_MODEL, *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string file = std::string(PDSERVE_BUNDLED_MODEL) + "/model.safetensors";
+  auto st = SafetensorsFile::Open(file);
+  ASSERT_TRUE(st.ok()) << st.status();
+  int64_t data = 0;
+  for (const TensorInfo& t : st->tensors()) data += static_cast<int64_t>(t.end - t.begin);
+  EXPECT_EQ(w->experts + w->replicated, data);
+  EXPECT_GT(w->experts, 0);
+  EXPECT_NE(w->source.find("safetensors headers"), std::string::npos);
+}
+
+TEST(MemoryPlanTest, AFlashConfigOnOneGpuIsRefusedNamingWhatToChange) {
+  const std::string dir = std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto w = PlanWeightBytes(dir, *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  PlanRequest q;
+  q.worker = "decode-0";
+  q.max_batch = 64;
+  q.max_context = 65536;
+  const absl::Status s = CheckPlanFits(*config, *w, q);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("decode-0: does not fit"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("more GPUs"), std::string::npos) << s;
+  q.world = 8;  // 8 H200s hold V4-Flash in bf16 at a smaller batch x context
+  q.max_batch = 8;
+  q.max_context = 4096;
+  EXPECT_TRUE(CheckPlanFits(*config, *w, q).ok()) << FormatPlan(*config, *w, q);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
