@@ -31,15 +31,9 @@
 
 namespace pdserve::runtime {
 
-// One row of a GPU sampling call: SampleToken's arguments, minus the logits. Pointers and spans
-// must stay valid through the call.
-struct GpuSampleRow {
-  const serving::SamplingParams* params = nullptr;
-  std::span<const int32_t> end_token_ids;
-  const serving::TokenHistory* history = nullptr;
-  serving::SampleKey key;
-  std::span<const uint64_t> allowed;  // empty: no mask (as SampleToken)
-};
+// One row of a GPU sampling call: SampleToken's arguments minus the logits
+// (RequestSampler::PrepareDraw returns them). Pointers and spans must stay valid through the call.
+using GpuSampleRow = serving::RequestSampler::DrawInputs;
 
 class GpuSampler {
  public:
