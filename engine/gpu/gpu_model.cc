@@ -459,23 +459,18 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
   } else {
     PDSERVE_RETURN_IF_ERROR(Enqueue(rows, segments, max_tokens, decode));
   }
-  if (!to_host) {
-    if (comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
-    for (const auto& [slot, tokens] : work) {
-      slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
-    }
-    return Tensor();
-  }
-  if (real_rows > 0) {
+  if (to_host && real_rows > 0) {
     PDSERVE_CUDA_RETURN(
         cudaMemcpyAsync(logits_host.get(), logits.get(),
                         static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
                         cudaMemcpyDeviceToHost, stream));
   }
-  PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
+  if (to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
   for (const auto& [slot, tokens] : work) {
     slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
   }
+  if (!to_host) return Tensor();
   Tensor out({real_rows, c.vocab_size});
   std::memcpy(out.ptr(), logits_host.get(), out.data.size() * sizeof(float));
   return out;
