@@ -22,12 +22,14 @@ void ChoiceProgress::Record(int32_t token) {
   degenerate = degenerate || detector.Repetitive();
 }
 
-absl::StatusOr<bool> SampleAndDeliver(const SequenceSetup& setup, std::span<const float> last,
-                                      DegenerationAction action, ChoiceProgress* progress,
-                                      const std::function<absl::Status()>& before_final) {
-  RequestContext& request = *setup.request;
-  absl::MutexLock lock(&request.mu);
-  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step, request.sampler.Next(setup.choice, last));
+namespace {
+
+// The part after the draw, under request.mu.
+absl::StatusOr<bool> Deliver(const SequenceSetup& setup, RequestContext& request,
+                             serving::SampleStep step, DegenerationAction action,
+                             ChoiceProgress* progress,
+                             const std::function<absl::Status()>& before_final)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu) {
   progress->Record(step.sampled.token);
   TokenEvent event{setup.choice, std::move(step.sampled), "", progress->degenerate,
                    progress->degenerate ? "repeat" : ""};
@@ -43,6 +45,27 @@ absl::StatusOr<bool> SampleAndDeliver(const SequenceSetup& setup, std::span<cons
   if (before_final && !event.finish_reason.empty()) PDSERVE_RETURN_IF_ERROR(before_final());
   if (request.on_token && request.on_token(event)) stop = true;
   return stop;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> SampleAndDeliver(const SequenceSetup& setup, std::span<const float> last,
+                                      DegenerationAction action, ChoiceProgress* progress,
+                                      const std::function<absl::Status()>& before_final) {
+  RequestContext& request = *setup.request;
+  absl::MutexLock lock(&request.mu);
+  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step, request.sampler.Next(setup.choice, last));
+  return Deliver(setup, request, std::move(step), action, progress, before_final);
+}
+
+absl::StatusOr<bool> CommitAndDeliver(const SequenceSetup& setup, serving::SampledToken sampled,
+                                      DegenerationAction action, ChoiceProgress* progress,
+                                      const std::function<absl::Status()>& before_final) {
+  RequestContext& request = *setup.request;
+  absl::MutexLock lock(&request.mu);
+  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step,
+                           request.sampler.CommitDraw(setup.choice, std::move(sampled)));
+  return Deliver(setup, request, std::move(step), action, progress, before_final);
 }
 
 }  // namespace pdserve::runtime

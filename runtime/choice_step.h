@@ -45,4 +45,12 @@ absl::StatusOr<bool> SampleAndDeliver(const SequenceSetup& setup, std::span<cons
                                       DegenerationAction action, ChoiceProgress* progress,
                                       const std::function<absl::Status()>& before_final);
 
+// As SampleAndDeliver, for a token drawn elsewhere from the inputs of
+// RequestSampler::PrepareDraw (the GPU sampler): records `sampled` with CommitDraw, then flags,
+// runs `before_final` and delivers exactly as SampleAndDeliver. Errors: CommitDraw's and
+// before_final's.
+absl::StatusOr<bool> CommitAndDeliver(const SequenceSetup& setup, serving::SampledToken sampled,
+                                      DegenerationAction action, ChoiceProgress* progress,
+                                      const std::function<absl::Status()>& before_final);
+
 }  // namespace pdserve::runtime

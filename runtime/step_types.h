@@ -90,6 +90,11 @@ struct RunnerOptions {
   // fails the choice with an isolation error. Without it the runner uses the pool's current table
   // and the owner + epoch check of MapPages.
   bool paranoid = false;
+  // CUDA runner only: decode rows are sampled on the device (runtime/cuda/gpu_sampler.h) and only
+  // token ids and logprobs come back. false, or the environment variable
+  // PDSERVE_HOST_SAMPLER=1 when the runner is created, copies every decode row's fp32 logits to
+  // the host and samples there with serving::RequestSampler (the A/B fallback).
+  bool gpu_sampling = true;
 };
 
 // Guard counters since the runner started (monotonic).

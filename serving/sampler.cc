@@ -350,23 +350,38 @@ absl::Status RequestSampler::AdvanceJson(Choice& state, int32_t token) {
       absl::StrCat("token id ", token, " does not continue the JSON document of response_format"));
 }
 
-absl::StatusOr<SampleStep> RequestSampler::Next(int32_t choice, std::span<const float> logits) {
+absl::StatusOr<RequestSampler::DrawInputs> RequestSampler::PrepareDraw(int32_t choice,
+                                                                       int64_t vocab) {
   PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
-  const SampleKey key = {seed_, static_cast<uint32_t>(choice),
-                         static_cast<uint32_t>(state->history.position())};
-  std::span<const uint64_t> allowed;
+  DrawInputs inputs;
+  inputs.params = &params_;
+  inputs.end_token_ids = end_token_ids_;
+  inputs.history = &state->history;
+  inputs.key = {seed_, static_cast<uint32_t>(choice),
+                static_cast<uint32_t>(state->history.position())};
   if (state->json) {
     const int64_t remaining = params_.max_tokens - state->history.generated_length();
-    PDSERVE_RETURN_IF_ERROR(constraint_->FillMask(*state->json, remaining, end_token_ids_,
-                                                  static_cast<int64_t>(logits.size()), &mask_));
-    allowed = mask_;
+    PDSERVE_RETURN_IF_ERROR(
+        constraint_->FillMask(*state->json, remaining, end_token_ids_, vocab, &state->mask));
+    inputs.allowed = state->mask;
   }
+  return inputs;
+}
+
+absl::StatusOr<SampleStep> RequestSampler::CommitDraw(int32_t choice, SampledToken sampled) {
+  PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
   SampleStep step;
-  PDSERVE_ASSIGN_OR_RETURN(
-      step.sampled, SampleToken(logits, params_, end_token_ids_, state->history, key, allowed));
+  step.sampled = std::move(sampled);
   PDSERVE_RETURN_IF_ERROR(AdvanceJson(*state, step.sampled.token));
   step.finish = Append(*state, step.sampled.token);
   return step;
+}
+
+absl::StatusOr<SampleStep> RequestSampler::Next(int32_t choice, std::span<const float> logits) {
+  PDSERVE_ASSIGN_OR_RETURN(DrawInputs in, PrepareDraw(choice, static_cast<int64_t>(logits.size())));
+  PDSERVE_ASSIGN_OR_RETURN(SampledToken sampled, SampleToken(logits, *in.params, in.end_token_ids,
+                                                             *in.history, in.key, in.allowed));
+  return CommitDraw(choice, std::move(sampled));
 }
 
 absl::StatusOr<std::optional<FinishReason>> RequestSampler::Record(int32_t choice, int32_t token) {

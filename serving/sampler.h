@@ -121,6 +121,20 @@ class RequestSampler {
   // (once min_tokens is reached) finishes the choice with kStop, the max_tokens-th with kLength.
   // Errors: OutOfRange for a bad choice, FailedPrecondition for a finished one, and SampleToken's.
   absl::StatusOr<SampleStep> Next(int32_t choice, std::span<const float> logits);
+  // Next in two halves, for a sampler that draws elsewhere (the GPU sampler,
+  // runtime/cuda/gpu_sampler.h): PrepareDraw returns SampleToken's arguments for the next token of
+  // `choice` (computing the response_format mask over `vocab` tokens); CommitDraw records the
+  // token drawn from them and returns Next's SampleStep. The pointers and spans stay valid until
+  // the next PrepareDraw, CommitDraw, Next or Record of that choice. Errors: as Next's.
+  struct DrawInputs {
+    const SamplingParams* params = nullptr;
+    std::span<const int32_t> end_token_ids;
+    const TokenHistory* history = nullptr;
+    SampleKey key;
+    std::span<const uint64_t> allowed;
+  };
+  absl::StatusOr<DrawInputs> PrepareDraw(int32_t choice, int64_t vocab);
+  absl::StatusOr<SampleStep> CommitDraw(int32_t choice, SampledToken sampled);
   // Records a token of `choice` drawn elsewhere with this request's key (in PD mode, the prefill
   // worker's first token), so later draws continue the same stream; returns the finish it causes.
   // Errors: as Next's, and InvalidArgument for a token outside the vocabulary or one the
@@ -138,6 +152,7 @@ class RequestSampler {
     TokenHistory history;
     bool finished = false;
     std::optional<structured::JsonMatcher> json;  // with a json_schema: where the output is
+    std::vector<uint64_t> mask;                   // its last step's allowed tokens
   };
   RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
                  std::vector<int32_t> end_token_ids, std::vector<Choice> choices,
@@ -157,7 +172,6 @@ class RequestSampler {
   std::vector<Choice> choices_;
   // Shared by copies of this sampler and its choices (thread-safe); null without a json_schema.
   std::shared_ptr<structured::JsonConstraint> constraint_;
-  std::vector<uint64_t> mask_;  // the last step's allowed tokens
 };
 
 }  // namespace pdserve::serving

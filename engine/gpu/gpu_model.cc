@@ -391,7 +391,7 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
 
 absl::StatusOr<Tensor> GpuModel::Impl::Run(
     const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
-    bool use_graph, bool decode) {
+    bool use_graph, bool decode, bool to_host) {
   const ModelConfig& c = config;
   int64_t real_rows = 0;
   int64_t max_tokens = 0;
@@ -459,16 +459,18 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
   } else {
     PDSERVE_RETURN_IF_ERROR(Enqueue(rows, segments, max_tokens, decode));
   }
-  if (real_rows > 0) {
+  if (to_host && real_rows > 0) {
     PDSERVE_CUDA_RETURN(
         cudaMemcpyAsync(logits_host.get(), logits.get(),
                         static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
                         cudaMemcpyDeviceToHost, stream));
   }
-  PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
+  if (to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
   for (const auto& [slot, tokens] : work) {
     slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
   }
+  if (!to_host) return Tensor();
   Tensor out({real_rows, c.vocab_size});
   std::memcpy(out.ptr(), logits_host.get(), out.data.size() * sizeof(float));
   return out;
@@ -585,7 +587,23 @@ absl::Status GpuModel::Idle(int64_t rows) {
 absl::StatusOr<Tensor> GpuModel::DecodeStep(const std::vector<int64_t>& slots,
                                             const std::vector<int32_t>& tokens, bool use_graph,
                                             int64_t group_rows) {
+  return impl_->Decode(slots, tokens, use_graph, group_rows, /*to_host=*/true);
+}
+
+absl::StatusOr<GpuModel::DeviceLogits> GpuModel::DecodeStepOnDevice(
+    const std::vector<int64_t>& slots, const std::vector<int32_t>& tokens, bool use_graph,
+    int64_t group_rows) {
   Impl& m = *impl_;
+  PDSERVE_RETURN_IF_ERROR(
+      m.Decode(slots, tokens, use_graph, group_rows, /*to_host=*/false).status());
+  return DeviceLogits{m.logits.get(), static_cast<int64_t>(slots.size()), m.config.vocab_size,
+                      m.stream};
+}
+
+absl::StatusOr<Tensor> GpuModel::Impl::Decode(const std::vector<int64_t>& slots,
+                                              const std::vector<int32_t>& tokens, bool use_graph,
+                                              int64_t group_rows, bool to_host) {
+  Impl& m = *this;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slots.size() != tokens.size() || (slots.empty() && group_rows <= 0)) {
     return absl::InvalidArgumentError("GpuModel: DecodeStep needs one token per slot");
@@ -615,7 +633,7 @@ absl::StatusOr<Tensor> GpuModel::DecodeStep(const std::vector<int64_t>& slots,
   }
   // The local communicator's host barrier would not run at a graph's replay.
   const bool graph = use_graph && (m.comm == nullptr || m.comm->graph_capturable());
-  return m.Run(work, *bucket, graph, /*decode=*/true);
+  return m.Run(work, *bucket, graph, /*decode=*/true, to_host);
 }
 
 }  // namespace pdserve::engine::gpu

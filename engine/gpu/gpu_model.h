@@ -184,6 +184,23 @@ class GpuModel {
                                     const std::vector<int32_t>& tokens, bool use_graph,
                                     int64_t group_rows = 0);
 
+  // Where DecodeStepOnDevice leaves a step's logits: fp32 [rows, stride] in device memory (row i
+  // is slots[i]'s), valid until the next Forward / DecodeStep / DecodeStepOnDevice / Idle of this
+  // model, and the stream (a cudaStream_t) the step was enqueued on.
+  struct DeviceLogits {
+    const float* data = nullptr;
+    int64_t rows = 0;
+    int64_t stride = 0;
+    void* stream = nullptr;
+  };
+  // As DecodeStep, but the logits stay on the device and, on one GPU (world() == 1), nothing is
+  // synchronized: the caller enqueues its use of them on `stream` (runtime::GpuSampler) and
+  // synchronizes, and errors of the step's kernels surface there. In an expert-parallel group
+  // the step still synchronizes (its communicator's host barrier). Errors as DecodeStep's.
+  absl::StatusOr<DeviceLogits> DecodeStepOnDevice(const std::vector<int64_t>& slots,
+                                                  const std::vector<int32_t>& tokens,
+                                                  bool use_graph, int64_t group_rows = 0);
+
   // Runs the forward pass over `rows` padding rows only (eagerly): how a rank of an
   // expert-parallel group with no work takes part in a lock-step Forward of the others. Touches
   // only the scratch slot. InvalidArgument for rows outside [1, max(max_chunk, the largest

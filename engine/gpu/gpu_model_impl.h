@@ -303,9 +303,15 @@ struct GpuModel::Impl {
   }
   // Stages the metadata, copies it, runs Enqueue or the graph, and copies the work's logits back.
   // Rows past the work's are padding (one token at position 0 of the scratch slot each). decode:
-  // as Attention's (only with one token per segment and a bucket's rows).
+  // as Attention's (only with one token per segment and a bucket's rows). to_host false: the
+  // logits stay in `logits` and an empty tensor is returned; the stream is synchronized only in
+  // an expert-parallel group.
+  // DecodeStep's checks and call of Run.
+  absl::StatusOr<Tensor> Decode(const std::vector<int64_t>& slots,
+                                const std::vector<int32_t>& tokens, bool use_graph,
+                                int64_t group_rows, bool to_host);
   absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
-                             int64_t padded_rows, bool use_graph, bool decode);
+                             int64_t padded_rows, bool use_graph, bool decode, bool to_host = true);
 };
 
 }  // namespace pdserve::engine::gpu

@@ -1,8 +1,10 @@
 #include "runtime/cuda/gpu_step_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -36,10 +38,25 @@ struct GpuStepRunner::Sequence {
   }
 };
 
+namespace {
+
+// PDSERVE_HOST_SAMPLER=1: the A/B switch back to the host sampler (gpu_step_runner.h).
+bool HostSamplerForced() {
+  const char* value = std::getenv("PDSERVE_HOST_SAMPLER");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+}  // namespace
+
 GpuStepRunner::GpuStepRunner(std::unique_ptr<engine::gpu::GpuModelGroup> group,
                              const serving::StateLayout& layout, serving::PagePool* pool,
                              RunnerOptions options)
-    : group_(std::move(group)), layout_(layout), pool_(pool), options_(std::move(options)) {
+    : group_(std::move(group)),
+      layout_(layout),
+      pool_(pool),
+      options_(std::move(options)),
+      gpu_sampling_(options_.gpu_sampling && !HostSamplerForced()) {
+  samplers_.resize(static_cast<size_t>(group_->world()));
   free_slots_.resize(static_cast<size_t>(group_->world()));
   for (int64_t r = 0; r < group_->world(); ++r) {
     for (int64_t s = group_->rank(r).slots() - 1; s >= 0; --s) {
@@ -322,10 +339,13 @@ void GpuStepRunner::RunPrefill(const std::vector<Work>& works, std::vector<char>
 void GpuStepRunner::RunDecode(const std::vector<Work>& works, std::vector<char>* stopped) {
   const int64_t world = group_->world();
   const auto ranks = static_cast<size_t>(world);
-  std::vector<std::vector<int64_t>> slots(ranks);
-  std::vector<std::vector<int32_t>> tokens(ranks);
-  std::vector<std::vector<size_t>> batch(ranks);  // index into works of each batch row, per rank
-  std::vector<int64_t> sizes(ranks, 0);
+  const int64_t vocab = group_->rank(0).config().vocab_size;
+  DecodeBatch batch;
+  batch.rows.resize(ranks);
+  batch.slots.resize(ranks);
+  batch.tokens.resize(ranks);
+  batch.sizes.assign(ranks, 0);
+  std::vector<std::vector<GpuSampleRow>> draws(ranks);
   for (size_t i = 0; i < works.size(); ++i) {
     Sequence& seq = *works[i].sequence;
     // A decode input is the newest token, at position computed (the slot's position).
@@ -338,20 +358,37 @@ void GpuStepRunner::RunDecode(const std::vector<Work>& works, std::vector<char>*
       continue;
     }
     const auto r = static_cast<size_t>(seq.rank);
-    slots[r].push_back(seq.slot);
-    tokens[r].push_back(seq.TokenAt(seq.computed));
-    batch[r].push_back(i);
-    ++sizes[r];
+    if (gpu_sampling_) {
+      // The inputs point into the request's sampler, which only this step loop advances (here
+      // and in CommitAndDeliver), so they stay valid after the lock is released.
+      RequestContext& request = *seq.setup.request;
+      absl::MutexLock lock(&request.mu);
+      absl::StatusOr<GpuSampleRow> draw = request.sampler.PrepareDraw(seq.setup.choice, vocab);
+      if (!draw.ok()) {
+        (*stopped)[i] = Fail(seq, draw.status());
+        continue;
+      }
+      draws[r].push_back(*draw);
+    }
+    batch.slots[r].push_back(seq.slot);
+    batch.tokens[r].push_back(seq.TokenAt(seq.computed));
+    batch.rows[r].push_back(i);
+    ++batch.sizes[r];
   }
-  absl::StatusOr<int64_t> rows = engine::GroupDecodeRows(sizes, group_->rank(0).decode_buckets());
+  absl::StatusOr<int64_t> rows =
+      engine::GroupDecodeRows(batch.sizes, group_->rank(0).decode_buckets());
   if (rows.ok() && *rows == 0) return;
+  if (rows.ok() && gpu_sampling_) {
+    DecodeOnDevice(works, batch, *rows, draws, stopped);
+    return;
+  }
   std::vector<absl::StatusOr<engine::Tensor>> logits(ranks, absl::UnknownError("not run"));
   if (rows.ok()) {
     const std::vector<absl::Status> ran =
         group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
           const auto i = static_cast<size_t>(r);
-          logits[i] =
-              gpu.DecodeStep(slots[i], tokens[i], /*use_graph=*/true, world > 1 ? *rows : 0);
+          logits[i] = gpu.DecodeStep(batch.slots[i], batch.tokens[i], /*use_graph=*/true,
+                                     world > 1 ? *rows : 0);
           return logits[i].status();
         });
     for (size_t r = 0; r < ranks; ++r) {
@@ -362,18 +399,75 @@ void GpuStepRunner::RunDecode(const std::vector<Work>& works, std::vector<char>*
   }
   for (size_t r = 0; r < ranks; ++r) {
     if (!logits[r].ok()) {
-      for (size_t i : batch[r]) (*stopped)[i] = Fail(*works[i].sequence, logits[r].status());
+      for (size_t i : batch.rows[r]) (*stopped)[i] = Fail(*works[i].sequence, logits[r].status());
       continue;
     }
-    const int64_t vocab = logits[r]->dim(1);
-    for (size_t row = 0; row < batch[r].size(); ++row) {
-      Sequence& seq = *works[batch[r][row]].sequence;
+    SampleOnHost(works, batch.rows[r], *logits[r], stopped);
+  }
+}
+
+void GpuStepRunner::SampleOnHost(const std::vector<Work>& works, const std::vector<size_t>& rows,
+                                 const engine::Tensor& logits, std::vector<char>* stopped) {
+  const int64_t vocab = logits.dim(1);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    Sequence& seq = *works[rows[row]].sequence;
+    seq.computed += 1;
+    std::span<const float> out(logits.ptr() + static_cast<int64_t>(row) * vocab,
+                               static_cast<size_t>(vocab));
+    absl::StatusOr<bool> stop =
+        SampleAndDeliver(seq.setup, out, options_.degeneration, &seq.progress, nullptr);
+    (*stopped)[rows[row]] = stop.ok() ? *stop : Fail(seq, stop.status());
+  }
+}
+
+void GpuStepRunner::DecodeOnDevice(const std::vector<Work>& works, const DecodeBatch& batch,
+                                   int64_t rows,
+                                   const std::vector<std::vector<GpuSampleRow>>& draws,
+                                   std::vector<char>* stopped) {
+  const int64_t world = group_->world();
+  const auto ranks = static_cast<size_t>(world);
+  using Sampled = std::vector<absl::StatusOr<serving::SampledToken>>;
+  std::vector<absl::StatusOr<Sampled>> sampled(ranks, absl::UnknownError("not run"));
+  // On rank r's thread (its device current): the step, then its rows' draws on its stream.
+  auto step = [&](size_t r, engine::gpu::GpuModel& gpu) -> absl::StatusOr<Sampled> {
+    PDSERVE_ASSIGN_OR_RETURN(engine::gpu::GpuModel::DeviceLogits logits,
+                             gpu.DecodeStepOnDevice(batch.slots[r], batch.tokens[r],
+                                                    /*use_graph=*/true, world > 1 ? rows : 0));
+    if (samplers_[r] == nullptr) {
+      absl::StatusOr<std::unique_ptr<GpuSampler>> made =
+          GpuSampler::Create(gpu.decode_buckets().back(), gpu.config().vocab_size);
+      if (!made.ok()) {
+        return absl::Status(
+            made.status().code(),
+            absl::StrCat(made.status().message(), " (PDSERVE_HOST_SAMPLER=1 samples on the host)"));
+      }
+      samplers_[r] = std::move(*made);
+    }
+    return samplers_[r]->Sample(logits.data, logits.stride, draws[r],
+                                static_cast<cudaStream_t>(logits.stream));
+  };
+  const std::vector<absl::Status> ran =
+      group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
+        const auto i = static_cast<size_t>(r);
+        sampled[i] = step(i, gpu);
+        return sampled[i].status();
+      });
+  for (size_t r = 0; r < ranks; ++r) {
+    if (!ran[r].ok() && sampled[r].ok()) sampled[r] = ran[r];
+    const std::vector<size_t>& mine = batch.rows[r];
+    if (!sampled[r].ok()) {
+      for (size_t i : mine) (*stopped)[i] = Fail(*works[i].sequence, sampled[r].status());
+      continue;
+    }
+    for (size_t row = 0; row < mine.size(); ++row) {
+      Sequence& seq = *works[mine[row]].sequence;
       seq.computed += 1;
-      std::span<const float> out(logits[r]->ptr() + static_cast<int64_t>(row) * vocab,
-                                 static_cast<size_t>(vocab));
+      absl::StatusOr<serving::SampledToken>& token = (*sampled[r])[row];
       absl::StatusOr<bool> stop =
-          SampleAndDeliver(seq.setup, out, options_.degeneration, &seq.progress, nullptr);
-      (*stopped)[batch[r][row]] = stop.ok() ? *stop : Fail(seq, stop.status());
+          token.ok() ? CommitAndDeliver(seq.setup, std::move(*token), options_.degeneration,
+                                        &seq.progress, nullptr)
+                     : absl::StatusOr<bool>(token.status());
+      (*stopped)[mine[row]] = stop.ok() ? *stop : Fail(seq, stop.status());
     }
   }
 }

@@ -41,6 +41,17 @@
 // into its slot (GpuModel::ImportState through two pinned layer buffers per rank, each layer's
 // copy overlapping the next one's conversion), then decodes from position prompt.size().
 //
+// Sampling. Decode rows are sampled on the GPU by default (runtime/cuda/gpu_sampler.h): the step
+// leaves its logits on the device (GpuModel::DecodeStepOnDevice), the sampler runs after the
+// decode graph on the same stream (outside the graph, which still holds only the forward
+// pass), and only token ids and the requested logprobs come back, with one synchronization per
+// rank and step. Each row's inputs come from RequestSampler::PrepareDraw before the step and its
+// token is recorded with CommitDraw after (runtime/choice_step.h's CommitAndDeliver), so the
+// tokens are serving::SampleToken's on the same logits (kernels/cuda/sampling.cuh says where
+// bit-identity is not guaranteed). RunnerOptions::gpu_sampling = false or PDSERVE_HOST_SAMPLER=1
+// samples on the host instead (logits copied back), for A/B. Prefill's sampled token (one per
+// sequence) is always drawn on the host from the Forward's host logits.
+//
 // Guards: the canary is refused (Add returns FailedPrecondition; `pdserve serve --backend cuda`
 // refuses --canary-every at startup), and so is paranoid mode (Create returns
 // FailedPrecondition): both are defined over the CPU engine and the state pages, which the GPU
@@ -65,6 +76,7 @@
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
+#include "runtime/cuda/gpu_sampler.h"
 #include "runtime/step_types.h"
 #include "serving/page_pool.h"
 #include "serving/scheduler.h"
@@ -115,6 +127,21 @@ class GpuStepRunner : public SequenceRunner {
   void RunPrefill(const std::vector<Work>& works, std::vector<char>* stopped);
   // The decode works of one step through one DecodeStep per rank; sets stopped[i] for works[i].
   void RunDecode(const std::vector<Work>& works, std::vector<char>* stopped);
+  // The decode batch of each rank: works' rows (indices into works), slots and input tokens.
+  struct DecodeBatch {
+    std::vector<std::vector<size_t>> rows;
+    std::vector<std::vector<int64_t>> slots;
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int64_t> sizes;
+  };
+  // Delivers rank r's decode logits [rows, vocab] (host) through the host sampler.
+  void SampleOnHost(const std::vector<Work>& works, const std::vector<size_t>& rows,
+                    const engine::Tensor& logits, std::vector<char>* stopped);
+  // The decode works through DecodeStepOnDevice and the GPU sampler; `draws` are the rows'
+  // PrepareDraw inputs, per rank in batch order.
+  void DecodeOnDevice(const std::vector<Work>& works, const DecodeBatch& batch, int64_t rows,
+                      const std::vector<std::vector<GpuSampleRow>>& draws,
+                      std::vector<char>* stopped);
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
 
@@ -129,6 +156,10 @@ class GpuStepRunner : public SequenceRunner {
   // Per rank, made at the first PD placement: the pinned buffers a transferred prompt state is
   // imported through (two layers). Used by Run only (one step at a time).
   std::vector<std::unique_ptr<engine::gpu::StateStaging>> import_staging_;
+  // Decode sampling on the device (options.gpu_sampling and no PDSERVE_HOST_SAMPLER=1).
+  const bool gpu_sampling_;
+  // Per rank, made on the rank's thread at its first decode step. Used by Run only.
+  std::vector<std::unique_ptr<GpuSampler>> samplers_;
 };
 
 }  // namespace pdserve::runtime

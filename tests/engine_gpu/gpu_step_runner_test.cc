@@ -176,10 +176,12 @@ class GpuStepRunnerTest : public ::testing::Test {
 
 using GpuHarness = Harness<GpuStepRunner>;
 
-MakeRunner<GpuStepRunner> MakeGpuRunner(GpuModel* gpu) {
-  return [gpu](const serving::StateLayout& layout, serving::PagePool* pool) {
+// gpu_sampling false: decode rows are sampled on the host (RunnerOptions::gpu_sampling).
+MakeRunner<GpuStepRunner> MakeGpuRunner(GpuModel* gpu, bool gpu_sampling = true) {
+  return [gpu, gpu_sampling](const serving::StateLayout& layout, serving::PagePool* pool) {
     RunnerOptions options;
     options.prefill_block = kPrefillBlock;
+    options.gpu_sampling = gpu_sampling;
     auto runner = GpuStepRunner::Create(gpu, layout, pool, options);
     EXPECT_TRUE(runner.ok()) << runner.status();
     return runner.ok() ? std::move(*runner) : nullptr;
@@ -209,6 +211,35 @@ TEST_F(GpuStepRunnerTest, SeededSamplingInMixedBatchesEqualsTheCpuRunner) {
   const Outputs got = h.RunAll(specs);
   EXPECT_GT(h.mixed_steps(), 0);
   ExpectSameTokens(got, RunCpu(specs, 16, 48), /*max_diverged=*/3);
+}
+
+// The same GPU runner with decode rows sampled on the device and on the host (the A/B switch):
+// the same logits, so the same tokens, with every sampling parameter in play (penalties,
+// logit_bias, min_tokens, top_k / top_p / min_p, logprobs) and two choices per request.
+// kernels/cuda/sampling.cuh: a token may differ only for a draw within a few ulp of a boundary.
+TEST_F(GpuStepRunnerTest, DeviceSamplingEqualsHostSampling) {
+  auto gpu = Gpu(16);
+  ASSERT_NE(gpu, nullptr);
+  std::vector<RequestSpec> specs = Specs(0.9, 2, 2);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    serving::SamplingParams& p = specs[i].params;
+    p.top_k = i % 3 == 0 ? 0 : 40;
+    p.top_p = i % 2 == 0 ? 1.0 : 0.9;
+    p.min_p = i % 4 == 1 ? 0.05 : 0.0;
+    p.repetition_penalty = i % 2 == 0 ? 1.2 : 1.0;
+    p.presence_penalty = i % 3 == 1 ? 0.5 : 0.0;
+    p.frequency_penalty = i % 3 == 2 ? 0.3 : 0.0;
+    p.logit_bias = {{static_cast<int32_t>(i), 3.0}};
+    p.min_tokens = i % 2 == 1 ? 5 : 0;
+    if (i % 2 == 0) p.logprobs = static_cast<int32_t>(i % 5);
+    if (i == 5) p.temperature = 0.0;
+  }
+  GpuHarness device(model_.config, 16, 48, MakeGpuRunner(gpu.get(), /*gpu_sampling=*/true));
+  const Outputs on_device = device.RunAll(specs);
+  auto gpu2 = Gpu(16);
+  ASSERT_NE(gpu2, nullptr);
+  GpuHarness host(model_.config, 16, 48, MakeGpuRunner(gpu2.get(), /*gpu_sampling=*/false));
+  ExpectSameTokens(on_device, host.RunAll(specs));
 }
 
 // Six requests on two slots: the scheduler (max_running = slots) holds the rest back, nothing

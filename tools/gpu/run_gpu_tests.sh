@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA Hopper GPU and CUDA 13, from the repository root: builds
 # kernels/cuda on its own and runs its GPU tests, then runs the GPU engine test packed by
-# tools/gpu/pack_engine_tests.sh (when present). Logs under $OUT (default ./gpu-out); a summary
+# tools/gpu/pack_engine_tests.sh (when present), and the packed sampler_gpu_tests. Logs under $OUT (default ./gpu-out); a summary
 # is printed last. Environment: PACK (the packed folder, default .device-carry/gpu), KFILTER /
 # EFILTER (ctest -R / --gtest_filter), SKIP_KERNELS=1. NVLink multicast stays off for the NCCL
 # tests (NCCL_NVLS_ENABLE=0), which load the machine's own libnccl.so.2 (found below).
@@ -35,5 +35,13 @@ if [ -f "$pack/libs.tar.xz" ]; then
   grep -E "^\[  FAILED|Failure|Expected|Which is" "$out/engine.log" | head -30
   grep -E "rows, argmax" "$out/engine.log"
   summary+=("engine: rc=$rc $(grep -E '^\[  PASSED' "$out/engine.log") $(grep -E '^\[  FAILED  \] [0-9]+ test' "$out/engine.log")")
+  if [ -f "$pack/bin/sampler_gpu_tests" ]; then
+    chmod +x "$pack/bin/sampler_gpu_tests"
+    LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:$nccl:${LD_LIBRARY_PATH:-} \
+      timeout 500 "$pack/bin/sampler_gpu_tests" > "$out/sampler.log" 2>&1
+    rc=$?
+    grep -E "^\[  FAILED|Failure|^sampler_gpu " "$out/sampler.log" | head -30
+    summary+=("sampler: rc=$rc $(grep -E '^\[  PASSED' "$out/sampler.log") $(grep -E '^\[  FAILED  \] [0-9]+ test' "$out/sampler.log")")
+  fi
 fi
 printf '%s\n' "${summary[@]}"
