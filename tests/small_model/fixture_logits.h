@@ -52,4 +52,29 @@ inline engine::Tensor Score(const engine::Model& model, const std::vector<int32_
   return logits.ok() ? *std::move(logits) : engine::Tensor({0, model.config().vocab_size});
 }
 
+// A test suite that loads the model of kModelDir and reads the fixture prompts once.
+class FixtureLogitsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto model = engine::Model::Load(kModelDir.string());
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = new engine::Model(*std::move(model));
+    prompts_ = new std::vector<FixturePrompt>(ReadFixturePrompts());
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete prompts_;
+    model_ = nullptr;
+    prompts_ = nullptr;
+  }
+
+  static engine::Tensor Run(const engine::Model& model, const std::vector<int32_t>& ids,
+                            const std::vector<int64_t>& chunks) {
+    return Score(model, ids, chunks);
+  }
+
+  inline static engine::Model* model_ = nullptr;
+  inline static std::vector<FixturePrompt>* prompts_ = nullptr;
+};
+
 }  // namespace pdserve::small_model_testing

@@ -31,24 +31,8 @@ using small_model_testing::kModelDir;
 constexpr double kTolerance = 1e-4;
 using Prompt = small_model_testing::FixturePrompt;  // logits_from is 0: every position
 
-class SmallModelLogitsTest : public ::testing::Test {
+class SmallModelLogitsTest : public small_model_testing::FixtureLogitsTest {
  protected:
-  static void SetUpTestSuite() {
-    auto model = Model::Load(kModelDir.string());
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = new Model(*std::move(model));
-    prompts_ = new std::vector<Prompt>(small_model_testing::ReadFixturePrompts());
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete prompts_;
-  }
-
-  static Tensor Run(const Model& model, const std::vector<int32_t>& ids,
-                    const std::vector<int64_t>& chunks) {
-    return small_model_testing::Score(model, ids, chunks);
-  }
-
   // Positions [begin, end) of `got` against the prompt's reference.
   static testing::LogitDiff Compare(const Prompt& p, const Tensor& got, int64_t begin,
                                     int64_t end) {
@@ -70,13 +54,7 @@ class SmallModelLogitsTest : public ::testing::Test {
                 d.worst_relative);
     return d.worst_relative;
   }
-
-  static Model* model_;
-  static std::vector<Prompt>* prompts_;
 };
-
-Model* SmallModelLogitsTest::model_ = nullptr;
-std::vector<Prompt>* SmallModelLogitsTest::prompts_ = nullptr;
 
 TEST_F(SmallModelLogitsTest, FixtureCoversEightPromptsWithoutIndexerTies) {
   ASSERT_EQ(prompts_->size(), 8u);
