@@ -6,6 +6,12 @@ write_model_card.py fills their str.format fields: intro {params} (millions), co
 {build_flags} {train_cmd}, gpu_slice_row {} (perplexity), slice_ties / slice_ties_ppl {hs}
 (indexer_ties.json's held-out slice record, None when numpy_reference.py did not run it).
 """
+import textwrap
+
+
+def fill(text, indent=""):
+    """One paragraph re-wrapped at 100 columns (continuation lines indented by `indent`)."""
+    return textwrap.fill(" ".join(text.split()), 100, subsequent_indent=indent)
 
 
 def tiny_parts():
@@ -48,10 +54,12 @@ def wide_parts(cfg, res, data, fixture_prompts):
     topk = cfg["index_topk"]
     long = fixture_prompts[-1]
     long_spec = f"{len(long['ids'])}:{len(long['ids']) - long.get('logits_from', 0)}"
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in a.items() if k not in ("data", "out"))
+    # --index-heads is not shown: the wide shape's indexer has 64 heads whatever it says
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in a.items()
+                     if k not in ("data", "out", "index_heads"))
     rising = tr["best_step"] == tr["steps"]
     return {
-        "intro": f"""A {{params:.1f}}M-parameter DeepSeek-V4-architecture language model trained from scratch
+        "intro": fill(f"""A {{params:.1f}}M-parameter DeepSeek-V4-architecture language model trained from scratch
 on the King James Version of the Bible, whose attention has DeepSeek-V4-Flash's shapes:
 {cfg['num_attention_heads']} query heads of head_dim {cfg['head_dim']} (rope on the last
 {cfg['qk_rope_head_dim']}), {cfg['o_groups']} output groups, a {cfg['sliding_window']}-token window,
@@ -62,14 +70,14 @@ the top {topk} entries, HCA at rate {hca}. Everything else is small (hidden {cfg
 engine its decode steps take the fixed-shape kernels (kernels/cuda/sparse_decode_attention.cuh and
 indexer.cuh; engine/gpu/gpu_model_load.cc picks them when head_dim is 512, the heads a multiple of
 64 and the indexer 64 x 128), and its text can be judged. It is a test model, not a useful
-assistant; `make demo` serves models/kjv-v4-tiny.""",
+assistant; `make demo` serves models/kjv-v4-tiny."""),
         "context": f"at {ctx} tokens CSA has {ctx // csa} compressed entries and the indexer keeps "
         f"{topk}: past {topk * csa} tokens its top-k decides what attention sees (HCA: "
         f"{ctx // hca} entries)",
         "commands": f"""- Exact commands (from the repository root; tools/gpu/train_prodshape.sh is the GPU part):
 
 ```sh
-python3 tools/train_small_model/build_data.py --out .device-carry/prodshape/data \\\\
+python3 tools/train_small_model/build_data.py --out .device-carry/prodshape/data \\
     --fixtures tests/fixtures/wide_model{{build_flags}} --context {ctx} --long-fixture {long_spec}
 cp tools/train_small_model/*.py tools/gpu/train_prodshape.sh .device-carry/prodshape/
 # on the GPU machine (the device tool, carrying .device-carry/prodshape):
@@ -86,10 +94,10 @@ bash .device-carry/prodshape/train_prodshape.sh .device-carry/prodshape "$OUT"
         "slice_ties": "ties at the cut-off ",
         "slice_ties_ppl": " (it was not run over the held-out slice: float64 NumPy takes minutes "
         f"per {ctx}-token chunk)",
-        "data_limit": f"""- {tr['steps']} steps of {tr['batch']} x {tr['context']} tokens, {tr['epochs']:.2f} epochs of the
+        "data_limit": fill(f"""- {tr['steps']} steps of {tr['batch']} x {tr['context']} tokens, {tr['epochs']:.2f} epochs of the
   {data['tokens']['train_total'] / 1e6:.2f}M-token stream in {tr['wall_time_s']:.0f} s: transformers'
   eager attention scores every query against all {tr['context']} positions and the compressed
   entries for {cfg['num_attention_heads']} heads, so a step took
   {res['throughput']['sec_per_step']:.2f} s.{' The held-out loss was still falling at the last step:' if rising else ''}
-  {'more training would help; ' if rising else ''}the text is visibly weaker than kjv-v4-tiny's.""",
+  {'more training would help; ' if rising else ''}the text is visibly weaker than kjv-v4-tiny's.""", "  "),
     }

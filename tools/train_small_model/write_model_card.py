@@ -182,6 +182,8 @@ def main():
     fp64 = {k: v for k, v in res["fp32_vs_fp64"].items() if k != "prefix_consistency_fp64"}
     parts = wide_parts(cfg, res, data, fixture_prompts) if wide else tiny_parts()
     data_limit = parts["data_limit"] or data_limit
+    n_hash = cfg["mlp_layer_types"].count("hash_moe")
+    hash_layers = "The first layer routes" if n_hash == 1 else f"The first {n_hash} layers route"
     text = f"""# {name}
 
 {parts['intro'].format(params=p['total'] / 1e6)}
@@ -206,7 +208,7 @@ token. `model.safetensors` is {size_mb:.1f} MB, bf16 except the int64 hash-routi
 (`tid2eid`). Tensor names are DeepSeek's original checkpoint names (`layers.N.attn.wq_a`,
 `layers.N.ffn.experts.E.w1`, `hc_attn_fn`, ...), as transformers 5.17 `save_pretrained` writes them;
 `from_pretrained` maps them back (checked: reloaded logits equal the in-memory model's exactly).
-The first {cfg['mlp_layer_types'].count('hash_moe')} layers route by a fixed random token-to-expert
+{hash_layers} by a fixed random token-to-expert
 table; the top-k routers carry DeepSeek's auxiliary-loss-free balancing bias
 (`e_score_correction_bias`, saved as `layers.N.ffn.gate.bias`), updated during training.
 
