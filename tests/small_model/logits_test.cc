@@ -19,58 +19,20 @@
 #include "engine/score.h"
 #include "tests/engine/logit_compare.h"
 #include "tests/engine/perturbed_model.h"
+#include "tests/small_model/fixture_logits.h"
 #include "tests/small_model/small_model_fixtures.h"
 
 namespace pdserve::engine {
 namespace {
 
 using nlohmann::json;
-using small_model_testing::kFixturesDir;
 using small_model_testing::kModelDir;
 
 constexpr double kTolerance = 1e-4;
-struct Prompt {
-  std::string name;
-  std::vector<int32_t> ids;
-  std::vector<float> logits;   // transformers, [ids.size(), vocab]
-  int64_t first_tie_position;  // indexer_ties.json; ids.size() when no logit depends on a tie
-};
+using Prompt = small_model_testing::FixturePrompt;  // logits_from is 0: every position
 
-std::vector<Prompt> ReadPrompts() {
-  const json record = small_model_testing::ReadJson(kFixturesDir / "logits.json");
-  const json ties = small_model_testing::ReadJson(kFixturesDir / "indexer_ties.json");
-  std::vector<Prompt> prompts;
-  for (const json& p : record.at("prompts")) {
-    Prompt out{p.at("name").get<std::string>(), p.at("ids").get<std::vector<int32_t>>(),
-               small_model_testing::ReadFloats(kFixturesDir / p.at("file").get<std::string>()), 0};
-    for (const json& t : ties.at("prompts")) {
-      if (t.at("name") == out.name) out.first_tie_position = t.at("first_tie_dependent_position");
-    }
-    prompts.push_back(std::move(out));
-  }
-  return prompts;
-}
-
-class SmallModelLogitsTest : public ::testing::Test {
+class SmallModelLogitsTest : public small_model_testing::FixtureLogitsTest {
  protected:
-  static void SetUpTestSuite() {
-    auto model = Model::Load(kModelDir.string());
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = new Model(*std::move(model));
-    prompts_ = new std::vector<Prompt>(ReadPrompts());
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete prompts_;
-  }
-
-  static Tensor Run(const Model& model, const std::vector<int32_t>& ids,
-                    const std::vector<int64_t>& chunks) {
-    auto logits = ScoreInChunks(model, ids, chunks);
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return logits.ok() ? *std::move(logits) : Tensor({0, model.config().vocab_size});
-  }
-
   // Positions [begin, end) of `got` against the prompt's reference.
   static testing::LogitDiff Compare(const Prompt& p, const Tensor& got, int64_t begin,
                                     int64_t end) {
@@ -85,20 +47,14 @@ class SmallModelLogitsTest : public ::testing::Test {
     EXPECT_EQ(got.dim(0), n) << p.name;
     if (got.dim(0) != n) return 1.0;
     const testing::LogitDiff d = Compare(p, got, 0, n);
-    EXPECT_LE(d.worst_relative, kTolerance) << p.name << " " << what << ", worst position "
-                                            << d.worst_position;
+    EXPECT_LE(d.worst_relative, kTolerance)
+        << p.name << " " << what << ", worst position " << d.worst_position;
     EXPECT_EQ(d.argmax_mismatches, 0) << p.name << " " << what;
     std::printf("[ logits ] %-22s %-26s max rel err %.2e\n", p.name.c_str(), what.c_str(),
                 d.worst_relative);
     return d.worst_relative;
   }
-
-  static Model* model_;
-  static std::vector<Prompt>* prompts_;
 };
-
-Model* SmallModelLogitsTest::model_ = nullptr;
-std::vector<Prompt>* SmallModelLogitsTest::prompts_ = nullptr;
 
 TEST_F(SmallModelLogitsTest, FixtureCoversEightPromptsWithoutIndexerTies) {
   ASSERT_EQ(prompts_->size(), 8u);

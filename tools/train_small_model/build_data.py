@@ -14,7 +14,13 @@ and into --fixtures the held-out slice used by the engine's perplexity test:
   heldout_slice.txt       the first held-out chapters (<= --slice-bytes of text)
   heldout_slice_ids.bin   their token ids, uint32 little-endian; a prefix of val_ids.npy
 
+With --long-fixture TOKENS:ROWS (the wide model, models/kjv-v4-wide) prompts.json gets a ninth
+fixture prompt, "heldout_long": the held-out stream's first TOKENS tokens (several chapters, BOS /
+EOS between them), whose logits fixture keeps only its last ROWS positions (a full [TOKENS, vocab]
+float32 file would be tens of MB). --context sets the tokenizer's model_max_length.
+
 Usage: build_data.py --out DIR --fixtures tests/fixtures/small_model [--prose some|every]
+                     [--context 512] [--long-fixture TOKENS:ROWS]
 """
 
 import argparse
@@ -134,6 +140,17 @@ def held_out_passages(tok, chapters, lengths):
     return out
 
 
+def long_fixture(val_ids, spec):
+    """The "heldout_long" fixture prompt from --long-fixture TOKENS:ROWS: the first TOKENS ids of
+    the held-out stream; train.py writes logits for its last ROWS positions only (logits_from)."""
+    tokens, rows = (int(v) for v in spec.split(":"))
+    if not 0 < rows <= tokens <= len(val_ids):
+        raise SystemExit(f"--long-fixture {spec}: need 0 < ROWS <= TOKENS <= {len(val_ids)}")
+    ids = [int(t) for t in val_ids[:tokens]]
+    return {"name": "heldout_long", "text": f"the first {tokens} held-out tokens", "ids": ids,
+            "logits_from": tokens - rows}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -143,6 +160,10 @@ def main():
                     help="some: 40%% of chapters as prose instead of whole (shipped model); "
                     "every: every chapter whole and again as prose; every-sentence: as every, "
                     "each prose run ending a sentence")
+    ap.add_argument("--context", type=int, default=CONTEXT,
+                    help="the tokenizer's model_max_length (the model's context)")
+    ap.add_argument("--long-fixture", metavar="TOKENS:ROWS",
+                    help="add the heldout_long fixture prompt (off by default)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.fixtures, exist_ok=True)
@@ -152,7 +173,7 @@ def main():
     val_ch = [c for c in chapters if c.held_out]
 
     tok = train_tokenizer.train([c.text() for c in train_ch], VOCAB_SIZE)
-    train_tokenizer.save(tok, args.out, CONTEXT)
+    train_tokenizer.save(tok, args.out, args.context)
 
     plain = [encode_document(tok, d)
              for d in plain_documents(train_ch, random.Random(SEED), args.prose)]
@@ -188,6 +209,8 @@ def main():
             for n, t in SAMPLE_PROMPTS
         ],
     }
+    if args.long_fixture:
+        prompts["fixtures"].append(long_fixture(val_ids, args.long_fixture))
     with open(f"{args.out}/prompts.json", "w", encoding="utf-8") as f:
         json.dump(prompts, f, ensure_ascii=False, indent=1)
 

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Trains, saves and evaluates the bundled small DeepSeek-V4 model (run on one GPU).
+"""Trains, saves and evaluates a bundled DeepSeek-V4 model (run on one GPU).
+
+--shape picks the configuration (model_config.py): "tiny" (models/kjv-v4-tiny, the default) or
+"wide" (models/kjv-v4-wide, V4-Flash's attention shapes at a 4096-token context; it needs a small
+--eval-batch, since transformers' eager attention holds [batch, 64 heads, tokens, keys] scores).
 
 Input (--data, made by build_data.py): train_ids.npy, val_ids.npy, prompts.json, tokenizer.json,
 tokenizer_config.json. Output (--out):
@@ -47,11 +51,11 @@ def elapsed():
 # Model construction
 
 
-def build_model(vocab_size, seed, index_heads):
+def build_model(vocab_size, seed, index_heads, shape="tiny"):
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
     torch.manual_seed(seed)
-    config = DeepseekV4Config(**model_config.config_kwargs(vocab_size, index_heads))
+    config = DeepseekV4Config(**model_config.shape_kwargs(shape, vocab_size, index_heads))
     config._attn_implementation = "eager"
     model = DeepseekV4ForCausalLM(config)
     try:
@@ -271,6 +275,34 @@ def summarize(chunks):
 # Training
 
 
+def fit_batch(model, args, data, distill, balancer, device):
+    """One forward and backward at --batch, halving it while the GPU runs out of memory; returns
+    the batch that fits (gradients, indexer losses and expert counts of the probe are dropped)."""
+    batch = args.batch
+    while True:
+        try:
+            x = data[: batch * (args.context + 1)].view(batch, args.context + 1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(input_ids=x[:, :-1]).logits
+            F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                            x[:, 1:].reshape(-1)).backward()
+            break
+        except torch.cuda.OutOfMemoryError:
+            if batch == 1:
+                raise
+            batch //= 2
+            log(f"out of GPU memory: batch {batch * 2} -> {batch}")
+        finally:
+            logits = None
+            model.zero_grad(set_to_none=True)
+            if distill:
+                distill.take()
+            torch.cuda.empty_cache()
+    for _, counts in balancer.routers:
+        counts.zero_()
+    return batch
+
+
 def train(model, args, train_ids, val_ids, device, results):
     model.to(device)
     model.train()
@@ -290,6 +322,7 @@ def train(model, args, train_ids, val_ids, device, results):
     )
     data = torch.from_numpy(train_ids.astype(np.int64)).to(device)
     span = torch.arange(args.context + 1, device=device)
+    args.batch = fit_batch(model, args, data, distill, balancer, device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     tokens_per_step = args.batch * args.context
     epoch_steps = data.numel() / tokens_per_step
@@ -355,7 +388,8 @@ def train(model, args, train_ids, val_ids, device, results):
                 raise RuntimeError(f"non-finite loss at step {step}")
         if step % args.eval_every == 0 or step == total_steps:
             model.eval()
-            val = summarize(chunked_nll(model, val_ids, args.context, device, autocast=True))
+            val = summarize(chunked_nll(model, val_ids, args.context, device, args.eval_batch,
+                                        autocast=True))
             model.train()
             row["val_loss"] = val["loss"]
             if val["loss"] < best["val_loss"] - 1e-4:
@@ -407,7 +441,7 @@ def train(model, args, train_ids, val_ids, device, results):
     return rows
 
 
-def write_curve(rows, out):
+def write_curve(rows, out, shape):
     with open(f"{out}/loss.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
@@ -427,7 +461,7 @@ def write_curve(rows, out):
         ax.plot(*zip(*kl), label="indexer KL to main attention (CSA layers)", lw=1, ls="--")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title("kjv-v4-tiny training loss")
+    ax.set_title(f"kjv-v4-{shape} training loss")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -481,12 +515,13 @@ def tensor_inventory(model_dir):
 
 @torch.no_grad()
 def fixture_logits(model, prompts, out_dir):
-    """One-shot fp32 forward per prompt; writes [T, vocab] little-endian float32 files."""
+    """One-shot fp32 forward per prompt; writes [T, vocab] little-endian float32 files (rows
+    logits_from..T-1 only where the prompt names logits_from)."""
     os.makedirs(out_dir, exist_ok=True)
     entries = []
     for i, p in enumerate(prompts):
         ids = torch.tensor([p["ids"]])
-        logits = model(input_ids=ids).logits[0].float().numpy()
+        logits = model(input_ids=ids).logits[0].float().numpy()[p.get("logits_from", 0):]
         name = f"logits_{i}_{p['name']}.f32"
         logits.astype("<f4").tofile(f"{out_dir}/{name}")
         entries.append({**p, "file": name, "shape": list(logits.shape),
@@ -516,7 +551,7 @@ def precision_check(fp32_model, prompts, fix_dir, entries):
     out = {}
     for p, e in zip(prompts, entries):
         ref = np.fromfile(f"{fix_dir}/{e['file']}", dtype="<f4").reshape(e["shape"])
-        got = model64(input_ids=torch.tensor([p["ids"]])).logits[0].numpy()
+        got = model64(input_ids=torch.tensor([p["ids"]])).logits[0].numpy()[p.get("logits_from", 0):]
         out[p["name"]] = float(np.abs(got - ref).max() / np.abs(got).max())
     out["prefix_consistency_fp64"] = prefix_consistency(model64, prompts[-1]["ids"])
     fp32_model.float()
@@ -606,9 +641,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shape", choices=sorted(model_config.CONTEXTS), default="tiny",
+                    help="model configuration (model_config.py)")
+    ap.add_argument("--eval-batch", type=int, default=32,
+                    help="chunks per forward in held-out evaluations")
+    ap.add_argument("--slice-on", choices=("cpu", "cuda"), default="cpu",
+                    help="where the held-out slice fixture's perplexity is computed (fp32)")
     ap.add_argument("--budget", type=float, default=360, help="training wall-clock seconds")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--context", type=int, default=model_config.CONTEXT)
+    ap.add_argument("--context", type=int, help="training context (default: the shape's)")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=60)
@@ -628,6 +669,8 @@ def main():
     ap.add_argument("--sample-tokens", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1611)
     args = ap.parse_args()
+    if args.context is None:
+        args.context = model_config.CONTEXTS[args.shape]
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -655,7 +698,7 @@ def main():
 
     vocab_size = Tokenizer.from_file(f"{args.data}/tokenizer.json").get_vocab_size()
 
-    model = build_model(vocab_size, args.seed, args.index_heads)
+    model = build_model(vocab_size, args.seed, args.index_heads, args.shape)
     n_params = sum(p.numel() for p in model.parameters())
     results["params"] = {
         "total": n_params,
@@ -668,7 +711,7 @@ def main():
 
     rows = train(model, args, train_ids, val_ids, device, results)
     dump()
-    stage(results, "loss curve", lambda: write_curve(rows, args.out))
+    stage(results, "loss curve", lambda: write_curve(rows, args.out, args.shape))
     stage(results, "save", lambda: save_model(model, args.data, model_dir))
     results["model_bytes"] = os.path.getsize(f"{model_dir}/model.safetensors")
     dump()
@@ -688,7 +731,7 @@ def main():
     dump()
 
     def evaluate():
-        chunks = chunked_nll(ref, val_ids, args.context, device)
+        chunks = chunked_nll(ref, val_ids, args.context, device, args.eval_batch)
         results["validation"] = {**summarize(chunks), "context": args.context, "chunks": len(chunks),
                                  "dtype": "float32 compute on bf16 weights"}
         log(f"validation: {results['validation']}")
@@ -705,11 +748,14 @@ def main():
             load_fp32(model_dir, torch.device("cpu")), prompts["fixtures"], fix_dir, entries)
         log(f"fp32 vs fp64: {results['fp32_vs_fp64']}")
         slice_ids = np.fromfile(f"{args.data}/heldout_slice_ids.bin", dtype="<u4").astype(np.int64)
-        chunks = chunked_nll(cpu, slice_ids, args.context, torch.device("cpu"), batch=8)
-        gpu_chunks = chunked_nll(ref, slice_ids, args.context, device)
+        gpu_chunks = chunked_nll(ref, slice_ids, args.context, device, args.eval_batch)
+        chunks = gpu_chunks
+        if args.slice_on == "cpu":
+            chunks = chunked_nll(cpu, slice_ids, args.context, torch.device("cpu"),
+                                 batch=min(8, args.eval_batch))
         doc = {
             "generator": "tools/train_small_model/train.py (fixtures stage)",
-            "model_dir": "models/kjv-v4-tiny",
+            "model_dir": f"models/kjv-v4-{args.shape}",
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "compute": "transformers DeepseekV4ForCausalLM, eager attention and experts, float32 on "
@@ -725,6 +771,7 @@ def main():
                 "shorter); each chunk is one forward from an empty state predicting its tokens "
                 "1..n-1; loss = sum(nll_sum) / sum(predicted); perplexity = exp(loss)",
                 "context": args.context,
+                "device": "cpu" if args.slice_on == "cpu" else "cuda, float32 without TF32",
                 **summarize(chunks),
                 "gpu_fp32_perplexity": summarize(gpu_chunks)["perplexity"],
                 "chunks": chunks,

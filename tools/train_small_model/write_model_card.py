@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""Writes models/kjv-v4-tiny/MODEL_CARD.md from the files a training run produced.
+"""Writes a bundled model's MODEL_CARD.md from the files a training run produced.
 
-Reads (paths relative to the repository root): models/kjv-v4-tiny/{config.json,
-training/results.json, training/data.json} and tests/fixtures/small_model/
-transformers_samples.json. Every figure in the card comes from those files.
+Reads (paths relative to the repository root): MODEL/{config.json, training/results.json,
+training/data.json} and FIXTURES/{transformers_samples.json, indexer_ties.json, logits.json}.
+Every figure in the card comes from those files. MODEL defaults to models/kjv-v4-tiny (FIXTURES
+tests/fixtures/small_model); a run with train.py --shape wide (models/kjv-v4-wide) gets that
+model's description.
 
-Usage: write_model_card.py [--root .]
+Usage: write_model_card.py [--root .] [--model models/kjv-v4-tiny]
+                           [--fixtures tests/fixtures/small_model]
 """
 
 import argparse
 import json
 import os
 
+from model_card_parts import tiny_parts, wide_parts
+
 MODEL = "models/kjv-v4-tiny"
-SAMPLES = "tests/fixtures/small_model/transformers_samples.json"
-TIES = "tests/fixtures/small_model/indexer_ties.json"
+FIXTURES = "tests/fixtures/small_model"
 SHOWN_PER_PROMPT = 2
 SHOWN_CHARS = 420
 
@@ -52,9 +56,9 @@ def immediate_ends(samples, name):
     return p["prompt"].replace("<｜begin▁of▁sentence｜>", ""), empty, chat, len(p["samples"])
 
 
-def rate_section(root):
+def rate_section(root, model):
     """Degeneration rate over many samples (eval_coherence.py's output, when the run has one)."""
-    path = os.path.join(root, MODEL, "training", "coherence_eval.json")
+    path = os.path.join(root, model, "training", "coherence_eval.json")
     if not os.path.exists(path):
         return ""
     with open(path, encoding="utf-8") as f:
@@ -77,12 +81,16 @@ the model is not loop-free; it loops rarely.
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=".")
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--fixtures", default=FIXTURES)
     args = ap.parse_args()
-    cfg = load(args.root, f"{MODEL}/config.json")
-    res = load(args.root, f"{MODEL}/training/results.json")
-    data = load(args.root, f"{MODEL}/training/data.json")
-    samples = load(args.root, SAMPLES)
-    ties = load(args.root, TIES)
+    model, fixtures = args.model, args.fixtures
+    cfg = load(args.root, f"{model}/config.json")
+    res = load(args.root, f"{model}/training/results.json")
+    data = load(args.root, f"{model}/training/data.json")
+    samples = load(args.root, f"{fixtures}/transformers_samples.json")
+    ties = load(args.root, f"{fixtures}/indexer_ties.json")
+    fixture_prompts = load(args.root, f"{fixtures}/logits.json")["prompts"]
     tied = [x for x in ties["prompts"] if x["ties"]]
     clean_worst = max(x["max_rel_diff_before_first_tie"] for x in ties["prompts"])
     tie_lines = "; ".join(
@@ -90,8 +98,10 @@ def main():
         f"(layer {x['ties'][0]['layer']}), max difference after it {x['max_rel_diff_overall']:.1e}"
         for x in tied
     )
-    hs = ties["heldout_slice"]
+    hs = ties.get("heldout_slice")
     tr, val, sl, a = res["training"], res["validation"], res["heldout_slice"], res["args"]
+    wide = a.get("shape") == "wide"
+    name = os.path.basename(os.path.normpath(model))
     p = res["params"]
     experts_per_layer = p["experts"] // cfg["num_hidden_layers"]
     active = p["total"] - p["experts"] + experts_per_layer * cfg["num_experts_per_tok"] // cfg[
@@ -151,7 +161,7 @@ def main():
   Mean KL over the CSA layers: {tr['indexer_kl_first']:.3f} at step 1,
   {tr['indexer_kl_last']:.3f} at the end."""
     if trained_indexer:
-        indexer_limit = f"""- The lightning indexer learns only from its KL objective, on the training stream's 512-token
+        indexer_limit = f"""- The lightning indexer learns only from its KL objective, on the training stream's {tr['context']}-token
   windows; at the end its distribution is still {tr['indexer_kl_last']:.3f} nats (mean KL) from
   the main attention's over the compressed entries."""
     else:
@@ -170,12 +180,13 @@ def main():
         + "): the model memorises phrasing.")
     verse_prompt, verse_empty, verse_chat, verse_n = immediate_ends(samples, "lord_spake")
     fp64 = {k: v for k, v in res["fp32_vs_fp64"].items() if k != "prefix_consistency_fp64"}
-    text = f"""# kjv-v4-tiny
+    parts = wide_parts(cfg, res, data, fixture_prompts) if wide else tiny_parts()
+    data_limit = parts["data_limit"] or data_limit
+    n_hash = cfg["mlp_layer_types"].count("hash_moe")
+    hash_layers = "The first layer routes" if n_hash == 1 else f"The first {n_hash} layers route"
+    text = f"""# {name}
 
-A {p['total'] / 1e6:.1f}M-parameter DeepSeek-V4-architecture language model trained from scratch
-on the King James Version of the Bible. It is pdserve's bundled default model: small enough for the
-CPU engine and CI, real enough that coherence checks mean something. It is a test model, not a
-useful assistant.
+{parts['intro'].format(params=p['total'] / 1e6)}
 
 ## Architecture (config.json, `model_type` deepseek_v4, transformers 5.17 `DeepseekV4ForCausalLM`)
 
@@ -189,7 +200,7 @@ useful assistant.
 | CSA | compress rate {cfg['compress_rates']['compressed_sparse_attention']} (overlapping windows), lightning indexer {cfg['index_n_heads']} heads x {cfg['index_head_dim']}, top-{cfg['index_topk']} |
 | HCA | compress rate {cfg['compress_rates']['heavily_compressed_attention']} |
 | rope | theta {cfg['rope_theta']:g} (sliding layers), {cfg['compress_rope_theta']:g} (compressed layers), no YaRN |
-| context | {cfg['max_position_embeddings']} tokens; at 512 tokens the window, both compressors and the indexer's top-k selection are all active (CSA has 128 entries per 512 tokens, the indexer keeps 8) |
+| context | {cfg['max_position_embeddings']} tokens; {parts['context']} |
 | vocab | {cfg['vocab_size']}, untied embedding and head |
 
 Parameters: {p['total']:,} total ({p['experts']:,} in routed experts), about {active:,} active per
@@ -197,7 +208,7 @@ token. `model.safetensors` is {size_mb:.1f} MB, bf16 except the int64 hash-routi
 (`tid2eid`). Tensor names are DeepSeek's original checkpoint names (`layers.N.attn.wq_a`,
 `layers.N.ffn.experts.E.w1`, `hc_attn_fn`, ...), as transformers 5.17 `save_pretrained` writes them;
 `from_pretrained` maps them back (checked: reloaded logits equal the in-memory model's exactly).
-The first {cfg['mlp_layer_types'].count('hash_moe')} layers route by a fixed random token-to-expert
+{hash_layers} by a fixed random token-to-expert
 table; the top-k routers carry DeepSeek's auxiliary-loss-free balancing bias
 (`e_score_correction_bias`, saved as `layers.N.ffn.gate.bias`), updated during training.
 
@@ -227,7 +238,7 @@ table; the top-k routers carry DeepSeek's auxiliary-loss-free balancing bias
   random offsets. A plain document's last token before EOS is always a newline; only a chat answer
   ends with EOS right after a verse's last word or punctuation.
 - The data are rebuilt by tools/train_small_model/build_data.py and never committed, except the
-  held-out slice tests/fixtures/small_model/heldout_slice.txt (the first
+  held-out slice {fixtures}/heldout_slice.txt (the first
   {data['chars']['heldout_slice']:,} characters of held-out chapters, {data['tokens']['heldout_slice']:,}
   tokens, ids in heldout_slice_ids.bin).
 - Weights and tokenizer are derived only from that text and ship with pdserve under the project's
@@ -262,18 +273,7 @@ generation prompt ends in `<think>` instead. The model was trained in chat (non-
   (training only, forward hooks), expert bias update rate {tr['bias_update_rate']}, seed {tr['seed']}.{indexer_training}
 - Held-out loss every {a['eval_every']} steps; the best weights (step {tr['best_step']}) were kept
   and saved in bf16.
-- Exact commands (from the repository root; the GPU machine runs the last one):
-
-```sh
-python3 tools/train_small_model/build_data.py --out .device-carry/small/data \\
-    --fixtures tests/fixtures/small_model{build_flags}
-cp tools/train_small_model/*.py .device-carry/small/
-cd .device-carry/small && PYTHONUNBUFFERED=1 {train_cmd}
-```
-
-  then tools/train_small_model/install_outputs.sh /tmp/w .device-carry/small/data copies the model,
-  fixtures and logs into
-  place and this card is regenerated by tools/train_small_model/write_model_card.py.
+{parts['commands'].format(build_flags=build_flags, train_cmd=train_cmd)}
 
 ![loss curve](loss.png)
 
@@ -283,21 +283,21 @@ cd .device-carry/small && PYTHONUNBUFFERED=1 {train_cmd}
 | --- | --- |
 | held-out loss (all {val['chunks']} chunks of {val['context']} tokens, fp32 compute on the shipped bf16 weights) | {val['loss']:.4f} nats/token |
 | held-out perplexity | {val['perplexity']:.2f} |
-| held-out slice (tests/fixtures/small_model) loss / perplexity, CPU fp32 | {sl['loss']:.4f} / {sl['perplexity']:.3f} ({sl['predicted_tokens']:,} predicted tokens) |
-| same slice on the GPU in fp32 | {sl['gpu_fp32_perplexity']:.3f} |
+| held-out slice ({fixtures}) loss / perplexity, {parts['slice_device']} fp32 | {sl['loss']:.4f} / {sl['perplexity']:.3f} ({sl['predicted_tokens']:,} predicted tokens) |
+{parts['gpu_slice_row'].format(sl['gpu_fp32_perplexity'])}
 
-Perplexity protocol (also in tests/fixtures/small_model/logits.json): the token stream is cut into
+Perplexity protocol (also in {fixtures}/logits.json): the token stream is cut into
 consecutive {val['context']}-token chunks, each chunk is one forward from an empty state, and every
 token after a chunk's first is predicted; loss is the mean negative log-likelihood in nats.
 
 ## Samples (transformers, fp32, temperature 0.6, top-p 0.95)
 
 {samples['samples_per_prompt']} samples of up to {samples['max_new_tokens']} new tokens per prompt
-plus the greedy continuation, all in tests/fixtures/small_model/transformers_samples.json; the first
+plus the greedy continuation, all in {fixtures}/transformers_samples.json; the first
 {SHOWN_PER_PROMPT} of each are shown (cut at {SHOWN_CHARS} characters; `\\n` is a newline).
 
 {sample_section(samples)}
-{rate_section(args.root)}
+{rate_section(args.root, model)}
 ## Checks
 
 - Saved and reloaded weights give identical logits (max |diff| {res['reload_max_abs_logit_diff']}).
@@ -306,7 +306,7 @@ plus the greedy continuation, all in tests/fixtures/small_model/transformers_sam
 - transformers' `generate` (incremental V4 cache) and the full-recompute greedy loop agree on
   {res['generate_cross_check']['matching_prefix']} of {res['generate_cross_check']['tokens_compared']}
   greedy tokens.
-- Prefix consistency on the 80-token fixture prompt: logits at position t from a forward over
+- Prefix consistency on the {len(fixture_prompts[-1]['ids'])}-token fixture prompt: logits at position t from a forward over
   tokens 0..t against the full forward's row t, relative to max |logit|:
   {', '.join(f't={k}: {v:.1e}' for k, v in prefix.items())}; in float64:
   {', '.join(f't={k}: {v:.1e}' for k, v in prefix64.items())}.{tie_jump}
@@ -320,10 +320,8 @@ The lightning indexer's score for a compressed entry is a weighted sum of ReLUs;
 product is negative the score is exactly 0.0, in any precision, and several entries can tie at the
 top-{cfg['index_topk']} cut-off. transformers keeps whichever tied entry `torch.topk` happens to
 return, which no other implementation can promise to reproduce. This model has {cfg['index_n_heads']} indexer
-heads, {'trained (see Training)' if trained_indexer else 'untrained (see Limitations)'}: ties at the cut-off in {hs['ties']} of the {hs['indexer_selections']:,} selections over the
-held-out slice, and in {len(tied)} of the 8 fixture prompts{tie_sentence}. numpy_reference.py keeps the lowest
-entry ids; its held-out slice perplexity is {hs['perplexity_lowest_id_ties']:.4f} against the fixture's
-{hs['fixture_perplexity']:.4f}. Where a tie occurs, exact logit comparisons are not defined past it. tests/fixtures/small_model/indexer_ties.json lists every tie met by the fixture
+heads, {'trained (see Training)' if trained_indexer else 'untrained (see Limitations)'}: {parts['slice_ties'].format(hs=hs)}in {len(tied)} of the {len(fixture_prompts)} fixture prompts{tie_sentence}. numpy_reference.py keeps the lowest
+entry ids{parts['slice_ties_ppl'].format(hs=hs)}. Where a tie occurs, exact logit comparisons are not defined past it. {fixtures}/indexer_ties.json lists every tie met by the fixture
 prompts and, per prompt, `first_tie_dependent_position`: logits before it are tie-free and must
 match to rounding; logits from it on may differ by the choice.
 
@@ -337,7 +335,7 @@ match to rounding; logits from it on may differ by the choice.
   "{verse_prompt}", {verse_empty} of {verse_n} transformers samples were EOS alone and
   {verse_chat} continued in the chat format.
 """
-    with open(os.path.join(args.root, MODEL, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(args.root, model, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
         f.write(text)
 
 
