@@ -14,7 +14,8 @@
 #   tools/gpu/pack_engine_tests.sh build .device-carry/gpu
 #   tools/gpu/pack_binaries.sh .device-carry/bin build/pdserve
 # there: OUT=$OUT tools/gpu/run_wide_model_proof.sh. Environment: PACK (.device-carry/gpu), BINS
-# (.device-carry/bin), OUT (gpu-out/wide), STEPS ("tests scaling check"). Table printed last.
+# (.device-carry/bin), OUT (gpu-out/wide), STEPS ("tests scaling check"), MODELS (the models the
+# scaling step serves, "kjv-v4-tiny kjv-v4-wide"). Table printed last.
 set -uo pipefail
 out=${OUT:-gpu-out/wide}
 pack=${PACK:-.device-carry/gpu}
@@ -43,7 +44,7 @@ source "$bins/env.sh"
 pdserve=$(command -v pdserve)
 
 if [[ " $steps " == *" scaling "* ]]; then
-  for m in kjv-v4-tiny kjv-v4-wide; do
+  for m in ${MODELS:-kjv-v4-tiny kjv-v4-wide}; do
     MODEL=models/$m OUT=$out/scaling-$m PDSERVE=$pdserve timeout 200 \
       tools/gpu/run_step_scaling.sh > "$out/scaling-$m.txt" 2>&1
     row "step scaling $m" "$([ $? = 0 ] && echo PASS || echo FAIL)" "see below ($(elapsed))"
