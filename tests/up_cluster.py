@@ -3,6 +3,7 @@ CPU backend, on free loopback ports (tests/test_ports.py), stderr (also the chil
 a file, since a pipe nobody reads could fill and block.
 """
 import os
+import signal
 import subprocess
 import time
 
@@ -35,3 +36,15 @@ transfer: {{transport: ucx, lease_ms: 30000}}
         if not line and up.poll() is not None:
             break
     return up, log, p, line
+
+
+def stop_up(up, log, show_log=False, tail=4000):
+    """Ctrl-C to `pdserve up` (killed after 30 s); with show_log, prints the end of its log."""
+    up.send_signal(signal.SIGINT)
+    try:
+        up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.kill()
+    if show_log:
+        log.seek(0)
+        print(log.read()[-tail:])

@@ -19,14 +19,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from up_cluster import start_up  # noqa: E402  (tests/up_cluster.py)
+from up_cluster import start_up, stop_up  # noqa: E402  (tests/up_cluster.py)
 
 try:
     import grpc
@@ -119,14 +118,7 @@ def main():
             if ready:
                 run_cases(up, log, p, model)
         finally:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                up.kill()
-            if FAILURES:
-                log.seek(0)
-                print(log.read()[-4000:])
+            stop_up(up, log, show_log=bool(FAILURES))
     print(f"{len(FAILURES)} failure(s)" if FAILURES else "all passed")
     return 1 if FAILURES else 0
 
