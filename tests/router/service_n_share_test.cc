@@ -110,6 +110,8 @@ TEST_F(RouterServiceTest, FailedPrefillWithoutRetriesFailsEveryChoice) {
   auto service = MakeService();
   frontend::ApiRequest req = Completion({5, 5}, 3);
   req.n = 5;
+  req.logprobs = true;  // every choice's events wait for the Prefill answer: no token goes out
+  req.top_logprobs = 1;
   auto sink = Run(*service, req);
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 500);
