@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -19,14 +20,18 @@ namespace pdserve::router {
 namespace {
 
 // The API error for a failed Reserve (RESOURCE_EXHAUSTED is admission's: Enqueue).
+// FAILED_PRECONDITION is the client's to change: n when the decode worker says the n choices of a
+// shared reservation can never fit (its message then starts "n = ", docs/protocol.md), else
+// max_tokens.
 frontend::ApiError ReserveError(const grpc::Status& status, const std::string& worker) {
   const std::string detail = absl::StrCat("decode worker ", worker, ": ", status.error_message());
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       return frontend::InvalidRequest(detail);
     case grpc::StatusCode::FAILED_PRECONDITION:
-      // It can never fit that worker's pool (prompt + max_tokens): the client's to change.
-      return frontend::InvalidRequest(detail, "max_tokens");
+      // It can never fit that worker (prompt + max_tokens, or n): the client's to change.
+      return frontend::InvalidRequest(
+          detail, absl::StartsWith(status.error_message(), "n = ") ? "n" : "max_tokens");
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return frontend::ServerError(

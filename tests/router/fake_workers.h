@@ -60,6 +60,7 @@ inline int32_t FakeToken(uint64_t seed, uint32_t choice, int i, int prompt_token
 class FakeDecode final : public worker::v1::DecodeWorker::Service {
  public:
   grpc::StatusCode reserve_code = grpc::StatusCode::OK;  // != OK: Reserve fails with it
+  std::string reserve_message = "fake refuses";          // ... and this message
   bool fail_with_error_event = false;
   // The third event is a final "abort" with this message (a decode worker whose drain timeout
   // passed: "worker shutting down"); empty: no such event.
@@ -86,7 +87,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     if (reserve_delay_ms > 0) absl::SleepFor(absl::Milliseconds(reserve_delay_ms));
     absl::MutexLock lock(&mu);
     reserves.push_back(*request);
-    if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, "fake refuses");
+    if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, reserve_message);
     // A shared reservation (choice_count n > 1) takes n slots; fork k streams as id + k.
     const int n = static_cast<int>(std::max<uint32_t>(1, request->sampling().choice_count()));
     if (slots >= 0 && static_cast<int>(holding.size()) + n > slots) {

@@ -44,6 +44,11 @@ TEST_F(RouterServiceTest, ChoicesShareOneReserveAndOnePrefillAndStreamTheirOwnFo
   }
   EXPECT_EQ(sink->usage.completion_tokens, 16);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  // Every fork's stream ended (its handler gives the slot back as it returns).
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&decode_[0]->mu);
+    return decode_[0]->holding.empty();
+  }));
   uint64_t base = 0;
   {
     absl::MutexLock lock(&decode_[0]->mu);
@@ -52,8 +57,6 @@ TEST_F(RouterServiceTest, ChoicesShareOneReserveAndOnePrefillAndStreamTheirOwnFo
     EXPECT_EQ(reserve.sampling().choice(), 0u);
     EXPECT_EQ(reserve.sampling().choice_count(), 4u);
     base = reserve.request_id();
-    // Every fork's stream ended: no slot is held.
-    EXPECT_TRUE(decode_[0]->holding.empty());
     EXPECT_TRUE(decode_[0]->aborts.empty());
   }
   absl::MutexLock lock(&prefill_->mu);
@@ -78,6 +81,7 @@ TEST_F(RouterServiceTest, FailedPrefillRetriesTheWholeGroupOnce) {
   auto service = MakeService();
   frontend::ApiRequest req = Completion({5, 5}, 3);
   req.n = 3;
+  req.logprobs = true;  // the choices' events wait for the Prefill answer: no token goes out first
   auto sink = Run(*service, req);
   ASSERT_FALSE(sink->failed) << sink->error.message;
   const auto expected = Expected(3, 2, 3);
@@ -116,10 +120,12 @@ TEST_F(RouterServiceTest, FailedPrefillWithoutRetriesFailsEveryChoice) {
   ASSERT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 500);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  // The decode worker's Abort follows the prefill worker's answer.
   EXPECT_TRUE(Eventually([&] {
     absl::MutexLock lock(&decode_[0]->mu);
-    return decode_[0]->holding.empty();
+    return decode_[0]->holding.empty() && !decode_[0]->abort_requests.empty();
   }));
+  absl::SleepFor(absl::Milliseconds(50));  // no second Abort follows
   absl::MutexLock lock(&decode_[0]->mu);
   ASSERT_EQ(decode_[0]->abort_requests.size(), 1u);
   EXPECT_EQ(decode_[0]->abort_requests[0].choice_count(), 5u);
@@ -188,6 +194,21 @@ TEST_F(RouterServiceTest, StopStringAbortsOnlyItsOwnFork) {
   absl::MutexLock lock(&decode_[0]->mu);
   EXPECT_EQ(decode_[0]->abort_requests[0].request_id(), decode_[0]->reserves[0].request_id() + 1);
   EXPECT_EQ(decode_[0]->abort_requests[0].choice_count(), 0u);
+}
+
+// A decode worker that can never hold the n choices says so starting "n = ": a 400 on n (a
+// request that can never fit for its length stays a 400 on max_tokens).
+TEST_F(RouterServiceTest, ChoicesThatCanNeverFitTheDecodeWorkerAre400OnN) {
+  decode_[0]->reserve_code = grpc::StatusCode::FAILED_PRECONDITION;
+  decode_[0]->reserve_message = "n = 4 choices of prompt 2 + max_tokens 3 tokens need 8 pages";
+  auto service = MakeService();
+  frontend::ApiRequest req = Completion({5, 5}, 3);
+  req.n = 4;
+  auto sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 400);
+  EXPECT_EQ(sink->error.param, "n");
+  EXPECT_NE(sink->error.message.find("n = 4 choices"), std::string::npos) << sink->error.message;
 }
 
 }  // namespace
