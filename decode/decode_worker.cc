@@ -179,7 +179,9 @@ bool DecodeWorker::Drain(absl::Duration timeout) {
     for (const auto& [id, r] : requests_) {
       if (Ended(r->state)) continue;
       ++open;
-      if (Receiving(r->state) && r->ticket_id != 0) tickets.push_back(r->ticket_id);
+      if (Receiving(r->state) && r->ticket_id != 0 && r->fork == 0) {
+        tickets.push_back(r->ticket_id);
+      }
       // "abort", not "error": the worker ended it (the router answers 503, retry later).
       Finish(*r, RequestEvent::kAbort, "abort", absl::UnavailableError("worker shutting down"));
     }
@@ -269,6 +271,8 @@ void DecodeWorker::EndTransfer(const Decided& d) {
   } else {
     Finish(r, RequestEvent::kTransferEnded, "abort", absl::OkStatus());
   }
+  // The shared state never verified: no fork of it decodes.
+  EndForks(r, outcome.state == kv::TransferState::kAborted ? "abort" : "error", outcome.status);
   MaybeForget(d.request_id);
 }
 
@@ -279,6 +283,30 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     auto it = requests_.find(request_id);
     if (it == requests_.end() || !Receiving(it->second->state)) return;
     record = it->second;
+  }
+  if (absl::Status bad = CheckCommit(*record, commit); !bad.ok()) {
+    // The pages verified against the ticket, but the commit does not fit the reservation:
+    // nothing is forked or decoded from them.
+    spdlog::error("{}", bad.ToString());
+    absl::MutexLock lock(&mu_);
+    if (!Receiving(record->state)) return;
+    EndForks(*record, "error", bad);
+    Finish(*record, RequestEvent::kEndAtStart, "error", bad);
+    MaybeForget(request_id);
+    return;
+  }
+  // The forks copy the verified pages before fork 0 may decode into (or free) them.
+  for (size_t k = 0; k < record->forks.size(); ++k) {
+    StartFork(*record, record->forks[k], commit.more_first_tokens[k]);
+  }
+  StartSequence(record, commit.first_token);
+}
+
+void DecodeWorker::StartSequence(const std::shared_ptr<Request>& record, int32_t first_token) {
+  const uint64_t request_id = record->request_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!Receiving(record->state)) return;
     if (record->state == RequestState::kAbortedReceiving) {
       // Verified after the abort: the pages are ours, and nothing decodes them.
       Apply(*record, RequestEvent::kEndAtStart);
@@ -286,23 +314,12 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
       return;
     }
   }
-  if (commit.prompt_tokens != static_cast<int64_t>(record->prompt.size())) {
-    // The pages verified against the ticket, but the prefill computed another prompt.
-    const absl::Status mismatch = absl::FailedPreconditionError(
-        absl::StrCat("request ", request_id, ": the commit says ", commit.prompt_tokens,
-                     " prompt tokens, Reserve reserved ", record->prompt.size()));
-    spdlog::error("{}", mismatch.ToString());
-    absl::MutexLock lock(&mu_);
-    if (!Receiving(record->state)) return;
-    Finish(*record, RequestEvent::kEndAtStart, "error", mismatch);
-    MaybeForget(request_id);
-    return;
-  }
+  // The seed string is the reservation's (fork 0's id), as the prefill worker derives it.
   absl::StatusOr<serving::RequestSampler> sampler = serving::RequestSampler::Create(
-      record->params, worker::SeedRequestId(request_id), model_.eos_ids, record->prompt,
+      record->params, worker::SeedRequestId(record->group), model_.eos_ids, record->prompt,
       model_.config.vocab_size, model_.vocabulary);
   absl::StatusOr<std::optional<serving::FinishReason>> finish =
-      sampler.ok() ? sampler->Record(record->choice, commit.first_token)
+      sampler.ok() ? sampler->Record(record->choice, first_token)
                    : absl::StatusOr<std::optional<serving::FinishReason>>(sampler.status());
   absl::MutexLock lock(&mu_);
   Request& r = *record;
@@ -312,9 +329,9 @@ void DecodeWorker::StartDecoding(uint64_t request_id, const kv::ControlMessage& 
     MaybeForget(request_id);
     return;
   }
-  if (EmitFirstToken(r, commit.first_token, *finish)) return;
+  if (EmitFirstToken(r, first_token, *finish)) return;
   r.context = MakeContext(record, std::move(*sampler));
-  JoinBatch(r, commit.first_token);
+  JoinBatch(r, first_token);
 }
 
 bool DecodeWorker::EmitFirstToken(Request& r, int32_t first_token,
@@ -493,7 +510,8 @@ void DecodeWorker::MaybeForget(uint64_t request_id) {
   if (it == requests_.end()) return;
   Request& r = *it->second;
   if (r.state != RequestState::kDone || r.attached || !r.events.empty()) return;
-  if (r.ticket_id != 0) by_ticket_.erase(r.ticket_id);
+  // A fork shares fork 0's ticket, which only fork 0 maps.
+  if (r.ticket_id != 0 && r.fork == 0) by_ticket_.erase(r.ticket_id);
   requests_.erase(it);
 }
 
@@ -515,6 +533,9 @@ void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   if (it == requests_.end()) return;
   Request& r = *it->second;
   if (r.state != RequestState::kReceiving) {
+    if (Receiving(r.state)) {
+      EndForks(r, "error", absl::AbortedError("the shared transfer was released unverified"));
+    }
     Apply(r, RequestEvent::kReleased);
     MaybeForget(id);
     return;
@@ -533,6 +554,7 @@ void DecodeWorker::OnRelease(uint64_t ticket_id, const absl::Status& outcome) {
   } else {
     spdlog::warn("request {}: {}", id, error.ToString());
   }
+  EndForks(r, "error", error);
   Finish(r, RequestEvent::kReleased, "error", std::move(error));
   MaybeForget(id);
 }
@@ -549,10 +571,18 @@ bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
       return true;
     }
     Request& r = *it->second;
-    if (Receiving(r.state)) ticket_id = r.ticket_id;
-    // Also for a request aborted before (e.g. its Generate was cancelled) whose pages still wait.
-    if (prefill_quiesced && HoldsPages(r.state)) fence_ticket_id = r.ticket_id;
     Finish(r, RequestEvent::kAbort, "abort", absl::OkStatus());
+    // The receiver knows the reservation by fork 0's ticket: it is aborted once no record of
+    // the reservation waits for the state any more (a fork aborted alone leaves the transfer
+    // to the others; its pages go back when the transfer ends).
+    auto base = r.fork == 0 ? it : requests_.find(r.group);
+    if (base != requests_.end() && Receiving(base->second->state) && !GroupWaiting(*base->second)) {
+      ticket_id = base->second->ticket_id;
+    }
+    // Also for a request aborted before (e.g. its Generate was cancelled) whose pages still wait.
+    if (prefill_quiesced && r.fork == 0 && HoldsPages(r.state) && !GroupWaiting(r)) {
+      fence_ticket_id = r.ticket_id;
+    }
   }
   if (ticket_id != 0) {
     // Pages go back through OnRelease behind the fence; a verified ticket is freed by
@@ -564,6 +594,15 @@ bool DecodeWorker::AbortRequest(uint64_t request_id, bool prefill_quiesced) {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   return it == requests_.end() || !HoldsPages(it->second->state);
+}
+
+bool DecodeWorker::AbortRequests(uint64_t request_id, uint32_t count, bool prefill_quiesced) {
+  bool quiesced = true;
+  // Forks first: fork 0's abort then finds nothing waiting and aborts the transfer.
+  for (uint32_t k = std::max<uint32_t>(count, 1); k-- > 0;) {
+    quiesced = AbortRequest(request_id + k, prefill_quiesced) && quiesced;
+  }
+  return quiesced;
 }
 
 grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
@@ -620,7 +659,8 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
 
 grpc::Status DecodeWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                  v1::AbortResponse* response) {
-  response->set_quiesced(AbortRequest(request->request_id(), request->prefill_quiesced()));
+  response->set_quiesced(
+      AbortRequests(request->request_id(), request->choice_count(), request->prefill_quiesced()));
   return grpc::Status::OK;
 }
 

@@ -43,8 +43,8 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
-#include "decode/request_state.h"
 #include "common/progress_heartbeat.h"
+#include "decode/request_state.h"
 #include "decode/test_faults.h"
 #include "engine/model.h"
 #include "guards/canary.h"
@@ -119,6 +119,14 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     serving::RequestId sequence = 0;  // owner of the pages in the pool
     uint64_t ticket_id = 0;
     int32_t choice = 0;
+    // A shared reservation (SamplingParams.choice_count = n > 1, decode/fork.cc): fork k of it
+    // is worker request group + k with choice `choice` + k. Fork 0 (this record when forks is
+    // not empty) receives the transfer; forks 1 .. n-1 hold their own pages, wait in kReceiving
+    // on the same ticket, and start from a copy of fork 0's pages once the transfer verified.
+    // n = 1: group == request_id, fork 0, no forks.
+    uint64_t group = 0;
+    int32_t fork = 0;
+    std::vector<std::shared_ptr<Request>> forks;
     serving::SamplingParams params;
     std::vector<int32_t> prompt;  // the prompt ids, or zeros when the router sent none
     serving::PageTable table;
@@ -151,7 +159,17 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
       const pdserve::worker::v1::ReserveRequest& request);
   absl::StatusOr<std::shared_ptr<Request>> NewRequest(
       const pdserve::worker::v1::ReserveRequest& request) const;
-  absl::StatusOr<kv::ReceiveSpec> AdmitLocked(Request& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `choice_count` batch slots and pages: fork 0's in `record`, the others' (AdmitForksLocked)
+  // in record.forks.
+  absl::StatusOr<kv::ReceiveSpec> AdmitLocked(Request& record, int32_t choice_count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shared reservation's forks 1 .. n-1 (decode/fork.cc): their records with pages of their
+  // own (all or nothing; nothing is kept on an error), set into record.forks.
+  absl::Status AdmitForksLocked(Request& record, int32_t choice_count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Batch slots and pages for `choice_count` sequences: FailedPrecondition when this worker can
+  // never hold them (more than max_batch, or more pages than its whole pool), naming n.
+  absl::Status CheckForkFit(const Request& record, int32_t choice_count) const;
   // Where each planned page of `record`'s table lands.
   absl::StatusOr<kv::ReceiveSpec> ReceiveSpecFor(const Request& record, int64_t total_tokens);
   absl::StatusOr<pdserve::worker::v1::TransferTicket> Register(std::shared_ptr<Request> record,
@@ -176,15 +194,38 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   // outcome's error or abort.
   void EndTransfer(const Decided& decided) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The transfer of `request_id` verified: record the first token and join the batch.
+  // The transfer of `request_id` verified: checks the commit against the reservation (prompt
+  // length, one first token per fork), starts every fork of it (StartFork), then the request
+  // itself: records the first token and joins the batch.
   void StartDecoding(uint64_t request_id, const kv::ControlMessage& commit);
+  // Samples from the verified state: the request's sampler records `first_token`, the token is
+  // emitted, and the sequence joins the batch (or ends: aborted meanwhile, a final first token).
+  void StartSequence(const std::shared_ptr<Request>& record, int32_t first_token)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The commit does not fit the reservation (never forked nor decoded): why, else OK.
+  static absl::Status CheckCommit(const Request& record, const kv::ControlMessage& commit);
+  // Fork `fork` of `base`'s verified state: copies base's transferred pages into the fork's own
+  // (each read and written through its owner's handle), then StartSequence. An aborted fork
+  // ends instead; a failed copy fails the fork alone (loudly).
+  void StartFork(const Request& base, const std::shared_ptr<Request>& fork, int32_t first_token)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CopyVerifiedPages(const Request& base, const Request& fork);
+  // Ends every fork of `base` that is still receiving with `reason` / `error` (the shared
+  // transfer failed, was released unverified, or its commit was refused); their pages go back
+  // at once (nothing ever wrote them).
+  void EndForks(Request& base, const std::string& reason, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a record of `base`'s reservation (base or a fork) still waits for the transfer
+  // unaborted (kReceiving).
+  // REQUIRES: mu_ held.
+  static bool GroupWaiting(const Request& base);
   // Emits the verified first token; true when it was the request's last.
   bool EmitFirstToken(Request& r, int32_t first_token,
                       const std::optional<serving::FinishReason>& finish)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runner's per-request context: its callbacks queue the request's events.
   std::shared_ptr<runtime::RequestContext> MakeContext(const std::shared_ptr<Request>& record,
-                                                         serving::RequestSampler sampler);
+                                                       serving::RequestSampler sampler);
   // Adds the verified request to the runner and the batch.
   void JoinBatch(Request& r, int32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -213,6 +254,10 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   // prefill worker said no write is or will be in flight (AbortRequest.prefill_quiesced), which
   // stands for the sender's fence.
   bool AbortRequest(uint64_t request_id, bool prefill_quiesced) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts worker requests request_id .. request_id + count - 1 (a shared reservation's forks,
+  // the last first); returns whether all their pages are free.
+  bool AbortRequests(uint64_t request_id, uint32_t count, bool prefill_quiesced)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   DecodeWorkerOptions options_;
   worker::WorkerModel model_;

@@ -28,11 +28,14 @@ grpc::Status DecodeWorker::Reserve(grpc::ServerContext*, const v1::ReserveReques
 absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequest& request) {
   if (draining_) return absl::UnavailableError("the worker is draining");
   PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<Request> record, NewRequest(request));
+  const auto choice_count = static_cast<int32_t>(worker::ChoiceCount(request.sampling()));
+  PDSERVE_RETURN_IF_ERROR(CheckForkFit(*record, choice_count));
   kv::ReceiveSpec spec;
   {
     absl::MutexLock lock(&mu_);
-    PDSERVE_ASSIGN_OR_RETURN(spec, AdmitLocked(*record));
+    PDSERVE_ASSIGN_OR_RETURN(spec, AdmitLocked(*record, choice_count));
     requests_[record->request_id] = record;
+    for (const std::shared_ptr<Request>& fork : record->forks) requests_[fork->request_id] = fork;
   }
   return Register(std::move(record), std::move(spec));
 }
@@ -54,6 +57,7 @@ absl::StatusOr<std::shared_ptr<DecodeWorker::Request>> DecodeWorker::NewRequest(
   }
   auto record = std::make_shared<Request>();
   record->request_id = id;
+  record->group = id;
   record->choice = static_cast<int32_t>(request.sampling().choice());
   record->params = params;
   if (request.prompt_token_ids_size() > 0) {
@@ -89,7 +93,7 @@ absl::StatusOr<std::shared_ptr<DecodeWorker::Request>> DecodeWorker::NewRequest(
   return record;
 }
 
-absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record) {
+absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record, int32_t choice_count) {
   const uint64_t id = record.request_id;
   const int64_t prompt_length = static_cast<int64_t>(record.prompt.size());
   const int64_t total = prompt_length + record.params.max_tokens;
@@ -106,10 +110,11 @@ absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record) {
   for (const auto& [rid, r] : requests_) {
     holding += HoldsPages(r->state) && !Quarantined(r->state);
   }
-  if (holding >= options_.max_batch) {
-    return absl::ResourceExhaustedError(absl::StrCat("no free batch slot: ", holding,
-                                                     " requests are receiving or decoding (",
-                                                     "max_batch ", options_.max_batch, ")"));
+  if (holding + choice_count > options_.max_batch) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no free batch slot",
+        choice_count > 1 ? absl::StrCat("s for ", choice_count, " choices") : "", ": ", holding,
+        " requests are receiving or decoding (max_batch ", options_.max_batch, ")"));
   }
   record.sequence = next_sequence_++;
   absl::StatusOr<serving::PageTable> table =
@@ -130,6 +135,9 @@ absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record) {
   }
   record.table = std::move(*table);
   absl::StatusOr<kv::ReceiveSpec> spec = ReceiveSpecFor(record, total);
+  if (spec.ok()) {
+    if (absl::Status forks = AdmitForksLocked(record, choice_count); !forks.ok()) spec = forks;
+  }
   if (!spec.ok()) pool_->Free(record.table).IgnoreError();
   return spec;
 }
@@ -161,9 +169,14 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::Register(std::shared_ptr<Reques
     if (!ticket.ok()) {
       Apply(*record, RequestEvent::kTransferLost);  // the receiver never held the pages
       requests_.erase(id);
+      for (const std::shared_ptr<Request>& fork : record->forks) {
+        Apply(*fork, RequestEvent::kEndAtStart);
+        requests_.erase(fork->request_id);
+      }
       return ticket.status();
     }
     record->ticket_id = ticket->ticket_id;
+    for (const std::shared_ptr<Request>& fork : record->forks) fork->ticket_id = ticket->ticket_id;
     by_ticket_[ticket->ticket_id] = id;
     aborted = record->state == RequestState::kAbortedReceiving;
   }
@@ -177,6 +190,13 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::Register(std::shared_ptr<Reques
     record->events.clear();  // the "abort" event: nobody will stream a refused reservation
     MaybeForget(id);
     RememberAborted(id);
+    for (const std::shared_ptr<Request>& fork : record->forks) {
+      // The whole reservation is refused; its forks' pages were never anyone else's.
+      if (Receiving(fork->state)) Apply(*fork, RequestEvent::kEndAtStart);
+      fork->events.clear();
+      MaybeForget(fork->request_id);
+      RememberAborted(fork->request_id);
+    }
     return absl::AbortedError(absl::StrCat("request ", id, " was aborted while being reserved"));
   }
   v1::TransferTicket proto = kv::TicketToProto(*ticket);

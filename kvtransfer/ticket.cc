@@ -105,6 +105,10 @@ std::vector<std::byte> EncodeControl(const ControlMessage& message) {
   w.Put(static_cast<uint32_t>(message.first_token), 4);
   w.Put(message.layer_digests.size(), 4);
   for (uint64_t digest : message.layer_digests) w.Put(digest, 8);
+  if (!message.more_first_tokens.empty()) {
+    w.Put(message.more_first_tokens.size(), 4);
+    for (int32_t token : message.more_first_tokens) w.Put(static_cast<uint32_t>(token), 4);
+  }
   return w.Take();
 }
 
@@ -127,11 +131,25 @@ absl::StatusOr<ControlMessage> DecodeControl(std::span<const std::byte> bytes) {
   message.prompt_tokens = static_cast<int32_t>(LoadLe(bytes, 36, 4));
   message.first_token = static_cast<int32_t>(LoadLe(bytes, 40, 4));
   const uint64_t num_digests = LoadLe(bytes, 44, 4);
-  if (bytes.size() != kControlFixedBytes + 8 * num_digests) {
+  const uint64_t digests_end = kControlFixedBytes + 8 * num_digests;
+  if (num_digests > bytes.size() || bytes.size() < digests_end ||
+      (bytes.size() > digests_end && bytes.size() < digests_end + 4)) {
     return absl::InvalidArgumentError("control message size does not match its digest count");
   }
   for (uint64_t i = 0; i < num_digests; ++i) {
     message.layer_digests.push_back(LoadLe(bytes, kControlFixedBytes + 8 * i, 8));
+  }
+  if (bytes.size() == digests_end) return message;
+  // A shared prefill's commit: the other choices' first tokens follow the digests.
+  const uint64_t num_tokens = LoadLe(bytes, digests_end, 4);
+  if (num_tokens == 0 || num_tokens > bytes.size() ||
+      bytes.size() != digests_end + 4 + 4 * num_tokens) {
+    return absl::InvalidArgumentError(
+        "control message size does not match its digest and first-token counts");
+  }
+  for (uint64_t i = 0; i < num_tokens; ++i) {
+    message.more_first_tokens.push_back(
+        static_cast<int32_t>(LoadLe(bytes, digests_end + 4 + 4 * i, 4)));
   }
   return message;
 }

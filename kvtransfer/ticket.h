@@ -57,6 +57,10 @@ struct ControlMessage {
   int32_t prompt_tokens = 0;            // kCommit.
   int32_t first_token = -1;             // kCommit: the token the prefill worker sampled.
   std::vector<uint64_t> layer_digests;  // kCommit: LayerDigest of each layer, index = layer.
+  // kCommit of a shared prefill (n > 1 choices, worker.v1 SamplingParams.choice_count): the first
+  // tokens of the choices after the first, in order. Encoded after the digests as a count and
+  // the ids; empty encodes nothing, so an n = 1 commit is byte-identical to before.
+  std::vector<int32_t> more_first_tokens;
 
   bool operator==(const ControlMessage&) const = default;
 };

@@ -73,6 +73,7 @@ v1::TransferCommit CommitToProto(const ControlMessage& commit) {
   for (uint64_t digest : commit.layer_digests) proto.add_layer_digests(digest);
   proto.set_prompt_tokens(commit.prompt_tokens);
   proto.set_first_token(commit.first_token);
+  for (int32_t token : commit.more_first_tokens) proto.add_more_first_tokens(token);
   return proto;
 }
 

@@ -138,7 +138,8 @@ absl::Status Transfer::PostAll() {
   return Pump();
 }
 
-absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
+absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token,
+                              std::vector<int32_t> more_first_tokens) {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (pages_posted_ != ticket_.pages.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -150,7 +151,8 @@ absl::Status Transfer::Commit(int32_t prompt_tokens, int32_t first_token) {
                            .epoch = ticket_.epoch,
                            .pages_sent = static_cast<uint32_t>(pages_posted_),
                            .prompt_tokens = prompt_tokens,
-                           .first_token = first_token};
+                           .first_token = first_token,
+                           .more_first_tokens = std::move(more_first_tokens)};
   commit_requested_ = true;
   return absl::OkStatus();
 }

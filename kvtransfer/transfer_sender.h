@@ -50,7 +50,9 @@ class Transfer {
   // Posts every page not yet posted (same contract as PostLayer).
   absl::Status PostAll();
   // Asks for the commit, sent once every page send has completed. Requires all pages posted.
-  absl::Status Commit(int32_t prompt_tokens, int32_t first_token);
+  // `more_first_tokens`: a shared prefill's other choices' first tokens (ControlMessage).
+  absl::Status Commit(int32_t prompt_tokens, int32_t first_token,
+                      std::vector<int32_t> more_first_tokens = {});
   // Drives the transport, hands queued pages to it as earlier ones complete, sends heartbeats,
   // and reports: true once the commit was delivered, false while in flight. Errors (the transfer
   // stops and cancels its sends): Unavailable when the decode worker is lost, DeadlineExceeded

@@ -61,6 +61,13 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                            r.AddCounter("pdserve_prefill_tokens_total", "Prompt tokens prefilled"));
   w->tokens_total_ = &tokens->Get();
   PDSERVE_ASSIGN_OR_RETURN(
+      auto* runs, r.AddCounter("pdserve_prefill_runs_total",
+                               "Prompts run through the engine: one per Prefill, however many "
+                               "choices it covers; kind shared: choice_count > 1",
+                               {"kind"}));
+  w->runs_single_ = &runs->WithLabels({"single"});
+  w->runs_shared_ = &runs->WithLabels({"shared"});
+  PDSERVE_ASSIGN_OR_RETURN(
       auto* depth, r.AddGauge("pdserve_prefill_queue_depth", "Requests waiting to be prefilled"));
   w->queue_depth_ = &depth->Get();
   PDSERVE_ASSIGN_OR_RETURN(
@@ -157,6 +164,7 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
   Admitted a;
   a.id = request.request_id();
   a.choice = static_cast<int32_t>(request.sampling().choice());
+  a.choice_count = static_cast<int32_t>(worker::ChoiceCount(request.sampling()));
   a.prompt.assign(request.token_ids().begin(), request.token_ids().end());
   if (a.prompt.empty()) return absl::InvalidArgumentError("token_ids is empty");
   for (int32_t token : a.prompt) {
@@ -312,9 +320,8 @@ absl::Status PrefillWorker::Check(uint64_t id, Sending& sending) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<serving::SampleStep> PrefillWorker::PrefillPages(Admitted& a,
-                                                                const serving::PageTable& table,
-                                                                Sending& sending, Timing* t) {
+absl::StatusOr<std::vector<serving::SampledToken>> PrefillWorker::PrefillPages(
+    Admitted& a, const serving::PageTable& table, Sending& sending, Timing* t) {
   // Chunked prefill on the engine (runtime/prefill_engine.h): each layer's pages are posted as
   // soon as the engine has stored the layer's final state (on the CPU engine while later layers
   // compute; on the CUDA engine after the forward, while later layers copy to the host).
@@ -336,14 +343,24 @@ absl::StatusOr<serving::SampleStep> PrefillWorker::PrefillPages(Admitted& a,
   PDSERVE_ASSIGN_OR_RETURN(std::vector<float> last,
                            engine_->Run(a.prompt, paged, pages, post_layer, chunk_done));
   tokens_total_->Increment(static_cast<double>(a.prompt_length));
-  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first, a.sampler->Next(a.choice, last));
+  (a.choice_count > 1 ? runs_shared_ : runs_single_)->Increment();
+  // Each covered choice draws from its own stream (seed, choice, position): the same logits give
+  // every choice the first token the colocated service samples for it.
+  std::vector<serving::SampledToken> first;
+  for (int32_t k = 0; k < a.choice_count; ++k) {
+    PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step, a.sampler->Next(a.choice + k, last));
+    first.push_back(std::move(step.sampled));
+  }
   t->prefill_end = absl::Now();
   return first;
 }
 
-absl::Status PrefillWorker::Deliver(const Admitted& a, int32_t first_token, Sending& sending) {
-  if (absl::Status committed =
-          sending.transfer.Commit(static_cast<int32_t>(a.prompt_length), first_token);
+absl::Status PrefillWorker::Deliver(const Admitted& a, std::span<const serving::SampledToken> first,
+                                    Sending& sending) {
+  std::vector<int32_t> more;
+  for (size_t k = 1; k < first.size(); ++k) more.push_back(first[k].token);
+  if (absl::Status committed = sending.transfer.Commit(static_cast<int32_t>(a.prompt_length),
+                                                       first[0].token, std::move(more));
       !committed.ok()) {
     return sending.Fail(committed);
   }
@@ -369,7 +386,8 @@ void PrefillWorker::RecordTransfer(const kv::Ticket& ticket, const Timing& t) {
   if (transfer_seconds > 0) bandwidth_->Observe(static_cast<double>(bytes) / transfer_seconds);
 }
 
-v1::PrefillResponse PrefillWorker::Response(const Admitted& a, const serving::SampledToken& first,
+v1::PrefillResponse PrefillWorker::Response(const Admitted& a,
+                                            std::span<const serving::SampledToken> first,
                                             const Timing& t) {
   v1::PrefillResponse response;
   v1::TransferCommit* commit = response.mutable_commit();
@@ -377,10 +395,14 @@ v1::PrefillResponse PrefillWorker::Response(const Admitted& a, const serving::Sa
   commit->set_epoch(a.ticket.epoch);
   commit->set_pages_sent(static_cast<uint32_t>(a.ticket.pages.size()));
   commit->set_prompt_tokens(static_cast<int32_t>(a.prompt_length));
-  commit->set_first_token(first.token);
+  commit->set_first_token(first[0].token);
+  for (size_t k = 1; k < first.size(); ++k) {
+    commit->add_more_first_tokens(first[k].token);
+    *response.add_more_first_tokens() = worker::SampledTokenToProto(first[k]);
+  }
   response.set_prefill_us(absl::ToInt64Microseconds(t.prefill_end - t.prefill_start));
   response.set_transfer_us(absl::ToInt64Microseconds(t.transfer_end - t.first_post));
-  *response.mutable_first_token() = worker::SampledTokenToProto(first);
+  *response.mutable_first_token() = worker::SampledTokenToProto(first[0]);
   response.set_transfer_bytes(a.ticket.total_bytes());
   return response;
 }
@@ -389,11 +411,12 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::PrefillAndSend(Admitted& a,
                                                                   const serving::PageTable& table,
                                                                   Sending& sending) {
   Timing t;
-  PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep first, PrefillPages(a, table, sending, &t));
-  PDSERVE_RETURN_IF_ERROR(Deliver(a, first.sampled.token, sending));
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<serving::SampledToken> first,
+                           PrefillPages(a, table, sending, &t));
+  PDSERVE_RETURN_IF_ERROR(Deliver(a, first, sending));
   t.transfer_end = absl::Now();
   RecordTransfer(a.ticket, t);
-  return Response(a, first.sampled, t);
+  return Response(a, first, t);
 }
 
 absl::Status PrefillWorker::Failed(absl::Status status, bool transfer_error, bool aborted) {
@@ -435,7 +458,8 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   // counted once, by the transfer's error, or "prefill_error" when the prefill itself failed.
   Sending sending{*transfer, context};
   absl::StatusOr<v1::PrefillResponse> result = PrefillAndSend(a, table, sending);
-  if (!result.ok()) return Failed(result.status(), sending.transfer_error, Aborted(a.id) || context.IsCancelled());
+  if (!result.ok())
+    return Failed(result.status(), sending.transfer_error, Aborted(a.id) || context.IsCancelled());
   return result;
 }
 

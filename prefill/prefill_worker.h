@@ -110,6 +110,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   struct Admitted {
     uint64_t id = 0;
     int32_t choice = 0;
+    int32_t choice_count = 1;  // choices choice .. choice + choice_count - 1 share this prefill
     std::vector<int32_t> prompt;
     int64_t prompt_length = 0;
     int64_t max_tokens = 0;
@@ -159,14 +160,17 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
       Admitted& a, const serving::PageTable& table, Sending& sending);
   // OK unless the request was aborted or cancelled or the transfer failed (drives it once).
   absl::Status Check(uint64_t id, Sending& sending);
-  // Runs the prompt on the engine, posting each layer as it is stored; samples the first token.
-  absl::StatusOr<serving::SampleStep> PrefillPages(Admitted& a, const serving::PageTable& table,
-                                                   Sending& sending, Timing* t);
-  // Commits, drives the transfer until the commit is delivered, and releases it.
-  absl::Status Deliver(const Admitted& a, int32_t first_token, Sending& sending);
+  // Runs the prompt on the engine, posting each layer as it is stored; samples the first token
+  // of every covered choice from the last position's logits (a.choice_count of them, in order).
+  absl::StatusOr<std::vector<serving::SampledToken>> PrefillPages(Admitted& a,
+                                                                  const serving::PageTable& table,
+                                                                  Sending& sending, Timing* t);
+  // Commits the first tokens, drives the transfer until the commit is delivered, releases it.
+  absl::Status Deliver(const Admitted& a, std::span<const serving::SampledToken> first,
+                       Sending& sending);
   void RecordTransfer(const kv::Ticket& ticket, const Timing& t);
   static pdserve::worker::v1::PrefillResponse Response(const Admitted& a,
-                                                       const serving::SampledToken& first,
+                                                       std::span<const serving::SampledToken> first,
                                                        const Timing& t);
   // Counts `status` (by its reason when the transfer failed, else "prefill_error") and returns
   // it, marked as the decode worker's failure unless it was a cancellation.
@@ -210,6 +214,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   metrics::Counter* queue_timeouts_ = nullptr;  // gave up in the queue: the lease would end
   metrics::Histogram* chunk_tokens_ = nullptr;
   metrics::Histogram* latency_ = nullptr;
+  // Prompts run through the engine, for one choice or shared by several (choice_count > 1).
+  metrics::Counter* runs_single_ = nullptr;
+  metrics::Counter* runs_shared_ = nullptr;
   metrics::Counter* transfer_bytes_total_ = nullptr;
   metrics::Histogram* transfer_seconds_ = nullptr;
   metrics::Histogram* bandwidth_ = nullptr;

@@ -1,10 +1,12 @@
-// RouterService's worker side: picking workers, Reserve, Prefill and Generate per choice, their
-// answers, retries, aborts and the stalled-stream canceller (the front is service.cc).
+// RouterService's worker side: picking workers, Reserve and Prefill per request (its choices as
+// one group, router/group.cc), Generate per choice, their answers, retries, aborts and the
+// stalled-stream canceller (the front is service.cc).
 #include <algorithm>
 #include <functional>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -18,14 +20,18 @@ namespace pdserve::router {
 namespace {
 
 // The API error for a failed Reserve (RESOURCE_EXHAUSTED is admission's: Enqueue).
+// FAILED_PRECONDITION is the client's to change: n when the decode worker says the n choices of a
+// shared reservation can never fit (its message then starts "n = ", docs/protocol.md), else
+// max_tokens.
 frontend::ApiError ReserveError(const grpc::Status& status, const std::string& worker) {
   const std::string detail = absl::StrCat("decode worker ", worker, ": ", status.error_message());
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       return frontend::InvalidRequest(detail);
     case grpc::StatusCode::FAILED_PRECONDITION:
-      // It can never fit that worker's pool (prompt + max_tokens): the client's to change.
-      return frontend::InvalidRequest(detail, "max_tokens");
+      // It can never fit that worker (prompt + max_tokens, or n): the client's to change.
+      return frontend::InvalidRequest(
+          detail, absl::StartsWith(status.error_message(), "n = ") ? "n" : "max_tokens");
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return frontend::ServerError(
@@ -181,14 +187,18 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
     return false;
   }
   auto attempt = std::make_shared<Attempt>();
+  const int n = request->prepared.params.n;
   attempt->from_queue = from_queue;
   attempt->choice = choice;
+  attempt->count = n;
   attempt->prefill_index = p;
   attempt->decode_index = d;
   attempt->prefill = prefill[p];
   attempt->decode = decode[d];
-  attempt->request_id = NextRequestId();
-  const wv1::SamplingParams sampling = ToProto(request->prepared.params, choice);
+  // Fork k of the reservation streams as worker request request_id + k.
+  attempt->request_id = NextRequestIds(n);
+  wv1::SamplingParams sampling = ToProto(request->prepared.params, choice);
+  if (n > 1) sampling.set_choice_count(static_cast<uint32_t>(n));  // absent: one choice
   attempt->reserve.set_request_id(attempt->request_id);
   attempt->reserve.set_prompt_tokens(static_cast<int32_t>(request->prepared.prompt.size()));
   for (int32_t t : request->prepared.prompt) attempt->reserve.add_prompt_token_ids(t);
@@ -203,8 +213,8 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
     c.current = attempt;
   }
   attempt->prefill->AddLoad(1);
-  attempt->decode->AddLoad(1);
-  in_flight_.fetch_add(1);
+  attempt->decode->AddLoad(n);
+  in_flight_.fetch_add(n);
   std::shared_ptr<Request> r = request;
   attempt->decode->decode()->async()->Reserve(
       &attempt->reserve_context, &attempt->reserve, &attempt->reserved,
@@ -213,16 +223,17 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
 }
 
 void RouterService::SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
-                                               uint64_t ticket_id) {
+                                               uint64_t ticket_id, uint32_t forks) {
   Worker* d = &decode;
   SendAbort(prefill, request_id, ticket_id, /*prefill_quiesced=*/false,
-            [this, d, request_id, ticket_id](bool quiesced) {
-              SendAbort(*d, request_id, ticket_id, quiesced);
+            [this, d, request_id, ticket_id, forks](bool quiesced) {
+              SendAbort(*d, request_id, ticket_id, quiesced, nullptr, forks);
             });
 }
 
 void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id,
-                              bool prefill_quiesced, std::function<void(bool quiesced)> then) {
+                              bool prefill_quiesced, std::function<void(bool quiesced)> then,
+                              uint32_t forks) {
   struct Call {
     grpc::ClientContext context;
     wv1::AbortRequest request;
@@ -234,7 +245,10 @@ void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t tick
       Deadline(worker.role() == Role::kDecode ? absl::Seconds(5) : absl::Seconds(6)));
   call->request.set_request_id(request_id);
   call->request.set_ticket_id(ticket_id);
-  if (worker.role() == Role::kDecode) call->request.set_prefill_quiesced(prefill_quiesced);
+  if (worker.role() == Role::kDecode) {
+    call->request.set_prefill_quiesced(prefill_quiesced);
+    if (forks > 1) call->request.set_choice_count(forks);
+  }
   calls_.fetch_add(1);
   auto done = [this, call, then = std::move(then)](const grpc::Status& status) {
     if (then) then(status.ok() && call->response.quiesced());
@@ -249,11 +263,12 @@ void RouterService::SendAbort(Worker& worker, uint64_t request_id, uint64_t tick
   }
 }
 
-void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, bool reserved) {
+void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, bool reserved,
+                                   int decode_units) {
   if (prefill) attempt.prefill->AddLoad(-1);
   if (decode) {
-    attempt.decode->AddLoad(-1);
-    in_flight_.fetch_sub(1);
+    attempt.decode->AddLoad(-decode_units);
+    in_flight_.fetch_sub(decode_units);
     // Its batch slot frees (an abort lands shortly after): a waiting choice gets a try.
     if (reserved && queue_ != nullptr) queue_->RoomFreed();
   }
@@ -313,6 +328,7 @@ void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
   entry.admit = [this, r, choice] { return Admit(r, choice); };
   entry.expire = [this, r, choice] { Expire(r, choice); };
   if (!request.Move(choice, ChoiceEvent::kQueue, actions)) return;
+  request.MoveOthers(ChoiceEvent::kQueue, actions);  // the group waits as one
   if (c.queue_ticket != 0) {
     queue_->PushBack(c.queue_ticket, std::move(entry));  // keeps its place
   } else {
@@ -327,6 +343,7 @@ bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
     absl::MutexLock lock(&request->mu);
     dispatch = request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
                !request->cancelled.load();
+    if (dispatch) request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
     // A new round: ask them all.
     if (dispatch) request->choices[static_cast<size_t>(choice)].full_decode.clear();
   }
@@ -340,6 +357,7 @@ void RouterService::Expire(const std::shared_ptr<Request>& request, int choice) 
     absl::MutexLock lock(&request->mu);
     if (request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
         !request->cancelled.load()) {
+      request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
       Enqueue(*request, choice, &actions);  // past its deadline: fails with 429
     }
   }
@@ -371,15 +389,16 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
 RouterService::Retry RouterService::ReserveFailed(Request& request, Attempt& attempt,
                                                   const grpc::Status& status, Actions* actions) {
   if (WorkerDown(status.error_code())) attempt.decode->RecordFailure();
-  ReleaseAttempt(attempt, true, true, /*reserved=*/false);
+  ReleaseAttempt(attempt, true, true, /*reserved=*/false, attempt.count);
   if (AnswerLost(status.error_code()) && attempt.state != AttemptState::kAborted) {
     // The answer was lost, not a refusal: the Reserve may have run (or still run) on the
     // worker and hold pages until its lease. No Prefill was sent for this attempt, so the
     // worker frees them at once (prefill_quiesced), and an Abort that overtakes the Reserve
     // makes it fail with ABORTED (docs/protocol.md).
     request.Move(attempt, AttemptEvent::kAbort, actions);
-    actions->push_back([this, decode = attempt.decode, id = attempt.request_id] {
-      SendAbort(*decode, id, /*ticket_id=*/0, /*prefill_quiesced=*/true);
+    actions->push_back([this, decode = attempt.decode, id = attempt.request_id,
+                        forks = static_cast<uint32_t>(attempt.count)] {
+      SendAbort(*decode, id, /*ticket_id=*/0, /*prefill_quiesced=*/true, nullptr, forks);
     });
   } else {
     request.Move(attempt, AttemptEvent::kEnd, actions);
@@ -423,21 +442,23 @@ bool RouterService::Reserved(Request& request, Attempt& attempt, Actions* action
   if (attempt.from_queue && queue_ != nullptr) queue_->Admitted();
   request.EndWait(attempt.choice, "admitted");
   c.queue_ticket = 0;
-  if (!c.reserved_once) {
-    c.reserved_once = true;
+  for (Choice& each : request.choices) {  // the reservation holds every choice of the group
+    if (each.reserved_once) continue;
+    each.reserved_once = true;
     if (++request.reserved_choices == static_cast<int>(request.choices.size())) {
       queue_time_->Get().Observe(absl::ToDoubleSeconds(absl::Now() - request.received));
     }
   }
   if (request.ended || request.cancelled.load() || attempt.over()) {
-    ReleaseAttempt(attempt, true, true);
+    ReleaseAttempt(attempt, true, true, true, attempt.count);
     request.Move(attempt, AttemptEvent::kEnd, actions);
     // No Prefill was sent for this attempt: nothing can write its pages.
     SendAbort(*attempt.decode, attempt.request_id, attempt.ticket_id,
-              /*prefill_quiesced=*/true);
+              /*prefill_quiesced=*/true, nullptr, static_cast<uint32_t>(attempt.count));
     return false;
   }
   if (!request.Move(attempt, AttemptEvent::kReserved, actions)) return false;
+  if (!AddMembers(request, attempt, actions)) return false;
   attempt.prefill_request.set_request_id(attempt.request_id);
   for (int32_t t : request.prepared.prompt) attempt.prefill_request.add_token_ids(t);
   *attempt.prefill_request.mutable_sampling() = attempt.reserve.sampling();
@@ -449,13 +470,20 @@ bool RouterService::Reserved(Request& request, Attempt& attempt, Actions* action
 
 void RouterService::StartStreams(const std::shared_ptr<Request>& request,
                                  const std::shared_ptr<Attempt>& attempt) {
-  attempt->last_event_ns.store(absl::ToUnixNanos(absl::Now()));
+  std::vector<std::shared_ptr<Attempt>> group;
+  {
+    absl::MutexLock lock(&request->mu);
+    group = request->Group(*attempt);
+  }
   {
     absl::MutexLock lock(&streams_mu_);
     if (streams_.size() >= 256) {
       std::erase_if(streams_, [](const std::weak_ptr<Attempt>& a) { return a.expired(); });
     }
-    streams_.push_back(attempt);
+    for (const std::shared_ptr<Attempt>& a : group) {
+      a->last_event_ns.store(absl::ToUnixNanos(absl::Now()));
+      streams_.push_back(a);
+    }
   }
   std::shared_ptr<Request> r = request;
   calls_.fetch_add(1);
@@ -467,13 +495,15 @@ void RouterService::StartStreams(const std::shared_ptr<Request>& request,
                                                   OnPrefilled(r, attempt, s);
                                                   calls_.fetch_sub(1);
                                                 });
-  auto* reader = new GenerateReader(
-      request, attempt,
-      [this](Request& req, Attempt& a, const wv1::GenerateResponse& event) {
-        OnGenerateEvent(req, a, event);
-      },
-      [this](Request& req, Attempt& a, const grpc::Status& s) { OnGenerateDone(req, a, s); });
-  reader->Start();
+  for (const std::shared_ptr<Attempt>& a : group) {
+    auto* reader = new GenerateReader(
+        request, a,
+        [this](Request& req, Attempt& at, const wv1::GenerateResponse& event) {
+          OnGenerateEvent(req, at, event);
+        },
+        [this](Request& req, Attempt& at, const grpc::Status& s) { OnGenerateDone(req, at, s); });
+    reader->Start();
+  }
 }
 
 bool RouterService::OtherDecodeUp(const Attempt& attempt) const {
@@ -488,14 +518,6 @@ bool RouterService::OtherPrefillUp(const Attempt& attempt) const {
     if (w != attempt.prefill && w->up()) return true;
   }
   return false;
-}
-
-// Whether a failed choice may be tried again on other workers: no token of it reached the
-// client, the request is still wanted, and it has tries left.
-bool RouterService::CanRetry(Request& request, const Attempt& attempt) const {
-  const Choice& choice = request.choices[static_cast<size_t>(attempt.choice)];
-  return !choice.any_token() && !request.ended && !request.cancelled.load() &&
-         choice.attempts < options_.max_attempts;
 }
 
 void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
@@ -513,21 +535,15 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
         attempt->prefill_on_down.load() && status.error_code() == grpc::StatusCode::CANCELLED;
     if (on_down && attempt->first_event_handled && !request->prepared.params.logprobs) {
       // Raced with the commit: the decode worker has the state and streams; nothing is missing.
-      request->Move(*attempt, AttemptEvent::kPrefillAnswered, &actions);
+      for (const std::shared_ptr<Attempt>& a : request->Group(*attempt)) {
+        request->Move(*a, AttemptEvent::kPrefillAnswered, &actions);
+      }
     } else if (status.ok()) {
       attempt->prefill->RecordSuccess();
-      request->Move(*attempt, AttemptEvent::kPrefillAnswered, &actions);
-      // Replays what Generate sent while the first token's logprobs were awaited.
-      while (!attempt->held.empty() && !attempt->over() && !request->ended) {
-        wv1::GenerateResponse event = std::move(attempt->held.front());
-        attempt->held.pop_front();
-        retry = HandleEvent(*request, *attempt, event, &actions) || retry;
-      }
-      attempt->held.clear();
-      if (attempt->held_done) {
-        const grpc::Status done = *attempt->held_done;
-        attempt->held_done.reset();
-        retry_decode = HandleDone(*request, *attempt, done, &actions);
+      // The answer is every choice's of the group: each gets its first token's logprobs and
+      // replays what its Generate stream sent meanwhile.
+      for (const std::shared_ptr<Attempt>& a : request->Group(*attempt)) {
+        PrefillAnswered(*request, *attempt, *a, &retry, &retry_decode, &actions);
       }
     } else if (!attempt->over()) {
       // RESOURCE_EXHAUSTED (its queue is full): tried on another prefill worker when one is up,
@@ -558,7 +574,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
                               ? "timeout"
                               : (busy ? "prefill_busy" : "worker_down")})
             .Increment();
-        request->AbortAttempt(*attempt, &actions);
+        request->AbortAll(&actions);  // the whole group goes again
         (decode_peer ? retry_decode : retry) = true;
       } else {
         request->Fail(PrefillError(failure, attempt->prefill->name(), attempt->decode->name()),
@@ -587,7 +603,7 @@ void RouterService::OnGenerateEvent(Request& request, Attempt& attempt,
     retry = HandleEvent(request, attempt, event, &actions);
   }
   RunActions(actions);
-  if (retry) Dispatch(request.shared_from_this(), attempt.choice, attempt.prefill_index, -1);
+  if (retry) Dispatch(request.shared_from_this(), GroupChoice(attempt), attempt.prefill_index, -1);
 }
 
 bool RouterService::HandleEvent(Request& request, Attempt& attempt,
@@ -677,7 +693,7 @@ bool RouterService::HandleFinish(Request& request, Attempt& attempt,
     attempt.prefill->RecordFailure();
     if (CanRetry(request, attempt)) {
       retries_->WithLabels({"timeout"}).Increment();
-      request.AbortAttempt(attempt, &actions);
+      request.AbortAll(&actions);
       return true;
     }
     request.Fail(frontend::ServerError(
@@ -716,7 +732,7 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
     }
   }
   RunActions(actions);
-  if (retry) Dispatch(request.shared_from_this(), attempt.choice, -1, attempt.decode_index);
+  if (retry) Dispatch(request.shared_from_this(), GroupChoice(attempt), -1, attempt.decode_index);
 }
 
 bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
@@ -725,7 +741,7 @@ bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::S
   if (attempt.stalled_on_down.load()) {
     if (CanRetry(request, attempt)) {
       retries_->WithLabels({"worker_down"}).Increment();
-      request.AbortAttempt(attempt, actions);
+      request.AbortAll(actions);
       return true;
     }
     request.Fail(frontend::ServerError(
@@ -743,7 +759,7 @@ bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::S
         ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout"
                                                                                  : "worker_down"})
         .Increment();
-    request.AbortAttempt(attempt, actions);
+    request.AbortAll(actions);
     return true;
   }
   request.Fail(frontend::ServerError(status.ok() ? 500 : 503,

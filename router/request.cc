@@ -41,7 +41,7 @@ bool RouterService::Request::Move(Attempt& attempt, AttemptEvent event, Actions*
   return false;
 }
 
-void RouterService::Request::AbortAttempt(Attempt& attempt, Actions* actions) {
+void RouterService::Request::AbortAttempt(Attempt& attempt, Actions* actions, bool whole_group) {
   if (attempt.state == AttemptState::kAborted) return;
   const bool started = StreamsStarted(attempt.state);
   if (!Move(attempt, AttemptEvent::kAbort, actions)) return;
@@ -50,14 +50,49 @@ void RouterService::Request::AbortAttempt(Attempt& attempt, Actions* actions) {
   Worker* decode = attempt.decode;
   std::shared_ptr<Attempt> a = attempt.shared_from_this();
   RouterService* owner = service;
+  const bool member = attempt.lead != nullptr;
+  // A member's fork is covered by its lead's abort of the whole reservation.
+  const bool covered = member && attempt.lead->group_aborted;
+  uint32_t forks = 1;
+  if (!member && whole_group) {
+    attempt.group_aborted = true;
+    forks = static_cast<uint32_t>(attempt.count);
+  }
   actions->push_back([=] {
-    owner->SendAbortPrefillThenDecode(*prefill, *decode, id, ticket);
+    if (!member) {
+      owner->SendAbortPrefillThenDecode(*prefill, *decode, id, ticket, forks);
+    } else if (!covered) {
+      owner->SendAbort(*decode, id, ticket);  // its own fork; the prefill is the lead's
+    }
     a->reserve_context.TryCancel();
     if (started) {
-      a->prefill_context.TryCancel();
+      if (!member) a->prefill_context.TryCancel();
       a->generate_context.TryCancel();
     }
   });
+}
+
+void RouterService::Request::AbortAll(Actions* actions) {
+  // Choice 0 (a lead) comes first: its abort covers the forks its members stream.
+  for (Choice& choice : choices) {
+    if (choice.current && !choice.current->over()) {
+      AbortAttempt(*choice.current, actions, /*whole_group=*/true);
+    }
+  }
+}
+
+std::vector<std::shared_ptr<RouterService::Attempt>> RouterService::Request::Group(Attempt& lead) {
+  std::vector<std::shared_ptr<Attempt>> group = {lead.shared_from_this()};
+  for (const std::weak_ptr<Attempt>& weak : lead.members) {
+    if (std::shared_ptr<Attempt> member = weak.lock()) group.push_back(std::move(member));
+  }
+  return group;
+}
+
+void RouterService::Request::MoveOthers(ChoiceEvent event, Actions* actions) {
+  for (size_t c = 1; c < choices.size(); ++c) {
+    if (!Move(static_cast<int>(c), event, actions)) return;
+  }
 }
 
 void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
@@ -69,9 +104,7 @@ void RouterService::Request::Fail(frontend::ApiError error, Actions* actions) {
   // Before the answer: the metrics agree by the time the client sees it.
   Unqueue("cancelled", actions);
   if (!cancelled.load()) sink->OnError(std::move(error));
-  for (Choice& choice : choices) {
-    if (choice.current && !choice.current->over()) AbortAttempt(*choice.current, actions);
-  }
+  AbortAll(actions);
 }
 
 void RouterService::Request::Unqueue(const char* outcome, Actions* actions) {
@@ -79,7 +112,8 @@ void RouterService::Request::Unqueue(const char* outcome, Actions* actions) {
     // Not waiting any more when the queue is trying it right now (its Reserve may be in flight);
     // that try finds the request ended and sends nothing. Its wait ends here all the same, or
     // no outcome would ever count it (pdserve_router_queued_total counted it).
-    if (choices[c].state == ChoiceState::kQueued && service->queue_ != nullptr) {
+    if (choices[c].state == ChoiceState::kQueued && choices[c].queue_ticket != 0 &&
+        service->queue_ != nullptr) {
       service->queue_->Remove(choices[c].queue_ticket);
     }
     Move(static_cast<int>(c), ChoiceEvent::kRequestEnded, actions);

@@ -52,10 +52,19 @@ inline bool AnswerLost(grpc::StatusCode code) {
 // Runs and clears `actions` (call with no Request lock held).
 void RunActions(Actions& actions);
 
-// One try of one choice on one (prefill, decode) pair. Fields below `mu`-comments are guarded by
-// the owning Request's mu.
+// One try of a request's choices on one (prefill, decode) pair. All n choices of a request share
+// one Reserve (SamplingParams.choice_count = n), one Prefill and one transfer: the attempt of
+// choice 0 (the lead) sends them; once reserved, each other choice k gets a member attempt
+// streaming worker request request_id + k (the decode worker's fork k) from the same ticket.
+// The lead's Reserve and Prefill outcomes are the group's: a retry or failure covers every
+// choice. Fields below `mu`-comments are guarded by the owning Request's mu.
 struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   int choice = 0;
+  // The lead: how many choices the group covers (n); a member: 0 (it sends no Reserve or
+  // Prefill and holds no prefill load).
+  int count = 1;
+  // A member's lead (null for the lead itself).
+  std::shared_ptr<Attempt> lead;
   int prefill_index = -1;
   int decode_index = -1;
   Worker* prefill = nullptr;
@@ -74,6 +83,11 @@ struct RouterService::Attempt : std::enable_shared_from_this<Attempt> {
   // (AdmissionQueue::Admitted / PushBack). Set before the attempt is shared.
   bool from_queue = false;
   // Guarded by Request::mu.
+  // The lead's members, choices 1 .. count - 1 (set once reserved).
+  std::vector<std::weak_ptr<Attempt>> members;
+  // The lead's abort covered every fork of the reservation (AbortRequest.choice_count): its
+  // members send no Abort of their own.
+  bool group_aborted = false;
   // Changed only by Request::Move (router/lifecycle.h).
   AttemptState state = AttemptState::kReserving;
   bool over() const { return AttemptOver(state); }
@@ -145,7 +159,15 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Aborts `attempt` on both workers and cancels its calls (run the actions after unlocking).
-  void AbortAttempt(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // `whole_group`: the request's every choice ends; a lead's Abort then covers all the forks of
+  // its reservation (and its members send none), else it covers its own fork alone. A member
+  // aborts only its own fork on the decode worker (the prefill is the lead's).
+  void AbortAttempt(Attempt& attempt, Actions* actions, bool whole_group = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Aborts every choice's running attempt, the lead's reservation as a whole.
+  void AbortAll(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The attempts of `lead`'s group still referenced: the lead, then its members in order.
+  std::vector<std::shared_ptr<Attempt>> Group(Attempt& lead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Ends the request with `error`, takes its choices out of the admission queue and aborts every
   // choice still running.
@@ -162,6 +184,10 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   // Sends `delta` for a choice, with the token timing metrics; a flagged choice's deltas carry
   // its degeneration kind.
   void Emit(frontend::ChoiceDelta delta, int new_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Moves every choice but choice 0 (whose move the caller made) by `event`: the group's other
+  // choices queue and leave the queue with it.
+  void MoveOthers(ChoiceEvent event, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Marks `attempt`'s choice finished; the last one completes the request (OnComplete).
   void ChoiceDone(Attempt& attempt, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

@@ -29,11 +29,7 @@ class RouterService::RouterGeneration : public frontend::Generation {
         request_->service->RecordFinish(*request_, 499, "cancelled");
       }
       request_->Unqueue("cancelled", &actions);
-      for (Choice& choice : request_->choices) {
-        if (choice.current && !choice.current->over()) {
-          request_->AbortAttempt(*choice.current, &actions);
-        }
-      }
+      request_->AbortAll(&actions);
     }
     RunActions(actions);
   }
@@ -100,13 +96,16 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
                      "Request received to every choice holding a decode reservation (the "
                      "admission queue included).",
                      {}, latency));
+  PDSERVE_ASSIGN_OR_RETURN(s->queue_depth_,
+                           r.AddGauge("pdserve_router_queue_depth",
+                                      "Requests (their choices as one group) waiting in the "
+                                      "admission queue for room on a decode "
+                                      "worker."));
   PDSERVE_ASSIGN_OR_RETURN(
-      s->queue_depth_,
-      r.AddGauge("pdserve_router_queue_depth",
-                 "Choices waiting in the admission queue for room on a decode worker."));
-  PDSERVE_ASSIGN_OR_RETURN(s->queued_,
-                           r.AddCounter("pdserve_router_queued_total",
-                                        "Choices that found every decode worker full and waited."));
+      s->queued_,
+      r.AddCounter("pdserve_router_queued_total",
+                   "Requests (their choices as one group) that found every decode worker "
+                   "full and waited."));
   PDSERVE_ASSIGN_OR_RETURN(
       s->queue_wait_, r.AddHistogram("pdserve_router_queue_wait_seconds",
                                      "One choice's wait in the admission queue, by how it ended.",
@@ -213,18 +212,18 @@ void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status)
 bool RouterService::Ready() const { return pool_->Ready(); }
 
 std::optional<frontend::ApiError> RouterService::FanOutError(int n) const {
-  int64_t slots = 0;
+  int64_t widest = 0;
   std::vector<std::string> workers;
   for (const Worker* w : pool_->decode()) {
     if (w->max_batch() <= 0) return std::nullopt;  // not stated: no bound known
-    slots += w->max_batch();
+    widest = std::max(widest, w->max_batch());
     workers.push_back(absl::StrCat(w->name(), ": max_batch ", w->max_batch()));
   }
-  if (n <= slots) return std::nullopt;
+  if (n <= widest) return std::nullopt;
   return frontend::InvalidRequest(
-      absl::StrCat("'n' is ", n, " but the decode workers run at most ", slots,
-                   " sequences at once (", absl::StrJoin(workers, ", "),
-                   "): the choices could never all hold a batch slot"),
+      absl::StrCat("'n' is ", n, " but the choices share one prefill and decode together on one ",
+                   "decode worker, and the widest runs at most ", widest, " sequences at once (",
+                   absl::StrJoin(workers, ", "), ")"),
       "n");
 }
 
@@ -288,17 +287,15 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   }
   prompt_tokens_->Get().Increment(static_cast<double>(request->prepared.prompt.size()));
   requests_in_flight_->Get().Add(1);
-  // First come first served: while choices wait for room, a new request waits behind them.
-  const bool behind = queued > 0;
-  for (int c = 0; c < n; ++c) {
-    if (!behind) {
-      Dispatch(request, c, -1, -1);
-      continue;
-    }
+  // First come first served: while requests wait for room, a new request waits behind them.
+  // Its choices go as one group (one Reserve, one prefill; router/request.h).
+  if (queued == 0) {
+    Dispatch(request, 0, -1, -1);
+  } else {
     Actions actions;
     {
       absl::MutexLock lock(&request->mu);
-      if (!request->ended) Enqueue(*request, c, &actions);
+      if (!request->ended) Enqueue(*request, 0, &actions);
     }
     RunActions(actions);
   }

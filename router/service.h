@@ -8,10 +8,13 @@
 //   D.Generate(request id, ticket id) -> token stream  }
 //
 // and detokenizes the stream per choice (frontend::ChoiceText: UTF-8 safe, stop strings held
-// back). Worker request ids are cluster-unique: a random 64-bit base plus a counter; choice i of
-// an n > 1 request is its own worker request with SamplingParams.choice = i and the same seed.
-// The seed is always sent explicitly: the request's, else serving::EffectiveSeed of the response
-// id, as the colocated service derives it.
+// back). Worker request ids are cluster-unique: a random 64-bit base plus a counter. The n choices
+// of a request share ONE Reserve (SamplingParams.choice = 0, choice_count = n, n consecutive ids),
+// ONE Prefill and ONE transfer; the decode worker forks the verified state, and choice k streams
+// worker request id + k with its own stream (seed, k), so it equals choice k colocated
+// (docs/protocol.md, "Shared prefill"). A retry or failure before any token covers every choice;
+// a client gone aborts them all with one Abort per worker. The seed is always sent explicitly:
+// the request's, else serving::EffectiveSeed of the response id, as the colocated service does.
 //
 // The first token's logprob and top_logprobs come from PrefillResponse.first_token (Generate's
 // first event carries only its id): when logprobs are requested, a choice's Generate events are
@@ -25,7 +28,7 @@
 // options.queue_timeout, then the request gets 429 pool_exhausted (Retry-After). While choices
 // wait, new requests queue behind them. A client gone while queued takes its choices out.
 //
-// Errors: more choices (n) than the decode workers' batch slots together -> 400 (param n) before
+// Errors: more choices (n) than the widest decode worker's batch slots -> 400 (param n) before
 // anything is reserved. Reserve's UNAVAILABLE (or no worker up) -> 503,
 // INVALID_ARGUMENT -> 400, FAILED_PRECONDITION (the request can never fit the worker's pool) ->
 // 400 (param max_tokens). A Reserve whose answer was lost (past reserve_timeout, cancelled,
@@ -45,6 +48,7 @@
 // must not call back into the Generation synchronously (frontend::HttpServer posts).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -142,6 +146,10 @@ class RouterService : public frontend::GenerationService {
   friend struct Request;
   RouterService() = default;
   uint64_t NextRequestId() { return id_base_ + next_id_.fetch_add(1); }
+  // `n` consecutive worker request ids (a shared reservation's forks); returns the first.
+  uint64_t NextRequestIds(int n) {
+    return id_base_ + next_id_.fetch_add(static_cast<uint64_t>(std::max(n, 1)));
+  }
   // Picks workers and sends Reserve for choice `choice` of `request`, skipping the decode
   // workers that answered "no room" for it since it last left the queue. `exclude_*`: the workers
   // of a failed attempt (-1: none). `from_queue`: the admission queue's try. Returns whether a
@@ -171,19 +179,26 @@ class RouterService : public frontend::GenerationService {
   // `prefill_quiesced` goes into a decode worker's AbortRequest (ignored for a prefill worker).
   // `then` (optional) runs on the answer with its `quiesced` (false when the call failed).
   void SendAbort(Worker& worker, uint64_t request_id, uint64_t ticket_id,
-                 bool prefill_quiesced = false, std::function<void(bool quiesced)> then = nullptr);
+                 bool prefill_quiesced = false, std::function<void(bool quiesced)> then = nullptr,
+                 uint32_t forks = 1);
   // Aborts on the prefill worker first, then on the decode worker with prefill_quiesced from the
   // prefill worker's answer, so the decode worker frees the pages at once when nothing is in
   // flight (docs/protocol.md, "Abort").
+  // `forks`: how many forks of a shared reservation the decode worker's Abort covers
+  // (AbortRequest.choice_count).
   void SendAbortPrefillThenDecode(Worker& prefill, Worker& decode, uint64_t request_id,
-                                  uint64_t ticket_id);
-  // Gives back the load an attempt holds on its prefill and / or decode worker. `reserved`: its
-  // Reserve succeeded, so the end of its decode side frees a batch slot (RoomFreed).
-  void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, bool reserved = true);
+                                  uint64_t ticket_id, uint32_t forks = 1);
+  // Gives back the load an attempt holds on its prefill and / or decode worker (`decode_units`:
+  // the sequences it gives back there: a lead whose reservation never streamed gives back its
+  // whole group). `reserved`: its Reserve succeeded, so the end of its decode side frees a batch
+  // slot (RoomFreed).
+  void ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, bool reserved = true,
+                      int decode_units = 1);
   bool CanRetry(Request& request, const Attempt& attempt) const;
-  // The 400 (param n) for a request of `n` choices that can never all run at once: more than the
-  // decode workers' batch slots together (HealthResponse.max_batch of each; no bound while a
-  // worker has not stated it). Nothing is reserved for such a request.
+  // The 400 (param n) for a request of `n` choices that can never run at once: its choices share
+  // one reservation on one decode worker, and n is more than the widest worker's batch slots
+  // (HealthResponse.max_batch; no bound while a worker has not stated it). Nothing is reserved
+  // for such a request.
   std::optional<frontend::ApiError> FanOutError(int n) const;
   // Whether a prefill worker other than the attempt's is up.
   bool OtherPrefillUp(const Attempt& attempt) const;
@@ -208,7 +223,18 @@ class RouterService : public frontend::GenerationService {
                       Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
   bool Reserved(Request& request, Attempt& attempt, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
-  // Sends the attempt's Prefill and opens its Generate stream.
+  // REQUIRES: request.mu held. Creates the lead's member attempts (choices 1 .. count - 1 of
+  // its reservation, reserved with it); false when a move was illegal (the request failed).
+  bool AddMembers(Request& request, Attempt& lead, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
+  // REQUIRES: request.mu held. The lead's Prefill answered OK: `attempt` (the lead or a member)
+  // takes its first token's logprobs and replays its held events; sets the retry flags.
+  void PrefillAnswered(Request& request, const Attempt& lead, Attempt& attempt, bool* retry,
+                       bool* retry_decode, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
+  // The choice a retry of `attempt`'s group is dispatched as: its lead's.
+  static int GroupChoice(const Attempt& attempt);
+  // Sends the lead's Prefill and opens the Generate stream of every attempt of its group.
   void StartStreams(const std::shared_ptr<Request>& request,
                     const std::shared_ptr<Attempt>& attempt);
   void OnGenerateEvent(Request& request, Attempt& attempt,

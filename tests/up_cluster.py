@@ -40,6 +40,18 @@ transfer: {{transport: ucx, lease_ms: 30000}}
     return up, log, p, line
 
 
+def stop_up(up, log, show_log=False, tail=4000):
+    """Ctrl-C to `pdserve up` (killed after 30 s); with show_log, prints the end of its log."""
+    up.send_signal(signal.SIGINT)
+    try:
+        up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.kill()
+    if show_log:
+        log.seek(0)
+        print(log.read()[-tail:])
+
+
 @contextlib.contextmanager
 def running_up(pdserve, model_dir, model, check, failures, grpc=False):
     """start_up in a temporary directory, `check`ed to get ready; yields (process, log file,
@@ -52,11 +64,4 @@ def running_up(pdserve, model_dir, model, check, failures, grpc=False):
         try:
             yield up, log, (p if ready else None)
         finally:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                up.kill()
-            if failures:
-                log.seek(0)
-                print(log.read()[-4000:])
+            stop_up(up, log, show_log=bool(failures))

@@ -1,5 +1,6 @@
 #include "worker/wire.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,11 @@ absl::StatusOr<serving::SamplingParams> SamplingFromProto(
   if (proto.choice() >= static_cast<uint32_t>(serving::kMaxChoices)) {
     return absl::InvalidArgumentError(
         absl::StrCat("choice must be in [0, ", serving::kMaxChoices, "), got ", proto.choice()));
+  }
+  if (proto.choice() + ChoiceCount(proto) > serving::kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("choice (", proto.choice(), ") + choice_count (",
+                                                   proto.choice_count(), ") exceeds ",
+                                                   serving::kMaxChoices, " choices"));
   }
   serving::SamplingParams params;
   params.temperature = proto.temperature();
@@ -25,13 +31,17 @@ absl::StatusOr<serving::SamplingParams> SamplingFromProto(
   params.stop_token_ids.assign(proto.stop_token_ids().begin(), proto.stop_token_ids().end());
   params.max_tokens = proto.max_tokens();
   params.min_tokens = proto.min_tokens();
-  params.n = static_cast<int32_t>(proto.choice()) + 1;
+  params.n = static_cast<int32_t>(proto.choice() + ChoiceCount(proto));
   if (proto.has_logprobs()) params.logprobs = proto.logprobs();
   params.ignore_eos = proto.ignore_eos();
   params.json_schema = proto.json_schema();
   absl::Status valid = serving::ValidateSamplingParams(params, vocab_size);
   if (!valid.ok()) return valid;
   return params;
+}
+
+uint32_t ChoiceCount(const pdserve::worker::v1::SamplingParams& proto) {
+  return std::max<uint32_t>(1, proto.choice_count());
 }
 
 std::string SeedRequestId(uint64_t request_id) { return absl::StrCat(request_id); }

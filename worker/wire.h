@@ -16,17 +16,21 @@
 
 namespace pdserve::worker {
 
-// The request's sampling parameters for its choice `proto.choice()`: n is choice + 1, so the
-// choice's stream is keyed (seed, choice, position) exactly as choice `choice` of a colocated
-// request (docs/serving.md). proto3 cannot mark top_p and repetition_penalty unset; their zero
-// (out of range for both) is read as 1, "off". Errors: InvalidArgument from
-// ValidateSamplingParams, or for a choice >= kMaxChoices or max_tokens < 1.
+// The request's sampling parameters for its choices `proto.choice()` .. choice + ChoiceCount - 1:
+// n is choice + ChoiceCount, so each choice's stream is keyed (seed, choice, position) exactly as
+// choice `choice` of a colocated request (docs/serving.md). proto3 cannot mark top_p and
+// repetition_penalty unset; their zero (out of range for both) is read as 1, "off". Errors:
+// InvalidArgument from ValidateSamplingParams, or for a choice >= kMaxChoices (or choice +
+// choice_count above it) or max_tokens < 1.
 absl::StatusOr<serving::SamplingParams> SamplingFromProto(
     const pdserve::worker::v1::SamplingParams& proto, int64_t vocab_size);
 
 // The request id string the seed is derived from when the request carries none: the decimal
 // request id (xxh3-64 of it; serving::EffectiveSeed).
 std::string SeedRequestId(uint64_t request_id);
+
+// How many choices a worker request covers (SamplingParams.choice_count; absent or 0 means 1).
+uint32_t ChoiceCount(const pdserve::worker::v1::SamplingParams& proto);
 
 pdserve::worker::v1::SampledToken SampledTokenToProto(const serving::SampledToken& token);
 

@@ -116,6 +116,31 @@ TEST(ControlMessageTest, CommitRoundTripsWithDigests) {
   EXPECT_EQ(*decoded, commit);
 }
 
+// A shared prefill's commit (n > 1 choices) carries the other choices' first tokens after the
+// digests; an n = 1 commit's bytes are exactly the old layout (48 + 8 per digest).
+TEST(ControlMessageTest, SharedPrefillCommitCarriesTheOtherFirstTokens) {
+  ControlMessage commit{.kind = WireKind::kCommit,
+                        .request_id = 3,
+                        .prompt_tokens = 290,
+                        .first_token = 7,
+                        .layer_digests = {9, 10}};
+  EXPECT_EQ(EncodeControl(commit).size(), 48u + 16u);
+  commit.more_first_tokens = {11, 0, 4095};
+  const std::vector<std::byte> bytes = EncodeControl(commit);
+  EXPECT_EQ(bytes.size(), 48u + 16u + 4u + 12u);
+  auto decoded = DecodeControl(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, commit);
+  // A cut token, a count that does not match, or a trailing stub is malformed.
+  for (size_t cut : {1u, 4u, 14u}) {
+    std::vector<std::byte> broken(bytes.begin(), bytes.end() - static_cast<std::ptrdiff_t>(cut));
+    EXPECT_EQ(DecodeControl(broken).status().code(), absl::StatusCode::kInvalidArgument) << cut;
+  }
+  std::vector<std::byte> zero_count(bytes.begin(), bytes.begin() + 48 + 16);
+  zero_count.resize(zero_count.size() + 4, std::byte{0});
+  EXPECT_EQ(DecodeControl(zero_count).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ControlMessageTest, RejectsAPageKind) {
   ControlMessage message{.kind = WireKind::kPage};
   EXPECT_EQ(DecodeControl(EncodeControl(message)).status().code(),

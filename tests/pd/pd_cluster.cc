@@ -1,5 +1,6 @@
 #include "tests/pd/pd_cluster.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -218,6 +219,24 @@ std::vector<Outcome> PdCluster::RunAll(const std::vector<RequestSpec>& specs, in
   }
   for (std::thread& t : threads) t.join();
   return outcomes;
+}
+
+v1::StatsResponse DecodeStats(PdCluster& cluster) {
+  grpc::ClientContext context;
+  v1::StatsResponse stats;
+  EXPECT_TRUE(cluster.decode().Stats(&context, v1::StatsRequest(), &stats).ok());
+  return stats;
+}
+
+v1::StatsResponse AwaitAllPagesFree(PdCluster& cluster, absl::Duration timeout) {
+  v1::StatsResponse stats;
+  const absl::Time until = absl::Now() + timeout;
+  do {
+    stats = DecodeStats(cluster);
+    if (stats.pages_free() == stats.pages_total()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < until);
+  return stats;
 }
 
 std::vector<Outcome> RunColocated(const std::vector<RequestSpec>& specs) {

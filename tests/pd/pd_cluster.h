@@ -87,6 +87,11 @@ pdserve::worker::v1::PrefillRequest PrefillFor(const RequestSpec& spec,
 void ReadGenerate(grpc::ClientReader<pdserve::worker::v1::GenerateResponse>& reader,
                   Outcome* outcome);
 
+// The decode worker's Stats (a failed call is a test failure).
+pdserve::worker::v1::StatsResponse DecodeStats(PdCluster& cluster);
+// Polls the decode worker's stats until every page is free or `timeout` passes; the last stats.
+pdserve::worker::v1::StatsResponse AwaitAllPagesFree(PdCluster& cluster, absl::Duration timeout);
+
 // Colocated mode on the bundled model: every spec as one choice of its own request, in one
 // continuous batch (batch invariance makes this equal to each alone).
 std::vector<Outcome> RunColocated(const std::vector<RequestSpec>& specs);

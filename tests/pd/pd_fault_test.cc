@@ -31,25 +31,6 @@ RequestSpec Spec(uint64_t id, int length, uint64_t seed) {
   return s;
 }
 
-v1::StatsResponse DecodeStats(PdCluster& cluster) {
-  grpc::ClientContext context;
-  v1::StatsResponse stats;
-  EXPECT_TRUE(cluster.decode().Stats(&context, v1::StatsRequest(), &stats).ok());
-  return stats;
-}
-
-// Polls the decode worker's stats until every page is free or `timeout` passes; the last stats.
-v1::StatsResponse AwaitAllPagesFree(PdCluster& cluster, absl::Duration timeout) {
-  v1::StatsResponse stats;
-  const absl::Time until = absl::Now() + timeout;
-  do {
-    stats = DecodeStats(cluster);
-    if (stats.pages_free() == stats.pages_total()) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  } while (absl::Now() < until);
-  return stats;
-}
-
 // Reserve on the decode worker; the ticket goes to `reserved` when given.
 grpc::Status ReserveOnDecode(PdCluster& cluster, const RequestSpec& spec,
                              v1::ReserveResponse* reserved = nullptr) {

@@ -50,14 +50,6 @@ config::WorkerConfig Worker(const std::string& name, int port) {
   return w;
 }
 
-v1::StatsResponse DecodeStats(PdCluster& cluster) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::StatsResponse stats;
-  EXPECT_TRUE(cluster.decode().Stats(&context, v1::StatsRequest(), &stats).ok());
-  return stats;
-}
-
 class PdRouterTest : public ::testing::Test {
  protected:
   void SetUp() override { router::testing::KeepCallbackQueueAlive(); }
@@ -140,8 +132,8 @@ TEST_F(PdRouterTest, FanOutWiderThanTheBatchIs400AndReservesNothing) {
   EXPECT_EQ(wide->error.http_status, 400);
   EXPECT_EQ(wide->error.param, "n");
   EXPECT_EQ(wide->error.message,
-            "'n' is 5 but the decode workers run at most 4 sequences at once (decode-0: "
-            "max_batch 4): the choices could never all hold a batch slot");
+            "'n' is 5 but the choices share one prefill and decode together on one decode "
+            "worker, and the widest runs at most 4 sequences at once (decode-0: max_batch 4)");
   v1::StatsResponse stats = DecodeStats(*cluster_);
   EXPECT_EQ(stats.pages_free(), stats.pages_total());
   EXPECT_EQ(stats.waiting_requests() + stats.running_requests(), 0);

@@ -6,6 +6,7 @@
 // tokens (cancellation tests). Everything it saw is recorded for assertions.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -59,6 +60,7 @@ inline int32_t FakeToken(uint64_t seed, uint32_t choice, int i, int prompt_token
 class FakeDecode final : public worker::v1::DecodeWorker::Service {
  public:
   grpc::StatusCode reserve_code = grpc::StatusCode::OK;  // != OK: Reserve fails with it
+  std::string reserve_message = "fake refuses";          // ... and this message
   bool fail_with_error_event = false;
   // The third event is a final "abort" with this message (a decode worker whose drain timeout
   // passed: "worker shutting down"); empty: no such event.
@@ -85,15 +87,22 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     if (reserve_delay_ms > 0) absl::SleepFor(absl::Milliseconds(reserve_delay_ms));
     absl::MutexLock lock(&mu);
     reserves.push_back(*request);
-    if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, "fake refuses");
-    if (slots >= 0 && static_cast<int>(holding.size()) >= slots) {
+    if (reserve_code != grpc::StatusCode::OK) return grpc::Status(reserve_code, reserve_message);
+    // A shared reservation (choice_count n > 1) takes n slots; fork k streams as id + k.
+    const int n = static_cast<int>(std::max<uint32_t>(1, request->sampling().choice_count()));
+    if (slots >= 0 && static_cast<int>(holding.size()) + n > slots) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no free batch slot (fake)");
     }
-    holding.insert(request->request_id());
     admitted.push_back(request->request_id());
     response->mutable_ticket()->set_ticket_id(++next_ticket);
     response->mutable_ticket()->set_request_id(request->request_id());
-    reserved[request->request_id()] = *request;
+    for (int k = 0; k < n; ++k) {
+      worker::v1::ReserveRequest fork = *request;
+      fork.mutable_sampling()->set_choice(request->sampling().choice() + static_cast<uint32_t>(k));
+      fork.mutable_sampling()->clear_choice_count();
+      holding.insert(request->request_id() + static_cast<uint64_t>(k));
+      reserved[request->request_id() + static_cast<uint64_t>(k)] = fork;
+    }
     return grpc::Status::OK;
   }
 
@@ -186,9 +195,11 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   grpc::Status Abort(grpc::ServerContext*, const worker::v1::AbortRequest* request,
                      worker::v1::AbortResponse* response) override {
     absl::MutexLock lock(&mu);
-    aborts.push_back(request->request_id());
     abort_requests.push_back(*request);
-    holding.erase(request->request_id());
+    for (uint32_t k = 0; k < std::max<uint32_t>(1, request->choice_count()); ++k) {
+      aborts.push_back(request->request_id() + k);
+      holding.erase(request->request_id() + k);
+    }
     response->set_quiesced(true);
     return grpc::Status::OK;
   }
@@ -269,6 +280,17 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
       worker::v1::TokenLogprob* top = first->add_top_logprobs();
       top->set_token_id(token + k);
       top->set_logprob(-0.25f - static_cast<float>(k));
+    }
+    // A shared prefill's other choices, each from its own stream, as the real prefill worker.
+    for (uint32_t c = 1; c < s.choice_count(); ++c) {
+      worker::v1::SampledToken* more = response->add_more_first_tokens();
+      *more = *first;
+      const int32_t other = FakeToken(s.seed(), s.choice() + c, 0, request->token_ids_size());
+      more->set_token_id(other);
+      for (int k = 0; k < more->top_logprobs_size(); ++k) {
+        more->mutable_top_logprobs(k)->set_token_id(other + k);
+      }
+      response->mutable_commit()->add_more_first_tokens(other);
     }
     return grpc::Status::OK;
   }

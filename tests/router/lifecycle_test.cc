@@ -78,5 +78,47 @@ TEST(AttemptLifecycleTest, AnAbortIsNeverUndoneByALateReserveAnswer) {
   EXPECT_FALSE(NextAttemptState(AS::kEnded, AE::kAbort).ok());
 }
 
+// An n = 4 request's group, as RouterService walks it (router/request.h): the lead reserves for
+// all; its members start reserved; the Prefill answer moves all to prefilled; the choices queue
+// and leave the queue together; a group abort ends every live attempt, after which answers are
+// ignored; a finished member stays finished when the request ends.
+TEST(GroupWalkTest, LeadAndMembersMoveTogether) {
+  auto step = [](AS state, AE event) {
+    absl::StatusOr<AS> next = NextAttemptState(state, event);
+    EXPECT_TRUE(next.ok()) << next.status();
+    return next.value_or(state);
+  };
+  auto move = [](CS state, CE event) {
+    absl::StatusOr<CS> next = NextChoiceState(state, event);
+    EXPECT_TRUE(next.ok()) << next.status();
+    return next.value_or(state);
+  };
+  std::vector<CS> choices(4, CS::kTrying);
+  for (CS& c : choices) c = move(c, CE::kQueue);  // every decode worker full: the group waits
+  for (CS& c : choices) EXPECT_EQ(c, CS::kQueued);
+  for (CS& c : choices) c = move(c, CE::kLeaveQueue);
+  std::vector<AS> attempts = {step(AS::kReserving, AE::kReserved)};  // the lead's Reserve
+  for (int k = 1; k < 4; ++k) attempts.push_back(step(AS::kReserving, AE::kReserved));
+  for (AS a : attempts) EXPECT_EQ(a, AS::kPrefilling);
+  // Member 2 streams and finishes before the Prefill answers (no logprobs asked).
+  choices[2] = move(move(choices[2], CE::kToken), CE::kFinish);
+  attempts[2] = step(attempts[2], AE::kEnd);
+  for (AS& a : attempts) a = step(a, AE::kPrefillAnswered);
+  EXPECT_EQ(attempts[0], AS::kPrefilled);
+  EXPECT_EQ(attempts[2], AS::kEnded);
+  // The client goes: every live attempt is aborted; a late answer changes nothing.
+  for (AS& a : attempts) {
+    if (!AttemptOver(a)) a = step(a, AE::kAbort);
+  }
+  EXPECT_EQ(attempts, (std::vector<AS>{AS::kAborted, AS::kAborted, AS::kEnded, AS::kAborted}));
+  for (AS& a : attempts) {
+    if (a == AS::kAborted) a = step(a, AE::kPrefillAnswered);
+  }
+  for (CS& c : choices) c = move(c, CE::kRequestEnded);
+  EXPECT_EQ(choices, (std::vector<CS>{CS::kEnded, CS::kEnded, CS::kDone, CS::kEnded}));
+  // A member cannot be reserved again once its group was aborted.
+  EXPECT_FALSE(NextAttemptState(AS::kAborted, AE::kReserved).ok());
+}
+
 }  // namespace
 }  // namespace pdserve::router

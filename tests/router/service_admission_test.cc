@@ -331,16 +331,20 @@ TEST_F(RouterServiceTest, MoreChoicesThanTheDecodeWorkersSlotsIs400BeforeAnyRese
   EXPECT_EQ(sink->error.http_status, 400);
   EXPECT_EQ(sink->error.param, "n");
   EXPECT_EQ(sink->error.message,
-            "'n' is 6 but the decode workers run at most 5 sequences at once (d0: max_batch 3, "
-            "d1: max_batch 2): the choices could never all hold a batch slot");
+            "'n' is 6 but the choices share one prefill and decode together on one decode worker, "
+            "and the widest runs at most 3 sequences at once (d0: max_batch 3, d1: max_batch 2)");
   for (auto& d : decode_) {
     absl::MutexLock lock(&d->mu);
     EXPECT_TRUE(d->reserves.empty());
   }
-  req.n = 5;  // fits both workers together
+  req.n = 5;  // would fit both workers together, but the choices share one reservation
+  sink = Run(*service, req);
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.param, "n");
+  req.n = 3;  // fits the widest
   sink = Run(*service, req);
   ASSERT_FALSE(sink->failed) << sink->error.message;
-  EXPECT_EQ(sink->usage.completion_tokens, 10);
+  EXPECT_EQ(sink->usage.completion_tokens, 6);
 }
 
 TEST_F(RouterServiceTest, ReserveThatCanNeverFitIs400OnMaxTokens) {
