@@ -3,6 +3,7 @@ CPU backend, on free loopback ports (tests/test_ports.py), stderr (also the chil
 a file, since a pipe nobody reads could fill and block.
 """
 import os
+import signal
 import subprocess
 import time
 
@@ -35,3 +36,12 @@ transfer: {{transport: ucx, lease_ms: 30000}}
         if not line and up.poll() is not None:
             break
     return up, log, p, line
+
+
+def stop_up(up, log, show_log):
+    """Stops `pdserve up` (Ctrl-C stops its children); prints the tail of its log when show_log."""
+    up.send_signal(signal.SIGINT)
+    up.wait(60)
+    if show_log:
+        log.seek(0)
+        print("pdserve up log (tail):\n" + log.read()[-3000:])
