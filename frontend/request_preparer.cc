@@ -50,7 +50,7 @@ std::string SamplingParamOf(absl::string_view message) {
 // Errors: a 400 on "tools" naming what of a tool's schema cannot be enforced.
 absl::StatusOr<std::string> ToolCallGrammarSpec(const text::ChatFormat* format,
                                                 const ApiRequest& req) {
-  if (format == nullptr ||
+  if (format == nullptr || req.endpoint != Endpoint::kChatCompletions ||
       (req.tool_choice != ToolChoice::kRequired && req.tool_choice != ToolChoice::kNamed)) {
     return std::string();
   }
@@ -146,6 +146,14 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   // A prompt far too long for the context is refused before it is tokenized (which can take
   // seconds for megabytes of text, on the server's I/O thread).
   if (std::optional<ApiError> error = SurelyTooLong(req)) return *error;
+  // A tool schema the grammar cannot enforce is refused whatever the prompt's length.
+  absl::StatusOr<std::string> grammar = ToolCallGrammarSpec(chat_format_.get(), req);
+  if (!grammar.ok()) {
+    return InvalidRequest(absl::StrCat("'tools' cannot be enforced for tool_choice \"required\" "
+                                       "or a named function: ",
+                                       grammar.status().message()),
+                          "tools");
+  }
   absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(req);
   if (!prompt.ok()) {
     return InvalidRequest(std::string(prompt.status().message()),
@@ -160,17 +168,7 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   out.prompt = std::move(*prompt);
   out.params = RequestParams(req, defaults_);
   out.params.max_tokens = static_cast<int32_t>(max_tokens);
-  if (req.endpoint == Endpoint::kChatCompletions) {
-    absl::StatusOr<std::string> grammar = ToolCallGrammarSpec(chat_format_.get(), req);
-    if (!grammar.ok()) {
-      return InvalidRequest(
-          absl::StrCat("'tools' cannot be enforced for tool_choice \"required\" or a named "
-                       "function: ",
-                       grammar.status().message()),
-          "tools");
-    }
-    out.params.tool_call_grammar = std::move(*grammar);
-  }
+  out.params.tool_call_grammar = std::move(*grammar);
   if (req.endpoint == Endpoint::kChatCompletions && chat_format_) {
     // The chat format's control tokens cannot occur in an answer: suppressed (OpenAI's strongest
     // logit_bias), unless the request biases that token itself. docs/chat-format.md.
