@@ -9,8 +9,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "frontend/response_format.h"
 #include "absl/synchronization/mutex.h"
+#include "frontend/response_format.h"
 #include "frontend/tool_request.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -411,8 +411,9 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
   const bool forced =
       req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed;
   if (forced && ThinkingOn(req)) {
-    // The call is forced by writing its opening into the prompt, which thinking mode cannot do:
-    // there the answer opens with the reasoning.
+    // The call is enforced by a grammar that starts at the answer's first token (the DSML
+    // tool-call block, structured/tool_call_grammar.h), which thinking mode cannot take: there the
+    // answer opens with the reasoning.
     return InvalidRequest(
         "'tool_choice' \"required\" or a named function needs thinking off "
         "(chat_template_kwargs.thinking false)",

@@ -28,13 +28,6 @@ absl::StatusOr<std::vector<int32_t>> ChatPromptTokens(const text::ChatFormat& fo
   }
   PDSERVE_ASSIGN_OR_RETURN(std::vector<text::ChatSegment> segments,
                            format.Render(messages, ChatOptionsOf(req)));
-  if (req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed) {
-    // The answer must be a tool call: its opening is written for the model (thinking is off,
-    // api_request.cc checks), and ChoiceText reads it back first.
-    for (text::ChatSegment& s : format.ToolCallOpening(req.tool_choice_name)) {
-      segments.push_back(std::move(s));
-    }
-  }
   return text::EncodeChat(tokenizer, segments);
 }
 

@@ -13,6 +13,7 @@
 #include "frontend/chat_prompt.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
+#include "structured/tool_call_grammar.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -42,6 +43,29 @@ serving::SamplingParams RequestParams(const ApiRequest& req, serving::SamplingPa
 // message ("logit_bias[5] must be ...", "top_p 1e-40 cannot ...").
 std::string SamplingParamOf(absl::string_view message) {
   return std::string(message.substr(0, message.find_first_not_of("abcdefghijklmnopqrstuvwxyz_")));
+}
+
+// tool_choice "required" / a named function: the grammar spec of the answer's tool-call block
+// (structured/tool_call_grammar.h) over the request's tools, or the named one; "" otherwise.
+// Errors: a 400 on "tools" naming what of a tool's schema cannot be enforced.
+absl::StatusOr<std::string> ToolCallGrammarSpec(const text::ChatFormat* format,
+                                                const ApiRequest& req) {
+  if (format == nullptr || req.endpoint != Endpoint::kChatCompletions ||
+      (req.tool_choice != ToolChoice::kRequired && req.tool_choice != ToolChoice::kNamed)) {
+    return std::string();
+  }
+  std::vector<nlohmann::ordered_json> tools;
+  for (const nlohmann::ordered_json& tool : req.tools) {
+    if (req.tool_choice == ToolChoice::kRequired || tool["name"] == req.tool_choice_name) {
+      tools.push_back(tool);
+    }
+  }
+  const std::string dsml = format->AnswerOptions(ChatOptionsOf(req), /*parse_tools=*/true).dsml;
+  std::string spec = structured::ToolCallGrammar::Spec(dsml, req.parallel_tool_calls, tools);
+  absl::StatusOr<std::shared_ptr<const structured::ToolCallGrammar>> compiled =
+      structured::ToolCallGrammar::Parse(spec);
+  if (!compiled.ok()) return compiled.status();
+  return spec;
 }
 
 // The last component of `model_dir` ("models/kjv-v4-tiny/" and "." name their directory too).
@@ -122,6 +146,14 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   // A prompt far too long for the context is refused before it is tokenized (which can take
   // seconds for megabytes of text, on the server's I/O thread).
   if (std::optional<ApiError> error = SurelyTooLong(req)) return *error;
+  // A tool schema the grammar cannot enforce is refused whatever the prompt's length.
+  absl::StatusOr<std::string> grammar = ToolCallGrammarSpec(chat_format_.get(), req);
+  if (!grammar.ok()) {
+    return InvalidRequest(absl::StrCat("'tools' cannot be enforced for tool_choice \"required\" "
+                                       "or a named function: ",
+                                       grammar.status().message()),
+                          "tools");
+  }
   absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(req);
   if (!prompt.ok()) {
     return InvalidRequest(std::string(prompt.status().message()),
@@ -136,6 +168,7 @@ Prepared RequestPreparer::Prepare(const ApiRequest& req) const {
   out.prompt = std::move(*prompt);
   out.params = RequestParams(req, defaults_);
   out.params.max_tokens = static_cast<int32_t>(max_tokens);
+  out.params.tool_call_grammar = std::move(*grammar);
   if (req.endpoint == Endpoint::kChatCompletions && chat_format_) {
     // The chat format's control tokens cannot occur in an answer: suppressed (OpenAI's strongest
     // logit_bias), unless the request biases that token itself. docs/chat-format.md.
@@ -209,11 +242,7 @@ std::optional<text::ChatOutputParser> AnswerParser(const RequestPreparer& prepar
   const text::ChatFormat* format = preparer.chat_format();
   if (req.endpoint != Endpoint::kChatCompletions || format == nullptr) return std::nullopt;
   const text::ChatOptions options = ChatOptionsOf(req);
-  text::ChatOutputOptions parse = format->AnswerOptions(options, !options.tools.empty());
-  if (req.tool_choice == ToolChoice::kRequired || req.tool_choice == ToolChoice::kNamed) {
-    parse.forced_prefix = text::JoinSegments(format->ToolCallOpening(req.tool_choice_name));
-  }
-  return text::ChatOutputParser(std::move(parse));
+  return text::ChatOutputParser(format->AnswerOptions(options, !options.tools.empty()));
 }
 
 }  // namespace

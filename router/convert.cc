@@ -22,6 +22,7 @@ worker::v1::SamplingParams ToProto(const serving::SamplingParams& params, int ch
   if (params.logprobs) out.set_logprobs(*params.logprobs);
   out.set_ignore_eos(params.ignore_eos);
   out.set_json_schema(params.json_schema);
+  out.set_tool_call_grammar(params.tool_call_grammar);
   return out;
 }
 

@@ -27,9 +27,11 @@ APT_PACKAGES=(
 )
 # Python test tooling Debian 12 does not package (numpy is python3-numpy above), pinned to the
 # versions the tests were run with; and the modules that must import in the venv afterwards.
+# openai-agents: the agent-style client of the tool round trip (tests/structured/
+# tool_call_roundtrip_test.py).
 PIP_PACKAGES=(tokenizers==0.23.3 safetensors==0.8.0 openai==3.57.0 jsonschema==4.26.0
-  grpcio==1.85.1 grpcio-reflection==1.85.1 grpcio-health-checking==1.85.1)
-PY_MODULES="numpy tokenizers safetensors openai jsonschema grpc grpc_reflection grpc_health"
+  grpcio==1.85.1 grpcio-reflection==1.85.1 grpcio-health-checking==1.85.1 openai-agents==0.24.0)
+PY_MODULES="numpy tokenizers safetensors openai jsonschema grpc grpc_reflection grpc_health agents"
 
 stamp_dir="${PDSERVE_DEPS_STAMP_DIR:-/var/lib/pdserve}"
 # CMakeLists.txt looks for the venv here too (PDSERVE_TEST_VENV).

@@ -242,7 +242,7 @@ const char* FinishReasonName(FinishReason reason) {
 
 RequestSampler::RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
                                std::vector<int32_t> end_token_ids, std::vector<Choice> choices,
-                               std::shared_ptr<structured::JsonConstraint> constraint)
+                               std::shared_ptr<structured::GrammarConstraint> constraint)
     : params_(params),
       seed_(seed),
       vocab_size_(vocab_size),
@@ -280,14 +280,20 @@ absl::StatusOr<RequestSampler> RequestSampler::Create(
     std::span<const int32_t> eos_token_ids, std::span<const int32_t> prompt, int64_t vocab_size,
     std::shared_ptr<const structured::TokenVocabulary> vocabulary) {
   PDSERVE_RETURN_IF_ERROR(ValidateSamplingParams(params, vocab_size));
-  std::shared_ptr<structured::JsonConstraint> constraint;
-  if (!params.json_schema.empty()) {
+  std::shared_ptr<structured::GrammarConstraint> constraint;
+  if (!params.json_schema.empty() || !params.tool_call_grammar.empty()) {
     if (!vocabulary) {
       return absl::FailedPreconditionError(
-          "response_format needs the tokenizer's vocabulary, which this server did not load");
+          "response_format and tool_choice \"required\" / a named function need the tokenizer's "
+          "vocabulary, which this server did not load");
     }
-    PDSERVE_ASSIGN_OR_RETURN(
-        constraint, structured::JsonConstraint::Create(params.json_schema, std::move(vocabulary)));
+    if (!params.json_schema.empty()) {
+      PDSERVE_ASSIGN_OR_RETURN(constraint, structured::GrammarConstraint::ForJsonSchema(
+                                               params.json_schema, std::move(vocabulary)));
+    } else {
+      PDSERVE_ASSIGN_OR_RETURN(constraint, structured::GrammarConstraint::ForToolCalls(
+                                               params.tool_call_grammar, std::move(vocabulary)));
+    }
   }
   std::vector<int32_t> end_ids;
   if (!params.ignore_eos) end_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
@@ -310,7 +316,7 @@ absl::StatusOr<RequestSampler> RequestSampler::Create(
     choices.push_back({TokenHistory::SamePrompt(choices.front().history)});
   }
   if (constraint) {
-    for (Choice& choice : choices) choice.json = constraint->Start();
+    for (Choice& choice : choices) choice.grammar = constraint->Start();
   }
   return RequestSampler(params, EffectiveSeed(params, request_id), vocab_size, std::move(end_ids),
                         std::move(choices), std::move(constraint));
@@ -339,15 +345,17 @@ std::optional<FinishReason> RequestSampler::Append(Choice& state, int32_t token)
   return finish;
 }
 
-absl::Status RequestSampler::AdvanceJson(Choice& state, int32_t token) {
-  if (!state.json) return absl::OkStatus();
+absl::Status RequestSampler::AdvanceGrammar(Choice& state, int32_t token) {
+  if (!state.grammar) return absl::OkStatus();
   const bool ends =
       std::find(end_token_ids_.begin(), end_token_ids_.end(), token) != end_token_ids_.end();
-  if ((ends && state.json->Complete()) || constraint_->Accept(*state.json, token)) {
+  if ((ends && state.grammar->Complete()) || constraint_->Accept(*state.grammar, token)) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("token id ", token, " does not continue the JSON document of response_format"));
+      absl::StrCat("token id ", token,
+                   " does not continue the constrained output (response_format or "
+                   "tool_choice)"));
 }
 
 absl::StatusOr<RequestSampler::DrawInputs> RequestSampler::PrepareDraw(int32_t choice,
@@ -359,10 +367,10 @@ absl::StatusOr<RequestSampler::DrawInputs> RequestSampler::PrepareDraw(int32_t c
   inputs.history = &state->history;
   inputs.key = {seed_, static_cast<uint32_t>(choice),
                 static_cast<uint32_t>(state->history.position())};
-  if (state->json) {
+  if (state->grammar) {
     const int64_t remaining = params_.max_tokens - state->history.generated_length();
     PDSERVE_RETURN_IF_ERROR(
-        constraint_->FillMask(*state->json, remaining, end_token_ids_, vocab, &state->mask));
+        constraint_->FillMask(*state->grammar, remaining, end_token_ids_, vocab, &state->mask));
     inputs.allowed = state->mask;
   }
   return inputs;
@@ -372,7 +380,7 @@ absl::StatusOr<SampleStep> RequestSampler::CommitDraw(int32_t choice, SampledTok
   PDSERVE_ASSIGN_OR_RETURN(Choice * state, OpenChoice(choice));
   SampleStep step;
   step.sampled = std::move(sampled);
-  PDSERVE_RETURN_IF_ERROR(AdvanceJson(*state, step.sampled.token));
+  PDSERVE_RETURN_IF_ERROR(AdvanceGrammar(*state, step.sampled.token));
   step.finish = Append(*state, step.sampled.token);
   return step;
 }
@@ -390,7 +398,7 @@ absl::StatusOr<std::optional<FinishReason>> RequestSampler::Record(int32_t choic
     return absl::InvalidArgumentError(absl::StrCat(
         "recorded token id ", token, " is outside the vocabulary [0, ", vocab_size_, ")"));
   }
-  PDSERVE_RETURN_IF_ERROR(AdvanceJson(*state, token));
+  PDSERVE_RETURN_IF_ERROR(AdvanceGrammar(*state, token));
   return Append(*state, token);
 }
 

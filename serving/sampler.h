@@ -2,8 +2,9 @@
 //
 // For one choice at one position, SampleToken transforms the model's raw logits z (fp32, shape
 // [vocab]) in double precision, in this order:
-//   0. response_format: tokens outside the step's allowed set (a bitset from
-//      structured::JsonConstraint, when the request has a json_schema) get -inf.
+//   0. response_format / tool_choice "required" or named: tokens outside the step's allowed set
+//      (a bitset from structured::GrammarConstraint, when the request has a json_schema or a
+//      tool_call_grammar) get -inf.
 //   1. min_tokens: while fewer than min_tokens tokens are generated, EOS and stop ids get -inf
 //      (vLLM MinTokensLogitsProcessor).
 //   2. logit_bias: z[t] += bias[t] (OpenAI).
@@ -36,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "serving/sampling_params.h"
 #include "serving/token_history.h"
-#include "structured/json_constraint.h"
+#include "structured/grammar_constraint.h"
 #include "structured/token_vocabulary.h"
 
 namespace pdserve::serving {
@@ -108,10 +109,10 @@ class RequestSampler {
   // Validates `params` against `vocab_size` (see ValidateSamplingParams); `eos_token_ids` come from
   // generation_config.json or the model config and are not used when params.ignore_eos (then
   // only params.stop_token_ids end a choice). The seed is EffectiveSeed(params, request_id).
-  // A request with params.json_schema needs `vocabulary` (the tokenizer's tokens as bytes): its
-  // schema is compiled here (InvalidArgument naming an unsupported keyword) and every choice's
-  // tokens are masked to keep the output a document the schema accepts; without a vocabulary
-  // such a request is FailedPrecondition.
+  // A request with params.json_schema or params.tool_call_grammar needs `vocabulary` (the
+  // tokenizer's tokens as bytes): its grammar is compiled here (InvalidArgument naming an
+  // unsupported keyword) and every choice's tokens are masked to keep the output in it; without
+  // a vocabulary such a request is FailedPrecondition.
   static absl::StatusOr<RequestSampler> Create(
       const SamplingParams& params, std::string_view request_id,
       std::span<const int32_t> eos_token_ids, std::span<const int32_t> prompt, int64_t vocab_size,
@@ -138,7 +139,7 @@ class RequestSampler {
   // Records a token of `choice` drawn elsewhere with this request's key (in PD mode, the prefill
   // worker's first token), so later draws continue the same stream; returns the finish it causes.
   // Errors: as Next's, and InvalidArgument for a token outside the vocabulary or one the
-  // response_format's JSON cannot continue with.
+  // constrained output (response_format, tool_choice) cannot continue with.
   absl::StatusOr<std::optional<FinishReason>> Record(int32_t choice, int32_t token);
 
   const SamplingParams& params() const { return params_; }
@@ -151,17 +152,18 @@ class RequestSampler {
   struct Choice {
     TokenHistory history;
     bool finished = false;
-    std::optional<structured::JsonMatcher> json;  // with a json_schema: where the output is
-    std::vector<uint64_t> mask;                   // its last step's allowed tokens
+    // With a json_schema or tool_call_grammar: where the output is in its grammar.
+    std::optional<structured::GrammarMatcher> grammar;
+    std::vector<uint64_t> mask;  // its last step's allowed tokens
   };
   RequestSampler(const SamplingParams& params, uint64_t seed, int64_t vocab_size,
                  std::vector<int32_t> end_token_ids, std::vector<Choice> choices,
-                 std::shared_ptr<structured::JsonConstraint> constraint);
+                 std::shared_ptr<structured::GrammarConstraint> constraint);
   // The choice's state when it may take another token; OutOfRange / FailedPrecondition otherwise.
   absl::StatusOr<Choice*> OpenChoice(int32_t choice);
-  // Moves the choice's JSON matcher past `token` (an end id: only when the document is
-  // complete); InvalidArgument when the document cannot continue with it.
-  absl::Status AdvanceJson(Choice& state, int32_t token);
+  // Moves the choice's grammar matcher past `token` (an end id: only when the output is
+  // complete); InvalidArgument when the output cannot continue with it.
+  absl::Status AdvanceGrammar(Choice& state, int32_t token);
   // Appends `token` and returns the finish it causes.
   std::optional<FinishReason> Append(Choice& state, int32_t token);
 
@@ -170,8 +172,9 @@ class RequestSampler {
   int64_t vocab_size_;
   std::vector<int32_t> end_token_ids_;  // EOS ids then stop ids
   std::vector<Choice> choices_;
-  // Shared by copies of this sampler and its choices (thread-safe); null without a json_schema.
-  std::shared_ptr<structured::JsonConstraint> constraint_;
+  // Shared by copies of this sampler and its choices (thread-safe); null without a json_schema
+  // or tool_call_grammar.
+  std::shared_ptr<structured::GrammarConstraint> constraint_;
 };
 
 }  // namespace pdserve::serving

@@ -101,6 +101,21 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
     return absl::InvalidArgumentError(
         "ignore_eos must be false with response_format: the end of the JSON ends the choice");
   }
+  if (!params.tool_call_grammar.empty() && params.min_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "min_tokens must be 0 with tool_choice \"required\" or a named function: the end of the "
+        "tool-call block ends the choice");
+  }
+  if (!params.tool_call_grammar.empty() && params.ignore_eos) {
+    return absl::InvalidArgumentError(
+        "ignore_eos must be false with tool_choice \"required\" or a named function: the end of "
+        "the tool-call block ends the choice");
+  }
+  if (!params.tool_call_grammar.empty() && !params.json_schema.empty()) {
+    return absl::InvalidArgumentError(
+        "response_format json cannot be combined with tool_choice \"required\" or a named "
+        "function");
+  }
   for (const auto& [field, value] :
        {std::pair<absl::string_view, double>{"temperature", params.temperature},
         {"top_p", params.top_p},

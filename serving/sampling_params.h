@@ -51,6 +51,10 @@ struct SamplingParams {
   // JSON text; structured::kJsonObjectSchema for json_object), enforced by a token mask per step
   // (structured/json_constraint.h). Empty: unconstrained.
   std::string json_schema;
+  // tool_choice "required" / a named function: the answer is a DSML tool-call block of these
+  // tools (structured::ToolCallGrammar::Spec text), enforced like json_schema. Empty:
+  // unconstrained. At most one of json_schema and tool_call_grammar is set.
+  std::string tool_call_grammar;
 
   // The defaults a model asks for: temperature / top_p / top_k from `config` where present.
   static SamplingParams FromGenerationConfig(const GenerationConfig& config);

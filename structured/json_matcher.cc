@@ -156,7 +156,8 @@ int64_t FrameCost(const Frame& f) {
 // Steps single stacks, appending what each becomes to `out`.
 class Stepper {
  public:
-  Stepper(const JsonSchema& schema, MatcherState* out) : schema_(schema), out_(out) {}
+  Stepper(const JsonSchema& schema, std::span<const Frame> below, MatcherState* out)
+      : schema_(schema), below_(below), out_(out) {}
 
   // Steps the stack frames[0, n) by `byte`.
   void Stack(const Frame* frames, size_t n, uint8_t byte) {
@@ -181,6 +182,7 @@ class Stepper {
   // Appends frames[0, n), then `top` and `child` where given.
   void Emit(const Frame* frames, size_t n, const Frame* top, const Frame* child) {
     if (out_->ends.size() >= kMaxStacks) return;
+    out_->frames.insert(out_->frames.end(), below_.begin(), below_.end());
     out_->frames.insert(out_->frames.end(), frames, frames + n);
     if (top) out_->frames.push_back(*top);
     if (child) out_->frames.push_back(*child);
@@ -371,7 +373,7 @@ class Stepper {
           top.phase = kStrEscape;
         } else if (byte < 0x20) {
           return;
-        } else if (byte >= 0x80 && !Utf8Lead(top, byte)) {
+        } else if (byte >= 0x80 && !StartUtf8(top, byte)) {
           return;
         }
         return Replace(frames, n, top);
@@ -402,21 +404,9 @@ class Stepper {
   }
 
   // A UTF-8 lead byte: the continuation bytes it needs and the range of the first.
-  static bool Utf8Lead(Frame& top, uint8_t byte) {
-    uint32_t more = 0, lo = 0x80, hi = 0xBF;
-    if (byte >= 0xC2 && byte <= 0xDF) {
-      more = 1;
-    } else if (byte >= 0xE0 && byte <= 0xEF) {
-      more = 2;
-      if (byte == 0xE0) lo = 0xA0;
-      if (byte == 0xED) hi = 0x9F;
-    } else if (byte >= 0xF0 && byte <= 0xF4) {
-      more = 3;
-      if (byte == 0xF0) lo = 0x90;
-      if (byte == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
+  static bool StartUtf8(Frame& top, uint8_t byte) {
+    uint32_t more = 0, lo = 0, hi = 0;
+    if (!structured::Utf8Lead(byte, &more, &lo, &hi)) return false;
     top.phase = kStrUtf8;
     top.index = more;
     top.a = lo;
@@ -475,55 +465,21 @@ class Stepper {
   }
 
   const JsonSchema& schema_;
+  std::span<const Frame> below_;
   MatcherState* out_;
 };
 
-// Drops stacks equal to an earlier one.
-void Deduplicate(MatcherState* state) {
-  if (state->ends.size() < 2) return;
-  std::vector<Frame> frames;
-  std::vector<uint16_t> ends;
-  size_t begin = 0;
-  for (uint16_t end : state->ends) {
-    const size_t size = end - begin;
-    bool seen = false;
-    size_t other = 0;
-    for (uint16_t kept_end : ends) {
-      if (kept_end - other == size &&
-          std::memcmp(&frames[other], &state->frames[begin], size * sizeof(Frame)) == 0) {
-        seen = true;
-        break;
-      }
-      other = kept_end;
-    }
-    if (!seen) {
-      frames.insert(frames.end(), state->frames.begin() + static_cast<std::ptrdiff_t>(begin),
-                    state->frames.begin() + static_cast<std::ptrdiff_t>(end));
-      ends.push_back(static_cast<uint16_t>(frames.size()));
-    }
-    begin = end;
-  }
-  state->frames = std::move(frames);
-  state->ends = std::move(ends);
-}
-
 }  // namespace
-
-std::string MatcherState::Key() const {
-  std::string key(reinterpret_cast<const char*>(frames.data()), frames.size() * sizeof(Frame));
-  key.append(reinterpret_cast<const char*>(ends.data()), ends.size() * sizeof(uint16_t));
-  return key;
-}
 
 bool StepState(const JsonSchema& schema, const MatcherState& in, uint8_t byte, MatcherState* out) {
   out->Clear();
-  Stepper stepper(schema, out);
+  Stepper stepper(schema, {}, out);
   size_t begin = 0;
   for (uint16_t end : in.ends) {
     stepper.Stack(in.frames.data() + begin, end - begin, byte);
     begin = end;
   }
-  Deduplicate(out);
+  DeduplicateStacks(out);
   return !out->empty();
 }
 
@@ -531,34 +487,39 @@ int64_t MinCompletionBytes(const MatcherState& state) {
   int64_t best = std::numeric_limits<int64_t>::max();
   size_t begin = 0;
   for (uint16_t end : state.ends) {
-    int64_t cost = 0;
-    for (size_t i = begin; i < end; ++i) cost = Add(cost, FrameCost(state.frames[i]));
-    best = std::min(best, cost);
+    best = std::min(best, JsonStackCompletionBytes(
+                              std::span<const Frame>(state.frames).subspan(begin, end - begin)));
     begin = end;
   }
   return best;
 }
 
-JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
-  state_.frames.push_back(Make(&schema_->root(), kDocument, kDocBefore));
-  state_.ends.push_back(1);
+int64_t JsonStackCompletionBytes(std::span<const Frame> stack) {
+  int64_t cost = 0;
+  for (const Frame& f : stack) cost = Add(cost, FrameCost(f));
+  return cost;
 }
 
-bool JsonMatcher::Advance(uint8_t byte) {
-  if (!StepState(*schema_, state_, byte, &next_)) return false;
-  std::swap(state_, next_);
-  return true;
+Frame JsonDocumentFrame(const SchemaNode& node) { return Make(&node, kDocument, kDocBefore); }
+
+void StepJsonStack(const JsonSchema& schema, std::span<const Frame> below,
+                   std::span<const Frame> stack, uint8_t byte, MatcherState* out) {
+  Stepper stepper(schema, below, out);
+  stepper.Stack(stack.data(), stack.size(), byte);
 }
 
-bool JsonMatcher::Advance(std::string_view bytes) {
-  MatcherState saved = state_;
-  for (char c : bytes) {
-    if (!Advance(static_cast<uint8_t>(c))) {
-      state_ = std::move(saved);
-      return false;
-    }
-  }
-  return true;
+absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::Parse(
+    std::string_view schema_text) {
+  absl::StatusOr<std::shared_ptr<const JsonSchema>> schema = JsonSchema::Parse(schema_text);
+  if (!schema.ok()) return schema.status();
+  return std::make_shared<const JsonGrammar>(std::move(*schema));
+}
+
+MatcherState JsonGrammar::Start() const {
+  MatcherState state;
+  state.frames.push_back(JsonDocumentFrame(schema_->root()));
+  state.ends.push_back(1);
+  return state;
 }
 
 }  // namespace pdserve::structured

@@ -292,18 +292,6 @@ std::vector<std::string> DeepSeekV4ChatFormat::ControlTokensNotInAnswer(
   return out;
 }
 
-std::vector<ChatSegment> DeepSeekV4ChatFormat::ToolCallOpening(
-    std::string_view function_name) const {
-  SegmentWriter out;
-  out.Plain("\n\n<");
-  Dsml(tokens_, out);
-  out.Plain("tool_calls>\n<");
-  Dsml(tokens_, out);
-  out.Plain("invoke name=\"");
-  if (!function_name.empty()) out.Plain(absl::StrCat(std::string(function_name), "\">\n"));
-  return out.Take();
-}
-
 ChatOutputOptions DeepSeekV4ChatFormat::AnswerOptions(const ChatOptions& options,
                                                       bool parse_tools) const {
   ChatOutputOptions out;

@@ -70,10 +70,6 @@ class ChatFormat {
   // `options` (the answer ends with EOS, which is not among them): a model that samples one has
   // left the format (e.g. writes a user question of its own, then a second think_end).
   virtual std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const = 0;
-  // The opening of a tool-call answer, for appending to the prompt so that the answer must be a
-  // tool call: of `function_name`, or of any function when it is empty (then the model writes
-  // the name). Only for prompts rendered with thinking off.
-  virtual std::vector<ChatSegment> ToolCallOpening(std::string_view function_name) const = 0;
   // How to split an answer to a prompt rendered with `options` (markers of this format);
   // `parse_tools`: read tool-call blocks as tool calls.
   virtual ChatOutputOptions AnswerOptions(const ChatOptions& options, bool parse_tools) const = 0;
@@ -105,8 +101,6 @@ class DeepSeekV4ChatFormat : public ChatFormat {
   // BOS, both role markers and think_begin; think_end too in non-thinking mode (the generation
   // prompt already ends with it). In thinking mode the answer closes its reasoning with think_end.
   std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const override;
-  // "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"" (+ name + "\">\n" when named).
-  std::vector<ChatSegment> ToolCallOpening(std::string_view function_name) const override;
   ChatOutputOptions AnswerOptions(const ChatOptions& options, bool parse_tools) const override;
   const DeepSeekV4Tokens& tokens() const { return tokens_; }
 

@@ -130,8 +130,7 @@ Parse ParseInvoke(std::string_view text, const Tags& tags, ParsedToolCall* call,
 ChatOutputParser::ChatOutputParser(ChatOutputOptions options)
     : options_(std::move(options)),
       block_start_(absl::StrCat("\n\n<", options_.dsml, "tool_calls")),
-      state_(options_.thinking ? State::kReasoning : State::kContent),
-      pending_(options_.forced_prefix) {}
+      state_(options_.thinking ? State::kReasoning : State::kContent) {}
 
 ChatOutputPiece ChatOutputParser::Add(std::string_view text) {
   ChatOutputPiece piece;

@@ -39,9 +39,6 @@ struct ChatOutputPiece {
 struct ChatOutputOptions {
   bool thinking = false;  // the answer opens inside its reasoning (the prompt ended with <think>)
   bool tools = false;     // parse DSML tool-call blocks; otherwise they stay content
-  // The answer's first characters were written into the prompt (tool_choice "required" or a
-  // named function): the parser reads them first, as if the model had written them.
-  std::string forced_prefix;
   std::string think_end = "</think>";
   std::string dsml = "｜DSML｜";
 };

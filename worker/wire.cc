@@ -35,6 +35,7 @@ absl::StatusOr<serving::SamplingParams> SamplingFromProto(
   if (proto.has_logprobs()) params.logprobs = proto.logprobs();
   params.ignore_eos = proto.ignore_eos();
   params.json_schema = proto.json_schema();
+  params.tool_call_grammar = proto.tool_call_grammar();
   absl::Status valid = serving::ValidateSamplingParams(params, vocab_size);
   if (!valid.ok()) return valid;
   return params;

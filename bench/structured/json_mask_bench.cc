@@ -5,8 +5,10 @@
 //   Sample/schema:-1: no response_format (the baseline sampler step).
 //   Sample/schema:i: schema i of tests/structured/schemas.json; the mask's cache is per request,
 //   so a new request every 256 tokens keeps cold walks in the figure.
-//   Mask/schema:i: the mask alone, JsonConstraint::FillMask + Accept of a random allowed token,
+//   Mask/schema:i: the mask alone, GrammarConstraint::FillMask + Accept of a random allowed token,
 //   same restarts: what response_format adds to a decode step.
+//   ToolCalls: as Sample, with tool_choice "required" over two functions (ToolCallSpec) instead
+//   of a schema: compare with Sample/schema:-1. ToolCallsMask: as Mask, for that grammar.
 // Per-token figures; TPOT comparisons in docs/perf.md ("Constrained decoding").
 #include <fstream>
 #include <optional>
@@ -20,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "serving/sampler.h"
 #include "structured/token_vocabulary.h"
+#include "structured/tool_call_grammar.h"
 #include "text/tokenizer.h"
 
 namespace pdserve::serving {
@@ -42,11 +45,25 @@ std::string Schema(int64_t index) {
   return nlohmann::ordered_json::parse(text.str())[static_cast<size_t>(index)]["schema"].dump();
 }
 
-void Sample(benchmark::State& state) {
-  SamplingParams params;
+// tool_choice "required" over two functions: strings, an enum, numbers, an array, a nested object.
+std::string ToolCallSpec() {
+  return structured::ToolCallGrammar::Spec("｜DSML｜", /*parallel=*/true,
+                                           nlohmann::ordered_json::parse(R"([
+        {"name": "get_weather", "parameters": {"type": "object", "properties": {
+          "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+          "days": {"type": "integer"}}, "required": ["city", "unit"]}},
+        {"name": "search", "parameters": {"type": "object", "properties": {
+          "query": {"type": "string"}, "limit": {"type": "integer"},
+          "tags": {"type": "array", "items": {"type": "string"}},
+          "filter": {"type": "object", "properties": {"from": {"type": "number"}}}},
+          "required": ["query"]}}])")
+                                               .get<std::vector<nlohmann::ordered_json>>());
+}
+
+// RequestSampler::Next with `params` on random logits, a new request whenever one finishes.
+void RunSampler(benchmark::State& state, SamplingParams params) {
   params.temperature = 1.0;
   params.max_tokens = kMaxTokens;
-  params.json_schema = Schema(state.range(0));
   const int32_t eos[] = {kEos};
   const int64_t vocab = Vocabulary()->size();
   std::mt19937 rng(1);
@@ -68,21 +85,36 @@ void Sample(benchmark::State& state) {
     benchmark::DoNotOptimize(step);
   }
 }
+
+void Sample(benchmark::State& state) {
+  SamplingParams params;
+  params.json_schema = Schema(state.range(0));
+  RunSampler(state, params);
+}
+
+void ToolCalls(benchmark::State& state) {
+  SamplingParams params;
+  params.tool_call_grammar = ToolCallSpec();
+  RunSampler(state, params);
+}
+BENCHMARK(ToolCalls)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Sample)->DenseRange(-1, 19)->ArgName("schema")->Unit(benchmark::kMicrosecond);
 
-void Mask(benchmark::State& state) {
+// GrammarConstraint::FillMask + Accept of a random allowed token, a new constraint (cold cache)
+// from `make` every kMaxTokens tokens or when the output is complete.
+template <typename Make>
+void RunMask(benchmark::State& state, Make make) {
   const int32_t eos[] = {kEos};
   const int64_t vocab = Vocabulary()->size();
-  const std::string schema = Schema(state.range(0));
   std::mt19937 rng(1);
-  std::shared_ptr<structured::JsonConstraint> constraint;
-  std::optional<structured::JsonMatcher> matcher;
+  std::shared_ptr<structured::GrammarConstraint> constraint;
+  std::optional<structured::GrammarMatcher> matcher;
   int64_t step = kMaxTokens;
   std::vector<uint64_t> mask;
   std::vector<int32_t> allowed;
   for (auto _ : state) {
     if (step == kMaxTokens || allowed.empty()) {
-      constraint = *structured::JsonConstraint::Create(schema, Vocabulary());
+      constraint = make();
       matcher = constraint->Start();
       step = 0;
     }
@@ -98,7 +130,19 @@ void Mask(benchmark::State& state) {
     ++step;
   }
 }
+
+void Mask(benchmark::State& state) {
+  const std::string schema = Schema(state.range(0));
+  RunMask(state,
+          [&] { return *structured::GrammarConstraint::ForJsonSchema(schema, Vocabulary()); });
+}
 BENCHMARK(Mask)->DenseRange(0, 19)->ArgName("schema")->Unit(benchmark::kMicrosecond);
+
+void ToolCallsMask(benchmark::State& state) {
+  const std::string spec = ToolCallSpec();
+  RunMask(state, [&] { return *structured::GrammarConstraint::ForToolCalls(spec, Vocabulary()); });
+}
+BENCHMARK(ToolCallsMask)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace pdserve::serving

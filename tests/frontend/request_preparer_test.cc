@@ -1,6 +1,7 @@
 // RequestPreparer on the bundled model: the chat format's control tokens are suppressed in chat
 // answers (docs/chat-format.md, "Control tokens in answers"); a prompt over the 512-token
-// context is blamed on the prompt, a max_tokens that does not fit on max_tokens.
+// context is blamed on the prompt, a max_tokens that does not fit on max_tokens; a tool schema
+// that tool_choice "required" cannot enforce is a 400 on "tools".
 #include "frontend/request_preparer.h"
 
 #include <gtest/gtest.h>
@@ -260,6 +261,29 @@ TEST_F(RequestPreparerTest, ChatWithoutMaxTokensGetsTheRoomLeft) {
       R"({"model":"kjv-v4-tiny","messages":[{"role":"user","content":")" + Words(20) + R"("}]})";
   const PreparedRequest p = Prepare(Endpoint::kChatCompletions, body);
   EXPECT_EQ(p.params.max_tokens, 512 - static_cast<int64_t>(p.prompt.size()));
+}
+
+TEST_F(RequestPreparerTest, ToolSchemaTheGrammarCannotEnforceIs400OnToolsOnlyWhenForced) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",)"
+      R"("properties":{"n":{"type":"integer","minimum":1}}}}}])";
+  for (const char* choice : {R"("required")", R"({"type":"function","function":{"name":"f"}})"}) {
+    const std::string body =
+        absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}],)", tools,
+                     R"(,"tool_choice":)", choice, "}");
+    const ApiError error = Reject(Endpoint::kChatCompletions, body).first;
+    EXPECT_EQ(error.param, "tools") << choice;
+    EXPECT_NE(error.message.find("keyword 'minimum' is not supported (at #/properties/n)"),
+              std::string::npos)
+        << error.message;
+  }
+  // "auto" is not constrained: the same tools are refused only for the bundled model's context.
+  const ApiError error =
+      Reject(Endpoint::kChatCompletions,
+             absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}],)", tools,
+                          R"(,"tool_choice":"auto"})"))
+          .first;
+  EXPECT_EQ(error.code, "context_length_exceeded");
 }
 
 }  // namespace

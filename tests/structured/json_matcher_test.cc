@@ -18,13 +18,13 @@ std::shared_ptr<const JsonSchema> Schema(const std::string& text) {
 
 // The whole of `doc` is read and forms a complete document.
 bool Accepts(const std::string& schema, const std::string& doc) {
-  JsonMatcher m(Schema(schema));
+  GrammarMatcher m = StartJson(Schema(schema));
   return m.Advance(doc) && m.Complete();
 }
 
 // The bytes of `doc` are all read (a prefix of some document), complete or not.
 bool Reads(const std::string& schema, const std::string& doc) {
-  JsonMatcher m(Schema(schema));
+  GrammarMatcher m = StartJson(Schema(schema));
   return m.Advance(doc);
 }
 
@@ -102,7 +102,7 @@ TEST(JsonMatcherTest, WhitespaceRunsAreBounded) {
 }
 
 TEST(JsonMatcherTest, ShortestCompletionCountsRequiredPropertiesAndClosers) {
-  JsonMatcher m(Schema(R"({"type":"object","properties":{"a":{"type":"integer"},
+  GrammarMatcher m = StartJson(Schema(R"({"type":"object","properties":{"a":{"type":"integer"},
     "b":{"type":"array","items":{"type":"string"},"minItems":2}},"required":["a","b"]})"));
   EXPECT_EQ(m.MinCompletionBytes(), std::string(R"({"a":0,"b":["",""]})").size());
   ASSERT_TRUE(m.Advance(R"({"a":)"));
@@ -123,14 +123,14 @@ TEST(JsonMatcherTest, ShortestCompletionIsReachableFromEveryPrefix) {
     "required":["id","v","o"]})";
   const std::string doc = R"({"id":-40,"v":["qq","p"],"o":{"s":"a\u0041b"}})";
   for (size_t cut = 0; cut <= doc.size(); ++cut) {
-    JsonMatcher m(Schema(schema));
+    GrammarMatcher m = StartJson(Schema(schema));
     ASSERT_TRUE(m.Advance(doc.substr(0, cut))) << cut;
     std::string out = doc.substr(0, cut);
     const int64_t need = m.MinCompletionBytes();
     for (int64_t step = 0; step < need; ++step) {
       bool moved = false;
       for (int byte = 0; byte < 256 && !moved; ++byte) {
-        JsonMatcher next = m;
+        GrammarMatcher next = m;
         if (next.Advance(static_cast<uint8_t>(byte)) &&
             next.MinCompletionBytes() == need - step - 1) {
           m = next;

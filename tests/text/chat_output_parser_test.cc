@@ -170,16 +170,5 @@ TEST(ChatOutputParserTest, AfterAMalformedBlockTheRestIsContent) {
   }
 }
 
-TEST(ChatOutputParserTest, ForcedPrefixIsReadFirst) {
-  Joined got = ParsePieces(
-      {"f\">\n<｜DSML｜parameter name=\"k\" string=\"true\">v</｜DSML｜parameter>\n"
-       "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"},
-      {.tools = true, .forced_prefix = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\""});
-  ASSERT_EQ(got.calls.size(), 1u);
-  EXPECT_EQ(got.calls[0].name, "f");
-  EXPECT_EQ(got.calls[0].arguments, "{\"k\": \"v\"}");
-  EXPECT_EQ(got.content, "");
-}
-
 }  // namespace
 }  // namespace pdserve::text

@@ -1,5 +1,5 @@
 // Fuzzes ChatOutputParser with untrusted answer text. Input: one options byte (bit 0 thinking,
-// bit 1 tools, bit 2 a forced tool-call opening, bits 3..7 where to cut), then the text.
+// bit 1 tools, bit 2 unused, bits 3..7 where to cut), then the text.
 // Properties: whatever the cut (whole, two pieces, byte by byte), the joined reasoning, content
 // and tool calls are the same; every tool call's arguments is a JSON object; without tools and
 // thinking the content is the text itself.
@@ -50,7 +50,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ChatOutputOptions options;
   options.thinking = flags & 1;
   options.tools = flags & 2;
-  if (flags & 4) options.forced_prefix = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"";
   const Joined whole = Parse(options, {text});
   const size_t cut = text.empty() ? 0 : (flags >> 3) * 37 % (text.size() + 1);
   Check(Parse(options, {text.substr(0, cut), text.substr(cut)}) == whole);
@@ -61,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const nlohmann::json args = nlohmann::json::parse(arguments, nullptr, false);
     Check(!args.is_discarded() && args.is_object());
   }
-  if (!options.thinking && !options.tools && options.forced_prefix.empty()) {
+  if (!options.thinking && !options.tools) {
     Check(whole.content == text && whole.reasoning.empty());
   }
   return 0;

@@ -1,10 +1,12 @@
-#include "structured/json_constraint.h"
+#include "structured/grammar_constraint.h"
 
 #include <algorithm>
 #include <numeric>
 #include <utility>
 
 #include "common/status.h"
+#include "structured/json_matcher.h"
+#include "structured/tool_call_grammar.h"
 
 namespace pdserve::structured {
 namespace {
@@ -18,15 +20,21 @@ void SetBit(std::vector<uint64_t>& bits, int32_t token) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<JsonConstraint>> JsonConstraint::Create(
+absl::StatusOr<std::shared_ptr<GrammarConstraint>> GrammarConstraint::ForJsonSchema(
     std::string_view schema_text, std::shared_ptr<const TokenVocabulary> vocabulary) {
-  PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const JsonSchema> schema,
-                           JsonSchema::Parse(schema_text));
-  return std::shared_ptr<JsonConstraint>(
-      new JsonConstraint(std::move(schema), std::move(vocabulary)));
+  PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const JsonGrammar> grammar,
+                           JsonGrammar::Parse(schema_text));
+  return std::make_shared<GrammarConstraint>(std::move(grammar), std::move(vocabulary));
 }
 
-std::shared_ptr<const JsonConstraint::Accepted> JsonConstraint::Walk(
+absl::StatusOr<std::shared_ptr<GrammarConstraint>> GrammarConstraint::ForToolCalls(
+    std::string_view spec_text, std::shared_ptr<const TokenVocabulary> vocabulary) {
+  PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const ToolCallGrammar> grammar,
+                           ToolCallGrammar::Parse(spec_text));
+  return std::make_shared<GrammarConstraint>(std::move(grammar), std::move(vocabulary));
+}
+
+std::shared_ptr<const GrammarConstraint::Accepted> GrammarConstraint::Walk(
     const MatcherState& state) const {
   const TokenVocabulary& v = *vocabulary_;
   std::vector<MatcherState> levels(static_cast<size_t>(v.max_depth()) + 1);
@@ -35,12 +43,12 @@ std::shared_ptr<const JsonConstraint::Accepted> JsonConstraint::Walk(
   const std::vector<int32_t>& tokens = v.tokens();
   for (int32_t i = 1; i < v.num_nodes();) {
     const uint16_t d = v.depth(i);
-    if (!StepState(*schema_, levels[d - 1], v.byte(i), &levels[d])) {
+    if (!grammar_->Step(levels[d - 1], v.byte(i), &levels[d])) {
       i = v.skip(i);
       continue;
     }
     if (v.token_begin(i) < v.token_begin(i + 1)) {
-      const int64_t after = MinCompletionBytes(levels[d]);
+      const int64_t after = grammar_->MinCompletionBytes(levels[d]);
       for (int32_t k = v.token_begin(i); k < v.token_begin(i + 1); ++k) {
         found.emplace_back(after, tokens[k]);
       }
@@ -58,7 +66,8 @@ std::shared_ptr<const JsonConstraint::Accepted> JsonConstraint::Walk(
   return accepted;
 }
 
-std::shared_ptr<const JsonConstraint::Accepted> JsonConstraint::Lookup(const MatcherState& state) {
+std::shared_ptr<const GrammarConstraint::Accepted> GrammarConstraint::Lookup(
+    const MatcherState& state) {
   std::string key = state.Key();
   {
     absl::MutexLock lock(&mu_);
@@ -76,9 +85,9 @@ std::shared_ptr<const JsonConstraint::Accepted> JsonConstraint::Lookup(const Mat
   return accepted;
 }
 
-absl::Status JsonConstraint::FillMask(const JsonMatcher& matcher, int64_t remaining,
-                                      std::span<const int32_t> end_ids, int64_t vocab_size,
-                                      std::vector<uint64_t>* allowed) {
+absl::Status GrammarConstraint::FillMask(const GrammarMatcher& matcher, int64_t remaining,
+                                         std::span<const int32_t> end_ids, int64_t vocab_size,
+                                         std::vector<uint64_t>* allowed) {
   std::shared_ptr<const Accepted> accepted = Lookup(matcher.state());
   const int64_t now = matcher.MinCompletionBytes();
   const int64_t budget = remaining - 1;  // tokens left after this one
@@ -106,12 +115,13 @@ absl::Status JsonConstraint::FillMask(const JsonMatcher& matcher, int64_t remain
   }
   if (std::all_of(allowed->begin(), allowed->end(), [](uint64_t w) { return w == 0; })) {
     return absl::FailedPreconditionError(
-        "no token of the vocabulary continues the JSON document (response_format)");
+        "no token of the vocabulary continues the constrained output (response_format or "
+        "tool_choice)");
   }
   return absl::OkStatus();
 }
 
-bool JsonConstraint::Accept(JsonMatcher& matcher, int32_t token) const {
+bool GrammarConstraint::Accept(GrammarMatcher& matcher, int32_t token) const {
   if (token < 0 || token >= vocabulary_->size()) return false;
   const std::string& bytes = vocabulary_->bytes(token);
   return !bytes.empty() && matcher.Advance(bytes);

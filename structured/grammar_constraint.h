@@ -1,9 +1,10 @@
-// Constrained decoding of JSON: the token mask of one decode step (response_format json_object /
-// json_schema; docs/structured-output.md).
+// Constrained decoding: the token mask of one decode step under a byte grammar
+// (structured/byte_grammar.h): response_format json_object / json_schema and tool_choice
+// "required" / a named function (docs/structured-output.md).
 //
-// Per step, the allowed tokens are those whose bytes the automaton (structured/json_matcher.h)
-// accepts from the choice's state, found in one pass over the vocabulary trie; the end ids
-// (EOS, stop ids) are allowed exactly when the document is complete. The output is kept closable
+// Per step, the allowed tokens are those whose bytes the grammar accepts from the choice's state,
+// found in one pass over the vocabulary trie; the end ids (EOS, stop ids) are allowed exactly
+// when the output is complete. The output is kept closable
 // within max_tokens: a token is allowed only if the shortest completion after it (in bytes, each
 // byte a single-byte token of the vocabulary) fits in the tokens left after it; once the budget
 // binds, the choice is steered along its shortest completion.
@@ -11,8 +12,8 @@
 // The accepted tokens of a state (with each one's shortest completion) are cached per state, so
 // a long string costs one trie walk, not one per token.
 //
-// Thread-safety: JsonConstraint is shared by a request's choices; FillMask and Accept may be
-// called concurrently (the cache has its own mutex). A JsonMatcher belongs to one choice.
+// Thread-safety: GrammarConstraint is shared by a request's choices; FillMask and Accept may be
+// called concurrently (the cache has its own mutex). A GrammarMatcher belongs to one choice.
 #pragma once
 
 #include <cstdint>
@@ -26,33 +27,39 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "structured/json_matcher.h"
-#include "structured/json_schema.h"
+#include "structured/byte_grammar.h"
 #include "structured/token_vocabulary.h"
 
 namespace pdserve::structured {
 
-class JsonConstraint {
+class GrammarConstraint {
  public:
-  // Compiles `schema_text` (a JSON Schema; kJsonObjectSchema for json_object). Errors:
-  // InvalidArgument from JsonSchema::Parse.
-  static absl::StatusOr<std::shared_ptr<JsonConstraint>> Create(
+  GrammarConstraint(std::shared_ptr<const ByteGrammar> grammar,
+                    std::shared_ptr<const TokenVocabulary> vocabulary)
+      : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {}
+  // The constraint of response_format: `schema_text` is a JSON Schema (kJsonObjectSchema for
+  // json_object). Errors: InvalidArgument from JsonSchema::Parse.
+  static absl::StatusOr<std::shared_ptr<GrammarConstraint>> ForJsonSchema(
       std::string_view schema_text, std::shared_ptr<const TokenVocabulary> vocabulary);
+  // The constraint of tool_choice "required" / a named function: `spec_text` as
+  // ToolCallGrammar::Parse reads it. Errors: InvalidArgument from it.
+  static absl::StatusOr<std::shared_ptr<GrammarConstraint>> ForToolCalls(
+      std::string_view spec_text, std::shared_ptr<const TokenVocabulary> vocabulary);
 
-  // A matcher at the start of the document.
-  JsonMatcher Start() const { return JsonMatcher(schema_); }
+  // A matcher at the start of the output.
+  GrammarMatcher Start() const { return GrammarMatcher(grammar_); }
 
   // Sets `allowed` to the bitset of the tokens the next step may take (bit t of word t / 64),
   // over [0, vocab_size) words-rounded; `remaining`: tokens the choice may still generate, this
-  // one included (>= 1). Errors: FailedPrecondition when no token continues the document (a
+  // one included (>= 1). Errors: FailedPrecondition when no token continues the output (a
   // vocabulary without the bytes it needs).
-  absl::Status FillMask(const JsonMatcher& matcher, int64_t remaining,
+  absl::Status FillMask(const GrammarMatcher& matcher, int64_t remaining,
                         std::span<const int32_t> end_ids, int64_t vocab_size,
                         std::vector<uint64_t>* allowed);
 
-  // Advances `matcher` by `token`'s bytes; false (matcher unchanged) when the automaton refuses
+  // Advances `matcher` by `token`'s bytes; false (matcher unchanged) when the grammar refuses
   // them or the token has none (special tokens).
-  bool Accept(JsonMatcher& matcher, int32_t token) const;
+  bool Accept(GrammarMatcher& matcher, int32_t token) const;
 
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
 
@@ -63,13 +70,10 @@ class JsonConstraint {
     std::vector<int64_t> min_after;  // nondecreasing
     std::vector<uint64_t> bits;      // all of `tokens`
   };
-  JsonConstraint(std::shared_ptr<const JsonSchema> schema,
-                 std::shared_ptr<const TokenVocabulary> vocabulary)
-      : schema_(std::move(schema)), vocabulary_(std::move(vocabulary)) {}
   std::shared_ptr<const Accepted> Lookup(const MatcherState& state);
   std::shared_ptr<const Accepted> Walk(const MatcherState& state) const;
 
-  std::shared_ptr<const JsonSchema> schema_;
+  std::shared_ptr<const ByteGrammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Accepted>> cache_ ABSL_GUARDED_BY(mu_);

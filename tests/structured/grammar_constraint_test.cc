@@ -1,7 +1,7 @@
 // The token mask on the bundled model's real tokenizer (models/kjv-v4-tiny): it equals a brute
 // force over every token, admits the end ids exactly when the document is complete, and keeps
 // every walk through it closable within max_tokens; RequestSampler applies it on random logits.
-#include "structured/json_constraint.h"
+#include "structured/grammar_constraint.h"
 
 #include <fstream>
 #include <random>
@@ -59,23 +59,23 @@ TEST(TokenVocabularyTest, BundledVocabularyHasEveryPrintableAsciiByteAsAToken) {
 }
 
 // Every token the automaton accepts from the state, by brute force.
-std::vector<int32_t> BruteForce(const JsonMatcher& m) {
+std::vector<int32_t> BruteForce(const GrammarMatcher& m) {
   std::vector<int32_t> out;
   for (int32_t t = 0; t < Model().vocabulary->size(); ++t) {
-    JsonMatcher copy = m;
+    GrammarMatcher copy = m;
     const std::string& bytes = Model().vocabulary->bytes(t);
     if (!bytes.empty() && copy.Advance(bytes)) out.push_back(t);
   }
   return out;
 }
 
-TEST(JsonConstraintTest, MaskEqualsBruteForceAlongADocumentAndEndsOnlyWhenComplete) {
+TEST(GrammarConstraintTest, MaskEqualsBruteForceAlongADocumentAndEndsOnlyWhenComplete) {
   const std::string schema = Schemas()[17];  // "event": strings, enums, arrays, anyOf
   const std::string doc =
       R"({"title": "And \"God\" said", "day":3,"participants":[{"name":"Moses","role":"prophet"}],)"
       R"("location":{"lat":31.5,"lon":-35.25}})";
-  auto constraint = *JsonConstraint::Create(schema, Model().vocabulary);
-  JsonMatcher m = constraint->Start();
+  auto constraint = *GrammarConstraint::ForJsonSchema(schema, Model().vocabulary);
+  GrammarMatcher m = constraint->Start();
   const int64_t vocab = Model().vocabulary->size();
   for (size_t i = 0; i <= doc.size(); ++i) {
     std::vector<uint64_t> mask;
@@ -95,15 +95,15 @@ TEST(JsonConstraintTest, MaskEqualsBruteForceAlongADocumentAndEndsOnlyWhenComple
 // Walks of random allowed tokens under a token budget at least the schema's shortest document
 // (in bytes): each ends in a complete document that parses, within the budget, for every schema
 // of the router test.
-TEST(JsonConstraintTest, RandomWalksThroughTheMaskCloseWithinMaxTokens) {
+TEST(GrammarConstraintTest, RandomWalksThroughTheMaskCloseWithinMaxTokens) {
   std::mt19937 rng(29);
   const int64_t vocab = Model().vocabulary->size();
   for (const std::string& schema : Schemas()) {
-    auto constraint = *JsonConstraint::Create(schema, Model().vocabulary);
+    auto constraint = *GrammarConstraint::ForJsonSchema(schema, Model().vocabulary);
     const int64_t shortest = constraint->Start().MinCompletionBytes();
     for (int64_t max_tokens : {shortest, shortest + 8, shortest + 64}) {
       for (int walk = 0; walk < 4; ++walk) {
-        JsonMatcher m = constraint->Start();
+        GrammarMatcher m = constraint->Start();
         std::string out;
         bool ended = false;
         for (int64_t step = 0; step < max_tokens && !ended; ++step) {
@@ -128,7 +128,7 @@ TEST(JsonConstraintTest, RandomWalksThroughTheMaskCloseWithinMaxTokens) {
   }
 }
 
-TEST(JsonConstraintTest, RequestSamplerMasksRandomLogitsAndRecordRefusesOffGrammarTokens) {
+TEST(GrammarConstraintTest, RequestSamplerMasksRandomLogitsAndRecordRefusesOffGrammarTokens) {
   serving::SamplingParams params;
   params.temperature = 1.0;
   params.max_tokens = 64;
