@@ -75,10 +75,15 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
     [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
   if (options.backend == "cpu") {
     // Flags that would do nothing on the CPU engine are refused rather than ignored.
-    if (!options.devices.empty() || options.expert_comm != "auto" || options.weights != "bf16") {
+    if (!options.devices.empty() || options.expert_comm != "auto") {
       return absl::InvalidArgumentError(
-          "--devices, --expert-comm and --weights choose the GPUs and weight format of --backend "
-          "cuda; the CPU engine uses none of them");
+          "--devices and --expert-comm choose the GPUs of --backend cuda; the CPU engine uses "
+          "neither");
+    }
+    if (options.weights != "bf16") {
+      return absl::InvalidArgumentError(
+          "--weights chooses the weight format on the GPU of --backend cuda; the CPU engine "
+          "dequantizes every weight to float32");
     }
     return runtime::RunnerFactory();
   }
