@@ -3,7 +3,7 @@
 //   pdserve serve [--model DIR] [--host H] [--port P] [--max-batch N] [--pool-tokens T]
 //                 [--token-budget B] [--reject-when-full] [--degeneration flag|stop]
 //                 [--paranoid] [--canary-every N] [--backend cpu|cuda] [--device N]
-//                 [--devices LIST] [--expert-comm auto|nccl|local]
+//                 [--devices LIST] [--expert-comm auto|nccl|local] [--weights bf16|fp8]
 //
 // --backend cuda serves on the CUDA engine (engine/gpu, runtime/cuda/gpu_backend.h) on GPU
 // --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
@@ -11,6 +11,10 @@
 // GPUs, requests spread over them; docs/engine-gpu.md, "Several GPUs") whose MoE collectives go
 // through --expert-comm (auto: NCCL where libnccl.so.2 loads and the GPUs are distinct, else the
 // in-process one, which also runs several ranks on one GPU: --devices 0,0).
+// --weights fp8 (cuda only) keeps the projections the checkpoint stores FP8 e4m3 with 128 x 128
+// scales in FP8 on the GPU, copied from the mmapped shards, and multiplies them with
+// kernels/cuda/fp8_gemm (docs/engine-gpu.md, "FP8 weights"); bf16 (the default) rounds every
+// weight to bf16 as before.
 // NCCL_NVLS_ENABLE=0 is set before anything starts (NVLink multicast stays off).
 // It refuses --canary-every and --paranoid (both defined over the CPU engine and its pages), and
 // without a GPU (or in a build without CUDA) it exits 1 with a FailedPrecondition message.
@@ -59,7 +63,8 @@ struct ServeOptions {
   int device = 0;
   std::string devices;  // "0,1": an expert-parallel group (overrides device)
   std::string expert_comm = "auto";
-  std::string api_keys_file;  // docs/security.md
+  std::string weights = "bf16";  // --backend cuda: bf16 or fp8 (engine::gpu::WeightFormat)
+  std::string api_keys_file;     // docs/security.md
   std::string tls_cert_file;
   std::string tls_key_file;
 };
@@ -74,6 +79,11 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
       return absl::InvalidArgumentError(
           "--devices and --expert-comm choose the GPUs of --backend cuda; the CPU engine uses "
           "neither");
+    }
+    if (options.weights != "bf16") {
+      return absl::InvalidArgumentError(
+          "--weights chooses the weight format on the GPU of --backend cuda; the CPU engine "
+          "dequantizes every weight to float32");
     }
     return runtime::RunnerFactory();
   }
@@ -100,6 +110,7 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
   }
   PDSERVE_ASSIGN_OR_RETURN(gpu.comm, engine::gpu::ParseExpertCommKind(options.expert_comm));
   gpu.reference_pieces = reference_pieces;
+  if (options.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
   return runtime::GpuRunnerFactory(gpu);
 #else
   return absl::FailedPreconditionError(
@@ -210,6 +221,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "Collectives of a --devices group: auto (NCCL where it loads), nccl or local")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "local"}));
+  cmd->add_option("--weights", o->weights,
+                  "Weights on the GPU (--backend cuda): bf16, or fp8 (projections stored FP8 "
+                  "with block scales stay FP8)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--api-keys-file", o->api_keys_file,
                   "Keys /v1/ requests must send as 'Authorization: Bearer <key>', one per line "
                   "(docs/security.md)");

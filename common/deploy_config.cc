@@ -137,7 +137,8 @@ class Reader {
 
 WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& path) {
   WorkerConfig w;
-  if (!r.Map(node, path, {"name", "host", "port", "metrics_port", "backend", "gpus", "threads"})) {
+  if (!r.Map(node, path,
+             {"name", "host", "port", "metrics_port", "backend", "gpus", "threads", "weights"})) {
     return w;
   }
   r.String(node, path, "name", true, &w.name);
@@ -146,6 +147,10 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
   r.Int(node, path, "metrics_port", false, 1, 65535, &w.metrics_port);
   r.Enum(node, path, "backend", true, kBackends, &w.backend);
   r.Int(node, path, "threads", false, 0, 4096, &w.threads);
+  r.Enum(node, path, "weights", false, {"bf16", "fp8"}, &w.weights);
+  if (w.backend == "cpu" && w.weights != "bf16") {
+    r.Error(node["weights"], Join(path, "weights"), "only for backend cuda");
+  }
   const YAML::Node gpus = r.Field(node, path, "gpus", false);
   if (w.backend == "cuda" && gpus.IsNull()) {
     r.Error(node, Join(path, "gpus"), "required for backend cuda");

@@ -14,7 +14,8 @@
 //     worker: {name (required, unique), host (required), port (required), metrics_port,
 //              backend: cpu | cuda (required), gpus: "0" / "0,1" (required iff cuda; several
 //              distinct GPUs make the worker one expert-parallel group, docs/engine-gpu.md),
-//              threads (cpu only)}
+//              threads (cpu only), weights: bf16 | fp8 (cuda only, default bf16: fp8 keeps
+//              the projections the checkpoint stores FP8 in FP8 on the GPU, docs/engine-gpu.md)}
 //   transfer: {transport: ucx, lease_ms}
 //   security: {api_keys_file, tls: {cert_file, key_file}, cluster_tls: {ca_file, cert_file,
 //   key_file}}
@@ -61,7 +62,8 @@ struct WorkerConfig {
   // CUDA_VISIBLE_DEVICES value, "" for cpu. Several GPUs ("0,1"): one expert-parallel group,
   // a rank per GPU (engine/gpu/gpu_model_group.h).
   std::string gpus;
-  int threads = 0;  // cpu backend threads, 0: all cores
+  int threads = 0;               // cpu backend threads, 0: all cores
+  std::string weights = "bf16";  // cuda: "bf16" or "fp8" (engine::gpu::WeightFormat)
 };
 
 struct RouterConfig {

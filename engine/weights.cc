@@ -108,12 +108,7 @@ bool IsQuantizedDType(DType t) {
 // `…experts.gate_up_proj_scale_inv` for the stacked experts).
 const Stored* FindScale(const std::map<std::string, Stored, std::less<>>& stored,
                         std::string_view weight_name) {
-  std::vector<std::string> candidates = {absl::StrCat(std::string(weight_name), "_scale_inv")};
-  if (weight_name.ends_with(".weight")) {
-    candidates.push_back(
-        absl::StrCat(std::string(weight_name.substr(0, weight_name.size() - 7)), ".scale"));
-  }
-  for (const std::string& candidate : candidates) {
+  for (const std::string& candidate : BlockScaleNames(weight_name)) {
     auto it = stored.find(candidate);
     if (it != stored.end()) return &it->second;
   }
@@ -304,11 +299,29 @@ class Planner {
         missing.size() > 1 ? absl::StrCat(" and ", missing.size() - 1, " more") : ""));
   }
 
-  // Allocates every canonical tensor and decodes the stored ones into place, one pass each.
-  absl::StatusOr<std::map<std::string, Tensor, std::less<>>> Run() const {
-    std::map<std::string, Tensor, std::less<>> tensors;
-    for (const auto& [name, spec] : specs_) tensors.emplace(name, Tensor(spec.shape));
+  // The projections (`…_proj.weight`, 2-D, whole) stored FP8 with block scales: what
+  // WeightsLoadOptions::skip_fp8_matrices leaves in the checkpoint.
+  std::set<std::string, std::less<>> Fp8Matrices() const {
+    std::set<std::string, std::less<>> names;
     for (const Job& job : jobs_) {
+      if (job.encoding == Encoding::kFp8 && job.shape.size() == 2 &&
+          job.shape == specs_.at(job.canonical).shape && job.canonical.ends_with("_proj.weight")) {
+        names.insert(job.canonical);
+      }
+    }
+    return names;
+  }
+
+  // Allocates every canonical tensor but `skip` and decodes the stored ones into place, one pass
+  // each.
+  absl::StatusOr<std::map<std::string, Tensor, std::less<>>> Run(
+      const std::set<std::string, std::less<>>& skip) const {
+    std::map<std::string, Tensor, std::less<>> tensors;
+    for (const auto& [name, spec] : specs_) {
+      if (!skip.count(name)) tensors.emplace(name, Tensor(spec.shape));
+    }
+    for (const Job& job : jobs_) {
+      if (skip.count(job.canonical)) continue;
       PDSERVE_RETURN_IF_ERROR(
           Execute(job, config_.n_routed_experts, tensors.at(job.canonical).ptr() + job.offset));
     }
@@ -393,6 +406,15 @@ absl::StatusOr<Weights> RandomFromDir(const std::string& model_dir, const ModelC
 
 }  // namespace
 
+std::vector<std::string> BlockScaleNames(std::string_view weight_name) {
+  std::vector<std::string> names = {absl::StrCat(std::string(weight_name), "_scale_inv")};
+  if (weight_name.ends_with(".weight")) {
+    names.push_back(
+        absl::StrCat(std::string(weight_name.substr(0, weight_name.size() - 7)), ".scale"));
+  }
+  return names;
+}
+
 absl::StatusOr<std::vector<SafetensorsFile>> OpenCheckpointFiles(const std::string& model_dir) {
   return OpenFilesImpl(model_dir);
 }
@@ -404,6 +426,11 @@ bool HasCheckpointFiles(const std::string& model_dir) {
 }
 
 absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelConfig& config) {
+  return Load(model_dir, config, WeightsLoadOptions{});
+}
+
+absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelConfig& config,
+                                      const WeightsLoadOptions& options) {
   std::error_code exists_ec;
   if (std::filesystem::exists(absl::StrCat(model_dir, "/", kRandomFile), exists_ec)) {
     return RandomFromDir(model_dir, config);
@@ -449,7 +476,8 @@ absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelC
   PDSERVE_RETURN_IF_ERROR(planner.CheckComplete(model_dir));
 
   Weights weights;
-  PDSERVE_ASSIGN_OR_RETURN(weights.tensors_, planner.Run());
+  if (options.skip_fp8_matrices) weights.left_stored_ = planner.Fp8Matrices();
+  PDSERVE_ASSIGN_OR_RETURN(weights.tensors_, planner.Run(weights.left_stored_));
   if (config.tie_word_embeddings) {
     weights.tensors_["lm_head.weight"] = weights.tensors_.at("model.embed_tokens.weight");
   }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,15 @@
 #include "engine/tensor.h"
 
 namespace pdserve::engine {
+
+struct WeightsLoadOptions {
+  // Leaves out the projections (canonical names ending in `_proj.weight`, not the routed experts)
+  // that the checkpoint stores FP8 e4m3 with block scales: no float32 copy of them is made, and
+  // left_stored() names them. For a GPU engine that copies their stored bytes itself
+  // (engine/stored_fp8.h); such Weights are not for the CPU engine (engine::Model), which needs
+  // every tensor.
+  bool skip_fp8_matrices = false;
+};
 
 class Weights {
  public:
@@ -35,6 +45,9 @@ class Weights {
   // FastRandomWeights(config, N) (engine/random_weights.h); with a checkpoint beside it, or a
   // malformed file, InvalidArgument.
   static absl::StatusOr<Weights> Load(const std::string& model_dir, const ModelConfig& config);
+  // The same with options; the checks are the same (every stored tensor, skipped or not).
+  static absl::StatusOr<Weights> Load(const std::string& model_dir, const ModelConfig& config,
+                                      const WeightsLoadOptions& options);
 
   // The tensor stored under canonical (transformers) `name`, or NotFound.
   absl::StatusOr<const Tensor*> Get(std::string_view name) const;
@@ -44,15 +57,22 @@ class Weights {
   // Test hook and tooling: replace or add a tensor.
   void Set(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
   const std::map<std::string, Tensor, std::less<>>& all() const { return tensors_; }
+  // The canonical names Load left in the checkpoint (WeightsLoadOptions::skip_fp8_matrices).
+  const std::set<std::string, std::less<>>& left_stored() const { return left_stored_; }
 
  private:
   std::map<std::string, Tensor, std::less<>> tensors_;
+  std::set<std::string, std::less<>> left_stored_;
 };
 
 // The checkpoint files of `model_dir`: model.safetensors, or every shard
 // model.safetensors.index.json names (each tensor the index lists checked to be in its shard).
 // Only headers are parsed; data is mapped, not read. Errors as Weights::Load's for the files.
 absl::StatusOr<std::vector<SafetensorsFile>> OpenCheckpointFiles(const std::string& model_dir);
+// The names the block scales of quantized weight `weight_name` may be stored under, in the order
+// tried: `<name>_scale_inv` (transformers' FP8 names) and, for `<module>.weight`, `<module>.scale`
+// (DeepSeek's).
+std::vector<std::string> BlockScaleNames(std::string_view weight_name);
 // True when `model_dir` holds model.safetensors or model.safetensors.index.json.
 bool HasCheckpointFiles(const std::string& model_dir);
 

@@ -63,6 +63,12 @@ class DeviceArray {
         cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
         "cudaMemcpy");
   }
+  // n elements from host memory at `host` (pageable; any alignment).
+  absl::Status Upload(const T* host, size_t n) {
+    if (absl::Status s = Allocate(n); !s.ok()) return s;
+    if (n == 0) return absl::OkStatus();
+    return CudaStatus(cudaMemcpy(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
   // Fills every byte with `byte` (0 for zeros; 0xFF makes NaN for float / bf16 state).
   absl::Status Fill(int byte) {
     if (n_ == 0) return absl::OkStatus();

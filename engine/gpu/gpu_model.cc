@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/gpu/gpu_model_impl.h"
+#include "engine/quant.h"
 
 namespace pdserve::engine::gpu {
 
@@ -15,6 +16,12 @@ absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int
   if (rows == 0) return absl::OkStatus();
   if (options.gemm_inputs == GemmInputs::kFp32) {
     return GemmF32(x_f32, rows, k, w.f32.get(), n, y);
+  }
+  if (w.is_fp8()) {
+    PDSERVE_RETURN_IF_ERROR(
+        Fp8Gemm(x_rounded, k, rows, k, w.fp8.get(), w.fp8_scale.get(), n, fp8_out.get(), n));
+    PDSERVE_CUDA_RETURN(CastToF32(fp8_out.get(), rows * n, y, stream));
+    return absl::OkStatus();
   }
   const float alpha = 1.0f;
   const float beta = 0.0f;
@@ -25,6 +32,18 @@ absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int
                                      CUDA_R_16BF, static_cast<int>(k), &beta, y, CUDA_R_32F,
                                      static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k,
+                                     const uint8_t* w, const float* w_scale, int64_t n, bf16* out,
+                                     int64_t out_stride) {
+  std::string refusal;
+  const cudaError_t e =
+      kc::fp8_gemm(x, rows, k, x_stride, w, w_scale, n, /*ue8m0_act_scale=*/false, out, out_stride,
+                   fp8_workspace.get(), fp8_workspace.size(), stream, &refusal);
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("fp8_gemm: ", cudaGetErrorString(e), refusal.empty() ? "" : ": ", refusal));
 }
 
 absl::Status GpuModel::Impl::GemmF32(const float* x, int64_t rows, int64_t k, const float* w,
@@ -198,6 +217,18 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
         static_cast<int>(group_in), &alpha, layer.o_a_proj.f32.get(), static_cast<int>(group_in),
         o_lora * group_in, attn.get(), static_cast<int>(heads * hd), group_in, &beta, grouped.get(),
         static_cast<int>(groups * o_lora), o_lora, static_cast<int>(groups)));
+  } else if (layer.o_a_proj.is_fp8()) {
+    // Group g: rows [g * o_lora, (g + 1) * o_lora) of the weight, whose scale rows start at
+    // g * o_lora / 128 (Load keeps o_a FP8 only when o_lora is a multiple of 128).
+    const Linear& w = layer.o_a_proj;
+    const int64_t kblocks = group_in / kFp8BlockCols;
+    for (int64_t g = 0; g < groups; ++g) {
+      PDSERVE_RETURN_IF_ERROR(Fp8Gemm(attn_bf.get() + g * group_in, heads * hd, rows, group_in,
+                                      w.fp8.get() + g * o_lora * group_in,
+                                      w.fp8_scale.get() + g * (o_lora / kFp8BlockRows) * kblocks,
+                                      o_lora, fp8_out.get() + g * o_lora, groups * o_lora));
+    }
+    PDSERVE_CUDA_RETURN(CastToF32(fp8_out.get(), rows * groups * o_lora, grouped.get(), stream));
   } else {
     PDSERVE_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),

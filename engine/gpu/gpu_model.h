@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,6 +56,20 @@ enum class GemmInputs {
   kFp32,
 };
 
+// How the dense projections' weights are held on the device.
+enum class WeightFormat {
+  kBf16,  // every projection bf16, rounded from the host's fp32 engine::Weights (today's path)
+  // Every dense projection the checkpoint stores FP8 e4m3 with 128 x 128 block scales (q_a / q_b /
+  // kv / o_a / o_b, the compressors' and indexer's projections, the shared experts) stays so on
+  // the device: the stored bytes are copied from the mmapped checkpoint (engine/stored_fp8.h,
+  // GpuModelOptions::checkpoint_dir) with fp32 scales beside them, and multiplied by
+  // kernels/cuda/fp8_gemm (activations quantized per 1 x 128 on the fly, bf16 out, then fp32).
+  // A projection stored otherwise (bf16 / fp32), or whose input width is not a multiple of 128
+  // (fp8_gemm's requirement), is bf16 as in kBf16, logged once per tensor name suffix. The
+  // embeddings, lm_head, router and routed experts are as in kBf16. Requires GemmInputs::kBf16.
+  kFp8Block,
+};
+
 struct GpuModelOptions {
   int device = 0;
   int64_t slots = 8;        // requests held at once
@@ -71,6 +86,11 @@ struct GpuModelOptions {
   bool fixed_shape_attention = true;
   bool fixed_shape_indexer = true;
   GemmInputs gemm_inputs = GemmInputs::kBf16;
+  WeightFormat weight_format = WeightFormat::kBf16;
+  // kFp8Block: the model directory whose checkpoint (model.safetensors or sharded with an index)
+  // holds the FP8 tensors; the `weights` passed to Create may then lack them
+  // (engine::WeightsLoadOptions::skip_fp8_matrices), the rest must be there.
+  std::string checkpoint_dir;
   // Expert parallelism: this model is rank expert_comm->rank() of expert_comm->world() and holds
   // routed experts ExpertShardOf(n_routed_experts, world, rank) only. Not owned; must outlive the
   // model; its device must be `device`. A communicator that cannot be captured into CUDA graphs

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,8 +25,10 @@
 #include "engine/gpu/ops.cuh"
 #include "engine/ring_state.h"
 #include "engine/rope_table.h"
+#include "engine/stored_fp8.h"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/hyper_connection.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
@@ -82,10 +85,16 @@ inline absl::Status UploadBf16Rows(const Tensor& t, int64_t first, int64_t count
   return d->Upload(out);
 }
 // A projection weight [out, in]: bf16 on the device, or (GemmInputs::kFp32) the same
-// bf16-rounded values held as fp32 for SGEMM.
+// bf16-rounded values held as fp32 for SGEMM, or (WeightFormat::kFp8Block, stored so) the
+// checkpoint's e4m3 bytes [out, in] with fp32 scales [ceil(out / 128), in / 128].
 struct Linear {
   DeviceArray<bf16> bf;
   DeviceArray<float> f32;
+  DeviceArray<uint8_t> fp8;
+  DeviceArray<float> fp8_scale;
+  int64_t out = 0;
+  int64_t in = 0;
+  bool is_fp8() const { return fp8.size() > 0; }
 };
 
 inline absl::Status UploadLinear(const Tensor& t, bool fp32, Linear* d) {
@@ -98,6 +107,19 @@ inline absl::Status UploadLinear(const Tensor& t, bool fp32, Linear* d) {
 }
 
 inline absl::Status UploadF32(const Tensor& t, DeviceArray<float>* d) { return d->Upload(t.data); }
+
+// Where the projections come from: the host's fp32 engine::Weights, or (WeightFormat::kFp8Block)
+// the checkpoint's stored FP8 matrices first (engine/gpu/gpu_model_load.cc).
+struct LinearSource {
+  const Weights* weights = nullptr;
+  bool fp32 = false;
+  const StoredFp8Weights* fp8 = nullptr;
+  // Each projection kind (the name without its layer number) falling back to bf16, logged once.
+  std::set<std::string>* logged = nullptr;
+  // row_group > 0: the projection runs as blocks of row_group rows (o_a's groups), which FP8
+  // needs to be whole 128-row scale blocks.
+  absl::Status Load(const std::string& name, Linear* d, int64_t row_group = 0) const;
+};
 
 inline std::string AttnPrefix(int64_t l) { return absl::StrCat("model.layers.", l, ".self_attn"); }
 
@@ -116,13 +138,14 @@ struct CompressorWeights {
   DeviceArray<bf16> entries;
   int64_t capacity = 0;
 
-  absl::Status Load(const Weights& w, const std::string& prefix, int64_t d, int64_t m, bool overlap,
-                    bool fp32, int64_t slots, int64_t max_context) {
+  absl::Status Load(const LinearSource& src, const std::string& prefix, int64_t d, int64_t m,
+                    bool overlap, int64_t slots, int64_t max_context) {
+    const Weights& w = *src.weights;
     dim = d;
     rate = m;
     overlapping = overlap;
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(prefix + ".kv_proj.weight"), fp32, &kv_proj));
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(prefix + ".gate_proj.weight"), fp32, &gate_proj));
+    PDSERVE_RETURN_IF_ERROR(src.Load(prefix + ".kv_proj.weight", &kv_proj));
+    PDSERVE_RETURN_IF_ERROR(src.Load(prefix + ".gate_proj.weight", &gate_proj));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".position_bias"), &position_bias));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".kv_norm.weight"), &kv_norm));
     // Whole pages of kPageSize entries: the fixed-shape decode kernels read the pool as pages.
@@ -224,6 +247,9 @@ struct GpuModel::Impl {
   DeviceArray<int32_t> route_experts;
   DeviceArray<unsigned char> moe_workspace;
   DeviceArray<float> logits;
+  // WeightFormat::kFp8Block: fp8_gemm's workspace and its bf16 output [max_rows, widest FP8 out].
+  DeviceArray<unsigned char> fp8_workspace;
+  DeviceArray<bf16> fp8_out;
   // Fixed-shape decode kernels: their bf16 inputs, paged views and workspace.
   bool fast_attention = false;
   bool fast_indexer = false;
@@ -268,6 +294,13 @@ struct GpuModel::Impl {
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 
   absl::Status Load(const Weights& w);
+  // kFp8Block's buffers, sized for the FP8 projections Load kept (nothing without them).
+  absl::Status AllocateFp8();
+  // out[rows, n] (bf16, row stride out_stride) = x[rows, k] (bf16, row stride x_stride) @ W^T for
+  // FP8 rows of a projection (kernels/cuda/fp8_gemm.cuh): w the first row's bytes, w_scale its
+  // block row's scales.
+  absl::Status Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k, const uint8_t* w,
+                       const float* w_scale, int64_t n, bf16* out, int64_t out_stride);
   absl::Status Allocate();
   // y[rows, n] = x[rows, k] @ W[n, k]^T, fp32 out, all rows contiguous. x_rounded is x already
   // rounded to bf16 (x_rounded, read in GemmInputs::kBf16), x_f32 the fp32 source (read in kFp32).

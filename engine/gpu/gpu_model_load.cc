@@ -1,17 +1,69 @@
 #include <algorithm>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/gpu/gpu_model_impl.h"
+#include "engine/quant.h"
+#include "engine/stored_fp8.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::engine::gpu {
+
+namespace {
+
+// "model.layers.12.self_attn.q_a_proj.weight" -> "self_attn.q_a_proj.weight": one log line per
+// projection kind, not per layer.
+std::string WithoutLayer(const std::string& name) {
+  const size_t at = name.find("layers.");
+  if (at == std::string::npos) return name;
+  const size_t dot = name.find('.', at + 7);
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+}  // namespace
+
+absl::Status LinearSource::Load(const std::string& name, Linear* d, int64_t row_group) const {
+  if (fp8 != nullptr && fp8->Has(name)) {
+    PDSERVE_ASSIGN_OR_RETURN(StoredFp8Matrix m, fp8->Get(name));
+    if (m.cols % kFp8BlockCols == 0 && m.rows > 0 && row_group % kFp8BlockRows == 0) {
+      d->out = m.rows;
+      d->in = m.cols;
+      PDSERVE_RETURN_IF_ERROR(d->fp8.Upload(m.weight.data(), m.weight.size()));
+      return d->fp8_scale.Upload(m.scales);
+    }
+    if (logged->insert(WithoutLayer(name)).second) {
+      spdlog::warn(
+          "weights fp8: {} is [{}, {}] in row groups of {}: fp8_gemm needs the input width and "
+          "the groups multiples of {}; bf16 on the GPU",
+          WithoutLayer(name), m.rows, m.cols, row_group, kFp8BlockCols);
+    }
+    Tensor t({m.rows, m.cols});
+    t.data = DequantizeStored(m);
+    return UploadLinear(t, fp32, d);
+  }
+  if (fp8 != nullptr && logged->insert(WithoutLayer(name)).second) {
+    spdlog::info("weights fp8: {} is not stored FP8 with block scales: bf16 on the GPU",
+                 WithoutLayer(name));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(const Tensor* t, weights->Get(name));
+  return UploadLinear(*t, fp32, d);
+}
 
 absl::Status GpuModel::Impl::Load(const Weights& w) {
   const ModelConfig& c = config;
   const int64_t slots = options.slots + 1;
   const bool fp32 = options.gemm_inputs == GemmInputs::kFp32;
+  std::optional<StoredFp8Weights> stored;
+  std::set<std::string> logged;
+  LinearSource src{&w, fp32, nullptr, &logged};
+  if (options.weight_format == WeightFormat::kFp8Block) {
+    PDSERVE_ASSIGN_OR_RETURN(stored, StoredFp8Weights::Open(options.checkpoint_dir));
+    src.fp8 = &*stored;
+  }
   PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At("model.embed_tokens.weight"), &embed));
   auto lm = w.Get("lm_head.weight");
   PDSERVE_RETURN_IF_ERROR(
@@ -34,13 +86,13 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(p + ".input_layernorm.weight"), &layer.input_norm));
     PDSERVE_RETURN_IF_ERROR(
         UploadF32(w.At(p + ".post_attention_layernorm.weight"), &layer.post_attention_norm));
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".q_a_proj.weight"), fp32, &layer.q_a_proj));
+    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".q_a_proj.weight", &layer.q_a_proj));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".q_a_norm.weight"), &layer.q_a_norm));
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".q_b_proj.weight"), fp32, &layer.q_b_proj));
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".kv_proj.weight"), fp32, &layer.kv_proj));
+    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".q_b_proj.weight", &layer.q_b_proj));
+    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".kv_proj.weight", &layer.kv_proj));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".kv_norm.weight"), &layer.kv_norm));
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".o_a_proj.weight"), fp32, &layer.o_a_proj));
-    PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(a + ".o_b_proj.weight"), fp32, &layer.o_b_proj));
+    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".o_a_proj.weight", &layer.o_a_proj, c.o_lora_rank));
+    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".o_b_proj.weight", &layer.o_b_proj));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".sinks"), &layer.sinks));
     PDSERVE_RETURN_IF_ERROR(
         layer.window_ring.Allocate(static_cast<size_t>(slots * c.sliding_window * c.head_dim)));
@@ -50,15 +102,15 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
       layer.has_compressor = true;
       const bool csa = layer.type == LayerType::kCompressedSparseAttention;
       PDSERVE_RETURN_IF_ERROR(
-          layer.compressor.Load(w, comp, c.head_dim, rate, csa, fp32, slots, max_context));
+          layer.compressor.Load(src, comp, c.head_dim, rate, csa, slots, max_context));
       if (csa) {
         layer.has_indexer = true;
         PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(
-            w, comp + ".indexer", c.index_head_dim, rate, true, fp32, slots, max_context));
+            src, comp + ".indexer", c.index_head_dim, rate, true, slots, max_context));
         PDSERVE_RETURN_IF_ERROR(
-            UploadLinear(w.At(comp + ".indexer.q_b_proj.weight"), fp32, &layer.indexer_q_b_proj));
-        PDSERVE_RETURN_IF_ERROR(UploadLinear(w.At(comp + ".indexer.scorer.weights_proj.weight"),
-                                             fp32, &layer.indexer_weights_proj));
+            src.Load(comp + ".indexer.q_b_proj.weight", &layer.indexer_q_b_proj));
+        PDSERVE_RETURN_IF_ERROR(
+            src.Load(comp + ".indexer.scorer.weights_proj.weight", &layer.indexer_weights_proj));
       }
     }
     const std::string m = p + ".mlp";
@@ -78,14 +130,36 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
                                            shard.count, &layer.gate_up));
     PDSERVE_RETURN_IF_ERROR(
         UploadBf16Rows(w.At(m + ".experts.down_proj"), shard.first, shard.count, &layer.down));
-    PDSERVE_RETURN_IF_ERROR(
-        UploadLinear(w.At(m + ".shared_experts.gate_proj.weight"), fp32, &layer.shared_gate));
-    PDSERVE_RETURN_IF_ERROR(
-        UploadLinear(w.At(m + ".shared_experts.up_proj.weight"), fp32, &layer.shared_up));
-    PDSERVE_RETURN_IF_ERROR(
-        UploadLinear(w.At(m + ".shared_experts.down_proj.weight"), fp32, &layer.shared_down));
+    PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.gate_proj.weight", &layer.shared_gate));
+    PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.up_proj.weight", &layer.shared_up));
+    PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.down_proj.weight", &layer.shared_down));
   }
   return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::AllocateFp8() {
+  size_t workspace = 0;
+  size_t out = 0;
+  const int64_t groups = config.o_groups;
+  for (const Layer& l : layers) {
+    for (const Linear* w :
+         {&l.q_a_proj, &l.q_b_proj, &l.kv_proj, &l.o_a_proj, &l.o_b_proj, &l.compressor.kv_proj,
+          &l.compressor.gate_proj, &l.indexer_compressor.kv_proj, &l.indexer_compressor.gate_proj,
+          &l.indexer_q_b_proj, &l.indexer_weights_proj, &l.shared_gate, &l.shared_up,
+          &l.shared_down}) {
+      if (!w->is_fp8()) continue;
+      // o_a runs per group: [out / groups, in] blocks of its rows.
+      const int64_t n = w == &l.o_a_proj ? w->out / groups : w->out;
+      out = std::max(out, static_cast<size_t>(max_rows * w->out));
+      // The split over k depends on the row count, so the bytes are not monotonic in it.
+      for (int64_t m = 1; m <= max_rows; ++m) {
+        workspace = std::max(workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in));
+      }
+    }
+  }
+  if (out == 0) return absl::OkStatus();
+  PDSERVE_RETURN_IF_ERROR(fp8_out.Allocate(out));
+  return fp8_workspace.Allocate(std::max<size_t>(workspace, 256));
 }
 
 absl::Status GpuModel::Impl::Allocate() {
@@ -147,6 +221,7 @@ absl::Status GpuModel::Impl::Allocate() {
     PDSERVE_RETURN_IF_ERROR(ep_reduced.Allocate(r * hidden));
   }
   PDSERVE_RETURN_IF_ERROR(logits.Allocate(r * c.vocab_size));
+  PDSERVE_RETURN_IF_ERROR(AllocateFp8());
   size_t max_capacity = kPageSize;
   for (const Layer& l : layers) {
     if (l.has_compressor) max_capacity = std::max<size_t>(max_capacity, l.compressor.capacity);
@@ -195,6 +270,11 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   }
   if (options.slots <= 0 || options.max_chunk <= 0) {
     return absl::InvalidArgumentError("GpuModel: slots and max_chunk must be positive");
+  }
+  if (options.weight_format == WeightFormat::kFp8Block &&
+      (options.gemm_inputs != GemmInputs::kBf16 || options.checkpoint_dir.empty())) {
+    return absl::InvalidArgumentError(
+        "GpuModel: FP8 weights need bf16 GEMM inputs and the checkpoint directory");
   }
   std::vector<int64_t>& buckets = options.decode_buckets;
   if (buckets.empty()) {

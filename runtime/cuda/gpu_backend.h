@@ -27,6 +27,10 @@ struct GpuBackendOptions {
   // The group's communicator (several devices only).
   engine::gpu::ExpertCommKind comm = engine::gpu::ExpertCommKind::kAuto;
   engine::gpu::GemmInputs gemm_inputs = engine::gpu::GemmInputs::kBf16;
+  // kFp8Block (`--weights fp8`, worker key `weights: fp8`): the projections the checkpoint stores
+  // FP8 with block scales stay FP8 on the GPU (engine/gpu/gpu_model.h, WeightFormat); the host
+  // never holds a float32 copy of them.
+  engine::gpu::WeightFormat weight_format = engine::gpu::WeightFormat::kBf16;
   int64_t max_chunk = 256;  // tokens per prefill Forward call; the runner's prefill_block is capped
   // guards.reference_kernels: kSparseAttention -> GpuModelOptions::fixed_shape_attention = false,
   // kIndexer -> fixed_shape_indexer = false (the any-shape reference kernels); kFp8State changes

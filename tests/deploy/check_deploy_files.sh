@@ -25,7 +25,8 @@
 #   router-grpc-taken PDSERVE REPO_DIR a router whose gRPC port is taken exits 1 naming it and
 #                                      never prints "listening" (a launcher trusts that line)
 #   serve-gpu-flags PDSERVE            `pdserve serve` refuses GPU flags that would do nothing
-#                                      (--devices / --expert-comm with --backend cpu, an empty
+#                                      (--devices / --expert-comm / --weights with --backend cpu,
+#                                      an unknown --weights, an empty
 #                                      --devices) with exit 1 or CLI11's usage error, no server
 set -euo pipefail
 mode=$1
@@ -265,6 +266,8 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$tmp/port" &
     refused "the CPU engine uses neither" --backend cpu --devices 0,1
     refused "the CPU engine uses neither" --backend cpu --expert-comm local
     refused "an empty list names no GPU" --backend cuda --devices ""
+    refused "the CPU engine dequantizes every weight" --backend cpu --weights fp8
+    refused "--weights: fp4 not in {bf16,fp8}" --backend cuda --weights fp4
     ;;
   *)
     echo "unknown mode $mode"

