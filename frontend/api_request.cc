@@ -419,6 +419,17 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
         "(chat_template_kwargs.thinking false)",
         "tool_choice");
   }
+  // A stop string matched inside the constrained output would cut the JSON document or the
+  // tool-call block short and still report finish_reason "stop" (found by a breaker,
+  // 2026-12-04); the grammar's own end (EOS when the output is complete) ends these choices.
+  if ((forced || !req.json_schema.empty()) && !req.stop.empty()) {
+    return InvalidRequest(
+        absl::StrCat(
+            "'stop' cannot be combined with ",
+            forced ? "'tool_choice' \"required\" or a named function" : "'response_format' json",
+            ": the constrained output ends by itself when it is complete"),
+        "stop");
+  }
   return std::nullopt;
 }
 
@@ -494,6 +505,14 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
       std::variant<std::string, ApiError> schema = ReadResponseFormat(*rf, body);
       if (auto* error = std::get_if<ApiError>(&schema)) r.Fail(error->message, error->param);
       if (auto* text = std::get_if<std::string>(&schema)) req.json_schema = std::move(*text);
+      // The document's grammar starts at the answer's first token; in thinking mode the answer
+      // opens with the reasoning, which then took the JSON and left `content` empty.
+      if (r.ok() && !req.json_schema.empty() && ThinkingOn(req)) {
+        r.Fail(
+            "'response_format' needs thinking off (chat_template_kwargs.thinking false, no "
+            "reasoning_effort): the JSON is enforced from the answer's first token",
+            "response_format");
+      }
     }
   }
   if (r.ok() && endpoint == Endpoint::kChatCompletions) {

@@ -337,6 +337,7 @@ absl::StatusOr<std::vector<serving::SampledToken>> PrefillWorker::PrefillPages(
   };
   const runtime::PrefillEngine::ChunkDone chunk_done = [&](int64_t tokens) {
     chunk_tokens_->Observe(static_cast<double>(tokens));
+    prefilled_tokens_.fetch_add(tokens);
     return Check(a.id, sending);
   };
   t->prefill_start = absl::Now();
@@ -507,6 +508,7 @@ grpc::Status PrefillWorker::Stats(grpc::ServerContext*, const v1::StatsRequest*,
   worker::SetPoolPages(*pool_, response);
   response->set_pages_quarantined(0);
   response->set_transfer_bytes(transfer_bytes_.load());
+  response->set_prefilled_tokens(prefilled_tokens_.load());
   return grpc::Status::OK;
 }
 

@@ -206,6 +206,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::flat_hash_set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);  // bounds aborted_
   std::atomic<int64_t> transfer_bytes_{0};
+  std::atomic<int64_t> prefilled_tokens_{0};  // forward chunks completed (Stats: progress)
   ProgressHeartbeat progress_;
 
   metrics::Registry registry_;

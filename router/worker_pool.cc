@@ -325,11 +325,16 @@ bool WorkerPool::PrefillBusy(Worker& prefill) {
   wv1::StatsResponse stats;
   const grpc::Status status = prefill.prefill()->Stats(&context, wv1::StatsRequest(), &stats);
   if (!status.ok()) return false;
-  const int64_t previous = prefill.ExchangeTransferBytes(stats.transfer_bytes());
+  // Bytes sent and prompt tokens prefilled: both only grow. A long prompt's forward sends
+  // nothing until its state is ready (a 600-token prompt of kjv-v4-wide on a loaded 2-core
+  // machine: tens of seconds), so bytes alone called such a worker wedged on the second sample,
+  // marked it down and cancelled the prefill.
+  const int64_t progress = stats.transfer_bytes() + stats.prefilled_tokens();
+  const int64_t previous = prefill.ExchangeProgress(progress);
   const bool has_work = stats.waiting_requests() + stats.running_requests() > 0;
-  // Sent bytes since the previous sample: it made progress, also when the work that delayed
-  // the canary (or ran its short lease out in the queue) has just drained.
-  if (previous >= 0 && stats.transfer_bytes() > previous) return true;
+  // Progress since the previous sample: also when the work that delayed the canary (or ran its
+  // short lease out in the queue) has just drained.
+  if (previous >= 0 && progress > previous) return true;
   return has_work && previous < 0;
 }
 

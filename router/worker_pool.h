@@ -13,8 +13,9 @@
 //
 // Busy is not wedged: a prefill worker whose canary Prefill passes its deadline (the canary
 // waited in a full queue) still passes its check when its Stats RPC answers within
-// `health_timeout` and its transfer_bytes grew since the checker's previous sample (it made
-// progress, also when the work that delayed the canary has just drained), or there is no sample
+// `health_timeout` and its transfer_bytes + prefilled_tokens grew since the checker's previous
+// sample (it sent state or finished a forward chunk, also when the work that delayed the canary
+// has just drained), or there is no sample
 // yet and it reports waiting or running requests. A stopped worker answers neither Health nor
 // Stats and is marked down after `down_after` checks as before; one that answers but sends
 // nothing is wedged and fails.
@@ -66,8 +67,9 @@ class Worker {
   void RecordFailure();
   // Health checker results.
   void RecordCheck(bool passed, int down_after);
-  // The checker's last Stats sample of transfer_bytes (-1: none yet); returns the previous one.
-  int64_t ExchangeTransferBytes(int64_t bytes) { return transfer_bytes_.exchange(bytes); }
+  // The checker's last Stats sample of transfer_bytes + prefilled_tokens (-1: none yet); returns
+  // the previous one.
+  int64_t ExchangeProgress(int64_t progress) { return progress_.exchange(progress); }
   // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
   int64_t max_batch() const { return max_batch_.load(); }
   void set_max_batch(int64_t slots) { max_batch_.store(slots); }
@@ -84,7 +86,7 @@ class Worker {
   std::atomic<bool> breaker_open_{false};
   std::atomic<int> request_failures_{0};
   std::atomic<int> check_failures_{0};
-  std::atomic<int64_t> transfer_bytes_{-1};
+  std::atomic<int64_t> progress_{-1};
   std::atomic<int64_t> max_batch_{0};
 };
 

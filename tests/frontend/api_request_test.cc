@@ -147,6 +147,26 @@ INSTANTIATE_TEST_SUITE_P(
                 "(chat_template_kwargs.thinking false)",
                 "tool_choice"},
         BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("response_format":{"type":"json_object"},)"
+                R"("chat_template_kwargs":{"thinking":true}})",
+                "'response_format' needs thinking off (chat_template_kwargs.thinking false, no "
+                "reasoning_effort): the JSON is enforced from the answer's first token",
+                "response_format"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("response_format":{"type":"json_object"},"stop":["\""]})",
+                "'stop' cannot be combined with 'response_format' json: the constrained output "
+                "ends by itself when it is complete",
+                "stop"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":"f"}}],)"
+                R"("tool_choice":"required","stop":"DSML"})",
+                "'stop' cannot be combined with 'tool_choice' \"required\" or a named function: "
+                "the constrained output ends by itself when it is complete",
+                "stop"},
+        BadCase{Endpoint::kChatCompletions,
                 R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"x"})",
                 "'tool_choice' must be \"none\", \"auto\", \"required\" or a function",
                 "tool_choice"},

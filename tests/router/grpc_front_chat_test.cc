@@ -221,10 +221,11 @@ TEST_F(GrpcFrontChatTest, ChatFieldsReachTheServiceAsTheHttpFrontReadsThem) {
              {"type":"function","function":{"name":"now"}}],
            "tool_choice":{"type":"function","function":{"name":"get_weather"}},
            "parallel_tool_calls":false})"},
-      // reasoning_effort max (thinking on by it) and a strict json_schema, property order kept.
+      // reasoning_effort none (thinking off: response_format needs it) and a strict json_schema,
+      // property order kept.
       {R"pb(model: "tiny"
             chat { messages { role: "user" content: "Who?" } }
-            reasoning_effort: "max"
+            reasoning_effort: "none"
             response_format {
               type: "json_schema"
               json_schema {
@@ -236,7 +237,7 @@ TEST_F(GrpcFrontChatTest, ChatFieldsReachTheServiceAsTheHttpFrontReadsThem) {
               }
             })pb",
        R"({"model":"tiny","messages":[{"role":"user","content":"Who?"}],
-           "reasoning_effort":"max",
+           "reasoning_effort":"none",
            "response_format":{"type":"json_schema","json_schema":{"name":"person",
              "description":"a person","strict":true,"schema":{"type":"object","properties":
              {"zeta":{"type":"string"},"alpha":{"enum":[1,2]}},"required":["zeta"]}}}})"},

@@ -528,6 +528,19 @@ TEST_F(RouterServiceTest, PrefillWorkerThatSentBytesSinceTheLastCheckStaysUpWith
   EXPECT_TRUE(service->pool().prefill()[0]->up());
 }
 
+TEST_F(RouterServiceTest, PrefillWorkerInTheForwardOfALongPromptStaysUp) {
+  prefill_->delay_ms = 400;
+  prefill_->stats_waiting = 3;
+  prefill_->stats_bytes_per_call = 0;    // nothing sent yet: the long prompt's forward runs
+  prefill_->stats_tokens_per_call = 64;  // a chunk finished between samples
+  canary_timeout_ = absl::Milliseconds(150);
+  auto service = MakeService();
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
 TEST_F(RouterServiceTest, PrefillWorkerWithWorkButNoProgressIsMarkedDown) {
   prefill_->delay_ms = 400;
   prefill_->stats_waiting = 3;
