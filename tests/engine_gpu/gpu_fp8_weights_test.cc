@@ -99,10 +99,15 @@ TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundle
   ASSERT_TRUE(full.ok()) << full.status();
   WeightsLoadOptions slim_options;
   slim_options.skip_fp8_matrices = true;
+  slim_options.skip_quantized_experts = true;
   auto slim = Weights::Load(dir, *config, slim_options);
   ASSERT_TRUE(slim.ok()) << slim.status();
-  // 6 layers x 8 (q_a q_b kv o_a o_b, 3 shared) + 3 CSA x 6 + 2 HCA x 2 compressor projections.
-  EXPECT_EQ(slim->left_stored().size(), 6u * 8 + 3 * 6 + 2 * 2);
+  // The bundled model: 6 layers x 8 (q_a q_b kv o_a o_b, 3 shared) + 3 CSA x 6 + 2 HCA x 2
+  // compressor projections, and 6 layers x 2 stacked FP4 expert tensors (FP8 on the GPU).
+  const char* other = std::getenv("PDSERVE_FP8_CHECKPOINT");
+  if (other == nullptr || *other == '\0') {
+    EXPECT_EQ(slim->left_stored().size(), 6u * 8 + 3 * 6 + 2 * 2 + 6 * 2);
+  }
 
   auto fp8 = Make(*config, *slim, WeightFormat::kFp8Block, dir);
   auto bf16 = Make(*config, *full, WeightFormat::kBf16, "");
