@@ -34,7 +34,7 @@ Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t 
       rate_(config.CompressRate(type_)),
       rope_(type_ == LayerType::kSlidingAttention ? main_rope : compress_rope),
       bf16_state_(bf16_state),
-      fp8_(fp8),
+      fp8_(fp8.ForDense()),
       q_a_proj_(weights.At(Prefix(layer) + ".q_a_proj.weight")),
       q_a_norm_(weights.At(Prefix(layer) + ".q_a_norm.weight")),
       q_b_proj_(weights.At(Prefix(layer) + ".q_b_proj.weight")),

@@ -23,7 +23,7 @@ Compressor::Compressor(const Weights& weights, const std::string& prefix, int64_
       norm_eps_(norm_eps),
       rope_(rope),
       bf16_entries_(bf16_entries),
-      fp8_(fp8),
+      fp8_(fp8.ForDense()),
       kv_proj_(weights.At(prefix + ".kv_proj.weight")),
       gate_proj_(weights.At(prefix + ".gate_proj.weight")),
       position_bias_(weights.At(prefix + ".position_bias")),

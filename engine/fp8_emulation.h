@@ -9,6 +9,10 @@
 //   bf16_outputs: the projection's output is rounded to bf16 (the FP8 kernels' output dtype); for
 //     the routed experts also the SwiGLU output and each pick's weighted contribution, as
 //     moe_gemm's per-pick bf16 rows.
+//   ue8m0_scales: the activation scales rounded up to powers of two (DeepSeek's scale_fmt ue8m0;
+//     the engine's kernels take amax / 448 as they are);
+//   dense, routed_experts: which projections the above apply to (the dense ones: attention,
+//     compressors, indexer, shared expert; the routed experts), to split the cost between them.
 // Applies to projections whose input width is a multiple of 128 (the others are bf16 on the GPU).
 // Pure functions; thread-safe.
 #pragma once
@@ -20,7 +24,13 @@ namespace pdserve::engine {
 struct Fp8Emulation {
   bool quantize_inputs = false;
   bool bf16_outputs = false;
+  bool ue8m0_scales = false;
+  bool dense = true;
+  bool routed_experts = true;
   bool on() const { return quantize_inputs || bf16_outputs; }
+  // The same with `dense` / `routed_experts` applied: what one projection site uses.
+  Fp8Emulation ForDense() const { return dense ? *this : Fp8Emulation{}; }
+  Fp8Emulation ForExperts() const { return routed_experts ? *this : Fp8Emulation{}; }
 };
 
 // y [rows, out] (row stride y_stride) = x [rows, in] (row stride x_stride) @ w [out, in]^T, as

@@ -33,7 +33,7 @@ Indexer::Indexer(const ModelConfig& config, const Weights& weights, const std::s
       q_lora_rank_(config.q_lora_rank),
       rope_(rope),
       fault_(fault),
-      fp8_(fp8),
+      fp8_(fp8.ForDense()),
       q_b_proj_(weights.At(prefix + ".q_b_proj.weight")),
       weights_proj_(weights.At(prefix + ".scorer.weights_proj.weight")) {}
 

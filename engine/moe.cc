@@ -84,10 +84,12 @@ void Moe::Forward(const float* x, int64_t tokens, const int32_t* token_ids, floa
   // Shared expert first: it initializes `out`.
   std::vector<float> gate(static_cast<size_t>(tokens * inter));
   std::vector<float> up(gate.size());
-  EmulatedLinear(fp8_, x, tokens, hidden, shared_gate_.ptr(), inter, gate.data());
-  EmulatedLinear(fp8_, x, tokens, hidden, shared_up_.ptr(), inter, up.data());
+  const Fp8Emulation shared = fp8_.ForDense();
+  EmulatedLinear(shared, x, tokens, hidden, shared_gate_.ptr(), inter, gate.data());
+  EmulatedLinear(shared, x, tokens, hidden, shared_up_.ptr(), inter, up.data());
   cpu::ClampedSwiGlu(gate.data(), up.data(), tokens * inter, limit, gate.data());
-  EmulatedLinear(fp8_, gate.data(), tokens, inter, shared_down_.ptr(), hidden, out);
+  EmulatedLinear(shared, gate.data(), tokens, inter, shared_down_.ptr(), hidden, out);
+  const Fp8Emulation routed = fp8_.ForExperts();
 
   std::vector<int32_t> experts;
   std::vector<float> weights;
@@ -110,7 +112,7 @@ void Moe::Forward(const float* x, int64_t tokens, const int32_t* token_ids, floa
     }
     if (bf16_input_) RoundToBf16(xs.data(), n * hidden);
     gate_up.resize(static_cast<size_t>(n * 2 * inter));
-    EmulatedLinear(fp8_, xs.data(), n, hidden, gate_up_.ptr() + e * 2 * inter * hidden, 2 * inter,
+    EmulatedLinear(routed, xs.data(), n, hidden, gate_up_.ptr() + e * 2 * inter * hidden, 2 * inter,
                    gate_up.data());
     act.resize(static_cast<size_t>(n * inter));
     for (int64_t r = 0; r < n; ++r) {
@@ -118,13 +120,14 @@ void Moe::Forward(const float* x, int64_t tokens, const int32_t* token_ids, floa
       cpu::ClampedSwiGlu(row, row + inter, inter, limit, act.data() + r * inter);
     }
     // moe_gemm's bf16 SwiGLU rows (kernels/cuda/moe_gemm.cuh).
-    if (fp8_.bf16_outputs) RoundToBf16(act.data(), n * inter);
+    if (routed.bf16_outputs) RoundToBf16(act.data(), n * inter);
     y.resize(static_cast<size_t>(n * hidden));
-    EmulatedLinear(fp8_, act.data(), n, inter, down_.ptr() + e * hidden * inter, hidden, y.data());
+    EmulatedLinear(routed, act.data(), n, inter, down_.ptr() + e * hidden * inter, hidden,
+                   y.data());
     for (int64_t r = 0; r < n; ++r) {
       const float w = weights[list[r]];
       float* o = out + (list[r] / k) * hidden;
-      if (fp8_.bf16_outputs) {
+      if (routed.bf16_outputs) {
         // moe_gemm writes bf16(weight * dot) per pick.
         for (int64_t c = 0; c < hidden; ++c) o[c] += RoundToBf16(w * y[r * hidden + c]);
       } else {

@@ -97,9 +97,23 @@ TEST(Fp8EmulationTest, ArgmaxAgreementOfEachPartOfTheFp8Arithmetic) {
     const char* name;
     Fp8Emulation emulation;
   };
-  for (const Variant& v :
-       {Variant{"activations e4m3 per 1x128", {true, false}},
-        Variant{"bf16 outputs", {false, true}}, Variant{"both (the GPU FP8 path)", {true, true}}}) {
+  auto variant = [](bool quantize, bool bf16, bool ue8m0, bool dense, bool experts) {
+    Fp8Emulation e;
+    e.quantize_inputs = quantize;
+    e.bf16_outputs = bf16;
+    e.ue8m0_scales = ue8m0;
+    e.dense = dense;
+    e.routed_experts = experts;
+    return e;
+  };
+  for (const Variant& v : {
+           Variant{"activations e4m3 per 1x128", variant(true, false, false, true, true)},
+           Variant{"bf16 outputs", variant(false, true, false, true, true)},
+           Variant{"both (the GPU FP8 path)", variant(true, true, false, true, true)},
+           Variant{"both, dense projections only", variant(true, true, false, true, false)},
+           Variant{"both, routed experts only", variant(true, true, false, false, true)},
+           Variant{"both, ue8m0 activation scales", variant(true, true, true, true, true)},
+       }) {
     ModelOptions options;
     options.fp8_emulation = v.emulation;
     const std::vector<Tensor> got = logits_of(options);
