@@ -23,7 +23,8 @@ void EmulatedLinear(const Fp8Emulation& emulation, const float* x, int64_t rows,
     RoundToBf16(xq.data(), rows * in);
     std::vector<uint8_t> codes(xq.size());
     std::vector<float> scales(static_cast<size_t>(rows * (in / cpu::kQuantBlock)));
-    cpu::QuantizeActivations(xq.data(), rows, in, in, emulation.ue8m0_scales, codes.data(), scales.data());
+    cpu::QuantizeActivations(xq.data(), rows, in, in, emulation.ue8m0_scales, codes.data(),
+                             scales.data());
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < in; ++c) {
         xq[r * in + c] =
