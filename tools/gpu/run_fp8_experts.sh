@@ -8,7 +8,7 @@
 #      (8) layers, the bundled model's tokenizer and vocabulary (4096), max_position_embeddings
 #      set to 16384 (the decode worker's plan would otherwise size 64 slots of 1M tokens); then
 #      `pdserve plan` on a deployment of one CUDA prefill + one CUDA decode worker (weights fp8).
-#   3. serve: `pdserve serve --backend cuda --weights fp8`: load time (start to /health 200),
+#   3. serve: `pdserve serve --backend cuda --weights fp8`: load time (start to /ready 200),
 #      peak host RSS (VmHWM of the process after the load) against the checkpoint's size, GPU
 #      memory used, and 8 greedy tokens of a completion.
 #   4. up: `pdserve up` with that prefill + decode pair on GPU 0 (share_gpus), 8 tokens through
@@ -94,9 +94,9 @@ if [[ " $steps " == *" checkpoint "* ]]; then
     "$(grep -E '^  (weights|total|fits) ' "$out/plan.txt" | tr -s ' ' | tr '\n' ';')"
 fi
 
-health() {  # url, seconds, pid
+ready() {  # url, seconds, pid: /ready answers 200
   for _ in $(seq 1 $(($2 * 2))); do
-    curl -sf "$1/health" > /dev/null 2>&1 && return 0
+    curl -sf "$1/ready" > /dev/null 2>&1 && return 0
     kill -0 "$3" 2>/dev/null || return 1
     sleep 0.5
   done
@@ -121,7 +121,7 @@ if [[ " $steps " == *" serve "* ]]; then
   "$pdserve" serve --model "$ck" --backend cuda --weights fp8 --host 127.0.0.1 --port 18400 \
     --max-batch 8 > "$out/serve.log" 2>&1 &
   pid=$!
-  if health http://127.0.0.1:18400 600 $pid; then
+  if ready http://127.0.0.1:18400 600 $pid; then
     load=$(python3 -c "import time; print(f'{time.time() - $s:.1f}')")
     hwm=$(awk '/VmHWM/ {printf "%.2f GiB", $2 / 1048576}' /proc/$pid/status)
     gpu=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -1)
@@ -138,7 +138,7 @@ fi
 if [[ " $steps " == *" up "* ]]; then
   "$pdserve" up --config "$out/pd.yaml" > "$out/up.log" 2>&1 &
   pid=$!
-  if health http://127.0.0.1:18410 600 $pid && sleep 6; then
+  if ready http://127.0.0.1:18410 600 $pid && sleep 6; then
     text=$(complete http://127.0.0.1:18410 2>&1 | tail -1)
     row "up: CUDA prefill + CUDA decode (fp8)" "$([[ $text == *tokens* ]] && echo PASS || echo FAIL)" \
       "$text ($(elapsed))"
@@ -152,8 +152,9 @@ if [[ " $steps " == *" compare "* ]]; then
   make_checkpoint "$ck2" 2 > "$out/checkpoint2.log" 2>&1
   chmod +x "$pack/bin/engine_gpu_tests"
   mkdir -p /tmp/pdserve-libs && tar -xJf "$pack/libs.tar.xz" -C /tmp/pdserve-libs
+  nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
   PDSERVE_FP8_CHECKPOINT=$ck2 PDSERVE_SOURCE_DIR=$PWD \
-    LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$LD_LIBRARY_PATH timeout 400 \
+    LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$nccl:$LD_LIBRARY_PATH timeout 400 \
     "$pack/bin/engine_gpu_tests" --gtest_filter='GpuFp8WeightsTest.Fp8Resident*' \
     > "$out/compare.log" 2>&1
   rc=$?
