@@ -4,10 +4,10 @@
 // 128 x 128 scales, FP4 experts; PDSERVE_FP8_CHECKPOINT names an already written one instead).
 // Three engines on every prompt of the bundled model (prefill in one call, then chunked prefill +
 // batched decode through the CUDA graphs): the GPU in FP8 (projections' stored bytes on the device,
-// fp8_gemm; the FP4 experts converted to FP8 at load, moe_grouped_gemm), the GPU in bf16 (today's path, Weights::Load's dequantized values rounded to bf16)
-// and the CPU engine in fp32 on the same dequantized values. Prints argmax agreement and
-// max|diff| / max|ref| for FP8 vs CPU, bf16 vs CPU and FP8 vs bf16 (the lead copies the figures
-// into docs/engine-gpu.md).
+// fp8_gemm; the FP4 experts converted to FP8 at load, moe_grouped_gemm), the GPU in bf16 (today's
+// path, Weights::Load's dequantized values rounded to bf16) and the CPU engine in fp32 on the same
+// dequantized values. Prints argmax agreement and max|diff| / max|ref| for FP8 vs CPU, bf16 vs CPU
+// and FP8 vs bf16 (the lead copies the figures into docs/engine-gpu.md).
 //
 // Tolerance. The weights are identical in the two GPU modes: an e4m3 value times a power-of-two
 // scale is exact in bf16. What differs is the FP8 mode's activations, quantized per 1 x 128 to
