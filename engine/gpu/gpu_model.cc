@@ -344,10 +344,38 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
                                     static_cast<float>(c.routed_scaling_factor),
                                     route_experts.get(), route_weights.get(), stream));
   if (comm != nullptr) return ExpertParallelMoe(layer, rows);
-  PDSERVE_CUDA_RETURN(kc::moe_experts(
-      x_bf.get(), rows, hidden, inter, c.num_experts_per_tok, c.n_routed_experts,
-      layer.gate_up.get(), layer.down.get(), route_experts.get(), route_weights.get(), limit,
-      moe_workspace.get(), moe_workspace.size(), sub_out.get(), stream));
+  return RoutedExperts(layer, x_bf.get(), rows, route_experts.get(), route_weights.get(),
+                       c.n_routed_experts, sub_out.get());
+}
+
+absl::Status GpuModel::Impl::RoutedExperts(const Layer& layer, const bf16* x, int64_t rows,
+                                           const int32_t* experts, const float* weights,
+                                           int64_t n_experts, float* out) {
+  const ModelConfig& c = config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.moe_intermediate_size;
+  const int64_t k = c.num_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  if (!layer.gate_up8.present()) {
+    PDSERVE_CUDA_RETURN(kc::moe_experts(x, rows, hidden, inter, k, n_experts, layer.gate_up.get(),
+                                        layer.down.get(), experts, weights, limit,
+                                        moe_workspace.get(), moe_workspace.size(), out, stream));
+    return absl::OkStatus();
+  }
+  // gate|up per pick (bf16), the clamped SwiGLU (bf16), the weighted down projection per pick
+  // (bf16), then the picks' sum into out in fp32 (kernels/cuda/moe_gemm.cuh).
+  void* ws = moe_gemm_workspace.get();
+  const size_t ws_bytes = moe_gemm_workspace.size();
+  PDSERVE_CUDA_RETURN(kc::moe_grouped_gemm(x, hidden, /*x_per_pick=*/false, experts, nullptr, rows,
+                                           k, layer.gate_up8.View(), /*ue8m0=*/false,
+                                           moe_gate_up.get(), 2 * inter, ws, ws_bytes, stream));
+  PDSERVE_CUDA_RETURN(kc::clamped_swiglu(moe_gate_up.get(), moe_gate_up.get() + inter, rows * k,
+                                         inter, 2 * inter, limit, moe_act.get(), inter, stream));
+  PDSERVE_CUDA_RETURN(kc::moe_grouped_gemm(moe_act.get(), inter, /*x_per_pick=*/true, experts,
+                                           weights, rows, k, layer.down8.View(), /*ue8m0=*/false,
+                                           moe_down.get(), hidden, ws, ws_bytes, stream));
+  PDSERVE_CUDA_RETURN(kc::moe_combine(moe_down.get(), hidden, experts, rows, k, n_experts, hidden,
+                                      out, hidden, stream));
   return absl::OkStatus();
 }
 
@@ -372,10 +400,8 @@ absl::Status GpuModel::Impl::ExpertParallelMoe(Layer& layer, int64_t rows) {
                                      ep_experts.get(), stream));
   PDSERVE_CUDA_RETURN(cudaMemsetAsync(
       ep_out.get(), 0, static_cast<size_t>(all_rows * hidden) * sizeof(float), stream));
-  PDSERVE_CUDA_RETURN(kc::moe_experts(
-      ep_x.get(), all_rows, hidden, c.moe_intermediate_size, k, shard.count, layer.gate_up.get(),
-      layer.down.get(), ep_experts.get(), ep_weights.get(), static_cast<float>(c.swiglu_limit),
-      moe_workspace.get(), moe_workspace.size(), ep_out.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(RoutedExperts(layer, ep_x.get(), all_rows, ep_experts.get(),
+                                        ep_weights.get(), shard.count, ep_out.get()));
   PDSERVE_RETURN_IF_ERROR(comm->ReduceScatterSum(ep_out.get(), ep_reduced.get(),
                                                  static_cast<size_t>(rows * hidden), stream));
   PDSERVE_CUDA_RETURN(AddInto(sub_out.get(), ep_reduced.get(), rows * hidden, stream));

@@ -65,8 +65,11 @@ enum class WeightFormat {
   // GpuModelOptions::checkpoint_dir) with fp32 scales beside them, and multiplied by
   // kernels/cuda/fp8_gemm (activations quantized per 1 x 128 on the fly, bf16 out, then fp32).
   // A projection stored otherwise (bf16 / fp32), or whose input width is not a multiple of 128
-  // (fp8_gemm's requirement), is bf16 as in kBf16, logged once per tensor name suffix. The
-  // embeddings, lm_head, router and routed experts are as in kBf16. Requires GemmInputs::kBf16.
+  // (fp8_gemm's requirement), is bf16 as in kBf16, logged once per tensor name suffix. Routed
+  // experts stored FP8 or FP4 (per expert, with scales; hidden and moe_intermediate_size multiples
+  // of 128) are FP8 on the device, FP4 converted at load (engine/stored_experts.h), and multiplied
+  // by kernels/cuda/moe_gemm (bf16 per-pick outputs, summed in fp32); otherwise bf16 as in kBf16.
+  // The embeddings, lm_head and router are as in kBf16. Requires GemmInputs::kBf16.
   kFp8Block,
 };
 
@@ -89,7 +92,8 @@ struct GpuModelOptions {
   WeightFormat weight_format = WeightFormat::kBf16;
   // kFp8Block: the model directory whose checkpoint (model.safetensors or sharded with an index)
   // holds the FP8 tensors; the `weights` passed to Create may then lack them
-  // (engine::WeightsLoadOptions::skip_fp8_matrices), the rest must be there.
+  // (engine::WeightsLoadOptions::skip_fp8_matrices, skip_quantized_experts), the rest must be
+  // there.
   std::string checkpoint_dir;
   // Expert parallelism: this model is rank expert_comm->rank() of expert_comm->world() and holds
   // routed experts ExpertShardOf(n_routed_experts, world, rank) only. Not owned; must outlive the

@@ -25,6 +25,7 @@
 #include "engine/gpu/ops.cuh"
 #include "engine/ring_state.h"
 #include "engine/rope_table.h"
+#include "engine/stored_experts.h"
 #include "engine/stored_fp8.h"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
@@ -33,6 +34,7 @@
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sink_attention.cuh"
@@ -121,6 +123,28 @@ struct LinearSource {
   absl::Status Load(const std::string& name, Linear* d, int64_t row_group = 0) const;
 };
 
+// One projection of the rank's routed experts kept FP8 (WeightFormat::kFp8Block with the experts
+// stored FP8 or FP4; engine/stored_experts.h): w [count, n, k] e4m3, scale [count, ceil(n / 128),
+// k / 128] fp32, for kernels/cuda/moe_gemm.
+struct ExpertsFp8 {
+  DeviceArray<uint8_t> w;
+  DeviceArray<float> scale;
+  int64_t count = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool present() const { return w.size() > 0; }
+  kc::ExpertWeights View() const {
+    kc::ExpertWeights v;
+    v.format = kc::ExpertFormat::kFp8;
+    v.w = w.get();
+    v.scale = scale.get();
+    v.n_experts = count;
+    v.n = n;
+    v.k = k;
+    return v;
+  }
+};
+
 inline std::string AttnPrefix(int64_t l) { return absl::StrCat("model.layers.", l, ".self_attn"); }
 
 struct CompressorWeights {
@@ -203,6 +227,8 @@ struct Layer {
   DeviceArray<int32_t> tid2eid;
   DeviceArray<bf16> gate_up;  // the rank's routed experts (all of them without a group)
   DeviceArray<bf16> down;
+  ExpertsFp8 gate_up8;  // instead of gate_up / down when the experts stay FP8
+  ExpertsFp8 down8;
   Linear shared_gate;
   Linear shared_up;
   Linear shared_down;
@@ -250,6 +276,10 @@ struct GpuModel::Impl {
   // WeightFormat::kFp8Block: fp8_gemm's workspace and its bf16 output [max_rows, widest FP8 out].
   DeviceArray<unsigned char> fp8_workspace;
   DeviceArray<bf16> fp8_out;
+  // FP8 routed experts (Layer::gate_up8): per pick [world * max_rows * k, ...] bf16 gate|up
+  // outputs, SwiGLU activations and weighted down outputs, and moe_grouped_gemm's workspace.
+  DeviceArray<bf16> moe_gate_up, moe_act, moe_down;
+  DeviceArray<unsigned char> moe_gemm_workspace;
   // Fixed-shape decode kernels: their bf16 inputs, paged views and workspace.
   bool fast_attention = false;
   bool fast_indexer = false;
@@ -301,6 +331,13 @@ struct GpuModel::Impl {
   // block row's scales.
   absl::Status Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k, const uint8_t* w,
                        const float* w_scale, int64_t n, bf16* out, int64_t out_stride);
+  // One layer's routed experts: FP8 from `stored` (null outside kFp8Block) when it holds both
+  // projections, else bf16 from `w`. prefix "model.layers.N.mlp.experts".
+  absl::Status LoadRoutedExperts(const Weights& w, const StoredExperts* stored,
+                                 const std::string& prefix, Layer* layer);
+  int64_t logged_bf16_experts = 0;
+  // The FP8 experts' buffers, sized for the layers that hold them (nothing without them).
+  absl::Status AllocateFp8Experts();
   absl::Status Allocate();
   // y[rows, n] = x[rows, k] @ W[n, k]^T, fp32 out, all rows contiguous. x_rounded is x already
   // rounded to bf16 (x_rounded, read in GemmInputs::kBf16), x_f32 the fp32 source (read in kFp32).
@@ -328,6 +365,12 @@ struct GpuModel::Impl {
   // The routed experts of an expert-parallel rank: gather the group's rows, run this rank's
   // experts on all of them, reduce-scatter the sums back and add this rank's rows to sub_out.
   absl::Status ExpertParallelMoe(Layer& layer, int64_t rows);
+  // The routed experts over `rows` rows of x (bf16 [rows, hidden]) with picks `experts` (ids in
+  // [0, n_experts of the layer's experts), others skipped) and weights [rows, k]: out [rows,
+  // hidden] fp32 += the picks' weighted outputs. FP8 experts (moe_gemm) or bf16 (moe_experts).
+  absl::Status RoutedExperts(const Layer& layer, const bf16* x, int64_t rows,
+                             const int32_t* experts, const float* weights, int64_t n_experts,
+                             float* out);
   // Every kernel of one call over `rows` stacked rows in `segs.segments` segments (metadata
   // already on the device): the part a decode graph captures.
   absl::Status Enqueue(int64_t rows, int64_t segments, int64_t max_tokens, bool decode);

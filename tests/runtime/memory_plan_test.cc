@@ -92,5 +92,34 @@ TEST(MemoryPlanTest, AFlashConfigOnOneGpuIsRefusedNamingWhatToChange) {
   EXPECT_TRUE(CheckPlanFits(*config, *w, q).ok()) << FormatPlan(*config, *w, q);
 }
 
+// `weights: fp8` (FP8 experts and projections on the GPU, engine/gpu/gpu_model.h): V4-Flash's
+// 43 layers on 4 H200s at batch 8 x 4096 fit, where the bf16 engine's bytes do not; the FP8
+// experts are the FP4 release's expert bytes doubled, less the ue8m0 group scales, plus fp32
+// block scales.
+TEST(MemoryPlanTest, Fp8WeightsFitAFlashWorkerThatBf16DoesNot) {
+  const std::string dir = std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto w = PlanWeightBytes(dir, *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const int64_t e = config->n_routed_experts, h = config->hidden_size;
+  const int64_t inter = config->moe_intermediate_size, layers = config->num_hidden_layers;
+  EXPECT_EQ(w->experts_fp8, layers * e *
+                                (3 * h * inter + (2 * inter / 128) * (h / 128) * 4 +
+                                 (h / 128) * (inter / 128) * 4));
+  EXPECT_EQ(w->experts_today, 2 * layers * e * 3 * h * inter);
+  EXPECT_LT(w->replicated_fp8, w->replicated_today);
+  PlanRequest q;
+  q.worker = "decode-0";
+  q.world = 4;
+  q.max_batch = 8;
+  q.max_context = 4096;
+  const absl::Status bf16 = CheckPlanFits(*config, *w, q);
+  EXPECT_EQ(bf16.code(), absl::StatusCode::kResourceExhausted) << bf16;
+  q.fp8_weights = true;
+  EXPECT_TRUE(CheckPlanFits(*config, *w, q).ok()) << FormatPlan(*config, *w, q);
+  EXPECT_NE(FormatPlan(*config, *w, q).find("engine (fp8)"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pdserve::engine
