@@ -1,6 +1,6 @@
 #include <cooperative_groups.h>
 
-#include <atomic>
+#include <array>
 #include <cstdint>
 
 #include "kernels/cpu/topk_radix.h"
@@ -500,31 +500,34 @@ __global__ void __launch_bounds__(kThreads)
                 out_row);
 }
 
-// How many clusters of `blocks` blocks of TopKKernel the device runs at once (clusters sit within
-// one GPC, so this can be below SMs / blocks), cached per cluster size (one device kind per
-// process assumed); 0 when the query fails. Requires the kernel's shared-memory attribute set.
+// How many clusters of `blocks` (2, 4 or 8) blocks of TopKKernel the device runs at once
+// (clusters sit within one GPC, so this can be below SMs / blocks); 0 where the query fails.
+// Queried for every size at the first call (make it outside graph capture, as the kernel
+// attribute) and cached (one device kind per process assumed). Requires the kernel's
+// shared-memory attribute set.
 int MaxActiveClusters(int64_t blocks) {
-  static std::atomic<int> cached[4] = {-1, -1, -1, -1};
-  const int slot = blocks == 1 ? 0 : (blocks == 2 ? 1 : (blocks == 4 ? 2 : 3));
-  int clusters = cached[slot].load(std::memory_order_relaxed);
-  if (clusters >= 0) return clusters;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(blocks);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kFixedSmemBytes;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  if (cudaOccupancyMaxActiveClusters(&clusters, TopKKernel, &config) != cudaSuccess) {
-    cudaGetLastError();  // not sticky; clear it
-    clusters = 0;
-  }
-  cached[slot].store(clusters, std::memory_order_relaxed);
-  return clusters;
+  static const std::array<int, 3> clusters = [] {
+    std::array<int, 3> counts = {0, 0, 0};
+    for (int slot = 0; slot < 3; ++slot) {
+      cudaLaunchAttribute cluster = {};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 2u << slot;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(2u << slot);
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kFixedSmemBytes;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&counts[slot], TopKKernel, &config) != cudaSuccess) {
+        cudaGetLastError();  // not sticky; clear it
+        counts[slot] = 0;
+      }
+    }
+    return counts;
+  }();
+  return blocks == 2 ? clusters[0] : (blocks == 4 ? clusters[1] : clusters[2]);
 }
 
 // Blocks per row: the largest power of two up to kMaxTopKBlocks that keeps all rows in one wave

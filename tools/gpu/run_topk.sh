@@ -12,7 +12,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-b=${BUILD:-/tmp/pdserve-build-topk}
+b=${BUILD:-/tmp/pdserve-build-cuda}  # shared with run_gpu_tests.sh / run_fp8_gemm.sh: one build per call
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
