@@ -145,12 +145,13 @@ TEST(CudaTopKTest, InfinitiesOrderAndTie) {
 
 // Split rows whose picks all sit in one block's part (ascending and descending scores), in no
 // block's part but the last, or spread over every part; lengths that leave later blocks a short
-// or empty part; rows shorter than k; odd strides (rows not 16-byte aligned).
+// or empty part; odd strides (rows not 16-byte aligned); parts too long for shared memory (90000
+// and 100003 at 1 and 2 blocks per row), read from global memory in every pass.
 TEST(CudaTopKTest, SplitRowsWithUnevenPicksMatchCpuRule) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   std::normal_distribution<float> normal;
-  for (int64_t stride : {9000, 9001, 33333}) {
+  for (int64_t stride : {9000, 9001, 33333, 90000, 100003}) {
     const int64_t rows = 5;
     std::vector<float> scores(static_cast<size_t>(rows * stride));
     for (int64_t i = 0; i < stride; ++i) {
