@@ -145,8 +145,9 @@ TEST(CudaTopKTest, InfinitiesOrderAndTie) {
 
 // Split rows whose picks all sit in one block's part (ascending and descending scores), in no
 // block's part but the last, or spread over every part; lengths that leave later blocks a short
-// or empty part; odd strides (rows not 16-byte aligned); parts too long for shared memory (90000
-// and 100003 at 1 and 2 blocks per row), read from global memory in every pass.
+// or empty part, and NaN past the length; odd strides (rows not 16-byte aligned); parts too long
+// for shared memory (90000 and 100003 at 1 and 2 blocks per row), read from global memory in
+// every pass.
 TEST(CudaTopKTest, SplitRowsWithUnevenPicksMatchCpuRule) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -163,20 +164,28 @@ TEST(CudaTopKTest, SplitRowsWithUnevenPicksMatchCpuRule) {
       s[4 * stride] = normal(rng);
     }
     const std::vector<int32_t> lengths = {static_cast<int32_t>(stride),
-                                          static_cast<int32_t>(stride - 1), 4097, 1025,
-                                          static_cast<int32_t>(stride / 3)};
+                                          static_cast<int32_t>(stride - 1), 4097,
+                                          static_cast<int32_t>(stride), 1025};
+    for (int64_t r = 0; r < rows; ++r) {  // NaN past each length, as in stale page tails
+      std::fill(scores.begin() + r * stride + lengths[r], scores.begin() + (r + 1) * stride,
+                std::numeric_limits<float>::quiet_NaN());
+    }
     for (int64_t k : {1, 512, 2048}) ExpectMatchesReference(scores, stride, lengths, k);
   }
 }
 
-TEST(CudaTopKTest, RowsShorterThanKMatchCpuRule) {
+TEST(CudaTopKTest, RowsShorterThanKIgnoreNanTails) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   std::uniform_int_distribution<int> level(-3, 3);
   const int64_t stride = 2048;
   const std::vector<int32_t> lengths = {1, 2, 3, 5, 7, 31, 33, 511, 1023, 1025, 2047, 2048};
-  std::vector<float> scores(lengths.size() * stride);
-  for (float& s : scores) s = static_cast<float>(level(rng));
+  // Past each row's length: NaN, which no part may read.
+  std::vector<float> scores(lengths.size() * stride, std::numeric_limits<float>::quiet_NaN());
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    for (int32_t i = 0; i < lengths[r]; ++i)
+      scores[r * stride + i] = static_cast<float>(level(rng));
+  }
   for (int64_t k : {2048, 1500}) ExpectMatchesReference(scores, stride, lengths, k);
 }
 
