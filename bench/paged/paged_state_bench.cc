@@ -46,10 +46,11 @@ void Capacity(const engine::ModelConfig& flash, int64_t max_context) {
   const int64_t budget = engine::kH200Bytes - engine::kRuntimeAllowance;
   const engine::PagedStateBytes b = engine::GpuPagedStateBytes(flash);
   std::printf(
-      "\n| V4-Flash (%lld layers), server max_context %lld, state budget %.1f GiB | "
-      "request state (MiB) | requests that fit: slot layout | paged |\n|---|---|---|---|\n",
+      "\n| V4-Flash (%lld layers), server max_context %lld, state budget %.1f GiB, fixed per "
+      "request %.1f MiB | request state (MiB) | requests that fit: slot layout | paged |\n"
+      "|---|---|---|---|\n",
       static_cast<long long>(flash.num_hidden_layers), static_cast<long long>(max_context),
-      static_cast<double>(budget) / (1 << 30));
+      static_cast<double>(budget) / (1 << 30), static_cast<double>(b.per_slot) / (1 << 20));
   for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
     if (tokens > max_context) {
       std::printf("| %lldK-token requests | past max_context | - | - |\n",
