@@ -2,9 +2,14 @@
 // (engine/model.h, same math and one-shot semantics) with bf16 weights and bf16 state, fp32
 // activations and accumulation, cuBLAS GEMMs and the kernels of kernels/cuda.
 //
-// Requests live in state slots: fixed-capacity device pools per layer (sliding-window ring,
-// compressed entries, indexer keys, compressor rings), so a request's state never moves and one
-// decode step for any set of slots has a fixed launch shape. Forward() extends one slot by a
+// Requests live in state slots. The state that grows with tokens (each compressed layer's entries
+// and the indexer keys) is paged: pools of kPageSize-entry pages per layer, one page table per
+// compression rate and slot (serving/slot_page_tables.h), pages taken as a slot's position
+// advances and freed by ResetSlot, so memory follows the tokens requests hold, not max_context
+// (docs/engine-gpu.md, "Paged state"). The fixed-size state (sliding-window ring, compressor
+// partial windows) stays one block per slot. The page tables live in device memory at fixed
+// addresses and the kernels read them when they run, so one decode step for any set of slots has
+// a fixed launch shape. Forward() extends one slot by a
 // chunk of tokens (prefill, chunked prefill, or one decode token); DecodeStep() runs one token
 // for each of several slots at once, padded to a batch-size bucket, either eagerly or as the
 // bucket's captured CUDA graph (the two give identical bits: same kernels, same shapes).
@@ -35,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -100,6 +106,24 @@ struct GpuModelOptions {
   // model; its device must be `device`. A communicator that cannot be captured into CUDA graphs
   // (the local one) makes DecodeStep eager whatever use_graph says. Null: every expert here.
   ExpertComm* expert_comm = nullptr;
+  // Paged state. paged_state false: the slot layout (slot s always names the same pages, as if
+  // every slot were full; a reference for tests, bit-identical results). state_tokens: the
+  // tokens of state the page pools hold over all requests together; each compression rate r's
+  // pool gets ceil(state_tokens / r / kPageSize) pages plus one per slot (a request's last page
+  // is partly filled), at most slots full ones. 0: slots * max_context, every slot full (the
+  // pools are never short). Below that, Forward / DecodeStep return ResourceExhausted when the
+  // pool cannot hold a step (CanHold answers first).
+  bool paged_state = true;
+  int64_t state_tokens = 0;
+};
+
+// One compression rate's page pool (GpuModel::StatePages).
+struct StatePageKind {
+  int64_t rate = 0;          // tokens per entry
+  int64_t page_entries = 0;  // entries per page
+  int64_t pages_total = 0;   // allocatable pages
+  int64_t pages_free = 0;
+  int64_t bytes_per_page = 0;  // over every layer of this rate (entries and indexer keys, bf16)
 };
 
 class GpuModel {
@@ -128,12 +152,30 @@ class GpuModel {
   // for this model: what runtime::PagedState::Load fills before ImportState.
   ModelState NewState() const;
 
-  // Clears slot `slot` (position 0) for a new request. InvalidArgument for a bad slot.
+  // Clears slot `slot` (position 0) for a new request and frees its state pages. InvalidArgument
+  // for a bad slot.
   absl::Status ResetSlot(int64_t slot);
+  // The can-allocate query of the paged state: whether every (slot, position) pair can hold its
+  // position at once (pages the slot holds count), i.e. whether a step taking those slots there
+  // would find its pages. False for a bad slot or a position past max_context.
+  bool CanHold(const std::vector<std::pair<int64_t, int64_t>>& slot_positions) const;
+  // The page pools, one per compression rate (empty for a model of sliding layers only).
+  std::vector<StatePageKind> StatePages() const;
+  // Paranoid mode (guards.paranoid): every state page slot `slot`'s page tables name is the page
+  // the allocator handed the slot's current request, at the same epoch (host side, before a step
+  // is launched). FailedPrecondition naming the slot and page otherwise; InvalidArgument for a
+  // bad slot.
+  absl::Status VerifySlotPages(int64_t slot) const;
+  // Test fault for the isolation tests: slot `victim`'s first page of a rate both slots hold
+  // becomes `donor`'s (its table row on the device and its record), as an allocator bug would
+  // hand a page to the wrong request. FailedPrecondition when the slots share no such page or the
+  // state is not paged.
+  absl::Status InjectForeignPageForTest(int64_t victim, int64_t donor);
   // Tokens consumed by the slot's request so far.
   int64_t Position(int64_t slot) const;
   // Makes slot `to` continue exactly where slot `from` is (its whole state and position), e.g.
   // to fork one prefilled prompt into n choices. InvalidArgument for bad or equal slots;
+  // ResourceExhausted (slot `to` then empty) when the page pool cannot hold a second copy;
   // Internal for a CUDA error.
   absl::Status CopySlot(int64_t from, int64_t to);
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -40,6 +41,7 @@
 #include "kernels/cuda/sink_attention.cuh"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 #include "kernels/cuda/topk.cuh"
+#include "serving/slot_page_tables.h"
 
 namespace pdserve::engine::gpu {
 
@@ -156,14 +158,19 @@ struct CompressorWeights {
   int64_t rate = 0;
   bool overlapping = false;
   int64_t width() const { return overlapping ? 2 * dim : dim; }
-  // State pools, indexed by slot.
+  // State: the compressor rings per slot, [slots + 1, 2m, width] fp32; the entries paged,
+  // [device pages, kPageSize, dim] bf16 (page 0 the null page), through the page tables of
+  // `kind` (Impl::pages, one kind per compression rate).
   DeviceArray<float> ring_kv;
   DeviceArray<float> ring_gate;
   DeviceArray<bf16> entries;
-  int64_t capacity = 0;
+  int64_t capacity = 0;  // entries per request at most (a multiple of kPageSize)
+  int64_t kind = -1;
 
+  // device_pages: the entry pool's pages (SlotPageTables::device_pages of the rate's kind).
   absl::Status Load(const LinearSource& src, const std::string& prefix, int64_t d, int64_t m,
-                    bool overlap, int64_t slots, int64_t max_context) {
+                    bool overlap, int64_t slots, int64_t max_context, int64_t page_kind,
+                    int64_t device_pages) {
     const Weights& w = *src.weights;
     dim = d;
     rate = m;
@@ -174,10 +181,11 @@ struct CompressorWeights {
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".kv_norm.weight"), &kv_norm));
     // Whole pages of kPageSize entries: the fixed-shape decode kernels read the pool as pages.
     capacity = RingEntryCapacity(max_context, m, kPageSize);
+    kind = page_kind;
     const auto s = static_cast<size_t>(slots);
     PDSERVE_RETURN_IF_ERROR(ring_kv.Allocate(s * 2 * m * width()));
     PDSERVE_RETURN_IF_ERROR(ring_gate.Allocate(s * 2 * m * width()));
-    return entries.Allocate(s * capacity * dim);
+    return entries.Allocate(static_cast<size_t>(device_pages * kPageSize * dim));
   }
 };
 
@@ -293,6 +301,14 @@ struct GpuModel::Impl {
   PinnedArray<int32_t> seg_host;
   PinnedArray<float> logits_host;
   std::map<int64_t, cudaGraphExec_t> graphs;
+  // Paged state (serving/slot_page_tables.h): one kind per compression rate; its rows on the
+  // device [slots + 1, stride] int32 (what the kernels read), staged through pinned memory; the
+  // event marks the last upload, so the pinned rows are rewritten only after it was copied.
+  std::unique_ptr<serving::SlotPageTables> pages;
+  std::map<int64_t, int64_t> kind_of_rate;
+  std::vector<std::unique_ptr<DeviceArray<int32_t>>> slot_pages;
+  std::vector<std::unique_ptr<PinnedArray<int32_t>>> slot_pages_host;
+  cudaEvent_t pages_uploaded = nullptr;
   // Expert parallelism (options.expert_comm): the rank's experts and the group's stacked rows,
   // [world * max_rows, ...] (rank p's rows at p * rows).
   ExpertComm* comm = nullptr;
@@ -311,6 +327,7 @@ struct GpuModel::Impl {
                       config.max_position_embeddings) {}
   ~Impl() {
     for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (pages_uploaded != nullptr) cudaEventDestroy(pages_uploaded);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -324,6 +341,24 @@ struct GpuModel::Impl {
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 
   absl::Status Load(const Weights& w);
+  // The page tables and their device rows, before Load sizes the entry pools from them.
+  absl::Status MakePages();
+  // The paged view of cw's entries for the kernels.
+  kc::EntryPages EntryPagesOf(const CompressorWeights& cw) const {
+    if (cw.kind < 0) return {};
+    return {slot_pages[static_cast<size_t>(cw.kind)]->get(), pages->stride(cw.kind), kPageSize};
+  }
+  const int32_t* SlotPagesOf(const CompressorWeights& cw) const {
+    return cw.kind < 0 ? nullptr : slot_pages[static_cast<size_t>(cw.kind)]->get();
+  }
+  // Grows every (slot, position) target's pages (all or nothing: ResourceExhausted) and enqueues
+  // the copies of the changed rows to the device.
+  absl::Status GrowPages(const std::vector<std::pair<int64_t, int64_t>>& targets);
+  absl::Status UploadPageRows();
+  // Entries [0, count) of slot's cw pool as runs of consecutive device rows: (first entry's
+  // pointer, entries), in entry order. REQUIRES: the slot holds those entries' pages.
+  std::vector<std::pair<bf16*, int64_t>> EntryRuns(CompressorWeights& cw, int64_t slot,
+                                                   int64_t count) const;
   // kFp8Block's buffers, sized for the FP8 projections Load kept (nothing without them).
   absl::Status AllocateFp8();
   // out[rows, n] (bf16, row stride out_stride) = x[rows, k] (bf16, row stride x_stride) @ W^T for

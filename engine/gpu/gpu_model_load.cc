@@ -158,12 +158,15 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
     if (!sliding) {
       layer.has_compressor = true;
       const bool csa = layer.type == LayerType::kCompressedSparseAttention;
-      PDSERVE_RETURN_IF_ERROR(
-          layer.compressor.Load(src, comp, c.head_dim, rate, csa, slots, max_context));
+      const int64_t kind = kind_of_rate.at(rate);
+      const int64_t device_pages = pages->device_pages(kind);
+      PDSERVE_RETURN_IF_ERROR(layer.compressor.Load(src, comp, c.head_dim, rate, csa, slots,
+                                                    max_context, kind, device_pages));
       if (csa) {
         layer.has_indexer = true;
-        PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(
-            src, comp + ".indexer", c.index_head_dim, rate, true, slots, max_context));
+        PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(src, comp + ".indexer",
+                                                              c.index_head_dim, rate, true, slots,
+                                                              max_context, kind, device_pages));
         PDSERVE_RETURN_IF_ERROR(
             src.Load(comp + ".indexer.q_b_proj.weight", &layer.indexer_q_b_proj));
         PDSERVE_RETURN_IF_ERROR(
@@ -381,6 +384,10 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   if (options.slots <= 0 || options.max_chunk <= 0) {
     return absl::InvalidArgumentError("GpuModel: slots and max_chunk must be positive");
   }
+  if (options.state_tokens < 0 || (!options.paged_state && options.state_tokens != 0)) {
+    return absl::InvalidArgumentError(
+        "GpuModel: state_tokens must be >= 0, and 0 without paged_state");
+  }
   if (options.weight_format == WeightFormat::kFp8Block &&
       (options.gemm_inputs != GemmInputs::kBf16 || options.checkpoint_dir.empty())) {
     return absl::InvalidArgumentError(
@@ -433,6 +440,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   PDSERVE_CUBLAS_RETURN(cublasCreate(&impl->cublas));
   PDSERVE_CUBLAS_RETURN(cublasSetStream(impl->cublas, impl->stream));
+  PDSERVE_RETURN_IF_ERROR(impl->MakePages());
   PDSERVE_RETURN_IF_ERROR(impl->Load(weights));
   impl->fast_attention = options.fixed_shape_attention && config.head_dim == kc::kSparseHeadDim &&
                          config.num_attention_heads % kc::kSparseHeadsPerBlock == 0;

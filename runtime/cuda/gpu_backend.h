@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
 
 // The factory: weights from the context's model_dir, a group (LoadGpuModelGroup) whose ranks hold
 // context.slots slots between them (ceil(slots / ranks) each) of context.max_context tokens, and
-// a GpuStepRunner owning it. Errors: LoadGpuModelGroup's, FailedPrecondition for paranoid mode,
+// a GpuStepRunner owning it. Errors: LoadGpuModelGroup's,
 // Internal for CUDA errors.
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options);
 
