@@ -69,6 +69,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
         "backend cuda: decode on CUDA_VISIBLE_DEVICES={}, {} rank(s) (runtime::GpuStepRunner)",
         entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
+    gpu.indexer_fault = options.model.indexer_fault;
     if (entry.worker.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
     options.runner_factory = runtime::GpuRunnerFactory(gpu);
 #else
