@@ -56,6 +56,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
                                     : runtime::DegenerationAction::kFlag;
   options.runner.paranoid = entry.deploy.guards.paranoid;
   options.canary_every = entry.deploy.guards.canary_every;
+  options.runner.canary_tolerance = entry.deploy.guards.canary_tolerance;
   options.faults = decode::TestFaults::FromEnvironment();
   PDSERVE_ASSIGN_OR_RETURN(options.model,
                            worker::WorkerModelOptions(entry.deploy, entry.worker.backend));

@@ -29,13 +29,15 @@
 # and back here tools/gpu/device_tree.sh restore. (Or pack by hand: tools/gpu/pack_binaries.sh
 # .device-carry/bin build/pdserve; tools/gpu/pack_engine_tests.sh build .device-carry/gpu.)
 # Environment: BINS (.device-carry/bin), PACK (.device-carry/gpu), OUT (gpu-out/guards), RUNS (the
-# runs of step 2, default all six), SKIP_TESTS=1. Estimated 3-5 minutes on an H200 (not yet run).
+# runs of step 2, default all six), CANARY_TOLERANCE (0: guards::kGpuCanaryTolerance),
+# SKIP_TESTS=1. Estimated 3-5 minutes on an H200 (not yet run).
 # Table printed last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-gpu-out/guards}
 bins=${BINS:-.device-carry/bin}
 pack=${PACK:-.device-carry/gpu}
+tolerance=${CANARY_TOLERANCE:-0}
 runs=${RUNS:-serve-healthy serve-wrong serve-wrong-nocanary pd-healthy pd-wrong pd-wrong-reference}
 model=$PWD/models/kjv-v4-wide
 prompts=deploy/check/kjv-long-prompts.jsonl
@@ -119,7 +121,7 @@ serve_run() {  # name, canary-every, fault(0/1), expected rc
   local name=$1 port=18400 fault=()
   [ "$3" = 1 ] && fault=(PDSERVE_TEST_SCRAMBLE_INDEXER=1)
   env "${fault[@]}" "$pdserve" serve --model "$model" --backend cuda --port $port --max-batch 16 \
-    --canary-every "$2" > "$out/$name.log" 2>&1 &
+    --canary-every "$2" --canary-tolerance "$tolerance" > "$out/$name.log" 2>&1 &
   local pid=$!
   if ! wait_ready http://127.0.0.1:$port 240 $pid; then
     row "$name" "$4" "not ready" "$(tail -2 "$out/$name.log" | tr '\n' ' ')"
@@ -145,7 +147,8 @@ prefill:
 decode:
   - {name: decode-0, host: 127.0.0.1, port: 18413, metrics_port: 18414, backend: cuda, gpus: "0"}
 transfer: {transport: ucx, lease_ms: 30000}
-guards: {degeneration_action: flag, paranoid: false, canary_every: 1, reference_kernels: $3}
+guards: {degeneration_action: flag, paranoid: false, canary_every: 1,
+         canary_tolerance: $tolerance, reference_kernels: $3}
 YAML
   local fault=()
   [ "$2" = 1 ] && fault=(PDSERVE_TEST_SCRAMBLE_INDEXER=1)
