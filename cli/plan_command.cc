@@ -28,6 +28,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.world = static_cast<int>(gpus.size());
   q.max_batch = options.prefill ? 1 : options.max_batch;
   q.gpu_bytes = options.gpu_bytes;
+  q.fp8_weights = worker.weights == "fp8";
   const int64_t pool = options.pool_tokens > 0 ? options.pool_tokens
                                                : options.max_batch * config.max_position_embeddings;
   q.max_context = options.max_context > 0 ? options.max_context

@@ -17,9 +17,9 @@
 // kernels/cuda/fp8_gemm (docs/engine-gpu.md, "FP8 weights"); bf16 (the default) rounds every
 // weight to bf16 as before.
 // NCCL_NVLS_ENABLE=0 is set before anything starts (NVLink multicast stays off).
-// The canary recomputes on the GPU (runtime/cuda/gpu_step_runner.h); --paranoid is refused (it is
-// defined over the CPU engine's state pages). Without a GPU (or in a build without CUDA) it exits
-// 1 with a FailedPrecondition message.
+// The canary recomputes on the GPU and --paranoid checks the GPU's own state pages
+// (runtime/cuda/gpu_step_runner.h). Without a GPU (or in a build without CUDA) it exits 1 with a
+// FailedPrecondition message.
 //
 // Guards (docs/guards.md): --paranoid and --canary-every as deploy config guards.paranoid /
 // guards.canary_every; --canary-tolerance E overrides the canary's bound (default: the backend's,
@@ -90,10 +90,6 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
           "dequantizes every weight to float32");
     }
     return runtime::RunnerFactory();
-  }
-  if (options.paranoid) {
-    return absl::FailedPreconditionError(
-        "--backend cuda does not support --paranoid (it needs the CPU engine's state pages)");
   }
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
   runtime::GpuBackendOptions gpu;

@@ -28,12 +28,13 @@ float UnwrittenRowValue() { return std::bit_cast<float>(uint32_t{0x7FC57FC5u}); 
 
 Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
                      const RopeTable* main_rope, const RopeTable* compress_rope,
-                     IndexerFault indexer_fault, bool bf16_state)
+                     IndexerFault indexer_fault, bool bf16_state, Fp8Emulation fp8)
     : config_(config),
       type_(config.layer_types.at(static_cast<size_t>(layer))),
       rate_(config.CompressRate(type_)),
       rope_(type_ == LayerType::kSlidingAttention ? main_rope : compress_rope),
       bf16_state_(bf16_state),
+      fp8_(fp8.ForDense()),
       q_a_proj_(weights.At(Prefix(layer) + ".q_a_proj.weight")),
       q_a_norm_(weights.At(Prefix(layer) + ".q_a_norm.weight")),
       q_b_proj_(weights.At(Prefix(layer) + ".q_b_proj.weight")),
@@ -47,16 +48,16 @@ Attention::Attention(const ModelConfig& config, const Weights& weights, int64_t 
   if (type_ == LayerType::kHeavilyCompressedAttention) {
     compressor_ = std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
                                                /*overlapping=*/false, config.hidden_size, eps,
-                                               compress_rope, bf16_state);
+                                               compress_rope, bf16_state, fp8);
   } else if (type_ == LayerType::kCompressedSparseAttention) {
     compressor_ = std::make_unique<Compressor>(weights, compressor, rate_, config.head_dim,
                                                /*overlapping=*/true, config.hidden_size, eps,
-                                               compress_rope, bf16_state);
+                                               compress_rope, bf16_state, fp8);
     indexer_compressor_ = std::make_unique<Compressor>(
         weights, compressor + ".indexer", rate_, config.index_head_dim,
-        /*overlapping=*/true, config.hidden_size, eps, compress_rope, bf16_state);
+        /*overlapping=*/true, config.hidden_size, eps, compress_rope, bf16_state, fp8);
     indexer_ = std::make_unique<Indexer>(config, weights, compressor + ".indexer", compress_rope,
-                                         indexer_fault);
+                                         indexer_fault, fp8);
   }
 }
 
@@ -84,10 +85,10 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
   rope_->Compute(positions, &cos, &sin);
 
   std::vector<float> q_res(static_cast<size_t>(tokens * q_lora));
-  cpu::Linear(x, tokens, hidden, q_a_proj_.ptr(), q_lora, q_res.data());
+  EmulatedLinear(fp8_, x, tokens, hidden, q_a_proj_.ptr(), q_lora, q_res.data());
   cpu::RmsNorm(q_res.data(), q_a_norm_.ptr(), tokens, q_lora, eps, q_res.data());
   std::vector<float> q(static_cast<size_t>(tokens * heads * hd));
-  cpu::Linear(q_res.data(), tokens, q_lora, q_b_proj_.ptr(), heads * hd, q.data());
+  EmulatedLinear(fp8_, q_res.data(), tokens, q_lora, q_b_proj_.ptr(), heads * hd, q.data());
   cpu::RmsNorm(q.data(), nullptr, tokens * heads, hd, eps, q.data());
   cpu::ApplyInterleavedRope(q.data(), tokens, heads * hd, heads, hd, rope_->rope_dim(), cos.data(),
                             sin.data(), /*inverse=*/false);
@@ -97,7 +98,7 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
   const int64_t carried = keys.dim(0);
   const int64_t keys_first_position = first_position - carried;
   std::vector<float> kv(static_cast<size_t>(tokens * hd));
-  cpu::Linear(x, tokens, hidden, kv_proj_.ptr(), hd, kv.data());
+  EmulatedLinear(fp8_, x, tokens, hidden, kv_proj_.ptr(), hd, kv.data());
   cpu::RmsNorm(kv.data(), kv_norm_.ptr(), tokens, hd, eps, kv.data());
   cpu::ApplyInterleavedRope(kv.data(), tokens, hd, 1, hd, rope_->rope_dim(), cos.data(), sin.data(),
                             /*inverse=*/false);
@@ -182,11 +183,11 @@ void Attention::Forward(const float* x, int64_t tokens, int64_t first_position, 
   const int64_t o_lora = config_.o_lora_rank;
   std::vector<float> grouped(static_cast<size_t>(tokens * groups * o_lora));
   for (int64_t g = 0; g < groups; ++g) {
-    cpu::Linear(attn.data() + g * group_in, tokens, group_in, heads * hd,
-                o_a_proj_.ptr() + g * o_lora * group_in, o_lora, grouped.data() + g * o_lora,
-                groups * o_lora);
+    EmulatedLinear(fp8_, attn.data() + g * group_in, tokens, group_in, heads * hd,
+                   o_a_proj_.ptr() + g * o_lora * group_in, o_lora, grouped.data() + g * o_lora,
+                   groups * o_lora);
   }
-  cpu::Linear(grouped.data(), tokens, groups * o_lora, o_b_proj_.ptr(), hidden, out);
+  EmulatedLinear(fp8_, grouped.data(), tokens, groups * o_lora, o_b_proj_.ptr(), hidden, out);
 
   DropFrontRows(&keys, keys.dim(0) - std::max<int64_t>(window - 1, 0));
 }

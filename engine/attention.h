@@ -17,6 +17,7 @@
 
 #include "engine/compressor.h"
 #include "engine/config.h"
+#include "engine/fp8_emulation.h"
 #include "engine/indexer.h"
 #include "engine/rope_table.h"
 #include "engine/state.h"
@@ -31,7 +32,8 @@ class Attention {
   // `indexer_fault` is kNone except in the guards' tests (engine/model_options.h).
   Attention(const ModelConfig& config, const Weights& weights, int64_t layer,
             const RopeTable* main_rope, const RopeTable* compress_rope,
-            IndexerFault indexer_fault = IndexerFault::kNone, bool bf16_state = false);
+            IndexerFault indexer_fault = IndexerFault::kNone, bool bf16_state = false,
+            Fp8Emulation fp8 = {});
 
   LayerState NewState() const;
 
@@ -45,7 +47,8 @@ class Attention {
   LayerType type_;
   int64_t rate_;
   const RopeTable* rope_;
-  bool bf16_state_;  // ModelOptions::bf16_state
+  bool bf16_state_;   // ModelOptions::bf16_state
+  Fp8Emulation fp8_;  // ModelOptions::fp8_emulation
   const Tensor& q_a_proj_;
   const Tensor& q_a_norm_;
   const Tensor& q_b_proj_;

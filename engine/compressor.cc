@@ -14,7 +14,7 @@ namespace cpu = ::pdserve::kernels::cpu;
 
 Compressor::Compressor(const Weights& weights, const std::string& prefix, int64_t rate, int64_t dim,
                        bool overlapping, int64_t hidden, float norm_eps, const RopeTable* rope,
-                       bool bf16_entries)
+                       bool bf16_entries, Fp8Emulation fp8)
     : rate_(rate),
       dim_(dim),
       overlapping_(overlapping),
@@ -23,6 +23,7 @@ Compressor::Compressor(const Weights& weights, const std::string& prefix, int64_
       norm_eps_(norm_eps),
       rope_(rope),
       bf16_entries_(bf16_entries),
+      fp8_(fp8.ForDense()),
       kv_proj_(weights.At(prefix + ".kv_proj.weight")),
       gate_proj_(weights.At(prefix + ".gate_proj.weight")),
       position_bias_(weights.At(prefix + ".position_bias")),
@@ -42,8 +43,8 @@ void Compressor::Extend(const float* x, int64_t tokens, CompressorState* state) 
   if (tokens == 0) return;
   std::vector<float> kv(static_cast<size_t>(tokens * width_));
   std::vector<float> gate(kv.size());
-  cpu::Linear(x, tokens, hidden_, kv_proj_.ptr(), width_, kv.data());
-  cpu::Linear(x, tokens, hidden_, gate_proj_.ptr(), width_, gate.data());
+  EmulatedLinear(fp8_, x, tokens, hidden_, kv_proj_.ptr(), width_, kv.data());
+  EmulatedLinear(fp8_, x, tokens, hidden_, gate_proj_.ptr(), width_, gate.data());
   AppendRows(&state->buffer_kv, kv.data(), tokens);
   AppendRows(&state->buffer_gate, gate.data(), tokens);
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "engine/fp8_emulation.h"
 #include "engine/rope_table.h"
 #include "engine/state.h"
 #include "engine/weights.h"
@@ -29,7 +30,7 @@ class Compressor {
   // `rope` must outlive the compressor.
   Compressor(const Weights& weights, const std::string& prefix, int64_t rate, int64_t dim,
              bool overlapping, int64_t hidden, float norm_eps, const RopeTable* rope,
-             bool bf16_entries = false);
+             bool bf16_entries = false, Fp8Emulation fp8 = {});
 
   // Returns an empty state with the right column counts.
   CompressorState NewState() const;
@@ -49,6 +50,7 @@ class Compressor {
   float norm_eps_;
   const RopeTable* rope_;
   bool bf16_entries_;  // ModelOptions::bf16_state: entries rounded to bf16
+  Fp8Emulation fp8_;   // ModelOptions::fp8_emulation
   const Tensor& kv_proj_;
   const Tensor& gate_proj_;
   const Tensor& position_bias_;

@@ -24,7 +24,7 @@ void ApplyFault(IndexerFault fault, int64_t visible, int64_t topk, int32_t* row)
 }  // namespace
 
 Indexer::Indexer(const ModelConfig& config, const Weights& weights, const std::string& prefix,
-                 const RopeTable* rope, IndexerFault fault)
+                 const RopeTable* rope, IndexerFault fault, Fp8Emulation fp8)
     : rate_(config.compress_rate_csa),
       heads_(config.index_n_heads),
       head_dim_(config.index_head_dim),
@@ -33,6 +33,7 @@ Indexer::Indexer(const ModelConfig& config, const Weights& weights, const std::s
       q_lora_rank_(config.q_lora_rank),
       rope_(rope),
       fault_(fault),
+      fp8_(fp8.ForDense()),
       q_b_proj_(weights.At(prefix + ".q_b_proj.weight")),
       weights_proj_(weights.At(prefix + ".scorer.weights_proj.weight")) {}
 
@@ -43,7 +44,7 @@ void Indexer::Select(const float* x, const float* q_residual, int64_t tokens,
   if (tokens == 0) return;
   const int64_t q_width = heads_ * head_dim_;
   std::vector<float> q(static_cast<size_t>(tokens * q_width));
-  cpu::Linear(q_residual, tokens, q_lora_rank_, q_b_proj_.ptr(), q_width, q.data());
+  EmulatedLinear(fp8_, q_residual, tokens, q_lora_rank_, q_b_proj_.ptr(), q_width, q.data());
   std::vector<int64_t> positions(static_cast<size_t>(tokens));
   for (int64_t i = 0; i < tokens; ++i) positions[i] = first_position + i;
   std::vector<float> cos;
@@ -52,7 +53,7 @@ void Indexer::Select(const float* x, const float* q_residual, int64_t tokens,
   cpu::ApplyInterleavedRope(q.data(), tokens, q_width, heads_, head_dim_, rope_->rope_dim(),
                             cos.data(), sin.data(), /*inverse=*/false);
   std::vector<float> head_weights(static_cast<size_t>(tokens * heads_));
-  cpu::Linear(x, tokens, hidden_, weights_proj_.ptr(), heads_, head_weights.data());
+  EmulatedLinear(fp8_, x, tokens, hidden_, weights_proj_.ptr(), heads_, head_weights.data());
 
   const float weight_scale = 1.0f / std::sqrt(static_cast<float>(heads_));
   const float score_scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/fp8_emulation.h"
 #include "engine/model_options.h"
 #include "engine/rope_table.h"
 #include "engine/state.h"
@@ -29,7 +30,7 @@ class Indexer {
   // q_b_proj.weight [heads * ihd, q_lora_rank] and scorer.weights_proj.weight [heads, hidden].
   // `fault` is kNone except in the tests of the coherence guards (engine/model_options.h).
   Indexer(const ModelConfig& config, const Weights& weights, const std::string& prefix,
-          const RopeTable* rope, IndexerFault fault = IndexerFault::kNone);
+          const RopeTable* rope, IndexerFault fault = IndexerFault::kNone, Fp8Emulation fp8 = {});
 
   // x: [tokens, hidden]; q_residual: [tokens, q_lora_rank]; the queries sit at positions
   // first_position + i. `keys` must already include every entry these queries may see.
@@ -48,6 +49,7 @@ class Indexer {
   int64_t q_lora_rank_;
   const RopeTable* rope_;
   IndexerFault fault_;
+  Fp8Emulation fp8_;  // ModelOptions::fp8_emulation
   const Tensor& q_b_proj_;
   const Tensor& weights_proj_;
 };

@@ -41,6 +41,17 @@ int64_t TodayBytes(const std::string& name, const std::vector<int64_t>& shape) {
   return Elements(shape) * (matrix || experts ? 2 : 4);
 }
 
+// The CUDA engine's bytes in `--weights fp8` for a tensor of a quantized checkpoint: experts and
+// the FP8 `_proj` matrices fp8_gemm takes (input width a multiple of 128) e4m3 + fp32 scales.
+int64_t Fp8ResidentBytes(const std::string& name, const std::vector<int64_t>& shape) {
+  const bool fp8 = shape.size() >= 2 && shape.back() % 128 == 0 &&
+                   (IsExpertName(name) || name.ends_with("_proj.weight"));
+  if (!fp8) return TodayBytes(name, shape);
+  const int64_t rows = shape[shape.size() - 2], cols = shape.back();
+  const int64_t matrices = Elements(shape) / std::max<int64_t>(1, rows * cols);
+  return Elements(shape) + matrices * CeilDiv(rows, 128) * (cols / 128) * 4;
+}
+
 std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / static_cast<double>(kGiB));
 }
@@ -118,6 +129,8 @@ WeightBytes WeightBytesFromConfig(const ModelConfig& config, bool quantized) {
     const bool experts = IsExpertName(name);
     (experts ? w.experts : w.replicated) += bytes;
     (experts ? w.experts_today : w.replicated_today) += TodayBytes(name, t.shape);
+    (experts ? w.experts_fp8 : w.replicated_fp8) +=
+        quantized ? Fp8ResidentBytes(name, t.shape) : TodayBytes(name, t.shape);
     w.host_fp32 += 4 * Elements(t.shape);
     w.by_dtype[StoredFormatName(f)] += bytes;
   }
@@ -147,6 +160,11 @@ absl::StatusOr<WeightBytes> PlanWeightBytes(const std::string& model_dir,
   }
   w.source =
       absl::StrCat("safetensors headers (", tensors, " tensors in ", files.size(), " file(s))");
+  if (w.by_dtype.count(DTypeName(DType::kF8E4M3)) > 0) {
+    const WeightBytes fp8 = WeightBytesFromConfig(config, /*quantized=*/true);
+    w.experts_fp8 = fp8.experts_fp8;
+    w.replicated_fp8 = fp8.replicated_fp8;
+  }
   return w;
 }
 
@@ -264,6 +282,14 @@ GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replica
 
 namespace {
 
+// The bytes the CUDA engine holds for the request's weight format.
+int64_t EngineExperts(const WeightBytes& w, const PlanRequest& q) {
+  return q.fp8_weights ? w.experts_fp8 : w.experts_today;
+}
+int64_t EngineReplicated(const WeightBytes& w, const PlanRequest& q) {
+  return q.fp8_weights ? w.replicated_fp8 : w.replicated_today;
+}
+
 std::string PlanRow(const char* what, int64_t stored, int64_t today) {
   return absl::StrFormat("  %-34s %14s %14s\n", what, Gib(stored), Gib(today));
 }
@@ -276,7 +302,7 @@ std::string CountRow(const char* what, int64_t stored, int64_t today) {
 
 std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const PlanRequest& q) {
   const GpuPlan s = PlanGpu(config, w.experts, w.replicated, q);
-  const GpuPlan t = PlanGpu(config, w.experts_today, w.replicated_today, q);
+  const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   std::string out = absl::StrFormat(
       "%s: %s, %d GPU(s) of %s, %d layers, context %d tokens, %s\n", q.worker,
       q.prefill ? "prefill (one sequence per rank)" : absl::StrCat("decode batch ", q.max_batch),
@@ -288,7 +314,8 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
                   ", the rest ", Gib(w.replicated), " (");
   for (const auto& [dtype, bytes] : w.by_dtype) absl::StrAppend(&out, dtype, " ", Gib(bytes), " ");
   absl::StrAppend(&out, ")\n");
-  absl::StrAppendFormat(&out, "  %-34s %14s %14s\n", "per GPU", "stored dtypes", "today (bf16)");
+  absl::StrAppendFormat(&out, "  %-34s %14s %14s\n", "per GPU", "stored dtypes",
+                        q.fp8_weights ? "engine (fp8)" : "today (bf16)");
   absl::StrAppend(&out, PlanRow("weights", s.weights, t.weights));
   absl::StrAppend(&out, PlanRow(absl::StrCat("state (", s.slots, " slots + scratch)").c_str(),
                                 s.state, t.state));
@@ -321,20 +348,23 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
     at.max_context = ctx;
     absl::StrAppend(
         &out, " ", ctx, ": ", PlanGpu(config, w.experts, w.replicated, at).max_batch_at_context,
-        " / ", PlanGpu(config, w.experts_today, w.replicated_today, at).max_batch_at_context, ";");
+        " / ",
+        PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), at).max_batch_at_context, ";");
   }
   absl::StrAppend(&out, "\n");
   return out;
 }
 
 absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, const PlanRequest& q) {
-  const GpuPlan t = PlanGpu(config, w.experts_today, w.replicated_today, q);
+  const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   if (t.total() <= q.gpu_bytes) return absl::OkStatus();
   std::string msg = absl::StrCat(
       q.worker, ": does not fit: ", Gib(t.total()), " per GPU needed (weights ", Gib(t.weights),
-      " as today's CUDA engine holds them, bf16; state ", Gib(t.state), " for ", t.slots,
-      " slot(s) + scratch at ", q.max_context, " tokens; activations ", Gib(t.activations), "), ",
-      Gib(q.gpu_bytes), " per GPU available. Change one of: ");
+      q.fp8_weights ? " as the CUDA engine holds them in --weights fp8"
+                    : " as today's CUDA engine holds them, bf16",
+      "; state ", Gib(t.state), " for ", t.slots, " slot(s) + scratch at ", q.max_context,
+      " tokens; activations ", Gib(t.activations), "), ", Gib(q.gpu_bytes),
+      " per GPU available. Change one of: ");
   const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime -
                        (t.slots + 1) * GpuSlotStateBytes(config, q.max_context).total();
   if (t.weights >= q.gpu_bytes - t.runtime || rest < t.weights) {

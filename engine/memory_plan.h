@@ -56,11 +56,17 @@ StoredFormat StoredFormatOf(const std::string& name, size_t rank, bool integer);
 int64_t StoredBytes(StoredFormat format, const std::vector<int64_t>& shape);
 
 struct WeightBytes {
-  std::string source;                       // where the figures come from, for the output
-  int64_t experts = 0;                      // routed experts (+ their scales) as stored
-  int64_t replicated = 0;                   // everything else as stored
-  int64_t experts_today = 0;                // the CUDA engine's bf16 experts
-  int64_t replicated_today = 0;             // the CUDA engine's copy of the rest
+  std::string source;            // where the figures come from, for the output
+  int64_t experts = 0;           // routed experts (+ their scales) as stored
+  int64_t replicated = 0;        // everything else as stored
+  int64_t experts_today = 0;     // the CUDA engine's bf16 experts
+  int64_t replicated_today = 0;  // the CUDA engine's copy of the rest
+  // The CUDA engine's bytes in `--weights fp8` (engine/gpu/gpu_model.h, kFp8Block) for a
+  // quantized checkpoint: routed experts and `_proj` matrices e4m3 + fp32 128 x 128 scales (FP4
+  // experts converted at load: twice their stored bytes), the rest as today. For a bf16
+  // checkpoint the same as today.
+  int64_t experts_fp8 = 0;
+  int64_t replicated_fp8 = 0;
   int64_t host_fp32 = 0;                    // Weights::Load's float32 copy of every tensor
   std::map<std::string, int64_t> by_dtype;  // stored bytes per dtype name
 };
@@ -101,6 +107,8 @@ struct PlanRequest {
   int64_t max_context = 0;        // tokens per sequence
   int64_t max_chunk = 256;        // rows per Forward call (runtime::GpuBackendOptions)
   int64_t gpu_bytes = kH200Bytes;
+  // The worker's `weights: fp8`: the engine holds WeightBytes::*_fp8, not *_today.
+  bool fp8_weights = false;
 };
 
 // The plan of one GPU of the group (the largest rank), in one precision.

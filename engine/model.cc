@@ -128,10 +128,11 @@ absl::StatusOr<Model> Model::FromWeights(ModelConfig config, Weights weights,
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l);
     Impl::Layer layer;
-    layer.attention =
-        std::make_unique<Attention>(c, w, l, &impl->main_rope, &impl->compress_rope,
-                                    impl->options.indexer_fault, impl->options.bf16_state);
-    layer.moe = std::make_unique<Moe>(c, w, l, impl->options.bf16_expert_input);
+    layer.attention = std::make_unique<Attention>(
+        c, w, l, &impl->main_rope, &impl->compress_rope, impl->options.indexer_fault,
+        impl->options.bf16_state, impl->options.fp8_emulation);
+    layer.moe = std::make_unique<Moe>(c, w, l, impl->options.bf16_expert_input,
+                                      impl->options.fp8_emulation);
     layer.attn_hc = SiteWeights(w, p + ".attn_hc");
     layer.ffn_hc = SiteWeights(w, p + ".ffn_hc");
     layer.input_norm = &w.At(p + ".input_layernorm.weight");

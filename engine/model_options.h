@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/fp8_emulation.h"
 
 namespace pdserve::engine {
 
@@ -70,6 +71,9 @@ struct ModelOptions {
   // kernels/cuda/moe.cuh does.
   bool bf16_state = false;
   bool bf16_expert_input = false;
+  // TEST ONLY: the projections computed with the CUDA engine's FP8 arithmetic (activation
+  // quantization, bf16 outputs), to measure what FP8 costs on a CPU (engine/fp8_emulation.h).
+  Fp8Emulation fp8_emulation;
   // Both of the above: the CUDA engine's storage precision.
   void EmulateGpuStorage() { bf16_state = bf16_expert_input = true; }
 };

@@ -18,10 +18,12 @@ std::string Prefix(int64_t layer) { return "model.layers." + std::to_string(laye
 
 }  // namespace
 
-Moe::Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input)
+Moe::Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input,
+         Fp8Emulation fp8)
     : config_(config),
       hash_(config.mlp_layer_types.at(static_cast<size_t>(layer)) == MlpLayerType::kHashMoe),
       bf16_input_(bf16_input),
+      fp8_(fp8),
       gate_(weights.At(Prefix(layer) + ".gate.weight")),
       gate_up_(weights.At(Prefix(layer) + ".experts.gate_up_proj")),
       down_(weights.At(Prefix(layer) + ".experts.down_proj")),
@@ -82,10 +84,12 @@ void Moe::Forward(const float* x, int64_t tokens, const int32_t* token_ids, floa
   // Shared expert first: it initializes `out`.
   std::vector<float> gate(static_cast<size_t>(tokens * inter));
   std::vector<float> up(gate.size());
-  cpu::Linear(x, tokens, hidden, shared_gate_.ptr(), inter, gate.data());
-  cpu::Linear(x, tokens, hidden, shared_up_.ptr(), inter, up.data());
+  const Fp8Emulation shared = fp8_.ForDense();
+  EmulatedLinear(shared, x, tokens, hidden, shared_gate_.ptr(), inter, gate.data());
+  EmulatedLinear(shared, x, tokens, hidden, shared_up_.ptr(), inter, up.data());
   cpu::ClampedSwiGlu(gate.data(), up.data(), tokens * inter, limit, gate.data());
-  cpu::Linear(gate.data(), tokens, inter, shared_down_.ptr(), hidden, out);
+  EmulatedLinear(shared, gate.data(), tokens, inter, shared_down_.ptr(), hidden, out);
+  const Fp8Emulation routed = fp8_.ForExperts();
 
   std::vector<int32_t> experts;
   std::vector<float> weights;
@@ -108,19 +112,27 @@ void Moe::Forward(const float* x, int64_t tokens, const int32_t* token_ids, floa
     }
     if (bf16_input_) RoundToBf16(xs.data(), n * hidden);
     gate_up.resize(static_cast<size_t>(n * 2 * inter));
-    cpu::Linear(xs.data(), n, hidden, gate_up_.ptr() + e * 2 * inter * hidden, 2 * inter,
-                gate_up.data());
+    EmulatedLinear(routed, xs.data(), n, hidden, gate_up_.ptr() + e * 2 * inter * hidden, 2 * inter,
+                   gate_up.data());
     act.resize(static_cast<size_t>(n * inter));
     for (int64_t r = 0; r < n; ++r) {
       const float* row = gate_up.data() + r * 2 * inter;
       cpu::ClampedSwiGlu(row, row + inter, inter, limit, act.data() + r * inter);
     }
+    // moe_gemm's bf16 SwiGLU rows (kernels/cuda/moe_gemm.cuh).
+    if (routed.bf16_outputs) RoundToBf16(act.data(), n * inter);
     y.resize(static_cast<size_t>(n * hidden));
-    cpu::Linear(act.data(), n, inter, down_.ptr() + e * hidden * inter, hidden, y.data());
+    EmulatedLinear(routed, act.data(), n, inter, down_.ptr() + e * hidden * inter, hidden,
+                   y.data());
     for (int64_t r = 0; r < n; ++r) {
       const float w = weights[list[r]];
       float* o = out + (list[r] / k) * hidden;
-      for (int64_t c = 0; c < hidden; ++c) o[c] += w * y[r * hidden + c];
+      if (routed.bf16_outputs) {
+        // moe_gemm writes bf16(weight * dot) per pick.
+        for (int64_t c = 0; c < hidden; ++c) o[c] += RoundToBf16(w * y[r * hidden + c]);
+      } else {
+        for (int64_t c = 0; c < hidden; ++c) o[c] += w * y[r * hidden + c];
+      }
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/fp8_emulation.h"
 #include "engine/weights.h"
 
 namespace pdserve::engine {
@@ -23,7 +24,9 @@ class Moe {
   // Reads model.layers.<layer>.mlp.* (validated by the model). tid2eid holds expert ids as floats
   // [vocab, k]; they were range-checked by the model.
   // bf16_input: ModelOptions::bf16_expert_input (the routed experts see x rounded to bf16).
-  Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input = false);
+  // fp8: ModelOptions::fp8_emulation (engine/fp8_emulation.h).
+  Moe(const ModelConfig& config, const Weights& weights, int64_t layer, bool bf16_input = false,
+      Fp8Emulation fp8 = {});
 
   // x: [tokens, hidden] (post_attention_layernorm output); token_ids: [tokens] (used by hash
   // layers); out: [tokens, hidden].
@@ -37,6 +40,7 @@ class Moe {
   const ModelConfig& config_;
   bool hash_;
   bool bf16_input_;
+  Fp8Emulation fp8_;
   const Tensor& gate_;
   const Tensor* correction_bias_ = nullptr;  // routed layers
   const Tensor* tid2eid_ = nullptr;          // hash layers

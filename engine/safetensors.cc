@@ -291,4 +291,15 @@ std::span<const uint8_t> SafetensorsFile::Bytes(const TensorInfo& info) const {
   return {map_ + layout_.data_offset + info.begin, static_cast<size_t>(info.end - info.begin)};
 }
 
+void SafetensorsFile::Release(const TensorInfo& info) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(Bytes(info).data());
+  const uintptr_t end = begin + (info.end - info.begin);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = end / page * page;
+  if (last <= first) return;
+  // Advice only: a failure leaves the pages resident, which costs memory, not correctness.
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 }  // namespace pdserve::engine

@@ -105,6 +105,11 @@ class SafetensorsFile {
   const TensorInfo* Find(std::string_view name) const;
   // The tensor's bytes inside the mapping (bounds were checked by Open). Unaligned.
   std::span<const uint8_t> Bytes(const TensorInfo& info) const;
+  // Drops the mapped pages that lie wholly inside the tensor's bytes from this process
+  // (madvise MADV_DONTNEED; a later Bytes() read maps them from the file again), so a loader
+  // that has copied a tensor elsewhere does not keep it resident. Pages shared with a
+  // neighbouring tensor stay. Safe while other threads read other tensors.
+  void Release(const TensorInfo& info) const;
 
  private:
   SafetensorsFile() = default;

@@ -79,6 +79,13 @@ absl::StatusOr<StoredFp8Matrix> StoredFp8Weights::Get(std::string_view canonical
   return m;
 }
 
+void StoredFp8Weights::Release(std::string_view canonical) const {
+  auto it = entries_.find(canonical);
+  if (it == entries_.end()) return;
+  const SafetensorsFile& file = files_[it->second.file];
+  if (const TensorInfo* info = file.Find(it->second.weight)) file.Release(*info);
+}
+
 std::vector<float> DequantizeStored(const StoredFp8Matrix& m) {
   std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
   DequantizeFp8(m.weight.data(), m.rows, m.cols, m.scales.data(), out.data());

@@ -49,6 +49,10 @@ class StoredFp8Weights {
   bool Has(std::string_view canonical) const { return entries_.count(canonical) > 0; }
   // The matrix stored for canonical name `canonical`, or NotFound; its bytes are not copied.
   absl::StatusOr<StoredFp8Matrix> Get(std::string_view canonical) const;
+  // Drops the mapped pages of `canonical`'s weight once its bytes are copied elsewhere
+  // (SafetensorsFile::Release); the spans Get() returned stay valid (read again from the file).
+  // Unknown names are ignored.
+  void Release(std::string_view canonical) const;
 
  private:
   struct Entry {

@@ -312,6 +312,32 @@ class Planner {
     return names;
   }
 
+  // The stacked routed-expert tensors whose every stored piece is a per-expert FP8 or FP4 matrix
+  // with its scales: what WeightsLoadOptions::skip_quantized_experts leaves in the checkpoint.
+  std::set<std::string, std::less<>> QuantizedExperts() const {
+    std::map<std::string, bool, std::less<>> all_quantized;
+    for (const Job& job : jobs_) {
+      if (!job.canonical.ends_with("experts.gate_up_proj") &&
+          !job.canonical.ends_with("experts.down_proj")) {
+        continue;
+      }
+      const bool quantized = (job.encoding == Encoding::kFp8 || job.encoding == Encoding::kFp4) &&
+                             job.shape.size() == 2;
+      auto [it, inserted] = all_quantized.emplace(job.canonical, quantized);
+      if (!inserted) it->second = it->second && quantized;
+    }
+    std::set<std::string, std::less<>> names;
+    // The widths the FP8 expert GEMM takes (kernels/cuda/moe_gemm.cuh): whole 128-blocks.
+    if (config_.hidden_size % kFp8BlockCols != 0 ||
+        config_.moe_intermediate_size % kFp8BlockCols != 0) {
+      return names;
+    }
+    for (const auto& [name, quantized] : all_quantized) {
+      if (quantized) names.insert(name);
+    }
+    return names;
+  }
+
   // Allocates every canonical tensor but `skip` and decodes the stored ones into place, one pass
   // each.
   absl::StatusOr<std::map<std::string, Tensor, std::less<>>> Run(
@@ -477,6 +503,7 @@ absl::StatusOr<Weights> Weights::Load(const std::string& model_dir, const ModelC
 
   Weights weights;
   if (options.skip_fp8_matrices) weights.left_stored_ = planner.Fp8Matrices();
+  if (options.skip_quantized_experts) weights.left_stored_.merge(planner.QuantizedExperts());
   PDSERVE_ASSIGN_OR_RETURN(weights.tensors_, planner.Run(weights.left_stored_));
   if (config.tie_word_embeddings) {
     weights.tensors_["lm_head.weight"] = weights.tensors_.at("model.embed_tokens.weight");

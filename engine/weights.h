@@ -30,6 +30,10 @@ struct WeightsLoadOptions {
   // (engine/stored_fp8.h); such Weights are not for the CPU engine (engine::Model), which needs
   // every tensor.
   bool skip_fp8_matrices = false;
+  // Leaves out the stacked routed experts (`…experts.gate_up_proj`, `…experts.down_proj`) whose
+  // every per-expert piece the checkpoint stores FP8 or FP4 with scales; left_stored() names
+  // them. For a GPU engine that reads them itself (engine/stored_experts.h).
+  bool skip_quantized_experts = false;
 };
 
 class Weights {
@@ -57,7 +61,8 @@ class Weights {
   // Test hook and tooling: replace or add a tensor.
   void Set(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
   const std::map<std::string, Tensor, std::less<>>& all() const { return tensors_; }
-  // The canonical names Load left in the checkpoint (WeightsLoadOptions::skip_fp8_matrices).
+  // The canonical names Load left in the checkpoint (WeightsLoadOptions::skip_fp8_matrices,
+  // skip_quantized_experts).
   const std::set<std::string, std::less<>>& left_stored() const { return left_stored_; }
 
  private:

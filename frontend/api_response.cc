@@ -31,12 +31,15 @@ json ChatLogprobs(const std::vector<TokenLogprob>& lps) {
   json content = json::array();
   for (const auto& lp : lps) {
     json top = json::array();
-    for (const auto& [tok, p] : lp.top) {
-      top.push_back({{"token", tok}, {"logprob", p}, {"bytes", Bytes(tok)}});
+    for (size_t i = 0; i < lp.top.size(); ++i) {
+      const auto& [tok, p] = lp.top[i];
+      const bool raw = i < lp.top_bytes.size() && !lp.top_bytes[i].empty();
+      top.push_back(
+          {{"token", tok}, {"logprob", p}, {"bytes", Bytes(raw ? lp.top_bytes[i] : tok)}});
     }
     content.push_back({{"token", lp.token},
                        {"logprob", lp.logprob},
-                       {"bytes", Bytes(lp.token)},
+                       {"bytes", Bytes(lp.bytes.empty() ? lp.token : lp.bytes)},
                        {"top_logprobs", top}});
   }
   return {{"content", content}};

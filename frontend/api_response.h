@@ -18,9 +18,14 @@
 namespace pdserve::frontend {
 
 struct TokenLogprob {
-  std::string token;  // the token's text (may be a partial UTF-8 sequence: bytes carries it)
+  std::string token;  // the token's text; a partial UTF-8 sequence decodes to U+FFFD
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;  // most likely alternatives, best first
+  // The raw bytes the token contributes to the text (Tokenizer::AppendTokenBytes): a partial
+  // UTF-8 sequence's own bytes, so a client can join several tokens into one character. Empty:
+  // the bytes of `token`. top_bytes[i] likewise for top[i] (empty vector: top's texts).
+  std::string bytes;
+  std::vector<std::string> top_bytes;
 };
 
 // A tool call the model made, released whole (its invoke block was complete).

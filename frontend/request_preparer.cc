@@ -224,11 +224,19 @@ std::optional<ApiError> RequestPreparer::ContextLengthError(const ApiRequest& re
 }
 
 TokenLogprob RequestPreparer::Logprob(const SampledText& sampled) const {
+  const auto raw_bytes = [this](int32_t id) {
+    std::string bytes;
+    if (!tokenizer_->AppendTokenBytes(id, /*skip_special_tokens=*/false, &bytes).ok())
+      bytes.clear();
+    return bytes;
+  };
   TokenLogprob lp;
   lp.token = tokenizer_->Decode(std::vector<int32_t>{sampled.token}).value_or("");
+  lp.bytes = raw_bytes(sampled.token);
   lp.logprob = sampled.logprob;
   for (const auto& [token, logprob] : sampled.top) {
     lp.top.emplace_back(tokenizer_->Decode(std::vector<int32_t>{token}).value_or(""), logprob);
+    lp.top_bytes.push_back(raw_bytes(token));
   }
   return lp;
 }

@@ -48,9 +48,13 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PagePoolOptions optio
       return absl::InvalidArgumentError(
           absl::StrCat("page kind '", spec.name, "' is too large to address"));
     }
-    const auto bytes = static_cast<size_t>(spec.page_bytes() * spec.num_pages);
-    auto* memory = static_cast<std::byte*>(::operator new[](bytes, kPageAlignment, std::nothrow));
-    if (memory == nullptr) {
+    const auto bytes =
+        options.host_memory ? static_cast<size_t>(spec.page_bytes() * spec.num_pages) : 0;
+    auto* memory =
+        options.host_memory
+            ? static_cast<std::byte*>(::operator new[](bytes, kPageAlignment, std::nothrow))
+            : nullptr;
+    if (options.host_memory && memory == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", bytes, " bytes for page kind '", spec.name, "'"));
     }
@@ -59,7 +63,9 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PagePoolOptions optio
     for (int32_t page = 0; page < kind.spec.num_pages; ++page) kind.free_list.push_back(page);
     kinds.push_back(std::move(kind));
   }
-  auto pool = std::unique_ptr<PagePool>(new PagePool(std::move(kinds), options.poison_freed));
+  const bool poison = options.poison_freed && options.host_memory;
+  auto pool =
+      std::unique_ptr<PagePool>(new PagePool(std::move(kinds), poison, options.host_memory));
   if (pool->poison_freed_) {
     for (const Kind& kind : pool->kinds_) {
       for (int32_t page = 0; page < kind.spec.num_pages; ++page) pool->Poison(kind, page);
@@ -68,8 +74,8 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PagePoolOptions optio
   return pool;
 }
 
-PagePool::PagePool(std::vector<Kind> kinds, bool poison_freed)
-    : poison_freed_(poison_freed), kinds_(std::move(kinds)) {}
+PagePool::PagePool(std::vector<Kind> kinds, bool poison_freed, bool host_memory)
+    : poison_freed_(poison_freed), host_memory_(host_memory), kinds_(std::move(kinds)) {}
 
 std::byte* PagePool::PageBytes(const Kind& kind, int32_t page) const {
   return kind.memory.get() +
@@ -96,6 +102,14 @@ bool PagePool::CanAllocate(const PageDemand& demand) const {
 }
 
 absl::StatusOr<PageTable> PagePool::Allocate(RequestId owner, const PageDemand& demand) {
+  return Take(owner, demand, /*grow=*/false);
+}
+
+absl::StatusOr<PageTable> PagePool::Extend(RequestId owner, const PageDemand& demand) {
+  return Take(owner, demand, /*grow=*/true);
+}
+
+absl::StatusOr<PageTable> PagePool::Take(RequestId owner, const PageDemand& demand, bool grow) {
   absl::MutexLock lock(&mutex_);
   if (demand.size() != kinds_.size()) {
     return absl::InvalidArgumentError(
@@ -112,10 +126,12 @@ absl::StatusOr<PageTable> PagePool::Allocate(RequestId owner, const PageDemand& 
           kinds_[k].free_list.size(), " of ", kinds_[k].spec.num_pages, " are free"));
     }
   }
-  if (tables_.contains(owner)) {
+  if (!grow && tables_.contains(owner)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", owner, " already holds pages"));
   }
-  PageTable table{owner, std::vector<std::vector<PageHandle>>(kinds_.size())};
+  PageTable& table = tables_[owner];
+  table.owner = owner;
+  table.pages.resize(kinds_.size());
   for (size_t k = 0; k < kinds_.size(); ++k) {
     Kind& kind = kinds_[k];
     for (int64_t i = 0; i < demand[k]; ++i) {
@@ -125,7 +141,6 @@ absl::StatusOr<PageTable> PagePool::Allocate(RequestId owner, const PageDemand& 
       table.pages[k].push_back({static_cast<int32_t>(k), page, kind.pages[page].epoch});
     }
   }
-  tables_.emplace(owner, table);
   return table;
 }
 
@@ -196,6 +211,9 @@ absl::StatusOr<std::span<std::byte>> PagePool::Data(RequestId owner, PageHandle 
   absl::ReaderMutexLock lock(&mutex_);
   if (absl::Status status = CheckLocked(owner, handle, "use after free"); !status.ok()) {
     return status;
+  }
+  if (!host_memory_) {
+    return absl::FailedPreconditionError("page pool keeps no host bytes (host_memory false)");
   }
   const Kind& kind = kinds_[handle.kind];
   return std::span<std::byte>(PageBytes(kind, handle.page),

@@ -58,6 +58,10 @@ struct PageKind {
 struct PagePoolOptions {
   std::vector<PageKind> kinds;
   bool poison_freed = kPoisonByDefault;
+  // false: the pool is bookkeeping only (owner + epoch per page) for pages whose bytes live
+  // elsewhere, e.g. in device memory (engine/gpu's paged state, serving/slot_page_tables.h): no
+  // host bytes are allocated, poison_freed is ignored and Data() is FailedPrecondition.
+  bool host_memory = true;
 };
 
 // One allocation of one page. Compare handles with ==; epochs are unique within a pool.
@@ -94,6 +98,10 @@ class PagePool {
   // with negative counts; AlreadyExists if `owner` holds pages; ResourceExhausted naming the first
   // kind short of pages. On error nothing changes.
   absl::StatusOr<PageTable> Allocate(RequestId owner, const PageDemand& demand);
+  // Appends demand[kind] pages of each kind to `owner`'s table (a new table if it holds none), for
+  // a request whose state grows as it runs. Same order, all-or-nothing and errors as Allocate,
+  // but no AlreadyExists. Returns the owner's whole table after the growth.
+  absl::StatusOr<PageTable> Extend(RequestId owner, const PageDemand& demand);
   // Returns every page of `table` to the pool (poisoning it if enabled) and bumps its epoch.
   // Errors (nothing freed): FailedPrecondition when a handle is stale (double free, or freeing
   // with a table from before a reuse) or the table is not exactly the owner's current table.
@@ -105,7 +113,8 @@ class PagePool {
   // exist; FailedPrecondition (use after free) when the page was freed or belongs to another
   // allocation, naming the page's current epoch and owner.
   absl::Status Check(RequestId owner, PageHandle handle) const;
-  // The page's bytes (page_bytes long, 64-byte aligned) after Check.
+  // The page's bytes (page_bytes long, 64-byte aligned) after Check; FailedPrecondition for a
+  // pool without host memory.
   absl::StatusOr<std::span<std::byte>> Data(RequestId owner, PageHandle handle);
 
   // Metrics, each a consistent snapshot of one counter. REQUIRES: 0 <= kind < num_kinds().
@@ -116,6 +125,7 @@ class PagePool {
   int64_t pages_used(int32_t kind) const { return pages_total(kind) - pages_free(kind); }
   int64_t num_owners() const;  // requests holding pages
   bool poison_freed() const { return poison_freed_; }
+  bool host_memory() const { return host_memory_; }
 
  private:
   struct Page {
@@ -132,7 +142,9 @@ class PagePool {
     std::deque<int32_t> free_list;
   };
 
-  PagePool(std::vector<Kind> kinds, bool poison_freed);
+  PagePool(std::vector<Kind> kinds, bool poison_freed, bool host_memory);
+  // Allocate (grow false) and Extend (grow true).
+  absl::StatusOr<PageTable> Take(RequestId owner, const PageDemand& demand, bool grow);
   // `violation` ("use after free" / "double free") leads the FailedPrecondition message.
   absl::Status CheckLocked(RequestId owner, PageHandle handle, const char* violation) const
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
@@ -140,6 +152,7 @@ class PagePool {
   void Poison(const Kind& kind, int32_t page) const;
 
   const bool poison_freed_;
+  const bool host_memory_;
   mutable absl::Mutex mutex_;
   // The vector's shape and each Kind's spec and memory pointer never change after Create;
   // pages, free lists and the owner map are guarded.

@@ -30,8 +30,13 @@ by 2^ceil(log2(amax / 6)) (UE8M0, as DeepSeek's scale_fmt), codes rounded to nea
 even code); --expert-format fp8 keeps the experts FP8 too. Other files of MODEL_DIR (tokenizer,
 generation_config.json) are copied. Pure Python: about 1 s per million weights.
 
+--tokenizer-from MODEL_DIR (random weights only) copies that model's tokenizer files and takes
+its vocab_size, bos and eos ids, so a V4-Flash-shaped checkpoint can be served with the bundled
+model's tokenizer (tools/gpu/run_fp8_experts.sh).
+
 Usage: tools/make_real_format_checkpoint.py --out DIR [--layers 2] [--seed 1]
            [--shapes tiny|flash] [--shard-mb 4096] [--reference-out DIR]
+           [--tokenizer-from MODEL_DIR]
        tools/make_real_format_checkpoint.py --out DIR --quantize-from MODEL_DIR
            [--expert-format fp4|fp8] [--shard-mb 4096]
 """
@@ -396,6 +401,7 @@ def main(argv):
     ap.add_argument("--reference-out")
     ap.add_argument("--quantize-from")
     ap.add_argument("--expert-format", choices=("fp4", "fp8"), default="fp4")
+    ap.add_argument("--tokenizer-from")
     a = ap.parse_args(argv)
     if a.quantize_from:
         return quantize_from(a)
@@ -404,6 +410,16 @@ def main(argv):
     with open(SHAPES[a.shapes]) as f:
         c = json.load(f)
     c["num_hidden_layers"] = a.layers
+    tokenizer_files = []
+    if a.tokenizer_from:
+        with open(os.path.join(a.tokenizer_from, "config.json")) as f:
+            source = json.load(f)
+        for key in ("vocab_size", "bos_token_id", "eos_token_id"):
+            if key in source:
+                c[key] = source[key]
+        tokenizer_files = [os.path.join(a.tokenizer_from, n) for n in
+                           ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+                           if os.path.exists(os.path.join(a.tokenizer_from, n))]
     c["layer_types"] = layer_types(c, a.layers)
     c["mlp_layer_types"] = mlp_types(c, a.layers)
     c["quantization_config"] = QUANT
@@ -429,6 +445,8 @@ def main(argv):
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(c, f, indent=2)
+    for path in tokenizer_files:
+        shutil.copy(path, a.out)
     write_checkpoint(a.out, entries, produce, shard_bytes)
     if a.reference_out:
         ref = []

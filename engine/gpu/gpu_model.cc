@@ -130,6 +130,7 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
     p.ring_gate = cw.ring_gate.get();
     p.entries = cw.entries.get();
     p.entry_capacity = cw.capacity;
+    p.entry_pages = EntryPagesOf(cw);
     p.position_bias = cw.position_bias.get();
     p.norm_weight = cw.kv_norm.get();
     p.eps = eps;
@@ -159,7 +160,7 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
       PDSERVE_CUDA_RETURN(kc::indexer_scores_generic(
           idx_q.get(), idx_w.get(), rows, ih, ihd, ic.entries.get(), ic.capacity, Row(kSlot),
           positions, ic.rate, 1.0f / std::sqrt(static_cast<float>(ihd)), ic.capacity,
-          idx_scores.get(), idx_visible.get(), stream));
+          idx_scores.get(), idx_visible.get(), stream, EntryPagesOf(ic)));
       PDSERVE_CUDA_RETURN(kc::top_k(idx_scores.get(), rows, ic.capacity, idx_visible.get(),
                                     c.index_topk, picks.get(), stream));
     }
@@ -189,6 +190,7 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
     if (layer.has_compressor) {
       ap.entries = layer.compressor.entries.get();
       ap.entry_capacity = layer.compressor.capacity;
+      ap.entry_pages = EntryPagesOf(layer.compressor);
       ap.rate = layer.compressor.rate;
       ap.indices = layer.has_indexer ? picks.get() : nullptr;
       ap.compressed_slots = layer.has_indexer ? c.index_topk : layer.compressor.capacity;
@@ -276,8 +278,8 @@ absl::Status GpuModel::Impl::FastIndexer(Layer& layer, int64_t rows) {
   const ModelConfig& c = config;
   CompressorWeights& ic = layer.indexer_compressor;
   PDSERVE_CUDA_RETURN(DecodePageTables(Row(kSlot), Row(kPosition), rows, c.sliding_window, ic.rate,
-                                       ic.capacity, kPageSize, window_len.get(), n_compressed.get(),
-                                       page_table.get(), stream));
+                                       ic.capacity, kPageSize, SlotPagesOf(ic), window_len.get(),
+                                       n_compressed.get(), page_table.get(), stream));
   PDSERVE_RETURN_IF_ERROR(
       Cast(idx_q.get(), rows * c.index_n_heads * c.index_head_dim, idx_q_bf.get()));
   kc::IndexerParams p;
@@ -309,9 +311,10 @@ absl::Status GpuModel::Impl::FastAttention(Layer& layer, int64_t rows) {
   const int64_t n = rows * c.num_attention_heads * c.head_dim;
   const int64_t rate = layer.has_compressor ? layer.compressor.rate : 1;
   const int64_t capacity = layer.has_compressor ? layer.compressor.capacity : 0;
-  PDSERVE_CUDA_RETURN(DecodePageTables(Row(kSlot), Row(kPosition), rows, c.sliding_window, rate,
-                                       capacity, kPageSize, window_len.get(), n_compressed.get(),
-                                       page_table.get(), stream));
+  PDSERVE_CUDA_RETURN(
+      DecodePageTables(Row(kSlot), Row(kPosition), rows, c.sliding_window, rate, capacity,
+                       kPageSize, layer.has_compressor ? SlotPagesOf(layer.compressor) : nullptr,
+                       window_len.get(), n_compressed.get(), page_table.get(), stream));
   PDSERVE_RETURN_IF_ERROR(Cast(q.get(), n, q_bf.get()));
   const kc::SparseDecodeParams p = DecodeParams(layer, rows);
   PDSERVE_CUDA_RETURN(kc::sparse_decode_attention(p, attn_workspace.get(), attn_workspace.size(),
@@ -350,10 +353,38 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
                                     static_cast<float>(c.routed_scaling_factor),
                                     route_experts.get(), route_weights.get(), stream));
   if (comm != nullptr) return ExpertParallelMoe(layer, rows);
-  PDSERVE_CUDA_RETURN(kc::moe_experts(
-      x_bf.get(), rows, hidden, inter, c.num_experts_per_tok, c.n_routed_experts,
-      layer.gate_up.get(), layer.down.get(), route_experts.get(), route_weights.get(), limit,
-      moe_workspace.get(), moe_workspace.size(), sub_out.get(), stream));
+  return RoutedExperts(layer, x_bf.get(), rows, route_experts.get(), route_weights.get(),
+                       c.n_routed_experts, sub_out.get());
+}
+
+absl::Status GpuModel::Impl::RoutedExperts(const Layer& layer, const bf16* x, int64_t rows,
+                                           const int32_t* experts, const float* weights,
+                                           int64_t n_experts, float* out) {
+  const ModelConfig& c = config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.moe_intermediate_size;
+  const int64_t k = c.num_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  if (!layer.gate_up8.present()) {
+    PDSERVE_CUDA_RETURN(kc::moe_experts(x, rows, hidden, inter, k, n_experts, layer.gate_up.get(),
+                                        layer.down.get(), experts, weights, limit,
+                                        moe_workspace.get(), moe_workspace.size(), out, stream));
+    return absl::OkStatus();
+  }
+  // gate|up per pick (bf16), the clamped SwiGLU (bf16), the weighted down projection per pick
+  // (bf16), then the picks' sum into out in fp32 (kernels/cuda/moe_gemm.cuh).
+  void* ws = moe_gemm_workspace.get();
+  const size_t ws_bytes = moe_gemm_workspace.size();
+  PDSERVE_CUDA_RETURN(kc::moe_grouped_gemm(x, hidden, /*x_per_pick=*/false, experts, nullptr, rows,
+                                           k, layer.gate_up8.View(), /*ue8m0=*/false,
+                                           moe_gate_up.get(), 2 * inter, ws, ws_bytes, stream));
+  PDSERVE_CUDA_RETURN(kc::clamped_swiglu(moe_gate_up.get(), moe_gate_up.get() + inter, rows * k,
+                                         inter, 2 * inter, limit, moe_act.get(), inter, stream));
+  PDSERVE_CUDA_RETURN(kc::moe_grouped_gemm(moe_act.get(), inter, /*x_per_pick=*/true, experts,
+                                           weights, rows, k, layer.down8.View(), /*ue8m0=*/false,
+                                           moe_down.get(), hidden, ws, ws_bytes, stream));
+  PDSERVE_CUDA_RETURN(kc::moe_combine(moe_down.get(), hidden, experts, rows, k, n_experts, hidden,
+                                      out, hidden, stream));
   return absl::OkStatus();
 }
 
@@ -378,10 +409,8 @@ absl::Status GpuModel::Impl::ExpertParallelMoe(Layer& layer, int64_t rows) {
                                      ep_experts.get(), stream));
   PDSERVE_CUDA_RETURN(cudaMemsetAsync(
       ep_out.get(), 0, static_cast<size_t>(all_rows * hidden) * sizeof(float), stream));
-  PDSERVE_CUDA_RETURN(kc::moe_experts(
-      ep_x.get(), all_rows, hidden, c.moe_intermediate_size, k, shard.count, layer.gate_up.get(),
-      layer.down.get(), ep_experts.get(), ep_weights.get(), static_cast<float>(c.swiglu_limit),
-      moe_workspace.get(), moe_workspace.size(), ep_out.get(), stream));
+  PDSERVE_RETURN_IF_ERROR(RoutedExperts(layer, ep_x.get(), all_rows, ep_experts.get(),
+                                        ep_weights.get(), shard.count, ep_out.get()));
   PDSERVE_RETURN_IF_ERROR(comm->ReduceScatterSum(ep_out.get(), ep_reduced.get(),
                                                  static_cast<size_t>(rows * hidden), stream));
   PDSERVE_CUDA_RETURN(AddInto(sub_out.get(), ep_reduced.get(), rows * hidden, stream));
@@ -438,6 +467,14 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
   }
   const int64_t rows = std::max(padded_rows, real_rows);
   const int64_t segments = static_cast<int64_t>(work.size()) + (rows - real_rows);
+  // Every page this step writes or reads, before anything is staged: a short pool fails the
+  // call with ResourceExhausted and no state changed.
+  std::vector<std::pair<int64_t, int64_t>> targets;
+  for (const auto& [slot, tokens] : work) {
+    targets.push_back(
+        {slot, slot_positions[static_cast<size_t>(slot)] + static_cast<int64_t>(tokens.size())});
+  }
+  PDSERVE_RETURN_IF_ERROR(GrowPages(targets));
   if (rows > real_rows) max_tokens = std::max<int64_t>(max_tokens, 1);  // padding segments
   int32_t* row = rows_host.get();
   int32_t* seg = seg_host.get();
@@ -523,49 +560,9 @@ const std::vector<int64_t>& GpuModel::decode_buckets() const {
 int64_t GpuModel::rank() const { return impl_->comm != nullptr ? impl_->comm->rank() : 0; }
 int64_t GpuModel::world() const { return impl_->comm != nullptr ? impl_->comm->world() : 1; }
 
-absl::Status GpuModel::ResetSlot(int64_t slot) {
-  if (slot < 0 || slot >= impl_->options.slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", impl_->options.slots, ")"));
-  }
-  impl_->slot_positions[static_cast<size_t>(slot)] = 0;
-  return absl::OkStatus();
-}
-
 int64_t GpuModel::Position(int64_t slot) const {
   if (slot < 0 || slot >= impl_->options.slots) return -1;
   return impl_->slot_positions[static_cast<size_t>(slot)];
-}
-
-absl::Status GpuModel::CopySlot(int64_t from, int64_t to) {
-  Impl& m = *impl_;
-  const int64_t n = m.options.slots;
-  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  if (from < 0 || from >= n || to < 0 || to >= n || from == to) {
-    return absl::InvalidArgumentError(absl::StrCat("GpuModel: CopySlot(", from, ", ", to,
-                                                   ") needs two distinct slots in [0, ", n, ")"));
-  }
-  // Every pool is [slots + 1, per-slot rows...]: one contiguous block per slot.
-  auto copy = [&](auto& pool) -> absl::Status {
-    if (pool.size() == 0) return absl::OkStatus();
-    const size_t per_slot = pool.size() / static_cast<size_t>(n + 1) * sizeof(*pool.get());
-    auto* base = reinterpret_cast<unsigned char*>(pool.get());
-    return CudaStatus(cudaMemcpyAsync(base + static_cast<size_t>(to) * per_slot,
-                                      base + static_cast<size_t>(from) * per_slot, per_slot,
-                                      cudaMemcpyDeviceToDevice, m.stream),
-                      "CopySlot");
-  };
-  for (Layer& layer : m.layers) {
-    PDSERVE_RETURN_IF_ERROR(copy(layer.window_ring));
-    for (CompressorWeights* cw : {&layer.compressor, &layer.indexer_compressor}) {
-      PDSERVE_RETURN_IF_ERROR(copy(cw->ring_kv));
-      PDSERVE_RETURN_IF_ERROR(copy(cw->ring_gate));
-      PDSERVE_RETURN_IF_ERROR(copy(cw->entries));
-    }
-  }
-  PDSERVE_CUDA_RETURN(cudaStreamSynchronize(m.stream));
-  m.slot_positions[static_cast<size_t>(to)] = m.slot_positions[static_cast<size_t>(from)];
-  return absl::OkStatus();
 }
 
 namespace {

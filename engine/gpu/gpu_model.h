@@ -2,9 +2,14 @@
 // (engine/model.h, same math and one-shot semantics) with bf16 weights and bf16 state, fp32
 // activations and accumulation, cuBLAS GEMMs and the kernels of kernels/cuda.
 //
-// Requests live in state slots: fixed-capacity device pools per layer (sliding-window ring,
-// compressed entries, indexer keys, compressor rings), so a request's state never moves and one
-// decode step for any set of slots has a fixed launch shape. Forward() extends one slot by a
+// Requests live in state slots. The state that grows with tokens (each compressed layer's entries
+// and the indexer keys) is paged: pools of kPageSize-entry pages per layer, one page table per
+// compression rate and slot (serving/slot_page_tables.h), pages taken as a slot's position
+// advances and freed by ResetSlot, so memory follows the tokens requests hold, not max_context
+// (docs/engine-gpu.md, "Paged state"). The fixed-size state (sliding-window ring, compressor
+// partial windows) stays one block per slot. The page tables live in device memory at fixed
+// addresses and the kernels read them when they run, so one decode step for any set of slots has
+// a fixed launch shape. Forward() extends one slot by a
 // chunk of tokens (prefill, chunked prefill, or one decode token); DecodeStep() runs one token
 // for each of several slots at once, padded to a batch-size bucket, either eagerly or as the
 // bucket's captured CUDA graph (the two give identical bits: same kernels, same shapes).
@@ -35,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,8 +71,11 @@ enum class WeightFormat {
   // GpuModelOptions::checkpoint_dir) with fp32 scales beside them, and multiplied by
   // kernels/cuda/fp8_gemm (activations quantized per 1 x 128 on the fly, bf16 out, then fp32).
   // A projection stored otherwise (bf16 / fp32), or whose input width is not a multiple of 128
-  // (fp8_gemm's requirement), is bf16 as in kBf16, logged once per tensor name suffix. The
-  // embeddings, lm_head, router and routed experts are as in kBf16. Requires GemmInputs::kBf16.
+  // (fp8_gemm's requirement), is bf16 as in kBf16, logged once per tensor name suffix. Routed
+  // experts stored FP8 or FP4 (per expert, with scales; hidden and moe_intermediate_size multiples
+  // of 128) are FP8 on the device, FP4 converted at load (engine/stored_experts.h), and multiplied
+  // by kernels/cuda/moe_gemm (bf16 per-pick outputs, summed in fp32); otherwise bf16 as in kBf16.
+  // The embeddings, lm_head and router are as in kBf16. Requires GemmInputs::kBf16.
   kFp8Block,
 };
 
@@ -99,13 +108,32 @@ struct GpuModelOptions {
   WeightFormat weight_format = WeightFormat::kBf16;
   // kFp8Block: the model directory whose checkpoint (model.safetensors or sharded with an index)
   // holds the FP8 tensors; the `weights` passed to Create may then lack them
-  // (engine::WeightsLoadOptions::skip_fp8_matrices), the rest must be there.
+  // (engine::WeightsLoadOptions::skip_fp8_matrices, skip_quantized_experts), the rest must be
+  // there.
   std::string checkpoint_dir;
   // Expert parallelism: this model is rank expert_comm->rank() of expert_comm->world() and holds
   // routed experts ExpertShardOf(n_routed_experts, world, rank) only. Not owned; must outlive the
   // model; its device must be `device`. A communicator that cannot be captured into CUDA graphs
   // (the local one) makes DecodeStep eager whatever use_graph says. Null: every expert here.
   ExpertComm* expert_comm = nullptr;
+  // Paged state. paged_state false: the slot layout (slot s always names the same pages, as if
+  // every slot were full; a reference for tests, bit-identical results). state_tokens: the
+  // tokens of state the page pools hold over all requests together; each compression rate r's
+  // pool gets ceil(state_tokens / r / kPageSize) pages plus one per slot (a request's last page
+  // is partly filled), at most slots full ones. 0: slots * max_context, every slot full (the
+  // pools are never short). Below that, Forward / DecodeStep return ResourceExhausted when the
+  // pool cannot hold a step (CanHold answers first).
+  bool paged_state = true;
+  int64_t state_tokens = 0;
+};
+
+// One compression rate's page pool (GpuModel::StatePages).
+struct StatePageKind {
+  int64_t rate = 0;          // tokens per entry
+  int64_t page_entries = 0;  // entries per page
+  int64_t pages_total = 0;   // allocatable pages
+  int64_t pages_free = 0;
+  int64_t bytes_per_page = 0;  // over every layer of this rate (entries and indexer keys, bf16)
 };
 
 class GpuModel {
@@ -134,12 +162,30 @@ class GpuModel {
   // for this model: what runtime::PagedState::Load fills before ImportState.
   ModelState NewState() const;
 
-  // Clears slot `slot` (position 0) for a new request. InvalidArgument for a bad slot.
+  // Clears slot `slot` (position 0) for a new request and frees its state pages. InvalidArgument
+  // for a bad slot.
   absl::Status ResetSlot(int64_t slot);
+  // The can-allocate query of the paged state: whether every (slot, position) pair can hold its
+  // position at once (pages the slot holds count), i.e. whether a step taking those slots there
+  // would find its pages. False for a bad slot or a position past max_context.
+  bool CanHold(const std::vector<std::pair<int64_t, int64_t>>& slot_positions) const;
+  // The page pools, one per compression rate (empty for a model of sliding layers only).
+  std::vector<StatePageKind> StatePages() const;
+  // Paranoid mode (guards.paranoid): every state page slot `slot`'s page tables name is the page
+  // the allocator handed the slot's current request, at the same epoch (host side, before a step
+  // is launched). FailedPrecondition naming the slot and page otherwise; InvalidArgument for a
+  // bad slot.
+  absl::Status VerifySlotPages(int64_t slot) const;
+  // Test fault for the isolation tests: slot `victim`'s first page of a rate both slots hold
+  // becomes `donor`'s (its table row on the device and its record), as an allocator bug would
+  // hand a page to the wrong request. FailedPrecondition when the slots share no such page or the
+  // state is not paged.
+  absl::Status InjectForeignPageForTest(int64_t victim, int64_t donor);
   // Tokens consumed by the slot's request so far.
   int64_t Position(int64_t slot) const;
   // Makes slot `to` continue exactly where slot `from` is (its whole state and position), e.g.
   // to fork one prefilled prompt into n choices. InvalidArgument for bad or equal slots;
+  // ResourceExhausted (slot `to` then empty) when the page pool cannot hold a second copy;
   // Internal for a CUDA error.
   absl::Status CopySlot(int64_t from, int64_t to);
 

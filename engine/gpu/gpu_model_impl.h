@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "engine/gpu/ops.cuh"
 #include "engine/ring_state.h"
 #include "engine/rope_table.h"
+#include "engine/stored_experts.h"
 #include "engine/stored_fp8.h"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
@@ -33,11 +35,13 @@
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sink_attention.cuh"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 #include "kernels/cuda/topk.cuh"
+#include "serving/slot_page_tables.h"
 
 namespace pdserve::engine::gpu {
 
@@ -121,6 +125,28 @@ struct LinearSource {
   absl::Status Load(const std::string& name, Linear* d, int64_t row_group = 0) const;
 };
 
+// One projection of the rank's routed experts kept FP8 (WeightFormat::kFp8Block with the experts
+// stored FP8 or FP4; engine/stored_experts.h): w [count, n, k] e4m3, scale [count, ceil(n / 128),
+// k / 128] fp32, for kernels/cuda/moe_gemm.
+struct ExpertsFp8 {
+  DeviceArray<uint8_t> w;
+  DeviceArray<float> scale;
+  int64_t count = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool present() const { return w.size() > 0; }
+  kc::ExpertWeights View() const {
+    kc::ExpertWeights v;
+    v.format = kc::ExpertFormat::kFp8;
+    v.w = w.get();
+    v.scale = scale.get();
+    v.n_experts = count;
+    v.n = n;
+    v.k = k;
+    return v;
+  }
+};
+
 inline std::string AttnPrefix(int64_t l) { return absl::StrCat("model.layers.", l, ".self_attn"); }
 
 struct CompressorWeights {
@@ -132,14 +158,19 @@ struct CompressorWeights {
   int64_t rate = 0;
   bool overlapping = false;
   int64_t width() const { return overlapping ? 2 * dim : dim; }
-  // State pools, indexed by slot.
+  // State: the compressor rings per slot, [slots + 1, 2m, width] fp32; the entries paged,
+  // [device pages, kPageSize, dim] bf16 (page 0 the null page), through the page tables of
+  // `kind` (Impl::pages, one kind per compression rate).
   DeviceArray<float> ring_kv;
   DeviceArray<float> ring_gate;
   DeviceArray<bf16> entries;
-  int64_t capacity = 0;
+  int64_t capacity = 0;  // entries per request at most (a multiple of kPageSize)
+  int64_t kind = -1;
 
+  // device_pages: the entry pool's pages (SlotPageTables::device_pages of the rate's kind).
   absl::Status Load(const LinearSource& src, const std::string& prefix, int64_t d, int64_t m,
-                    bool overlap, int64_t slots, int64_t max_context) {
+                    bool overlap, int64_t slots, int64_t max_context, int64_t page_kind,
+                    int64_t device_pages) {
     const Weights& w = *src.weights;
     dim = d;
     rate = m;
@@ -150,10 +181,11 @@ struct CompressorWeights {
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".kv_norm.weight"), &kv_norm));
     // Whole pages of kPageSize entries: the fixed-shape decode kernels read the pool as pages.
     capacity = RingEntryCapacity(max_context, m, kPageSize);
+    kind = page_kind;
     const auto s = static_cast<size_t>(slots);
     PDSERVE_RETURN_IF_ERROR(ring_kv.Allocate(s * 2 * m * width()));
     PDSERVE_RETURN_IF_ERROR(ring_gate.Allocate(s * 2 * m * width()));
-    return entries.Allocate(s * capacity * dim);
+    return entries.Allocate(static_cast<size_t>(device_pages * kPageSize * dim));
   }
 };
 
@@ -203,6 +235,8 @@ struct Layer {
   DeviceArray<int32_t> tid2eid;
   DeviceArray<bf16> gate_up;  // the rank's routed experts (all of them without a group)
   DeviceArray<bf16> down;
+  ExpertsFp8 gate_up8;  // instead of gate_up / down when the experts stay FP8
+  ExpertsFp8 down8;
   Linear shared_gate;
   Linear shared_up;
   Linear shared_down;
@@ -250,6 +284,10 @@ struct GpuModel::Impl {
   // WeightFormat::kFp8Block: fp8_gemm's workspace and its bf16 output [max_rows, widest FP8 out].
   DeviceArray<unsigned char> fp8_workspace;
   DeviceArray<bf16> fp8_out;
+  // FP8 routed experts (Layer::gate_up8): per pick [world * max_rows * k, ...] bf16 gate|up
+  // outputs, SwiGLU activations and weighted down outputs, and moe_grouped_gemm's workspace.
+  DeviceArray<bf16> moe_gate_up, moe_act, moe_down;
+  DeviceArray<unsigned char> moe_gemm_workspace;
   // Fixed-shape decode kernels: their bf16 inputs, paged views and workspace.
   bool fast_attention = false;
   bool fast_indexer = false;
@@ -263,6 +301,14 @@ struct GpuModel::Impl {
   PinnedArray<int32_t> seg_host;
   PinnedArray<float> logits_host;
   std::map<int64_t, cudaGraphExec_t> graphs;
+  // Paged state (serving/slot_page_tables.h): one kind per compression rate; its rows on the
+  // device [slots + 1, stride] int32 (what the kernels read), staged through pinned memory; the
+  // event marks the last upload, so the pinned rows are rewritten only after it was copied.
+  std::unique_ptr<serving::SlotPageTables> pages;
+  std::map<int64_t, int64_t> kind_of_rate;
+  std::vector<std::unique_ptr<DeviceArray<int32_t>>> slot_pages;
+  std::vector<std::unique_ptr<PinnedArray<int32_t>>> slot_pages_host;
+  cudaEvent_t pages_uploaded = nullptr;
   // Expert parallelism (options.expert_comm): the rank's experts and the group's stacked rows,
   // [world * max_rows, ...] (rank p's rows at p * rows).
   ExpertComm* comm = nullptr;
@@ -281,6 +327,7 @@ struct GpuModel::Impl {
                       config.max_position_embeddings) {}
   ~Impl() {
     for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (pages_uploaded != nullptr) cudaEventDestroy(pages_uploaded);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -294,6 +341,24 @@ struct GpuModel::Impl {
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 
   absl::Status Load(const Weights& w);
+  // The page tables and their device rows, before Load sizes the entry pools from them.
+  absl::Status MakePages();
+  // The paged view of cw's entries for the kernels.
+  kc::EntryPages EntryPagesOf(const CompressorWeights& cw) const {
+    if (cw.kind < 0) return {};
+    return {slot_pages[static_cast<size_t>(cw.kind)]->get(), pages->stride(cw.kind), kPageSize};
+  }
+  const int32_t* SlotPagesOf(const CompressorWeights& cw) const {
+    return cw.kind < 0 ? nullptr : slot_pages[static_cast<size_t>(cw.kind)]->get();
+  }
+  // Grows every (slot, position) target's pages (all or nothing: ResourceExhausted) and enqueues
+  // the copies of the changed rows to the device.
+  absl::Status GrowPages(const std::vector<std::pair<int64_t, int64_t>>& targets);
+  absl::Status UploadPageRows();
+  // Entries [0, count) of slot's cw pool as runs of consecutive device rows: (first entry's
+  // pointer, entries), in entry order. REQUIRES: the slot holds those entries' pages.
+  std::vector<std::pair<bf16*, int64_t>> EntryRuns(CompressorWeights& cw, int64_t slot,
+                                                   int64_t count) const;
   // kFp8Block's buffers, sized for the FP8 projections Load kept (nothing without them).
   absl::Status AllocateFp8();
   // out[rows, n] (bf16, row stride out_stride) = x[rows, k] (bf16, row stride x_stride) @ W^T for
@@ -301,6 +366,13 @@ struct GpuModel::Impl {
   // block row's scales.
   absl::Status Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k, const uint8_t* w,
                        const float* w_scale, int64_t n, bf16* out, int64_t out_stride);
+  // One layer's routed experts: FP8 from `stored` (null outside kFp8Block) when it holds both
+  // projections, else bf16 from `w`. prefix "model.layers.N.mlp.experts".
+  absl::Status LoadRoutedExperts(const Weights& w, const StoredExperts* stored,
+                                 const std::string& prefix, Layer* layer);
+  int64_t logged_bf16_experts = 0;
+  // The FP8 experts' buffers, sized for the layers that hold them (nothing without them).
+  absl::Status AllocateFp8Experts();
   absl::Status Allocate();
   // y[rows, n] = x[rows, k] @ W[n, k]^T, fp32 out, all rows contiguous. x_rounded is x already
   // rounded to bf16 (x_rounded, read in GemmInputs::kBf16), x_f32 the fp32 source (read in kFp32).
@@ -328,6 +400,12 @@ struct GpuModel::Impl {
   // The routed experts of an expert-parallel rank: gather the group's rows, run this rank's
   // experts on all of them, reduce-scatter the sums back and add this rank's rows to sub_out.
   absl::Status ExpertParallelMoe(Layer& layer, int64_t rows);
+  // The routed experts over `rows` rows of x (bf16 [rows, hidden]) with picks `experts` (ids in
+  // [0, n_experts of the layer's experts), others skipped) and weights [rows, k]: out [rows,
+  // hidden] fp32 += the picks' weighted outputs. FP8 experts (moe_gemm) or bf16 (moe_experts).
+  absl::Status RoutedExperts(const Layer& layer, const bf16* x, int64_t rows,
+                             const int32_t* experts, const float* weights, int64_t n_experts,
+                             float* out);
   // Every kernel of one call over `rows` stacked rows in `segs.segments` segments (metadata
   // already on the device): the part a decode graph captures.
   absl::Status Enqueue(int64_t rows, int64_t segments, int64_t max_tokens, bool decode);

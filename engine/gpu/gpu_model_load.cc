@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -8,6 +10,7 @@
 #include "common/status.h"
 #include "engine/gpu/gpu_model_impl.h"
 #include "engine/quant.h"
+#include "engine/stored_experts.h"
 #include "engine/stored_fp8.h"
 #include "spdlog/spdlog.h"
 
@@ -24,6 +27,57 @@ std::string WithoutLayer(const std::string& name) {
   return dot == std::string::npos ? name : name.substr(dot + 1);
 }
 
+// The rank's experts [shard.first, shard.first + shard.count) of `canonical` as FP8 on the device
+// (engine/stored_experts.h): each expert converted (FP4) or copied (FP8) on the host and copied
+// to its place, by a few threads, so the host holds threads x one expert at a time.
+absl::Status UploadStoredExperts(const StoredExperts& stored, const std::string& canonical,
+                                 ExpertShard shard, int device, int64_t n, int64_t k,
+                                 ExpertsFp8* d) {
+  d->count = shard.count;
+  d->n = n;
+  d->k = k;
+  const int64_t scales_per = (n + kFp8BlockRows - 1) / kFp8BlockRows * (k / kFp8BlockCols);
+  PDSERVE_RETURN_IF_ERROR(d->w.Allocate(static_cast<size_t>(shard.count * n * k)));
+  PDSERVE_RETURN_IF_ERROR(d->scale.Allocate(static_cast<size_t>(shard.count * scales_per)));
+  std::atomic<int64_t> next{0};
+  std::mutex mu;
+  absl::Status status;
+  auto work = [&] {
+    absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+    for (int64_t i = next++; s.ok() && i < shard.count; i = next++) {
+      absl::StatusOr<Fp8Blocks> e = stored.Expert(canonical, shard.first + i);
+      if (!e.ok()) {
+        s = e.status();
+        break;
+      }
+      if (e->weight.size() != static_cast<size_t>(n * k) ||
+          e->scales.size() != static_cast<size_t>(scales_per)) {
+        s = absl::InternalError(absl::StrCat(canonical, ": expert ", shard.first + i, " is [",
+                                             e->rows, ", ", e->cols, "], expected [", n, ", ", k,
+                                             "]"));
+        break;
+      }
+      s = CudaStatus(cudaMemcpy(d->w.get() + i * n * k, e->weight.data(), e->weight.size(),
+                                cudaMemcpyHostToDevice),
+                     "cudaMemcpy");
+      if (s.ok()) {
+        s = CudaStatus(cudaMemcpy(d->scale.get() + i * scales_per, e->scales.data(),
+                                  e->scales.size() * sizeof(float), cudaMemcpyHostToDevice),
+                       "cudaMemcpy");
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (status.ok()) status = s;
+  };
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1,
+                                              std::min<int64_t>(16, shard.count));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& th : pool) th.join();
+  return status;
+}
+
 }  // namespace
 
 absl::Status LinearSource::Load(const std::string& name, Linear* d, int64_t row_group) const {
@@ -33,6 +87,7 @@ absl::Status LinearSource::Load(const std::string& name, Linear* d, int64_t row_
       d->out = m.rows;
       d->in = m.cols;
       PDSERVE_RETURN_IF_ERROR(d->fp8.Upload(m.weight.data(), m.weight.size()));
+      fp8->Release(name);
       return d->fp8_scale.Upload(m.scales);
     }
     if (logged->insert(WithoutLayer(name)).second) {
@@ -58,11 +113,13 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
   const int64_t slots = options.slots + 1;
   const bool fp32 = options.gemm_inputs == GemmInputs::kFp32;
   std::optional<StoredFp8Weights> stored;
+  std::optional<StoredExperts> stored_experts;
   std::set<std::string> logged;
   LinearSource src{&w, fp32, nullptr, &logged};
   if (options.weight_format == WeightFormat::kFp8Block) {
     PDSERVE_ASSIGN_OR_RETURN(stored, StoredFp8Weights::Open(options.checkpoint_dir));
     src.fp8 = &*stored;
+    PDSERVE_ASSIGN_OR_RETURN(stored_experts, StoredExperts::Open(options.checkpoint_dir, c));
   }
   PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At("model.embed_tokens.weight"), &embed));
   auto lm = w.Get("lm_head.weight");
@@ -101,12 +158,15 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
     if (!sliding) {
       layer.has_compressor = true;
       const bool csa = layer.type == LayerType::kCompressedSparseAttention;
-      PDSERVE_RETURN_IF_ERROR(
-          layer.compressor.Load(src, comp, c.head_dim, rate, csa, slots, max_context));
+      const int64_t kind = kind_of_rate.at(rate);
+      const int64_t device_pages = pages->device_pages(kind);
+      PDSERVE_RETURN_IF_ERROR(layer.compressor.Load(src, comp, c.head_dim, rate, csa, slots,
+                                                    max_context, kind, device_pages));
       if (csa) {
         layer.has_indexer = true;
-        PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(
-            src, comp + ".indexer", c.index_head_dim, rate, true, slots, max_context));
+        PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(src, comp + ".indexer",
+                                                              c.index_head_dim, rate, true, slots,
+                                                              max_context, kind, device_pages));
         PDSERVE_RETURN_IF_ERROR(
             src.Load(comp + ".indexer.q_b_proj.weight", &layer.indexer_q_b_proj));
         PDSERVE_RETURN_IF_ERROR(
@@ -125,16 +185,68 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
       PDSERVE_RETURN_IF_ERROR(
           UploadF32(w.At(m + ".gate.e_score_correction_bias"), &layer.correction_bias));
     }
-    // The rank's block of routed experts (all of them without a group).
-    PDSERVE_RETURN_IF_ERROR(UploadBf16Rows(w.At(m + ".experts.gate_up_proj"), shard.first,
-                                           shard.count, &layer.gate_up));
     PDSERVE_RETURN_IF_ERROR(
-        UploadBf16Rows(w.At(m + ".experts.down_proj"), shard.first, shard.count, &layer.down));
+        LoadRoutedExperts(w, stored_experts ? &*stored_experts : nullptr, m + ".experts", &layer));
     PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.gate_proj.weight", &layer.shared_gate));
     PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.up_proj.weight", &layer.shared_up));
     PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.down_proj.weight", &layer.shared_down));
   }
   return absl::OkStatus();
+}
+
+absl::Status GpuModel::Impl::LoadRoutedExperts(const Weights& w, const StoredExperts* stored,
+                                               const std::string& prefix, Layer* layer) {
+  const ModelConfig& c = config;
+  const std::string gate_up = prefix + ".gate_up_proj";
+  const std::string down = prefix + ".down_proj";
+  const bool fp8 = stored != nullptr && stored->Has(gate_up) && stored->Has(down) &&
+                   c.hidden_size % kFp8BlockCols == 0 &&
+                   c.moe_intermediate_size % kFp8BlockCols == 0;
+  if (fp8) {
+    PDSERVE_RETURN_IF_ERROR(UploadStoredExperts(*stored, gate_up, shard, options.device,
+                                                2 * c.moe_intermediate_size, c.hidden_size,
+                                                &layer->gate_up8));
+    return UploadStoredExperts(*stored, down, shard, options.device, c.hidden_size,
+                               c.moe_intermediate_size, &layer->down8);
+  }
+  if (stored != nullptr && !w.Get(gate_up).ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(gate_up,
+                     ": left in the checkpoint by the loader but not stored as FP8 / FP4 experts "
+                     "moe_gemm can take (hidden and moe_intermediate_size multiples of 128)"));
+  }
+  if (options.weight_format == WeightFormat::kFp8Block && logged_bf16_experts++ == 0) {
+    spdlog::info("weights fp8: routed experts are not stored FP8 / FP4: bf16 on the GPU");
+  }
+  // The rank's block of routed experts (all of them without a group).
+  PDSERVE_RETURN_IF_ERROR(UploadBf16Rows(w.At(gate_up), shard.first, shard.count, &layer->gate_up));
+  return UploadBf16Rows(w.At(down), shard.first, shard.count, &layer->down);
+}
+
+absl::Status GpuModel::Impl::AllocateFp8Experts() {
+  const ModelConfig& c = config;
+  bool any = false;
+  for (const Layer& l : layers) any = any || l.gate_up8.present();
+  if (!any) return absl::OkStatus();
+  const int64_t world = comm != nullptr ? comm->world() : 1;
+  const int64_t rows = world * max_rows;
+  const int64_t k = c.num_experts_per_tok;
+  const auto n_picks = static_cast<size_t>(rows * k);
+  PDSERVE_RETURN_IF_ERROR(moe_gate_up.Allocate(n_picks * 2 * c.moe_intermediate_size));
+  PDSERVE_RETURN_IF_ERROR(moe_act.Allocate(n_picks * c.moe_intermediate_size));
+  PDSERVE_RETURN_IF_ERROR(moe_down.Allocate(n_picks * c.hidden_size));
+  size_t workspace = 0;
+  for (const Layer& l : layers) {
+    if (!l.gate_up8.present()) continue;
+    // Not monotonic in the row count in general: every size a call can have.
+    for (int64_t t = 1; t <= rows; ++t) {
+      workspace =
+          std::max({workspace, kc::moe_grouped_gemm_workspace_bytes(t, k, t, l.gate_up8.View()),
+                    kc::moe_grouped_gemm_workspace_bytes(t, k, t * k, l.down8.View())});
+    }
+    break;  // every layer's experts have the same shape
+  }
+  return moe_gemm_workspace.Allocate(std::max<size_t>(workspace, 256));
 }
 
 absl::Status GpuModel::Impl::AllocateFp8() {
@@ -222,6 +334,7 @@ absl::Status GpuModel::Impl::Allocate() {
   }
   PDSERVE_RETURN_IF_ERROR(logits.Allocate(r * c.vocab_size));
   PDSERVE_RETURN_IF_ERROR(AllocateFp8());
+  PDSERVE_RETURN_IF_ERROR(AllocateFp8Experts());
   size_t max_capacity = kPageSize;
   for (const Layer& l : layers) {
     if (l.has_compressor) max_capacity = std::max<size_t>(max_capacity, l.compressor.capacity);
@@ -270,6 +383,10 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   }
   if (options.slots <= 0 || options.max_chunk <= 0) {
     return absl::InvalidArgumentError("GpuModel: slots and max_chunk must be positive");
+  }
+  if (options.state_tokens < 0 || (!options.paged_state && options.state_tokens != 0)) {
+    return absl::InvalidArgumentError(
+        "GpuModel: state_tokens must be >= 0, and 0 without paged_state");
   }
   if (options.weight_format == WeightFormat::kFp8Block &&
       (options.gemm_inputs != GemmInputs::kBf16 || options.checkpoint_dir.empty())) {
@@ -323,6 +440,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   PDSERVE_CUBLAS_RETURN(cublasCreate(&impl->cublas));
   PDSERVE_CUBLAS_RETURN(cublasSetStream(impl->cublas, impl->stream));
+  PDSERVE_RETURN_IF_ERROR(impl->MakePages());
   PDSERVE_RETURN_IF_ERROR(impl->Load(weights));
   impl->fast_attention = options.fixed_shape_attention && config.head_dim == kc::kSparseHeadDim &&
                          config.num_attention_heads % kc::kSparseHeadsPerBlock == 0;

@@ -1,5 +1,6 @@
 // GpuModel::ExportState / ImportState: a slot's device blocks to and from the CPU engine's state
 // layout, through the host ring image of engine/ring_state.h.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -66,15 +67,32 @@ absl::StatusOr<ModelState> GpuModel::ExportState(int64_t slot) {
   image.position = m.slot_positions[static_cast<size_t>(slot)];
   std::vector<std::vector<bf16>> staged;  // bf16 blocks, converted after the copies land
   std::vector<std::vector<float>*> targets;
+  // The window ring: the slot's block. The entries: the p / m written rows from the slot's pages
+  // (the rest of the image is the fresh pool's NaN, all bits set).
+  auto stage = [&](const DeviceArray<bf16>& pool, std::vector<float>* target) -> absl::Status {
+    PDSERVE_RETURN_IF_ERROR(CheckSize(target->size(), PerSlot(pool, slots)));
+    staged.emplace_back(target->size());
+    targets.push_back(target);
+    return Download(pool, slots, slot, staged.back().data(), m.stream);
+  };
+  auto stage_entries = [&](CompressorWeights& cw, std::vector<float>* target) -> absl::Status {
+    PDSERVE_RETURN_IF_ERROR(CheckSize(target->size(), static_cast<size_t>(cw.capacity * cw.dim)));
+    bf16 nan;  // the fresh pool's NaN: all bits set
+    std::memset(static_cast<void*>(&nan), 0xFF, sizeof(nan));
+    staged.emplace_back(target->size(), nan);
+    targets.push_back(target);
+    bf16* host = staged.back().data();
+    const int64_t count = std::min(image.position / std::max<int64_t>(cw.rate, 1), cw.capacity);
+    for (const auto& [from, n] : m.EntryRuns(cw, slot, count)) {
+      const auto bytes = static_cast<size_t>(n * cw.dim) * sizeof(bf16);
+      PDSERVE_CUDA_RETURN(cudaMemcpyAsync(host, from, bytes, cudaMemcpyDeviceToHost, m.stream));
+      host += n * cw.dim;
+    }
+    return absl::OkStatus();
+  };
   for (size_t l = 0; l < m.layers.size(); ++l) {
     Layer& layer = m.layers[l];
     RingLayerImage& out = image.layers[l];
-    auto stage = [&](const DeviceArray<bf16>& pool, std::vector<float>* target) -> absl::Status {
-      PDSERVE_RETURN_IF_ERROR(CheckSize(target->size(), PerSlot(pool, slots)));
-      staged.emplace_back(target->size());
-      targets.push_back(target);
-      return Download(pool, slots, slot, staged.back().data(), m.stream);
-    };
     PDSERVE_RETURN_IF_ERROR(stage(layer.window_ring, &out.window));
     for (auto [cw, ci] : {std::pair{&layer.compressor, &out.compressor},
                           {&layer.indexer_compressor, &out.indexer}}) {
@@ -82,7 +100,7 @@ absl::StatusOr<ModelState> GpuModel::ExportState(int64_t slot) {
       PDSERVE_RETURN_IF_ERROR(CheckSize(ci->ring_gate.size(), PerSlot(cw->ring_gate, slots)));
       PDSERVE_RETURN_IF_ERROR(Download(cw->ring_kv, slots, slot, ci->ring_kv.data(), m.stream));
       PDSERVE_RETURN_IF_ERROR(Download(cw->ring_gate, slots, slot, ci->ring_gate.data(), m.stream));
-      PDSERVE_RETURN_IF_ERROR(stage(cw->entries, &ci->entries));
+      PDSERVE_RETURN_IF_ERROR(stage_entries(*cw, &ci->entries));
     }
   }
   PDSERVE_CUDA_RETURN(cudaStreamSynchronize(m.stream));
@@ -110,9 +128,17 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state) {
          {std::pair{&layer.compressor, &in.compressor}, {&layer.indexer_compressor, &in.indexer}}) {
       PDSERVE_RETURN_IF_ERROR(CheckSize(ci->ring_kv.size(), PerSlot(cw->ring_kv, slots)));
       PDSERVE_RETURN_IF_ERROR(CheckSize(ci->ring_gate.size(), PerSlot(cw->ring_gate, slots)));
-      PDSERVE_RETURN_IF_ERROR(CheckSize(ci->entries.size(), PerSlot(cw->entries, slots)));
+      PDSERVE_RETURN_IF_ERROR(
+          CheckSize(ci->entries.size(), static_cast<size_t>(cw->capacity * cw->dim)));
     }
   }
+  if (state.position > m.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuModel: state at position ", state.position,
+                                                   " past max_context ", m.max_context));
+  }
+  // The slot's old pages go back first, then it takes the pages of the imported position.
+  PDSERVE_RETURN_IF_ERROR(ResetSlot(slot));
+  PDSERVE_RETURN_IF_ERROR(m.GrowPages({{slot, state.position}}));
   std::vector<std::vector<bf16>> staged;  // alive until the copies are done
   auto to_bf16 = [&](const std::vector<float>& values) -> const bf16* {
     staged.emplace_back(values.size());
@@ -127,7 +153,14 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state) {
          {std::pair{&layer.compressor, &in.compressor}, {&layer.indexer_compressor, &in.indexer}}) {
       PDSERVE_RETURN_IF_ERROR(Upload(ci->ring_kv.data(), slots, slot, &cw->ring_kv, m.stream));
       PDSERVE_RETURN_IF_ERROR(Upload(ci->ring_gate.data(), slots, slot, &cw->ring_gate, m.stream));
-      PDSERVE_RETURN_IF_ERROR(Upload(to_bf16(ci->entries), slots, slot, &cw->entries, m.stream));
+      if (cw->kind < 0) continue;
+      const bf16* host = to_bf16(ci->entries);
+      const int64_t count = std::min(state.position / cw->rate, cw->capacity);
+      for (const auto& [to, n] : m.EntryRuns(*cw, slot, count)) {
+        const auto bytes = static_cast<size_t>(n * cw->dim) * sizeof(bf16);
+        PDSERVE_CUDA_RETURN(cudaMemcpyAsync(to, host, bytes, cudaMemcpyHostToDevice, m.stream));
+        host += n * cw->dim;
+      }
     }
   }
   PDSERVE_CUDA_RETURN(cudaStreamSynchronize(m.stream));

@@ -44,7 +44,8 @@ __global__ void CastF32Kernel(const __nv_bfloat16* x, int64_t n, float* y) {
 
 __global__ void PageTableKernel(const int32_t* slot, const int32_t* position, int64_t window,
                                 int64_t rate, int64_t capacity, int64_t page_size,
-                                int32_t* window_len, int32_t* n_compressed, int32_t* page_table) {
+                                const int32_t* slot_pages, int32_t* window_len,
+                                int32_t* n_compressed, int32_t* page_table) {
   const int64_t r = blockIdx.x;
   const int64_t t = position[r];
   const int64_t pages = capacity / page_size;
@@ -53,7 +54,8 @@ __global__ void PageTableKernel(const int32_t* slot, const int32_t* position, in
     n_compressed[r] = static_cast<int32_t>(min((t + 1) / rate, capacity));
   }
   for (int64_t i = threadIdx.x; i < pages; i += kThreads) {
-    page_table[r * pages + i] = static_cast<int32_t>(slot[r] * pages + i);
+    page_table[r * pages + i] = slot_pages != nullptr ? slot_pages[slot[r] * pages + i]
+                                                      : static_cast<int32_t>(slot[r] * pages + i);
   }
 }
 
@@ -128,8 +130,8 @@ cudaError_t CastToF32(const __nv_bfloat16* x, int64_t n, float* y, cudaStream_t 
 
 cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64_t rows,
                              int64_t window, int64_t rate, int64_t capacity, int64_t page_size,
-                             int32_t* window_len, int32_t* n_compressed, int32_t* page_table,
-                             cudaStream_t stream) {
+                             const int32_t* slot_pages, int32_t* window_len, int32_t* n_compressed,
+                             int32_t* page_table, cudaStream_t stream) {
   if (rows < 0 || window <= 0 || rate <= 0 || capacity < 0 || page_size <= 0 ||
       capacity % page_size != 0) {
     return cudaErrorInvalidValue;
@@ -140,7 +142,8 @@ cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64
     return cudaErrorInvalidValue;
   }
   PageTableKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      slot, position, window, rate, capacity, page_size, window_len, n_compressed, page_table);
+      slot, position, window, rate, capacity, page_size, slot_pages, window_len, n_compressed,
+      page_table);
   return cudaGetLastError();
 }
 

@@ -44,12 +44,14 @@ cudaError_t CastToF32(const __nv_bfloat16* x, int64_t n, float* y, cudaStream_t 
 // The paged views the fixed-shape decode kernels (kernels/cuda/sparse_decode_attention.cuh,
 // indexer.cuh) take of the engine's per-slot pools, for one decode row per request: row r of
 // slot s at position t gets window_len[r] = min(t + 1, window), n_compressed[r] =
-// min((t + 1) / rate, capacity) and page_table[r][i] = s * (capacity / page_size) + i for
-// i < capacity / page_size (a slot's entries are consecutive pages). capacity % page_size == 0.
+// min((t + 1) / rate, capacity) and page_table[r][i] = slot_pages[s][i] for i < capacity /
+// page_size (slot_pages: the engine's paged-state rows, int32 [slots + 1, capacity / page_size]
+// device page ids, serving/slot_page_tables.h), or with slot_pages null s * (capacity /
+// page_size) + i (a slot's entries are consecutive pages). capacity % page_size == 0.
 cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64_t rows,
                              int64_t window, int64_t rate, int64_t capacity, int64_t page_size,
-                             int32_t* window_len, int32_t* n_compressed, int32_t* page_table,
-                             cudaStream_t stream);
+                             const int32_t* slot_pages, int32_t* window_len, int32_t* n_compressed,
+                             int32_t* page_table, cudaStream_t stream);
 
 // x[i] *= scale, i < n.
 cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream);

@@ -232,9 +232,18 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
     const auto capacity = static_cast<size_t>(cg->entry_capacity * cg->dim);
     add(co->ring_kv, SlotBlock(cw->ring_kv, slots, slot, ring, &layout), ring * sizeof(float));
     add(co->ring_gate, SlotBlock(cw->ring_gate, slots, slot, ring, &layout), ring * sizeof(float));
-    // Only the entries emitted so far; the rest of the block is never read from this state.
-    add(co->entries, SlotBlock(cw->entries, slots, slot, capacity, &layout),
-        static_cast<size_t>(position / cg->rate * cg->dim) * sizeof(bf16));
+    // Only the entries emitted so far, from the slot's pages; the rest of the block is never read
+    // from this state.
+    if (cw->capacity * cw->dim != static_cast<int64_t>(capacity) && layout.ok()) {
+      layout = absl::InternalError("GpuModel: an entry pool of another layout");
+    }
+    size_t at = co->entries;
+    for (const auto& [from, n] :
+         m.EntryRuns(*cw, slot, std::min(position / cg->rate, cg->entry_capacity))) {
+      const auto run_bytes = static_cast<size_t>(n * cg->dim) * sizeof(bf16);
+      add(at, from, run_bytes);
+      at += run_bytes;
+    }
   }
   PDSERVE_RETURN_IF_ERROR(layout);
   for (const Copy& c : copies) {
@@ -279,11 +288,19 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateS
       const auto ring = static_cast<size_t>(2 * cg->rate * cg->width());
       SlotBlock(cw->ring_kv, slots, slot, ring, &layout);
       SlotBlock(cw->ring_gate, slots, slot, ring, &layout);
-      SlotBlock(cw->entries, slots, slot, static_cast<size_t>(cg->entry_capacity * cg->dim),
-                &layout);
+      if (cw->capacity != cg->entry_capacity || cw->dim != cg->dim) {
+        return absl::InternalError("GpuModel: an entry pool of another layout");
+      }
     }
   }
   PDSERVE_RETURN_IF_ERROR(layout);
+  if (state.position > m.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuModel: state at position ", state.position,
+                                                   " past max_context ", m.max_context));
+  }
+  // The slot's old pages go back first, then it takes the pages of the imported position.
+  PDSERVE_RETURN_IF_ERROR(ResetSlot(slot));
+  PDSERVE_RETURN_IF_ERROR(m.GrowPages({{slot, state.position}}));
   const float unread = std::numeric_limits<float>::quiet_NaN();
   absl::Status status;
   for (size_t l = 0; l < m.layers.size() && status.ok(); ++l) {
@@ -324,13 +341,23 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateS
            ci->ring_kv.size() * sizeof(float));
       copy(MutableSlotBlock(&cw->ring_gate, slots, slot, ci->ring_gate.size(), &layout),
            co->ring_gate, ci->ring_gate.size() * sizeof(float));
-      const size_t capacity = static_cast<size_t>(cg->entry_capacity * cg->dim);
-      bf16* entries = MutableSlotBlock(&cw->entries, slots, slot, capacity, &layout);
-      copy(entries, co->entries, written * sizeof(bf16));
-      if (status.ok() && written < capacity) {  // the fresh pool's NaN (all bits set)
-        status = CudaStatus(
-            cudaMemsetAsync(entries + written, 0xFF, (capacity - written) * sizeof(bf16), m.stream),
-            "ImportState");
+      // Into the slot's pages; the unwritten rows of its last page get the fresh pool's NaN (all
+      // bits set).
+      const int64_t count = static_cast<int64_t>(written) / std::max<int64_t>(cg->dim, 1);
+      size_t at = co->entries;
+      bf16* end = nullptr;
+      for (const auto& [to, n] : m.EntryRuns(*cw, slot, count)) {
+        const auto run_bytes = static_cast<size_t>(n * cg->dim) * sizeof(bf16);
+        copy(to, at, run_bytes);
+        at += run_bytes;
+        end = to + n * cg->dim;
+      }
+      const int64_t tail = (kPageSize - count % kPageSize) % kPageSize;
+      if (status.ok() && end != nullptr && tail > 0) {
+        status =
+            CudaStatus(cudaMemsetAsync(
+                           end, 0xFF, static_cast<size_t>(tail * cg->dim) * sizeof(bf16), m.stream),
+                       "ImportState");
       }
     }
     if (status.ok()) status = CudaStatus(cudaEventRecord(buffer.event, m.stream), "ImportState");

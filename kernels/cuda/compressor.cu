@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) EmitKernel(CompressorParams p, int64
   sum_sq = BlockSum(sum_sq, scratch);
   const float inv = 1.0f / sqrtf(static_cast<float>(sum_sq / static_cast<double>(p.dim)) + p.eps);
 
-  __nv_bfloat16* entry = p.entries + (s.slot * p.entry_capacity + w) * p.dim;
+  __nv_bfloat16* entry = p.entries + EntryRow(p.entry_pages, s.slot, p.entry_capacity, w) * p.dim;
   const int64_t nope = p.dim - p.rope_dim;
   for (int64_t c = threadIdx.x; c < nope; c += kThreads) {
     entry[c] = __float2bfloat16_rn(p.norm_weight[c] * (pooled[c] * inv));
@@ -147,6 +147,7 @@ cudaError_t CheckShape(const CompressorParams& p) {
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_tokens >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_tokens <= INT32_MAX);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entry_capacity >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, EntryPagesValid(p.entry_pages, p.entry_capacity));
   return cudaSuccess;
 }
 

@@ -46,6 +46,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/paged_entries.cuh"
+
 namespace pdserve::kernels::cuda {
 
 inline constexpr int64_t kMaxCompressorRate = 512;
@@ -70,8 +72,12 @@ struct CompressorParams {
   // State pools, indexed by slot:
   float* ring_kv = nullptr;          // [slots, 2 * rate, width] fp32
   float* ring_gate = nullptr;        // same layout
-  __nv_bfloat16* entries = nullptr;  // [slots, entry_capacity, dim] bf16
-  int64_t entry_capacity = 0;
+  __nv_bfloat16* entries = nullptr;  // [slots, entry_capacity, dim] bf16, or a paged pool
+  int64_t entry_capacity = 0;        // entries per request at most
+  // Paged entries (kernels/cuda/paged_entries.cuh): entry w of slot s at pool row
+  // EntryRow(entry_pages, s, entry_capacity, w); a null table is the slot layout above. Every
+  // entry a call writes must be on a page the slot holds.
+  EntryPages entry_pages;
   // Weights (fp32, device): position_bias [rate, width], norm_weight [dim] (kv_norm)
   const float* position_bias = nullptr;
   const float* norm_weight = nullptr;

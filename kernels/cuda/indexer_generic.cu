@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                                const __nv_bfloat16* keys, int64_t key_capacity,
                                const int32_t* slot_of_row, const int32_t* position_of_row,
                                int64_t rate, float score_scale, int64_t max_keys, float* scores,
-                               int32_t* visible_out) {
+                               int32_t* visible_out, EntryPages pages) {
   extern __shared__ float4 smem4[];
   float* q_s = reinterpret_cast<float*>(smem4);           // [4 * head_groups, dim_padded]
   float* k_s = q_s + 4 * sh.head_groups * sh.dim_padded;  // [kTileKeys, key_pitch]
@@ -83,14 +83,15 @@ __global__ void __launch_bounds__(kMaxThreads)
       const int d = e % sh.dim_padded;
       q_s[e] = h < sh.heads && d < sh.head_dim ? qr[h * sh.head_dim + d] : 0.0f;
     }
-    const __nv_bfloat16* kr =
-        keys + (static_cast<int64_t>(slot_of_row[row]) * key_capacity + tile_start) * sh.head_dim;
+    const int64_t slot = slot_of_row[row];
     for (int e = tid; e < kTileKeys * sh.dim_padded; e += blockDim.x) {
       const int key = e / sh.dim_padded;
       const int d = e % sh.dim_padded;
       const bool valid = tile_start + key < visible && d < sh.head_dim;
       k_s[key * sh.key_pitch + d] =
-          valid ? __bfloat162float(kr[static_cast<int64_t>(key) * sh.head_dim + d]) : 0.0f;
+          valid ? __bfloat162float(
+                      keys[EntryRow(pages, slot, key_capacity, tile_start + key) * sh.head_dim + d])
+                : 0.0f;
     }
     __syncthreads();
 
@@ -140,7 +141,7 @@ cudaError_t indexer_scores_generic(const float* q, const float* head_weights, in
                                    int64_t key_capacity, const int32_t* slot_of_row,
                                    const int32_t* position_of_row, int64_t rate, float score_scale,
                                    int64_t max_keys, float* scores, int32_t* visible,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, EntryPages key_pages) {
   constexpr const char* kLauncher = "indexer_scores_generic";
   PDSERVE_LAUNCH_REQUIRE(kLauncher, rows >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, heads >= 1);
@@ -151,6 +152,7 @@ cudaError_t indexer_scores_generic(const float* q, const float* head_weights, in
   PDSERVE_LAUNCH_REQUIRE(kLauncher, max_keys <= INT32_MAX - kTileKeys);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, heads <= 4096);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, head_dim <= 4096);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, EntryPagesValid(key_pages, key_capacity));
   const Shape shape = MakeShape(heads, head_dim);
   const size_t smem_bytes = sizeof(float) * SmemFloats(shape);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, smem_bytes <= kMaxSmemBytes);
@@ -177,7 +179,7 @@ cudaError_t indexer_scores_generic(const float* q, const float* head_weights, in
                   static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
   IndexerScoresGenericKernel<<<grid, threads, smem_bytes, stream>>>(
       q, head_weights, rows, shape, keys, key_capacity, slot_of_row, position_of_row, rate,
-      score_scale, max_keys, scores, visible);
+      score_scale, max_keys, scores, visible, key_pages);
   return cudaGetLastError();
 }
 

@@ -20,7 +20,8 @@
 // row r reads keys[slot_of_row[r], 0 .. visible[r]) only, so NaN or stale keys past a row's
 // visible length or in other slots never reach its scores; slot_of_row, position_of_row [rows]
 // int32 in device memory. scores [rows, max_keys] fp32: entries at or past visible[r] are left
-// untouched; visible [rows] int32.
+// untouched; visible [rows] int32. key_pages (kernels/cuda/paged_entries.cuh): keys is a paged
+// pool, key s of row r at pool row EntryRow(key_pages, slot_of_row[r], key_capacity, s).
 //
 // Errors: cudaErrorInvalidValue on bad arguments (negative sizes; heads, head_dim or rate < 1;
 // heads or head_dim past 4096; max_keys past INT32_MAX - 64; a shared-memory footprint past 200
@@ -39,6 +40,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/paged_entries.cuh"
+
 namespace pdserve::kernels::cuda {
 
 cudaError_t indexer_scores_generic(const float* q, const float* head_weights, int64_t rows,
@@ -46,6 +49,6 @@ cudaError_t indexer_scores_generic(const float* q, const float* head_weights, in
                                    int64_t key_capacity, const int32_t* slot_of_row,
                                    const int32_t* position_of_row, int64_t rate, float score_scale,
                                    int64_t max_keys, float* scores, int32_t* visible,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, EntryPages key_pages = {});
 
 }  // namespace pdserve::kernels::cuda

@@ -27,7 +27,7 @@ __device__ __forceinline__ const __nv_bfloat16* KeyRow(const SinkAttentionParams
   const int64_t e = p.indices != nullptr ? p.indices[r * p.compressed_slots + c] : c;
   const int64_t visible = min(p.entry_capacity, (t + 1) / p.rate);
   if (e < 0 || e >= visible) return nullptr;
-  return p.entries + (slot * p.entry_capacity + e) * p.head_dim;
+  return p.entries + EntryRow(p.entry_pages, slot, p.entry_capacity, e) * p.head_dim;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -121,6 +121,7 @@ cudaError_t sink_attention(const SinkAttentionParams& p, float* out, cudaStream_
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.rate > 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries == nullptr || p.entry_capacity >= 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, EntryPagesValid(p.entry_pages, p.entry_capacity));
   if (p.rows == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.q != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.slot_of_row != nullptr);

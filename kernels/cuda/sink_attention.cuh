@@ -19,7 +19,8 @@
 // q >= first_position[r] -> new_kv[first_row[r] + q - first_position[r]]; else the ring
 // window_ring[s][q % window] ([slots, window, head_dim] bf16), which holds the last `window`
 // positions before the segment. Compressed entry e: entries[s][e] ([slots, entry_capacity,
-// head_dim] bf16). Rows not attended are never read, so stale or NaN slots cannot leak.
+// head_dim] bf16), or through entry_pages' page table. Rows not attended are never read, so stale
+// or NaN slots cannot leak.
 //
 // Layouts: q [rows, heads, head_dim] fp32 (RoPE applied), sinks [heads] fp32, out [rows, heads,
 // head_dim] fp32; all per-row arrays int32 [rows] in device memory.
@@ -34,6 +35,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/paged_entries.cuh"
 
 namespace pdserve::kernels::cuda {
 
@@ -51,6 +54,9 @@ struct SinkAttentionParams {
   int64_t window = 0;  // sliding window W >= 1 (keys of the last W positions, current included)
   const __nv_bfloat16* entries = nullptr;  // nullptr: sliding layer (no compressed entries)
   int64_t entry_capacity = 0;
+  // Paged entries (kernels/cuda/paged_entries.cuh); a null table is the [slots, entry_capacity]
+  // layout above.
+  EntryPages entry_pages;
   int64_t rate = 1;                  // tokens per compressed entry
   const int32_t* indices = nullptr;  // CSA picks [rows, compressed_slots]; nullptr: HCA
   int64_t compressed_slots = 0;      // CSA: top-k; HCA: bound on the entries any row sees

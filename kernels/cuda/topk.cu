@@ -1,5 +1,9 @@
+#include <cooperative_groups.h>
+
+#include <array>
 #include <cstdint>
 
+#include "kernels/cpu/topk_radix.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
@@ -7,38 +11,39 @@
 namespace pdserve::kernels::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBinBits = 12;
 constexpr int kBins = 1 << kBinBits;
 constexpr int kMaxCandidates = 4096;  // entries the sort buffer holds
-// Rows up to this many scores (128K tokens at compression 4, plus slack) are read from global
-// memory once and kept in shared memory (as order keys) for the later passes.
+// Row parts up to this many scores (a whole row of 128K tokens at compression 4, plus slack) are
+// read from global memory once and kept in shared memory (as order keys) for the later passes.
 constexpr int64_t kMaxCachedScores = 40960;
+// Shared memory besides the cached part: the candidates and two histograms (alternate rounds use
+// alternate buffers, so a block recounts while the cluster's other blocks may still read the last
+// round's counts; the merge reuses them for the other blocks' lists).
+constexpr size_t kFixedSmemBytes = kMaxCandidates * sizeof(uint64_t) + 2 * kBins * sizeof(uint32_t);
+static_assert(2 * kBins * sizeof(uint32_t) == kMaxCandidates * sizeof(uint64_t),
+              "the merge copies up to kMaxCandidates picks into the histogram buffers");
 // A pass loads kBatch 16-byte vectors per thread before it looks at any, so that a pass over
 // global memory keeps 64 KB per block in flight.
 constexpr int kBatch = 4;
 // Longest row: the entry indices a pass forms stay below 2^31.
 constexpr int64_t kMaxStride = INT32_MAX - 4 * kBatch * kThreads;
+constexpr int kMaxTopKBlocks = 8;  // portable cluster size
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 static_assert(kWarps == 32, "block-wide steps reduce one value per warp within one warp");
 static_assert(kBins == 4 * kThreads, "FindBin reads four bins per thread");
 static_assert(kMaxCandidates >= kMaxTopK, "rows of at most k entries are sorted whole");
 
+using cpu::PickIndex;
+using cpu::PickKey;
+
 // Order-preserving map float -> uint32 (larger float -> larger key), with -0.0 folded onto +0.0.
 __device__ __forceinline__ uint32_t OrderKey(float f) {
-  uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Sort key: descending order of this is descending score, then ascending index. Never 0 for a
-// real entry (the low word is >= 2^31), so 0 pads the sort.
-__device__ __forceinline__ uint64_t PickKey(uint32_t order_key, int index) {
-  return (static_cast<uint64_t>(order_key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
-}
-
-__device__ __forceinline__ int32_t PickIndex(uint64_t pick) {
-  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(pick));
+  return cpu::OrderKeyOfBits(__float_as_uint(f));
 }
 
 // Shared scalars and per-warp partials of the block-wide steps.
@@ -48,7 +53,40 @@ struct Scratch {
   uint32_t above;
   uint32_t in_bin;
   uint32_t count;
+  uint32_t ties;                       // this block's entries at the tie key (read by the cluster)
+  uint32_t list_len;                   // this block's sorted picks (read by the cluster)
+  uint32_t other_len[kMaxTopKBlocks];  // the cluster's list lengths, copied
+  uint32_t other_off[kMaxTopKBlocks];  // where each block's list starts in the merge buffer
 };
+
+// The blocks of one row form a thread-block cluster; with one block per row the cluster steps are
+// plain block barriers.
+struct RowBlocks {
+  int count;  // blocks per row (cluster size)
+  int rank;   // this block's rank in its row
+};
+
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Every thread of every block of the row; a block barrier when the row has one block.
+__device__ __forceinline__ void RowSync(const RowBlocks& rb) {
+  if (rb.count > 1) {
+    ClusterArrive();
+    ClusterWait();
+  } else {
+    __syncthreads();
+  }
+}
+
+// `p` (this block's shared memory) in block `rank` of the cluster.
+template <typename T>
+__device__ __forceinline__ T* InBlock(T* p, int rank) {
+  return cg::this_cluster().map_shared_rank(p, static_cast<unsigned>(rank));
+}
 
 __device__ __forceinline__ uint32_t WarpInclusiveSum(uint32_t v) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -150,13 +188,13 @@ __device__ __forceinline__ void AppendPick(bool take, uint32_t key, int index, u
   if (take && slot < kMaxCandidates) picks[slot] = PickKey(key, index);
 }
 
-// In the histogram hist[kBins], the bin holding the `need`-th largest counted entry: the largest
-// bin whose entries plus those of the bins above number at least `need`. Writes that bin, the
-// entries above it and its own count to s (read them after the call). 1 <= need <= total count.
-__device__ __forceinline__ void FindBin(const uint32_t* hist, uint32_t need, Scratch& s) {
+// The bin holding the `need`-th largest counted entry of a histogram of kBins bins, of which this
+// thread holds bins 4 tid .. 4 tid + 3 in `c`: the largest bin whose entries plus those of the
+// bins above number at least `need`. Writes that bin, the entries above it and its own count to s
+// (read them after the call). 1 <= need <= total count.
+__device__ __forceinline__ void FindBin(const uint4 c, uint32_t need, Scratch& s) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const uint4 c = reinterpret_cast<const uint4*>(hist)[threadIdx.x];  // bins 4 tid .. 4 tid + 3
   uint32_t inclusive = WarpInclusiveSum(c.x + c.y + c.z + c.w);
   if (lane == 31) s.warp[0][warp] = inclusive;
   __syncthreads();
@@ -178,74 +216,113 @@ __device__ __forceinline__ void FindBin(const uint32_t* hist, uint32_t need, Scr
   __syncthreads();
 }
 
-// Gathers into `cand` a set of entries that holds the `picks` best of row[0, n) (picks < n) and
-// returns its size (<= kMaxCandidates). A radix select whose digits adapt to the data: each round
-// counts the entries with keys in [lo, hi] in kBins bins of 2^shift keys ((hi - lo) >> shift <
-// kBins; the first round, over all keys, is their top kBinBits bits, counted while the row is
-// read) and keeps the bin where the picks end. As soon as every entry at or above that bin fits in
-// the buffer, those are gathered, in any order (the sort orders them, ties by index); at one key
-// per bin (after at most 3 rounds) with more ties than fit, the entries above the key and the
-// lowest-index ties at it are. The row is read from global memory once when `cache` holds it.
-__device__ int SelectCandidates(const float* row, uint32_t* cache, int n, int picks, uint64_t* cand,
-                                uint32_t* hist, Scratch& s) {
+// This thread's four bins of the row's histogram: the sum of `hist` over the row's blocks. Call
+// after a RowSync that follows every block's counting.
+__device__ __forceinline__ uint4 RowHistogram(const uint32_t* hist, const RowBlocks& rb) {
+  uint4 c = reinterpret_cast<const uint4*>(hist)[threadIdx.x];
+  for (int b = 0; b < rb.count; ++b) {
+    if (b == rb.rank) continue;
+    const uint4 o = reinterpret_cast<const uint4*>(InBlock(hist, b))[threadIdx.x];
+    c = make_uint4(c.x + o.x, c.y + o.y, c.z + o.z, c.w + o.w);
+  }
+  return c;
+}
+
+// Block-wide sum of one value per thread (all threads call; the result is in every thread).
+__device__ __forceinline__ uint32_t BlockSum(uint32_t v, Scratch& s) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  uint32_t lo = 0;
-  uint32_t hi = 0xFFFFFFFFu;
-  int shift = 32 - kBinBits;
+  v = __reduce_add_sync(kFullMask, v);
+  __syncthreads();  // s.warp[1] may still be read by an earlier step
+  if (lane == 0) s.warp[1][warp] = v;
+  __syncthreads();
+  return __reduce_add_sync(kFullMask, s.warp[1][lane]);
+}
+
+// Gathers into `cand` this block's share of a set of entries that holds the `picks` best of the
+// row (picks < n) and leaves its size in s.count (<= kMaxCandidates; read after a barrier). The
+// row's n entries are split into consecutive parts, one per block of the row; this block's part
+// is part[0, part_n), entry `first` of the row. A radix select whose digits adapt to the data:
+// each round counts the entries with keys in [lo, hi] in kBins bins of 2^shift keys ((hi - lo) >>
+// shift < kBins; the first round, over all keys, is their top kBinBits bits, counted while the
+// part is read) and keeps the bin where the picks end; the counts are the sums over the row's
+// blocks, so every block takes the same decisions. As soon as every entry at or above that bin
+// fits in the buffer, those are gathered, in any order (the sort orders them, ties by index); at
+// one key per bin (after at most 3 rounds) with more ties than fit, the entries above the key and
+// the row's lowest-index ties at it are (a block's ties rank after those of the blocks before it).
+// The part is read from global memory once when `cache` holds it.
+__device__ void SelectCandidates(const float* part, int part_n, int first, uint32_t* cache, int n,
+                                 int picks, uint64_t* cand, uint32_t* hist_buffers, Scratch& s,
+                                 const RowBlocks& rb) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
+  int buffer = 0;
+  uint32_t* hist = hist_buffers;
   reinterpret_cast<uint4*>(hist)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   const auto count_top_bits = [&](uint32_t key, int i, bool valid) {
     if (valid && cache != nullptr) cache[i] = key;
-    CountInBin(hist, valid, key >> shift);
+    CountInBin(hist, valid, key >> range.shift);
   };
-  if (cache != nullptr && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-    // The whole row in flight at once: copied as floats, then turned into keys in place.
-    const int n4 = n / 4;
-    for (int q = threadIdx.x; q < n4; q += kThreads) CopyAsync16(cache + 4 * q, row + 4 * q, true);
+  if (cache != nullptr && (reinterpret_cast<uintptr_t>(part) & 15) == 0) {
+    // The whole part in flight at once: copied as floats, then turned into keys in place.
+    const int n4 = part_n / 4;
+    for (int q = threadIdx.x; q < n4; q += kThreads) CopyAsync16(cache + 4 * q, part + 4 * q, true);
     CopyAsyncCommit();
     CopyAsyncWait<0>();
     __syncthreads();
     ForEachVector<true>(reinterpret_cast<const uint4*>(cache), n4, count_top_bits);
     const int i = 4 * n4 + static_cast<int>(threadIdx.x);
-    if (4 * n4 < n) count_top_bits(i < n ? OrderKey(row[i]) : 0u, i, i < n);
+    if (4 * n4 < part_n) count_top_bits(i < part_n ? OrderKey(part[i]) : 0u, i, i < part_n);
   } else {
     __syncthreads();
-    ForEachKey(row, nullptr, n, count_top_bits);
+    ForEachKey(part, nullptr, part_n, count_top_bits);
   }
-  __syncthreads();
   const uint32_t* keys = cache;
 
   uint32_t need = static_cast<uint32_t>(picks);  // picks still to come from [lo, hi]
-  uint32_t in_range = static_cast<uint32_t>(n);  // entries in [lo, hi]
+  uint32_t in_range = static_cast<uint32_t>(n);  // entries of the row in [lo, hi]
   for (;;) {
     uint32_t bin = 0;
     uint32_t above = 0;
     uint32_t in_bin = in_range;
-    if (hi != lo) {
-      FindBin(hist, need, s);
+    if (range.hi != range.lo) {
+      RowSync(rb);  // every block's counts of this round are complete (and this block's keys)
+      FindBin(RowHistogram(hist, rb), need, s);
       bin = s.bin;
       above = s.above;
       in_bin = s.in_bin;
+    } else {
+      __syncthreads();
     }
     need -= above;
-    const uint32_t bin_lo = lo + (bin << shift);
+    const uint32_t bin_lo = cpu::BinLow(range, bin);
     const uint32_t at_or_above = static_cast<uint32_t>(picks) - need + in_bin;
-    if (at_or_above <= kMaxCandidates || shift == 0) {
+    if (at_or_above <= kMaxCandidates || range.shift == 0) {
       if (threadIdx.x == 0) s.count = 0;
       __syncthreads();
       if (at_or_above <= kMaxCandidates) {
-        ForEachKey(row, keys, n, [&](uint32_t key, int i, bool valid) {
-          AppendPick(valid && key >= bin_lo, key, i, cand, &s.count);
+        ForEachKey(part, keys, part_n, [&](uint32_t key, int i, bool valid) {
+          AppendPick(valid && key >= bin_lo, key, first + i, cand, &s.count);
         });
-        return static_cast<int>(at_or_above);
+        return;
       }
-      // bin_lo is the picks-th best key: everything above it, then its first `need` entries by
-      // index (ranked chunk by chunk; the per-warp counts alternate buffers between chunks).
+      // bin_lo is the picks-th best key: everything above it, then the row's first `need` entries
+      // at it by index (ranked chunk by chunk; the per-warp counts alternate buffers between
+      // chunks), after the ties of the blocks before this one.
       uint32_t ties_before = 0;
-      for (int i0 = 0, parity = 0; i0 < n; i0 += kThreads, parity ^= 1) {
+      if (rb.count > 1) {
+        uint32_t mine = 0;
+        for (int i = threadIdx.x; i < part_n; i += kThreads) mine += KeyAt(part, keys, i) == bin_lo;
+        mine = BlockSum(mine, s);
+        if (threadIdx.x == 0) s.ties = mine;
+        RowSync(rb);
+        for (int b = 0; b < rb.rank; ++b) ties_before += *InBlock(&s.ties, b);
+      }
+      for (int i0 = 0, parity = 0; i0 < part_n; i0 += kThreads, parity ^= 1) {
         const int i = i0 + static_cast<int>(threadIdx.x);
-        const uint32_t key = i < n ? KeyAt(row, keys, i) : 0u;
-        const bool tie = i < n && key == bin_lo;
+        const uint32_t key = i < part_n ? KeyAt(part, keys, i) : 0u;
+        const bool tie = i < part_n && key == bin_lo;
         const uint32_t tie_ballot = __ballot_sync(kFullMask, tie);
         if (lane == 0) s.warp[parity][warp] = __popc(tie_ballot);
         __syncthreads();
@@ -255,23 +332,24 @@ __device__ int SelectCandidates(const float* row, uint32_t* cache, int n, int pi
                               __shfl_sync(kFullMask, warps_inclusive - warp_ties, warp) +
                               __popc(tie_ballot & LanesBelow());
         ties_before += __shfl_sync(kFullMask, warps_inclusive, 31);
-        AppendPick(i < n && (key > bin_lo || (tie && rank < need)), key, i, cand, &s.count);
+        AppendPick(i < part_n && (key > bin_lo || (tie && rank < need)), key, first + i, cand,
+                   &s.count);
       }
-      return picks;
+      return;
     }
-    // The next round: the kept bin, counted in bins of 2^(shift - kBinBits) keys or less.
-    hi = hi - bin_lo > (1u << shift) - 1u ? bin_lo + ((1u << shift) - 1u) : hi;
-    lo = bin_lo;
+    // The next round: the kept bin, counted in bins of 2^(shift - kBinBits) keys or less, into the
+    // other buffer (the one the row's blocks read two rounds ago, before the RowSync above).
+    range = cpu::NarrowToBin(range, bin, kBinBits);
     in_range = in_bin;
-    const uint32_t range = hi - lo;
-    shift = max(0, 32 - __clz(range) - kBinBits);
-    if (range != 0) {
+    if (range.hi != range.lo) {
+      buffer ^= 1;
+      hist = hist_buffers + buffer * kBins;
       reinterpret_cast<uint4*>(hist)[threadIdx.x] = make_uint4(0, 0, 0, 0);
       __syncthreads();
-      ForEachKey(row, keys, n, [&](uint32_t key, int, bool valid) {
-        CountInBin(hist, valid && key - lo <= range, (key - lo) >> shift);
+      const uint32_t span = range.hi - range.lo;
+      ForEachKey(part, keys, part_n, [&](uint32_t key, int, bool valid) {
+        CountInBin(hist, valid && key - range.lo <= span, (key - range.lo) >> range.shift);
       });
-      __syncthreads();
     }
   }
 }
@@ -317,58 +395,206 @@ __device__ void BitonicSortDescending(uint64_t* keys, int size) {
   }
 }
 
+// The number of entries greater than `key` in list[0, len), sorted descending without repeats.
+__device__ __forceinline__ uint32_t CountGreater(const uint64_t* list, uint32_t len, uint64_t key) {
+  uint32_t lo = 0;
+  uint32_t hi = len;
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (list[mid] > key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Writes the row's picks from the blocks' sorted candidate lists: an entry's place is its place
+// in its own list plus the entries greater than it in the others (pick keys are unique: they hold
+// the index). Each block copies the first min(len, picks) entries of the other lists into
+// `merge` (kMaxCandidates entries: the lists together hold at most that many), then places its
+// own. No block leaves before every block has copied from it.
+__device__ void MergeRowPicks(const uint64_t* cand, uint32_t count, int picks, uint64_t* merge,
+                              Scratch& s, const RowBlocks& rb, int32_t* out_row) {
+  if (threadIdx.x == 0) s.list_len = min(count, static_cast<uint32_t>(picks));
+  RowSync(rb);  // every block's list is sorted and its length set
+  if (threadIdx.x == 0) {
+    uint32_t offset = 0;
+    for (int b = 0; b < rb.count; ++b) {
+      const uint32_t len = b == rb.rank ? 0u : *InBlock(&s.list_len, b);
+      s.other_len[b] = len;
+      s.other_off[b] = offset;
+      offset += len;
+    }
+  }
+  __syncthreads();
+  for (int b = 0; b < rb.count; ++b) {
+    const uint64_t* other = InBlock(cand, b);
+    for (uint32_t i = threadIdx.x; i < s.other_len[b]; i += kThreads) {
+      merge[s.other_off[b] + i] = other[i];
+    }
+  }
+  ClusterArrive();  // done reading the other blocks' shared memory
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < s.list_len; i += kThreads) {
+    const uint64_t key = cand[i];
+    uint32_t place = i;
+    for (int b = 0; b < rb.count; ++b)
+      place += CountGreater(merge + s.other_off[b], s.other_len[b], key);
+    if (place < static_cast<uint32_t>(picks)) out_row[place] = PickIndex(key);
+  }
+  ClusterWait();
+}
+
+// One row per cluster of `gridDim.x / rows` blocks; the row's n entries are split into equal
+// consecutive parts (multiples of 4 entries, so 16-byte loads stay aligned), one per block.
+// Shared memory: candidates [kMaxCandidates] u64, two histograms [kBins] u32, and when
+// `cache_part` the part's order keys [part capacity] u32.
 __global__ void __launch_bounds__(kThreads)
-    TopKKernel(const float* scores, int64_t stride, const int32_t* lengths, int k, bool cache_row,
+    TopKKernel(const float* scores, int64_t stride, const int32_t* lengths, int k, bool cache_part,
                int32_t* out) {
   extern __shared__ __align__(16) uint64_t smem[];
   uint64_t* const cand = smem;                                                // [kMaxCandidates]
-  uint32_t* const hist = reinterpret_cast<uint32_t*>(cand + kMaxCandidates);  // [kBins]
-  uint32_t* const cache = cache_row ? hist + kBins : nullptr;                 // [stride]
+  uint32_t* const hist = reinterpret_cast<uint32_t*>(cand + kMaxCandidates);  // [2][kBins]
+  uint32_t* const cache = cache_part ? hist + 2 * kBins : nullptr;
   __shared__ Scratch s;
-  const int64_t r = blockIdx.x;
+  // Launched with programmatic stream serialization: wait here for the kernel before (the scores)
+  // to finish; without it this returns at once.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const RowBlocks rb{static_cast<int>(cg::this_cluster().num_blocks()),
+                     static_cast<int>(cg::this_cluster().block_rank())};
+  const int64_t r = blockIdx.x / rb.count;
   const float* row = scores + r * stride;
   const int n = static_cast<int>(min(max(static_cast<int64_t>(lengths[r]), int64_t{0}), stride));
   const int picks = min(k, n);
-  int count = n;
-  if (n <= max(picks, kThreads)) {  // short rows are sorted whole
-    for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
-  } else {
-    count = SelectCandidates(row, cache, n, picks, cand, hist, s);
+  int32_t* out_row = out + r * k;
+  if (rb.rank == 0) {
+    for (int j = picks + static_cast<int>(threadIdx.x); j < k; j += kThreads) out_row[j] = -1;
   }
+  if (picks == 0) return;  // the whole row's blocks, before any cluster step
+  const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
+  const int first = row_part.first;
+  const int part_n = row_part.count;
+  const float* part = row + first;
+  if (n <= max(picks, kThreads)) {  // short rows are sorted whole
+    for (int i = threadIdx.x; i < part_n; i += kThreads) {
+      cand[i] = PickKey(OrderKey(part[i]), first + i);
+    }
+    if (threadIdx.x == 0) s.count = static_cast<uint32_t>(part_n);
+  } else {
+    SelectCandidates(part, part_n, first, cache, n, picks, cand, hist, s, rb);
+  }
+  __syncthreads();
+  const int count = static_cast<int>(min(s.count, static_cast<uint32_t>(kMaxCandidates)));
   int size = 32;
   while (size < count) size <<= 1;
-  __syncthreads();
   for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) cand[i] = 0;
   __syncthreads();
   BitonicSortDescending(cand, size);
-  int32_t* out_row = out + r * k;
-  for (int j = threadIdx.x; j < k; j += kThreads) out_row[j] = j < picks ? PickIndex(cand[j]) : -1;
+  if (rb.count == 1) {
+    for (int j = threadIdx.x; j < picks; j += kThreads) out_row[j] = PickIndex(cand[j]);
+    return;
+  }
+  MergeRowPicks(cand, static_cast<uint32_t>(count), picks, reinterpret_cast<uint64_t*>(hist), s, rb,
+                out_row);
+}
+
+// How many clusters of `blocks` (2, 4 or 8) blocks of TopKKernel the device runs at once
+// (clusters sit within one GPC, so this can be below SMs / blocks); 0 where the query fails.
+// Queried for every size at the first call (make it outside graph capture, as the kernel
+// attribute) and cached (one device kind per process assumed). Requires the kernel's
+// shared-memory attribute set.
+int MaxActiveClusters(int64_t blocks) {
+  static const std::array<int, 3> clusters = [] {
+    std::array<int, 3> counts = {0, 0, 0};
+    for (int slot = 0; slot < 3; ++slot) {
+      cudaLaunchAttribute cluster = {};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 2u << slot;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(2u << slot);
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kFixedSmemBytes;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&counts[slot], TopKKernel, &config) != cudaSuccess) {
+        cudaGetLastError();  // not sticky; clear it
+        counts[slot] = 0;
+      }
+    }
+    return counts;
+  }();
+  return blocks == 2 ? clusters[0] : (blocks == 4 ? clusters[1] : clusters[2]);
+}
+
+// Blocks per row: the largest power of two up to kMaxTopKBlocks that keeps all rows in one wave
+// (rows x blocks within the SM count, rows within the clusters the device runs at once) and
+// parts of at least 256 entries.
+int64_t PickBlocksPerRow(int64_t rows, int64_t stride) {
+  int device = 0;
+  int sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 1;
+  }
+  int64_t blocks = 1;
+  while (blocks < kMaxTopKBlocks && rows * blocks * 2 <= sms && stride >= 512 * blocks &&
+         rows <= MaxActiveClusters(blocks * 2)) {
+    blocks *= 2;
+  }
+  return blocks;
 }
 
 }  // namespace
 
-cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
-                  int64_t k, int32_t* out, cudaStream_t stream) {
+cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                        int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream) {
   PDSERVE_LAUNCH_REQUIRE("top_k", rows >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", stride >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", k >= 1);
   PDSERVE_LAUNCH_REQUIRE("top_k", k <= kMaxTopK);
   PDSERVE_LAUNCH_REQUIRE("top_k", stride <= kMaxStride);
+  PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row >= 0);
+  PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row <= kMaxTopKBlocks);
+  PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
   if (rows == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE("top_k", scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", lengths != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", out != nullptr);
-  const bool cache_row = stride <= kMaxCachedScores;
-  const size_t smem = kMaxCandidates * sizeof(uint64_t) + kBins * sizeof(uint32_t) +
-                      (cache_row ? static_cast<size_t>(stride) * sizeof(uint32_t) : 0);
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kMaxCandidates * sizeof(uint64_t) + kBins * sizeof(uint32_t) +
-                       kMaxCachedScores * sizeof(uint32_t)));
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kFixedSmemBytes + kMaxCachedScores * sizeof(uint32_t)));
   if (attribute_status != cudaSuccess) return attribute_status;
-  TopKKernel<<<static_cast<unsigned>(rows), kThreads, smem, stream>>>(
-      scores, stride, lengths, static_cast<int>(k), cache_row, out);
-  return cudaGetLastError();
+  const int64_t blocks = blocks_per_row == 0 ? PickBlocksPerRow(rows, stride) : blocks_per_row;
+  PDSERVE_LAUNCH_REQUIRE("top_k", rows * blocks <= INT32_MAX);
+  const int64_t part_cap = ((stride + blocks - 1) / blocks + 3) / 4 * 4;
+  const bool cache_part = part_cap <= kMaxCachedScores;
+  const size_t smem =
+      kFixedSmemBytes + (cache_part ? static_cast<size_t>(part_cap) * sizeof(uint32_t) : 0);
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = static_cast<unsigned>(blocks);
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows * blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = blocks > 1 ? 2 : 1;
+  return cudaLaunchKernelEx(&config, TopKKernel, scores, stride, lengths, static_cast<int>(k),
+                            cache_part, out);
+}
+
+cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                  int64_t k, int32_t* out, cudaStream_t stream) {
+  return top_k_split(scores, rows, stride, lengths, k, 0, out, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -1,24 +1,32 @@
-// Deterministic top-k over rows of float32 scores on the GPU, one thread block per row.
+// Deterministic top-k over rows of float32 scores on the GPU, one cluster of 1-8 blocks per row.
 //
 // Same result as kernels/cpu/topk.h, element for element: descending score, ties broken by
 // ascending index, exactly min(length, k) valid indices followed by -1. +0.0 and -0.0 are equal
 // (as the CPU comparison treats them); +-inf order as usual; NaN must not occur (the callers'
 // scores are finite sums or +-inf). Why the tie rule matters: docs/engine-reference.md.
 //
-// Method: one 1024-thread block per row. Rows of at most max(k, 1024) entries are sorted whole.
-// Longer rows: a radix select on order-preserving 32-bit keys whose digits adapt to the data.
-// The first round counts the top 12 bits of every key while the row is read from global memory
-// (once: rows up to 40960 entries stay in shared memory as keys); each further round counts the
-// keys of the kept bin in 4096 bins of the remaining width. As soon as the entries at or above
-// the bin holding the k-th best fit in a 4096-entry buffer (typically after the first round),
-// they are gathered and sorted (bitonic, on (key, index) pairs, so ties order by index) and the
-// first k are written. When the k-th best key itself has more ties than fit (after at most three
-// rounds), the entries above it and its lowest-index ties, ranked in index order, are.
-// Passes over the row: 2 typically, at most 4 (rows past 40960 entries re-read global memory,
-// L2 as a rule, in each).
+// Method: each row is split into consecutive parts, one per block of a thread-block cluster of 1,
+// 2, 4 or 8 blocks of 1024 threads (top_k picks the size so that rows x blocks stay within one
+// block per multiprocessor: batch 32 runs 4 blocks per row on 128 of 132 SMs). Rows of at most
+// max(k, 1024) entries are sorted whole. Longer rows: a radix select on order-preserving 32-bit
+// keys whose digits adapt to the data, over the histograms of all the row's blocks summed through
+// distributed shared memory (so every block takes the same decisions). The first round counts the
+// top 12 bits of every key while the part is read from global memory (once: parts up to 40960
+// entries stay in shared memory as keys); each further round counts the keys of the kept bin in
+// 4096 bins of the remaining width. As soon as the row's entries at or above the bin holding the
+// k-th best fit in 4096 (typically after the first round), each block gathers its own and sorts
+// them (bitonic, on (key, index) pairs, so ties order by index). When the k-th best key itself has
+// more ties than fit (after at most three rounds), the entries above it and the row's lowest-index
+// ties at it are taken (a block's ties after those of the blocks before it). Last, each block
+// places its sorted entries: its own rank plus, by binary search, the entries greater in the other
+// blocks' lists (copied from their shared memory); ranks below k are written. Only the candidates,
+// a few hundred per block, are sorted; the row is never sorted whole.
 //
-// CUDA-graph safe: the launch shape depends only on (rows, stride, k); per-row lengths are read
-// from device memory when the kernel runs.
+// CUDA-graph safe: the launch shape depends only on (rows, stride, k) and the device (its SM and
+// cluster counts); per-row lengths are read from device memory when the kernel runs. Launched
+// with programmatic stream serialization: the launch may begin while the kernel before it on the
+// stream drains, and the kernel waits (griddepcontrol.wait) for that kernel's completion before
+// it reads anything, so inside a graph its launch latency overlaps the scores kernel's tail.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,9 +40,15 @@ inline constexpr int64_t kMaxTopK = 2048;
 // scores: [rows, stride] fp32 (row r reads scores[r * stride + 0 .. lengths[r])); lengths: [rows]
 // int32 in device memory, clamped to [0, stride]; out: [rows, k] int32. 1 <= k <= kMaxTopK,
 // stride < 2^31 - 16384. Returns cudaErrorInvalidValue on bad arguments, else the launch status.
-// Asynchronous on `stream`; no state besides a one-time kernel attribute (make the first call
-// outside graph capture), so concurrent calls on different outputs are safe.
+// Asynchronous on `stream`; no state besides a one-time kernel attribute and the device's cluster
+// occupancy, cached (make the first call outside graph capture), so concurrent calls on different
+// outputs are safe. The CPU twin of the method: kernels/cpu/topk_radix.h.
 cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                   int64_t k, int32_t* out, cudaStream_t stream);
+
+// top_k with `blocks_per_row` blocks per row (1, 2, 4 or 8; 0 picks as top_k does). The result
+// does not depend on it; tests and benchmarks use it to reach every path.
+cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                        int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream);
 
 }  // namespace pdserve::kernels::cuda

@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   const bool fp8 = options.weight_format == engine::gpu::WeightFormat::kFp8Block;
   engine::WeightsLoadOptions load;
   load.skip_fp8_matrices = fp8;
+  load.skip_quantized_experts = fp8;
   PDSERVE_ASSIGN_OR_RETURN(engine::Weights weights, engine::Weights::Load(model_dir, config, load));
   // Load checked every stored tensor's shape and ids, the left-out ones included; ValidateWeights
   // repeats that for the tensors held and would call the left-out ones missing.

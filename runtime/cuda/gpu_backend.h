@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
 // The factory: weights from the context's model_dir, a group (LoadGpuModelGroup) whose ranks hold
 // context.slots slots between them (ceil(slots / ranks) each, one more each with
 // context.options.canary: the canary's recompute slot) of context.max_context tokens, and a
-// GpuStepRunner owning it. Errors: LoadGpuModelGroup's, FailedPrecondition for paranoid mode,
+// GpuStepRunner owning it. Errors: LoadGpuModelGroup's,
 // Internal for CUDA errors.
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options);
 

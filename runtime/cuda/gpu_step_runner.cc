@@ -91,11 +91,6 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
           r, " has ", group->rank(r).slots()));
     }
   }
-  if (options.paranoid) {
-    return absl::FailedPreconditionError(
-        "GPU runner: paranoid page checks need the state in pool pages; the CUDA backend keeps "
-        "it in device slots (use the CPU backend for guards.paranoid)");
-  }
   return std::unique_ptr<GpuStepRunner>(
       new GpuStepRunner(std::move(group), layout, pool, std::move(options)));
 }
@@ -138,7 +133,10 @@ void GpuStepRunner::Remove(serving::RequestId id) {
   auto it = sequences_.find(id);
   if (it == sequences_.end()) return;
   const Sequence& seq = *it->second;
-  if (seq.slot >= 0) free_slots_[static_cast<size_t>(seq.rank)].push_back(seq.slot);
+  if (seq.slot >= 0) {
+    free_slots_[static_cast<size_t>(seq.rank)].push_back(seq.slot);
+    to_release_.push_back({seq.rank, seq.slot});  // its state pages, at the next step
+  }
   sequences_.erase(it);
 }
 
@@ -155,7 +153,7 @@ int64_t GpuStepRunner::free_slots() const {
 }
 
 GuardCounts GpuStepRunner::guard_counts() const {
-  return {canary_checks_.load(), canary_mismatches_.load(), 0};
+  return {canary_checks_.load(), canary_mismatches_.load(), isolation_errors_.load()};
 }
 
 absl::StatusOr<std::vector<float>> GpuStepRunner::Recompute(const Sequence& seq) {
@@ -184,6 +182,8 @@ absl::StatusOr<std::vector<float>> GpuStepRunner::Recompute(const Sequence& seq)
     for (const absl::Status& s : ran) PDSERVE_RETURN_IF_ERROR(s);
     from = to;
   }
+  // The slot's state pages go back to the pool for the sequences.
+  PDSERVE_RETURN_IF_ERROR(Model(seq).ResetSlot(slot));
   const int64_t vocab = out.dim(1);
   const float* last = out.ptr() + (out.dim(0) - 1) * vocab;
   return std::vector<float>(last, last + vocab);
@@ -245,7 +245,41 @@ absl::Status GpuStepRunner::Place(Sequence& seq) {
   return gpu.ImportState(seq.slot, state, staging.get());
 }
 
+void GpuStepRunner::ReleaseRemovedSlots() {
+  std::vector<std::pair<int64_t, int64_t>> released;
+  {
+    absl::MutexLock lock(&mutex_);
+    released.swap(to_release_);
+  }
+  // The slots' pages go back to the pool now, not when the slot is next placed, so the state
+  // pool holds only live sequences. A slot placed again meanwhile is reset by Place too.
+  for (const auto& [rank, slot] : released) {
+    absl::Status reset = group_->rank(rank).ResetSlot(slot);
+    if (!reset.ok()) spdlog::error("GPU runner: releasing slot {}: {}", slot, reset.ToString());
+  }
+}
+
+std::vector<std::shared_ptr<GpuStepRunner::Sequence>> GpuStepRunner::VerifyPages(
+    const std::vector<Work>& decode, const std::vector<Work>& prefill) {
+  std::vector<std::shared_ptr<Sequence>> failed;
+  for (const std::vector<Work>* works : {&decode, &prefill}) {
+    for (const Work& work : *works) {
+      const Sequence& seq = *work.sequence;
+      absl::Status ok = Model(seq).VerifySlotPages(seq.slot);
+      if (ok.ok()) continue;
+      ++isolation_errors_;
+      absl::Status isolation = absl::FailedPreconditionError(
+          absl::StrCat("paranoid: sequence ", seq.id, ": ", ok.message()));
+      spdlog::error("{}", isolation.ToString());
+      Fail(seq, isolation);
+      failed.push_back(work.sequence);
+    }
+  }
+  return failed;
+}
+
 absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan& plan) {
+  ReleaseRemovedSlots();
   std::vector<Work> decode;
   std::vector<Work> prefill;
   std::vector<std::shared_ptr<Sequence>> to_place;
@@ -303,9 +337,17 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
   auto is_failed = [&](const Work& w) {
     return std::find(failed.begin(), failed.end(), w.sequence) != failed.end();
   };
-  for (const auto& seq : failed) outcome.stopped.push_back(seq->id);
   decode.erase(std::remove_if(decode.begin(), decode.end(), is_failed), decode.end());
   prefill.erase(std::remove_if(prefill.begin(), prefill.end(), is_failed), prefill.end());
+  if (options_.paranoid) {
+    // Every page each sequence's step reads, against the allocator, before anything is launched:
+    // a failure stops that sequence only.
+    const std::vector<std::shared_ptr<Sequence>> foreign = VerifyPages(decode, prefill);
+    failed.insert(failed.end(), foreign.begin(), foreign.end());
+    decode.erase(std::remove_if(decode.begin(), decode.end(), is_failed), decode.end());
+    prefill.erase(std::remove_if(prefill.begin(), prefill.end(), is_failed), prefill.end());
+  }
+  for (const auto& seq : failed) outcome.stopped.push_back(seq->id);
 
   std::vector<char> prefill_stopped(prefill.size(), 0);
   RunPrefill(prefill, &prefill_stopped);

@@ -67,8 +67,12 @@
 // "canary pass: ...", error "canary mismatch: ..."), counted in guard_counts(); a mismatch fails
 // the choice before its last token is delivered. Cost per checked choice: one prefill of the
 // whole sequence on the step thread, plus its host logits (Forward returns every row's).
-// Paranoid mode is refused (Create returns FailedPrecondition): it is defined over the state
-// pages, which the GPU runner does not keep; guard_counts().isolation_errors stays zero.
+// The recompute slot gives its state pages back when the check is done. Paranoid mode
+// (options.paranoid) checks, before each step is launched, every state page each sequence of
+// the step reads against the GPU model's allocator (GpuModel::VerifySlotPages: owner + epoch);
+// a failure stops only that sequence with an isolation error and counts in
+// guard_counts().isolation_errors. A removed sequence's slot gives its state pages back at the
+// next step.
 //
 // Thread-safety: Add / Remove / num_sequences / free_slots from any thread; Run from one step loop
 // at a time (it alone drives the models, which are not thread-safe). A one-GPU step runs on the
@@ -82,6 +86,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -104,8 +109,7 @@ class GpuStepRunner : public SequenceRunner {
  public:
   // `gpu`, `layout` (LayoutForModel(gpu->config())) and `pool` must outlive the runner; the runner
   // alone drives `gpu` and uses all of its slots. InvalidArgument for prefill_block outside [1,
-  // gpu->max_chunk()], or options.canary with fewer than 2 slots on a rank; FailedPrecondition for
-  // options.paranoid.
+  // gpu->max_chunk()], or options.canary with fewer than 2 slots on a rank.
   static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(engine::gpu::GpuModel* gpu,
                                                                const serving::StateLayout& layout,
                                                                serving::PagePool* pool,
@@ -159,6 +163,11 @@ class GpuStepRunner : public SequenceRunner {
   void DecodeOnDevice(const std::vector<Work>& works, const DecodeBatch& batch, int64_t rows,
                       const std::vector<std::vector<GpuSampleRow>>& draws,
                       std::vector<char>* stopped);
+  // ResetSlot of the slots Remove freed since the last step (their pages back to the pool).
+  void ReleaseRemovedSlots();
+  // Paranoid mode: the sequences of the step whose pages fail VerifySlotPages (each failed).
+  std::vector<std::shared_ptr<Sequence>> VerifyPages(const std::vector<Work>& decode,
+                                                     const std::vector<Work>& prefill);
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
   // The canary of `seq` over `last`, the logits its newest token (already recorded) was sampled
@@ -180,6 +189,9 @@ class GpuStepRunner : public SequenceRunner {
   absl::flat_hash_map<serving::RequestId, std::shared_ptr<Sequence>> sequences_
       ABSL_GUARDED_BY(mutex_);
   std::vector<std::vector<int64_t>> free_slots_ ABSL_GUARDED_BY(mutex_);  // per rank
+  // (rank, slot) of removed sequences whose pages the next step gives back.
+  std::vector<std::pair<int64_t, int64_t>> to_release_ ABSL_GUARDED_BY(mutex_);
+  std::atomic<int64_t> isolation_errors_{0};
   // Per rank, made at the first PD placement: the pinned buffers a transferred prompt state is
   // imported through (two layers). Used by Run only (one step at a time).
   std::vector<std::unique_ptr<engine::gpu::StateStaging>> import_staging_;

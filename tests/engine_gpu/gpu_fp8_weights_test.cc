@@ -4,10 +4,10 @@
 // 128 x 128 scales, FP4 experts; PDSERVE_FP8_CHECKPOINT names an already written one instead).
 // Three engines on every prompt of the bundled model (prefill in one call, then chunked prefill +
 // batched decode through the CUDA graphs): the GPU in FP8 (projections' stored bytes on the device,
-// fp8_gemm), the GPU in bf16 (today's path, Weights::Load's dequantized values rounded to bf16)
-// and the CPU engine in fp32 on the same dequantized values. Prints argmax agreement and
-// max|diff| / max|ref| for FP8 vs CPU, bf16 vs CPU and FP8 vs bf16 (the lead copies the figures
-// into docs/engine-gpu.md).
+// fp8_gemm; the FP4 experts converted to FP8 at load, moe_grouped_gemm), the GPU in bf16 (today's
+// path, Weights::Load's dequantized values rounded to bf16) and the CPU engine in fp32 on the same
+// dequantized values. Prints argmax agreement and max|diff| / max|ref| for FP8 vs CPU, bf16 vs CPU
+// and FP8 vs bf16 (the lead copies the figures into docs/engine-gpu.md).
 //
 // Tolerance. The weights are identical in the two GPU modes: an e4m3 value times a power-of-two
 // scale is exact in bf16. What differs is the FP8 mode's activations, quantized per 1 x 128 to
@@ -19,7 +19,9 @@
 // FP8 vs bf16 and FP8 vs CPU. A wrong layout or scale (weights read transposed, a scale block
 // off by one) gives ~1 and near-random argmaxes, far outside. The criterion (FP8 vs bf16
 // at least as close as bf16 vs CPU) is printed, not asserted: it holds only if FP8 activation
-// noise stays below bf16's, which the arithmetic above does not promise.
+// noise stays below bf16's, which the arithmetic above does not promise. The CPU emulation of
+// the FP8 arithmetic (tests/engine/fp8_emulation_agreement.cc) predicts ~98% argmax agreement
+// with the CPU on this model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,10 +101,15 @@ TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundle
   ASSERT_TRUE(full.ok()) << full.status();
   WeightsLoadOptions slim_options;
   slim_options.skip_fp8_matrices = true;
+  slim_options.skip_quantized_experts = true;
   auto slim = Weights::Load(dir, *config, slim_options);
   ASSERT_TRUE(slim.ok()) << slim.status();
-  // 6 layers x 8 (q_a q_b kv o_a o_b, 3 shared) + 3 CSA x 6 + 2 HCA x 2 compressor projections.
-  EXPECT_EQ(slim->left_stored().size(), 6u * 8 + 3 * 6 + 2 * 2);
+  // The bundled model: 6 layers x 8 (q_a q_b kv o_a o_b, 3 shared) + 3 CSA x 6 + 2 HCA x 2
+  // compressor projections, and 6 layers x 2 stacked FP4 expert tensors (FP8 on the GPU).
+  const char* other = std::getenv("PDSERVE_FP8_CHECKPOINT");
+  if (other == nullptr || *other == '\0') {
+    EXPECT_EQ(slim->left_stored().size(), 6u * 8 + 3 * 6 + 2 * 2 + 6 * 2);
+  }
 
   auto fp8 = Make(*config, *slim, WeightFormat::kFp8Block, dir);
   auto bf16 = Make(*config, *full, WeightFormat::kBf16, "");

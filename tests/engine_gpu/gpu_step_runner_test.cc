@@ -57,7 +57,7 @@ class Harness {
 
   void Submit(size_t index, const RequestSpec& spec) {
     outputs_.resize(std::max(outputs_.size(), index + 1));
-    auto context = MakeContext(config_, index, spec, &outputs_[index]);
+    auto context = MakeContext(config_, index, spec, &outputs_[index], errors_expected);
     ASSERT_NE(context, nullptr);
     for (int32_t c = 0; c < spec.params.n; ++c) {
       const serving::RequestId id = next_id_++;
@@ -79,6 +79,7 @@ class Harness {
         }
       }
       waited_ = waited_ || scheduler_->num_waiting() > 0;
+      if (before_step) before_step(step);
       auto result = scheduler_->Step(*runner_);
       EXPECT_TRUE(result.ok()) << result.status();
       if (!result.ok()) break;
@@ -96,6 +97,9 @@ class Harness {
   bool Busy() const { return scheduler_->num_waiting() + scheduler_->num_running() > 0; }
 
   Runner& runner() { return *runner_; }
+  // Called before each step with its index (fault injection).
+  std::function<void(int)> before_step;
+  bool errors_expected = false;  // on_error records instead of failing the test
   int64_t mixed_steps() const { return mixed_steps_; }
   bool waited() const { return waited_; }
   int64_t max_running_seen() const { return max_running_seen_; }
@@ -177,15 +181,18 @@ class GpuStepRunnerTest : public ::testing::Test {
 using GpuHarness = Harness<GpuStepRunner>;
 
 // gpu_sampling false: decode rows are sampled on the host (RunnerOptions::gpu_sampling).
-MakeRunner<GpuStepRunner> MakeGpuRunner(GpuModel* gpu, bool gpu_sampling = true) {
-  return [gpu, gpu_sampling](const serving::StateLayout& layout, serving::PagePool* pool) {
-    RunnerOptions options;
-    options.prefill_block = kPrefillBlock;
-    options.gpu_sampling = gpu_sampling;
-    auto runner = GpuStepRunner::Create(gpu, layout, pool, options);
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    return runner.ok() ? std::move(*runner) : nullptr;
-  };
+MakeRunner<GpuStepRunner> MakeGpuRunner(GpuModel* gpu, bool gpu_sampling = true,
+                                        bool paranoid = false) {
+  return
+      [gpu, gpu_sampling, paranoid](const serving::StateLayout& layout, serving::PagePool* pool) {
+        RunnerOptions options;
+        options.prefill_block = kPrefillBlock;
+        options.gpu_sampling = gpu_sampling;
+        options.paranoid = paranoid;
+        auto runner = GpuStepRunner::Create(gpu, layout, pool, options);
+        EXPECT_TRUE(runner.ok()) << runner.status();
+        return runner.ok() ? std::move(*runner) : nullptr;
+      };
 }
 
 TEST_F(GpuStepRunnerTest, GreedyTokensEqualTheCpuRunner) {
@@ -320,8 +327,63 @@ TEST_F(GpuStepRunnerTest, ExpertParallelGroupEqualsOneGpu) {
   ExpectSameTokens(got, one.RunAll(specs), /*max_diverged=*/1);
 }
 
+// Paranoid mode on the GPU runner: a page of one sequence handed to another (the test fault,
+// GpuModel::InjectForeignPageForTest) mid-decode fails that sequence only, with an isolation
+// error, before its step is launched; every other request's tokens are the unfaulted run's.
+TEST_F(GpuStepRunnerTest, ParanoidFailsOnlyTheSequenceHandedAForeignPage) {
+  // 40 tokens each, EOS ignored: at step 24 every sequence is live (a removed one's slot keeps
+  // its pages until the next step, and a fault there would catch nobody).
+  std::vector<RequestSpec> specs = Specs(0.0, 1, 0);
+  for (RequestSpec& s : specs) {
+    s.params.max_tokens = 40;
+    s.params.ignore_eos = true;
+  }
+  auto clean_gpu = Gpu(16);
+  auto gpu = Gpu(16);
+  ASSERT_NE(clean_gpu, nullptr);
+  ASSERT_NE(gpu, nullptr);
+  GpuHarness clean(model_.config, 16, 96, MakeGpuRunner(clean_gpu.get(), true, true));
+  const Outputs want = clean.RunAll(specs);
+  EXPECT_EQ(clean.runner().guard_counts().isolation_errors, 0);
+  GpuHarness h(model_.config, 16, 96, MakeGpuRunner(gpu.get(), true, true));
+  h.errors_expected = true;
+  bool injected = false;
+  h.before_step = [&](int step) {
+    if (step != 24 || injected) return;  // every prompt prefilled, all decoding
+    for (int64_t victim = 0; victim < 16 && !injected; ++victim) {
+      for (int64_t donor = 0; donor < 16 && !injected; ++donor) {
+        injected = victim != donor && gpu->InjectForeignPageForTest(victim, donor).ok();
+      }
+    }
+  };
+  const Outputs got = h.RunAll(specs);
+  ASSERT_TRUE(injected);
+  EXPECT_EQ(h.runner().guard_counts().isolation_errors, 1);
+  int failed = 0;
+  Outputs got_clean, want_clean;
+  for (size_t r = 0; r < got.size(); ++r) {
+    if (!got[r][0].error.empty()) {
+      ++failed;
+      EXPECT_NE(got[r][0].error.find("paranoid"), std::string::npos) << got[r][0].error;
+      continue;
+    }
+    got_clean.push_back(got[r]);
+    want_clean.push_back(want[r]);
+  }
+  EXPECT_EQ(failed, 1);
+  // The victim's row leaves the decode batch (same bucket): at most one near-tie may flip, as
+  // in the other runner tests.
+  ExpectSameTokens(got_clean, want_clean, /*max_diverged=*/1);
+  EXPECT_EQ(h.runner().free_slots(), 16);
+  // Removed sequences give their pages back at the next step.
+  ASSERT_TRUE(h.runner().Run(serving::StepPlan{}).ok());
+  for (const engine::gpu::StatePageKind& k : gpu->StatePages()) {
+    EXPECT_EQ(k.pages_free, k.pages_total) << "every page back, the victim's and the donor's";
+  }
+}
+
 // Refusals: a canary choice without RunnerOptions::canary, the canary with one slot, a sequence
-// longer than the GPU's context, paranoid mode, a prefill block above max_chunk.
+// longer than the GPU's context, a prefill block above max_chunk.
 TEST_F(GpuStepRunnerTest, RefusesWhatItCannotServe) {
   auto gpu = Gpu(2);
   ASSERT_NE(gpu, nullptr);
@@ -332,10 +394,6 @@ TEST_F(GpuStepRunnerTest, RefusesWhatItCannotServe) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       GpuStepRunner::Create(gpu.get(), layout, pool.get(), options).status()));
   options.prefill_block = 32;
-  options.paranoid = true;
-  EXPECT_TRUE(absl::IsFailedPrecondition(
-      GpuStepRunner::Create(gpu.get(), layout, pool.get(), options).status()));
-  options.paranoid = false;
   auto runner = GpuStepRunner::Create(gpu.get(), layout, pool.get(), options);
   ASSERT_TRUE(runner.ok()) << runner.status();
   auto sampler = serving::RequestSampler::Create({}, "r", {}, std::vector<int32_t>{1},

@@ -33,13 +33,16 @@ struct RequestSpec {
 struct ChoiceOutput {
   std::vector<int32_t> tokens;
   std::string finish_reason;
+  std::string error;  // on_error's status (only where errors_expected)
 };
 using Outputs = std::vector<std::vector<ChoiceOutput>>;
 
-// The request's sampler and callbacks; tokens go to `out` (one entry per choice).
+// The request's sampler and callbacks; tokens go to `out` (one entry per choice), an error to its
+// choice's `error` (a test failure unless errors_expected).
 inline std::shared_ptr<RequestContext> MakeContext(const engine::ModelConfig& config, size_t index,
                                                    const RequestSpec& spec,
-                                                   std::vector<ChoiceOutput>* out) {
+                                                   std::vector<ChoiceOutput>* out,
+                                                   bool errors_expected = false) {
   out->resize(static_cast<size_t>(spec.params.n));
   std::vector<int32_t> eos;
   for (int64_t id : config.eos_token_ids) eos.push_back(static_cast<int32_t>(id));
@@ -54,7 +57,10 @@ inline std::shared_ptr<RequestContext> MakeContext(const engine::ModelConfig& co
     c.finish_reason = event.finish_reason;
     return false;
   };
-  context->on_error = [](int32_t, const absl::Status& status) { ADD_FAILURE() << status; };
+  context->on_error = [out, errors_expected](int32_t choice, const absl::Status& status) {
+    if (!errors_expected) ADD_FAILURE() << status;
+    (*out)[static_cast<size_t>(choice)].error = status.ToString();
+  };
   return context;
 }
 

@@ -11,7 +11,9 @@
 
 #include "engine/config.h"
 #include "engine/memory_plan.h"
+#include "engine/quant.h"
 #include "engine/safetensors.h"
+#include "engine/stored_experts.h"
 #include "engine/stored_fp8.h"
 #include "engine/weights.h"
 #include "gtest/gtest.h"
@@ -113,6 +115,57 @@ TEST(RealFormatCheckpointTest, Fp8ProjectionsStayStoredWithTheLoadersValues) {
     ASSERT_EQ(std::memcmp(t.data.data(), want.data.data(), t.data.size() * sizeof(float)), 0)
         << name;
   }
+}
+
+// The GPU engine's FP8 experts (engine/stored_experts.h, WeightsLoadOptions::
+// skip_quantized_experts): the tool's FP4 experts become FP8 whose dequantization is the loader's
+// value bit for bit (the tool's ue8m0 scales make the conversion exact), expert by expert, and a
+// load that leaves exactly the stacked expert tensors out.
+TEST(RealFormatCheckpointTest, Fp4ExpertsBecomeFp8WithTheLoadersValues) {
+  const char* quantized = std::getenv("PDSERVE_RF_QUANTIZED");
+  if (quantized == nullptr) GTEST_SKIP() << "run by ctest only";
+  auto config = ModelConfig::Load(quantized);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto full = Weights::Load(quantized, *config);
+  ASSERT_TRUE(full.ok()) << full.status();
+  WeightsLoadOptions options;
+  options.skip_quantized_experts = true;
+  auto slim = Weights::Load(quantized, *config, options);
+  ASSERT_TRUE(slim.ok()) << slim.status();
+  auto stored = StoredExperts::Open(quantized, *config);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+
+  const int64_t hidden = config->hidden_size, inter = config->moe_intermediate_size;
+  int64_t checked = 0;
+  for (int64_t l = 0; l < config->num_hidden_layers; ++l) {
+    for (const char* part : {"gate_up_proj", "down_proj"}) {
+      const std::string name = "model.layers." + std::to_string(l) + ".mlp.experts." + part;
+      ASSERT_TRUE(stored->Has(name)) << name;
+      EXPECT_TRUE(slim->left_stored().count(name)) << name;
+      EXPECT_FALSE(slim->Get(name).ok()) << name;
+      const Tensor& want = full->At(name);
+      const bool down = std::string(part) == "down_proj";
+      const int64_t rows = down ? hidden : 2 * inter, cols = down ? inter : hidden;
+      for (int64_t e = 0; e < config->n_routed_experts; ++e) {
+        auto got = stored->Expert(name, e);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->rows, rows);
+        ASSERT_EQ(got->cols, cols);
+        ASSERT_EQ(got->scales.size(), static_cast<size_t>((rows + 127) / 128 * (cols / 128)));
+        std::vector<float> values(static_cast<size_t>(rows * cols));
+        DequantizeFp8(got->weight.data(), rows, cols, got->scales.data(), values.data());
+        ASSERT_EQ(std::memcmp(values.data(), want.data.data() + e * rows * cols,
+                              values.size() * sizeof(float)),
+                  0)
+            << name << " expert " << e;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, config->num_hidden_layers * 2 * config->n_routed_experts);
+  EXPECT_FALSE(stored->Expert("model.layers.0.mlp.experts.gate_up_proj", 1 << 20).ok());
+  EXPECT_EQ(static_cast<int64_t>(slim->left_stored().size()), config->num_hidden_layers * 2);
+  EXPECT_EQ(slim->all().size() + slim->left_stored().size(), full->all().size());
 }
 
 }  // namespace

@@ -138,5 +138,24 @@ TEST(ApiResponseTest, ADeltaWithOnlyReasoningOrToolCallsHasAPayload) {
   EXPECT_TRUE(finish.HasPayload());
 }
 
+// A chat logprob's bytes are the token's raw bytes (a partial UTF-8 sequence keeps its own byte,
+// not U+FFFD's three), for the token and for each alternative.
+TEST(ApiResponseTest, ChatLogprobBytesAreTheRawBytes) {
+  ApiRequest req = ThinkingChat(false);
+  req.logprobs = true;
+  req.top_logprobs = 2;
+  ChoiceDelta d;
+  d.text = "\xEF\xBF\xBD";
+  d.logprobs.push_back(
+      {"\xEF\xBF\xBD", -0.5f, {{"\xEF\xBF\xBD", -0.5f}, {"a", -2.0f}}, "\xC3", {"\xC3", ""}});
+  d.finish_reason = "length";
+  const ordered_json full = ordered_json::parse(
+      FullResponse(req, {"chatcmpl-1", 7, "m"}, {d}, {.prompt_tokens = 3, .completion_tokens = 1}));
+  const ordered_json& lp = full["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(lp["bytes"], ordered_json({0xC3}));
+  EXPECT_EQ(lp["top_logprobs"][0]["bytes"], ordered_json({0xC3}));
+  EXPECT_EQ(lp["top_logprobs"][1]["bytes"], ordered_json({'a'}));  // empty: the text's bytes
+}
+
 }  // namespace
 }  // namespace pdserve::frontend

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -284,6 +285,29 @@ TEST_F(RequestPreparerTest, ToolSchemaTheGrammarCannotEnforceIs400OnToolsOnlyWhe
                           R"(,"tool_choice":"auto"})"))
           .first;
   EXPECT_EQ(error.code, "context_length_exceeded");
+}
+
+// Logprob carries a token's raw bytes: the bundled tokenizer's byte-level pieces include lone
+// UTF-8 lead bytes, whose text decodes to U+FFFD while their bytes stay the byte itself.
+TEST_F(RequestPreparerTest, LogprobBytesOfAPartialUtf8TokenAreItsOwnByte) {
+  std::optional<int32_t> partial;
+  for (int32_t id = 0; id < 4096 && !partial; ++id) {
+    std::string bytes;
+    if (!tokenizer_->AppendTokenBytes(id, false, &bytes).ok()) continue;
+    if (bytes.size() == 1 && static_cast<unsigned char>(bytes[0]) >= 0xC2) partial = id;
+  }
+  ASSERT_TRUE(partial.has_value()) << "no lone UTF-8 lead byte among the first 4096 ids";
+  std::string expected;
+  ASSERT_TRUE(tokenizer_->AppendTokenBytes(*partial, false, &expected).ok());
+  const TokenLogprob lp = preparer_->Logprob({*partial, -1.0f, {{*partial, -1.0f}, {65, -2.0f}}});
+  EXPECT_EQ(lp.token, "\xEF\xBF\xBD");
+  EXPECT_EQ(lp.bytes, expected);
+  ASSERT_EQ(lp.top_bytes.size(), 2u);
+  EXPECT_EQ(lp.top_bytes[0], expected);
+  std::string other;
+  ASSERT_TRUE(tokenizer_->AppendTokenBytes(65, false, &other).ok());
+  EXPECT_EQ(lp.top_bytes[1], other);
+  EXPECT_EQ(lp.top[1].first, other);  // valid UTF-8: text and bytes agree
 }
 
 }  // namespace

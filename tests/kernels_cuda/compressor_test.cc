@@ -157,15 +157,23 @@ struct SegmentCall {
 // compressor_update and checks every pool byte against what the reference says it must hold.
 class Harness {
  public:
-  Harness(const Config& c, std::mt19937_64* rng)
+  // paged: the entries go through a page table (kernels/cuda/paged_entries.cuh) of kPage-entry
+  // pages shuffled over a pool with a null page 0 and spare pages; the checks map the pool back
+  // to the slot layout and require every page no slot names to stay NaN.
+  static constexpr int64_t kPage = 2;
+  Harness(const Config& c, std::mt19937_64* rng, bool paged = false)
       : c_(c),
         rng_(rng),
+        paged_(paged),
+        stride_((c.entry_capacity + kPage - 1) / kPage),
+        pool_pages_(c.slots * stride_ + 1 + 3),
         ring_kv_(static_cast<size_t>(c.slots * 2 * c.rate * c.width()), kNaN),
         ring_gate_(ring_kv_),
         entries_(static_cast<size_t>(c.slots * c.entry_capacity * c.dim), testing::kBf16NaN),
         d_ring_kv_(ring_kv_.size()),
         d_ring_gate_(ring_kv_.size()),
-        d_entries_(entries_.size()),
+        d_entries_(paged ? static_cast<size_t>(pool_pages_ * kPage * c.dim) : entries_.size()),
+        d_table_(static_cast<size_t>(std::max<int64_t>(c.slots * stride_, 1))),
         d_kv_(static_cast<size_t>(c.max_rows() * c.width())),
         d_gate_(d_kv_.size()),
         d_bias_(static_cast<size_t>(c.rate * c.width())),
@@ -187,7 +195,16 @@ class Harness {
     for (int64_t s = 0; s < c.slots; ++s) references_.emplace_back(c, &weights_);
     d_ring_kv_.Upload(ring_kv_);
     d_ring_gate_.Upload(ring_gate_);
-    d_entries_.Upload(entries_);
+    if (paged_) {
+      std::vector<int32_t> order;
+      for (int64_t i = 1; i < pool_pages_; ++i) order.push_back(static_cast<int32_t>(i));
+      std::shuffle(order.begin(), order.end(), *rng_);
+      table_.assign(order.begin(), order.begin() + c.slots * stride_);
+      d_table_.Upload(table_.empty() ? std::vector<int32_t>{0} : table_);
+      d_entries_.Upload(std::vector<uint16_t>(d_entries_.size(), testing::kBf16NaN));
+    } else {
+      d_entries_.Upload(entries_);
+    }
     d_bias_.Upload(weights_.position_bias);
     d_norm_.Upload(weights_.norm_weight);
     d_inv_freq_.Upload(weights_.inv_freq);
@@ -272,7 +289,7 @@ class Harness {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> got_ring_kv = d_ring_kv_.Download();
     const std::vector<float> got_ring_gate = d_ring_gate_.Download();
-    const std::vector<uint16_t> got_entries = d_entries_.Download();
+    const std::vector<uint16_t> got_entries = SlotEntries(d_entries_.Download());
     EXPECT_TRUE(d_ring_kv_.GuardsIntact() && d_ring_gate_.GuardsIntact() &&
                 d_entries_.GuardsIntact() && d_kv_.GuardsIntact() && d_gate_.GuardsIntact());
 
@@ -316,7 +333,7 @@ class Harness {
   void ExpectPoolsMatchMirrors() const {
     const std::vector<float> ring_kv = d_ring_kv_.Download();
     const std::vector<float> ring_gate = d_ring_gate_.Download();
-    const std::vector<uint16_t> entries = d_entries_.Download();
+    const std::vector<uint16_t> entries = SlotEntries(d_entries_.Download());
     EXPECT_TRUE(SameBits(ring_kv.data(), ring_kv_.data(), ring_kv_.size() * sizeof(float)));
     EXPECT_TRUE(SameBits(ring_gate.data(), ring_gate_.data(), ring_gate_.size() * sizeof(float)));
     EXPECT_EQ(entries, entries_);
@@ -341,6 +358,7 @@ class Harness {
     p.ring_gate = d_ring_gate_.get();
     p.entries = reinterpret_cast<__nv_bfloat16*>(d_entries_.get());
     p.entry_capacity = c_.entry_capacity;
+    if (paged_) p.entry_pages = {d_table_.get(), stride_, kPage};
     p.position_bias = d_bias_.get();
     p.norm_weight = d_norm_.get();
     p.eps = kEps;
@@ -381,8 +399,35 @@ class Harness {
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
 
+  // The device entry pool as the slot layout [slots, entry_capacity, dim] (paged: through the
+  // table; pages no slot names must still be all NaN).
+  std::vector<uint16_t> SlotEntries(const std::vector<uint16_t>& device) const {
+    if (!paged_) return device;
+    std::vector<uint16_t> slots(entries_.size());
+    std::vector<bool> named(static_cast<size_t>(pool_pages_), false);
+    for (int64_t s = 0; s < c_.slots; ++s) {
+      for (int64_t e = 0; e < c_.entry_capacity; ++e) {
+        const int64_t page = table_[static_cast<size_t>(s * stride_ + e / kPage)];
+        named[static_cast<size_t>(page)] = true;
+        std::copy_n(device.begin() + (page * kPage + e % kPage) * c_.dim, c_.dim,
+                    slots.begin() + (s * c_.entry_capacity + e) * c_.dim);
+      }
+    }
+    for (int64_t page = 0; page < pool_pages_; ++page) {
+      if (named[static_cast<size_t>(page)]) continue;
+      for (int64_t i = page * kPage * c_.dim; i < (page + 1) * kPage * c_.dim; ++i) {
+        EXPECT_EQ(device[static_cast<size_t>(i)], testing::kBf16NaN) << "unnamed page " << page;
+      }
+    }
+    return slots;
+  }
+
   Config c_;
   std::mt19937_64* rng_;
+  const bool paged_;
+  const int64_t stride_;
+  const int64_t pool_pages_;
+  std::vector<int32_t> table_;
   Weights weights_;
   std::vector<ReferenceCompressor> references_;
   // Host mirrors of what the device pools must hold.
@@ -394,6 +439,7 @@ class Harness {
   GuardedBuffer<float> d_ring_kv_;
   GuardedBuffer<float> d_ring_gate_;
   GuardedBuffer<uint16_t> d_entries_;
+  GuardedBuffer<int32_t> d_table_;
   GuardedBuffer<float> d_kv_;
   GuardedBuffer<float> d_gate_;
   GuardedBuffer<float> d_bias_;
@@ -450,6 +496,22 @@ TEST_F(CudaCompressorTest, PrefillThenDecodeMatchesCpu) {
       expected += (p + 2 * m + 1) / m - p / m;
     }
     EXPECT_EQ(decoded, expected);
+  }
+}
+
+// PrefillThenDecodeMatchesCpu's calls with the entries paged.
+TEST_F(CudaCompressorTest, PagedEntriesMatchCpu) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  std::vector<Config> configs = SmallConfigs();
+  configs.push_back({true, 4, 128, 64});  // V4 indexer compressor
+  for (const Config& c : configs) {
+    SCOPED_TRACE(Describe(c));
+    Harness h(c, &rng_, /*paged=*/true);
+    ASSERT_TRUE(h.ok());
+    const auto m = static_cast<int32_t>(c.rate);
+    EXPECT_EQ(h.Call({{6, 1}, {1, m - 1}, {4, m}, {0, m + 1}, {3, 5 * m + 3}}), 0 + 0 + 1 + 1 + 5);
+    for (int step = 0; step < 2 * m + 1; ++step) h.Call({{6, 1}, {1, 1}, {4, 1}, {0, 1}, {3, 1}});
+    h.ExpectPoolsMatchMirrors();
   }
 }
 

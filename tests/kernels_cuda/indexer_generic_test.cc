@@ -240,6 +240,62 @@ TEST(CudaIndexerGenericTest, ShapesAndMixedPositionsMatchCpu) {
   }
 }
 
+// Keys through a page table (kernels/cuda/paged_entries.cuh): 16-key pages shuffled over a pool
+// with a NaN null page 0, so a key tile of 64 spans several pages. Scores and visible lengths
+// are bit for bit the slot layout's (same arithmetic, other addresses).
+TEST(CudaIndexerGenericTest, PagedKeysScoreAsTheSlotLayout) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const auto& [heads, head_dim] :
+       std::vector<std::pair<int64_t, int64_t>>{{3, 24}, {64, 128}}) {
+    const ScoreCase c = MakeCase(rng, heads, head_dim, 4, 300, 300, MixedRows(), 0.1);
+    constexpr int64_t kPage = 16;
+    const int64_t stride = (c.key_capacity + kPage - 1) / kPage;
+    const int64_t pages = c.slots * stride + 1;
+    std::vector<int32_t> order;
+    for (int64_t i = 1; i < pages; ++i) order.push_back(static_cast<int32_t>(i));
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<uint16_t> pool(static_cast<size_t>(pages * kPage * head_dim), testing::kBf16NaN);
+    std::vector<int32_t> table(static_cast<size_t>(c.slots * stride));
+    for (int64_t slot = 0; slot < c.slots; ++slot) {
+      for (int64_t k = 0; k < c.key_capacity; ++k) {
+        const int32_t page = order[static_cast<size_t>(slot * stride + k / kPage)];
+        table[static_cast<size_t>(slot * stride + k / kPage)] = page;
+        std::copy_n(c.keys.data() + (slot * c.key_capacity + k) * head_dim, head_dim,
+                    pool.data() + (page * kPage + k % kPage) * head_dim);
+      }
+    }
+    DeviceCase d(c, 8);
+    ASSERT_TRUE(d.ok());
+    PDSERVE_CUDA_OK(indexer_scores_generic(
+        d.q.get(), d.weights.get(), c.rows(), c.heads, c.head_dim, DevicePtr(d.keys),
+        c.key_capacity, d.slot_of_row.get(), d.position_of_row.get(), kRate, c.score_scale,
+        c.max_keys, d.scores.get(), d.visible.get(), nullptr));
+    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> want = d.scores.Download();
+    const std::vector<int32_t> want_visible = d.visible.Download();
+    GuardedBuffer<uint16_t> d_pool(pool.size());
+    GuardedBuffer<int32_t> d_table(table.size());
+    GuardedBuffer<float> scores(want.size());
+    GuardedBuffer<int32_t> visible(want_visible.size());
+    d_pool.Upload(pool);
+    d_table.Upload(table);
+    // The unwritten tail of each row must stay as it was: copy the slot layout's bits there.
+    scores.Upload(want);
+    PDSERVE_CUDA_OK(indexer_scores_generic(
+        d.q.get(), d.weights.get(), c.rows(), c.heads, c.head_dim, DevicePtr(d_pool),
+        c.key_capacity, d.slot_of_row.get(), d.position_of_row.get(), kRate, c.score_scale,
+        c.max_keys, scores.get(), visible.get(), nullptr, {d_table.get(), stride, kPage}));
+    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(visible.Download(), want_visible);
+    const std::vector<float> got = scores.Download();
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "heads " << heads << " head_dim " << head_dim;
+    EXPECT_TRUE(scores.GuardsIntact() && visible.GuardsIntact());
+  }
+}
+
 TEST(CudaIndexerGenericTest, HeavyReluTiesFollowCpuRule) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();

@@ -55,8 +55,10 @@ std::string Describe(const AttnCase& c) {
   return s;
 }
 
-void RunCase(const AttnCase& c, std::mt19937_64& rng) {
-  SCOPED_TRACE(Describe(c));
+// paged: the entries go through a page table (kernels/cuda/paged_entries.cuh) of 2-entry pages
+// placed in a shuffled pool with a NaN null page 0 and spare NaN pages, the reference unchanged.
+void RunCase(const AttnCase& c, std::mt19937_64& rng, bool paged = false) {
+  SCOPED_TRACE(Describe(c) + (paged ? " paged" : ""));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t slots = 4;
   const int64_t hd = c.head_dim;
@@ -165,6 +167,33 @@ void RunCase(const AttnCase& c, std::mt19937_64& rng) {
   d_new.Upload(new_kv);
   d_ring.Upload(ring);
   d_entries.Upload(entries);
+  constexpr int64_t kPage = 2;
+  const int64_t stride = (c.capacity + kPage - 1) / kPage;
+  std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(slots * stride, 1)));
+  std::vector<uint16_t> pool;
+  if (paged) {
+    const int64_t pages = slots * stride + 1 + 3;  // null page 0 and 3 spare pages
+    std::vector<int32_t> order;
+    for (int64_t i = 1; i < pages; ++i) order.push_back(static_cast<int32_t>(i));
+    std::shuffle(order.begin(), order.end(), rng);
+    pool.assign(static_cast<size_t>(pages * kPage * hd), kBf16NaN);
+    for (int64_t s = 0; s < slots; ++s) {
+      for (int64_t i = 0; i < stride; ++i) {
+        const int32_t page = order[static_cast<size_t>(s * stride + i)];
+        table[static_cast<size_t>(s * stride + i)] = page;
+        for (int64_t e = i * kPage; e < std::min(c.capacity, (i + 1) * kPage); ++e) {
+          std::copy_n(&entries[static_cast<size_t>((s * c.capacity + e) * hd)], hd,
+                      &pool[static_cast<size_t>((page * kPage + e - i * kPage) * hd)]);
+        }
+      }
+    }
+  }
+  GuardedBuffer<uint16_t> d_pool(std::max<size_t>(pool.size(), 1));
+  GuardedBuffer<int32_t> d_table(table.size());
+  if (paged) {
+    d_pool.Upload(pool);
+    d_table.Upload(table);
+  }
   d_picks.Upload(picks);
   if (rows > 0) {
     d_slot.Upload(slot_of_row);
@@ -186,8 +215,9 @@ void RunCase(const AttnCase& c, std::mt19937_64& rng) {
   p.window_ring = reinterpret_cast<const __nv_bfloat16*>(d_ring.get());
   p.window = c.window;
   if (c.kind != Kind::kSliding) {
-    p.entries = reinterpret_cast<const __nv_bfloat16*>(d_entries.get());
+    p.entries = reinterpret_cast<const __nv_bfloat16*>(paged ? d_pool.get() : d_entries.get());
     p.entry_capacity = c.capacity;
+    if (paged) p.entry_pages = {d_table.get(), stride, kPage};
     p.rate = c.rate;
     p.indices = c.kind == Kind::kCsa ? d_picks.get() : nullptr;
     p.compressed_slots = c.kind == Kind::kCsa ? c.topk : c.capacity;
@@ -222,6 +252,18 @@ TEST(CudaSinkAttentionTest, MatchesHostReferenceOnMixedSegments) {
   RunCase({Kind::kHca, 2, 32, 1, 1, 5, 0, {{0, 0, 12}, {1, 7, 3}}}, rng);
   RunCase({Kind::kCsa, 4, 72, 5, 2, 6, 8, {{0, 0, 21}, {2, 40, 2}}}, rng);
   RunCase({Kind::kSliding, 5, 512, 128, 4, 1, 0, {{1, 200, 3}, {0, 0, 130}}}, rng);
+}
+
+// The same cases through page tables: every entry read must come from the slot's own pages.
+TEST(CudaSinkAttentionTest, PagedEntriesMatchHostReference) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = testing::FreshRng();
+  const std::vector<Segment> mixed = {{0, 0, 9}, {2, 13, 1}, {1, 30, 5}, {3, 3, 0}};
+  for (Kind kind : {Kind::kHca, Kind::kCsa}) {
+    for (int64_t hd : {24, 130}) RunCase({kind, 3, hd, 8, 4, 16, 3, mixed}, rng, true);
+  }
+  RunCase({Kind::kHca, 2, 32, 1, 1, 5, 0, {{0, 0, 12}, {1, 7, 3}}}, rng, true);
+  RunCase({Kind::kCsa, 4, 72, 5, 2, 6, 8, {{0, 0, 21}, {2, 40, 2}}}, rng, true);
 }
 
 TEST(CudaSinkAttentionTest, ZeroRowsAndBadArguments) {

@@ -1,5 +1,6 @@
 // kernels/cuda/topk against the CPU rule (kernels/cpu/topk.h): descending score, lower index
-// first on ties, -1 after min(length, k).
+// first on ties, -1 after min(length, k). Every case runs with the block count top_k picks and
+// with 1, 2, 4 and 8 blocks per row (top_k_split), so each path runs whole and split.
 #include "kernels/cuda/topk.cuh"
 
 #include <gtest/gtest.h>
@@ -28,26 +29,34 @@ std::vector<int32_t> ReferenceTopK(const float* row, int64_t n, int64_t k) {
   return out;
 }
 
-// Runs top_k on `scores` ([rows, stride]) with `lengths` and checks every row against the
-// reference, plus the guards around the output.
+// Runs top_k_split on `scores` ([rows, stride]) with `lengths`, for each block count (0: the one
+// top_k picks), and checks every row against the reference, plus the guards around the output.
 void ExpectMatchesReference(const std::vector<float>& scores, int64_t stride,
                             const std::vector<int32_t>& lengths, int64_t k) {
   const int64_t rows = static_cast<int64_t>(lengths.size());
   GuardedBuffer<float> d_scores(scores.size());
   GuardedBuffer<int32_t> d_lengths(lengths.size());
-  GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * k));
-  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_out.ok());
+  ASSERT_TRUE(d_scores.ok() && d_lengths.ok());
   d_scores.Upload(scores);
   d_lengths.Upload(lengths);
-  PDSERVE_CUDA_OK(top_k(d_scores.get(), rows, stride, d_lengths.get(), k, d_out.get(), nullptr));
-  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<int32_t> got = d_out.Download();
-  EXPECT_TRUE(d_out.GuardsIntact());
+  std::vector<std::vector<int32_t>> want(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = std::clamp<int64_t>(lengths[r], 0, stride);
-    const std::vector<int32_t> want = ReferenceTopK(scores.data() + r * stride, n, k);
-    const std::vector<int32_t> row(got.begin() + r * k, got.begin() + (r + 1) * k);
-    EXPECT_EQ(row, want) << "row " << r << " length " << n << " k " << k;
+    want[r] =
+        ReferenceTopK(scores.data() + r * stride, std::clamp<int64_t>(lengths[r], 0, stride), k);
+  }
+  for (int64_t blocks : {0, 1, 2, 4, 8}) {
+    GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * k));
+    ASSERT_TRUE(d_out.ok());
+    PDSERVE_CUDA_OK(top_k_split(d_scores.get(), rows, stride, d_lengths.get(), k, blocks,
+                                d_out.get(), nullptr));
+    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<int32_t> got = d_out.Download();
+    EXPECT_TRUE(d_out.GuardsIntact()) << "blocks per row " << blocks;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<int32_t> row(got.begin() + r * k, got.begin() + (r + 1) * k);
+      EXPECT_EQ(row, want[r]) << "row " << r << " length " << lengths[r] << " k " << k
+                              << " blocks per row " << blocks;
+    }
   }
 }
 
@@ -134,6 +143,147 @@ TEST(CudaTopKTest, InfinitiesOrderAndTie) {
   for (int64_t k : {5, 512}) ExpectMatchesReference(scores, stride, {1500, 1500, 1500}, k);
 }
 
+// Split rows whose picks all sit in one block's part (ascending and descending scores), in no
+// block's part but the last, or spread over every part; lengths that leave later blocks a short
+// or empty part, and NaN past the length; odd strides (rows not 16-byte aligned); parts too long
+// for shared memory (90000 and 100003 at 1 and 2 blocks per row), read from global memory in
+// every pass.
+TEST(CudaTopKTest, SplitRowsWithUnevenPicksMatchCpuRule) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::normal_distribution<float> normal;
+  for (int64_t stride : {9000, 9001, 33333, 90000, 100003}) {
+    const int64_t rows = 5;
+    std::vector<float> scores(static_cast<size_t>(rows * stride));
+    for (int64_t i = 0; i < stride; ++i) {
+      float* s = scores.data() + i;
+      s[0] = static_cast<float>(i);        // the picks are the last entries
+      s[stride] = -static_cast<float>(i);  // the picks are the first entries
+      s[2 * stride] = normal(rng);         // picks in every part
+      s[3 * stride] = i >= stride - 700 ? 5.0f + normal(rng) : normal(rng);  // last part only
+      s[4 * stride] = normal(rng);
+    }
+    const std::vector<int32_t> lengths = {static_cast<int32_t>(stride),
+                                          static_cast<int32_t>(stride - 1), 4097,
+                                          static_cast<int32_t>(stride), 1025};
+    for (int64_t r = 0; r < rows; ++r) {  // NaN past each length, as in stale page tails
+      std::fill(scores.begin() + r * stride + lengths[r], scores.begin() + (r + 1) * stride,
+                std::numeric_limits<float>::quiet_NaN());
+    }
+    for (int64_t k : {1, 512, 2048}) ExpectMatchesReference(scores, stride, lengths, k);
+  }
+}
+
+TEST(CudaTopKTest, RowsShorterThanKIgnoreNanTails) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::uniform_int_distribution<int> level(-3, 3);
+  const int64_t stride = 2048;
+  const std::vector<int32_t> lengths = {1, 2, 3, 5, 7, 31, 33, 511, 1023, 1025, 2047, 2048};
+  // Past each row's length: NaN, which no part may read.
+  std::vector<float> scores(lengths.size() * stride, std::numeric_limits<float>::quiet_NaN());
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    for (int32_t i = 0; i < lengths[r]; ++i)
+      scores[r * stride + i] = static_cast<float>(level(rng));
+  }
+  for (int64_t k : {2048, 1500}) ExpectMatchesReference(scores, stride, lengths, k);
+}
+
+// One value in every entry: the picks are the lowest indices, whichever blocks hold them.
+TEST(CudaTopKTest, AllEqualRowsPickLowestIndices) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float value : {0.0f, -inf, inf, 1.5f}) {
+    const int64_t stride = 40000;
+    const std::vector<float> scores(3 * stride, value);
+    for (int64_t k : {1, 512, 2048}) {
+      ExpectMatchesReference(scores, stride, {40000, 4097, 39999}, k);
+    }
+  }
+}
+
+// The k-th best score has more ties than the candidate buffer holds and the lowest-index ties
+// span several blocks' parts, with entries above it in every part; -inf fills the rest of a row
+// or all of it.
+TEST(CudaTopKTest, TiesSpanningBlocksRankByIndex) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::bernoulli_distribution rare(0.002);
+  for (int64_t stride : {40000, 50001}) {
+    const int64_t rows = 4;
+    std::vector<float> scores(static_cast<size_t>(rows * stride));
+    for (int64_t i = 0; i < stride; ++i) {
+      float* s = scores.data() + i;
+      s[0] = rare(rng) ? 2.0f : (i % 5 == 0 ? 1.0f : 0.0f);  // 1/5 ties at 1.0 under a few 2.0
+      s[stride] = rare(rng) ? inf : (i % 3 == 0 ? -1.0f : -inf);
+      s[2 * stride] = -inf;
+      s[3 * stride] = i % 2 == 0 ? -0.0f : 0.0f;
+    }
+    for (int64_t k : {1, 511, 2048}) {
+      ExpectMatchesReference(scores, stride, std::vector<int32_t>(rows, stride), k);
+    }
+  }
+}
+
+// A captured graph of two top-k launches on one stream (the second launched with programmatic
+// serialization after the first) follows scores and lengths changed between replays.
+TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::normal_distribution<float> normal;
+  const int64_t rows = 32;
+  const int64_t stride = 32768;
+  const int64_t k = 512;
+  std::vector<float> scores(static_cast<size_t>(rows * stride));
+  for (float& s : scores) s = normal(rng);
+  std::vector<int32_t> lengths(rows, static_cast<int32_t>(stride));
+  GuardedBuffer<float> d_scores(scores.size());
+  GuardedBuffer<int32_t> d_lengths(lengths.size());
+  GuardedBuffer<int32_t> d_first(static_cast<size_t>(rows * k));
+  GuardedBuffer<int32_t> d_second(static_cast<size_t>(rows * k));
+  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok());
+  d_scores.Upload(scores);
+  d_lengths.Upload(lengths);
+  cudaStream_t stream = nullptr;
+  PDSERVE_CUDA_OK(cudaStreamCreate(&stream));
+  auto launch = [&] {
+    PDSERVE_CUDA_OK(top_k(d_scores.get(), rows, stride, d_lengths.get(), k, d_first.get(), stream));
+    PDSERVE_CUDA_OK(
+        top_k_split(d_scores.get(), rows, stride, d_lengths.get(), k, 2, d_second.get(), stream));
+  };
+  launch();  // the first launch outside capture sets the kernel attribute
+  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PDSERVE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch();
+  PDSERVE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  PDSERVE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    for (float& s : scores) s = normal(rng);
+    for (int32_t& n : lengths)
+      n = std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(stride))(rng);
+    d_scores.Upload(scores);
+    d_lengths.Upload(lengths);
+    PDSERVE_CUDA_OK(cudaGraphLaunch(exec, stream));
+    PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+    const std::vector<int32_t> first = d_first.Download();
+    const std::vector<int32_t> second = d_second.Download();
+    EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact());
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<int32_t> want = ReferenceTopK(scores.data() + r * stride, lengths[r], k);
+      EXPECT_EQ(std::vector<int32_t>(first.begin() + r * k, first.begin() + (r + 1) * k), want)
+          << "replay " << replay << " row " << r;
+      EXPECT_EQ(std::vector<int32_t>(second.begin() + r * k, second.begin() + (r + 1) * k), want)
+          << "replay " << replay << " row " << r;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(CudaTopKTest, ZeroLengthRowsAreAllInvalid) {
   PDSERVE_SKIP_WITHOUT_GPU();
   const std::vector<float> scores(4 * 100, 1.0f);
@@ -150,6 +300,10 @@ TEST(CudaTopKTest, RejectsBadArguments) {
   EXPECT_EQ(top_k(scores.get(), 1, 16, lengths.get(), kMaxTopK + 1, out.get(), nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(top_k(nullptr, 1, 16, lengths.get(), 4, out.get(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_split(scores.get(), 1, 16, lengths.get(), 4, 3, out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_split(scores.get(), 1, 16, lengths.get(), 4, 16, out.get(), nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "engine/paged_state_plan.h"
 #include "engine/ring_state.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
@@ -90,6 +91,96 @@ TEST(MemoryPlanTest, AFlashConfigOnOneGpuIsRefusedNamingWhatToChange) {
   q.max_batch = 8;
   q.max_context = 4096;
   EXPECT_TRUE(CheckPlanFits(*config, *w, q).ok()) << FormatPlan(*config, *w, q);
+}
+
+// `weights: fp8` (FP8 experts and projections on the GPU, engine/gpu/gpu_model.h): V4-Flash's
+// 43 layers on 4 H200s at batch 8 x 4096 fit, where the bf16 engine's bytes do not; the FP8
+// experts are the FP4 release's expert bytes doubled, less the ue8m0 group scales, plus fp32
+// block scales.
+TEST(MemoryPlanTest, Fp8WeightsFitAFlashWorkerThatBf16DoesNot) {
+  const std::string dir = std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto w = PlanWeightBytes(dir, *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const int64_t e = config->n_routed_experts, h = config->hidden_size;
+  const int64_t inter = config->moe_intermediate_size, layers = config->num_hidden_layers;
+  EXPECT_EQ(w->experts_fp8, layers * e *
+                                (3 * h * inter + (2 * inter / 128) * (h / 128) * 4 +
+                                 (h / 128) * (inter / 128) * 4));
+  EXPECT_EQ(w->experts_today, 2 * layers * e * 3 * h * inter);
+  EXPECT_LT(w->replicated_fp8, w->replicated_today);
+  PlanRequest q;
+  q.worker = "decode-0";
+  q.world = 4;
+  q.max_batch = 8;
+  q.max_context = 4096;
+  const absl::Status bf16 = CheckPlanFits(*config, *w, q);
+  EXPECT_EQ(bf16.code(), absl::StatusCode::kResourceExhausted) << bf16;
+  q.fp8_weights = true;
+  EXPECT_TRUE(CheckPlanFits(*config, *w, q).ok()) << FormatPlan(*config, *w, q);
+  EXPECT_NE(FormatPlan(*config, *w, q).find("engine (fp8)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
+
+// engine/paged_state_plan.h: the CUDA engine's paged state pools.
+namespace pdserve::engine {
+namespace {
+
+TEST(PagedStatePlanTest, FullPagesCostWhatTheSlotLayoutCosts) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const PagedStateBytes b = GpuPagedStateBytes(*config);
+  // kjv-v4-tiny: CSA rate 4 (entries + indexer keys), HCA rate 32.
+  ASSERT_EQ(b.page_bytes.size(), 2u);
+  EXPECT_EQ(b.page_bytes[0].first, 4);
+  EXPECT_EQ(b.page_bytes[1].first, 32);
+  // At a context filling whole pages of every rate, a request's paged bytes are its slot's.
+  for (int64_t context : {int64_t{32 * 64}, int64_t{32 * 64 * 4}}) {
+    const SlotStateBytes slot = GpuSlotStateBytes(*config, context);
+    EXPECT_EQ(b.per_slot, slot.window + slot.rings);
+    EXPECT_EQ(b.Request(context), slot.total()) << context;
+  }
+  // Fewer tokens: only their pages (3 tokens: no entry yet, the fixed part only).
+  EXPECT_EQ(b.Request(3), b.per_slot);
+  EXPECT_EQ(b.Request(4), b.per_slot + b.page_bytes[0].second);
+  EXPECT_EQ(b.Request(32), b.per_slot + b.page_bytes[0].second + b.page_bytes[1].second);
+}
+
+TEST(PagedStatePlanTest, PoolsFollowStateTokensAndNeverExceedTheSlotLayout) {
+  EXPECT_EQ(PagedPoolPages(4, 8, 4096, 0), 8 * 16);         // 1024 entries a slot: 16 pages
+  EXPECT_EQ(PagedPoolPages(4, 8, 4096, 8 * 1000), 32 + 8);  // 2000 entries: 32 pages + slack
+  EXPECT_EQ(PagedPoolPages(4, 8, 4096, 1 << 30), 8 * 16);   // capped at the slot layout
+  EXPECT_EQ(PagedPoolPages(128, 2, 100, 0), 2);             // at least one page a slot
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(GpuStatePoolBytes(*config, 8, 512, 0, false),
+            GpuStatePoolBytes(*config, 8, 512, 0, true));
+  EXPECT_LT(GpuStatePoolBytes(*config, 8, 512, 8 * 100, true),
+            GpuStatePoolBytes(*config, 8, 512, 8 * 100, false));
+}
+
+TEST(PagedStatePlanTest, FlashCapacityGrowsForShortRequestsOnly) {
+  auto flash =
+      ModelConfig::Load(std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash");
+  ASSERT_TRUE(flash.ok()) << flash.status();
+  const int64_t budget = kH200Bytes - kRuntimeAllowance;
+  const int64_t max_context = 131072;
+  const int64_t slot_layout = ConcurrentRequestsThatFit(*flash, 8192, max_context, budget, false);
+  ASSERT_GT(slot_layout, 0);
+  // The slot layout does not depend on the requests' length.
+  EXPECT_EQ(ConcurrentRequestsThatFit(*flash, 131072, max_context, budget, false), slot_layout);
+  const int64_t paged8k = ConcurrentRequestsThatFit(*flash, 8192, max_context, budget, true);
+  const int64_t paged128k = ConcurrentRequestsThatFit(*flash, 131072, max_context, budget, true);
+  EXPECT_GT(paged8k, 8 * slot_layout);  // 16x fewer tokens, less the fixed part per request
+  EXPECT_GE(paged128k, slot_layout);
+  EXPECT_LE(paged128k, slot_layout + 1);
+  // The answer is the largest count that fits.
+  EXPECT_LE(GpuStatePoolBytes(*flash, paged8k, max_context, paged8k * 8192, true), budget);
+  EXPECT_GT(GpuStatePoolBytes(*flash, paged8k + 1, max_context, (paged8k + 1) * 8192, true),
+            budget);
 }
 
 }  // namespace

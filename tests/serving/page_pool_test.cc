@@ -241,3 +241,46 @@ TEST(PagePoolTest, ConcurrentAllocateAndFreeKeepCountsConsistent) {
 
 }  // namespace
 }  // namespace pdserve::serving
+
+namespace pdserve::serving {
+namespace {
+
+TEST(PagePoolExtendTest, ExtendAppendsToTheOwnersTableAllOrNothing) {
+  PagePoolOptions options;
+  options.kinds = {{"a", 4, 1, 4}, {"b", 2, 1, 4}};
+  auto pool = std::move(PagePool::Create(options)).value();
+  absl::StatusOr<PageTable> first = pool->Extend(7, {1, 0});  // no table yet: made
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->pages[0].size(), 1u);
+  absl::StatusOr<PageTable> grown = pool->Extend(7, {2, 1});
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  ASSERT_EQ(grown->pages[0].size(), 3u);
+  EXPECT_EQ(grown->pages[0][0], first->pages[0][0]);  // earlier pages stay, in order
+  EXPECT_EQ(grown->pages[1].size(), 1u);
+  EXPECT_EQ(*pool->Table(7), *grown);
+  EXPECT_EQ(pool->Extend(7, {2, 0}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*pool->Table(7), *grown);  // unchanged
+  EXPECT_EQ(pool->pages_free(0), 1);
+  for (const PageHandle& h : grown->pages[0]) EXPECT_TRUE(pool->Check(7, h).ok());
+  ASSERT_TRUE(pool->Free(*grown).ok());
+  EXPECT_EQ(pool->pages_free(0), 4);
+  EXPECT_EQ(pool->num_owners(), 0);
+}
+
+TEST(PagePoolExtendTest, BookkeepingOnlyPoolHasNoBytes) {
+  PagePoolOptions options;
+  options.kinds = {{"device", 1000, 1 << 20, 4096}};  // 4 TB: far beyond host memory
+  options.host_memory = false;
+  options.poison_freed = true;
+  auto pool = PagePool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_FALSE((*pool)->poison_freed());
+  absl::StatusOr<PageTable> table = (*pool)->Allocate(1, {2});
+  ASSERT_TRUE(table.ok());
+  EXPECT_TRUE((*pool)->Check(1, table->pages[0][0]).ok());
+  EXPECT_EQ((*pool)->Data(1, table->pages[0][0]).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace pdserve::serving

@@ -1,0 +1,135 @@
+#include "kernels/cpu/topk_radix.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+namespace pdserve::kernels::cpu {
+namespace {
+
+uint32_t KeyOf(float score) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &score, sizeof(bits));
+  return OrderKeyOfBits(bits);
+}
+
+// The kernel's FindBin over the row's histogram (the parts' counts summed): the largest bin whose
+// entries plus those above number at least `need`; returns it with the entries above it.
+struct FoundBin {
+  uint32_t bin;
+  uint32_t above;
+  uint32_t in_bin;
+};
+FoundBin FindBin(const std::vector<uint32_t>& hist, uint32_t need) {
+  uint32_t running = 0;
+  for (size_t b = hist.size(); b-- > 0;) {
+    if (running < need && running + hist[b] >= need) {
+      return {static_cast<uint32_t>(b), running, hist[b]};
+    }
+    running += hist[b];
+  }
+  return {0, 0, 0};  // need exceeds the count: the kernel's callers never ask
+}
+
+}  // namespace
+
+RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
+                               const RadixSplitConfig& config, int32_t* out) {
+  RadixSplitStats stats;
+  const int32_t picks = std::min(k, std::max(n, 0));
+  std::fill(out, out + k, -1);
+  if (picks == 0) return stats;
+  std::vector<uint32_t> keys(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) keys[i] = KeyOf(scores[i]);
+  const int blocks = config.blocks;
+  std::vector<RowPart> parts(blocks);
+  for (int b = 0; b < blocks; ++b) parts[b] = PartOfRow(n, blocks, b);
+  std::vector<std::vector<uint64_t>> cand(blocks);
+  // Each part gathers what `take(key, index within the part, block)` accepts, in index order
+  // (the kernel's order is arbitrary; the sort makes it irrelevant).
+  const auto gather = [&](const std::function<bool(uint32_t, int32_t, int)>& take) {
+    for (int b = 0; b < blocks; ++b) {
+      for (int32_t i = 0; i < parts[b].count; ++i) {
+        const int32_t index = parts[b].first + i;
+        if (take(keys[index], i, b)) cand[b].push_back(PickKey(keys[index], index));
+      }
+    }
+  };
+  if (n <= std::max(picks, config.whole_sort)) {
+    stats.whole_sort = true;
+    gather([](uint32_t, int32_t, int) { return true; });
+  } else {
+    RadixRange range = FirstRadixRange(config.bin_bits);
+    uint32_t need = static_cast<uint32_t>(picks);
+    uint32_t in_range = static_cast<uint32_t>(n);
+    std::vector<uint32_t> hist(size_t{1} << config.bin_bits);
+    for (;;) {
+      FoundBin found{0, 0, in_range};
+      if (range.hi != range.lo) {
+        // The parts' histograms summed: one histogram of the row.
+        std::fill(hist.begin(), hist.end(), 0u);
+        for (uint32_t key : keys) {
+          if (key - range.lo <= range.hi - range.lo) ++hist[(key - range.lo) >> range.shift];
+        }
+        ++stats.rounds;
+        found = FindBin(hist, need);
+      }
+      need -= found.above;
+      const uint32_t bin_lo = BinLow(range, found.bin);
+      const uint32_t at_or_above = static_cast<uint32_t>(picks) - need + found.in_bin;
+      if (at_or_above <= static_cast<uint32_t>(config.max_candidates)) {
+        gather([&](uint32_t key, int32_t, int) { return key >= bin_lo; });
+        break;
+      }
+      if (range.shift == 0) {
+        // bin_lo is the picks-th best key: everything above it, then the row's first `need`
+        // ties by index, a part's ties after those of the parts before it.
+        stats.tie_path = true;
+        std::vector<uint32_t> ties_before(blocks, 0);
+        for (int b = 1; b < blocks; ++b) {
+          ties_before[b] = ties_before[b - 1] +
+                           static_cast<uint32_t>(std::count(
+                               keys.begin() + parts[b - 1].first,
+                               keys.begin() + parts[b - 1].first + parts[b - 1].count, bin_lo));
+        }
+        std::vector<uint32_t> seen(blocks, 0);
+        gather([&](uint32_t key, int32_t, int b) {
+          if (key > bin_lo) return true;
+          return key == bin_lo && ties_before[b] + seen[b]++ < need;
+        });
+        break;
+      }
+      range = NarrowToBin(range, found.bin, config.bin_bits);
+      in_range = found.in_bin;
+    }
+  }
+  // Each part sorts its candidates; then an entry's place is its place in its part plus the
+  // entries greater than it in the other parts' first min(size, picks) entries.
+  std::vector<std::vector<uint64_t>> lists(blocks);
+  for (int b = 0; b < blocks; ++b) {
+    stats.candidates += static_cast<int>(cand[b].size());
+    stats.max_part_candidates =
+        std::max(stats.max_part_candidates, static_cast<int>(cand[b].size()));
+    std::sort(cand[b].begin(), cand[b].end(), std::greater<uint64_t>());
+    lists[b].assign(cand[b].begin(),
+                    cand[b].begin() + std::min<size_t>(cand[b].size(), static_cast<size_t>(picks)));
+  }
+  for (int b = 0; b < blocks; ++b) {
+    for (size_t i = 0; i < lists[b].size(); ++i) {
+      size_t place = i;
+      for (int other = 0; other < blocks; ++other) {
+        if (other == b) continue;
+        const auto& list = lists[other];
+        // Entries greater than lists[b][i] in a descending list: a lower bound.
+        place += static_cast<size_t>(
+            std::lower_bound(list.begin(), list.end(), lists[b][i], std::greater<uint64_t>()) -
+            list.begin());
+      }
+      if (place < static_cast<size_t>(picks)) out[place] = PickIndex(lists[b][i]);
+    }
+  }
+  return stats;
+}
+
+}  // namespace pdserve::kernels::cpu

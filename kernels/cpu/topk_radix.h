@@ -1,0 +1,101 @@
+// The split radix select of kernels/cuda/topk.cuh: the steps shared by the CUDA kernel and its
+// CPU twin (TopKRadixSplit below), which takes the same decisions sequentially so that host tests
+// check the algorithm (parts, rounds, the tie path, the merge) on rows of any shape, with narrow
+// bins and a small candidate buffer to reach the rare paths on small rows.
+//
+// Plain C++ (the helpers are __host__ __device__ under nvcc). Thread-safe (no shared state).
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define PDSERVE_TOPK_HD __host__ __device__ __forceinline__
+#else
+#define PDSERVE_TOPK_HD inline
+#endif
+
+namespace pdserve::kernels::cpu {
+
+// Order-preserving map of a float's bits to uint32 (larger float -> larger key), with -0.0
+// folded onto +0.0 (equal scores, as the CPU comparison treats them). NaN must not occur.
+PDSERVE_TOPK_HD uint32_t OrderKeyOfBits(uint32_t bits) {
+  if ((bits & 0x7FFFFFFFu) == 0) bits = 0;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Sort key: descending order of this is descending score, then ascending index. Never 0 for a
+// real entry (the low word is >= 2^31), so 0 pads a sort. Unique per entry of a row.
+PDSERVE_TOPK_HD uint64_t PickKey(uint32_t order_key, int32_t index) {
+  return (static_cast<uint64_t>(order_key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+
+PDSERVE_TOPK_HD int32_t PickIndex(uint64_t pick) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(pick));
+}
+
+// Block `rank` of `blocks` takes entries [first, first + count) of a row of n: equal consecutive
+// parts, a multiple of 4 entries each (so 16-byte loads stay aligned); late parts may be short or
+// empty. n < 2^31 - 4 * blocks.
+struct RowPart {
+  int32_t first;
+  int32_t count;
+};
+PDSERVE_TOPK_HD RowPart PartOfRow(int32_t n, int32_t blocks, int32_t rank) {
+  const int64_t cap = ((static_cast<int64_t>(n) + blocks - 1) / blocks + 3) / 4 * 4;
+  const int64_t first = cap * rank < n ? cap * rank : n;
+  const int64_t end = first + cap < n ? first + cap : n;
+  return {static_cast<int32_t>(first), static_cast<int32_t>(end - first)};
+}
+
+// The keys a selection round counts: [lo, hi], in bins of 2^shift keys ((hi - lo) >> shift <
+// 2^bin_bits).
+struct RadixRange {
+  uint32_t lo;
+  uint32_t hi;
+  int shift;
+};
+
+PDSERVE_TOPK_HD RadixRange FirstRadixRange(int bin_bits) {
+  return {0u, 0xFFFFFFFFu, 32 - bin_bits};
+}
+
+// The first key of `bin` in `range`.
+PDSERVE_TOPK_HD uint32_t BinLow(const RadixRange& range, uint32_t bin) {
+  return range.lo + (bin << range.shift);
+}
+
+// The next round's range: the keys of `bin` (clipped to range.hi), in bins of 2^(shift -
+// bin_bits) keys or less. Requires range.shift > 0.
+PDSERVE_TOPK_HD RadixRange NarrowToBin(const RadixRange& range, uint32_t bin, int bin_bits) {
+  const uint32_t lo = BinLow(range, bin);
+  const uint32_t width = (1u << range.shift) - 1u;
+  const uint32_t hi = range.hi - lo > width ? lo + width : range.hi;
+  const uint32_t span = hi - lo;
+  int bits = 0;  // bit length of span
+  while (bits < 32 && (span >> bits) != 0) ++bits;
+  return {lo, hi, bits > bin_bits ? bits - bin_bits : 0};
+}
+
+// Parameters of the CPU twin; the CUDA kernel's are {blocks per row, 12, 4096}.
+struct RadixSplitConfig {
+  int blocks = 1;             // parts per row, 1..8
+  int bin_bits = 12;          // bins per round: 2^bin_bits
+  int max_candidates = 4096;  // the most candidates a row gathers (the sort buffer)
+  int whole_sort = 1024;      // rows of at most max(k, this) entries are sorted whole
+};
+
+// What one TopKRadixSplit call did (for tests: which paths ran).
+struct RadixSplitStats {
+  int rounds = 0;           // histogram rounds
+  bool tie_path = false;    // the k-th key's ties were ranked by index
+  bool whole_sort = false;  // the row was sorted whole
+  int candidates = 0;       // entries gathered over all parts
+  int max_part_candidates = 0;
+};
+
+// Top-k of scores[0, n) by the CUDA kernel's steps: same result as TopK (kernels/cpu/topk.h).
+// 1 <= k; out [k] int32 (-1 past min(n, k)). n < 2^31 - 32.
+RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
+                               const RadixSplitConfig& config, int32_t* out);
+
+}  // namespace pdserve::kernels::cpu

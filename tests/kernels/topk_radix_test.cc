@@ -1,0 +1,197 @@
+// The CPU twin of the CUDA top-k's split radix select (kernels/cpu/topk_radix.h) against TopK
+// (kernels/cpu/topk.h), element for element. Narrow bins and small candidate buffers make short
+// rows take the kernel's rare paths (several rounds, ties ranked across parts); the stats show
+// each path ran.
+#include "kernels/cpu/topk_radix.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/topk.h"
+
+namespace pdserve::kernels::cpu {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<int32_t> Reference(const std::vector<float>& row, int32_t k) {
+  std::vector<int32_t> out(static_cast<size_t>(k));
+  std::vector<int32_t> scratch(row.size());
+  TopK(row.data(), static_cast<int64_t>(row.size()), k, out.data(), scratch.data());
+  return out;
+}
+
+// Runs the twin over every block count and returns the stats of each run.
+std::vector<RadixSplitStats> ExpectMatches(const std::vector<float>& row, int32_t k,
+                                           RadixSplitConfig config, const std::string& what) {
+  const std::vector<int32_t> want = Reference(row, k);
+  std::vector<RadixSplitStats> all;
+  for (int blocks : {1, 2, 3, 4, 8}) {
+    config.blocks = blocks;
+    std::vector<int32_t> got(static_cast<size_t>(k), 7);
+    const RadixSplitStats stats =
+        TopKRadixSplit(row.data(), static_cast<int32_t>(row.size()), k, config, got.data());
+    EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks " << blocks
+                         << " bin bits " << config.bin_bits << " buffer " << config.max_candidates;
+    if (!stats.whole_sort) {
+      // The kernel's buffers: a row gathers at most max_candidates (the tie path exactly the
+      // picks), so each part's list and the merge copy fit.
+      EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
+      if (stats.tie_path) {
+        EXPECT_EQ(stats.candidates, std::min<int32_t>(k, static_cast<int32_t>(row.size()))) << what;
+      }
+    }
+    all.push_back(stats);
+  }
+  return all;
+}
+
+TEST(TopKRadixTest, PartsCoverTheRowInAlignedPieces) {
+  for (int32_t n : {0, 1, 5, 1023, 1024, 40001}) {
+    for (int32_t blocks : {1, 2, 4, 8}) {
+      int32_t next = 0;
+      for (int32_t rank = 0; rank < blocks; ++rank) {
+        const RowPart part = PartOfRow(n, blocks, rank);
+        EXPECT_EQ(part.first, next) << n << " " << blocks << " " << rank;
+        EXPECT_TRUE(part.count == 0 || part.first % 4 == 0) << part.first;
+        EXPECT_GE(part.count, 0);
+        next = part.first + part.count;
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+}
+
+TEST(TopKRadixTest, NarrowToBinKeepsTheBinsKeys) {
+  const RadixRange first = FirstRadixRange(12);
+  EXPECT_EQ(first.shift, 20);
+  const RadixRange second = NarrowToBin(first, 0x801, 12);
+  EXPECT_EQ(second.lo, 0x80100000u);
+  EXPECT_EQ(second.hi, 0x801FFFFFu);
+  EXPECT_EQ(second.shift, 8);
+  const RadixRange third = NarrowToBin(second, 0xFFF, 12);
+  EXPECT_EQ(third.lo, 0x801FFF00u);
+  EXPECT_EQ(third.hi, 0x801FFFFFu);
+  EXPECT_EQ(third.shift, 0);
+  // A bin past a range's end is clipped to it.
+  const RadixRange clipped = NarrowToBin({0x100, 0x105, 1}, 2, 12);
+  EXPECT_EQ(clipped.lo, 0x104u);
+  EXPECT_EQ(clipped.hi, 0x105u);
+  EXPECT_EQ(clipped.shift, 0);
+}
+
+TEST(TopKRadixTest, OrderKeysFollowFloatOrderWithOneZero) {
+  const std::vector<float> ascending = {-kInf,  -3e38f, -1.0f, -1e-38f, -1e-45f, 0.0f,
+                                        1e-45f, 1e-38f, 1.0f,  3e38f,   kInf};
+  for (size_t i = 1; i < ascending.size(); ++i) {
+    uint32_t a = 0;
+    uint32_t b = 0;
+    std::memcpy(&a, &ascending[i - 1], 4);
+    std::memcpy(&b, &ascending[i], 4);
+    EXPECT_LT(OrderKeyOfBits(a), OrderKeyOfBits(b)) << ascending[i];
+  }
+  EXPECT_EQ(OrderKeyOfBits(0x80000000u), OrderKeyOfBits(0u));
+  EXPECT_EQ(PickIndex(PickKey(OrderKeyOfBits(0u), 12345)), 12345);
+  EXPECT_GT(PickKey(5, 0), PickKey(5, 1));  // a lower index first on ties
+}
+
+TEST(TopKRadixTest, RandomRowsMatchTopKAtKernelSettings) {
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal;
+  for (int32_t n : {1, 37, 1024, 1025, 5000, 33333}) {
+    std::vector<float> row(static_cast<size_t>(n));
+    for (float& s : row) s = normal(rng);
+    for (int32_t k : {1, 512, 2048}) ExpectMatches(row, k, {}, "normal");
+  }
+}
+
+// Bins of 2-4 bits take up to 16 rounds; buffers of 8-64 candidates push rows of a few hundred
+// entries into the tie path.
+TEST(TopKRadixTest, NarrowBinsAndSmallBuffersMatchTopK) {
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> level(-3, 3);
+  std::uniform_int_distribution<int> ulps(0, 40);
+  std::bernoulli_distribution rare(0.05);
+  bool saw_tie_path = false;
+  int most_rounds = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int32_t n = std::uniform_int_distribution<int32_t>(1, 700)(rng);
+    std::vector<float> row(static_cast<size_t>(n));
+    const int kind = trial % 5;
+    for (int32_t i = 0; i < n; ++i) {
+      switch (kind) {
+        case 0:
+          row[i] = normal(rng);
+          break;
+        case 1:
+          row[i] = static_cast<float>(level(rng));
+          break;  // heavy ties
+        case 2:
+          row[i] = std::nextafter(1.0f, 2.0f) + static_cast<float>(ulps(rng)) * 0x1p-23f;
+          break;
+        case 3:
+          row[i] = rare(rng) ? kInf : (rare(rng) ? -kInf : (i % 2 == 0 ? -0.0f : 0.0f));
+          break;
+        default:
+          row[i] = i == n / 2 ? 1e30f : normal(rng);
+          break;  // an outlier
+      }
+    }
+    for (int bin_bits : {2, 3, 4, 12}) {
+      for (int max_candidates : {8, 64, 4096}) {
+        for (int32_t k : {1, 5, 64}) {
+          RadixSplitConfig config;
+          config.bin_bits = bin_bits;
+          config.max_candidates = std::max(max_candidates, k);
+          config.whole_sort = 16;
+          for (const RadixSplitStats& stats :
+               ExpectMatches(row, k, config, "kind " + std::to_string(kind))) {
+            saw_tie_path = saw_tie_path || stats.tie_path;
+            most_rounds = std::max(most_rounds, stats.rounds);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(saw_tie_path);
+  EXPECT_GE(most_rounds, 8);
+}
+
+// The kernel's own settings on rows whose k-th score has more ties than the buffer: the lowest
+// indices are taken across parts.
+TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
+  std::mt19937_64 rng(3);
+  std::bernoulli_distribution rare(0.002);
+  for (int32_t n : {4097, 40000, 50001}) {
+    std::vector<float> sparse_ties(static_cast<size_t>(n));
+    std::vector<float> all_equal(static_cast<size_t>(n), -kInf);
+    for (int32_t i = 0; i < n; ++i) sparse_ties[i] = rare(rng) ? 2.0f : (i % 5 == 0 ? 1.0f : 0.0f);
+    for (int32_t k : {1, 511, 2048}) {
+      const auto stats = ExpectMatches(all_equal, k, {}, "all -inf");
+      EXPECT_TRUE(stats.front().tie_path);
+      ExpectMatches(sparse_ties, k, {}, "sparse ties");
+    }
+  }
+}
+
+TEST(TopKRadixTest, ShortAndEmptyRows) {
+  const std::vector<float> row = {3.0f, -kInf, 3.0f, kInf, -0.0f, 0.0f, 1.0f};
+  for (int32_t k : {1, 7, 9, 2048}) {
+    const auto stats = ExpectMatches(row, k, {}, "short");
+    EXPECT_TRUE(stats.front().whole_sort);
+  }
+  std::vector<int32_t> out(4, 7);
+  TopKRadixSplit(nullptr, 0, 4, {}, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>(4, -1)));
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cpu
