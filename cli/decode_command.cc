@@ -15,12 +15,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
 #include "cli/memory_check.h"
 #include "common/status.h"
 #include "decode/decode_worker.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 #include "spdlog/spdlog.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
 #include "runtime/cuda/gpu_backend.h"
@@ -51,6 +53,11 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   options.max_batch = flags.max_batch;
   options.pool_tokens = flags.pool_tokens;
   options.lease = absl::Milliseconds(entry.deploy.lease_ms);
+  options.transfer_lanes = entry.deploy.transfer_lanes > 0
+                               ? entry.deploy.transfer_lanes
+                               : kv::DefaultTransferLanes(std::thread::hardware_concurrency());
+  // A CUDA engine's state pages are copied to host memory and sent from (landed in) there.
+  options.transfer_path = entry.worker.backend == "cuda" ? "host-staged" : "host";
   options.runner.degeneration = entry.deploy.guards.degeneration_action == "stop"
                                     ? runtime::DegenerationAction::kStop
                                     : runtime::DegenerationAction::kFlag;

@@ -14,11 +14,13 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
 #include "cli/memory_check.h"
 #include "common/status.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 #include "prefill/prefill_worker.h"
 #include "spdlog/spdlog.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
@@ -41,6 +43,11 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   options.model_name = entry.model_name;
   options.faults = prefill::TestFaults::FromEnvironment();
   options.max_waiting = max_waiting;
+  options.transfer_lanes = entry.deploy.transfer_lanes > 0
+                               ? entry.deploy.transfer_lanes
+                               : kv::DefaultTransferLanes(std::thread::hardware_concurrency());
+  // A CUDA engine's state pages are copied to host memory and sent from (landed in) there.
+  options.transfer_path = entry.worker.backend == "cuda" ? "host-staged" : "host";
   PDSERVE_ASSIGN_OR_RETURN(options.model,
                            worker::WorkerModelOptions(entry.deploy, entry.worker.backend));
   if (entry.worker.backend == "cuda") {

@@ -16,7 +16,8 @@
 //              distinct GPUs make the worker one expert-parallel group, docs/engine-gpu.md),
 //              threads (cpu only), weights: bf16 | fp8 (cuda only, default bf16: fp8 keeps
 //              the projections the checkpoint stores FP8 in FP8 on the GPU, docs/engine-gpu.md)}
-//   transfer: {transport: ucx, lease_ms}
+//   transfer: {transport: ucx, lease_ms, lanes: 0 .. 16 (0, the default: one per four cores of
+//              the worker's host, 1 .. 16; docs/protocol.md, "Lanes")}
 //   security: {api_keys_file, tls: {cert_file, key_file}, cluster_tls: {ca_file, cert_file,
 //   key_file}}
 //     (all optional; docs/security.md): API keys on the router's HTTP and gRPC fronts, TLS on
@@ -110,6 +111,8 @@ struct SecurityConfig {
   bool front_tls() const { return !tls_cert_file.empty(); }
 };
 
+inline constexpr int kMaxConfigTransferLanes = 16;
+
 struct DeployConfig {
   std::string name;
   std::string model_path;
@@ -119,6 +122,9 @@ struct DeployConfig {
   std::vector<WorkerConfig> decode;
   std::string transport = "ucx";
   int lease_ms = 30000;
+  // UCX workers, endpoints and threads per transfer endpoint; 0: chosen from the host's cores
+  // (kv::DefaultTransferLanes). At most kMaxConfigTransferLanes (= kv::kMaxTransferLanes).
+  int transfer_lanes = 0;
   GuardsConfig guards;
   SecurityConfig security;
   bool share_gpus = false;

@@ -59,6 +59,10 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.lease = w->options_.lease;
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
   receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  PDSERVE_ASSIGN_OR_RETURN(w->transfer_metrics_,
+                           kv::TransferMetrics::Create(w->registry_, "receive"));
+  receiver_options.metrics = w->transfer_metrics_.get();
+  receiver_options.metrics_path = w->options_.transfer_path;
   DecodeWorker* self = w.get();
   PDSERVE_ASSIGN_OR_RETURN(
       w->receiver_,
@@ -69,7 +73,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           },
           [self](uint64_t ticket_id, uint64_t request_id, const kv::TransferOutcome& outcome) {
             self->OnOutcome(ticket_id, request_id, outcome);
-          }));
+          },
+          w->options_.transfer_lanes));
+  spdlog::info("transfer: {} receive lane(s)", w->options_.transfer_lanes);
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,
@@ -148,7 +154,11 @@ absl::Status DecodeWorker::AddMetrics() {
   return absl::OkStatus();
 }
 
-DecodeWorker::~DecodeWorker() { Stop(); }
+DecodeWorker::~DecodeWorker() {
+  Stop();
+  // The receiver's lane threads call back into this worker: they stop before its members go.
+  receiver_.reset();
+}
 
 void DecodeWorker::Stop() {
   {

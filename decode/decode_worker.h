@@ -66,6 +66,9 @@ struct DecodeWorkerOptions {
   int64_t max_batch = 64;   // requests holding pages (reserved or decoding); Reserve beyond: 429
   int64_t pool_tokens = 0;  // tokens of state in the pool; 0: max_batch * context length
   absl::Duration lease = absl::Seconds(30);  // transfer lease (config transfer.lease_ms)
+  // UCX receive lanes (config transfer.lanes, resolved: docs/protocol.md, "Lanes"), 1 .. 16.
+  int transfer_lanes = 1;
+  std::string transfer_path = "host";  // the transfer metrics' path label
   runtime::RunnerOptions runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
   // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by
   // guards::CanarySampler over worker::SeedRequestId(request id).
@@ -263,6 +266,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   worker::WorkerModel model_;
   std::unique_ptr<serving::PagePool> pool_;
   SystemClock clock_;
+  // Before receiver_, which records into it (and whose lane threads ~DecodeWorker stops first).
+  std::unique_ptr<kv::TransferMetrics> transfer_metrics_;
   std::unique_ptr<kv::TransferReceiver> receiver_;
   std::unique_ptr<runtime::SequenceRunner> runner_;
   std::atomic<bool> draining_{false};

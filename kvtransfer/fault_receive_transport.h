@@ -44,6 +44,11 @@ class FaultInjectingReceiveTransport final : public ReceiveTransport, private Pa
   }
   void Progress() override;
   std::function<void(absl::Duration)> ArmWait() override;
+  // A threaded inner transport calls this decorator's sink side under the owner's mutex, which
+  // also serializes Progress: the decorator's state needs no lock of its own.
+  int lanes() const override { return inner_->lanes(); }
+  void SetSinkMutex(absl::Mutex* sink_mutex) override { inner_->SetSinkMutex(sink_mutex); }
+  void Stop() override { inner_->Stop(); }
 
  private:
   // One faulted message, owned here until it is shown to the sink.

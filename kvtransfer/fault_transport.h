@@ -63,6 +63,7 @@ class FaultInjectingTransport final : public PageTransport {
   void Progress() override;
   absl::Status PeerStatus(PeerId peer) const override { return inner_.PeerStatus(peer); }
   void Disconnect(PeerId peer) override { inner_.Disconnect(peer); }
+  int lanes() const override { return inner_.lanes(); }
 
  private:
   class FaultOp;

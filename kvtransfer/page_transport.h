@@ -55,6 +55,10 @@ class PageTransport {
 
   // Closes the connection at once; in-flight sends fail.
   virtual void Disconnect(PeerId peer) = 0;
+
+  // How many lanes (UCX workers, endpoints and threads) carry one connection's pages
+  // (docs/protocol.md, "Lanes"); the transfer metrics' `lanes` label.
+  virtual int lanes() const { return 1; }
 };
 
 }  // namespace pdserve::kv

@@ -6,7 +6,8 @@
 // (kvtransfer/fault_receive_transport.h) decorates any.
 //
 // Thread-safety: the owner serializes every call (TransferReceiver holds its mutex), except Wait.
-// Sink callbacks run inside Progress(), on its thread.
+// Sink callbacks run inside Progress(), on its thread, except in a transport with lane threads
+// (lanes() > 1): its threads call the sink holding the mutex SetSinkMutex named.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace pdserve::kv {
@@ -67,6 +69,16 @@ class ReceiveTransport {
   // Prepares to sleep (serialized with Progress) and returns the sleeper, which the caller runs
   // without its lock: it returns when a message may have arrived or after its timeout.
   virtual std::function<void(absl::Duration timeout)> ArmWait() = 0;
+
+  // Lanes (docs/protocol.md, "Lanes"): how many UCX workers and threads receive. A transport with
+  // lanes() > 1 delivers on its own threads and locks `sink_mutex` (the owner's, which it holds
+  // around every other call) around each sink callback; its Progress() then only needs to sweep.
+  // Called once, with SetSink, before any message can arrive. Others ignore it.
+  virtual int lanes() const { return 1; }
+  virtual void SetSinkMutex(absl::Mutex* /*sink_mutex*/) {}
+  // Stops delivering: no sink callback runs after it returns. Called without the sink mutex held,
+  // before the sink goes away. Idempotent.
+  virtual void Stop() {}
 };
 
 }  // namespace pdserve::kv

@@ -20,6 +20,7 @@ struct TransferReceiver::Entry {
   absl::Status status;
   std::optional<ControlMessage> commit;
   absl::Time commit_at;
+  absl::Time first_page_at = absl::InfinitePast();  // The first accepted page header.
   bool fence = false;
   // A verified outcome was read by Outcome() or reported to on_outcome: the owner knows the pages
   // are its own.
@@ -37,12 +38,13 @@ TransferReceiver::TransferReceiver(std::unique_ptr<ReceiveTransport> transport,
       address_(transport_->address()) {
   absl::MutexLock lock(&mu_);
   transport_->SetSink(this);
+  transport_->SetSinkMutex(&mu_);
 }
 
 TransferReceiver::~TransferReceiver() {
   // Receives in flight write into caller memory and call back into this object: let them finish
   // (or fail) before the transport goes away.
-  absl::MutexLock lock(&mu_);
+  // The lock is dropped between rounds: a transport's lane threads land pages under it.
   const absl::Time until = absl::Now() + absl::Seconds(2);
   auto in_flight = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& [id, entry] : entries_) {
@@ -50,7 +52,12 @@ TransferReceiver::~TransferReceiver() {
     }
     return false;
   };
-  while (in_flight() && absl::Now() < until) transport_->Progress();
+  while (absl::Now() < until) {
+    absl::MutexLock lock(&mu_);
+    if (!in_flight()) break;
+    transport_->Progress();
+  }
+  transport_->Stop();
 }
 
 absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
@@ -271,6 +278,7 @@ std::optional<LandingTarget> TransferReceiver::OnPageHeader(std::span<const std:
   }
   entry->slots[header.slot] = Entry::Slot::kLanding;
   entry->header_checksums[header.slot] = header.payload_xxh3;
+  if (entry->first_page_at == absl::InfinitePast()) entry->first_page_at = clock_.Now();
   ++entry->landings_in_flight;
   return LandingTarget{entry->destinations[header.slot], entry->ticket.ticket_id, header.slot};
 }
@@ -359,11 +367,40 @@ void TransferReceiver::HandleCommitOrHeartbeat(Entry& entry, ControlMessage mess
 void TransferReceiver::Decide(Entry& entry, TransferState state, absl::Status status) {
   entry.state = state;
   entry.status = std::move(status);
+  RecordMetrics(entry);
   if (!on_outcome_) return;
   const bool verified = state == TransferState::kVerified;
   if (verified) entry.outcome_read = true;
   on_outcome_(entry.ticket.ticket_id, entry.ticket.request_id,
               TransferOutcome{state, entry.status, verified ? entry.commit : std::nullopt});
+}
+
+void TransferReceiver::RecordMetrics(const Entry& entry) {
+  TransferMetrics* metrics = options_.metrics;
+  if (metrics == nullptr) return;
+  switch (entry.state) {
+    case TransferState::kVerified:
+      metrics->RecordTransfer(
+          options_.metrics_path, transport_->lanes(), entry.ticket.total_bytes(),
+          entry.first_page_at == absl::InfinitePast() ? absl::ZeroDuration()
+                                                      : clock_.Now() - entry.first_page_at);
+      return;
+    case TransferState::kFailed: {
+      const std::optional<IsolationError> kind = GetIsolationError(entry.status);
+      if (!kind.has_value()) return;
+      metrics->RecordFailure(*kind == IsolationError::kLease ? "timeout"
+                                                             : IsolationErrorName(*kind));
+      return;
+    }
+    case TransferState::kAborted:
+      metrics->RecordFailure("abort");
+      return;
+    case TransferState::kAbandoned:
+      metrics->RecordFailure("abandoned");
+      return;
+    case TransferState::kReceiving:
+      return;
+  }
 }
 
 void TransferReceiver::FailEntry(Entry& entry, absl::Status status) {

@@ -19,7 +19,8 @@
 // runs even when no message arrives.
 //
 // Thread-safety: every public method may be called from any thread; one mutex serializes them
-// with the transport (whose sink callbacks run inside Progress()). `on_release` and `on_outcome`
+// with the transport (whose sink callbacks run inside Progress(), or on its lane threads under
+// the same mutex: ReceiveTransport::SetSinkMutex). `on_release` and `on_outcome`
 // run with that mutex held and must not call back into the receiver.
 #pragma once
 
@@ -30,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -42,7 +44,7 @@
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/ticket.h"
-#include "common/clock.h"
+#include "kvtransfer/transfer_metrics.h"
 
 namespace pdserve::kv {
 
@@ -63,6 +65,10 @@ struct ReceiverOptions {
   // not order a rendezvous page before a later eager commit).
   absl::Duration missing_grace = absl::Milliseconds(200);
   uint64_t incarnation = 0;  // Distinct per process start (e.g. a random number).
+  // Where the transfer metrics go (side "receive"; must outlive the receiver), or nowhere when
+  // null; `metrics_path` is their path label, the transport's lanes() their lanes label.
+  TransferMetrics* metrics = nullptr;
+  std::string metrics_path = "host";
 };
 
 // One request's destination pages: descriptor and memory per slot (sizes must agree).
@@ -108,7 +114,9 @@ class TransferReceiver final : private PageSink {
   TransferReceiver(std::unique_ptr<ReceiveTransport> transport, ReceiverOptions options,
                    const Clock& clock, ReleaseFn on_release,
                    OutcomeFn on_outcome = nullptr);
-  ~TransferReceiver() override;
+  // Waits (at most 2 s) for receives in flight, then stops the transport's lane threads. Not
+  // analysed: it drops the mutex between rounds and must not hold it while the threads stop.
+  ~TransferReceiver() override ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Registers a request's pages and returns its ticket (new ticket id, lease from now).
   // Errors: InvalidArgument when descriptors and destinations disagree in count or size;
@@ -166,6 +174,8 @@ class TransferReceiver final : private PageSink {
   void Decide(Entry& entry, TransferState state, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailEntry(Entry& entry, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transfer metrics of a decided entry (options_.metrics).
+  void RecordMetrics(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the sender's fence: see ConfirmFence.
   void OnFence(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryVerify(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -50,6 +50,7 @@ Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions o
 
 Transfer::~Transfer() {
   if (released_) return;
+  if (error_.ok() && options_.metrics != nullptr) options_.metrics->RecordFailure("abort");
   bool quiet = true;
   for (auto& op : page_ops_) {
     if (op != nullptr) op->Cancel();
@@ -73,7 +74,10 @@ Transfer::~Transfer() {
 }
 
 absl::Status Transfer::Fail(absl::Status status) {
-  if (error_.ok()) error_ = status;
+  if (error_.ok()) {
+    error_ = status;
+    if (options_.metrics != nullptr) options_.metrics->RecordFailure(SendFailureCause(error_));
+  }
   queued_.clear();
   for (auto& op : page_ops_) {
     if (op != nullptr) op->Cancel();
@@ -104,6 +108,7 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
 
 void Transfer::Queue(uint32_t slot) {
   if (page_queued_[slot]) return;
+  if (pages_posted_ == 0) first_post_at_ = clock_.Now();
   page_queued_[slot] = true;
   queued_.push_back(slot);
   ++pages_posted_;
@@ -231,6 +236,10 @@ absl::StatusOr<bool> Transfer::Poll() {
     if (status.has_value()) {
       if (!status->ok()) return Fail(*status);
       delivered_ = true;
+      if (options_.metrics != nullptr) {
+        options_.metrics->RecordTransfer(options_.path, transport_.lanes(), ticket_.total_bytes(),
+                                         clock_.Now() - first_post_at_);
+      }
     }
   }
   return delivered_;
@@ -263,13 +272,18 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::Prepare(
     }
   }
   if (clock_.Now() > ticket.lease_deadline) {
+    if (options_.metrics != nullptr) options_.metrics->RecordFailure("timeout");
     return absl::DeadlineExceededError(
         absl::StrCat("lease of ticket ", ticket.ticket_id, " is already over"));
   }
-  PDSERVE_ASSIGN_OR_RETURN(PeerId peer,
-                           transport_.Connect(ticket.worker_address, ticket.receiver_incarnation));
+  absl::StatusOr<PeerId> peer =
+      transport_.Connect(ticket.worker_address, ticket.receiver_incarnation);
+  if (!peer.ok()) {
+    if (options_.metrics != nullptr) options_.metrics->RecordFailure("connect");
+    return peer.status();
+  }
   return std::unique_ptr<Transfer>(
-      new Transfer(transport_, clock_, options_, ticket, peer, std::move(pages)));
+      new Transfer(transport_, clock_, options_, ticket, *peer, std::move(pages)));
 }
 
 }  // namespace pdserve::kv

@@ -19,6 +19,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,6 +27,7 @@
 #include "common/clock.h"
 #include "kvtransfer/page_transport.h"
 #include "kvtransfer/ticket.h"
+#include "kvtransfer/transfer_metrics.h"
 
 namespace pdserve::kv {
 
@@ -34,6 +36,11 @@ struct SenderOptions {
   // page is always allowed). UCX moves data only while the sender polls, so more in flight buys
   // nothing, and a page checksummed long before UCX copies it has left the cache by then.
   size_t max_in_flight_bytes = size_t{8} << 20;
+  // Where the transfer metrics go (kvtransfer/transfer_metrics.h; must outlive the sender and
+  // its transfers), or nowhere when null; `path` is their path label ("host", "host-staged",
+  // "cuda", "loopback"), the transport's lanes() their lanes label.
+  TransferMetrics* metrics = nullptr;
+  std::string path = "host";
 };
 
 class Transfer {
@@ -107,6 +114,7 @@ class Transfer {
   // initial length from each heartbeat sent (the receiver renews from arrival, which is later).
   absl::Duration lease_length_;
   absl::Time lease_deadline_;
+  absl::Time first_post_at_ = absl::InfinitePast();  // Set by the first Queue().
   absl::Status error_;
   bool delivered_ = false;
   bool released_ = false;

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                                          1, config.max_position_embeddings)));
   {
     absl::MutexLock lock(&w->run_mu_);
-    PDSERVE_ASSIGN_OR_RETURN(w->transport_, kv::UcxTransport::Create());
+    PDSERVE_ASSIGN_OR_RETURN(w->transport_, kv::UcxTransport::Create(w->options_.transfer_lanes));
   }
   w->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
@@ -105,6 +105,8 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                            r.AddGauge("pdserve_prefill_transfers_in_flight",
                                       "Transfers posted and not yet committed or released"));
   w->in_flight_ = &in_flight->Get();
+  PDSERVE_ASSIGN_OR_RETURN(w->transfer_metrics_, kv::TransferMetrics::Create(r, "send"));
+  spdlog::info("transfer: {} send lane(s)", w->options_.transfer_lanes);
   return w;
 }
 
@@ -295,7 +297,8 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
     spdlog::warn("request {}: TEST-ONLY transfer faults applied", a.id);
     transport = &faulty;
   }
-  kv::TransferSender sender(*transport, clock_);
+  kv::TransferSender sender(*transport, clock_,
+                            {.metrics = transfer_metrics_.get(), .path = options_.transfer_path});
   absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared =
       sender.Prepare(a.ticket, std::move(sources));
   if (!prepared.ok()) {

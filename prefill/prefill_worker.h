@@ -76,6 +76,9 @@ struct PrefillWorkerOptions {
   // Empty: the CPU engine (engine::Model, loaded here). Set (backend: cuda, runtime/cuda): the
   // engine it returns; the CPU engine's weights are then not loaded (the config only).
   runtime::PrefillEngineFactory engine_factory;
+  // UCX send lanes (config transfer.lanes, resolved: docs/protocol.md, "Lanes"), 1 .. 16.
+  int transfer_lanes = 1;
+  std::string transfer_path = "host";  // the transfer metrics' path label
 };
 
 class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
@@ -195,6 +198,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   // Serializes prefills: the UCX transport and the pool's one sequence.
   absl::Mutex run_mu_;
   std::unique_ptr<kv::UcxTransport> transport_ ABSL_GUARDED_BY(run_mu_);
+  std::unique_ptr<kv::TransferMetrics> transfer_metrics_;  // Set at Create.
   serving::RequestId next_sequence_ ABSL_GUARDED_BY(run_mu_) = 1;
 
   mutable absl::Mutex mu_;

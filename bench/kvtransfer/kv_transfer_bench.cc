@@ -1,8 +1,10 @@
 // Transfer bandwidth between two processes over loopback UCX (transport from UCX_TLS).
 //
-//   kv_transfer_bench <mode> <total MiB> <page KiB> <iterations>
+//   kv_transfer_bench <mode> <total MiB> <page KiB> <iterations> [lanes]
 //   mode: pdserve  the full protocol: headers, xxh3 on both sides, commit and verification;
-//                  timed from the sender's first post to the receiver's verified outcome
+//                  timed from the sender's first post to the receiver's verified outcome;
+//                  `lanes` (default 1) UCX workers, endpoints and threads on each side
+//                  (docs/protocol.md, "Lanes")
 //         am | tag | put  raw ucp_am_send_nbx (receiver lands with ucp_am_recv_data_nbx) /
 //                  ucp_tag_send_nbx into pre-posted receives / ucp_put_nbx + flush into
 //                  registered memory; timed on the sender from the first post to completion
@@ -42,6 +44,7 @@ struct Config {
   uint64_t total_bytes = 0;
   uint64_t page_bytes = 0;
   int iterations = 0;
+  int lanes = 1;  // pdserve mode only
   uint64_t pages() const { return total_bytes / page_bytes; }
   bool hot() const { return mode == "am-hot"; }
   // Where page p lives in a buffer of buffer_bytes(): its own place, or the one hot page.
@@ -130,8 +133,8 @@ void MemcpyBound(const Config& config) {
 
 void PdserveReceiver(const Config& config, Channel& channel) {
   SystemClock clock;
-  auto receiver =
-      CreateUcxReceiver({.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {});
+  auto receiver = CreateUcxReceiver(
+      {.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {}, nullptr, config.lanes);
   if (!receiver.ok()) Die(receiver.status());
   std::vector<std::byte> pool(config.total_bytes);
   if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);
@@ -149,7 +152,13 @@ void PdserveReceiver(const Config& config, Channel& channel) {
     if (!ticket.ok()) Die(ticket.status());
     channel.Write(Hex(EncodeTicket(*ticket)));
     while ((*receiver)->Outcome(ticket->ticket_id)->state == TransferState::kReceiving) {
-      (*receiver)->Progress();
+      // One lane: this thread drives the worker. Several: the lane threads land the pages and
+      // this one only looks for the outcome, leaving them the receiver's lock.
+      if (config.lanes == 1) {
+        (*receiver)->Progress();
+      } else {
+        absl::SleepFor(absl::Microseconds(50));
+      }
     }
     const int64_t end = NowNs();
     auto outcome = (*receiver)->Outcome(ticket->ticket_id);
@@ -161,7 +170,7 @@ void PdserveReceiver(const Config& config, Channel& channel) {
 
 void PdserveSender(const Config& config, Channel& channel) {
   SystemClock clock;
-  auto transport = UcxTransport::Create();
+  auto transport = UcxTransport::Create(config.lanes);
   if (!transport.ok()) Die(transport.status());
   std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});
   TransferSender sender(**transport, clock);
@@ -331,16 +340,17 @@ void RawSender(const Config& config, Channel& channel) {
 
 int main(int argc, char** argv) {
   using pdserve::kv::Channel;
-  if (argc != 5) {
+  if (argc != 5 && argc != 6) {
     std::fprintf(stderr,
                  "usage: kv_transfer_bench pdserve|am|am-hot|tag|put|memcpy <total MiB> <page KiB> "
-                 "<iterations>\n");
+                 "<iterations> [lanes]\n");
     return 2;
   }
   pdserve::kv::Config config{.mode = argv[1],
                              .total_bytes = std::stoull(argv[2]) << 20,
                              .page_bytes = std::stoull(argv[3]) << 10,
-                             .iterations = std::stoi(argv[4])};
+                             .iterations = std::stoi(argv[4]),
+                             .lanes = argc == 6 ? std::stoi(argv[5]) : 1};
   if (config.mode == "memcpy") {
     pdserve::kv::MemcpyBound(config);
     return 0;

@@ -10,14 +10,14 @@
 
 namespace pdserve::kv {
 
-absl::StatusOr<UcxContext> UcxContext::Create() {
+absl::StatusOr<UcxContext> UcxContext::Create(bool shared_by_threads) {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return UcsToStatus(status, "ucp_config_read");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-  params.mt_workers_shared = 0;
+  params.mt_workers_shared = shared_by_threads ? 1 : 0;
   ucp_context_h context = nullptr;
   status = ucp_init(&params, config, &context);
   ucp_config_release(config);

@@ -24,8 +24,10 @@ namespace pdserve::kv {
 // A ucp_context_h with the AM, RMA and WAKEUP features (and TAG, for benchmarks) enabled.
 class UcxContext {
  public:
-  // Reads the UCX configuration from the environment. Errors: UcsToStatus of ucp_init.
-  static absl::StatusOr<UcxContext> Create();
+  // Reads the UCX configuration from the environment. `shared_by_threads`: workers of this
+  // context are driven by several threads at once (lanes, ucx_lane.h), so UCX makes the context
+  // thread-safe. Errors: UcsToStatus of ucp_init.
+  static absl::StatusOr<UcxContext> Create(bool shared_by_threads = false);
   UcxContext(UcxContext&& other) noexcept;
   UcxContext& operator=(UcxContext&& other) noexcept;
   UcxContext(const UcxContext&) = delete;

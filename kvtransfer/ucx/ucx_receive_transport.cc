@@ -1,57 +1,128 @@
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "kvtransfer/ucx/lane_address.h"
 #include "kvtransfer/ucx/ucs_status.h"
 
 namespace pdserve::kv {
 
-// user_data of one rendezvous receive: which slot of which ticket it fills.
+// The AM handlers' argument: the transport and the lane whose worker ran the handler.
+struct UcxReceiveTransport::Handler {
+  UcxReceiveTransport* transport;
+  UcxLane* lane;
+  std::atomic<uint64_t> pages{0};
+};
+
+// user_data of one rendezvous receive: which slot of which ticket it fills, on which lane.
 struct UcxReceiveTransport::Landing {
-  PageSink* sink;
+  UcxReceiveTransport* transport;
+  UcxLane* lane;
   uint64_t ticket_id;
   uint32_t slot;
 };
 
-absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> UcxReceiveTransport::Create() {
-  auto context = UcxContext::Create();
+UcxReceiveTransport::UcxReceiveTransport(UcxContext context,
+                                         std::vector<std::unique_ptr<UcxLane>> lanes)
+    : context_(std::move(context)), lanes_(std::move(lanes)) {
+  std::vector<std::vector<std::byte>> addresses;
+  for (auto& lane : lanes_) {
+    addresses.push_back(lane->address());
+    auto handler = std::make_unique<Handler>();
+    handler->transport = this;
+    handler->lane = lane.get();
+    handlers_.push_back(std::move(handler));
+  }
+  address_ = EncodeLaneAddresses(addresses);
+}
+
+absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> UcxReceiveTransport::Create(int lanes) {
+  if (lanes < 1 || lanes > kMaxTransferLanes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer lanes ", lanes, " outside 1 .. ", kMaxTransferLanes));
+  }
+  auto context = UcxContext::Create(/*shared_by_threads=*/lanes > 1);
   if (!context.ok()) return context.status();
-  auto worker = UcxWorker::Create(*context);
-  if (!worker.ok()) return worker.status();
+  std::vector<std::unique_ptr<UcxLane>> made;
+  for (int i = 0; i < lanes; ++i) {
+    auto lane = UcxLane::Create(*context);
+    if (!lane.ok()) return lane.status();
+    made.push_back(std::move(*lane));
+  }
   std::unique_ptr<UcxReceiveTransport> transport(
-      new UcxReceiveTransport(std::move(*context), std::move(*worker)));
+      new UcxReceiveTransport(std::move(*context), std::move(made)));
   absl::Status registered = transport->RegisterHandlers();
   if (!registered.ok()) return registered;
   return transport;
 }
 
+UcxReceiveTransport::~UcxReceiveTransport() { Stop(); }
+
 absl::Status UcxReceiveTransport::RegisterHandlers() {
-  for (WireKind kind :
-       {WireKind::kPage, WireKind::kCommit, WireKind::kHeartbeat, WireKind::kFence}) {
-    ucp_am_handler_param_t param{};
-    param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                       UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    param.id = static_cast<unsigned>(kind);
-    param.flags = UCP_AM_FLAG_WHOLE_MSG;
-    param.cb =
-        kind == WireKind::kPage ? &UcxReceiveTransport::OnPage : &UcxReceiveTransport::OnControl;
-    param.arg = this;
-    const ucs_status_t status = ucp_worker_set_am_recv_handler(worker_.get(), &param);
-    if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_set_am_recv_handler");
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    absl::MutexLock lock(&lanes_[i]->mu());
+    for (WireKind kind :
+         {WireKind::kPage, WireKind::kCommit, WireKind::kHeartbeat, WireKind::kFence}) {
+      ucp_am_handler_param_t param{};
+      param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                         UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      param.id = static_cast<unsigned>(kind);
+      param.flags = UCP_AM_FLAG_WHOLE_MSG;
+      param.cb =
+          kind == WireKind::kPage ? &UcxReceiveTransport::OnPage : &UcxReceiveTransport::OnControl;
+      param.arg = handlers_[i].get();
+      const ucs_status_t status = ucp_worker_set_am_recv_handler(lanes_[i]->worker().get(), &param);
+      if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_set_am_recv_handler");
+    }
   }
   return absl::OkStatus();
 }
 
+void UcxReceiveTransport::SetSinkMutex(absl::Mutex* sink_mutex) {
+  sink_mutex_ = sink_mutex;
+  if (lanes_.size() < 2 || sink_mutex_ == nullptr) return;
+  for (auto& lane : lanes_) lane->StartThread();
+}
+
+std::vector<uint64_t> UcxReceiveTransport::pages_per_lane() const {
+  std::vector<uint64_t> pages;
+  for (const auto& handler : handlers_) pages.push_back(handler->pages.load());
+  return pages;
+}
+
+void UcxReceiveTransport::Stop() {
+  for (auto& lane : lanes_) lane->StopThread();
+}
+
 absl::Status UcxReceiveTransport::RegisterMemory(std::span<std::byte> memory) {
+  // One registration serves every worker of the context.
   auto registered = UcxMemory::Register(context_, memory.data(), memory.size());
   if (!registered.ok()) return registered.status();
   registered_.push_back(std::move(*registered));
   return absl::OkStatus();
 }
 
+void UcxReceiveTransport::Progress() {
+  for (auto& lane : lanes_) {
+    if (lane->threaded()) continue;  // Its thread delivers.
+    absl::MutexLock lock(&lane->mu());
+    lane->worker().Progress();
+  }
+}
+
 std::function<void(absl::Duration)> UcxReceiveTransport::ArmWait() {
-  absl::StatusOr<int> fd = worker_.Arm();
+  if (lanes_.size() > 1 && lanes_[0]->threaded()) {
+    // The lane threads deliver; the owner only sweeps deadlines between naps.
+    return [](absl::Duration timeout) { absl::SleepFor(timeout); };
+  }
+  absl::StatusOr<int> fd;
+  {
+    absl::MutexLock lock(&lanes_[0]->mu());
+    fd = lanes_[0]->worker().Arm();
+  }
   return [fd](absl::Duration timeout) {
     // A failed arm sleeps the timeout; events that arrive meanwhile end the sleep otherwise.
     if (!fd.ok()) {
@@ -64,60 +135,87 @@ std::function<void(absl::Duration)> UcxReceiveTransport::ArmWait() {
   };
 }
 
+template <typename Fn>
+void UcxReceiveTransport::CallSink(Fn&& fn) {
+  // A lane thread is the only caller that does not hold the sink mutex already.
+  if (sink_mutex_ != nullptr && lanes_.size() > 1 && lanes_[0]->threaded()) {
+    absl::MutexLock lock(sink_mutex_);
+    fn();
+  } else {
+    fn();
+  }
+}
+
 ucs_status_t UcxReceiveTransport::OnPage(void* arg, const void* header, size_t header_length,
                                          void* data, size_t length,
                                          const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxReceiveTransport*>(arg);
+  auto* handler = static_cast<Handler*>(arg);
+  UcxReceiveTransport* self = handler->transport;
+  handler->pages.fetch_add(1, std::memory_order_relaxed);
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   // A refused rendezvous page never lands and its sender's send completes with this status, so
   // a sender that writes to an aborted or failed ticket learns it at once.
   constexpr ucs_status_t kRejected = UCS_ERR_CANCELED;
-  const std::optional<LandingTarget> target =
-      self->sink_->OnPageHeader({static_cast<const std::byte*>(header), header_length}, length);
+  std::optional<LandingTarget> target;
+  self->CallSink([&] {
+    target =
+        self->sink_->OnPageHeader({static_cast<const std::byte*>(header), header_length}, length);
+  });
   if (!target.has_value()) return rendezvous ? kRejected : UCS_OK;
   if (!rendezvous) {
+    // The copy runs outside the sink mutex: lanes copy in parallel. The slot is this page's
+    // alone (the sink marked it landing), so no other message touches the destination.
     std::memcpy(target->destination.data(), data, length);
-    self->sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus());
+    self->CallSink(
+        [&] { self->sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus()); });
     return UCS_OK;
   }
-  auto* landing = new Landing{self->sink_, target->ticket_id, target->slot};
+  auto* landing = new Landing{self, handler->lane, target->ticket_id, target->slot};
   ucp_request_param_t request_param{};
   request_param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   request_param.cb.recv_am = &UcxReceiveTransport::OnLanded;
   request_param.user_data = landing;
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(
-      self->worker_.get(), data, target->destination.data(), length, &request_param);
+      handler->lane->worker().get(), data, target->destination.data(), length, &request_param);
   if (UCS_PTR_IS_ERR(request)) {
     delete landing;
-    self->sink_->OnPageLanded(target->ticket_id, target->slot,
-                              UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_recv_data_nbx"));
+    self->CallSink([&] {
+      self->sink_->OnPageLanded(target->ticket_id, target->slot,
+                                UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_recv_data_nbx"));
+    });
+    return UCS_OK;
   }
+  handler->lane->AddBusy(1);  // Until OnLanded: the lane's thread spins for the data.
   return UCS_OK;
 }
 
 ucs_status_t UcxReceiveTransport::OnControl(void* arg, const void* /*header*/,
                                             size_t /*header_length*/, void* data, size_t length,
                                             const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxReceiveTransport*>(arg);
+  UcxReceiveTransport* self = static_cast<Handler*>(arg)->transport;
   // Control messages are tens of bytes and always eager; a rendezvous one is not ours.
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
-  self->sink_->OnControl({static_cast<const std::byte*>(data), length});
+  self->CallSink([&] { self->sink_->OnControl({static_cast<const std::byte*>(data), length}); });
   return UCS_OK;
 }
 
 void UcxReceiveTransport::OnLanded(void* request, ucs_status_t status, size_t /*length*/,
                                    void* user_data) {
   std::unique_ptr<Landing> landing(static_cast<Landing*>(user_data));
-  landing->sink->OnPageLanded(landing->ticket_id, landing->slot,
+  landing->lane->AddBusy(-1);
+  UcxReceiveTransport* self = landing->transport;
+  self->CallSink([&] {
+    self->sink_->OnPageLanded(landing->ticket_id, landing->slot,
                               UcsToStatus(status, "rendezvous receive"));
+  });
   ucp_request_free(request);
 }
 
 absl::StatusOr<std::unique_ptr<TransferReceiver>> CreateUcxReceiver(
     ReceiverOptions options, const Clock& clock, TransferReceiver::ReleaseFn on_release,
-    TransferReceiver::OutcomeFn on_outcome) {
-  auto transport = UcxReceiveTransport::Create();
+    TransferReceiver::OutcomeFn on_outcome, int lanes) {
+  auto transport = UcxReceiveTransport::Create(lanes);
   if (!transport.ok()) return transport.status();
   return std::make_unique<TransferReceiver>(std::move(*transport), options, clock,
                                             std::move(on_release), std::move(on_outcome));

@@ -3,6 +3,12 @@
 // eager payloads are copied into the sink's target, rendezvous ones received into it with
 // ucp_am_recv_data_nbx. A refused rendezvous page completes its sender's send with Cancelled.
 //
+// Lanes (docs/protocol.md, "Lanes"): with `lanes` > 1 there is one UCX worker and one thread per
+// lane; address() is the bundle of the lanes' addresses (kvtransfer/ucx/lane_address.h) and each
+// lane's thread lands its own pages, calling the sink under the owner's mutex (SetSinkMutex):
+// the checks run one page at a time as before, the copies and receives in parallel. One lane runs
+// exactly as before lanes: no thread, the owner's Progress() drives it.
+//
 // Thread-safety: not thread-safe; the owner serializes every call but the sleeper ArmWait returns.
 #pragma once
 
@@ -13,26 +19,39 @@
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/transfer_receiver.h"
 #include "kvtransfer/ucx/ucx.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 
 namespace pdserve::kv {
 
 class UcxReceiveTransport final : public ReceiveTransport {
  public:
-  // Creates a UCX context and worker (transports from UCX_TLS) and registers the handlers for
-  // page and control messages. Errors: the UCX setup error.
-  static absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> Create();
+  // Creates a UCX context and `lanes` workers (transports from UCX_TLS) and registers the
+  // handlers for page and control messages on each. Threads start at SetSinkMutex.
+  // Errors: InvalidArgument for lanes outside 1 .. kMaxTransferLanes; the UCX setup error.
+  static absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> Create(int lanes = 1);
+  ~UcxReceiveTransport() override;
 
   void SetSink(PageSink* sink) override { sink_ = sink; }
-  std::vector<std::byte> address() const override { return worker_.address(); }
+  std::vector<std::byte> address() const override { return address_; }
   absl::Status RegisterMemory(std::span<std::byte> memory) override;
-  void Progress() override { worker_.Progress(); }
+  void Progress() override;
   std::function<void(absl::Duration timeout)> ArmWait() override;
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
+  void SetSinkMutex(absl::Mutex* sink_mutex) override;
+  void Stop() override;
+  // Page messages each lane's worker received so far (accepted or refused; index = lane).
+  // Thread-safe.
+  std::vector<uint64_t> pages_per_lane() const;
 
  private:
   struct Landing;
-  UcxReceiveTransport(UcxContext context, UcxWorker worker)
-      : context_(std::move(context)), worker_(std::move(worker)) {}
+  struct Handler;
+  UcxReceiveTransport(UcxContext context, std::vector<std::unique_ptr<UcxLane>> lanes);
   absl::Status RegisterHandlers();
+  // Runs a sink callback: under the sink mutex when lane threads deliver; the owner holds it
+  // already when its Progress() does.
+  template <typename Fn>
+  void CallSink(Fn&& fn);
 
   static ucs_status_t OnPage(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param);
@@ -41,14 +60,18 @@ class UcxReceiveTransport final : public ReceiveTransport {
   static void OnLanded(void* request, ucs_status_t status, size_t length, void* user_data);
 
   UcxContext context_;
-  std::vector<UcxMemory> registered_;  // Outlives the worker's receives.
-  UcxWorker worker_;
+  std::vector<UcxMemory> registered_;  // Outlives the workers' receives.
+  std::vector<std::unique_ptr<UcxLane>> lanes_;
+  std::vector<std::unique_ptr<Handler>> handlers_;  // Index = lane: the AM handlers' argument.
+  std::vector<std::byte> address_;
   PageSink* sink_ = nullptr;
+  absl::Mutex* sink_mutex_ = nullptr;
 };
 
-// A TransferReceiver over a fresh UcxReceiveTransport (the decode worker's receiver).
+// A TransferReceiver over a fresh UcxReceiveTransport with `lanes` lanes (the decode worker's
+// receiver).
 absl::StatusOr<std::unique_ptr<TransferReceiver>> CreateUcxReceiver(
     ReceiverOptions options, const Clock& clock, TransferReceiver::ReleaseFn on_release,
-    TransferReceiver::OutcomeFn on_outcome = nullptr);
+    TransferReceiver::OutcomeFn on_outcome = nullptr, int lanes = 1);
 
 }  // namespace pdserve::kv

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/ucx/lane_address.h"
 #include "kvtransfer/ucx/ucs_status.h"
 
 namespace pdserve::kv {
@@ -10,27 +11,37 @@ namespace {
 
 class UcxSendOp final : public SendOp {
  public:
-  UcxSendOp(ucp_worker_h worker, std::vector<std::byte> header)
-      : worker_(worker), header_(std::move(header)) {}
+  UcxSendOp(UcxLane& lane, std::vector<std::byte> header)
+      : lane_(lane), header_(std::move(header)) {}
   ~UcxSendOp() override {
+    absl::MutexLock lock(&lane_.mu());
     if (request_ == nullptr) return;
-    ucp_request_cancel(worker_, request_);
-    while (ucp_request_check_status(request_) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    ucp_worker_h worker = lane_.worker().get();
+    ucp_request_cancel(worker, request_);
+    while (ucp_request_check_status(request_) == UCS_INPROGRESS) ucp_worker_progress(worker);
     ucp_request_free(request_);
   }
 
-  // Takes the result of ucp_am_send_nbx.
-  void Start(ucs_status_ptr_t request) {
+  // Posts the message on `ep` (the lane's lock held by the caller).
+  void Start(ucp_ep_h ep, unsigned am_id, std::span<const std::byte> payload) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &UcxSendOp::OnDone;
+    param.user_data = &lane_;
+    const ucs_status_ptr_t request = ucp_am_send_nbx(ep, am_id, header_.data(), header_.size(),
+                                                     payload.data(), payload.size(), &param);
     if (request == nullptr) {
       result_ = absl::OkStatus();
     } else if (UCS_PTR_IS_ERR(request)) {
       result_ = UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_send_nbx");
     } else {
       request_ = request;
+      lane_.AddBusy(1);  // Until OnDone, which runs inside a later progress of this lane.
     }
   }
 
   std::optional<absl::Status> Test() override {
+    absl::MutexLock lock(&lane_.mu());
     if (request_ != nullptr) {
       const ucs_status_t status = ucp_request_check_status(request_);
       if (status == UCS_INPROGRESS) return std::nullopt;
@@ -42,31 +53,56 @@ class UcxSendOp final : public SendOp {
   }
 
   void Cancel() override {
-    if (request_ != nullptr) ucp_request_cancel(worker_, request_);
+    absl::MutexLock lock(&lane_.mu());
+    if (request_ != nullptr) ucp_request_cancel(lane_.worker().get(), request_);
   }
 
-  const std::vector<std::byte>& header() const { return header_; }
-
  private:
-  ucp_worker_h worker_;
-  std::vector<std::byte> header_;  // UCX reads the AM header until completion.
-  ucs_status_ptr_t request_ = nullptr;
+  static void OnDone(void* /*request*/, ucs_status_t /*status*/, void* user_data) {
+    static_cast<UcxLane*>(user_data)->AddBusy(-1);
+  }
+
+  UcxLane& lane_;
+  const std::vector<std::byte> header_;  // UCX reads the AM header until completion.
+  ucs_status_ptr_t request_ = nullptr;   // Guarded by lane_.mu().
   absl::Status result_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create() {
-  auto context = UcxContext::Create();
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(int lanes) {
+  if (lanes < 1 || lanes > kMaxTransferLanes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer lanes ", lanes, " outside 1 .. ", kMaxTransferLanes));
+  }
+  auto context = UcxContext::Create(/*shared_by_threads=*/lanes > 1);
   if (!context.ok()) return context.status();
-  auto worker = UcxWorker::Create(*context);
-  if (!worker.ok()) return worker.status();
-  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(*context), std::move(*worker)));
+  std::vector<std::unique_ptr<UcxLane>> made;
+  for (int i = 0; i < lanes; ++i) {
+    auto lane = UcxLane::Create(*context);
+    if (!lane.ok()) return lane.status();
+    made.push_back(std::move(*lane));
+  }
+  std::unique_ptr<UcxTransport> transport(new UcxTransport(std::move(*context), std::move(made)));
+  if (lanes > 1) {
+    for (auto& lane : transport->lanes_) lane->StartThread();
+  }
+  return transport;
 }
 
 UcxTransport::~UcxTransport() {
-  // Endpoints close before the worker and context they belong to.
+  // Endpoints close before the workers and context they belong to.
+  for (auto& [id, peer] : peers_) CloseEndpoints(peer);
   peers_.clear();
+  for (auto& lane : lanes_) lane->StopThread();
+}
+
+void UcxTransport::CloseEndpoints(Peer& peer) {
+  for (size_t lane = 0; lane < peer.endpoints.size(); ++lane) {
+    absl::MutexLock lock(&lanes_[lane]->mu());
+    peer.endpoints[lane].reset();
+  }
+  peer.endpoints.clear();
 }
 
 absl::StatusOr<PeerId> UcxTransport::Connect(std::span<const std::byte> worker_address,
@@ -77,35 +113,47 @@ absl::StatusOr<PeerId> UcxTransport::Connect(std::span<const std::byte> worker_a
                     worker_address.end())) {
       continue;
     }
-    if (peer.status.ok() && peer.incarnation == incarnation) return it->first;
-    // A failed connection or a restarted receiver: its endpoint and any keys unpacked for it are
-    // stale. Drop it; the address gets a fresh endpoint below.
-    std::unique_ptr<UcxEndpoint> stale = std::move(peer.endpoint);
+    if (PeerStatus(it->first).ok() && peer.incarnation == incarnation) return it->first;
+    // A failed connection or a restarted receiver: its endpoints and any keys unpacked for them
+    // are stale. Drop them; the address gets fresh endpoints below.
+    CloseEndpoints(peer);
     peers_.erase(it);
-    stale.reset();
     break;
   }
+  auto receiver_lanes = DecodeLaneAddresses(worker_address);
+  if (!receiver_lanes.ok()) return receiver_lanes.status();
   const PeerId id = next_peer_++;
   Peer& peer = peers_[id];
   peer.address.assign(worker_address.begin(), worker_address.end());
   peer.incarnation = incarnation;
-  auto on_error = [this, id](ucs_status_t status) {
-    auto found = peers_.find(id);
-    if (found != peers_.end() && found->second.status.ok()) {
-      found->second.status = UcsToStatus(status, absl::StrCat("decode worker (peer ", id, ")"));
+  peer.health = std::make_shared<PeerHealth>();
+  auto on_error = [health = peer.health, id](ucs_status_t status) {
+    absl::MutexLock lock(&health->mu);
+    if (health->status.ok()) {
+      health->status = UcsToStatus(status, absl::StrCat("decode worker (peer ", id, ")"));
     }
   };
-  auto endpoint = UcxEndpoint::Create(worker_, worker_address, true, on_error);
-  if (!endpoint.ok() && absl::IsUnavailable(endpoint.status())) {
-    // Shared memory alone cannot detect a lost peer in UCX 1.13; connect without detection and
-    // let the ticket's lease bound the transfer instead (docs/protocol.md, "Failure handling").
-    endpoint = UcxEndpoint::Create(worker_, worker_address, false, on_error);
+  for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+    const std::vector<std::byte>& address = (*receiver_lanes)[lane % receiver_lanes->size()];
+    absl::StatusOr<std::unique_ptr<UcxEndpoint>> endpoint;
+    {
+      absl::MutexLock lock(&lanes_[lane]->mu());
+      const UcxWorker& worker = lanes_[lane]->worker();
+      endpoint = UcxEndpoint::Create(worker, address, true, on_error);
+      if (!endpoint.ok() && absl::IsUnavailable(endpoint.status())) {
+        // Shared memory alone cannot detect a lost peer in UCX 1.13; connect without detection
+        // and let the ticket's lease bound the transfer instead (docs/protocol.md, "Failure
+        // handling").
+        endpoint = UcxEndpoint::Create(worker, address, false, on_error);
+      }
+    }
+    if (!endpoint.ok()) {
+      CloseEndpoints(peer);
+      peers_.erase(id);
+      return endpoint.status();
+    }
+    peer.endpoints.push_back(std::move(*endpoint));
   }
-  if (!endpoint.ok()) {
-    peers_.erase(id);
-    return endpoint.status();
-  }
-  peer.endpoint = std::move(*endpoint);
   return id;
 }
 
@@ -114,30 +162,64 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
                                                            std::span<const std::byte> payload) {
   auto found = peers_.find(peer_id);
   if (found == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer_id));
+  if (absl::Status status = PeerStatus(peer_id); !status.ok()) return status;
   Peer& peer = found->second;
-  if (!peer.status.ok()) return peer.status;
-  auto op = std::make_unique<UcxSendOp>(worker_.get(),
+  if (peer.endpoints.empty()) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer_id, " disconnected"));
+  }
+  size_t lane = 0;
+  if (kind == WireKind::kPage) {
+    lane = next_page_lane_++ % lanes_.size();
+    ++pages_per_lane_[lane];
+  }
+  auto op = std::make_unique<UcxSendOp>(*lanes_[lane],
                                         std::vector<std::byte>(header.begin(), header.end()));
-  ucp_request_param_t param{};
-  op->Start(ucp_am_send_nbx(peer.endpoint->get(), static_cast<unsigned>(kind), op->header().data(),
-                            op->header().size(), payload.data(), payload.size(), &param));
+  absl::MutexLock lock(&lanes_[lane]->mu());
+  op->Start(peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload);
   return op;
 }
 
-void UcxTransport::Progress() { worker_.Progress(); }
+void UcxTransport::Progress() {
+  for (auto& lane : lanes_) {
+    if (lane->threaded()) continue;  // Its thread drives it.
+    absl::MutexLock lock(&lane->mu());
+    lane->worker().Progress();
+  }
+}
 
 absl::Status UcxTransport::PeerStatus(PeerId peer) const {
   auto found = peers_.find(peer);
   if (found == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer));
-  return found->second.status;
+  absl::MutexLock lock(&found->second.health->mu);
+  return found->second.health->status;
 }
 
-void UcxTransport::Disconnect(PeerId peer) {
-  auto found = peers_.find(peer);
+void UcxTransport::CloseLaneEndpoint(PeerId peer_id, int lane) {
+  auto found = peers_.find(peer_id);
+  if (found == peers_.end() || lane < 0 ||
+      static_cast<size_t>(lane) >= found->second.endpoints.size()) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&found->second.health->mu);
+    if (found->second.health->status.ok()) {
+      found->second.health->status = absl::UnavailableError(
+          absl::StrCat("decode worker (peer ", peer_id, "): lane ", lane, " endpoint closed"));
+    }
+  }
+  absl::MutexLock lock(&lanes_[lane]->mu());
+  found->second.endpoints[lane].reset();
+}
+
+void UcxTransport::Disconnect(PeerId peer_id) {
+  auto found = peers_.find(peer_id);
   if (found == peers_.end()) return;
-  std::unique_ptr<UcxEndpoint> closing = std::move(found->second.endpoint);
-  closing.reset();
-  found->second.status = absl::UnavailableError(absl::StrCat("peer ", peer, " disconnected"));
+  CloseEndpoints(found->second);
+  absl::MutexLock lock(&found->second.health->mu);
+  if (found->second.health->status.ok()) {
+    found->second.health->status =
+        absl::UnavailableError(absl::StrCat("peer ", peer_id, " disconnected"));
+  }
 }
 
 }  // namespace pdserve::kv

@@ -3,7 +3,14 @@
 // ~0.2 GB/s while AM and tagged messages move ~5 GB/s, and AM lets the receiver check each
 // page's header before any byte lands in its memory.
 //
-// Thread-safety: not thread-safe; one thread drives the transport and its ops.
+// Lanes (docs/protocol.md, "Lanes"): with `lanes` > 1 the transport has one UCX worker and one
+// progress thread per lane, and a connection has one endpoint per lane (to the receiver's lane
+// of the same index modulo its lane count). Pages go round-robin over the lanes; control
+// messages (commit, heartbeat, fence) on lane 0. A connection fails as a whole when any of its
+// endpoints fails. One lane runs exactly as before lanes: no thread, Progress() drives it.
+//
+// Thread-safety: the PageTransport contract (one caller thread at a time, for the transport and
+// its ops); lane threads are internal.
 #pragma once
 
 #include <cstdint>
@@ -13,13 +20,16 @@
 
 #include "kvtransfer/page_transport.h"
 #include "kvtransfer/ucx/ucx.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 
 namespace pdserve::kv {
 
 class UcxTransport final : public PageTransport {
  public:
-  // Creates a UCX context and worker (transports from UCX_TLS).
-  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create();
+  // Creates a UCX context and `lanes` workers (transports from UCX_TLS); from 2 lanes, one
+  // thread per lane. Errors: InvalidArgument for lanes outside 1 .. kMaxTransferLanes; the UCX
+  // setup error.
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(int lanes = 1);
   ~UcxTransport() override;
 
   absl::StatusOr<PeerId> Connect(std::span<const std::byte> worker_address,
@@ -30,25 +40,41 @@ class UcxTransport final : public PageTransport {
   void Progress() override;
   absl::Status PeerStatus(PeerId peer) const override;
   void Disconnect(PeerId peer) override;
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
 
-  UcxWorker& worker() { return worker_; }
-  // Endpoints created so far (a reconnect adds one); for tests of the endpoint cache.
+  // Endpoint sets (connections) created so far (a reconnect adds one); for tests of the cache.
   uint64_t endpoints_created() const { return next_peer_ - 1; }
+  // Pages handed to each lane so far (index = lane).
+  const std::vector<uint64_t>& pages_per_lane() const { return pages_per_lane_; }
+  // Closes one lane's endpoint of `peer` at once (force, no flush) and fails the connection as
+  // UCX's error handler does when that endpoint dies: its in-flight sends fail, PeerStatus says
+  // Unavailable, the next Connect makes fresh endpoints. Tests kill one lane mid-transfer with
+  // it. No-op for an unknown peer or lane.
+  void CloseLaneEndpoint(PeerId peer, int lane);
 
  private:
+  // A connection's health, written by endpoint error callbacks on lane threads.
+  struct PeerHealth {
+    mutable absl::Mutex mu;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
   struct Peer {
     std::vector<std::byte> address;
     uint64_t incarnation = 0;
-    std::unique_ptr<UcxEndpoint> endpoint;
-    absl::Status status;
+    std::vector<std::unique_ptr<UcxEndpoint>> endpoints;  // Index = lane.
+    std::shared_ptr<PeerHealth> health;
   };
-  UcxTransport(UcxContext context, UcxWorker worker)
-      : context_(std::move(context)), worker_(std::move(worker)) {}
+  UcxTransport(UcxContext context, std::vector<std::unique_ptr<UcxLane>> lanes)
+      : context_(std::move(context)), lanes_(std::move(lanes)), pages_per_lane_(lanes_.size(), 0) {}
+  // Closes every endpoint of `peer`, each under its lane's lock.
+  void CloseEndpoints(Peer& peer);
 
   UcxContext context_;
-  UcxWorker worker_;
+  std::vector<std::unique_ptr<UcxLane>> lanes_;
   std::map<PeerId, Peer> peers_;
   PeerId next_peer_ = 1;
+  size_t next_page_lane_ = 0;
+  std::vector<uint64_t> pages_per_lane_;
 };
 
 }  // namespace pdserve::kv

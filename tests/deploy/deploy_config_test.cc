@@ -134,6 +134,23 @@ TEST(DeployConfigTest, CanaryTolerance) {
   }
 }
 
+// transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as
+// given; anything else names the key.
+TEST(DeployConfigTest, TransferLanes) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.transfer_lanes, 0);
+  const std::string four = std::string(kValid) + "transfer:\n  lanes: 4\n";
+  const ParsedDeployConfig parsed = ParseDeployConfig(four, "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  EXPECT_EQ(parsed.config.transfer_lanes, 4);
+  for (const char* bad : {"17", "-1", "two"}) {
+    const ParsedDeployConfig refused =
+        ParseDeployConfig(std::string(kValid) + "transfer:\n  lanes: " + bad + "\n", "b.yaml");
+    ASSERT_EQ(refused.errors.size(), 1u) << bad;
+    EXPECT_EQ(refused.errors[0].key, "transfer.lanes") << refused.errors[0].ToString();
+    EXPECT_EQ(refused.errors[0].line, 18) << refused.errors[0].ToString();
+  }
+}
+
 TEST(DeployConfigTest, BadPortValue) {
   ExpectOneError(Broken("port: 9200", "port: 70000"), 15, 11, "decode[0].port");
 }

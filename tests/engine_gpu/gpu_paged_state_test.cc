@@ -34,9 +34,7 @@ void LoadModel(const std::string& name, TestModel* m) {
   if (name == "kjv-v4-wide") {
     m->name = name;
     Load(SourceDir() / "models" / name, m);
-    TestModel tiny;  // the prompts: token ids of the same tokenizer family, all < 4096
-    LoadByName("kjv-v4-tiny", &tiny);
-    m->prompts = tiny.prompts;
+    LoadTinyPrompts(m);  // token ids of the same tokenizer, all < 4096
     return;
   }
   LoadByName(name, m);

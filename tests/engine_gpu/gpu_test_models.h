@@ -71,18 +71,25 @@ inline std::string ModelTestName(const ::testing::TestParamInfo<std::string>& in
   return name;
 }
 
+// The bundled model's fixture prompts (token ids; tests/fixtures/small_model), then a long held-out
+// stretch: past the sliding window (64), many HCA (32) and CSA (4) entries. Reads no weights, so
+// a test of another model of the same tokenizer (kjv-v4-wide) needs only the fixtures.
+inline void LoadTinyPrompts(TestModel* m) {
+  const nlohmann::json j = ReadJson(SourceDir() / "tests/fixtures/small_model/logits.json");
+  for (const auto& p : j["prompts"]) m->prompts.push_back(p["ids"].get<std::vector<int32_t>>());
+  std::ifstream in(SourceDir() / "tests/fixtures/small_model/heldout_slice_ids.bin",
+                   std::ios::binary);
+  std::vector<uint32_t> raw(300);
+  in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size() * 4));
+  ASSERT_TRUE(in) << "tests/fixtures/small_model/heldout_slice_ids.bin";
+  m->prompts.emplace_back(raw.begin(), raw.end());
+}
+
 inline void LoadByName(const std::string& name, TestModel* m) {
   m->name = name;
   if (name == "kjv-v4-tiny") {
     Load(SourceDir() / "models" / name, m);
-    const nlohmann::json j = ReadJson(SourceDir() / "tests/fixtures/small_model/logits.json");
-    for (const auto& p : j["prompts"]) m->prompts.push_back(p["ids"].get<std::vector<int32_t>>());
-    // A long held-out stretch: past the sliding window (64), many HCA (32) and CSA (4) entries.
-    std::ifstream in(SourceDir() / "tests/fixtures/small_model/heldout_slice_ids.bin",
-                     std::ios::binary);
-    std::vector<uint32_t> raw(300);
-    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size() * 4));
-    m->prompts.emplace_back(raw.begin(), raw.end());
+    LoadTinyPrompts(m);
     return;
   }
   const std::filesystem::path dir = SourceDir() / "tests/fixtures/engine" / name;

@@ -93,6 +93,8 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
         << "    backend: cpu\ndecode:\n  - name: decode-0\n    host: 127.0.0.1\n"
         << "    port: 18200\n    backend: cpu\ntransfer:\n  transport: ucx\n  lease_ms: "
         << options.lease_ms << "\n"
+        << (options.transfer_lanes > 0 ? absl::StrCat("  lanes: ", options.transfer_lanes, "\n")
+                                       : "")
         << options.guards_yaml;
   }
   std::vector<std::string> env = {"UCX_TLS=" + options.ucx_tls};

@@ -48,6 +48,7 @@ struct ClusterOptions {
   std::string guards_yaml;               // a `guards:` section for the deploy config, or ""
   int64_t drain_timeout_ms = 30000;      // both workers' --drain-timeout-ms
   int64_t prefill_max_waiting = 256;     // the prefill worker's --max-waiting
+  int transfer_lanes = 0;                // transfer.lanes (0: not written, the default)
 };
 
 class PdCluster {

@@ -1,7 +1,8 @@
 // Proof of issue 5: a request's tokens through `pdserve prefill` -> UCX -> `pdserve decode` are
 // bit-identical (tokens, logprobs, finish reasons) to colocated mode, for 32 prompts x 3 seeds at
-// temperature 0.6 and greedy, over UCX tcp and shared memory; and one page corrupted in flight
-// fails only its own request, with an isolation error and no decoded token.
+// temperature 0.6 and greedy, over UCX tcp and shared memory, with one transfer lane and with
+// four; and one page corrupted in flight fails only its own request, with an isolation error and
+// no decoded token.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -53,7 +54,7 @@ const std::vector<Outcome>& Reference() {
   return *reference;
 }
 
-void ExpectMatchesColocated(const std::string& tls) {
+void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0) {
   std::vector<RequestSpec> specs = EquivalenceSpecs();
   const std::vector<Outcome>& reference = Reference();
   ASSERT_EQ(reference.size(), specs.size());
@@ -63,6 +64,7 @@ void ExpectMatchesColocated(const std::string& tls) {
   }
   ClusterOptions options;
   options.ucx_tls = tls;
+  options.transfer_lanes = transfer_lanes;
   options.prefill_env = {absl::StrCat("PDSERVE_TEST_CORRUPT_REQUEST=", kCorruptRequest)};
   absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -112,6 +114,10 @@ void ExpectMatchesColocated(const std::string& tls) {
 }
 
 TEST(PdEquivalenceTest, TcpMatchesColocatedBitForBit) { ExpectMatchesColocated("tcp"); }
+
+// Both workers with 4 transfer lanes (docs/protocol.md, "Lanes"): the same tokens, and the
+// corrupted page still fails only its request with the checksum error.
+TEST(PdEquivalenceTest, FourLanesMatchColocatedBitForBit) { ExpectMatchesColocated("tcp", 4); }
 
 // ignore_eos on both workers as in colocated mode: EOS (id 1, forced by logit_bias) is sampled
 // and passed over; stop_token_ids still stop, after min_tokens.

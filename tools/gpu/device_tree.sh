@@ -3,11 +3,12 @@
 # both bundled models the tracked files alone are ~100 MB. This script makes one device call's
 # tree fit and puts it back afterwards (how the 2026-12-04 runs were made):
 #
-#   tools/gpu/device_tree.sh bundle [build]   # .device-carry/bundle.tar.xz: pdserve + its libs,
+#   tools/gpu/device_tree.sh bundle [build]   # .device-carry/bundle.tar.xz: pdserve (+ EXTRA_BINS) + libs,
 #                                             # engine_gpu_tests, sampler_gpu_tests (~17 MB)
 #   tools/gpu/device_tree.sh tests            # move aside models/kjv-v4-wide and the fixtures
 #                                             # the GPU tests do not read (tree ~42 MB)
-#   tools/gpu/device_tree.sh wide             # move aside kjv-v4-tiny and tests/fixtures; carry
+#   tools/gpu/device_tree.sh wide             # move aside kjv-v4-tiny and tests/fixtures but
+#                                             # small_model (prompt ids); carry
 #                                             # kjv-v4-wide as .device-carry/wide.tar.xz (36 MB)
 #   tools/gpu/device_tree.sh restore          # put everything back (always run it after the call)
 #
@@ -35,7 +36,8 @@ case $mode in
     mkdir -p "$tmp/gpu/bin" .device-carry
     cp "$build"/tests/engine_gpu/engine_gpu_tests "$build"/tests/engine_gpu/sampler_gpu_tests \
       "$tmp/gpu/bin/" && strip "$tmp"/gpu/bin/*
-    tools/gpu/pack_binaries.sh "$tmp/bin" "$build/pdserve" > /dev/null
+    # shellcheck disable=SC2086  # EXTRA_BINS: more binaries for bin/ (benches), space-separated
+    tools/gpu/pack_binaries.sh "$tmp/bin" "$build/pdserve" ${EXTRA_BINS:-} > /dev/null
     (cd "$tmp" && tar -cf - gpu bin | xz -9 -T0) > .device-carry/bundle.tar.xz
     rm -rf "$tmp"
     ls -la .device-carry/bundle.tar.xz
@@ -46,7 +48,9 @@ case $mode in
   wide)
     mkdir -p .device-carry
     tar -cf - models/kjv-v4-wide | xz -6 -T0 > .device-carry/wide.tar.xz
-    aside models/kjv-v4-tiny models/kjv-v4-wide tests/fixtures
+    # tests/fixtures/small_model stays: its prompt ids serve the wide model's GPU tests too.
+    aside models/kjv-v4-tiny models/kjv-v4-wide \
+      $(find tests/fixtures -mindepth 1 -maxdepth 1 -not -name small_model | sort)
     ;;
   restore)
     [ -d "$stash" ] || { echo "nothing aside in $stash"; exit 0; }

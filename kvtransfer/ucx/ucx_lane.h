@@ -1,0 +1,68 @@
+// A lane: one UCX worker, the mutex that serializes every UCX call on it, and (when threaded) the
+// thread that progresses it. A transfer spread over several lanes moves its pages through
+// several workers, endpoints and threads at once, so no single core bounds it
+// (docs/protocol.md, "Lanes").
+//
+// Thread-safety: every UCX call on worker() and on the endpoints and requests made from it must
+// hold mu(). A threaded lane's callbacks (AM handlers, send and receive completions, endpoint
+// errors) run on its thread with mu() held.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtransfer/ucx/ucx.h"
+
+namespace pdserve::kv {
+
+// How many lanes a transfer endpoint uses when the deployment does not say (transfer.lanes 0):
+// one per four cores of the host, at least 1 and at most kMaxTransferLanes, so a 2-core machine
+// runs one lane and a 16-core GPU host four. `cores` 0 (unknown) gives 1.
+inline constexpr int kMaxTransferLanes = 16;
+int DefaultTransferLanes(unsigned cores);
+
+class UcxLane {
+ public:
+  // A lane with a fresh worker of `context`. Errors: UcsToStatus of the worker's creation.
+  static absl::StatusOr<std::unique_ptr<UcxLane>> Create(const UcxContext& context);
+  UcxLane(const UcxLane&) = delete;
+  UcxLane& operator=(const UcxLane&) = delete;
+  // Stops the thread (if started); the worker goes with the lane.
+  ~UcxLane();
+
+  // Starts the thread that progresses the worker: it spins (yielding) while busy() > 0 and
+  // otherwise sleeps on the worker's event fd for at most 2 ms at a time. Call once.
+  void StartThread();
+  // Stops and joins the thread; no callback of this lane runs after it returns. Idempotent.
+  void StopThread();
+  // Between StartThread and the end of StopThread (so a lane thread still running sees true).
+  // Thread-safe.
+  bool threaded() const { return threaded_.load(); }
+
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  UcxWorker& worker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_; }
+  // The packed address of the worker (immutable after creation; no lock needed).
+  const std::vector<std::byte>& address() const { return address_; }
+  // Operations whose completion needs progress (pending sends, rendezvous receives); the thread
+  // spins while this is positive. Thread-safe.
+  void AddBusy(int delta) { busy_.fetch_add(delta, std::memory_order_relaxed); }
+  int busy() const { return busy_.load(std::memory_order_relaxed); }
+
+ private:
+  explicit UcxLane(UcxWorker worker) : worker_(std::move(worker)), address_(worker_.address()) {}
+  void Run();
+
+  absl::Mutex mu_;
+  UcxWorker worker_ ABSL_GUARDED_BY(mu_);
+  const std::vector<std::byte> address_;
+  std::atomic<int> busy_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> threaded_{false};
+  std::thread thread_;  // Started and joined by the owner's thread only.
+};
+
+}  // namespace pdserve::kv
