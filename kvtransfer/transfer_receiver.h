@@ -42,7 +42,6 @@
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/ticket.h"
-#include "common/clock.h"
 
 namespace pdserve::kv {
 
@@ -83,7 +82,7 @@ struct TransferOutcome {
 
 struct ReceiverStats {
   uint64_t pages_landed = 0;
-  uint64_t bytes_landed = 0;
+  uint64_t bytes_landed = 0;    // Payload bytes as sent (before any element conversion).
   uint64_t stray_messages = 0;  // Messages for no known ticket or request (dropped).
   std::map<IsolationError, uint64_t> isolation_errors;
   size_t tickets_held = 0;  // Failed, aborted or abandoned tickets whose pages are not released.
@@ -106,8 +105,7 @@ class TransferReceiver final : private PageSink {
   // A receiver over `transport` (sink set here). `clock` must outlive the receiver;
   // `on_outcome` may be empty. kvtransfer/ucx/ucx_receive_transport.h: CreateUcxReceiver.
   TransferReceiver(std::unique_ptr<ReceiveTransport> transport, ReceiverOptions options,
-                   const Clock& clock, ReleaseFn on_release,
-                   OutcomeFn on_outcome = nullptr);
+                   const Clock& clock, ReleaseFn on_release, OutcomeFn on_outcome = nullptr);
   ~TransferReceiver() override;
 
   // Registers a request's pages and returns its ticket (new ticket id, lease from now).
