@@ -237,11 +237,13 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
       }
       PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
                                sender.PrepareWithElements(ticket, std::move(sources)));
-      PDSERVE_RETURN_IF_ERROR(runtime::StoreSlotStaged(
-          *gpu, 0, *staging, paged, pages.pages, [&](int64_t layer) -> absl::Status {
-            PDSERVE_RETURN_IF_ERROR(transfer->PostLayer(static_cast<uint32_t>(layer)));
-            return transfer->Poll().status();
-          }));
+      // Each layer is posted as soon as it is stored, as the prefill worker's callback does.
+      auto post = [&](int64_t layer) -> absl::Status {
+        PDSERVE_RETURN_IF_ERROR(transfer->PostLayer(static_cast<uint32_t>(layer)));
+        return transfer->Poll().status();
+      };
+      PDSERVE_RETURN_IF_ERROR(
+          runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post));
       PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
       absl::StatusOr<bool> done = false;
       while (done.ok() && !*done) done = transfer->Poll();
