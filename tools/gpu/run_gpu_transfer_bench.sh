@@ -15,23 +15,29 @@
 #      processes with the same UCX_TLS and the pages' message
 #      sizes (64 KiB: compressed-entry pages, most of the bytes at long prompts; 128 KiB: window
 #      pages), 1 GiB each.
-#   4. Which UCX protocol carried the pages: one short bench run with UCX_PROTO_ENABLE=y
+#   4. Which UCX protocol carried the pages: one short bench run per UCX_TLS with UCX_PROTO_ENABLE=y
 #      UCX_PROTO_INFO=y (UCX 1.13 prints its protocol selection only with the v2 protocols on),
 #      and `ucx_info -d` transports (does this UCX have cuda_copy / cuda_ipc? Debian's has none).
 #   5. tools/gpu/run_pd_cuda_e2e.sh: tokens through PD on CUDA (prefill and decode workers on
 #      GPU 0, bf16 pages now) equal the colocated CUDA server's.
-# Pack here (after building the targets gpu_state_transfer_bench, pdserve, engine_gpu_tests):
+# Binaries (built here; the device has no UCX): pdserve and the engine GPU tests from the lead's
+# bundle (tools/gpu/device_tree.sh bundle: .device-carry/bin and .device-carry/gpu, with
+# gpu/libs.tar.xz made there as device_tree.sh says), plus this script's own pack, 8 MB as xz:
+#   cmake --build build --target gpu_state_transfer_bench pdserve engine_gpu_tests
 #   tools/gpu/pack_binaries.sh .device-carry/wire build/bench/kvtransfer/gpu_state_transfer_bench \
-#     build/pdserve "$(command -v ucx_perftest)" "$(command -v ucx_info)"
-#   tools/gpu/pack_engine_tests.sh build .device-carry/gpu
-# There, from the repository root: OUT=$OUT tools/gpu/run_gpu_transfer_bench.sh
-# Environment: BINS (.device-carry/wire), PACK (.device-carry/gpu), OUT (gpu-out/wire), STEPS
-# ("tests bench perftest e2e"), LENGTHS ("4096,32768,131072"), LAYERS (8). Logs under OUT; the
-# summary table is printed last. Expected run time: about 3 minutes (most of it the two
-# forwards of the 32K prompt and the e2e script's three servers).
+#     "$(command -v ucx_perftest)" "$(command -v ucx_info)"
+#   (cd .device-carry && tar -cf - wire | xz -6 -T0 > wire.tar.xz && rm -rf wire)
+# There, from the repository root (models/kjv-v4-tiny must be in the tree for step 5):
+#   OUT=$OUT tools/gpu/run_gpu_transfer_bench.sh   (extracts .device-carry/wire.tar.xz itself)
+# Environment: WIRE (.device-carry/wire), BINS (.device-carry/bin: pdserve), PACK
+# (.device-carry/gpu), OUT (gpu-out/wire), STEPS ("tests bench perftest e2e"), LENGTHS
+# ("4096,32768,131072"), LAYERS (8). Logs under OUT; the summary tables are printed last.
+# Expected run time: 3-5 minutes (estimate, not yet run: the 32K prompt's forward, run once, and
+# the e2e script's three servers take most of it).
 set -uo pipefail
 out=${OUT:-gpu-out/wire}
-bins=${BINS:-.device-carry/wire}
+wire=${WIRE:-.device-carry/wire}
+bins=${BINS:-.device-carry/bin}
 pack=${PACK:-.device-carry/gpu}
 steps=${STEPS:-tests bench perftest e2e}
 lengths=${LENGTHS:-4096,32768,131072}
@@ -63,8 +69,11 @@ if [[ " $steps " == *" tests "* ]]; then
   fi
 fi
 
+[ -d "$wire" ] || [ ! -f "$wire.tar.xz" ] || tar -xJf "$wire.tar.xz" -C "$(dirname "$wire")"
 # shellcheck disable=SC1091
 source "$bins/env.sh"
+# shellcheck disable=SC1091
+source "$wire/env.sh"
 
 bench_rows=()
 if [[ " $steps " == *" bench "* ]]; then
