@@ -79,6 +79,9 @@ void Indexer::Select(const float* x, const float* q_residual, int64_t tokens,
           for (int64_t s = 0; s < visible; ++s) scores[s] += std::max(d[s], 0.0f) * score_scale * w;
         }
         int32_t* row = picks->data() + i * topk_;
+        if (fault_ == IndexerFault::kLowestScores) {  // TEST ONLY: the comparator's sign flipped
+          for (int64_t s = 0; s < visible; ++s) scores[s] = -scores[s];
+        }
         cpu::TopK(scores.data(), visible, topk_, row, scratch.data());
         if (fault_ != IndexerFault::kNone) ApplyFault(fault_, visible, topk_, row);
       }

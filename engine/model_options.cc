@@ -41,10 +41,24 @@ absl::StatusOr<std::vector<SwitchablePiece>> ParseReferencePieces(
   return out;
 }
 
+std::string IndexerFaultName(IndexerFault fault) {
+  switch (fault) {
+    case IndexerFault::kNone:
+      return "none";
+    case IndexerFault::kUnmaskedSlots:
+      return "unmasked_slots";
+    case IndexerFault::kLowestScores:
+      return "lowest_scores";
+  }
+  return "unknown";
+}
+
 ModelOptions WithTestFaultsFromEnvironment(ModelOptions base) {
   const char* value = std::getenv(kScrambleIndexerEnv);
   if (value != nullptr && std::string(value) == "1") {
     base.indexer_fault = IndexerFault::kUnmaskedSlots;
+  } else if (value != nullptr && std::string(value) == "lowest") {
+    base.indexer_fault = IndexerFault::kLowestScores;
   }
   return base;
 }
@@ -65,8 +79,8 @@ std::string ImplementationSummary(const ModelOptions& options) {
     if (asked) absl::StrAppend(&out, " (asked)");
   }
   absl::StrAppend(&out, " (every CPU piece is the reference; the CUDA backend honours the list)");
-  if (options.indexer_fault == IndexerFault::kUnmaskedSlots) {
-    absl::StrAppend(&out, " TEST FAULT indexer=unmasked_slots");
+  if (options.indexer_fault != IndexerFault::kNone) {
+    absl::StrAppend(&out, " TEST FAULT indexer=", IndexerFaultName(options.indexer_fault));
   }
   return out;
 }

@@ -49,13 +49,18 @@ enum class IndexerFault {
   // of highest, top-1 broadcast, no entries) and zero-filled rows were measured too: the bundled
   // model's output does not change enough for `pdserve check` to see them (docs/guards.md).
   kUnmaskedSlots,
+  // The top-k of the LOWEST-scoring visible entries (a comparator with the wrong sign): a row
+  // with at most index_topk visible entries selects all of them either way, so only contexts
+  // past index_topk * compress_rate_csa tokens attend to other entries. The text of the bundled
+  // models hardly changes (docs/guards.md); the logits canary is what sees it.
+  kLowestScores,
 };
-// The CUDA engine turns any fault into its own wrong indexer instead
-// (engine::gpu::GpuModelOptions::test_lowest_score_indexer, runtime/cuda/gpu_backend.h): its
-// fixed-shape decode indexer keeps the lowest-scoring entries.
+// On the CUDA backend both faults apply to the fixed-shape decode indexer only
+// (engine::gpu::GpuModelOptions, runtime/cuda/gpu_backend.h); prefill and the any-shape indexer
+// stay correct (what the canary's recompute and guards.reference_kernels [indexer] rely on).
 
-// The environment variable the CLI reads to turn kUnmaskedSlots on ("1"); anything else, or unset,
-// leaves the indexer correct.
+// The environment variable the CLI reads: "1" turns kUnmaskedSlots on, "lowest" kLowestScores;
+// anything else, or unset, leaves the indexer correct.
 inline constexpr char kScrambleIndexerEnv[] = "PDSERVE_TEST_SCRAMBLE_INDEXER";
 
 struct ModelOptions {
@@ -78,8 +83,12 @@ struct ModelOptions {
   void EmulateGpuStorage() { bf16_state = bf16_expert_input = true; }
 };
 
-// `base` with indexer_fault = kUnmaskedSlots when kScrambleIndexerEnv is "1", else unchanged.
+// `base` with indexer_fault = kUnmaskedSlots when kScrambleIndexerEnv is "1", kLowestScores when
+// it is "lowest", else unchanged.
 ModelOptions WithTestFaultsFromEnvironment(ModelOptions base);
+
+// "unmasked_slots", "lowest_scores" ("none" for kNone): the name startup lines print.
+std::string IndexerFaultName(IndexerFault fault);
 
 // A loud warning naming the fault and the variable when `options` carries a test-only fault, else
 // "". Every command that honours kScrambleIndexerEnv prints it to stderr at startup.

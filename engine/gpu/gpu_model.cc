@@ -303,6 +303,9 @@ absl::Status GpuModel::Impl::FastIndexer(Layer& layer, int64_t rows) {
     PDSERVE_CUDA_RETURN(kc::top_k(idx_scores.get(), rows, ic.capacity, idx_visible.get(),
                                   c.index_topk, picks.get(), stream));
   }
+  if (options.test_unmasked_indexer) {  // TEST ONLY (GpuModelOptions): -1 slots keep their number
+    PDSERVE_CUDA_RETURN(UnmaskSlots(picks.get(), rows, c.index_topk, stream));
+  }
   return absl::OkStatus();
 }
 

@@ -104,6 +104,12 @@ struct GpuModelOptions {
   // (prefill) and the any-shape indexer stay correct, which is what the canary's recompute and
   // guards.reference_kernels [indexer] rely on.
   bool test_lowest_score_indexer = false;
+  // TEST ONLY (false in every deployment): the other wrong fixed-shape decode indexer,
+  // engine::IndexerFault::kUnmaskedSlots: after the top-k, a row's slots past its visible entries
+  // hold their slot numbers instead of -1, so decode attention gathers entries that do not exist
+  // yet (never-written page rows: the fresh pool's NaN, or a freed page's stale rows). Only rows
+  // with fewer than index_topk visible entries change (contexts below 2048 tokens on V4 shapes).
+  bool test_unmasked_indexer = false;
   GemmInputs gemm_inputs = GemmInputs::kBf16;
   WeightFormat weight_format = WeightFormat::kBf16;
   // kFp8Block: the model directory whose checkpoint (model.safetensors or sharded with an index)

@@ -59,6 +59,13 @@ __global__ void PageTableKernel(const int32_t* slot, const int32_t* position, in
   }
 }
 
+__global__ void UnmaskSlotsKernel(int32_t* picks, int64_t n, int64_t topk) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (picks[i] < 0) picks[i] = static_cast<int32_t>(i % topk);
+  }
+}
+
 __global__ void ScaleKernel(float* x, int64_t n, float scale) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) x[i] *= scale;
@@ -151,6 +158,14 @@ cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t UnmaskSlots(int32_t* picks, int64_t rows, int64_t topk, cudaStream_t stream) {
+  if (rows < 0 || topk < 0 || (rows * topk > 0 && picks == nullptr)) return cudaErrorInvalidValue;
+  const int64_t n = rows * topk;
+  if (n == 0) return cudaSuccess;
+  UnmaskSlotsKernel<<<Blocks(n), kThreads, 0, stream>>>(picks, n, topk);
   return cudaGetLastError();
 }
 

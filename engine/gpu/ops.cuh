@@ -56,6 +56,11 @@ cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64
 // x[i] *= scale, i < n.
 cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream);
 
+// TEST ONLY (GpuModelOptions::test_unmasked_indexer): picks[r, k] = k where it is -1 (or any
+// negative), r < rows, k < topk; picks is int32 [rows, topk]. The bug class of a top-k that skips
+// its "-1 past the visible entries" fill (engine/model_options.h, IndexerFault::kUnmaskedSlots).
+cudaError_t UnmaskSlots(int32_t* picks, int64_t rows, int64_t topk, cudaStream_t stream);
+
 // out[i] = parts[0 * n + i] + parts[1 * n + i] + ... + parts[(n_parts - 1) * n + i], summed in
 // that order (fp32), i < n: the local communicator's reduce-scatter (engine/gpu/local_comm.h).
 // out may alias parts' first block.

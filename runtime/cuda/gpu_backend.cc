@@ -55,7 +55,9 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     }
     if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
   }
-  gpu_options.test_lowest_score_indexer = options.indexer_fault != engine::IndexerFault::kNone;
+  gpu_options.test_lowest_score_indexer =
+      options.indexer_fault == engine::IndexerFault::kLowestScores;
+  gpu_options.test_unmasked_indexer = options.indexer_fault == engine::IndexerFault::kUnmaskedSlots;
   spdlog::info("{}", GpuImplementationSummary(options));
   return engine::gpu::GpuModelGroup::Create(config, weights, group);
 }
@@ -73,7 +75,8 @@ std::string GpuImplementationSummary(const GpuBackendOptions& options) {
       asked(engine::SwitchablePiece::kFp8State) ? " (asked)" : "",
       "; prefill any-shape (the fixed-shape kernels run only where the model has V4 shapes)");
   if (options.indexer_fault != engine::IndexerFault::kNone) {
-    absl::StrAppend(&line, " TEST FAULT indexer=lowest_scores (fixed-shape decode indexer",
+    absl::StrAppend(&line, " TEST FAULT indexer=", engine::IndexerFaultName(options.indexer_fault),
+                    " (fixed-shape decode indexer",
                     indexer ? ", off: the reference indexer is asked for" : "", ")");
   }
   return line;

@@ -37,8 +37,8 @@ struct GpuBackendOptions {
   // nothing (the GPU state is bf16 / fp32 already).
   std::vector<engine::SwitchablePiece> reference_pieces;
   // TEST ONLY (kNone in every deployment; engine/model_options.h, PDSERVE_TEST_SCRAMBLE_INDEXER):
-  // any fault turns on GpuModelOptions::test_lowest_score_indexer, the CUDA engine's wrong
-  // indexer (the fixed-shape decode indexer keeps the lowest-scoring entries).
+  // kLowestScores turns on GpuModelOptions::test_lowest_score_indexer, kUnmaskedSlots
+  // test_unmasked_indexer (both on the fixed-shape decode indexer only).
   engine::IndexerFault indexer_fault = engine::IndexerFault::kNone;
 };
 

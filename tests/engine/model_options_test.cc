@@ -43,6 +43,15 @@ TEST(ModelOptionsTest, ScrambleOnlyFromTheEnvironmentVariableSetToOne) {
   EXPECT_NE(ImplementationSummary(faulty).find("indexer=reference (asked)"), std::string::npos);
 }
 
+TEST(ModelOptionsTest, ScrambleLowestTurnsOnTheLowestScoresFault) {
+  setenv(kScrambleIndexerEnv, "lowest", 1);
+  const ModelOptions faulty = WithTestFaultsFromEnvironment({});
+  unsetenv(kScrambleIndexerEnv);
+  EXPECT_EQ(faulty.indexer_fault, IndexerFault::kLowestScores);
+  EXPECT_NE(ImplementationSummary(faulty).find("TEST FAULT indexer=lowest_scores"),
+            std::string::npos);
+}
+
 TEST(ModelOptionsTest, DefaultOptionsCarryNoFault) {
   const ModelOptions options;
   EXPECT_EQ(options.indexer_fault, IndexerFault::kNone);

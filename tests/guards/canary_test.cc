@@ -112,7 +112,7 @@ TEST(CanaryCompareTest, NormalizedErrorAgainstTolerance) {
   const std::vector<float> ref = {1.0f, -4.0f, 2.0f, 0.5f};
   std::vector<float> served = ref;
   served[2] += 0.2f;  // max|diff| 0.2, max|ref| 4
-  absl::StatusOr<CanaryResult> r = CompareLogits(served, ref, kGpuCanaryTolerance);
+  absl::StatusOr<CanaryResult> r = CompareLogits(served, ref, 0.05);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_NEAR(r->max_abs_diff, 0.2, 1e-6);
   EXPECT_DOUBLE_EQ(r->max_abs_ref, 4.0);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 26, the guards on CUDA, on one H200 in one device call: the logits canary (recomputed on
 # the GPU), the degeneration detector, the reference-kernel switch and the test-only wrong indexer
-# (PDSERVE_TEST_SCRAMBLE_INDEXER=1: on CUDA the fixed-shape decode indexer keeps the LOWEST-scoring
+# (PDSERVE_TEST_SCRAMBLE_INDEXER=lowest: the fixed-shape decode indexer keeps the LOWEST-scoring
 # entries, engine/gpu/gpu_model.h) on models/kjv-v4-wide (V4-Flash attention shapes, top-512 of
 # rate-4 entries: the indexer chooses only past 2048 tokens of context).
 #   1. GPU tests (from PACK, when packed): the wrong indexer against the healthy one step by step
@@ -11,10 +11,10 @@
 #      completions API, 128 tokens, 4 seeded samples at the model's temperature 0.6 + greedy)
 #      against, each started fresh:
 #        serve-healthy        pdserve serve --backend cuda --canary-every 1
-#        serve-wrong          the same with PDSERVE_TEST_SCRAMBLE_INDEXER=1
+#        serve-wrong          the same with PDSERVE_TEST_SCRAMBLE_INDEXER=lowest
 #        serve-wrong-nocanary the same without the canary (does the detector alone see it?)
 #        pd-healthy           pdserve up, CUDA prefill + CUDA decode on GPU 0, canary_every 1
-#        pd-wrong             the same with PDSERVE_TEST_SCRAMBLE_INDEXER=1
+#        pd-wrong             the same with PDSERVE_TEST_SCRAMBLE_INDEXER=lowest
 #        pd-wrong-reference   the same with guards.reference_kernels [indexer] (the bisection)
 #      Expected: healthy and reference runs exit 0 with 0 canary mismatches; wrong runs with the
 #      canary exit 1 with canary mismatches (failed requests: "canary mismatch: ...").
@@ -119,7 +119,7 @@ row() {  # run, expected rc ("any": reported only), rc, detail
 
 serve_run() {  # name, canary-every, fault(0/1), expected rc
   local name=$1 port=18400 fault=()
-  [ "$3" = 1 ] && fault=(PDSERVE_TEST_SCRAMBLE_INDEXER=1)
+  [ "$3" = 1 ] && fault=(PDSERVE_TEST_SCRAMBLE_INDEXER=lowest)
   env "${fault[@]}" "$pdserve" serve --model "$model" --backend cuda --port $port --max-batch 16 \
     --canary-every "$2" --canary-tolerance "$tolerance" > "$out/$name.log" 2>&1 &
   local pid=$!
@@ -151,7 +151,7 @@ guards: {degeneration_action: flag, paranoid: false, canary_every: 1,
          canary_tolerance: $tolerance, reference_kernels: $3}
 YAML
   local fault=()
-  [ "$2" = 1 ] && fault=(PDSERVE_TEST_SCRAMBLE_INDEXER=1)
+  [ "$2" = 1 ] && fault=(PDSERVE_TEST_SCRAMBLE_INDEXER=lowest)
   env "${fault[@]}" "$pdserve" up --config "$out/$name.yaml" > "$out/$name.log" 2>&1 &
   local pid=$!
   if ! wait_ready http://127.0.0.1:18410 240 $pid; then
