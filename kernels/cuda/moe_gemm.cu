@@ -250,7 +250,8 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   a.out_rows = picks;
   a.out = out;
   a.out_stride = out_stride;
-  status = weights.format == ExpertFormat::kFp4 ? bs::LaunchGemm<true>(a, plan.tiles, plan.max_items, stream)
+  status = weights.format == ExpertFormat::kFp4
+               ? bs::LaunchGemm<true>(a, plan.tiles, plan.max_items, stream)
            : a16 ? bs::LaunchGemm<false, true>(a, plan.tiles, plan.max_items, stream)
                  : bs::LaunchGemm<false>(a, plan.tiles, plan.max_items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
