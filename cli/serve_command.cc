@@ -78,6 +78,10 @@ struct ServeOptions {
 absl::StatusOr<runtime::RunnerFactory> BackendFactory(
     const ServeOptions& options,
     [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
+  if (options.fp8_activations != "bf16" && options.weights != "fp8") {
+    return absl::InvalidArgumentError(
+        "--fp8-activations chooses the activations of the FP8 products: only with --weights fp8");
+  }
   if (options.backend == "cpu") {
     // Flags that would do nothing on the CPU engine are refused rather than ignored.
     if (!options.devices.empty() || options.expert_comm != "auto") {
@@ -91,10 +95,6 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
           "dequantizes every weight to float32");
     }
     return runtime::RunnerFactory();
-  }
-  if (options.fp8_activations != "bf16" && options.weights != "fp8") {
-    return absl::InvalidArgumentError(
-        "--fp8-activations chooses the activations of the FP8 products: only with --weights fp8");
   }
   if (options.canary_every > 0) {
     return absl::FailedPreconditionError(
