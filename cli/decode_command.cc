@@ -79,6 +79,9 @@ absl::Status RunDecode(const DecodeFlags& flags) {
     gpu.reference_pieces = options.model.reference_pieces;
     gpu.indexer_fault = options.model.indexer_fault;
     if (entry.worker.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
+    if (entry.worker.fp8_activations == "fp8") {
+      gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
+    }
     options.runner_factory = runtime::GpuRunnerFactory(gpu);
 #else
     return absl::FailedPreconditionError(

@@ -62,6 +62,9 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
     gpu.reference_pieces = options.model.reference_pieces;
     gpu.indexer_fault = options.model.indexer_fault;
     if (entry.worker.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
+    if (entry.worker.fp8_activations == "fp8") {
+      gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
+    }
     options.engine_factory = runtime::GpuPrefillEngineFactory(gpu);
 #else
     return absl::FailedPreconditionError(

@@ -5,6 +5,7 @@
 //                 [--paranoid] [--canary-every N] [--canary-tolerance E]
 //                 [--backend cpu|cuda] [--device N]
 //                 [--devices LIST] [--expert-comm auto|nccl|local] [--weights bf16|fp8]
+//                 [--fp8-activations bf16|fp8]
 //
 // --backend cuda serves on the CUDA engine (engine/gpu, runtime/cuda/gpu_backend.h) on GPU
 // --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
@@ -15,7 +16,9 @@
 // --weights fp8 (cuda only) keeps the projections the checkpoint stores FP8 e4m3 with 128 x 128
 // scales in FP8 on the GPU, copied from the mmapped shards, and multiplies them with
 // kernels/cuda/fp8_gemm (docs/engine-gpu.md, "FP8 weights"); bf16 (the default) rounds every
-// weight to bf16 as before.
+// weight to bf16 as before. --fp8-activations (with --weights fp8): the FP8 products take bf16
+// activations (W8A16, the default: kernels/cuda fp8_gemm_w8a16, the weights converted to bf16 in
+// registers) or e4m3 ones quantized per 1 x 128 (W8A8, fp8_gemm), engine/gpu/gpu_model.h.
 // NCCL_NVLS_ENABLE=0 is set before anything starts (NVLink multicast stays off).
 // The canary recomputes on the GPU and --paranoid checks the GPU's own state pages
 // (runtime/cuda/gpu_step_runner.h). Without a GPU (or in a build without CUDA) it exits 1 with a
@@ -68,8 +71,9 @@ struct ServeOptions {
   int device = 0;
   std::string devices;  // "0,1": an expert-parallel group (overrides device)
   std::string expert_comm = "auto";
-  std::string weights = "bf16";  // --backend cuda: bf16 or fp8 (engine::gpu::WeightFormat)
-  std::string api_keys_file;     // docs/security.md
+  std::string weights = "bf16";          // --backend cuda: bf16 or fp8 (engine::gpu::WeightFormat)
+  std::string fp8_activations = "bf16";  // --weights fp8: bf16 or fp8 (engine::gpu::Fp8Activations)
+  std::string api_keys_file;             // docs/security.md
   std::string tls_cert_file;
   std::string tls_key_file;
 };
@@ -77,6 +81,10 @@ struct ServeOptions {
 // The runner factory of `--backend`: empty for cpu.
 absl::StatusOr<runtime::RunnerFactory> BackendFactory(
     const ServeOptions& options, [[maybe_unused]] const engine::ModelOptions& model) {
+  if (options.fp8_activations != "bf16" && options.weights != "fp8") {
+    return absl::InvalidArgumentError(
+        "--fp8-activations chooses the activations of the FP8 products: only with --weights fp8");
+  }
   if (options.backend == "cpu") {
     // Flags that would do nothing on the CPU engine are refused rather than ignored.
     if (!options.devices.empty() || options.expert_comm != "auto") {
@@ -111,6 +119,7 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
   gpu.reference_pieces = model.reference_pieces;
   gpu.indexer_fault = model.indexer_fault;
   if (options.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
+  if (options.fp8_activations == "fp8") gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
   return runtime::GpuRunnerFactory(gpu);
 #else
   return absl::FailedPreconditionError(
@@ -230,6 +239,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--weights", o->weights,
                   "Weights on the GPU (--backend cuda): bf16, or fp8 (projections stored FP8 "
                   "with block scales stay FP8)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--fp8-activations", o->fp8_activations,
+                  "With --weights fp8: activations of the FP8 products, bf16 (W8A16) or fp8 "
+                  "(e4m3 per 1 x 128, W8A8)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--api-keys-file", o->api_keys_file,

@@ -150,7 +150,8 @@ class Reader {
 WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& path) {
   WorkerConfig w;
   if (!r.Map(node, path,
-             {"name", "host", "port", "metrics_port", "backend", "gpus", "threads", "weights"})) {
+             {"name", "host", "port", "metrics_port", "backend", "gpus", "threads", "weights",
+              "fp8_activations"})) {
     return w;
   }
   r.String(node, path, "name", true, &w.name);
@@ -162,6 +163,10 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
   r.Enum(node, path, "weights", false, {"bf16", "fp8"}, &w.weights);
   if (w.backend == "cpu" && w.weights != "bf16") {
     r.Error(node["weights"], Join(path, "weights"), "only for backend cuda");
+  }
+  r.Enum(node, path, "fp8_activations", false, {"bf16", "fp8"}, &w.fp8_activations);
+  if (w.weights != "fp8" && node["fp8_activations"].IsDefined()) {
+    r.Error(node["fp8_activations"], Join(path, "fp8_activations"), "only with weights: fp8");
   }
   const YAML::Node gpus = r.Field(node, path, "gpus", false);
   if (w.backend == "cuda" && gpus.IsNull()) {

@@ -66,6 +66,9 @@ struct WorkerConfig {
   std::string gpus;
   int threads = 0;               // cpu backend threads, 0: all cores
   std::string weights = "bf16";  // cuda: "bf16" or "fp8" (engine::gpu::WeightFormat)
+  // weights fp8 only: the activations of the FP8 products, "bf16" (W8A16) or "fp8" (W8A8)
+  // (engine::gpu::Fp8Activations).
+  std::string fp8_activations = "bf16";
 };
 
 struct RouterConfig {

@@ -19,8 +19,8 @@ void EmulatedLinear(const Fp8Emulation& emulation, const float* x, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < in; ++c) xq[r * in + c] = x[r * x_stride + c];
   }
+  if (emulation.bf16_inputs || emulation.quantize_inputs) RoundToBf16(xq.data(), rows * in);
   if (emulation.quantize_inputs) {
-    RoundToBf16(xq.data(), rows * in);
     std::vector<uint8_t> codes(xq.size());
     std::vector<float> scales(static_cast<size_t>(rows * (in / cpu::kQuantBlock)));
     cpu::QuantizeActivations(xq.data(), rows, in, in, emulation.ue8m0_scales, codes.data(),

@@ -6,6 +6,9 @@
 //   quantize_inputs: the input is rounded to bf16 (the engine's GEMM input), then quantized per
 //     1 x 128 to e4m3 as kernels/cuda/fp8_gemm and moe_gemm do (kernels::cpu::QuantizeActivations,
 //     amax / 448 scales, not rounded to powers of two);
+//   bf16_inputs: the input is rounded to bf16 and not quantized (W8A16: kernels/cuda/w8a16_gemm's
+//     arithmetic, FP8 weights dequantized exactly, bf16 activations, fp32 accumulation);
+//     quantize_inputs takes precedence;
 //   bf16_outputs: the projection's output is rounded to bf16 (the FP8 kernels' output dtype); for
 //     the routed experts also the SwiGLU output and each pick's weighted contribution, as
 //     moe_gemm's per-pick bf16 rows.
@@ -23,11 +26,12 @@ namespace pdserve::engine {
 
 struct Fp8Emulation {
   bool quantize_inputs = false;
+  bool bf16_inputs = false;
   bool bf16_outputs = false;
   bool ue8m0_scales = false;
   bool dense = true;
   bool routed_experts = true;
-  bool on() const { return quantize_inputs || bf16_outputs; }
+  bool on() const { return quantize_inputs || bf16_inputs || bf16_outputs; }
   // The same with `dense` / `routed_experts` applied: what one projection site uses.
   Fp8Emulation ForDense() const { return dense ? *this : Fp8Emulation{}; }
   Fp8Emulation ForExperts() const { return routed_experts ? *this : Fp8Emulation{}; }

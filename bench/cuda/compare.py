@@ -251,13 +251,51 @@ def gemm_main(bench):
     MOE_WEIGHTS.clear()
 
 
+def w8a16_main(bench):
+    """W8A16 (bf16 activations) vs W8A8 (e4m3 activations) vs bf16 torch, from `bench w8a16`."""
+    lines = subprocess.run([bench, "w8a16"], check=True, capture_output=True, text=True).stdout
+    rows = [line.split(",") for line in lines.strip().splitlines()]
+    read_gbs = [float(r[4]) / (float(r[3]) * 1e-6) / 1e9 for r in rows if r[0] == "read"][0]
+    table = {(r[0], r[1], int(r[2])): (float(r[3]), float(r[4])) for r in rows
+             if r[0] not in ("copy", "read")}
+    print(f"GPU: {torch.cuda.get_device_name()}; read floor {read_gbs:.0f} GB/s; torch "
+          f"{torch.__version__}; CUDA graphs; % = weight bytes / time / read floor", flush=True)
+    shapes = {"wq_b": (32768, 1024), "wo_b": (4096, 8192), "w13": (4096, 4096), "w2": (4096, 2048)}
+
+    def cell(key):
+        if key not in table:
+            return "-"
+        us, nbytes = table[key]
+        return f"{us:.1f} ({100 * nbytes / (us * 1e-6) / 1e9 / read_gbs:.0f}%)"
+
+    print("\n| shape | tokens | W8A16 us (% read) | W8A8 us (% read) | W8A16 / W8A8 | "
+          "torch bf16 us |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (kernel, shape, tokens) in list(table):
+        if kernel not in ("w8a16", "moe_w8a16"):
+            continue
+        n, k = shapes[shape]
+        moe = kernel == "moe_w8a16"
+        ref = torch_grouped(n, k, tokens) if moe else torch_dense(n, k, tokens)[1]
+        a16 = table[(kernel, shape, tokens)][0]
+        a8_key = ("moe_fp8" if moe else "fp8_own", shape, tokens)
+        ratio = a16 / table[a8_key][0] if a8_key in table else float("nan")
+        name = f"{shape} experts" if moe else shape
+        print(f"| {name} | {tokens} | {cell((kernel, shape, tokens))} | {cell(a8_key)} | "
+              f"{ratio:.2f} | {ref:.1f} |", flush=True)
+    MOE_WEIGHTS.clear()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench")
     parser.add_argument("--gemm-bench")
+    parser.add_argument("--w8a16-bench", help="gemm_bench binary: the W8A16 comparison only")
     args = parser.parse_args()
     if args.gemm_bench:
         gemm_main(args.gemm_bench)
+    if args.w8a16_bench:
+        w8a16_main(args.w8a16_bench)
     if not args.bench:
         return
     lines = subprocess.run([args.bench], check=True, capture_output=True, text=True).stdout

@@ -4,11 +4,13 @@
 //   kernel,shape,tokens,median_us,bytes,flops
 // kernel: copy (device-to-device, bytes = read + written), read (ReadFloor: bytes read), fp8_own
 // (fp8_gemm), fp8_cublaslt (fp8_gemm_cublaslt), moe_fp8 / moe_fp4 (moe_grouped_gemm over 256
-// experts, top-6 routing). shape: wq_b [32768, 1024], wo_b [4096, 8192], w13 = experts' gate+up
-// [4096, 4096] and w2 = down [4096, 2048] (dense rows: one expert's matrix as a plain GEMM). bytes:
-// the weight and scale bytes the call must read (grouped: of the experts the routing touched,
-// averaged over the layers), flops: 2 x tokens (x top-6) x n x k. Every time includes the
-// activation quantization kernel (and the split-k reduction or grouping kernel where they run).
+// experts, top-6 routing); with the argument "w8a16": fp8_own and w8a16 (fp8_gemm_w8a16), moe_fp8
+// and moe_w8a16 (ExpertFormat::kFp8W8A16) at decode sizes 1..128 and 4096 tokens only. shape: wq_b
+// [32768, 1024], wo_b [4096, 8192], w13 = experts' gate+up [4096, 4096] and w2 = down [4096, 2048]
+// (dense rows: one expert's matrix as a plain GEMM). bytes: the weight and scale bytes the call
+// must read (grouped: of the experts the routing touched, averaged over the layers), flops: 2 x
+// tokens (x top-6) x n x k. Every time includes the activation quantization kernel (and the split-k
+// reduction or grouping kernel where they run).
 //
 // Graph timing: one launch per layer of kLayers layers captured in one CUDA graph, median over
 // 20 replays of (replay time / kLayers). Dense layers each have their own weights (16 x the
@@ -40,6 +42,7 @@ constexpr int kMoeLayers = 8;
 constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
 const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
+const std::vector<int64_t> kW8a16Tokens = {1, 4, 16, 32, 64, 128, 4096};
 
 struct Shape {
   const char* name;
@@ -83,8 +86,9 @@ void PrintRow(const char* kernel, const char* shape, int64_t tokens, double us, 
   std::fflush(stdout);
 }
 
+// w8a16: fp8_own and w8a16 rows at kW8a16Tokens (no cuBLASLt).
 void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x, __nv_bfloat16* out,
-               void* ws, size_t ws_bytes) {
+               void* ws, size_t ws_bytes, bool w8a16) {
   for (const Shape& s : kShapes) {
     const size_t w_bytes = static_cast<size_t>(s.n * s.k);
     const size_t scales = static_cast<size_t>(((s.n + 127) / 128) * (s.k / 128));
@@ -97,7 +101,7 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
       BENCH_CHECK(cudaGetLastError());
     }
     const double bytes = static_cast<double>(w_bytes + 4 * scales);
-    for (int64_t m : kTokens) {
+    for (int64_t m : w8a16 ? kW8a16Tokens : kTokens) {
       const double flops = 2.0 * m * s.n * s.k;
       const double own = GraphMicros(
           [&](int l) {
@@ -106,6 +110,16 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
           },
           kLayers, 20, stream);
       PrintRow("fp8_own", s.name, m, own, bytes, flops);
+      if (w8a16) {
+        const double a16 = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(
+                  fp8_gemm_w8a16(x, m, s.k, s.k, w[l], sc[l], s.n, out, s.n, ws, ws_bytes, stream));
+            },
+            kLayers, 20, stream);
+        PrintRow("w8a16", s.name, m, a16, bytes, flops);
+        continue;
+      }
       std::string refusal;
       const cudaError_t probe = fp8_gemm_cublaslt(lt, x, m, s.k, s.k, w[0], sc[0], s.n, true, out,
                                                   s.n, ws, ws_bytes, stream, &refusal);
@@ -151,13 +165,17 @@ double Routings(int64_t tokens, std::vector<int32_t*>& experts, std::mt19937_64&
   return distinct;
 }
 
+// w8a16: FP8 and W8A16 experts at kW8a16Tokens.
 void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, float* pick_w,
-             void* ws, size_t ws_bytes) {
+             void* ws, size_t ws_bytes, bool w8a16) {
   std::mt19937_64 rng(12345);
   std::vector<int32_t*> experts(kMoeLayers);
   for (int32_t*& e : experts) e = DeviceAlloc<int32_t>(kTokens.back() * kTopK);
   for (const Shape& s : {kShapes[2], kShapes[3]}) {
-    for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4}) {
+    const std::vector<ExpertFormat> formats =
+        w8a16 ? std::vector<ExpertFormat>{ExpertFormat::kFp8, ExpertFormat::kFp8W8A16}
+              : std::vector<ExpertFormat>{ExpertFormat::kFp8, ExpertFormat::kFp4};
+    for (ExpertFormat format : formats) {
       const bool fp4 = format == ExpertFormat::kFp4;
       ExpertWeights ew;
       ew.format = format;
@@ -178,7 +196,7 @@ void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, fl
       const double expert_bytes = static_cast<double>(w_bytes) / kExperts +
                                   static_cast<double>(scales) / kExperts * (fp4 ? 1 : 4);
       const bool down = s.k == 2048;  // w2 takes one row per pick
-      for (int64_t m : kTokens) {
+      for (int64_t m : w8a16 ? kW8a16Tokens : kTokens) {
         const double distinct = Routings(m, experts, rng);
         const double us = GraphMicros(
             [&](int l) {
@@ -186,8 +204,10 @@ void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, fl
                                            kTopK, ew, true, out, s.n, ws, ws_bytes, stream));
             },
             kMoeLayers, 20, stream);
-        PrintRow(fp4 ? "moe_fp4" : "moe_fp8", s.name, m, us, distinct * expert_bytes,
-                 2.0 * m * kTopK * s.n * s.k);
+        const char* name = fp4                                 ? "moe_fp4"
+                           : format == ExpertFormat::kFp8W8A16 ? "moe_w8a16"
+                                                               : "moe_fp8";
+        PrintRow(name, s.name, m, us, distinct * expert_bytes, 2.0 * m * kTopK * s.n * s.k);
       }
       BENCH_CHECK(cudaFree(w));
       if (sc != nullptr) BENCH_CHECK(cudaFree(sc));
@@ -252,8 +272,9 @@ int Run(const std::string& only) {
   cublasLtHandle_t lt;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
   BENCH_CHECK(cudaDeviceSynchronize());
-  if (only.empty() || only == "dense") DenseRows(stream, lt, x, out, ws, ws_bytes);
-  if (only.empty() || only == "moe") MoeRows(stream, x, out, pick_w, ws, ws_bytes);
+  const bool w8a16 = only == "w8a16";
+  if (only.empty() || only == "dense" || w8a16) DenseRows(stream, lt, x, out, ws, ws_bytes, w8a16);
+  if (only.empty() || only == "moe" || w8a16) MoeRows(stream, x, out, pick_w, ws, ws_bytes, w8a16);
   cublasLtDestroy(lt);
   return 0;
 }
@@ -261,5 +282,5 @@ int Run(const std::string& only) {
 }  // namespace
 }  // namespace pdserve::kernels::cuda
 
-// Optional argument: "dense" or "moe" runs only those rows.
+// Optional argument: "dense" or "moe" runs only those rows, "w8a16" the W8A16 comparison.
 int main(int argc, char** argv) { return pdserve::kernels::cuda::Run(argc > 1 ? argv[1] : ""); }

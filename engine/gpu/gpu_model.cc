@@ -38,12 +38,17 @@ absl::Status GpuModel::Impl::Fp8Gemm(const bf16* x, int64_t x_stride, int64_t ro
                                      const uint8_t* w, const float* w_scale, int64_t n, bf16* out,
                                      int64_t out_stride) {
   std::string refusal;
+  // fp8_gemm's workspace (what AllocateFp8 sizes) covers fp8_gemm_w8a16's.
+  const bool a16 = options.fp8_activations == Fp8Activations::kBf16;
   const cudaError_t e =
-      kc::fp8_gemm(x, rows, k, x_stride, w, w_scale, n, /*ue8m0_act_scale=*/false, out, out_stride,
-                   fp8_workspace.get(), fp8_workspace.size(), stream, &refusal);
+      a16 ? kc::fp8_gemm_w8a16(x, rows, k, x_stride, w, w_scale, n, out, out_stride,
+                               fp8_workspace.get(), fp8_workspace.size(), stream, &refusal)
+          : kc::fp8_gemm(x, rows, k, x_stride, w, w_scale, n, /*ue8m0_act_scale=*/false, out,
+                         out_stride, fp8_workspace.get(), fp8_workspace.size(), stream, &refusal);
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(
-      absl::StrCat("fp8_gemm: ", cudaGetErrorString(e), refusal.empty() ? "" : ": ", refusal));
+      absl::StrCat(a16 ? "fp8_gemm_w8a16: " : "fp8_gemm: ", cudaGetErrorString(e),
+                   refusal.empty() ? "" : ": ", refusal));
 }
 
 absl::Status GpuModel::Impl::GemmF32(const float* x, int64_t rows, int64_t k, const float* w,

@@ -79,6 +79,19 @@ enum class WeightFormat {
   kFp8Block,
 };
 
+// The activations of the products with FP8-stored weights (WeightFormat::kFp8Block: the dense
+// projections kept FP8 and the routed experts).
+//   kBf16 (W8A16, the default): kept bf16, the weights converted exactly to bf16 in registers
+//     (kernels/cuda fp8_gemm_w8a16, ExpertFormat::kFp8W8A16). Reads the same weight bytes as
+//     kFp8. On the bundled model FP8-quantized, CPU emulation: 99.8% argmax agreement with the
+//     fp32 CPU engine (docs/engine-gpu.md, "FP8 weights").
+//   kFp8 (W8A8, as DeepSeek's inference runs): quantized per 1 x 128 to e4m3 on the fly
+//     (fp8_gemm, ExpertFormat::kFp8); CPU emulation: 98.1%, below issue 25's 99%.
+enum class Fp8Activations {
+  kBf16,
+  kFp8,
+};
+
 struct GpuModelOptions {
   int device = 0;
   int64_t slots = 8;        // requests held at once
@@ -112,6 +125,7 @@ struct GpuModelOptions {
   bool test_unmasked_indexer = false;
   GemmInputs gemm_inputs = GemmInputs::kBf16;
   WeightFormat weight_format = WeightFormat::kBf16;
+  Fp8Activations fp8_activations = Fp8Activations::kBf16;  // used with kFp8Block only
   // kFp8Block: the model directory whose checkpoint (model.safetensors or sharded with an index)
   // holds the FP8 tensors; the `weights` passed to Create may then lack them
   // (engine::WeightsLoadOptions::skip_fp8_matrices, skip_quantized_experts), the rest must be

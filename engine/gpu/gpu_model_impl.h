@@ -134,10 +134,12 @@ struct ExpertsFp8 {
   int64_t count = 0;
   int64_t n = 0;
   int64_t k = 0;
+  // kFp8 (W8A8) or kFp8W8A16 (GpuModelOptions::fp8_activations).
+  kc::ExpertFormat format = kc::ExpertFormat::kFp8;
   bool present() const { return w.size() > 0; }
   kc::ExpertWeights View() const {
     kc::ExpertWeights v;
-    v.format = kc::ExpertFormat::kFp8;
+    v.format = format;
     v.w = w.get();
     v.scale = scale.get();
     v.n_experts = count;

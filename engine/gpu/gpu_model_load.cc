@@ -203,6 +203,11 @@ absl::Status GpuModel::Impl::LoadRoutedExperts(const Weights& w, const StoredExp
                    c.hidden_size % kFp8BlockCols == 0 &&
                    c.moe_intermediate_size % kFp8BlockCols == 0;
   if (fp8) {
+    const kc::ExpertFormat format = options.fp8_activations == Fp8Activations::kBf16
+                                        ? kc::ExpertFormat::kFp8W8A16
+                                        : kc::ExpertFormat::kFp8;
+    layer->gate_up8.format = format;
+    layer->down8.format = format;
     PDSERVE_RETURN_IF_ERROR(UploadStoredExperts(*stored, gate_up, shard, options.device,
                                                 2 * c.moe_intermediate_size, c.hidden_size,
                                                 &layer->gate_up8));
@@ -392,6 +397,10 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
       (options.gemm_inputs != GemmInputs::kBf16 || options.checkpoint_dir.empty())) {
     return absl::InvalidArgumentError(
         "GpuModel: FP8 weights need bf16 GEMM inputs and the checkpoint directory");
+  }
+  if (options.fp8_activations != Fp8Activations::kBf16 &&
+      options.fp8_activations != Fp8Activations::kFp8) {
+    return absl::InvalidArgumentError("GpuModel: fp8_activations: neither kBf16 nor kFp8");
   }
   std::vector<int64_t>& buckets = options.decode_buckets;
   if (buckets.empty()) {

@@ -47,6 +47,13 @@ std::vector<float> DequantizedActivations(const float* x, int64_t rows, int64_t 
   return out;
 }
 
+// Row-major [rows, k] float32 copy of x's first k columns (W8A16: no quantization).
+std::vector<float> PlainActivations(const float* x, int64_t rows, int64_t k, int64_t x_stride) {
+  std::vector<float> out(static_cast<size_t>(rows * k));
+  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * x_stride, x + r * x_stride + k, &out[r * k]);
+  return out;
+}
+
 float Dot(const float* a, const float* b, int64_t k) {
   float sum = 0.0f;
   for (int64_t i = 0; i < k; ++i) sum += a[i] * b[i];
@@ -141,12 +148,24 @@ void Fp8GemmReference(const float* x, int64_t m, int64_t k, int64_t x_stride, co
   }
 }
 
+void W8a16GemmReference(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
+                        const float* w_scale, int64_t n, float* out) {
+  const std::vector<float> xd = PlainActivations(x, m, k, x_stride);
+  const ExpertWeightsRef one{false, w, w_scale, nullptr, 1, n, k};
+  const std::vector<float> wd = DequantizedExpert(one, 0);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) out[r * n + c] = Dot(&xd[r * k], &wd[c * k], k);
+  }
+}
+
 void MoeGemmReference(const float* x, int64_t x_stride, bool x_per_pick, const int32_t* experts,
                       const float* pick_weights, int64_t tokens, int64_t top_k,
                       const ExpertWeightsRef& weights, bool ue8m0, float* out) {
   const int64_t rows = x_per_pick ? tokens * top_k : tokens;
   const int64_t k = weights.k;
-  const std::vector<float> xd = DequantizedActivations(x, rows, k, x_stride, ue8m0);
+  const std::vector<float> xd = weights.bf16_activations
+                                    ? PlainActivations(x, rows, k, x_stride)
+                                    : DequantizedActivations(x, rows, k, x_stride, ue8m0);
   for (int64_t e = 0; e < weights.n_experts; ++e) {
     std::vector<float> wd;
     for (int64_t p = 0; p < tokens * top_k; ++p) {

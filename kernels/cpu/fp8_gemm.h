@@ -32,11 +32,19 @@ void QuantizeActivations(const float* x, int64_t rows, int64_t k, int64_t x_stri
 void Fp8GemmReference(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
                       const float* w_scale, int64_t n, bool ue8m0, float* out);
 
+// W8A16 (kernels/cuda/fp8_gemm.cuh, fp8_gemm_w8a16): out [m, n] = x @ dequant(w, w_scale)^T in
+// float32 with x as it is (bf16 values held as float: no activation quantization). Layouts as
+// Fp8GemmReference.
+void W8a16GemmReference(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
+                        const float* w_scale, int64_t n, float* out);
+
 // The routed experts' grouped GEMM: for each pick p = t * top_k + j with 0 <= experts[p] <
 // n_experts, out[p, :] = weight[p] (1 when pick_weights is null) * dequant(act_quant(row)) @
 // dequant(W_e)^T, row = x row p (x_per_pick) or t; other rows of out are not written.
 //   fp4 false: w [E, n, k] e4m3, scale [E, ceil(n / 128), k / 128] fp32.
 //   fp4 true:  w [E, n, k / 2] packed e2m1, scale_e8m0 [E, n, k / 32].
+//   bf16_activations: the rows as they are, not act_quant'ed (W8A16: moe_gemm.cuh's
+//   ExpertFormat::kFp8W8A16; fp4 false only); ue8m0 is then ignored.
 struct ExpertWeightsRef {
   bool fp4 = false;
   const uint8_t* w = nullptr;
@@ -45,6 +53,7 @@ struct ExpertWeightsRef {
   int64_t n_experts = 0;
   int64_t n = 0;
   int64_t k = 0;
+  bool bf16_activations = false;
 };
 void MoeGemmReference(const float* x, int64_t x_stride, bool x_per_pick, const int32_t* experts,
                       const float* pick_weights, int64_t tokens, int64_t top_k,

@@ -19,9 +19,19 @@
 // - FP4: the mma step s covers exactly the 32-element scale group s of the 128-k block (the
 //   group's ue8m0 scale is applied per row to that step's fp32 result); thread t takes elements
 //   8t .. 8t+7 of the group (4 packed bytes), low half -> logical 4t.., high half -> 16+4t...
+//
+// W8A16 (A16 = true, FP8 weights only): the activations stay bf16 (x read directly, no act-quant
+// kernel), the e4m3 weights are converted exactly to bf16 in registers and the products run on the
+// bf16 tensor cores (mma.sync m16n8k16: A reg 0 = row g, logical k 2t, 2t+1; reg 1 = row g + 8,
+// same k; reg 2 = row g, k 8+2t, 8+2t+1; reg 3 = row g + 8, k 8+2t..; B reg 0 = k 2t, 2t+1 of
+// column g, reg 1 = k 8+2t, 8+2t+1; C as above). The weight loads are FP8's; mma step q of half h
+// takes word q of the thread's 16 bytes (physical k 64h + 16t + 4q .. +3): bytes 0, 1 -> logical
+// 2t, 2t+1, bytes 2, 3 -> 8+2t, 8+2t+1; the B operand reads the same 4 physical k of token g as
+// two bf16 pairs. The block's fp32 result is multiplied by the weight block's scale, as FP8's.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -52,6 +62,8 @@ struct GemmArgs {
   const uint8_t* w_scale8;  // FP4: [E, n, k / 32] ue8m0
   const uint8_t* xq;        // [x_rows, k] e4m3 (quantized activations)
   const float* xs;          // [k / 128, x_rows] fp32 (per-row scale of each 128-k block)
+  const __nv_bfloat16* xb;  // W8A16: [x_rows, xb_stride] bf16 activations (xq, xs unused)
+  int64_t xb_stride;
   int64_t x_rows;
   int64_t n;
   int64_t k;
@@ -78,6 +90,26 @@ __device__ __forceinline__ void MmaE4m3(float (&d)[4], const uint32_t (&a)[4], u
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (16 bits, element 0 in the low byte) -> two bf16 (element 0 in the low half),
+// exact: e4m3 -> f16 is exact (cvt.rn.f16x2.e4m3x2), f16 -> f32 exact, and every e4m3 value has a
+// bf16 (3 mantissa bits, exponents 2^-9 .. 2^8); NaN stays NaN.
+__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t x16) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x16 & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 b = __float22bfloat162_rn(f);
+  return *reinterpret_cast<const uint32_t*>(&b);
 }
 
 // Four packed e2m1 values (16 bits, element 0 in the low nibble) -> four e4m3 bytes, exact
@@ -190,6 +222,49 @@ __device__ __forceinline__ void BlockProduct(const GemmArgs& a, const WeightRegs
   }
 }
 
+// W8A16: acc[j] += the 128-k block kb's contribution of token tile j (bf16 activations, weights
+// converted to bf16 once per block and shared by the tiles).
+template <int NT>
+__device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightRegs<false>& w,
+                                                float w_scale, int64_t kb, int t, int tiles,
+                                                const int32_t (&x_row)[NT], float (&acc)[NT][4]) {
+  // wb[h][q] = the A fragment of mma step q of half h.
+  uint32_t wb[2][4][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t r0 = Word(w.v[0][h], q);
+      const uint32_t r1 = Word(w.v[1][h], q);
+      wb[h][q][0] = E4m3x2ToBf16x2(r0);
+      wb[h][q][1] = E4m3x2ToBf16x2(r1);
+      wb[h][q][2] = E4m3x2ToBf16x2(r0 >> 16);
+      wb[h][q][3] = E4m3x2ToBf16x2(r1 >> 16);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if (j >= tiles) break;
+    const __nv_bfloat16* x = a.xb + int64_t{x_row[j]} * a.xb_stride + kb * kBlockK;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Elements 64h + 16t .. +15 of token g: b0 = elements 0..7, b1 = 8..15.
+      const uint4* p = reinterpret_cast<const uint4*>(x + 64 * h + 16 * t);
+      const uint4 b0 = __ldg(p);
+      const uint4 b1 = __ldg(p + 1);
+      MmaBf16(d, wb[h][0], b0.x, b0.y);
+      MmaBf16(d, wb[h][1], b0.z, b0.w);
+      MmaBf16(d, wb[h][2], b1.x, b1.y);
+      MmaBf16(d, wb[h][3], b1.z, b1.w);
+    }
+    acc[j][0] += d[0] * w_scale;
+    acc[j][1] += d[1] * w_scale;
+    acc[j][2] += d[2] * w_scale;
+    acc[j][3] += d[3] * w_scale;
+  }
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched with LaunchDependent may start while
 // the kernel before it still runs; GridDependencyWait blocks until that kernel has finished and
 // its writes are visible (a no-op when launched normally), GridDependencyTrigger lets the next
@@ -205,8 +280,10 @@ __device__ __forceinline__ void GridDependencyTrigger() {
 // GEMM, run together and share the weight tile through L2), y = 64-row tile of n, z = k split.
 // 128 threads. Weights are streamed three 128-k blocks deep (two in flight while one is used); a
 // dense GEMM issues its first two weight loads before waiting for the act-quant kernel.
-template <bool FP4, int NT>
+// A16: W8A16 (FP4 false): x from a.xb in bf16, BlockProductA16.
+template <bool FP4, bool A16, int NT>
 __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
+  static_assert(!(FP4 && A16), "W8A16 takes FP8 weights");
   const bool dense = a.items == nullptr;
   if (!dense) GridDependencyWait();  // the items come from the grouping kernel
   WorkItem item;
@@ -244,7 +321,7 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   if (kb_begin + 1 < kb_end) {
     LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin + 1, t, ahead);
   }
-  if (dense) GridDependencyWait();  // xq / xs come from the act-quant kernel
+  if (dense) GridDependencyWait();  // xq / xs (or x) come from the kernel before
   GridDependencyTrigger();
 
   // Per tile: this thread's B row (token g of the tile) and the x rows of its C columns.
@@ -269,7 +346,11 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
     WeightRegs<FP4> next = ahead;
     if (kb + 2 < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb + 2, t, next);
     const float ws = FP4 ? 1.0f : __ldg(w_scale + kb);
-    BlockProduct<FP4, NT>(a, cur, ws, kb, t, tiles, x_row, xs_row, acc);
+    if constexpr (A16) {
+      BlockProductA16<NT>(a, cur, ws, kb, t, tiles, x_row, acc);
+    } else {
+      BlockProduct<FP4, NT>(a, cur, ws, kb, t, tiles, x_row, xs_row, acc);
+    }
     cur = ahead;
     ahead = next;
   }
@@ -411,18 +492,18 @@ inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
   return splits;
 }
 
-template <bool FP4>
+template <bool FP4, bool A16 = false>
 cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(items),
                   static_cast<unsigned>((a.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(a.k_splits));
   switch (tiles) {
     case 1:
-      return LaunchDependent(BlockScaledGemmKernel<FP4, 1>, grid, dim3(128), stream, a);
+      return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), stream, a);
     case 2:
-      return LaunchDependent(BlockScaledGemmKernel<FP4, 2>, grid, dim3(128), stream, a);
+      return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 2>, grid, dim3(128), stream, a);
     default:
-      return LaunchDependent(BlockScaledGemmKernel<FP4, 4>, grid, dim3(128), stream, a);
+      return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 4>, grid, dim3(128), stream, a);
   }
 }
 

@@ -125,6 +125,42 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
 }
 
+size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  return SizesValid(m, n, k) ? PlanDense(m, n, k).partial_bytes : 0;
+}
+
+cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                           int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, std::string* refusal) {
+  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
+  if (status != cudaSuccess || m == 0 || n == 0) return status;
+  const DensePlan plan = PlanDense(m, n, k);
+  if (plan.splits > 1) {
+    status = CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
+    if (status != cudaSuccess) return status;
+  }
+  float* partial = static_cast<float*>(workspace);
+  bs::GemmArgs a{};
+  a.w = w;
+  a.w_scale = w_scale;
+  a.xb = x;
+  a.xb_stride = x_stride;
+  a.x_rows = m;
+  a.n = n;
+  a.k = k;
+  a.dense_rows = m;
+  a.x_row_div = 1;
+  a.k_splits = plan.splits;
+  a.partial = partial;
+  a.out_rows = m;
+  a.out = out;
+  a.out_stride = out_stride;
+  status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
+  if (status != cudaSuccess || plan.splits == 1) return status;
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+}
+
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt. Column-major view: out^T [n, m] = W^T' [n, k] x xq^T [k, m], i.e. A = w stored as a
 // column-major [k, n] matrix with op T, B = xq stored column-major [k, m] with op N (the "TN"

@@ -53,6 +53,20 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
 
+// W8A16: out[r, n] = bf16( sum_b w_scale[n / 128, b] * sum_i x[r, 128b+i] * w[n, 128b+i] ) with x
+// as it is (bf16, no activation quantization), every e4m3 weight converted exactly to bf16 in
+// registers and the inner sums on the bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation;
+// the outer sum as fp8_gemm's). CPU reference kernels/cpu/fp8_gemm.h, W8a16GemmReference. Reads
+// the same weight bytes as fp8_gemm, so decode sizes should run about as fast; keeps the
+// activations' 8 mantissa bits where fp8_gemm keeps 3 (docs/engine-gpu.md, "FP8 weights": the
+// argmax agreement that costs). Same layouts and requirements as fp8_gemm; its workspace (the
+// split-k partial sums) is fp8_gemm_w8a16_workspace_bytes(m, n, k) bytes, at most fp8_gemm's.
+size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k);
+cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                           int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, std::string* refusal = nullptr);
+
 // Bytes of device workspace fp8_gemm_cublaslt needs: fp8_gemm's activation buffers plus
 // kCublasLtWorkspace for cuBLASLt itself.
 inline constexpr size_t kCublasLtWorkspace = size_t{32} << 20;

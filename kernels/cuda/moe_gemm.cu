@@ -117,8 +117,10 @@ GroupedPlan PlanGrouped(int64_t tokens, int64_t top_k, int64_t x_rows, const Exp
   p.splits = bs::ChooseKSplits(row_tiles * busy, w.k / bs::kBlockK);
   p.entry_bytes = bs::AlignUp(static_cast<size_t>(picks) * 4);
   p.item_bytes = bs::AlignUp(static_cast<size_t>(p.max_items) * sizeof(bs::WorkItem));
-  p.xq_bytes = bs::AlignUp(static_cast<size_t>(x_rows * w.k));
-  p.xs_bytes = bs::AlignUp(static_cast<size_t>(x_rows * (w.k / bs::kBlockK)) * 4);
+  if (w.format != ExpertFormat::kFp8W8A16) {  // W8A16 reads x as it is
+    p.xq_bytes = bs::AlignUp(static_cast<size_t>(x_rows * w.k));
+    p.xs_bytes = bs::AlignUp(static_cast<size_t>(x_rows * (w.k / bs::kBlockK)) * 4);
+  }
   p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * picks * w.n * 4) : 0;
   return p;
 }
@@ -134,6 +136,10 @@ cudaError_t ValidateSizes(int64_t tokens, int64_t top_k, int64_t x_rows, const E
     return refuse("weights.n_experts: outside [1, 1024]");
   }
   if (w.n < 1 || w.n > bs::kMaxN) return refuse("weights.n: outside [1, 4194240]");
+  if (w.format != ExpertFormat::kFp8 && w.format != ExpertFormat::kFp4 &&
+      w.format != ExpertFormat::kFp8W8A16) {
+    return refuse("weights.format: unknown");
+  }
   if (w.k <= 0 || w.k % bs::kBlockK != 0) {
     return refuse("weights.k: not a positive multiple of 128 (" + std::to_string(w.k) + ")");
   }
@@ -160,7 +166,7 @@ cudaError_t ValidatePointers(const __nv_bfloat16* x, int64_t x_stride, const int
   if (w.w == nullptr || !bs::Aligned(w.w, 16)) {
     return refuse("weights.w: null or not 16-byte aligned");
   }
-  if (w.format == ExpertFormat::kFp8 && (w.scale == nullptr || !bs::Aligned(w.scale, 4))) {
+  if (w.format != ExpertFormat::kFp4 && (w.scale == nullptr || !bs::Aligned(w.scale, 4))) {
     return refuse("weights.scale: null or not 4-byte aligned (FP8 experts)");
   }
   if (w.format == ExpertFormat::kFp4 &&
@@ -218,14 +224,19 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
                                                     8 * plan.tiles, entry_pick, items, n_items);
   status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-  status = bs::LaunchActQuant(x, x_rows, weights.k, x_stride, ue8m0_act_scale, xq, xs, stream);
-  if (status != cudaSuccess) return status;
+  const bool a16 = weights.format == ExpertFormat::kFp8W8A16;
+  if (!a16) {
+    status = bs::LaunchActQuant(x, x_rows, weights.k, x_stride, ue8m0_act_scale, xq, xs, stream);
+    if (status != cudaSuccess) return status;
+  }
   bs::GemmArgs a{};
   a.w = weights.w;
   a.w_scale = weights.scale;
   a.w_scale8 = weights.scale_e8m0;
   a.xq = xq;
   a.xs = xs;
+  a.xb = x;
+  a.xb_stride = x_stride;
   a.x_rows = x_rows;
   a.n = weights.n;
   a.k = weights.k;
@@ -241,7 +252,8 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   a.out_stride = out_stride;
   status = weights.format == ExpertFormat::kFp4
                ? bs::LaunchGemm<true>(a, plan.tiles, plan.max_items, stream)
-               : bs::LaunchGemm<false>(a, plan.tiles, plan.max_items, stream);
+           : a16 ? bs::LaunchGemm<false, true>(a, plan.tiles, plan.max_items, stream)
+                 : bs::LaunchGemm<false>(a, plan.tiles, plan.max_items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
   return bs::LaunchReduce(partial, plan.splits, picks, weights.n, pick_weights, experts,
                           static_cast<int32_t>(weights.n_experts), out, out_stride, stream);

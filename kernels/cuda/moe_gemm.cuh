@@ -40,10 +40,13 @@
 
 namespace pdserve::kernels::cuda {
 
-enum class ExpertFormat { kFp8, kFp4 };
+// kFp8W8A16: FP8 weights as kFp8, activations kept bf16 (not quantized; ue8m0_act_scale ignored),
+// each e4m3 weight converted exactly to bf16 in registers, bf16 tensor cores (fp8_gemm.cuh's
+// fp8_gemm_w8a16; CPU reference: ExpertWeightsRef::bf16_activations).
+enum class ExpertFormat { kFp8, kFp4, kFp8W8A16 };
 
 // Routed experts' weights of one projection, all experts stacked.
-//   kFp8: w [n_experts, n, k] e4m3; scale [n_experts, ceil(n / 128), k / 128] fp32.
+//   kFp8, kFp8W8A16: w [n_experts, n, k] e4m3; scale [n_experts, ceil(n / 128), k / 128] fp32.
 //   kFp4: w [n_experts, n, k / 2] packed e2m1; scale_e8m0 [n_experts, n, k / 32] ue8m0 bytes.
 struct ExpertWeights {
   ExpertFormat format = ExpertFormat::kFp8;

@@ -36,8 +36,12 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   // repeats that for the tensors held and would call the left-out ones missing.
   if (!fp8) PDSERVE_RETURN_IF_ERROR(engine::ValidateWeights(config, weights));
   if (fp8) {
-    spdlog::info("backend cuda: weights fp8: {} projections stay FP8 (e4m3 + 128x128 scales)",
-                 weights.left_stored().size());
+    spdlog::info(
+        "backend cuda: weights fp8: {} projections stay FP8 (e4m3 + 128x128 scales), {} "
+        "activations",
+        weights.left_stored().size(),
+        options.fp8_activations == engine::gpu::Fp8Activations::kBf16 ? "bf16 (W8A16)"
+                                                                      : "fp8 (W8A8)");
   }
   engine::gpu::GpuGroupOptions group;
   group.devices = options.devices;
@@ -48,6 +52,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   gpu_options.max_chunk = options.max_chunk;
   gpu_options.gemm_inputs = options.gemm_inputs;
   gpu_options.weight_format = options.weight_format;
+  gpu_options.fp8_activations = options.fp8_activations;
   gpu_options.checkpoint_dir = model_dir;
   for (engine::SwitchablePiece piece : options.reference_pieces) {
     if (piece == engine::SwitchablePiece::kSparseAttention) {

@@ -31,6 +31,9 @@ struct GpuBackendOptions {
   // FP8 with block scales stay FP8 on the GPU (engine/gpu/gpu_model.h, WeightFormat); the host
   // never holds a float32 copy of them.
   engine::gpu::WeightFormat weight_format = engine::gpu::WeightFormat::kBf16;
+  // With kFp8Block (`--fp8-activations`, worker key `fp8_activations`): bf16 activations (W8A16,
+  // the default) or e4m3 per 1 x 128 (W8A8); engine/gpu/gpu_model.h, Fp8Activations.
+  engine::gpu::Fp8Activations fp8_activations = engine::gpu::Fp8Activations::kBf16;
   int64_t max_chunk = 256;  // tokens per prefill Forward call; the runner's prefill_block is capped
   // guards.reference_kernels: kSparseAttention -> GpuModelOptions::fixed_shape_attention = false,
   // kIndexer -> fixed_shape_indexer = false (the any-shape reference kernels); kFp8State changes

@@ -223,6 +223,25 @@ TEST(DeployConfigTest, WeightsFormatIsForCudaWorkers) {
   EXPECT_EQ(bad.errors[0].key, "prefill[0].weights");
 }
 
+TEST(DeployConfigTest, Fp8ActivationsNeedFp8Weights) {
+  const ParsedDeployConfig plain = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(plain.errors.empty()) << plain.errors[0].ToString();
+  EXPECT_EQ(plain.config.prefill[0].fp8_activations, "bf16");
+  const ParsedDeployConfig w8a8 = ParseDeployConfig(
+      Broken("\"0,1\"\n", "\"0,1\"\n    weights: fp8\n    fp8_activations: fp8\n"), "a.yaml");
+  ASSERT_TRUE(w8a8.errors.empty()) << w8a8.errors[0].ToString();
+  EXPECT_EQ(w8a8.config.prefill[0].fp8_activations, "fp8");
+  const ParsedDeployConfig bf16_weights =
+      ParseDeployConfig(Broken("\"0,1\"\n", "\"0,1\"\n    fp8_activations: bf16\n"), "b.yaml");
+  ASSERT_EQ(bf16_weights.errors.size(), 1u);
+  EXPECT_EQ(bf16_weights.errors[0].key, "prefill[0].fp8_activations");
+  EXPECT_EQ(bf16_weights.errors[0].message, "only with weights: fp8");
+  const ParsedDeployConfig bad = ParseDeployConfig(
+      Broken("\"0,1\"\n", "\"0,1\"\n    weights: fp8\n    fp8_activations: fp4\n"), "c.yaml");
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_EQ(bad.errors[0].key, "prefill[0].fp8_activations");
+}
+
 TEST(DeployConfigTest, ParseGpuList) {
   EXPECT_EQ(*ParseGpuList("3"), std::vector<int>({3}));
   EXPECT_EQ(*ParseGpuList("2,0,1"), std::vector<int>({2, 0, 1}));

@@ -2,12 +2,14 @@
 // dequantized, on the bundled model FP8-quantized by tools/make_real_format_checkpoint.py at test
 // time (`--quantize-from models/kjv-v4-tiny`: the release layout, FP8 e4m3 projections with UE8M0
 // 128 x 128 scales, FP4 experts; PDSERVE_FP8_CHECKPOINT names an already written one instead).
-// Three engines on every prompt of the bundled model (prefill in one call, then chunked prefill +
-// batched decode through the CUDA graphs): the GPU in FP8 (projections' stored bytes on the device,
-// fp8_gemm; the FP4 experts converted to FP8 at load, moe_grouped_gemm), the GPU in bf16 (today's
-// path, Weights::Load's dequantized values rounded to bf16) and the CPU engine in fp32 on the same
-// dequantized values. Prints argmax agreement and max|diff| / max|ref| for FP8 vs CPU, bf16 vs CPU
-// and FP8 vs bf16 (the lead copies the figures into docs/engine-gpu.md).
+// Four engines on every prompt of the bundled model (prefill in one call, then chunked prefill +
+// batched decode through the CUDA graphs): the GPU in FP8 (projections' stored bytes on the device;
+// the FP4 experts converted to FP8 at load) twice, with bf16 activations (W8A16, the default:
+// fp8_gemm_w8a16, moe_grouped_gemm kFp8W8A16) and with e4m3 ones (W8A8: fp8_gemm, moe_grouped_gemm
+// kFp8), the GPU in bf16 (Weights::Load's dequantized values rounded to bf16) and the CPU engine
+// in fp32 on the same dequantized values. Prints argmax agreement and max|diff| / max|ref| for
+// each FP8 mode vs CPU and vs bf16, and bf16 vs CPU (the lead copies the figures into
+// docs/engine-gpu.md).
 //
 // Tolerance. The weights are identical in the two GPU modes: an e4m3 value times a power-of-two
 // scale is exact in bf16. What differs is the FP8 mode's activations, quantized per 1 x 128 to
@@ -21,7 +23,9 @@
 // at least as close as bf16 vs CPU) is printed, not asserted: it holds only if FP8 activation
 // noise stays below bf16's, which the arithmetic above does not promise. The CPU emulation of
 // the FP8 arithmetic (tests/engine/fp8_emulation_agreement.cc) predicts ~98% argmax agreement
-// with the CPU on this model.
+// with the CPU on this model for W8A8, 99.8% for W8A16: W8A16 is asserted at issue 25's 99%
+// (its only differences from the bf16 GPU path are the bf16 rounding of the FP8 GEMMs' outputs
+// and the fp32 summation order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,12 +64,14 @@ std::string QuantizedCheckpoint() {
 }
 
 struct Compared {
-  RowStats fp8_cpu, bf16_cpu, fp8_bf16;
+  RowStats w8a16_cpu, w8a8_cpu, bf16_cpu, w8a16_bf16, w8a8_bf16;
 };
 
 std::unique_ptr<GpuModel> Make(const ModelConfig& config, const Weights& weights,
-                               WeightFormat format, const std::string& dir) {
+                               WeightFormat format, const std::string& dir,
+                               Fp8Activations activations = Fp8Activations::kBf16) {
   GpuModelOptions options;
+  options.fp8_activations = activations;
   options.slots = 5;
   options.max_chunk = 512;
   options.max_context = std::min<int64_t>(config.max_position_embeddings, 512);
@@ -111,9 +117,11 @@ TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundle
     EXPECT_EQ(slim->left_stored().size(), 6u * 8 + 3 * 6 + 2 * 2 + 6 * 2);
   }
 
-  auto fp8 = Make(*config, *slim, WeightFormat::kFp8Block, dir);
+  auto w8a16 = Make(*config, *slim, WeightFormat::kFp8Block, dir, Fp8Activations::kBf16);
+  auto w8a8 = Make(*config, *slim, WeightFormat::kFp8Block, dir, Fp8Activations::kFp8);
   auto bf16 = Make(*config, *full, WeightFormat::kBf16, "");
-  ASSERT_NE(fp8, nullptr);
+  ASSERT_NE(w8a16, nullptr);
+  ASSERT_NE(w8a8, nullptr);
   ASSERT_NE(bf16, nullptr);
   auto cpu = Model::FromWeights(*config, std::move(*full));
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -125,25 +133,39 @@ TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundle
     ASSERT_TRUE(ref.ok()) << ref.status();
     refs.push_back(std::move(*ref));
   }
-  const std::vector<Tensor> got_fp8 = PromptLogitsTwoWays(*fp8, prompts, /*use_graph=*/true);
+  const std::vector<Tensor> got_w8a16 = PromptLogitsTwoWays(*w8a16, prompts, /*use_graph=*/true);
+  const std::vector<Tensor> got_w8a8 = PromptLogitsTwoWays(*w8a8, prompts, /*use_graph=*/true);
   const std::vector<Tensor> got_bf16 = PromptLogitsTwoWays(*bf16, prompts, /*use_graph=*/true);
-  ASSERT_EQ(got_fp8.size(), got_bf16.size());
+  ASSERT_EQ(got_w8a16.size(), got_bf16.size());
+  ASSERT_EQ(got_w8a8.size(), got_bf16.size());
   Compared c;
-  for (size_t i = 0; i < got_fp8.size(); ++i) {
-    if (got_fp8[i].data.empty() || got_bf16[i].data.empty()) continue;  // failed, reported
+  bool modes_differ = false;
+  for (size_t i = 0; i < got_bf16.size(); ++i) {
+    if (got_w8a16[i].data.empty() || got_w8a8[i].data.empty() || got_bf16[i].data.empty()) {
+      continue;  // failed, reported
+    }
     const Tensor& ref = refs[i % refs.size()];
-    c.fp8_cpu.Add(got_fp8[i], ref, 0);
+    c.w8a16_cpu.Add(got_w8a16[i], ref, 0);
+    c.w8a8_cpu.Add(got_w8a8[i], ref, 0);
     c.bf16_cpu.Add(got_bf16[i], ref, 0);
-    c.fp8_bf16.Add(got_fp8[i], got_bf16[i], 0);
+    c.w8a16_bf16.Add(got_w8a16[i], got_bf16[i], 0);
+    c.w8a8_bf16.Add(got_w8a8[i], got_bf16[i], 0);
+    modes_differ = modes_differ || got_w8a16[i].data != got_w8a8[i].data;
   }
-  Print("FP8 GPU vs CPU fp32", c.fp8_cpu);
+  Print("W8A16 (fp8_activations bf16) GPU vs CPU fp32", c.w8a16_cpu);
+  Print("W8A8 (fp8_activations fp8) GPU vs CPU fp32", c.w8a8_cpu);
   Print("bf16 GPU vs CPU fp32", c.bf16_cpu);
-  Print("FP8 GPU vs bf16 GPU", c.fp8_bf16);
-  std::cout << "fp8 weights, FP8-vs-bf16 argmax agreement "
-            << (c.fp8_bf16.ArgmaxRate() >= c.bf16_cpu.ArgmaxRate() ? ">=" : "<")
+  Print("W8A16 GPU vs bf16 GPU", c.w8a16_bf16);
+  Print("W8A8 GPU vs bf16 GPU", c.w8a8_bf16);
+  std::cout << "fp8 weights, W8A16-vs-bf16 argmax agreement "
+            << (c.w8a16_bf16.ArgmaxRate() >= c.bf16_cpu.ArgmaxRate() ? ">=" : "<")
             << " bf16-vs-CPU's\n";
-  EXPECT_GE(c.bf16_cpu.ArgmaxRate(), 0.99);  // issue 10's bound, today's path
-  for (const RowStats* s : {&c.fp8_cpu, &c.fp8_bf16}) {
+  EXPECT_TRUE(modes_differ) << "fp8_activations changed nothing";
+  EXPECT_GE(c.bf16_cpu.ArgmaxRate(), 0.99);   // issue 10's bound, today's path
+  EXPECT_GE(c.w8a16_cpu.ArgmaxRate(), 0.99);  // issue 25's bound
+  EXPECT_GE(c.w8a16_bf16.ArgmaxRate(), 0.99);
+  for (const RowStats* s : {&c.w8a16_cpu, &c.w8a16_bf16}) EXPECT_LE(s->Over(0.05), s->rows() / 50);
+  for (const RowStats* s : {&c.w8a8_cpu, &c.w8a8_bf16}) {
     EXPECT_GE(s->ArgmaxRate(), 0.95);
     EXPECT_LE(s->Over(0.1), s->rows() / 20);
   }

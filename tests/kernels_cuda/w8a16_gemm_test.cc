@@ -1,0 +1,384 @@
+// W8A16 (FP8 weights, bf16 activations): kernels/cuda fp8_gemm_w8a16 and moe_grouped_gemm with
+// ExpertFormat::kFp8W8A16, against kernels/cpu/fp8_gemm.h's W8a16GemmReference /
+// MoeGemmReference (bf16_activations): fresh random e4m3 weights, fp32 block scales, bf16
+// activations and routings each run (seed printed; PDSERVE_TEST_SEED replays), the kernel before
+// the reference. Besides the whole-output normalized error (ExpectBf16Rows), every row is compared
+// against its own magnitude: W8A16 has no activation rounding, so a row of 2^-20 values must be as
+// exact as a row of 2^20 ones.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/fp8_gemm.h"
+#include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
+#include "tests/kernels_cuda/block_scaled_test_util.h"
+#include "tests/kernels_cuda/cuda_test_util.h"
+
+namespace pdserve::kernels::cuda {
+namespace {
+
+using testing::FreshRng;
+using testing::GuardedBuffer;
+
+constexpr uint16_t kSentinel = 0xA5A5;  // GuardedBuffer's fill, as bf16 bits
+
+// Per row r of [rows, n] with check[r]: finite entries within 2^-7 of the row's largest finite
+// reference magnitude (one bf16 rounding is 2^-9; the rest is fp32 summation order), non-finite
+// ones equal in class (NaN, +Inf, -Inf).
+void ExpectRowsClose(const std::vector<uint16_t>& got, int64_t rows, int64_t n, int64_t stride,
+                     const std::vector<float>& want, const std::vector<bool>& check,
+                     const std::string& what) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!check.empty() && !check[r]) continue;
+    double row_max = 0.0;
+    for (int64_t c = 0; c < n; ++c) {
+      const float w = want[r * n + c];
+      if (std::isfinite(w)) row_max = std::max(row_max, std::fabs(double{w}));
+    }
+    int bad = 0;
+    for (int64_t c = 0; c < n && bad < 3; ++c) {
+      const float g = testing::FromBf16(got[r * stride + c]);
+      const float w = want[r * n + c];
+      const bool ok = std::isnan(w)   ? std::isnan(g)
+                      : std::isinf(w) ? g == w
+                                      : std::isfinite(g) &&
+                                            std::fabs(double{g} - w) <= 0x1p-7 * row_max + 1e-38;
+      if (!ok) {
+        ++bad;
+        ADD_FAILURE() << what << ": row " << r << " column " << c << " got " << g << " want " << w
+                      << " (row max " << row_max << ")";
+      }
+    }
+  }
+}
+
+struct DenseCase {
+  int64_t m = 1;
+  int64_t n = 64;
+  int64_t k = 128;
+  int64_t x_stride = 128;
+  int64_t out_stride = 64;
+  std::vector<uint16_t> x;
+  std::vector<uint8_t> w;
+  std::vector<float> w_scale;
+};
+
+DenseCase MakeDense(std::mt19937_64& rng, int64_t m, int64_t n, int64_t k) {
+  DenseCase c;
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.x_stride = k + 8 * (m % 3);  // padded rows for some sizes
+  c.out_stride = n + (m % 2 == 1 ? 5 : 0);
+  c.x = testing::RandomActivations(rng, m, c.x_stride);
+  c.w = testing::RandomE4m3(rng, static_cast<size_t>(n * k));
+  c.w_scale = testing::RandomScales(rng, static_cast<size_t>(((n + 127) / 128) * (k / 128)));
+  return c;
+}
+
+void RunAndCheckDense(const DenseCase& c) {
+  const std::string what = "fp8_gemm_w8a16 m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                           " k=" + std::to_string(c.k);
+  GuardedBuffer<uint16_t> x(c.x.size());
+  GuardedBuffer<uint8_t> w(c.w.size());
+  GuardedBuffer<float> w_scale(c.w_scale.size());
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(c.m * c.out_stride));
+  // At least one byte, so the buffer has guards even when no split-k workspace is needed.
+  GuardedBuffer<uint8_t> ws(std::max<size_t>(256, fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k)));
+  ASSERT_TRUE(ws.ok() && out.ok()) << what;
+  EXPECT_LE(fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k), fp8_gemm_workspace_bytes(c.m, c.n, c.k));
+  x.Upload(c.x);
+  w.Upload(c.w);
+  w_scale.Upload(c.w_scale);
+  std::string refusal;
+  const cudaError_t status =
+      fp8_gemm_w8a16(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.m, c.k, c.x_stride, w.get(),
+                     w_scale.get(), c.n, reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride,
+                     ws.get(), ws.size(), nullptr, &refusal);
+  ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = out.Download();
+  EXPECT_TRUE(out.GuardsIntact()) << what;
+  EXPECT_TRUE(ws.GuardsIntact()) << what;
+
+  std::vector<float> want(static_cast<size_t>(c.m * c.n));
+  const std::vector<float> xf = testing::ToFloatsBf16(c.x);
+  cpu::W8a16GemmReference(xf.data(), c.m, c.k, c.x_stride, c.w.data(), c.w_scale.data(), c.n,
+                          want.data());
+  testing::ExpectBf16Rows(got, c.m, c.n, c.out_stride, want, {}, kSentinel, what);
+  ExpectRowsClose(got, c.m, c.n, c.out_stride, want, {}, what);
+}
+
+TEST(CudaW8a16GemmTest, OddTokenCountsAndShapes) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // n = 200 and 72: partial 64-row tiles and a partial 128-row scale block; k = 1024 with small n
+  // splits k over blocks (the reduction path), n = 2048 does not. m up to 130: 1, 2 and 4 tiles
+  // of 8 tokens, several token chunks.
+  for (int64_t m : {1, 2, 3, 8, 9, 13, 16, 17, 33, 77, 130}) {
+    RunAndCheckDense(MakeDense(rng, m, 200, 384));
+    RunAndCheckDense(MakeDense(rng, m, 72, 1024));
+  }
+  RunAndCheckDense(MakeDense(rng, 5, 2048, 256));
+  RunAndCheckDense(MakeDense(rng, 64, 2048, 256));
+}
+
+// One weight byte at a time: exactly one nonzero weight (value 1) at row `row`, column `col`, and
+// x = identity-like rows, so any swapped k or row position in the fragment layout shows as a wrong
+// column or a wrong value.
+TEST(CudaW8a16GemmTest, EveryKPositionLandsOnItsOwnProduct) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  DenseCase c = MakeDense(rng, 8, 16, 128);
+  // Weight row n: e4m3 of (n + 1) at column (n * 9) % 128, zero elsewhere; x row r: bf16 of
+  // (column + 1) * 2^r at every column. out[r, n] = (n + 1) * (col_n + 1) * 2^r, exact in bf16
+  // only where it has <= 8 significant bits: checked against the reference all the same.
+  std::fill(c.w.begin(), c.w.end(), 0);
+  for (int64_t n = 0; n < c.n; ++n) c.w[n * c.k + (n * 9) % 128] = cpu::E4m3FromFloat(n + 1.0f);
+  std::fill(c.w_scale.begin(), c.w_scale.end(), 1.0f);
+  for (int64_t r = 0; r < c.m; ++r) {
+    for (int64_t col = 0; col < c.x_stride; ++col) {
+      c.x[r * c.x_stride + col] =
+          testing::ToBf16(std::ldexp(col % 128 + 1.0f, static_cast<int>(r)));
+    }
+  }
+  RunAndCheckDense(c);
+  // All 128 k positions of every row: weights of a single nonzero column each, swept.
+  for (int64_t col = 0; col < 128; col += 1) {
+    DenseCase d = c;
+    std::fill(d.w.begin(), d.w.end(), 0);
+    for (int64_t n = 0; n < d.n; ++n) d.w[n * d.k + col] = cpu::E4m3FromFloat(n + 1.0f);
+    if (col % 16 == 0 || col % 16 == 7 || col % 16 == 13) RunAndCheckDense(d);
+  }
+}
+
+TEST(CudaW8a16GemmTest, ExtremeScalesAndMagnitudes) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  DenseCase c = MakeDense(rng, 9, 256, 512);
+  // Weight blocks scaled by 2^-20 and 2^20; activation rows of 2^-20 and 2^20.
+  for (size_t i = 0; i < c.w_scale.size(); ++i) {
+    c.w_scale[i] = std::ldexp(1.0f, i % 2 == 0 ? -20 : 20);
+  }
+  for (int64_t col = 0; col < c.k; ++col) {
+    c.x[0 * c.x_stride + col] = testing::ToBf16(std::ldexp(testing::FromBf16(c.x[col]), -20));
+    c.x[1 * c.x_stride + col] =
+        testing::ToBf16(std::ldexp(testing::FromBf16(c.x[c.x_stride + col]), 20));
+  }
+  RunAndCheckDense(c);
+  // Every e4m3 code (subnormals, +-448) in the weights, scale 1.
+  DenseCase e = MakeDense(rng, 3, 64, 256);
+  for (size_t i = 0; i < e.w.size(); ++i) {
+    e.w[i] = static_cast<uint8_t>(i % 256);
+    if ((e.w[i] & 0x7F) == 0x7F) e.w[i] = 0x7E;
+  }
+  std::fill(e.w_scale.begin(), e.w_scale.end(), 1.0f);
+  RunAndCheckDense(e);
+}
+
+TEST(CudaW8a16GemmTest, NanAndInfPropagateToTheSamePositions) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  DenseCase c = MakeDense(rng, 11, 136, 384);
+  c.x[2 * c.x_stride + 5] = testing::kBf16NaN;      // row 2 all NaN
+  c.x[6 * c.x_stride + 200] = 0x7F80;               // +Inf: row 6 +-Inf (or NaN where w = 0)
+  c.x[9 * c.x_stride + 383] = 0xFF80;               // -Inf
+  c.w[static_cast<size_t>(17 * c.k + 130)] = 0x7F;  // NaN weight: column 17 all NaN
+  c.w[static_cast<size_t>(135 * c.k + 0)] = 0xFF;   // column 135
+  RunAndCheckDense(c);
+}
+
+TEST(CudaW8a16GemmTest, RefusalsNameTheArgument) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  GuardedBuffer<uint16_t> x(4096);
+  GuardedBuffer<uint8_t> w(4096);
+  GuardedBuffer<float> s(16);
+  GuardedBuffer<uint16_t> out(4096);
+  GuardedBuffer<uint8_t> ws(1 << 20);
+  const auto refusal_of = [&](int64_t m, int64_t k, int64_t x_stride, const uint8_t* wp, int64_t n,
+                              size_t ws_bytes) {
+    std::string refusal;
+    const cudaError_t status = fp8_gemm_w8a16(
+        reinterpret_cast<const __nv_bfloat16*>(x.get()), m, k, x_stride, wp, s.get(), n,
+        reinterpret_cast<__nv_bfloat16*>(out.get()), n, ws.get(), ws_bytes, nullptr, &refusal);
+    EXPECT_EQ(status, cudaErrorInvalidValue);
+    return refusal;
+  };
+  const size_t all = ws.size();
+  EXPECT_NE(refusal_of(2, 100, 128, w.get(), 16, all).find("k:"), std::string::npos);
+  EXPECT_NE(refusal_of(2, 128, 120, w.get(), 16, all).find("x_stride:"), std::string::npos);
+  EXPECT_NE(refusal_of(-1, 128, 128, w.get(), 16, all).find("m:"), std::string::npos);
+  EXPECT_NE(refusal_of(2, 128, 128, nullptr, 16, all).find("w:"), std::string::npos);
+  // k = 1024, n = 16: split k, so the partial sums need a workspace.
+  EXPECT_NE(refusal_of(2, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped routed experts.
+
+struct MoeCase {
+  int64_t n_experts = 16;
+  int64_t n = 192;
+  int64_t k = 512;
+  int64_t tokens = 1;
+  int64_t top_k = 6;
+  bool x_per_pick = false;
+  bool weighted = false;
+  int64_t x_stride = 512;
+  int64_t out_stride = 195;
+  std::vector<uint16_t> x;
+  std::vector<int32_t> experts;
+  std::vector<float> pick_weights;
+  std::vector<uint8_t> w;
+  std::vector<float> scale;
+};
+
+// Distinct experts per token drawn from the first `used` experts (the rest get no tokens).
+MoeCase MakeMoe(std::mt19937_64& rng, int64_t tokens, int64_t top_k, int64_t used, bool x_per_pick,
+                bool weighted) {
+  MoeCase c;
+  c.tokens = tokens;
+  c.top_k = top_k;
+  c.x_per_pick = x_per_pick;
+  c.weighted = weighted;
+  c.x_stride = c.k + 8 * (tokens % 2);
+  const int64_t rows = x_per_pick ? tokens * top_k : tokens;
+  c.x = testing::RandomActivations(rng, rows, c.x_stride);
+  std::vector<int32_t> order(static_cast<size_t>(used));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    c.experts.insert(c.experts.end(), order.begin(), order.begin() + top_k);
+  }
+  std::uniform_real_distribution<float> unit(0.05f, 1.0f);
+  if (weighted) {
+    c.pick_weights.resize(c.experts.size());
+    for (float& v : c.pick_weights) v = unit(rng);
+  }
+  c.w = testing::RandomE4m3(rng, static_cast<size_t>(c.n_experts * c.n * c.k));
+  c.scale = testing::RandomScales(
+      rng, static_cast<size_t>(c.n_experts * ((c.n + 127) / 128) * (c.k / 128)));
+  return c;
+}
+
+void RunAndCheckMoe(const MoeCase& c, const std::string& what) {
+  const int64_t picks = c.tokens * c.top_k;
+  GuardedBuffer<uint16_t> x(c.x.size());
+  GuardedBuffer<int32_t> experts(c.experts.size());
+  GuardedBuffer<float> pick_weights(std::max<size_t>(1, c.pick_weights.size()));
+  GuardedBuffer<uint8_t> w(c.w.size());
+  GuardedBuffer<float> scale(c.scale.size());
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(picks * c.out_stride));
+  x.Upload(c.x);
+  experts.Upload(c.experts);
+  if (c.weighted) pick_weights.Upload(c.pick_weights);
+  w.Upload(c.w);
+  scale.Upload(c.scale);
+  ExpertWeights ew;
+  ew.format = ExpertFormat::kFp8W8A16;
+  ew.w = w.get();
+  ew.scale = scale.get();
+  ew.n_experts = c.n_experts;
+  ew.n = c.n;
+  ew.k = c.k;
+  const int64_t rows = c.x_per_pick ? picks : c.tokens;
+  const size_t ws_bytes = moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew);
+  ExpertWeights as_fp8 = ew;
+  as_fp8.format = ExpertFormat::kFp8;
+  EXPECT_LE(ws_bytes, moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, as_fp8)) << what;
+  GuardedBuffer<uint8_t> ws(ws_bytes);
+  ASSERT_TRUE(ws.ok() && out.ok() && ws.size() > 0) << what;
+  std::string refusal;
+  // ue8m0 true: ignored by W8A16 (the reference quantizes nothing either).
+  const cudaError_t status =
+      moe_grouped_gemm(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.x_stride, c.x_per_pick,
+                       experts.get(), c.weighted ? pick_weights.get() : nullptr, c.tokens, c.top_k,
+                       ew, /*ue8m0_act_scale=*/true, reinterpret_cast<__nv_bfloat16*>(out.get()),
+                       c.out_stride, ws.get(), ws.size(), nullptr, &refusal);
+  ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = out.Download();
+  EXPECT_TRUE(out.GuardsIntact()) << what;
+  EXPECT_TRUE(ws.GuardsIntact()) << what;
+
+  std::vector<float> want(static_cast<size_t>(picks * c.n), 0.0f);
+  const std::vector<float> xf = testing::ToFloatsBf16(c.x);
+  cpu::ExpertWeightsRef ref;
+  ref.w = c.w.data();
+  ref.scale = c.scale.data();
+  ref.n_experts = c.n_experts;
+  ref.n = c.n;
+  ref.k = c.k;
+  ref.bf16_activations = true;
+  cpu::MoeGemmReference(xf.data(), c.x_stride, c.x_per_pick, c.experts.data(),
+                        c.weighted ? c.pick_weights.data() : nullptr, c.tokens, c.top_k, ref,
+                        /*ue8m0=*/true, want.data());
+  std::vector<bool> valid(static_cast<size_t>(picks));
+  for (int64_t p = 0; p < picks; ++p) valid[p] = c.experts[p] >= 0 && c.experts[p] < c.n_experts;
+  testing::ExpectBf16Rows(got, picks, c.n, c.out_stride, want, valid, kSentinel, what);
+  ExpectRowsClose(got, picks, c.n, c.out_stride, want, valid, what);
+}
+
+TEST(CudaW8a16MoeGemmTest, OddTokenCountsZeroTokenExperts) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t tokens : {1, 2, 5, 37, 128}) {
+    const std::string what = "w8a16 tokens " + std::to_string(tokens);
+    // Experts 12..15 get no tokens; gate/up form (x per token) and down form (x per pick,
+    // weighted).
+    RunAndCheckMoe(MakeMoe(rng, tokens, 6, 12, false, false), what + " gate/up");
+    RunAndCheckMoe(MakeMoe(rng, tokens, 6, 12, true, true), what + " down");
+  }
+}
+
+TEST(CudaW8a16MoeGemmTest, AllTokensOnOneExpert) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // 141 tokens, top-1, all on expert 9: several work items of one expert.
+  MoeCase c = MakeMoe(rng, 141, 1, 16, false, true);
+  std::fill(c.experts.begin(), c.experts.end(), 9);
+  RunAndCheckMoe(c, "w8a16 one expert");
+}
+
+TEST(CudaW8a16MoeGemmTest, InvalidExpertIdsLeaveRowsUntouched) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  MoeCase c = MakeMoe(rng, 7, 3, 16, false, true);
+  c.experts[0] = -1;
+  c.experts[4] = 16;
+  c.experts[20] = -7;
+  RunAndCheckMoe(c, "w8a16 invalid ids");
+}
+
+TEST(CudaW8a16MoeGemmTest, ExtremeScalesAndMagnitudes) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  MoeCase c = MakeMoe(rng, 3, 6, 16, true, false);
+  for (size_t i = 0; i < c.scale.size(); ++i) c.scale[i] = std::ldexp(1.0f, i % 2 ? 20 : -20);
+  for (int64_t col = 0; col < c.k; ++col) {
+    c.x[0 * c.x_stride + col] = testing::ToBf16(std::ldexp(testing::FromBf16(c.x[col]), -20));
+    c.x[1 * c.x_stride + col] =
+        testing::ToBf16(std::ldexp(testing::FromBf16(c.x[c.x_stride + col]), 20));
+  }
+  RunAndCheckMoe(c, "w8a16 scales and rows 2^+-20");
+}
+
+TEST(CudaW8a16MoeGemmTest, NanAndInfMatchInPosition) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  MoeCase c = MakeMoe(rng, 5, 6, 16, false, false);
+  c.x[1 * c.x_stride + 3] = testing::kBf16NaN;
+  c.x[3 * c.x_stride + 300] = 0x7F80;
+  c.w[static_cast<size_t>((c.experts[0] * c.n + 50) * c.k + 7)] = 0x7F;  // token 0's expert
+  RunAndCheckMoe(c, "w8a16 NaN/Inf");
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda
