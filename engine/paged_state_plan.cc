@@ -45,6 +45,20 @@ int64_t PagedPoolPages(int64_t rate, int64_t slots, int64_t max_context, int64_t
   return std::max<int64_t>(pool, 1);
 }
 
+std::vector<std::pair<int64_t, int64_t>> PagedPoolKinds(const ModelConfig& config, int64_t slots,
+                                                        int64_t max_context, int64_t state_tokens) {
+  std::vector<std::pair<int64_t, int64_t>> kinds;
+  for (const auto& [rate, page] : GpuPagedStateBytes(config).page_bytes) {
+    kinds.emplace_back(rate, PagedPoolPages(rate, slots, max_context, state_tokens));
+  }
+  return kinds;
+}
+
+int64_t PagedRequestPages(int64_t rate, int64_t max_context, int64_t tokens) {
+  const int64_t capacity = RingEntryCapacity(max_context, rate, kPagedEntries);
+  return CeilDiv(std::min(std::max<int64_t>(tokens, 0) / rate, capacity), kPagedEntries);
+}
+
 int64_t GpuStatePoolBytes(const ModelConfig& config, int64_t slots, int64_t max_context,
                           int64_t state_tokens, bool paged) {
   const PagedStateBytes b = GpuPagedStateBytes(config);

@@ -17,7 +17,8 @@ namespace pdserve::runtime {
 
 absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     const GpuBackendOptions& options, const std::string& model_dir,
-    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context) {
+    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context,
+    int64_t state_tokens_per_rank) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
@@ -44,6 +45,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   engine::gpu::GpuModelOptions& gpu_options = group.model;
   gpu_options.slots = slots_per_rank;
   gpu_options.max_context = max_context;
+  gpu_options.state_tokens = state_tokens_per_rank;
   gpu_options.max_chunk = options.max_chunk;
   gpu_options.gemm_inputs = options.gemm_inputs;
   gpu_options.weight_format = options.weight_format;
@@ -64,7 +66,8 @@ RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<engine::gpu::GpuModelGroup> group,
             LoadGpuModelGroup(options, context.model_dir, *context.config,
-                              (context.slots + ranks - 1) / ranks, context.max_context));
+                              (context.slots + ranks - 1) / ranks, context.max_context,
+                              (context.state_tokens + ranks - 1) / ranks));
         spdlog::info("backend cuda: {}", group->Describe());
         RunnerOptions runner_options = context.options;
         runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);

@@ -122,9 +122,6 @@ TEST(MemoryPlanTest, Fp8WeightsFitAFlashWorkerThatBf16DoesNot) {
   EXPECT_NE(FormatPlan(*config, *w, q).find("engine (fp8)"), std::string::npos);
 }
 
-}  // namespace
-}  // namespace pdserve::engine
-
 // engine/paged_state_plan.h: the CUDA engine's paged state pools.
 namespace pdserve::engine {
 namespace {
@@ -181,6 +178,28 @@ TEST(PagedStatePlanTest, FlashCapacityGrowsForShortRequestsOnly) {
   EXPECT_LE(GpuStatePoolBytes(*flash, paged8k, max_context, paged8k * 8192, true), budget);
   EXPECT_GT(GpuStatePoolBytes(*flash, paged8k + 1, max_context, (paged8k + 1) * 8192, true),
             budget);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
+
+TEST(PagedStatePlanTest, AdmissionLedgerCountsThePoolsAndARequestsPages) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok());
+  const auto kinds = PagedPoolKinds(*config, 8, 4096, 8 * 1000);
+  const auto bytes = GpuPagedStateBytes(*config).page_bytes;
+  ASSERT_EQ(kinds.size(), bytes.size());
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    EXPECT_EQ(kinds[i].first, bytes[i].first);
+    EXPECT_EQ(kinds[i].second, PagedPoolPages(kinds[i].first, 8, 4096, 8 * 1000));
+  }
+  EXPECT_EQ(PagedRequestPages(4, 4096, 0), 0);
+  EXPECT_EQ(PagedRequestPages(4, 4096, 3), 0);    // no entry yet
+  EXPECT_EQ(PagedRequestPages(4, 4096, 4), 1);    // the first entry takes a page
+  EXPECT_EQ(PagedRequestPages(4, 4096, 256), 1);  // 64 entries: one full page
+  EXPECT_EQ(PagedRequestPages(4, 4096, 260), 2);  // the 65th entry opens the second
+  EXPECT_EQ(PagedRequestPages(4, 4096, 4096), 16);
+  EXPECT_EQ(PagedRequestPages(4, 4096, 1 << 20), 16);  // capped at the slot's capacity
 }
 
 }  // namespace
