@@ -50,6 +50,12 @@ std::vector<std::pair<int64_t, int64_t>> PagedPoolKinds(const ModelConfig& confi
 // PagedPoolKinds' pages, never lets a running request find its pool short.
 int64_t PagedRequestPages(int64_t rate, int64_t max_context, int64_t tokens);
 
+// How many requests of `tokens` tokens (prompt + max_tokens) admission lets run at once on a
+// GpuModel of `slots` slots with these pools: min(slots, over every rate, the pool's pages /
+// PagedRequestPages). 0 when `tokens` exceeds max_context.
+int64_t AdmittedRequests(const ModelConfig& config, int64_t slots, int64_t max_context,
+                         int64_t state_tokens, int64_t tokens);
+
 // The most concurrent requests of `tokens` tokens each whose state fits in `budget` bytes on a
 // GpuModel of max_context `max_context`: slot layout (every slot sized for max_context), or paged
 // with state_tokens = requests * tokens. 0 when not even one fits.

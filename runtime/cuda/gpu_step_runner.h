@@ -52,6 +52,14 @@
 // samples on the host instead (logits copied back), for A/B. Prefill's sampled token (one per
 // sequence) is always drawn on the host from the Forward's host logits.
 //
+// State pages. A sequence's compressed entries and indexer keys grow in its rank's page pools
+// (GpuModelOptions::state_tokens). Admission is the caller's (colocated::ServiceOptions::
+// device_state_tokens reserves prompt + max_tokens at admission, so a step always fits on one
+// GPU); before a step is launched the runner still asks GpuModel::CanHold for each rank's
+// sequences at their end positions and, where the pools cannot hold them (a caller that did not
+// reserve, or a group whose rank ran short), stops the newest sequences of that rank with
+// ResourceExhausted until the rest fit: failed loudly, never preempted, nothing half-run.
+//
 // Guards: the canary is refused (Add returns FailedPrecondition; `pdserve serve --backend cuda`
 // refuses --canary-every at startup): it is defined over the CPU engine. Paranoid mode
 // (options.paranoid) checks, before each step is launched, every state page each sequence of
@@ -152,6 +160,11 @@ class GpuStepRunner : public SequenceRunner {
   // Paranoid mode: the sequences of the step whose pages fail VerifySlotPages (each failed).
   std::vector<std::shared_ptr<Sequence>> VerifyPages(const std::vector<Work>& decode,
                                                      const std::vector<Work>& prefill);
+  // The sequences of the step whose rank's page pools cannot hold it (GpuModel::CanHold over
+  // every work of the rank at its end position), newest first until the rest fit; each failed
+  // with ResourceExhausted.
+  std::vector<std::shared_ptr<Sequence>> ShortOfPages(const std::vector<Work>& decode,
+                                                      const std::vector<Work>& prefill);
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
 
