@@ -73,6 +73,10 @@ TEST(MemoryPlanTest, CheckpointHeadersGiveTheDataSectionBytes) {
   EXPECT_NE(w->source.find("safetensors headers"), std::string::npos);
 }
 
+std::string FlashDir() {
+  return std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
+}
+
 TEST(MemoryPlanTest, AFlashConfigOnOneGpuIsRefusedNamingWhatToChange) {
   const std::string dir = std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
   auto config = ModelConfig::Load(dir);
@@ -125,15 +129,11 @@ TEST(MemoryPlanTest, Fp8WeightsFitAFlashWorkerThatBf16DoesNot) {
 // A decode worker's plan with paged state (PlanRequest::state_tokens): the state is the pools'
 // bytes, smaller than every slot full, and the text gives the requests admitted at once.
 TEST(MemoryPlanTest, StateTokensShrinkTheStateAndThePlanPrintsTheCapacity) {
-  const std::string dir = std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
-  auto config = ModelConfig::Load(dir);
+  auto config = ModelConfig::Load(FlashDir());
   ASSERT_TRUE(config.ok()) << config.status();
-  auto w = PlanWeightBytes(dir, *config);
+  auto w = PlanWeightBytes(FlashDir(), *config);
   ASSERT_TRUE(w.ok()) << w.status();
-  PlanRequest q;
-  q.worker = "decode-0";
-  q.world = 4;
-  q.fp8_weights = true;
+  PlanRequest q{.worker = "decode-0", .world = 4, .fp8_weights = true};
   q.max_batch = 64;
   q.max_context = 131072;
   const GpuPlan full = PlanGpu(*config, w->experts_fp8, w->replicated_fp8, q);
