@@ -215,7 +215,7 @@ std::vector<std::shared_ptr<GpuStepRunner::Sequence>> GpuStepRunner::ShortOfPage
         targets.push_back({work.sequence->slot, work.start + work.length});
       }
     }
-    const engine::gpu::GpuModel& model = group_->rank(r);
+    engine::gpu::GpuModel& model = group_->rank(r);
     while (!targets.empty() && !model.CanHold(targets)) {
       const Sequence& newest = *works.back()->sequence;
       absl::Status exhausted = absl::ResourceExhaustedError(absl::StrCat(
@@ -225,6 +225,11 @@ std::vector<std::shared_ptr<GpuStepRunner::Sequence>> GpuStepRunner::ShortOfPage
           "of the step is stopped"));
       spdlog::error("{}", exhausted.ToString());
       Fail(newest, exhausted);
+      // Its pages go back now (it runs no more), so the older sequences can take them; the slot
+      // stays the sequence's until Remove.
+      if (absl::Status reset = model.ResetSlot(newest.slot); !reset.ok()) {
+        spdlog::error("GPU runner: resetting slot {}: {}", newest.slot, reset.ToString());
+      }
       failed.push_back(works.back()->sequence);
       works.pop_back();
       targets.pop_back();

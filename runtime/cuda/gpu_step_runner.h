@@ -58,7 +58,8 @@
 // GPU); before a step is launched the runner still asks GpuModel::CanHold for each rank's
 // sequences at their end positions and, where the pools cannot hold them (a caller that did not
 // reserve, or a group whose rank ran short), stops the newest sequences of that rank with
-// ResourceExhausted until the rest fit: failed loudly, never preempted, nothing half-run.
+// ResourceExhausted (freeing their pages at once) until the rest fit: failed loudly, never
+// preempted, nothing half-run.
 //
 // Guards: the canary is refused (Add returns FailedPrecondition; `pdserve serve --backend cuda`
 // refuses --canary-every at startup): it is defined over the CPU engine. Paranoid mode
@@ -162,7 +163,7 @@ class GpuStepRunner : public SequenceRunner {
                                                      const std::vector<Work>& prefill);
   // The sequences of the step whose rank's page pools cannot hold it (GpuModel::CanHold over
   // every work of the rank at its end position), newest first until the rest fit; each failed
-  // with ResourceExhausted.
+  // with ResourceExhausted and its slot's pages freed at once.
   std::vector<std::shared_ptr<Sequence>> ShortOfPages(const std::vector<Work>& decode,
                                                       const std::vector<Work>& prefill);
   // on_error for `seq`'s choice; returns true (the sequence stops).

@@ -11,8 +11,10 @@
 # each request's text with the full server's. Same text is expected; a difference can only come
 # from a near-tie flipped by another decode batch size (runtime/cuda/gpu_step_runner.h, "Batch
 # invariance"), and the table says how many differ.
-# Also runs the packed engine_gpu_tests' GpuBackendTest.SmallDevicePools* (the same on the tiny
-# model, fp32 GEMMs, exact equality) when PACK has it.
+# Also runs, when PACK has them, the packed engine_gpu_tests' GpuBackendTest.SmallDevicePools*
+# (the same on the tiny model, fp32 GEMMs, exact equality) and
+# GpuStepRunnerTest.PoolsTooSmall* (a scheduler that reserves no device pages: the runner stops
+# the two newest of four sequences with ResourceExhausted, the two oldest match full pools).
 # Pack here (after building pdserve, and engine_gpu_tests for the optional test):
 #   tools/gpu/pack_binaries.sh .device-carry/admit build/pdserve
 #   tools/gpu/pack_engine_tests.sh build .device-carry/gpu        # optional
@@ -40,9 +42,9 @@ if [ -f "$pack/libs.tar.xz" ]; then
   cublas=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
   chmod +x "$pack/bin/engine_gpu_tests"
   LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:${LD_LIBRARY_PATH:-} PDSERVE_SOURCE_DIR=$PWD \
-    timeout 200 "$pack/bin/engine_gpu_tests" --gtest_filter='GpuBackendTest.SmallDevicePools*' \
+    timeout 200 "$pack/bin/engine_gpu_tests" --gtest_filter='GpuBackendTest.SmallDevicePools*:GpuStepRunnerTest.PoolsTooSmall*' \
     > "$out/engine.log" 2>&1
-  row "engine_gpu_tests SmallDevicePools (tiny)" "$([ $? = 0 ] && echo PASS || echo FAIL)" \
+  row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "$([ $? = 0 ] && echo PASS || echo FAIL)" \
     "$(grep -E '^\[  PASSED|^\[  FAILED' "$out/engine.log" | tr '\n' ' ')($(elapsed))"
 fi
 
