@@ -174,6 +174,7 @@ TEST(GpuBackendTest, SmallDevicePoolsMakeRequestsWaitAndServeLikeFullOnes) {
   EXPECT_EQ((*small)->scheduler().num_waiting(), 8);  // 4 admitted, nothing can finish yet
   std::vector<std::string> got;
   for (const auto& sink : sinks) got.push_back(sink->Result());
+  generations.clear();  // before the service they point to
   small->reset();
   auto full = ColocatedService::Create(full_options);
   ASSERT_TRUE(full.ok()) << full.status();
