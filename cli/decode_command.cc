@@ -63,6 +63,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
                                     : runtime::DegenerationAction::kFlag;
   options.runner.paranoid = entry.deploy.guards.paranoid;
   options.canary_every = entry.deploy.guards.canary_every;
+  options.runner.canary_tolerance = entry.deploy.guards.canary_tolerance;
   options.faults = decode::TestFaults::FromEnvironment();
   PDSERVE_ASSIGN_OR_RETURN(options.model,
                            worker::WorkerModelOptions(entry.deploy, entry.worker.backend));
@@ -76,6 +77,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
         "backend cuda: decode on CUDA_VISIBLE_DEVICES={}, {} rank(s) (runtime::GpuStepRunner)",
         entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
+    gpu.indexer_fault = options.model.indexer_fault;
     if (entry.worker.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
     options.runner_factory = runtime::GpuRunnerFactory(gpu);
 #else

@@ -60,6 +60,7 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
         "backend cuda: prefill on CUDA_VISIBLE_DEVICES={}, {} rank(s) (runtime::GpuPrefillEngine)",
         entry.worker.gpus, gpu.devices.size());
     gpu.reference_pieces = options.model.reference_pieces;
+    gpu.indexer_fault = options.model.indexer_fault;
     if (entry.worker.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
     options.engine_factory = runtime::GpuPrefillEngineFactory(gpu);
 #else

@@ -2,7 +2,8 @@
 //
 //   pdserve serve [--model DIR] [--host H] [--port P] [--max-batch N] [--pool-tokens T]
 //                 [--token-budget B] [--reject-when-full] [--degeneration flag|stop]
-//                 [--paranoid] [--canary-every N] [--backend cpu|cuda] [--device N]
+//                 [--paranoid] [--canary-every N] [--canary-tolerance E]
+//                 [--backend cpu|cuda] [--device N]
 //                 [--devices LIST] [--expert-comm auto|nccl|local] [--weights bf16|fp8]
 //                 [--state-tokens T]
 //
@@ -20,13 +21,15 @@
 // kernels/cuda/fp8_gemm (docs/engine-gpu.md, "FP8 weights"); bf16 (the default) rounds every
 // weight to bf16 as before.
 // NCCL_NVLS_ENABLE=0 is set before anything starts (NVLink multicast stays off).
-// It refuses --canary-every (defined over the CPU engine; --paranoid checks the GPU's own state
-// pages, runtime/cuda/gpu_step_runner.h), and
-// without a GPU (or in a build without CUDA) it exits 1 with a FailedPrecondition message.
+// The canary recomputes on the GPU and --paranoid checks the GPU's own state pages
+// (runtime/cuda/gpu_step_runner.h). Without a GPU (or in a build without CUDA) it exits 1 with a
+// FailedPrecondition message.
 //
 // Guards (docs/guards.md): --paranoid and --canary-every as deploy config guards.paranoid /
-// guards.canary_every. The environment variable PDSERVE_TEST_SCRAMBLE_INDEXER=1 makes the
-// lightning indexer deliberately wrong for the coherence tests; it is logged as a warning.
+// guards.canary_every; --canary-tolerance E overrides the canary's bound (default: the backend's,
+// guards/canary.h). The environment variable PDSERVE_TEST_SCRAMBLE_INDEXER=1 makes the
+// lightning indexer deliberately wrong for the coherence tests (on CUDA the fixed-shape decode
+// indexer: engine/gpu/gpu_model.h, test_lowest_score_indexer); it is logged as a warning.
 //
 // Prints "pdserve serve: listening on http://HOST:PORT" once bound (--port 0 picks a free port),
 // serves until SIGINT or SIGTERM, then stops the server and the engine loop.
@@ -66,6 +69,7 @@ struct ServeOptions {
   std::string degeneration = "flag";
   bool paranoid = false;
   int64_t canary_every = 0;
+  double canary_tolerance = 0;  // 0: the backend's default
   std::string backend = "cpu";
   int device = 0;
   std::string devices;  // "0,1": an expert-parallel group (overrides device)
@@ -78,8 +82,7 @@ struct ServeOptions {
 
 // The runner factory of `--backend`: empty for cpu.
 absl::StatusOr<runtime::RunnerFactory> BackendFactory(
-    const ServeOptions& options,
-    [[maybe_unused]] const std::vector<engine::SwitchablePiece>& reference_pieces) {
+    const ServeOptions& options, [[maybe_unused]] const engine::ModelOptions& model) {
   if (options.backend == "cpu") {
     // Flags that would do nothing on the CPU engine are refused rather than ignored.
     if (!options.devices.empty() || options.expert_comm != "auto") {
@@ -93,10 +96,6 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
           "dequantizes every weight to float32");
     }
     return runtime::RunnerFactory();
-  }
-  if (options.canary_every > 0) {
-    return absl::FailedPreconditionError(
-        "--backend cuda does not support --canary-every (it recomputes on the CPU engine)");
   }
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
   runtime::GpuBackendOptions gpu;
@@ -115,7 +114,8 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
     gpu.devices = *devices;
   }
   PDSERVE_ASSIGN_OR_RETURN(gpu.comm, engine::gpu::ParseExpertCommKind(options.expert_comm));
-  gpu.reference_pieces = reference_pieces;
+  gpu.reference_pieces = model.reference_pieces;
+  gpu.indexer_fault = model.indexer_fault;
   if (options.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
   return runtime::GpuRunnerFactory(gpu);
 #else
@@ -147,9 +147,10 @@ absl::Status Serve(const ServeOptions& options) {
                                             : runtime::DegenerationAction::kFlag;
   service_options.runner.paranoid = options.paranoid;
   service_options.canary_every = options.canary_every;
+  service_options.runner.canary_tolerance = options.canary_tolerance;
   service_options.model = engine::WithTestFaultsFromEnvironment({});
   PDSERVE_ASSIGN_OR_RETURN(service_options.runner_factory,
-                           BackendFactory(options, service_options.model.reference_pieces));
+                           BackendFactory(options, service_options.model));
   if (const std::string warning = engine::TestFaultWarning(service_options.model);
       !warning.empty()) {
     std::fprintf(stderr, "pdserve serve: %s\n", warning.c_str());
@@ -222,6 +223,11 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "Recompute the last-token logits of 1 in N requests from scratch (0: never)")
       ->capture_default_str()
       ->check(NonNegative());
+  cmd->add_option("--canary-tolerance", o->canary_tolerance,
+                  "Canary bound on max|diff| / max|ref| (0: the backend's default, "
+                  "guards/canary.h)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--backend", o->backend, "Engine: cpu, or cuda (the CUDA engine on --device)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));

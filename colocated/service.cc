@@ -71,13 +71,9 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
   }
   std::unique_ptr<ColocatedService> s(new ColocatedService());
   s->options_ = options;
+  s->options_.runner.canary = options.canary_every > 0;
   s->canary_ = guards::CanarySampler(options.canary_every);
   PDSERVE_ASSIGN_OR_RETURN(s->preparer_, frontend::RequestPreparer::Load(options.model_dir));
-  if (options.runner_factory && options.canary_every > 0) {
-    return absl::FailedPreconditionError(
-        "the logits canary recomputes on the CPU engine: canary_every must be 0 with another "
-        "backend");
-  }
   if (options.runner_factory) {
     PDSERVE_ASSIGN_OR_RETURN(s->config_, engine::ModelConfig::Load(options.model_dir));
   } else {
@@ -124,14 +120,14 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
           },
           &s->clock_, nullptr));
   if (options.runner_factory) {
-    runtime::RunnerContext context{options.model_dir, &config,
-                                   s->layout_.get(),  s->pool_.get(),
-                                   options.runner,    options.max_batch,
-                                   max_context,       options.device_state_tokens.value_or(0)};
+    runtime::RunnerContext context{options.model_dir,  &config,
+                                   s->layout_.get(),   s->pool_.get(),
+                                   s->options_.runner, options.max_batch,
+                                   max_context,        options.device_state_tokens.value_or(0)};
     PDSERVE_ASSIGN_OR_RETURN(s->runner_, options.runner_factory(context));
   } else {
     s->runner_ = std::make_unique<runtime::EngineStepRunner>(*s->model_, *s->layout_,
-                                                             s->pool_.get(), options.runner);
+                                                             s->pool_.get(), s->options_.runner);
   }
   PDSERVE_ASSIGN_OR_RETURN(s->vocabulary_,
                            structured::TokenVocabulary::FromTokenizer(s->preparer_->tokenizer()));

@@ -71,8 +71,8 @@ struct ServiceOptions {
   // Implementation switches and test-only faults passed to engine::Model::Load.
   engine::ModelOptions model;
   // Empty: the CPU engine (engine::Model::Load with `model`, EngineStepRunner). Set: the runner
-  // it returns, and no CPU model is loaded; canary_every must then be 0 (the canary recomputes on
-  // the CPU engine), else Create fails with FailedPrecondition.
+  // it returns, and no CPU model is loaded (the CUDA runner recomputes the canary on the GPU).
+  // Either way Create sets runner.canary when canary_every > 0.
   runtime::RunnerFactory runner_factory;
 };
 

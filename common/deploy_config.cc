@@ -120,6 +120,18 @@ class Reader {
     *out = static_cast<T>(value);
   }
 
+  void Double(const YAML::Node& map, const std::string& path, const std::string& key, double min,
+              double max, double* out) {
+    const YAML::Node v = Field(map, path, key, false);
+    if (v.IsNull()) return;
+    double value = 0;
+    if (!v.IsScalar() || !absl::SimpleAtod(v.Scalar(), &value) || !(value >= min) ||
+        !(value <= max)) {
+      return Error(v, Join(path, key), absl::StrCat("must be a number in [", min, ", ", max, "]"));
+    }
+    *out = value;
+  }
+
   void Bool(const YAML::Node& map, const std::string& path, const std::string& key, bool* out) {
     const YAML::Node v = Field(map, path, key, false);
     if (v.IsNull()) return;
@@ -209,12 +221,14 @@ void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
 
 void ReadGuards(Reader& r, const YAML::Node& node, GuardsConfig* g) {
   if (!r.Map(node, "guards",
-             {"degeneration_action", "paranoid", "canary_every", "reference_kernels"})) {
+             {"degeneration_action", "paranoid", "canary_every", "canary_tolerance",
+              "reference_kernels"})) {
     return;
   }
   r.Enum(node, "guards", "degeneration_action", false, kActions, &g->degeneration_action);
   r.Bool(node, "guards", "paranoid", &g->paranoid);
   r.Int(node, "guards", "canary_every", false, 0, 1000000, &g->canary_every);
+  r.Double(node, "guards", "canary_tolerance", 0, 1e6, &g->canary_tolerance);
   const YAML::Node kernels = r.Field(node, "guards", "reference_kernels", false);
   if (kernels.IsNull()) return;
   if (!kernels.IsSequence()) {

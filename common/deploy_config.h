@@ -25,6 +25,7 @@
 //   share_gpus: bool (default false): workers of a host may name the same GPU (a one-GPU trial of
 //     prefill and decode on the CUDA engine; each worker holds its own weights and state there)
 //   guards: {degeneration_action: flag | stop, paranoid: bool, canary_every: int >= 0,
+//            canary_tolerance: number >= 0 (0: the backend's default),
 //            reference_kernels: [sparse_attention | indexer | fp8_state, ...]}
 // Cross-field rules: (host, port) pairs unique over the router's and workers' ports; a GPU of a
 // host is given to at most one worker unless share_gpus; ports in 1..65535.
@@ -86,6 +87,9 @@ struct GuardsConfig {
   std::string degeneration_action = "flag";
   bool paranoid = false;
   int canary_every = 0;  // 0: no canary
+  // The canary's bound on max|diff| / max|ref| (runtime::RunnerOptions::canary_tolerance); 0: the
+  // backend's default (guards/canary.h).
+  double canary_tolerance = 0;
   std::vector<std::string> reference_kernels;
 };
 

@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   }
   std::unique_ptr<DecodeWorker> w(new DecodeWorker());
   w->options_ = std::move(options);
+  w->options_.runner.canary = w->options_.canary_every > 0;
   PDSERVE_ASSIGN_OR_RETURN(w->model_,
                            worker::LoadWorkerModel(w->options_.model_dir, w->options_.model,
                                                    /*cpu_engine=*/!w->options_.runner_factory));
@@ -76,11 +77,6 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           w->options_.transfer_lanes));
   spdlog::info("transfer: {} receive lane(s)", w->options_.transfer_lanes);
   if (w->options_.runner_factory) {
-    if (w->options_.canary_every > 0) {
-      return absl::FailedPreconditionError(
-          "the logits canary recomputes on the CPU engine: guards.canary_every must be 0 for a "
-          "decode worker with backend cuda");
-    }
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,
                                          w->model_.layout.get(),

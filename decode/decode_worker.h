@@ -75,9 +75,9 @@ struct DecodeWorkerOptions {
   int64_t canary_every = 0;
   engine::ModelOptions model;  // guards.reference_kernels and test-only faults
   // Empty: decode on the CPU engine (runtime::EngineStepRunner). Set (backend: cuda,
-  // runtime/cuda/gpu_backend.h): the runner it returns, with max_batch slots; canary_every must
-  // then be 0 (FailedPrecondition otherwise); paranoid checks the GPU's state pages. The CPU
-  // engine's weights are then not loaded (the config only).
+  // runtime/cuda/gpu_backend.h): the runner it returns, with max_batch slots (the CUDA runner
+  // recomputes the canary on the GPU; Create sets runner.canary when canary_every > 0); paranoid
+  // checks the GPU's state pages. The CPU engine's weights are then not loaded (the config only).
   runtime::RunnerFactory runner_factory;
   TestFaults faults;  // TEST-ONLY (decode/test_faults.h); none by default
 };

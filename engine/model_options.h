@@ -50,6 +50,9 @@ enum class IndexerFault {
   // model's output does not change enough for `pdserve check` to see them (docs/guards.md).
   kUnmaskedSlots,
 };
+// The CUDA engine turns any fault into its own wrong indexer instead
+// (engine::gpu::GpuModelOptions::test_lowest_score_indexer, runtime/cuda/gpu_backend.h): its
+// fixed-shape decode indexer keeps the lowest-scoring entries.
 
 // The environment variable the CLI reads to turn kUnmaskedSlots on ("1"); anything else, or unset,
 // leaves the indexer correct.

@@ -32,6 +32,7 @@ std::array<std::byte, kPageHeaderBytes> EncodePageHeader(const PageHeader& heade
   StoreLe(out, 40, header.page_index, 4);
   StoreLe(out, 44, header.token_begin, 4);
   StoreLe(out, 48, header.token_end, 4);
+  StoreLe(out, 52, static_cast<uint16_t>(header.element), 2);
   StoreLe(out, 56, header.payload_xxh3, 8);
   return out;
 }
@@ -49,7 +50,11 @@ absl::StatusOr<PageHeader> DecodePageHeader(std::span<const std::byte> bytes) {
   if (LoadLe(bytes, 6, 2) != static_cast<uint16_t>(WireKind::kPage)) {
     return absl::InvalidArgumentError("not a page header");
   }
-  if (LoadLe(bytes, 52, 4) != 0) return absl::InvalidArgumentError("reserved header bits set");
+  if (LoadLe(bytes, 54, 2) != 0) return absl::InvalidArgumentError("reserved header bits set");
+  const uint64_t element = LoadLe(bytes, 52, 2);
+  if (!serving::IsElementType(element)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown page element type ", element));
+  }
   PageHeader header;
   header.request_id = LoadLe(bytes, 8, 8);
   header.ticket_id = LoadLe(bytes, 16, 8);
@@ -59,6 +64,7 @@ absl::StatusOr<PageHeader> DecodePageHeader(std::span<const std::byte> bytes) {
   header.page_index = static_cast<uint32_t>(LoadLe(bytes, 40, 4));
   header.token_begin = static_cast<uint32_t>(LoadLe(bytes, 44, 4));
   header.token_end = static_cast<uint32_t>(LoadLe(bytes, 48, 4));
+  header.element = static_cast<serving::ElementType>(element);
   header.payload_xxh3 = LoadLe(bytes, 56, 8);
   return header;
 }

@@ -8,7 +8,7 @@ namespace pdserve::kv {
 namespace {
 
 constexpr size_t kTicketFixedBytes = 64;
-constexpr size_t kDescriptorBytes = 24;
+constexpr size_t kDescriptorBytes = 28;
 constexpr size_t kControlFixedBytes = 48;
 
 // Appends little-endian fields to a growing buffer.
@@ -29,6 +29,16 @@ class Writer {
 };
 
 }  // namespace
+
+absl::StatusOr<uint64_t> WireBytes(const PageDescriptor& page, serving::ElementType sent) {
+  const auto have = static_cast<uint64_t>(serving::ElementBytes(page.element));
+  if (!serving::IsElementType(static_cast<uint64_t>(sent)) || page.bytes % have != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a page of ", page.bytes, " bytes of ", serving::ElementTypeName(page.element),
+                     " cannot be sent as element type ", static_cast<uint32_t>(sent)));
+  }
+  return page.bytes / have * static_cast<uint64_t>(serving::ElementBytes(sent));
+}
 
 uint64_t Ticket::total_bytes() const {
   uint64_t total = 0;
@@ -54,6 +64,7 @@ std::vector<std::byte> EncodeTicket(const Ticket& ticket) {
     w.Put(page.token_begin, 4);
     w.Put(page.token_end, 4);
     w.Put(page.bytes, 8);
+    w.Put(static_cast<uint16_t>(page.element), 4);
   }
   w.PutBytes(ticket.worker_address);
   return w.Take();
@@ -86,6 +97,12 @@ absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes) {
     page.token_begin = static_cast<uint32_t>(LoadLe(bytes, at + 8, 4));
     page.token_end = static_cast<uint32_t>(LoadLe(bytes, at + 12, 4));
     page.bytes = LoadLe(bytes, at + 16, 8);
+    const uint64_t element = LoadLe(bytes, at + 24, 4);
+    if (!serving::IsElementType(element)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transfer ticket names unknown element type ", element));
+    }
+    page.element = static_cast<serving::ElementType>(element);
     at += kDescriptorBytes;
   }
   ticket.worker_address.assign(bytes.begin() + at, bytes.end());

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kvtransfer/wire_kind.h"
+#include "serving/element_type.h"
 
 namespace pdserve::kv {
 
@@ -24,10 +25,17 @@ struct PageDescriptor {
   uint32_t page_index = 0;
   uint32_t token_begin = 0;  // Token range [token_begin, token_end) of the page's rows.
   uint32_t token_end = 0;
-  uint64_t bytes = 0;  // Payload size; the sender's page must match exactly.
+  // Size of the receiver's page, whose values are `element`s. A sender whose page holds another
+  // element type sends WireBytes(descriptor, its type) bytes, which the receiver converts.
+  uint64_t bytes = 0;
+  serving::ElementType element = serving::ElementType::kFloat32;
 
   bool operator==(const PageDescriptor&) const = default;
 };
+
+// The payload size of `page` sent with `sent` elements (the same values, another element size).
+// InvalidArgument when `sent` is unknown or the page's bytes are not whole elements.
+absl::StatusOr<uint64_t> WireBytes(const PageDescriptor& page, serving::ElementType sent);
 
 struct Ticket {
   uint64_t ticket_id = 0;

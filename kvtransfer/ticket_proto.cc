@@ -25,6 +25,7 @@ v1::TransferTicket TicketToProto(const Ticket& ticket) {
     out->set_token_begin(page.token_begin);
     out->set_token_end(page.token_end);
     out->set_bytes(page.bytes);
+    out->set_element(static_cast<uint32_t>(page.element));
   }
   proto.set_lease_deadline_unix_ms(absl::ToUnixMillis(ticket.lease_deadline));
   proto.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(ticket.heartbeat_interval));
@@ -51,11 +52,16 @@ absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
                                                      page.token_begin(), ", ", page.token_end(),
                                                      ")"));
     }
+    if (!serving::IsElementType(page.element())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ticket page ", i, " has unknown element type ", page.element()));
+    }
     ticket.pages.push_back({.layer = page.layer(),
                             .page_index = page.page_index(),
                             .token_begin = page.token_begin(),
                             .token_end = page.token_end(),
-                            .bytes = page.bytes()});
+                            .bytes = page.bytes(),
+                            .element = static_cast<serving::ElementType>(page.element())});
   }
   if (proto.heartbeat_interval_ms() < 0) {
     return absl::InvalidArgumentError("negative heartbeat interval");

@@ -26,7 +26,8 @@ absl::Status Add(const serving::StateLayout& layout, const serving::PageTable& t
                    .page_index = static_cast<uint32_t>(page),
                    .token_begin = static_cast<uint32_t>(begin),
                    .token_end = static_cast<uint32_t>(end),
-                   .bytes = static_cast<uint64_t>(layout.Kind(kind).page_bytes())}});
+                   .bytes = static_cast<uint64_t>(layout.Kind(kind).page_bytes()),
+                   .element = layout.Element(kind)}});
   return absl::OkStatus();
 }
 

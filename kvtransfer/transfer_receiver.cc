@@ -14,6 +14,10 @@ struct TransferReceiver::Entry {
   std::vector<std::span<std::byte>> destinations;
   std::vector<Slot> slots;
   std::vector<uint64_t> header_checksums;
+  // Per slot: the element type the page arrived in, and, when it differs from the destination's,
+  // the buffer it lands in before it is checksummed and converted (freed after).
+  std::vector<serving::ElementType> wire_elements;
+  std::vector<std::vector<std::byte>> converting;
   size_t landed = 0;
   int landings_in_flight = 0;
   TransferState state = TransferState::kReceiving;
@@ -92,6 +96,8 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
   entry->destinations = std::move(spec.destinations);
   entry->slots.assign(ticket.pages.size(), Entry::Slot::kEmpty);
   entry->header_checksums.assign(ticket.pages.size(), 0);
+  entry->wire_elements.assign(ticket.pages.size(), serving::ElementType::kFloat32);
+  entry->converting.resize(ticket.pages.size());
   Ticket result = ticket;
   entries_[result.ticket_id] = std::move(entry);
   return result;
@@ -239,17 +245,22 @@ absl::Status TransferReceiver::CheckPage(const Entry& entry, const PageHeader& h
         IsolationError::kHeader,
         absl::StrCat(where, " is beyond the ticket's ", ticket.pages.size(), " pages"));
   }
-  if (const PageDescriptor& page = ticket.pages[header.slot];
-      page.layer != header.layer || page.page_index != header.page_index ||
-      page.token_begin != header.token_begin || page.token_end != header.token_end ||
-      page.bytes != length) {
+  // The payload holds the sender's element type (the header's); its size is the slot's page in
+  // that type. An element type the page cannot be converted from counts as a size mismatch.
+  const PageDescriptor& page = ticket.pages[header.slot];
+  const absl::StatusOr<uint64_t> wire = WireBytes(page, header.element);
+  if (page.layer != header.layer || page.page_index != header.page_index ||
+      page.token_begin != header.token_begin || page.token_end != header.token_end || !wire.ok() ||
+      *wire != length) {
     return MakeIsolationError(
         IsolationError::kHeader,
         absl::StrCat(where, " names layer ", header.layer, " page ", header.page_index, " tokens [",
-                     header.token_begin, ", ", header.token_end, ") with ", length,
-                     " bytes; the ticket says layer ", page.layer, " page ", page.page_index,
-                     " tokens [", page.token_begin, ", ", page.token_end, ") with ", page.bytes,
-                     " bytes"));
+                     header.token_begin, ", ", header.token_end, ") with ", length, " bytes of ",
+                     serving::ElementTypeName(header.element), "; the ticket says layer ",
+                     page.layer, " page ", page.page_index, " tokens [", page.token_begin, ", ",
+                     page.token_end, ") with ", wire.ok() ? *wire : page.bytes, " bytes of ",
+                     serving::ElementTypeName(header.element), " (", page.bytes, " of ",
+                     serving::ElementTypeName(page.element), ")"));
   }
   if (entry.slots[header.slot] != Entry::Slot::kEmpty) {
     return MakeIsolationError(IsolationError::kDuplicate,
@@ -279,8 +290,15 @@ std::optional<LandingTarget> TransferReceiver::OnPageHeader(std::span<const std:
   entry->slots[header.slot] = Entry::Slot::kLanding;
   entry->header_checksums[header.slot] = header.payload_xxh3;
   if (entry->first_page_at == absl::InfinitePast()) entry->first_page_at = clock_.Now();
+  entry->wire_elements[header.slot] = header.element;
   ++entry->landings_in_flight;
-  return LandingTarget{entry->destinations[header.slot], entry->ticket.ticket_id, header.slot};
+  std::span<std::byte> target = entry->destinations[header.slot];
+  if (header.element != entry->ticket.pages[header.slot].element) {
+    std::vector<std::byte>& buffer = entry->converting[header.slot];
+    buffer.resize(length);
+    target = buffer;
+  }
+  return LandingTarget{target, entry->ticket.ticket_id, header.slot};
 }
 
 void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) {
@@ -289,6 +307,11 @@ void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Sta
   if (found == entries_.end()) return;  // Unreachable: entries with landings are never erased.
   Entry& entry = *found->second;
   --entry.landings_in_flight;
+  // A page in another element type landed in its conversion buffer; it reaches the destination
+  // only converted, and only once its checksum (over the bytes sent) matched.
+  std::vector<std::byte> converting = std::move(entry.converting[slot]);
+  entry.converting[slot] = {};
+  const bool convert = entry.wire_elements[slot] != entry.ticket.pages[slot].element;
   if (!status.ok()) {
     // The sender vanished mid-page; the page stays empty and the lease decides.
     entry.slots[slot] = Entry::Slot::kEmpty;
@@ -297,9 +320,15 @@ void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Sta
   entry.slots[slot] = Entry::Slot::kLanded;
   ++entry.landed;
   ++stats_.pages_landed;
-  stats_.bytes_landed += entry.destinations[slot].size();
+  const std::span<const std::byte> landed =
+      convert ? std::span<const std::byte>(converting) : entry.destinations[slot];
+  stats_.bytes_landed += landed.size();
   if (entry.state != TransferState::kReceiving) return;
-  const uint64_t actual = PayloadChecksum(entry.destinations[slot]);
+  const uint64_t actual = PayloadChecksum(landed);
+  if (convert && actual == entry.header_checksums[slot]) {
+    serving::ConvertElements(landed, entry.wire_elements[slot], entry.destinations[slot],
+                             entry.ticket.pages[slot].element);
+  }
   if (actual != entry.header_checksums[slot]) {
     const PageDescriptor& page = entry.ticket.pages[slot];
     FailEntry(entry,

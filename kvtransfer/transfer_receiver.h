@@ -89,7 +89,7 @@ struct TransferOutcome {
 
 struct ReceiverStats {
   uint64_t pages_landed = 0;
-  uint64_t bytes_landed = 0;
+  uint64_t bytes_landed = 0;    // Payload bytes as sent (before any element conversion).
   uint64_t stray_messages = 0;  // Messages for no known ticket or request (dropped).
   std::map<IsolationError, uint64_t> isolation_errors;
   size_t tickets_held = 0;  // Failed, aborted or abandoned tickets whose pages are not released.

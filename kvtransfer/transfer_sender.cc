@@ -27,17 +27,16 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 }  // namespace
 
 Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions options,
-                   Ticket ticket, PeerId peer, std::vector<std::span<const std::byte>> pages)
+                   Ticket ticket, PeerId peer, std::vector<SourcePage> pages)
     : transport_(transport),
       clock_(clock),
       options_(options),
       ticket_(std::move(ticket)),
       peer_(peer),
-      pages_(std::move(pages)),
-      checksums_(pages_.size(), 0),
-      page_ops_(pages_.size()),
-      page_queued_(pages_.size(), false),
-      page_done_(pages_.size(), false),
+      checksums_(pages.size(), 0),
+      page_ops_(pages.size()),
+      page_queued_(pages.size(), false),
+      page_done_(pages.size(), false),
       next_heartbeat_(clock_.Now()),  // the first Poll renews the lease at once
       lease_length_(ticket_.lease_deadline - clock_.Now()),
       lease_deadline_(ticket_.lease_deadline) {
@@ -46,6 +45,10 @@ Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions o
                            .ticket_id = ticket_.ticket_id,
                            .epoch = ticket_.epoch};
   heartbeat_bytes_ = EncodeControl(heartbeat);
+  for (const SourcePage& page : pages) {
+    pages_.push_back(page.bytes);
+    elements_.push_back(page.element);
+  }
 }
 
 Transfer::~Transfer() {
@@ -96,6 +99,7 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
                           .page_index = page.page_index,
                           .token_begin = page.token_begin,
                           .token_end = page.token_end,
+                          .element = elements_[slot],
                           .payload_xxh3 = checksums_[slot]};
   const auto encoded = EncodePageHeader(header);
   auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
@@ -259,16 +263,30 @@ absl::Status Transfer::Release() {
 
 absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::Prepare(
     const Ticket& ticket, std::vector<std::span<const std::byte>> pages) {
+  std::vector<SourcePage> sources;
+  for (size_t slot = 0; slot < pages.size(); ++slot) {
+    sources.push_back({pages[slot], slot < ticket.pages.size() ? ticket.pages[slot].element
+                                                               : serving::ElementType::kFloat32});
+  }
+  return PrepareWithElements(ticket, std::move(sources));
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
+    const Ticket& ticket, std::vector<SourcePage> pages) {
   if (pages.size() != ticket.pages.size()) {
     return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket.ticket_id, " names ",
                                                    ticket.pages.size(), " pages, got ",
                                                    pages.size(), " sources"));
   }
   for (size_t slot = 0; slot < pages.size(); ++slot) {
-    if (pages[slot].size() != ticket.pages[slot].bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is ", pages[slot].size(),
-                                                     " bytes, the ticket expects ",
-                                                     ticket.pages[slot].bytes));
+    PDSERVE_ASSIGN_OR_RETURN(const uint64_t wire,
+                             WireBytes(ticket.pages[slot], pages[slot].element));
+    if (pages[slot].bytes.size() != wire) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", slot, " is ", pages[slot].bytes.size(), " bytes of ",
+                       serving::ElementTypeName(pages[slot].element), ", the ticket expects ", wire,
+                       " (its page: ", ticket.pages[slot].bytes, " bytes of ",
+                       serving::ElementTypeName(ticket.pages[slot].element), ")"));
     }
   }
   if (clock_.Now() > ticket.lease_deadline) {

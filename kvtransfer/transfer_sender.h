@@ -31,6 +31,14 @@
 
 namespace pdserve::kv {
 
+// One page the sender sends: its bytes and the element type of its values (the sender's storage).
+// A page whose type differs from the ticket descriptor's goes out as is, the header naming its
+// type; the receiver converts (docs/protocol.md, "Element types").
+struct SourcePage {
+  std::span<const std::byte> bytes;
+  serving::ElementType element = serving::ElementType::kFloat32;
+};
+
 struct SenderOptions {
   // Bytes of page payload handed to the transport and not yet completed, at most (at least one
   // page is always allowed). UCX moves data only while the sender polls, so more in flight buys
@@ -76,7 +84,7 @@ class Transfer {
  private:
   friend class TransferSender;
   Transfer(PageTransport& transport, const Clock& clock, SenderOptions options, Ticket ticket,
-           PeerId peer, std::vector<std::span<const std::byte>> pages);
+           PeerId peer, std::vector<SourcePage> pages);
   // Queues `slot` (once); Pump hands queued pages to the transport while the window allows.
   void Queue(uint32_t slot);
   absl::Status Pump();
@@ -94,6 +102,7 @@ class Transfer {
   Ticket ticket_;
   PeerId peer_;
   std::vector<std::span<const std::byte>> pages_;
+  std::vector<serving::ElementType> elements_;  // Index = slot: the pages' element types.
   std::vector<uint64_t> checksums_;
   std::vector<std::unique_ptr<SendOp>> page_ops_;  // Index = slot; null unless in flight.
   std::vector<bool> page_queued_;                  // Posted by the caller (index = slot).
@@ -126,10 +135,14 @@ class TransferSender {
   TransferSender(PageTransport& transport, const Clock& clock, SenderOptions options = {})
       : transport_(transport), clock_(clock), options_(options) {}
 
-  // Connects to the ticket's decode worker and checks the sources against the ticket: one span per
-  // slot, each exactly the descriptor's size. The spans must stay valid until the Transfer ends.
-  // Errors: InvalidArgument (count or size mismatch), DeadlineExceeded (lease already over),
-  // the transport's connect error.
+  // Connects to the ticket's decode worker and checks the sources against the ticket: one page per
+  // slot, each exactly WireBytes(descriptor, its element type). The spans must stay valid until
+  // the Transfer ends. Errors: InvalidArgument (count or size mismatch, an unknown element type),
+  // DeadlineExceeded (lease already over), the transport's connect error.
+  absl::StatusOr<std::unique_ptr<Transfer>> PrepareWithElements(const Ticket& ticket,
+                                                                std::vector<SourcePage> pages);
+  // PrepareWithElements with every page in its descriptor's element type (the descriptor's
+  // bytes exactly).
   absl::StatusOr<std::unique_ptr<Transfer>> Prepare(const Ticket& ticket,
                                                     std::vector<std::span<const std::byte>> pages);
 

@@ -266,7 +266,7 @@ absl::Status PrefillWorker::AwaitTurn(uint64_t id, absl::Time lease_deadline,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::span<const std::byte>>> PrefillWorker::PlanSources(
+absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
     const Admitted& a, serving::RequestId sequence, const serving::PageTable& table) {
   PDSERVE_ASSIGN_OR_RETURN(
       std::vector<kv::PlannedPage> plan,
@@ -277,21 +277,28 @@ absl::StatusOr<std::vector<std::span<const std::byte>>> PrefillWorker::PlanSourc
                      a.prompt_length, " tokens with max_tokens ", a.max_tokens, " has ",
                      plan.size(), " (did Reserve get another prompt length or max_tokens?)"));
   }
-  std::vector<std::span<const std::byte>> sources;
+  // The pages go out in this worker's element type; the ticket's descriptors are the decode
+  // worker's pages, in its own (docs/protocol.md, "Element types"): the same page when the
+  // position and the values' count agree.
+  std::vector<kv::SourcePage> sources;
   for (size_t slot = 0; slot < plan.size(); ++slot) {
-    if (!(plan[slot].descriptor == a.ticket.pages[slot])) {
+    const kv::PageDescriptor& mine = plan[slot].descriptor;
+    const kv::PageDescriptor& theirs = a.ticket.pages[slot];
+    const absl::StatusOr<uint64_t> wire = kv::WireBytes(theirs, mine.element);
+    if (mine.layer != theirs.layer || mine.page_index != theirs.page_index ||
+        mine.token_begin != theirs.token_begin || mine.token_end != theirs.token_end ||
+        !wire.ok() || *wire != mine.bytes) {
       return absl::FailedPreconditionError(
           absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan"));
     }
     PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, plan[slot].handle));
-    sources.push_back(bytes);
+    sources.push_back({bytes, mine.element});
   }
   return sources;
 }
 
 absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
-    const Admitted& a, std::vector<std::span<const std::byte>> sources,
-    kv::FaultInjectingTransport& faulty) {
+    const Admitted& a, std::vector<kv::SourcePage> sources, kv::FaultInjectingTransport& faulty) {
   kv::PageTransport* transport = transport_.get();
   if (options_.faults.Apply(a.id, a.prompt_length, faulty)) {
     spdlog::warn("request {}: TEST-ONLY transfer faults applied", a.id);
@@ -300,7 +307,7 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
   kv::TransferSender sender(*transport, clock_,
                             {.metrics = transfer_metrics_.get(), .path = options_.transfer_path});
   absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared =
-      sender.Prepare(a.ticket, std::move(sources));
+      sender.PrepareWithElements(a.ticket, std::move(sources));
   if (!prepared.ok()) {
     // Prepare says DeadlineExceeded for a ticket whose lease already ended.
     failures_
@@ -451,8 +458,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
   PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table,
                            pool_->Allocate(sequence, model_.layout->Demand(a.total)));
   absl::Cleanup free_table = [this, &table] { pool_->Free(table).IgnoreError(); };
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<std::span<const std::byte>> sources,
-                           PlanSources(a, sequence, table));
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<kv::SourcePage> sources, PlanSources(a, sequence, table));
   kv::FaultInjectingTransport faulty(*transport_, clock_);
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
                            StartTransfer(a, std::move(sources), faulty));

@@ -153,12 +153,14 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::Status AwaitTurn(uint64_t id, absl::Time lease_deadline, const grpc::ServerContext& context)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The pages of `table` in the ticket's slot order, checked against the ticket.
-  absl::StatusOr<std::vector<std::span<const std::byte>>> PlanSources(
-      const Admitted& a, serving::RequestId sequence, const serving::PageTable& table);
+  absl::StatusOr<std::vector<kv::SourcePage>> PlanSources(const Admitted& a,
+                                                          serving::RequestId sequence,
+                                                          const serving::PageTable& table);
   // Connects to the decode worker (through `faulty` when test faults apply); counts a failure.
-  absl::StatusOr<std::unique_ptr<kv::Transfer>> StartTransfer(
-      const Admitted& a, std::vector<std::span<const std::byte>> sources,
-      kv::FaultInjectingTransport& faulty) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  absl::StatusOr<std::unique_ptr<kv::Transfer>> StartTransfer(const Admitted& a,
+                                                              std::vector<kv::SourcePage> sources,
+                                                              kv::FaultInjectingTransport& faulty)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   absl::StatusOr<pdserve::worker::v1::PrefillResponse> PrefillAndSend(
       Admitted& a, const serving::PageTable& table, Sending& sending);
   // OK unless the request was aborted or cancelled or the transfer failed (drives it once).

@@ -13,14 +13,42 @@ using engine::LayerType;
 using serving::StateKind;
 using serving::StateSlot;
 
-void CopyFloats(float* dst, const float* src, int64_t n) {
-  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+// Appends one row of t's width, read from `row` at element offset `at`. An fp32 row is appended
+// straight from the page; a bf16 row is widened through `scratch`.
+void AppendRow(engine::Tensor* t, const PagedState::RowRef& row, int64_t at,
+               std::vector<float>* scratch) {
+  const int64_t width = t->dim(1);
+  if (row.type == serving::ElementType::kFloat32) {
+    engine::AppendRows(t, reinterpret_cast<const float*>(row.data) + at, 1);
+    return;
+  }
+  scratch->resize(static_cast<size_t>(width));
+  row.Get(at, width, scratch->data());
+  engine::AppendRows(t, scratch->data(), 1);
 }
 
 }  // namespace
 
+void PagedState::RowRef::Put(int64_t at, const float* from, int64_t n) const {
+  serving::StoreElements(from, n, type, data + at * serving::ElementBytes(type));
+}
+
+void PagedState::RowRef::PutBf16(int64_t at, const uint16_t* from, int64_t n) const {
+  if (type == serving::ElementType::kBfloat16) {
+    std::memcpy(data + at * 2, from, static_cast<size_t>(n) * sizeof(uint16_t));
+    return;
+  }
+  float* to = reinterpret_cast<float*>(data) + at;
+  for (int64_t i = 0; i < n; ++i) to[i] = serving::Bf16ToFloat(from[i]);
+}
+
+void PagedState::RowRef::Get(int64_t at, int64_t n, float* to) const {
+  serving::LoadElements(data + at * serving::ElementBytes(type), type, n, to);
+}
+
 absl::StatusOr<serving::StateLayout> LayoutForModel(const engine::ModelConfig& config,
-                                                    int64_t entries_per_page) {
+                                                    int64_t entries_per_page,
+                                                    serving::ElementType element) {
   serving::StateDims dims;
   for (LayerType type : config.layer_types) {
     switch (type) {
@@ -40,7 +68,7 @@ absl::StatusOr<serving::StateLayout> LayoutForModel(const engine::ModelConfig& c
   dims.sliding_window = config.sliding_window;
   dims.compress_rate_csa = config.compress_rate_csa;
   dims.compress_rate_hca = config.compress_rate_hca;
-  dims.element_bytes = sizeof(float);
+  dims.element = element;
   dims.entries_per_page = entries_per_page;
   return serving::StateLayout::Create(dims);
 }
@@ -70,8 +98,8 @@ PagedState::PagedState(const engine::ModelConfig& config, const serving::StateLa
   }
 }
 
-absl::StatusOr<float*> PagedState::Row(const SequencePages& pages, StateKind kind,
-                                       StateSlot slot) const {
+absl::StatusOr<PagedState::RowRef> PagedState::Row(const SequencePages& pages, StateKind kind,
+                                                   StateSlot slot) const {
   const std::optional<int32_t> k = layout_.KindIndex(kind);
   if (!k || static_cast<size_t>(*k) >= pages.pages.size() ||
       slot.page >= static_cast<int64_t>(pages.pages[*k].size())) {
@@ -80,7 +108,7 @@ absl::StatusOr<float*> PagedState::Row(const SequencePages& pages, StateKind kin
                                               " tokens)"));
   }
   const int64_t row_bytes = layout_.Kind(kind).row_bytes;
-  return reinterpret_cast<float*>(pages.pages[*k][slot.page].data() + slot.row * row_bytes);
+  return RowRef{pages.pages[*k][slot.page].data() + slot.row * row_bytes, layout_.Element(kind)};
 }
 
 absl::Status PagedState::CheckState(const engine::ModelState& state, int64_t position) const {
@@ -119,9 +147,9 @@ absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls,
   const size_t l = static_cast<size_t>(layer);
   const int64_t first = p - ls.window_kv.dim(0);
   for (int64_t pos = std::max(first, from_position); pos < p; ++pos) {
-    PDSERVE_ASSIGN_OR_RETURN(float* row,
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                              Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, pos)));
-    CopyFloats(row, ls.window_kv.ptr() + (pos - first) * hd, hd);
+    row.Put(0, ls.window_kv.ptr() + (pos - first) * hd, hd);
   }
   const LayerInfo& info = layers_[l];
   if (info.type == LayerType::kSlidingAttention) return absl::OkStatus();
@@ -129,43 +157,116 @@ absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls,
   const int64_t rate = config_.CompressRate(info.type);
   const engine::CompressorState& comp = ls.compressor;
   for (int64_t e = from_position / rate; e < comp.entries.dim(0); ++e) {
-    PDSERVE_ASSIGN_OR_RETURN(float* row,
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                              Row(pages, StateKind::kCompressed,
                                  layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
-    CopyFloats(row, comp.entries.ptr() + e * hd, hd);
+    row.Put(0, comp.entries.ptr() + e * hd, hd);
   }
   const int64_t open_first = p - comp.buffer_kv.dim(0);
   if (!csa) {
     for (int64_t r = 0; r < comp.buffer_kv.dim(0); ++r) {
       PDSERVE_ASSIGN_OR_RETURN(
-          float* row, Row(pages, StateKind::kHcaCompressor, {info.nth, (open_first + r) % rate}));
-      CopyFloats(row, comp.buffer_kv.ptr() + r * hd, hd);
-      CopyFloats(row + hd, comp.buffer_gate.ptr() + r * hd, hd);
+          RowRef row, Row(pages, StateKind::kHcaCompressor, {info.nth, (open_first + r) % rate}));
+      row.Put(0, comp.buffer_kv.ptr() + r * hd, hd);
+      row.Put(hd, comp.buffer_gate.ptr() + r * hd, hd);
     }
     return absl::OkStatus();
   }
   const engine::CompressorState& idx = ls.indexer;
   for (int64_t e = from_position / rate; e < idx.entries.dim(0); ++e) {
-    PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kIndexer,
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kIndexer,
                                              layout_.IndexerSlot(info.nth, e, total_tokens_)));
-    CopyFloats(row, idx.entries.ptr() + e * ihd, ihd);
+    row.Put(0, idx.entries.ptr() + e * ihd, ihd);
   }
   for (int64_t r = 0; r < comp.buffer_kv.dim(0); ++r) {
     const int64_t slot = (open_first + r) % rate;
-    PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kCsaCompressor, {info.nth, slot}));
-    CopyFloats(row, comp.buffer_kv.ptr() + r * 2 * hd, 2 * hd);
-    CopyFloats(row + 2 * hd, comp.buffer_gate.ptr() + r * 2 * hd, 2 * hd);
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kCsaCompressor, {info.nth, slot}));
+    row.Put(0, comp.buffer_kv.ptr() + r * 2 * hd, 2 * hd);
+    row.Put(2 * hd, comp.buffer_gate.ptr() + r * 2 * hd, 2 * hd);
     PDSERVE_ASSIGN_OR_RETURN(row, Row(pages, StateKind::kCsaCompressor, {info.nth, rate + slot}));
-    CopyFloats(row, idx.buffer_kv.ptr() + r * 2 * ihd, 2 * ihd);
-    CopyFloats(row + 2 * ihd, idx.buffer_gate.ptr() + r * 2 * ihd, 2 * ihd);
+    row.Put(0, idx.buffer_kv.ptr() + r * 2 * ihd, 2 * ihd);
+    row.Put(2 * ihd, idx.buffer_gate.ptr() + r * 2 * ihd, 2 * ihd);
   }
   for (int64_t r = 0; r < comp.overlap_kv.dim(0); ++r) {
-    PDSERVE_ASSIGN_OR_RETURN(float* row,
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                              Row(pages, StateKind::kCsaCompressor, {info.nth, 2 * rate + r}));
-    CopyFloats(row, comp.overlap_kv.ptr() + r * hd, hd);
-    CopyFloats(row + hd, comp.overlap_gate.ptr() + r * hd, hd);
-    CopyFloats(row + 2 * hd, idx.overlap_kv.ptr() + r * ihd, ihd);
-    CopyFloats(row + 2 * hd + ihd, idx.overlap_gate.ptr() + r * ihd, ihd);
+    row.Put(0, comp.overlap_kv.ptr() + r * hd, hd);
+    row.Put(hd, comp.overlap_gate.ptr() + r * hd, hd);
+    row.Put(2 * hd, idx.overlap_kv.ptr() + r * ihd, ihd);
+    row.Put(2 * hd + ihd, idx.overlap_gate.ptr() + r * ihd, ihd);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedState::StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
+                                        const engine::RingLayerBlocks& blocks, int64_t position,
+                                        const SequencePages& pages) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || position < 0 ||
+      position > total_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " at position ", position,
+                                                   " is outside the model or [0, ", total_tokens_,
+                                                   "]"));
+  }
+  const int64_t p = position;
+  const int64_t hd = config_.head_dim;
+  const int64_t ihd = config_.index_head_dim;
+  // Window: the ring's row q % W holds position q; the last min(p, W - 1) positions are kept.
+  for (int64_t q = p - std::min(p, std::max<int64_t>(g.window - 1, 0)); q < p; ++q) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, q)));
+    row.PutBf16(0, blocks.window + q % g.window * hd, hd);
+  }
+  const LayerInfo& info = layers_[static_cast<size_t>(layer)];
+  if (info.type == LayerType::kSlidingAttention) return absl::OkStatus();
+  const bool csa = info.type == LayerType::kCompressedSparseAttention;
+  const int64_t rate = config_.CompressRate(info.type);
+  const engine::RingCompressorGeometry& cg = g.compressor;
+  for (int64_t e = 0; e < p / rate; ++e) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kCompressed,
+                                 layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
+    row.PutBf16(0, blocks.compressor.entries + e * hd, hd);
+  }
+  // Ring row of position q: q % 2m, `width` floats; the open window is positions
+  // p - p % m .. p - 1, the overlap (CSA, p >= m) columns [0, dim) of the window before it.
+  const int64_t open_first = p / rate * rate;
+  auto ring = [](const float* block, const engine::RingCompressorGeometry& c, int64_t q) {
+    return block + q % (2 * c.rate) * c.width();
+  };
+  if (!csa) {
+    for (int64_t q = open_first; q < p; ++q) {
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                               Row(pages, StateKind::kHcaCompressor, {info.nth, q % rate}));
+      row.Put(0, ring(blocks.compressor.ring_kv, cg, q), hd);
+      row.Put(hd, ring(blocks.compressor.ring_gate, cg, q), hd);
+    }
+    return absl::OkStatus();
+  }
+  const engine::RingCompressorGeometry& ig = g.indexer;
+  for (int64_t e = 0; e < p / rate; ++e) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kIndexer,
+                                             layout_.IndexerSlot(info.nth, e, total_tokens_)));
+    row.PutBf16(0, blocks.indexer.entries + e * ihd, ihd);
+  }
+  for (int64_t q = open_first; q < p; ++q) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, q % rate}));
+    row.Put(0, ring(blocks.compressor.ring_kv, cg, q), 2 * hd);
+    row.Put(2 * hd, ring(blocks.compressor.ring_gate, cg, q), 2 * hd);
+    PDSERVE_ASSIGN_OR_RETURN(row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, rate + q % rate}));
+    row.Put(0, ring(blocks.indexer.ring_kv, ig, q), 2 * ihd);
+    row.Put(2 * ihd, ring(blocks.indexer.ring_gate, ig, q), 2 * ihd);
+  }
+  if (!cg.overlapping || p < rate) return absl::OkStatus();
+  for (int64_t r = 0; r < rate; ++r) {
+    const int64_t q = open_first - rate + r;
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, 2 * rate + r}));
+    row.Put(0, ring(blocks.compressor.ring_kv, cg, q), hd);
+    row.Put(hd, ring(blocks.compressor.ring_gate, cg, q), hd);
+    row.Put(2 * hd, ring(blocks.indexer.ring_kv, ig, q), ihd);
+    row.Put(2 * hd + ihd, ring(blocks.indexer.ring_gate, ig, q), ihd);
   }
   return absl::OkStatus();
 }
@@ -178,15 +279,15 @@ absl::Status PagedState::Load(int64_t position, const SequencePages& pages,
   }
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
-  std::vector<float> scratch(static_cast<size_t>(4 * hd));
+  std::vector<float> scratch;
   for (size_t l = 0; l < layers_.size(); ++l) {
     engine::LayerState& ls = state->layers[l];
     const int64_t window_rows =
         std::min(position, std::max<int64_t>(config_.sliding_window - 1, 0));
     for (int64_t pos = position - window_rows; pos < position; ++pos) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kWindow,
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kWindow,
                                                layout_.WindowSlot(static_cast<int64_t>(l), pos)));
-      engine::AppendRows(&ls.window_kv, row, 1);
+      AppendRow(&ls.window_kv, row, 0, &scratch);
     }
     const LayerInfo& info = layers_[l];
     if (info.type == LayerType::kSlidingAttention) continue;
@@ -194,45 +295,45 @@ absl::Status PagedState::Load(int64_t position, const SequencePages& pages,
     const int64_t rate = config_.CompressRate(info.type);
     engine::CompressorState& comp = ls.compressor;
     for (int64_t e = 0; e < position / rate; ++e) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row,
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                                Row(pages, StateKind::kCompressed,
                                    layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
-      engine::AppendRows(&comp.entries, row, 1);
+      AppendRow(&comp.entries, row, 0, &scratch);
     }
     const int64_t open_first = position - position % rate;
     if (!csa) {
       for (int64_t pos = open_first; pos < position; ++pos) {
-        PDSERVE_ASSIGN_OR_RETURN(float* row,
+        PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                                  Row(pages, StateKind::kHcaCompressor, {info.nth, pos % rate}));
-        engine::AppendRows(&comp.buffer_kv, row, 1);
-        engine::AppendRows(&comp.buffer_gate, row + hd, 1);
+        AppendRow(&comp.buffer_kv, row, 0, &scratch);
+        AppendRow(&comp.buffer_gate, row, hd, &scratch);
       }
       continue;
     }
     engine::CompressorState& idx = ls.indexer;
     for (int64_t e = 0; e < position / rate; ++e) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row, Row(pages, StateKind::kIndexer,
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kIndexer,
                                                layout_.IndexerSlot(info.nth, e, total_tokens_)));
-      engine::AppendRows(&idx.entries, row, 1);
+      AppendRow(&idx.entries, row, 0, &scratch);
     }
     for (int64_t pos = open_first; pos < position; ++pos) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row,
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                                Row(pages, StateKind::kCsaCompressor, {info.nth, pos % rate}));
-      engine::AppendRows(&comp.buffer_kv, row, 1);
-      engine::AppendRows(&comp.buffer_gate, row + 2 * hd, 1);
+      AppendRow(&comp.buffer_kv, row, 0, &scratch);
+      AppendRow(&comp.buffer_gate, row, 2 * hd, &scratch);
       PDSERVE_ASSIGN_OR_RETURN(
           row, Row(pages, StateKind::kCsaCompressor, {info.nth, rate + pos % rate}));
-      engine::AppendRows(&idx.buffer_kv, row, 1);
-      engine::AppendRows(&idx.buffer_gate, row + 2 * ihd, 1);
+      AppendRow(&idx.buffer_kv, row, 0, &scratch);
+      AppendRow(&idx.buffer_gate, row, 2 * ihd, &scratch);
     }
     if (position < rate) continue;
     for (int64_t r = 0; r < rate; ++r) {
-      PDSERVE_ASSIGN_OR_RETURN(float* row,
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                                Row(pages, StateKind::kCsaCompressor, {info.nth, 2 * rate + r}));
-      engine::AppendRows(&comp.overlap_kv, row, 1);
-      engine::AppendRows(&comp.overlap_gate, row + hd, 1);
-      engine::AppendRows(&idx.overlap_kv, row + 2 * hd, 1);
-      engine::AppendRows(&idx.overlap_gate, row + 2 * hd + ihd, 1);
+      AppendRow(&comp.overlap_kv, row, 0, &scratch);
+      AppendRow(&comp.overlap_gate, row, hd, &scratch);
+      AppendRow(&idx.overlap_kv, row, 2 * hd, &scratch);
+      AppendRow(&idx.overlap_gate, row, 2 * hd + ihd, &scratch);
     }
   }
   state->position = position;

@@ -7,7 +7,7 @@
 // (Store). Both are exact float32 copies, so a state rebuilt from pages continues a sequence bit
 // for bit as the in-memory state would. Tools that need no pool keep using ModelState directly.
 //
-// Page contents (float32 on the CPU backend; W = sliding_window, D = head_dim, I = index_head_dim,
+// Page contents (W = sliding_window, D = head_dim, I = index_head_dim,
 // m / m' = CSA / HCA compression rate, p = tokens consumed):
 //   window page of layer l (every layer): row (pos % W) holds the K=V row of token pos, for the
 //     last min(p, W - 1) positions;
@@ -17,7 +17,11 @@
 //     pos % m == r, [kv 2D | gate 2D]; row m + r: the indexer's open window row [kv 2I | gate 2I];
 //     row 2m + r (once p >= m): overlap row r [kv D | gate D | indexer kv I | indexer gate I];
 //   hca_compressor page (m' rows of 2D floats): row pos % m' holds [kv D | gate D].
-// Unused row tails are left as they were (poison in debug builds).
+// Unused row tails are left as they were (poison in debug builds). Element types: the layout's
+// (serving::StateLayout::Element): window, compressed and indexer rows in dims().element (fp32 for
+// the CPU engine, bf16 for the CUDA engine: Store rounds to nearest even, Load widens exactly),
+// compressor rows always fp32. A bf16 layout's Store/Load round trip is exact for values that are
+// already bf16 (what the CUDA engine's state holds).
 //
 // Thread-safety: a PagedState is immutable and may be shared; Load / Store on one sequence's pages
 // must not run concurrently with another access to the same pages.
@@ -31,16 +35,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/ring_state.h"
 #include "engine/state.h"
 #include "serving/page_pool.h"
 #include "serving/state_layout.h"
 
 namespace pdserve::runtime {
 
-// StateDims for `config` with fp32 elements (the CPU backend). InvalidArgument from
-// StateLayout::Create for an unusable config.
-absl::StatusOr<serving::StateLayout> LayoutForModel(const engine::ModelConfig& config,
-                                                    int64_t entries_per_page = 64);
+// StateDims for `config` with `element` rows (fp32: the CPU backend's storage; bf16: the CUDA
+// backend's, StorageElement). InvalidArgument from StateLayout::Create for an unusable config.
+absl::StatusOr<serving::StateLayout> LayoutForModel(
+    const engine::ModelConfig& config, int64_t entries_per_page = 64,
+    serving::ElementType element = serving::ElementType::kFloat32);
+
+// The element type an engine stores its state in, and so the pages it writes and reads:
+// fp32 for the CPU engine, bf16 for the CUDA engine (`cuda` true).
+inline serving::ElementType StorageElement(bool cuda) {
+  return cuda ? serving::ElementType::kBfloat16 : serving::ElementType::kFloat32;
+}
 
 // One sequence's pages as writable byte spans: pages[kind][i] is PageTable::pages[kind][i]'s bytes.
 struct SequencePages {
@@ -52,6 +64,18 @@ absl::StatusOr<SequencePages> MapPages(serving::PagePool& pool, const serving::P
 
 class PagedState {
  public:
+  // One row of a page: its bytes and element type (what Store / Load go through).
+  struct RowRef {
+    std::byte* data = nullptr;
+    serving::ElementType type = serving::ElementType::kFloat32;
+    // Writes n floats at element offset `at` (rounded to bf16 for a bf16 row).
+    void Put(int64_t at, const float* from, int64_t n) const;
+    // Reads n elements from element offset `at` as floats into `to`.
+    void Get(int64_t at, int64_t n, float* to) const;
+    // Writes n bf16 values (bit patterns) at element offset `at` (widened for an fp32 row).
+    void PutBf16(int64_t at, const uint16_t* from, int64_t n) const;
+  };
+
   // `config` and `layout` (from LayoutForModel(config)) must outlive this object. `total_tokens` is
   // the sequence's prompt + max_tokens, which fixes how many entry pages each layer has.
   PagedState(const engine::ModelConfig& config, const serving::StateLayout& layout,
@@ -70,6 +94,17 @@ class PagedState {
   absl::Status StoreLayer(int64_t layer, const engine::LayerState& layer_state, int64_t position,
                           int64_t from_position, const SequencePages& pages) const;
 
+  // StoreLayer of a fresh sequence (from position 0) straight from layer `layer`'s blocks as the
+  // CUDA engine stores them (engine/ring_state.h: bf16 window ring and entries, fp32 compressor
+  // rings; a pinned copy made by engine::gpu::StateStaging): the same page bytes as
+  // StoreLayer(layer, LayerStateFromRingBlocks(geometry, blocks, position), position, 0, pages),
+  // without the fp32 state in between (bf16 rows of a bf16 layout are copied as they are).
+  // REQUIRES: `geometry` is this model's layer `layer` (engine::RingGeometryFor) and the blocks
+  // hold its sizes, entries rows 0 .. position / m - 1 at least. Errors as StoreLayer.
+  absl::Status StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& geometry,
+                              const engine::RingLayerBlocks& blocks, int64_t position,
+                              const SequencePages& pages) const;
+
   // Rebuilds the state after `position` tokens into `state`, which must be a fresh
   // Model::NewState() (its tensors give the column counts). Errors as Store.
   absl::Status Load(int64_t position, const SequencePages& pages, engine::ModelState* state) const;
@@ -79,7 +114,7 @@ class PagedState {
     engine::LayerType type;
     int64_t nth = 0;  // index among the layers of its type (CSA or HCA)
   };
-  absl::StatusOr<float*> Row(const SequencePages& pages, serving::StateKind kind,
+  absl::StatusOr<RowRef> Row(const SequencePages& pages, serving::StateKind kind,
                              serving::StateSlot slot) const;
   absl::Status CheckState(const engine::ModelState& state, int64_t position) const;
 

@@ -84,13 +84,15 @@ absl::Status EngineStepRunner::RunCanary(const Sequence& seq, std::span<const fl
   std::vector<int32_t> tokens = seq.setup.prompt;
   const std::vector<int32_t>& generated = seq.progress.generated;
   tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);
+  const double tolerance =
+      options_.canary_tolerance > 0 ? options_.canary_tolerance : guards::kCanaryTolerance;
   PDSERVE_ASSIGN_OR_RETURN(guards::CanaryResult result,
-                           guards::CheckLastTokenLogits(model_, tokens, last));
+                           guards::CheckLastTokenLogits(model_, tokens, last, tolerance));
   ++canary_checks_;
   if (result.pass) return absl::OkStatus();
   ++canary_mismatches_;
   absl::Status mismatch = guards::CanaryMismatchError(
-      absl::StrCat("sequence ", seq.id, " at position ", tokens.size()), result);
+      absl::StrCat("sequence ", seq.id, " at position ", tokens.size()), result, tolerance);
   spdlog::error("{}", std::string(mismatch.message()));
   return mismatch;
 }

@@ -95,12 +95,20 @@ struct RunnerOptions {
   // PDSERVE_HOST_SAMPLER=1 when the runner is created, copies every decode row's fp32 logits to
   // the host and samples there with serving::RequestSampler (the A/B fallback).
   bool gpu_sampling = true;
+  // Some sequences may be canary choices (SequenceSetup::canary; the colocated service and the
+  // decode worker set it when canary_every > 0). The CUDA runner then holds one state slot per
+  // rank back for the canary's recompute, so it serves one sequence less per rank (its factory,
+  // runtime/cuda/gpu_backend.h, allocates one slot more per rank for it).
+  bool canary = false;
+  // The canary's bound on max|diff| / max|ref|; 0: the backend's own (guards::kCanaryTolerance
+  // on the CPU engine, guards::kGpuCanaryTolerance on CUDA). `pdserve serve --canary-tolerance`.
+  double canary_tolerance = 0;
 };
 
 // Guard counters since the runner started (monotonic).
 struct GuardCounts {
   int64_t canary_checks = 0;      // choices whose last-token logits were recomputed
-  int64_t canary_mismatches = 0;  // ... and differed beyond guards::kCanaryTolerance
+  int64_t canary_mismatches = 0;  // ... and differed beyond the canary's tolerance
   int64_t isolation_errors = 0;   // paranoid page checks that failed
 };
 

@@ -53,7 +53,6 @@ absl::StatusOr<StateLayout> StateLayout::Create(const StateDims& dims) {
                                     {"sliding_window", dims.sliding_window},
                                     {"compress_rate_csa", dims.compress_rate_csa},
                                     {"compress_rate_hca", dims.compress_rate_hca},
-                                    {"element_bytes", dims.element_bytes},
                                     {"entries_per_page", dims.entries_per_page}}) {
     if (value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, " must be positive, got ", value));
@@ -64,8 +63,11 @@ absl::StatusOr<StateLayout> StateLayout::Create(const StateDims& dims) {
         absl::StrCat("index_head_dim (", dims.index_head_dim, ") must not exceed head_dim (",
                      dims.head_dim, "): indexer buffers share the CSA compressor page's rows"));
   }
-  if ((dims.head_dim * dims.element_bytes) % 4 != 0 ||
-      (dims.index_head_dim * dims.element_bytes) % 4 != 0) {
+  if (!IsElementType(static_cast<uint64_t>(dims.element))) {
+    return absl::InvalidArgumentError("unknown state element type");
+  }
+  const int64_t element_bytes = ElementBytes(dims.element);
+  if ((dims.head_dim * element_bytes) % 4 != 0 || (dims.index_head_dim * element_bytes) % 4 != 0) {
     return absl::InvalidArgumentError(
         "head_dim and index_head_dim rows must be multiples of 4 bytes");
   }
@@ -83,8 +85,14 @@ StateLayout::StateLayout(const StateDims& dims) : dims_(dims) {
   }
 }
 
+ElementType StateLayout::Element(StateKind kind) const {
+  return kind == StateKind::kCsaCompressor || kind == StateKind::kHcaCompressor
+             ? ElementType::kFloat32
+             : dims_.element;
+}
+
 PageKind StateLayout::Kind(StateKind kind) const {
-  const int64_t d = dims_.head_dim * dims_.element_bytes;
+  const int64_t d = dims_.head_dim * ElementBytes(Element(kind));
   switch (kind) {
     case StateKind::kWindow:
       return {StateKindName(kind), 0, dims_.sliding_window, d};
@@ -92,7 +100,7 @@ PageKind StateLayout::Kind(StateKind kind) const {
       return {StateKindName(kind), 0, dims_.entries_per_page, d};
     case StateKind::kIndexer:
       return {StateKindName(kind), 0, dims_.entries_per_page,
-              dims_.index_head_dim * dims_.element_bytes};
+              dims_.index_head_dim * ElementBytes(Element(kind))};
     case StateKind::kCsaCompressor:
       // Rows are 4D wide: m open-window rows [kv 2D | gate 2D], m indexer open-window rows
       // [kv 2I | gate 2I], m overlap rows [Ca kv D | Ca gate D | indexer Ca kv I | Ca gate I].

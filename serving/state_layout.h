@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "serving/element_type.h"
 #include "serving/page_pool.h"
 
 namespace pdserve::serving {
@@ -34,7 +35,10 @@ struct StateDims {
   int64_t sliding_window = 0;
   int64_t compress_rate_csa = 0;
   int64_t compress_rate_hca = 0;
-  int64_t element_bytes = 4;      // 4: fp32 (CPU backend); 2: bf16 (CUDA backend)
+  // Element type of the window rows, compressed entries and indexer keys: the producing engine's
+  // storage (fp32 on the CPU backend, bf16 on the CUDA backend). The compressor pages always hold
+  // fp32: both engines keep the compressors' open-window buffers in fp32.
+  ElementType element = ElementType::kFloat32;
   int64_t entries_per_page = 64;  // compressed entries / indexer keys per page
 };
 
@@ -76,6 +80,8 @@ class StateLayout {
   // The page kind of `kind` in PoolOptions' order; absent when the model has no layer using it.
   std::optional<int32_t> KindIndex(StateKind kind) const { return kind_index_[Index(kind)]; }
   PageKind Kind(StateKind kind) const;
+  // The element type of `kind`'s rows (dims().element, or fp32 for the compressor kinds).
+  ElementType Element(StateKind kind) const;
 
   // Pool kinds for up to `max_sequences` sequences holding `token_capacity` tokens in total
   // (per-layer fixed pages for every sequence, entry pages for the tokens plus one partial page

@@ -29,7 +29,11 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
   if (w.eos_ids.empty()) {
     for (int64_t id : config.eos_token_ids) w.eos_ids.push_back(static_cast<int32_t>(id));
   }
-  PDSERVE_ASSIGN_OR_RETURN(serving::StateLayout layout, runtime::LayoutForModel(config));
+  // Pages hold the engine's own storage type: fp32 for the CPU engine, bf16 for the CUDA engine
+  // (what travels on the wire; docs/protocol.md, "Element types").
+  PDSERVE_ASSIGN_OR_RETURN(
+      serving::StateLayout layout,
+      runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/!cpu_engine)));
   w.layout = std::make_unique<serving::StateLayout>(layout);
   w.layers = LayerAttentions(config);
   if (std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/ring_state.h"
+#include "engine/state.h"
 
 namespace pdserve::bench {
 
@@ -27,6 +29,30 @@ inline engine::ModelConfig FlashShapes(int64_t layers, int64_t vocab) {
                                        : engine::MlpLayerType::kMoe);
   }
   return c;
+}
+
+// A random state of `config` at `position` tokens in the CUDA engine's ring layout for a slot of
+// `max_context` tokens (entry pages of 64): every ring value in [-1, 1), drawn from `seed`.
+inline engine::ModelState RandomRingState(const engine::ModelConfig& config, int64_t max_context,
+                                          int64_t position, uint64_t seed = 88172645463325252ull) {
+  const engine::RingGeometry geometry = engine::RingGeometryFor(config, max_context, 64);
+  engine::RingImage image = engine::NewRingImage(geometry);
+  image.position = position;
+  uint64_t x = seed;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return static_cast<float>(x >> 40) / static_cast<float>(1 << 23) - 1.0f;
+  };
+  for (engine::RingLayerImage& l : image.layers) {
+    for (std::vector<float>* v :
+         {&l.window, &l.compressor.ring_kv, &l.compressor.ring_gate, &l.compressor.entries,
+          &l.indexer.ring_kv, &l.indexer.ring_gate, &l.indexer.entries}) {
+      for (float& f : *v) f = next();
+    }
+  }
+  return *engine::StateFromRingImage(geometry, image);
 }
 
 inline double Seconds(Clock::time_point from) {

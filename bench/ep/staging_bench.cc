@@ -204,29 +204,6 @@ absl::Status Bundled(const Flags& flags) {
   return Measure(flags.model, *gpu, flags);
 }
 
-// A random state at `position` tokens in the CUDA layout: every ring value in [-1, 1).
-engine::ModelState RandomState(const GpuModel& gpu, int64_t position) {
-  const engine::RingGeometry geometry =
-      engine::RingGeometryFor(gpu.config(), gpu.max_context(), 64);
-  engine::RingImage image = engine::NewRingImage(geometry);
-  image.position = position;
-  uint64_t x = 88172645463325252ull;
-  auto next = [&x] {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return static_cast<float>(x >> 40) / static_cast<float>(1 << 23) - 1.0f;
-  };
-  for (engine::RingLayerImage& l : image.layers) {
-    for (std::vector<float>* v :
-         {&l.window, &l.compressor.ring_kv, &l.compressor.ring_gate, &l.compressor.entries,
-          &l.indexer.ring_kv, &l.indexer.ring_gate, &l.indexer.entries}) {
-      for (float& f : *v) f = next();
-    }
-  }
-  return *engine::StateFromRingImage(geometry, image);
-}
-
 absl::Status RandomModel(const Flags& flags) {
   engine::ModelConfig config = FlashShapes(flags.random_layers, 32768);
   config.n_routed_experts = 8;
@@ -246,7 +223,7 @@ absl::Status RandomModel(const Flags& flags) {
   std::vector<std::string> imports;
   for (absl::string_view p : absl::StrSplit(flags.positions, ',')) {
     const int64_t position = std::stoll(std::string(p));
-    const engine::ModelState state = RandomState(*gpu, position);
+    const engine::ModelState state = RandomRingState(gpu->config(), gpu->max_context(), position);
     PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state));
     PDSERVE_RETURN_IF_ERROR(Measure("V4-Flash attention shapes, random state", *gpu, flags));
     std::vector<double> plain, staged;

@@ -297,6 +297,12 @@ absl::Status GpuModel::Impl::FastIndexer(Layer& layer, int64_t rows) {
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.index_head_dim));
   PDSERVE_CUDA_RETURN(kc::lightning_indexer(p, c.index_topk, idx_scores.get(), idx_visible.get(),
                                             picks.get(), stream));
+  if (options.test_lowest_score_indexer) {
+    // TEST ONLY (GpuModelOptions): the top-k of the negated scores, the lowest-scoring entries.
+    PDSERVE_CUDA_RETURN(Scale(idx_scores.get(), rows * ic.capacity, -1.0f, stream));
+    PDSERVE_CUDA_RETURN(kc::top_k(idx_scores.get(), rows, ic.capacity, idx_visible.get(),
+                                  c.index_topk, picks.get(), stream));
+  }
   return absl::OkStatus();
 }
 

@@ -94,6 +94,16 @@ struct GpuModelOptions {
   // select once this engine serves; tests compare the two).
   bool fixed_shape_attention = true;
   bool fixed_shape_indexer = true;
+  // TEST ONLY (false in every deployment): a deliberately wrong fixed-shape decode indexer, the
+  // CUDA engine's PDSERVE_TEST_SCRAMBLE_INDEXER (engine/model_options.h, docs/guards.md). After
+  // the lightning indexer scores a decode row it keeps the top_k LOWEST-scoring visible entries
+  // instead of the highest (the bug class of a comparator with the wrong sign): a row with at
+  // most index_topk visible entries selects all of them either way, so only contexts past
+  // index_topk * compress_rate tokens (2048 on V4 shapes) attend to other entries. Only where the
+  // fixed-shape indexer runs (decode steps, fixed_shape_indexer, V4 indexer shapes); Forward
+  // (prefill) and the any-shape indexer stay correct, which is what the canary's recompute and
+  // guards.reference_kernels [indexer] rely on.
+  bool test_lowest_score_indexer = false;
   GemmInputs gemm_inputs = GemmInputs::kBf16;
   WeightFormat weight_format = WeightFormat::kBf16;
   // kFp8Block: the model directory whose checkpoint (model.safetensors or sharded with an index)

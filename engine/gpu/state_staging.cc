@@ -126,6 +126,11 @@ bool StateStaging::Holds(int64_t layer) const {
 }
 
 absl::StatusOr<LayerState> StateStaging::TakeLayer(int64_t layer) {
+  PDSERVE_ASSIGN_OR_RETURN(const LayerBlocks taken, TakeLayerBlocks(layer));
+  return LayerStateFromRingBlocks(*taken.geometry, taken.blocks, taken.position);
+}
+
+absl::StatusOr<StateStaging::LayerBlocks> StateStaging::TakeLayerBlocks(int64_t layer) {
   Impl& s = *impl_;
   if (!Holds(layer)) {
     return absl::FailedPreconditionError(
@@ -142,11 +147,13 @@ absl::StatusOr<LayerState> StateStaging::TakeLayer(int64_t layer) {
                                 reinterpret_cast<const float*>(base + c.ring_gate),
                                 reinterpret_cast<const uint16_t*>(base + c.entries)};
   };
-  RingLayerBlocks blocks;
-  blocks.window = reinterpret_cast<const uint16_t*>(base + o.window);
-  blocks.compressor = compressor(o.compressor);
-  blocks.indexer = compressor(o.indexer);
-  return LayerStateFromRingBlocks(g, blocks, buffer.position);
+  LayerBlocks taken;
+  taken.geometry = &g;
+  taken.blocks.window = reinterpret_cast<const uint16_t*>(base + o.window);
+  taken.blocks.compressor = compressor(o.compressor);
+  taken.blocks.indexer = compressor(o.indexer);
+  taken.position = buffer.position;
+  return taken;
 }
 
 absl::Status StateStaging::Discard() {

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/ring_state.h"
 #include "engine/state.h"
 
 namespace pdserve::engine::gpu {
@@ -52,6 +53,18 @@ class StateStaging {
   // FailedPrecondition when the layer is not held (never exported here, or already taken);
   // Internal for a CUDA error (the buffer is freed).
   absl::StatusOr<LayerState> TakeLayer(int64_t layer);
+
+  // Layer `layer`'s blocks as the device stores them (bf16 window ring and entries, fp32
+  // compressor rings), seen in the pinned buffer: what a caller that stores them as they are
+  // (runtime::PagedState::StoreLayerRing, bf16 pages for the wire) reads instead of TakeLayer's
+  // fp32 state. Waits for the layer's copy and frees its buffer: the pointers stay valid until
+  // the next ExportLayerAsync into that buffer (layer + buffers()) or Discard. Errors as TakeLayer.
+  struct LayerBlocks {
+    const RingLayerGeometry* geometry = nullptr;  // the layer's, owned by the staging
+    RingLayerBlocks blocks;
+    int64_t position = 0;  // the slot's position when the copy was enqueued
+  };
+  absl::StatusOr<LayerBlocks> TakeLayerBlocks(int64_t layer);
 
   // Waits for every copy in flight and frees every buffer without converting: how a caller that
   // stops mid-way (an error, an abort) makes the staging ready for the next slot. Internal for a

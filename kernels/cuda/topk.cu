@@ -530,9 +530,13 @@ int MaxActiveClusters(int64_t blocks) {
   return blocks == 2 ? clusters[0] : (blocks == 4 ? clusters[1] : clusters[2]);
 }
 
-// Blocks per row: the largest power of two up to kMaxTopKBlocks that keeps all rows in one wave
-// (rows x blocks within the SM count, rows within the clusters the device runs at once) and
-// parts of at least 256 entries.
+// Blocks per row: the largest power of two up to kMaxAutoTopKBlocks that keeps all rows in one
+// wave (rows x blocks within the SM count, rows within the clusters the device runs at once) and
+// parts of at least 256 entries. Two at most: on an H200 (2026-12-04, graph timing, docs/perf.md)
+// 2 blocks per row were the fastest or within 0.5 us of it at every batch 1 / 32 and context
+// 4K / 32K / 128K, while 4 and 8 lost 2-3x to the cluster barriers (32 x 128K: 16.4 us with 2,
+// 29.6 with 4, 59.0 with 8).
+constexpr int64_t kMaxAutoTopKBlocks = 2;
 int64_t PickBlocksPerRow(int64_t rows, int64_t stride) {
   int device = 0;
   int sms = 0;
@@ -541,7 +545,7 @@ int64_t PickBlocksPerRow(int64_t rows, int64_t stride) {
     return 1;
   }
   int64_t blocks = 1;
-  while (blocks < kMaxTopKBlocks && rows * blocks * 2 <= sms && stride >= 512 * blocks &&
+  while (blocks < kMaxAutoTopKBlocks && rows * blocks * 2 <= sms && stride >= 512 * blocks &&
          rows <= MaxActiveClusters(blocks * 2)) {
     blocks *= 2;
   }

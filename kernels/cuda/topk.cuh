@@ -6,14 +6,14 @@
 // scores are finite sums or +-inf). Why the tie rule matters: docs/engine-reference.md.
 //
 // Method: each row is split into consecutive parts, one per block of a thread-block cluster of 1,
-// 2, 4 or 8 blocks of 1024 threads (top_k picks the size so that rows x blocks stay within one
-// block per multiprocessor: batch 32 runs 4 blocks per row on 128 of 132 SMs). Rows of at most
-// max(k, 1024) entries are sorted whole. Longer rows: a radix select on order-preserving 32-bit
-// keys whose digits adapt to the data, over the histograms of all the row's blocks summed through
-// distributed shared memory (so every block takes the same decisions). The first round counts the
-// top 12 bits of every key while the part is read from global memory (once: parts up to 40960
-// entries stay in shared memory as keys); each further round counts the keys of the kept bin in
-// 4096 bins of the remaining width. As soon as the row's entries at or above the bin holding the
+// 2, 4 or 8 blocks of 1024 threads (top_k picks 2 where rows x 2 stay within one block per
+// multiprocessor, else 1: 4 and 8 measured 2-3x slower on an H200, kernels/cuda/topk.cu). Rows of
+// at most max(k, 1024) entries are sorted whole. Longer rows: a radix select on order-preserving
+// 32-bit keys whose digits adapt to the data, over the histograms of all the row's blocks summed
+// through distributed shared memory (so every block takes the same decisions). The first round
+// counts the top 12 bits of every key while the part is read from global memory (once: parts up to
+// 40960 entries stay in shared memory as keys); each further round counts the keys of the kept bin
+// in 4096 bins of the remaining width. As soon as the row's entries at or above the bin holding the
 // k-th best fit in 4096 (typically after the first round), each block gathers its own and sorts
 // them (bitonic, on (key, index) pairs, so ties order by index). When the k-th best key itself has
 // more ties than fit (after at most three rounds), the entries above it and the row's lowest-index

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,18 +57,47 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     }
     if (piece == engine::SwitchablePiece::kIndexer) gpu_options.fixed_shape_indexer = false;
   }
+  gpu_options.test_lowest_score_indexer = options.indexer_fault != engine::IndexerFault::kNone;
+  spdlog::info("{}", GpuImplementationSummary(options));
   return engine::gpu::GpuModelGroup::Create(config, weights, group);
+}
+
+std::string GpuImplementationSummary(const GpuBackendOptions& options) {
+  auto asked = [&](engine::SwitchablePiece piece) {
+    return std::find(options.reference_pieces.begin(), options.reference_pieces.end(), piece) !=
+           options.reference_pieces.end();
+  };
+  const bool attention = asked(engine::SwitchablePiece::kSparseAttention);
+  const bool indexer = asked(engine::SwitchablePiece::kIndexer);
+  std::string line = absl::StrCat(
+      "backend cuda: decode sparse_attention=", attention ? "reference (asked)" : "fixed-shape",
+      " indexer=", indexer ? "reference (asked)" : "fixed-shape", " fp8_state=bf16 state",
+      asked(engine::SwitchablePiece::kFp8State) ? " (asked)" : "",
+      "; prefill any-shape (the fixed-shape kernels run only where the model has V4 shapes)");
+  if (options.indexer_fault != engine::IndexerFault::kNone) {
+    absl::StrAppend(&line, " TEST FAULT indexer=lowest_scores (fixed-shape decode indexer",
+                    indexer ? ", off: the reference indexer is asked for" : "", ")");
+  }
+  return line;
 }
 
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
   return
       [options](const RunnerContext& context) -> absl::StatusOr<std::unique_ptr<SequenceRunner>> {
         const auto ranks = static_cast<int64_t>(std::max<size_t>(1, options.devices.size()));
+        // The canary's recompute slot (one more per rank) re-runs a whole sequence: its pages
+        // come on top of the admitted sequences' (which admission reserves against
+        // context.state_tokens), so a short pool never fails a check.
+        const bool canary = context.options.canary;
+        const int64_t state_tokens =
+            context.state_tokens > 0
+                ? (context.state_tokens + ranks - 1) / ranks + (canary ? context.max_context : 0)
+                : 0;
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<engine::gpu::GpuModelGroup> group,
             LoadGpuModelGroup(options, context.model_dir, *context.config,
-                              (context.slots + ranks - 1) / ranks, context.max_context,
-                              (context.state_tokens + ranks - 1) / ranks));
+                              (context.slots + ranks - 1) / ranks + (canary ? 1 : 0),
+                              context.max_context, state_tokens));
         spdlog::info("backend cuda: {}", group->Describe());
         RunnerOptions runner_options = context.options;
         runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);

@@ -36,7 +36,17 @@ struct GpuBackendOptions {
   // kIndexer -> fixed_shape_indexer = false (the any-shape reference kernels); kFp8State changes
   // nothing (the GPU state is bf16 / fp32 already).
   std::vector<engine::SwitchablePiece> reference_pieces;
+  // TEST ONLY (kNone in every deployment; engine/model_options.h, PDSERVE_TEST_SCRAMBLE_INDEXER):
+  // any fault turns on GpuModelOptions::test_lowest_score_indexer, the CUDA engine's wrong
+  // indexer (the fixed-shape decode indexer keeps the lowest-scoring entries).
+  engine::IndexerFault indexer_fault = engine::IndexerFault::kNone;
 };
+
+// One line for the startup log, e.g. "backend cuda: decode attention=fixed-shape
+// indexer=reference (asked) fp8_state=bf16 state", plus " TEST FAULT indexer=lowest_scores
+// (fixed-shape decode indexer)" when options.indexer_fault is set. Prefill always runs the
+// any-shape kernels.
+std::string GpuImplementationSummary(const GpuBackendOptions& options);
 
 // The model's weights (engine::Weights::Load from `model_dir`, then the CPU engine's
 // ValidateWeights) uploaded as a group of one GpuModel per options.devices entry, each of
@@ -53,9 +63,10 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     int64_t state_tokens_per_rank = 0);
 
 // The factory: weights from the context's model_dir, a group (LoadGpuModelGroup) whose ranks hold
-// context.slots slots between them (ceil(slots / ranks) each) of context.max_context tokens, with
-// ceil(context.state_tokens / ranks) tokens of paged state each, and
-// a GpuStepRunner owning it. Errors: LoadGpuModelGroup's,
+// context.slots slots between them (ceil(slots / ranks) each, one more each with
+// context.options.canary: the canary's recompute slot) of context.max_context tokens, with
+// ceil(context.state_tokens / ranks) tokens of paged state each (plus max_context for the
+// canary's slot; 0: every slot full), and a GpuStepRunner owning it. Errors: LoadGpuModelGroup's,
 // Internal for CUDA errors.
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options);
 

@@ -91,15 +91,18 @@ absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
   // device is copying layers L + 1 .. L + ahead.
   const int64_t layers = gpu.config().num_hidden_layers;
   const int64_t ahead = staging.buffers();
-  const int64_t position = gpu.Position(slot);
   for (int64_t l = 0; l < std::min(ahead, layers); ++l) {
     PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l, &staging));
   }
+  // The pinned blocks go into the pages as the device stores them (bf16 pages: copied as they
+  // are), and only then does their buffer take the copy of layer l + ahead.
   for (int64_t l = 0; l < layers; ++l) {
-    PDSERVE_ASSIGN_OR_RETURN(const engine::LayerState layer, staging.TakeLayer(l));
+    PDSERVE_ASSIGN_OR_RETURN(const engine::gpu::StateStaging::LayerBlocks layer,
+                             staging.TakeLayerBlocks(l));
+    PDSERVE_RETURN_IF_ERROR(
+        paged.StoreLayerRing(l, *layer.geometry, layer.blocks, layer.position, pages));
     if (l + ahead < layers)
       PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l + ahead, &staging));
-    PDSERVE_RETURN_IF_ERROR(paged.StoreLayer(l, layer, position, 0, pages));
     PDSERVE_RETURN_IF_ERROR(layer_stored(l));
   }
   return absl::OkStatus();

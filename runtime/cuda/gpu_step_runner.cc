@@ -1,5 +1,7 @@
 #include "runtime/cuda/gpu_step_runner.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <span>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/expert_parallel.h"
+#include "guards/canary.h"
 #include "runtime/choice_step.h"
 #include "runtime/paged_state.h"
 #include "spdlog/spdlog.h"
@@ -60,7 +63,10 @@ GpuStepRunner::GpuStepRunner(std::unique_ptr<engine::gpu::GpuModelGroup> group,
   samplers_.resize(static_cast<size_t>(group_->world()));
   free_slots_.resize(static_cast<size_t>(group_->world()));
   for (int64_t r = 0; r < group_->world(); ++r) {
-    for (int64_t s = group_->rank(r).slots() - 1; s >= 0; --s) {
+    // With the canary, the last slot of each rank is its recompute slot.
+    const int64_t slots = group_->rank(r).slots();
+    if (options_.canary) canary_slots_.push_back(slots - 1);
+    for (int64_t s = slots - (options_.canary ? 2 : 1); s >= 0; --s) {
       free_slots_[static_cast<size_t>(r)].push_back(s);
     }
   }
@@ -77,6 +83,14 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
                                                    options.prefill_block, " outside [1, max_chunk ",
                                                    gpu.max_chunk(), "]"));
   }
+  for (int64_t r = 0; options.canary && r < group->world(); ++r) {
+    if (group->rank(r).slots() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GPU runner: the canary needs a recompute slot besides the sequences' on every rank; "
+          "rank ",
+          r, " has ", group->rank(r).slots()));
+    }
+  }
   return std::unique_ptr<GpuStepRunner>(
       new GpuStepRunner(std::move(group), layout, pool, std::move(options)));
 }
@@ -91,10 +105,9 @@ engine::gpu::GpuModel& GpuStepRunner::Model(const Sequence& seq) { return group_
 
 absl::Status GpuStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
   PDSERVE_RETURN_IF_ERROR(CheckSequenceSetup(id, setup));
-  if (setup.canary) {
+  if (setup.canary && !options_.canary) {
     return absl::FailedPreconditionError(
-        "GPU runner: the logits canary recomputes on the CPU engine and is not available on the "
-        "CUDA backend");
+        "GPU runner: a canary choice needs RunnerOptions::canary (its recompute slot)");
   }
   const int64_t total = static_cast<int64_t>(setup.prompt.size()) + setup.max_tokens;
   if (total > group_->rank(0).max_context()) {
@@ -137,6 +150,71 @@ int64_t GpuStepRunner::free_slots() const {
   int64_t n = 0;
   for (const std::vector<int64_t>& rank : free_slots_) n += static_cast<int64_t>(rank.size());
   return n;
+}
+
+GuardCounts GpuStepRunner::guard_counts() const {
+  return {canary_checks_.load(), canary_mismatches_.load(), isolation_errors_.load()};
+}
+
+absl::StatusOr<std::vector<float>> GpuStepRunner::Recompute(const Sequence& seq) {
+  const int64_t n = seq.known_tokens() - 1;
+  const int64_t world = group_->world();
+  const int64_t slot = canary_slots_[static_cast<size_t>(seq.rank)];
+  // Chunks end at multiples of the largest multiple of prefill_block that fits in max_chunk, so
+  // the prompt's part is cut as the runner's prefill cuts it.
+  const int64_t block = Model(seq).max_chunk() / options_.prefill_block * options_.prefill_block;
+  PDSERVE_RETURN_IF_ERROR(Model(seq).ResetSlot(slot));
+  engine::Tensor out;
+  for (int64_t from = 0; from < n;) {
+    const int64_t to = std::min(n, (from / block + 1) * block);
+    std::vector<int32_t> tokens;
+    for (int64_t pos = from; pos < to; ++pos) tokens.push_back(seq.TokenAt(pos));
+    const int64_t rows = to - from;
+    // A group runs the chunk in lock step: the other ranks idle through its collectives.
+    const std::vector<absl::Status> ran =
+        group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
+          if (r != seq.rank) return gpu.Idle(rows);
+          absl::StatusOr<engine::Tensor> logits = gpu.Forward(slot, tokens, world > 1 ? rows : 0);
+          if (!logits.ok()) return logits.status();
+          out = std::move(*logits);
+          return absl::OkStatus();
+        });
+    for (const absl::Status& s : ran) PDSERVE_RETURN_IF_ERROR(s);
+    from = to;
+  }
+  // The slot's state pages go back to the pool for the sequences.
+  PDSERVE_RETURN_IF_ERROR(Model(seq).ResetSlot(slot));
+  const int64_t vocab = out.dim(1);
+  const float* last = out.ptr() + (out.dim(0) - 1) * vocab;
+  return std::vector<float>(last, last + vocab);
+}
+
+absl::Status GpuStepRunner::RunCanary(const Sequence& seq, std::span<const float> last) {
+  const int64_t position = seq.known_tokens() - 1;
+  const double tolerance =
+      options_.canary_tolerance > 0 ? options_.canary_tolerance : guards::kGpuCanaryTolerance;
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<float> ref, Recompute(seq));
+  PDSERVE_ASSIGN_OR_RETURN(guards::CanaryResult result,
+                           guards::CompareLogits(last, ref, tolerance));
+  ++canary_checks_;
+  const std::string who = absl::StrCat("sequence ", seq.id, " at position ", position);
+  if (result.pass) {
+    spdlog::info(
+        "canary pass: {}: error {:.3g} (max|diff| {:.3g}, max|ref| {:.3g}, tolerance "
+        "{:.3g})",
+        who, result.error, result.max_abs_diff, result.max_abs_ref, tolerance);
+    return absl::OkStatus();
+  }
+  ++canary_mismatches_;
+  absl::Status mismatch = guards::CanaryMismatchError(who, result, tolerance);
+  spdlog::error("{}", std::string(mismatch.message()));
+  return mismatch;
+}
+
+std::function<absl::Status()> GpuStepRunner::CanaryHook(const Sequence& seq,
+                                                        std::span<const float> last) {
+  if (!seq.setup.canary) return {};
+  return [this, &seq, last] { return RunCanary(seq, last); };
 }
 
 bool GpuStepRunner::Fail(const Sequence& seq, const absl::Status& status) {
@@ -417,8 +495,8 @@ void GpuStepRunner::RunPrefill(const std::vector<Work>& works, std::vector<char>
     }
     const int64_t vocab = out.dim(1);
     std::span<const float> last(out.ptr() + (out.dim(0) - 1) * vocab, static_cast<size_t>(vocab));
-    absl::StatusOr<bool> stop =
-        SampleAndDeliver(seq.setup, last, options_.degeneration, &seq.progress, nullptr);
+    absl::StatusOr<bool> stop = SampleAndDeliver(seq.setup, last, options_.degeneration,
+                                                 &seq.progress, CanaryHook(seq, last));
     (*stopped)[i] = stop.ok() ? *stop : Fail(seq, stop.status());
   }
 }
@@ -501,8 +579,8 @@ void GpuStepRunner::SampleOnHost(const std::vector<Work>& works, const std::vect
     seq.computed += 1;
     std::span<const float> out(logits.ptr() + static_cast<int64_t>(row) * vocab,
                                static_cast<size_t>(vocab));
-    absl::StatusOr<bool> stop =
-        SampleAndDeliver(seq.setup, out, options_.degeneration, &seq.progress, nullptr);
+    absl::StatusOr<bool> stop = SampleAndDeliver(seq.setup, out, options_.degeneration,
+                                                 &seq.progress, CanaryHook(seq, out));
     (*stopped)[rows[row]] = stop.ok() ? *stop : Fail(seq, stop.status());
   }
 }
@@ -515,6 +593,8 @@ void GpuStepRunner::DecodeOnDevice(const std::vector<Work>& works, const DecodeB
   const auto ranks = static_cast<size_t>(world);
   using Sampled = std::vector<absl::StatusOr<serving::SampledToken>>;
   std::vector<absl::StatusOr<Sampled>> sampled(ranks, absl::UnknownError("not run"));
+  // Per rank and batch row: the host copy of a canary choice's logits (empty for the others).
+  std::vector<std::vector<std::vector<float>>> canary_logits(ranks);
   // On rank r's thread (its device current): the step, then its rows' draws on its stream.
   auto step = [&](size_t r, engine::gpu::GpuModel& gpu) -> absl::StatusOr<Sampled> {
     PDSERVE_ASSIGN_OR_RETURN(engine::gpu::GpuModel::DeviceLogits logits,
@@ -530,8 +610,29 @@ void GpuStepRunner::DecodeOnDevice(const std::vector<Work>& works, const DecodeB
       }
       samplers_[r] = std::move(*made);
     }
-    return samplers_[r]->Sample(logits.data, logits.stride, draws[r],
-                                static_cast<cudaStream_t>(logits.stream));
+    PDSERVE_ASSIGN_OR_RETURN(Sampled tokens,
+                             samplers_[r]->Sample(logits.data, logits.stride, draws[r],
+                                                  static_cast<cudaStream_t>(logits.stream)));
+    // Canary choices keep their row's logits: whether this token ends the choice is known
+    // only now, and the recompute will overwrite the device's logits.
+    const std::vector<size_t>& mine = batch.rows[r];
+    canary_logits[r].resize(mine.size());
+    const auto vocab = static_cast<size_t>(gpu.config().vocab_size);
+    for (size_t row = 0; row < mine.size(); ++row) {
+      if (!works[mine[row]].sequence->setup.canary) continue;
+      std::vector<float>& copy = canary_logits[r][row];
+      copy.resize(vocab);
+      const auto stream = static_cast<cudaStream_t>(logits.stream);
+      cudaError_t e =
+          cudaMemcpyAsync(copy.data(), logits.data + static_cast<int64_t>(row) * logits.stride,
+                          vocab * sizeof(float), cudaMemcpyDeviceToHost, stream);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+      if (e != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("canary: copying a decode row's logits: ", cudaGetErrorString(e)));
+      }
+    }
+    return tokens;
   };
   const std::vector<absl::Status> ran =
       group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
@@ -550,9 +651,10 @@ void GpuStepRunner::DecodeOnDevice(const std::vector<Work>& works, const DecodeB
       Sequence& seq = *works[mine[row]].sequence;
       seq.computed += 1;
       absl::StatusOr<serving::SampledToken>& token = (*sampled[r])[row];
+      const std::vector<float>& logits = canary_logits[r][row];
       absl::StatusOr<bool> stop =
           token.ok() ? CommitAndDeliver(seq.setup, std::move(*token), options_.degeneration,
-                                        &seq.progress, nullptr)
+                                        &seq.progress, CanaryHook(seq, logits))
                      : absl::StatusOr<bool>(token.status());
       (*stopped)[mine[row]] = stop.ok() ? *stop : Fail(seq, stop.status());
     }

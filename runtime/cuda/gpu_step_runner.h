@@ -55,14 +55,28 @@
 // State pages. A sequence's compressed entries and indexer keys grow in its rank's page pools
 // (GpuModelOptions::state_tokens). Admission is the caller's (colocated::ServiceOptions::
 // device_state_tokens reserves prompt + max_tokens at admission, so a step always fits on one
-// GPU); before a step is launched the runner still asks GpuModel::CanHold for each rank's
-// sequences at their end positions and, where the pools cannot hold them (a caller that did not
-// reserve, or a group whose rank ran short), stops the newest sequences of that rank with
-// ResourceExhausted (freeing their pages at once) until the rest fit: failed loudly, never
-// preempted, nothing half-run.
+// GPU; the canary's slot gets its own pages, runtime/cuda/gpu_backend.h); before a step is
+// launched the runner still asks GpuModel::CanHold for each rank's sequences at their end
+// positions and, where the pools cannot hold them (a caller that did not reserve, or a group
+// whose rank ran short), stops the newest sequences of that rank with ResourceExhausted (freeing
+// their pages at once) until the rest fit: failed loudly, never preempted, nothing half-run.
 //
-// Guards: the canary is refused (Add returns FailedPrecondition; `pdserve serve --backend cuda`
-// refuses --canary-every at startup): it is defined over the CPU engine. Paranoid mode
+// Guards. The degeneration detector runs as on the CPU (runtime/choice_step.h). The logits
+// canary (guards/canary.h, SequenceSetup::canary) recomputes on the GPU: with
+// RunnerOptions::canary the runner keeps one slot per rank out of service, and when a canary
+// choice ends it resets that slot and runs the whole sequence (prompt and every generated token
+// but the last) through one-shot Forward calls on the sequence's rank (chunks cut at multiples
+// of prefill_block, at most max_chunk tokens), then compares the last row's logits with the ones
+// the last token was sampled from (guards::CompareLogits; tolerance RunnerOptions::
+// canary_tolerance, default guards::kGpuCanaryTolerance). Forward runs the any-shape attention
+// and indexer kernels, so a recompute checks the fixed-shape decode kernels against another code
+// path as well as the state itself. Decode rows of canary choices that were sampled on the device
+// have their fp32 logits copied to the host at every step (one row, vocab x 4 bytes), since
+// whether a token ends the choice is known only after it is drawn. Every check is logged (info
+// "canary pass: ...", error "canary mismatch: ..."), counted in guard_counts(); a mismatch fails
+// the choice before its last token is delivered. Cost per checked choice: one prefill of the
+// whole sequence on the step thread, plus its host logits (Forward returns every row's).
+// The recompute slot gives its state pages back when the check is done. Paranoid mode
 // (options.paranoid) checks, before each step is launched, every state page each sequence of
 // the step reads against the GPU model's allocator (GpuModel::VerifySlotPages: owner + epoch);
 // a failure stops only that sequence with an isolation error and counts in
@@ -78,7 +92,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -102,7 +118,7 @@ class GpuStepRunner : public SequenceRunner {
  public:
   // `gpu`, `layout` (LayoutForModel(gpu->config())) and `pool` must outlive the runner; the runner
   // alone drives `gpu` and uses all of its slots. InvalidArgument for prefill_block outside [1,
-  // gpu->max_chunk()].
+  // gpu->max_chunk()], or options.canary with fewer than 2 slots on a rank.
   static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(engine::gpu::GpuModel* gpu,
                                                                const serving::StateLayout& layout,
                                                                serving::PagePool* pool,
@@ -115,13 +131,13 @@ class GpuStepRunner : public SequenceRunner {
   ~GpuStepRunner() override;
 
   // As EngineStepRunner::Add; also InvalidArgument when prompt + max_tokens exceeds the model's
-  // max_context, and FailedPrecondition for a canary choice.
+  // max_context, and FailedPrecondition for a canary choice without RunnerOptions::canary.
   absl::Status Add(serving::RequestId id, SequenceSetup setup) override;
   // Forgets `id` and frees its slot.
   void Remove(serving::RequestId id) override;
   int64_t num_sequences() const override;
-  int64_t free_slots() const;  // over every rank
-  GuardCounts guard_counts() const override { return {0, 0, isolation_errors_.load()}; }
+  int64_t free_slots() const;  // over every rank, the canary's slots not counted
+  GuardCounts guard_counts() const override;
 
   // Runs `plan` (see the header comment). A sequence whose engine call or sampling fails gets
   // on_error and is listed stopped; a failed DecodeStep fails every sequence of the batch. Never
@@ -168,6 +184,16 @@ class GpuStepRunner : public SequenceRunner {
                                                       const std::vector<Work>& prefill);
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
+  // The canary of `seq` over `last`, the logits its newest token (already recorded) was sampled
+  // from: the GPU recompute of the header comment. A mismatch is an Internal error
+  // (guards::CanaryMismatchError); a failed recompute its own error.
+  absl::Status RunCanary(const Sequence& seq, std::span<const float> last);
+  // The fp32 logits of the sequence's whole token list but the newest token, last row only, from
+  // one-shot Forward calls into the rank's canary slot.
+  absl::StatusOr<std::vector<float>> Recompute(const Sequence& seq);
+  // before_final for SampleAndDeliver / CommitAndDeliver: the canary over `last` for a canary
+  // choice, else empty. `last` must stay valid until the delivery returns.
+  std::function<absl::Status()> CanaryHook(const Sequence& seq, std::span<const float> last);
 
   const std::unique_ptr<engine::gpu::GpuModelGroup> group_;
   const serving::StateLayout& layout_;
@@ -187,6 +213,10 @@ class GpuStepRunner : public SequenceRunner {
   const bool gpu_sampling_;
   // Per rank, made on the rank's thread at its first decode step. Used by Run only.
   std::vector<std::unique_ptr<GpuSampler>> samplers_;
+  // Per rank with options.canary: the slot the canary recomputes in (never given to a sequence).
+  std::vector<int64_t> canary_slots_;
+  std::atomic<int64_t> canary_checks_{0};
+  std::atomic<int64_t> canary_mismatches_{0};
 };
 
 }  // namespace pdserve::runtime

@@ -118,6 +118,22 @@ TEST(DeployConfigTest, RouterTimeouts) {
   ExpectRouterInt("health_timeout_ms", &RouterConfig::health_timeout_ms, 2000, 10000, 99);
 }
 
+// guards.canary_tolerance: a number >= 0, 0 (the backend's default) when absent.
+TEST(DeployConfigTest, CanaryTolerance) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.guards.canary_tolerance, 0.0);
+  const std::string with =
+      std::string(kValid) + "guards:\n  canary_every: 1\n  canary_tolerance: 0.08\n";
+  const ParsedDeployConfig parsed = ParseDeployConfig(with, "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  EXPECT_DOUBLE_EQ(parsed.config.guards.canary_tolerance, 0.08);
+  for (const char* bad : {"-0.1", "abc", "nan"}) {
+    const ParsedDeployConfig refused = ParseDeployConfig(
+        std::string(kValid) + "guards:\n  canary_tolerance: " + bad + "\n", "b.yaml");
+    ASSERT_EQ(refused.errors.size(), 1u) << bad;
+    EXPECT_EQ(refused.errors[0].key, "guards.canary_tolerance") << bad;
+  }
+}
+
 // transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as
 // given; anything else names the key.
 TEST(DeployConfigTest, TransferLanes) {

@@ -276,6 +276,71 @@ TEST(GpuModelV4ShapesTest, FixedShapeDecodeKernelsInTheEngine) {
   EXPECT_EQ(production.rows(), 340);
 }
 
+// The test-only wrong indexer (GpuModelOptions::test_lowest_score_indexer) against the healthy
+// model, decode step by decode step from the same 200-token prefill (fp32 GEMMs, graphs): while
+// a row's visible CSA entries fit in the top-k (64 here: contexts up to 259 tokens) both select
+// all of them (in another order, so the sums differ in rounding only); once there are twice as
+// many (contexts from 512 tokens) the two select disjoint sets and the logits part.
+TEST(GpuModelV4ShapesTest, TestWrongIndexerChangesOnlyRowsPastTheTopK) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig config = V4AttentionShapes();
+  const Weights weights = RandomWeights(config, 5);
+  std::mt19937_64 rng(23);
+  std::vector<int32_t> tokens(700);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 512);
+  constexpr size_t kPrefill = 200;
+  auto decode_all = [&](bool fault) {
+    GpuModelOptions options;
+    options.gemm_inputs = GemmInputs::kFp32;
+    options.slots = 1;
+    options.max_chunk = 256;
+    options.max_context = 1024;
+    options.test_lowest_score_indexer = fault;
+    std::vector<Tensor> rows;
+    auto gpu = GpuModel::Create(config, weights, options);
+    EXPECT_TRUE(gpu.ok()) << gpu.status();
+    if (!gpu.ok()) return rows;
+    const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + kPrefill);
+    EXPECT_TRUE((*gpu)->Forward(0, prompt).ok());
+    for (size_t t = kPrefill; t < tokens.size(); ++t) {
+      auto logits = (*gpu)->DecodeStep({0}, {tokens[t]}, /*use_graph=*/true);
+      EXPECT_TRUE(logits.ok()) << logits.status();
+      if (!logits.ok()) break;
+      rows.push_back(std::move(*logits));
+    }
+    return rows;
+  };
+  const std::vector<Tensor> healthy = decode_all(false);
+  const std::vector<Tensor> wrong = decode_all(true);
+  ASSERT_EQ(healthy.size(), tokens.size() - kPrefill);
+  ASSERT_EQ(wrong.size(), healthy.size());
+  double within = 0.0;       // worst error while every visible entry is selected
+  std::vector<double> past;  // errors once the two select disjoint sets
+  for (size_t i = 0; i < healthy.size(); ++i) {
+    const int64_t visible = static_cast<int64_t>(kPrefill + i + 1) / config.compress_rate_csa;
+    double diff = 0.0;
+    double ref = 0.0;
+    for (int64_t v = 0; v < config.vocab_size; ++v) {
+      const double h = healthy[i].ptr()[v];
+      ASSERT_TRUE(std::isfinite(wrong[i].ptr()[v]));
+      diff = std::max(diff, std::abs(wrong[i].ptr()[v] - h));
+      ref = std::max(ref, std::abs(h));
+    }
+    const double err = diff / ref;
+    if (visible <= config.index_topk) within = std::max(within, err);
+    if (visible >= 2 * config.index_topk) past.push_back(err);
+  }
+  ASSERT_FALSE(past.empty());
+  std::sort(past.begin(), past.end());
+  const double median = past[past.size() / 2];
+  std::cout << "wrong indexer vs healthy, decode rows: worst " << within
+            << " while the top-k holds every visible entry; past twice the top-k: min "
+            << past.front() << ", median " << median << ", max " << past.back() << " ("
+            << past.size() << " rows)\n";
+  EXPECT_LE(within, 1e-3);
+  EXPECT_GT(median, 10 * std::max(within, 1e-4));
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest, ::testing::ValuesIn(ModelNames()), ModelTestName);
 
 }  // namespace

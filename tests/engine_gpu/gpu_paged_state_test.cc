@@ -289,12 +289,15 @@ TEST_P(PagedStateTest, ShortPoolFailsTheStepCleanly) {
                1, n == 64 ? std::vector<int32_t>(text.begin() + at, text.begin() + at + 64) : first)
             .ok());
   }
-  // Slot 0 fills the last page chunk by chunk until a chunk does not fit.
+  // Slot 0 fills the last page chunk by chunk until a chunk does not fit (valid ids past the
+  // 300 of `text`: its first 64 again).
+  std::vector<int32_t> longer(text.begin(), text.begin() + 300);
+  longer.insert(longer.end(), first.begin(), first.end());
   int64_t fed = 0;
   absl::Status last = absl::OkStatus();
   while (fed < 320) {
     const bool can = gpu->CanHold({{0, fed + 64}});
-    auto l = gpu->Forward(0, {text.begin() + fed, text.begin() + fed + 64});
+    auto l = gpu->Forward(0, {longer.begin() + fed, longer.begin() + fed + 64});
     EXPECT_EQ(can, l.ok()) << "CanHold agrees with Forward at " << fed;
     if (!l.ok()) {
       last = l.status();

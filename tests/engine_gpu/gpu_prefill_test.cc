@@ -250,7 +250,8 @@ bool SamePageBytes(const runtime::SequencePages& a, const runtime::SequencePages
 
 // The staged export (1 pinned layer buffer, 2, and the default: every layer) writes the pages the
 // whole-slot export wrote (GpuModel::ExportState, then PagedState::StoreLayer per layer), byte for
-// byte, for prompts of 1, 64, 97 and 250 tokens.
+// byte, for prompts of 1, 64, 97 and 250 tokens, into fp32 pages and into bf16 pages (the staged
+// export stores the device's blocks as they are: StoreLayerRing).
 TEST_F(GpuPrefillTest, StagedPagesEqualTheWholeSlotExportsPages) {
   const int64_t layers = model_.config.num_hidden_layers;
   std::vector<std::unique_ptr<GpuPrefillEngine>> engines;
@@ -263,38 +264,46 @@ TEST_F(GpuPrefillTest, StagedPagesEqualTheWholeSlotExportsPages) {
       absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, -1).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, layers + 1).status()));
-  auto pool = *serving::PagePool::Create(layout_->PoolOptions(2, 1024));
   const std::vector<int32_t>& text = model_.prompts.back();
   auto ok = [](int64_t) { return absl::OkStatus(); };
-  for (int64_t length : {1, 64, 97, 250}) {
-    const std::vector<int32_t> prompt(text.begin(), text.begin() + length);
-    const int64_t total = length + 8;
-    const runtime::PagedState paged(model_.config, *layout_, total);
-    auto want_table = *pool->Allocate(1, layout_->Demand(total));
-    auto want = *runtime::MapPages(*pool, want_table);
-    FillPages(want);
-    ASSERT_TRUE(gpu_->ResetSlot(1).ok());
-    for (int64_t from = 0; from < length;) {
-      const int64_t to = PrefillBlockEnd(from, length, kPrefillBlock);
-      ASSERT_TRUE(
-          gpu_->Forward(1, std::vector<int32_t>(prompt.begin() + from, prompt.begin() + to)).ok());
-      from = to;
+  // fp32 pages (a CPU decode worker's) and bf16 pages (what the CUDA prefill worker sends).
+  for (serving::ElementType element :
+       {serving::ElementType::kFloat32, serving::ElementType::kBfloat16}) {
+    SCOPED_TRACE(serving::ElementTypeName(element));
+    const serving::StateLayout layout = *runtime::LayoutForModel(model_.config, 64, element);
+    auto pool = *serving::PagePool::Create(layout.PoolOptions(2, 1024));
+    for (int64_t length : {1, 64, 97, 250}) {
+      const std::vector<int32_t> prompt(text.begin(), text.begin() + length);
+      const int64_t total = length + 8;
+      const runtime::PagedState paged(model_.config, layout, total);
+      auto want_table = *pool->Allocate(1, layout.Demand(total));
+      auto want = *runtime::MapPages(*pool, want_table);
+      FillPages(want);
+      ASSERT_TRUE(gpu_->ResetSlot(1).ok());
+      for (int64_t from = 0; from < length;) {
+        const int64_t to = PrefillBlockEnd(from, length, kPrefillBlock);
+        ASSERT_TRUE(
+            gpu_->Forward(1, std::vector<int32_t>(prompt.begin() + from, prompt.begin() + to))
+                .ok());
+        from = to;
+      }
+      auto state = gpu_->ExportState(1);
+      ASSERT_TRUE(state.ok()) << state.status();
+      for (int64_t l = 0; l < layers; ++l) {
+        ASSERT_TRUE(
+            paged.StoreLayer(l, state->layers[static_cast<size_t>(l)], length, 0, want).ok());
+      }
+      auto got_table = *pool->Allocate(2, layout.Demand(total));
+      auto got = *runtime::MapPages(*pool, got_table);
+      for (auto& engine : engines) {
+        FillPages(got);
+        auto logits = engine->Run(prompt, paged, got, ok, ok);
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        EXPECT_TRUE(SamePageBytes(got, want)) << length << " tokens, " << engine->Describe();
+      }
+      ASSERT_TRUE(pool->Free(want_table).ok());
+      ASSERT_TRUE(pool->Free(got_table).ok());
     }
-    auto state = gpu_->ExportState(1);
-    ASSERT_TRUE(state.ok()) << state.status();
-    for (int64_t l = 0; l < layers; ++l) {
-      ASSERT_TRUE(paged.StoreLayer(l, state->layers[static_cast<size_t>(l)], length, 0, want).ok());
-    }
-    auto got_table = *pool->Allocate(2, layout_->Demand(total));
-    auto got = *runtime::MapPages(*pool, got_table);
-    for (auto& engine : engines) {
-      FillPages(got);
-      auto logits = engine->Run(prompt, paged, got, ok, ok);
-      ASSERT_TRUE(logits.ok()) << logits.status();
-      EXPECT_TRUE(SamePageBytes(got, want)) << length << " tokens, " << engine->Describe();
-    }
-    ASSERT_TRUE(pool->Free(want_table).ok());
-    ASSERT_TRUE(pool->Free(got_table).ok());
   }
 }
 

@@ -1,8 +1,8 @@
 // The colocated server on the CUDA backend (runtime/cuda/gpu_backend.h, what `pdserve serve
 // --backend cuda` runs) against the CPU backend on the bundled model: the same text for greedy and
 // seeded T=0.6 completions (fp32 GEMMs on the GPU, the CPU engine emulating bf16 storage; the
-// bundled model's weights are bf16 already), the same HTTP errors, and the refusals. Without a
-// GPU only the refusals run (Create is FailedPrecondition, the canary is refused).
+// bundled model's weights are bf16 already), the same HTTP errors, the logits canary recomputed on
+// the GPU, and the refusals. Without a GPU only the refusals run (Create is FailedPrecondition).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -193,11 +193,29 @@ TEST(GpuBackendTest, WithoutAGpuCreateIsFailedPrecondition) {
   EXPECT_NE(service.status().message().find("no CUDA device"), std::string::npos);
 }
 
-TEST(GpuBackendTest, CanaryIsRefused) {
+// canary_every 1: every choice's last-token logits are recomputed on the GPU (runtime/cuda
+// gpu_step_runner.h) and pass, so every request completes (the text may part from a canary-free
+// server's at a near-tie: the recompute slot changes the decode buckets, and the recompute the
+// steps' batches).
+TEST(GpuBackendTest, CanaryOnEveryRequestPasses) {
+  if (!engine::gpu::HasGpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<frontend::ApiRequest> requests = Requests();
+  requests.pop_back();  // the context_length_exceeded one
   ServiceOptions options = Options(true);
-  options.canary_every = 4;
-  auto service = ColocatedService::Create(options);
-  EXPECT_TRUE(absl::IsFailedPrecondition(service.status())) << service.status();
+  options.canary_every = 1;
+  auto checked = ColocatedService::Create(options);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  const std::vector<std::string> got = Serve(**checked, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(got[i].find("|stop|") != std::string::npos ||
+                got[i].find("|length|") != std::string::npos)
+        << "request " << i << ": " << got[i];
+  }
+  const std::string metrics = (*checked)->MetricsText();
+  EXPECT_NE(metrics.find("pdserve_serve_canary_checks_total " + std::to_string(requests.size())),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pdserve_serve_canary_mismatches_total 0"), std::string::npos) << metrics;
 }
 
 }  // namespace

@@ -428,8 +428,8 @@ TEST_F(GpuStepRunnerTest, PoolsTooSmallForTheBatchStopTheNewestSequencesLoudly) 
   }
 }
 
-// Refusals: a canary choice, a sequence longer than the GPU's context, a prefill block above
-// max_chunk.
+// Refusals: a canary choice without RunnerOptions::canary, the canary with one slot, a sequence
+// longer than the GPU's context, a prefill block above max_chunk.
 TEST_F(GpuStepRunnerTest, RefusesWhatItCannotServe) {
   auto gpu = Gpu(2);
   ASSERT_NE(gpu, nullptr);
@@ -451,6 +451,15 @@ TEST_F(GpuStepRunnerTest, RefusesWhatItCannotServe) {
   EXPECT_TRUE(absl::IsFailedPrecondition((*runner)->Add(1, canary)));
   EXPECT_TRUE(absl::IsInvalidArgument((*runner)->Add(2, {context, 0, {1, 2}, gpu->max_context()})));
   EXPECT_EQ((*runner)->num_sequences(), 0);
+  auto one_slot = Gpu(1);
+  ASSERT_NE(one_slot, nullptr);
+  options.canary = true;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      GpuStepRunner::Create(one_slot.get(), layout, pool.get(), options).status()));
+  auto with_canary = GpuStepRunner::Create(gpu.get(), layout, pool.get(), options);
+  ASSERT_TRUE(with_canary.ok()) << with_canary.status();
+  EXPECT_EQ((*with_canary)->free_slots(), 1);  // one of the two is the recompute slot
+  EXPECT_TRUE((*with_canary)->Add(1, canary).ok());
 }
 
 // Measured, not promised: one request's decode rows alone (bucket 1) and as row 0 of batches of

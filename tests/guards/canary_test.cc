@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,44 @@ TEST(CanaryTest, BadInputsAreInvalidArgument) {
   std::vector<int32_t> too_long(513, 3);
   EXPECT_TRUE(absl::IsInvalidArgument(
       CheckLastTokenLogits(BundledModel(), too_long, s.last_logits).status()));
+}
+
+// CompareLogits alone (what the CUDA runner compares its GPU recompute with): the normalized
+// error, the tolerance as an inclusive bound, NaN / Inf on either side, bad sizes.
+TEST(CanaryCompareTest, NormalizedErrorAgainstTolerance) {
+  const std::vector<float> ref = {1.0f, -4.0f, 2.0f, 0.5f};
+  std::vector<float> served = ref;
+  served[2] += 0.2f;  // max|diff| 0.2, max|ref| 4
+  absl::StatusOr<CanaryResult> r = CompareLogits(served, ref, kGpuCanaryTolerance);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->max_abs_diff, 0.2, 1e-6);
+  EXPECT_DOUBLE_EQ(r->max_abs_ref, 4.0);
+  EXPECT_NEAR(r->error, 0.05, 1e-6);
+  EXPECT_FALSE(CompareLogits(served, ref, 0.049)->pass);
+  EXPECT_TRUE(CompareLogits(served, ref, 0.051)->pass);
+  EXPECT_TRUE(CompareLogits(ref, ref, 0.0)->pass);
+  EXPECT_DOUBLE_EQ(CompareLogits(ref, ref, 0.0)->error, 0.0);
+}
+
+TEST(CanaryCompareTest, NonFiniteOnEitherSideFails) {
+  const std::vector<float> ref = {1.0f, 2.0f, 3.0f};
+  std::vector<float> nan_served = ref;
+  nan_served[1] = std::nanf("");
+  std::vector<float> inf_ref = ref;
+  inf_ref[0] = INFINITY;
+  for (const auto& [served, want] : {std::pair{nan_served, ref}, std::pair{ref, inf_ref}}) {
+    absl::StatusOr<CanaryResult> r = CompareLogits(served, want, 1.0);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->pass);
+    EXPECT_TRUE(std::isinf(r->error));
+  }
+}
+
+TEST(CanaryCompareTest, SizesMustMatch) {
+  const std::vector<float> three(3, 1.0f);
+  const std::vector<float> four(4, 1.0f);
+  EXPECT_TRUE(absl::IsInvalidArgument(CompareLogits(three, four, 1.0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(CompareLogits({}, {}, 1.0).status()));
 }
 
 TEST(CanarySamplerTest, PicksOneInNDeterministically) {

@@ -15,13 +15,19 @@ TEST(TicketProtoTest, TicketRoundTripsThroughTheProto) {
       .request_id = 5,
       .worker_address = {std::byte{0}, std::byte{0xFF}, std::byte{7}},
       .receiver_incarnation = 6,
-      .pages =
-          {{.layer = 0, .page_index = 0, .token_begin = 0, .token_end = 128, .bytes = 131072},
-           {.layer = 1, .page_index = 2, .token_begin = 512, .token_end = 768, .bytes = 65536}},
+      .pages = {{.layer = 0, .page_index = 0, .token_begin = 0, .token_end = 128, .bytes = 131072},
+                {.layer = 1,
+                 .page_index = 2,
+                 .token_begin = 512,
+                 .token_end = 768,
+                 .bytes = 65536,
+                 .element = serving::ElementType::kBfloat16}},
       .lease_deadline = absl::FromUnixMillis(1'800'000'000'123),
       .heartbeat_interval = absl::Milliseconds(500)};
   const v1::TransferTicket proto = TicketToProto(ticket);
   EXPECT_EQ(proto.pages(1).slot(), 1u);
+  EXPECT_EQ(proto.pages(0).element(), 0u);  // fp32: the field's default
+  EXPECT_EQ(proto.pages(1).element(), 1u);
   auto back = TicketFromProto(proto);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, ticket);

@@ -24,7 +24,6 @@ class TransferPlanTest : public ::testing::Test {
                                                 .sliding_window = 8,
                                                 .compress_rate_csa = 4,
                                                 .compress_rate_hca = 16,
-                                                .element_bytes = 4,
                                                 .entries_per_page = 2});
     ASSERT_TRUE(layout.ok()) << layout.status();
     layout_ = std::make_unique<serving::StateLayout>(*layout);

@@ -47,10 +47,27 @@ TEST(PageHeaderTest, RejectsForeignBytes) {
   bytes[0] = std::byte{'X'};
   EXPECT_EQ(DecodePageHeader(bytes).status().code(), absl::StatusCode::kInvalidArgument);
   bytes = EncodePageHeader(SampleHeader());
-  bytes[52] = std::byte{1};  // Reserved.
+  bytes[54] = std::byte{1};  // Reserved.
+  EXPECT_EQ(DecodePageHeader(bytes).status().code(), absl::StatusCode::kInvalidArgument);
+  bytes = EncodePageHeader(SampleHeader());
+  bytes[52] = std::byte{2};  // No such element type.
   EXPECT_EQ(DecodePageHeader(bytes).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodePageHeader(std::span(bytes).first(63)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The element type sits in the former reserved word's low half; fp32 is 0, so an fp32 page's
+// header is byte for byte what it was before element types existed.
+TEST(PageHeaderTest, ElementTypeIsAtOffset52AndFp32EncodesAsZero) {
+  PageHeader header = SampleHeader();
+  EXPECT_EQ(LoadLe(EncodePageHeader(header), 52, 4), 0u);
+  header.element = serving::ElementType::kBfloat16;
+  const auto bytes = EncodePageHeader(header);
+  EXPECT_EQ(LoadLe(bytes, 52, 2), 1u);
+  EXPECT_EQ(LoadLe(bytes, 54, 2), 0u);
+  auto decoded = DecodePageHeader(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->element, serving::ElementType::kBfloat16);
 }
 
 TEST(PageHeaderTest, ChecksumIsXxh3OfThePayload) {
@@ -86,7 +103,12 @@ TEST(TicketTest, RoundTripsEveryField) {
       .worker_address = {std::byte{1}, std::byte{2}, std::byte{3}},
       .receiver_incarnation = 1234,
       .pages = {{.layer = 0, .page_index = 0, .token_begin = 0, .token_end = 64, .bytes = 4096},
-                {.layer = 1, .page_index = 2, .token_begin = 128, .token_end = 192, .bytes = 100}},
+                {.layer = 1,
+                 .page_index = 2,
+                 .token_begin = 128,
+                 .token_end = 192,
+                 .bytes = 100,
+                 .element = serving::ElementType::kBfloat16}},
       .lease_deadline = absl::FromUnixMicros(1'700'000'000'123'456),
       .heartbeat_interval = absl::Milliseconds(250)};
   auto decoded = DecodeTicket(EncodeTicket(ticket));

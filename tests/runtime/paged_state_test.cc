@@ -8,6 +8,7 @@
 
 #include "engine/model.h"
 #include "gtest/gtest.h"
+#include "tests/runtime/state_compare.h"
 
 namespace pdserve::runtime {
 namespace {
@@ -33,28 +34,8 @@ std::vector<int32_t> Tokens(int n, int salt) {
   return tokens;
 }
 
-bool SameBits(const engine::Tensor& a, const engine::Tensor& b) {
-  return a.shape == b.shape &&
-         std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
-}
-
-void ExpectSameState(const engine::ModelState& a, const engine::ModelState& b) {
-  ASSERT_EQ(a.position, b.position);
-  ASSERT_EQ(a.layers.size(), b.layers.size());
-  for (size_t l = 0; l < a.layers.size(); ++l) {
-    SCOPED_TRACE(l);
-    const engine::LayerState& x = a.layers[l];
-    const engine::LayerState& y = b.layers[l];
-    EXPECT_TRUE(SameBits(x.window_kv, y.window_kv));
-    for (auto [p, q] : {std::pair{&x.compressor, &y.compressor}, {&x.indexer, &y.indexer}}) {
-      EXPECT_TRUE(SameBits(p->buffer_kv, q->buffer_kv));
-      EXPECT_TRUE(SameBits(p->buffer_gate, q->buffer_gate));
-      EXPECT_TRUE(SameBits(p->overlap_kv, q->overlap_kv));
-      EXPECT_TRUE(SameBits(p->overlap_gate, q->overlap_gate));
-      EXPECT_TRUE(SameBits(p->entries, q->entries));
-    }
-  }
-}
+using testing::ExpectSameState;
+using testing::SameBits;
 
 // A pool holding one sequence of `total` tokens, and that sequence's pages.
 struct OneSequence {
@@ -65,7 +46,9 @@ struct OneSequence {
 
 OneSequence Allocate(const serving::StateLayout& layout, int64_t total) {
   OneSequence s;
-  s.pool = *serving::PagePool::Create(layout.PoolOptions(1, total));
+  serving::PagePoolOptions options = layout.PoolOptions(1, total);
+  options.poison_freed = true;  // every fresh page holds kPoisonWord: pools compare byte for byte
+  s.pool = *serving::PagePool::Create(options);
   s.table = *s.pool->Allocate(7, layout.Demand(total));
   s.pages = *MapPages(*s.pool, s.table);
   return s;
@@ -164,6 +147,61 @@ TEST(PagedStateTest, ShippedPagesContinueDecodingBitForBit) {
     ASSERT_TRUE(rebuilt_view.Store(rebuilt, from, received).ok());
     rebuilt = f->model.NewState();
     ASSERT_TRUE(rebuilt_view.Load(from + 1, received, &rebuilt).ok());
+  }
+}
+
+// bf16 bit patterns of `values` (round to nearest even, as the device stores them).
+std::vector<uint16_t> Bf16Bits(const std::vector<float>& values) {
+  std::vector<uint16_t> bits;
+  for (float v : values) bits.push_back(serving::FloatToBf16(v));
+  return bits;
+}
+
+// The CUDA prefill's direct store (StoreLayerRing, from the device's blocks) writes the same page
+// bytes as converting the blocks to a CPU layer first and storing that, in a bf16 layout and in
+// an fp32 one, at positions that wrap every ring and cross entry pages.
+TEST(PagedStateTest, StoreLayerRingEqualsStoreLayerOfTheConvertedBlocks) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const int64_t total = 48;
+  for (serving::ElementType element :
+       {serving::ElementType::kBfloat16, serving::ElementType::kFloat32}) {
+    SCOPED_TRACE(serving::ElementTypeName(element));
+    const serving::StateLayout layout = *LayoutForModel(config, 4, element);
+    for (int64_t position : {3, 37, 44}) {
+      SCOPED_TRACE(position);
+      engine::ModelState state = f->model.NewState();
+      ASSERT_TRUE(f->model.Forward(&state, Tokens(static_cast<int>(position), 6)).ok());
+      const engine::RingGeometry geometry = engine::RingGeometryFor(config, total, 4);
+      const engine::RingImage image = *engine::RingImageFromState(geometry, state, 0.5f);
+      OneSequence converted = Allocate(layout, total);
+      OneSequence direct = Allocate(layout, total);
+      PagedState paged(config, layout, total);
+      for (size_t l = 0; l < image.layers.size(); ++l) {
+        const engine::RingLayerImage& li = image.layers[l];
+        const std::vector<uint16_t> window = Bf16Bits(li.window);
+        const std::vector<uint16_t> entries = Bf16Bits(li.compressor.entries);
+        const std::vector<uint16_t> keys = Bf16Bits(li.indexer.entries);
+        const engine::RingLayerBlocks blocks{
+            .window = window.data(),
+            .compressor = {li.compressor.ring_kv.data(), li.compressor.ring_gate.data(),
+                           entries.data()},
+            .indexer = {li.indexer.ring_kv.data(), li.indexer.ring_gate.data(), keys.data()}};
+        const auto layer = static_cast<int64_t>(l);
+        const engine::LayerState ls =
+            engine::LayerStateFromRingBlocks(geometry.layers[l], blocks, position);
+        ASSERT_TRUE(paged.StoreLayer(layer, ls, position, 0, converted.pages).ok());
+        ASSERT_TRUE(
+            paged.StoreLayerRing(layer, geometry.layers[l], blocks, position, direct.pages).ok());
+      }
+      for (size_t k = 0; k < converted.pages.pages.size(); ++k) {
+        for (size_t i = 0; i < converted.pages.pages[k].size(); ++i) {
+          const std::span<std::byte> a = converted.pages.pages[k][i];
+          const std::span<std::byte> b = direct.pages.pages[k][i];
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << "kind " << k << " page " << i;
+        }
+      }
+    }
   }
 }
 

@@ -23,7 +23,6 @@ StateDims SmallDims() {
   dims.sliding_window = 8;
   dims.compress_rate_csa = 4;
   dims.compress_rate_hca = 16;
-  dims.element_bytes = 4;
   dims.entries_per_page = 2;
   return dims;
 }

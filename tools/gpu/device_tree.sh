@@ -8,7 +8,7 @@
 #   tools/gpu/device_tree.sh tests            # move aside models/kjv-v4-wide and the fixtures
 #                                             # the GPU tests do not read (tree ~42 MB)
 #   tools/gpu/device_tree.sh wide             # move aside kjv-v4-tiny and tests/fixtures but
-#                                             # small_model (prompt ids); carry
+#                                             # small_model and v4_configs; carry
 #                                             # kjv-v4-wide as .device-carry/wide.tar.xz (36 MB)
 #   tools/gpu/device_tree.sh restore          # put everything back (always run it after the call)
 #
@@ -48,9 +48,10 @@ case $mode in
   wide)
     mkdir -p .device-carry
     tar -cf - models/kjv-v4-wide | xz -6 -T0 > .device-carry/wide.tar.xz
-    # tests/fixtures/small_model stays: its prompt ids serve the wide model's GPU tests too.
-    aside models/kjv-v4-tiny models/kjv-v4-wide \
-      $(find tests/fixtures -mindepth 1 -maxdepth 1 -not -name small_model | sort)
+    # tests/fixtures/small_model stays (its prompt ids serve the wide model's GPU tests too), and
+    # v4_configs (the V4-Flash config the benches read).
+    aside models/kjv-v4-tiny models/kjv-v4-wide $(find tests/fixtures -mindepth 1 -maxdepth 1 \
+      -not -name small_model -not -name v4_configs | sort)
     ;;
   restore)
     [ -d "$stash" ] || { echo "nothing aside in $stash"; exit 0; }

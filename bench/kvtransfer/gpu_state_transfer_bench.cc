@@ -1,0 +1,411 @@
+// Issue 27's GPU -> GPU state transfer benchmark: a CUDA prefill's state to a CUDA decode slot
+// through the product path, between two processes on one GPU (the decode process is the parent,
+// the prefill process a child forked before CUDA and UCX start), over UCX (transport from
+// UCX_TLS), at DeepSeek-V4-Flash attention shapes (bench/ep/flash_shapes.h: head_dim 512, indexer
+// 64 x 128, window 128, CSA rate 4 / HCA rate 128 alternating; small MoE, random weights).
+//
+// Per prompt length p (--lengths) and repeat: the prefill process fills its slot (a real
+// GpuModel::Forward over --chunk-token chunks when p <= --forward-max, else ImportState of a
+// random state: a forward of that length at these shapes takes much longer than the transfer;
+// once per length, the repeats export the same slot again),
+// then, from t0 = the end of its last layer's compute, does what GpuPrefillEngine::Run does
+// after its forward: runtime::StoreSlotStaged into its bf16 pages, posting each layer as it is
+// stored, commit. The decode process (bf16 pool, TransferReceiver) verifies (t_verified), then
+// does what GpuStepRunner::Place does: PagedState::Load + ImportState into its slot
+// (t_imported). Both clocks are CLOCK_MONOTONIC of one machine.
+//
+// Columns: bytes on the wire (bf16 pages as sent), transfer ms = t_verified - t0 and its GB/s
+// (1e9 B/s), import ms, end-to-end GB/s = bytes / (t_imported - t0); the floor of the same path's
+// copies: cudaMemcpy device -> pinned host -> device of the same bytes in one process (GB/s =
+// bytes / (D2H + H2D time)) and our end-to-end share of it; the forward's ms; the transfer time
+// left after the last layer's compute (t_imported - t0) as a share of TTFT (forward + that);
+// for lengths past --forward-max the forward ms is extrapolated linearly from the longest
+// measured one (marked "est."). "state" says whether the decode slot's exported state equals the
+// prefill slot's bit for bit (xxh3 of every tensor). Medians over --repeats. Markdown on stdout,
+// progress on stderr. ucx_perftest over the same transport is run by
+// tools/gpu/run_gpu_transfer_bench.sh next to this.
+#include <cuda_runtime.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/ep/flash_shapes.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/gpu/device_memory.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/random_weights.h"
+#include "engine/ring_state.h"
+#include "kvtransfer/transfer_plan.h"
+#include "kvtransfer/transfer_sender.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
+#include "runtime/cuda/gpu_prefill_engine.h"
+#include "runtime/paged_state.h"
+#include "serving/page_pool.h"
+#include "worker/worker_model.h"
+#include "xxhash.h"
+
+namespace pdserve::bench {
+namespace {
+
+using engine::gpu::CudaStatus;
+using engine::gpu::GpuModel;
+
+struct Flags {
+  int64_t layers = 8;
+  std::string lengths = "4096,32768,131072";
+  int64_t forward_max = 32768;
+  int64_t chunk = 256;  // the CUDA backend's max_chunk
+  int64_t repeats = 3;
+};
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1'000'000'000ll + ts.tv_nsec;
+}
+
+[[noreturn]] void Die(const char* role, const absl::Status& status) {
+  std::fprintf(stderr, "gpu_state_transfer_bench %s: %s\n", role, status.ToString().c_str());
+  std::exit(1);
+}
+
+// A line-oriented pipe between the two processes.
+class Channel {
+ public:
+  Channel(int read_fd, int write_fd) : read_fd_(read_fd), write_fd_(write_fd) {}
+  void Write(const std::string& line) {
+    const std::string data = line + "\n";
+    if (write(write_fd_, data.data(), data.size()) != static_cast<ssize_t>(data.size())) {
+      Die("channel", absl::UnavailableError("pipe write"));
+    }
+  }
+  std::string Read() {
+    std::string line;
+    char c;
+    while (read(read_fd_, &c, 1) == 1 && c != '\n') line += c;
+    return line;
+  }
+
+ private:
+  int read_fd_;
+  int write_fd_;
+};
+
+std::string Hex(std::span<const std::byte> bytes) {
+  std::string out;
+  for (std::byte b : bytes) {
+    out += absl::StrCat(absl::Hex(static_cast<unsigned>(b), absl::kZeroPad2));
+  }
+  return out;
+}
+
+std::vector<std::byte> Unhex(const std::string& hex) {
+  std::vector<std::byte> out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<std::byte>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+std::vector<int64_t> Lengths(const Flags& flags) {
+  std::vector<int64_t> out;
+  for (absl::string_view p : absl::StrSplit(flags.lengths, ','))
+    out.push_back(std::stoll(std::string(p)));
+  return out;
+}
+
+engine::ModelConfig Config(const Flags& flags) {
+  engine::ModelConfig config = FlashShapes(flags.layers, 32768);
+  config.n_routed_experts = 8;
+  config.moe_intermediate_size = 256;
+  const std::vector<int64_t> lengths = Lengths(flags);
+  config.max_position_embeddings = *std::max_element(lengths.begin(), lengths.end()) + 64;
+  return config;
+}
+
+absl::StatusOr<std::unique_ptr<GpuModel>> MakeModel(const Flags& flags,
+                                                    const engine::ModelConfig& config) {
+  const engine::Weights weights = engine::FastRandomWeights(config, 1);
+  engine::gpu::GpuModelOptions options;
+  options.slots = 1;
+  options.max_context = config.max_position_embeddings;
+  options.max_chunk = flags.chunk;
+  return GpuModel::Create(config, weights, options);
+}
+
+// xxh3-64 over every tensor of slot 0's exported state, in order.
+absl::StatusOr<uint64_t> StateDigest(GpuModel& gpu) {
+  PDSERVE_ASSIGN_OR_RETURN(const engine::ModelState state, gpu.ExportState(0));
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  auto add = [&](const engine::Tensor& t) {
+    XXH3_64bits_update(h, t.data.data(), t.data.size() * sizeof(float));
+  };
+  for (const engine::LayerState& l : state.layers) {
+    add(l.window_kv);
+    for (const engine::CompressorState* c : {&l.compressor, &l.indexer}) {
+      for (const engine::Tensor* t :
+           {&c->buffer_kv, &c->buffer_gate, &c->overlap_kv, &c->overlap_gate, &c->entries}) {
+        add(*t);
+      }
+    }
+  }
+  const uint64_t digest = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return digest;
+}
+
+struct Pages {
+  std::unique_ptr<serving::PagePool> pool;
+  serving::PageTable table;
+  runtime::SequencePages pages;
+  std::vector<kv::PlannedPage> plan;
+};
+
+absl::StatusOr<Pages> MakePages(const serving::StateLayout& layout,
+                                std::span<const kv::LayerAttention> layers, int64_t prompt,
+                                int64_t total) {
+  Pages p;
+  PDSERVE_ASSIGN_OR_RETURN(p.pool, serving::PagePool::Create(layout.PoolOptions(1, total)));
+  PDSERVE_ASSIGN_OR_RETURN(p.table, p.pool->Allocate(1, layout.Demand(total)));
+  PDSERVE_ASSIGN_OR_RETURN(p.pages, runtime::MapPages(*p.pool, p.table));
+  PDSERVE_ASSIGN_OR_RETURN(p.plan, kv::PlanTransfer(layout, layers, p.table, prompt, total));
+  return p;
+}
+
+// ---- prefill (child) --------------------------------------------------------------------------
+
+absl::Status Prefill(const Flags& flags, Channel& channel) {
+  const engine::ModelConfig config = Config(flags);
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
+  PDSERVE_ASSIGN_OR_RETURN(
+      const serving::StateLayout layout,
+      runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/true)));
+  const std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
+  const auto fit = static_cast<int64_t>(runtime::GpuPrefillEngine::kStagingBudgetBytes /
+                                        gpu->StagingLayerBytes());
+  PDSERVE_ASSIGN_OR_RETURN(auto staging,
+                           gpu->NewStateStaging(std::clamp<int64_t>(
+                               fit, std::min<int64_t>(2, flags.layers), flags.layers)));
+  PDSERVE_ASSIGN_OR_RETURN(auto transport, kv::UcxTransport::Create());
+  SystemClock clock;
+  kv::TransferSender sender(*transport, clock);
+  for (int64_t length : Lengths(flags)) {
+    PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
+    const runtime::PagedState paged(config, layout, length + 1);
+    double forward_ms = 0;
+    for (int64_t r = 0; r < flags.repeats; ++r) {
+      PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
+      // The slot is filled once per length; later repeats export the same state again (the
+      // export reads the slot, it does not change it).
+      if (r == 0) {
+        PDSERVE_RETURN_IF_ERROR(gpu->ResetSlot(0));
+        if (length <= flags.forward_max) {
+          std::vector<int32_t> tokens;
+          const int64_t started = NowNs();
+          for (int64_t from = 0; from < length; from += flags.chunk) {
+            tokens.clear();
+            for (int64_t i = from; i < std::min(length, from + flags.chunk); ++i) {
+              tokens.push_back(static_cast<int32_t>((31 * i + 5) % config.vocab_size));
+            }
+            PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, tokens).status());
+          }
+          forward_ms = static_cast<double>(NowNs() - started) / 1e6;
+        } else {
+          PDSERVE_RETURN_IF_ERROR(gpu->ImportState(
+              0, RandomRingState(config, gpu->max_context(), length,
+                                 88172645463325252ull ^ static_cast<uint64_t>(length))));
+        }
+      }
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
+      const int64_t t0 = NowNs();  // the last layer's compute is done
+      std::vector<kv::SourcePage> sources;
+      for (const kv::PlannedPage& page : pages.plan) {
+        PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pages.pool->Data(1, page.handle));
+        sources.push_back({bytes, page.descriptor.element});
+      }
+      PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
+                               sender.PrepareWithElements(ticket, std::move(sources)));
+      // Each layer is posted as soon as it is stored, as the prefill worker's callback does.
+      auto post = [&](int64_t layer) -> absl::Status {
+        PDSERVE_RETURN_IF_ERROR(transfer->PostLayer(static_cast<uint32_t>(layer)));
+        return transfer->Poll().status();
+      };
+      PDSERVE_RETURN_IF_ERROR(
+          runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post));
+      PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
+      absl::StatusOr<bool> done = false;
+      while (done.ok() && !*done) done = transfer->Poll();
+      PDSERVE_RETURN_IF_ERROR(done.status());
+      PDSERVE_RETURN_IF_ERROR(transfer->Release());
+      PDSERVE_ASSIGN_OR_RETURN(const uint64_t digest, StateDigest(*gpu));
+      channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- decode (parent) --------------------------------------------------------------------------
+
+// GB/s of cudaMemcpy device -> pinned host -> device of `bytes` (median of 5 after a warm-up).
+absl::StatusOr<double> CopyFloor(size_t bytes) {
+  engine::gpu::DeviceArray<unsigned char> from;
+  engine::gpu::DeviceArray<unsigned char> to;
+  engine::gpu::PinnedArray<unsigned char> host;
+  PDSERVE_RETURN_IF_ERROR(from.Allocate(bytes));
+  PDSERVE_RETURN_IF_ERROR(to.Allocate(bytes));
+  PDSERVE_RETURN_IF_ERROR(host.Allocate(bytes));
+  PDSERVE_RETURN_IF_ERROR(from.Fill(0x5A));
+  std::vector<double> seconds;
+  for (int i = 0; i < 6; ++i) {
+    const int64_t start = NowNs();
+    PDSERVE_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(host.get(), from.get(), bytes, cudaMemcpyDeviceToHost), "D2H"));
+    PDSERVE_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(to.get(), host.get(), bytes, cudaMemcpyHostToDevice), "H2D"));
+    if (i > 0) seconds.push_back(static_cast<double>(NowNs() - start) / 1e9);
+  }
+  return static_cast<double>(bytes) / Median(seconds) / 1e9;
+}
+
+absl::Status Decode(const Flags& flags, Channel& channel) {
+  const engine::ModelConfig config = Config(flags);
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
+  PDSERVE_ASSIGN_OR_RETURN(
+      const serving::StateLayout layout,
+      runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/true)));
+  const std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
+  PDSERVE_ASSIGN_OR_RETURN(auto staging, gpu->NewStateStaging(std::min<int64_t>(2, flags.layers)));
+  SystemClock clock;
+  PDSERVE_ASSIGN_OR_RETURN(auto receiver,
+                           kv::CreateUcxReceiver({.lease = absl::Seconds(600)}, clock,
+                                                 [](uint64_t, uint64_t, const absl::Status&) {}));
+  std::printf(
+      "| prompt tokens | layers | bytes on the wire (bf16) | transfer ms | transfer GB/s | "
+      "import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | "
+      "forward ms | left after compute ms | share of TTFT | state |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::fflush(stdout);
+  double longest_forward_ms = 0;
+  int64_t longest_forward_tokens = 0;
+  uint64_t request = 1;
+  for (int64_t length : Lengths(flags)) {
+    PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
+    const runtime::PagedState paged(config, layout, length + 1);
+    std::vector<double> transfer_ms, import_ms, forward_ms;
+    bool same_state = true;
+    uint64_t bytes = 0;
+    for (int64_t r = 0; r < flags.repeats; ++r) {
+      kv::ReceiveSpec spec{.request_id = request++, .epoch = kv::TableEpoch(pages.table)};
+      bytes = 0;
+      for (const kv::PlannedPage& page : pages.plan) {
+        spec.pages.push_back(page.descriptor);
+        PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> destination,
+                                 pages.pool->Data(1, page.handle));
+        spec.destinations.push_back(destination);
+        bytes += page.descriptor.bytes;
+      }
+      PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, receiver->Expect(std::move(spec)));
+      channel.Write(Hex(kv::EncodeTicket(ticket)));
+      absl::StatusOr<kv::TransferOutcome> outcome = receiver->Outcome(ticket.ticket_id);
+      while (outcome.ok() && outcome->state == kv::TransferState::kReceiving) {
+        receiver->Progress();
+        outcome = receiver->Outcome(ticket.ticket_id);
+      }
+      const int64_t verified = NowNs();
+      PDSERVE_RETURN_IF_ERROR(outcome.status());
+      if (outcome->state != kv::TransferState::kVerified) return outcome->status;
+      engine::ModelState state = gpu->NewState();
+      PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
+      PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
+      const int64_t imported = NowNs();
+      const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
+      if (fields.size() != 3) return absl::InternalError("bad line from the prefill process");
+      const int64_t t0 = std::stoll(fields[0]);
+      forward_ms.push_back(std::stod(fields[1]));
+      PDSERVE_ASSIGN_OR_RETURN(const uint64_t digest, StateDigest(*gpu));
+      same_state = same_state && digest == std::stoull(fields[2]);
+      transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
+      import_ms.push_back(static_cast<double>(imported - verified) / 1e6);
+      // The ticket is verified and read: it is forgotten at its lease end; the pages are reused
+      // by the next repeat (a new ticket over the same pages, as a benchmark may).
+    }
+    PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
+    const double transfer = Median(transfer_ms);
+    const double import = Median(import_ms);
+    const double left = transfer + import;
+    const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
+    double forward = Median(forward_ms);
+    std::string forward_text = absl::StrFormat("%.1f", forward);
+    if (forward > 0) {
+      longest_forward_ms = forward;
+      longest_forward_tokens = length;
+    } else if (longest_forward_tokens > 0) {
+      forward = longest_forward_ms * static_cast<double>(length) /
+                static_cast<double>(longest_forward_tokens);
+      forward_text = absl::StrFormat("%.1f est.", forward);
+    }
+    const std::string share =
+        forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
+    std::printf(
+        "| %lld | %lld | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | "
+        "%s | %s |\n",
+        static_cast<long long>(length), static_cast<long long>(flags.layers),
+        static_cast<double>(bytes) / 1e6, transfer,
+        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, e2e, floor, 100 * e2e / floor,
+        forward_text.c_str(), left, share.c_str(), same_state ? "equal" : "DIFFERS");
+    std::fflush(stdout);
+    if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pdserve::bench
+
+int main(int argc, char** argv) {
+  pdserve::bench::Flags flags;
+  CLI::App app("CUDA prefill -> CUDA decode state transfer over UCX, two processes on one GPU");
+  app.add_option("--layers", flags.layers, "V4-Flash-shaped layers (CSA / HCA alternating)");
+  app.add_option("--lengths", flags.lengths, "Prompt lengths, comma-separated");
+  app.add_option("--forward-max", flags.forward_max,
+                 "Longest prompt run through a real forward (longer: a random state)");
+  app.add_option("--chunk", flags.chunk, "Forward chunk tokens (the model's max_chunk)");
+  app.add_option("--repeats", flags.repeats, "Transfers per length (median)");
+  CLI11_PARSE(app, argc, argv);
+  int to_prefill[2];
+  int to_decode[2];
+  if (pipe(to_prefill) != 0 || pipe(to_decode) != 0) return 1;
+  const pid_t child = fork();
+  if (child == 0) {
+    pdserve::bench::Channel channel(to_prefill[0], to_decode[1]);
+    const absl::Status status = pdserve::bench::Prefill(flags, channel);
+    if (!status.ok()) pdserve::bench::Die("prefill", status);
+    _exit(0);
+  }
+  pdserve::bench::Channel channel(to_decode[0], to_prefill[1]);
+  const absl::Status status = pdserve::bench::Decode(flags, channel);
+  if (!status.ok()) {
+    kill(child, SIGTERM);
+    pdserve::bench::Die("decode", status);
+  }
+  int wait_status = 0;
+  waitpid(child, &wait_status, 0);
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1;
+}
