@@ -15,18 +15,22 @@
 # (the same on the tiny model, fp32 GEMMs, exact equality) and
 # GpuStepRunnerTest.PoolsTooSmall* (a scheduler that reserves no device pages: the runner stops
 # the two newest of four sequences with ResourceExhausted, the two oldest match full pools).
-# Pack here (after building pdserve, and engine_gpu_tests for the optional test):
-#   tools/gpu/pack_binaries.sh .device-carry/admit build/pdserve
-#   tools/gpu/pack_engine_tests.sh build .device-carry/gpu        # optional
-# there, from the repository root (models/kjv-v4-wide in place):
+# Each part runs where its model is in the tree: the serve part needs models/kjv-v4-wide (a
+# `tools/gpu/device_tree.sh wide` tree), the engine tests models/kjv-v4-tiny (a `tests` tree);
+# the table says SKIPPED for the other.
+# Pack here: `tools/gpu/device_tree.sh bundle build` (pdserve in .device-carry/bin, the engine
+# tests in .device-carry/gpu; unpack there as device_tree.sh says), or by hand
+#   tools/gpu/pack_binaries.sh .device-carry/bin build/pdserve
+#   tools/gpu/pack_engine_tests.sh build .device-carry/gpu
+# there, from the repository root:
 #   OUT=$OUT tools/gpu/run_admission.sh
-# Environment: BINS (.device-carry/admit), PACK (.device-carry/gpu), OUT (gpu-out/admit),
+# Environment: BINS (.device-carry/bin), PACK (.device-carry/gpu), OUT (gpu-out/admit),
 # REQUESTS (24), MAX_TOKENS (400). Logs under $OUT; a short table is printed last. Expected run
 # time: about 1 min (two model loads of a few seconds, two rounds of 400-token decodes).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-gpu-out/admit}
-bins=${BINS:-.device-carry/admit}
+bins=${BINS:-.device-carry/bin}
 pack=${PACK:-.device-carry/gpu}
 requests=${REQUESTS:-24}
 max_tokens=${MAX_TOKENS:-400}
@@ -37,7 +41,9 @@ row() { rows+=("| $1 | $2 | $3 |"); }
 t0=$(date +%s)
 elapsed() { echo "$(($(date +%s) - t0)) s"; }
 
-if [ -f "$pack/libs.tar.xz" ]; then
+if [ ! -d models/kjv-v4-tiny ]; then
+  row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "SKIPPED" "no models/kjv-v4-tiny"
+elif [ -f "$pack/libs.tar.xz" ]; then
   mkdir -p /tmp/pdserve-libs && tar -xJf "$pack/libs.tar.xz" -C /tmp/pdserve-libs
   cublas=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
   chmod +x "$pack/bin/engine_gpu_tests"
@@ -46,9 +52,13 @@ if [ -f "$pack/libs.tar.xz" ]; then
     > "$out/engine.log" 2>&1
   row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "$([ $? = 0 ] && echo PASS || echo FAIL)" \
     "$(grep -E '^\[  PASSED|^\[  FAILED' "$out/engine.log" | tr '\n' ' ')($(elapsed))"
+else
+  row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "SKIPPED" "no $pack/libs.tar.xz"
 fi
 
-if [ ! -f "$bins/env.sh" ]; then
+if [ ! -d models/kjv-v4-wide ]; then
+  row "serve kjv-v4-wide" "SKIPPED" "no models/kjv-v4-wide"
+elif [ ! -f "$bins/env.sh" ]; then
   row "serve kjv-v4-wide" "SKIPPED" "no $bins/env.sh (tools/gpu/pack_binaries.sh)"
 else
   # shellcheck disable=SC1091
