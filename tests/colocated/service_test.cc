@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "serving/state_layout.h"
 
 namespace pdserve::colocated {
 namespace {
@@ -305,6 +306,9 @@ TEST(ColocatedServiceTest, DeviceStateLedgerHasTheDevicePoolsPages) {
   EXPECT_EQ(service->pool().pages_total(rate4), 4);
   EXPECT_EQ(service->pool().pages_total(rate32), 4);
   EXPECT_EQ(DeviceStateKind(NewService()->pool(), 4), -1);  // unset: no device kinds
+  const auto by_label = serving::PoolPagesByLabel(service->pool());
+  ASSERT_TRUE(by_label.contains("device"));
+  EXPECT_EQ(by_label.at("device").free, 8);  // the metrics' kind="device"
 }
 
 TEST(ColocatedServiceTest, RequestThatDoesNotFitTheDevicePoolsNowWaitsAndMatchesAnUnboundedRun) {
