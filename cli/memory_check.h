@@ -17,6 +17,8 @@ struct WorkerPlanOptions {
   int64_t max_batch = 64;   // decode: `pdserve decode --max-batch`
   int64_t pool_tokens = 0;  // decode: `--pool-tokens` (0: max_batch * context length)
   int64_t max_context = 0;  // 0: what today's worker uses (see WorkerPlanRequest)
+  // decode: paged device state tokens (`pdserve serve --state-tokens`; 0: every slot full).
+  int64_t state_tokens = 0;
   int64_t gpu_bytes = engine::kH200Bytes;
 };
 

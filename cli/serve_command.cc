@@ -5,8 +5,11 @@
 //                 [--paranoid] [--canary-every N] [--canary-tolerance E]
 //                 [--backend cpu|cuda] [--device N]
 //                 [--devices LIST] [--expert-comm auto|nccl|local] [--weights bf16|fp8]
-//                 [--fp8-activations bf16|fp8]
+//                 [--fp8-activations bf16|fp8] [--state-tokens T]
 //
+// --state-tokens (cuda only) sizes the device page pools of compressed state (0, the default:
+// every slot full); admission reserves each request's pages, so one that does not fit waits
+// (colocated::ServiceOptions::device_state_tokens).
 // --backend cuda serves on the CUDA engine (engine/gpu, runtime/cuda/gpu_backend.h) on GPU
 // --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
 // --devices "0,1" instead spans several GPUs as one expert-parallel group (experts split over the
@@ -32,6 +35,7 @@
 //
 // Prints "pdserve serve: listening on http://HOST:PORT" once bound (--port 0 picks a free port),
 // serves until SIGINT or SIGTERM, then stops the server and the engine loop.
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -61,6 +65,7 @@ struct ServeOptions {
   uint16_t port = 8000;
   int64_t max_batch = 64;
   int64_t pool_tokens = 0;
+  int64_t state_tokens = -1;  // --backend cuda: GpuModelOptions::state_tokens (-1: not given)
   int64_t token_budget = 512;
   bool reject_when_full = false;
   std::string degeneration = "flag";
@@ -136,6 +141,12 @@ absl::Status Serve(const ServeOptions& options) {
   service_options.model_dir = options.model_dir;
   service_options.max_batch = options.max_batch;
   service_options.pool_tokens = options.pool_tokens;
+  if (options.backend == "cuda") {
+    service_options.device_state_tokens = std::max<int64_t>(options.state_tokens, 0);
+  } else if (options.state_tokens >= 0) {
+    return absl::InvalidArgumentError(
+        "--state-tokens sizes the CUDA engine's device page pools: it needs --backend cuda");
+  }
   service_options.token_budget = options.token_budget;
   service_options.policy = options.reject_when_full ? serving::AdmissionPolicy::kReject
                                                     : serving::AdmissionPolicy::kWait;
@@ -201,6 +212,10 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--pool-tokens", o->pool_tokens,
                   "Tokens of decode state the page pool holds (0: max-batch * context length)")
       ->capture_default_str()
+      ->check(NonNegative());
+  cmd->add_option("--state-tokens", o->state_tokens,
+                  "--backend cuda: tokens of compressed state the device page pools hold over all "
+                  "running sequences (0: every slot full); a request that does not fit waits")
       ->check(NonNegative());
   cmd->add_option("--token-budget", o->token_budget, "Tokens per engine step")
       ->capture_default_str();

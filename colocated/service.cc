@@ -6,13 +6,20 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/paged_state_plan.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {
+namespace {
+// Name prefix of the scheduler pool's bookkeeping kinds for the device page pools
+// (ServiceOptions::device_state_tokens), followed by the compression rate.
+constexpr char kDeviceStateKind[] = "device_state_rate";
+}  // namespace
 
 // One API request: its choices' detokenizers and the sink. Guarded by context->mu, which the
 // runner holds while it delivers a token.
@@ -50,11 +57,13 @@ class ColocatedService::RequestGeneration : public frontend::Generation {
 absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
     const ServiceOptions& options) {
   if (options.max_batch < 1 || options.token_budget <= options.max_batch ||
-      options.pool_tokens < 0 || options.max_waiting < 0) {
+      options.pool_tokens < 0 || options.max_waiting < 0 ||
+      options.device_state_tokens.value_or(0) < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "need max_batch >= 1, token_budget > max_batch, pool_tokens >= 0, max_waiting >= 0; got ",
+        "need max_batch >= 1, token_budget > max_batch, pool_tokens >= 0, max_waiting >= 0, "
+        "device_state_tokens >= 0; got ",
         options.max_batch, ", ", options.token_budget, ", ", options.pool_tokens, ", ",
-        options.max_waiting));
+        options.max_waiting, ", ", options.device_state_tokens.value_or(0)));
   }
   if (options.canary_every < 0) {
     return absl::InvalidArgumentError(
@@ -79,27 +88,42 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
   const int64_t pool_tokens = options.pool_tokens > 0
                                   ? options.pool_tokens
                                   : options.max_batch * config.max_position_embeddings;
-  PDSERVE_ASSIGN_OR_RETURN(
-      s->pool_, serving::PagePool::Create(s->layout_->PoolOptions(options.max_batch, pool_tokens)));
+  const int64_t max_context = std::min(config.max_position_embeddings, pool_tokens);
+  serving::PagePoolOptions pool_options = s->layout_->PoolOptions(options.max_batch, pool_tokens);
+  std::vector<std::pair<int64_t, int64_t>> device_kinds;
+  if (options.device_state_tokens.has_value()) {
+    // Another runner keeps every sequence's state on the device: the host pool is bookkeeping.
+    pool_options.host_memory = !options.runner_factory;
+    device_kinds = engine::PagedPoolKinds(config, options.max_batch, max_context,
+                                          *options.device_state_tokens);
+    for (const auto& [rate, pages] : device_kinds) {
+      // Bookkeeping only: 4 bytes a page on the host; the state lives in the device pools.
+      pool_options.kinds.push_back({absl::StrCat(kDeviceStateKind, rate), pages, 1, 4});
+    }
+  }
+  PDSERVE_ASSIGN_OR_RETURN(s->pool_, serving::PagePool::Create(std::move(pool_options)));
   serving::SchedulerOptions scheduler_options;
   scheduler_options.token_budget = options.token_budget;
   scheduler_options.max_running = options.max_batch;
   scheduler_options.policy = options.policy;
   const serving::StateLayout* layout_ptr = s->layout_.get();
-  PDSERVE_ASSIGN_OR_RETURN(s->scheduler_, serving::Scheduler::Create(
-                                              scheduler_options, s->pool_.get(),
-                                              [layout_ptr](int64_t total_tokens) {
-                                                return layout_ptr->Demand(total_tokens);
-                                              },
-                                              &s->clock_, nullptr));
+  PDSERVE_ASSIGN_OR_RETURN(
+      s->scheduler_,
+      serving::Scheduler::Create(
+          scheduler_options, s->pool_.get(),
+          [layout_ptr, device_kinds, max_context](int64_t total_tokens) {
+            serving::PageDemand demand = layout_ptr->Demand(total_tokens);
+            for (const auto& kind : device_kinds) {
+              demand.push_back(engine::PagedRequestPages(kind.first, max_context, total_tokens));
+            }
+            return demand;
+          },
+          &s->clock_, nullptr));
   if (options.runner_factory) {
-    runtime::RunnerContext context{options.model_dir,
-                                   &config,
-                                   s->layout_.get(),
-                                   s->pool_.get(),
-                                   s->options_.runner,
-                                   options.max_batch,
-                                   std::min(config.max_position_embeddings, pool_tokens)};
+    runtime::RunnerContext context{options.model_dir,  &config,
+                                   s->layout_.get(),   s->pool_.get(),
+                                   s->options_.runner, options.max_batch,
+                                   max_context,        options.device_state_tokens.value_or(0)};
     PDSERVE_ASSIGN_OR_RETURN(s->runner_, options.runner_factory(context));
   } else {
     s->runner_ = std::make_unique<runtime::EngineStepRunner>(*s->model_, *s->layout_,
@@ -276,6 +300,13 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
       if (absl::IsUnavailable(submitted)) {
         return frontend::ServerError(503, std::string(submitted.message()), "server_error",
                                      "pool_exhausted");
+      }
+      if (absl::StrContains(submitted.message(), kDeviceStateKind)) {
+        return frontend::InvalidRequest(
+            absl::StrCat("prompt + max_tokens (", prompt_length + max_tokens,
+                         " tokens) can never fit this server's device state pool (state_tokens ",
+                         options_.device_state_tokens.value_or(0), "): ", submitted.message()),
+            "max_tokens", "context_length_exceeded");
       }
       return frontend::InvalidRequest(std::string(submitted.message()), "max_tokens");
     }

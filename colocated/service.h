@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,18 @@ struct ServiceOptions {
   int64_t max_batch = 64;  // sequences holding pages at once (scheduler max_running)
   // Tokens of state the pool holds over all sequences; 0: max_batch * max_position_embeddings.
   int64_t pool_tokens = 0;
+  // The CUDA backend's paged state (GpuModelOptions::state_tokens, engine/paged_state_plan.h):
+  // set, the runner's device page pools hold this many tokens of compressed state over all
+  // sequences (0: every slot full, max_batch * context), and admission counts them too: the
+  // scheduler's pool gets one bookkeeping kind per compression rate with the device pool's pages
+  // (PagedPoolKinds) and each sequence reserves PagedRequestPages of prompt + max_tokens at
+  // admission. So a request that does not fit now waits in the queue (or gets 503 with
+  // policy kReject), one that could never fit gets 400 naming the pages, and a running sequence
+  // never finds its device pool short. With runner_factory set, the scheduler's pool then holds
+  // no host bytes (the runner keeps all state on the device). Exact for one GPU; over several ranks
+  // the ledger sums the ranks' pools, so a rank can still run short (the step then fails on that
+  // rank). Unset: the CPU engine, or a runner without paged device state.
+  std::optional<int64_t> device_state_tokens;
   int64_t token_budget = 512;  // tokens per engine step (decode + prefill)
   int64_t max_waiting = 1024;  // sequences queued beyond this get 429
   serving::AdmissionPolicy policy = serving::AdmissionPolicy::kWait;

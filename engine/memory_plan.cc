@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/expert_parallel.h"
+#include "engine/paged_state_plan.h"
 #include "engine/ring_state.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
@@ -262,7 +263,10 @@ GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replica
     p.slots = slots;
     p.activations =
         GpuActivationBytes(config, std::max(q.max_chunk, slots), context, static_cast<int>(world));
-    p.state = (slots + 1) * GpuSlotStateBytes(config, context).total();
+    p.state = !q.prefill && q.state_tokens > 0
+                  ? GpuStatePoolBytes(config, slots, context, CeilDiv(q.state_tokens, world),
+                                      /*paged=*/true)
+                  : (slots + 1) * GpuSlotStateBytes(config, context).total();
     p.graphs = q.prefill ? 0 : DecodeBuckets(slots) * kGraphAllowance;
     p.runtime = kRuntimeAllowance;
     return p;
@@ -296,6 +300,40 @@ std::string PlanRow(const char* what, int64_t stored, int64_t today) {
 
 std::string CountRow(const char* what, int64_t stored, int64_t today) {
   return absl::StrFormat("  %-34s %14d %14d\n", what, stored, today);
+}
+
+}  // namespace
+
+namespace {
+
+// The paged state's lines of FormatPlan for a decode worker whose engine plan is `t`.
+std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const GpuPlan& t) {
+  const int64_t world = std::max(1, q.world);
+  const int64_t state_tokens = CeilDiv(q.state_tokens, world);
+  std::string out = absl::StrCat("  paged state, state_tokens ", q.state_tokens,
+                                 q.state_tokens == 0 ? " (every slot full)" : "",
+                                 ": requests admitted at once (per group):");
+  for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
+    absl::StrAppend(
+        &out, " ", tokens / 1024,
+        "K: ", world * AdmittedRequests(config, t.slots, q.max_context, state_tokens, tokens), ";");
+  }
+  const int64_t budget = q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime;
+  absl::StrAppend(&out, "\n  state budget ", Gib(std::max<int64_t>(budget, 0)),
+                  " per GPU fits (paged / slot layout, per group):");
+  for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
+    if (tokens > q.max_context || budget <= 0) {
+      absl::StrAppend(&out, " ", tokens / 1024, "K: 0 / 0;");
+      continue;
+    }
+    absl::StrAppend(
+        &out, " ", tokens / 1024,
+        "K: ", world * ConcurrentRequestsThatFit(config, tokens, q.max_context, budget, true),
+        " / ", world * ConcurrentRequestsThatFit(config, tokens, q.max_context, budget, false),
+        ";");
+  }
+  absl::StrAppend(&out, "\n");
+  return out;
 }
 
 }  // namespace
@@ -352,6 +390,7 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
         PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), at).max_batch_at_context, ";");
   }
   absl::StrAppend(&out, "\n");
+  if (!q.prefill) absl::StrAppend(&out, PagedCapacity(config, q, t));
   return out;
 }
 

@@ -109,6 +109,9 @@ struct PlanRequest {
   int64_t gpu_bytes = kH200Bytes;
   // The worker's `weights: fp8`: the engine holds WeightBytes::*_fp8, not *_today.
   bool fp8_weights = false;
+  // Decode: the paged device state pools hold this many tokens over the whole group
+  // (`pdserve serve --state-tokens`, engine/paged_state_plan.h); 0: every slot full.
+  int64_t state_tokens = 0;
 };
 
 // The plan of one GPU of the group (the largest rank), in one precision.
@@ -128,7 +131,9 @@ struct GpuPlan {
 GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replicated_bytes,
                 const PlanRequest& request);
 
-// The plan as text (both precisions, the batch x context table) for `pdserve plan`.
+// The plan as text (both precisions, the batch x context table, and the paged state's capacity:
+// requests of 8K / 32K / 128K tokens admitted at once with the request's state_tokens, and how
+// many would fit the GPU's state budget paged vs slot layout) for `pdserve plan`.
 std::string FormatPlan(const ModelConfig& config, const WeightBytes& weights,
                        const PlanRequest& request);
 

@@ -45,6 +45,31 @@ int64_t PagedPoolPages(int64_t rate, int64_t slots, int64_t max_context, int64_t
   return std::max<int64_t>(pool, 1);
 }
 
+std::vector<std::pair<int64_t, int64_t>> PagedPoolKinds(const ModelConfig& config, int64_t slots,
+                                                        int64_t max_context, int64_t state_tokens) {
+  std::vector<std::pair<int64_t, int64_t>> kinds;
+  for (const auto& [rate, page] : GpuPagedStateBytes(config).page_bytes) {
+    kinds.emplace_back(rate, PagedPoolPages(rate, slots, max_context, state_tokens));
+  }
+  return kinds;
+}
+
+int64_t PagedRequestPages(int64_t rate, int64_t max_context, int64_t tokens) {
+  const int64_t capacity = RingEntryCapacity(max_context, rate, kPagedEntries);
+  return CeilDiv(std::min(std::max<int64_t>(tokens, 0) / rate, capacity), kPagedEntries);
+}
+
+int64_t AdmittedRequests(const ModelConfig& config, int64_t slots, int64_t max_context,
+                         int64_t state_tokens, int64_t tokens) {
+  if (tokens > max_context || tokens < 1) return 0;
+  int64_t admitted = slots;
+  for (const auto& [rate, pages] : PagedPoolKinds(config, slots, max_context, state_tokens)) {
+    const int64_t need = PagedRequestPages(rate, max_context, tokens);
+    if (need > 0) admitted = std::min(admitted, pages / need);
+  }
+  return admitted;
+}
+
 int64_t GpuStatePoolBytes(const ModelConfig& config, int64_t slots, int64_t max_context,
                           int64_t state_tokens, bool paged) {
   const PagedStateBytes b = GpuPagedStateBytes(config);

@@ -39,6 +39,23 @@ int64_t PagedPoolPages(int64_t rate, int64_t slots, int64_t max_context, int64_t
 int64_t GpuStatePoolBytes(const ModelConfig& config, int64_t slots, int64_t max_context,
                           int64_t state_tokens, bool paged);
 
+// The admission ledger of a GpuModel's paged pools
+// (colocated::ServiceOptions::device_state_tokens): (rate, allocatable pages) per compression rate,
+// ascending, as PagedPoolPages counts them. Empty for a model of sliding layers only.
+std::vector<std::pair<int64_t, int64_t>> PagedPoolKinds(const ModelConfig& config, int64_t slots,
+                                                        int64_t max_context, int64_t state_tokens);
+// Pages of rate `rate` a request holds once its state reaches `tokens` tokens on a GpuModel of
+// max_context `max_context`: ceil(min(tokens / rate, capacity) / 64), what SlotPageTables::PagesAt
+// grows a slot to. A scheduler that reserves this for prompt + max_tokens at admission, against
+// PagedPoolKinds' pages, never lets a running request find its pool short.
+int64_t PagedRequestPages(int64_t rate, int64_t max_context, int64_t tokens);
+
+// How many requests of `tokens` tokens (prompt + max_tokens) admission lets run at once on a
+// GpuModel of `slots` slots with these pools: min(slots, over every rate, the pool's pages /
+// PagedRequestPages). 0 when `tokens` exceeds max_context.
+int64_t AdmittedRequests(const ModelConfig& config, int64_t slots, int64_t max_context,
+                         int64_t state_tokens, int64_t tokens);
+
 // The most concurrent requests of `tokens` tokens each whose state fits in `budget` bytes on a
 // GpuModel of max_context `max_context`: slot layout (every slot sized for max_context), or paged
 // with state_tokens = requests * tokens. 0 when not even one fits.

@@ -135,6 +135,9 @@ struct RunnerContext {
   RunnerOptions options;
   int64_t slots = 0;        // sequences at once (the scheduler's max_running, or max_batch)
   int64_t max_context = 0;  // tokens per sequence at most (prompt + max_tokens)
+  // CUDA: GpuModelOptions::state_tokens of the paged device state (0: every slot full);
+  // colocated::ServiceOptions::device_state_tokens says how admission counts it.
+  int64_t state_tokens = 0;
 };
 // Builds a runner on another engine than the CPU's (runtime/cuda/gpu_backend.h for CUDA).
 using RunnerFactory =

@@ -28,6 +28,8 @@ const char* StateKindName(StateKind kind) {
 std::string PoolKindLabel(const std::string& name) {
   if (name == "window") return "sliding";
   if (name == "compressed" || name == "indexer") return name;
+  // colocated::ServiceOptions::device_state_tokens' ledger of the CUDA engine's page pools.
+  if (name.starts_with("device_state")) return "device";
   return "compressor";
 }
 

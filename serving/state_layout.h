@@ -53,7 +53,8 @@ inline constexpr int kNumStateKinds = 5;
 const char* StateKindName(StateKind kind);  // "window", "compressed", ...
 // The `kind` label of the pool-page metrics (docs/metrics.md) for the kind named `name`
 // (StateKindName): "window" -> "sliding", "compressed" and "indexer" as they are, either
-// compressor kind -> "compressor".
+// compressor kind -> "compressor", "device_state_rate<r>" (the CUDA engine's page pools,
+// colocated::ServiceOptions::device_state_tokens) -> "device".
 std::string PoolKindLabel(const std::string& name);
 
 // Pages used and free in `pool`, summed per PoolKindLabel (the pool-page metrics' series).

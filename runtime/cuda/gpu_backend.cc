@@ -18,7 +18,8 @@ namespace pdserve::runtime {
 
 absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     const GpuBackendOptions& options, const std::string& model_dir,
-    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context) {
+    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context,
+    int64_t state_tokens_per_rank) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
@@ -49,6 +50,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   engine::gpu::GpuModelOptions& gpu_options = group.model;
   gpu_options.slots = slots_per_rank;
   gpu_options.max_context = max_context;
+  gpu_options.state_tokens = state_tokens_per_rank;
   gpu_options.max_chunk = options.max_chunk;
   gpu_options.gemm_inputs = options.gemm_inputs;
   gpu_options.weight_format = options.weight_format;
@@ -91,11 +93,19 @@ RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
   return
       [options](const RunnerContext& context) -> absl::StatusOr<std::unique_ptr<SequenceRunner>> {
         const auto ranks = static_cast<int64_t>(std::max<size_t>(1, options.devices.size()));
-        PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::GpuModelGroup> group,
-                                 LoadGpuModelGroup(options, context.model_dir, *context.config,
-                                                   (context.slots + ranks - 1) / ranks +
-                                                       (context.options.canary ? 1 : 0),
-                                                   context.max_context));
+        // The canary's recompute slot (one more per rank) re-runs a whole sequence: its pages
+        // come on top of the admitted sequences' (which admission reserves against
+        // context.state_tokens), so a short pool never fails a check.
+        const bool canary = context.options.canary;
+        const int64_t state_tokens =
+            context.state_tokens > 0
+                ? (context.state_tokens + ranks - 1) / ranks + (canary ? context.max_context : 0)
+                : 0;
+        PDSERVE_ASSIGN_OR_RETURN(
+            std::unique_ptr<engine::gpu::GpuModelGroup> group,
+            LoadGpuModelGroup(options, context.model_dir, *context.config,
+                              (context.slots + ranks - 1) / ranks + (canary ? 1 : 0),
+                              context.max_context, state_tokens));
         spdlog::info("backend cuda: {}", group->Describe());
         RunnerOptions runner_options = context.options;
         runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);

@@ -53,19 +53,23 @@ std::string GpuImplementationSummary(const GpuBackendOptions& options);
 
 // The model's weights (engine::Weights::Load from `model_dir`, then the CPU engine's
 // ValidateWeights) uploaded as a group of one GpuModel per options.devices entry, each of
-// `slots_per_rank` slots of `max_context` tokens: what GpuRunnerFactory and the prefill worker's
-// CUDA engine (runtime/cuda) run. Checks the devices before the weights load, which takes a while
-// for a large model. The host copy of the weights is freed before it returns. Errors: the
-// weights' (NotFound, InvalidArgument), FailedPrecondition when no CUDA device is present,
-// InvalidArgument for no devices or a device outside the present ones, GpuModelGroup::Create's.
+// `slots_per_rank` slots of `max_context` tokens with paged state pools of
+// `state_tokens_per_rank` tokens (GpuModelOptions::state_tokens; 0: every slot full): what
+// GpuRunnerFactory and the prefill worker's CUDA engine (runtime/cuda) run. Checks the devices
+// before the weights load, which takes a while for a large model. The host copy of the weights is
+// freed before it returns. Errors: the weights' (NotFound, InvalidArgument), FailedPrecondition
+// when no CUDA device is present, InvalidArgument for no devices or a device outside the present
+// ones, GpuModelGroup::Create's.
 absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
     const GpuBackendOptions& options, const std::string& model_dir,
-    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context);
+    const engine::ModelConfig& config, int64_t slots_per_rank, int64_t max_context,
+    int64_t state_tokens_per_rank = 0);
 
 // The factory: weights from the context's model_dir, a group (LoadGpuModelGroup) whose ranks hold
 // context.slots slots between them (ceil(slots / ranks) each, one more each with
-// context.options.canary: the canary's recompute slot) of context.max_context tokens, and a
-// GpuStepRunner owning it. Errors: LoadGpuModelGroup's,
+// context.options.canary: the canary's recompute slot) of context.max_context tokens, with
+// ceil(context.state_tokens / ranks) tokens of paged state each (plus max_context for the
+// canary's slot; 0: every slot full), and a GpuStepRunner owning it. Errors: LoadGpuModelGroup's,
 // Internal for CUDA errors.
 RunnerFactory GpuRunnerFactory(GpuBackendOptions options);
 

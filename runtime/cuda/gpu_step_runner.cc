@@ -278,6 +278,44 @@ std::vector<std::shared_ptr<GpuStepRunner::Sequence>> GpuStepRunner::VerifyPages
   return failed;
 }
 
+std::vector<std::shared_ptr<GpuStepRunner::Sequence>> GpuStepRunner::ShortOfPages(
+    const std::vector<Work>& decode, const std::vector<Work>& prefill) {
+  std::vector<std::shared_ptr<Sequence>> failed;
+  for (int64_t r = 0; r < group_->world(); ++r) {
+    // The rank's works oldest first (decoding sequences were admitted before prefilling ones,
+    // each list is in admission order) with the position each one's step grows its slot to.
+    std::vector<const Work*> works;
+    std::vector<std::pair<int64_t, int64_t>> targets;
+    for (const std::vector<Work>* list : {&decode, &prefill}) {
+      for (const Work& work : *list) {
+        if (work.sequence->rank != r) continue;
+        works.push_back(&work);
+        targets.push_back({work.sequence->slot, work.start + work.length});
+      }
+    }
+    engine::gpu::GpuModel& model = group_->rank(r);
+    while (!targets.empty() && !model.CanHold(targets)) {
+      const Sequence& newest = *works.back()->sequence;
+      absl::Status exhausted = absl::ResourceExhaustedError(absl::StrCat(
+          "sequence ", newest.id, ": the device state page pool of rank ", r,
+          " cannot hold this step (admission reserves prompt + max_tokens against "
+          "state_tokens; over several ranks a rank can still run short); the newest sequence "
+          "of the step is stopped"));
+      spdlog::error("{}", exhausted.ToString());
+      Fail(newest, exhausted);
+      // Its pages go back now (it runs no more), so the older sequences can take them; the slot
+      // stays the sequence's until Remove.
+      if (absl::Status reset = model.ResetSlot(newest.slot); !reset.ok()) {
+        spdlog::error("GPU runner: resetting slot {}: {}", newest.slot, reset.ToString());
+      }
+      failed.push_back(works.back()->sequence);
+      works.pop_back();
+      targets.pop_back();
+    }
+  }
+  return failed;
+}
+
 absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan& plan) {
   ReleaseRemovedSlots();
   std::vector<Work> decode;
@@ -344,6 +382,14 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
     // a failure stops that sequence only.
     const std::vector<std::shared_ptr<Sequence>> foreign = VerifyPages(decode, prefill);
     failed.insert(failed.end(), foreign.begin(), foreign.end());
+    decode.erase(std::remove_if(decode.begin(), decode.end(), is_failed), decode.end());
+    prefill.erase(std::remove_if(prefill.begin(), prefill.end(), is_failed), prefill.end());
+  }
+  {
+    // Before anything is launched: a step the page pools cannot hold would fail in the middle
+    // (and break a group), so the newest sequences that do not fit stop here instead.
+    const std::vector<std::shared_ptr<Sequence>> short_of_pages = ShortOfPages(decode, prefill);
+    failed.insert(failed.end(), short_of_pages.begin(), short_of_pages.end());
     decode.erase(std::remove_if(decode.begin(), decode.end(), is_failed), decode.end());
     prefill.erase(std::remove_if(prefill.begin(), prefill.end(), is_failed), prefill.end());
   }

@@ -52,6 +52,15 @@
 // samples on the host instead (logits copied back), for A/B. Prefill's sampled token (one per
 // sequence) is always drawn on the host from the Forward's host logits.
 //
+// State pages. A sequence's compressed entries and indexer keys grow in its rank's page pools
+// (GpuModelOptions::state_tokens). Admission is the caller's (colocated::ServiceOptions::
+// device_state_tokens reserves prompt + max_tokens at admission, so a step always fits on one
+// GPU; the canary's slot gets its own pages, runtime/cuda/gpu_backend.h); before a step is
+// launched the runner still asks GpuModel::CanHold for each rank's sequences at their end
+// positions and, where the pools cannot hold them (a caller that did not reserve, or a group
+// whose rank ran short), stops the newest sequences of that rank with ResourceExhausted (freeing
+// their pages at once) until the rest fit: failed loudly, never preempted, nothing half-run.
+//
 // Guards. The degeneration detector runs as on the CPU (runtime/choice_step.h). The logits
 // canary (guards/canary.h, SequenceSetup::canary) recomputes on the GPU: with
 // RunnerOptions::canary the runner keeps one slot per rank out of service, and when a canary
@@ -168,6 +177,11 @@ class GpuStepRunner : public SequenceRunner {
   // Paranoid mode: the sequences of the step whose pages fail VerifySlotPages (each failed).
   std::vector<std::shared_ptr<Sequence>> VerifyPages(const std::vector<Work>& decode,
                                                      const std::vector<Work>& prefill);
+  // The sequences of the step whose rank's page pools cannot hold it (GpuModel::CanHold over
+  // every work of the rank at its end position), newest first until the rest fit; each failed
+  // with ResourceExhausted and its slot's pages freed at once.
+  std::vector<std::shared_ptr<Sequence>> ShortOfPages(const std::vector<Work>& decode,
+                                                      const std::vector<Work>& prefill);
   // on_error for `seq`'s choice; returns true (the sequence stops).
   static bool Fail(const Sequence& seq, const absl::Status& status);
   // The canary of `seq` over `last`, the logits its newest token (already recorded) was sampled

@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "serving/state_layout.h"
 
 namespace pdserve::colocated {
 namespace {
@@ -277,6 +278,87 @@ TEST(ColocatedServiceTest, DeveloperRoleIsReadAsSystem) {
   ASSERT_TRUE(system->WaitDone());
   EXPECT_EQ(developer->usage().prompt_tokens, system->usage().prompt_tokens);
   EXPECT_EQ(developer->text(), system->text());
+}
+
+// device_state_tokens 1 on 4 slots: each device pool is its 4 slack pages (one a slot), and a
+// request of 4 + 400 tokens holds 2 pages of the rate-4 pool (101 entries), so two run at once
+// although max_batch allows four. Admission counts the device pages, not the slots.
+ServiceOptions SmallDeviceState(int64_t max_batch) {
+  ServiceOptions options;
+  options.max_batch = max_batch;
+  options.device_state_tokens = 1;
+  return options;
+}
+
+int32_t DeviceStateKind(const serving::PagePool& pool, int64_t rate) {
+  for (int32_t k = 0; k < pool.num_kinds(); ++k) {
+    if (pool.kind(k).name == "device_state_rate" + std::to_string(rate)) return k;
+  }
+  return -1;
+}
+
+TEST(ColocatedServiceTest, DeviceStateLedgerHasTheDevicePoolsPages) {
+  auto service = NewService(SmallDeviceState(4));
+  const int32_t rate4 = DeviceStateKind(service->pool(), 4);
+  const int32_t rate32 = DeviceStateKind(service->pool(), 32);
+  ASSERT_GE(rate4, 0);
+  ASSERT_GE(rate32, 0);
+  EXPECT_EQ(service->pool().pages_total(rate4), 4);
+  EXPECT_EQ(service->pool().pages_total(rate32), 4);
+  EXPECT_EQ(DeviceStateKind(NewService()->pool(), 4), -1);  // unset: no device kinds
+  const auto by_label = serving::PoolPagesByLabel(service->pool());
+  ASSERT_TRUE(by_label.contains("device"));
+  EXPECT_EQ(by_label.at("device").free, 8);  // the metrics' kind="device"
+}
+
+TEST(ColocatedServiceTest, RequestThatDoesNotFitTheDevicePoolsNowWaitsAndMatchesAnUnboundedRun) {
+  const std::vector<std::string> prompts = {"In the beginning", "And God said", "Blessed are"};
+  auto run = [&](ServiceOptions options, int64_t* waiting_after_submit) {
+    auto service = NewService(options);
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    std::vector<std::unique_ptr<frontend::Generation>> generations;
+    for (const std::string& prompt : prompts) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      auto started = service->Start(Completion(prompt, 400), sinks.back());
+      EXPECT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+      if (auto* g = std::get_if<std::unique_ptr<frontend::Generation>>(&started)) {
+        generations.push_back(std::move(*g));
+      }
+    }
+    *waiting_after_submit = service->scheduler().num_waiting();
+    std::vector<std::string> texts;
+    for (const auto& sink : sinks) {
+      EXPECT_TRUE(sink->WaitDone());
+      EXPECT_EQ(sink->finish(), "length");
+      texts.push_back(sink->text());
+    }
+    EXPECT_TRUE(WaitIdle(*service));
+    return texts;
+  };
+  int64_t waiting_small = 0;
+  int64_t waiting_free = 0;
+  const std::vector<std::string> small = run(SmallDeviceState(4), &waiting_small);
+  ServiceOptions unbounded;
+  unbounded.max_batch = 4;
+  const std::vector<std::string> free = run(unbounded, &waiting_free);
+  // The third request cannot finish 400 tokens while the other two are being submitted.
+  EXPECT_EQ(waiting_small, 1);
+  EXPECT_EQ(waiting_free, 0);
+  EXPECT_EQ(small, free);
+}
+
+TEST(ColocatedServiceTest, RequestThatCanNeverFitTheDevicePoolsIs400ContextLengthExceeded) {
+  auto service = NewService(SmallDeviceState(1));  // one page a rate: 256 tokens at most
+  frontend::StartResult started =
+      service->Start(Completion("In the beginning", 400), std::make_shared<CollectingSink>());
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(started));
+  const frontend::ApiError& error = std::get<frontend::ApiError>(started);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.code, "context_length_exceeded");
+  EXPECT_NE(error.message.find("device_state_rate4"), std::string::npos) << error.message;
+  auto fits =
+      service->Start(Completion("In the beginning", 200), std::make_shared<CollectingSink>());
+  EXPECT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(fits));
 }
 
 }  // namespace

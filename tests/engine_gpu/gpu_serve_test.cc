@@ -140,6 +140,51 @@ TEST(GpuBackendTest, ServesLikeTheCpuBackend) {
   EXPECT_EQ((*gpu)->active_sequences(), 0);
 }
 
+// Admission against the device page pools (ServiceOptions::device_state_tokens, issue 26):
+// state_tokens 1 on 8 slots leaves each rate's pool its 8 slack pages, and a request of about
+// 10 + 400 tokens holds 2 pages of the rate-4 pool, so 4 run at once and the others wait in the
+// queue although slots are free. Every request completes with the text of a server whose pools
+// hold every slot full (tests/colocated/service_test.cc covers the 400 for a request that can
+// never fit, on the CPU engine).
+TEST(GpuBackendTest, SmallDevicePoolsMakeRequestsWaitAndServeLikeFullOnes) {
+  if (!engine::gpu::HasGpu()) GTEST_SKIP() << "no CUDA device";
+  ServiceOptions small_options = Options(true);
+  small_options.device_state_tokens = 1;
+  ServiceOptions full_options = Options(true);
+  full_options.device_state_tokens = 0;
+  auto small = ColocatedService::Create(small_options);
+  ASSERT_TRUE(small.ok()) << small.status();
+  std::vector<frontend::ApiRequest> requests;
+  const std::vector<std::string> prompts = {"In the beginning", "And God said", "Blessed",
+                                            "For God so loved the world"};
+  uint64_t seed = 11;
+  for (int round = 0; round < 3; ++round) {
+    for (const std::string& p : prompts) {
+      requests.push_back(Completion(p, 400, round == 0 ? 0.0 : 0.6, seed++));
+    }
+  }
+  std::vector<std::shared_ptr<TextSink>> sinks;
+  std::vector<std::unique_ptr<frontend::Generation>> generations;
+  for (const frontend::ApiRequest& request : requests) {
+    sinks.push_back(std::make_shared<TextSink>());
+    frontend::StartResult started = (*small)->Start(request, sinks.back());
+    ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+    generations.push_back(std::move(std::get<std::unique_ptr<frontend::Generation>>(started)));
+  }
+  EXPECT_EQ((*small)->scheduler().num_waiting(), 8);  // 4 admitted, nothing can finish yet
+  std::vector<std::string> got;
+  for (const auto& sink : sinks) got.push_back(sink->Result());
+  generations.clear();  // before the service they point to
+  small->reset();
+  auto full = ColocatedService::Create(full_options);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const std::vector<std::string> want = Serve(**full, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_NE(got[i].find("|length|400"), std::string::npos) << "request " << i << ": " << got[i];
+    EXPECT_EQ(got[i], want[i]) << "request " << i;
+  }
+}
+
 TEST(GpuBackendTest, WithoutAGpuCreateIsFailedPrecondition) {
   if (engine::gpu::HasGpu()) GTEST_SKIP() << "a CUDA device is present";
   auto service = ColocatedService::Create(Options(true));

@@ -382,6 +382,52 @@ TEST_F(GpuStepRunnerTest, ParanoidFailsOnlyTheSequenceHandedAForeignPage) {
   }
 }
 
+// A scheduler that does not count the device pools (this harness reserves host pages only) on a
+// GPU whose pools hold two of four requests (state_tokens 1 on 4 slots: 4 rate-4 pages, 2 a
+// request of 200 + 150 tokens): the runner stops the newest sequences of a step the pools cannot
+// hold, loudly (ResourceExhausted naming the pool) and before it runs, freeing their pages; the
+// two oldest complete with the tokens of a GPU whose pools hold every slot full.
+TEST_F(GpuStepRunnerTest, PoolsTooSmallForTheBatchStopTheNewestSequencesLoudly) {
+  engine::gpu::GpuModelOptions options;
+  options.gemm_inputs = GemmInputs::kFp32;
+  options.slots = 4;
+  options.max_chunk = 256;
+  options.max_context = std::min<int64_t>(model_.config.max_position_embeddings, 512);
+  options.state_tokens = 1;
+  auto small = GpuModel::Create(model_.config, model_.weights, options);
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto full = Gpu(4);
+  ASSERT_NE(full, nullptr);
+  const std::vector<int32_t>& text = model_.prompts.back();
+  ASSERT_GE(text.size(), 203u);
+  std::vector<RequestSpec> specs = Specs(0.0, 1, 0);
+  specs.resize(4);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].prompt.assign(text.begin() + static_cast<long>(i),
+                           text.begin() + 200 + static_cast<long>(i));
+    specs[i].params.max_tokens = 150;
+    specs[i].params.ignore_eos = true;
+  }
+  GpuHarness want_h(model_.config, 4, 96, MakeGpuRunner(full.get()));
+  const Outputs want = want_h.RunAll(specs);
+  GpuHarness h(model_.config, 4, 96, MakeGpuRunner(small->get()));
+  h.errors_expected = true;
+  const Outputs got = h.RunAll(specs);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t r = 2; r < 4; ++r) {
+    EXPECT_NE(got[r][0].error.find("device state page pool"), std::string::npos)
+        << "request " << r << ": " << got[r][0].error;
+  }
+  const Outputs got_done(got.begin(), got.begin() + 2);
+  const Outputs want_done(want.begin(), want.begin() + 2);
+  for (const auto& o : got_done) EXPECT_TRUE(o[0].error.empty()) << o[0].error;
+  ExpectSameTokens(got_done, want_done, /*max_diverged=*/1);
+  ASSERT_TRUE(h.runner().Run(serving::StepPlan{}).ok());
+  for (const engine::gpu::StatePageKind& k : (*small)->StatePages()) {
+    EXPECT_EQ(k.pages_free, k.pages_total) << "every page back";
+  }
+}
+
 // Refusals: a canary choice without RunnerOptions::canary, the canary with one slot, a sequence
 // longer than the GPU's context, a prefill block above max_chunk.
 TEST_F(GpuStepRunnerTest, RefusesWhatItCannotServe) {

@@ -73,6 +73,10 @@ TEST(MemoryPlanTest, CheckpointHeadersGiveTheDataSectionBytes) {
   EXPECT_NE(w->source.find("safetensors headers"), std::string::npos);
 }
 
+std::string FlashDir() {
+  return std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
+}
+
 TEST(MemoryPlanTest, AFlashConfigOnOneGpuIsRefusedNamingWhatToChange) {
   const std::string dir = std::string(PDSERVE_SOURCE_DIR) + "/tests/fixtures/v4_configs/flash";
   auto config = ModelConfig::Load(dir);
@@ -122,8 +126,31 @@ TEST(MemoryPlanTest, Fp8WeightsFitAFlashWorkerThatBf16DoesNot) {
   EXPECT_NE(FormatPlan(*config, *w, q).find("engine (fp8)"), std::string::npos);
 }
 
-}  // namespace
-}  // namespace pdserve::engine
+// A decode worker's plan with paged state (PlanRequest::state_tokens): the state is the pools'
+// bytes, smaller than every slot full, and the text gives the requests admitted at once.
+TEST(MemoryPlanTest, StateTokensShrinkTheStateAndThePlanPrintsTheCapacity) {
+  auto config = ModelConfig::Load(FlashDir());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto w = PlanWeightBytes(FlashDir(), *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  PlanRequest q{.worker = "decode-0", .world = 4, .fp8_weights = true};
+  q.max_batch = 64;
+  q.max_context = 131072;
+  const GpuPlan full = PlanGpu(*config, w->experts_fp8, w->replicated_fp8, q);
+  q.state_tokens = 64 * 8192;
+  const GpuPlan paged = PlanGpu(*config, w->experts_fp8, w->replicated_fp8, q);
+  EXPECT_EQ(paged.state, GpuStatePoolBytes(*config, 16, 131072, 16 * 8192, true));
+  EXPECT_LT(paged.state, full.state);
+  const int64_t admitted_8k = 4 * AdmittedRequests(*config, 16, 131072, 16 * 8192, 8192);
+  EXPECT_EQ(admitted_8k, 64);  // every slot: the pools were sized for 64 requests of 8K
+  const std::string text = FormatPlan(*config, *w, q);
+  EXPECT_NE(text.find("paged state, state_tokens 524288: requests admitted at once (per group): "
+                      "8K: 64; 32K: " +
+                      std::to_string(4 * AdmittedRequests(*config, 16, 131072, 16 * 8192, 32768))),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("state budget"), std::string::npos) << text;
+}
 
 // engine/paged_state_plan.h: the CUDA engine's paged state pools.
 namespace pdserve::engine {
@@ -181,6 +208,40 @@ TEST(PagedStatePlanTest, FlashCapacityGrowsForShortRequestsOnly) {
   EXPECT_LE(GpuStatePoolBytes(*flash, paged8k, max_context, paged8k * 8192, true), budget);
   EXPECT_GT(GpuStatePoolBytes(*flash, paged8k + 1, max_context, (paged8k + 1) * 8192, true),
             budget);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
+
+TEST(PagedStatePlanTest, AdmissionLedgerCountsThePoolsAndARequestsPages) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(config.ok());
+  const auto kinds = PagedPoolKinds(*config, 8, 4096, 8 * 1000);
+  const auto bytes = GpuPagedStateBytes(*config).page_bytes;
+  ASSERT_EQ(kinds.size(), bytes.size());
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    EXPECT_EQ(kinds[i].first, bytes[i].first);
+    EXPECT_EQ(kinds[i].second, PagedPoolPages(kinds[i].first, 8, 4096, 8 * 1000));
+  }
+  EXPECT_EQ(PagedRequestPages(4, 4096, 0), 0);
+  EXPECT_EQ(PagedRequestPages(4, 4096, 3), 0);    // no entry yet
+  EXPECT_EQ(PagedRequestPages(4, 4096, 4), 1);    // the first entry takes a page
+  EXPECT_EQ(PagedRequestPages(4, 4096, 256), 1);  // 64 entries: one full page
+  EXPECT_EQ(PagedRequestPages(4, 4096, 260), 2);  // the 65th entry opens the second
+  EXPECT_EQ(PagedRequestPages(4, 4096, 4096), 16);
+  EXPECT_EQ(PagedRequestPages(4, 4096, 1 << 20), 16);  // capped at the slot's capacity
+}
+
+TEST(PagedStatePlanTest, AdmittedRequestsIsTheSmallestPoolsShareCappedAtTheSlots) {
+  auto config = ModelConfig::Load(PDSERVE_BUNDLED_MODEL);  // rates 4 and 32, context 512
+  ASSERT_TRUE(config.ok());
+  // state_tokens 1 on 8 slots: 8 pages a rate. 410 tokens: 2 rate-4 pages (102 entries), 1
+  // rate-32 page: 4 at once.
+  EXPECT_EQ(AdmittedRequests(*config, 8, 512, 1, 410), 4);
+  EXPECT_EQ(AdmittedRequests(*config, 8, 512, 1, 200), 8);  // 1 page each: the slots bound
+  EXPECT_EQ(AdmittedRequests(*config, 8, 512, 0, 512), 8);  // full pools: every slot
+  EXPECT_EQ(AdmittedRequests(*config, 8, 512, 1, 513), 0);  // over max_context
+  EXPECT_EQ(AdmittedRequests(*config, 1, 512, 1, 410), 0);  // 1 page a rate: never fits
 }
 
 }  // namespace

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Issue 26's admission against the CUDA engine's device page pools, one device call:
+# `pdserve serve --backend cuda` on models/kjv-v4-wide twice, --max-batch 16 both times:
+#   small: --state-tokens 1024, so each rate's pool holds ceil(1024 / r / 64) + 16 pages (rate 4:
+#          20 pages) and a request of about 10 + 400 tokens reserves 2 of them: about 10 run at
+#          once and the rest wait in the queue although slots are free;
+#   full:  --state-tokens 0 (every slot full: nothing waits for pages).
+# 24 greedy completions of 400 tokens are sent at once to each; the script checks that every one
+# completes (HTTP 200, finish_reason length, 400 tokens), that the small server's queue was seen
+# non-empty (pdserve_serve_sequences_waiting sampled from /metrics while they run), and compares
+# each request's text with the full server's. Same text is expected; a difference can only come
+# from a near-tie flipped by another decode batch size (runtime/cuda/gpu_step_runner.h, "Batch
+# invariance"), and the table says how many differ.
+# Also runs, when PACK has them, the packed engine_gpu_tests' GpuBackendTest.SmallDevicePools*
+# (the same on the tiny model, fp32 GEMMs, exact equality) and
+# GpuStepRunnerTest.PoolsTooSmall* (a scheduler that reserves no device pages: the runner stops
+# the two newest of four sequences with ResourceExhausted, the two oldest match full pools).
+# Each part runs where its model is in the tree: the serve part needs models/kjv-v4-wide (a
+# `tools/gpu/device_tree.sh wide` tree), the engine tests models/kjv-v4-tiny (a `tests` tree);
+# the table says SKIPPED for the other.
+# Pack here: `tools/gpu/device_tree.sh bundle build` (pdserve in .device-carry/bin, the engine
+# tests in .device-carry/gpu; unpack there as device_tree.sh says), or by hand
+#   tools/gpu/pack_binaries.sh .device-carry/bin build/pdserve
+#   tools/gpu/pack_engine_tests.sh build .device-carry/gpu
+# there, from the repository root:
+#   OUT=$OUT tools/gpu/run_admission.sh
+# Environment: BINS (.device-carry/bin), PACK (.device-carry/gpu), OUT (gpu-out/admit),
+# REQUESTS (24), MAX_TOKENS (400). Logs under $OUT; a short table is printed last. Expected run
+# time: about 1 min (two model loads of a few seconds, two rounds of 400-token decodes).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+out=${OUT:-gpu-out/admit}
+bins=${BINS:-.device-carry/bin}
+pack=${PACK:-.device-carry/gpu}
+requests=${REQUESTS:-24}
+max_tokens=${MAX_TOKENS:-400}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rows=()
+row() { rows+=("| $1 | $2 | $3 |"); }
+t0=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t0)) s"; }
+
+if [ ! -d models/kjv-v4-tiny ]; then
+  row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "SKIPPED" "no models/kjv-v4-tiny"
+elif [ -f "$pack/libs.tar.xz" ]; then
+  mkdir -p /tmp/pdserve-libs && tar -xJf "$pack/libs.tar.xz" -C /tmp/pdserve-libs
+  cublas=$(dirname "$(find / -name 'libcublas.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
+  chmod +x "$pack/bin/engine_gpu_tests"
+  LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:${LD_LIBRARY_PATH:-} PDSERVE_SOURCE_DIR=$PWD \
+    timeout 200 "$pack/bin/engine_gpu_tests" --gtest_filter='GpuBackendTest.SmallDevicePools*:GpuStepRunnerTest.PoolsTooSmall*' \
+    > "$out/engine.log" 2>&1
+  row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "$([ $? = 0 ] && echo PASS || echo FAIL)" \
+    "$(grep -E '^\[  PASSED|^\[  FAILED' "$out/engine.log" | tr '\n' ' ')($(elapsed))"
+else
+  row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "SKIPPED" "no $pack/libs.tar.xz"
+fi
+
+if [ ! -d models/kjv-v4-wide ]; then
+  row "serve kjv-v4-wide" "SKIPPED" "no models/kjv-v4-wide"
+elif [ ! -f "$bins/env.sh" ]; then
+  row "serve kjv-v4-wide" "SKIPPED" "no $bins/env.sh (tools/gpu/pack_binaries.sh)"
+else
+  # shellcheck disable=SC1091
+  source "$bins/env.sh"
+  serve_and_send() {  # label, state tokens, port
+    local label=$1 port=$3
+    pdserve serve --model models/kjv-v4-wide --backend cuda --port "$port" --max-batch 16 \
+      --token-budget 512 --state-tokens "$2" > "$out/serve-$label.log" 2>&1 &
+    local pid=$!
+    local ready=0
+    for _ in $(seq 1 240); do
+      curl -sf "http://127.0.0.1:$port/ready" > /dev/null 2>&1 && { ready=1; break; }
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if [ $ready = 1 ]; then
+      python3 - "$port" "$requests" "$max_tokens" "$out/$label.json" <<'PY' > "$out/client-$label.log" 2>&1
+import concurrent.futures, json, re, sys, threading, time, urllib.request
+port, n, max_tokens, dest = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+base = f"http://127.0.0.1:{port}"
+prompts = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed are the meek",
+           "For God so loved the world", "And it came to pass", "Thus saith the LORD",
+           "Now the serpent was more subtil"]
+done = threading.Event()
+most_waiting = [0]
+def watch():
+    while not done.is_set():
+        try:
+            text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+            m = re.search(r"^pdserve_serve_sequences_waiting\S*\s+([0-9.e+]+)", text, re.M)
+            if m: most_waiting[0] = max(most_waiting[0], int(float(m.group(1))))
+        except Exception:
+            pass
+        time.sleep(0.05)
+def one(i):
+    body = {"model": "kjv-v4-wide", "prompt": prompts[i % len(prompts)] + " " * (i // len(prompts)),
+            "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        r = json.loads(urllib.request.urlopen(req, timeout=300).read())
+        c = r["choices"][0]
+        return {"text": c["text"], "finish": c["finish_reason"],
+                "tokens": r["usage"]["completion_tokens"]}
+    except Exception as e:  # an HTTP error or a dropped connection fails the check
+        return {"error": str(e)}
+w = threading.Thread(target=watch); w.start()
+t = time.time()
+with concurrent.futures.ThreadPoolExecutor(n) as pool:
+    results = list(pool.map(one, range(n)))
+done.set(); w.join()
+json.dump({"results": results, "most_waiting": most_waiting[0], "seconds": time.time() - t},
+          open(dest, "w"))
+PY
+    else
+      echo "not ready: $(tail -3 "$out/serve-$label.log")" > "$out/client-$label.log"
+    fi
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  }
+  serve_and_send small 1024 18310
+  serve_and_send full 0 18311
+  summary=$(python3 - "$out/small.json" "$out/full.json" "$max_tokens" <<'PY' 2>&1
+import json, sys
+try:
+    small, full = (json.load(open(p)) for p in sys.argv[1:3])
+except Exception as e:
+    print(f"FAIL|no results: {e}|FAIL|-"); sys.exit()
+want = int(sys.argv[3])
+ok = lambda r: "error" not in r and r["finish"] == "length" and r["tokens"] == want
+complete = sum(ok(r) for r in small["results"])
+n = len(small["results"])
+same = sum(ok(a) and ok(b) and a["text"] == b["text"]
+           for a, b in zip(small["results"], full["results"]))
+first_err = next((r["error"] for r in small["results"] if "error" in r), "")
+verdict = "PASS" if complete == n and small["most_waiting"] > 0 else "FAIL"
+print(f"{verdict}|{complete}/{n} complete with {want} tokens, most waiting "
+      f"{small['most_waiting']} (full server: {full['most_waiting']}), "
+      f"{small['seconds']:.1f} s vs {full['seconds']:.1f} s {first_err[:120]}"
+      f"|{'PASS' if same == n else 'DIFF'}|{same}/{n} texts equal to the full server's")
+PY
+)
+  IFS='|' read -r v1 d1 v2 d2 <<< "$summary"
+  row "small pool: every request completes, queue seen waiting" "$v1" "$d1 ($(elapsed))"
+  row "small pool text == full pool text" "$v2" "$d2"
+  grep -iE "error|exhausted" "$out/serve-small.log" | head -5 >&2
+fi
+
+echo
+echo "| check | result | details |"
+echo "|---|---|---|"
+printf '%s\n' "${rows[@]}"
