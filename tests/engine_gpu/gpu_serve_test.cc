@@ -5,6 +5,7 @@
 // the GPU, and the refusals. Without a GPU only the refusals run (Create is FailedPrecondition).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -179,10 +180,26 @@ TEST(GpuBackendTest, SmallDevicePoolsMakeRequestsWaitAndServeLikeFullOnes) {
   auto full = ColocatedService::Create(full_options);
   ASSERT_TRUE(full.ok()) << full.status();
   const std::vector<std::string> want = Serve(**full, requests);
+  // Every request completes (a sampled one may stop at EOS before 400 tokens). The texts equal
+  // the full pools' but where the other batch composition (4 running instead of 12: other decode
+  // buckets, other GEMM row counts) moves a logit past a near-tie or a draw's boundary: on an
+  // H200 (2026-12-04) the 4 greedy requests were equal and 2 of the 8 sampled ones parted, after
+  // 100-330 bytes of equal text.
+  int greedy_differ = 0;
+  int differ = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_NE(got[i].find("|length|400"), std::string::npos) << "request " << i << ": " << got[i];
-    EXPECT_EQ(got[i], want[i]) << "request " << i;
+    EXPECT_TRUE(got[i].find("|stop|") != std::string::npos ||
+                got[i].find("|length|400") != std::string::npos)
+        << "request " << i << ": " << got[i];
+    if (got[i] == want[i]) continue;
+    ++differ;
+    if (i < prompts.size()) ++greedy_differ;
+    const auto parted = std::mismatch(got[i].begin(), got[i].end(), want[i].begin(), want[i].end());
+    EXPECT_GE(parted.first - got[i].begin(), 32)
+        << "request " << i << ": " << got[i] << " vs " << want[i];
   }
+  EXPECT_LE(greedy_differ, 1);
+  EXPECT_LE(differ, 3);
 }
 
 TEST(GpuBackendTest, WithoutAGpuCreateIsFailedPrecondition) {
