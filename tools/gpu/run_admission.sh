@@ -6,7 +6,7 @@
 #          once and the rest wait in the queue although slots are free;
 #   full:  --state-tokens 0 (every slot full: nothing waits for pages).
 # 24 greedy completions of 400 tokens are sent at once to each; the script checks that every one
-# completes (HTTP 200, finish_reason length, 400 tokens), that the small server's queue was seen
+# completes (HTTP 200, finish_reason length with 400 tokens, or stop at EOS), that the small server's queue was seen
 # non-empty (pdserve_serve_sequences_waiting sampled from /metrics while they run), and compares
 # each request's text with the full server's. Same text is expected; a difference can only come
 # from a near-tie flipped by another decode batch size (runtime/cuda/gpu_step_runner.h, "Batch
@@ -41,7 +41,7 @@ row() { rows+=("| $1 | $2 | $3 |"); }
 t0=$(date +%s)
 elapsed() { echo "$(($(date +%s) - t0)) s"; }
 
-if [ ! -d models/kjv-v4-tiny ]; then
+if [ ! -f models/kjv-v4-tiny/model.safetensors ]; then
   row "engine_gpu_tests SmallDevicePools + PoolsTooSmall (tiny)" "SKIPPED" "no models/kjv-v4-tiny"
 elif [ -f "$pack/libs.tar.xz" ]; then
   mkdir -p /tmp/pdserve-libs && tar -xJf "$pack/libs.tar.xz" -C /tmp/pdserve-libs
@@ -128,14 +128,17 @@ try:
 except Exception as e:
     print(f"FAIL|no results: {e}|FAIL|-"); sys.exit()
 want = int(sys.argv[3])
-ok = lambda r: "error" not in r and r["finish"] == "length" and r["tokens"] == want
+# Complete: no error, and either all max_tokens or an EOS before them (greedy KJV text does
+# end a verse with EOS: the full server's run on an H200 stopped 2 of 24 early, 2026-12-04).
+ok = lambda r: "error" not in r and ((r["finish"] == "length" and r["tokens"] == want) or
+                                     (r["finish"] == "stop" and r["tokens"] <= want))
 complete = sum(ok(r) for r in small["results"])
 n = len(small["results"])
 same = sum(ok(a) and ok(b) and a["text"] == b["text"]
            for a, b in zip(small["results"], full["results"]))
 first_err = next((r["error"] for r in small["results"] if "error" in r), "")
 verdict = "PASS" if complete == n and small["most_waiting"] > 0 else "FAIL"
-print(f"{verdict}|{complete}/{n} complete with {want} tokens, most waiting "
+print(f"{verdict}|{complete}/{n} complete ({want} tokens or EOS), most waiting "
       f"{small['most_waiting']} (full server: {full['most_waiting']}), "
       f"{small['seconds']:.1f} s vs {full['seconds']:.1f} s {first_err[:120]}"
       f"|{'PASS' if same == n else 'DIFF'}|{same}/{n} texts equal to the full server's")

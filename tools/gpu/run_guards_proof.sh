@@ -51,7 +51,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ] && [ -f "$pack/libs.tar.xz" ]; then
   # The V4-shape tests use random weights; the serve and runner tests read models/kjv-v4-tiny,
   # which tools/gpu/device_tree.sh's `wide` mode leaves behind.
   filter='GpuModelV4ShapesTest.*'
-  [ -d models/kjv-v4-tiny ] &&
+  [ -f models/kjv-v4-tiny/model.safetensors ] &&
     filter+=':GpuBackendTest.*:GpuStepRunnerTest.RefusesWhatItCannotServe'
   SKIP_KERNELS=1 PACK=$pack OUT=$out/tests EFILTER=$filter timeout 300 tools/gpu/run_gpu_tests.sh > "$out/tests.txt" 2>&1
   rows+=("| GPU tests $filter | $(grep -q 'engine: rc=0' "$out/tests.txt" && echo PASS || echo FAIL) | $(grep -h 'wrong indexer vs healthy' "$out/tests/engine.log" | cut -c1-200) $(grep -h '^engine:' "$out/tests.txt") ($(elapsed)) |")
