@@ -377,8 +377,11 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   const int64_t seqs = q.prefill ? 1 : q.max_batch;
   absl::StrAppend(&out, "  host: state page pool (fp32) ",
                   Gib(HostPoolBytes(config, seqs, seqs * q.max_context)),
-                  "; today's loader also builds an fp32 copy of every weight: ", Gib(w.host_fp32),
-                  "\n");
+                  q.fp8_weights
+                      ? "; the fp8 loader copies each tensor from the mmapped shards in its stored "
+                        "dtype (no fp32 copy)\n"
+                      : absl::StrCat("; the bf16 loader also builds an fp32 copy of every weight: ",
+                                     Gib(w.host_fp32), "\n"));
   absl::StrAppend(&out, "  largest batch (stored / today) at context:");
   for (int64_t ctx : {int64_t{4096}, int64_t{32768}, int64_t{131072}, int64_t{1048576}}) {
     if (ctx > config.max_position_embeddings) break;
