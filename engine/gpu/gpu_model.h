@@ -77,6 +77,16 @@ enum class WeightFormat {
   // by kernels/cuda/moe_gemm (bf16 per-pick outputs, summed in fp32); otherwise bf16 as in kBf16.
   // The embeddings, lm_head and router are as in kBf16. Requires GemmInputs::kBf16.
   kFp8Block,
+  // The tensors kFp8Block would keep FP8 (projections stored FP8 with block scales, routed experts
+  // stored FP8 / FP4) read the same way, from the mmapped checkpoint (checkpoint_dir), one tensor
+  // or one expert at a time, but dequantized on the host (engine/quant.h DequantizeFp8; FP4 experts
+  // through the same FP8 conversion as kFp8Block) and held bf16 on the device: kBf16's kernels and
+  // numbers (bit for bit where the FP4 -> FP8 conversion is exact, engine/stored_experts.h)
+  // without kBf16's float32 host copy of every weight. The reference the FP8 path is measured
+  // against at sizes the fp32 host copy cannot load (an 8-layer V4-Flash: 196 GiB). Twice
+  // kFp8Block's HBM for the same tensors. The `weights` passed to Create may lack them (as for
+  // kFp8Block).
+  kBf16Dequantized,
 };
 
 // The activations of the products with FP8-stored weights (WeightFormat::kFp8Block: the dense

@@ -120,6 +120,8 @@ struct LinearSource {
   const StoredFp8Weights* fp8 = nullptr;
   // Each projection kind (the name without its layer number) falling back to bf16, logged once.
   std::set<std::string>* logged = nullptr;
+  // WeightFormat::kBf16Dequantized: every projection `fp8` holds is dequantized to bf16.
+  bool dequantize = false;
   // row_group > 0: the projection runs as blocks of row_group rows (o_a's groups), which FP8
   // needs to be whole 128-row scale blocks.
   absl::Status Load(const std::string& name, Linear* d, int64_t row_group = 0) const;

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -27,18 +28,15 @@ std::string WithoutLayer(const std::string& name) {
   return dot == std::string::npos ? name : name.substr(dot + 1);
 }
 
-// The rank's experts [shard.first, shard.first + shard.count) of `canonical` as FP8 on the device
-// (engine/stored_experts.h): each expert converted (FP4) or copied (FP8) on the host and copied
-// to its place, by a few threads, so the host holds threads x one expert at a time.
-absl::Status UploadStoredExperts(const StoredExperts& stored, const std::string& canonical,
-                                 ExpertShard shard, int device, int64_t n, int64_t k,
-                                 ExpertsFp8* d) {
-  d->count = shard.count;
-  d->n = n;
-  d->k = k;
+// Calls put(i, expert) for the rank's experts [shard.first, shard.first + shard.count) of
+// `canonical` as FP8 blocks (engine/stored_experts.h: FP4 converted, FP8 copied, on the host), by
+// a few threads with `device` current, so the host holds threads x one expert at a time. Each
+// expert is checked to be [n, k] with its scales first. put must be safe to call concurrently
+// for different i.
+absl::Status ForEachStoredExpert(
+    const StoredExperts& stored, const std::string& canonical, ExpertShard shard, int device,
+    int64_t n, int64_t k, const std::function<absl::Status(int64_t, const Fp8Blocks&)>& put) {
   const int64_t scales_per = (n + kFp8BlockRows - 1) / kFp8BlockRows * (k / kFp8BlockCols);
-  PDSERVE_RETURN_IF_ERROR(d->w.Allocate(static_cast<size_t>(shard.count * n * k)));
-  PDSERVE_RETURN_IF_ERROR(d->scale.Allocate(static_cast<size_t>(shard.count * scales_per)));
   std::atomic<int64_t> next{0};
   std::mutex mu;
   absl::Status status;
@@ -57,14 +55,7 @@ absl::Status UploadStoredExperts(const StoredExperts& stored, const std::string&
                                              "]"));
         break;
       }
-      s = CudaStatus(cudaMemcpy(d->w.get() + i * n * k, e->weight.data(), e->weight.size(),
-                                cudaMemcpyHostToDevice),
-                     "cudaMemcpy");
-      if (s.ok()) {
-        s = CudaStatus(cudaMemcpy(d->scale.get() + i * scales_per, e->scales.data(),
-                                  e->scales.size() * sizeof(float), cudaMemcpyHostToDevice),
-                       "cudaMemcpy");
-      }
+      s = put(i, *e);
     }
     std::lock_guard<std::mutex> lock(mu);
     if (status.ok()) status = s;
@@ -78,11 +69,57 @@ absl::Status UploadStoredExperts(const StoredExperts& stored, const std::string&
   return status;
 }
 
+// The experts as FP8 on the device: w [count, n, k] e4m3, scales beside them (ExpertsFp8).
+absl::Status UploadStoredExperts(const StoredExperts& stored, const std::string& canonical,
+                                 ExpertShard shard, int device, int64_t n, int64_t k,
+                                 ExpertsFp8* d) {
+  d->count = shard.count;
+  d->n = n;
+  d->k = k;
+  const int64_t scales_per = (n + kFp8BlockRows - 1) / kFp8BlockRows * (k / kFp8BlockCols);
+  PDSERVE_RETURN_IF_ERROR(d->w.Allocate(static_cast<size_t>(shard.count * n * k)));
+  PDSERVE_RETURN_IF_ERROR(d->scale.Allocate(static_cast<size_t>(shard.count * scales_per)));
+  return ForEachStoredExpert(
+      stored, canonical, shard, device, n, k, [&](int64_t i, const Fp8Blocks& e) {
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(d->w.get() + i * n * k, e.weight.data(),
+                                                      e.weight.size(), cudaMemcpyHostToDevice),
+                                           "cudaMemcpy"));
+        return CudaStatus(cudaMemcpy(d->scale.get() + i * scales_per, e.scales.data(),
+                                     e.scales.size() * sizeof(float), cudaMemcpyHostToDevice),
+                          "cudaMemcpy");
+      });
+}
+
+// WeightFormat::kBf16Dequantized: the same experts dequantized on the host (value = e4m3 x its
+// block's scale, then rounded to bf16) into the bf16 layout [count, n, k] that UploadBf16Rows
+// gives kBf16.
+absl::Status UploadStoredExpertsBf16(const StoredExperts& stored, const std::string& canonical,
+                                     ExpertShard shard, int device, int64_t n, int64_t k,
+                                     DeviceArray<bf16>* d) {
+  PDSERVE_RETURN_IF_ERROR(d->Allocate(static_cast<size_t>(shard.count * n * k)));
+  return ForEachStoredExpert(
+      stored, canonical, shard, device, n, k, [&](int64_t i, const Fp8Blocks& e) {
+        std::vector<float> values(static_cast<size_t>(n * k));
+        DequantizeFp8(e.weight.data(), n, k, e.scales.data(), values.data());
+        std::vector<bf16> rounded(values.size());
+        for (size_t j = 0; j < values.size(); ++j) rounded[j] = __float2bfloat16_rn(values[j]);
+        return CudaStatus(cudaMemcpy(d->get() + i * n * k, rounded.data(),
+                                     rounded.size() * sizeof(bf16), cudaMemcpyHostToDevice),
+                          "cudaMemcpy");
+      });
+}
+
 }  // namespace
 
 absl::Status LinearSource::Load(const std::string& name, Linear* d, int64_t row_group) const {
   if (fp8 != nullptr && fp8->Has(name)) {
     PDSERVE_ASSIGN_OR_RETURN(StoredFp8Matrix m, fp8->Get(name));
+    if (dequantize) {
+      Tensor t({m.rows, m.cols});
+      t.data = DequantizeStored(m);
+      fp8->Release(name);
+      return UploadLinear(t, fp32, d);
+    }
     if (m.cols % kFp8BlockCols == 0 && m.rows > 0 && row_group % kFp8BlockRows == 0) {
       d->out = m.rows;
       d->in = m.cols;
@@ -100,7 +137,7 @@ absl::Status LinearSource::Load(const std::string& name, Linear* d, int64_t row_
     t.data = DequantizeStored(m);
     return UploadLinear(t, fp32, d);
   }
-  if (fp8 != nullptr && logged->insert(WithoutLayer(name)).second) {
+  if (fp8 != nullptr && !dequantize && logged->insert(WithoutLayer(name)).second) {
     spdlog::info("weights fp8: {} is not stored FP8 with block scales: bf16 on the GPU",
                  WithoutLayer(name));
   }
@@ -116,9 +153,11 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
   std::optional<StoredExperts> stored_experts;
   std::set<std::string> logged;
   LinearSource src{&w, fp32, nullptr, &logged};
-  if (options.weight_format == WeightFormat::kFp8Block) {
+  if (options.weight_format == WeightFormat::kFp8Block ||
+      options.weight_format == WeightFormat::kBf16Dequantized) {
     PDSERVE_ASSIGN_OR_RETURN(stored, StoredFp8Weights::Open(options.checkpoint_dir));
     src.fp8 = &*stored;
+    src.dequantize = options.weight_format == WeightFormat::kBf16Dequantized;
     PDSERVE_ASSIGN_OR_RETURN(stored_experts, StoredExperts::Open(options.checkpoint_dir, c));
   }
   PDSERVE_RETURN_IF_ERROR(UploadBf16(w.At("model.embed_tokens.weight"), &embed));
@@ -202,6 +241,13 @@ absl::Status GpuModel::Impl::LoadRoutedExperts(const Weights& w, const StoredExp
   const bool fp8 = stored != nullptr && stored->Has(gate_up) && stored->Has(down) &&
                    c.hidden_size % kFp8BlockCols == 0 &&
                    c.moe_intermediate_size % kFp8BlockCols == 0;
+  if (fp8 && options.weight_format == WeightFormat::kBf16Dequantized) {
+    PDSERVE_RETURN_IF_ERROR(UploadStoredExpertsBf16(*stored, gate_up, shard, options.device,
+                                                    2 * c.moe_intermediate_size, c.hidden_size,
+                                                    &layer->gate_up));
+    return UploadStoredExpertsBf16(*stored, down, shard, options.device, c.hidden_size,
+                                   c.moe_intermediate_size, &layer->down);
+  }
   if (fp8) {
     const kc::ExpertFormat format = options.fp8_activations == Fp8Activations::kBf16
                                         ? kc::ExpertFormat::kFp8W8A16
@@ -397,6 +443,10 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
       (options.gemm_inputs != GemmInputs::kBf16 || options.checkpoint_dir.empty())) {
     return absl::InvalidArgumentError(
         "GpuModel: FP8 weights need bf16 GEMM inputs and the checkpoint directory");
+  }
+  if (options.weight_format == WeightFormat::kBf16Dequantized && options.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "GpuModel: weights dequantized from the checkpoint need the checkpoint directory");
   }
   if (options.fp8_activations != Fp8Activations::kBf16 &&
       options.fp8_activations != Fp8Activations::kFp8) {

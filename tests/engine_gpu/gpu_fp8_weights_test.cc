@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,31 @@ void Print(const char* what, const RowStats& s) {
             << ", p95 " << p95 << "\n";
 }
 
+// A quantized checkpoint's config and weights: `full` as Weights::Load gives them (every tensor
+// dequantized to float32; only when with_full), `slim` without the tensors the GPU reads in their
+// stored precision (skip_fp8_matrices, skip_quantized_experts).
+struct Quantized {
+  ModelConfig config;
+  std::optional<Weights> full, slim;
+};
+
+void LoadQuantized(const std::string& dir, bool with_full, Quantized* q) {
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  q->config = *config;
+  if (with_full) {
+    auto full = Weights::Load(dir, q->config);
+    ASSERT_TRUE(full.ok()) << full.status();
+    q->full = std::move(*full);
+  }
+  WeightsLoadOptions slim_options;
+  slim_options.skip_fp8_matrices = true;
+  slim_options.skip_quantized_experts = true;
+  auto slim = Weights::Load(dir, q->config, slim_options);
+  ASSERT_TRUE(slim.ok()) << slim.status();
+  q->slim = std::move(*slim);
+}
+
 TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundledModel) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = QuantizedCheckpoint();
@@ -101,15 +127,11 @@ TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundle
   LoadByName("kjv-v4-tiny", &prompts_of);
   const std::vector<std::vector<int32_t>>& prompts = prompts_of.prompts;
 
-  auto config = ModelConfig::Load(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto full = Weights::Load(dir, *config);
-  ASSERT_TRUE(full.ok()) << full.status();
-  WeightsLoadOptions slim_options;
-  slim_options.skip_fp8_matrices = true;
-  slim_options.skip_quantized_experts = true;
-  auto slim = Weights::Load(dir, *config, slim_options);
-  ASSERT_TRUE(slim.ok()) << slim.status();
+  Quantized q;
+  ASSERT_NO_FATAL_FAILURE(LoadQuantized(dir, /*with_full=*/true, &q));
+  const ModelConfig* config = &q.config;
+  std::optional<Weights>& full = q.full;
+  std::optional<Weights>& slim = q.slim;
   // The bundled model: 6 layers x 8 (q_a q_b kv o_a o_b, 3 shared) + 3 CSA x 6 + 2 HCA x 2
   // compressor projections, and 6 layers x 2 stacked FP4 expert tensors (FP8 on the GPU).
   const char* other = std::getenv("PDSERVE_FP8_CHECKPOINT");
@@ -187,6 +209,81 @@ TEST(GpuFp8WeightsTest, Bf16CheckpointInFp8ModeIsTheBf16Path) {
   const std::vector<Tensor> b = PromptLogitsTwoWays(*bf16, prompts, /*use_graph=*/true);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].data, b[i].data) << "prompt run " << i;
+}
+
+// WeightFormat::kBf16Dequantized on the quantized bundled model: the stored FP8 / FP4 tensors
+// dequantized at load one tensor (expert) at a time, from weights that lack them, give kBf16's
+// logits (from Weights::Load's float32 copy of every tensor) bit for bit: same values (the tool's
+// UE8M0 group scales make the FP4 -> FP8 conversion exact), same kernels.
+TEST(GpuFp8WeightsTest, Bf16DequantizedIsTheBf16PathWithoutTheHostCopy) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = QuantizedCheckpoint();
+  ASSERT_FALSE(dir.empty()) << "tools/make_real_format_checkpoint.py failed";
+  TestModel prompts_of;
+  LoadByName("kjv-v4-tiny", &prompts_of);
+  Quantized q;
+  ASSERT_NO_FATAL_FAILURE(LoadQuantized(dir, /*with_full=*/true, &q));
+  const ModelConfig* config = &q.config;
+  std::optional<Weights>& full = q.full;
+  std::optional<Weights>& slim = q.slim;
+  ASSERT_FALSE(slim->left_stored().empty());
+  auto dequantized = Make(*config, *slim, WeightFormat::kBf16Dequantized, dir);
+  auto bf16 = Make(*config, *full, WeightFormat::kBf16, "");
+  ASSERT_NE(dequantized, nullptr);
+  ASSERT_NE(bf16, nullptr);
+  const std::vector<std::vector<int32_t>> prompts(prompts_of.prompts.begin(),
+                                                  prompts_of.prompts.begin() + 3);
+  const std::vector<Tensor> a = PromptLogitsTwoWays(*dequantized, prompts, /*use_graph=*/true);
+  const std::vector<Tensor> b = PromptLogitsTwoWays(*bf16, prompts, /*use_graph=*/true);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_FALSE(a[i].data.empty()) << "prompt run " << i;
+    EXPECT_EQ(a[i].data, b[i].data) << "prompt run " << i;
+  }
+}
+
+// Issue 25's comparison at a size the float32 host copy cannot load (PDSERVE_FP8_LARGE_CHECKPOINT:
+// e.g. tools/make_real_format_checkpoint.py's 8-layer V4-Flash, 27 GB; skipped without it): the
+// GPU with FP8-resident weights (W8A16, the default, and W8A8) against the same weights dequantized
+// to bf16 (kBf16Dequantized) on the same GPU, one model on the device at a time, on the bundled
+// model's prompts (the tool writes the bundled tokenizer's vocabulary). Random weights give flat
+// logits, so argmax agreement is lower than on a trained model (bf16 vs fp32 measured 96.2% on
+// 2026-12-03); asserted: >= 90% for W8A16 (a layout or scale error gives near-random argmaxes).
+// The printed lines ("fp8 weights, ...") are what tools/gpu/run_fp8_experts.sh tabulates.
+TEST(GpuFp8WeightsTest, Fp8ResidentAgainstBf16DequantizedOnALargeCheckpoint) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  const char* env = std::getenv("PDSERVE_FP8_LARGE_CHECKPOINT");
+  if (env == nullptr || *env == '\0') GTEST_SKIP() << "PDSERVE_FP8_LARGE_CHECKPOINT not set";
+  const std::string dir(env);
+  TestModel prompts_of;
+  LoadByName("kjv-v4-tiny", &prompts_of);
+  Quantized q;
+  ASSERT_NO_FATAL_FAILURE(LoadQuantized(dir, /*with_full=*/false, &q));
+  const ModelConfig* config = &q.config;
+  const std::optional<Weights>& slim = q.slim;
+  auto logits_of = [&](WeightFormat format, Fp8Activations activations) {
+    auto gpu = Make(*config, *slim, format, dir, activations);
+    return gpu == nullptr ? std::vector<Tensor>()
+                          : PromptLogitsTwoWays(*gpu, prompts_of.prompts, /*use_graph=*/true);
+  };
+  const std::vector<Tensor> w8a16 = logits_of(WeightFormat::kFp8Block, Fp8Activations::kBf16);
+  const std::vector<Tensor> w8a8 = logits_of(WeightFormat::kFp8Block, Fp8Activations::kFp8);
+  const std::vector<Tensor> bf16 = logits_of(WeightFormat::kBf16Dequantized, Fp8Activations::kBf16);
+  ASSERT_FALSE(bf16.empty());
+  ASSERT_EQ(w8a16.size(), bf16.size());
+  ASSERT_EQ(w8a8.size(), bf16.size());
+  RowStats a16, a8;
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    ASSERT_FALSE(w8a16[i].data.empty() || w8a8[i].data.empty() || bf16[i].data.empty());
+    a16.Add(w8a16[i], bf16[i], 0);
+    a8.Add(w8a8[i], bf16[i], 0);
+  }
+  std::cout << "fp8 weights, large checkpoint: " << config->num_hidden_layers << " layers, "
+            << config->n_routed_experts << " routed experts, hidden " << config->hidden_size
+            << "\n";
+  Print("large: W8A16 GPU vs bf16-dequantized GPU", a16);
+  Print("large: W8A8 GPU vs bf16-dequantized GPU", a8);
+  EXPECT_GE(a16.ArgmaxRate(), 0.9);
 }
 
 }  // namespace

@@ -16,7 +16,10 @@
 #   5. compare: a 2-layer V4-Flash checkpoint of the same tool (2 layers: the bf16 path needs the
 #      fp32 host copy, 26 GB per layer, and the CPU engine needs it too) through
 #      GpuFp8WeightsTest.Fp8Resident* (PDSERVE_FP8_CHECKPOINT): FP8 GPU vs the same weights
-#      dequantized to bf16 on the same GPU, and bf16 GPU vs CPU fp32, same prompts, same run.
+#      dequantized to bf16 on the same GPU, and bf16 GPU vs CPU fp32, same prompts, same run;
+#      then the LAYERS-layer checkpoint (when written) through
+#      GpuFp8WeightsTest.Fp8ResidentAgainstBf16DequantizedOnALargeCheckpoint: FP8 (W8A16, W8A8)
+#      vs the same weights dequantized to bf16 at load (no fp32 host copy) on the same GPU.
 # Pack here (after building pdserve and engine_gpu_tests in build/):
 #   tools/gpu/pack_engine_tests.sh build .device-carry/gpu
 #   tools/gpu/pack_binaries.sh .device-carry/bin build/pdserve
@@ -160,6 +163,19 @@ if [[ " $steps " == *" compare "* ]]; then
   rc=$?
   while read -r line; do row "2-layer V4-Flash (rc $rc)" "-" "$line"; done \
     < <(grep -E "^fp8 weights, " "$out/compare.log")
+  # The LAYERS-layer checkpoint: FP8 resident vs the same weights dequantized to bf16 on the GPU
+  # (WeightFormat::kBf16Dequantized: no fp32 host copy), one model on the device at a time.
+  if [ -f "$ck/model.safetensors.index.json" ]; then
+    s=$(date +%s)
+    PDSERVE_FP8_LARGE_CHECKPOINT=$ck PDSERVE_SOURCE_DIR=$PWD \
+      LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$nccl:$LD_LIBRARY_PATH timeout 420 \
+      "$pack/bin/engine_gpu_tests" \
+      --gtest_filter='GpuFp8WeightsTest.Fp8ResidentAgainstBf16DequantizedOnALargeCheckpoint' \
+      > "$out/compare_large.log" 2>&1
+    rc=$?
+    while read -r line; do row "$layers-layer V4-Flash (rc $rc, $(($(date +%s) - s)) s)" "-" "$line"; done \
+      < <(grep -E "^fp8 weights, " "$out/compare_large.log")
+  fi
 fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
