@@ -7,11 +7,13 @@
 // /metrics and /health on its metrics_port, until SIGINT or SIGTERM: then it drains (Health says
 // DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
 // finish; streams still open then end with finish_reason "error", "worker shutting down") and
-// exits 0. The model comes from the config's model section, the lease from transfer.lease_ms,
-// the degeneration action from guards.degeneration_action, paranoid mode and the canary from
-// guards.paranoid / guards.canary_every, the reference switches from guards.reference_kernels
-// (docs/guards.md). UCX_TLS picks the transport; PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only
-// wrong indexer, decode/test_faults.h the test-only stalled loop.
+// exits 0. With backend cuda the entry's `state_tokens` sizes the GPU engine's paged state pools
+// and Reserve reserves each request's pages there. The model comes from the config's model section,
+// the lease from transfer.lease_ms, the degeneration action from guards.degeneration_action,
+// paranoid mode and the canary from guards.paranoid / guards.canary_every, the reference switches
+// from guards.reference_kernels (docs/guards.md). UCX_TLS picks the transport;
+// PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only wrong indexer, decode/test_faults.h the test-only
+// stalled loop.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -44,9 +46,11 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry,
                            worker::LoadWorkerEntry(flags.worker, "decode"));
   // Before anything loads: a cuda worker whose GPUs cannot hold it is refused (`pdserve plan`).
-  PDSERVE_RETURN_IF_ERROR(CheckWorkerMemory(
-      entry.worker, entry.model_dir,
-      WorkerPlanOptions{.max_batch = flags.max_batch, .pool_tokens = flags.pool_tokens}));
+  PDSERVE_RETURN_IF_ERROR(
+      CheckWorkerMemory(entry.worker, entry.model_dir,
+                        WorkerPlanOptions{.max_batch = flags.max_batch,
+                                          .pool_tokens = flags.pool_tokens,
+                                          .state_tokens = entry.worker.state_tokens}));
   decode::DecodeWorkerOptions options;
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;
@@ -83,6 +87,12 @@ absl::Status RunDecode(const DecodeFlags& flags) {
       gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
     }
     options.runner_factory = runtime::GpuRunnerFactory(gpu);
+    // Reserve counts the GPU engine's device page pools (state_tokens; 0: every slot full).
+    options.device_state_tokens = entry.worker.state_tokens;
+    if (entry.worker.state_tokens > 0) {
+      spdlog::info("paged device state: {} tokens over all requests (state_tokens)",
+                   entry.worker.state_tokens);
+    }
 #else
     return absl::FailedPreconditionError(
         "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "

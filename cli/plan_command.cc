@@ -29,7 +29,10 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.max_batch = options.prefill ? 1 : options.max_batch;
   q.gpu_bytes = options.gpu_bytes;
   q.fp8_weights = worker.weights == "fp8";
-  q.state_tokens = options.prefill ? 0 : options.state_tokens;
+  // The flag, else the decode worker's own key.
+  q.state_tokens = options.prefill            ? 0
+                   : options.state_tokens > 0 ? options.state_tokens
+                                              : worker.state_tokens;
   const int64_t pool = options.pool_tokens > 0 ? options.pool_tokens
                                                : options.max_batch * config.max_position_embeddings;
   q.max_context = options.max_context > 0 ? options.max_context
@@ -98,8 +101,8 @@ const CommandRegistrar kPlan([](CLI::App& app, int* exit_code) {
   cmd->add_option("--pool-tokens", flags->options.pool_tokens, "As pdserve decode --pool-tokens")
       ->check(NonNegative());
   cmd->add_option("--state-tokens", flags->options.state_tokens,
-                  "Decode: tokens of paged device state (as pdserve serve --state-tokens; 0: every "
-                  "slot full)")
+                  "Decode: tokens of paged device state (as pdserve serve --state-tokens; "
+                  "default: each decode worker's state_tokens; 0: every slot full)")
       ->check(NonNegative());
   cmd->add_option("--max-context", flags->options.max_context,
                   "Tokens per sequence (default: what the worker uses today)")

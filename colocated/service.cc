@@ -6,21 +6,14 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "engine/paged_state_plan.h"
+#include "runtime/device_state_pools.h"
 #include "serving/generation_config.h"
 #include "serving/sampler.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::colocated {
-namespace {
-// Name prefix of the scheduler pool's bookkeeping kinds for the device page pools
-// (ServiceOptions::device_state_tokens), followed by the compression rate.
-constexpr char kDeviceStateKind[] = "device_state_rate";
-}  // namespace
-
 // One API request: its choices' detokenizers and the sink. Guarded by context->mu, which the
 // runner holds while it delivers a token.
 struct ColocatedService::Request {
@@ -90,16 +83,14 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
                                   : options.max_batch * config.max_position_embeddings;
   const int64_t max_context = std::min(config.max_position_embeddings, pool_tokens);
   serving::PagePoolOptions pool_options = s->layout_->PoolOptions(options.max_batch, pool_tokens);
-  std::vector<std::pair<int64_t, int64_t>> device_kinds;
-  if (options.device_state_tokens.has_value()) {
+  // Without device_state_tokens: no device kinds, the layout's demand alone.
+  const runtime::DeviceStatePools device_pools = runtime::DeviceStatePools::For(
+      config, options.max_batch, max_context, options.device_state_tokens.value_or(0));
+  const bool count_device = options.device_state_tokens.has_value();
+  if (count_device) {
     // Another runner keeps every sequence's state on the device: the host pool is bookkeeping.
     pool_options.host_memory = !options.runner_factory;
-    device_kinds = engine::PagedPoolKinds(config, options.max_batch, max_context,
-                                          *options.device_state_tokens);
-    for (const auto& [rate, pages] : device_kinds) {
-      // Bookkeeping only: 4 bytes a page on the host; the state lives in the device pools.
-      pool_options.kinds.push_back({absl::StrCat(kDeviceStateKind, rate), pages, 1, 4});
-    }
+    device_pools.AddKinds(&pool_options);
   }
   PDSERVE_ASSIGN_OR_RETURN(s->pool_, serving::PagePool::Create(std::move(pool_options)));
   serving::SchedulerOptions scheduler_options;
@@ -108,17 +99,13 @@ absl::StatusOr<std::unique_ptr<ColocatedService>> ColocatedService::Create(
   scheduler_options.policy = options.policy;
   const serving::StateLayout* layout_ptr = s->layout_.get();
   PDSERVE_ASSIGN_OR_RETURN(
-      s->scheduler_,
-      serving::Scheduler::Create(
-          scheduler_options, s->pool_.get(),
-          [layout_ptr, device_kinds, max_context](int64_t total_tokens) {
-            serving::PageDemand demand = layout_ptr->Demand(total_tokens);
-            for (const auto& kind : device_kinds) {
-              demand.push_back(engine::PagedRequestPages(kind.first, max_context, total_tokens));
-            }
-            return demand;
-          },
-          &s->clock_, nullptr));
+      s->scheduler_, serving::Scheduler::Create(
+                         scheduler_options, s->pool_.get(),
+                         [layout_ptr, device_pools, count_device](int64_t total_tokens) {
+                           return count_device ? device_pools.Demand(*layout_ptr, total_tokens)
+                                               : layout_ptr->Demand(total_tokens);
+                         },
+                         &s->clock_, nullptr));
   if (options.runner_factory) {
     runtime::RunnerContext context{options.model_dir,  &config,
                                    s->layout_.get(),   s->pool_.get(),
@@ -301,7 +288,7 @@ frontend::StartResult ColocatedService::Start(const frontend::ApiRequest& req,
         return frontend::ServerError(503, std::string(submitted.message()), "server_error",
                                      "pool_exhausted");
       }
-      if (absl::StrContains(submitted.message(), kDeviceStateKind)) {
+      if (runtime::DeviceStatePools::Names(std::string(submitted.message()))) {
         return frontend::InvalidRequest(
             absl::StrCat("prompt + max_tokens (", prompt_length + max_tokens,
                          " tokens) can never fit this server's device state pool (state_tokens ",

@@ -147,11 +147,11 @@ class Reader {
   std::vector<ConfigError>* errors_;
 };
 
-WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& path) {
+WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& path, bool decode) {
   WorkerConfig w;
   if (!r.Map(node, path,
              {"name", "host", "port", "metrics_port", "backend", "gpus", "threads", "weights",
-              "fp8_activations"})) {
+              "fp8_activations", "state_tokens"})) {
     return w;
   }
   r.String(node, path, "name", true, &w.name);
@@ -167,6 +167,15 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
   r.Enum(node, path, "fp8_activations", false, {"bf16", "fp8"}, &w.fp8_activations);
   if (w.weights != "fp8" && node["fp8_activations"].IsDefined()) {
     r.Error(node["fp8_activations"], Join(path, "fp8_activations"), "only with weights: fp8");
+  }
+  if (node["state_tokens"].IsDefined()) {
+    if (!decode) {
+      r.Error(node["state_tokens"], Join(path, "state_tokens"), "only for decode workers");
+    } else if (w.backend != "cuda") {
+      r.Error(node["state_tokens"], Join(path, "state_tokens"), "only for backend cuda");
+    } else {
+      r.Int(node, path, "state_tokens", false, 0, int64_t{1} << 40, &w.state_tokens);
+    }
   }
   const YAML::Node gpus = r.Field(node, path, "gpus", false);
   if (w.backend == "cuda" && gpus.IsNull()) {
@@ -199,7 +208,7 @@ std::vector<WorkerConfig> ReadWorkers(Reader& r, const YAML::Node& root, const s
     return out;
   }
   for (size_t i = 0; i < list.size(); ++i) {
-    out.push_back(ReadWorker(r, list[i], absl::StrCat(key, "[", i, "]")));
+    out.push_back(ReadWorker(r, list[i], absl::StrCat(key, "[", i, "]"), key == "decode"));
     nodes->push_back(list[i]);
   }
   return out;

@@ -69,6 +69,10 @@ struct WorkerConfig {
   // weights fp8 only: the activations of the FP8 products, "bf16" (W8A16) or "fp8" (W8A8)
   // (engine::gpu::Fp8Activations).
   std::string fp8_activations = "bf16";
+  // Decode workers with backend cuda: tokens of paged device state the GPU engine's pools hold
+  // over all requests (GpuModelOptions::state_tokens, decode::DecodeWorkerOptions::
+  // device_state_tokens; Reserve reserves each request's pages); 0: every slot full.
+  int64_t state_tokens = 0;
 };
 
 struct RouterConfig {

@@ -53,8 +53,19 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   const int64_t pool_tokens = w->options_.pool_tokens > 0
                                   ? w->options_.pool_tokens
                                   : w->options_.max_batch * config.max_position_embeddings;
-  PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(
-                                         w->options_.max_batch, pool_tokens)));
+  const int64_t max_context = std::min(config.max_position_embeddings, pool_tokens);
+  serving::PagePoolOptions pool_options =
+      w->model_.layout->PoolOptions(w->options_.max_batch, pool_tokens);
+  if (w->options_.device_state_tokens.has_value()) {
+    if (*w->options_.device_state_tokens < 0) {
+      return absl::InvalidArgumentError(
+          "device_state_tokens (worker key state_tokens) must be >= 0");
+    }
+    w->device_pools_ = runtime::DeviceStatePools::For(config, w->options_.max_batch, max_context,
+                                                      *w->options_.device_state_tokens);
+    w->device_pools_->AddKinds(&pool_options);
+  }
+  PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(std::move(pool_options)));
   kv::ReceiverOptions receiver_options;
   receiver_options.lease = w->options_.lease;
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
@@ -83,7 +94,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                                          w->pool_.get(),
                                          w->options_.runner,
                                          w->options_.max_batch,
-                                         std::min(config.max_position_embeddings, pool_tokens)};
+                                         max_context,
+                                         w->options_.device_state_tokens.value_or(0)};
     PDSERVE_ASSIGN_OR_RETURN(w->runner_, w->options_.runner_factory(context));
   } else {
     w->runner_ = std::make_unique<runtime::EngineStepRunner>(*w->model_.model, *w->model_.layout,
@@ -94,6 +106,11 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
   w->decode_thread_ = std::thread([self] { self->DecodeLoop(); });
   return w;
+}
+
+serving::PageDemand DecodeWorker::Demand(int64_t total_tokens) const {
+  return device_pools_ ? device_pools_->Demand(*model_.layout, total_tokens)
+                       : model_.layout->Demand(total_tokens);
 }
 
 absl::Status DecodeWorker::AddMetrics() {

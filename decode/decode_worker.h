@@ -51,6 +51,7 @@
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "runtime/device_state_pools.h"
 #include "runtime/step_runner.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
@@ -79,6 +80,15 @@ struct DecodeWorkerOptions {
   // recomputes the canary on the GPU; Create sets runner.canary when canary_every > 0); paranoid
   // checks the GPU's state pages. The CPU engine's weights are then not loaded (the config only).
   runtime::RunnerFactory runner_factory;
+  // With runner_factory (backend: cuda): the tokens of paged device state the GPU engine's pools
+  // hold (worker key `state_tokens`; GpuModelOptions::state_tokens; 0: every slot full). Reserve
+  // then also reserves each request's device pages (runtime::DeviceStatePools) for prompt +
+  // max_tokens: RESOURCE_EXHAUSTED when they are short now (the router waits or asks another
+  // decode worker), FAILED_PRECONDITION when the request exceeds a whole pool (a 400 to the
+  // client). Unset: the device pools are not counted. With the CPU engine (no runner_factory;
+  // the deploy config allows the key for backend cuda only) the pools are counted though nothing
+  // holds them: how the CPU tests check admission (tests/decode/device_pages_test.cc).
+  std::optional<int64_t> device_state_tokens;
   TestFaults faults;  // TEST-ONLY (decode/test_faults.h); none by default
 };
 
@@ -173,6 +183,9 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   // Batch slots and pages for `choice_count` sequences: FailedPrecondition when this worker can
   // never hold them (more than max_batch, or more pages than its whole pool), naming n.
   absl::Status CheckForkFit(const Request& record, int32_t choice_count) const;
+  // The pages a request of `total_tokens` tokens reserves per pool kind: the state layout's, then
+  // (device_state_tokens) the device pools'.
+  serving::PageDemand Demand(int64_t total_tokens) const;
   // Where each planned page of `record`'s table lands.
   absl::StatusOr<kv::ReceiveSpec> ReceiveSpecFor(const Request& record, int64_t total_tokens);
   absl::StatusOr<pdserve::worker::v1::TransferTicket> Register(std::shared_ptr<Request> record,
@@ -265,6 +278,7 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   DecodeWorkerOptions options_;
   worker::WorkerModel model_;
   std::unique_ptr<serving::PagePool> pool_;
+  std::optional<runtime::DeviceStatePools> device_pools_;  // with device_state_tokens
   SystemClock clock_;
   // Before receiver_, which records into it (and whose lane threads ~DecodeWorker stops first).
   std::unique_ptr<kv::TransferMetrics> transfer_metrics_;

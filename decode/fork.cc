@@ -28,7 +28,7 @@ absl::Status DecodeWorker::CheckForkFit(const Request& record, int32_t choice_co
         " sequences (max_batch): lower n"));
   }
   const int64_t total = static_cast<int64_t>(record.prompt.size()) + record.params.max_tokens;
-  const serving::PageDemand demand = model_.layout->Demand(total);
+  const serving::PageDemand demand = Demand(total);
   for (int32_t k = 0; k < pool_->num_kinds() && k < static_cast<int32_t>(demand.size()); ++k) {
     if (demand[k] * choice_count > pool_->pages_total(k)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -44,7 +44,7 @@ absl::Status DecodeWorker::CheckForkFit(const Request& record, int32_t choice_co
 
 absl::Status DecodeWorker::AdmitForksLocked(Request& record, int32_t choice_count) {
   const int64_t total = static_cast<int64_t>(record.prompt.size()) + record.params.max_tokens;
-  const serving::PageDemand demand = model_.layout->Demand(total);
+  const serving::PageDemand demand = Demand(total);
   std::vector<std::shared_ptr<Request>> forks;
   absl::Status status;
   for (int32_t k = 1; k < choice_count && status.ok(); ++k) {

@@ -80,13 +80,17 @@ absl::StatusOr<std::shared_ptr<DecodeWorker::Request>> DecodeWorker::NewRequest(
                               .status());
   // A demand larger than the whole pool can never be met, however long one waits: refused with
   // its own code before anything is reserved (RESOURCE_EXHAUSTED means "not now").
-  const serving::PageDemand demand = model_.layout->Demand(prompt_length + params.max_tokens);
+  const serving::PageDemand demand = Demand(prompt_length + params.max_tokens);
   for (int32_t k = 0; k < pool_->num_kinds() && k < static_cast<int32_t>(demand.size()); ++k) {
     if (demand[k] > pool_->pages_total(k)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "prompt ", prompt_length, " + max_tokens ", params.max_tokens, " tokens need ", demand[k],
           " state pages of kind '", pool_->kind(k).name,
           "', more than this decode worker's whole pool holds (", pool_->pages_total(k),
+          runtime::DeviceStatePools::Names(pool_->kind(k).name)
+              ? absl::StrCat("; its GPU state pools hold state_tokens ",
+                             options_.device_state_tokens.value_or(0), " tokens")
+              : "",
           "): the request can never be served here; lower max_tokens"));
     }
   }
@@ -117,8 +121,7 @@ absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record, int32
         " requests are receiving or decoding (max_batch ", options_.max_batch, ")"));
   }
   record.sequence = next_sequence_++;
-  absl::StatusOr<serving::PageTable> table =
-      pool_->Allocate(record.sequence, model_.layout->Demand(total));
+  absl::StatusOr<serving::PageTable> table = pool_->Allocate(record.sequence, Demand(total));
   if (!table.ok()) {
     // The pool names its owner, our internal sequence number; the caller knows the request id.
     const std::string detail = absl::StrReplaceAll(

@@ -242,6 +242,38 @@ TEST(DeployConfigTest, Fp8ActivationsNeedFp8Weights) {
   EXPECT_EQ(bad.errors[0].key, "prefill[0].fp8_activations");
 }
 
+// state_tokens: decode workers with backend cuda only, an integer >= 0 (0, the default: every
+// slot full).
+TEST(DeployConfigTest, StateTokensForCudaDecodeWorkersOnly) {
+  const std::string cuda_decode = "    port: 9200\n    backend: cuda\n    gpus: \"2\"\n";
+  const ParsedDeployConfig plain = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(plain.errors.empty()) << plain.errors[0].ToString();
+  EXPECT_EQ(plain.config.decode[0].state_tokens, 0);
+  const ParsedDeployConfig set = ParseDeployConfig(
+      Broken("    port: 9200\n    backend: cpu\n", cuda_decode + "    state_tokens: 1048576\n"),
+      "a.yaml");
+  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+  EXPECT_EQ(set.config.decode[0].state_tokens, 1048576);
+  const ParsedDeployConfig cpu = ParseDeployConfig(
+      Broken("    backend: cpu\n", "    backend: cpu\n    state_tokens: 4096\n"), "b.yaml");
+  ASSERT_EQ(cpu.errors.size(), 1u);
+  EXPECT_EQ(cpu.errors[0].key, "decode[0].state_tokens");
+  EXPECT_EQ(cpu.errors[0].message, "only for backend cuda");
+  const ParsedDeployConfig prefill =
+      ParseDeployConfig(Broken("\"0,1\"\n", "\"0,1\"\n    state_tokens: 4096\n"), "c.yaml");
+  ASSERT_EQ(prefill.errors.size(), 1u);
+  EXPECT_EQ(prefill.errors[0].key, "prefill[0].state_tokens");
+  EXPECT_EQ(prefill.errors[0].message, "only for decode workers");
+  for (const char* bad : {"-1", "1.5", "lots", "[1]"}) {
+    const ParsedDeployConfig parsed =
+        ParseDeployConfig(Broken("    port: 9200\n    backend: cpu\n",
+                                 cuda_decode + "    state_tokens: " + bad + "\n"),
+                          "d.yaml");
+    ASSERT_EQ(parsed.errors.size(), 1u) << bad;
+    EXPECT_EQ(parsed.errors[0].key, "decode[0].state_tokens") << bad;
+  }
+}
+
 TEST(DeployConfigTest, ParseGpuList) {
   EXPECT_EQ(*ParseGpuList("3"), std::vector<int>({3}));
   EXPECT_EQ(*ParseGpuList("2,0,1"), std::vector<int>({2, 0, 1}));

@@ -1,0 +1,84 @@
+// The decode worker's Reserve against the GPU engine's paged device state pools
+// (DecodeWorkerOptions::device_state_tokens, worker key `state_tokens`;
+// runtime/device_state_pools.h), on the CPU engine (the pools are counted, nothing holds them) with
+// the bundled model and a real UCX receiver: admission, not decoding, is what is checked here; the
+// GPU run is tools/gpu/run_admission.sh's PD part.
+//
+// device_state_tokens 1 on 4 batch slots: each device pool is its 4 slack pages (one a slot, as
+// engine::PagedPoolPages sizes it), and a request of 4 + 400 tokens holds 2 pages of the rate-4
+// pool (101 entries, 64 a page): two are reserved at once although max_batch allows four, the
+// third is RESOURCE_EXHAUSTED (not now: the router waits or asks another decode worker). A
+// request larger than a whole device pool (FAILED_PRECONDITION naming state_tokens, the router's
+// 400) cannot be made on this model: every pool holds at least one page a slot plus one, 512
+// tokens at rate 4, the model's whole context.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "decode/decode_worker.h"
+#include "serving/state_layout.h"
+
+namespace pdserve::decode {
+namespace {
+
+namespace v1 = pdserve::worker::v1;
+
+std::unique_ptr<DecodeWorker> NewWorker(std::optional<int64_t> device_state_tokens) {
+  DecodeWorkerOptions options;
+  options.model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/kjv-v4-tiny";
+  options.max_batch = 4;
+  options.device_state_tokens = device_state_tokens;
+  auto worker = DecodeWorker::Create(std::move(options));
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  return worker.ok() ? std::move(*worker) : nullptr;
+}
+
+grpc::Status Reserve(DecodeWorker& worker, uint64_t id, int32_t prompt, int32_t max_tokens) {
+  v1::ReserveRequest request;
+  request.set_request_id(id);
+  request.set_prompt_tokens(prompt);
+  request.mutable_sampling()->set_max_tokens(max_tokens);
+  request.mutable_sampling()->set_temperature(0.6f);
+  v1::ReserveResponse response;
+  return worker.Reserve(nullptr, &request, &response);
+}
+
+TEST(DecodeDevicePagesTest, ReserveCountsTheDevicePoolsPagesNotJustTheBatchSlots) {
+  auto worker = NewWorker(1);
+  ASSERT_NE(worker, nullptr);
+  EXPECT_TRUE(Reserve(*worker, 1000, 4, 400).ok());
+  EXPECT_TRUE(Reserve(*worker, 2000, 4, 400).ok());
+  const grpc::Status third = Reserve(*worker, 3000, 4, 400);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.error_message();
+  EXPECT_NE(third.error_message().find("device_state_rate4"), std::string::npos)
+      << third.error_message();
+  // Freed pages make room again: the abort of a reservation whose ticket never left.
+  v1::AbortRequest abort;
+  abort.set_request_id(1000);
+  abort.set_prefill_quiesced(true);
+  v1::AbortResponse aborted;
+  ASSERT_TRUE(worker->Abort(nullptr, &abort, &aborted).ok());
+  EXPECT_TRUE(Reserve(*worker, 4000, 4, 400).ok());
+  worker->Stop();
+}
+
+TEST(DecodeDevicePagesTest, WithoutDevicePoolsTheBatchSlotsAloneLimit) {
+  auto unbounded = NewWorker(std::nullopt);
+  ASSERT_NE(unbounded, nullptr);
+  for (uint64_t id : {1000u, 2000u, 3000u, 4000u}) {
+    EXPECT_TRUE(Reserve(*unbounded, id, 4, 400).ok()) << id;
+  }
+  EXPECT_EQ(Reserve(*unbounded, 5000, 4, 400).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  unbounded->Stop();
+}
+
+TEST(DecodeDevicePagesTest, NegativeStateTokensAreRefused) {
+  DecodeWorkerOptions options;
+  options.model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/kjv-v4-tiny";
+  options.device_state_tokens = -1;
+  EXPECT_FALSE(DecodeWorker::Create(std::move(options)).ok());
+}
+
+}  // namespace
+}  // namespace pdserve::decode
