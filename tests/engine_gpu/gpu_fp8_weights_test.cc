@@ -259,8 +259,8 @@ TEST(GpuFp8WeightsTest, Fp8ResidentAgainstBf16DequantizedOnALargeCheckpoint) {
   const char* env = std::getenv("PDSERVE_FP8_LARGE_CHECKPOINT");
   if (env == nullptr || *env == '\0') GTEST_SKIP() << "PDSERVE_FP8_LARGE_CHECKPOINT not set";
   const std::string dir(env);
-  TestModel prompts_of;
-  LoadByName("kjv-v4-tiny", &prompts_of);
+  TestModel prompts_of;  // the bundled model's prompt ids only (the fixture; no model needed)
+  ASSERT_NO_FATAL_FAILURE(LoadTinyPrompts(&prompts_of));
   Quantized q;
   ASSERT_NO_FATAL_FAILURE(LoadQuantized(dir, /*with_full=*/false, &q));
   auto logits_of = [&](WeightFormat format, Fp8Activations activations, GemmInputs inputs) {

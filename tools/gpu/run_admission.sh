@@ -11,6 +11,9 @@
 # each request's text with the full server's. Same text is expected; a difference can only come
 # from a near-tie flipped by another decode batch size (runtime/cuda/gpu_step_runner.h, "Batch
 # invariance"), and the table says how many differ.
+# Then the same through PD (`pdserve up`, CUDA prefill + CUDA decode with the worker key
+# `state_tokens: 1024`): 48 requests at once, the router queues them while the decode worker's
+# device pages are short, all complete; an oversized request gets 400.
 # Also runs, when PACK has them, the packed engine_gpu_tests' GpuBackendTest.SmallDevicePools*
 # (the same on the tiny model, fp32 GEMMs, exact equality) and
 # GpuStepRunnerTest.PoolsTooSmall* (a scheduler that reserves no device pages: the runner stops
@@ -25,8 +28,8 @@
 # there, from the repository root:
 #   OUT=$OUT tools/gpu/run_admission.sh
 # Environment: BINS (.device-carry/bin), PACK (.device-carry/gpu), OUT (gpu-out/admit),
-# REQUESTS (24), MAX_TOKENS (400). Logs under $OUT; a short table is printed last. Expected run
-# time: about 1 min (two model loads of a few seconds, two rounds of 400-token decodes).
+# REQUESTS (24), PD_REQUESTS (48), MAX_TOKENS (400). Logs under $OUT; a short table is printed last. Expected run
+# time: about 2 min (three model loads of a few seconds, three rounds of 400-token decodes).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-gpu-out/admit}
@@ -63,21 +66,11 @@ elif [ ! -f "$bins/env.sh" ]; then
 else
   # shellcheck disable=SC1091
   source "$bins/env.sh"
-  serve_and_send() {  # label, state tokens, port
-    local label=$1 port=$3
-    pdserve serve --model models/kjv-v4-wide --backend cuda --port "$port" --max-batch 16 \
-      --token-budget 512 --state-tokens "$2" > "$out/serve-$label.log" 2>&1 &
-    local pid=$!
-    local ready=0
-    for _ in $(seq 1 240); do
-      curl -sf "http://127.0.0.1:$port/ready" > /dev/null 2>&1 && { ready=1; break; }
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.5
-    done
-    if [ $ready = 1 ]; then
-      python3 - "$port" "$requests" "$max_tokens" "$out/$label.json" <<'PY' > "$out/client-$label.log" 2>&1
+  cat > "$out/client.py" <<'PY'
 import concurrent.futures, json, re, sys, threading, time, urllib.request
 port, n, max_tokens, dest = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+# The gauge whose largest value while the requests run is "most waiting".
+waiting_metric = sys.argv[5]
 base = f"http://127.0.0.1:{port}"
 prompts = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed are the meek",
            "For God so loved the world", "And it came to pass", "Thus saith the LORD",
@@ -88,7 +81,7 @@ def watch():
     while not done.is_set():
         try:
             text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-            m = re.search(r"^pdserve_serve_sequences_waiting\S*\s+([0-9.e+]+)", text, re.M)
+            m = re.search(r"^" + waiting_metric + r"\S*\s+([0-9.e+]+)", text, re.M)
             if m: most_waiting[0] = max(most_waiting[0], int(float(m.group(1))))
         except Exception:
             pass
@@ -113,6 +106,22 @@ done.set(); w.join()
 json.dump({"results": results, "most_waiting": most_waiting[0], "seconds": time.time() - t},
           open(dest, "w"))
 PY
+  wait_ready() {  # port, pid, seconds: /ready answers 200 while the process lives
+    for _ in $(seq 1 $(($3 * 2))); do
+      curl -sf "http://127.0.0.1:$1/ready" > /dev/null 2>&1 && return 0
+      kill -0 "$2" 2>/dev/null || return 1
+      sleep 0.5
+    done
+    return 1
+  }
+  serve_and_send() {  # label, state tokens, port
+    local label=$1 port=$3
+    pdserve serve --model models/kjv-v4-wide --backend cuda --port "$port" --max-batch 16 \
+      --token-budget 512 --state-tokens "$2" > "$out/serve-$label.log" 2>&1 &
+    local pid=$!
+    if wait_ready "$port" "$pid" 120; then
+      python3 "$out/client.py" "$port" "$requests" "$max_tokens" "$out/$label.json" \
+        pdserve_serve_sequences_waiting > "$out/client-$label.log" 2>&1
     else
       echo "not ready: $(tail -3 "$out/serve-$label.log")" > "$out/client-$label.log"
     fi
@@ -148,6 +157,59 @@ PY
   row "small pool: every request completes, queue seen waiting" "$v1" "$d1 ($(elapsed))"
   row "small pool text == full pool text" "$v2" "$d2"
   grep -iE "error|exhausted" "$out/serve-small.log" | head -5 >&2
+
+  # PD: `pdserve up` with a CUDA prefill and a CUDA decode worker whose `state_tokens` is 1024
+  # (64 batch slots: the rate-4 pool holds ceil(1024 / 4 / 64) + 64 = 68 pages, a request of
+  # about 10 + 400 tokens reserves 2), PD_REQUESTS (48) requests at once: the decode worker's
+  # Reserve answers RESOURCE_EXHAUSTED once its device pages are short, the router queues them
+  # (pdserve_router_queue_depth seen > 0, pdserve_router_queued_total > 0) and every request
+  # completes; then one request whose prompt + max_tokens exceeds the model's context gets 400.
+  cat > "$out/pd.yaml" <<YAML
+name: admission-pd
+share_gpus: true
+model: {path: models/kjv-v4-wide, served_name: kjv-v4-wide}
+router: {host: 127.0.0.1, http_port: 18420, health_interval_ms: 5000, queue_timeout_ms: 300000}
+prefill:
+  - {name: prefill-0, host: 127.0.0.1, port: 18421, metrics_port: 18422, backend: cuda, gpus: "0"}
+decode:
+  - {name: decode-0, host: 127.0.0.1, port: 18423, metrics_port: 18424, backend: cuda, gpus: "0", state_tokens: 1024}
+transfer: {transport: ucx, lease_ms: 30000}
+YAML
+  pdserve up --config "$out/pd.yaml" > "$out/up.log" 2>&1 &
+  up_pid=$!
+  if wait_ready 18420 "$up_pid" 240; then
+    python3 "$out/client.py" 18420 "${PD_REQUESTS:-48}" "$max_tokens" "$out/pd.json" \
+      pdserve_router_queue_depth > "$out/client-pd.log" 2>&1
+    curl -sf http://127.0.0.1:18420/metrics > "$out/pd.router.metrics"
+    curl -sf http://127.0.0.1:18424/metrics > "$out/pd.decode.metrics"
+    too_long=$(curl -s -o "$out/pd-too-long.json" -w '%{http_code}' \
+      http://127.0.0.1:18420/v1/completions -H 'Content-Type: application/json' \
+      -d '{"model": "kjv-v4-wide", "prompt": "In the beginning", "max_tokens": 1000000}')
+    pd=$(python3 - "$out/pd.json" "$max_tokens" "$out/pd.router.metrics" <<'PY' 2>&1
+import json, re, sys
+r = json.load(open(sys.argv[1])); want = int(sys.argv[2])
+queued = re.search(r"^pdserve_router_queued_total\S*\s+([0-9.e+]+)", open(sys.argv[3]).read(), re.M)
+queued = int(float(queued.group(1))) if queued else -1
+ok = lambda x: "error" not in x and ((x["finish"] == "length" and x["tokens"] == want) or
+                                     (x["finish"] == "stop" and x["tokens"] <= want))
+n = len(r["results"]); complete = sum(ok(x) for x in r["results"])
+err = next((x["error"] for x in r["results"] if "error" in x), "")
+v = "PASS" if complete == n and r["most_waiting"] > 0 and queued > 0 else "FAIL"
+print(f"{v}|{complete}/{n} complete, router queue depth up to {r['most_waiting']}, "
+      f"queued_total {queued}, {r['seconds']:.1f} s {err[:120]}")
+PY
+)
+    IFS='|' read -r v3 d3 <<< "$pd"
+    row "PD: decode worker state_tokens 1024, requests queue for device pages" "$v3" "$d3 ($(elapsed))"
+    row "PD: prompt + max_tokens beyond the context" \
+      "$([ "$too_long" = 400 ] && echo PASS || echo FAIL)" \
+      "HTTP $too_long $(head -c 200 "$out/pd-too-long.json")"
+    grep -E 'pdserve_pool_pages\S*kind="device"' "$out/pd.decode.metrics" | head -4 > "$out/pd.device-pages.txt"
+  else
+    row "PD: decode worker state_tokens 1024" "FAIL" "not ready: $(tail -2 "$out/up.log" | tr '\n' ' ')"
+  fi
+  kill -INT "$up_pid" 2>/dev/null
+  wait "$up_pid" 2>/dev/null
 fi
 
 echo

@@ -64,8 +64,11 @@ pdserve=$(command -v pdserve)
 make_checkpoint() {  # dir, layers
   [ -f "$1/model.safetensors.index.json" ] && return 0
   rm -rf "$1"
+  # The bundled tokenizer: kjv-v4-tiny's, or kjv-v4-wide's (the same) in a `wide` device tree.
+  local tok=models/kjv-v4-tiny
+  [ -f $tok/tokenizer.json ] || tok=models/kjv-v4-wide
   python3 tools/make_real_format_checkpoint.py --out "$1" --shapes flash --layers "$2" --seed 1 \
-    --tokenizer-from models/kjv-v4-tiny --shard-mb 4096 &&
+    --tokenizer-from $tok --shard-mb 4096 &&
     python3 - "$1/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
@@ -163,8 +166,15 @@ if [[ " $steps " == *" compare "* ]]; then
   rc=$?
   while read -r line; do row "2-layer V4-Flash (rc $rc)" "-" "$line"; done \
     < <(grep -E "^fp8 weights, " "$out/compare.log")
-  # The LAYERS-layer checkpoint: FP8 resident vs the same weights dequantized to bf16 on the GPU
-  # (WeightFormat::kBf16Dequantized: no fp32 host copy), one model on the device at a time.
+fi
+
+# The LAYERS-layer checkpoint: FP8 resident vs the same weights dequantized to bf16 on the GPU
+# (WeightFormat::kBf16Dequantized: no fp32 host copy), one model on the device at a time. Step
+# "large" (in "compare" too); needs only the checkpoint and tests/fixtures/small_model's prompt ids.
+if [[ " $steps " == *" compare "* || " $steps " == *" large "* ]]; then
+  mkdir -p /tmp/pdserve-libs && tar -xJf "$pack/libs.tar.xz" -C /tmp/pdserve-libs
+  chmod +x "$pack/bin/engine_gpu_tests"
+  nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
   if [ -f "$ck/model.safetensors.index.json" ]; then
     s=$(date +%s)
     PDSERVE_FP8_LARGE_CHECKPOINT=$ck PDSERVE_SOURCE_DIR=$PWD \
