@@ -260,7 +260,7 @@ def gemm_main(bench, part):
           "torch._scaled_mm us | torch bf16 us |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (kernel, shape, tokens) in list(table):
-        if kernel != "fp8_wgmma":
+        if kernel != "fp8_mma":
             continue
         n, k = shapes[shape]
         fp8_us, bf16_us = torch_dense(n, k, tokens)

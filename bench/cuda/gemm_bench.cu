@@ -5,7 +5,8 @@
 // kernel: copy (device-to-device, bytes = read + written), read (ReadFloor: bytes read), fp8_wgmma
 // (fp8_gemm_wgmma, default config), fp8_mma (fp8_gemm_mma), fp8_cublaslt (fp8_gemm_cublaslt),
 // wgmma_v<warpgroups>.<stages>.<target blocks> (fp8_gemm_wgmma with that config, at kVariantTokens;
-// the configs: PDSERVE_FP8_VARIANTS="w,s,t;w,s,t;..." or kVariants), moe_fp8 / moe_fp4
+// the configs: PDSERVE_FP8_VARIANTS="w,s,t;w,s,t;..." or Variants(); PDSERVE_BENCH_NO_WGMMA set:
+// no wgmma rows, and fp8_gemm's default path is left to PDSERVE_FP8_GEMM), moe_fp8 / moe_fp4
 // (moe_grouped_gemm over 256 experts, top-6 routing); with the argument "w8a16": fp8_own
 // (fp8_gemm) and w8a16 (fp8_gemm_w8a16), moe_fp8
 // and moe_w8a16 (ExpertFormat::kFp8W8A16) at decode sizes 1..128 and 4096 tokens only. shape: wq_b
@@ -155,14 +156,17 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
         PrintRow("w8a16", s.name, m, a16, bytes, flops);
         continue;
       }
+      const bool wgmma = std::getenv("PDSERVE_BENCH_NO_WGMMA") == nullptr;
       const Fp8WgmmaConfig config = fp8_gemm_wgmma_default_config();
-      const double wgmma_us = GraphMicros(
-          [&](int l) {
-            BENCH_CHECK(fp8_gemm_wgmma(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws,
-                                       ws_bytes, stream, config));
-          },
-          kLayers, 20, stream);
-      PrintRow("fp8_wgmma", s.name, m, wgmma_us, bytes, flops);
+      if (wgmma) {
+        const double wgmma_us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(fp8_gemm_wgmma(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws,
+                                         ws_bytes, stream, config));
+            },
+            kLayers, 20, stream);
+        PrintRow("fp8_wgmma", s.name, m, wgmma_us, bytes, flops);
+      }
       const double mma_us = GraphMicros(
           [&](int l) {
             BENCH_CHECK(fp8_gemm_mma(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws, ws_bytes,
@@ -170,7 +174,8 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
           },
           kLayers, 20, stream);
       PrintRow("fp8_mma", s.name, m, mma_us, bytes, flops);
-      if (std::find(kVariantTokens.begin(), kVariantTokens.end(), m) != kVariantTokens.end()) {
+      if (wgmma &&
+          std::find(kVariantTokens.begin(), kVariantTokens.end(), m) != kVariantTokens.end()) {
         for (const Fp8WgmmaConfig& v : Variants()) {
           const double us = GraphMicros(
               [&](int l) {

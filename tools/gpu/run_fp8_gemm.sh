@@ -32,23 +32,41 @@ cuobjdump --dump-sass "$b/libpdserve_kernels_cuda.a" 2>/dev/null |
   grep -iE "BlockScaled|Fp8Wgmma" | sed -E 's/_ZN7pdserve[^ ]*(Fp8WgmmaKernel|BlockScaledGemmKernel)I(L[^ ]*)/\1<\2>/' |
   sort | uniq -c | sort -rn > "$out/sass-mma.txt"
 tests="$b/tests/pdserve_kernels_cuda_tests"
-timeout 150 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*' > "$out/fp8-tests.log" 2>&1
+summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
+# The new kernel's tests first and alone: a hang or a device fault there (timeout rc 124) must not
+# take the other tests and the benchmark with it; then fp8_gemm runs its old path (and the bench
+# skips the wgmma rows).
+timeout 90 "$tests" --gtest_filter='CudaFp8GemmTest.Wgmma*' > "$out/wgmma-tests.log" 2>&1
+wgmma_rc=$?
+wgmma_broken=0
+if [ "$wgmma_rc" -ge 124 ] ||
+   grep -qiE "illegal (memory|instruction)|launch failure|misaligned|an illegal" "$out/wgmma-tests.log"; then
+  wgmma_broken=1
+  export PDSERVE_FP8_GEMM=mma PDSERVE_BENCH_NO_WGMMA=1
+fi
+timeout 120 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:-CudaFp8GemmTest.Wgmma*' \
+  > "$out/fp8-tests.log" 2>&1
 fp8_rc=$?
 if [ "${SKIP_OTHER_TESTS:-0}" != 1 ]; then
-  timeout 150 "$tests" --gtest_filter='-CudaFp8Gemm*:CudaMoeGemm*' > "$out/other-tests.log" 2>&1
+  timeout 120 "$tests" --gtest_filter='-CudaFp8Gemm*:CudaMoeGemm*' > "$out/other-tests.log" 2>&1
   other_rc=$?
 fi
 part=dense
 [ "${GEMM_PART:-dense}" = all ] && part=
-PYTHONUNBUFFERED=1 timeout 240 python3 bench/cuda/compare.py \
+PYTHONUNBUFFERED=1 timeout 200 python3 bench/cuda/compare.py \
   --gemm-bench "$b/bench/pdserve_gemm_bench" --gemm-part "$part" > "$out/bench.md" 2>&1
 bench_rc=$?
 echo "== SASS tensor-core instructions (top):"
 head -6 "$out/sass-mma.txt"
-echo "== fp8/moe gemm tests: rc=$fp8_rc $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/fp8-tests.log" | tr '\n' ' ')"
-grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/fp8-tests.log" | head -40
+echo "== fp8_gemm_wgmma tests: rc=$wgmma_rc $(summary "$out/wgmma-tests.log")"
+grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/wgmma-tests.log" | head -30
+if [ "$wgmma_broken" = 1 ]; then
+  echo "wgmma tests hung or faulted: the rest ran with PDSERVE_FP8_GEMM=mma, bench without wgmma"
+fi
+echo "== other fp8/moe gemm tests: rc=$fp8_rc $(summary "$out/fp8-tests.log")"
+grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/fp8-tests.log" | head -20
 if [ "${SKIP_OTHER_TESTS:-0}" != 1 ]; then
-  echo "== other kernel tests: rc=$other_rc $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/other-tests.log" | tr '\n' ' ')"
+  echo "== other kernel tests: rc=$other_rc $(summary "$out/other-tests.log")"
   grep -E "^\[  FAILED" "$out/other-tests.log" | head -10
 fi
 echo "== bench: rc=$bench_rc (total $((SECONDS - start)) s)"
