@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
@@ -99,26 +101,65 @@ size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
   const size_t mma = PlanDense(m, n, k).total();
   const size_t wgmma = fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config());
-  return std::max(mma, wgmma);
+  const size_t lt =
+      fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, k) : 0;
+  return std::max({mma, wgmma, lt});
 }
 
 Fp8GemmPath fp8_gemm_path(int64_t m) {
-  static const bool force_mma = [] {
+  static const std::string forced = [] {
     const char* env = std::getenv("PDSERVE_FP8_GEMM");
-    return env != nullptr && std::string(env) == "mma";
+    return std::string(env != nullptr ? env : "");
   }();
-  return !force_mma && m <= kFp8WgmmaMaxTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kMma;
+  if (forced == "mma") return Fp8GemmPath::kMma;
+  if (forced == "wgmma" || m <= kFp8WgmmaMaxTokens) return Fp8GemmPath::kWgmma;
+  return Fp8GemmPath::kCublasLt;
 }
+
+namespace {
+
+// fp8_gemm's cuBLASLt handle for the current device, created on first use and kept for the
+// process (nullptr when cuBLASLt cannot create one). Thread-safe.
+cublasLtHandle_t SharedLtHandle() {
+  static std::mutex mu;
+  static std::array<cublasLtHandle_t, 64> handles{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(handles.size())) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (handles[device] == nullptr && cublasLtCreate(&handles[device]) != CUBLAS_STATUS_SUCCESS) {
+    handles[device] = nullptr;
+  }
+  return handles[device];
+}
+
+}  // namespace
 
 cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  if (fp8_gemm_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k) &&
+  const Fp8GemmPath path = fp8_gemm_path(m);
+  if (path == Fp8GemmPath::kWgmma && SizesValid(m, n, k) &&
       fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0) {
     return fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
                           workspace, workspace_bytes, stream, fp8_gemm_wgmma_default_config(),
                           refusal);
+  }
+  if (path == Fp8GemmPath::kCublasLt && n % 16 == 0 && out_stride % 8 == 0 &&
+      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, k)) {
+    const cublasLtHandle_t lt = SharedLtHandle();
+    if (lt != nullptr) {
+      const cudaError_t status =
+          fp8_gemm_cublaslt(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
+                            workspace, workspace_bytes, stream, refusal);
+      if (status != cudaErrorNotSupported) return status;
+      (void)cudaGetLastError();  // no algorithm for this size: the mma.sync path below
+      if (refusal != nullptr) refusal->clear();
+    }
   }
   return fp8_gemm_mma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride, workspace,
                       workspace_bytes, stream, refusal);

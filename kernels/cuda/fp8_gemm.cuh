@@ -16,14 +16,16 @@
 // `weight`); w_scale [ceil(n / 128), k / 128] fp32 row-major (`scale` / `weight_scale_inv`);
 // out [m, out_stride] bf16 (columns 0..n-1 written, nothing else).
 //
-// Paths: fp8_gemm runs fp8_gemm_wgmma (Hopper warpgroup MMA on the FP8 tensor cores, weights
-// streamed by TMA; written for decode, 1..128 tokens) for m <= kFp8WgmmaMaxTokens, else
-// fp8_gemm_mma (mma.sync m16n8k32 e4m3, which sm_90 runs as f16 HMMA plus conversions: at most
-// ~130 TFLOP/s). PDSERVE_FP8_GEMM=mma (read once per process) forces fp8_gemm_mma everywhere.
+// Paths (fp8_gemm_path): fp8_gemm runs fp8_gemm_wgmma (Hopper warpgroup MMA on the FP8 tensor
+// cores, weights streamed by TMA; written for decode) for m <= kFp8WgmmaMaxTokens; above that
+// fp8_gemm_cublaslt (a process-wide cuBLASLt handle per device) where n % 16 == 0, out_stride % 8
+// == 0, the workspace holds its bytes and cuBLASLt has an algorithm, else fp8_gemm_mma (mma.sync
+// m16n8k32 e4m3, which sm_90 runs as f16 HMMA plus conversions: at most ~130 TFLOP/s).
+// PDSERVE_FP8_GEMM=mma or =wgmma (read once per process) forces that path for every m.
 // fp8_gemm_mma measured on one H200 (docs/perf.md, 2026-12-04, CUDA graphs): 1-8 tokens at
-// 56-59% of the read floor for wq_b [32768, 1024], 23-51% for the smaller shapes; from 16-32
-// tokens on fp8_gemm_cublaslt is faster. fp8_gemm_wgmma: not yet measured (tools/gpu/
-// run_fp8_gemm.sh). For prefill sizes use fp8_gemm_cublaslt.
+// 56-59% of the read floor for wq_b [32768, 1024], 23-51% for the smaller shapes; cuBLASLt
+// reaches 1050-1150 TFLOP/s at 4096 tokens. fp8_gemm_wgmma: not yet measured
+// (tools/gpu/run_fp8_gemm.sh).
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -55,9 +57,9 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
 
-// Which kernel fp8_gemm runs for m tokens (see "Paths" above). Host only.
+// Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
 inline constexpr int64_t kFp8WgmmaMaxTokens = 128;
-enum class Fp8GemmPath { kWgmma, kMma };
+enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).

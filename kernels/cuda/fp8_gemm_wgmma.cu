@@ -38,6 +38,7 @@ namespace pdserve::kernels::cuda {
 namespace {
 
 namespace bs = block_scaled;
+using hopper::FenceBarrierInit;
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
 using hopper::MbarrierArrive;
@@ -106,7 +107,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       MbarrierInit(full_bar + 8u * s, 1);
       MbarrierInit(empty_bar + 8u * s, 4 * wgs);
     }
-    FenceProxyAsync();  // the initialized barriers are visible to the TMA unit
+    FenceBarrierInit();  // the initialized barriers are visible to the TMA unit
+    FenceProxyAsync();
   }
   __syncthreads();
 

@@ -64,6 +64,12 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 }
 
+// Makes mbarrier.init visible to other threads and to the bulk-copy engine before any of them
+// uses the barrier (PTX ISA "membar / fence": fence.mbarrier_init; a CTA is its own cluster).
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 // Arrive on `bar` and raise its expected transaction count by `bytes` (PTX ISA
 // "mbarrier.expect_tx" / "mbarrier.arrive"): the phase completes when every arrival has come and
 // the bulk copies that signal it (TmaLoad2d) have delivered that many bytes.

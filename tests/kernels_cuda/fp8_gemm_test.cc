@@ -249,19 +249,24 @@ TEST(CudaFp8GemmTest, WgmmaExtremeScalesAndNonFinite) {
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096});
 }
 
-// fp8_gemm picks the wgmma path up to kFp8WgmmaMaxTokens tokens (unless PDSERVE_FP8_GEMM=mma),
-// and the mma.sync path stays correct on its own.
+// fp8_gemm picks the wgmma path up to kFp8WgmmaMaxTokens tokens and cuBLASLt above (unless
+// PDSERVE_FP8_GEMM forces one), cuBLASLt's output through fp8_gemm matches, and the mma.sync path
+// stays correct on its own.
 TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
   PDSERVE_SKIP_WITHOUT_GPU();
-  const char* env = std::getenv("PDSERVE_FP8_GEMM");
-  if (env == nullptr || std::string(env) != "mma") {
+  if (std::getenv("PDSERVE_FP8_GEMM") == nullptr) {
     EXPECT_EQ(fp8_gemm_path(1), Fp8GemmPath::kWgmma);
     EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens), Fp8GemmPath::kWgmma);
+    EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens + 1), Fp8GemmPath::kCublasLt);
+    EXPECT_GE(fp8_gemm_workspace_bytes(4096, 4096, 2048),
+              fp8_gemm_cublaslt_workspace_bytes(4096, 2048));
   }
-  EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens + 1), Fp8GemmPath::kMma);
   EXPECT_GE(fp8_gemm_workspace_bytes(100, 4096, 2048),
             fp8_gemm_wgmma_workspace_bytes(100, 4096, 2048, fp8_gemm_wgmma_default_config()));
   auto rng = FreshRng();
+  DenseCase lt = MakeDense(rng, 256, 384, 512, false);
+  lt.out_stride = lt.n + 8;  // cuBLASLt's requirements hold
+  RunAndCheck(lt, Path::kOwn);
   for (int64_t m : {1, 13, 77}) RunAndCheck(MakeDense(rng, m, 200, 384, false), Path::kMma);
 }
 
