@@ -81,6 +81,23 @@ __host__ __device__ constexpr uint32_t StageBytes(int wgs, int n_tile) {
   return static_cast<uint32_t>((64 * wgs + n_tile) * kBlockK);
 }
 
+// Token tiles up to this size load a block's activation scales before waiting for its stage (at
+// 128 the extra registers would spill).
+constexpr int kEarlyScaleTokens = 64;
+
+// xs[2j], xs[2j + 1] = the activation scales of 128-k block kb for tokens token0 + 8j + 2t (+ 1)
+// (the accumulator columns of this thread), clamped to the last token.
+template <int N>
+__device__ __forceinline__ void LoadTokenScales(const WgmmaArgs& a, int64_t kb, int64_t token0,
+                                                int t, float (&xs)[N / 4]) {
+  const float* row = a.xs + kb * a.m;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    xs[2 * j] = __ldg(row + min(token0 + 8 * j + 2 * t, a.m - 1));
+    xs[2 * j + 1] = __ldg(row + min(token0 + 8 * j + 2 * t + 1, a.m - 1));
+  }
+}
+
 template <int N>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     Fp8WgmmaKernel(const __grid_constant__ CUtensorMap w_map,
@@ -156,6 +173,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   for (int it = 0; it < n_kb; ++it) {
     const int s = it % stages;
     const uint32_t stage = base + s * stage_bytes;
+    const int64_t kb = kb_begin + it;
+    // The block's scales: loaded before the wait where registers allow, so their latency hides
+    // behind it and the products.
+    const float ws = __ldg(w_scale + kb);
+    float xs[N / 4];
+    if constexpr (N <= kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
     WgmmaFence();
@@ -169,15 +192,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     FenceRegisters(p);
     __syncwarp();
     if (lane == 0) MbarrierArrive(empty_bar + 8u * s);
-    const int64_t kb = kb_begin + it;
-    const float ws = __ldg(w_scale + kb);
-    const float* xs = a.xs + kb * a.m;
+    if constexpr (N > kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
-      const int64_t c0 = min(token0 + 8 * j + 2 * t, a.m - 1);
-      const int64_t c1 = min(token0 + 8 * j + 2 * t + 1, a.m - 1);
-      const float s0 = ws * __ldg(xs + c0);
-      const float s1 = ws * __ldg(xs + c1);
+      const float s0 = ws * xs[2 * j];
+      const float s1 = ws * xs[2 * j + 1];
       acc[4 * j + 0] += p[4 * j + 0] * s0;
       acc[4 * j + 1] += p[4 * j + 1] * s1;
       acc[4 * j + 2] += p[4 * j + 2] * s0;
