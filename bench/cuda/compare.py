@@ -20,6 +20,10 @@ instead, against torch._scaled_mm with 1 x 128 activation and 128 x 128 weight s
 activations already quantized: the GEMM alone), bf16 torch.matmul, and bf16 torch._grouped_mm over
 the 256 experts, all in CUDA graphs of 16 layers (dense, each layer its own weights) or 8 layers
 (grouped, one expert tensor, each layer its own random top-6 routing), as the C++ bench does.
+Dense columns: our fp8_gemm_wgmma (default config), fp8_gemm_mma and fp8_gemm_cublaslt; before
+them, the fp8_gemm_wgmma config sweep (best config per shape and token count, and the config with
+the smallest geometric-mean slowdown, printed as "BEST CONFIG: PDSERVE_FP8_WGMMA=..."). --gemm-part
+dense (or moe) runs only those rows.
 
 Usage: python3 bench/cuda/compare.py --bench build-cuda/bench/pdserve_cuda_bench
        python3 bench/cuda/compare.py --gemm-bench build-cuda/bench/pdserve_gemm_bench
