@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes kernels/cuda/wgmma_e4m3.cuh: one wrapper per wgmma.mma_async m64nNk32 e4m3 x e4m3 -> f32
-shape, N = 8..128 in steps of 8 (inline PTX needs its operand list spelled out per N).
+shape and per m64nNk16 bf16 x bf16 -> f32 shape, N = 8..128 in steps of 8 (inline PTX needs its
+operand list spelled out per N).
 
 Run from the repository root: python3 tools/gen_wgmma_e4m3.py, then clang-format the output.
 """
@@ -16,6 +17,7 @@ HEADER = """\
 // d[4j + 0, 1] = row 16 * warp + lane / 4, columns 8j + 2 (lane % 4) + 0, 1; d[4j + 2, 3] = the
 // same columns, row + 8). accumulate == 0 overwrites d (scale-d false). FP8 wgmma takes no
 // transpose immediates; imm-scale-a and imm-scale-b are 1.
+// WgmmaBf16<N>: the same for bf16 A [64 x 16] and B [16 x N], both K-major (imm-trans 0), m64nNk16.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,8 @@ namespace pdserve::kernels::cuda::hopper {
 
 template <int N>
 struct WgmmaE4m3Op;
+template <int N>
+struct WgmmaBf16Op;
 """
 
 FOOTER = """
@@ -33,23 +37,32 @@ __device__ __forceinline__ void WgmmaE4m3(float (&d)[N / 2], uint64_t desc_a, ui
   WgmmaE4m3Op<N>::Run(d, desc_a, desc_b, accumulate);
 }
 
+template <int N>
+__device__ __forceinline__ void WgmmaBf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                          int accumulate) {
+  WgmmaBf16Op<N>::Run(d, desc_a, desc_b, accumulate);
+}
+
 }  // namespace pdserve::kernels::cuda::hopper
 """
 
 
-def op(n):
+def op(n, bf16=False):
     regs = n // 2
+    name = "WgmmaBf16Op" if bf16 else "WgmmaE4m3Op"
+    shape = f"m64n{n}k16.f32.bf16.bf16" if bf16 else f"m64n{n}k32.f32.e4m3.e4m3"
+    tail = "p, 1, 1, 0, 0" if bf16 else "p, 1, 1"
     dlist = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     return f"""
 template <>
-struct WgmmaE4m3Op<{n}> {{
+struct {name}<{n}> {{
   static __device__ __forceinline__ void Run(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b,
                                              int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
-        "{{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"
+        "wgmma.mma_async.sync.aligned.{shape} "
+        "{{{dlist}}}, %{regs}, %{regs + 1}, {tail};\\n}}\\n"
         : {outs}
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
   }}
@@ -58,7 +71,8 @@ struct WgmmaE4m3Op<{n}> {{
 
 
 def main():
-    text = HEADER + "".join(op(n) for n in range(8, 129, 8)) + FOOTER
+    ops = [op(n, bf16) for bf16 in (False, True) for n in range(8, 129, 8)]
+    text = HEADER + "".join(ops) + FOOTER
     path = pathlib.Path(__file__).resolve().parent.parent / "kernels/cuda/wgmma_e4m3.cuh"
     path.write_text(text)
 

@@ -273,6 +273,16 @@ def gemm_main(bench, part):
         lt_us, lt_eff = cell(("fp8_cublaslt", shape, tokens))
         print(f"| {shape} | {tokens} | {wg_us} | {wg_eff} | {own_us} | {own_eff} | {lt_us} | "
               f"{lt_eff} | {fp8_us:.1f} | {bf16_us:.1f} |", flush=True)
+    if any(key[0] == "w8a16_wgmma" for key in table):
+        print("\nW8A16 (bf16 activations, no act quant; the engine's default FP8 mode):\n")
+        print("| shape | tokens | W8A16 wgmma us | % read BW / TFLOP/s | W8A16 mma us | "
+              "% read BW / TFLOP/s |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for (kernel, shape, tokens) in list(table):
+            if kernel == "w8a16_wgmma":
+                a_us, a_eff = cell(("w8a16_wgmma", shape, tokens))
+                b_us, b_eff = cell(("w8a16_mma", shape, tokens))
+                print(f"| {shape} | {tokens} | {a_us} | {a_eff} | {b_us} | {b_eff} |", flush=True)
     if not any(key[0] == "moe_fp8" for key in table):
         return
     print("\n| experts | tokens | FP8 us | % read BW / TFLOP/s | FP4 us | % read BW / TFLOP/s | "

@@ -4,6 +4,8 @@
 //   kernel,shape,tokens,median_us,bytes,flops
 // kernel: copy (device-to-device, bytes = read + written), read (ReadFloor: bytes read), fp8_wgmma
 // (fp8_gemm_wgmma, default config), fp8_mma (fp8_gemm_mma), fp8_cublaslt (fp8_gemm_cublaslt),
+// w8a16_wgmma / w8a16_mma (fp8_gemm_w8a16_wgmma, default config / fp8_gemm_w8a16_mma; up to 128
+// tokens),
 // wgmma_v<warpgroups>.<stages>.<target blocks> (fp8_gemm_wgmma with that config, at kVariantTokens;
 // the configs: PDSERVE_FP8_VARIANTS="w,s,t;w,s,t;..." or Variants(); PDSERVE_BENCH_NO_WGMMA set:
 // no wgmma rows, and fp8_gemm's default path is left to PDSERVE_FP8_GEMM), moe_fp8 / moe_fp4
@@ -166,6 +168,22 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
             },
             kLayers, 20, stream);
         PrintRow("fp8_wgmma", s.name, m, wgmma_us, bytes, flops);
+      }
+      if (wgmma && m <= kFp8WgmmaMaxTokens) {
+        const double a16_us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(fp8_gemm_w8a16_wgmma(x, m, s.k, s.k, w[l], sc[l], s.n, out, s.n, ws,
+                                               ws_bytes, stream, config));
+            },
+            kLayers, 20, stream);
+        PrintRow("w8a16_wgmma", s.name, m, a16_us, bytes, flops);
+        const double a16_mma_us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(fp8_gemm_w8a16_mma(x, m, s.k, s.k, w[l], sc[l], s.n, out, s.n, ws,
+                                             ws_bytes, stream));
+            },
+            kLayers, 20, stream);
+        PrintRow("w8a16_mma", s.name, m, a16_mma_us, bytes, flops);
       }
       const double mma_us = GraphMicros(
           [&](int l) {

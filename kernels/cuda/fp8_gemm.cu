@@ -201,13 +201,27 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 }
 
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k) {
-  return SizesValid(m, n, k) ? PlanDense(m, n, k).partial_bytes : 0;
+  if (!SizesValid(m, n, k)) return 0;
+  return std::max(PlanDense(m, n, k).partial_bytes,
+                  fp8_gemm_w8a16_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()));
 }
 
 cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal) {
+  if (fp8_gemm_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
+    return fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
+                                workspace_bytes, stream, fp8_gemm_wgmma_default_config(), refusal);
+  }
+  return fp8_gemm_w8a16_mma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
+                            workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   const DensePlan plan = PlanDense(m, n, k);

@@ -98,6 +98,19 @@ cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            size_t workspace_bytes, cudaStream_t stream,
                            const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
 
+// W8A16 on the same kernel (fp8_gemm_w8a16's math: bf16 activations as they are, no act quant):
+// the e4m3 weights are converted exactly to bf16 in shared memory by the consumer warpgroups and
+// the products run on bf16 wgmma m64nNk16 (activations streamed by TMA in bf16). Same
+// requirements as fp8_gemm_wgmma; workspace (the split-k sums only)
+// fp8_gemm_w8a16_wgmma_workspace_bytes(m, n, k, config), at most fp8_gemm_wgmma's.
+size_t fp8_gemm_w8a16_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
+                                            const Fp8WgmmaConfig& config);
+cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                                 const uint8_t* w, const float* w_scale, int64_t n,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+
 namespace fp8_gemm_internal {
 // The argument checks fp8_gemm's paths share (fp8_gemm.cu); `refusal` names the failed check.
 cudaError_t ValidateDense(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
@@ -116,11 +129,18 @@ cudaError_t CheckWorkspace(const void* workspace, size_t workspace_bytes, size_t
 // activations' 8 mantissa bits where fp8_gemm keeps 3 (docs/engine-gpu.md, "FP8 weights": the
 // argmax agreement that costs). Same layouts and requirements as fp8_gemm; its workspace (the
 // split-k partial sums) is fp8_gemm_w8a16_workspace_bytes(m, n, k) bytes, at most fp8_gemm's.
+// Paths: fp8_gemm_w8a16_wgmma where fp8_gemm_path(m) is kWgmma, else fp8_gemm_w8a16_mma.
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k);
 cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal = nullptr);
+// The mma.sync W8A16 path alone (same contract and workspace as fp8_gemm_w8a16).
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream,
+                               std::string* refusal = nullptr);
 
 // Bytes of device workspace fp8_gemm_cublaslt needs: fp8_gemm's activation buffers plus
 // kCublasLtWorkspace for cuBLASLt itself.

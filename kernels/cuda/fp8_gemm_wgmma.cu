@@ -49,6 +49,7 @@ using hopper::PrefetchTensorMap;
 using hopper::SharedAddress;
 using hopper::SmemDescriptor;
 using hopper::TmaLoad2d;
+using hopper::WgmmaBf16;
 using hopper::WgmmaCommit;
 using hopper::WgmmaE4m3;
 using hopper::WgmmaFence;
@@ -76,9 +77,46 @@ struct WgmmaArgs {
   int64_t out_stride;
 };
 
-// Bytes of one ring stage: the weight box then the activation box (each a multiple of 1024).
-__host__ __device__ constexpr uint32_t StageBytes(int wgs, int n_tile) {
-  return static_cast<uint32_t>((64 * wgs + n_tile) * kBlockK);
+// Bytes of one ring stage: the weight box, then the activation box (A16: two, k 0..63 and
+// 64..127 of the block in bf16); each a multiple of 1024.
+__host__ __device__ constexpr uint32_t StageBytes(int wgs, int n_tile, bool a16) {
+  return static_cast<uint32_t>((64 * wgs + (a16 ? 2 : 1) * n_tile) * kBlockK);
+}
+
+// W8A16: each consumer warpgroup's bf16 copy of its 64 weight rows of one 128-k block, two
+// 128-byte-swizzled regions of 64 rows x 64 k (the wgmma A operand).
+constexpr uint32_t kConvBytes = 2 * 64 * 128;
+
+// W8A16: converts this warpgroup's 64 e4m3 weight rows of the stage at `w_stage` (TMA's 128-byte
+// swizzle: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16) to bf16 at `conv` (region h
+// = k 64h .. 64h + 63, chunk c' of row r at h * 8192 + r * 128 + (c' ^ r % 8) * 16). Thread `tid`
+// of the warpgroup converts row tid / 2, half tid % 2. Exact (bs::E4m3x2ToBf16x2).
+__device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* conv, int tid) {
+  const int r = tid / 2;
+  const int h = tid % 2;
+#pragma unroll
+  for (int c2 = 0; c2 < 4; ++c2) {
+    const int c = 4 * h + c2;
+    const uint4 v = *reinterpret_cast<const uint4*>(w_stage + r * 128 + ((c ^ (r & 7)) << 4));
+    uint4 lo;
+    uint4 hi;
+    lo.x = bs::E4m3x2ToBf16x2(v.x);
+    lo.y = bs::E4m3x2ToBf16x2(v.x >> 16);
+    lo.z = bs::E4m3x2ToBf16x2(v.y);
+    lo.w = bs::E4m3x2ToBf16x2(v.y >> 16);
+    hi.x = bs::E4m3x2ToBf16x2(v.z);
+    hi.y = bs::E4m3x2ToBf16x2(v.z >> 16);
+    hi.z = bs::E4m3x2ToBf16x2(v.w);
+    hi.w = bs::E4m3x2ToBf16x2(v.w >> 16);
+    uint8_t* row = conv + h * (64 * 128) + r * 128;
+    *reinterpret_cast<uint4*>(row + (((2 * c2) ^ (r & 7)) << 4)) = lo;
+    *reinterpret_cast<uint4*>(row + (((2 * c2 + 1) ^ (r & 7)) << 4)) = hi;
+  }
+}
+
+// Named barrier of consumer warpgroup wg's 128 threads (0 is __syncthreads).
+__device__ __forceinline__ void WarpgroupBarrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
 // Token tiles up to this size load a block's activation scales before waiting for its stage (at
@@ -98,7 +136,17 @@ __device__ __forceinline__ void LoadTokenScales(const WgmmaArgs& a, int64_t kb, 
   }
 }
 
-template <int N>
+// The activation box(es) of one stage: e4m3 [N x 128 k], or (A16) bf16 [N x 64 k] twice.
+template <int N, bool A16>
+__device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst, int32_t k0,
+                                                int32_t token0, uint32_t bar) {
+  TmaLoad2d(dst, x_map, k0, token0, bar);
+  if constexpr (A16) TmaLoad2d(dst + N * 128, x_map, k0 + 64, token0, bar);
+}
+
+// A16: W8A16 (x_map over bf16 x, no activation scales; weights converted to bf16 in shared
+// memory, products on bf16 wgmma m64nNk16).
+template <int N, bool A16>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     Fp8WgmmaKernel(const __grid_constant__ CUtensorMap w_map,
                    const __grid_constant__ CUtensorMap x_map, const WgmmaArgs a) {
@@ -107,10 +155,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - SharedAddress(smem_raw));  // generic, 1024-aligned
   const uint32_t w_bytes = static_cast<uint32_t>(64 * wgs * kBlockK);
-  const uint32_t stage_bytes = StageBytes(wgs, N);
+  const uint32_t stage_bytes = StageBytes(wgs, N, A16);
   const int stages = a.stages;
-  const uint32_t full_bar = base + stages * stage_bytes;
+  const uint32_t conv_offset = stages * stage_bytes;  // A16's per-warpgroup bf16 weights
+  const uint32_t full_bar = base + conv_offset + (A16 ? wgs * kConvBytes : 0u);
   const uint32_t empty_bar = full_bar + 8u * stages;
   const int64_t kblocks = a.k / kBlockK;
   const int kb_begin = static_cast<int>(kblocks * blockIdx.z / a.k_splits);
@@ -143,8 +193,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       bs::GridDependencyWait();  // xq / xs come from the act-quant kernel
       bs::GridDependencyTrigger();
       for (int it = 0; it < ahead; ++it) {
-        TmaLoad2d(base + it * stage_bytes + w_bytes, &x_map, (kb_begin + it) * kBlockK,
-                  static_cast<int32_t>(token0), full_bar + 8u * it);
+        LoadActivations<N, A16>(&x_map, base + it * stage_bytes + w_bytes,
+                                (kb_begin + it) * kBlockK, static_cast<int32_t>(token0),
+                                full_bar + 8u * it);
       }
       for (int it = ahead; it < n_kb; ++it) {
         const int s = it % stages;
@@ -153,7 +204,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         MbarrierArriveExpectTx(full_bar + 8u * s, stage_bytes);
         const int32_t kc = (kb_begin + it) * kBlockK;
         TmaLoad2d(stage, &w_map, kc, static_cast<int32_t>(row0), full_bar + 8u * s);
-        TmaLoad2d(stage + w_bytes, &x_map, kc, static_cast<int32_t>(token0), full_bar + 8u * s);
+        LoadActivations<N, A16>(&x_map, stage + w_bytes, kc, static_cast<int32_t>(token0),
+                                full_bar + 8u * s);
       }
     }
     return;
@@ -177,30 +229,51 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     // The block's scales: loaded before the wait where registers allow, so their latency hides
     // behind it and the products.
     const float ws = __ldg(w_scale + kb);
-    float xs[N / 4];
-    if constexpr (N <= kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
+    float xs[A16 ? 1 : N / 4];
+    if constexpr (!A16 && N <= kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
-    WgmmaFence();
+    if constexpr (A16) {
+      const uint32_t conv = conv_offset + wg * kConvBytes;
+      WarpgroupBarrier(wg);  // the last block's products finished reading conv
+      ConvertWeights(smem + s * stage_bytes + wg * 64 * kBlockK, smem + conv,
+                     static_cast<int>(threadIdx.x) % 128);
+      FenceProxyAsync();     // generic writes before the wgmma (async proxy) reads
+      WarpgroupBarrier(wg);  // every row converted
+      WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / 32; ++kk) {
-      WgmmaE4m3<N>(p, SmemDescriptor(stage + wg * 64 * kBlockK + kk * 32, 16, 1024),
-                   SmemDescriptor(stage + w_bytes + kk * 32, 16, 1024), kk);
+      for (int ks = 0; ks < kBlockK / 16; ++ks) {
+        const uint32_t col = (ks % 4) * 32;
+        WgmmaBf16<N>(p, SmemDescriptor(base + conv + (ks / 4) * (64 * 128) + col, 16, 1024),
+                     SmemDescriptor(stage + w_bytes + (ks / 4) * (N * 128) + col, 16, 1024), ks);
+      }
+    } else {
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 32; ++kk) {
+        WgmmaE4m3<N>(p, SmemDescriptor(stage + wg * 64 * kBlockK + kk * 32, 16, 1024),
+                     SmemDescriptor(stage + w_bytes + kk * 32, 16, 1024), kk);
+      }
     }
     WgmmaCommit();
     WgmmaWait<0>();
     FenceRegisters(p);
     __syncwarp();
     if (lane == 0) MbarrierArrive(empty_bar + 8u * s);
-    if constexpr (N > kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
+    if constexpr (A16) {
 #pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-      const float s0 = ws * xs[2 * j];
-      const float s1 = ws * xs[2 * j + 1];
-      acc[4 * j + 0] += p[4 * j + 0] * s0;
-      acc[4 * j + 1] += p[4 * j + 1] * s1;
-      acc[4 * j + 2] += p[4 * j + 2] * s0;
-      acc[4 * j + 3] += p[4 * j + 3] * s1;
+      for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
+    } else {
+      if constexpr (N > kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        const float s0 = ws * xs[2 * j];
+        const float s1 = ws * xs[2 * j + 1];
+        acc[4 * j + 0] += p[4 * j + 0] * s0;
+        acc[4 * j + 1] += p[4 * j + 1] * s1;
+        acc[4 * j + 2] += p[4 * j + 2] * s0;
+        acc[4 * j + 3] += p[4 * j + 3] * s1;
+      }
     }
   }
 
@@ -237,13 +310,15 @@ struct WgmmaPlan {
   size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
 };
 
-WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config) {
+// a16: W8A16 (no quantized activations in the workspace; bf16 weight copies in shared memory).
+WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config, bool a16) {
   WgmmaPlan p;
   p.n_tile =
       static_cast<int>(std::min<int64_t>(kMaxTokenTile, (std::max<int64_t>(m, 1) + 7) / 8 * 8));
   p.wgs = std::clamp(config.warpgroups, 1, kMaxWarpgroups);
-  const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile);
-  const int fit = static_cast<int>((kSmemLimit - kSmemSlack) / (stage_bytes + 16));
+  const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
+  const uint32_t conv_bytes = a16 ? p.wgs * kConvBytes : 0;
+  const int fit = static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes) / (stage_bytes + 16));
   p.stages = std::clamp(std::min(config.stages, fit), 2, kMaxStages);
   p.token_tiles = (m + p.n_tile - 1) / p.n_tile;
   p.row_tiles = (n + 64 * p.wgs - 1) / (64 * p.wgs);
@@ -252,10 +327,10 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(kMaxSplits, kblocks));
   p.splits = static_cast<int32_t>(splits);
-  p.xq_bytes = bs::AlignUp(static_cast<size_t>(m * k));
-  p.xs_bytes = bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
+  p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
+  p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
   p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4) : 0;
-  p.smem_bytes = static_cast<size_t>(p.stages) * (stage_bytes + 16) + kSmemSlack;
+  p.smem_bytes = static_cast<size_t>(p.stages) * (stage_bytes + 16) + conv_bytes + kSmemSlack;
   return p;
 }
 
@@ -275,29 +350,33 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeFunction() {
   return encode;
 }
 
-// A 2-D e4m3 tensor [rows, k] (row stride k bytes) in boxes of box_rows x 128 with the 128-byte
-// swizzle, rows past the end read as zeros.
-bool EncodeMap(CUtensorMap* map, const uint8_t* p, int64_t rows, int64_t k, int box_rows) {
+// A 2-D tensor [rows, k] (e4m3, or bf16 when `bf16`; row stride `stride` elements) in boxes of
+// box_rows x 128 bytes with the 128-byte swizzle, rows past the end read as zeros.
+bool EncodeMap(CUtensorMap* map, const void* p, int64_t rows, int64_t k, int64_t stride,
+               int box_rows, bool bf16) {
   const auto encode = EncodeFunction();
   if (encode == nullptr) return false;
+  const int64_t element_bytes = bf16 ? 2 : 1;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBlockK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * element_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / element_bytes),
+                             static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+                const_cast<void*>(p), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int N>
+template <int N, bool A16>
 cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
                     const WgmmaPlan& p, cudaStream_t stream) {
   static std::once_flag once;
   static cudaError_t attribute = cudaSuccess;
   std::call_once(once, [] {
-    attribute = cudaFuncSetAttribute(Fp8WgmmaKernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kSmemLimit);
+    attribute = cudaFuncSetAttribute(Fp8WgmmaKernel<N, A16>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
   });
   if (attribute != cudaSuccess) return attribute;
   cudaLaunchAttribute attr[1];
@@ -311,26 +390,28 @@ cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const Wg
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N>, w_map, x_map, a) == cudaSuccess) {
+  if (cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a) == cudaSuccess) {
     return cudaSuccess;
   }
   (void)cudaGetLastError();
   config.numAttrs = 0;  // without programmatic serialization (griddepcontrol.wait is a no-op)
-  return cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N>, w_map, x_map, a);
+  return cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a);
 }
 
 using LaunchFn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const WgmmaArgs&,
                                  const WgmmaPlan&, cudaStream_t);
 
-template <int... I>
+template <bool A16, int... I>
 constexpr std::array<LaunchFn, sizeof...(I)> LaunchTable(std::integer_sequence<int, I...>) {
-  return {&LaunchN<8 * (I + 1)>...};
+  return {&LaunchN<8 * (I + 1), A16>...};
 }
 
 cudaError_t LaunchWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
-                        const WgmmaPlan& p, cudaStream_t stream) {
-  static constexpr auto kTable = LaunchTable(std::make_integer_sequence<int, kMaxTokenTile / 8>{});
-  return kTable[p.n_tile / 8 - 1](w_map, x_map, a, p, stream);
+                        const WgmmaPlan& p, bool a16, cudaStream_t stream) {
+  constexpr auto kTiles = std::make_integer_sequence<int, kMaxTokenTile / 8>{};
+  static constexpr auto kTable = LaunchTable<false>(kTiles);
+  static constexpr auto kTableA16 = LaunchTable<true>(kTiles);
+  return (a16 ? kTableA16 : kTable)[p.n_tile / 8 - 1](w_map, x_map, a, p, stream);
 }
 
 bool WgmmaSizesValid(int64_t m, int64_t n, int64_t k) {
@@ -364,38 +445,53 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
 
 size_t fp8_gemm_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
                                       const Fp8WgmmaConfig& config) {
-  return WgmmaSizesValid(m, n, k) ? PlanWgmma(m, n, k, config).total() : 0;
+  return WgmmaSizesValid(m, n, k) ? PlanWgmma(m, n, k, config, false).total() : 0;
+}
+
+size_t fp8_gemm_w8a16_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
+                                            const Fp8WgmmaConfig& config) {
+  return WgmmaSizesValid(m, n, k) ? PlanWgmma(m, n, k, config, true).total() : 0;
 }
 
 int32_t fp8_gemm_wgmma_splits(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config) {
-  return WgmmaSizesValid(m, n, k) ? PlanWgmma(m, n, k, config).splits : 0;
+  return WgmmaSizesValid(m, n, k) ? PlanWgmma(m, n, k, config, false).splits : 0;
 }
 
-cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
-                           const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
-                           __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                           size_t workspace_bytes, cudaStream_t stream,
-                           const Fp8WgmmaConfig& config, std::string* refusal) {
+namespace {
+
+// Both modes: checks, descriptors, (act quant), the GEMM, the split-k reduction.
+cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool a16,
+                     bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream, const Fp8WgmmaConfig& config,
+                     std::string* refusal) {
   cudaError_t status =
       fp8_gemm_internal::ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   if (!WgmmaSizesValid(m, n, k)) {
     return bs::Refuse(refusal, "n, k: 2^31 or more, or the split-k sums (32 * m * n) over 2^60");
   }
-  const WgmmaPlan plan = PlanWgmma(m, n, k, config);
-  status = fp8_gemm_internal::CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
-  if (status != cudaSuccess) return status;
+  const WgmmaPlan plan = PlanWgmma(m, n, k, config, a16);
+  if (plan.total() > 0) {
+    status = fp8_gemm_internal::CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
+    if (status != cudaSuccess) return status;
+  }
   uint8_t* xq = static_cast<uint8_t*>(workspace);
-  float* xs = reinterpret_cast<float*>(xq + plan.xq_bytes);
+  float* xs = a16 ? nullptr : reinterpret_cast<float*>(xq + plan.xq_bytes);
   float* partial = reinterpret_cast<float*>(xq + plan.xq_bytes + plan.xs_bytes);
   CUtensorMap w_map;
   CUtensorMap x_map;
-  if (!EncodeMap(&w_map, w, n, k, 64 * plan.wgs) || !EncodeMap(&x_map, xq, m, k, plan.n_tile)) {
+  const bool encoded = EncodeMap(&w_map, w, n, k, k, 64 * plan.wgs, false) &&
+                       (a16 ? EncodeMap(&x_map, x, m, k, x_stride, plan.n_tile, true)
+                            : EncodeMap(&x_map, xq, m, k, k, plan.n_tile, false));
+  if (!encoded) {
     if (refusal != nullptr) *refusal = "cuTensorMapEncodeTiled failed (driver too old?)";
     return cudaErrorNotSupported;
   }
-  status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, xq, xs, stream);
-  if (status != cudaSuccess) return status;
+  if (!a16) {
+    status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, xq, xs, stream);
+    if (status != cudaSuccess) return status;
+  }
   WgmmaArgs a{};
   a.w_scale = w_scale;
   a.xs = xs;
@@ -407,9 +503,29 @@ cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
   a.partial = partial;
   a.out = out;
   a.out_stride = out_stride;
-  status = LaunchWgmma(w_map, x_map, a, plan, stream);
+  status = LaunchWgmma(w_map, x_map, a, plan, a16, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+}
+
+}  // namespace
+
+cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                           __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream,
+                           const Fp8WgmmaConfig& config, std::string* refusal) {
+  return RunWgmma(x, m, k, x_stride, w, w_scale, n, false, ue8m0_act_scale, out, out_stride,
+                  workspace, workspace_bytes, stream, config, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                                 const uint8_t* w, const float* w_scale, int64_t n,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 const Fp8WgmmaConfig& config, std::string* refusal) {
+  return RunWgmma(x, m, k, x_stride, w, w_scale, n, true, false, out, out_stride, workspace,
+                  workspace_bytes, stream, config, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -55,14 +55,7 @@ DenseCase MakeDense(std::mt19937_64& rng, int64_t m, int64_t n, int64_t k, bool 
 // Weight blocks scaled by 2^-20 and 2^20; activation rows 0 and 1 times 2^-20 and 2^20.
 DenseCase ExtremeScales(std::mt19937_64& rng) {
   DenseCase c = MakeDense(rng, 9, 256, 512, false);
-  for (size_t i = 0; i < c.w_scale.size(); ++i) {
-    c.w_scale[i] = std::ldexp(1.0f, i % 2 == 0 ? -20 : 20);
-  }
-  for (int64_t col = 0; col < c.k; ++col) {
-    c.x[0 * c.x_stride + col] = testing::ToBf16(std::ldexp(testing::FromBf16(c.x[col]), -20));
-    c.x[1 * c.x_stride + col] =
-        testing::ToBf16(std::ldexp(testing::FromBf16(c.x[c.x_stride + col]), 20));
-  }
+  testing::MakeScalesExtreme(c);
   return c;
 }
 
