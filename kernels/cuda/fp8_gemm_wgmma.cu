@@ -1,4 +1,5 @@
-// fp8_gemm_wgmma (fp8_gemm.cuh): the block-scaled FP8 GEMM on Hopper's warpgroup MMA.
+// fp8_gemm_wgmma and fp8_gemm_w8a16_wgmma (fp8_gemm.cuh): the block-scaled FP8 GEMM on Hopper's
+// warpgroup MMA.
 //
 // Design (sm_90a). Computed transposed, out^T[n, token] = W[n, :] . xq[token, :]: the weight rows
 // fill wgmma's M = 64 per consumer warpgroup and the tokens are N (a multiple of 8, 8..128, the
@@ -14,6 +15,10 @@
 // - Consumers: per 128-k block, 4 wgmma m64nNk32 (e4m3 x e4m3 -> fp32, scale-d off for the first)
 //   into a block partial p, wait, release the stage, then fold acc += p * (w_scale[row block, kb]
 //   * xs[kb, token]) in fp32: the same per-block scaling as the CPU reference.
+// W8A16 (A16): the activations stay bf16 and stream by TMA as two [N x 64 k] boxes per block; after
+// a stage lands, each consumer warpgroup converts its 64 e4m3 weight rows exactly to bf16 in its
+// own shared-memory buffer (the same 128-byte swizzle), then runs 8 bf16 wgmma m64nNk16 from
+// shared memory; the fold multiplies by the weight block scale only.
 // Split-K (k_splits > 1): each split writes its fp32 sums to partial[split, token, n], and
 // block_scaled's SplitKReduceKernel adds the splits in ascending order (deterministic: equal
 // inputs give equal bits; no atomics).

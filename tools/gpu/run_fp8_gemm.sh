@@ -5,7 +5,7 @@
 # tests, then every other kernel test (SKIP_OTHER_TESTS=1 skips them), then the dense GEMM
 # benchmark against PyTorch in the same run (bench/cuda/compare.py --gemm-bench): our wgmma path
 # (default config), our mma.sync path, our cuBLASLt path, torch._scaled_mm and bf16 torch.matmul,
-# plus the fp8_gemm_wgmma config sweep and the config it found best.
+# plus the fp8_gemm_wgmma config sweep and the config it found best, and W8A16 wgmma vs mma.sync.
 # Knobs: GEMM_PART=all adds the grouped MoE rows (about +2 min; default: dense only);
 # PDSERVE_FP8_VARIANTS="w,s,t;w,s,t" replaces the swept configs (warpgroups 1|2, stages 2..8,
 # target blocks); PDSERVE_FP8_WGMMA="w,s,t" sets the config fp8_gemm (and the wgmma column) uses;
@@ -36,7 +36,8 @@ summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
 # The new kernel's tests first and alone: a hang or a device fault there (timeout rc 124) must not
 # take the other tests and the benchmark with it; then fp8_gemm runs its old path (and the bench
 # skips the wgmma rows).
-timeout 90 "$tests" --gtest_filter='CudaFp8GemmTest.Wgmma*' > "$out/wgmma-tests.log" 2>&1
+timeout 90 "$tests" --gtest_filter='CudaFp8GemmTest.Wgmma*:CudaW8a16GemmTest.Wgmma*' \
+  > "$out/wgmma-tests.log" 2>&1
 wgmma_rc=$?
 wgmma_broken=0
 if [ "$wgmma_rc" -ge 124 ] ||
@@ -44,11 +45,13 @@ if [ "$wgmma_rc" -ge 124 ] ||
   wgmma_broken=1
   export PDSERVE_FP8_GEMM=mma PDSERVE_BENCH_NO_WGMMA=1
 fi
-timeout 120 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:-CudaFp8GemmTest.Wgmma*' \
+timeout 120 "$tests" \
+  --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-CudaFp8GemmTest.Wgmma*:CudaW8a16GemmTest.Wgmma*' \
   > "$out/fp8-tests.log" 2>&1
 fp8_rc=$?
 if [ "${SKIP_OTHER_TESTS:-0}" != 1 ]; then
-  timeout 120 "$tests" --gtest_filter='-CudaFp8Gemm*:CudaMoeGemm*' > "$out/other-tests.log" 2>&1
+  timeout 120 "$tests" --gtest_filter='-CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*' \
+    > "$out/other-tests.log" 2>&1
   other_rc=$?
 fi
 part=dense
@@ -58,12 +61,12 @@ PYTHONUNBUFFERED=1 timeout 200 python3 bench/cuda/compare.py \
 bench_rc=$?
 echo "== SASS tensor-core instructions (top):"
 head -6 "$out/sass-mma.txt"
-echo "== fp8_gemm_wgmma tests: rc=$wgmma_rc $(summary "$out/wgmma-tests.log")"
+echo "== fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma tests: rc=$wgmma_rc $(summary "$out/wgmma-tests.log")"
 grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/wgmma-tests.log" | head -30
 if [ "$wgmma_broken" = 1 ]; then
   echo "wgmma tests hung or faulted: the rest ran with PDSERVE_FP8_GEMM=mma, bench without wgmma"
 fi
-echo "== other fp8/moe gemm tests: rc=$fp8_rc $(summary "$out/fp8-tests.log")"
+echo "== other fp8 / w8a16 / moe gemm tests: rc=$fp8_rc $(summary "$out/fp8-tests.log")"
 grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/fp8-tests.log" | head -20
 if [ "${SKIP_OTHER_TESTS:-0}" != 1 ]; then
   echo "== other kernel tests: rc=$other_rc $(summary "$out/other-tests.log")"
