@@ -20,11 +20,16 @@ instead, against torch._scaled_mm with 1 x 128 activation and 128 x 128 weight s
 activations already quantized: the GEMM alone), bf16 torch.matmul, and bf16 torch._grouped_mm over
 the 256 experts, all in CUDA graphs of 16 layers (dense, each layer its own weights) or 8 layers
 (grouped, one expert tensor, each layer its own random top-6 routing), as the C++ bench does.
+Dense columns: our fp8_gemm_wgmma (default config), fp8_gemm_mma and fp8_gemm_cublaslt; before
+them, the fp8_gemm_wgmma config sweep (best config per shape and token count, and the config with
+the smallest geometric-mean slowdown, printed as "BEST CONFIG: PDSERVE_FP8_WGMMA=..."). --gemm-part
+dense (or moe) runs only those rows.
 
 Usage: python3 bench/cuda/compare.py --bench build-cuda/bench/pdserve_cuda_bench
        python3 bench/cuda/compare.py --gemm-bench build-cuda/bench/pdserve_gemm_bench
 """
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -201,8 +206,37 @@ def torch_grouped(n, k, m):
         return float("nan")
 
 
-def gemm_main(bench):
-    lines = subprocess.run([bench], check=True, capture_output=True, text=True).stdout
+def variants_table(table, read_gbs):
+    """The fp8_gemm_wgmma config sweep (wgmma_v<warpgroups>.<stages>.<target> rows): per shape and
+    token count the fastest config against the default, then each config's geometric mean of
+    (its time / the fastest time) over all cells, best first."""
+    cells = {}
+    for (kernel, shape, tokens), (us, nbytes, _) in table.items():
+        if kernel.startswith("wgmma_v"):
+            cells.setdefault((shape, tokens), {})[kernel[len("wgmma_v"):]] = (us, nbytes)
+    if not cells:
+        return
+    print("\n| shape | tokens | best config (warpgroups.stages.target) | us | % read BW | "
+          "default config us |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ratios = {}
+    for (shape, tokens), by_config in cells.items():
+        best = min(by_config, key=lambda c: by_config[c][0])
+        us, nbytes = by_config[best]
+        default = table.get(("fp8_wgmma", shape, tokens), (float("nan"),))[0]
+        print(f"| {shape} | {tokens} | {best} | {us:.1f} | "
+              f"{100 * nbytes / (us * 1e-6) / 1e9 / read_gbs:.0f}% | {default:.1f} |")
+        for config, (cus, _) in by_config.items():
+            ratios.setdefault(config, []).append(cus / us)
+    ranked = sorted(ratios, key=lambda c: math.prod(ratios[c]) ** (1 / len(ratios[c])))
+    print("\nconfigs by geometric-mean slowdown against the per-cell best: " + ", ".join(
+        f"{c} {math.prod(ratios[c]) ** (1 / len(ratios[c])):.3f}" for c in ranked))
+    print(f"BEST CONFIG: PDSERVE_FP8_WGMMA={ranked[0].replace('.', ',')}", flush=True)
+
+
+def gemm_main(bench, part):
+    lines = subprocess.run([bench] + ([part] if part else []), check=True, capture_output=True,
+                           text=True).stdout
     rows = [line.split(",") for line in lines.strip().splitlines()]
     ceiling = {r[0]: float(r[4]) / (float(r[3]) * 1e-6) / 1e9 for r in rows
                if r[0] in ("copy", "read")}
@@ -224,18 +258,33 @@ def gemm_main(bench):
         gbs = nbytes / (us * 1e-6) / 1e9
         return f"{us:.1f}", f"{100 * gbs / read_gbs:.0f}% / {flops / (us * 1e-6) / 1e12:.0f}"
 
-    print("\n| shape | tokens | pdserve fp8 us | % read BW / TFLOP/s | pdserve cuBLASLt us | "
-          "% read BW / TFLOP/s | torch._scaled_mm us | torch bf16 us |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    variants_table(table, read_gbs)
+    print("\n| shape | tokens | pdserve wgmma us | % read BW / TFLOP/s | pdserve mma us | "
+          "% read BW / TFLOP/s | pdserve cuBLASLt us | % read BW / TFLOP/s | "
+          "torch._scaled_mm us | torch bf16 us |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (kernel, shape, tokens) in list(table):
-        if kernel != "fp8_own":
+        if kernel != "fp8_mma":
             continue
         n, k = shapes[shape]
         fp8_us, bf16_us = torch_dense(n, k, tokens)
-        own_us, own_eff = cell(("fp8_own", shape, tokens))
+        wg_us, wg_eff = cell(("fp8_wgmma", shape, tokens))
+        own_us, own_eff = cell(("fp8_mma", shape, tokens))
         lt_us, lt_eff = cell(("fp8_cublaslt", shape, tokens))
-        print(f"| {shape} | {tokens} | {own_us} | {own_eff} | {lt_us} | {lt_eff} | "
-              f"{fp8_us:.1f} | {bf16_us:.1f} |", flush=True)
+        print(f"| {shape} | {tokens} | {wg_us} | {wg_eff} | {own_us} | {own_eff} | {lt_us} | "
+              f"{lt_eff} | {fp8_us:.1f} | {bf16_us:.1f} |", flush=True)
+    if any(key[0] == "w8a16_wgmma" for key in table):
+        print("\nW8A16 (bf16 activations, no act quant; the engine's default FP8 mode):\n")
+        print("| shape | tokens | W8A16 wgmma us | % read BW / TFLOP/s | W8A16 mma us | "
+              "% read BW / TFLOP/s |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for (kernel, shape, tokens) in list(table):
+            if kernel == "w8a16_wgmma":
+                a_us, a_eff = cell(("w8a16_wgmma", shape, tokens))
+                b_us, b_eff = cell(("w8a16_mma", shape, tokens))
+                print(f"| {shape} | {tokens} | {a_us} | {a_eff} | {b_us} | {b_eff} |", flush=True)
+    if not any(key[0] == "moe_fp8" for key in table):
+        return
     print("\n| experts | tokens | FP8 us | % read BW / TFLOP/s | FP4 us | % read BW / TFLOP/s | "
           "torch._grouped_mm bf16 us |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -290,10 +339,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench")
     parser.add_argument("--gemm-bench")
+    parser.add_argument("--gemm-part", default="", help="with --gemm-bench: dense or moe only")
     parser.add_argument("--w8a16-bench", help="gemm_bench binary: the W8A16 comparison only")
     args = parser.parse_args()
     if args.gemm_bench:
-        gemm_main(args.gemm_bench)
+        gemm_main(args.gemm_bench, args.gemm_part)
     if args.w8a16_bench:
         w8a16_main(args.w8a16_bench)
     if not args.bench:

@@ -2,9 +2,15 @@
 // DeepSeek-V4-Flash shapes (engine/config.h: hidden 4096, q_lora 1024, 64 heads x 512, o_groups 8
 // x o_lora 1024, 256 routed experts of 2048, top-6), timed inside CUDA graphs. Prints CSV rows:
 //   kernel,shape,tokens,median_us,bytes,flops
-// kernel: copy (device-to-device, bytes = read + written), read (ReadFloor: bytes read), fp8_own
-// (fp8_gemm), fp8_cublaslt (fp8_gemm_cublaslt), moe_fp8 / moe_fp4 (moe_grouped_gemm over 256
-// experts, top-6 routing); with the argument "w8a16": fp8_own and w8a16 (fp8_gemm_w8a16), moe_fp8
+// kernel: copy (device-to-device, bytes = read + written), read (ReadFloor: bytes read), fp8_wgmma
+// (fp8_gemm_wgmma, default config), fp8_mma (fp8_gemm_mma), fp8_cublaslt (fp8_gemm_cublaslt),
+// w8a16_wgmma / w8a16_mma (fp8_gemm_w8a16_wgmma, default config / fp8_gemm_w8a16_mma; up to 128
+// tokens),
+// wgmma_v<warpgroups>.<stages>.<target blocks> (fp8_gemm_wgmma with that config, at kVariantTokens;
+// the configs: PDSERVE_FP8_VARIANTS="w,s,t;w,s,t;..." or Variants(); PDSERVE_BENCH_NO_WGMMA set:
+// no wgmma rows, and fp8_gemm's default path is left to PDSERVE_FP8_GEMM), moe_fp8 / moe_fp4
+// (moe_grouped_gemm over 256 experts, top-6 routing); with the argument "w8a16": fp8_own
+// (fp8_gemm) and w8a16 (fp8_gemm_w8a16), moe_fp8
 // and moe_w8a16 (ExpertFormat::kFp8W8A16) at decode sizes 1..128 and 4096 tokens only. shape: wq_b
 // [32768, 1024], wo_b [4096, 8192], w13 = experts' gate+up [4096, 4096] and w2 = down [4096, 2048]
 // (dense rows: one expert's matrix as a plain GEMM). bytes: the weight and scale bytes the call
@@ -23,6 +29,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -43,6 +50,37 @@ constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
 const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
 const std::vector<int64_t> kW8a16Tokens = {1, 4, 16, 32, 64, 128, 4096};
+const std::vector<int64_t> kVariantTokens = {1, 8, 16, 32, 64, 128};
+
+// The fp8_gemm_wgmma configs the sweep times (warpgroups, stages, target blocks).
+std::vector<Fp8WgmmaConfig> Variants() {
+  std::vector<Fp8WgmmaConfig> v;
+  if (const char* env = std::getenv("PDSERVE_FP8_VARIANTS")) {
+    std::string text(env);
+    size_t at = 0;
+    while (at < text.size()) {
+      const size_t end = std::min(text.find(';', at), text.size());
+      Fp8WgmmaConfig c;
+      if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d", &c.warpgroups, &c.stages,
+                      &c.target_blocks) == 3) {
+        v.push_back(c);
+      }
+      at = end + 1;
+    }
+  }
+  if (!v.empty()) return v;
+  for (int wgs : {1, 2}) {
+    for (int stages : {4, 6, 8}) {
+      for (int target : {132, 264, 528}) v.push_back(Fp8WgmmaConfig{wgs, stages, target});
+    }
+  }
+  return v;
+}
+
+std::string VariantName(const Fp8WgmmaConfig& c) {
+  return "wgmma_v" + std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
+         std::to_string(c.target_blocks);
+}
 
 struct Shape {
   const char* name;
@@ -103,14 +141,14 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
     const double bytes = static_cast<double>(w_bytes + 4 * scales);
     for (int64_t m : w8a16 ? kW8a16Tokens : kTokens) {
       const double flops = 2.0 * m * s.n * s.k;
-      const double own = GraphMicros(
-          [&](int l) {
-            BENCH_CHECK(
-                fp8_gemm(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws, ws_bytes, stream));
-          },
-          kLayers, 20, stream);
-      PrintRow("fp8_own", s.name, m, own, bytes, flops);
       if (w8a16) {
+        const double own = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(
+                  fp8_gemm(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws, ws_bytes, stream));
+            },
+            kLayers, 20, stream);
+        PrintRow("fp8_own", s.name, m, own, bytes, flops);
         const double a16 = GraphMicros(
             [&](int l) {
               BENCH_CHECK(
@@ -119,6 +157,52 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
             kLayers, 20, stream);
         PrintRow("w8a16", s.name, m, a16, bytes, flops);
         continue;
+      }
+      const bool wgmma = std::getenv("PDSERVE_BENCH_NO_WGMMA") == nullptr;
+      const Fp8WgmmaConfig config = fp8_gemm_wgmma_default_config();
+      if (wgmma) {
+        const double wgmma_us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(fp8_gemm_wgmma(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws,
+                                         ws_bytes, stream, config));
+            },
+            kLayers, 20, stream);
+        PrintRow("fp8_wgmma", s.name, m, wgmma_us, bytes, flops);
+      }
+      if (wgmma && m <= kFp8WgmmaMaxTokens) {
+        const double a16_us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(fp8_gemm_w8a16_wgmma(x, m, s.k, s.k, w[l], sc[l], s.n, out, s.n, ws,
+                                               ws_bytes, stream, config));
+            },
+            kLayers, 20, stream);
+        PrintRow("w8a16_wgmma", s.name, m, a16_us, bytes, flops);
+        const double a16_mma_us = GraphMicros(
+            [&](int l) {
+              BENCH_CHECK(fp8_gemm_w8a16_mma(x, m, s.k, s.k, w[l], sc[l], s.n, out, s.n, ws,
+                                             ws_bytes, stream));
+            },
+            kLayers, 20, stream);
+        PrintRow("w8a16_mma", s.name, m, a16_mma_us, bytes, flops);
+      }
+      const double mma_us = GraphMicros(
+          [&](int l) {
+            BENCH_CHECK(fp8_gemm_mma(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws, ws_bytes,
+                                     stream));
+          },
+          kLayers, 20, stream);
+      PrintRow("fp8_mma", s.name, m, mma_us, bytes, flops);
+      if (wgmma &&
+          std::find(kVariantTokens.begin(), kVariantTokens.end(), m) != kVariantTokens.end()) {
+        for (const Fp8WgmmaConfig& v : Variants()) {
+          const double us = GraphMicros(
+              [&](int l) {
+                BENCH_CHECK(fp8_gemm_wgmma(x, m, s.k, s.k, w[l], sc[l], s.n, true, out, s.n, ws,
+                                           ws_bytes, stream, v));
+              },
+              kLayers, 20, stream);
+          PrintRow(VariantName(v).c_str(), s.name, m, us, bytes, flops);
+        }
       }
       std::string refusal;
       const cudaError_t probe = fp8_gemm_cublaslt(lt, x, m, s.k, s.k, w[0], sc[0], s.n, true, out,
@@ -256,7 +340,14 @@ int Run(const std::string& only) {
   FillScales<<<64, 256>>>(pick_w, nullptr, max_rows, 17);
   size_t ws_bytes = fp8_gemm_cublaslt_workspace_bytes(kTokens.back(), max_k);
   for (const Shape& s : kShapes) {
-    for (int64_t m : kTokens) ws_bytes = std::max(ws_bytes, fp8_gemm_workspace_bytes(m, s.n, s.k));
+    for (int64_t m : kTokens) {
+      ws_bytes = std::max(ws_bytes, fp8_gemm_workspace_bytes(m, s.n, s.k));
+      ws_bytes = std::max(
+          ws_bytes, fp8_gemm_wgmma_workspace_bytes(m, s.n, s.k, fp8_gemm_wgmma_default_config()));
+      for (const Fp8WgmmaConfig& v : Variants()) {
+        ws_bytes = std::max(ws_bytes, fp8_gemm_wgmma_workspace_bytes(m, s.n, s.k, v));
+      }
+    }
     for (ExpertFormat f : {ExpertFormat::kFp8, ExpertFormat::kFp4}) {
       ExpertWeights ew;
       ew.format = f;

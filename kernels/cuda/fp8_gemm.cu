@@ -1,22 +1,24 @@
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
 
 namespace pdserve::kernels::cuda {
-namespace {
-
 namespace bs = block_scaled;
 
-using bs::Aligned;
-using bs::kMaxElements;
+namespace fp8_gemm_internal {
 
-// The checks fp8_gemm and fp8_gemm_cublaslt share; nullptr-free message on refusal.
 cudaError_t ValidateDense(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                           const uint8_t* w, const float* w_scale, int64_t n,
                           const __nv_bfloat16* out, int64_t out_stride, std::string* refusal) {
   const auto refuse = [&](const std::string& what) { return bs::Refuse(refusal, what); };
+  using bs::Aligned;
+  using bs::kMaxElements;
   if (m < 0) return refuse("m: negative (" + std::to_string(m) + ")");
   if (n < 0) return refuse("n: negative (" + std::to_string(n) + ")");
   if (k <= 0 || k % bs::kBlockK != 0) {
@@ -43,6 +45,27 @@ cudaError_t ValidateDense(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t 
   return cudaSuccess;
 }
 
+cudaError_t CheckWorkspace(const void* workspace, size_t workspace_bytes, size_t needed,
+                           std::string* refusal) {
+  if (workspace_bytes < needed) {
+    return bs::Refuse(refusal, "workspace_bytes: " + std::to_string(workspace_bytes) + " < the " +
+                                   std::to_string(needed) + " needed");
+  }
+  if (workspace == nullptr || !bs::Aligned(workspace, 256)) {
+    return bs::Refuse(refusal, "workspace: null or not 256-byte aligned");
+  }
+  return cudaSuccess;
+}
+
+}  // namespace fp8_gemm_internal
+
+namespace {
+
+using bs::Aligned;
+using bs::kMaxElements;
+using fp8_gemm_internal::CheckWorkspace;
+using fp8_gemm_internal::ValidateDense;
+
 // Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 | partial [splits, m, n] fp32.
 struct DensePlan {
   int tiles = 1;
@@ -66,18 +89,6 @@ DensePlan PlanDense(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-cudaError_t CheckWorkspace(const void* workspace, size_t workspace_bytes, size_t needed,
-                           std::string* refusal) {
-  if (workspace_bytes < needed) {
-    return bs::Refuse(refusal, "workspace_bytes: " + std::to_string(workspace_bytes) + " < the " +
-                                   std::to_string(needed) + " needed");
-  }
-  if (workspace == nullptr || !Aligned(workspace, 256)) {
-    return bs::Refuse(refusal, "workspace: null or not 256-byte aligned");
-  }
-  return cudaSuccess;
-}
-
 bool SizesValid(int64_t m, int64_t n, int64_t k) {
   return m >= 0 && n >= 0 && k > 0 && k % bs::kBlockK == 0 &&
          bs::ProductAtMost(m, k, kMaxElements) && bs::ProductAtMost(n, k, kMaxElements) &&
@@ -87,13 +98,77 @@ bool SizesValid(int64_t m, int64_t n, int64_t k) {
 }  // namespace
 
 size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
-  return SizesValid(m, n, k) ? PlanDense(m, n, k).total() : 0;
+  if (!SizesValid(m, n, k)) return 0;
+  const size_t mma = PlanDense(m, n, k).total();
+  const size_t wgmma = fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config());
+  const size_t lt =
+      fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, k) : 0;
+  return std::max({mma, wgmma, lt});
 }
+
+Fp8GemmPath fp8_gemm_path(int64_t m) {
+  static const std::string forced = [] {
+    const char* env = std::getenv("PDSERVE_FP8_GEMM");
+    return std::string(env != nullptr ? env : "");
+  }();
+  if (forced == "mma") return Fp8GemmPath::kMma;
+  if (forced == "wgmma" || m <= kFp8WgmmaMaxTokens) return Fp8GemmPath::kWgmma;
+  return Fp8GemmPath::kCublasLt;
+}
+
+namespace {
+
+// fp8_gemm's cuBLASLt handle for the current device, created on first use and kept for the
+// process (nullptr when cuBLASLt cannot create one). Thread-safe.
+cublasLtHandle_t SharedLtHandle() {
+  static std::mutex mu;
+  static std::array<cublasLtHandle_t, 64> handles{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(handles.size())) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (handles[device] == nullptr && cublasLtCreate(&handles[device]) != CUBLAS_STATUS_SUCCESS) {
+    handles[device] = nullptr;
+  }
+  return handles[device];
+}
+
+}  // namespace
 
 cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  const Fp8GemmPath path = fp8_gemm_path(m);
+  if (path == Fp8GemmPath::kWgmma && SizesValid(m, n, k) &&
+      fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0) {
+    return fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
+                          workspace, workspace_bytes, stream, fp8_gemm_wgmma_default_config(),
+                          refusal);
+  }
+  if (path == Fp8GemmPath::kCublasLt && n % 16 == 0 && out_stride % 8 == 0 &&
+      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, k)) {
+    const cublasLtHandle_t lt = SharedLtHandle();
+    if (lt != nullptr) {
+      const cudaError_t status =
+          fp8_gemm_cublaslt(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
+                            workspace, workspace_bytes, stream, refusal);
+      if (status != cudaErrorNotSupported) return status;
+      (void)cudaGetLastError();  // no algorithm for this size: the mma.sync path below
+      if (refusal != nullptr) refusal->clear();
+    }
+  }
+  return fp8_gemm_mma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride, workspace,
+                      workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   const DensePlan plan = PlanDense(m, n, k);
@@ -126,13 +201,27 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
 }
 
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k) {
-  return SizesValid(m, n, k) ? PlanDense(m, n, k).partial_bytes : 0;
+  if (!SizesValid(m, n, k)) return 0;
+  return std::max(PlanDense(m, n, k).partial_bytes,
+                  fp8_gemm_w8a16_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()));
 }
 
 cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal) {
+  if (fp8_gemm_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
+    return fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
+                                workspace_bytes, stream, fp8_gemm_wgmma_default_config(), refusal);
+  }
+  return fp8_gemm_w8a16_mma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
+                            workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   const DensePlan plan = PlanDense(m, n, k);

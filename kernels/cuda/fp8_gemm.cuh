@@ -16,12 +16,16 @@
 // `weight`); w_scale [ceil(n / 128), k / 128] fp32 row-major (`scale` / `weight_scale_inv`);
 // out [m, out_stride] bf16 (columns 0..n-1 written, nothing else).
 //
-// Speed: written for decode (m = 1..16): each weight byte is streamed once per 32 tokens
-// (16-byte loads, three 128-k blocks in flight per warp, 4 warps of 16 rows per block, k split
-// over blocks for small n). Measured on one H200 (docs/perf.md, 2026-12-04, CUDA graphs): 1-8
-// tokens at 56-59% of the read floor for wq_b [32768, 1024] (1.4-1.5x faster than bf16), 23-51%
-// for the smaller shapes. On sm_90 the e4m3 mma.sync runs as f16 HMMA plus conversions, so from
-// 16-32 tokens on fp8_gemm_cublaslt is faster; use it there.
+// Paths (fp8_gemm_path): fp8_gemm runs fp8_gemm_wgmma (Hopper warpgroup MMA on the FP8 tensor
+// cores, weights streamed by TMA; written for decode) for m <= kFp8WgmmaMaxTokens; above that
+// fp8_gemm_cublaslt (a process-wide cuBLASLt handle per device) where n % 16 == 0, out_stride % 8
+// == 0, the workspace holds its bytes and cuBLASLt has an algorithm, else fp8_gemm_mma (mma.sync
+// m16n8k32 e4m3, which sm_90 runs as f16 HMMA plus conversions: at most ~130 TFLOP/s).
+// PDSERVE_FP8_GEMM=mma or =wgmma (read once per process) forces that path for every m.
+// fp8_gemm_mma measured on one H200 (docs/perf.md, 2026-12-04, CUDA graphs): 1-8 tokens at
+// 56-59% of the read floor for wq_b [32768, 1024], 23-51% for the smaller shapes; cuBLASLt
+// reaches 1050-1150 TFLOP/s at 4096 tokens. fp8_gemm_wgmma: not yet measured
+// (tools/gpu/run_fp8_gemm.sh).
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -39,7 +43,7 @@
 namespace pdserve::kernels::cuda {
 
 // Bytes of device workspace fp8_gemm needs (quantized activations, their scales and the split-k
-// partial sums); 0 for sizes fp8_gemm refuses. Host only.
+// partial sums: the larger of its two paths' needs); 0 for sizes fp8_gemm refuses. Host only.
 size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k);
 
 // out = x @ dequant(w, w_scale)^T as above. Requires m, n >= 0; k > 0 and a multiple of 128;
@@ -53,6 +57,70 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
 
+// Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
+inline constexpr int64_t kFp8WgmmaMaxTokens = 128;
+enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
+Fp8GemmPath fp8_gemm_path(int64_t m);
+
+// The mma.sync path alone (same contract and workspace as fp8_gemm).
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream,
+                         std::string* refusal = nullptr);
+
+// Tiles and pipeline of fp8_gemm_wgmma (kernels/cuda/fp8_gemm_wgmma.cu has the design):
+// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2); stages: shared-memory
+// ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is split until
+// about this many blocks run (tiles x splits, at most 32 splits and one 128-k block per split;
+// 0: never split).
+struct Fp8WgmmaConfig {
+  int warpgroups = 2;
+  int stages = 4;
+  int target_blocks = 264;
+};
+// The config fp8_gemm uses: the defaults above, or PDSERVE_FP8_WGMMA="warpgroups,stages,target"
+// (read once per process; malformed values are ignored). Host only.
+Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
+// Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
+// sums), and its number of k splits; 0 for sizes it refuses. Host only.
+size_t fp8_gemm_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
+                                      const Fp8WgmmaConfig& config);
+int32_t fp8_gemm_wgmma_splits(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config);
+// fp8_gemm's function on the Hopper warpgroup MMA (sm_90a; e4m3 x e4m3 -> fp32 wgmma, 8..128
+// tokens per block, weights streamed by TMA through a shared-memory ring). Same math, layouts and
+// requirements as fp8_gemm plus n, k < 2^31; workspace fp8_gemm_wgmma_workspace_bytes(m, n, k,
+// config). Split-k sums are added in ascending order by a second kernel: deterministic. Returns
+// cudaErrorNotSupported when the driver cannot encode the TMA descriptors (`refusal` says so).
+cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                           __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream,
+                           const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+
+// W8A16 on the same kernel (fp8_gemm_w8a16's math: bf16 activations as they are, no act quant):
+// the e4m3 weights are converted exactly to bf16 in shared memory by the consumer warpgroups and
+// the products run on bf16 wgmma m64nNk16 (activations streamed by TMA in bf16). Same
+// requirements as fp8_gemm_wgmma; workspace (the split-k sums only)
+// fp8_gemm_w8a16_wgmma_workspace_bytes(m, n, k, config), at most fp8_gemm_wgmma's.
+size_t fp8_gemm_w8a16_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
+                                            const Fp8WgmmaConfig& config);
+cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                                 const uint8_t* w, const float* w_scale, int64_t n,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+
+namespace fp8_gemm_internal {
+// The argument checks fp8_gemm's paths share (fp8_gemm.cu); `refusal` names the failed check.
+cudaError_t ValidateDense(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                          const uint8_t* w, const float* w_scale, int64_t n,
+                          const __nv_bfloat16* out, int64_t out_stride, std::string* refusal);
+// workspace_bytes >= needed and workspace 256-byte aligned, else the refusal.
+cudaError_t CheckWorkspace(const void* workspace, size_t workspace_bytes, size_t needed,
+                           std::string* refusal);
+}  // namespace fp8_gemm_internal
+
 // W8A16: out[r, n] = bf16( sum_b w_scale[n / 128, b] * sum_i x[r, 128b+i] * w[n, 128b+i] ) with x
 // as it is (bf16, no activation quantization), every e4m3 weight converted exactly to bf16 in
 // registers and the inner sums on the bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation;
@@ -61,11 +129,18 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
 // activations' 8 mantissa bits where fp8_gemm keeps 3 (docs/engine-gpu.md, "FP8 weights": the
 // argmax agreement that costs). Same layouts and requirements as fp8_gemm; its workspace (the
 // split-k partial sums) is fp8_gemm_w8a16_workspace_bytes(m, n, k) bytes, at most fp8_gemm's.
+// Paths: fp8_gemm_w8a16_wgmma where fp8_gemm_path(m) is kWgmma, else fp8_gemm_w8a16_mma.
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k);
 cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal = nullptr);
+// The mma.sync W8A16 path alone (same contract and workspace as fp8_gemm_w8a16).
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream,
+                               std::string* refusal = nullptr);
 
 // Bytes of device workspace fp8_gemm_cublaslt needs: fp8_gemm's activation buffers plus
 // kCublasLtWorkspace for cuBLASLt itself.

@@ -3,11 +3,22 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
+
+using hopper::FenceProxyAsync;
+using hopper::FenceRegisters;
+using hopper::MbarrierArrive;
+using hopper::MbarrierInit;
+using hopper::MbarrierWait;
+using hopper::SmemDescriptor;
+using hopper::WgmmaCommit;
+using hopper::WgmmaFence;
+using hopper::WgmmaWait;
 
 // Design (sm_90a). One block per (split, request, 64-head group), 3 warpgroups:
 // - Producer (warpgroup 2, 4 warps at 56 registers after setmaxnreg): copies the queries, then
@@ -76,60 +87,18 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit, int region
                                (((unit & 7) ^ (row & 7)) << 4));
 }
 
-// wgmma shared-memory matrix descriptor with the 128-byte swizzle: start address, leading and
-// stride byte offsets (each >> 4), layout type 1 (PTX ISA "Matrix Descriptor Format").
-__device__ __forceinline__ uint64_t SmemDescriptor(uint32_t address, uint32_t leading_bytes,
-                                                   uint32_t stride_bytes) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-// Keeps the compiler from moving accesses of an accumulator across wgmma issue / wait.
-template <int N>
-__device__ __forceinline__ void FenceRegisters(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
 __device__ __forceinline__ void FenceFragment(uint32_t (&a)[2][4]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) asm volatile("" : "+r"(a[i / 4][i % 4])::"memory");
-}
-// Generic-proxy writes to shared memory (cp.async) before async-proxy reads (wgmma).
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // The two consumer warpgroups only (barrier 0 is __syncthreads, which the producer would need).
 __device__ __forceinline__ void ConsumerBarrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
 }
 
-__device__ __forceinline__ void MbarrierInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrive with release semantics: this thread's earlier shared-memory writes are visible to a
-// thread whose wait sees the phase complete.
-__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // One arrival, made when every cp.async this thread issued before it has landed.
 __device__ __forceinline__ void MbarrierArriveOnCopies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` has completed (acquire).
-__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 
 // d[64 x 32] = A[64 x 16] * B[16 x 32] (+ d when `accumulate`; fp32), A and B bf16 K-major in
@@ -342,12 +311,6 @@ struct ConsumerState {
   float running_max[2];
   float running_sum[2];
 };
-
-// Waits for the wgmma groups issued before the last `PENDING` (groups complete in order).
-template <int PENDING>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
-}
 
 __device__ __forceinline__ uint32_t StageAddress(uint32_t base, int it) {
   return base + kTileOffset + (it % kStages) * kTileBytes;

@@ -3,6 +3,7 @@
 // output against the float32 CPU reference. Test-only; not thread-safe.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -64,6 +65,19 @@ inline std::vector<float> ToFloatsBf16(const std::vector<uint16_t>& bits) {
   std::vector<float> v(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) v[i] = FromBf16(bits[i]);
   return v;
+}
+
+// A dense case (fields w_scale, x, x_stride, k; at least 2 rows) made extreme: weight blocks
+// scaled by 2^-20 and 2^20 alternately, activation rows 0 and 1 times 2^-20 and 2^20.
+template <typename Case>
+void MakeScalesExtreme(Case& c) {
+  for (size_t i = 0; i < c.w_scale.size(); ++i) {
+    c.w_scale[i] = std::ldexp(1.0f, i % 2 == 0 ? -20 : 20);
+  }
+  for (int64_t col = 0; col < c.k; ++col) {
+    c.x[0 * c.x_stride + col] = ToBf16(std::ldexp(FromBf16(c.x[col]), -20));
+    c.x[1 * c.x_stride + col] = ToBf16(std::ldexp(FromBf16(c.x[c.x_stride + col]), 20));
+  }
 }
 
 // Compares rows [rows, n] of a bf16 GPU output (row stride `stride`) with the float32 reference

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -51,14 +52,50 @@ DenseCase MakeDense(std::mt19937_64& rng, int64_t m, int64_t n, int64_t k, bool 
   return c;
 }
 
-enum class Path { kOwn, kCublasLt };
+// Weight blocks scaled by 2^-20 and 2^20; activation rows 0 and 1 times 2^-20 and 2^20.
+DenseCase ExtremeScales(std::mt19937_64& rng) {
+  DenseCase c = MakeDense(rng, 9, 256, 512, false);
+  testing::MakeScalesExtreme(c);
+  return c;
+}
+
+// NaN and +-Inf activations and NaN weights: whole output rows / columns become NaN.
+DenseCase NonFinite(std::mt19937_64& rng) {
+  DenseCase c = MakeDense(rng, 11, 136, 384, false);
+  c.x[2 * c.x_stride + 5] = testing::kBf16NaN;      // row 2 all NaN
+  c.x[6 * c.x_stride + 200] = 0x7F80;               // +Inf: row 6 all NaN (Inf / Inf)
+  c.x[9 * c.x_stride + 383] = 0xFF80;               // -Inf
+  c.w[static_cast<size_t>(17 * c.k + 130)] = 0x7F;  // NaN weight: column 17 all NaN
+  c.w[static_cast<size_t>(135 * c.k + 0)] = 0xFF;   // column 135
+  return c;
+}
+
+// kOwn: fp8_gemm (its dispatch), kMma / kWgmma: one path explicitly.
+enum class Path { kOwn, kCublasLt, kMma, kWgmma };
+
+const char* PathName(Path path) {
+  switch (path) {
+    case Path::kOwn:
+      return "fp8_gemm";
+    case Path::kCublasLt:
+      return "fp8_gemm_cublaslt";
+    case Path::kMma:
+      return "fp8_gemm_mma";
+    default:
+      return "fp8_gemm_wgmma";
+  }
+}
 
 // Runs the GPU path, then the reference, and compares (sentinels in the stride padding and the
-// guard bands included).
-void RunAndCheck(const DenseCase& c, Path path) {
-  const std::string what = (path == Path::kOwn ? "fp8_gemm m=" : "fp8_gemm_cublaslt m=") +
-                           std::to_string(c.m) + " n=" + std::to_string(c.n) +
-                           " k=" + std::to_string(c.k);
+// guard bands included). Returns the output bits (empty on a failed launch).
+std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
+                                  const Fp8WgmmaConfig& config = {}) {
+  const std::string what = std::string(PathName(path)) + " m=" + std::to_string(c.m) +
+                           " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                           (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
+                                                       "," + std::to_string(config.stages) + "," +
+                                                       std::to_string(config.target_blocks)
+                                                 : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
   GuardedBuffer<float> w_scale(c.w_scale.size());
@@ -69,24 +106,41 @@ void RunAndCheck(const DenseCase& c, Path path) {
   const auto* xp = reinterpret_cast<const __nv_bfloat16*>(x.get());
   auto* op = reinterpret_cast<__nv_bfloat16*>(out.get());
   std::string refusal;
-  if (path == Path::kOwn) {
-    GuardedBuffer<uint8_t> ws(fp8_gemm_workspace_bytes(c.m, c.n, c.k));
-    ASSERT_TRUE(ws.ok() && out.ok());
-    PDSERVE_CUDA_OK(fp8_gemm(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0, op,
-                             c.out_stride, ws.get(), ws.size(), nullptr, &refusal));
-    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(ws.GuardsIntact()) << what;
-  } else {
+  if (path == Path::kCublasLt) {
     cublasLtHandle_t handle = nullptr;
-    ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
     GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.k));
-    ASSERT_TRUE(ws.ok() && out.ok());
+    EXPECT_TRUE(ws.ok() && out.ok());
     const cudaError_t status =
         fp8_gemm_cublaslt(handle, xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0,
                           op, c.out_stride, ws.get(), ws.size(), nullptr, &refusal);
-    ASSERT_EQ(status, cudaSuccess) << cudaGetErrorString(status) << ": " << refusal;
-    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(status, cudaSuccess) << cudaGetErrorString(status) << ": " << refusal;
+    if (status != cudaSuccess) return {};
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     cublasLtDestroy(handle);
+  } else {
+    const size_t ws_bytes = path == Path::kWgmma
+                                ? fp8_gemm_wgmma_workspace_bytes(c.m, c.n, c.k, config)
+                                : fp8_gemm_workspace_bytes(c.m, c.n, c.k);
+    GuardedBuffer<uint8_t> ws(ws_bytes);
+    EXPECT_TRUE(ws.ok() && out.ok());
+    cudaError_t status = cudaSuccess;
+    if (path == Path::kOwn) {
+      status = fp8_gemm(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0, op,
+                        c.out_stride, ws.get(), ws.size(), nullptr, &refusal);
+    } else if (path == Path::kMma) {
+      status = fp8_gemm_mma(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0, op,
+                            c.out_stride, ws.get(), ws.size(), nullptr, &refusal);
+    } else {
+      status = fp8_gemm_wgmma(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0, op,
+                              c.out_stride, ws.get(), ws.size(), nullptr, config, &refusal);
+    }
+    EXPECT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status) << ": " << refusal;
+    if (status != cudaSuccess) return {};
+    const cudaError_t sync = cudaDeviceSynchronize();
+    EXPECT_EQ(sync, cudaSuccess) << what << ": " << cudaGetErrorString(sync);
+    if (sync != cudaSuccess) return {};
+    EXPECT_TRUE(ws.GuardsIntact()) << what;
   }
   const std::vector<uint16_t> got = out.Download();
   EXPECT_TRUE(out.GuardsIntact()) << what;
@@ -96,6 +150,7 @@ void RunAndCheck(const DenseCase& c, Path path) {
   cpu::Fp8GemmReference(xf.data(), c.m, c.k, c.x_stride, c.w.data(), c.w_scale.data(), c.n, c.ue8m0,
                         want.data());
   testing::ExpectBf16Rows(got, c.m, c.n, c.out_stride, want, {}, kSentinel, what);
+  return got;
 }
 
 TEST(CudaFp8GemmTest, OddTokenCountsAndShapes) {
@@ -114,16 +169,7 @@ TEST(CudaFp8GemmTest, OddTokenCountsAndShapes) {
 TEST(CudaFp8GemmTest, ExtremeScalesAndMagnitudes) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  DenseCase c = MakeDense(rng, 9, 256, 512, false);
-  // Weight blocks scaled by 2^-20 and 2^20; activation rows of 2^-20 and 2^20.
-  for (size_t i = 0; i < c.w_scale.size(); ++i) {
-    c.w_scale[i] = std::ldexp(1.0f, i % 2 == 0 ? -20 : 20);
-  }
-  for (int64_t col = 0; col < c.k; ++col) {
-    c.x[0 * c.x_stride + col] = testing::ToBf16(std::ldexp(testing::FromBf16(c.x[col]), -20));
-    c.x[1 * c.x_stride + col] =
-        testing::ToBf16(std::ldexp(testing::FromBf16(c.x[c.x_stride + col]), 20));
-  }
+  DenseCase c = ExtremeScales(rng);
   RunAndCheck(c, Path::kOwn);
   c.ue8m0 = true;
   RunAndCheck(c, Path::kOwn);
@@ -132,13 +178,105 @@ TEST(CudaFp8GemmTest, ExtremeScalesAndMagnitudes) {
 TEST(CudaFp8GemmTest, NanAndInfPropagateToTheSamePositions) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  DenseCase c = MakeDense(rng, 11, 136, 384, false);
-  c.x[2 * c.x_stride + 5] = testing::kBf16NaN;      // row 2 all NaN
-  c.x[6 * c.x_stride + 200] = 0x7F80;               // +Inf: row 6 all NaN (Inf / Inf)
-  c.x[9 * c.x_stride + 383] = 0xFF80;               // -Inf
-  c.w[static_cast<size_t>(17 * c.k + 130)] = 0x7F;  // NaN weight: column 17 all NaN
-  c.w[static_cast<size_t>(135 * c.k + 0)] = 0xFF;   // column 135
-  RunAndCheck(c, Path::kOwn);
+  RunAndCheck(NonFinite(rng), Path::kOwn);
+  RunAndCheck(NonFinite(rng), Path::kMma);
+}
+
+// fp8_gemm_wgmma: every token tile (N = 8..128, the instantiation picked by m) and odd token
+// counts, n = 200 (a partial 64-row tile and a partial 128-row scale block), k = 384 (3 k blocks:
+// fewer than the ring's stages, not a multiple of them), without and with a k split.
+TEST(CudaFp8GemmTest, WgmmaEveryTokenTileAndOddCounts) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig whole{2, 4, 0};
+  const Fp8WgmmaConfig split{2, 4, 4096};
+  std::vector<int64_t> counts = {1, 3, 17, 100, 127};
+  for (int64_t m = 8; m <= 128; m += 8) counts.push_back(m);
+  for (int64_t m : counts) {
+    const DenseCase c = MakeDense(rng, m, 200, 384, m % 3 == 0);
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, whole), 1);
+    RunAndCheck(c, Path::kWgmma, whole);
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, split), 3);  // one k block per split
+    RunAndCheck(c, Path::kWgmma, split);
+  }
+}
+
+// Tile and ring variants (the bench's sweep), k = 1280 (10 k blocks: wraps every ring size,
+// never a multiple of 4 or 6), token tiles past 128 (m = 130, 300: three tiles, a partial last).
+TEST(CudaFp8GemmTest, WgmmaConfigsAndTokenTiles) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 2, 0}, Fp8WgmmaConfig{1, 3, 264}, Fp8WgmmaConfig{2, 6, 132},
+        Fp8WgmmaConfig{2, 8, 528}, Fp8WgmmaConfig{1, 8, 0}}) {
+    for (int64_t m : {5, 64, 130})
+      RunAndCheck(MakeDense(rng, m, 136, 1280, false), Path::kWgmma, config);
+  }
+  RunAndCheck(MakeDense(rng, 300, 320, 512, true), Path::kWgmma, Fp8WgmmaConfig{2, 4, 264});
+}
+
+// The split-k sums are added in a fixed order: two runs give the same bits.
+TEST(CudaFp8GemmTest, WgmmaSplitKIsDeterministic) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const DenseCase c = MakeDense(rng, 24, 256, 2048, false);
+  const Fp8WgmmaConfig config{2, 4, 264};
+  ASSERT_GT(fp8_gemm_wgmma_splits(c.m, c.n, c.k, config), 1);
+  const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, config);
+  const std::vector<uint16_t> second = RunAndCheck(c, Path::kWgmma, config);
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(first, second);
+}
+
+TEST(CudaFp8GemmTest, WgmmaExtremeScalesAndNonFinite) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  DenseCase c = ExtremeScales(rng);
+  for (const Fp8WgmmaConfig config : {Fp8WgmmaConfig{2, 4, 0}, Fp8WgmmaConfig{1, 4, 264}}) {
+    RunAndCheck(c, Path::kWgmma, config);
+    c.ue8m0 = !c.ue8m0;
+    RunAndCheck(c, Path::kWgmma, config);
+  }
+  const DenseCase d = NonFinite(rng);
+  RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 0});
+  RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096});
+}
+
+// fp8_gemm picks the wgmma path up to kFp8WgmmaMaxTokens tokens and cuBLASLt above (unless
+// PDSERVE_FP8_GEMM forces one), cuBLASLt's output through fp8_gemm matches, and the mma.sync path
+// stays correct on its own.
+TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  if (std::getenv("PDSERVE_FP8_GEMM") == nullptr) {
+    EXPECT_EQ(fp8_gemm_path(1), Fp8GemmPath::kWgmma);
+    EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens), Fp8GemmPath::kWgmma);
+    EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens + 1), Fp8GemmPath::kCublasLt);
+    EXPECT_GE(fp8_gemm_workspace_bytes(4096, 4096, 2048),
+              fp8_gemm_cublaslt_workspace_bytes(4096, 2048));
+  }
+  EXPECT_GE(fp8_gemm_workspace_bytes(100, 4096, 2048),
+            fp8_gemm_wgmma_workspace_bytes(100, 4096, 2048, fp8_gemm_wgmma_default_config()));
+  auto rng = FreshRng();
+  DenseCase lt = MakeDense(rng, 256, 384, 512, false);
+  lt.out_stride = lt.n + 8;  // cuBLASLt's requirements hold
+  RunAndCheck(lt, Path::kOwn);
+  for (int64_t m : {1, 13, 77}) RunAndCheck(MakeDense(rng, m, 200, 384, false), Path::kMma);
+}
+
+TEST(CudaFp8GemmTest, WgmmaRefusesASmallWorkspace) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  GuardedBuffer<uint16_t> x(4096);
+  GuardedBuffer<uint8_t> w(4096);
+  GuardedBuffer<float> s(16);
+  GuardedBuffer<uint16_t> out(4096);
+  GuardedBuffer<uint8_t> ws(1 << 12);
+  std::string refusal;
+  const cudaError_t status =
+      fp8_gemm_wgmma(reinterpret_cast<const __nv_bfloat16*>(x.get()), 16, 128, 128, w.get(),
+                     s.get(), 16, false, reinterpret_cast<__nv_bfloat16*>(out.get()), 16, ws.get(),
+                     64, nullptr, Fp8WgmmaConfig{}, &refusal);
+  EXPECT_EQ(status, cudaErrorInvalidValue);
+  EXPECT_NE(refusal.find("workspace_bytes:"), std::string::npos) << refusal;
 }
 
 TEST(CudaFp8GemmTest, CublasLtMatchesReference) {

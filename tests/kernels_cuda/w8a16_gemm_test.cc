@@ -83,25 +83,53 @@ DenseCase MakeDense(std::mt19937_64& rng, int64_t m, int64_t n, int64_t k) {
   return c;
 }
 
-void RunAndCheckDense(const DenseCase& c) {
-  const std::string what = "fp8_gemm_w8a16 m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
-                           " k=" + std::to_string(c.k);
+// Weight blocks scaled by 2^-20 and 2^20; activation rows 0 and 1 times 2^-20 and 2^20.
+DenseCase ExtremeScales(std::mt19937_64& rng) {
+  DenseCase c = MakeDense(rng, 9, 256, 512);
+  testing::MakeScalesExtreme(c);
+  return c;
+}
+
+// kDispatch: fp8_gemm_w8a16 (its path by token count); kMma / kWgmma: that path explicitly.
+enum class Path { kDispatch, kMma, kWgmma };
+
+void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
+                      const Fp8WgmmaConfig& config = {}) {
+  const char* name = path == Path::kDispatch ? "fp8_gemm_w8a16"
+                     : path == Path::kMma    ? "fp8_gemm_w8a16_mma"
+                                             : "fp8_gemm_w8a16_wgmma";
+  const std::string what = std::string(name) + " m=" + std::to_string(c.m) +
+                           " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                           (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
+                                                       "," + std::to_string(config.stages) + "," +
+                                                       std::to_string(config.target_blocks)
+                                                 : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
   GuardedBuffer<float> w_scale(c.w_scale.size());
   GuardedBuffer<uint16_t> out(static_cast<size_t>(c.m * c.out_stride));
   // At least one byte, so the buffer has guards even when no split-k workspace is needed.
-  GuardedBuffer<uint8_t> ws(std::max<size_t>(256, fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k)));
+  const size_t ws_bytes = path == Path::kWgmma
+                              ? fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, config)
+                              : fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k);
+  GuardedBuffer<uint8_t> ws(std::max<size_t>(256, ws_bytes));
   ASSERT_TRUE(ws.ok() && out.ok()) << what;
   EXPECT_LE(fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k), fp8_gemm_workspace_bytes(c.m, c.n, c.k));
   x.Upload(c.x);
   w.Upload(c.w);
   w_scale.Upload(c.w_scale);
   std::string refusal;
+  const auto* xp = reinterpret_cast<const __nv_bfloat16*>(x.get());
+  auto* op = reinterpret_cast<__nv_bfloat16*>(out.get());
   const cudaError_t status =
-      fp8_gemm_w8a16(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.m, c.k, c.x_stride, w.get(),
-                     w_scale.get(), c.n, reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride,
-                     ws.get(), ws.size(), nullptr, &refusal);
+      path == Path::kDispatch
+          ? fp8_gemm_w8a16(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, op, c.out_stride,
+                           ws.get(), ws.size(), nullptr, &refusal)
+      : path == Path::kMma
+          ? fp8_gemm_w8a16_mma(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, op,
+                               c.out_stride, ws.get(), ws.size(), nullptr, &refusal)
+          : fp8_gemm_w8a16_wgmma(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, op,
+                                 c.out_stride, ws.get(), ws.size(), nullptr, config, &refusal);
   ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
   PDSERVE_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = out.Download();
@@ -149,29 +177,24 @@ TEST(CudaW8a16GemmTest, EveryKPositionLandsOnItsOwnProduct) {
           testing::ToBf16(std::ldexp(col % 128 + 1.0f, static_cast<int>(r)));
     }
   }
-  RunAndCheckDense(c);
-  // All 128 k positions of every row: weights of a single nonzero column each, swept.
-  for (int64_t col = 0; col < 128; col += 1) {
-    DenseCase d = c;
-    std::fill(d.w.begin(), d.w.end(), 0);
-    for (int64_t n = 0; n < d.n; ++n) d.w[n * d.k + col] = cpu::E4m3FromFloat(n + 1.0f);
-    if (col % 16 == 0 || col % 16 == 7 || col % 16 == 13) RunAndCheckDense(d);
+  for (const Path path : {Path::kMma, Path::kWgmma}) {
+    RunAndCheckDense(c, path);
+    // All 128 k positions of every row: weights of a single nonzero column each, swept.
+    for (int64_t col = 0; col < 128; col += 1) {
+      DenseCase d = c;
+      std::fill(d.w.begin(), d.w.end(), 0);
+      for (int64_t n = 0; n < d.n; ++n) d.w[n * d.k + col] = cpu::E4m3FromFloat(n + 1.0f);
+      if (col % 16 == 0 || col % 16 == 7 || col % 16 == 13 || path == Path::kWgmma) {
+        RunAndCheckDense(d, path);
+      }
+    }
   }
 }
 
 TEST(CudaW8a16GemmTest, ExtremeScalesAndMagnitudes) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  DenseCase c = MakeDense(rng, 9, 256, 512);
-  // Weight blocks scaled by 2^-20 and 2^20; activation rows of 2^-20 and 2^20.
-  for (size_t i = 0; i < c.w_scale.size(); ++i) {
-    c.w_scale[i] = std::ldexp(1.0f, i % 2 == 0 ? -20 : 20);
-  }
-  for (int64_t col = 0; col < c.k; ++col) {
-    c.x[0 * c.x_stride + col] = testing::ToBf16(std::ldexp(testing::FromBf16(c.x[col]), -20));
-    c.x[1 * c.x_stride + col] =
-        testing::ToBf16(std::ldexp(testing::FromBf16(c.x[c.x_stride + col]), 20));
-  }
+  const DenseCase c = ExtremeScales(rng);
   RunAndCheckDense(c);
   // Every e4m3 code (subnormals, +-448) in the weights, scale 1.
   DenseCase e = MakeDense(rng, 3, 64, 256);
@@ -193,6 +216,46 @@ TEST(CudaW8a16GemmTest, NanAndInfPropagateToTheSamePositions) {
   c.w[static_cast<size_t>(17 * c.k + 130)] = 0x7F;  // NaN weight: column 17 all NaN
   c.w[static_cast<size_t>(135 * c.k + 0)] = 0xFF;   // column 135
   RunAndCheckDense(c);
+}
+
+// fp8_gemm_w8a16_wgmma: every token tile (N = 8..128) and odd token counts, k = 384 (fewer k
+// blocks than stages), without and with a k split; tile and ring variants at k = 1280; token tiles
+// past 128; extreme scales and non-finite inputs; the mma.sync path on its own.
+TEST(CudaW8a16GemmTest, WgmmaTilesSplitsAndConfigs) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig whole{2, 4, 0};
+  const Fp8WgmmaConfig split{2, 4, 4096};
+  std::vector<int64_t> counts = {1, 3, 17, 100, 127};
+  for (int64_t m = 8; m <= 128; m += 8) counts.push_back(m);
+  for (int64_t m : counts) {
+    const DenseCase c = MakeDense(rng, m, 200, 384);
+    RunAndCheckDense(c, Path::kWgmma, whole);
+    RunAndCheckDense(c, Path::kWgmma, split);
+  }
+  for (const Fp8WgmmaConfig config : {Fp8WgmmaConfig{1, 2, 0}, Fp8WgmmaConfig{1, 3, 264},
+                                      Fp8WgmmaConfig{2, 6, 132}, Fp8WgmmaConfig{2, 8, 528}}) {
+    for (int64_t m : {5, 64, 130}) {
+      RunAndCheckDense(MakeDense(rng, m, 136, 1280), Path::kWgmma, config);
+    }
+  }
+  for (int64_t m : {1, 13, 77}) RunAndCheckDense(MakeDense(rng, m, 200, 384), Path::kMma);
+}
+
+TEST(CudaW8a16GemmTest, WgmmaExtremeScalesAndNonFinite) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const DenseCase c = ExtremeScales(rng);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.x[9 * d.x_stride + 383] = 0xFF80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  d.w[static_cast<size_t>(135 * d.k + 0)] = 0xFF;
+  for (const Fp8WgmmaConfig config : {Fp8WgmmaConfig{2, 4, 0}, Fp8WgmmaConfig{1, 4, 264}}) {
+    RunAndCheckDense(c, Path::kWgmma, config);
+    RunAndCheckDense(d, Path::kWgmma, config);
+  }
 }
 
 TEST(CudaW8a16GemmTest, RefusalsNameTheArgument) {
