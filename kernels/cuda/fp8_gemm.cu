@@ -112,8 +112,17 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
     return std::string(env != nullptr ? env : "");
   }();
   if (forced == "mma") return Fp8GemmPath::kMma;
-  if (forced == "wgmma" || m <= kFp8WgmmaMaxTokens) return Fp8GemmPath::kWgmma;
+  if (forced == "wgmma") return Fp8GemmPath::kWgmma;
+  if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
+  if (m <= kFp8WgmmaMaxTokens) return Fp8GemmPath::kWgmma;
   return Fp8GemmPath::kCublasLt;
+}
+
+Fp8GemmPath fp8_gemm_w8a16_path(int64_t m) {
+  const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma
+  if (forced == Fp8GemmPath::kWgmma) return forced;
+  if (fp8_gemm_path(kFp8WgmmaMaxTokens) == Fp8GemmPath::kMma) return Fp8GemmPath::kMma;  // =mma
+  return m <= kW8a16MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
 }
 
 namespace {
@@ -210,7 +219,7 @@ cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal) {
-  if (fp8_gemm_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
+  if (fp8_gemm_w8a16_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
     return fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
                                 workspace_bytes, stream, fp8_gemm_wgmma_default_config(), refusal);
   }

@@ -16,16 +16,17 @@
 // `weight`); w_scale [ceil(n / 128), k / 128] fp32 row-major (`scale` / `weight_scale_inv`);
 // out [m, out_stride] bf16 (columns 0..n-1 written, nothing else).
 //
-// Paths (fp8_gemm_path): fp8_gemm runs fp8_gemm_wgmma (Hopper warpgroup MMA on the FP8 tensor
-// cores, weights streamed by TMA; written for decode) for m <= kFp8WgmmaMaxTokens; above that
-// fp8_gemm_cublaslt (a process-wide cuBLASLt handle per device) where n % 16 == 0, out_stride % 8
-// == 0, the workspace holds its bytes and cuBLASLt has an algorithm, else fp8_gemm_mma (mma.sync
-// m16n8k32 e4m3, which sm_90 runs as f16 HMMA plus conversions: at most ~130 TFLOP/s).
-// PDSERVE_FP8_GEMM=mma or =wgmma (read once per process) forces that path for every m.
-// fp8_gemm_mma measured on one H200 (docs/perf.md, 2026-12-04, CUDA graphs): 1-8 tokens at
-// 56-59% of the read floor for wq_b [32768, 1024], 23-51% for the smaller shapes; cuBLASLt
-// reaches 1050-1150 TFLOP/s at 4096 tokens. fp8_gemm_wgmma: not yet measured
-// (tools/gpu/run_fp8_gemm.sh).
+// Paths (fp8_gemm_path), chosen by the H200 measurement of 2026-12-04 (docs/perf.md, CUDA
+// graphs, V4-Flash's wq_b / wo_b / w13 / w2): fp8_gemm runs fp8_gemm_mma (mma.sync m16n8k32 e4m3,
+// which sm_90 runs as f16 HMMA plus conversions) for m <= kFp8MmaMaxTokens (8; at 1-8 tokens it
+// was as fast as the wgmma kernel or faster on three of the four shapes), fp8_gemm_wgmma (Hopper
+// warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) up to kFp8WgmmaMaxTokens (32;
+// at 16-32 tokens 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than mma.sync), and
+// fp8_gemm_cublaslt (a process-wide cuBLASLt handle per device) above, where n % 16 == 0,
+// out_stride % 8 == 0, the workspace holds its bytes and cuBLASLt has an algorithm (at 64 tokens
+// it was faster on three shapes, at 128 on all four), else fp8_gemm_mma. 33-63 tokens: not
+// measured. PDSERVE_FP8_GEMM=mma or =wgmma (read once per process) forces that path for every m.
+// None reaches issue 25's decode goal of 80% of the read floor (best: 62% at 1 token, wq_b).
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -58,9 +59,15 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
 
 // Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
-inline constexpr int64_t kFp8WgmmaMaxTokens = 128;
+inline constexpr int64_t kFp8MmaMaxTokens = 8;
+inline constexpr int64_t kFp8WgmmaMaxTokens = 32;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
+// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (32), fp8_gemm_w8a16_wgmma above
+// (H200, 2026-12-04: mma.sync 1.2-1.5x faster at 1-16 tokens, even at 32, wgmma 1.2-2.6x faster
+// at 64-128; no cuBLASLt path for bf16 x e4m3). PDSERVE_FP8_GEMM forces it as for fp8_gemm.
+inline constexpr int64_t kW8a16MmaMaxTokens = 32;
+Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).
 cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
@@ -74,8 +81,10 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is split until
 // about this many blocks run (tiles x splits, at most 32 splits and one 128-k block per split;
 // 0: never split).
+// Defaults: the best geometric mean over V4-Flash's four dense shapes at 1-128 tokens in the
+// H200 sweep of 2026-12-04 (1,4,264: 1.03x the per-cell best; 2,4,264 was 1.09x).
 struct Fp8WgmmaConfig {
-  int warpgroups = 2;
+  int warpgroups = 1;
   int stages = 4;
   int target_blocks = 264;
 };
