@@ -4,7 +4,9 @@
 #   small: --state-tokens 1024, so each rate's pool holds ceil(1024 / r / 64) + 16 pages (rate 4:
 #          20 pages) and a request of about 10 + 400 tokens reserves 2 of them: about 10 run at
 #          once and the rest wait in the queue although slots are free;
-#   full:  --state-tokens 0 (every slot full: nothing waits for pages).
+#   full:  --state-tokens 0 (every slot full: nothing waits for pages);
+#   auto:  --state-tokens auto (engine::AutoStateTokens from the memory plan, printed at start;
+#          here the cap, every slot full).
 # 24 greedy completions of 400 tokens are sent at once to each; the script checks that every one
 # completes (HTTP 200, finish_reason length with 400 tokens, or stop at EOS), that the small server's queue was seen
 # non-empty (pdserve_serve_sequences_waiting sampled from /metrics while they run), and compares
@@ -13,7 +15,11 @@
 # invariance"), and the table says how many differ.
 # Then the same through PD (`pdserve up`, CUDA prefill + CUDA decode with the worker key
 # `state_tokens: 1024`): 48 requests at once, the router queues them while the decode worker's
-# device pages are short, all complete; an oversized request gets 400.
+# device pages are short, all complete; an oversized request gets 400 (from the router's context
+# check: with `pdserve up`'s 64 decode slots every pool keeps a page a slot, more than a
+# 4096-token request needs, so the decode worker's own refusal of a request larger than a whole
+# device pool, FAILED_PRECONDITION -> 400, is shown on the CPU instead:
+# tests/decode/device_pages_test.cc, tests/router/service_admission_test.cc).
 # Also runs, when PACK has them, the packed engine_gpu_tests' GpuBackendTest.SmallDevicePools*
 # (the same on the tiny model, fp32 GEMMs, exact equality) and
 # GpuStepRunnerTest.PoolsTooSmall* (a scheduler that reserves no device pages: the runner stops
@@ -29,7 +35,7 @@
 #   OUT=$OUT tools/gpu/run_admission.sh
 # Environment: BINS (.device-carry/bin), PACK (.device-carry/gpu), OUT (gpu-out/admit),
 # REQUESTS (24), PD_REQUESTS (48), MAX_TOKENS (400). Logs under $OUT; a short table is printed last. Expected run
-# time: about 2 min (three model loads of a few seconds, three rounds of 400-token decodes).
+# time: about 2.5 min (four model loads of a few seconds, four rounds of 400-token decodes).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-gpu-out/admit}
@@ -130,6 +136,27 @@ PY
   }
   serve_and_send small 1024 18310
   serve_and_send full 0 18311
+  # --state-tokens auto: the memory plan's T (engine::AutoStateTokens), printed at start; on an
+  # H200, 16 slots of kjv-v4-wide's 4096 tokens fit many times over, so T is the cap, every slot
+  # full: 16 x 4096 = 65536, and nothing waits.
+  serve_and_send auto auto 18312
+  auto_t=$(sed -n 's/.*--state-tokens auto: \([0-9]*\) tokens.*/\1/p' "$out/serve-auto.log" | head -1)
+  auto_ok=$(python3 - "$out/auto.json" "$max_tokens" <<'PY' 2>&1
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no results: {e}"); sys.exit()
+want = int(sys.argv[2])
+ok = lambda x: "error" not in x and ((x["finish"] == "length" and x["tokens"] == want) or
+                                     (x["finish"] == "stop" and x["tokens"] <= want))
+print(f"{sum(ok(x) for x in r['results'])}/{len(r['results'])} complete, most waiting "
+      f"{r['most_waiting']}")
+PY
+)
+  row "serve --state-tokens auto: T printed, every request completes" \
+    "$([ "${auto_t:-}" = 65536 ] && [[ "$auto_ok" == "$requests/$requests complete"* ]] && echo PASS || echo FAIL)" \
+    "T ${auto_t:-not printed} (expected 65536, the cap), $auto_ok"
   summary=$(python3 - "$out/small.json" "$out/full.json" "$max_tokens" <<'PY' 2>&1
 import json, sys
 try:
