@@ -231,7 +231,12 @@ PY
     row "PD: prompt + max_tokens beyond the context" \
       "$([ "$too_long" = 400 ] && echo PASS || echo FAIL)" \
       "HTTP $too_long $(head -c 200 "$out/pd-too-long.json")"
-    grep -E 'pdserve_pool_pages\S*kind="device"' "$out/pd.decode.metrics" | head -4 > "$out/pd.device-pages.txt"
+    # The decode worker's ledger of the device pools (kind="device"): all free again at the end.
+    device_free=$(sed -n 's/^pdserve_decode_pool_pages_free{kind="device"} \([0-9.e+]*\)$/\1/p' \
+      "$out/pd.decode.metrics")
+    row "PD: decode worker's device pages all free after the run" \
+      "$([ -n "$device_free" ] && [ "$(grep -c '^pdserve_decode_pool_pages_used{kind="device"} 0$' "$out/pd.decode.metrics")" = 1 ] && echo PASS || echo FAIL)" \
+      "pages free ${device_free:-none (no kind=\"device\" series)}, $(grep '^pdserve_decode_pool_pages_used{kind="device"}' "$out/pd.decode.metrics")"
   else
     row "PD: decode worker state_tokens 1024" "FAIL" "not ready: $(tail -2 "$out/up.log" | tr '\n' ' ')"
   fi
