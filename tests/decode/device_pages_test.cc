@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "decode/decode_worker.h"
 #include "serving/state_layout.h"
 
@@ -24,9 +26,11 @@ namespace {
 namespace v1 = pdserve::worker::v1;
 
 std::unique_ptr<DecodeWorker> NewWorker(std::optional<int64_t> device_state_tokens,
-                                        const char* model = "kjv-v4-tiny") {
+                                        const char* model = "kjv-v4-tiny",
+                                        absl::Duration lease = absl::Seconds(30)) {
   DecodeWorkerOptions options;
   options.model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/" + model;
+  options.lease = lease;
   options.max_batch = 4;
   options.device_state_tokens = device_state_tokens;
   auto worker = DecodeWorker::Create(std::move(options));
@@ -60,6 +64,25 @@ TEST(DecodeDevicePagesTest, ReserveCountsTheDevicePoolsPagesNotJustTheBatchSlots
   v1::AbortResponse aborted;
   ASSERT_TRUE(worker->Abort(nullptr, &abort, &aborted).ok());
   EXPECT_TRUE(Reserve(*worker, 4000, 4, 400).ok());
+  worker->Stop();
+}
+
+// A transfer that never comes (the prefill worker died before its first page): the ticket fails
+// at its lease and its device pages go back with its host pages, so a request refused for pages
+// is reserved afterwards.
+TEST(DecodeDevicePagesTest, AFailedTransfersDevicePagesComeBackAtItsLease) {
+  auto worker = NewWorker(1, "kjv-v4-tiny", absl::Milliseconds(300));
+  ASSERT_NE(worker, nullptr);
+  EXPECT_TRUE(Reserve(*worker, 1000, 4, 400).ok());
+  EXPECT_TRUE(Reserve(*worker, 2000, 4, 400).ok());
+  grpc::Status later = Reserve(*worker, 3000, 4, 400);
+  EXPECT_EQ(later.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << later.error_message();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!later.ok() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+    later = Reserve(*worker, 3000, 4, 400);
+  }
+  EXPECT_TRUE(later.ok()) << later.error_message();
   worker->Stop();
 }
 
