@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 26's admission against the CUDA engine's device page pools, one device call:
-# `pdserve serve --backend cuda` on models/kjv-v4-wide twice, --max-batch 16 both times:
+# `pdserve serve --backend cuda` on models/kjv-v4-wide three times, --max-batch 16 each time:
 #   small: --state-tokens 1024, so each rate's pool holds ceil(1024 / r / 64) + 16 pages (rate 4:
 #          20 pages) and a request of about 10 + 400 tokens reserves 2 of them: about 10 run at
 #          once and the rest wait in the queue although slots are free;
 #   full:  --state-tokens 0 (every slot full: nothing waits for pages);
 #   auto:  --state-tokens auto (engine::AutoStateTokens from the memory plan, printed at start;
-#          here the cap, every slot full).
-# 24 greedy completions of 400 tokens are sent at once to each; the script checks that every one
+#          here the cap, every slot full, 16 x 4096 = 65536; 8 requests, all must complete).
+# 24 greedy completions of 400 tokens are sent at once to small and full; the script checks that every one
 # completes (HTTP 200, finish_reason length with 400 tokens, or stop at EOS), that the small server's queue was seen
 # non-empty (pdserve_serve_sequences_waiting sampled from /metrics while they run), and compares
 # each request's text with the full server's. Same text is expected; a difference can only come
