@@ -7,13 +7,13 @@
 // /metrics and /health on its metrics_port, until SIGINT or SIGTERM: then it drains (Health says
 // DRAINING, new work gets UNAVAILABLE, running requests get --drain-timeout-ms, default 30 s, to
 // finish; streams still open then end with finish_reason "error", "worker shutting down") and
-// exits 0. With backend cuda the entry's `state_tokens` sizes the GPU engine's paged state pools
-// and Reserve reserves each request's pages there. The model comes from the config's model section,
-// the lease from transfer.lease_ms, the degeneration action from guards.degeneration_action,
-// paranoid mode and the canary from guards.paranoid / guards.canary_every, the reference switches
-// from guards.reference_kernels (docs/guards.md). UCX_TLS picks the transport;
-// PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only wrong indexer, decode/test_faults.h the test-only
-// stalled loop.
+// exits 0. With backend cuda the entry's `state_tokens` (auto: engine::AutoStateTokens) sizes the
+// GPU engine's paged state pools and Reserve reserves each request's pages there. The model comes
+// from the config's model section, the lease from transfer.lease_ms, the degeneration action from
+// guards.degeneration_action, paranoid mode and the canary from guards.paranoid /
+// guards.canary_every, the reference switches from guards.reference_kernels (docs/guards.md).
+// UCX_TLS picks the transport; PDSERVE_TEST_SCRAMBLE_INDEXER=1 is a test-only wrong indexer,
+// decode/test_faults.h the test-only stalled loop.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -45,12 +45,20 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry,
                            worker::LoadWorkerEntry(flags.worker, "decode"));
-  // Before anything loads: a cuda worker whose GPUs cannot hold it is refused (`pdserve plan`).
-  PDSERVE_RETURN_IF_ERROR(
-      CheckWorkerMemory(entry.worker, entry.model_dir,
-                        WorkerPlanOptions{.max_batch = flags.max_batch,
-                                          .pool_tokens = flags.pool_tokens,
-                                          .state_tokens = entry.worker.state_tokens}));
+  const WorkerPlanOptions plan{.max_batch = flags.max_batch, .pool_tokens = flags.pool_tokens};
+  // `state_tokens: auto`: what the memory plan leaves free; then, before anything loads, a cuda
+  // worker whose GPUs cannot hold it is refused (`pdserve plan`).
+  const bool auto_state = entry.worker.state_tokens == config::kAutoStateTokens;
+  PDSERVE_ASSIGN_OR_RETURN(entry.worker.state_tokens,
+                           ResolveStateTokens(entry.worker, entry.model_dir, plan));
+  if (auto_state) {
+    spdlog::info(
+        "state_tokens auto: {} tokens of paged device state (the memory plan's {} GiB "
+        "GPU less weights, activations, graphs and allowances, less a {}% margin)",
+        entry.worker.state_tokens, plan.gpu_bytes / engine::kGiB,
+        static_cast<int>(engine::kAutoStateMargin * 100));
+  }
+  PDSERVE_RETURN_IF_ERROR(CheckWorkerMemory(entry.worker, entry.model_dir, plan));
   decode::DecodeWorkerOptions options;
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;

@@ -17,7 +17,8 @@ struct WorkerPlanOptions {
   int64_t max_batch = 64;   // decode: `pdserve decode --max-batch`
   int64_t pool_tokens = 0;  // decode: `--pool-tokens` (0: max_batch * context length)
   int64_t max_context = 0;  // 0: what today's worker uses (see WorkerPlanRequest)
-  // decode: paged device state tokens (`pdserve serve --state-tokens`; 0: every slot full).
+  // decode: paged device state tokens (`pdserve serve --state-tokens`; 0: the worker's own
+  // state_tokens, which must be resolved (ResolveStateTokens) when it is auto).
   int64_t state_tokens = 0;
   int64_t gpu_bytes = engine::kH200Bytes;
 };
@@ -34,5 +35,13 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
 // checkpoint headers (ResourceExhausted naming what to change), or the files' errors.
 absl::Status CheckWorkerMemory(const config::WorkerConfig& worker, const std::string& model_dir,
                                const WorkerPlanOptions& options);
+
+// The paged device state tokens a decode (or `pdserve serve`) worker's GPU engine gets:
+// worker.state_tokens, or for config::kAutoStateTokens engine::AutoStateTokens of the worker's
+// plan (WorkerPlanRequest with `options`) over the model's config.json and checkpoint headers.
+// Errors: the files', WorkerPlanRequest's, AutoStateTokens' (no room for paged state).
+absl::StatusOr<int64_t> ResolveStateTokens(const config::WorkerConfig& worker,
+                                           const std::string& model_dir,
+                                           const WorkerPlanOptions& options);
 
 }  // namespace pdserve::cli

@@ -4,6 +4,7 @@
 // that fit, and the host page pool. Exit status 1, with the reason on stderr, when a worker does
 // not fit as the engine is today; 0 otherwise. Nothing is loaded: config.json and the
 // safetensors headers are read.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -32,7 +33,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   // The flag, else the decode worker's own key.
   q.state_tokens = options.prefill            ? 0
                    : options.state_tokens > 0 ? options.state_tokens
-                                              : worker.state_tokens;
+                                              : std::max<int64_t>(worker.state_tokens, 0);
   const int64_t pool = options.pool_tokens > 0 ? options.pool_tokens
                                                : options.max_batch * config.max_position_embeddings;
   q.max_context = options.max_context > 0 ? options.max_context
@@ -48,6 +49,18 @@ absl::Status CheckWorkerMemory(const config::WorkerConfig& worker, const std::st
   PDSERVE_ASSIGN_OR_RETURN(engine::WeightBytes weights, engine::PlanWeightBytes(model_dir, config));
   PDSERVE_ASSIGN_OR_RETURN(engine::PlanRequest q, WorkerPlanRequest(worker, config, options));
   return engine::CheckPlanFits(config, weights, q);
+}
+
+absl::StatusOr<int64_t> ResolveStateTokens(const config::WorkerConfig& worker,
+                                           const std::string& model_dir,
+                                           const WorkerPlanOptions& options) {
+  if (worker.state_tokens != config::kAutoStateTokens) return worker.state_tokens;
+  PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(engine::WeightBytes weights, engine::PlanWeightBytes(model_dir, config));
+  config::WorkerConfig fixed = worker;
+  fixed.state_tokens = 0;
+  PDSERVE_ASSIGN_OR_RETURN(engine::PlanRequest q, WorkerPlanRequest(fixed, config, options));
+  return engine::AutoStateTokens(config, weights, q);
 }
 
 namespace {
@@ -79,7 +92,23 @@ absl::StatusOr<bool> RunPlan(PlanFlags flags) {
       }
       WorkerPlanOptions o = flags.options;
       o.prefill = prefill;
-      PDSERVE_ASSIGN_OR_RETURN(engine::PlanRequest q, WorkerPlanRequest(w, config, o));
+      config::WorkerConfig resolved = w;
+      if (!prefill && o.state_tokens == 0 && w.state_tokens == config::kAutoStateTokens) {
+        const absl::StatusOr<int64_t> tokens = ResolveStateTokens(w, model_dir, o);
+        if (!tokens.ok()) {
+          std::fprintf(stderr, "pdserve plan: refused: %s\n",
+                       std::string(tokens.status().message()).c_str());
+          fits = false;
+          continue;
+        }
+        resolved.state_tokens = *tokens;
+        std::printf(
+            "%s: state_tokens auto: %lld tokens (the GPU less weights, activations, "
+            "graphs and allowances, less a %d%% margin)\n",
+            w.name.c_str(), static_cast<long long>(resolved.state_tokens),
+            static_cast<int>(engine::kAutoStateMargin * 100));
+      }
+      PDSERVE_ASSIGN_OR_RETURN(engine::PlanRequest q, WorkerPlanRequest(resolved, config, o));
       std::printf("%s", engine::FormatPlan(config, weights, q).c_str());
       if (absl::Status s = engine::CheckPlanFits(config, weights, q); !s.ok()) {
         std::fprintf(stderr, "pdserve plan: refused: %s\n", std::string(s.message()).c_str());

@@ -5,10 +5,11 @@
 //                 [--paranoid] [--canary-every N] [--canary-tolerance E]
 //                 [--backend cpu|cuda] [--device N]
 //                 [--devices LIST] [--expert-comm auto|nccl|local] [--weights bf16|fp8]
-//                 [--fp8-activations bf16|fp8] [--state-tokens T]
+//                 [--fp8-activations bf16|fp8] [--state-tokens T|auto]
 //
 // --state-tokens (cuda only) sizes the device page pools of compressed state (0, the default:
-// every slot full); admission reserves each request's pages, so one that does not fit waits
+// every slot full; auto: engine::AutoStateTokens, what the memory plan of an H200 leaves free,
+// printed at start); admission reserves each request's pages, so one that does not fit waits
 // (colocated::ServiceOptions::device_state_tokens).
 // --backend cuda serves on the CUDA engine (engine/gpu, runtime/cuda/gpu_backend.h) on GPU
 // --device, one state slot per --max-batch sequence; the HTTP behaviour is the CPU backend's.
@@ -35,7 +36,6 @@
 //
 // Prints "pdserve serve: listening on http://HOST:PORT" once bound (--port 0 picks a free port),
 // serves until SIGINT or SIGTERM, then stops the server and the engine loop.
-#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -45,8 +45,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/command_registry.h"
+#include "cli/memory_check.h"
 #include "colocated/service.h"
 #include "common/api_keys.h"
 #ifdef PDSERVE_HAVE_CUDA_BACKEND
@@ -65,7 +67,8 @@ struct ServeOptions {
   uint16_t port = 8000;
   int64_t max_batch = 64;
   int64_t pool_tokens = 0;
-  int64_t state_tokens = -1;  // --backend cuda: GpuModelOptions::state_tokens (-1: not given)
+  // --backend cuda: GpuModelOptions::state_tokens, an integer >= 0 or "auto" ("": not given).
+  std::string state_tokens;
   int64_t token_budget = 512;
   bool reject_when_full = false;
   std::string degeneration = "flag";
@@ -133,6 +136,36 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
 #endif
 }
 
+// --state-tokens of --backend cuda: 0 when not given; auto: ResolveStateTokens for a worker on
+// these GPUs, printed. InvalidArgument for anything but auto or an integer >= 0.
+absl::StatusOr<int64_t> StateTokens(const ServeOptions& options) {
+  if (options.state_tokens.empty()) return 0;
+  config::WorkerConfig worker;
+  worker.name = "serve";
+  worker.backend = "cuda";
+  worker.gpus = options.devices.empty() ? std::to_string(options.device) : options.devices;
+  worker.weights = options.weights;
+  if (options.state_tokens != "auto") {
+    if (!absl::SimpleAtoi(options.state_tokens, &worker.state_tokens) || worker.state_tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--state-tokens \"", options.state_tokens, "\": auto or an integer >= 0"));
+    }
+    return worker.state_tokens;
+  }
+  worker.state_tokens = config::kAutoStateTokens;
+  const WorkerPlanOptions plan{.max_batch = options.max_batch, .pool_tokens = options.pool_tokens};
+  PDSERVE_ASSIGN_OR_RETURN(const int64_t tokens,
+                           ResolveStateTokens(worker, options.model_dir, plan));
+  std::fprintf(stderr,
+               "pdserve serve: --state-tokens auto: %lld tokens of paged device state (the "
+               "memory plan's %lld GiB GPU less weights, activations, graphs and allowances, "
+               "less a %d%% margin)\n",
+               static_cast<long long>(tokens),
+               static_cast<long long>(plan.gpu_bytes / engine::kGiB),
+               static_cast<int>(engine::kAutoStateMargin * 100));
+  return tokens;
+}
+
 absl::Status Serve(const ServeOptions& options) {
   // NVLink multicast stays off whatever the environment says (it can take a host's shared GPUs
   // out of service). Before any thread starts.
@@ -142,8 +175,8 @@ absl::Status Serve(const ServeOptions& options) {
   service_options.max_batch = options.max_batch;
   service_options.pool_tokens = options.pool_tokens;
   if (options.backend == "cuda") {
-    service_options.device_state_tokens = std::max<int64_t>(options.state_tokens, 0);
-  } else if (options.state_tokens >= 0) {
+    PDSERVE_ASSIGN_OR_RETURN(service_options.device_state_tokens, StateTokens(options));
+  } else if (!options.state_tokens.empty()) {
     return absl::InvalidArgumentError(
         "--state-tokens sizes the CUDA engine's device page pools: it needs --backend cuda");
   }
@@ -215,8 +248,8 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->check(NonNegative());
   cmd->add_option("--state-tokens", o->state_tokens,
                   "--backend cuda: tokens of compressed state the device page pools hold over all "
-                  "running sequences (0: every slot full); a request that does not fit waits")
-      ->check(NonNegative());
+                  "running sequences (0: every slot full; auto: what the memory plan leaves "
+                  "free); a request that does not fit waits");
   cmd->add_option("--token-budget", o->token_budget, "Tokens per engine step")
       ->capture_default_str();
   cmd->add_flag("--reject-when-full", o->reject_when_full,

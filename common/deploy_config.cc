@@ -174,7 +174,16 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
     } else if (w.backend != "cuda") {
       r.Error(node["state_tokens"], Join(path, "state_tokens"), "only for backend cuda");
     } else {
-      r.Int(node, path, "state_tokens", false, 0, int64_t{1} << 40, &w.state_tokens);
+      const YAML::Node v = node["state_tokens"];
+      constexpr int64_t kMaxStateTokens = int64_t{1} << 40;
+      if (v.IsScalar() && v.Scalar() == "auto") {
+        w.state_tokens = kAutoStateTokens;
+      } else if (!v.IsScalar() || !absl::SimpleAtoi(v.Scalar(), &w.state_tokens) ||
+                 w.state_tokens < 0 || w.state_tokens > kMaxStateTokens) {
+        w.state_tokens = 0;
+        r.Error(v, Join(path, "state_tokens"),
+                absl::StrCat("must be auto or an integer in [0, ", kMaxStateTokens, "]"));
+      }
     }
   }
   const YAML::Node gpus = r.Field(node, path, "gpus", false);

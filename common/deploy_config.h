@@ -55,6 +55,9 @@ struct ConfigError {
   std::string ToString() const;
 };
 
+// WorkerConfig::state_tokens of `state_tokens: auto`.
+inline constexpr int64_t kAutoStateTokens = -1;
+
 struct WorkerConfig {
   std::string name;
   std::string host;
@@ -71,7 +74,9 @@ struct WorkerConfig {
   std::string fp8_activations = "bf16";
   // Decode workers with backend cuda: tokens of paged device state the GPU engine's pools hold
   // over all requests (GpuModelOptions::state_tokens, decode::DecodeWorkerOptions::
-  // device_state_tokens; Reserve reserves each request's pages); 0: every slot full.
+  // device_state_tokens; Reserve reserves each request's pages); 0: every slot full;
+  // kAutoStateTokens (`state_tokens: auto`): what the memory plan leaves free
+  // (engine::AutoStateTokens, resolved at start by cli::ResolveStateTokens).
   int64_t state_tokens = 0;
 };
 

@@ -426,4 +426,31 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, cons
   return absl::ResourceExhaustedError(msg);
 }
 
+absl::StatusOr<int64_t> AutoStateTokens(const ModelConfig& config, const WeightBytes& w,
+                                        const PlanRequest& q) {
+  if (q.prefill) {
+    return absl::InvalidArgumentError("state_tokens auto: a prefill worker keeps no paged state");
+  }
+  const int64_t world = std::max(1, q.world);
+  const int64_t full = CeilDiv(q.max_batch, world) * q.max_context;  // per rank
+  const int64_t budget = q.gpu_bytes - static_cast<int64_t>(kAutoStateMargin * q.gpu_bytes);
+  auto plan = [&](int64_t per_rank) {
+    PlanRequest at = q;
+    at.state_tokens = per_rank * world;
+    return PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), at);
+  };
+  auto fits = [&](int64_t per_rank) { return plan(per_rank).total() <= budget; };
+  if (full < 1 || !fits(1)) {
+    const GpuPlan p = plan(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        q.worker, ": state_tokens auto: no room for paged state: weights ", Gib(p.weights),
+        ", activations ", Gib(p.activations), ", graphs and runtime ", Gib(p.graphs + p.runtime),
+        ", the fixed state of ", p.slots, " slot(s) + scratch and one token of pages ",
+        Gib(p.state), " need ", Gib(p.total()), " per GPU, more than ", Gib(budget), " (",
+        Gib(q.gpu_bytes), " less the ", static_cast<int>(kAutoStateMargin * 100),
+        "% margin); lower max_batch or max_context, or add GPUs"));
+  }
+  return world * LargestFitting(full, fits);
+}
+
 }  // namespace pdserve::engine

@@ -143,4 +143,18 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& weights,
 absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& weights,
                            const PlanRequest& request);
 
+// Share of each GPU that `state_tokens: auto` leaves unplanned: the graph and runtime figures are
+// allowances, not measurements, and allocators fragment.
+inline constexpr double kAutoStateMargin = 0.05;
+
+// `state_tokens: auto` (decode worker key; `pdserve serve --state-tokens auto`): the largest
+// state_tokens over the whole group (a multiple of `request.world`) whose paged pools fit each GPU
+// beside the engine's weights (the request's weight format), activations and the graph and
+// runtime allowances, with kAutoStateMargin of the GPU left over (PlanGpu's figures); at most
+// world * ceil(max_batch / world) * max_context, every slot full. request.state_tokens is
+// ignored. InvalidArgument for a prefill request; ResourceExhausted, naming the bytes, when not
+// even one token of paged state fits.
+absl::StatusOr<int64_t> AutoStateTokens(const ModelConfig& config, const WeightBytes& weights,
+                                        const PlanRequest& request);
+
 }  // namespace pdserve::engine

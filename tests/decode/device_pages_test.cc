@@ -9,13 +9,14 @@
 // pool (101 entries, 64 a page): two are reserved at once although max_batch allows four, the
 // third is RESOURCE_EXHAUSTED (not now: the router waits or asks another decode worker). A
 // request larger than a whole device pool (FAILED_PRECONDITION naming state_tokens, the router's
-// 400) cannot be made on this model: every pool holds at least one page a slot plus one, 512
-// tokens at rate 4, the model's whole context.
+// 400) needs a longer context than this model's 512 tokens: kjv-v4-wide's 4096.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "decode/decode_worker.h"
 #include "serving/state_layout.h"
 
@@ -24,9 +25,12 @@ namespace {
 
 namespace v1 = pdserve::worker::v1;
 
-std::unique_ptr<DecodeWorker> NewWorker(std::optional<int64_t> device_state_tokens) {
+std::unique_ptr<DecodeWorker> NewWorker(std::optional<int64_t> device_state_tokens,
+                                        const char* model = "kjv-v4-tiny",
+                                        absl::Duration lease = absl::Seconds(30)) {
   DecodeWorkerOptions options;
-  options.model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/kjv-v4-tiny";
+  options.model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/" + model;
+  options.lease = lease;
   options.max_batch = 4;
   options.device_state_tokens = device_state_tokens;
   auto worker = DecodeWorker::Create(std::move(options));
@@ -63,6 +67,25 @@ TEST(DecodeDevicePagesTest, ReserveCountsTheDevicePoolsPagesNotJustTheBatchSlots
   worker->Stop();
 }
 
+// A transfer that never comes (the prefill worker died before its first page): the ticket fails
+// at its lease and its device pages go back with its host pages, so a request refused for pages
+// is reserved afterwards.
+TEST(DecodeDevicePagesTest, AFailedTransfersDevicePagesComeBackAtItsLease) {
+  auto worker = NewWorker(1, "kjv-v4-tiny", absl::Milliseconds(300));
+  ASSERT_NE(worker, nullptr);
+  EXPECT_TRUE(Reserve(*worker, 1000, 4, 400).ok());
+  EXPECT_TRUE(Reserve(*worker, 2000, 4, 400).ok());
+  grpc::Status later = Reserve(*worker, 3000, 4, 400);
+  EXPECT_EQ(later.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << later.error_message();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!later.ok() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+    later = Reserve(*worker, 3000, 4, 400);
+  }
+  EXPECT_TRUE(later.ok()) << later.error_message();
+  worker->Stop();
+}
+
 TEST(DecodeDevicePagesTest, WithoutDevicePoolsTheBatchSlotsAloneLimit) {
   auto unbounded = NewWorker(std::nullopt);
   ASSERT_NE(unbounded, nullptr);
@@ -71,6 +94,24 @@ TEST(DecodeDevicePagesTest, WithoutDevicePoolsTheBatchSlotsAloneLimit) {
   }
   EXPECT_EQ(Reserve(*unbounded, 5000, 4, 400).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   unbounded->Stop();
+}
+
+// kjv-v4-wide (context 4096): state_tokens 1 on 4 slots gives the rate-4 pool its 4 slack pages;
+// a request of 4 + 1500 tokens needs 6 (376 entries) and can never be reserved:
+// FAILED_PRECONDITION naming state_tokens, which the router answers 400 (router/dispatch.cc,
+// ReserveError), with nothing held; one of 4 + 1000 (251 entries, 4 pages) is reserved.
+TEST(DecodeDevicePagesTest, ARequestLargerThanAWholeDevicePoolIsRefusedForGood) {
+  auto worker = NewWorker(1, "kjv-v4-wide");
+  ASSERT_NE(worker, nullptr);
+  const grpc::Status never = Reserve(*worker, 1000, 4, 1500);
+  EXPECT_EQ(never.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << never.error_message();
+  EXPECT_NE(never.error_message().find("need 6 state pages of kind 'device_state_rate4', more "
+                                       "than this decode worker's whole pool holds (4; its GPU "
+                                       "state pools hold state_tokens 1 tokens)"),
+            std::string::npos)
+      << never.error_message();
+  EXPECT_TRUE(Reserve(*worker, 2000, 4, 1000).ok());
+  worker->Stop();
 }
 
 TEST(DecodeDevicePagesTest, NegativeStateTokensAreRefused) {

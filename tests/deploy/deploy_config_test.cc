@@ -242,8 +242,8 @@ TEST(DeployConfigTest, Fp8ActivationsNeedFp8Weights) {
   EXPECT_EQ(bad.errors[0].key, "prefill[0].fp8_activations");
 }
 
-// state_tokens: decode workers with backend cuda only, an integer >= 0 (0, the default: every
-// slot full).
+// state_tokens: decode workers with backend cuda only, auto or an integer >= 0 (0, the default:
+// every slot full).
 TEST(DeployConfigTest, StateTokensForCudaDecodeWorkersOnly) {
   const std::string cuda_decode = "    port: 9200\n    backend: cuda\n    gpus: \"2\"\n";
   const ParsedDeployConfig plain = ParseDeployConfig(kValid, "t.yaml");
@@ -264,14 +264,21 @@ TEST(DeployConfigTest, StateTokensForCudaDecodeWorkersOnly) {
   ASSERT_EQ(prefill.errors.size(), 1u);
   EXPECT_EQ(prefill.errors[0].key, "prefill[0].state_tokens");
   EXPECT_EQ(prefill.errors[0].message, "only for decode workers");
-  for (const char* bad : {"-1", "1.5", "lots", "[1]"}) {
+  for (const char* bad : {"-1", "1.5", "lots", "[1]", "Auto", "1099511627777"}) {
     const ParsedDeployConfig parsed =
         ParseDeployConfig(Broken("    port: 9200\n    backend: cpu\n",
                                  cuda_decode + "    state_tokens: " + bad + "\n"),
                           "d.yaml");
     ASSERT_EQ(parsed.errors.size(), 1u) << bad;
     EXPECT_EQ(parsed.errors[0].key, "decode[0].state_tokens") << bad;
+    EXPECT_EQ(parsed.errors[0].message, "must be auto or an integer in [0, 1099511627776]") << bad;
   }
+  // auto: resolved at start from the memory plan (engine::AutoStateTokens).
+  const ParsedDeployConfig automatic = ParseDeployConfig(
+      Broken("    port: 9200\n    backend: cpu\n", cuda_decode + "    state_tokens: auto\n"),
+      "e.yaml");
+  ASSERT_TRUE(automatic.errors.empty()) << automatic.errors[0].ToString();
+  EXPECT_EQ(automatic.config.decode[0].state_tokens, kAutoStateTokens);
 }
 
 TEST(DeployConfigTest, ParseGpuList) {

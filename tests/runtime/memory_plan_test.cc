@@ -152,6 +152,48 @@ TEST(MemoryPlanTest, StateTokensShrinkTheStateAndThePlanPrintsTheCapacity) {
   EXPECT_NE(text.find("state budget"), std::string::npos) << text;
 }
 
+// `state_tokens: auto`: the largest state_tokens (a multiple of the GPUs) whose plan fits the GPU
+// less the margin; one more token a GPU does not; every slot full is the cap; a GPU the fixed
+// part already fills is refused.
+TEST(MemoryPlanTest, AutoStateTokensFillTheGpuLessTheMargin) {
+  auto config = ModelConfig::Load(FlashDir());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto w = PlanWeightBytes(FlashDir(), *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  PlanRequest q{.worker = "decode-0", .world = 4, .fp8_weights = true};
+  q.max_context = 131072;
+  // 64 slots of 128K fit 4 H200s: every slot full is the cap.
+  q.max_batch = 64;
+  EXPECT_EQ(*AutoStateTokens(*config, *w, q), 64 * 131072);
+  // 1024 slots do not: the pools get what is left.
+  q.max_batch = 1024;
+  const absl::StatusOr<int64_t> t = AutoStateTokens(*config, *w, q);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const int64_t budget = q.gpu_bytes - static_cast<int64_t>(kAutoStateMargin * q.gpu_bytes);
+  auto total = [&](int64_t state_tokens) {
+    PlanRequest at = q;
+    at.state_tokens = state_tokens;
+    return PlanGpu(*config, w->experts_fp8, w->replicated_fp8, at).total();
+  };
+  EXPECT_EQ(*t % 4, 0);
+  EXPECT_LE(total(*t), budget);
+  EXPECT_GT(total(*t + 4), budget);
+  EXPECT_LT(*t, 1024 * 131072);
+  EXPECT_FALSE(CheckPlanFits(*config, *w, q).ok());  // the default, every slot full
+  PlanRequest sized = q;
+  sized.state_tokens = *t;
+  EXPECT_TRUE(CheckPlanFits(*config, *w, sized).ok()) << FormatPlan(*config, *w, sized);
+  // One where the weights alone leave nothing.
+  q.gpu_bytes = 8 * kGiB;
+  const absl::StatusOr<int64_t> none = AutoStateTokens(*config, *w, q);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("decode-0: state_tokens auto: no room for paged state"),
+            std::string_view::npos)
+      << none.status();
+  q.prefill = true;
+  EXPECT_EQ(AutoStateTokens(*config, *w, q).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // engine/paged_state_plan.h: the CUDA engine's paged state pools.
 namespace pdserve::engine {
 namespace {

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Issue 26's admission against the CUDA engine's device page pools, one device call:
-# `pdserve serve --backend cuda` on models/kjv-v4-wide twice, --max-batch 16 both times:
+# `pdserve serve --backend cuda` on models/kjv-v4-wide three times, --max-batch 16 each time:
 #   small: --state-tokens 1024, so each rate's pool holds ceil(1024 / r / 64) + 16 pages (rate 4:
 #          20 pages) and a request of about 10 + 400 tokens reserves 2 of them: about 10 run at
 #          once and the rest wait in the queue although slots are free;
-#   full:  --state-tokens 0 (every slot full: nothing waits for pages).
-# 24 greedy completions of 400 tokens are sent at once to each; the script checks that every one
+#   full:  --state-tokens 0 (every slot full: nothing waits for pages);
+#   auto:  --state-tokens auto (engine::AutoStateTokens from the memory plan, printed at start;
+#          here the cap, every slot full, 16 x 4096 = 65536; 8 requests, all must complete).
+# 24 greedy completions of 400 tokens are sent at once to small and full; the script checks that every one
 # completes (HTTP 200, finish_reason length with 400 tokens, or stop at EOS), that the small server's queue was seen
 # non-empty (pdserve_serve_sequences_waiting sampled from /metrics while they run), and compares
 # each request's text with the full server's. Same text is expected; a difference can only come
@@ -13,7 +15,11 @@
 # invariance"), and the table says how many differ.
 # Then the same through PD (`pdserve up`, CUDA prefill + CUDA decode with the worker key
 # `state_tokens: 1024`): 48 requests at once, the router queues them while the decode worker's
-# device pages are short, all complete; an oversized request gets 400.
+# device pages are short, all complete; an oversized request gets 400 (from the router's context
+# check: with `pdserve up`'s 64 decode slots every pool keeps a page a slot, more than a
+# 4096-token request needs, so the decode worker's own refusal of a request larger than a whole
+# device pool, FAILED_PRECONDITION -> 400, is shown on the CPU instead:
+# tests/decode/device_pages_test.cc, tests/router/service_admission_test.cc).
 # Also runs, when PACK has them, the packed engine_gpu_tests' GpuBackendTest.SmallDevicePools*
 # (the same on the tiny model, fp32 GEMMs, exact equality) and
 # GpuStepRunnerTest.PoolsTooSmall* (a scheduler that reserves no device pages: the runner stops
@@ -29,7 +35,7 @@
 #   OUT=$OUT tools/gpu/run_admission.sh
 # Environment: BINS (.device-carry/bin), PACK (.device-carry/gpu), OUT (gpu-out/admit),
 # REQUESTS (24), PD_REQUESTS (48), MAX_TOKENS (400). Logs under $OUT; a short table is printed last. Expected run
-# time: about 2 min (three model loads of a few seconds, three rounds of 400-token decodes).
+# time: about 2.5 min (five model loads of a few seconds, four rounds of 400-token decodes).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-gpu-out/admit}
@@ -114,13 +120,13 @@ PY
     done
     return 1
   }
-  serve_and_send() {  # label, state tokens, port
-    local label=$1 port=$3
+  serve_and_send() {  # label, state tokens, port[, requests]
+    local label=$1 port=$3 n=${4:-$requests}
     pdserve serve --model models/kjv-v4-wide --backend cuda --port "$port" --max-batch 16 \
       --token-budget 512 --state-tokens "$2" > "$out/serve-$label.log" 2>&1 &
     local pid=$!
     if wait_ready "$port" "$pid" 120; then
-      python3 "$out/client.py" "$port" "$requests" "$max_tokens" "$out/$label.json" \
+      python3 "$out/client.py" "$port" "$n" "$max_tokens" "$out/$label.json" \
         pdserve_serve_sequences_waiting > "$out/client-$label.log" 2>&1
     else
       echo "not ready: $(tail -3 "$out/serve-$label.log")" > "$out/client-$label.log"
@@ -130,6 +136,27 @@ PY
   }
   serve_and_send small 1024 18310
   serve_and_send full 0 18311
+  # --state-tokens auto: the memory plan's T (engine::AutoStateTokens), printed at start; on an
+  # H200, 16 slots of kjv-v4-wide's 4096 tokens fit many times over, so T is the cap, every slot
+  # full: 16 x 4096 = 65536, and nothing waits.
+  serve_and_send auto auto 18312 8
+  auto_t=$(sed -n 's/.*--state-tokens auto: \([0-9]*\) tokens.*/\1/p' "$out/serve-auto.log" | head -1)
+  auto_ok=$(python3 - "$out/auto.json" "$max_tokens" <<'PY' 2>&1
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no results: {e}"); sys.exit()
+want = int(sys.argv[2])
+ok = lambda x: "error" not in x and ((x["finish"] == "length" and x["tokens"] == want) or
+                                     (x["finish"] == "stop" and x["tokens"] <= want))
+print(f"{sum(ok(x) for x in r['results'])}/{len(r['results'])} complete, most waiting "
+      f"{r['most_waiting']}")
+PY
+)
+  row "serve --state-tokens auto: T printed, every request completes" \
+    "$([ "${auto_t:-}" = 65536 ] && [[ "$auto_ok" == "8/8 complete"* ]] && echo PASS || echo FAIL)" \
+    "T ${auto_t:-not printed} (expected 65536, the cap), $auto_ok"
   summary=$(python3 - "$out/small.json" "$out/full.json" "$max_tokens" <<'PY' 2>&1
 import json, sys
 try:
@@ -204,7 +231,12 @@ PY
     row "PD: prompt + max_tokens beyond the context" \
       "$([ "$too_long" = 400 ] && echo PASS || echo FAIL)" \
       "HTTP $too_long $(head -c 200 "$out/pd-too-long.json")"
-    grep -E 'pdserve_pool_pages\S*kind="device"' "$out/pd.decode.metrics" | head -4 > "$out/pd.device-pages.txt"
+    # The decode worker's ledger of the device pools (kind="device"): all free again at the end.
+    device_free=$(sed -n 's/^pdserve_decode_pool_pages_free{kind="device"} \([0-9.e+]*\)$/\1/p' \
+      "$out/pd.decode.metrics")
+    row "PD: decode worker's device pages all free after the run" \
+      "$([ -n "$device_free" ] && [ "$(grep -c '^pdserve_decode_pool_pages_used{kind="device"} 0$' "$out/pd.decode.metrics")" = 1 ] && echo PASS || echo FAIL)" \
+      "pages free ${device_free:-none (no kind=\"device\" series)}, $(grep '^pdserve_decode_pool_pages_used{kind="device"}' "$out/pd.decode.metrics")"
   else
     row "PD: decode worker state_tokens 1024" "FAIL" "not ready: $(tail -2 "$out/up.log" | tr '\n' ' ')"
   fi
