@@ -201,6 +201,25 @@ int Run(int64_t only_batch, int64_t only_context) {
       std::printf("indexer_scores,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), scores_us,
                   batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+      // The warpgroup-MMA scores kernel (IndexerScoresVariant::kWgmma), alone and with top-k:
+      // rows "indexer_scores_wgmma" and "indexer_wgmma".
+      auto wgmma_ip = [&](int l) {
+        IndexerParams lp = layer_ip(l);
+        lp.scores_variant = IndexerScoresVariant::kWgmma;
+        return lp;
+      };
+      const double wgmma_scores_us = time_us(
+          [&](int l) { BENCH_CHECK(indexer_scores(wgmma_ip(l), scores, visible, stream)); });
+      std::printf("indexer_scores_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                  static_cast<long long>(batch), static_cast<long long>(context),
+                  static_cast<long long>(keys), wgmma_scores_us,
+                  batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+      const double wgmma_us = time_us([&](int l) {
+        BENCH_CHECK(lightning_indexer(wgmma_ip(l), kTopK, scores, visible, picks, stream));
+      });
+      std::printf("indexer_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), static_cast<long long>(keys), wgmma_us, bytes,
+                  flops);
       const double topk_us = time_us(
           [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
       std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),

@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
@@ -103,9 +105,13 @@ __device__ __forceinline__ void LoadPages(const IndexerParams& p, int64_t b, Til
   }
 }
 
-// Stages tile c into dst ([kTileKeys, kPitch] bf16); rows past `visible` become zeros and their
-// pool slots (addresses inside a page the request owns, or page 0) are not read.
-template <bool kWholePages>
+// Stages tile c into dst; rows past `visible` become zeros and their pool slots (addresses inside
+// a page the request owns, or page 0) are not read. Layout: [kTileKeys, kPitch] bf16, or with
+// kSwizzled the wgmma K-major layout with the 128-byte swizzle: two 8 KB regions (dims 0-63,
+// 64-127) of 64 rows x 128 bytes, 16-byte unit u of row r at unit u ^ (r % 8) (PTX ISA "Shared
+// Memory Matrix Layout"). A thread's rows are row0 + 8 i, all with r % 8 == row0, so its
+// destinations are 1024 bytes (512 bf16) apart in either layout's own step.
+template <bool kWholePages, bool kSwizzled = false>
 __device__ __forceinline__ void LoadKeyTile(const IndexerParams& p, TileCursor c, int visible,
                                             Divider div,
                                             const int32_t (&pages)[kPagesPerTile<kWholePages>],
@@ -113,7 +119,12 @@ __device__ __forceinline__ void LoadKeyTile(const IndexerParams& p, TileCursor c
   const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
   const int row0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
   const int first_key = c.tile * kTileKeys;
-  __nv_bfloat16* const dst_row0 = dst + row0 * kPitch + chunk * 8;
+  static_assert(kRowsPerPass == 8, "the swizzled step assumes 8 rows per pass");
+  constexpr int kDstStep = kSwizzled ? kRowsPerPass * 128 / 2 : kRowsPerPass * kPitch;
+  __nv_bfloat16* const dst_row0 =
+      kSwizzled
+          ? dst + ((chunk >> 3) * (kTileKeys * 128) + row0 * 128 + (((chunk & 7) ^ row0) << 4)) / 2
+          : dst + row0 * kPitch + chunk * 8;
   if constexpr (kWholePages) {
     // The tile's rows are consecutive pool rows of one page.
     const int64_t pool_row = static_cast<int64_t>(pages[0]) * p.page_size +
@@ -122,7 +133,7 @@ __device__ __forceinline__ void LoadKeyTile(const IndexerParams& p, TileCursor c
     const int rows_left = visible - first_key - row0;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      CopyAsync16(dst_row0 + i * kRowsPerPass * kPitch, src + i * kRowsPerPass * kDim,
+      CopyAsync16(dst_row0 + i * kDstStep, src + i * kRowsPerPass * kDim,
                   i * kRowsPerPass < rows_left);
     }
   } else {
@@ -131,8 +142,7 @@ __device__ __forceinline__ void LoadKeyTile(const IndexerParams& p, TileCursor c
       const int key = first_key + row0 + i * kRowsPerPass;
       const int64_t pool_row =
           static_cast<int64_t>(pages[i]) * p.page_size + div.Remainder(key, div.Quotient(key));
-      CopyAsync16(dst_row0 + i * kRowsPerPass * kPitch, p.key_pool + pool_row * kDim + chunk * 8,
-                  key < visible);
+      CopyAsync16(dst_row0 + i * kDstStep, p.key_pool + pool_row * kDim + chunk * 8, key < visible);
     }
   }
 }
@@ -168,20 +178,13 @@ __device__ __forceinline__ void LoadQuery(const IndexerParams& p, int64_t b,
   }
 }
 
-// The launch covers requests [b0, b0 + nb). Its key tiles, request by request, are split into
-// gridDim.x equal contiguous ranges, one per block, whatever the lengths: a block streams its
-// range through a kStages-deep cp.async pipeline and reloads the queries when the range enters
-// the next request.
-template <bool kWholePages>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    IndexerScoresKernel(IndexerParams p, int64_t b0, int nb, Divider div, float* scores,
-                        int32_t* visible_out) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* const k_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kStages][kTileKeys][kPitch]
-  // first_s[b]: the launch's tiles before request b (first_s[nb]: all of them); vis_s[b]: its
-  // visible keys.
-  auto* const first_s = reinterpret_cast<int64_t*>(smem_raw + kStages * kStageBytes);
-  auto* const vis_s = reinterpret_cast<int32_t*>(first_s + nb + 1);
+// The launch covers requests [b0, b0 + nb). Fills vis_s[nb] (visible keys) and first_s[nb + 1]
+// (the launch's tiles before each request), writes visible_out from block 0, and returns this
+// block's share of the tiles (gridDim.x equal contiguous ranges of the flat tile order) and its
+// first tile in `start`; 0 when the share is empty. Every thread of the block must call it.
+__device__ __forceinline__ int BlockRange(const IndexerParams& p, int64_t b0, int nb,
+                                          int64_t* first_s, int32_t* vis_s, int32_t* visible_out,
+                                          TileCursor& start) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
 
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t total = first_s[nb];
   const int64_t begin = total * blockIdx.x / gridDim.x;
   const int64_t end = total * (blockIdx.x + 1) / gridDim.x;
-  if (begin == end) return;
+  if (begin == end) return 0;
   const int n_local = static_cast<int>(end - begin);
   // The request holding tile `begin`: first_s[lo] <= begin < first_s[hi] throughout, and a request
   // with no tiles shares its start with the next one, so the search ends on a request with tiles.
@@ -225,32 +228,100 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       hi = mid;
     }
   }
-  const TileCursor start{lo, static_cast<int>(begin - first_s[lo])};
+  start = TileCursor{lo, static_cast<int>(begin - first_s[lo])};
+  return n_local;
+}
 
-  // Prologue: page ids of the first kStages - 1 tiles in one round trip, then their copies.
-  TileCursor load = start;
-  TileCursor ahead_tiles[kStages - 1];
-  int32_t ahead_pages[kStages - 1][kPagesPerTile<kWholePages>];
+// The key tiles of a block's share in flight: kStages - 1 tiles ahead of the one being scored,
+// their pool pages looked up one tile ahead of their copies. Layout of a stage as LoadKeyTile's
+// kSwizzled; k_s: kStages stages of kStageElems bf16.
+template <bool kWholePages, bool kSwizzled>
+struct KeyPipeline {
+  static constexpr int kStageElems = kSwizzled ? kTileKeys * kDim : kTileKeys * kPitch;
+
+  const IndexerParams& p;
+  int64_t b0;
+  int nb;
+  const int32_t* vis_s;
+  Divider div;
+  int n_local;
+  __nv_bfloat16* k_s;
+  TileCursor load;  // the next tile to copy
+  int32_t pages[kPagesPerTile<kWholePages>];
+
+  // Prologue: page ids of the first kStages - 1 tiles in one round trip, then their copies (one
+  // commit group per stage, empty past n_local).
+  __device__ __forceinline__ KeyPipeline(const IndexerParams& params, int64_t first_b, int n_b,
+                                         const int32_t* visible_s, Divider divider,
+                                         TileCursor start, int n, __nv_bfloat16* stages)
+      : p(params),
+        b0(first_b),
+        nb(n_b),
+        vis_s(visible_s),
+        div(divider),
+        n_local(n),
+        k_s(stages),
+        load(start) {
+    TileCursor ahead_tiles[kStages - 1];
+    int32_t ahead_pages[kStages - 1][kPagesPerTile<kWholePages>];
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    ahead_tiles[s] = load;
-    if (s < n_local) {
-      LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, ahead_pages[s]);
-      Advance(load, vis_s, nb);
+    for (int s = 0; s < kStages - 1; ++s) {
+      ahead_tiles[s] = load;
+      if (s < n_local) {
+        LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, ahead_pages[s]);
+        Advance(load, vis_s, nb);
+      }
     }
-  }
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_local) {
-      const TileCursor c = ahead_tiles[s];
-      LoadKeyTile<kWholePages>(p, c, vis_s[c.b], div, ahead_pages[s], k_s + s * kTileKeys * kPitch);
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_local) {
+        const TileCursor c = ahead_tiles[s];
+        LoadKeyTile<kWholePages, kSwizzled>(p, c, vis_s[c.b], div, ahead_pages[s],
+                                            k_s + s * kStageElems);
+      }
+      CopyAsyncCommit();
+    }
+    if (kStages - 1 < n_local)
+      LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, pages);
+  }
+
+  // At tile it, once every thread is done with tile it - 1: copies tile it + kStages - 1 into that
+  // stage (one commit group, empty past n_local) and looks up the pages of the tile after it.
+  __device__ __forceinline__ void IssueAhead(int it) {
+    const int ahead = it + kStages - 1;
+    if (ahead < n_local) {
+      LoadKeyTile<kWholePages, kSwizzled>(p, load, vis_s[load.b], div, pages,
+                                          k_s + (ahead % kStages) * kStageElems);
+      Advance(load, vis_s, nb);
+      if (ahead + 1 < n_local) {
+        LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, pages);
+      }
     }
     CopyAsyncCommit();
   }
-  int32_t pages[kPagesPerTile<kWholePages>];
-  if (kStages - 1 < n_local) {
-    LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, pages);
-  }
+};
+
+// The launch covers requests [b0, b0 + nb). Its key tiles, request by request, are split into
+// gridDim.x equal contiguous ranges, one per block, whatever the lengths: a block streams its
+// range through a kStages-deep cp.async pipeline and reloads the queries when the range enters
+// the next request.
+template <bool kWholePages>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    IndexerScoresKernel(IndexerParams p, int64_t b0, int nb, Divider div, float* scores,
+                        int32_t* visible_out) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* const k_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kStages][kTileKeys][kPitch]
+  // first_s[b]: the launch's tiles before request b (first_s[nb]: all of them); vis_s[b]: its
+  // visible keys.
+  auto* const first_s = reinterpret_cast<int64_t*>(smem_raw + kStages * kStageBytes);
+  auto* const vis_s = reinterpret_cast<int32_t*>(first_s + nb + 1);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  TileCursor start;
+  const int n_local = BlockRange(p, b0, nb, first_s, vis_s, visible_out, start);
+  if (n_local == 0) return;
+
+  KeyPipeline<kWholePages, false> pipeline(p, b0, nb, vis_s, div, start, n_local, k_s);
 
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -267,16 +338,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
     CopyAsyncWait<kStages - 2>();
     __syncthreads();  // tile it is visible; every warp is done with tile it - 1
-    const int ahead = it + kStages - 1;
-    if (ahead < n_local) {
-      LoadKeyTile<kWholePages>(p, load, vis_s[load.b], div, pages,
-                               k_s + (ahead % kStages) * kTileKeys * kPitch);
-      Advance(load, vis_s, nb);
-      if (ahead + 1 < n_local) {
-        LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, pages);
-      }
-    }
-    CopyAsyncCommit();
+    pipeline.IssueAhead(it);
 
     const __nv_bfloat16* keys =
         k_s + ((it % kStages) * kTileKeys + warp * 16 + (lane & 15)) * kPitch + (lane >> 4) * 8;
@@ -308,6 +370,153 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
+// The warpgroup-MMA variant (IndexerScoresVariant::kWgmma): same work split, tile order and copy
+// pipeline; the queries of the current request sit in shared memory (16 KB, the wgmma layout of
+// LoadKeyTile<.., true>) and each 64-key tile is one m64n64k16 chain of 8 wgmma (heads x keys,
+// fp32), so the tensor cores read each staged key once per block, not once per 8-head group.
+// Shared memory: 1024-byte-aligned queries, then kStages key tiles, then the cross-warp sums
+// [4][64] fp32, then the request table of BlockRange.
+constexpr int kWgQueryBytes = kHeads * kDim * 2;    // 16 KB: two 8 KB swizzle regions
+constexpr int kWgTileBytes = kTileKeys * kDim * 2;  // 16 KB
+constexpr int kWgRegionBytes = kTileKeys * 128;     // 64 rows x 128 bytes
+constexpr int kWgSumOffset = kWgQueryBytes + kStages * kWgTileBytes;
+constexpr int kWgTableOffset = kWgSumOffset + 4 * kTileKeys * 4;
+static_assert(kHeads == 64 && kTileKeys == 64 && kDim == 128, "the wgmma shapes assume these");
+static_assert(kWgRegionBytes == kHeads * 128, "queries and keys share the region size");
+
+// d[64 heads x 64 keys] (+)= A[64 x 16] * B[16 x 64]ᵀ, both bf16 K-major in shared memory.
+__device__ __forceinline__ void WgmmaScores(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                            int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// Request b's queries into q_s (the swizzled layout) by plain loads, and this thread's two head
+// weights (heads 16 warp + g and + 8: the accumulator rows it holds). Call only while no wgmma
+// reads q_s; the writes reach wgmma after FenceProxyAsync and a block barrier.
+__device__ __forceinline__ void StageQuery(const IndexerParams& p, int64_t b, unsigned char* q_s,
+                                           float (&w)[2]) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const __nv_bfloat16* q = p.q + b * kHeads * kDim;
+#pragma unroll
+  for (int i = 0; i < kHeads * kChunksPerRow / kThreads; ++i) {
+    const int index = i * kThreads + tid;
+    const int head = index / kChunksPerRow;
+    const int unit = index % kChunksPerRow;
+    const uint4 v = *reinterpret_cast<const uint4*>(q + head * kDim + unit * 8);
+    *reinterpret_cast<uint4*>(q_s + (unit >> 3) * kWgRegionBytes + head * 128 +
+                              (((unit & 7) ^ (head & 7)) << 4)) = v;
+  }
+  const int head0 = 16 * (tid >> 5) + ((tid & 31) >> 2);
+  w[0] = p.weights[b * kHeads + head0];
+  w[1] = p.weights[b * kHeads + head0 + 8];
+}
+
+// One step of the warp's reduce-scatter over lanes differing in bit MASK: of v[0 .. 2 HALF) a lane
+// keeps one half (the upper one when its MASK bit is set) plus its partner's copy of that half, in
+// v[0 .. HALF).
+template <int MASK, int HALF>
+__device__ __forceinline__ void ReduceScatterStep(float (&v)[16], int lane) {
+  const bool upper = (lane & MASK) != 0;
+#pragma unroll
+  for (int i = 0; i < HALF; ++i) {
+    const float keep = upper ? v[i + HALF] : v[i];
+    const float send = upper ? v[i] : v[i + HALF];
+    v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, MASK);
+  }
+}
+
+template <bool kWholePages>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    IndexerScoresWgmmaKernel(IndexerParams p, int64_t b0, int nb, Divider div, float* scores,
+                             int32_t* visible_out) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw_address = hopper::SharedAddress(smem_raw);
+  unsigned char* const smem = smem_raw + (((raw_address + 1023) & ~1023u) - raw_address);
+  unsigned char* const q_s = smem;
+  auto* const k_s = reinterpret_cast<__nv_bfloat16*>(smem + kWgQueryBytes);
+  auto* const sum_s = reinterpret_cast<float*>(smem + kWgSumOffset);  // [4 warps][64 keys]
+  auto* const first_s = reinterpret_cast<int64_t*>(smem + kWgTableOffset);
+  auto* const vis_s = reinterpret_cast<int32_t*>(first_s + nb + 1);
+  const uint32_t q_address = hopper::SharedAddress(q_s);
+  const uint32_t k_address = hopper::SharedAddress(k_s);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  TileCursor start;
+  const int n_local = BlockRange(p, b0, nb, first_s, vis_s, visible_out, start);
+  if (n_local == 0) return;
+
+  KeyPipeline<kWholePages, true> pipeline(p, b0, nb, vis_s, div, start, n_local, k_s);
+
+  // After the xor-16/8/4 reduce-scatter below, this lane holds the sums of keys 8 g + 2 t and
+  // + 1 (lane bit 4, 3, 2 = g's bit 2, 1, 0 picks the half kept at each step).
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  float w[2] = {};
+  int query_b = -1;
+  TileCursor tile = start;
+  for (int it = 0; it < n_local; ++it) {
+    if (tile.b != query_b) {  // every thread: the block's tile order is uniform
+      query_b = tile.b;
+      StageQuery(p, b0 + query_b, q_s, w);
+    }
+    CopyAsyncWait<kStages - 2>();
+    hopper::FenceProxyAsync();  // this thread's key copies and query stores, before wgmma reads
+    __syncthreads();            // tile it and the queries are visible; tile it - 1 is done
+    pipeline.IssueAhead(it);
+
+    const uint32_t tile_address = k_address + (it % kStages) * kWgTileBytes;
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    hopper::FenceRegisters(acc);
+    hopper::WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      const uint32_t offset = (ks / 4) * kWgRegionBytes + (ks % 4) * 32;
+      WgmmaScores(acc, hopper::SmemDescriptor(q_address + offset, 16, 1024),
+                  hopper::SmemDescriptor(tile_address + offset, 16, 1024), ks > 0);
+    }
+    hopper::WgmmaCommit();
+    hopper::WgmmaWait<0>();
+    hopper::FenceRegisters(acc);
+
+    // v[2 j + e]: this thread's two heads, weighted, at key 8 j + 2 t + e.
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[2 * j] = fmaxf(acc[4 * j], 0.0f) * w[0] + fmaxf(acc[4 * j + 2], 0.0f) * w[1];
+      v[2 * j + 1] = fmaxf(acc[4 * j + 1], 0.0f) * w[0] + fmaxf(acc[4 * j + 3], 0.0f) * w[1];
+    }
+    // Sum over the warp's 16 heads (lanes differing in g): at each step a lane keeps half its
+    // values and adds its partner's copy of them.
+    ReduceScatterStep<16, 8>(v, lane);
+    ReduceScatterStep<8, 4>(v, lane);
+    ReduceScatterStep<4, 2>(v, lane);
+    *reinterpret_cast<float2*>(sum_s + warp * kTileKeys + 8 * g + 2 * t) = make_float2(v[0], v[1]);
+    __syncthreads();
+    if (tid < kTileKeys) {
+      const int key = tile.tile * kTileKeys + tid;
+      if (key < vis_s[tile.b]) {
+        const float score = ((sum_s[tid] + sum_s[kTileKeys + tid]) +
+                             (sum_s[2 * kTileKeys + tid] + sum_s[3 * kTileKeys + tid]));
+        scores[(b0 + tile.b) * p.max_keys + key] = score * p.softmax_scale;
+      }
+    }
+    Advance(tile, vis_s, nb);
+  }
+}
+
 int SmCount() {
   static const int count = [] {
     int device = 0;
@@ -324,6 +533,14 @@ int SmCount() {
 size_t SmemBytes(int64_t nb) {
   return kStages * kStageBytes + sizeof(int64_t) * (nb + 1) + sizeof(int32_t) * nb;
 }
+
+// + 1024: slack to align the wgmma operands.
+size_t WgmmaSmemBytes(int64_t nb) {
+  return 1024 + kWgTableOffset + sizeof(int64_t) * (nb + 1) + sizeof(int32_t) * nb;
+}
+static_assert(kBlocksPerSm * (1024 + kWgTableOffset + 12 * (kMaxBatchPerLaunch + 1) + 1024) <=
+                  228 * 1024,
+              "kBlocksPerSm wgmma blocks fit one multiprocessor");
 
 }  // namespace
 
@@ -346,25 +563,40 @@ cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visib
   PDSERVE_LAUNCH_REQUIRE(kLauncher, scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, visible != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_table_stride * p.page_size >= p.max_keys);
+  const bool wgmma = p.scores_variant == IndexerScoresVariant::kWgmma;
+  if (wgmma) {
+    // The wgmma kernel stages the queries with 16-byte loads.
+    PDSERVE_LAUNCH_REQUIRE(kLauncher, reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
+  }
   static const cudaError_t attribute_status = [] {
     const int bytes = static_cast<int>(SmemBytes(kMaxBatchPerLaunch));
-    const cudaError_t whole = cudaFuncSetAttribute(
-        IndexerScoresKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (whole != cudaSuccess) return whole;
-    return cudaFuncSetAttribute(IndexerScoresKernel<false>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const int wgmma_bytes = static_cast<int>(WgmmaSmemBytes(kMaxBatchPerLaunch));
+    using Kernel = void (*)(IndexerParams, int64_t, int, Divider, float*, int32_t*);
+    const std::pair<Kernel, int> kernels[] = {{IndexerScoresKernel<true>, bytes},
+                                              {IndexerScoresKernel<false>, bytes},
+                                              {IndexerScoresWgmmaKernel<true>, wgmma_bytes},
+                                              {IndexerScoresWgmmaKernel<false>, wgmma_bytes}};
+    for (const auto& [kernel, size] : kernels) {
+      const cudaError_t status =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, size);
+      if (status != cudaSuccess) return status;
+    }
+    return cudaSuccess;
   }();
   if (attribute_status != cudaSuccess) return attribute_status;
   const Divider div = MakeDivider(p.page_size);
+  const bool whole_pages = p.page_size % kTileKeys == 0;
   const auto kernel =
-      p.page_size % kTileKeys == 0 ? IndexerScoresKernel<true> : IndexerScoresKernel<false>;
+      wgmma ? (whole_pages ? IndexerScoresWgmmaKernel<true> : IndexerScoresWgmmaKernel<false>)
+            : (whole_pages ? IndexerScoresKernel<true> : IndexerScoresKernel<false>);
   // Fixed grid per launch: kBlocksPerSm blocks per SM (one wave), never more than the tiles of the
   // longest possible requests; each block takes an equal share of the tiles that are visible.
   const int64_t max_tiles = std::max<int64_t>(1, (p.max_keys + kTileKeys - 1) / kTileKeys);
   for (int64_t b0 = 0; b0 < p.batch; b0 += kMaxBatchPerLaunch) {
     const int64_t nb = std::min(kMaxBatchPerLaunch, p.batch - b0);
     const int64_t blocks = std::min<int64_t>(nb * max_tiles, int64_t{kBlocksPerSm} * SmCount());
-    kernel<<<static_cast<unsigned>(blocks), kThreads, SmemBytes(nb), stream>>>(
+    const size_t smem_bytes = wgmma ? WgmmaSmemBytes(nb) : SmemBytes(nb);
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem_bytes, stream>>>(
         p, b0, static_cast<int>(nb), div, scores, visible);
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;

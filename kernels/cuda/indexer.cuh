@@ -37,6 +37,13 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kIndexHeads = 64;
 inline constexpr int64_t kIndexHeadDim = 128;
 
+// Which kernel computes the scores (same contract, same results up to fp32 summation order):
+// kMmaSync (the default) holds the queries in registers as mma.sync B fragments; kWgmma (sm_90a)
+// stages the queries in shared memory once per request and runs Hopper's warpgroup MMA with the
+// 64 heads as M and a 64-key tile as N (issue 30; chosen by measurement, bench/cuda rows
+// `indexer_scores_wgmma` / `indexer_wgmma`).
+enum class IndexerScoresVariant { kMmaSync, kWgmma };
+
 struct IndexerParams {
   const __nv_bfloat16* q = nullptr;
   const float* weights = nullptr;
@@ -50,6 +57,7 @@ struct IndexerParams {
   int64_t batch = 0;
   int64_t max_keys = 0;  // capacity bound: visible[b] is clamped to it; scores' row stride
   float softmax_scale = 1.0f;
+  IndexerScoresVariant scores_variant = IndexerScoresVariant::kMmaSync;
 };
 
 // Writes scores[b, 0 .. visible[b]) (fp32, row stride max_keys; entries past visible[b] are left

@@ -152,9 +152,19 @@ struct DeviceCase {
   IndexerParams params;
 };
 
-void RunAndCheck(const IndexerCase& c, int64_t topk) {
+// Every scores kernel runs every case.
+constexpr IndexerScoresVariant kVariants[] = {IndexerScoresVariant::kMmaSync,
+                                              IndexerScoresVariant::kWgmma};
+
+const char* VariantName(IndexerScoresVariant v) {
+  return v == IndexerScoresVariant::kWgmma ? "wgmma" : "mma.sync";
+}
+
+void RunAndCheckVariant(const IndexerCase& c, int64_t topk, IndexerScoresVariant variant) {
+  SCOPED_TRACE(VariantName(variant));
   const int64_t batch = static_cast<int64_t>(c.n_keys.size());
   DeviceCase d(c, topk);
+  d.params.scores_variant = variant;
   const float scale = d.params.softmax_scale;
   PDSERVE_CUDA_OK(d.Launch(topk, nullptr));
   PDSERVE_CUDA_OK(cudaDeviceSynchronize());
@@ -210,6 +220,10 @@ void RunAndCheck(const IndexerCase& c, int64_t topk) {
     }
     EXPECT_NEAR(got_sum, want_sum, 1e-4 * magnitude + 1e-12) << "request " << b;
   }
+}
+
+void RunAndCheck(const IndexerCase& c, int64_t topk) {
+  for (const IndexerScoresVariant variant : kVariants) RunAndCheckVariant(c, topk, variant);
 }
 
 TEST(CudaIndexerTest, MixedLengthsMatchReference) {
@@ -285,31 +299,35 @@ TEST(CudaIndexerTest, GraphReplayFollowsLengthsInDeviceMemory) {
   auto rng = FreshRng();
   const int64_t topk = 64;
   const IndexerCase c = MakeCase(rng, {900, 300, 0}, {4 * 900, 4 * 300, 0}, 64, 0.0);
-  DeviceCase d(c, topk);
-  cudaStream_t stream = nullptr;
-  PDSERVE_CUDA_OK(cudaStreamCreate(&stream));
-  PDSERVE_CUDA_OK(d.Launch(topk, stream));  // first launch outside capture sets attributes
-  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
-  const std::vector<int32_t> before = d.picks.Download();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  PDSERVE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  PDSERVE_CUDA_OK(d.Launch(topk, stream));
-  PDSERVE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  PDSERVE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const IndexerScoresVariant variant : kVariants) {
+    SCOPED_TRACE(VariantName(variant));
+    DeviceCase d(c, topk);
+    d.params.scores_variant = variant;
+    cudaStream_t stream = nullptr;
+    PDSERVE_CUDA_OK(cudaStreamCreate(&stream));
+    PDSERVE_CUDA_OK(d.Launch(topk, stream));  // first launch outside capture sets attributes
+    PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+    const std::vector<int32_t> before = d.picks.Download();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    PDSERVE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    PDSERVE_CUDA_OK(d.Launch(topk, stream));
+    PDSERVE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    PDSERVE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
-  d.n_keys.Upload({40, 250, 0});
-  PDSERVE_CUDA_OK(cudaGraphLaunch(exec, stream));
-  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
-  const std::vector<int32_t> replayed = d.picks.Download();
-  PDSERVE_CUDA_OK(d.Launch(topk, stream));
-  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
-  EXPECT_EQ(replayed, d.picks.Download());
-  EXPECT_NE(replayed, before);
-  EXPECT_EQ(d.visible.Download(), (std::vector<int32_t>{40, 250, 0}));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+    d.n_keys.Upload({40, 250, 0});
+    PDSERVE_CUDA_OK(cudaGraphLaunch(exec, stream));
+    PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+    const std::vector<int32_t> replayed = d.picks.Download();
+    PDSERVE_CUDA_OK(d.Launch(topk, stream));
+    PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(replayed, d.picks.Download());
+    EXPECT_NE(replayed, before);
+    EXPECT_EQ(d.visible.Download(), (std::vector<int32_t>{40, 250, 0}));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 }  // namespace
