@@ -38,10 +38,12 @@ inline constexpr int64_t kIndexHeads = 64;
 inline constexpr int64_t kIndexHeadDim = 128;
 
 // Which kernel computes the scores (same contract, same results up to fp32 summation order):
-// kMmaSync (the default) holds the queries in registers as mma.sync B fragments; kWgmma (sm_90a)
-// stages the queries in shared memory once per request and runs Hopper's warpgroup MMA with the
-// 64 heads as M and a 64-key tile as N (issue 30; chosen by measurement, bench/cuda rows
-// `indexer_scores_wgmma` / `indexer_wgmma`).
+// kWgmma (sm_90a, the default) stages the queries in shared memory once per request and runs
+// Hopper's warpgroup MMA with the 64 heads as M and a 64-key tile as N; kMmaSync holds the
+// queries in registers as mma.sync B fragments. Chosen by measurement (issue 30; H200,
+// 2026-12-04, bench/cuda/results/2026-12-04-graph.md): the whole indexer (scores + top-k) with
+// kWgmma 1.1-1.5x faster at every batch x context measured, e.g. 32 x 32K 39.6 vs 46.9 us, 128 x
+// 128K 296.5 vs 331.8 us (1.27x the read floor).
 enum class IndexerScoresVariant { kMmaSync, kWgmma };
 
 struct IndexerParams {
@@ -57,7 +59,7 @@ struct IndexerParams {
   int64_t batch = 0;
   int64_t max_keys = 0;  // capacity bound: visible[b] is clamped to it; scores' row stride
   float softmax_scale = 1.0f;
-  IndexerScoresVariant scores_variant = IndexerScoresVariant::kMmaSync;
+  IndexerScoresVariant scores_variant = IndexerScoresVariant::kWgmma;
 };
 
 // Writes scores[b, 0 .. visible[b]) (fp32, row stride max_keys; entries past visible[b] are left
