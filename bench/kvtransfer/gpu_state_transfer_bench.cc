@@ -11,8 +11,11 @@
 // then, from t0 = the end of its last layer's compute, does what GpuPrefillEngine::Run does
 // after its forward: runtime::StoreSlotStaged into its bf16 pages, posting each layer as it is
 // stored, commit. The decode process (bf16 pool, TransferReceiver) verifies (t_verified), then
-// does what GpuStepRunner::Place does: PagedState::Load + ImportState into its slot
-// (t_imported). Both clocks are CLOCK_MONOTONIC of one machine.
+// does what GpuStepRunner::Place does: GpuModel::ImportLayers filled by
+// PagedState::LoadLayerRing, straight from the pages into its slot (t_imported). Then, for the
+// record, the previous path (PagedState::Load into a CPU-layout state + ImportState through the
+// same staging: "old import ms"), which must leave the same slot. Both clocks are
+// CLOCK_MONOTONIC of one machine.
 //
 // Columns: bytes on the wire (bf16 pages as sent), transfer ms = t_verified - t0 and its GB/s
 // (1e9 B/s), import ms, end-to-end GB/s = bytes / (t_imported - t0); the floor of the same path's
@@ -21,7 +24,8 @@
 // left after the last layer's compute (t_imported - t0) as a share of TTFT (forward + that);
 // for lengths past --forward-max the forward ms is extrapolated linearly from the longest
 // measured one (marked "est."). "state" says whether the decode slot's exported state equals the
-// prefill slot's bit for bit (xxh3 of every tensor). Medians over --repeats. Markdown on stdout,
+// prefill slot's bit for bit (xxh3 of every tensor), through both import paths. Medians over
+// --repeats. Markdown on stdout,
 // progress on stderr. ucx_perftest over the same transport is run by
 // tools/gpu/run_gpu_transfer_bench.sh next to this.
 #include <cuda_runtime.h>
@@ -298,9 +302,9 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
                                                  [](uint64_t, uint64_t, const absl::Status&) {}));
   std::printf(
       "| prompt tokens | layers | bytes on the wire (bf16) | transfer ms | transfer GB/s | "
-      "import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | "
-      "forward ms | left after compute ms | share of TTFT | state |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
+      "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::fflush(stdout);
   double longest_forward_ms = 0;
   int64_t longest_forward_tokens = 0;
@@ -308,7 +312,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
   for (int64_t length : Lengths(flags)) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
     const runtime::PagedState paged(config, layout, length + 1);
-    std::vector<double> transfer_ms, import_ms, forward_ms;
+    std::vector<double> transfer_ms, import_ms, old_import_ms, forward_ms;
     bool same_state = true;
     uint64_t bytes = 0;
     for (int64_t r = 0; r < flags.repeats; ++r) {
@@ -331,9 +335,13 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       const int64_t verified = NowNs();
       PDSERVE_RETURN_IF_ERROR(outcome.status());
       if (outcome->state != kv::TransferState::kVerified) return outcome->status;
-      engine::ModelState state = gpu->NewState();
-      PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
-      PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
+      // What GpuStepRunner::Place does: straight from the pages into the slot.
+      PDSERVE_RETURN_IF_ERROR(gpu->ImportLayers(
+          0, length, staging.get(),
+          [&](int64_t layer, const engine::RingLayerGeometry& geometry,
+              const engine::MutableRingLayerBlocks& blocks) {
+            return paged.LoadLayerRing(layer, geometry, length, pages.pages, blocks);
+          }));
       const int64_t imported = NowNs();
       const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
       if (fields.size() != 3) return absl::InternalError("bad line from the prefill process");
@@ -343,12 +351,22 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       same_state = same_state && digest == std::stoull(fields[2]);
       transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
       import_ms.push_back(static_cast<double>(imported - verified) / 1e6);
+      // The previous path, for the record: PagedState::Load into a CPU-layout state, then
+      // ImportState through the same staging; it must give the same slot.
+      const int64_t old_started = NowNs();
+      engine::ModelState state = gpu->NewState();
+      PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
+      PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
+      old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
+      PDSERVE_ASSIGN_OR_RETURN(const uint64_t old_digest, StateDigest(*gpu));
+      same_state = same_state && old_digest == digest;
       // The ticket is verified and read: it is forgotten at its lease end; the pages are reused
       // by the next repeat (a new ticket over the same pages, as a benchmark may).
     }
     PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
     const double transfer = Median(transfer_ms);
     const double import = Median(import_ms);
+    const double old_import = Median(old_import_ms);
     const double left = transfer + import;
     const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
     double forward = Median(forward_ms);
@@ -364,12 +382,13 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
     const std::string share =
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
-        "| %lld | %lld | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | "
-        "%s | %s |\n",
+        "| %lld | %lld | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %s | %.2f "
+        "| %s | %s |\n",
         static_cast<long long>(length), static_cast<long long>(flags.layers),
         static_cast<double>(bytes) / 1e6, transfer,
-        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, e2e, floor, 100 * e2e / floor,
-        forward_text.c_str(), left, share.c_str(), same_state ? "equal" : "DIFFERS");
+        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
+        100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
+        same_state ? "equal" : "DIFFERS");
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
   }

@@ -2,7 +2,8 @@
 # Issue 27 on one H200, one device call: bf16 state pages from a CUDA prefill to a CUDA decode.
 #   1. GPU tests of the export path (engine_gpu_tests: the staged export into fp32 and bf16
 #      pages equals the whole-slot export byte for byte; the prefill engine's pages decode to the
-#      CPU prefill's tokens; the staging's layer export and import).
+#      CPU prefill's tokens; the staging's layer export and import; the direct import from bf16
+#      and fp32 pages equals Load + ImportState bit for bit, state and next-token logits).
 #   2. bench/kvtransfer/gpu_state_transfer_bench: CUDA prefill -> CUDA decode of 4K, 32K and 128K
 #      token prompts at V4-Flash attention shapes (8 layers, CSA / HCA alternating), two
 #      processes on the GPU, over UCX with UCX_TLS unset (what run_pd_cuda_e2e.sh's workers use:
@@ -59,10 +60,10 @@ if [[ " $steps " == *" tests "* ]]; then
     chmod +x "$pack/bin/engine_gpu_tests"
     LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:$nccl:${LD_LIBRARY_PATH:-} PDSERVE_SOURCE_DIR=$PWD \
       timeout 300 "$pack/bin/engine_gpu_tests" \
-      --gtest_filter='GpuPrefillTest.*:*GpuStateStagingTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState' \
+      --gtest_filter='GpuPrefillTest.*:*GpuStateStagingTest*:*GpuDirectImportTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState' \
       > "$out/engine_gpu_tests.txt" 2>&1
     rc=$?
-    row "engine GPU tests (prefill, staging, PD import)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
+    row "engine GPU tests (prefill, staging, direct import, PD import)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
       "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
   else
     row "engine GPU tests" "NOT RUN" "no $pack/libs.tar.xz (tools/gpu/pack_engine_tests.sh)"
@@ -147,8 +148,11 @@ fi
 
 echo
 if [ ${#bench_rows[@]} -gt 0 ]; then
-  echo "| UCX_TLS prompt tokens | layers | bytes on the wire (bf16) | transfer ms | transfer GB/s | import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "import ms: GpuModel::ImportLayers straight from the pages (PagedState::LoadLayerRing, what"
+  echo "the decode runner now does); old import ms: PagedState::Load + ImportState, the path of the"
+  echo "2026-12-04 11:46 table (same slot: 'state' covers both). Checksums run off the receiver's lock."
+  echo "| UCX_TLS prompt tokens | layers | bytes on the wire (bf16) | transfer ms | transfer GB/s | import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${bench_rows[@]}"
   echo
 fi
