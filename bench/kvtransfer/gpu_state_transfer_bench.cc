@@ -51,6 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "bench/ep/flash_shapes.h"
 #include "common/clock.h"
 #include "common/status.h"
@@ -347,6 +348,9 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       absl::StatusOr<kv::TransferOutcome> outcome = receiver->Outcome(ticket.ticket_id);
       while (outcome.ok() && outcome->state == kv::TransferState::kReceiving) {
         receiver->Progress();
+        // With several lanes their threads land the pages under the receiver's mutex; polling
+        // it back to back would compete with them for it.
+        if (Lanes(flags) > 1) absl::SleepFor(absl::Microseconds(50));
         outcome = receiver->Outcome(ticket.ticket_id);
       }
       const int64_t verified = NowNs();
