@@ -130,6 +130,20 @@ struct RingLayerBlocks {
   RingCompressorBlocks indexer;
 };
 
+// The same blocks, writable: where a caller builds a layer's device image in host memory (a
+// StateStaging buffer, GpuModel::ImportLayers) straight from state pages.
+struct MutableRingCompressorBlocks {
+  float* ring_kv = nullptr;     // [2m, width]
+  float* ring_gate = nullptr;   // [2m, width]
+  uint16_t* entries = nullptr;  // bf16 bits [entry_capacity, dim]; rows 0 .. position / m - 1 used
+};
+
+struct MutableRingLayerBlocks {
+  uint16_t* window = nullptr;  // bf16 bits [W, hd]
+  MutableRingCompressorBlocks compressor;
+  MutableRingCompressorBlocks indexer;
+};
+
 // Layer state at `position` in the CPU engine's layout from that layer's blocks: exactly the
 // layer StateFromRingImage gives for an image holding the same values (bf16 widened to float
 // exactly, NaN payloads included). REQUIRES: 0 <= position <= geometry's max_context and every

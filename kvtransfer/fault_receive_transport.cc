@@ -63,13 +63,13 @@ std::optional<LandingTarget> FaultInjectingReceiveTransport::OnPageHeader(
   }
   const uint64_t id = kStagedBit | next_staged_++;
   Staged& stored = landing_[id] = std::move(staged);
-  return LandingTarget{stored.bytes, id, 0};
+  return LandingTarget{stored.bytes, id, 0, {}};
 }
 
 void FaultInjectingReceiveTransport::OnPageLanded(uint64_t ticket_id, uint32_t slot,
-                                                  absl::Status status) {
+                                                  absl::Status status, uint64_t finished) {
   if ((ticket_id & kStagedBit) == 0) {
-    sink_->OnPageLanded(ticket_id, slot, std::move(status));
+    sink_->OnPageLanded(ticket_id, slot, std::move(status), finished);
     return;
   }
   auto found = landing_.find(ticket_id);
@@ -113,7 +113,7 @@ void FaultInjectingReceiveTransport::Apply(Staged staged) {
       if (staged.kind != WireKind::kPage) return;
       if (auto target = sink_->OnPageHeader(staged.header, staged.bytes.size())) {
         sink_->OnPageLanded(target->ticket_id, target->slot,
-                            absl::UnavailableError("injected: sender lost mid-page"));
+                            absl::UnavailableError("injected: sender lost mid-page"), 0);
       }
       return;
     case FaultRule::Action::kRewriteHeader:
@@ -131,7 +131,7 @@ void FaultInjectingReceiveTransport::Show(const Staged& staged) {
       sink_->OnPageHeader(staged.header, staged.bytes.size());
   if (!target.has_value()) return;
   std::memcpy(target->destination.data(), staged.bytes.data(), staged.bytes.size());
-  sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus());
+  sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus(), FinishLanding(*target));
 }
 
 }  // namespace pdserve::kv

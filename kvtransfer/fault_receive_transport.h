@@ -21,17 +21,16 @@
 #include <optional>
 #include <vector>
 
+#include "common/clock.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/receive_transport.h"
-#include "common/clock.h"
 
 namespace pdserve::kv {
 
 class FaultInjectingReceiveTransport final : public ReceiveTransport, private PageSink {
  public:
   // `clock` must outlive this object.
-  FaultInjectingReceiveTransport(std::unique_ptr<ReceiveTransport> inner,
-                                 const Clock& clock);
+  FaultInjectingReceiveTransport(std::unique_ptr<ReceiveTransport> inner, const Clock& clock);
 
   void AddRule(FaultRule rule) { rules_.push_back(std::move(rule)); }
   // Messages held back by kDelay rules and not yet shown to the sink.
@@ -66,7 +65,8 @@ class FaultInjectingReceiveTransport final : public ReceiveTransport, private Pa
   // PageSink of the inner transport.
   std::optional<LandingTarget> OnPageHeader(std::span<const std::byte> header,
                                             size_t length) override;
-  void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) override;
+  void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status,
+                    uint64_t finished) override;
   void OnControl(std::span<const std::byte> bytes) override;
 
   const FaultRule* Match(WireKind kind, std::optional<uint64_t> ticket_id,

@@ -242,7 +242,7 @@ void LoopbackNetwork::ReceiveEnd::Deliver(State::Message& message) {
     return;
   }
   std::memcpy(target->destination.data(), message.eager_payload.data(), length);
-  sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus());
+  sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus(), FinishLanding(*target));
 }
 
 void LoopbackNetwork::ReceiveEnd::FinishLandings() {
@@ -263,7 +263,8 @@ void LoopbackNetwork::ReceiveEnd::FinishLandings() {
         result = absl::OkStatus();
       }
     }
-    sink_->OnPageLanded(landing.target.ticket_id, landing.target.slot, std::move(status));
+    const uint64_t finished = status.ok() ? FinishLanding(landing.target) : 0;
+    sink_->OnPageLanded(landing.target.ticket_id, landing.target.slot, std::move(status), finished);
   }
 }
 

@@ -29,7 +29,19 @@ struct LandingTarget {
   std::span<std::byte> destination;
   uint64_t ticket_id = 0;
   uint32_t slot = 0;
+  // The sink's work on the landed bytes that needs none of its state (TransferReceiver: the
+  // payload's xxh3-64 and, when it matches and the page arrived in another element type, the
+  // conversion into the destination). It touches only memory of this landing, which the sink
+  // keeps alive and unshared until OnPageLanded. Empty: nothing to do. Run through FinishLanding.
+  std::function<uint64_t()> finish;
 };
+
+// Runs `target.finish` (0 when empty): a transport calls it once a payload landed intact and
+// before OnPageLanded, on the landing thread; a transport with lane threads calls it without the
+// sink mutex, so lanes checksum in parallel. Its result goes to OnPageLanded as `finished`.
+inline uint64_t FinishLanding(const LandingTarget& target) {
+  return target.finish ? target.finish() : 0;
+}
 
 class PageSink {
  public:
@@ -39,10 +51,12 @@ class PageSink {
   // a sender whose page was refused before landing sees its send complete with Cancelled.
   virtual std::optional<LandingTarget> OnPageHeader(std::span<const std::byte> header,
                                                     size_t length) = 0;
-  // The payload of an accepted page landed in its target (`status` OK) or could not (the sender
-  // vanished mid-page; the target's bytes are then unspecified). Called exactly once per accepted
-  // page, possibly inside the OnPageHeader's Progress() call or a later one.
-  virtual void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) = 0;
+  // The payload of an accepted page landed in its target (`status` OK; `finished` is what
+  // FinishLanding returned for it) or could not (the sender vanished mid-page; the target's bytes
+  // are then unspecified, `finished` 0 and meaningless). Called exactly once per accepted page,
+  // possibly inside the OnPageHeader's Progress() call or a later one.
+  virtual void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status,
+                            uint64_t finished) = 0;
   // A control message (commit, heartbeat, fence): its encoded bytes.
   virtual void OnControl(std::span<const std::byte> bytes) = 0;
 };

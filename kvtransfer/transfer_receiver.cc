@@ -292,26 +292,40 @@ std::optional<LandingTarget> TransferReceiver::OnPageHeader(std::span<const std:
   if (entry->first_page_at == absl::InfinitePast()) entry->first_page_at = clock_.Now();
   entry->wire_elements[header.slot] = header.element;
   ++entry->landings_in_flight;
-  std::span<std::byte> target = entry->destinations[header.slot];
-  if (header.element != entry->ticket.pages[header.slot].element) {
+  const std::span<std::byte> destination = entry->destinations[header.slot];
+  const serving::ElementType element = entry->ticket.pages[header.slot].element;
+  std::span<std::byte> target = destination;
+  if (header.element != element) {
     std::vector<std::byte>& buffer = entry->converting[header.slot];
     buffer.resize(length);
     target = buffer;
   }
-  return LandingTarget{target, entry->ticket.ticket_id, header.slot};
+  // Runs on the landing thread, outside mu_ when lanes deliver on threads: it reads only the
+  // landed bytes and writes only this slot's destination (both the slot's alone until
+  // OnPageLanded), so it captures them by value and never touches the entry.
+  auto finish = [target, destination, wire = header.element, element,
+                 expected = header.payload_xxh3]() -> uint64_t {
+    const uint64_t actual = PayloadChecksum(target);
+    // A page in another element type reaches its destination only converted, and only once its
+    // checksum (over the bytes sent) matched.
+    if (wire != element && actual == expected) {
+      serving::ConvertElements(target, wire, destination, element);
+    }
+    return actual;
+  };
+  return LandingTarget{target, entry->ticket.ticket_id, header.slot, std::move(finish)};
 }
 
-void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) {
+void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status,
+                                    uint64_t finished) {
   mu_.AssertHeld();
   auto found = entries_.find(ticket_id);
   if (found == entries_.end()) return;  // Unreachable: entries with landings are never erased.
   Entry& entry = *found->second;
   --entry.landings_in_flight;
-  // A page in another element type landed in its conversion buffer; it reaches the destination
-  // only converted, and only once its checksum (over the bytes sent) matched.
-  std::vector<std::byte> converting = std::move(entry.converting[slot]);
+  // The landing's finish (OnPageHeader) already checksummed the bytes and converted a page that
+  // arrived in another element type; its conversion buffer is no longer needed.
   entry.converting[slot] = {};
-  const bool convert = entry.wire_elements[slot] != entry.ticket.pages[slot].element;
   if (!status.ok()) {
     // The sender vanished mid-page; the page stays empty and the lease decides.
     entry.slots[slot] = Entry::Slot::kEmpty;
@@ -320,15 +334,11 @@ void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Sta
   entry.slots[slot] = Entry::Slot::kLanded;
   ++entry.landed;
   ++stats_.pages_landed;
-  const std::span<const std::byte> landed =
-      convert ? std::span<const std::byte>(converting) : entry.destinations[slot];
-  stats_.bytes_landed += landed.size();
+  const absl::StatusOr<uint64_t> wire_bytes =
+      WireBytes(entry.ticket.pages[slot], entry.wire_elements[slot]);
+  stats_.bytes_landed += wire_bytes.ok() ? *wire_bytes : entry.destinations[slot].size();
   if (entry.state != TransferState::kReceiving) return;
-  const uint64_t actual = PayloadChecksum(landed);
-  if (convert && actual == entry.header_checksums[slot]) {
-    serving::ConvertElements(landed, entry.wire_elements[slot], entry.destinations[slot],
-                             entry.ticket.pages[slot].element);
-  }
+  const uint64_t actual = finished;
   if (actual != entry.header_checksums[slot]) {
     const PageDescriptor& page = entry.ticket.pages[slot];
     FailEntry(entry,

@@ -20,8 +20,10 @@
 //
 // Thread-safety: every public method may be called from any thread; one mutex serializes them
 // with the transport (whose sink callbacks run inside Progress(), or on its lane threads under
-// the same mutex: ReceiveTransport::SetSinkMutex). `on_release` and `on_outcome`
-// run with that mutex held and must not call back into the receiver.
+// the same mutex: ReceiveTransport::SetSinkMutex). A landed page's checksum (and its element
+// conversion) runs outside that mutex on a lane thread (LandingTarget::finish), so lanes verify
+// in parallel; only the comparison with the header and the bookkeeping take the mutex.
+// `on_release` and `on_outcome` run with that mutex held and must not call back into the receiver.
 #pragma once
 
 #include <cstddef>
@@ -112,8 +114,7 @@ class TransferReceiver final : private PageSink {
   // A receiver over `transport` (sink set here). `clock` must outlive the receiver;
   // `on_outcome` may be empty. kvtransfer/ucx/ucx_receive_transport.h: CreateUcxReceiver.
   TransferReceiver(std::unique_ptr<ReceiveTransport> transport, ReceiverOptions options,
-                   const Clock& clock, ReleaseFn on_release,
-                   OutcomeFn on_outcome = nullptr);
+                   const Clock& clock, ReleaseFn on_release, OutcomeFn on_outcome = nullptr);
   // Waits (at most 2 s) for receives in flight, then stops the transport's lane threads. Not
   // analysed: it drops the mutex between rounds and must not hold it while the threads stop.
   ~TransferReceiver() override ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -161,7 +162,8 @@ class TransferReceiver final : private PageSink {
   // PageSink: run inside transport_->Progress(), with mu_ held.
   std::optional<LandingTarget> OnPageHeader(std::span<const std::byte> header,
                                             size_t length) override;
-  void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status) override;
+  void OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Status status,
+                    uint64_t finished) override;
   void OnControl(std::span<const std::byte> bytes) override;
 
   // The header checks of docs/protocol.md "Verification" for a page of a receiving entry; the

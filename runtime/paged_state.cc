@@ -46,6 +46,15 @@ void PagedState::RowRef::Get(int64_t at, int64_t n, float* to) const {
   serving::LoadElements(data + at * serving::ElementBytes(type), type, n, to);
 }
 
+void PagedState::RowRef::GetBf16(int64_t at, int64_t n, uint16_t* to) const {
+  if (type == serving::ElementType::kBfloat16) {
+    std::memcpy(to, data + at * 2, static_cast<size_t>(n) * sizeof(uint16_t));
+    return;
+  }
+  const float* from = reinterpret_cast<const float*>(data) + at;
+  for (int64_t i = 0; i < n; ++i) to[i] = serving::FloatToBf16(from[i]);
+}
+
 absl::StatusOr<serving::StateLayout> LayoutForModel(const engine::ModelConfig& config,
                                                     int64_t entries_per_page,
                                                     serving::ElementType element) {
@@ -337,6 +346,77 @@ absl::Status PagedState::Load(int64_t position, const SequencePages& pages,
     }
   }
   state->position = position;
+  return absl::OkStatus();
+}
+
+absl::Status PagedState::LoadLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
+                                       int64_t position, const SequencePages& pages,
+                                       const engine::MutableRingLayerBlocks& blocks) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || position < 0 ||
+      position > total_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " at position ", position,
+                                                   " is outside the model or [0, ", total_tokens_,
+                                                   "]"));
+  }
+  const int64_t p = position;
+  const int64_t hd = config_.head_dim;
+  const int64_t ihd = config_.index_head_dim;
+  for (int64_t q = p - std::min(p, std::max<int64_t>(g.window - 1, 0)); q < p; ++q) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, q)));
+    row.GetBf16(0, hd, blocks.window + q % g.window * hd);
+  }
+  const LayerInfo& info = layers_[static_cast<size_t>(layer)];
+  if (info.type == LayerType::kSlidingAttention) return absl::OkStatus();
+  const bool csa = info.type == LayerType::kCompressedSparseAttention;
+  const int64_t rate = config_.CompressRate(info.type);
+  for (int64_t e = 0; e < p / rate; ++e) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kCompressed,
+                                 layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
+    row.GetBf16(0, hd, blocks.compressor.entries + e * hd);
+  }
+  // The ring row of position q is q % 2m (StoreLayerRing's mapping, read back).
+  const int64_t open_first = p / rate * rate;
+  auto ring = [](float* block, const engine::RingCompressorGeometry& c, int64_t q) {
+    return block + q % (2 * c.rate) * c.width();
+  };
+  const engine::RingCompressorGeometry& cg = g.compressor;
+  if (!csa) {
+    for (int64_t q = open_first; q < p; ++q) {
+      PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                               Row(pages, StateKind::kHcaCompressor, {info.nth, q % rate}));
+      row.Get(0, hd, ring(blocks.compressor.ring_kv, cg, q));
+      row.Get(hd, hd, ring(blocks.compressor.ring_gate, cg, q));
+    }
+    return absl::OkStatus();
+  }
+  const engine::RingCompressorGeometry& ig = g.indexer;
+  for (int64_t e = 0; e < p / rate; ++e) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kIndexer,
+                                             layout_.IndexerSlot(info.nth, e, total_tokens_)));
+    row.GetBf16(0, ihd, blocks.indexer.entries + e * ihd);
+  }
+  for (int64_t q = open_first; q < p; ++q) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, q % rate}));
+    row.Get(0, 2 * hd, ring(blocks.compressor.ring_kv, cg, q));
+    row.Get(2 * hd, 2 * hd, ring(blocks.compressor.ring_gate, cg, q));
+    PDSERVE_ASSIGN_OR_RETURN(row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, rate + q % rate}));
+    row.Get(0, 2 * ihd, ring(blocks.indexer.ring_kv, ig, q));
+    row.Get(2 * ihd, 2 * ihd, ring(blocks.indexer.ring_gate, ig, q));
+  }
+  if (!cg.overlapping || p < rate) return absl::OkStatus();
+  for (int64_t r = 0; r < rate; ++r) {
+    const int64_t q = open_first - rate + r;
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
+                             Row(pages, StateKind::kCsaCompressor, {info.nth, 2 * rate + r}));
+    row.Get(0, hd, ring(blocks.compressor.ring_kv, cg, q));
+    row.Get(hd, hd, ring(blocks.compressor.ring_gate, cg, q));
+    row.Get(2 * hd, ihd, ring(blocks.indexer.ring_kv, ig, q));
+    row.Get(2 * hd + ihd, ihd, ring(blocks.indexer.ring_gate, ig, q));
+  }
   return absl::OkStatus();
 }
 

@@ -74,6 +74,9 @@ class PagedState {
     void Get(int64_t at, int64_t n, float* to) const;
     // Writes n bf16 values (bit patterns) at element offset `at` (widened for an fp32 row).
     void PutBf16(int64_t at, const uint16_t* from, int64_t n) const;
+    // Reads n elements from element offset `at` as bf16 bit patterns into `to` (copied from a
+    // bf16 row, rounded to nearest even from an fp32 row).
+    void GetBf16(int64_t at, int64_t n, uint16_t* to) const;
   };
 
   // `config` and `layout` (from LayoutForModel(config)) must outlive this object. `total_tokens` is
@@ -108,6 +111,20 @@ class PagedState {
   // Rebuilds the state after `position` tokens into `state`, which must be a fresh
   // Model::NewState() (its tensors give the column counts). Errors as Store.
   absl::Status Load(int64_t position, const SequencePages& pages, engine::ModelState* state) const;
+
+  // The inverse of StoreLayerRing: layer `layer`'s state after `position` tokens from the pages
+  // into `blocks` (the CUDA engine's layer layout for `geometry`, this model's layer: bf16 window
+  // ring and entries, fp32 compressor rings; normally a pinned buffer that
+  // engine::gpu::GpuModel::ImportLayers hands out), with no CPU-layout state in between. Writes
+  // exactly the rows the next forward reads: window rows of the last min(p, W - 1) positions
+  // (bf16 rows copied as they are, fp32 rows rounded to nearest even: a CPU prefill's pages), the
+  // rings' open-window rows and, for an overlapping compressor at p >= m, columns [0, dim) of
+  // the previous window's rows, and entry rows 0 .. p / m - 1; every other value is left as it
+  // was. On those rows it equals engine::LayerRingImage of Load's layer (window and entries
+  // rounded to bf16). REQUIRES: the blocks hold `geometry`'s sizes. Errors as StoreLayerRing.
+  absl::Status LoadLayerRing(int64_t layer, const engine::RingLayerGeometry& geometry,
+                             int64_t position, const SequencePages& pages,
+                             const engine::MutableRingLayerBlocks& blocks) const;
 
  private:
   struct LayerInfo {

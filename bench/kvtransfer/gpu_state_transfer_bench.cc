@@ -11,17 +11,24 @@
 // then, from t0 = the end of its last layer's compute, does what GpuPrefillEngine::Run does
 // after its forward: runtime::StoreSlotStaged into its bf16 pages, posting each layer as it is
 // stored, commit. The decode process (bf16 pool, TransferReceiver) verifies (t_verified), then
-// does what GpuStepRunner::Place does: PagedState::Load + ImportState into its slot
-// (t_imported). Both clocks are CLOCK_MONOTONIC of one machine.
+// does what GpuStepRunner::Place does: GpuModel::ImportLayers filled by
+// PagedState::LoadLayerRing, straight from the pages into its slot (t_imported). Then, for the
+// record, the previous path (PagedState::Load into a CPU-layout state + ImportState through the
+// same staging: "old import ms"), which must leave the same slot. Both clocks are
+// CLOCK_MONOTONIC of one machine.
 //
-// Columns: bytes on the wire (bf16 pages as sent), transfer ms = t_verified - t0 and its GB/s
-// (1e9 B/s), import ms, end-to-end GB/s = bytes / (t_imported - t0); the floor of the same path's
-// copies: cudaMemcpy device -> pinned host -> device of the same bytes in one process (GB/s =
-// bytes / (D2H + H2D time)) and our end-to-end share of it; the forward's ms; the transfer time
-// left after the last layer's compute (t_imported - t0) as a share of TTFT (forward + that);
-// for lengths past --forward-max the forward ms is extrapolated linearly from the longest
-// measured one (marked "est."). "state" says whether the decode slot's exported state equals the
-// prefill slot's bit for bit (xxh3 of every tensor). Medians over --repeats. Markdown on stdout,
+// Columns: lanes (UCX workers and threads on each side; --lanes, default what the workers use),
+// bytes on the wire (bf16 pages as sent), transfer ms = t_verified - t0, of which "prefill store
+// ms" is the prefill side's StoreSlotStaged (device -> pinned copies, stores into its pages and
+// posts, ending before the last pages are sent), and its GB/s (1e9 B/s), import ms, end-to-end GB/s
+// = bytes / (t_imported - t0); the floor of the same path's copies: cudaMemcpy device -> pinned
+// host -> device of the same bytes in one process (GB/s = bytes / (D2H + H2D time)) and our
+// end-to-end share of it; the forward's ms; the transfer time left after the last layer's compute
+// (t_imported - t0) as a share of TTFT (forward + that); for lengths past --forward-max the forward
+// ms is extrapolated linearly from the longest measured one (marked "est."). "state" says whether
+// the decode slot's exported state equals the prefill slot's bit for bit (xxh3 of every tensor),
+// through both import paths. Medians over
+// --repeats. Markdown on stdout,
 // progress on stderr. ucx_perftest over the same transport is run by
 // tools/gpu/run_gpu_transfer_bench.sh next to this.
 #include <cuda_runtime.h>
@@ -36,6 +43,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -43,6 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "bench/ep/flash_shapes.h"
 #include "common/clock.h"
 #include "common/status.h"
@@ -52,6 +61,7 @@
 #include "engine/ring_state.h"
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/transfer_sender.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 #include "runtime/cuda/gpu_prefill_engine.h"
@@ -72,7 +82,13 @@ struct Flags {
   int64_t forward_max = 32768;
   int64_t chunk = 256;  // the CUDA backend's max_chunk
   int64_t repeats = 3;
+  int lanes = 0;  // UCX lanes on each side; 0: kv::DefaultTransferLanes, what workers use
 };
+
+int Lanes(const Flags& flags) {
+  return flags.lanes > 0 ? flags.lanes
+                         : kv::DefaultTransferLanes(std::thread::hardware_concurrency());
+}
 
 int64_t NowNs() {
   timespec ts;
@@ -203,7 +219,7 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
   PDSERVE_ASSIGN_OR_RETURN(auto staging,
                            gpu->NewStateStaging(std::clamp<int64_t>(
                                fit, std::min<int64_t>(2, flags.layers), flags.layers)));
-  PDSERVE_ASSIGN_OR_RETURN(auto transport, kv::UcxTransport::Create());
+  PDSERVE_ASSIGN_OR_RETURN(auto transport, kv::UcxTransport::Create(Lanes(flags)));
   SystemClock clock;
   kv::TransferSender sender(*transport, clock);
   for (int64_t length : Lengths(flags)) {
@@ -249,13 +265,14 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
       };
       PDSERVE_RETURN_IF_ERROR(
           runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post));
+      const int64_t stored = NowNs();  // every layer copied, stored into pages and posted
       PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
       absl::StatusOr<bool> done = false;
       while (done.ok() && !*done) done = transfer->Poll();
       PDSERVE_RETURN_IF_ERROR(done.status());
       PDSERVE_RETURN_IF_ERROR(transfer->Release());
       PDSERVE_ASSIGN_OR_RETURN(const uint64_t digest, StateDigest(*gpu));
-      channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest));
+      channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest, " ", stored));
     }
   }
   return absl::OkStatus();
@@ -293,14 +310,19 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
   const std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
   PDSERVE_ASSIGN_OR_RETURN(auto staging, gpu->NewStateStaging(std::min<int64_t>(2, flags.layers)));
   SystemClock clock;
-  PDSERVE_ASSIGN_OR_RETURN(auto receiver,
-                           kv::CreateUcxReceiver({.lease = absl::Seconds(600)}, clock,
-                                                 [](uint64_t, uint64_t, const absl::Status&) {}));
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto receiver, kv::CreateUcxReceiver(
+                         {.lease = absl::Seconds(600)}, clock,
+                         [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
   std::printf(
-      "| prompt tokens | layers | bytes on the wire (bf16) | transfer ms | transfer GB/s | "
-      "import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | "
-      "forward ms | left after compute ms | share of TTFT | state |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| prompt tokens | layers | lanes | bytes on the wire (bf16) | transfer ms | prefill store "
+      "ms "
+      "| transfer GB/s | import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) "
+      "| "
+      "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+      "--- "
+      "|\n");
   std::fflush(stdout);
   double longest_forward_ms = 0;
   int64_t longest_forward_tokens = 0;
@@ -308,7 +330,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
   for (int64_t length : Lengths(flags)) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
     const runtime::PagedState paged(config, layout, length + 1);
-    std::vector<double> transfer_ms, import_ms, forward_ms;
+    std::vector<double> transfer_ms, store_ms, import_ms, old_import_ms, forward_ms;
     bool same_state = true;
     uint64_t bytes = 0;
     for (int64_t r = 0; r < flags.repeats; ++r) {
@@ -326,29 +348,47 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       absl::StatusOr<kv::TransferOutcome> outcome = receiver->Outcome(ticket.ticket_id);
       while (outcome.ok() && outcome->state == kv::TransferState::kReceiving) {
         receiver->Progress();
+        // With several lanes their threads land the pages under the receiver's mutex; polling
+        // it back to back would compete with them for it.
+        if (Lanes(flags) > 1) absl::SleepFor(absl::Microseconds(50));
         outcome = receiver->Outcome(ticket.ticket_id);
       }
       const int64_t verified = NowNs();
       PDSERVE_RETURN_IF_ERROR(outcome.status());
       if (outcome->state != kv::TransferState::kVerified) return outcome->status;
-      engine::ModelState state = gpu->NewState();
-      PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
-      PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
+      // What GpuStepRunner::Place does: straight from the pages into the slot.
+      PDSERVE_RETURN_IF_ERROR(gpu->ImportLayers(
+          0, length, staging.get(),
+          [&](int64_t layer, const engine::RingLayerGeometry& geometry,
+              const engine::MutableRingLayerBlocks& blocks) {
+            return paged.LoadLayerRing(layer, geometry, length, pages.pages, blocks);
+          }));
       const int64_t imported = NowNs();
       const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
-      if (fields.size() != 3) return absl::InternalError("bad line from the prefill process");
+      if (fields.size() != 4) return absl::InternalError("bad line from the prefill process");
       const int64_t t0 = std::stoll(fields[0]);
       forward_ms.push_back(std::stod(fields[1]));
       PDSERVE_ASSIGN_OR_RETURN(const uint64_t digest, StateDigest(*gpu));
       same_state = same_state && digest == std::stoull(fields[2]);
       transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
+      store_ms.push_back(static_cast<double>(std::stoll(fields[3]) - t0) / 1e6);
       import_ms.push_back(static_cast<double>(imported - verified) / 1e6);
+      // The previous path, for the record: PagedState::Load into a CPU-layout state, then
+      // ImportState through the same staging; it must give the same slot.
+      const int64_t old_started = NowNs();
+      engine::ModelState state = gpu->NewState();
+      PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
+      PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
+      old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
+      PDSERVE_ASSIGN_OR_RETURN(const uint64_t old_digest, StateDigest(*gpu));
+      same_state = same_state && old_digest == digest;
       // The ticket is verified and read: it is forgotten at its lease end; the pages are reused
       // by the next repeat (a new ticket over the same pages, as a benchmark may).
     }
     PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
     const double transfer = Median(transfer_ms);
     const double import = Median(import_ms);
+    const double old_import = Median(old_import_ms);
     const double left = transfer + import;
     const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
     double forward = Median(forward_ms);
@@ -364,12 +404,13 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
     const std::string share =
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
-        "| %lld | %lld | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | "
-        "%s | %s |\n",
-        static_cast<long long>(length), static_cast<long long>(flags.layers),
-        static_cast<double>(bytes) / 1e6, transfer,
-        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, e2e, floor, 100 * e2e / floor,
-        forward_text.c_str(), left, share.c_str(), same_state ? "equal" : "DIFFERS");
+        "| %lld | %lld | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | "
+        "%s | %.2f | %s | %s |\n",
+        static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
+        static_cast<double>(bytes) / 1e6, transfer, Median(store_ms),
+        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
+        100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
+        same_state ? "equal" : "DIFFERS");
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
   }
@@ -388,6 +429,8 @@ int main(int argc, char** argv) {
                  "Longest prompt run through a real forward (longer: a random state)");
   app.add_option("--chunk", flags.chunk, "Forward chunk tokens (the model's max_chunk)");
   app.add_option("--repeats", flags.repeats, "Transfers per length (median)");
+  app.add_option("--lanes", flags.lanes,
+                 "UCX lanes on each side (0: kv::DefaultTransferLanes of this host's cores)");
   CLI11_PARSE(app, argc, argv);
   int to_prefill[2];
   int to_decode[2];

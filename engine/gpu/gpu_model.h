@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -271,6 +272,25 @@ class GpuModel {
   // when a buffer still holds an exported layer. Synchronizes the stream; on return every
   // buffer is free again.
   absl::Status ImportState(int64_t slot, const ModelState& state, StateStaging* staging);
+
+  // Writes layer `layer`'s blocks at the import's position into host memory (`blocks`, a pinned
+  // staging buffer laid out for `geometry`, this model's layer): the rows a forward reads of the
+  // window ring (bf16 bits) and both compressors' rings (fp32), and entry rows
+  // 0 .. position / m - 1 (bf16 bits). Every other ring row already holds the fresh pool's NaN
+  // and may be left alone. A non-OK status stops the import.
+  using LayerImageFill = std::function<absl::Status(
+      int64_t layer, const RingLayerGeometry& geometry, const MutableRingLayerBlocks& blocks)>;
+  // Makes slot `slot` hold a state at `position` whose layers `fill` writes, layer by layer,
+  // into `staging`'s pinned buffers, each layer's host-to-device copies enqueued while `fill`
+  // writes the next (no CPU-layout ModelState in between: runtime::PagedState::LoadLayerRing
+  // fills straight from bf16 or fp32 state pages). ImportState(slot, state, staging) is this with
+  // a fill that converts `state`, so the two give the same slot bit for bit for the same rows.
+  // InvalidArgument, slot untouched, for a bad slot, a staging of another model or a position
+  // outside [0, max_context]; FailedPrecondition when a buffer still holds an exported layer;
+  // `fill`'s error or Internal for a CUDA error, the slot then reset (no partial state is left).
+  // Synchronizes the stream; on return every buffer is free again.
+  absl::Status ImportLayers(int64_t slot, int64_t position, StateStaging* staging,
+                            const LayerImageFill& fill);
 
   // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
   // returns their logits, fp32 [tokens.size(), vocab_size] on the host. group_rows > tokens.size()

@@ -264,6 +264,31 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
 }
 
 absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateStaging* staging) {
+  PDSERVE_RETURN_IF_ERROR(ValidateRingState(impl_->geometry, state));
+  // Window and compressor rings through the layer's image; the entry blocks straight from the
+  // state (only its p / m rows are converted).
+  auto fill = [&state](int64_t layer, const RingLayerGeometry& g,
+                       const MutableRingLayerBlocks& to) -> absl::Status {
+    const LayerState& from = state.layers[static_cast<size_t>(layer)];
+    const RingLayerImage image =
+        LayerRingImage(g, from, state.position, std::numeric_limits<float>::quiet_NaN(),
+                       /*entries=*/false);
+    ToBf16(image.window.data(), image.window.size(), reinterpret_cast<unsigned char*>(to.window));
+    for (auto [ci, cs, ct] : {std::tuple{&image.compressor, &from.compressor, &to.compressor},
+                              std::tuple{&image.indexer, &from.indexer, &to.indexer}}) {
+      if (ci->ring_kv.empty()) continue;
+      std::memcpy(ct->ring_kv, ci->ring_kv.data(), ci->ring_kv.size() * sizeof(float));
+      std::memcpy(ct->ring_gate, ci->ring_gate.data(), ci->ring_gate.size() * sizeof(float));
+      ToBf16(cs->entries.data.data(), cs->entries.data.size(),
+             reinterpret_cast<unsigned char*>(ct->entries));
+    }
+    return absl::OkStatus();
+  };
+  return ImportLayers(slot, state.position, staging, fill);
+}
+
+absl::Status GpuModel::ImportLayers(int64_t slot, int64_t position, StateStaging* staging,
+                                    const LayerImageFill& fill) {
   Impl& m = *impl_;
   const int64_t slots = m.options.slots;
   if (slot < 0 || slot >= slots) {
@@ -280,8 +305,11 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateS
           "StateStaging: a buffer still holds exported layer ", b.layer, " (take or discard it)"));
     }
   }
+  if (position < 0 || position > m.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GpuModel: state at position ", position, " outside [0, max_context ", m.max_context, "]"));
+  }
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  PDSERVE_RETURN_IF_ERROR(ValidateRingState(m.geometry, state));
   // Every device block's size is checked before the first copy, so a mismatch leaves the slot
   // untouched.
   absl::Status layout;
@@ -301,79 +329,90 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateS
     }
   }
   PDSERVE_RETURN_IF_ERROR(layout);
-  if (state.position > m.max_context) {
-    return absl::InvalidArgumentError(absl::StrCat("GpuModel: state at position ", state.position,
-                                                   " past max_context ", m.max_context));
-  }
   // The slot's old pages go back first, then it takes the pages of the imported position.
   PDSERVE_RETURN_IF_ERROR(ResetSlot(slot));
-  PDSERVE_RETURN_IF_ERROR(m.GrowPages({{slot, state.position}}));
+  PDSERVE_RETURN_IF_ERROR(m.GrowPages({{slot, position}}));
+  // The rows the next forward does not read hold NaN, as a fresh pool's: the fill writes only
+  // the rows it has.
   const float unread = std::numeric_limits<float>::quiet_NaN();
+  uint16_t unread_bf16;
+  ToBf16(&unread, 1, reinterpret_cast<unsigned char*>(&unread_bf16));
   absl::Status status;
   for (size_t l = 0; l < m.layers.size() && status.ok(); ++l) {
     const auto layer = static_cast<int64_t>(l);
     StateStaging::Impl::Buffer& buffer = s.For(layer);
     // The buffer's previous layer (layer - buffers) must have reached the device.
-    status = CudaStatus(cudaEventSynchronize(buffer.event), "ImportState");
+    status = CudaStatus(cudaEventSynchronize(buffer.event), "ImportLayers");
     if (!status.ok()) break;
     const RingLayerGeometry& g = m.geometry.layers[l];
-    // Window and compressor rings through the layer's image; the entry blocks straight from the
-    // state (only its p / m rows are converted and copied, the rest of the block is set to NaN
-    // on the device).
-    const LayerState& from = state.layers[l];
-    const RingLayerImage image = LayerRingImage(g, from, state.position, unread, /*entries=*/false);
     const LayerOffsets o = OffsetsOf(g);
     unsigned char* base = s.Base(layer);
+    auto blocks = [&](const RingCompressorGeometry& cg, const CompressorOffsets& c) {
+      if (!cg.present()) return MutableRingCompressorBlocks{};
+      const auto ring = static_cast<size_t>(2 * cg.rate * cg.width());
+      auto* kv = reinterpret_cast<float*>(base + c.ring_kv);
+      auto* gate = reinterpret_cast<float*>(base + c.ring_gate);
+      std::fill_n(kv, ring, unread);
+      std::fill_n(gate, ring, unread);
+      return MutableRingCompressorBlocks{kv, gate, reinterpret_cast<uint16_t*>(base + c.entries)};
+    };
+    MutableRingLayerBlocks to;
+    to.window = reinterpret_cast<uint16_t*>(base + o.window);
+    const auto window = static_cast<size_t>(g.window * g.head_dim);
+    std::fill_n(to.window, window, unread_bf16);
+    to.compressor = blocks(g.compressor, o.compressor);
+    to.indexer = blocks(g.indexer, o.indexer);
+    status = fill(layer, g, to);
+    if (!status.ok()) break;
     Layer& device = m.layers[l];
-    auto copy = [&](void* to, size_t offset, size_t bytes) {
+    auto copy = [&](void* dst, size_t offset, size_t bytes) {
       if (bytes == 0 || !status.ok()) return;
       status =
-          CudaStatus(cudaMemcpyAsync(to, base + offset, bytes, cudaMemcpyHostToDevice, m.stream),
-                     "ImportState");
+          CudaStatus(cudaMemcpyAsync(dst, base + offset, bytes, cudaMemcpyHostToDevice, m.stream),
+                     "ImportLayers");
       s.copied_bytes += bytes;
     };
-    ToBf16(image.window.data(), image.window.size(), base + o.window);
-    copy(MutableSlotBlock(&device.window_ring, slots, slot, image.window.size(), &layout), o.window,
-         image.window.size() * sizeof(bf16));
-    for (auto [cg, cw, co, ci, cs] : {std::tuple{&g.compressor, &device.compressor, &o.compressor,
-                                                 &image.compressor, &from.compressor},
-                                      std::tuple{&g.indexer, &device.indexer_compressor, &o.indexer,
-                                                 &image.indexer, &from.indexer}}) {
+    copy(MutableSlotBlock(&device.window_ring, slots, slot, window, &layout), o.window,
+         window * sizeof(bf16));
+    for (auto [cg, cw, co] : {std::tuple{&g.compressor, &device.compressor, &o.compressor},
+                              std::tuple{&g.indexer, &device.indexer_compressor, &o.indexer}}) {
       if (!cg->present()) continue;
-      std::memcpy(base + co->ring_kv, ci->ring_kv.data(), ci->ring_kv.size() * sizeof(float));
-      std::memcpy(base + co->ring_gate, ci->ring_gate.data(), ci->ring_gate.size() * sizeof(float));
-      const size_t written = cs->entries.data.size();  // [p / m, dim], checked by validation
-      ToBf16(cs->entries.data.data(), written, base + co->entries);
-      copy(MutableSlotBlock(&cw->ring_kv, slots, slot, ci->ring_kv.size(), &layout), co->ring_kv,
-           ci->ring_kv.size() * sizeof(float));
-      copy(MutableSlotBlock(&cw->ring_gate, slots, slot, ci->ring_gate.size(), &layout),
-           co->ring_gate, ci->ring_gate.size() * sizeof(float));
+      const auto ring = static_cast<size_t>(2 * cg->rate * cg->width());
+      copy(MutableSlotBlock(&cw->ring_kv, slots, slot, ring, &layout), co->ring_kv,
+           ring * sizeof(float));
+      copy(MutableSlotBlock(&cw->ring_gate, slots, slot, ring, &layout), co->ring_gate,
+           ring * sizeof(float));
       // Into the slot's pages; the unwritten rows of its last page get the fresh pool's NaN (all
       // bits set).
-      const int64_t count = static_cast<int64_t>(written) / std::max<int64_t>(cg->dim, 1);
+      const int64_t count = std::min(position / cg->rate, cg->entry_capacity);
       size_t at = co->entries;
       bf16* end = nullptr;
-      for (const auto& [to, n] : m.EntryRuns(*cw, slot, count)) {
+      for (const auto& [dst, n] : m.EntryRuns(*cw, slot, count)) {
         const auto run_bytes = static_cast<size_t>(n * cg->dim) * sizeof(bf16);
-        copy(to, at, run_bytes);
+        copy(dst, at, run_bytes);
         at += run_bytes;
-        end = to + n * cg->dim;
+        end = dst + n * cg->dim;
       }
       const int64_t tail = (kPageSize - count % kPageSize) % kPageSize;
       if (status.ok() && end != nullptr && tail > 0) {
         status =
             CudaStatus(cudaMemsetAsync(
                            end, 0xFF, static_cast<size_t>(tail * cg->dim) * sizeof(bf16), m.stream),
-                       "ImportState");
+                       "ImportLayers");
       }
     }
-    if (status.ok()) status = CudaStatus(cudaEventRecord(buffer.event, m.stream), "ImportState");
+    if (status.ok()) status = CudaStatus(cudaEventRecord(buffer.event, m.stream), "ImportLayers");
   }
   // Every copy has landed (or failed) before the buffers are reused or freed.
-  const absl::Status synced = CudaStatus(cudaStreamSynchronize(m.stream), "ImportState");
-  PDSERVE_RETURN_IF_ERROR(status);
-  PDSERVE_RETURN_IF_ERROR(synced);
-  m.slot_positions[static_cast<size_t>(slot)] = state.position;
+  const absl::Status synced = CudaStatus(cudaStreamSynchronize(m.stream), "ImportLayers");
+  if (!status.ok() || !synced.ok()) {
+    // A refused or failed fill leaves no partial state behind: the slot is cleared again.
+    const absl::Status reset = ResetSlot(slot);
+    PDSERVE_RETURN_IF_ERROR(status);
+    PDSERVE_RETURN_IF_ERROR(synced);
+    return reset;
+  }
+  m.slot_positions[static_cast<size_t>(slot)] = position;
   return absl::OkStatus();
 }
 

@@ -21,8 +21,7 @@ struct UcxReceiveTransport::Handler {
 struct UcxReceiveTransport::Landing {
   UcxReceiveTransport* transport;
   UcxLane* lane;
-  uint64_t ticket_id;
-  uint32_t slot;
+  LandingTarget target;
 };
 
 UcxReceiveTransport::UcxReceiveTransport(UcxContext context,
@@ -166,11 +165,13 @@ ucs_status_t UcxReceiveTransport::OnPage(void* arg, const void* header, size_t h
     // The copy runs outside the sink mutex: lanes copy in parallel. The slot is this page's
     // alone (the sink marked it landing), so no other message touches the destination.
     std::memcpy(target->destination.data(), data, length);
-    self->CallSink(
-        [&] { self->sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus()); });
+    const uint64_t finished = FinishLanding(*target);  // Checksums in parallel, too.
+    self->CallSink([&] {
+      self->sink_->OnPageLanded(target->ticket_id, target->slot, absl::OkStatus(), finished);
+    });
     return UCS_OK;
   }
-  auto* landing = new Landing{self, handler->lane, target->ticket_id, target->slot};
+  auto* landing = new Landing{self, handler->lane, *target};
   ucp_request_param_t request_param{};
   request_param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
@@ -182,7 +183,7 @@ ucs_status_t UcxReceiveTransport::OnPage(void* arg, const void* header, size_t h
     delete landing;
     self->CallSink([&] {
       self->sink_->OnPageLanded(target->ticket_id, target->slot,
-                                UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_recv_data_nbx"));
+                                UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_recv_data_nbx"), 0);
     });
     return UCS_OK;
   }
@@ -205,9 +206,11 @@ void UcxReceiveTransport::OnLanded(void* request, ucs_status_t status, size_t /*
   std::unique_ptr<Landing> landing(static_cast<Landing*>(user_data));
   landing->lane->AddBusy(-1);
   UcxReceiveTransport* self = landing->transport;
+  // Outside the sink mutex when lanes run threads: each lane checksums its own pages.
+  const uint64_t finished = status == UCS_OK ? FinishLanding(landing->target) : 0;
   self->CallSink([&] {
-    self->sink_->OnPageLanded(landing->ticket_id, landing->slot,
-                              UcsToStatus(status, "rendezvous receive"));
+    self->sink_->OnPageLanded(landing->target.ticket_id, landing->target.slot,
+                              UcsToStatus(status, "rendezvous receive"), finished);
   });
   ucp_request_free(request);
 }

@@ -232,9 +232,8 @@ absl::Status GpuStepRunner::Place(Sequence& seq) {
   PDSERVE_ASSIGN_OR_RETURN(SequencePages pages, MapPages(*pool_, table));
   const int64_t total = static_cast<int64_t>(seq.setup.prompt.size()) + seq.setup.max_tokens;
   const PagedState paged(gpu.config(), layout_, total);
-  engine::ModelState state = gpu.NewState();
-  PDSERVE_RETURN_IF_ERROR(paged.Load(seq.computed, pages, &state));
-  // Through pinned buffers, each layer's copy overlapping the next layer's conversion.
+  // Straight from the pages into pinned buffers (no CPU-layout state), each layer's copy
+  // overlapping the next layer's fill.
   if (import_staging_.empty()) import_staging_.resize(static_cast<size_t>(group_->world()));
   std::unique_ptr<engine::gpu::StateStaging>& staging =
       import_staging_[static_cast<size_t>(seq.rank)];
@@ -242,7 +241,12 @@ absl::Status GpuStepRunner::Place(Sequence& seq) {
     const auto layers = static_cast<int64_t>(gpu.config().num_hidden_layers);
     PDSERVE_ASSIGN_OR_RETURN(staging, gpu.NewStateStaging(std::min<int64_t>(2, layers)));
   }
-  return gpu.ImportState(seq.slot, state, staging.get());
+  const int64_t position = seq.computed;
+  return gpu.ImportLayers(seq.slot, position, staging.get(),
+                          [&](int64_t layer, const engine::RingLayerGeometry& geometry,
+                              const engine::MutableRingLayerBlocks& blocks) {
+                            return paged.LoadLayerRing(layer, geometry, position, pages, blocks);
+                          });
 }
 
 void GpuStepRunner::ReleaseRemovedSlots() {

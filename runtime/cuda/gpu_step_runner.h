@@ -37,9 +37,10 @@
 // it (GpuModel decode rows alone vs in a batch of 5 and 9) and prints the difference.
 //
 // PD decode worker: a SequenceSetup with first_token has the prompt's state in the sequence's
-// pages (runtime::PagedState layout); at its first step the runner loads them and imports them
-// into its slot (GpuModel::ImportState through two pinned layer buffers per rank, each layer's
-// copy overlapping the next one's conversion), then decodes from position prompt.size().
+// pages (runtime::PagedState layout); at its first step the runner imports them into its slot
+// straight from the pages (GpuModel::ImportLayers with PagedState::LoadLayerRing: no CPU-layout
+// state in between, two pinned layer buffers per rank, each layer's copy overlapping the next
+// one's fill), then decodes from position prompt.size().
 //
 // Sampling. Decode rows are sampled on the GPU by default (runtime/cuda/gpu_sampler.h): the step
 // leaves its logits on the device (GpuModel::DecodeStepOnDevice), the sampler runs after the

@@ -205,6 +205,82 @@ TEST(PagedStateTest, StoreLayerRingEqualsStoreLayerOfTheConvertedBlocks) {
   }
 }
 
+// Equal bit for bit (NaN payloads included).
+bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The CUDA decode's direct import (LoadLayerRing into the device's layer layout, no CPU state in
+// between) writes exactly the image the old path built (Load, then the ring image of that state,
+// window and entries rounded to bf16): every block compared bit for bit, the rows it does not
+// write keeping the fill both start from; from bf16 pages (a CUDA prefill's) and from fp32 ones
+// (a CPU prefill's, rounded in the copy), at positions that wrap every ring and cross entry pages.
+TEST(PagedStateTest, LoadLayerRingEqualsTheRingImageOfLoad) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const int64_t total = 48;
+  const float fill = 0.5f;
+  const uint16_t fill_bf16 = serving::FloatToBf16(fill);
+  for (serving::ElementType element :
+       {serving::ElementType::kBfloat16, serving::ElementType::kFloat32}) {
+    SCOPED_TRACE(serving::ElementTypeName(element));
+    const serving::StateLayout layout = *LayoutForModel(config, 4, element);
+    for (int64_t position : {0, 3, 37, 44}) {
+      SCOPED_TRACE(position);
+      engine::ModelState state = f->model.NewState();
+      if (position > 0) {
+        ASSERT_TRUE(f->model.Forward(&state, Tokens(static_cast<int>(position), 9)).ok());
+      }
+      OneSequence seq = Allocate(layout, total);
+      PagedState paged(config, layout, total);
+      ASSERT_TRUE(paged.Store(state, 0, seq.pages).ok());
+      engine::ModelState loaded = f->model.NewState();
+      ASSERT_TRUE(paged.Load(position, seq.pages, &loaded).ok());
+      const engine::RingGeometry geometry = engine::RingGeometryFor(config, total, 4);
+      for (size_t l = 0; l < geometry.layers.size(); ++l) {
+        SCOPED_TRACE(l);
+        const engine::RingLayerGeometry& g = geometry.layers[l];
+        const engine::RingLayerImage image =
+            engine::LayerRingImage(g, loaded.layers[l], position, fill);
+        std::vector<uint16_t> window(image.window.size(), fill_bf16);
+        std::vector<float> kv(image.compressor.ring_kv.size(), fill);
+        std::vector<float> gate(image.compressor.ring_gate.size(), fill);
+        std::vector<uint16_t> entries(image.compressor.entries.size(), fill_bf16);
+        std::vector<float> index_kv(image.indexer.ring_kv.size(), fill);
+        std::vector<float> index_gate(image.indexer.ring_gate.size(), fill);
+        std::vector<uint16_t> keys(image.indexer.entries.size(), fill_bf16);
+        const engine::MutableRingLayerBlocks blocks{
+            .window = window.data(),
+            .compressor = {kv.data(), gate.data(), entries.data()},
+            .indexer = {index_kv.data(), index_gate.data(), keys.data()}};
+        ASSERT_TRUE(
+            paged.LoadLayerRing(static_cast<int64_t>(l), g, position, seq.pages, blocks).ok());
+        EXPECT_EQ(window, Bf16Bits(image.window));
+        EXPECT_EQ(entries, Bf16Bits(image.compressor.entries));
+        EXPECT_EQ(keys, Bf16Bits(image.indexer.entries));
+        EXPECT_TRUE(SameFloats(kv, image.compressor.ring_kv));
+        EXPECT_TRUE(SameFloats(gate, image.compressor.ring_gate));
+        EXPECT_TRUE(SameFloats(index_kv, image.indexer.ring_kv));
+        EXPECT_TRUE(SameFloats(index_gate, image.indexer.ring_gate));
+      }
+    }
+  }
+}
+
+TEST(PagedStateTest, LoadLayerRingRefusesALayerOrPositionOutsideTheSequence) {
+  auto f = Load();
+  const int64_t total = 8;
+  OneSequence seq = Allocate(f->layout, total);
+  PagedState paged(f->model.config(), f->layout, total);
+  const engine::RingGeometry geometry = engine::RingGeometryFor(f->model.config(), total, 4);
+  const engine::MutableRingLayerBlocks none;
+  const auto layers = static_cast<int64_t>(geometry.layers.size());
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(paged.LoadLayerRing(layers, geometry.layers[0], 0, seq.pages, none)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      paged.LoadLayerRing(0, geometry.layers[0], total + 1, seq.pages, none)));
+}
+
 TEST(PagedStateTest, StoreBeyondTheSequencesTokensFails) {
   auto f = Load();
   OneSequence seq = Allocate(f->layout, 8);

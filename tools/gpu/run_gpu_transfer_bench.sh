@@ -2,10 +2,13 @@
 # Issue 27 on one H200, one device call: bf16 state pages from a CUDA prefill to a CUDA decode.
 #   1. GPU tests of the export path (engine_gpu_tests: the staged export into fp32 and bf16
 #      pages equals the whole-slot export byte for byte; the prefill engine's pages decode to the
-#      CPU prefill's tokens; the staging's layer export and import).
+#      CPU prefill's tokens; the staging's layer export and import; the direct import from bf16
+#      and fp32 pages equals Load + ImportState bit for bit, state and next-token logits).
 #   2. bench/kvtransfer/gpu_state_transfer_bench: CUDA prefill -> CUDA decode of 4K, 32K and 128K
 #      token prompts at V4-Flash attention shapes (8 layers, CSA / HCA alternating), two
-#      processes on the GPU, over UCX with UCX_TLS unset (what run_pd_cuda_e2e.sh's workers use:
+#      processes on the GPU, with the workers' default lanes (and once with 1 lane over shm, the
+#      previous table's configuration), over UCX with UCX_TLS unset (what run_pd_cuda_e2e.sh's
+#      workers use:
 #      pdserve's endpoints then handle peer errors, which UCX 1.13 grants only over tcp, so the
 #      pages go over tcp loopback; docs/protocol.md) and with UCX_TLS=shm,self (shared memory, no
 #      peer detection); GB/s against the copy floor
@@ -23,23 +26,25 @@
 # Binaries (built here; the device has no UCX): pdserve and the engine GPU tests from the lead's
 # bundle (tools/gpu/device_tree.sh bundle: .device-carry/bin and .device-carry/gpu, with
 # gpu/libs.tar.xz made there as device_tree.sh says), plus this script's own pack, 8 MB as xz:
-#   cmake --build build --target gpu_state_transfer_bench pdserve engine_gpu_tests
+#   cmake --build build --target gpu_state_transfer_bench import_host_bench pdserve engine_gpu_tests
 #   tools/gpu/pack_binaries.sh .device-carry/wire build/bench/kvtransfer/gpu_state_transfer_bench \
-#     "$(command -v ucx_perftest)" "$(command -v ucx_info)"
+#     build/bench/kvtransfer/import_host_bench "$(command -v ucx_perftest)" "$(command -v ucx_info)"
 #   (cd .device-carry && tar -cf - wire | xz -6 -T0 > wire.tar.xz && rm -rf wire)
 # There, from the repository root (models/kjv-v4-tiny must be in the tree for step 5):
 #   OUT=$OUT tools/gpu/run_gpu_transfer_bench.sh   (extracts .device-carry/wire.tar.xz itself)
 # Environment: WIRE (.device-carry/wire), BINS (.device-carry/bin: pdserve), PACK
 # (.device-carry/gpu), OUT (gpu-out/wire), STEPS ("tests bench perftest e2e"), LENGTHS
 # ("4096,32768,131072"), LAYERS (8). Logs under OUT; the summary tables are printed last.
-# Expected run time: 3-5 minutes (estimate, not yet run: the 32K prompt's forward, run once, and
-# the e2e script's three servers take most of it).
+# Expected run time: about 3-4 minutes (estimate: the 11:46 run of this script without the third
+# bench run took about 3; the 32K prompt's forward, run once, and the e2e script's three servers
+# take most of it; STEPS="tests bench perftest" leaves the e2e out). Also step "host":
+# import_host_bench (host work of the old and the direct import, no GPU), a few seconds.
 set -uo pipefail
 out=${OUT:-gpu-out/wire}
 wire=${WIRE:-.device-carry/wire}
 bins=${BINS:-.device-carry/bin}
 pack=${PACK:-.device-carry/gpu}
-steps=${STEPS:-tests bench perftest e2e}
+steps=${STEPS:-tests host bench perftest e2e}
 lengths=${LENGTHS:-4096,32768,131072}
 layers=${LAYERS:-8}
 mkdir -p "$out"
@@ -59,10 +64,10 @@ if [[ " $steps " == *" tests "* ]]; then
     chmod +x "$pack/bin/engine_gpu_tests"
     LD_LIBRARY_PATH=/tmp/pdserve-libs/lib:$cublas:$nccl:${LD_LIBRARY_PATH:-} PDSERVE_SOURCE_DIR=$PWD \
       timeout 300 "$pack/bin/engine_gpu_tests" \
-      --gtest_filter='GpuPrefillTest.*:*GpuStateStagingTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState' \
+      --gtest_filter='GpuPrefillTest.*:*GpuStateStagingTest*:*GpuDirectImportTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState' \
       > "$out/engine_gpu_tests.txt" 2>&1
     rc=$?
-    row "engine GPU tests (prefill, staging, PD import)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
+    row "engine GPU tests (prefill, staging, direct import, PD import)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
       "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
   else
     row "engine GPU tests" "NOT RUN" "no $pack/libs.tar.xz (tools/gpu/pack_engine_tests.sh)"
@@ -75,19 +80,34 @@ source "$bins/env.sh"
 # shellcheck disable=SC1091
 source "$wire/env.sh"
 
+host_table=""
+if [[ " $steps " == *" host "* ]] && command -v import_host_bench > /dev/null; then
+  timeout 120 import_host_bench --layers "$layers" --lengths "$lengths" > "$out/import_host.txt" 2>&1
+  rc=$?
+  row "import host work (import_host_bench)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
+    "table below ($(elapsed))"
+  host_table=$(grep -E '^\|' "$out/import_host.txt")
+fi
+
 bench_rows=()
 if [[ " $steps " == *" bench "* ]]; then
-  for tls in default shm,self; do
-    log=$out/bench-${tls/,/-}.txt
+  # UCX_TLS:lanes (0: the workers' default, one lane per four cores); the one-lane shm run is
+  # the previous table's configuration, for the lanes' effect.
+  for run in default:0 shm,self:0 shm,self:1; do
+    tls=${run%:*}
+    lanes=${run#*:}
+    name=${tls/,/-}-lanes$lanes
+    log=$out/bench-$name.txt
     if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
     # The forward (TTFT) is measured up to 32K in the first run only, to keep the call short.
     fmax=32768
     [ "$tls" = default ] || fmax=4096
     timeout 420 gpu_state_transfer_bench --layers "$layers" --lengths "$lengths" \
-      --forward-max $fmax --repeats 3 > "$log" 2> "$out/bench-${tls/,/-}.err"
+      --forward-max $fmax --repeats 3 --lanes "$lanes" > "$log" 2> "$out/bench-$name.err"
     rc=$?
     unset UCX_TLS
-    row "transfer bench, UCX_TLS=$tls" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
+    row "transfer bench, UCX_TLS=$tls, --lanes $lanes" \
+      "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
       "table below; state after import equals prefill's: $(grep -c '| equal |' "$log") of \
 $(grep -cE '^\| [0-9]' "$log") rows ($(elapsed))"
     while read -r line; do bench_rows+=("| $tls ${line#| }"); done < <(grep -E '^\| [0-9]' "$log")
@@ -147,9 +167,19 @@ fi
 
 echo
 if [ ${#bench_rows[@]} -gt 0 ]; then
-  echo "| UCX_TLS prompt tokens | layers | bytes on the wire (bf16) | transfer ms | transfer GB/s | import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "What changed since the 2026-12-04 11:46 table: import ms is GpuModel::ImportLayers straight"
+  echo "from the pages (PagedState::LoadLayerRing, what the decode runner now does); old import ms is"
+  echo "that table's path (PagedState::Load + ImportState; 'state' covers both); lanes: that table ran"
+  echo "1 lane, the default is the workers' (one per four cores); checksums now run off the receiver's"
+  echo "lock; prefill store ms: the part of transfer ms spent in the prefill's StoreSlotStaged."
+  echo "| UCX_TLS prompt tokens | layers | lanes | bytes on the wire (bf16) | transfer ms | prefill store ms | transfer GB/s | import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${bench_rows[@]}"
+  echo
+fi
+if [ -n "$host_table" ]; then
+  echo "Host work of the import on the GPU host (one thread, no GPU; import_host_bench):"
+  echo "$host_table"
   echo
 fi
 if [ ${#perf_rows[@]} -gt 0 ]; then
