@@ -113,15 +113,13 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
   }();
   if (forced == "mma") return Fp8GemmPath::kMma;
   if (forced == "wgmma") return Fp8GemmPath::kWgmma;
-  if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
-  if (m <= kFp8WgmmaMaxTokens) return Fp8GemmPath::kWgmma;
-  return Fp8GemmPath::kCublasLt;
+  return m <= kFp8MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
 }
 
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m) {
   const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma
   if (forced == Fp8GemmPath::kWgmma) return forced;
-  if (fp8_gemm_path(kFp8WgmmaMaxTokens) == Fp8GemmPath::kMma) return Fp8GemmPath::kMma;  // =mma
+  if (fp8_gemm_path(kFp8MmaMaxTokens + 1) == Fp8GemmPath::kMma) return Fp8GemmPath::kMma;  // =mma
   return m <= kW8a16MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
 }
 
@@ -152,14 +150,19 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   const Fp8GemmPath path = fp8_gemm_path(m);
-  if (path == Fp8GemmPath::kWgmma && SizesValid(m, n, k) &&
-      fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0) {
+  // cuBLASLt is not chosen by fp8_gemm_path any more (see fp8_gemm.cuh); kept for a forced path.
+  const bool use_lt = path == Fp8GemmPath::kCublasLt && n % kFp8LtRowBlock == 0 &&
+                      out_stride % 8 == 0 &&
+                      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, k);
+  const bool wgmma = (path == Fp8GemmPath::kWgmma || (path == Fp8GemmPath::kCublasLt && !use_lt)) &&
+                     SizesValid(m, n, k) &&
+                     fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0;
+  if (wgmma) {
     return fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
                           workspace, workspace_bytes, stream, fp8_gemm_wgmma_default_config(),
                           refusal);
   }
-  if (path == Fp8GemmPath::kCublasLt && n % 16 == 0 && out_stride % 8 == 0 &&
-      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, k)) {
+  if (use_lt) {
     const cublasLtHandle_t lt = SharedLtHandle();
     if (lt != nullptr) {
       const cudaError_t status =

@@ -19,14 +19,16 @@
 // Paths (fp8_gemm_path), chosen by the H200 measurement of 2026-12-04 (docs/perf.md, CUDA
 // graphs, V4-Flash's wq_b / wo_b / w13 / w2): fp8_gemm runs fp8_gemm_mma (mma.sync m16n8k32 e4m3,
 // which sm_90 runs as f16 HMMA plus conversions) for m <= kFp8MmaMaxTokens (8; at 1-8 tokens it
-// was as fast as the wgmma kernel or faster on three of the four shapes), fp8_gemm_wgmma (Hopper
-// warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) up to kFp8WgmmaMaxTokens (32;
-// at 16-32 tokens 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than mma.sync), and
-// fp8_gemm_cublaslt (a process-wide cuBLASLt handle per device) above, where n % 16 == 0,
-// out_stride % 8 == 0, the workspace holds its bytes and cuBLASLt has an algorithm (at 64 tokens
-// it was faster on three shapes, at 128 on all four), else fp8_gemm_mma. 33-63 tokens: not
-// measured. PDSERVE_FP8_GEMM=mma or =wgmma (read once per process) forces that path for every m.
-// None reaches issue 25's decode goal of 80% of the read floor (best: 62% at 1 token, wq_b).
+// was as fast as the wgmma kernel or faster on three of the four shapes) and fp8_gemm_wgmma
+// (Hopper warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) above: at 16-32 tokens
+// 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than mma.sync, at 64-8192 tokens 2.5-3.2x
+// faster than mma.sync but 1.1-2.8x slower than cuBLASLt. cuBLASLt (fp8_gemm_cublaslt) is NOT
+// dispatched to: through it, m = 64 x n = 2048 x k = 256 gave a normalized error of 1.04 (wrong
+// results; m = 256 x n = 384 was right) and the engine's W8A8 prefill lost its argmax agreement
+// (98% -> 56%) on the H200, 2026-12-04; its scale layout for row counts that are not a multiple of
+// 128 is the suspect, not yet found. PDSERVE_FP8_GEMM=mma or =wgmma (read once per process)
+// forces that path for every m. None reaches issue 25's decode goal of 80% of the read floor
+// (best: 62% at 1 token, wq_b).
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -60,7 +62,8 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
 
 // Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
 inline constexpr int64_t kFp8MmaMaxTokens = 8;
-inline constexpr int64_t kFp8WgmmaMaxTokens = 32;
+// fp8_gemm_cublaslt: only for n a multiple of this (whole 128 x 128 weight scale blocks).
+inline constexpr int64_t kFp8LtRowBlock = 128;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
 // fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (32), fp8_gemm_w8a16_wgmma above

@@ -164,6 +164,11 @@ TEST(CudaFp8GemmTest, OddTokenCountsAndShapes) {
   }
   RunAndCheck(MakeDense(rng, 5, 2048, 256, true), Path::kOwn);
   RunAndCheck(MakeDense(rng, 64, 2048, 256, false), Path::kOwn);
+  // Prefill-sized m with n a multiple of 16 but not of 128 (the bundled model's kv_proj, n = 64).
+  for (int64_t m : {33, 64, 300}) {
+    RunAndCheck(MakeDense(rng, m, 64, 256, false), Path::kOwn);
+    RunAndCheck(MakeDense(rng, m, 192, 256, true), Path::kOwn);
+  }
 }
 
 TEST(CudaFp8GemmTest, ExtremeScalesAndMagnitudes) {
@@ -242,24 +247,20 @@ TEST(CudaFp8GemmTest, WgmmaExtremeScalesAndNonFinite) {
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096});
 }
 
-// fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens, the wgmma path up to kFp8WgmmaMaxTokens
-// and cuBLASLt above; fp8_gemm_w8a16 mma.sync up to kW8a16MmaMaxTokens and wgmma above (unless
-// PDSERVE_FP8_GEMM forces one); cuBLASLt's output through fp8_gemm matches, and the mma.sync path
-// stays correct on its own.
+// fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16
+// mma.sync up to kW8a16MmaMaxTokens and wgmma above (unless PDSERVE_FP8_GEMM forces one);
+// cuBLASLt's output through fp8_gemm matches, and the mma.sync path stays correct on its own.
 TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
   PDSERVE_SKIP_WITHOUT_GPU();
   if (std::getenv("PDSERVE_FP8_GEMM") == nullptr) {
     EXPECT_EQ(fp8_gemm_path(1), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_path(kFp8MmaMaxTokens), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_path(kFp8MmaMaxTokens + 1), Fp8GemmPath::kWgmma);
-    EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens), Fp8GemmPath::kWgmma);
-    EXPECT_EQ(fp8_gemm_path(kFp8WgmmaMaxTokens + 1), Fp8GemmPath::kCublasLt);
+    EXPECT_EQ(fp8_gemm_path(4096), Fp8GemmPath::kWgmma);  // cuBLASLt is not dispatched to
     EXPECT_EQ(fp8_gemm_w8a16_path(1), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_w8a16_path(kW8a16MmaMaxTokens), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_w8a16_path(kW8a16MmaMaxTokens + 1), Fp8GemmPath::kWgmma);
     EXPECT_EQ(fp8_gemm_w8a16_path(4096), Fp8GemmPath::kWgmma);
-    EXPECT_GE(fp8_gemm_workspace_bytes(4096, 4096, 2048),
-              fp8_gemm_cublaslt_workspace_bytes(4096, 2048));
   }
   EXPECT_GE(fp8_gemm_workspace_bytes(100, 4096, 2048),
             fp8_gemm_wgmma_workspace_bytes(100, 4096, 2048, fp8_gemm_wgmma_default_config()));
