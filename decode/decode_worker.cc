@@ -1,6 +1,7 @@
 #include "decode/decode_worker.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <random>
 #include <span>
@@ -682,6 +683,15 @@ grpc::Status DecodeWorker::Generate(grpc::ServerContext* context,
 
 grpc::Status DecodeWorker::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                  v1::AbortResponse* response) {
+  // A shared reservation has at most kMaxChoices forks (Reserve refuses more), and their ids must
+  // not wrap: anything else names no reservation and would only spin here.
+  if (request->choice_count() > static_cast<uint32_t>(serving::kMaxChoices) ||
+      request->request_id() > UINT64_MAX - std::max<uint32_t>(request->choice_count(), 1) + 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("choice_count must be in [0, ", serving::kMaxChoices,
+                                     "] and request_id + choice_count must not wrap; got ",
+                                     request->request_id(), " + ", request->choice_count()));
+  }
   response->set_quiesced(
       AbortRequests(request->request_id(), request->choice_count(), request->prefill_quiesced()));
   return grpc::Status::OK;

@@ -1,5 +1,7 @@
 // DecodeWorker's Reserve: the request record, its admission (a batch slot and its state pages)
 // and its registration with the transfer receiver, which issues the ticket.
+#include <algorithm>
+#include <cstdint>
 #include <span>
 #include <utility>
 
@@ -29,6 +31,11 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
   if (draining_) return absl::UnavailableError("the worker is draining");
   PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<Request> record, NewRequest(request));
   const auto choice_count = static_cast<int32_t>(worker::ChoiceCount(request.sampling()));
+  if (request.request_id() > UINT64_MAX - static_cast<uint64_t>(std::max(choice_count, 1)) + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id ", request.request_id(), " + ",
+                                                   choice_count,
+                                                   " choices would wrap the worker request ids"));
+  }
   PDSERVE_RETURN_IF_ERROR(CheckForkFit(*record, choice_count));
   kv::ReceiveSpec spec;
   {

@@ -114,6 +114,35 @@ TEST(DecodeDevicePagesTest, ARequestLargerThanAWholeDevicePoolIsRefusedForGood) 
   worker->Stop();
 }
 
+// Abort and Reserve refuse fork counts and ids no reservation can have (the breaker's Abort of
+// request_id .. + 2^32 - 1 spun the worker for half an hour).
+TEST(DecodeDevicePagesTest, AbortAndReserveRefuseImpossibleForkRanges) {
+  auto worker = NewWorker(std::nullopt);
+  ASSERT_NE(worker, nullptr);
+  v1::AbortRequest abort;
+  abort.set_request_id(777ull << 32);
+  abort.set_choice_count(4294967295u);
+  v1::AbortResponse aborted;
+  EXPECT_EQ(worker->Abort(nullptr, &abort, &aborted).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  abort.set_choice_count(2);
+  abort.set_request_id(UINT64_MAX);  // ids UINT64_MAX and 0: wraps
+  EXPECT_EQ(worker->Abort(nullptr, &abort, &aborted).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  abort.set_choice_count(128);
+  abort.set_request_id(1000);
+  EXPECT_TRUE(worker->Abort(nullptr, &abort, &aborted).ok());
+  v1::ReserveRequest reserve;
+  reserve.set_request_id(UINT64_MAX);
+  reserve.set_prompt_tokens(4);
+  reserve.mutable_sampling()->set_max_tokens(8);
+  reserve.mutable_sampling()->set_choice_count(64);
+  v1::ReserveResponse reserved;
+  EXPECT_EQ(worker->Reserve(nullptr, &reserve, &reserved).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  worker->Stop();
+}
+
 TEST(DecodeDevicePagesTest, NegativeStateTokensAreRefused) {
   DecodeWorkerOptions options;
   options.model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/kjv-v4-tiny";
