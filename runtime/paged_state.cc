@@ -142,14 +142,19 @@ absl::Status PagedState::Store(const engine::ModelState& state, int64_t from_pos
   return absl::OkStatus();
 }
 
-absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls, int64_t position,
-                                    int64_t from_position, const SequencePages& pages) const {
+absl::Status PagedState::CheckLayerPosition(int64_t layer, int64_t position) const {
   if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || position < 0 ||
       position > total_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " at position ", position,
                                                    " is outside the model or [0, ", total_tokens_,
                                                    "]"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls, int64_t position,
+                                    int64_t from_position, const SequencePages& pages) const {
+  PDSERVE_RETURN_IF_ERROR(CheckLayerPosition(layer, position));
   const int64_t p = position;
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
@@ -210,12 +215,7 @@ absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls,
 absl::Status PagedState::StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
                                         const engine::RingLayerBlocks& blocks, int64_t position,
                                         const SequencePages& pages) const {
-  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || position < 0 ||
-      position > total_tokens_) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " at position ", position,
-                                                   " is outside the model or [0, ", total_tokens_,
-                                                   "]"));
-  }
+  PDSERVE_RETURN_IF_ERROR(CheckLayerPosition(layer, position));
   const int64_t p = position;
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
@@ -352,12 +352,7 @@ absl::Status PagedState::Load(int64_t position, const SequencePages& pages,
 absl::Status PagedState::LoadLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
                                        int64_t position, const SequencePages& pages,
                                        const engine::MutableRingLayerBlocks& blocks) const {
-  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || position < 0 ||
-      position > total_tokens_) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " at position ", position,
-                                                   " is outside the model or [0, ", total_tokens_,
-                                                   "]"));
-  }
+  PDSERVE_RETURN_IF_ERROR(CheckLayerPosition(layer, position));
   const int64_t p = position;
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;

@@ -134,6 +134,8 @@ class PagedState {
   absl::StatusOr<RowRef> Row(const SequencePages& pages, serving::StateKind kind,
                              serving::StateSlot slot) const;
   absl::Status CheckState(const engine::ModelState& state, int64_t position) const;
+  // InvalidArgument unless `layer` is one of the model's and position is in [0, total_tokens].
+  absl::Status CheckLayerPosition(int64_t layer, int64_t position) const;
 
   const engine::ModelConfig& config_;
   const serving::StateLayout& layout_;

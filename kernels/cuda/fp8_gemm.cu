@@ -95,6 +95,26 @@ bool SizesValid(int64_t m, int64_t n, int64_t k) {
          bs::ProductAtMost(16 * m, n, kMaxElements);
 }
 
+// The GemmArgs of one dense product (each row its own, k split `splits` ways); the caller sets
+// the activations (xq / xs quantized, or xb / xb_stride bf16).
+bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_t n, int64_t k,
+                       int32_t splits, float* partial, __nv_bfloat16* out, int64_t out_stride) {
+  bs::GemmArgs a{};
+  a.w = w;
+  a.w_scale = w_scale;
+  a.x_rows = m;
+  a.n = n;
+  a.k = k;
+  a.dense_rows = m;
+  a.x_row_div = 1;
+  a.k_splits = splits;
+  a.partial = partial;
+  a.out_rows = m;
+  a.out = out;
+  a.out_stride = out_stride;
+  return a;
+}
+
 }  // namespace
 
 size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
@@ -192,21 +212,9 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
   float* partial = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
   status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, xq, xs, stream);
   if (status != cudaSuccess) return status;
-  bs::GemmArgs a{};
-  a.w = w;
-  a.w_scale = w_scale;
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_stride);
   a.xq = xq;
   a.xs = xs;
-  a.x_rows = m;
-  a.n = n;
-  a.k = k;
-  a.dense_rows = m;
-  a.x_row_div = 1;
-  a.k_splits = plan.splits;
-  a.partial = partial;
-  a.out_rows = m;
-  a.out = out;
-  a.out_stride = out_stride;
   status = bs::LaunchGemm<false>(a, plan.tiles, plan.items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
@@ -242,21 +250,9 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
     if (status != cudaSuccess) return status;
   }
   float* partial = static_cast<float*>(workspace);
-  bs::GemmArgs a{};
-  a.w = w;
-  a.w_scale = w_scale;
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_stride);
   a.xb = x;
   a.xb_stride = x_stride;
-  a.x_rows = m;
-  a.n = n;
-  a.k = k;
-  a.dense_rows = m;
-  a.x_row_div = 1;
-  a.k_splits = plan.splits;
-  a.partial = partial;
-  a.out_rows = m;
-  a.out = out;
-  a.out_stride = out_stride;
   status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
