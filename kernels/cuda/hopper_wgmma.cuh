@@ -1,7 +1,7 @@
 // Hopper (sm_90a) building blocks shared by the warpgroup-MMA kernels (sparse_decode_attention.cu,
-// fp8_gemm_wgmma.cu): wgmma shared-memory descriptors and ordering, mbarriers, and the tensor
-// memory accelerator's (TMA) bulk tensor copies. Internal to kernels/cuda; each function is one
-// PTX instruction (PTX ISA sections named at each).
+// fp8_gemm_wgmma.cu): wgmma shared-memory descriptors and ordering, mbarriers, the tensor
+// memory accelerator's (TMA) bulk tensor copies, and programmatic dependent launch. Internal to
+// kernels/cuda; each function is one PTX instruction (PTX ISA sections named at each).
 #pragma once
 
 #include <cstdint>
@@ -95,6 +95,17 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* tensor_map, 
 __device__ __forceinline__ void PrefetchTensorMap(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map))
                : "memory");
+}
+
+// Programmatic dependent launch (PTX ISA "griddepcontrol"): in a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization, GridDependencyWait blocks until the kernels
+// it depends on have finished and their writes are visible (a no-op in a plain launch);
+// GridDependencyTrigger lets a dependent launch of the next kernel begin.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void GridDependencyTrigger() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 // Shared-memory address of a generic pointer into shared memory.

@@ -6,12 +6,15 @@
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sparse_decode_attention.cuh"
+#include "kernels/cuda/sparse_decode_merge.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
+using hopper::GridDependencyTrigger;
+using hopper::GridDependencyWait;
 using hopper::MbarrierArrive;
 using hopper::MbarrierInit;
 using hopper::MbarrierWait;
@@ -19,6 +22,12 @@ using hopper::SmemDescriptor;
 using hopper::WgmmaCommit;
 using hopper::WgmmaFence;
 using hopper::WgmmaWait;
+using sparse_decode::MergeSplitsIfLast;
+using sparse_decode::MergeWeight;
+using sparse_decode::RequestEntries;
+using sparse_decode::SparseDecodeCombineKernel;
+using sparse_decode::SplitOutputs;
+using sparse_decode::WindowRows;
 
 // Design (sm_90a). One block per (split, request, 64-head group), 3 warpgroups:
 // - Producer (warpgroup 2, 4 warps at 56 registers after setmaxnreg): copies the queries, then
@@ -80,6 +89,8 @@ static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 
               "the layout assumes these shapes");
 static_assert(kQBytes == kHeads * kDim * 2, "the bf16 output is staged in the query area");
 static_assert(kSmemBytes <= 227 * 1024, "one block per multiprocessor");
+static_assert(sparse_decode::kMergeScratchBytes <= kStages * kTileBytes,
+              "the merge's scratch fits in the stage area");
 
 // Byte offset of (row, 16-byte unit 0..63) inside an operand whose regions are `region_bytes`.
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit, int region_bytes) {
@@ -166,21 +177,8 @@ struct BlockWork {
   int begin = 0;    // first list entry of this split
   int end = 0;      // one past its last
   int n_tiles = 0;  // 32-row tiles of the split
+  int active = 1;   // splits with entries (at least 1: split 0 writes the zeros of an empty list)
 };
-
-__device__ __forceinline__ int WindowRows(const SparseDecodeParams& p, int window_len) {
-  return static_cast<int>(min(max(int64_t{window_len}, int64_t{0}), p.window_size));
-}
-
-// Entries of a request's list: its window rows, then the CSA slots or the HCA entries written.
-__device__ __forceinline__ int RequestEntries(const SparseDecodeParams& p, int window_len,
-                                              int n_compressed) {
-  int64_t compressed = p.compressed_slots;
-  if (p.indices == nullptr) {
-    compressed = min(max(int64_t{n_compressed}, int64_t{0}), p.compressed_slots);
-  }
-  return WindowRows(p, window_len) + static_cast<int>(compressed);
-}
 
 __device__ __forceinline__ BlockWork GetBlockWork(const SparseDecodeParams& p, int window_len,
                                                   int n_compressed) {
@@ -192,6 +190,8 @@ __device__ __forceinline__ BlockWork GetBlockWork(const SparseDecodeParams& p, i
   w.begin = static_cast<int>(blockIdx.x) * static_cast<int>(p.entries_per_split);
   w.end = min(total, w.begin + static_cast<int>(p.entries_per_split));
   w.n_tiles = max(0, (w.end - w.begin + kRows - 1) / kRows);
+  const int per_split = static_cast<int>(p.entries_per_split);
+  w.active = max(1, (total + per_split - 1) / per_split);
   return w;
 }
 
@@ -607,26 +607,23 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
   st.running_sum[1] = WG == 0 ? st.running_sum[1] + theirs.y : theirs.y + st.running_sum[1];
 }
 
-// out = sum_i w_i o_i / (sum_i w_i l_i + exp2(sink - top)), w_i = exp2(m_i - top), top the
-// largest of the maxima m_i and the sink (all log2-domain); zeros when nothing is visible.
-__device__ __forceinline__ float MergeWeight(float m, float top) {
-  return top == -INFINITY ? 0.0f : exp2f(m - top);
-}
-
 // Byte offset of (head, 16-byte unit u) in the bf16 output staged in shared memory: rows of 1 KB,
 // the unit XOR-ed with head % 8 so the 8 heads a warp writes at once fall in different banks.
 __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
   return head * kDim * 2 + ((unit ^ (head & 7)) << 4);
 }
 
-// The consumer warpgroups: every tile, then the output (one split) or the partials.
-template <int WG>
+// The consumer warpgroups: every tile, then the output (one split) or the partials (and with
+// FUSED, the merge of every split's partials in the block that writes the last of them).
+template <int WG, bool FUSED>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
-                                                 __nv_bfloat16* out, __nv_bfloat16* part_out,
-                                                 float* part_max, float* part_sum) {
+                                                 const SplitOutputs& so) {
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
+  // FUSED: a request whose entries fit in split 0 is finished there; its other splits (and the
+  // splits past any request's entries) write nothing.
+  const bool final_output = splits == 1 || (FUSED && w.active == 1);
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -638,11 +635,12 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   Consume<WG>(p, w.n_tiles, base, smem, st);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+  if (FUSED && static_cast<int>(blockIdx.x) >= w.active) return;
   // One split: the final output (sink and normalization applied). Several: this split's
-  // unnormalized output in bf16, and its maxima and sums in fp32, for the combine kernel.
+  // unnormalized output in bf16, and its maxima and sums in fp32, for the merge.
   __nv_bfloat16* const dst =
-      splits == 1 ? out + (w.b * p.heads + w.head0) * kDim
-                  : part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
+      final_output ? so.out + (w.b * p.heads + w.head0) * kDim
+                   : so.part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
   // The bf16 rows are staged in the query area (free: both warpgroups are past their last score
   // product) and leave in whole 16-byte stores, consecutive threads on consecutive bytes.
   ConsumerBarrier();
@@ -650,7 +648,7 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   for (int r = 0; r < 2; ++r) {
     const int head = head_lo + 8 * r;
     float scale = 1.0f;
-    if (splits == 1) {
+    if (final_output) {
       const float sink = r == 0 ? sink_lo : sink_hi;
       const float top = fmaxf(st.running_max[r], sink);
       const float weight = MergeWeight(st.running_max[r], top);
@@ -658,8 +656,8 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
       scale = denom > 0.0f ? weight / denom : 0.0f;
     } else if (WG == 0 && t == 0) {
       const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
-      part_max[row] = st.running_max[r];
-      part_sum[row] = st.running_sum[r];
+      so.part_max[row] = st.running_max[r];
+      so.part_sum[row] = st.running_sum[r];
     }
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
@@ -676,11 +674,16 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
     reinterpret_cast<uint4*>(dst)[i] =
         *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
   }
+  if (FUSED && !final_output) {
+    MergeSplitsIfLast(p, w.b, w.head0, w.active, smem + kTileOffset, so);
+  }
 }
 
+// FUSED: SparseDecodeVariant::kFusedCombine (no combine kernel; launched as a programmatic
+// dependent: nothing global is touched before griddepcontrol.wait).
+template <bool FUSED>
 __global__ void __launch_bounds__(kThreads, 1)
-    SparseDecodeSplitKernel(SparseDecodeParams p, __nv_bfloat16* part_out, float* part_max,
-                            float* part_sum, __nv_bfloat16* out) {
+    SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -695,6 +698,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     MbarrierInit(base + kBarrierOffset + kQBarrier * 8, 32 * kProducerWarps);
   }
   __syncthreads();
+  if constexpr (FUSED) {
+    // The kernel before this one on the stream has finished and its writes are visible; the one
+    // after may begin its launch (it waits the same way for this one).
+    GridDependencyWait();
+    GridDependencyTrigger();
+  }
 
   const int64_t b = blockIdx.y;
   if (tid >= kConsumerThreads) {
@@ -712,46 +721,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
     if (tid < 128) {
-      ConsumeAndFinish<0>(p, w, base, smem, out, part_out, part_max, part_sum);
+      ConsumeAndFinish<0, FUSED>(p, w, base, smem, so);
     } else {
-      ConsumeAndFinish<1>(p, w, base, smem, out, part_out, part_max, part_sum);
+      ConsumeAndFinish<1, FUSED>(p, w, base, smem, so);
     }
   }
-}
-
-// One block per (request, head): merges the splits that had entries and the sink.
-__global__ void __launch_bounds__(kDim / 4)
-    SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
-                              const float* part_max, const float* part_sum, __nv_bfloat16* out) {
-  const int64_t b = blockIdx.x;
-  const int64_t h = blockIdx.y;
-  const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
-  const int per_split = static_cast<int>(p.entries_per_split);
-  const int active = min(splits, (entries + per_split - 1) / per_split);
-  const float sink = p.sinks[h] * kLog2e;  // a logit, not scaled by softmax_scale
-  float top = sink;
-  for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[(b * splits + sp) * p.heads + h]);
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float denom = 0.0f;
-  if (top != -INFINITY) {
-    denom = exp2f(sink - top);
-    for (int sp = 0; sp < active; ++sp) {
-      const int64_t row = (b * splits + sp) * p.heads + h;
-      const float weight = exp2f(part_max[row] - top);
-      denom += weight * part_sum[row];
-      const uint2 raw = reinterpret_cast<const uint2*>(part_out + row * kDim)[threadIdx.x];
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-      acc.x += weight * lo.x;
-      acc.y += weight * lo.y;
-      acc.z += weight * hi.x;
-      acc.w += weight * hi.y;
-    }
-  }
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-  __nv_bfloat16* o = out + (b * p.heads + h) * kDim + 4 * threadIdx.x;
-  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
 }
 
 constexpr size_t kAlign = 256;
@@ -763,6 +737,62 @@ size_t PartialRows(const SparseDecodeParams& p) {
          static_cast<size_t>(p.heads);
 }
 
+constexpr size_t kCounterBytes = kSparseCounterSlots * sizeof(uint32_t);
+
+// Workspace: the counters, then the partial outputs, maxima and sums.
+struct Workspace {
+  uint32_t* counters;
+  __nv_bfloat16* part_out;
+  float* part_max;
+  float* part_sum;
+};
+
+Workspace CarveWorkspace(const SparseDecodeParams& p, void* workspace) {
+  const size_t rows = PartialRows(p);
+  auto* base = static_cast<unsigned char*>(workspace);
+  Workspace ws;
+  ws.counters = reinterpret_cast<uint32_t*>(base);
+  ws.part_out = reinterpret_cast<__nv_bfloat16*>(base + kCounterBytes);
+  ws.part_max =
+      reinterpret_cast<float*>(base + kCounterBytes + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
+  ws.part_sum = ws.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
+  return ws;
+}
+
+// kFusedCombine: the split kernel alone, as a programmatic dependent of the kernel before it.
+cudaError_t LaunchFused(const SparseDecodeParams& p, const SplitOutputs& so, dim3 grid,
+                        cudaStream_t stream) {
+  static const cudaError_t attribute_status = cudaFuncSetAttribute(
+      SparseDecodeSplitKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attribute_status != cudaSuccess) return attribute_status;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true>, p, so);
+}
+
+// kSplitCombine: the split kernel, then (several splits) the combine kernel.
+cudaError_t LaunchSplitCombine(const SparseDecodeParams& p, const SplitOutputs& so, dim3 grid,
+                               cudaStream_t stream) {
+  static const cudaError_t attribute_status = cudaFuncSetAttribute(
+      SparseDecodeSplitKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attribute_status != cudaSuccess) return attribute_status;
+  SparseDecodeSplitKernel<false><<<grid, kThreads, kSmemBytes, stream>>>(p, so);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess || grid.x == 1) return status;
+  const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
+  SparseDecodeCombineKernel<<<combine_grid, kDim / 4, 0, stream>>>(
+      p, static_cast<int>(grid.x), so.part_out, so.part_max, so.part_sum, so.out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int64_t SparseDecodeSplits(const SparseDecodeParams& p) {
@@ -771,31 +801,38 @@ int64_t SparseDecodeSplits(const SparseDecodeParams& p) {
   return std::max<int64_t>(1, (entries + p.entries_per_split - 1) / p.entries_per_split);
 }
 
-int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
-                                    int sm_count) {
-  // Cost model in microseconds, fitted to a sweep of every split size on an H200
-  // (bench/cuda/cuda_bench.cu with PDSERVE_BENCH_SPLITS=1, graph timing; docs/perf.md,
-  // 2026-12-03): a block takes 1.04 per 32-row tile whatever the load (the per-block pipeline,
-  // not HBM, bounds it), and splitting costs 4 (the partials staged and written, the combine
-  // launch) + 0.2 per split (the combine's loop over them) + 0.3 per MB of partials written and
-  // read back (fitted with fp32 partials; they are bf16 since, at the same cost per MB). Blocks
-  // stay within one wave (one block fits per multiprocessor).
-  constexpr double kTileUs = 1.04;
-  constexpr double kSplitUs = 4.0;
-  constexpr double kPerSplitUs = 0.2;
-  constexpr double kPartialUsPerMb = 0.3;
+int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries, int sm_count,
+                                    SparseDecodeVariant variant) {
+  // Cost model in microseconds, fitted to sweeps of every split size on an H200 (bench/cuda's
+  // PDSERVE_BENCH_SPLITS=1, graph timing; docs/perf.md): a block takes kTileUs per 32-row tile
+  // whatever the load (the per-block pipeline, not HBM, bounds it), and splitting costs a fixed
+  // part, a part per split and a part per MB of bf16 partials written and read back. Blocks stay
+  // within one wave (one block fits per multiprocessor).
+  // kSplitCombine (2026-12-03): 4 (the partials staged and written, the combine launch) + 0.2 per
+  // split (the combine's loop over them) + 0.3 per MB (fitted with fp32 partials; bf16 since, at
+  // the same cost per MB).
+  struct Costs {
+    double tile_us, split_us, per_split_us, partial_us_per_mb;
+  };
+  constexpr Costs kSplitCombineCosts = {1.04, 4.0, 0.2, 0.3};
+  // kFusedCombine: no combine launch; the last block of a request reads every split's 64 KB.
+  constexpr Costs kFusedCosts = {1.04, 1.0, 0.35, 0.3};
+  const Costs& c = variant == SparseDecodeVariant::kSplitCombine ? kSplitCombineCosts : kFusedCosts;
   constexpr double kPartialMbPerBlock = kSparseHeadsPerBlock * kDim * sizeof(__nv_bfloat16) / 1e6;
   const int64_t blocks = std::max<int64_t>(1, batch * (heads / kSparseHeadsPerBlock));
   const int64_t tiles = std::max<int64_t>(1, (max_entries + kSparseTile - 1) / kSparseTile);
-  const int64_t max_splits = std::min<int64_t>(tiles, std::max<int64_t>(1, sm_count / blocks));
+  int64_t max_splits = std::min<int64_t>(tiles, std::max<int64_t>(1, sm_count / blocks));
+  if (variant == SparseDecodeVariant::kFusedCombine) {
+    max_splits = std::min<int64_t>(max_splits, kSparseMaxFusedSplits);
+  }
   int64_t best_tiles = tiles;
-  double best_us = static_cast<double>(tiles) * kTileUs;
+  double best_us = static_cast<double>(tiles) * c.tile_us;
   for (int64_t splits = 2; splits <= max_splits; ++splits) {
     const int64_t per = (tiles + splits - 1) / splits;  // tiles per split
     const int64_t used = (tiles + per - 1) / per;       // splits that split size makes
-    const double us = static_cast<double>(per) * kTileUs + kSplitUs +
-                      kPerSplitUs * static_cast<double>(used) +
-                      kPartialUsPerMb * kPartialMbPerBlock * static_cast<double>(blocks * used);
+    const double us = static_cast<double>(per) * c.tile_us + c.split_us +
+                      c.per_split_us * static_cast<double>(used) +
+                      c.partial_us_per_mb * kPartialMbPerBlock * static_cast<double>(blocks * used);
     if (used > 1 && us < best_us) {
       best_us = us;
       best_tiles = per;
@@ -806,25 +843,38 @@ int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_en
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
-  return AlignUp(rows * kDim * sizeof(__nv_bfloat16)) + 2 * AlignUp(rows * sizeof(float));
+  return kCounterBytes + AlignUp(rows * kDim * sizeof(__nv_bfloat16)) +
+         2 * AlignUp(rows * sizeof(float));
+}
+
+cudaError_t SparseDecodeInitWorkspace(void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream) {
+  constexpr const char* kLauncher = "SparseDecodeInitWorkspace";
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace != nullptr);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace_bytes >= kCounterBytes);
+  return cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
 }
 
 cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   constexpr const char* kLauncher = "sparse_decode_attention";
+  const bool fused = p.variant == SparseDecodeVariant::kFusedCombine;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, fused || p.variant == SparseDecodeVariant::kSplitCombine);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads % kHeads == 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.softmax_scale > 0.0f);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads / kHeads <= 65535);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch * (p.heads / kHeads) <= kSparseCounterSlots);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_size >= 1);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split > 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split % kSparseTile == 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size + p.compressed_slots <= INT32_MAX / 2);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, !fused || SparseDecodeSplits(p) <= kSparseMaxFusedSplits);
   if (p.batch == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.q != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_len != nullptr);
@@ -837,25 +887,16 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
       kLauncher, p.window_size == 0 || (p.window_pool != nullptr && p.window_page != nullptr));
   PDSERVE_LAUNCH_REQUIRE(
       kLauncher, p.compressed_slots == 0 || (p.kv_pool != nullptr && p.page_table != nullptr));
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attribute_status != cudaSuccess) return attribute_status;
-  const int64_t splits = SparseDecodeSplits(p);
-  const size_t rows = PartialRows(p);
-  auto* base = static_cast<unsigned char*>(workspace);
-  auto* part_out = reinterpret_cast<__nv_bfloat16*>(base);
-  auto* part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
-  auto* part_sum = part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
+  const Workspace ws = CarveWorkspace(p, workspace);
+  SplitOutputs so;
+  so.out = out;
+  so.part_out = ws.part_out;
+  so.part_max = ws.part_max;
+  so.part_sum = ws.part_sum;
+  so.counters = ws.counters;
+  const dim3 grid(static_cast<unsigned>(SparseDecodeSplits(p)), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.heads / kHeads));
-  SparseDecodeSplitKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, part_out, part_max, part_sum,
-                                                                  out);
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess || splits == 1) return status;
-  const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
-  SparseDecodeCombineKernel<<<combine_grid, kDim / 4, 0, stream>>>(
-      p, static_cast<int>(splits), part_out, part_max, part_sum, out);
-  return cudaGetLastError();
+  return fused ? LaunchFused(p, so, grid, stream) : LaunchSplitCombine(p, so, grid, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

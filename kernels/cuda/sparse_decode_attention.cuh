@@ -27,6 +27,19 @@
 // partial outputs (bf16, unnormalized, with fp32 maxima and sums) in fp32. Scores and the output
 // accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
 //
+// Two variants (SparseDecodeParams::variant), the same split kernel and math:
+// - kSplitCombine: a second kernel merges the splits (the only one until 2026-12-04; kept as the
+//   bench's baseline row and as a fallback).
+// - kFusedCombine (the default): no second kernel. Each split block writes its partials, then
+//   counts itself on a per-(request, head group) counter in the workspace; the block that arrives
+//   last merges the splits (the same fp32 arithmetic and order as the combine kernel) and resets
+//   the counter to zero. Splits past a request's entries exit without writing, a request whose
+//   entries fit one split is finished by that block alone. Launched with programmatic stream
+//   serialization: the launch may begin while the kernel before it on the stream drains; every
+//   thread waits (griddepcontrol.wait) for that kernel before it reads or writes global memory.
+//   Needs the workspace's counters zero before its first launch (SparseDecodeInitWorkspace);
+//   every launch leaves them zero.
+//
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
 #pragma once
@@ -42,6 +55,11 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
 inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
+// Counters of kFusedCombine: one per (request, head group), at the start of every workspace.
+inline constexpr int64_t kSparseCounterSlots = 65536;  // batch * heads / 64 must not exceed it
+inline constexpr int kSparseMaxFusedSplits = 256;      // kFusedCombine merges at most this many
+
+enum class SparseDecodeVariant { kSplitCombine, kFusedCombine };
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;
@@ -61,6 +79,7 @@ struct SparseDecodeParams {
   const float* sinks = nullptr;
   float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
+  SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /
@@ -68,22 +87,31 @@ struct SparseDecodeParams {
 int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 
 // A split size (multiple of kSparseTile) for requests of up to `max_entries` entries: the one a
-// cost model fitted to H200 measurements (see the definition) predicts fastest, within one wave of
-// blocks (one per multiprocessor). Splitting shortens each block's list but adds partial outputs
-// and the combine kernel, so small lists and batches that fill the wave stay whole. Host
-// arithmetic.
-int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
-                                    int sm_count);
+// cost model fitted to H200 measurements of `variant` (see the definition) predicts fastest,
+// within one wave of blocks (one per multiprocessor). Splitting shortens each block's list but
+// adds partial outputs and their merge, so small lists and batches that fill the wave stay whole.
+// Host arithmetic.
+int64_t SparseDecodeEntriesPerSplit(
+    int64_t batch, int64_t heads, int64_t max_entries, int sm_count,
+    SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine);
 
-// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split.
+// Device workspace the launch needs: kSparseCounterSlots uint32 counters (both variants keep the
+// area, so one workspace serves both), then bf16 partial outputs and fp32 maxima and sums per
+// split.
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
-// Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
-// Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
-// a multiple of kSparseTile, softmax_scale not > 0, workspace too small, missing pointers), else
-// the launch status. No
-// state besides a one-time kernel attribute (make the first call outside graph capture):
-// concurrent calls with distinct workspaces are safe.
+// Zeroes the counters at the start of `workspace` (asynchronously on `stream`): once after the
+// workspace is allocated, and again if its memory was used for anything else. Returns
+// cudaErrorInvalidValue when workspace_bytes is smaller than the counter area.
+cudaError_t SparseDecodeInitWorkspace(void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Runs the split kernel and, with kSplitCombine and more than one split, the combine kernel on
+// `stream`. Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64,
+// entries_per_split not a multiple of kSparseTile, softmax_scale not > 0, batch * heads / 64 over
+// kSparseCounterSlots, workspace too small, missing pointers), else the launch status. No state
+// besides one-time kernel attributes (make the first call of each variant outside graph
+// capture): concurrent calls with distinct workspaces are safe; calls sharing a workspace must
+// be ordered (one stream).
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream);

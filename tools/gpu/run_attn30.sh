@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One device-machine call for the sparse decode attention kernels (issue 30: kFusedCombine, the
+# split kernel merging its own splits and launched as a programmatic dependent, against
+# kSplitCombine, the split kernel + combine kernel), from the repository root on a Hopper GPU with
+# CUDA 13: builds kernels/cuda standalone (`cmake -S kernels/cuda`: the kernels, tests/kernels_cuda
+# and bench/cuda), runs the sparse decode attention GPU tests (every case with both variants),
+# then pdserve_cuda_bench in graph timing with only the attention rows (PDSERVE_BENCH_ONLY=
+# attention: kernel, read floor and old variant at batch 1, 32, 128 x 4K, 32K, 128K) and prints,
+# last, kernel / batch / context / us / read-floor us / ratio / old-kernel us.
+# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), SWEEP=1 (also every split size
+# of the default variant, rows "<kernel>@<entries per split>", to fit SparseDecodeEntriesPerSplit;
+# ~10 s more), SANITIZE=1 (compute-sanitizer memcheck on the fused tests, ~30 s more).
+# Expected time: build ~60-90 s on 16 cores, tests ~15 s, bench ~40 s (16 layers x 4.3 GB of
+# compressed KV are allocated and filled first).
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+b=${BUILD:-/tmp/attn30-build-cuda}
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+start=$SECONDS
+if ! timeout 110 bash -c "cmake -S kernels/cuda -B '$b' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+       -DCMAKE_CUDA_COMPILER='$nvcc' && cmake --build '$b' -j\$(nproc) \
+       --target pdserve_kernels_cuda_tests pdserve_cuda_bench" > "$out/build.log" 2>&1; then
+  grep -m30 -E "error|Error" "$out/build.log"
+  echo "BUILD FAILED ($((SECONDS - start)) s)"
+  exit 1
+fi
+echo "build: $((SECONDS - start)) s"
+tests="$b/tests/pdserve_kernels_cuda_tests"
+start=$SECONDS
+timeout 60 "$tests" --gtest_filter='CudaSparseDecode*' > "$out/tests.log" 2>&1
+echo "sparse decode attention GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|request|seed" "$out/tests.log" | head -30
+if [ "${SANITIZE:-0}" = 1 ]; then
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
+    --gtest_filter='CudaSparseDecodeTest.Fused*:CudaSparseDecodeTest.OneRequest*' \
+    > "$out/sanitize-memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/sanitize-memcheck.log" | tr '\n' ' ')"
+fi
+start=$SECONDS
+PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention PDSERVE_BENCH_SPLITS=${SWEEP:-0} \
+  timeout 100 "$b/bench/pdserve_cuda_bench" > "$out/bench.csv" 2> "$out/bench.err"
+echo "pdserve_cuda_bench (graph timing, attention only): rc=$? $((SECONDS - start)) s; rows: $out/bench.csv"
+tail -3 "$out/bench.err"
+python3 - "$out/bench.csv" <<'PY' | tee "$out/table.md"
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.strip().split(",")
+    if len(f) != 7 or f[0] == "copy":
+        continue
+    rows[(f[0], int(f[1]), int(f[2]) // 1024)] = float(f[4])
+# bench/cuda/results/2026-12-04-graph.md: the kernel before this change (kSplitCombine), us.
+before = {("csa_attention", 32, 32): 19.7, ("hca_attention", 32, 32): 16.8,
+          ("hca_attention", 32, 128): 25.1, ("csa_attention", 128, 32): 35.6,
+          ("hca_attention", 128, 32): 24.7, ("csa_attention", 32, 4): 20.0,
+          ("csa_attention", 32, 128): 20.0, ("csa_attention", 128, 128): 36.0,
+          ("hca_attention", 128, 128): 50.1, ("csa_attention", 128, 4): 35.0,
+          ("hca_attention", 32, 4): 12.4, ("hca_attention", 128, 4): 15.8}
+sweep = {}
+for (name, batch, ctx), us in rows.items():
+    if "@" in name:
+        kernel, per = name.split("@")
+        best = sweep.get((kernel, batch, ctx))
+        if best is None or us < best[1]:
+            sweep[(kernel, batch, ctx)] = (int(per), us)
+print("| kernel | batch | context | us (kFusedCombine) | read floor us | ratio | goal | "
+      "old kernel us (kSplitCombine) | old ratio | 2026-12-04 us | best swept split |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for kernel in ("csa_attention", "hca_attention"):
+    for batch in (1, 32, 128):
+        for ctx in (4, 32, 128):
+            new = rows.get((kernel, batch, ctx))
+            floor = rows.get((kernel + "_read", batch, ctx))
+            old = rows.get((kernel + "_split", batch, ctx))
+            if new is None or floor is None:
+                continue
+            goal = "-" if batch == 1 else ("<= 2x" if ctx == 4 else "<= 1.3x")
+            limit = 2.0 if ctx == 4 else 1.3
+            met = "" if batch == 1 else (" met" if new / floor <= limit else " not met")
+            best = sweep.get((kernel, batch, ctx))
+            best_s = "-" if best is None else f"{best[0]}: {best[1]:.1f}"
+            old_s = "-" if old is None else f"{old:.1f}"
+            old_r = "-" if old is None else f"{old / floor:.2f}x"
+            print(f"| {kernel} | {batch} | {ctx}K | {new:.1f} | {floor:.1f} | {new / floor:.2f}x | "
+                  f"{goal}{met} | {old_s} | {old_r} | {before.get((kernel, batch, ctx), '-')} | "
+                  f"{best_s} |")
+PY
