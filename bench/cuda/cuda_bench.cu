@@ -17,7 +17,8 @@
 // pools are not allocated.
 // Attention rows: "csa_attention" / "hca_attention" are the default variant (kFusedCombine) at
 // the split size SparseDecodeEntriesPerSplit picks for it; "..._split" the kSplitCombine variant
-// (separate combine kernel, the default until 2026-12-04) at the size picked for that one.
+// (separate combine kernel, the default until 2026-12-04) at the size picked for that one;
+// "..._nopdl" kFusedCombine without programmatic dependent launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -277,10 +278,12 @@ int Run(int64_t only_batch, int64_t only_context) {
         const double attn_flops = 4.0 * batch * kHeads * entries * kSparseHeadDim;
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
-                              SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine) {
+                              SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine,
+                              bool programmatic = true) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
           split.variant = variant;
+          split.programmatic_launch = programmatic;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           BENCH_CHECK(SparseDecodeInitWorkspace(ws, ws_bytes, stream));
@@ -302,6 +305,9 @@ int Run(int64_t only_batch, int64_t only_context) {
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "");
         constexpr SparseDecodeVariant kOld = SparseDecodeVariant::kSplitCombine;
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms, kOld), "_split", kOld);
+        // kFusedCombine launched plainly (no programmatic dependent launch): what PDL adds.
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_nopdl",
+                   SparseDecodeVariant::kFusedCombine, false);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
         // "<kernel>@<entries per split>" (to fit SparseDecodeEntriesPerSplit to measurements).

@@ -774,7 +774,7 @@ cudaError_t LaunchFused(const SparseDecodeParams& p, const SplitOutputs& so, dim
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = p.programmatic_launch ? 1 : 0;
   return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true>, p, so);
 }
 

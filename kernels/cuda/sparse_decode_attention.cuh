@@ -80,6 +80,9 @@ struct SparseDecodeParams {
   float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
   SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine;
+  // kFusedCombine: launch as a programmatic dependent of the kernel before it on the stream
+  // (false: a plain launch; the kernel is the same, griddepcontrol.wait is then a no-op).
+  bool programmatic_launch = true;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /

@@ -416,7 +416,8 @@ TEST(CudaSparseDecodeTest, FusedGraphReplaysAndWorkspaceReuse) {
   DeviceCase ds(small);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const SparseDecodeParams p = d.Params(c, 64, scale, SparseDecodeVariant::kFusedCombine);
-  const SparseDecodeParams ps = ds.Params(small, 32, scale, SparseDecodeVariant::kFusedCombine);
+  SparseDecodeParams ps = ds.Params(small, 32, scale, SparseDecodeVariant::kFusedCombine);
+  ps.programmatic_launch = false;  // the same kernel in a plain launch
   GuardedBuffer<unsigned char> workspace(
       std::max(SparseDecodeWorkspaceBytes(p), SparseDecodeWorkspaceBytes(ps)));
   GuardedBuffer<uint16_t> out(static_cast<size_t>(d.batch * c.heads * kD));

@@ -6,7 +6,8 @@
 # and bench/cuda), runs the sparse decode attention GPU tests (every case with both variants),
 # then pdserve_cuda_bench in graph timing with only the attention rows (PDSERVE_BENCH_ONLY=
 # attention: kernel, read floor and old variant at batch 1, 32, 128 x 4K, 32K, 128K) and prints,
-# last, kernel / batch / context / us / read-floor us / ratio / old-kernel us.
+# last, kernel / batch / context / us / read-floor us / ratio / old-kernel us (and the default
+# variant launched without programmatic dependent launch).
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), SWEEP=1 (also every split size
 # of the default variant, rows "<kernel>@<entries per split>", to fit SparseDecodeEntriesPerSplit;
 # ~10 s more), SANITIZE=1 (compute-sanitizer memcheck on the fused tests, ~30 s more).
@@ -67,14 +68,16 @@ for (name, batch, ctx), us in rows.items():
         if best is None or us < best[1]:
             sweep[(kernel, batch, ctx)] = (int(per), us)
 print("| kernel | batch | context | us (kFusedCombine) | read floor us | ratio | goal | "
-      "old kernel us (kSplitCombine) | old ratio | 2026-12-04 us | best swept split |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "old kernel us (kSplitCombine) | old ratio | fused, no PDL us | 2026-12-04 us | "
+      "best swept split: us |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
         for ctx in (4, 32, 128):
             new = rows.get((kernel, batch, ctx))
             floor = rows.get((kernel + "_read", batch, ctx))
             old = rows.get((kernel + "_split", batch, ctx))
+            nopdl = rows.get((kernel + "_nopdl", batch, ctx))
             if new is None or floor is None:
                 continue
             goal = "-" if batch == 1 else ("<= 2x" if ctx == 4 else "<= 1.3x")
@@ -85,6 +88,8 @@ for kernel in ("csa_attention", "hca_attention"):
             old_s = "-" if old is None else f"{old:.1f}"
             old_r = "-" if old is None else f"{old / floor:.2f}x"
             print(f"| {kernel} | {batch} | {ctx}K | {new:.1f} | {floor:.1f} | {new / floor:.2f}x | "
-                  f"{goal}{met} | {old_s} | {old_r} | {before.get((kernel, batch, ctx), '-')} | "
+                  f"{goal}{met} | {old_s} | {old_r} | "
+                  f"{'-' if nopdl is None else f'{nopdl:.1f}'} | "
+                  f"{before.get((kernel, batch, ctx), '-')} | "
                   f"{best_s} |")
 PY
