@@ -316,6 +316,7 @@ int Run(int64_t only_batch, int64_t only_context) {
         const int64_t whole = (entries + kSparseTile - 1) / kSparseTile * kSparseTile;
         for (int64_t per = kSparseTile; per <= whole; per += kSparseTile) {
           const int64_t splits = (entries + per - 1) / per;
+          if (splits > kSparseMaxFusedSplits) continue;  // more than kFusedCombine merges
           if (per > kSparseTile && per != whole &&
               (entries + per - kSparseTile - 1) / (per - kSparseTile) == splits) {
             continue;  // only the smallest split size giving each number of splits

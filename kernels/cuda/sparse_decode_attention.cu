@@ -89,8 +89,13 @@ static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 
               "the layout assumes these shapes");
 static_assert(kQBytes == kHeads * kDim * 2, "the bf16 output is staged in the query area");
 static_assert(kSmemBytes <= 227 * 1024, "one block per multiprocessor");
-static_assert(sparse_decode::kMergeScratchBytes <= kStages * kTileBytes,
-              "the merge's scratch fits in the stage area");
+// The merge of kFusedCombine: its scratch in the hand-over areas, two splits' partials in the
+// stages (all free once every tile is consumed), this block's own partial staged in the queries.
+static_assert(sparse_decode::kMergeScratchBytes <= kPBytes + kRefBytes &&
+                  kRefOffset == kPOffset + kPBytes,
+              "the merge's scratch fits in the hand-over areas");
+static_assert(sparse_decode::kMergeBufferBytes <= kStages * kTileBytes,
+              "two partials fit in the stage area");
 
 // Byte offset of (row, 16-byte unit 0..63) inside an operand whose regions are `region_bytes`.
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit, int region_bytes) {
@@ -675,7 +680,10 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
         *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
   }
   if (FUSED && !final_output) {
-    MergeSplitsIfLast(p, w.b, w.head0, w.active, smem + kTileOffset, so);
+    MergeSplitsIfLast(
+        p, w.b, w.head0, w.active, smem + kQOffset,
+        [](int head, int unit) { return StagedOutputOffset(head, unit); }, smem + kPOffset,
+        smem + kTileOffset, so);
   }
 }
 

@@ -57,7 +57,7 @@ inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple
 inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
 // Counters of kFusedCombine: one per (request, head group), at the start of every workspace.
 inline constexpr int64_t kSparseCounterSlots = 65536;  // batch * heads / 64 must not exceed it
-inline constexpr int kSparseMaxFusedSplits = 256;      // kFusedCombine merges at most this many
+inline constexpr int kSparseMaxFusedSplits = 32;       // kFusedCombine merges at most this many
 
 enum class SparseDecodeVariant { kSplitCombine, kFusedCombine };
 

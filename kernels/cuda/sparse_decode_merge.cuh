@@ -36,9 +36,11 @@ struct SplitOutputs {
   uint32_t* counters = nullptr;
 };
 
-// Bytes of shared memory MergeSplitsIfLast needs as scratch: a flag, the weights [split][head]
-// and 1 / denominator per head.
+// Shared memory MergeSplitsIfLast needs: `scratch` (a flag, the weights [split][head] and 1 /
+// denominator per head) and `buffers` (two splits' partials, 64 KB each).
 constexpr int kMergeScratchBytes = 16 + (kSparseMaxFusedSplits + 1) * kMergeHeads * 4;
+constexpr int kMergePartialBytes = kMergeHeads * kMergeDim * 2;
+constexpr int kMergeBufferBytes = 2 * kMergePartialBytes;
 
 __device__ __forceinline__ int WindowRows(const SparseDecodeParams& p, int window_len) {
   return static_cast<int>(min(max(int64_t{window_len}, int64_t{0}), p.window_size));
@@ -63,16 +65,36 @@ __device__ __forceinline__ void MergeBarrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kMergeThreads) : "memory");
 }
 
+// 16 bytes global -> shared through L2 (coherent with other blocks' fenced stores), and the wait
+// for every such copy of this thread; the memory clobbers keep shared-memory reads after it.
+__device__ __forceinline__ void MergeCopy16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void MergeCopyWait() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // kFusedCombine, run by the 256 consumer threads of split block blockIdx.x of request b, heads
-// head0 .. head0 + 63, after they stored its partials: counts the block on the (request, head
-// group) counter; the block that counts last (every split's stores are fenced before its count:
-// the CUDA programming guide's last-block pattern, so all partials are visible to it) merges the
-// `active` splits (the formula above, in fp32) into `out` and puts the counter back to zero, so
-// the next launch finds it zero. `scratch`: kMergeScratchBytes of shared memory nothing else uses.
+// head0 .. head0 + 63, after they stored its partials (own_staged: the same bf16 values in shared
+// memory, head h's 16-byte unit u at staged_offset(h, u)): counts the block on the (request,
+// head group) counter; the block that counts last (every split's stores are fenced before its
+// count: the CUDA programming guide's last-block pattern, so all partials are visible to it)
+// merges the `active` splits (the formula above, in fp32, split by split in split order, so the
+// bits do not depend on which block came last) into `out` and puts the counter back to zero, so
+// the next launch finds it zero. The other splits' partials come through `buffers`, two splits
+// per round trip (cp.async: each thread copies and then reads only its own units). `scratch` and
+// `buffers`: kMergeScratchBytes and kMergeBufferBytes of shared memory nothing else uses now.
+template <typename StagedOffset>
 __device__ __forceinline__ void MergeSplitsIfLast(const SparseDecodeParams& p, int64_t b, int head0,
-                                                  int active, unsigned char* scratch,
+                                                  int active, const unsigned char* own_staged,
+                                                  StagedOffset staged_offset,
+                                                  unsigned char* scratch, unsigned char* buffers,
                                                   const SplitOutputs& so) {
   const int tid = threadIdx.x;
+  const int own = static_cast<int>(blockIdx.x);
   const int64_t splits = gridDim.x;
   uint32_t* const counter = so.counters + b * gridDim.z + blockIdx.z;
   volatile int* const last = reinterpret_cast<volatile int*>(scratch);
@@ -86,24 +108,57 @@ __device__ __forceinline__ void MergeSplitsIfLast(const SparseDecodeParams& p, i
   if (*last == 0) return;
   __threadfence();
   if (tid == 0) *counter = 0u;
+  // Each thread's 16 units of 8 dims: unit i = tid + 256 k, head i / 64.
+  constexpr int kUnits = kMergeHeads * kMergeDim / 8 / kMergeThreads;
+  // Splits sp .. end - 1 of a round: at most two that are not this block's own.
+  const auto round_end = [&](int sp) {
+    int others = 0;
+    int end = sp;
+    while (end < active && (end == own || others < 2)) others += end++ != own;
+    return end;
+  };
+  const auto issue_round = [&](int sp, int end) {
+    for (int s = sp, buffer = 0; s < end; ++s) {
+      if (s == own) continue;
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) {
+        const int i = tid + kMergeThreads * k;
+        MergeCopy16(buffers + buffer * kMergePartialBytes + i * 16,
+                    so.part_out + row_of(s, i >> 6) * kMergeDim + (i & 63) * 8);
+      }
+      ++buffer;
+    }
+  };
+  // The first round's copies fly while the weights are worked out: four threads per head, each
+  // over splits part, part + 4, ... (all loads of a thread issued before any is used).
+  int end = round_end(0);
+  issue_round(0, end);
   {
-    // Four threads per head, each over splits part, part + 4, ...: the top, each split's weight
-    // and the denominator.
     const int head = tid >> 2;
     const int part = tid & 3;
+    constexpr int kPer = kSparseMaxFusedSplits / 4;
+    float m[kPer];
+    float l[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int sp = part + 4 * j;
+      m[j] = sp < active ? __ldcg(so.part_max + row_of(sp, head)) : -INFINITY;
+      l[j] = sp < active ? __ldcg(so.part_sum + row_of(sp, head)) : 0.0f;
+    }
     const float sink = p.sinks[head0 + head] * kMergeLog2e;  // a logit, not scaled
     float top = sink;
-    for (int sp = part; sp < active; sp += 4) {
-      top = fmaxf(top, __ldcg(so.part_max + row_of(sp, head)));
-    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) top = fmaxf(top, m[j]);
     top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, 1));
     top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, 2));
     float denom = 0.0f;
-    for (int sp = part; sp < active; sp += 4) {
-      const int64_t row = row_of(sp, head);
-      const float weight = MergeWeight(__ldcg(so.part_max + row), top);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int sp = part + 4 * j;
+      if (sp >= active) continue;
+      const float weight = MergeWeight(m[j], top);
       weights[sp * kMergeHeads + head] = weight;
-      denom += weight * __ldcg(so.part_sum + row);
+      denom += weight * l[j];
     }
     denom += __shfl_xor_sync(0xFFFFFFFFu, denom, 1);
     denom += __shfl_xor_sync(0xFFFFFFFFu, denom, 2);
@@ -111,33 +166,37 @@ __device__ __forceinline__ void MergeSplitsIfLast(const SparseDecodeParams& p, i
     if (part == 0) inv_denom[head] = denom > 0.0f ? 1.0f / denom : 0.0f;
   }
   MergeBarrier();
-  // Each thread: 16 units of 8 dims (unit i = tid + 256 k, head i / 64), each split's partial of
-  // all 16 loaded before any is added, so 16 loads are in flight per thread.
-  constexpr int kUnits = kMergeHeads * kMergeDim / 8 / kMergeThreads;
   float acc[kUnits][8];
 #pragma unroll
   for (int k = 0; k < kUnits; ++k) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[k][j] = 0.0f;
   }
-  for (int sp = 0; sp < active; ++sp) {
-    uint4 raw[kUnits];
+  for (int sp = 0; sp < active;) {
+    MergeCopyWait();
+    for (int buffer = 0; sp < end; ++sp) {
 #pragma unroll
-    for (int k = 0; k < kUnits; ++k) {
-      const int i = tid + kMergeThreads * k;
-      raw[k] = __ldcg(reinterpret_cast<const uint4*>(so.part_out + row_of(sp, i >> 6) * kMergeDim) +
-                      (i & 63));
-    }
+      for (int k = 0; k < kUnits; ++k) {
+        const int i = tid + kMergeThreads * k;
+        const uint4 raw =
+            sp == own
+                ? *reinterpret_cast<const uint4*>(own_staged + staged_offset(i >> 6, i & 63))
+                : *reinterpret_cast<const uint4*>(buffers + buffer * kMergePartialBytes + i * 16);
+        const float weight = weights[sp * kMergeHeads + (i >> 6)];
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int k = 0; k < kUnits; ++k) {
-      const float weight = weights[sp * kMergeHeads + ((tid + kMergeThreads * k) >> 6)];
-      const uint32_t words[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-        acc[k][2 * j] += weight * v.x;
-        acc[k][2 * j + 1] += weight * v.y;
+        for (int j = 0; j < 4; ++j) {
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+          acc[k][2 * j] += weight * v.x;
+          acc[k][2 * j + 1] += weight * v.y;
+        }
       }
+      buffer += sp != own;
+    }
+    // This thread's reads of the buffers are done: the next round may overwrite its units.
+    if (sp < active) {
+      end = round_end(sp);
+      issue_round(sp, end);
     }
   }
 #pragma unroll
