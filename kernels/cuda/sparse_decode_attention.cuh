@@ -23,22 +23,24 @@
 // consumer warpgroups running Hopper's warpgroup MMA with the 64 heads as M. The consumers take
 // turns over the tiles (FlashMLA's "seesaw" schedule): each computes the full scores and softmax
 // of every other tile, hands P to the other, and accumulates its half of the output columns over
-// every tile (see the .cu for the data flow); with several splits a combine kernel merges their
-// partial outputs (bf16, unnormalized, with fp32 maxima and sums) in fp32. Scores and the output
-// accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
+// every tile (see the .cu for the data flow); with several splits their partial outputs (bf16,
+// unnormalized, with fp32 maxima and sums) are merged in fp32 (sparse_decode_merge.cuh). Scores
+// and the output accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
 //
 // Two variants (SparseDecodeParams::variant), the same split kernel and math:
 // - kSplitCombine: a second kernel merges the splits (the only one until 2026-12-04; kept as the
 //   bench's baseline row and as a fallback).
 // - kFusedCombine (the default): no second kernel. Each split block writes its partials, then
 //   counts itself on a per-(request, head group) counter in the workspace; the block that arrives
-//   last merges the splits (the same fp32 arithmetic and order as the combine kernel) and resets
-//   the counter to zero. Splits past a request's entries exit without writing, a request whose
-//   entries fit one split is finished by that block alone. Launched with programmatic stream
-//   serialization: the launch may begin while the kernel before it on the stream drains; every
-//   thread waits (griddepcontrol.wait) for that kernel before it reads or writes global memory.
-//   Needs the workspace's counters zero before its first launch (SparseDecodeInitWorkspace);
-//   every launch leaves them zero.
+//   last merges the splits (the combine kernel's formula in fp32, splits added in split order, so
+//   the bits do not depend on which block came last) and resets the counter to zero. At most
+//   kSparseMaxFusedSplits splits. Splits past a request's entries exit without writing, a request
+//   whose entries fit one split is finished by that block alone. Launched with programmatic
+//   stream serialization (unless programmatic_launch is false): the launch may begin while the
+//   kernel before it on the stream drains; every thread waits (griddepcontrol.wait) for that
+//   kernel before it reads or writes global memory, and the kernel lets the next one's launch
+//   begin at once. Needs the workspace's counters zero before its first launch
+//   (SparseDecodeInitWorkspace); every launch leaves them zero.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -111,7 +113,8 @@ cudaError_t SparseDecodeInitWorkspace(void* workspace, size_t workspace_bytes, c
 // Runs the split kernel and, with kSplitCombine and more than one split, the combine kernel on
 // `stream`. Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64,
 // entries_per_split not a multiple of kSparseTile, softmax_scale not > 0, batch * heads / 64 over
-// kSparseCounterSlots, workspace too small, missing pointers), else the launch status. No state
+// kSparseCounterSlots, kFusedCombine with more than kSparseMaxFusedSplits splits, workspace too
+// small, missing pointers), else the launch status. No state
 // besides one-time kernel attributes (make the first call of each variant outside graph
 // capture): concurrent calls with distinct workspaces are safe; calls sharing a workspace must
 // be ordered (one stream).
