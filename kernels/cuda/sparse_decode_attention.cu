@@ -21,6 +21,8 @@ using hopper::MbarrierWait;
 using hopper::SmemDescriptor;
 using hopper::WgmmaCommit;
 using hopper::WgmmaFence;
+using hopper::WgmmaM64N256K16Bf16RegA;
+using hopper::WgmmaM64N32K16Bf16;
 using hopper::WgmmaWait;
 using sparse_decode::MergeSplitsIfLast;
 using sparse_decode::MergeWeight;
@@ -117,56 +119,6 @@ __device__ __forceinline__ void MbarrierArriveOnCopies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// d[64 x 32] = A[64 x 16] * B[16 x 32] (+ d when `accumulate`; fp32), A and B bf16 K-major in
-// shared memory, given by descriptors.
-__device__ __forceinline__ void WgmmaQk(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
-                                        int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d[64 x 256] += A[64 x 16] * B[16 x 256] (fp32 accumulate), A bf16 in registers (the accumulator
-// layout of WgmmaQk packed to bf16 pairs), B bf16 MN-major in shared memory.
-__device__ __forceinline__ void WgmmaPv(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, "
-      "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, "
-      "%99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, "
-      "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, "
-      "%129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
 __device__ __forceinline__ void CopyAsync16Shared(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
@@ -217,6 +169,33 @@ __device__ __forceinline__ void IssueQueries(const SparseDecodeParams& p, uint32
                       q + head * kDim + unit * 8, true);
   }
   MbarrierArriveOnCopies(base + kBarrierOffset + kQBarrier * 8);
+}
+
+// kFusedCombine's producer warps, before the request's lengths are known: every 128-byte line of
+// the request's page-table row (up to 64 lines) and of the CSA indices this split can need
+// (whatever the window length) is prefetched into L1, so the first tiles' lookups, which wait on
+// the lengths, then on the index, then on the page, wait on one round trip to L2 instead of
+// three. Prefetches do not fault and change no result.
+__device__ __forceinline__ void PrefetchLookups(const SparseDecodeParams& p) {
+  const int t = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  const int64_t b = blockIdx.y;
+  const auto prefetch = [](const int32_t* address) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(address));
+  };
+  if (p.compressed_slots > 0) {
+    const int64_t lines = min((p.page_table_stride + 31) / 32, int64_t{64});
+    for (int64_t l = t; l < lines; l += kThreads - kConsumerThreads) {
+      prefetch(p.page_table + b * p.page_table_stride + 32 * l);
+    }
+  }
+  if (p.indices != nullptr) {
+    const int64_t begin = int64_t{blockIdx.x} * p.entries_per_split;
+    const int64_t lo = max(int64_t{0}, begin - p.window_size);
+    const int64_t hi = min(p.compressed_slots, begin + p.entries_per_split);
+    for (int64_t i = lo + 32 * t; i < hi; i += 32 * (kThreads - kConsumerThreads)) {
+      prefetch(p.indices + b * p.compressed_slots + i);
+    }
+  }
 }
 
 // The producer warps: every tile's rows into the stage ring. Producer warp pw owns rows 8 pw ..
@@ -366,8 +345,9 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], uint32_t base, uint3
   for (int ks = 0; ks < kDim / 16; ++ks) {
     const int region = ks / 4;
     const int column_bytes = (ks % 4) * 32;
-    WgmmaQk(s, SmemDescriptor(base + kQOffset + region * kQRegionBytes + column_bytes, 16, 1024),
-            SmemDescriptor(tile + region * kTileRegionBytes + column_bytes, 16, 1024), ks > 0);
+    WgmmaM64N32K16Bf16(
+        s, SmemDescriptor(base + kQOffset + region * kQRegionBytes + column_bytes, 16, 1024),
+        SmemDescriptor(tile + region * kTileRegionBytes + column_bytes, 16, 1024), ks > 0);
   }
   WgmmaCommit();
 }
@@ -381,7 +361,7 @@ __device__ __forceinline__ void IssueValues(float (&o)[128], const uint32_t (&a)
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
-    WgmmaPv(
+    WgmmaM64N256K16Bf16RegA(
         o, a[kk],
         SmemDescriptor(tile + 4 * WG * kTileRegionBytes + kk * 16 * 128, kTileRegionBytes, 1024));
   }
@@ -718,6 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // The queries go out first; the request's lengths and window page are loaded together.
     IssueQueries(p, base);
+    if constexpr (FUSED) PrefetchLookups(p);
     const int window_len = p.window_len[b];
     const int n_compressed = p.n_compressed[b];
     const int window_page = p.window_size > 0 ? p.window_page[b] : 0;
@@ -802,52 +783,6 @@ cudaError_t LaunchSplitCombine(const SparseDecodeParams& p, const SplitOutputs& 
 }
 
 }  // namespace
-
-int64_t SparseDecodeSplits(const SparseDecodeParams& p) {
-  if (p.entries_per_split <= 0) return 0;
-  const int64_t entries = p.window_size + p.compressed_slots;
-  return std::max<int64_t>(1, (entries + p.entries_per_split - 1) / p.entries_per_split);
-}
-
-int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries, int sm_count,
-                                    SparseDecodeVariant variant) {
-  // Cost model in microseconds, fitted to sweeps of every split size on an H200 (bench/cuda's
-  // PDSERVE_BENCH_SPLITS=1, graph timing; docs/perf.md): a block takes kTileUs per 32-row tile
-  // whatever the load (the per-block pipeline, not HBM, bounds it), and splitting costs a fixed
-  // part, a part per split and a part per MB of bf16 partials written and read back. Blocks stay
-  // within one wave (one block fits per multiprocessor).
-  // kSplitCombine (2026-12-03): 4 (the partials staged and written, the combine launch) + 0.2 per
-  // split (the combine's loop over them) + 0.3 per MB (fitted with fp32 partials; bf16 since, at
-  // the same cost per MB).
-  struct Costs {
-    double tile_us, split_us, per_split_us, partial_us_per_mb;
-  };
-  constexpr Costs kSplitCombineCosts = {1.04, 4.0, 0.2, 0.3};
-  // kFusedCombine: no combine launch; the last block of a request reads every split's 64 KB.
-  constexpr Costs kFusedCosts = {1.04, 1.0, 0.35, 0.3};
-  const Costs& c = variant == SparseDecodeVariant::kSplitCombine ? kSplitCombineCosts : kFusedCosts;
-  constexpr double kPartialMbPerBlock = kSparseHeadsPerBlock * kDim * sizeof(__nv_bfloat16) / 1e6;
-  const int64_t blocks = std::max<int64_t>(1, batch * (heads / kSparseHeadsPerBlock));
-  const int64_t tiles = std::max<int64_t>(1, (max_entries + kSparseTile - 1) / kSparseTile);
-  int64_t max_splits = std::min<int64_t>(tiles, std::max<int64_t>(1, sm_count / blocks));
-  if (variant == SparseDecodeVariant::kFusedCombine) {
-    max_splits = std::min<int64_t>(max_splits, kSparseMaxFusedSplits);
-  }
-  int64_t best_tiles = tiles;
-  double best_us = static_cast<double>(tiles) * c.tile_us;
-  for (int64_t splits = 2; splits <= max_splits; ++splits) {
-    const int64_t per = (tiles + splits - 1) / splits;  // tiles per split
-    const int64_t used = (tiles + per - 1) / per;       // splits that split size makes
-    const double us = static_cast<double>(per) * c.tile_us + c.split_us +
-                      c.per_split_us * static_cast<double>(used) +
-                      c.partial_us_per_mb * kPartialMbPerBlock * static_cast<double>(blocks * used);
-    if (used > 1 && us < best_us) {
-      best_us = us;
-      best_tiles = per;
-    }
-  }
-  return best_tiles * kSparseTile;
-}
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
