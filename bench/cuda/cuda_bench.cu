@@ -15,10 +15,10 @@
 //   launch table is the one to read there.
 // PDSERVE_BENCH_ONLY=attention: only the attention rows (and their read floors); the indexer's
 // pools are not allocated.
-// Attention rows: "csa_attention" / "hca_attention" are the default variant (kFusedCombine) at
-// the split size SparseDecodeEntriesPerSplit picks for it; "..._split" the kSplitCombine variant
-// (separate combine kernel, the default until 2026-12-04) at the size picked for that one;
-// "..._nopdl" kFusedCombine without programmatic dependent launch.
+// Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
+// "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
+// launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
+// false.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -278,7 +278,7 @@ int Run(int64_t only_batch, int64_t only_context) {
         const double attn_flops = 4.0 * batch * kHeads * entries * kSparseHeadDim;
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
-                              SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine,
+                              SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch,
                               bool programmatic = true) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
@@ -286,7 +286,6 @@ int Run(int64_t only_batch, int64_t only_context) {
           split.programmatic_launch = programmatic;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
-          BENCH_CHECK(SparseDecodeInitWorkspace(ws, ws_bytes, stream));
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
               DeviceAlloc<uint16_t>(batch * kHeads * kSparseHeadDim));
           const double attn_us = time_us([&](int l) {
@@ -304,24 +303,25 @@ int Run(int64_t only_batch, int64_t only_context) {
         };
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "");
         constexpr SparseDecodeVariant kOld = SparseDecodeVariant::kSplitCombine;
-        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms, kOld), "_split", kOld);
-        // kFusedCombine launched plainly (no programmatic dependent launch): what PDL adds.
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_split", kOld);
+        // kDependentLaunch launched plainly (no programmatic dependent launch): what PDL adds.
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_nopdl",
-                   SparseDecodeVariant::kFusedCombine, false);
+                   SparseDecodeVariant::kDependentLaunch, false);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
-        // "<kernel>@<entries per split>" (to fit SparseDecodeEntriesPerSplit to measurements).
+        // "<kernel>@<entries per split>" and "<kernel>_split@<entries per split>" (both variants;
+        // to fit SparseDecodeEntriesPerSplit to measurements).
         const char* sweep = std::getenv("PDSERVE_BENCH_SPLITS");
         if (sweep == nullptr || std::string(sweep) != "1") continue;
         const int64_t whole = (entries + kSparseTile - 1) / kSparseTile * kSparseTile;
         for (int64_t per = kSparseTile; per <= whole; per += kSparseTile) {
           const int64_t splits = (entries + per - 1) / per;
-          if (splits > kSparseMaxFusedSplits) continue;  // more than kFusedCombine merges
           if (per > kSparseTile && per != whole &&
               (entries + per - kSparseTile - 1) / (per - kSparseTile) == splits) {
             continue;  // only the smallest split size giving each number of splits
           }
           time_split(per, "@" + std::to_string(per));
+          time_split(per, "_split@" + std::to_string(per), kOld);
         }
       }
     }

@@ -401,9 +401,6 @@ absl::Status GpuModel::Impl::Allocate() {
       for (const Layer& l : layers) bytes = std::max(bytes, DecodeWorkspace(l, batch));
     }
     PDSERVE_RETURN_IF_ERROR(attn_workspace.Allocate(bytes));
-    // The merge counters start at zero; every launch leaves them so.
-    PDSERVE_CUDA_RETURN(
-        kc::SparseDecodeInitWorkspace(attn_workspace.get(), attn_workspace.size(), stream));
   }
   if (fast_indexer) {
     PDSERVE_RETURN_IF_ERROR(idx_q_bf.Allocate(r * c.index_n_heads * c.index_head_dim));

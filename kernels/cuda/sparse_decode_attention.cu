@@ -24,7 +24,6 @@ using hopper::WgmmaFence;
 using hopper::WgmmaM64N256K16Bf16RegA;
 using hopper::WgmmaM64N32K16Bf16;
 using hopper::WgmmaWait;
-using sparse_decode::MergeSplitsIfLast;
 using sparse_decode::MergeWeight;
 using sparse_decode::RequestEntries;
 using sparse_decode::SparseDecodeCombineKernel;
@@ -91,13 +90,6 @@ static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 
               "the layout assumes these shapes");
 static_assert(kQBytes == kHeads * kDim * 2, "the bf16 output is staged in the query area");
 static_assert(kSmemBytes <= 227 * 1024, "one block per multiprocessor");
-// The merge of kFusedCombine: its scratch in the hand-over areas, two splits' partials in the
-// stages (all free once every tile is consumed), this block's own partial staged in the queries.
-static_assert(sparse_decode::kMergeScratchBytes <= kPBytes + kRefBytes &&
-                  kRefOffset == kPOffset + kPBytes,
-              "the merge's scratch fits in the hand-over areas");
-static_assert(sparse_decode::kMergeBufferBytes <= kStages * kTileBytes,
-              "two partials fit in the stage area");
 
 // Byte offset of (row, 16-byte unit 0..63) inside an operand whose regions are `region_bytes`.
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit, int region_bytes) {
@@ -171,7 +163,7 @@ __device__ __forceinline__ void IssueQueries(const SparseDecodeParams& p, uint32
   MbarrierArriveOnCopies(base + kBarrierOffset + kQBarrier * 8);
 }
 
-// kFusedCombine's producer warps, before the request's lengths are known: every 128-byte line of
+// kDependentLaunch's producer warps, before the request's lengths are known: every 128-byte line of
 // the request's page-table row (up to 64 lines) and of the CSA indices this split can need
 // (whatever the window length) is prefetched into L1, so the first tiles' lookups, which wait on
 // the lengths, then on the index, then on the page, wait on one round trip to L2 instead of
@@ -598,17 +590,16 @@ __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
   return head * kDim * 2 + ((unit ^ (head & 7)) << 4);
 }
 
-// The consumer warpgroups: every tile, then the output (one split) or the partials (and with
-// FUSED, the merge of every split's partials in the block that writes the last of them).
-template <int WG, bool FUSED>
+// The consumer warpgroups: every tile, then the output (one split) or the partials.
+template <int WG, bool DEPENDENT>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
                                                  const SplitOutputs& so) {
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
-  // FUSED: a request whose entries fit in split 0 is finished there; its other splits (and the
-  // splits past any request's entries) write nothing.
-  const bool final_output = splits == 1 || (FUSED && w.active == 1);
+  // DEPENDENT: a request whose entries fit in split 0 is finished there (the combine kernel skips
+  // it); the splits past a request's entries write nothing.
+  const bool final_output = splits == 1 || (DEPENDENT && w.active == 1);
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -620,7 +611,7 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   Consume<WG>(p, w.n_tiles, base, smem, st);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
-  if (FUSED && static_cast<int>(blockIdx.x) >= w.active) return;
+  if (DEPENDENT && static_cast<int>(blockIdx.x) >= w.active) return;
   // One split: the final output (sink and normalization applied). Several: this split's
   // unnormalized output in bf16, and its maxima and sums in fp32, for the merge.
   __nv_bfloat16* const dst =
@@ -659,17 +650,11 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
     reinterpret_cast<uint4*>(dst)[i] =
         *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
   }
-  if (FUSED && !final_output) {
-    MergeSplitsIfLast(
-        p, w.b, w.head0, w.active, smem + kQOffset,
-        [](int head, int unit) { return StagedOutputOffset(head, unit); }, smem + kPOffset,
-        smem + kTileOffset, so);
-  }
 }
 
-// FUSED: SparseDecodeVariant::kFusedCombine (no combine kernel; launched as a programmatic
-// dependent: nothing global is touched before griddepcontrol.wait).
-template <bool FUSED>
+// DEPENDENT: SparseDecodeVariant::kDependentLaunch (launched as a programmatic dependent: nothing
+// global is touched before griddepcontrol.wait).
+template <bool DEPENDENT>
 __global__ void __launch_bounds__(kThreads, 1)
     SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -686,7 +671,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     MbarrierInit(base + kBarrierOffset + kQBarrier * 8, 32 * kProducerWarps);
   }
   __syncthreads();
-  if constexpr (FUSED) {
+  if constexpr (DEPENDENT) {
     // The kernel before this one on the stream has finished and its writes are visible; the one
     // after may begin its launch (it waits the same way for this one).
     GridDependencyWait();
@@ -698,7 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // The queries go out first; the request's lengths and window page are loaded together.
     IssueQueries(p, base);
-    if constexpr (FUSED) PrefetchLookups(p);
+    if constexpr (DEPENDENT) PrefetchLookups(p);
     const int window_len = p.window_len[b];
     const int n_compressed = p.n_compressed[b];
     const int window_page = p.window_size > 0 ? p.window_page[b] : 0;
@@ -710,9 +695,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
     if (tid < 128) {
-      ConsumeAndFinish<0, FUSED>(p, w, base, smem, so);
+      ConsumeAndFinish<0, DEPENDENT>(p, w, base, smem, so);
     } else {
-      ConsumeAndFinish<1, FUSED>(p, w, base, smem, so);
+      ConsumeAndFinish<1, DEPENDENT>(p, w, base, smem, so);
     }
   }
 }
@@ -726,98 +711,70 @@ size_t PartialRows(const SparseDecodeParams& p) {
          static_cast<size_t>(p.heads);
 }
 
-constexpr size_t kCounterBytes = kSparseCounterSlots * sizeof(uint32_t);
-
-// Workspace: the counters, then the partial outputs, maxima and sums.
-struct Workspace {
-  uint32_t* counters;
-  __nv_bfloat16* part_out;
-  float* part_max;
-  float* part_sum;
-};
-
-Workspace CarveWorkspace(const SparseDecodeParams& p, void* workspace) {
-  const size_t rows = PartialRows(p);
-  auto* base = static_cast<unsigned char*>(workspace);
-  Workspace ws;
-  ws.counters = reinterpret_cast<uint32_t*>(base);
-  ws.part_out = reinterpret_cast<__nv_bfloat16*>(base + kCounterBytes);
-  ws.part_max =
-      reinterpret_cast<float*>(base + kCounterBytes + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
-  ws.part_sum = ws.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
-  return ws;
-}
-
-// kFusedCombine: the split kernel alone, as a programmatic dependent of the kernel before it.
-cudaError_t LaunchFused(const SparseDecodeParams& p, const SplitOutputs& so, dim3 grid,
-                        cudaStream_t stream) {
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attribute_status != cudaSuccess) return attribute_status;
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
+// kernel before it on `stream` when `dependent`.
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, bool dependent,
+                   cudaStream_t stream, Args... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = p.programmatic_launch ? 1 : 0;
-  return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true>, p, so);
+  config.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// kSplitCombine: the split kernel, then (several splits) the combine kernel.
-cudaError_t LaunchSplitCombine(const SparseDecodeParams& p, const SplitOutputs& so, dim3 grid,
-                               cudaStream_t stream) {
+// The split kernel, then (several splits) the combine kernel; DEPENDENT: kDependentLaunch.
+template <bool DEPENDENT>
+cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
+                          cudaStream_t stream) {
   static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      SparseDecodeSplitKernel<DEPENDENT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
-  SparseDecodeSplitKernel<false><<<grid, kThreads, kSmemBytes, stream>>>(p, so);
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess || grid.x == 1) return status;
+  const bool dependent = DEPENDENT && p.programmatic_launch;
+  const int64_t splits = SparseDecodeSplits(p);
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
+                  static_cast<unsigned>(p.heads / kHeads));
+  cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT>, grid, dim3(kThreads), kSmemBytes,
+                              dependent, stream, p, so);
+  if (status != cudaSuccess || splits == 1) return status;
   const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
-  SparseDecodeCombineKernel<<<combine_grid, kDim / 4, 0, stream>>>(
-      p, static_cast<int>(grid.x), so.part_out, so.part_max, so.part_sum, so.out);
-  return cudaGetLastError();
+  return Launch(SparseDecodeCombineKernel<DEPENDENT>, combine_grid, dim3(kDim / 4), 0, dependent,
+                stream, p, static_cast<int>(splits), static_cast<const __nv_bfloat16*>(so.part_out),
+                static_cast<const float*>(so.part_max), static_cast<const float*>(so.part_sum),
+                so.out);
 }
 
 }  // namespace
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
-  return kCounterBytes + AlignUp(rows * kDim * sizeof(__nv_bfloat16)) +
-         2 * AlignUp(rows * sizeof(float));
-}
-
-cudaError_t SparseDecodeInitWorkspace(void* workspace, size_t workspace_bytes,
-                                      cudaStream_t stream) {
-  constexpr const char* kLauncher = "SparseDecodeInitWorkspace";
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace != nullptr);
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, workspace_bytes >= kCounterBytes);
-  return cudaMemsetAsync(workspace, 0, kCounterBytes, stream);
+  return AlignUp(rows * kDim * sizeof(__nv_bfloat16)) + 2 * AlignUp(rows * sizeof(float));
 }
 
 cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   constexpr const char* kLauncher = "sparse_decode_attention";
-  const bool fused = p.variant == SparseDecodeVariant::kFusedCombine;
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, fused || p.variant == SparseDecodeVariant::kSplitCombine);
+  const bool dependent = p.variant == SparseDecodeVariant::kDependentLaunch;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, dependent || p.variant == SparseDecodeVariant::kSplitCombine);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads % kHeads == 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.softmax_scale > 0.0f);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads / kHeads <= 65535);
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch * (p.heads / kHeads) <= kSparseCounterSlots);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_size >= 1);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split > 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split % kSparseTile == 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size + p.compressed_slots <= INT32_MAX / 2);
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, !fused || SparseDecodeSplits(p) <= kSparseMaxFusedSplits);
   if (p.batch == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.q != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_len != nullptr);
@@ -830,16 +787,14 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
       kLauncher, p.window_size == 0 || (p.window_pool != nullptr && p.window_page != nullptr));
   PDSERVE_LAUNCH_REQUIRE(
       kLauncher, p.compressed_slots == 0 || (p.kv_pool != nullptr && p.page_table != nullptr));
-  const Workspace ws = CarveWorkspace(p, workspace);
+  const size_t rows = PartialRows(p);
+  auto* base = static_cast<unsigned char*>(workspace);
   SplitOutputs so;
   so.out = out;
-  so.part_out = ws.part_out;
-  so.part_max = ws.part_max;
-  so.part_sum = ws.part_sum;
-  so.counters = ws.counters;
-  const dim3 grid(static_cast<unsigned>(SparseDecodeSplits(p)), static_cast<unsigned>(p.batch),
-                  static_cast<unsigned>(p.heads / kHeads));
-  return fused ? LaunchFused(p, so, grid, stream) : LaunchSplitCombine(p, so, grid, stream);
+  so.part_out = reinterpret_cast<__nv_bfloat16*>(base);
+  so.part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
+  so.part_sum = so.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
+  return dependent ? LaunchVariant<true>(p, so, stream) : LaunchVariant<false>(p, so, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

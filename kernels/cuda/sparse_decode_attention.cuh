@@ -27,20 +27,17 @@
 // unnormalized, with fp32 maxima and sums) are merged in fp32 (sparse_decode_merge.cuh). Scores
 // and the output accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
 //
-// Two variants (SparseDecodeParams::variant), the same split kernel and math:
-// - kSplitCombine: a second kernel merges the splits (the only one until 2026-12-04; kept as the
-//   bench's baseline row and as a fallback).
-// - kFusedCombine (the default): no second kernel. Each split block writes its partials, then
-//   counts itself on a per-(request, head group) counter in the workspace; the block that arrives
-//   last merges the splits (the combine kernel's formula in fp32, splits added in split order, so
-//   the bits do not depend on which block came last) and resets the counter to zero. At most
-//   kSparseMaxFusedSplits splits. Splits past a request's entries exit without writing, a request
-//   whose entries fit one split is finished by that block alone. Launched with programmatic
-//   stream serialization (unless programmatic_launch is false): the launch may begin while the
-//   kernel before it on the stream drains; every thread waits (griddepcontrol.wait) for that
-//   kernel before it reads or writes global memory, and the kernel lets the next one's launch
-//   begin at once. Needs the workspace's counters zero before its first launch
-//   (SparseDecodeInitWorkspace); every launch leaves them zero.
+// Two variants (SparseDecodeParams::variant), the same two kernels and math:
+// - kSplitCombine: plain launches (the only variant until 2026-12-04; kept as the bench's baseline
+//   row and as a fallback).
+// - kDependentLaunch (the default): both kernels launched as programmatic dependents (unless
+//   programmatic_launch is false), so each launch begins while the kernel before it on the stream
+//   drains; every thread waits (griddepcontrol.wait) for that kernel before it touches global
+//   memory, and lets the next launch begin at once. Besides: the lookups' first cache lines
+//   (page-table row, CSA indices) are prefetched while the lengths load, a request whose entries
+//   fit in split 0 gets its final output from that block (the combine kernel skips it), and splits
+//   past a request's entries write nothing. (Merging the splits in the split block that finishes
+//   last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -57,11 +54,8 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
 inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
-// Counters of kFusedCombine: one per (request, head group), at the start of every workspace.
-inline constexpr int64_t kSparseCounterSlots = 65536;  // batch * heads / 64 must not exceed it
-inline constexpr int kSparseMaxFusedSplits = 32;       // kFusedCombine merges at most this many
 
-enum class SparseDecodeVariant { kSplitCombine, kFusedCombine };
+enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch };
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;
@@ -81,9 +75,9 @@ struct SparseDecodeParams {
   const float* sinks = nullptr;
   float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
-  SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine;
-  // kFusedCombine: launch as a programmatic dependent of the kernel before it on the stream
-  // (false: a plain launch; the kernel is the same, griddepcontrol.wait is then a no-op).
+  SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch;
+  // kDependentLaunch: launch both kernels as programmatic dependents (false: plain launches of the
+  // same kernels; griddepcontrol.wait is then a no-op).
   bool programmatic_launch = true;
 };
 
@@ -92,32 +86,21 @@ struct SparseDecodeParams {
 int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 
 // A split size (multiple of kSparseTile) for requests of up to `max_entries` entries: the one a
-// cost model fitted to H200 measurements of `variant` (see the definition) predicts fastest,
-// within one wave of blocks (one per multiprocessor). Splitting shortens each block's list but
-// adds partial outputs and their merge, so small lists and batches that fill the wave stay whole.
-// Host arithmetic.
-int64_t SparseDecodeEntriesPerSplit(
-    int64_t batch, int64_t heads, int64_t max_entries, int sm_count,
-    SparseDecodeVariant variant = SparseDecodeVariant::kFusedCombine);
+// cost model fitted to H200 measurements (see the definition) predicts fastest, within one wave of
+// blocks (one per multiprocessor). Splitting shortens each block's list but adds partial outputs
+// and the combine kernel, so small lists and batches that fill the wave stay whole. Host
+// arithmetic.
+int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
+                                    int sm_count);
 
-// Device workspace the launch needs: kSparseCounterSlots uint32 counters (both variants keep the
-// area, so one workspace serves both), then bf16 partial outputs and fp32 maxima and sums per
-// split.
+// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split.
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
-// Zeroes the counters at the start of `workspace` (asynchronously on `stream`): once after the
-// workspace is allocated, and again if its memory was used for anything else. Returns
-// cudaErrorInvalidValue when workspace_bytes is smaller than the counter area.
-cudaError_t SparseDecodeInitWorkspace(void* workspace, size_t workspace_bytes, cudaStream_t stream);
-
-// Runs the split kernel and, with kSplitCombine and more than one split, the combine kernel on
-// `stream`. Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64,
-// entries_per_split not a multiple of kSparseTile, softmax_scale not > 0, batch * heads / 64 over
-// kSparseCounterSlots, kFusedCombine with more than kSparseMaxFusedSplits splits, workspace too
-// small, missing pointers), else the launch status. No state
-// besides one-time kernel attributes (make the first call of each variant outside graph
-// capture): concurrent calls with distinct workspaces are safe; calls sharing a workspace must
-// be ordered (one stream).
+// Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
+// Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
+// a multiple of kSparseTile, softmax_scale not > 0, unknown variant, workspace too small, missing
+// pointers), else the launch status. No state besides one-time kernel attributes (make the first
+// call of each variant outside graph capture): concurrent calls with distinct workspaces are safe.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream);

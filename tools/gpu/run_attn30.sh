@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device-machine call for the sparse decode attention kernels (issue 30: kFusedCombine, the
-# split kernel merging its own splits and launched as a programmatic dependent, against
-# kSplitCombine, the split kernel + combine kernel), from the repository root on a Hopper GPU with
+# One device-machine call for the sparse decode attention kernels (issue 30: kDependentLaunch, the
+# split and combine kernels launched as programmatic dependents, against kSplitCombine, the same
+# kernels launched plainly as before), from the repository root on a Hopper GPU with
 # CUDA 13: builds kernels/cuda standalone (`cmake -S kernels/cuda`: the kernels, tests/kernels_cuda
 # and bench/cuda), runs the sparse decode attention GPU tests (every case with both variants),
 # then pdserve_cuda_bench in graph timing with only the attention rows (PDSERVE_BENCH_ONLY=
@@ -9,8 +9,9 @@
 # last, kernel / batch / context / us / read-floor us / ratio / old-kernel us (and the default
 # variant launched without programmatic dependent launch).
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), SWEEP=1 (also every split size
-# of the default variant, rows "<kernel>@<entries per split>", to fit SparseDecodeEntriesPerSplit;
-# ~10 s more), SANITIZE=1 (compute-sanitizer memcheck on the fused tests, ~30 s more).
+# of both variants, rows "<kernel>@<entries per split>" and "<kernel>_split@<entries per split>",
+# to fit SparseDecodeEntriesPerSplit; ~10 s more), SANITIZE=1 (compute-sanitizer memcheck on the
+# graph-replay and many-split tests, ~30 s more).
 # Expected time: build ~60-90 s on 16 cores, tests ~15 s, bench ~40 s (16 layers x 4.3 GB of
 # compressed KV are allocated and filled first).
 set -uo pipefail
@@ -36,7 +37,7 @@ echo "sparse decode attention GPU tests: rc=$? $((SECONDS - start)) s $(grep -E 
 grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|request|seed" "$out/tests.log" | head -30
 if [ "${SANITIZE:-0}" = 1 ]; then
   timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
-    --gtest_filter='CudaSparseDecodeTest.Fused*:CudaSparseDecodeTest.OneRequest*' \
+    --gtest_filter='CudaSparseDecodeTest.DependentLaunch*:CudaSparseDecodeTest.OneRequest*' \
     > "$out/sanitize-memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/sanitize-memcheck.log" | tr '\n' ' ')"
 fi
@@ -67,9 +68,9 @@ for (name, batch, ctx), us in rows.items():
         best = sweep.get((kernel, batch, ctx))
         if best is None or us < best[1]:
             sweep[(kernel, batch, ctx)] = (int(per), us)
-print("| kernel | batch | context | us (kFusedCombine) | read floor us | ratio | goal | "
-      "old kernel us (kSplitCombine) | old ratio | fused, no PDL us | 2026-12-04 us | "
-      "best swept split: us |")
+print("| kernel | batch | context | us (kDependentLaunch) | read floor us | ratio | goal | "
+      "old kernel us (kSplitCombine) | old ratio | kDependentLaunch without PDL us | "
+      "2026-12-04 us | best swept split: us (new / old) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
@@ -83,8 +84,8 @@ for kernel in ("csa_attention", "hca_attention"):
             goal = "-" if batch == 1 else ("<= 2x" if ctx == 4 else "<= 1.3x")
             limit = 2.0 if ctx == 4 else 1.3
             met = "" if batch == 1 else (" met" if new / floor <= limit else " not met")
-            best = sweep.get((kernel, batch, ctx))
-            best_s = "-" if best is None else f"{best[0]}: {best[1]:.1f}"
+            best = [sweep.get((k, batch, ctx)) for k in (kernel, kernel + "_split")]
+            best_s = " / ".join("-" if x is None else f"{x[0]}: {x[1]:.1f}" for x in best)
             old_s = "-" if old is None else f"{old:.1f}"
             old_r = "-" if old is None else f"{old / floor:.2f}x"
             print(f"| {kernel} | {batch} | {ctx}K | {new:.1f} | {floor:.1f} | {new / floor:.2f}x | "
