@@ -195,12 +195,17 @@ struct DeviceCase {
   GuardedBuffer<float> sinks;
 };
 
-constexpr SparseDecodeVariant kVariants[] = {SparseDecodeVariant::kSplitCombine,
-                                             SparseDecodeVariant::kDependentLaunch};
-
-const char* VariantName(SparseDecodeVariant v) {
-  return v == SparseDecodeVariant::kSplitCombine ? "kSplitCombine" : "kDependentLaunch";
-}
+// The launch configurations every case runs with: both variants, kDependentLaunch also with the
+// rows prefetched into L2.
+struct LaunchConfig {
+  SparseDecodeVariant variant;
+  bool prefetch_rows;
+  const char* name;
+};
+constexpr LaunchConfig kConfigs[] = {
+    {SparseDecodeVariant::kSplitCombine, false, "kSplitCombine"},
+    {SparseDecodeVariant::kDependentLaunch, false, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, true, "kDependentLaunch + prefetch_rows"}};
 
 // got (bf16 bits, [batch, heads, 512]) against the float64 reference.
 void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
@@ -224,29 +229,29 @@ void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
   }
 }
 
-// Runs the case with each variant (both before the reference is computed), checks the outputs
-// and the guard bands.
+// Runs the case with each launch configuration (all before the reference is computed), checks
+// the outputs and the guard bands.
 void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
                  float scale = 1.0f / std::sqrt(static_cast<float>(kD))) {
   DeviceCase d(c);
   std::vector<std::vector<uint16_t>> got;
-  for (SparseDecodeVariant variant : kVariants) {
+  for (const LaunchConfig& config : kConfigs) {
     GuardedBuffer<uint16_t> out(static_cast<size_t>(d.batch * c.heads * kD));
-    const SparseDecodeParams p = d.Params(c, entries_per_split, scale, variant);
+    SparseDecodeParams p = d.Params(c, entries_per_split, scale, config.variant);
+    p.prefetch_rows = config.prefetch_rows;
     GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
     ASSERT_TRUE(workspace.ok() && out.ok());
     PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),
                                             reinterpret_cast<__nv_bfloat16*>(out.get()), nullptr));
     PDSERVE_CUDA_OK(cudaDeviceSynchronize());
     got.push_back(out.Download());
-    EXPECT_TRUE(out.GuardsIntact()) << VariantName(variant);
-    EXPECT_TRUE(workspace.GuardsIntact()) << VariantName(variant);
+    EXPECT_TRUE(out.GuardsIntact()) << config.name;
+    EXPECT_TRUE(workspace.GuardsIntact()) << config.name;
   }
   const std::vector<double> want = Evaluate(c, scale);  // allocates after the kernels ran
   for (size_t v = 0; v < got.size(); ++v) {
-    CheckOutput(
-        c, got[v], want,
-        std::string(VariantName(kVariants[v])) + " split " + std::to_string(entries_per_split));
+    CheckOutput(c, got[v], want,
+                std::string(kConfigs[v].name) + " split " + std::to_string(entries_per_split));
   }
 }
 
