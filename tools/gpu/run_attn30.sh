@@ -11,7 +11,9 @@
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), SWEEP=1 (also every split size
 # of both variants, rows "<kernel>@<entries per split>" and "<kernel>_split@<entries per split>",
 # to fit SparseDecodeEntriesPerSplit; ~10 s more), SANITIZE=1 (compute-sanitizer memcheck on the
-# graph-replay and many-split tests, ~30 s more).
+# graph-replay and many-split tests, ~30 s more), NCU=1 (Nsight Compute on batch 32 x 32K in launch
+# timing: duration, DRAM and SM throughput of the 5th launch of each split / combine kernel of both
+# variants, i.e. CSA's; ~30 s more).
 # Expected time: build ~60-90 s on 16 cores, tests ~15 s, bench ~40 s (16 layers x 4.3 GB of
 # compressed KV are allocated and filled first).
 set -uo pipefail
@@ -40,6 +42,22 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     --gtest_filter='CudaSparseDecodeTest.DependentLaunch*:CudaSparseDecodeTest.OneRequest*' \
     > "$out/sanitize-memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/sanitize-memcheck.log" | tr '\n' ' ')"
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  start=$SECONDS
+  PDSERVE_BENCH_ONLY=attention timeout 90 ncu --clock-control none --kernel-name-base mangled \
+    --kernel-id ::regex:SparseDecode:5 --csv --metrics gpu__time_duration.sum,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+    "$b/bench/pdserve_cuda_bench" 32 32768 > "$out/ncu.csv" 2> "$out/ncu.err"
+  echo "ncu (batch 32 x 32K, launch timing): rc=$? $((SECONDS - start)) s"
+  python3 - "$out/ncu.csv" <<'PY'
+import csv, sys
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+for r in csv.DictReader(lines):
+    name = r["Kernel Name"]
+    short = ("split" if "Split" in name else "combine") + ("<dependent>" if "ILb1E" in name else "<plain>")
+    print(f"  {short:22s} {r['Metric Name']:55s} {r['Metric Value']} {r['Metric Unit']}")
+PY
 fi
 start=$SECONDS
 PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention PDSERVE_BENCH_SPLITS=${SWEEP:-0} \
