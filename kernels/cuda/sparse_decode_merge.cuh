@@ -48,10 +48,11 @@ __device__ __forceinline__ float MergeWeight(float m, float top) {
 }
 
 // The combine kernel: one block of 128 threads per (request, head) merges the splits that had
-// entries (sequentially, in split order) and the sink. DEPENDENT (kDependentLaunch): launched as a
-// programmatic dependent of the split kernel (it waits for it before reading anything), and
-// requests with at most one split that had entries are skipped (the split kernel wrote their
-// output).
+// entries (in split order: the same arithmetic in either variant) and the sink. DEPENDENT
+// (kDependentLaunch): launched as a programmatic dependent of the split kernel (it waits for it
+// before reading anything); requests with at most one split that had entries are skipped (the
+// split kernel wrote their output); the loads go out eight splits at a time before any is used,
+// through L2 (__ldcg), so up to eight splits cost one round trip.
 template <bool DEPENDENT>
 __global__ void __launch_bounds__(kMergeDim / 4)
     SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
@@ -67,23 +68,68 @@ __global__ void __launch_bounds__(kMergeDim / 4)
   const int active = min(splits, (entries + per_split - 1) / per_split);
   if (DEPENDENT && active <= 1) return;
   const float sink = p.sinks[h] * kMergeLog2e;  // a logit, not scaled by softmax_scale
-  float top = sink;
-  for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[(b * splits + sp) * p.heads + h]);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float denom = 0.0f;
-  if (top != -INFINITY) {
-    denom = exp2f(sink - top);
-    for (int sp = 0; sp < active; ++sp) {
-      const int64_t row = (b * splits + sp) * p.heads + h;
-      const float weight = exp2f(part_max[row] - top);
-      denom += weight * part_sum[row];
-      const uint2 raw = reinterpret_cast<const uint2*>(part_out + row * kMergeDim)[threadIdx.x];
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-      acc.x += weight * lo.x;
-      acc.y += weight * lo.y;
-      acc.z += weight * hi.x;
-      acc.w += weight * hi.y;
+  const auto add = [&](float weight, uint2 raw) {
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    acc.x += weight * lo.x;
+    acc.y += weight * lo.y;
+    acc.z += weight * hi.x;
+    acc.w += weight * hi.y;
+  };
+  const auto row_of = [&](int sp) { return (b * splits + sp) * p.heads + h; };
+  if constexpr (DEPENDENT) {
+    constexpr int kChunk = 8;
+    float m[kChunk];
+    float l[kChunk];
+    uint2 raw[kChunk];
+    const auto load = [&](int first) {
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const bool ok = first + j < active;
+        const int64_t row = row_of(ok ? first + j : 0);
+        m[j] = ok ? __ldcg(part_max + row) : -INFINITY;
+        l[j] = ok ? __ldcg(part_sum + row) : 0.0f;
+        raw[j] =
+            ok ? __ldcg(reinterpret_cast<const uint2*>(part_out + row * kMergeDim) + threadIdx.x)
+               : make_uint2(0u, 0u);
+      }
+    };
+    load(0);
+    float top = sink;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) top = fmaxf(top, m[j]);
+    for (int first = kChunk; first < active; first += kChunk) {
+#pragma unroll
+      for (int j = 0; j < kChunk && first + j < active; ++j) {
+        top = fmaxf(top, __ldcg(part_max + row_of(first + j)));
+      }
+    }
+    if (top != -INFINITY) {
+      denom = exp2f(sink - top);
+      for (int first = 0; first < active; first += kChunk) {
+        if (first > 0) load(first);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+          if (first + j >= active) break;
+          const float weight = exp2f(m[j] - top);
+          denom += weight * l[j];
+          add(weight, raw[j]);
+        }
+      }
+    }
+  } else {
+    float top = sink;
+    for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[row_of(sp)]);
+    if (top != -INFINITY) {
+      denom = exp2f(sink - top);
+      for (int sp = 0; sp < active; ++sp) {
+        const int64_t row = row_of(sp);
+        const float weight = exp2f(part_max[row] - top);
+        denom += weight * part_sum[row];
+        add(weight, reinterpret_cast<const uint2*>(part_out + row * kMergeDim)[threadIdx.x]);
+      }
     }
   }
   const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
