@@ -380,7 +380,7 @@ TEST(CudaSparseDecodeTest, OneRequestManySplits) {
 TEST(CudaSparseDecodeTest, Batch128Splits) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  // 128 requests of 0-111 entries (window rows and CSA slots) in 32- and 64-row splits: requests
+  // 128 requests of 0-110 entries (window rows and CSA slots) in 32- and 64-row splits: requests
   // with no split, one split (kDependentLaunch: final output from split 0, skipped by the
   // combine kernel) and several, side by side.
   std::vector<int32_t> window_len(128);
