@@ -241,12 +241,6 @@ __device__ void Produce(const SparseDecodeParams& p, const BlockWork& w, int n_c
         src = p.kv_pool + (int64_t{page0} * p.page_size + entry0 % p.page_size) * kDim;
       }
     }
-    // prefetch_rows: this block's rows go to L2 now, so the copies that wait below for free
-    // stages find them there (block 0's stages are free at once).
-    if (p.prefetch_rows && block > 0 && src != nullptr) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "n"(kDim * 2)
-                   : "memory");
-    }
     const uint32_t attended = __ballot_sync(0xFFFFFFFFu, src != nullptr);
     for (int sub = 0; sub < 4; ++sub) {
       const int it = 4 * block + sub;
@@ -743,13 +737,11 @@ cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
       SparseDecodeSplitKernel<DEPENDENT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
   const bool dependent = DEPENDENT && p.programmatic_launch;
-  SparseDecodeParams kernel_params = p;
-  kernel_params.prefetch_rows = DEPENDENT && p.prefetch_rows;
   const int64_t splits = SparseDecodeSplits(p);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.heads / kHeads));
   cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT>, grid, dim3(kThreads), kSmemBytes,
-                              dependent, stream, kernel_params, so);
+                              dependent, stream, p, so);
   if (status != cudaSuccess || splits == 1) return status;
   const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
   return Launch(SparseDecodeCombineKernel<DEPENDENT>, combine_grid, dim3(kDim / 4), 0, dependent,

@@ -79,9 +79,6 @@ struct SparseDecodeParams {
   // kDependentLaunch: launch both kernels as programmatic dependents (false: plain launches of the
   // same kernels; griddepcontrol.wait is then a no-op).
   bool programmatic_launch = true;
-  // kDependentLaunch: each block of four tiles' rows is prefetched into L2 (cp.async.bulk.prefetch)
-  // before the producer waits for their stages.
-  bool prefetch_rows = false;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /

@@ -195,17 +195,17 @@ struct DeviceCase {
   GuardedBuffer<float> sinks;
 };
 
-// The launch configurations every case runs with: both variants, kDependentLaunch also with the
-// rows prefetched into L2.
+// The launch configurations every case runs with: both variants, kDependentLaunch also launched
+// plainly (programmatic_launch false).
 struct LaunchConfig {
   SparseDecodeVariant variant;
-  bool prefetch_rows;
+  bool programmatic_launch;
   const char* name;
 };
 constexpr LaunchConfig kConfigs[] = {
-    {SparseDecodeVariant::kSplitCombine, false, "kSplitCombine"},
-    {SparseDecodeVariant::kDependentLaunch, false, "kDependentLaunch"},
-    {SparseDecodeVariant::kDependentLaunch, true, "kDependentLaunch + prefetch_rows"}};
+    {SparseDecodeVariant::kSplitCombine, true, "kSplitCombine"},
+    {SparseDecodeVariant::kDependentLaunch, true, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, false, "kDependentLaunch, plain launches"}};
 
 // got (bf16 bits, [batch, heads, 512]) against the float64 reference.
 void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
@@ -238,7 +238,7 @@ void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
   for (const LaunchConfig& config : kConfigs) {
     GuardedBuffer<uint16_t> out(static_cast<size_t>(d.batch * c.heads * kD));
     SparseDecodeParams p = d.Params(c, entries_per_split, scale, config.variant);
-    p.prefetch_rows = config.prefetch_rows;
+    p.programmatic_launch = config.programmatic_launch;
     GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
     ASSERT_TRUE(workspace.ok() && out.ok());
     PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),

@@ -55,7 +55,7 @@ import csv, sys
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 for r in csv.DictReader(lines):
     name = r["Kernel Name"]
-    short = ("split" if "Split" in name else "combine") + ("<dependent>" if "ILb1E" in name else "<plain>")
+    short = ("split" if "Split" in name else "combine") + ("<dependent>" if "<1>" in name else "<plain>")
     print(f"  {short:22s} {r['Metric Name']:55s} {r['Metric Value']} {r['Metric Unit']}")
 PY
 fi
@@ -88,8 +88,8 @@ for (name, batch, ctx), us in rows.items():
             sweep[(kernel, batch, ctx)] = (int(per), us)
 print("| kernel | batch | context | us (kDependentLaunch) | read floor us | ratio | goal | "
       "old kernel us (kSplitCombine) | old ratio | kDependentLaunch without PDL us | "
-      "with prefetch_rows us | 2026-12-04 us | best swept split: us (new / old / prefetch) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "2026-12-04 us | best swept split: us (new / old) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
         for ctx in (4, 32, 128):
@@ -97,20 +97,18 @@ for kernel in ("csa_attention", "hca_attention"):
             floor = rows.get((kernel + "_read", batch, ctx))
             old = rows.get((kernel + "_split", batch, ctx))
             nopdl = rows.get((kernel + "_nopdl", batch, ctx))
-            l2 = rows.get((kernel + "_l2", batch, ctx))
             if new is None or floor is None:
                 continue
             goal = "-" if batch == 1 else ("<= 2x" if ctx == 4 else "<= 1.3x")
             limit = 2.0 if ctx == 4 else 1.3
             met = "" if batch == 1 else (" met" if new / floor <= limit else " not met")
-            best = [sweep.get((k, batch, ctx)) for k in (kernel, kernel + "_split", kernel + "_l2")]
+            best = [sweep.get((k, batch, ctx)) for k in (kernel, kernel + "_split")]
             best_s = " / ".join("-" if x is None else f"{x[0]}: {x[1]:.1f}" for x in best)
             old_s = "-" if old is None else f"{old:.1f}"
             old_r = "-" if old is None else f"{old / floor:.2f}x"
             print(f"| {kernel} | {batch} | {ctx}K | {new:.1f} | {floor:.1f} | {new / floor:.2f}x | "
                   f"{goal}{met} | {old_s} | {old_r} | "
                   f"{'-' if nopdl is None else f'{nopdl:.1f}'} | "
-                  f"{'-' if l2 is None else f'{l2:.1f}'} | "
                   f"{before.get((kernel, batch, ctx), '-')} | "
                   f"{best_s} |")
 PY
