@@ -52,7 +52,8 @@ __device__ __forceinline__ float MergeWeight(float m, float top) {
 // (kDependentLaunch): launched as a programmatic dependent of the split kernel (it waits for it
 // before reading anything); requests with at most one split that had entries are skipped (the
 // split kernel wrote their output); the loads go out eight splits at a time before any is used,
-// through L2 (__ldcg), so up to eight splits cost one round trip.
+// through L2 (__ldcg), the first eight together with the request's lengths (splits past the
+// request's entries are loaded and not used), so up to eight splits cost one round trip.
 template <bool DEPENDENT>
 __global__ void __launch_bounds__(kMergeDim / 4)
     SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
@@ -63,10 +64,6 @@ __global__ void __launch_bounds__(kMergeDim / 4)
   }
   const int64_t b = blockIdx.x;
   const int64_t h = blockIdx.y;
-  const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
-  const int per_split = static_cast<int>(p.entries_per_split);
-  const int active = min(splits, (entries + per_split - 1) / per_split);
-  if (DEPENDENT && active <= 1) return;
   const float sink = p.sinks[h] * kMergeLog2e;  // a logit, not scaled by softmax_scale
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float denom = 0.0f;
@@ -79,15 +76,20 @@ __global__ void __launch_bounds__(kMergeDim / 4)
     acc.w += weight * hi.y;
   };
   const auto row_of = [&](int sp) { return (b * splits + sp) * p.heads + h; };
+  const auto active_splits = [&]() {
+    const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
+    const int per_split = static_cast<int>(p.entries_per_split);
+    return min(splits, (entries + per_split - 1) / per_split);
+  };
   if constexpr (DEPENDENT) {
     constexpr int kChunk = 8;
     float m[kChunk];
     float l[kChunk];
     uint2 raw[kChunk];
-    const auto load = [&](int first) {
+    const auto load = [&](int first, int bound) {
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
-        const bool ok = first + j < active;
+        const bool ok = first + j < bound;
         const int64_t row = row_of(ok ? first + j : 0);
         m[j] = ok ? __ldcg(part_max + row) : -INFINITY;
         l[j] = ok ? __ldcg(part_sum + row) : 0.0f;
@@ -96,10 +98,12 @@ __global__ void __launch_bounds__(kMergeDim / 4)
                : make_uint2(0u, 0u);
       }
     };
-    load(0);
+    load(0, splits);
+    const int active = active_splits();
+    if (active <= 1) return;
     float top = sink;
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) top = fmaxf(top, m[j]);
+    for (int j = 0; j < kChunk; ++j) top = fmaxf(top, j < active ? m[j] : -INFINITY);
     for (int first = kChunk; first < active; first += kChunk) {
 #pragma unroll
       for (int j = 0; j < kChunk && first + j < active; ++j) {
@@ -109,7 +113,7 @@ __global__ void __launch_bounds__(kMergeDim / 4)
     if (top != -INFINITY) {
       denom = exp2f(sink - top);
       for (int first = 0; first < active; first += kChunk) {
-        if (first > 0) load(first);
+        if (first > 0) load(first, active);
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
           if (first + j >= active) break;
@@ -120,6 +124,7 @@ __global__ void __launch_bounds__(kMergeDim / 4)
       }
     }
   } else {
+    const int active = active_splits();
     float top = sink;
     for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[row_of(sp)]);
     if (top != -INFINITY) {
