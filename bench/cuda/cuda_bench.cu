@@ -18,7 +18,7 @@
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
 // "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
-// false.
+// false, "..._noprefetch" kDependentLaunch with prefetch_lookups false.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -279,11 +279,12 @@ int Run(int64_t only_batch, int64_t only_context) {
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
                               SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch,
-                              bool programmatic = true) {
+                              bool programmatic = true, bool prefetch = true) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
           split.variant = variant;
           split.programmatic_launch = programmatic;
+          split.prefetch_lookups = prefetch;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
@@ -307,6 +308,8 @@ int Run(int64_t only_batch, int64_t only_context) {
         // kDependentLaunch launched plainly (no programmatic dependent launch): what PDL adds.
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_nopdl",
                    SparseDecodeVariant::kDependentLaunch, false);
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_noprefetch",
+                   SparseDecodeVariant::kDependentLaunch, true, false);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
         // "<kernel>@<entries per split>" and "<kernel>_split@..." (to fit

@@ -683,7 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // The queries go out first; the request's lengths and window page are loaded together.
     IssueQueries(p, base);
-    if constexpr (DEPENDENT) PrefetchLookups(p);
+    if (DEPENDENT && p.prefetch_lookups) PrefetchLookups(p);
     const int window_len = p.window_len[b];
     const int n_compressed = p.n_compressed[b];
     const int window_page = p.window_size > 0 ? p.window_page[b] : 0;

@@ -79,6 +79,8 @@ struct SparseDecodeParams {
   // kDependentLaunch: launch both kernels as programmatic dependents (false: plain launches of the
   // same kernels; griddepcontrol.wait is then a no-op).
   bool programmatic_launch = true;
+  // kDependentLaunch: prefetch the first lookups' cache lines into L1 (see the .cu).
+  bool prefetch_lookups = true;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /

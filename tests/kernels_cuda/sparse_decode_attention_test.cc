@@ -196,16 +196,18 @@ struct DeviceCase {
 };
 
 // The launch configurations every case runs with: both variants, kDependentLaunch also launched
-// plainly (programmatic_launch false).
+// plainly (programmatic_launch false) and without the lookups' prefetch.
 struct LaunchConfig {
   SparseDecodeVariant variant;
   bool programmatic_launch;
+  bool prefetch_lookups;
   const char* name;
 };
 constexpr LaunchConfig kConfigs[] = {
-    {SparseDecodeVariant::kSplitCombine, true, "kSplitCombine"},
-    {SparseDecodeVariant::kDependentLaunch, true, "kDependentLaunch"},
-    {SparseDecodeVariant::kDependentLaunch, false, "kDependentLaunch, plain launches"}};
+    {SparseDecodeVariant::kSplitCombine, true, true, "kSplitCombine"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, false, true, "kDependentLaunch, plain launches"},
+    {SparseDecodeVariant::kDependentLaunch, true, false, "kDependentLaunch, no prefetch"}};
 
 // got (bf16 bits, [batch, heads, 512]) against the float64 reference.
 void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
@@ -239,6 +241,7 @@ void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
     GuardedBuffer<uint16_t> out(static_cast<size_t>(d.batch * c.heads * kD));
     SparseDecodeParams p = d.Params(c, entries_per_split, scale, config.variant);
     p.programmatic_launch = config.programmatic_launch;
+    p.prefetch_lookups = config.prefetch_lookups;
     GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
     ASSERT_TRUE(workspace.ok() && out.ok());
     PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),

@@ -88,8 +88,8 @@ for (name, batch, ctx), us in rows.items():
             sweep[(kernel, batch, ctx)] = (int(per), us)
 print("| kernel | batch | context | us (kDependentLaunch) | read floor us | ratio | goal | "
       "old kernel us (kSplitCombine) | old ratio | kDependentLaunch without PDL us | "
-      "2026-12-04 us | best swept split: us (new / old) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "without the lookups' prefetch us | 2026-12-04 us | best swept split: us (new / old) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
         for ctx in (4, 32, 128):
@@ -97,6 +97,7 @@ for kernel in ("csa_attention", "hca_attention"):
             floor = rows.get((kernel + "_read", batch, ctx))
             old = rows.get((kernel + "_split", batch, ctx))
             nopdl = rows.get((kernel + "_nopdl", batch, ctx))
+            nopre = rows.get((kernel + "_noprefetch", batch, ctx))
             if new is None or floor is None:
                 continue
             goal = "-" if batch == 1 else ("<= 2x" if ctx == 4 else "<= 1.3x")
@@ -109,6 +110,7 @@ for kernel in ("csa_attention", "hca_attention"):
             print(f"| {kernel} | {batch} | {ctx}K | {new:.1f} | {floor:.1f} | {new / floor:.2f}x | "
                   f"{goal}{met} | {old_s} | {old_r} | "
                   f"{'-' if nopdl is None else f'{nopdl:.1f}'} | "
+                  f"{'-' if nopre is None else f'{nopre:.1f}'} | "
                   f"{before.get((kernel, batch, ctx), '-')} | "
                   f"{best_s} |")
 PY
