@@ -27,6 +27,7 @@ using hopper::WgmmaWait;
 using sparse_decode::MergeWeight;
 using sparse_decode::RequestEntries;
 using sparse_decode::SparseDecodeCombineKernel;
+using sparse_decode::SparseDecodeMergeKernel;
 using sparse_decode::SplitOutputs;
 using sparse_decode::WindowRows;
 
@@ -743,11 +744,20 @@ cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
   cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT>, grid, dim3(kThreads), kSmemBytes,
                               dependent, stream, p, so);
   if (status != cudaSuccess || splits == 1) return status;
-  const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
-  return Launch(SparseDecodeCombineKernel<DEPENDENT>, combine_grid, dim3(kDim / 4), 0, dependent,
-                stream, p, static_cast<int>(splits), static_cast<const __nv_bfloat16*>(so.part_out),
-                static_cast<const float*>(so.part_max), static_cast<const float*>(so.part_sum),
-                so.out);
+  const auto* part_out = static_cast<const __nv_bfloat16*>(so.part_out);
+  const auto* part_max = static_cast<const float*>(so.part_max);
+  const auto* part_sum = static_cast<const float*>(so.part_sum);
+  if constexpr (DEPENDENT) {
+    const dim3 merge_grid(static_cast<unsigned>(p.batch),
+                          static_cast<unsigned>(p.heads / sparse_decode::kMergeHeadsPerBlock));
+    return Launch(SparseDecodeMergeKernel, merge_grid, dim3(sparse_decode::kMergeThreads), 0,
+                  dependent, stream, p, static_cast<int>(splits), part_out, part_max, part_sum,
+                  so.out);
+  } else {
+    const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
+    return Launch(SparseDecodeCombineKernel, combine_grid, dim3(kDim / 4), 0, false, stream, p,
+                  static_cast<int>(splits), part_out, part_max, part_sum, so.out);
+  }
 }
 
 }  // namespace
