@@ -55,7 +55,8 @@ import csv, sys
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 for r in csv.DictReader(lines):
     name = r["Kernel Name"]
-    short = ("split" if "Split" in name else "combine") + ("<dependent>" if "<1>" in name else "<plain>")
+    dependent = "<1>" in name or "Merge" in name  # kDependentLaunch's kernels
+    short = ("split" if "Split" in name else "combine") + ("<dependent>" if dependent else "<plain>")
     print(f"  {short:22s} {r['Metric Name']:55s} {r['Metric Value']} {r['Metric Unit']}")
 PY
 fi
