@@ -407,6 +407,7 @@ __device__ __forceinline__ float RoundUpToPowerOfTwo(float s) {
 __global__ void ActQuantKernel(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
                                bool ue8m0, uint8_t* xq, float* xs) {
   GridDependencyTrigger();  // the GEMM may start streaming its weights now
+  GridDependencyWait();     // launched early (LaunchActQuant): xq / xs may still be read before
   const int64_t kblocks = k / kBlockK;
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -511,9 +512,10 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
                                   bool ue8m0, uint8_t* xq, float* xs, cudaStream_t stream) {
   const int64_t warps = rows * (k / kBlockK);
   if (warps == 0) return cudaSuccess;
-  ActQuantKernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, rows, k, x_stride,
-                                                                             ue8m0, xq, xs);
-  return cudaGetLastError();
+  // Programmatic launch: the blocks are resident when the kernel before ends (its launch latency
+  // hidden); they wait for it before touching memory, so the order of effects is unchanged.
+  return LaunchDependent(ActQuantKernel, dim3(static_cast<unsigned>((warps + 7) / 8)), dim3(256),
+                         stream, x, rows, k, x_stride, ue8m0, xq, xs);
 }
 
 inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,

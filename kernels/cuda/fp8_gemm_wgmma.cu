@@ -21,7 +21,13 @@
 // shared memory; the fold multiplies by the weight block scale only.
 // Split-K (k_splits > 1): each split writes its fp32 sums to partial[split, token, n], and
 // block_scaled's SplitKReduceKernel adds the splits in ascending order (deterministic: equal
-// inputs give equal bits; no atomics).
+// inputs give equal bits; no atomics). With cluster_reduce the splits of one tile are one thread
+// block cluster (1 x 1 x splits): after the main loop every block stores its sums in its own
+// shared memory (over the drained ring), the cluster synchronizes, and block r adds slice r of
+// the tile over the splits in ascending order from the blocks' shared memory (distributed
+// shared memory), exactly as SplitKReduceKernel would (0.0f + split 0 + split 1 ...): the same
+// bits, one kernel fewer and no partial sums in HBM.
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -77,7 +83,8 @@ struct WgmmaArgs {
   int64_t k;
   int32_t k_splits;
   int32_t stages;
-  float* partial;  // k_splits > 1: [k_splits, m, n]
+  int32_t cluster_reduce;  // launched as clusters of 1 x 1 x k_splits: the reduction in-kernel
+  float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
   int64_t out_stride;
 };
@@ -149,6 +156,49 @@ __device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst,
   if constexpr (A16) TmaLoad2d(dst + N * 128, x_map, k0 + 64, token0, bar);
 }
 
+// cluster_reduce's epilogue, run by every thread of the block (acc: nullptr for the producer
+// warp). The block's sums [N tokens x 64 * wgs rows] go to its shared memory at `smem` (over
+// the ring: every stage has landed and been consumed once the consumers leave their loop, so
+// nothing writes it any more), then block r of the cluster adds elements [r E / S, (r + 1) E / S)
+// of the tile over the S blocks in ascending rank (= split) order and writes them as bf16. The
+// second cluster barrier keeps each block's shared memory alive until every peer has read it.
+template <int N>
+__device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem, const float* acc,
+                                              int wgs, int64_t token0, int64_t row0) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rows = 64 * wgs;
+  float* sums = reinterpret_cast<float*>(smem);
+  __syncthreads();  // every warpgroup's products have finished reading the ring
+  if (acc != nullptr) {
+    FenceProxyAsync();  // the ring was last written by TMA and read by wgmma (async proxy)
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int row_base = 64 * (warp / 4) + 16 * (warp % 4) + lane / 4;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const int row = row_base + ((i & 2) != 0 ? 8 : 0);
+      const int token = 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+      sums[token * rows + row] = acc[i];
+    }
+  }
+  cluster.sync();
+  const int splits = a.k_splits;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int elements = rows * N;
+  const int begin = elements * rank / splits;
+  const int end = elements * (rank + 1) / splits;
+  for (int e = begin + static_cast<int>(threadIdx.x); e < end; e += static_cast<int>(blockDim.x)) {
+    const int64_t token = token0 + e / rows;
+    const int64_t row = row0 + e % rows;
+    if (token >= a.m || row >= a.n) continue;
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(sums, s)[e];
+    a.out[token * a.out_stride + row] = __float2bfloat16_rn(sum);
+  }
+  cluster.sync();
+}
+
 // A16: W8A16 (x_map over bf16 x, no activation scales; weights converted to bf16 in shared
 // memory, products on bf16 wgmma m64nNk16).
 template <int N, bool A16>
@@ -213,6 +263,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                 full_bar + 8u * s);
       }
     }
+    if (a.cluster_reduce != 0) ClusterReduce<N>(a, smem, nullptr, wgs, token0, row0);
     return;
   }
 
@@ -282,6 +333,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     }
   }
 
+  if (a.cluster_reduce != 0) {
+    ClusterReduce<N>(a, smem, acc, wgs, token0, row0);
+    return;
+  }
   // d[4j + c]: row 16 (warp % 4) + g (+ 8 for c >= 2), token 8j + 2t + (c & 1).
   const int64_t row_base = row0 + 64 * wg + 16 * (warp % 4) + g;
 #pragma unroll
@@ -308,6 +363,7 @@ struct WgmmaPlan {
   int64_t token_tiles = 1;
   int64_t row_tiles = 1;
   int32_t splits = 1;
+  bool cluster_reduce = false;  // splits > 1 reduced in-kernel (clusters of 1 x 1 x splits)
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
   size_t partial_bytes = 0;
@@ -330,11 +386,15 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   const int64_t tiles = std::max<int64_t>(1, p.token_tiles * p.row_tiles);
   const int64_t kblocks = k / kBlockK;
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
-  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(kMaxSplits, kblocks));
+  const int64_t max_splits = config.cluster_reduce ? kFp8WgmmaClusterSplits : kMaxSplits;
+  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
   p.splits = static_cast<int32_t>(splits);
+  p.cluster_reduce = config.cluster_reduce && p.splits > 1;
   p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
   p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
-  p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4) : 0;
+  p.partial_bytes = p.splits > 1 && !p.cluster_reduce
+                        ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4)
+                        : 0;
   p.smem_bytes = static_cast<size_t>(p.stages) * (stage_bytes + 16) + conv_bytes + kSmemSlack;
   return p;
 }
@@ -384,9 +444,16 @@ cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const Wg
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
   });
   if (attribute != cudaSuccess) return attribute;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  // attr[0]: the cluster of one tile's k splits (cluster_reduce only); then programmatic
+  // serialization, dropped when the runtime refuses it (griddepcontrol.wait is then a no-op).
+  const bool cluster = a.cluster_reduce != 0;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(p.splits);
+  attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
                         static_cast<unsigned>(p.splits));
@@ -394,12 +461,12 @@ cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const Wg
   config.dynamicSmemBytes = p.smem_bytes;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = cluster ? 2 : 1;
   if (cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a) == cudaSuccess) {
     return cudaSuccess;
   }
   (void)cudaGetLastError();
-  config.numAttrs = 0;  // without programmatic serialization (griddepcontrol.wait is a no-op)
+  config.numAttrs = cluster ? 1 : 0;
   return cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a);
 }
 
@@ -436,11 +503,14 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int wgs = 0;
       int stages = 0;
       int target = 0;
-      if (std::sscanf(env, "%d,%d,%d", &wgs, &stages, &target) == 3 && wgs >= 1 &&
-          wgs <= kMaxWarpgroups && stages >= 2 && stages <= kMaxStages && target >= 0) {
+      int cluster = c.cluster_reduce ? 1 : 0;
+      const int fields = std::sscanf(env, "%d,%d,%d,%d", &wgs, &stages, &target, &cluster);
+      if (fields >= 3 && wgs >= 1 && wgs <= kMaxWarpgroups && stages >= 2 && stages <= kMaxStages &&
+          target >= 0 && (cluster == 0 || cluster == 1)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
+        c.cluster_reduce = cluster == 1;
       }
     }
     return c;
@@ -505,11 +575,12 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.k = k;
   a.k_splits = plan.splits;
   a.stages = plan.stages;
+  a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
   a.partial = partial;
   a.out = out;
   a.out_stride = out_stride;
   status = LaunchWgmma(w_map, x_map, a, plan, a16, stream);
-  if (status != cudaSuccess || plan.splits == 1) return status;
+  if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
 }
 

@@ -94,7 +94,8 @@ std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
                            " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                            (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
                                                        "," + std::to_string(config.stages) + "," +
-                                                       std::to_string(config.target_blocks)
+                                                       std::to_string(config.target_blocks) +
+                                                       (config.cluster_reduce ? ",cluster" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -245,6 +246,58 @@ TEST(CudaFp8GemmTest, WgmmaExtremeScalesAndNonFinite) {
   const DenseCase d = NonFinite(rng);
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 0});
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096});
+}
+
+// cluster_reduce: the k splits of a tile reduced in-kernel through distributed shared memory give
+// the same bits as the two-kernel reduction with the same splits (n = 200: partial row tiles;
+// m = 130: two token tiles, so several clusters per row tile; 2..8 splits, uneven k blocks per
+// split at k = 1024 / 3 splits), and match the reference.
+TEST(CudaFp8GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  struct Case {
+    int wgs;
+    int target;
+    int64_t m;
+    int32_t splits;
+  };
+  // Tiles: ceil(m / 128) token tiles x ceil(200 / (64 wgs)) row tiles; splits = round(target /
+  // tiles), at most 8 (k = 1024: 8 k blocks).
+  for (const Case& t :
+       {Case{1, 12, 1, 3}, Case{1, 32, 7, 8}, Case{1, 12, 130, 2}, Case{2, 12, 33, 6},
+        Case{2, 32, 128, 8}, Case{2, 12, 130, 3}, Case{1, 8, 64, 2}}) {
+    const DenseCase c = MakeDense(rng, t.m, 200, 1024, t.m % 2 == 0);
+    const Fp8WgmmaConfig two_pass{t.wgs, 4, t.target, false};
+    const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, two_pass), t.splits) << "m=" << t.m;
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), t.splits) << "m=" << t.m;
+    EXPECT_LT(fp8_gemm_wgmma_workspace_bytes(c.m, c.n, c.k, cluster),
+              fp8_gemm_wgmma_workspace_bytes(c.m, c.n, c.k, two_pass));
+    const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, two_pass);
+    const std::vector<uint16_t> second = RunAndCheck(c, Path::kWgmma, cluster);
+    ASSERT_FALSE(first.empty());
+    EXPECT_EQ(first, second) << "m=" << t.m << " wgs=" << t.wgs;
+  }
+}
+
+// cluster_reduce caps the splits at kFp8WgmmaClusterSplits (k = 2560: 20 k blocks, 16 splits
+// asked for) and keeps extreme scales and NaN / Inf positions as the reference has them.
+TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig cluster{1, 4, 64, true};
+  const DenseCase big_k = MakeDense(rng, 5, 200, 2560, false);
+  ASSERT_EQ(fp8_gemm_wgmma_splits(big_k.m, big_k.n, big_k.k, cluster), kFp8WgmmaClusterSplits);
+  RunAndCheck(big_k, Path::kWgmma, cluster);
+  DenseCase c = ExtremeScales(rng);
+  ASSERT_GT(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), 1);
+  RunAndCheck(c, Path::kWgmma, cluster);
+  c.ue8m0 = !c.ue8m0;
+  RunAndCheck(c, Path::kWgmma, cluster);
+  const DenseCase d = NonFinite(rng);
+  ASSERT_GT(fp8_gemm_wgmma_splits(d.m, d.n, d.k, cluster), 1);
+  RunAndCheck(d, Path::kWgmma, cluster);
+  RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096, true});
 }
 
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16

@@ -93,8 +93,9 @@ DenseCase ExtremeScales(std::mt19937_64& rng) {
 // kDispatch: fp8_gemm_w8a16 (its path by token count); kMma / kWgmma: that path explicitly.
 enum class Path { kDispatch, kMma, kWgmma };
 
-void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
-                      const Fp8WgmmaConfig& config = {}) {
+// Returns the output bits (empty when the launch failed).
+std::vector<uint16_t> RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
+                                       const Fp8WgmmaConfig& config = {}) {
   const char* name = path == Path::kDispatch ? "fp8_gemm_w8a16"
                      : path == Path::kMma    ? "fp8_gemm_w8a16_mma"
                                              : "fp8_gemm_w8a16_wgmma";
@@ -102,7 +103,8 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                            " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                            (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
                                                        "," + std::to_string(config.stages) + "," +
-                                                       std::to_string(config.target_blocks)
+                                                       std::to_string(config.target_blocks) +
+                                                       (config.cluster_reduce ? ",cluster" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -113,7 +115,8 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                               ? fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, config)
                               : fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k);
   GuardedBuffer<uint8_t> ws(std::max<size_t>(256, ws_bytes));
-  ASSERT_TRUE(ws.ok() && out.ok()) << what;
+  EXPECT_TRUE(ws.ok() && out.ok()) << what;
+  if (!ws.ok() || !out.ok()) return {};
   EXPECT_LE(fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k), fp8_gemm_workspace_bytes(c.m, c.n, c.k));
   x.Upload(c.x);
   w.Upload(c.w);
@@ -130,8 +133,11 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                                c.out_stride, ws.get(), ws.size(), nullptr, &refusal)
           : fp8_gemm_w8a16_wgmma(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, op,
                                  c.out_stride, ws.get(), ws.size(), nullptr, config, &refusal);
-  ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
-  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(status, cudaSuccess) << what << ": " << refusal;
+  if (status != cudaSuccess) return {};
+  const cudaError_t sync = cudaDeviceSynchronize();
+  EXPECT_EQ(sync, cudaSuccess) << what << ": " << cudaGetErrorString(sync);
+  if (sync != cudaSuccess) return {};
   const std::vector<uint16_t> got = out.Download();
   EXPECT_TRUE(out.GuardsIntact()) << what;
   EXPECT_TRUE(ws.GuardsIntact()) << what;
@@ -142,6 +148,7 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                           want.data());
   testing::ExpectBf16Rows(got, c.m, c.n, c.out_stride, want, {}, kSentinel, what);
   ExpectRowsClose(got, c.m, c.n, c.out_stride, want, {}, what);
+  return got;
 }
 
 TEST(CudaW8a16GemmTest, OddTokenCountsAndShapes) {
@@ -441,6 +448,41 @@ TEST(CudaW8a16MoeGemmTest, NanAndInfMatchInPosition) {
   c.x[3 * c.x_stride + 300] = 0x7F80;
   c.w[static_cast<size_t>((c.experts[0] * c.n + 50) * c.k + 7)] = 0x7F;  // token 0's expert
   RunAndCheckMoe(c, "w8a16 NaN/Inf");
+}
+
+// cluster_reduce (fp8_gemm.cuh): the same bits as the two-kernel split-k reduction with the same
+// splits, at partial row tiles (n = 200), several token tiles (m = 130) and 2..8 splits; the split
+// cap at k = 2560; extreme scales and NaN / Inf positions as the reference has them.
+TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  struct Case {
+    int wgs;
+    int target;
+    int64_t m;
+    int32_t splits;
+  };
+  for (const Case& t : {Case{1, 12, 1, 3}, Case{1, 32, 9, 8}, Case{1, 12, 130, 2},
+                        Case{2, 12, 40, 6}, Case{2, 12, 130, 3}}) {
+    const DenseCase c = MakeDense(rng, t.m, 200, 1024);
+    const Fp8WgmmaConfig two_pass{t.wgs, 4, t.target, false};
+    const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, two_pass), t.splits) << "m=" << t.m;
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), t.splits) << "m=" << t.m;
+    EXPECT_EQ(fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, cluster), 0u);
+    const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, two_pass);
+    const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, cluster);
+    ASSERT_FALSE(first.empty());
+    EXPECT_EQ(first, second) << "m=" << t.m << " wgs=" << t.wgs;
+  }
+  const Fp8WgmmaConfig cluster{1, 4, 64, true};
+  RunAndCheckDense(MakeDense(rng, 5, 200, 2560), Path::kWgmma, cluster);
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, cluster);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  RunAndCheckDense(d, Path::kWgmma, cluster);
 }
 
 }  // namespace
