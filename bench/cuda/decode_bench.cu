@@ -25,6 +25,8 @@
 //
 // Timing as gemm_bench.cu: one launch (or layer step) per layer, kLayers layers in one CUDA
 // graph, each layer its own dense weights (beyond L2), median of 20 replays / kLayers.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +40,7 @@
 
 #include "bench/cuda/bench_util.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -49,9 +52,76 @@ constexpr int kReps = 20;
 constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
 const std::vector<int64_t> kTokens = {1, 8, 32, 128};
-const char* const kVariants = "1,4,264,1;1,6,264,1;1,8,264,1;1,4,528,1;1,4,132,1;2,4,264,1";
+const char* const kVariants =
+    "1,4,264,1;1,4,264,1,1;1,8,264,1,1;1,4,528,1,1;1,4,132,1,1;2,4,264,1,1;2,8,264,1,1;1,4,1056,1,"
+    "1";
 
 __global__ void EmptyKernel() {}
+
+// The weight stream of fp8_gemm_wgmma without its math: a producer thread copies [64 x 128-byte]
+// boxes of rows 64 blockIdx.x.. and k split blockIdx.y by TMA through a ring of `stages` stages
+// of shared memory, one consumer warpgroup waits for each and releases it. Its time against
+// "read" says what the access pattern and the ring cost; against the GEMM, what its math costs.
+constexpr int kStreamMaxStages = 8;
+__global__ void __launch_bounds__(160, 1) TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
+                                                          int64_t kblocks, int splits, int stages) {
+  namespace h = hopper;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (h::SharedAddress(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full = base + stages * 8192u;
+  const uint32_t empty = full + 8u * kStreamMaxStages;
+  const int kb_begin = static_cast<int>(kblocks * blockIdx.y / splits);
+  const int n_kb = static_cast<int>(kblocks * (blockIdx.y + 1) / splits) - kb_begin;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      h::MbarrierInit(full + 8u * s, 1);
+      h::MbarrierInit(empty + 8u * s, 4);
+    }
+    h::FenceBarrierInit();
+  }
+  __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  if (warp == 4) {
+    if (threadIdx.x % 32 == 0) {
+      h::PrefetchTensorMap(&w_map);
+      for (int it = 0; it < n_kb; ++it) {
+        const int s = it % stages;
+        if (it >= stages)
+          h::MbarrierWait(empty + 8u * s, static_cast<uint32_t>((it / stages - 1) & 1));
+        h::MbarrierArriveExpectTx(full + 8u * s, 8192u);
+        h::TmaLoad2d(base + s * 8192u, &w_map, (kb_begin + it) * 128,
+                     static_cast<int32_t>(blockIdx.x * 64), full + 8u * s);
+      }
+    }
+    return;
+  }
+  for (int it = 0; it < n_kb; ++it) {
+    const int s = it % stages;
+    h::MbarrierWait(full + 8u * s, static_cast<uint32_t>((it / stages) & 1));
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) h::MbarrierArrive(empty + 8u * s);
+  }
+}
+
+// cuTensorMapEncodeTiled of the driver through the runtime (as fp8_gemm_wgmma.cu does).
+bool EncodeWeights(CUtensorMap* map, const uint8_t* w, int64_t n, int64_t k) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult result{};
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                       &result) != cudaSuccess ||
+      result != cudaDriverEntryPointSuccess) {
+    return false;
+  }
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {128, 64};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 using Shape = DenseShape;
 const std::vector<Shape>& kShapes = kV4FlashShapes;
@@ -70,7 +140,8 @@ std::vector<Fp8WgmmaConfig> Variants() {
 
 std::string ConfigName(const Fp8WgmmaConfig& c) {
   return std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
-         std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "");
+         std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
+         (c.smem_scales ? ".s" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.
@@ -124,6 +195,35 @@ double Graph(const std::function<void(int)>& launch, int layers, cudaStream_t st
   return GraphMicros(launch, layers, kReps, stream);
 }
 
+// "stream_<stages>.<target>" rows: TmaStreamKernel over each layer's weights, k split as
+// fp8_gemm_wgmma splits it for one token tile (target blocks / row tiles, at most 8 splits).
+void StreamRows(const Shape& s, const std::vector<Matrix>& w, cudaStream_t stream) {
+  std::vector<CUtensorMap> maps(w.size());
+  for (size_t l = 0; l < w.size(); ++l) {
+    if (!EncodeWeights(&maps[l], w[l].w, s.n, s.k)) return;
+  }
+  const int64_t row_tiles = (s.n + 63) / 64;
+  for (const std::pair<int, int>& config :
+       std::vector<std::pair<int, int>>{{4, 264}, {8, 264}, {4, 528}}) {
+    const int stages = config.first;
+    const int target = config.second;
+    const int splits = static_cast<int>(std::clamp<int64_t>((target + row_tiles / 2) / row_tiles, 1,
+                                                            std::min<int64_t>(8, s.k / 128)));
+    const size_t smem = stages * 8192 + 1024 + 16 * kStreamMaxStages;
+    BENCH_CHECK(cudaFuncSetAttribute(TmaStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+    const double us = Graph(
+        [&](int l) {
+          TmaStreamKernel<<<dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits)),
+                            160, smem, stream>>>(maps[l], s.k / 128, splits, stages);
+          BENCH_CHECK(cudaGetLastError());
+        },
+        kLayers, stream);
+    PrintRow("stream_" + std::to_string(stages) + "." + std::to_string(target), s.name, 1, us,
+             static_cast<double>(w[0].Bytes()));
+  }
+}
+
 void GemmRows(const Buffers& b, cudaStream_t stream) {
   const std::vector<Fp8WgmmaConfig> variants = Variants();
   Fp8WgmmaConfig clustered = fp8_gemm_wgmma_default_config();
@@ -151,6 +251,7 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
           },
           kLayers, stream);
       PrintRow("empty", s.name, m, empty_us, 0);
+      if (m == kTokens.front()) StreamRows(s, w, stream);
       const auto x = b.x;
       const auto out = b.out;
       row("fp8", m, [&](const Matrix& mw) {

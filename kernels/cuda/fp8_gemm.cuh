@@ -95,9 +95,13 @@ struct Fp8WgmmaConfig {
   int stages = 4;
   int target_blocks = 264;
   bool cluster_reduce = false;
+  // smem_scales: the block's weight and activation scales for its k split are copied to shared
+  // memory before the main loop (one pass of loads) instead of being read per 128-k block.
+  bool smem_scales = false;
 };
 // The config fp8_gemm uses: the defaults above, or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce 0|1]" (read once per process;
+// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce 0|1[,smem_scales 0|1]]" (read
+// once per process;
 // malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k

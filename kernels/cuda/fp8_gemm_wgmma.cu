@@ -84,6 +84,8 @@ struct WgmmaArgs {
   int32_t k_splits;
   int32_t stages;
   int32_t cluster_reduce;  // launched as clusters of 1 x 1 x k_splits: the reduction in-kernel
+  int32_t smem_scales;     // stage this split's w_scale / xs in shared memory before the loop
+  int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
   int64_t out_stride;
@@ -274,6 +276,24 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int g = lane / 4;
   const int t = lane % 4;
   const float* w_scale = a.w_scale + ((row0 + 64 * wg) / kBlockK) * kblocks;
+  // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, N] (tokens clamped to the last, as
+  // LoadTokenScales reads them), after the barriers.
+  float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
+  float* const xs_smem = ws_smem + wgs * a.kb_span;
+  if (a.smem_scales != 0) {
+    const int tid = static_cast<int>(threadIdx.x);
+    for (int i = tid; i < wgs * n_kb; i += 128 * wgs) {
+      const int w = i / n_kb;
+      ws_smem[w * a.kb_span + i % n_kb] =
+          __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
+    }
+    if constexpr (!A16) {
+      for (int i = tid; i < n_kb * N; i += 128 * wgs) {
+        xs_smem[i] = __ldg(a.xs + (kb_begin + i / N) * a.m + min(token0 + i % N, a.m - 1));
+      }
+    }
+    asm volatile("bar.sync 3, %0;\n" ::"r"(128 * wgs) : "memory");  // every consumer's loads
+  }
   float acc[N / 2];
   float p[N / 2];
 #pragma unroll
@@ -284,9 +304,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     const int64_t kb = kb_begin + it;
     // The block's scales: loaded before the wait where registers allow, so their latency hides
     // behind it and the products.
-    const float ws = __ldg(w_scale + kb);
+    const float ws = a.smem_scales != 0 ? ws_smem[wg * a.kb_span + it] : __ldg(w_scale + kb);
     float xs[A16 ? 1 : N / 4];
-    if constexpr (!A16 && N <= kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
+    if constexpr (!A16 && N <= kEarlyScaleTokens) {
+      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb, token0, t, xs);
+    }
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
     if constexpr (A16) {
@@ -320,7 +342,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
     } else {
-      if constexpr (N > kEarlyScaleTokens) LoadTokenScales<N>(a, kb, token0, t, xs);
+      if (a.smem_scales != 0) {
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+          xs[2 * j] = xs_smem[it * N + 8 * j + 2 * t];
+          xs[2 * j + 1] = xs_smem[it * N + 8 * j + 2 * t + 1];
+        }
+      } else if constexpr (N > kEarlyScaleTokens) {
+        LoadTokenScales<N>(a, kb, token0, t, xs);
+      }
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
         const float s0 = ws * xs[2 * j];
@@ -364,6 +394,8 @@ struct WgmmaPlan {
   int64_t row_tiles = 1;
   int32_t splits = 1;
   bool cluster_reduce = false;  // splits > 1 reduced in-kernel (clusters of 1 x 1 x splits)
+  bool smem_scales = false;     // the split's scales staged in shared memory first
+  int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
   size_t partial_bytes = 0;
@@ -377,10 +409,6 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   p.n_tile =
       static_cast<int>(std::min<int64_t>(kMaxTokenTile, (std::max<int64_t>(m, 1) + 7) / 8 * 8));
   p.wgs = std::clamp(config.warpgroups, 1, kMaxWarpgroups);
-  const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
-  const uint32_t conv_bytes = a16 ? p.wgs * kConvBytes : 0;
-  const int fit = static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes) / (stage_bytes + 16));
-  p.stages = std::clamp(std::min(config.stages, fit), 2, kMaxStages);
   p.token_tiles = (m + p.n_tile - 1) / p.n_tile;
   p.row_tiles = (n + 64 * p.wgs - 1) / (64 * p.wgs);
   const int64_t tiles = std::max<int64_t>(1, p.token_tiles * p.row_tiles);
@@ -390,12 +418,22 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
   p.splits = static_cast<int32_t>(splits);
   p.cluster_reduce = config.cluster_reduce && p.splits > 1;
+  p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);
+  p.smem_scales = config.smem_scales;
+  const uint32_t scale_bytes =
+      p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : p.n_tile)) * p.kb_span * 4) : 0u;
+  const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
+  const uint32_t conv_bytes = a16 ? p.wgs * kConvBytes : 0;
+  const int fit =
+      static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
+  p.stages = std::clamp(std::min(config.stages, fit), 2, kMaxStages);
   p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
   p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
   p.partial_bytes = p.splits > 1 && !p.cluster_reduce
                         ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4)
                         : 0;
-  p.smem_bytes = static_cast<size_t>(p.stages) * (stage_bytes + 16) + conv_bytes + kSmemSlack;
+  p.smem_bytes =
+      static_cast<size_t>(p.stages) * (stage_bytes + 16) + conv_bytes + scale_bytes + kSmemSlack;
   return p;
 }
 
@@ -504,13 +542,16 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int stages = 0;
       int target = 0;
       int cluster = c.cluster_reduce ? 1 : 0;
-      const int fields = std::sscanf(env, "%d,%d,%d,%d", &wgs, &stages, &target, &cluster);
+      int scales = c.smem_scales ? 1 : 0;
+      const int fields =
+          std::sscanf(env, "%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster, &scales);
       if (fields >= 3 && wgs >= 1 && wgs <= kMaxWarpgroups && stages >= 2 && stages <= kMaxStages &&
-          target >= 0 && (cluster == 0 || cluster == 1)) {
+          target >= 0 && (cluster == 0 || cluster == 1) && (scales == 0 || scales == 1)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
         c.cluster_reduce = cluster == 1;
+        c.smem_scales = scales == 1;
       }
     }
     return c;
@@ -576,6 +617,8 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.k_splits = plan.splits;
   a.stages = plan.stages;
   a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
+  a.smem_scales = plan.smem_scales ? 1 : 0;
+  a.kb_span = plan.kb_span;
   a.partial = partial;
   a.out = out;
   a.out_stride = out_stride;

@@ -95,7 +95,8 @@ std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
                            (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
                                                        "," + std::to_string(config.stages) + "," +
                                                        std::to_string(config.target_blocks) +
-                                                       (config.cluster_reduce ? ",cluster" : "")
+                                                       (config.cluster_reduce ? ",cluster" : "") +
+                                                       (config.smem_scales ? ",smem_scales" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -298,6 +299,33 @@ TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
   ASSERT_GT(fp8_gemm_wgmma_splits(d.m, d.n, d.k, cluster), 1);
   RunAndCheck(d, Path::kWgmma, cluster);
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096, true});
+}
+
+// smem_scales (the split's scales staged in shared memory) gives the same bits as reading them per
+// k block: token tiles whose scales the loop loads early (<= 64) and late (128, and 130: two
+// tiles, the second of 2 tokens), 10 k blocks unevenly split, with and without cluster_reduce;
+// extreme scales and NaN / Inf too.
+TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true},
+        Fp8WgmmaConfig{1, 3, 4096, false, true}}) {
+    Fp8WgmmaConfig plain = config;
+    plain.smem_scales = false;
+    for (int64_t m : {1, 17, 64, 128, 130}) {
+      const DenseCase c = MakeDense(rng, m, 200, 1280, m % 2 == 1);
+      const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, plain);
+      const std::vector<uint16_t> second = RunAndCheck(c, Path::kWgmma, config);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " wgs=" << config.warpgroups;
+    }
+  }
+  DenseCase e = ExtremeScales(rng);
+  RunAndCheck(e, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
+  e.ue8m0 = !e.ue8m0;
+  RunAndCheck(e, Path::kWgmma, Fp8WgmmaConfig{2, 4, 0, false, true});
+  RunAndCheck(NonFinite(rng), Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
 }
 
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16

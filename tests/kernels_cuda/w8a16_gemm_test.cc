@@ -104,7 +104,8 @@ std::vector<uint16_t> RunAndCheckDense(const DenseCase& c, Path path = Path::kDi
                            (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
                                                        "," + std::to_string(config.stages) + "," +
                                                        std::to_string(config.target_blocks) +
-                                                       (config.cluster_reduce ? ",cluster" : "")
+                                                       (config.cluster_reduce ? ",cluster" : "") +
+                                                       (config.smem_scales ? ",smem_scales" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -483,6 +484,26 @@ TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   d.x[6 * d.x_stride + 200] = 0x7F80;
   d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
   RunAndCheckDense(d, Path::kWgmma, cluster);
+}
+
+// smem_scales: the same bits as the weight scales read per k block (token tiles of 8..128 and
+// two tiles at m = 130, 10 k blocks unevenly split, with and without cluster_reduce).
+TEST(CudaW8a16GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true}}) {
+    Fp8WgmmaConfig plain = config;
+    plain.smem_scales = false;
+    for (int64_t m : {1, 64, 130}) {
+      const DenseCase c = MakeDense(rng, m, 200, 1280);
+      const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, plain);
+      const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, config);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " wgs=" << config.warpgroups;
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
 }
 
 }  // namespace

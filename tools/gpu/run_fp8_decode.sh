@@ -29,13 +29,13 @@ fi
 echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
 summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
-timeout 30 "$tests" --gtest_filter='*ClusterReduce*' > "$out/cluster-tests.log" 2>&1
+timeout 30 "$tests" --gtest_filter='*ClusterReduce*:*SmemScales*' > "$out/cluster-tests.log" 2>&1
 cluster_rc=$?
 echo "cluster-reduce tests: rc=$cluster_rc $(summary "$out/cluster-tests.log")"
 grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/cluster-tests.log" | head -20
 if [ "$cluster_rc" != 0 ]; then export PDSERVE_DECODE_NO_CLUSTER=1; fi
 timeout 60 "$tests" \
-  --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*ClusterReduce*' > "$out/fp8-tests.log" 2>&1
+  --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*ClusterReduce*:*SmemScales*' > "$out/fp8-tests.log" 2>&1
 echo "fp8 / w8a16 / moe gemm tests: rc=$? $(summary "$out/fp8-tests.log")"
 grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$out/fp8-tests.log" | head -20
 bench="$b/bench/pdserve_decode_bench"
