@@ -98,10 +98,14 @@ struct Fp8WgmmaConfig {
   // smem_scales: the block's weight and activation scales for its k split are copied to shared
   // memory before the main loop (one pass of loads) instead of being read per 128-k block.
   bool smem_scales = false;
+  // l2_prefetch: at the start each block asks for all of its k split's weight boxes past the ring
+  // (cp.async.bulk.prefetch.tensor into L2), so the whole matrix is in flight at once instead of
+  // `stages` boxes per block.
+  bool l2_prefetch = false;
 };
 // The config fp8_gemm uses: the defaults above, or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce 0|1[,smem_scales 0|1]]" (read
-// once per process;
+// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,smem_scales[,l2_prefetch]]]"
+// (the flags 0 or 1; read once per process;
 // malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k

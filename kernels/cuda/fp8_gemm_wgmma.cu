@@ -60,6 +60,7 @@ using hopper::PrefetchTensorMap;
 using hopper::SharedAddress;
 using hopper::SmemDescriptor;
 using hopper::TmaLoad2d;
+using hopper::TmaPrefetchL2;
 using hopper::WgmmaBf16;
 using hopper::WgmmaCommit;
 using hopper::WgmmaE4m3;
@@ -85,6 +86,7 @@ struct WgmmaArgs {
   int32_t stages;
   int32_t cluster_reduce;  // launched as clusters of 1 x 1 x k_splits: the reduction in-kernel
   int32_t smem_scales;     // stage this split's w_scale / xs in shared memory before the loop
+  int32_t l2_prefetch;     // prefetch the split's weight boxes past the ring into L2 at the start
   int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
@@ -247,6 +249,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         TmaLoad2d(stage, &w_map, (kb_begin + it) * kBlockK, static_cast<int32_t>(row0),
                   full_bar + 8u * it);
       }
+      if (a.l2_prefetch != 0) {
+        for (int it = ahead; it < n_kb; ++it) {
+          TmaPrefetchL2(&w_map, (kb_begin + it) * kBlockK, static_cast<int32_t>(row0));
+        }
+      }
       bs::GridDependencyWait();  // xq / xs come from the act-quant kernel
       bs::GridDependencyTrigger();
       for (int it = 0; it < ahead; ++it) {
@@ -395,6 +402,7 @@ struct WgmmaPlan {
   int32_t splits = 1;
   bool cluster_reduce = false;  // splits > 1 reduced in-kernel (clusters of 1 x 1 x splits)
   bool smem_scales = false;     // the split's scales staged in shared memory first
+  bool l2_prefetch = false;     // the split's weights past the ring prefetched into L2 at the start
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -420,6 +428,7 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   p.cluster_reduce = config.cluster_reduce && p.splits > 1;
   p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);
   p.smem_scales = config.smem_scales;
+  p.l2_prefetch = config.l2_prefetch;
   const uint32_t scale_bytes =
       p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : p.n_tile)) * p.kb_span * 4) : 0u;
   const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
@@ -543,15 +552,18 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int target = 0;
       int cluster = c.cluster_reduce ? 1 : 0;
       int scales = c.smem_scales ? 1 : 0;
-      const int fields =
-          std::sscanf(env, "%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster, &scales);
+      int prefetch = c.l2_prefetch ? 1 : 0;
+      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
+                                     &scales, &prefetch);
       if (fields >= 3 && wgs >= 1 && wgs <= kMaxWarpgroups && stages >= 2 && stages <= kMaxStages &&
-          target >= 0 && (cluster == 0 || cluster == 1) && (scales == 0 || scales == 1)) {
+          target >= 0 && (cluster == 0 || cluster == 1) && (scales == 0 || scales == 1) &&
+          (prefetch == 0 || prefetch == 1)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
         c.cluster_reduce = cluster == 1;
         c.smem_scales = scales == 1;
+        c.l2_prefetch = prefetch == 1;
       }
     }
     return c;
@@ -618,6 +630,7 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.stages = plan.stages;
   a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
   a.smem_scales = plan.smem_scales ? 1 : 0;
+  a.l2_prefetch = plan.l2_prefetch ? 1 : 0;
   a.kb_span = plan.kb_span;
   a.partial = partial;
   a.out = out;

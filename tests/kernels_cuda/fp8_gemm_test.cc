@@ -301,16 +301,16 @@ TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096, true});
 }
 
-// smem_scales (the split's scales staged in shared memory) gives the same bits as reading them per
-// k block: token tiles whose scales the loop loads early (<= 64) and late (128, and 130: two
-// tiles, the second of 2 tokens), 10 k blocks unevenly split, with and without cluster_reduce;
-// extreme scales and NaN / Inf too.
+// smem_scales (the split's scales staged in shared memory), with and without l2_prefetch, gives
+// the same bits as reading the scales per k block: token tiles whose scales the loop loads early
+// (<= 64) and late (128, and 130: two tiles, the second of 2 tokens), 10 k blocks unevenly split,
+// with and without cluster_reduce; extreme scales and NaN / Inf too.
 TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   for (const Fp8WgmmaConfig config :
-       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true},
-        Fp8WgmmaConfig{1, 3, 4096, false, true}}) {
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true, true},
+        Fp8WgmmaConfig{1, 3, 4096, false, true, true}}) {
     Fp8WgmmaConfig plain = config;
     plain.smem_scales = false;
     for (int64_t m : {1, 17, 64, 128, 130}) {

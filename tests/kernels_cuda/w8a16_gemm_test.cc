@@ -486,13 +486,13 @@ TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   RunAndCheckDense(d, Path::kWgmma, cluster);
 }
 
-// smem_scales: the same bits as the weight scales read per k block (token tiles of 8..128 and
-// two tiles at m = 130, 10 k blocks unevenly split, with and without cluster_reduce).
+// smem_scales (and l2_prefetch): the same bits as the weight scales read per k block (token tiles
+// of 8..128 and two tiles at m = 130, 10 k blocks unevenly split, with and without cluster_reduce).
 TEST(CudaW8a16GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   for (const Fp8WgmmaConfig config :
-       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true}}) {
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true, true}}) {
     Fp8WgmmaConfig plain = config;
     plain.smem_scales = false;
     for (int64_t m : {1, 64, 130}) {

@@ -5,10 +5,9 @@
 # fault there turns the cluster rows of the bench off), then the FP8 / W8A16 / MoE GEMM GPU tests,
 # then decode_bench: the dense V4-Flash shapes at 1 / 8 / 32 / 128 tokens against the read floor
 # of the same bytes, and one V4-Flash layer's decode-step GEMMs at batch 1 / 8 / 32 / 128 with its
-# floor (once with the default dispatch, once with LAYER_ENV, default the cluster-reduce wgmma
-# config for every token count). Prints the tables last (bench/cuda/decode_table.py).
-# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), LAYER_ENV (the second layer
-# run's environment, e.g. "PDSERVE_FP8_GEMM=wgmma PDSERVE_FP8_WGMMA=1,4,264,1").
+# floor (once with the default dispatch, then once per environment of LAYER_ENVS). Prints the
+# tables last (bench/cuda/decode_table.py); every path's times in $OUT/all-paths.md.
+# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), LAYER_ENVS (see below).
 # Expected time: build ~60-80 s on 16 cores, tests ~20 s, benches ~30 s.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -45,13 +44,20 @@ echo "decode_bench gemm: rc=$? $((SECONDS - s2)) s"
 s2=$SECONDS
 timeout 25 "$bench" layer > "$out/layer-default.csv" 2> "$out/layer-default.err"
 echo "decode_bench layer (default dispatch): rc=$? $((SECONDS - s2)) s"
-layer_env=${LAYER_ENV:-PDSERVE_FP8_GEMM=wgmma PDSERVE_FP8_WGMMA=1,4,264,1}
+# LAYER_ENVS: environments of further layer runs, separated by "|" (each a list of VAR=value).
+layer_envs=${LAYER_ENVS:-PDSERVE_FP8_GEMM=wgmma PDSERVE_FP8_WGMMA=1,4,264,1,1,1|PDSERVE_FP8_GEMM=wgmma PDSERVE_FP8_WGMMA=1,4,264,1}
+layer_args=("default=$out/layer-default.csv")
 if [ "$cluster_rc" = 0 ]; then
-  s2=$SECONDS
-  env $layer_env timeout 25 "$bench" layer > "$out/layer-new.csv" 2> "$out/layer-new.err"
-  echo "decode_bench layer ($layer_env): rc=$? $((SECONDS - s2)) s"
+  i=0
+  IFS='|' read -ra envs <<< "$layer_envs"
+  for e in "${envs[@]}"; do
+    i=$((i + 1))
+    s2=$SECONDS
+    env $e timeout 25 "$bench" layer > "$out/layer-$i.csv" 2> "$out/layer-$i.err"
+    echo "decode_bench layer run $i ($e): rc=$? $((SECONDS - s2)) s"
+    layer_args+=("env$i=$out/layer-$i.csv")
+  done
 fi
 echo "total: $((SECONDS - start)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --all-paths > "$out/all-paths.md" 2>&1
-python3 bench/cuda/decode_table.py "$out/gemm.csv" \
-  --layer "default=$out/layer-default.csv" "new=$out/layer-new.csv" 2>&1
+python3 bench/cuda/decode_table.py "$out/gemm.csv" --layer "${layer_args[@]}" 2>&1
