@@ -19,7 +19,8 @@
 // top-6 routing of 256 experts), every weight FP8 e4m3 with 128 x 128 scales, at batch 1, 8, 32,
 // 128. kernel: layer_w8a16 (fp8_gemm_w8a16 + kFp8W8A16 experts: the engine's default),
 // layer_fp8 (fp8_gemm + kFp8 experts), layer_read (ReadFloor over one buffer of the same bytes
-// per layer). bytes: the dense weights + scales and the experts the routing touched. The
+// per layer); each also as _dense (the dense GEMMs alone) and _moe (the routed experts alone).
+// bytes: the dense weights + scales and the experts the routing touched. The
 // elementwise kernels between the GEMMs (norms, rope, SwiGLU, combine) and the fp32 router GEMM
 // are not in it. fp8_gemm's path and config come from PDSERVE_FP8_GEMM / PDSERVE_FP8_WGMMA.
 //
@@ -348,49 +349,58 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
   std::mt19937_64 rng(12345);
   for (int64_t m : kTokens) {
     const double distinct = RandomRoutings(m, kExperts, kTopK, routing, rng);
-    const double bytes = dense_bytes + distinct * expert_bytes;
-    for (const bool a16 : {true, false}) {
-      ExpertWeights up_view;
-      up_view.format = a16 ? ExpertFormat::kFp8W8A16 : ExpertFormat::kFp8;
-      up_view.w = gate_up.w;
-      up_view.scale = gate_up.scale;
-      up_view.n_experts = kExperts;
-      up_view.n = 4096;
-      up_view.k = 4096;
-      ExpertWeights down_view = up_view;
-      down_view.w = down.w;
-      down_view.scale = down.scale;
-      down_view.k = 2048;
-      const double us = Graph(
+    const double moe_bytes = distinct * expert_bytes;
+    // part: "" (the whole step), "_dense" or "_moe".
+    for (const char* part : {"", "_dense", "_moe"}) {
+      const bool dense = part[0] != '_' || part[1] == 'd';
+      const bool moe = part[0] != '_' || part[1] == 'm';
+      const double bytes = (dense ? dense_bytes : 0.0) + (moe ? moe_bytes : 0.0);
+      for (const bool a16 : {true, false}) {
+        ExpertWeights up_view;
+        up_view.format = a16 ? ExpertFormat::kFp8W8A16 : ExpertFormat::kFp8;
+        up_view.w = gate_up.w;
+        up_view.scale = gate_up.scale;
+        up_view.n_experts = kExperts;
+        up_view.n = 4096;
+        up_view.k = 4096;
+        ExpertWeights down_view = up_view;
+        down_view.w = down.w;
+        down_view.scale = down.scale;
+        down_view.k = 2048;
+        const double us = Graph(
+            [&](int l) {
+              for (const LayerGemm& g : layers[l]) {
+                if (!dense) break;
+                const int64_t k = g.w.k;
+                const __nv_bfloat16* x = b.x + g.x_offset;
+                __nv_bfloat16* out = b.out + g.out_offset;
+                BENCH_CHECK(a16 ? fp8_gemm_w8a16(x, m, k, g.x_stride, g.w.w, g.w.scale, g.w.n, out,
+                                                 g.out_stride, b.ws, b.ws_bytes, stream)
+                                : fp8_gemm(x, m, k, g.x_stride, g.w.w, g.w.scale, g.w.n, false, out,
+                                           g.out_stride, b.ws, b.ws_bytes, stream));
+              }
+              if (!moe) return;
+              BENCH_CHECK(moe_grouped_gemm(b.x, 4096, false, routing[l], nullptr, m, kTopK, up_view,
+                                           false, b.out2, 8192, b.ws, b.ws_bytes, stream));
+              BENCH_CHECK(moe_grouped_gemm(act, 4096, true, routing[l], b.pick_w, m, kTopK,
+                                           down_view, false, b.out2, 4096, b.ws, b.ws_bytes,
+                                           stream));
+            },
+            kStepLayers, stream);
+        PrintRow(std::string(a16 ? "layer_w8a16" : "layer_fp8") + part, "layer", m, us, bytes);
+      }
+      const size_t read_bytes = static_cast<size_t>(bytes) / 16 * 16;
+      void* floor_buffer = DeviceAlloc<unsigned char>(read_bytes * kStepLayers);
+      BENCH_CHECK(cudaMemset(floor_buffer, 1, read_bytes * kStepLayers));
+      const double read_us = Graph(
           [&](int l) {
-            for (const LayerGemm& g : layers[l]) {
-              const int64_t k = g.w.k;
-              const __nv_bfloat16* x = b.x + g.x_offset;
-              __nv_bfloat16* out = b.out + g.out_offset;
-              BENCH_CHECK(a16 ? fp8_gemm_w8a16(x, m, k, g.x_stride, g.w.w, g.w.scale, g.w.n, out,
-                                               g.out_stride, b.ws, b.ws_bytes, stream)
-                              : fp8_gemm(x, m, k, g.x_stride, g.w.w, g.w.scale, g.w.n, false, out,
-                                         g.out_stride, b.ws, b.ws_bytes, stream));
-            }
-            BENCH_CHECK(moe_grouped_gemm(b.x, 4096, false, routing[l], nullptr, m, kTopK, up_view,
-                                         false, b.out2, 8192, b.ws, b.ws_bytes, stream));
-            BENCH_CHECK(moe_grouped_gemm(act, 4096, true, routing[l], b.pick_w, m, kTopK, down_view,
-                                         false, b.out2, 4096, b.ws, b.ws_bytes, stream));
+            LaunchRead(static_cast<unsigned char*>(floor_buffer) + l * read_bytes, read_bytes,
+                       b.sink, b.sms, stream);
           },
           kStepLayers, stream);
-      PrintRow(a16 ? "layer_w8a16" : "layer_fp8", "layer", m, us, bytes);
+      PrintRow(std::string("layer_read") + part, "layer", m, read_us, bytes);
+      BENCH_CHECK(cudaFree(floor_buffer));
     }
-    const size_t read_bytes = static_cast<size_t>(bytes) / 16 * 16;
-    void* floor_buffer = DeviceAlloc<unsigned char>(read_bytes * kStepLayers);
-    BENCH_CHECK(cudaMemset(floor_buffer, 1, read_bytes * kStepLayers));
-    const double read_us = Graph(
-        [&](int l) {
-          LaunchRead(static_cast<unsigned char*>(floor_buffer) + l * read_bytes, read_bytes, b.sink,
-                     b.sms, stream);
-        },
-        kStepLayers, stream);
-    PrintRow("layer_read", "layer", m, read_us, bytes);
-    BENCH_CHECK(cudaFree(floor_buffer));
   }
   for (int32_t* r : routing) BENCH_CHECK(cudaFree(r));
   BENCH_CHECK(cudaFree(act));

@@ -85,22 +85,23 @@ def all_paths(rows, out):
 
 
 def layer_table(runs, out):
-    print("\nOne V4-Flash CSA layer's decode-step GEMMs (dense FP8 projections + shared expert + the "
-          "routed experts the batch touched), per layer:\n", file=out)
-    print("| run | batch | weight MB | floor us (read same bytes) | W8A16 us (% floor, GB/s) | "
+    print("\nOne V4-Flash CSA layer's decode-step GEMMs per layer (dense FP8 projections + shared "
+          "expert, and the routed experts the batch touched; part: all, dense, moe):\n", file=out)
+    print("| run | part | batch | weight MB | floor us (read same bytes) | W8A16 us (% floor, GB/s) | "
           "W8A8 us (% floor, GB/s) |", file=out)
-    print("| --- | --- | --- | --- | --- | --- |", file=out)
+    print("| --- | --- | --- | --- | --- | --- | --- |", file=out)
     for name, rows in runs:
-        for (kernel, shape, tokens), (us, nbytes) in rows.items():
-            if kernel != "layer_read":
-                continue
-            cols = []
-            for k in ("layer_w8a16", "layer_fp8"):
-                v = rows.get((k, shape, tokens))
-                cols.append(f"{v[0]:.1f} ({100 * us / v[0]:.0f}%, {v[1] / v[0] / 1e3:.0f})"
-                            if v else "-")
-            print(f"| {name} | {tokens} | {nbytes / 1e6:.0f} | {us:.1f} | {cols[0]} | {cols[1]} |",
-                  file=out)
+        for part in ("", "_dense", "_moe"):
+            for (kernel, shape, tokens), (us, nbytes) in rows.items():
+                if kernel != "layer_read" + part:
+                    continue
+                cols = []
+                for k in ("layer_w8a16" + part, "layer_fp8" + part):
+                    v = rows.get((k, shape, tokens))
+                    cols.append(f"{v[0]:.1f} ({100 * us / v[0]:.0f}%, {v[1] / v[0] / 1e3:.0f})"
+                                if v else "-")
+                print(f"| {name} | {part[1:] or 'all'} | {tokens} | {nbytes / 1e6:.0f} | {us:.1f} | "
+                      f"{cols[0]} | {cols[1]} |", file=out)
 
 
 def main():
