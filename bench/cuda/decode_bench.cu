@@ -54,8 +54,9 @@ constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
 const std::vector<int64_t> kTokens = {1, 8, 32, 128};
 const char* const kVariants =
-    "1,4,264,1;1,4,264,1,1;1,4,264,1,1,1;1,2,264,1,1,1;1,6,264,1,1,1;1,8,264,1,1;1,4,528,1,1,1;"
-    "1,4,132,1,1,1;2,4,264,1,1,1;2,8,264,1,1;1,4,1056,1,1,1;1,4,264,0,1,1";
+    "1,4,264,1;1,4,264,1,1;1,4,264,1,1,1;1,4,264,1,1,1,1;1,2,264,1,1,1,1;1,6,264,1,1,1,1;"
+    "1,8,264,1,1;1,4,528,1,1,1,1;1,4,132,1,1,1,1;2,4,264,1,1,1,1;2,8,264,1,1;1,4,1056,1,1,1,1;"
+    "1,4,264,0,1,1,1";
 
 __global__ void EmptyKernel() {}
 
@@ -142,7 +143,8 @@ std::vector<Fp8WgmmaConfig> Variants() {
 std::string ConfigName(const Fp8WgmmaConfig& c) {
   return std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
-         (c.smem_scales ? ".s" : "") + (c.l2_prefetch ? ".p" : "");
+         (c.smem_scales ? ".s" : "") + (c.l2_prefetch ? ".p" : "") +
+         (c.a16_register_weights ? ".r" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.

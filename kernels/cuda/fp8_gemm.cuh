@@ -102,10 +102,14 @@ struct Fp8WgmmaConfig {
   // (cp.async.bulk.prefetch.tensor into L2), so the whole matrix is in flight at once instead of
   // `stages` boxes per block.
   bool l2_prefetch = false;
+  // a16_register_weights (fp8_gemm_w8a16_wgmma at token tiles <= 64): each thread converts its
+  // own wgmma A fragment from the e4m3 stage in registers (bf16 wgmma with A from registers)
+  // instead of the warpgroup converting the block into shared memory first.
+  bool a16_register_weights = false;
 };
 // The config fp8_gemm uses: the defaults above, or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,smem_scales[,l2_prefetch]]]"
-// (the flags 0 or 1; read once per process;
+// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,smem_scales[,l2_prefetch[,
+// a16_register_weights]]]]" (the flags 0 or 1; read once per process;
 // malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k

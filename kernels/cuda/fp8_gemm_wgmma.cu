@@ -62,6 +62,7 @@ using hopper::SmemDescriptor;
 using hopper::TmaLoad2d;
 using hopper::TmaPrefetchL2;
 using hopper::WgmmaBf16;
+using hopper::WgmmaBf16RegA;
 using hopper::WgmmaCommit;
 using hopper::WgmmaE4m3;
 using hopper::WgmmaFence;
@@ -85,8 +86,9 @@ struct WgmmaArgs {
   int32_t k_splits;
   int32_t stages;
   int32_t cluster_reduce;  // launched as clusters of 1 x 1 x k_splits: the reduction in-kernel
-  int32_t smem_scales;     // stage this split's w_scale / xs in shared memory before the loop
+  int32_t smem_scales;     // N <= kEarlyScaleTokens: this split's scales in shared memory first
   int32_t l2_prefetch;     // prefetch the split's weight boxes past the ring into L2 at the start
+  int32_t reg_weights;     // A16, N <= kRegWeightTokens: ProductsRegisterWeights (no conv buffers)
   int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
@@ -128,6 +130,42 @@ __device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* 
     *reinterpret_cast<uint4*>(row + (((2 * c2) ^ (r & 7)) << 4)) = lo;
     *reinterpret_cast<uint4*>(row + (((2 * c2 + 1) ^ (r & 7)) << 4)) = hi;
   }
+}
+
+// W8A16 with register weights (token tiles up to kRegWeightTokens): the 8 bf16 wgmma m64nNk16
+// of one 128-k block with A from registers, each thread converting its own A fragment straight
+// from the e4m3 stage (`w_rows`: this warpgroup's 64 rows, TMA's 128-byte swizzle) instead of the
+// warpgroup converting the block into shared memory first (no barriers, no proxy fence, no
+// conversion buffer). `b_stage`: the stage's activation boxes; warp: the warp in the warpgroup.
+constexpr int kRegWeightTokens = 64;
+template <int N>
+__device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], const uint8_t* w_rows,
+                                                        uint32_t b_stage, int warp, int lane) {
+  const int t = lane % 4;
+  const int lo = 16 * warp + lane / 4;  // rows lo and lo + 8: the same swizzle (lo % 8)
+  const uint8_t* row_lo = w_rows + lo * 128 + 2 * t;
+  const uint8_t* row_hi = row_lo + 8 * 128;
+  uint32_t a[kBlockK / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < kBlockK / 16; ++ks) {
+    const int chunk = (ks ^ (lo & 7)) << 4;  // k 16 ks .. 16 ks + 15 of the row
+    a[ks][0] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_lo + chunk));
+    a[ks][1] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_hi + chunk));
+    a[ks][2] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_lo + chunk + 8));
+    a[ks][3] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_hi + chunk + 8));
+  }
+  WgmmaFence();  // the A registers are written before the wgmma read them
+#pragma unroll
+  for (int ks = 0; ks < kBlockK / 16; ++ks) {
+    WgmmaBf16RegA<N>(p, a[ks],
+                     SmemDescriptor(b_stage + (ks / 4) * (N * 128) + (ks % 4) * 32, 16, 1024), ks);
+  }
+}
+
+__device__ __forceinline__ float LoadSharedF32(uint32_t address) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(address) : "memory");
+  return v;
 }
 
 // Named barrier of consumer warpgroup wg's 128 threads (0 is __syncthreads).
@@ -219,7 +257,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const uint32_t stage_bytes = StageBytes(wgs, N, A16);
   const int stages = a.stages;
   const uint32_t conv_offset = stages * stage_bytes;  // A16's per-warpgroup bf16 weights
-  const uint32_t full_bar = base + conv_offset + (A16 ? wgs * kConvBytes : 0u);
+  const uint32_t full_bar =
+      base + conv_offset + (A16 && a.reg_weights == 0 ? wgs * kConvBytes : 0u);
   const uint32_t empty_bar = full_bar + 8u * stages;
   const int64_t kblocks = a.k / kBlockK;
   const int kb_begin = static_cast<int>(kblocks * blockIdx.z / a.k_splits);
@@ -285,9 +324,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const float* w_scale = a.w_scale + ((row0 + 64 * wg) / kBlockK) * kblocks;
   // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, N] (tokens clamped to the last, as
   // LoadTokenScales reads them), after the barriers.
-  float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
-  float* const xs_smem = ws_smem + wgs * a.kb_span;
-  if (a.smem_scales != 0) {
+  // (Token tiles past kEarlyScaleTokens compile without it: at 128 tokens it cost 168 registers
+  // and spills.)
+  constexpr bool kSmemScales = N <= kEarlyScaleTokens;
+  if (kSmemScales && a.smem_scales != 0) {
+    float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
+    float* const xs_smem = ws_smem + wgs * a.kb_span;
     const int tid = static_cast<int>(threadIdx.x);
     for (int i = tid; i < wgs * n_kb; i += 128 * wgs) {
       const int w = i / n_kb;
@@ -311,14 +353,25 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     const int64_t kb = kb_begin + it;
     // The block's scales: loaded before the wait where registers allow, so their latency hides
     // behind it and the products.
-    const float ws = a.smem_scales != 0 ? ws_smem[wg * a.kb_span + it] : __ldg(w_scale + kb);
+    // (Shared addresses recomputed here rather than kept: at N = 128 every register counts.)
+    const uint32_t scales = full_bar + 16u * stages;
+    const float ws = kSmemScales && a.smem_scales != 0
+                         ? LoadSharedF32(scales + 4u * (wg * a.kb_span + it))
+                         : __ldg(w_scale + kb);
     float xs[A16 ? 1 : N / 4];
     if constexpr (!A16 && N <= kEarlyScaleTokens) {
       if (a.smem_scales == 0) LoadTokenScales<N>(a, kb, token0, t, xs);
     }
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
-    if constexpr (A16) {
+    bool register_weights = false;
+    if constexpr (A16 && N <= kRegWeightTokens) register_weights = a.reg_weights != 0;
+    if (register_weights) {
+      if constexpr (A16 && N <= kRegWeightTokens) {
+        ProductsRegisterWeights<N>(p, smem + s * stage_bytes + wg * 64 * kBlockK, stage + w_bytes,
+                                   warp % 4, lane);
+      }
+    } else if constexpr (A16) {
       const uint32_t conv = conv_offset + wg * kConvBytes;
       WarpgroupBarrier(wg);  // the last block's products finished reading conv
       ConvertWeights(smem + s * stage_bytes + wg * 64 * kBlockK, smem + conv,
@@ -349,11 +402,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
     } else {
-      if (a.smem_scales != 0) {
+      if (kSmemScales && a.smem_scales != 0) {
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
-          xs[2 * j] = xs_smem[it * N + 8 * j + 2 * t];
-          xs[2 * j + 1] = xs_smem[it * N + 8 * j + 2 * t + 1];
+          const uint32_t at = scales + 4u * (wgs * a.kb_span + it * N + 8 * j + 2 * t);
+          xs[2 * j] = LoadSharedF32(at);
+          xs[2 * j + 1] = LoadSharedF32(at + 4u);
         }
       } else if constexpr (N > kEarlyScaleTokens) {
         LoadTokenScales<N>(a, kb, token0, t, xs);
@@ -403,6 +457,7 @@ struct WgmmaPlan {
   bool cluster_reduce = false;  // splits > 1 reduced in-kernel (clusters of 1 x 1 x splits)
   bool smem_scales = false;     // the split's scales staged in shared memory first
   bool l2_prefetch = false;     // the split's weights past the ring prefetched into L2 at the start
+  bool reg_weights = false;     // A16 with n_tile <= kRegWeightTokens: A from registers
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -427,12 +482,13 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   p.splits = static_cast<int32_t>(splits);
   p.cluster_reduce = config.cluster_reduce && p.splits > 1;
   p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);
-  p.smem_scales = config.smem_scales;
+  p.smem_scales = config.smem_scales && p.n_tile <= kEarlyScaleTokens;
   p.l2_prefetch = config.l2_prefetch;
+  p.reg_weights = a16 && config.a16_register_weights && p.n_tile <= kRegWeightTokens;
   const uint32_t scale_bytes =
       p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : p.n_tile)) * p.kb_span * 4) : 0u;
   const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
-  const uint32_t conv_bytes = a16 ? p.wgs * kConvBytes : 0;
+  const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * kConvBytes : 0;
   const int fit =
       static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
   p.stages = std::clamp(std::min(config.stages, fit), 2, kMaxStages);
@@ -553,17 +609,19 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int cluster = c.cluster_reduce ? 1 : 0;
       int scales = c.smem_scales ? 1 : 0;
       int prefetch = c.l2_prefetch ? 1 : 0;
-      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
-                                     &scales, &prefetch);
+      int reg = c.a16_register_weights ? 1 : 0;
+      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
+                                     &scales, &prefetch, &reg);
       if (fields >= 3 && wgs >= 1 && wgs <= kMaxWarpgroups && stages >= 2 && stages <= kMaxStages &&
           target >= 0 && (cluster == 0 || cluster == 1) && (scales == 0 || scales == 1) &&
-          (prefetch == 0 || prefetch == 1)) {
+          (prefetch == 0 || prefetch == 1) && (reg == 0 || reg == 1)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
         c.cluster_reduce = cluster == 1;
         c.smem_scales = scales == 1;
         c.l2_prefetch = prefetch == 1;
+        c.a16_register_weights = reg == 1;
       }
     }
     return c;
@@ -631,6 +689,7 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
   a.smem_scales = plan.smem_scales ? 1 : 0;
   a.l2_prefetch = plan.l2_prefetch ? 1 : 0;
+  a.reg_weights = plan.reg_weights ? 1 : 0;
   a.kb_span = plan.kb_span;
   a.partial = partial;
   a.out = out;

@@ -302,9 +302,9 @@ TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
 }
 
 // smem_scales (the split's scales staged in shared memory), with and without l2_prefetch, gives
-// the same bits as reading the scales per k block: token tiles whose scales the loop loads early
-// (<= 64) and late (128, and 130: two tiles, the second of 2 tokens), 10 k blocks unevenly split,
-// with and without cluster_reduce; extreme scales and NaN / Inf too.
+// the same bits as reading the scales per k block: token tiles of 8..64 (128 and 130, two tiles,
+// ignore the flag), 10 k blocks unevenly split, with and without cluster_reduce; extreme scales
+// and NaN / Inf too.
 TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();

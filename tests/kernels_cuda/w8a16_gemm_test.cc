@@ -105,7 +105,8 @@ std::vector<uint16_t> RunAndCheckDense(const DenseCase& c, Path path = Path::kDi
                                                        "," + std::to_string(config.stages) + "," +
                                                        std::to_string(config.target_blocks) +
                                                        (config.cluster_reduce ? ",cluster" : "") +
-                                                       (config.smem_scales ? ",smem_scales" : "")
+                                                       (config.smem_scales ? ",smem_scales" : "") +
+                                                       (config.a16_register_weights ? ",reg" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -504,6 +505,43 @@ TEST(CudaW8a16GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
     }
   }
   RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
+}
+
+// a16_register_weights (each thread converts its own wgmma A fragment from the e4m3 stage): every
+// k position of every row of all four warps of a warpgroup (n = 72: a full 64-row tile and a
+// partial one) lands on its own product; then token tiles 8..64 (and 72 and 130, where the flag is
+// ignored), split and cluster-reduced, extreme scales and NaN / Inf against the reference.
+TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig reg{1, 4, 0, false, false, false, true};
+  DenseCase c = MakeDense(rng, 5, 72, 256);
+  std::fill(c.w_scale.begin(), c.w_scale.end(), 1.0f);
+  for (int64_t r = 0; r < c.m; ++r) {
+    for (int64_t col = 0; col < c.x_stride; ++col) {
+      c.x[r * c.x_stride + col] =
+          testing::ToBf16(std::ldexp(col % 128 + 1.0f, static_cast<int>(r)));
+    }
+  }
+  for (int64_t col = 0; col < 256; ++col) {
+    std::fill(c.w.begin(), c.w.end(), 0);
+    for (int64_t n = 0; n < c.n; ++n) c.w[n * c.k + col] = cpu::E4m3FromFloat(n % 16 + 1.0f);
+    RunAndCheckDense(c, Path::kWgmma, reg);
+  }
+  for (const Fp8WgmmaConfig config : {reg, Fp8WgmmaConfig{2, 4, 264, true, true, true, true},
+                                      Fp8WgmmaConfig{1, 3, 4096, false, false, false, true}}) {
+    for (int64_t m : {1, 8, 17, 33, 64, 72, 130}) {
+      RunAndCheckDense(MakeDense(rng, m, 200, 1280), Path::kWgmma, config);
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, reg);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  d.w[static_cast<size_t>(135 * d.k + 0)] = 0xFF;
+  RunAndCheckDense(d, Path::kWgmma, reg);
+  RunAndCheckDense(d, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true, true, true});
 }
 
 }  // namespace
