@@ -7,6 +7,8 @@
 //   read (ReadFloor over each layer's weight bytes: the floor a kernel that only reads them
 //   reaches, timed the same way), empty (an empty kernel per layer: the launch floor of a graph),
 //   fp8 / w8a16 (fp8_gemm / fp8_gemm_w8a16: the engine's calls, with their dispatch),
+//   fp8_before / w8a16_before (the dispatch and config main had before this bench: mma.sync up to
+//   8 / 32 tokens, else wgmma 1,4,264 with the split-k reduce kernel),
 //   fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (default config, split-k reduced by a second
 //   kernel), fp8_wgmma_c / w8a16_wgmma_c (default config with cluster_reduce),
 //   fp8_v<w>.<s>.<t>[.c] / w8a16_v<...> (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma with that config;
@@ -264,6 +266,21 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
       row("w8a16", m, [&](const Matrix& mw) {
         return fp8_gemm_w8a16(x, m, s.k, s.k, mw.w, mw.scale, s.n, out, s.n, b.ws, b.ws_bytes,
                               stream);
+      });
+      // main's dispatch before this work (2026-12-04 14:19 UTC): mma.sync up to 8 (W8A8) / 32
+      // (W8A16) tokens, else fp8_gemm_wgmma 1,4,264 with the reduce kernel.
+      const Fp8WgmmaConfig before{1, 4, 264, false, false, false, false};
+      row("fp8_before", m, [&](const Matrix& mw) {
+        return m <= 8 ? fp8_gemm_mma(x, m, s.k, s.k, mw.w, mw.scale, s.n, false, out, s.n, b.ws,
+                                     b.ws_bytes, stream)
+                      : fp8_gemm_wgmma(x, m, s.k, s.k, mw.w, mw.scale, s.n, false, out, s.n, b.ws,
+                                       b.ws_bytes, stream, before);
+      });
+      row("w8a16_before", m, [&](const Matrix& mw) {
+        return m <= 32 ? fp8_gemm_w8a16_mma(x, m, s.k, s.k, mw.w, mw.scale, s.n, out, s.n, b.ws,
+                                            b.ws_bytes, stream)
+                       : fp8_gemm_w8a16_wgmma(x, m, s.k, s.k, mw.w, mw.scale, s.n, out, s.n, b.ws,
+                                              b.ws_bytes, stream, before);
       });
       row("fp8_mma", m, [&](const Matrix& mw) {
         return fp8_gemm_mma(x, m, s.k, s.k, mw.w, mw.scale, s.n, false, out, s.n, b.ws, b.ws_bytes,

@@ -4,8 +4,8 @@ of the weight bytes and their share of the read floor, per shape and token count
 
 The floor of a cell is decode_bench's "read" row: ReadFloor over the same weight bytes, timed the
 same way (one launch per layer, 16 layers in a CUDA graph). "% 2GiB" is the share of the 2 GiB
-read floor's bandwidth (events, outside graphs). "before": the engine's call (fp8_gemm /
-fp8_gemm_w8a16 with their dispatch) in the run given by --before (or the same run when absent).
+read floor's bandwidth (events, outside graphs). "before": the dispatch main had before this work
+(decode_bench's fp8_before / w8a16_before rows) in the run given by --before (or the same run).
 
 Usage: decode_table.py gemm.csv [--before gemm_before.csv] [--layer layer.csv ...]
 """
@@ -45,27 +45,32 @@ def gemm_tables(rows, before, out):
     print(f"2 GiB read floor: {bw_2g:.0f} GB/s", file=out)
     for mode, label in (("w8a16", "W8A16 (bf16 activations: the engine's default)"),
                         ("fp8", "W8A8 (activations quantized per 1 x 128)")):
-        print(f"\n{label}: best path of this run against the read floor of the same bytes\n",
-              file=out)
-        print("| shape | tokens | floor us | before us (% floor) | best us | best path | GB/s | "
-              "% read floor | % 2GiB floor |", file=out)
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", file=out)
+        print(f"\n{label}: us (% of the read floor of the same bytes); now = {mode}'s dispatch "
+              "(the engine's call)\n", file=out)
+        print("| shape | tokens | floor us | before | now | now GB/s | now % of 2GiB floor | "
+              "best of the run (path) |", file=out)
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |", file=out)
         for shape, tokens in cells(rows):
             floor = rows.get(("read", shape, tokens))
             if floor is None:
                 continue
             floor_us = floor[0]
+
+            def cell(v):
+                return f"{v[0]:.1f} ({100 * floor_us / v[0]:.0f}%)" if v else "-"
+
             cand = {k[0]: v for k, v in rows.items()
                     if k[1] == shape and k[2] == tokens and
                     (k[0] == mode or k[0].startswith(mode + "_"))}
+            cand.pop(mode + "_before", None)
             if not cand:
                 continue
-            name, (us, nbytes) = min(cand.items(), key=lambda kv: kv[1][0])
-            b = before.get((mode, shape, tokens))
-            bs = f"{b[0]:.1f} ({100 * floor_us / b[0]:.0f}%)" if b else "-"
-            gbs = nbytes / us / 1e3
-            print(f"| {shape} | {tokens} | {floor_us:.1f} | {bs} | {us:.1f} | {name} | {gbs:.0f} | "
-                  f"{100 * floor_us / us:.0f}% | {100 * gbs / bw_2g:.0f}% |", file=out)
+            name, best = min(cand.items(), key=lambda kv: kv[1][0])
+            b = before.get((mode + "_before", shape, tokens)) or before.get((mode, shape, tokens))
+            now = rows.get((mode, shape, tokens))
+            gbs = now[1] / now[0] / 1e3 if now else float("nan")
+            print(f"| {shape} | {tokens} | {floor_us:.1f} | {cell(b)} | {cell(now)} | {gbs:.0f} | "
+                  f"{100 * gbs / bw_2g:.0f}% | {cell(best)} {name} |", file=out)
 
 
 def all_paths(rows, out):
