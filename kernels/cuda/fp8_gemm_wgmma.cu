@@ -11,14 +11,21 @@
 //   the tensor zero-filled) into a ring of `stages` shared-memory stages; full[s] completes when
 //   both boxes landed (transaction bytes), empty[s] when every consumer warp is done with it. The
 //   first `stages` weight boxes are issued before griddepcontrol.wait (they do not depend on the
-//   act-quant kernel before), the activation boxes after it.
+//   act-quant kernel before), the activation boxes after it. With l2_prefetch the producer also
+//   asks for every later weight box of its split (cp.async.bulk.prefetch.tensor into L2) before
+//   that wait, so the whole matrix is requested at the start.
 // - Consumers: per 128-k block, 4 wgmma m64nNk32 (e4m3 x e4m3 -> fp32, scale-d off for the first)
 //   into a block partial p, wait, release the stage, then fold acc += p * (w_scale[row block, kb]
-//   * xs[kb, token]) in fp32: the same per-block scaling as the CPU reference.
+//   * xs[kb, token]) in fp32: the same per-block scaling as the CPU reference. With smem_scales
+//   (token tiles <= 64) the split's w_scale / xs are copied to shared memory once before the loop
+//   instead of being loaded from global memory per 128-k block.
 // W8A16 (A16): the activations stay bf16 and stream by TMA as two [N x 64 k] boxes per block; after
 // a stage lands, each consumer warpgroup converts its 64 e4m3 weight rows exactly to bf16 in its
 // own shared-memory buffer (the same 128-byte swizzle), then runs 8 bf16 wgmma m64nNk16 from
-// shared memory; the fold multiplies by the weight block scale only.
+// shared memory; the fold multiplies by the weight block scale only. With a16_register_weights
+// (token tiles <= 64) there is no such buffer: each thread loads its own wgmma A fragment (2
+// bytes x 4 per 16-k slice) from the e4m3 stage, converts it in registers and the bf16 wgmma
+// takes A from registers (no warpgroup barriers or proxy fence per block).
 // Split-K (k_splits > 1): each split writes its fp32 sums to partial[split, token, n], and
 // block_scaled's SplitKReduceKernel adds the splits in ascending order (deterministic: equal
 // inputs give equal bits; no atomics). With cluster_reduce the splits of one tile are one thread
