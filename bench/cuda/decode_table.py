@@ -109,6 +109,30 @@ def layer_table(runs, out):
                       f"{cols[0]} | {cols[1]} |", file=out)
 
 
+def config_ranking(rows, out):
+    """Per mode, the wgmma configs (rows <mode>_v<config>, _wgmma, _wgmma_c) by geometric-mean
+    slowdown against the best config of each cell, over the token counts in `tokens`."""
+    import math
+    for mode in ("w8a16", "fp8"):
+        for label, toks in (("all token counts", None), ("1-8 tokens", (1, 8)),
+                            ("32-128 tokens", (32, 128))):
+            per = collections.defaultdict(list)
+            for shape, tokens in cells(rows):
+                if toks and tokens not in toks:
+                    continue
+                cand = {k[0]: v[0] for k, v in rows.items() if k[1] == shape and k[2] == tokens and
+                        (k[0].startswith(mode + "_v") or k[0] in (mode + "_wgmma", mode + "_wgmma_c"))}
+                if not cand:
+                    continue
+                best = min(cand.values())
+                for name, us in cand.items():
+                    per[name].append(us / best)
+            ranking = sorted((math.exp(sum(map(math.log, v)) / len(v)), name)
+                             for name, v in per.items())
+            print(f"{mode} configs, {label}: " +
+                  ", ".join(f"{name} {g:.3f}" for g, name in ranking), file=out)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("gemm")
@@ -120,6 +144,7 @@ def main():
     before = load(a.before) if a.before else rows
     if a.all_paths:
         all_paths(rows, sys.stdout)
+        config_ranking(rows, sys.stdout)
     runs = []
     for spec in a.layer:
         name, _, path = spec.partition("=")
