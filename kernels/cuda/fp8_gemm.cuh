@@ -84,11 +84,11 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is split until
 // about this many blocks run (tiles x splits, at most 32 splits and one 128-k block per split;
 // 0: never split); cluster_reduce: the k splits of one tile run as one thread-block cluster (so
-// at most kFp8WgmmaClusterSplits splits) and add their sums through distributed shared memory in
-// the GEMM kernel itself, in the same ascending order and with the same bits as the second
-// reduction kernel they replace (no split-k workspace).
-// Defaults: the best geometric mean over V4-Flash's four dense shapes at 1-128 tokens in the
-// H200 sweep of 2026-12-04 (1,4,264: 1.03x the per-cell best; 2,4,264 was 1.09x).
+// at most kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
+// distributed shared memory in the GEMM kernel itself, in the same ascending order and with the
+// same bits as the second reduction kernel they replace (no split-k workspace). Defaults: the best
+// geometric mean over V4-Flash's four dense shapes at 1-128 tokens in the H200 sweep of 2026-12-04
+// (1,4,264: 1.03x the per-cell best; 2,4,264 was 1.09x).
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;

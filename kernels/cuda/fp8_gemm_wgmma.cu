@@ -486,6 +486,9 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
   const int64_t max_splits = config.cluster_reduce ? kFp8WgmmaClusterSplits : kMaxSplits;
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
+  if (config.cluster_reduce) {
+    while ((splits & (splits - 1)) != 0) splits &= splits - 1;  // a power of two: 1, 2, 4, 8
+  }
   p.splits = static_cast<int32_t>(splits);
   p.cluster_reduce = config.cluster_reduce && p.splits > 1;
   p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);

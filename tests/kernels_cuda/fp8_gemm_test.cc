@@ -251,8 +251,8 @@ TEST(CudaFp8GemmTest, WgmmaExtremeScalesAndNonFinite) {
 
 // cluster_reduce: the k splits of a tile reduced in-kernel through distributed shared memory give
 // the same bits as the two-kernel reduction with the same splits (n = 200: partial row tiles;
-// m = 130: two token tiles, so several clusters per row tile; 2..8 splits, uneven k blocks per
-// split at k = 1024 / 3 splits), and match the reference.
+// m = 130: two token tiles, so several clusters per row tile; 2, 4 and 8 splits), and match the
+// reference.
 TEST(CudaFp8GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -265,8 +265,8 @@ TEST(CudaFp8GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   // Tiles: ceil(m / 128) token tiles x ceil(200 / (64 wgs)) row tiles; splits = round(target /
   // tiles), at most 8 (k = 1024: 8 k blocks).
   for (const Case& t :
-       {Case{1, 12, 1, 3}, Case{1, 32, 7, 8}, Case{1, 12, 130, 2}, Case{2, 12, 33, 6},
-        Case{2, 32, 128, 8}, Case{2, 12, 130, 3}, Case{1, 8, 64, 2}}) {
+       {Case{1, 16, 1, 4}, Case{1, 32, 7, 8}, Case{1, 16, 130, 2}, Case{2, 8, 33, 4},
+        Case{2, 32, 128, 8}, Case{2, 16, 130, 4}, Case{1, 8, 64, 2}}) {
     const DenseCase c = MakeDense(rng, t.m, 200, 1024, t.m % 2 == 0);
     const Fp8WgmmaConfig two_pass{t.wgs, 4, t.target, false};
     const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
@@ -282,7 +282,8 @@ TEST(CudaFp8GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
 }
 
 // cluster_reduce caps the splits at kFp8WgmmaClusterSplits (k = 2560: 20 k blocks, 16 splits
-// asked for) and keeps extreme scales and NaN / Inf positions as the reference has them.
+// asked for), rounds them down to a power of two (12 / 4 tiles: 3 -> 2; k = 640: 5 k blocks,
+// uneven per split) and keeps extreme scales and NaN / Inf positions as the reference has them.
 TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -290,6 +291,9 @@ TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
   const DenseCase big_k = MakeDense(rng, 5, 200, 2560, false);
   ASSERT_EQ(fp8_gemm_wgmma_splits(big_k.m, big_k.n, big_k.k, cluster), kFp8WgmmaClusterSplits);
   RunAndCheck(big_k, Path::kWgmma, cluster);
+  const DenseCase odd = MakeDense(rng, 3, 200, 640, true);
+  ASSERT_EQ(fp8_gemm_wgmma_splits(odd.m, odd.n, odd.k, Fp8WgmmaConfig{1, 4, 12, true}), 2);
+  RunAndCheck(odd, Path::kWgmma, Fp8WgmmaConfig{1, 4, 12, true});
   DenseCase c = ExtremeScales(rng);
   ASSERT_GT(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), 1);
   RunAndCheck(c, Path::kWgmma, cluster);

@@ -453,8 +453,8 @@ TEST(CudaW8a16MoeGemmTest, NanAndInfMatchInPosition) {
 }
 
 // cluster_reduce (fp8_gemm.cuh): the same bits as the two-kernel split-k reduction with the same
-// splits, at partial row tiles (n = 200), several token tiles (m = 130) and 2..8 splits; the split
-// cap at k = 2560; extreme scales and NaN / Inf positions as the reference has them.
+// splits, at partial row tiles (n = 200), several token tiles (m = 130) and 2, 4, 8 splits; the
+// split cap at k = 2560; extreme scales and NaN / Inf positions as the reference has them.
 TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -464,8 +464,8 @@ TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
     int64_t m;
     int32_t splits;
   };
-  for (const Case& t : {Case{1, 12, 1, 3}, Case{1, 32, 9, 8}, Case{1, 12, 130, 2},
-                        Case{2, 12, 40, 6}, Case{2, 12, 130, 3}}) {
+  for (const Case& t : {Case{1, 16, 1, 4}, Case{1, 32, 9, 8}, Case{1, 16, 130, 2},
+                        Case{2, 8, 40, 4}, Case{2, 16, 130, 4}}) {
     const DenseCase c = MakeDense(rng, t.m, 200, 1024);
     const Fp8WgmmaConfig two_pass{t.wgs, 4, t.target, false};
     const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
