@@ -240,8 +240,18 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
     for (int l = 0; l < kLayers; ++l) w.push_back(MakeMatrix(s.n, s.k, 977u * l + 1));
     const double bytes = static_cast<double>(w[0].Bytes());
     const size_t w_bytes = static_cast<size_t>(s.n * s.k);
+    // A path that refuses or faults on a probe call is reported on stderr and skipped (a fault
+    // leaves the context unusable: the rows after it are lost, the ones before are printed).
     const auto row = [&](const std::string& name, int64_t m,
                          const std::function<cudaError_t(const Matrix&)>& call) {
+      cudaError_t probe = call(w[0]);
+      if (probe == cudaSuccess) probe = cudaStreamSynchronize(stream);
+      if (probe != cudaSuccess) {
+        std::fprintf(stderr, "%s %s m=%lld: %s\n", name.c_str(), s.name, static_cast<long long>(m),
+                     cudaGetErrorString(probe));
+        (void)cudaGetLastError();
+        return;
+      }
       const double us = Graph([&](int l) { BENCH_CHECK(call(w[l])); }, kLayers, stream);
       PrintRow(name, s.name, m, us, bytes);
     };
