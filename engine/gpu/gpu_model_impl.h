@@ -285,9 +285,8 @@ struct GpuModel::Impl {
   DeviceArray<int32_t> route_experts;
   DeviceArray<unsigned char> moe_workspace;
   DeviceArray<float> logits;
-  // WeightFormat::kFp8Block: fp8_gemm's workspace and its bf16 output [max_rows, widest FP8 out].
+  // WeightFormat::kFp8Block: fp8_gemm's workspace (its outputs are fp32, written in place).
   DeviceArray<unsigned char> fp8_workspace;
-  DeviceArray<bf16> fp8_out;
   // FP8 routed experts (Layer::gate_up8): per pick [world * max_rows * k, ...] bf16 gate|up
   // outputs, SwiGLU activations and weighted down outputs, and moe_grouped_gemm's workspace.
   DeviceArray<bf16> moe_gate_up, moe_act, moe_down;
@@ -365,11 +364,11 @@ struct GpuModel::Impl {
                                                    int64_t count) const;
   // kFp8Block's buffers, sized for the FP8 projections Load kept (nothing without them).
   absl::Status AllocateFp8();
-  // out[rows, n] (bf16, row stride out_stride) = x[rows, k] (bf16, row stride x_stride) @ W^T for
-  // FP8 rows of a projection (kernels/cuda/fp8_gemm.cuh): w the first row's bytes, w_scale its
-  // block row's scales.
+  // out[rows, n] (fp32, row stride out_stride, unrounded) = x[rows, k] (bf16, row stride
+  // x_stride) @ W^T for FP8 rows of a projection (kernels/cuda/fp8_gemm.cuh): w the first row's
+  // bytes, w_scale its block row's scales.
   absl::Status Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k, const uint8_t* w,
-                       const float* w_scale, int64_t n, bf16* out, int64_t out_stride);
+                       const float* w_scale, int64_t n, float* out, int64_t out_stride);
   // One layer's routed experts: FP8 from `stored` (null outside kFp8Block) when it holds both
   // projections, else bf16 from `w`. prefix "model.layers.N.mlp.experts".
   absl::Status LoadRoutedExperts(const Weights& w, const StoredExperts* stored,

@@ -80,8 +80,18 @@ struct GemmArgs {
   float* partial;  // k_splits > 1: [k_splits, out_rows, n] fp32
   int64_t out_rows;
   __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
+  float* out_f32;      // set: the output is fp32 here instead (same layout), out unused
   int64_t out_stride;
 };
+
+// out_f32[i] = v when out_f32 is set (fp32 output), else out[i] = bf16(v) (round to nearest).
+__device__ __forceinline__ void StoreOut(__nv_bfloat16* out, float* out_f32, int64_t i, float v) {
+  if (out_f32 != nullptr) {
+    out_f32[i] = v;
+  } else {
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
 
 __device__ __forceinline__ void MmaE4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {
@@ -371,17 +381,18 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
         a.partial[(int64_t{blockIdx.z} * a.out_rows + out_row) * a.n + n] = acc[j][c];
       } else {
         const float weight = a.row_weight != nullptr ? a.row_weight[out_row] : 1.0f;
-        a.out[out_row * a.out_stride + n] = __float2bfloat16_rn(acc[j][c] * weight);
+        StoreOut(a.out, a.out_f32, out_row * a.out_stride + n, acc[j][c] * weight);
       }
     }
   }
 }
 
-// out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) for rows r with valid[r] (nullptr: all),
-// summed in ascending s.
+// out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) (out_f32 set: fp32, unrounded, there) for
+// rows r with valid[r] (nullptr: all), summed in ascending s.
 __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                    const float* row_weight, const int32_t* row_expert,
-                                   int32_t n_experts, __nv_bfloat16* out, int64_t out_stride) {
+                                   int32_t n_experts, __nv_bfloat16* out, float* out_f32,
+                                   int64_t out_stride) {
   GridDependencyWait();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -390,7 +401,7 @@ __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t
     float sum = 0.0f;
     for (int32_t s = 0; s < splits; ++s) sum += partial[(s * rows + r) * n + i % n];
     const float weight = row_weight != nullptr ? row_weight[r] : 1.0f;
-    out[r * out_stride + i % n] = __float2bfloat16_rn(sum * weight);
+    StoreOut(out, out_f32, r * out_stride + i % n, sum * weight);
   }
 }
 
@@ -521,11 +532,11 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
 inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                 const float* row_weight, const int32_t* row_expert,
                                 int32_t n_experts, __nv_bfloat16* out, int64_t out_stride,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, float* out_f32 = nullptr) {
   const int64_t total = rows * n;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
   return LaunchDependent(SplitKReduceKernel, dim3(blocks), dim3(256), stream, partial, splits, rows,
-                         n, row_weight, row_expert, n_experts, out, out_stride);
+                         n, row_weight, row_expert, n_experts, out, out_f32, out_stride);
 }
 
 }  // namespace

@@ -98,7 +98,8 @@ bool SizesValid(int64_t m, int64_t n, int64_t k) {
 // The GemmArgs of one dense product (each row its own, k split `splits` ways); the caller sets
 // the activations (xq / xs quantized, or xb / xb_stride bf16).
 bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_t n, int64_t k,
-                       int32_t splits, float* partial, __nv_bfloat16* out, int64_t out_stride) {
+                       int32_t splits, float* partial, __nv_bfloat16* out, float* out_f32,
+                       int64_t out_stride) {
   bs::GemmArgs a{};
   a.w = w;
   a.w_scale = w_scale;
@@ -111,6 +112,7 @@ bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_
   a.partial = partial;
   a.out_rows = m;
   a.out = out;
+  a.out_f32 = out_f32;
   a.out_stride = out_stride;
   return a;
 }
@@ -171,9 +173,22 @@ cudaError_t fp8_gemm_prepare() {
   return SharedLtHandle() != nullptr ? cudaSuccess : cudaErrorNotSupported;
 }
 
-cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+namespace {
+
+cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                    const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                    __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream, std::string* refusal);
+cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                   int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                   bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
+                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   std::string* refusal);
+
+// fp8_gemm for either output type (out_f32 set: fp32 there).
+cudaError_t Dispatch(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
-                     __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                     __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   const Fp8GemmPath path = fp8_gemm_path(m);
   // cuBLASLt from kFp8LtMinTokens tokens, for n a multiple of 128; the wgmma path when it cannot.
@@ -183,31 +198,60 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   const bool wgmma = (path == Fp8GemmPath::kWgmma || (path == Fp8GemmPath::kCublasLt && !use_lt)) &&
                      SizesValid(m, n, k) &&
                      fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0;
-  if (wgmma) {
-    return fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
-                          workspace, workspace_bytes, stream, fp8_gemm_wgmma_default_config(),
-                          refusal);
-  }
+  const Fp8WgmmaConfig& config = fp8_gemm_wgmma_default_config();
+  const auto run_wgmma = [&] {
+    return out_f32 != nullptr
+               ? fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out_f32,
+                                out_stride, workspace, workspace_bytes, stream, config, refusal)
+               : fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out,
+                                out_stride, workspace, workspace_bytes, stream, config, refusal);
+  };
+  if (wgmma) return run_wgmma();
   if (use_lt) {
     const cublasLtHandle_t lt = SharedLtHandle();
     if (lt != nullptr) {
-      const cudaError_t status =
-          fp8_gemm_cublaslt(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
-                            workspace, workspace_bytes, stream, refusal);
+      const cudaError_t status = LtPath(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out,
+                                        out_f32, out_stride, workspace, workspace_bytes, stream,
+                                        refusal);
       if (status != cudaErrorNotSupported) return status;
-      (void)cudaGetLastError();  // no algorithm for this size: the mma.sync path below
+      (void)cudaGetLastError();  // no algorithm for this size or output type: our kernels
       if (refusal != nullptr) refusal->clear();
+      if (SizesValid(m, n, k) && fp8_gemm_wgmma_workspace_bytes(m, n, k, config) > 0) {
+        return run_wgmma();
+      }
     }
   }
-  return fp8_gemm_mma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride, workspace,
-                      workspace_bytes, stream, refusal);
+  return MmaPath(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_f32, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
 }
 
-cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
-                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
-                         __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                         size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
+}  // namespace
+
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return Dispatch(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr, out_stride,
+                  workspace, workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, std::string* refusal) {
+  return Dispatch(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
+                  workspace, workspace_bytes, stream, refusal);
+}
+
+namespace {
+
+cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                    const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                    __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n,
+                                     fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
+                                     refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   const DensePlan plan = PlanDense(m, n, k);
   status = CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
@@ -218,12 +262,74 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
   float* partial = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
   status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, xq, xs, stream);
   if (status != cudaSuccess) return status;
-  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_stride);
+  bs::GemmArgs a =
+      DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_f32, out_stride);
   a.xq = xq;
   a.xs = xs;
   status = bs::LaunchGemm<false>(a, plan.tiles, plan.items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
-  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
+                          out_f32);
+}
+
+// fp8_gemm_w8a16_mma for either output type.
+cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                       const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                       float* out_f32, int64_t out_stride, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n,
+                                     fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
+                                     refusal);
+  if (status != cudaSuccess || m == 0 || n == 0) return status;
+  const DensePlan plan = PlanDense(m, n, k);
+  if (plan.splits > 1) {
+    status = CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
+    if (status != cudaSuccess) return status;
+  }
+  float* partial = static_cast<float*>(workspace);
+  bs::GemmArgs a =
+      DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_f32, out_stride);
+  a.xb = x;
+  a.xb_stride = x_stride;
+  status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
+  if (status != cudaSuccess || plan.splits == 1) return status;
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
+                          out_f32);
+}
+
+// fp8_gemm_w8a16 for either output type.
+cudaError_t DispatchA16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                        const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                        float* out_f32, int64_t out_stride, void* workspace,
+                        size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  if (fp8_gemm_w8a16_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
+    const Fp8WgmmaConfig& config = fp8_gemm_wgmma_default_config();
+    return out_f32 != nullptr
+               ? fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out_f32, out_stride,
+                                      workspace, workspace_bytes, stream, config, refusal)
+               : fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride,
+                                      workspace, workspace_bytes, stream, config, refusal);
+  }
+  return MmaA16Path(x, m, k, x_stride, w, w_scale, n, out, out_f32, out_stride, workspace,
+                    workspace_bytes, stream, refusal);
+}
+
+}  // namespace
+
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return MmaPath(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, std::string* refusal) {
+  return MmaPath(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
 }
 
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k) {
@@ -236,32 +342,32 @@ cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal) {
-  if (fp8_gemm_w8a16_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
-    return fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
-                                workspace_bytes, stream, fp8_gemm_wgmma_default_config(), refusal);
-  }
-  return fp8_gemm_w8a16_mma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
-                            workspace_bytes, stream, refusal);
+  return DispatchA16(x, m, k, x_stride, w, w_scale, n, out, nullptr, out_stride, workspace,
+                     workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                           int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, std::string* refusal) {
+  return DispatchA16(x, m, k, x_stride, w, w_scale, n, nullptr, out, out_stride, workspace,
+                     workspace_bytes, stream, refusal);
 }
 
 cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                                const uint8_t* w, const float* w_scale, int64_t n,
                                __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
-  if (status != cudaSuccess || m == 0 || n == 0) return status;
-  const DensePlan plan = PlanDense(m, n, k);
-  if (plan.splits > 1) {
-    status = CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
-    if (status != cudaSuccess) return status;
-  }
-  float* partial = static_cast<float*>(workspace);
-  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_stride);
-  a.xb = x;
-  a.xb_stride = x_stride;
-  status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
-  if (status != cudaSuccess || plan.splits == 1) return status;
-  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+  return MmaA16Path(x, m, k, x_stride, w, w_scale, n, out, nullptr, out_stride, workspace,
+                    workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal) {
+  return MmaA16Path(x, m, k, x_stride, w, w_scale, n, nullptr, out, out_stride, workspace,
+                    workspace_bytes, stream, refusal);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -343,7 +449,7 @@ cudaError_t LtFailed(std::string* refusal, const char* step, cublasStatus_t stat
 
 cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs, int64_t m,
                      int64_t k, const uint8_t* w, const float* w_scale, int64_t n,
-                     __nv_bfloat16* out, int64_t out_stride, void* lt_workspace,
+                     void* out, bool out_f32, int64_t out_stride, void* lt_workspace,
                      cudaStream_t stream, std::string* refusal) {
   LtDescriptors desc;
   PDSERVE_LT("create op", cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -364,7 +470,8 @@ cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs
   PDSERVE_LT("b scale", set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)));
   PDSERVE_LT("layout a", cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, k, n, k));
   PDSERVE_LT("layout b", cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, k, m, k));
-  PDSERVE_LT("layout d", cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_16BF, n, m, out_stride));
+  PDSERVE_LT("layout d", cublasLtMatrixLayoutCreate(&desc.d, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m,
+                                                       out_stride));
   PDSERVE_LT("preference", cublasLtMatmulPreferenceCreate(&desc.pref));
   const size_t ws_bytes = kCublasLtWorkspace;
   PDSERVE_LT("preference workspace",
@@ -385,14 +492,14 @@ cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs
 
 #undef PDSERVE_LT
 
-}  // namespace
-
-cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
-                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
-                              bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                              std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
+cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                   int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                   bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
+                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   std::string* refusal) {
+  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n,
+                                     fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
+                                     refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   if (n % 16 != 0)
     return bs::Refuse(refusal, "n: not a multiple of 16 (" + std::to_string(n) + ")");
@@ -421,15 +528,37 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
     }
     status = bs::LaunchActQuant(x, plan.lt_rows, k, x_stride, ue8m0_act_scale, base, xs, stream);
     if (status != cudaSuccess) return status;
-    status = LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, out, out_stride,
-                      base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream, refusal);
+    void* d = out_f32 != nullptr ? static_cast<void*>(out_f32) : static_cast<void*>(out);
+    status = LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, d, out_f32 != nullptr,
+                      out_stride, base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream,
+                      refusal);
     if (status != cudaSuccess || plan.lt_rows == m) return status;
   }
   // The last m % 4 rows (stream-ordered after cuBLASLt, so the workspace is reused).
   const int64_t tail = m - plan.lt_rows;
-  return fp8_gemm_mma(x + plan.lt_rows * x_stride, tail, k, x_stride, w, w_scale, n,
-                      ue8m0_act_scale, out + plan.lt_rows * out_stride, out_stride, workspace,
-                      workspace_bytes, stream, refusal);
+  const int64_t skip = plan.lt_rows * out_stride;
+  return MmaPath(x + plan.lt_rows * x_stride, tail, k, x_stride, w, w_scale, n, ue8m0_act_scale,
+                 out != nullptr ? out + skip : nullptr, out_f32 != nullptr ? out_f32 + skip : nullptr,
+                 out_stride, workspace, workspace_bytes, stream, refusal);
+}
+
+}  // namespace
+
+cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                              bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              std::string* refusal) {
+  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr,
+                out_stride, workspace, workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                              bool ue8m0_act_scale, float* out, int64_t out_stride, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out,
+                out_stride, workspace, workspace_bytes, stream, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda

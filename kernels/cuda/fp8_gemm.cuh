@@ -57,6 +57,13 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
+// fp32 output: out [m, out_stride] fp32, each sum stored as it is (no bf16 rounding; what the
+// engine's bf16 path gets from cuBLAS). Every fp8_gemm* / fp8_gemm_w8a16* function below has this
+// float* overload with the same paths, workspace and requirements (out 16-byte aligned).
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, std::string* refusal = nullptr);
 
 // Creates fp8_gemm's cuBLASLt handle for the current device now (fp8_gemm otherwise creates it
 // on its first call at >= kFp8LtMinTokens tokens). Call it before capturing a CUDA graph that
@@ -85,6 +92,10 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
                          __nv_bfloat16* out, int64_t out_stride, void* workspace,
                          size_t workspace_bytes, cudaStream_t stream,
                          std::string* refusal = nullptr);
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, std::string* refusal = nullptr);
 
 // Tiles and pipeline of fp8_gemm_wgmma (kernels/cuda/fp8_gemm_wgmma.cu has the design):
 // warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2); stages: shared-memory
@@ -134,6 +145,11 @@ cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            __nv_bfloat16* out, int64_t out_stride, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream,
                            const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                           float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, const Fp8WgmmaConfig& config,
+                           std::string* refusal = nullptr);
 
 // W8A16 on the same kernel (fp8_gemm_w8a16's math: bf16 activations as they are, no act quant):
 // the e4m3 weights are converted exactly to bf16 in shared memory by the consumer warpgroups and
@@ -147,6 +163,11 @@ cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, i
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream,
                                  const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                                 const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream, const Fp8WgmmaConfig& config,
+                                 std::string* refusal = nullptr);
 
 namespace fp8_gemm_internal {
 // The argument checks fp8_gemm's paths share (fp8_gemm.cu); `refusal` names the failed check.
@@ -156,6 +177,10 @@ cudaError_t ValidateDense(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t 
 // workspace_bytes >= needed and workspace 256-byte aligned, else the refusal.
 cudaError_t CheckWorkspace(const void* workspace, size_t workspace_bytes, size_t needed,
                            std::string* refusal);
+// The output pointer ValidateDense checks (null, 16-byte alignment): out_f32 when set, else out.
+inline const __nv_bfloat16* OutForChecks(const __nv_bfloat16* out, const float* out_f32) {
+  return out_f32 != nullptr ? reinterpret_cast<const __nv_bfloat16*>(out_f32) : out;
+}
 }  // namespace fp8_gemm_internal
 
 // W8A16: out[r, n] = bf16( sum_b w_scale[n / 128, b] * sum_i x[r, 128b+i] * w[n, 128b+i] ) with x
@@ -172,12 +197,20 @@ cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal = nullptr);
+cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                           int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, std::string* refusal = nullptr);
 // The mma.sync W8A16 path alone (same contract and workspace as fp8_gemm_w8a16).
 cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                                const uint8_t* w, const float* w_scale, int64_t n,
                                __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream,
                                std::string* refusal = nullptr);
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal = nullptr);
 
 // Bytes of device workspace fp8_gemm_cublaslt needs: the quantized activations and their scales,
 // the weight scales padded to a multiple of 4 per row when k / 128 is not, and
@@ -200,6 +233,12 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
                               int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
                               bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              std::string* refusal = nullptr);
+// (fp32 output: cuBLASLt's D in fp32; cudaErrorNotSupported where it has no such algorithm.)
+cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                              bool ue8m0_act_scale, float* out, int64_t out_stride, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream,
                               std::string* refusal = nullptr);
 
 }  // namespace pdserve::kernels::cuda

@@ -99,6 +99,7 @@ struct WgmmaArgs {
   int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
+  float* out_f32;  // set: fp32 output there instead of out
   int64_t out_stride;
 };
 
@@ -243,7 +244,7 @@ __device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem,
     if (token >= a.m || row >= a.n) continue;
     float sum = 0.0f;
     for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(sums, s)[e];
-    a.out[token * a.out_stride + row] = __float2bfloat16_rn(sum);
+    bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, sum);
   }
   cluster.sync();
 }
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     if (a.k_splits > 1) {
       a.partial[(int64_t{blockIdx.z} * a.m + token) * a.n + row] = acc[i];
     } else {
-      a.out[token * a.out_stride + row] = __float2bfloat16_rn(acc[i]);
+      bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, acc[i]);
     }
   }
 }
@@ -658,11 +659,12 @@ namespace {
 // Both modes: checks, descriptors, (act quant), the GEMM, the split-k reduction.
 cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool a16,
-                     bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                     size_t workspace_bytes, cudaStream_t stream, const Fp8WgmmaConfig& config,
-                     std::string* refusal) {
-  cudaError_t status =
-      fp8_gemm_internal::ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
+                     bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32,
+                     int64_t out_stride, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, const Fp8WgmmaConfig& config, std::string* refusal) {
+  cudaError_t status = fp8_gemm_internal::ValidateDense(
+      x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
+      refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   if (!WgmmaSizesValid(m, n, k)) {
     return bs::Refuse(refusal, "n, k: 2^31 or more, or the split-k sums (32 * m * n) over 2^60");
@@ -703,10 +705,12 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.kb_span = plan.kb_span;
   a.partial = partial;
   a.out = out;
+  a.out_f32 = out_f32;
   a.out_stride = out_stride;
   status = LaunchWgmma(w_map, x_map, a, plan, a16, stream);
   if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;
-  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
+                          out_f32);
 }
 
 }  // namespace
@@ -716,8 +720,17 @@ cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            __nv_bfloat16* out, int64_t out_stride, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream,
                            const Fp8WgmmaConfig& config, std::string* refusal) {
-  return RunWgmma(x, m, k, x_stride, w, w_scale, n, false, ue8m0_act_scale, out, out_stride,
-                  workspace, workspace_bytes, stream, config, refusal);
+  return RunWgmma(x, m, k, x_stride, w, w_scale, n, false, ue8m0_act_scale, out, nullptr,
+                  out_stride, workspace, workspace_bytes, stream, config, refusal);
+}
+
+cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                           float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, const Fp8WgmmaConfig& config,
+                           std::string* refusal) {
+  return RunWgmma(x, m, k, x_stride, w, w_scale, n, false, ue8m0_act_scale, nullptr, out,
+                  out_stride, workspace, workspace_bytes, stream, config, refusal);
 }
 
 cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
@@ -725,8 +738,17 @@ cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, i
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream,
                                  const Fp8WgmmaConfig& config, std::string* refusal) {
-  return RunWgmma(x, m, k, x_stride, w, w_scale, n, true, false, out, out_stride, workspace,
-                  workspace_bytes, stream, config, refusal);
+  return RunWgmma(x, m, k, x_stride, w, w_scale, n, true, false, out, nullptr, out_stride,
+                  workspace, workspace_bytes, stream, config, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                                 const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream, const Fp8WgmmaConfig& config,
+                                 std::string* refusal) {
+  return RunWgmma(x, m, k, x_stride, w, w_scale, n, true, false, nullptr, out, out_stride,
+                  workspace, workspace_bytes, stream, config, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda
