@@ -48,7 +48,7 @@ constexpr int kLayers = 16;
 constexpr int kMoeLayers = 8;
 constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
-const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
+const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 4096, 8192};
 const std::vector<int64_t> kW8a16Tokens = {1, 4, 16, 32, 64, 128, 4096};
 const std::vector<int64_t> kVariantTokens = {1, 8, 16, 32, 64, 128};
 
@@ -274,7 +274,7 @@ int Run(const std::string& only) {
   auto* out = reinterpret_cast<__nv_bfloat16*>(DeviceAlloc<uint16_t>(max_rows * max_n));
   float* pick_w = DeviceAlloc<float>(max_rows);
   FillScales<<<64, 256>>>(pick_w, nullptr, max_rows, 17);
-  size_t ws_bytes = fp8_gemm_cublaslt_workspace_bytes(kTokens.back(), max_k);
+  size_t ws_bytes = fp8_gemm_cublaslt_workspace_bytes(kTokens.back(), max_n, max_k);
   for (const Shape& s : kShapes) {
     for (int64_t m : kTokens) {
       ws_bytes = std::max(ws_bytes, fp8_gemm_workspace_bytes(m, s.n, s.k));

@@ -321,6 +321,9 @@ absl::Status GpuModel::Impl::AllocateFp8() {
     }
   }
   if (out == 0) return absl::OkStatus();
+  // W8A8 runs cuBLASLt from kFp8LtMinTokens rows (decode graphs included): its handle now,
+  // not inside a capture. Without one fp8_gemm uses its own kernels.
+  if (options.fp8_activations != Fp8Activations::kBf16) (void)kc::fp8_gemm_prepare();
   PDSERVE_RETURN_IF_ERROR(fp8_out.Allocate(out));
   return fp8_workspace.Allocate(std::max<size_t>(workspace, 256));
 }

@@ -122,7 +122,7 @@ size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   const size_t mma = PlanDense(m, n, k).total();
   const size_t wgmma = fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config());
   const size_t lt =
-      fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, k) : 0;
+      fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, n, k) : 0;
   return std::max({mma, wgmma, lt});
 }
 
@@ -133,11 +133,13 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
   }();
   if (forced == "mma") return Fp8GemmPath::kMma;
   if (forced == "wgmma") return Fp8GemmPath::kWgmma;
-  return m <= kFp8MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
+  if (forced == "cublaslt") return Fp8GemmPath::kCublasLt;
+  if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
+  return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
 }
 
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m) {
-  const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma
+  const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma/cublaslt
   if (forced == Fp8GemmPath::kWgmma) return forced;
   if (fp8_gemm_path(kFp8MmaMaxTokens + 1) == Fp8GemmPath::kMma) return Fp8GemmPath::kMma;  // =mma
   return m <= kW8a16MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
@@ -165,15 +167,19 @@ cublasLtHandle_t SharedLtHandle() {
 
 }  // namespace
 
+cudaError_t fp8_gemm_prepare() {
+  return SharedLtHandle() != nullptr ? cudaSuccess : cudaErrorNotSupported;
+}
+
 cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   const Fp8GemmPath path = fp8_gemm_path(m);
-  // cuBLASLt is not chosen by fp8_gemm_path any more (see fp8_gemm.cuh); kept for a forced path.
+  // cuBLASLt from kFp8LtMinTokens tokens, for n a multiple of 128; the wgmma path when it cannot.
   const bool use_lt = path == Fp8GemmPath::kCublasLt && n % kFp8LtRowBlock == 0 &&
                       out_stride % 8 == 0 &&
-                      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, k);
+                      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, n, k);
   const bool wgmma = (path == Fp8GemmPath::kWgmma || (path == Fp8GemmPath::kCublasLt && !use_lt)) &&
                      SizesValid(m, n, k) &&
                      fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0;
@@ -264,11 +270,44 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
 // layout FP8 requires). A's scales: BLK128x128 over [n/128, k/128] with k fastest (DeepSeek's
 // layout); B's: VEC128 [k/128, m] with m fastest (what the act-quant kernel writes).
 
-size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t k) {
-  if (!SizesValid(m, 0, k)) return 0;
-  return bs::AlignUp(static_cast<size_t>(m * k)) +
-         bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float)) +
-         kCublasLtWorkspace;
+namespace {
+
+// cuBLASLt reads the BLK128x128 weight scales with a leading dimension of round_up(k / 128, 4)
+// (16-byte aligned rows; PyTorch's _scaled_mm pads its 128 x 128 scales the same way), and the
+// VEC128 activation scales [k / 128, m] with m fastest, where m must be a multiple of 4 (it has
+// no algorithm otherwise). With DeepSeek's unpadded [n / 128, k / 128] scales at k / 128 = 2,
+// it read the wrong scales: m = 64 x n = 2048 x k = 256 gave a normalized error of 1.04 on the
+// H200 (2026-12-04). So fp8_gemm_cublaslt runs the first m & ~3 rows through cuBLASLt with the
+// weight scales copied to a padded buffer when k / 128 is not a multiple of 4, and the last
+// m % 4 rows through fp8_gemm_mma.
+struct LtPlan {
+  int64_t lt_rows = 0;    // rows through cuBLASLt (a multiple of 4)
+  int64_t kb_padded = 0;  // leading dimension of the weight scales cuBLASLt reads
+  bool repack = false;    // copy the weight scales to a padded buffer first
+  size_t xq_bytes = 0, xs_bytes = 0, scale_bytes = 0, tail_bytes = 0;
+  size_t lt_total() const { return xq_bytes + xs_bytes + scale_bytes + kCublasLtWorkspace; }
+  size_t total() const { return std::max(lt_total(), tail_bytes); }
+};
+
+LtPlan PlanLt(int64_t m, int64_t n, int64_t k) {
+  LtPlan p;
+  const int64_t kb = k / bs::kBlockK;
+  p.lt_rows = m & ~int64_t{3};
+  p.kb_padded = (kb + 3) & ~int64_t{3};
+  p.repack = p.kb_padded != kb;
+  p.xq_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * k));
+  p.xs_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * kb) * sizeof(float));
+  const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
+  p.scale_bytes = p.repack ? bs::AlignUp(static_cast<size_t>(nb * p.kb_padded) * sizeof(float)) : 0;
+  p.tail_bytes = m > p.lt_rows ? PlanDense(m - p.lt_rows, n, k).total() : 0;
+  return p;
+}
+
+}  // namespace
+
+size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  if (!SizesValid(m, n, k)) return 0;
+  return PlanLt(m, n, k).total();
 }
 
 namespace {
@@ -359,17 +398,38 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
     return bs::Refuse(refusal, "n: not a multiple of 16 (" + std::to_string(n) + ")");
   if (out_stride % 8 != 0) return bs::Refuse(refusal, "out_stride: not a multiple of 8");
   if (handle == nullptr) return bs::Refuse(refusal, "handle: null");
-  status =
-      CheckWorkspace(workspace, workspace_bytes, fp8_gemm_cublaslt_workspace_bytes(m, k), refusal);
+  const LtPlan plan = PlanLt(m, n, k);
+  status = CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
   if (status != cudaSuccess) return status;
   uint8_t* base = static_cast<uint8_t*>(workspace);
-  const size_t xq_bytes = bs::AlignUp(static_cast<size_t>(m * k));
-  const size_t xs_bytes = bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
-  float* xs = reinterpret_cast<float*>(base + xq_bytes);
-  status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, base, xs, stream);
-  if (status != cudaSuccess) return status;
-  return LtMatmul(handle, base, xs, m, k, w, w_scale, n, out, out_stride,
-                  base + xq_bytes + xs_bytes, stream, refusal);
+  if (plan.lt_rows > 0) {
+    float* xs = reinterpret_cast<float*>(base + plan.xq_bytes);
+    const float* scales = w_scale;
+    if (plan.repack) {
+      float* padded = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
+      const int64_t kb = k / bs::kBlockK;
+      const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
+      const size_t row_bytes = static_cast<size_t>(kb) * sizeof(float);
+      const size_t padded_row_bytes = static_cast<size_t>(plan.kb_padded) * sizeof(float);
+      status = cudaMemsetAsync(padded, 0, static_cast<size_t>(nb) * padded_row_bytes, stream);
+      if (status == cudaSuccess) {
+        status = cudaMemcpy2DAsync(padded, padded_row_bytes, w_scale, row_bytes, row_bytes,
+                                   static_cast<size_t>(nb), cudaMemcpyDeviceToDevice, stream);
+      }
+      if (status != cudaSuccess) return status;
+      scales = padded;
+    }
+    status = bs::LaunchActQuant(x, plan.lt_rows, k, x_stride, ue8m0_act_scale, base, xs, stream);
+    if (status != cudaSuccess) return status;
+    status = LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, out, out_stride,
+                      base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream, refusal);
+    if (status != cudaSuccess || plan.lt_rows == m) return status;
+  }
+  // The last m % 4 rows (stream-ordered after cuBLASLt, so the workspace is reused).
+  const int64_t tail = m - plan.lt_rows;
+  return fp8_gemm_mma(x + plan.lt_rows * x_stride, tail, k, x_stride, w, w_scale, n,
+                      ue8m0_act_scale, out + plan.lt_rows * out_stride, out_stride, workspace,
+                      workspace_bytes, stream, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda

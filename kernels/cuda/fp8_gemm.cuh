@@ -19,16 +19,14 @@
 // Paths (fp8_gemm_path), chosen by the H200 measurement of 2026-12-04 (docs/perf.md, CUDA
 // graphs, V4-Flash's wq_b / wo_b / w13 / w2): fp8_gemm runs fp8_gemm_mma (mma.sync m16n8k32 e4m3,
 // which sm_90 runs as f16 HMMA plus conversions) for m <= kFp8MmaMaxTokens (8; at 1-8 tokens it
-// was as fast as the wgmma kernel or faster on three of the four shapes) and fp8_gemm_wgmma
-// (Hopper warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) above: at 16-32 tokens
-// 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than mma.sync, at 64-8192 tokens 2.5-3.2x
-// faster than mma.sync but 1.1-2.8x slower than cuBLASLt. cuBLASLt (fp8_gemm_cublaslt) is NOT
-// dispatched to: through it, m = 64 x n = 2048 x k = 256 gave a normalized error of 1.04 (wrong
-// results; m = 256 x n = 384 was right) and the engine's W8A8 prefill lost its argmax agreement
-// (98% -> 56%) on the H200, 2026-12-04; its scale layout for row counts that are not a multiple of
-// 128 is the suspect, not yet found. PDSERVE_FP8_GEMM=mma or =wgmma (read once per process)
-// forces that path for every m. None reaches issue 25's decode goal of 80% of the read floor
-// (best: 62% at 1 token, wq_b).
+// was as fast as the wgmma kernel or faster on three of the four shapes), fp8_gemm_wgmma
+// (Hopper warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) below
+// kFp8LtMinTokens (at 16-32 tokens 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than
+// mma.sync), and cuBLASLt's block-scaled FP8 (fp8_gemm_cublaslt) from kFp8LtMinTokens (64) on,
+// where it was 1.1-2.8x faster than the wgmma kernel, for n a multiple of 128 (else, or when
+// cuBLASLt has no algorithm, the wgmma path). PDSERVE_FP8_GEMM=mma, =wgmma or =cublaslt (read
+// once per process) forces that path for every m (cuBLASLt where it can). None reaches issue
+// 25's decode goal of 80% of the read floor (best: 62% at 1 token, wq_b).
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -60,10 +58,19 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
 
+// Creates fp8_gemm's cuBLASLt handle for the current device now (fp8_gemm otherwise creates it
+// on its first call at >= kFp8LtMinTokens tokens). Call it before capturing a CUDA graph that
+// may run such a call, so that no handle is created inside the capture. Returns
+// cudaErrorNotSupported when cuBLASLt cannot create one (fp8_gemm then uses its own kernels).
+// Host only; thread-safe.
+cudaError_t fp8_gemm_prepare();
+
 // Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
 inline constexpr int64_t kFp8MmaMaxTokens = 8;
 // fp8_gemm_cublaslt: only for n a multiple of this (whole 128 x 128 weight scale blocks).
 inline constexpr int64_t kFp8LtRowBlock = 128;
+// fp8_gemm: cuBLASLt from this many tokens on.
+inline constexpr int64_t kFp8LtMinTokens = 64;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
 // fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (32), fp8_gemm_w8a16_wgmma above
@@ -172,14 +179,19 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
                                size_t workspace_bytes, cudaStream_t stream,
                                std::string* refusal = nullptr);
 
-// Bytes of device workspace fp8_gemm_cublaslt needs: fp8_gemm's activation buffers plus
-// kCublasLtWorkspace for cuBLASLt itself.
+// Bytes of device workspace fp8_gemm_cublaslt needs: the quantized activations and their scales,
+// the weight scales padded to a multiple of 4 per row when k / 128 is not, and
+// kCublasLtWorkspace for cuBLASLt itself (or fp8_gemm_mma's workspace for the last m % 4 rows,
+// when larger). 0 for sizes it refuses. Host only.
 inline constexpr size_t kCublasLtWorkspace = size_t{32} << 20;
-size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t k);
+size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t n, int64_t k);
 
 // The same function through cuBLASLt's block-scaled FP8 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 // for the activations, BLK128x128_32F for the weights; CUDA 12.9+ on sm_90): the activations are
-// quantized by the same kernel, then one cublasLtMatmul. Same requirements as fp8_gemm plus n a
+// quantized by the same kernel, then one cublasLtMatmul over the first m & ~3 rows (cuBLASLt
+// needs the activation-scale rows a multiple of 4 and reads the weight scales with a leading
+// dimension of round_up(k / 128, 4); fp8_gemm.cu copies them padded when needed), and
+// fp8_gemm_mma over the last m % 4 rows. Same requirements as fp8_gemm plus n a
 // multiple of 16 and out_stride a multiple of 8; `handle` from cublasLtCreate. Descriptors and
 // the algorithm are chosen on every call (host work, outside a captured graph's replay). Returns
 // cudaErrorNotSupported when cuBLASLt has no algorithm or refuses the call (`refusal` says which

@@ -111,7 +111,7 @@ std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
   if (path == Path::kCublasLt) {
     cublasLtHandle_t handle = nullptr;
     EXPECT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
-    GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.k));
+    GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.n, c.k));
     EXPECT_TRUE(ws.ok() && out.ok());
     const cudaError_t status =
         fp8_gemm_cublaslt(handle, xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0,
@@ -341,7 +341,9 @@ TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
     EXPECT_EQ(fp8_gemm_path(1), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_path(kFp8MmaMaxTokens), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_path(kFp8MmaMaxTokens + 1), Fp8GemmPath::kWgmma);
-    EXPECT_EQ(fp8_gemm_path(4096), Fp8GemmPath::kWgmma);  // cuBLASLt is not dispatched to
+    EXPECT_EQ(fp8_gemm_path(kFp8LtMinTokens - 1), Fp8GemmPath::kWgmma);
+    EXPECT_EQ(fp8_gemm_path(kFp8LtMinTokens), Fp8GemmPath::kCublasLt);
+    EXPECT_EQ(fp8_gemm_path(4096), Fp8GemmPath::kCublasLt);
     EXPECT_EQ(fp8_gemm_w8a16_path(1), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_w8a16_path(kW8a16MmaMaxTokens), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_w8a16_path(kW8a16MmaMaxTokens + 1), Fp8GemmPath::kWgmma);
@@ -353,6 +355,14 @@ TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
   DenseCase lt = MakeDense(rng, 256, 384, 512, false);
   lt.out_stride = lt.n + 8;  // cuBLASLt's requirements hold
   RunAndCheck(lt, Path::kOwn);
+  // Through the dispatch at cuBLASLt's sizes: k / 128 of 2 (padded weight scales), m not a
+  // multiple of 4 (mma.sync tail), n not a multiple of 128 (the wgmma path instead).
+  for (int64_t m : {64, 77, 130}) {
+    RunAndCheck(MakeDense(rng, m, 2048, 256, false), Path::kOwn);
+    RunAndCheck(MakeDense(rng, m, 200, 256, false), Path::kOwn);
+  }
+  EXPECT_GE(fp8_gemm_workspace_bytes(100, 4096, 2048),
+            fp8_gemm_cublaslt_workspace_bytes(100, 4096, 2048));
   for (int64_t m : {1, 13, 77}) RunAndCheck(MakeDense(rng, m, 200, 384, false), Path::kMma);
 }
 
@@ -375,13 +385,20 @@ TEST(CudaFp8GemmTest, WgmmaRefusesASmallWorkspace) {
 TEST(CudaFp8GemmTest, CublasLtMatchesReference) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  // Token counts cuBLASLt has algorithms for: on the H200 (CUDA 13.0, 2026-12-04) its
-  // block-scaled FP8 had no algorithm for 1 or 2 tokens, nor for 77 (the heuristic answered
-  // CUBLAS_STATUS_NOT_SUPPORTED; torch._scaled_mm failed the same way).
-  for (int64_t m : {4, 16, 80, 256}) {
+  // Token counts that are and are not multiples of 4 (the last m % 4 rows go through mma.sync;
+  // 1 and 2 tokens only through it), k / 128 of 4 (DeepSeek's scales as they are) and of 2 and
+  // 3 (padded copies: unpadded, m = 64 x n = 2048 x k = 256 was wrong on the H200, 2026-12-04).
+  for (int64_t m : {1, 4, 16, 77, 80, 256}) {
     DenseCase c = MakeDense(rng, m, 384, 512, m == 80);
     c.out_stride = c.n + 8;  // multiple of 8, columns past n untouched
     RunAndCheck(c, Path::kCublasLt);
+  }
+  for (int64_t k : {256, 384}) {
+    for (int64_t m : {64, 130}) {
+      DenseCase c = MakeDense(rng, m, 2048, k, false);
+      c.out_stride = c.n;
+      RunAndCheck(c, Path::kCublasLt);
+    }
   }
 }
 
@@ -394,7 +411,7 @@ TEST(CudaFp8GemmTest, CublasLtWithoutAnAlgorithmSaysSo) {
   GuardedBuffer<uint8_t> w(c.w.size());
   GuardedBuffer<float> w_scale(c.w_scale.size());
   GuardedBuffer<uint16_t> out(static_cast<size_t>(c.m * c.out_stride));
-  GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.k));
+  GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.n, c.k));
   cublasLtHandle_t handle = nullptr;
   ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
   std::string refusal;
