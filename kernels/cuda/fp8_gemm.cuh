@@ -73,10 +73,11 @@ inline constexpr int64_t kFp8LtRowBlock = 128;
 inline constexpr int64_t kFp8LtMinTokens = 64;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
-// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (32), fp8_gemm_w8a16_wgmma above
-// (H200, 2026-12-04: mma.sync 1.2-1.5x faster at 1-16 tokens, even at 32, wgmma 1.2-2.6x faster
-// at 64-128; no cuBLASLt path for bf16 x e4m3). PDSERVE_FP8_GEMM forces it as for fp8_gemm.
-inline constexpr int64_t kW8a16MmaMaxTokens = 32;
+// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (16), fp8_gemm_w8a16_wgmma above
+// (H200, 2026-12-04: mma.sync 1.2-1.5x faster than the wgmma kernel at 1-8 tokens; with register
+// weights, smem scales and cluster reduce (kFp8WgmmaDecodeConfig) wgmma 1.2-1.3x faster at 32
+// tokens; no cuBLASLt path for bf16 x e4m3). PDSERVE_FP8_GEMM forces it as for fp8_gemm.
+inline constexpr int64_t kW8a16MmaMaxTokens = 16;
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).
@@ -87,37 +88,37 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
                          std::string* refusal = nullptr);
 
 // Tiles and pipeline of fp8_gemm_wgmma (kernels/cuda/fp8_gemm_wgmma.cu has the design):
-// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2); stages: shared-memory
-// ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is split until
-// about this many blocks run (tiles x splits, at most 32 splits and one 128-k block per split;
-// 0: never split); cluster_reduce: the k splits of one tile run as one thread-block cluster (so
-// at most kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
+// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2; 0: 2 for W8A16 token
+// tiles past 64 when the weight rows alone give target_blocks blocks, else 1); stages:
+// shared-memory ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is
+// split until about this many blocks run (tiles x splits, at most 32 splits and one 128-k block
+// per split; 0: never split). The flags act on token tiles up to 64 (m <= 64) only:
+// cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most
+// kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
 // distributed shared memory in the GEMM kernel itself, in the same ascending order and with the
-// same bits as the second reduction kernel they replace (no split-k workspace). Defaults: the best
-// geometric mean over V4-Flash's four dense shapes at 1-128 tokens in the H200 sweep of 2026-12-04
-// (1,4,264: 1.03x the per-cell best; 2,4,264 was 1.09x).
+// same bits as the second reduction kernel they replace (no split-k workspace); smem_scales: the
+// block's weight and activation scales for its k split are copied to shared memory once before
+// the main loop instead of being read per 128-k block; a16_register_weights
+// (fp8_gemm_w8a16_wgmma): each thread converts its own wgmma A fragment from the e4m3 stage in
+// registers (bf16 wgmma with A from registers) instead of the warpgroup converting the block into
+// shared memory first. The member defaults are the kernel without them.
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;
   int stages = 4;
   int target_blocks = 264;
   bool cluster_reduce = false;
-  // smem_scales: the block's weight and activation scales for its k split are copied to shared
-  // memory before the main loop (one pass of loads) instead of being read per 128-k block.
   bool smem_scales = false;
-  // l2_prefetch: at the start each block asks for all of its k split's weight boxes past the ring
-  // (cp.async.bulk.prefetch.tensor into L2), so the whole matrix is in flight at once instead of
-  // `stages` boxes per block.
-  bool l2_prefetch = false;
-  // a16_register_weights (fp8_gemm_w8a16_wgmma at token tiles <= 64): each thread converts its
-  // own wgmma A fragment from the e4m3 stage in registers (bf16 wgmma with A from registers)
-  // instead of the warpgroup converting the block into shared memory first.
   bool a16_register_weights = false;
 };
-// The config fp8_gemm uses: the defaults above, or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,smem_scales[,l2_prefetch[,
-// a16_register_weights]]]]" (the flags 0 or 1; read once per process;
-// malformed values are ignored). Host only.
+// The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
+// V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): 4 stages, 264 target blocks (the best
+// geometric mean of the 13:20 UTC sweep), all three flags (at 32 tokens 1.1-1.3x faster than
+// without them in the 15:40 UTC run), warpgroups by the rule above.
+inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 4, 264, true, true, true};
+// kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
+// smem_scales[,a16_register_weights]]]" (the flags 0 or 1, missing ones as in
+// kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
 // sums), and its number of k splits; 0 for sizes it refuses. Host only.
