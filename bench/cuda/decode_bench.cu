@@ -7,8 +7,9 @@
 //   read (ReadFloor over each layer's weight bytes: the floor a kernel that only reads them
 //   reaches, timed the same way), empty (an empty kernel per layer: the launch floor of a graph),
 //   fp8 / w8a16 (fp8_gemm / fp8_gemm_w8a16: the engine's calls, with their dispatch),
-//   fp8_before / w8a16_before (the dispatch and config main had before this bench: mma.sync up to
-//   8 / 32 tokens, else wgmma 1,4,264 with the split-k reduce kernel),
+//   fp8_before / w8a16_before (the dispatch thresholds and wgmma config main had before this
+//   bench: mma.sync up to 8 / 32 tokens, else wgmma 1,4,264 without the flags; the kernels are
+//   today's, so the mma.sync rows reduce their k splits in the kernel),
 //   stream_<stages>.<target> (TmaStreamKernel: fp8_gemm_wgmma's weight stream without its math;
 //   1 token only), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default config without
 //   cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),

@@ -336,6 +336,28 @@ TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16
 // mma.sync up to kW8a16MmaMaxTokens and wgmma above (unless PDSERVE_FP8_GEMM forces one);
 // cuBLASLt's output through fp8_gemm matches, and the mma.sync path stays correct on its own.
+// fp8_gemm_mma's k splits (2, 4, 8 at k = 512, 1024, 2048 with 4 row tiles) reduce in the kernel
+// through a cluster: two runs give the same bits, every token count of a tile (1..32, 33 = two
+// items) matches the reference, and extreme scales and NaN / Inf keep their positions.
+TEST(CudaFp8GemmTest, MmaClusterReduceIsDeterministic) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t k : {512, 1024, 2048}) {
+    for (int64_t m : {1, 7, 8, 13, 33}) {
+      const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 0);
+      const std::vector<uint16_t> first = RunAndCheck(c, Path::kMma);
+      const std::vector<uint16_t> second = RunAndCheck(c, Path::kMma);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " k=" << k;
+    }
+  }
+  DenseCase e = ExtremeScales(rng);
+  RunAndCheck(e, Path::kMma);
+  e.ue8m0 = !e.ue8m0;
+  RunAndCheck(e, Path::kMma);
+  RunAndCheck(NonFinite(rng), Path::kMma);
+}
+
 TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
   PDSERVE_SKIP_WITHOUT_GPU();
   if (std::getenv("PDSERVE_FP8_GEMM") == nullptr) {

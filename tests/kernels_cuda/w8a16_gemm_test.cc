@@ -547,5 +547,27 @@ TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
   RunAndCheckDense(d, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true, true});
 }
 
+// fp8_gemm_w8a16_mma's k splits (2, 4, 8) reduce in the kernel through a cluster: two runs give
+// the same bits and match the reference, extreme scales and NaN / Inf included.
+TEST(CudaW8a16GemmTest, MmaClusterReduceIsDeterministic) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t k : {512, 1024, 2048}) {
+    for (int64_t m : {1, 8, 13, 33}) {
+      const DenseCase c = MakeDense(rng, m, 200, k);
+      const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kMma);
+      const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kMma);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " k=" << k;
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kMma);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  RunAndCheckDense(d, Path::kMma);
+}
+
 }  // namespace
 }  // namespace pdserve::kernels::cuda
