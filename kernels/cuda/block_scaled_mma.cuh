@@ -547,28 +547,30 @@ inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
   return splits;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) as clusters of 1 x 1 x cluster_z blocks, with
-// programmatic stream serialization when the runtime takes it.
+// kernel<<<grid, block, smem, stream>>>(args...), as clusters of 1 x 1 x cluster_z blocks when
+// cluster_z > 1, with programmatic stream serialization when the runtime takes it (without it,
+// griddepcontrol.wait is a no-op).
 template <typename... Params, typename... Args>
 cudaError_t LaunchClustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            unsigned cluster_z, cudaStream_t stream, Args... args) {
+                            unsigned cluster_z, cudaStream_t stream, const Args&... args) {
+  const bool cluster = cluster_z > 1;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = cluster_z;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = 2;
+  config.numAttrs = cluster ? 2 : 1;
   if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return cudaSuccess;
   (void)cudaGetLastError();
-  config.numAttrs = 1;
+  config.numAttrs = cluster ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 

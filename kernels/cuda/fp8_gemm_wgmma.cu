@@ -556,30 +556,11 @@ cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const Wg
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
   });
   if (attribute != cudaSuccess) return attribute;
-  // attr[0]: the cluster of one tile's k splits (cluster_reduce only); then programmatic
-  // serialization, dropped when the runtime refuses it (griddepcontrol.wait is then a no-op).
-  const bool cluster = a.cluster_reduce != 0;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(p.splits);
-  attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
-                        static_cast<unsigned>(p.splits));
-  config.blockDim = dim3(static_cast<unsigned>(128 * p.wgs + 32));
-  config.dynamicSmemBytes = p.smem_bytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = cluster ? 2 : 1;
-  if (cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a) == cudaSuccess) {
-    return cudaSuccess;
-  }
-  (void)cudaGetLastError();
-  config.numAttrs = cluster ? 1 : 0;
-  return cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a);
+  const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
+                  static_cast<unsigned>(p.splits));
+  return bs::LaunchClustered(Fp8WgmmaKernel<N, A16>, grid,
+                             dim3(static_cast<unsigned>(128 * p.wgs + 32)), p.smem_bytes,
+                             a.cluster_reduce != 0 ? p.splits : 1, stream, w_map, x_map, a);
 }
 
 using LaunchFn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const WgmmaArgs&,
