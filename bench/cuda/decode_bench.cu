@@ -25,10 +25,11 @@
 // sizes. kernel: layer_w8a16 (fp8_gemm_w8a16 + kFp8W8A16 experts: the engine's default),
 // layer_fp8 (fp8_gemm + kFp8 experts), layer_read (ReadFloor over one buffer of the same bytes
 // per layer); each also as _dense (the dense GEMMs alone), _moe (the routed experts alone) and
-// _dense_fused (the dense GEMMs with the nine projections of the layer input as one GEMM, see
-// MakeLayerGemms). bytes: the dense weights + scales and the experts the routing touched. The
-// elementwise kernels between the GEMMs (norms, rope, SwiGLU, combine) and the fp32 router GEMM
-// are not in it. fp8_gemm's path and config come from PDSERVE_FP8_GEMM / PDSERVE_FP8_WGMMA.
+// _dense_fused (the dense GEMMs with the nine projections of the layer input as one GEMM and
+// o_a's groups as one, see MakeLayerGemms). bytes: the dense weights + scales and the experts the
+// routing touched. The elementwise kernels between the GEMMs (norms, rope, SwiGLU, combine) and the
+// fp32 router GEMM are not in it. fp8_gemm's path and config come from PDSERVE_FP8_GEMM /
+// PDSERVE_FP8_WGMMA.
 //
 // Timing as gemm_bench.cu: one launch (or layer step) per layer, kLayers layers in one CUDA
 // graph, each layer its own dense weights (beyond L2), median of 20 replays / kLayers.
@@ -339,7 +340,7 @@ struct LayerGemm {
 // The dense GEMMs of one V4-Flash CSA layer (engine/config.h sizes; see the file comment).
 // fused: the nine projections of the layer input x (q_a, kv, the compressors' kv / gate, indexer
 // weights, shared gate / up) as one GEMM over their rows stacked ([8256, 4096]), as the engine
-// could call them with its weights concatenated at load.
+// could call them with its weights concatenated at load, and o_a's 8 groups as one call.
 std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused) {
   std::vector<LayerGemm> g;
   const auto add = [&](int64_t n, int64_t k, int64_t x_offset, int64_t x_stride, int64_t out_offset,
@@ -361,8 +362,14 @@ std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused) {
   }
   add(32768, 1024, 0, 1024, 0, 32768);  // q_b_proj (64 heads x 512)
   add(8192, 1024, 0, 1024, 0, 8192);    // indexer q_b_proj (64 x 128)
-  for (int64_t group = 0; group < 8; ++group) {
-    add(1024, 4096, group * 4096, 32768, group * 1024, 8192);  // o_a_proj, output group g
+  if (fused) {
+    // o_a's 8 groups as one call over their stacked rows ([8192, 4096]): the bytes and work of a
+    // grouped call (group g reads x columns 4096 g..; here every group reads columns 0..4095).
+    add(8192, 4096, 0, 32768, 0, 8192);
+  } else {
+    for (int64_t group = 0; group < 8; ++group) {
+      add(1024, 4096, group * 4096, 32768, group * 1024, 8192);  // o_a_proj, output group g
+    }
   }
   add(4096, 8192, 0, 8192, 0, 4096);  // o_b_proj
   add(4096, 2048, 0, 2048, 0, 4096);  // shared expert down
