@@ -73,11 +73,12 @@ inline constexpr int64_t kFp8LtRowBlock = 128;
 inline constexpr int64_t kFp8LtMinTokens = 64;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
-// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (16), fp8_gemm_w8a16_wgmma above
-// (H200, 2026-12-04: mma.sync 1.2-1.5x faster than the wgmma kernel at 1-8 tokens; with register
-// weights, smem scales and cluster reduce (kFp8WgmmaDecodeConfig) wgmma 1.2-1.3x faster at 32
-// tokens; no cuBLASLt path for bf16 x e4m3). PDSERVE_FP8_GEMM forces it as for fp8_gemm.
-inline constexpr int64_t kW8a16MmaMaxTokens = 16;
+// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (8), fp8_gemm_w8a16_wgmma above
+// (H200, 2026-12-04 16:05 UTC: mma.sync with its k splits reduced in-kernel 1.1-1.4x faster than
+// the wgmma kernel at 1-8 tokens; at 16 tokens the wgmma kernel with register weights
+// (kFp8WgmmaDecodeConfig) 1.2-1.7x faster on wo_b, w13, w2; no cuBLASLt path for bf16 x e4m3).
+// PDSERVE_FP8_GEMM forces it as for fp8_gemm.
+inline constexpr int64_t kW8a16MmaMaxTokens = 8;
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).
@@ -90,7 +91,8 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // Tiles and pipeline of fp8_gemm_wgmma (kernels/cuda/fp8_gemm_wgmma.cu has the design):
 // warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2; 0: 2 for W8A16 token
 // tiles past 64 when the weight rows alone give target_blocks blocks, else 1); stages:
-// shared-memory ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is
+// shared-memory ring depth (2..8; fewer when one stage is too large for 8; 0: 2 for W8A16 token
+// tiles past 64, else 4); target_blocks: k is
 // split until about this many blocks run (tiles x splits, at most 32 splits and one 128-k block
 // per split; 0: never split). The flags act on token tiles up to 64 (m <= 64) only:
 // cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most
@@ -112,10 +114,10 @@ struct Fp8WgmmaConfig {
   bool a16_register_weights = false;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
-// V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): 4 stages, 264 target blocks (the best
-// geometric mean of the 13:20 UTC sweep), all three flags (at 32 tokens 1.1-1.3x faster than
-// without them in the 15:40 UTC run), warpgroups by the rule above.
-inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 4, 264, true, true, true};
+// V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
+// above, 264 target blocks, smem_scales and register weights; not cluster_reduce (at 32-64
+// tokens 1.4-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
+inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights]]]" (the flags 0 or 1, missing ones as in
 // kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.

@@ -336,10 +336,10 @@ TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16
 // mma.sync up to kW8a16MmaMaxTokens and wgmma above (unless PDSERVE_FP8_GEMM forces one);
 // cuBLASLt's output through fp8_gemm matches, and the mma.sync path stays correct on its own.
-// fp8_gemm_mma's k splits (2, 4, 8 at k = 512, 1024, 2048 with 4 row tiles) reduce in the kernel
-// through a cluster: two runs give the same bits, every token count of a tile (1..32, 33 = two
-// items) matches the reference, and extreme scales and NaN / Inf keep their positions.
-TEST(CudaFp8GemmTest, MmaClusterReduceIsDeterministic) {
+// fp8_gemm_mma's k splits (2, 4, 8 at k = 512, 1024, 2048 with 4 row tiles; summed by the reduce
+// kernel): two runs give the same bits, every token count of a tile (1..32, 33 = two items)
+// matches the reference, and extreme scales and NaN / Inf keep their positions.
+TEST(CudaFp8GemmTest, MmaSplitKIsDeterministic) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   for (int64_t k : {512, 1024, 2048}) {

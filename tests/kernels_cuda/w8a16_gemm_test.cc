@@ -288,8 +288,8 @@ TEST(CudaW8a16GemmTest, RefusalsNameTheArgument) {
   EXPECT_NE(refusal_of(2, 128, 120, w.get(), 16, all).find("x_stride:"), std::string::npos);
   EXPECT_NE(refusal_of(-1, 128, 128, w.get(), 16, all).find("m:"), std::string::npos);
   EXPECT_NE(refusal_of(2, 128, 128, nullptr, 16, all).find("w:"), std::string::npos);
-  // k = 1024, n = 16: split k, so the partial sums need a workspace.
-  EXPECT_NE(refusal_of(2, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
+  // k = 1024, n = 2, 12 tokens (the wgmma path): split k, so the partial sums need a workspace.
+  EXPECT_NE(refusal_of(12, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,8 +547,9 @@ TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
   RunAndCheckDense(d, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true, true});
 }
 
-// fp8_gemm_w8a16_mma's k splits (2, 4, 8) reduce in the kernel through a cluster: two runs give
-// the same bits and match the reference, extreme scales and NaN / Inf included.
+// fp8_gemm_w8a16_mma's k splits (2, 4, 8): with one token tile (m <= 8) reduced in the kernel
+// through a cluster, with more by the reduce kernel; two runs give the same bits and match the
+// reference, extreme scales and NaN / Inf included.
 TEST(CudaW8a16GemmTest, MmaClusterReduceIsDeterministic) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
