@@ -68,9 +68,9 @@ using fp8_gemm_internal::ValidateDense;
 
 // Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 (W8A8) | partial [splits, m, n] fp32 (unless
 // cluster_reduce). W8A16 with one token tile reduces its k splits (at most bs::kMaxClusterSplits)
-// in the kernel (GemmArgs::cluster_reduce; H200, 2026-12-04: 1.1-1.3x faster at 1-8 tokens on
-// wo_b, w13, w2, but slower with two or more token tiles, and for W8A8 behind its act-quant
-// kernel 1.3-1.5x slower, so not there).
+// in the kernel (GemmArgs::cluster_reduce; H200, 2026-12-04: 1.05-1.25x faster at 1-8 tokens on
+// wo_b, w13, w2; slower with two or more token tiles, and for W8A8 behind its act-quant kernel
+// 1.25-1.5x slower, so not there).
 struct DensePlan {
   int tiles = 1;
   int64_t items = 0;

@@ -76,7 +76,8 @@ Fp8GemmPath fp8_gemm_path(int64_t m);
 // fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (8), fp8_gemm_w8a16_wgmma above
 // (H200, 2026-12-04 16:05 UTC: mma.sync with its k splits reduced in-kernel 1.1-1.4x faster than
 // the wgmma kernel at 1-8 tokens; at 16 tokens the wgmma kernel with register weights
-// (kFp8WgmmaDecodeConfig) 1.2-1.7x faster on wo_b, w13, w2; no cuBLASLt path for bf16 x e4m3).
+// (kFp8WgmmaDecodeConfig) 1.15-1.25x faster than mma.sync on wo_b, w13, w2 and as fast on wq_b,
+// at 32 tokens 1.2-1.6x; no cuBLASLt path for bf16 x e4m3).
 // PDSERVE_FP8_GEMM forces it as for fp8_gemm.
 inline constexpr int64_t kW8a16MmaMaxTokens = 8;
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
@@ -116,7 +117,7 @@ struct Fp8WgmmaConfig {
 // The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
 // V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
 // above, 264 target blocks, smem_scales and register weights; not cluster_reduce (at 32-64
-// tokens 1.4-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
+// tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
 inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights]]]" (the flags 0 or 1, missing ones as in
