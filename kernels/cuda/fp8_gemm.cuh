@@ -25,8 +25,10 @@
 // mma.sync), and cuBLASLt's block-scaled FP8 (fp8_gemm_cublaslt) from kFp8LtMinTokens (64) on,
 // where it was 1.1-2.8x faster than the wgmma kernel, for n a multiple of 128 (else, or when
 // cuBLASLt has no algorithm, the wgmma path). PDSERVE_FP8_GEMM=mma, =wgmma or =cublaslt (read
-// once per process) forces that path for every m (cuBLASLt where it can). None reaches issue
-// 25's decode goal of 80% of the read floor (best: 62% at 1 token, wq_b).
+// once per process) forces that path for every m (cuBLASLt where it can). Against the read floor
+// of the same bytes timed the same way (bench/cuda/decode_bench.cu, docs/perf.md, H200
+// 2026-12-04) fp8_gemm_w8a16 reaches 70-88% at 1-8 tokens, 43-65% at 32, 28-35% at 128: issue
+// 25's decode goal (80%) is met only by wq_b at 1-8 tokens.
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
