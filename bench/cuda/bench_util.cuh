@@ -125,9 +125,9 @@ double RandomRoutings(int64_t tokens, int64_t experts, int64_t top_k,
   return distinct;
 }
 
-// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,p[,r]]]];..." (warpgroups, stages, target blocks,
-// then the flags cluster_reduce, smem_scales, l2_prefetch, a16_register_weights as 0 | 1);
-// malformed entries are skipped.
+// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r]]];..." (warpgroups, stages, target blocks, then
+// the flags cluster_reduce, smem_scales, a16_register_weights as 0 | 1, missing ones 0); malformed
+// entries are skipped.
 std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
   std::vector<Fp8WgmmaConfig> v;
   size_t at = 0;
@@ -136,14 +136,12 @@ std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
     Fp8WgmmaConfig c;
     int cluster = 0;
     int scales = 0;
-    int prefetch = 0;
     int reg = 0;
-    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d", &c.warpgroups,
-                    &c.stages, &c.target_blocks, &cluster, &scales, &prefetch, &reg) >= 3) {
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d", &c.warpgroups,
+                    &c.stages, &c.target_blocks, &cluster, &scales, &reg) >= 3) {
       c.a16_register_weights = reg == 1;
       c.cluster_reduce = cluster == 1;
       c.smem_scales = scales == 1;
-      c.l2_prefetch = prefetch == 1;
       v.push_back(c);
     }
     at = end + 1;

@@ -181,8 +181,7 @@ int Run(int64_t only_batch, int64_t only_context) {
       ip.max_keys = keys;
       ip.softmax_scale = 0.0883883f;
       // Rows "indexer" / "indexer_scores": the mma.sync scores kernel (the default until
-      // 2026-12-04, kept as the baseline); "..._wgmma": the default since
-      // (kernels/cuda/indexer.cuh).
+      // 2026-12-04, kept as the baseline); "..._wgmma": the default since (kernels/cuda/indexer.cuh).
       ip.scores_variant = IndexerScoresVariant::kMmaSync;
       auto layer_ip = [&](int l) {
         IndexerParams lp = ip;

@@ -3,28 +3,33 @@
 // 1..128). Prints CSV rows:
 //   kernel,shape,tokens,median_us,bytes
 // Mode "gemm" (default): V4-Flash's dense shapes (gemm_bench.cu's: wq_b [32768, 1024], wo_b
-// [4096, 8192], w13 [4096, 4096], w2 [4096, 2048]) at 1, 8, 32, 128 tokens. kernel:
+// [4096, 8192], w13 [4096, 4096], w2 [4096, 2048]) at 1, 8, 16, 32, 64, 128 tokens. kernel:
 //   read (ReadFloor over each layer's weight bytes: the floor a kernel that only reads them
 //   reaches, timed the same way), empty (an empty kernel per layer: the launch floor of a graph),
 //   fp8 / w8a16 (fp8_gemm / fp8_gemm_w8a16: the engine's calls, with their dispatch),
-//   fp8_before / w8a16_before (the dispatch and config main had before this bench: mma.sync up to
-//   8 / 32 tokens, else wgmma 1,4,264 with the split-k reduce kernel),
-//   fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (default config, split-k reduced by a second
-//   kernel), fp8_wgmma_c / w8a16_wgmma_c (default config with cluster_reduce),
-//   fp8_v<w>.<s>.<t>[.c] / w8a16_v<...> (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma with that config;
-//   PDSERVE_FP8_VARIANTS="w,s,t,c;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set: none with
+//   fp8_before / w8a16_before (the dispatch thresholds and wgmma config main had before this
+//   bench: mma.sync up to 8 / 32 tokens, else wgmma 1,4,264 without the flags; the kernels are
+//   today's, so the mma.sync rows reduce their k splits in the kernel),
+//   stream_<stages>.<target> (TmaStreamKernel: fp8_gemm_wgmma's weight stream without its math;
+//   1 token only), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default config without
+//   cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),
+//   fp8_v<w>.<s>.<t>[.c][.s][.r] / w8a16_v<...> (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma with that
+//   config: warpgroups, stages, target blocks, cluster_reduce, smem_scales, a16_register_weights;
+//   PDSERVE_FP8_VARIANTS="w,s,t,c,x,r;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set: none with
 //   cluster_reduce).
 // Mode "layer": the GEMMs of one V4-Flash compressed-sparse-attention layer's decode step as
 // engine/gpu/gpu_model.cc calls them (q_a, q_b, kv, the compressor's kv / gate, the indexer
 // compressor's kv / gate, indexer q_b and weights, o_a as 8 group GEMMs, o_b; the shared expert's
 // gate, up, down; the routed experts' gate+up and down through moe_grouped_gemm with a random
-// top-6 routing of 256 experts), every weight FP8 e4m3 with 128 x 128 scales, at batch 1, 8, 32,
-// 128. kernel: layer_w8a16 (fp8_gemm_w8a16 + kFp8W8A16 experts: the engine's default),
+// top-6 routing of 256 experts), every weight FP8 e4m3 with 128 x 128 scales, at the same batch
+// sizes. kernel: layer_w8a16 (fp8_gemm_w8a16 + kFp8W8A16 experts: the engine's default),
 // layer_fp8 (fp8_gemm + kFp8 experts), layer_read (ReadFloor over one buffer of the same bytes
-// per layer); each also as _dense (the dense GEMMs alone) and _moe (the routed experts alone).
-// bytes: the dense weights + scales and the experts the routing touched. The
-// elementwise kernels between the GEMMs (norms, rope, SwiGLU, combine) and the fp32 router GEMM
-// are not in it. fp8_gemm's path and config come from PDSERVE_FP8_GEMM / PDSERVE_FP8_WGMMA.
+// per layer); each also as _dense (the dense GEMMs alone), _moe (the routed experts alone) and
+// _dense_fused (the dense GEMMs with the nine projections of the layer input as one GEMM and
+// o_a's groups as one, see MakeLayerGemms). bytes: the dense weights + scales and the experts the
+// routing touched. The elementwise kernels between the GEMMs (norms, rope, SwiGLU, combine) and the
+// fp32 router GEMM are not in it. fp8_gemm's path and config come from PDSERVE_FP8_GEMM /
+// PDSERVE_FP8_WGMMA.
 //
 // Timing as gemm_bench.cu: one launch (or layer step) per layer, kLayers layers in one CUDA
 // graph, each layer its own dense weights (beyond L2), median of 20 replays / kLayers.
@@ -54,11 +59,10 @@ constexpr int kStepLayers = 4;
 constexpr int kReps = 20;
 constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
-const std::vector<int64_t> kTokens = {1, 8, 32, 128};
+const std::vector<int64_t> kTokens = {1, 8, 16, 32, 64, 128};
 const char* const kVariants =
-    "1,4,264,1;1,4,264,1,1;1,4,264,1,1,1;1,4,264,1,1,1,1;1,2,264,1,1,1,1;1,6,264,1,1,1,1;"
-    "1,8,264,1,1;1,4,528,1,1,1,1;1,4,132,1,1,1,1;2,4,264,1,1,1,1;2,8,264,1,1;1,4,1056,1,1,1,1;"
-    "1,4,264,0,1,1,1";
+    "0,0,264,1,1,1;0,2,264,0,1,1;0,4,264,0,1,1;0,6,264,0,1,1;0,8,264,0,1,1;0,0,528,0,1,1;"
+    "0,0,132,0,1,1;2,0,264,0,1,1;0,0,264,0,0,1;0,0,264,0,1,0";
 
 __global__ void EmptyKernel() {}
 
@@ -145,8 +149,7 @@ std::vector<Fp8WgmmaConfig> Variants() {
 std::string ConfigName(const Fp8WgmmaConfig& c) {
   return std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
-         (c.smem_scales ? ".s" : "") + (c.l2_prefetch ? ".p" : "") +
-         (c.a16_register_weights ? ".r" : "");
+         (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.
@@ -279,7 +282,7 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
       });
       // main's dispatch before this work (2026-12-04 14:19 UTC): mma.sync up to 8 (W8A8) / 32
       // (W8A16) tokens, else fp8_gemm_wgmma 1,4,264 with the reduce kernel.
-      const Fp8WgmmaConfig before{1, 4, 264, false, false, false, false};
+      const Fp8WgmmaConfig before{1, 4, 264, false, false, false};
       row("fp8_before", m, [&](const Matrix& mw) {
         return m <= 8 ? fp8_gemm_mma(x, m, s.k, s.k, mw.w, mw.scale, s.n, false, out, s.n, b.ws,
                                      b.ws_bytes, stream)
@@ -335,36 +338,55 @@ struct LayerGemm {
 };
 
 // The dense GEMMs of one V4-Flash CSA layer (engine/config.h sizes; see the file comment).
-std::vector<LayerGemm> MakeLayerGemms(uint32_t seed) {
+// fused: the nine projections of the layer input x (q_a, kv, the compressors' kv / gate, indexer
+// weights, shared gate / up) as one GEMM over their rows stacked ([8256, 4096]), as the engine
+// could call them with its weights concatenated at load, and o_a's 8 groups as one call.
+std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused) {
   std::vector<LayerGemm> g;
   const auto add = [&](int64_t n, int64_t k, int64_t x_offset, int64_t x_stride, int64_t out_offset,
                        int64_t out_stride) {
     g.push_back({MakeMatrix(n, k, seed++), x_offset, x_stride, out_offset, out_stride});
   };
-  add(1024, 4096, 0, 4096, 0, 1024);    // q_a_proj
+  if (fused) {
+    add(8256, 4096, 0, 4096, 0, 8256);  // the nine projections of x, stacked
+  } else {
+    add(1024, 4096, 0, 4096, 0, 1024);  // q_a_proj
+    add(512, 4096, 0, 4096, 0, 512);    // kv_proj
+    add(1024, 4096, 0, 4096, 0, 1024);  // compressor kv_proj (overlapping: 2 x 512)
+    add(1024, 4096, 0, 4096, 0, 1024);  // compressor gate_proj
+    add(256, 4096, 0, 4096, 0, 256);    // indexer compressor kv_proj (2 x 128)
+    add(256, 4096, 0, 4096, 0, 256);    // indexer compressor gate_proj
+    add(64, 4096, 0, 4096, 0, 64);      // indexer weights_proj
+    add(2048, 4096, 0, 4096, 0, 2048);  // shared expert gate
+    add(2048, 4096, 0, 4096, 0, 2048);  // shared expert up
+  }
   add(32768, 1024, 0, 1024, 0, 32768);  // q_b_proj (64 heads x 512)
-  add(512, 4096, 0, 4096, 0, 512);      // kv_proj
-  add(1024, 4096, 0, 4096, 0, 1024);    // compressor kv_proj (overlapping: 2 x 512)
-  add(1024, 4096, 0, 4096, 0, 1024);    // compressor gate_proj
-  add(256, 4096, 0, 4096, 0, 256);      // indexer compressor kv_proj (2 x 128)
-  add(256, 4096, 0, 4096, 0, 256);      // indexer compressor gate_proj
   add(8192, 1024, 0, 1024, 0, 8192);    // indexer q_b_proj (64 x 128)
-  add(64, 4096, 0, 4096, 0, 64);        // indexer weights_proj
-  for (int64_t group = 0; group < 8; ++group) {
-    add(1024, 4096, group * 4096, 32768, group * 1024, 8192);  // o_a_proj, output group g
+  if (fused) {
+    // o_a's 8 groups as one call over their stacked rows ([8192, 4096]): the bytes and work of a
+    // grouped call (group g reads x columns 4096 g..; here every group reads columns 0..4095).
+    add(8192, 4096, 0, 32768, 0, 8192);
+  } else {
+    for (int64_t group = 0; group < 8; ++group) {
+      add(1024, 4096, group * 4096, 32768, group * 1024, 8192);  // o_a_proj, output group g
+    }
   }
   add(4096, 8192, 0, 8192, 0, 4096);  // o_b_proj
-  add(2048, 4096, 0, 4096, 0, 2048);  // shared expert gate
-  add(2048, 4096, 0, 4096, 0, 2048);  // shared expert up
   add(4096, 2048, 0, 2048, 0, 4096);  // shared expert down
   return g;
 }
 
 void LayerRows(const Buffers& b, cudaStream_t stream) {
   std::vector<std::vector<LayerGemm>> layers;
+  std::vector<std::vector<LayerGemm>> fused_layers;
   double dense_bytes = 0.0;
-  for (int l = 0; l < kStepLayers; ++l) layers.push_back(MakeLayerGemms(1000u * l + 3));
+  double fused_bytes = 0.0;
+  for (int l = 0; l < kStepLayers; ++l) {
+    layers.push_back(MakeLayerGemms(1000u * l + 3, false));
+    fused_layers.push_back(MakeLayerGemms(1000u * l + 500, true));
+  }
   for (const LayerGemm& g : layers[0]) dense_bytes += static_cast<double>(g.w.Bytes());
+  for (const LayerGemm& g : fused_layers[0]) fused_bytes += static_cast<double>(g.w.Bytes());
   // Routed experts, shared by the layers (each its own routing): gate+up [256, 4096, 4096] and
   // down [256, 4096, 2048].
   const Matrix gate_up = MakeMatrix(kExperts * 4096, 4096, 5u);
@@ -379,11 +401,14 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
   for (int64_t m : kTokens) {
     const double distinct = RandomRoutings(m, kExperts, kTopK, routing, rng);
     const double moe_bytes = distinct * expert_bytes;
-    // part: "" (the whole step), "_dense" or "_moe".
-    for (const char* part : {"", "_dense", "_moe"}) {
-      const bool dense = part[0] != '_' || part[1] == 'd';
-      const bool moe = part[0] != '_' || part[1] == 'm';
-      const double bytes = (dense ? dense_bytes : 0.0) + (moe ? moe_bytes : 0.0);
+    // part: "" (the whole step), "_dense", "_moe", "_dense_fused" (the dense GEMMs with the
+    // projections of x fused).
+    for (const std::string part : {"", "_dense", "_moe", "_dense_fused"}) {
+      const bool dense = part != "_moe";
+      const bool moe = part.empty() || part == "_moe";
+      const bool fused = part == "_dense_fused";
+      const double bytes =
+          (dense ? (fused ? fused_bytes : dense_bytes) : 0.0) + (moe ? moe_bytes : 0.0);
       for (const bool a16 : {true, false}) {
         ExpertWeights up_view;
         up_view.format = a16 ? ExpertFormat::kFp8W8A16 : ExpertFormat::kFp8;
@@ -398,7 +423,7 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
         down_view.k = 2048;
         const double us = Graph(
             [&](int l) {
-              for (const LayerGemm& g : layers[l]) {
+              for (const LayerGemm& g : fused ? fused_layers[l] : layers[l]) {
                 if (!dense) break;
                 const int64_t k = g.w.k;
                 const __nv_bfloat16* x = b.x + g.x_offset;
@@ -416,7 +441,7 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
                                            stream));
             },
             kStepLayers, stream);
-        PrintRow(std::string(a16 ? "layer_w8a16" : "layer_fp8") + part, "layer", m, us, bytes);
+        PrintRow((a16 ? "layer_w8a16" : "layer_fp8") + part, "layer", m, us, bytes);
       }
       const size_t read_bytes = static_cast<size_t>(bytes) / 16 * 16;
       void* floor_buffer = DeviceAlloc<unsigned char>(read_bytes * kStepLayers);
@@ -427,7 +452,7 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
                        b.sink, b.sms, stream);
           },
           kStepLayers, stream);
-      PrintRow(std::string("layer_read") + part, "layer", m, read_us, bytes);
+      PrintRow("layer_read" + part, "layer", m, read_us, bytes);
       BENCH_CHECK(cudaFree(floor_buffer));
     }
   }
@@ -435,8 +460,10 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
   BENCH_CHECK(cudaFree(act));
   FreeMatrix(gate_up);
   FreeMatrix(down);
-  for (const auto& layer : layers) {
-    for (const LayerGemm& g : layer) FreeMatrix(g.w);
+  for (const auto* set : {&layers, &fused_layers}) {
+    for (const auto& layer : *set) {
+      for (const LayerGemm& g : layer) FreeMatrix(g.w);
+    }
   }
 }
 

@@ -30,6 +30,7 @@
 // two bf16 pairs. The block's fp32 result is multiplied by the weight block's scale, as FP8's.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -77,7 +78,10 @@ struct GemmArgs {
   int64_t dense_rows;
   const float* row_weight;  // [out rows] multiplier of each out row; nullptr = 1
   int32_t k_splits;
-  float* partial;  // k_splits > 1: [k_splits, out_rows, n] fp32
+  // Dense only: the k splits of a block's tile run as one thread-block cluster (1 x 1 x k_splits,
+  // at most kMaxClusterSplits) and reduce in the kernel (ClusterReduce), no `partial`.
+  int32_t cluster_reduce;
+  float* partial;  // k_splits > 1 and !cluster_reduce: [k_splits, out_rows, n] fp32
   int64_t out_rows;
   __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
   float* out_f32;      // set: the output is fp32 here instead (same layout), out unused
@@ -286,6 +290,51 @@ __device__ __forceinline__ void GridDependencyTrigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+inline constexpr int kMaxClusterSplits = 8;
+
+// cluster_reduce's epilogue (dense GEMMs; every thread of the block): the block's sums [8 NT
+// entries x 64 rows] go to its dynamic shared memory, the cluster synchronizes, then block r of
+// the cluster adds entries-x-rows elements [r E / S, (r + 1) E / S) over the S blocks in ascending
+// rank (= split) order from their shared memory and writes bf16(sum * row weight): exactly
+// SplitKReduceKernel's sum (0.0f + split 0 + split 1 ...), without the partial sums in HBM. The
+// second barrier keeps each block's shared memory until every peer has read it.
+template <int NT>
+__device__ __forceinline__ void ClusterReduce(const GemmArgs& a, const WorkItem& item,
+                                              const float (&acc)[NT][4]) {
+  namespace cg = cooperative_groups;
+  extern __shared__ float cluster_sums[];  // [8 NT][kRowsPerBlock]
+  cg::cluster_group cluster = cg::this_cluster();
+  const int lane = threadIdx.x % 32;
+  const int row_base = (threadIdx.x / 32) * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int e = j * 8 + 2 * (lane % 4) + (c & 1);
+      cluster_sums[e * kRowsPerBlock + row_base + (c >= 2 ? 8 : 0)] = acc[j][c];
+    }
+  }
+  cluster.sync();
+  const int splits = a.k_splits;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int elements = 8 * NT * kRowsPerBlock;
+  const int end = elements * (rank + 1) / splits;
+  for (int i = elements * rank / splits + static_cast<int>(threadIdx.x); i < end;
+       i += static_cast<int>(blockDim.x)) {
+    const int e = i / kRowsPerBlock;
+    const int64_t n = int64_t{blockIdx.y} * kRowsPerBlock + i % kRowsPerBlock;
+    if (e >= item.count || n >= a.n) continue;
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(cluster_sums, s)[i];
+    int64_t x_row = 0;
+    int64_t out_row = 0;
+    EntryRows(a, item.first + e, &x_row, &out_row);
+    const float weight = a.row_weight != nullptr ? a.row_weight[out_row] : 1.0f;
+    StoreOut(a.out, a.out_f32, out_row * a.out_stride + n, sum * weight);
+  }
+  cluster.sync();
+}
+
 // Grid: x = work item (fastest, so the items of one expert, or the token chunks of a dense
 // GEMM, run together and share the weight tile through L2), y = 64-row tile of n, z = k split.
 // 128 threads. Weights are streamed three 128-k blocks deep (two in flight while one is used); a
@@ -310,7 +359,8 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   const int g = lane / 4;
   const int t = lane % 4;
   const int64_t n0 = int64_t{blockIdx.y} * kRowsPerBlock + (threadIdx.x / 32) * 16;
-  if (n0 >= a.n) return;
+  // With cluster_reduce a warp past n stays (zero weights) for the cluster barriers.
+  if (n0 >= a.n && a.cluster_reduce == 0) return;
   const int tiles = (item.count + 7) / 8;
   const int64_t kblocks = a.k / kBlockK;
   const int64_t kb_begin = kblocks * blockIdx.z / a.k_splits;
@@ -319,10 +369,10 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   const uint8_t* w_rows = a.w + (int64_t{item.expert} * a.n + n0 + g) * row_bytes;
   const uint8_t* sc_rows =
       FP4 ? a.w_scale8 + (int64_t{item.expert} * a.n + n0 + g) * (a.k / kFp4Group) : nullptr;
-  const float* w_scale =
-      FP4 ? nullptr
-          : a.w_scale +
-                (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) + n0 / kBlockK) * kblocks;
+  const float* w_scale = FP4 ? nullptr
+                             : a.w_scale + (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) +
+                                            min(n0, a.n - 1) / kBlockK) *
+                                               kblocks;
   const bool valid0 = n0 + g < a.n;
   const bool valid1 = n0 + g + 8 < a.n;
   WeightRegs<FP4> cur;
@@ -365,6 +415,10 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
     ahead = next;
   }
 
+  if (a.cluster_reduce != 0) {
+    ClusterReduce<NT>(a, item, acc);
+    return;
+  }
   // Epilogue: c0, c1 = row n0 + g, columns 2t, 2t + 1; c2, c3 = row n0 + g + 8.
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -504,11 +558,53 @@ inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
   return splits;
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...), as clusters of 1 x 1 x cluster_z blocks when
+// cluster_z > 1, with programmatic stream serialization when the runtime takes it (without it,
+// griddepcontrol.wait is a no-op).
+template <typename... Params, typename... Args>
+cudaError_t LaunchClustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            unsigned cluster_z, cudaStream_t stream, const Args&... args) {
+  const bool cluster = cluster_z > 1;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = cluster_z;
+  attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = cluster ? 2 : 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return cudaSuccess;
+  (void)cudaGetLastError();
+  config.numAttrs = cluster ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 template <bool FP4, bool A16 = false>
 cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(items),
                   static_cast<unsigned>((a.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(a.k_splits));
+  if (a.cluster_reduce != 0) {
+    const size_t smem = static_cast<size_t>(8 * tiles * kRowsPerBlock) * sizeof(float);
+    const auto z = static_cast<unsigned>(a.k_splits);
+    switch (tiles) {
+      case 1:
+        return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), smem, z, stream,
+                               a);
+      case 2:
+        return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 2>, grid, dim3(128), smem, z, stream,
+                               a);
+      default:
+        return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 4>, grid, dim3(128), smem, z, stream,
+                               a);
+    }
+  }
   switch (tiles) {
     case 1:
       return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), stream, a);

@@ -66,26 +66,35 @@ using bs::kMaxElements;
 using fp8_gemm_internal::CheckWorkspace;
 using fp8_gemm_internal::ValidateDense;
 
-// Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 | partial [splits, m, n] fp32.
+// Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 (W8A8) | partial [splits, m, n] fp32 (unless
+// cluster_reduce). W8A16 with one token tile reduces its k splits (at most bs::kMaxClusterSplits)
+// in the kernel (GemmArgs::cluster_reduce; H200, 2026-12-04: 1.05-1.25x faster at 1-8 tokens on
+// wo_b, w13, w2; slower with two or more token tiles, and for W8A8 behind its act-quant kernel
+// 1.25-1.5x slower, so not there).
 struct DensePlan {
   int tiles = 1;
   int64_t items = 0;
   int32_t splits = 1;
+  bool cluster_reduce = false;
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
   size_t partial_bytes = 0;
   size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
 };
 
-DensePlan PlanDense(int64_t m, int64_t n, int64_t k) {
+DensePlan PlanDense(int64_t m, int64_t n, int64_t k, bool a16) {
   DensePlan p;
   p.tiles = bs::TilesFor(m);
   p.items = (m + 8 * p.tiles - 1) / (8 * p.tiles);
   const int64_t row_tiles = (n + bs::kRowsPerBlock - 1) / bs::kRowsPerBlock;
   p.splits = bs::ChooseKSplits(row_tiles * p.items, k / bs::kBlockK);
-  p.xq_bytes = bs::AlignUp(static_cast<size_t>(m * k));
-  p.xs_bytes = bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
-  p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4) : 0;
+  p.cluster_reduce = a16 && p.tiles == 1 && p.splits > 1;
+  if (p.cluster_reduce) p.splits = std::min(p.splits, bs::kMaxClusterSplits);
+  p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
+  p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
+  p.partial_bytes = p.splits > 1 && !p.cluster_reduce
+                        ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4)
+                        : 0;
   return p;
 }
 
@@ -95,11 +104,11 @@ bool SizesValid(int64_t m, int64_t n, int64_t k) {
          bs::ProductAtMost(16 * m, n, kMaxElements);
 }
 
-// The GemmArgs of one dense product (each row its own, k split `splits` ways); the caller sets
+// The GemmArgs of one dense product (each row its own, k split as `plan` says); the caller sets
 // the activations (xq / xs quantized, or xb / xb_stride bf16).
 bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_t n, int64_t k,
-                       int32_t splits, float* partial, __nv_bfloat16* out, float* out_f32,
-                       int64_t out_stride) {
+                       const DensePlan& plan, float* partial, __nv_bfloat16* out,
+                       float* out_f32, int64_t out_stride) {
   bs::GemmArgs a{};
   a.w = w;
   a.w_scale = w_scale;
@@ -108,7 +117,8 @@ bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_
   a.k = k;
   a.dense_rows = m;
   a.x_row_div = 1;
-  a.k_splits = splits;
+  a.k_splits = plan.splits;
+  a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
   a.partial = partial;
   a.out_rows = m;
   a.out = out;
@@ -121,7 +131,7 @@ bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_
 
 size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
-  const size_t mma = PlanDense(m, n, k).total();
+  const size_t mma = PlanDense(m, n, k, false).total();
   const size_t wgmma = fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config());
   const size_t lt =
       fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, n, k) : 0;
@@ -253,7 +263,7 @@ cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stri
                                      fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
                                      refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
-  const DensePlan plan = PlanDense(m, n, k);
+  const DensePlan plan = PlanDense(m, n, k, false);
   status = CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
   if (status != cudaSuccess) return status;
   uint8_t* base = static_cast<uint8_t*>(workspace);
@@ -262,8 +272,7 @@ cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stri
   float* partial = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
   status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, xq, xs, stream);
   if (status != cudaSuccess) return status;
-  bs::GemmArgs a =
-      DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_f32, out_stride);
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
   a.xq = xq;
   a.xs = xs;
   status = bs::LaunchGemm<false>(a, plan.tiles, plan.items, stream);
@@ -281,18 +290,17 @@ cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_s
                                      fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
                                      refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
-  const DensePlan plan = PlanDense(m, n, k);
-  if (plan.splits > 1) {
+  const DensePlan plan = PlanDense(m, n, k, true);
+  if (plan.partial_bytes > 0) {
     status = CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
     if (status != cudaSuccess) return status;
   }
   float* partial = static_cast<float*>(workspace);
-  bs::GemmArgs a =
-      DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_f32, out_stride);
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
   a.xb = x;
   a.xb_stride = x_stride;
   status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
-  if (status != cudaSuccess || plan.splits == 1) return status;
+  if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
                           out_f32);
 }
@@ -334,7 +342,7 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
-  return std::max(PlanDense(m, n, k).partial_bytes,
+  return std::max(PlanDense(m, n, k, true).partial_bytes,
                   fp8_gemm_w8a16_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()));
 }
 
@@ -405,7 +413,7 @@ LtPlan PlanLt(int64_t m, int64_t n, int64_t k) {
   p.xs_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * kb) * sizeof(float));
   const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
   p.scale_bytes = p.repack ? bs::AlignUp(static_cast<size_t>(nb * p.kb_padded) * sizeof(float)) : 0;
-  p.tail_bytes = m > p.lt_rows ? PlanDense(m - p.lt_rows, n, k).total() : 0;
+  p.tail_bytes = m > p.lt_rows ? PlanDense(m - p.lt_rows, n, k, false).total() : 0;
   return p;
 }
 

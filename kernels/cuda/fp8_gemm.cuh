@@ -25,8 +25,10 @@
 // mma.sync), and cuBLASLt's block-scaled FP8 (fp8_gemm_cublaslt) from kFp8LtMinTokens (64) on,
 // where it was 1.1-2.8x faster than the wgmma kernel, for n a multiple of 128 (else, or when
 // cuBLASLt has no algorithm, the wgmma path). PDSERVE_FP8_GEMM=mma, =wgmma or =cublaslt (read
-// once per process) forces that path for every m (cuBLASLt where it can). None reaches issue
-// 25's decode goal of 80% of the read floor (best: 62% at 1 token, wq_b).
+// once per process) forces that path for every m (cuBLASLt where it can). Against the read floor
+// of the same bytes timed the same way (bench/cuda/decode_bench.cu, docs/perf.md, H200
+// 2026-12-04) fp8_gemm_w8a16 reaches 70-88% at 1-8 tokens, 43-65% at 32, 28-35% at 128: issue
+// 25's decode goal (80%) is met only by wq_b at 1-8 tokens.
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -80,10 +82,13 @@ inline constexpr int64_t kFp8LtRowBlock = 128;
 inline constexpr int64_t kFp8LtMinTokens = 64;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
-// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (32), fp8_gemm_w8a16_wgmma above
-// (H200, 2026-12-04: mma.sync 1.2-1.5x faster at 1-16 tokens, even at 32, wgmma 1.2-2.6x faster
-// at 64-128; no cuBLASLt path for bf16 x e4m3). PDSERVE_FP8_GEMM forces it as for fp8_gemm.
-inline constexpr int64_t kW8a16MmaMaxTokens = 32;
+// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (8), fp8_gemm_w8a16_wgmma above
+// (H200, 2026-12-04 16:05 UTC: mma.sync with its k splits reduced in-kernel 1.1-1.4x faster than
+// the wgmma kernel at 1-8 tokens; at 16 tokens the wgmma kernel with register weights
+// (kFp8WgmmaDecodeConfig) 1.15-1.25x faster than mma.sync on wo_b, w13, w2 and as fast on wq_b,
+// at 32 tokens 1.2-1.6x; no cuBLASLt path for bf16 x e4m3).
+// PDSERVE_FP8_GEMM forces it as for fp8_gemm.
+inline constexpr int64_t kW8a16MmaMaxTokens = 8;
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).
@@ -98,37 +103,38 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
                          cudaStream_t stream, std::string* refusal = nullptr);
 
 // Tiles and pipeline of fp8_gemm_wgmma (kernels/cuda/fp8_gemm_wgmma.cu has the design):
-// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2); stages: shared-memory
-// ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is split until
-// about this many blocks run (tiles x splits, at most 32 splits and one 128-k block per split;
-// 0: never split); cluster_reduce: the k splits of one tile run as one thread-block cluster (so
-// at most kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
+// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2; 0: 2 for W8A16 token
+// tiles past 64 when the weight rows alone give target_blocks blocks, else 1); stages:
+// shared-memory ring depth (2..8; fewer when one stage is too large for 8; 0: 2 for W8A16 token
+// tiles past 64, else 4); target_blocks: k is
+// split until about this many blocks run (tiles x splits, at most 32 splits and one 128-k block
+// per split; 0: never split). The flags act on token tiles up to 64 (m <= 64) only:
+// cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most
+// kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
 // distributed shared memory in the GEMM kernel itself, in the same ascending order and with the
-// same bits as the second reduction kernel they replace (no split-k workspace). Defaults: the best
-// geometric mean over V4-Flash's four dense shapes at 1-128 tokens in the H200 sweep of 2026-12-04
-// (1,4,264: 1.03x the per-cell best; 2,4,264 was 1.09x).
+// same bits as the second reduction kernel they replace (no split-k workspace); smem_scales: the
+// block's weight and activation scales for its k split are copied to shared memory once before
+// the main loop instead of being read per 128-k block; a16_register_weights
+// (fp8_gemm_w8a16_wgmma): each thread converts its own wgmma A fragment from the e4m3 stage in
+// registers (bf16 wgmma with A from registers) instead of the warpgroup converting the block into
+// shared memory first. The member defaults are the kernel without them.
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;
   int stages = 4;
   int target_blocks = 264;
   bool cluster_reduce = false;
-  // smem_scales: the block's weight and activation scales for its k split are copied to shared
-  // memory before the main loop (one pass of loads) instead of being read per 128-k block.
   bool smem_scales = false;
-  // l2_prefetch: at the start each block asks for all of its k split's weight boxes past the ring
-  // (cp.async.bulk.prefetch.tensor into L2), so the whole matrix is in flight at once instead of
-  // `stages` boxes per block.
-  bool l2_prefetch = false;
-  // a16_register_weights (fp8_gemm_w8a16_wgmma at token tiles <= 64): each thread converts its
-  // own wgmma A fragment from the e4m3 stage in registers (bf16 wgmma with A from registers)
-  // instead of the warpgroup converting the block into shared memory first.
   bool a16_register_weights = false;
 };
-// The config fp8_gemm uses: the defaults above, or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,smem_scales[,l2_prefetch[,
-// a16_register_weights]]]]" (the flags 0 or 1; read once per process;
-// malformed values are ignored). Host only.
+// The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
+// V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
+// above, 264 target blocks, smem_scales and register weights; not cluster_reduce (at 32-64
+// tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
+inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
+// kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
+// smem_scales[,a16_register_weights]]]" (the flags 0 or 1, missing ones as in
+// kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
 // sums), and its number of k splits; 0 for sizes it refuses. Host only.

@@ -11,9 +11,7 @@
 //   the tensor zero-filled) into a ring of `stages` shared-memory stages; full[s] completes when
 //   both boxes landed (transaction bytes), empty[s] when every consumer warp is done with it. The
 //   first `stages` weight boxes are issued before griddepcontrol.wait (they do not depend on the
-//   act-quant kernel before), the activation boxes after it. With l2_prefetch the producer also
-//   asks for every later weight box of its split (cp.async.bulk.prefetch.tensor into L2) before
-//   that wait, so the whole matrix is requested at the start.
+//   act-quant kernel before), the activation boxes after it.
 // - Consumers: per 128-k block, 4 wgmma m64nNk32 (e4m3 x e4m3 -> fp32, scale-d off for the first)
 //   into a block partial p, wait, release the stage, then fold acc += p * (w_scale[row block, kb]
 //   * xs[kb, token]) in fp32: the same per-block scaling as the CPU reference. With smem_scales
@@ -67,7 +65,6 @@ using hopper::PrefetchTensorMap;
 using hopper::SharedAddress;
 using hopper::SmemDescriptor;
 using hopper::TmaLoad2d;
-using hopper::TmaPrefetchL2;
 using hopper::WgmmaBf16;
 using hopper::WgmmaBf16RegA;
 using hopper::WgmmaCommit;
@@ -94,7 +91,6 @@ struct WgmmaArgs {
   int32_t stages;
   int32_t cluster_reduce;  // launched as clusters of 1 x 1 x k_splits: the reduction in-kernel
   int32_t smem_scales;     // N <= kEarlyScaleTokens: this split's scales in shared memory first
-  int32_t l2_prefetch;     // prefetch the split's weight boxes past the ring into L2 at the start
   int32_t reg_weights;     // A16, N <= kRegWeightTokens: ProductsRegisterWeights (no conv buffers)
   int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
@@ -146,6 +142,7 @@ __device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* 
 // warpgroup converting the block into shared memory first (no barriers, no proxy fence, no
 // conversion buffer). `b_stage`: the stage's activation boxes; warp: the warp in the warpgroup.
 constexpr int kRegWeightTokens = 64;
+constexpr int kClusterReduceTokens = 64;
 template <int N>
 __device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], const uint8_t* w_rows,
                                                         uint32_t b_stage, int warp, int lane) {
@@ -295,11 +292,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         MbarrierArriveExpectTx(full_bar + 8u * it, stage_bytes);
         TmaLoad2d(stage, &w_map, (kb_begin + it) * kBlockK, static_cast<int32_t>(row0),
                   full_bar + 8u * it);
-      }
-      if (a.l2_prefetch != 0) {
-        for (int it = ahead; it < n_kb; ++it) {
-          TmaPrefetchL2(&w_map, (kb_begin + it) * kBlockK, static_cast<int32_t>(row0));
-        }
       }
       bs::GridDependencyWait();  // xq / xs come from the act-quant kernel
       bs::GridDependencyTrigger();
@@ -464,7 +456,6 @@ struct WgmmaPlan {
   int32_t splits = 1;
   bool cluster_reduce = false;  // splits > 1 reduced in-kernel (clusters of 1 x 1 x splits)
   bool smem_scales = false;     // the split's scales staged in shared memory first
-  bool l2_prefetch = false;     // the split's weights past the ring prefetched into L2 at the start
   bool reg_weights = false;     // A16 with n_tile <= kRegWeightTokens: A from registers
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
@@ -479,22 +470,30 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   WgmmaPlan p;
   p.n_tile =
       static_cast<int>(std::min<int64_t>(kMaxTokenTile, (std::max<int64_t>(m, 1) + 7) / 8 * 8));
-  p.wgs = std::clamp(config.warpgroups, 1, kMaxWarpgroups);
+  // warpgroups 0 (auto): 2 for W8A16 token tiles past kRegWeightTokens when there are target_blocks
+  // row tiles of 64 without a split (wq_b at 128 tokens: the bf16 activations re-read per block
+  // halved), else 1.
+  const int64_t row_tiles_1 = (n + 63) / 64;
+  const bool two = a16 && p.n_tile > kRegWeightTokens && config.target_blocks > 0 &&
+                   row_tiles_1 >= config.target_blocks;
+  p.wgs = config.warpgroups == 0 ? (two ? 2 : 1) : std::clamp(config.warpgroups, 1, kMaxWarpgroups);
   p.token_tiles = (m + p.n_tile - 1) / p.n_tile;
   p.row_tiles = (n + 64 * p.wgs - 1) / (64 * p.wgs);
   const int64_t tiles = std::max<int64_t>(1, p.token_tiles * p.row_tiles);
   const int64_t kblocks = k / kBlockK;
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
-  const int64_t max_splits = config.cluster_reduce ? kFp8WgmmaClusterSplits : kMaxSplits;
+  // cluster_reduce only for token tiles <= kClusterReduceTokens (at 128 tokens it was 1.7x slower
+  // than the reduce kernel on the H200, 2026-12-04 15:40 UTC).
+  const bool cluster = config.cluster_reduce && p.n_tile <= kClusterReduceTokens;
+  const int64_t max_splits = cluster ? kFp8WgmmaClusterSplits : kMaxSplits;
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
-  if (config.cluster_reduce) {
+  if (cluster) {
     while ((splits & (splits - 1)) != 0) splits &= splits - 1;  // a power of two: 1, 2, 4, 8
   }
   p.splits = static_cast<int32_t>(splits);
-  p.cluster_reduce = config.cluster_reduce && p.splits > 1;
+  p.cluster_reduce = cluster && p.splits > 1;
   p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);
   p.smem_scales = config.smem_scales && p.n_tile <= kEarlyScaleTokens;
-  p.l2_prefetch = config.l2_prefetch;
   p.reg_weights = a16 && config.a16_register_weights && p.n_tile <= kRegWeightTokens;
   const uint32_t scale_bytes =
       p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : p.n_tile)) * p.kb_span * 4) : 0u;
@@ -502,7 +501,10 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * kConvBytes : 0;
   const int fit =
       static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
-  p.stages = std::clamp(std::min(config.stages, fit), 2, kMaxStages);
+  // stages 0 (auto): 2 for W8A16 token tiles past 64 (a 40 KB stage at 128 tokens: two blocks per
+  // multiprocessor instead of one; 1.3x faster at 128 tokens on the H200), else 4.
+  const int stages = config.stages != 0 ? config.stages : a16 && p.n_tile > 64 ? 2 : 4;
+  p.stages = std::clamp(std::min(stages, fit), 2, kMaxStages);
   p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
   p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
   p.partial_bytes = p.splits > 1 && !p.cluster_reduce
@@ -558,30 +560,11 @@ cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const Wg
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
   });
   if (attribute != cudaSuccess) return attribute;
-  // attr[0]: the cluster of one tile's k splits (cluster_reduce only); then programmatic
-  // serialization, dropped when the runtime refuses it (griddepcontrol.wait is then a no-op).
-  const bool cluster = a.cluster_reduce != 0;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(p.splits);
-  attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
-                        static_cast<unsigned>(p.splits));
-  config.blockDim = dim3(static_cast<unsigned>(128 * p.wgs + 32));
-  config.dynamicSmemBytes = p.smem_bytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = cluster ? 2 : 1;
-  if (cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a) == cudaSuccess) {
-    return cudaSuccess;
-  }
-  (void)cudaGetLastError();
-  config.numAttrs = cluster ? 1 : 0;
-  return cudaLaunchKernelEx(&config, Fp8WgmmaKernel<N, A16>, w_map, x_map, a);
+  const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
+                  static_cast<unsigned>(p.splits));
+  return bs::LaunchClustered(Fp8WgmmaKernel<N, A16>, grid,
+                             dim3(static_cast<unsigned>(128 * p.wgs + 32)), p.smem_bytes,
+                             a.cluster_reduce != 0 ? p.splits : 1, stream, w_map, x_map, a);
 }
 
 using LaunchFn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const WgmmaArgs&,
@@ -611,7 +594,7 @@ bool WgmmaSizesValid(int64_t m, int64_t n, int64_t k) {
 
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
   static const Fp8WgmmaConfig config = [] {
-    Fp8WgmmaConfig c;
+    Fp8WgmmaConfig c = kFp8WgmmaDecodeConfig;
     const char* env = std::getenv("PDSERVE_FP8_WGMMA");
     if (env != nullptr) {
       int wgs = 0;
@@ -619,19 +602,17 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int target = 0;
       int cluster = c.cluster_reduce ? 1 : 0;
       int scales = c.smem_scales ? 1 : 0;
-      int prefetch = c.l2_prefetch ? 1 : 0;
       int reg = c.a16_register_weights ? 1 : 0;
-      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
-                                     &scales, &prefetch, &reg);
-      if (fields >= 3 && wgs >= 1 && wgs <= kMaxWarpgroups && stages >= 2 && stages <= kMaxStages &&
-          target >= 0 && (cluster == 0 || cluster == 1) && (scales == 0 || scales == 1) &&
-          (prefetch == 0 || prefetch == 1) && (reg == 0 || reg == 1)) {
+      const int fields =
+          std::sscanf(env, "%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster, &scales, &reg);
+      if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
+          stages <= kMaxStages && target >= 0 && (cluster == 0 || cluster == 1) &&
+          (scales == 0 || scales == 1) && (reg == 0 || reg == 1)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
         c.cluster_reduce = cluster == 1;
         c.smem_scales = scales == 1;
-        c.l2_prefetch = prefetch == 1;
         c.a16_register_weights = reg == 1;
       }
     }
@@ -700,7 +681,6 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.stages = plan.stages;
   a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
   a.smem_scales = plan.smem_scales ? 1 : 0;
-  a.l2_prefetch = plan.l2_prefetch ? 1 : 0;
   a.reg_weights = plan.reg_weights ? 1 : 0;
   a.kb_span = plan.kb_span;
   a.partial = partial;

@@ -91,16 +91,6 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* tensor_map, 
       : "memory");
 }
 
-// Starts bringing the box at (inner, outer) of `tensor_map` into L2 without waiting for it or
-// writing shared memory (PTX ISA "cp.async.bulk.prefetch.tensor").
-__device__ __forceinline__ void TmaPrefetchL2(const void* tensor_map, int32_t inner,
-                                              int32_t outer) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tensor_map)),
-               "r"(inner), "r"(outer)
-               : "memory");
-}
-
 // Brings a tensor map's 128 bytes into the TMA unit's cache ahead of the first copy.
 __device__ __forceinline__ void PrefetchTensorMap(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map))

@@ -288,8 +288,8 @@ TEST(CudaW8a16GemmTest, RefusalsNameTheArgument) {
   EXPECT_NE(refusal_of(2, 128, 120, w.get(), 16, all).find("x_stride:"), std::string::npos);
   EXPECT_NE(refusal_of(-1, 128, 128, w.get(), 16, all).find("m:"), std::string::npos);
   EXPECT_NE(refusal_of(2, 128, 128, nullptr, 16, all).find("w:"), std::string::npos);
-  // k = 1024, n = 16: split k, so the partial sums need a workspace.
-  EXPECT_NE(refusal_of(2, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
+  // k = 1024, n = 2, 12 tokens (the wgmma path): split k, so the partial sums need a workspace.
+  EXPECT_NE(refusal_of(12, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,8 +453,8 @@ TEST(CudaW8a16MoeGemmTest, NanAndInfMatchInPosition) {
 }
 
 // cluster_reduce (fp8_gemm.cuh): the same bits as the two-kernel split-k reduction with the same
-// splits, at partial row tiles (n = 200), several token tiles (m = 130) and 2, 4, 8 splits; the
-// split cap at k = 2560; extreme scales and NaN / Inf positions as the reference has them.
+// splits, at partial row tiles (n = 200) and 2, 4, 8 splits (m = 130: token tiles past 64 ignore
+// the flag); the split cap at k = 2560; extreme scales and NaN / Inf as the reference has them.
 TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -471,7 +471,9 @@ TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
     const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
     ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, two_pass), t.splits) << "m=" << t.m;
     ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), t.splits) << "m=" << t.m;
-    EXPECT_EQ(fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, cluster), 0u);
+    if (t.m <= 64) {  // token tiles past 64 ignore the flag
+      EXPECT_EQ(fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, cluster), 0u);
+    }
     const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, two_pass);
     const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, cluster);
     ASSERT_FALSE(first.empty());
@@ -487,8 +489,9 @@ TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
   RunAndCheckDense(d, Path::kWgmma, cluster);
 }
 
-// smem_scales (and l2_prefetch): the same bits as the weight scales read per k block (token tiles
-// of 8..128 and two tiles at m = 130, 10 k blocks unevenly split, with and without cluster_reduce).
+// smem_scales (and register weights): the same bits as the weight scales read per k block (token
+// tiles of 8..128 and two tiles at m = 130, 10 k blocks unevenly split, with and without
+// cluster_reduce).
 TEST(CudaW8a16GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -514,7 +517,7 @@ TEST(CudaW8a16GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
 TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  const Fp8WgmmaConfig reg{1, 4, 0, false, false, false, true};
+  const Fp8WgmmaConfig reg{1, 4, 0, false, false, true};
   DenseCase c = MakeDense(rng, 5, 72, 256);
   std::fill(c.w_scale.begin(), c.w_scale.end(), 1.0f);
   for (int64_t r = 0; r < c.m; ++r) {
@@ -528,8 +531,8 @@ TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
     for (int64_t n = 0; n < c.n; ++n) c.w[n * c.k + col] = cpu::E4m3FromFloat(n % 16 + 1.0f);
     RunAndCheckDense(c, Path::kWgmma, reg);
   }
-  for (const Fp8WgmmaConfig config : {reg, Fp8WgmmaConfig{2, 4, 264, true, true, true, true},
-                                      Fp8WgmmaConfig{1, 3, 4096, false, false, false, true}}) {
+  for (const Fp8WgmmaConfig config : {reg, Fp8WgmmaConfig{2, 4, 264, true, true, true},
+                                      Fp8WgmmaConfig{1, 3, 4096, false, false, true}}) {
     for (int64_t m : {1, 8, 17, 33, 64, 72, 130}) {
       RunAndCheckDense(MakeDense(rng, m, 200, 1280), Path::kWgmma, config);
     }
@@ -541,7 +544,30 @@ TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
   d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
   d.w[static_cast<size_t>(135 * d.k + 0)] = 0xFF;
   RunAndCheckDense(d, Path::kWgmma, reg);
-  RunAndCheckDense(d, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true, true, true});
+  RunAndCheckDense(d, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true, true});
+}
+
+// fp8_gemm_w8a16_mma's k splits (2, 4, 8): with one token tile (m <= 8) reduced in the kernel
+// through a cluster, with more by the reduce kernel; two runs give the same bits and match the
+// reference, extreme scales and NaN / Inf included.
+TEST(CudaW8a16GemmTest, MmaClusterReduceIsDeterministic) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t k : {512, 1024, 2048}) {
+    for (int64_t m : {1, 8, 13, 33}) {
+      const DenseCase c = MakeDense(rng, m, 200, k);
+      const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kMma);
+      const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kMma);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " k=" << k;
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kMma);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  RunAndCheckDense(d, Path::kMma);
 }
 
 }  // namespace
