@@ -181,7 +181,8 @@ int Run(int64_t only_batch, int64_t only_context) {
       ip.max_keys = keys;
       ip.softmax_scale = 0.0883883f;
       // Rows "indexer" / "indexer_scores": the mma.sync scores kernel (the default until
-      // 2026-12-04, kept as the baseline); "..._wgmma": the default since (kernels/cuda/indexer.cuh).
+      // 2026-12-04, kept as the baseline); "..._wgmma": the default since
+      // (kernels/cuda/indexer.cuh).
       ip.scores_variant = IndexerScoresVariant::kMmaSync;
       auto layer_ip = [&](int l) {
         IndexerParams lp = ip;
@@ -189,6 +190,7 @@ int Run(int64_t only_batch, int64_t only_context) {
         lp.key_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].index_pool);
         return lp;
       };
+      ip.topk_variant = TopKVariant::kRadixCluster;  // rows indexer, indexer_wgmma: the baselines
       const double us = time_us([&](int l) {
         BENCH_CHECK(lightning_indexer(layer_ip(l), kTopK, scores, visible, picks, stream));
       });
@@ -223,11 +225,34 @@ int Run(int64_t only_batch, int64_t only_context) {
       std::printf("indexer_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), wgmma_us, bytes,
                   flops);
+      // Row "indexer_select": the wgmma scores with the select-sort top-k (TopKVariant).
+      const double select_us = time_us([&](int l) {
+        IndexerParams lp = wgmma_ip(l);
+        lp.topk_variant = TopKVariant::kSelectSort;
+        BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
+      });
+      std::printf("indexer_select,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), static_cast<long long>(keys), select_us, bytes,
+                  flops);
       const double topk_us = time_us(
           [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
       std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), topk_us,
                   batch * (keys * 4.0 + kTopK * 4.0));
+      // Row "top_k_select": TopKVariant::kSelectSort; with PDSERVE_BENCH_TOPK_STAGES=1 also the
+      // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
+      const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
+      const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
+      for (int stop = 0; stop <= (stages ? 2 : 0); ++stop) {
+        const double us_s = time_us([&](int) {
+          BENCH_CHECK(
+              top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));
+        });
+        std::printf("top_k_select%s,%lld,%lld,%lld,%.3f,%.0f,0\n",
+                    stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
+                    static_cast<long long>(batch), static_cast<long long>(context),
+                    static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
+      }
       // PDSERVE_BENCH_TOPK_SWEEP=1: top-k with each cluster size top_k_split offers (rows
       // "top_k_b<blocks per row>"), to check the one top_k picks.
       const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
@@ -241,6 +266,9 @@ int Run(int64_t only_batch, int64_t only_context) {
                     static_cast<long long>(keys), us_b, batch * (keys * 4.0 + kTopK * 4.0));
       }
 
+      // PDSERVE_BENCH_ONLY=indexer: the indexer and top-k rows alone (no attention rows).
+      const char* only = std::getenv("PDSERVE_BENCH_ONLY");
+      if (only != nullptr && std::string(only) == "indexer") continue;
       for (bool csa : {true, false}) {
         SparseDecodeParams sp;
         sp.batch = batch;

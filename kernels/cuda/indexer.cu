@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/launch_check.h"
@@ -187,6 +188,10 @@ __device__ __forceinline__ int BlockRange(const IndexerParams& p, int64_t b0, in
                                           TileCursor& start) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
+  // Launched with programmatic stream serialization: nothing is read or written before the kernel
+  // before this one has completed; the kernel after it may begin launching now.
+  GridDependencyWait();
+  GridDependencyLaunchDependents();
 
   for (int b = threadIdx.x; b < nb; b += kThreads) {
     const int visible = VisibleKeys(p, b0 + b);
@@ -400,25 +405,39 @@ __device__ __forceinline__ void WgmmaScores(float (&d)[32], uint64_t desc_a, uin
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// Request b's queries into q_s (the swizzled layout) by plain loads, and this thread's two head
-// weights (heads 16 warp + g and + 8: the accumulator rows it holds). Call only while no wgmma
-// reads q_s; the writes reach wgmma after FenceProxyAsync and a block barrier.
-__device__ __forceinline__ void StageQuery(const IndexerParams& p, int64_t b, unsigned char* q_s,
-                                           float (&w)[2]) {
+// Request b's queries and head weights, as this thread stages them: 16-byte units index = i *
+// kThreads + tid of the [kHeads][kDim] bf16 queries (head index / kChunksPerRow, unit index %
+// kChunksPerRow), and the weights of heads 16 warp + g and + 8 (the accumulator rows it holds).
+struct QueryShare {
+  static constexpr int kUnits = kHeads * kChunksPerRow / kThreads;
+  uint4 units[kUnits];
+  float w[2];
+};
+
+// Loads request b's share into registers (plain loads: the values are consumed later, so a load
+// issued tiles ahead of its use hides its latency).
+__device__ __forceinline__ void LoadQueryShare(const IndexerParams& p, int64_t b, QueryShare& q) {
   const int tid = static_cast<int>(threadIdx.x);
-  const __nv_bfloat16* q = p.q + b * kHeads * kDim;
+  const uint4* src = reinterpret_cast<const uint4*>(p.q + b * kHeads * kDim);
 #pragma unroll
-  for (int i = 0; i < kHeads * kChunksPerRow / kThreads; ++i) {
+  for (int i = 0; i < QueryShare::kUnits; ++i) q.units[i] = src[i * kThreads + tid];
+  const int head0 = 16 * (tid >> 5) + ((tid & 31) >> 2);
+  q.w[0] = p.weights[b * kHeads + head0];
+  q.w[1] = p.weights[b * kHeads + head0 + 8];
+}
+
+// Writes a share into q_s (the swizzled layout of LoadKeyTile<.., true>). Call only while no
+// wgmma reads q_s; the writes reach wgmma after FenceProxyAsync and a block barrier.
+__device__ __forceinline__ void StoreQueryShare(const QueryShare& q, unsigned char* q_s) {
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int i = 0; i < QueryShare::kUnits; ++i) {
     const int index = i * kThreads + tid;
     const int head = index / kChunksPerRow;
     const int unit = index % kChunksPerRow;
-    const uint4 v = *reinterpret_cast<const uint4*>(q + head * kDim + unit * 8);
     *reinterpret_cast<uint4*>(q_s + (unit >> 3) * kWgRegionBytes + head * 128 +
-                              (((unit & 7) ^ (head & 7)) << 4)) = v;
+                              (((unit & 7) ^ (head & 7)) << 4)) = q.units[i];
   }
-  const int head0 = 16 * (tid >> 5) + ((tid & 31) >> 2);
-  w[0] = p.weights[b * kHeads + head0];
-  w[1] = p.weights[b * kHeads + head0 + 8];
 }
 
 // One step of the warp's reduce-scatter over lanes differing in bit MASK: of v[0 .. 2 HALF) a lane
@@ -464,16 +483,29 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int t = lane & 3;
   float w[2] = {};
   int query_b = -1;
+  // The next request's queries, loaded into registers when the copies ahead first reach it
+  // (kStages - 1 tiles before it is scored), so a range that enters a new request does not wait
+  // on global memory there. next_b: that request, or -1.
+  QueryShare next;
+  int next_b = -1;
   TileCursor tile = start;
   for (int it = 0; it < n_local; ++it) {
     if (tile.b != query_b) {  // every thread: the block's tile order is uniform
       query_b = tile.b;
-      StageQuery(p, b0 + query_b, q_s, w);
+      if (next_b != query_b) LoadQueryShare(p, b0 + query_b, next);
+      StoreQueryShare(next, q_s);
+      w[0] = next.w[0];
+      w[1] = next.w[1];
+      next_b = -1;
     }
     CopyAsyncWait<kStages - 2>();
     hopper::FenceProxyAsync();  // this thread's key copies and query stores, before wgmma reads
     __syncthreads();            // tile it and the queries are visible; tile it - 1 is done
     pipeline.IssueAhead(it);
+    if (next_b < 0 && it + kStages < n_local && pipeline.load.b != query_b) {
+      next_b = pipeline.load.b;  // the request of tile it + kStages, the next one copied
+      LoadQueryShare(p, b0 + next_b, next);
+    }
 
     const uint32_t tile_address = k_address + (it % kStages) * kWgTileBytes;
     float acc[32];
@@ -595,10 +627,18 @@ cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visib
   for (int64_t b0 = 0; b0 < p.batch; b0 += kMaxBatchPerLaunch) {
     const int64_t nb = std::min(kMaxBatchPerLaunch, p.batch - b0);
     const int64_t blocks = std::min<int64_t>(nb * max_tiles, int64_t{kBlocksPerSm} * SmCount());
-    const size_t smem_bytes = wgmma ? WgmmaSmemBytes(nb) : SmemBytes(nb);
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem_bytes, stream>>>(
-        p, b0, static_cast<int>(nb), div, scores, visible);
-    const cudaError_t status = cudaGetLastError();
+    cudaLaunchAttribute serialization = {};
+    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    serialization.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = wgmma ? WgmmaSmemBytes(nb) : SmemBytes(nb);
+    config.stream = stream;
+    config.attrs = &serialization;
+    config.numAttrs = 1;
+    const cudaError_t status =
+        cudaLaunchKernelEx(&config, kernel, p, b0, static_cast<int>(nb), div, scores, visible);
     if (status != cudaSuccess) return status;
   }
   return cudaSuccess;
@@ -608,7 +648,8 @@ cudaError_t lightning_indexer(const IndexerParams& params, int64_t topk, float* 
                               int32_t* visible, int32_t* picks, cudaStream_t stream) {
   const cudaError_t status = indexer_scores(params, scores, visible, stream);
   if (status != cudaSuccess) return status;
-  return top_k(scores, params.batch, params.max_keys, visible, topk, picks, stream);
+  return top_k_variant(scores, params.batch, params.max_keys, visible, topk, params.topk_variant, 0,
+                       picks, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -21,6 +21,11 @@
 // tensor-core products against the request's queries held in registers, reloading them where its
 // range enters the next request. Batches past 1024 requests run as several launches.
 //
+// Programmatic dependent launch: the scores kernels are launched with programmatic stream
+// serialization, wait (griddepcontrol.wait) for the kernel before them before they touch memory,
+// and let the kernel after them (top_k, launched the same way) start its launch at once, so the
+// launches overlap the previous kernel's drain inside a CUDA graph.
+//
 // CUDA-graph safe: the launch shape depends only on (batch, max_keys); n_keys and positions are
 // read from device memory when the kernels run. No allocation, no state besides one-time kernel
 // attributes: make the first call outside graph capture. Concurrent calls on different outputs are
@@ -31,6 +36,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/topk.cuh"
 
 namespace pdserve::kernels::cuda {
 
@@ -60,6 +67,7 @@ struct IndexerParams {
   int64_t max_keys = 0;  // capacity bound: visible[b] is clamped to it; scores' row stride
   float softmax_scale = 1.0f;
   IndexerScoresVariant scores_variant = IndexerScoresVariant::kWgmma;
+  TopKVariant topk_variant = kDefaultTopKVariant;  // lightning_indexer's top-k kernel
 };
 
 // Writes scores[b, 0 .. visible[b]) (fp32, row stride max_keys; entries past visible[b] are left
