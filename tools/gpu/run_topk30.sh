@@ -1,35 +1,38 @@
 #!/usr/bin/env bash
 # One device-machine call for issue 30's indexer work (kernels/cuda/topk.cuh TopKVariant
 # kSelectSort, the scores kernels' programmatic dependent launch and query prefetch), from the
-# repository root on a Hopper GPU with CUDA 13: builds kernels/cuda standalone (`cmake -S
-# kernels/cuda`: the kernels, tests/kernels_cuda and bench/cuda), runs the indexer and top-k GPU
+# repository root on a Hopper GPU with CUDA 13: builds the top-k, indexer and attention kernels,
+# their GPU tests and bench/cuda's benchmark (tools/gpu/topk30/CMakeLists.txt: only those, with
+# kernels/cuda's flags; ~30 s on 16 cores), runs the indexer and top-k GPU
 # tests (every case with both top-k kernels and both scores kernels), times bench/cuda's indexer
 # and top-k rows in graph timing (PDSERVE_BENCH_ONLY=indexer: no attention rows;
 # PDSERVE_BENCH_TOPK_STAGES=1: the select kernel ended after each stage), and prints, last, a
 # table: kernel, batch, context, us, read floor, ratio, before (bench/cuda/results/
 # 2026-12-04-graph.md).
-# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), COMPARE=1 (bench/cuda/compare.py
+# Environment: OUT (default ./gpu-out: stdout's table plus logs.tgz, the build, test and bench
+# logs), BUILD (build dir), COMPARE=1 (bench/cuda/compare.py
 # in graph timing afterwards, PyTorch for the indexer rows: ~1.5 min more), SANITIZE=1
 # (compute-sanitizer memcheck and racecheck on the select top-k tests, ~1 min more).
-# Expected time without the options: build ~60-90 s on 16 cores, tests ~25 s, bench ~20 s.
+# Expected time without the options: build ~30 s on 16 cores, tests ~30 s, bench ~20 s.
 set -uo pipefail
-out=${OUT:-gpu-out}
-mkdir -p "$out"
+final=${OUT:-gpu-out}
+out=$(mktemp -d)
+mkdir -p "$final"
+trap 'tar -czf "$final/logs.tgz" -C "$out" . 2>/dev/null' EXIT
 b=${BUILD:-/tmp/topk30}
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
-if ! { timeout 110 cmake -S kernels/cuda -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+if ! { timeout 30 cmake -S tools/gpu/topk30 -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_CUDA_COMPILER="$nvcc" &&
-       timeout 110 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_cuda_bench; } \
-       > "$out/build.log" 2>&1; then
+       timeout 100 cmake --build "$b" -j"$(nproc)"; } > "$out/build.log" 2>&1; then
   grep -m30 -E "error|Error" "$out/build.log"
   echo "BUILD FAILED after $((SECONDS - start)) s"
   exit 1
 fi
 echo "build: $((SECONDS - start)) s"
-tests="$b/tests/pdserve_kernels_cuda_tests"
+tests="$b/topk30_tests"
 start=$SECONDS
 timeout 60 "$tests" --gtest_filter='CudaIndexer*:CudaTopK*' > "$out/tests.log" 2>&1
 echo "indexer + top-k GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
@@ -44,14 +47,16 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 fi
 start=$SECONDS
 PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PDSERVE_BENCH_TOPK_STAGES=1 timeout 60 \
-  "$b/bench/pdserve_cuda_bench" > "$out/bench-graph.csv" 2> "$out/bench-graph.err"
+  "$b/topk30_bench" > "$out/bench-graph.csv" 2> "$out/bench-graph.err"
 echo "bench (graph timing): rc=$? $((SECONDS - start)) s, $(wc -l < "$out/bench-graph.csv") rows"
+head -5 "$out/bench-graph.err"
 if [ "${COMPARE:-0}" = 1 ]; then
   start=$SECONDS
   PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PYTHONUNBUFFERED=1 timeout 200 \
-    python3 bench/cuda/compare.py --bench "$b/bench/pdserve_cuda_bench" --pytorch-only indexer \
+    python3 bench/cuda/compare.py --bench "$b/topk30_bench" --pytorch-only indexer \
     > "$out/compare-graph.md" 2>&1
-  echo "compare.py (graph timing): rc=$? $((SECONDS - start)) s; table: $out/compare-graph.md"
+  echo "compare.py (graph timing): rc=$? $((SECONDS - start)) s"
+  cat "$out/compare-graph.md"
 fi
 python3 - "$out/bench-graph.csv" <<'PY' | tee "$out/table.md"
 import sys
