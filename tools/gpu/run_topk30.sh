@@ -46,10 +46,24 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   done
 fi
 start=$SECONDS
-PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PDSERVE_BENCH_TOPK_STAGES=1 timeout 60 \
+PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PDSERVE_BENCH_TOPK_STAGES=1 timeout 45 \
   "$b/topk30_bench" > "$out/bench-graph.csv" 2> "$out/bench-graph.err"
 echo "bench (graph timing): rc=$? $((SECONDS - start)) s, $(wc -l < "$out/bench-graph.csv") rows"
 head -5 "$out/bench-graph.err"
+if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
+  # One launch each of the wgmma scores kernel and the select top-k at 32 x 32K (launch timing,
+  # L2 flushed): where their warps stall.
+  start=$SECONDS
+  PDSERVE_BENCH_ONLY=indexer timeout 30 ncu --clock-control none \
+    -k regex:'IndexerScoresWgmmaKernel|TopKSelectKernel' -c 2 --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section LaunchStats --page raw \
+    "$b/topk30_bench" 32 32768 > "$out/ncu.txt" 2>&1
+  echo "ncu: rc=$? $((SECONDS - start)) s"
+  # Per kernel: its name line, duration, DRAM throughput, occupancy, registers, and the stall
+  # reasons that hold more than 0.1 warps per issued instruction.
+  grep -E "^  [A-Za-z_].*\(|gpu__time_duration.sum|dram__throughput.avg.pct_of_peak_sustained_elapsed|sm__warps_active.avg.pct_of_peak|launch__registers_per_thread |issue_stalled_.*per_issue_active" \
+    "$out/ncu.txt" | awk '!/issue_stalled/ || $NF + 0 > 0.1' | sed 's/  */ /g' | cut -c1-150 | head -60
+fi
 if [ "${COMPARE:-0}" = 1 ]; then
   start=$SECONDS
   PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PYTHONUNBUFFERED=1 timeout 200 \
