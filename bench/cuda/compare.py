@@ -375,7 +375,8 @@ def main():
             # Only whole operations have a PyTorch counterpart (not the stages, the read floors
             # or the sweeps); --pytorch-only narrows it further; a size is timed once for all
             # variants of its kernel.
-            base = "indexer" if kernel in ("indexer", "indexer_wgmma", "indexer_select") else kernel
+            base = ("indexer" if kernel in ("indexer", "indexer_wgmma", "indexer_select",
+                                            "indexer_wgmma_select") else kernel)
             if base not in ("indexer", "csa_attention", "hca_attention") or (
                     args.pytorch_only and base not in args.pytorch_only.split(",")):
                 raise LookupError

@@ -225,15 +225,32 @@ int Run(int64_t only_batch, int64_t only_context) {
       std::printf("indexer_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                   static_cast<long long>(context), static_cast<long long>(keys), wgmma_us, bytes,
                   flops);
-      // Row "indexer_select": the wgmma scores with the select-sort top-k (TopKVariant).
-      const double select_us = time_us([&](int l) {
-        IndexerParams lp = wgmma_ip(l);
+      // Rows "indexer_scores_wgmma_qr": the wgmma scores with the queries in registers
+      // (kWgmmaQueryRegisters) alone; "indexer_select": those with the select-sort top-k
+      // (TopKVariant::kSelectSort); "indexer_wgmma_select": the kWgmma scores with it.
+      auto qr_ip = [&](int l) {
+        IndexerParams lp = layer_ip(l);
+        lp.scores_variant = IndexerScoresVariant::kWgmmaQueryRegisters;
         lp.topk_variant = TopKVariant::kSelectSort;
-        BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
-      });
-      std::printf("indexer_select,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), static_cast<long long>(keys), select_us, bytes,
-                  flops);
+        return lp;
+      };
+      const double qr_scores_us =
+          time_us([&](int l) { BENCH_CHECK(indexer_scores(qr_ip(l), scores, visible, stream)); });
+      std::printf("indexer_scores_wgmma_qr,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                  static_cast<long long>(batch), static_cast<long long>(context),
+                  static_cast<long long>(keys), qr_scores_us,
+                  batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+      for (const bool qr : {true, false}) {
+        const double select_us = time_us([&](int l) {
+          IndexerParams lp = qr_ip(l);
+          if (!qr) lp.scores_variant = IndexerScoresVariant::kWgmma;
+          BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
+        });
+        std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                    qr ? "indexer_select" : "indexer_wgmma_select", static_cast<long long>(batch),
+                    static_cast<long long>(context), static_cast<long long>(keys), select_us, bytes,
+                    flops);
+      }
       const double topk_us = time_us(
           [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
       std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
@@ -243,7 +260,7 @@ int Run(int64_t only_batch, int64_t only_context) {
       // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
       const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
       const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
-      for (int stop = 0; stop <= (stages ? 2 : 0); ++stop) {
+      for (int stop = 0; stop <= (stages ? 3 : 0); ++stop) {
         const double us_s = time_us([&](int) {
           BENCH_CHECK(
               top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));

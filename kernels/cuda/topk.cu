@@ -137,12 +137,11 @@ __global__ void __launch_bounds__(kThreads)
 // a key above `hi` and those with keys in [lo, hi], of which the `need` best complete the row's
 // `picks` (count <= kMaxCandidates). Narrows [lo, hi] by rounds of kBins bins over the
 // candidates alone (at most three: each takes kBinBits bits off the span) until at most the
-// smallest power of two >= picks remain or one key is left, then sorts them and writes the first
-// `picks` indices. Extra candidates (ties at one key, or a bin not narrowed further) only cost
-// sort time: the sort orders ties by index, so the written picks are the same.
-__device__ void NarrowSortWrite(uint64_t* cand, uint32_t count, uint32_t lo, uint32_t hi,
-                                uint32_t need, int picks, uint32_t* hist, Scratch& s,
-                                int32_t* out_row) {
+// smallest power of two >= picks remain or one key is left; returns how many remain in cand.
+// Extra candidates (ties at one key, or a bin not narrowed further) only cost sort time: the
+// sort orders ties by index, so the picks are the same.
+__device__ uint32_t NarrowCandidates(uint64_t* cand, uint32_t count, uint32_t lo, uint32_t hi,
+                                     uint32_t need, int picks, uint32_t* hist, Scratch& s) {
   constexpr int kPerThread = kMaxCandidates / kThreads;
   const int tid = static_cast<int>(threadIdx.x);
   uint32_t cap = 32;
@@ -181,6 +180,12 @@ __device__ void NarrowSortWrite(uint64_t* cand, uint32_t count, uint32_t lo, uin
     __syncthreads();
     count = s.count;
   }
+  return count;
+}
+
+// Sorts cand[0, count) (count <= kMaxCandidates) and writes the first `picks` indices.
+__device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, int32_t* out_row) {
+  const int tid = static_cast<int>(threadIdx.x);
   uint32_t size = 32;
   while (size < count) size <<= 1;
   for (uint32_t i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
@@ -223,10 +228,10 @@ __device__ uint32_t GatherToFirstBlock(uint64_t* cand, uint32_t count, Scratch& 
 
 // TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) select as TopKKernel
 // does (SelectCandidates), then block 0 gathers every block's candidates, narrows them to about
-// `picks` (NarrowSortWrite) and sorts only those. Rows of at most kMaxCandidates entries are
-// loaded by block 0 alone. `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1
-// after the output's -1 fill, 2 after the selection, before block 0's narrowing and sort.
-// Shared memory as TopKKernel.
+// `picks` (NarrowCandidates) and sorts only those (SortWrite). Rows of at most kMaxCandidates
+// entries are loaded by block 0 alone. `stop_after` (benchmarks only; 0 in products) ends the
+// kernel early: 1 after the output's -1 fill, 2 after the selection (before block 0's narrowing), 3
+// before the sort. Shared memory as TopKKernel.
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
                      bool cache_part, int stop_after, int32_t* out) {
@@ -262,7 +267,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (stop_after == 2) return;
-  NarrowSortWrite(cand, count, lo, hi, need, picks, hist, s, out_row);
+  count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
+  if (stop_after == 3) return;
+  SortWrite(cand, count, picks, out_row);
 }
 
 // How many clusters of `blocks` (2, 4 or 8) blocks of `kernel` (TopKKernel or TopKSelectKernel,

@@ -153,18 +153,23 @@ struct DeviceCase {
   IndexerParams params;
 };
 
-// Every scores kernel and every top-k kernel runs every case (the wgmma scores with both top-k
-// kernels, mma.sync with the first).
+// Every scores kernel and every top-k kernel runs every case (the register-query wgmma scores
+// with the select top-k, the others with the radix-cluster top-k).
 struct Variant {
   IndexerScoresVariant scores;
   TopKVariant topk;
 };
-constexpr Variant kVariants[] = {{IndexerScoresVariant::kMmaSync, TopKVariant::kRadixCluster},
-                                 {IndexerScoresVariant::kWgmma, TopKVariant::kRadixCluster},
-                                 {IndexerScoresVariant::kWgmma, TopKVariant::kSelectSort}};
+constexpr Variant kVariants[] = {
+    {IndexerScoresVariant::kMmaSync, TopKVariant::kRadixCluster},
+    {IndexerScoresVariant::kWgmma, TopKVariant::kRadixCluster},
+    {IndexerScoresVariant::kWgmmaQueryRegisters, TopKVariant::kSelectSort}};
 
 std::string VariantName(const Variant& v) {
-  return std::string(v.scores == IndexerScoresVariant::kWgmma ? "wgmma" : "mma.sync") +
+  const char* scores =
+      v.scores == IndexerScoresVariant::kMmaSync
+          ? "mma.sync"
+          : (v.scores == IndexerScoresVariant::kWgmma ? "wgmma" : "wgmma, register queries");
+  return std::string(scores) +
          (v.topk == TopKVariant::kSelectSort ? " + select-sort top-k" : " + radix-cluster top-k");
 }
 

@@ -54,10 +54,11 @@ if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   # One launch each of the wgmma scores kernel and the select top-k at 32 x 32K (launch timing,
   # L2 flushed): where their warps stall.
   start=$SECONDS
-  PDSERVE_BENCH_ONLY=indexer timeout 30 ncu --clock-control none \
-    -k regex:'IndexerScoresWgmmaKernel|TopKSelectKernel' -c 2 --section SpeedOfLight \
-    --section WarpStateStats --section Occupancy --section LaunchStats --page raw \
-    "$b/topk30_bench" 32 32768 > "$out/ncu.txt" 2>&1
+  for kernel in 'IndexerScoresWgmmaKernel<true, true>' 'TopKSelectKernel'; do
+    PDSERVE_BENCH_ONLY=indexer timeout 20 ncu --clock-control none --kernel-name-base demangled \
+      -k regex:"$kernel" -c 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \
+      --section LaunchStats --page raw "$b/topk30_bench" 32 32768 >> "$out/ncu.txt" 2>&1
+  done
   echo "ncu: rc=$? $((SECONDS - start)) s"
   # Per kernel: its name line, duration, DRAM throughput, occupancy, registers, and the stall
   # reasons that hold more than 0.1 warps per issued instruction.
@@ -94,13 +95,17 @@ for k in list(before):
         before[("top_k_select",) + k[1:]] = before[k]
     if k[0] == "indexer_wgmma":
         before[("indexer_select",) + k[1:]] = before[k]
+        before[("indexer_wgmma_select",) + k[1:]] = before[k]
+    if k[0] == "indexer_scores_wgmma":
+        before[("indexer_scores_wgmma_qr",) + k[1:]] = before[k]
 rows = {}
 for line in open(sys.argv[1]):
     f = line.strip().split(",")
     if len(f) == 7 and f[0] != "copy":
         rows[(f[0], int(f[1]), int(f[2]) // 1024)] = float(f[4])
-kernels = ["top_k", "top_k_select", "top_k_select_s1", "top_k_select_s2", "indexer_scores_wgmma",
-           "indexer_wgmma", "indexer_select"]
+kernels = ["top_k", "top_k_select", "top_k_select_s1", "top_k_select_s2", "top_k_select_s3",
+           "indexer_scores_wgmma", "indexer_scores_wgmma_qr", "indexer_wgmma",
+           "indexer_wgmma_select", "indexer_select"]
 print("| kernel | batch | context | us | read floor | ratio | before |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for batch in (1, 32, 128):
