@@ -183,14 +183,51 @@ __device__ uint32_t NarrowCandidates(uint64_t* cand, uint32_t count, uint32_t lo
   return count;
 }
 
-// Sorts cand[0, count) (count <= kMaxCandidates) and writes the first `picks` indices.
-__device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, int32_t* out_row) {
+// Sorts keys[0, size) descending, size a power of two in [32, kThreads]: the bitonic network of
+// BitonicSortDescending with entry i in a register of thread i, strides below 32 by warp
+// shuffles, longer ones through `exchange` ([2][kThreads], alternate buffers: one barrier per
+// step). Every thread of the block calls.
+__device__ void RegisterBitonicSortDescending(uint64_t* keys, int size, uint64_t* exchange) {
+  const int tid = static_cast<int>(threadIdx.x);
+  uint64_t v = tid < size ? keys[tid] : 0;
+  int parity = 0;
+  for (int span = 2; span <= size; span <<= 1) {
+    const bool descending = (tid & span) == 0;
+    for (int stride = span / 2; stride > 0; stride >>= 1) {
+      uint64_t other;
+      if (stride >= 32) {
+        exchange[parity * kThreads + tid] = v;
+        __syncthreads();
+        other = exchange[parity * kThreads + (tid ^ stride)];
+        parity ^= 1;
+      } else {
+        other = __shfl_xor_sync(kFullMask, v, stride);
+      }
+      const bool keep_larger = ((tid & stride) == 0) == descending;
+      v = (v > other) == keep_larger ? v : other;
+    }
+  }
+  if (tid < size) keys[tid] = v;
+}
+
+static_assert(2 * kBins * sizeof(uint32_t) >= 2 * kThreads * sizeof(uint64_t),
+              "the histogram buffers hold the sort's exchange buffers");
+
+// Sorts cand[0, count) (count <= kMaxCandidates) and writes the first `picks` indices. `exchange`:
+// 2 kThreads entries of scratch.
+__device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, uint64_t* exchange,
+                          int32_t* out_row) {
   const int tid = static_cast<int>(threadIdx.x);
   uint32_t size = 32;
   while (size < count) size <<= 1;
   for (uint32_t i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
   __syncthreads();
-  BitonicSortDescending(cand, static_cast<int>(size));
+  if (size <= kThreads) {
+    RegisterBitonicSortDescending(cand, static_cast<int>(size), exchange);
+    __syncthreads();
+  } else {
+    BitonicSortDescending(cand, static_cast<int>(size));
+  }
   for (int j = tid; j < picks; j += kThreads) out_row[j] = PickIndex(cand[j]);
 }
 
@@ -202,15 +239,16 @@ __device__ uint32_t GatherToFirstBlock(uint64_t* cand, uint32_t count, Scratch& 
   if (threadIdx.x == 0) s.list_len = count;
   RowSync(rb);  // every block's list is complete
   if (rb.rank == 0) {
-    if (threadIdx.x == 0) {
-      uint32_t offset = count;
-      for (int b = 1; b < rb.count; ++b) {
-        const uint32_t len = min(*InBlock(&s.list_len, b), kMaxCandidates - offset);
-        s.other_len[b] = len;
+    if (threadIdx.x < 32) {  // lane b reads block b's length; an exclusive scan places the lists
+      const int b = static_cast<int>(threadIdx.x);
+      const uint32_t len = b == 0 ? count : (b < rb.count ? *InBlock(&s.list_len, b) : 0u);
+      const uint32_t inclusive = WarpInclusiveSum(len);
+      const uint32_t offset = min(inclusive - len, static_cast<uint32_t>(kMaxCandidates));
+      if (b < rb.count) {
+        s.other_len[b] = min(len, kMaxCandidates - offset);
         s.other_off[b] = offset;
-        offset += len;
       }
-      s.count = offset;
+      if (b == 31) s.count = min(inclusive, static_cast<uint32_t>(kMaxCandidates));
     }
     __syncthreads();
     for (int b = 1; b < rb.count; ++b) {
@@ -269,7 +307,7 @@ __global__ void __launch_bounds__(kThreads)
   if (stop_after == 2) return;
   count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
   if (stop_after == 3) return;
-  SortWrite(cand, count, picks, out_row);
+  SortWrite(cand, count, picks, reinterpret_cast<uint64_t*>(hist), out_row);
 }
 
 // How many clusters of `blocks` (2, 4 or 8) blocks of `kernel` (TopKKernel or TopKSelectKernel,
