@@ -32,6 +32,36 @@ FoundBin FindBin(const std::vector<uint32_t>& hist, uint32_t need) {
   return {0, 0, 0};  // need exceeds the count: the kernel's callers never ask
 }
 
+// The select kernel's NarrowCandidates: `cand` holds every entry with a key above hi and those
+// with keys in [lo, hi], of which the `need` best complete the picks. Rounds of 2^bin_bits bins
+// over the keys in [lo, hi] keep the bin where the picks end (and everything above it) until at
+// most `cap` entries remain or one key is left; returns the rounds.
+int NarrowSelected(std::vector<uint64_t>& cand, uint32_t lo, uint32_t hi, uint32_t need,
+                   int bin_bits, size_t cap) {
+  int rounds = 0;
+  std::vector<uint32_t> hist(size_t{1} << bin_bits);
+  while (cand.size() > cap && lo != hi) {
+    const uint32_t span = hi - lo;
+    int bits = 0;  // bit length of span
+    while (bits < 32 && (span >> bits) != 0) ++bits;
+    const int shift = std::max(bits - bin_bits, 0);
+    std::fill(hist.begin(), hist.end(), 0u);
+    for (uint64_t entry : cand) {
+      const uint32_t key = static_cast<uint32_t>(entry >> 32);
+      if (key >= lo && key <= hi) ++hist[(key - lo) >> shift];
+    }
+    const FoundBin found = FindBin(hist, need);
+    need -= found.above;
+    const uint32_t new_lo = lo + (found.bin << shift);
+    const uint32_t width = (1u << shift) - 1u;
+    hi = hi - new_lo > width ? new_lo + width : hi;
+    lo = new_lo;
+    std::erase_if(cand, [lo](uint64_t entry) { return static_cast<uint32_t>(entry >> 32) < lo; });
+    ++rounds;
+  }
+  return rounds;
+}
+
 }  // namespace
 
 RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
@@ -56,8 +86,13 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
       }
     }
   };
-  if (n <= std::max(picks, config.whole_sort)) {
-    stats.whole_sort = true;
+  // What the selection leaves for the select variant's narrowing: every gathered entry above
+  // sel_hi, and those in [sel_lo, sel_hi] of which the sel_need best are picks.
+  uint32_t sel_lo = 0;
+  uint32_t sel_hi = 0xFFFFFFFFu;
+  uint32_t sel_need = static_cast<uint32_t>(picks);
+  if (config.select_sort ? n <= config.max_candidates : n <= std::max(picks, config.whole_sort)) {
+    stats.whole_sort = !config.select_sort;
     gather([](uint32_t, int32_t, int) { return true; });
   } else {
     RadixRange range = FirstRadixRange(config.bin_bits);
@@ -78,10 +113,14 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
       need -= found.above;
       const uint32_t bin_lo = BinLow(range, found.bin);
       const uint32_t at_or_above = static_cast<uint32_t>(picks) - need + found.in_bin;
+      sel_lo = bin_lo;
+      sel_need = need;
       if (at_or_above <= static_cast<uint32_t>(config.max_candidates)) {
+        sel_hi = range.shift == 0 ? bin_lo : NarrowToBin(range, found.bin, config.bin_bits).hi;
         gather([&](uint32_t key, int32_t, int) { return key >= bin_lo; });
         break;
       }
+      sel_hi = bin_lo;
       if (range.shift == 0) {
         // bin_lo is the picks-th best key: everything above it, then the row's first `need`
         // ties by index, a part's ties after those of the parts before it.
@@ -103,6 +142,20 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
       range = NarrowToBin(range, found.bin, config.bin_bits);
       in_range = found.in_bin;
     }
+  }
+  if (config.select_sort) {
+    // The first block gathers every part's candidates, narrows them to the smallest power of two
+    // >= max(picks, 32) where it can, sorts them and writes the first picks.
+    std::vector<uint64_t> all;
+    for (const auto& part : cand) all.insert(all.end(), part.begin(), part.end());
+    stats.candidates = static_cast<int>(all.size());
+    size_t cap = 32;
+    while (cap < static_cast<size_t>(picks)) cap <<= 1;
+    stats.narrow_rounds = NarrowSelected(all, sel_lo, sel_hi, sel_need, config.bin_bits, cap);
+    stats.sorted = static_cast<int>(all.size());
+    std::sort(all.begin(), all.end(), std::greater<uint64_t>());
+    for (int32_t j = 0; j < picks; ++j) out[j] = PickIndex(all[j]);
+    return stats;
   }
   // Each part sorts its candidates; then an entry's place is its place in its part plus the
   // entries greater than it in the other parts' first min(size, picks) entries.

@@ -76,21 +76,27 @@ PDSERVE_TOPK_HD RadixRange NarrowToBin(const RadixRange& range, uint32_t bin, in
   return {lo, hi, bits > bin_bits ? bits - bin_bits : 0};
 }
 
-// Parameters of the CPU twin; the CUDA kernel's are {blocks per row, 12, 4096}.
+// Parameters of the CPU twin; the CUDA kernels' are {blocks per row, 12, 4096, 1024, variant}.
 struct RadixSplitConfig {
   int blocks = 1;             // parts per row, 1..8
   int bin_bits = 12;          // bins per round: 2^bin_bits
   int max_candidates = 4096;  // the most candidates a row gathers (the sort buffer)
   int whole_sort = 1024;      // rows of at most max(k, this) entries are sorted whole
+  // TopKVariant::kSelectSort (kernels/cuda/topk.cu TopKSelectKernel): the parts' candidates are
+  // gathered into one list and narrowed (NarrowSelected) before one sort; rows of at most
+  // max_candidates entries are narrowed whole, and whole_sort is unused.
+  bool select_sort = false;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).
 struct RadixSplitStats {
-  int rounds = 0;           // histogram rounds
+  int rounds = 0;           // histogram rounds over the row
   bool tie_path = false;    // the k-th key's ties were ranked by index
   bool whole_sort = false;  // the row was sorted whole
   int candidates = 0;       // entries gathered over all parts
   int max_part_candidates = 0;
+  int narrow_rounds = 0;  // select_sort: histogram rounds over the gathered candidates
+  int sorted = 0;         // select_sort: entries in the final sort
 };
 
 // Top-k of scores[0, n) by the CUDA kernel's steps: same result as TopK (kernels/cpu/topk.h).

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,19 +29,26 @@ std::vector<int32_t> Reference(const std::vector<float>& row, int32_t k) {
   return out;
 }
 
-// Runs the twin over every block count and returns the stats of each run.
+// Runs the twin over every block count, with both kernels' final steps, and returns the stats of
+// each run.
 std::vector<RadixSplitStats> ExpectMatches(const std::vector<float>& row, int32_t k,
                                            RadixSplitConfig config, const std::string& what) {
   const std::vector<int32_t> want = Reference(row, k);
   std::vector<RadixSplitStats> all;
-  for (int blocks : {1, 2, 3, 4, 8}) {
-    config.blocks = blocks;
+  for (int run = 0; run < 10; ++run) {
+    config.blocks = std::array<int, 5>{1, 2, 3, 4, 8}[run % 5];
+    config.select_sort = run >= 5;
     std::vector<int32_t> got(static_cast<size_t>(k), 7);
     const RadixSplitStats stats =
         TopKRadixSplit(row.data(), static_cast<int32_t>(row.size()), k, config, got.data());
-    EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks " << blocks
-                         << " bin bits " << config.bin_bits << " buffer " << config.max_candidates;
-    if (!stats.whole_sort) {
+    EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks "
+                         << config.blocks << " bin bits " << config.bin_bits << " buffer "
+                         << config.max_candidates << " select-sort " << config.select_sort;
+    if (config.select_sort) {
+      // The select kernel's first block holds the gathered candidates and sorts at most them.
+      EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
+      EXPECT_LE(stats.sorted, stats.candidates) << what;
+    } else if (!stats.whole_sort) {
       // The kernel's buffers: a row gathers at most max_candidates (the tie path exactly the
       // picks), so each part's list and the merge copy fit.
       EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
@@ -180,6 +188,34 @@ TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
       ExpectMatches(sparse_ties, k, {}, "sparse ties");
     }
   }
+}
+
+// The select variant's narrowing: at the kernel's settings a row of normal scores ends with
+// exactly the picks to sort after one or two rounds over the candidates; one value throughout
+// leaves every candidate at one key (no narrowing possible), all of them sorted.
+TEST(TopKRadixTest, SelectSortNarrowsCandidatesToK) {
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal;
+  RadixSplitConfig config;
+  config.select_sort = true;
+  for (int32_t n : {1024, 4096, 8192, 32768}) {
+    std::vector<float> row(static_cast<size_t>(n));
+    for (float& s : row) s = normal(rng);
+    for (int blocks : {1, 4}) {
+      config.blocks = blocks;
+      std::vector<int32_t> got(512);
+      const RadixSplitStats stats = TopKRadixSplit(row.data(), n, 512, config, got.data());
+      EXPECT_EQ(got, Reference(row, 512)) << n;
+      EXPECT_GE(stats.narrow_rounds, 1) << n;
+      EXPECT_LE(stats.narrow_rounds, 3) << n;
+      EXPECT_LE(stats.sorted, 512) << n;
+    }
+  }
+  const std::vector<float> flat(3000, 1.5f);
+  std::vector<int32_t> got(512);
+  const RadixSplitStats stats = TopKRadixSplit(flat.data(), 3000, 512, config, got.data());
+  EXPECT_EQ(got, Reference(flat, 512));
+  EXPECT_EQ(stats.sorted, 3000);
 }
 
 TEST(TopKRadixTest, ShortAndEmptyRows) {
