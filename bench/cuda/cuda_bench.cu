@@ -270,17 +270,23 @@ int Run(int64_t only_batch, int64_t only_context) {
                     static_cast<long long>(batch), static_cast<long long>(context),
                     static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
       }
-      // PDSERVE_BENCH_TOPK_SWEEP=1: top-k with each cluster size top_k_split offers (rows
-      // "top_k_b<blocks per row>"), to check the one top_k picks.
+      // PDSERVE_BENCH_TOPK_SWEEP=1: top-k with each cluster size top_k_variant offers (rows
+      // "top_k_b<blocks per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of
+      // kSelectSort), to check the ones top_k picks.
       const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
-      for (int64_t blocks = 1;
-           topk_sweep != nullptr && std::string(topk_sweep) == "1" && blocks <= 8; blocks *= 2) {
-        const double us_b = time_us([&](int) {
-          BENCH_CHECK(top_k_split(scores, batch, keys, visible, kTopK, blocks, picks, stream));
-        });
-        std::printf("top_k_b%lld,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(blocks),
-                    static_cast<long long>(batch), static_cast<long long>(context),
-                    static_cast<long long>(keys), us_b, batch * (keys * 4.0 + kTopK * 4.0));
+      const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
+      for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
+        for (int64_t blocks = 1; sweep_topk && blocks <= 8; blocks *= 2) {
+          const double us_b = time_us([&](int) {
+            BENCH_CHECK(
+                top_k_variant(scores, batch, keys, visible, kTopK, variant, blocks, picks, stream));
+          });
+          std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n",
+                      variant == TopKVariant::kSelectSort ? "top_k_select_b" : "top_k_b",
+                      static_cast<long long>(blocks), static_cast<long long>(batch),
+                      static_cast<long long>(context), static_cast<long long>(keys), us_b,
+                      batch * (keys * 4.0 + kTopK * 4.0));
+        }
       }
 
       // PDSERVE_BENCH_ONLY=indexer: the indexer and top-k rows alone (no attention rows).

@@ -6,7 +6,8 @@
 # kernels/cuda's flags; ~30 s on 16 cores), runs the indexer and top-k GPU
 # tests (every case with both top-k kernels and both scores kernels), times bench/cuda's indexer
 # and top-k rows in graph timing (PDSERVE_BENCH_ONLY=indexer: no attention rows;
-# PDSERVE_BENCH_TOPK_STAGES=1: the select kernel ended after each stage), and prints, last, a
+# PDSERVE_BENCH_TOPK_STAGES=1: the select kernel ended after each stage; TOPK_SWEEP=1, the
+# default: both top-k kernels at 1, 2, 4 and 8 blocks per row), and prints, last, a
 # table: kernel, batch, context, us, read floor, ratio, before (bench/cuda/results/
 # 2026-12-04-graph.md).
 # Environment: OUT (default ./gpu-out: stdout's table plus logs.tgz, the build, test and bench
@@ -46,7 +47,8 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   done
 fi
 start=$SECONDS
-PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PDSERVE_BENCH_TOPK_STAGES=1 timeout 45 \
+PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=indexer PDSERVE_BENCH_TOPK_STAGES=1 \
+  PDSERVE_BENCH_TOPK_SWEEP=${TOPK_SWEEP:-1} timeout 45 \
   "$b/topk30_bench" > "$out/bench-graph.csv" 2> "$out/bench-graph.err"
 echo "bench (graph timing): rc=$? $((SECONDS - start)) s, $(wc -l < "$out/bench-graph.csv") rows"
 head -5 "$out/bench-graph.err"
@@ -103,9 +105,22 @@ for line in open(sys.argv[1]):
     f = line.strip().split(",")
     if len(f) == 7 and f[0] != "copy":
         rows[(f[0], int(f[1]), int(f[2]) // 1024)] = float(f[4])
-kernels = ["top_k", "top_k_select", "top_k_select_s1", "top_k_select_s2", "top_k_select_s3",
-           "indexer_scores_wgmma", "indexer_scores_wgmma_qr", "indexer_wgmma",
-           "indexer_wgmma_select", "indexer_select"]
+detail = ["top_k_select_s1", "top_k_select_s2", "top_k_select_s3", "top_k_select",
+          "top_k_select_b1", "top_k_select_b2", "top_k_select_b4", "top_k_select_b8", "top_k_b1",
+          "top_k_b2", "top_k_b4"]
+print("Select top-k by stage (s1: launch + -1 fill, s2: + selection, s3: + narrowing, then the "
+      "sort) and by blocks per row (b<N>; radix-cluster top_k_b<N>), us:")
+print("| batch | context | " + " | ".join(d.replace("top_k_", "") for d in detail) + " |")
+print("|" + " --- |" * (len(detail) + 2))
+for batch in (1, 32, 128):
+    for ctx in (4, 32, 128):
+        cells = [rows.get((d, batch, ctx)) for d in detail]
+        if any(c is not None for c in cells):
+            print(f"| {batch} | {ctx}K | " +
+                  " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+print()
+kernels = ["top_k", "top_k_select", "indexer_scores_wgmma", "indexer_scores_wgmma_qr",
+           "indexer_wgmma", "indexer_wgmma_select", "indexer_select"]
 print("| kernel | batch | context | us | read floor | ratio | before |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for batch in (1, 32, 128):
