@@ -92,7 +92,7 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
   uint32_t sel_hi = 0xFFFFFFFFu;
   uint32_t sel_need = static_cast<uint32_t>(picks);
   if (config.select_sort ? n <= config.max_candidates : n <= std::max(picks, config.whole_sort)) {
-    stats.whole_sort = !config.select_sort;
+    stats.whole_sort = !config.select_sort || n <= config.whole_sort;
     gather([](uint32_t, int32_t, int) { return true; });
   } else {
     RadixRange range = FirstRadixRange(config.bin_bits);
@@ -151,7 +151,11 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
     stats.candidates = static_cast<int>(all.size());
     size_t cap = 32;
     while (cap < static_cast<size_t>(picks)) cap <<= 1;
-    stats.narrow_rounds = NarrowSelected(all, sel_lo, sel_hi, sel_need, config.bin_bits, cap);
+    if (n <= config.whole_sort) {
+      stats.whole_sort = true;  // one entry per thread: sorted whole
+    } else {
+      stats.narrow_rounds = NarrowSelected(all, sel_lo, sel_hi, sel_need, config.bin_bits, cap);
+    }
     stats.sorted = static_cast<int>(all.size());
     std::sort(all.begin(), all.end(), std::greater<uint64_t>());
     for (int32_t j = 0; j < picks; ++j) out[j] = PickIndex(all[j]);

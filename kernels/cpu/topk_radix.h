@@ -84,7 +84,8 @@ struct RadixSplitConfig {
   int whole_sort = 1024;      // rows of at most max(k, this) entries are sorted whole
   // TopKVariant::kSelectSort (kernels/cuda/topk.cu TopKSelectKernel): the parts' candidates are
   // gathered into one list and narrowed (NarrowSelected) before one sort; rows of at most
-  // max_candidates entries are narrowed whole, and whole_sort is unused.
+  // whole_sort entries (the kernel's threads) are sorted whole, rows of at most max_candidates
+  // are narrowed whole.
   bool select_sort = false;
 };
 

@@ -183,13 +183,13 @@ __device__ uint32_t NarrowCandidates(uint64_t* cand, uint32_t count, uint32_t lo
   return count;
 }
 
-// Sorts keys[0, size) descending, size a power of two in [32, kThreads]: the bitonic network of
-// BitonicSortDescending with entry i in a register of thread i, strides below 32 by warp
-// shuffles, longer ones through `exchange` ([2][kThreads], alternate buffers: one barrier per
-// step). Every thread of the block calls.
-__device__ void RegisterBitonicSortDescending(uint64_t* keys, int size, uint64_t* exchange) {
+// Sorts the block's entries descending, one per thread (v: thread i's entry i; size a power of
+// two in [32, kThreads], threads past it hold 0): the bitonic network of BitonicSortDescending
+// with the entries in registers, strides below 32 by warp shuffles, longer ones through
+// `exchange` ([2][kThreads], alternate buffers: one barrier per step). Returns thread i's entry
+// of the sorted order. Every thread of the block calls.
+__device__ uint64_t RegisterBitonicSortDescending(uint64_t v, int size, uint64_t* exchange) {
   const int tid = static_cast<int>(threadIdx.x);
-  uint64_t v = tid < size ? keys[tid] : 0;
   int parity = 0;
   for (int span = 2; span <= size; span <<= 1) {
     const bool descending = (tid & span) == 0;
@@ -207,7 +207,7 @@ __device__ void RegisterBitonicSortDescending(uint64_t* keys, int size, uint64_t
       v = (v > other) == keep_larger ? v : other;
     }
   }
-  if (tid < size) keys[tid] = v;
+  return v;
 }
 
 static_assert(2 * kBins * sizeof(uint32_t) >= 2 * kThreads * sizeof(uint64_t),
@@ -223,11 +223,12 @@ __device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, uint64_t* e
   for (uint32_t i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
   __syncthreads();
   if (size <= kThreads) {
-    RegisterBitonicSortDescending(cand, static_cast<int>(size), exchange);
-    __syncthreads();
-  } else {
-    BitonicSortDescending(cand, static_cast<int>(size));
+    const uint64_t v = RegisterBitonicSortDescending(tid < static_cast<int>(size) ? cand[tid] : 0,
+                                                     static_cast<int>(size), exchange);
+    if (tid < picks) out_row[tid] = PickIndex(v);
+    return;
   }
+  BitonicSortDescending(cand, static_cast<int>(size));
   for (int j = tid; j < picks; j += kThreads) out_row[j] = PickIndex(cand[j]);
 }
 
@@ -267,7 +268,8 @@ __device__ uint32_t GatherToFirstBlock(uint64_t* cand, uint32_t count, Scratch& 
 // TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) select as TopKKernel
 // does (SelectCandidates), then block 0 gathers every block's candidates, narrows them to about
 // `picks` (NarrowCandidates) and sorts only those (SortWrite). Rows of at most kMaxCandidates
-// entries are loaded by block 0 alone. `stop_after` (benchmarks only; 0 in products) ends the
+// entries are loaded by block 0 alone; rows of at most kThreads are sorted whole in registers
+// (one entry per thread: no narrowing). `stop_after` (benchmarks only; 0 in products) ends the
 // kernel early: 1 after the output's -1 fill, 2 after the selection (before block 0's narrowing), 3
 // before the sort. Shared memory as TopKKernel.
 __global__ void __launch_bounds__(kThreads)
@@ -286,6 +288,18 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t lo = 0;
   uint32_t hi = 0xFFFFFFFFu;
   uint32_t need = static_cast<uint32_t>(picks);
+  if (n <= kThreads) {         // one entry per thread, sorted whole in registers by block 0
+    if (rb.rank != 0) return;  // no cluster step follows
+    const int tid = static_cast<int>(threadIdx.x);
+    int size = 32;
+    while (size < n) size <<= 1;
+    const uint64_t entry = tid < n ? PickKey(OrderKey(row[tid]), tid) : 0;
+    if (stop_after >= 2) return;
+    const uint64_t v =
+        RegisterBitonicSortDescending(entry, size, reinterpret_cast<uint64_t*>(hist));
+    if (tid < picks) out_row[tid] = PickIndex(v);
+    return;
+  }
   if (n <= kMaxCandidates) {
     if (rb.rank != 0) return;  // no cluster step follows
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);

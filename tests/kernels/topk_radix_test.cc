@@ -190,15 +190,16 @@ TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
   }
 }
 
-// The select variant's narrowing: at the kernel's settings a row of normal scores ends with
-// exactly the picks to sort after one or two rounds over the candidates; one value throughout
-// leaves every candidate at one key (no narrowing possible), all of them sorted.
+// The select variant's narrowing: at the kernel's settings a row of normal scores longer than
+// 1024 ends with exactly the picks to sort after one to three rounds over the candidates; a row
+// of 1024 is sorted whole; one value throughout leaves every candidate at one key (no narrowing
+// possible), all of them sorted.
 TEST(TopKRadixTest, SelectSortNarrowsCandidatesToK) {
   std::mt19937_64 rng(4);
   std::normal_distribution<float> normal;
   RadixSplitConfig config;
   config.select_sort = true;
-  for (int32_t n : {1024, 4096, 8192, 32768}) {
+  for (int32_t n : {1025, 4096, 8192, 32768}) {
     std::vector<float> row(static_cast<size_t>(n));
     for (float& s : row) s = normal(rng);
     for (int blocks : {1, 4}) {
@@ -211,6 +212,14 @@ TEST(TopKRadixTest, SelectSortNarrowsCandidatesToK) {
       EXPECT_LE(stats.sorted, 512) << n;
     }
   }
+  std::vector<float> short_row(1024);
+  for (float& s : short_row) s = normal(rng);
+  std::vector<int32_t> short_got(512);
+  const RadixSplitStats whole =
+      TopKRadixSplit(short_row.data(), 1024, 512, config, short_got.data());
+  EXPECT_EQ(short_got, Reference(short_row, 512));
+  EXPECT_TRUE(whole.whole_sort);  // one entry per thread of the kernel: no narrowing
+  EXPECT_EQ(whole.sorted, 1024);
   const std::vector<float> flat(3000, 1.5f);
   std::vector<int32_t> got(512);
   const RadixSplitStats stats = TopKRadixSplit(flat.data(), 3000, 512, config, got.data());
