@@ -26,8 +26,9 @@
 // gathers every block's candidates in the row's first block, which narrows them with further
 // histogram rounds over the candidates alone (no pass over the row) to about k and sorts only
 // those: one sort of ~k entries per row instead of one per block plus a merge. Rows of at most
-// 4096 entries are loaded, narrowed and sorted by that block alone. It also lets the next kernel
-// on the stream launch early (griddepcontrol.launch_dependents).
+// 4096 entries are loaded, narrowed and sorted by that block alone, rows of at most 1024 sorted
+// whole with one entry per thread. Up to 4 blocks per row (parts of at least 4096 entries). It
+// also lets the next kernel on the stream launch early (griddepcontrol.launch_dependents).
 //
 // CUDA-graph safe: the launch shape depends only on (rows, stride, k) and the device (its SM and
 // cluster counts); per-row lengths are read from device memory when the kernel runs. Launched
