@@ -1,6 +1,7 @@
 #include "kernels/cpu/topk_radix.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -60,6 +61,69 @@ int NarrowSelected(std::vector<uint64_t>& cand, uint32_t lo, uint32_t hi, uint32
     ++rounds;
   }
   return rounds;
+}
+
+int BitLength(uint32_t v) {
+  int bits = 0;
+  while (bits < 32 && (v >> bits) != 0) ++bits;
+  return bits;
+}
+
+// The select kernel's BucketRankWrite: the candidates' keys in [lo, hi] (first the smallest and
+// largest) counted in 2^bin_bits bins; a bin's first place is the count of the bins above it,
+// an entry's place its bin's plus its bin's entries greater than it. A bin holding picks with
+// more than max_bin entries moves lo up to the picks-th best's bin, once; a second such bin
+// returns false (nothing written).
+bool BucketRank(const std::vector<uint64_t>& cand, int32_t picks, int bin_bits, uint32_t max_bin,
+                int32_t* out) {
+  uint32_t lo = 0xFFFFFFFFu;
+  uint32_t hi = 0;
+  for (uint64_t entry : cand) {
+    lo = std::min(lo, static_cast<uint32_t>(entry >> 32));
+    hi = std::max(hi, static_cast<uint32_t>(entry >> 32));
+  }
+  const size_t bins = size_t{1} << bin_bits;
+  std::vector<uint32_t> counts(bins);
+  std::vector<uint32_t> first(bins);
+  const uint32_t need = static_cast<uint32_t>(picks);
+  int shift = 0;
+  uint32_t total = 0;
+  for (int attempt = 0;; ++attempt) {
+    shift = std::max(BitLength(hi - lo) - bin_bits, 0);
+    std::fill(counts.begin(), counts.end(), 0u);
+    for (uint64_t entry : cand) {
+      const uint32_t key = static_cast<uint32_t>(entry >> 32);
+      if (key >= lo) ++counts[(key - lo) >> shift];
+    }
+    uint32_t running = 0;
+    bool crowded = false;
+    uint32_t picks_bin = 0;
+    for (size_t b = bins; b-- > 0;) {
+      first[b] = running;
+      crowded = crowded || (running < need && counts[b] > max_bin);
+      if (running < need && running + counts[b] >= need) picks_bin = static_cast<uint32_t>(b);
+      running += counts[b];
+    }
+    total = running;
+    if (!crowded) break;
+    if (attempt == 1) return false;
+    lo += picks_bin << shift;
+  }
+  for (uint64_t entry : cand) {
+    const uint32_t key = static_cast<uint32_t>(entry >> 32);
+    if (key < lo) continue;
+    const uint32_t bin = (key - lo) >> shift;
+    if (first[bin] >= need) continue;
+    const uint32_t end = bin == 0 ? total : first[bin - 1];
+    uint32_t place = first[bin];
+    for (uint64_t other : cand) {
+      const uint32_t other_key = static_cast<uint32_t>(other >> 32);
+      if (other_key >= lo && ((other_key - lo) >> shift) == bin && other > entry) ++place;
+    }
+    if (place >= end) std::abort();  // the bin's places are [first, end)
+    if (place < need) out[place] = PickIndex(entry);
+  }
+  return true;
 }
 
 }  // namespace
@@ -144,16 +208,18 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
     }
   }
   if (config.select_sort) {
-    // The first block gathers every part's candidates, narrows them to the smallest power of two
-    // >= max(picks, 32) where it can, sorts them and writes the first picks.
+    // The first block gathers every part's candidates and places the picks by bins of their keys
+    // (BucketRank); where that finds them bunched, it narrows them to the smallest power of two
+    // >= max(picks, 32) where it can (not rows of at most whole_sort), sorts them and writes the
+    // first picks.
     std::vector<uint64_t> all;
     for (const auto& part : cand) all.insert(all.end(), part.begin(), part.end());
     stats.candidates = static_cast<int>(all.size());
+    stats.bucket_ranked = BucketRank(all, picks, config.bin_bits, config.max_bin_entries, out);
+    if (stats.bucket_ranked) return stats;
     size_t cap = 32;
     while (cap < static_cast<size_t>(picks)) cap <<= 1;
-    if (n <= config.whole_sort) {
-      stats.whole_sort = true;  // one entry per thread: sorted whole
-    } else {
+    if (n > config.whole_sort) {
       stats.narrow_rounds = NarrowSelected(all, sel_lo, sel_hi, sel_need, config.bin_bits, cap);
     }
     stats.sorted = static_cast<int>(all.size());

@@ -83,10 +83,12 @@ struct RadixSplitConfig {
   int max_candidates = 4096;  // the most candidates a row gathers (the sort buffer)
   int whole_sort = 1024;      // rows of at most max(k, this) entries are sorted whole
   // TopKVariant::kSelectSort (kernels/cuda/topk.cu TopKSelectKernel): the parts' candidates are
-  // gathered into one list and narrowed (NarrowSelected) before one sort; rows of at most
-  // whole_sort entries (the kernel's threads) are sorted whole, rows of at most max_candidates
-  // are narrowed whole.
+  // gathered into one list whose picks are placed by bins of their keys (BucketRank); where bins
+  // that hold picks have more than max_bin_entries, narrowed (NarrowSelected: not rows of at most
+  // whole_sort entries, the kernel's threads) and sorted. Rows of at most max_candidates are
+  // gathered whole.
   bool select_sort = false;
+  uint32_t max_bin_entries = 32;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).
@@ -96,8 +98,9 @@ struct RadixSplitStats {
   bool whole_sort = false;  // the row was sorted whole
   int candidates = 0;       // entries gathered over all parts
   int max_part_candidates = 0;
-  int narrow_rounds = 0;  // select_sort: histogram rounds over the gathered candidates
-  int sorted = 0;         // select_sort: entries in the final sort
+  bool bucket_ranked = false;  // select_sort: the picks were placed by bins, not sorted
+  int narrow_rounds = 0;       // select_sort: histogram rounds over the gathered candidates
+  int sorted = 0;              // select_sort: entries in the final sort
 };
 
 // Top-k of scores[0, n) by the CUDA kernel's steps: same result as TopK (kernels/cpu/topk.h).

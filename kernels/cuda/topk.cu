@@ -232,6 +232,109 @@ __device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, uint64_t* e
   for (int j = tid; j < picks; j += kThreads) out_row[j] = PickIndex(cand[j]);
 }
 
+// The most candidates of one bin that BucketRankWrite places by comparing them with each other;
+// picks in a fuller bin take NarrowCandidates and the bitonic sort instead.
+constexpr uint32_t kMaxBinEntries = 32;
+
+// TopKVariant::kSelectSort, block 0 of the row: writes the `picks` best of cand[0, count)
+// (count <= kMaxCandidates) in order without a sorting network. The candidates' keys in [lo,
+// hi] (first the smallest and largest key) are counted in kBins bins; a bin's first place is
+// the number of counted candidates in the bins above it, and a candidate's place is its bin's
+// plus the number of its bin's candidates that rank above it (counted one by one, so the bins
+// that hold picks must be small). When one of them holds more than kMaxBinEntries, lo moves up
+// to the bin holding the picks-th best and the count is made once more over the narrower range;
+// if that is still too crowded (keys bunched at a few values), returns false having written
+// nothing and left cand as it was. hist: [2][kBins] scratch. Every thread of the block calls.
+__device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint32_t* hist,
+                                Scratch& s, int32_t* out_row) {
+  constexpr int kPerThread = kMaxCandidates / kThreads;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const uint32_t picks_u = static_cast<uint32_t>(picks);
+  uint32_t* const counts = hist;         // [kBins]
+  uint32_t* const first = hist + kBins;  // [kBins]: counted candidates in the bins above
+  uint64_t mine[kPerThread];
+  uint32_t key_min = 0xFFFFFFFFu;
+  uint32_t key_max = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+    mine[j] = e < count ? cand[e] : 0;
+    if (e < count) {
+      key_min = min(key_min, static_cast<uint32_t>(mine[j] >> 32));
+      key_max = max(key_max, static_cast<uint32_t>(mine[j] >> 32));
+    }
+  }
+  key_min = __reduce_min_sync(kFullMask, key_min);
+  key_max = __reduce_max_sync(kFullMask, key_max);
+  if (lane == 0) {
+    s.warp[0][warp] = key_min;
+    s.warp[1][warp] = key_max;
+  }
+  __syncthreads();  // every thread holds its candidates: cand may be overwritten from here
+  uint32_t lo = __reduce_min_sync(kFullMask, s.warp[0][lane]);
+  const uint32_t hi = __reduce_max_sync(kFullMask, s.warp[1][lane]);
+  uint32_t bin[kPerThread];
+  bool counted[kPerThread];
+  uint32_t counted_total = 0;
+  for (int attempt = 0;; ++attempt) {
+    const uint32_t span = hi - lo;
+    const int shift = span == 0 ? 0 : max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
+    reinterpret_cast<uint4*>(counts)[tid] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t key = static_cast<uint32_t>(mine[j] >> 32);
+      counted[j] = static_cast<uint32_t>(tid + j * kThreads) < count && key >= lo;
+      bin[j] = (key - lo) >> shift;
+      CountInBin(counts, counted[j], bin[j]);
+    }
+    __syncthreads();
+    // first[b] for this thread's bins 4 tid .. 4 tid + 3: the candidates of the higher threads'
+    // bins, then of its own higher bins; s.bin: the bin holding the picks-th best.
+    const uint4 c = reinterpret_cast<const uint4*>(counts)[tid];
+    uint32_t inclusive = WarpInclusiveSum(c.x + c.y + c.z + c.w);
+    if (lane == 31) s.warp[0][warp] = inclusive;
+    __syncthreads();
+    const uint32_t warp_total = s.warp[0][lane];
+    const uint32_t warps_inclusive = WarpInclusiveSum(warp_total);
+    counted_total = __shfl_sync(kFullMask, warps_inclusive, 31);
+    inclusive += __shfl_sync(kFullMask, warps_inclusive - warp_total, warp);
+    uint32_t running = counted_total - inclusive;
+    const uint32_t bin_counts[4] = {c.x, c.y, c.z, c.w};
+    bool crowded = false;
+#pragma unroll
+    for (int q = 3; q >= 0; --q) {
+      first[4 * tid + q] = running;
+      crowded = crowded || (running < picks_u && bin_counts[q] > kMaxBinEntries);
+      if (running < picks_u && running + bin_counts[q] >= picks_u) s.bin = 4 * tid + q;
+      running += bin_counts[q];
+    }
+    if (!__syncthreads_or(crowded)) break;
+    if (attempt == 1) return false;
+    lo += s.bin << shift;
+  }
+  // Each counted candidate of a bin that holds picks goes to a slot of its bin's range.
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (counted[j] && first[bin[j]] < picks_u) {
+      cand[first[bin[j]] + atomicSub(&counts[bin[j]], 1u) - 1] = mine[j];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t begin = counted[j] ? first[bin[j]] : 0xFFFFFFFFu;
+    if (begin >= picks_u) continue;
+    const uint32_t end = bin[j] == 0 ? counted_total : first[bin[j] - 1];
+    uint32_t place = begin;
+    for (uint32_t q = begin; q < end; ++q) place += cand[q] > mine[j] ? 1u : 0u;
+    if (place < picks_u) out_row[place] = PickIndex(mine[j]);
+  }
+  return true;
+}
+
 // Copies the other blocks' candidate lists after block 0's own (cand[0, count)); returns block
 // 0's new count (the others' own). Row-wide the lists hold at most kMaxCandidates entries. No
 // block leaves before block 0 has copied from it.
@@ -266,12 +369,13 @@ __device__ uint32_t GatherToFirstBlock(uint64_t* cand, uint32_t count, Scratch& 
 }
 
 // TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) select as TopKKernel
-// does (SelectCandidates), then block 0 gathers every block's candidates, narrows them to about
-// `picks` (NarrowCandidates) and sorts only those (SortWrite). Rows of at most kMaxCandidates
-// entries are loaded by block 0 alone; rows of at most kThreads are sorted whole in registers
-// (one entry per thread: no narrowing). `stop_after` (benchmarks only; 0 in products) ends the
-// kernel early: 1 after the output's -1 fill, 2 after the selection (before block 0's narrowing), 3
-// before the sort. Shared memory as TopKKernel.
+// does (SelectCandidates), then block 0 gathers every block's candidates and places the picks by
+// bins of their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it narrows
+// the candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries)
+// and sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
+// `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's -1
+// fill, 2 after the selection (the candidates in block 0), 3 before a fallback sort. Shared
+// memory as TopKKernel.
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
                      bool cache_part, int stop_after, int32_t* out) {
@@ -288,18 +392,6 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t lo = 0;
   uint32_t hi = 0xFFFFFFFFu;
   uint32_t need = static_cast<uint32_t>(picks);
-  if (n <= kThreads) {         // one entry per thread, sorted whole in registers by block 0
-    if (rb.rank != 0) return;  // no cluster step follows
-    const int tid = static_cast<int>(threadIdx.x);
-    int size = 32;
-    while (size < n) size <<= 1;
-    const uint64_t entry = tid < n ? PickKey(OrderKey(row[tid]), tid) : 0;
-    if (stop_after >= 2) return;
-    const uint64_t v =
-        RegisterBitonicSortDescending(entry, size, reinterpret_cast<uint64_t*>(hist));
-    if (tid < picks) out_row[tid] = PickIndex(v);
-    return;
-  }
   if (n <= kMaxCandidates) {
     if (rb.rank != 0) return;  // no cluster step follows
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
@@ -319,7 +411,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (stop_after == 2) return;
-  count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
+  if (BucketRankWrite(cand, count, picks, hist, s, out_row)) return;
+  // Candidates bunched at a few keys: narrowed by histogram rounds, then sorted.
+  if (n > kThreads) count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
   if (stop_after == 3) return;
   SortWrite(cand, count, picks, reinterpret_cast<uint64_t*>(hist), out_row);
 }

@@ -117,7 +117,8 @@ __device__ __forceinline__ uint32_t KeyAt(const float* row, const uint32_t* cach
 }
 
 // Calls f(key, index, valid) for the 4 * n4 entries of src[0, n4) (16-byte vectors of order keys,
-// or of floats when kFloats), kBatch vectors per thread loaded before any is looked at.
+// or of floats when kFloats), kBatch vectors per thread loaded before any is looked at. Every
+// lane of a warp makes the same calls.
 template <bool kFloats, typename F>
 __device__ __forceinline__ void ForEachVector(const uint4* src, int n4, F&& f) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -130,6 +131,10 @@ __device__ __forceinline__ void ForEachVector(const uint4* src, int n4, F&& f) {
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
+      // Whole warps past the part skip their calls (a warp-uniform test, so f's collectives see
+      // every lane of a warp that calls): parts of a few thousand entries would otherwise run
+      // kBatch times the work they have.
+      if (q0 + j * kThreads + (tid & ~31) >= n4) break;
       const int q = q0 + j * kThreads + tid;
       if constexpr (kFloats) {
         u[j] = make_uint4(OrderKey(__uint_as_float(u[j].x)), OrderKey(__uint_as_float(u[j].y)),
@@ -144,9 +149,9 @@ __device__ __forceinline__ void ForEachVector(const uint4* src, int n4, F&& f) {
 }
 
 // Calls f(key, index, valid) for every entry of row[0, n), in no fixed order: from `cache` when
-// not null, else from global memory (16 bytes per load when the row is 16-byte aligned). Every
-// thread makes the same number of calls (`valid` is false past the row), so f may use warp
-// collectives.
+// not null, else from global memory (16 bytes per load when the row is 16-byte aligned). The lanes
+// of a warp make the same calls (`valid` is false past the row), so f may use warp collectives
+// (not block barriers: warps past the row make fewer calls).
 template <typename F>
 __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cache, int n, F&& f) {
   const int tid = static_cast<int>(threadIdx.x);

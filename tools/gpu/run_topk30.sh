@@ -56,7 +56,7 @@ if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   # One launch each of the wgmma scores kernel and the select top-k at 32 x 32K (launch timing,
   # L2 flushed): where their warps stall.
   start=$SECONDS
-  for kernel in 'IndexerScoresWgmmaKernel<true, true>' 'TopKSelectKernel'; do
+  for kernel in 'IndexerScoresWgmmaKernel<\(bool\)1, \(bool\)0>' 'TopKSelectKernel'; do
     PDSERVE_BENCH_ONLY=indexer timeout 20 ncu --clock-control none --kernel-name-base demangled \
       -k regex:"$kernel" -c 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \
       --section LaunchStats --page raw "$b/topk30_bench" 32 32768 >> "$out/ncu.txt" 2>&1
@@ -108,8 +108,8 @@ for line in open(sys.argv[1]):
 detail = ["top_k_select_s1", "top_k_select_s2", "top_k_select_s3", "top_k_select",
           "top_k_select_b1", "top_k_select_b2", "top_k_select_b4", "top_k_select_b8", "top_k_b1",
           "top_k_b2", "top_k_b4"]
-print("Select top-k by stage (s1: launch + -1 fill, s2: + selection, s3: + narrowing, then the "
-      "sort) and by blocks per row (b<N>; radix-cluster top_k_b<N>), us:")
+print("Select top-k by stage (s1: launch + -1 fill, s2: + selection and gathering, then the "
+      "placing by bins) and by blocks per row (b<N>; radix-cluster top_k_b<N>), us:")
 print("| batch | context | " + " | ".join(d.replace("top_k_", "") for d in detail) + " |")
 print("|" + " --- |" * (len(detail) + 2))
 for batch in (1, 32, 128):
