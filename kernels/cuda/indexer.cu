@@ -380,14 +380,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // split, tile order and copy pipeline; each 64-key tile is one m64n64k16 chain of 8 wgmma (heads
 // x keys, fp32), so the tensor cores read each staged key once per block, not once per 8-head
 // group. kWgmma keeps the current request's queries in shared memory (16 KB, the wgmma layout of
-// LoadKeyTile<.., true>); kWgmmaQueryRegisters holds them in registers as wgmma A fragments, and
-// spends the 16 KB on a sixth key stage. Shared memory: 1024-byte-aligned queries (kWgmma only),
-// then the key stages, then the cross-warp sums [4][64] fp32, then the request table of
-// BlockRange.
+// LoadKeyTile<.., true>); kWgmmaQueryRegisters holds them in registers as wgmma A fragments and
+// runs three smaller blocks per multiprocessor where they fit. Shared memory: 1024-byte-aligned
+// queries (kWgmma only), then the key stages, then the cross-warp sums [4][64] fp32, then the
+// request table of BlockRange.
 constexpr int kWgQueryBytes = kHeads * kDim * 2;    // 16 KB: two 8 KB swizzle regions
 constexpr int kWgTileBytes = kTileKeys * kDim * 2;  // 16 KB
 constexpr int kWgRegionBytes = kTileKeys * 128;     // 64 rows x 128 bytes
-constexpr int kQrStages = kStages + 1;              // kWgmmaQueryRegisters: 5 tiles in flight
+// kWgmmaQueryRegisters: 4 stages (3 tiles in flight) in 67 KB, so that three blocks share a
+// multiprocessor where the request table is small (12 warps and 9 tiles in flight per SM).
+constexpr int kQrStages = 4;
+constexpr int kQrBlocksPerSm = 3;
+constexpr size_t kSmemPerSm = 228 * 1024;  // shared memory of an H100 / H200 multiprocessor
+constexpr size_t kSmemReservedPerBlock = 1024;
 static_assert(kHeads == 64 && kTileKeys == 64 && kDim == 128, "the wgmma shapes assume these");
 static_assert(kWgRegionBytes == kHeads * 128, "queries and keys share the region size");
 
@@ -509,7 +514,7 @@ __device__ __forceinline__ void ReduceScatterStep(float (&v)[16], int lane) {
 }
 
 template <bool kWholePages, bool kRegisterQueries>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kRegisterQueries ? kQrBlocksPerSm : kBlocksPerSm)
     IndexerScoresWgmmaKernel(IndexerParams p, int64_t b0, int nb, Divider div, float* scores,
                              int32_t* visible_out) {
   using Layout = WgLayout<kRegisterQueries>;
@@ -652,9 +657,9 @@ static_assert(kBlocksPerSm * (1024 + WgLayout<false>::kTableOffset + 12 * (kMaxB
                   228 * 1024,
               "kBlocksPerSm wgmma blocks fit one multiprocessor");
 static_assert(kBlocksPerSm * (1024 + WgLayout<true>::kTableOffset + 12 * (kMaxBatchPerLaunch + 1) +
-                              1024) <=
-                  228 * 1024,
-              "kBlocksPerSm wgmma blocks with register queries fit one multiprocessor");
+                              kSmemReservedPerBlock) <=
+                  kSmemPerSm,
+              "at least kBlocksPerSm wgmma blocks with register queries fit one multiprocessor");
 
 }  // namespace
 
@@ -718,7 +723,13 @@ cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visib
   const int64_t max_tiles = std::max<int64_t>(1, (p.max_keys + kTileKeys - 1) / kTileKeys);
   for (int64_t b0 = 0; b0 < p.batch; b0 += kMaxBatchPerLaunch) {
     const int64_t nb = std::min(kMaxBatchPerLaunch, p.batch - b0);
-    const int64_t blocks = std::min<int64_t>(nb * max_tiles, int64_t{kBlocksPerSm} * SmCount());
+    // kWgmmaQueryRegisters: three blocks per SM where the request table leaves room, else two.
+    const int64_t per_sm =
+        variant == IndexerScoresVariant::kWgmmaQueryRegisters
+            ? std::min<int64_t>(kQrBlocksPerSm,
+                                kSmemPerSm / (smem_bytes(variant, nb) + kSmemReservedPerBlock))
+            : kBlocksPerSm;
+    const int64_t blocks = std::min<int64_t>(nb * max_tiles, per_sm * SmCount());
     cudaLaunchAttribute serialization = {};
     serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     serialization.val.programmaticStreamSerializationAllowed = 1;
