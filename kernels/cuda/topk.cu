@@ -374,8 +374,8 @@ __device__ uint32_t GatherToFirstBlock(uint64_t* cand, uint32_t count, Scratch& 
 // the candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries)
 // and sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
 // `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's -1
-// fill, 2 after the selection (the candidates in block 0), 3 before a fallback sort. Shared
-// memory as TopKKernel.
+// fill, 4 after the selection's first count, 5 after its first bin is found, 2 after the
+// selection (the candidates in block 0), 3 before a fallback sort. Shared memory as TopKKernel.
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
                      bool cache_part, int stop_after, int32_t* out) {
@@ -395,10 +395,12 @@ __global__ void __launch_bounds__(kThreads)
   if (n <= kMaxCandidates) {
     if (rb.rank != 0) return;  // no cluster step follows
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
+    if (stop_after >= 4) return;  // benchmarks: no selection in this path
   } else {
     const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
     SelectCandidates(row + row_part.first, row_part.count, row_part.first, cache, n, picks, cand,
-                     hist, s, rb);
+                     hist, s, rb, stop_after);
+    if (stop_after >= 4) return;
     __syncthreads();
     count = min(s.count, static_cast<uint32_t>(kMaxCandidates));
     lo = s.sel_lo;
