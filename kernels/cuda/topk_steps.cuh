@@ -31,9 +31,10 @@ constexpr int64_t kMaxCachedScores = 40960;
 constexpr size_t kFixedSmemBytes = kMaxCandidates * sizeof(uint64_t) + 2 * kBins * sizeof(uint32_t);
 static_assert(2 * kBins * sizeof(uint32_t) == kMaxCandidates * sizeof(uint64_t),
               "the merge copies up to kMaxCandidates picks into the histogram buffers");
-// A pass loads kBatch 16-byte vectors per thread before it looks at any, so that a pass over
-// global memory keeps 64 KB per block in flight.
-constexpr int kBatch = 4;
+// A pass over global memory loads kBatch 16-byte vectors per thread before it looks at any (32 KB
+// per block in flight); each is a copy of the pass's code, so the count stays small (the
+// kernels' code must fit the instruction cache).
+constexpr int kBatch = 2;
 // Longest row: the entry indices a pass forms stay below 2^31.
 constexpr int64_t kMaxStride = INT32_MAX - 4 * kBatch * kThreads;
 constexpr int kMaxTopKBlocks = 8;  // portable cluster size
@@ -117,23 +118,25 @@ __device__ __forceinline__ uint32_t KeyAt(const float* row, const uint32_t* cach
 }
 
 // Calls f(key, index, valid) for the 4 * n4 entries of src[0, n4) (16-byte vectors of order keys,
-// or of floats when kFloats), kBatch vectors per thread loaded before any is looked at. Every
-// lane of a warp makes the same calls.
-template <bool kFloats, typename F>
+// or of floats when kFloats), BATCH vectors per thread loaded before any is looked at (kBatch
+// from global memory; 1 from shared memory, whose latency needs no batch, so the inlined f is
+// not repeated: the kernel's code stays small enough for the instruction cache). Every lane of a
+// warp makes the same calls.
+template <bool kFloats, int BATCH = kBatch, typename F>
 __device__ __forceinline__ void ForEachVector(const uint4* src, int n4, F&& f) {
   const int tid = static_cast<int>(threadIdx.x);
-  for (int q0 = 0; q0 < n4; q0 += kBatch * kThreads) {
-    uint4 u[kBatch];
+  for (int q0 = 0; q0 < n4; q0 += BATCH * kThreads) {
+    uint4 u[BATCH];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
+    for (int j = 0; j < BATCH; ++j) {
       const int q = q0 + j * kThreads + tid;
       u[j] = q < n4 ? src[q] : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
+    for (int j = 0; j < BATCH; ++j) {
       // Whole warps past the part skip their calls (a warp-uniform test, so f's collectives see
       // every lane of a warp that calls): parts of a few thousand entries would otherwise run
-      // kBatch times the work they have.
+      // BATCH times the work they have.
       if (q0 + j * kThreads + (tid & ~31) >= n4) break;
       const int q = q0 + j * kThreads + tid;
       if constexpr (kFloats) {
@@ -158,7 +161,7 @@ __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cac
   if (cache != nullptr || (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
     const int n4 = n / 4;
     if (cache != nullptr) {
-      ForEachVector<false>(reinterpret_cast<const uint4*>(cache), n4, f);
+      ForEachVector<false, 1>(reinterpret_cast<const uint4*>(cache), n4, f);
     } else {
       ForEachVector<true>(reinterpret_cast<const uint4*>(row), n4, f);
     }
@@ -166,7 +169,7 @@ __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cac
       const int i = 4 * n4 + tid;
       f(i < n ? KeyAt(row, cache, i) : 0u, i, i < n);
     }
-  } else {
+  } else {  // 4 kBatch floats per thread in flight, as the aligned path's vectors
     for (int i0 = 0; i0 < n; i0 += 4 * kBatch * kThreads) {
       float v[4 * kBatch];
 #pragma unroll
@@ -176,6 +179,7 @@ __device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cac
       }
 #pragma unroll
       for (int j = 0; j < 4 * kBatch; ++j) {
+        if (i0 + j * kThreads + (tid & ~31) >= n) break;  // whole warps past the row
         const int i = i0 + j * kThreads + tid;
         f(OrderKey(v[j]), i, i < n);
       }
@@ -293,7 +297,7 @@ __device__ inline void SelectCandidates(const float* part, int part_n, int first
     CopyAsyncCommit();
     CopyAsyncWait<0>();
     __syncthreads();
-    ForEachVector<true>(reinterpret_cast<const uint4*>(cache), n4, count_top_bits);
+    ForEachVector<true, 1>(reinterpret_cast<const uint4*>(cache), n4, count_top_bits);
     const int i = 4 * n4 + static_cast<int>(threadIdx.x);
     if (4 * n4 < part_n) count_top_bits(i < part_n ? OrderKey(part[i]) : 0u, i, i < part_n);
   } else {
