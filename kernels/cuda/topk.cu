@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (threadIdx.x == 0) s.count = static_cast<uint32_t>(part_n);
   } else {
-    SelectCandidates(part, part_n, first, cache, n, picks, cand, hist, s, rb);
+    SelectCandidates(part, part_n, first, cache, n, picks, CandidateList{cand, &s.count, true},
+                     hist, s, rb);
   }
   __syncthreads();
   const int count = static_cast<int>(min(s.count, static_cast<uint32_t>(kMaxCandidates)));
@@ -335,46 +336,13 @@ __device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint3
   return true;
 }
 
-// Copies the other blocks' candidate lists after block 0's own (cand[0, count)); returns block
-// 0's new count (the others' own). Row-wide the lists hold at most kMaxCandidates entries. No
-// block leaves before block 0 has copied from it.
-__device__ uint32_t GatherToFirstBlock(uint64_t* cand, uint32_t count, Scratch& s,
-                                       const RowBlocks& rb) {
-  if (threadIdx.x == 0) s.list_len = count;
-  RowSync(rb);  // every block's list is complete
-  if (rb.rank == 0) {
-    if (threadIdx.x < 32) {  // lane b reads block b's length; an exclusive scan places the lists
-      const int b = static_cast<int>(threadIdx.x);
-      const uint32_t len = b == 0 ? count : (b < rb.count ? *InBlock(&s.list_len, b) : 0u);
-      const uint32_t inclusive = WarpInclusiveSum(len);
-      const uint32_t offset = min(inclusive - len, static_cast<uint32_t>(kMaxCandidates));
-      if (b < rb.count) {
-        s.other_len[b] = min(len, kMaxCandidates - offset);
-        s.other_off[b] = offset;
-      }
-      if (b == 31) s.count = min(inclusive, static_cast<uint32_t>(kMaxCandidates));
-    }
-    __syncthreads();
-    for (int b = 1; b < rb.count; ++b) {
-      const uint64_t* other = InBlock(cand, b);
-      for (uint32_t i = threadIdx.x; i < s.other_len[b]; i += kThreads) {
-        cand[s.other_off[b] + i] = other[i];
-      }
-    }
-    count = s.count;
-  }
-  ClusterArrive();  // block 0: done reading the others' shared memory
-  ClusterWait();
-  return count;
-}
-
 // TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) select as TopKKernel
-// does (SelectCandidates), then block 0 gathers every block's candidates and places the picks by
-// bins of their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it narrows
-// the candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries)
-// and sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
-// `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's -1
-// fill, 4 after the selection's first count, 5 after its first bin is found, 2 after the
+// does (SelectCandidates), gathering their candidates into block 0's list; block 0 then places the
+// picks by bins of their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it
+// narrows the candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads
+// entries) and sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0
+// alone. `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's
+// -1 fill, 4 after the selection's first count, 5 after its first bin is found, 2 after the
 // selection (the candidates in block 0), 3 before a fallback sort. Shared memory as TopKKernel.
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
@@ -397,19 +365,27 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
     if (stop_after >= 4) return;  // benchmarks: no selection in this path
   } else {
+    // Every block gathers its candidates straight into block 0's list (distributed shared memory
+    // where the row has several blocks); block 0 zeroes the count before the selection's first
+    // RowSync, which orders it before any block gathers.
+    if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
+    const CandidateList list = rb.count > 1
+                                   ? CandidateList{InBlock(cand, 0), InBlock(&s.count, 0), false}
+                                   : CandidateList{cand, &s.count, false};
     const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
-    SelectCandidates(row + row_part.first, row_part.count, row_part.first, cache, n, picks, cand,
+    SelectCandidates(row + row_part.first, row_part.count, row_part.first, cache, n, picks, list,
                      hist, s, rb, stop_after);
     if (stop_after >= 4) return;
+    if (rb.count > 1) {
+      ClusterArrive();  // release: this block's gathered candidates; acquire: everyone's
+      ClusterWait();
+      if (rb.rank != 0) return;
+    }
     __syncthreads();
     count = min(s.count, static_cast<uint32_t>(kMaxCandidates));
     lo = s.sel_lo;
     hi = s.sel_hi;
     need = s.sel_need;
-    if (rb.count > 1) {
-      count = GatherToFirstBlock(cand, count, s, rb);
-      if (rb.rank != 0) return;
-    }
   }
   __syncthreads();
   if (stop_after == 2) return;

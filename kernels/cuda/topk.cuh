@@ -22,13 +22,16 @@
 // blocks' lists (copied from their shared memory); ranks below k are written. Only the candidates,
 // a few hundred per block, are sorted; the row is never sorted whole.
 //
-// Variant kSelectSort (kernels/cuda/topk.cu, TopKSelectKernel) runs the same selection and then
-// gathers every block's candidates in the row's first block, which narrows them with further
-// histogram rounds over the candidates alone (no pass over the row) to about k and sorts only
-// those: one sort of ~k entries per row instead of one per block plus a merge. Rows of at most
-// 4096 entries are loaded, narrowed and sorted by that block alone, rows of at most 1024 sorted
-// whole with one entry per thread. Up to 4 blocks per row (parts of at least 4096 entries). It
-// also lets the next kernel on the stream launch early (griddepcontrol.launch_dependents).
+// Variant kSelectSort (kernels/cuda/topk.cu, TopKSelectKernel) runs the same selection, but every
+// block gathers its candidates straight into the row's first block (distributed shared memory),
+// which places the picks without a sorting network: the candidates' keys are counted in 4096
+// bins spanning their range, a bin's first place is the count of the bins above it, and a pick's
+// place is its bin's plus the candidates of its bin that rank above it (bins holding picks must
+// hold at most 32; else the count is redone over the bins from the k-th best up, and where the
+// picks still bunch, histogram rounds narrow the candidates to about k and a bitonic sort orders
+// them). Rows of at most 4096 entries are loaded and placed by that block alone. Up to 4 blocks
+// per row (parts of at least 4096 entries). It also lets the next kernel on the stream launch
+// early (griddepcontrol.launch_dependents).
 //
 // CUDA-graph safe: the launch shape depends only on (rows, stride, k) and the device (its SM and
 // cluster counts); per-row lengths are read from device memory when the kernel runs. Launched

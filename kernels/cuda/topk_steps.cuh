@@ -263,8 +263,19 @@ __device__ __forceinline__ uint32_t BlockSum(uint32_t v, Scratch& s) {
   return __reduce_add_sync(kFullMask, s.warp[1][lane]);
 }
 
-// Gathers into `cand` this block's share of a set of entries that holds the `picks` best of the
-// row (picks < n) and leaves its size in s.count (<= kMaxCandidates; read after a barrier). The
+// Where SelectCandidates gathers: `entries` with `*count` of them (this block's own list and
+// s.count, or block 0's through distributed shared memory, so the row's candidates land in one
+// list); `reset`: zero *count before gathering (false where the caller did, before the first
+// RowSync).
+struct CandidateList {
+  uint64_t* entries;
+  uint32_t* count;
+  bool reset;
+};
+
+// Gathers into `list` this block's share of a set of entries that holds the `picks` best of the
+// row (picks < n), its size added to *list.count (the row's candidates <= kMaxCandidates; read
+// after a barrier). The
 // row's n entries are split into consecutive parts, one per block of the row; this block's part
 // is part[0, part_n), entry `first` of the row. A radix select whose digits adapt to the data:
 // each round counts the entries with keys in [lo, hi] in kBins bins of 2^shift keys ((hi - lo) >>
@@ -278,8 +289,9 @@ __device__ __forceinline__ uint32_t BlockSum(uint32_t v, Scratch& s) {
 // otherwise) ends it early: 4 after the first count, 5 after the first bin is found; the
 // kernel then leaves.
 __device__ inline void SelectCandidates(const float* part, int part_n, int first, uint32_t* cache,
-                                        int n, int picks, uint64_t* cand, uint32_t* hist_buffers,
-                                        Scratch& s, const RowBlocks& rb, int stop_after = 0) {
+                                        int n, int picks, CandidateList list,
+                                        uint32_t* hist_buffers, Scratch& s, const RowBlocks& rb,
+                                        int stop_after = 0) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
@@ -331,7 +343,7 @@ __device__ inline void SelectCandidates(const float* part, int part_n, int first
     const uint32_t at_or_above = static_cast<uint32_t>(picks) - need + in_bin;
     if (at_or_above <= kMaxCandidates || range.shift == 0) {
       if (threadIdx.x == 0) {
-        s.count = 0;
+        if (list.reset) *list.count = 0;
         const bool ties = at_or_above > kMaxCandidates;
         s.sel_lo = bin_lo;
         s.sel_hi = ties || range.shift == 0 ? bin_lo : cpu::NarrowToBin(range, bin, kBinBits).hi;
@@ -340,7 +352,7 @@ __device__ inline void SelectCandidates(const float* part, int part_n, int first
       __syncthreads();
       if (at_or_above <= kMaxCandidates) {
         ForEachKey(part, keys, part_n, [&](uint32_t key, int i, bool valid) {
-          AppendPick(valid && key >= bin_lo, key, first + i, cand, &s.count);
+          AppendPick(valid && key >= bin_lo, key, first + i, list.entries, list.count);
         });
         return;
       }
@@ -369,8 +381,8 @@ __device__ inline void SelectCandidates(const float* part, int part_n, int first
                               __shfl_sync(kFullMask, warps_inclusive - warp_ties, warp) +
                               __popc(tie_ballot & LanesBelow());
         ties_before += __shfl_sync(kFullMask, warps_inclusive, 31);
-        AppendPick(i < part_n && (key > bin_lo || (tie && rank < need)), key, first + i, cand,
-                   &s.count);
+        AppendPick(i < part_n && (key > bin_lo || (tie && rank < need)), key, first + i,
+                   list.entries, list.count);
       }
       return;
     }
