@@ -270,13 +270,14 @@ int Run(int64_t only_batch, int64_t only_context) {
                     static_cast<long long>(batch), static_cast<long long>(context),
                     static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
       }
-      // PDSERVE_BENCH_TOPK_SWEEP=1: top-k with each cluster size top_k_variant offers (rows
-      // "top_k_b<blocks per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of
-      // kSelectSort), to check the ones top_k picks.
+      // PDSERVE_BENCH_TOPK_SWEEP=1: top-k at 1, 2, 4 and 8 blocks per row (rows "top_k_b<blocks
+      // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort, which
+      // also runs 3), to check the ones top_k picks.
       const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
       const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
       for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
-        for (int64_t blocks = 1; sweep_topk && blocks <= 8; blocks *= 2) {
+        for (const int64_t blocks : {1, 2, 3, 4, 8}) {
+          if (!sweep_topk || (blocks == 3 && variant != TopKVariant::kSelectSort)) continue;
           const double us_b = time_us([&](int) {
             BENCH_CHECK(
                 top_k_variant(scores, batch, keys, visible, kTopK, variant, blocks, picks, stream));

@@ -396,35 +396,35 @@ __global__ void __launch_bounds__(kThreads)
   SortWrite(cand, count, picks, reinterpret_cast<uint64_t*>(hist), out_row);
 }
 
-// How many clusters of `blocks` (2, 4 or 8) blocks of `kernel` (TopKKernel or TopKSelectKernel,
+// How many clusters of `blocks` (2..8) blocks of `kKernel` (TopKKernel or TopKSelectKernel,
 // with kFixedSmemBytes of shared memory) the device runs at once (clusters sit within one GPC,
 // so this can be below SMs / blocks); 0 where the query fails. Queried for every size at the
 // first call (make it outside graph capture, as the kernel attribute) and cached per kernel (one
 // device kind per process assumed). Requires the kernel's shared-memory attribute set.
 template <auto kKernel>
 int MaxActiveClusters(int64_t blocks) {
-  static const std::array<int, 3> clusters = [] {
-    std::array<int, 3> counts = {0, 0, 0};
-    for (int slot = 0; slot < 3; ++slot) {
+  static const std::array<int, kMaxTopKBlocks + 1> clusters = [] {
+    std::array<int, kMaxTopKBlocks + 1> counts = {};
+    for (int size = 2; size <= kMaxTopKBlocks; ++size) {
       cudaLaunchAttribute cluster = {};
       cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 2u << slot;
+      cluster.val.clusterDim.x = static_cast<unsigned>(size);
       cluster.val.clusterDim.y = 1;
       cluster.val.clusterDim.z = 1;
       cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(2u << slot);
+      config.gridDim = dim3(static_cast<unsigned>(size));
       config.blockDim = dim3(kThreads);
       config.dynamicSmemBytes = kFixedSmemBytes;
       config.attrs = &cluster;
       config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&counts[slot], kKernel, &config) != cudaSuccess) {
+      if (cudaOccupancyMaxActiveClusters(&counts[size], kKernel, &config) != cudaSuccess) {
         cudaGetLastError();  // not sticky; clear it
-        counts[slot] = 0;
+        counts[size] = 0;
       }
     }
     return counts;
   }();
-  return blocks == 2 ? clusters[0] : (blocks == 4 ? clusters[1] : clusters[2]);
+  return blocks >= 2 && blocks <= kMaxTopKBlocks ? clusters[blocks] : 0;
 }
 
 int SmCount() {
@@ -447,20 +447,28 @@ int SmCount() {
 // and context 4K / 32K / 128K, while 4 and 8 lost 2-3x (32 x 128K: 16.4 us with 2, 29.6 with 4,
 // 59.0 with 8).
 constexpr int64_t kMaxAutoTopKBlocks = 2;
-// TopKSelectKernel: up to 4 blocks per row, parts of at least kMinSelectPart entries (rows of at
-// most kMaxCandidates entries take one block: block 0 alone loads them).
+// TopKSelectKernel: the most blocks per row up to kMaxAutoSelectBlocks (any count, not only powers
+// of two: where the device runs fewer than `rows` clusters of 4, 3 may still fit in one wave)
+// with rows x blocks within the SM count, every row's cluster running at once, and parts of at
+// least kMinSelectPart entries (rows of at most kMaxCandidates entries take one block: block 0
+// alone loads them).
 constexpr int64_t kMaxAutoSelectBlocks = 4;
 constexpr int64_t kMinSelectPart = 4096;
 
 int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
   const int64_t sms = SmCount();
-  const bool select = variant == TopKVariant::kSelectSort;
-  const int64_t max_blocks = select ? kMaxAutoSelectBlocks : kMaxAutoTopKBlocks;
-  const int64_t min_part = select ? kMinSelectPart : 256;
+  if (variant == TopKVariant::kSelectSort) {
+    for (int64_t blocks = kMaxAutoSelectBlocks; blocks > 1; --blocks) {
+      if (rows * blocks <= sms && stride >= kMinSelectPart * blocks &&
+          rows <= MaxActiveClusters<TopKSelectKernel>(blocks)) {
+        return blocks;
+      }
+    }
+    return 1;
+  }
   int64_t blocks = 1;
-  while (blocks < max_blocks && rows * blocks * 2 <= sms && stride >= 2 * min_part * blocks &&
-         rows <= (select ? MaxActiveClusters<TopKSelectKernel>(blocks * 2)
-                         : MaxActiveClusters<TopKKernel>(blocks * 2))) {
+  while (blocks < kMaxAutoTopKBlocks && rows * blocks * 2 <= sms && stride >= 512 * blocks &&
+         rows <= MaxActiveClusters<TopKKernel>(blocks * 2)) {
     blocks *= 2;
   }
   return blocks;
@@ -476,9 +484,11 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   PDSERVE_LAUNCH_REQUIRE("top_k", stride <= kMaxStride);
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row <= kMaxTopKBlocks);
-  PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
   PDSERVE_LAUNCH_REQUIRE(
       "top_k", variant == TopKVariant::kRadixCluster || variant == TopKVariant::kSelectSort);
+  if (variant == TopKVariant::kRadixCluster) {  // its merge ranks power-of-two clusters only
+    PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
+  }
   if (rows == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE("top_k", scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", lengths != nullptr);

@@ -63,9 +63,9 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 enum class TopKVariant { kRadixCluster, kSelectSort };
 inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kRadixCluster;
 
-// top_k with `variant` and `blocks_per_row` blocks per row (1, 2, 4 or 8; 0 picks as top_k does
-// for that variant). The result depends on neither; tests and benchmarks use them to reach every
-// path.
+// top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
+// kSelectSort: 1 to 8; 0 picks as top_k does for that variant). The result depends on neither;
+// tests and benchmarks use them to reach every path.
 cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                           int64_t k, TopKVariant variant, int64_t blocks_per_row, int32_t* out,
                           cudaStream_t stream);

@@ -1,7 +1,7 @@
 // kernels/cuda/topk against the CPU rule (kernels/cpu/topk.h): descending score, lower index
 // first on ties, -1 after min(length, k). Every case runs with both kernels (TopKVariant), each
-// with the block count top_k picks and with 1, 2, 4 and 8 blocks per row (top_k_variant), so each
-// path runs whole and split.
+// with the block count top_k picks and with 1, 2, 4 and 8 blocks per row (top_k_variant; the
+// select kernel also with 3), so each path runs whole and split.
 #include "kernels/cuda/topk.cuh"
 
 #include <gtest/gtest.h>
@@ -47,7 +47,8 @@ void ExpectMatchesReference(const std::vector<float>& scores, int64_t stride,
   }
   for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
     const char* name = variant == TopKVariant::kSelectSort ? "select-sort" : "radix-cluster";
-    for (int64_t blocks : {0, 1, 2, 4, 8}) {
+    for (int64_t blocks : {0, 1, 2, 3, 4, 8}) {
+      if (blocks == 3 && variant != TopKVariant::kSelectSort) continue;  // powers of two only
       GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * k));
       ASSERT_TRUE(d_out.ok());
       PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k, variant,
@@ -366,6 +367,12 @@ TEST(CudaTopKTest, RejectsBadArguments) {
                           out.get(), nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 0, TopKVariant::kSelectSort, 0,
+                          out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kRadixCluster, 3,
+                          out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kSelectSort, 9,
                           out.get(), nullptr),
             cudaErrorInvalidValue);
 }

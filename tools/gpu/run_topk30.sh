@@ -107,9 +107,8 @@ for line in open(sys.argv[1]):
     if len(f) == 7 and f[0] != "copy":
         rows[(f[0], int(f[1]), int(f[2]) // 1024)] = float(f[4])
 detail = ["top_k_select_s1", "top_k_select_s4", "top_k_select_s5", "top_k_select_s2",
-          "top_k_select",
-          "top_k_select_b1", "top_k_select_b2", "top_k_select_b4", "top_k_select_b8", "top_k_b1",
-          "top_k_b2", "top_k_b4"]
+          "top_k_select", "top_k_select_b1", "top_k_select_b2", "top_k_select_b3",
+          "top_k_select_b4", "top_k_select_b8", "top_k_b1", "top_k_b2", "top_k_b4"]
 print("Select top-k by stage (s1: launch + -1 fill, s4: + the first count over the row, s5: + "
       "its bin found, s2: + the rest of the selection and the gathering, then the placing by "
       "bins) and by blocks per row (b<N>; radix-cluster top_k_b<N>), us:")
