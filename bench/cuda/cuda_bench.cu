@@ -260,7 +260,7 @@ int Run(int64_t only_batch, int64_t only_context) {
       // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
       const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
       const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
-      for (int stop = 0; stop <= (stages ? 5 : 0); ++stop) {
+      for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
         const double us_s = time_us([&](int) {
           BENCH_CHECK(
               top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));

@@ -126,6 +126,33 @@ bool BucketRank(const std::vector<uint64_t>& cand, int32_t picks, int bin_bits, 
   return true;
 }
 
+// The select kernel's SampleThreshold: every stride-th key (stride >= sample_stride, at most
+// max_samples samples), and the lower bound of the bin holding the sample's r-th best key, r =
+// ceil(1.5 picks / stride) + 24, by histogram rounds that stop once that bin holds at most 8
+// samples or one key.
+uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
+                         const RadixSplitConfig& config) {
+  const int32_t n = static_cast<int32_t>(keys.size());
+  const int32_t stride =
+      std::max(config.sample_stride, (n + config.max_samples - 1) / config.max_samples);
+  const int32_t samples = (n + stride - 1) / stride;
+  uint32_t need =
+      static_cast<uint32_t>(std::min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
+  std::vector<uint32_t> hist(size_t{1} << config.bin_bits);
+  RadixRange range = FirstRadixRange(config.bin_bits);
+  for (;;) {
+    std::fill(hist.begin(), hist.end(), 0u);
+    for (int32_t j = 0; j < samples; ++j) {
+      const uint32_t key = keys[static_cast<size_t>(j) * stride];
+      if (key - range.lo <= range.hi - range.lo) ++hist[(key - range.lo) >> range.shift];
+    }
+    const FoundBin found = FindBin(hist, need);
+    need -= found.above;
+    if (found.in_bin <= 8 || range.shift == 0) return BinLow(range, found.bin);
+    range = NarrowToBin(range, found.bin, config.bin_bits);
+  }
+}
+
 }  // namespace
 
 RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
@@ -155,10 +182,24 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
   uint32_t sel_lo = 0;
   uint32_t sel_hi = 0xFFFFFFFFu;
   uint32_t sel_need = static_cast<uint32_t>(picks);
+  bool sampled = false;
+  if (config.select_sort && n > config.max_candidates) {
+    // The select kernel's first try: the entries at or above a sample's threshold, when they hold
+    // at least the picks and fit the buffer.
+    const uint32_t threshold = SampleThreshold(keys, picks, config);
+    const auto above = std::count_if(keys.begin(), keys.end(),
+                                     [threshold](uint32_t key) { return key >= threshold; });
+    sampled = above >= picks && above <= config.max_candidates;
+    if (sampled) {
+      stats.sampled = true;
+      sel_lo = threshold;
+      gather([threshold](uint32_t key, int32_t, int) { return key >= threshold; });
+    }
+  }
   if (config.select_sort ? n <= config.max_candidates : n <= std::max(picks, config.whole_sort)) {
     stats.whole_sort = !config.select_sort || n <= config.whole_sort;
     gather([](uint32_t, int32_t, int) { return true; });
-  } else {
+  } else if (!sampled) {
     RadixRange range = FirstRadixRange(config.bin_bits);
     uint32_t need = static_cast<uint32_t>(picks);
     uint32_t in_range = static_cast<uint32_t>(n);

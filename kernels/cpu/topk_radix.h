@@ -89,6 +89,10 @@ struct RadixSplitConfig {
   // gathered whole.
   bool select_sort = false;
   uint32_t max_bin_entries = 32;
+  // select_sort, rows longer than max_candidates: first the entries at or above a threshold from
+  // every sample_stride-th entry (sparser past max_samples samples), when that holds the picks.
+  int32_t sample_stride = 16;
+  int32_t max_samples = 2048;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).
@@ -98,6 +102,7 @@ struct RadixSplitStats {
   bool whole_sort = false;  // the row was sorted whole
   int candidates = 0;       // entries gathered over all parts
   int max_part_candidates = 0;
+  bool sampled = false;        // select_sort: the sample's threshold held the picks
   bool bucket_ranked = false;  // select_sort: the picks were placed by bins, not sorted
   int narrow_rounds = 0;       // select_sort: histogram rounds over the gathered candidates
   int sorted = 0;              // select_sort: entries in the final sort

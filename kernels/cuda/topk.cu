@@ -336,14 +336,59 @@ __device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint3
   return true;
 }
 
-// TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) select as TopKKernel
-// does (SelectCandidates), gathering their candidates into block 0's list; block 0 then places the
-// picks by bins of their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it
-// narrows the candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads
-// entries) and sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0
-// alone. `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's
-// -1 fill, 4 after the selection's first count, 5 after its first bin is found, 2 after the
-// selection (the candidates in block 0), 3 before a fallback sort. Shared memory as TopKKernel.
+// Every kSampleStride-th entry (or sparser: at most 2 kThreads samples) of a long row is sampled.
+constexpr int kSampleStride = 16;
+constexpr int kSamplesPerThread = 2;
+
+// TopKVariant::kSelectSort on rows longer than kMaxCandidates: a key T above which, by a sample of
+// the row, about 1.5 x picks + 24 x (the sample's stride) entries lie: enough that T is at or
+// below the picks-th best key with near certainty, few enough (for picks up to 2048 and rows up
+// to 64K entries) that the entries at or above T fit the candidate buffer. The sample is the same
+// in every block of the row, and so is T (every block computes it alone). Histogram rounds of
+// kBins bins over the sample keys, as SelectCandidates over the row. Every thread calls.
+__device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t* hist,
+                                    Scratch& s) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int stride =
+      max(kSampleStride, (n + kSamplesPerThread * kThreads - 1) / (kSamplesPerThread * kThreads));
+  const int samples = (n + stride - 1) / stride;
+  uint32_t need =
+      static_cast<uint32_t>(min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
+  uint32_t key[kSamplesPerThread];
+#pragma unroll
+  for (int j = 0; j < kSamplesPerThread; ++j) {
+    const int sample = tid + j * kThreads;
+    key[j] = sample < samples ? OrderKey(row[static_cast<int64_t>(sample) * stride]) : 0u;
+  }
+  cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
+  for (;;) {
+    reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const uint32_t span = range.hi - range.lo;
+#pragma unroll
+    for (int j = 0; j < kSamplesPerThread; ++j) {
+      CountInBin(hist, tid + j * kThreads < samples && key[j] - range.lo <= span,
+                 (key[j] - range.lo) >> range.shift);
+    }
+    __syncthreads();
+    FindBin(reinterpret_cast<const uint4*>(hist)[tid], need, s);
+    need -= s.above;
+    if (s.in_bin <= 8 || range.shift == 0) return cpu::BinLow(range, s.bin);
+    range = cpu::NarrowToBin(range, s.bin, kBinBits);
+    __syncthreads();  // every thread has read s before the next round's FindBin writes it
+  }
+}
+
+// TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) gather the entries at
+// or above a threshold from a sample of the row (SampleThreshold) into block 0's list; where that
+// misses (fewer than picks, or more than the buffer), they select as TopKKernel does
+// (SelectCandidates), gathering into the same list. Block 0 then places the picks by bins of
+// their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it narrows the
+// candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries) and
+// sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
+// `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's -1
+// fill, 4 after the sample's threshold, 2 after the gathering (the candidates in block 0), 3
+// before a fallback sort, 5 or 6 in a fallback selection. Shared memory as TopKKernel.
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
                      bool cache_part, int stop_after, int32_t* out) {
@@ -363,29 +408,41 @@ __global__ void __launch_bounds__(kThreads)
   if (n <= kMaxCandidates) {
     if (rb.rank != 0) return;  // no cluster step follows
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
-    if (stop_after >= 4) return;  // benchmarks: no selection in this path
+    if (stop_after >= 4) return;  // benchmarks: no sample in this path
   } else {
     // Every block gathers its candidates straight into block 0's list (distributed shared memory
-    // where the row has several blocks); block 0 zeroes the count before the selection's first
-    // RowSync, which orders it before any block gathers.
+    // where the row has several blocks); block 0 zeroes the count before a RowSync that orders
+    // it before any block gathers.
     if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
     const CandidateList list = rb.count > 1
                                    ? CandidateList{InBlock(cand, 0), InBlock(&s.count, 0), false}
                                    : CandidateList{cand, &s.count, false};
     const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
-    SelectCandidates(row + row_part.first, row_part.count, row_part.first, cache, n, picks, list,
-                     hist, s, rb, stop_after);
-    if (stop_after >= 4) return;
-    if (rb.count > 1) {
-      ClusterArrive();  // release: this block's gathered candidates; acquire: everyone's
-      ClusterWait();
-      if (rb.rank != 0) return;
+    const float* part = row + row_part.first;
+    // First try: the entries at or above a threshold from a sample of the row, gathered in one
+    // pass. They hold the picks when they number at least picks (and fit the buffer).
+    const uint32_t threshold = SampleThreshold(row, n, picks, hist, s);
+    if (stop_after == 4) return;
+    RowSync(rb);  // block 0's zeroed count before any block gathers
+    ForEachKey(part, nullptr, row_part.count, [&](uint32_t key, int i, bool valid) {
+      AppendPick(valid && key >= threshold, key, row_part.first + i, list.entries, list.count);
+    });
+    RowSync(rb);  // release: this block's candidates; acquire: everyone's
+    const uint32_t gathered = *list.count;
+    const bool sampled = gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
+    if (!sampled) {  // the radix selection over the row
+      RowSync(rb);   // every block has read the count before block 0 zeroes it
+      if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
+      SelectCandidates(part, row_part.count, row_part.first, cache, n, picks, list, hist, s, rb,
+                       stop_after);
+      if (stop_after >= 5) return;
+      RowSync(rb);  // release: this block's candidates; acquire: everyone's
     }
-    __syncthreads();
+    if (rb.rank != 0) return;
     count = min(s.count, static_cast<uint32_t>(kMaxCandidates));
-    lo = s.sel_lo;
-    hi = s.sel_hi;
-    need = s.sel_need;
+    lo = sampled ? threshold : s.sel_lo;
+    hi = sampled ? 0xFFFFFFFFu : s.sel_hi;
+    need = sampled ? static_cast<uint32_t>(picks) : s.sel_need;
   }
   __syncthreads();
   if (stop_after == 2) return;

@@ -76,9 +76,9 @@ cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const
 
 // Benchmarks only (bench/cuda): kSelectSort with the automatic block count, ended early so that
 // graph timing shows what each stage costs: stop_after 1 ends after the output's -1 fill (launch,
-// dependency wait, lengths), 4 after the selection's first count over the row, 5 after its first
-// bin is found, 2 after the selection (the candidates gathered in the row's first block), 3
-// before a fallback sort; 0 runs it whole. Outputs of a stopped run are incomplete.
+// dependency wait, lengths), 4 after the sample's threshold (rows longer than 4096), 2 after the
+// gathering (the candidates in the row's first block), 3 before a fallback sort, 5 and 6 in a
+// fallback selection; 0 runs it whole. Outputs of a stopped run are incomplete.
 cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t stride,
                                 const int32_t* lengths, int64_t k, int stop_after, int32_t* out,
                                 cudaStream_t stream);

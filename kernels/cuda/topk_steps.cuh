@@ -286,7 +286,7 @@ struct CandidateList {
 // one key per bin (after at most 3 rounds) with more ties than fit, the entries above the key and
 // the row's lowest-index ties at it are (a block's ties rank after those of the blocks before it).
 // The part is read from global memory once when `cache` holds it. `stop_after` (benchmarks; 0
-// otherwise) ends it early: 4 after the first count, 5 after the first bin is found; the
+// otherwise) ends it early: 5 after the first count, 6 after the first bin is found; the
 // kernel then leaves.
 __device__ inline void SelectCandidates(const float* part, int part_n, int first, uint32_t* cache,
                                         int n, int picks, CandidateList list,
@@ -316,7 +316,7 @@ __device__ inline void SelectCandidates(const float* part, int part_n, int first
     __syncthreads();
     ForEachKey(part, nullptr, part_n, count_top_bits);
   }
-  if (stop_after == 4) return;  // benchmarks: the first count alone (nothing gathered)
+  if (stop_after == 5) return;  // benchmarks: the first count alone (nothing gathered)
   const uint32_t* keys = cache;
 
   uint32_t need = static_cast<uint32_t>(picks);  // picks still to come from [lo, hi]
@@ -331,7 +331,7 @@ __device__ inline void SelectCandidates(const float* part, int part_n, int first
       bin = s.bin;
       above = s.above;
       in_bin = s.in_bin;
-      if (stop_after == 5) {  // benchmarks: the first round's bin found (nothing gathered)
+      if (stop_after == 6) {  // benchmarks: the first round's bin found (nothing gathered)
         RowSync(rb);          // no block leaves while another reads its counts
         return;
       }

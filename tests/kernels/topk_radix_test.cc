@@ -190,10 +190,11 @@ TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
   }
 }
 
-// The select variant's last step at the kernel's settings: rows of normal scores with fewer picks
-// than entries have them placed by bins of the keys (for rows of at most 4096 entries after a
-// second count over the upper bins); four levels bunch the picks, which are then narrowed (rows
-// longer than 1024 with more entries than picks) and sorted.
+// The select variant at the kernel's settings: rows of normal scores longer than 4096 take the
+// sample's threshold, and with fewer picks than entries have them placed by bins of the keys
+// (rows of at most 4096 after a second count over the upper bins); four levels bunch the picks
+// (and miss the sample where a quarter of the row, tied at the threshold, overflows the buffer),
+// which are then narrowed (rows longer than 1024 with more entries than picks) and sorted.
 TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
   std::mt19937_64 rng(4);
   std::normal_distribution<float> normal;
@@ -216,8 +217,12 @@ TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
         if (k <= 512 && k < n) {  // bins over the picks' keys hold a few each
           EXPECT_TRUE(stats.bucket_ranked) << n << " " << k;
         }
+        EXPECT_EQ(stats.sampled, n > 4096) << n << " " << k;  // the sample's threshold held
         stats = TopKRadixSplit(levels.data(), n, k, config, got.data());
         EXPECT_EQ(got, Reference(levels, k)) << n << " " << k;
+        if (n == 32768) {  // a quarter of the row, 8192 entries, ties at the threshold
+          EXPECT_FALSE(stats.sampled) << k;
+        }
         saw_fallback = saw_fallback || !stats.bucket_ranked;
         saw_narrowing = saw_narrowing || stats.narrow_rounds > 0;
       }

@@ -106,12 +106,13 @@ for line in open(sys.argv[1]):
     f = line.strip().split(",")
     if len(f) == 7 and f[0] != "copy":
         rows[(f[0], int(f[1]), int(f[2]) // 1024)] = float(f[4])
-detail = ["top_k_select_s1", "top_k_select_s4", "top_k_select_s5", "top_k_select_s2",
+detail = ["top_k_select_s1", "top_k_select_s4", "top_k_select_s2", "top_k_select_s3",
           "top_k_select", "top_k_select_b1", "top_k_select_b2", "top_k_select_b3",
           "top_k_select_b4", "top_k_select_b8", "top_k_b1", "top_k_b2", "top_k_b4"]
-print("Select top-k by stage (s1: launch + -1 fill, s4: + the first count over the row, s5: + "
-      "its bin found, s2: + the rest of the selection and the gathering, then the placing by "
-      "bins) and by blocks per row (b<N>; radix-cluster top_k_b<N>), us:")
+print("Select top-k by stage (s1: launch + -1 fill, s4: + the sample's threshold, s2: + the "
+      "gathering (a fallback selection where the sample missed), s3: + placing by bins, where "
+      "that fails the narrowing; then a fallback sort) and by blocks per row (b<N>; "
+      "radix-cluster top_k_b<N>), us:")
 print("| batch | context | " + " | ".join(d.replace("top_k_", "") for d in detail) + " |")
 print("|" + " --- |" * (len(detail) + 2))
 for batch in (1, 32, 128):
