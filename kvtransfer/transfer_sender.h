@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/task_pool.h"
 #include "kvtransfer/page_transport.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_metrics.h"
@@ -49,6 +50,12 @@ struct SenderOptions {
   // "cuda", "loopback"), the transport's lanes() their lanes label.
   TransferMetrics* metrics = nullptr;
   std::string path = "host";
+  // Where a posted layer's page checksums are taken (not owned; must outlive the transfers), or
+  // null: each page's just before it is handed to the transport, on the caller's thread. With a
+  // pool, PostLayer / PostAll checksum all the pages they post at once on its threads, so a
+  // prefill's xxh3 pass runs at several cores' speed instead of one's (docs/protocol.md, "Host
+  // threads of a transfer"); the headers and the commit carry the same values either way.
+  TaskPool* checksum_pool = nullptr;
 };
 
 class Transfer {
@@ -59,7 +66,8 @@ class Transfer {
   ~Transfer();
 
   // Posts every page of `layer`. Its state must be final from now on: the checksum is taken when
-  // the page is handed to the transport, now or in a later Poll(), as the window allows.
+  // the page is handed to the transport, now or in a later Poll(), as the window allows (with
+  // SenderOptions::checksum_pool: here, for all of the layer's pages at once).
   // Errors: FailedPrecondition after Commit or a failure; the transfer's error if it failed.
   absl::Status PostLayer(uint32_t layer);
   // Posts every page not yet posted (same contract as PostLayer).
@@ -86,7 +94,10 @@ class Transfer {
   Transfer(PageTransport& transport, const Clock& clock, SenderOptions options, Ticket ticket,
            PeerId peer, std::vector<SourcePage> pages);
   // Queues `slot` (once); Pump hands queued pages to the transport while the window allows.
-  void Queue(uint32_t slot);
+  // Returns whether the slot was newly queued.
+  bool Queue(uint32_t slot);
+  // With a checksum pool: takes the checksums of `slots` on it.
+  void ChecksumOnPool(const std::vector<uint32_t>& slots);
   absl::Status Pump();
   absl::Status SendSlot(uint32_t slot);
   // Collects finished page sends; the first failed one fails the transfer.
@@ -104,6 +115,7 @@ class Transfer {
   std::vector<std::span<const std::byte>> pages_;
   std::vector<serving::ElementType> elements_;  // Index = slot: the pages' element types.
   std::vector<uint64_t> checksums_;
+  std::vector<bool> checksummed_;  // Index = slot: checksums_[slot] taken (on the pool).
   std::vector<std::unique_ptr<SendOp>> page_ops_;  // Index = slot; null unless in flight.
   std::vector<bool> page_queued_;                  // Posted by the caller (index = slot).
   std::vector<bool> page_done_;

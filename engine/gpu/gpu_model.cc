@@ -437,9 +437,11 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
   segs.max_tokens = max_tokens;
   PDSERVE_CUDA_RETURN(EmbedStreams(Row(kToken), rows, embed.get(), c.vocab_size, c.hidden_size,
                                    c.hc_mult, streams.get(), stream));
-  for (Layer& layer : layers) {
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Layer& layer = layers[l];
     PDSERVE_RETURN_IF_ERROR(HcPre(layer.attn_hc, layer.input_norm, rows));
     PDSERVE_RETURN_IF_ERROR(Attention(layer, rows, segs, decode));
+    if (after_attention) PDSERVE_RETURN_IF_ERROR(after_attention(static_cast<int64_t>(l)));
     PDSERVE_CUDA_RETURN(kc::hyper_connection_post(post.get(), comb.get(), sub_out.get(), rows,
                                                   c.hc_mult, c.hidden_size, streams.get(), stream));
     PDSERVE_RETURN_IF_ERROR(HcPre(layer.ffn_hc, layer.post_attention_norm, rows));

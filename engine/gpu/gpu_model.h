@@ -300,6 +300,18 @@ class GpuModel {
   // bucket), a bad id or slot, or a context past max_context.
   absl::StatusOr<Tensor> Forward(int64_t slot, const std::vector<int32_t>& tokens,
                                  int64_t group_rows = 0);
+  // Forward that also exports the slot's state as it becomes final, for a prompt's last chunk:
+  // right after layer l's attention (which writes all of l's state) is enqueued, for the first
+  // min(staging->buffers(), layers) layers, the device-to-host copies of layer l at the slot's
+  // position after this call are enqueued on a second stream that waits for that point, as
+  // ExportLayerAsync(slot, l, staging) would enqueue them after the whole forward. So layer l's
+  // copy runs while layers l + 1 .. compute, and StateStaging::TakeLayerBlocks(l) takes it as
+  // usual (then export the remaining layers with ExportLayerAsync; a layer already held need
+  // not be exported again). Errors as Forward; InvalidArgument for a staging of another model;
+  // FailedPrecondition when one of those layers' buffers still holds a layer. On an error the
+  // staging may hold some of the copies: Discard it.
+  absl::StatusOr<Tensor> ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                          StateStaging* staging);
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
   // logits [slots.size(), vocab_size]. The batch runs padded to the smallest bucket holding
@@ -336,6 +348,10 @@ class GpuModel {
  private:
   struct Impl;
   explicit GpuModel(std::unique_ptr<Impl> impl);
+  // ExportLayerAsync's copies of layer `layer` at slot position `position`, enqueued on the
+  // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
+  absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,
+                           bool on_copy_stream);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -263,6 +264,12 @@ struct GpuModel::Impl {
   DeviceArray<float> main_inv_freq;
   DeviceArray<float> compress_inv_freq;
   cudaStream_t stream = nullptr;
+  // GpuModel::ForwardExporting's: the stream the per-layer state copies run on, one event per
+  // layer marking the end of its attention on `stream`, and the hook Enqueue calls right after
+  // each layer's attention (null outside ForwardExporting). Made at the first ForwardExporting.
+  cudaStream_t copy_stream = nullptr;
+  std::vector<cudaEvent_t> layer_attended;
+  std::function<absl::Status(int64_t layer)> after_attention;
   cublasHandle_t cublas = nullptr;
   DeviceArray<unsigned char> cublas_workspace;
 
@@ -333,6 +340,8 @@ struct GpuModel::Impl {
     for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
     if (pages_uploaded != nullptr) cudaEventDestroy(pages_uploaded);
     if (cublas != nullptr) cublasDestroy(cublas);
+    for (cudaEvent_t e : layer_attended) cudaEventDestroy(e);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
