@@ -45,8 +45,11 @@ row() { rows+=("| $1 | $2 | $3 |"); }
 budget=${BUDGET:-140}
 cap() {
   local rest=$((budget - ($(date +%s) - t0) - 3))
-  echo $(($1 < rest ? $1 : rest))
+  rest=$(($1 < rest ? $1 : rest))
+  echo $((rest > 1 ? rest : 1))
 }
+# True when the step may start (8 s or more left).
+may() { [ "$(cap 8)" -ge 8 ]; }
 export NCCL_NVLS_ENABLE=0
 
 [ -d wire ] || tar -xJf wire.tar.xz
@@ -64,7 +67,7 @@ if [[ " $steps " == *" bench "* ]]; then
     name=${tls/,/-}-threads$ht-overlap$ov
     log=$out/bench-$name.txt
     if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-    [ "$(cap 35)" -ge 8 ] || { row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov" "SKIPPED" "out of time"; continue; }
+    may || { row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov" "SKIPPED" "out of time"; continue; }
     timeout "$(cap 35)" gpu_state_transfer_bench --layers "$layers" --lengths "$lengths" \
       --forward-max 4096 --repeats 3 --host-threads "$ht" --overlap "$ov" --old-import 0 \
       > "$log" 2> "$out/bench-$name.err"
@@ -81,7 +84,7 @@ if [[ " $steps " == *" bench "* ]]; then
 fi
 
 declare -A perftest
-if [[ " $steps " == *" perftest "* ]]; then
+if [[ " $steps " == *" perftest "* ]] && may; then
   port=$((21000 + RANDOM % 20000))
   for tls in default shm,self; do
     flags=""
@@ -102,7 +105,7 @@ if [[ " $steps " == *" perftest "* ]]; then
   row "ucx_perftest ucp_am_bw 64 KiB" "done" "default (-e) ${perftest[default]} GB/s, shm,self ${perftest[shm,self]} GB/s ($(elapsed))"
 fi
 
-if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null; then
+if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null && may; then
   # The machine's own NCCL (the expert-parallel tests load it), as run_gpu_tests.sh finds it.
   nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
   # The fixtures and models of the tree this folder sits in (.hx/<name>/ of the repository).
@@ -116,7 +119,7 @@ if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null; t
 fi
 
 host_table=""
-if [[ " $steps " == *" host "* ]]; then
+if [[ " $steps " == *" host "* ]] && may; then
   timeout "$(cap 40)" import_host_bench --layers "$layers" --lengths "$lengths" --repeats 3 \
     --threads "$threads" > "$out/import_host.txt" 2>&1
   rc=$?
@@ -140,8 +143,8 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
   echo
   # Per prompt length: e2e GB/s, floor, share, perftest of the same transport, time left after
   # compute as % of TTFT, and the stage breakdown (ms).
-  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for line in "${bench_rows[@]}"; do
     IFS='|' read -r -a f <<< "$line"
     # f[1] "tls tokens", f[2] layers, f[3] lanes, f[4] threads, f[5] bytes, f[6] wait, f[7] store,
@@ -149,6 +152,6 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
     # f[15] e2e, f[16] floor, f[17] share, f[18] forward, f[19] left, f[20] ttft share,
     # f[21] state, f[22] overlap, f[23] last chunk ms
     read -r tls tokens <<< "${f[1]}"
-    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|"
+    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|"
   done
 fi
