@@ -7,28 +7,31 @@
 // Per prompt length p (--lengths) and repeat: the prefill process restores its slot's state
 // before the prompt's last chunk (made once per length: a real GpuModel::Forward over
 // --chunk-token chunks when p <= --forward-max, else a random state: a forward of that length
-// at these shapes takes much longer than the transfer), runs the last chunk for real, as
-// GpuPrefillEngine::Run does (GpuModel::ForwardExporting: each layer's state copied to the
-// pinned staging as soon as the chunk's attention has written it, while the later layers
-// compute; --overlap 0: a plain Forward), and from t0 = the end of that chunk's compute does what
-// the engine and the worker do after it: runtime::StoreSlotStaged into its bf16 pages on a
-// TaskPool of --host-threads (posting each layer as it is stored; the sender takes the layer's
-// checksums on the same pool), commit. The decode process (bf16 pool, TransferReceiver) verifies
-// (t_verified), then does what GpuStepRunner::Place does: GpuModel::ImportLayers filled by
-// PagedState::LoadLayerRing on its own pool of --host-threads, straight from the pages into its
-// slot (t_imported). Then, with --old-import, the previous path (PagedState::Load into a
-// CPU-layout state + ImportState through the same staging: "old import ms"), which must leave
-// the same slot. Both clocks are CLOCK_MONOTONIC of one machine.
+// at these shapes takes much longer than the transfer), prepares the transfer, and runs the last
+// chunk for real as GpuPrefillEngine::Run does on one GPU (--overlap, the default:
+// GpuModel::BeginForwardExporting, each layer's state copied to the pinned staging as soon as the
+// chunk's attention has written it, and runtime::StoreSlotStaged storing and posting each layer
+// on this thread while the later layers compute, then FinishForward; --overlap 0: a plain
+// Forward, then StoreSlotStaged). The stores run on a TaskPool of --host-threads, and the
+// sender takes each posted layer's checksums on the same pool; then the commit. t0 = the end of
+// the chunk's compute (CUDA events around it on the model's stream). The decode process (bf16
+// pool, TransferReceiver) verifies (t_verified), then does what GpuStepRunner::Place does:
+// GpuModel::ImportLayers filled by PagedState::LoadLayerRing on its own pool of --host-threads,
+// straight from the pages into its slot (t_imported). Then, with --old-import, the previous path
+// (PagedState::Load into a CPU-layout state + ImportState through the same staging: "old import
+// ms"), which must leave the same slot. Both clocks are CLOCK_MONOTONIC of one machine.
 //
 // Columns: lanes (UCX workers and threads on each side; --lanes, default what the workers use),
 // host threads, bytes on the wire (bf16 pages as sent); where the time after t0 went: copy wait
 // (waiting for device -> pinned copies), store (pinned blocks -> pages), post (the layer
 // callbacks: the checksums on the pool and the first sends), send drain (all layers posted ->
-// commit delivered), verify lag (commit delivered -> the receiver's verified outcome); transfer
-// ms = t_verified - t0 and its GB/s (1e9 B/s), import ms, end-to-end GB/s = bytes /
-// (t_imported - t0); the floor of the same path's copies: cudaMemcpy device -> pinned host ->
-// device of the same bytes in one process (GB/s = bytes / (D2H + H2D time)) and our end-to-end
-// share of it; the forward's ms (the whole prompt, measured once per length up to
+// commit delivered), verify lag (commit delivered -> the receiver's verified outcome); with
+// --overlap the first three run (partly) before t0. Transfer ms = t_verified - t0 and its GB/s
+// (1e9 B/s), import ms, end-to-end GB/s = bytes / (t_imported - t0) (with --overlap not a
+// bandwidth of the path: part of it moved before t0); the floor of the same path's copies:
+// cudaMemcpy device -> pinned host -> device of the same bytes in one process (GB/s = bytes / (D2H
+// + H2D time)) and our end-to-end share of it; the forward's ms (the whole prompt, measured once
+// per length up to
 // --forward-max; past it extrapolated linearly from the longest measured one, "est."); the time
 // left after the last layer's compute (t_imported - t0) as a share of TTFT (forward + that);
 // "state": whether the decode slot's exported state equals the prefill slot's bit for bit (xxh3
@@ -91,7 +94,7 @@ struct Flags {
   int host_threads = 0;    // store / checksum / import threads; 0: DefaultTransferHostThreads
   int64_t window_mib = 8;  // the sender's max_in_flight_bytes
   bool old_import = true;  // also time the previous import path
-  bool overlap = true;     // the last chunk as GpuModel::ForwardExporting
+  bool overlap = true;     // the last chunk begun, the stores during it (GpuPrefillEngine's way)
 };
 
 int HostThreads(const Flags& flags) {
@@ -245,6 +248,10 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
   PDSERVE_ASSIGN_OR_RETURN(auto transport, kv::UcxTransport::Create(Lanes(flags)));
   SystemClock clock;
   TaskPool pool(HostThreads(flags));
+  cudaEvent_t chunk_events[2];
+  for (cudaEvent_t& e : chunk_events) {
+    PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
+  }
   kv::TransferSender sender(
       *transport, clock,
       {.max_in_flight_bytes = static_cast<size_t>(flags.window_mib) << 20, .checksum_pool = &pool});
@@ -279,21 +286,12 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
         PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, prefix_state));
       }
       const std::vector<int32_t> last = ChunkTokens(config, prefix, length);
-      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
-      const int64_t chunk_started = NowNs();
-      if (flags.overlap) {
-        PDSERVE_RETURN_IF_ERROR(gpu->ForwardExporting(0, last, staging.get()).status());
-      } else {
-        PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, last).status());
-      }
-      const double last_chunk_ms = static_cast<double>(NowNs() - chunk_started) / 1e6;
-      if (r == 0 && length <= flags.forward_max) forward_ms += last_chunk_ms;
-      const int64_t t0 = NowNs();  // the last layer's compute is done
       std::vector<kv::SourcePage> sources;
       for (const kv::PlannedPage& page : pages.plan) {
         PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pages.pool->Data(1, page.handle));
         sources.push_back({bytes, page.descriptor.element});
       }
+      // Prepared before the chunk, as the prefill worker prepares before its prefill.
       PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
                                sender.PrepareWithElements(ticket, std::move(sources)));
       // Each layer is posted as soon as it is stored, as the prefill worker's callback does.
@@ -302,9 +300,39 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
         return transfer->Poll().status();
       };
       runtime::StagedStoreTimes times;
-      PDSERVE_RETURN_IF_ERROR(
-          runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post, &pool, &times));
-      const int64_t stored = NowNs();  // every layer copied, stored into pages and posted
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
+      // t0, the end of the chunk's compute, from events around it on the model's stream (with
+      // --overlap the host is still storing when the device finishes).
+      const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[0], stream), "event"));
+      const int64_t chunk_started = NowNs();
+      int64_t stored = 0;
+      if (flags.overlap) {
+        // What GpuPrefillEngine::Run does on one GPU: the stores run during the chunk.
+        PDSERVE_RETURN_IF_ERROR(gpu->BeginForwardExporting(0, last, staging.get()));
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
+        const absl::Status store =
+            runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post, &pool, &times);
+        stored = NowNs();
+        PDSERVE_RETURN_IF_ERROR(gpu->FinishForward().status());
+        PDSERVE_RETURN_IF_ERROR(store);
+      } else {
+        PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, last).status());
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(chunk_events[1]), "event"));
+      }
+      float chunk_ms = 0;
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(
+          cudaEventElapsedTime(&chunk_ms, chunk_events[0], chunk_events[1]), "event time"));
+      const double last_chunk_ms = chunk_ms;
+      if (r == 0 && length <= flags.forward_max) forward_ms += last_chunk_ms;
+      // The last layer's compute is done (the chunk's device time after its start).
+      const int64_t t0 = chunk_started + static_cast<int64_t>(chunk_ms * 1e6);
+      if (!flags.overlap) {
+        PDSERVE_RETURN_IF_ERROR(
+            runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post, &pool, &times));
+        stored = NowNs();
+      }
       PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
       absl::StatusOr<bool> done = false;
       while (done.ok() && !*done) done = transfer->Poll();
@@ -486,7 +514,8 @@ int main(int argc, char** argv) {
                  "DefaultTransferHostThreads of this host's cores)");
   app.add_option("--window-mib", flags.window_mib, "The sender's bytes in flight, MiB");
   app.add_option("--overlap", flags.overlap,
-                 "Run the last chunk as ForwardExporting (layer copies during its compute)");
+                 "Store and post the layers during the last chunk's compute "
+                 "(BeginForwardExporting), as the CUDA prefill engine does");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

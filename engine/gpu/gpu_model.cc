@@ -468,6 +468,16 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
 absl::StatusOr<Tensor> GpuModel::Impl::Run(
     const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
     bool use_graph, bool decode, bool to_host) {
+  PDSERVE_RETURN_IF_ERROR(Begin(work, padded_rows, use_graph, decode, to_host));
+  return Finish();
+}
+
+absl::Status GpuModel::Impl::Begin(
+    const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
+    bool use_graph, bool decode, bool to_host) {
+  if (pending.has_value()) {
+    return absl::FailedPreconditionError("GpuModel: a begun forward was not finished");
+  }
   const ModelConfig& c = config;
   int64_t real_rows = 0;
   int64_t max_tokens = 0;
@@ -549,13 +559,23 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
                         static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
                         cudaMemcpyDeviceToHost, stream));
   }
-  // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
-  if (to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  // The positions advance now: what is enqueued after this (ExportLayerAsync between Begin and
+  // Finish) runs after the call on the stream and sees the new position.
   for (const auto& [slot, tokens] : work) {
     slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
   }
-  if (!to_host) return Tensor();
-  Tensor out({real_rows, c.vocab_size});
+  pending = Pending{real_rows, to_host};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> GpuModel::Impl::Finish() {
+  if (!pending.has_value()) return absl::FailedPreconditionError("GpuModel: no begun forward");
+  const Pending p = *pending;
+  pending.reset();
+  // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
+  if (p.to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (!p.to_host) return Tensor();
+  Tensor out({p.real_rows, config.vocab_size});
   std::memcpy(out.ptr(), logits_host.get(), out.data.size() * sizeof(float));
   return out;
 }
@@ -569,6 +589,7 @@ const std::vector<int64_t>& GpuModel::decode_buckets() const {
 }
 int64_t GpuModel::rank() const { return impl_->comm != nullptr ? impl_->comm->rank() : 0; }
 int64_t GpuModel::world() const { return impl_->comm != nullptr ? impl_->comm->world() : 1; }
+void* GpuModel::cuda_stream() const { return impl_->stream; }
 
 int64_t GpuModel::Position(int64_t slot) const {
   if (slot < 0 || slot >= impl_->options.slots) return -1;
@@ -599,6 +620,14 @@ absl::Status CheckGroupRows(int64_t group_rows, int64_t max_rows) {
 
 absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens,
                                          int64_t group_rows) {
+  PDSERVE_RETURN_IF_ERROR(BeginForward(slot, tokens, group_rows));
+  return impl_->Finish();
+}
+
+absl::StatusOr<Tensor> GpuModel::FinishForward() { return impl_->Finish(); }
+
+absl::Status GpuModel::BeginForward(int64_t slot, const std::vector<int32_t>& tokens,
+                                    int64_t group_rows) {
   Impl& m = *impl_;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slot < 0 || slot >= m.options.slots) {
@@ -617,7 +646,8 @@ absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t
         absl::StrCat("GpuModel: context past max_context ", m.max_context));
   }
   const int64_t rows = std::max(n, group_rows);
-  return m.Run({{slot, tokens}}, rows, /*use_graph=*/false, n == 1 && m.IsBucket(rows));
+  return m.Begin({{slot, tokens}}, rows, /*use_graph=*/false, n == 1 && m.IsBucket(rows),
+                 /*to_host=*/true);
 }
 
 absl::Status GpuModel::Idle(int64_t rows) {

@@ -189,6 +189,9 @@ class GpuModel {
   const std::vector<int64_t>& decode_buckets() const;
   int64_t rank() const;   // 0 without expert parallelism
   int64_t world() const;  // 1 without expert parallelism
+  // The stream (a cudaStream_t) the model enqueues its work on, for a caller's own timing events
+  // (benchmarks); work the caller enqueues there runs in order with the model's.
+  void* cuda_stream() const;
   // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
   // for this model: what runtime::PagedState::Load fills before ImportState.
   ModelState NewState() const;
@@ -312,6 +315,17 @@ class GpuModel {
   // staging may hold some of the copies: Discard it.
   absl::StatusOr<Tensor> ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
                                           StateStaging* staging);
+  // ForwardExporting in two halves, so the calling thread can store and send the exported layers
+  // while the later layers compute: BeginForwardExporting checks and enqueues the chunk (with the
+  // per-layer copies) and returns without waiting; FinishForward waits for it and returns its
+  // logits. In between, on the same thread, only StateStaging::TakeLayerBlocks and
+  // ExportLayerAsync (which see the slot at its new position: they run after the chunk on the
+  // stream) may be called on this model and its staging; FinishForward must follow, also after
+  // an error. Errors as ForwardExporting's; FailedPrecondition for a Begin while one is pending
+  // or a Finish without one.
+  absl::Status BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                     StateStaging* staging);
+  absl::StatusOr<Tensor> FinishForward();
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
   // logits [slots.size(), vocab_size]. The batch runs padded to the smallest bucket holding
@@ -348,6 +362,8 @@ class GpuModel {
  private:
   struct Impl;
   explicit GpuModel(std::unique_ptr<Impl> impl);
+  // Forward's checks and its enqueued work, not waited for (FinishForward waits).
+  absl::Status BeginForward(int64_t slot, const std::vector<int32_t>& tokens, int64_t group_rows);
   // ExportLayerAsync's copies of layer `layer` at slot position `position`, enqueued on the
   // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
   absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,

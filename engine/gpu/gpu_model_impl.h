@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -434,6 +435,18 @@ struct GpuModel::Impl {
   absl::StatusOr<Tensor> Decode(const std::vector<int64_t>& slots,
                                 const std::vector<int32_t>& tokens, bool use_graph,
                                 int64_t group_rows, bool to_host);
+  // Run in two halves: Begin stages and enqueues everything (the logits' copy to the host too),
+  // advances the work's positions and returns; Finish synchronizes (when to_host or in a group)
+  // and returns the logits. FailedPrecondition for a Begin while one is pending or a Finish
+  // without one.
+  struct Pending {
+    int64_t real_rows = 0;
+    bool to_host = true;
+  };
+  std::optional<Pending> pending;
+  absl::Status Begin(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
+                     int64_t padded_rows, bool use_graph, bool decode, bool to_host);
+  absl::StatusOr<Tensor> Finish();
   absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
                              int64_t padded_rows, bool use_graph, bool decode, bool to_host = true);
 };

@@ -200,6 +200,12 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
 
 absl::StatusOr<Tensor> GpuModel::ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
                                                   StateStaging* staging) {
+  PDSERVE_RETURN_IF_ERROR(BeginForwardExporting(slot, tokens, staging));
+  return FinishForward();
+}
+
+absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                             StateStaging* staging) {
   Impl& m = *impl_;
   if (staging == nullptr || staging->impl_->owner != this) {
     return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
@@ -238,9 +244,9 @@ absl::StatusOr<Tensor> GpuModel::ForwardExporting(int64_t slot, const std::vecto
     PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(m.copy_stream, attended, 0));
     return ExportLayer(slot, layer, staging, position, /*on_copy_stream=*/true);
   };
-  absl::StatusOr<Tensor> logits = Forward(slot, tokens);
+  const absl::Status begun = BeginForward(slot, tokens, /*group_rows=*/0);
   m.after_attention = nullptr;
-  return logits;
+  return begun;
 }
 
 absl::Status GpuModel::ExportLayer(int64_t slot, int64_t layer, StateStaging* staging,

@@ -70,19 +70,30 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
   PDSERVE_RETURN_IF_ERROR(staging_->Discard());
   PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(kSlot));
   engine::Tensor logits;
+  // On one GPU the last chunk is only begun: its layers' state is stored and posted on this
+  // thread as each layer's copy lands, while the later layers compute (GpuModel::
+  // BeginForwardExporting); then the chunk is finished. A group runs every chunk whole (its
+  // collectives synchronize inside the forward) and stores after it.
+  const bool overlap = group_->world() == 1;
   for (int64_t from = 0; from < length;) {
     const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
     const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+    if (overlap && to == length) {
+      PDSERVE_RETURN_IF_ERROR(gpu.BeginForwardExporting(kSlot, tokens, staging_.get()));
+      const absl::Status stored =
+          StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_);
+      absl::StatusOr<engine::Tensor> finished = gpu.FinishForward();
+      PDSERVE_RETURN_IF_ERROR(stored);
+      PDSERVE_RETURN_IF_ERROR(finished.status());
+      logits = std::move(*finished);
+      PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
+      break;
+    }
     // Rank 0 runs the chunk; the other ranks of a group meet its MoE collectives with padding.
-    // The last chunk copies each layer's final state to the staging as soon as its attention
-    // has written it, while the later layers compute.
-    const bool last = to == length;
     const std::vector<absl::Status> ran =
         group_->Run([&](int64_t r, engine::gpu::GpuModel& model) -> absl::Status {
           if (r > 0) return model.Idle(to - from);
-          PDSERVE_ASSIGN_OR_RETURN(logits,
-                                   last ? model.ForwardExporting(kSlot, tokens, staging_.get())
-                                        : model.Forward(kSlot, tokens));
+          PDSERVE_ASSIGN_OR_RETURN(logits, model.Forward(kSlot, tokens));
           return absl::OkStatus();
         });
     for (const absl::Status& s : ran) PDSERVE_RETURN_IF_ERROR(s);
@@ -92,8 +103,10 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
   const int64_t vocab = logits.dim(1);
   const float* last = logits.ptr() + (logits.dim(0) - 1) * vocab;
   std::vector<float> last_logits(last, last + vocab);
-  PDSERVE_RETURN_IF_ERROR(
-      StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_));
+  if (!overlap) {
+    PDSERVE_RETURN_IF_ERROR(
+        StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_));
+  }
   return last_logits;
 }
 

@@ -1,27 +1,27 @@
 // The prefill worker's CUDA engine (`backend: cuda`): the prompt runs on one slot of an
 // engine::gpu::GpuModel in Forward calls cut at absolute multiples of prefill_block (as the CPU
-// engine and the colocated runners cut them). After the last chunk the slot's state leaves layer
-// by layer through pinned host memory (engine::gpu::StateStaging, allocated once per engine):
-// the device-to-host copies of as many layers as the staging has buffers are enqueued at once
-// (GpuModel::ExportLayerAsync, one event per layer), and for each layer in order the engine waits
-// for that layer's copy only, converts it to the CPU engine's layout, stores it into the
-// request's pages and hands it to the worker (which posts its pages), then enqueues the copy of
-// the layer that buffer serves next. So the copies of later layers run while earlier layers are
-// stored (spread over the engine's host threads, TaskPool), checksummed and sent. The first
-// `buffers` layers' copies start earlier still: the last chunk runs as
-// GpuModel::ForwardExporting, which enqueues layer L's copy on a copy stream as soon as L's
-// attention has written its state, so it runs while layers L + 1 .. compute. The pages hold the
-// device's bf16 values exactly (bit for bit what GpuModel::ExportState gives). The slot is free
-// again when Run returns: the worker runs one prefill at a time, so one slot suffices.
+// engine and the colocated runners cut them). The slot's state leaves layer by layer through
+// pinned host memory (engine::gpu::StateStaging, allocated once per engine) as the last chunk
+// makes it final: on one GPU the last chunk is begun (GpuModel::BeginForwardExporting), which
+// enqueues the device-to-host copy of each of the staging's first `buffers` layers on a copy
+// stream as soon as that layer's attention has written its state; then, while the later layers
+// still compute, the engine takes each layer's copy in order (waiting for that copy only), stores
+// it into the request's pages (StoreSlotStaged: spread over the engine's host threads, a
+// TaskPool) and hands it to the worker (which posts its pages: checksums on the same pool, sends
+// over the lanes), enqueuing the copy of the layer the freed buffer serves next (after the
+// chunk); then it finishes the chunk for its logits. The pages hold the device's bf16 values
+// exactly (bit for bit what GpuModel::ExportState gives). The slot is free again when Run
+// returns: the worker runs one prefill at a time, so one slot suffices.
 //
 // Several GPUs (an expert-parallel engine::gpu::GpuModelGroup): the prompt runs on rank 0 and
 // every other rank takes part in each chunk's MoE collectives with padding rows
 // (GpuModel::Idle), since the worker has one prompt at a time to give it. What several GPUs buy
-// the prefill worker is room for the experts, not data parallelism.
+// the prefill worker is room for the experts, not data parallelism. A group's chunks run whole
+// (its collectives synchronize inside the forward) and the state is stored after the last one.
 //
 // What does not overlap (docs/protocol.md, "Prefill on the CUDA engine"): a layer's state is
-// final only after the last chunk, so nothing leaves during the earlier chunks; the stores and
-// sends of every layer, and the copies past the staging's buffers, still follow the forward.
+// final only after the last chunk, so nothing leaves during the earlier chunks; layers past the
+// staging's buffers are copied after the last chunk.
 //
 // Thread-safety: one Run at a time (GpuModel is not thread-safe).
 #pragma once

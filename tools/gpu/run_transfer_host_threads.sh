@@ -62,21 +62,24 @@ if [[ " $steps " == *" bench "* ]]; then
   # UCX_TLS:host threads (0: default):overlap (the last chunk as ForwardExporting or not). The
   # forward is measured at 4K only (a 32K forward takes ~11 s); longer prompts' TTFT is
   # extrapolated linearly ("est."). Most important first: the round may end early.
-  for run in shm,self:$threads:1 default:$threads:1 shm,self:1:1 shm,self:$threads:0; do
-    IFS=: read -r tls ht ov <<< "$run"
-    name=${tls/,/-}-threads$ht-overlap$ov
+  # The fourth field: the sender's window of bytes in flight, MiB (8: SenderOptions' default).
+  for run in shm,self:$threads:1:8 default:$threads:1:8 shm,self:1:1:8 shm,self:$threads:0:8 \
+             shm,self:$threads:1:64; do
+    IFS=: read -r tls ht ov win <<< "$run"
+    name=${tls/,/-}-threads$ht-overlap$ov-window$win
     log=$out/bench-$name.txt
     if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-    may || { row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov" "SKIPPED" "out of time"; continue; }
+    may || { row "transfer bench, $name" "SKIPPED" "out of time"; continue; }
     timeout "$(cap 35)" gpu_state_transfer_bench --layers "$layers" --lengths "$lengths" \
-      --forward-max 4096 --repeats 3 --host-threads "$ht" --overlap "$ov" --old-import 0 \
+      --forward-max 4096 --repeats 3 --host-threads "$ht" --overlap "$ov" --window-mib "$win" \
+      --old-import 0 \
       > "$log" 2> "$out/bench-$name.err"
     rc=$?
     unset UCX_TLS
-    row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov" \
+    row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov, window $win MiB" \
       "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
       "state equal on $(grep -c '| equal |' "$log") of $(grep -cE '^\| [0-9]' "$log") rows ($(elapsed))"
-    while read -r line; do bench_rows+=("| $tls ${line#| }"); done < <(grep -E '^\| [0-9]' "$log")
+    while read -r line; do bench_rows+=("| $tls ${line#| } $win |"); done < <(grep -E '^\| [0-9]' "$log")
   done
   ucx_info -d > "$out/ucx_info-d.txt" 2>&1
   cuda_tl=$(grep -E 'Transport: cuda' "$out/ucx_info-d.txt" | sort -u | tr -s ' ' | tr '\n' ' ')
@@ -143,15 +146,15 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
   echo
   # Per prompt length: e2e GB/s, floor, share, perftest of the same transport, time left after
   # compute as % of TTFT, and the stage breakdown (ms).
-  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | window MiB |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for line in "${bench_rows[@]}"; do
     IFS='|' read -r -a f <<< "$line"
     # f[1] "tls tokens", f[2] layers, f[3] lanes, f[4] threads, f[5] bytes, f[6] wait, f[7] store,
     # f[8] post, f[9] drain, f[10] lag, f[11] transfer, f[12] GB/s, f[13] import, f[14] old,
     # f[15] e2e, f[16] floor, f[17] share, f[18] forward, f[19] left, f[20] ttft share,
-    # f[21] state, f[22] overlap, f[23] last chunk ms
+    # f[21] state, f[22] overlap, f[23] last chunk ms, f[24] window (added here)
     read -r tls tokens <<< "${f[1]}"
-    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|"
+    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|${f[24]}|"
   done
 fi
