@@ -42,8 +42,11 @@ struct SourcePage {
 
 struct SenderOptions {
   // Bytes of page payload handed to the transport and not yet completed, at most (at least one
-  // page is always allowed). UCX moves data only while the sender polls, so more in flight buys
-  // nothing, and a page checksummed long before UCX copies it has left the cache by then.
+  // page is always allowed). With one lane UCX moves data only while the sender polls, so more
+  // in flight buys nothing, and a page checksummed long before UCX copies it has left the cache
+  // by then; with several lanes their threads move it between polls, and a sender that polls only
+  // between layers (the CUDA prefill waiting for the next layer's copy) needs the whole layer in
+  // flight: InFlightBytesForLanes.
   size_t max_in_flight_bytes = size_t{8} << 20;
   // Where the transfer metrics go (kvtransfer/transfer_metrics.h; must outlive the sender and
   // its transfers), or nowhere when null; `path` is their path label ("host", "host-staged",
@@ -57,6 +60,12 @@ struct SenderOptions {
   // threads of a transfer"); the headers and the commit carry the same values either way.
   TaskPool* checksum_pool = nullptr;
 };
+
+// max_in_flight_bytes for a transport of `lanes` lanes: 8 MiB for one (the default above), 256 MiB
+// from two on (lane threads progress the sends; a V4-Flash CSA layer at 128K tokens is ~41 MB).
+inline size_t InFlightBytesForLanes(int lanes) {
+  return lanes > 1 ? size_t{256} << 20 : size_t{8} << 20;
+}
 
 class Transfer {
  public:

@@ -37,6 +37,7 @@ class UcxSendOp final : public SendOp {
     } else {
       request_ = request;
       lane_.AddBusy(1);  // Until OnDone, which runs inside a later progress of this lane.
+      lane_.Wake();      // Its thread may be asleep on the event fd.
     }
   }
 

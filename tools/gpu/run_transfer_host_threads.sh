@@ -58,33 +58,30 @@ source wire/env.sh
 echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 
 bench_rows=()
-if [[ " $steps " == *" bench "* ]]; then
-  # UCX_TLS:host threads (0: default):overlap (the last chunk as ForwardExporting or not). The
-  # forward is measured at 4K only (a 32K forward takes ~11 s); longer prompts' TTFT is
-  # extrapolated linearly ("est."). Most important first: the round may end early.
-  # The fourth field: the sender's window of bytes in flight, MiB (8: SenderOptions' default).
-  for run in shm,self:$threads:1:8 default:$threads:1:8 shm,self:1:1:8 shm,self:$threads:0:8 \
-             shm,self:$threads:1:64; do
-    IFS=: read -r tls ht ov win <<< "$run"
-    name=${tls/,/-}-threads$ht-overlap$ov-window$win
-    log=$out/bench-$name.txt
-    if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-    may || { row "transfer bench, $name" "SKIPPED" "out of time"; continue; }
-    timeout "$(cap 35)" gpu_state_transfer_bench --layers "$layers" --lengths "$lengths" \
-      --forward-max 4096 --repeats 3 --host-threads "$ht" --overlap "$ov" --window-mib "$win" \
-      --old-import 0 \
-      > "$log" 2> "$out/bench-$name.err"
-    rc=$?
-    unset UCX_TLS
-    row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov, window $win MiB" \
-      "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
-      "state equal on $(grep -c '| equal |' "$log") of $(grep -cE '^\| [0-9]' "$log") rows ($(elapsed))"
-    while read -r line; do bench_rows+=("| $tls ${line#| } $win |"); done < <(grep -E '^\| [0-9]' "$log")
-  done
-  ucx_info -d > "$out/ucx_info-d.txt" 2>&1
-  cuda_tl=$(grep -E 'Transport: cuda' "$out/ucx_info-d.txt" | sort -u | tr -s ' ' | tr '\n' ' ')
-  row "UCX CUDA transports" "info" "${cuda_tl:-none (pages staged through pinned host memory)}"
-fi
+# One bench run: UCX_TLS, host threads (0: default), overlap (1: the stores during the last
+# chunk, as the engine does), the sender's window in MiB (0: kv::InFlightBytesForLanes), the
+# lengths, the longest timeout it may take.
+bench() {
+  local tls=$1 ht=$2 ov=$3 win=$4 lens=$5 limit=$6
+  local name=${tls/,/-}-threads$ht-overlap$ov-window$win
+  local log=$out/bench-$name.txt
+  if ! may; then row "transfer bench, $name" "SKIPPED" "out of time"; return; fi
+  if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
+  timeout "$(cap "$limit")" gpu_state_transfer_bench --layers "$layers" --lengths "$lens" \
+    --forward-max 4096 --repeats 3 --host-threads "$ht" --overlap "$ov" --window-mib "$win" \
+    --old-import 0 > "$log" 2> "$out/bench-$name.err"
+  local rc=$?
+  unset UCX_TLS
+  row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov, window $win MiB" \
+    "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
+    "state equal on $(grep -c '| equal |' "$log") of $(grep -cE '^\| [0-9]' "$log") rows ($(elapsed))"
+  while read -r line; do bench_rows+=("| $tls ${line#| } $win |"); done < <(grep -E '^\| [0-9]' "$log")
+}
+run_bench=false
+[[ " $steps " == *" bench "* ]] && run_bench=true
+# The product's configuration first (the round may end early); the forward is measured at 4K
+# only (a 32K forward takes ~11 s), longer prompts' TTFT is extrapolated linearly ("est.").
+$run_bench && bench shm,self "$threads" 1 0 "$lengths" 60
 
 declare -A perftest
 if [[ " $steps " == *" perftest "* ]] && may; then
@@ -121,6 +118,18 @@ if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null &&
     "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
 fi
 
+# The comparisons, at 128K only: tcp (what workers without UCX_TLS use), one host thread, no
+# overlap, the one-lane window.
+if $run_bench; then
+  bench default "$threads" 1 0 "$lengths" 45
+  bench shm,self 1 1 0 131072 25
+  bench shm,self "$threads" 0 0 131072 25
+  bench shm,self "$threads" 1 8 131072 25
+  ucx_info -d > "$out/ucx_info-d.txt" 2>&1
+  cuda_tl=$(grep -E 'Transport: cuda' "$out/ucx_info-d.txt" | sort -u | tr -s ' ' | tr '\n' ' ')
+  row "UCX CUDA transports" "info" "${cuda_tl:-none (pages staged through pinned host memory)}"
+fi
+
 host_table=""
 if [[ " $steps " == *" host "* ]] && may; then
   timeout "$(cap 40)" import_host_bench --layers "$layers" --lengths "$lengths" --repeats 3 \
@@ -146,7 +155,7 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
   echo
   # Per prompt length: e2e GB/s, floor, share, perftest of the same transport, time left after
   # compute as % of TTFT, and the stage breakdown (ms).
-  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | window MiB |"
+  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | window MiB (0: 256 with several lanes) |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for line in "${bench_rows[@]}"; do
     IFS='|' read -r -a f <<< "$line"
