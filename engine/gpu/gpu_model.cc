@@ -572,6 +572,13 @@ absl::StatusOr<Tensor> GpuModel::Impl::Finish() {
   if (!pending.has_value()) return absl::FailedPreconditionError("GpuModel: no begun forward");
   const Pending p = *pending;
   pending.reset();
+  // Work enqueued on the stream from now on (the next forward, an import) runs after every
+  // layer copy ForwardExporting / ExportLayerAsync put on the copy stream, as after the
+  // stream's own copies.
+  if (copy_stream != nullptr) {
+    PDSERVE_CUDA_RETURN(cudaEventRecord(copies_enqueued, copy_stream));
+    PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(stream, copies_enqueued, 0));
+  }
   // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
   if (p.to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
   if (!p.to_host) return Tensor();

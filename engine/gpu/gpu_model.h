@@ -252,7 +252,9 @@ class GpuModel {
   // ordered after the copies on the same stream, so a copy sees the slot as it was when it was
   // enqueued even if the slot runs on meanwhile. InvalidArgument for a bad slot or layer or a
   // staging of another model; FailedPrecondition when the layer's buffer still holds a layer not
-  // taken; Internal for a CUDA error.
+  // taken; Internal for a CUDA error. Between BeginForwardExporting and FinishForward the copy
+  // runs on the copy stream instead, after the chunk's attention of that layer (see there);
+  // work enqueued after FinishForward is ordered after it all the same.
   absl::Status ExportLayerAsync(int64_t slot, int64_t layer, StateStaging* staging);
   // Makes slot `slot` hold `state` (any CPU-layout state: from the CPU engine, from ExportState
   // of this or another GpuModel of the same model, or loaded from state-pool pages), so the next
@@ -319,10 +321,12 @@ class GpuModel {
   // while the later layers compute: BeginForwardExporting checks and enqueues the chunk (with the
   // per-layer copies) and returns without waiting; FinishForward waits for it and returns its
   // logits. In between, on the same thread, only StateStaging::TakeLayerBlocks and
-  // ExportLayerAsync (which see the slot at its new position: they run after the chunk on the
-  // stream) may be called on this model and its staging; FinishForward must follow, also after
-  // an error. Errors as ForwardExporting's; FailedPrecondition for a Begin while one is pending
-  // or a Finish without one.
+  // ExportLayerAsync may be called on this model and its staging; such an ExportLayerAsync of
+  // the chunk's slot copies the layer at the slot's new position as soon as the chunk's
+  // attention of that layer is done (on the copy stream), not after the whole chunk, so a
+  // staging with fewer buffers than layers still overlaps every layer whose buffer the host frees
+  // in time. FinishForward must follow, also after an error. Errors as ForwardExporting's;
+  // FailedPrecondition for a Begin while one is pending or a Finish without one.
   absl::Status BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
                                      StateStaging* staging);
   absl::StatusOr<Tensor> FinishForward();

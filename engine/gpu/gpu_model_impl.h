@@ -271,6 +271,10 @@ struct GpuModel::Impl {
   cudaStream_t copy_stream = nullptr;
   std::vector<cudaEvent_t> layer_attended;
   std::function<absl::Status(int64_t layer)> after_attention;
+  // The slot whose chunk BeginForwardExporting marked layer by layer in layer_attended (-1: none);
+  // meaningful while `pending` (until FinishForward).
+  int64_t attended_slot = -1;
+  cudaEvent_t copies_enqueued = nullptr;  // Finish orders the stream after copy_stream with it
   cublasHandle_t cublas = nullptr;
   DeviceArray<unsigned char> cublas_workspace;
 
@@ -342,6 +346,7 @@ struct GpuModel::Impl {
     if (pages_uploaded != nullptr) cudaEventDestroy(pages_uploaded);
     if (cublas != nullptr) cublasDestroy(cublas);
     for (cudaEvent_t e : layer_attended) cudaEventDestroy(e);
+    if (copies_enqueued != nullptr) cudaEventDestroy(copies_enqueued);
     if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }

@@ -194,6 +194,16 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
     return absl::InvalidArgumentError(
         absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
   }
+  // Between BeginForwardExporting and FinishForward a layer's copy need not wait for the whole
+  // chunk: on the copy stream after that layer's attention (its state is final there).
+  if (m.pending.has_value() && m.attended_slot == slot && layer >= 0 &&
+      layer < static_cast<int64_t>(m.layer_attended.size())) {
+    PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+    PDSERVE_CUDA_RETURN(
+        cudaStreamWaitEvent(m.copy_stream, m.layer_attended[static_cast<size_t>(layer)], 0));
+    return ExportLayer(slot, layer, staging, m.slot_positions[static_cast<size_t>(slot)],
+                       /*on_copy_stream=*/true);
+  }
   return ExportLayer(slot, layer, staging, m.slot_positions[static_cast<size_t>(slot)],
                      /*on_copy_stream=*/false);
 }
@@ -226,6 +236,7 @@ absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int
   }
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (m.copy_stream == nullptr) {
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&m.copies_enqueued, cudaEventDisableTiming));
     PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
   }
   while (static_cast<int64_t>(m.layer_attended.size()) < layers) {
@@ -237,15 +248,18 @@ absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int
   // layer is enqueued if the chunk does not fit).
   const int64_t position =
       m.slot_positions[static_cast<size_t>(slot)] + static_cast<int64_t>(tokens.size());
+  // Every layer's attention is marked (ExportLayerAsync of a later layer waits for its mark
+  // until FinishForward); the first `count` layers' copies are enqueued right there.
   m.after_attention = [&](int64_t layer) -> absl::Status {
-    if (layer >= count) return absl::OkStatus();
     const cudaEvent_t attended = m.layer_attended[static_cast<size_t>(layer)];
     PDSERVE_CUDA_RETURN(cudaEventRecord(attended, m.stream));
+    if (layer >= count) return absl::OkStatus();
     PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(m.copy_stream, attended, 0));
     return ExportLayer(slot, layer, staging, position, /*on_copy_stream=*/true);
   };
   const absl::Status begun = BeginForward(slot, tokens, /*group_rows=*/0);
   m.after_attention = nullptr;
+  m.attended_slot = begun.ok() ? slot : -1;
   return begun;
 }
 

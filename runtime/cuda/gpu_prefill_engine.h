@@ -8,8 +8,8 @@
 // still compute, the engine takes each layer's copy in order (waiting for that copy only), stores
 // it into the request's pages (StoreSlotStaged: spread over the engine's host threads, a
 // TaskPool) and hands it to the worker (which posts its pages: checksums on the same pool, sends
-// over the lanes), enqueuing the copy of the layer the freed buffer serves next (after the
-// chunk); then it finishes the chunk for its logits. The pages hold the device's bf16 values
+// over the lanes), enqueuing the copy of the layer the freed buffer serves next (on the copy
+// stream after that layer's attention); then it finishes the chunk for its logits. The pages hold the device's bf16 values
 // exactly (bit for bit what GpuModel::ExportState gives). The slot is free again when Run
 // returns: the worker runs one prefill at a time, so one slot suffices.
 //
@@ -20,8 +20,8 @@
 // (its collectives synchronize inside the forward) and the state is stored after the last one.
 //
 // What does not overlap (docs/protocol.md, "Prefill on the CUDA engine"): a layer's state is
-// final only after the last chunk, so nothing leaves during the earlier chunks; layers past the
-// staging's buffers are copied after the last chunk.
+// final only after the last chunk, so nothing leaves during the earlier chunks; what the host has
+// not stored and sent by the end of the last chunk's compute adds to TTFT.
 //
 // Thread-safety: one Run at a time (GpuModel is not thread-safe).
 #pragma once
