@@ -33,13 +33,12 @@ void UcxLane::StopThread() {
 void UcxLane::Run() {
   // The sleep bound: how late a stop or an endpoint error is noticed while the lane is idle.
   constexpr int kIdleWaitMs = 2;
-  absl::Time active = absl::InfinitePast();  // when the worker last progressed anything
   while (!stop_.load()) {
     int fd = -1;
     {
       absl::MutexLock lock(&mu_);
-      if (worker_.Progress()) active = absl::Now();
-      if (busy() > 0 || absl::Now() - active < kSpinAfterActivity) {
+      worker_.Progress();
+      if (busy() > 0) {
         fd = -2;
       } else {
         absl::StatusOr<int> armed = worker_.Arm();
@@ -47,8 +46,8 @@ void UcxLane::Run() {
       }
     }
     if (fd == -2 || fd == -1) {
-      // Work in flight, recent activity, or events already pending: go round again, letting the
-      // owner's thread take the lock for its sends and tests.
+      // Work in flight, or events already pending: go round again, letting the owner's thread
+      // take the lock for its sends and tests.
       std::this_thread::yield();
     } else if (fd == -3) {
       absl::SleepFor(absl::Milliseconds(kIdleWaitMs));

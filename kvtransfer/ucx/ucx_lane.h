@@ -15,7 +15,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "kvtransfer/ucx/ucx.h"
 
 namespace pdserve::kv {
@@ -35,11 +34,9 @@ class UcxLane {
   // Stops the thread (if started); the worker goes with the lane.
   ~UcxLane();
 
-  // Starts the thread that progresses the worker: it spins (yielding) while busy() > 0 or while
-  // the worker progressed anything in the last kSpinAfterActivity, and otherwise sleeps on the
-  // worker's event fd for at most 2 ms at a time (a send posted on the lane wakes it: Wake). So a
-  // transfer whose pages come in bursts (a layer at a time, as the prefill computes) does not
-  // pay a sleep per rendezvous step between bursts. Call once.
+  // Starts the thread that progresses the worker: it spins (yielding) while busy() > 0 and
+  // otherwise sleeps on the worker's event fd for at most 2 ms at a time; a send posted on the
+  // lane wakes it (Wake). Call once.
   void StartThread();
   // Stops and joins the thread; no callback of this lane runs after it returns. Idempotent.
   void StopThread();
@@ -51,8 +48,6 @@ class UcxLane {
   UcxWorker& worker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_; }
   // The packed address of the worker (immutable after creation; no lock needed).
   const std::vector<std::byte>& address() const { return address_; }
-  // How long the thread keeps spinning after the worker last progressed something.
-  static constexpr absl::Duration kSpinAfterActivity = absl::Milliseconds(20);
   // Wakes the thread if it sleeps (the caller just posted work on the lane). Thread-safe.
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (threaded()) worker_.Signal();

@@ -59,29 +59,42 @@ echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,
 
 bench_rows=()
 # One bench run: UCX_TLS, host threads (0: default), overlap (1: the stores during the last
-# chunk, as the engine does), the sender's window in MiB (0: kv::InFlightBytesForLanes), the
-# lengths, the longest timeout it may take.
+# chunk, as the engine does), the sender's window in MiB (0: kv::InFlightBytesForLanes, 256 with
+# several lanes), the lengths, the longest timeout it may take, and extra UCX settings
+# (VAR=value, or "-").
 bench() {
-  local tls=$1 ht=$2 ov=$3 win=$4 lens=$5 limit=$6
+  local tls=$1 ht=$2 ov=$3 win=$4 lens=$5 limit=$6 extra=${7:--}
   local name=${tls/,/-}-threads$ht-overlap$ov-window$win
+  [ "$extra" = - ] || name=$name-${extra//[^A-Za-z0-9]/_}
   local log=$out/bench-$name.txt
   if ! may; then row "transfer bench, $name" "SKIPPED" "out of time"; return; fi
   if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-  timeout "$(cap "$limit")" gpu_state_transfer_bench --layers "$layers" --lengths "$lens" \
-    --forward-max 4096 --repeats 3 --host-threads "$ht" --overlap "$ov" --window-mib "$win" \
-    --old-import 0 > "$log" 2> "$out/bench-$name.err"
+  # shellcheck disable=SC2086  # $extra: one VAR=value word
+  env $([ "$extra" = - ] || echo "$extra") timeout "$(cap "$limit")" gpu_state_transfer_bench \
+    --layers "$layers" --lengths "$lens" --forward-max 4096 --repeats 3 --host-threads "$ht" \
+    --overlap "$ov" --window-mib "$win" --old-import 0 > "$log" 2> "$out/bench-$name.err"
   local rc=$?
   unset UCX_TLS
-  row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov, window $win MiB" \
+  row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov, window $win MiB, $extra" \
     "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
     "state equal on $(grep -c '| equal |' "$log") of $(grep -cE '^\| [0-9]' "$log") rows ($(elapsed))"
-  while read -r line; do bench_rows+=("| $tls ${line#| } $win |"); done < <(grep -E '^\| [0-9]' "$log")
+  while read -r line; do
+    bench_rows+=("| $tls ${line#| } $win | $extra |")
+  done < <(grep -E '^\| [0-9]' "$log")
 }
 run_bench=false
 [[ " $steps " == *" bench "* ]] && run_bench=true
-# The product's configuration first (the round may end early); the forward is measured at 4K
-# only (a 32K forward takes ~11 s), longer prompts' TTFT is extrapolated linearly ("est.").
-$run_bench && bench shm,self "$threads" 1 0 "$lengths" 60
+# Most important first (the round may end early): the 8 MiB window at every length, then at 128K
+# the 256 MiB window (what the prefill worker uses with several lanes) with UCX's rendezvous
+# threshold as it is and at 16 KiB (64 KiB pages then go as rendezvous: the receiver's lanes
+# pull them), tcp, one host thread, no overlap. The forward is measured at 4K only (a 32K forward
+# takes ~11 s); longer prompts' TTFT is extrapolated linearly ("est.").
+if $run_bench; then
+  bench shm,self "$threads" 1 8 "$lengths" 40
+  bench shm,self "$threads" 1 0 131072 20
+  bench shm,self "$threads" 1 0 131072 20 UCX_RNDV_THRESH=16384
+  bench default "$threads" 1 8 "$lengths" 35
+fi
 
 declare -A perftest
 if [[ " $steps " == *" perftest "* ]] && may; then
@@ -118,13 +131,11 @@ if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null &&
     "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
 fi
 
-# The comparisons, at 128K only: tcp (what workers without UCX_TLS use), one host thread, no
-# overlap, the one-lane window.
+# The comparisons at 128K: one host thread, no overlap, and the 8 MiB window with rendezvous.
 if $run_bench; then
-  bench default "$threads" 1 0 "$lengths" 45
-  bench shm,self 1 1 0 131072 25
-  bench shm,self "$threads" 0 0 131072 25
-  bench shm,self "$threads" 1 8 131072 25
+  bench shm,self 1 1 8 131072 20
+  bench shm,self "$threads" 0 8 131072 20
+  bench shm,self "$threads" 1 8 131072 20 UCX_RNDV_THRESH=16384
   ucx_info -d > "$out/ucx_info-d.txt" 2>&1
   cuda_tl=$(grep -E 'Transport: cuda' "$out/ucx_info-d.txt" | sort -u | tr -s ' ' | tr '\n' ' ')
   row "UCX CUDA transports" "info" "${cuda_tl:-none (pages staged through pinned host memory)}"
@@ -155,15 +166,15 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
   echo
   # Per prompt length: e2e GB/s, floor, share, perftest of the same transport, time left after
   # compute as % of TTFT, and the stage breakdown (ms).
-  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | window MiB (0: 256 with several lanes) |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | window MiB (0: 256 with several lanes) | UCX setting |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for line in "${bench_rows[@]}"; do
     IFS='|' read -r -a f <<< "$line"
     # f[1] "tls tokens", f[2] layers, f[3] lanes, f[4] threads, f[5] bytes, f[6] wait, f[7] store,
     # f[8] post, f[9] drain, f[10] lag, f[11] transfer, f[12] GB/s, f[13] import, f[14] old,
     # f[15] e2e, f[16] floor, f[17] share, f[18] forward, f[19] left, f[20] ttft share,
-    # f[21] state, f[22] overlap, f[23] last chunk ms, f[24] window (added here)
+    # f[21] state, f[22] overlap, f[23] last chunk ms, f[24] window, f[25] UCX setting (added here)
     read -r tls tokens <<< "${f[1]}"
-    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|${f[24]}|"
+    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|${f[24]}|${f[25]}|"
   done
 fi
