@@ -95,6 +95,7 @@ struct Flags {
   int64_t window_mib = 0;  // the sender's max_in_flight_bytes; 0: kv::InFlightBytesForLanes
   bool old_import = true;  // also time the previous import path
   bool overlap = true;     // the last chunk begun, the stores during it (GpuPrefillEngine's way)
+  bool post_on_lanes = true;  // the page sends posted by the lane threads (UcxTransport's default)
 };
 
 int HostThreads(const Flags& flags) {
@@ -254,7 +255,8 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
   PDSERVE_ASSIGN_OR_RETURN(auto staging,
                            gpu->NewStateStaging(std::clamp<int64_t>(
                                fit, std::min<int64_t>(2, flags.layers), flags.layers)));
-  PDSERVE_ASSIGN_OR_RETURN(auto transport, kv::UcxTransport::Create(Lanes(flags)));
+  PDSERVE_ASSIGN_OR_RETURN(auto transport,
+                           kv::UcxTransport::Create(Lanes(flags), flags.post_on_lanes));
   SystemClock clock;
   TaskPool pool(HostThreads(flags));
   cudaEvent_t chunk_events[2];
@@ -541,6 +543,8 @@ int main(int argc, char** argv) {
   app.add_option("--overlap", flags.overlap,
                  "Store and post the layers during the last chunk's compute "
                  "(BeginForwardExporting), as the CUDA prefill engine does");
+  app.add_option("--post-on-lanes", flags.post_on_lanes,
+                 "Post the page sends on the lane threads (0: on the prefill's thread)");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

@@ -60,8 +60,8 @@ echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,
 bench_rows=()
 # One bench run: UCX_TLS, host threads (0: default), overlap (1: the stores during the last
 # chunk, as the engine does), the sender's window in MiB (0: kv::InFlightBytesForLanes, 256 with
-# several lanes), the lengths, the longest timeout it may take, and extra UCX settings
-# (VAR=value, or "-").
+# several lanes), the lengths, the longest timeout it may take, and one extra setting (a UCX
+# VAR=value, a bench --flag=value, or "-").
 bench() {
   local tls=$1 ht=$2 ov=$3 win=$4 lens=$5 limit=$6 extra=${7:--}
   local name=${tls/,/-}-threads$ht-overlap$ov-window$win
@@ -69,10 +69,12 @@ bench() {
   local log=$out/bench-$name.txt
   if ! may; then row "transfer bench, $name" "SKIPPED" "out of time"; return; fi
   if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-  # shellcheck disable=SC2086  # $extra: one VAR=value word
-  env $([ "$extra" = - ] || echo "$extra") timeout "$(cap "$limit")" gpu_state_transfer_bench \
+  local envs=() flags=()
+  case $extra in -) ;; --*) flags=("$extra") ;; *) envs=("$extra") ;; esac
+  env "${envs[@]}" timeout "$(cap "$limit")" gpu_state_transfer_bench \
     --layers "$layers" --lengths "$lens" --forward-max 4096 --repeats 3 --host-threads "$ht" \
-    --overlap "$ov" --window-mib "$win" --old-import 0 > "$log" 2> "$out/bench-$name.err"
+    --overlap "$ov" --window-mib "$win" --old-import 0 "${flags[@]}" \
+    > "$log" 2> "$out/bench-$name.err"
   local rc=$?
   unset UCX_TLS
   row "transfer bench, UCX_TLS=$tls, host threads $ht, overlap $ov, window $win MiB, $extra" \
@@ -84,16 +86,17 @@ bench() {
 }
 run_bench=false
 [[ " $steps " == *" bench "* ]] && run_bench=true
-# Most important first (the round may end early): the 8 MiB window at every length, then at 128K
-# the 256 MiB window (what the prefill worker uses with several lanes) with UCX's rendezvous
-# threshold as it is and at 16 KiB (64 KiB pages then go as rendezvous: the receiver's lanes
-# pull them), tcp, one host thread, no overlap. The forward is measured at 4K only (a 32K forward
-# takes ~11 s); longer prompts' TTFT is extrapolated linearly ("est.").
+# Most important first (the round may end early): what the prefill worker does (the 256 MiB
+# window with several lanes, the page sends posted by the lane threads) at every length, then at
+# 128K the 8 MiB window, the sends posted on the prefill's thread, tcp at every length, and UCX's
+# rendezvous threshold at 16 KiB (64 KiB pages then go as rendezvous: the receiver's lanes pull
+# them). The forward is measured at 4K only (a 32K forward takes ~11 s); longer prompts' TTFT is
+# extrapolated linearly ("est.").
 if $run_bench; then
-  bench shm,self "$threads" 1 8 "$lengths" 40
-  bench shm,self "$threads" 1 0 131072 20
-  bench shm,self "$threads" 1 0 131072 20 UCX_RNDV_THRESH=16384
-  bench default "$threads" 1 8 "$lengths" 35
+  bench shm,self "$threads" 1 0 "$lengths" 40
+  bench shm,self "$threads" 1 8 131072 20
+  bench shm,self "$threads" 1 0 131072 20 --post-on-lanes=0
+  bench default "$threads" 1 0 "$lengths" 35
 fi
 
 declare -A perftest
@@ -131,11 +134,11 @@ if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null &&
     "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
 fi
 
-# The comparisons at 128K: one host thread, no overlap, and the 8 MiB window with rendezvous.
+# The comparisons at 128K: rendezvous at 16 KiB, one host thread, no overlap.
 if $run_bench; then
-  bench shm,self 1 1 8 131072 20
-  bench shm,self "$threads" 0 8 131072 20
-  bench shm,self "$threads" 1 8 131072 20 UCX_RNDV_THRESH=16384
+  bench shm,self "$threads" 1 0 131072 20 UCX_RNDV_THRESH=16384
+  bench shm,self 1 1 0 131072 20
+  bench shm,self "$threads" 0 0 131072 20
   ucx_info -d > "$out/ucx_info-d.txt" 2>&1
   cuda_tl=$(grep -E 'Transport: cuda' "$out/ucx_info-d.txt" | sort -u | tr -s ' ' | tr '\n' ' ')
   row "UCX CUDA transports" "info" "${cuda_tl:-none (pages staged through pinned host memory)}"
