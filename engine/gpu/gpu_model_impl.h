@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -263,6 +265,16 @@ struct GpuModel::Impl {
   DeviceArray<float> main_inv_freq;
   DeviceArray<float> compress_inv_freq;
   cudaStream_t stream = nullptr;
+  // GpuModel::ForwardExporting's: the stream the per-layer state copies run on, one event per
+  // layer marking the end of its attention on `stream`, and the hook Enqueue calls right after
+  // each layer's attention (null outside ForwardExporting). Made at the first ForwardExporting.
+  cudaStream_t copy_stream = nullptr;
+  std::vector<cudaEvent_t> layer_attended;
+  std::function<absl::Status(int64_t layer)> after_attention;
+  // The slot whose chunk BeginForwardExporting marked layer by layer in layer_attended (-1: none);
+  // meaningful while `pending` (until FinishForward).
+  int64_t attended_slot = -1;
+  cudaEvent_t copies_enqueued = nullptr;  // Finish orders the stream after copy_stream with it
   cublasHandle_t cublas = nullptr;
   DeviceArray<unsigned char> cublas_workspace;
 
@@ -332,6 +344,9 @@ struct GpuModel::Impl {
     for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
     if (pages_uploaded != nullptr) cudaEventDestroy(pages_uploaded);
     if (cublas != nullptr) cublasDestroy(cublas);
+    for (cudaEvent_t e : layer_attended) cudaEventDestroy(e);
+    if (copies_enqueued != nullptr) cudaEventDestroy(copies_enqueued);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -424,6 +439,18 @@ struct GpuModel::Impl {
   absl::StatusOr<Tensor> Decode(const std::vector<int64_t>& slots,
                                 const std::vector<int32_t>& tokens, bool use_graph,
                                 int64_t group_rows, bool to_host);
+  // Run in two halves: Begin stages and enqueues everything (the logits' copy to the host too),
+  // advances the work's positions and returns; Finish synchronizes (when to_host or in a group)
+  // and returns the logits. FailedPrecondition for a Begin while one is pending or a Finish
+  // without one.
+  struct Pending {
+    int64_t real_rows = 0;
+    bool to_host = true;
+  };
+  std::optional<Pending> pending;
+  absl::Status Begin(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
+                     int64_t padded_rows, bool use_graph, bool decode, bool to_host);
+  absl::StatusOr<Tensor> Finish();
   absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
                              int64_t padded_rows, bool use_graph, bool decode, bool to_host = true);
 };
