@@ -107,8 +107,8 @@ bool SizesValid(int64_t m, int64_t n, int64_t k) {
 // The GemmArgs of one dense product (each row its own, k split as `plan` says); the caller sets
 // the activations (xq / xs quantized, or xb / xb_stride bf16).
 bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_t n, int64_t k,
-                       const DensePlan& plan, float* partial, __nv_bfloat16* out,
-                       float* out_f32, int64_t out_stride) {
+                       const DensePlan& plan, float* partial, __nv_bfloat16* out, float* out_f32,
+                       int64_t out_stride) {
   bs::GemmArgs a{};
   a.w = w;
   a.w_scale = w_scale;
@@ -213,16 +213,16 @@ cudaError_t Dispatch(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
     return out_f32 != nullptr
                ? fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out_f32,
                                 out_stride, workspace, workspace_bytes, stream, config, refusal)
-               : fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out,
-                                out_stride, workspace, workspace_bytes, stream, config, refusal);
+               : fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
+                                workspace, workspace_bytes, stream, config, refusal);
   };
   if (wgmma) return run_wgmma();
   if (use_lt) {
     const cublasLtHandle_t lt = SharedLtHandle();
     if (lt != nullptr) {
-      const cudaError_t status = LtPath(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out,
-                                        out_f32, out_stride, workspace, workspace_bytes, stream,
-                                        refusal);
+      const cudaError_t status =
+          LtPath(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_f32, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
       if (status != cudaErrorNotSupported) return status;
       (void)cudaGetLastError();  // no algorithm for this size or output type: our kernels
       if (refusal != nullptr) refusal->clear();
@@ -259,9 +259,9 @@ cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stri
                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
                     __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
                     size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n,
-                                     fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
-                                     refusal);
+  cudaError_t status =
+      ValidateDense(x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
+                    out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   const DensePlan plan = PlanDense(m, n, k, false);
   status = CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
@@ -284,11 +284,11 @@ cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stri
 // fp8_gemm_w8a16_mma for either output type.
 cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                        const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
-                       float* out_f32, int64_t out_stride, void* workspace,
-                       size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n,
-                                     fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
-                                     refusal);
+                       float* out_f32, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream, std::string* refusal) {
+  cudaError_t status =
+      ValidateDense(x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
+                    out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   const DensePlan plan = PlanDense(m, n, k, true);
   if (plan.partial_bytes > 0) {
@@ -308,15 +308,15 @@ cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_s
 // fp8_gemm_w8a16 for either output type.
 cudaError_t DispatchA16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                         const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
-                        float* out_f32, int64_t out_stride, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+                        float* out_f32, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream, std::string* refusal) {
   if (fp8_gemm_w8a16_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
     const Fp8WgmmaConfig& config = fp8_gemm_wgmma_default_config();
     return out_f32 != nullptr
                ? fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out_f32, out_stride,
                                       workspace, workspace_bytes, stream, config, refusal)
-               : fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride,
-                                      workspace, workspace_bytes, stream, config, refusal);
+               : fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
+                                      workspace_bytes, stream, config, refusal);
   }
   return MmaA16Path(x, m, k, x_stride, w, w_scale, n, out, out_f32, out_stride, workspace,
                     workspace_bytes, stream, refusal);
@@ -456,9 +456,9 @@ cudaError_t LtFailed(std::string* refusal, const char* step, cublasStatus_t stat
   } while (0)
 
 cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs, int64_t m,
-                     int64_t k, const uint8_t* w, const float* w_scale, int64_t n,
-                     void* out, bool out_f32, int64_t out_stride, void* lt_workspace,
-                     cudaStream_t stream, std::string* refusal) {
+                     int64_t k, const uint8_t* w, const float* w_scale, int64_t n, void* out,
+                     bool out_f32, int64_t out_stride, void* lt_workspace, cudaStream_t stream,
+                     std::string* refusal) {
   LtDescriptors desc;
   PDSERVE_LT("create op", cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T;
@@ -478,8 +478,8 @@ cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs
   PDSERVE_LT("b scale", set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)));
   PDSERVE_LT("layout a", cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, k, n, k));
   PDSERVE_LT("layout b", cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, k, m, k));
-  PDSERVE_LT("layout d", cublasLtMatrixLayoutCreate(&desc.d, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m,
-                                                       out_stride));
+  PDSERVE_LT("layout d", cublasLtMatrixLayoutCreate(&desc.d, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n,
+                                                    m, out_stride));
   PDSERVE_LT("preference", cublasLtMatmulPreferenceCreate(&desc.pref));
   const size_t ws_bytes = kCublasLtWorkspace;
   PDSERVE_LT("preference workspace",
@@ -505,9 +505,9 @@ cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, i
                    bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
                    void* workspace, size_t workspace_bytes, cudaStream_t stream,
                    std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n,
-                                     fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
-                                     refusal);
+  cudaError_t status =
+      ValidateDense(x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
+                    out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
   if (n % 16 != 0)
     return bs::Refuse(refusal, "n: not a multiple of 16 (" + std::to_string(n) + ")");
@@ -537,17 +537,18 @@ cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, i
     status = bs::LaunchActQuant(x, plan.lt_rows, k, x_stride, ue8m0_act_scale, base, xs, stream);
     if (status != cudaSuccess) return status;
     void* d = out_f32 != nullptr ? static_cast<void*>(out_f32) : static_cast<void*>(out);
-    status = LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, d, out_f32 != nullptr,
-                      out_stride, base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream,
-                      refusal);
+    status =
+        LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, d, out_f32 != nullptr, out_stride,
+                 base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream, refusal);
     if (status != cudaSuccess || plan.lt_rows == m) return status;
   }
   // The last m % 4 rows (stream-ordered after cuBLASLt, so the workspace is reused).
   const int64_t tail = m - plan.lt_rows;
   const int64_t skip = plan.lt_rows * out_stride;
   return MmaPath(x + plan.lt_rows * x_stride, tail, k, x_stride, w, w_scale, n, ue8m0_act_scale,
-                 out != nullptr ? out + skip : nullptr, out_f32 != nullptr ? out_f32 + skip : nullptr,
-                 out_stride, workspace, workspace_bytes, stream, refusal);
+                 out != nullptr ? out + skip : nullptr,
+                 out_f32 != nullptr ? out_f32 + skip : nullptr, out_stride, workspace,
+                 workspace_bytes, stream, refusal);
 }
 
 }  // namespace
@@ -557,16 +558,16 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
                               bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
                               std::string* refusal) {
-  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr,
-                out_stride, workspace, workspace_bytes, stream, refusal);
+  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr, out_stride,
+                workspace, workspace_bytes, stream, refusal);
 }
 
 cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
                               int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
                               bool ue8m0_act_scale, float* out, int64_t out_stride, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out,
-                out_stride, workspace, workspace_bytes, stream, refusal);
+  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
+                workspace, workspace_bytes, stream, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda

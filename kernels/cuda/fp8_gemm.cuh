@@ -27,7 +27,7 @@
 // cuBLASLt has no algorithm, the wgmma path). PDSERVE_FP8_GEMM=mma, =wgmma or =cublaslt (read
 // once per process) forces that path for every m (cuBLASLt where it can). Against the read floor
 // of the same bytes timed the same way (bench/cuda/decode_bench.cu, docs/perf.md, H200
-// 2026-12-04) fp8_gemm_w8a16 reaches 70-88% at 1-8 tokens, 43-65% at 32, 28-35% at 128: issue
+// 2026-12-04) fp8_gemm_w8a16 reaches 71-86% at 1-8 tokens, 43-64% at 32, 28-35% at 128: issue
 // 25's decode goal (80%) is met only by wq_b at 1-8 tokens.
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the

@@ -640,9 +640,9 @@ namespace {
 // Both modes: checks, descriptors, (act quant), the GEMM, the split-k reduction.
 cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool a16,
-                     bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32,
-                     int64_t out_stride, void* workspace, size_t workspace_bytes,
-                     cudaStream_t stream, const Fp8WgmmaConfig& config, std::string* refusal) {
+                     bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     const Fp8WgmmaConfig& config, std::string* refusal) {
   cudaError_t status = fp8_gemm_internal::ValidateDense(
       x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32), out_stride,
       refusal);

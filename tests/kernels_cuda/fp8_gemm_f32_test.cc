@@ -80,8 +80,8 @@ std::vector<T> Run(const Case& c, Mode mode, Path path, const Fp8WgmmaConfig& co
   using Out = std::conditional_t<std::is_same_v<T, float>, float, __nv_bfloat16>;
   Out* op = reinterpret_cast<Out*>(out.get());
   const bool a16 = mode == Mode::kW8A16;
-  size_t ws_bytes = a16 ? fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k)
-                        : fp8_gemm_workspace_bytes(c.m, c.n, c.k);
+  size_t ws_bytes =
+      a16 ? fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k) : fp8_gemm_workspace_bytes(c.m, c.n, c.k);
   if (path == Path::kWgmma) {
     ws_bytes = a16 ? fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, config)
                    : fp8_gemm_wgmma_workspace_bytes(c.m, c.n, c.k, config);
@@ -105,8 +105,8 @@ std::vector<T> Run(const Case& c, Mode mode, Path path, const Fp8WgmmaConfig& co
       status = fp8_gemm_w8a16(xp, c.m, c.k, c.x_stride, wp, sp, c.n, op, c.out_stride, ws.get(),
                               ws.size(), nullptr, &refusal);
     } else if (path == Path::kMma) {
-      status = fp8_gemm_w8a16_mma(xp, c.m, c.k, c.x_stride, wp, sp, c.n, op, c.out_stride,
-                                  ws.get(), ws.size(), nullptr, &refusal);
+      status = fp8_gemm_w8a16_mma(xp, c.m, c.k, c.x_stride, wp, sp, c.n, op, c.out_stride, ws.get(),
+                                  ws.size(), nullptr, &refusal);
     } else {
       status = fp8_gemm_w8a16_wgmma(xp, c.m, c.k, c.x_stride, wp, sp, c.n, op, c.out_stride,
                                     ws.get(), ws.size(), nullptr, config, &refusal);
@@ -145,8 +145,8 @@ void Check(const Case& c, Mode mode, Path path, const Fp8WgmmaConfig& config = {
     cpu::W8a16GemmReference(xf.data(), c.m, c.k, c.x_stride, c.w.data(), c.w_scale.data(), c.n,
                             want.data());
   } else {
-    cpu::Fp8GemmReference(xf.data(), c.m, c.k, c.x_stride, c.w.data(), c.w_scale.data(), c.n,
-                          false, want.data());
+    cpu::Fp8GemmReference(xf.data(), c.m, c.k, c.x_stride, c.w.data(), c.w_scale.data(), c.n, false,
+                          want.data());
   }
   // Untouched columns keep GuardedBuffer's 0xA5 fill.
   uint32_t fill = 0;
