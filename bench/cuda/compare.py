@@ -375,7 +375,8 @@ def main():
             # Only whole operations have a PyTorch counterpart (not the stages, the read floors
             # or the sweeps); --pytorch-only narrows it further; a size is timed once for all
             # variants of its kernel.
-            base = "indexer" if kernel in ("indexer", "indexer_wgmma") else kernel
+            base = ("indexer" if kernel in ("indexer", "indexer_wgmma", "indexer_select",
+                                            "indexer_wgmma_select") else kernel)
             for variant in ("_split", "_nopdl"):  # attention variants (cuda_bench.cu)
                 if base in ("csa_attention" + variant, "hca_attention" + variant):
                     base = base[:-len(variant)]

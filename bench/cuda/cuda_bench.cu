@@ -15,6 +15,7 @@
 //   launch table is the one to read there.
 // PDSERVE_BENCH_ONLY=attention: only the attention rows (and their read floors); the indexer's
 // pools are not allocated.
+// PDSERVE_BENCH_ONLY=indexer: only the indexer and top-k rows.
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
 // "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
@@ -201,6 +202,7 @@ int Run(int64_t only_batch, int64_t only_context) {
           lp.key_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].index_pool);
           return lp;
         };
+        ip.topk_variant = TopKVariant::kRadixCluster;  // rows indexer, indexer_wgmma: the baselines
         const double us = time_us([&](int l) {
           BENCH_CHECK(lightning_indexer(layer_ip(l), kTopK, scores, visible, picks, stream));
         });
@@ -237,25 +239,74 @@ int Run(int64_t only_batch, int64_t only_context) {
         std::printf("indexer_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                     static_cast<long long>(context), static_cast<long long>(keys), wgmma_us, bytes,
                     flops);
+        // Rows "indexer_scores_wgmma_qr": the wgmma scores with the queries in registers
+        // (kWgmmaQueryRegisters) alone; "indexer_select": those with the select-sort top-k
+        // (TopKVariant::kSelectSort); "indexer_wgmma_select": the kWgmma scores with it.
+        auto qr_ip = [&](int l) {
+          IndexerParams lp = layer_ip(l);
+          lp.scores_variant = IndexerScoresVariant::kWgmmaQueryRegisters;
+          lp.topk_variant = TopKVariant::kSelectSort;
+          return lp;
+        };
+        const double qr_scores_us =
+            time_us([&](int l) { BENCH_CHECK(indexer_scores(qr_ip(l), scores, visible, stream)); });
+        std::printf("indexer_scores_wgmma_qr,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                    static_cast<long long>(batch), static_cast<long long>(context),
+                    static_cast<long long>(keys), qr_scores_us,
+                    batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+        for (const bool qr : {true, false}) {
+          const double select_us = time_us([&](int l) {
+            IndexerParams lp = qr_ip(l);
+            if (!qr) lp.scores_variant = IndexerScoresVariant::kWgmma;
+            BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
+          });
+          std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                      qr ? "indexer_select" : "indexer_wgmma_select", static_cast<long long>(batch),
+                      static_cast<long long>(context), static_cast<long long>(keys), select_us,
+                      bytes, flops);
+        }
         const double topk_us = time_us(
             [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
         std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
                     static_cast<long long>(context), static_cast<long long>(keys), topk_us,
                     batch * (keys * 4.0 + kTopK * 4.0));
-        // PDSERVE_BENCH_TOPK_SWEEP=1: top-k with each cluster size top_k_split offers (rows
-        // "top_k_b<blocks per row>"), to check the one top_k picks.
-        const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
-        for (int64_t blocks = 1;
-             topk_sweep != nullptr && std::string(topk_sweep) == "1" && blocks <= 8; blocks *= 2) {
-          const double us_b = time_us([&](int) {
-            BENCH_CHECK(top_k_split(scores, batch, keys, visible, kTopK, blocks, picks, stream));
+        // Row "top_k_select": TopKVariant::kSelectSort; with PDSERVE_BENCH_TOPK_STAGES=1 also the
+        // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
+        const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
+        const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
+        for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
+          const double us_s = time_us([&](int) {
+            BENCH_CHECK(
+                top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));
           });
-          std::printf("top_k_b%lld,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(blocks),
+          std::printf("top_k_select%s,%lld,%lld,%lld,%.3f,%.0f,0\n",
+                      stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
                       static_cast<long long>(batch), static_cast<long long>(context),
-                      static_cast<long long>(keys), us_b, batch * (keys * 4.0 + kTopK * 4.0));
+                      static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
+        }
+        // PDSERVE_BENCH_TOPK_SWEEP=1: top-k at 1, 2, 4 and 8 blocks per row (rows "top_k_b<blocks
+        // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort, which
+        // also runs 3), to check the ones top_k picks.
+        const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
+        const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
+        for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
+          for (const int64_t blocks : {1, 2, 3, 4, 8}) {
+            if (!sweep_topk || (blocks == 3 && variant != TopKVariant::kSelectSort)) continue;
+            const double us_b = time_us([&](int) {
+              BENCH_CHECK(top_k_variant(scores, batch, keys, visible, kTopK, variant, blocks, picks,
+                                        stream));
+            });
+            std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n",
+                        variant == TopKVariant::kSelectSort ? "top_k_select_b" : "top_k_b",
+                        static_cast<long long>(blocks), static_cast<long long>(batch),
+                        static_cast<long long>(context), static_cast<long long>(keys), us_b,
+                        batch * (keys * 4.0 + kTopK * 4.0));
+          }
         }
       }
 
+      // PDSERVE_BENCH_ONLY=indexer: the indexer and top-k rows alone (no attention rows).
+      if (only != nullptr && std::string(only) == "indexer") continue;
       for (bool csa : {true, false}) {
         SparseDecodeParams sp;
         sp.batch = batch;

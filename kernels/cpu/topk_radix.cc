@@ -1,6 +1,7 @@
 #include "kernels/cpu/topk_radix.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -32,6 +33,126 @@ FoundBin FindBin(const std::vector<uint32_t>& hist, uint32_t need) {
   return {0, 0, 0};  // need exceeds the count: the kernel's callers never ask
 }
 
+// The select kernel's NarrowCandidates: `cand` holds every entry with a key above hi and those
+// with keys in [lo, hi], of which the `need` best complete the picks. Rounds of 2^bin_bits bins
+// over the keys in [lo, hi] keep the bin where the picks end (and everything above it) until at
+// most `cap` entries remain or one key is left; returns the rounds.
+int NarrowSelected(std::vector<uint64_t>& cand, uint32_t lo, uint32_t hi, uint32_t need,
+                   int bin_bits, size_t cap) {
+  int rounds = 0;
+  std::vector<uint32_t> hist(size_t{1} << bin_bits);
+  while (cand.size() > cap && lo != hi) {
+    const uint32_t span = hi - lo;
+    int bits = 0;  // bit length of span
+    while (bits < 32 && (span >> bits) != 0) ++bits;
+    const int shift = std::max(bits - bin_bits, 0);
+    std::fill(hist.begin(), hist.end(), 0u);
+    for (uint64_t entry : cand) {
+      const uint32_t key = static_cast<uint32_t>(entry >> 32);
+      if (key >= lo && key <= hi) ++hist[(key - lo) >> shift];
+    }
+    const FoundBin found = FindBin(hist, need);
+    need -= found.above;
+    const uint32_t new_lo = lo + (found.bin << shift);
+    const uint32_t width = (1u << shift) - 1u;
+    hi = hi - new_lo > width ? new_lo + width : hi;
+    lo = new_lo;
+    std::erase_if(cand, [lo](uint64_t entry) { return static_cast<uint32_t>(entry >> 32) < lo; });
+    ++rounds;
+  }
+  return rounds;
+}
+
+int BitLength(uint32_t v) {
+  int bits = 0;
+  while (bits < 32 && (v >> bits) != 0) ++bits;
+  return bits;
+}
+
+// The select kernel's BucketRankWrite: the candidates' keys in [lo, hi] (first the smallest and
+// largest) counted in 2^bin_bits bins; a bin's first place is the count of the bins above it,
+// an entry's place its bin's plus its bin's entries greater than it. A bin holding picks with
+// more than max_bin entries moves lo up to the picks-th best's bin, once; a second such bin
+// returns false (nothing written).
+bool BucketRank(const std::vector<uint64_t>& cand, int32_t picks, int bin_bits, uint32_t max_bin,
+                int32_t* out) {
+  uint32_t lo = 0xFFFFFFFFu;
+  uint32_t hi = 0;
+  for (uint64_t entry : cand) {
+    lo = std::min(lo, static_cast<uint32_t>(entry >> 32));
+    hi = std::max(hi, static_cast<uint32_t>(entry >> 32));
+  }
+  const size_t bins = size_t{1} << bin_bits;
+  std::vector<uint32_t> counts(bins);
+  std::vector<uint32_t> first(bins);
+  const uint32_t need = static_cast<uint32_t>(picks);
+  int shift = 0;
+  uint32_t total = 0;
+  for (int attempt = 0;; ++attempt) {
+    shift = std::max(BitLength(hi - lo) - bin_bits, 0);
+    std::fill(counts.begin(), counts.end(), 0u);
+    for (uint64_t entry : cand) {
+      const uint32_t key = static_cast<uint32_t>(entry >> 32);
+      if (key >= lo) ++counts[(key - lo) >> shift];
+    }
+    uint32_t running = 0;
+    bool crowded = false;
+    uint32_t picks_bin = 0;
+    for (size_t b = bins; b-- > 0;) {
+      first[b] = running;
+      crowded = crowded || (running < need && counts[b] > max_bin);
+      if (running < need && running + counts[b] >= need) picks_bin = static_cast<uint32_t>(b);
+      running += counts[b];
+    }
+    total = running;
+    if (!crowded) break;
+    if (attempt == 1) return false;
+    lo += picks_bin << shift;
+  }
+  for (uint64_t entry : cand) {
+    const uint32_t key = static_cast<uint32_t>(entry >> 32);
+    if (key < lo) continue;
+    const uint32_t bin = (key - lo) >> shift;
+    if (first[bin] >= need) continue;
+    const uint32_t end = bin == 0 ? total : first[bin - 1];
+    uint32_t place = first[bin];
+    for (uint64_t other : cand) {
+      const uint32_t other_key = static_cast<uint32_t>(other >> 32);
+      if (other_key >= lo && ((other_key - lo) >> shift) == bin && other > entry) ++place;
+    }
+    if (place >= end) std::abort();  // the bin's places are [first, end)
+    if (place < need) out[place] = PickIndex(entry);
+  }
+  return true;
+}
+
+// The select kernel's SampleThreshold: every stride-th key (stride >= sample_stride, at most
+// max_samples samples), and the lower bound of the bin holding the sample's r-th best key, r =
+// ceil(1.5 picks / stride) + 24, by histogram rounds that stop once that bin holds at most 8
+// samples or one key.
+uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
+                         const RadixSplitConfig& config) {
+  const int32_t n = static_cast<int32_t>(keys.size());
+  const int32_t stride =
+      std::max(config.sample_stride, (n + config.max_samples - 1) / config.max_samples);
+  const int32_t samples = (n + stride - 1) / stride;
+  uint32_t need =
+      static_cast<uint32_t>(std::min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
+  std::vector<uint32_t> hist(size_t{1} << config.bin_bits);
+  RadixRange range = FirstRadixRange(config.bin_bits);
+  for (;;) {
+    std::fill(hist.begin(), hist.end(), 0u);
+    for (int32_t j = 0; j < samples; ++j) {
+      const uint32_t key = keys[static_cast<size_t>(j) * stride];
+      if (key - range.lo <= range.hi - range.lo) ++hist[(key - range.lo) >> range.shift];
+    }
+    const FoundBin found = FindBin(hist, need);
+    need -= found.above;
+    if (found.in_bin <= 8 || range.shift == 0) return BinLow(range, found.bin);
+    range = NarrowToBin(range, found.bin, config.bin_bits);
+  }
+}
+
 }  // namespace
 
 RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
@@ -56,10 +177,29 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
       }
     }
   };
-  if (n <= std::max(picks, config.whole_sort)) {
-    stats.whole_sort = true;
+  // What the selection leaves for the select variant's narrowing: every gathered entry above
+  // sel_hi, and those in [sel_lo, sel_hi] of which the sel_need best are picks.
+  uint32_t sel_lo = 0;
+  uint32_t sel_hi = 0xFFFFFFFFu;
+  uint32_t sel_need = static_cast<uint32_t>(picks);
+  bool sampled = false;
+  if (config.select_sort && n > config.max_candidates) {
+    // The select kernel's first try: the entries at or above a sample's threshold, when they hold
+    // at least the picks and fit the buffer.
+    const uint32_t threshold = SampleThreshold(keys, picks, config);
+    const auto above = std::count_if(keys.begin(), keys.end(),
+                                     [threshold](uint32_t key) { return key >= threshold; });
+    sampled = above >= picks && above <= config.max_candidates;
+    if (sampled) {
+      stats.sampled = true;
+      sel_lo = threshold;
+      gather([threshold](uint32_t key, int32_t, int) { return key >= threshold; });
+    }
+  }
+  if (config.select_sort ? n <= config.max_candidates : n <= std::max(picks, config.whole_sort)) {
+    stats.whole_sort = !config.select_sort || n <= config.whole_sort;
     gather([](uint32_t, int32_t, int) { return true; });
-  } else {
+  } else if (!sampled) {
     RadixRange range = FirstRadixRange(config.bin_bits);
     uint32_t need = static_cast<uint32_t>(picks);
     uint32_t in_range = static_cast<uint32_t>(n);
@@ -78,10 +218,14 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
       need -= found.above;
       const uint32_t bin_lo = BinLow(range, found.bin);
       const uint32_t at_or_above = static_cast<uint32_t>(picks) - need + found.in_bin;
+      sel_lo = bin_lo;
+      sel_need = need;
       if (at_or_above <= static_cast<uint32_t>(config.max_candidates)) {
+        sel_hi = range.shift == 0 ? bin_lo : NarrowToBin(range, found.bin, config.bin_bits).hi;
         gather([&](uint32_t key, int32_t, int) { return key >= bin_lo; });
         break;
       }
+      sel_hi = bin_lo;
       if (range.shift == 0) {
         // bin_lo is the picks-th best key: everything above it, then the row's first `need`
         // ties by index, a part's ties after those of the parts before it.
@@ -103,6 +247,26 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
       range = NarrowToBin(range, found.bin, config.bin_bits);
       in_range = found.in_bin;
     }
+  }
+  if (config.select_sort) {
+    // The first block gathers every part's candidates and places the picks by bins of their keys
+    // (BucketRank); where that finds them bunched, it narrows them to the smallest power of two
+    // >= max(picks, 32) where it can (not rows of at most whole_sort), sorts them and writes the
+    // first picks.
+    std::vector<uint64_t> all;
+    for (const auto& part : cand) all.insert(all.end(), part.begin(), part.end());
+    stats.candidates = static_cast<int>(all.size());
+    stats.bucket_ranked = BucketRank(all, picks, config.bin_bits, config.max_bin_entries, out);
+    if (stats.bucket_ranked) return stats;
+    size_t cap = 32;
+    while (cap < static_cast<size_t>(picks)) cap <<= 1;
+    if (n > config.whole_sort) {
+      stats.narrow_rounds = NarrowSelected(all, sel_lo, sel_hi, sel_need, config.bin_bits, cap);
+    }
+    stats.sorted = static_cast<int>(all.size());
+    std::sort(all.begin(), all.end(), std::greater<uint64_t>());
+    for (int32_t j = 0; j < picks; ++j) out[j] = PickIndex(all[j]);
+    return stats;
   }
   // Each part sorts its candidates; then an entry's place is its place in its part plus the
   // entries greater than it in the other parts' first min(size, picks) entries.

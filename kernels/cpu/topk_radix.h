@@ -76,21 +76,36 @@ PDSERVE_TOPK_HD RadixRange NarrowToBin(const RadixRange& range, uint32_t bin, in
   return {lo, hi, bits > bin_bits ? bits - bin_bits : 0};
 }
 
-// Parameters of the CPU twin; the CUDA kernel's are {blocks per row, 12, 4096}.
+// Parameters of the CPU twin; the CUDA kernels' are {blocks per row, 12, 4096, 1024, variant}.
 struct RadixSplitConfig {
   int blocks = 1;             // parts per row, 1..8
   int bin_bits = 12;          // bins per round: 2^bin_bits
   int max_candidates = 4096;  // the most candidates a row gathers (the sort buffer)
   int whole_sort = 1024;      // rows of at most max(k, this) entries are sorted whole
+  // TopKVariant::kSelectSort (kernels/cuda/topk.cu TopKSelectKernel): the parts' candidates are
+  // gathered into one list whose picks are placed by bins of their keys (BucketRank); where bins
+  // that hold picks have more than max_bin_entries, narrowed (NarrowSelected: not rows of at most
+  // whole_sort entries, the kernel's threads) and sorted. Rows of at most max_candidates are
+  // gathered whole.
+  bool select_sort = false;
+  uint32_t max_bin_entries = 32;
+  // select_sort, rows longer than max_candidates: first the entries at or above a threshold from
+  // every sample_stride-th entry (sparser past max_samples samples), when that holds the picks.
+  int32_t sample_stride = 16;
+  int32_t max_samples = 2048;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).
 struct RadixSplitStats {
-  int rounds = 0;           // histogram rounds
+  int rounds = 0;           // histogram rounds over the row
   bool tie_path = false;    // the k-th key's ties were ranked by index
   bool whole_sort = false;  // the row was sorted whole
   int candidates = 0;       // entries gathered over all parts
   int max_part_candidates = 0;
+  bool sampled = false;        // select_sort: the sample's threshold held the picks
+  bool bucket_ranked = false;  // select_sort: the picks were placed by bins, not sorted
+  int narrow_rounds = 0;       // select_sort: histogram rounds over the gathered candidates
+  int sorted = 0;              // select_sort: entries in the final sort
 };
 
 // Top-k of scores[0, n) by the CUDA kernel's steps: same result as TopK (kernels/cpu/topk.h).

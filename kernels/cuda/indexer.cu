@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/launch_check.h"
@@ -187,6 +189,10 @@ __device__ __forceinline__ int BlockRange(const IndexerParams& p, int64_t b0, in
                                           TileCursor& start) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
+  // Launched with programmatic stream serialization: nothing is read or written before the kernel
+  // before this one has completed; the kernel after it may begin launching now.
+  GridDependencyWait();
+  GridDependencyLaunchDependents();
 
   for (int b = threadIdx.x; b < nb; b += kThreads) {
     const int visible = VisibleKeys(p, b0 + b);
@@ -232,10 +238,10 @@ __device__ __forceinline__ int BlockRange(const IndexerParams& p, int64_t b0, in
   return n_local;
 }
 
-// The key tiles of a block's share in flight: kStages - 1 tiles ahead of the one being scored,
+// The key tiles of a block's share in flight: STAGES - 1 tiles ahead of the one being scored,
 // their pool pages looked up one tile ahead of their copies. Layout of a stage as LoadKeyTile's
-// kSwizzled; k_s: kStages stages of kStageElems bf16.
-template <bool kWholePages, bool kSwizzled>
+// kSwizzled; k_s: STAGES stages of kStageElems bf16.
+template <bool kWholePages, bool kSwizzled, int STAGES = kStages>
 struct KeyPipeline {
   static constexpr int kStageElems = kSwizzled ? kTileKeys * kDim : kTileKeys * kPitch;
 
@@ -249,7 +255,7 @@ struct KeyPipeline {
   TileCursor load;  // the next tile to copy
   int32_t pages[kPagesPerTile<kWholePages>];
 
-  // Prologue: page ids of the first kStages - 1 tiles in one round trip, then their copies (one
+  // Prologue: page ids of the first STAGES - 1 tiles in one round trip, then their copies (one
   // commit group per stage, empty past n_local).
   __device__ __forceinline__ KeyPipeline(const IndexerParams& params, int64_t first_b, int n_b,
                                          const int32_t* visible_s, Divider divider,
@@ -262,10 +268,10 @@ struct KeyPipeline {
         n_local(n),
         k_s(stages),
         load(start) {
-    TileCursor ahead_tiles[kStages - 1];
-    int32_t ahead_pages[kStages - 1][kPagesPerTile<kWholePages>];
+    TileCursor ahead_tiles[STAGES - 1];
+    int32_t ahead_pages[STAGES - 1][kPagesPerTile<kWholePages>];
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
       ahead_tiles[s] = load;
       if (s < n_local) {
         LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, ahead_pages[s]);
@@ -273,7 +279,7 @@ struct KeyPipeline {
       }
     }
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
       if (s < n_local) {
         const TileCursor c = ahead_tiles[s];
         LoadKeyTile<kWholePages, kSwizzled>(p, c, vis_s[c.b], div, ahead_pages[s],
@@ -281,17 +287,17 @@ struct KeyPipeline {
       }
       CopyAsyncCommit();
     }
-    if (kStages - 1 < n_local)
+    if (STAGES - 1 < n_local)
       LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, pages);
   }
 
-  // At tile it, once every thread is done with tile it - 1: copies tile it + kStages - 1 into that
+  // At tile it, once every thread is done with tile it - 1: copies tile it + STAGES - 1 into that
   // stage (one commit group, empty past n_local) and looks up the pages of the tile after it.
   __device__ __forceinline__ void IssueAhead(int it) {
-    const int ahead = it + kStages - 1;
+    const int ahead = it + STAGES - 1;
     if (ahead < n_local) {
       LoadKeyTile<kWholePages, kSwizzled>(p, load, vis_s[load.b], div, pages,
-                                          k_s + (ahead % kStages) * kStageElems);
+                                          k_s + (ahead % STAGES) * kStageElems);
       Advance(load, vis_s, nb);
       if (ahead + 1 < n_local) {
         LoadPages<kWholePages>(p, b0 + load.b, load, vis_s[load.b], div, pages);
@@ -370,19 +376,33 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// The warpgroup-MMA variant (IndexerScoresVariant::kWgmma): same work split, tile order and copy
-// pipeline; the queries of the current request sit in shared memory (16 KB, the wgmma layout of
-// LoadKeyTile<.., true>) and each 64-key tile is one m64n64k16 chain of 8 wgmma (heads x keys,
-// fp32), so the tensor cores read each staged key once per block, not once per 8-head group.
-// Shared memory: 1024-byte-aligned queries, then kStages key tiles, then the cross-warp sums
-// [4][64] fp32, then the request table of BlockRange.
+// The warpgroup-MMA variants (IndexerScoresVariant::kWgmma, kWgmmaQueryRegisters): same work
+// split, tile order and copy pipeline; each 64-key tile is one m64n64k16 chain of 8 wgmma (heads
+// x keys, fp32), so the tensor cores read each staged key once per block, not once per 8-head
+// group. kWgmma keeps the current request's queries in shared memory (16 KB, the wgmma layout of
+// LoadKeyTile<.., true>); kWgmmaQueryRegisters holds them in registers as wgmma A fragments and
+// runs three smaller blocks per multiprocessor where they fit. Shared memory: 1024-byte-aligned
+// queries (kWgmma only), then the key stages, then the cross-warp sums [4][64] fp32, then the
+// request table of BlockRange.
 constexpr int kWgQueryBytes = kHeads * kDim * 2;    // 16 KB: two 8 KB swizzle regions
 constexpr int kWgTileBytes = kTileKeys * kDim * 2;  // 16 KB
 constexpr int kWgRegionBytes = kTileKeys * 128;     // 64 rows x 128 bytes
-constexpr int kWgSumOffset = kWgQueryBytes + kStages * kWgTileBytes;
-constexpr int kWgTableOffset = kWgSumOffset + 4 * kTileKeys * 4;
+// kWgmmaQueryRegisters: 4 stages (3 tiles in flight) in 67 KB, so that three blocks share a
+// multiprocessor where the request table is small (12 warps and 9 tiles in flight per SM).
+constexpr int kQrStages = 4;
+constexpr int kQrBlocksPerSm = 3;
+constexpr size_t kSmemPerSm = 228 * 1024;  // shared memory of an H100 / H200 multiprocessor
+constexpr size_t kSmemReservedPerBlock = 1024;
 static_assert(kHeads == 64 && kTileKeys == 64 && kDim == 128, "the wgmma shapes assume these");
 static_assert(kWgRegionBytes == kHeads * 128, "queries and keys share the region size");
+
+template <bool kRegisterQueries>
+struct WgLayout {
+  static constexpr int kStageCount = kRegisterQueries ? kQrStages : kStages;
+  static constexpr int kQueryBytes = kRegisterQueries ? 0 : kWgQueryBytes;
+  static constexpr int kSumOffset = kQueryBytes + kStageCount * kWgTileBytes;
+  static constexpr int kTableOffset = kSumOffset + 4 * kTileKeys * 4;
+};
 
 // d[64 heads x 64 keys] (+)= A[64 x 16] * B[16 x 64]ᵀ, both bf16 K-major in shared memory.
 __device__ __forceinline__ void WgmmaScores(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
@@ -400,25 +420,83 @@ __device__ __forceinline__ void WgmmaScores(float (&d)[32], uint64_t desc_a, uin
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// Request b's queries into q_s (the swizzled layout) by plain loads, and this thread's two head
-// weights (heads 16 warp + g and + 8: the accumulator rows it holds). Call only while no wgmma
-// reads q_s; the writes reach wgmma after FenceProxyAsync and a block barrier.
-__device__ __forceinline__ void StageQuery(const IndexerParams& p, int64_t b, unsigned char* q_s,
-                                           float (&w)[2]) {
+// Request b's queries and head weights, as this thread stages them: 16-byte units index = i *
+// kThreads + tid of the [kHeads][kDim] bf16 queries (head index / kChunksPerRow, unit index %
+// kChunksPerRow), and the weights of heads 16 warp + g and + 8 (the accumulator rows it holds).
+struct QueryShare {
+  static constexpr int kUnits = kHeads * kChunksPerRow / kThreads;
+  uint4 units[kUnits];
+  float w[2];
+};
+
+// Loads request b's share into registers (plain loads: the values are consumed later, so a load
+// issued tiles ahead of its use hides its latency).
+__device__ __forceinline__ void LoadQueryShare(const IndexerParams& p, int64_t b, QueryShare& q) {
   const int tid = static_cast<int>(threadIdx.x);
-  const __nv_bfloat16* q = p.q + b * kHeads * kDim;
+  const uint4* src = reinterpret_cast<const uint4*>(p.q + b * kHeads * kDim);
 #pragma unroll
-  for (int i = 0; i < kHeads * kChunksPerRow / kThreads; ++i) {
+  for (int i = 0; i < QueryShare::kUnits; ++i) q.units[i] = src[i * kThreads + tid];
+  const int head0 = 16 * (tid >> 5) + ((tid & 31) >> 2);
+  q.w[0] = p.weights[b * kHeads + head0];
+  q.w[1] = p.weights[b * kHeads + head0 + 8];
+}
+
+// Writes a share into q_s (the swizzled layout of LoadKeyTile<.., true>). Call only while no
+// wgmma reads q_s; the writes reach wgmma after FenceProxyAsync and a block barrier.
+__device__ __forceinline__ void StoreQueryShare(const QueryShare& q, unsigned char* q_s) {
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int i = 0; i < QueryShare::kUnits; ++i) {
     const int index = i * kThreads + tid;
     const int head = index / kChunksPerRow;
     const int unit = index % kChunksPerRow;
-    const uint4 v = *reinterpret_cast<const uint4*>(q + head * kDim + unit * 8);
     *reinterpret_cast<uint4*>(q_s + (unit >> 3) * kWgRegionBytes + head * 128 +
-                              (((unit & 7) ^ (head & 7)) << 4)) = v;
+                              (((unit & 7) ^ (head & 7)) << 4)) = q.units[i];
   }
+}
+
+// d[64 heads x 64 keys] (+)= A[64 x 16] * B[16 x 64]ᵀ with A from registers (the fragments of
+// QueryFragments) and B bf16 K-major in shared memory.
+__device__ __forceinline__ void WgmmaScoresRegisterA(float (&d)[32], const uint32_t (&a)[4],
+                                                     uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// Request b's queries as wgmma A fragments of this thread (PTX ISA "Register Fragments" of
+// wgmma .m64nNk16, as mma.m16n8k16's A per warp: warp w holds heads 16 w .. 16 w + 15; with g =
+// lane / 4, t = lane % 4, a[ks] = (head 16 w + g, dims 16 ks + 2 t, + 1), (head + 8, same dims),
+// (head, dims + 8), (head + 8, dims + 8)), and the weights of heads 16 w + g and + 8 (the
+// accumulator rows it holds).
+struct QueryFragments {
+  uint32_t a[kDim / 16][4];
+  float w[2];
+};
+
+__device__ __forceinline__ void LoadQueryFragments(const IndexerParams& p, int64_t b,
+                                                   QueryFragments& q) {
+  const int tid = static_cast<int>(threadIdx.x);
   const int head0 = 16 * (tid >> 5) + ((tid & 31) >> 2);
-  w[0] = p.weights[b * kHeads + head0];
-  w[1] = p.weights[b * kHeads + head0 + 8];
+  const __nv_bfloat16* lo = p.q + (b * kHeads + head0) * kDim + 2 * (tid & 3);
+  const __nv_bfloat16* hi = lo + 8 * kDim;
+#pragma unroll
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    q.a[ks][0] = LoadPair(lo + 16 * ks);
+    q.a[ks][1] = LoadPair(hi + 16 * ks);
+    q.a[ks][2] = LoadPair(lo + 16 * ks + 8);
+    q.a[ks][3] = LoadPair(hi + 16 * ks + 8);
+  }
+  q.w[0] = p.weights[b * kHeads + head0];
+  q.w[1] = p.weights[b * kHeads + head0 + 8];
 }
 
 // One step of the warp's reduce-scatter over lanes differing in bit MASK: of v[0 .. 2 HALF) a lane
@@ -435,17 +513,19 @@ __device__ __forceinline__ void ReduceScatterStep(float (&v)[16], int lane) {
   }
 }
 
-template <bool kWholePages>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+template <bool kWholePages, bool kRegisterQueries>
+__global__ void __launch_bounds__(kThreads, kRegisterQueries ? kQrBlocksPerSm : kBlocksPerSm)
     IndexerScoresWgmmaKernel(IndexerParams p, int64_t b0, int nb, Divider div, float* scores,
                              int32_t* visible_out) {
+  using Layout = WgLayout<kRegisterQueries>;
+  constexpr int kSt = Layout::kStageCount;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t raw_address = hopper::SharedAddress(smem_raw);
   unsigned char* const smem = smem_raw + (((raw_address + 1023) & ~1023u) - raw_address);
   unsigned char* const q_s = smem;
-  auto* const k_s = reinterpret_cast<__nv_bfloat16*>(smem + kWgQueryBytes);
-  auto* const sum_s = reinterpret_cast<float*>(smem + kWgSumOffset);  // [4 warps][64 keys]
-  auto* const first_s = reinterpret_cast<int64_t*>(smem + kWgTableOffset);
+  auto* const k_s = reinterpret_cast<__nv_bfloat16*>(smem + Layout::kQueryBytes);
+  auto* const sum_s = reinterpret_cast<float*>(smem + Layout::kSumOffset);  // [4 warps][64 keys]
+  auto* const first_s = reinterpret_cast<int64_t*>(smem + Layout::kTableOffset);
   auto* const vis_s = reinterpret_cast<int32_t*>(first_s + nb + 1);
   const uint32_t q_address = hopper::SharedAddress(q_s);
   const uint32_t k_address = hopper::SharedAddress(k_s);
@@ -456,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int n_local = BlockRange(p, b0, nb, first_s, vis_s, visible_out, start);
   if (n_local == 0) return;
 
-  KeyPipeline<kWholePages, true> pipeline(p, b0, nb, vis_s, div, start, n_local, k_s);
+  KeyPipeline<kWholePages, true, kSt> pipeline(p, b0, nb, vis_s, div, start, n_local, k_s);
 
   // After the xor-16/8/4 reduce-scatter below, this lane holds the sums of keys 8 g + 2 t and
   // + 1 (lane bit 4, 3, 2 = g's bit 2, 1, 0 picks the half kept at each step).
@@ -464,18 +544,45 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int t = lane & 3;
   float w[2] = {};
   int query_b = -1;
+  // The next request's queries, loaded into registers when the copies ahead first reach it
+  // (kSt - 1 tiles before it is scored), so a range that enters a new request does not wait on
+  // global memory there. next_b: that request, or -1. With kRegisterQueries `current` holds the
+  // request being scored.
+  using Query = std::conditional_t<kRegisterQueries, QueryFragments, QueryShare>;
+  const auto load_query = [&](int b, Query& q) {
+    if constexpr (kRegisterQueries) {
+      LoadQueryFragments(p, b0 + b, q);
+    } else {
+      LoadQueryShare(p, b0 + b, q);
+    }
+  };
+  Query next;
+  Query current;
+  int next_b = -1;
   TileCursor tile = start;
   for (int it = 0; it < n_local; ++it) {
     if (tile.b != query_b) {  // every thread: the block's tile order is uniform
       query_b = tile.b;
-      StageQuery(p, b0 + query_b, q_s, w);
+      if (next_b != query_b) load_query(query_b, next);
+      if constexpr (kRegisterQueries) {
+        current = next;
+      } else {
+        StoreQueryShare(next, q_s);
+      }
+      w[0] = next.w[0];
+      w[1] = next.w[1];
+      next_b = -1;
     }
-    CopyAsyncWait<kStages - 2>();
+    CopyAsyncWait<kSt - 2>();
     hopper::FenceProxyAsync();  // this thread's key copies and query stores, before wgmma reads
     __syncthreads();            // tile it and the queries are visible; tile it - 1 is done
     pipeline.IssueAhead(it);
+    if (next_b < 0 && it + kSt < n_local && pipeline.load.b != query_b) {
+      next_b = pipeline.load.b;  // the request of tile it + kSt, the next one copied
+      load_query(next_b, next);
+    }
 
-    const uint32_t tile_address = k_address + (it % kStages) * kWgTileBytes;
+    const uint32_t tile_address = k_address + (it % kSt) * kWgTileBytes;
     float acc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
@@ -484,8 +591,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
     for (int ks = 0; ks < kDim / 16; ++ks) {
       const uint32_t offset = (ks / 4) * kWgRegionBytes + (ks % 4) * 32;
-      WgmmaScores(acc, hopper::SmemDescriptor(q_address + offset, 16, 1024),
-                  hopper::SmemDescriptor(tile_address + offset, 16, 1024), ks > 0);
+      if constexpr (kRegisterQueries) {
+        WgmmaScoresRegisterA(acc, current.a[ks],
+                             hopper::SmemDescriptor(tile_address + offset, 16, 1024), ks > 0);
+      } else {
+        WgmmaScores(acc, hopper::SmemDescriptor(q_address + offset, 16, 1024),
+                    hopper::SmemDescriptor(tile_address + offset, 16, 1024), ks > 0);
+      }
     }
     hopper::WgmmaCommit();
     hopper::WgmmaWait<0>();
@@ -535,12 +647,19 @@ size_t SmemBytes(int64_t nb) {
 }
 
 // + 1024: slack to align the wgmma operands.
+template <bool kRegisterQueries>
 size_t WgmmaSmemBytes(int64_t nb) {
-  return 1024 + kWgTableOffset + sizeof(int64_t) * (nb + 1) + sizeof(int32_t) * nb;
+  return 1024 + WgLayout<kRegisterQueries>::kTableOffset + sizeof(int64_t) * (nb + 1) +
+         sizeof(int32_t) * nb;
 }
-static_assert(kBlocksPerSm * (1024 + kWgTableOffset + 12 * (kMaxBatchPerLaunch + 1) + 1024) <=
+static_assert(kBlocksPerSm * (1024 + WgLayout<false>::kTableOffset + 12 * (kMaxBatchPerLaunch + 1) +
+                              1024) <=
                   228 * 1024,
               "kBlocksPerSm wgmma blocks fit one multiprocessor");
+static_assert(kBlocksPerSm * (1024 + WgLayout<true>::kTableOffset + 12 * (kMaxBatchPerLaunch + 1) +
+                              kSmemReservedPerBlock) <=
+                  kSmemPerSm,
+              "at least kBlocksPerSm wgmma blocks with register queries fit one multiprocessor");
 
 }  // namespace
 
@@ -563,42 +682,66 @@ cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visib
   PDSERVE_LAUNCH_REQUIRE(kLauncher, scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, visible != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_table_stride * p.page_size >= p.max_keys);
-  const bool wgmma = p.scores_variant == IndexerScoresVariant::kWgmma;
-  if (wgmma) {
+  const IndexerScoresVariant variant = p.scores_variant;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, variant == IndexerScoresVariant::kMmaSync ||
+                                        variant == IndexerScoresVariant::kWgmma ||
+                                        variant == IndexerScoresVariant::kWgmmaQueryRegisters);
+  if (variant == IndexerScoresVariant::kWgmma) {
     // The wgmma kernel stages the queries with 16-byte loads.
     PDSERVE_LAUNCH_REQUIRE(kLauncher, reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   }
-  static const cudaError_t attribute_status = [] {
-    const int bytes = static_cast<int>(SmemBytes(kMaxBatchPerLaunch));
-    const int wgmma_bytes = static_cast<int>(WgmmaSmemBytes(kMaxBatchPerLaunch));
-    using Kernel = void (*)(IndexerParams, int64_t, int, Divider, float*, int32_t*);
-    const std::pair<Kernel, int> kernels[] = {{IndexerScoresKernel<true>, bytes},
-                                              {IndexerScoresKernel<false>, bytes},
-                                              {IndexerScoresWgmmaKernel<true>, wgmma_bytes},
-                                              {IndexerScoresWgmmaKernel<false>, wgmma_bytes}};
-    for (const auto& [kernel, size] : kernels) {
-      const cudaError_t status =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, size);
-      if (status != cudaSuccess) return status;
+  using Kernel = void (*)(IndexerParams, int64_t, int, Divider, float*, int32_t*);
+  // [variant][whole pages]
+  static constexpr Kernel kKernels[3][2] = {
+      {IndexerScoresKernel<false>, IndexerScoresKernel<true>},
+      {IndexerScoresWgmmaKernel<false, false>, IndexerScoresWgmmaKernel<true, false>},
+      {IndexerScoresWgmmaKernel<false, true>, IndexerScoresWgmmaKernel<true, true>}};
+  const auto smem_bytes = [](IndexerScoresVariant v, int64_t nb) {
+    return v == IndexerScoresVariant::kMmaSync
+               ? SmemBytes(nb)
+               : (v == IndexerScoresVariant::kWgmma ? WgmmaSmemBytes<false>(nb)
+                                                    : WgmmaSmemBytes<true>(nb));
+  };
+  static const cudaError_t attribute_status = [&] {
+    for (int v = 0; v < 3; ++v) {
+      const int size =
+          static_cast<int>(smem_bytes(static_cast<IndexerScoresVariant>(v), kMaxBatchPerLaunch));
+      for (const Kernel kernel : kKernels[v]) {
+        const cudaError_t status =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, size);
+        if (status != cudaSuccess) return status;
+      }
     }
     return cudaSuccess;
   }();
   if (attribute_status != cudaSuccess) return attribute_status;
   const Divider div = MakeDivider(p.page_size);
   const bool whole_pages = p.page_size % kTileKeys == 0;
-  const auto kernel =
-      wgmma ? (whole_pages ? IndexerScoresWgmmaKernel<true> : IndexerScoresWgmmaKernel<false>)
-            : (whole_pages ? IndexerScoresKernel<true> : IndexerScoresKernel<false>);
+  const Kernel kernel = kKernels[static_cast<int>(variant)][whole_pages ? 1 : 0];
   // Fixed grid per launch: kBlocksPerSm blocks per SM (one wave), never more than the tiles of the
   // longest possible requests; each block takes an equal share of the tiles that are visible.
   const int64_t max_tiles = std::max<int64_t>(1, (p.max_keys + kTileKeys - 1) / kTileKeys);
   for (int64_t b0 = 0; b0 < p.batch; b0 += kMaxBatchPerLaunch) {
     const int64_t nb = std::min(kMaxBatchPerLaunch, p.batch - b0);
-    const int64_t blocks = std::min<int64_t>(nb * max_tiles, int64_t{kBlocksPerSm} * SmCount());
-    const size_t smem_bytes = wgmma ? WgmmaSmemBytes(nb) : SmemBytes(nb);
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem_bytes, stream>>>(
-        p, b0, static_cast<int>(nb), div, scores, visible);
-    const cudaError_t status = cudaGetLastError();
+    // kWgmmaQueryRegisters: three blocks per SM where the request table leaves room, else two.
+    const int64_t per_sm =
+        variant == IndexerScoresVariant::kWgmmaQueryRegisters
+            ? std::min<int64_t>(kQrBlocksPerSm,
+                                kSmemPerSm / (smem_bytes(variant, nb) + kSmemReservedPerBlock))
+            : kBlocksPerSm;
+    const int64_t blocks = std::min<int64_t>(nb * max_tiles, per_sm * SmCount());
+    cudaLaunchAttribute serialization = {};
+    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    serialization.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem_bytes(variant, nb);
+    config.stream = stream;
+    config.attrs = &serialization;
+    config.numAttrs = 1;
+    const cudaError_t status =
+        cudaLaunchKernelEx(&config, kernel, p, b0, static_cast<int>(nb), div, scores, visible);
     if (status != cudaSuccess) return status;
   }
   return cudaSuccess;
@@ -608,7 +751,8 @@ cudaError_t lightning_indexer(const IndexerParams& params, int64_t topk, float* 
                               int32_t* visible, int32_t* picks, cudaStream_t stream) {
   const cudaError_t status = indexer_scores(params, scores, visible, stream);
   if (status != cudaSuccess) return status;
-  return top_k(scores, params.batch, params.max_keys, visible, topk, picks, stream);
+  return top_k_variant(scores, params.batch, params.max_keys, visible, topk, params.topk_variant, 0,
+                       picks, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

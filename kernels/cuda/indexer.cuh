@@ -21,6 +21,11 @@
 // tensor-core products against the request's queries held in registers, reloading them where its
 // range enters the next request. Batches past 1024 requests run as several launches.
 //
+// Programmatic dependent launch: the scores kernels are launched with programmatic stream
+// serialization, wait (griddepcontrol.wait) for the kernel before them before they touch memory,
+// and let the kernel after them (top_k, launched the same way) start its launch at once, so the
+// launches overlap the previous kernel's drain inside a CUDA graph.
+//
 // CUDA-graph safe: the launch shape depends only on (batch, max_keys); n_keys and positions are
 // read from device memory when the kernels run. No allocation, no state besides one-time kernel
 // attributes: make the first call outside graph capture. Concurrent calls on different outputs are
@@ -31,6 +36,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/topk.cuh"
 
 namespace pdserve::kernels::cuda {
 
@@ -44,7 +51,10 @@ inline constexpr int64_t kIndexHeadDim = 128;
 // 2026-12-04, bench/cuda/results/2026-12-04-graph.md): the whole indexer (scores + top-k) with
 // kWgmma 1.1-1.5x faster at every batch x context measured, e.g. 32 x 32K 39.6 vs 46.9 us, 128 x
 // 128K 296.5 vs 331.8 us (1.27x the read floor).
-enum class IndexerScoresVariant { kMmaSync, kWgmma };
+// kWgmmaQueryRegisters (issue 30) holds the queries in registers as wgmma A fragments, which
+// lets three blocks of 4 key stages share a multiprocessor (launches of up to ~850 requests)
+// instead of two of 5.
+enum class IndexerScoresVariant { kMmaSync, kWgmma, kWgmmaQueryRegisters };
 
 struct IndexerParams {
   const __nv_bfloat16* q = nullptr;
@@ -60,6 +70,7 @@ struct IndexerParams {
   int64_t max_keys = 0;  // capacity bound: visible[b] is clamped to it; scores' row stride
   float softmax_scale = 1.0f;
   IndexerScoresVariant scores_variant = IndexerScoresVariant::kWgmma;
+  TopKVariant topk_variant = kDefaultTopKVariant;  // lightning_indexer's top-k kernel
 };
 
 // Writes scores[b, 0 .. visible[b]) (fp32, row stride max_keys; entries past visible[b] are left

@@ -4,396 +4,15 @@
 #include <cstdint>
 
 #include "kernels/cpu/topk_radix.h"
-#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
+#include "kernels/cuda/topk_steps.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
-
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
-constexpr int kBinBits = 12;
-constexpr int kBins = 1 << kBinBits;
-constexpr int kMaxCandidates = 4096;  // entries the sort buffer holds
-// Row parts up to this many scores (a whole row of 128K tokens at compression 4, plus slack) are
-// read from global memory once and kept in shared memory (as order keys) for the later passes.
-constexpr int64_t kMaxCachedScores = 40960;
-// Shared memory besides the cached part: the candidates and two histograms (alternate rounds use
-// alternate buffers, so a block recounts while the cluster's other blocks may still read the last
-// round's counts; the merge reuses them for the other blocks' lists).
-constexpr size_t kFixedSmemBytes = kMaxCandidates * sizeof(uint64_t) + 2 * kBins * sizeof(uint32_t);
-static_assert(2 * kBins * sizeof(uint32_t) == kMaxCandidates * sizeof(uint64_t),
-              "the merge copies up to kMaxCandidates picks into the histogram buffers");
-// A pass loads kBatch 16-byte vectors per thread before it looks at any, so that a pass over
-// global memory keeps 64 KB per block in flight.
-constexpr int kBatch = 4;
-// Longest row: the entry indices a pass forms stay below 2^31.
-constexpr int64_t kMaxStride = INT32_MAX - 4 * kBatch * kThreads;
-constexpr int kMaxTopKBlocks = 8;  // portable cluster size
-constexpr uint32_t kFullMask = 0xFFFFFFFFu;
-static_assert(kWarps == 32, "block-wide steps reduce one value per warp within one warp");
-static_assert(kBins == 4 * kThreads, "FindBin reads four bins per thread");
-static_assert(kMaxCandidates >= kMaxTopK, "rows of at most k entries are sorted whole");
-
-using cpu::PickIndex;
-using cpu::PickKey;
-
-// Order-preserving map float -> uint32 (larger float -> larger key), with -0.0 folded onto +0.0.
-__device__ __forceinline__ uint32_t OrderKey(float f) {
-  return cpu::OrderKeyOfBits(__float_as_uint(f));
-}
-
-// Shared scalars and per-warp partials of the block-wide steps.
-struct Scratch {
-  uint32_t warp[2][kWarps];
-  uint32_t bin;
-  uint32_t above;
-  uint32_t in_bin;
-  uint32_t count;
-  uint32_t ties;                       // this block's entries at the tie key (read by the cluster)
-  uint32_t list_len;                   // this block's sorted picks (read by the cluster)
-  uint32_t other_len[kMaxTopKBlocks];  // the cluster's list lengths, copied
-  uint32_t other_off[kMaxTopKBlocks];  // where each block's list starts in the merge buffer
-};
-
-// The blocks of one row form a thread-block cluster; with one block per row the cluster steps are
-// plain block barriers.
-struct RowBlocks {
-  int count;  // blocks per row (cluster size)
-  int rank;   // this block's rank in its row
-};
-
-__device__ __forceinline__ void ClusterArrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void ClusterWait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Every thread of every block of the row; a block barrier when the row has one block.
-__device__ __forceinline__ void RowSync(const RowBlocks& rb) {
-  if (rb.count > 1) {
-    ClusterArrive();
-    ClusterWait();
-  } else {
-    __syncthreads();
-  }
-}
-
-// `p` (this block's shared memory) in block `rank` of the cluster.
-template <typename T>
-__device__ __forceinline__ T* InBlock(T* p, int rank) {
-  return cg::this_cluster().map_shared_rank(p, static_cast<unsigned>(rank));
-}
-
-__device__ __forceinline__ uint32_t WarpInclusiveSum(uint32_t v) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t below = __shfl_up_sync(kFullMask, v, offset);
-    if (lane >= offset) v += below;
-  }
-  return v;
-}
-
-__device__ __forceinline__ uint32_t LanesBelow() { return (1u << (threadIdx.x & 31)) - 1u; }
-
-// The order key of entry i: from the shared-memory copy when the row has one, else from global
-// memory.
-__device__ __forceinline__ uint32_t KeyAt(const float* row, const uint32_t* cache, int i) {
-  return cache != nullptr ? cache[i] : OrderKey(row[i]);
-}
-
-// Calls f(key, index, valid) for the 4 * n4 entries of src[0, n4) (16-byte vectors of order keys,
-// or of floats when kFloats), kBatch vectors per thread loaded before any is looked at.
-template <bool kFloats, typename F>
-__device__ __forceinline__ void ForEachVector(const uint4* src, int n4, F&& f) {
-  const int tid = static_cast<int>(threadIdx.x);
-  for (int q0 = 0; q0 < n4; q0 += kBatch * kThreads) {
-    uint4 u[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int q = q0 + j * kThreads + tid;
-      u[j] = q < n4 ? src[q] : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int q = q0 + j * kThreads + tid;
-      if constexpr (kFloats) {
-        u[j] = make_uint4(OrderKey(__uint_as_float(u[j].x)), OrderKey(__uint_as_float(u[j].y)),
-                          OrderKey(__uint_as_float(u[j].z)), OrderKey(__uint_as_float(u[j].w)));
-      }
-      f(u[j].x, 4 * q, q < n4);
-      f(u[j].y, 4 * q + 1, q < n4);
-      f(u[j].z, 4 * q + 2, q < n4);
-      f(u[j].w, 4 * q + 3, q < n4);
-    }
-  }
-}
-
-// Calls f(key, index, valid) for every entry of row[0, n), in no fixed order: from `cache` when
-// not null, else from global memory (16 bytes per load when the row is 16-byte aligned). Every
-// thread makes the same number of calls (`valid` is false past the row), so f may use warp
-// collectives.
-template <typename F>
-__device__ __forceinline__ void ForEachKey(const float* row, const uint32_t* cache, int n, F&& f) {
-  const int tid = static_cast<int>(threadIdx.x);
-  if (cache != nullptr || (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-    const int n4 = n / 4;
-    if (cache != nullptr) {
-      ForEachVector<false>(reinterpret_cast<const uint4*>(cache), n4, f);
-    } else {
-      ForEachVector<true>(reinterpret_cast<const uint4*>(row), n4, f);
-    }
-    if (4 * n4 < n) {  // the last n % 4 entries
-      const int i = 4 * n4 + tid;
-      f(i < n ? KeyAt(row, cache, i) : 0u, i, i < n);
-    }
-  } else {
-    for (int i0 = 0; i0 < n; i0 += 4 * kBatch * kThreads) {
-      float v[4 * kBatch];
-#pragma unroll
-      for (int j = 0; j < 4 * kBatch; ++j) {
-        const int i = i0 + j * kThreads + tid;
-        v[j] = i < n ? row[i] : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < 4 * kBatch; ++j) {
-        const int i = i0 + j * kThreads + tid;
-        f(OrderKey(v[j]), i, i < n);
-      }
-    }
-  }
-}
-
-// Counts an entry in hist[bin]. An increment by one compiles to ATOMS.POPC.INC, which (by its
-// name; to confirm in a profile of tie-heavy rows) adds the lanes of a warp that share a word in
-// one update, so ties and narrow score ranges need no vote-based aggregation here.
-__device__ __forceinline__ void CountInBin(uint32_t* hist, bool counted, uint32_t bin) {
-  if (counted) atomicAdd(&hist[bin], 1u);
-}
-
-// Appends PickKey(key, index) of the lanes with `take` to picks[count...] (one shared atomic per
-// warp; order among appends is arbitrary, the sort fixes it). All lanes must call.
-__device__ __forceinline__ void AppendPick(bool take, uint32_t key, int index, uint64_t* picks,
-                                           uint32_t* count) {
-  const uint32_t ballot = __ballot_sync(kFullMask, take);
-  if (ballot == 0) return;
-  const int leader = __ffs(ballot) - 1;
-  uint32_t base = 0;
-  if ((threadIdx.x & 31) == static_cast<uint32_t>(leader)) base = atomicAdd(count, __popc(ballot));
-  const uint32_t slot = __shfl_sync(kFullMask, base, leader) + __popc(ballot & LanesBelow());
-  if (take && slot < kMaxCandidates) picks[slot] = PickKey(key, index);
-}
-
-// The bin holding the `need`-th largest counted entry of a histogram of kBins bins, of which this
-// thread holds bins 4 tid .. 4 tid + 3 in `c`: the largest bin whose entries plus those of the
-// bins above number at least `need`. Writes that bin, the entries above it and its own count to s
-// (read them after the call). 1 <= need <= total count.
-__device__ __forceinline__ void FindBin(const uint4 c, uint32_t need, Scratch& s) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  uint32_t inclusive = WarpInclusiveSum(c.x + c.y + c.z + c.w);
-  if (lane == 31) s.warp[0][warp] = inclusive;
-  __syncthreads();
-  const uint32_t warp_total = s.warp[0][lane];
-  const uint32_t warps_inclusive = WarpInclusiveSum(warp_total);
-  const uint32_t total = __shfl_sync(kFullMask, warps_inclusive, 31);
-  inclusive += __shfl_sync(kFullMask, warps_inclusive - warp_total, warp);
-  uint32_t running = total - inclusive;  // entries in the bins of higher threads
-  const uint32_t counts[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int q = 3; q >= 0; --q) {
-    if (running < need && running + counts[q] >= need) {
-      s.bin = 4 * threadIdx.x + q;
-      s.above = running;
-      s.in_bin = counts[q];
-    }
-    running += counts[q];
-  }
-  __syncthreads();
-}
-
-// This thread's four bins of the row's histogram: the sum of `hist` over the row's blocks. Call
-// after a RowSync that follows every block's counting.
-__device__ __forceinline__ uint4 RowHistogram(const uint32_t* hist, const RowBlocks& rb) {
-  uint4 c = reinterpret_cast<const uint4*>(hist)[threadIdx.x];
-  for (int b = 0; b < rb.count; ++b) {
-    if (b == rb.rank) continue;
-    const uint4 o = reinterpret_cast<const uint4*>(InBlock(hist, b))[threadIdx.x];
-    c = make_uint4(c.x + o.x, c.y + o.y, c.z + o.z, c.w + o.w);
-  }
-  return c;
-}
-
-// Block-wide sum of one value per thread (all threads call; the result is in every thread).
-__device__ __forceinline__ uint32_t BlockSum(uint32_t v, Scratch& s) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  v = __reduce_add_sync(kFullMask, v);
-  __syncthreads();  // s.warp[1] may still be read by an earlier step
-  if (lane == 0) s.warp[1][warp] = v;
-  __syncthreads();
-  return __reduce_add_sync(kFullMask, s.warp[1][lane]);
-}
-
-// Gathers into `cand` this block's share of a set of entries that holds the `picks` best of the
-// row (picks < n) and leaves its size in s.count (<= kMaxCandidates; read after a barrier). The
-// row's n entries are split into consecutive parts, one per block of the row; this block's part
-// is part[0, part_n), entry `first` of the row. A radix select whose digits adapt to the data:
-// each round counts the entries with keys in [lo, hi] in kBins bins of 2^shift keys ((hi - lo) >>
-// shift < kBins; the first round, over all keys, is their top kBinBits bits, counted while the
-// part is read) and keeps the bin where the picks end; the counts are the sums over the row's
-// blocks, so every block takes the same decisions. As soon as every entry at or above that bin
-// fits in the buffer, those are gathered, in any order (the sort orders them, ties by index); at
-// one key per bin (after at most 3 rounds) with more ties than fit, the entries above the key and
-// the row's lowest-index ties at it are (a block's ties rank after those of the blocks before it).
-// The part is read from global memory once when `cache` holds it.
-__device__ void SelectCandidates(const float* part, int part_n, int first, uint32_t* cache, int n,
-                                 int picks, uint64_t* cand, uint32_t* hist_buffers, Scratch& s,
-                                 const RowBlocks& rb) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
-  int buffer = 0;
-  uint32_t* hist = hist_buffers;
-  reinterpret_cast<uint4*>(hist)[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  const auto count_top_bits = [&](uint32_t key, int i, bool valid) {
-    if (valid && cache != nullptr) cache[i] = key;
-    CountInBin(hist, valid, key >> range.shift);
-  };
-  if (cache != nullptr && (reinterpret_cast<uintptr_t>(part) & 15) == 0) {
-    // The whole part in flight at once: copied as floats, then turned into keys in place.
-    const int n4 = part_n / 4;
-    for (int q = threadIdx.x; q < n4; q += kThreads) CopyAsync16(cache + 4 * q, part + 4 * q, true);
-    CopyAsyncCommit();
-    CopyAsyncWait<0>();
-    __syncthreads();
-    ForEachVector<true>(reinterpret_cast<const uint4*>(cache), n4, count_top_bits);
-    const int i = 4 * n4 + static_cast<int>(threadIdx.x);
-    if (4 * n4 < part_n) count_top_bits(i < part_n ? OrderKey(part[i]) : 0u, i, i < part_n);
-  } else {
-    __syncthreads();
-    ForEachKey(part, nullptr, part_n, count_top_bits);
-  }
-  const uint32_t* keys = cache;
-
-  uint32_t need = static_cast<uint32_t>(picks);  // picks still to come from [lo, hi]
-  uint32_t in_range = static_cast<uint32_t>(n);  // entries of the row in [lo, hi]
-  for (;;) {
-    uint32_t bin = 0;
-    uint32_t above = 0;
-    uint32_t in_bin = in_range;
-    if (range.hi != range.lo) {
-      RowSync(rb);  // every block's counts of this round are complete (and this block's keys)
-      FindBin(RowHistogram(hist, rb), need, s);
-      bin = s.bin;
-      above = s.above;
-      in_bin = s.in_bin;
-    } else {
-      __syncthreads();
-    }
-    need -= above;
-    const uint32_t bin_lo = cpu::BinLow(range, bin);
-    const uint32_t at_or_above = static_cast<uint32_t>(picks) - need + in_bin;
-    if (at_or_above <= kMaxCandidates || range.shift == 0) {
-      if (threadIdx.x == 0) s.count = 0;
-      __syncthreads();
-      if (at_or_above <= kMaxCandidates) {
-        ForEachKey(part, keys, part_n, [&](uint32_t key, int i, bool valid) {
-          AppendPick(valid && key >= bin_lo, key, first + i, cand, &s.count);
-        });
-        return;
-      }
-      // bin_lo is the picks-th best key: everything above it, then the row's first `need` entries
-      // at it by index (ranked chunk by chunk; the per-warp counts alternate buffers between
-      // chunks), after the ties of the blocks before this one.
-      uint32_t ties_before = 0;
-      if (rb.count > 1) {
-        uint32_t mine = 0;
-        for (int i = threadIdx.x; i < part_n; i += kThreads) mine += KeyAt(part, keys, i) == bin_lo;
-        mine = BlockSum(mine, s);
-        if (threadIdx.x == 0) s.ties = mine;
-        RowSync(rb);
-        for (int b = 0; b < rb.rank; ++b) ties_before += *InBlock(&s.ties, b);
-      }
-      for (int i0 = 0, parity = 0; i0 < part_n; i0 += kThreads, parity ^= 1) {
-        const int i = i0 + static_cast<int>(threadIdx.x);
-        const uint32_t key = i < part_n ? KeyAt(part, keys, i) : 0u;
-        const bool tie = i < part_n && key == bin_lo;
-        const uint32_t tie_ballot = __ballot_sync(kFullMask, tie);
-        if (lane == 0) s.warp[parity][warp] = __popc(tie_ballot);
-        __syncthreads();
-        const uint32_t warp_ties = s.warp[parity][lane];
-        const uint32_t warps_inclusive = WarpInclusiveSum(warp_ties);
-        const uint32_t rank = ties_before +
-                              __shfl_sync(kFullMask, warps_inclusive - warp_ties, warp) +
-                              __popc(tie_ballot & LanesBelow());
-        ties_before += __shfl_sync(kFullMask, warps_inclusive, 31);
-        AppendPick(i < part_n && (key > bin_lo || (tie && rank < need)), key, first + i, cand,
-                   &s.count);
-      }
-      return;
-    }
-    // The next round: the kept bin, counted in bins of 2^(shift - kBinBits) keys or less, into the
-    // other buffer (the one the row's blocks read two rounds ago, before the RowSync above).
-    range = cpu::NarrowToBin(range, bin, kBinBits);
-    in_range = in_bin;
-    if (range.hi != range.lo) {
-      buffer ^= 1;
-      hist = hist_buffers + buffer * kBins;
-      reinterpret_cast<uint4*>(hist)[threadIdx.x] = make_uint4(0, 0, 0, 0);
-      __syncthreads();
-      const uint32_t span = range.hi - range.lo;
-      ForEachKey(part, keys, part_n, [&](uint32_t key, int, bool valid) {
-        CountInBin(hist, valid && key - range.lo <= span, (key - range.lo) >> range.shift);
-      });
-    }
-  }
-}
-
-// The compare-exchange steps of strides below 32 of the bitonic merges of spans first_span ..
-// last_span (descending where bit `span` of the index is 0), on each warp's 32 consecutive
-// entries in registers.
-__device__ __forceinline__ void WarpBitonic(uint64_t* keys, int size, int first_span,
-                                            int last_span) {
-  for (int e = threadIdx.x; e < size; e += kThreads) {  // whole warps: size % 32 == 0
-    uint64_t v = keys[e];
-    for (int span = first_span; span <= last_span; span <<= 1) {
-      const bool descending = (e & span) == 0;
-      for (int stride = min(span / 2, 16); stride > 0; stride >>= 1) {
-        const uint64_t other = __shfl_xor_sync(kFullMask, v, stride);
-        const bool keep_larger = ((e & stride) == 0) == descending;
-        v = (v > other) == keep_larger ? v : other;
-      }
-    }
-    keys[e] = v;
-  }
-}
-
-// Sorts keys[0, size) descending; size is a power of two in [32, kMaxCandidates].
-__device__ void BitonicSortDescending(uint64_t* keys, int size) {
-  WarpBitonic(keys, size, 2, min(size, 32));
-  __syncthreads();
-  for (int span = 64; span <= size; span <<= 1) {
-    for (int stride = span / 2; stride >= 32; stride >>= 1) {
-      for (int pair = threadIdx.x; pair < size / 2; pair += kThreads) {
-        const int i = ((pair & ~(stride - 1)) << 1) | (pair & (stride - 1));
-        const uint64_t a = keys[i];
-        const uint64_t b = keys[i + stride];
-        if ((i & span) == 0 ? a < b : a > b) {
-          keys[i] = b;
-          keys[i + stride] = a;
-        }
-      }
-      __syncthreads();
-    }
-    WarpBitonic(keys, size, span, span);
-    __syncthreads();
-  }
-}
+using namespace topk_steps;  // NOLINT(build/namespaces): this file's own helpers
 
 // The number of entries greater than `key` in list[0, len), sorted descending without repeats.
 __device__ __forceinline__ uint32_t CountGreater(const uint64_t* list, uint32_t len, uint64_t key) {
@@ -447,6 +66,29 @@ __device__ void MergeRowPicks(const uint64_t* cand, uint32_t count, int picks, u
   ClusterWait();
 }
 
+// This block's row: the cluster's blocks, the row's scores, length n (clamped to [0, stride]),
+// picks = min(k, n) and output; the row's first block fills the output past picks with -1.
+struct RowTask {
+  RowBlocks rb;
+  const float* row;
+  int n;
+  int picks;
+  int32_t* out_row;
+};
+__device__ __forceinline__ RowTask BeginRow(const float* scores, int64_t stride,
+                                            const int32_t* lengths, int k, int32_t* out) {
+  const RowBlocks rb{static_cast<int>(cg::this_cluster().num_blocks()),
+                     static_cast<int>(cg::this_cluster().block_rank())};
+  const int64_t r = blockIdx.x / rb.count;
+  const int n = static_cast<int>(min(max(static_cast<int64_t>(lengths[r]), int64_t{0}), stride));
+  const int picks = min(k, n);
+  int32_t* out_row = out + r * k;
+  if (rb.rank == 0) {
+    for (int j = picks + static_cast<int>(threadIdx.x); j < k; j += kThreads) out_row[j] = -1;
+  }
+  return {rb, scores + r * stride, n, picks, out_row};
+}
+
 // One row per cluster of `gridDim.x / rows` blocks; the row's n entries are split into equal
 // consecutive parts (multiples of 4 entries, so 16-byte loads stay aligned), one per block.
 // Shared memory: candidates [kMaxCandidates] u64, two histograms [kBins] u32, and when
@@ -461,17 +103,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Scratch s;
   // Launched with programmatic stream serialization: wait here for the kernel before (the scores)
   // to finish; without it this returns at once.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const RowBlocks rb{static_cast<int>(cg::this_cluster().num_blocks()),
-                     static_cast<int>(cg::this_cluster().block_rank())};
-  const int64_t r = blockIdx.x / rb.count;
-  const float* row = scores + r * stride;
-  const int n = static_cast<int>(min(max(static_cast<int64_t>(lengths[r]), int64_t{0}), stride));
-  const int picks = min(k, n);
-  int32_t* out_row = out + r * k;
-  if (rb.rank == 0) {
-    for (int j = picks + static_cast<int>(threadIdx.x); j < k; j += kThreads) out_row[j] = -1;
-  }
+  GridDependencyWait();
+  const auto [rb, row, n, picks, out_row] = BeginRow(scores, stride, lengths, k, out);
   if (picks == 0) return;  // the whole row's blocks, before any cluster step
   const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
   const int first = row_part.first;
@@ -483,7 +116,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (threadIdx.x == 0) s.count = static_cast<uint32_t>(part_n);
   } else {
-    SelectCandidates(part, part_n, first, cache, n, picks, cand, hist, s, rb);
+    SelectCandidates(part, part_n, first, cache, n, picks, CandidateList{cand, &s.count, true},
+                     hist, s, rb);
   }
   __syncthreads();
   const int count = static_cast<int>(min(s.count, static_cast<uint32_t>(kMaxCandidates)));
@@ -500,62 +134,406 @@ __global__ void __launch_bounds__(kThreads)
                 out_row);
 }
 
-// How many clusters of `blocks` (2, 4 or 8) blocks of TopKKernel the device runs at once
-// (clusters sit within one GPC, so this can be below SMs / blocks); 0 where the query fails.
-// Queried for every size at the first call (make it outside graph capture, as the kernel
-// attribute) and cached (one device kind per process assumed). Requires the kernel's
-// shared-memory attribute set.
+// TopKVariant::kSelectSort, block 0 of the row: cand[0, count) holds every entry of the row with
+// a key above `hi` and those with keys in [lo, hi], of which the `need` best complete the row's
+// `picks` (count <= kMaxCandidates). Narrows [lo, hi] by rounds of kBins bins over the
+// candidates alone (at most three: each takes kBinBits bits off the span) until at most the
+// smallest power of two >= picks remain or one key is left; returns how many remain in cand.
+// Extra candidates (ties at one key, or a bin not narrowed further) only cost sort time: the
+// sort orders ties by index, so the picks are the same.
+__device__ uint32_t NarrowCandidates(uint64_t* cand, uint32_t count, uint32_t lo, uint32_t hi,
+                                     uint32_t need, int picks, uint32_t* hist, Scratch& s) {
+  constexpr int kPerThread = kMaxCandidates / kThreads;
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t cap = 32;
+  while (cap < static_cast<uint32_t>(picks)) cap <<= 1;
+  while (count > cap && lo != hi) {
+    const uint32_t span = hi - lo;
+    const int shift = max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
+    uint64_t mine[kPerThread];
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+      mine[j] = e < count ? cand[e] : 0;
+    }
+    reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t key = static_cast<uint32_t>(mine[j] >> 32);
+      const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+      CountInBin(hist, e < count && key >= lo && key <= hi, (key - lo) >> shift);
+    }
+    __syncthreads();
+    FindBin(reinterpret_cast<const uint4*>(hist)[tid], need, s);
+    need -= s.above;
+    const uint32_t new_lo = lo + (s.bin << shift);
+    const uint32_t width = (1u << shift) - 1u;
+    hi = hi - new_lo > width ? new_lo + width : hi;
+    lo = new_lo;
+    if (tid == 0) s.count = 0;  // read last at the end of the round before, before FindBin
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+      AppendEntry(e < count && static_cast<uint32_t>(mine[j] >> 32) >= lo, mine[j], cand, &s.count);
+    }
+    __syncthreads();
+    count = s.count;
+  }
+  return count;
+}
+
+// Sorts the block's entries descending, one per thread (v: thread i's entry i; size a power of
+// two in [32, kThreads], threads past it hold 0): the bitonic network of BitonicSortDescending
+// with the entries in registers, strides below 32 by warp shuffles, longer ones through
+// `exchange` ([2][kThreads], alternate buffers: one barrier per step). Returns thread i's entry
+// of the sorted order. Every thread of the block calls.
+__device__ uint64_t RegisterBitonicSortDescending(uint64_t v, int size, uint64_t* exchange) {
+  const int tid = static_cast<int>(threadIdx.x);
+  int parity = 0;
+  for (int span = 2; span <= size; span <<= 1) {
+    const bool descending = (tid & span) == 0;
+    for (int stride = span / 2; stride > 0; stride >>= 1) {
+      uint64_t other;
+      if (stride >= 32) {
+        exchange[parity * kThreads + tid] = v;
+        __syncthreads();
+        other = exchange[parity * kThreads + (tid ^ stride)];
+        parity ^= 1;
+      } else {
+        other = __shfl_xor_sync(kFullMask, v, stride);
+      }
+      const bool keep_larger = ((tid & stride) == 0) == descending;
+      v = (v > other) == keep_larger ? v : other;
+    }
+  }
+  return v;
+}
+
+static_assert(2 * kBins * sizeof(uint32_t) >= 2 * kThreads * sizeof(uint64_t),
+              "the histogram buffers hold the sort's exchange buffers");
+
+// Sorts cand[0, count) (count <= kMaxCandidates) and writes the first `picks` indices. `exchange`:
+// 2 kThreads entries of scratch.
+__device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, uint64_t* exchange,
+                          int32_t* out_row) {
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t size = 32;
+  while (size < count) size <<= 1;
+  for (uint32_t i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
+  __syncthreads();
+  if (size <= kThreads) {
+    const uint64_t v = RegisterBitonicSortDescending(tid < static_cast<int>(size) ? cand[tid] : 0,
+                                                     static_cast<int>(size), exchange);
+    if (tid < picks) out_row[tid] = PickIndex(v);
+    return;
+  }
+  BitonicSortDescending(cand, static_cast<int>(size));
+  for (int j = tid; j < picks; j += kThreads) out_row[j] = PickIndex(cand[j]);
+}
+
+// The most candidates of one bin that BucketRankWrite places by comparing them with each other;
+// picks in a fuller bin take NarrowCandidates and the bitonic sort instead.
+constexpr uint32_t kMaxBinEntries = 32;
+
+// TopKVariant::kSelectSort, block 0 of the row: writes the `picks` best of cand[0, count)
+// (count <= kMaxCandidates) in order without a sorting network. The candidates' keys in [lo,
+// hi] (first the smallest and largest key) are counted in kBins bins; a bin's first place is
+// the number of counted candidates in the bins above it, and a candidate's place is its bin's
+// plus the number of its bin's candidates that rank above it (counted one by one, so the bins
+// that hold picks must be small). When one of them holds more than kMaxBinEntries, lo moves up
+// to the bin holding the picks-th best and the count is made once more over the narrower range;
+// if that is still too crowded (keys bunched at a few values), returns false having written
+// nothing and left cand as it was. hist: [2][kBins] scratch. Every thread of the block calls.
+__device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint32_t* hist,
+                                Scratch& s, int32_t* out_row) {
+  constexpr int kPerThread = kMaxCandidates / kThreads;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const uint32_t picks_u = static_cast<uint32_t>(picks);
+  uint32_t* const counts = hist;         // [kBins]
+  uint32_t* const first = hist + kBins;  // [kBins]: counted candidates in the bins above
+  uint64_t mine[kPerThread];
+  uint32_t key_min = 0xFFFFFFFFu;
+  uint32_t key_max = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+    mine[j] = e < count ? cand[e] : 0;
+    if (e < count) {
+      key_min = min(key_min, static_cast<uint32_t>(mine[j] >> 32));
+      key_max = max(key_max, static_cast<uint32_t>(mine[j] >> 32));
+    }
+  }
+  key_min = __reduce_min_sync(kFullMask, key_min);
+  key_max = __reduce_max_sync(kFullMask, key_max);
+  if (lane == 0) {
+    s.warp[0][warp] = key_min;
+    s.warp[1][warp] = key_max;
+  }
+  __syncthreads();  // every thread holds its candidates: cand may be overwritten from here
+  uint32_t lo = __reduce_min_sync(kFullMask, s.warp[0][lane]);
+  const uint32_t hi = __reduce_max_sync(kFullMask, s.warp[1][lane]);
+  uint32_t bin[kPerThread];
+  bool counted[kPerThread];
+  uint32_t counted_total = 0;
+  for (int attempt = 0;; ++attempt) {
+    const uint32_t span = hi - lo;
+    const int shift = span == 0 ? 0 : max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
+    reinterpret_cast<uint4*>(counts)[tid] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t key = static_cast<uint32_t>(mine[j] >> 32);
+      counted[j] = static_cast<uint32_t>(tid + j * kThreads) < count && key >= lo;
+      bin[j] = (key - lo) >> shift;
+      CountInBin(counts, counted[j], bin[j]);
+    }
+    __syncthreads();
+    // first[b] for this thread's bins 4 tid .. 4 tid + 3: the candidates of the higher threads'
+    // bins, then of its own higher bins; s.bin: the bin holding the picks-th best.
+    const uint4 c = reinterpret_cast<const uint4*>(counts)[tid];
+    uint32_t inclusive = WarpInclusiveSum(c.x + c.y + c.z + c.w);
+    if (lane == 31) s.warp[0][warp] = inclusive;
+    __syncthreads();
+    const uint32_t warp_total = s.warp[0][lane];
+    const uint32_t warps_inclusive = WarpInclusiveSum(warp_total);
+    counted_total = __shfl_sync(kFullMask, warps_inclusive, 31);
+    inclusive += __shfl_sync(kFullMask, warps_inclusive - warp_total, warp);
+    uint32_t running = counted_total - inclusive;
+    const uint32_t bin_counts[4] = {c.x, c.y, c.z, c.w};
+    bool crowded = false;
+#pragma unroll
+    for (int q = 3; q >= 0; --q) {
+      first[4 * tid + q] = running;
+      crowded = crowded || (running < picks_u && bin_counts[q] > kMaxBinEntries);
+      if (running < picks_u && running + bin_counts[q] >= picks_u) s.bin = 4 * tid + q;
+      running += bin_counts[q];
+    }
+    if (!__syncthreads_or(crowded)) break;
+    if (attempt == 1) return false;
+    lo += s.bin << shift;
+  }
+  // Each counted candidate of a bin that holds picks goes to a slot of its bin's range.
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (counted[j] && first[bin[j]] < picks_u) {
+      cand[first[bin[j]] + atomicSub(&counts[bin[j]], 1u) - 1] = mine[j];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t begin = counted[j] ? first[bin[j]] : 0xFFFFFFFFu;
+    if (begin >= picks_u) continue;
+    const uint32_t end = bin[j] == 0 ? counted_total : first[bin[j] - 1];
+    uint32_t place = begin;
+    for (uint32_t q = begin; q < end; ++q) place += cand[q] > mine[j] ? 1u : 0u;
+    if (place < picks_u) out_row[place] = PickIndex(mine[j]);
+  }
+  return true;
+}
+
+// Every kSampleStride-th entry (or sparser: at most 2 kThreads samples) of a long row is sampled.
+constexpr int kSampleStride = 16;
+constexpr int kSamplesPerThread = 2;
+
+// TopKVariant::kSelectSort on rows longer than kMaxCandidates: a key T above which, by a sample of
+// the row, about 1.5 x picks + 24 x (the sample's stride) entries lie: enough that T is at or
+// below the picks-th best key with near certainty, few enough (for picks up to 2048 and rows up
+// to 64K entries) that the entries at or above T fit the candidate buffer. The sample is the same
+// in every block of the row, and so is T (every block computes it alone). Histogram rounds of
+// kBins bins over the sample keys, as SelectCandidates over the row. Every thread calls.
+__device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t* hist,
+                                    Scratch& s) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int stride =
+      max(kSampleStride, (n + kSamplesPerThread * kThreads - 1) / (kSamplesPerThread * kThreads));
+  const int samples = (n + stride - 1) / stride;
+  uint32_t need =
+      static_cast<uint32_t>(min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
+  uint32_t key[kSamplesPerThread];
+#pragma unroll
+  for (int j = 0; j < kSamplesPerThread; ++j) {
+    const int sample = tid + j * kThreads;
+    key[j] = sample < samples ? OrderKey(row[static_cast<int64_t>(sample) * stride]) : 0u;
+  }
+  cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
+  for (;;) {
+    reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const uint32_t span = range.hi - range.lo;
+#pragma unroll
+    for (int j = 0; j < kSamplesPerThread; ++j) {
+      CountInBin(hist, tid + j * kThreads < samples && key[j] - range.lo <= span,
+                 (key[j] - range.lo) >> range.shift);
+    }
+    __syncthreads();
+    FindBin(reinterpret_cast<const uint4*>(hist)[tid], need, s);
+    need -= s.above;
+    if (s.in_bin <= 8 || range.shift == 0) return cpu::BinLow(range, s.bin);
+    range = cpu::NarrowToBin(range, s.bin, kBinBits);
+    __syncthreads();  // every thread has read s before the next round's FindBin writes it
+  }
+}
+
+// TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) gather the entries at
+// or above a threshold from a sample of the row (SampleThreshold) into block 0's list; where that
+// misses (fewer than picks, or more than the buffer), they select as TopKKernel does
+// (SelectCandidates), gathering into the same list. Block 0 then places the picks by bins of
+// their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it narrows the
+// candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries) and
+// sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
+// `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's -1
+// fill, 4 after the sample's threshold, 2 after the gathering (the candidates in block 0), 3
+// before a fallback sort, 5 or 6 in a fallback selection. Shared memory as TopKKernel.
+__global__ void __launch_bounds__(kThreads)
+    TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
+                     bool cache_part, int stop_after, int32_t* out) {
+  extern __shared__ __align__(16) uint64_t smem[];
+  uint64_t* const cand = smem;                                                // [kMaxCandidates]
+  uint32_t* const hist = reinterpret_cast<uint32_t*>(cand + kMaxCandidates);  // [2][kBins]
+  uint32_t* const cache = cache_part ? hist + 2 * kBins : nullptr;
+  __shared__ Scratch s;
+  GridDependencyWait();
+  GridDependencyLaunchDependents();
+  const auto [rb, row, n, picks, out_row] = BeginRow(scores, stride, lengths, k, out);
+  if (picks == 0 || stop_after == 1) return;  // the whole row's blocks, before any cluster step
+  uint32_t count = static_cast<uint32_t>(n);
+  uint32_t lo = 0;
+  uint32_t hi = 0xFFFFFFFFu;
+  uint32_t need = static_cast<uint32_t>(picks);
+  if (n <= kMaxCandidates) {
+    if (rb.rank != 0) return;  // no cluster step follows
+    for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
+    if (stop_after >= 4) return;  // benchmarks: no sample in this path
+  } else {
+    // Every block gathers its candidates straight into block 0's list (distributed shared memory
+    // where the row has several blocks); block 0 zeroes the count before a RowSync that orders
+    // it before any block gathers.
+    if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
+    const CandidateList list = rb.count > 1
+                                   ? CandidateList{InBlock(cand, 0), InBlock(&s.count, 0), false}
+                                   : CandidateList{cand, &s.count, false};
+    const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
+    const float* part = row + row_part.first;
+    // First try: the entries at or above a threshold from a sample of the row, gathered in one
+    // pass. They hold the picks when they number at least picks (and fit the buffer).
+    const uint32_t threshold = SampleThreshold(row, n, picks, hist, s);
+    if (stop_after == 4) return;
+    RowSync(rb);  // block 0's zeroed count before any block gathers
+    ForEachKey(part, nullptr, row_part.count, [&](uint32_t key, int i, bool valid) {
+      AppendPick(valid && key >= threshold, key, row_part.first + i, list.entries, list.count);
+    });
+    RowSync(rb);  // release: this block's candidates; acquire: everyone's
+    const uint32_t gathered = *list.count;
+    const bool sampled = gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
+    if (!sampled) {  // the radix selection over the row
+      RowSync(rb);   // every block has read the count before block 0 zeroes it
+      if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
+      SelectCandidates(part, row_part.count, row_part.first, cache, n, picks, list, hist, s, rb,
+                       stop_after);
+      if (stop_after >= 5) return;
+      RowSync(rb);  // release: this block's candidates; acquire: everyone's
+    }
+    if (rb.rank != 0) return;
+    count = min(s.count, static_cast<uint32_t>(kMaxCandidates));
+    lo = sampled ? threshold : s.sel_lo;
+    hi = sampled ? 0xFFFFFFFFu : s.sel_hi;
+    need = sampled ? static_cast<uint32_t>(picks) : s.sel_need;
+  }
+  __syncthreads();
+  if (stop_after == 2) return;
+  if (BucketRankWrite(cand, count, picks, hist, s, out_row)) return;
+  // Candidates bunched at a few keys: narrowed by histogram rounds, then sorted.
+  if (n > kThreads) count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
+  if (stop_after == 3) return;
+  SortWrite(cand, count, picks, reinterpret_cast<uint64_t*>(hist), out_row);
+}
+
+// How many clusters of `blocks` (2..8) blocks of `kKernel` (TopKKernel or TopKSelectKernel,
+// with kFixedSmemBytes of shared memory) the device runs at once (clusters sit within one GPC,
+// so this can be below SMs / blocks); 0 where the query fails. Queried for every size at the
+// first call (make it outside graph capture, as the kernel attribute) and cached per kernel (one
+// device kind per process assumed). Requires the kernel's shared-memory attribute set.
+template <auto kKernel>
 int MaxActiveClusters(int64_t blocks) {
-  static const std::array<int, 3> clusters = [] {
-    std::array<int, 3> counts = {0, 0, 0};
-    for (int slot = 0; slot < 3; ++slot) {
+  static const std::array<int, kMaxTopKBlocks + 1> clusters = [] {
+    std::array<int, kMaxTopKBlocks + 1> counts = {};
+    for (int size = 2; size <= kMaxTopKBlocks; ++size) {
       cudaLaunchAttribute cluster = {};
       cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 2u << slot;
+      cluster.val.clusterDim.x = static_cast<unsigned>(size);
       cluster.val.clusterDim.y = 1;
       cluster.val.clusterDim.z = 1;
       cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(2u << slot);
+      config.gridDim = dim3(static_cast<unsigned>(size));
       config.blockDim = dim3(kThreads);
       config.dynamicSmemBytes = kFixedSmemBytes;
       config.attrs = &cluster;
       config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&counts[slot], TopKKernel, &config) != cudaSuccess) {
+      if (cudaOccupancyMaxActiveClusters(&counts[size], kKernel, &config) != cudaSuccess) {
         cudaGetLastError();  // not sticky; clear it
-        counts[slot] = 0;
+        counts[size] = 0;
       }
     }
     return counts;
   }();
-  return blocks == 2 ? clusters[0] : (blocks == 4 ? clusters[1] : clusters[2]);
+  return blocks >= 2 && blocks <= kMaxTopKBlocks ? clusters[blocks] : 0;
 }
 
-// Blocks per row: the largest power of two up to kMaxAutoTopKBlocks that keeps all rows in one
-// wave (rows x blocks within the SM count, rows within the clusters the device runs at once) and
-// parts of at least 256 entries. Two at most: on an H200 (2026-12-04, graph timing, docs/perf.md)
-// 2 blocks per row were the fastest or within 0.5 us of it at every batch 1 / 32 and context
-// 4K / 32K / 128K, while 4 and 8 lost 2-3x to the cluster barriers (32 x 128K: 16.4 us with 2,
-// 29.6 with 4, 59.0 with 8).
+int SmCount() {
+  static const int count = [] {
+    int device = 0;
+    int sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 0;
+    }
+    return sms;
+  }();
+  return count;
+}
+
+// Blocks per row of TopKKernel: the largest power of two up to kMaxAutoTopKBlocks that keeps all
+// rows in one wave (rows x blocks within the SM count, rows within the clusters the device runs
+// at once) and parts of at least 256 entries. Two at most: on an H200 (2026-12-04, graph timing,
+// docs/perf.md) 2 blocks per row were the fastest or within 0.5 us of it at every batch 1 / 32
+// and context 4K / 32K / 128K, while 4 and 8 lost 2-3x (32 x 128K: 16.4 us with 2, 29.6 with 4,
+// 59.0 with 8).
 constexpr int64_t kMaxAutoTopKBlocks = 2;
-int64_t PickBlocksPerRow(int64_t rows, int64_t stride) {
-  int device = 0;
-  int sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+// TopKSelectKernel: the most blocks per row up to kMaxAutoSelectBlocks (any count, not only powers
+// of two: where the device runs fewer than `rows` clusters of 4, 3 may still fit in one wave)
+// with rows x blocks within the SM count, every row's cluster running at once, and parts of at
+// least kMinSelectPart entries (rows of at most kMaxCandidates entries take one block: block 0
+// alone loads them).
+constexpr int64_t kMaxAutoSelectBlocks = 4;
+constexpr int64_t kMinSelectPart = 4096;
+
+int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
+  const int64_t sms = SmCount();
+  if (variant == TopKVariant::kSelectSort) {
+    for (int64_t blocks = kMaxAutoSelectBlocks; blocks > 1; --blocks) {
+      if (rows * blocks <= sms && stride >= kMinSelectPart * blocks &&
+          rows <= MaxActiveClusters<TopKSelectKernel>(blocks)) {
+        return blocks;
+      }
+    }
     return 1;
   }
   int64_t blocks = 1;
   while (blocks < kMaxAutoTopKBlocks && rows * blocks * 2 <= sms && stride >= 512 * blocks &&
-         rows <= MaxActiveClusters(blocks * 2)) {
+         rows <= MaxActiveClusters<TopKKernel>(blocks * 2)) {
     blocks *= 2;
   }
   return blocks;
 }
 
-}  // namespace
-
-cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
-                        int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream) {
+cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                       int64_t k, TopKVariant variant, int64_t blocks_per_row, int stop_after,
+                       int32_t* out, cudaStream_t stream) {
   PDSERVE_LAUNCH_REQUIRE("top_k", rows >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", stride >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", k >= 1);
@@ -563,16 +541,26 @@ cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const
   PDSERVE_LAUNCH_REQUIRE("top_k", stride <= kMaxStride);
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row <= kMaxTopKBlocks);
-  PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
+  PDSERVE_LAUNCH_REQUIRE(
+      "top_k", variant == TopKVariant::kRadixCluster || variant == TopKVariant::kSelectSort);
+  if (variant == TopKVariant::kRadixCluster) {  // its merge ranks power-of-two clusters only
+    PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
+  }
   if (rows == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE("top_k", scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", lengths != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", out != nullptr);
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kFixedSmemBytes + kMaxCachedScores * sizeof(uint32_t)));
+  static const cudaError_t attribute_status = [] {
+    const int bytes = static_cast<int>(kFixedSmemBytes + kMaxCachedScores * sizeof(uint32_t));
+    const cudaError_t status =
+        cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (status != cudaSuccess) return status;
+    return cudaFuncSetAttribute(TopKSelectKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                bytes);
+  }();
   if (attribute_status != cudaSuccess) return attribute_status;
-  const int64_t blocks = blocks_per_row == 0 ? PickBlocksPerRow(rows, stride) : blocks_per_row;
+  const int64_t blocks =
+      blocks_per_row == 0 ? PickBlocksPerRow(variant, rows, stride) : blocks_per_row;
   PDSERVE_LAUNCH_REQUIRE("top_k", rows * blocks <= INT32_MAX);
   const int64_t part_cap = ((stride + blocks - 1) / blocks + 3) / 4 * 4;
   const bool cache_part = part_cap <= kMaxCachedScores;
@@ -592,13 +580,39 @@ cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = blocks > 1 ? 2 : 1;
+  if (variant == TopKVariant::kSelectSort) {
+    return cudaLaunchKernelEx(&config, TopKSelectKernel, scores, stride, lengths,
+                              static_cast<int>(k), cache_part, stop_after, out);
+  }
   return cudaLaunchKernelEx(&config, TopKKernel, scores, stride, lengths, static_cast<int>(k),
                             cache_part, out);
 }
 
+}  // namespace
+
+cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                          int64_t k, TopKVariant variant, int64_t blocks_per_row, int32_t* out,
+                          cudaStream_t stream) {
+  return LaunchTopK(scores, rows, stride, lengths, k, variant, blocks_per_row, 0, out, stream);
+}
+
+cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                        int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream) {
+  return LaunchTopK(scores, rows, stride, lengths, k, TopKVariant::kRadixCluster, blocks_per_row, 0,
+                    out, stream);
+}
+
 cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                   int64_t k, int32_t* out, cudaStream_t stream) {
-  return top_k_split(scores, rows, stride, lengths, k, 0, out, stream);
+  return LaunchTopK(scores, rows, stride, lengths, k, kDefaultTopKVariant, 0, 0, out, stream);
+}
+
+cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t stride,
+                                const int32_t* lengths, int64_t k, int stop_after, int32_t* out,
+                                cudaStream_t stream) {
+  PDSERVE_LAUNCH_REQUIRE("top_k", stop_after >= 0);
+  return LaunchTopK(scores, rows, stride, lengths, k, TopKVariant::kSelectSort, 0, stop_after, out,
+                    stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -22,6 +22,17 @@
 // blocks' lists (copied from their shared memory); ranks below k are written. Only the candidates,
 // a few hundred per block, are sorted; the row is never sorted whole.
 //
+// Variant kSelectSort (kernels/cuda/topk.cu, TopKSelectKernel) runs the same selection, but every
+// block gathers its candidates straight into the row's first block (distributed shared memory),
+// which places the picks without a sorting network: the candidates' keys are counted in 4096
+// bins spanning their range, a bin's first place is the count of the bins above it, and a pick's
+// place is its bin's plus the candidates of its bin that rank above it (bins holding picks must
+// hold at most 32; else the count is redone over the bins from the k-th best up, and where the
+// picks still bunch, histogram rounds narrow the candidates to about k and a bitonic sort orders
+// them). Rows of at most 4096 entries are loaded and placed by that block alone. Up to 4 blocks
+// per row (parts of at least 4096 entries). It also lets the next kernel on the stream launch
+// early (griddepcontrol.launch_dependents).
+//
 // CUDA-graph safe: the launch shape depends only on (rows, stride, k) and the device (its SM and
 // cluster counts); per-row lengths are read from device memory when the kernel runs. Launched
 // with programmatic stream serialization: the launch may begin while the kernel before it on the
@@ -46,9 +57,30 @@ inline constexpr int64_t kMaxTopK = 2048;
 cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                   int64_t k, int32_t* out, cudaStream_t stream);
 
-// top_k with `blocks_per_row` blocks per row (1, 2, 4 or 8; 0 picks as top_k does). The result
-// does not depend on it; tests and benchmarks use it to reach every path.
+// Which kernel top_k runs (same contract, identical results): kRadixCluster sorts each block's
+// candidates and merges the blocks' lists by rank; kSelectSort narrows the row's candidates to
+// about k in one block and sorts those.
+enum class TopKVariant { kRadixCluster, kSelectSort };
+inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kRadixCluster;
+
+// top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
+// kSelectSort: 1 to 8; 0 picks as top_k does for that variant). The result depends on neither;
+// tests and benchmarks use them to reach every path.
+cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
+                          int64_t k, TopKVariant variant, int64_t blocks_per_row, int32_t* out,
+                          cudaStream_t stream);
+
+// top_k_variant with kRadixCluster.
 cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                         int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream);
+
+// Benchmarks only (bench/cuda): kSelectSort with the automatic block count, ended early so that
+// graph timing shows what each stage costs: stop_after 1 ends after the output's -1 fill (launch,
+// dependency wait, lengths), 4 after the sample's threshold (rows longer than 4096), 2 after the
+// gathering (the candidates in the row's first block), 3 before a fallback sort, 5 and 6 in a
+// fallback selection; 0 runs it whole. Outputs of a stopped run are incomplete.
+cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t stride,
+                                const int32_t* lengths, int64_t k, int stop_after, int32_t* out,
+                                cudaStream_t stream);
 
 }  // namespace pdserve::kernels::cuda

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,19 +29,26 @@ std::vector<int32_t> Reference(const std::vector<float>& row, int32_t k) {
   return out;
 }
 
-// Runs the twin over every block count and returns the stats of each run.
+// Runs the twin over every block count, with both kernels' final steps, and returns the stats of
+// each run.
 std::vector<RadixSplitStats> ExpectMatches(const std::vector<float>& row, int32_t k,
                                            RadixSplitConfig config, const std::string& what) {
   const std::vector<int32_t> want = Reference(row, k);
   std::vector<RadixSplitStats> all;
-  for (int blocks : {1, 2, 3, 4, 8}) {
-    config.blocks = blocks;
+  for (int run = 0; run < 10; ++run) {
+    config.blocks = std::array<int, 5>{1, 2, 3, 4, 8}[run % 5];
+    config.select_sort = run >= 5;
     std::vector<int32_t> got(static_cast<size_t>(k), 7);
     const RadixSplitStats stats =
         TopKRadixSplit(row.data(), static_cast<int32_t>(row.size()), k, config, got.data());
-    EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks " << blocks
-                         << " bin bits " << config.bin_bits << " buffer " << config.max_candidates;
-    if (!stats.whole_sort) {
+    EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks "
+                         << config.blocks << " bin bits " << config.bin_bits << " buffer "
+                         << config.max_candidates << " select-sort " << config.select_sort;
+    if (config.select_sort) {
+      // The select kernel's first block holds the gathered candidates and sorts at most them.
+      EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
+      EXPECT_LE(stats.sorted, stats.candidates) << what;
+    } else if (!stats.whole_sort) {
       // The kernel's buffers: a row gathers at most max_candidates (the tie path exactly the
       // picks), so each part's list and the merge copy fit.
       EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
@@ -180,6 +188,48 @@ TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
       ExpectMatches(sparse_ties, k, {}, "sparse ties");
     }
   }
+}
+
+// The select variant at the kernel's settings: rows of normal scores longer than 4096 take the
+// sample's threshold, and with fewer picks than entries have them placed by bins of the keys
+// (rows of at most 4096 after a second count over the upper bins); four levels bunch the picks
+// (and miss the sample where a quarter of the row, tied at the threshold, overflows the buffer),
+// which are then narrowed (rows longer than 1024 with more entries than picks) and sorted.
+TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> level(0, 3);
+  RadixSplitConfig config;
+  config.select_sort = true;
+  bool saw_fallback = false;
+  bool saw_narrowing = false;
+  for (int32_t n : {100, 1024, 1025, 4096, 8192, 32768}) {
+    std::vector<float> row(static_cast<size_t>(n));
+    std::vector<float> levels(static_cast<size_t>(n));
+    for (float& s : row) s = normal(rng);
+    for (float& s : levels) s = static_cast<float>(level(rng));
+    for (int blocks : {1, 4}) {
+      config.blocks = blocks;
+      for (int32_t k : {1, 37, 512, 2048}) {
+        std::vector<int32_t> got(static_cast<size_t>(k));
+        RadixSplitStats stats = TopKRadixSplit(row.data(), n, k, config, got.data());
+        EXPECT_EQ(got, Reference(row, k)) << n << " " << k;
+        if (k <= 512 && k < n) {  // bins over the picks' keys hold a few each
+          EXPECT_TRUE(stats.bucket_ranked) << n << " " << k;
+        }
+        EXPECT_EQ(stats.sampled, n > 4096) << n << " " << k;  // the sample's threshold held
+        stats = TopKRadixSplit(levels.data(), n, k, config, got.data());
+        EXPECT_EQ(got, Reference(levels, k)) << n << " " << k;
+        if (n == 32768) {  // a quarter of the row, 8192 entries, ties at the threshold
+          EXPECT_FALSE(stats.sampled) << k;
+        }
+        saw_fallback = saw_fallback || !stats.bucket_ranked;
+        saw_narrowing = saw_narrowing || stats.narrow_rounds > 0;
+      }
+    }
+  }
+  EXPECT_TRUE(saw_fallback);
+  EXPECT_TRUE(saw_narrowing);
 }
 
 TEST(TopKRadixTest, ShortAndEmptyRows) {

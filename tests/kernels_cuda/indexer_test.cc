@@ -10,6 +10,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/topk.cuh"
@@ -152,19 +153,32 @@ struct DeviceCase {
   IndexerParams params;
 };
 
-// Every scores kernel runs every case.
-constexpr IndexerScoresVariant kVariants[] = {IndexerScoresVariant::kMmaSync,
-                                              IndexerScoresVariant::kWgmma};
+// Every scores kernel and every top-k kernel runs every case (the register-query wgmma scores
+// with the select top-k, the others with the radix-cluster top-k).
+struct Variant {
+  IndexerScoresVariant scores;
+  TopKVariant topk;
+};
+constexpr Variant kVariants[] = {
+    {IndexerScoresVariant::kMmaSync, TopKVariant::kRadixCluster},
+    {IndexerScoresVariant::kWgmma, TopKVariant::kRadixCluster},
+    {IndexerScoresVariant::kWgmmaQueryRegisters, TopKVariant::kSelectSort}};
 
-const char* VariantName(IndexerScoresVariant v) {
-  return v == IndexerScoresVariant::kWgmma ? "wgmma" : "mma.sync";
+std::string VariantName(const Variant& v) {
+  const char* scores =
+      v.scores == IndexerScoresVariant::kMmaSync
+          ? "mma.sync"
+          : (v.scores == IndexerScoresVariant::kWgmma ? "wgmma" : "wgmma, register queries");
+  return std::string(scores) +
+         (v.topk == TopKVariant::kSelectSort ? " + select-sort top-k" : " + radix-cluster top-k");
 }
 
-void RunAndCheckVariant(const IndexerCase& c, int64_t topk, IndexerScoresVariant variant) {
+void RunAndCheckVariant(const IndexerCase& c, int64_t topk, const Variant& variant) {
   SCOPED_TRACE(VariantName(variant));
   const int64_t batch = static_cast<int64_t>(c.n_keys.size());
   DeviceCase d(c, topk);
-  d.params.scores_variant = variant;
+  d.params.scores_variant = variant.scores;
+  d.params.topk_variant = variant.topk;
   const float scale = d.params.softmax_scale;
   PDSERVE_CUDA_OK(d.Launch(topk, nullptr));
   PDSERVE_CUDA_OK(cudaDeviceSynchronize());
@@ -223,7 +237,7 @@ void RunAndCheckVariant(const IndexerCase& c, int64_t topk, IndexerScoresVariant
 }
 
 void RunAndCheck(const IndexerCase& c, int64_t topk) {
-  for (const IndexerScoresVariant variant : kVariants) RunAndCheckVariant(c, topk, variant);
+  for (const Variant& variant : kVariants) RunAndCheckVariant(c, topk, variant);
 }
 
 TEST(CudaIndexerTest, MixedLengthsMatchReference) {
@@ -279,6 +293,26 @@ TEST(CudaIndexerTest, BlocksSpanningRequestsMatchReference) {
   }
 }
 
+// Decode batch sizes (1, 33, 128 requests) with lengths that are no multiple of the 64-key tile,
+// some below top-k, and rows long enough (up to 9000 keys at batch 1) for the top-k kernels'
+// multi-block paths.
+TEST(CudaIndexerTest, DecodeBatchSizesMatchReference) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t batch : {1, 33, 128}) {
+    const int32_t longest = batch == 128 ? 1500 : (batch == 33 ? 6000 : 9000);
+    std::uniform_int_distribution<int32_t> length(1, longest);
+    std::vector<int32_t> n_keys;
+    std::vector<int32_t> positions;
+    for (int64_t r = 0; r < batch; ++r) {
+      n_keys.push_back(r == 0 ? longest - 7
+                              : (r % 5 == 4 ? 300 + static_cast<int32_t>(r) : length(rng)));
+      positions.push_back(4 * n_keys.back() + static_cast<int32_t>(r % 4));
+    }
+    RunAndCheck(MakeCase(rng, n_keys, positions, 64, 0.0), 512);
+  }
+}
+
 // More requests than one launch takes (1024): the batch runs as several launches.
 TEST(CudaIndexerTest, MoreRequestsThanOneLaunch) {
   PDSERVE_SKIP_WITHOUT_GPU();
@@ -299,10 +333,11 @@ TEST(CudaIndexerTest, GraphReplayFollowsLengthsInDeviceMemory) {
   auto rng = FreshRng();
   const int64_t topk = 64;
   const IndexerCase c = MakeCase(rng, {900, 300, 0}, {4 * 900, 4 * 300, 0}, 64, 0.0);
-  for (const IndexerScoresVariant variant : kVariants) {
+  for (const Variant& variant : kVariants) {
     SCOPED_TRACE(VariantName(variant));
     DeviceCase d(c, topk);
-    d.params.scores_variant = variant;
+    d.params.scores_variant = variant.scores;
+    d.params.topk_variant = variant.topk;
     cudaStream_t stream = nullptr;
     PDSERVE_CUDA_OK(cudaStreamCreate(&stream));
     PDSERVE_CUDA_OK(d.Launch(topk, stream));  // first launch outside capture sets attributes

@@ -1,6 +1,7 @@
 // kernels/cuda/topk against the CPU rule (kernels/cpu/topk.h): descending score, lower index
-// first on ties, -1 after min(length, k). Every case runs with the block count top_k picks and
-// with 1, 2, 4 and 8 blocks per row (top_k_split), so each path runs whole and split.
+// first on ties, -1 after min(length, k). Every case runs with both kernels (TopKVariant), each
+// with the block count top_k picks and with 1, 2, 4 and 8 blocks per row (top_k_variant; the
+// select kernel also with 3), so each path runs whole and split.
 #include "kernels/cuda/topk.cuh"
 
 #include <gtest/gtest.h>
@@ -44,18 +45,22 @@ void ExpectMatchesReference(const std::vector<float>& scores, int64_t stride,
     want[r] =
         ReferenceTopK(scores.data() + r * stride, std::clamp<int64_t>(lengths[r], 0, stride), k);
   }
-  for (int64_t blocks : {0, 1, 2, 4, 8}) {
-    GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * k));
-    ASSERT_TRUE(d_out.ok());
-    PDSERVE_CUDA_OK(top_k_split(d_scores.get(), rows, stride, d_lengths.get(), k, blocks,
-                                d_out.get(), nullptr));
-    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<int32_t> got = d_out.Download();
-    EXPECT_TRUE(d_out.GuardsIntact()) << "blocks per row " << blocks;
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::vector<int32_t> row(got.begin() + r * k, got.begin() + (r + 1) * k);
-      EXPECT_EQ(row, want[r]) << "row " << r << " length " << lengths[r] << " k " << k
-                              << " blocks per row " << blocks;
+  for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
+    const char* name = variant == TopKVariant::kSelectSort ? "select-sort" : "radix-cluster";
+    for (int64_t blocks : {0, 1, 2, 3, 4, 8}) {
+      if (blocks == 3 && variant != TopKVariant::kSelectSort) continue;  // powers of two only
+      GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * k));
+      ASSERT_TRUE(d_out.ok());
+      PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k, variant,
+                                    blocks, d_out.get(), nullptr));
+      PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<int32_t> got = d_out.Download();
+      EXPECT_TRUE(d_out.GuardsIntact()) << name << " blocks per row " << blocks;
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<int32_t> row(got.begin() + r * k, got.begin() + (r + 1) * k);
+        EXPECT_EQ(row, want[r]) << "row " << r << " length " << lengths[r] << " k " << k << " "
+                                << name << " blocks per row " << blocks;
+      }
     }
   }
 }
@@ -242,7 +247,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
   GuardedBuffer<int32_t> d_lengths(lengths.size());
   GuardedBuffer<int32_t> d_first(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_second(static_cast<size_t>(rows * k));
-  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok());
+  GuardedBuffer<int32_t> d_third(static_cast<size_t>(rows * k));
+  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok() && d_third.ok());
   d_scores.Upload(scores);
   d_lengths.Upload(lengths);
   cudaStream_t stream = nullptr;
@@ -251,6 +257,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
     PDSERVE_CUDA_OK(top_k(d_scores.get(), rows, stride, d_lengths.get(), k, d_first.get(), stream));
     PDSERVE_CUDA_OK(
         top_k_split(d_scores.get(), rows, stride, d_lengths.get(), k, 2, d_second.get(), stream));
+    PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
+                                  TopKVariant::kSelectSort, 0, d_third.get(), stream));
   };
   launch();  // the first launch outside capture sets the kernel attribute
   PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
@@ -270,18 +278,69 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
     PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
     const std::vector<int32_t> first = d_first.Download();
     const std::vector<int32_t> second = d_second.Download();
-    EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact());
+    const std::vector<int32_t> third = d_third.Download();
+    EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact() && d_third.GuardsIntact());
     for (int64_t r = 0; r < rows; ++r) {
       const std::vector<int32_t> want = ReferenceTopK(scores.data() + r * stride, lengths[r], k);
       EXPECT_EQ(std::vector<int32_t>(first.begin() + r * k, first.begin() + (r + 1) * k), want)
           << "replay " << replay << " row " << r;
       EXPECT_EQ(std::vector<int32_t>(second.begin() + r * k, second.begin() + (r + 1) * k), want)
           << "replay " << replay << " row " << r;
+      EXPECT_EQ(std::vector<int32_t>(third.begin() + r * k, third.begin() + (r + 1) * k), want)
+          << "replay " << replay << " row " << r << " select-sort";
     }
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Decode batch sizes (1, 33, 128 rows) at the bench's row lengths (1K, 8K, 32K entries: 4K, 32K
+// and 128K tokens at compression 4) with lengths that are no multiple of 64 or 4, some below k:
+// the automatic block counts of both kernels, and the select kernel's first-block narrowing from
+// the whole key range (rows of at most 4096) and from the selected bin (longer rows).
+TEST(CudaTopKTest, DecodeBatchesMatchCpuRule) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::normal_distribution<float> normal;
+  for (int64_t rows : {1, 33, 128}) {
+    for (int64_t stride : {1024, 8192, 32768}) {
+      std::uniform_int_distribution<int32_t> length(0, static_cast<int32_t>(stride));
+      std::vector<float> scores(static_cast<size_t>(rows * stride));
+      for (float& s : scores) s = normal(rng);
+      std::vector<int32_t> lengths(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        lengths[r] = r % 3 == 0 ? static_cast<int32_t>(stride) - 13 : length(rng);
+      }
+      lengths[0] = static_cast<int32_t>(stride) - 1;
+      ExpectMatchesReference(scores, stride, lengths, 512);
+    }
+  }
+}
+
+// Rows around the select kernel's whole-row limit (4096 entries: loaded by one block) whose
+// scores leave more than 4096 candidates after each narrowing round or none to narrow: one value
+// throughout, a few levels, and values that differ only in their last bits.
+TEST(CudaTopKTest, RowsAtTheWholeRowLimitNarrowToK) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::uniform_int_distribution<int> level(0, 3);
+  std::uniform_int_distribution<int> ulps(0, 300);
+  for (int64_t stride : {4095, 4096, 4097, 8193}) {
+    const int64_t rows = 4;
+    std::vector<float> scores(static_cast<size_t>(rows * stride));
+    for (int64_t i = 0; i < stride; ++i) {
+      float* s = scores.data() + i;
+      s[0] = -2.5f;
+      s[stride] = static_cast<float>(level(rng));
+      s[2 * stride] = std::nextafter(1.0f + static_cast<float>(ulps(rng)) * 0x1p-23f, 2.0f);
+      s[3 * stride] = i % 1000 == 0 ? 7.0f : 1.0f + static_cast<float>(i % 2);
+    }
+    const std::vector<int32_t> lengths = {static_cast<int32_t>(stride),
+                                          static_cast<int32_t>(stride) - 1,
+                                          static_cast<int32_t>(stride), 4000};
+    for (int64_t k : {1, 100, 512, 2048}) ExpectMatchesReference(scores, stride, lengths, k);
+  }
 }
 
 TEST(CudaTopKTest, ZeroLengthRowsAreAllInvalid) {
@@ -303,6 +362,18 @@ TEST(CudaTopKTest, RejectsBadArguments) {
   EXPECT_EQ(top_k_split(scores.get(), 1, 16, lengths.get(), 4, 3, out.get(), nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(top_k_split(scores.get(), 1, 16, lengths.get(), 4, 16, out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, static_cast<TopKVariant>(7), 0,
+                          out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 0, TopKVariant::kSelectSort, 0,
+                          out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kRadixCluster, 3,
+                          out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kSelectSort, 9,
+                          out.get(), nullptr),
             cudaErrorInvalidValue);
 }
 
