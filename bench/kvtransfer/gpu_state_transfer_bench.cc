@@ -350,29 +350,10 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
         stored = NowNs();
       }
       PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
-      // Where the drain goes: the pages still in flight at the commit request, and when the last
-      // one completed (the commit is sent then), for the stderr line below.
-      const int64_t commit_asked = NowNs();
-      const size_t open_pages = transfer->pages_posted() - transfer->pages_completed();
-      int64_t pages_done = open_pages == 0 ? commit_asked : 0;
       absl::StatusOr<bool> done = false;
-      while (done.ok() && !*done) {
-        done = transfer->Poll();
-        if (pages_done == 0 && transfer->pages_completed() == transfer->pages_posted()) {
-          pages_done = NowNs();
-        }
-      }
+      while (done.ok() && !*done) done = transfer->Poll();
       PDSERVE_RETURN_IF_ERROR(done.status());
       const int64_t delivered = NowNs();  // the commit's send completed
-      std::fprintf(stderr,
-                   "drain %lld tokens, repeat %lld: after the last post, t0 %+.2f ms, commit asked "
-                   "%+.2f ms with %zu of %zu pages in flight, the last page done %+.2f ms, the "
-                   "commit delivered %+.2f ms\n",
-                   static_cast<long long>(length), static_cast<long long>(r),
-                   static_cast<double>(t0 - stored) / 1e6,
-                   static_cast<double>(commit_asked - stored) / 1e6, open_pages,
-                   transfer->pages_posted(), static_cast<double>(pages_done - stored) / 1e6,
-                   static_cast<double>(delivered - stored) / 1e6);
       PDSERVE_RETURN_IF_ERROR(transfer->Release());
       // The slot's digest once per length (an export of the whole slot: slow at long contexts).
       uint64_t digest = 0;
