@@ -26,7 +26,7 @@
 #   (cd <hx> && tar -cf - wire | xz -6 -T0 > wire.tar.xz && rm -rf wire)
 # Run from the folder holding tools/ and wire.tar.xz: OUT=<dir> bash tools/gpu/run_transfer_host_threads.sh
 # Environment: OUT (gpu-out/threads), LENGTHS (4096,32768,131072), LAYERS (8), THREADS (0: the
-# default, half the cores up to 8), STEPS ("host bench perftest tests"), RUNS (main | compare), BUDGET (140 s: every
+# default, half the cores up to 8), STEPS ("host bench perftest tests"), BUDGET (140 s: every
 # step's timeout is cut to what is left of it). The per-length table is printed last.
 set -uo pipefail
 out=${OUT:-gpu-out/threads}
@@ -72,7 +72,7 @@ bench() {
   local envs=() flags=()
   case $extra in -) ;; --*) flags=("$extra") ;; *) envs=("$extra") ;; esac
   env "${envs[@]}" timeout "$(cap "$limit")" gpu_state_transfer_bench \
-    --layers "$layers" --lengths "$lens" --forward-max 4096 --repeats "${reps:-3}" --host-threads "$ht" \
+    --layers "$layers" --lengths "$lens" --forward-max 4096 --repeats 3 --host-threads "$ht" \
     --overlap "$ov" --window-mib "$win" --old-import 0 "${flags[@]}" \
     > "$log" 2> "$out/bench-$name.err"
   local rc=$?
@@ -86,25 +86,17 @@ bench() {
 }
 run_bench=false
 [[ " $steps " == *" bench "* ]] && run_bench=true
-# RUNS picks the bench runs: "main" (what the prefill worker does: 8 host threads, the stores
-# during the last chunk, the 256 MiB window with several lanes, the page sends posted by the lane
-# threads; shm,self at every length, then tcp at every length) or "compare" (at 128K, one change
-# each: one host thread, no overlap, the sends posted on the prefill's thread, tcp, the 8 MiB
-# window; 2 repeats). Each 128K-only run takes ~25 s, most of it the two processes' start. The
-# forward is measured at 4K only (a 32K forward takes ~11 s); longer prompts' TTFT is
+# Most important first (the round may end early): what the prefill worker does (the 256 MiB
+# window with several lanes, the page sends posted by the lane threads) at every length, then at
+# 128K the 8 MiB window, the sends posted on the prefill's thread, tcp at every length, and UCX's
+# rendezvous threshold at 16 KiB (64 KiB pages then go as rendezvous: the receiver's lanes pull
+# them). The forward is measured at 4K only (a 32K forward takes ~11 s); longer prompts' TTFT is
 # extrapolated linearly ("est.").
-runs=${RUNS:-main}
-if $run_bench && [ "$runs" = main ]; then
-  bench shm,self "$threads" 1 0 "$lengths" 45
-  bench default "$threads" 1 0 "$lengths" 45
-fi
-if $run_bench && [ "$runs" = compare ]; then
-  reps=2
-  bench shm,self 1 1 0 131072 30
-  bench shm,self "$threads" 0 0 131072 30
-  bench shm,self "$threads" 1 0 131072 30 --post-on-lanes=0
-  bench default "$threads" 1 0 131072 30
-  bench shm,self "$threads" 1 8 131072 30
+if $run_bench; then
+  bench shm,self "$threads" 1 0 "$lengths" 40
+  bench shm,self "$threads" 1 8 131072 20
+  bench shm,self "$threads" 1 0 131072 20 --post-on-lanes=0
+  bench default "$threads" 1 0 "$lengths" 35
 fi
 
 declare -A perftest
@@ -142,7 +134,11 @@ if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null &&
     "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
 fi
 
+# The comparisons at 128K: rendezvous at 16 KiB, one host thread, no overlap.
 if $run_bench; then
+  bench shm,self "$threads" 1 0 131072 20 UCX_RNDV_THRESH=16384
+  bench shm,self 1 1 0 131072 20
+  bench shm,self "$threads" 0 0 131072 20
   ucx_info -d > "$out/ucx_info-d.txt" 2>&1
   cuda_tl=$(grep -E 'Transport: cuda' "$out/ucx_info-d.txt" | sort -u | tr -s ' ' | tr '\n' ' ')
   row "UCX CUDA transports" "info" "${cuda_tl:-none (pages staged through pinned host memory)}"
