@@ -34,6 +34,7 @@ Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions o
       ticket_(std::move(ticket)),
       peer_(peer),
       checksums_(pages.size(), 0),
+      checksummed_(pages.size(), false),
       page_ops_(pages.size()),
       page_queued_(pages.size(), false),
       page_done_(pages.size(), false),
@@ -90,7 +91,7 @@ absl::Status Transfer::Fail(absl::Status status) {
 
 absl::Status Transfer::SendSlot(uint32_t slot) {
   const PageDescriptor& page = ticket_.pages[slot];
-  checksums_[slot] = PayloadChecksum(pages_[slot]);
+  if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
   const PageHeader header{.request_id = ticket_.request_id,
                           .ticket_id = ticket_.ticket_id,
                           .epoch = ticket_.epoch,
@@ -110,12 +111,24 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
   return absl::OkStatus();
 }
 
-void Transfer::Queue(uint32_t slot) {
-  if (page_queued_[slot]) return;
+bool Transfer::Queue(uint32_t slot) {
+  if (page_queued_[slot]) return false;
   if (pages_posted_ == 0) first_post_at_ = clock_.Now();
   page_queued_[slot] = true;
   queued_.push_back(slot);
   ++pages_posted_;
+  return true;
+}
+
+void Transfer::ChecksumOnPool(const std::vector<uint32_t>& slots) {
+  if (options_.checksum_pool == nullptr || slots.empty()) return;
+  // Each task writes its own slot's entry; checksummed_ (a bit vector) is set afterwards on this
+  // thread.
+  options_.checksum_pool->Run(static_cast<int64_t>(slots.size()), [&](int64_t i) {
+    const uint32_t slot = slots[static_cast<size_t>(i)];
+    checksums_[slot] = PayloadChecksum(pages_[slot]);
+  });
+  for (uint32_t slot : slots) checksummed_[slot] = true;
 }
 
 absl::Status Transfer::Pump() {
@@ -134,16 +147,22 @@ absl::Status Transfer::Pump() {
 absl::Status Transfer::PostLayer(uint32_t layer) {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
+  std::vector<uint32_t> posted;
   for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
-    if (ticket_.pages[slot].layer == layer) Queue(slot);
+    if (ticket_.pages[slot].layer == layer && Queue(slot)) posted.push_back(slot);
   }
+  ChecksumOnPool(posted);
   return Pump();
 }
 
 absl::Status Transfer::PostAll() {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
-  for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) Queue(slot);
+  std::vector<uint32_t> posted;
+  for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
+    if (Queue(slot)) posted.push_back(slot);
+  }
+  ChecksumOnPool(posted);
   return Pump();
 }
 

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/task_pool.h"
 #include "kvtransfer/page_transport.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_metrics.h"
@@ -41,15 +42,30 @@ struct SourcePage {
 
 struct SenderOptions {
   // Bytes of page payload handed to the transport and not yet completed, at most (at least one
-  // page is always allowed). UCX moves data only while the sender polls, so more in flight buys
-  // nothing, and a page checksummed long before UCX copies it has left the cache by then.
+  // page is always allowed). With one lane UCX moves data only while the sender polls, so more
+  // in flight buys nothing, and a page checksummed long before UCX copies it has left the cache
+  // by then; with several lanes their threads move it between polls, and a sender that polls only
+  // between layers (the CUDA prefill waiting for the next layer's copy) needs the whole layer in
+  // flight: InFlightBytesForLanes.
   size_t max_in_flight_bytes = size_t{8} << 20;
   // Where the transfer metrics go (kvtransfer/transfer_metrics.h; must outlive the sender and
   // its transfers), or nowhere when null; `path` is their path label ("host", "host-staged",
   // "cuda", "loopback"), the transport's lanes() their lanes label.
   TransferMetrics* metrics = nullptr;
   std::string path = "host";
+  // Where a posted layer's page checksums are taken (not owned; must outlive the transfers), or
+  // null: each page's just before it is handed to the transport, on the caller's thread. With a
+  // pool, PostLayer / PostAll checksum all the pages they post at once on its threads, so a
+  // prefill's xxh3 pass runs at several cores' speed instead of one's (docs/protocol.md, "Host
+  // threads of a transfer"); the headers and the commit carry the same values either way.
+  TaskPool* checksum_pool = nullptr;
 };
+
+// max_in_flight_bytes for a transport of `lanes` lanes: 8 MiB for one (the default above), 256 MiB
+// from two on (lane threads progress the sends; a V4-Flash CSA layer at 128K tokens is ~41 MB).
+inline size_t InFlightBytesForLanes(int lanes) {
+  return lanes > 1 ? size_t{256} << 20 : size_t{8} << 20;
+}
 
 class Transfer {
  public:
@@ -59,7 +75,8 @@ class Transfer {
   ~Transfer();
 
   // Posts every page of `layer`. Its state must be final from now on: the checksum is taken when
-  // the page is handed to the transport, now or in a later Poll(), as the window allows.
+  // the page is handed to the transport, now or in a later Poll(), as the window allows (with
+  // SenderOptions::checksum_pool: here, for all of the layer's pages at once).
   // Errors: FailedPrecondition after Commit or a failure; the transfer's error if it failed.
   absl::Status PostLayer(uint32_t layer);
   // Posts every page not yet posted (same contract as PostLayer).
@@ -86,7 +103,10 @@ class Transfer {
   Transfer(PageTransport& transport, const Clock& clock, SenderOptions options, Ticket ticket,
            PeerId peer, std::vector<SourcePage> pages);
   // Queues `slot` (once); Pump hands queued pages to the transport while the window allows.
-  void Queue(uint32_t slot);
+  // Returns whether the slot was newly queued.
+  bool Queue(uint32_t slot);
+  // With a checksum pool: takes the checksums of `slots` on it.
+  void ChecksumOnPool(const std::vector<uint32_t>& slots);
   absl::Status Pump();
   absl::Status SendSlot(uint32_t slot);
   // Collects finished page sends; the first failed one fails the transfer.
@@ -104,6 +124,7 @@ class Transfer {
   std::vector<std::span<const std::byte>> pages_;
   std::vector<serving::ElementType> elements_;  // Index = slot: the pages' element types.
   std::vector<uint64_t> checksums_;
+  std::vector<bool> checksummed_;  // Index = slot: checksums_[slot] taken (on the pool).
   std::vector<std::unique_ptr<SendOp>> page_ops_;  // Index = slot; null unless in flight.
   std::vector<bool> page_queued_;                  // Posted by the caller (index = slot).
   std::vector<bool> page_done_;

@@ -305,7 +305,10 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
     transport = &faulty;
   }
   kv::TransferSender sender(*transport, clock_,
-                            {.metrics = transfer_metrics_.get(), .path = options_.transfer_path});
+                            {.max_in_flight_bytes = kv::InFlightBytesForLanes(transport->lanes()),
+                             .metrics = transfer_metrics_.get(),
+                             .path = options_.transfer_path,
+                             .checksum_pool = engine_->transfer_pool()});
   absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared =
       sender.PrepareWithElements(a.ticket, std::move(sources));
   if (!prepared.ok()) {

@@ -1,7 +1,9 @@
 #include "runtime/paged_state.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -25,6 +27,15 @@ void AppendRow(engine::Tensor* t, const PagedState::RowRef& row, int64_t at,
   scratch->resize(static_cast<size_t>(width));
   row.Get(at, width, scratch->data());
   engine::AppendRows(t, scratch->data(), 1);
+}
+
+// Runs task(0 .. n - 1) on `pool`, or in order on this thread without one.
+void RunTasks(TaskPool* pool, int64_t n, const std::function<void(int64_t)>& task) {
+  if (pool == nullptr) {
+    for (int64_t i = 0; i < n; ++i) task(i);
+    return;
+  }
+  pool->Run(n, task);
 }
 
 }  // namespace
@@ -212,30 +223,78 @@ absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls,
   return absl::OkStatus();
 }
 
-absl::Status PagedState::StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
-                                        const engine::RingLayerBlocks& blocks, int64_t position,
-                                        const SequencePages& pages) const {
+absl::StatusOr<std::vector<PagedState::RowRun>> PagedState::PlanRowRuns(
+    int64_t layer, const engine::RingLayerGeometry& g, int64_t position,
+    const SequencePages& pages) const {
   PDSERVE_RETURN_IF_ERROR(CheckLayerPosition(layer, position));
   const int64_t p = position;
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
-  // Window: the ring's row q % W holds position q; the last min(p, W - 1) positions are kept.
-  for (int64_t q = p - std::min(p, std::max<int64_t>(g.window - 1, 0)); q < p; ++q) {
+  std::vector<RowRun> runs;
+  // Window: the ring's row q % W holds position q, the page's row q % sliding_window; the last
+  // min(p, W - 1) positions are kept. A run ends where either wraps.
+  const int64_t page_window = config_.sliding_window;
+  for (int64_t q = p - std::min(p, std::max<int64_t>(g.window - 1, 0)); q < p;) {
+    const int64_t rows = std::min({p - q, g.window - q % g.window, page_window - q % page_window});
     PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                              Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, q)));
-    row.PutBf16(0, blocks.window + q % g.window * hd, hd);
+    runs.push_back({row, RowRun::kWindow, q % g.window * hd, rows * hd});
+    q += rows;
   }
+  const LayerInfo& info = layers_[static_cast<size_t>(layer)];
+  if (info.type == LayerType::kSlidingAttention) return runs;
+  const bool csa = info.type == LayerType::kCompressedSparseAttention;
+  const int64_t rate = config_.CompressRate(info.type);
+  // Entries: entry e is row e % E of the layer's page e / E, row e of the block.
+  const int64_t per_page = layout_.dims().entries_per_page;
+  auto entries = [&](RowRun::Block block, int64_t width) -> absl::Status {
+    for (int64_t e = 0; e < p / rate;) {
+      const int64_t rows = std::min(p / rate - e, per_page - e % per_page);
+      PDSERVE_ASSIGN_OR_RETURN(
+          RowRef row,
+          block == RowRun::kEntries
+              ? Row(pages, StateKind::kCompressed,
+                    layout_.CompressedSlot(csa, info.nth, e, total_tokens_))
+              : Row(pages, StateKind::kIndexer, layout_.IndexerSlot(info.nth, e, total_tokens_)));
+      runs.push_back({row, block, e * width, rows * width});
+      e += rows;
+    }
+    return absl::OkStatus();
+  };
+  PDSERVE_RETURN_IF_ERROR(entries(RowRun::kEntries, hd));
+  if (csa) PDSERVE_RETURN_IF_ERROR(entries(RowRun::kIndexerEntries, ihd));
+  return runs;
+}
+
+absl::Status PagedState::StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
+                                        const engine::RingLayerBlocks& blocks, int64_t position,
+                                        const SequencePages& pages, TaskPool* pool) const {
+  PDSERVE_ASSIGN_OR_RETURN(const std::vector<RowRun> runs, PlanRowRuns(layer, g, position, pages));
+  const std::array<const uint16_t*, 3> from = {blocks.window, blocks.compressor.entries,
+                                               blocks.indexer.entries};
+  // The runs write disjoint rows; the compressor rows (a few, fp32) are one more task.
+  absl::Status rings;
+  RunTasks(pool, static_cast<int64_t>(runs.size()) + 1, [&](int64_t i) {
+    if (i == static_cast<int64_t>(runs.size())) {
+      rings = StoreRingRows(layer, g, blocks, position, pages);
+      return;
+    }
+    const RowRun& run = runs[static_cast<size_t>(i)];
+    run.row.PutBf16(0, from[run.block] + run.offset, run.elements);
+  });
+  return rings;
+}
+
+absl::Status PagedState::StoreRingRows(int64_t layer, const engine::RingLayerGeometry& g,
+                                       const engine::RingLayerBlocks& blocks, int64_t p,
+                                       const SequencePages& pages) const {
+  const int64_t hd = config_.head_dim;
+  const int64_t ihd = config_.index_head_dim;
   const LayerInfo& info = layers_[static_cast<size_t>(layer)];
   if (info.type == LayerType::kSlidingAttention) return absl::OkStatus();
   const bool csa = info.type == LayerType::kCompressedSparseAttention;
   const int64_t rate = config_.CompressRate(info.type);
   const engine::RingCompressorGeometry& cg = g.compressor;
-  for (int64_t e = 0; e < p / rate; ++e) {
-    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
-                             Row(pages, StateKind::kCompressed,
-                                 layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
-    row.PutBf16(0, blocks.compressor.entries + e * hd, hd);
-  }
   // Ring row of position q: q % 2m, `width` floats; the open window is positions
   // p - p % m .. p - 1, the overlap (CSA, p >= m) columns [0, dim) of the window before it.
   const int64_t open_first = p / rate * rate;
@@ -252,11 +311,6 @@ absl::Status PagedState::StoreLayerRing(int64_t layer, const engine::RingLayerGe
     return absl::OkStatus();
   }
   const engine::RingCompressorGeometry& ig = g.indexer;
-  for (int64_t e = 0; e < p / rate; ++e) {
-    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kIndexer,
-                                             layout_.IndexerSlot(info.nth, e, total_tokens_)));
-    row.PutBf16(0, blocks.indexer.entries + e * ihd, ihd);
-  }
   for (int64_t q = open_first; q < p; ++q) {
     PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                              Row(pages, StateKind::kCsaCompressor, {info.nth, q % rate}));
@@ -351,26 +405,32 @@ absl::Status PagedState::Load(int64_t position, const SequencePages& pages,
 
 absl::Status PagedState::LoadLayerRing(int64_t layer, const engine::RingLayerGeometry& g,
                                        int64_t position, const SequencePages& pages,
-                                       const engine::MutableRingLayerBlocks& blocks) const {
-  PDSERVE_RETURN_IF_ERROR(CheckLayerPosition(layer, position));
-  const int64_t p = position;
+                                       const engine::MutableRingLayerBlocks& blocks,
+                                       TaskPool* pool) const {
+  PDSERVE_ASSIGN_OR_RETURN(const std::vector<RowRun> runs, PlanRowRuns(layer, g, position, pages));
+  const std::array<uint16_t*, 3> to = {blocks.window, blocks.compressor.entries,
+                                       blocks.indexer.entries};
+  absl::Status rings;
+  RunTasks(pool, static_cast<int64_t>(runs.size()) + 1, [&](int64_t i) {
+    if (i == static_cast<int64_t>(runs.size())) {
+      rings = LoadRingRows(layer, g, position, pages, blocks);
+      return;
+    }
+    const RowRun& run = runs[static_cast<size_t>(i)];
+    run.row.GetBf16(0, run.elements, to[run.block] + run.offset);
+  });
+  return rings;
+}
+
+absl::Status PagedState::LoadRingRows(int64_t layer, const engine::RingLayerGeometry& g, int64_t p,
+                                      const SequencePages& pages,
+                                      const engine::MutableRingLayerBlocks& blocks) const {
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
-  for (int64_t q = p - std::min(p, std::max<int64_t>(g.window - 1, 0)); q < p; ++q) {
-    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
-                             Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, q)));
-    row.GetBf16(0, hd, blocks.window + q % g.window * hd);
-  }
   const LayerInfo& info = layers_[static_cast<size_t>(layer)];
   if (info.type == LayerType::kSlidingAttention) return absl::OkStatus();
   const bool csa = info.type == LayerType::kCompressedSparseAttention;
   const int64_t rate = config_.CompressRate(info.type);
-  for (int64_t e = 0; e < p / rate; ++e) {
-    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
-                             Row(pages, StateKind::kCompressed,
-                                 layout_.CompressedSlot(csa, info.nth, e, total_tokens_)));
-    row.GetBf16(0, hd, blocks.compressor.entries + e * hd);
-  }
   // The ring row of position q is q % 2m (StoreLayerRing's mapping, read back).
   const int64_t open_first = p / rate * rate;
   auto ring = [](float* block, const engine::RingCompressorGeometry& c, int64_t q) {
@@ -387,11 +447,6 @@ absl::Status PagedState::LoadLayerRing(int64_t layer, const engine::RingLayerGeo
     return absl::OkStatus();
   }
   const engine::RingCompressorGeometry& ig = g.indexer;
-  for (int64_t e = 0; e < p / rate; ++e) {
-    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, StateKind::kIndexer,
-                                             layout_.IndexerSlot(info.nth, e, total_tokens_)));
-    row.GetBf16(0, ihd, blocks.indexer.entries + e * ihd);
-  }
   for (int64_t q = open_first; q < p; ++q) {
     PDSERVE_ASSIGN_OR_RETURN(RowRef row,
                              Row(pages, StateKind::kCsaCompressor, {info.nth, q % rate}));

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/task_pool.h"
 #include "engine/config.h"
 #include "engine/ring_state.h"
 #include "engine/state.h"
@@ -103,10 +104,15 @@ class PagedState {
   // StoreLayer(layer, LayerStateFromRingBlocks(geometry, blocks, position), position, 0, pages),
   // without the fp32 state in between (bf16 rows of a bf16 layout are copied as they are).
   // REQUIRES: `geometry` is this model's layer `layer` (engine::RingGeometryFor) and the blocks
-  // hold its sizes, entries rows 0 .. position / m - 1 at least. Errors as StoreLayer.
+  // hold its sizes, entries rows 0 .. position / m - 1 at least. Errors as StoreLayer, checked
+  // for the window and entry pages before any row is written.
+  // Rows go in runs (the rows of one page that are contiguous in the block too: up to
+  // entries_per_page entries, the window in one or two), copied as one span each; with `pool`
+  // the runs are spread over its threads (the pages written are the same bytes with any number
+  // of threads: each byte has one writer). The pool's Run is called once.
   absl::Status StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& geometry,
                               const engine::RingLayerBlocks& blocks, int64_t position,
-                              const SequencePages& pages) const;
+                              const SequencePages& pages, TaskPool* pool = nullptr) const;
 
   // Rebuilds the state after `position` tokens into `state`, which must be a fresh
   // Model::NewState() (its tensors give the column counts). Errors as Store.
@@ -122,9 +128,11 @@ class PagedState {
   // the previous window's rows, and entry rows 0 .. p / m - 1; every other value is left as it
   // was. On those rows it equals engine::LayerRingImage of Load's layer (window and entries
   // rounded to bf16). REQUIRES: the blocks hold `geometry`'s sizes. Errors as StoreLayerRing.
+  // Runs and `pool` as StoreLayerRing's.
   absl::Status LoadLayerRing(int64_t layer, const engine::RingLayerGeometry& geometry,
                              int64_t position, const SequencePages& pages,
-                             const engine::MutableRingLayerBlocks& blocks) const;
+                             const engine::MutableRingLayerBlocks& blocks,
+                             TaskPool* pool = nullptr) const;
 
  private:
   struct LayerInfo {
@@ -133,6 +141,28 @@ class PagedState {
   };
   absl::StatusOr<RowRef> Row(const SequencePages& pages, serving::StateKind kind,
                              serving::StateSlot slot) const;
+  // `elements` values of one page starting at `row`, contiguous in block `block` of a layer's
+  // ring blocks from element `offset` on.
+  struct RowRun {
+    enum Block { kWindow = 0, kEntries = 1, kIndexerEntries = 2 };
+    RowRef row;
+    Block block = kWindow;
+    int64_t offset = 0;
+    int64_t elements = 0;
+  };
+  // The window, entry and indexer-key rows of layer `layer` after `position` tokens as runs
+  // (StoreLayerRing's rows but the compressor rings'). Errors: CheckLayerPosition's, Row's.
+  absl::StatusOr<std::vector<RowRun>> PlanRowRuns(int64_t layer,
+                                                  const engine::RingLayerGeometry& geometry,
+                                                  int64_t position,
+                                                  const SequencePages& pages) const;
+  // The compressor rings' rows of StoreLayerRing / LoadLayerRing (fp32, a few per layer).
+  absl::Status StoreRingRows(int64_t layer, const engine::RingLayerGeometry& geometry,
+                             const engine::RingLayerBlocks& blocks, int64_t position,
+                             const SequencePages& pages) const;
+  absl::Status LoadRingRows(int64_t layer, const engine::RingLayerGeometry& geometry,
+                            int64_t position, const SequencePages& pages,
+                            const engine::MutableRingLayerBlocks& blocks) const;
   absl::Status CheckState(const engine::ModelState& state, int64_t position) const;
   // InvalidArgument unless `layer` is one of the model's and position is in [0, total_tokens].
   absl::Status CheckLayerPosition(int64_t layer, int64_t position) const;

@@ -60,6 +60,10 @@ class PrefillEngine {
   virtual int64_t max_context() const = 0;
   // For logs: "cpu", "cuda device 0 (...)".
   virtual std::string Describe() const = 0;
+  // The host threads the engine stores pages on, which the worker may also give its transfer
+  // sender for the page checksums (kv::SenderOptions::checksum_pool; the callbacks of Run run
+  // between the engine's uses of it), or null (the CPU engine: its own threads compute).
+  virtual TaskPool* transfer_pool() { return nullptr; }
 };
 
 // What a factory gets: the model directory (weights), its config and the page layout. Both

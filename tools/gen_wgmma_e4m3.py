@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes kernels/cuda/wgmma_e4m3.cuh: one wrapper per wgmma.mma_async m64nNk32 e4m3 x e4m3 -> f32
-shape and per m64nNk16 bf16 x bf16 -> f32 shape, N = 8..128 in steps of 8 (inline PTX needs its
-operand list spelled out per N).
+shape and per m64nNk16 bf16 x bf16 -> f32 shape (A from shared memory, and A from registers),
+N = 8..128 in steps of 8 (inline PTX needs its operand list spelled out per N).
 
 Run from the repository root: python3 tools/gen_wgmma_e4m3.py, then clang-format the output.
 """
@@ -18,6 +18,10 @@ HEADER = """\
 // same columns, row + 8). accumulate == 0 overwrites d (scale-d false). FP8 wgmma takes no
 // transpose immediates; imm-scale-a and imm-scale-b are 1.
 // WgmmaBf16<N>: the same for bf16 A [64 x 16] and B [16 x N], both K-major (imm-trans 0), m64nNk16.
+// WgmmaBf16RegA<N>(d, a, desc_b, accumulate): the same with A in registers, the warpgroup's A
+// fragment (4 x bf16x2 per thread, as mma.sync m16n8k16's A for rows 16 * warp ..: a[0] = row
+// lane / 4, k 2 (lane % 4) + 0, 1; a[1] = row + 8; a[2] = k + 8; a[3] = row + 8, k + 8; the low
+// half the lower k). The registers must not change until the wgmma has completed.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,8 @@ template <int N>
 struct WgmmaE4m3Op;
 template <int N>
 struct WgmmaBf16Op;
+template <int N>
+struct WgmmaBf16RegAOp;
 """
 
 FOOTER = """
@@ -41,6 +47,12 @@ template <int N>
 __device__ __forceinline__ void WgmmaBf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                           int accumulate) {
   WgmmaBf16Op<N>::Run(d, desc_a, desc_b, accumulate);
+}
+
+template <int N>
+__device__ __forceinline__ void WgmmaBf16RegA(float (&d)[N / 2], const uint32_t (&a)[4],
+                                              uint64_t desc_b, int accumulate) {
+  WgmmaBf16RegAOp<N>::Run(d, a, desc_b, accumulate);
 }
 
 }  // namespace pdserve::kernels::cuda::hopper
@@ -70,8 +82,30 @@ struct {name}<{n}> {{
 """
 
 
+def op_reg_a(n):
+    regs = n // 2
+    dlist = ", ".join(f"%{i}" for i in range(regs))
+    alist = ", ".join(f"%{regs + i}" for i in range(4))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return f"""
+template <>
+struct WgmmaBf16RegAOp<{n}> {{
+  static __device__ __forceinline__ void Run(float (&d)[{regs}], const uint32_t (&a)[4],
+                                             uint64_t desc_b, int accumulate) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
+        "{{{dlist}}}, {{{alist}}}, %{regs + 4}, p, 1, 1, 0;\\n}}\\n"
+        : {outs}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }}
+}};
+"""
+
+
 def main():
     ops = [op(n, bf16) for bf16 in (False, True) for n in range(8, 129, 8)]
+    ops += [op_reg_a(n) for n in range(8, 129, 8)]
     text = HEADER + "".join(ops) + FOOTER
     path = pathlib.Path(__file__).resolve().parent.parent / "kernels/cuda/wgmma_e4m3.cuh"
     path.write_text(text)

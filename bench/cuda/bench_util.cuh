@@ -10,7 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
 #include <vector>
+
+#include "kernels/cuda/fp8_gemm.cuh"
 
 // Not in an unnamed namespace: each benchmark is one translation unit, and a helper it does not
 // use must not warn.
@@ -42,18 +48,120 @@ __device__ __forceinline__ uint32_t HashIndex(size_t i, uint32_t seed) {
 }
 
 // Random bf16 in about [-1, 1) from a hash of the index (never all zeros: METHOD.md).
+__device__ __forceinline__ uint16_t RandomBf16(size_t i, uint32_t seed) {
+  const uint32_t h = HashIndex(i, seed);
+  const float f = static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f;
+  return static_cast<uint16_t>(__float_as_uint(f) >> 16);
+}
+
+// p[i] = RandomBf16(i, seed), eight elements per 16-byte store (the bench's pools are tens of GB;
+// `p` 16-byte aligned, as cudaMalloc gives), the tail of n % 8 one by one.
 __global__ void FillRandomBf16(uint16_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const uint32_t h = HashIndex(i, seed);
-    const float f = static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f;
-    p[i] = static_cast<uint16_t>(__float_as_uint(f) >> 16);
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  for (size_t u = blockIdx.x * size_t{blockDim.x} + threadIdx.x; u < n / 8; u += stride) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = RandomBf16(8 * u + 2 * j, seed) |
+             (static_cast<uint32_t>(RandomBf16(8 * u + 2 * j + 1, seed)) << 16);
+    }
+    reinterpret_cast<uint4*>(p)[u] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  for (size_t i = n / 8 * 8 + blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += stride) {
+    p[i] = RandomBf16(i, seed);
   }
 }
 
 void FillBf16(uint16_t* p, size_t n, uint32_t seed) {
   FillRandomBf16<<<1024, 256>>>(p, n, seed);
   BENCH_CHECK(cudaGetLastError());
+}
+
+// Random bytes with the e4m3 NaN codes replaced (hash of the index; never all zeros).
+__global__ void FillWeightBytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint8_t b = static_cast<uint8_t>(HashIndex(i, seed));
+    if ((b & 0x7F) == 0x7F) b ^= 1;
+    p[i] = b;
+  }
+}
+
+// Scales near 1 (fp32: 1 + small; ue8m0: 126..128).
+__global__ void FillScales(float* f, uint8_t* e8, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t h = (static_cast<uint32_t>(i) * 2246822519u) ^ seed;
+    if (f != nullptr) f[i] = 0.75f + static_cast<float>(h % 1024) / 2048.0f;
+    if (e8 != nullptr) e8[i] = static_cast<uint8_t>(126 + h % 3);
+  }
+}
+
+// Random FP8 weight bytes (FillWeightBytes) on the device.
+uint8_t* RandomWeights(size_t bytes, uint32_t seed) {
+  uint8_t* p = DeviceAlloc<uint8_t>(bytes);
+  FillWeightBytes<<<2048, 256>>>(p, bytes, seed);
+  BENCH_CHECK(cudaGetLastError());
+  return p;
+}
+
+// V4-Flash's dense GEMM shapes (engine/config.h: hidden 4096, q_lora 1024, 64 heads x 512,
+// o_groups 8 x o_lora 1024, experts of 2048): wq_b, wo_b, and one expert's gate+up (w13) and down
+// (w2) as plain GEMMs; n output rows, k the reduction.
+struct DenseShape {
+  const char* name;
+  int64_t n;
+  int64_t k;
+};
+const std::vector<DenseShape> kV4FlashShapes = {
+    {"wq_b", 32768, 1024}, {"wo_b", 4096, 8192}, {"w13", 4096, 4096}, {"w2", 4096, 2048}};
+
+// A random top-k routing of `tokens` tokens over `experts` experts (distinct per token) for each
+// device buffer of `per_layer` ([tokens, top_k] int32 each); returns the mean number of distinct
+// experts touched.
+double RandomRoutings(int64_t tokens, int64_t experts, int64_t top_k,
+                      const std::vector<int32_t*>& per_layer, std::mt19937_64& rng) {
+  double distinct = 0.0;
+  std::vector<int32_t> order(experts);
+  for (int32_t* layer : per_layer) {
+    std::vector<int32_t> host;
+    std::set<int32_t> used;
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::iota(order.begin(), order.end(), 0);
+      for (int64_t j = 0; j < top_k; ++j) {
+        std::swap(order[j], order[j + rng() % (experts - j)]);
+        host.push_back(order[j]);
+        used.insert(order[j]);
+      }
+    }
+    distinct += static_cast<double>(used.size()) / static_cast<double>(per_layer.size());
+    BENCH_CHECK(cudaMemcpy(layer, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  }
+  return distinct;
+}
+
+// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r]]];..." (warpgroups, stages, target blocks, then
+// the flags cluster_reduce, smem_scales, a16_register_weights as 0 | 1, missing ones 0); malformed
+// entries are skipped.
+std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
+  std::vector<Fp8WgmmaConfig> v;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find(';', at), text.size());
+    Fp8WgmmaConfig c;
+    int cluster = 0;
+    int scales = 0;
+    int reg = 0;
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d", &c.warpgroups,
+                    &c.stages, &c.target_blocks, &cluster, &scales, &reg) >= 3) {
+      c.a16_register_weights = reg == 1;
+      c.cluster_reduce = cluster == 1;
+      c.smem_scales = scales == 1;
+      v.push_back(c);
+    }
+    at = end + 1;
+  }
+  return v;
 }
 
 // Reads `n` 16-byte units (the clean flush: afterwards L2 holds only lines of this buffer, none

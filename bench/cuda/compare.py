@@ -377,6 +377,9 @@ def main():
             # variants of its kernel.
             base = ("indexer" if kernel in ("indexer", "indexer_wgmma", "indexer_select",
                                             "indexer_wgmma_select") else kernel)
+            for variant in ("_split", "_nopdl"):  # attention variants (cuda_bench.cu)
+                if base in ("csa_attention" + variant, "hca_attention" + variant):
+                    base = base[:-len(variant)]
             if base not in ("indexer", "csa_attention", "hca_attention") or (
                     args.pytorch_only and base not in args.pytorch_only.split(",")):
                 raise LookupError

@@ -13,6 +13,13 @@
 //   layers' inputs together exceed L2 several times at batch >= 32 (so each launch reads from HBM
 //   what the launches between evicted); at batch 1 and a short context they fit in L2, and the
 //   launch table is the one to read there.
+// PDSERVE_BENCH_ONLY=attention: only the attention rows (and their read floors); the indexer's
+// pools are not allocated.
+// PDSERVE_BENCH_ONLY=indexer: only the indexer and top-k rows.
+// Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
+// "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
+// launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
+// false, "..._noprefetch" kDependentLaunch with prefetch_lookups false.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -58,6 +65,8 @@ int Run(int64_t only_batch, int64_t only_context) {
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const char* only = std::getenv("PDSERVE_BENCH_ONLY");
+  const bool attention_only = only != nullptr && std::string(only) == "attention";
   const char* timing = std::getenv("PDSERVE_BENCH_TIMING");
   const bool graph = timing != nullptr && std::string(timing) == "graph";
   if (timing != nullptr && !graph && std::string(timing) != "launch") {
@@ -105,15 +114,17 @@ int Run(int64_t only_batch, int64_t only_context) {
   for (int l = 0; l < layers; ++l) {
     LayerInputs& in = inputs[l];
     const uint32_t seed = 16 * l;
-    in.index_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kIndexHeadDim);
+    if (!attention_only) {
+      in.index_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kIndexHeadDim);
+      in.q_index = DeviceAlloc<uint16_t>(max_batch * kIndexHeads * kIndexHeadDim);
+      FillBf16(in.index_pool, max_batch * max_keys * kIndexHeadDim, seed + 1);
+      FillBf16(in.q_index, max_batch * kIndexHeads * kIndexHeadDim, seed + 4);
+    }
     in.kv_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kSparseHeadDim);
     in.window_pool = DeviceAlloc<uint16_t>(max_batch * kWindow * kSparseHeadDim);
-    in.q_index = DeviceAlloc<uint16_t>(max_batch * kIndexHeads * kIndexHeadDim);
     in.q = DeviceAlloc<uint16_t>(max_batch * kHeads * kSparseHeadDim);
-    FillBf16(in.index_pool, max_batch * max_keys * kIndexHeadDim, seed + 1);
     FillBf16(in.kv_pool, max_batch * max_keys * kSparseHeadDim, seed + 2);
     FillBf16(in.window_pool, max_batch * kWindow * kSparseHeadDim, seed + 3);
-    FillBf16(in.q_index, max_batch * kIndexHeads * kIndexHeadDim, seed + 4);
     FillBf16(in.q, max_batch * kHeads * kSparseHeadDim, seed + 5);
   }
   BENCH_CHECK(cudaDeviceSynchronize());
@@ -169,138 +180,141 @@ int Run(int64_t only_batch, int64_t only_context) {
         Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(context / kHcaRate)));
     for (int64_t batch : batches) {
       if (only_batch != 0 && batch != only_batch) continue;
-      IndexerParams ip;
-      ip.weights = w;
-      ip.page_table = page_table;
-      ip.page_table_stride = pages_per_request;
-      ip.page_size = kPage;
-      ip.n_keys = n_keys;
-      ip.positions = positions;
-      ip.rate = kRate;
-      ip.batch = batch;
-      ip.max_keys = keys;
-      ip.softmax_scale = 0.0883883f;
-      // Rows "indexer" / "indexer_scores": the mma.sync scores kernel (the default until
-      // 2026-12-04, kept as the baseline); "..._wgmma": the default since
-      // (kernels/cuda/indexer.cuh).
-      ip.scores_variant = IndexerScoresVariant::kMmaSync;
-      auto layer_ip = [&](int l) {
-        IndexerParams lp = ip;
-        lp.q = reinterpret_cast<const __nv_bfloat16*>(inputs[l].q_index);
-        lp.key_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].index_pool);
-        return lp;
-      };
-      ip.topk_variant = TopKVariant::kRadixCluster;  // rows indexer, indexer_wgmma: the baselines
-      const double us = time_us([&](int l) {
-        BENCH_CHECK(lightning_indexer(layer_ip(l), kTopK, scores, visible, picks, stream));
-      });
-      const double bytes = batch * (keys * kIndexHeadDim * 2.0 + kIndexHeads * kIndexHeadDim * 2.0 +
-                                    kIndexHeads * 4.0 + kTopK * 4.0);
-      const double flops = 2.0 * batch * keys * kIndexHeads * kIndexHeadDim;
-      std::printf("indexer,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), static_cast<long long>(keys), us, bytes, flops);
-      print_floor("indexer", batch, context, keys, bytes);
-      // The two stages alone: scores (keys in, fp32 scores out) and top-k (scores in, picks out).
-      const double scores_us = time_us(
-          [&](int l) { BENCH_CHECK(indexer_scores(layer_ip(l), scores, visible, stream)); });
-      std::printf("indexer_scores,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), static_cast<long long>(keys), scores_us,
-                  batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
-      // The warpgroup-MMA scores kernel (IndexerScoresVariant::kWgmma), alone and with top-k:
-      // rows "indexer_scores_wgmma" and "indexer_wgmma".
-      auto wgmma_ip = [&](int l) {
-        IndexerParams lp = layer_ip(l);
-        lp.scores_variant = IndexerScoresVariant::kWgmma;
-        return lp;
-      };
-      const double wgmma_scores_us = time_us(
-          [&](int l) { BENCH_CHECK(indexer_scores(wgmma_ip(l), scores, visible, stream)); });
-      std::printf("indexer_scores_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
-                  static_cast<long long>(batch), static_cast<long long>(context),
-                  static_cast<long long>(keys), wgmma_scores_us,
-                  batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
-      const double wgmma_us = time_us([&](int l) {
-        BENCH_CHECK(lightning_indexer(wgmma_ip(l), kTopK, scores, visible, picks, stream));
-      });
-      std::printf("indexer_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), static_cast<long long>(keys), wgmma_us, bytes,
-                  flops);
-      // Rows "indexer_scores_wgmma_qr": the wgmma scores with the queries in registers
-      // (kWgmmaQueryRegisters) alone; "indexer_select": those with the select-sort top-k
-      // (TopKVariant::kSelectSort); "indexer_wgmma_select": the kWgmma scores with it.
-      auto qr_ip = [&](int l) {
-        IndexerParams lp = layer_ip(l);
-        lp.scores_variant = IndexerScoresVariant::kWgmmaQueryRegisters;
-        lp.topk_variant = TopKVariant::kSelectSort;
-        return lp;
-      };
-      const double qr_scores_us =
-          time_us([&](int l) { BENCH_CHECK(indexer_scores(qr_ip(l), scores, visible, stream)); });
-      std::printf("indexer_scores_wgmma_qr,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
-                  static_cast<long long>(batch), static_cast<long long>(context),
-                  static_cast<long long>(keys), qr_scores_us,
-                  batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
-      for (const bool qr : {true, false}) {
-        const double select_us = time_us([&](int l) {
-          IndexerParams lp = qr_ip(l);
-          if (!qr) lp.scores_variant = IndexerScoresVariant::kWgmma;
-          BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
+      if (!attention_only) {
+        IndexerParams ip;
+        ip.weights = w;
+        ip.page_table = page_table;
+        ip.page_table_stride = pages_per_request;
+        ip.page_size = kPage;
+        ip.n_keys = n_keys;
+        ip.positions = positions;
+        ip.rate = kRate;
+        ip.batch = batch;
+        ip.max_keys = keys;
+        ip.softmax_scale = 0.0883883f;
+        // Rows "indexer" / "indexer_scores": the mma.sync scores kernel (the default until
+        // 2026-12-04, kept as the baseline); "..._wgmma": the default since
+        // (kernels/cuda/indexer.cuh).
+        ip.scores_variant = IndexerScoresVariant::kMmaSync;
+        auto layer_ip = [&](int l) {
+          IndexerParams lp = ip;
+          lp.q = reinterpret_cast<const __nv_bfloat16*>(inputs[l].q_index);
+          lp.key_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].index_pool);
+          return lp;
+        };
+        ip.topk_variant = TopKVariant::kRadixCluster;  // rows indexer, indexer_wgmma: the baselines
+        const double us = time_us([&](int l) {
+          BENCH_CHECK(lightning_indexer(layer_ip(l), kTopK, scores, visible, picks, stream));
         });
-        std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
-                    qr ? "indexer_select" : "indexer_wgmma_select", static_cast<long long>(batch),
-                    static_cast<long long>(context), static_cast<long long>(keys), select_us, bytes,
+        const double bytes =
+            batch * (keys * kIndexHeadDim * 2.0 + kIndexHeads * kIndexHeadDim * 2.0 +
+                     kIndexHeads * 4.0 + kTopK * 4.0);
+        const double flops = 2.0 * batch * keys * kIndexHeads * kIndexHeadDim;
+        std::printf("indexer,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), static_cast<long long>(keys), us, bytes,
                     flops);
-      }
-      // Row "top_k": the default kernel (TopKVariant::kSelectSort since issue 30); "top_k_radix":
-      // kRadixCluster, the default before, with its own block count.
-      const double topk_us = time_us(
-          [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
-      std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), static_cast<long long>(keys), topk_us,
-                  batch * (keys * 4.0 + kTopK * 4.0));
-      const double radix_us = time_us([&](int) {
-        BENCH_CHECK(top_k_variant(scores, batch, keys, visible, kTopK, TopKVariant::kRadixCluster,
-                                  0, picks, stream));
-      });
-      std::printf("top_k_radix,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), static_cast<long long>(keys), radix_us,
-                  batch * (keys * 4.0 + kTopK * 4.0));
-      // Row "top_k_select": TopKVariant::kSelectSort; with PDSERVE_BENCH_TOPK_STAGES=1 also the
-      // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
-      const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
-      const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
-      for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
-        const double us_s = time_us([&](int) {
-          BENCH_CHECK(
-              top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));
-        });
-        std::printf("top_k_select%s,%lld,%lld,%lld,%.3f,%.0f,0\n",
-                    stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
+        print_floor("indexer", batch, context, keys, bytes);
+        // The two stages alone: scores (keys in, fp32 scores out) and top-k (scores in, picks out).
+        const double scores_us = time_us(
+            [&](int l) { BENCH_CHECK(indexer_scores(layer_ip(l), scores, visible, stream)); });
+        std::printf("indexer_scores,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), static_cast<long long>(keys), scores_us,
+                    batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+        // The warpgroup-MMA scores kernel (IndexerScoresVariant::kWgmma), alone and with top-k:
+        // rows "indexer_scores_wgmma" and "indexer_wgmma".
+        auto wgmma_ip = [&](int l) {
+          IndexerParams lp = layer_ip(l);
+          lp.scores_variant = IndexerScoresVariant::kWgmma;
+          return lp;
+        };
+        const double wgmma_scores_us = time_us(
+            [&](int l) { BENCH_CHECK(indexer_scores(wgmma_ip(l), scores, visible, stream)); });
+        std::printf("indexer_scores_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
                     static_cast<long long>(batch), static_cast<long long>(context),
-                    static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
-      }
-      // PDSERVE_BENCH_TOPK_SWEEP=1: top-k at 1, 2, 4 and 8 blocks per row (rows "top_k_b<blocks
-      // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort, which
-      // also runs 3), to check the ones top_k picks.
-      const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
-      const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
-      for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
-        for (const int64_t blocks : {1, 2, 3, 4, 8}) {
-          if (!sweep_topk || (blocks == 3 && variant != TopKVariant::kSelectSort)) continue;
-          const double us_b = time_us([&](int) {
-            BENCH_CHECK(
-                top_k_variant(scores, batch, keys, visible, kTopK, variant, blocks, picks, stream));
+                    static_cast<long long>(keys), wgmma_scores_us,
+                    batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+        const double wgmma_us = time_us([&](int l) {
+          BENCH_CHECK(lightning_indexer(wgmma_ip(l), kTopK, scores, visible, picks, stream));
+        });
+        std::printf("indexer_wgmma,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), static_cast<long long>(keys), wgmma_us, bytes,
+                    flops);
+        // Rows "indexer_scores_wgmma_qr": the wgmma scores with the queries in registers
+        // (kWgmmaQueryRegisters) alone; "indexer_select": those with the select-sort top-k
+        // (TopKVariant::kSelectSort); "indexer_wgmma_select": the kWgmma scores with it.
+        auto qr_ip = [&](int l) {
+          IndexerParams lp = layer_ip(l);
+          lp.scores_variant = IndexerScoresVariant::kWgmmaQueryRegisters;
+          lp.topk_variant = TopKVariant::kSelectSort;
+          return lp;
+        };
+        const double qr_scores_us =
+            time_us([&](int l) { BENCH_CHECK(indexer_scores(qr_ip(l), scores, visible, stream)); });
+        std::printf("indexer_scores_wgmma_qr,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                    static_cast<long long>(batch), static_cast<long long>(context),
+                    static_cast<long long>(keys), qr_scores_us,
+                    batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
+        for (const bool qr : {true, false}) {
+          const double select_us = time_us([&](int l) {
+            IndexerParams lp = qr_ip(l);
+            if (!qr) lp.scores_variant = IndexerScoresVariant::kWgmma;
+            BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
           });
-          std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n",
-                      variant == TopKVariant::kSelectSort ? "top_k_select_b" : "top_k_b",
-                      static_cast<long long>(blocks), static_cast<long long>(batch),
-                      static_cast<long long>(context), static_cast<long long>(keys), us_b,
-                      batch * (keys * 4.0 + kTopK * 4.0));
+          std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                      qr ? "indexer_select" : "indexer_wgmma_select", static_cast<long long>(batch),
+                      static_cast<long long>(context), static_cast<long long>(keys), select_us,
+                      bytes, flops);
+        }
+        // Row "top_k": the default kernel (TopKVariant::kSelectSort since issue 30);
+        // "top_k_radix": kRadixCluster, the default before, with its own block count.
+        const double topk_us = time_us(
+            [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
+        std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), static_cast<long long>(keys), topk_us,
+                    batch * (keys * 4.0 + kTopK * 4.0));
+        const double radix_us = time_us([&](int) {
+          BENCH_CHECK(top_k_variant(scores, batch, keys, visible, kTopK, TopKVariant::kRadixCluster,
+                                    0, picks, stream));
+        });
+        std::printf("top_k_radix,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), static_cast<long long>(keys), radix_us,
+                    batch * (keys * 4.0 + kTopK * 4.0));
+        // Row "top_k_select": TopKVariant::kSelectSort; with PDSERVE_BENCH_TOPK_STAGES=1 also the
+        // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
+        const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
+        const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
+        for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
+          const double us_s = time_us([&](int) {
+            BENCH_CHECK(
+                top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));
+          });
+          std::printf("top_k_select%s,%lld,%lld,%lld,%.3f,%.0f,0\n",
+                      stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
+                      static_cast<long long>(batch), static_cast<long long>(context),
+                      static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
+        }
+        // PDSERVE_BENCH_TOPK_SWEEP=1: top-k at 1, 2, 4 and 8 blocks per row (rows "top_k_b<blocks
+        // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort, which
+        // also runs 3), to check the ones top_k picks.
+        const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
+        const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
+        for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
+          for (const int64_t blocks : {1, 2, 3, 4, 8}) {
+            if (!sweep_topk || (blocks == 3 && variant != TopKVariant::kSelectSort)) continue;
+            const double us_b = time_us([&](int) {
+              BENCH_CHECK(top_k_variant(scores, batch, keys, visible, kTopK, variant, blocks, picks,
+                                        stream));
+            });
+            std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n",
+                        variant == TopKVariant::kSelectSort ? "top_k_select_b" : "top_k_b",
+                        static_cast<long long>(blocks), static_cast<long long>(batch),
+                        static_cast<long long>(context), static_cast<long long>(keys), us_b,
+                        batch * (keys * 4.0 + kTopK * 4.0));
+          }
         }
       }
 
       // PDSERVE_BENCH_ONLY=indexer: the indexer and top-k rows alone (no attention rows).
-      const char* only = std::getenv("PDSERVE_BENCH_ONLY");
       if (only != nullptr && std::string(only) == "indexer") continue;
       for (bool csa : {true, false}) {
         SparseDecodeParams sp;
@@ -323,9 +337,14 @@ int Run(int64_t only_batch, int64_t only_context) {
             batch * (entries * kSparseHeadDim * 2.0 + 2.0 * kHeads * kSparseHeadDim * 2.0);
         const double attn_flops = 4.0 * batch * kHeads * entries * kSparseHeadDim;
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
-        auto time_split = [&](int64_t per, const std::string& suffix) {
+        auto time_split = [&](int64_t per, const std::string& suffix,
+                              SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch,
+                              bool programmatic = true, bool prefetch = true) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
+          split.variant = variant;
+          split.programmatic_launch = programmatic;
+          split.prefetch_lookups = prefetch;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
@@ -344,9 +363,17 @@ int Run(int64_t only_batch, int64_t only_context) {
           BENCH_CHECK(cudaFree(out));
         };
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "");
+        constexpr SparseDecodeVariant kOld = SparseDecodeVariant::kSplitCombine;
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_split", kOld);
+        // kDependentLaunch launched plainly (no programmatic dependent launch): what PDL adds.
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_nopdl",
+                   SparseDecodeVariant::kDependentLaunch, false);
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_noprefetch",
+                   SparseDecodeVariant::kDependentLaunch, true, false);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
-        // "<kernel>@<entries per split>" (to fit SparseDecodeEntriesPerSplit to measurements).
+        // "<kernel>@<entries per split>" and "<kernel>_split@..." (to fit
+        // SparseDecodeEntriesPerSplit to measurements).
         const char* sweep = std::getenv("PDSERVE_BENCH_SPLITS");
         if (sweep == nullptr || std::string(sweep) != "1") continue;
         const int64_t whole = (entries + kSparseTile - 1) / kSparseTile * kSparseTile;
@@ -357,6 +384,7 @@ int Run(int64_t only_batch, int64_t only_context) {
             continue;  // only the smallest split size giving each number of splits
           }
           time_split(per, "@" + std::to_string(per));
+          time_split(per, "_split@" + std::to_string(per), kOld);
         }
       }
     }

@@ -48,27 +48,17 @@ constexpr int kLayers = 16;
 constexpr int kMoeLayers = 8;
 constexpr int64_t kExperts = 256;
 constexpr int64_t kTopK = 6;
-const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
+const std::vector<int64_t> kTokens = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 4096, 8192};
 const std::vector<int64_t> kW8a16Tokens = {1, 4, 16, 32, 64, 128, 4096};
 const std::vector<int64_t> kVariantTokens = {1, 8, 16, 32, 64, 128};
 
 // The fp8_gemm_wgmma configs the sweep times (warpgroups, stages, target blocks).
 std::vector<Fp8WgmmaConfig> Variants() {
-  std::vector<Fp8WgmmaConfig> v;
   if (const char* env = std::getenv("PDSERVE_FP8_VARIANTS")) {
-    std::string text(env);
-    size_t at = 0;
-    while (at < text.size()) {
-      const size_t end = std::min(text.find(';', at), text.size());
-      Fp8WgmmaConfig c;
-      if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d", &c.warpgroups, &c.stages,
-                      &c.target_blocks) == 3) {
-        v.push_back(c);
-      }
-      at = end + 1;
-    }
+    std::vector<Fp8WgmmaConfig> v = ParseWgmmaConfigs(env);
+    if (!v.empty()) return v;
   }
-  if (!v.empty()) return v;
+  std::vector<Fp8WgmmaConfig> v;
   for (int wgs : {1, 2}) {
     for (int stages : {4, 6, 8}) {
       for (int target : {132, 264, 528}) v.push_back(Fp8WgmmaConfig{wgs, stages, target});
@@ -79,43 +69,11 @@ std::vector<Fp8WgmmaConfig> Variants() {
 
 std::string VariantName(const Fp8WgmmaConfig& c) {
   return "wgmma_v" + std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
-         std::to_string(c.target_blocks);
+         std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "");
 }
 
-struct Shape {
-  const char* name;
-  int64_t n;
-  int64_t k;
-};
-const std::vector<Shape> kShapes = {
-    {"wq_b", 32768, 1024}, {"wo_b", 4096, 8192}, {"w13", 4096, 4096}, {"w2", 4096, 2048}};
-
-// Random bytes with the e4m3 NaN codes replaced (hash of the index; never all zeros).
-__global__ void FillWeightBytes(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    uint8_t b = static_cast<uint8_t>(HashIndex(i, seed));
-    if ((b & 0x7F) == 0x7F) b ^= 1;
-    p[i] = b;
-  }
-}
-
-// Scales near 1 (fp32: 1 + small; ue8m0: 126..128).
-__global__ void FillScales(float* f, uint8_t* e8, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const uint32_t h = (static_cast<uint32_t>(i) * 2246822519u) ^ seed;
-    if (f != nullptr) f[i] = 0.75f + static_cast<float>(h % 1024) / 2048.0f;
-    if (e8 != nullptr) e8[i] = static_cast<uint8_t>(126 + h % 3);
-  }
-}
-
-uint8_t* RandomWeights(size_t bytes, uint32_t seed) {
-  uint8_t* p = DeviceAlloc<uint8_t>(bytes);
-  FillWeightBytes<<<2048, 256>>>(p, bytes, seed);
-  BENCH_CHECK(cudaGetLastError());
-  return p;
-}
+using Shape = DenseShape;
+const std::vector<Shape>& kShapes = kV4FlashShapes;
 
 void PrintRow(const char* kernel, const char* shape, int64_t tokens, double us, double bytes,
               double flops) {
@@ -227,28 +185,6 @@ void DenseRows(cudaStream_t stream, cublasLtHandle_t lt, const __nv_bfloat16* x,
   }
 }
 
-// Random top-6 routing of `tokens` tokens over 256 experts (distinct per token), one per layer;
-// returns the mean number of distinct experts touched.
-double Routings(int64_t tokens, std::vector<int32_t*>& experts, std::mt19937_64& rng) {
-  double distinct = 0.0;
-  std::vector<int32_t> order(kExperts);
-  for (int l = 0; l < kMoeLayers; ++l) {
-    std::vector<int32_t> host;
-    std::set<int32_t> used;
-    for (int64_t t = 0; t < tokens; ++t) {
-      std::iota(order.begin(), order.end(), 0);
-      for (int64_t j = 0; j < kTopK; ++j) {
-        std::swap(order[j], order[j + rng() % (kExperts - j)]);
-        host.push_back(order[j]);
-        used.insert(order[j]);
-      }
-    }
-    distinct += static_cast<double>(used.size()) / kMoeLayers;
-    BENCH_CHECK(cudaMemcpy(experts[l], host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-  }
-  return distinct;
-}
-
 // w8a16: FP8 and W8A16 experts at kW8a16Tokens.
 void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, float* pick_w,
              void* ws, size_t ws_bytes, bool w8a16) {
@@ -281,7 +217,7 @@ void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, fl
                                   static_cast<double>(scales) / kExperts * (fp4 ? 1 : 4);
       const bool down = s.k == 2048;  // w2 takes one row per pick
       for (int64_t m : w8a16 ? kW8a16Tokens : kTokens) {
-        const double distinct = Routings(m, experts, rng);
+        const double distinct = RandomRoutings(m, kExperts, kTopK, experts, rng);
         const double us = GraphMicros(
             [&](int l) {
               BENCH_CHECK(moe_grouped_gemm(x, s.k, down, experts[l], down ? pick_w : nullptr, m,
@@ -338,7 +274,7 @@ int Run(const std::string& only) {
   auto* out = reinterpret_cast<__nv_bfloat16*>(DeviceAlloc<uint16_t>(max_rows * max_n));
   float* pick_w = DeviceAlloc<float>(max_rows);
   FillScales<<<64, 256>>>(pick_w, nullptr, max_rows, 17);
-  size_t ws_bytes = fp8_gemm_cublaslt_workspace_bytes(kTokens.back(), max_k);
+  size_t ws_bytes = fp8_gemm_cublaslt_workspace_bytes(kTokens.back(), max_n, max_k);
   for (const Shape& s : kShapes) {
     for (int64_t m : kTokens) {
       ws_bytes = std::max(ws_bytes, fp8_gemm_workspace_bytes(m, s.n, s.k));

@@ -4,33 +4,40 @@
 // UCX_TLS), at DeepSeek-V4-Flash attention shapes (bench/ep/flash_shapes.h: head_dim 512, indexer
 // 64 x 128, window 128, CSA rate 4 / HCA rate 128 alternating; small MoE, random weights).
 //
-// Per prompt length p (--lengths) and repeat: the prefill process fills its slot (a real
-// GpuModel::Forward over --chunk-token chunks when p <= --forward-max, else ImportState of a
-// random state: a forward of that length at these shapes takes much longer than the transfer;
-// once per length, the repeats export the same slot again),
-// then, from t0 = the end of its last layer's compute, does what GpuPrefillEngine::Run does
-// after its forward: runtime::StoreSlotStaged into its bf16 pages, posting each layer as it is
-// stored, commit. The decode process (bf16 pool, TransferReceiver) verifies (t_verified), then
-// does what GpuStepRunner::Place does: GpuModel::ImportLayers filled by
-// PagedState::LoadLayerRing, straight from the pages into its slot (t_imported). Then, for the
-// record, the previous path (PagedState::Load into a CPU-layout state + ImportState through the
-// same staging: "old import ms"), which must leave the same slot. Both clocks are
-// CLOCK_MONOTONIC of one machine.
+// Per prompt length p (--lengths) and repeat: the prefill process restores its slot's state
+// before the prompt's last chunk (made once per length: a real GpuModel::Forward over
+// --chunk-token chunks when p <= --forward-max, else a random state: a forward of that length
+// at these shapes takes much longer than the transfer), prepares the transfer, and runs the last
+// chunk for real as GpuPrefillEngine::Run does on one GPU (--overlap, the default:
+// GpuModel::BeginForwardExporting, each layer's state copied to the pinned staging as soon as the
+// chunk's attention has written it, and runtime::StoreSlotStaged storing and posting each layer
+// on this thread while the later layers compute, then FinishForward; --overlap 0: a plain
+// Forward, then StoreSlotStaged). The stores run on a TaskPool of --host-threads, and the
+// sender takes each posted layer's checksums on the same pool; then the commit. t0 = the end of
+// the chunk's compute (CUDA events around it on the model's stream). The decode process (bf16
+// pool, TransferReceiver) verifies (t_verified), then does what GpuStepRunner::Place does:
+// GpuModel::ImportLayers filled by PagedState::LoadLayerRing on its own pool of --host-threads,
+// straight from the pages into its slot (t_imported). Then, with --old-import, the previous path
+// (PagedState::Load into a CPU-layout state + ImportState through the same staging: "old import
+// ms"), which must leave the same slot. Both clocks are CLOCK_MONOTONIC of one machine.
 //
 // Columns: lanes (UCX workers and threads on each side; --lanes, default what the workers use),
-// bytes on the wire (bf16 pages as sent), transfer ms = t_verified - t0, of which "prefill store
-// ms" is the prefill side's StoreSlotStaged (device -> pinned copies, stores into its pages and
-// posts, ending before the last pages are sent), and its GB/s (1e9 B/s), import ms, end-to-end GB/s
-// = bytes / (t_imported - t0); the floor of the same path's copies: cudaMemcpy device -> pinned
-// host -> device of the same bytes in one process (GB/s = bytes / (D2H + H2D time)) and our
-// end-to-end share of it; the forward's ms; the transfer time left after the last layer's compute
-// (t_imported - t0) as a share of TTFT (forward + that); for lengths past --forward-max the forward
-// ms is extrapolated linearly from the longest measured one (marked "est."). "state" says whether
-// the decode slot's exported state equals the prefill slot's bit for bit (xxh3 of every tensor),
-// through both import paths. Medians over
-// --repeats. Markdown on stdout,
-// progress on stderr. ucx_perftest over the same transport is run by
-// tools/gpu/run_gpu_transfer_bench.sh next to this.
+// host threads, bytes on the wire (bf16 pages as sent); where the time after t0 went: copy wait
+// (waiting for device -> pinned copies), store (pinned blocks -> pages), post (the layer
+// callbacks: the checksums on the pool and the first sends), send drain (all layers posted ->
+// commit delivered), verify lag (commit delivered -> the receiver's verified outcome); with
+// --overlap the first three run (partly) before t0. Transfer ms = t_verified - t0 and its GB/s
+// (1e9 B/s), import ms, end-to-end GB/s = bytes / (t_imported - t0) (with --overlap not a
+// bandwidth of the path: part of it moved before t0); the floor of the same path's copies:
+// cudaMemcpy device -> pinned host -> device of the same bytes in one process (GB/s = bytes / (D2H
+// + H2D time)) and our end-to-end share of it; the forward's ms (the whole prompt, measured once
+// per length up to
+// --forward-max; past it extrapolated linearly from the longest measured one, "est."); the time
+// left after the last layer's compute (t_imported - t0) as a share of TTFT (forward + that);
+// "state": whether the decode slot's exported state equals the prefill slot's bit for bit (xxh3
+// of every tensor); overlap; the last chunk's compute ms. Medians over --repeats. Markdown on
+// stdout, progress on stderr. ucx_perftest over the same transport is run by the scripts next
+// to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
 #include <poll.h>
 #include <sys/wait.h>
@@ -55,6 +62,7 @@
 #include "bench/ep/flash_shapes.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/task_pool.h"
 #include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/random_weights.h"
@@ -82,8 +90,18 @@ struct Flags {
   int64_t forward_max = 32768;
   int64_t chunk = 256;  // the CUDA backend's max_chunk
   int64_t repeats = 3;
-  int lanes = 0;  // UCX lanes on each side; 0: kv::DefaultTransferLanes, what workers use
+  int lanes = 0;           // UCX lanes on each side; 0: kv::DefaultTransferLanes, what workers use
+  int host_threads = 0;    // store / checksum / import threads; 0: DefaultTransferHostThreads
+  int64_t window_mib = 0;  // the sender's max_in_flight_bytes; 0: kv::InFlightBytesForLanes
+  bool old_import = true;  // also time the previous import path
+  bool overlap = true;     // the last chunk begun, the stores during it (GpuPrefillEngine's way)
+  bool post_on_lanes = true;  // the page sends posted by the lane threads (UcxTransport's default)
 };
+
+int HostThreads(const Flags& flags) {
+  return flags.host_threads > 0 ? flags.host_threads
+                                : DefaultTransferHostThreads(std::thread::hardware_concurrency());
+}
 
 int Lanes(const Flags& flags) {
   return flags.lanes > 0 ? flags.lanes
@@ -94,6 +112,14 @@ int64_t NowNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1'000'000'000ll + ts.tv_nsec;
+}
+
+// A timestamped progress line on stderr (seconds since the process started).
+void Progress(const char* role, int64_t length, int64_t repeat, const char* what) {
+  static const int64_t start = NowNs();
+  std::fprintf(stderr, "%8.3f s %s %lld tokens, repeat %lld: %s\n",
+               static_cast<double>(NowNs() - start) / 1e9, role, static_cast<long long>(length),
+               static_cast<long long>(repeat), what);
 }
 
 [[noreturn]] void Die(const char* role, const absl::Status& status) {
@@ -205,11 +231,21 @@ absl::StatusOr<Pages> MakePages(const serving::StateLayout& layout,
   return p;
 }
 
+// The benchmark's prompt ids at positions [from, to).
+std::vector<int32_t> ChunkTokens(const engine::ModelConfig& config, int64_t from, int64_t to) {
+  std::vector<int32_t> tokens;
+  for (int64_t i = from; i < to; ++i) {
+    tokens.push_back(static_cast<int32_t>((31 * i + 5) % config.vocab_size));
+  }
+  return tokens;
+}
+
 // ---- prefill (child) --------------------------------------------------------------------------
 
 absl::Status Prefill(const Flags& flags, Channel& channel) {
   const engine::ModelConfig config = Config(flags);
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
+  Progress("prefill", 0, 0, "model made");
   PDSERVE_ASSIGN_OR_RETURN(
       const serving::StateLayout layout,
       runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/true)));
@@ -219,43 +255,59 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
   PDSERVE_ASSIGN_OR_RETURN(auto staging,
                            gpu->NewStateStaging(std::clamp<int64_t>(
                                fit, std::min<int64_t>(2, flags.layers), flags.layers)));
-  PDSERVE_ASSIGN_OR_RETURN(auto transport, kv::UcxTransport::Create(Lanes(flags)));
+  PDSERVE_ASSIGN_OR_RETURN(auto transport,
+                           kv::UcxTransport::Create(Lanes(flags), flags.post_on_lanes));
   SystemClock clock;
-  kv::TransferSender sender(*transport, clock);
+  TaskPool pool(HostThreads(flags));
+  cudaEvent_t chunk_events[2];
+  for (cudaEvent_t& e : chunk_events) {
+    PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
+  }
+  kv::TransferSender sender(
+      *transport, clock,
+      {.max_in_flight_bytes = flags.window_mib > 0 ? static_cast<size_t>(flags.window_mib) << 20
+                                                   : kv::InFlightBytesForLanes(Lanes(flags)),
+       .checksum_pool = &pool});
   for (int64_t length : Lengths(flags)) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
     const runtime::PagedState paged(config, layout, length + 1);
     double forward_ms = 0;
+    engine::ModelState prefix_state;
     for (int64_t r = 0; r < flags.repeats; ++r) {
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
-      // The slot is filled once per length; later repeats export the same state again (the
-      // export reads the slot, it does not change it).
+      // The prompt's state before its last chunk is made once per length (a real forward up to
+      // --forward-max, else a random state) and kept on the host; every repeat restores it and
+      // runs the last chunk for real, with the per-layer export during it (--overlap) or not.
+      const int64_t prefix = (length - 1) / flags.chunk * flags.chunk;
       if (r == 0) {
         PDSERVE_RETURN_IF_ERROR(gpu->ResetSlot(0));
+        forward_ms = 0;
         if (length <= flags.forward_max) {
-          std::vector<int32_t> tokens;
           const int64_t started = NowNs();
-          for (int64_t from = 0; from < length; from += flags.chunk) {
-            tokens.clear();
-            for (int64_t i = from; i < std::min(length, from + flags.chunk); ++i) {
-              tokens.push_back(static_cast<int32_t>((31 * i + 5) % config.vocab_size));
-            }
-            PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, tokens).status());
+          for (int64_t from = 0; from < prefix; from += flags.chunk) {
+            PDSERVE_RETURN_IF_ERROR(
+                gpu->Forward(0, ChunkTokens(config, from, from + flags.chunk)).status());
           }
           forward_ms = static_cast<double>(NowNs() - started) / 1e6;
-        } else {
+        } else if (prefix > 0) {
           PDSERVE_RETURN_IF_ERROR(gpu->ImportState(
-              0, RandomRingState(config, gpu->max_context(), length,
+              0, RandomRingState(config, gpu->max_context(), prefix,
                                  88172645463325252ull ^ static_cast<uint64_t>(length))));
         }
+        Progress("prefill", length, r, "prefix state made");
+        PDSERVE_ASSIGN_OR_RETURN(prefix_state, gpu->ExportState(0));
+        Progress("prefill", length, r, "prefix state exported");
+      } else {
+        PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, prefix_state));
       }
-      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
-      const int64_t t0 = NowNs();  // the last layer's compute is done
+      Progress("prefill", length, r, "prefix restored");
+      const std::vector<int32_t> last = ChunkTokens(config, prefix, length);
       std::vector<kv::SourcePage> sources;
       for (const kv::PlannedPage& page : pages.plan) {
         PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pages.pool->Data(1, page.handle));
         sources.push_back({bytes, page.descriptor.element});
       }
+      // Prepared before the chunk, as the prefill worker prepares before its prefill.
       PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
                                sender.PrepareWithElements(ticket, std::move(sources)));
       // Each layer is posted as soon as it is stored, as the prefill worker's callback does.
@@ -263,16 +315,55 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
         PDSERVE_RETURN_IF_ERROR(transfer->PostLayer(static_cast<uint32_t>(layer)));
         return transfer->Poll().status();
       };
-      PDSERVE_RETURN_IF_ERROR(
-          runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post));
-      const int64_t stored = NowNs();  // every layer copied, stored into pages and posted
+      runtime::StagedStoreTimes times;
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
+      // t0, the end of the chunk's compute, from events around it on the model's stream (with
+      // --overlap the host is still storing when the device finishes).
+      const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[0], stream), "event"));
+      const int64_t chunk_started = NowNs();
+      int64_t stored = 0;
+      if (flags.overlap) {
+        // What GpuPrefillEngine::Run does on one GPU: the stores run during the chunk.
+        PDSERVE_RETURN_IF_ERROR(gpu->BeginForwardExporting(0, last, staging.get()));
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
+        const absl::Status store =
+            runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post, &pool, &times);
+        stored = NowNs();
+        PDSERVE_RETURN_IF_ERROR(gpu->FinishForward().status());
+        PDSERVE_RETURN_IF_ERROR(store);
+      } else {
+        PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, last).status());
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(chunk_events[1]), "event"));
+      }
+      float chunk_ms = 0;
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(
+          cudaEventElapsedTime(&chunk_ms, chunk_events[0], chunk_events[1]), "event time"));
+      const double last_chunk_ms = chunk_ms;
+      if (r == 0 && length <= flags.forward_max) forward_ms += last_chunk_ms;
+      // The last layer's compute is done (the chunk's device time after its start).
+      const int64_t t0 = chunk_started + static_cast<int64_t>(chunk_ms * 1e6);
+      if (!flags.overlap) {
+        PDSERVE_RETURN_IF_ERROR(
+            runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post, &pool, &times));
+        stored = NowNs();
+      }
       PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
       absl::StatusOr<bool> done = false;
       while (done.ok() && !*done) done = transfer->Poll();
       PDSERVE_RETURN_IF_ERROR(done.status());
+      const int64_t delivered = NowNs();  // the commit's send completed
       PDSERVE_RETURN_IF_ERROR(transfer->Release());
-      PDSERVE_ASSIGN_OR_RETURN(const uint64_t digest, StateDigest(*gpu));
-      channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest, " ", stored));
+      // The slot's digest once per length (an export of the whole slot: slow at long contexts).
+      uint64_t digest = 0;
+      if (r == 0) {
+        PDSERVE_ASSIGN_OR_RETURN(digest, StateDigest(*gpu));
+      }
+      Progress("prefill", length, r, "sent");
+      channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest, " ", stored, " ",
+                                 times.copy_wait_ms, " ", times.store_ms, " ",
+                                 times.stored_callback_ms, " ", delivered, " ", last_chunk_ms));
     }
   }
   return absl::OkStatus();
@@ -314,15 +405,15 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       auto receiver, kv::CreateUcxReceiver(
                          {.lease = absl::Seconds(600)}, clock,
                          [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
+  TaskPool pool(HostThreads(flags));
   std::printf(
-      "| prompt tokens | layers | lanes | bytes on the wire (bf16) | transfer ms | prefill store "
-      "ms "
-      "| transfer GB/s | import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) "
-      "| "
-      "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-      "--- "
-      "|\n");
+      "| prompt tokens | layers | lanes | host threads | bytes on the wire (bf16) | copy wait ms | "
+      "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
+      "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
+      "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
+      "overlap | last chunk ms |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+      "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::fflush(stdout);
   double longest_forward_ms = 0;
   int64_t longest_forward_tokens = 0;
@@ -330,7 +421,8 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
   for (int64_t length : Lengths(flags)) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
     const runtime::PagedState paged(config, layout, length + 1);
-    std::vector<double> transfer_ms, store_ms, import_ms, old_import_ms, forward_ms;
+    std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
+        old_import_ms, forward_ms, last_ms;
     bool same_state = true;
     uint64_t bytes = 0;
     for (int64_t r = 0; r < flags.repeats; ++r) {
@@ -361,18 +453,28 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
           0, length, staging.get(),
           [&](int64_t layer, const engine::RingLayerGeometry& geometry,
               const engine::MutableRingLayerBlocks& blocks) {
-            return paged.LoadLayerRing(layer, geometry, length, pages.pages, blocks);
+            return paged.LoadLayerRing(layer, geometry, length, pages.pages, blocks, &pool);
           }));
       const int64_t imported = NowNs();
       const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
-      if (fields.size() != 4) return absl::InternalError("bad line from the prefill process");
+      if (fields.size() != 9) return absl::InternalError("bad line from the prefill process");
       const int64_t t0 = std::stoll(fields[0]);
       forward_ms.push_back(std::stod(fields[1]));
-      PDSERVE_ASSIGN_OR_RETURN(const uint64_t digest, StateDigest(*gpu));
-      same_state = same_state && digest == std::stoull(fields[2]);
+      uint64_t digest = 0;
+      if (r == 0) {
+        PDSERVE_ASSIGN_OR_RETURN(digest, StateDigest(*gpu));
+        same_state = same_state && digest == std::stoull(fields[2]);
+      }
+      Progress("decode", length, r, "imported");
       transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
-      store_ms.push_back(static_cast<double>(std::stoll(fields[3]) - t0) / 1e6);
+      wait_ms.push_back(std::stod(fields[4]));
+      last_ms.push_back(std::stod(fields[8]));
+      store_ms.push_back(std::stod(fields[5]));
+      post_ms.push_back(std::stod(fields[6]));
+      drain_ms.push_back(static_cast<double>(std::stoll(fields[7]) - std::stoll(fields[3])) / 1e6);
+      lag_ms.push_back(static_cast<double>(verified - std::stoll(fields[7])) / 1e6);
       import_ms.push_back(static_cast<double>(imported - verified) / 1e6);
+      if (!flags.old_import) continue;
       // The previous path, for the record: PagedState::Load into a CPU-layout state, then
       // ImportState through the same staging; it must give the same slot.
       const int64_t old_started = NowNs();
@@ -380,15 +482,17 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
       PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
       old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
-      PDSERVE_ASSIGN_OR_RETURN(const uint64_t old_digest, StateDigest(*gpu));
-      same_state = same_state && old_digest == digest;
+      if (r == 0) {
+        PDSERVE_ASSIGN_OR_RETURN(const uint64_t old_digest, StateDigest(*gpu));
+        same_state = same_state && old_digest == digest;
+      }
       // The ticket is verified and read: it is forgotten at its lease end; the pages are reused
       // by the next repeat (a new ticket over the same pages, as a benchmark may).
     }
     PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
     const double transfer = Median(transfer_ms);
     const double import = Median(import_ms);
-    const double old_import = Median(old_import_ms);
+    const double old_import = old_import_ms.empty() ? 0 : Median(old_import_ms);
     const double left = transfer + import;
     const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
     double forward = Median(forward_ms);
@@ -404,13 +508,14 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
     const std::string share =
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
-        "| %lld | %lld | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | "
-        "%s | %.2f | %s | %s |\n",
+        "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f |\n",
         static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
-        static_cast<double>(bytes) / 1e6, transfer, Median(store_ms),
+        HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
+        Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
         static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
         100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
-        same_state ? "equal" : "DIFFERS");
+        same_state ? "equal" : "DIFFERS", flags.overlap ? "yes" : "no", Median(last_ms));
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
   }
@@ -431,6 +536,17 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", flags.repeats, "Transfers per length (median)");
   app.add_option("--lanes", flags.lanes,
                  "UCX lanes on each side (0: kv::DefaultTransferLanes of this host's cores)");
+  app.add_option("--host-threads", flags.host_threads,
+                 "Threads of the page store, checksums and import on each side (0: "
+                 "DefaultTransferHostThreads of this host's cores)");
+  app.add_option("--window-mib", flags.window_mib, "The sender's bytes in flight, MiB");
+  app.add_option("--overlap", flags.overlap,
+                 "Store and post the layers during the last chunk's compute "
+                 "(BeginForwardExporting), as the CUDA prefill engine does");
+  app.add_option("--post-on-lanes", flags.post_on_lanes,
+                 "Post the page sends on the lane threads (0: on the prefill's thread)");
+  app.add_option("--old-import", flags.old_import,
+                 "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);
   int to_prefill[2];
   int to_decode[2];

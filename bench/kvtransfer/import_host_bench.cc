@@ -9,17 +9,24 @@
 // layer ("equal"). Milliseconds are medians of --repeats on one host thread. The GPU copies,
 // which overlap the fill of the next layer, are not part of this (gpu_state_transfer_bench).
 // Also the prefill side's host work on the same state (StoreLayerRing of every layer into the
-// bf16 pages), which gpu_state_transfer_bench's "transfer ms" includes. Markdown on stdout.
+// bf16 pages), which gpu_state_transfer_bench's "transfer ms" includes, and the sender's xxh3
+// pass over those pages. With --threads N > 1 the store, the new import and the checksums also
+// run spread over a TaskPool of N threads (what the CUDA prefill engine, the decode runner and
+// the sender's checksum_pool do), checked byte for byte against the one-thread result.
+// Markdown on stdout.
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_split.h"
 #include "bench/ep/flash_shapes.h"
+#include "common/task_pool.h"
 #include "engine/ring_state.h"
+#include "kvtransfer/page_header.h"
 #include "runtime/paged_state.h"
 #include "serving/element_type.h"
 #include "serving/page_pool.h"
@@ -70,7 +77,33 @@ void RoundInto(const std::vector<float>& from, size_t n, uint16_t* to) {
   for (size_t i = 0; i < n; ++i) to[i] = serving::FloatToBf16(from[i]);
 }
 
-int Run(int64_t layers, const std::string& lengths_flag, int repeats) {
+// Every page's bytes, in kind order (for comparing two stores).
+std::vector<std::byte> Snapshot(const runtime::SequencePages& pages) {
+  std::vector<std::byte> out;
+  for (const auto& kind : pages.pages) {
+    for (const auto& page : kind) out.insert(out.end(), page.begin(), page.end());
+  }
+  return out;
+}
+
+// xxh3-64 of every page (the sender's pass), on `pool` or this thread.
+std::vector<uint64_t> Checksums(const runtime::SequencePages& pages, TaskPool* pool) {
+  std::vector<std::span<const std::byte>> all;
+  for (const auto& kind : pages.pages) all.insert(all.end(), kind.begin(), kind.end());
+  std::vector<uint64_t> sums(all.size());
+  auto one = [&](int64_t i) {
+    sums[static_cast<size_t>(i)] = kv::PayloadChecksum(all[static_cast<size_t>(i)]);
+  };
+  if (pool == nullptr) {
+    for (size_t i = 0; i < all.size(); ++i) one(static_cast<int64_t>(i));
+  } else {
+    pool->Run(static_cast<int64_t>(all.size()), one);
+  }
+  return sums;
+}
+
+int Run(int64_t layers, const std::string& lengths_flag, int repeats, int threads) {
+  TaskPool task_pool(threads);
   std::vector<int64_t> lengths;
   for (absl::string_view p : absl::StrSplit(lengths_flag, ',')) {
     lengths.push_back(std::stoll(std::string(p)));
@@ -83,8 +116,10 @@ int Run(int64_t layers, const std::string& lengths_flag, int repeats) {
       *runtime::LayoutForModel(config, 64, serving::ElementType::kBfloat16);
   std::printf(
       "| prompt tokens | layers | page bytes (bf16) | old: Load + ring image ms | new: "
-      "LoadLayerRing ms | old / new | equal | prefill: StoreLayerRing ms |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "LoadLayerRing ms | old / new | equal | prefill: StoreLayerRing ms | threads | "
+      "StoreLayerRing ms, threads | LoadLayerRing ms, threads | xxh3 ms | xxh3 ms, threads | "
+      "threads == 1 thread |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t length : lengths) {
     const int64_t total = length + 1;
     const engine::ModelState state = RandomRingState(config, max_context, length);
@@ -120,9 +155,20 @@ int Run(int64_t layers, const std::string& lengths_flag, int repeats) {
            {li.compressor.ring_kv.data(), li.compressor.ring_gate.data(), bits[at + 1].data()},
            {li.indexer.ring_kv.data(), li.indexer.ring_gate.data(), bits[at + 2].data()}});
     }
-    std::vector<double> old_ms, new_ms, store_ms;
+    std::vector<double> old_ms, new_ms, store_ms, pool_store_ms, pool_load_ms, sum_ms, pool_sum_ms;
     bool equal = true;
+    bool same_threaded = true;
+    std::vector<LayerBuffer> pool_buffers;
+    for (const engine::RingLayerGeometry& g : geometry.layers) pool_buffers.emplace_back(g);
+    // Both stores start from the same scribbled pages: the rows a store does not write (unused
+    // row tails) then compare equal too.
+    auto scribble = [&pages] {
+      for (const auto& kind : pages.pages) {
+        for (const auto& page : kind) std::memset(page.data(), 0xA5, page.size());
+      }
+    };
     for (int r = 0; r < repeats; ++r) {
+      scribble();
       Clock::time_point stored = Clock::now();
       for (size_t l = 0; l < geometry.layers.size(); ++l) {
         if (!paged
@@ -133,6 +179,26 @@ int Run(int64_t layers, const std::string& lengths_flag, int repeats) {
         }
       }
       store_ms.push_back(Seconds(stored) * 1e3);
+      const std::vector<std::byte> one_thread = Snapshot(pages);
+      Clock::time_point summed = Clock::now();
+      const std::vector<uint64_t> sums = Checksums(pages, nullptr);
+      sum_ms.push_back(Seconds(summed) * 1e3);
+      summed = Clock::now();
+      same_threaded = same_threaded && Checksums(pages, &task_pool) == sums;
+      pool_sum_ms.push_back(Seconds(summed) * 1e3);
+      // The same store on the pool.
+      scribble();
+      stored = Clock::now();
+      for (size_t l = 0; l < geometry.layers.size(); ++l) {
+        if (!paged
+                 .StoreLayerRing(static_cast<int64_t>(l), geometry.layers[l], device_blocks[l],
+                                 length, pages, &task_pool)
+                 .ok()) {
+          return 1;
+        }
+      }
+      pool_store_ms.push_back(Seconds(stored) * 1e3);
+      same_threaded = same_threaded && Snapshot(pages) == one_thread;
       Clock::time_point start = Clock::now();
       engine::ModelState loaded =
           *engine::StateFromRingImage(geometry, engine::NewRingImage(geometry));
@@ -166,6 +232,17 @@ int Run(int64_t layers, const std::string& lengths_flag, int repeats) {
         }
       }
       new_ms.push_back(Seconds(start) * 1e3);
+      start = Clock::now();
+      for (size_t l = 0; l < geometry.layers.size(); ++l) {
+        pool_buffers[l].FillUnread();
+        if (!paged
+                 .LoadLayerRing(static_cast<int64_t>(l), geometry.layers[l], length, pages,
+                                pool_buffers[l].Blocks(), &task_pool)
+                 .ok()) {
+          return 1;
+        }
+      }
+      pool_load_ms.push_back(Seconds(start) * 1e3);
       for (size_t l = 0; l < geometry.layers.size(); ++l) {
         const engine::RingLayerGeometry& g = geometry.layers[l];
         const size_t entries = g.compressor.present()
@@ -174,16 +251,20 @@ int Run(int64_t layers, const std::string& lengths_flag, int repeats) {
         const size_t keys =
             g.indexer.present() ? static_cast<size_t>(length / g.indexer.rate * g.indexer.dim) : 0;
         equal = equal && new_buffers[l].Same(old_buffers[l], entries, keys);
+        same_threaded = same_threaded && pool_buffers[l].Same(new_buffers[l], entries, keys);
       }
     }
     const double o = Median(old_ms);
     const double n = Median(new_ms);
-    std::printf("| %lld | %lld | %.1f MB | %.1f | %.1f | %.1fx | %s | %.1f |\n",
-                static_cast<long long>(length), static_cast<long long>(layers),
-                static_cast<double>(page_bytes) / 1e6, o, n, o / n, equal ? "equal" : "DIFFERS",
-                Median(store_ms));
+    std::printf(
+        "| %lld | %lld | %.1f MB | %.1f | %.1f | %.1fx | %s | %.1f | %d | %.1f | %.1f | %.1f | "
+        "%.1f | %s |\n",
+        static_cast<long long>(length), static_cast<long long>(layers),
+        static_cast<double>(page_bytes) / 1e6, o, n, o / n, equal ? "equal" : "DIFFERS",
+        Median(store_ms), task_pool.threads(), Median(pool_store_ms), Median(pool_load_ms),
+        Median(sum_ms), Median(pool_sum_ms), same_threaded ? "equal" : "DIFFERS");
     std::fflush(stdout);
-    if (!equal) return 2;
+    if (!equal || !same_threaded) return 2;
   }
   return 0;
 }
@@ -195,10 +276,16 @@ int main(int argc, char** argv) {
   int64_t layers = 8;
   std::string lengths = "4096,32768,131072";
   int repeats = 3;
+  int threads = 0;
   CLI::App app("Host work of importing a transferred state: Load + ring image vs LoadLayerRing");
   app.add_option("--layers", layers, "V4-Flash-shaped layers (CSA / HCA alternating)");
   app.add_option("--lengths", lengths, "Prompt lengths, comma-separated");
   app.add_option("--repeats", repeats, "Repeats per length (median)");
+  app.add_option("--threads", threads,
+                 "Threads of the pooled columns (0: DefaultTransferHostThreads of this host)");
   CLI11_PARSE(app, argc, argv);
-  return pdserve::bench::Run(layers, lengths, repeats);
+  if (threads <= 0) {
+    threads = pdserve::DefaultTransferHostThreads(std::thread::hardware_concurrency());
+  }
+  return pdserve::bench::Run(layers, lengths, repeats, threads);
 }

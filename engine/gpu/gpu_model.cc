@@ -18,10 +18,8 @@ absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int
     return GemmF32(x_f32, rows, k, w.f32.get(), n, y);
   }
   if (w.is_fp8()) {
-    PDSERVE_RETURN_IF_ERROR(
-        Fp8Gemm(x_rounded, k, rows, k, w.fp8.get(), w.fp8_scale.get(), n, fp8_out.get(), n));
-    PDSERVE_CUDA_RETURN(CastToF32(fp8_out.get(), rows * n, y, stream));
-    return absl::OkStatus();
+    // fp32 output, as cuBLAS gives the bf16 path below: no bf16 rounding of the sums.
+    return Fp8Gemm(x_rounded, k, rows, k, w.fp8.get(), w.fp8_scale.get(), n, y, n);
   }
   const float alpha = 1.0f;
   const float beta = 0.0f;
@@ -35,7 +33,7 @@ absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int
 }
 
 absl::Status GpuModel::Impl::Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k,
-                                     const uint8_t* w, const float* w_scale, int64_t n, bf16* out,
+                                     const uint8_t* w, const float* w_scale, int64_t n, float* out,
                                      int64_t out_stride) {
   std::string refusal;
   // fp8_gemm's workspace (what AllocateFp8 sizes) covers fp8_gemm_w8a16's.
@@ -233,9 +231,8 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
       PDSERVE_RETURN_IF_ERROR(Fp8Gemm(attn_bf.get() + g * group_in, heads * hd, rows, group_in,
                                       w.fp8.get() + g * o_lora * group_in,
                                       w.fp8_scale.get() + g * (o_lora / kFp8BlockRows) * kblocks,
-                                      o_lora, fp8_out.get() + g * o_lora, groups * o_lora));
+                                      o_lora, grouped.get() + g * o_lora, groups * o_lora));
     }
-    PDSERVE_CUDA_RETURN(CastToF32(fp8_out.get(), rows * groups * o_lora, grouped.get(), stream));
   } else {
     PDSERVE_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),
@@ -437,9 +434,11 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
   segs.max_tokens = max_tokens;
   PDSERVE_CUDA_RETURN(EmbedStreams(Row(kToken), rows, embed.get(), c.vocab_size, c.hidden_size,
                                    c.hc_mult, streams.get(), stream));
-  for (Layer& layer : layers) {
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Layer& layer = layers[l];
     PDSERVE_RETURN_IF_ERROR(HcPre(layer.attn_hc, layer.input_norm, rows));
     PDSERVE_RETURN_IF_ERROR(Attention(layer, rows, segs, decode));
+    if (after_attention) PDSERVE_RETURN_IF_ERROR(after_attention(static_cast<int64_t>(l)));
     PDSERVE_CUDA_RETURN(kc::hyper_connection_post(post.get(), comb.get(), sub_out.get(), rows,
                                                   c.hc_mult, c.hidden_size, streams.get(), stream));
     PDSERVE_RETURN_IF_ERROR(HcPre(layer.ffn_hc, layer.post_attention_norm, rows));
@@ -466,6 +465,16 @@ absl::Status GpuModel::Impl::Enqueue(int64_t rows, int64_t segments, int64_t max
 absl::StatusOr<Tensor> GpuModel::Impl::Run(
     const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
     bool use_graph, bool decode, bool to_host) {
+  PDSERVE_RETURN_IF_ERROR(Begin(work, padded_rows, use_graph, decode, to_host));
+  return Finish();
+}
+
+absl::Status GpuModel::Impl::Begin(
+    const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
+    bool use_graph, bool decode, bool to_host) {
+  if (pending.has_value()) {
+    return absl::FailedPreconditionError("GpuModel: a begun forward was not finished");
+  }
   const ModelConfig& c = config;
   int64_t real_rows = 0;
   int64_t max_tokens = 0;
@@ -547,13 +556,30 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
                         static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
                         cudaMemcpyDeviceToHost, stream));
   }
-  // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
-  if (to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  // The positions advance now: what is enqueued after this (ExportLayerAsync between Begin and
+  // Finish) runs after the call on the stream and sees the new position.
   for (const auto& [slot, tokens] : work) {
     slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
   }
-  if (!to_host) return Tensor();
-  Tensor out({real_rows, c.vocab_size});
+  pending = Pending{real_rows, to_host};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> GpuModel::Impl::Finish() {
+  if (!pending.has_value()) return absl::FailedPreconditionError("GpuModel: no begun forward");
+  const Pending p = *pending;
+  pending.reset();
+  // Work enqueued on the stream from now on (the next forward, an import) runs after every
+  // layer copy ForwardExporting / ExportLayerAsync put on the copy stream, as after the
+  // stream's own copies.
+  if (copy_stream != nullptr) {
+    PDSERVE_CUDA_RETURN(cudaEventRecord(copies_enqueued, copy_stream));
+    PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(stream, copies_enqueued, 0));
+  }
+  // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
+  if (p.to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (!p.to_host) return Tensor();
+  Tensor out({p.real_rows, config.vocab_size});
   std::memcpy(out.ptr(), logits_host.get(), out.data.size() * sizeof(float));
   return out;
 }
@@ -567,6 +593,7 @@ const std::vector<int64_t>& GpuModel::decode_buckets() const {
 }
 int64_t GpuModel::rank() const { return impl_->comm != nullptr ? impl_->comm->rank() : 0; }
 int64_t GpuModel::world() const { return impl_->comm != nullptr ? impl_->comm->world() : 1; }
+void* GpuModel::cuda_stream() const { return impl_->stream; }
 
 int64_t GpuModel::Position(int64_t slot) const {
   if (slot < 0 || slot >= impl_->options.slots) return -1;
@@ -597,6 +624,14 @@ absl::Status CheckGroupRows(int64_t group_rows, int64_t max_rows) {
 
 absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens,
                                          int64_t group_rows) {
+  PDSERVE_RETURN_IF_ERROR(BeginForward(slot, tokens, group_rows));
+  return impl_->Finish();
+}
+
+absl::StatusOr<Tensor> GpuModel::FinishForward() { return impl_->Finish(); }
+
+absl::Status GpuModel::BeginForward(int64_t slot, const std::vector<int32_t>& tokens,
+                                    int64_t group_rows) {
   Impl& m = *impl_;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slot < 0 || slot >= m.options.slots) {
@@ -615,7 +650,8 @@ absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t
         absl::StrCat("GpuModel: context past max_context ", m.max_context));
   }
   const int64_t rows = std::max(n, group_rows);
-  return m.Run({{slot, tokens}}, rows, /*use_graph=*/false, n == 1 && m.IsBucket(rows));
+  return m.Begin({{slot, tokens}}, rows, /*use_graph=*/false, n == 1 && m.IsBucket(rows),
+                 /*to_host=*/true);
 }
 
 absl::Status GpuModel::Idle(int64_t rows) {

@@ -189,6 +189,9 @@ class GpuModel {
   const std::vector<int64_t>& decode_buckets() const;
   int64_t rank() const;   // 0 without expert parallelism
   int64_t world() const;  // 1 without expert parallelism
+  // The stream (a cudaStream_t) the model enqueues its work on, for a caller's own timing events
+  // (benchmarks); work the caller enqueues there runs in order with the model's.
+  void* cuda_stream() const;
   // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
   // for this model: what runtime::PagedState::Load fills before ImportState.
   ModelState NewState() const;
@@ -249,7 +252,9 @@ class GpuModel {
   // ordered after the copies on the same stream, so a copy sees the slot as it was when it was
   // enqueued even if the slot runs on meanwhile. InvalidArgument for a bad slot or layer or a
   // staging of another model; FailedPrecondition when the layer's buffer still holds a layer not
-  // taken; Internal for a CUDA error.
+  // taken; Internal for a CUDA error. Between BeginForwardExporting and FinishForward the copy
+  // runs on the copy stream instead, after the chunk's attention of that layer (see there);
+  // work enqueued after FinishForward is ordered after it all the same.
   absl::Status ExportLayerAsync(int64_t slot, int64_t layer, StateStaging* staging);
   // Makes slot `slot` hold `state` (any CPU-layout state: from the CPU engine, from ExportState
   // of this or another GpuModel of the same model, or loaded from state-pool pages), so the next
@@ -300,6 +305,31 @@ class GpuModel {
   // bucket), a bad id or slot, or a context past max_context.
   absl::StatusOr<Tensor> Forward(int64_t slot, const std::vector<int32_t>& tokens,
                                  int64_t group_rows = 0);
+  // Forward that also exports the slot's state as it becomes final, for a prompt's last chunk:
+  // right after layer l's attention (which writes all of l's state) is enqueued, for the first
+  // min(staging->buffers(), layers) layers, the device-to-host copies of layer l at the slot's
+  // position after this call are enqueued on a second stream that waits for that point, as
+  // ExportLayerAsync(slot, l, staging) would enqueue them after the whole forward. So layer l's
+  // copy runs while layers l + 1 .. compute, and StateStaging::TakeLayerBlocks(l) takes it as
+  // usual (then export the remaining layers with ExportLayerAsync; a layer already held need
+  // not be exported again). Errors as Forward; InvalidArgument for a staging of another model;
+  // FailedPrecondition when one of those layers' buffers still holds a layer. On an error the
+  // staging may hold some of the copies: Discard it.
+  absl::StatusOr<Tensor> ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                          StateStaging* staging);
+  // ForwardExporting in two halves, so the calling thread can store and send the exported layers
+  // while the later layers compute: BeginForwardExporting checks and enqueues the chunk (with the
+  // per-layer copies) and returns without waiting; FinishForward waits for it and returns its
+  // logits. In between, on the same thread, only StateStaging::TakeLayerBlocks and
+  // ExportLayerAsync may be called on this model and its staging; such an ExportLayerAsync of
+  // the chunk's slot copies the layer at the slot's new position as soon as the chunk's
+  // attention of that layer is done (on the copy stream), not after the whole chunk, so a
+  // staging with fewer buffers than layers still overlaps every layer whose buffer the host frees
+  // in time. FinishForward must follow, also after an error. Errors as ForwardExporting's;
+  // FailedPrecondition for a Begin while one is pending or a Finish without one.
+  absl::Status BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                     StateStaging* staging);
+  absl::StatusOr<Tensor> FinishForward();
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
   // logits [slots.size(), vocab_size]. The batch runs padded to the smallest bucket holding
@@ -336,6 +366,12 @@ class GpuModel {
  private:
   struct Impl;
   explicit GpuModel(std::unique_ptr<Impl> impl);
+  // Forward's checks and its enqueued work, not waited for (FinishForward waits).
+  absl::Status BeginForward(int64_t slot, const std::vector<int32_t>& tokens, int64_t group_rows);
+  // ExportLayerAsync's copies of layer `layer` at slot position `position`, enqueued on the
+  // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
+  absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,
+                           bool on_copy_stream);
   std::unique_ptr<Impl> impl_;
 };
 

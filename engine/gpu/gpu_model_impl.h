@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -263,6 +265,16 @@ struct GpuModel::Impl {
   DeviceArray<float> main_inv_freq;
   DeviceArray<float> compress_inv_freq;
   cudaStream_t stream = nullptr;
+  // GpuModel::ForwardExporting's: the stream the per-layer state copies run on, one event per
+  // layer marking the end of its attention on `stream`, and the hook Enqueue calls right after
+  // each layer's attention (null outside ForwardExporting). Made at the first ForwardExporting.
+  cudaStream_t copy_stream = nullptr;
+  std::vector<cudaEvent_t> layer_attended;
+  std::function<absl::Status(int64_t layer)> after_attention;
+  // The slot whose chunk BeginForwardExporting marked layer by layer in layer_attended (-1: none);
+  // meaningful while `pending` (until FinishForward).
+  int64_t attended_slot = -1;
+  cudaEvent_t copies_enqueued = nullptr;  // Finish orders the stream after copy_stream with it
   cublasHandle_t cublas = nullptr;
   DeviceArray<unsigned char> cublas_workspace;
 
@@ -285,9 +297,8 @@ struct GpuModel::Impl {
   DeviceArray<int32_t> route_experts;
   DeviceArray<unsigned char> moe_workspace;
   DeviceArray<float> logits;
-  // WeightFormat::kFp8Block: fp8_gemm's workspace and its bf16 output [max_rows, widest FP8 out].
+  // WeightFormat::kFp8Block: fp8_gemm's workspace (its outputs are fp32, written in place).
   DeviceArray<unsigned char> fp8_workspace;
-  DeviceArray<bf16> fp8_out;
   // FP8 routed experts (Layer::gate_up8): per pick [world * max_rows * k, ...] bf16 gate|up
   // outputs, SwiGLU activations and weighted down outputs, and moe_grouped_gemm's workspace.
   DeviceArray<bf16> moe_gate_up, moe_act, moe_down;
@@ -333,6 +344,9 @@ struct GpuModel::Impl {
     for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
     if (pages_uploaded != nullptr) cudaEventDestroy(pages_uploaded);
     if (cublas != nullptr) cublasDestroy(cublas);
+    for (cudaEvent_t e : layer_attended) cudaEventDestroy(e);
+    if (copies_enqueued != nullptr) cudaEventDestroy(copies_enqueued);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -365,11 +379,11 @@ struct GpuModel::Impl {
                                                    int64_t count) const;
   // kFp8Block's buffers, sized for the FP8 projections Load kept (nothing without them).
   absl::Status AllocateFp8();
-  // out[rows, n] (bf16, row stride out_stride) = x[rows, k] (bf16, row stride x_stride) @ W^T for
-  // FP8 rows of a projection (kernels/cuda/fp8_gemm.cuh): w the first row's bytes, w_scale its
-  // block row's scales.
+  // out[rows, n] (fp32, row stride out_stride, unrounded) = x[rows, k] (bf16, row stride
+  // x_stride) @ W^T for FP8 rows of a projection (kernels/cuda/fp8_gemm.cuh): w the first row's
+  // bytes, w_scale its block row's scales.
   absl::Status Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k, const uint8_t* w,
-                       const float* w_scale, int64_t n, bf16* out, int64_t out_stride);
+                       const float* w_scale, int64_t n, float* out, int64_t out_stride);
   // One layer's routed experts: FP8 from `stored` (null outside kFp8Block) when it holds both
   // projections, else bf16 from `w`. prefix "model.layers.N.mlp.experts".
   absl::Status LoadRoutedExperts(const Weights& w, const StoredExperts* stored,
@@ -425,6 +439,18 @@ struct GpuModel::Impl {
   absl::StatusOr<Tensor> Decode(const std::vector<int64_t>& slots,
                                 const std::vector<int32_t>& tokens, bool use_graph,
                                 int64_t group_rows, bool to_host);
+  // Run in two halves: Begin stages and enqueues everything (the logits' copy to the host too),
+  // advances the work's positions and returns; Finish synchronizes (when to_host or in a group)
+  // and returns the logits. FailedPrecondition for a Begin while one is pending or a Finish
+  // without one.
+  struct Pending {
+    int64_t real_rows = 0;
+    bool to_host = true;
+  };
+  std::optional<Pending> pending;
+  absl::Status Begin(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
+                     int64_t padded_rows, bool use_graph, bool decode, bool to_host);
+  absl::StatusOr<Tensor> Finish();
   absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
                              int64_t padded_rows, bool use_graph, bool decode, bool to_host = true);
 };

@@ -302,7 +302,7 @@ absl::Status GpuModel::Impl::AllocateFp8Experts() {
 
 absl::Status GpuModel::Impl::AllocateFp8() {
   size_t workspace = 0;
-  size_t out = 0;
+  bool any = false;
   const int64_t groups = config.o_groups;
   for (const Layer& l : layers) {
     for (const Linear* w :
@@ -313,15 +313,17 @@ absl::Status GpuModel::Impl::AllocateFp8() {
       if (!w->is_fp8()) continue;
       // o_a runs per group: [out / groups, in] blocks of its rows.
       const int64_t n = w == &l.o_a_proj ? w->out / groups : w->out;
-      out = std::max(out, static_cast<size_t>(max_rows * w->out));
+      any = true;
       // The split over k depends on the row count, so the bytes are not monotonic in it.
       for (int64_t m = 1; m <= max_rows; ++m) {
         workspace = std::max(workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in));
       }
     }
   }
-  if (out == 0) return absl::OkStatus();
-  PDSERVE_RETURN_IF_ERROR(fp8_out.Allocate(out));
+  if (!any) return absl::OkStatus();
+  // W8A8 runs cuBLASLt from kFp8LtMinTokens rows (decode graphs included): its handle now,
+  // not inside a capture. Without one fp8_gemm uses its own kernels.
+  if (options.fp8_activations != Fp8Activations::kBf16) (void)kc::fp8_gemm_prepare();
   return fp8_workspace.Allocate(std::max<size_t>(workspace, 256));
 }
 

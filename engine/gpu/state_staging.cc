@@ -190,11 +190,83 @@ absl::StatusOr<std::unique_ptr<StateStaging>> GpuModel::NewStateStaging(int64_t 
 
 absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStaging* staging) {
   Impl& m = *impl_;
-  const int64_t slots = m.options.slots;
-  if (slot < 0 || slot >= slots) {
+  if (slot < 0 || slot >= m.options.slots) {
     return absl::InvalidArgumentError(
-        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", slots, ")"));
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
   }
+  // Between BeginForwardExporting and FinishForward a layer's copy need not wait for the whole
+  // chunk: on the copy stream after that layer's attention (its state is final there).
+  if (m.pending.has_value() && m.attended_slot == slot && layer >= 0 &&
+      layer < static_cast<int64_t>(m.layer_attended.size())) {
+    PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+    PDSERVE_CUDA_RETURN(
+        cudaStreamWaitEvent(m.copy_stream, m.layer_attended[static_cast<size_t>(layer)], 0));
+    return ExportLayer(slot, layer, staging, m.slot_positions[static_cast<size_t>(slot)],
+                       /*on_copy_stream=*/true);
+  }
+  return ExportLayer(slot, layer, staging, m.slot_positions[static_cast<size_t>(slot)],
+                     /*on_copy_stream=*/false);
+}
+
+absl::StatusOr<Tensor> GpuModel::ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                                  StateStaging* staging) {
+  PDSERVE_RETURN_IF_ERROR(BeginForwardExporting(slot, tokens, staging));
+  return FinishForward();
+}
+
+absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
+                                             StateStaging* staging) {
+  Impl& m = *impl_;
+  if (staging == nullptr || staging->impl_->owner != this) {
+    return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
+  }
+  if (slot < 0 || slot >= m.options.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
+  }
+  const auto layers = static_cast<int64_t>(m.layers.size());
+  const int64_t count = std::min(staging->buffers(), layers);
+  for (int64_t l = 0; l < count; ++l) {
+    const int64_t held = staging->impl_->For(l).layer;
+    if (held >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat("StateStaging: the buffer of layer ", l,
+                                                        " still holds layer ", held,
+                                                        " (take or discard it first)"));
+    }
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  if (m.copy_stream == nullptr) {
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&m.copies_enqueued, cudaEventDisableTiming));
+    PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
+  }
+  while (static_cast<int64_t>(m.layer_attended.size()) < layers) {
+    cudaEvent_t event = nullptr;
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    m.layer_attended.push_back(event);
+  }
+  // The position the copies describe: the slot's after this call (Forward refuses before any
+  // layer is enqueued if the chunk does not fit).
+  const int64_t position =
+      m.slot_positions[static_cast<size_t>(slot)] + static_cast<int64_t>(tokens.size());
+  // Every layer's attention is marked (ExportLayerAsync of a later layer waits for its mark
+  // until FinishForward); the first `count` layers' copies are enqueued right there.
+  m.after_attention = [&](int64_t layer) -> absl::Status {
+    const cudaEvent_t attended = m.layer_attended[static_cast<size_t>(layer)];
+    PDSERVE_CUDA_RETURN(cudaEventRecord(attended, m.stream));
+    if (layer >= count) return absl::OkStatus();
+    PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(m.copy_stream, attended, 0));
+    return ExportLayer(slot, layer, staging, position, /*on_copy_stream=*/true);
+  };
+  const absl::Status begun = BeginForward(slot, tokens, /*group_rows=*/0);
+  m.after_attention = nullptr;
+  m.attended_slot = begun.ok() ? slot : -1;
+  return begun;
+}
+
+absl::Status GpuModel::ExportLayer(int64_t slot, int64_t layer, StateStaging* staging,
+                                   int64_t position, bool on_copy_stream) {
+  Impl& m = *impl_;
+  const int64_t slots = m.options.slots;
   if (layer < 0 || layer >= static_cast<int64_t>(m.layers.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("GpuModel: layer ", layer, " outside [0, ", m.layers.size(), ")"));
@@ -210,7 +282,7 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
                                                       " (take or discard it first)"));
   }
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  const int64_t position = m.slot_positions[static_cast<size_t>(slot)];
+  const cudaStream_t on = on_copy_stream ? m.copy_stream : m.stream;
   const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
   const LayerOffsets o = OffsetsOf(g);
   Layer& device = m.layers[static_cast<size_t>(layer)];
@@ -254,9 +326,9 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
   }
   PDSERVE_RETURN_IF_ERROR(layout);
   for (const Copy& c : copies) {
-    PDSERVE_CUDA_RETURN(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToHost, m.stream));
+    PDSERVE_CUDA_RETURN(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToHost, on));
   }
-  PDSERVE_CUDA_RETURN(cudaEventRecord(buffer.event, m.stream));
+  PDSERVE_CUDA_RETURN(cudaEventRecord(buffer.event, on));
   buffer.layer = layer;
   buffer.position = position;
   s.copied_bytes += bytes;

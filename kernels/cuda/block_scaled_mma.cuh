@@ -30,6 +30,7 @@
 // two bf16 pairs. The block's fp32 result is multiplied by the weight block's scale, as FP8's.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -77,11 +78,24 @@ struct GemmArgs {
   int64_t dense_rows;
   const float* row_weight;  // [out rows] multiplier of each out row; nullptr = 1
   int32_t k_splits;
-  float* partial;  // k_splits > 1: [k_splits, out_rows, n] fp32
+  // Dense only: the k splits of a block's tile run as one thread-block cluster (1 x 1 x k_splits,
+  // at most kMaxClusterSplits) and reduce in the kernel (ClusterReduce), no `partial`.
+  int32_t cluster_reduce;
+  float* partial;  // k_splits > 1 and !cluster_reduce: [k_splits, out_rows, n] fp32
   int64_t out_rows;
   __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
+  float* out_f32;      // set: the output is fp32 here instead (same layout), out unused
   int64_t out_stride;
 };
+
+// out_f32[i] = v when out_f32 is set (fp32 output), else out[i] = bf16(v) (round to nearest).
+__device__ __forceinline__ void StoreOut(__nv_bfloat16* out, float* out_f32, int64_t i, float v) {
+  if (out_f32 != nullptr) {
+    out_f32[i] = v;
+  } else {
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
 
 __device__ __forceinline__ void MmaE4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {
@@ -276,6 +290,51 @@ __device__ __forceinline__ void GridDependencyTrigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+inline constexpr int kMaxClusterSplits = 8;
+
+// cluster_reduce's epilogue (dense GEMMs; every thread of the block): the block's sums [8 NT
+// entries x 64 rows] go to its dynamic shared memory, the cluster synchronizes, then block r of
+// the cluster adds entries-x-rows elements [r E / S, (r + 1) E / S) over the S blocks in ascending
+// rank (= split) order from their shared memory and writes bf16(sum * row weight): exactly
+// SplitKReduceKernel's sum (0.0f + split 0 + split 1 ...), without the partial sums in HBM. The
+// second barrier keeps each block's shared memory until every peer has read it.
+template <int NT>
+__device__ __forceinline__ void ClusterReduce(const GemmArgs& a, const WorkItem& item,
+                                              const float (&acc)[NT][4]) {
+  namespace cg = cooperative_groups;
+  extern __shared__ float cluster_sums[];  // [8 NT][kRowsPerBlock]
+  cg::cluster_group cluster = cg::this_cluster();
+  const int lane = threadIdx.x % 32;
+  const int row_base = (threadIdx.x / 32) * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int e = j * 8 + 2 * (lane % 4) + (c & 1);
+      cluster_sums[e * kRowsPerBlock + row_base + (c >= 2 ? 8 : 0)] = acc[j][c];
+    }
+  }
+  cluster.sync();
+  const int splits = a.k_splits;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int elements = 8 * NT * kRowsPerBlock;
+  const int end = elements * (rank + 1) / splits;
+  for (int i = elements * rank / splits + static_cast<int>(threadIdx.x); i < end;
+       i += static_cast<int>(blockDim.x)) {
+    const int e = i / kRowsPerBlock;
+    const int64_t n = int64_t{blockIdx.y} * kRowsPerBlock + i % kRowsPerBlock;
+    if (e >= item.count || n >= a.n) continue;
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(cluster_sums, s)[i];
+    int64_t x_row = 0;
+    int64_t out_row = 0;
+    EntryRows(a, item.first + e, &x_row, &out_row);
+    const float weight = a.row_weight != nullptr ? a.row_weight[out_row] : 1.0f;
+    StoreOut(a.out, a.out_f32, out_row * a.out_stride + n, sum * weight);
+  }
+  cluster.sync();
+}
+
 // Grid: x = work item (fastest, so the items of one expert, or the token chunks of a dense
 // GEMM, run together and share the weight tile through L2), y = 64-row tile of n, z = k split.
 // 128 threads. Weights are streamed three 128-k blocks deep (two in flight while one is used); a
@@ -300,7 +359,8 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   const int g = lane / 4;
   const int t = lane % 4;
   const int64_t n0 = int64_t{blockIdx.y} * kRowsPerBlock + (threadIdx.x / 32) * 16;
-  if (n0 >= a.n) return;
+  // With cluster_reduce a warp past n stays (zero weights) for the cluster barriers.
+  if (n0 >= a.n && a.cluster_reduce == 0) return;
   const int tiles = (item.count + 7) / 8;
   const int64_t kblocks = a.k / kBlockK;
   const int64_t kb_begin = kblocks * blockIdx.z / a.k_splits;
@@ -309,10 +369,10 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   const uint8_t* w_rows = a.w + (int64_t{item.expert} * a.n + n0 + g) * row_bytes;
   const uint8_t* sc_rows =
       FP4 ? a.w_scale8 + (int64_t{item.expert} * a.n + n0 + g) * (a.k / kFp4Group) : nullptr;
-  const float* w_scale =
-      FP4 ? nullptr
-          : a.w_scale +
-                (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) + n0 / kBlockK) * kblocks;
+  const float* w_scale = FP4 ? nullptr
+                             : a.w_scale + (int64_t{item.expert} * ((a.n + kBlockK - 1) / kBlockK) +
+                                            min(n0, a.n - 1) / kBlockK) *
+                                               kblocks;
   const bool valid0 = n0 + g < a.n;
   const bool valid1 = n0 + g + 8 < a.n;
   WeightRegs<FP4> cur;
@@ -355,6 +415,10 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
     ahead = next;
   }
 
+  if (a.cluster_reduce != 0) {
+    ClusterReduce<NT>(a, item, acc);
+    return;
+  }
   // Epilogue: c0, c1 = row n0 + g, columns 2t, 2t + 1; c2, c3 = row n0 + g + 8.
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -371,17 +435,18 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
         a.partial[(int64_t{blockIdx.z} * a.out_rows + out_row) * a.n + n] = acc[j][c];
       } else {
         const float weight = a.row_weight != nullptr ? a.row_weight[out_row] : 1.0f;
-        a.out[out_row * a.out_stride + n] = __float2bfloat16_rn(acc[j][c] * weight);
+        StoreOut(a.out, a.out_f32, out_row * a.out_stride + n, acc[j][c] * weight);
       }
     }
   }
 }
 
-// out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) for rows r with valid[r] (nullptr: all),
-// summed in ascending s.
+// out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) (out_f32 set: fp32, unrounded, there) for
+// rows r with valid[r] (nullptr: all), summed in ascending s.
 __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                    const float* row_weight, const int32_t* row_expert,
-                                   int32_t n_experts, __nv_bfloat16* out, int64_t out_stride) {
+                                   int32_t n_experts, __nv_bfloat16* out, float* out_f32,
+                                   int64_t out_stride) {
   GridDependencyWait();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -390,7 +455,7 @@ __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t
     float sum = 0.0f;
     for (int32_t s = 0; s < splits; ++s) sum += partial[(s * rows + r) * n + i % n];
     const float weight = row_weight != nullptr ? row_weight[r] : 1.0f;
-    out[r * out_stride + i % n] = __float2bfloat16_rn(sum * weight);
+    StoreOut(out, out_f32, r * out_stride + i % n, sum * weight);
   }
 }
 
@@ -407,6 +472,7 @@ __device__ __forceinline__ float RoundUpToPowerOfTwo(float s) {
 __global__ void ActQuantKernel(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
                                bool ue8m0, uint8_t* xq, float* xs) {
   GridDependencyTrigger();  // the GEMM may start streaming its weights now
+  GridDependencyWait();     // launched early (LaunchActQuant): xq / xs may still be read before
   const int64_t kblocks = k / kBlockK;
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -492,11 +558,53 @@ inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
   return splits;
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...), as clusters of 1 x 1 x cluster_z blocks when
+// cluster_z > 1, with programmatic stream serialization when the runtime takes it (without it,
+// griddepcontrol.wait is a no-op).
+template <typename... Params, typename... Args>
+cudaError_t LaunchClustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            unsigned cluster_z, cudaStream_t stream, const Args&... args) {
+  const bool cluster = cluster_z > 1;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = cluster_z;
+  attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = cluster ? 2 : 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return cudaSuccess;
+  (void)cudaGetLastError();
+  config.numAttrs = cluster ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 template <bool FP4, bool A16 = false>
 cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(items),
                   static_cast<unsigned>((a.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(a.k_splits));
+  if (a.cluster_reduce != 0) {
+    const size_t smem = static_cast<size_t>(8 * tiles * kRowsPerBlock) * sizeof(float);
+    const auto z = static_cast<unsigned>(a.k_splits);
+    switch (tiles) {
+      case 1:
+        return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), smem, z, stream,
+                               a);
+      case 2:
+        return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 2>, grid, dim3(128), smem, z, stream,
+                               a);
+      default:
+        return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 4>, grid, dim3(128), smem, z, stream,
+                               a);
+    }
+  }
   switch (tiles) {
     case 1:
       return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), stream, a);
@@ -511,19 +619,20 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
                                   bool ue8m0, uint8_t* xq, float* xs, cudaStream_t stream) {
   const int64_t warps = rows * (k / kBlockK);
   if (warps == 0) return cudaSuccess;
-  ActQuantKernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, rows, k, x_stride,
-                                                                             ue8m0, xq, xs);
-  return cudaGetLastError();
+  // Programmatic launch: the blocks are resident when the kernel before ends (its launch latency
+  // hidden); they wait for it before touching memory, so the order of effects is unchanged.
+  return LaunchDependent(ActQuantKernel, dim3(static_cast<unsigned>((warps + 7) / 8)), dim3(256),
+                         stream, x, rows, k, x_stride, ue8m0, xq, xs);
 }
 
 inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                 const float* row_weight, const int32_t* row_expert,
                                 int32_t n_experts, __nv_bfloat16* out, int64_t out_stride,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, float* out_f32 = nullptr) {
   const int64_t total = rows * n;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
   return LaunchDependent(SplitKReduceKernel, dim3(blocks), dim3(256), stream, partial, splits, rows,
-                         n, row_weight, row_expert, n_experts, out, out_stride);
+                         n, row_weight, row_expert, n_experts, out, out_f32, out_stride);
 }
 
 }  // namespace

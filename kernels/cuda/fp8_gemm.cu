@@ -66,26 +66,35 @@ using bs::kMaxElements;
 using fp8_gemm_internal::CheckWorkspace;
 using fp8_gemm_internal::ValidateDense;
 
-// Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 | partial [splits, m, n] fp32.
+// Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 (W8A8) | partial [splits, m, n] fp32 (unless
+// cluster_reduce). W8A16 with one token tile reduces its k splits (at most bs::kMaxClusterSplits)
+// in the kernel (GemmArgs::cluster_reduce; H200, 2026-12-04: 1.05-1.25x faster at 1-8 tokens on
+// wo_b, w13, w2; slower with two or more token tiles, and for W8A8 behind its act-quant kernel
+// 1.25-1.5x slower, so not there).
 struct DensePlan {
   int tiles = 1;
   int64_t items = 0;
   int32_t splits = 1;
+  bool cluster_reduce = false;
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
   size_t partial_bytes = 0;
   size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
 };
 
-DensePlan PlanDense(int64_t m, int64_t n, int64_t k) {
+DensePlan PlanDense(int64_t m, int64_t n, int64_t k, bool a16) {
   DensePlan p;
   p.tiles = bs::TilesFor(m);
   p.items = (m + 8 * p.tiles - 1) / (8 * p.tiles);
   const int64_t row_tiles = (n + bs::kRowsPerBlock - 1) / bs::kRowsPerBlock;
   p.splits = bs::ChooseKSplits(row_tiles * p.items, k / bs::kBlockK);
-  p.xq_bytes = bs::AlignUp(static_cast<size_t>(m * k));
-  p.xs_bytes = bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
-  p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4) : 0;
+  p.cluster_reduce = a16 && p.tiles == 1 && p.splits > 1;
+  if (p.cluster_reduce) p.splits = std::min(p.splits, bs::kMaxClusterSplits);
+  p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
+  p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
+  p.partial_bytes = p.splits > 1 && !p.cluster_reduce
+                        ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4)
+                        : 0;
   return p;
 }
 
@@ -95,10 +104,11 @@ bool SizesValid(int64_t m, int64_t n, int64_t k) {
          bs::ProductAtMost(16 * m, n, kMaxElements);
 }
 
-// The GemmArgs of one dense product (each row its own, k split `splits` ways); the caller sets
+// The GemmArgs of one dense product (each row its own, k split as `plan` says); the caller sets
 // the activations (xq / xs quantized, or xb / xb_stride bf16).
 bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_t n, int64_t k,
-                       int32_t splits, float* partial, __nv_bfloat16* out, int64_t out_stride) {
+                       const DensePlan& plan, float* partial, __nv_bfloat16* out, float* out_f32,
+                       int64_t out_stride) {
   bs::GemmArgs a{};
   a.w = w;
   a.w_scale = w_scale;
@@ -107,10 +117,12 @@ bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_
   a.k = k;
   a.dense_rows = m;
   a.x_row_div = 1;
-  a.k_splits = splits;
+  a.k_splits = plan.splits;
+  a.cluster_reduce = plan.cluster_reduce ? 1 : 0;
   a.partial = partial;
   a.out_rows = m;
   a.out = out;
+  a.out_f32 = out_f32;
   a.out_stride = out_stride;
   return a;
 }
@@ -119,10 +131,10 @@ bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_
 
 size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
-  const size_t mma = PlanDense(m, n, k).total();
+  const size_t mma = PlanDense(m, n, k, false).total();
   const size_t wgmma = fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config());
   const size_t lt =
-      fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, k) : 0;
+      fp8_gemm_path(m) == Fp8GemmPath::kCublasLt ? fp8_gemm_cublaslt_workspace_bytes(m, n, k) : 0;
   return std::max({mma, wgmma, lt});
 }
 
@@ -133,11 +145,13 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
   }();
   if (forced == "mma") return Fp8GemmPath::kMma;
   if (forced == "wgmma") return Fp8GemmPath::kWgmma;
-  return m <= kFp8MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
+  if (forced == "cublaslt") return Fp8GemmPath::kCublasLt;
+  if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
+  return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
 }
 
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m) {
-  const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma
+  const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma/cublaslt
   if (forced == Fp8GemmPath::kWgmma) return forced;
   if (fp8_gemm_path(kFp8MmaMaxTokens + 1) == Fp8GemmPath::kMma) return Fp8GemmPath::kMma;  // =mma
   return m <= kW8a16MmaMaxTokens ? Fp8GemmPath::kMma : Fp8GemmPath::kWgmma;
@@ -165,45 +179,91 @@ cublasLtHandle_t SharedLtHandle() {
 
 }  // namespace
 
-cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+cudaError_t fp8_gemm_prepare() {
+  return SharedLtHandle() != nullptr ? cudaSuccess : cudaErrorNotSupported;
+}
+
+namespace {
+
+cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                    const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                    __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream, std::string* refusal);
+cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                   int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                   bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
+                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   std::string* refusal);
+
+// fp8_gemm for either output type (out_f32 set: fp32 there).
+cudaError_t Dispatch(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
-                     __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                     __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   const Fp8GemmPath path = fp8_gemm_path(m);
-  // cuBLASLt is not chosen by fp8_gemm_path any more (see fp8_gemm.cuh); kept for a forced path.
+  // cuBLASLt from kFp8LtMinTokens tokens, for n a multiple of 128; the wgmma path when it cannot.
   const bool use_lt = path == Fp8GemmPath::kCublasLt && n % kFp8LtRowBlock == 0 &&
                       out_stride % 8 == 0 &&
-                      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, k);
+                      workspace_bytes >= fp8_gemm_cublaslt_workspace_bytes(m, n, k);
   const bool wgmma = (path == Fp8GemmPath::kWgmma || (path == Fp8GemmPath::kCublasLt && !use_lt)) &&
                      SizesValid(m, n, k) &&
                      fp8_gemm_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()) > 0;
-  if (wgmma) {
-    return fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
-                          workspace, workspace_bytes, stream, fp8_gemm_wgmma_default_config(),
-                          refusal);
-  }
+  const Fp8WgmmaConfig& config = fp8_gemm_wgmma_default_config();
+  const auto run_wgmma = [&] {
+    return out_f32 != nullptr
+               ? fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out_f32,
+                                out_stride, workspace, workspace_bytes, stream, config, refusal)
+               : fp8_gemm_wgmma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
+                                workspace, workspace_bytes, stream, config, refusal);
+  };
+  if (wgmma) return run_wgmma();
   if (use_lt) {
     const cublasLtHandle_t lt = SharedLtHandle();
     if (lt != nullptr) {
       const cudaError_t status =
-          fp8_gemm_cublaslt(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride,
-                            workspace, workspace_bytes, stream, refusal);
+          LtPath(lt, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_f32, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
       if (status != cudaErrorNotSupported) return status;
-      (void)cudaGetLastError();  // no algorithm for this size: the mma.sync path below
+      (void)cudaGetLastError();  // no algorithm for this size or output type: our kernels
       if (refusal != nullptr) refusal->clear();
+      if (SizesValid(m, n, k) && fp8_gemm_wgmma_workspace_bytes(m, n, k, config) > 0) {
+        return run_wgmma();
+      }
     }
   }
-  return fp8_gemm_mma(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_stride, workspace,
-                      workspace_bytes, stream, refusal);
+  return MmaPath(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, out_f32, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
 }
 
-cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
-                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
-                         __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                         size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
+}  // namespace
+
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return Dispatch(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr, out_stride,
+                  workspace, workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, std::string* refusal) {
+  return Dispatch(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
+                  workspace, workspace_bytes, stream, refusal);
+}
+
+namespace {
+
+cudaError_t MmaPath(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                    const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                    __nv_bfloat16* out, float* out_f32, int64_t out_stride, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  cudaError_t status =
+      ValidateDense(x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
+                    out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
-  const DensePlan plan = PlanDense(m, n, k);
+  const DensePlan plan = PlanDense(m, n, k, false);
   status = CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
   if (status != cudaSuccess) return status;
   uint8_t* base = static_cast<uint8_t*>(workspace);
@@ -212,17 +272,77 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
   float* partial = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
   status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, xq, xs, stream);
   if (status != cudaSuccess) return status;
-  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_stride);
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
   a.xq = xq;
   a.xs = xs;
   status = bs::LaunchGemm<false>(a, plan.tiles, plan.items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
-  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
+                          out_f32);
+}
+
+// fp8_gemm_w8a16_mma for either output type.
+cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                       const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                       float* out_f32, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream, std::string* refusal) {
+  cudaError_t status =
+      ValidateDense(x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
+                    out_stride, refusal);
+  if (status != cudaSuccess || m == 0 || n == 0) return status;
+  const DensePlan plan = PlanDense(m, n, k, true);
+  if (plan.partial_bytes > 0) {
+    status = CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
+    if (status != cudaSuccess) return status;
+  }
+  float* partial = static_cast<float*>(workspace);
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
+  a.xb = x;
+  a.xb_stride = x_stride;
+  status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
+  if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
+                          out_f32);
+}
+
+// fp8_gemm_w8a16 for either output type.
+cudaError_t DispatchA16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                        const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                        float* out_f32, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream, std::string* refusal) {
+  if (fp8_gemm_w8a16_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
+    const Fp8WgmmaConfig& config = fp8_gemm_wgmma_default_config();
+    return out_f32 != nullptr
+               ? fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out_f32, out_stride,
+                                      workspace, workspace_bytes, stream, config, refusal)
+               : fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
+                                      workspace_bytes, stream, config, refusal);
+  }
+  return MmaA16Path(x, m, k, x_stride, w, w_scale, n, out, out_f32, out_stride, workspace,
+                    workspace_bytes, stream, refusal);
+}
+
+}  // namespace
+
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return MmaPath(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, std::string* refusal) {
+  return MmaPath(x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
+                 workspace, workspace_bytes, stream, refusal);
 }
 
 size_t fp8_gemm_w8a16_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
-  return std::max(PlanDense(m, n, k).partial_bytes,
+  return std::max(PlanDense(m, n, k, true).partial_bytes,
                   fp8_gemm_w8a16_wgmma_workspace_bytes(m, n, k, fp8_gemm_wgmma_default_config()));
 }
 
@@ -230,32 +350,32 @@ cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal) {
-  if (fp8_gemm_w8a16_path(m) == Fp8GemmPath::kWgmma && SizesValid(m, n, k)) {
-    return fp8_gemm_w8a16_wgmma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
-                                workspace_bytes, stream, fp8_gemm_wgmma_default_config(), refusal);
-  }
-  return fp8_gemm_w8a16_mma(x, m, k, x_stride, w, w_scale, n, out, out_stride, workspace,
-                            workspace_bytes, stream, refusal);
+  return DispatchA16(x, m, k, x_stride, w, w_scale, n, out, nullptr, out_stride, workspace,
+                     workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                           int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, std::string* refusal) {
+  return DispatchA16(x, m, k, x_stride, w, w_scale, n, nullptr, out, out_stride, workspace,
+                     workspace_bytes, stream, refusal);
 }
 
 cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                                const uint8_t* w, const float* w_scale, int64_t n,
                                __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
-  if (status != cudaSuccess || m == 0 || n == 0) return status;
-  const DensePlan plan = PlanDense(m, n, k);
-  if (plan.splits > 1) {
-    status = CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
-    if (status != cudaSuccess) return status;
-  }
-  float* partial = static_cast<float*>(workspace);
-  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan.splits, partial, out, out_stride);
-  a.xb = x;
-  a.xb_stride = x_stride;
-  status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
-  if (status != cudaSuccess || plan.splits == 1) return status;
-  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream);
+  return MmaA16Path(x, m, k, x_stride, w, w_scale, n, out, nullptr, out_stride, workspace,
+                    workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal) {
+  return MmaA16Path(x, m, k, x_stride, w, w_scale, n, nullptr, out, out_stride, workspace,
+                    workspace_bytes, stream, refusal);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -264,11 +384,44 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
 // layout FP8 requires). A's scales: BLK128x128 over [n/128, k/128] with k fastest (DeepSeek's
 // layout); B's: VEC128 [k/128, m] with m fastest (what the act-quant kernel writes).
 
-size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t k) {
-  if (!SizesValid(m, 0, k)) return 0;
-  return bs::AlignUp(static_cast<size_t>(m * k)) +
-         bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float)) +
-         kCublasLtWorkspace;
+namespace {
+
+// cuBLASLt reads the BLK128x128 weight scales with a leading dimension of round_up(k / 128, 4)
+// (16-byte aligned rows; PyTorch's _scaled_mm pads its 128 x 128 scales the same way), and the
+// VEC128 activation scales [k / 128, m] with m fastest, where m must be a multiple of 4 (it has
+// no algorithm otherwise). With DeepSeek's unpadded [n / 128, k / 128] scales at k / 128 = 2,
+// it read the wrong scales: m = 64 x n = 2048 x k = 256 gave a normalized error of 1.04 on the
+// H200 (2026-12-04). So fp8_gemm_cublaslt runs the first m & ~3 rows through cuBLASLt with the
+// weight scales copied to a padded buffer when k / 128 is not a multiple of 4, and the last
+// m % 4 rows through fp8_gemm_mma.
+struct LtPlan {
+  int64_t lt_rows = 0;    // rows through cuBLASLt (a multiple of 4)
+  int64_t kb_padded = 0;  // leading dimension of the weight scales cuBLASLt reads
+  bool repack = false;    // copy the weight scales to a padded buffer first
+  size_t xq_bytes = 0, xs_bytes = 0, scale_bytes = 0, tail_bytes = 0;
+  size_t lt_total() const { return xq_bytes + xs_bytes + scale_bytes + kCublasLtWorkspace; }
+  size_t total() const { return std::max(lt_total(), tail_bytes); }
+};
+
+LtPlan PlanLt(int64_t m, int64_t n, int64_t k) {
+  LtPlan p;
+  const int64_t kb = k / bs::kBlockK;
+  p.lt_rows = m & ~int64_t{3};
+  p.kb_padded = (kb + 3) & ~int64_t{3};
+  p.repack = p.kb_padded != kb;
+  p.xq_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * k));
+  p.xs_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * kb) * sizeof(float));
+  const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
+  p.scale_bytes = p.repack ? bs::AlignUp(static_cast<size_t>(nb * p.kb_padded) * sizeof(float)) : 0;
+  p.tail_bytes = m > p.lt_rows ? PlanDense(m - p.lt_rows, n, k, false).total() : 0;
+  return p;
+}
+
+}  // namespace
+
+size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  if (!SizesValid(m, n, k)) return 0;
+  return PlanLt(m, n, k).total();
 }
 
 namespace {
@@ -303,9 +456,9 @@ cudaError_t LtFailed(std::string* refusal, const char* step, cublasStatus_t stat
   } while (0)
 
 cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs, int64_t m,
-                     int64_t k, const uint8_t* w, const float* w_scale, int64_t n,
-                     __nv_bfloat16* out, int64_t out_stride, void* lt_workspace,
-                     cudaStream_t stream, std::string* refusal) {
+                     int64_t k, const uint8_t* w, const float* w_scale, int64_t n, void* out,
+                     bool out_f32, int64_t out_stride, void* lt_workspace, cudaStream_t stream,
+                     std::string* refusal) {
   LtDescriptors desc;
   PDSERVE_LT("create op", cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T;
@@ -325,7 +478,8 @@ cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs
   PDSERVE_LT("b scale", set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)));
   PDSERVE_LT("layout a", cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_8F_E4M3, k, n, k));
   PDSERVE_LT("layout b", cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_8F_E4M3, k, m, k));
-  PDSERVE_LT("layout d", cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_16BF, n, m, out_stride));
+  PDSERVE_LT("layout d", cublasLtMatrixLayoutCreate(&desc.d, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n,
+                                                    m, out_stride));
   PDSERVE_LT("preference", cublasLtMatmulPreferenceCreate(&desc.pref));
   const size_t ws_bytes = kCublasLtWorkspace;
   PDSERVE_LT("preference workspace",
@@ -346,6 +500,57 @@ cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs
 
 #undef PDSERVE_LT
 
+cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                   int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                   bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
+                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   std::string* refusal) {
+  cudaError_t status =
+      ValidateDense(x, m, k, x_stride, w, w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
+                    out_stride, refusal);
+  if (status != cudaSuccess || m == 0 || n == 0) return status;
+  if (n % 16 != 0)
+    return bs::Refuse(refusal, "n: not a multiple of 16 (" + std::to_string(n) + ")");
+  if (out_stride % 8 != 0) return bs::Refuse(refusal, "out_stride: not a multiple of 8");
+  if (handle == nullptr) return bs::Refuse(refusal, "handle: null");
+  const LtPlan plan = PlanLt(m, n, k);
+  status = CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
+  if (status != cudaSuccess) return status;
+  uint8_t* base = static_cast<uint8_t*>(workspace);
+  if (plan.lt_rows > 0) {
+    float* xs = reinterpret_cast<float*>(base + plan.xq_bytes);
+    const float* scales = w_scale;
+    if (plan.repack) {
+      float* padded = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
+      const int64_t kb = k / bs::kBlockK;
+      const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
+      const size_t row_bytes = static_cast<size_t>(kb) * sizeof(float);
+      const size_t padded_row_bytes = static_cast<size_t>(plan.kb_padded) * sizeof(float);
+      status = cudaMemsetAsync(padded, 0, static_cast<size_t>(nb) * padded_row_bytes, stream);
+      if (status == cudaSuccess) {
+        status = cudaMemcpy2DAsync(padded, padded_row_bytes, w_scale, row_bytes, row_bytes,
+                                   static_cast<size_t>(nb), cudaMemcpyDeviceToDevice, stream);
+      }
+      if (status != cudaSuccess) return status;
+      scales = padded;
+    }
+    status = bs::LaunchActQuant(x, plan.lt_rows, k, x_stride, ue8m0_act_scale, base, xs, stream);
+    if (status != cudaSuccess) return status;
+    void* d = out_f32 != nullptr ? static_cast<void*>(out_f32) : static_cast<void*>(out);
+    status =
+        LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, d, out_f32 != nullptr, out_stride,
+                 base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream, refusal);
+    if (status != cudaSuccess || plan.lt_rows == m) return status;
+  }
+  // The last m % 4 rows (stream-ordered after cuBLASLt, so the workspace is reused).
+  const int64_t tail = m - plan.lt_rows;
+  const int64_t skip = plan.lt_rows * out_stride;
+  return MmaPath(x + plan.lt_rows * x_stride, tail, k, x_stride, w, w_scale, n, ue8m0_act_scale,
+                 out != nullptr ? out + skip : nullptr,
+                 out_f32 != nullptr ? out_f32 + skip : nullptr, out_stride, workspace,
+                 workspace_bytes, stream, refusal);
+}
+
 }  // namespace
 
 cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
@@ -353,23 +558,16 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
                               bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
                               std::string* refusal) {
-  cudaError_t status = ValidateDense(x, m, k, x_stride, w, w_scale, n, out, out_stride, refusal);
-  if (status != cudaSuccess || m == 0 || n == 0) return status;
-  if (n % 16 != 0)
-    return bs::Refuse(refusal, "n: not a multiple of 16 (" + std::to_string(n) + ")");
-  if (out_stride % 8 != 0) return bs::Refuse(refusal, "out_stride: not a multiple of 8");
-  if (handle == nullptr) return bs::Refuse(refusal, "handle: null");
-  status =
-      CheckWorkspace(workspace, workspace_bytes, fp8_gemm_cublaslt_workspace_bytes(m, k), refusal);
-  if (status != cudaSuccess) return status;
-  uint8_t* base = static_cast<uint8_t*>(workspace);
-  const size_t xq_bytes = bs::AlignUp(static_cast<size_t>(m * k));
-  const size_t xs_bytes = bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
-  float* xs = reinterpret_cast<float*>(base + xq_bytes);
-  status = bs::LaunchActQuant(x, m, k, x_stride, ue8m0_act_scale, base, xs, stream);
-  if (status != cudaSuccess) return status;
-  return LtMatmul(handle, base, xs, m, k, w, w_scale, n, out, out_stride,
-                  base + xq_bytes + xs_bytes, stream, refusal);
+  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, out, nullptr, out_stride,
+                workspace, workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                              bool ue8m0_act_scale, float* out, int64_t out_stride, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
+                workspace, workspace_bytes, stream, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda

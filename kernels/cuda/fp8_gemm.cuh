@@ -19,16 +19,16 @@
 // Paths (fp8_gemm_path), chosen by the H200 measurement of 2026-12-04 (docs/perf.md, CUDA
 // graphs, V4-Flash's wq_b / wo_b / w13 / w2): fp8_gemm runs fp8_gemm_mma (mma.sync m16n8k32 e4m3,
 // which sm_90 runs as f16 HMMA plus conversions) for m <= kFp8MmaMaxTokens (8; at 1-8 tokens it
-// was as fast as the wgmma kernel or faster on three of the four shapes) and fp8_gemm_wgmma
-// (Hopper warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) above: at 16-32 tokens
-// 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than mma.sync, at 64-8192 tokens 2.5-3.2x
-// faster than mma.sync but 1.1-2.8x slower than cuBLASLt. cuBLASLt (fp8_gemm_cublaslt) is NOT
-// dispatched to: through it, m = 64 x n = 2048 x k = 256 gave a normalized error of 1.04 (wrong
-// results; m = 256 x n = 384 was right) and the engine's W8A8 prefill lost its argmax agreement
-// (98% -> 56%) on the H200, 2026-12-04; its scale layout for row counts that are not a multiple of
-// 128 is the suspect, not yet found. PDSERVE_FP8_GEMM=mma or =wgmma (read once per process)
-// forces that path for every m. None reaches issue 25's decode goal of 80% of the read floor
-// (best: 62% at 1 token, wq_b).
+// was as fast as the wgmma kernel or faster on three of the four shapes), fp8_gemm_wgmma
+// (Hopper warpgroup MMA on the FP8 tensor cores, weights streamed by TMA) below
+// kFp8LtMinTokens (at 16-32 tokens 1.1-1.4x faster than cuBLASLt and 1.3-2.5x faster than
+// mma.sync), and cuBLASLt's block-scaled FP8 (fp8_gemm_cublaslt) from kFp8LtMinTokens (64) on,
+// where it was 1.1-2.8x faster than the wgmma kernel, for n a multiple of 128 (else, or when
+// cuBLASLt has no algorithm, the wgmma path). PDSERVE_FP8_GEMM=mma, =wgmma or =cublaslt (read
+// once per process) forces that path for every m (cuBLASLt where it can). Against the read floor
+// of the same bytes timed the same way (bench/cuda/decode_bench.cu, docs/perf.md, H200
+// 2026-12-04) fp8_gemm_w8a16 reaches 71-86% at 1-8 tokens, 43-64% at 32, 28-35% at 128: issue
+// 25's decode goal (80%) is met only by wq_b at 1-8 tokens.
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -59,17 +59,36 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
                      const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
                      __nv_bfloat16* out, int64_t out_stride, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream, std::string* refusal = nullptr);
+// fp32 output: out [m, out_stride] fp32, each sum stored as it is (no bf16 rounding; what the
+// engine's bf16 path gets from cuBLAS). Every fp8_gemm* / fp8_gemm_w8a16* function below has this
+// float* overload with the same paths, workspace and requirements (out 16-byte aligned).
+cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                     const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                     float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream, std::string* refusal = nullptr);
+
+// Creates fp8_gemm's cuBLASLt handle for the current device now (fp8_gemm otherwise creates it
+// on its first call at >= kFp8LtMinTokens tokens). Call it before capturing a CUDA graph that
+// may run such a call, so that no handle is created inside the capture. Returns
+// cudaErrorNotSupported when cuBLASLt cannot create one (fp8_gemm then uses its own kernels).
+// Host only; thread-safe.
+cudaError_t fp8_gemm_prepare();
 
 // Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
 inline constexpr int64_t kFp8MmaMaxTokens = 8;
 // fp8_gemm_cublaslt: only for n a multiple of this (whole 128 x 128 weight scale blocks).
 inline constexpr int64_t kFp8LtRowBlock = 128;
+// fp8_gemm: cuBLASLt from this many tokens on.
+inline constexpr int64_t kFp8LtMinTokens = 64;
 enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
 Fp8GemmPath fp8_gemm_path(int64_t m);
-// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (32), fp8_gemm_w8a16_wgmma above
-// (H200, 2026-12-04: mma.sync 1.2-1.5x faster at 1-16 tokens, even at 32, wgmma 1.2-2.6x faster
-// at 64-128; no cuBLASLt path for bf16 x e4m3). PDSERVE_FP8_GEMM forces it as for fp8_gemm.
-inline constexpr int64_t kW8a16MmaMaxTokens = 32;
+// fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (8), fp8_gemm_w8a16_wgmma above
+// (H200, 2026-12-04 16:05 UTC: mma.sync with its k splits reduced in-kernel 1.1-1.4x faster than
+// the wgmma kernel at 1-8 tokens; at 16 tokens the wgmma kernel with register weights
+// (kFp8WgmmaDecodeConfig) 1.15-1.25x faster than mma.sync on wo_b, w13, w2 and as fast on wq_b,
+// at 32 tokens 1.2-1.6x; no cuBLASLt path for bf16 x e4m3).
+// PDSERVE_FP8_GEMM forces it as for fp8_gemm.
+inline constexpr int64_t kW8a16MmaMaxTokens = 8;
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).
@@ -78,21 +97,44 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
                          __nv_bfloat16* out, int64_t out_stride, void* workspace,
                          size_t workspace_bytes, cudaStream_t stream,
                          std::string* refusal = nullptr);
+cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                         const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                         float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, std::string* refusal = nullptr);
 
 // Tiles and pipeline of fp8_gemm_wgmma (kernels/cuda/fp8_gemm_wgmma.cu has the design):
-// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2); stages: shared-memory
-// ring depth (2..8; fewer when one stage is too large for 8); target_blocks: k is split until
-// about this many blocks run (tiles x splits, at most 32 splits and one 128-k block per split;
-// 0: never split).
-// Defaults: the best geometric mean over V4-Flash's four dense shapes at 1-128 tokens in the
-// H200 sweep of 2026-12-04 (1,4,264: 1.03x the per-cell best; 2,4,264 was 1.09x).
+// warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2; 0: 2 for W8A16 token
+// tiles past 64 when the weight rows alone give target_blocks blocks, else 1); stages:
+// shared-memory ring depth (2..8; fewer when one stage is too large for 8; 0: 2 for W8A16 token
+// tiles past 64, else 4); target_blocks: k is
+// split until about this many blocks run (tiles x splits, at most 32 splits and one 128-k block
+// per split; 0: never split). The flags act on token tiles up to 64 (m <= 64) only:
+// cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most
+// kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
+// distributed shared memory in the GEMM kernel itself, in the same ascending order and with the
+// same bits as the second reduction kernel they replace (no split-k workspace); smem_scales: the
+// block's weight and activation scales for its k split are copied to shared memory once before
+// the main loop instead of being read per 128-k block; a16_register_weights
+// (fp8_gemm_w8a16_wgmma): each thread converts its own wgmma A fragment from the e4m3 stage in
+// registers (bf16 wgmma with A from registers) instead of the warpgroup converting the block into
+// shared memory first. The member defaults are the kernel without them.
+inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;
   int stages = 4;
   int target_blocks = 264;
+  bool cluster_reduce = false;
+  bool smem_scales = false;
+  bool a16_register_weights = false;
 };
-// The config fp8_gemm uses: the defaults above, or PDSERVE_FP8_WGMMA="warpgroups,stages,target"
-// (read once per process; malformed values are ignored). Host only.
+// The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
+// V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
+// above, 264 target blocks, smem_scales and register weights; not cluster_reduce (at 32-64
+// tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
+inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
+// kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
+// smem_scales[,a16_register_weights]]]" (the flags 0 or 1, missing ones as in
+// kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
 // sums), and its number of k splits; 0 for sizes it refuses. Host only.
@@ -109,6 +151,11 @@ cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            __nv_bfloat16* out, int64_t out_stride, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream,
                            const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+cudaError_t fp8_gemm_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, bool ue8m0_act_scale,
+                           float* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, const Fp8WgmmaConfig& config,
+                           std::string* refusal = nullptr);
 
 // W8A16 on the same kernel (fp8_gemm_w8a16's math: bf16 activations as they are, no act quant):
 // the e4m3 weights are converted exactly to bf16 in shared memory by the consumer warpgroups and
@@ -122,6 +169,11 @@ cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, i
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream,
                                  const Fp8WgmmaConfig& config, std::string* refusal = nullptr);
+cudaError_t fp8_gemm_w8a16_wgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                                 const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream, const Fp8WgmmaConfig& config,
+                                 std::string* refusal = nullptr);
 
 namespace fp8_gemm_internal {
 // The argument checks fp8_gemm's paths share (fp8_gemm.cu); `refusal` names the failed check.
@@ -131,6 +183,10 @@ cudaError_t ValidateDense(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t 
 // workspace_bytes >= needed and workspace 256-byte aligned, else the refusal.
 cudaError_t CheckWorkspace(const void* workspace, size_t workspace_bytes, size_t needed,
                            std::string* refusal);
+// The output pointer ValidateDense checks (null, 16-byte alignment): out_f32 when set, else out.
+inline const __nv_bfloat16* OutForChecks(const __nv_bfloat16* out, const float* out_f32) {
+  return out_f32 != nullptr ? reinterpret_cast<const __nv_bfloat16*>(out_f32) : out;
+}
 }  // namespace fp8_gemm_internal
 
 // W8A16: out[r, n] = bf16( sum_b w_scale[n / 128, b] * sum_i x[r, 128b+i] * w[n, 128b+i] ) with x
@@ -147,21 +203,34 @@ cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t
                            const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                            int64_t out_stride, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, std::string* refusal = nullptr);
+cudaError_t fp8_gemm_w8a16(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                           const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                           int64_t out_stride, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, std::string* refusal = nullptr);
 // The mma.sync W8A16 path alone (same contract and workspace as fp8_gemm_w8a16).
 cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
                                const uint8_t* w, const float* w_scale, int64_t n,
                                __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream,
                                std::string* refusal = nullptr);
+cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal = nullptr);
 
-// Bytes of device workspace fp8_gemm_cublaslt needs: fp8_gemm's activation buffers plus
-// kCublasLtWorkspace for cuBLASLt itself.
+// Bytes of device workspace fp8_gemm_cublaslt needs: the quantized activations and their scales,
+// the weight scales padded to a multiple of 4 per row when k / 128 is not, and
+// kCublasLtWorkspace for cuBLASLt itself (or fp8_gemm_mma's workspace for the last m % 4 rows,
+// when larger). 0 for sizes it refuses. Host only.
 inline constexpr size_t kCublasLtWorkspace = size_t{32} << 20;
-size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t k);
+size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t n, int64_t k);
 
 // The same function through cuBLASLt's block-scaled FP8 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 // for the activations, BLK128x128_32F for the weights; CUDA 12.9+ on sm_90): the activations are
-// quantized by the same kernel, then one cublasLtMatmul. Same requirements as fp8_gemm plus n a
+// quantized by the same kernel, then one cublasLtMatmul over the first m & ~3 rows (cuBLASLt
+// needs the activation-scale rows a multiple of 4 and reads the weight scales with a leading
+// dimension of round_up(k / 128, 4); fp8_gemm.cu copies them padded when needed), and
+// fp8_gemm_mma over the last m % 4 rows. Same requirements as fp8_gemm plus n a
 // multiple of 16 and out_stride a multiple of 8; `handle` from cublasLtCreate. Descriptors and
 // the algorithm are chosen on every call (host work, outside a captured graph's replay). Returns
 // cudaErrorNotSupported when cuBLASLt has no algorithm or refuses the call (`refusal` says which
@@ -170,6 +239,12 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
                               int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
                               bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              std::string* refusal = nullptr);
+// (fp32 output: cuBLASLt's D in fp32; cudaErrorNotSupported where it has no such algorithm.)
+cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
+                              int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
+                              bool ue8m0_act_scale, float* out, int64_t out_stride, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream,
                               std::string* refusal = nullptr);
 
 }  // namespace pdserve::kernels::cuda

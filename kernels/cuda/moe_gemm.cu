@@ -40,6 +40,8 @@ __global__ void __launch_bounds__(kGroupThreads)
   __shared__ int32_t count[kMaxExperts];
   __shared__ int32_t fill[kMaxExperts];
   __shared__ int32_t scratch[kGroupThreads];
+  bs::GridDependencyTrigger();  // the act-quant kernel (or the GEMM) may launch and wait on this
+  bs::GridDependencyWait();     // launched early: the routing and the last call's items
   const int e = threadIdx.x;
   if (e < n_experts) {
     count[e] = 0;
@@ -219,10 +221,10 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   float* partial = reinterpret_cast<float*>(p);
 
   const int64_t picks = tokens * top_k;
-  GroupPicksKernel<<<1, kGroupThreads, 0, stream>>>(experts, static_cast<int32_t>(picks),
-                                                    static_cast<int32_t>(weights.n_experts),
-                                                    8 * plan.tiles, entry_pick, items, n_items);
-  status = cudaGetLastError();
+  // Programmatic launch: resident when the kernel before ends, and it waits for it first.
+  status = bs::LaunchDependent(GroupPicksKernel, dim3(1), dim3(kGroupThreads), stream, experts,
+                               static_cast<int32_t>(picks), static_cast<int32_t>(weights.n_experts),
+                               static_cast<int32_t>(8 * plan.tiles), entry_pick, items, n_items);
   if (status != cudaSuccess) return status;
   const bool a16 = weights.format == ExpertFormat::kFp8W8A16;
   if (!a16) {

@@ -6,19 +6,30 @@
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sparse_decode_attention.cuh"
+#include "kernels/cuda/sparse_decode_merge.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
+using hopper::GridDependencyTrigger;
+using hopper::GridDependencyWait;
 using hopper::MbarrierArrive;
 using hopper::MbarrierInit;
 using hopper::MbarrierWait;
 using hopper::SmemDescriptor;
 using hopper::WgmmaCommit;
 using hopper::WgmmaFence;
+using hopper::WgmmaM64N256K16Bf16RegA;
+using hopper::WgmmaM64N32K16Bf16;
 using hopper::WgmmaWait;
+using sparse_decode::MergeWeight;
+using sparse_decode::RequestEntries;
+using sparse_decode::SparseDecodeCombineKernel;
+using sparse_decode::SparseDecodeMergeKernel;
+using sparse_decode::SplitOutputs;
+using sparse_decode::WindowRows;
 
 // Design (sm_90a). One block per (split, request, 64-head group), 3 warpgroups:
 // - Producer (warpgroup 2, 4 warps at 56 registers after setmaxnreg): copies the queries, then
@@ -101,56 +112,6 @@ __device__ __forceinline__ void MbarrierArriveOnCopies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// d[64 x 32] = A[64 x 16] * B[16 x 32] (+ d when `accumulate`; fp32), A and B bf16 K-major in
-// shared memory, given by descriptors.
-__device__ __forceinline__ void WgmmaQk(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
-                                        int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d[64 x 256] += A[64 x 16] * B[16 x 256] (fp32 accumulate), A bf16 in registers (the accumulator
-// layout of WgmmaQk packed to bf16 pairs), B bf16 MN-major in shared memory.
-__device__ __forceinline__ void WgmmaPv(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, "
-      "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, "
-      "%99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, "
-      "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, "
-      "%129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
 __device__ __forceinline__ void CopyAsync16Shared(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
@@ -166,21 +127,8 @@ struct BlockWork {
   int begin = 0;    // first list entry of this split
   int end = 0;      // one past its last
   int n_tiles = 0;  // 32-row tiles of the split
+  int active = 1;   // splits with entries (at least 1: split 0 writes the zeros of an empty list)
 };
-
-__device__ __forceinline__ int WindowRows(const SparseDecodeParams& p, int window_len) {
-  return static_cast<int>(min(max(int64_t{window_len}, int64_t{0}), p.window_size));
-}
-
-// Entries of a request's list: its window rows, then the CSA slots or the HCA entries written.
-__device__ __forceinline__ int RequestEntries(const SparseDecodeParams& p, int window_len,
-                                              int n_compressed) {
-  int64_t compressed = p.compressed_slots;
-  if (p.indices == nullptr) {
-    compressed = min(max(int64_t{n_compressed}, int64_t{0}), p.compressed_slots);
-  }
-  return WindowRows(p, window_len) + static_cast<int>(compressed);
-}
 
 __device__ __forceinline__ BlockWork GetBlockWork(const SparseDecodeParams& p, int window_len,
                                                   int n_compressed) {
@@ -192,6 +140,8 @@ __device__ __forceinline__ BlockWork GetBlockWork(const SparseDecodeParams& p, i
   w.begin = static_cast<int>(blockIdx.x) * static_cast<int>(p.entries_per_split);
   w.end = min(total, w.begin + static_cast<int>(p.entries_per_split));
   w.n_tiles = max(0, (w.end - w.begin + kRows - 1) / kRows);
+  const int per_split = static_cast<int>(p.entries_per_split);
+  w.active = max(1, (total + per_split - 1) / per_split);
   return w;
 }
 
@@ -212,6 +162,33 @@ __device__ __forceinline__ void IssueQueries(const SparseDecodeParams& p, uint32
                       q + head * kDim + unit * 8, true);
   }
   MbarrierArriveOnCopies(base + kBarrierOffset + kQBarrier * 8);
+}
+
+// kDependentLaunch's producer warps, before the request's lengths are known: every 128-byte line of
+// the request's page-table row (up to 64 lines) and of the CSA indices this split can need
+// (whatever the window length) is prefetched into L1, so the first tiles' lookups, which wait on
+// the lengths, then on the index, then on the page, wait on one round trip to L2 instead of
+// three. Prefetches do not fault and change no result.
+__device__ __forceinline__ void PrefetchLookups(const SparseDecodeParams& p) {
+  const int t = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  const int64_t b = blockIdx.y;
+  const auto prefetch = [](const int32_t* address) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(address));
+  };
+  if (p.compressed_slots > 0) {
+    const int64_t lines = min((p.page_table_stride + 31) / 32, int64_t{64});
+    for (int64_t l = t; l < lines; l += kThreads - kConsumerThreads) {
+      prefetch(p.page_table + b * p.page_table_stride + 32 * l);
+    }
+  }
+  if (p.indices != nullptr) {
+    const int64_t begin = int64_t{blockIdx.x} * p.entries_per_split;
+    const int64_t lo = max(int64_t{0}, begin - p.window_size);
+    const int64_t hi = min(p.compressed_slots, begin + p.entries_per_split);
+    for (int64_t i = lo + 32 * t; i < hi; i += 32 * (kThreads - kConsumerThreads)) {
+      prefetch(p.indices + b * p.compressed_slots + i);
+    }
+  }
 }
 
 // The producer warps: every tile's rows into the stage ring. Producer warp pw owns rows 8 pw ..
@@ -361,8 +338,9 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], uint32_t base, uint3
   for (int ks = 0; ks < kDim / 16; ++ks) {
     const int region = ks / 4;
     const int column_bytes = (ks % 4) * 32;
-    WgmmaQk(s, SmemDescriptor(base + kQOffset + region * kQRegionBytes + column_bytes, 16, 1024),
-            SmemDescriptor(tile + region * kTileRegionBytes + column_bytes, 16, 1024), ks > 0);
+    WgmmaM64N32K16Bf16(
+        s, SmemDescriptor(base + kQOffset + region * kQRegionBytes + column_bytes, 16, 1024),
+        SmemDescriptor(tile + region * kTileRegionBytes + column_bytes, 16, 1024), ks > 0);
   }
   WgmmaCommit();
 }
@@ -376,7 +354,7 @@ __device__ __forceinline__ void IssueValues(float (&o)[128], const uint32_t (&a)
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
-    WgmmaPv(
+    WgmmaM64N256K16Bf16RegA(
         o, a[kk],
         SmemDescriptor(tile + 4 * WG * kTileRegionBytes + kk * 16 * 128, kTileRegionBytes, 1024));
   }
@@ -607,12 +585,6 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
   st.running_sum[1] = WG == 0 ? st.running_sum[1] + theirs.y : theirs.y + st.running_sum[1];
 }
 
-// out = sum_i w_i o_i / (sum_i w_i l_i + exp2(sink - top)), w_i = exp2(m_i - top), top the
-// largest of the maxima m_i and the sink (all log2-domain); zeros when nothing is visible.
-__device__ __forceinline__ float MergeWeight(float m, float top) {
-  return top == -INFINITY ? 0.0f : exp2f(m - top);
-}
-
 // Byte offset of (head, 16-byte unit u) in the bf16 output staged in shared memory: rows of 1 KB,
 // the unit XOR-ed with head % 8 so the 8 heads a warp writes at once fall in different banks.
 __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
@@ -620,13 +592,15 @@ __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
 }
 
 // The consumer warpgroups: every tile, then the output (one split) or the partials.
-template <int WG>
+template <int WG, bool DEPENDENT>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
-                                                 __nv_bfloat16* out, __nv_bfloat16* part_out,
-                                                 float* part_max, float* part_sum) {
+                                                 const SplitOutputs& so) {
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
+  // DEPENDENT: a request whose entries fit in split 0 is finished there (the combine kernel skips
+  // it); the splits past a request's entries write nothing.
+  const bool final_output = splits == 1 || (DEPENDENT && w.active == 1);
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -638,11 +612,12 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   Consume<WG>(p, w.n_tiles, base, smem, st);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+  if (DEPENDENT && static_cast<int>(blockIdx.x) >= w.active) return;
   // One split: the final output (sink and normalization applied). Several: this split's
-  // unnormalized output in bf16, and its maxima and sums in fp32, for the combine kernel.
+  // unnormalized output in bf16, and its maxima and sums in fp32, for the merge.
   __nv_bfloat16* const dst =
-      splits == 1 ? out + (w.b * p.heads + w.head0) * kDim
-                  : part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
+      final_output ? so.out + (w.b * p.heads + w.head0) * kDim
+                   : so.part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
   // The bf16 rows are staged in the query area (free: both warpgroups are past their last score
   // product) and leave in whole 16-byte stores, consecutive threads on consecutive bytes.
   ConsumerBarrier();
@@ -650,7 +625,7 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   for (int r = 0; r < 2; ++r) {
     const int head = head_lo + 8 * r;
     float scale = 1.0f;
-    if (splits == 1) {
+    if (final_output) {
       const float sink = r == 0 ? sink_lo : sink_hi;
       const float top = fmaxf(st.running_max[r], sink);
       const float weight = MergeWeight(st.running_max[r], top);
@@ -658,8 +633,8 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
       scale = denom > 0.0f ? weight / denom : 0.0f;
     } else if (WG == 0 && t == 0) {
       const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
-      part_max[row] = st.running_max[r];
-      part_sum[row] = st.running_sum[r];
+      so.part_max[row] = st.running_max[r];
+      so.part_sum[row] = st.running_sum[r];
     }
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
@@ -678,9 +653,11 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   }
 }
 
+// DEPENDENT: SparseDecodeVariant::kDependentLaunch (launched as a programmatic dependent: nothing
+// global is touched before griddepcontrol.wait).
+template <bool DEPENDENT>
 __global__ void __launch_bounds__(kThreads, 1)
-    SparseDecodeSplitKernel(SparseDecodeParams p, __nv_bfloat16* part_out, float* part_max,
-                            float* part_sum, __nv_bfloat16* out) {
+    SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -695,12 +672,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     MbarrierInit(base + kBarrierOffset + kQBarrier * 8, 32 * kProducerWarps);
   }
   __syncthreads();
+  if constexpr (DEPENDENT) {
+    // The kernel before this one on the stream has finished and its writes are visible; the one
+    // after may begin its launch (it waits the same way for this one).
+    GridDependencyWait();
+    GridDependencyTrigger();
+  }
 
   const int64_t b = blockIdx.y;
   if (tid >= kConsumerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // The queries go out first; the request's lengths and window page are loaded together.
     IssueQueries(p, base);
+    if (DEPENDENT && p.prefetch_lookups) PrefetchLookups(p);
     const int window_len = p.window_len[b];
     const int n_compressed = p.n_compressed[b];
     const int window_page = p.window_size > 0 ? p.window_page[b] : 0;
@@ -712,46 +696,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
     if (tid < 128) {
-      ConsumeAndFinish<0>(p, w, base, smem, out, part_out, part_max, part_sum);
+      ConsumeAndFinish<0, DEPENDENT>(p, w, base, smem, so);
     } else {
-      ConsumeAndFinish<1>(p, w, base, smem, out, part_out, part_max, part_sum);
+      ConsumeAndFinish<1, DEPENDENT>(p, w, base, smem, so);
     }
   }
-}
-
-// One block per (request, head): merges the splits that had entries and the sink.
-__global__ void __launch_bounds__(kDim / 4)
-    SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
-                              const float* part_max, const float* part_sum, __nv_bfloat16* out) {
-  const int64_t b = blockIdx.x;
-  const int64_t h = blockIdx.y;
-  const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
-  const int per_split = static_cast<int>(p.entries_per_split);
-  const int active = min(splits, (entries + per_split - 1) / per_split);
-  const float sink = p.sinks[h] * kLog2e;  // a logit, not scaled by softmax_scale
-  float top = sink;
-  for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[(b * splits + sp) * p.heads + h]);
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float denom = 0.0f;
-  if (top != -INFINITY) {
-    denom = exp2f(sink - top);
-    for (int sp = 0; sp < active; ++sp) {
-      const int64_t row = (b * splits + sp) * p.heads + h;
-      const float weight = exp2f(part_max[row] - top);
-      denom += weight * part_sum[row];
-      const uint2 raw = reinterpret_cast<const uint2*>(part_out + row * kDim)[threadIdx.x];
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-      acc.x += weight * lo.x;
-      acc.y += weight * lo.y;
-      acc.z += weight * hi.x;
-      acc.w += weight * hi.y;
-    }
-  }
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-  __nv_bfloat16* o = out + (b * p.heads + h) * kDim + 4 * threadIdx.x;
-  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
 }
 
 constexpr size_t kAlign = 256;
@@ -763,46 +712,55 @@ size_t PartialRows(const SparseDecodeParams& p) {
          static_cast<size_t>(p.heads);
 }
 
-}  // namespace
-
-int64_t SparseDecodeSplits(const SparseDecodeParams& p) {
-  if (p.entries_per_split <= 0) return 0;
-  const int64_t entries = p.window_size + p.compressed_slots;
-  return std::max<int64_t>(1, (entries + p.entries_per_split - 1) / p.entries_per_split);
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
+// kernel before it on `stream` when `dependent`.
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, bool dependent,
+                   cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
-                                    int sm_count) {
-  // Cost model in microseconds, fitted to a sweep of every split size on an H200
-  // (bench/cuda/cuda_bench.cu with PDSERVE_BENCH_SPLITS=1, graph timing; docs/perf.md,
-  // 2026-12-03): a block takes 1.04 per 32-row tile whatever the load (the per-block pipeline,
-  // not HBM, bounds it), and splitting costs 4 (the partials staged and written, the combine
-  // launch) + 0.2 per split (the combine's loop over them) + 0.3 per MB of partials written and
-  // read back (fitted with fp32 partials; they are bf16 since, at the same cost per MB). Blocks
-  // stay within one wave (one block fits per multiprocessor).
-  constexpr double kTileUs = 1.04;
-  constexpr double kSplitUs = 4.0;
-  constexpr double kPerSplitUs = 0.2;
-  constexpr double kPartialUsPerMb = 0.3;
-  constexpr double kPartialMbPerBlock = kSparseHeadsPerBlock * kDim * sizeof(__nv_bfloat16) / 1e6;
-  const int64_t blocks = std::max<int64_t>(1, batch * (heads / kSparseHeadsPerBlock));
-  const int64_t tiles = std::max<int64_t>(1, (max_entries + kSparseTile - 1) / kSparseTile);
-  const int64_t max_splits = std::min<int64_t>(tiles, std::max<int64_t>(1, sm_count / blocks));
-  int64_t best_tiles = tiles;
-  double best_us = static_cast<double>(tiles) * kTileUs;
-  for (int64_t splits = 2; splits <= max_splits; ++splits) {
-    const int64_t per = (tiles + splits - 1) / splits;  // tiles per split
-    const int64_t used = (tiles + per - 1) / per;       // splits that split size makes
-    const double us = static_cast<double>(per) * kTileUs + kSplitUs +
-                      kPerSplitUs * static_cast<double>(used) +
-                      kPartialUsPerMb * kPartialMbPerBlock * static_cast<double>(blocks * used);
-    if (used > 1 && us < best_us) {
-      best_us = us;
-      best_tiles = per;
-    }
+// The split kernel, then (several splits) the combine kernel; DEPENDENT: kDependentLaunch.
+template <bool DEPENDENT>
+cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
+                          cudaStream_t stream) {
+  static const cudaError_t attribute_status = cudaFuncSetAttribute(
+      SparseDecodeSplitKernel<DEPENDENT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attribute_status != cudaSuccess) return attribute_status;
+  const bool dependent = DEPENDENT && p.programmatic_launch;
+  const int64_t splits = SparseDecodeSplits(p);
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
+                  static_cast<unsigned>(p.heads / kHeads));
+  cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT>, grid, dim3(kThreads), kSmemBytes,
+                              dependent, stream, p, so);
+  if (status != cudaSuccess || splits == 1) return status;
+  const auto* part_out = static_cast<const __nv_bfloat16*>(so.part_out);
+  const auto* part_max = static_cast<const float*>(so.part_max);
+  const auto* part_sum = static_cast<const float*>(so.part_sum);
+  if constexpr (DEPENDENT) {
+    const dim3 merge_grid(static_cast<unsigned>(p.batch),
+                          static_cast<unsigned>(p.heads / sparse_decode::kMergeHeadsPerBlock));
+    return Launch(SparseDecodeMergeKernel, merge_grid, dim3(sparse_decode::kMergeThreads), 0,
+                  dependent, stream, p, static_cast<int>(splits), part_out, part_max, part_sum,
+                  so.out);
+  } else {
+    const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
+    return Launch(SparseDecodeCombineKernel, combine_grid, dim3(kDim / 4), 0, false, stream, p,
+                  static_cast<int>(splits), part_out, part_max, part_sum, so.out);
   }
-  return best_tiles * kSparseTile;
 }
+
+}  // namespace
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
@@ -813,6 +771,8 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   constexpr const char* kLauncher = "sparse_decode_attention";
+  const bool dependent = p.variant == SparseDecodeVariant::kDependentLaunch;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, dependent || p.variant == SparseDecodeVariant::kSplitCombine);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
@@ -837,25 +797,14 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
       kLauncher, p.window_size == 0 || (p.window_pool != nullptr && p.window_page != nullptr));
   PDSERVE_LAUNCH_REQUIRE(
       kLauncher, p.compressed_slots == 0 || (p.kv_pool != nullptr && p.page_table != nullptr));
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attribute_status != cudaSuccess) return attribute_status;
-  const int64_t splits = SparseDecodeSplits(p);
   const size_t rows = PartialRows(p);
   auto* base = static_cast<unsigned char*>(workspace);
-  auto* part_out = reinterpret_cast<__nv_bfloat16*>(base);
-  auto* part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
-  auto* part_sum = part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
-                  static_cast<unsigned>(p.heads / kHeads));
-  SparseDecodeSplitKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, part_out, part_max, part_sum,
-                                                                  out);
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess || splits == 1) return status;
-  const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
-  SparseDecodeCombineKernel<<<combine_grid, kDim / 4, 0, stream>>>(
-      p, static_cast<int>(splits), part_out, part_max, part_sum, out);
-  return cudaGetLastError();
+  SplitOutputs so;
+  so.out = out;
+  so.part_out = reinterpret_cast<__nv_bfloat16*>(base);
+  so.part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
+  so.part_sum = so.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
+  return dependent ? LaunchVariant<true>(p, so, stream) : LaunchVariant<false>(p, so, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -23,9 +23,21 @@
 // consumer warpgroups running Hopper's warpgroup MMA with the 64 heads as M. The consumers take
 // turns over the tiles (FlashMLA's "seesaw" schedule): each computes the full scores and softmax
 // of every other tile, hands P to the other, and accumulates its half of the output columns over
-// every tile (see the .cu for the data flow); with several splits a combine kernel merges their
-// partial outputs (bf16, unnormalized, with fp32 maxima and sums) in fp32. Scores and the output
-// accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
+// every tile (see the .cu for the data flow); with several splits their partial outputs (bf16,
+// unnormalized, with fp32 maxima and sums) are merged in fp32 (sparse_decode_merge.cuh). Scores
+// and the output accumulate in fp32; the probabilities are rounded to bf16 for the P V product.
+//
+// Two variants (SparseDecodeParams::variant), the same two kernels and math:
+// - kSplitCombine: plain launches (the only variant until 2026-12-04; kept as the bench's baseline
+//   row and as a fallback).
+// - kDependentLaunch (the default): both kernels launched as programmatic dependents (unless
+//   programmatic_launch is false), so each launch begins while the kernel before it on the stream
+//   drains; every thread waits (griddepcontrol.wait) for that kernel before it touches global
+//   memory, and lets the next launch begin at once. Besides: the lookups' first cache lines
+//   (page-table row, CSA indices) are prefetched while the lengths load, a request whose entries
+//   fit in split 0 gets its final output from that block (the combine kernel skips it), and splits
+//   past a request's entries write nothing. (Merging the splits in the split block that finishes
+//   last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -42,6 +54,8 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
 inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
+
+enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch };
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;
@@ -61,6 +75,12 @@ struct SparseDecodeParams {
   const float* sinks = nullptr;
   float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
+  SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch;
+  // kDependentLaunch: launch both kernels as programmatic dependents (false: plain launches of the
+  // same kernels; griddepcontrol.wait is then a no-op).
+  bool programmatic_launch = true;
+  // kDependentLaunch: prefetch the first lookups' cache lines into L1 (see the .cu).
+  bool prefetch_lookups = true;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /
@@ -80,10 +100,9 @@ size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
 // Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
 // Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
-// a multiple of kSparseTile, softmax_scale not > 0, workspace too small, missing pointers), else
-// the launch status. No
-// state besides a one-time kernel attribute (make the first call outside graph capture):
-// concurrent calls with distinct workspaces are safe.
+// a multiple of kSparseTile, softmax_scale not > 0, unknown variant, workspace too small, missing
+// pointers), else the launch status. No state besides one-time kernel attributes (make the first
+// call of each variant outside graph capture): concurrent calls with distinct workspaces are safe.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream);

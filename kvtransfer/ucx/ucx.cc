@@ -99,6 +99,8 @@ absl::StatusOr<int> UcxWorker::Arm() {
   return fd;
 }
 
+void UcxWorker::Signal() { ucp_worker_signal(worker_); }
+
 void UcxWorker::WaitReadable(int fd, int timeout_ms) {
   if (fd < 0) return;
   pollfd pfd{fd, POLLIN, 0};

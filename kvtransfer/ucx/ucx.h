@@ -64,6 +64,9 @@ class UcxWorker {
   // already pending; WaitReadable (no UCX call) sleeps on that fd. Errors as Wait.
   absl::StatusOr<int> Arm();
   static void WaitReadable(int fd, int timeout_ms);
+  // Wakes a thread sleeping in Wait / WaitReadable on this worker (ucp_worker_signal; callable
+  // from any thread).
+  void Signal();
 
  private:
   UcxWorker(ucp_worker_h worker, std::vector<std::byte> address)

@@ -30,13 +30,49 @@ void UcxLane::StopThread() {
   threaded_.store(false);
 }
 
+void UcxLane::Submit(LaneSend* send) {
+  submitted_.push_back(send);
+  AddBusy(1);  // Until posted (then the send's own busy count, if it needs progress).
+  Wake();
+}
+
+bool UcxLane::Withdraw(LaneSend* send) {
+  auto it = std::find(submitted_.begin(), submitted_.end(), send);
+  if (it == submitted_.end()) return false;
+  submitted_.erase(it);
+  AddBusy(-1);
+  return true;
+}
+
+void UcxLane::AbandonFor(ucp_ep_h ep, const absl::Status& status) {
+  for (auto it = submitted_.begin(); it != submitted_.end();) {
+    if ((*it)->endpoint() != ep) {
+      ++it;
+      continue;
+    }
+    LaneSend* send = *it;
+    it = submitted_.erase(it);
+    AddBusy(-1);
+    send->Abandon(status);
+  }
+}
+
 void UcxLane::Run() {
   // The sleep bound: how late a stop or an endpoint error is noticed while the lane is idle.
   constexpr int kIdleWaitMs = 2;
+  // Queued sends posted per round before the worker is progressed again.
+  constexpr int kPostBatch = 16;
   while (!stop_.load()) {
     int fd = -1;
     {
       absl::MutexLock lock(&mu_);
+      // The owner's queued sends first, a bounded batch so its own lock requests get through.
+      for (int posted = 0; posted < kPostBatch && !submitted_.empty(); ++posted) {
+        LaneSend* send = submitted_.front();
+        submitted_.pop_front();
+        AddBusy(-1);
+        send->Post();
+      }
       worker_.Progress();
       if (busy() > 0) {
         fd = -2;

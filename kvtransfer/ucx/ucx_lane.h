@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <thread>
 
@@ -18,6 +19,19 @@
 #include "kvtransfer/ucx/ucx.h"
 
 namespace pdserve::kv {
+
+// A send a lane's thread posts for its owner (UcxTransport's page sends with several lanes), so
+// the posting (and the copy UCX makes there for an eager message) runs on the lane's core, not
+// on the owner's. Both calls run with the lane's mu() held.
+class LaneSend {
+ public:
+  virtual ~LaneSend() = default;
+  // Posts the send (on the lane's thread).
+  virtual void Post() = 0;
+  // The send will never be posted (its endpoint closed): it completes with `status`.
+  virtual void Abandon(absl::Status status) = 0;
+  virtual ucp_ep_h endpoint() const = 0;
+};
 
 // How many lanes a transfer endpoint uses when the deployment does not say (transfer.lanes 0):
 // one per four cores of the host, at least 1 and at most kMaxTransferLanes, so a 2-core machine
@@ -35,7 +49,8 @@ class UcxLane {
   ~UcxLane();
 
   // Starts the thread that progresses the worker: it spins (yielding) while busy() > 0 and
-  // otherwise sleeps on the worker's event fd for at most 2 ms at a time. Call once.
+  // otherwise sleeps on the worker's event fd for at most 2 ms at a time; a send posted on the
+  // lane wakes it (Wake). Call once.
   void StartThread();
   // Stops and joins the thread; no callback of this lane runs after it returns. Idempotent.
   void StopThread();
@@ -47,6 +62,17 @@ class UcxLane {
   UcxWorker& worker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_; }
   // The packed address of the worker (immutable after creation; no lock needed).
   const std::vector<std::byte>& address() const { return address_; }
+  // Wakes the thread if it sleeps (the caller just posted work on the lane). Thread-safe.
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (threaded()) worker_.Signal();
+  }
+  // Queues `send` for the lane's thread to post (it must stay alive until posted, withdrawn or
+  // abandoned); sends post in the order queued. REQUIRES: threaded().
+  void Submit(LaneSend* send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `send` if still queued; returns whether it was.
+  bool Withdraw(LaneSend* send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Abandons every queued send on endpoint `ep` with `status` (before the endpoint closes).
+  void AbandonFor(ucp_ep_h ep, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Operations whose completion needs progress (pending sends, rendezvous receives); the thread
   // spins while this is positive. Thread-safe.
   void AddBusy(int delta) { busy_.fetch_add(delta, std::memory_order_relaxed); }
@@ -58,6 +84,7 @@ class UcxLane {
 
   absl::Mutex mu_;
   UcxWorker worker_ ABSL_GUARDED_BY(mu_);
+  std::deque<LaneSend*> submitted_ ABSL_GUARDED_BY(mu_);  // Queued by Submit, not yet posted.
   const std::vector<std::byte> address_;
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};

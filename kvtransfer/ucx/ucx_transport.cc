@@ -9,12 +9,14 @@
 namespace pdserve::kv {
 namespace {
 
-class UcxSendOp final : public SendOp {
+class UcxSendOp final : public SendOp, public LaneSend {
  public:
-  UcxSendOp(UcxLane& lane, std::vector<std::byte> header)
-      : lane_(lane), header_(std::move(header)) {}
+  UcxSendOp(UcxLane& lane, std::vector<std::byte> header, ucp_ep_h ep, unsigned am_id,
+            std::span<const std::byte> payload)
+      : lane_(lane), header_(std::move(header)), ep_(ep), am_id_(am_id), payload_(payload) {}
   ~UcxSendOp() override {
     absl::MutexLock lock(&lane_.mu());
+    if (queued_) lane_.Withdraw(this);
     if (request_ == nullptr) return;
     ucp_worker_h worker = lane_.worker().get();
     ucp_request_cancel(worker, request_);
@@ -22,14 +24,21 @@ class UcxSendOp final : public SendOp {
     ucp_request_free(request_);
   }
 
-  // Posts the message on `ep` (the lane's lock held by the caller).
-  void Start(ucp_ep_h ep, unsigned am_id, std::span<const std::byte> payload) {
+  // Hands the send to the lane's thread (the lane's lock held by the caller).
+  void Queue() {
+    queued_ = true;
+    lane_.Submit(this);
+  }
+
+  // Posts the message (the lane's lock held by the caller: the owner's thread, or the lane's).
+  void Post() override {
+    queued_ = false;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &UcxSendOp::OnDone;
     param.user_data = &lane_;
-    const ucs_status_ptr_t request = ucp_am_send_nbx(ep, am_id, header_.data(), header_.size(),
-                                                     payload.data(), payload.size(), &param);
+    const ucs_status_ptr_t request = ucp_am_send_nbx(ep_, am_id_, header_.data(), header_.size(),
+                                                     payload_.data(), payload_.size(), &param);
     if (request == nullptr) {
       result_ = absl::OkStatus();
     } else if (UCS_PTR_IS_ERR(request)) {
@@ -37,11 +46,19 @@ class UcxSendOp final : public SendOp {
     } else {
       request_ = request;
       lane_.AddBusy(1);  // Until OnDone, which runs inside a later progress of this lane.
+      lane_.Wake();      // Its thread may be asleep on the event fd.
     }
   }
 
+  void Abandon(absl::Status status) override {
+    queued_ = false;
+    result_ = std::move(status);
+  }
+  ucp_ep_h endpoint() const override { return ep_; }
+
   std::optional<absl::Status> Test() override {
     absl::MutexLock lock(&lane_.mu());
+    if (queued_) return std::nullopt;
     if (request_ != nullptr) {
       const ucs_status_t status = ucp_request_check_status(request_);
       if (status == UCS_INPROGRESS) return std::nullopt;
@@ -54,6 +71,11 @@ class UcxSendOp final : public SendOp {
 
   void Cancel() override {
     absl::MutexLock lock(&lane_.mu());
+    if (queued_ && lane_.Withdraw(this)) {
+      queued_ = false;
+      result_ = absl::CancelledError("page send cancelled before it was posted");
+      return;
+    }
     if (request_ != nullptr) ucp_request_cancel(lane_.worker().get(), request_);
   }
 
@@ -64,13 +86,17 @@ class UcxSendOp final : public SendOp {
 
   UcxLane& lane_;
   const std::vector<std::byte> header_;  // UCX reads the AM header until completion.
-  ucs_status_ptr_t request_ = nullptr;   // Guarded by lane_.mu().
+  const ucp_ep_h ep_;
+  const unsigned am_id_;
+  const std::span<const std::byte> payload_;
+  bool queued_ = false;                 // Guarded by lane_.mu(): waiting in the lane's queue.
+  ucs_status_ptr_t request_ = nullptr;  // Guarded by lane_.mu().
   absl::Status result_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(int lanes) {
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(int lanes, bool post_on_lanes) {
   if (lanes < 1 || lanes > kMaxTransferLanes) {
     return absl::InvalidArgumentError(
         absl::StrCat("transfer lanes ", lanes, " outside 1 .. ", kMaxTransferLanes));
@@ -83,7 +109,8 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(int lanes) {
     if (!lane.ok()) return lane.status();
     made.push_back(std::move(*lane));
   }
-  std::unique_ptr<UcxTransport> transport(new UcxTransport(std::move(*context), std::move(made)));
+  std::unique_ptr<UcxTransport> transport(
+      new UcxTransport(std::move(*context), std::move(made), post_on_lanes));
   if (lanes > 1) {
     for (auto& lane : transport->lanes_) lane->StartThread();
   }
@@ -100,6 +127,10 @@ UcxTransport::~UcxTransport() {
 void UcxTransport::CloseEndpoints(Peer& peer) {
   for (size_t lane = 0; lane < peer.endpoints.size(); ++lane) {
     absl::MutexLock lock(&lanes_[lane]->mu());
+    if (peer.endpoints[lane] != nullptr) {
+      lanes_[lane]->AbandonFor(peer.endpoints[lane]->get(),
+                               absl::UnavailableError("the endpoint closed before the send"));
+    }
     peer.endpoints[lane].reset();
   }
   peer.endpoints.clear();
@@ -172,10 +203,15 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
     lane = next_page_lane_++ % lanes_.size();
     ++pages_per_lane_[lane];
   }
-  auto op = std::make_unique<UcxSendOp>(*lanes_[lane],
-                                        std::vector<std::byte>(header.begin(), header.end()));
+  auto op = std::make_unique<UcxSendOp>(
+      *lanes_[lane], std::vector<std::byte>(header.begin(), header.end()),
+      peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload);
   absl::MutexLock lock(&lanes_[lane]->mu());
-  op->Start(peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload);
+  if (kind == WireKind::kPage && post_on_lanes_ && lanes_[lane]->threaded()) {
+    op->Queue();
+  } else {
+    op->Post();
+  }
   return op;
 }
 
@@ -208,6 +244,11 @@ void UcxTransport::CloseLaneEndpoint(PeerId peer_id, int lane) {
     }
   }
   absl::MutexLock lock(&lanes_[lane]->mu());
+  if (found->second.endpoints[lane] != nullptr) {
+    lanes_[lane]->AbandonFor(
+        found->second.endpoints[lane]->get(),
+        absl::UnavailableError(absl::StrCat("lane ", lane, " endpoint closed before the send")));
+  }
   found->second.endpoints[lane].reset();
 }
 

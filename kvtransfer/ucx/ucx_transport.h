@@ -27,9 +27,12 @@ namespace pdserve::kv {
 class UcxTransport final : public PageTransport {
  public:
   // Creates a UCX context and `lanes` workers (transports from UCX_TLS); from 2 lanes, one
-  // thread per lane. Errors: InvalidArgument for lanes outside 1 .. kMaxTransferLanes; the UCX
-  // setup error.
-  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(int lanes = 1);
+  // thread per lane. post_on_lanes (from 2 lanes): page sends are posted by their lane's thread
+  // (UcxLane::Submit), so the caller's thread only queues them and the lanes' cores do UCX's
+  // send work in parallel; false: posted on the caller's thread. Errors: InvalidArgument for
+  // lanes outside 1 .. kMaxTransferLanes; the UCX setup error.
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(int lanes = 1,
+                                                              bool post_on_lanes = true);
   ~UcxTransport() override;
 
   absl::StatusOr<PeerId> Connect(std::span<const std::byte> worker_address,
@@ -64,8 +67,11 @@ class UcxTransport final : public PageTransport {
     std::vector<std::unique_ptr<UcxEndpoint>> endpoints;  // Index = lane.
     std::shared_ptr<PeerHealth> health;
   };
-  UcxTransport(UcxContext context, std::vector<std::unique_ptr<UcxLane>> lanes)
-      : context_(std::move(context)), lanes_(std::move(lanes)), pages_per_lane_(lanes_.size(), 0) {}
+  UcxTransport(UcxContext context, std::vector<std::unique_ptr<UcxLane>> lanes, bool post_on_lanes)
+      : context_(std::move(context)),
+        lanes_(std::move(lanes)),
+        pages_per_lane_(lanes_.size(), 0),
+        post_on_lanes_(post_on_lanes) {}
   // Closes every endpoint of `peer`, each under its lane's lock.
   void CloseEndpoints(Peer& peer);
 
@@ -75,6 +81,7 @@ class UcxTransport final : public PageTransport {
   PeerId next_peer_ = 1;
   size_t next_page_lane_ = 0;
   std::vector<uint64_t> pages_per_lane_;
+  const bool post_on_lanes_;
 };
 
 }  // namespace pdserve::kv

@@ -1,6 +1,8 @@
 #include "runtime/cuda/gpu_prefill_engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +17,7 @@ constexpr int64_t kSlot = 0;
 
 absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
     std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block,
-    int64_t staging_buffers) {
+    int64_t staging_buffers, int host_threads) {
   if (group == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
   engine::gpu::GpuModel& gpu = group->rank(0);
   const int64_t max_chunk = gpu.max_chunk();
@@ -28,6 +30,12 @@ absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
     return absl::InvalidArgumentError(absl::StrCat("GPU prefill: ", staging_buffers,
                                                    " staging buffers outside [0, ", layers, "]"));
   }
+  if (host_threads < 0 || host_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU prefill: ", host_threads, " host threads outside [0, 64]"));
+  }
+  if (host_threads == 0)
+    host_threads = DefaultTransferHostThreads(std::thread::hardware_concurrency());
   if (staging_buffers == 0) {
     const auto fit =
         static_cast<int64_t>(kStagingBudgetBytes / std::max<size_t>(1, gpu.StagingLayerBytes()));
@@ -36,13 +44,14 @@ absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::gpu::StateStaging> staging,
                            gpu.NewStateStaging(staging_buffers));
   return std::unique_ptr<GpuPrefillEngine>(
-      new GpuPrefillEngine(std::move(group), std::move(staging), prefill_block));
+      new GpuPrefillEngine(std::move(group), std::move(staging), prefill_block, host_threads));
 }
 
 absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> GpuPrefillEngine::Create(
-    engine::gpu::GpuModel* gpu, int64_t prefill_block, int64_t staging_buffers) {
+    engine::gpu::GpuModel* gpu, int64_t prefill_block, int64_t staging_buffers, int host_threads) {
   if (gpu == nullptr) return absl::InvalidArgumentError("GPU prefill: no GpuModel");
-  return Create(engine::gpu::GpuModelGroup::Single(gpu), prefill_block, staging_buffers);
+  return Create(engine::gpu::GpuModelGroup::Single(gpu), prefill_block, staging_buffers,
+                host_threads);
 }
 
 absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t> prompt,
@@ -61,9 +70,25 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
   PDSERVE_RETURN_IF_ERROR(staging_->Discard());
   PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(kSlot));
   engine::Tensor logits;
+  // On one GPU the last chunk is only begun: its layers' state is stored and posted on this
+  // thread as each layer's copy lands, while the later layers compute (GpuModel::
+  // BeginForwardExporting); then the chunk is finished. A group runs every chunk whole (its
+  // collectives synchronize inside the forward) and stores after it.
+  const bool overlap = group_->world() == 1;
   for (int64_t from = 0; from < length;) {
     const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
     const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+    if (overlap && to == length) {
+      PDSERVE_RETURN_IF_ERROR(gpu.BeginForwardExporting(kSlot, tokens, staging_.get()));
+      const absl::Status stored =
+          StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_);
+      absl::StatusOr<engine::Tensor> finished = gpu.FinishForward();
+      PDSERVE_RETURN_IF_ERROR(stored);
+      PDSERVE_RETURN_IF_ERROR(finished.status());
+      logits = std::move(*finished);
+      PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
+      break;
+    }
     // Rank 0 runs the chunk; the other ranks of a group meet its MoE collectives with padding.
     const std::vector<absl::Status> ran =
         group_->Run([&](int64_t r, engine::gpu::GpuModel& model) -> absl::Status {
@@ -78,32 +103,49 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
   const int64_t vocab = logits.dim(1);
   const float* last = logits.ptr() + (logits.dim(0) - 1) * vocab;
   std::vector<float> last_logits(last, last + vocab);
-  PDSERVE_RETURN_IF_ERROR(StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored));
+  if (!overlap) {
+    PDSERVE_RETURN_IF_ERROR(
+        StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_));
+  }
   return last_logits;
 }
 
 absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
                              engine::gpu::StateStaging& staging, const runtime::PagedState& paged,
                              const runtime::SequencePages& pages,
-                             const PrefillEngine::LayerStored& layer_stored) {
+                             const PrefillEngine::LayerStored& layer_stored, TaskPool* pool,
+                             StagedStoreTimes* times) {
+  StagedStoreTimes local;
+  StagedStoreTimes& t = times != nullptr ? *times : local;
+  auto since = [](std::chrono::steady_clock::time_point from) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - from)
+        .count();
+  };
   // Every buffer's layer copy is enqueued at once; each layer taken frees its buffer for the
   // layer `ahead` further on. So while the host stores layer L and the worker posts it, the
   // device is copying layers L + 1 .. L + ahead.
   const int64_t layers = gpu.config().num_hidden_layers;
   const int64_t ahead = staging.buffers();
   for (int64_t l = 0; l < std::min(ahead, layers); ++l) {
-    PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l, &staging));
+    // Layers GpuModel::ForwardExporting copied during the last chunk are held already.
+    if (!staging.Holds(l)) PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l, &staging));
   }
   // The pinned blocks go into the pages as the device stores them (bf16 pages: copied as they
   // are), and only then does their buffer take the copy of layer l + ahead.
   for (int64_t l = 0; l < layers; ++l) {
+    auto started = std::chrono::steady_clock::now();
     PDSERVE_ASSIGN_OR_RETURN(const engine::gpu::StateStaging::LayerBlocks layer,
                              staging.TakeLayerBlocks(l));
+    t.copy_wait_ms += since(started);
+    started = std::chrono::steady_clock::now();
     PDSERVE_RETURN_IF_ERROR(
-        paged.StoreLayerRing(l, *layer.geometry, layer.blocks, layer.position, pages));
+        paged.StoreLayerRing(l, *layer.geometry, layer.blocks, layer.position, pages, pool));
     if (l + ahead < layers)
       PDSERVE_RETURN_IF_ERROR(gpu.ExportLayerAsync(slot, l + ahead, &staging));
+    t.store_ms += since(started);
+    started = std::chrono::steady_clock::now();
     PDSERVE_RETURN_IF_ERROR(layer_stored(l));
+    t.stored_callback_ms += since(started);
   }
   return absl::OkStatus();
 }
@@ -111,7 +153,8 @@ absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
 std::string GpuPrefillEngine::Describe() const {
   return absl::StrCat("cuda (", group_->Describe(), ", one slot of ", group_->rank(0).max_context(),
                       " tokens, prefill block ", prefill_block_, ", state staged through ",
-                      staging_->buffers(), " pinned layer buffers)");
+                      staging_->buffers(), " pinned layer buffers, pages stored on ",
+                      pool_.threads(), " host threads)");
 }
 
 PrefillEngineFactory GpuPrefillEngineFactory(runtime::GpuBackendOptions options) {

@@ -1,26 +1,27 @@
 // The prefill worker's CUDA engine (`backend: cuda`): the prompt runs on one slot of an
 // engine::gpu::GpuModel in Forward calls cut at absolute multiples of prefill_block (as the CPU
-// engine and the colocated runners cut them). After the last chunk the slot's state leaves layer
-// by layer through pinned host memory (engine::gpu::StateStaging, allocated once per engine):
-// the device-to-host copies of as many layers as the staging has buffers are enqueued at once
-// (GpuModel::ExportLayerAsync, one event per layer), and for each layer in order the engine waits
-// for that layer's copy only, converts it to the CPU engine's layout, stores it into the
-// request's pages and hands it to the worker (which posts its pages), then enqueues the copy of
-// the layer that buffer serves next. So the copies of later layers run while earlier layers are
-// stored, checksummed and sent. The pages hold the device's bf16 values exactly (bit for bit what
-// GpuModel::ExportState gives). The slot is free again when Run returns: the worker runs one
-// prefill at a time, so one slot suffices.
+// engine and the colocated runners cut them). The slot's state leaves layer by layer through
+// pinned host memory (engine::gpu::StateStaging, allocated once per engine) as the last chunk
+// makes it final: on one GPU the last chunk is begun (GpuModel::BeginForwardExporting), which
+// enqueues the device-to-host copy of each of the staging's first `buffers` layers on a copy
+// stream as soon as that layer's attention has written its state; then, while the later layers
+// still compute, the engine takes each layer's copy in order (waiting for that copy only), stores
+// it into the request's pages (StoreSlotStaged: spread over the engine's host threads, a
+// TaskPool) and hands it to the worker (which posts its pages: checksums on the same pool, sends
+// over the lanes), enqueuing the copy of the layer the freed buffer serves next (on the copy
+// stream after that layer's attention); then it finishes the chunk for its logits. The pages hold the device's bf16 values
+// exactly (bit for bit what GpuModel::ExportState gives). The slot is free again when Run
+// returns: the worker runs one prefill at a time, so one slot suffices.
 //
 // Several GPUs (an expert-parallel engine::gpu::GpuModelGroup): the prompt runs on rank 0 and
 // every other rank takes part in each chunk's MoE collectives with padding rows
 // (GpuModel::Idle), since the worker has one prompt at a time to give it. What several GPUs buy
-// the prefill worker is room for the experts, not data parallelism.
+// the prefill worker is room for the experts, not data parallelism. A group's chunks run whole
+// (its collectives synchronize inside the forward) and the state is stored after the last one.
 //
-// What does not overlap (docs/protocol.md, "Prefill on the CUDA engine"): the copies start after
-// the whole forward, not per layer during it as on the CPU engine (GpuModel's Forward is one
-// synchronizing call over every layer, with no per-layer hook), so a layer's state never leaves
-// while later layers compute; the transfer still adds to TTFT, minus the part hidden behind the
-// copies.
+// What does not overlap (docs/protocol.md, "Prefill on the CUDA engine"): a layer's state is
+// final only after the last chunk, so nothing leaves during the earlier chunks; what the host has
+// not stored and sent by the end of the last chunk's compute adds to TTFT.
 //
 // Thread-safety: one Run at a time (GpuModel is not thread-safe).
 #pragma once
@@ -49,16 +50,19 @@ class GpuPrefillEngine final : public PrefillEngine {
 
   // Over `gpu` (not owned; it must outlive the engine; tests share one GpuModel). Uses slot 0.
   // staging_buffers: pinned layer buffers of the state staging (1 .. layers; 0: the default
-  // above); the copies run at most that many layers ahead of the stores. InvalidArgument for
-  // prefill_block outside [1, gpu->max_chunk()] or staging_buffers outside [0, layers]; Internal
-  // when the pinned staging cannot be allocated.
+  // above); the copies run at most that many layers ahead of the stores. host_threads: the
+  // threads each layer's page store is spread over (and transfer_pool()'s), 1 .. 64; 0:
+  // DefaultTransferHostThreads of this host. InvalidArgument for prefill_block outside
+  // [1, gpu->max_chunk()], staging_buffers outside [0, layers] or host_threads outside [0, 64];
+  // Internal when the pinned staging cannot be allocated.
   static absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> Create(engine::gpu::GpuModel* gpu,
                                                                   int64_t prefill_block,
-                                                                  int64_t staging_buffers = 0);
+                                                                  int64_t staging_buffers = 0,
+                                                                  int host_threads = 0);
   // Over every rank of `group` (owned); the staging is rank 0's. Errors as above.
   static absl::StatusOr<std::unique_ptr<GpuPrefillEngine>> Create(
       std::unique_ptr<engine::gpu::GpuModelGroup> group, int64_t prefill_block,
-      int64_t staging_buffers = 0);
+      int64_t staging_buffers = 0, int host_threads = 0);
 
   absl::StatusOr<std::vector<float>> Run(std::span<const int32_t> prompt,
                                          const runtime::PagedState& paged,
@@ -67,29 +71,47 @@ class GpuPrefillEngine final : public PrefillEngine {
                                          const ChunkDone& chunk_done) override;
   int64_t max_context() const override { return group_->rank(0).max_context(); }
   std::string Describe() const override;
+  TaskPool* transfer_pool() override { return &pool_; }
 
  private:
   GpuPrefillEngine(std::unique_ptr<engine::gpu::GpuModelGroup> group,
-                   std::unique_ptr<engine::gpu::StateStaging> staging, int64_t prefill_block)
-      : group_(std::move(group)), staging_(std::move(staging)), prefill_block_(prefill_block) {}
+                   std::unique_ptr<engine::gpu::StateStaging> staging, int64_t prefill_block,
+                   int host_threads)
+      : group_(std::move(group)),
+        staging_(std::move(staging)),
+        prefill_block_(prefill_block),
+        pool_(host_threads) {}
 
   std::unique_ptr<engine::gpu::GpuModelGroup> group_;
   // Rank 0's; declared after group_ so it goes first (it must not outlive the model).
   std::unique_ptr<engine::gpu::StateStaging> staging_;
   int64_t prefill_block_;
+  TaskPool pool_;
 };
 
-// What GpuPrefillEngine::Run does after the forward, on its own (bench/ep/staging_bench times
-// it): stores slot `slot`'s state at its position into `pages` (a fresh sequence: from position
-// 0) layer by layer through `staging` (of `gpu`; empty: nothing held), calling layer_stored(l)
-// after layer l is stored, in order. The device-to-host copies run up to staging.buffers()
-// layers ahead of the stores. On an error the staging may still hold copies: Discard it before
-// the next use. Errors: ExportLayerAsync's, TakeLayer's, PagedState::StoreLayer's, and
-// layer_stored's own.
+// Where StoreSlotStaged's time went (steady clock, ms summed over the layers): waiting for the
+// layers' device-to-host copies, storing the pinned blocks into the pages, and the layer_stored
+// callbacks (the worker's posts: the checksums when the sender takes them at post time).
+struct StagedStoreTimes {
+  double copy_wait_ms = 0;
+  double store_ms = 0;
+  double stored_callback_ms = 0;
+};
+
+// What GpuPrefillEngine::Run does after the forward, on its own (bench/ep/staging_bench and
+// bench/kvtransfer/gpu_state_transfer_bench time it): stores slot `slot`'s state at its position
+// into `pages` (a fresh sequence: from position 0) layer by layer through `staging` (of `gpu`;
+// empty: nothing held), calling layer_stored(l) after layer l is stored, in order. The
+// device-to-host copies run up to staging.buffers() layers ahead of the stores; each layer's
+// store is spread over `pool`'s threads (PagedState::StoreLayerRing; null: this thread). On an
+// error the staging may still hold copies: Discard it before the next use. `times`, when given,
+// gets where the time went. Errors: ExportLayerAsync's, TakeLayer's, PagedState::StoreLayer's,
+// and layer_stored's own.
 absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,
                              engine::gpu::StateStaging& staging, const runtime::PagedState& paged,
                              const runtime::SequencePages& pages,
-                             const PrefillEngine::LayerStored& layer_stored);
+                             const PrefillEngine::LayerStored& layer_stored,
+                             TaskPool* pool = nullptr, StagedStoreTimes* times = nullptr);
 
 // The factory the prefill worker takes for `backend: cuda` (PrefillWorkerOptions::engine_factory):
 // runtime::LoadGpuModelGroup with one slot per rank of the model's whole context (a prompt may be

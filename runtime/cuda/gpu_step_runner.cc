@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -241,11 +242,16 @@ absl::Status GpuStepRunner::Place(Sequence& seq) {
     const auto layers = static_cast<int64_t>(gpu.config().num_hidden_layers);
     PDSERVE_ASSIGN_OR_RETURN(staging, gpu.NewStateStaging(std::min<int64_t>(2, layers)));
   }
+  std::call_once(import_pool_once_, [this] {
+    import_pool_ =
+        std::make_unique<TaskPool>(DefaultTransferHostThreads(std::thread::hardware_concurrency()));
+  });
   const int64_t position = seq.computed;
   return gpu.ImportLayers(seq.slot, position, staging.get(),
                           [&](int64_t layer, const engine::RingLayerGeometry& geometry,
                               const engine::MutableRingLayerBlocks& blocks) {
-                            return paged.LoadLayerRing(layer, geometry, position, pages, blocks);
+                            return paged.LoadLayerRing(layer, geometry, position, pages, blocks,
+                                                       import_pool_.get());
                           });
 }
 

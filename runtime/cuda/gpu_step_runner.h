@@ -95,6 +95,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
@@ -104,6 +105,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/task_pool.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
@@ -210,6 +212,11 @@ class GpuStepRunner : public SequenceRunner {
   // Per rank, made at the first PD placement: the pinned buffers a transferred prompt state is
   // imported through (two layers). Used by Run only (one step at a time).
   std::vector<std::unique_ptr<engine::gpu::StateStaging>> import_staging_;
+  // The host threads an import's page reads are spread over (PagedState::LoadLayerRing;
+  // DefaultTransferHostThreads of the host), made at the first PD placement; its Run serializes
+  // ranks that place at once.
+  std::once_flag import_pool_once_;
+  std::unique_ptr<TaskPool> import_pool_;
   // Decode sampling on the device (options.gpu_sampling and no PDSERVE_HOST_SAMPLER=1).
   const bool gpu_sampling_;
   // Per rank, made on the rank's thread at its first decode step. Used by Run only.

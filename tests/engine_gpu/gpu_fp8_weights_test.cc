@@ -250,9 +250,11 @@ TEST(GpuFp8WeightsTest, Bf16DequantizedIsTheBf16PathWithoutTheHostCopy) {
 // to bf16 (kBf16Dequantized) on the same GPU, one model on the device at a time, on the bundled
 // model's prompts (the tool writes the bundled tokenizer's vocabulary). Random weights give flat
 // logits, and 8 random layers amplify every rounding difference (on the 2-layer checkpoint W8A16
-// vs bf16 agreed on 97.2% of argmaxes, on the 8-layer one 59.6%: H200, 2026-12-04), so the
-// yardstick is measured in the same run: the bf16 weights with fp32 activations into the dense
-// GEMMs. Asserted: W8A16 >= 30% (far above chance, 1 / 4096; a layout or scale error leaves ~0).
+// vs bf16 agreed on 97.2% of argmaxes, on the 8-layer one 59.6% while the FP8 GEMMs rounded their
+// outputs to bf16, 70.4% with fp32 outputs: H200, 2026-12-04), so the yardstick is measured in
+// the same run: the bf16 weights with fp32 activations into the dense GEMMs. Asserted: W8A16 >=
+// 30% (far above chance, 1 / 4096; a layout or scale error leaves ~0), and issue 25's criterion:
+// W8A16 agrees with the bf16 path at least as well as the bf16 path with the yardstick.
 // The printed lines ("fp8 weights, ...") are what tools/gpu/run_fp8_experts.sh tabulates.
 TEST(GpuFp8WeightsTest, Fp8ResidentAgainstBf16DequantizedOnALargeCheckpoint) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
@@ -300,8 +302,10 @@ TEST(GpuFp8WeightsTest, Fp8ResidentAgainstBf16DequantizedOnALargeCheckpoint) {
   Print("large: bf16-dequantized GPU vs the same with fp32 dense GEMM inputs", b16);
   Print("large: W8A16 GPU vs bf16 weights with fp32 dense GEMM inputs", a16_f32);
   // Far above chance (1 / vocabulary) and above what a layout or scale error leaves (~0).
-  // Measured 2026-12-04 on the 8-layer V4-Flash: W8A16 vs bf16 59.6%, W8A8 19.6%.
+  // Measured 2026-12-04 16:12 UTC on the 8-layer V4-Flash: W8A16 vs bf16 70.4%, W8A8 17.3%, the
+  // yardstick 66.2%.
   EXPECT_GE(a16.ArgmaxRate(), 0.3);
+  EXPECT_GE(a16.ArgmaxRate(), b16.ArgmaxRate());
 }
 
 }  // namespace

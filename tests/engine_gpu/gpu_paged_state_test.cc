@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,6 +93,11 @@ class PagedStateTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+    if (GetParam() == "kjv-v4-wide" &&
+        !std::filesystem::exists(SourceDir() / "models/kjv-v4-wide/config.json")) {
+      // A device tree made by tools/gpu/device_tree.sh tests leaves the wide model aside.
+      GTEST_SKIP() << "models/kjv-v4-wide is not in this tree";
+    }
     LoadModel(GetParam(), &model_);
   }
   TestModel model_;

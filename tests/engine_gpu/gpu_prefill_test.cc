@@ -248,18 +248,25 @@ bool SamePageBytes(const runtime::SequencePages& a, const runtime::SequencePages
   return true;
 }
 
-// The staged export (1 pinned layer buffer, 2, and the default: every layer) writes the pages the
-// whole-slot export wrote (GpuModel::ExportState, then PagedState::StoreLayer per layer), byte for
-// byte, for prompts of 1, 64, 97 and 250 tokens, into fp32 pages and into bf16 pages (the staged
-// export stores the device's blocks as they are: StoreLayerRing).
+// The staged export (1 pinned layer buffer, 2, and the default: every layer; the pages stored on
+// 1 host thread, on 4, and on the default) writes the pages the whole-slot export wrote
+// (GpuModel::ExportState, then PagedState::StoreLayer per layer), byte for byte, for prompts of
+// 1, 64, 97 and 250 tokens, into fp32 pages and into bf16 pages (the staged export stores the
+// device's blocks as they are: StoreLayerRing). The engine runs each prompt's last chunk as
+// GpuModel::ForwardExporting, so this also checks the copies made during that chunk.
 TEST_F(GpuPrefillTest, StagedPagesEqualTheWholeSlotExportsPages) {
   const int64_t layers = model_.config.num_hidden_layers;
   std::vector<std::unique_ptr<GpuPrefillEngine>> engines;
-  for (int64_t buffers : {int64_t{1}, std::min<int64_t>(2, layers), int64_t{0}}) {
-    auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, buffers);
+  for (auto [buffers, threads] :
+       {std::pair<int64_t, int>{1, 1}, {std::min<int64_t>(2, layers), 4}, {0, 0}}) {
+    auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, buffers, threads);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engines.push_back(std::move(*engine));
   }
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, 0, -1).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, 0, 65).status()));
   EXPECT_TRUE(
       absl::IsInvalidArgument(GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock, -1).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(

@@ -94,7 +94,9 @@ std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
                            " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                            (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
                                                        "," + std::to_string(config.stages) + "," +
-                                                       std::to_string(config.target_blocks)
+                                                       std::to_string(config.target_blocks) +
+                                                       (config.cluster_reduce ? ",cluster" : "") +
+                                                       (config.smem_scales ? ",smem_scales" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -109,7 +111,7 @@ std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
   if (path == Path::kCublasLt) {
     cublasLtHandle_t handle = nullptr;
     EXPECT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
-    GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.k));
+    GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.n, c.k));
     EXPECT_TRUE(ws.ok() && out.ok());
     const cudaError_t status =
         fp8_gemm_cublaslt(handle, xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, c.ue8m0,
@@ -247,16 +249,124 @@ TEST(CudaFp8GemmTest, WgmmaExtremeScalesAndNonFinite) {
   RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096});
 }
 
+// cluster_reduce: the k splits of a tile reduced in-kernel through distributed shared memory give
+// the same bits as the two-kernel reduction with the same splits (n = 200: partial row tiles; 2,
+// 4 and 8 splits; m = 128 and 130, token tiles past 64, ignore the flag and must still match), and
+// match the reference.
+TEST(CudaFp8GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  struct Case {
+    int wgs;
+    int target;
+    int64_t m;
+    int32_t splits;
+  };
+  // Tiles: ceil(m / 128) token tiles x ceil(200 / (64 wgs)) row tiles; splits = round(target /
+  // tiles), at most 8 (k = 1024: 8 k blocks).
+  for (const Case& t :
+       {Case{1, 16, 1, 4}, Case{1, 32, 7, 8}, Case{1, 16, 130, 2}, Case{2, 8, 33, 4},
+        Case{2, 32, 128, 8}, Case{2, 16, 130, 4}, Case{1, 8, 64, 2}}) {
+    const DenseCase c = MakeDense(rng, t.m, 200, 1024, t.m % 2 == 0);
+    const Fp8WgmmaConfig two_pass{t.wgs, 4, t.target, false};
+    const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, two_pass), t.splits) << "m=" << t.m;
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), t.splits) << "m=" << t.m;
+    if (t.m <= 64) {  // token tiles past 64 ignore the flag
+      EXPECT_LT(fp8_gemm_wgmma_workspace_bytes(c.m, c.n, c.k, cluster),
+                fp8_gemm_wgmma_workspace_bytes(c.m, c.n, c.k, two_pass));
+    }
+    const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, two_pass);
+    const std::vector<uint16_t> second = RunAndCheck(c, Path::kWgmma, cluster);
+    ASSERT_FALSE(first.empty());
+    EXPECT_EQ(first, second) << "m=" << t.m << " wgs=" << t.wgs;
+  }
+}
+
+// cluster_reduce caps the splits at kFp8WgmmaClusterSplits (k = 2560: 20 k blocks, 16 splits
+// asked for), rounds them down to a power of two (12 / 4 tiles: 3 -> 2; k = 640: 5 k blocks,
+// uneven per split) and keeps extreme scales and NaN / Inf positions as the reference has them.
+TEST(CudaFp8GemmTest, WgmmaClusterReduceCapsSplitsAndKeepsNonFinite) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig cluster{1, 4, 64, true};
+  const DenseCase big_k = MakeDense(rng, 5, 200, 2560, false);
+  ASSERT_EQ(fp8_gemm_wgmma_splits(big_k.m, big_k.n, big_k.k, cluster), kFp8WgmmaClusterSplits);
+  RunAndCheck(big_k, Path::kWgmma, cluster);
+  const DenseCase odd = MakeDense(rng, 3, 200, 640, true);
+  ASSERT_EQ(fp8_gemm_wgmma_splits(odd.m, odd.n, odd.k, Fp8WgmmaConfig{1, 4, 12, true}), 2);
+  RunAndCheck(odd, Path::kWgmma, Fp8WgmmaConfig{1, 4, 12, true});
+  DenseCase c = ExtremeScales(rng);
+  ASSERT_GT(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), 1);
+  RunAndCheck(c, Path::kWgmma, cluster);
+  c.ue8m0 = !c.ue8m0;
+  RunAndCheck(c, Path::kWgmma, cluster);
+  const DenseCase d = NonFinite(rng);
+  ASSERT_GT(fp8_gemm_wgmma_splits(d.m, d.n, d.k, cluster), 1);
+  RunAndCheck(d, Path::kWgmma, cluster);
+  RunAndCheck(d, Path::kWgmma, Fp8WgmmaConfig{2, 4, 4096, true});
+}
+
+// smem_scales (the split's scales staged in shared memory) gives the same bits as reading the
+// scales per k block: token tiles of 8..64 (128 and 130, two tiles, ignore the flag), 10 k blocks
+// unevenly split, with and without cluster_reduce; extreme scales and NaN / Inf too.
+TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true, true},
+        Fp8WgmmaConfig{1, 3, 4096, false, true, true}}) {
+    Fp8WgmmaConfig plain = config;
+    plain.smem_scales = false;
+    for (int64_t m : {1, 17, 64, 128, 130}) {
+      const DenseCase c = MakeDense(rng, m, 200, 1280, m % 2 == 1);
+      const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, plain);
+      const std::vector<uint16_t> second = RunAndCheck(c, Path::kWgmma, config);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " wgs=" << config.warpgroups;
+    }
+  }
+  DenseCase e = ExtremeScales(rng);
+  RunAndCheck(e, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
+  e.ue8m0 = !e.ue8m0;
+  RunAndCheck(e, Path::kWgmma, Fp8WgmmaConfig{2, 4, 0, false, true});
+  RunAndCheck(NonFinite(rng), Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
+}
+
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16
 // mma.sync up to kW8a16MmaMaxTokens and wgmma above (unless PDSERVE_FP8_GEMM forces one);
 // cuBLASLt's output through fp8_gemm matches, and the mma.sync path stays correct on its own.
+// fp8_gemm_mma's k splits (2, 4, 8 at k = 512, 1024, 2048 with 4 row tiles; summed by the reduce
+// kernel): two runs give the same bits, every token count of a tile (1..32, 33 = two items)
+// matches the reference, and extreme scales and NaN / Inf keep their positions.
+TEST(CudaFp8GemmTest, MmaSplitKIsDeterministic) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t k : {512, 1024, 2048}) {
+    for (int64_t m : {1, 7, 8, 13, 33}) {
+      const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 0);
+      const std::vector<uint16_t> first = RunAndCheck(c, Path::kMma);
+      const std::vector<uint16_t> second = RunAndCheck(c, Path::kMma);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " k=" << k;
+    }
+  }
+  DenseCase e = ExtremeScales(rng);
+  RunAndCheck(e, Path::kMma);
+  e.ue8m0 = !e.ue8m0;
+  RunAndCheck(e, Path::kMma);
+  RunAndCheck(NonFinite(rng), Path::kMma);
+}
+
 TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
   PDSERVE_SKIP_WITHOUT_GPU();
   if (std::getenv("PDSERVE_FP8_GEMM") == nullptr) {
     EXPECT_EQ(fp8_gemm_path(1), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_path(kFp8MmaMaxTokens), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_path(kFp8MmaMaxTokens + 1), Fp8GemmPath::kWgmma);
-    EXPECT_EQ(fp8_gemm_path(4096), Fp8GemmPath::kWgmma);  // cuBLASLt is not dispatched to
+    EXPECT_EQ(fp8_gemm_path(kFp8LtMinTokens - 1), Fp8GemmPath::kWgmma);
+    EXPECT_EQ(fp8_gemm_path(kFp8LtMinTokens), Fp8GemmPath::kCublasLt);
+    EXPECT_EQ(fp8_gemm_path(4096), Fp8GemmPath::kCublasLt);
     EXPECT_EQ(fp8_gemm_w8a16_path(1), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_w8a16_path(kW8a16MmaMaxTokens), Fp8GemmPath::kMma);
     EXPECT_EQ(fp8_gemm_w8a16_path(kW8a16MmaMaxTokens + 1), Fp8GemmPath::kWgmma);
@@ -268,6 +378,14 @@ TEST(CudaFp8GemmTest, DispatchAndMmaPath) {
   DenseCase lt = MakeDense(rng, 256, 384, 512, false);
   lt.out_stride = lt.n + 8;  // cuBLASLt's requirements hold
   RunAndCheck(lt, Path::kOwn);
+  // Through the dispatch at cuBLASLt's sizes: k / 128 of 2 (padded weight scales), m not a
+  // multiple of 4 (mma.sync tail), n not a multiple of 128 (the wgmma path instead).
+  for (int64_t m : {64, 77, 130}) {
+    RunAndCheck(MakeDense(rng, m, 2048, 256, false), Path::kOwn);
+    RunAndCheck(MakeDense(rng, m, 200, 256, false), Path::kOwn);
+  }
+  EXPECT_GE(fp8_gemm_workspace_bytes(100, 4096, 2048),
+            fp8_gemm_cublaslt_workspace_bytes(100, 4096, 2048));
   for (int64_t m : {1, 13, 77}) RunAndCheck(MakeDense(rng, m, 200, 384, false), Path::kMma);
 }
 
@@ -290,13 +408,20 @@ TEST(CudaFp8GemmTest, WgmmaRefusesASmallWorkspace) {
 TEST(CudaFp8GemmTest, CublasLtMatchesReference) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  // Token counts cuBLASLt has algorithms for: on the H200 (CUDA 13.0, 2026-12-04) its
-  // block-scaled FP8 had no algorithm for 1 or 2 tokens, nor for 77 (the heuristic answered
-  // CUBLAS_STATUS_NOT_SUPPORTED; torch._scaled_mm failed the same way).
-  for (int64_t m : {4, 16, 80, 256}) {
+  // Token counts that are and are not multiples of 4 (the last m % 4 rows go through mma.sync;
+  // 1 and 2 tokens only through it), k / 128 of 4 (DeepSeek's scales as they are) and of 2 and
+  // 3 (padded copies: unpadded, m = 64 x n = 2048 x k = 256 was wrong on the H200, 2026-12-04).
+  for (int64_t m : {1, 4, 16, 77, 80, 256}) {
     DenseCase c = MakeDense(rng, m, 384, 512, m == 80);
     c.out_stride = c.n + 8;  // multiple of 8, columns past n untouched
     RunAndCheck(c, Path::kCublasLt);
+  }
+  for (int64_t k : {256, 384}) {
+    for (int64_t m : {64, 130}) {
+      DenseCase c = MakeDense(rng, m, 2048, k, false);
+      c.out_stride = c.n;
+      RunAndCheck(c, Path::kCublasLt);
+    }
   }
 }
 
@@ -309,7 +434,7 @@ TEST(CudaFp8GemmTest, CublasLtWithoutAnAlgorithmSaysSo) {
   GuardedBuffer<uint8_t> w(c.w.size());
   GuardedBuffer<float> w_scale(c.w_scale.size());
   GuardedBuffer<uint16_t> out(static_cast<size_t>(c.m * c.out_stride));
-  GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.k));
+  GuardedBuffer<uint8_t> ws(fp8_gemm_cublaslt_workspace_bytes(c.m, c.n, c.k));
   cublasLtHandle_t handle = nullptr;
   ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
   std::string refusal;

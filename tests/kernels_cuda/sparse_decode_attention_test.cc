@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tests/kernels_cuda/cuda_test_util.h"
@@ -142,66 +143,118 @@ std::vector<double> Evaluate(const AttentionCase& c, float scale) {
   return out;
 }
 
-void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
-                 float scale = 1.0f / std::sqrt(static_cast<float>(kD))) {
-  const int64_t batch = static_cast<int64_t>(c.window_len.size());
-  GuardedBuffer<uint16_t> q(c.q.size()), window_pool(c.window_pool.size()),
-      kv_pool(c.kv_pool.size()), out(static_cast<size_t>(batch * c.heads * kD));
-  GuardedBuffer<int32_t> window_len(c.window_len.size()), window_page(c.window_page.size()),
-      n_compressed(c.n_compressed.size()), table(c.page_table.size()),
-      indices(std::max<size_t>(1, c.indices.size()));
-  GuardedBuffer<float> sinks(c.sinks.size());
-  q.Upload(c.q);
-  window_pool.Upload(c.window_pool);
-  kv_pool.Upload(c.kv_pool);
-  window_len.Upload(c.window_len);
-  window_page.Upload(c.window_page);
-  n_compressed.Upload(c.n_compressed);
-  table.Upload(c.page_table);
-  if (c.csa) indices.Upload(c.indices);
-  sinks.Upload(c.sinks);
-  SparseDecodeParams p;
-  p.q = reinterpret_cast<const __nv_bfloat16*>(q.get());
-  p.batch = batch;
-  p.heads = c.heads;
-  p.window_pool = reinterpret_cast<const __nv_bfloat16*>(window_pool.get());
-  p.window_page = window_page.get();
-  p.window_len = window_len.get();
-  p.window_size = c.window_size;
-  p.kv_pool = reinterpret_cast<const __nv_bfloat16*>(kv_pool.get());
-  p.page_table = table.get();
-  p.page_table_stride = c.table_stride;
-  p.page_size = c.page_size;
-  p.n_compressed = n_compressed.get();
-  p.indices = c.csa ? indices.get() : nullptr;
-  p.compressed_slots = c.slots;
-  p.sinks = sinks.get();
-  p.softmax_scale = scale;
-  p.entries_per_split = entries_per_split;
-  GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
-  ASSERT_TRUE(workspace.ok() && out.ok());
-  PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),
-                                          reinterpret_cast<__nv_bfloat16*>(out.get()), nullptr));
-  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> got_bits = out.Download();
-  EXPECT_TRUE(out.GuardsIntact());
-  EXPECT_TRUE(workspace.GuardsIntact());
+// The device buffers of one case, uploaded.
+struct DeviceCase {
+  explicit DeviceCase(const AttentionCase& c)
+      : batch(static_cast<int64_t>(c.window_len.size())),
+        q(c.q.size()),
+        window_pool(c.window_pool.size()),
+        kv_pool(c.kv_pool.size()),
+        window_len(c.window_len.size()),
+        window_page(c.window_page.size()),
+        n_compressed(c.n_compressed.size()),
+        table(c.page_table.size()),
+        indices(std::max<size_t>(1, c.indices.size())),
+        sinks(c.sinks.size()) {
+    q.Upload(c.q);
+    window_pool.Upload(c.window_pool);
+    kv_pool.Upload(c.kv_pool);
+    window_len.Upload(c.window_len);
+    window_page.Upload(c.window_page);
+    n_compressed.Upload(c.n_compressed);
+    table.Upload(c.page_table);
+    if (c.csa) indices.Upload(c.indices);
+    sinks.Upload(c.sinks);
+  }
+  SparseDecodeParams Params(const AttentionCase& c, int64_t entries_per_split, float scale,
+                            SparseDecodeVariant variant) {
+    SparseDecodeParams p;
+    p.q = reinterpret_cast<const __nv_bfloat16*>(q.get());
+    p.batch = batch;
+    p.heads = c.heads;
+    p.window_pool = reinterpret_cast<const __nv_bfloat16*>(window_pool.get());
+    p.window_page = window_page.get();
+    p.window_len = window_len.get();
+    p.window_size = c.window_size;
+    p.kv_pool = reinterpret_cast<const __nv_bfloat16*>(kv_pool.get());
+    p.page_table = table.get();
+    p.page_table_stride = c.table_stride;
+    p.page_size = c.page_size;
+    p.n_compressed = n_compressed.get();
+    p.indices = c.csa ? indices.get() : nullptr;
+    p.compressed_slots = c.slots;
+    p.sinks = sinks.get();
+    p.softmax_scale = scale;
+    p.entries_per_split = entries_per_split;
+    p.variant = variant;
+    return p;
+  }
+  int64_t batch;
+  GuardedBuffer<uint16_t> q, window_pool, kv_pool;
+  GuardedBuffer<int32_t> window_len, window_page, n_compressed, table, indices;
+  GuardedBuffer<float> sinks;
+};
 
-  const std::vector<double> want = Evaluate(c, scale);  // allocates after the kernel ran
+// The launch configurations every case runs with: both variants, kDependentLaunch also launched
+// plainly (programmatic_launch false) and without the lookups' prefetch.
+struct LaunchConfig {
+  SparseDecodeVariant variant;
+  bool programmatic_launch;
+  bool prefetch_lookups;
+  const char* name;
+};
+constexpr LaunchConfig kConfigs[] = {
+    {SparseDecodeVariant::kSplitCombine, true, true, "kSplitCombine"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, false, true, "kDependentLaunch, plain launches"},
+    {SparseDecodeVariant::kDependentLaunch, true, false, "kDependentLaunch, no prefetch"}};
+
+// got (bf16 bits, [batch, heads, 512]) against the float64 reference.
+void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
+                 const std::vector<double>& want, const std::string& what) {
+  const int64_t batch = static_cast<int64_t>(c.window_len.size());
   for (int64_t r = 0; r < batch * c.heads; ++r) {
     std::vector<double> got(static_cast<size_t>(kD));
     for (int64_t d = 0; d < kD; ++d) got[d] = FromBf16(got_bits[r * kD + d]);
     const std::vector<double> want_row(want.begin() + r * kD, want.begin() + (r + 1) * kD);
     const testing::ErrorReport err = testing::NormalizedError(got, want_row);
-    ASSERT_EQ(err.mismatched, 0) << "request " << r / c.heads << " head " << r % c.heads;
+    ASSERT_EQ(err.mismatched, 0) << what << " request " << r / c.heads << " head " << r % c.heads;
     const bool empty =
         std::all_of(want_row.begin(), want_row.end(), [](double v) { return v == 0.0; });
     if (empty) {
       ASSERT_TRUE(std::all_of(got.begin(), got.end(), [](double v) { return v == 0.0; }))
-          << "request " << r / c.heads << " attends to nothing but got nonzero output";
+          << what << " request " << r / c.heads << " attends to nothing but got nonzero output";
     } else {
-      ASSERT_LT(err.normalized, 1e-2) << "request " << r / c.heads << " head " << r % c.heads;
+      ASSERT_LT(err.normalized, 1e-2)
+          << what << " request " << r / c.heads << " head " << r % c.heads;
     }
+  }
+}
+
+// Runs the case with each launch configuration (all before the reference is computed), checks
+// the outputs and the guard bands.
+void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
+                 float scale = 1.0f / std::sqrt(static_cast<float>(kD))) {
+  DeviceCase d(c);
+  std::vector<std::vector<uint16_t>> got;
+  for (const LaunchConfig& config : kConfigs) {
+    GuardedBuffer<uint16_t> out(static_cast<size_t>(d.batch * c.heads * kD));
+    SparseDecodeParams p = d.Params(c, entries_per_split, scale, config.variant);
+    p.programmatic_launch = config.programmatic_launch;
+    p.prefetch_lookups = config.prefetch_lookups;
+    GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
+    ASSERT_TRUE(workspace.ok() && out.ok());
+    PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),
+                                            reinterpret_cast<__nv_bfloat16*>(out.get()), nullptr));
+    PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+    got.push_back(out.Download());
+    EXPECT_TRUE(out.GuardsIntact()) << config.name;
+    EXPECT_TRUE(workspace.GuardsIntact()) << config.name;
+  }
+  const std::vector<double> want = Evaluate(c, scale);  // allocates after the kernels ran
+  for (size_t v = 0; v < got.size(); ++v) {
+    CheckOutput(c, got[v], want,
+                std::string(kConfigs[v].name) + " split " + std::to_string(entries_per_split));
   }
 }
 
@@ -295,6 +348,113 @@ TEST(CudaSparseDecodeTest, SplitSizeFollowsTheMeasuredCosts) {
   }
 }
 
+TEST(CudaSparseDecodeTest, OddLengthsBatch33) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // 33 requests: lengths 0, 1, odd, one short of and one past multiples of 32 and 64, with window
+  // rows and CSA slots mixed; split sizes that leave later splits of short requests empty and
+  // requests that fit in split 0 (finished there by kDependentLaunch).
+  std::vector<int32_t> window_len(33);
+  std::vector<int32_t> n_compressed(33);
+  const int32_t lengths[] = {0, 1, 3, 31, 33, 63, 65, 95, 97, 127, 129, 191, 255, 257, 300, 399};
+  for (int b = 0; b < 33; ++b) {
+    window_len[b] = b % 3 == 0 ? 0 : std::min<int32_t>(128, lengths[(b * 5) % 16]);
+    n_compressed[b] = lengths[b % 16] + (b >= 16 ? 64 : 0) * (b % 2);
+  }
+  n_compressed[32] = 0;
+  window_len[32] = 0;  // a request with nothing to attend
+  const AttentionCase c = MakeCase(rng, 64, true, 256, window_len, n_compressed, 0.2);
+  for (int64_t per : {32, 64, 96, 384}) RunAndCheck(c, per);
+  const AttentionCase h = MakeCase(rng, 64, false, 320, window_len, n_compressed, 0.0);
+  for (int64_t per : {32, 160, 448}) RunAndCheck(h, per);
+}
+
+TEST(CudaSparseDecodeTest, OneRequestManySplits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // Batch 1: HCA over 1100 entries + 77 window rows in 37 splits of one tile, in 13 and in 2;
+  // CSA with half the slots invalid.
+  const AttentionCase h = MakeCase(rng, 64, false, 1100, {77}, {1100}, 0.0);
+  for (int64_t per : {32, 96, 640}) RunAndCheck(h, per);
+  const AttentionCase c = MakeCase(rng, 64, true, 512, {128}, {3000}, 0.5);
+  for (int64_t per : {32, 64, 160}) RunAndCheck(c, per, 0.5f);
+}
+
+TEST(CudaSparseDecodeTest, Batch128Splits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // 128 requests of 0-110 entries (window rows and CSA slots) in 32- and 64-row splits: requests
+  // with no split, one split (kDependentLaunch: final output from split 0, skipped by the
+  // combine kernel) and several, side by side.
+  std::vector<int32_t> window_len(128);
+  std::vector<int32_t> n_compressed(128);
+  for (int b = 0; b < 128; ++b) {
+    window_len[b] = (b * 7) % 41;
+    n_compressed[b] = (b * 13) % 71;
+  }
+  const AttentionCase c = MakeCase(rng, 64, true, 64, window_len, n_compressed, 0.1);
+  RunAndCheck(c, 32);
+  RunAndCheck(c, 64);
+}
+
+TEST(CudaSparseDecodeTest, DependentLaunchGraphReplays) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // kDependentLaunch captured in a CUDA graph (as the decode step runs it: two launches, the second
+  // a programmatic dependent of the first's combine kernel) and replayed three times, the same
+  // bits each time; then launched plainly (programmatic_launch false) on the same workspace with
+  // another split size and another batch: every output matches the reference.
+  const AttentionCase c =
+      MakeCase(rng, 64, true, 320, {128, 0, 17, 90, 5}, {900, 0, 300, 41, 2}, 0.1);
+  const AttentionCase small = MakeCase(rng, 64, false, 200, {3, 128}, {200, 77}, 0.0);
+  DeviceCase d(c);
+  DeviceCase ds(small);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  const SparseDecodeParams p = d.Params(c, 64, scale, SparseDecodeVariant::kDependentLaunch);
+  SparseDecodeParams ps = ds.Params(small, 32, scale, SparseDecodeVariant::kDependentLaunch);
+  ps.programmatic_launch = false;  // the same kernel in a plain launch
+  GuardedBuffer<unsigned char> workspace(
+      std::max(SparseDecodeWorkspaceBytes(p), SparseDecodeWorkspaceBytes(ps)));
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(d.batch * c.heads * kD));
+  GuardedBuffer<uint16_t> out_small(static_cast<size_t>(ds.batch * small.heads * kD));
+  ASSERT_TRUE(workspace.ok() && out.ok() && out_small.ok());
+  cudaStream_t stream;
+  PDSERVE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto* const o = reinterpret_cast<__nv_bfloat16*>(out.get());
+  auto* const o_small = reinterpret_cast<__nv_bfloat16*>(out_small.get());
+  // First call outside capture (kernel attributes).
+  PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(), o, stream));
+  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  PDSERVE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(), o, stream));
+  PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(), o, stream));
+  PDSERVE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  PDSERVE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<std::vector<uint16_t>> replays;
+  for (int i = 0; i < 3; ++i) {
+    PDSERVE_CUDA_OK(cudaMemsetAsync(out.get(), 0xFF, out.size() * 2, stream));  // NaN
+    PDSERVE_CUDA_OK(cudaGraphLaunch(exec, stream));
+    PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+    replays.push_back(out.Download());
+  }
+  PDSERVE_CUDA_OK(sparse_decode_attention(ps, workspace.get(), workspace.size(), o_small, stream));
+  PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
+  const std::vector<uint16_t> got_small = out_small.Download();
+  EXPECT_TRUE(workspace.GuardsIntact());
+  EXPECT_TRUE(out.GuardsIntact());
+  PDSERVE_CUDA_OK(cudaGraphExecDestroy(exec));
+  PDSERVE_CUDA_OK(cudaGraphDestroy(graph));
+  PDSERVE_CUDA_OK(cudaStreamDestroy(stream));
+  const std::vector<double> want = Evaluate(c, scale);
+  for (size_t i = 0; i < replays.size(); ++i) {
+    EXPECT_EQ(replays[i], replays[0]) << "replay " << i << " differs from replay 0";
+    CheckOutput(c, replays[i], want, "graph replay " + std::to_string(i));
+  }
+  CheckOutput(small, got_small, Evaluate(small, scale), "eager after the graph");
+}
+
 TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   PDSERVE_SKIP_WITHOUT_GPU();
   SparseDecodeParams p;
@@ -307,6 +467,9 @@ TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
   p.entries_per_split = 64;
   p.softmax_scale = 0.0f;  // the kernel needs a positive scale
+  EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
+  p.softmax_scale = 1.0f;
+  p.variant = static_cast<SparseDecodeVariant>(7);  // no such variant
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 

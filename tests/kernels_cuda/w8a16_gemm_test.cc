@@ -93,8 +93,9 @@ DenseCase ExtremeScales(std::mt19937_64& rng) {
 // kDispatch: fp8_gemm_w8a16 (its path by token count); kMma / kWgmma: that path explicitly.
 enum class Path { kDispatch, kMma, kWgmma };
 
-void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
-                      const Fp8WgmmaConfig& config = {}) {
+// Returns the output bits (empty when the launch failed).
+std::vector<uint16_t> RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
+                                       const Fp8WgmmaConfig& config = {}) {
   const char* name = path == Path::kDispatch ? "fp8_gemm_w8a16"
                      : path == Path::kMma    ? "fp8_gemm_w8a16_mma"
                                              : "fp8_gemm_w8a16_wgmma";
@@ -102,7 +103,10 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                            " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                            (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
                                                        "," + std::to_string(config.stages) + "," +
-                                                       std::to_string(config.target_blocks)
+                                                       std::to_string(config.target_blocks) +
+                                                       (config.cluster_reduce ? ",cluster" : "") +
+                                                       (config.smem_scales ? ",smem_scales" : "") +
+                                                       (config.a16_register_weights ? ",reg" : "")
                                                  : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
@@ -113,7 +117,8 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                               ? fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, config)
                               : fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k);
   GuardedBuffer<uint8_t> ws(std::max<size_t>(256, ws_bytes));
-  ASSERT_TRUE(ws.ok() && out.ok()) << what;
+  EXPECT_TRUE(ws.ok() && out.ok()) << what;
+  if (!ws.ok() || !out.ok()) return {};
   EXPECT_LE(fp8_gemm_w8a16_workspace_bytes(c.m, c.n, c.k), fp8_gemm_workspace_bytes(c.m, c.n, c.k));
   x.Upload(c.x);
   w.Upload(c.w);
@@ -130,8 +135,11 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                                c.out_stride, ws.get(), ws.size(), nullptr, &refusal)
           : fp8_gemm_w8a16_wgmma(xp, c.m, c.k, c.x_stride, w.get(), w_scale.get(), c.n, op,
                                  c.out_stride, ws.get(), ws.size(), nullptr, config, &refusal);
-  ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
-  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(status, cudaSuccess) << what << ": " << refusal;
+  if (status != cudaSuccess) return {};
+  const cudaError_t sync = cudaDeviceSynchronize();
+  EXPECT_EQ(sync, cudaSuccess) << what << ": " << cudaGetErrorString(sync);
+  if (sync != cudaSuccess) return {};
   const std::vector<uint16_t> got = out.Download();
   EXPECT_TRUE(out.GuardsIntact()) << what;
   EXPECT_TRUE(ws.GuardsIntact()) << what;
@@ -142,6 +150,7 @@ void RunAndCheckDense(const DenseCase& c, Path path = Path::kDispatch,
                           want.data());
   testing::ExpectBf16Rows(got, c.m, c.n, c.out_stride, want, {}, kSentinel, what);
   ExpectRowsClose(got, c.m, c.n, c.out_stride, want, {}, what);
+  return got;
 }
 
 TEST(CudaW8a16GemmTest, OddTokenCountsAndShapes) {
@@ -279,8 +288,8 @@ TEST(CudaW8a16GemmTest, RefusalsNameTheArgument) {
   EXPECT_NE(refusal_of(2, 128, 120, w.get(), 16, all).find("x_stride:"), std::string::npos);
   EXPECT_NE(refusal_of(-1, 128, 128, w.get(), 16, all).find("m:"), std::string::npos);
   EXPECT_NE(refusal_of(2, 128, 128, nullptr, 16, all).find("w:"), std::string::npos);
-  // k = 1024, n = 16: split k, so the partial sums need a workspace.
-  EXPECT_NE(refusal_of(2, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
+  // k = 1024, n = 2, 12 tokens (the wgmma path): split k, so the partial sums need a workspace.
+  EXPECT_NE(refusal_of(12, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -441,6 +450,124 @@ TEST(CudaW8a16MoeGemmTest, NanAndInfMatchInPosition) {
   c.x[3 * c.x_stride + 300] = 0x7F80;
   c.w[static_cast<size_t>((c.experts[0] * c.n + 50) * c.k + 7)] = 0x7F;  // token 0's expert
   RunAndCheckMoe(c, "w8a16 NaN/Inf");
+}
+
+// cluster_reduce (fp8_gemm.cuh): the same bits as the two-kernel split-k reduction with the same
+// splits, at partial row tiles (n = 200) and 2, 4, 8 splits (m = 130: token tiles past 64 ignore
+// the flag); the split cap at k = 2560; extreme scales and NaN / Inf as the reference has them.
+TEST(CudaW8a16GemmTest, WgmmaClusterReduceEqualsTwoPassBitForBit) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  struct Case {
+    int wgs;
+    int target;
+    int64_t m;
+    int32_t splits;
+  };
+  for (const Case& t : {Case{1, 16, 1, 4}, Case{1, 32, 9, 8}, Case{1, 16, 130, 2},
+                        Case{2, 8, 40, 4}, Case{2, 16, 130, 4}}) {
+    const DenseCase c = MakeDense(rng, t.m, 200, 1024);
+    const Fp8WgmmaConfig two_pass{t.wgs, 4, t.target, false};
+    const Fp8WgmmaConfig cluster{t.wgs, 4, t.target, true};
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, two_pass), t.splits) << "m=" << t.m;
+    ASSERT_EQ(fp8_gemm_wgmma_splits(c.m, c.n, c.k, cluster), t.splits) << "m=" << t.m;
+    if (t.m <= 64) {  // token tiles past 64 ignore the flag
+      EXPECT_EQ(fp8_gemm_w8a16_wgmma_workspace_bytes(c.m, c.n, c.k, cluster), 0u);
+    }
+    const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, two_pass);
+    const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, cluster);
+    ASSERT_FALSE(first.empty());
+    EXPECT_EQ(first, second) << "m=" << t.m << " wgs=" << t.wgs;
+  }
+  const Fp8WgmmaConfig cluster{1, 4, 64, true};
+  RunAndCheckDense(MakeDense(rng, 5, 200, 2560), Path::kWgmma, cluster);
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, cluster);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  RunAndCheckDense(d, Path::kWgmma, cluster);
+}
+
+// smem_scales (and register weights): the same bits as the weight scales read per k block (token
+// tiles of 8..128 and two tiles at m = 130, 10 k blocks unevenly split, with and without
+// cluster_reduce).
+TEST(CudaW8a16GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{2, 4, 264, true, true, true}}) {
+    Fp8WgmmaConfig plain = config;
+    plain.smem_scales = false;
+    for (int64_t m : {1, 64, 130}) {
+      const DenseCase c = MakeDense(rng, m, 200, 1280);
+      const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, plain);
+      const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, config);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " wgs=" << config.warpgroups;
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
+}
+
+// a16_register_weights (each thread converts its own wgmma A fragment from the e4m3 stage): every
+// k position of every row of all four warps of a warpgroup (n = 72: a full 64-row tile and a
+// partial one) lands on its own product; then token tiles 8..64 (and 72 and 130, where the flag is
+// ignored), split and cluster-reduced, extreme scales and NaN / Inf against the reference.
+TEST(CudaW8a16GemmTest, WgmmaRegisterWeights) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig reg{1, 4, 0, false, false, true};
+  DenseCase c = MakeDense(rng, 5, 72, 256);
+  std::fill(c.w_scale.begin(), c.w_scale.end(), 1.0f);
+  for (int64_t r = 0; r < c.m; ++r) {
+    for (int64_t col = 0; col < c.x_stride; ++col) {
+      c.x[r * c.x_stride + col] =
+          testing::ToBf16(std::ldexp(col % 128 + 1.0f, static_cast<int>(r)));
+    }
+  }
+  for (int64_t col = 0; col < 256; ++col) {
+    std::fill(c.w.begin(), c.w.end(), 0);
+    for (int64_t n = 0; n < c.n; ++n) c.w[n * c.k + col] = cpu::E4m3FromFloat(n % 16 + 1.0f);
+    RunAndCheckDense(c, Path::kWgmma, reg);
+  }
+  for (const Fp8WgmmaConfig config : {reg, Fp8WgmmaConfig{2, 4, 264, true, true, true},
+                                      Fp8WgmmaConfig{1, 3, 4096, false, false, true}}) {
+    for (int64_t m : {1, 8, 17, 33, 64, 72, 130}) {
+      RunAndCheckDense(MakeDense(rng, m, 200, 1280), Path::kWgmma, config);
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, reg);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  d.w[static_cast<size_t>(135 * d.k + 0)] = 0xFF;
+  RunAndCheckDense(d, Path::kWgmma, reg);
+  RunAndCheckDense(d, Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true, true});
+}
+
+// fp8_gemm_w8a16_mma's k splits (2, 4, 8): with one token tile (m <= 8) reduced in the kernel
+// through a cluster, with more by the reduce kernel; two runs give the same bits and match the
+// reference, extreme scales and NaN / Inf included.
+TEST(CudaW8a16GemmTest, MmaClusterReduceIsDeterministic) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (int64_t k : {512, 1024, 2048}) {
+    for (int64_t m : {1, 8, 13, 33}) {
+      const DenseCase c = MakeDense(rng, m, 200, k);
+      const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kMma);
+      const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kMma);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, second) << "m=" << m << " k=" << k;
+    }
+  }
+  RunAndCheckDense(ExtremeScales(rng), Path::kMma);
+  DenseCase d = MakeDense(rng, 11, 136, 384);
+  d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
+  d.x[6 * d.x_stride + 200] = 0x7F80;
+  d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
+  RunAndCheckDense(d, Path::kMma);
 }
 
 }  // namespace

@@ -191,7 +191,10 @@ TEST(LanesIdentityTest, OneLaneAndFourLanesLandTheSameBytes) {
 // Two requests over four lanes; slot 1 of the first rides lane 1 (pages go round-robin from lane
 // 0 in post order) and is corrupted in flight. Only that request fails, with the checksum error;
 // the other verifies with its bytes intact.
-TEST(LanesFaultTest, CorruptedPageOnOneLaneFailsOnlyItsRequest) {
+// Two requests over 4 lanes, one page of the first corrupted on its way (after its checksum was
+// taken, on the sender's thread or on `checksum_pool`): only that request fails, with the
+// checksum error naming the slot; the other lands intact.
+void CorruptedPageFailsOnlyItsRequest(TaskPool* checksum_pool) {
   LaneHarness harness("tcp", 4, 64 << 10);
   auto transport = MakeSender(4);
   ASSERT_NE(transport, nullptr);
@@ -204,7 +207,7 @@ TEST(LanesFaultTest, CorruptedPageOnOneLaneFailsOnlyItsRequest) {
                   .ticket_id = a.ticket_id});
   const auto sources_a = harness.Sources(11);
   const auto sources_b = harness.Sources(12);
-  TransferSender sender(faulty, harness.clock());
+  TransferSender sender(faulty, harness.clock(), {.checksum_pool = checksum_pool});
   auto ta = sender.Prepare(a, Spans(sources_a));
   auto tb = sender.Prepare(b, Spans(sources_b));
   ASSERT_TRUE(ta.ok() && tb.ok());
@@ -227,6 +230,16 @@ TEST(LanesFaultTest, CorruptedPageOnOneLaneFailsOnlyItsRequest) {
     EXPECT_TRUE(MatchesPattern(harness.pool()[kPages + slot], 12, slot)) << "slot " << slot;
   }
   EXPECT_EQ(harness.receiver().stats().isolation_errors.at(IsolationError::kChecksum), 1u);
+}
+
+TEST(LanesFaultTest, CorruptedPageOnOneLaneFailsOnlyItsRequest) {
+  CorruptedPageFailsOnlyItsRequest(nullptr);
+}
+
+// The same with the sender's checksums taken on a pool of threads (the prefill engine's).
+TEST(LanesFaultTest, CorruptedPageWithPooledChecksumsFailsOnlyItsRequest) {
+  TaskPool pool(4);
+  CorruptedPageFailsOnlyItsRequest(&pool);
 }
 
 // One lane's endpoint dies while its pages are in flight: the transfer fails loudly

@@ -165,6 +165,45 @@ TEST_F(SenderWindowTest, CommitWaitsForTheLastPageAndCarriesEveryLayersDigest) {
   EXPECT_TRUE(transfer->Release().ok());
 }
 
+// Checksums taken on a pool of threads at post time (SenderOptions::checksum_pool) give the
+// same headers, payloads and commit as the one-thread path: each a page's own xxh3.
+TEST_F(SenderWindowTest, ChecksumsTakenOnAPoolEqualOneThreads) {
+  TaskPool pool(3);
+  std::vector<std::vector<std::byte>> headers[2];
+  std::vector<std::byte> commits[2];
+  for (int pooled = 0; pooled < 2; ++pooled) {
+    ScriptedTransport transport;
+    TransferSender sender(
+        transport, clock_,
+        {.max_in_flight_bytes = kPageBytes, .checksum_pool = pooled == 1 ? &pool : nullptr});
+    auto transfer = sender.Prepare(ticket_, {sources_.begin(), sources_.end()});
+    ASSERT_TRUE(transfer.ok()) << transfer.status();
+    ASSERT_TRUE((*transfer)->PostLayer(1).ok());
+    ASSERT_TRUE((*transfer)->PostLayer(0).ok());
+    ASSERT_TRUE((*transfer)->Commit(300, 9).ok());
+    for (int i = 0; i < 8 && transport.Of(WireKind::kCommit).empty(); ++i) {
+      transport.CompleteAll();
+      ASSERT_TRUE((*transfer)->Poll().ok());
+    }
+    for (const auto* page : transport.Of(WireKind::kPage)) {
+      headers[pooled].push_back(page->header);
+      auto header = DecodePageHeader(page->header);
+      ASSERT_TRUE(header.ok()) << header.status();
+      const auto& source = sources_[header->slot];
+      EXPECT_EQ(header->payload_xxh3, XXH3_64bits(source.data(), source.size()));
+      EXPECT_EQ(page->payload, source);
+    }
+    ASSERT_EQ(transport.Of(WireKind::kCommit).size(), 1u);
+    commits[pooled] = transport.Of(WireKind::kCommit)[0]->payload;
+    transport.CompleteAll();
+    ASSERT_TRUE((*transfer)->Poll().ok());
+    ASSERT_TRUE((*transfer)->Release().ok());
+  }
+  ASSERT_EQ(headers[0].size(), 4u);
+  EXPECT_EQ(headers[0], headers[1]);
+  EXPECT_EQ(commits[0], commits[1]);
+}
+
 TEST_F(SenderWindowTest, DestroyedTransferNeverHandsOverHeldBackPages) {
   auto transfer = Prepare(kPageBytes);
   ASSERT_TRUE(transfer->PostAll().ok());

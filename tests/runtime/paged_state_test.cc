@@ -157,6 +157,33 @@ std::vector<uint16_t> Bf16Bits(const std::vector<float>& values) {
   return bits;
 }
 
+// One layer's blocks as the device holds them: window and entries rounded to bf16 from the ring
+// image, the rings' fp32 rows the image's own (which must outlive this).
+struct DeviceLayer {
+  explicit DeviceLayer(const engine::RingLayerImage& li)
+      : window(Bf16Bits(li.window)),
+        entries(Bf16Bits(li.compressor.entries)),
+        keys(Bf16Bits(li.indexer.entries)),
+        blocks{.window = window.data(),
+               .compressor = {li.compressor.ring_kv.data(), li.compressor.ring_gate.data(),
+                              entries.data()},
+               .indexer = {li.indexer.ring_kv.data(), li.indexer.ring_gate.data(), keys.data()}} {}
+  DeviceLayer(const DeviceLayer&) = delete;  // blocks points into this object
+  DeviceLayer& operator=(const DeviceLayer&) = delete;
+  std::vector<uint16_t> window, entries, keys;
+  engine::RingLayerBlocks blocks;
+};
+
+// Every page of `a` equals `b`'s byte for byte.
+void ExpectSamePages(const SequencePages& a, const SequencePages& b) {
+  for (size_t k = 0; k < a.pages.size(); ++k) {
+    for (size_t i = 0; i < a.pages[k].size(); ++i) {
+      ASSERT_EQ(std::memcmp(a.pages[k][i].data(), b.pages[k][i].data(), a.pages[k][i].size()), 0)
+          << "kind " << k << " page " << i;
+    }
+  }
+}
+
 // The CUDA prefill's direct store (StoreLayerRing, from the device's blocks) writes the same page
 // bytes as converting the blocks to a CPU layer first and storing that, in a bf16 layout and in
 // an fp32 one, at positions that wrap every ring and cross entry pages.
@@ -178,15 +205,8 @@ TEST(PagedStateTest, StoreLayerRingEqualsStoreLayerOfTheConvertedBlocks) {
       OneSequence direct = Allocate(layout, total);
       PagedState paged(config, layout, total);
       for (size_t l = 0; l < image.layers.size(); ++l) {
-        const engine::RingLayerImage& li = image.layers[l];
-        const std::vector<uint16_t> window = Bf16Bits(li.window);
-        const std::vector<uint16_t> entries = Bf16Bits(li.compressor.entries);
-        const std::vector<uint16_t> keys = Bf16Bits(li.indexer.entries);
-        const engine::RingLayerBlocks blocks{
-            .window = window.data(),
-            .compressor = {li.compressor.ring_kv.data(), li.compressor.ring_gate.data(),
-                           entries.data()},
-            .indexer = {li.indexer.ring_kv.data(), li.indexer.ring_gate.data(), keys.data()}};
+        const DeviceLayer device(image.layers[l]);
+        const engine::RingLayerBlocks& blocks = device.blocks;
         const auto layer = static_cast<int64_t>(l);
         const engine::LayerState ls =
             engine::LayerStateFromRingBlocks(geometry.layers[l], blocks, position);
@@ -194,13 +214,7 @@ TEST(PagedStateTest, StoreLayerRingEqualsStoreLayerOfTheConvertedBlocks) {
         ASSERT_TRUE(
             paged.StoreLayerRing(layer, geometry.layers[l], blocks, position, direct.pages).ok());
       }
-      for (size_t k = 0; k < converted.pages.pages.size(); ++k) {
-        for (size_t i = 0; i < converted.pages.pages[k].size(); ++i) {
-          const std::span<std::byte> a = converted.pages.pages[k][i];
-          const std::span<std::byte> b = direct.pages.pages[k][i];
-          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << "kind " << k << " page " << i;
-        }
-      }
+      ExpectSamePages(converted.pages, direct.pages);
     }
   }
 }
@@ -265,6 +279,108 @@ TEST(PagedStateTest, LoadLayerRingEqualsTheRingImageOfLoad) {
       }
     }
   }
+}
+
+// The prefill's page store and the decode's import spread over several threads (a TaskPool, as
+// the CUDA prefill engine and decode runner use) write the same bytes as one thread: every page
+// of every kind, bf16 and fp32 layouts, at positions that wrap the rings and cross entry pages;
+// and the import from those pages fills the same blocks.
+TEST(PagedStateTest, StoreAndLoadLayerRingOnSeveralThreadsEqualOneThread) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const int64_t total = 48;
+  TaskPool pool(4);
+  for (serving::ElementType element :
+       {serving::ElementType::kBfloat16, serving::ElementType::kFloat32}) {
+    SCOPED_TRACE(serving::ElementTypeName(element));
+    const serving::StateLayout layout = *LayoutForModel(config, 4, element);
+    for (int64_t position : {1, 5, 37, 47}) {
+      SCOPED_TRACE(position);
+      engine::ModelState state = f->model.NewState();
+      ASSERT_TRUE(f->model.Forward(&state, Tokens(static_cast<int>(position), 4)).ok());
+      const engine::RingGeometry geometry = engine::RingGeometryFor(config, total, 4);
+      const engine::RingImage image = *engine::RingImageFromState(geometry, state, 0.5f);
+      OneSequence one = Allocate(layout, total);
+      OneSequence several = Allocate(layout, total);
+      PagedState paged(config, layout, total);
+      for (size_t l = 0; l < image.layers.size(); ++l) {
+        const DeviceLayer device(image.layers[l]);
+        const engine::RingLayerBlocks& blocks = device.blocks;
+        const auto layer = static_cast<int64_t>(l);
+        ASSERT_TRUE(
+            paged.StoreLayerRing(layer, geometry.layers[l], blocks, position, one.pages).ok());
+        ASSERT_TRUE(
+            paged.StoreLayerRing(layer, geometry.layers[l], blocks, position, several.pages, &pool)
+                .ok());
+      }
+      ExpectSamePages(one.pages, several.pages);
+      for (size_t l = 0; l < geometry.layers.size(); ++l) {
+        SCOPED_TRACE(l);
+        const engine::RingLayerGeometry& g = geometry.layers[l];
+        const engine::RingLayerImage& li = image.layers[l];
+        // Two block sets starting from the same fill, imported with and without the pool.
+        std::vector<std::vector<uint16_t>> bf16(6);
+        std::vector<std::vector<float>> fp32(8);
+        for (int copy = 0; copy < 2; ++copy) {
+          bf16[3 * copy] = std::vector<uint16_t>(li.window.size(), 0x7fc1);
+          bf16[3 * copy + 1] = std::vector<uint16_t>(li.compressor.entries.size(), 0x7fc1);
+          bf16[3 * copy + 2] = std::vector<uint16_t>(li.indexer.entries.size(), 0x7fc1);
+          fp32[4 * copy] = std::vector<float>(li.compressor.ring_kv.size(), 0.25f);
+          fp32[4 * copy + 1] = std::vector<float>(li.compressor.ring_gate.size(), 0.25f);
+          fp32[4 * copy + 2] = std::vector<float>(li.indexer.ring_kv.size(), 0.25f);
+          fp32[4 * copy + 3] = std::vector<float>(li.indexer.ring_gate.size(), 0.25f);
+          const engine::MutableRingLayerBlocks blocks{
+              .window = bf16[3 * copy].data(),
+              .compressor = {fp32[4 * copy].data(), fp32[4 * copy + 1].data(),
+                             bf16[3 * copy + 1].data()},
+              .indexer = {fp32[4 * copy + 2].data(), fp32[4 * copy + 3].data(),
+                          bf16[3 * copy + 2].data()}};
+          ASSERT_TRUE(paged
+                          .LoadLayerRing(static_cast<int64_t>(l), g, position, several.pages,
+                                         blocks, copy == 0 ? nullptr : &pool)
+                          .ok());
+        }
+        for (int b = 0; b < 3; ++b) EXPECT_EQ(bf16[b], bf16[3 + b]) << "block " << b;
+        for (int b = 0; b < 4; ++b) EXPECT_TRUE(SameFloats(fp32[b], fp32[4 + b])) << "ring " << b;
+        // And the import read what was stored: the window's newest row and the last entry.
+        if (position > 0) {
+          const int64_t row = (position - 1) % g.window * g.head_dim;
+          EXPECT_EQ(bf16[0][static_cast<size_t>(row)],
+                    Bf16Bits(li.window)[static_cast<size_t>(row)]);
+        }
+      }
+    }
+  }
+}
+
+// A missing entry page fails the threaded store (OutOfRange, as the one-thread store).
+TEST(PagedStateTest, StoreLayerRingOnSeveralThreadsRefusesAMissingPage) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const int64_t total = 48;
+  const serving::StateLayout layout = *LayoutForModel(config, 4, serving::ElementType::kBfloat16);
+  OneSequence seq = Allocate(layout, total);
+  for (auto& kind : seq.pages.pages) {
+    if (kind.size() > 1) kind.pop_back();  // the entry kinds lose their last page
+  }
+  PagedState paged(config, layout, total);
+  engine::ModelState state = f->model.NewState();
+  ASSERT_TRUE(f->model.Forward(&state, Tokens(44, 2)).ok());
+  const engine::RingGeometry geometry = engine::RingGeometryFor(config, total, 4);
+  const engine::RingImage image = *engine::RingImageFromState(geometry, state, 0.5f);
+  TaskPool pool(4);
+  bool refused = false;
+  for (size_t l = 0; l < image.layers.size(); ++l) {
+    const DeviceLayer device(image.layers[l]);
+    const engine::RingLayerBlocks& blocks = device.blocks;
+    const absl::Status status = paged.StoreLayerRing(static_cast<int64_t>(l), geometry.layers[l],
+                                                     blocks, 44, seq.pages, &pool);
+    if (!status.ok()) {
+      EXPECT_TRUE(absl::IsOutOfRange(status)) << status;
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(refused);
 }
 
 TEST(PagedStateTest, LoadLayerRingRefusesALayerOrPositionOutsideTheSequence) {

@@ -1,0 +1,170 @@
+// The merge of sparse_decode_attention's splits (sparse_decode_attention.cuh), internal to
+// kernels/cuda/sparse_decode_attention.cu: each split block of a request and 64-head group leaves
+// its unnormalized output (bf16) with its fp32 reference maxima m_i and sums l_i (log2 domain);
+//   out = sum_i w_i o_i / (sum_i w_i l_i + exp2(sink - top)), w_i = exp2(m_i - top),
+// top the largest of the maxima and the sink; zeros when nothing is visible (top = -inf). Two
+// kernels compute it: SparseDecodeCombineKernel (kSplitCombine) and SparseDecodeMergeKernel
+// (kDependentLaunch).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/hopper_wgmma.cuh"
+#include "kernels/cuda/sparse_decode_attention.cuh"
+
+namespace pdserve::kernels::cuda::sparse_decode {
+// Unnamed: each including .cu file gets its own copy.
+namespace {
+
+constexpr int kMergeDim = static_cast<int>(kSparseHeadDim);
+constexpr float kMergeLog2e = 1.4426950408889634f;
+
+// Where a split block's results go: the final output, or its partials (bf16 unnormalized output
+// [batch, splits, heads, 512], fp32 maxima and sums [batch, splits, heads]).
+struct SplitOutputs {
+  __nv_bfloat16* out = nullptr;
+  __nv_bfloat16* part_out = nullptr;
+  float* part_max = nullptr;
+  float* part_sum = nullptr;
+};
+
+__device__ __forceinline__ int WindowRows(const SparseDecodeParams& p, int window_len) {
+  return static_cast<int>(min(max(int64_t{window_len}, int64_t{0}), p.window_size));
+}
+
+// Entries of a request's list: its window rows, then the CSA slots or the HCA entries written.
+__device__ __forceinline__ int RequestEntries(const SparseDecodeParams& p, int window_len,
+                                              int n_compressed) {
+  int64_t compressed = p.compressed_slots;
+  if (p.indices == nullptr) {
+    compressed = min(max(int64_t{n_compressed}, int64_t{0}), p.compressed_slots);
+  }
+  return WindowRows(p, window_len) + static_cast<int>(compressed);
+}
+
+__device__ __forceinline__ float MergeWeight(float m, float top) {
+  return top == -INFINITY ? 0.0f : exp2f(m - top);
+}
+
+// kSplitCombine's combine kernel: one block of 128 threads per (request, head) merges the splits
+// that had entries (in split order) and the sink.
+__global__ void __launch_bounds__(kMergeDim / 4)
+    SparseDecodeCombineKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
+                              const float* part_max, const float* part_sum, __nv_bfloat16* out) {
+  const int64_t b = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
+  const int per_split = static_cast<int>(p.entries_per_split);
+  const int active = min(splits, (entries + per_split - 1) / per_split);
+  const float sink = p.sinks[h] * kMergeLog2e;  // a logit, not scaled by softmax_scale
+  float top = sink;
+  for (int sp = 0; sp < active; ++sp) top = fmaxf(top, part_max[(b * splits + sp) * p.heads + h]);
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float denom = 0.0f;
+  if (top != -INFINITY) {
+    denom = exp2f(sink - top);
+    for (int sp = 0; sp < active; ++sp) {
+      const int64_t row = (b * splits + sp) * p.heads + h;
+      const float weight = exp2f(part_max[row] - top);
+      denom += weight * part_sum[row];
+      const uint2 raw = reinterpret_cast<const uint2*>(part_out + row * kMergeDim)[threadIdx.x];
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      acc.x += weight * lo.x;
+      acc.y += weight * lo.y;
+      acc.z += weight * hi.x;
+      acc.w += weight * hi.y;
+    }
+  }
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  __nv_bfloat16* o = out + (b * p.heads + h) * kMergeDim + 4 * threadIdx.x;
+  reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+  reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+}
+
+// kDependentLaunch's combine kernel: the same arithmetic per output element (so the same bits),
+// laid out for fewer, fuller threads: one block of 256 threads per (request, 4 heads), each
+// thread 8 dims (16-byte loads and stores), at most 64 registers so that batch 32's 512 blocks
+// run in one wave. Launched as a programmatic dependent of the split kernel (it waits for it
+// before reading anything). Requests with at most one split that had entries are skipped (the
+// split kernel wrote their output). The loads go out four splits at a time before any is used,
+// through L2 (__ldcg), the first four together with the request's lengths (splits past the
+// request's entries are loaded and not used), so up to four splits cost one round trip.
+constexpr int kMergeHeadsPerBlock = 4;
+constexpr int kMergeThreads = kMergeHeadsPerBlock * kMergeDim / 8;
+__global__ void __launch_bounds__(kMergeThreads, 4)
+    SparseDecodeMergeKernel(SparseDecodeParams p, int splits, const __nv_bfloat16* part_out,
+                            const float* part_max, const float* part_sum, __nv_bfloat16* out) {
+  hopper::GridDependencyWait();
+  hopper::GridDependencyTrigger();
+  const int64_t b = blockIdx.x;
+  const int64_t h = int64_t{blockIdx.y} * kMergeHeadsPerBlock + (threadIdx.x >> 6);
+  const int unit = static_cast<int>(threadIdx.x & 63);
+  const float sink = p.sinks[h] * kMergeLog2e;  // a logit, not scaled by softmax_scale
+  const auto row_of = [&](int sp) { return (b * splits + sp) * p.heads + h; };
+  constexpr int kChunk = 4;
+  float m[kChunk];
+  float l[kChunk];
+  uint4 raw[kChunk];
+  const auto load = [&](int first, int bound) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const bool ok = first + j < bound;
+      const int64_t row = row_of(ok ? first + j : 0);
+      m[j] = ok ? __ldcg(part_max + row) : -INFINITY;
+      l[j] = ok ? __ldcg(part_sum + row) : 0.0f;
+      raw[j] = ok ? __ldcg(reinterpret_cast<const uint4*>(part_out + row * kMergeDim) + unit)
+                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  load(0, splits);
+  const int entries = RequestEntries(p, p.window_len[b], p.n_compressed[b]);
+  const int per_split = static_cast<int>(p.entries_per_split);
+  const int active = min(splits, (entries + per_split - 1) / per_split);
+  if (active <= 1) return;
+  float top = sink;
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) top = fmaxf(top, j < active ? m[j] : -INFINITY);
+  for (int first = kChunk; first < active; first += kChunk) {
+#pragma unroll
+    for (int j = 0; j < kChunk && first + j < active; ++j) {
+      top = fmaxf(top, __ldcg(part_max + row_of(first + j)));
+    }
+  }
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  float denom = 0.0f;
+  if (top != -INFINITY) {
+    denom = exp2f(sink - top);
+    for (int first = 0; first < active; first += kChunk) {
+      if (first > 0) load(first, active);
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (first + j >= active) break;
+        const float weight = exp2f(m[j] - top);
+        denom += weight * l[j];
+        const uint32_t words[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[k]));
+          acc[2 * k] += weight * v.x;
+          acc[2 * k + 1] += weight * v.y;
+        }
+      }
+    }
+  }
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+    packed[k] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  reinterpret_cast<uint4*>(out + (b * p.heads + h) * kMergeDim)[unit] =
+      make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cuda::sparse_decode

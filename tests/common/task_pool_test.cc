@@ -1,0 +1,71 @@
+// TaskPool: every task runs exactly once, on several threads, call after call.
+#include "common/task_pool.h"
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pdserve {
+namespace {
+
+TEST(TaskPoolTest, RunsEveryTaskOnceForManyAndFewTasks) {
+  TaskPool pool(4);
+  EXPECT_EQ(pool.threads(), 4);
+  for (int64_t n : {0, 1, 3, 4, 5, 1000}) {
+    SCOPED_TRACE(n);
+    std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+    pool.Run(n, [&](int64_t i) { runs[static_cast<size_t>(i)].fetch_add(1); });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(runs[static_cast<size_t>(i)].load(), 1) << i;
+  }
+}
+
+TEST(TaskPoolTest, SpreadsTasksOverItsThreads) {
+  TaskPool pool(4);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  // Tasks that wait for each other: with fewer than 4 threads taking part this would never end,
+  // so reaching the end proves 4 ran at once.
+  std::atomic<int> arrived{0};
+  pool.Run(4, [&](int64_t) {
+    arrived.fetch_add(1);
+    while (arrived.load() < 4) std::this_thread::yield();
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(ids.size(), 4u);
+}
+
+TEST(TaskPoolTest, OneThreadRunsInOrderOnTheCaller) {
+  TaskPool pool(0);
+  EXPECT_EQ(pool.threads(), 1);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<int64_t> order;
+  pool.Run(5, [&](int64_t i) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    order.push_back(i);
+  });
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(TaskPoolTest, SumsMatchAcrossRepeatedRuns) {
+  TaskPool pool(3);
+  for (int round = 0; round < 200; ++round) {
+    std::atomic<int64_t> sum{0};
+    pool.Run(round, [&](int64_t i) { sum.fetch_add(i + 1); });
+    EXPECT_EQ(sum.load(), static_cast<int64_t>(round) * (round + 1) / 2) << round;
+  }
+}
+
+TEST(TaskPoolTest, DefaultTransferHostThreadsIsHalfTheCoresUpToEight) {
+  EXPECT_EQ(DefaultTransferHostThreads(0), 1);
+  EXPECT_EQ(DefaultTransferHostThreads(2), 1);
+  EXPECT_EQ(DefaultTransferHostThreads(16), 8);
+  EXPECT_EQ(DefaultTransferHostThreads(128), 8);
+}
+
+}  // namespace
+}  // namespace pdserve
