@@ -438,10 +438,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
     if (stop_after >= 4) return;  // benchmarks: no sample in this path
   } else {
-    // Every block gathers its candidates straight into block 0's list (distributed shared memory
-    // where the row has several blocks); block 0 zeroes the count before a RowSync that orders
-    // it before any block gathers.
-    if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
+    // The fallback selection gathers straight into block 0's list (distributed shared memory
+    // where the row has several blocks); block 0 zeroes its count before the selection's first
+    // RowSync, which orders that before any block gathers.
     const CandidateList list = rb.count > 1
                                    ? CandidateList{InBlock(cand, 0), InBlock(&s.count, 0), false}
                                    : CandidateList{cand, &s.count, false};
