@@ -5,8 +5,9 @@
 // (as the CPU comparison treats them); +-inf order as usual; NaN must not occur (the callers'
 // scores are finite sums or +-inf). Why the tie rule matters: docs/engine-reference.md.
 //
-// Method: each row is split into consecutive parts, one per block of a thread-block cluster of 1,
-// 2, 4 or 8 blocks of 1024 threads (top_k picks 2 where rows x 2 stay within one block per
+// Two kernels (TopKVariant below; kSelectSort, described after this one, is the default).
+// kRadixCluster: each row is split into consecutive parts, one per block of a thread-block cluster
+// of 1, 2, 4 or 8 blocks of 1024 threads (it picks 2 where rows x 2 stay within one block per
 // multiprocessor, else 1: 4 and 8 measured 2-3x slower on an H200, kernels/cuda/topk.cu). Rows of
 // at most max(k, 1024) entries are sorted whole. Longer rows: a radix select on order-preserving
 // 32-bit keys whose digits adapt to the data, over the histograms of all the row's blocks summed
@@ -58,10 +59,12 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
                   int64_t k, int32_t* out, cudaStream_t stream);
 
 // Which kernel top_k runs (same contract, identical results): kRadixCluster sorts each block's
-// candidates and merges the blocks' lists by rank; kSelectSort narrows the row's candidates to
-// about k in one block and sorts those.
+// candidates and merges the blocks' lists by rank; kSelectSort gathers the row's candidates in
+// one block and places the picks by bins. kSelectSort is the default: on an H200 (graph timing,
+// 2026-12-04, docs/perf.md) it was faster at every batch (1, 32, 128) x context (4K, 32K, 128K)
+// measured, with every top-k and indexer GPU test passing with both.
 enum class TopKVariant { kRadixCluster, kSelectSort };
-inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kRadixCluster;
+inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectSort;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
 // kSelectSort: 1 to 8; 0 picks as top_k does for that variant). The result depends on neither;
