@@ -265,19 +265,10 @@ int Run(int64_t only_batch, int64_t only_context) {
                       static_cast<long long>(context), static_cast<long long>(keys), select_us,
                       bytes, flops);
         }
-        // Row "top_k": the default kernel (TopKVariant::kSelectSort since issue 30);
-        // "top_k_radix": kRadixCluster, the default before, with its own block count.
         const double topk_us = time_us(
             [&](int) { BENCH_CHECK(top_k(scores, batch, keys, visible, kTopK, picks, stream)); });
         std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
                     static_cast<long long>(context), static_cast<long long>(keys), topk_us,
-                    batch * (keys * 4.0 + kTopK * 4.0));
-        const double radix_us = time_us([&](int) {
-          BENCH_CHECK(top_k_variant(scores, batch, keys, visible, kTopK, TopKVariant::kRadixCluster,
-                                    0, picks, stream));
-        });
-        std::printf("top_k_radix,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
-                    static_cast<long long>(context), static_cast<long long>(keys), radix_us,
                     batch * (keys * 4.0 + kTopK * 4.0));
         // Row "top_k_select": TopKVariant::kSelectSort; with PDSERVE_BENCH_TOPK_STAGES=1 also the
         // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").

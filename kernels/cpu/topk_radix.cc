@@ -138,8 +138,8 @@ uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
   const int32_t samples = (n + stride - 1) / stride;
   uint32_t need =
       static_cast<uint32_t>(std::min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
-  std::vector<uint32_t> hist(size_t{1} << config.sample_bin_bits);
-  RadixRange range = FirstRadixRange(config.sample_bin_bits);
+  std::vector<uint32_t> hist(size_t{1} << config.bin_bits);
+  RadixRange range = FirstRadixRange(config.bin_bits);
   for (;;) {
     std::fill(hist.begin(), hist.end(), 0u);
     for (int32_t j = 0; j < samples; ++j) {
@@ -149,7 +149,7 @@ uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
     const FoundBin found = FindBin(hist, need);
     need -= found.above;
     if (found.in_bin <= 8 || range.shift == 0) return BinLow(range, found.bin);
-    range = NarrowToBin(range, found.bin, config.sample_bin_bits);
+    range = NarrowToBin(range, found.bin, config.bin_bits);
   }
 }
 
@@ -186,19 +186,10 @@ RadixSplitStats TopKRadixSplit(const float* scores, int32_t n, int32_t k,
   if (config.select_sort && n > config.max_candidates) {
     // The select kernel's first try: the entries at or above a sample's threshold, when they hold
     // at least the picks and fit the buffer.
-    // Every part's list goes to its region of the first block's buffer (max_candidates / blocks
-    // each; the first block's own stays in place).
     const uint32_t threshold = SampleThreshold(keys, picks, config);
-    int64_t above = 0;
-    bool overflow = false;
-    for (int b = 0; b < blocks; ++b) {
-      const int64_t in_part = std::count_if(keys.begin() + parts[b].first,
-                                            keys.begin() + parts[b].first + parts[b].count,
-                                            [threshold](uint32_t key) { return key >= threshold; });
-      above += in_part;
-      overflow = overflow || (b > 0 && in_part > config.max_candidates / blocks);
-    }
-    sampled = !overflow && above >= picks && above <= config.max_candidates;
+    const auto above = std::count_if(keys.begin(), keys.end(),
+                                     [threshold](uint32_t key) { return key >= threshold; });
+    sampled = above >= picks && above <= config.max_candidates;
     if (sampled) {
       stats.sampled = true;
       sel_lo = threshold;

@@ -90,12 +90,9 @@ struct RadixSplitConfig {
   bool select_sort = false;
   uint32_t max_bin_entries = 32;
   // select_sort, rows longer than max_candidates: first the entries at or above a threshold from
-  // every sample_stride-th entry (sparser past max_samples samples; rounds of 2^sample_bin_bits
-  // bins), when that holds the picks and no part's list overflows its region of the first
-  // block's buffer (max_candidates / blocks).
+  // every sample_stride-th entry (sparser past max_samples samples), when that holds the picks.
   int32_t sample_stride = 16;
   int32_t max_samples = 2048;
-  int sample_bin_bits = 8;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).

@@ -339,19 +339,13 @@ __device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint3
 // Every kSampleStride-th entry (or sparser: at most 2 kThreads samples) of a long row is sampled.
 constexpr int kSampleStride = 16;
 constexpr int kSamplesPerThread = 2;
-constexpr int kSampleBinBits = 8;
-constexpr int kSampleBins = 1 << kSampleBinBits;
-static_assert(kSampleBins % 32 == 0 && kSampleBins <= kThreads, "one warp scans the sample bins");
-static_assert(kSampleBins * sizeof(uint32_t) <= kMaxCandidates / kMaxTopKBlocks * sizeof(uint64_t),
-              "the sample bins lie before block 1's region of the gathered lists");
 
 // TopKVariant::kSelectSort on rows longer than kMaxCandidates: a key T above which, by a sample of
 // the row, about 1.5 x picks + 24 x (the sample's stride) entries lie: enough that T is at or
 // below the picks-th best key with near certainty, few enough (for picks up to 2048 and rows up
 // to 64K entries) that the entries at or above T fit the candidate buffer. The sample is the same
 // in every block of the row, and so is T (every block computes it alone). Histogram rounds of
-// kSampleBins bins over the sample keys, as SelectCandidates's over the row, until the bin
-// holding the r-th best sample holds at most 8 or one key. Every thread calls.
+// kBins bins over the sample keys, as SelectCandidates over the row. Every thread calls.
 __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t* hist,
                                     Scratch& s) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -366,10 +360,9 @@ __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t
     const int sample = tid + j * kThreads;
     key[j] = sample < samples ? OrderKey(row[static_cast<int64_t>(sample) * stride]) : 0u;
   }
-  // Rounds of kSampleBins bins (a few thousand samples need no more; one warp scans them).
-  cpu::RadixRange range = cpu::FirstRadixRange(kSampleBinBits);
+  cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
   for (;;) {
-    if (tid < kSampleBins) hist[tid] = 0;
+    reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     const uint32_t span = range.hi - range.lo;
 #pragma unroll
@@ -378,32 +371,11 @@ __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t
                  (key[j] - range.lo) >> range.shift);
     }
     __syncthreads();
-    if (tid < 32) {  // lane l holds bins 8 l .. 8 l + 7; the bin where `need` ends, from the top
-      constexpr int kPerLane = kSampleBins / 32;
-      uint32_t c[kPerLane];
-      uint32_t sum = 0;
-#pragma unroll
-      for (int q = 0; q < kPerLane; ++q) {
-        c[q] = hist[kPerLane * tid + q];
-        sum += c[q];
-      }
-      const uint32_t inclusive = WarpInclusiveSum(sum);
-      uint32_t running = __shfl_sync(kFullMask, inclusive, 31) - inclusive;
-#pragma unroll
-      for (int q = kPerLane - 1; q >= 0; --q) {
-        if (running < need && running + c[q] >= need) {
-          s.bin = kPerLane * tid + q;
-          s.above = running;
-          s.in_bin = c[q];
-        }
-        running += c[q];
-      }
-    }
-    __syncthreads();
+    FindBin(reinterpret_cast<const uint4*>(hist)[tid], need, s);
     need -= s.above;
     if (s.in_bin <= 8 || range.shift == 0) return cpu::BinLow(range, s.bin);
-    range = cpu::NarrowToBin(range, s.bin, kSampleBinBits);
-    __syncthreads();  // every thread has read s and the counts before the next round
+    range = cpu::NarrowToBin(range, s.bin, kBinBits);
+    __syncthreads();  // every thread has read s before the next round's FindBin writes it
   }
 }
 
@@ -438,47 +410,28 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
     if (stop_after >= 4) return;  // benchmarks: no sample in this path
   } else {
-    // The fallback selection gathers straight into block 0's list (distributed shared memory
-    // where the row has several blocks); block 0 zeroes its count before the selection's first
-    // RowSync, which orders that before any block gathers.
+    // Every block gathers its candidates straight into block 0's list (distributed shared memory
+    // where the row has several blocks); block 0 zeroes the count before a RowSync that orders
+    // it before any block gathers.
+    if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
     const CandidateList list = rb.count > 1
                                    ? CandidateList{InBlock(cand, 0), InBlock(&s.count, 0), false}
                                    : CandidateList{cand, &s.count, false};
     const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
     const float* part = row + row_part.first;
     // First try: the entries at or above a threshold from a sample of the row, gathered in one
-    // pass. They hold the picks when they number at least picks (and fit the buffer). Each block
-    // gathers into its own list, then copies it to its region of block 0's histogram buffers
-    // (fixed regions: no cross-block counter to zero first; they start past the sample bins,
-    // which block 0 may still be counting) and its length to block 0's other_len; block 0 keeps
-    // its own in place.
+    // pass. They hold the picks when they number at least picks (and fit the buffer).
     const uint32_t threshold = SampleThreshold(row, n, picks, hist, s);
     if (stop_after == 4) return;
-    if (threadIdx.x == 0) s.count = 0;
-    __syncthreads();
+    RowSync(rb);  // block 0's zeroed count before any block gathers
     ForEachKey(part, nullptr, row_part.count, [&](uint32_t key, int i, bool valid) {
-      AppendPick(valid && key >= threshold, key, row_part.first + i, cand, &s.count);
+      AppendPick(valid && key >= threshold, key, row_part.first + i, list.entries, list.count);
     });
-    __syncthreads();
-    const uint32_t mine = s.count;
-    const uint32_t region = static_cast<uint32_t>(kMaxCandidates / rb.count);
-    if (rb.rank != 0) {
-      uint64_t* const dest = InBlock(reinterpret_cast<uint64_t*>(hist), 0) + rb.rank * region;
-      for (uint32_t i = threadIdx.x; i < min(mine, region); i += kThreads) dest[i] = cand[i];
-    }
-    if (threadIdx.x == 0) *InBlock(&s.other_len[rb.rank], 0) = mine;
-    RowSync(rb);  // release: the copies and lengths; acquire: everyone's
-    uint32_t gathered = 0;
-    bool overflow = false;
-    for (int b = 0; b < rb.count; ++b) {
-      const uint32_t len = *InBlock(&s.other_len[b], 0);
-      gathered += len;
-      overflow = overflow || (b > 0 && len > region);
-    }
-    const bool sampled =
-        !overflow && gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
+    RowSync(rb);  // release: this block's candidates; acquire: everyone's
+    const uint32_t gathered = *list.count;
+    const bool sampled = gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
     if (!sampled) {  // the radix selection over the row
-      RowSync(rb);   // every block has read the lengths before block 0 reuses its buffers
+      RowSync(rb);   // every block has read the count before block 0 zeroes it
       if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
       SelectCandidates(part, row_part.count, row_part.first, cache, n, picks, list, hist, s, rb,
                        stop_after);
@@ -486,17 +439,7 @@ __global__ void __launch_bounds__(kThreads)
       RowSync(rb);  // release: this block's candidates; acquire: everyone's
     }
     if (rb.rank != 0) return;
-    if (sampled) {  // the other blocks' lists after block 0's own
-      uint32_t offset = mine;
-      for (int b = 1; b < rb.count; ++b) {
-        const uint32_t len = s.other_len[b];
-        const uint64_t* src = reinterpret_cast<const uint64_t*>(hist) + b * region;
-        for (uint32_t i = threadIdx.x; i < len; i += kThreads) cand[offset + i] = src[i];
-        offset += len;
-      }
-      __syncthreads();
-    }
-    count = sampled ? gathered : min(s.count, static_cast<uint32_t>(kMaxCandidates));
+    count = min(s.count, static_cast<uint32_t>(kMaxCandidates));
     lo = sampled ? threshold : s.sel_lo;
     hi = sampled ? 0xFFFFFFFFu : s.sel_hi;
     need = sampled ? static_cast<uint32_t>(picks) : s.sel_need;

@@ -5,9 +5,8 @@
 // (as the CPU comparison treats them); +-inf order as usual; NaN must not occur (the callers'
 // scores are finite sums or +-inf). Why the tie rule matters: docs/engine-reference.md.
 //
-// Two kernels (TopKVariant below; kSelectSort, described after this one, is the default).
-// kRadixCluster: each row is split into consecutive parts, one per block of a thread-block cluster
-// of 1, 2, 4 or 8 blocks of 1024 threads (it picks 2 where rows x 2 stay within one block per
+// Method: each row is split into consecutive parts, one per block of a thread-block cluster of 1,
+// 2, 4 or 8 blocks of 1024 threads (top_k picks 2 where rows x 2 stay within one block per
 // multiprocessor, else 1: 4 and 8 measured 2-3x slower on an H200, kernels/cuda/topk.cu). Rows of
 // at most max(k, 1024) entries are sorted whole. Longer rows: a radix select on order-preserving
 // 32-bit keys whose digits adapt to the data, over the histograms of all the row's blocks summed
@@ -23,16 +22,20 @@
 // blocks' lists (copied from their shared memory); ranks below k are written. Only the candidates,
 // a few hundred per block, are sorted; the row is never sorted whole.
 //
-// Variant kSelectSort (kernels/cuda/topk.cu, TopKSelectKernel) runs the same selection, but every
-// block gathers its candidates straight into the row's first block (distributed shared memory),
-// which places the picks without a sorting network: the candidates' keys are counted in 4096
-// bins spanning their range, a bin's first place is the count of the bins above it, and a pick's
-// place is its bin's plus the candidates of its bin that rank above it (bins holding picks must
-// hold at most 32; else the count is redone over the bins from the k-th best up, and where the
-// picks still bunch, histogram rounds narrow the candidates to about k and a bitonic sort orders
-// them). Rows of at most 4096 entries are loaded and placed by that block alone. Up to 4 blocks
-// per row (parts of at least 4096 entries). It also lets the next kernel on the stream launch
-// early (griddepcontrol.launch_dependents).
+// Variant kSelectSort (kernels/cuda/topk.cu, TopKSelectKernel): on rows longer than 4096 every
+// block of the row takes the same sample of the row (every 16th entry), finds the key above which
+// about 1.5 k + 24 x 16 entries lie, and gathers its part's entries at or above it straight into
+// the row's first block (distributed shared memory); where that misses (fewer than k, or more
+// than the 4096-entry buffer), the blocks run the selection above, gathering the same way. The
+// first block places the picks without a sorting network: the candidates' keys are counted in
+// 4096 bins spanning their range, a bin's first place is the count of the bins above it, and a
+// pick's place is its bin's plus the candidates of its bin that rank above it (bins holding picks
+// must hold at most 32; else the count is redone over the bins from the k-th best up, and where
+// the picks still bunch, histogram rounds narrow the candidates to about k and a bitonic sort
+// orders them). Rows of at most 4096 entries are loaded and placed by that block alone. Up to 4
+// blocks per row (parts of at least 4096 entries; 3 where the device cannot run `rows` clusters
+// of 4 at once). It also lets the next kernel on the stream launch early
+// (griddepcontrol.launch_dependents).
 //
 // CUDA-graph safe: the launch shape depends only on (rows, stride, k) and the device (its SM and
 // cluster counts); per-row lengths are read from device memory when the kernel runs. Launched
@@ -60,11 +63,10 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 
 // Which kernel top_k runs (same contract, identical results): kRadixCluster sorts each block's
 // candidates and merges the blocks' lists by rank; kSelectSort gathers the row's candidates in
-// one block and places the picks by bins. kSelectSort is the default: on an H200 (graph timing,
-// 2026-12-04, docs/perf.md) it was faster at every batch (1, 32, 128) x context (4K, 32K, 128K)
-// measured, with every top-k and indexer GPU test passing with both.
+// one block and places the picks by bins (faster at every size measured on an H200, docs/perf.md
+// issue 30; not yet the default: the engine's GPU tests have not run with it).
 enum class TopKVariant { kRadixCluster, kSelectSort };
-inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectSort;
+inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kRadixCluster;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
 // kSelectSort: 1 to 8; 0 picks as top_k does for that variant). The result depends on neither;

@@ -343,23 +343,6 @@ TEST(CudaTopKTest, RowsAtTheWholeRowLimitNarrowToK) {
   }
 }
 
-// The select kernel's sample path on a few short multi-block rows (small enough for
-// compute-sanitizer's racecheck): normal scores, where the sample's threshold holds the picks, and
-// two levels, where half the row (more than the 4096-entry buffer) ties at the threshold and the
-// row takes the radix selection's tie path.
-TEST(CudaTopKTest, SampledRowsAcrossBlocksMatchCpuRule) {
-  PDSERVE_SKIP_WITHOUT_GPU();
-  auto rng = FreshRng();
-  std::normal_distribution<float> normal;
-  const int64_t stride = 8200;
-  std::vector<float> scores(2 * stride);
-  for (int64_t i = 0; i < stride; ++i) {
-    scores[i] = normal(rng);
-    scores[stride + i] = i % 2 == 0 ? 1.0f : 0.0f;
-  }
-  ExpectMatchesReference(scores, stride, {8200, 8193}, 512);
-}
-
 TEST(CudaTopKTest, ZeroLengthRowsAreAllInvalid) {
   PDSERVE_SKIP_WITHOUT_GPU();
   const std::vector<float> scores(4 * 100, 1.0f);
