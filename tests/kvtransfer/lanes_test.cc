@@ -279,10 +279,11 @@ TEST(LanesFaultTest, OneLaneEndpointDyingFailsOnlyThatTransfer) {
   EXPECT_TRUE((*tb)->Release().ok());
 
   // The failed sender fences nothing (its connection is down); the receiver holds the pages
-  // until the lease, then fails the ticket (lease) and hands them back. On a 2-core host
-  // (2026-12-04) that took 17-20 s after the lease in 3 of 40 runs and 0.01 s in the others:
-  // cause not found (suspect: a receive from the dead lane still open in UCX, which keeps the
-  // pages held). The wait allows 60 s; the 10 s it had failed 1 run in 30.
+  // until the lease, then fails the ticket (lease) and hands them back once no landing is in
+  // flight (TransferReceiver::Sweep: a page UCX may still write is never handed back). On a
+  // 2-core host (2026-12-04) that took 17-20 s after the lease in 3 of 40 runs and 0.01 s in the
+  // others, most likely a landing from the dead lane that UCX had not failed yet (not traced).
+  // The wait allows 60 s; the 10 s it had failed 1 run in 30 and one fresh-clone `make test`.
   ta->reset();
   harness.clock().Advance(absl::Seconds(11));
   const absl::Time until = absl::Now() + absl::Seconds(60);
