@@ -59,6 +59,11 @@ TEST_F(RouterServiceTest, ChoicesShareOneReserveAndOnePrefillAndStreamTheirOwnFo
     base = reserve.request_id();
     EXPECT_TRUE(decode_[0]->aborts.empty());
   }
+  // The fake decode streams without waiting for the Prefill, which may still be on its way.
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&prefill_->mu);
+    return !prefill_->prefills.empty();
+  }));
   absl::MutexLock lock(&prefill_->mu);
   ASSERT_EQ(prefill_->prefills.size(), 1u);
   EXPECT_EQ(prefill_->prefills[0].request_id(), base);
