@@ -35,9 +35,11 @@
 // --forward-max; past it extrapolated linearly from the longest measured one, "est."); the time
 // left after the last layer's compute (t_imported - t0) as a share of TTFT (forward + that);
 // "state": whether the decode slot's exported state equals the prefill slot's bit for bit (xxh3
-// of every tensor); overlap; the last chunk's compute ms. Medians over --repeats. Markdown on
-// stdout, progress on stderr. ucx_perftest over the same transport is run by the scripts next
-// to this (tools/gpu/run_transfer_host_threads.sh).
+// of every tensor); overlap; the last chunk's compute ms; the chunks' logits rows brought to the
+// host (--chunk-logits: all, or the last only); finish forward ms (FinishForward's host time
+// with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor).
+// Medians over --repeats. Markdown on stdout, progress on stderr. ucx_perftest over the same
+// transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
 #include <poll.h>
 #include <sys/wait.h>
@@ -96,7 +98,16 @@ struct Flags {
   bool old_import = true;  // also time the previous import path
   bool overlap = true;     // the last chunk begun, the stores during it (GpuPrefillEngine's way)
   bool post_on_lanes = true;  // the page sends posted by the lane threads (UcxTransport's default)
+  // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
+  // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
+  std::string chunk_logits;
 };
+
+engine::gpu::ChunkLogits ChunkRows(const Flags& flags) {
+  if (flags.chunk_logits.empty()) return engine::gpu::ServingChunkLogits();
+  return flags.chunk_logits == "last" ? engine::gpu::ChunkLogits::kLastRow
+                                      : engine::gpu::ChunkLogits::kAllRows;
+}
 
 int HostThreads(const Flags& flags) {
   return flags.host_threads > 0 ? flags.host_threads
@@ -286,7 +297,8 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
           const int64_t started = NowNs();
           for (int64_t from = 0; from < prefix; from += flags.chunk) {
             PDSERVE_RETURN_IF_ERROR(
-                gpu->Forward(0, ChunkTokens(config, from, from + flags.chunk)).status());
+                gpu->Forward(0, ChunkTokens(config, from, from + flags.chunk), 0, ChunkRows(flags))
+                    .status());
           }
           forward_ms = static_cast<double>(NowNs() - started) / 1e6;
         } else if (prefix > 0) {
@@ -323,17 +335,21 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
       PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[0], stream), "event"));
       const int64_t chunk_started = NowNs();
       int64_t stored = 0;
+      int64_t finish_ns = 0;  // FinishForward's host time (its wait for the device included)
       if (flags.overlap) {
         // What GpuPrefillEngine::Run does on one GPU: the stores run during the chunk.
-        PDSERVE_RETURN_IF_ERROR(gpu->BeginForwardExporting(0, last, staging.get()));
+        PDSERVE_RETURN_IF_ERROR(
+            gpu->BeginForwardExporting(0, last, staging.get(), ChunkRows(flags)));
         PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
         const absl::Status store =
             runtime::StoreSlotStaged(*gpu, 0, *staging, paged, pages.pages, post, &pool, &times);
         stored = NowNs();
+        const int64_t finish_started = NowNs();
         PDSERVE_RETURN_IF_ERROR(gpu->FinishForward().status());
+        finish_ns = NowNs() - finish_started;
         PDSERVE_RETURN_IF_ERROR(store);
       } else {
-        PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, last).status());
+        PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, last, 0, ChunkRows(flags)).status());
         PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
         PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(chunk_events[1]), "event"));
       }
@@ -363,7 +379,8 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
       Progress("prefill", length, r, "sent");
       channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest, " ", stored, " ",
                                  times.copy_wait_ms, " ", times.store_ms, " ",
-                                 times.stored_callback_ms, " ", delivered, " ", last_chunk_ms));
+                                 times.stored_callback_ms, " ", delivered, " ", last_chunk_ms, " ",
+                                 static_cast<double>(finish_ns) / 1e6));
     }
   }
   return absl::OkStatus();
@@ -411,9 +428,9 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
       "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
       "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
-      "overlap | last chunk ms |\n"
+      "overlap | last chunk ms | chunk logits | finish forward ms |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::fflush(stdout);
   double longest_forward_ms = 0;
   int64_t longest_forward_tokens = 0;
@@ -422,7 +439,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
     const runtime::PagedState paged(config, layout, length + 1);
     std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
-        old_import_ms, forward_ms, last_ms;
+        old_import_ms, forward_ms, last_ms, finish_ms;
     bool same_state = true;
     uint64_t bytes = 0;
     for (int64_t r = 0; r < flags.repeats; ++r) {
@@ -457,7 +474,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
           }));
       const int64_t imported = NowNs();
       const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
-      if (fields.size() != 9) return absl::InternalError("bad line from the prefill process");
+      if (fields.size() != 10) return absl::InternalError("bad line from the prefill process");
       const int64_t t0 = std::stoll(fields[0]);
       forward_ms.push_back(std::stod(fields[1]));
       uint64_t digest = 0;
@@ -469,6 +486,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
       wait_ms.push_back(std::stod(fields[4]));
       last_ms.push_back(std::stod(fields[8]));
+      finish_ms.push_back(std::stod(fields[9]));
       store_ms.push_back(std::stod(fields[5]));
       post_ms.push_back(std::stod(fields[6]));
       drain_ms.push_back(static_cast<double>(std::stoll(fields[7]) - std::stoll(fields[3])) / 1e6);
@@ -509,13 +527,14 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
         "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f |\n",
+        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f |\n",
         static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
         HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
         Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
         static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
         100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
-        same_state ? "equal" : "DIFFERS", flags.overlap ? "yes" : "no", Median(last_ms));
+        same_state ? "equal" : "DIFFERS", flags.overlap ? "yes" : "no", Median(last_ms),
+        ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all", Median(finish_ms));
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
   }
@@ -545,6 +564,10 @@ int main(int argc, char** argv) {
                  "(BeginForwardExporting), as the CUDA prefill engine does");
   app.add_option("--post-on-lanes", flags.post_on_lanes,
                  "Post the page sends on the lane threads (0: on the prefill's thread)");
+  app.add_option("--chunk-logits", flags.chunk_logits,
+                 "Prompt chunks' logits brought to the host: all or last (default: "
+                 "PDSERVE_GPU_CHUNK_LOGITS, as the serving paths)")
+      ->check(CLI::IsMember({"all", "last"}));
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -471,7 +473,7 @@ absl::StatusOr<Tensor> GpuModel::Impl::Run(
 
 absl::Status GpuModel::Impl::Begin(
     const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work, int64_t padded_rows,
-    bool use_graph, bool decode, bool to_host) {
+    bool use_graph, bool decode, bool to_host, bool last_row) {
   if (pending.has_value()) {
     return absl::FailedPreconditionError("GpuModel: a begun forward was not finished");
   }
@@ -550,10 +552,13 @@ absl::Status GpuModel::Impl::Begin(
   } else {
     PDSERVE_RETURN_IF_ERROR(Enqueue(rows, segments, max_tokens, decode));
   }
-  if (to_host && real_rows > 0) {
+  // The real rows come first in `logits` (row stride vocab_size), the padding rows after them.
+  const int64_t first_host_row = last_row ? std::max<int64_t>(real_rows - 1, 0) : 0;
+  const int64_t host_rows = real_rows - first_host_row;
+  if (to_host && host_rows > 0) {
     PDSERVE_CUDA_RETURN(
-        cudaMemcpyAsync(logits_host.get(), logits.get(),
-                        static_cast<size_t>(real_rows * c.vocab_size) * sizeof(float),
+        cudaMemcpyAsync(logits_host.get(), logits.get() + first_host_row * c.vocab_size,
+                        static_cast<size_t>(host_rows * c.vocab_size) * sizeof(float),
                         cudaMemcpyDeviceToHost, stream));
   }
   // The positions advance now: what is enqueued after this (ExportLayerAsync between Begin and
@@ -561,7 +566,7 @@ absl::Status GpuModel::Impl::Begin(
   for (const auto& [slot, tokens] : work) {
     slot_positions[static_cast<size_t>(slot)] += static_cast<int64_t>(tokens.size());
   }
-  pending = Pending{real_rows, to_host};
+  pending = Pending{host_rows, to_host};
   return absl::OkStatus();
 }
 
@@ -579,7 +584,7 @@ absl::StatusOr<Tensor> GpuModel::Impl::Finish() {
   // Logits left on the device: the caller synchronizes (a group still does, for its barrier).
   if (p.to_host || comm != nullptr) PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
   if (!p.to_host) return Tensor();
-  Tensor out({p.real_rows, config.vocab_size});
+  Tensor out({p.host_rows, config.vocab_size});
   std::memcpy(out.ptr(), logits_host.get(), out.data.size() * sizeof(float));
   return out;
 }
@@ -623,15 +628,21 @@ absl::Status CheckGroupRows(int64_t group_rows, int64_t max_rows) {
 }  // namespace
 
 absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t>& tokens,
-                                         int64_t group_rows) {
-  PDSERVE_RETURN_IF_ERROR(BeginForward(slot, tokens, group_rows));
+                                         int64_t group_rows, ChunkLogits rows) {
+  PDSERVE_RETURN_IF_ERROR(BeginForward(slot, tokens, group_rows, rows));
   return impl_->Finish();
 }
 
 absl::StatusOr<Tensor> GpuModel::FinishForward() { return impl_->Finish(); }
 
+ChunkLogits ServingChunkLogits() {
+  const char* value = std::getenv("PDSERVE_GPU_CHUNK_LOGITS");
+  return value != nullptr && std::string_view(value) == "last" ? ChunkLogits::kLastRow
+                                                               : ChunkLogits::kAllRows;
+}
+
 absl::Status GpuModel::BeginForward(int64_t slot, const std::vector<int32_t>& tokens,
-                                    int64_t group_rows) {
+                                    int64_t group_rows, ChunkLogits logit_rows) {
   Impl& m = *impl_;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   if (slot < 0 || slot >= m.options.slots) {
@@ -651,7 +662,7 @@ absl::Status GpuModel::BeginForward(int64_t slot, const std::vector<int32_t>& to
   }
   const int64_t rows = std::max(n, group_rows);
   return m.Begin({{slot, tokens}}, rows, /*use_graph=*/false, n == 1 && m.IsBucket(rows),
-                 /*to_host=*/true);
+                 /*to_host=*/true, logit_rows == ChunkLogits::kLastRow);
 }
 
 absl::Status GpuModel::Idle(int64_t rows) {

@@ -103,6 +103,22 @@ enum class Fp8Activations {
   kFp8,
 };
 
+// Which rows of a chunk's logits a prompt forward (Forward, ForwardExporting, FinishForward)
+// copies to the host. A prefill samples only from the last token, and the whole chunk's logits
+// are max_chunk x vocab_size fp32 (256 x 129280 x 4 B = 132 MB per chunk for V4-Flash): their
+// copy and the host tensor cost milliseconds per chunk that kLastRow does not spend.
+enum class ChunkLogits {
+  kAllRows,  // [tokens.size(), vocab_size]
+  kLastRow,  // [1, vocab_size]: the chunk's last token's row
+};
+
+// The rows the serving paths (runtime/cuda: GpuPrefillEngine, GpuStepRunner's prompt chunks and
+// canary recompute, all of which read only the last row) ask of a prompt chunk: kLastRow when
+// the environment sets PDSERVE_GPU_CHUNK_LOGITS=last, else kAllRows. kAllRows stays the default
+// until the last-row copy has run on a GPU (docs/engine-gpu.md, "Prompt chunks' logits").
+// Reads the environment on each call; thread-safe.
+ChunkLogits ServingChunkLogits();
+
 struct GpuModelOptions {
   int device = 0;
   int64_t slots = 8;        // requests held at once
@@ -303,8 +319,10 @@ class GpuModel {
   // rows write only a scratch slot and their logits are dropped). InvalidArgument (state
   // untouched) for an empty or too long chunk, group_rows above max(max_chunk, the largest
   // bucket), a bad id or slot, or a context past max_context.
+  // rows = ChunkLogits::kLastRow: only the chunk's last token's logits come back, [1,
+  // vocab_size] (the device computes every row all the same; only the copy to the host shrinks).
   absl::StatusOr<Tensor> Forward(int64_t slot, const std::vector<int32_t>& tokens,
-                                 int64_t group_rows = 0);
+                                 int64_t group_rows = 0, ChunkLogits rows = ChunkLogits::kAllRows);
   // Forward that also exports the slot's state as it becomes final, for a prompt's last chunk:
   // right after layer l's attention (which writes all of l's state) is enqueued, for the first
   // min(staging->buffers(), layers) layers, the device-to-host copies of layer l at the slot's
@@ -316,7 +334,8 @@ class GpuModel {
   // FailedPrecondition when one of those layers' buffers still holds a layer. On an error the
   // staging may hold some of the copies: Discard it.
   absl::StatusOr<Tensor> ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
-                                          StateStaging* staging);
+                                          StateStaging* staging,
+                                          ChunkLogits rows = ChunkLogits::kAllRows);
   // ForwardExporting in two halves, so the calling thread can store and send the exported layers
   // while the later layers compute: BeginForwardExporting checks and enqueues the chunk (with the
   // per-layer copies) and returns without waiting; FinishForward waits for it and returns its
@@ -328,7 +347,8 @@ class GpuModel {
   // in time. FinishForward must follow, also after an error. Errors as ForwardExporting's;
   // FailedPrecondition for a Begin while one is pending or a Finish without one.
   absl::Status BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
-                                     StateStaging* staging);
+                                     StateStaging* staging,
+                                     ChunkLogits rows = ChunkLogits::kAllRows);
   absl::StatusOr<Tensor> FinishForward();
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
@@ -367,7 +387,8 @@ class GpuModel {
   struct Impl;
   explicit GpuModel(std::unique_ptr<Impl> impl);
   // Forward's checks and its enqueued work, not waited for (FinishForward waits).
-  absl::Status BeginForward(int64_t slot, const std::vector<int32_t>& tokens, int64_t group_rows);
+  absl::Status BeginForward(int64_t slot, const std::vector<int32_t>& tokens, int64_t group_rows,
+                            ChunkLogits rows);
   // ExportLayerAsync's copies of layer `layer` at slot position `position`, enqueued on the
   // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
   absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,

@@ -444,12 +444,14 @@ struct GpuModel::Impl {
   // and returns the logits. FailedPrecondition for a Begin while one is pending or a Finish
   // without one.
   struct Pending {
-    int64_t real_rows = 0;
+    int64_t host_rows = 0;  // logits rows copied to logits_host (from row 0 there)
     bool to_host = true;
   };
   std::optional<Pending> pending;
+  // last_row: only the last real row's logits go to the host (ChunkLogits::kLastRow).
   absl::Status Begin(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
-                     int64_t padded_rows, bool use_graph, bool decode, bool to_host);
+                     int64_t padded_rows, bool use_graph, bool decode, bool to_host,
+                     bool last_row = false);
   absl::StatusOr<Tensor> Finish();
   absl::StatusOr<Tensor> Run(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work,
                              int64_t padded_rows, bool use_graph, bool decode, bool to_host = true);

@@ -209,13 +209,13 @@ absl::Status GpuModel::ExportLayerAsync(int64_t slot, int64_t layer, StateStagin
 }
 
 absl::StatusOr<Tensor> GpuModel::ForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
-                                                  StateStaging* staging) {
-  PDSERVE_RETURN_IF_ERROR(BeginForwardExporting(slot, tokens, staging));
+                                                  StateStaging* staging, ChunkLogits rows) {
+  PDSERVE_RETURN_IF_ERROR(BeginForwardExporting(slot, tokens, staging, rows));
   return FinishForward();
 }
 
 absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int32_t>& tokens,
-                                             StateStaging* staging) {
+                                             StateStaging* staging, ChunkLogits rows) {
   Impl& m = *impl_;
   if (staging == nullptr || staging->impl_->owner != this) {
     return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
@@ -257,7 +257,7 @@ absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int
     PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(m.copy_stream, attended, 0));
     return ExportLayer(slot, layer, staging, position, /*on_copy_stream=*/true);
   };
-  const absl::Status begun = BeginForward(slot, tokens, /*group_rows=*/0);
+  const absl::Status begun = BeginForward(slot, tokens, /*group_rows=*/0, rows);
   m.after_attention = nullptr;
   m.attended_slot = begun.ok() ? slot : -1;
   return begun;

@@ -75,11 +75,13 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
   // BeginForwardExporting); then the chunk is finished. A group runs every chunk whole (its
   // collectives synchronize inside the forward) and stores after it.
   const bool overlap = group_->world() == 1;
+  // Only the last chunk's last row is sampled from; the other rows need not reach the host.
+  const engine::gpu::ChunkLogits rows = engine::gpu::ServingChunkLogits();
   for (int64_t from = 0; from < length;) {
     const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
     const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
     if (overlap && to == length) {
-      PDSERVE_RETURN_IF_ERROR(gpu.BeginForwardExporting(kSlot, tokens, staging_.get()));
+      PDSERVE_RETURN_IF_ERROR(gpu.BeginForwardExporting(kSlot, tokens, staging_.get(), rows));
       const absl::Status stored =
           StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_);
       absl::StatusOr<engine::Tensor> finished = gpu.FinishForward();
@@ -93,7 +95,7 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
     const std::vector<absl::Status> ran =
         group_->Run([&](int64_t r, engine::gpu::GpuModel& model) -> absl::Status {
           if (r > 0) return model.Idle(to - from);
-          PDSERVE_ASSIGN_OR_RETURN(logits, model.Forward(kSlot, tokens));
+          PDSERVE_ASSIGN_OR_RETURN(logits, model.Forward(kSlot, tokens, 0, rows));
           return absl::OkStatus();
         });
     for (const absl::Status& s : ran) PDSERVE_RETURN_IF_ERROR(s);

@@ -175,7 +175,8 @@ absl::StatusOr<std::vector<float>> GpuStepRunner::Recompute(const Sequence& seq)
     const std::vector<absl::Status> ran =
         group_->Run([&](int64_t r, engine::gpu::GpuModel& gpu) -> absl::Status {
           if (r != seq.rank) return gpu.Idle(rows);
-          absl::StatusOr<engine::Tensor> logits = gpu.Forward(slot, tokens, world > 1 ? rows : 0);
+          absl::StatusOr<engine::Tensor> logits =
+              gpu.Forward(slot, tokens, world > 1 ? rows : 0, engine::gpu::ServingChunkLogits());
           if (!logits.ok()) return logits.status();
           out = std::move(*logits);
           return absl::OkStatus();
@@ -470,7 +471,8 @@ void GpuStepRunner::RunPrefill(const std::vector<Work>& works, std::vector<char>
           Sequence& seq = *works[c.work].sequence;
           std::vector<int32_t> tokens;
           for (int64_t pos = c.from; pos < c.to; ++pos) tokens.push_back(seq.TokenAt(pos));
-          absl::StatusOr<engine::Tensor> out = gpu.Forward(seq.slot, tokens, rows);
+          absl::StatusOr<engine::Tensor> out =
+              gpu.Forward(seq.slot, tokens, rows, engine::gpu::ServingChunkLogits());
           if (!out.ok()) {
             status[c.work] = out.status();
             return out.status();

@@ -160,6 +160,77 @@ TEST_P(GpuModelTest, CopySlotForksARequest) {
   EXPECT_FALSE(gpu->CopySlot(0, 4).ok());
 }
 
+// ChunkLogits::kLastRow brings back only a chunk's last row, and that row is the one kAllRows
+// gives (the device computes the same rows; only the copy differs): plain chunks, chunks padded
+// to a group's row count (the last REAL row, not a padding row), and ForwardExporting's last
+// chunk. The slot is reset between the two runs, so both see the same state at every chunk.
+TEST_P(GpuModelTest, LastRowLogitsAreTheLastRowOfAllRows) {
+  auto gpu = MakeGpu(model_, 2, 64);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t vocab = model_.config.vocab_size;
+  std::vector<int32_t> prompt;
+  while (prompt.size() < 40) {
+    prompt.insert(prompt.end(), model_.prompts.back().begin(), model_.prompts.back().end());
+  }
+  prompt.resize(40);
+  // Chunks of 1, 7, 13 and 19 tokens; the 13-token chunk is padded to 20 rows.
+  const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, 1}, {1, 8}, {8, 21}, {21, 40}};
+  auto staging = gpu->NewStateStaging(1);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  auto run = [&](ChunkLogits rows) {
+    std::vector<std::vector<float>> out;
+    EXPECT_TRUE(gpu->ResetSlot(1).ok());
+    for (const auto& [from, to] : chunks) {
+      const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+      const bool last_chunk = to == static_cast<int64_t>(prompt.size());
+      absl::StatusOr<Tensor> logits = last_chunk
+                                          ? gpu->ForwardExporting(1, tokens, staging->get(), rows)
+                                          : gpu->Forward(1, tokens, from == 8 ? 20 : 0, rows);
+      EXPECT_TRUE(logits.ok()) << logits.status();
+      if (!logits.ok()) return out;
+      const int64_t want_rows = rows == ChunkLogits::kLastRow ? 1 : to - from;
+      EXPECT_EQ(logits->dim(0), want_rows) << "chunk from " << from;
+      EXPECT_EQ(logits->dim(1), vocab);
+      const float* last = logits->ptr() + (logits->dim(0) - 1) * vocab;
+      out.emplace_back(last, last + vocab);
+      if (last_chunk) {
+        EXPECT_TRUE((*staging)->Discard().ok());
+      }
+    }
+    EXPECT_EQ(gpu->Position(1), static_cast<int64_t>(prompt.size()));
+    return out;
+  };
+  const std::vector<std::vector<float>> all = run(ChunkLogits::kAllRows);
+  const std::vector<std::vector<float>> last = run(ChunkLogits::kLastRow);
+  ASSERT_EQ(all.size(), chunks.size());
+  ASSERT_EQ(last.size(), chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    EXPECT_EQ(std::memcmp(all[c].data(), last[c].data(), static_cast<size_t>(vocab) * 4), 0)
+        << "chunk " << c;
+  }
+  // Distinct chunks give distinct rows (the comparison above is not of constants).
+  EXPECT_NE(std::memcmp(all[0].data(), all[3].data(), static_cast<size_t>(vocab) * 4), 0);
+}
+
+// The serving paths' choice (no GPU needed): the last row only when asked for by name.
+TEST(ServingChunkLogitsTest, TheEnvironmentPicksTheRows) {
+  const char* saved = std::getenv("PDSERVE_GPU_CHUNK_LOGITS");
+  const std::string restore = saved != nullptr ? saved : "";
+  unsetenv("PDSERVE_GPU_CHUNK_LOGITS");
+  EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kAllRows);
+  setenv("PDSERVE_GPU_CHUNK_LOGITS", "last", 1);
+  EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kLastRow);
+  for (const char* other : {"all", "LAST", "", "1"}) {
+    setenv("PDSERVE_GPU_CHUNK_LOGITS", other, 1);
+    EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kAllRows) << other;
+  }
+  if (saved != nullptr) {
+    setenv("PDSERVE_GPU_CHUNK_LOGITS", restore.c_str(), 1);
+  } else {
+    unsetenv("PDSERVE_GPU_CHUNK_LOGITS");
+  }
+}
+
 TEST_P(GpuModelTest, BadInputIsRefusedAndStateUntouched) {
   auto gpu = MakeGpu(model_, 2, 16);
   ASSERT_NE(gpu, nullptr);

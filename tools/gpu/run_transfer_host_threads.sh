@@ -9,15 +9,18 @@
 #      with shm,self and with UCX_TLS unset (tcp: pdserve's endpoints ask for peer-failure
 #      handling), lanes = the workers' default, host threads = the default; then shm,self with
 #      1 host thread (the one-thread store, checksums and import), and with the last chunk as a
-#      plain Forward (no layer copies during its compute).
+#      plain Forward (no layer copies during its compute); the second run brings only each prompt
+#      chunk's last logits row to the host (--chunk-logits=last, GpuModel's ChunkLogits).
 #      Stage columns: copy wait (device -> pinned copies not yet done when the store wanted
 #      them), store (pinned blocks -> pages), post (the sender's checksums of the layer on the
 #      pool, then its first sends), send drain (last layer posted -> commit delivered), verify
 #      lag (commit delivered -> the receiver's verified outcome), import (pages -> decode slot).
 #   3. ucx_perftest ucp_am_bw over the same transports at 64 KiB (most of the pages' bytes).
-#   4. engine_gpu_tests of this path when the pack carries them (the prefill engine's pages with
-#      1, 4 and the default host threads and the last chunk as ForwardExporting, byte for byte
-#      the whole-slot export's; the direct import; PD decode from transferred pages).
+#   4. engine_gpu_tests of this path when the pack carries them, with PDSERVE_GPU_CHUNK_LOGITS=last
+#      (the prefill engine's pages with 1, 4 and the default host threads and the last chunk as
+#      ForwardExporting, byte for byte the whole-slot export's; the direct import; the step
+#      runner's tests, PD decode from transferred pages among them; the last-row logits against
+#      all rows).
 # Built on the Debian machine (the device has no UCX) and packed into this folder:
 #   cmake --build build --target gpu_state_transfer_bench import_host_bench engine_gpu_tests
 #   tools/gpu/pack_binaries.sh <hx>/wire build/bench/kvtransfer/gpu_state_transfer_bench \
@@ -94,6 +97,10 @@ run_bench=false
 # extrapolated linearly ("est.").
 if $run_bench; then
   bench shm,self "$threads" 1 0 "$lengths" 40
+  # Only the prompt chunks' last logits rows to the host (GpuModel's ChunkLogits::kLastRow,
+  # PDSERVE_GPU_CHUNK_LOGITS=last): the fixed ~10 ms "send drain" of the rounds of 2026-12-04
+  # is expected to be FinishForward copying the last chunk's 256 x vocab fp32 logits.
+  bench shm,self "$threads" 1 0 "$lengths" 40 --chunk-logits=last
   bench shm,self "$threads" 1 8 131072 20
   bench shm,self "$threads" 1 0 131072 20 --post-on-lanes=0
   bench default "$threads" 1 0 "$lengths" 35
@@ -125,12 +132,14 @@ if [[ " $steps " == *" tests "* ]] && command -v engine_gpu_tests > /dev/null &&
   # The machine's own NCCL (the expert-parallel tests load it), as run_gpu_tests.sh finds it.
   nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
   # The fixtures and models of the tree this folder sits in (.hx/<name>/ of the repository).
+  # With the serving paths asking for the chunks' last logits rows only (as the bench's second
+  # run), and the engine's own check of that copy against all rows.
   LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl PDSERVE_SOURCE_DIR=$(cd ../.. && pwd) \
-    timeout "$(cap 45)" engine_gpu_tests \
-    --gtest_filter='GpuPrefillTest.*:*GpuDirectImportTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState' \
+    PDSERVE_GPU_CHUNK_LOGITS=last timeout "$(cap 45)" engine_gpu_tests \
+    --gtest_filter='GpuPrefillTest.*:*GpuDirectImportTest*:GpuStepRunnerTest.*:*LastRowLogits*' \
     > "$out/engine_gpu_tests.txt" 2>&1
   rc=$?
-  row "engine GPU tests (prefill, direct import, PD import)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
+  row "engine GPU tests (prefill, direct import, step runner, last-row logits; PDSERVE_GPU_CHUNK_LOGITS=last)" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")" \
     "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/engine_gpu_tests.txt" | tr '\n' ' ') ($(elapsed))"
 fi
 
@@ -169,15 +178,16 @@ if [ ${#bench_rows[@]} -gt 0 ]; then
   echo
   # Per prompt length: e2e GB/s, floor, share, perftest of the same transport, time left after
   # compute as % of TTFT, and the stage breakdown (ms).
-  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | window MiB (0: 256 with several lanes) | UCX setting |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| UCX_TLS | host threads | overlap | prompt tokens | MB | end-to-end GB/s | copy floor GB/s | share of floor | ucx_perftest GB/s (64 KiB) | left after compute ms | % of TTFT | copy wait | store | post (checksums) | send drain | verify lag | import | last chunk compute ms | chunk logits | finish forward ms | window MiB (0: 256 with several lanes) | UCX setting |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for line in "${bench_rows[@]}"; do
     IFS='|' read -r -a f <<< "$line"
     # f[1] "tls tokens", f[2] layers, f[3] lanes, f[4] threads, f[5] bytes, f[6] wait, f[7] store,
     # f[8] post, f[9] drain, f[10] lag, f[11] transfer, f[12] GB/s, f[13] import, f[14] old,
     # f[15] e2e, f[16] floor, f[17] share, f[18] forward, f[19] left, f[20] ttft share,
-    # f[21] state, f[22] overlap, f[23] last chunk ms, f[24] window, f[25] UCX setting (added here)
+    # f[21] state, f[22] overlap, f[23] last chunk ms, f[24] chunk logits, f[25] finish forward
+    # ms, f[26] window, f[27] UCX setting (the last two added here)
     read -r tls tokens <<< "${f[1]}"
-    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|${f[24]}|${f[25]}|"
+    echo "| $tls |${f[4]}|${f[22]}| $tokens |${f[5]% MB*} |${f[15]}|${f[16]}|${f[17]}| ${perftest[$tls]:-n/a} |${f[19]}|${f[20]}|${f[6]}|${f[7]}|${f[8]}|${f[9]}|${f[10]}|${f[13]}|${f[23]}|${f[24]}|${f[25]}|${f[26]}|${f[27]}|"
   done
 fi
