@@ -65,6 +65,10 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
     if (entry.worker.fp8_activations == "fp8") {
       gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
     }
+    gpu.prefill_chunk = entry.worker.prefill_chunk;
+    spdlog::info("backend cuda: prompts cut at every {} tokens (prefill_chunk{})",
+                 runtime::GpuPrefillBlock(gpu, options.prefill_block),
+                 entry.worker.prefill_chunk > 0 ? "" : " not set");
     options.engine_factory = runtime::GpuPrefillEngineFactory(gpu);
 #else
     return absl::FailedPreconditionError(

@@ -81,7 +81,8 @@ struct ServeOptions {
   std::string expert_comm = "auto";
   std::string weights = "bf16";          // --backend cuda: bf16 or fp8 (engine::gpu::WeightFormat)
   std::string fp8_activations = "bf16";  // --weights fp8: bf16 or fp8 (engine::gpu::Fp8Activations)
-  std::string api_keys_file;             // docs/security.md
+  int64_t prefill_chunk = 0;  // --backend cuda: runtime::GpuBackendOptions::prefill_chunk
+  std::string api_keys_file;  // docs/security.md
   std::string tls_cert_file;
   std::string tls_key_file;
 };
@@ -104,6 +105,11 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
       return absl::InvalidArgumentError(
           "--weights chooses the weight format on the GPU of --backend cuda; the CPU engine "
           "dequantizes every weight to float32");
+    }
+    if (options.prefill_chunk != 0) {
+      return absl::InvalidArgumentError(
+          "--prefill-chunk sizes the CUDA engine's prefill forward calls (--backend cuda); the "
+          "CPU engine cuts prompts at every 64 tokens");
     }
     return runtime::RunnerFactory();
   }
@@ -128,6 +134,7 @@ absl::StatusOr<runtime::RunnerFactory> BackendFactory(
   gpu.indexer_fault = model.indexer_fault;
   if (options.weights == "fp8") gpu.weight_format = engine::gpu::WeightFormat::kFp8Block;
   if (options.fp8_activations == "fp8") gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
+  gpu.prefill_chunk = options.prefill_chunk;
   return runtime::GpuRunnerFactory(gpu);
 #else
   return absl::FailedPreconditionError(
@@ -145,6 +152,7 @@ absl::StatusOr<int64_t> StateTokens(const ServeOptions& options) {
   worker.backend = "cuda";
   worker.gpus = options.devices.empty() ? std::to_string(options.device) : options.devices;
   worker.weights = options.weights;
+  if (options.prefill_chunk > 0) worker.prefill_chunk = options.prefill_chunk;
   if (options.state_tokens != "auto") {
     if (!absl::SimpleAtoi(options.state_tokens, &worker.state_tokens) || worker.state_tokens < 0) {
       return absl::InvalidArgumentError(
@@ -294,6 +302,21 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "(e4m3 per 1 x 128, W8A8)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "--backend cuda: tokens per prefill forward call, a multiple of 64 up to 8192; "
+                  "prompts are cut at its multiples, within --token-budget per step (0: at every "
+                  "64 tokens)")
+      ->capture_default_str()
+      ->check([](const std::string& text) {
+        int64_t n = 0;
+        if (!absl::SimpleAtoi(text, &n) ||
+            (n != 0 && (n < config::kPrefillChunkAlign || n > config::kMaxPrefillChunk ||
+                        n % config::kPrefillChunkAlign != 0))) {
+          return absl::StrCat("must be 0 or a multiple of ", config::kPrefillChunkAlign, " in [",
+                              config::kPrefillChunkAlign, ", ", config::kMaxPrefillChunk, "]");
+        }
+        return std::string();
+      });
   cmd->add_option("--api-keys-file", o->api_keys_file,
                   "Keys /v1/ requests must send as 'Authorization: Bearer <key>', one per line "
                   "(docs/security.md)");

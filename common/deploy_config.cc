@@ -151,7 +151,7 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
   WorkerConfig w;
   if (!r.Map(node, path,
              {"name", "host", "port", "metrics_port", "backend", "gpus", "threads", "weights",
-              "fp8_activations", "state_tokens"})) {
+              "fp8_activations", "state_tokens", "prefill_chunk"})) {
     return w;
   }
   r.String(node, path, "name", true, &w.name);
@@ -183,6 +183,21 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
         w.state_tokens = 0;
         r.Error(v, Join(path, "state_tokens"),
                 absl::StrCat("must be auto or an integer in [0, ", kMaxStateTokens, "]"));
+      }
+    }
+  }
+  if (node["prefill_chunk"].IsDefined()) {
+    if (decode) {
+      r.Error(node["prefill_chunk"], Join(path, "prefill_chunk"), "only for prefill workers");
+    } else if (w.backend != "cuda") {
+      r.Error(node["prefill_chunk"], Join(path, "prefill_chunk"), "only for backend cuda");
+    } else {
+      r.Int(node, path, "prefill_chunk", false, kPrefillChunkAlign, kMaxPrefillChunk,
+            &w.prefill_chunk);
+      if (w.prefill_chunk % kPrefillChunkAlign != 0) {
+        r.Error(node["prefill_chunk"], Join(path, "prefill_chunk"),
+                absl::StrCat("must be a multiple of ", kPrefillChunkAlign));
+        w.prefill_chunk = 0;
       }
     }
   }

@@ -78,7 +78,15 @@ struct WorkerConfig {
   // kAutoStateTokens (`state_tokens: auto`): what the memory plan leaves free
   // (engine::AutoStateTokens, resolved at start by cli::ResolveStateTokens).
   int64_t state_tokens = 0;
+  // Prefill workers with backend cuda: tokens per prefill forward call, a multiple of
+  // kPrefillChunkAlign in [kPrefillChunkAlign, kMaxPrefillChunk]; the prompt is cut at its
+  // multiples and the GPU's activations are sized for it (runtime::GpuBackendOptions::
+  // prefill_chunk). 0 (default): cut at every 64 tokens, activations for 256 rows.
+  int64_t prefill_chunk = 0;
 };
+
+inline constexpr int64_t kPrefillChunkAlign = 64;
+inline constexpr int64_t kMaxPrefillChunk = 8192;
 
 struct RouterConfig {
   std::string host = "127.0.0.1";

@@ -343,7 +343,9 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   std::string out = absl::StrFormat(
       "%s: %s, %d GPU(s) of %s, %d layers, context %d tokens, %s\n", q.worker,
-      q.prefill ? "prefill (one sequence per rank)" : absl::StrCat("decode batch ", q.max_batch),
+      q.prefill ? absl::StrCat("prefill (one sequence per rank, forward calls of up to ",
+                               q.max_chunk, " tokens)")
+                : absl::StrCat("decode batch ", q.max_batch),
       q.world, Gib(q.gpu_bytes), config.num_hidden_layers, q.max_context,
       q.world > 1 ? "one expert-parallel group: every GPU holds every layer and a replica of all "
                     "but the routed experts, which are split over the GPUs"

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   gpu_options.slots = slots_per_rank;
   gpu_options.max_context = max_context;
   gpu_options.state_tokens = state_tokens_per_rank;
-  gpu_options.max_chunk = options.max_chunk;
+  gpu_options.max_chunk = GpuMaxChunk(options);
   gpu_options.gemm_inputs = options.gemm_inputs;
   gpu_options.weight_format = options.weight_format;
   gpu_options.fp8_activations = options.fp8_activations;
@@ -67,6 +67,15 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   gpu_options.test_unmasked_indexer = options.indexer_fault == engine::IndexerFault::kUnmaskedSlots;
   spdlog::info("{}", GpuImplementationSummary(options));
   return engine::gpu::GpuModelGroup::Create(config, weights, group);
+}
+
+int64_t GpuMaxChunk(const GpuBackendOptions& options) {
+  return options.prefill_chunk > 0 ? options.prefill_chunk : options.max_chunk;
+}
+
+int64_t GpuPrefillBlock(const GpuBackendOptions& options, int64_t runner_block) {
+  return options.prefill_chunk > 0 ? options.prefill_chunk
+                                   : std::min(runner_block, options.max_chunk);
 }
 
 std::string GpuImplementationSummary(const GpuBackendOptions& options) {
@@ -108,7 +117,7 @@ RunnerFactory GpuRunnerFactory(GpuBackendOptions options) {
                               context.max_context, state_tokens));
         spdlog::info("backend cuda: {}", group->Describe());
         RunnerOptions runner_options = context.options;
-        runner_options.prefill_block = std::min(runner_options.prefill_block, options.max_chunk);
+        runner_options.prefill_block = GpuPrefillBlock(options, runner_options.prefill_block);
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<GpuStepRunner> runner,
             GpuStepRunner::Create(std::move(group), *context.layout, context.pool, runner_options));

@@ -35,6 +35,11 @@ struct GpuBackendOptions {
   // the default) or e4m3 per 1 x 128 (W8A8); engine/gpu/gpu_model.h, Fp8Activations.
   engine::gpu::Fp8Activations fp8_activations = engine::gpu::Fp8Activations::kBf16;
   int64_t max_chunk = 256;  // tokens per prefill Forward call; the runner's prefill_block is capped
+  // > 0 (worker key `prefill_chunk`, `pdserve serve --prefill-chunk`): the model's max_chunk AND
+  // the block prompts are cut at (runner and prefill engine alike, so PD equals colocated); a
+  // chunk reads every weight once, so larger chunks read them fewer times per prompt. 0: today's
+  // cut at the runner's prefill_block (64) with max_chunk rows of activations.
+  int64_t prefill_chunk = 0;
   // guards.reference_kernels: kSparseAttention -> GpuModelOptions::fixed_shape_attention = false,
   // kIndexer -> fixed_shape_indexer = false (the any-shape reference kernels); kFp8State changes
   // nothing (the GPU state is bf16 / fp32 already).
@@ -50,6 +55,12 @@ struct GpuBackendOptions {
 // (fixed-shape decode indexer)" when options.indexer_fault is set. Prefill always runs the
 // any-shape kernels.
 std::string GpuImplementationSummary(const GpuBackendOptions& options);
+
+// The GpuModel's max_chunk for `options`: prefill_chunk when set, else max_chunk.
+int64_t GpuMaxChunk(const GpuBackendOptions& options);
+// The block prompts are cut at on the GPU: prefill_chunk when set, else `runner_block` (the
+// runner's or worker's prefill_block) capped at max_chunk.
+int64_t GpuPrefillBlock(const GpuBackendOptions& options, int64_t runner_block);
 
 // The model's weights (engine::Weights::Load from `model_dir`, then the CPU engine's
 // ValidateWeights) uploaded as a group of one GpuModel per options.devices entry, each of

@@ -171,7 +171,7 @@ PrefillEngineFactory GpuPrefillEngineFactory(runtime::GpuBackendOptions options)
         PDSERVE_ASSIGN_OR_RETURN(
             std::unique_ptr<GpuPrefillEngine> engine,
             GpuPrefillEngine::Create(std::move(group),
-                                     std::min(context.prefill_block, options.max_chunk)));
+                                     GpuPrefillBlock(options, context.prefill_block)));
         return std::unique_ptr<PrefillEngine>(std::move(engine));
       };
 }

@@ -271,6 +271,9 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$tmp/port" &
     refused "an empty list names no GPU" --backend cuda --devices ""
     refused "the CPU engine dequantizes every weight" --backend cpu --weights fp8
     refused "--weights: fp4 not in {bf16,fp8}" --backend cuda --weights fp4
+    refused "the CPU engine cuts prompts at every 64 tokens" --backend cpu --prefill-chunk 1024
+    refused "must be 0 or a multiple of 64 in [64, 8192]" --backend cuda --prefill-chunk 100
+    refused "must be 0 or a multiple of 64 in [64, 8192]" --backend cuda --prefill-chunk 16384
     ;;
   *)
     echo "unknown mode $mode"

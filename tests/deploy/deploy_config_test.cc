@@ -281,6 +281,46 @@ TEST(DeployConfigTest, StateTokensForCudaDecodeWorkersOnly) {
   EXPECT_EQ(automatic.config.decode[0].state_tokens, kAutoStateTokens);
 }
 
+// prefill_chunk: prefill workers with backend cuda only, a multiple of 64 in [64, 8192] (0, the
+// default: today's cut at every 64 tokens).
+TEST(DeployConfigTest, PrefillChunkForCudaPrefillWorkersOnly) {
+  const ParsedDeployConfig plain = ParseDeployConfig(kValid, "t.yaml");
+  ASSERT_TRUE(plain.errors.empty()) << plain.errors[0].ToString();
+  EXPECT_EQ(plain.config.prefill[0].prefill_chunk, 0);
+  for (const int64_t good : {64, 2048, 8192}) {
+    const ParsedDeployConfig set = ParseDeployConfig(
+        Broken("\"0,1\"\n", "\"0,1\"\n    prefill_chunk: " + std::to_string(good) + "\n"),
+        "a.yaml");
+    ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+    EXPECT_EQ(set.config.prefill[0].prefill_chunk, good);
+  }
+  const ParsedDeployConfig decode = ParseDeployConfig(
+      Broken("    backend: cpu\n", "    backend: cpu\n    prefill_chunk: 1024\n"), "b.yaml");
+  ASSERT_EQ(decode.errors.size(), 1u);
+  EXPECT_EQ(decode.errors[0].key, "decode[0].prefill_chunk");
+  EXPECT_EQ(decode.errors[0].message, "only for prefill workers");
+  const ParsedDeployConfig cpu =
+      ParseDeployConfig(Broken("    backend: cuda\n    gpus: \"0,1\"\n",
+                               "    backend: cpu\n    prefill_chunk: 1024\n"),
+                        "c.yaml");
+  ASSERT_EQ(cpu.errors.size(), 1u);
+  EXPECT_EQ(cpu.errors[0].key, "prefill[0].prefill_chunk");
+  EXPECT_EQ(cpu.errors[0].message, "only for backend cuda");
+  for (const char* bad : {"0", "32", "8256", "-64", "1.5", "lots"}) {
+    const ParsedDeployConfig parsed = ParseDeployConfig(
+        Broken("\"0,1\"\n", std::string("\"0,1\"\n    prefill_chunk: ") + bad + "\n"), "d.yaml");
+    ASSERT_EQ(parsed.errors.size(), 1u) << bad;
+    EXPECT_EQ(parsed.errors[0].key, "prefill[0].prefill_chunk") << bad;
+    EXPECT_EQ(parsed.errors[0].message, "must be an integer in [64, 8192]") << bad;
+    EXPECT_EQ(parsed.config.prefill[0].prefill_chunk, 0) << bad;
+  }
+  const ParsedDeployConfig unaligned =
+      ParseDeployConfig(Broken("\"0,1\"\n", "\"0,1\"\n    prefill_chunk: 1000\n"), "e.yaml");
+  ASSERT_EQ(unaligned.errors.size(), 1u);
+  EXPECT_EQ(unaligned.errors[0].message, "must be a multiple of 64");
+  EXPECT_EQ(unaligned.config.prefill[0].prefill_chunk, 0);
+}
+
 TEST(DeployConfigTest, ParseGpuList) {
   EXPECT_EQ(*ParseGpuList("3"), std::vector<int>({3}));
   EXPECT_EQ(*ParseGpuList("2,0,1"), std::vector<int>({2, 0, 1}));

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
+#include "runtime/cuda/gpu_backend.h"
 #include "runtime/cuda/gpu_prefill_engine.h"
 #include "runtime/cuda/gpu_step_runner.h"
 #include "runtime/paged_state.h"
@@ -174,6 +175,30 @@ TEST_F(GpuPrefillTest, SeededPagesDecodeToTheCpuPrefillsTokens) {
   ASSERT_NE(decode_gpu, nullptr);
   runtime::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want,
                             /*max_diverged=*/3);
+}
+
+// A prefill_chunk of 256 (runtime::GpuBackendOptions::prefill_chunk: the block is the model's
+// max_chunk): the 250-token prompt runs as one forward call instead of four, and the pages still
+// decode to the CPU prefill's tokens (the CPU engine's logits do not depend on the cut; greedy
+// and seeded, as the 64-token block above).
+TEST_F(GpuPrefillTest, WholeChunkBlockDecodesToTheCpuPrefillsTokens) {
+  runtime::GpuBackendOptions options;
+  options.prefill_chunk = 256;
+  const int64_t block = runtime::GpuPrefillBlock(options, kPrefillBlock);
+  ASSERT_EQ(block, 256);
+  ASSERT_EQ(runtime::GpuMaxChunk(options), 256);
+  auto engine = GpuPrefillEngine::Create(gpu_.get(), block);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto decode_gpu = engine::gpu::MakeGpu(model_, 12, 256, GemmInputs::kFp32);
+  ASSERT_NE(decode_gpu, nullptr);
+  for (const double temperature : {0.0, 0.6}) {
+    const std::vector<RequestSpec> specs = Specs(temperature);
+    const Prefilled gpu = Prefill(**engine, specs);
+    const Outputs want = CpuPath(specs);
+    const int diverged = temperature > 0 ? 3 : 0;
+    runtime::ExpectSameTokens(DecodeOnCpu(specs, gpu), want, diverged);
+    runtime::ExpectSameTokens(DecodeOnGpu(specs, gpu, decode_gpu.get()), want, diverged);
+  }
 }
 
 // The pages hold exactly the slot's state: a slot imported from them continues bit for bit as a
