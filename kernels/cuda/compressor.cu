@@ -37,7 +37,8 @@ __device__ __forceinline__ double BlockSum(double v, double* scratch) {
 // Block (x, b) emits the x-th window of segment b whose last position is in [p0, p0 + n), if any:
 // window w = p0 / m + x. Threads first resolve each slot's kv / gate / bias row (new rows or ring),
 // then pool channels, normalize and rotate.
-__global__ void __launch_bounds__(kThreads) EmitKernel(CompressorParams p, int64_t width) {
+__global__ void __launch_bounds__(kThreads)
+    EmitKernel(CompressorParams p, int64_t width, int64_t source_stride) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ double scratch[kThreads / 32];
   const int64_t m = p.rate;
@@ -63,8 +64,8 @@ __global__ void __launch_bounds__(kThreads) EmitKernel(CompressorParams p, int64
     const int64_t q = (overlap_slot ? w - 1 : w) * m + r;
     const int64_t col = overlap_slot ? 0 : own_offset;
     // Positions before p0 come from the ring, which holds [p0 - 2m, p0).
-    const int64_t offset =
-        q >= s.p0 ? (s.row_offset + (q - s.p0)) * width : (s.slot * 2 * m + q % (2 * m)) * width;
+    const int64_t offset = q >= s.p0 ? (s.row_offset + (q - s.p0)) * source_stride
+                                     : (s.slot * 2 * m + q % (2 * m)) * width;
     kv_rows[i] = (q >= s.p0 ? p.kv : p.ring_kv) + offset + col;
     gate_rows[i] = (q >= s.p0 ? p.gate : p.ring_gate) + offset + col;
     bias_rows[i] = p.position_bias + r * width + col;
@@ -117,14 +118,15 @@ __global__ void __launch_bounds__(kThreads) EmitKernel(CompressorParams p, int64
 }
 
 // Block (k, b) copies the k-th of segment b's last min(n, 2m) new rows into the ring.
-__global__ void __launch_bounds__(kThreads) RingKernel(CompressorParams p, int64_t width) {
+__global__ void __launch_bounds__(kThreads)
+    RingKernel(CompressorParams p, int64_t width, int64_t source_stride) {
   Segment s;
   if (!ReadSegment(p, blockIdx.y, &s)) return;
   const int64_t ring_rows = 2 * p.rate;
   const int64_t count = min(s.n, ring_rows);
   if (static_cast<int64_t>(blockIdx.x) >= count) return;
   const int64_t q = s.p0 + s.n - count + blockIdx.x;
-  const int64_t src = (s.row_offset + (q - s.p0)) * width;
+  const int64_t src = (s.row_offset + (q - s.p0)) * source_stride;
   const int64_t dst = (s.slot * ring_rows + q % ring_rows) * width;
   for (int64_t c = threadIdx.x; c < width; c += kThreads) {
     p.ring_kv[dst + c] = p.kv[src + c];
@@ -147,6 +149,8 @@ cudaError_t CheckShape(const CompressorParams& p) {
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_tokens >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.max_tokens <= INT32_MAX);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entry_capacity >= 0);
+  PDSERVE_LAUNCH_REQUIRE(
+      kLauncher, p.source_stride == 0 || p.source_stride >= (p.overlapping ? 2 * p.dim : p.dim));
   PDSERVE_LAUNCH_REQUIRE(kLauncher, EntryPagesValid(p.entry_pages, p.entry_capacity));
   return cudaSuccess;
 }
@@ -174,6 +178,7 @@ cudaError_t compressor_update(const CompressorParams& params, cudaStream_t strea
   if (params.segments == 0 || params.max_tokens == 0) return cudaSuccess;
   if (const cudaError_t e = CheckPointers(params); e != cudaSuccess) return e;
   const int64_t width = params.overlapping ? 2 * params.dim : params.dim;
+  const int64_t source_stride = params.source_stride > 0 ? params.source_stride : width;
   const auto segments = static_cast<unsigned>(params.segments);
 
   // Windows whose last position lies in [p0, p0 + n): at most (n - 1) / m + 1.
@@ -182,16 +187,16 @@ cudaError_t compressor_update(const CompressorParams& params, cudaStream_t strea
     const int64_t max_slots = params.overlapping ? 2 * params.rate : params.rate;
     const size_t smem =
         3 * static_cast<size_t>(max_slots) * sizeof(const float*) + params.dim * sizeof(float);
-    EmitKernel<<<dim3(static_cast<unsigned>(windows), segments), kThreads, smem, stream>>>(params,
-                                                                                           width);
+    EmitKernel<<<dim3(static_cast<unsigned>(windows), segments), kThreads, smem, stream>>>(
+        params, width, source_stride);
     const cudaError_t launched = cudaGetLastError();
     if (launched != cudaSuccess) return launched;
   }
   // Stream-ordered after every emission's ring reads.
   const int64_t ring_rows =
       params.max_tokens < 2 * params.rate ? params.max_tokens : 2 * params.rate;
-  RingKernel<<<dim3(static_cast<unsigned>(ring_rows), segments), kThreads, 0, stream>>>(params,
-                                                                                        width);
+  RingKernel<<<dim3(static_cast<unsigned>(ring_rows), segments), kThreads, 0, stream>>>(
+      params, width, source_stride);
   return cudaGetLastError();
 }
 

@@ -59,6 +59,9 @@ struct CompressorParams {
   // [rows, width].
   const float* kv = nullptr;
   const float* gate = nullptr;
+  // Row stride of kv and gate (elements); 0: width (contiguous rows). Larger when they are slices
+  // of a wider GEMM output (the GPU engine's fused projections, engine/fused_projections.h).
+  int64_t source_stride = 0;
   int64_t dim = 0;           // entry width (head_dim, or index_head_dim for the indexer compressor)
   bool overlapping = false;  // CSA and indexer: true (width = 2 * dim, Ca | Cb halves); HCA: false
   int64_t rate = 0;          // m: source tokens per entry
@@ -89,7 +92,8 @@ struct CompressorParams {
 };
 
 // Requires 1 <= rate <= kMaxCompressorRate, 1 <= dim <= kMaxCompressorDim, rope_dim even in [0,
-// dim], 0 <= segments <= kMaxCompressorSegments, max_tokens >= 0, entry_capacity >= 0, and
+// dim], 0 <= segments <= kMaxCompressorSegments, max_tokens >= 0, entry_capacity >= 0,
+// source_stride 0 or >= width, and
 // non-null pointers (entries only when entry_capacity > 0, inv_freq only when rope_dim > 0) when
 // segments and max_tokens are both positive; else nothing is launched and the call succeeds.
 // Device values: n[b] is clamped to [0, max_tokens] (rows past max_tokens are ignored), a segment

@@ -161,12 +161,15 @@ class Harness {
   // pages shuffled over a pool with a null page 0 and spare pages; the checks map the pool back
   // to the slot layout and require every page no slot names to stay NaN.
   static constexpr int64_t kPage = 2;
-  Harness(const Config& c, std::mt19937_64* rng, bool paged = false)
+  // source_stride > 0: the new kv / gate rows are that far apart on the device (the gap columns
+  // NaN), as slices of the GPU engine's fused projection output (CompressorParams::source_stride).
+  Harness(const Config& c, std::mt19937_64* rng, bool paged = false, int64_t source_stride = 0)
       : c_(c),
         rng_(rng),
         paged_(paged),
         stride_((c.entry_capacity + kPage - 1) / kPage),
         pool_pages_(c.slots * stride_ + 1 + 3),
+        source_stride_(source_stride),
         ring_kv_(static_cast<size_t>(c.slots * 2 * c.rate * c.width()), kNaN),
         ring_gate_(ring_kv_),
         entries_(static_cast<size_t>(c.slots * c.entry_capacity * c.dim), testing::kBf16NaN),
@@ -174,7 +177,7 @@ class Harness {
         d_ring_gate_(ring_kv_.size()),
         d_entries_(paged ? static_cast<size_t>(pool_pages_ * kPage * c.dim) : entries_.size()),
         d_table_(static_cast<size_t>(std::max<int64_t>(c.slots * stride_, 1))),
-        d_kv_(static_cast<size_t>(c.max_rows() * c.width())),
+        d_kv_(static_cast<size_t>(c.max_rows() * (source_stride > 0 ? source_stride : c.width()))),
         d_gate_(d_kv_.size()),
         d_bias_(static_cast<size_t>(c.rate * c.width())),
         d_norm_(static_cast<size_t>(c.dim)),
@@ -241,7 +244,7 @@ class Harness {
       return -1;
     }
     // Rows: a NaN gap row before each segment's rows, NaN after the last.
-    std::vector<float> kv(d_kv_.size(), kNaN);
+    std::vector<float> kv(static_cast<size_t>(c_.max_rows() * width), kNaN);
     std::vector<float> gate(kv.size(), kNaN);
     std::vector<int32_t> p0;
     std::vector<int32_t> n;
@@ -271,8 +274,8 @@ class Harness {
       }
     }
     if (!graph || exec_ == nullptr) AllocateSegments(segments.size());
-    d_kv_.Upload(kv);
-    d_gate_.Upload(gate);
+    d_kv_.Upload(Spread(kv));
+    d_gate_.Upload(Spread(gate));
     d_p0_->Upload(p0);
     d_n_->Upload(n);
     d_row_offset_->Upload(row_offset);
@@ -343,6 +346,7 @@ class Harness {
     CompressorParams p;
     p.kv = d_kv_.get();
     p.gate = d_gate_.get();
+    p.source_stride = source_stride_;
     p.dim = c_.dim;
     p.overlapping = c_.overlapping;
     p.rate = c_.rate;
@@ -375,6 +379,17 @@ class Harness {
   }
 
  private:
+  // Rows of `width` values each, source_stride_ apart (NaN between) when it is set.
+  std::vector<float> Spread(const std::vector<float>& rows) const {
+    const int64_t width = c_.width();
+    if (source_stride_ == 0) return rows;
+    std::vector<float> out(static_cast<size_t>(c_.max_rows() * source_stride_), kNaN);
+    for (int64_t r = 0; r < c_.max_rows(); ++r) {
+      std::copy_n(rows.begin() + r * width, width, out.begin() + r * source_stride_);
+    }
+    return out;
+  }
+
   void AllocateSegments(size_t segments) {
     const size_t size = std::max<size_t>(segments, 1);
     d_p0_ = std::make_unique<GuardedBuffer<int32_t>>(size);
@@ -427,6 +442,7 @@ class Harness {
   const bool paged_;
   const int64_t stride_;
   const int64_t pool_pages_;
+  const int64_t source_stride_;
   std::vector<int32_t> table_;
   Weights weights_;
   std::vector<ReferenceCompressor> references_;
@@ -496,6 +512,26 @@ TEST_F(CudaCompressorTest, PrefillThenDecodeMatchesCpu) {
       expected += (p + 2 * m + 1) / m - p / m;
     }
     EXPECT_EQ(decoded, expected);
+  }
+}
+
+// PrefillThenDecodeMatchesCpu's calls with the new rows read at a row stride wider than the
+// width (slices of a fused projection output), the columns between them NaN.
+TEST_F(CudaCompressorTest, StridedSourceRowsMatchCpu) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  std::vector<Config> configs = SmallConfigs();
+  configs.push_back({true, 4, 128, 64});  // V4 indexer compressor
+  for (const Config& c : configs) {
+    SCOPED_TRACE(Describe(c));
+    Harness h(c, &rng_, /*paged=*/false, /*source_stride=*/c.width() + 37);
+    ASSERT_TRUE(h.ok());
+    const auto m = static_cast<int32_t>(c.rate);
+    EXPECT_EQ(h.Call({{6, 1}, {1, m - 1}, {4, m}, {0, m + 1}, {3, 5 * m + 3}}), 0 + 0 + 1 + 1 + 5);
+    int64_t decoded = 0;
+    for (int step = 0; step < 2 * m + 1; ++step) {
+      decoded += h.Call({{6, 1}, {1, 1}, {4, 1}, {0, 1}, {3, 1}});
+    }
+    EXPECT_GT(decoded, 0);
   }
 }
 
@@ -631,6 +667,7 @@ TEST_F(CudaCompressorTest, RejectsBadArguments) {
   EXPECT_TRUE(rejected([](CompressorParams& p) { p.segments = kMaxCompressorSegments + 1; }));
   EXPECT_TRUE(rejected([](CompressorParams& p) { p.max_tokens = -1; }));
   EXPECT_TRUE(rejected([](CompressorParams& p) { p.entry_capacity = -1; }));
+  EXPECT_TRUE(rejected([](CompressorParams& p) { p.source_stride = 2 * p.dim - 1; }));
   EXPECT_TRUE(rejected([](CompressorParams& p) { p.kv = nullptr; }));
   EXPECT_TRUE(rejected([](CompressorParams& p) { p.slot = nullptr; }));
   EXPECT_TRUE(rejected([](CompressorParams& p) { p.ring_gate = nullptr; }));
