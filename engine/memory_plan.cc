@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/expert_parallel.h"
+#include "engine/fused_projections.h"
 #include "engine/paged_state_plan.h"
 #include "engine/ring_state.h"
 #include "engine/safetensors.h"
@@ -220,6 +221,10 @@ int64_t GpuActivationBytes(const ModelConfig& c, int64_t max_rows, int64_t conte
   b16 += r * idx;  // idx_q_bf
   f32 += r * (2 * inter + c.n_routed_experts + 2 * k + c.vocab_size);
   b16 += r * inter;  // act_bf
+  // Fused projections (engine/fused_projections.h): the widest group's output and FP8 o_a's
+  // group ids (int32), counted whether or not GpuModelOptions::fused_projections is on (the plan
+  // does not see the switch; off, they are an overcount of r * (4160 + 8) values on V4-Flash).
+  f32 += r * (FusedOutputWidth(c) + c.o_groups);
   // moe_experts workspace: gate / up / activation rows of every pick (kernels/cuda/moe.cu).
   f32 += world * r * k * 3 * inter;
   if (world > 1) f32 += world * r * (h / 2 + 2 * k + h) + r * h;  // ep_x (bf16), picks, sums

@@ -18,7 +18,11 @@
 //   [RingEntryCapacity(context, m, 64), dim]; slots + 1 per rank (the scratch slot).
 // - Host state pool: serving/state_layout.h page kinds (fp32 rows), as PagePool allocates them.
 // - Activations: GpuModel::Impl::Allocate (engine/gpu/gpu_model_load.cc) at max_rows =
-//   max(max_chunk, slots per rank).
+//   max(max_chunk, slots per rank), the fused projections' buffers included (engine/gpu/
+//   gpu_model_fused.cc; counted even when the option is off). Their weights add no bytes on
+//   V4-Flash / V4-Pro (the parts are views into the stacked weight, no padding rows there:
+//   engine/fused_projections.h); on other shapes the padding rows (FusedPaddingRows) are not
+//   counted.
 // - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
 //   per captured decode bucket, kRuntimeAllowance per GPU), said so in the output.
 //

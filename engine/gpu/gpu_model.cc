@@ -21,14 +21,14 @@ absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int
   }
   if (w.is_fp8()) {
     // fp32 output, as cuBLAS gives the bf16 path below: no bf16 rounding of the sums.
-    return Fp8Gemm(x_rounded, k, rows, k, w.fp8.get(), w.fp8_scale.get(), n, y, n);
+    return Fp8Gemm(x_rounded, k, rows, k, w.fp8_weight(), w.fp8_scales(), n, y, n);
   }
   const float alpha = 1.0f;
   const float beta = 0.0f;
   // Row-major y[rows, n] = x[rows, k] W[n, k]^T is column-major y^T[n, rows] = W^T x^T.
   PDSERVE_CUBLAS_RETURN(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                                      static_cast<int>(rows), static_cast<int>(k), &alpha,
-                                     w.bf.get(), CUDA_R_16BF, static_cast<int>(k), x_rounded,
+                                     w.bf_weight(), CUDA_R_16BF, static_cast<int>(k), x_rounded,
                                      CUDA_R_16BF, static_cast<int>(k), &beta, y, CUDA_R_32F,
                                      static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
@@ -95,33 +95,56 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
   const int32_t* positions = Row(kPosition);
 
   PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
-  PDSERVE_RETURN_IF_ERROR(
-      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.q_a_proj, q_lora, q_res.get()));
-  PDSERVE_CUDA_RETURN(kc::rms_norm(q_res.get(), layer.q_a_norm.get(), rows, q_lora, q_lora, eps,
-                                   q_res.get(), stream));
-  PDSERVE_RETURN_IF_ERROR(Cast(q_res.get(), rows * q_lora, q_res_bf.get()));
+  // Fused (engine/fused_projections.h): one GEMM writes every projection of x, [rows, fs]; each
+  // consumer reads its columns (row stride fs) where the unfused path has a buffer of its own.
+  const bool fused_in = layer.attn_in.out > 0;
+  const int64_t fs = layer.attn_in.out;
+  if (fused_in) {
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.attn_in, fs, fused_out.get()));
+  }
+  auto slice = [&](const Linear& part) { return fused_out.get() + part.fused_col; };
+  float* q_a_out = fused_in ? slice(layer.q_a_proj) : q_res.get();
+  const int64_t q_a_stride = fused_in ? fs : q_lora;
+  if (!fused_in) {
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.q_a_proj, q_lora, q_res.get()));
+  }
+  PDSERVE_CUDA_RETURN(
+      kc::rms_norm(q_a_out, layer.q_a_norm.get(), rows, q_lora, q_a_stride, eps, q_a_out, stream));
+  PDSERVE_RETURN_IF_ERROR(CastRows(q_a_out, rows, q_lora, q_a_stride, q_res_bf.get()));
   PDSERVE_RETURN_IF_ERROR(
       Gemm(q_res.get(), q_res_bf.get(), rows, q_lora, layer.q_b_proj, heads * hd, q.get()));
   PDSERVE_CUDA_RETURN(kc::rms_norm(q.get(), nullptr, rows * heads, hd, hd, eps, q.get(), stream));
   PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(q.get(), rows, heads * hd, heads, hd, rope_dim,
                                                  positions, inv_freq, scaling, false, stream));
-  PDSERVE_RETURN_IF_ERROR(
-      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.kv_proj, hd, kv.get()));
+  float* kv_out = fused_in ? slice(layer.kv_proj) : kv.get();
+  const int64_t kv_stride = fused_in ? fs : hd;
+  if (!fused_in) {
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.kv_proj, hd, kv.get()));
+  }
   PDSERVE_CUDA_RETURN(
-      kc::rms_norm(kv.get(), layer.kv_norm.get(), rows, hd, hd, eps, kv.get(), stream));
-  PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(kv.get(), rows, hd, 1, hd, rope_dim, positions,
-                                                 inv_freq, scaling, false, stream));
-  PDSERVE_RETURN_IF_ERROR(Cast(kv.get(), rows * hd, new_kv.get()));
+      kc::rms_norm(kv_out, layer.kv_norm.get(), rows, hd, kv_stride, eps, kv_out, stream));
+  PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(kv_out, rows, kv_stride, 1, hd, rope_dim,
+                                                 positions, inv_freq, scaling, false, stream));
+  PDSERVE_RETURN_IF_ERROR(CastRows(kv_out, rows, hd, kv_stride, new_kv.get()));
 
   auto update = [&](CompressorWeights& cw) -> absl::Status {
     const int64_t width = cw.width();
-    PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.kv_proj, width, comp_kv.get()));
-    PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.gate_proj, width, comp_gate.get()));
     kc::CompressorParams p;
-    p.kv = comp_kv.get();
-    p.gate = comp_gate.get();
+    if (fused_in) {
+      p.kv = slice(cw.kv_proj);
+      p.gate = slice(cw.gate_proj);
+      p.source_stride = fs;
+    } else {
+      PDSERVE_RETURN_IF_ERROR(
+          Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.kv_proj, width, comp_kv.get()));
+      PDSERVE_RETURN_IF_ERROR(
+          Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.gate_proj, width, comp_gate.get()));
+      p.kv = comp_kv.get();
+      p.gate = comp_gate.get();
+    }
     p.dim = cw.dim;
     p.overlapping = cw.overlapping;
     p.rate = cw.rate;
@@ -155,10 +178,15 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
                                  ih * ihd, idx_q.get()));
     PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(idx_q.get(), rows, ih * ihd, ih, ihd, rope_dim,
                                                    positions, inv_freq, scaling, false, stream));
-    PDSERVE_RETURN_IF_ERROR(Gemm(collapsed.get(), x_bf.get(), rows, hidden,
-                                 layer.indexer_weights_proj, ih, idx_w.get()));
-    PDSERVE_CUDA_RETURN(
-        Scale(idx_w.get(), rows * ih, 1.0f / std::sqrt(static_cast<float>(ih)), stream));
+    const float weights_scale = 1.0f / std::sqrt(static_cast<float>(ih));
+    if (fused_in) {
+      PDSERVE_CUDA_RETURN(ScaleRows(slice(layer.indexer_weights_proj), rows, ih, fs, weights_scale,
+                                    idx_w.get(), stream));
+    } else {
+      PDSERVE_RETURN_IF_ERROR(Gemm(collapsed.get(), x_bf.get(), rows, hidden,
+                                   layer.indexer_weights_proj, ih, idx_w.get()));
+      PDSERVE_CUDA_RETURN(Scale(idx_w.get(), rows * ih, weights_scale, stream));
+    }
     if (decode && fast_indexer) {
       PDSERVE_RETURN_IF_ERROR(FastIndexer(layer, rows));
     } else {
@@ -224,6 +252,11 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
         static_cast<int>(group_in), &alpha, layer.o_a_proj.f32.get(), static_cast<int>(group_in),
         o_lora * group_in, attn.get(), static_cast<int>(heads * hd), group_in, &beta, grouped.get(),
         static_cast<int>(groups * o_lora), o_lora, static_cast<int>(groups)));
+  } else if (layer.o_a_proj.is_fp8() && o_a_grouped && rows <= kOaGroupedMaxRows) {
+    // Writes grouped_bf itself (bf16, as the Cast below would round the fp32 sums).
+    PDSERVE_RETURN_IF_ERROR(GroupedOa(layer, rows));
+    return Gemm(grouped.get(), grouped_bf.get(), rows, groups * o_lora, layer.o_b_proj, hidden,
+                sub_out.get());
   } else if (layer.o_a_proj.is_fp8()) {
     // Group g: rows [g * o_lora, (g + 1) * o_lora) of the weight, whose scale rows start at
     // g * o_lora / 128 (Load keeps o_a FP8 only when o_lora is a multiple of 128).
@@ -231,14 +264,14 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
     const int64_t kblocks = group_in / kFp8BlockCols;
     for (int64_t g = 0; g < groups; ++g) {
       PDSERVE_RETURN_IF_ERROR(Fp8Gemm(attn_bf.get() + g * group_in, heads * hd, rows, group_in,
-                                      w.fp8.get() + g * o_lora * group_in,
-                                      w.fp8_scale.get() + g * (o_lora / kFp8BlockRows) * kblocks,
+                                      w.fp8_weight() + g * o_lora * group_in,
+                                      w.fp8_scales() + g * (o_lora / kFp8BlockRows) * kblocks,
                                       o_lora, grouped.get() + g * o_lora, groups * o_lora));
     }
   } else {
     PDSERVE_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),
-        static_cast<int>(group_in), &alpha, layer.o_a_proj.bf.get(), CUDA_R_16BF,
+        static_cast<int>(group_in), &alpha, layer.o_a_proj.bf_weight(), CUDA_R_16BF,
         static_cast<int>(group_in), o_lora * group_in, attn_bf.get(), CUDA_R_16BF,
         static_cast<int>(heads * hd), group_in, &beta, grouped.get(), CUDA_R_32F,
         static_cast<int>(groups * o_lora), o_lora, static_cast<int>(groups), CUBLAS_COMPUTE_32F,
@@ -336,13 +369,22 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
   const int64_t inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
-  // Shared expert first: it initializes sub_out.
-  PDSERVE_RETURN_IF_ERROR(
-      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_gate, inter, sh_gate.get()));
-  PDSERVE_RETURN_IF_ERROR(
-      Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_up, inter, sh_up.get()));
-  PDSERVE_CUDA_RETURN(kc::clamped_swiglu(sh_gate.get(), sh_up.get(), rows, inter, inter, limit,
-                                         sh_gate.get(), inter, stream));
+  // Shared expert first: it initializes sub_out. Fused: gate and up in one GEMM, [rows, fs].
+  if (layer.ffn_in.out > 0) {
+    const int64_t fs = layer.ffn_in.out;
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.ffn_in, fs, fused_out.get()));
+    PDSERVE_CUDA_RETURN(kc::clamped_swiglu(fused_out.get() + layer.shared_gate.fused_col,
+                                           fused_out.get() + layer.shared_up.fused_col, rows, inter,
+                                           fs, limit, sh_gate.get(), inter, stream));
+  } else {
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_gate, inter, sh_gate.get()));
+    PDSERVE_RETURN_IF_ERROR(
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_up, inter, sh_up.get()));
+    PDSERVE_CUDA_RETURN(kc::clamped_swiglu(sh_gate.get(), sh_up.get(), rows, inter, inter, limit,
+                                           sh_gate.get(), inter, stream));
+  }
   PDSERVE_RETURN_IF_ERROR(Cast(sh_gate.get(), rows * inter, act_bf.get()));
   PDSERVE_RETURN_IF_ERROR(
       Gemm(sh_gate.get(), act_bf.get(), rows, inter, layer.shared_down, hidden, sub_out.get()));

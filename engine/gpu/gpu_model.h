@@ -172,6 +172,15 @@ struct GpuModelOptions {
   // pool cannot hold a step (CanHold answers first).
   bool paged_state = true;
   int64_t state_tokens = 0;
+  // Fused projections (engine/fused_projections.h; issue 25's decode GEMMs): per layer, the
+  // projections of the attention input (q_a, kv, the compressors' kv / gate, the indexer's
+  // weights_proj) stacked into one weight and run as one GEMM, the shared expert's gate and up
+  // likewise, and FP8 o_a's groups as one grouped GEMM (kernels/cuda/moe_gemm.cuh) at decode
+  // sizes instead of one call per group. The parts become views into the stacked weight (no
+  // second copy in HBM); a group whose parts mix FP8 and bf16 stays unfused. Off with
+  // GemmInputs::kFp32. PDSERVE_FUSED_PROJECTIONS=1 in the environment turns it on too. Opt-in:
+  // compiled and host-tested, not yet run on a GPU (docs/engine-gpu.md).
+  bool fused_projections = false;
 };
 
 // One compression rate's page pool (GpuModel::StatePages).

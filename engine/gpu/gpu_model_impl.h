@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/expert_parallel.h"
+#include "engine/fused_projections.h"
 #include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/ops.cuh"
@@ -51,6 +52,14 @@ namespace kc = ::pdserve::kernels::cuda;
 using bf16 = __nv_bfloat16;
 
 constexpr int64_t kPageSize = 64;
+// Fused FP8 o_a (GpuModelOptions::fused_projections) runs as one moe_grouped_gemm up to this many
+// rows, the per-group fp8_gemm calls above: moe_gemm is a decode kernel (kernels/cuda/
+// moe_gemm.cuh). A guess, not measured (tools/gpu/run_fused_projections.sh times decode steps).
+constexpr int64_t kOaGroupedMaxRows = 64;
+
+// options.fused_projections, or PDSERVE_FUSED_PROJECTIONS=1 in the environment; false with
+// GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
+bool FusedProjectionsWanted(const GpuModelOptions& options);
 
 inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -93,14 +102,27 @@ inline absl::Status UploadBf16Rows(const Tensor& t, int64_t first, int64_t count
 // A projection weight [out, in]: bf16 on the device, or (GemmInputs::kFp32) the same
 // bf16-rounded values held as fp32 for SGEMM, or (WeightFormat::kFp8Block, stored so) the
 // checkpoint's e4m3 bytes [out, in] with fp32 scales [ceil(out / 128), in / 128].
+// A part of a fused group (GpuModelOptions::fused_projections) owns nothing: its rows are a view
+// into the group's stacked weight (the *_view pointers), whose GEMM writes the part's outputs at
+// column fused_col of the group's output rows.
 struct Linear {
   DeviceArray<bf16> bf;
   DeviceArray<float> f32;
   DeviceArray<uint8_t> fp8;
   DeviceArray<float> fp8_scale;
+  const bf16* bf_view = nullptr;
+  const uint8_t* fp8_view = nullptr;
+  const float* fp8_scale_view = nullptr;
+  int64_t fused_col = -1;  // >= 0: a part of its layer's fused group
   int64_t out = 0;
   int64_t in = 0;
-  bool is_fp8() const { return fp8.size() > 0; }
+  bool is_fp8() const { return fp8.size() > 0 || fp8_view != nullptr; }
+  bool fused() const { return fused_col >= 0; }
+  const bf16* bf_weight() const { return bf_view != nullptr ? bf_view : bf.get(); }
+  const uint8_t* fp8_weight() const { return fp8_view != nullptr ? fp8_view : fp8.get(); }
+  const float* fp8_scales() const {
+    return fp8_scale_view != nullptr ? fp8_scale_view : fp8_scale.get();
+  }
 };
 
 inline absl::Status UploadLinear(const Tensor& t, bool fp32, Linear* d) {
@@ -110,6 +132,15 @@ inline absl::Status UploadLinear(const Tensor& t, bool fp32, Linear* d) {
     rounded[i] = __bfloat162float(__float2bfloat16_rn(t.data[i]));
   }
   return d->f32.Upload(rounded);
+}
+
+// "model.layers.12.self_attn.q_a_proj.weight" -> "self_attn.q_a_proj.weight": one log line per
+// projection kind, not per layer.
+inline std::string WithoutLayer(const std::string& name) {
+  const size_t at = name.find("layers.");
+  if (at == std::string::npos) return name;
+  const size_t dot = name.find('.', at + 7);
+  return dot == std::string::npos ? name : name.substr(dot + 1);
 }
 
 inline absl::Status UploadF32(const Tensor& t, DeviceArray<float>* d) { return d->Upload(t.data); }
@@ -127,6 +158,12 @@ struct LinearSource {
   // row_group > 0: the projection runs as blocks of row_group rows (o_a's groups), which FP8
   // needs to be whole 128-row scale blocks.
   absl::Status Load(const std::string& name, Linear* d, int64_t row_group = 0) const;
+  // The projections of `spec` stacked into `group` (engine/fused_projections.h), each of
+  // `parts` (one per name) made a view into it: all FP8 (each stored FP8 with block scales and an
+  // input width a multiple of 128, as Load would keep it) or all bf16. false, nothing loaded,
+  // when the parts differ (a mix Load would keep partly FP8): the caller loads them one by one.
+  absl::StatusOr<bool> LoadFused(const FusedGroupSpec& spec, const std::vector<Linear*>& parts,
+                                 Linear* group) const;
 };
 
 // One projection of the rank's routed experts kept FP8 (WeightFormat::kFp8Block with the experts
@@ -174,15 +211,18 @@ struct CompressorWeights {
   int64_t kind = -1;
 
   // device_pages: the entry pool's pages (SlotPageTables::device_pages of the rate's kind).
+  // fused: kv_proj and gate_proj are already parts of the layer's fused group.
   absl::Status Load(const LinearSource& src, const std::string& prefix, int64_t d, int64_t m,
                     bool overlap, int64_t slots, int64_t max_context, int64_t page_kind,
-                    int64_t device_pages) {
+                    int64_t device_pages, bool fused) {
     const Weights& w = *src.weights;
     dim = d;
     rate = m;
     overlapping = overlap;
-    PDSERVE_RETURN_IF_ERROR(src.Load(prefix + ".kv_proj.weight", &kv_proj));
-    PDSERVE_RETURN_IF_ERROR(src.Load(prefix + ".gate_proj.weight", &gate_proj));
+    if (!fused) {
+      PDSERVE_RETURN_IF_ERROR(src.Load(prefix + ".kv_proj.weight", &kv_proj));
+      PDSERVE_RETURN_IF_ERROR(src.Load(prefix + ".gate_proj.weight", &gate_proj));
+    }
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".position_bias"), &position_bias));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(prefix + ".kv_norm.weight"), &kv_norm));
     // Whole pages of kPageSize entries: the fixed-shape decode kernels read the pool as pages.
@@ -246,6 +286,11 @@ struct Layer {
   Linear shared_gate;
   Linear shared_up;
   Linear shared_down;
+  // GpuModelOptions::fused_projections: the stacked weights of the attention-input group (q_a,
+  // kv, the compressors' kv / gate, the indexer's weights_proj) and of the FFN-input group (the
+  // shared expert's gate and up); out == 0 where the layer's group is not fused.
+  Linear attn_in;
+  Linear ffn_in;
 };
 
 // Per-call metadata, staged in pinned memory and copied to the device before the kernels run.
@@ -299,6 +344,14 @@ struct GpuModel::Impl {
   DeviceArray<float> logits;
   // WeightFormat::kFp8Block: fp8_gemm's workspace (its outputs are fp32, written in place).
   DeviceArray<unsigned char> fp8_workspace;
+  // GpuModelOptions::fused_projections (off with GemmInputs::kFp32): a fused group's GEMM output
+  // [max_rows, widest group] fp32, and FP8 o_a's groups as one moe_grouped_gemm call: its
+  // "expert" ids [max_rows, o_groups] (row r's pick g is group g) and workspace.
+  bool fused = false;
+  DeviceArray<float> fused_out;
+  bool o_a_grouped = false;
+  DeviceArray<int32_t> o_a_ids;
+  DeviceArray<unsigned char> o_a_workspace;
   // FP8 routed experts (Layer::gate_up8): per pick [world * max_rows * k, ...] bf16 gate|up
   // outputs, SwiGLU activations and weighted down outputs, and moe_grouped_gemm's workspace.
   DeviceArray<bf16> moe_gate_up, moe_act, moe_down;
@@ -402,6 +455,21 @@ struct GpuModel::Impl {
   absl::Status Cast(const float* x, int64_t n, bf16* y) {
     return CudaStatus(CastToBf16(x, n, y, stream), "CastToBf16");
   }
+  // y[rows, cols] (contiguous) = bf16(x[rows, cols] with row stride `stride`): Cast when the rows
+  // are contiguous (the unfused path), else CastRowsToBf16 (a fused group's output slice).
+  absl::Status CastRows(const float* x, int64_t rows, int64_t cols, int64_t stride, bf16* y) {
+    if (stride == cols) return Cast(x, rows * cols, y);
+    return CudaStatus(CastRowsToBf16(x, rows, cols, stride, y, stream), "CastRowsToBf16");
+  }
+  // Loads layer l's fused groups (options.fused_projections); attn_fused / ffn_fused: whether
+  // each group was fused (else its parts are still to be loaded one by one).
+  absl::Status LoadFusedGroups(const LinearSource& src, int64_t l, Layer* layer, bool* attn_fused,
+                               bool* ffn_fused);
+  // o_a's groups of rows attn_bf [rows, heads * hd] -> grouped_bf [rows, groups * o_lora] in one
+  // moe_grouped_gemm call (o_a_grouped).
+  absl::Status GroupedOa(const Layer& layer, int64_t rows);
+  // The fused buffers (o_a ids, output, workspace) for the groups Load fused.
+  absl::Status AllocateFused();
   absl::Status HcPre(const HcWeights& hc, const DeviceArray<float>& norm, int64_t rows);
   // decode: one token per segment at a bucket's row count (the fixed-shape decode kernels, the
   // ring written before attention); else the any-shape path.

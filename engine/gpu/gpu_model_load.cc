@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -18,15 +19,6 @@
 namespace pdserve::engine::gpu {
 
 namespace {
-
-// "model.layers.12.self_attn.q_a_proj.weight" -> "self_attn.q_a_proj.weight": one log line per
-// projection kind, not per layer.
-std::string WithoutLayer(const std::string& name) {
-  const size_t at = name.find("layers.");
-  if (at == std::string::npos) return name;
-  const size_t dot = name.find('.', at + 7);
-  return dot == std::string::npos ? name : name.substr(dot + 1);
-}
 
 // Calls put(i, expert) for the rank's experts [shard.first, shard.first + shard.count) of
 // `canonical` as FP8 blocks (engine/stored_experts.h: FP4 converted, FP8 copied, on the host), by
@@ -182,10 +174,13 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(p + ".input_layernorm.weight"), &layer.input_norm));
     PDSERVE_RETURN_IF_ERROR(
         UploadF32(w.At(p + ".post_attention_layernorm.weight"), &layer.post_attention_norm));
-    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".q_a_proj.weight", &layer.q_a_proj));
+    bool attn_fused = false;
+    bool ffn_fused = false;
+    PDSERVE_RETURN_IF_ERROR(LoadFusedGroups(src, l, &layer, &attn_fused, &ffn_fused));
+    if (!attn_fused) PDSERVE_RETURN_IF_ERROR(src.Load(a + ".q_a_proj.weight", &layer.q_a_proj));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".q_a_norm.weight"), &layer.q_a_norm));
     PDSERVE_RETURN_IF_ERROR(src.Load(a + ".q_b_proj.weight", &layer.q_b_proj));
-    PDSERVE_RETURN_IF_ERROR(src.Load(a + ".kv_proj.weight", &layer.kv_proj));
+    if (!attn_fused) PDSERVE_RETURN_IF_ERROR(src.Load(a + ".kv_proj.weight", &layer.kv_proj));
     PDSERVE_RETURN_IF_ERROR(UploadF32(w.At(a + ".kv_norm.weight"), &layer.kv_norm));
     PDSERVE_RETURN_IF_ERROR(src.Load(a + ".o_a_proj.weight", &layer.o_a_proj, c.o_lora_rank));
     PDSERVE_RETURN_IF_ERROR(src.Load(a + ".o_b_proj.weight", &layer.o_b_proj));
@@ -200,16 +195,18 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
       const int64_t kind = kind_of_rate.at(rate);
       const int64_t device_pages = pages->device_pages(kind);
       PDSERVE_RETURN_IF_ERROR(layer.compressor.Load(src, comp, c.head_dim, rate, csa, slots,
-                                                    max_context, kind, device_pages));
+                                                    max_context, kind, device_pages, attn_fused));
       if (csa) {
         layer.has_indexer = true;
-        PDSERVE_RETURN_IF_ERROR(layer.indexer_compressor.Load(src, comp + ".indexer",
-                                                              c.index_head_dim, rate, true, slots,
-                                                              max_context, kind, device_pages));
+        PDSERVE_RETURN_IF_ERROR(
+            layer.indexer_compressor.Load(src, comp + ".indexer", c.index_head_dim, rate, true,
+                                          slots, max_context, kind, device_pages, attn_fused));
         PDSERVE_RETURN_IF_ERROR(
             src.Load(comp + ".indexer.q_b_proj.weight", &layer.indexer_q_b_proj));
-        PDSERVE_RETURN_IF_ERROR(
-            src.Load(comp + ".indexer.scorer.weights_proj.weight", &layer.indexer_weights_proj));
+        if (!attn_fused) {
+          PDSERVE_RETURN_IF_ERROR(
+              src.Load(comp + ".indexer.scorer.weights_proj.weight", &layer.indexer_weights_proj));
+        }
       }
     }
     const std::string m = p + ".mlp";
@@ -226,8 +223,10 @@ absl::Status GpuModel::Impl::Load(const Weights& w) {
     }
     PDSERVE_RETURN_IF_ERROR(
         LoadRoutedExperts(w, stored_experts ? &*stored_experts : nullptr, m + ".experts", &layer));
-    PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.gate_proj.weight", &layer.shared_gate));
-    PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.up_proj.weight", &layer.shared_up));
+    if (!ffn_fused) {
+      PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.gate_proj.weight", &layer.shared_gate));
+      PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.up_proj.weight", &layer.shared_up));
+    }
     PDSERVE_RETURN_IF_ERROR(src.Load(m + ".shared_experts.down_proj.weight", &layer.shared_down));
   }
   return absl::OkStatus();
@@ -309,8 +308,9 @@ absl::Status GpuModel::Impl::AllocateFp8() {
          {&l.q_a_proj, &l.q_b_proj, &l.kv_proj, &l.o_a_proj, &l.o_b_proj, &l.compressor.kv_proj,
           &l.compressor.gate_proj, &l.indexer_compressor.kv_proj, &l.indexer_compressor.gate_proj,
           &l.indexer_q_b_proj, &l.indexer_weights_proj, &l.shared_gate, &l.shared_up,
-          &l.shared_down}) {
-      if (!w->is_fp8()) continue;
+          &l.shared_down, &l.attn_in, &l.ffn_in}) {
+      // A fused part runs inside its group's GEMM.
+      if (!w->is_fp8() || w->fused()) continue;
       // o_a runs per group: [out / groups, in] blocks of its rows.
       const int64_t n = w == &l.o_a_proj ? w->out / groups : w->out;
       any = true;
@@ -388,6 +388,7 @@ absl::Status GpuModel::Impl::Allocate() {
   PDSERVE_RETURN_IF_ERROR(logits.Allocate(r * c.vocab_size));
   PDSERVE_RETURN_IF_ERROR(AllocateFp8());
   PDSERVE_RETURN_IF_ERROR(AllocateFp8Experts());
+  PDSERVE_RETURN_IF_ERROR(AllocateFused());
   size_t max_capacity = kPageSize;
   for (const Layer& l : layers) {
     if (l.has_compressor) max_capacity = std::max<size_t>(max_capacity, l.compressor.capacity);
@@ -501,6 +502,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   PDSERVE_CUBLAS_RETURN(cublasCreate(&impl->cublas));
   PDSERVE_CUBLAS_RETURN(cublasSetStream(impl->cublas, impl->stream));
+  impl->fused = FusedProjectionsWanted(options);
   PDSERVE_RETURN_IF_ERROR(impl->MakePages());
   PDSERVE_RETURN_IF_ERROR(impl->Load(weights));
   impl->fast_attention = options.fixed_shape_attention && config.head_dim == kc::kSparseHeadDim &&

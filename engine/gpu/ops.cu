@@ -71,6 +71,18 @@ __global__ void ScaleKernel(float* x, int64_t n, float scale) {
   if (i < n) x[i] *= scale;
 }
 
+__global__ void CastRowsKernel(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
+                               __nv_bfloat16* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * cols) y[i] = __float2bfloat16_rn(x[(i / cols) * x_stride + i % cols]);
+}
+
+__global__ void ScaleRowsKernel(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
+                                float scale, float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * cols) y[i] = x[(i / cols) * x_stride + i % cols] * scale;
+}
+
 __global__ void SumPartsKernel(const float* parts, int64_t n_parts, int64_t n, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
@@ -158,6 +170,26 @@ cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t CastRowsToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
+                           __nv_bfloat16* y, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || x_stride < cols) return cudaErrorInvalidValue;
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  CastRowsKernel<<<Blocks(n), kThreads, 0, stream>>>(x, rows, cols, x_stride, y);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleRows(const float* x, int64_t rows, int64_t cols, int64_t x_stride, float scale,
+                      float* y, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || x_stride < cols) return cudaErrorInvalidValue;
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  ScaleRowsKernel<<<Blocks(n), kThreads, 0, stream>>>(x, rows, cols, x_stride, scale, y);
   return cudaGetLastError();
 }
 

@@ -56,6 +56,15 @@ cudaError_t DecodePageTables(const int32_t* slot, const int32_t* position, int64
 // x[i] *= scale, i < n.
 cudaError_t Scale(float* x, int64_t n, float scale, cudaStream_t stream);
 
+// Rows of a fused projection group's output (engine/fused_projections.h) into the contiguous
+// buffers the unfused path fills: x [rows, x_stride] fp32 (columns [0, cols) read), y [rows,
+// cols]. Requires x_stride >= cols. CastRowsToBf16: y = bf16(x) (round to nearest even, as
+// CastToBf16); ScaleRows: y = x * scale (fp32, as Scale).
+cudaError_t CastRowsToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
+                           __nv_bfloat16* y, cudaStream_t stream);
+cudaError_t ScaleRows(const float* x, int64_t rows, int64_t cols, int64_t x_stride, float scale,
+                      float* y, cudaStream_t stream);
+
 // TEST ONLY (GpuModelOptions::test_unmasked_indexer): picks[r, k] = k where it is -1 (or any
 // negative), r < rows, k < topk; picks is int32 [rows, topk]. The bug class of a top-k that skips
 // its "-1 past the visible entries" fill (engine/model_options.h, IndexerFault::kUnmaskedSlots).

@@ -43,26 +43,10 @@
 #include "engine/model.h"
 #include "engine/weights.h"
 #include "tests/engine_gpu/gpu_test_models.h"
+#include "tests/engine_gpu/quantized_checkpoint.h"
 
 namespace pdserve::engine::gpu {
 namespace {
-
-// The quantized checkpoint's directory, written once per process (or PDSERVE_FP8_CHECKPOINT).
-std::string QuantizedCheckpoint() {
-  static const std::string dir = [] {
-    const char* env = std::getenv("PDSERVE_FP8_CHECKPOINT");
-    if (env != nullptr && *env != '\0') return std::string(env);
-    const std::filesystem::path out =
-        std::filesystem::path(::testing::TempDir()) / "pdserve_fp8_kjv_v4_tiny";
-    std::filesystem::remove_all(out);
-    const std::string command = "python3 \"" +
-                                (SourceDir() / "tools/make_real_format_checkpoint.py").string() +
-                                "\" --out \"" + out.string() + "\" --quantize-from \"" +
-                                (SourceDir() / "models/kjv-v4-tiny").string() + "\" > /dev/null";
-    return std::system(command.c_str()) == 0 ? out.string() : std::string();
-  }();
-  return dir;
-}
 
 struct Compared {
   RowStats w8a16_cpu, w8a8_cpu, bf16_cpu, w8a16_bf16, w8a8_bf16;
@@ -92,31 +76,6 @@ void Print(const char* what, const RowStats& s) {
   const double p95 = sorted.empty() ? 0.0 : sorted[sorted.size() * 95 / 100];
   std::cout << "fp8 weights, " << what << ": " << s.Summary(0.1) << ", median " << median
             << ", p95 " << p95 << "\n";
-}
-
-// A quantized checkpoint's config and weights: `full` as Weights::Load gives them (every tensor
-// dequantized to float32; only when with_full), `slim` without the tensors the GPU reads in their
-// stored precision (skip_fp8_matrices, skip_quantized_experts).
-struct Quantized {
-  ModelConfig config;
-  std::optional<Weights> full, slim;
-};
-
-void LoadQuantized(const std::string& dir, bool with_full, Quantized* q) {
-  auto config = ModelConfig::Load(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  q->config = *config;
-  if (with_full) {
-    auto full = Weights::Load(dir, q->config);
-    ASSERT_TRUE(full.ok()) << full.status();
-    q->full = std::move(*full);
-  }
-  WeightsLoadOptions slim_options;
-  slim_options.skip_fp8_matrices = true;
-  slim_options.skip_quantized_experts = true;
-  auto slim = Weights::Load(dir, q->config, slim_options);
-  ASSERT_TRUE(slim.ok()) << slim.status();
-  q->slim = std::move(*slim);
 }
 
 TEST(GpuFp8WeightsTest, Fp8ResidentMatchesDequantizedWeightsOnTheQuantizedBundledModel) {

@@ -112,30 +112,7 @@ TEST_P(GpuModelTest, Fp32GemmsMatchCpuWithGpuStoragePrecision) {
 TEST_P(GpuModelTest, GraphDecodeEqualsEagerBitForBit) {
   auto gpu = MakeGpu(model_, 8, 64);
   ASSERT_NE(gpu, nullptr);
-  const int64_t vocab = model_.config.vocab_size;
-  std::vector<int32_t> last(3);
-  for (int64_t s = 0; s < 3; ++s) {
-    const auto& prompt = model_.prompts[static_cast<size_t>(s) % model_.prompts.size()];
-    const std::vector<int32_t> tokens(prompt.begin(),
-                                      prompt.begin() + std::min<size_t>(prompt.size(), 40));
-    auto a = gpu->Forward(s, tokens);
-    auto b = gpu->Forward(s + 3, tokens);
-    ASSERT_TRUE(a.ok() && b.ok());
-    ASSERT_EQ(std::memcmp(a->ptr(), b->ptr(), a->data.size() * sizeof(float)), 0);
-    last[static_cast<size_t>(s)] =
-        static_cast<int32_t>(Argmax(a->ptr() + (a->dim(0) - 1) * vocab, vocab));
-  }
-  for (int step = 0; step < 24; ++step) {
-    auto eager = gpu->DecodeStep({0, 1, 2}, last, /*use_graph=*/false);
-    auto graph = gpu->DecodeStep({3, 4, 5}, last, /*use_graph=*/true);
-    ASSERT_TRUE(eager.ok()) << eager.status();
-    ASSERT_TRUE(graph.ok()) << graph.status();
-    ASSERT_EQ(std::memcmp(eager->ptr(), graph->ptr(), eager->data.size() * sizeof(float)), 0)
-        << "step " << step;
-    for (int64_t s = 0; s < 3; ++s) {
-      last[static_cast<size_t>(s)] = static_cast<int32_t>(Argmax(eager->ptr() + s * vocab, vocab));
-    }
-  }
+  ExpectGraphDecodeEqualsEager(*gpu, model_.prompts, /*steps=*/24);
 }
 
 // A forked request (CopySlot) continues exactly as its source: same logits bit for bit at every

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -172,6 +173,38 @@ struct RowStats {
            std::to_string(bound) + ": " + std::to_string(Over(bound));
   }
 };
+
+// Two copies of three requests (slots 0-2 and 3-5, the prompts' first 40 tokens): one decoded
+// eagerly, one through the captured graph of the same bucket (3 -> 4 rows), `steps` steps. Every
+// step's logits must be identical bit for bit. REQUIRES gpu.slots() >= 6.
+inline void ExpectGraphDecodeEqualsEager(GpuModel& gpu,
+                                         const std::vector<std::vector<int32_t>>& prompts,
+                                         int steps) {
+  const int64_t vocab = gpu.config().vocab_size;
+  std::vector<int32_t> last(3);
+  for (int64_t s = 0; s < 3; ++s) {
+    const auto& prompt = prompts[static_cast<size_t>(s) % prompts.size()];
+    const std::vector<int32_t> tokens(prompt.begin(),
+                                      prompt.begin() + std::min<size_t>(prompt.size(), 40));
+    auto a = gpu.Forward(s, tokens);
+    auto b = gpu.Forward(s + 3, tokens);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(std::memcmp(a->ptr(), b->ptr(), a->data.size() * sizeof(float)), 0);
+    last[static_cast<size_t>(s)] =
+        static_cast<int32_t>(Argmax(a->ptr() + (a->dim(0) - 1) * vocab, vocab));
+  }
+  for (int step = 0; step < steps; ++step) {
+    auto eager = gpu.DecodeStep({0, 1, 2}, last, /*use_graph=*/false);
+    auto graph = gpu.DecodeStep({3, 4, 5}, last, /*use_graph=*/true);
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_EQ(std::memcmp(eager->ptr(), graph->ptr(), eager->data.size() * sizeof(float)), 0)
+        << "step " << step;
+    for (int64_t s = 0; s < 3; ++s) {
+      last[static_cast<size_t>(s)] = static_cast<int32_t>(Argmax(eager->ptr() + s * vocab, vocab));
+    }
+  }
+}
 
 // Logits of `gpu` on every prompt in two ways: whole-prompt prefill in one call (slot 0), then, for
 // the first slots - 1 prompts at once in slots 1.., chunked prefill of the first half in chunks of
