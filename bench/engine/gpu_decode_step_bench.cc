@@ -1,0 +1,180 @@
+// Decode-step time of the CUDA engine with its projections unfused and fused
+// (GpuModelOptions::fused_projections, engine/fused_projections.h), in one run: for each batch of
+// --batches, that many requests are prefilled with --prompt tokens, then --steps graph decode
+// steps (after 3 warm-up steps) run with the logits left on the device (DecodeStepOnDevice) and
+// the stream synchronized after each step. Per step: the device time between CUDA events around
+// the call on the model's stream (the metadata copies and the graph) and the host wall time of
+// the call and its synchronization (what a server's step loop waits); medians.
+//
+// Models:
+//   --model DIR (default models/kjv-v4-tiny): a checkpoint; --weights bf16 | fp8 (kFp8Block, the
+//     checkpoint's FP8 tensors on the device, e.g. one written by tools/make_real_format_
+//     checkpoint.py) and --activations bf16 | fp8 (W8A16 / W8A8).
+//   --flash-layers N (> 0): random bf16 weights in V4-Flash layer shapes (bench/ep/flash_shapes.h)
+//     with N layers, --experts routed experts (default 16: the host holds every weight in fp32)
+//     and --vocab tokens; --model and --weights are then ignored.
+//
+// Prints one markdown row per (fused, batch) and nothing else on stdout; needs a CUDA device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/ep/flash_shapes.h"
+#include "common/status.h"
+#include "engine/config.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/random_weights.h"
+#include "engine/weights.h"
+
+namespace pdserve::bench {
+namespace {
+
+using engine::gpu::GpuModel;
+
+struct Flags {
+  std::string model = "models/kjv-v4-tiny";
+  std::string weights = "bf16";
+  std::string activations = "bf16";
+  int64_t flash_layers = 0;
+  int64_t experts = 16;
+  int64_t vocab = 8192;
+  std::string batches = "1,8,32";
+  int64_t prompt = 64;
+  int64_t steps = 30;
+};
+
+struct StepTimes {
+  double device_us = 0.0;
+  double wall_us = 0.0;
+};
+
+absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& flags) {
+  const int64_t vocab = gpu.config().vocab_size;
+  std::vector<int32_t> prompt(static_cast<size_t>(flags.prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((7 + 13 * i) % vocab);
+  std::vector<int64_t> slots;
+  for (int64_t s = 0; s < batch; ++s) {
+    PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(s));
+    PDSERVE_RETURN_IF_ERROR(gpu.Forward(s, prompt).status());
+    slots.push_back(s);
+  }
+  auto stream = static_cast<cudaStream_t>(gpu.cuda_stream());
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    return absl::InternalError("cudaEventCreate");
+  }
+  std::vector<double> device, wall;
+  absl::Status status;
+  for (int64_t t = 0; t < 3 + flags.steps && status.ok(); ++t) {
+    const std::vector<int32_t> tokens(slots.size(), static_cast<int32_t>((100 + t) % vocab));
+    const Clock::time_point began = Clock::now();
+    cudaEventRecord(start, stream);
+    status = gpu.DecodeStepOnDevice(slots, tokens, /*use_graph=*/true).status();
+    cudaEventRecord(stop, stream);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) status = absl::InternalError("sync");
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (t >= 3) {
+      device.push_back(1000.0 * ms);
+      wall.push_back(1e6 * Seconds(began));
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  PDSERVE_RETURN_IF_ERROR(status);
+  return StepTimes{Median(device), Median(wall)};
+}
+
+absl::Status Run(const Flags& flags) {
+  std::vector<int64_t> batches;
+  for (absl::string_view b : absl::StrSplit(flags.batches, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(b, &v) || v < 1) {
+      return absl::InvalidArgumentError("--batches: not a list of positive integers");
+    }
+    batches.push_back(v);
+  }
+  if (flags.steps < 1 || flags.prompt < 1) {
+    return absl::InvalidArgumentError("--steps and --prompt must be positive");
+  }
+  const int64_t slots = *std::max_element(batches.begin(), batches.end());
+  engine::ModelConfig config;
+  std::optional<engine::Weights> weights;
+  engine::gpu::GpuModelOptions options;
+  std::string what;
+  if (flags.flash_layers > 0) {
+    config = FlashShapes(flags.flash_layers, flags.vocab);
+    config.n_routed_experts = flags.experts;
+    config.num_experts_per_tok = std::min<int64_t>(config.num_experts_per_tok, flags.experts);
+    weights = engine::FastRandomWeights(config, 1);
+    what = "V4-Flash x" + std::to_string(flags.flash_layers) + " bf16";
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(config, engine::ModelConfig::Load(flags.model));
+    const bool fp8 = flags.weights == "fp8";
+    engine::WeightsLoadOptions load;
+    load.skip_fp8_matrices = fp8;
+    load.skip_quantized_experts = fp8;
+    PDSERVE_ASSIGN_OR_RETURN(weights, engine::Weights::Load(flags.model, config, load));
+    if (fp8) {
+      options.weight_format = engine::gpu::WeightFormat::kFp8Block;
+      options.checkpoint_dir = flags.model;
+      if (flags.activations == "fp8") {
+        options.fp8_activations = engine::gpu::Fp8Activations::kFp8;
+      }
+    }
+    what = flags.model + " " + (fp8 ? (flags.activations == "fp8" ? "W8A8" : "W8A16") : "bf16");
+  }
+  options.slots = slots;
+  options.max_chunk = std::max<int64_t>(flags.prompt, 64);
+  options.max_context = std::min<int64_t>(config.max_position_embeddings,
+                                          std::max<int64_t>(512, flags.prompt + flags.steps + 8));
+  for (const bool fused : {false, true}) {
+    options.fused_projections = fused;
+    PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu,
+                             GpuModel::Create(config, *weights, options));
+    for (int64_t batch : batches) {
+      PDSERVE_ASSIGN_OR_RETURN(const StepTimes t, TimeDecode(*gpu, batch, flags));
+      std::printf("| %s | %s | %lld | %.1f | %.1f |\n", what.c_str(), fused ? "fused" : "unfused",
+                  static_cast<long long>(batch), t.device_us, t.wall_us);
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pdserve::bench
+
+int main(int argc, char** argv) {
+  pdserve::bench::Flags flags;
+  CLI::App app{"Decode-step time of the CUDA engine, projections unfused and fused"};
+  app.add_option("--model", flags.model, "model directory");
+  app.add_option("--weights", flags.weights, "bf16 or fp8 (kFp8Block)");
+  app.add_option("--activations", flags.activations, "with --weights fp8: bf16 or fp8");
+  app.add_option("--flash-layers", flags.flash_layers, "random V4-Flash-shaped layers (0: off)");
+  app.add_option("--experts", flags.experts, "routed experts of the V4-Flash-shaped model");
+  app.add_option("--vocab", flags.vocab, "vocabulary of the V4-Flash-shaped model");
+  app.add_option("--batches", flags.batches, "decode batches, comma-separated");
+  app.add_option("--prompt", flags.prompt, "prompt tokens per request");
+  app.add_option("--steps", flags.steps, "timed decode steps per batch");
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status s = pdserve::bench::Run(flags);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpu_decode_step_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
