@@ -149,7 +149,7 @@ ModelState Model::NewState() const {
 }
 
 absl::StatusOr<Tensor> Model::Forward(ModelState* state, const std::vector<int32_t>& tokens,
-                                      const LayerHook& after_layer) const {
+                                      const LayerHook& after_layer, ChunkLogits rows) const {
   const ModelConfig& c = impl_->config;
   const Weights& w = impl_->weights;
   if (tokens.empty()) return absl::InvalidArgumentError("Forward: empty token chunk");
@@ -193,11 +193,16 @@ absl::StatusOr<Tensor> Model::Forward(ModelState* state, const std::vector<int32
     layer.moe->Forward(collapsed.data(), n, tokens.data(), sublayer_out.data());
     HyperConnectionPost(c, mix, sublayer_out.data(), n, streams.data());
   }
+  // The head is per row: kLastRow runs it on the last row's streams alone.
+  const int64_t first = rows == ChunkLogits::kLastRow ? n - 1 : 0;
+  const int64_t head_rows = n - first;
   HyperHead(c, w.At("model.hc_head.hc_fn"), w.At("model.hc_head.hc_base"),
-            w.At("model.hc_head.hc_scale"), streams.data(), n, collapsed.data());
-  cpu::RmsNorm(collapsed.data(), w.At("model.norm.weight").ptr(), n, hidden, eps, collapsed.data());
-  Tensor logits({n, c.vocab_size});
-  cpu::Linear(collapsed.data(), n, hidden, w.At("lm_head.weight").ptr(), c.vocab_size,
+            w.At("model.hc_head.hc_scale"), streams.data() + first * hc * hidden, head_rows,
+            collapsed.data());
+  cpu::RmsNorm(collapsed.data(), w.At("model.norm.weight").ptr(), head_rows, hidden, eps,
+               collapsed.data());
+  Tensor logits({head_rows, c.vocab_size});
+  cpu::Linear(collapsed.data(), head_rows, hidden, w.At("lm_head.weight").ptr(), c.vocab_size,
               logits.ptr());
   state->position += n;
   return logits;

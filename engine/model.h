@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/chunk_logits.h"
 #include "engine/config.h"
 #include "engine/model_options.h"
 #include "engine/state.h"
@@ -47,7 +48,10 @@ class Model {
   ModelState NewState() const;
 
   // Extends `state` by `tokens` (any number >= 1, at positions state->position onward) and
-  // returns their logits, float32 [tokens.size(), vocab_size]. InvalidArgument, with `state`
+  // returns their logits, float32 [tokens.size(), vocab_size], or with rows =
+  // ChunkLogits::kLastRow only the last token's, [1, vocab_size] (the final hyper-connection
+  // head, norm and lm_head then run on that row alone; its values are the same bits as the last
+  // row of kAllRows, every row's head being its own). InvalidArgument, with `state`
   // untouched, for an empty chunk, a token id outside [0, vocab_size) or a state with another
   // layer count. `state` must come from this model's NewState().
   //
@@ -60,7 +64,8 @@ class Model {
   using LayerHook =
       std::function<void(int64_t layer, const LayerState& layer_state, int64_t position)>;
   absl::StatusOr<Tensor> Forward(ModelState* state, const std::vector<int32_t>& tokens,
-                                 const LayerHook& after_layer = nullptr) const;
+                                 const LayerHook& after_layer = nullptr,
+                                 ChunkLogits rows = ChunkLogits::kAllRows) const;
 
  private:
   struct Impl;

@@ -30,7 +30,8 @@ absl::StatusOr<CanaryResult> CheckLastTokenLogits(const engine::Model& model,
         absl::StrCat("canary: ", served.size(), " served logits, vocabulary ", config.vocab_size));
   }
   engine::ModelState state = model.NewState();
-  PDSERVE_ASSIGN_OR_RETURN(engine::Tensor logits, model.Forward(&state, tokens));
+  PDSERVE_ASSIGN_OR_RETURN(engine::Tensor logits,
+                           model.Forward(&state, tokens, nullptr, engine::ChunkLogits::kLastRow));
   const float* ref = logits.ptr() + (logits.dim(0) - 1) * config.vocab_size;
   return CompareLogits(served, std::span<const float>(ref, served.size()), tolerance);
 }

@@ -34,8 +34,10 @@ class CpuEngine final : public PrefillEngine {
       const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
       const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
       const bool final_block = to == length;
+      // Only the prompt's last row is sampled from: the head runs on each chunk's last row.
       PDSERVE_ASSIGN_OR_RETURN(logits,
-                               model_.Forward(&state, tokens, final_block ? store_layer : nullptr));
+                               model_.Forward(&state, tokens, final_block ? store_layer : nullptr,
+                                              engine::ChunkLogits::kLastRow));
       PDSERVE_RETURN_IF_ERROR(storing);
       PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
       from = to;

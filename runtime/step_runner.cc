@@ -174,7 +174,9 @@ absl::StatusOr<bool> EngineStepRunner::RunOneOrError(const Work& work) {
     for (int64_t pos = from; pos < to; ++pos) {
       tokens.push_back(pos < prompt_length ? prompt[pos] : generated[pos - prompt_length]);
     }
-    PDSERVE_ASSIGN_OR_RETURN(logits, model_.Forward(&state, tokens));
+    // Only the last row is sampled from (a prompt chunk's or the decode token's).
+    PDSERVE_ASSIGN_OR_RETURN(
+        logits, model_.Forward(&state, tokens, nullptr, engine::ChunkLogits::kLastRow));
   }
   PDSERVE_RETURN_IF_ERROR(seq.paged.Store(state, seq.computed, pages));
   if (options_.paranoid) PDSERVE_RETURN_IF_ERROR(VerifyPages(seq, "after store"));

@@ -72,19 +72,24 @@ int64_t ParameterCount(const ModelConfig& config) {
   return n;
 }
 
-// Prefill of range(0) tokens in one Forward call from an empty state.
+// Prefill of range(0) tokens in one Forward call from an empty state; range(1) = 1: only the
+// last row's logits (ChunkLogits::kLastRow, what serving asks for), 0: every row's.
 void BM_Prefill(benchmark::State& state) {
   const Model& model = BenchModel();
   const std::vector<int32_t> tokens = Tokens(state.range(0));
+  const ChunkLogits rows = state.range(1) == 1 ? ChunkLogits::kLastRow : ChunkLogits::kAllRows;
   for (auto _ : state) {
     ModelState s = model.NewState();
-    benchmark::DoNotOptimize(model.Forward(&s, tokens));
+    benchmark::DoNotOptimize(model.Forward(&s, tokens, nullptr, rows));
   }
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * state.range(0)), benchmark::Counter::kIsRate);
   state.counters["params_M"] = static_cast<double>(ParameterCount(BenchConfig())) / 1e6;
 }
-BENCHMARK(BM_Prefill)->Arg(128)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Prefill)
+    ->ArgsProduct({{64, 128, 1024}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Decode: one token per Forward call after a prompt of range(0) tokens.
 void BM_Decode(benchmark::State& state) {

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/chunk_logits.h"
 #include "engine/config.h"
 #include "engine/gpu/expert_comm.h"
 #include "engine/gpu/state_staging.h"
@@ -104,13 +105,9 @@ enum class Fp8Activations {
 };
 
 // Which rows of a chunk's logits a prompt forward (Forward, ForwardExporting, FinishForward)
-// copies to the host. A prefill samples only from the last token, and the whole chunk's logits
-// are max_chunk x vocab_size fp32 (256 x 129280 x 4 B = 132 MB per chunk for V4-Flash): their
-// copy and the host tensor cost milliseconds per chunk that kLastRow does not spend.
-enum class ChunkLogits {
-  kAllRows,  // [tokens.size(), vocab_size]
-  kLastRow,  // [1, vocab_size]: the chunk's last token's row
-};
+// copies to the host (engine/chunk_logits.h): with kLastRow the device still computes every row,
+// only the copy and the host tensor shrink.
+using ChunkLogits = engine::ChunkLogits;
 
 // The rows the serving paths (runtime/cuda: GpuPrefillEngine, GpuStepRunner's prompt chunks and
 // canary recompute, all of which read only the last row) ask of a prompt chunk: kLastRow when

@@ -91,6 +91,29 @@ TEST_F(IncrementalTest, CopiedStateResumesExactly) {
   }
 }
 
+// ChunkLogits::kLastRow: one row, the chunk's last token's, equal to that row of the one-shot
+// forward (within the 1e-5 of the chunked runs: a one-row head is a matrix-vector product, the
+// all-rows head a matrix product, so the sums may round differently), and the state advanced
+// exactly as with every row (the next chunk's logits are the one-shot's).
+TEST_F(IncrementalTest, LastRowLogitsAreTheOneShotsLastRow) {
+  const int64_t vocab = model_->config().vocab_size;
+  ModelState state = model_->NewState();
+  int64_t at = 0;
+  for (const int64_t size : {int64_t{1}, int64_t{3}, int64_t{17}, kLength - 21}) {
+    const std::vector<int32_t> chunk(tokens_.begin() + at, tokens_.begin() + at + size);
+    auto logits = model_->Forward(&state, chunk, nullptr, ChunkLogits::kLastRow);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(logits->shape, (std::vector<int64_t>{1, vocab})) << "chunk of " << size;
+    at += size;
+    const auto d =
+        testing::CompareLogits(logits->ptr(), one_shot_.ptr() + (at - 1) * vocab, 1, vocab);
+    EXPECT_LE(d.worst_relative, 1e-5) << "position " << at - 1;
+    EXPECT_EQ(d.argmax_mismatches, 0) << "position " << at - 1;
+  }
+  EXPECT_EQ(at, kLength);
+  EXPECT_EQ(state.position, kLength);
+}
+
 TEST_F(IncrementalTest, StateHasDocumentedShapes) {
   ModelState state = model_->NewState();
   ASSERT_TRUE(model_->Forward(&state, tokens_).ok());
