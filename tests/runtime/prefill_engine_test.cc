@@ -69,18 +69,20 @@ TEST_F(CpuPrefillEngineTest, PagesHoldTheChunkedForwardsState) {
   ASSERT_EQ(static_cast<int64_t>(layers.size()), config().num_hidden_layers);
   for (size_t l = 0; l < layers.size(); ++l) EXPECT_EQ(layers[l], static_cast<int64_t>(l));
 
-  // The same chunks by hand, the whole state stored at once into a second sequence's pages.
+  // The same chunks by hand (each chunk's last logits row only, as the engine asks), the whole
+  // state stored at once into a second sequence's pages.
   engine::ModelState state = model_->NewState();
   engine::Tensor direct;
   for (int64_t from = 0; from < 150;) {
     const int64_t to = PrefillBlockEnd(from, 150, 64);
     direct =
-        *model_->Forward(&state, std::vector<int32_t>(prompt.begin() + from, prompt.begin() + to));
+        *model_->Forward(&state, std::vector<int32_t>(prompt.begin() + from, prompt.begin() + to),
+                         nullptr, engine::ChunkLogits::kLastRow);
     from = to;
   }
   const int64_t vocab = config().vocab_size;
-  EXPECT_EQ(*logits, std::vector<float>(direct.ptr() + (direct.dim(0) - 1) * vocab,
-                                        direct.ptr() + direct.dim(0) * vocab));
+  ASSERT_EQ(direct.dim(0), 1);
+  EXPECT_EQ(*logits, std::vector<float>(direct.ptr(), direct.ptr() + vocab));
   auto table2 = *pool_->Allocate(2, layout_->Demand(total));
   auto pages2 = *runtime::MapPages(*pool_, table2);
   ASSERT_TRUE(paged.Store(state, 0, pages2).ok());
