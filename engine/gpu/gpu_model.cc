@@ -38,7 +38,7 @@ absl::Status GpuModel::Impl::Fp8Gemm(const bf16* x, int64_t x_stride, int64_t ro
                                      const uint8_t* w, const float* w_scale, int64_t n, float* out,
                                      int64_t out_stride) {
   std::string refusal;
-  // fp8_gemm's workspace (what AllocateFp8 sizes) covers fp8_gemm_w8a16's.
+  // AllocateFp8 sizes the workspace for both fp8_gemm and fp8_gemm_w8a16.
   const bool a16 = options.fp8_activations == Fp8Activations::kBf16;
   const cudaError_t e =
       a16 ? kc::fp8_gemm_w8a16(x, rows, k, x_stride, w, w_scale, n, out, out_stride,

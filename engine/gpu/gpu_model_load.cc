@@ -315,8 +315,11 @@ absl::Status GpuModel::Impl::AllocateFp8() {
       const int64_t n = w == &l.o_a_proj ? w->out / groups : w->out;
       any = true;
       // The split over k depends on the row count, so the bytes are not monotonic in it.
+      // fp8_gemm's bytes do not cover fp8_gemm_w8a16's at every size (PDSERVE_FP8_GEMM=wgmma,
+      // 65-128 rows, n in [16833, 22528]: W8A16's split-k sums are larger), so both count.
       for (int64_t m = 1; m <= max_rows; ++m) {
-        workspace = std::max(workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in));
+        workspace = std::max({workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in),
+                              kc::fp8_gemm_w8a16_workspace_bytes(m, n, w->in)});
       }
     }
   }

@@ -430,8 +430,11 @@ __global__ void __launch_bounds__(kThreads)
     RowSync(rb);  // release: this block's candidates; acquire: everyone's
     const uint32_t gathered = *list.count;
     const bool sampled = gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
+    // Every block has read block 0's count before block 0 changes it (the zeroing below, or
+    // NarrowCandidates' after a sampled gather) or leaves (distributed shared memory must not be
+    // read once its block has exited).
+    RowSync(rb);
     if (!sampled) {  // the radix selection over the row
-      RowSync(rb);   // every block has read the count before block 0 zeroes it
       if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
       SelectCandidates(part, row_part.count, row_part.first, cache, n, picks, list, hist, s, rb,
                        stop_after);

@@ -60,6 +60,31 @@ TEST(TaskPoolTest, SumsMatchAcrossRepeatedRuns) {
   }
 }
 
+// The prefill shares one pool between its page store (the engine's thread) and the sender's
+// checksums (TaskPool's contract: concurrent Run calls are serialized): each call runs its own
+// tasks, each exactly once.
+TEST(TaskPoolTest, ConcurrentRunsFromSeveralThreadsEachRunTheirOwnTasksOnce) {
+  TaskPool pool(3);
+  constexpr int kCallers = 4;
+  constexpr int kRounds = 100;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int round = 0; round < kRounds; ++round) {
+        const int64_t n = 2 + (round * 7 + c * 13) % 61;
+        std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+        pool.Run(n, [&](int64_t i) { runs[static_cast<size_t>(i)].fetch_add(1); });
+        for (const std::atomic<int>& r : runs) {
+          if (r.load() != 1) wrong.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST(TaskPoolTest, DefaultTransferHostThreadsIsHalfTheCoresUpToEight) {
   EXPECT_EQ(DefaultTransferHostThreads(0), 1);
   EXPECT_EQ(DefaultTransferHostThreads(2), 1);
