@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 namespace pdserve::structured {
 namespace {
@@ -181,11 +182,48 @@ class Stepper {
  private:
   // Appends frames[0, n), then `top` and `child` where given.
   void Emit(const Frame* frames, size_t n, const Frame* top, const Frame* child) {
-    if (out_->ends.size() >= kMaxStacks) return;
+    if (out_->ends.size() >= kMaxStacks) {
+      if (below_.empty()) KeepCheapest(frames, n, top, child);
+      return;
+    }
     out_->frames.insert(out_->frames.end(), below_.begin(), below_.end());
     out_->frames.insert(out_->frames.end(), frames, frames + n);
     if (top) out_->frames.push_back(*top);
     if (child) out_->frames.push_back(*child);
+    out_->ends.push_back(static_cast<uint16_t>(out_->frames.size()));
+  }
+  // A full state of JSON stacks (response_format: nothing below them) keeps the kMaxStacks that
+  // are cheapest to complete: the new stack replaces the costliest kept one when it is cheaper.
+  // Dropping whichever came last lost the cheap alternative of a wide anyOf (20 long consts and
+  // "z"), while the costs above it still counted on it, so a document the budget fitted was cut
+  // off unfinished. (Stacks of the tool-call grammar, with wrapper frames below, are left as
+  // they come.)
+  void KeepCheapest(const Frame* frames, size_t n, const Frame* top, const Frame* child) {
+    std::vector<Frame> stack(frames, frames + n);
+    if (top) stack.push_back(*top);
+    if (child) stack.push_back(*child);
+    size_t worst = 0;
+    size_t worst_begin = 0;
+    int64_t worst_cost = -1;
+    size_t begin = 0;
+    for (size_t i = 0; i < out_->ends.size(); ++i) {
+      const int64_t cost = JsonStackCompletionBytes(
+          std::span<const Frame>(out_->frames).subspan(begin, out_->ends[i] - begin));
+      if (cost > worst_cost) {
+        worst = i;
+        worst_begin = begin;
+        worst_cost = cost;
+      }
+      begin = out_->ends[i];
+    }
+    if (JsonStackCompletionBytes(stack) >= worst_cost) return;
+    const size_t worst_end = out_->ends[worst];
+    const auto removed = static_cast<uint16_t>(worst_end - worst_begin);
+    out_->frames.erase(out_->frames.begin() + static_cast<std::ptrdiff_t>(worst_begin),
+                       out_->frames.begin() + static_cast<std::ptrdiff_t>(worst_end));
+    out_->ends.erase(out_->ends.begin() + static_cast<std::ptrdiff_t>(worst));
+    for (size_t i = worst; i < out_->ends.size(); ++i) out_->ends[i] -= removed;
+    out_->frames.insert(out_->frames.end(), stack.begin(), stack.end());
     out_->ends.push_back(static_cast<uint16_t>(out_->frames.size()));
   }
   void Replace(const Frame* frames, size_t n, const Frame& top) {

@@ -146,6 +146,39 @@ TEST(JsonMatcherTest, ShortestCompletionIsReachableFromEveryPrefix) {
   }
 }
 
+// Walks the shortest completion from the start, one byte at a time (each byte shortens it by
+// one); returns the document, or what was written when no byte does.
+std::string ShortestDocument(const std::string& schema) {
+  GrammarMatcher m = StartJson(Schema(schema));
+  std::string out;
+  for (int64_t need = m.MinCompletionBytes(); need > 0; --need) {
+    bool moved = false;
+    for (int byte = 0; byte < 256 && !moved; ++byte) {
+      GrammarMatcher next = m;
+      if (next.Advance(static_cast<uint8_t>(byte)) && next.MinCompletionBytes() == need - 1) {
+        m = next;
+        out.push_back(static_cast<char>(byte));
+        moved = true;
+      }
+    }
+    if (!moved) break;
+  }
+  return out;
+}
+
+TEST(JsonMatcherTest, AWideAnyOfKeepsItsShortestAlternativeReachable) {
+  // 20 long alternatives before "z": more than kMaxStacks (16) stacks start at the value's '"'.
+  std::string alternatives;
+  for (int i = 0; i < 20; ++i) {
+    alternatives += absl::StrCat(R"({"const":"alternative_number_)", i, R"(_is_long"},)");
+  }
+  const std::string schema = R"({"type":"object","properties":{"a":{"anyOf":[)" + alternatives +
+                             R"({"const":"z"}]}},"required":["a"],"additionalProperties":false})";
+  EXPECT_EQ(StartJson(Schema(schema)).MinCompletionBytes(), 9);
+  EXPECT_EQ(ShortestDocument(schema), R"({"a":"z"})");
+  EXPECT_TRUE(Accepts(schema, R"({"a":"alternative_number_3_is_long"})"));
+}
+
 TEST(JsonSchemaTest, RefusesKeywordsItCannotEnforceByName) {
   for (const char* keyword : {"pattern", "format", "minLength", "minimum", "$ref", "allOf", "oneOf",
                               "uniqueItems", "patternProperties"}) {
