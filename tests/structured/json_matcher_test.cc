@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/structured/shortest_walk.h"
 
 namespace pdserve::structured {
 namespace {
@@ -146,26 +147,6 @@ TEST(JsonMatcherTest, ShortestCompletionIsReachableFromEveryPrefix) {
   }
 }
 
-// Walks the shortest completion from the start, one byte at a time (each byte shortens it by
-// one); returns the document, or what was written when no byte does.
-std::string ShortestDocument(const std::string& schema) {
-  GrammarMatcher m = StartJson(Schema(schema));
-  std::string out;
-  for (int64_t need = m.MinCompletionBytes(); need > 0; --need) {
-    bool moved = false;
-    for (int byte = 0; byte < 256 && !moved; ++byte) {
-      GrammarMatcher next = m;
-      if (next.Advance(static_cast<uint8_t>(byte)) && next.MinCompletionBytes() == need - 1) {
-        m = next;
-        out.push_back(static_cast<char>(byte));
-        moved = true;
-      }
-    }
-    if (!moved) break;
-  }
-  return out;
-}
-
 TEST(JsonMatcherTest, AWideAnyOfKeepsItsShortestAlternativeReachable) {
   // 20 long alternatives before "z": more than kMaxStacks (16) stacks start at the value's '"'.
   std::string alternatives;
@@ -175,7 +156,9 @@ TEST(JsonMatcherTest, AWideAnyOfKeepsItsShortestAlternativeReachable) {
   const std::string schema = R"({"type":"object","properties":{"a":{"anyOf":[)" + alternatives +
                              R"({"const":"z"}]}},"required":["a"],"additionalProperties":false})";
   EXPECT_EQ(StartJson(Schema(schema)).MinCompletionBytes(), 9);
-  EXPECT_EQ(ShortestDocument(schema), R"({"a":"z"})");
+  GrammarMatcher m = StartJson(Schema(schema));
+  EXPECT_EQ(testing::WalkShortestCompletion(m), R"({"a":"z"})");
+  EXPECT_TRUE(m.Complete());
   EXPECT_TRUE(Accepts(schema, R"({"a":"alternative_number_3_is_long"})"));
 }
 
