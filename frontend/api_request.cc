@@ -234,15 +234,21 @@ void ReadCommon(FieldReader& r, ApiRequest& req) {
   r.String("service_tier", &service_tier);
 }
 
+// A non-empty JSON array whose first element is a number: the prompt as token ids.
+bool IsTokenIdArray(const json& p) { return p.is_array() && !p.empty() && p[0].is_number(); }
+
 void ReadCompletionPrompt(FieldReader& r, ApiRequest& req) {
   const json* p = r.Get("prompt");
   if (!r.ok()) return;
   if (!p) return r.Fail("'prompt' is required", "prompt");
+  // A batch of one (["text"] or [[ids]]: what batching clients such as lm-eval send with batch
+  // size 1) is that one prompt.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || IsTokenIdArray((*p)[0]))) {
+    p = &(*p)[0];
+  }
   if (p->is_string()) {
     req.prompt_text = p->get<std::string>();
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    req.prompt_text = (*p)[0].get<std::string>();
-  } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+  } else if (IsTokenIdArray(*p)) {
     std::vector<int32_t> ids;
     for (const auto& t : *p) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 ||

@@ -11,8 +11,11 @@
 #include "common/api_keys.h"
 #include "common/grpc_discovery.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "pdserve/v1/generate.grpc.pb.h"
 #include "router/grpc_request.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::router {
 namespace {
@@ -44,11 +47,27 @@ grpc::Status ToStatus(const frontend::ApiError& error) {
   return grpc::Status(CodeFor(error.http_status), error.ToJson());
 }
 
+// Generate is served raw (its request and responses as bytes) so that a request that does not
+// parse gets INVALID_ARGUMENT with the OpenAI error JSON: gRPC's typed callback handler answers
+// UNIMPLEMENTED with no message, which reads as "no such method".
+using Bytes = grpc::ByteBuffer;
+
+Bytes Serialize(const pv1::GenerateResponse& response) {
+  Bytes out;
+  bool own_buffer = false;
+  // Fails only for a message over 2 GiB; a delta is far smaller.
+  if (!grpc::SerializationTraits<pv1::GenerateResponse>::Serialize(response, &out, &own_buffer)
+           .ok()) {
+    spdlog::error("gRPC front: response {} did not serialize", response.id());
+  }
+  return out;
+}
+
 // Shared by a call's reactor and its sink: the messages waiting to be written and the end.
 struct CallState {
   absl::Mutex mu;
-  grpc::ServerWriteReactor<pv1::GenerateResponse>* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  std::deque<pv1::GenerateResponse> queue ABSL_GUARDED_BY(mu);
+  grpc::ServerWriteReactor<Bytes>* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  std::deque<Bytes> queue ABSL_GUARDED_BY(mu);  // serialized pv1::GenerateResponse
   bool writing ABSL_GUARDED_BY(mu) = false;
   std::optional<grpc::Status> end ABSL_GUARDED_BY(mu);
   bool finished ABSL_GUARDED_BY(mu) = false;   // Finish() was called (exactly once per call)
@@ -111,8 +130,9 @@ class Sink : public frontend::GenerationSink {
       out->set_degenerate(true);
       out->set_degeneration_kind(*delta.degeneration_kind);
     }
+    Bytes bytes = Serialize(response);
     absl::MutexLock lock(&state_->mu);
-    state_->queue.push_back(std::move(response));
+    state_->queue.push_back(std::move(bytes));
     state_->Pump();
   }
   void OnComplete(frontend::Usage usage) override {
@@ -121,8 +141,9 @@ class Sink : public frontend::GenerationSink {
     response.mutable_usage()->set_prompt_tokens(usage.prompt_tokens);
     response.mutable_usage()->set_completion_tokens(usage.completion_tokens);
     response.mutable_usage()->set_reasoning_tokens(usage.reasoning_tokens);
+    Bytes bytes = Serialize(response);
     absl::MutexLock lock(&state_->mu);
-    state_->queue.push_back(std::move(response));
+    state_->queue.push_back(std::move(bytes));
     state_->end = grpc::Status::OK;
     state_->Pump();
   }
@@ -136,14 +157,22 @@ class Sink : public frontend::GenerationSink {
   std::shared_ptr<CallState> state_;
 };
 
-class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
+class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
  public:
-  GenerateReactor(frontend::GenerationService* service, const pv1::GenerateRequest& request)
+  GenerateReactor(frontend::GenerationService* service, const Bytes& request_bytes)
       : state_(std::make_shared<CallState>()) {
     state_->id = frontend::NewResponseId(frontend::Endpoint::kCompletions);
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
+    }
+    pv1::GenerateRequest request;
+    Bytes copy(request_bytes);  // Deserialize consumes its buffer; the copy shares the slices
+    if (!grpc::SerializationTraits<pv1::GenerateRequest>::Deserialize(&copy, &request).ok()) {
+      End(ToStatus(frontend::InvalidRequest(
+          "the request is not a pdserve.v1.GenerateRequest (malformed protobuf, or a string "
+          "field that is not UTF-8)")));
+      return;
     }
     frontend::Endpoint endpoint;
     frontend::ParsedRequest parsed = ParseGenerateRequest(request, &endpoint);
@@ -210,19 +239,20 @@ class GenerateReactor : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
 };
 
 // Ends a call at once with `status`, before anything of the request has run.
-class RefusedWriteReactor final : public grpc::ServerWriteReactor<pv1::GenerateResponse> {
+class RefusedWriteReactor final : public grpc::ServerWriteReactor<Bytes> {
  public:
   explicit RefusedWriteReactor(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
 
-class GenerationImpl final : public pv1::Generation::CallbackService {
+class GenerationImpl final
+    : public pv1::Generation::WithRawCallbackMethod_Generate<pv1::Generation::CallbackService> {
  public:
   GenerationImpl(frontend::GenerationService* service,
                  std::shared_ptr<const common::ApiKeys> api_keys)
       : service_(service), api_keys_(std::move(api_keys)) {}
-  grpc::ServerWriteReactor<pv1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const pv1::GenerateRequest* request) override {
+  grpc::ServerWriteReactor<Bytes>* Generate(grpc::CallbackServerContext* context,
+                                            const Bytes* request) override {
     if (!Authorized(*context)) return new RefusedWriteReactor(ToStatus(frontend::InvalidApiKey()));
     return new GenerateReactor(service_, *request);
   }

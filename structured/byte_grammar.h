@@ -4,7 +4,8 @@
 //
 // A state is a set of stacks of frames (a grammar may be nondeterministic: a stack per live
 // reading, at most kMaxStacks, duplicates merged). Every stack in a state is a prefix of some
-// output the grammar accepts, so dropping stacks (the cap) never leads to a dead end.
+// output the grammar accepts, so dropping stacks (the cap) never leads to a dead end; the JSON
+// automaton drops the costliest to complete, so its shortest completion stays reachable.
 //
 // Thread-safety: a ByteGrammar is immutable; share freely. A GrammarMatcher is a value; the
 // grammar it points to is kept alive by it.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 namespace pdserve::structured {
 namespace {
@@ -156,8 +157,11 @@ int64_t FrameCost(const Frame& f) {
 // Steps single stacks, appending what each becomes to `out`.
 class Stepper {
  public:
-  Stepper(const JsonSchema& schema, std::span<const Frame> below, MatcherState* out)
-      : schema_(schema), below_(below), out_(out) {}
+  // `stack_cost`: what a stack of `out` (below frames included) costs to complete; null: `out`
+  // holds JSON stacks only (JsonStackCompletionBytes).
+  Stepper(const JsonSchema& schema, std::span<const Frame> below, MatcherState* out,
+          const StackCostFn* stack_cost = nullptr)
+      : schema_(schema), below_(below), out_(out), stack_cost_(stack_cost) {}
 
   // Steps the stack frames[0, n) by `byte`.
   void Stack(const Frame* frames, size_t n, uint8_t byte) {
@@ -181,11 +185,47 @@ class Stepper {
  private:
   // Appends frames[0, n), then `top` and `child` where given.
   void Emit(const Frame* frames, size_t n, const Frame* top, const Frame* child) {
-    if (out_->ends.size() >= kMaxStacks) return;
+    if (out_->ends.size() >= kMaxStacks) return KeepCheapest(frames, n, top, child);
     out_->frames.insert(out_->frames.end(), below_.begin(), below_.end());
     out_->frames.insert(out_->frames.end(), frames, frames + n);
     if (top) out_->frames.push_back(*top);
     if (child) out_->frames.push_back(*child);
+    out_->ends.push_back(static_cast<uint16_t>(out_->frames.size()));
+  }
+  // A full state keeps the kMaxStacks that are cheapest to complete: the new stack replaces the
+  // costliest kept one when it is cheaper. Dropping whichever came last lost the cheap
+  // alternative of a wide anyOf (20 long consts and "z"), while the costs above it still counted
+  // on it, so a document the budget fitted was cut off unfinished.
+  void KeepCheapest(const Frame* frames, size_t n, const Frame* top, const Frame* child) {
+    const auto cost = [this](std::span<const Frame> stack) {
+      return stack_cost_ != nullptr ? (*stack_cost_)(stack) : JsonStackCompletionBytes(stack);
+    };
+    std::vector<Frame> stack(below_.begin(), below_.end());
+    stack.insert(stack.end(), frames, frames + n);
+    if (top) stack.push_back(*top);
+    if (child) stack.push_back(*child);
+    size_t worst = 0;
+    size_t worst_begin = 0;
+    int64_t worst_cost = -1;
+    size_t begin = 0;
+    for (size_t i = 0; i < out_->ends.size(); ++i) {
+      const int64_t kept =
+          cost(std::span<const Frame>(out_->frames).subspan(begin, out_->ends[i] - begin));
+      if (kept > worst_cost) {
+        worst = i;
+        worst_begin = begin;
+        worst_cost = kept;
+      }
+      begin = out_->ends[i];
+    }
+    if (cost(stack) >= worst_cost) return;
+    const size_t worst_end = out_->ends[worst];
+    const auto removed = static_cast<uint16_t>(worst_end - worst_begin);
+    out_->frames.erase(out_->frames.begin() + static_cast<std::ptrdiff_t>(worst_begin),
+                       out_->frames.begin() + static_cast<std::ptrdiff_t>(worst_end));
+    out_->ends.erase(out_->ends.begin() + static_cast<std::ptrdiff_t>(worst));
+    for (size_t i = worst; i < out_->ends.size(); ++i) out_->ends[i] -= removed;
+    out_->frames.insert(out_->frames.end(), stack.begin(), stack.end());
     out_->ends.push_back(static_cast<uint16_t>(out_->frames.size()));
   }
   void Replace(const Frame* frames, size_t n, const Frame& top) {
@@ -467,6 +507,7 @@ class Stepper {
   const JsonSchema& schema_;
   std::span<const Frame> below_;
   MatcherState* out_;
+  const StackCostFn* stack_cost_;
 };
 
 }  // namespace
@@ -503,8 +544,9 @@ int64_t JsonStackCompletionBytes(std::span<const Frame> stack) {
 Frame JsonDocumentFrame(const SchemaNode& node) { return Make(&node, kDocument, kDocBefore); }
 
 void StepJsonStack(const JsonSchema& schema, std::span<const Frame> below,
-                   std::span<const Frame> stack, uint8_t byte, MatcherState* out) {
-  Stepper stepper(schema, below, out);
+                   std::span<const Frame> stack, uint8_t byte, MatcherState* out,
+                   const StackCostFn& stack_cost) {
+  Stepper stepper(schema, below, out, &stack_cost);
   stepper.Stack(stack.data(), stack.size(), byte);
 }
 

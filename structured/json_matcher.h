@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -41,11 +42,14 @@ int64_t MinCompletionBytes(const MatcherState& state);
 //
 // The document frame of a value of `node` before its first byte.
 Frame JsonDocumentFrame(const SchemaNode& node);
+// What a stack of a state costs to complete, in bytes (a grammar's own measure).
+using StackCostFn = std::function<int64_t(std::span<const Frame>)>;
 // Steps the JSON stack `stack` by `byte`, appending each stack it becomes, `below` under it, to
-// `out` (at most kMaxStacks in all; not deduplicated). `schema`: the schema `stack`'s nodes
-// belong to.
+// `out` (not deduplicated; at most kMaxStacks in all, those that `stack_cost` finds cheapest, so
+// that the shortest completion stays reachable). `schema`: the schema `stack`'s nodes belong to.
 void StepJsonStack(const JsonSchema& schema, std::span<const Frame> below,
-                   std::span<const Frame> stack, uint8_t byte, MatcherState* out);
+                   std::span<const Frame> stack, uint8_t byte, MatcherState* out,
+                   const StackCostFn& stack_cost);
 // The fewest bytes that complete the value of the JSON stack `stack` (0: it is complete).
 int64_t JsonStackCompletionBytes(std::span<const Frame> stack);
 

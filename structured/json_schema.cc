@@ -1,6 +1,7 @@
 #include "structured/json_schema.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -13,6 +14,9 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr int64_t kCostCap = int64_t{1} << 40;
+// Nodes that resolving '$ref's may create in all. A definition compiles once per nesting depth it
+// is used at, so expansion is bounded by (kMaxNesting + 1) times the schema; this caps it lower.
+constexpr size_t kMaxRefNodes = size_t{1} << 16;
 
 int64_t Add(int64_t a, int64_t b) { return std::min(kCostCap, a + b); }
 int64_t Mul(int64_t a, int64_t b) {
@@ -25,6 +29,9 @@ bool IsAnnotation(const std::string& key) {
       "$id",   "$comment",    "deprecated", "readOnly", "writeOnly"};
   return kAnnotations.count(key) > 0 || key.rfind("x-", 0) == 0;
 }
+
+// Containers of definitions: skipped where they stand, read through '$ref'.
+bool IsDefinitions(const std::string& key) { return key == "$defs" || key == "definitions"; }
 
 absl::Status Refuse(const std::string& path, std::string what) {
   return absl::InvalidArgumentError(absl::StrCat(what, " (at ", path, ")"));
@@ -76,6 +83,7 @@ class JsonSchema::Compiler {
   explicit Compiler(JsonSchema* out) : out_(out) {}
 
   absl::Status Run(const json& schema) {
+    root_ = &schema;
     SchemaNode& any = New();
     any.types = kTypeAny;
     any.additional = &any;
@@ -109,12 +117,14 @@ class JsonSchema::Compiler {
     if (!schema.is_object()) return Refuse(path, "a schema must be an object or a boolean");
     for (auto it = schema.begin(); it != schema.end(); ++it) {
       static const std::set<std::string> kSupported = {
-          "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-          "enum", "const",      "anyOf"};
-      if (!kSupported.count(it.key()) && !IsAnnotation(it.key())) {
+          "type",  "properties", "required", "additionalProperties",
+          "items", "minItems",   "maxItems", "enum",
+          "const", "anyOf",      "$ref"};
+      if (!kSupported.count(it.key()) && !IsAnnotation(it.key()) && !IsDefinitions(it.key())) {
         return Refuse(path, absl::StrCat("keyword '", it.key(), "' is not supported"));
       }
     }
+    if (schema.contains("$ref")) return Ref(schema, path, depth);
     if (schema.contains("anyOf")) return AnyOf(schema, path, depth);
     SchemaNode& node = New();
     PDSERVE_RETURN_IF_ERROR(Types(schema, path, node));
@@ -132,9 +142,80 @@ class JsonSchema::Compiler {
     return &node;
   }
 
+  // A '$ref' to a schema of this document (a JSON pointer after '#': "#/$defs/Name", what
+  // pydantic writes for nested models and enums). The target compiles in place of the reference,
+  // at the reference's depth, once per (target, depth). A target that refers back to itself
+  // (a recursive schema) is refused: its documents have no depth bound.
+  absl::StatusOr<const SchemaNode*> Ref(const json& schema, const std::string& path, int depth) {
+    for (auto it = schema.begin(); it != schema.end(); ++it) {
+      if (it.key() != "$ref" && !IsAnnotation(it.key()) && !IsDefinitions(it.key())) {
+        return Refuse(path,
+                      absl::StrCat("keyword '", it.key(), "' next to '$ref' is not supported"));
+      }
+    }
+    const json& ref = schema["$ref"];
+    if (!ref.is_string() || ref.get<std::string>().rfind('#', 0) != 0) {
+      return Refuse(path, "'$ref' must be a reference into this schema (\"#/$defs/...\")");
+    }
+    const std::string target_path = ref.get<std::string>();
+    PDSERVE_ASSIGN_OR_RETURN(const json* target, Resolve(target_path, path));
+    if (auto hit = compiled_refs_.find({target, depth}); hit != compiled_refs_.end()) {
+      return hit->second;
+    }
+    if (!resolving_.insert(target).second) {
+      return Refuse(path, absl::StrCat("'$ref' \"", target_path,
+                                       "\" refers back into itself; recursive schemas are not "
+                                       "supported"));
+    }
+    const size_t before = out_->nodes_.size();
+    absl::StatusOr<const SchemaNode*> node = Node(*target, target_path, depth);
+    resolving_.erase(target);
+    if (!node.ok()) return node;
+    if (resolving_.empty()) ref_nodes_ += out_->nodes_.size() - before;  // outermost only
+    if (ref_nodes_ > kMaxRefNodes) {
+      return Refuse(path, absl::StrCat("resolving '$ref's expands the schema beyond ", kMaxRefNodes,
+                                       " subschemas"));
+    }
+    compiled_refs_[{target, depth}] = *node;
+    return node;
+  }
+
+  // The value at JSON pointer `pointer` ("#/a/b~1c/0", RFC 6901 after the '#') in the schema.
+  absl::StatusOr<const json*> Resolve(const std::string& pointer, const std::string& path) const {
+    const json* at = root_;
+    size_t pos = 1;
+    while (pos < pointer.size()) {
+      if (pointer[pos] != '/') break;
+      const size_t end = std::min(pointer.find('/', pos + 1), pointer.size());
+      std::string token;
+      for (size_t i = pos + 1; i < end; ++i) {
+        if (pointer[i] == '~' && i + 1 < end && (pointer[i + 1] == '0' || pointer[i + 1] == '1')) {
+          token.push_back(pointer[++i] == '0' ? '~' : '/');
+        } else {
+          token.push_back(pointer[i]);
+        }
+      }
+      pos = end;
+      if (at->is_object() && at->contains(token)) {
+        at = &(*at)[token];
+      } else if (at->is_array() && !token.empty() &&
+                 token.find_first_not_of("0123456789") == std::string::npos && token.size() < 10 &&
+                 std::stoul(token) < at->size()) {
+        at = &(*at)[std::stoul(token)];
+      } else {
+        at = nullptr;
+        break;
+      }
+    }
+    if (at == nullptr || pos < pointer.size()) {
+      return Refuse(path, absl::StrCat("'$ref' \"", pointer, "\" names nothing in the schema"));
+    }
+    return at;
+  }
+
   absl::StatusOr<const SchemaNode*> AnyOf(const json& schema, const std::string& path, int depth) {
     for (auto it = schema.begin(); it != schema.end(); ++it) {
-      if (it.key() != "anyOf" && !IsAnnotation(it.key())) {
+      if (it.key() != "anyOf" && !IsAnnotation(it.key()) && !IsDefinitions(it.key())) {
         return Refuse(path, absl::StrCat("keyword '", it.key(),
                                          "' next to 'anyOf' is not supported (move it into "
                                          "each alternative)"));
@@ -149,7 +230,15 @@ class JsonSchema::Compiler {
     for (size_t i = 0; i < list.size(); ++i) {
       PDSERVE_ASSIGN_OR_RETURN(const SchemaNode* alt,
                                Node(list[i], absl::StrCat(path, "/anyOf/", i), depth));
-      node.any_of.push_back(alt);
+      // Kept flat and without repeats: an alternative that is an anyOf contributes its own
+      // alternatives. The automaton then starts each distinct alternative once, where anyOfs
+      // nested through shared '$ref's would start 2^depth of them.
+      for (const SchemaNode* leaf :
+           alt->any_of.empty() ? std::vector<const SchemaNode*>{alt} : alt->any_of) {
+        if (std::find(node.any_of.begin(), node.any_of.end(), leaf) == node.any_of.end()) {
+          node.any_of.push_back(leaf);
+        }
+      }
       node.min_bytes = std::min(node.min_bytes, alt->min_bytes);
     }
     return &node;
@@ -300,6 +389,10 @@ class JsonSchema::Compiler {
   }
 
   JsonSchema* out_;
+  const json* root_ = nullptr;  // the schema being compiled: what '$ref' pointers resolve in
+  std::map<std::pair<const json*, int>, const SchemaNode*> compiled_refs_;
+  std::set<const json*> resolving_;  // '$ref' targets being compiled (a cycle returns to one)
+  size_t ref_nodes_ = 0;             // nodes made by compiling '$ref' targets
 };
 
 absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const json& schema) {

@@ -3,8 +3,10 @@
 //
 // Supported keywords: type (object, array, string, number, integer, boolean, null, or a list),
 // properties, required, additionalProperties (false, true or a schema), items, minItems, maxItems,
-// enum, const and anyOf; annotations (title, description, default, examples, $schema, $id,
-// $comment, deprecated, readOnly, writeOnly, and keys starting "x-") are ignored. Every other
+// enum, const, anyOf, and $ref into the schema itself ("#/$defs/Name", any JSON pointer; the
+// target compiles in place of the reference; recursive references are refused); $defs and
+// definitions hold what $ref names; annotations (title, description, default, examples, $schema,
+// $id, $comment, deprecated, readOnly, writeOnly, and keys starting "x-") are ignored. Every other
 // keyword is refused with InvalidArgument naming it, because the output could not be guaranteed
 // to validate.
 //

@@ -395,7 +395,8 @@ bool ToolCallGrammar::Step(const MatcherState& in, uint8_t byte, MatcherState* o
         Frame next = w;
         next.a = byte == f(w.a) ? w.a + 1 : (byte == f(0) ? 1 : 0);
         if (next.a < forbidden_.size()) {
-          StepJsonStack(*v.schema, {&next, 1}, stack.subspan(1), byte, out);
+          StepJsonStack(*v.schema, {&next, 1}, stack.subspan(1), byte, out,
+                        [this](std::span<const Frame> s) { return StackCost(s); });
         }
         if (JsonStackCompletionBytes(stack.subspan(1)) == 0) {
           StepAlternative(Wrapper(kAlternative, v.next), byte, out);

@@ -54,6 +54,16 @@ TEST(ApiRequestTest, CompletionDefaultsLeaveSamplingUnset) {
   EXPECT_EQ(r.n, 1);
 }
 
+TEST(ApiRequestTest, CompletionBatchOfOnePromptIsThatPrompt) {
+  ApiRequest ids = ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":[[5,6,7]]})");
+  ASSERT_TRUE(ids.prompt_tokens.has_value());
+  EXPECT_EQ(*ids.prompt_tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_FALSE(ids.prompt_text.has_value());
+  ApiRequest text = ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":["In the"]})");
+  ASSERT_TRUE(text.prompt_text.has_value());
+  EXPECT_EQ(*text.prompt_text, "In the");
+}
+
 TEST(ApiRequestTest, ChatMessagesWithTextParts) {
   ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m","messages":[
       {"role":"system","content":"Be brief."},
@@ -116,6 +126,16 @@ INSTANTIATE_TEST_SUITE_P(
                 "'stream_options' requires 'stream': true", "stream_options"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":["a","b"]})",
                 "batched prompts are not supported; send one prompt per request", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":[[1,2],[3]]})",
+                "batched prompts are not supported; send one prompt per request", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":[1.5,2]})",
+                "'prompt' token ids must be non-negative integers", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":[[7,-1]]})",
+                "'prompt' token ids must be non-negative integers", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":[[]]})",
+                "'prompt' must be a string or an array of token ids", "prompt"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":[""]})",
+                "'prompt' must not be empty", "prompt"},
         BadCase{Endpoint::kChatCompletions, R"({"model":"m","messages":[]})",
                 "'messages' must be a non-empty array", "messages"},
         BadCase{Endpoint::kChatCompletions,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
@@ -180,6 +181,67 @@ TEST_F(GrpcFrontTest, NonFiniteSamplingValuesAndThinkingOnTextAreInvalidArgument
     grpc::Status status = Generate(request, &out);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.param;
     EXPECT_EQ(nlohmann::json::parse(status.error_message())["error"]["param"], c.param);
+    EXPECT_TRUE(out.empty());
+  }
+}
+
+// One Generate call with `request` as raw bytes (what a client with another or a broken encoder
+// sends), through gRPC's generic stub. Appends each response's bytes, parsed, to `out`.
+grpc::Status RawGenerate(int port, const std::string& request,
+                         std::vector<pv1::GenerateResponse>* out) {
+  grpc::GenericStub stub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  void* tag = nullptr;
+  bool ok = false;
+  auto wait = [&] { return cq.Next(&tag, &ok) && ok; };
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, "/pdserve.v1.Generation/Generate", &cq);
+  call->StartCall(nullptr);
+  if (wait()) {
+    grpc::Slice slice(request);
+    grpc::ByteBuffer bytes(&slice, 1);
+    call->WriteLast(bytes, grpc::WriteOptions(), nullptr);
+    wait();
+    grpc::ByteBuffer response;
+    for (call->Read(&response, nullptr); wait(); call->Read(&response, nullptr)) {
+      pv1::GenerateResponse parsed;
+      EXPECT_TRUE(
+          grpc::SerializationTraits<pv1::GenerateResponse>::Deserialize(&response, &parsed).ok());
+      out->push_back(parsed);
+    }
+  }
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  cq.Next(&tag, &ok);
+  return status;
+}
+
+TEST_F(GrpcFrontTest, RequestsThatDoNotParseAreInvalidArgumentWithTheOpenAiJson) {
+  pv1::GenerateRequest valid;
+  valid.set_model("tiny");
+  valid.set_text("x");
+  std::vector<pv1::GenerateResponse> out;
+  grpc::Status status = RawGenerate(front_->port(), valid.SerializeAsString(), &out);
+  ASSERT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].choices(0).text(), "Hel");
+
+  const std::string model = "\x0a\x04tiny";
+  for (const std::string& bytes : {
+           std::string("\x12\xff\xff\xff\xff\x0f", 6),  // text: a length past the end
+           std::string("\x0f\x01", 2),                  // wire type 7 does not exist
+           model + std::string("\x12\x03\xff\xfe"
+                               "A",
+                               5),  // text: not UTF-8
+       }) {
+    out.clear();
+    status = RawGenerate(front_->port(), bytes, &out);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    const nlohmann::json error = nlohmann::json::parse(status.error_message(), nullptr, false);
+    ASSERT_TRUE(error.is_object()) << status.error_message();
+    EXPECT_EQ(error["error"]["type"], "invalid_request_error");
     EXPECT_TRUE(out.empty());
   }
 }

@@ -4,8 +4,10 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/structured/shortest_walk.h"
 
 namespace pdserve::structured {
 namespace {
@@ -145,6 +147,21 @@ TEST(JsonMatcherTest, ShortestCompletionIsReachableFromEveryPrefix) {
   }
 }
 
+TEST(JsonMatcherTest, AWideAnyOfKeepsItsShortestAlternativeReachable) {
+  // 20 long alternatives before "z": more than kMaxStacks (16) stacks start at the value's '"'.
+  std::string alternatives;
+  for (int i = 0; i < 20; ++i) {
+    alternatives += absl::StrCat(R"({"const":"alternative_number_)", i, R"(_is_long"},)");
+  }
+  const std::string schema = R"({"type":"object","properties":{"a":{"anyOf":[)" + alternatives +
+                             R"({"const":"z"}]}},"required":["a"],"additionalProperties":false})";
+  EXPECT_EQ(StartJson(Schema(schema)).MinCompletionBytes(), 9);
+  GrammarMatcher m = StartJson(Schema(schema));
+  EXPECT_EQ(testing::WalkShortestCompletion(m), R"({"a":"z"})");
+  EXPECT_TRUE(m.Complete());
+  EXPECT_TRUE(Accepts(schema, R"({"a":"alternative_number_3_is_long"})"));
+}
+
 TEST(JsonSchemaTest, RefusesKeywordsItCannotEnforceByName) {
   for (const char* keyword : {"pattern", "format", "minLength", "minimum", "$ref", "allOf", "oneOf",
                               "uniqueItems", "patternProperties"}) {
@@ -160,6 +177,115 @@ TEST(JsonSchemaTest, RefusesKeywordsItCannotEnforceByName) {
   EXPECT_FALSE(JsonSchema::Parse(R"({"type":"string","anyOf":[{}]})").ok());
   EXPECT_FALSE(JsonSchema::Parse(R"({"type":"integer","enum":["a"]})").ok());
   EXPECT_TRUE(JsonSchema::Parse(R"({"title":"t","description":"d","type":"null"})").ok());
+}
+
+// What the openai SDK's parse() sends for a pydantic model with a nested model, an enum and a
+// list of the nested model (openai.lib._pydantic.to_strict_json_schema).
+const char kPydanticNested[] = R"({"$defs":{
+  "Color":{"enum":["red","blue"],"title":"Color","type":"string"},
+  "Sub":{"properties":{"x":{"title":"X","type":"integer"},
+    "y":{"anyOf":[{"type":"number"},{"type":"null"}],"title":"Y"}},
+    "required":["x","y"],"title":"Sub","type":"object","additionalProperties":false}},
+  "properties":{"book":{"title":"Book","type":"string"},"color":{"$ref":"#/$defs/Color"},
+    "sub":{"$ref":"#/$defs/Sub"},"subs":{"items":{"$ref":"#/$defs/Sub"},"title":"Subs","type":"array"}},
+  "required":["book","color","sub","subs"],"title":"Verse","type":"object",
+  "additionalProperties":false})";
+
+TEST(JsonSchemaTest, LocalRefsCompileInPlaceOfTheReference) {
+  EXPECT_TRUE(
+      Accepts(kPydanticNested,
+              R"({"book":"Ruth","color":"red","sub":{"x":1,"y":null},"subs":[{"x":2,"y":0.5}]})"));
+  EXPECT_TRUE(
+      Accepts(kPydanticNested, R"({"book":"","color":"blue","sub":{"x":1,"y":2},"subs":[]})"));
+  EXPECT_FALSE(Reads(kPydanticNested, R"({"book":"Ruth","color":"green")"));          // enum
+  EXPECT_FALSE(Reads(kPydanticNested, R"({"book":"R","color":"red","sub":{"y":1)"));  // order
+  EXPECT_FALSE(Reads(kPydanticNested, R"({"book":"R","color":"red","sub":{"x":1,"y":1,"z")"));
+  EXPECT_FALSE(
+      Reads(kPydanticNested, R"({"book":"R","color":"red","sub":{"x":1,"y":1},"subs":[{"x":1.5)"));
+  // Draft-7 "definitions", a pointer with RFC 6901 escapes and a reference through another one.
+  EXPECT_TRUE(
+      Accepts(R"({"definitions":{"a/b":{"type":"integer"},"c~d":{"$ref":"#/definitions/a~1b"}},
+                          "type":"array","items":{"$ref":"#/definitions/c~0d"}})",
+              "[1,2]"));
+  EXPECT_FALSE(
+      Reads(R"({"definitions":{"a/b":{"type":"integer"}},"items":{"$ref":"#/definitions/a~1b"},
+                         "type":"array"})",
+            R"(["x")"));
+}
+
+TEST(JsonSchemaTest, ShortestCompletionCountsTheReferencedSchema) {
+  GrammarMatcher m = StartJson(Schema(
+      R"({"$defs":{"P":{"type":"object","properties":{"k":{"const":"vv"}},"required":["k"]}},
+          "$ref":"#/$defs/P"})"));
+  EXPECT_EQ(m.MinCompletionBytes(), static_cast<int64_t>(std::string(R"({"k":"vv"})").size()));
+}
+
+TEST(JsonSchemaTest, RefusesRecursiveDanglingRemoteAndConstrainedRefs) {
+  struct Case {
+    const char* schema;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{R"({"$ref":"#"})", "refers back into itself"},
+           Case{R"({"type":"object","properties":{"child":{"$ref":"#"}}})",
+                "refers back into itself"},
+           Case{R"({"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n"}}}},
+                   "$ref":"#/$defs/n"})",
+                "refers back into itself"},
+           Case{R"({"$defs":{"a":{"anyOf":[{"$ref":"#/$defs/b"}]},"b":{"$ref":"#/$defs/a"}},
+                   "$ref":"#/$defs/a"})",
+                "refers back into itself"},
+           Case{R"({"$ref":"#/$defs/missing"})", "names nothing in the schema"},
+           Case{R"({"$ref":"#anchor"})", "names nothing in the schema"},
+           Case{R"({"$ref":"https://example.com/s.json"})", "must be a reference into this schema"},
+           Case{R"({"$ref":5})", "must be a reference into this schema"},
+           Case{R"({"$defs":{"a":{"type":"string"}},"$ref":"#/$defs/a","type":"integer"})",
+                "keyword 'type' next to '$ref' is not supported"},
+       }) {
+    absl::StatusOr<std::shared_ptr<const JsonSchema>> compiled = JsonSchema::Parse(c.schema);
+    ASSERT_FALSE(compiled.ok()) << c.schema;
+    EXPECT_NE(compiled.status().message().find(c.message), std::string::npos) << compiled.status();
+  }
+}
+
+TEST(JsonSchemaTest, RefsKeepTheNestingLimitWhereTheyAreUsed) {
+  // Three nested arrays below `outer` arrays, written out and through a '$ref': refused exactly
+  // when written out they nest deeper than kMaxNesting.
+  const std::string three = R"({"type":"array","items":{"type":"array","items":{"type":"array"}}})";
+  int accepted = 0;
+  for (int outer = 20; outer <= 23; ++outer) {
+    std::string open;
+    std::string close;
+    for (int i = 0; i < outer; ++i) {
+      open += R"({"type":"array","items":)";
+      close += "}";
+    }
+    const std::string inline_schema = open + three + close;
+    const std::string ref_schema = R"({"$defs":{"d":)" + three + R"(},"type":"array","items":)" +
+                                   open.substr(std::string(R"({"type":"array","items":)").size()) +
+                                   R"({"$ref":"#/$defs/d"})" + close;
+    absl::StatusOr<std::shared_ptr<const JsonSchema>> a = JsonSchema::Parse(inline_schema);
+    absl::StatusOr<std::shared_ptr<const JsonSchema>> b = JsonSchema::Parse(ref_schema);
+    EXPECT_EQ(a.ok(), b.ok()) << outer << " " << a.status() << " / " << b.status();
+    if (!b.ok()) {
+      EXPECT_NE(b.status().message().find("deeper than"), std::string::npos) << b.status();
+    }
+    accepted += b.ok() ? 1 : 0;
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, 4);
+}
+
+TEST(JsonSchemaTest, RefExpansionIsBounded) {
+  // Each level references the next twice, at the same depth: 40 levels would expand to 2^40
+  // schemas if every reference compiled anew; it compiles each definition once.
+  std::string schema = R"({"$defs":{)";
+  for (int i = 0; i < 40; ++i) {
+    schema += absl::StrCat("\"d", i, "\":{\"anyOf\":[{\"$ref\":\"#/$defs/d", i + 1,
+                           "\"},{\"$ref\":\"#/$defs/d", i + 1, "\"}]},");
+  }
+  schema += R"("d40":{"type":"integer"}},"$ref":"#/$defs/d0"})";
+  EXPECT_TRUE(Accepts(schema, "17"));
 }
 
 }  // namespace

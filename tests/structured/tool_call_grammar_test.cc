@@ -16,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "serving/sampler.h"
 #include "structured/grammar_constraint.h"
+#include "tests/structured/shortest_walk.h"
 #include "text/chat_output_parser.h"
 #include "text/tokenizer.h"
 
@@ -103,6 +104,23 @@ std::vector<ordered_json> Functions() {
                                  "required": ["from"], "additionalProperties": false},
                              "mode": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
               "required": ["query", "unit"], "additionalProperties": false}})")};
+}
+
+TEST(ToolCallGrammarTest, AWideAnyOfInAParameterKeepsItsShortestAlternativeReachable) {
+  // 20 long arrays before [7]: more than kMaxStacks (16) stacks start at the value's '['.
+  ordered_json alternatives = ordered_json::array();
+  for (int i = 0; i < 20; ++i) {
+    alternatives.push_back({{"const", ordered_json::array({1000000000000 + i})}});
+  }
+  alternatives.push_back({{"const", ordered_json::array({7})}});
+  ordered_json f = {{"name", "f"},
+                    {"parameters",
+                     {{"type", "object"},
+                      {"properties", {{"a", {{"anyOf", alternatives}}}}},
+                      {"required", {"a"}}}}};
+  GrammarMatcher m(Grammar({f}, /*parallel=*/false));
+  EXPECT_EQ(testing::WalkShortestCompletion(m), Block(Call("f", Param("a", false, "[7]"))));
+  EXPECT_TRUE(m.Complete());
 }
 
 TEST(ToolCallGrammarTest, AcceptsDeepSeeksOwnEncodingOfACall) {
