@@ -10,12 +10,14 @@
 #include <chrono>
 #include <ctime>
 #include <deque>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/api_keys.h"
@@ -535,6 +537,39 @@ class SessionSink : public GenerationSink {
   uint64_t gen_;
 };
 
+// A body this server cannot read as sent: a transfer coding other than chunked (501, RFC 9112
+// 6.1: Beast frames only chunked and Content-Length bodies, so "gzip, chunked" would reach the
+// JSON parser compressed) or a content coding other than identity (415, RFC 9110 15.5.16; the
+// API takes uncompressed JSON). nullopt when the body can be read.
+std::optional<ApiError> UnsupportedCoding(const http::request<http::string_body>& request) {
+  auto lower = [](beast::string_view v) {
+    std::string out(v.data(), v.size());
+    absl::AsciiStrToLower(&out);
+    return std::string(absl::StripAsciiWhitespace(out));
+  };
+  for (const auto& field : request.base()) {
+    if (field.name() == http::field::transfer_encoding) {
+      const std::string value = lower(field.value());
+      if (value != "chunked") {
+        return ApiError{501,
+                        absl::StrCat("Transfer-Encoding \"", value,
+                                     "\" is not supported: send the body with Content-Length or "
+                                     "Transfer-Encoding: chunked"),
+                        "invalid_request_error", "", "unsupported_transfer_encoding"};
+      }
+    } else if (field.name() == http::field::content_encoding) {
+      const std::string value = lower(field.value());
+      if (value != "identity" && !value.empty()) {
+        return ApiError{415,
+                        absl::StrCat("Content-Encoding \"", value,
+                                     "\" is not supported: send the JSON body uncompressed"),
+                        "invalid_request_error", "", "unsupported_content_encoding"};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 void Session::Route() {
   std::string_view target(request_.target().data(), request_.target().size());
   // Absolute form ("http://host/v1/models", RFC 9112 3.2.2) names the same resource.
@@ -603,8 +638,15 @@ void Session::Route() {
   }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (method != http::verb::post) return SendMethodNotAllowed(true);
-    return Generate(target == "/v1/completions" ? Endpoint::kCompletions
-                                                : Endpoint::kChatCompletions);
+    const Endpoint endpoint =
+        target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    if (std::optional<ApiError> coding = UnsupportedCoding(request_)) {
+      service->RecordRejected(endpoint, coding->http_status);
+      // An unknown transfer coding leaves the body's end unknown: the connection closes after.
+      if (coding->http_status == 501) keep_alive_ = false;
+      return SendError(*coding);
+    }
+    return Generate(endpoint);
   }
   SendError({404, absl::StrCat("no route for ", std::string(target)), "invalid_request_error"});
 }

@@ -410,6 +410,52 @@ TEST_F(HttpServerTest, MalformedRequestGets400Json) {
   EXPECT_NE(out.find("malformed HTTP request"), std::string::npos) << out;
 }
 
+// A body the server cannot read as sent gets the status that says why, in the OpenAI JSON, and
+// is counted as refused: a transfer coding other than chunked 501 (the connection closes: the
+// body's end is unknown), a content coding other than identity 415; chunked and identity
+// bodies are served.
+TEST_F(HttpServerTest, UnsupportedCodingsGet501And415) {
+  const std::string body = R"({"model":"tiny","prompt":"hi","max_tokens":2})";
+  auto post = [&](const std::string& headers, const std::string& payload) {
+    return RawExchange(server_->port(), absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                                     headers, "\r\n", payload));
+  };
+  auto chunk = [](const std::string& data) {
+    return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n0\r\n\r\n");
+  };
+  const std::string gzip_chunked =
+      post("Transfer-Encoding: gzip, chunked\r\nConnection: keep-alive\r\n", chunk(body));
+  EXPECT_EQ(gzip_chunked.rfind("HTTP/1.1 501", 0), 0u) << gzip_chunked;
+  EXPECT_NE(gzip_chunked.find("\"code\":\"unsupported_transfer_encoding\""), std::string::npos)
+      << gzip_chunked;
+  EXPECT_NE(gzip_chunked.find("Transfer-Encoding \\\"gzip, chunked\\\" is not supported"),
+            std::string::npos)
+      << gzip_chunked;
+  EXPECT_NE(gzip_chunked.find("Connection: close"), std::string::npos) << gzip_chunked;
+  const std::string identity = post("Transfer-Encoding: identity\r\n", "");
+  EXPECT_EQ(identity.rfind("HTTP/1.1 501", 0), 0u) << identity;
+  const std::string gzip =
+      post(absl::StrCat("Content-Encoding: gzip\r\nContent-Length: ", body.size(),
+                        "\r\nConnection: close\r\n"),
+           body);
+  EXPECT_EQ(gzip.rfind("HTTP/1.1 415", 0), 0u) << gzip;
+  EXPECT_NE(gzip.find("\"code\":\"unsupported_content_encoding\""), std::string::npos) << gzip;
+  // What the API takes: chunked, and an identity content coding.
+  const std::string chunked =
+      post("Transfer-Encoding: chunked\r\nConnection: close\r\n", chunk(body));
+  EXPECT_EQ(chunked.rfind("HTTP/1.1 200", 0), 0u) << chunked;
+  const std::string plain =
+      post(absl::StrCat("Content-Encoding: identity\r\nContent-Length: ", body.size(),
+                        "\r\nConnection: close\r\n"),
+           body);
+  EXPECT_EQ(plain.rfind("HTTP/1.1 200", 0), 0u) << plain;
+  absl::MutexLock lock(&service_.rejected_mu);
+  EXPECT_EQ(service_.rejected,
+            (std::vector<std::pair<Endpoint, int>>{{Endpoint::kCompletions, 501},
+                                                   {Endpoint::kCompletions, 501},
+                                                   {Endpoint::kCompletions, 415}}));
+}
+
 TEST_F(HttpServerTest, OversizedHeadersGet431) {
   const std::string out =
       RawExchange(server_->port(), absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ",
