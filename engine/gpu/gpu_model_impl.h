@@ -57,8 +57,8 @@ constexpr int64_t kPageSize = 64;
 // moe_gemm.cuh). A guess, not measured (tools/gpu/run_fused_projections.sh times decode steps).
 constexpr int64_t kOaGroupedMaxRows = 64;
 
-// options.fused_projections, or PDSERVE_FUSED_PROJECTIONS=1 in the environment; false with
-// GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
+// options.fused_projections unless PDSERVE_FUSED_PROJECTIONS is 0 or 1 in the environment; false
+// with GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
 bool FusedProjectionsWanted(const GpuModelOptions& options);
 
 inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {

@@ -9,8 +9,9 @@
 #      with shm,self and with UCX_TLS unset (tcp: pdserve's endpoints ask for peer-failure
 #      handling), lanes = the workers' default, host threads = the default; then shm,self with
 #      1 host thread (the one-thread store, checksums and import), and with the last chunk as a
-#      plain Forward (no layer copies during its compute); the second run brings only each prompt
-#      chunk's last logits row to the host (--chunk-logits=last, GpuModel's ChunkLogits).
+#      plain Forward (no layer copies during its compute); the second run brings every row of
+#      each prompt chunk's logits to the host (--chunk-logits=all; the default, as the serving
+#      paths, is the last row only: GpuModel's ChunkLogits).
 #      Stage columns: copy wait (device -> pinned copies not yet done when the store wanted
 #      them), store (pinned blocks -> pages), post (the sender's checksums of the layer on the
 #      pool, then its first sends), send drain (last layer posted -> commit delivered), verify
@@ -97,10 +98,9 @@ run_bench=false
 # extrapolated linearly ("est.").
 if $run_bench; then
   bench shm,self "$threads" 1 0 "$lengths" 40
-  # Only the prompt chunks' last logits rows to the host (GpuModel's ChunkLogits::kLastRow,
-  # PDSERVE_GPU_CHUNK_LOGITS=last): the fixed ~10 ms "send drain" of the rounds of 2026-12-04
-  # is expected to be FinishForward copying the last chunk's 256 x vocab fp32 logits.
-  bench shm,self "$threads" 1 0 "$lengths" 40 --chunk-logits=last
+  # Every row of the prompt chunks' logits to the host (as before 2026-12-04 19:45 UTC): the
+  # fixed ~10 ms "send drain" of the earlier rounds was FinishForward copying them (docs/perf.md).
+  bench shm,self "$threads" 1 0 "$lengths" 40 --chunk-logits=all
   bench shm,self "$threads" 1 8 131072 20
   bench shm,self "$threads" 1 0 131072 20 --post-on-lanes=0
   bench default "$threads" 1 0 "$lengths" 35
