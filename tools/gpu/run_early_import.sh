@@ -11,7 +11,7 @@
 #      the prompt chunks' last logits row only) with the early import (--early-import 1: the
 #      slot claimed with the ticket, each layer imported as its pages land and pass their
 #      checksums) and with the direct import after verification (--early-import 0, today's
-#      path), alternating per length so both see the same machine.
+#      path), one run each over every length.
 # Built on the Debian machine (the device has no UCX) and packed into this folder:
 #   cmake --build build --target gpu_state_transfer_bench engine_gpu_tests early_import_test
 #   tools/gpu/pack_binaries.sh <hx>/ei build/bench/kvtransfer/gpu_state_transfer_bench \
@@ -20,7 +20,7 @@
 # Run from the folder holding tools/ and ei.tar.xz (.hx/<name>/ of a repository whose
 # tests/fixtures and models/kjv-v4-tiny the engine tests read, found at ../.. or here):
 #   OUT=<dir> bash tools/gpu/run_early_import.sh
-# Environment: OUT (gpu-out/early-import), LAYERS (8), BUDGET (115 s:
+# Environment: OUT (gpu-out/early-import), LAYERS (8), BUDGET (118 s:
 # every step's timeout is cut to what is left of it). The comparison table is printed last.
 set -uo pipefail
 out=${OUT:-gpu-out/early-import}
@@ -28,7 +28,7 @@ layers=${LAYERS:-8}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 t0=$(date +%s)
-budget=${BUDGET:-115}
+budget=${BUDGET:-118}
 # shellcheck source=tools/gpu/round_lib.sh
 source "$(dirname "$0")/round_lib.sh"
 export NCCL_NVLS_ENABLE=0
@@ -43,7 +43,7 @@ row "early import state machine (host)" "$([ $rc = 0 ] && echo PASS || echo "FAI
   "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/early_import_test.txt" | tr '\n' ' ') ($(elapsed))"
 nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
 LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl PDSERVE_SOURCE_DIR=$src PDSERVE_GPU_CHUNK_LOGITS=last \
-  timeout "$(cap 40)" engine_gpu_tests \
+  timeout "$(cap 30)" engine_gpu_tests \
   --gtest_filter='*GpuEarlyImportTest*:*GpuDirectImportTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState' \
   > "$out/engine_gpu_tests.txt" 2>&1
 rc=$?
@@ -69,11 +69,9 @@ bench() {
   [ $rc = 0 ] || tail -3 "$out/bench-${name//,/_}.err"
   while read -r line; do bench_rows+=("$line"); done < <(grep -E '^\| [0-9]' "$log")
 }
-# 4K and 32K together (each run pays the model setup once), 128K alone; new path first.
-bench 1 4096,32768 30
-bench 0 4096,32768 30
-bench 1 131072 22
-bench 0 131072 22
+# Every length in one run per path (each run pays the model setup once); the new path first.
+bench 1 4096,32768,131072 45
+bench 0 4096,32768,131072 45
 
 echo
 echo "| step | result | detail |"
