@@ -200,6 +200,20 @@ int64_t EarlyImporter::active() const {
   return static_cast<int64_t>(records_.size());
 }
 
+void EarlyImporter::Fail(serving::RequestId id, absl::Status error) {
+  // Still busy while the slot goes back, so a Cancel meanwhile leaves the release to this call;
+  // kFailed is published with the slot already free.
+  ReleaseSlot(id);
+  auto it = records_.find(id);
+  it->second.busy = false;
+  if (it->second.state == State::kCancelled) {
+    records_.erase(it);
+    return;
+  }
+  it->second.error = std::move(error);
+  Apply(id, it->second, Event::kImportFailed);
+}
+
 void EarlyImporter::AfterCall(serving::RequestId id) {
   auto it = records_.find(id);
   it->second.busy = false;
@@ -223,16 +237,14 @@ bool EarlyImporter::Work() {
       AfterCall(id);
       return true;
     }
-    it->second.busy = false;
     if (imported.ok()) {
+      it->second.busy = false;
       ++it->second.imported;
       return true;
     }
     spdlog::error("sequence {}: early import of layer {} failed: {}", id, layer,
                   imported.ToString());
-    it->second.error = imported;
-    Apply(id, it->second, Event::kImportFailed);
-    ReleaseSlot(id);
+    Fail(id, imported);
     return true;
   }
   // The copy checks of the imports whose layers are all enqueued.
@@ -255,12 +267,12 @@ bool EarlyImporter::Work() {
       AfterCall(id);
       continue;
     }
-    it->second.busy = false;
     if (!copied.ok()) {
-      it->second.error = copied.status();
-      Apply(id, it->second, Event::kImportFailed);
-      ReleaseSlot(id);
-    } else if (*copied) {
+      Fail(id, copied.status());
+      continue;
+    }
+    it->second.busy = false;
+    if (*copied) {
       Apply(id, it->second, Event::kAllCopied);
     } else {
       pending = true;

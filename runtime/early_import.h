@@ -128,6 +128,9 @@ class EarlyImporter {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One import call for the front of the queue, or the copy checks; false when idle.
   bool Work() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An import call for `id` (still busy) failed with `error`: gives its slot back, then fails
+  // it (or forgets it, when it was cancelled meanwhile).
+  void Fail(serving::RequestId id, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An import call for `id` returned: releases a record cancelled meanwhile.
   void AfterCall(serving::RequestId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record's slot is released (mu_ dropped around the call).
