@@ -42,7 +42,8 @@
 // "state": whether the decode slot's exported state equals the prefill slot's bit for bit (xxh3
 // of every tensor); overlap; the last chunk's compute ms; the chunks' logits rows brought to the
 // host (--chunk-logits: all, or the last only); finish forward ms (FinishForward's host time
-// with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor).
+// with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor);
+// early import (yes: import ms is then only what was left of the import after t_verified).
 // Medians over --repeats. Markdown on stdout, progress on stderr. ucx_perftest over the same
 // transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
@@ -489,6 +490,11 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
              .fill_pool = &pool}));
     runtime::EarlyImporter importer(slots.get(), flags.layers);
     early.store(flags.early_import ? &importer : nullptr);
+    // The receiver outlives this length's importer (also on an error return).
+    struct Unset {
+      std::atomic<runtime::EarlyImporter*>& early;
+      ~Unset() { early.store(nullptr); }
+    } unset{early};
     std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
         old_import_ms, forward_ms, last_ms, finish_ms;
     bool same_state = true;
@@ -598,7 +604,6 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
         flags.early_import ? "yes" : "no");
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
-    early.store(nullptr);  // the importer ends with this length
   }
   return absl::OkStatus();
 }
