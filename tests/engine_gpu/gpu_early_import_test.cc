@@ -141,7 +141,9 @@ TEST_P(GpuEarlyImportTest, StagedImportInAnyLayerOrderEqualsTheDirectImportBitFo
                                           })
                         .ok());
         ASSERT_TRUE(gpu->EnqueueStagedLayer(2, layer, staging->get()).ok());
-        ASSERT_TRUE(gpu->Forward(0, {model_.prompts.front()[1]}).ok());
+        if (gpu->Position(0) < gpu->max_context()) {
+          ASSERT_TRUE(gpu->Forward(0, {model_.prompts.front()[0]}).ok());
+        }
         EXPECT_EQ(gpu->Position(2), 0);  // not readable before it is finished
       }
       absl::StatusOr<bool> copied = false;
