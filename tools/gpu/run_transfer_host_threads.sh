@@ -41,25 +41,13 @@ steps=${STEPS:-host bench perftest tests}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 t0=$(date +%s)
-elapsed() { echo "$(($(date +%s) - t0)) s"; }
-rows=()
-row() { rows+=("| $1 | $2 | $3 |"); }
 # The whole script stays within BUDGET seconds (the round's slot), leaving time for the tables:
 # each step's timeout is cut to what is left, and a step with under 8 s left is skipped.
 budget=${BUDGET:-140}
-cap() {
-  local rest=$((budget - ($(date +%s) - t0) - 3))
-  rest=$(($1 < rest ? $1 : rest))
-  echo $((rest > 1 ? rest : 1))
-}
-# True when the step may start (8 s or more left).
-may() { [ "$(cap 8)" -ge 8 ]; }
+# shellcheck source=tools/gpu/round_lib.sh
+source "$(dirname "$0")/round_lib.sh"
 export NCCL_NVLS_ENABLE=0
-
-[ -d wire ] || tar -xJf wire.tar.xz
-# shellcheck disable=SC1091
-source wire/env.sh
-echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+unpack wire
 
 bench_rows=()
 # One bench run: UCX_TLS, host threads (0: default), overlap (1: the stores during the last
