@@ -146,9 +146,9 @@ struct DeployConfig {
   // (kv::DefaultTransferLanes). At most kMaxConfigTransferLanes (= kv::kMaxTransferLanes).
   int transfer_lanes = 0;
   // A CUDA decode worker imports each transferred layer into the request's GPU slot as it
-  // arrives (runtime/early_import.h) instead of at the first step. Opt-in: not yet measured in
-  // serving (docs/engine-gpu.md, "Early import").
-  bool transfer_early_import = false;
+  // arrives (runtime/early_import.h) instead of at the first step (docs/engine-gpu.md, "Early
+  // import"). On by default since its H200 run of 2026-12-04; false: the import at the first step.
+  bool transfer_early_import = true;
   GuardsConfig guards;
   SecurityConfig security;
   bool share_gpus = false;

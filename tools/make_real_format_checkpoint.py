@@ -159,17 +159,26 @@ def numel(shape):
     return n
 
 
+def rand_bytes(rng, n):
+    """rng.randbytes(n) in 64 MiB pieces (the same bytes: whole 32-bit words in order); one call
+    of over 2^28 bytes overflows in Python 3.12's getrandbits."""
+    piece = 1 << 26
+    if n <= piece:
+        return rng.randbytes(n)
+    return b"".join(rng.randbytes(min(piece, n - i)) for i in range(0, n, piece))
+
+
 def values(rng, name, kind, dtype, shape, c):
     """Bytes of one stored tensor, drawn from rng in a fixed order."""
     n = numel(shape)
     if dtype == "F8_E8M0":
         return bytes([FP8_SCALE_EXP if kind == "fp8" else FP4_SCALE_EXP]) * n
     if dtype == "F8_E4M3":
-        return rng.randbytes(n).translate(FP8_MASK)
+        return rand_bytes(rng, n).translate(FP8_MASK)
     if dtype == "I8":
-        return rng.randbytes(n)
+        return rand_bytes(rng, n)
     if dtype == "BF16":
-        raw = bytearray(rng.randbytes(2 * n))
+        raw = bytearray(rand_bytes(rng, 2 * n))
         raw[0::2] = bytes(raw[0::2]).translate(LOW7)
         raw[1::2] = bytes(raw[1::2]).translate(BF16_HIGH)
         return bytes(raw)

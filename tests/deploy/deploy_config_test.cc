@@ -134,13 +134,13 @@ TEST(DeployConfigTest, CanaryTolerance) {
   }
 }
 
-// transfer.early_import: off unless asked for; a value other than true / false names the key.
+// transfer.early_import: on unless turned off; a value other than true / false names the key.
 TEST(DeployConfigTest, TransferEarlyImport) {
-  EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.transfer_early_import);
-  const ParsedDeployConfig on =
-      ParseDeployConfig(std::string(kValid) + "transfer:\n  early_import: true\n", "t.yaml");
-  ASSERT_TRUE(on.errors.empty()) << on.errors[0].ToString();
-  EXPECT_TRUE(on.config.transfer_early_import);
+  EXPECT_TRUE(ParseDeployConfig(kValid, "t.yaml").config.transfer_early_import);
+  const ParsedDeployConfig off =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  early_import: false\n", "t.yaml");
+  ASSERT_TRUE(off.errors.empty()) << off.errors[0].ToString();
+  EXPECT_FALSE(off.config.transfer_early_import);
   const ParsedDeployConfig refused =
       ParseDeployConfig(std::string(kValid) + "transfer:\n  early_import: soon\n", "b.yaml");
   ASSERT_EQ(refused.errors.size(), 1u);

@@ -26,8 +26,9 @@
 # Environment: PDSERVE (default: pdserve on PATH), OUT (logs, default ./gpu-out/pd-e2e),
 # BASE_PORT (default 18000; uses BASE_PORT .. BASE_PORT+6), E2E_BACKEND=cpu (every "cuda" above
 # becomes cpu: checks this script's plumbing on a machine without a GPU; the rows then all equal),
-# EARLY_IMPORT=1 (the cluster's `transfer.early_import: true`: the CUDA decode worker imports each
-# layer into its slot as it arrives; docs/engine-gpu.md, "Early import"; the up log must say so).
+# EARLY_IMPORT (default 1: the cluster's `transfer.early_import: true`, the default: the CUDA decode
+# worker imports each layer into its slot as it arrives, docs/engine-gpu.md, "Early import", and
+# the up log must say so; 0: false, the import at the first step).
 set -euo pipefail
 pdserve=${PDSERVE:-$(command -v pdserve || echo build/pdserve)}
 out=${OUT:-gpu-out/pd-e2e}
@@ -37,8 +38,8 @@ backend=${E2E_BACKEND:-cuda}
 prefill_gpus=${PREFILL_GPUS:-0}
 decode_gpus=${DECODE_GPUS:-0}
 serve_devices=${SERVE_DEVICES:-0}
-early_import=false
-[ "${EARLY_IMPORT:-0}" != 1 ] || early_import=true
+early_import=true
+[ "${EARLY_IMPORT:-1}" != 0 ] || early_import=false
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (pdserve forces it too)
 if [ "$backend" = cuda ]; then
   pgpus="gpus: \"$prefill_gpus\""
