@@ -20,9 +20,9 @@ layer_config=${LAYER_CONFIG:-"0,0,264,0,1,1,1,0"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
-if ! { timeout 100 cmake -S kernels/cuda -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+if ! { timeout 30 cmake -S kernels/cuda -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_CUDA_COMPILER="$nvcc" &&
-       timeout 100 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_decode_bench; } \
+       timeout 80 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_decode_bench; } \
        > "$out/build.log" 2>&1; then
   grep -m30 -E "error|Error" "$out/build.log"
   echo "BUILD FAILED"
@@ -33,15 +33,15 @@ tests="$b/tests/pdserve_kernels_cuda_tests"
 summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
 failures() { grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$1" | head -20; }
 # The new options' tests, one filter each (a fault in one must not hide the other's result).
-timeout 30 "$tests" --gtest_filter='*TwoInFlight*' > "$out/inflight-tests.log" 2>&1
+timeout 25 "$tests" --gtest_filter='*TwoInFlight*' > "$out/inflight-tests.log" 2>&1
 inflight_rc=$?
 echo "two_in_flight tests: rc=$inflight_rc $(summary "$out/inflight-tests.log")"
 failures "$out/inflight-tests.log"
-timeout 30 "$tests" --gtest_filter='*AlternateTurns*' > "$out/alternate-tests.log" 2>&1
+timeout 25 "$tests" --gtest_filter='*AlternateTurns*' > "$out/alternate-tests.log" 2>&1
 alternate_rc=$?
 echo "alternate_turns tests: rc=$alternate_rc $(summary "$out/alternate-tests.log")"
 failures "$out/alternate-tests.log"
-timeout 45 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*TwoInFlight*:*AlternateTurns*' \
+timeout 40 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*TwoInFlight*:*AlternateTurns*' \
   > "$out/fp8-tests.log" 2>&1
 echo "other fp8 / w8a16 / moe gemm tests: rc=$? $(summary "$out/fp8-tests.log")"
 failures "$out/fp8-tests.log"
@@ -58,20 +58,20 @@ variants=$(IFS=';'; echo "${kept[*]}")
 echo "bench variants: $variants"
 bench="$b/bench/pdserve_decode_bench"
 s2=$SECONDS
-PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="$variants" timeout 40 "$bench" gemm \
+PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="$variants" timeout 35 "$bench" gemm \
   > "$out/gemm.csv" 2> "$out/gemm.err"
 echo "decode_bench gemm: rc=$? $((SECONDS - s2)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --all-paths > "$out/all-paths.md" 2>&1
 layer_args=()
 s2=$SECONDS
-timeout 20 "$bench" layer > "$out/layer-default.csv" 2> "$out/layer-default.err"
+timeout 15 "$bench" layer > "$out/layer-default.csv" 2> "$out/layer-default.err"
 echo "decode_bench layer (default config): rc=$? $((SECONDS - s2)) s"
 layer_args+=("default=$out/layer-default.csv")
 IFS=',' read -ra lf <<< "$layer_config"
 if { [ "${lf[6]:-0}" != 1 ] || [ "$alternate_rc" = 0 ]; } &&
    { [ "${lf[7]:-0}" != 1 ] || [ "$inflight_rc" = 0 ]; }; then
   s2=$SECONDS
-  PDSERVE_FP8_WGMMA="$layer_config" timeout 20 "$bench" layer > "$out/layer-new.csv" \
+  PDSERVE_FP8_WGMMA="$layer_config" timeout 15 "$bench" layer > "$out/layer-new.csv" \
     2> "$out/layer-new.err"
   echo "decode_bench layer (PDSERVE_FP8_WGMMA=$layer_config): rc=$? $((SECONDS - s2)) s"
   layer_args+=("new=$out/layer-new.csv")
