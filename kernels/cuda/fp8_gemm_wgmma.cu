@@ -288,6 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       ws_p = load_scales(block(0), xs_p);
       issue(p, a_p, block(0));
       int j = 1;  // p holds block j - 1, in flight
+#pragma unroll 1
       for (; j + 1 < count; j += 2) {
         ws_q = load_scales(block(j), xs_q);
         issue(q, a_q, block(j));
