@@ -5,9 +5,9 @@
 # (two_in_flight, alternate_turns: a failure turns that option's bench rows off, so a fault cannot
 # take the other rows with it), then the other FP8 / W8A16 / MoE GEMM GPU tests, then decode_bench
 # over V4-Flash's dense shapes at 1-128 tokens with the variants in VARIANTS, and one V4-Flash
-# layer's decode-step GEMMs with the default config and with LAYER_CONFIG. Prints the dispatch
+# layer's decode-step GEMMs with the default config and with each of LAYER_CONFIGS. Prints the dispatch
 # (old) beside the variants (new), as % of the read floor of the same bytes, LAST.
-# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_CONFIG.
+# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_CONFIGS.
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -16,7 +16,8 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # decode_bench configs "w,s,t,c,x,r,a,i" (warpgroups, stages, target blocks, cluster_reduce,
 # smem_scales, register weights, alternate_turns, two_in_flight); row names w8a16_v<w>.<s>.<t>...
 variants=${VARIANTS:-"0,2,264,0,1,1;0,0,264,0,1,1,0,1;0,6,264,0,1,1,0,1;0,0,264,0,1,1,1,0;0,2,264,0,1,1,1,0;0,0,132,0,1,1,1,0;0,0,264,0,1,1,1,1"}
-layer_config=${LAYER_CONFIG:-"0,0,264,0,1,1,1,0"}
+# Layer runs besides the default config: PDSERVE_FP8_WGMMA values, ";"-separated.
+layer_configs=${LAYER_CONFIGS:-"0,0,264,0,1,1,1,0;0,0,264,0,1,1,0,1;0,0,264,0,1,1,1,1"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
@@ -67,15 +68,18 @@ s2=$SECONDS
 timeout 15 "$bench" layer > "$out/layer-default.csv" 2> "$out/layer-default.err"
 echo "decode_bench layer (default config): rc=$? $((SECONDS - s2)) s"
 layer_args+=("default=$out/layer-default.csv")
-IFS=',' read -ra lf <<< "$layer_config"
-if { [ "${lf[6]:-0}" != 1 ] || [ "$alternate_rc" = 0 ]; } &&
-   { [ "${lf[7]:-0}" != 1 ] || [ "$inflight_rc" = 0 ]; }; then
+i=0
+IFS=';' read -ra lcs <<< "$layer_configs"
+for lc in "${lcs[@]}"; do
+  IFS=',' read -ra lf <<< "$lc"
+  if [ "${lf[6]:-0}" = 1 ] && [ "$alternate_rc" != 0 ]; then continue; fi
+  if [ "${lf[7]:-0}" = 1 ] && [ "$inflight_rc" != 0 ]; then continue; fi
+  i=$((i + 1))
   s2=$SECONDS
-  PDSERVE_FP8_WGMMA="$layer_config" timeout 15 "$bench" layer > "$out/layer-new.csv" \
-    2> "$out/layer-new.err"
-  echo "decode_bench layer (PDSERVE_FP8_WGMMA=$layer_config): rc=$? $((SECONDS - s2)) s"
-  layer_args+=("new=$out/layer-new.csv")
-fi
+  PDSERVE_FP8_WGMMA="$lc" timeout 15 "$bench" layer > "$out/layer-$i.csv" 2> "$out/layer-$i.err"
+  echo "decode_bench layer (PDSERVE_FP8_WGMMA=$lc): rc=$? $((SECONDS - s2)) s"
+  layer_args+=("$lc=$out/layer-$i.csv")
+done
 echo "total: $((SECONDS - start)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --layer "${layer_args[@]}" > "$out/tables.md" 2>&1
 # The table last: the dispatch now beside each variant (row suffix _v<config>) and mma.sync.
@@ -90,5 +94,6 @@ for v in "${kept[@]}"; do
   [ "${f[7]:-0}" = 1 ] && name+=".i"
   suffixes+=",$name"
 done
-sed -n '/One V4-Flash CSA layer/,/^2 GiB read floor/p' "$out/tables.md" | grep -v "^2 GiB"
+sed -n '/One V4-Flash CSA layer/,/^2 GiB read floor/p' "$out/tables.md" | grep -v "^2 GiB" |
+  grep -v "| moe |\|| dense_fused |"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --compare "$suffixes" 2>&1
