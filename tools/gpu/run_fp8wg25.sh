@@ -18,9 +18,9 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # decode_bench configs "w,s,t,c,x,r,a,i,v" (warpgroups, stages, target blocks, cluster_reduce,
 # smem_scales, register weights, alternate_turns, two_in_flight, a16_shift_convert); row names
 # w8a16_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.v].
-variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,2,264,0,1,1,0,0,1;0,2,264,0,1,1;0,0,264,0,1,1,0,1,1;0,0,264,0,1,1,1,0,1;0,0,264,0,1,1,1,0;0,6,264,0,1,1,0,1;0,0,132,0,1,1,1,0"}
+variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,0,264,0,1,1,0,0,2;0,2,264,0,1,1,0,0,1;0,2,264,0,1,1;0,0,264,0,1,1,0,1,1;0,0,264,0,1,1,1,0,1;0,0,264,0,1,1,1,0;0,6,264,0,1,1,0,1;0,0,132,0,1,1,1,0"}
 # Layer runs besides the default: environments ("|"-separated lists of VAR=value).
-layer_envs=${LAYER_ENVS:-"PDSERVE_W8A16_SHIFT=1|PDSERVE_W8A16_SHIFT=1 PDSERVE_FP8_WGMMA=0,2,264,0,1,1"}
+layer_envs=${LAYER_ENVS:-"PDSERVE_W8A16_SHIFT=1|PDSERVE_W8A16_SHIFT=2|PDSERVE_W8A16_SHIFT=1 PDSERVE_FP8_WGMMA=0,2,264,0,1,1"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
@@ -54,13 +54,16 @@ timeout 40 "$tests" --gtest_filter="CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-$new" 
   > "$out/fp8-tests.log" 2>&1
 echo "other fp8 / w8a16 / moe gemm tests: rc=$? $(summary "$out/fp8-tests.log")"
 failures "$out/fp8-tests.log"
-# The W8A16 tests again with every W8A16 conversion on the shift path (mma.sync dense and MoE,
-# and the wgmma default config).
-PDSERVE_W8A16_SHIFT=1 timeout 30 "$tests" --gtest_filter="CudaW8a16*:CudaFp8GemmF32*:-$new" \
-  > "$out/shift-env-tests.log" 2>&1
-shift_env_rc=$?
-echo "w8a16 tests under PDSERVE_W8A16_SHIFT=1: rc=$shift_env_rc $(summary "$out/shift-env-tests.log")"
-failures "$out/shift-env-tests.log"
+# The W8A16 tests again with every W8A16 conversion on a shift path (mma.sync dense and MoE,
+# and the wgmma default config): shift_env_rc[1], [2].
+shift_env_rc=(0 1 1)
+for v in 1 2; do
+  PDSERVE_W8A16_SHIFT=$v timeout 25 "$tests" --gtest_filter="CudaW8a16*:CudaFp8GemmF32*:-$new" \
+    > "$out/shift$v-env-tests.log" 2>&1
+  shift_env_rc[$v]=$?
+  echo "w8a16 tests under PDSERVE_W8A16_SHIFT=$v: rc=${shift_env_rc[$v]} $(summary "$out/shift$v-env-tests.log")"
+  failures "$out/shift$v-env-tests.log"
+done
 # Variants whose option failed its tests are left out of the bench (fields 7 and 8).
 kept=()
 IFS=';' read -ra all <<< "$variants"
@@ -68,7 +71,7 @@ for v in "${all[@]}"; do
   IFS=',' read -ra f <<< "$v"
   if [ "${f[6]:-0}" = 1 ] && [ "$alternate_rc" != 0 ]; then continue; fi
   if [ "${f[7]:-0}" = 1 ] && [ "$inflight_rc" != 0 ]; then continue; fi
-  if [ "${f[8]:-0}" = 1 ] && [ "$shift_rc" != 0 ]; then continue; fi
+  if [ "${f[8]:-0}" != 0 ] && [ "$shift_rc" != 0 ]; then continue; fi
   kept+=("$v")
 done
 variants=$(IFS=';'; echo "${kept[*]}")
@@ -78,14 +81,16 @@ s2=$SECONDS
 PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="$variants" timeout 35 "$bench" gemm \
   > "$out/gemm.csv" 2> "$out/gemm.err"
 echo "decode_bench gemm: rc=$? $((SECONDS - s2)) s"
-# The W8A16 dispatch and mma.sync rows with PDSERVE_W8A16_SHIFT=1, as w8a16_S / w8a16_mma_S.
-if [ "$shift_env_rc" = 0 ]; then
+# The W8A16 dispatch and mma.sync rows with PDSERVE_W8A16_SHIFT=v, as w8a16_Sv / w8a16_mma_Sv.
+for v in 1 2; do
+  [ "${shift_env_rc[$v]}" = 0 ] || continue
   s2=$SECONDS
-  PDSERVE_W8A16_SHIFT=1 PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="" timeout 20 "$bench" gemm \
-    > "$out/gemm-shift.csv" 2> "$out/gemm-shift.err"
-  echo "decode_bench gemm (PDSERVE_W8A16_SHIFT=1): rc=$? $((SECONDS - s2)) s"
-  grep -E '^w8a16(_mma)?,' "$out/gemm-shift.csv" | sed -E 's/^(w8a16|w8a16_mma),/\1_S,/' >> "$out/gemm.csv"
-fi
+  PDSERVE_W8A16_SHIFT=$v PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="" timeout 15 "$bench" gemm \
+    > "$out/gemm-shift$v.csv" 2> "$out/gemm-shift$v.err"
+  echo "decode_bench gemm (PDSERVE_W8A16_SHIFT=$v): rc=$? $((SECONDS - s2)) s"
+  grep -E '^w8a16(_mma)?,' "$out/gemm-shift$v.csv" |
+    sed -E "s/^(w8a16|w8a16_mma),/\\1_S$v,/" >> "$out/gemm.csv"
+done
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --all-paths > "$out/all-paths.md" 2>&1
 layer_args=()
 s2=$SECONDS
@@ -95,7 +100,8 @@ layer_args+=("default=$out/layer-default.csv")
 i=0
 IFS='|' read -ra envs <<< "$layer_envs"
 for e in "${envs[@]}"; do
-  if [[ "$e" == *PDSERVE_W8A16_SHIFT=1* ]] && [ "$shift_env_rc" != 0 ]; then continue; fi
+  if [[ "$e" == *PDSERVE_W8A16_SHIFT=1* ]] && [ "${shift_env_rc[1]}" != 0 ]; then continue; fi
+  if [[ "$e" == *PDSERVE_W8A16_SHIFT=2* ]] && [ "${shift_env_rc[2]}" != 0 ]; then continue; fi
   i=$((i + 1))
   s2=$SECONDS
   env $e timeout 15 "$bench" layer > "$out/layer-$i.csv" 2> "$out/layer-$i.err"
@@ -105,7 +111,7 @@ done
 echo "total: $((SECONDS - start)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --layer "${layer_args[@]}" > "$out/tables.md" 2>&1
 # The table last: the dispatch now beside each variant (row suffix _v<config>) and mma.sync.
-suffixes="_mma,_S,_mma_S,_wgmma"
+suffixes="_mma,_S1,_mma_S1,_S2,_mma_S2,_wgmma"
 for v in "${kept[@]}"; do
   IFS=',' read -ra f <<< "$v"
   name="_v${f[0]}.${f[1]}.${f[2]}"
@@ -114,7 +120,7 @@ for v in "${kept[@]}"; do
   [ "${f[5]:-0}" = 1 ] && name+=".r"
   [ "${f[6]:-0}" = 1 ] && name+=".a"
   [ "${f[7]:-0}" = 1 ] && name+=".i"
-  [ "${f[8]:-0}" = 1 ] && name+=".v"
+  [ "${f[8]:-0}" != 0 ] && name+=".v${f[8]}"
   suffixes+=",$name"
 done
 sed -n '/One V4-Flash CSA layer/,/^2 GiB read floor/p' "$out/tables.md" | grep -v "^2 GiB" |
