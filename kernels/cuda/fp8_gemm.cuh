@@ -113,7 +113,7 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2; 0: 2 for W8A16 token
 // tiles past 64 when the weight rows alone give target_blocks blocks, else 1); stages:
 // shared-memory ring depth (2..8; fewer when one stage is too large for 8; 0: 2 for W8A16 token
-// tiles past 64, else 4); target_blocks: k is
+// tiles past 32 (unless alternate_turns), else 4); target_blocks: k is
 // split until about this many blocks run (tiles x splits, at most 32 splits and one 128-k block
 // per split; 0: never split). The flags act on token tiles up to 64 (m <= 64) only:
 // cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most

@@ -369,6 +369,10 @@ struct WgmmaPlan {
   size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
 };
 
+// W8A16 token tiles past this size run 2 stages when the config leaves stages to the plan (at 32
+// tokens 2 stages were slower on wo_b in both H200 runs, faster on the other shapes).
+constexpr int kA16TwoStageTokens = 32;
+
 // a16: W8A16 (no quantized activations in the workspace; bf16 weight copies in shared memory).
 WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config, bool a16) {
   WgmmaPlan p;
@@ -412,12 +416,13 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * p.turns * kConvBytes : 0;
   const int fit =
       static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
-  // stages 0 (auto): 2 for W8A16 token tiles past 64 (a 40 KB stage at 128 tokens: two blocks per
-  // multiprocessor instead of one; 1.3x faster at 128 tokens on the H200) unless two warpgroups
-  // take turns (the block has the multiprocessor's registers to itself then), else 4.
-  const int stages = config.stages != 0                     ? config.stages
-                     : a16 && p.n_tile > 64 && p.turns == 1 ? 2
-                                                            : 4;
+  // stages 0 (auto): 2 for W8A16 token tiles past kA16TwoStageTokens (at 128 tokens a 40 KB stage:
+  // two blocks per multiprocessor instead of one, 1.3x faster on the H200; at 64 tokens 1.04-1.09x
+  // on all four V4-Flash shapes in two runs, docs/perf.md) unless two warpgroups take turns (the
+  // block has the multiprocessor's registers to itself then), else 4.
+  const int stages = config.stages != 0                                     ? config.stages
+                     : a16 && p.n_tile > kA16TwoStageTokens && p.turns == 1 ? 2
+                                                                            : 4;
   p.stages = std::clamp(std::min(stages, fit), 2, kMaxStages);
   // Taking turns, an even ring: each stage then only ever holds one warpgroup's blocks, which it
   // waits for in order (an mbarrier wait by phase parity cannot tell a phase from the one two

@@ -18,9 +18,9 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # decode_bench configs "w,s,t,c,x,r,a,i,v" (warpgroups, stages, target blocks, cluster_reduce,
 # smem_scales, register weights, alternate_turns, two_in_flight, a16_shift_convert); row names
 # w8a16_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.v].
-variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,0,264,0,1,1,0,0,2;0,2,264,0,1,1,0,0,1;0,2,264,0,1,1;0,0,264,0,1,1,0,1,1;0,0,264,0,1,1,1,0,1;0,0,264,0,1,1,1,0;0,6,264,0,1,1,0,1;0,0,132,0,1,1,1,0"}
+variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,0,264,0,1,1,0,0,2;0,2,264,0,1,1,0,0,1;0,4,264,0,1,1;0,0,264,0,1,1,0,1,1;0,0,264,0,1,1,1,0,1;0,0,264,0,1,1,1,0;0,6,264,0,1,1,0,1;0,0,132,0,1,1,1,0"}
 # Layer runs besides the default: environments ("|"-separated lists of VAR=value).
-layer_envs=${LAYER_ENVS:-"PDSERVE_W8A16_SHIFT=1|PDSERVE_W8A16_SHIFT=2|PDSERVE_W8A16_SHIFT=1 PDSERVE_FP8_WGMMA=0,2,264,0,1,1"}
+layer_envs=${LAYER_ENVS:-"PDSERVE_W8A16_SHIFT=1|PDSERVE_W8A16_SHIFT=2|PDSERVE_FP8_WGMMA=0,4,264,0,1,1"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
