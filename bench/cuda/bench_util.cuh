@@ -142,8 +142,7 @@ double RandomRoutings(int64_t tokens, int64_t experts, int64_t top_k,
 
 // fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r[,a[,i[,v]]]]]];..." (warpgroups, stages, target
 // blocks, then the flags cluster_reduce, smem_scales, a16_register_weights, alternate_turns,
-// two_in_flight as 0 | 1, a16_shift_convert 0..2, missing ones 0); malformed entries are
-// skipped.
+// two_in_flight, a16_shift_convert as 0 | 1, missing ones 0); malformed entries are skipped.
 std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
   std::vector<Fp8WgmmaConfig> v;
   size_t at = 0;
@@ -159,7 +158,7 @@ std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
     if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.warpgroups,
                     &c.stages, &c.target_blocks, &cluster, &scales, &reg, &alternate, &in_flight,
                     &shift) >= 3) {
-      c.a16_shift_convert = shift;
+      c.a16_shift_convert = shift == 1;
       c.alternate_turns = alternate == 1;
       c.two_in_flight = in_flight == 1;
       c.a16_register_weights = reg == 1;

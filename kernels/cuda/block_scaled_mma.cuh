@@ -86,7 +86,7 @@ struct GemmArgs {
   __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
   float* out_f32;      // set: the output is fp32 here instead (same layout), out unused
   int64_t out_stride;
-  int32_t shift_convert;  // W8A16: E4m3x2ToBf16x2By<shift_convert> (0, 1, 2: the same values)
+  int32_t shift_convert;  // W8A16: weights converted by E4m3x2ToBf16x2Shift (same values)
 };
 
 // out_f32[i] = v when out_f32 is set (fp32 output), else out[i] = bf16(v) (round to nearest).
@@ -143,27 +143,6 @@ __device__ __forceinline__ uint32_t E4m3x2ToBf16x2Shift(uint32_t x16) {
   const uint32_t nan = __hge2_mask(
       __habs2(v), __nv_bfloat162(__ushort_as_bfloat16(0x43E8), __ushort_as_bfloat16(0x43E8)));
   return *reinterpret_cast<const uint32_t*>(&v) | nan;
-}
-
-// The same with the multiply in fp32 (for hardware that would flush the bf16 subnormals above):
-// each byte becomes the fp32 s.0000eeee.mmm0..0 (e = 0: an fp32 subnormal), times 2^120 exactly,
-// and the bf16 is the product's upper half (its low 16 bits are zero).
-__device__ __forceinline__ uint32_t E4m3x2ToBf16x2ShiftF32(uint32_t x16) {
-  const float f0 = __uint_as_float(((x16 & 0x80u) << 24) | ((x16 & 0x7Fu) << 20)) * 0x1p120f;
-  const float f1 = __uint_as_float(((x16 & 0x8000u) << 16) | ((x16 & 0x7F00u) << 12)) * 0x1p120f;
-  const uint32_t bits = __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632u);
-  const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&bits);
-  const uint32_t nan = __hge2_mask(
-      __habs2(v), __nv_bfloat162(__ushort_as_bfloat16(0x43E8), __ushort_as_bfloat16(0x43E8)));
-  return bits | nan;
-}
-
-// MODE 0: E4m3x2ToBf16x2, 1: E4m3x2ToBf16x2Shift, 2: E4m3x2ToBf16x2ShiftF32 (the same values).
-template <int MODE>
-__device__ __forceinline__ uint32_t E4m3x2ToBf16x2By(uint32_t x16) {
-  if constexpr (MODE == 1) return E4m3x2ToBf16x2Shift(x16);
-  if constexpr (MODE == 2) return E4m3x2ToBf16x2ShiftF32(x16);
-  return E4m3x2ToBf16x2(x16);
 }
 
 // Four packed e2m1 values (16 bits, element 0 in the low nibble) -> four e4m3 bytes, exact
@@ -290,16 +269,11 @@ __device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightR
     for (int q = 0; q < 4; ++q) {
       const uint32_t r0 = Word(w.v[0][h], q);
       const uint32_t r1 = Word(w.v[1][h], q);
-      if (a.shift_convert == 1) {
+      if (a.shift_convert != 0) {
         wb[h][q][0] = E4m3x2ToBf16x2Shift(r0);
         wb[h][q][1] = E4m3x2ToBf16x2Shift(r1);
         wb[h][q][2] = E4m3x2ToBf16x2Shift(r0 >> 16);
         wb[h][q][3] = E4m3x2ToBf16x2Shift(r1 >> 16);
-      } else if (a.shift_convert == 2) {
-        wb[h][q][0] = E4m3x2ToBf16x2ShiftF32(r0);
-        wb[h][q][1] = E4m3x2ToBf16x2ShiftF32(r1);
-        wb[h][q][2] = E4m3x2ToBf16x2ShiftF32(r0 >> 16);
-        wb[h][q][3] = E4m3x2ToBf16x2ShiftF32(r1 >> 16);
       } else {
         wb[h][q][0] = E4m3x2ToBf16x2(r0);
         wb[h][q][1] = E4m3x2ToBf16x2(r1);

@@ -150,11 +150,10 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
   return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
 }
 
-int fp8_w8a16_shift_convert() {
-  static const int shift = [] {
+bool fp8_w8a16_shift_convert() {
+  static const bool shift = [] {
     const char* env = std::getenv("PDSERVE_W8A16_SHIFT");
-    const std::string v = env != nullptr ? env : "";
-    return v == "1" ? 1 : v == "2" ? 2 : 0;
+    return env != nullptr && std::string(env) == "1";
   }();
   return shift;
 }
@@ -307,7 +306,7 @@ cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_s
   float* partial = static_cast<float*>(workspace);
   bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
   a.xb = x;
-  a.shift_convert = fp8_w8a16_shift_convert();
+  a.shift_convert = fp8_w8a16_shift_convert() ? 1 : 0;
   a.xb_stride = x_stride;
   status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
   if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;

@@ -240,7 +240,7 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   a.xs = xs;
   a.xb = x;
   a.xb_stride = x_stride;
-  a.shift_convert = a16 ? fp8_w8a16_shift_convert() : 0;
+  a.shift_convert = a16 && fp8_w8a16_shift_convert() ? 1 : 0;
   a.x_rows = x_rows;
   a.n = weights.n;
   a.k = weights.k;

@@ -21,7 +21,7 @@ inline std::string WgmmaConfigLabel(const Fp8WgmmaConfig& c) {
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ",cluster" : "") +
          (c.smem_scales ? ",smem_scales" : "") + (c.a16_register_weights ? ",reg" : "") +
          (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "") +
-         (c.a16_shift_convert != 0 ? ",shift=" + std::to_string(c.a16_shift_convert) : "");
+         (c.a16_shift_convert ? ",shift" : "");
 }
 
 // Random finite e4m3 codes (never the NaN codes 0x7F / 0xFF).

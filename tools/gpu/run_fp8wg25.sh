@@ -1,26 +1,23 @@
 #!/usr/bin/env bash
-# One device-machine call for fp8_gemm_wgmma's consumer variants and the W8A16 weight conversion
-# (issue 25's decode goal), from the repository root on a Hopper GPU with CUDA 13: builds
-# kernels/cuda standalone (the kernels, the GPU tests, bench/cuda/decode_bench.cu); runs the tests
-# of the new options first (two_in_flight, alternate_turns, a16_shift_convert: a failure turns
-# that option's bench rows off, so a fault cannot take the other rows with it), the other FP8 /
-# W8A16 / MoE GEMM GPU tests, and the W8A16 tests again under PDSERVE_W8A16_SHIFT=1; then
-# decode_bench over V4-Flash's dense shapes at 1-128 tokens with the variants in VARIANTS (and the
-# W8A16 dispatch under PDSERVE_W8A16_SHIFT=1), and one V4-Flash layer's decode-step GEMMs by
-# default and in each environment of LAYER_ENVS. Prints the dispatch (old) beside the variants
-# (new), as % of the read floor of the same bytes, LAST.
-# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_ENVS.
+# One device-machine call for fp8_gemm_wgmma's consumer variants (issue 25's decode goal), from the
+# repository root on a Hopper GPU with CUDA 13: builds kernels/cuda standalone (the kernels, the
+# GPU tests, bench/cuda/decode_bench.cu), runs the tests of the new consumer options first
+# (two_in_flight, alternate_turns: a failure turns that option's bench rows off, so a fault cannot
+# take the other rows with it), then the other FP8 / W8A16 / MoE GEMM GPU tests, then decode_bench
+# over V4-Flash's dense shapes at 1-128 tokens with the variants in VARIANTS, and one V4-Flash
+# layer's decode-step GEMMs with the default config and with each of LAYER_CONFIGS. Prints the dispatch
+# (old) beside the variants (new), as % of the read floor of the same bytes, LAST.
+# Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_CONFIGS.
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 b=${BUILD:-/tmp/pdserve-build-fp8wg25}
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-# decode_bench configs "w,s,t,c,x,r,a,i,v" (warpgroups, stages, target blocks, cluster_reduce,
-# smem_scales, register weights, alternate_turns, two_in_flight, a16_shift_convert); row names
-# w8a16_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.v].
-variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,0,264,0,1,1,0,0,2;0,2,264,0,1,1,0,0,1;0,4,264,0,1,1;0,0,264,0,1,1,0,1,1;0,0,264,0,1,1,1,0,1;0,0,264,0,1,1,1,0;0,6,264,0,1,1,0,1;0,0,132,0,1,1,1,0"}
-# Layer runs besides the default: environments ("|"-separated lists of VAR=value).
-layer_envs=${LAYER_ENVS:-"PDSERVE_W8A16_SHIFT=1|PDSERVE_W8A16_SHIFT=2|PDSERVE_FP8_WGMMA=0,4,264,0,1,1"}
+# decode_bench configs "w,s,t,c,x,r,a,i" (warpgroups, stages, target blocks, cluster_reduce,
+# smem_scales, register weights, alternate_turns, two_in_flight); row names w8a16_v<w>.<s>.<t>...
+variants=${VARIANTS:-"0,2,264,0,1,1;0,0,264,0,1,1,0,1;0,6,264,0,1,1,0,1;0,0,264,0,1,1,1,0;0,2,264,0,1,1,1,0;0,0,132,0,1,1,1,0;0,0,264,0,1,1,1,1"}
+# Layer runs besides the default config: PDSERVE_FP8_WGMMA values, ";"-separated.
+layer_configs=${LAYER_CONFIGS:-"0,0,264,0,1,1,1,0;0,0,264,0,1,1,0,1;0,0,264,0,1,1,1,1"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
@@ -36,7 +33,7 @@ echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
 summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
 failures() { grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$1" | head -20; }
-# The new options' tests, one filter each (a fault in one must not hide another's result).
+# The new options' tests, one filter each (a fault in one must not hide the other's result).
 timeout 25 "$tests" --gtest_filter='*TwoInFlight*' > "$out/inflight-tests.log" 2>&1
 inflight_rc=$?
 echo "two_in_flight tests: rc=$inflight_rc $(summary "$out/inflight-tests.log")"
@@ -45,25 +42,10 @@ timeout 25 "$tests" --gtest_filter='*AlternateTurns*' > "$out/alternate-tests.lo
 alternate_rc=$?
 echo "alternate_turns tests: rc=$alternate_rc $(summary "$out/alternate-tests.log")"
 failures "$out/alternate-tests.log"
-timeout 25 "$tests" --gtest_filter='*ShiftConvert*' > "$out/shift-tests.log" 2>&1
-shift_rc=$?
-echo "a16_shift_convert tests: rc=$shift_rc $(summary "$out/shift-tests.log")"
-failures "$out/shift-tests.log"
-new='*TwoInFlight*:*AlternateTurns*:*ShiftConvert*'
-timeout 40 "$tests" --gtest_filter="CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-$new" \
+timeout 40 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*TwoInFlight*:*AlternateTurns*' \
   > "$out/fp8-tests.log" 2>&1
 echo "other fp8 / w8a16 / moe gemm tests: rc=$? $(summary "$out/fp8-tests.log")"
 failures "$out/fp8-tests.log"
-# The W8A16 tests again with every W8A16 conversion on a shift path (mma.sync dense and MoE,
-# and the wgmma default config): shift_env_rc[1], [2].
-shift_env_rc=(0 1 1)
-for v in 1 2; do
-  PDSERVE_W8A16_SHIFT=$v timeout 25 "$tests" --gtest_filter="CudaW8a16*:CudaFp8GemmF32*:-$new" \
-    > "$out/shift$v-env-tests.log" 2>&1
-  shift_env_rc[$v]=$?
-  echo "w8a16 tests under PDSERVE_W8A16_SHIFT=$v: rc=${shift_env_rc[$v]} $(summary "$out/shift$v-env-tests.log")"
-  failures "$out/shift$v-env-tests.log"
-done
 # Variants whose option failed its tests are left out of the bench (fields 7 and 8).
 kept=()
 IFS=';' read -ra all <<< "$variants"
@@ -71,7 +53,6 @@ for v in "${all[@]}"; do
   IFS=',' read -ra f <<< "$v"
   if [ "${f[6]:-0}" = 1 ] && [ "$alternate_rc" != 0 ]; then continue; fi
   if [ "${f[7]:-0}" = 1 ] && [ "$inflight_rc" != 0 ]; then continue; fi
-  if [ "${f[8]:-0}" != 0 ] && [ "$shift_rc" != 0 ]; then continue; fi
   kept+=("$v")
 done
 variants=$(IFS=';'; echo "${kept[*]}")
@@ -81,16 +62,6 @@ s2=$SECONDS
 PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="$variants" timeout 35 "$bench" gemm \
   > "$out/gemm.csv" 2> "$out/gemm.err"
 echo "decode_bench gemm: rc=$? $((SECONDS - s2)) s"
-# The W8A16 dispatch and mma.sync rows with PDSERVE_W8A16_SHIFT=v, as w8a16_Sv / w8a16_mma_Sv.
-for v in 1 2; do
-  [ "${shift_env_rc[$v]}" = 0 ] || continue
-  s2=$SECONDS
-  PDSERVE_W8A16_SHIFT=$v PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="" timeout 15 "$bench" gemm \
-    > "$out/gemm-shift$v.csv" 2> "$out/gemm-shift$v.err"
-  echo "decode_bench gemm (PDSERVE_W8A16_SHIFT=$v): rc=$? $((SECONDS - s2)) s"
-  grep -E '^w8a16(_mma)?,' "$out/gemm-shift$v.csv" |
-    sed -E "s/^(w8a16|w8a16_mma),/\\1_S$v,/" >> "$out/gemm.csv"
-done
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --all-paths > "$out/all-paths.md" 2>&1
 layer_args=()
 s2=$SECONDS
@@ -98,20 +69,21 @@ timeout 15 "$bench" layer > "$out/layer-default.csv" 2> "$out/layer-default.err"
 echo "decode_bench layer (default config): rc=$? $((SECONDS - s2)) s"
 layer_args+=("default=$out/layer-default.csv")
 i=0
-IFS='|' read -ra envs <<< "$layer_envs"
-for e in "${envs[@]}"; do
-  if [[ "$e" == *PDSERVE_W8A16_SHIFT=1* ]] && [ "${shift_env_rc[1]}" != 0 ]; then continue; fi
-  if [[ "$e" == *PDSERVE_W8A16_SHIFT=2* ]] && [ "${shift_env_rc[2]}" != 0 ]; then continue; fi
+IFS=';' read -ra lcs <<< "$layer_configs"
+for lc in "${lcs[@]}"; do
+  IFS=',' read -ra lf <<< "$lc"
+  if [ "${lf[6]:-0}" = 1 ] && [ "$alternate_rc" != 0 ]; then continue; fi
+  if [ "${lf[7]:-0}" = 1 ] && [ "$inflight_rc" != 0 ]; then continue; fi
   i=$((i + 1))
   s2=$SECONDS
-  env $e timeout 15 "$bench" layer > "$out/layer-$i.csv" 2> "$out/layer-$i.err"
-  echo "decode_bench layer ($e): rc=$? $((SECONDS - s2)) s"
-  layer_args+=("env$i=$out/layer-$i.csv")
+  PDSERVE_FP8_WGMMA="$lc" timeout 15 "$bench" layer > "$out/layer-$i.csv" 2> "$out/layer-$i.err"
+  echo "decode_bench layer (PDSERVE_FP8_WGMMA=$lc): rc=$? $((SECONDS - s2)) s"
+  layer_args+=("$lc=$out/layer-$i.csv")
 done
 echo "total: $((SECONDS - start)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --layer "${layer_args[@]}" > "$out/tables.md" 2>&1
 # The table last: the dispatch now beside each variant (row suffix _v<config>) and mma.sync.
-suffixes="_mma,_S1,_mma_S1,_S2,_mma_S2,_wgmma"
+suffixes="_mma,_wgmma"
 for v in "${kept[@]}"; do
   IFS=',' read -ra f <<< "$v"
   name="_v${f[0]}.${f[1]}.${f[2]}"
@@ -120,7 +92,6 @@ for v in "${kept[@]}"; do
   [ "${f[5]:-0}" = 1 ] && name+=".r"
   [ "${f[6]:-0}" = 1 ] && name+=".a"
   [ "${f[7]:-0}" = 1 ] && name+=".i"
-  [ "${f[8]:-0}" != 0 ] && name+=".v${f[8]}"
   suffixes+=",$name"
 done
 sed -n '/One V4-Flash CSA layer/,/^2 GiB read floor/p' "$out/tables.md" | grep -v "^2 GiB" |
