@@ -86,7 +86,6 @@ struct GemmArgs {
   __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
   float* out_f32;      // set: the output is fp32 here instead (same layout), out unused
   int64_t out_stride;
-  int32_t shift_convert;  // W8A16: weights converted by E4m3x2ToBf16x2Shift (same values)
 };
 
 // out_f32[i] = v when out_f32 is set (fp32 output), else out[i] = bf16(v) (round to nearest).
@@ -125,24 +124,6 @@ __device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t x16) {
   const float2 f = __half22float2(__half2(h));
   const __nv_bfloat162 b = __float22bfloat162_rn(f);
   return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-// E4m3x2ToBf16x2 without conversion instructions (sm_90's e4m3 / f32 -> 16-bit conversions
-// issue at a fraction of the integer and half-precision rate, and W8A16 converts every weight):
-// each byte s.eeee.mmm becomes the bf16 s.000eeee.mmm0000, the e4m3 value times 2^-120 (e = 0:
-// a bf16 subnormal, m / 8 * 2^-126), and one bf16 multiply by 2^120 (exact: the product is
-// representable; subnormal inputs are honoured) gives the value. The e4m3 NaN (s.1111.111)
-// lands on 480, which no finite e4m3 reaches (max 448): those lanes are set to NaN. Same values
-// as E4m3x2ToBf16x2 (NaN payloads aside).
-__device__ __forceinline__ uint32_t E4m3x2ToBf16x2Shift(uint32_t x16) {
-  const uint32_t y = __byte_perm(x16, 0u, 0x1404u);  // lane h: byte h of x16 in bits 8..15
-  const uint32_t bits = (y & 0x80008000u) | ((y >> 4) & 0x07F007F0u);
-  const __nv_bfloat162 scaled = *reinterpret_cast<const __nv_bfloat162*>(&bits);
-  const __nv_bfloat162 v =
-      __hmul2(scaled, __nv_bfloat162(__ushort_as_bfloat16(0x7B80), __ushort_as_bfloat16(0x7B80)));
-  const uint32_t nan = __hge2_mask(
-      __habs2(v), __nv_bfloat162(__ushort_as_bfloat16(0x43E8), __ushort_as_bfloat16(0x43E8)));
-  return *reinterpret_cast<const uint32_t*>(&v) | nan;
 }
 
 // Four packed e2m1 values (16 bits, element 0 in the low nibble) -> four e4m3 bytes, exact
@@ -269,17 +250,10 @@ __device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightR
     for (int q = 0; q < 4; ++q) {
       const uint32_t r0 = Word(w.v[0][h], q);
       const uint32_t r1 = Word(w.v[1][h], q);
-      if (a.shift_convert != 0) {
-        wb[h][q][0] = E4m3x2ToBf16x2Shift(r0);
-        wb[h][q][1] = E4m3x2ToBf16x2Shift(r1);
-        wb[h][q][2] = E4m3x2ToBf16x2Shift(r0 >> 16);
-        wb[h][q][3] = E4m3x2ToBf16x2Shift(r1 >> 16);
-      } else {
-        wb[h][q][0] = E4m3x2ToBf16x2(r0);
-        wb[h][q][1] = E4m3x2ToBf16x2(r1);
-        wb[h][q][2] = E4m3x2ToBf16x2(r0 >> 16);
-        wb[h][q][3] = E4m3x2ToBf16x2(r1 >> 16);
-      }
+      wb[h][q][0] = E4m3x2ToBf16x2(r0);
+      wb[h][q][1] = E4m3x2ToBf16x2(r1);
+      wb[h][q][2] = E4m3x2ToBf16x2(r0 >> 16);
+      wb[h][q][3] = E4m3x2ToBf16x2(r1 >> 16);
     }
   }
 #pragma unroll

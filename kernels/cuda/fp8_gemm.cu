@@ -150,14 +150,6 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
   return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
 }
 
-bool fp8_w8a16_shift_convert() {
-  static const bool shift = [] {
-    const char* env = std::getenv("PDSERVE_W8A16_SHIFT");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return shift;
-}
-
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m) {
   const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma/cublaslt
   if (forced == Fp8GemmPath::kWgmma) return forced;
@@ -306,7 +298,6 @@ cudaError_t MmaA16Path(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_s
   float* partial = static_cast<float*>(workspace);
   bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
   a.xb = x;
-  a.shift_convert = fp8_w8a16_shift_convert() ? 1 : 0;
   a.xb_stride = x_stride;
   status = bs::LaunchGemm<false, true>(a, plan.tiles, plan.items, stream);
   if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;

@@ -90,12 +90,6 @@ Fp8GemmPath fp8_gemm_path(int64_t m);
 // PDSERVE_FP8_GEMM forces it as for fp8_gemm.
 inline constexpr int64_t kW8a16MmaMaxTokens = 8;
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m);
-// PDSERVE_W8A16_SHIFT=1 (read once per process): the mma.sync W8A16 kernels (fp8_gemm_w8a16_mma
-// and moe_grouped_gemm's kFp8W8A16 experts) convert the weights with bit moves and a bf16
-// multiply (block_scaled_mma.cuh's E4m3x2ToBf16x2Shift: the same values, NaN payloads aside)
-// instead of conversion instructions, and fp8_gemm_wgmma_default_config() sets
-// a16_shift_convert. Off by default. Host only.
-bool fp8_w8a16_shift_convert();
 
 // The mma.sync path alone (same contract and workspace as fp8_gemm).
 cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
@@ -132,9 +126,7 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // it. two_in_flight (token tiles up to 64; W8A16 only with register
 // weights): each consumer warpgroup issues the next block's products into a second partial
 // accumulator before waiting for the current block's (the same fold order and bits as without;
-// with alternate_turns only from 4 stages). a16_shift_convert (fp8_gemm_w8a16_wgmma): the
-// weights become bf16 by integer bit moves and one bf16 multiply instead of conversion
-// instructions (block_scaled_mma.cuh's E4m3x2ToBf16x2Shift; the same values).
+// with alternate_turns only from 4 stages).
 // The member defaults are the kernel without them.
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
@@ -146,17 +138,14 @@ struct Fp8WgmmaConfig {
   bool a16_register_weights = false;
   bool alternate_turns = false;
   bool two_in_flight = false;
-  bool a16_shift_convert = false;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
 // V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
 // above, 264 target blocks, smem_scales and register weights; not cluster_reduce (at 32-64
 // tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
 inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
-// kFp8WgmmaDecodeConfig (with a16_shift_convert under PDSERVE_W8A16_SHIFT=1), or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
-// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,a16_shift_convert]]]]]]"
-// (the flags 0 or 1,
+// kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
+// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight]]]]]" (the flags 0 or 1,
 // missing ones as in
 // kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();

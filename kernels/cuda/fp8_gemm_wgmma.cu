@@ -199,18 +199,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     if (register_weights) {
       if constexpr (A16 && N <= kRegWeightTokens) {
         ProductsRegisterWeights<N>(p, afrag, smem + s * stage_bytes + rg * 64 * kBlockK,
-                                   stage + w_bytes, warp % 4, lane, a.shift_convert != 0);
+                                   stage + w_bytes, warp % 4, lane);
       }
     } else if constexpr (A16 && !IN_FLIGHT) {
       const uint32_t conv = conv_offset + wg * kConvBytes;
       WarpgroupBarrier(wg);  // the last block's products finished reading conv
-      if (a.shift_convert != 0) {
-        ConvertWeights<true>(smem + s * stage_bytes + rg * 64 * kBlockK, smem + conv,
-                             static_cast<int>(threadIdx.x) % 128);
-      } else {
-        ConvertWeights<false>(smem + s * stage_bytes + rg * 64 * kBlockK, smem + conv,
-                              static_cast<int>(threadIdx.x) % 128);
-      }
+      ConvertWeights(smem + s * stage_bytes + rg * 64 * kBlockK, smem + conv,
+                     static_cast<int>(threadIdx.x) % 128);
       FenceProxyAsync();     // generic writes before the wgmma (async proxy) reads
       WarpgroupBarrier(wg);  // every row converted
       WgmmaFence();
@@ -536,13 +531,12 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int reg = c.a16_register_weights ? 1 : 0;
       int alternate = c.alternate_turns ? 1 : 0;
       int in_flight = c.two_in_flight ? 1 : 0;
-      int shift = c.a16_shift_convert ? 1 : 0;
-      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target,
-                                     &cluster, &scales, &reg, &alternate, &in_flight, &shift);
+      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target,
+                                     &cluster, &scales, &reg, &alternate, &in_flight);
       const auto flag = [](int v) { return v == 0 || v == 1; };
       if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
           stages <= kMaxStages && target >= 0 && flag(cluster) && flag(scales) && flag(reg) &&
-          flag(alternate) && flag(in_flight) && flag(shift)) {
+          flag(alternate) && flag(in_flight)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
@@ -551,10 +545,8 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
         c.a16_register_weights = reg == 1;
         c.alternate_turns = alternate == 1;
         c.two_in_flight = in_flight == 1;
-        c.a16_shift_convert = shift == 1;
       }
     }
-    if (fp8_w8a16_shift_convert()) c.a16_shift_convert = true;
     return c;
   }();
   return config;
@@ -623,7 +615,6 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.reg_weights = plan.reg_weights ? 1 : 0;
   a.kb_span = plan.kb_span;
   a.turns = plan.turns;
-  a.shift_convert = a16 && config.a16_shift_convert ? 1 : 0;
   a.partial = partial;
   a.out = out;
   a.out_f32 = out_f32;

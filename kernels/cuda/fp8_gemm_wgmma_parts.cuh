@@ -57,7 +57,6 @@ struct WgmmaArgs {
   int32_t reg_weights;     // A16, N <= kRegWeightTokens: ProductsRegisterWeights (no conv buffers)
   int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   int32_t turns;           // 1, or 2: two consumer warpgroups per row group, alternate k blocks
-  int32_t shift_convert;   // A16: weights converted by E4m3x2ToBf16x2Shift
   float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
   float* out_f32;  // set: fp32 output there instead of out
@@ -77,14 +76,7 @@ constexpr uint32_t kConvBytes = 2 * 64 * 128;
 // W8A16: converts this warpgroup's 64 e4m3 weight rows of the stage at `w_stage` (TMA's 128-byte
 // swizzle: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16) to bf16 at `conv` (region h
 // = k 64h .. 64h + 63, chunk c' of row r at h * 8192 + r * 128 + (c' ^ r % 8) * 16). Thread `tid`
-// of the warpgroup converts row tid / 2, half tid % 2. Exact (bs::E4m3x2ToBf16x2, or with SHIFT
-// bs::E4m3x2ToBf16x2Shift).
-template <bool SHIFT>
-__device__ __forceinline__ uint32_t ConvertPair(uint32_t x16) {
-  return SHIFT ? bs::E4m3x2ToBf16x2Shift(x16) : bs::E4m3x2ToBf16x2(x16);
-}
-
-template <bool SHIFT>
+// of the warpgroup converts row tid / 2, half tid % 2. Exact (bs::E4m3x2ToBf16x2).
 __device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* conv, int tid) {
   const int r = tid / 2;
   const int h = tid % 2;
@@ -94,14 +86,14 @@ __device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* 
     const uint4 v = *reinterpret_cast<const uint4*>(w_stage + r * 128 + ((c ^ (r & 7)) << 4));
     uint4 lo;
     uint4 hi;
-    lo.x = ConvertPair<SHIFT>(v.x);
-    lo.y = ConvertPair<SHIFT>(v.x >> 16);
-    lo.z = ConvertPair<SHIFT>(v.y);
-    lo.w = ConvertPair<SHIFT>(v.y >> 16);
-    hi.x = ConvertPair<SHIFT>(v.z);
-    hi.y = ConvertPair<SHIFT>(v.z >> 16);
-    hi.z = ConvertPair<SHIFT>(v.w);
-    hi.w = ConvertPair<SHIFT>(v.w >> 16);
+    lo.x = bs::E4m3x2ToBf16x2(v.x);
+    lo.y = bs::E4m3x2ToBf16x2(v.x >> 16);
+    lo.z = bs::E4m3x2ToBf16x2(v.y);
+    lo.w = bs::E4m3x2ToBf16x2(v.y >> 16);
+    hi.x = bs::E4m3x2ToBf16x2(v.z);
+    hi.y = bs::E4m3x2ToBf16x2(v.z >> 16);
+    hi.z = bs::E4m3x2ToBf16x2(v.w);
+    hi.w = bs::E4m3x2ToBf16x2(v.w >> 16);
     uint8_t* row = conv + h * (64 * 128) + r * 128;
     *reinterpret_cast<uint4*>(row + (((2 * c2) ^ (r & 7)) << 4)) = lo;
     *reinterpret_cast<uint4*>(row + (((2 * c2 + 1) ^ (r & 7)) << 4)) = hi;
@@ -119,9 +111,10 @@ __device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* 
 constexpr int kRegWeightTokens = 64;
 constexpr int kClusterReduceTokens = 64;
 using RegisterA = uint32_t[kBlockK / 16][4];
-template <bool SHIFT>
-__device__ __forceinline__ void LoadRegisterWeights(RegisterA& a, const uint8_t* w_rows, int warp,
-                                                    int lane) {
+template <int N>
+__device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], RegisterA& a,
+                                                        const uint8_t* w_rows, uint32_t b_stage,
+                                                        int warp, int lane) {
   const int t = lane % 4;
   const int lo = 16 * warp + lane / 4;  // rows lo and lo + 8: the same swizzle (lo % 8)
   const uint8_t* row_lo = w_rows + lo * 128 + 2 * t;
@@ -129,23 +122,10 @@ __device__ __forceinline__ void LoadRegisterWeights(RegisterA& a, const uint8_t*
 #pragma unroll
   for (int ks = 0; ks < kBlockK / 16; ++ks) {
     const int chunk = (ks ^ (lo & 7)) << 4;  // k 16 ks .. 16 ks + 15 of the row
-    a[ks][0] = ConvertPair<SHIFT>(*reinterpret_cast<const uint16_t*>(row_lo + chunk));
-    a[ks][1] = ConvertPair<SHIFT>(*reinterpret_cast<const uint16_t*>(row_hi + chunk));
-    a[ks][2] = ConvertPair<SHIFT>(*reinterpret_cast<const uint16_t*>(row_lo + chunk + 8));
-    a[ks][3] = ConvertPair<SHIFT>(*reinterpret_cast<const uint16_t*>(row_hi + chunk + 8));
-  }
-}
-
-// shift: E4m3x2ToBf16x2Shift (a uniform branch around the conversion only: one around the wgmma
-// would make ptxas serialize them).
-template <int N>
-__device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], RegisterA& a,
-                                                        const uint8_t* w_rows, uint32_t b_stage,
-                                                        int warp, int lane, bool shift) {
-  if (shift) {
-    LoadRegisterWeights<true>(a, w_rows, warp, lane);
-  } else {
-    LoadRegisterWeights<false>(a, w_rows, warp, lane);
+    a[ks][0] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_lo + chunk));
+    a[ks][1] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_hi + chunk));
+    a[ks][2] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_lo + chunk + 8));
+    a[ks][3] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_hi + chunk + 8));
   }
   WgmmaFence();  // the A registers are written before the wgmma read them
 #pragma unroll

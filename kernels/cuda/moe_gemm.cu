@@ -3,7 +3,6 @@
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
-#include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -240,7 +239,6 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   a.xs = xs;
   a.xb = x;
   a.xb_stride = x_stride;
-  a.shift_convert = a16 && fp8_w8a16_shift_convert() ? 1 : 0;
   a.x_rows = x_rows;
   a.n = weights.n;
   a.k = weights.k;

@@ -20,8 +20,7 @@ inline std::string WgmmaConfigLabel(const Fp8WgmmaConfig& c) {
   return " config=" + std::to_string(c.warpgroups) + "," + std::to_string(c.stages) + "," +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ",cluster" : "") +
          (c.smem_scales ? ",smem_scales" : "") + (c.a16_register_weights ? ",reg" : "") +
-         (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "") +
-         (c.a16_shift_convert ? ",shift" : "");
+         (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "");
 }
 
 // Random finite e4m3 codes (never the NaN codes 0x7F / 0xFF).

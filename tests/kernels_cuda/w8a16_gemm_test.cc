@@ -631,36 +631,5 @@ TEST(CudaW8a16GemmTest, WgmmaAlternateTurns) {
   }
 }
 
-// a16_shift_convert (weights to bf16 by bit moves and a bf16 multiply): every e4m3 code
-// (subnormals, +-448, zero and -0; NaN apart) gives the bits of the conversion instructions, on
-// register weights (one at a time and two in flight), the shared-memory conversion (and its 128
-// token tile) and alternate turns; NaN weights and extreme scales as the reference has them.
-TEST(CudaW8a16GemmTest, WgmmaShiftConvertEqualsConversionInstructions) {
-  PDSERVE_SKIP_WITHOUT_GPU();
-  auto rng = FreshRng();
-  const Fp8WgmmaConfig configs[] = {{1, 4, 0, false, true, true},
-                                    {1, 4, 0, false, false, false},
-                                    {0, 4, 264, false, true, true, false, true},
-                                    {0, 0, 264, false, true, true, true}};
-  for (Fp8WgmmaConfig config : configs) {
-    for (int64_t m : {1, 9, 64, 72, 130}) {
-      DenseCase c = MakeDense(rng, m, 136, 512);
-      for (size_t i = 0; i < c.w.size(); ++i) {
-        c.w[i] = static_cast<uint8_t>((i + i / c.k) % 256);
-        if ((c.w[i] & 0x7F) == 0x7F) c.w[i] = 0x7E;
-      }
-      std::fill(c.w_scale.begin(), c.w_scale.end(), 1.0f);
-      config.a16_shift_convert = false;
-      const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, config);
-      config.a16_shift_convert = true;
-      const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, config);
-      ASSERT_FALSE(first.empty());
-      EXPECT_EQ(first, second) << "m=" << m;
-    }
-    RunAndCheckDense(NonFiniteDense(rng), Path::kWgmma, config);
-    RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, config);
-  }
-}
-
 }  // namespace
 }  // namespace pdserve::kernels::cuda
