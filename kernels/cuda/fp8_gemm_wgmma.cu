@@ -362,9 +362,12 @@ struct WgmmaPlan {
   size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
 };
 
-// W8A16 token tiles past this size run 2 stages when the config leaves stages to the plan (at 32
-// tokens 2 stages were slower on wo_b in both H200 runs, faster on the other shapes).
+// W8A16 token tiles past this size run 2 stages when the config leaves stages to the plan, and
+// tiles of this size too where a block has at most kA16TwoStageSpan k blocks (in three H200 runs
+// 2 stages at 32 tokens were 1.02-1.07x faster on wq_b, w13, w2 with 4-8 k blocks per block and
+// 1.01-1.03x slower on wo_b with 16; docs/perf.md).
 constexpr int kA16TwoStageTokens = 32;
+constexpr int kA16TwoStageSpan = 8;
 
 // a16: W8A16 (no quantized activations in the workspace; bf16 weight copies in shared memory).
 WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config, bool a16) {
@@ -410,12 +413,14 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   const int fit =
       static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
   // stages 0 (auto): 2 for W8A16 token tiles past kA16TwoStageTokens (at 128 tokens a 40 KB stage:
-  // two blocks per multiprocessor instead of one, 1.3x faster on the H200; at 64 tokens 1.04-1.09x
-  // on all four V4-Flash shapes in two runs, docs/perf.md) unless two warpgroups take turns (the
-  // block has the multiprocessor's registers to itself then), else 4.
-  const int stages = config.stages != 0                                     ? config.stages
-                     : a16 && p.n_tile > kA16TwoStageTokens && p.turns == 1 ? 2
-                                                                            : 4;
+  // two blocks per multiprocessor instead of one, 1.3x faster on the H200; at 64 tokens 1.04-1.10x
+  // on all four V4-Flash shapes in three runs, docs/perf.md) and at it with short splits, unless
+  // two warpgroups take turns (the block has the multiprocessor's registers to itself then),
+  // else 4.
+  const bool two_stages = a16 && p.turns == 1 &&
+                          (p.n_tile > kA16TwoStageTokens ||
+                           (p.n_tile == kA16TwoStageTokens && p.kb_span <= kA16TwoStageSpan));
+  const int stages = config.stages != 0 ? config.stages : two_stages ? 2 : 4;
   p.stages = std::clamp(std::min(stages, fit), 2, kMaxStages);
   // Taking turns, an even ring: each stage then only ever holds one warpgroup's blocks, which it
   // waits for in order (an mbarrier wait by phase parity cannot tell a phase from the one two

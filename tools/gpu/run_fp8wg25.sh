@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One device-machine call for fp8_gemm_wgmma's consumer variants (issue 25's decode goal), from the
-# repository root on a Hopper GPU with CUDA 13: builds kernels/cuda standalone (the kernels, the
-# GPU tests, bench/cuda/decode_bench.cu), runs the tests of the new consumer options first
-# (two_in_flight, alternate_turns: a failure turns that option's bench rows off, so a fault cannot
-# take the other rows with it), then the other FP8 / W8A16 / MoE GEMM GPU tests, then decode_bench
-# over V4-Flash's dense shapes at 1-128 tokens with the variants in VARIANTS, and one V4-Flash
-# layer's decode-step GEMMs with the default config and with each of LAYER_CONFIGS. Prints the dispatch
-# (old) beside the variants (new), as % of the read floor of the same bytes, LAST.
+# One device-machine call for fp8_gemm_wgmma's consumer options and its W8A16 stage rule (issue
+# 25's decode goal), from the repository root on a Hopper GPU with CUDA 13: builds kernels/cuda
+# standalone (the kernels, the GPU tests, bench/cuda/decode_bench.cu), runs the tests of the
+# consumer options first (two_in_flight, alternate_turns: a failure turns that option's bench
+# rows off, so a fault cannot take the other rows with it), then the other FP8 / W8A16 / MoE GEMM
+# GPU tests, then decode_bench over V4-Flash's dense shapes at 1-128 tokens with the configs in
+# VARIANTS (the default: the stage rule before this work, 2 stages everywhere, and the consumer
+# options), and one V4-Flash layer's decode-step GEMMs with the default config and with each of
+# LAYER_CONFIGS. Prints the dispatch beside the variants, as % of the read floor of the same
+# bytes, LAST (every path and the config ranking in $OUT/all-paths.md). 78-79 s on the H200.
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_CONFIGS.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -15,9 +17,10 @@ b=${BUILD:-/tmp/pdserve-build-fp8wg25}
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # decode_bench configs "w,s,t,c,x,r,a,i" (warpgroups, stages, target blocks, cluster_reduce,
 # smem_scales, register weights, alternate_turns, two_in_flight); row names w8a16_v<w>.<s>.<t>...
-variants=${VARIANTS:-"0,2,264,0,1,1;0,0,264,0,1,1,0,1;0,6,264,0,1,1,0,1;0,0,264,0,1,1,1,0;0,2,264,0,1,1,1,0;0,0,132,0,1,1,1,0;0,0,264,0,1,1,1,1"}
-# Layer runs besides the default config: PDSERVE_FP8_WGMMA values, ";"-separated.
-layer_configs=${LAYER_CONFIGS:-"0,0,264,0,1,1,1,0;0,0,264,0,1,1,0,1;0,0,264,0,1,1,1,1"}
+variants=${VARIANTS:-"0,4,264,0,1,1;0,2,264,0,1,1;0,0,264,0,1,1,0,1;0,6,264,0,1,1,0,1;0,0,264,0,1,1,1,0"}
+# Layer runs besides the default config: PDSERVE_FP8_WGMMA values, ";"-separated (the default:
+# the stage rule before this work, 4 stages up to 64 W8A16 tokens).
+layer_configs=${LAYER_CONFIGS:-"0,4,264,0,1,1"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
