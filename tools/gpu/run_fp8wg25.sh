@@ -5,8 +5,8 @@
 # consumer options first (two_in_flight, alternate_turns: a failure turns that option's bench
 # rows off, so a fault cannot take the other rows with it), then the other FP8 / W8A16 / MoE GEMM
 # GPU tests, then decode_bench over V4-Flash's dense shapes at 1-128 tokens with the configs in
-# VARIANTS (the default: the stage rule before this work, 2 stages everywhere, and the consumer
-# options), and one V4-Flash layer's decode-step GEMMs with the default config and with each of
+# VARIANTS (the default: the stage rule before this work, 2 or 3 stages everywhere, 2 stages with
+# 132 / 396 target blocks, the consumer options), and one V4-Flash layer's decode-step GEMMs with the default config and with each of
 # LAYER_CONFIGS. Prints the dispatch beside the variants, as % of the read floor of the same
 # bytes, LAST (every path and the config ranking in $OUT/all-paths.md). 78-79 s on the H200.
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_CONFIGS.
@@ -17,7 +17,7 @@ b=${BUILD:-/tmp/pdserve-build-fp8wg25}
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # decode_bench configs "w,s,t,c,x,r,a,i" (warpgroups, stages, target blocks, cluster_reduce,
 # smem_scales, register weights, alternate_turns, two_in_flight); row names w8a16_v<w>.<s>.<t>...
-variants=${VARIANTS:-"0,4,264,0,1,1;0,2,264,0,1,1;0,0,264,0,1,1,0,1;0,6,264,0,1,1,0,1;0,0,264,0,1,1,1,0"}
+variants=${VARIANTS:-"0,4,264,0,1,1;0,2,264,0,1,1;0,3,264,0,1,1;0,2,132,0,1,1;0,2,396,0,1,1;0,0,264,0,1,1,0,1;0,6,264,0,1,1,0,1;0,0,264,0,1,1,1,0"}
 # Layer runs besides the default config: PDSERVE_FP8_WGMMA values, ";"-separated (the default:
 # the stage rule before this work, 4 stages up to 64 W8A16 tokens).
 layer_configs=${LAYER_CONFIGS:-"0,4,264,0,1,1"}
