@@ -74,6 +74,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
                                     ? runtime::DegenerationAction::kStop
                                     : runtime::DegenerationAction::kFlag;
   options.runner.paranoid = entry.deploy.guards.paranoid;
+  options.runner.early_import = entry.deploy.transfer_early_import;
   options.canary_every = entry.deploy.guards.canary_every;
   options.runner.canary_tolerance = entry.deploy.guards.canary_tolerance;
   options.faults = decode::TestFaults::FromEnvironment();

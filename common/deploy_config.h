@@ -145,6 +145,10 @@ struct DeployConfig {
   // UCX workers, endpoints and threads per transfer endpoint; 0: chosen from the host's cores
   // (kv::DefaultTransferLanes). At most kMaxConfigTransferLanes (= kv::kMaxTransferLanes).
   int transfer_lanes = 0;
+  // A CUDA decode worker imports each transferred layer into the request's GPU slot as it
+  // arrives (runtime/early_import.h) instead of at the first step. Opt-in: not yet measured in
+  // serving (docs/engine-gpu.md, "Early import").
+  bool transfer_early_import = false;
   GuardsConfig guards;
   SecurityConfig security;
   bool share_gpus = false;

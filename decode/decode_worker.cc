@@ -76,6 +76,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.metrics = w->transfer_metrics_.get();
   receiver_options.metrics_path = w->options_.transfer_path;
   DecodeWorker* self = w.get();
+  receiver_options.on_layer = [self](uint64_t, uint64_t request_id, uint32_t layer) {
+    self->OnLayer(request_id, layer);
+  };
   PDSERVE_ASSIGN_OR_RETURN(
       w->receiver_,
       kv::CreateUcxReceiver(
@@ -103,6 +106,11 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                                                              w->pool_.get(), w->options_.runner);
   }
 
+  // Set before any ticket exists: OnLayer reads it without a lock.
+  w->early_importer_ = w->runner_->early_importer();
+  if (w->early_importer_ != nullptr) {
+    spdlog::info("transfer: early import (each layer into its GPU slot as it arrives)");
+  }
   PDSERVE_RETURN_IF_ERROR(w->AddMetrics());
   w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
   w->decode_thread_ = std::thread([self] { self->DecodeLoop(); });
@@ -225,8 +233,10 @@ bool DecodeWorker::Drain(absl::Duration timeout) {
 }
 
 void DecodeWorker::TransferLoop() {
+  bool joins_waiting = false;
   for (;;) {
-    receiver_->RunFor(absl::Milliseconds(2));
+    // A request waiting for its import's last copies joins within 0.2 ms of them.
+    receiver_->RunFor(joins_waiting ? absl::Microseconds(200) : absl::Milliseconds(2));
     std::vector<Decided> decided;  // pushed by the receiver (OnOutcome) meanwhile
     {
       absl::MutexLock lock(&mu_);
@@ -235,6 +245,10 @@ void DecodeWorker::TransferLoop() {
       SweepFinished();
     }
     for (const Decided& d : decided) HandleOutcome(d);
+    if (early_importer_ == nullptr) continue;
+    RunEarlyImports();
+    absl::MutexLock lock(&mu_);
+    joins_waiting = !deferred_joins_.empty();
   }
 }
 
@@ -355,7 +369,7 @@ void DecodeWorker::StartSequence(const std::shared_ptr<Request>& record, int32_t
   }
   if (EmitFirstToken(r, first_token, *finish)) return;
   r.context = MakeContext(record, std::move(*sampler));
-  JoinBatch(r, first_token);
+  if (!DeferJoin(record, first_token)) JoinBatch(r, first_token);
 }
 
 bool DecodeWorker::EmitFirstToken(Request& r, int32_t first_token,
@@ -503,6 +517,8 @@ bool DecodeWorker::Apply(Request& request, RequestEvent event) {
   }
   const bool frees = HoldsPages(request.state) && !HoldsPages(*next);
   request.state = *next;
+  // Ended without joining the batch: its early-imported slot goes back.
+  if (!Receiving(request.state)) QueueImportCancel(request);
   if (frees) {
     absl::Status freed = pool_->Free(request.table);
     if (!freed.ok()) spdlog::error("request {}: {}", request.request_id, freed.ToString());

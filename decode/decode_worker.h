@@ -151,6 +151,10 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     absl::Time done_at = absl::InfiniteFuture();
     std::deque<pdserve::worker::v1::GenerateResponse> events;
     std::shared_ptr<runtime::RequestContext> context;
+    // Its GPU slot was claimed at Reserve and is imported layer by layer as the transfer runs
+    // (decode/early_import.cc); cleared when the runner takes the slot or the import is
+    // cancelled.
+    bool early_import = false;
   };
 
   struct RequestCounts {
@@ -245,6 +249,22 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   // Adds the verified request to the runner and the batch.
   void JoinBatch(Request& r, int32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Early import (decode/early_import.cc; the runner's EarlyImporter, RunnerOptions::
+  // early_import). Claims `record`'s slot (no forks; no mu_ held); on failure the request
+  // imports at its first step as without early import.
+  void BeginEarlyImport(Request& record, int32_t choice_count) ABSL_LOCKS_EXCLUDED(mu_);
+  // The receiver's on_layer (its mutex held): every page of `layer` landed and checked.
+  void OnLayer(uint64_t request_id, uint32_t layer) ABSL_LOCKS_EXCLUDED(mu_);
+  // A verified early-imported request waits for its last copies before it joins the batch;
+  // false (join now) for one without early import.
+  bool DeferJoin(const std::shared_ptr<Request>& record, int32_t first_token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The early import of a request that ended unjoined is cancelled by the transfer loop.
+  void QueueImportCancel(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transfer loop's share: the queued cancels, then each deferred join whose import is
+  // ready (joins the batch), failed (the request fails with the error) or aborted.
+  void RunEarlyImports() ABSL_LOCKS_EXCLUDED(mu_);
+
   void DecodeLoop();
   // The next step's plan: every decoding request, in sequence order; false when stopping.
   bool PlanStep(serving::StepPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
@@ -291,6 +311,15 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> by_ticket_ ABSL_GUARDED_BY(mu_);
   std::vector<Decided> decided_ ABSL_GUARDED_BY(mu_);  // OnOutcome -> TransferLoop
+  // The runner's early importer (null without early import), and its work for the transfer
+  // loop: verified requests waiting for their imports, and sequences whose import must end.
+  runtime::EarlyImporter* early_importer_ = nullptr;
+  struct DeferredJoin {
+    std::shared_ptr<Request> record;
+    int32_t first_token = 0;
+  };
+  std::vector<DeferredJoin> deferred_joins_ ABSL_GUARDED_BY(mu_);
+  std::vector<serving::RequestId> import_cancels_ ABSL_GUARDED_BY(mu_);
   // Ids of requests aborted before (or while) Reserve registered them: their Reserve fails.
   // Bounded (kAbortedRemembered); the deque holds them oldest first.
   absl::flat_hash_set<uint64_t> aborted_ids_ ABSL_GUARDED_BY(mu_);

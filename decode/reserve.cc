@@ -44,6 +44,8 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
     requests_[record->request_id] = record;
     for (const std::shared_ptr<Request>& fork : record->forks) requests_[fork->request_id] = fork;
   }
+  // The GPU slot is claimed with the reservation, before the ticket can leave.
+  BeginEarlyImport(*record, choice_count);
   return Register(std::move(record), std::move(spec));
 }
 

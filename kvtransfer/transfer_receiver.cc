@@ -18,6 +18,7 @@ struct TransferReceiver::Entry {
   // the buffer it lands in before it is checksummed and converted (freed after).
   std::vector<serving::ElementType> wire_elements;
   std::vector<std::vector<std::byte>> converting;
+  std::vector<uint32_t> layer_pages_left;  // per layer: pages not yet landed and checked
   size_t landed = 0;
   int landings_in_flight = 0;
   TransferState state = TransferState::kReceiving;
@@ -98,6 +99,11 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
   entry->header_checksums.assign(ticket.pages.size(), 0);
   entry->wire_elements.assign(ticket.pages.size(), serving::ElementType::kFloat32);
   entry->converting.resize(ticket.pages.size());
+  for (const PageDescriptor& page : ticket.pages) {
+    if (entry->layer_pages_left.size() <= page.layer)
+      entry->layer_pages_left.resize(page.layer + 1);
+    ++entry->layer_pages_left[page.layer];
+  }
   Ticket result = ticket;
   entries_[result.ticket_id] = std::move(entry);
   return result;
@@ -348,6 +354,10 @@ void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Sta
                                " page ", page.page_index, "): payload xxh3 ", absl::Hex(actual),
                                ", header says ", absl::Hex(entry.header_checksums[slot]))));
     return;
+  }
+  const uint32_t layer = entry.ticket.pages[slot].layer;
+  if (--entry.layer_pages_left[layer] == 0 && options_.on_layer) {
+    options_.on_layer(ticket_id, entry.ticket.request_id, layer);
   }
   TryVerify(entry);
 }

@@ -71,6 +71,15 @@ struct ReceiverOptions {
   // null; `metrics_path` is their path label, the transport's lanes() their lanes label.
   TransferMetrics* metrics = nullptr;
   std::string metrics_path = "host";
+  // Called once per layer of a receiving ticket when every page of that layer has landed and
+  // matched its header's checksum: the layer's bytes are in their destinations and stay as they
+  // are (each page lands at most once), in whatever order the layers complete. The transfer is
+  // NOT verified yet (the commit, the layer digests, a later page may still fail it): what the
+  // caller does with the layer must stay unreadable until the verified outcome (the CUDA decode
+  // worker's early import, runtime/early_import.h). Every layer is reported before the verified
+  // outcome; none after any other outcome. Runs with the receiver's mutex held (on the thread
+  // that landed the page) and must not call back into the receiver. Empty: not called.
+  std::function<void(uint64_t ticket_id, uint64_t request_id, uint32_t layer)> on_layer;
 };
 
 // One request's destination pages: descriptor and memory per slot (sizes must agree).

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/config.h"
 #include "guards/degeneration_detector.h"
+#include "runtime/early_import.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
 #include "serving/scheduler.h"
@@ -103,6 +104,11 @@ struct RunnerOptions {
   // The canary's bound on max|diff| / max|ref|; 0: the backend's own (guards::kCanaryTolerance
   // on the CPU engine, guards::kGpuCanaryTolerance on CUDA). `pdserve serve --canary-tolerance`.
   double canary_tolerance = 0;
+  // CUDA runner on one GPU only (deploy config transfer.early_import; opt-in, not yet measured
+  // in serving): a PD decode worker's transferred prompt is imported into its slot layer by layer
+  // while the transfer runs (runtime/early_import.h; SequenceRunner::early_importer), instead of
+  // at the sequence's first step.
+  bool early_import = false;
 };
 
 // Guard counters since the runner started (monotonic).
@@ -123,6 +129,12 @@ class SequenceRunner : public serving::StepRunner {
   virtual void Remove(serving::RequestId id) = 0;
   virtual int64_t num_sequences() const = 0;
   virtual GuardCounts guard_counts() const = 0;
+  // The runner's early import (RunnerOptions::early_import, where it can): a PD decode worker
+  // begins it for a request at Reserve (EarlyImporter::Begin with the sequence id), feeds it the
+  // layers and the verification, and, once Ready, Takes it and Adds the sequence with
+  // first_token: the runner then starts it in the imported slot. Null: not supported or not
+  // asked for (the runner imports the pages at the sequence's first step).
+  virtual EarlyImporter* early_importer() { return nullptr; }
 };
 
 // What a RunnerFactory gets: the model and the pool its caller (the colocated service, the

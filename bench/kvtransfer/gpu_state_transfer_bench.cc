@@ -15,9 +15,14 @@
 // Forward, then StoreSlotStaged). The stores run on a TaskPool of --host-threads, and the
 // sender takes each posted layer's checksums on the same pool; then the commit. t0 = the end of
 // the chunk's compute (CUDA events around it on the model's stream). The decode process (bf16
-// pool, TransferReceiver) verifies (t_verified), then does what GpuStepRunner::Place does:
-// GpuModel::ImportLayers filled by PagedState::LoadLayerRing on its own pool of --host-threads,
-// straight from the pages into its slot (t_imported). Then, with --old-import, the previous path
+// pool, TransferReceiver) verifies (t_verified); with --early-import (the default) it claimed its
+// slot when it issued the ticket and imported each layer as the receiver reported its pages
+// landed and checked (runtime::EarlyImporter over runtime::GpuSlotImporter: the fill by
+// PagedState::LoadLayerRing on its own pool of --host-threads, the copies on the model's import
+// stream), so after t_verified it only waits for the last layers' copies and finishes the slot
+// (t_imported); with --early-import 0 it does then what the direct import does:
+// GpuModel::ImportLayers filled by PagedState::LoadLayerRing, straight from the pages into its
+// slot (t_imported). Then, with --old-import, the previous path
 // (PagedState::Load into a CPU-layout state + ImportState through the same staging: "old import
 // ms"), which must leave the same slot. Both clocks are CLOCK_MONOTONIC of one machine.
 //
@@ -37,7 +42,8 @@
 // "state": whether the decode slot's exported state equals the prefill slot's bit for bit (xxh3
 // of every tensor); overlap; the last chunk's compute ms; the chunks' logits rows brought to the
 // host (--chunk-logits: all, or the last only); finish forward ms (FinishForward's host time
-// with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor).
+// with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor);
+// early import (yes: import ms is then only what was left of the import after t_verified).
 // Medians over --repeats. Markdown on stdout, progress on stderr. ucx_perftest over the same
 // transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
@@ -47,6 +53,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +82,8 @@
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 #include "runtime/cuda/gpu_prefill_engine.h"
+#include "runtime/cuda/gpu_slot_importer.h"
+#include "runtime/early_import.h"
 #include "runtime/paged_state.h"
 #include "serving/page_pool.h"
 #include "worker/worker_model.h"
@@ -96,7 +105,10 @@ struct Flags {
   int host_threads = 0;    // store / checksum / import threads; 0: DefaultTransferHostThreads
   int64_t window_mib = 0;  // the sender's max_in_flight_bytes; 0: kv::InFlightBytesForLanes
   bool old_import = true;  // also time the previous import path
-  bool overlap = true;     // the last chunk begun, the stores during it (GpuPrefillEngine's way)
+  // The decode slot is claimed at the ticket and each layer imported as its pages arrive
+  // (runtime::EarlyImporter over GpuSlotImporter); false: the direct import after verification.
+  bool early_import = true;
+  bool overlap = true;        // the last chunk begun, the stores during it (GpuPrefillEngine's way)
   bool post_on_lanes = true;  // the page sends posted by the lane threads (UcxTransport's default)
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
@@ -409,6 +421,24 @@ absl::StatusOr<double> CopyFloor(size_t bytes) {
   return static_cast<double>(bytes) / Median(seconds) / 1e9;
 }
 
+// The decode side after the verified outcome with --early-import: tells the importer, waits
+// until every layer's copy landed (kReady), takes the import and finishes it in slot 0 (what the
+// decode runner's Place does for an early-imported sequence).
+absl::Status EarlyImportDone(runtime::EarlyImporter& importer, runtime::GpuSlotImporter& slots,
+                             runtime::ModelLock& lock) {
+  importer.Verified(1);
+  for (;;) {
+    PDSERVE_ASSIGN_OR_RETURN(const bool ready, importer.Ready(1));
+    if (ready) break;
+    absl::SleepFor(absl::Microseconds(20));
+  }
+  PDSERVE_RETURN_IF_ERROR(importer.Take(1));
+  lock.LockForStep();
+  const absl::Status finished = slots.Finish(1);
+  lock.Unlock();
+  return finished;
+}
+
 absl::Status Decode(const Flags& flags, Channel& channel) {
   const engine::ModelConfig config = Config(flags);
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
@@ -418,19 +448,28 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
   const std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
   PDSERVE_ASSIGN_OR_RETURN(auto staging, gpu->NewStateStaging(std::min<int64_t>(2, flags.layers)));
   SystemClock clock;
+  // With --early-import: the receiver reports each layer whose pages all landed and passed their
+  // checksums to the running transfer's importer, as the decode worker's receiver does.
+  std::atomic<runtime::EarlyImporter*> early{nullptr};
+  std::atomic<uint64_t> receiving{0};
+  auto on_layer = [&](uint64_t, uint64_t request_id, uint32_t layer) {
+    runtime::EarlyImporter* importer = early.load();
+    if (importer != nullptr && request_id == receiving.load()) importer->LayerArrived(1, layer);
+  };
   PDSERVE_ASSIGN_OR_RETURN(
       auto receiver, kv::CreateUcxReceiver(
-                         {.lease = absl::Seconds(600)}, clock,
+                         {.lease = absl::Seconds(600), .on_layer = on_layer}, clock,
                          [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
   TaskPool pool(HostThreads(flags));
+  runtime::ModelLock model_lock;
   std::printf(
       "| prompt tokens | layers | lanes | host threads | bytes on the wire (bf16) | copy wait ms | "
       "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
       "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
       "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
-      "overlap | last chunk ms | chunk logits | finish forward ms |\n"
+      "overlap | last chunk ms | chunk logits | finish forward ms | early import |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::fflush(stdout);
   double longest_forward_ms = 0;
   int64_t longest_forward_tokens = 0;
@@ -438,6 +477,24 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
   for (int64_t length : Lengths(flags)) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
     const runtime::PagedState paged(config, layout, length + 1);
+    // The early import into slot 0 from this length's pages (sequence 1 of its pool).
+    PDSERVE_ASSIGN_OR_RETURN(
+        std::unique_ptr<runtime::GpuSlotImporter> slots,
+        runtime::GpuSlotImporter::Create(
+            {.gpu = gpu.get(),
+             .layout = &layout,
+             .pool = pages.pool.get(),
+             .lock = &model_lock,
+             .take_slot = [](serving::RequestId) -> absl::StatusOr<int64_t> { return 0; },
+             .return_slot = [](serving::RequestId, int64_t) {},
+             .fill_pool = &pool}));
+    runtime::EarlyImporter importer(slots.get(), flags.layers);
+    early.store(flags.early_import ? &importer : nullptr);
+    // The receiver outlives this length's importer (also on an error return).
+    struct Unset {
+      std::atomic<runtime::EarlyImporter*>& early;
+      ~Unset() { early.store(nullptr); }
+    } unset{early};
     std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
         old_import_ms, forward_ms, last_ms, finish_ms;
     bool same_state = true;
@@ -452,7 +509,11 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
         spec.destinations.push_back(destination);
         bytes += page.descriptor.bytes;
       }
+      receiving.store(spec.request_id);
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, receiver->Expect(std::move(spec)));
+      // The slot and its device pages are claimed with the ticket, as at the decode worker's
+      // Reserve.
+      if (flags.early_import) PDSERVE_RETURN_IF_ERROR(importer.Begin(1, length, length + 1));
       channel.Write(Hex(kv::EncodeTicket(ticket)));
       absl::StatusOr<kv::TransferOutcome> outcome = receiver->Outcome(ticket.ticket_id);
       while (outcome.ok() && outcome->state == kv::TransferState::kReceiving) {
@@ -465,13 +526,18 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       const int64_t verified = NowNs();
       PDSERVE_RETURN_IF_ERROR(outcome.status());
       if (outcome->state != kv::TransferState::kVerified) return outcome->status;
-      // What GpuStepRunner::Place does: straight from the pages into the slot.
-      PDSERVE_RETURN_IF_ERROR(gpu->ImportLayers(
-          0, length, staging.get(),
-          [&](int64_t layer, const engine::RingLayerGeometry& geometry,
-              const engine::MutableRingLayerBlocks& blocks) {
-            return paged.LoadLayerRing(layer, geometry, length, pages.pages, blocks, &pool);
-          }));
+      if (flags.early_import) {
+        // Most layers are in the slot already; runnable once the last copies landed.
+        PDSERVE_RETURN_IF_ERROR(EarlyImportDone(importer, *slots, model_lock));
+      } else {
+        // The direct import (GpuStepRunner::Place's): straight from the pages into the slot.
+        PDSERVE_RETURN_IF_ERROR(gpu->ImportLayers(
+            0, length, staging.get(),
+            [&](int64_t layer, const engine::RingLayerGeometry& geometry,
+                const engine::MutableRingLayerBlocks& blocks) {
+              return paged.LoadLayerRing(layer, geometry, length, pages.pages, blocks, &pool);
+            }));
+      }
       const int64_t imported = NowNs();
       const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
       if (fields.size() != 10) return absl::InternalError("bad line from the prefill process");
@@ -527,14 +593,15 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
         "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f |\n",
+        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s |\n",
         static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
         HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
         Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
         static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
         100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
         same_state ? "equal" : "DIFFERS", flags.overlap ? "yes" : "no", Median(last_ms),
-        ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all", Median(finish_ms));
+        ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all", Median(finish_ms),
+        flags.early_import ? "yes" : "no");
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
   }
@@ -568,6 +635,9 @@ int main(int argc, char** argv) {
                  "Prompt chunks' logits brought to the host: all or last (default: "
                  "PDSERVE_GPU_CHUNK_LOGITS, as the serving paths)")
       ->check(CLI::IsMember({"all", "last"}));
+  app.add_option("--early-import", flags.early_import,
+                 "Claim the decode slot with the ticket and import each layer as its pages "
+                 "arrive (runtime::EarlyImporter); 0: the direct import after verification");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

@@ -679,8 +679,8 @@ absl::StatusOr<Tensor> GpuModel::FinishForward() { return impl_->Finish(); }
 
 ChunkLogits ServingChunkLogits() {
   const char* value = std::getenv("PDSERVE_GPU_CHUNK_LOGITS");
-  return value != nullptr && std::string_view(value) == "last" ? ChunkLogits::kLastRow
-                                                               : ChunkLogits::kAllRows;
+  return value != nullptr && std::string_view(value) == "all" ? ChunkLogits::kAllRows
+                                                              : ChunkLogits::kLastRow;
 }
 
 absl::Status GpuModel::BeginForward(int64_t slot, const std::vector<int32_t>& tokens,

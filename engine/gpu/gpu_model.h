@@ -110,10 +110,10 @@ enum class Fp8Activations {
 using ChunkLogits = engine::ChunkLogits;
 
 // The rows the serving paths (runtime/cuda: GpuPrefillEngine, GpuStepRunner's prompt chunks and
-// canary recompute, all of which read only the last row) ask of a prompt chunk: kLastRow when
-// the environment sets PDSERVE_GPU_CHUNK_LOGITS=last, else kAllRows. kAllRows stays the default
-// until the last-row copy has run on a GPU (docs/engine-gpu.md, "Prompt chunks' logits").
-// Reads the environment on each call; thread-safe.
+// canary recompute, all of which read only the last row) ask of a prompt chunk: kLastRow, unless
+// the environment sets PDSERVE_GPU_CHUNK_LOGITS=all (kAllRows: the copy of every row, kept for
+// comparison; docs/engine-gpu.md, "Prompt chunks' logits"). Reads the environment on each call;
+// thread-safe.
 ChunkLogits ServingChunkLogits();
 
 struct GpuModelOptions {
@@ -175,9 +175,10 @@ struct GpuModelOptions {
   // likewise, and FP8 o_a's groups as one grouped GEMM (kernels/cuda/moe_gemm.cuh) at decode
   // sizes instead of one call per group. The parts become views into the stacked weight (no
   // second copy in HBM); a group whose parts mix FP8 and bf16 stays unfused. Off with
-  // GemmInputs::kFp32. PDSERVE_FUSED_PROJECTIONS=1 in the environment turns it on too. Opt-in:
-  // compiled and host-tested, not yet run on a GPU (docs/engine-gpu.md).
-  bool fused_projections = false;
+  // GemmInputs::kFp32. PDSERVE_FUSED_PROJECTIONS=0 / =1 in the environment overrides this field
+  // for every model of the process. On by default since its H200 run of 2026-12-04 (decode steps
+  // 2-9% faster, logits as unfused: docs/engine-gpu.md, "Fused projections").
+  bool fused_projections = true;
 };
 
 // One compression rate's page pool (GpuModel::StatePages).
@@ -305,8 +306,7 @@ class GpuModel {
   // window ring (bf16 bits) and both compressors' rings (fp32), and entry rows
   // 0 .. position / m - 1 (bf16 bits). Every other ring row already holds the fresh pool's NaN
   // and may be left alone. A non-OK status stops the import.
-  using LayerImageFill = std::function<absl::Status(
-      int64_t layer, const RingLayerGeometry& geometry, const MutableRingLayerBlocks& blocks)>;
+  using LayerImageFill = gpu::LayerImageFill;
   // Makes slot `slot` hold a state at `position` whose layers `fill` writes, layer by layer,
   // into `staging`'s pinned buffers, each layer's host-to-device copies enqueued while `fill`
   // writes the next (no CPU-layout ModelState in between: runtime::PagedState::LoadLayerRing
@@ -318,6 +318,33 @@ class GpuModel {
   // Synchronizes the stream; on return every buffer is free again.
   absl::Status ImportLayers(int64_t slot, int64_t position, StateStaging* staging,
                             const LayerImageFill& fill);
+
+  // The staged import (the PD decode's early import, runtime/early_import.h): ImportLayers cut
+  // into calls a receiver can make as each layer's pages arrive, in any layer order, while the
+  // model runs steps of other slots. BeginStagedImport takes the slot's state pages for
+  // `position` (ResetSlot, then the pages) and leaves the slot unreadable (Position 0) until
+  // FinishStagedImport; for each layer, StateStaging::FillImportLayer (host only, no model state)
+  // writes the layer into a free pinned buffer, then
+  // EnqueueStagedLayer enqueues its host-to-device copies on the model's import stream (a stream
+  // of its own, ordered after everything enqueued on the model's stream before
+  // BeginStagedImport; the steps of other slots never wait for it) and records the buffer's
+  // event. StagedImportCopied says, without waiting, whether every layer was enqueued and its
+  // copies have landed; FinishStagedImport (every layer enqueued) orders the model's stream after
+  // the copies and sets the slot's position: the slot then holds what ImportLayers(slot,
+  // position, ..) with the same fills gives, bit for bit. CancelStagedImport waits for the copies
+  // in flight and resets the slot (its pages back). Errors: InvalidArgument for a bad slot,
+  // layer, position or a staging of another model; FailedPrecondition for a Begin on a slot
+  // already importing, an Enqueue / Finish / Copied without a Begin, a layer enqueued twice or
+  // not filled in `staging`, a Finish before every layer was enqueued; Internal for a CUDA error
+  // (the caller then cancels). Thread-safety: as every GpuModel call, one thread at a time: a
+  // caller that imports on another thread than its step loop serializes these calls with the
+  // steps (runtime::GpuStepRunner holds its model mutex around both); FillImportLayer touches
+  // only the staging and may run concurrently with any call on the model.
+  absl::Status BeginStagedImport(int64_t slot, int64_t position);
+  absl::Status EnqueueStagedLayer(int64_t slot, int64_t layer, StateStaging* staging);
+  absl::StatusOr<bool> StagedImportCopied(int64_t slot);
+  absl::Status FinishStagedImport(int64_t slot);
+  absl::Status CancelStagedImport(int64_t slot);
 
   // Extends slot `slot` by `tokens` (1 .. max_chunk ids at positions Position(slot) onward) and
   // returns their logits, fp32 [tokens.size(), vocab_size] on the host. group_rows > tokens.size()
@@ -399,6 +426,14 @@ class GpuModel {
   // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
   absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,
                            bool on_copy_stream);
+  // ImportLayers' checks of the target: slot and position ranges, the device blocks' layout
+  // (before anything is touched); makes the model's device current.
+  absl::Status CheckImport(int64_t slot, int64_t position);
+  // ImportLayers' host-to-device copies of layer `layer`'s blocks from the pinned buffer at
+  // `base` into slot `slot` at `position`, with the fresh pool's NaN in the unwritten rows of
+  // its last entry page, enqueued on `stream` (a cudaStream_t); adds the bytes to *copied.
+  absl::Status EnqueueImportCopies(int64_t slot, int64_t position, int64_t layer,
+                                   const unsigned char* base, void* stream, size_t* copied);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -20,12 +20,13 @@ namespace pdserve::engine::gpu {
 
 bool FusedProjectionsWanted(const GpuModelOptions& options) {
   const char* env = std::getenv("PDSERVE_FUSED_PROJECTIONS");
-  const bool wanted = options.fused_projections || (env != nullptr && std::string(env) == "1");
+  const std::string forced = env != nullptr ? env : "";
+  const bool wanted = forced == "1" || (forced != "0" && options.fused_projections);
   if (wanted && options.gemm_inputs == GemmInputs::kFp32) {
     spdlog::info("fused projections: off with fp32 GEMM inputs");
     return false;
   }
-  if (wanted) spdlog::info("fused projections: on (opt-in; not yet measured on a GPU)");
+  spdlog::debug("fused projections: {}", wanted ? "on" : "off");
   return wanted;
 }
 
@@ -143,7 +144,10 @@ absl::Status GpuModel::Impl::AllocateFused() {
   const ModelConfig& c = config;
   bool fp8_o_a = false;
   for (const Layer& l : layers) fp8_o_a = fp8_o_a || l.o_a_proj.is_fp8();
-  o_a_grouped = fp8_o_a && c.o_groups <= 32;
+  // PDSERVE_FUSED_O_A=0 keeps o_a's groups as separate calls (to tell the two fusions apart).
+  const char* env = std::getenv("PDSERVE_FUSED_O_A");
+  const bool o_a_wanted = env == nullptr || std::string(env) != "0";
+  o_a_grouped = o_a_wanted && fp8_o_a && c.o_groups <= 32;
   if (!o_a_grouped) return absl::OkStatus();
   std::vector<int32_t> ids(static_cast<size_t>(max_rows * c.o_groups));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % c.o_groups);

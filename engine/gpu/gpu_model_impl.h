@@ -57,8 +57,8 @@ constexpr int64_t kPageSize = 64;
 // moe_gemm.cuh). A guess, not measured (tools/gpu/run_fused_projections.sh times decode steps).
 constexpr int64_t kOaGroupedMaxRows = 64;
 
-// options.fused_projections, or PDSERVE_FUSED_PROJECTIONS=1 in the environment; false with
-// GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
+// options.fused_projections unless PDSERVE_FUSED_PROJECTIONS is 0 or 1 in the environment; false
+// with GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
 bool FusedProjectionsWanted(const GpuModelOptions& options);
 
 inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {
@@ -320,6 +320,18 @@ struct GpuModel::Impl {
   // meaningful while `pending` (until FinishForward).
   int64_t attended_slot = -1;
   cudaEvent_t copies_enqueued = nullptr;  // Finish orders the stream after copy_stream with it
+  // GpuModel::BeginStagedImport ..: the stream staged imports copy on (made at the first Begin)
+  // and, per slot (sized then), the import in progress.
+  struct StagedImport {
+    bool active = false;
+    int64_t position = 0;
+    std::vector<char> enqueued;    // per layer
+    int64_t left = 0;              // layers not yet enqueued
+    cudaEvent_t begun = nullptr;   // on `stream` at Begin: the import stream waits for it
+    cudaEvent_t copied = nullptr;  // on import_stream after the last layer's copies
+  };
+  cudaStream_t import_stream = nullptr;
+  std::vector<StagedImport> staged_imports;
   cublasHandle_t cublas = nullptr;
   DeviceArray<unsigned char> cublas_workspace;
 
@@ -400,6 +412,11 @@ struct GpuModel::Impl {
     for (cudaEvent_t e : layer_attended) cudaEventDestroy(e);
     if (copies_enqueued != nullptr) cudaEventDestroy(copies_enqueued);
     if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
+    for (StagedImport& i : staged_imports) {
+      if (i.begun != nullptr) cudaEventDestroy(i.begun);
+      if (i.copied != nullptr) cudaEventDestroy(i.copied);
+    }
+    if (import_stream != nullptr) cudaStreamDestroy(import_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 

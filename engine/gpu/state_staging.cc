@@ -84,6 +84,30 @@ void ToBf16(const float* values, size_t n, unsigned char* out) {
   for (size_t i = 0; i < n; ++i) to[i] = __float2bfloat16_rn(values[i]);
 }
 
+// Layer `g`'s blocks in the pinned buffer at `base`, every ring row set to the fresh pool's NaN
+// (the entry blocks are left: only their written rows are copied), for an import's fill.
+MutableRingLayerBlocks PrepareImportBlocks(const RingLayerGeometry& g, unsigned char* base) {
+  const float unread = std::numeric_limits<float>::quiet_NaN();
+  uint16_t unread_bf16;
+  ToBf16(&unread, 1, reinterpret_cast<unsigned char*>(&unread_bf16));
+  const LayerOffsets o = OffsetsOf(g);
+  auto blocks = [&](const RingCompressorGeometry& cg, const CompressorOffsets& c) {
+    if (!cg.present()) return MutableRingCompressorBlocks{};
+    const auto ring = static_cast<size_t>(2 * cg.rate * cg.width());
+    auto* kv = reinterpret_cast<float*>(base + c.ring_kv);
+    auto* gate = reinterpret_cast<float*>(base + c.ring_gate);
+    std::fill_n(kv, ring, unread);
+    std::fill_n(gate, ring, unread);
+    return MutableRingCompressorBlocks{kv, gate, reinterpret_cast<uint16_t*>(base + c.entries)};
+  };
+  MutableRingLayerBlocks to;
+  to.window = reinterpret_cast<uint16_t*>(base + o.window);
+  std::fill_n(to.window, static_cast<size_t>(g.window * g.head_dim), unread_bf16);
+  to.compressor = blocks(g.compressor, o.compressor);
+  to.indexer = blocks(g.indexer, o.indexer);
+  return to;
+}
+
 }  // namespace
 
 struct StateStaging::Impl {
@@ -92,6 +116,7 @@ struct StateStaging::Impl {
     cudaEvent_t event = nullptr;
     int64_t layer = -1;
     int64_t position = 0;
+    int64_t import_layer = -1;  // FillImportLayer's layer until EnqueueStagedLayer copies it
   };
 
   const GpuModel* owner = nullptr;
@@ -100,10 +125,12 @@ struct StateStaging::Impl {
   size_t copied_bytes = 0;
   PinnedArray<unsigned char> memory;  // [buffers, buffer_bytes]
   std::vector<Buffer> buffers;
+  size_t next_import = 0;  // the buffer FillImportLayer takes next, modulo buffers
 
   ~Impl() {
+    // Copies in flight either way (export or import) read or write the pinned memory.
     for (Buffer& b : buffers) {
-      if (b.layer >= 0) cudaEventSynchronize(b.event);
+      if (b.event != nullptr) cudaEventSynchronize(b.event);
       if (b.event != nullptr) cudaEventDestroy(b.event);
     }
   }
@@ -159,6 +186,7 @@ absl::StatusOr<StateStaging::LayerBlocks> StateStaging::TakeLayerBlocks(int64_t 
 absl::Status StateStaging::Discard() {
   absl::Status status;
   for (Impl::Buffer& b : impl_->buffers) {
+    b.import_layer = -1;
     if (b.layer < 0) continue;
     b.layer = -1;
     const absl::Status s = CudaStatus(cudaEventSynchronize(b.event), "StateStaging::Discard");
@@ -359,23 +387,12 @@ absl::Status GpuModel::ImportState(int64_t slot, const ModelState& state, StateS
   return ImportLayers(slot, state.position, staging, fill);
 }
 
-absl::Status GpuModel::ImportLayers(int64_t slot, int64_t position, StateStaging* staging,
-                                    const LayerImageFill& fill) {
+absl::Status GpuModel::CheckImport(int64_t slot, int64_t position) {
   Impl& m = *impl_;
   const int64_t slots = m.options.slots;
   if (slot < 0 || slot >= slots) {
     return absl::InvalidArgumentError(
         absl::StrCat("GpuModel: slot ", slot, " outside [0, ", slots, ")"));
-  }
-  if (staging == nullptr || staging->impl_->owner != this) {
-    return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
-  }
-  StateStaging::Impl& s = *staging->impl_;
-  for (const StateStaging::Impl::Buffer& b : s.buffers) {
-    if (b.layer >= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "StateStaging: a buffer still holds exported layer ", b.layer, " (take or discard it)"));
-    }
   }
   if (position < 0 || position > m.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -401,14 +418,31 @@ absl::Status GpuModel::ImportLayers(int64_t slot, int64_t position, StateStaging
     }
   }
   PDSERVE_RETURN_IF_ERROR(layout);
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::ImportLayers(int64_t slot, int64_t position, StateStaging* staging,
+                                    const LayerImageFill& fill) {
+  Impl& m = *impl_;
+  const int64_t slots = m.options.slots;
+  if (slot < 0 || slot >= slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", slots, ")"));
+  }
+  if (staging == nullptr || staging->impl_->owner != this) {
+    return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
+  }
+  StateStaging::Impl& s = *staging->impl_;
+  for (const StateStaging::Impl::Buffer& b : s.buffers) {
+    if (b.layer >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "StateStaging: a buffer still holds exported layer ", b.layer, " (take or discard it)"));
+    }
+  }
+  PDSERVE_RETURN_IF_ERROR(CheckImport(slot, position));
   // The slot's old pages go back first, then it takes the pages of the imported position.
   PDSERVE_RETURN_IF_ERROR(ResetSlot(slot));
   PDSERVE_RETURN_IF_ERROR(m.GrowPages({{slot, position}}));
-  // The rows the next forward does not read hold NaN, as a fresh pool's: the fill writes only
-  // the rows it has.
-  const float unread = std::numeric_limits<float>::quiet_NaN();
-  uint16_t unread_bf16;
-  ToBf16(&unread, 1, reinterpret_cast<unsigned char*>(&unread_bf16));
   absl::Status status;
   for (size_t l = 0; l < m.layers.size() && status.ok(); ++l) {
     const auto layer = static_cast<int64_t>(l);
@@ -416,63 +450,10 @@ absl::Status GpuModel::ImportLayers(int64_t slot, int64_t position, StateStaging
     // The buffer's previous layer (layer - buffers) must have reached the device.
     status = CudaStatus(cudaEventSynchronize(buffer.event), "ImportLayers");
     if (!status.ok()) break;
-    const RingLayerGeometry& g = m.geometry.layers[l];
-    const LayerOffsets o = OffsetsOf(g);
     unsigned char* base = s.Base(layer);
-    auto blocks = [&](const RingCompressorGeometry& cg, const CompressorOffsets& c) {
-      if (!cg.present()) return MutableRingCompressorBlocks{};
-      const auto ring = static_cast<size_t>(2 * cg.rate * cg.width());
-      auto* kv = reinterpret_cast<float*>(base + c.ring_kv);
-      auto* gate = reinterpret_cast<float*>(base + c.ring_gate);
-      std::fill_n(kv, ring, unread);
-      std::fill_n(gate, ring, unread);
-      return MutableRingCompressorBlocks{kv, gate, reinterpret_cast<uint16_t*>(base + c.entries)};
-    };
-    MutableRingLayerBlocks to;
-    to.window = reinterpret_cast<uint16_t*>(base + o.window);
-    const auto window = static_cast<size_t>(g.window * g.head_dim);
-    std::fill_n(to.window, window, unread_bf16);
-    to.compressor = blocks(g.compressor, o.compressor);
-    to.indexer = blocks(g.indexer, o.indexer);
-    status = fill(layer, g, to);
+    status = fill(layer, m.geometry.layers[l], PrepareImportBlocks(m.geometry.layers[l], base));
     if (!status.ok()) break;
-    Layer& device = m.layers[l];
-    auto copy = [&](void* dst, size_t offset, size_t bytes) {
-      if (bytes == 0 || !status.ok()) return;
-      status =
-          CudaStatus(cudaMemcpyAsync(dst, base + offset, bytes, cudaMemcpyHostToDevice, m.stream),
-                     "ImportLayers");
-      s.copied_bytes += bytes;
-    };
-    copy(MutableSlotBlock(&device.window_ring, slots, slot, window, &layout), o.window,
-         window * sizeof(bf16));
-    for (auto [cg, cw, co] : {std::tuple{&g.compressor, &device.compressor, &o.compressor},
-                              std::tuple{&g.indexer, &device.indexer_compressor, &o.indexer}}) {
-      if (!cg->present()) continue;
-      const auto ring = static_cast<size_t>(2 * cg->rate * cg->width());
-      copy(MutableSlotBlock(&cw->ring_kv, slots, slot, ring, &layout), co->ring_kv,
-           ring * sizeof(float));
-      copy(MutableSlotBlock(&cw->ring_gate, slots, slot, ring, &layout), co->ring_gate,
-           ring * sizeof(float));
-      // Into the slot's pages; the unwritten rows of its last page get the fresh pool's NaN (all
-      // bits set).
-      const int64_t count = std::min(position / cg->rate, cg->entry_capacity);
-      size_t at = co->entries;
-      bf16* end = nullptr;
-      for (const auto& [dst, n] : m.EntryRuns(*cw, slot, count)) {
-        const auto run_bytes = static_cast<size_t>(n * cg->dim) * sizeof(bf16);
-        copy(dst, at, run_bytes);
-        at += run_bytes;
-        end = dst + n * cg->dim;
-      }
-      const int64_t tail = (kPageSize - count % kPageSize) % kPageSize;
-      if (status.ok() && end != nullptr && tail > 0) {
-        status =
-            CudaStatus(cudaMemsetAsync(
-                           end, 0xFF, static_cast<size_t>(tail * cg->dim) * sizeof(bf16), m.stream),
-                       "ImportLayers");
-      }
-    }
+    status = EnqueueImportCopies(slot, position, layer, base, m.stream, &s.copied_bytes);
     if (status.ok()) status = CudaStatus(cudaEventRecord(buffer.event, m.stream), "ImportLayers");
   }
   // Every copy has landed (or failed) before the buffers are reused or freed.
@@ -486,6 +467,216 @@ absl::Status GpuModel::ImportLayers(int64_t slot, int64_t position, StateStaging
   }
   m.slot_positions[static_cast<size_t>(slot)] = position;
   return absl::OkStatus();
+}
+
+absl::Status GpuModel::EnqueueImportCopies(int64_t slot, int64_t position, int64_t layer,
+                                           const unsigned char* base, void* stream,
+                                           size_t* copied) {
+  Impl& m = *impl_;
+  const auto on = static_cast<cudaStream_t>(stream);
+  const int64_t slots = m.options.slots;
+  const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
+  const LayerOffsets o = OffsetsOf(g);
+  Layer& device = m.layers[static_cast<size_t>(layer)];
+  absl::Status status;
+  absl::Status layout;
+  auto copy = [&](void* dst, size_t offset, size_t bytes) {
+    if (bytes == 0 || !status.ok()) return;
+    status = CudaStatus(cudaMemcpyAsync(dst, base + offset, bytes, cudaMemcpyHostToDevice, on),
+                        "ImportLayers");
+    *copied += bytes;
+  };
+  const auto window = static_cast<size_t>(g.window * g.head_dim);
+  copy(MutableSlotBlock(&device.window_ring, slots, slot, window, &layout), o.window,
+       window * sizeof(bf16));
+  for (auto [cg, cw, co] : {std::tuple{&g.compressor, &device.compressor, &o.compressor},
+                            std::tuple{&g.indexer, &device.indexer_compressor, &o.indexer}}) {
+    if (!cg->present()) continue;
+    const auto ring = static_cast<size_t>(2 * cg->rate * cg->width());
+    copy(MutableSlotBlock(&cw->ring_kv, slots, slot, ring, &layout), co->ring_kv,
+         ring * sizeof(float));
+    copy(MutableSlotBlock(&cw->ring_gate, slots, slot, ring, &layout), co->ring_gate,
+         ring * sizeof(float));
+    // Into the slot's pages; the unwritten rows of its last page get the fresh pool's NaN (all
+    // bits set).
+    const int64_t count = std::min(position / cg->rate, cg->entry_capacity);
+    size_t at = co->entries;
+    bf16* end = nullptr;
+    for (const auto& [dst, n] : m.EntryRuns(*cw, slot, count)) {
+      const auto run_bytes = static_cast<size_t>(n * cg->dim) * sizeof(bf16);
+      copy(dst, at, run_bytes);
+      at += run_bytes;
+      end = dst + n * cg->dim;
+    }
+    const int64_t tail = (kPageSize - count % kPageSize) % kPageSize;
+    if (status.ok() && end != nullptr && tail > 0) {
+      status = CudaStatus(
+          cudaMemsetAsync(end, 0xFF, static_cast<size_t>(tail * cg->dim) * sizeof(bf16), on),
+          "ImportLayers");
+    }
+  }
+  PDSERVE_RETURN_IF_ERROR(layout);
+  return status;
+}
+
+// ---- The staged import (GpuModel::BeginStagedImport) ---------------------------------------
+
+absl::Status StateStaging::FillImportLayer(int64_t layer, int64_t position,
+                                           const LayerImageFill& fill) {
+  Impl& s = *impl_;
+  if (layer < 0 || layer >= static_cast<int64_t>(s.geometry.layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("StateStaging: layer ", layer, " outside [0, ",
+                                                   s.geometry.layers.size(), ")"));
+  }
+  if (position < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StateStaging: position ", position));
+  }
+  const size_t index = s.next_import % s.buffers.size();
+  Impl::Buffer& buffer = s.buffers[index];
+  if (buffer.layer >= 0 || buffer.import_layer >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "StateStaging: the next import buffer still holds layer ",
+        std::max(buffer.layer, buffer.import_layer), " (enqueue, take or discard it first)"));
+  }
+  // Its last import copy (an earlier layer) must have reached the device.
+  PDSERVE_CUDA_RETURN(cudaEventSynchronize(buffer.event));
+  const RingLayerGeometry& g = s.geometry.layers[static_cast<size_t>(layer)];
+  unsigned char* base = s.memory.get() + index * s.buffer_bytes;
+  PDSERVE_RETURN_IF_ERROR(fill(layer, g, PrepareImportBlocks(g, base)));
+  buffer.import_layer = layer;
+  buffer.position = position;
+  ++s.next_import;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Slot `slot`'s staged import in progress in model impl `m` (GpuModel::Impl): InvalidArgument
+// for a bad slot, FailedPrecondition when none is in progress.
+template <typename ModelImpl>
+auto StagedImportOf(ModelImpl& m, int64_t slot) -> absl::StatusOr<decltype(&m.staged_imports[0])> {
+  if (slot < 0 || slot >= m.options.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
+  }
+  if (m.staged_imports.empty() || !m.staged_imports[static_cast<size_t>(slot)].active) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GpuModel: slot ", slot, " has no staged import in progress"));
+  }
+  return &m.staged_imports[static_cast<size_t>(slot)];
+}
+
+}  // namespace
+
+absl::Status GpuModel::BeginStagedImport(int64_t slot, int64_t position) {
+  Impl& m = *impl_;
+  PDSERVE_RETURN_IF_ERROR(CheckImport(slot, position));
+  if (m.staged_imports.empty()) m.staged_imports.resize(static_cast<size_t>(m.options.slots));
+  Impl::StagedImport& import = m.staged_imports[static_cast<size_t>(slot)];
+  if (import.active) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GpuModel: slot ", slot, " is already importing"));
+  }
+  if (m.import_stream == nullptr) {
+    PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&m.import_stream, cudaStreamNonBlocking));
+  }
+  for (cudaEvent_t* e : {&import.begun, &import.copied}) {
+    if (*e == nullptr) PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  // The slot's old pages go back first, then it takes the pages of the imported position; the
+  // copies wait for everything the model enqueued before (the pages' last readers included).
+  PDSERVE_RETURN_IF_ERROR(ResetSlot(slot));
+  PDSERVE_RETURN_IF_ERROR(m.GrowPages({{slot, position}}));
+  absl::Status ordered = CudaStatus(cudaEventRecord(import.begun, m.stream), "BeginStagedImport");
+  if (ordered.ok()) {
+    ordered =
+        CudaStatus(cudaStreamWaitEvent(m.import_stream, import.begun, 0), "BeginStagedImport");
+  }
+  if (!ordered.ok()) {
+    PDSERVE_RETURN_IF_ERROR(ResetSlot(slot));
+    return ordered;
+  }
+  import.active = true;
+  import.position = position;
+  import.enqueued.assign(m.layers.size(), 0);
+  import.left = static_cast<int64_t>(m.layers.size());
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::EnqueueStagedLayer(int64_t slot, int64_t layer, StateStaging* staging) {
+  Impl& m = *impl_;
+  PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const staged, StagedImportOf(m, slot));
+  Impl::StagedImport& import = *staged;
+  if (layer < 0 || layer >= static_cast<int64_t>(m.layers.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: layer ", layer, " outside [0, ", m.layers.size(), ")"));
+  }
+  if (staging == nullptr || staging->impl_->owner != this) {
+    return absl::InvalidArgumentError("GpuModel: the staging was not made by this model");
+  }
+  if (import.enqueued[static_cast<size_t>(layer)]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GpuModel: layer ", layer, " of slot ", slot, "'s import was enqueued"));
+  }
+  StateStaging::Impl& s = *staging->impl_;
+  size_t index = s.buffers.size();
+  for (size_t b = 0; b < s.buffers.size(); ++b) {
+    if (s.buffers[b].import_layer == layer && s.buffers[b].position == import.position) index = b;
+  }
+  if (index == s.buffers.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("GpuModel: layer ", layer, " at position ",
+                                                      import.position, " was not filled"));
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  StateStaging::Impl::Buffer& buffer = s.buffers[index];
+  const unsigned char* base = s.memory.get() + index * s.buffer_bytes;
+  PDSERVE_RETURN_IF_ERROR(
+      EnqueueImportCopies(slot, import.position, layer, base, m.import_stream, &s.copied_bytes));
+  PDSERVE_CUDA_RETURN(cudaEventRecord(buffer.event, m.import_stream));
+  buffer.import_layer = -1;
+  import.enqueued[static_cast<size_t>(layer)] = 1;
+  if (--import.left == 0) PDSERVE_CUDA_RETURN(cudaEventRecord(import.copied, m.import_stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> GpuModel::StagedImportCopied(int64_t slot) {
+  Impl& m = *impl_;
+  PDSERVE_ASSIGN_OR_RETURN(const Impl::StagedImport* const import, StagedImportOf(m, slot));
+  if (import->left > 0) return false;
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  const cudaError_t done = cudaEventQuery(import->copied);
+  if (done == cudaErrorNotReady) return false;
+  PDSERVE_CUDA_RETURN(done);
+  return true;
+}
+
+absl::Status GpuModel::FinishStagedImport(int64_t slot) {
+  Impl& m = *impl_;
+  PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const staged, StagedImportOf(m, slot));
+  Impl::StagedImport& import = *staged;
+  if (import.left > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GpuModel: slot ", slot, "'s import still lacks ", import.left, " layers"));
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  // The next step reads the slot only after its copies, whether or not they are done yet.
+  PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(m.stream, import.copied, 0));
+  import.active = false;
+  m.slot_positions[static_cast<size_t>(slot)] = import.position;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::CancelStagedImport(int64_t slot) {
+  Impl& m = *impl_;
+  PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const import, StagedImportOf(m, slot));
+  import->active = false;
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  // Copies still landing write the slot's pages: they finish before the pages go back.
+  const absl::Status synced =
+      CudaStatus(cudaStreamSynchronize(m.import_stream), "CancelStagedImport");
+  const absl::Status reset = ResetSlot(slot);
+  PDSERVE_RETURN_IF_ERROR(synced);
+  return reset;
 }
 
 }  // namespace pdserve::engine::gpu

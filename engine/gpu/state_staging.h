@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -31,6 +32,14 @@
 namespace pdserve::engine::gpu {
 
 class GpuModel;
+
+// Writes layer `layer`'s blocks at the import's position into host memory (`blocks`, a pinned
+// staging buffer laid out for `geometry`, the model's layer): the rows a forward reads of the
+// window ring (bf16 bits) and both compressors' rings (fp32), and entry rows
+// 0 .. position / m - 1 (bf16 bits). Every other ring row already holds the fresh pool's NaN
+// and may be left alone. A non-OK status stops the import.
+using LayerImageFill = std::function<absl::Status(int64_t layer, const RingLayerGeometry& geometry,
+                                                  const MutableRingLayerBlocks& blocks)>;
 
 class StateStaging {
  public:
@@ -68,11 +77,30 @@ class StateStaging {
 
   // Waits for every copy in flight and frees every buffer without converting: how a caller that
   // stops mid-way (an error, an abort) makes the staging ready for the next slot. Internal for a
-  // CUDA error of a copy (every buffer is freed all the same).
+  // CUDA error of a copy (every buffer is freed all the same). Also drops a layer filled by
+  // FillImportLayer and not enqueued.
   absl::Status Discard();
+
+  // A staged import's host half (GpuModel::BeginStagedImport): takes the next buffer in turn,
+  // waits for the host-to-device copy it last carried, sets its rows to the fresh pool's NaN and
+  // has `fill` write layer `layer` at `position` into it, for GpuModel::EnqueueStagedLayer of
+  // the same layer. Layers may come in any order; `buffers()` of them may be filled ahead of
+  // their copies. InvalidArgument for a bad layer or a negative position; FailedPrecondition
+  // when the buffer in turn holds an exported layer or a filled layer not yet enqueued; `fill`'s
+  // error (the buffer is free again); Internal for a CUDA error. Touches no GpuModel state:
+  // may run on another thread than the model's calls (never two calls on one staging at once).
+  absl::Status FillImportLayer(int64_t layer, int64_t position, const LayerImageFill& fill);
 
  private:
   friend class GpuModel;
+
+  // Writes layer `layer`'s blocks at the import's position into host memory (`blocks`, a pinned
+  // staging buffer laid out for `geometry`, the model's layer): the rows a forward reads of the
+  // window ring (bf16 bits) and both compressors' rings (fp32), and entry rows
+  // 0 .. position / m - 1 (bf16 bits). Every other ring row already holds the fresh pool's NaN
+  // and may be left alone. A non-OK status stops the import.
+  using LayerImageFill = std::function<absl::Status(
+      int64_t layer, const RingLayerGeometry& geometry, const MutableRingLayerBlocks& blocks)>;
   struct Impl;
   explicit StateStaging(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

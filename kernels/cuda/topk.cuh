@@ -64,9 +64,9 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // Which kernel top_k runs (same contract, identical results): kRadixCluster sorts each block's
 // candidates and merges the blocks' lists by rank; kSelectSort gathers the row's candidates in
 // one block and places the picks by bins (faster at every size measured on an H200, docs/perf.md
-// issue 30; not yet the default: the engine's GPU tests have not run with it).
+// issue 30; the default since the engine's GPU tests passed with it, 2026-12-04).
 enum class TopKVariant { kRadixCluster, kSelectSort };
-inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kRadixCluster;
+inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectSort;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
 // kSelectSort: 1 to 8; 0 picks as top_k does for that variant). The result depends on neither;

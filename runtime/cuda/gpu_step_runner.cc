@@ -26,8 +26,9 @@ struct GpuStepRunner::Sequence {
       : id(sequence_id), setup(std::move(sequence_setup)), progress(thresholds) {}
   const serving::RequestId id;
   const SequenceSetup setup;
-  int64_t rank = -1;  // the group rank holding the slot
-  int64_t slot = -1;  // set once (with rank) under the runner's mutex, by the step loop
+  int64_t rank = -1;        // the group rank holding the slot
+  int64_t slot = -1;        // set once (with rank) under the runner's mutex, by the step loop
+  int64_t early_slot = -1;  // the slot its early import holds (rank 0), until placed there
   // Touched only by the step loop.
   int64_t computed = 0;  // tokens whose state is in the slot (or, before placement, the pages)
   ChoiceProgress progress;
@@ -92,8 +93,63 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
           r, " has ", group->rank(r).slots()));
     }
   }
-  return std::unique_ptr<GpuStepRunner>(
+  const bool early = options.early_import;
+  std::unique_ptr<GpuStepRunner> runner(
       new GpuStepRunner(std::move(group), layout, pool, std::move(options)));
+  if (early) PDSERVE_RETURN_IF_ERROR(runner->StartEarlyImport());
+  return runner;
+}
+
+absl::Status GpuStepRunner::StartEarlyImport() {
+  if (group_->world() != 1) {
+    spdlog::warn("GPU runner: early import is for one GPU; {} ranks import at the first step",
+                 group_->world());
+    return absl::OkStatus();
+  }
+  early_pool_ =
+      std::make_unique<TaskPool>(DefaultTransferHostThreads(std::thread::hardware_concurrency()));
+  GpuSlotImporterOptions o;
+  o.gpu = &group_->rank(0);
+  o.layout = &layout_;
+  o.pool = pool_;
+  o.lock = &model_lock_;
+  o.fill_pool = early_pool_.get();
+  o.take_slot = [this](serving::RequestId id) -> absl::StatusOr<int64_t> {
+    absl::MutexLock lock(&mutex_);
+    // Not a slot whose reset (ReleaseRemovedSlots) is still to come: it would free the pages
+    // the import writes.
+    std::vector<int64_t>& slots = free_slots_[0];
+    for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
+      const int64_t slot = *it;
+      if (std::find(to_release_.begin(), to_release_.end(), std::pair<int64_t, int64_t>{0, slot}) !=
+          to_release_.end()) {
+        continue;
+      }
+      slots.erase(std::next(it).base());
+      return slot;
+    }
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sequence ", id,
+                     ": no free GPU state slot for its early import (it imports at its "
+                     "first step)"));
+  };
+  o.return_slot = [this](serving::RequestId, int64_t slot) {
+    absl::MutexLock lock(&mutex_);
+    free_slots_[0].push_back(slot);
+  };
+  PDSERVE_ASSIGN_OR_RETURN(slot_importer_, GpuSlotImporter::Create(std::move(o)));
+  early_importer_ = std::make_unique<EarlyImporter>(
+      slot_importer_.get(), static_cast<int64_t>(group_->rank(0).config().num_hidden_layers));
+  return absl::OkStatus();
+}
+
+void GpuStepRunner::CancelEarlyImports() {
+  std::vector<serving::RequestId> cancels;
+  {
+    absl::MutexLock lock(&mutex_);
+    cancels.swap(early_cancels_);
+  }
+  for (serving::RequestId id : cancels) slot_importer_->ReleaseWithLockHeld(id);
 }
 
 absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
@@ -105,6 +161,17 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
 engine::gpu::GpuModel& GpuStepRunner::Model(const Sequence& seq) { return group_->rank(seq.rank); }
 
 absl::Status GpuStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
+  absl::Status added = AddSequence(id, std::move(setup));
+  if (!added.ok() && slot_importer_ != nullptr && slot_importer_->SlotOf(id).ok() &&
+      !absl::IsAlreadyExists(added)) {
+    // Refused: its early import's slot goes back at the next step.
+    absl::MutexLock lock(&mutex_);
+    early_cancels_.push_back(id);
+  }
+  return added;
+}
+
+absl::Status GpuStepRunner::AddSequence(serving::RequestId id, SequenceSetup setup) {
   PDSERVE_RETURN_IF_ERROR(CheckSequenceSetup(id, setup));
   if (setup.canary && !options_.canary) {
     return absl::FailedPreconditionError(
@@ -121,6 +188,12 @@ absl::Status GpuStepRunner::Add(serving::RequestId id, SequenceSetup setup) {
   if (first_token) {
     sequence->computed = static_cast<int64_t>(sequence->setup.prompt.size());
     sequence->progress.Record(*first_token);
+    // Its prompt state is (being) imported into the slot its early import holds.
+    if (slot_importer_ != nullptr) {
+      if (absl::StatusOr<int64_t> slot = slot_importer_->SlotOf(id); slot.ok()) {
+        sequence->early_slot = *slot;
+      }
+    }
   }
   absl::MutexLock lock(&mutex_);
   if (!sequences_.emplace(id, std::move(sequence)).second) {
@@ -137,6 +210,8 @@ void GpuStepRunner::Remove(serving::RequestId id) {
   if (seq.slot >= 0) {
     free_slots_[static_cast<size_t>(seq.rank)].push_back(seq.slot);
     to_release_.push_back({seq.rank, seq.slot});  // its state pages, at the next step
+  } else if (seq.early_slot >= 0) {
+    early_cancels_.push_back(id);  // never placed: its import is cancelled at the next step
   }
   sequences_.erase(it);
 }
@@ -229,6 +304,8 @@ bool GpuStepRunner::Fail(const Sequence& seq, const absl::Status& status) {
 absl::Status GpuStepRunner::Place(Sequence& seq) {
   engine::gpu::GpuModel& gpu = Model(seq);
   if (!seq.setup.first_token) return gpu.ResetSlot(seq.slot);
+  // Imported while its transfer ran: the slot reads the state from this step on.
+  if (seq.early_slot >= 0) return slot_importer_->Finish(seq.id);
   // PD decode: the prompt's state arrived in the sequence's pages.
   PDSERVE_ASSIGN_OR_RETURN(serving::PageTable table, pool_->Table(seq.id));
   PDSERVE_ASSIGN_OR_RETURN(SequencePages pages, MapPages(*pool_, table));
@@ -328,6 +405,15 @@ std::vector<std::shared_ptr<GpuStepRunner::Sequence>> GpuStepRunner::ShortOfPage
 }
 
 absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan& plan) {
+  // The early imports' model calls wait for this step (and go first before the next one).
+  model_lock_.LockForStep();
+  absl::StatusOr<serving::StepOutcome> outcome = RunLocked(plan);
+  model_lock_.Unlock();
+  return outcome;
+}
+
+absl::StatusOr<serving::StepOutcome> GpuStepRunner::RunLocked(const serving::StepPlan& plan) {
+  if (slot_importer_ != nullptr) CancelEarlyImports();
   ReleaseRemovedSlots();
   std::vector<Work> decode;
   std::vector<Work> prefill;
@@ -342,7 +428,11 @@ absl::StatusOr<serving::StepOutcome> GpuStepRunner::Run(const serving::StepPlan&
       auto it = sequences_.find(id);
       if (it == sequences_.end()) return;
       Sequence& seq = *it->second;
-      if (seq.slot < 0) {
+      if (seq.slot < 0 && seq.early_slot >= 0) {
+        seq.rank = 0;
+        seq.slot = seq.early_slot;
+        to_place.push_back(it->second);
+      } else if (seq.slot < 0) {
         std::vector<int64_t> free;
         for (const std::vector<int64_t>& rank : free_slots_) {
           free.push_back(static_cast<int64_t>(rank.size()));

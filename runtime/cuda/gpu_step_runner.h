@@ -42,6 +42,16 @@
 // state in between, two pinned layer buffers per rank, each layer's copy overlapping the next
 // one's fill), then decodes from position prompt.size().
 //
+// Early import (RunnerOptions::early_import, one GPU only; opt-in): early_importer() is a
+// runtime::EarlyImporter over a runtime::GpuSlotImporter of this runner's model. A decode worker
+// begins a request's import at Reserve (a slot is taken from the free slots then, with its
+// device pages for the prompt), each layer is imported as its pages arrive (on the importer's
+// thread: the fill with no lock, the copies enqueued on the model's import stream under the
+// model lock, which Run holds for its step), and a sequence Added with first_token after
+// EarlyImporter::Take starts in that slot: its first step only finishes the staged import
+// (GpuModel::FinishStagedImport). A Removed sequence whose import was never finished, and an
+// Add that fails, give the slot back (cancelled at the next step).
+//
 // Sampling. Decode rows are sampled on the GPU by default (runtime/cuda/gpu_sampler.h): the step
 // leaves its logits on the device (GpuModel::DecodeStepOnDevice), the sampler runs after the
 // decode graph on the same stream (outside the graph, which still holds only the forward
@@ -110,6 +120,8 @@
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
 #include "runtime/cuda/gpu_sampler.h"
+#include "runtime/cuda/gpu_slot_importer.h"
+#include "runtime/early_import.h"
 #include "runtime/step_types.h"
 #include "serving/page_pool.h"
 #include "serving/scheduler.h"
@@ -141,6 +153,7 @@ class GpuStepRunner : public SequenceRunner {
   int64_t num_sequences() const override;
   int64_t free_slots() const;  // over every rank, the canary's slots not counted
   GuardCounts guard_counts() const override;
+  EarlyImporter* early_importer() override { return early_importer_.get(); }
 
   // Runs `plan` (see the header comment). A sequence whose engine call or sampling fails gets
   // on_error and is listed stopped; a failed DecodeStep fails every sequence of the batch. Never
@@ -153,8 +166,17 @@ class GpuStepRunner : public SequenceRunner {
   GpuStepRunner(std::unique_ptr<engine::gpu::GpuModelGroup> group,
                 const serving::StateLayout& layout, serving::PagePool* pool, RunnerOptions options);
   engine::gpu::GpuModel& Model(const Sequence& seq);
+  // Add's work (Add also gives back the early import's slot of a sequence it refuses).
+  absl::Status AddSequence(serving::RequestId id, SequenceSetup setup);
+  // Run's work, with the model lock held.
+  absl::StatusOr<serving::StepOutcome> RunLocked(const serving::StepPlan& plan);
   // Gives `seq` a slot (fresh, or holding its transferred prompt state).
   absl::Status Place(Sequence& seq);
+  // RunnerOptions::early_import on one GPU: the slot importer and the early importer over it.
+  absl::Status StartEarlyImport();
+  // Cancels the early imports Remove or a failed Add left (their slots back); Run, model lock
+  // held.
+  void CancelEarlyImports();
   // The prefill works of one step, in lock-step rounds over the ranks; sets stopped[i] for
   // works[i].
   void RunPrefill(const std::vector<Work>& works, std::vector<char>* stopped);
@@ -225,6 +247,14 @@ class GpuStepRunner : public SequenceRunner {
   std::vector<int64_t> canary_slots_;
   std::atomic<int64_t> canary_checks_{0};
   std::atomic<int64_t> canary_mismatches_{0};
+  // The early import (RunnerOptions::early_import): Run holds model_lock_ around its step; the
+  // importers (declared last: destroyed first, while the slots and the model are still here)
+  // take it for their model calls. Sequences whose early import Run must cancel.
+  ModelLock model_lock_;
+  std::vector<serving::RequestId> early_cancels_ ABSL_GUARDED_BY(mutex_);
+  std::unique_ptr<TaskPool> early_pool_;
+  std::unique_ptr<GpuSlotImporter> slot_importer_;
+  std::unique_ptr<EarlyImporter> early_importer_;
 };
 
 }  // namespace pdserve::runtime

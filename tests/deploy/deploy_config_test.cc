@@ -134,6 +134,19 @@ TEST(DeployConfigTest, CanaryTolerance) {
   }
 }
 
+// transfer.early_import: off unless asked for; a value other than true / false names the key.
+TEST(DeployConfigTest, TransferEarlyImport) {
+  EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.transfer_early_import);
+  const ParsedDeployConfig on =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  early_import: true\n", "t.yaml");
+  ASSERT_TRUE(on.errors.empty()) << on.errors[0].ToString();
+  EXPECT_TRUE(on.config.transfer_early_import);
+  const ParsedDeployConfig refused =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  early_import: soon\n", "b.yaml");
+  ASSERT_EQ(refused.errors.size(), 1u);
+  EXPECT_EQ(refused.errors[0].key, "transfer.early_import");
+}
+
 // transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as
 // given; anything else names the key.
 TEST(DeployConfigTest, TransferLanes) {

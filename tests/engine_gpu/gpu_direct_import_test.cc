@@ -30,17 +30,7 @@ class GpuDirectImportTest : public ::testing::TestWithParam<std::string> {
     LoadByName(GetParam(), &model_);
   }
 
-  void Prefill(GpuModel& gpu, int64_t slot, int64_t n) {
-    ASSERT_TRUE(gpu.ResetSlot(slot).ok());
-    const std::vector<int32_t>& text = model_.prompts.back();
-    std::vector<int32_t> tokens;
-    for (int64_t i = 0; i < n; ++i) tokens.push_back(text[static_cast<size_t>(i) % text.size()]);
-    for (int64_t at = 0; at < n; at += 13) {
-      const int64_t end = std::min(n, at + 13);
-      ASSERT_TRUE(
-          gpu.Forward(slot, std::vector<int32_t>(tokens.begin() + at, tokens.begin() + end)).ok());
-    }
-  }
+  void Prefill(GpuModel& gpu, int64_t slot, int64_t n) { PrefillSlot(model_, gpu, slot, n); }
 
   TestModel model_;
 };

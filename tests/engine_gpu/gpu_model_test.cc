@@ -189,17 +189,17 @@ TEST_P(GpuModelTest, LastRowLogitsAreTheLastRowOfAllRows) {
   EXPECT_NE(std::memcmp(all[0].data(), all[3].data(), static_cast<size_t>(vocab) * 4), 0);
 }
 
-// The serving paths' choice (no GPU needed): the last row only when asked for by name.
+// The serving paths' choice (no GPU needed): the last row, every row only when asked for by name.
 TEST(ServingChunkLogitsTest, TheEnvironmentPicksTheRows) {
   const char* saved = std::getenv("PDSERVE_GPU_CHUNK_LOGITS");
   const std::string restore = saved != nullptr ? saved : "";
   unsetenv("PDSERVE_GPU_CHUNK_LOGITS");
-  EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kAllRows);
-  setenv("PDSERVE_GPU_CHUNK_LOGITS", "last", 1);
   EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kLastRow);
-  for (const char* other : {"all", "LAST", "", "1"}) {
+  setenv("PDSERVE_GPU_CHUNK_LOGITS", "all", 1);
+  EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kAllRows);
+  for (const char* other : {"last", "ALL", "", "1"}) {
     setenv("PDSERVE_GPU_CHUNK_LOGITS", other, 1);
-    EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kAllRows) << other;
+    EXPECT_EQ(ServingChunkLogits(), ChunkLogits::kLastRow) << other;
   }
   if (saved != nullptr) {
     setenv("PDSERVE_GPU_CHUNK_LOGITS", restore.c_str(), 1);

@@ -29,17 +29,7 @@ class GpuStateStagingTest : public ::testing::TestWithParam<std::string> {
 
   // Prefills `slot` with the first `n` tokens of the longest prompt (repeated to length), in
   // chunks of 13.
-  void Prefill(GpuModel& gpu, int64_t slot, int64_t n) {
-    ASSERT_TRUE(gpu.ResetSlot(slot).ok());
-    const std::vector<int32_t>& text = model_.prompts.back();
-    std::vector<int32_t> tokens;
-    for (int64_t i = 0; i < n; ++i) tokens.push_back(text[static_cast<size_t>(i) % text.size()]);
-    for (int64_t at = 0; at < n; at += 13) {
-      const int64_t end = std::min(n, at + 13);
-      ASSERT_TRUE(
-          gpu.Forward(slot, std::vector<int32_t>(tokens.begin() + at, tokens.begin() + end)).ok());
-    }
-  }
+  void Prefill(GpuModel& gpu, int64_t slot, int64_t n) { PrefillSlot(model_, gpu, slot, n); }
 
   // Every layer of `slot` through `staging` as the prefill engine pipelines it: `buffers`
   // layers enqueued ahead, each taken layer's buffer refilled with the layer `buffers` on.

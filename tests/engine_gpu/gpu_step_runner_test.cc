@@ -182,17 +182,18 @@ using GpuHarness = Harness<GpuStepRunner>;
 
 // gpu_sampling false: decode rows are sampled on the host (RunnerOptions::gpu_sampling).
 MakeRunner<GpuStepRunner> MakeGpuRunner(GpuModel* gpu, bool gpu_sampling = true,
-                                        bool paranoid = false) {
-  return
-      [gpu, gpu_sampling, paranoid](const serving::StateLayout& layout, serving::PagePool* pool) {
-        RunnerOptions options;
-        options.prefill_block = kPrefillBlock;
-        options.gpu_sampling = gpu_sampling;
-        options.paranoid = paranoid;
-        auto runner = GpuStepRunner::Create(gpu, layout, pool, options);
-        EXPECT_TRUE(runner.ok()) << runner.status();
-        return runner.ok() ? std::move(*runner) : nullptr;
-      };
+                                        bool paranoid = false, bool early_import = false) {
+  return [gpu, gpu_sampling, paranoid, early_import](const serving::StateLayout& layout,
+                                                     serving::PagePool* pool) {
+    RunnerOptions options;
+    options.prefill_block = kPrefillBlock;
+    options.gpu_sampling = gpu_sampling;
+    options.paranoid = paranoid;
+    options.early_import = early_import;
+    auto runner = GpuStepRunner::Create(gpu, layout, pool, options);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    return runner.ok() ? std::move(*runner) : nullptr;
+  };
 }
 
 TEST_F(GpuStepRunnerTest, GreedyTokensEqualTheCpuRunner) {
@@ -292,6 +293,19 @@ TEST_F(GpuStepRunnerTest, DecodesFromATransferredPromptState) {
         return std::make_unique<EngineStepRunner>(*cpu_, layout, pool, options);
       });
   ExpectSameTokens(got, want);
+  // The early import (RunnerOptions::early_import: each state in its slot before the sequence
+  // is added, layer by layer, the last layer first) decodes exactly what the import at the first
+  // step decodes: same engine, same slot contents.
+  auto early_gpu = Gpu(4);
+  ASSERT_NE(early_gpu, nullptr);
+  const Outputs early = RunTransferred<GpuStepRunner>(
+      model_.config, specs, states, first,
+      MakeGpuRunner(early_gpu.get(), true, false, /*early_import=*/true), /*early_import=*/true);
+  ASSERT_EQ(early.size(), got.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(early[r][0].tokens, got[r][0].tokens) << "request " << r;
+    EXPECT_EQ(early[r][0].finish_reason, got[r][0].finish_reason) << "request " << r;
+  }
 }
 
 // An expert-parallel group as the runner's engine: 2 ranks on GPU 0 (in-process communicator),

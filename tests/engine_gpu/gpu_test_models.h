@@ -115,6 +115,20 @@ inline std::unique_ptr<GpuModel> MakeGpu(const TestModel& m, int64_t slots, int6
   return std::move(*gpu);
 }
 
+// Prefills `slot` (reset first) with the first `n` tokens of m's longest prompt (repeated to
+// length), in chunks of 13.
+inline void PrefillSlot(const TestModel& m, GpuModel& gpu, int64_t slot, int64_t n) {
+  ASSERT_TRUE(gpu.ResetSlot(slot).ok());
+  const std::vector<int32_t>& text = m.prompts.back();
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < n; ++i) tokens.push_back(text[static_cast<size_t>(i) % text.size()]);
+  for (int64_t at = 0; at < n; at += 13) {
+    const int64_t end = std::min(n, at + 13);
+    ASSERT_TRUE(
+        gpu.Forward(slot, std::vector<int32_t>(tokens.begin() + at, tokens.begin() + end)).ok());
+  }
+}
+
 inline bool HasGpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

@@ -68,13 +68,30 @@ template <typename Runner>
 using MakeRunner =
     std::function<std::unique_ptr<Runner>(const serving::StateLayout&, serving::PagePool*)>;
 
+// The decode worker's early import of sequence `id` (its state already in its pages): begun,
+// every layer reported (the last first), verified, waited for and taken, as
+// decode/early_import.cc does before it Adds the sequence.
+inline void ImportEarly(EarlyImporter& importer, serving::RequestId id, int64_t prompt,
+                        int64_t total, int64_t layers) {
+  ASSERT_TRUE(importer.Begin(id, prompt, total).ok());
+  for (int64_t layer = layers - 1; layer >= 0; --layer) importer.LayerArrived(id, layer);
+  importer.Verified(id);
+  absl::StatusOr<bool> ready = false;
+  while (ready.ok() && !*ready) ready = importer.Ready(id);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  ASSERT_TRUE(importer.Take(id).ok());
+}
+
 // PD decode as the decode worker drives it (its own decode-only plans, no scheduler): each
 // request's prompt state (`states[i]`, the CPU engine's) written into its pages, its first token
-// `first[i]` recorded, then decode steps of every unfinished sequence until all are done.
+// `first[i]` recorded, then decode steps of every unfinished sequence until all are done. With
+// `early_import`, each state goes into its slot through the runner's early importer
+// (ImportEarly) before the sequence is added.
 template <typename Runner>
 Outputs RunTransferred(const engine::ModelConfig& config, const std::vector<RequestSpec>& specs,
                        const std::vector<engine::ModelState>& states,
-                       const std::vector<int32_t>& first, const MakeRunner<Runner>& make) {
+                       const std::vector<int32_t>& first, const MakeRunner<Runner>& make,
+                       bool early_import = false) {
   const serving::StateLayout layout = *LayoutForModel(config);
   const auto n = static_cast<int64_t>(specs.size());
   auto pool = *serving::PagePool::Create(layout.PoolOptions(n, n * config.max_position_embeddings));
@@ -95,13 +112,19 @@ Outputs RunTransferred(const engine::ModelConfig& config, const std::vector<Requ
     const auto id = static_cast<serving::RequestId>(i + 1);
     SequenceSetup setup{context, 0, spec.prompt, spec.params.max_tokens};
     setup.first_token = first[i];
-    EXPECT_TRUE(runner->Add(id, setup).ok());
     const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.params.max_tokens;
     auto table = pool->Allocate(id, layout.Demand(total));
     EXPECT_TRUE(table.ok()) << table.status();
     auto pages = MapPages(*pool, *table);
     EXPECT_TRUE(pages.ok()) << pages.status();
     EXPECT_TRUE(PagedState(config, layout, total).Store(states[i], 0, *pages).ok());
+    if (early_import) {
+      EXPECT_NE(runner->early_importer(), nullptr);
+      if (runner->early_importer() == nullptr) return {};
+      ImportEarly(*runner->early_importer(), id, static_cast<int64_t>(spec.prompt.size()), total,
+                  config.num_hidden_layers);
+    }
+    EXPECT_TRUE(runner->Add(id, setup).ok());
     done[i] = spec.params.max_tokens == 1;
   }
   for (uint64_t step = 1;; ++step) {

@@ -37,10 +37,13 @@ class LoopbackReceiverTest : public ::testing::Test {
     receive_faults_ = faults.get();
     receiver_ = std::make_unique<TransferReceiver>(
         std::move(faults),
-        ReceiverOptions{.lease = absl::Seconds(10),
-                        .heartbeat_interval = absl::Seconds(1),
-                        .missing_grace = absl::Milliseconds(200),
-                        .incarnation = 1},
+        ReceiverOptions{
+            .lease = absl::Seconds(10),
+            .heartbeat_interval = absl::Seconds(1),
+            .missing_grace = absl::Milliseconds(200),
+            .incarnation = 1,
+            .on_layer = [this](uint64_t ticket_id, uint64_t,
+                               uint32_t layer) { layers_.emplace_back(ticket_id, layer); }},
         clock_,
         [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
           released_.push_back(ticket_id);
@@ -166,6 +169,8 @@ class LoopbackReceiverTest : public ::testing::Test {
   std::vector<std::vector<std::byte>> pool_;
   std::vector<uint64_t> released_;
   std::vector<std::pair<uint64_t, TransferOutcome>> decided_;
+  // (ticket, layer) as on_layer reported them, in order.
+  std::vector<std::pair<uint64_t, uint32_t>> layers_;
   std::deque<std::vector<std::vector<std::byte>>> sources_;  // Stable while transfers live.
   FaultInjectingReceiveTransport* receive_faults_ = nullptr;
   std::unique_ptr<TransferReceiver> receiver_;

@@ -25,7 +25,9 @@
 #   there: source .device-carry/pd/env.sh && tools/gpu/run_pd_cuda_e2e.sh
 # Environment: PDSERVE (default: pdserve on PATH), OUT (logs, default ./gpu-out/pd-e2e),
 # BASE_PORT (default 18000; uses BASE_PORT .. BASE_PORT+6), E2E_BACKEND=cpu (every "cuda" above
-# becomes cpu: checks this script's plumbing on a machine without a GPU; the rows then all equal).
+# becomes cpu: checks this script's plumbing on a machine without a GPU; the rows then all equal),
+# EARLY_IMPORT=1 (the cluster's `transfer.early_import: true`: the CUDA decode worker imports each
+# layer into its slot as it arrives; docs/engine-gpu.md, "Early import"; the up log must say so).
 set -euo pipefail
 pdserve=${PDSERVE:-$(command -v pdserve || echo build/pdserve)}
 out=${OUT:-gpu-out/pd-e2e}
@@ -35,6 +37,8 @@ backend=${E2E_BACKEND:-cuda}
 prefill_gpus=${PREFILL_GPUS:-0}
 decode_gpus=${DECODE_GPUS:-0}
 serve_devices=${SERVE_DEVICES:-0}
+early_import=false
+[ "${EARLY_IMPORT:-0}" != 1 ] || early_import=true
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (pdserve forces it too)
 if [ "$backend" = cuda ]; then
   pgpus="gpus: \"$prefill_gpus\""
@@ -87,6 +91,7 @@ decode:
 transfer:
   transport: ucx
   lease_ms: 30000
+  early_import: $early_import
 guards:
   degeneration_action: flag
   paranoid: false
@@ -164,6 +169,8 @@ wait_ready "http://127.0.0.1:$base/ready" 180 "$up" ||
   { echo "FAIL: pdserve up was not ready (log $out/up.log)"; tail -20 "$out/up.log"; exit 1; }
 [ "$backend" != cuda ] || grep -q "backend cuda: prefill on CUDA_VISIBLE_DEVICES=$prefill_gpus," "$out/up.log" ||
   { echo "FAIL: the prefill worker did not say it runs the CUDA engine"; exit 1; }
+[ "$backend" != cuda ] || [ "$early_import" = false ] || grep -q "transfer: early import" "$out/up.log" ||
+  { echo "FAIL: the decode worker did not say it imports early"; exit 1; }
 run_requests "http://127.0.0.1:$base" "$out/pd-cuda.json"
 kill -INT "$up"; wait "$up" 2>/dev/null || true
 pids=()

@@ -9,8 +9,9 @@
 #      with shm,self and with UCX_TLS unset (tcp: pdserve's endpoints ask for peer-failure
 #      handling), lanes = the workers' default, host threads = the default; then shm,self with
 #      1 host thread (the one-thread store, checksums and import), and with the last chunk as a
-#      plain Forward (no layer copies during its compute); the second run brings only each prompt
-#      chunk's last logits row to the host (--chunk-logits=last, GpuModel's ChunkLogits).
+#      plain Forward (no layer copies during its compute); the second run brings every row of
+#      each prompt chunk's logits to the host (--chunk-logits=all; the default, as the serving
+#      paths, is the last row only: GpuModel's ChunkLogits).
 #      Stage columns: copy wait (device -> pinned copies not yet done when the store wanted
 #      them), store (pinned blocks -> pages), post (the sender's checksums of the layer on the
 #      pool, then its first sends), send drain (last layer posted -> commit delivered), verify
@@ -40,25 +41,13 @@ steps=${STEPS:-host bench perftest tests}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 t0=$(date +%s)
-elapsed() { echo "$(($(date +%s) - t0)) s"; }
-rows=()
-row() { rows+=("| $1 | $2 | $3 |"); }
 # The whole script stays within BUDGET seconds (the round's slot), leaving time for the tables:
 # each step's timeout is cut to what is left, and a step with under 8 s left is skipped.
 budget=${BUDGET:-140}
-cap() {
-  local rest=$((budget - ($(date +%s) - t0) - 3))
-  rest=$(($1 < rest ? $1 : rest))
-  echo $((rest > 1 ? rest : 1))
-}
-# True when the step may start (8 s or more left).
-may() { [ "$(cap 8)" -ge 8 ]; }
+# shellcheck source=tools/gpu/round_lib.sh
+source "$(dirname "$0")/round_lib.sh"
 export NCCL_NVLS_ENABLE=0
-
-[ -d wire ] || tar -xJf wire.tar.xz
-# shellcheck disable=SC1091
-source wire/env.sh
-echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+unpack wire
 
 bench_rows=()
 # One bench run: UCX_TLS, host threads (0: default), overlap (1: the stores during the last
@@ -97,10 +86,9 @@ run_bench=false
 # extrapolated linearly ("est.").
 if $run_bench; then
   bench shm,self "$threads" 1 0 "$lengths" 40
-  # Only the prompt chunks' last logits rows to the host (GpuModel's ChunkLogits::kLastRow,
-  # PDSERVE_GPU_CHUNK_LOGITS=last): the fixed ~10 ms "send drain" of the rounds of 2026-12-04
-  # is expected to be FinishForward copying the last chunk's 256 x vocab fp32 logits.
-  bench shm,self "$threads" 1 0 "$lengths" 40 --chunk-logits=last
+  # Every row of the prompt chunks' logits to the host (as before 2026-12-04 19:45 UTC): the
+  # fixed ~10 ms "send drain" of the earlier rounds was FinishForward copying them (docs/perf.md).
+  bench shm,self "$threads" 1 0 "$lengths" 40 --chunk-logits=all
   bench shm,self "$threads" 1 8 131072 20
   bench shm,self "$threads" 1 0 131072 20 --post-on-lanes=0
   bench default "$threads" 1 0 "$lengths" 35

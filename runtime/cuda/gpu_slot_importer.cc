@@ -1,0 +1,180 @@
+#include "runtime/cuda/gpu_slot_importer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace pdserve::runtime {
+namespace {
+
+// Holds the model lock for an import section.
+class ImportSection {
+ public:
+  explicit ImportSection(ModelLock* lock) : lock_(lock) { lock_->LockForImport(); }
+  ~ImportSection() { lock_->Unlock(); }
+  ImportSection(const ImportSection&) = delete;
+  ImportSection& operator=(const ImportSection&) = delete;
+
+ private:
+  ModelLock* const lock_;
+};
+
+absl::Status NoImport(serving::RequestId id) {
+  return absl::NotFoundError(absl::StrCat("sequence ", id, " has no early import"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuSlotImporter>> GpuSlotImporter::Create(
+    GpuSlotImporterOptions options) {
+  if (options.gpu == nullptr || options.layout == nullptr || options.pool == nullptr ||
+      options.lock == nullptr || !options.take_slot || !options.return_slot) {
+    return absl::InvalidArgumentError(
+        "GpuSlotImporter: model, layout, pool, lock and the slot callbacks are required");
+  }
+  const auto layers = static_cast<int64_t>(options.gpu->config().num_hidden_layers);
+  absl::StatusOr<std::unique_ptr<engine::gpu::StateStaging>> staging;
+  {
+    ImportSection section(options.lock);
+    staging = options.gpu->NewStateStaging(std::min<int64_t>(2, layers));
+  }
+  if (!staging.ok()) return staging.status();
+  return std::unique_ptr<GpuSlotImporter>(
+      new GpuSlotImporter(std::move(options), std::move(*staging)));
+}
+
+GpuSlotImporter::GpuSlotImporter(GpuSlotImporterOptions options,
+                                 std::unique_ptr<engine::gpu::StateStaging> staging)
+    : options_(std::move(options)), staging_(std::move(staging)) {}
+
+GpuSlotImporter::~GpuSlotImporter() {
+  std::vector<serving::RequestId> left;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, import] : imports_) left.push_back(id);
+  }
+  for (serving::RequestId id : left) Release(id);
+}
+
+absl::Status GpuSlotImporter::Claim(serving::RequestId id, int64_t position, int64_t total_tokens) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (imports_.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " is already importing"));
+    }
+  }
+  Import import;
+  import.position = position;
+  PDSERVE_ASSIGN_OR_RETURN(const serving::PageTable table, options_.pool->Table(id));
+  PDSERVE_ASSIGN_OR_RETURN(import.pages, MapPages(*options_.pool, table));
+  import.paged =
+      std::make_unique<PagedState>(options_.gpu->config(), *options_.layout, total_tokens);
+  PDSERVE_ASSIGN_OR_RETURN(import.slot, options_.take_slot(id));
+  absl::Status begun;
+  {
+    ImportSection section(options_.lock);
+    begun = options_.gpu->BeginStagedImport(import.slot, position);
+  }
+  if (!begun.ok()) {
+    options_.return_slot(id, import.slot);
+    return begun;
+  }
+  absl::MutexLock lock(&mu_);
+  imports_[id] = std::move(import);
+  return absl::OkStatus();
+}
+
+absl::Status GpuSlotImporter::ImportLayer(serving::RequestId id, int64_t layer) {
+  int64_t slot = -1;
+  int64_t position = 0;
+  const PagedState* paged = nullptr;
+  const SequencePages* pages = nullptr;
+  {
+    // The record stays while this call runs: Release for the id waits for it (EarlyImporter).
+    absl::MutexLock lock(&mu_);
+    auto it = imports_.find(id);
+    if (it == imports_.end()) return NoImport(id);
+    slot = it->second.slot;
+    position = it->second.position;
+    paged = it->second.paged.get();
+    pages = &it->second.pages;
+  }
+  // The fill (the host's copy out of the pages) runs with no lock: steps go on meanwhile.
+  PDSERVE_RETURN_IF_ERROR(staging_->FillImportLayer(
+      layer, position,
+      [&](int64_t l, const engine::RingLayerGeometry& geometry,
+          const engine::MutableRingLayerBlocks& blocks) {
+        return paged->LoadLayerRing(l, geometry, position, *pages, blocks, options_.fill_pool);
+      }));
+  absl::Status enqueued;
+  {
+    ImportSection section(options_.lock);
+    enqueued = options_.gpu->EnqueueStagedLayer(slot, layer, staging_.get());
+  }
+  if (!enqueued.ok()) {
+    // The filled buffer is dropped, so the staging serves the next layer.
+    const absl::Status discarded = staging_->Discard();
+    if (!discarded.ok()) spdlog::error("GpuSlotImporter: {}", discarded.ToString());
+  }
+  return enqueued;
+}
+
+absl::StatusOr<bool> GpuSlotImporter::Copied(serving::RequestId id) {
+  PDSERVE_ASSIGN_OR_RETURN(const int64_t slot, SlotOf(id));
+  ImportSection section(options_.lock);
+  return options_.gpu->StagedImportCopied(slot);
+}
+
+void GpuSlotImporter::Release(serving::RequestId id) { ReleaseImport(id, /*locked=*/false); }
+
+void GpuSlotImporter::ReleaseWithLockHeld(serving::RequestId id) {
+  ReleaseImport(id, /*locked=*/true);
+}
+
+bool GpuSlotImporter::ReleaseImport(serving::RequestId id, bool locked) {
+  int64_t slot = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = imports_.find(id);
+    if (it == imports_.end()) return false;
+    slot = it->second.slot;
+    imports_.erase(it);
+  }
+  if (!locked) options_.lock->LockForImport();
+  const absl::Status cancelled = options_.gpu->CancelStagedImport(slot);
+  if (!locked) options_.lock->Unlock();
+  if (!cancelled.ok()) {
+    spdlog::error("GpuSlotImporter: sequence {} slot {}: {}", id, slot, cancelled.ToString());
+  }
+  options_.return_slot(id, slot);
+  return true;
+}
+
+absl::StatusOr<int64_t> GpuSlotImporter::SlotOf(serving::RequestId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = imports_.find(id);
+  if (it == imports_.end()) return NoImport(id);
+  return it->second.slot;
+}
+
+absl::Status GpuSlotImporter::Finish(serving::RequestId id) {
+  int64_t slot = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = imports_.find(id);
+    if (it == imports_.end()) return NoImport(id);
+    slot = it->second.slot;
+    imports_.erase(it);
+  }
+  absl::Status finished = options_.gpu->FinishStagedImport(slot);
+  if (finished.ok()) return finished;
+  if (absl::Status cancelled = options_.gpu->CancelStagedImport(slot); !cancelled.ok()) {
+    spdlog::error("GpuSlotImporter: sequence {} slot {}: {}", id, slot, cancelled.ToString());
+  }
+  return finished;
+}
+
+}  // namespace pdserve::runtime

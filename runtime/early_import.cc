@@ -1,0 +1,320 @@
+#include "runtime/early_import.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+
+namespace pdserve::runtime {
+namespace {
+
+using State = EarlyImportState;
+using Event = EarlyImportEvent;
+
+// The states in which layers are still imported and copies checked.
+bool Importing(State s) { return s == State::kImporting || s == State::kVerified; }
+
+const char* EventName(Event e) {
+  switch (e) {
+    case Event::kAllCopied:
+      return "all copied";
+    case Event::kVerified:
+      return "verified";
+    case Event::kTaken:
+      return "taken";
+    case Event::kImportFailed:
+      return "import failed";
+    case Event::kCancel:
+      return "cancel";
+  }
+  return "?";
+}
+
+}  // namespace
+
+const char* EarlyImportStateName(EarlyImportState state) {
+  switch (state) {
+    case State::kImporting:
+      return "importing";
+    case State::kCopied:
+      return "copied";
+    case State::kVerified:
+      return "verified";
+    case State::kReady:
+      return "ready";
+    case State::kTaken:
+      return "taken";
+    case State::kFailed:
+      return "failed";
+    case State::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+absl::StatusOr<EarlyImportState> NextEarlyImportState(EarlyImportState state,
+                                                      EarlyImportEvent event) {
+  switch (event) {
+    case Event::kAllCopied:
+      if (state == State::kImporting) return State::kCopied;
+      if (state == State::kVerified) return State::kReady;
+      break;
+    case Event::kVerified:
+      if (state == State::kImporting) return State::kVerified;
+      if (state == State::kCopied) return State::kReady;
+      break;
+    case Event::kTaken:
+      if (state == State::kReady) return State::kTaken;
+      break;
+    case Event::kImportFailed:
+      if (Importing(state) || state == State::kCopied) return State::kFailed;
+      break;
+    case Event::kCancel:
+      if (state == State::kFailed || state == State::kCancelled) return state;
+      if (state != State::kTaken) return State::kCancelled;
+      break;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "early import: event '", EventName(event), "' in state '", EarlyImportStateName(state), "'"));
+}
+
+EarlyImporter::EarlyImporter(SlotImporter* slots, int64_t layers)
+    : slots_(slots), layers_(layers), thread_([this] { Run(); }) {}
+
+EarlyImporter::~EarlyImporter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, record] : records_) {
+    if (record.state != State::kFailed && record.state != State::kCancelled) slots_->Release(id);
+  }
+}
+
+void EarlyImporter::Apply(serving::RequestId id, Record& record, EarlyImportEvent event) {
+  absl::StatusOr<State> next = NextEarlyImportState(record.state, event);
+  if (next.ok()) {
+    record.state = *next;
+    return;
+  }
+  spdlog::error("sequence {}: {}", id, next.status().ToString());
+  record.error = next.status();
+  record.state = State::kFailed;
+}
+
+void EarlyImporter::ReleaseSlot(serving::RequestId id) {
+  mu_.Unlock();
+  slots_->Release(id);
+  mu_.Lock();
+}
+
+absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64_t total_tokens) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (records_.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " is already importing"));
+    }
+  }
+  // Claimed outside mu_: the slot importer may wait for the model's step in flight.
+  absl::Status claimed = slots_->Claim(id, position, total_tokens);
+  if (!claimed.ok()) return claimed;
+  absl::MutexLock lock(&mu_);
+  Record& record = records_[id];
+  record.queued.assign(static_cast<size_t>(layers_), 0);
+  return absl::OkStatus();
+}
+
+void EarlyImporter::LayerArrived(serving::RequestId id, int64_t layer) {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end() || !Importing(it->second.state) || layer < 0 || layer >= layers_) {
+    return;
+  }
+  char& queued = it->second.queued[static_cast<size_t>(layer)];
+  if (queued) return;
+  queued = 1;
+  queue_.emplace_back(id, layer);
+}
+
+void EarlyImporter::Verified(serving::RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end()) return;
+  const State s = it->second.state;
+  if (s == State::kImporting || s == State::kCopied) Apply(id, it->second, Event::kVerified);
+}
+
+void EarlyImporter::Cancel(serving::RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end()) return;
+  const State before = it->second.state;
+  if (before == State::kTaken) return;
+  Apply(id, it->second, Event::kCancel);
+  // A failed or cancelled import already gave its slot back; a busy one gives it back when its
+  // call returns (AfterCall).
+  if (it->second.busy) return;
+  records_.erase(it);
+  if (before != State::kFailed && before != State::kCancelled) ReleaseSlot(id);
+}
+
+absl::StatusOr<bool> EarlyImporter::Ready(serving::RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end() || it->second.state == State::kCancelled) {
+    return absl::NotFoundError(absl::StrCat("sequence ", id, " has no early import"));
+  }
+  if (it->second.state == State::kFailed) {
+    absl::Status error = it->second.error;
+    if (!it->second.busy) records_.erase(it);
+    return error;
+  }
+  return it->second.state == State::kReady;
+}
+
+absl::Status EarlyImporter::Take(serving::RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", id, " has no early import"));
+  }
+  absl::StatusOr<State> next = NextEarlyImportState(it->second.state, Event::kTaken);
+  if (!next.ok()) return next.status();
+  records_.erase(it);
+  return absl::OkStatus();
+}
+
+std::optional<EarlyImportState> EarlyImporter::StateOf(serving::RequestId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end()) return std::nullopt;
+  return it->second.state;
+}
+
+int64_t EarlyImporter::active() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(records_.size());
+}
+
+void EarlyImporter::Fail(serving::RequestId id, absl::Status error) {
+  // Still busy while the slot goes back, so a Cancel meanwhile leaves the release to this call;
+  // kFailed is published with the slot already free.
+  ReleaseSlot(id);
+  auto it = records_.find(id);
+  it->second.busy = false;
+  if (it->second.state == State::kCancelled) {
+    records_.erase(it);
+    return;
+  }
+  it->second.error = std::move(error);
+  Apply(id, it->second, Event::kImportFailed);
+}
+
+void EarlyImporter::AfterCall(serving::RequestId id) {
+  auto it = records_.find(id);
+  it->second.busy = false;
+  if (it->second.state != State::kCancelled) return;
+  records_.erase(it);
+  ReleaseSlot(id);
+}
+
+bool EarlyImporter::Work() {
+  if (!queue_.empty()) {
+    const auto [id, layer] = queue_.front();
+    queue_.pop_front();
+    auto it = records_.find(id);
+    if (it == records_.end() || !Importing(it->second.state)) return true;
+    it->second.busy = true;
+    mu_.Unlock();
+    const absl::Status imported = slots_->ImportLayer(id, layer);
+    mu_.Lock();
+    it = records_.find(id);  // busy records are never erased
+    if (it->second.state == State::kCancelled) {
+      AfterCall(id);
+      return true;
+    }
+    if (imported.ok()) {
+      it->second.busy = false;
+      ++it->second.imported;
+      return true;
+    }
+    spdlog::error("sequence {}: early import of layer {} failed: {}", id, layer,
+                  imported.ToString());
+    Fail(id, imported);
+    return true;
+  }
+  // The copy checks of the imports whose layers are all enqueued.
+  std::vector<serving::RequestId> copying;
+  for (const auto& [id, record] : records_) {
+    if (Importing(record.state) && record.imported == layers_ && !record.busy) {
+      copying.push_back(id);
+    }
+  }
+  bool pending = false;
+  for (serving::RequestId id : copying) {
+    auto it = records_.find(id);
+    if (it == records_.end() || !Importing(it->second.state) || it->second.busy) continue;
+    it->second.busy = true;
+    mu_.Unlock();
+    const absl::StatusOr<bool> copied = slots_->Copied(id);
+    mu_.Lock();
+    it = records_.find(id);
+    if (it->second.state == State::kCancelled) {
+      AfterCall(id);
+      continue;
+    }
+    if (!copied.ok()) {
+      Fail(id, copied.status());
+      continue;
+    }
+    it->second.busy = false;
+    if (*copied) {
+      Apply(id, it->second, Event::kAllCopied);
+    } else {
+      pending = true;
+    }
+  }
+  return pending;
+}
+
+void EarlyImporter::Run() {
+  absl::MutexLock lock(&mu_);
+  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopping_ || !queue_.empty()) return true;
+    for (const auto& [id, record] : records_) {
+      if (Importing(record.state) && record.imported == layers_ && !record.busy) return true;
+    }
+    return false;
+  };
+  while (!stopping_) {
+    const bool copies_pending = Work();
+    if (!queue_.empty()) continue;
+    if (copies_pending) {
+      // Copies in flight: look again shortly (an event query, no waiting on the device).
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](bool* s) { return *s; }, &stopping_),
+                           absl::Microseconds(50));
+      continue;
+    }
+    mu_.Await(absl::Condition(&wake));
+  }
+}
+
+void ModelLock::LockForImport() {
+  ++importers_waiting_;
+  mu_.Lock();
+  --importers_waiting_;
+}
+
+void ModelLock::LockForStep() {
+  while (importers_waiting_.load() > 0) std::this_thread::yield();
+  mu_.Lock();
+}
+
+void ModelLock::Unlock() { mu_.Unlock(); }
+
+}  // namespace pdserve::runtime

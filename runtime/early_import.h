@@ -1,0 +1,162 @@
+// The CUDA decode side's early import (issue 27): a transferred prompt's state goes into its
+// decode slot layer by layer WHILE later layers are still arriving, instead of all at once after
+// the transfer verified.
+//
+// Life of one request's import (EarlyImportState, changed only by NextEarlyImportState):
+//
+//   Begin: the slot and its state pages are claimed (SlotImporter::Claim)    -> kImporting
+//   each layer whose pages all landed with good checksums (kv::ReceiverOptions::on_layer) is
+//   queued; the importer's own thread imports it (SlotImporter::ImportLayer: the host fill and
+//   the enqueue of its copies), in arrival order, each layer once
+//   kImporting --kAllCopied--> kCopied        (every layer's copy landed; NOT verified)
+//   kImporting --kVerified-->  kVerified      (the commit verified; copies still pending)
+//   kCopied --kVerified--> kReady;  kVerified --kAllCopied--> kReady      (runnable)
+//   kReady --kTaken--> kTaken                (the step runner owns the slot from here)
+//   kImporting / kCopied / kVerified --kImportFailed--> kFailed  (slot released; the request
+//                                                                  fails with the error)
+//   any but kTaken --kCancel--> kCancelled   (failed checksum, lost lane, abort, lease: slot
+//                                              released once no import call for it runs)
+//
+// The slot is never readable by a step before kReady: GpuModel's staged import keeps its
+// position 0 until the runner finishes it, and the runner takes only kReady slots, so pdserve
+// never decodes from unverified state.
+//
+// Thread-safety: every public method may be called from any thread (one mutex; LayerArrived is
+// cheap and may run under the receiver's mutex). SlotImporter calls for one request never
+// overlap; ImportLayer / Copied run on the importer's thread, Claim on Begin's caller's,
+// Release on whichever thread ends the import (Cancel's caller or the importer's thread).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "serving/page_pool.h"
+
+namespace pdserve::runtime {
+
+enum class EarlyImportState {
+  kImporting,  // slot claimed; layers import as they arrive; transfer not verified
+  kCopied,     // every layer's copy landed; transfer not verified
+  kVerified,   // transfer verified; some layers' copies still pending
+  kReady,      // verified and every copy landed: the runner may take the slot
+  kTaken,      // handed to the runner
+  kFailed,     // an import call failed: slot released, the request fails with the error
+  kCancelled,  // ended before kTaken (transfer failed, aborted, lease): slot released
+};
+
+enum class EarlyImportEvent { kAllCopied, kVerified, kTaken, kImportFailed, kCancel };
+
+// The state `event` leads to from `state`. FailedPrecondition naming both for an event that
+// cannot happen there (a bug in the caller). kCancel on kFailed / kCancelled stays there.
+absl::StatusOr<EarlyImportState> NextEarlyImportState(EarlyImportState state,
+                                                      EarlyImportEvent event);
+const char* EarlyImportStateName(EarlyImportState state);
+
+// A slot that takes a prompt's state layer by layer (runtime/cuda/gpu_slot_importer.h over
+// GpuModel's staged import; a fake in the host tests).
+class SlotImporter {
+ public:
+  virtual ~SlotImporter() = default;
+  // Claims a slot for sequence `id` (whose state pages, for `total_tokens`, hold the transfer)
+  // and its device state pages for `position` prompt tokens; the slot stays unreadable.
+  // ResourceExhausted when no slot or page is free; AlreadyExists for a claimed id.
+  virtual absl::Status Claim(serving::RequestId id, int64_t position, int64_t total_tokens) = 0;
+  // Fills layer `layer` from the sequence's pages and enqueues its copies (may block for the
+  // fill, host work). Each layer once.
+  virtual absl::Status ImportLayer(serving::RequestId id, int64_t layer) = 0;
+  // Whether every layer was imported and its copies have landed; never blocks for the copies.
+  virtual absl::StatusOr<bool> Copied(serving::RequestId id) = 0;
+  // Gives the slot and its pages back (waits for copies in flight). Unknown ids are ignored.
+  virtual void Release(serving::RequestId id) = 0;
+};
+
+class EarlyImporter {
+ public:
+  // `slots` must outlive the importer; `layers`: the model's layer count. Starts its thread.
+  EarlyImporter(SlotImporter* slots, int64_t layers);
+  // Stops the thread and releases every slot not taken.
+  ~EarlyImporter();
+  EarlyImporter(const EarlyImporter&) = delete;
+  EarlyImporter& operator=(const EarlyImporter&) = delete;
+
+  // Claims the slot of sequence `id` for a prompt of `position` tokens (SlotImporter::Claim's
+  // errors; AlreadyExists for an id begun and not forgotten).
+  absl::Status Begin(serving::RequestId id, int64_t position, int64_t total_tokens)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Layer `layer`'s pages all landed and passed their checksums: queued for the thread. Ignored
+  // for an unknown or ended id, a layer already queued, or one outside [0, layers).
+  void LayerArrived(serving::RequestId id, int64_t layer) ABSL_LOCKS_EXCLUDED(mu_);
+  // The transfer verified. Ignored for an unknown or ended id.
+  void Verified(serving::RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the import (the transfer failed, the request was aborted, its lease passed): the slot
+  // is released now, or, when an import call for it is running, right after that call; the id
+  // is forgotten. Unknown ids are ignored.
+  void Cancel(serving::RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // true once kReady; false while importing; the error of kFailed (the id is then forgotten);
+  // NotFound for an unknown (or cancelled) id.
+  absl::StatusOr<bool> Ready(serving::RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands a kReady import to the runner (the slot stays claimed; the id is forgotten here).
+  // FailedPrecondition in any other state, NotFound for an unknown id.
+  absl::Status Take(serving::RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The import's state (tests, stats); nullopt for an unknown id.
+  std::optional<EarlyImportState> StateOf(serving::RequestId id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Imports begun and not yet forgotten.
+  int64_t active() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Record {
+    EarlyImportState state = EarlyImportState::kImporting;
+    absl::Status error;
+    std::vector<char> queued;  // per layer
+    int64_t imported = 0;      // layers whose ImportLayer succeeded
+    bool busy = false;         // an ImportLayer / Copied call for it runs (mu_ not held)
+  };
+  void Run();
+  // Applies `event`; an illegal one is a bug: logged, and the import fails.
+  void Apply(serving::RequestId id, Record& record, EarlyImportEvent event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One import call for the front of the queue, or the copy checks; false when idle.
+  bool Work() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An import call for `id` (still busy) failed with `error`: gives its slot back, then fails
+  // it (or forgets it, when it was cancelled meanwhile).
+  void Fail(serving::RequestId id, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An import call for `id` returned: releases a record cancelled meanwhile.
+  void AfterCall(serving::RequestId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record's slot is released (mu_ dropped around the call).
+  void ReleaseSlot(serving::RequestId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  SlotImporter* const slots_;
+  const int64_t layers_;
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<serving::RequestId, Record> records_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<serving::RequestId, int64_t>> queue_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Serializes a model's staged-import calls with its step loop, short import sections first: an
+// importer waits at most for the step in flight, and the step loop lets a waiting importer in
+// before its next step (an import section only enqueues copies: microseconds).
+class ModelLock {
+ public:
+  void LockForImport() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void LockForStep() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  absl::Mutex mu_;
+  std::atomic<int> importers_waiting_{0};
+};
+
+}  // namespace pdserve::runtime

@@ -1,0 +1,322 @@
+// The decode worker's side of the early import (decode/early_import.cc) on the CPU engine: a
+// prefill worker and two decode workers in this process (bundled model, UCX over tcp, gRPC on
+// loopback), one of them with a runner whose early importer records what the worker asks of it
+// (a real runtime::EarlyImporter over a recording SlotImporter; the tokens come from the CPU
+// engine's runner, which decodes from the pages either way). Checked: the slot is claimed at
+// Reserve, every layer is imported exactly once before the sequence is added, the tokens equal
+// the other decode worker's (the same runner over the same bf16 pages, without the early
+// import), and a corrupted transfer cancels the import (slot back, never
+// added) and fails only that request. The GPU side is tests/engine_gpu/gpu_early_import_test.cc.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "decode/decode_worker.h"
+#include "engine/model.h"
+#include "prefill/prefill_worker.h"
+#include "runtime/early_import.h"
+#include "runtime/step_runner.h"
+
+namespace pdserve::decode {
+namespace {
+
+namespace v1 = pdserve::worker::v1;
+
+// Records the early import's slot calls: claims, each layer imported, releases.
+class RecordingSlots : public runtime::SlotImporter {
+ public:
+  absl::Status Claim(serving::RequestId id, int64_t, int64_t) override {
+    absl::MutexLock lock(&mu_);
+    claimed_.insert(id);
+    ever_claimed_.insert(id);
+    return absl::OkStatus();
+  }
+  absl::Status ImportLayer(serving::RequestId id, int64_t layer) override {
+    absl::MutexLock lock(&mu_);
+    layers_[id].push_back(layer);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> Copied(serving::RequestId) override { return true; }
+  void Release(serving::RequestId id) override {
+    absl::MutexLock lock(&mu_);
+    if (claimed_.erase(id) > 0) ++releases_;
+  }
+  // The runner took the slot and the sequence ran; its Remove frees it.
+  void Removed(serving::RequestId id) {
+    absl::MutexLock lock(&mu_);
+    claimed_.erase(id);
+  }
+  std::vector<int64_t> layers(serving::RequestId id) {
+    absl::MutexLock lock(&mu_);
+    return layers_[id];
+  }
+  size_t claimed() {
+    absl::MutexLock lock(&mu_);
+    return claimed_.size();
+  }
+  size_t ever_claimed() {
+    absl::MutexLock lock(&mu_);
+    return ever_claimed_.size();
+  }
+  int64_t releases() {
+    absl::MutexLock lock(&mu_);
+    return releases_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::set<serving::RequestId> claimed_;
+  std::set<serving::RequestId> ever_claimed_;
+  std::map<serving::RequestId, std::vector<int64_t>> layers_;
+  int64_t releases_ = 0;
+};
+
+// The CPU engine's runner, with (`early`) an early importer over RecordingSlots; records, at each
+// Add, which layers had been imported.
+class EarlyImportRunner : public runtime::SequenceRunner {
+ public:
+  EarlyImportRunner(std::unique_ptr<engine::Model> model, const runtime::RunnerContext& context,
+                    RecordingSlots* slots, bool early)
+      : early_(early),
+        model_(std::move(model)),
+        inner_(*model_, *context.layout, context.pool, context.options),
+        slots_(slots),
+        importer_(slots, context.config->num_hidden_layers),
+        layers_(context.config->num_hidden_layers) {}
+  absl::Status Add(serving::RequestId id, runtime::SequenceSetup setup) override {
+    {
+      absl::MutexLock lock(&mu_);
+      layers_at_add_[id] = slots_->layers(id);
+    }
+    return inner_.Add(id, std::move(setup));
+  }
+  void Remove(serving::RequestId id) override {
+    slots_->Removed(id);
+    inner_.Remove(id);
+  }
+  int64_t num_sequences() const override { return inner_.num_sequences(); }
+  runtime::GuardCounts guard_counts() const override { return inner_.guard_counts(); }
+  absl::StatusOr<serving::StepOutcome> Run(const serving::StepPlan& plan) override {
+    return inner_.Run(plan);
+  }
+  runtime::EarlyImporter* early_importer() override { return early_ ? &importer_ : nullptr; }
+  int64_t layers() const { return layers_; }
+
+  std::map<serving::RequestId, std::vector<int64_t>> layers_at_add() {
+    absl::MutexLock lock(&mu_);
+    return layers_at_add_;
+  }
+
+ private:
+  const bool early_;
+  std::unique_ptr<engine::Model> model_;
+  runtime::EngineStepRunner inner_;
+  RecordingSlots* slots_;
+  runtime::EarlyImporter importer_;
+  const int64_t layers_;
+  absl::Mutex mu_;
+  std::map<serving::RequestId, std::vector<int64_t>> layers_at_add_;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string finish_reason;
+  v1::IsolationError isolation_error = v1::ISOLATION_ERROR_UNSPECIFIED;
+};
+
+class EarlyImportWorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("UCX_TLS", "tcp", 1);
+    const std::string model = PDSERVE_BUNDLED_MODEL;
+    prefill::PrefillWorkerOptions p;
+    p.model_dir = model;
+    p.faults.corrupt_request = kCorrupted;
+    auto prefill = prefill::PrefillWorker::Create(p);
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    prefill_ = std::move(*prefill);
+    // Both decode workers run the CPU engine's runner over the pages a runner factory's worker
+    // keeps (bf16, as for the CUDA engine); only the second has an early importer.
+    DecodeWorkerOptions plain;
+    plain.model_dir = model;
+    plain.max_batch = 8;
+    plain.runner_factory = [this](const runtime::RunnerContext& context) {
+      return MakeRunner(context, /*early=*/false);
+    };
+    auto decode = DecodeWorker::Create(plain);
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    plain_ = std::move(*decode);
+    DecodeWorkerOptions early = plain;
+    early.runner_factory = [this](const runtime::RunnerContext& context) {
+      return MakeRunner(context, /*early=*/true);
+    };
+    decode = DecodeWorker::Create(early);
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    early_ = std::move(*decode);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(prefill_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                       grpc::InsecureChannelCredentials());
+    prefill_stub_ = v1::PrefillWorker::NewStub(channel);
+    for (DecodeWorker* w : {plain_.get(), early_.get()}) {
+      grpc::ServerBuilder b;
+      int p2 = 0;
+      b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &p2);
+      b.RegisterService(w);
+      decode_servers_.push_back(b.BuildAndStart());
+      ASSERT_NE(decode_servers_.back(), nullptr);
+      decode_stubs_.push_back(v1::DecodeWorker::NewStub(grpc::CreateChannel(
+          "127.0.0.1:" + std::to_string(p2), grpc::InsecureChannelCredentials())));
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<runtime::SequenceRunner>> MakeRunner(
+      const runtime::RunnerContext& context, bool early) {
+    auto cpu = engine::Model::Load(context.model_dir);
+    if (!cpu.ok()) return cpu.status();
+    auto runner = std::make_unique<EarlyImportRunner>(
+        std::make_unique<engine::Model>(std::move(*cpu)), context, &slots_, early);
+    if (early) runner_ = runner.get();
+    return runner;
+  }
+
+  void TearDown() override {
+    for (auto& s : decode_servers_) s->Shutdown();
+    if (server_) server_->Shutdown();
+    if (early_) early_->Stop();
+    if (plain_) plain_->Stop();
+  }
+
+  // The router's flow for one request on decode worker `d` (0: plain, 1: early import).
+  Result Run(int d, uint64_t id, const std::vector<int32_t>& prompt) {
+    v1::SamplingParams sampling;
+    sampling.set_max_tokens(12);
+    sampling.set_temperature(0.8f);
+    sampling.set_seed(id);
+    v1::ReserveRequest reserve;
+    reserve.set_request_id(id);
+    reserve.set_prompt_tokens(static_cast<int32_t>(prompt.size()));
+    *reserve.mutable_sampling() = sampling;
+    for (int32_t t : prompt) reserve.add_prompt_token_ids(t);
+    v1::ReserveResponse reserved;
+    Result result;
+    {
+      grpc::ClientContext context;
+      const grpc::Status s = decode_stubs_[d]->Reserve(&context, reserve, &reserved);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      if (!s.ok()) return result;
+    }
+    std::thread prefill([&] {
+      v1::PrefillRequest request;
+      request.set_request_id(id);
+      for (int32_t t : prompt) request.add_token_ids(t);
+      *request.mutable_sampling() = sampling;
+      *request.mutable_ticket() = reserved.ticket();
+      v1::PrefillResponse response;
+      grpc::ClientContext context;
+      prefill_stub_->Prefill(&context, request, &response).ok();
+    });
+    grpc::ClientContext context;
+    v1::GenerateRequest generate;
+    generate.set_request_id(id);
+    generate.set_ticket_id(reserved.ticket().ticket_id());
+    auto reader = decode_stubs_[d]->Generate(&context, generate);
+    v1::GenerateResponse event;
+    while (reader->Read(&event)) {
+      for (int32_t t : event.token_ids()) result.tokens.push_back(t);
+      if (!event.finish_reason().empty()) {
+        result.finish_reason = event.finish_reason();
+        result.isolation_error = event.isolation_error();
+      }
+    }
+    reader->Finish().ok();
+    prefill.join();
+    return result;
+  }
+
+  static std::vector<int32_t> Prompt(int64_t n, int32_t salt) {
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < n; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + salt) % 4000));
+    return prompt;
+  }
+
+  static constexpr uint64_t kCorrupted = 777;
+  RecordingSlots slots_;
+  EarlyImportRunner* runner_ = nullptr;
+  std::unique_ptr<prefill::PrefillWorker> prefill_;
+  std::unique_ptr<DecodeWorker> plain_;
+  std::unique_ptr<DecodeWorker> early_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::unique_ptr<grpc::Server>> decode_servers_;
+  std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub_;
+  std::vector<std::unique_ptr<v1::DecodeWorker::Stub>> decode_stubs_;
+};
+
+// Waits (at most 10 s: a hang is a failure, not a timing) until `done` holds.
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TEST_F(EarlyImportWorkerTest, EveryLayerIsImportedBeforeTheSequenceJoinsAndTokensAreUnchanged) {
+  ASSERT_NE(runner_, nullptr);
+  const int64_t layers = runner_->layers();
+  uint64_t id = 100;
+  for (int64_t length : {1, 63, 100, 200}) {
+    SCOPED_TRACE(length);
+    const std::vector<int32_t> prompt = Prompt(length, static_cast<int32_t>(length % 7));
+    const Result want = Run(0, id, prompt);
+    const Result got = Run(1, id, prompt);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.finish_reason, want.finish_reason);
+    ++id;
+  }
+  ASSERT_TRUE(Eventually([&] { return slots_.claimed() == 0; }));
+  EXPECT_EQ(slots_.ever_claimed(), 4u);
+  EXPECT_EQ(slots_.releases(), 0);  // every slot was taken by the runner
+  const auto at_add = runner_->layers_at_add();
+  ASSERT_EQ(at_add.size(), 4u);
+  for (const auto& [sequence, imported] : at_add) {
+    std::multiset<int64_t> each(imported.begin(), imported.end());
+    EXPECT_EQ(each.size(), static_cast<size_t>(layers)) << sequence;
+    for (int64_t l = 0; l < layers; ++l) EXPECT_EQ(each.count(l), 1u) << sequence;
+  }
+}
+
+TEST_F(EarlyImportWorkerTest, ACorruptedTransferCancelsTheImportAndFailsOnlyThatRequest) {
+  ASSERT_NE(runner_, nullptr);
+  const Result bad = Run(1, kCorrupted, Prompt(100, 5));
+  EXPECT_EQ(bad.finish_reason, "error");
+  EXPECT_EQ(bad.isolation_error, v1::ISOLATION_ERROR_CHECKSUM);
+  EXPECT_TRUE(bad.tokens.empty());
+  // Its slot goes back without the runner ever seeing the sequence.
+  ASSERT_TRUE(Eventually([&] { return slots_.releases() == 1; }));
+  EXPECT_EQ(slots_.claimed(), 0u);
+  EXPECT_TRUE(runner_->layers_at_add().empty());
+  // The next request is untouched.
+  const Result want = Run(0, 900, Prompt(100, 6));
+  const Result good = Run(1, 900, Prompt(100, 6));
+  EXPECT_EQ(good.tokens, want.tokens);
+  EXPECT_FALSE(good.tokens.empty());
+}
+
+}  // namespace
+}  // namespace pdserve::decode

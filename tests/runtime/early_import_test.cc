@@ -1,0 +1,246 @@
+// runtime::EarlyImporter's state machine over a fake SlotImporter (no GPU): layers imported in
+// the order they arrive, each once; runnable only when verified AND every copy landed; a failed
+// layer import, a cancel (failed checksum, lost lane, abort, lease) or the importer's end gives
+// the slot and its pages back (the fake's admission counts) and fails or forgets only that
+// request. The GPU side (GpuModel's staged import) is tests/engine_gpu/gpu_early_import_test.cc.
+#include "runtime/early_import.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+namespace pdserve::runtime {
+namespace {
+
+constexpr int64_t kLayers = 4;
+
+// Slots with admission counts: `free_slots` slots, each claim holding position / 64 + 1 pages of
+// `free_pages`. Every call is recorded.
+class FakeSlots : public SlotImporter {
+ public:
+  absl::Status Claim(serving::RequestId id, int64_t position, int64_t) override {
+    absl::MutexLock lock(&mu_);
+    if (claimed_.contains(id)) return absl::AlreadyExistsError("claimed");
+    const int64_t pages = position / 64 + 1;
+    if (free_slots_ == 0 || free_pages_ < pages) return absl::ResourceExhaustedError("full");
+    --free_slots_;
+    free_pages_ -= pages;
+    claimed_[id] = {pages, 0};
+    return absl::OkStatus();
+  }
+  absl::Status ImportLayer(serving::RequestId id, int64_t layer) override {
+    if (layer == block_layer_) {
+      entered_.Notify();
+      blocked_.WaitForNotification();
+    }
+    absl::MutexLock lock(&mu_);
+    imported_.push_back(layer);
+    if (layer == fail_layer_) return absl::DataLossError("injected fill failure");
+    ++claimed_.at(id).second;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> Copied(serving::RequestId id) override {
+    absl::MutexLock lock(&mu_);
+    return copies_land_ && claimed_.at(id).second == kLayers;
+  }
+  void Release(serving::RequestId id) override {
+    absl::MutexLock lock(&mu_);
+    auto it = claimed_.find(id);
+    if (it == claimed_.end()) return;
+    ++free_slots_;
+    free_pages_ += it->second.first;
+    ++releases_;
+    claimed_.erase(it);
+  }
+
+  int64_t free_slots() {
+    absl::MutexLock lock(&mu_);
+    return free_slots_;
+  }
+  int64_t free_pages() {
+    absl::MutexLock lock(&mu_);
+    return free_pages_;
+  }
+  int64_t releases() {
+    absl::MutexLock lock(&mu_);
+    return releases_;
+  }
+  std::vector<int64_t> imported() {
+    absl::MutexLock lock(&mu_);
+    return imported_;
+  }
+  void set_copies_land(bool land) {
+    absl::MutexLock lock(&mu_);
+    copies_land_ = land;
+  }
+
+  int64_t fail_layer_ = -1;
+  int64_t block_layer_ = -1;
+  absl::Notification entered_;  // block_layer_'s import started
+  absl::Notification blocked_;  // lets it go on
+
+ private:
+  absl::Mutex mu_;
+  int64_t free_slots_ = 2;
+  int64_t free_pages_ = 10;
+  int64_t releases_ = 0;
+  bool copies_land_ = true;
+  std::map<serving::RequestId, std::pair<int64_t, int64_t>> claimed_;  // pages, layers imported
+  std::vector<int64_t> imported_;
+};
+
+// Waits (at most 10 s: a hang is a failure, not a timing) until `done` holds.
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Microseconds(100));
+  }
+  return true;
+}
+
+TEST(EarlyImportTest, OutOfOrderLayersImportOnceEachAndRunOnlyOnceVerified) {
+  FakeSlots slots;
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(7, 100, 200).ok());
+  EXPECT_EQ(slots.free_slots(), 1);
+  for (int64_t layer : {2, 0, 3, 0, 1, 2, 9, -1}) importer.LayerArrived(7, layer);
+  ASSERT_TRUE(Eventually([&] { return importer.StateOf(7) == EarlyImportState::kCopied; }));
+  EXPECT_EQ(slots.imported(), (std::vector<int64_t>{2, 0, 3, 1}));
+  // Every layer is in the slot, but the transfer is not verified: not runnable.
+  absl::StatusOr<bool> ready = importer.Ready(7);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_FALSE(*ready);
+  EXPECT_TRUE(absl::IsFailedPrecondition(importer.Take(7)));
+  importer.Verified(7);
+  ready = importer.Ready(7);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_TRUE(*ready);
+  ASSERT_TRUE(importer.Take(7).ok());
+  // The runner owns the slot now: nothing was released.
+  EXPECT_EQ(importer.active(), 0);
+  EXPECT_EQ(slots.releases(), 0);
+  EXPECT_EQ(slots.free_slots(), 1);
+}
+
+TEST(EarlyImportTest, VerifiedBeforeTheCopiesLandIsNotRunnableUntilTheyDo) {
+  FakeSlots slots;
+  slots.set_copies_land(false);
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(3, 64, 128).ok());
+  for (int64_t layer = 0; layer < kLayers; ++layer) importer.LayerArrived(3, layer);
+  importer.Verified(3);
+  ASSERT_TRUE(Eventually([&] { return slots.imported().size() == kLayers; }));
+  EXPECT_EQ(importer.StateOf(3), EarlyImportState::kVerified);
+  absl::StatusOr<bool> ready = importer.Ready(3);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_FALSE(*ready);
+  slots.set_copies_land(true);
+  ASSERT_TRUE(Eventually([&] { return importer.StateOf(3) == EarlyImportState::kReady; }));
+}
+
+TEST(EarlyImportTest, AFailedLayerFreesTheSlotAndFailsOnlyThatRequest) {
+  FakeSlots slots;
+  slots.fail_layer_ = 1;
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(1, 300, 400).ok());
+  ASSERT_TRUE(importer.Begin(2, 0, 10).ok());
+  EXPECT_EQ(slots.free_pages(), 10 - 5 - 1);
+  importer.LayerArrived(1, 0);
+  importer.LayerArrived(1, 1);
+  ASSERT_TRUE(Eventually([&] { return importer.StateOf(1) == EarlyImportState::kFailed; }));
+  // The slot and its pages are back at once; later layers of it are not imported.
+  EXPECT_EQ(slots.free_slots(), 1);
+  EXPECT_EQ(slots.free_pages(), 10 - 1);
+  importer.LayerArrived(1, 2);
+  importer.Verified(1);
+  const absl::StatusOr<bool> ready = importer.Ready(1);
+  EXPECT_TRUE(absl::IsDataLoss(ready.status())) << ready.status();
+  EXPECT_EQ(importer.StateOf(1), std::nullopt);  // read once, forgotten
+  // The other request is untouched and still imports (layer 1 fails for every request here, so
+  // it only takes layer 0).
+  importer.LayerArrived(2, 0);
+  ASSERT_TRUE(Eventually([&] { return slots.imported().size() == 3; }));
+  EXPECT_EQ(importer.StateOf(2), EarlyImportState::kImporting);
+  EXPECT_EQ(slots.imported(), (std::vector<int64_t>{0, 1, 0}));
+}
+
+TEST(EarlyImportTest, CancelDuringALayerImportReleasesTheSlotWhenTheCallReturns) {
+  FakeSlots slots;
+  slots.block_layer_ = 0;
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(5, 128, 256).ok());
+  importer.LayerArrived(5, 0);
+  importer.LayerArrived(5, 1);
+  // Layer 0's import is running (blocked): the slot cannot be freed under it.
+  slots.entered_.WaitForNotification();
+  importer.Cancel(5);
+  EXPECT_EQ(importer.StateOf(5), EarlyImportState::kCancelled);
+  EXPECT_EQ(slots.releases(), 0);
+  slots.blocked_.Notify();
+  ASSERT_TRUE(Eventually([&] { return slots.releases() == 1; }));
+  EXPECT_EQ(slots.free_slots(), 2);
+  EXPECT_EQ(slots.free_pages(), 10);
+  EXPECT_EQ(importer.StateOf(5), std::nullopt);
+  EXPECT_TRUE(absl::IsNotFound(importer.Ready(5).status()));
+  // Layer 1 was queued before the cancel and is never imported.
+  EXPECT_EQ(slots.imported(), std::vector<int64_t>{0});
+}
+
+TEST(EarlyImportTest, CancelledAndUnusedSlotsAreFreeForTheNextRequest) {
+  FakeSlots slots;
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(1, 10, 20).ok());
+  ASSERT_TRUE(importer.Begin(2, 10, 20).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(importer.Begin(3, 10, 20)));
+  EXPECT_TRUE(absl::IsAlreadyExists(importer.Begin(1, 10, 20)));
+  importer.Cancel(1);  // before any layer: released at once
+  EXPECT_EQ(slots.releases(), 1);
+  EXPECT_TRUE(importer.Begin(3, 10, 20).ok());
+  importer.Cancel(1);  // unknown now: ignored
+  EXPECT_EQ(slots.releases(), 1);
+}
+
+TEST(EarlyImportTest, TheImportersEndReleasesEverySlotNotTaken) {
+  FakeSlots slots;
+  {
+    EarlyImporter importer(&slots, kLayers);
+    ASSERT_TRUE(importer.Begin(1, 10, 20).ok());
+    ASSERT_TRUE(importer.Begin(2, 10, 20).ok());
+    for (int64_t layer = 0; layer < kLayers; ++layer) importer.LayerArrived(2, layer);
+    importer.Verified(2);
+    ASSERT_TRUE(Eventually([&] { return importer.StateOf(2) == EarlyImportState::kReady; }));
+    ASSERT_TRUE(importer.Take(2).ok());
+  }
+  EXPECT_EQ(slots.releases(), 1);  // request 1's; request 2's slot is the runner's
+  EXPECT_EQ(slots.free_slots(), 1);
+}
+
+TEST(EarlyImportTest, TransitionsOutsideTheLifecycleAreRefused) {
+  using S = EarlyImportState;
+  using E = EarlyImportEvent;
+  EXPECT_EQ(*NextEarlyImportState(S::kImporting, E::kVerified), S::kVerified);
+  EXPECT_EQ(*NextEarlyImportState(S::kCopied, E::kVerified), S::kReady);
+  EXPECT_EQ(*NextEarlyImportState(S::kVerified, E::kAllCopied), S::kReady);
+  EXPECT_EQ(*NextEarlyImportState(S::kReady, E::kCancel), S::kCancelled);
+  EXPECT_EQ(*NextEarlyImportState(S::kFailed, E::kCancel), S::kFailed);
+  for (auto [state, event] : {std::pair{S::kImporting, E::kTaken},
+                              {S::kVerified, E::kTaken},
+                              {S::kTaken, E::kCancel},
+                              {S::kReady, E::kImportFailed},
+                              {S::kCancelled, E::kVerified},
+                              {S::kFailed, E::kAllCopied}}) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(NextEarlyImportState(state, event).status()))
+        << EarlyImportStateName(state);
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::runtime

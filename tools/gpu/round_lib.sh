@@ -1,0 +1,22 @@
+# Sourced by the tools/gpu/run_*.sh scripts that share one device call: the time budget, the
+# step table and the packed binaries. Needs t0 (the start, date +%s) and budget (seconds) set
+# first.
+#   elapsed: seconds since t0 ("12 s"); cap N: N cut to what is left of the budget (3 s kept for
+#   the tables; at least 1); may: whether a step may start (8 s or more left); row STEP RESULT
+#   DETAIL: one line of the step table (rows); unpack NAME: NAME/ from NAME.tar.xz (a
+#   tools/gpu/pack_binaries.sh pack) unless it is there, its env.sh sourced, the host printed.
+rows=()
+elapsed() { echo "$(($(date +%s) - t0)) s"; }
+cap() {
+  local rest=$((budget - ($(date +%s) - t0) - 3))
+  rest=$(($1 < rest ? $1 : rest))
+  echo $((rest > 1 ? rest : 1))
+}
+may() { [ "$(cap 8)" -ge 8 ]; }
+row() { rows+=("| $1 | $2 | $3 |"); }
+unpack() {
+  [ -d "$1" ] || tar -xJf "$1.tar.xz"
+  # shellcheck disable=SC1090
+  source "$1/env.sh"
+  echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+}
