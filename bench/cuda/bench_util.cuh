@@ -140,9 +140,9 @@ double RandomRoutings(int64_t tokens, int64_t experts, int64_t top_k,
   return distinct;
 }
 
-// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r]]];..." (warpgroups, stages, target blocks, then
-// the flags cluster_reduce, smem_scales, a16_register_weights as 0 | 1, missing ones 0); malformed
-// entries are skipped.
+// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r[,a[,i]]]]];..." (warpgroups, stages, target blocks,
+// then the flags cluster_reduce, smem_scales, a16_register_weights, alternate_turns,
+// two_in_flight as 0 | 1, missing ones 0); malformed entries are skipped.
 std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
   std::vector<Fp8WgmmaConfig> v;
   size_t at = 0;
@@ -152,8 +152,13 @@ std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
     int cluster = 0;
     int scales = 0;
     int reg = 0;
-    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d", &c.warpgroups,
-                    &c.stages, &c.target_blocks, &cluster, &scales, &reg) >= 3) {
+    int alternate = 0;
+    int in_flight = 0;
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d", &c.warpgroups,
+                    &c.stages, &c.target_blocks, &cluster, &scales, &reg, &alternate,
+                    &in_flight) >= 3) {
+      c.alternate_turns = alternate == 1;
+      c.two_in_flight = in_flight == 1;
       c.a16_register_weights = reg == 1;
       c.cluster_reduce = cluster == 1;
       c.smem_scales = scales == 1;

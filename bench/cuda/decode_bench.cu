@@ -149,7 +149,8 @@ std::vector<Fp8WgmmaConfig> Variants() {
 std::string ConfigName(const Fp8WgmmaConfig& c) {
   return std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
-         (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "");
+         (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "") +
+         (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.

@@ -8,6 +8,7 @@ read floor's bandwidth (events, outside graphs). "before": the dispatch main had
 (decode_bench's fp8_before / w8a16_before rows) in the run given by --before (or the same run).
 
 Usage: decode_table.py gemm.csv [--before gemm_before.csv] [--layer layer.csv ...]
+       decode_table.py gemm.csv --compare _v0.0.264.s.r.a,_mma  (the dispatch beside variants)
 """
 import argparse
 import collections
@@ -134,14 +135,47 @@ def config_ranking(rows, out):
                   ", ".join(f"{name} {g:.3f}" for g, name in ranking), file=out)
 
 
+def compare_table(rows, names, out):
+    """Per mode and cell: the read floor, the dispatch (now), then each named variant (row
+    <mode><suffix> for each suffix in `names`, e.g. _v0.0.264.s.r.a), us and % of the floor; the
+    fastest of them marked with *."""
+    floor_2g = rows.get(("read_2GiB", "-", 0))
+    for mode in ("w8a16", "fp8"):
+        cols = [mode] + [mode + n for n in names]
+        print(f"\n{mode}: us (% of the read floor of the same bytes); {mode} = the dispatch now\n",
+              file=out)
+        print("| shape | tokens | floor us | " + " | ".join(cols) + " |", file=out)
+        print("| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |", file=out)
+        for shape, tokens in cells(rows):
+            floor = rows.get(("read", shape, tokens))
+            if floor is None:
+                continue
+            vals = [rows.get((c, shape, tokens)) for c in cols]
+            best = min((v[0] for v in vals if v), default=None)
+            text = []
+            for v in vals:
+                if not v:
+                    text.append("-")
+                    continue
+                mark = "*" if v[0] == best else ""
+                text.append(f"{v[0]:.1f}{mark} ({100 * floor[0] / v[0]:.0f}%)")
+            print(f"| {shape} | {tokens} | {floor[0]:.1f} | " + " | ".join(text) + " |", file=out)
+    if floor_2g:
+        print(f"\n2 GiB read floor: {floor_2g[1] / floor_2g[0] / 1e3:.0f} GB/s", file=out)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("gemm")
     p.add_argument("--before")
     p.add_argument("--layer", nargs="*", default=[], help="name=path")
     p.add_argument("--all-paths", action="store_true")
+    p.add_argument("--compare", help="comma-separated row suffixes: only the compare table")
     a = p.parse_args()
     rows = load(a.gemm)
+    if a.compare:
+        compare_table(rows, a.compare.split(","), sys.stdout)
+        return
     before = load(a.before) if a.before else rows
     if a.all_paths:
         all_paths(rows, sys.stdout)

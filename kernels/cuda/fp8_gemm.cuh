@@ -106,10 +106,10 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // warpgroups: consumer warpgroups per block, 64 weight rows each (1 or 2; 0: 2 for W8A16 token
 // tiles past 64 when the weight rows alone give target_blocks blocks, else 1); stages:
 // shared-memory ring depth (2..8; fewer when one stage is too large for 8; 0: 2 for W8A16 token
-// tiles past 64, else 4); target_blocks: k is
-// split until about this many blocks run (tiles x splits, at most 32 splits and one 128-k block
-// per split; 0: never split). The flags act on token tiles up to 64 (m <= 64) only:
-// cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most
+// tiles past 32 and at 32 with at most 8 k blocks per split (unless alternate_turns), else 4);
+// target_blocks: k is split until about this many blocks run (tiles x splits, at most 32 splits
+// and one 128-k block per split; 0: never split). The flags act on token tiles up to 64 (m <= 64)
+// only: cluster_reduce: the k splits of one tile run as one thread-block cluster (so at most
 // kFp8WgmmaClusterSplits splits, rounded down to a power of two) and add their sums through
 // distributed shared memory in the GEMM kernel itself, in the same ascending order and with the
 // same bits as the second reduction kernel they replace (no split-k workspace); smem_scales: the
@@ -117,7 +117,17 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // the main loop instead of being read per 128-k block; a16_register_weights
 // (fp8_gemm_w8a16_wgmma): each thread converts its own wgmma A fragment from the e4m3 stage in
 // registers (bf16 wgmma with A from registers) instead of the warpgroup converting the block into
-// shared memory first. The member defaults are the kernel without them.
+// shared memory first. Two ways to keep the tensor cores busy while a block's products are
+// folded in with its scales (neither is in kFp8WgmmaDecodeConfig: on the H200 neither made
+// W8A16 faster, and W8A8 gained on some shapes and lost on others; docs/perf.md):
+// alternate_turns: two consumer warpgroups share each block's 64 weight rows and take turns on
+// the stage ring (even / odd 128-k blocks, each its own sums, added once at the end: a fixed
+// order, deterministic, but not the one-block-at-a-time bits); warpgroups is taken as 1,
+// cluster_reduce as false, an odd stage count as one less, and W8A8 token tiles past 64 ignore
+// it. two_in_flight (token tiles up to 64; W8A16 only with register weights): each consumer
+// warpgroup issues the next block's products into a second partial accumulator before waiting
+// for the current block's (the same fold order and bits as without; with alternate_turns only
+// from 4 stages). The member defaults are the kernel without them.
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;
@@ -126,6 +136,8 @@ struct Fp8WgmmaConfig {
   bool cluster_reduce = false;
   bool smem_scales = false;
   bool a16_register_weights = false;
+  bool alternate_turns = false;
+  bool two_in_flight = false;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
 // V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
@@ -133,7 +145,8 @@ struct Fp8WgmmaConfig {
 // tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
 inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
-// smem_scales[,a16_register_weights]]]" (the flags 0 or 1, missing ones as in
+// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight]]]]]" (the flags 0 or 1,
+// missing ones as in
 // kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k

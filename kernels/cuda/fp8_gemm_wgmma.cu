@@ -24,6 +24,15 @@
 // (token tiles <= 64) there is no such buffer: each thread loads its own wgmma A fragment (2
 // bytes x 4 per 16-k slice) from the e4m3 stage, converts it in registers and the bf16 wgmma
 // takes A from registers (no warpgroup barriers or proxy fence per block).
+// Consumer options for the wait on each block's products (the loop is latency-bound there):
+// - two_in_flight (IN_FLIGHT kernels, N <= 64): a warpgroup issues block j + 1's products into a
+//   second partial accumulator q before it waits for block j's (wgmma.wait_group 1) and folds
+//   them; p and q alternate (W8A16: each with its own A fragment registers). Same fold order and
+//   bits as one block at a time.
+// - alternate_turns (turns = 2): two consumer warpgroups share one row group's 64 rows and take
+//   the split's k blocks in turns (even / odd), each folding into its own sums; at the end
+//   warpgroup 1 hands its sums to warpgroup 0 through shared memory (CombineTurns), which adds
+//   them (even + odd: deterministic, a different rounding order than one warpgroup's).
 // Split-K (k_splits > 1): each split writes its fp32 sums to partial[split, token, n], and
 // block_scaled's SplitKReduceKernel adds the splits in ascending order (deterministic: equal
 // inputs give equal bits; no atomics). With cluster_reduce the splits of one tile are one thread
@@ -47,213 +56,29 @@
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/cuda/fp8_gemm_wgmma_parts.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/wgmma_e4m3.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
+using namespace fp8_wgmma;  // NOLINT(build/namespaces): this file's own pieces
 namespace bs = block_scaled;
-using hopper::FenceBarrierInit;
-using hopper::FenceProxyAsync;
-using hopper::FenceRegisters;
-using hopper::MbarrierArrive;
-using hopper::MbarrierArriveExpectTx;
-using hopper::MbarrierInit;
-using hopper::MbarrierWait;
-using hopper::PrefetchTensorMap;
-using hopper::SharedAddress;
-using hopper::SmemDescriptor;
-using hopper::TmaLoad2d;
-using hopper::WgmmaBf16;
-using hopper::WgmmaBf16RegA;
-using hopper::WgmmaCommit;
-using hopper::WgmmaE4m3;
-using hopper::WgmmaFence;
-using hopper::WgmmaWait;
-
-constexpr int kBlockK = bs::kBlockK;
-constexpr int kMaxWarpgroups = 2;
-constexpr int kMaxThreads = 128 * kMaxWarpgroups + 32;
-constexpr int kMaxTokenTile = 128;
-constexpr int kMaxStages = 8;
-constexpr int kMaxSplits = 32;
-constexpr int kSmemLimit = 227 * 1024;
-constexpr int kSmemSlack = 1024;  // aligning the ring to 1024 bytes (the 128-byte swizzle atom)
-
-struct WgmmaArgs {
-  const float* w_scale;  // [ceil(n / 128), k / 128]
-  const float* xs;       // [k / 128, m]
-  int64_t m;
-  int64_t n;
-  int64_t k;
-  int32_t k_splits;
-  int32_t stages;
-  int32_t cluster_reduce;  // launched as clusters of 1 x 1 x k_splits: the reduction in-kernel
-  int32_t smem_scales;     // N <= kEarlyScaleTokens: this split's scales in shared memory first
-  int32_t reg_weights;     // A16, N <= kRegWeightTokens: ProductsRegisterWeights (no conv buffers)
-  int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
-  float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
-  __nv_bfloat16* out;
-  float* out_f32;  // set: fp32 output there instead of out
-  int64_t out_stride;
-};
-
-// Bytes of one ring stage: the weight box, then the activation box (A16: two, k 0..63 and
-// 64..127 of the block in bf16); each a multiple of 1024.
-__host__ __device__ constexpr uint32_t StageBytes(int wgs, int n_tile, bool a16) {
-  return static_cast<uint32_t>((64 * wgs + (a16 ? 2 : 1) * n_tile) * kBlockK);
-}
-
-// W8A16: each consumer warpgroup's bf16 copy of its 64 weight rows of one 128-k block, two
-// 128-byte-swizzled regions of 64 rows x 64 k (the wgmma A operand).
-constexpr uint32_t kConvBytes = 2 * 64 * 128;
-
-// W8A16: converts this warpgroup's 64 e4m3 weight rows of the stage at `w_stage` (TMA's 128-byte
-// swizzle: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16) to bf16 at `conv` (region h
-// = k 64h .. 64h + 63, chunk c' of row r at h * 8192 + r * 128 + (c' ^ r % 8) * 16). Thread `tid`
-// of the warpgroup converts row tid / 2, half tid % 2. Exact (bs::E4m3x2ToBf16x2).
-__device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* conv, int tid) {
-  const int r = tid / 2;
-  const int h = tid % 2;
-#pragma unroll
-  for (int c2 = 0; c2 < 4; ++c2) {
-    const int c = 4 * h + c2;
-    const uint4 v = *reinterpret_cast<const uint4*>(w_stage + r * 128 + ((c ^ (r & 7)) << 4));
-    uint4 lo;
-    uint4 hi;
-    lo.x = bs::E4m3x2ToBf16x2(v.x);
-    lo.y = bs::E4m3x2ToBf16x2(v.x >> 16);
-    lo.z = bs::E4m3x2ToBf16x2(v.y);
-    lo.w = bs::E4m3x2ToBf16x2(v.y >> 16);
-    hi.x = bs::E4m3x2ToBf16x2(v.z);
-    hi.y = bs::E4m3x2ToBf16x2(v.z >> 16);
-    hi.z = bs::E4m3x2ToBf16x2(v.w);
-    hi.w = bs::E4m3x2ToBf16x2(v.w >> 16);
-    uint8_t* row = conv + h * (64 * 128) + r * 128;
-    *reinterpret_cast<uint4*>(row + (((2 * c2) ^ (r & 7)) << 4)) = lo;
-    *reinterpret_cast<uint4*>(row + (((2 * c2 + 1) ^ (r & 7)) << 4)) = hi;
-  }
-}
-
-// W8A16 with register weights (token tiles up to kRegWeightTokens): the 8 bf16 wgmma m64nNk16
-// of one 128-k block with A from registers, each thread converting its own A fragment straight
-// from the e4m3 stage (`w_rows`: this warpgroup's 64 rows, TMA's 128-byte swizzle) instead of the
-// warpgroup converting the block into shared memory first (no barriers, no proxy fence, no
-// conversion buffer). `b_stage`: the stage's activation boxes; warp: the warp in the warpgroup.
-constexpr int kRegWeightTokens = 64;
-constexpr int kClusterReduceTokens = 64;
-template <int N>
-__device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], const uint8_t* w_rows,
-                                                        uint32_t b_stage, int warp, int lane) {
-  const int t = lane % 4;
-  const int lo = 16 * warp + lane / 4;  // rows lo and lo + 8: the same swizzle (lo % 8)
-  const uint8_t* row_lo = w_rows + lo * 128 + 2 * t;
-  const uint8_t* row_hi = row_lo + 8 * 128;
-  uint32_t a[kBlockK / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < kBlockK / 16; ++ks) {
-    const int chunk = (ks ^ (lo & 7)) << 4;  // k 16 ks .. 16 ks + 15 of the row
-    a[ks][0] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_lo + chunk));
-    a[ks][1] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_hi + chunk));
-    a[ks][2] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_lo + chunk + 8));
-    a[ks][3] = bs::E4m3x2ToBf16x2(*reinterpret_cast<const uint16_t*>(row_hi + chunk + 8));
-  }
-  WgmmaFence();  // the A registers are written before the wgmma read them
-#pragma unroll
-  for (int ks = 0; ks < kBlockK / 16; ++ks) {
-    WgmmaBf16RegA<N>(p, a[ks],
-                     SmemDescriptor(b_stage + (ks / 4) * (N * 128) + (ks % 4) * 32, 16, 1024), ks);
-  }
-}
-
-__device__ __forceinline__ float LoadSharedF32(uint32_t address) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(address) : "memory");
-  return v;
-}
-
-// Named barrier of consumer warpgroup wg's 128 threads (0 is __syncthreads).
-__device__ __forceinline__ void WarpgroupBarrier(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
-
-// Token tiles up to this size load a block's activation scales before waiting for its stage (at
-// 128 the extra registers would spill).
-constexpr int kEarlyScaleTokens = 64;
-
-// xs[2j], xs[2j + 1] = the activation scales of 128-k block kb for tokens token0 + 8j + 2t (+ 1)
-// (the accumulator columns of this thread), clamped to the last token.
-template <int N>
-__device__ __forceinline__ void LoadTokenScales(const WgmmaArgs& a, int64_t kb, int64_t token0,
-                                                int t, float (&xs)[N / 4]) {
-  const float* row = a.xs + kb * a.m;
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j) {
-    xs[2 * j] = __ldg(row + min(token0 + 8 * j + 2 * t, a.m - 1));
-    xs[2 * j + 1] = __ldg(row + min(token0 + 8 * j + 2 * t + 1, a.m - 1));
-  }
-}
-
-// The activation box(es) of one stage: e4m3 [N x 128 k], or (A16) bf16 [N x 64 k] twice.
-template <int N, bool A16>
-__device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst, int32_t k0,
-                                                int32_t token0, uint32_t bar) {
-  TmaLoad2d(dst, x_map, k0, token0, bar);
-  if constexpr (A16) TmaLoad2d(dst + N * 128, x_map, k0 + 64, token0, bar);
-}
-
-// cluster_reduce's epilogue, run by every thread of the block (acc: nullptr for the producer
-// warp). The block's sums [N tokens x 64 * wgs rows] go to its shared memory at `smem` (over
-// the ring: every stage has landed and been consumed once the consumers leave their loop, so
-// nothing writes it any more), then block r of the cluster adds elements [r E / S, (r + 1) E / S)
-// of the tile over the S blocks in ascending rank (= split) order and writes them as bf16. The
-// second cluster barrier keeps each block's shared memory alive until every peer has read it.
-template <int N>
-__device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem, const float* acc,
-                                              int wgs, int64_t token0, int64_t row0) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rows = 64 * wgs;
-  float* sums = reinterpret_cast<float*>(smem);
-  __syncthreads();  // every warpgroup's products have finished reading the ring
-  if (acc != nullptr) {
-    FenceProxyAsync();  // the ring was last written by TMA and read by wgmma (async proxy)
-    const int warp = static_cast<int>(threadIdx.x) / 32;
-    const int lane = static_cast<int>(threadIdx.x) % 32;
-    const int row_base = 64 * (warp / 4) + 16 * (warp % 4) + lane / 4;
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const int row = row_base + ((i & 2) != 0 ? 8 : 0);
-      const int token = 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-      sums[token * rows + row] = acc[i];
-    }
-  }
-  cluster.sync();
-  const int splits = a.k_splits;
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int elements = rows * N;
-  const int begin = elements * rank / splits;
-  const int end = elements * (rank + 1) / splits;
-  for (int e = begin + static_cast<int>(threadIdx.x); e < end; e += static_cast<int>(blockDim.x)) {
-    const int64_t token = token0 + e / rows;
-    const int64_t row = row0 + e % rows;
-    if (token >= a.m || row >= a.n) continue;
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(sums, s)[e];
-    bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, sum);
-  }
-  cluster.sync();
-}
 
 // A16: W8A16 (x_map over bf16 x, no activation scales; weights converted to bf16 in shared
-// memory, products on bf16 wgmma m64nNk16).
-template <int N, bool A16>
+// memory, products on bf16 wgmma m64nNk16). IN_FLIGHT: two blocks' products in flight per
+// consumer warpgroup (N <= kInFlightTokens; A16 with register weights only). A kernel of its own:
+// ptxas serializes every wgmma of a function where register-A products stay in flight across a
+// branch, which would slow the one-block-at-a-time loop too.
+template <int N, bool A16, bool IN_FLIGHT>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     Fp8WgmmaKernel(const __grid_constant__ CUtensorMap w_map,
                    const __grid_constant__ CUtensorMap x_map, const WgmmaArgs a) {
   extern __shared__ uint8_t smem_raw[];
-  const int wgs = static_cast<int>(blockDim.x) / 128;
+  const int consumers = static_cast<int>(blockDim.x) / 128;  // consumer warpgroups
+  const int turns = A16 || N <= kAlternateA8Tokens ? a.turns : 1;
+  const int wgs = consumers / turns;  // row groups of 64 weight rows
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -263,7 +88,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int stages = a.stages;
   const uint32_t conv_offset = stages * stage_bytes;  // A16's per-warpgroup bf16 weights
   const uint32_t full_bar =
-      base + conv_offset + (A16 && a.reg_weights == 0 ? wgs * kConvBytes : 0u);
+      base + conv_offset + (A16 && a.reg_weights == 0 ? consumers * kConvBytes : 0u);
   const uint32_t empty_bar = full_bar + 8u * stages;
   const int64_t kblocks = a.k / kBlockK;
   const int kb_begin = static_cast<int>(kblocks * blockIdx.z / a.k_splits);
@@ -275,14 +100,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       MbarrierInit(full_bar + 8u * s, 1);
-      MbarrierInit(empty_bar + 8u * s, 4 * wgs);
+      MbarrierInit(empty_bar + 8u * s, 4 * wgs);  // each stage is one turn's: wgs warpgroups
     }
     FenceBarrierInit();  // the initialized barriers are visible to the TMA unit
     FenceProxyAsync();
   }
   __syncthreads();
 
-  if (warp == 4 * wgs) {  // producer
+  if (warp == 4 * consumers) {  // producer
     if (lane == 0) {
       PrefetchTensorMap(&w_map);
       PrefetchTensorMap(&x_map);
@@ -315,13 +140,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     return;
   }
 
-  // Consumer warpgroup wg: weight rows row0 + 64 wg .. + 63 (one 128-row scale block).
+  // Consumer warpgroup wg: row group rg (weight rows row0 + 64 rg .. + 63, one 128-row scale
+  // block), the 128-k blocks turn, turn + turns, ... of the split.
   bs::GridDependencyWait();  // xs
   bs::GridDependencyTrigger();
   const int wg = warp / 4;
+  const int rg = wg / turns;
+  const int turn = wg % turns;
   const int g = lane / 4;
   const int t = lane % 4;
-  const float* w_scale = a.w_scale + ((row0 + 64 * wg) / kBlockK) * kblocks;
+  const float* w_scale = a.w_scale + ((row0 + 64 * rg) / kBlockK) * kblocks;
   // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, N] (tokens clamped to the last, as
   // LoadTokenScales reads them), after the barriers.
   // (Token tiles past kEarlyScaleTokens compile without it: at 128 tokens it cost 168 registers
@@ -331,50 +159,52 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
     float* const xs_smem = ws_smem + wgs * a.kb_span;
     const int tid = static_cast<int>(threadIdx.x);
-    for (int i = tid; i < wgs * n_kb; i += 128 * wgs) {
+    for (int i = tid; i < wgs * n_kb; i += 128 * consumers) {
       const int w = i / n_kb;
       ws_smem[w * a.kb_span + i % n_kb] =
           __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
     }
     if constexpr (!A16) {
-      for (int i = tid; i < n_kb * N; i += 128 * wgs) {
+      for (int i = tid; i < n_kb * N; i += 128 * consumers) {
         xs_smem[i] = __ldg(a.xs + (kb_begin + i / N) * a.m + min(token0 + i % N, a.m - 1));
       }
     }
-    asm volatile("bar.sync 3, %0;\n" ::"r"(128 * wgs) : "memory");  // every consumer's loads
+    asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's loads
   }
-  float acc[N / 2];
-  float p[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = p[i] = 0.0f;
-  for (int it = 0; it < n_kb; ++it) {
-    const int s = it % stages;
-    const uint32_t stage = base + s * stage_bytes;
-    const int64_t kb = kb_begin + it;
-    // The block's scales: loaded before the wait where registers allow, so their latency hides
-    // behind it and the products.
-    // (Shared addresses recomputed here rather than kept: at N = 128 every register counts.)
+  constexpr int kXs = A16 ? 1 : N / 4;
+  // Block it's weight scale, and (early, where registers allow) its activation scales: loaded
+  // before the stage wait so their latency hides behind it and the products.
+  // (Shared addresses recomputed here rather than kept: at N = 128 every register counts.)
+  const auto load_scales = [&](int it, float(&xs)[kXs]) -> float {
     const uint32_t scales = full_bar + 16u * stages;
     const float ws = kSmemScales && a.smem_scales != 0
-                         ? LoadSharedF32(scales + 4u * (wg * a.kb_span + it))
-                         : __ldg(w_scale + kb);
-    float xs[A16 ? 1 : N / 4];
+                         ? LoadSharedF32(scales + 4u * (rg * a.kb_span + it))
+                         : __ldg(w_scale + kb_begin + it);
     if constexpr (!A16 && N <= kEarlyScaleTokens) {
-      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb, token0, t, xs);
+      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb_begin + it, token0, t, xs);
     }
+    return ws;
+  };
+  // Waits for block it's stage and issues its products into p (committed, not waited for); A16
+  // with register weights: the A fragments in `afrag`.
+  const auto issue = [&](float(&p)[N / 2], RegisterA& afrag, int it) {
+    const int s = it % stages;
+    const uint32_t stage = base + s * stage_bytes;
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
-    bool register_weights = false;
-    if constexpr (A16 && N <= kRegWeightTokens) register_weights = a.reg_weights != 0;
+    bool register_weights = A16 && IN_FLIGHT;
+    if constexpr (A16 && N <= kRegWeightTokens && !IN_FLIGHT) {
+      register_weights = a.reg_weights != 0;
+    }
     if (register_weights) {
       if constexpr (A16 && N <= kRegWeightTokens) {
-        ProductsRegisterWeights<N>(p, smem + s * stage_bytes + wg * 64 * kBlockK, stage + w_bytes,
-                                   warp % 4, lane);
+        ProductsRegisterWeights<N>(p, afrag, smem + s * stage_bytes + rg * 64 * kBlockK,
+                                   stage + w_bytes, warp % 4, lane);
       }
-    } else if constexpr (A16) {
+    } else if constexpr (A16 && !IN_FLIGHT) {
       const uint32_t conv = conv_offset + wg * kConvBytes;
       WarpgroupBarrier(wg);  // the last block's products finished reading conv
-      ConvertWeights(smem + s * stage_bytes + wg * 64 * kBlockK, smem + conv,
+      ConvertWeights(smem + s * stage_bytes + rg * 64 * kBlockK, smem + conv,
                      static_cast<int>(threadIdx.x) % 128);
       FenceProxyAsync();     // generic writes before the wgmma (async proxy) reads
       WarpgroupBarrier(wg);  // every row converted
@@ -385,24 +215,28 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         WgmmaBf16<N>(p, SmemDescriptor(base + conv + (ks / 4) * (64 * 128) + col, 16, 1024),
                      SmemDescriptor(stage + w_bytes + (ks / 4) * (N * 128) + col, 16, 1024), ks);
       }
-    } else {
+    } else if constexpr (!A16) {
       WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 32; ++kk) {
-        WgmmaE4m3<N>(p, SmemDescriptor(stage + wg * 64 * kBlockK + kk * 32, 16, 1024),
+        WgmmaE4m3<N>(p, SmemDescriptor(stage + rg * 64 * kBlockK + kk * 32, 16, 1024),
                      SmemDescriptor(stage + w_bytes + kk * 32, 16, 1024), kk);
       }
     }
     WgmmaCommit();
-    WgmmaWait<0>();
+  };
+  // Block it's products p are complete: release its stage and fold them into acc.
+  float acc[N / 2];
+  const auto fold = [&](float(&p)[N / 2], int it, float ws, float(&xs)[kXs]) {
     FenceRegisters(p);
     __syncwarp();
-    if (lane == 0) MbarrierArrive(empty_bar + 8u * s);
+    if (lane == 0) MbarrierArrive(empty_bar + 8u * (it % stages));
     if constexpr (A16) {
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
     } else {
       if (kSmemScales && a.smem_scales != 0) {
+        const uint32_t scales = full_bar + 16u * stages;
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
           const uint32_t at = scales + 4u * (wgs * a.kb_span + it * N + 8 * j + 2 * t);
@@ -410,7 +244,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
           xs[2 * j + 1] = LoadSharedF32(at + 4u);
         }
       } else if constexpr (N > kEarlyScaleTokens) {
-        LoadTokenScales<N>(a, kb, token0, t, xs);
+        LoadTokenScales<N>(a, kb_begin + it, token0, t, xs);
       }
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
@@ -422,14 +256,75 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         acc[4 * j + 3] += p[4 * j + 3] * s1;
       }
     }
+  };
+  float p[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = p[i] = 0.0f;
+  if constexpr (!IN_FLIGHT) {
+    // One block at a time: its products are waited for before the next block's are issued.
+    for (int it = turn; it < n_kb; it += turns) {
+      float xs[kXs];
+      RegisterA afrag;
+      const float ws = load_scales(it, xs);
+      issue(p, afrag, it);
+      WgmmaWait<0>();
+      fold(p, it, ws, xs);
+    }
+  } else {
+    // Two blocks in flight: this warpgroup's j-th block (turn + j turns) has its products issued
+    // before the (j-1)-th's are waited for (wgmma.wait_group 1) and folded; p and q alternate.
+    // Every branch joins with the same group in flight (ptxas serializes all wgmma otherwise).
+    // The fold order (ascending blocks) and so the bits are those of the loop above.
+    float q[N / 2];
+    RegisterA a_p;  // the A fragments of p's and q's blocks, alive until those are waited for
+    RegisterA a_q;
+    float xs_p[kXs];
+    float xs_q[kXs];
+    float ws_p = 0.0f;
+    float ws_q = 0.0f;
+    const int count = n_kb > turn ? (n_kb - turn + turns - 1) / turns : 0;
+    const auto block = [&](int j) { return turn + j * turns; };
+    if (count > 0) {
+      ws_p = load_scales(block(0), xs_p);
+      issue(p, a_p, block(0));
+      int j = 1;  // p holds block j - 1, in flight
+#pragma unroll 1
+      for (; j + 1 < count; j += 2) {
+        ws_q = load_scales(block(j), xs_q);
+        issue(q, a_q, block(j));
+        WgmmaWait<1>();
+        if constexpr (A16) FenceRegisterA(a_p);
+        fold(p, block(j - 1), ws_p, xs_p);
+        ws_p = load_scales(block(j + 1), xs_p);
+        issue(p, a_p, block(j + 1));
+        WgmmaWait<1>();
+        if constexpr (A16) FenceRegisterA(a_q);
+        fold(q, block(j), ws_q, xs_q);
+      }
+      if (j < count) {
+        ws_q = load_scales(block(j), xs_q);
+        issue(q, a_q, block(j));
+        WgmmaWait<1>();
+        if constexpr (A16) FenceRegisterA(a_p);
+        fold(p, block(j - 1), ws_p, xs_p);
+        WgmmaWait<0>();
+        if constexpr (A16) FenceRegisterA(a_q);
+        fold(q, block(j), ws_q, xs_q);
+      } else {
+        WgmmaWait<0>();
+        if constexpr (A16) FenceRegisterA(a_p);
+        fold(p, block(j - 1), ws_p, xs_p);
+      }
+    }
   }
 
+  if (turns == 2 && !CombineTurns<N>(smem, acc, consumers, rg, turn)) return;
   if (a.cluster_reduce != 0) {
     ClusterReduce<N>(a, smem, acc, wgs, token0, row0);
     return;
   }
   // d[4j + c]: row 16 (warp % 4) + g (+ 8 for c >= 2), token 8j + 2t + (c & 1).
-  const int64_t row_base = row0 + 64 * wg + 16 * (warp % 4) + g;
+  const int64_t row_base = row0 + 64 * rg + 16 * (warp % 4) + g;
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) {
     const int64_t row = row_base + ((i & 2) != 0 ? 8 : 0);
@@ -449,7 +344,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // The launch shape of one call: a pure function of the sizes and the config.
 struct WgmmaPlan {
   int n_tile = 8;  // tokens per block (the instantiation)
-  int wgs = 2;     // consumer warpgroups
+  int wgs = 2;     // row groups of 64 weight rows (consumer warpgroups: wgs * turns)
+  int turns = 1;   // consumer warpgroups taking turns on one row group's k blocks
   int stages = 4;  // ring depth after the shared-memory limit
   int64_t token_tiles = 1;
   int64_t row_tiles = 1;
@@ -457,6 +353,7 @@ struct WgmmaPlan {
   bool cluster_reduce = false;  // splits > 1 reduced in-kernel (clusters of 1 x 1 x splits)
   bool smem_scales = false;     // the split's scales staged in shared memory first
   bool reg_weights = false;     // A16 with n_tile <= kRegWeightTokens: A from registers
+  bool in_flight = false;       // n_tile <= kInFlightTokens: two k blocks in flight
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -464,6 +361,13 @@ struct WgmmaPlan {
   size_t smem_bytes = 0;
   size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
 };
+
+// W8A16 token tiles past this size run 2 stages when the config leaves stages to the plan, and
+// tiles of this size too where a block has at most kA16TwoStageSpan k blocks (in three H200 runs
+// 2 stages at 32 tokens were 1.02-1.07x faster on wq_b, w13, w2 with 4-8 k blocks per block and
+// 1.01-1.03x slower on wo_b with 16; docs/perf.md).
+constexpr int kA16TwoStageTokens = 32;
+constexpr int kA16TwoStageSpan = 8;
 
 // a16: W8A16 (no quantized activations in the workspace; bf16 weight copies in shared memory).
 WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config, bool a16) {
@@ -477,6 +381,10 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   const bool two = a16 && p.n_tile > kRegWeightTokens && config.target_blocks > 0 &&
                    row_tiles_1 >= config.target_blocks;
   p.wgs = config.warpgroups == 0 ? (two ? 2 : 1) : std::clamp(config.warpgroups, 1, kMaxWarpgroups);
+  if (config.alternate_turns && (a16 || p.n_tile <= kAlternateA8Tokens)) {  // one row group
+    p.wgs = 1;
+    p.turns = 2;
+  }
   p.token_tiles = (m + p.n_tile - 1) / p.n_tile;
   p.row_tiles = (n + 64 * p.wgs - 1) / (64 * p.wgs);
   const int64_t tiles = std::max<int64_t>(1, p.token_tiles * p.row_tiles);
@@ -484,7 +392,7 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
   // cluster_reduce only for token tiles <= kClusterReduceTokens (at 128 tokens it was 1.7x slower
   // than the reduce kernel on the H200, 2026-12-04 15:40 UTC).
-  const bool cluster = config.cluster_reduce && p.n_tile <= kClusterReduceTokens;
+  const bool cluster = config.cluster_reduce && p.n_tile <= kClusterReduceTokens && p.turns == 1;
   const int64_t max_splits = cluster ? kFp8WgmmaClusterSplits : kMaxSplits;
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
   if (cluster) {
@@ -495,16 +403,30 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);
   p.smem_scales = config.smem_scales && p.n_tile <= kEarlyScaleTokens;
   p.reg_weights = a16 && config.a16_register_weights && p.n_tile <= kRegWeightTokens;
+  // Two blocks in flight need a second partial accumulator (registers: n_tile <= 64) and, for
+  // W8A16, register weights (the shared-memory conversion buffer is one block's).
+  p.in_flight = config.two_in_flight && p.n_tile <= kInFlightTokens && (!a16 || p.reg_weights);
   const uint32_t scale_bytes =
       p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : p.n_tile)) * p.kb_span * 4) : 0u;
   const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
-  const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * kConvBytes : 0;
+  const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * p.turns * kConvBytes : 0;
   const int fit =
       static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
-  // stages 0 (auto): 2 for W8A16 token tiles past 64 (a 40 KB stage at 128 tokens: two blocks per
-  // multiprocessor instead of one; 1.3x faster at 128 tokens on the H200), else 4.
-  const int stages = config.stages != 0 ? config.stages : a16 && p.n_tile > 64 ? 2 : 4;
+  // stages 0 (auto): 2 for W8A16 token tiles past kA16TwoStageTokens (at 128 tokens a 40 KB stage:
+  // two blocks per multiprocessor instead of one, 1.3x faster on the H200; at 64 tokens 1.04-1.10x
+  // on all four V4-Flash shapes in three runs, docs/perf.md) and at it with short splits, unless
+  // two warpgroups take turns (the block has the multiprocessor's registers to itself then),
+  // else 4.
+  const bool two_stages = a16 && p.turns == 1 &&
+                          (p.n_tile > kA16TwoStageTokens ||
+                           (p.n_tile == kA16TwoStageTokens && p.kb_span <= kA16TwoStageSpan));
+  const int stages = config.stages != 0 ? config.stages : two_stages ? 2 : 4;
   p.stages = std::clamp(std::min(stages, fit), 2, kMaxStages);
+  // Taking turns, an even ring: each stage then only ever holds one warpgroup's blocks, which it
+  // waits for in order (an mbarrier wait by phase parity cannot tell a phase from the one two
+  // ahead, and the other warpgroup may lag a phase behind). Two in flight each need 2 of its own.
+  if (p.turns == 2) p.stages &= ~1;
+  if (p.in_flight && p.stages < 2 * p.turns) p.in_flight = false;
   p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
   p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
   p.partial_bytes = p.splits > 1 && !p.cluster_reduce
@@ -550,21 +472,30 @@ bool EncodeMap(CUtensorMap* map, const void* p, int64_t rows, int64_t k, int64_t
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int N, bool A16>
-cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
-                    const WgmmaPlan& p, cudaStream_t stream) {
+template <int N, bool A16, bool IN_FLIGHT>
+cudaError_t LaunchKernel(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
+                         const WgmmaPlan& p, cudaStream_t stream) {
   static std::once_flag once;
   static cudaError_t attribute = cudaSuccess;
   std::call_once(once, [] {
-    attribute = cudaFuncSetAttribute(Fp8WgmmaKernel<N, A16>,
+    attribute = cudaFuncSetAttribute(Fp8WgmmaKernel<N, A16, IN_FLIGHT>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
   });
   if (attribute != cudaSuccess) return attribute;
   const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
                   static_cast<unsigned>(p.splits));
-  return bs::LaunchClustered(Fp8WgmmaKernel<N, A16>, grid,
-                             dim3(static_cast<unsigned>(128 * p.wgs + 32)), p.smem_bytes,
+  return bs::LaunchClustered(Fp8WgmmaKernel<N, A16, IN_FLIGHT>, grid,
+                             dim3(static_cast<unsigned>(128 * p.wgs * p.turns + 32)), p.smem_bytes,
                              a.cluster_reduce != 0 ? p.splits : 1, stream, w_map, x_map, a);
+}
+
+template <int N, bool A16>
+cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
+                    const WgmmaPlan& p, cudaStream_t stream) {
+  if constexpr (N <= kInFlightTokens) {
+    if (p.in_flight) return LaunchKernel<N, A16, true>(w_map, x_map, a, p, stream);
+  }
+  return LaunchKernel<N, A16, false>(w_map, x_map, a, p, stream);
 }
 
 using LaunchFn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const WgmmaArgs&,
@@ -603,17 +534,22 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int cluster = c.cluster_reduce ? 1 : 0;
       int scales = c.smem_scales ? 1 : 0;
       int reg = c.a16_register_weights ? 1 : 0;
-      const int fields =
-          std::sscanf(env, "%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster, &scales, &reg);
+      int alternate = c.alternate_turns ? 1 : 0;
+      int in_flight = c.two_in_flight ? 1 : 0;
+      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target,
+                                     &cluster, &scales, &reg, &alternate, &in_flight);
+      const auto flag = [](int v) { return v == 0 || v == 1; };
       if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
-          stages <= kMaxStages && target >= 0 && (cluster == 0 || cluster == 1) &&
-          (scales == 0 || scales == 1) && (reg == 0 || reg == 1)) {
+          stages <= kMaxStages && target >= 0 && flag(cluster) && flag(scales) && flag(reg) &&
+          flag(alternate) && flag(in_flight)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
         c.cluster_reduce = cluster == 1;
         c.smem_scales = scales == 1;
         c.a16_register_weights = reg == 1;
+        c.alternate_turns = alternate == 1;
+        c.two_in_flight = in_flight == 1;
       }
     }
     return c;
@@ -683,6 +619,7 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.smem_scales = plan.smem_scales ? 1 : 0;
   a.reg_weights = plan.reg_weights ? 1 : 0;
   a.kb_span = plan.kb_span;
+  a.turns = plan.turns;
   a.partial = partial;
   a.out = out;
   a.out_f32 = out_f32;

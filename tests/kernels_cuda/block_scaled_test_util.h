@@ -9,9 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/fp8_gemm.cuh"
 #include "tests/kernels_cuda/cuda_test_util.h"
 
 namespace pdserve::kernels::cuda::testing {
+
+// " config=w,s,t[,cluster][,smem_scales][,reg][,alternate][,in_flight]": an fp8_gemm_wgmma config
+// as failure messages name it.
+inline std::string WgmmaConfigLabel(const Fp8WgmmaConfig& c) {
+  return " config=" + std::to_string(c.warpgroups) + "," + std::to_string(c.stages) + "," +
+         std::to_string(c.target_blocks) + (c.cluster_reduce ? ",cluster" : "") +
+         (c.smem_scales ? ",smem_scales" : "") + (c.a16_register_weights ? ",reg" : "") +
+         (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "");
+}
 
 // Random finite e4m3 codes (never the NaN codes 0x7F / 0xFF).
 inline std::vector<uint8_t> RandomE4m3(std::mt19937_64& rng, size_t n) {

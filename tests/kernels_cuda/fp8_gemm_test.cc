@@ -90,14 +90,10 @@ const char* PathName(Path path) {
 // guard bands included). Returns the output bits (empty on a failed launch).
 std::vector<uint16_t> RunAndCheck(const DenseCase& c, Path path,
                                   const Fp8WgmmaConfig& config = {}) {
-  const std::string what = std::string(PathName(path)) + " m=" + std::to_string(c.m) +
-                           " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                           (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
-                                                       "," + std::to_string(config.stages) + "," +
-                                                       std::to_string(config.target_blocks) +
-                                                       (config.cluster_reduce ? ",cluster" : "") +
-                                                       (config.smem_scales ? ",smem_scales" : "")
-                                                 : std::string());
+  const std::string what =
+      std::string(PathName(path)) + " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+      " k=" + std::to_string(c.k) +
+      (path == Path::kWgmma ? testing::WgmmaConfigLabel(config) : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
   GuardedBuffer<float> w_scale(c.w_scale.size());
@@ -331,6 +327,47 @@ TEST(CudaFp8GemmTest, WgmmaSmemScalesEqualPerBlockScales) {
   e.ue8m0 = !e.ue8m0;
   RunAndCheck(e, Path::kWgmma, Fp8WgmmaConfig{2, 4, 0, false, true});
   RunAndCheck(NonFinite(rng), Path::kWgmma, Fp8WgmmaConfig{1, 4, 264, true, true});
+}
+
+// two_in_flight gives the bits of one k block at a time (token tiles 8..64, odd counts; 72 and
+// 130 ignore the flag; 1, 2, 3 and 10 k blocks unevenly split; 2 stages; smem scales or not; with
+// alternate turns too); alternate_turns (ignored past 64 tokens for W8A8) is deterministic and
+// matches the reference; both with extreme scales (ue8m0 too) and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaTwoInFlightAndAlternateTurns) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 4, 0, false, true}, Fp8WgmmaConfig{0, 2, 264, false, false},
+        Fp8WgmmaConfig{1, 3, 4096, false, true, false, true}}) {
+    for (int64_t k : {128, 256, 384, 1280}) {
+      for (int64_t m : {1, 3, 8, 17, 33, 64, 72, 130}) {
+        const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 1);
+        config.two_in_flight = false;
+        const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, config);
+        config.two_in_flight = true;
+        const std::vector<uint16_t> second = RunAndCheck(c, Path::kWgmma, config);
+        ASSERT_FALSE(first.empty());
+        EXPECT_EQ(first, second) << "m=" << m << " k=" << k << " stages=" << config.stages;
+      }
+    }
+  }
+  const Fp8WgmmaConfig alternate{0, 0, 264, false, true, false, true};
+  for (int64_t k : {128, 1280}) {
+    for (int64_t m : {1, 9, 40, 64, 100, 130}) {
+      const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 0);
+      const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, alternate);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, RunAndCheck(c, Path::kWgmma, alternate)) << "m=" << m << " k=" << k;
+    }
+  }
+  for (const Fp8WgmmaConfig config :
+       {alternate, Fp8WgmmaConfig{0, 4, 264, false, true, false, false, true}}) {
+    DenseCase e = ExtremeScales(rng);
+    RunAndCheck(e, Path::kWgmma, config);
+    e.ue8m0 = !e.ue8m0;
+    RunAndCheck(e, Path::kWgmma, config);
+    RunAndCheck(NonFinite(rng), Path::kWgmma, config);
+  }
 }
 
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16

@@ -99,15 +99,10 @@ std::vector<uint16_t> RunAndCheckDense(const DenseCase& c, Path path = Path::kDi
   const char* name = path == Path::kDispatch ? "fp8_gemm_w8a16"
                      : path == Path::kMma    ? "fp8_gemm_w8a16_mma"
                                              : "fp8_gemm_w8a16_wgmma";
-  const std::string what = std::string(name) + " m=" + std::to_string(c.m) +
-                           " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                           (path == Path::kWgmma ? " config=" + std::to_string(config.warpgroups) +
-                                                       "," + std::to_string(config.stages) + "," +
-                                                       std::to_string(config.target_blocks) +
-                                                       (config.cluster_reduce ? ",cluster" : "") +
-                                                       (config.smem_scales ? ",smem_scales" : "") +
-                                                       (config.a16_register_weights ? ",reg" : "")
-                                                 : std::string());
+  const std::string what =
+      std::string(name) + " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+      " k=" + std::to_string(c.k) +
+      (path == Path::kWgmma ? testing::WgmmaConfigLabel(config) : std::string());
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<uint8_t> w(c.w.size());
   GuardedBuffer<float> w_scale(c.w_scale.size());
@@ -251,16 +246,22 @@ TEST(CudaW8a16GemmTest, WgmmaTilesSplitsAndConfigs) {
   for (int64_t m : {1, 13, 77}) RunAndCheckDense(MakeDense(rng, m, 200, 384), Path::kMma);
 }
 
-TEST(CudaW8a16GemmTest, WgmmaExtremeScalesAndNonFinite) {
-  PDSERVE_SKIP_WITHOUT_GPU();
-  auto rng = FreshRng();
-  const DenseCase c = ExtremeScales(rng);
+// Non-finite inputs as NanAndInfPropagateToTheSamePositions has them, on a wgmma config.
+DenseCase NonFiniteDense(std::mt19937_64& rng) {
   DenseCase d = MakeDense(rng, 11, 136, 384);
   d.x[2 * d.x_stride + 5] = testing::kBf16NaN;
   d.x[6 * d.x_stride + 200] = 0x7F80;
   d.x[9 * d.x_stride + 383] = 0xFF80;
   d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
   d.w[static_cast<size_t>(135 * d.k + 0)] = 0xFF;
+  return d;
+}
+
+TEST(CudaW8a16GemmTest, WgmmaExtremeScalesAndNonFinite) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const DenseCase c = ExtremeScales(rng);
+  const DenseCase d = NonFiniteDense(rng);
   for (const Fp8WgmmaConfig config : {Fp8WgmmaConfig{2, 4, 0}, Fp8WgmmaConfig{1, 4, 264}}) {
     RunAndCheckDense(c, Path::kWgmma, config);
     RunAndCheckDense(d, Path::kWgmma, config);
@@ -568,6 +569,66 @@ TEST(CudaW8a16GemmTest, MmaClusterReduceIsDeterministic) {
   d.x[6 * d.x_stride + 200] = 0x7F80;
   d.w[static_cast<size_t>(17 * d.k + 130)] = 0x7F;
   RunAndCheckDense(d, Path::kMma);
+}
+
+// two_in_flight (two k blocks' products in flight per consumer warpgroup) gives the bits of one
+// block at a time: token tiles 8..64 with odd counts (72 and 130: the flag ignored), 1, 2, 3 and
+// 10 k blocks (odd and even counts per warpgroup, the tail paths), unevenly split, 2 and 3 stages
+// (the ring as deep as the blocks in flight), with alternate turns too; then extreme scales and
+// NaN / Inf against the reference.
+TEST(CudaW8a16GemmTest, WgmmaTwoInFlightEqualsOneAtATimeBitForBit) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (Fp8WgmmaConfig config :
+       {Fp8WgmmaConfig{1, 4, 0, false, true, true}, Fp8WgmmaConfig{0, 2, 264, false, true, true},
+        Fp8WgmmaConfig{1, 3, 4096, false, false, true},
+        Fp8WgmmaConfig{0, 4, 0, false, true, true, true}}) {
+    for (int64_t k : {128, 256, 384, 1280}) {
+      for (int64_t m : {1, 3, 8, 17, 33, 64, 72, 130}) {
+        const DenseCase c = MakeDense(rng, m, 200, k);
+        config.two_in_flight = false;
+        const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, config);
+        config.two_in_flight = true;
+        const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, config);
+        ASSERT_FALSE(first.empty());
+        EXPECT_EQ(first, second) << "m=" << m << " k=" << k << " stages=" << config.stages;
+      }
+    }
+  }
+  const Fp8WgmmaConfig in_flight{0, 4, 264, false, true, true, false, true};
+  RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, in_flight);
+  RunAndCheckDense(NonFiniteDense(rng), Path::kWgmma, in_flight);
+  RunAndCheckDense(NonFiniteDense(rng), Path::kWgmma,
+                   Fp8WgmmaConfig{1, 2, 0, false, false, true, false, true});
+}
+
+// alternate_turns (two consumer warpgroups on one row group, even / odd k blocks, sums added at
+// the end): every token tile 8..128 and odd counts, 1 k block (the second warpgroup has none), 3
+// and 10 blocks, with and without a split, register weights and the shared-memory conversion,
+// cluster_reduce asked for (ignored) and 2 warpgroups asked for (taken as 1); two runs give the
+// same bits; extreme scales and NaN / Inf against the reference.
+TEST(CudaW8a16GemmTest, WgmmaAlternateTurns) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true, true},
+                                    {1, 4, 0, false, false, false, true},
+                                    {2, 3, 4096, true, true, true, true},
+                                    {0, 2, 132, false, true, false, true}};
+  for (const Fp8WgmmaConfig& config : configs) {
+    EXPECT_EQ(fp8_gemm_w8a16_wgmma_workspace_bytes(9, 200, 1280, config) > 0,
+              fp8_gemm_wgmma_splits(9, 200, 1280, config) > 1);
+    for (int64_t k : {128, 384, 1280}) {
+      for (int64_t m : {1, 5, 8, 17, 33, 64, 72, 100, 128, 130}) {
+        const DenseCase c = MakeDense(rng, m, 200, k);
+        const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, config);
+        const std::vector<uint16_t> second = RunAndCheckDense(c, Path::kWgmma, config);
+        ASSERT_FALSE(first.empty());
+        EXPECT_EQ(first, second) << "m=" << m << " k=" << k;
+      }
+    }
+    RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, config);
+    RunAndCheckDense(NonFiniteDense(rng), Path::kWgmma, config);
+  }
 }
 
 }  // namespace
