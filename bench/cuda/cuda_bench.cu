@@ -19,7 +19,8 @@
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
 // "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
-// false, "..._noprefetch" kDependentLaunch with prefetch_lookups false.
+// false, "..._noprefetch" kDependentLaunch with prefetch_lookups false, "..._cluster"
+// kClusterMerge, "..._cluster_nomc" kClusterMerge with multicast_queries false.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +64,11 @@ struct LayerInputs {
 int Run(int64_t only_batch, int64_t only_context) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  // kClusterMerge runs in one wave only while its clusters fit: say how many do (stderr).
+  for (int64_t splits = 2; splits <= kSparseMaxClusterSplits; ++splits) {
+    std::fprintf(stderr, "sparse decode clusters of %lld: %d at once (%d multiprocessors)\n",
+                 static_cast<long long>(splits), SparseDecodeMaxActiveClusters(splits), sms);
+  }
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const char* only = std::getenv("PDSERVE_BENCH_ONLY");
@@ -330,12 +336,14 @@ int Run(int64_t only_batch, int64_t only_context) {
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
                               SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch,
-                              bool programmatic = true, bool prefetch = true) {
+                              bool programmatic = true, bool prefetch = true,
+                              bool multicast = true) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
           split.variant = variant;
           split.programmatic_launch = programmatic;
           split.prefetch_lookups = prefetch;
+          split.multicast_queries = multicast;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
@@ -361,9 +369,13 @@ int Run(int64_t only_batch, int64_t only_context) {
                    SparseDecodeVariant::kDependentLaunch, false);
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_noprefetch",
                    SparseDecodeVariant::kDependentLaunch, true, false);
+        constexpr SparseDecodeVariant kCluster = SparseDecodeVariant::kClusterMerge;
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_cluster", kCluster);
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_cluster_nomc",
+                   kCluster, true, true, false);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
-        // "<kernel>@<entries per split>" and "<kernel>_split@..." (to fit
+        // "<kernel>@<entries per split>", "<kernel>_split@..." and "<kernel>_cluster@..." (to fit
         // SparseDecodeEntriesPerSplit to measurements).
         const char* sweep = std::getenv("PDSERVE_BENCH_SPLITS");
         if (sweep == nullptr || std::string(sweep) != "1") continue;
@@ -376,6 +388,7 @@ int Run(int64_t only_batch, int64_t only_context) {
           }
           time_split(per, "@" + std::to_string(per));
           time_split(per, "_split@" + std::to_string(per), kOld);
+          time_split(per, "_cluster@" + std::to_string(per), kCluster);
         }
       }
     }

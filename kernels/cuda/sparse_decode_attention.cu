@@ -7,28 +7,36 @@
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 #include "kernels/cuda/sparse_decode_merge.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
+using hopper::ClusterArrive;
+using hopper::ClusterWait;
+using hopper::FenceBarrierInit;
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
 using hopper::GridDependencyTrigger;
 using hopper::GridDependencyWait;
 using hopper::MbarrierArrive;
+using hopper::MbarrierArriveExpectTx;
 using hopper::MbarrierInit;
 using hopper::MbarrierWait;
 using hopper::SmemDescriptor;
+using hopper::TmaLoad2dMulticast;
 using hopper::WgmmaCommit;
 using hopper::WgmmaFence;
 using hopper::WgmmaM64N256K16Bf16RegA;
 using hopper::WgmmaM64N32K16Bf16;
 using hopper::WgmmaWait;
+using sparse_decode::MergeInCluster;
 using sparse_decode::MergeWeight;
 using sparse_decode::RequestEntries;
 using sparse_decode::SparseDecodeCombineKernel;
 using sparse_decode::SparseDecodeMergeKernel;
 using sparse_decode::SplitOutputs;
+using sparse_decode::StagedOutputOffset;
 using sparse_decode::WindowRows;
 
 // Design (sm_90a). One block per (split, request, 64-head group), 3 warpgroups:
@@ -86,7 +94,9 @@ constexpr int kBarrierOffset = kValidOffset + kStages * 4;
 constexpr int kFullBarrier = 0;
 constexpr int kEmptyBarrier = kStages;
 constexpr int kQBarrier = 2 * kStages;
-constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 1) * 8 + 1024;  // + alignment slack
+// kClusterMerge: the block's maxima and sums [64 heads] float2 for the cluster's merge.
+constexpr int kStatsOffset = (kBarrierOffset + (2 * kStages + 1) * 8 + 15) / 16 * 16;
+constexpr int kSmemBytes = kStatsOffset + kHeads * 8 + 1024;  // + alignment slack
 static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 8,
               "the layout assumes these shapes");
 static_assert(kQBytes == kHeads * kDim * 2, "the bf16 output is staged in the query area");
@@ -585,22 +595,19 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
   st.running_sum[1] = WG == 0 ? st.running_sum[1] + theirs.y : theirs.y + st.running_sum[1];
 }
 
-// Byte offset of (head, 16-byte unit u) in the bf16 output staged in shared memory: rows of 1 KB,
-// the unit XOR-ed with head % 8 so the 8 heads a warp writes at once fall in different banks.
-__device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
-  return head * kDim * 2 + ((unit ^ (head & 7)) << 4);
-}
-
-// The consumer warpgroups: every tile, then the output (one split) or the partials.
-template <int WG, bool DEPENDENT>
+// The consumer warpgroups: every tile, then the output (one split) or the partials; CLUSTER
+// (kClusterMerge): the partials stay in shared memory and the cluster merges them.
+template <int WG, bool DEPENDENT, bool CLUSTER>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
                                                  const SplitOutputs& so) {
+  static_assert(DEPENDENT || !CLUSTER, "kClusterMerge is launched as kDependentLaunch is");
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
   // DEPENDENT: a request whose entries fit in split 0 is finished there (the combine kernel skips
-  // it); the splits past a request's entries write nothing.
+  // it, the cluster does not merge); the splits past a request's entries write nothing.
   const bool final_output = splits == 1 || (DEPENDENT && w.active == 1);
+  const bool writes = !DEPENDENT || static_cast<int>(blockIdx.x) < w.active;
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -612,78 +619,135 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   Consume<WG>(p, w.n_tiles, base, smem, st);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
-  if (DEPENDENT && static_cast<int>(blockIdx.x) >= w.active) return;
-  // One split: the final output (sink and normalization applied). Several: this split's
-  // unnormalized output in bf16, and its maxima and sums in fp32, for the merge.
-  __nv_bfloat16* const dst =
-      final_output ? so.out + (w.b * p.heads + w.head0) * kDim
-                   : so.part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
-  // The bf16 rows are staged in the query area (free: both warpgroups are past their last score
-  // product) and leave in whole 16-byte stores, consecutive threads on consecutive bytes.
-  ConsumerBarrier();
+  float2* const stats = reinterpret_cast<float2*>(smem + kStatsOffset);
+  if (writes) {
+    // One split: the final output (sink and normalization applied). Several: this split's
+    // unnormalized output in bf16, and its maxima and sums in fp32, for the merge. The bf16 rows
+    // are staged in the query area (free: both warpgroups are past their last score product).
+    ConsumerBarrier();
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head_lo + 8 * r;
-    float scale = 1.0f;
-    if (final_output) {
-      const float sink = r == 0 ? sink_lo : sink_hi;
-      const float top = fmaxf(st.running_max[r], sink);
-      const float weight = MergeWeight(st.running_max[r], top);
-      const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
-      scale = denom > 0.0f ? weight / denom : 0.0f;
-    } else if (WG == 0 && t == 0) {
-      const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
-      so.part_max[row] = st.running_max[r];
-      so.part_sum[row] = st.running_sum[r];
+    for (int r = 0; r < 2; ++r) {
+      const int head = head_lo + 8 * r;
+      float scale = 1.0f;
+      if (final_output) {
+        const float sink = r == 0 ? sink_lo : sink_hi;
+        const float top = fmaxf(st.running_max[r], sink);
+        const float weight = MergeWeight(st.running_max[r], top);
+        const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
+        scale = denom > 0.0f ? weight / denom : 0.0f;
+      } else if (WG == 0 && t == 0) {
+        if constexpr (CLUSTER) {
+          stats[head] = make_float2(st.running_max[r], st.running_sum[r]);
+        } else {
+          const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
+          so.part_max[row] = st.running_max[r];
+          so.part_sum[row] = st.running_sum[r];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
+        *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) +
+                                           4 * t) =
+            __floats2bfloat162_rn(st.o[4 * n + 2 * r] * scale, st.o[4 * n + 2 * r + 1] * scale);
+      }
     }
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
-      *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) + 4 * t) =
-          __floats2bfloat162_rn(st.o[4 * n + 2 * r] * scale, st.o[4 * n + 2 * r + 1] * scale);
+    ConsumerBarrier();
+    if (!CLUSTER || final_output) {
+      // Whole 16-byte stores, consecutive threads on consecutive bytes.
+      __nv_bfloat16* const dst =
+          final_output ? so.out + (w.b * p.heads + w.head0) * kDim
+                       : so.part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
+#pragma unroll 4
+      for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
+        const int head = i >> 6;
+        const int unit = i & 63;
+        reinterpret_cast<uint4*>(dst)[i] =
+            *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
+      }
     }
   }
-  ConsumerBarrier();
-#pragma unroll 4
-  for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
-    const int head = i >> 6;
-    const int unit = i & 63;
-    reinterpret_cast<uint4*>(dst)[i] =
-        *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
+  if constexpr (CLUSTER) {
+    // Every block's partials are staged (and every multicast of the queries has landed: each
+    // block waited for its own); then each block merges its slice of the heads from all of them,
+    // and none leaves while another may still read its shared memory.
+    ClusterArrive();
+    ClusterWait();
+    if (!final_output) {
+      MergeInCluster<static_cast<int>(kSparseMaxClusterSplits)>(
+          smem + kQOffset, stats, w.active, p.sinks + w.head0,
+          so.out + (w.b * p.heads + w.head0) * kDim, tid, kConsumerThreads);
+    }
+    ClusterArrive();
+    ClusterWait();
+  }
+}
+
+// kClusterMerge with multicast_queries, one producer thread per block: the block of rank r
+// fetches 64-dim regions r, r + C, ... of the group's queries (64 heads x 128 bytes each, laid
+// out and swizzled by the tensor map as IssueQueries lays them out) into every block of the
+// cluster of C; each block's q_full barrier expects all 64 KB.
+__device__ __forceinline__ void IssueQueriesMulticast(const SparseDecodeParams& p,
+                                                      const CUtensorMap* q_map, uint32_t base) {
+  const int splits = static_cast<int>(gridDim.x);  // the cluster: every split of the group
+  const auto all = static_cast<uint16_t>((1u << splits) - 1u);
+  const auto row = static_cast<int32_t>(int64_t{blockIdx.y} * p.heads + blockIdx.z * kHeads);
+  for (int region = static_cast<int>(blockIdx.x); region < kDim / 64; region += splits) {
+    TmaLoad2dMulticast(base + kQOffset + region * kQRegionBytes, q_map, region * 64, row,
+                       base + kBarrierOffset + kQBarrier * 8, all);
   }
 }
 
 // DEPENDENT: SparseDecodeVariant::kDependentLaunch (launched as a programmatic dependent: nothing
-// global is touched before griddepcontrol.wait).
-template <bool DEPENDENT>
+// global is touched before griddepcontrol.wait). CLUSTER: kClusterMerge (DEPENDENT too; launched
+// in clusters of gridDim.x blocks, the splits of one request and head group). q_map: the queries
+// [batch * heads, 512] in 64 x 64 boxes, used only with CLUSTER and p.multicast_queries.
+template <bool DEPENDENT, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
-    SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so) {
+    SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so,
+                            const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
   const int tid = threadIdx.x;
+  const bool multicast = CLUSTER && p.multicast_queries;
+  const uint32_t q_full = base + kBarrierOffset + kQBarrier * 8;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // An arrive and an arrive-on-copies from every producer thread.
       MbarrierInit(base + kBarrierOffset + (kFullBarrier + s) * 8, 2 * 32 * kProducerWarps);
       MbarrierInit(base + kBarrierOffset + (kEmptyBarrier + s) * 8, kConsumerThreads / 32);
     }
-    MbarrierInit(base + kBarrierOffset + kQBarrier * 8, 32 * kProducerWarps);
+    // Multicast: this one arrival and the 64 KB the cluster's copies deliver; else an
+    // arrive-on-copies from every producer thread.
+    MbarrierInit(q_full, multicast ? 1 : 32 * kProducerWarps);
+    if (multicast) {
+      MbarrierArriveExpectTx(q_full, kQBytes);
+      FenceBarrierInit();  // before any block of the cluster may copy into this one
+    }
   }
   __syncthreads();
+  // CLUSTER: the cluster's blocks have all started and initialized their barriers (waited for
+  // below, after the dependency) before any multicast or shared-memory access between them.
+  if constexpr (CLUSTER) ClusterArrive();
   if constexpr (DEPENDENT) {
     // The kernel before this one on the stream has finished and its writes are visible; the one
     // after may begin its launch (it waits the same way for this one).
     GridDependencyWait();
     GridDependencyTrigger();
   }
+  if constexpr (CLUSTER) ClusterWait();
 
   const int64_t b = blockIdx.y;
   if (tid >= kConsumerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // The queries go out first; the request's lengths and window page are loaded together.
-    IssueQueries(p, base);
+    if (!multicast) {
+      IssueQueries(p, base);
+    } else if (tid == kConsumerThreads) {
+      IssueQueriesMulticast(p, &q_map, base);
+    }
     if (DEPENDENT && p.prefetch_lookups) PrefetchLookups(p);
     const int window_len = p.window_len[b];
     const int n_compressed = p.n_compressed[b];
@@ -691,14 +755,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     const BlockWork w = GetBlockWork(p, window_len, n_compressed);
     Produce(p, w, n_compressed, window_page, base, smem + kValidOffset);
     // A block with nothing to attend keeps its threads until the query copies have landed.
-    if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+    if (w.n_tiles == 0) MbarrierWait(q_full, 0);
+    if constexpr (CLUSTER) {
+      // The consumers' two cluster barriers (ConsumeAndFinish): every thread takes part.
+      ClusterArrive();
+      ClusterWait();
+      ClusterArrive();
+      ClusterWait();
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
     if (tid < 128) {
-      ConsumeAndFinish<0, DEPENDENT>(p, w, base, smem, so);
+      ConsumeAndFinish<0, DEPENDENT, CLUSTER>(p, w, base, smem, so);
     } else {
-      ConsumeAndFinish<1, DEPENDENT>(p, w, base, smem, so);
+      ConsumeAndFinish<1, DEPENDENT, CLUSTER>(p, w, base, smem, so);
     }
   }
 }
@@ -734,15 +805,16 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, b
 template <bool DEPENDENT>
 cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
                           cudaStream_t stream) {
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel<DEPENDENT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(SparseDecodeSplitKernel<DEPENDENT, false>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
   const bool dependent = DEPENDENT && p.programmatic_launch;
   const int64_t splits = SparseDecodeSplits(p);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.heads / kHeads));
-  cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT>, grid, dim3(kThreads), kSmemBytes,
-                              dependent, stream, p, so);
+  cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT, false>, grid, dim3(kThreads),
+                              kSmemBytes, dependent, stream, p, so, CUtensorMap{});
   if (status != cudaSuccess || splits == 1) return status;
   const auto* part_out = static_cast<const __nv_bfloat16*>(so.part_out);
   const auto* part_max = static_cast<const float*>(so.part_max);
@@ -760,7 +832,84 @@ cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
   }
 }
 
+// The queries [batch * heads, 512] bf16 as a 2-D tensor in boxes of 64 dims x 64 heads with the
+// 128-byte swizzle (one region of the query area, see IssueQueriesMulticast). False when the
+// driver has no encoder, q is not 16-byte aligned or the rows do not fit an int32 coordinate.
+bool EncodeQueryMap(CUtensorMap* map, const SparseDecodeParams& p) {
+  const auto encode = TensorMapEncodeFunction();
+  const int64_t rows = p.batch * p.heads;
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || rows > INT32_MAX) {
+    return false;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kDim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kDim * sizeof(__nv_bfloat16))};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kHeads)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.q), dims,
+                strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// kClusterMerge: the split kernel alone, in clusters of all the splits of a (request, head
+// group); as kDependentLaunch with one split or more than kSparseMaxClusterSplits.
+cudaError_t LaunchCluster(const SparseDecodeParams& p, const SplitOutputs& so,
+                          cudaStream_t stream) {
+  const int64_t splits = SparseDecodeSplits(p);
+  if (splits == 1 || splits > kSparseMaxClusterSplits) return LaunchVariant<true>(p, so, stream);
+  static const cudaError_t attribute_status = cudaFuncSetAttribute(
+      SparseDecodeSplitKernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attribute_status != cudaSuccess) return attribute_status;
+  SparseDecodeParams lp = p;
+  CUtensorMap q_map{};
+  lp.multicast_queries = p.multicast_queries && EncodeQueryMap(&q_map, p);
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
+                        static_cast<unsigned>(p.heads / kHeads));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(kSmemBytes);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = p.programmatic_launch ? 2 : 1;
+  return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true, true>, lp, so, q_map);
+}
+
 }  // namespace
+
+int SparseDecodeMaxActiveClusters(int64_t splits) {
+  if (splits < 2 || splits > kSparseMaxClusterSplits) return 0;
+  if (cudaFuncSetAttribute(SparseDecodeSplitKernel<true, true>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kSmemBytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(splits), 64);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(kSmemBytes);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, SparseDecodeSplitKernel<true, true>, &config) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
@@ -771,8 +920,9 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   constexpr const char* kLauncher = "sparse_decode_attention";
-  const bool dependent = p.variant == SparseDecodeVariant::kDependentLaunch;
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, dependent || p.variant == SparseDecodeVariant::kSplitCombine);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.variant == SparseDecodeVariant::kSplitCombine ||
+                                        p.variant == SparseDecodeVariant::kDependentLaunch ||
+                                        p.variant == SparseDecodeVariant::kClusterMerge);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
@@ -804,7 +954,15 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   so.part_out = reinterpret_cast<__nv_bfloat16*>(base);
   so.part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
   so.part_sum = so.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
-  return dependent ? LaunchVariant<true>(p, so, stream) : LaunchVariant<false>(p, so, stream);
+  switch (p.variant) {
+    case SparseDecodeVariant::kSplitCombine:
+      return LaunchVariant<false>(p, so, stream);
+    case SparseDecodeVariant::kDependentLaunch:
+      return LaunchVariant<true>(p, so, stream);
+    case SparseDecodeVariant::kClusterMerge:
+      break;
+  }
+  return LaunchCluster(p, so, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -38,6 +38,16 @@
 //   fit in split 0 gets its final output from that block (the combine kernel skips it), and splits
 //   past a request's entries write nothing. (Merging the splits in the split block that finishes
 //   last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
+// - kClusterMerge (compiled, opt-in until measured): the splits of one (request, 64-head group)
+//   run as one thread-block cluster (at most kSparseMaxClusterSplits blocks) and merge through
+//   distributed shared memory, with no combine kernel and no partials in global memory: each
+//   block leaves its unnormalized bf16 output and fp32 maxima and sums in its own shared memory,
+//   the cluster synchronizes, and block r merges heads [r * 64 / C, (r + 1) * 64 / C) from every
+//   block's shared memory (the same arithmetic per element as kDependentLaunch's merge kernel)
+//   into the final output. With multicast_queries the queries are loaded once per cluster (TMA
+//   with the 128-byte swizzle, each block fetching 8 / C of the 64-dim regions for all blocks).
+//   Launched as a programmatic dependent like kDependentLaunch. One split, or more splits than
+//   kSparseMaxClusterSplits: runs exactly as kDependentLaunch.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -54,8 +64,10 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
 inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
+// kClusterMerge: most splits merged in one cluster (the portable cluster size).
+inline constexpr int64_t kSparseMaxClusterSplits = 8;
 
-enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch };
+enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch, kClusterMerge };
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;
@@ -76,11 +88,14 @@ struct SparseDecodeParams {
   float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
   SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch;
-  // kDependentLaunch: launch both kernels as programmatic dependents (false: plain launches of the
-  // same kernels; griddepcontrol.wait is then a no-op).
+  // kDependentLaunch, kClusterMerge: launch the kernels as programmatic dependents (false: plain
+  // launches of the same kernels; griddepcontrol.wait is then a no-op).
   bool programmatic_launch = true;
-  // kDependentLaunch: prefetch the first lookups' cache lines into L1 (see the .cu).
+  // kDependentLaunch, kClusterMerge: prefetch the first lookups' cache lines into L1 (see the .cu).
   bool prefetch_lookups = true;
+  // kClusterMerge: the queries loaded once per cluster by TMA multicast (false: every block copies
+  // all 64 KB itself, as the other variants do). Needs q 16-byte aligned.
+  bool multicast_queries = true;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /
@@ -95,7 +110,14 @@ int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count);
 
-// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split.
+// kClusterMerge: how many clusters of `splits` split blocks (2 .. kSparseMaxClusterSplits) the
+// current device runs at once (cudaOccupancyMaxActiveClusters; a cluster's blocks share a GPC,
+// one block per multiprocessor); 0 for other sizes or on an error (cleared). Host call.
+int SparseDecodeMaxActiveClusters(int64_t splits);
+
+// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split (the
+// same for every variant, so a caller may switch variants on one workspace; kClusterMerge uses it
+// only where it runs as kDependentLaunch).
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
 // Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
