@@ -20,7 +20,8 @@
 // "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
 // false, "..._noprefetch" kDependentLaunch with prefetch_lookups false, "..._cluster"
-// kClusterMerge, "..._cluster_nomc" kClusterMerge with multicast_queries false.
+// kClusterMerge, "..._cluster_nomc" kClusterMerge with multicast_queries false,
+// "..._cluster_fit" kClusterMerge at SparseDecodeClusterEntriesPerSplit's split size.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -65,9 +66,11 @@ int Run(int64_t only_batch, int64_t only_context) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // kClusterMerge runs in one wave only while its clusters fit: say how many do (stderr).
+  int max_active_clusters[kSparseMaxClusterSplits + 1] = {};
   for (int64_t splits = 2; splits <= kSparseMaxClusterSplits; ++splits) {
+    max_active_clusters[splits] = SparseDecodeMaxActiveClusters(splits);
     std::fprintf(stderr, "sparse decode clusters of %lld: %d at once (%d multiprocessors)\n",
-                 static_cast<long long>(splits), SparseDecodeMaxActiveClusters(splits), sms);
+                 static_cast<long long>(splits), max_active_clusters[splits], sms);
   }
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -373,6 +376,12 @@ int Run(int64_t only_batch, int64_t only_context) {
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_cluster", kCluster);
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_cluster_nomc",
                    kCluster, true, true, false);
+        const int64_t fit =
+            SparseDecodeClusterEntriesPerSplit(batch, kHeads, entries, sms, max_active_clusters);
+        std::fprintf(stderr, "%s_cluster_fit,%lld,%lld: %lld entries per split\n", name,
+                     static_cast<long long>(batch), static_cast<long long>(context),
+                     static_cast<long long>(fit));
+        time_split(fit, "_cluster_fit", kCluster);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
         // "<kernel>@<entries per split>", "<kernel>_split@..." and "<kernel>_cluster@..." (to fit

@@ -110,6 +110,15 @@ int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count);
 
+// kClusterMerge's split size: SparseDecodeEntriesPerSplit's pick, with fewer splits where its
+// clusters would not all run at once (each block of a cluster needs a multiprocessor of the same
+// GPC, so fewer clusters of 4 fit than 132 / 4) or would exceed kSparseMaxClusterSplits:
+// the most splits s <= the pick with max_active_clusters[s] >= batch * heads / 64 (one cluster
+// per request and head group). max_active_clusters: [kSparseMaxClusterSplits + 1], entry s the
+// device's SparseDecodeMaxActiveClusters(s) (entries 0 and 1 unused). Host arithmetic.
+int64_t SparseDecodeClusterEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
+                                           int sm_count, const int* max_active_clusters);
+
 // kClusterMerge: how many clusters of `splits` split blocks (2 .. kSparseMaxClusterSplits) the
 // current device runs at once (cudaOccupancyMaxActiveClusters; a cluster's blocks share a GPC,
 // one block per multiprocessor); 0 for other sizes or on an error (cleared). Host call.

@@ -354,6 +354,34 @@ TEST(CudaSparseDecodeTest, SplitSizeFollowsTheMeasuredCosts) {
   }
 }
 
+TEST(CudaSparseDecodeTest, ClusterSplitSizeKeepsClustersInOneWave) {
+  // Host arithmetic only. 132 multiprocessors; clusters that fit at once per size (index =
+  // blocks per cluster): one where 32 clusters of 4 fit, one where only 30 do.
+  const int fits[kSparseMaxClusterSplits + 1] = {0, 0, 66, 44, 32, 26, 22, 16, 16};
+  const int short_of_four[kSparseMaxClusterSplits + 1] = {0, 0, 66, 42, 30, 24, 18, 16, 14};
+  const int none[kSparseMaxClusterSplits + 1] = {};
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(32, 64, 640, 132, fits), 160);  // 4 splits
+  // 30 clusters of 4 < 32 requests: 3 splits of 7 tiles.
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(32, 64, 640, 132, short_of_four), 224);
+  // 10 splits picked for kDependentLaunch: at most 8 in a cluster (20 tiles: 3 per split).
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(1, 64, 640, 132, fits), 96);
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(128, 64, 640, 132, fits), 640);  // one split
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(32, 64, 640, 132, none), 640);   // no cluster
+  for (int64_t batch = 1; batch <= 300; ++batch) {
+    SparseDecodeParams p;
+    p.batch = batch;
+    p.window_size = 128;
+    p.compressed_slots = 1021;
+    p.entries_per_split = SparseDecodeClusterEntriesPerSplit(batch, 64, 1149, 132, short_of_four);
+    EXPECT_EQ(p.entries_per_split % kSparseTile, 0);
+    const int64_t splits = SparseDecodeSplits(p);
+    EXPECT_LE(splits, kSparseMaxClusterSplits);
+    if (splits > 1) {
+      EXPECT_GE(short_of_four[splits], batch) << "batch " << batch;
+    }
+  }
+}
+
 TEST(CudaSparseDecodeTest, OddLengthsBatch33) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();

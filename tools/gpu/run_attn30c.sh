@@ -13,7 +13,8 @@
 # kDependentLaunch, kSplitCombine and kClusterMerge too: rows "<kernel>@<per>", "_split@<per>",
 # "_cluster@<per>"; ~15 s more), SANITIZE=1 (compute-sanitizer memcheck and racecheck on the
 # cluster tests, ~40 s more).
-# Expected time: build ~25 s on 16 cores, tests ~15 s, bench ~15 s (SWEEP: ~30 s).
+# Expected time: build ~25 s on 16 cores, tests ~20 s (and the wgmma GEMM tests, which share the
+# tensor-map lookup), bench ~15 s (SWEEP: ~30 s).
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -35,6 +36,10 @@ start=$SECONDS
 timeout 60 "$tests" --gtest_filter='CudaSparseDecode*' > "$out/tests.log" 2>&1
 echo "sparse decode attention GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED|^\[       OK|Failure|Expected|Which is|Value of|outputs differ|request" "$out/tests.log" | head -40
+# The TMA GEMMs share the tensor-map encoder lookup (kernels/cuda/tensor_map.cuh) since this change.
+start=$SECONDS
+timeout 40 "$tests" --gtest_filter='CudaFp8GemmTest.Wgmma*:CudaW8a16GemmTest.Wgmma*' > "$out/tests-gemm.log" 2>&1
+echo "wgmma GEMM GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests-gemm.log" | tr '\n' ' ')"
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     timeout 40 compute-sanitizer --tool $tool --error-exitcode 9 "$tests" \
@@ -48,9 +53,14 @@ PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention PDSERVE_BENCH_SPLITS=${S
 echo "pdserve_cuda_bench (graph timing, attention only): rc=$? $((SECONDS - start)) s; rows: $out/bench.csv"
 grep -E "clusters of" "$out/bench.err" | tr "\n" ";"; echo
 tail -3 "$out/bench.err"
-python3 - "$out/bench.csv" <<'PY' | tee "$out/table.md"
-import sys
+python3 - "$out/bench.csv" "$out/bench.err" <<'PY' | tee "$out/table.md"
+import re, sys
 rows = {}
+fit_per = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"(\w+)_cluster_fit,(\d+),(\d+): (\d+) entries per split", line)
+    if m:
+        fit_per[(m.group(1), int(m.group(2)), int(m.group(3)) // 1024)] = int(m.group(4))
 for line in open(sys.argv[1]):
     f = line.strip().split(",")
     if len(f) != 7 or f[0] == "copy":
@@ -66,9 +76,10 @@ for (name, batch, ctx), us in rows.items():
 def cell(us, floor):
     return "-" if us is None else f"{us:.1f} ({us / floor:.2f}x)"
 print("| kernel | batch | context | read floor us | kDependentLaunch us (x floor) | "
-      "kClusterMerge | kClusterMerge, no multicast | kSplitCombine | cluster - dependent us | "
-      "goal (cluster) | best swept split per: us (dependent / cluster) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "kClusterMerge | kClusterMerge, no multicast | kClusterMerge at its rule's split (per) | "
+      "kSplitCombine | best cluster - dependent us | goal (best cluster) | "
+      "best swept split per: us (dependent / cluster) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
         for ctx in (4, 32, 128):
@@ -78,6 +89,10 @@ for kernel in ("csa_attention", "hca_attention"):
                 continue
             clu = rows.get((kernel + "_cluster", batch, ctx))
             nomc = rows.get((kernel + "_cluster_nomc", batch, ctx))
+            fit = rows.get((kernel + "_cluster_fit", batch, ctx))
+            fit_s = cell(fit, floor) + f" ({fit_per.get((kernel, batch, ctx), '?')})"
+            if fit is not None and (clu is None or fit < clu):
+                clu = fit
             old = rows.get((kernel + "_split", batch, ctx))
             limit = 2.0 if ctx == 4 else 1.3
             goal = "-" if batch == 1 or clu is None else (
@@ -86,6 +101,7 @@ for kernel in ("csa_attention", "hca_attention"):
             best = [sweep.get((k, batch, ctx)) for k in (kernel, kernel + "_cluster")]
             best_s = " / ".join("-" if x is None else f"{x[0]}: {x[1]:.1f}" for x in best)
             print(f"| {kernel} | {batch} | {ctx}K | {floor:.1f} | {cell(dep, floor)} | "
-                  f"{cell(clu, floor)} | {cell(nomc, floor)} | {cell(old, floor)} | {diff} | "
+                  f"{cell(rows.get((kernel + '_cluster', batch, ctx)), floor)} | "
+                  f"{cell(nomc, floor)} | {fit_s} | {cell(old, floor)} | {diff} | "
                   f"{goal} | {best_s} |")
 PY
