@@ -32,6 +32,16 @@ if ! timeout 100 bash -c "cmake -S kernels/cuda -B '$b' -G Ninja -DCMAKE_BUILD_T
 fi
 echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
+# The cluster's own tests first, briefly: a cluster that never finishes stops the script here.
+start=$SECONDS
+timeout 20 "$tests" --gtest_filter='CudaSparseDecodeTest.ClusterMerge*' > "$out/tests-cluster.log" 2>&1
+rc=$?
+echo "kClusterMerge GPU tests: rc=$rc $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests-cluster.log" | tr '\n' ' ')"
+if [ $rc = 124 ] || [ $rc -ge 128 ]; then
+  tail -20 "$out/tests-cluster.log"
+  echo "kClusterMerge hung or crashed: nothing else run"
+  exit 1
+fi
 start=$SECONDS
 timeout 60 "$tests" --gtest_filter='CudaSparseDecode*' > "$out/tests.log" 2>&1
 echo "sparse decode attention GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
