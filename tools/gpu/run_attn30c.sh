@@ -66,7 +66,7 @@ import re, sys
 rows = {}
 fit_per = {}
 for line in open(sys.argv[2]):
-    m = re.match(r"(\w+)_cluster_fit,(\d+),(\d+): (\d+) entries per split", line)
+    m = re.match(r"(\w+)_cluster,(\d+),(\d+): (\d+) entries per split", line)
     if m:
         fit_per[(m.group(1), int(m.group(2)), int(m.group(3)) // 1024)] = int(m.group(4))
 for line in open(sys.argv[1]):
@@ -84,10 +84,9 @@ for (name, batch, ctx), us in rows.items():
 def cell(us, floor):
     return "-" if us is None else f"{us:.1f} ({us / floor:.2f}x)"
 print("| kernel | batch | context | read floor us | kDependentLaunch us (x floor) | "
-      "kClusterMerge | kClusterMerge, no multicast | kClusterMerge at its rule's split (per) | "
-      "kSplitCombine | best cluster - dependent us | goal (best cluster) | "
-      "best swept split per: us (dependent / cluster) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "kClusterMerge (its split size) | kClusterMerge, no multicast | kSplitCombine | "
+      "cluster - dependent us | goal (cluster) | best swept split per: us (dependent / cluster) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
         for ctx in (4, 32, 128):
@@ -97,10 +96,6 @@ for kernel in ("csa_attention", "hca_attention"):
                 continue
             clu = rows.get((kernel + "_cluster", batch, ctx))
             nomc = rows.get((kernel + "_cluster_nomc", batch, ctx))
-            fit = rows.get((kernel + "_cluster_fit", batch, ctx))
-            fit_s = cell(fit, floor) + f" ({fit_per.get((kernel, batch, ctx), '?')})"
-            if fit is not None and (clu is None or fit < clu):
-                clu = fit
             old = rows.get((kernel + "_split", batch, ctx))
             limit = 2.0 if ctx == 4 else 1.3
             goal = "-" if batch == 1 or clu is None else (
@@ -108,8 +103,8 @@ for kernel in ("csa_attention", "hca_attention"):
             diff = "-" if clu is None else f"{clu - dep:+.1f}"
             best = [sweep.get((k, batch, ctx)) for k in (kernel, kernel + "_cluster")]
             best_s = " / ".join("-" if x is None else f"{x[0]}: {x[1]:.1f}" for x in best)
+            per = fit_per.get((kernel, batch, ctx), "?")
             print(f"| {kernel} | {batch} | {ctx}K | {floor:.1f} | {cell(dep, floor)} | "
-                  f"{cell(rows.get((kernel + '_cluster', batch, ctx)), floor)} | "
-                  f"{cell(nomc, floor)} | {fit_s} | {cell(old, floor)} | {diff} | "
-                  f"{goal} | {best_s} |")
+                  f"{cell(clu, floor)} ({per}) | {cell(nomc, floor)} | {cell(old, floor)} | "
+                  f"{diff} | {goal} | {best_s} |")
 PY
