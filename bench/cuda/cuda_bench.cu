@@ -21,7 +21,8 @@
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
 // false, "..._noprefetch" kDependentLaunch with prefetch_lookups false; "..._cluster"
 // kClusterMerge at the split size SparseDecodeClusterEntriesPerSplit picks (on stderr),
-// "..._cluster_nomc" the same with multicast_queries false.
+// "..._cluster_nomc" the same with multicast_queries false; "..._qc2" kDependentLaunch with
+// query_cluster 2 (the default rule's split size).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -339,14 +340,15 @@ int Run(int64_t only_batch, int64_t only_context) {
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
                               SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch,
-                              bool programmatic = true, bool prefetch = true,
-                              bool multicast = true) {
+                              bool programmatic = true, bool prefetch = true, bool multicast = true,
+                              int64_t query_cluster = 1) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
           split.variant = variant;
           split.programmatic_launch = programmatic;
           split.prefetch_lookups = prefetch;
           split.multicast_queries = multicast;
+          split.query_cluster = query_cluster;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
@@ -380,6 +382,9 @@ int Run(int64_t only_batch, int64_t only_context) {
                      static_cast<long long>(fit));
         time_split(fit, "_cluster", kCluster);
         time_split(fit, "_cluster_nomc", kCluster, true, true, false);
+        // kDependentLaunch with pairs of splits loading the queries once (where splits are even).
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_qc2",
+                   SparseDecodeVariant::kDependentLaunch, true, true, true, 2);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
         // "<kernel>@<entries per split>", "<kernel>_split@..." and "<kernel>_cluster@..." (to fit

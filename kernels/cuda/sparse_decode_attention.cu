@@ -374,13 +374,21 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
   st.running_sum[1] = WG == 0 ? st.running_sum[1] + theirs.y : theirs.y + st.running_sum[1];
 }
 
-// The consumer warpgroups: every tile, then the output (one split) or the partials; CLUSTER
-// (kClusterMerge): the partials stay in shared memory and the cluster merges them.
-template <int WG, bool DEPENDENT, bool CLUSTER>
+// How the split kernel is launched: plainly (kNoCluster), in clusters whose blocks load the
+// queries once by multicast (kQueryCluster: kDependentLaunch with query_cluster > 1), or in
+// clusters of all splits of a request that also merge them (kMergeCluster: kClusterMerge).
+constexpr int kNoCluster = 0;
+constexpr int kQueryCluster = 1;
+constexpr int kMergeCluster = 2;
+
+// The consumer warpgroups: every tile, then the output (one split) or the partials;
+// kMergeCluster: the partials stay in shared memory and the cluster merges them.
+template <int WG, bool DEPENDENT, int CLUSTER>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
                                                  const SplitOutputs& so) {
-  static_assert(DEPENDENT || !CLUSTER, "kClusterMerge is launched as kDependentLaunch is");
+  static_assert(DEPENDENT || CLUSTER == kNoCluster, "clusters are launched as kDependentLaunch is");
+  constexpr bool kMerge = CLUSTER == kMergeCluster;
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
   // DEPENDENT: a request whose entries fit in split 0 is finished there (the combine kernel skips
@@ -415,7 +423,7 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
         const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
         scale = denom > 0.0f ? weight / denom : 0.0f;
       } else if (WG == 0 && t == 0) {
-        if constexpr (CLUSTER) {
+        if constexpr (kMerge) {
           stats[head] = make_float2(st.running_max[r], st.running_sum[r]);
         } else {
           const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
@@ -432,7 +440,7 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
       }
     }
     ConsumerBarrier();
-    if (!CLUSTER || final_output) {
+    if (!kMerge || final_output) {
       // Whole 16-byte stores, consecutive threads on consecutive bytes.
       __nv_bfloat16* const dst =
           final_output ? so.out + (w.b * p.heads + w.head0) * kDim
@@ -446,7 +454,7 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
       }
     }
   }
-  if constexpr (CLUSTER) {
+  if constexpr (kMerge) {
     // Every block's partials are staged (and every multicast of the queries has landed: each
     // block waited for its own); then each block merges its slice of the heads from all of them,
     // and none leaves while another may still read its shared memory.
@@ -457,16 +465,21 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
       MergeInCluster<kConsumerThreads>(splits, smem + kQOffset, stats, w.active, p.sinks + w.head0,
                                        so.out + (w.b * p.heads + w.head0) * kDim, tid);
     }
+  }
+  // Every cluster: no block leaves while a multicast it issued may still be writing another's
+  // shared memory, or (kMergeCluster) another may still read its own.
+  if constexpr (CLUSTER != kNoCluster) {
     ClusterArrive();
     ClusterWait();
   }
 }
 
 // DEPENDENT: SparseDecodeVariant::kDependentLaunch (launched as a programmatic dependent: nothing
-// global is touched before griddepcontrol.wait). CLUSTER: kClusterMerge (DEPENDENT too; launched
-// in clusters of gridDim.x blocks, the splits of one request and head group). q_map: the queries
-// [batch * heads, 512] in 64 x 64 boxes, used only with CLUSTER and p.multicast_queries.
-template <bool DEPENDENT, bool CLUSTER>
+// global is touched before griddepcontrol.wait). CLUSTER (DEPENDENT too): kMergeCluster for
+// kClusterMerge (clusters of gridDim.x blocks, the splits of one request and head group), or
+// kQueryCluster (clusters of consecutive splits of one request). q_map: the queries
+// [batch * heads, 512] in 64 x 64 boxes, used only in clusters with p.multicast_queries.
+template <bool DEPENDENT, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
     SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so,
                             const __grid_constant__ CUtensorMap q_map) {
@@ -475,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
   const int tid = threadIdx.x;
-  const bool multicast = CLUSTER && p.multicast_queries;
+  const bool multicast = CLUSTER != kNoCluster && p.multicast_queries;
   const uint32_t q_full = base + kBarrierOffset + kQBarrier * 8;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -494,14 +507,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   // CLUSTER: the cluster's blocks have all started and initialized their barriers (waited for
   // below, after the dependency) before any multicast or shared-memory access between them.
-  if constexpr (CLUSTER) ClusterArrive();
+  if constexpr (CLUSTER != kNoCluster) ClusterArrive();
   if constexpr (DEPENDENT) {
     // The kernel before this one on the stream has finished and its writes are visible; the one
     // after may begin its launch (it waits the same way for this one).
     GridDependencyWait();
     GridDependencyTrigger();
   }
-  if constexpr (CLUSTER) ClusterWait();
+  if constexpr (CLUSTER != kNoCluster) ClusterWait();
 
   const int64_t b = blockIdx.y;
   if (tid >= kConsumerThreads) {
@@ -520,10 +533,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     Produce(p, w, n_compressed, window_page, base, smem + kValidOffset);
     // A block with nothing to attend keeps its threads until the query copies have landed.
     if (w.n_tiles == 0) MbarrierWait(q_full, 0);
-    if constexpr (CLUSTER) {
-      // The consumers' two cluster barriers (ConsumeAndFinish): every thread takes part.
+    // The consumers' cluster barriers (ConsumeAndFinish): every thread takes part.
+    if constexpr (CLUSTER == kMergeCluster) {
       ClusterArrive();
       ClusterWait();
+    }
+    if constexpr (CLUSTER != kNoCluster) {
       ClusterArrive();
       ClusterWait();
     }
@@ -565,37 +580,6 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, b
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// The split kernel, then (several splits) the combine kernel; DEPENDENT: kDependentLaunch.
-template <bool DEPENDENT>
-cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
-                          cudaStream_t stream) {
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(SparseDecodeSplitKernel<DEPENDENT, false>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attribute_status != cudaSuccess) return attribute_status;
-  const bool dependent = DEPENDENT && p.programmatic_launch;
-  const int64_t splits = SparseDecodeSplits(p);
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
-                  static_cast<unsigned>(p.heads / kHeads));
-  cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT, false>, grid, dim3(kThreads),
-                              kSmemBytes, dependent, stream, p, so, CUtensorMap{});
-  if (status != cudaSuccess || splits == 1) return status;
-  const auto* part_out = static_cast<const __nv_bfloat16*>(so.part_out);
-  const auto* part_max = static_cast<const float*>(so.part_max);
-  const auto* part_sum = static_cast<const float*>(so.part_sum);
-  if constexpr (DEPENDENT) {
-    const dim3 merge_grid(static_cast<unsigned>(p.batch),
-                          static_cast<unsigned>(p.heads / sparse_decode::kMergeHeadsPerBlock));
-    return Launch(SparseDecodeMergeKernel, merge_grid, dim3(sparse_decode::kMergeThreads), 0,
-                  dependent, stream, p, static_cast<int>(splits), part_out, part_max, part_sum,
-                  so.out);
-  } else {
-    const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
-    return Launch(SparseDecodeCombineKernel, combine_grid, dim3(kDim / 4), 0, false, stream, p,
-                  static_cast<int>(splits), part_out, part_max, part_sum, so.out);
-  }
-}
-
 // The queries [batch * heads, 512] bf16 as a 2-D tensor in boxes of 64 dims x 64 heads with the
 // 128-byte swizzle (one region of the query area, see IssueQueriesMulticast). False when the
 // driver has no encoder, q is not 16-byte aligned or the rows do not fit an int32 coordinate.
@@ -615,41 +599,86 @@ bool EncodeQueryMap(CUtensorMap* map, const SparseDecodeParams& p) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// kClusterMerge: the split kernel alone, in clusters of all the splits of a (request, head
-// group); as kDependentLaunch with one split or more than kSparseMaxClusterSplits.
-cudaError_t LaunchCluster(const SparseDecodeParams& p, const SplitOutputs& so,
-                          cudaStream_t stream) {
-  const int64_t splits = SparseDecodeSplits(p);
-  if (splits == 1 || splits > kSparseMaxClusterSplits) return LaunchVariant<true>(p, so, stream);
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+// The split kernel in clusters of `cluster` consecutive splits (CLUSTER: kQueryCluster or
+// kMergeCluster), the queries multicast when p.multicast_queries and they can be mapped.
+template <int CLUSTER>
+cudaError_t LaunchClusters(const SparseDecodeParams& p, const SplitOutputs& so, int64_t cluster,
+                           cudaStream_t stream) {
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(SparseDecodeSplitKernel<true, CLUSTER>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attribute_status != cudaSuccess) return attribute_status;
   SparseDecodeParams lp = p;
   CUtensorMap q_map{};
   lp.multicast_queries = p.multicast_queries && EncodeQueryMap(&q_map, p);
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
-                        static_cast<unsigned>(p.heads / kHeads));
+  config.gridDim = dim3(static_cast<unsigned>(SparseDecodeSplits(p)),
+                        static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads / kHeads));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = static_cast<size_t>(kSmemBytes);
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = p.programmatic_launch ? 2 : 1;
-  return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true, true>, lp, so, q_map);
+  return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true, CLUSTER>, lp, so, q_map);
+}
+
+// The split kernel, then (several splits) the combine kernel; DEPENDENT: kDependentLaunch.
+template <bool DEPENDENT>
+cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
+                          cudaStream_t stream) {
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(SparseDecodeSplitKernel<DEPENDENT, kNoCluster>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attribute_status != cudaSuccess) return attribute_status;
+  const bool dependent = DEPENDENT && p.programmatic_launch;
+  const int64_t splits = SparseDecodeSplits(p);
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
+                  static_cast<unsigned>(p.heads / kHeads));
+  cudaError_t status = cudaSuccess;
+  if (DEPENDENT && p.query_cluster > 1 && splits % p.query_cluster == 0 && p.multicast_queries) {
+    status = LaunchClusters<kQueryCluster>(p, so, p.query_cluster, stream);
+  } else {
+    status = Launch(SparseDecodeSplitKernel<DEPENDENT, kNoCluster>, grid, dim3(kThreads),
+                    kSmemBytes, dependent, stream, p, so, CUtensorMap{});
+  }
+  if (status != cudaSuccess || splits == 1) return status;
+  const auto* part_out = static_cast<const __nv_bfloat16*>(so.part_out);
+  const auto* part_max = static_cast<const float*>(so.part_max);
+  const auto* part_sum = static_cast<const float*>(so.part_sum);
+  if constexpr (DEPENDENT) {
+    const dim3 merge_grid(static_cast<unsigned>(p.batch),
+                          static_cast<unsigned>(p.heads / sparse_decode::kMergeHeadsPerBlock));
+    return Launch(SparseDecodeMergeKernel, merge_grid, dim3(sparse_decode::kMergeThreads), 0,
+                  dependent, stream, p, static_cast<int>(splits), part_out, part_max, part_sum,
+                  so.out);
+  } else {
+    const dim3 combine_grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
+    return Launch(SparseDecodeCombineKernel, combine_grid, dim3(kDim / 4), 0, false, stream, p,
+                  static_cast<int>(splits), part_out, part_max, part_sum, so.out);
+  }
+}
+
+// kClusterMerge: the split kernel alone, in clusters of all the splits of a (request, head
+// group); as kDependentLaunch with one split or more than kSparseMaxClusterSplits.
+cudaError_t LaunchMergeClusters(const SparseDecodeParams& p, const SplitOutputs& so,
+                                cudaStream_t stream) {
+  const int64_t splits = SparseDecodeSplits(p);
+  if (splits == 1 || splits > kSparseMaxClusterSplits) return LaunchVariant<true>(p, so, stream);
+  return LaunchClusters<kMergeCluster>(p, so, splits, stream);
 }
 
 }  // namespace
 
 int SparseDecodeMaxActiveClusters(int64_t splits) {
   if (splits < 2 || splits > kSparseMaxClusterSplits) return 0;
-  if (cudaFuncSetAttribute(SparseDecodeSplitKernel<true, true>,
+  if (cudaFuncSetAttribute(SparseDecodeSplitKernel<true, kMergeCluster>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            kSmemBytes) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -667,8 +696,8 @@ int SparseDecodeMaxActiveClusters(int64_t splits) {
   config.attrs = attr;
   config.numAttrs = 1;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, SparseDecodeSplitKernel<true, true>, &config) !=
-      cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, SparseDecodeSplitKernel<true, kMergeCluster>,
+                                     &config) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -697,6 +726,8 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_size >= 1);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher,
+                         p.query_cluster >= 1 && p.query_cluster <= kSparseMaxClusterSplits);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split % kSparseTile == 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size + p.compressed_slots <= INT32_MAX / 2);
   if (p.batch == 0) return cudaSuccess;
@@ -726,7 +757,7 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
     case SparseDecodeVariant::kClusterMerge:
       break;
   }
-  return LaunchCluster(p, so, stream);
+  return LaunchMergeClusters(p, so, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -93,9 +93,15 @@ struct SparseDecodeParams {
   bool programmatic_launch = true;
   // kDependentLaunch, kClusterMerge: prefetch the first lookups' cache lines into L1 (see the .cu).
   bool prefetch_lookups = true;
-  // kClusterMerge: the queries loaded once per cluster by TMA multicast (false: every block copies
-  // all 64 KB itself, as the other variants do). Needs q 16-byte aligned.
+  // kClusterMerge (and kDependentLaunch with query_cluster > 1): the queries loaded once per
+  // cluster by TMA multicast (false: every block copies all 64 KB itself, as without clusters).
+  // Where q is not 16-byte aligned every block copies its own.
   bool multicast_queries = true;
+  // kDependentLaunch (compiled, opt-in until measured): the splits launched as clusters of this
+  // many consecutive splits of a request (2 .. 8; 1: no clusters) that load the queries once by
+  // multicast; the partials and the merge kernel as without. Used only where it divides the split
+  // count and multicast_queries is true. (SparseDecodeMaxActiveClusters: how many fit at once.)
+  int64_t query_cluster = 1;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /

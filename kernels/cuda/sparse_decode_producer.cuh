@@ -3,6 +3,7 @@
 // every tile's rows into the stage ring. Internal to kernels/cuda/sparse_decode_attention.cu.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -196,16 +197,18 @@ __device__ void Produce(const SparseDecodeParams& p, const BlockWork& w, int n_c
   }
 }
 
-// kClusterMerge with multicast_queries, one producer thread per block: the block of rank r
-// fetches 64-dim regions r, r + C, ... of the group's queries (64 heads x 128 bytes each, laid
-// out and swizzled by the tensor map as IssueQueries lays them out) into every block of the
-// cluster of C; each block's q_full barrier expects all 64 KB.
+// Clusters with multicast_queries (kClusterMerge, kDependentLaunch with query_cluster > 1), one
+// producer thread per block: the block of rank r fetches 64-dim regions r, r + C, ... of the
+// group's queries (64 heads x 128 bytes each, laid out and swizzled by the tensor map as
+// IssueQueries lays them out) into every block of its cluster of C (consecutive splits of one
+// request and head group); each block's q_full barrier expects all 64 KB.
 __device__ __forceinline__ void IssueQueriesMulticast(const SparseDecodeParams& p,
                                                       const CUtensorMap* q_map, uint32_t base) {
-  const int splits = static_cast<int>(gridDim.x);  // the cluster: every split of the group
-  const auto all = static_cast<uint16_t>((1u << splits) - 1u);
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const auto all = static_cast<uint16_t>((1u << blocks) - 1u);
   const auto row = static_cast<int32_t>(int64_t{blockIdx.y} * p.heads + blockIdx.z * kHeads);
-  for (int region = static_cast<int>(blockIdx.x); region < kDim / 64; region += splits) {
+  for (int region = static_cast<int>(cluster.block_rank()); region < kDim / 64; region += blocks) {
     TmaLoad2dMulticast(base + kQOffset + region * kQRegionBytes, q_map, region * 64, row,
                        base + kBarrierOffset + kQBarrier * 8, all);
   }

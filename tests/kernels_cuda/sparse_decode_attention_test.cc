@@ -196,23 +196,27 @@ struct DeviceCase {
 };
 
 // The launch configurations every case runs with: every variant, kDependentLaunch also launched
-// plainly (programmatic_launch false) and without the lookups' prefetch, kClusterMerge also
-// launched plainly and without the queries' multicast.
+// plainly (programmatic_launch false), without the lookups' prefetch and in clusters of 2 splits
+// sharing the queries, kClusterMerge also launched plainly and without the queries' multicast.
 struct LaunchConfig {
   SparseDecodeVariant variant;
   bool programmatic_launch;
   bool prefetch_lookups;
   bool multicast_queries;
+  int64_t query_cluster;
   const char* name;
 };
 constexpr LaunchConfig kConfigs[] = {
-    {SparseDecodeVariant::kSplitCombine, true, true, true, "kSplitCombine"},
-    {SparseDecodeVariant::kDependentLaunch, true, true, true, "kDependentLaunch"},
-    {SparseDecodeVariant::kDependentLaunch, false, true, true, "kDependentLaunch, plain launches"},
-    {SparseDecodeVariant::kDependentLaunch, true, false, true, "kDependentLaunch, no prefetch"},
-    {SparseDecodeVariant::kClusterMerge, true, true, true, "kClusterMerge"},
-    {SparseDecodeVariant::kClusterMerge, false, true, true, "kClusterMerge, plain launches"},
-    {SparseDecodeVariant::kClusterMerge, true, true, false, "kClusterMerge, no multicast"}};
+    {SparseDecodeVariant::kSplitCombine, true, true, true, 1, "kSplitCombine"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, true, 1, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, false, true, true, 1,
+     "kDependentLaunch, plain launches"},
+    {SparseDecodeVariant::kDependentLaunch, true, false, true, 1, "kDependentLaunch, no prefetch"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, true, 2,
+     "kDependentLaunch, query_cluster 2"},
+    {SparseDecodeVariant::kClusterMerge, true, true, true, 1, "kClusterMerge"},
+    {SparseDecodeVariant::kClusterMerge, false, true, true, 1, "kClusterMerge, plain launches"},
+    {SparseDecodeVariant::kClusterMerge, true, true, false, 1, "kClusterMerge, no multicast"}};
 
 // got (bf16 bits, [batch, heads, 512]) against the float64 reference.
 void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
@@ -248,6 +252,7 @@ void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
     p.programmatic_launch = config.programmatic_launch;
     p.prefetch_lookups = config.prefetch_lookups;
     p.multicast_queries = config.multicast_queries;
+    p.query_cluster = config.query_cluster;
     GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
     ASSERT_TRUE(workspace.ok() && out.ok());
     PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),
@@ -514,13 +519,14 @@ std::vector<uint16_t> LaunchOnce(const SparseDecodeParams& p, const std::string&
   return out.Download();
 }
 
-TEST(CudaSparseDecodeTest, ClusterMergeMatchesDependentLaunchBits) {
+TEST(CudaSparseDecodeTest, ClustersMatchDependentLaunchBits) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   // kClusterMerge merges the same bf16 partials with the same fp32 arithmetic in the same split
-  // order as kDependentLaunch's merge kernel: the same bits, in clusters of 2 to 8 splits (with
-  // and without the queries' multicast), 128 heads (two clusters per request), requests that fit
-  // in split 0, have nothing visible, or leave later splits empty.
+  // order as kDependentLaunch's merge kernel, and kDependentLaunch in query clusters only loads
+  // the queries differently: the same bits, in clusters of 2 to 8 splits (with and without the
+  // queries' multicast), 128 heads (two clusters per request), requests that fit in split 0, have
+  // nothing visible, or leave later splits empty.
   // List lengths of 11, 8, 7 and 9 tiles in splits of 1 to 6 tiles: 2 to 8 splits (and 11 and 9,
   // past kSparseMaxClusterSplits: run as kDependentLaunch).
   const AttentionCase cases[] = {
@@ -537,14 +543,23 @@ TEST(CudaSparseDecodeTest, ClusterMergeMatchesDependentLaunchBits) {
                                " split " + std::to_string(per);
       const std::vector<uint16_t> want =
           LaunchOnce(d.Params(c, per, scale, SparseDecodeVariant::kDependentLaunch), what);
-      for (bool multicast : {true, false}) {
-        SparseDecodeParams p = d.Params(c, per, scale, SparseDecodeVariant::kClusterMerge);
-        p.multicast_queries = multicast;
-        const std::vector<uint16_t> got = LaunchOnce(p, what);
+      // kClusterMerge with and without multicast; kDependentLaunch in clusters of 2 to 8 splits
+      // sharing the queries (where that divides the splits).
+      for (int64_t config = 0; config < 2 + kSparseMaxClusterSplits - 1; ++config) {
+        const bool merge = config < 2;
+        SparseDecodeParams p = d.Params(
+            c, per, scale,
+            merge ? SparseDecodeVariant::kClusterMerge : SparseDecodeVariant::kDependentLaunch);
+        p.multicast_queries = config != 1;
+        p.query_cluster = merge ? 1 : config;
+        const std::string name = what + (merge ? (config == 0 ? " kClusterMerge multicast"
+                                                              : " kClusterMerge no multicast")
+                                               : " query_cluster " + std::to_string(config));
+        const std::vector<uint16_t> got = LaunchOnce(p, name);
         size_t differ = 0;
         for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i] ? 1 : 0;
-        EXPECT_EQ(differ, 0u) << what << (multicast ? " multicast" : " no multicast") << ": "
-                              << differ << " of " << got.size() << " outputs differ";
+        EXPECT_EQ(differ, 0u) << name << ": " << differ << " of " << got.size()
+                              << " outputs differ";
       }
     }
   }
@@ -565,6 +580,9 @@ TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
   p.softmax_scale = 1.0f;
   p.variant = static_cast<SparseDecodeVariant>(7);  // no such variant
+  EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
+  p.variant = SparseDecodeVariant::kDependentLaunch;
+  p.query_cluster = kSparseMaxClusterSplits + 1;  // larger than a portable cluster
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 

@@ -8,7 +8,8 @@
 # kDependentLaunch in clusters of 2-8, graph capture and replay), then pdserve_cuda_bench in graph
 # timing with only the attention rows (PDSERVE_BENCH_ONLY=attention: batch 1, 32, 128 x 4K, 32K,
 # 128K) and prints, last, kernel / batch / context / read floor / kDependentLaunch / kClusterMerge
-# (with and without the queries' multicast) / kSplitCombine, each in us and x floor.
+# (with and without the queries' multicast) / kDependentLaunch with query_cluster 2 /
+# kSplitCombine, each in us and x floor.
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), SWEEP=1 (every split size of
 # kDependentLaunch, kSplitCombine and kClusterMerge too: rows "<kernel>@<per>", "_split@<per>",
 # "_cluster@<per>"; ~15 s more), SANITIZE=1 (compute-sanitizer memcheck on the cluster's graph
@@ -34,12 +35,12 @@ echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
 # The cluster's own tests first, briefly: a cluster that never finishes stops the script here.
 start=$SECONDS
-timeout 20 "$tests" --gtest_filter='CudaSparseDecodeTest.ClusterMerge*' > "$out/tests-cluster.log" 2>&1
+timeout 20 "$tests" --gtest_filter='CudaSparseDecodeTest.Cluster*' > "$out/tests-cluster.log" 2>&1
 rc=$?
-echo "kClusterMerge GPU tests: rc=$rc $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests-cluster.log" | tr '\n' ' ')"
+echo "cluster GPU tests (kClusterMerge, query_cluster): rc=$rc $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests-cluster.log" | tr '\n' ' ')"
 if [ $rc = 124 ] || [ $rc -ge 128 ]; then
   tail -20 "$out/tests-cluster.log"
-  echo "kClusterMerge hung or crashed: nothing else run"
+  echo "a cluster launch hung or crashed: nothing else run"
   exit 1
 fi
 start=$SECONDS
@@ -84,9 +85,10 @@ for (name, batch, ctx), us in rows.items():
 def cell(us, floor):
     return "-" if us is None else f"{us:.1f} ({us / floor:.2f}x)"
 print("| kernel | batch | context | read floor us | kDependentLaunch us (x floor) | "
-      "kClusterMerge (its split size) | kClusterMerge, no multicast | kSplitCombine | "
-      "cluster - dependent us | goal (cluster) | best swept split per: us (dependent / cluster) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "kClusterMerge (its split size) | kClusterMerge, no multicast | "
+      "kDependentLaunch, query_cluster 2 | kSplitCombine | cluster - dependent us | "
+      "goal (cluster) | best swept split per: us (dependent / cluster) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for kernel in ("csa_attention", "hca_attention"):
     for batch in (1, 32, 128):
         for ctx in (4, 32, 128):
@@ -97,6 +99,7 @@ for kernel in ("csa_attention", "hca_attention"):
             clu = rows.get((kernel + "_cluster", batch, ctx))
             nomc = rows.get((kernel + "_cluster_nomc", batch, ctx))
             old = rows.get((kernel + "_split", batch, ctx))
+            qc2 = rows.get((kernel + "_qc2", batch, ctx))
             limit = 2.0 if ctx == 4 else 1.3
             goal = "-" if batch == 1 or clu is None else (
                 f"<= {limit:g}x " + ("met" if clu / floor <= limit else "not met"))
@@ -105,6 +108,7 @@ for kernel in ("csa_attention", "hca_attention"):
             best_s = " / ".join("-" if x is None else f"{x[0]}: {x[1]:.1f}" for x in best)
             per = fit_per.get((kernel, batch, ctx), "?")
             print(f"| {kernel} | {batch} | {ctx}K | {floor:.1f} | {cell(dep, floor)} | "
-                  f"{cell(clu, floor)} ({per}) | {cell(nomc, floor)} | {cell(old, floor)} | "
+                  f"{cell(clu, floor)} ({per}) | {cell(nomc, floor)} | {cell(qc2, floor)} | "
+                  f"{cell(old, floor)} | "
                   f"{diff} | {goal} | {best_s} |")
 PY
