@@ -189,9 +189,11 @@ __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
 // domain), at the same offsets in each block. This block writes the final rows of heads
 // [rank * 64 / SPLITS, (rank + 1) * 64 / SPLITS) of its group to out_rows ([64 heads, 512] bf16)
 // with the arithmetic of SparseDecodeMergeKernel per element (the same splits in the same order,
-// so the same bits). Every load from the other blocks is issued before any is used (one round
-// trip of distributed shared memory, not one per item). sinks: the group's 64 sinks. The caller
-// keeps every block's shared memory alive (a second cluster barrier) until all have read it.
+// so the same bits). Each pass loads one 16-byte item of every block, then uses them (a round
+// trip of distributed shared memory per pass, in a rolled loop: with every item's loads issued
+// at once, fully unrolled, the merge took 3 us longer at batch 32: docs/perf.md, 2026-12-04
+// round 2). sinks: the group's 64 sinks. The caller keeps every block's shared memory alive (a
+// second cluster barrier) until all have read it.
 template <int SPLITS, int THREADS>
 __device__ __forceinline__ void MergeInClusterOf(const unsigned char* staged, const float2* stats,
                                                  int active, const float* sinks,
@@ -199,51 +201,54 @@ __device__ __forceinline__ void MergeInClusterOf(const unsigned char* staged, co
   namespace cg = cooperative_groups;
   constexpr int kMergeHeads = 64;
   constexpr int kUnits = kMergeDim / 8;  // 16-byte units per head
-  constexpr int kMaxItems = (kMergeHeads + SPLITS - 1) / SPLITS * kUnits;
-  constexpr int kPerThread = (kMaxItems + THREADS - 1) / THREADS;
+  constexpr int kItems = 1;              // per thread and pass
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int first = kMergeHeads * rank / SPLITS * kUnits;
-  const int items = kMergeHeads * (rank + 1) / SPLITS * kUnits - first;
-  float2 ml[kPerThread][SPLITS];
-  uint4 raw[kPerThread][SPLITS];
+  const int end = kMergeHeads * (rank + 1) / SPLITS * kUnits;
+#pragma unroll 1
+  for (int base = first + thread; base < end; base += kItems * THREADS) {
+    float2 ml[kItems][SPLITS];
+    uint4 raw[kItems][SPLITS];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int i = first + thread + k * THREADS;
-    const bool ok = thread + k * THREADS < items;
-    const auto* const row =
-        reinterpret_cast<const uint4*>(staged + StagedOutputOffset(i / kUnits, i % kUnits));
-#pragma unroll
-    for (int sp = 0; sp < SPLITS; ++sp) {
-      ml[k][sp] = make_float2(-INFINITY, 0.0f);
-      raw[k][sp] = make_uint4(0u, 0u, 0u, 0u);
-      if (ok && sp < active) {
-        ml[k][sp] = *cluster.map_shared_rank(stats + i / kUnits, sp);
-        raw[k][sp] = *cluster.map_shared_rank(row, sp);
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int i = first + thread + k * THREADS;
-    if (thread + k * THREADS >= items) break;
-    const float sink = sinks[i / kUnits] * kMergeLog2e;  // a logit, not scaled by softmax_scale
-    float top = sink;
-#pragma unroll
-    for (int sp = 0; sp < SPLITS; ++sp) top = fmaxf(top, sp < active ? ml[k][sp].x : -INFINITY);
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    float denom = 0.0f;
-    if (top != -INFINITY) {
-      denom = exp2f(sink - top);
+    for (int k = 0; k < kItems; ++k) {
+      const int i = base + k * THREADS;
+      const auto* const row =
+          reinterpret_cast<const uint4*>(staged + StagedOutputOffset(i / kUnits, i % kUnits));
 #pragma unroll
       for (int sp = 0; sp < SPLITS; ++sp) {
-        if (sp >= active) break;
-        const float weight = exp2f(ml[k][sp].x - top);
-        denom += weight * ml[k][sp].y;
-        AddWeighted(acc, weight, raw[k][sp]);
+        ml[k][sp] = make_float2(-INFINITY, 0.0f);
+        raw[k][sp] = make_uint4(0u, 0u, 0u, 0u);
+        if (i < end && sp < active) {
+          ml[k][sp] = *cluster.map_shared_rank(stats + i / kUnits, sp);
+          raw[k][sp] = *cluster.map_shared_rank(row, sp);
+        }
       }
     }
-    reinterpret_cast<uint4*>(out_rows)[i] = Normalized(acc, denom);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int i = base + k * THREADS;
+      if (i >= end) break;
+      const float sink = sinks[i / kUnits] * kMergeLog2e;  // a logit, not scaled by softmax_scale
+      float top = sink;
+#pragma unroll
+      for (int sp = 0; sp < SPLITS; ++sp) {
+        top = fmaxf(top, sp < active ? ml[k][sp].x : -INFINITY);
+      }
+      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      float denom = 0.0f;
+      if (top != -INFINITY) {
+        denom = exp2f(sink - top);
+#pragma unroll
+        for (int sp = 0; sp < SPLITS; ++sp) {
+          if (sp >= active) break;
+          const float weight = exp2f(ml[k][sp].x - top);
+          denom += weight * ml[k][sp].y;
+          AddWeighted(acc, weight, raw[k][sp]);
+        }
+      }
+      reinterpret_cast<uint4*>(out_rows)[i] = Normalized(acc, denom);
+    }
   }
 }
 

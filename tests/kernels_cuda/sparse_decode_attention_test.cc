@@ -195,9 +195,10 @@ struct DeviceCase {
   GuardedBuffer<float> sinks;
 };
 
-// The launch configurations every case runs with: every variant, kDependentLaunch also launched
-// plainly (programmatic_launch false), without the lookups' prefetch and in clusters of 2 splits
-// sharing the queries, kClusterMerge also launched plainly and without the queries' multicast.
+// The launch configurations every case runs with: every variant, kDependentLaunch (by default in
+// clusters of 2 splits sharing the queries) also without clusters, launched plainly
+// (programmatic_launch false) and without the lookups' prefetch, kClusterMerge also launched
+// plainly and without the queries' multicast.
 struct LaunchConfig {
   SparseDecodeVariant variant;
   bool programmatic_launch;
@@ -208,12 +209,11 @@ struct LaunchConfig {
 };
 constexpr LaunchConfig kConfigs[] = {
     {SparseDecodeVariant::kSplitCombine, true, true, true, 1, "kSplitCombine"},
-    {SparseDecodeVariant::kDependentLaunch, true, true, true, 1, "kDependentLaunch"},
-    {SparseDecodeVariant::kDependentLaunch, false, true, true, 1,
+    {SparseDecodeVariant::kDependentLaunch, true, true, true, 2, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, false, true, true, 2,
      "kDependentLaunch, plain launches"},
-    {SparseDecodeVariant::kDependentLaunch, true, false, true, 1, "kDependentLaunch, no prefetch"},
-    {SparseDecodeVariant::kDependentLaunch, true, true, true, 2,
-     "kDependentLaunch, query_cluster 2"},
+    {SparseDecodeVariant::kDependentLaunch, true, false, true, 2, "kDependentLaunch, no prefetch"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, true, 1, "kDependentLaunch, no clusters"},
     {SparseDecodeVariant::kClusterMerge, true, true, true, 1, "kClusterMerge"},
     {SparseDecodeVariant::kClusterMerge, false, true, true, 1, "kClusterMerge, plain launches"},
     {SparseDecodeVariant::kClusterMerge, true, true, false, 1, "kClusterMerge, no multicast"}};
@@ -439,9 +439,10 @@ TEST(CudaSparseDecodeTest, Batch128Splits) {
 // `variant` captured in a CUDA graph (as the decode step runs it: two launches, the second a
 // programmatic dependent of the first's last kernel) and replayed three times, the same bits each
 // time; then launched plainly (programmatic_launch false) on the same workspace with another split
-// size and another batch: every output matches the reference. The graph's launch has 7 splits
-// (kClusterMerge: clusters of 7), the plain one 11 (kClusterMerge: run as kDependentLaunch).
-void CheckGraphReplays(SparseDecodeVariant variant) {
+// size and another batch: every output matches the reference. The graph's launch has 448 / per
+// splits (kDependentLaunch at 32: 14, in query clusters of 2; kClusterMerge at 64: 7, one cluster),
+// the plain one 11 (no clusters; kClusterMerge: run as kDependentLaunch).
+void CheckGraphReplays(SparseDecodeVariant variant, int64_t per) {
   auto rng = FreshRng();
   const AttentionCase c =
       MakeCase(rng, 64, true, 320, {128, 0, 17, 90, 5}, {900, 0, 300, 41, 2}, 0.1);
@@ -449,7 +450,7 @@ void CheckGraphReplays(SparseDecodeVariant variant) {
   DeviceCase d(c);
   DeviceCase ds(small);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  const SparseDecodeParams p = d.Params(c, 64, scale, variant);
+  const SparseDecodeParams p = d.Params(c, per, scale, variant);
   SparseDecodeParams ps = ds.Params(small, 32, scale, variant);
   ps.programmatic_launch = false;  // the same kernel in a plain launch
   GuardedBuffer<unsigned char> workspace(
@@ -496,12 +497,12 @@ void CheckGraphReplays(SparseDecodeVariant variant) {
 
 TEST(CudaSparseDecodeTest, DependentLaunchGraphReplays) {
   PDSERVE_SKIP_WITHOUT_GPU();
-  CheckGraphReplays(SparseDecodeVariant::kDependentLaunch);
+  CheckGraphReplays(SparseDecodeVariant::kDependentLaunch, 32);
 }
 
 TEST(CudaSparseDecodeTest, ClusterMergeGraphReplays) {
   PDSERVE_SKIP_WITHOUT_GPU();
-  CheckGraphReplays(SparseDecodeVariant::kClusterMerge);
+  CheckGraphReplays(SparseDecodeVariant::kClusterMerge, 64);
 }
 
 // One launch of `p` (its own workspace and output, guards checked); the output's bf16 bits.
