@@ -12,8 +12,8 @@
 # kSplitCombine, each in us and x floor (kDependentLaunch: query clusters of 2, the default).
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), SWEEP=1 (every split size of
 # kDependentLaunch, kSplitCombine and kClusterMerge too: rows "<kernel>@<per>", "_split@<per>",
-# "_cluster@<per>"; ~15 s more), SANITIZE=1 (compute-sanitizer memcheck on the cluster's graph
-# replay test, ~20 s more).
+# "_cluster@<per>"; ~15 s more), SANITIZE=1 (compute-sanitizer memcheck on the two graph
+# replay tests, kDependentLaunch in query clusters and kClusterMerge, ~20 s more).
 # Expected time: build ~25 s on 16 cores, tests ~20 s (and the wgmma GEMM tests, which share the
 # tensor-map lookup), bench ~15 s (SWEEP: ~30 s).
 set -uo pipefail
@@ -52,8 +52,8 @@ start=$SECONDS
 timeout 40 "$tests" --gtest_filter='CudaFp8GemmTest.Wgmma*:CudaW8a16GemmTest.Wgmma*' > "$out/tests-gemm.log" 2>&1
 echo "wgmma GEMM GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests-gemm.log" | tr '\n' ' ')"
 if [ "${SANITIZE:-0}" = 1 ]; then
-  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
-    --gtest_filter='CudaSparseDecodeTest.ClusterMergeGraphReplays' > "$out/sanitize-memcheck.log" 2>&1
+  timeout 40 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
+    --gtest_filter='CudaSparseDecodeTest.*GraphReplays' > "$out/sanitize-memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/sanitize-memcheck.log" | tr '\n' ' ')"
 fi
 start=$SECONDS
