@@ -461,9 +461,9 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
     ClusterArrive();
     ClusterWait();
     if (!final_output) {
-      static_assert(kSparseMaxClusterSplits == 8, "MergeInCluster takes 2 to 8 blocks");
-      MergeInCluster<kConsumerThreads>(splits, smem + kQOffset, stats, w.active, p.sinks + w.head0,
-                                       so.out + (w.b * p.heads + w.head0) * kDim, tid);
+      MergeInCluster<static_cast<int>(kSparseMaxClusterSplits)>(
+          smem + kQOffset, stats, w.active, p.sinks + w.head0,
+          so.out + (w.b * p.heads + w.head0) * kDim, tid, kConsumerThreads);
     }
   }
   // Every cluster: no block leaves while a multicast it issued may still be writing another's

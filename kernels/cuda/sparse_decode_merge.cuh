@@ -182,88 +182,68 @@ __device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
   return head * kMergeDim * 2 + ((unit ^ (head & 7)) << 4);
 }
 
-// kClusterMerge's merge in a cluster of SPLITS blocks (one per split, rank = split), run by the
-// THREADS threads `thread` = 0 .. THREADS - 1 of every block after a cluster barrier that follows
-// the splits' staging: every block b < `active` holds its unnormalized bf16 output at `staged`
-// (StagedOutputOffset layout, 64 heads) and its maxima and sums at `stats` [64] float2 (log2
-// domain), at the same offsets in each block. This block writes the final rows of heads
-// [rank * 64 / SPLITS, (rank + 1) * 64 / SPLITS) of its group to out_rows ([64 heads, 512] bf16)
-// with the arithmetic of SparseDecodeMergeKernel per element (the same splits in the same order,
-// so the same bits). Each pass loads one 16-byte item of every block, then uses them (a round
-// trip of distributed shared memory per pass, in a rolled loop: with every item's loads issued
-// at once, fully unrolled, the merge took 3 us longer at batch 32: docs/perf.md, 2026-12-04
-// round 2). sinks: the group's 64 sinks. The caller keeps every block's shared memory alive (a
-// second cluster barrier) until all have read it.
-template <int SPLITS, int THREADS>
-__device__ __forceinline__ void MergeInClusterOf(const unsigned char* staged, const float2* stats,
-                                                 int active, const float* sinks,
-                                                 __nv_bfloat16* out_rows, int thread) {
+// kClusterMerge's merge, run by `threads` threads (indices 0 .. threads - 1 in `thread`) of every
+// block of a cluster of `splits` blocks (one per split, rank = split), after a cluster barrier
+// that follows the splits' staging: every block b < `active` holds its unnormalized bf16 output
+// at `staged` (StagedOutputOffset layout, kMergeHeads heads) and its maxima and sums at
+// `stats` [kMergeHeads] float2 (log2 domain), at the same offsets in each block. This block
+// writes the final rows of heads [rank * 64 / splits, (rank + 1) * 64 / splits) of its group to
+// out_rows ([64 heads, 512] bf16) with the arithmetic of SparseDecodeMergeKernel per element (the
+// same splits in the same order, so the same bits). One 16-byte item of every block per pass (a
+// round trip of distributed shared memory each): a merge that issued all of a thread's loads
+// before using any, unrolled per cluster size, was 3 us slower at batch 32 (docs/perf.md,
+// 2026-12-04 round 2). sinks: the group's 64 sinks. The caller keeps every block's shared memory
+// alive (a second cluster barrier) until all have read it.
+template <int MAX_SPLITS>
+__device__ __forceinline__ void MergeInCluster(const unsigned char* staged, const float2* stats,
+                                               int active, const float* sinks,
+                                               __nv_bfloat16* out_rows, int thread, int threads) {
   namespace cg = cooperative_groups;
   constexpr int kMergeHeads = 64;
   constexpr int kUnits = kMergeDim / 8;  // 16-byte units per head
-  constexpr int kItems = 1;              // per thread and pass
   cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
-  const int first = kMergeHeads * rank / SPLITS * kUnits;
-  const int end = kMergeHeads * (rank + 1) / SPLITS * kUnits;
-#pragma unroll 1
-  for (int base = first + thread; base < end; base += kItems * THREADS) {
-    float2 ml[kItems][SPLITS];
-    uint4 raw[kItems][SPLITS];
+  const int head_begin = kMergeHeads * rank / splits;
+  const int head_end = kMergeHeads * (rank + 1) / splits;
+  for (int i = head_begin * kUnits + thread; i < head_end * kUnits; i += threads) {
+    const int head = i / kUnits;
+    const int unit = i % kUnits;
+    const float sink = sinks[head] * kMergeLog2e;  // a logit, not scaled by softmax_scale
+    const auto* const my_row =
+        reinterpret_cast<const uint4*>(staged + StagedOutputOffset(head, unit));
+    float m[MAX_SPLITS];
+    float l[MAX_SPLITS];
+    uint4 raw[MAX_SPLITS];
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int i = base + k * THREADS;
-      const auto* const row =
-          reinterpret_cast<const uint4*>(staged + StagedOutputOffset(i / kUnits, i % kUnits));
-#pragma unroll
-      for (int sp = 0; sp < SPLITS; ++sp) {
-        ml[k][sp] = make_float2(-INFINITY, 0.0f);
-        raw[k][sp] = make_uint4(0u, 0u, 0u, 0u);
-        if (i < end && sp < active) {
-          ml[k][sp] = *cluster.map_shared_rank(stats + i / kUnits, sp);
-          raw[k][sp] = *cluster.map_shared_rank(row, sp);
-        }
+    for (int sp = 0; sp < MAX_SPLITS; ++sp) {
+      m[sp] = -INFINITY;
+      l[sp] = 0.0f;
+      raw[sp] = make_uint4(0u, 0u, 0u, 0u);
+      if (sp < active) {
+        const float2 ml = *cluster.map_shared_rank(stats + head, sp);
+        m[sp] = ml.x;
+        l[sp] = ml.y;
+        raw[sp] = *cluster.map_shared_rank(my_row, sp);
       }
     }
+    float top = sink;
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int i = base + k * THREADS;
-      if (i >= end) break;
-      const float sink = sinks[i / kUnits] * kMergeLog2e;  // a logit, not scaled by softmax_scale
-      float top = sink;
+    for (int sp = 0; sp < MAX_SPLITS; ++sp) top = fmaxf(top, sp < active ? m[sp] : -INFINITY);
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float denom = 0.0f;
+    if (top != -INFINITY) {
+      denom = exp2f(sink - top);
 #pragma unroll
-      for (int sp = 0; sp < SPLITS; ++sp) {
-        top = fmaxf(top, sp < active ? ml[k][sp].x : -INFINITY);
+      for (int sp = 0; sp < MAX_SPLITS; ++sp) {
+        if (sp >= active) break;
+        const float weight = exp2f(m[sp] - top);
+        denom += weight * l[sp];
+        AddWeighted(acc, weight, raw[sp]);
       }
-      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      float denom = 0.0f;
-      if (top != -INFINITY) {
-        denom = exp2f(sink - top);
-#pragma unroll
-        for (int sp = 0; sp < SPLITS; ++sp) {
-          if (sp >= active) break;
-          const float weight = exp2f(ml[k][sp].x - top);
-          denom += weight * ml[k][sp].y;
-          AddWeighted(acc, weight, raw[k][sp]);
-        }
-      }
-      reinterpret_cast<uint4*>(out_rows)[i] = Normalized(acc, denom);
     }
+    reinterpret_cast<uint4*>(out_rows + head * kMergeDim)[unit] = Normalized(acc, denom);
   }
-}
-
-// MergeInClusterOf<SPLITS> for a cluster of `blocks` blocks (SPLITS <= blocks <= 8).
-template <int THREADS, int SPLITS = 2>
-__device__ __forceinline__ void MergeInCluster(int blocks, const unsigned char* staged,
-                                               const float2* stats, int active, const float* sinks,
-                                               __nv_bfloat16* out_rows, int thread) {
-  if constexpr (SPLITS < 8) {
-    if (blocks != SPLITS) {
-      return MergeInCluster<THREADS, SPLITS + 1>(blocks, staged, stats, active, sinks, out_rows,
-                                                 thread);
-    }
-  }
-  MergeInClusterOf<SPLITS, THREADS>(staged, stats, active, sinks, out_rows, thread);
 }
 
 }  // namespace
