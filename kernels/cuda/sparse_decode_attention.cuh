@@ -39,7 +39,7 @@
 //   past a request's entries write nothing; pairs of splits (query_cluster) load the queries
 //   once, as a thread-block cluster, by TMA multicast. (Merging the splits in the split block
 //   that finishes last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
-// - kClusterMerge (compiled, opt-in until measured): the splits of one (request, 64-head group)
+// - kClusterMerge (opt-in): the splits of one (request, 64-head group)
 //   run as one thread-block cluster (at most kSparseMaxClusterSplits blocks) and merge through
 //   distributed shared memory, with no combine kernel and no partials in global memory: each
 //   block leaves its unnormalized bf16 output and fp32 maxima and sums in its own shared memory,
@@ -48,7 +48,10 @@
 //   into the final output. With multicast_queries the queries are loaded once per cluster (TMA
 //   with the 128-byte swizzle, each block fetching 8 / C of the 64-dim regions for all blocks).
 //   Launched as a programmatic dependent like kDependentLaunch. One split, or more splits than
-//   kSparseMaxClusterSplits: runs exactly as kDependentLaunch.
+//   kSparseMaxClusterSplits: runs exactly as kDependentLaunch. Use it with
+//   SparseDecodeClusterEntriesPerSplit. Measured on an H200 (docs/perf.md, 2026-12-04): no
+//   faster at batch 32 (clusters of 4 do not all fit at once, 3 splits cost what the merge kernel
+//   saves), 0.6-1.0 us faster at batch 1.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
