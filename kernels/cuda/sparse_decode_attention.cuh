@@ -104,9 +104,9 @@ struct SparseDecodeParams {
   // kDependentLaunch: the splits launched as clusters of this many consecutive splits of a
   // request (2 .. 8; 1: no clusters) that load the queries once by multicast; the partials and the
   // merge kernel as without, the same bits. Used only where it divides the split count and
-  // multicast_queries is true. 2 (the default): 0.2-0.8 us faster than 1 at batch 1 and 32 where
-  // the splits are even (docs/perf.md, 2026-12-04); larger clusters may not all fit at once
-  // (SparseDecodeMaxActiveClusters).
+  // multicast_queries is true. 2 (the default): 0-0.7 us faster than 1 at batch 1 and 32 where the
+  // splits are even, in one run on an H200 (docs/perf.md, 2026-12-04); larger clusters may not all
+  // fit at once (SparseDecodeMaxActiveClusters).
   int64_t query_cluster = 2;
 };
 
@@ -141,11 +141,13 @@ int SparseDecodeMaxActiveClusters(int64_t splits);
 // only where it runs as kDependentLaunch).
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
-// Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
-// Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
-// a multiple of kSparseTile, softmax_scale not > 0, unknown variant, workspace too small, missing
-// pointers), else the launch status. No state besides one-time kernel attributes (make the first
-// call of each variant outside graph capture): concurrent calls with distinct workspaces are safe.
+// Runs the split kernel and, when there is more than one split and no cluster merges them, the
+// combine kernel on `stream`. Returns cudaErrorInvalidValue on bad arguments (heads not a multiple
+// of 64, entries_per_split not a multiple of kSparseTile, softmax_scale not > 0, unknown variant,
+// query_cluster outside 1 .. kSparseMaxClusterSplits, workspace too small, missing pointers), else
+// the launch status. No state besides one-time kernel attributes (make the first call of each
+// variant and cluster shape outside graph capture): concurrent calls with distinct workspaces are
+// safe. The queries' tensor map (clusters) is encoded on the host at each call.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream);
