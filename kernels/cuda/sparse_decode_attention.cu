@@ -580,6 +580,23 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, b
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// The split kernels' shared-memory size, set for all four at the first call of any variant (so
+// a later first use of another variant or cluster shape, maybe inside graph capture, sets none).
+cudaError_t SplitKernelAttributes() {
+  static const cudaError_t status = [] {
+    for (const auto kernel :
+         {SparseDecodeSplitKernel<false, kNoCluster>, SparseDecodeSplitKernel<true, kNoCluster>,
+          SparseDecodeSplitKernel<true, kQueryCluster>,
+          SparseDecodeSplitKernel<true, kMergeCluster>}) {
+      const cudaError_t set =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      if (set != cudaSuccess) return set;
+    }
+    return cudaSuccess;
+  }();
+  return status;
+}
+
 // The queries [batch * heads, 512] bf16 as a 2-D tensor in boxes of 64 dims x 64 heads with the
 // 128-byte swizzle (one region of the query area, see IssueQueriesMulticast). False when the
 // driver has no encoder, q is not 16-byte aligned or the rows do not fit an int32 coordinate.
@@ -604,9 +621,7 @@ bool EncodeQueryMap(CUtensorMap* map, const SparseDecodeParams& p) {
 template <int CLUSTER>
 cudaError_t LaunchClusters(const SparseDecodeParams& p, const SplitOutputs& so, int64_t cluster,
                            cudaStream_t stream) {
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(SparseDecodeSplitKernel<true, CLUSTER>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attribute_status = SplitKernelAttributes();
   if (attribute_status != cudaSuccess) return attribute_status;
   SparseDecodeParams lp = p;
   CUtensorMap q_map{};
@@ -633,9 +648,7 @@ cudaError_t LaunchClusters(const SparseDecodeParams& p, const SplitOutputs& so, 
 template <bool DEPENDENT>
 cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
                           cudaStream_t stream) {
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(SparseDecodeSplitKernel<DEPENDENT, kNoCluster>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attribute_status = SplitKernelAttributes();
   if (attribute_status != cudaSuccess) return attribute_status;
   const bool dependent = DEPENDENT && p.programmatic_launch;
   const int64_t splits = SparseDecodeSplits(p);
@@ -678,9 +691,7 @@ cudaError_t LaunchMergeClusters(const SparseDecodeParams& p, const SplitOutputs&
 
 int SparseDecodeMaxActiveClusters(int64_t splits) {
   if (splits < 2 || splits > kSparseMaxClusterSplits) return 0;
-  if (cudaFuncSetAttribute(SparseDecodeSplitKernel<true, kMergeCluster>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kSmemBytes) != cudaSuccess) {
+  if (SplitKernelAttributes() != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }

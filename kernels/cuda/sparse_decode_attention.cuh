@@ -145,8 +145,8 @@ size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 // combine kernel on `stream`. Returns cudaErrorInvalidValue on bad arguments (heads not a multiple
 // of 64, entries_per_split not a multiple of kSparseTile, softmax_scale not > 0, unknown variant,
 // query_cluster outside 1 .. kSparseMaxClusterSplits, workspace too small, missing pointers), else
-// the launch status. No state besides one-time kernel attributes (make the first call of each
-// variant and cluster shape outside graph capture): concurrent calls with distinct workspaces are
+// the launch status. No state besides one-time kernel attributes (make the first call outside
+// graph capture: it sets them for every variant): concurrent calls with distinct workspaces are
 // safe. The queries' tensor map (clusters) is encoded on the host at each call.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
