@@ -19,7 +19,10 @@
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
 // "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
-// false, "..._noprefetch" kDependentLaunch with prefetch_lookups false.
+// false, "..._noprefetch" kDependentLaunch with prefetch_lookups false; "..._cluster"
+// kClusterMerge at the split size SparseDecodeClusterEntriesPerSplit picks (on stderr),
+// "..._cluster_nomc" the same with multicast_queries false; "..._qc1" kDependentLaunch with
+// query_cluster 1 (no clusters; the default is 2).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +66,13 @@ struct LayerInputs {
 int Run(int64_t only_batch, int64_t only_context) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  // kClusterMerge runs in one wave only while its clusters fit: say how many do (stderr).
+  int max_active_clusters[kSparseMaxClusterSplits + 1] = {};
+  for (int64_t splits = 2; splits <= kSparseMaxClusterSplits; ++splits) {
+    max_active_clusters[splits] = SparseDecodeMaxActiveClusters(splits);
+    std::fprintf(stderr, "sparse decode clusters of %lld: %d at once (%d multiprocessors)\n",
+                 static_cast<long long>(splits), max_active_clusters[splits], sms);
+  }
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const char* only = std::getenv("PDSERVE_BENCH_ONLY");
@@ -330,12 +340,15 @@ int Run(int64_t only_batch, int64_t only_context) {
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
                               SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch,
-                              bool programmatic = true, bool prefetch = true) {
+                              bool programmatic = true, bool prefetch = true, bool multicast = true,
+                              int64_t query_cluster = 2) {
           SparseDecodeParams split = sp;
           split.entries_per_split = per;
           split.variant = variant;
           split.programmatic_launch = programmatic;
           split.prefetch_lookups = prefetch;
+          split.multicast_queries = multicast;
+          split.query_cluster = query_cluster;
           const size_t ws_bytes = SparseDecodeWorkspaceBytes(split);
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
@@ -361,9 +374,20 @@ int Run(int64_t only_batch, int64_t only_context) {
                    SparseDecodeVariant::kDependentLaunch, false);
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_noprefetch",
                    SparseDecodeVariant::kDependentLaunch, true, false);
+        constexpr SparseDecodeVariant kCluster = SparseDecodeVariant::kClusterMerge;
+        const int64_t fit =
+            SparseDecodeClusterEntriesPerSplit(batch, kHeads, entries, sms, max_active_clusters);
+        std::fprintf(stderr, "%s_cluster,%lld,%lld: %lld entries per split\n", name,
+                     static_cast<long long>(batch), static_cast<long long>(context),
+                     static_cast<long long>(fit));
+        time_split(fit, "_cluster", kCluster);
+        time_split(fit, "_cluster_nomc", kCluster, true, true, false);
+        // kDependentLaunch without query clusters (the default until 2026-12-04 round 2).
+        time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_qc1",
+                   SparseDecodeVariant::kDependentLaunch, true, true, true, 1);
         print_floor(name, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
-        // "<kernel>@<entries per split>" and "<kernel>_split@..." (to fit
+        // "<kernel>@<entries per split>", "<kernel>_split@..." and "<kernel>_cluster@..." (to fit
         // SparseDecodeEntriesPerSplit to measurements).
         const char* sweep = std::getenv("PDSERVE_BENCH_SPLITS");
         if (sweep == nullptr || std::string(sweep) != "1") continue;
@@ -376,6 +400,7 @@ int Run(int64_t only_batch, int64_t only_context) {
           }
           time_split(per, "@" + std::to_string(per));
           time_split(per, "_split@" + std::to_string(per), kOld);
+          time_split(per, "_cluster@" + std::to_string(per), kCluster);
         }
       }
     }

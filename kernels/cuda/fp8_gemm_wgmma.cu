@@ -58,6 +58,7 @@
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/fp8_gemm_wgmma_parts.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 #include "kernels/cuda/wgmma_e4m3.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -437,27 +438,11 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   return p;
 }
 
-// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), looked up once.
-PFN_cuTensorMapEncodeTiled_v12000 EncodeFunction() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult result{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &result) != cudaSuccess ||
-        result != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
 // A 2-D tensor [rows, k] (e4m3, or bf16 when `bf16`; row stride `stride` elements) in boxes of
 // box_rows x 128 bytes with the 128-byte swizzle, rows past the end read as zeros.
 bool EncodeMap(CUtensorMap* map, const void* p, int64_t rows, int64_t k, int64_t stride,
                int box_rows, bool bf16) {
-  const auto encode = EncodeFunction();
+  const auto encode = TensorMapEncodeFunction();
   if (encode == nullptr) return false;
   const int64_t element_bytes = bf16 ? 2 : 1;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};

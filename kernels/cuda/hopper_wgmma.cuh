@@ -91,6 +91,29 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* tensor_map, 
       : "memory");
 }
 
+// TmaLoad2d into every block of the cluster whose bit is set in `cta_mask` (bit = block rank):
+// the box lands at `dst` in each of them and completes its bytes on the barrier at `bar` there
+// (the same shared-memory offsets in every block; PTX ISA "cp.async.bulk.tensor", .multicast).
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const void* tensor_map,
+                                                   int32_t inner, int32_t outer, uint32_t bar,
+                                                   uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(inner), "r"(outer), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
+// The two halves of a cluster barrier (PTX ISA "barrier.cluster"): every non-exited thread of the
+// cluster arrives (release: its earlier writes, shared memory included, become visible), then
+// waits for all the others (acquire). Each thread alternates arrive and wait.
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // Brings a tensor map's 128 bytes into the TMA unit's cache ahead of the first copy.
 __device__ __forceinline__ void PrefetchTensorMap(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map))

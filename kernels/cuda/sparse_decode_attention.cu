@@ -6,29 +6,39 @@
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sparse_decode_attention.cuh"
+#include "kernels/cuda/sparse_decode_layout.cuh"
 #include "kernels/cuda/sparse_decode_merge.cuh"
+#include "kernels/cuda/sparse_decode_producer.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
+using hopper::ClusterArrive;
+using hopper::ClusterWait;
+using hopper::FenceBarrierInit;
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
 using hopper::GridDependencyTrigger;
 using hopper::GridDependencyWait;
 using hopper::MbarrierArrive;
+using hopper::MbarrierArriveExpectTx;
 using hopper::MbarrierInit;
 using hopper::MbarrierWait;
 using hopper::SmemDescriptor;
+using hopper::TmaLoad2dMulticast;
 using hopper::WgmmaCommit;
 using hopper::WgmmaFence;
 using hopper::WgmmaM64N256K16Bf16RegA;
 using hopper::WgmmaM64N32K16Bf16;
 using hopper::WgmmaWait;
+using sparse_decode::MergeInCluster;
 using sparse_decode::MergeWeight;
 using sparse_decode::RequestEntries;
 using sparse_decode::SparseDecodeCombineKernel;
 using sparse_decode::SparseDecodeMergeKernel;
 using sparse_decode::SplitOutputs;
+using sparse_decode::StagedOutputOffset;
 using sparse_decode::WindowRows;
 
 // Design (sm_90a). One block per (split, request, 64-head group), 3 warpgroups:
@@ -45,58 +55,9 @@ using sparse_decode::WindowRows;
 //   lazily (only when the maximum moves by more than kRescaleSlack).
 // The output leaves through shared memory in whole 16-byte stores, in bf16: final with one split,
 // else each split's unnormalized output (with its fp32 reference maxima and sums) that a combine
-// kernel merges, in fp32, with the sink. Measured figures and what limits them: docs/perf.md.
-constexpr int kDim = static_cast<int>(kSparseHeadDim);
-constexpr int kHeads = static_cast<int>(kSparseHeadsPerBlock);
-constexpr int kRows = static_cast<int>(kSparseTile);  // K/V rows per stage
-constexpr int kConsumerThreads = 256;
-constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-// Registers per thread after setmaxnreg: the producer warpgroup gives most of its share to the
-// consumers, whose accumulators need them (56 + 2 x 224 = 504 = 3 x 168, the launch's share).
-constexpr int kProducerRegisters = 56;
-constexpr int kConsumerRegisters = 224;
-constexpr int kProducerWarps = 4;
-constexpr int kRowsPerProducer = kRows / kProducerWarps;
-constexpr int kHalf = kDim / 2;
-constexpr int kStages = 4;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kRescaleSlack = 8.0f;  // log2 units: probabilities up to 256 before a rescale
-// An operand of n rows (Q: 64 heads; a stage: 32 rows) is 8 regions of n rows x 128 bytes (64
-// dims each); in a region row r starts at r * 128 and its 16-byte unit u sits at unit u ^ (r % 8)
-// (the 128-byte swizzle of the wgmma shared-memory layouts, PTX ISA "Shared Memory Matrix
-// Layout"). Regions are 1024-byte aligned so the swizzle pattern starts at each one.
-constexpr int kQRegionBytes = kHeads * 128;
-constexpr int kTileRegionBytes = kRows * 128;
-constexpr int kQBytes = 8 * kQRegionBytes;        // 64 KB
-constexpr int kTileBytes = 8 * kTileRegionBytes;  // 32 KB
-constexpr int kQOffset = 0;
-constexpr int kTileOffset = kQOffset + kQBytes;
-// P handed between the consumer warpgroups: [from][k][thread] uint4 (bf16 pairs), and the
-// reference maxima with it: [from][thread] float2 (at the end: the sums).
-constexpr int kPOffset = kTileOffset + kStages * kTileBytes;
-constexpr int kPBytes = 2 * 2 * 128 * 16;
-constexpr int kRefOffset = kPOffset + kPBytes;
-constexpr int kRefBytes = 2 * 128 * 8;
-// [stage] uint32: bit r set when row r of the stage is attended (written by producer warp r / 8 as
-// byte r / 8).
-constexpr int kValidOffset = kRefOffset + kRefBytes;
-constexpr int kBarrierOffset = kValidOffset + kStages * 4;
-// mbarriers: full[stage] (the stage's rows landed), empty[stage] (its consumers are done), and
-// q_full (the queries landed).
-constexpr int kFullBarrier = 0;
-constexpr int kEmptyBarrier = kStages;
-constexpr int kQBarrier = 2 * kStages;
-constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 1) * 8 + 1024;  // + alignment slack
-static_assert(kHeads == 64 && kDim == 512 && kRows == 32 && kRowsPerProducer == 8,
-              "the layout assumes these shapes");
-static_assert(kQBytes == kHeads * kDim * 2, "the bf16 output is staged in the query area");
-static_assert(kSmemBytes <= 227 * 1024, "one block per multiprocessor");
-
-// Byte offset of (row, 16-byte unit 0..63) inside an operand whose regions are `region_bytes`.
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int unit, int region_bytes) {
-  return static_cast<uint32_t>((unit >> 3) * region_bytes + row * 128 +
-                               (((unit & 7) ^ (row & 7)) << 4));
-}
+// kernel merges, in fp32, with the sink (kClusterMerge: that the cluster's blocks merge from each
+// other's shared memory). Measured figures and what limits them: docs/perf.md. Shapes and the
+// shared-memory layout: sparse_decode_layout.cuh; the producer: sparse_decode_producer.cuh.
 
 __device__ __forceinline__ void FenceFragment(uint32_t (&a)[2][4]) {
 #pragma unroll
@@ -105,178 +66,6 @@ __device__ __forceinline__ void FenceFragment(uint32_t (&a)[2][4]) {
 // The two consumer warpgroups only (barrier 0 is __syncthreads, which the producer would need).
 __device__ __forceinline__ void ConsumerBarrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
-}
-
-// One arrival, made when every cp.async this thread issued before it has landed.
-__device__ __forceinline__ void MbarrierArriveOnCopies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void CopyAsync16Shared(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-// Per-block facts every role needs, from the request's window length and compressed entries
-// written (its list: window rows first, then compressed slots).
-struct BlockWork {
-  int64_t b = 0;    // request
-  int head0 = 0;    // first head of the block
-  int window = 0;   // window rows of the request
-  int begin = 0;    // first list entry of this split
-  int end = 0;      // one past its last
-  int n_tiles = 0;  // 32-row tiles of the split
-  int active = 1;   // splits with entries (at least 1: split 0 writes the zeros of an empty list)
-};
-
-__device__ __forceinline__ BlockWork GetBlockWork(const SparseDecodeParams& p, int window_len,
-                                                  int n_compressed) {
-  BlockWork w;
-  w.b = blockIdx.y;
-  w.head0 = static_cast<int>(blockIdx.z) * kHeads;
-  w.window = WindowRows(p, window_len);
-  const int total = RequestEntries(p, window_len, n_compressed);
-  w.begin = static_cast<int>(blockIdx.x) * static_cast<int>(p.entries_per_split);
-  w.end = min(total, w.begin + static_cast<int>(p.entries_per_split));
-  w.n_tiles = max(0, (w.end - w.begin + kRows - 1) / kRows);
-  const int per_split = static_cast<int>(p.entries_per_split);
-  w.active = max(1, (total + per_split - 1) / per_split);
-  return w;
-}
-
-// Producer warps: the queries of the block, 16 bytes per copy, consecutive lanes on consecutive
-// bytes of a head; the copies land on the q_full barrier. Needs nothing loaded first, so they go
-// out before anything else.
-__device__ __forceinline__ void IssueQueries(const SparseDecodeParams& p, uint32_t base) {
-  const int lane = threadIdx.x & 31;
-  const int pw = (static_cast<int>(threadIdx.x) - kConsumerThreads) >> 5;
-  const __nv_bfloat16* const q =
-      p.q + (int64_t{blockIdx.y} * p.heads + int64_t{blockIdx.z} * kHeads) * kDim;
-#pragma unroll 4
-  for (int i = pw; i < kHeads * kDim / 8 / 32; i += kProducerWarps) {
-    const int unit_index = i * 32 + lane;
-    const int head = unit_index >> 6;
-    const int unit = unit_index & 63;
-    CopyAsync16Shared(base + kQOffset + SwizzledOffset(head, unit, kQRegionBytes),
-                      q + head * kDim + unit * 8, true);
-  }
-  MbarrierArriveOnCopies(base + kBarrierOffset + kQBarrier * 8);
-}
-
-// kDependentLaunch's producer warps, before the request's lengths are known: every 128-byte line of
-// the request's page-table row (up to 64 lines) and of the CSA indices this split can need
-// (whatever the window length) is prefetched into L1, so the first tiles' lookups, which wait on
-// the lengths, then on the index, then on the page, wait on one round trip to L2 instead of
-// three. Prefetches do not fault and change no result.
-__device__ __forceinline__ void PrefetchLookups(const SparseDecodeParams& p) {
-  const int t = static_cast<int>(threadIdx.x) - kConsumerThreads;
-  const int64_t b = blockIdx.y;
-  const auto prefetch = [](const int32_t* address) {
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(address));
-  };
-  if (p.compressed_slots > 0) {
-    const int64_t lines = min((p.page_table_stride + 31) / 32, int64_t{64});
-    for (int64_t l = t; l < lines; l += kThreads - kConsumerThreads) {
-      prefetch(p.page_table + b * p.page_table_stride + 32 * l);
-    }
-  }
-  if (p.indices != nullptr) {
-    const int64_t begin = int64_t{blockIdx.x} * p.entries_per_split;
-    const int64_t lo = max(int64_t{0}, begin - p.window_size);
-    const int64_t hi = min(p.compressed_slots, begin + p.entries_per_split);
-    for (int64_t i = lo + 32 * t; i < hi; i += 32 * (kThreads - kConsumerThreads)) {
-      prefetch(p.indices + b * p.compressed_slots + i);
-    }
-  }
-}
-
-// The producer warps: every tile's rows into the stage ring. Producer warp pw owns rows 8 pw ..
-// 8 pw + 7 of every tile. The row lookups run in blocks of four tiles: lane l resolves row
-// 8 pw + l % 8 of tile 4 blk + l / 8, the CSA indices two blocks ahead and their pool pages one
-// block ahead, so a dependent global load is waited for at most once per four tiles. For the
-// copies 8 lanes take one 128-byte region row, so a warp instruction moves 4 rows' worth of one
-// region and every 32-byte sector is requested whole.
-__device__ void Produce(const SparseDecodeParams& p, const BlockWork& w, int n_compressed,
-                        int window_page, uint32_t base, unsigned char* valid_bytes) {
-  const int lane = threadIdx.x & 31;
-  const int pw = (static_cast<int>(threadIdx.x) - kConsumerThreads) >> 5;
-  if (w.n_tiles == 0) return;
-  const __nv_bfloat16* const window_rows =
-      p.window_pool + int64_t{window_page} * p.window_size * kDim;
-  const int my_row = kRowsPerProducer * pw + (lane & 7);  // the row this lane resolves
-  const int my_sub = lane >> 3;                           // of tile 4 blk + my_sub
-  const auto entry_index = [&](int block) {
-    return w.begin + (4 * block + my_sub) * kRows + my_row;
-  };
-  // Compressed entry of this lane's row of `block` (CSA index or HCA slot), -1 for window rows
-  // and rows past the split.
-  const auto entry_of = [&](int block) -> int {
-    const int e = entry_index(block);
-    if (e >= w.end || e < w.window) return -1;
-    if (p.indices == nullptr) return e - w.window;
-    return p.indices[w.b * p.compressed_slots + (e - w.window)];
-  };
-  // Its pool page, -1 when it is not attended (index -1 or past the entries written).
-  const auto page_of = [&](int c) -> int {
-    if (c < 0 || c >= n_compressed) return -1;
-    return p.page_table[w.b * p.page_table_stride + c / p.page_size];
-  };
-  int entry0 = entry_of(0);
-  int entry1 = entry_of(1);
-  int page0 = page_of(entry0);
-  const int n_blocks = (w.n_tiles + 3) / 4;
-  const int part = lane & 7;
-  for (int block = 0; block < n_blocks; ++block) {
-    // The next blocks' CSA indices go out before this block waits for its stages; their pages
-    // once this block's first tile is out (page_of waits for the index), so the first tile never
-    // waits on a lookup it does not need.
-    const int entry2 = entry_of(block + 2);
-    int page1 = -1;
-    const int e = entry_index(block);
-    const __nv_bfloat16* src = nullptr;
-    if (e < w.end) {
-      if (e < w.window) {
-        src = window_rows + int64_t{e} * kDim;
-      } else if (page0 >= 0) {
-        src = p.kv_pool + (int64_t{page0} * p.page_size + entry0 % p.page_size) * kDim;
-      }
-    }
-    const uint32_t attended = __ballot_sync(0xFFFFFFFFu, src != nullptr);
-    for (int sub = 0; sub < 4; ++sub) {
-      const int it = 4 * block + sub;
-      if (it >= w.n_tiles) break;
-      const int stage = it % kStages;
-      if (it >= kStages) {
-        MbarrierWait(base + kBarrierOffset + (kEmptyBarrier + stage) * 8, ((it / kStages) - 1) & 1);
-      }
-      if (lane == 0)
-        valid_bytes[stage * 4 + pw] = static_cast<unsigned char>(attended >> (8 * sub));
-      const uint32_t tile = base + kTileOffset + stage * kTileBytes;
-#pragma unroll 1
-      for (int group = 0; group < kRowsPerProducer / 4; ++group) {
-        const int local = 4 * group + (lane >> 3);
-        const int row = kRowsPerProducer * pw + local;
-        const auto row_src = reinterpret_cast<const __nv_bfloat16*>(
-            __shfl_sync(0xFFFFFFFFu, reinterpret_cast<uintptr_t>(src), 8 * sub + local));
-        const bool ok = row_src != nullptr;
-        // A row not attended is zero-filled from a dummy source that is never read.
-        const __nv_bfloat16* const from = (ok ? row_src : p.q) + part * 8;
-        const uint32_t to = tile + row * 128 + ((part ^ (row & 7)) << 4);
-#pragma unroll
-        for (int region = 0; region < 8; ++region) {
-          CopyAsync16Shared(to + region * kTileRegionBytes, from + region * 64, ok);
-        }
-      }
-      const uint32_t full = base + kBarrierOffset + (kFullBarrier + stage) * 8;
-      MbarrierArrive(full);          // the valid flags
-      MbarrierArriveOnCopies(full);  // the rows
-      if (sub == 0) page1 = page_of(entry1);
-    }
-    entry0 = entry1;
-    entry1 = entry2;
-    page0 = page1;
-  }
 }
 
 // Accumulators of one consumer thread: output o for heads (head_lo, head_lo + 8) and columns
@@ -585,22 +374,27 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
   st.running_sum[1] = WG == 0 ? st.running_sum[1] + theirs.y : theirs.y + st.running_sum[1];
 }
 
-// Byte offset of (head, 16-byte unit u) in the bf16 output staged in shared memory: rows of 1 KB,
-// the unit XOR-ed with head % 8 so the 8 heads a warp writes at once fall in different banks.
-__device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
-  return head * kDim * 2 + ((unit ^ (head & 7)) << 4);
-}
+// How the split kernel is launched: plainly (kNoCluster), in clusters whose blocks load the
+// queries once by multicast (kQueryCluster: kDependentLaunch with query_cluster > 1), or in
+// clusters of all splits of a request that also merge them (kMergeCluster: kClusterMerge).
+constexpr int kNoCluster = 0;
+constexpr int kQueryCluster = 1;
+constexpr int kMergeCluster = 2;
 
-// The consumer warpgroups: every tile, then the output (one split) or the partials.
-template <int WG, bool DEPENDENT>
+// The consumer warpgroups: every tile, then the output (one split) or the partials;
+// kMergeCluster: the partials stay in shared memory and the cluster merges them.
+template <int WG, bool DEPENDENT, int CLUSTER>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
                                                  const SplitOutputs& so) {
+  static_assert(DEPENDENT || CLUSTER == kNoCluster, "clusters are launched as kDependentLaunch is");
+  constexpr bool kMerge = CLUSTER == kMergeCluster;
   const int tid = threadIdx.x;
   const int splits = static_cast<int>(gridDim.x);
   // DEPENDENT: a request whose entries fit in split 0 is finished there (the combine kernel skips
-  // it); the splits past a request's entries write nothing.
+  // it, the cluster does not merge); the splits past a request's entries write nothing.
   const bool final_output = splits == 1 || (DEPENDENT && w.active == 1);
+  const bool writes = !DEPENDENT || static_cast<int>(blockIdx.x) < w.active;
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -612,78 +406,125 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   Consume<WG>(p, w.n_tiles, base, smem, st);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
-  if (DEPENDENT && static_cast<int>(blockIdx.x) >= w.active) return;
-  // One split: the final output (sink and normalization applied). Several: this split's
-  // unnormalized output in bf16, and its maxima and sums in fp32, for the merge.
-  __nv_bfloat16* const dst =
-      final_output ? so.out + (w.b * p.heads + w.head0) * kDim
-                   : so.part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
-  // The bf16 rows are staged in the query area (free: both warpgroups are past their last score
-  // product) and leave in whole 16-byte stores, consecutive threads on consecutive bytes.
-  ConsumerBarrier();
+  float2* const stats = reinterpret_cast<float2*>(smem + kStatsOffset);
+  if (writes) {
+    // One split: the final output (sink and normalization applied). Several: this split's
+    // unnormalized output in bf16, and its maxima and sums in fp32, for the merge. The bf16 rows
+    // are staged in the query area (free: both warpgroups are past their last score product).
+    ConsumerBarrier();
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head_lo + 8 * r;
-    float scale = 1.0f;
-    if (final_output) {
-      const float sink = r == 0 ? sink_lo : sink_hi;
-      const float top = fmaxf(st.running_max[r], sink);
-      const float weight = MergeWeight(st.running_max[r], top);
-      const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
-      scale = denom > 0.0f ? weight / denom : 0.0f;
-    } else if (WG == 0 && t == 0) {
-      const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
-      so.part_max[row] = st.running_max[r];
-      so.part_sum[row] = st.running_sum[r];
+    for (int r = 0; r < 2; ++r) {
+      const int head = head_lo + 8 * r;
+      float scale = 1.0f;
+      if (final_output) {
+        const float sink = r == 0 ? sink_lo : sink_hi;
+        const float top = fmaxf(st.running_max[r], sink);
+        const float weight = MergeWeight(st.running_max[r], top);
+        const float denom = st.running_sum[r] * weight + MergeWeight(sink, top);
+        scale = denom > 0.0f ? weight / denom : 0.0f;
+      } else if (WG == 0 && t == 0) {
+        if constexpr (kMerge) {
+          stats[head] = make_float2(st.running_max[r], st.running_sum[r]);
+        } else {
+          const int64_t row = ((w.b * splits + blockIdx.x) * p.heads + w.head0 + head);
+          so.part_max[row] = st.running_max[r];
+          so.part_sum[row] = st.running_sum[r];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
+        *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) +
+                                           4 * t) =
+            __floats2bfloat162_rn(st.o[4 * n + 2 * r] * scale, st.o[4 * n + 2 * r + 1] * scale);
+      }
     }
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      const int unit = (WG * kHalf + 8 * n) / 8;  // 8 bf16 per unit; this thread's 4 bytes at 4t
-      *reinterpret_cast<__nv_bfloat162*>(smem + kQOffset + StagedOutputOffset(head, unit) + 4 * t) =
-          __floats2bfloat162_rn(st.o[4 * n + 2 * r] * scale, st.o[4 * n + 2 * r + 1] * scale);
+    ConsumerBarrier();
+    if (!kMerge || final_output) {
+      // Whole 16-byte stores, consecutive threads on consecutive bytes.
+      __nv_bfloat16* const dst =
+          final_output ? so.out + (w.b * p.heads + w.head0) * kDim
+                       : so.part_out + ((w.b * splits + blockIdx.x) * p.heads + w.head0) * kDim;
+#pragma unroll 4
+      for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
+        const int head = i >> 6;
+        const int unit = i & 63;
+        reinterpret_cast<uint4*>(dst)[i] =
+            *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
+      }
     }
   }
-  ConsumerBarrier();
-#pragma unroll 4
-  for (int i = tid; i < kHeads * kDim / 8; i += kConsumerThreads) {
-    const int head = i >> 6;
-    const int unit = i & 63;
-    reinterpret_cast<uint4*>(dst)[i] =
-        *reinterpret_cast<const uint4*>(smem + kQOffset + StagedOutputOffset(head, unit));
+  if constexpr (kMerge) {
+    // Every block's partials are staged (and every multicast of the queries has landed: each
+    // block waited for its own); then each block merges its slice of the heads from all of them,
+    // and none leaves while another may still read its shared memory.
+    ClusterArrive();
+    ClusterWait();
+    if (!final_output) {
+      MergeInCluster<static_cast<int>(kSparseMaxClusterSplits)>(
+          smem + kQOffset, stats, w.active, p.sinks + w.head0,
+          so.out + (w.b * p.heads + w.head0) * kDim, tid, kConsumerThreads);
+    }
+  }
+  // Every cluster: no block leaves while a multicast it issued may still be writing another's
+  // shared memory, or (kMergeCluster) another may still read its own.
+  if constexpr (CLUSTER != kNoCluster) {
+    ClusterArrive();
+    ClusterWait();
   }
 }
 
 // DEPENDENT: SparseDecodeVariant::kDependentLaunch (launched as a programmatic dependent: nothing
-// global is touched before griddepcontrol.wait).
-template <bool DEPENDENT>
+// global is touched before griddepcontrol.wait). CLUSTER (DEPENDENT too): kMergeCluster for
+// kClusterMerge (clusters of gridDim.x blocks, the splits of one request and head group), or
+// kQueryCluster (clusters of consecutive splits of one request). q_map: the queries
+// [batch * heads, 512] in 64 x 64 boxes, used only in clusters with p.multicast_queries.
+template <bool DEPENDENT, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
-    SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so) {
+    SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so,
+                            const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
   const int tid = threadIdx.x;
+  const bool multicast = CLUSTER != kNoCluster && p.multicast_queries;
+  const uint32_t q_full = base + kBarrierOffset + kQBarrier * 8;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // An arrive and an arrive-on-copies from every producer thread.
       MbarrierInit(base + kBarrierOffset + (kFullBarrier + s) * 8, 2 * 32 * kProducerWarps);
       MbarrierInit(base + kBarrierOffset + (kEmptyBarrier + s) * 8, kConsumerThreads / 32);
     }
-    MbarrierInit(base + kBarrierOffset + kQBarrier * 8, 32 * kProducerWarps);
+    // Multicast: this one arrival and the 64 KB the cluster's copies deliver; else an
+    // arrive-on-copies from every producer thread.
+    MbarrierInit(q_full, multicast ? 1 : 32 * kProducerWarps);
+    if (multicast) {
+      MbarrierArriveExpectTx(q_full, kQBytes);
+      FenceBarrierInit();  // before any block of the cluster may copy into this one
+    }
   }
   __syncthreads();
+  // CLUSTER: the cluster's blocks have all started and initialized their barriers (waited for
+  // below, after the dependency) before any multicast or shared-memory access between them.
+  if constexpr (CLUSTER != kNoCluster) ClusterArrive();
   if constexpr (DEPENDENT) {
     // The kernel before this one on the stream has finished and its writes are visible; the one
     // after may begin its launch (it waits the same way for this one).
     GridDependencyWait();
     GridDependencyTrigger();
   }
+  if constexpr (CLUSTER != kNoCluster) ClusterWait();
 
   const int64_t b = blockIdx.y;
   if (tid >= kConsumerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // The queries go out first; the request's lengths and window page are loaded together.
-    IssueQueries(p, base);
+    if (!multicast) {
+      IssueQueries(p, base);
+    } else if (tid == kConsumerThreads) {
+      IssueQueriesMulticast(p, &q_map, base);
+    }
     if (DEPENDENT && p.prefetch_lookups) PrefetchLookups(p);
     const int window_len = p.window_len[b];
     const int n_compressed = p.n_compressed[b];
@@ -691,14 +532,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     const BlockWork w = GetBlockWork(p, window_len, n_compressed);
     Produce(p, w, n_compressed, window_page, base, smem + kValidOffset);
     // A block with nothing to attend keeps its threads until the query copies have landed.
-    if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+    if (w.n_tiles == 0) MbarrierWait(q_full, 0);
+    // The consumers' cluster barriers (ConsumeAndFinish): every thread takes part.
+    if constexpr (CLUSTER == kMergeCluster) {
+      ClusterArrive();
+      ClusterWait();
+    }
+    if constexpr (CLUSTER != kNoCluster) {
+      ClusterArrive();
+      ClusterWait();
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
     if (tid < 128) {
-      ConsumeAndFinish<0, DEPENDENT>(p, w, base, smem, so);
+      ConsumeAndFinish<0, DEPENDENT, CLUSTER>(p, w, base, smem, so);
     } else {
-      ConsumeAndFinish<1, DEPENDENT>(p, w, base, smem, so);
+      ConsumeAndFinish<1, DEPENDENT, CLUSTER>(p, w, base, smem, so);
     }
   }
 }
@@ -730,19 +580,87 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, b
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// The split kernels' shared-memory size, set for all four at the first call of any variant (so
+// a later first use of another variant or cluster shape, maybe inside graph capture, sets none).
+cudaError_t SplitKernelAttributes() {
+  static const cudaError_t status = [] {
+    for (const auto kernel :
+         {SparseDecodeSplitKernel<false, kNoCluster>, SparseDecodeSplitKernel<true, kNoCluster>,
+          SparseDecodeSplitKernel<true, kQueryCluster>,
+          SparseDecodeSplitKernel<true, kMergeCluster>}) {
+      const cudaError_t set =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      if (set != cudaSuccess) return set;
+    }
+    return cudaSuccess;
+  }();
+  return status;
+}
+
+// The queries [batch * heads, 512] bf16 as a 2-D tensor in boxes of 64 dims x 64 heads with the
+// 128-byte swizzle (one region of the query area, see IssueQueriesMulticast). False when the
+// driver has no encoder, q is not 16-byte aligned or the rows do not fit an int32 coordinate.
+bool EncodeQueryMap(CUtensorMap* map, const SparseDecodeParams& p) {
+  const auto encode = TensorMapEncodeFunction();
+  const int64_t rows = p.batch * p.heads;
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || rows > INT32_MAX) {
+    return false;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kDim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kDim * sizeof(__nv_bfloat16))};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kHeads)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.q), dims,
+                strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The split kernel in clusters of `cluster` consecutive splits (CLUSTER: kQueryCluster or
+// kMergeCluster), the queries multicast when p.multicast_queries and they can be mapped.
+template <int CLUSTER>
+cudaError_t LaunchClusters(const SparseDecodeParams& p, const SplitOutputs& so, int64_t cluster,
+                           cudaStream_t stream) {
+  const cudaError_t attribute_status = SplitKernelAttributes();
+  if (attribute_status != cudaSuccess) return attribute_status;
+  SparseDecodeParams lp = p;
+  CUtensorMap q_map{};
+  lp.multicast_queries = p.multicast_queries && EncodeQueryMap(&q_map, p);
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(SparseDecodeSplits(p)),
+                        static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads / kHeads));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(kSmemBytes);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = p.programmatic_launch ? 2 : 1;
+  return cudaLaunchKernelEx(&config, SparseDecodeSplitKernel<true, CLUSTER>, lp, so, q_map);
+}
+
 // The split kernel, then (several splits) the combine kernel; DEPENDENT: kDependentLaunch.
 template <bool DEPENDENT>
 cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
                           cudaStream_t stream) {
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      SparseDecodeSplitKernel<DEPENDENT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attribute_status = SplitKernelAttributes();
   if (attribute_status != cudaSuccess) return attribute_status;
   const bool dependent = DEPENDENT && p.programmatic_launch;
   const int64_t splits = SparseDecodeSplits(p);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.heads / kHeads));
-  cudaError_t status = Launch(SparseDecodeSplitKernel<DEPENDENT>, grid, dim3(kThreads), kSmemBytes,
-                              dependent, stream, p, so);
+  cudaError_t status = cudaSuccess;
+  if (DEPENDENT && p.query_cluster > 1 && splits % p.query_cluster == 0 && p.multicast_queries) {
+    status = LaunchClusters<kQueryCluster>(p, so, p.query_cluster, stream);
+  } else {
+    status = Launch(SparseDecodeSplitKernel<DEPENDENT, kNoCluster>, grid, dim3(kThreads),
+                    kSmemBytes, dependent, stream, p, so, CUtensorMap{});
+  }
   if (status != cudaSuccess || splits == 1) return status;
   const auto* part_out = static_cast<const __nv_bfloat16*>(so.part_out);
   const auto* part_max = static_cast<const float*>(so.part_max);
@@ -760,7 +678,42 @@ cudaError_t LaunchVariant(const SparseDecodeParams& p, const SplitOutputs& so,
   }
 }
 
+// kClusterMerge: the split kernel alone, in clusters of all the splits of a (request, head
+// group); as kDependentLaunch with one split or more than kSparseMaxClusterSplits.
+cudaError_t LaunchMergeClusters(const SparseDecodeParams& p, const SplitOutputs& so,
+                                cudaStream_t stream) {
+  const int64_t splits = SparseDecodeSplits(p);
+  if (splits == 1 || splits > kSparseMaxClusterSplits) return LaunchVariant<true>(p, so, stream);
+  return LaunchClusters<kMergeCluster>(p, so, splits, stream);
+}
+
 }  // namespace
+
+int SparseDecodeMaxActiveClusters(int64_t splits) {
+  if (splits < 2 || splits > kSparseMaxClusterSplits) return 0;
+  if (SplitKernelAttributes() != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(splits), 64);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(kSmemBytes);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, SparseDecodeSplitKernel<true, kMergeCluster>,
+                                     &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
   const size_t rows = PartialRows(p);
@@ -771,8 +724,9 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   constexpr const char* kLauncher = "sparse_decode_attention";
-  const bool dependent = p.variant == SparseDecodeVariant::kDependentLaunch;
-  PDSERVE_LAUNCH_REQUIRE(kLauncher, dependent || p.variant == SparseDecodeVariant::kSplitCombine);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, p.variant == SparseDecodeVariant::kSplitCombine ||
+                                        p.variant == SparseDecodeVariant::kDependentLaunch ||
+                                        p.variant == SparseDecodeVariant::kClusterMerge);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.batch <= 65535);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.heads > 0);
@@ -783,6 +737,8 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.compressed_slots >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.page_size >= 1);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split > 0);
+  PDSERVE_LAUNCH_REQUIRE(kLauncher,
+                         p.query_cluster >= 1 && p.query_cluster <= kSparseMaxClusterSplits);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.entries_per_split % kSparseTile == 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, p.window_size + p.compressed_slots <= INT32_MAX / 2);
   if (p.batch == 0) return cudaSuccess;
@@ -804,7 +760,15 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   so.part_out = reinterpret_cast<__nv_bfloat16*>(base);
   so.part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
   so.part_sum = so.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
-  return dependent ? LaunchVariant<true>(p, so, stream) : LaunchVariant<false>(p, so, stream);
+  switch (p.variant) {
+    case SparseDecodeVariant::kSplitCombine:
+      return LaunchVariant<false>(p, so, stream);
+    case SparseDecodeVariant::kDependentLaunch:
+      return LaunchVariant<true>(p, so, stream);
+    case SparseDecodeVariant::kClusterMerge:
+      break;
+  }
+  return LaunchMergeClusters(p, so, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -36,8 +36,22 @@
 //   memory, and lets the next launch begin at once. Besides: the lookups' first cache lines
 //   (page-table row, CSA indices) are prefetched while the lengths load, a request whose entries
 //   fit in split 0 gets its final output from that block (the combine kernel skips it), and splits
-//   past a request's entries write nothing. (Merging the splits in the split block that finishes
-//   last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
+//   past a request's entries write nothing; pairs of splits (query_cluster) load the queries
+//   once, as a thread-block cluster, by TMA multicast. (Merging the splits in the split block
+//   that finishes last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
+// - kClusterMerge (opt-in): the splits of one (request, 64-head group)
+//   run as one thread-block cluster (at most kSparseMaxClusterSplits blocks) and merge through
+//   distributed shared memory, with no combine kernel and no partials in global memory: each
+//   block leaves its unnormalized bf16 output and fp32 maxima and sums in its own shared memory,
+//   the cluster synchronizes, and block r merges heads [r * 64 / C, (r + 1) * 64 / C) from every
+//   block's shared memory (the same arithmetic per element as kDependentLaunch's merge kernel)
+//   into the final output. With multicast_queries the queries are loaded once per cluster (TMA
+//   with the 128-byte swizzle, each block fetching 8 / C of the 64-dim regions for all blocks).
+//   Launched as a programmatic dependent like kDependentLaunch. One split, or more splits than
+//   kSparseMaxClusterSplits: runs exactly as kDependentLaunch. Use it with
+//   SparseDecodeClusterEntriesPerSplit. Measured on an H200 (docs/perf.md, 2026-12-04): no
+//   faster at batch 32 (clusters of 4 do not all fit at once, 3 splits cost what the merge kernel
+//   saves), 0.6-1.0 us faster at batch 1.
 //
 // CUDA-graph safe: the launch shape depends only on (batch, heads, window_size, compressed_slots,
 // entries_per_split); all lengths and indices are read from device memory.
@@ -54,8 +68,10 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kSparseHeadDim = 512;
 inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
 inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
+// kClusterMerge: most splits merged in one cluster (the portable cluster size).
+inline constexpr int64_t kSparseMaxClusterSplits = 8;
 
-enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch };
+enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch, kClusterMerge };
 
 struct SparseDecodeParams {
   const __nv_bfloat16* q = nullptr;
@@ -76,11 +92,22 @@ struct SparseDecodeParams {
   float softmax_scale = 1.0f;  // > 0
   int64_t entries_per_split = 256;
   SparseDecodeVariant variant = SparseDecodeVariant::kDependentLaunch;
-  // kDependentLaunch: launch both kernels as programmatic dependents (false: plain launches of the
-  // same kernels; griddepcontrol.wait is then a no-op).
+  // kDependentLaunch, kClusterMerge: launch the kernels as programmatic dependents (false: plain
+  // launches of the same kernels; griddepcontrol.wait is then a no-op).
   bool programmatic_launch = true;
-  // kDependentLaunch: prefetch the first lookups' cache lines into L1 (see the .cu).
+  // kDependentLaunch, kClusterMerge: prefetch the first lookups' cache lines into L1 (see the .cu).
   bool prefetch_lookups = true;
+  // kClusterMerge (and kDependentLaunch with query_cluster > 1): the queries loaded once per
+  // cluster by TMA multicast (false: every block copies all 64 KB itself, as without clusters).
+  // Where q is not 16-byte aligned every block copies its own.
+  bool multicast_queries = true;
+  // kDependentLaunch: the splits launched as clusters of this many consecutive splits of a
+  // request (2 .. 8; 1: no clusters) that load the queries once by multicast; the partials and the
+  // merge kernel as without, the same bits. Used only where it divides the split count and
+  // multicast_queries is true. 2 (the default): 0-0.7 us faster than 1 at batch 1 and 32 where the
+  // splits are even, in one run on an H200 (docs/perf.md, 2026-12-04); larger clusters may not all
+  // fit at once (SparseDecodeMaxActiveClusters).
+  int64_t query_cluster = 2;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /
@@ -95,14 +122,32 @@ int64_t SparseDecodeSplits(const SparseDecodeParams& params);
 int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
                                     int sm_count);
 
-// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split.
+// kClusterMerge's split size: SparseDecodeEntriesPerSplit's pick, with fewer splits where its
+// clusters would not all run at once (each block of a cluster needs a multiprocessor of the same
+// GPC, so fewer clusters of 4 fit than 132 / 4) or would exceed kSparseMaxClusterSplits:
+// the most splits s <= the pick with max_active_clusters[s] >= batch * heads / 64 (one cluster
+// per request and head group). max_active_clusters: [kSparseMaxClusterSplits + 1], entry s the
+// device's SparseDecodeMaxActiveClusters(s) (entries 0 and 1 unused). Host arithmetic.
+int64_t SparseDecodeClusterEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
+                                           int sm_count, const int* max_active_clusters);
+
+// kClusterMerge: how many clusters of `splits` split blocks (2 .. kSparseMaxClusterSplits) the
+// current device runs at once (cudaOccupancyMaxActiveClusters; a cluster's blocks share a GPC,
+// one block per multiprocessor); 0 for other sizes or on an error (cleared). Host call.
+int SparseDecodeMaxActiveClusters(int64_t splits);
+
+// Device workspace the launch needs: bf16 partial outputs and fp32 maxima and sums per split (the
+// same for every variant, so a caller may switch variants on one workspace; kClusterMerge uses it
+// only where it runs as kDependentLaunch).
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& params);
 
-// Runs the split kernel and, when there is more than one split, the combine kernel on `stream`.
-// Returns cudaErrorInvalidValue on bad arguments (heads not a multiple of 64, entries_per_split not
-// a multiple of kSparseTile, softmax_scale not > 0, unknown variant, workspace too small, missing
-// pointers), else the launch status. No state besides one-time kernel attributes (make the first
-// call of each variant outside graph capture): concurrent calls with distinct workspaces are safe.
+// Runs the split kernel and, when there is more than one split and no cluster merges them, the
+// combine kernel on `stream`. Returns cudaErrorInvalidValue on bad arguments (heads not a multiple
+// of 64, entries_per_split not a multiple of kSparseTile, softmax_scale not > 0, unknown variant,
+// query_cluster outside 1 .. kSparseMaxClusterSplits, workspace too small, missing pointers), else
+// the launch status. No state besides one-time kernel attributes (make the first call outside
+// graph capture: it sets them for every variant): concurrent calls with distinct workspaces are
+// safe. The queries' tensor map (clusters) is encoded on the host at each call.
 cudaError_t sparse_decode_attention(const SparseDecodeParams& params, void* workspace,
                                     size_t workspace_bytes, __nv_bfloat16* out,
                                     cudaStream_t stream);

@@ -4,9 +4,10 @@
 //   out = sum_i w_i o_i / (sum_i w_i l_i + exp2(sink - top)), w_i = exp2(m_i - top),
 // top the largest of the maxima and the sink; zeros when nothing is visible (top = -inf). Two
 // kernels compute it: SparseDecodeCombineKernel (kSplitCombine) and SparseDecodeMergeKernel
-// (kDependentLaunch).
+// (kDependentLaunch); kClusterMerge's split blocks compute it themselves (MergeInCluster).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -47,6 +48,29 @@ __device__ __forceinline__ int RequestEntries(const SparseDecodeParams& p, int w
 
 __device__ __forceinline__ float MergeWeight(float m, float top) {
   return top == -INFINITY ? 0.0f : exp2f(m - top);
+}
+
+// acc[0 .. 7] += weight * the 8 bf16 of `raw` (one split's 16-byte unit of unnormalized output).
+__device__ __forceinline__ void AddWeighted(float (&acc)[8], float weight, const uint4& raw) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[k]));
+    acc[2 * k] += weight * v.x;
+    acc[2 * k + 1] += weight * v.y;
+  }
+}
+
+// acc / denom as 8 bf16 (zeros when denom is 0: nothing visible).
+__device__ __forceinline__ uint4 Normalized(const float (&acc)[8], float denom) {
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+    packed[k] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // kSplitCombine's combine kernel: one block of 128 threads per (request, head) merges the splits
@@ -145,25 +169,81 @@ __global__ void __launch_bounds__(kMergeThreads, 4)
         if (first + j >= active) break;
         const float weight = exp2f(m[j] - top);
         denom += weight * l[j];
-        const uint32_t words[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[k]));
-          acc[2 * k] += weight * v.x;
-          acc[2 * k + 1] += weight * v.y;
-        }
+        AddWeighted(acc, weight, raw[j]);
       }
     }
   }
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-  uint32_t packed[4];
+  reinterpret_cast<uint4*>(out + (b * p.heads + h) * kMergeDim)[unit] = Normalized(acc, denom);
+}
+
+// Byte offset of (head, 16-byte unit u) in a block's bf16 output staged in shared memory: rows of
+// 1 KB, the unit XOR-ed with head % 8 so the 8 heads a warp writes at once fall in different banks.
+__device__ __forceinline__ int StagedOutputOffset(int head, int unit) {
+  return head * kMergeDim * 2 + ((unit ^ (head & 7)) << 4);
+}
+
+// kClusterMerge's merge, run by `threads` threads (indices 0 .. threads - 1 in `thread`) of every
+// block of a cluster of `splits` blocks (one per split, rank = split), after a cluster barrier
+// that follows the splits' staging: every block b < `active` holds its unnormalized bf16 output
+// at `staged` (StagedOutputOffset layout, kMergeHeads heads) and its maxima and sums at
+// `stats` [kMergeHeads] float2 (log2 domain), at the same offsets in each block. This block
+// writes the final rows of heads [rank * 64 / splits, (rank + 1) * 64 / splits) of its group to
+// out_rows ([64 heads, 512] bf16) with the arithmetic of SparseDecodeMergeKernel per element (the
+// same splits in the same order, so the same bits). One 16-byte item of every block per pass (a
+// round trip of distributed shared memory each): a merge that issued all of a thread's loads
+// before using any, unrolled per cluster size, was 3 us slower at batch 32 (docs/perf.md,
+// 2026-12-04 round 2). sinks: the group's 64 sinks. The caller keeps every block's shared memory
+// alive (a second cluster barrier) until all have read it.
+template <int MAX_SPLITS>
+__device__ __forceinline__ void MergeInCluster(const unsigned char* staged, const float2* stats,
+                                               int active, const float* sinks,
+                                               __nv_bfloat16* out_rows, int thread, int threads) {
+  namespace cg = cooperative_groups;
+  constexpr int kMergeHeads = 64;
+  constexpr int kUnits = kMergeDim / 8;  // 16-byte units per head
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int head_begin = kMergeHeads * rank / splits;
+  const int head_end = kMergeHeads * (rank + 1) / splits;
+  for (int i = head_begin * kUnits + thread; i < head_end * kUnits; i += threads) {
+    const int head = i / kUnits;
+    const int unit = i % kUnits;
+    const float sink = sinks[head] * kMergeLog2e;  // a logit, not scaled by softmax_scale
+    const auto* const my_row =
+        reinterpret_cast<const uint4*>(staged + StagedOutputOffset(head, unit));
+    float m[MAX_SPLITS];
+    float l[MAX_SPLITS];
+    uint4 raw[MAX_SPLITS];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * k] * inv, acc[2 * k + 1] * inv);
-    packed[k] = *reinterpret_cast<const uint32_t*>(&v);
+    for (int sp = 0; sp < MAX_SPLITS; ++sp) {
+      m[sp] = -INFINITY;
+      l[sp] = 0.0f;
+      raw[sp] = make_uint4(0u, 0u, 0u, 0u);
+      if (sp < active) {
+        const float2 ml = *cluster.map_shared_rank(stats + head, sp);
+        m[sp] = ml.x;
+        l[sp] = ml.y;
+        raw[sp] = *cluster.map_shared_rank(my_row, sp);
+      }
+    }
+    float top = sink;
+#pragma unroll
+    for (int sp = 0; sp < MAX_SPLITS; ++sp) top = fmaxf(top, sp < active ? m[sp] : -INFINITY);
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float denom = 0.0f;
+    if (top != -INFINITY) {
+      denom = exp2f(sink - top);
+#pragma unroll
+      for (int sp = 0; sp < MAX_SPLITS; ++sp) {
+        if (sp >= active) break;
+        const float weight = exp2f(m[sp] - top);
+        denom += weight * l[sp];
+        AddWeighted(acc, weight, raw[sp]);
+      }
+    }
+    reinterpret_cast<uint4*>(out_rows + head * kMergeDim)[unit] = Normalized(acc, denom);
   }
-  reinterpret_cast<uint4*>(out + (b * p.heads + h) * kMergeDim)[unit] =
-      make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 }  // namespace

@@ -49,4 +49,15 @@ int64_t SparseDecodeEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_en
   return best_tiles * kSparseTile;
 }
 
+int64_t SparseDecodeClusterEntriesPerSplit(int64_t batch, int64_t heads, int64_t max_entries,
+                                           int sm_count, const int* max_active_clusters) {
+  const int64_t per = SparseDecodeEntriesPerSplit(batch, heads, max_entries, sm_count);
+  const int64_t tiles = std::max<int64_t>(1, (max_entries + kSparseTile - 1) / kSparseTile);
+  const int64_t clusters = std::max<int64_t>(1, batch * (heads / kSparseHeadsPerBlock));
+  int64_t splits = std::min((tiles * kSparseTile + per - 1) / per, kSparseMaxClusterSplits);
+  while (splits > 1 && max_active_clusters[splits] < clusters) --splits;
+  const int64_t tiles_per_split = (tiles + splits - 1) / splits;
+  return tiles_per_split * kSparseTile;
+}
+
 }  // namespace pdserve::kernels::cuda

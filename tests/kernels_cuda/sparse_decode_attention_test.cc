@@ -195,19 +195,28 @@ struct DeviceCase {
   GuardedBuffer<float> sinks;
 };
 
-// The launch configurations every case runs with: both variants, kDependentLaunch also launched
-// plainly (programmatic_launch false) and without the lookups' prefetch.
+// The launch configurations every case runs with: every variant, kDependentLaunch (by default in
+// clusters of 2 splits sharing the queries) also without clusters, launched plainly
+// (programmatic_launch false) and without the lookups' prefetch, kClusterMerge also launched
+// plainly and without the queries' multicast.
 struct LaunchConfig {
   SparseDecodeVariant variant;
   bool programmatic_launch;
   bool prefetch_lookups;
+  bool multicast_queries;
+  int64_t query_cluster;
   const char* name;
 };
 constexpr LaunchConfig kConfigs[] = {
-    {SparseDecodeVariant::kSplitCombine, true, true, "kSplitCombine"},
-    {SparseDecodeVariant::kDependentLaunch, true, true, "kDependentLaunch"},
-    {SparseDecodeVariant::kDependentLaunch, false, true, "kDependentLaunch, plain launches"},
-    {SparseDecodeVariant::kDependentLaunch, true, false, "kDependentLaunch, no prefetch"}};
+    {SparseDecodeVariant::kSplitCombine, true, true, true, 1, "kSplitCombine"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, true, 2, "kDependentLaunch"},
+    {SparseDecodeVariant::kDependentLaunch, false, true, true, 2,
+     "kDependentLaunch, plain launches"},
+    {SparseDecodeVariant::kDependentLaunch, true, false, true, 2, "kDependentLaunch, no prefetch"},
+    {SparseDecodeVariant::kDependentLaunch, true, true, true, 1, "kDependentLaunch, no clusters"},
+    {SparseDecodeVariant::kClusterMerge, true, true, true, 1, "kClusterMerge"},
+    {SparseDecodeVariant::kClusterMerge, false, true, true, 1, "kClusterMerge, plain launches"},
+    {SparseDecodeVariant::kClusterMerge, true, true, false, 1, "kClusterMerge, no multicast"}};
 
 // got (bf16 bits, [batch, heads, 512]) against the float64 reference.
 void CheckOutput(const AttentionCase& c, const std::vector<uint16_t>& got_bits,
@@ -242,6 +251,8 @@ void RunAndCheck(const AttentionCase& c, int64_t entries_per_split,
     SparseDecodeParams p = d.Params(c, entries_per_split, scale, config.variant);
     p.programmatic_launch = config.programmatic_launch;
     p.prefetch_lookups = config.prefetch_lookups;
+    p.multicast_queries = config.multicast_queries;
+    p.query_cluster = config.query_cluster;
     GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
     ASSERT_TRUE(workspace.ok() && out.ok());
     PDSERVE_CUDA_OK(sparse_decode_attention(p, workspace.get(), workspace.size(),
@@ -348,6 +359,34 @@ TEST(CudaSparseDecodeTest, SplitSizeFollowsTheMeasuredCosts) {
   }
 }
 
+TEST(CudaSparseDecodeTest, ClusterSplitSizeKeepsClustersInOneWave) {
+  // Host arithmetic only. 132 multiprocessors; clusters that fit at once per size (index =
+  // blocks per cluster): one where 32 clusters of 4 fit, one where only 30 do.
+  const int fits[kSparseMaxClusterSplits + 1] = {0, 0, 66, 44, 32, 26, 22, 16, 16};
+  const int short_of_four[kSparseMaxClusterSplits + 1] = {0, 0, 66, 42, 30, 24, 18, 16, 14};
+  const int none[kSparseMaxClusterSplits + 1] = {};
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(32, 64, 640, 132, fits), 160);  // 4 splits
+  // 30 clusters of 4 < 32 requests: 3 splits of 7 tiles.
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(32, 64, 640, 132, short_of_four), 224);
+  // 10 splits picked for kDependentLaunch: at most 8 in a cluster (20 tiles: 3 per split).
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(1, 64, 640, 132, fits), 96);
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(128, 64, 640, 132, fits), 640);  // one split
+  EXPECT_EQ(SparseDecodeClusterEntriesPerSplit(32, 64, 640, 132, none), 640);   // no cluster
+  for (int64_t batch = 1; batch <= 300; ++batch) {
+    SparseDecodeParams p;
+    p.batch = batch;
+    p.window_size = 128;
+    p.compressed_slots = 1021;
+    p.entries_per_split = SparseDecodeClusterEntriesPerSplit(batch, 64, 1149, 132, short_of_four);
+    EXPECT_EQ(p.entries_per_split % kSparseTile, 0);
+    const int64_t splits = SparseDecodeSplits(p);
+    EXPECT_LE(splits, kSparseMaxClusterSplits);
+    if (splits > 1) {
+      EXPECT_GE(short_of_four[splits], batch) << "batch " << batch;
+    }
+  }
+}
+
 TEST(CudaSparseDecodeTest, OddLengthsBatch33) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -397,21 +436,22 @@ TEST(CudaSparseDecodeTest, Batch128Splits) {
   RunAndCheck(c, 64);
 }
 
-TEST(CudaSparseDecodeTest, DependentLaunchGraphReplays) {
-  PDSERVE_SKIP_WITHOUT_GPU();
+// `variant` captured in a CUDA graph (as the decode step runs it: two launches, the second a
+// programmatic dependent of the first's last kernel) and replayed three times, the same bits each
+// time; then launched plainly (programmatic_launch false) on the same workspace with another split
+// size and another batch: every output matches the reference. The graph's launch has 448 / per
+// splits (kDependentLaunch at 32: 14, in query clusters of 2; kClusterMerge at 64: 7, one cluster),
+// the plain one 11 (no clusters; kClusterMerge: run as kDependentLaunch).
+void CheckGraphReplays(SparseDecodeVariant variant, int64_t per) {
   auto rng = FreshRng();
-  // kDependentLaunch captured in a CUDA graph (as the decode step runs it: two launches, the second
-  // a programmatic dependent of the first's combine kernel) and replayed three times, the same
-  // bits each time; then launched plainly (programmatic_launch false) on the same workspace with
-  // another split size and another batch: every output matches the reference.
   const AttentionCase c =
       MakeCase(rng, 64, true, 320, {128, 0, 17, 90, 5}, {900, 0, 300, 41, 2}, 0.1);
   const AttentionCase small = MakeCase(rng, 64, false, 200, {3, 128}, {200, 77}, 0.0);
   DeviceCase d(c);
   DeviceCase ds(small);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  const SparseDecodeParams p = d.Params(c, 64, scale, SparseDecodeVariant::kDependentLaunch);
-  SparseDecodeParams ps = ds.Params(small, 32, scale, SparseDecodeVariant::kDependentLaunch);
+  const SparseDecodeParams p = d.Params(c, per, scale, variant);
+  SparseDecodeParams ps = ds.Params(small, 32, scale, variant);
   ps.programmatic_launch = false;  // the same kernel in a plain launch
   GuardedBuffer<unsigned char> workspace(
       std::max(SparseDecodeWorkspaceBytes(p), SparseDecodeWorkspaceBytes(ps)));
@@ -455,6 +495,77 @@ TEST(CudaSparseDecodeTest, DependentLaunchGraphReplays) {
   CheckOutput(small, got_small, Evaluate(small, scale), "eager after the graph");
 }
 
+TEST(CudaSparseDecodeTest, DependentLaunchGraphReplays) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  CheckGraphReplays(SparseDecodeVariant::kDependentLaunch, 32);
+}
+
+TEST(CudaSparseDecodeTest, ClusterMergeGraphReplays) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  CheckGraphReplays(SparseDecodeVariant::kClusterMerge, 64);
+}
+
+// One launch of `p` (its own workspace and output, guards checked); the output's bf16 bits.
+std::vector<uint16_t> LaunchOnce(const SparseDecodeParams& p, const std::string& what) {
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(p.batch * p.heads * kD));
+  GuardedBuffer<unsigned char> workspace(SparseDecodeWorkspaceBytes(p));
+  EXPECT_TRUE(workspace.ok() && out.ok()) << what;
+  EXPECT_EQ(sparse_decode_attention(p, workspace.get(), workspace.size(),
+                                    reinterpret_cast<__nv_bfloat16*>(out.get()), nullptr),
+            cudaSuccess)
+      << what;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  EXPECT_TRUE(out.GuardsIntact()) << what;
+  EXPECT_TRUE(workspace.GuardsIntact()) << what;
+  return out.Download();
+}
+
+TEST(CudaSparseDecodeTest, ClustersMatchDependentLaunchBits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  // kClusterMerge merges the same bf16 partials with the same fp32 arithmetic in the same split
+  // order as kDependentLaunch's merge kernel, and kDependentLaunch in query clusters only loads
+  // the queries differently: the same bits, in clusters of 2 to 8 splits (with and without the
+  // queries' multicast), 128 heads (two clusters per request), requests that fit in split 0, have
+  // nothing visible, or leave later splits empty.
+  // List lengths of 11, 8, 7 and 9 tiles in splits of 1 to 6 tiles: 2 to 8 splits (and 11 and 9,
+  // past kSparseMaxClusterSplits: run as kDependentLaunch).
+  const AttentionCase cases[] = {
+      MakeCase(rng, 64, true, 224, {0, 5, 128, 77, 0, 31}, {0, 0, 3, 1000, 700, 64}, 0.1),
+      MakeCase(rng, 64, true, 128, {128, 1, 90}, {300, 0, 128}, 0.2),
+      MakeCase(rng, 128, false, 96, {128, 7, 0}, {96, 63, 1}, 0.0),
+      MakeCase(rng, 64, false, 160, {128, 100, 3}, {160, 33, 159}, 0.0)};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  for (const AttentionCase& c : cases) {
+    DeviceCase d(c);
+    for (int64_t per : {32, 64, 96, 128, 192}) {
+      const std::string what = std::string(c.csa ? "CSA" : "HCA") + " heads " +
+                               std::to_string(c.heads) + " slots " + std::to_string(c.slots) +
+                               " split " + std::to_string(per);
+      const std::vector<uint16_t> want =
+          LaunchOnce(d.Params(c, per, scale, SparseDecodeVariant::kDependentLaunch), what);
+      // kClusterMerge with and without multicast; kDependentLaunch in clusters of 2 to 8 splits
+      // sharing the queries (where that divides the splits).
+      for (int64_t config = 0; config < 2 + kSparseMaxClusterSplits - 1; ++config) {
+        const bool merge = config < 2;
+        SparseDecodeParams p = d.Params(
+            c, per, scale,
+            merge ? SparseDecodeVariant::kClusterMerge : SparseDecodeVariant::kDependentLaunch);
+        p.multicast_queries = config != 1;
+        p.query_cluster = merge ? 1 : config;
+        const std::string name = what + (merge ? (config == 0 ? " kClusterMerge multicast"
+                                                              : " kClusterMerge no multicast")
+                                               : " query_cluster " + std::to_string(config));
+        const std::vector<uint16_t> got = LaunchOnce(p, name);
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i] ? 1 : 0;
+        EXPECT_EQ(differ, 0u) << name << ": " << differ << " of " << got.size()
+                              << " outputs differ";
+      }
+    }
+  }
+}
+
 TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   PDSERVE_SKIP_WITHOUT_GPU();
   SparseDecodeParams p;
@@ -470,6 +581,9 @@ TEST(CudaSparseDecodeTest, RejectsBadArguments) {
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
   p.softmax_scale = 1.0f;
   p.variant = static_cast<SparseDecodeVariant>(7);  // no such variant
+  EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
+  p.variant = SparseDecodeVariant::kDependentLaunch;
+  p.query_cluster = kSparseMaxClusterSplits + 1;  // larger than a portable cluster
   EXPECT_EQ(sparse_decode_attention(p, &dummy, 1, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
