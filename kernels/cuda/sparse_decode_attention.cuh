@@ -36,9 +36,10 @@
 //   memory, and lets the next launch begin at once. Besides: the lookups' first cache lines
 //   (page-table row, CSA indices) are prefetched while the lengths load, a request whose entries
 //   fit in split 0 gets its final output from that block (the combine kernel skips it), and splits
-//   past a request's entries write nothing; pairs of splits (query_cluster) load the queries
-//   once, as a thread-block cluster, by TMA multicast. (Merging the splits in the split block
-//   that finishes last, with no combine kernel, was measured slower: docs/perf.md, 2026-12-04.)
+//   past a request's entries write nothing; with query_cluster 2 (opt-in) pairs of splits load
+//   the queries once, as a thread-block cluster, by TMA multicast. (Merging the splits in the split
+//   block that finishes last, with no combine kernel, was measured slower: docs/perf.md,
+//   2026-12-04.)
 // - kClusterMerge (opt-in): the splits of one (request, 64-head group)
 //   run as one thread-block cluster (at most kSparseMaxClusterSplits blocks) and merge through
 //   distributed shared memory, with no combine kernel and no partials in global memory: each
@@ -104,10 +105,11 @@ struct SparseDecodeParams {
   // kDependentLaunch: the splits launched as clusters of this many consecutive splits of a
   // request (2 .. 8; 1: no clusters) that load the queries once by multicast; the partials and the
   // merge kernel as without, the same bits. Used only where it divides the split count and
-  // multicast_queries is true. 2 (the default): 0-0.7 us faster than 1 at batch 1 and 32 where the
-  // splits are even, in one run on an H200 (docs/perf.md, 2026-12-04); larger clusters may not all
-  // fit at once (SparseDecodeMaxActiveClusters).
-  int64_t query_cluster = 2;
+  // multicast_queries is true. 2 was 0-0.7 us faster than 1 at batch 1 and 32 where the splits
+  // are even, in one run on an H200 (docs/perf.md, 2026-12-04), but the engine's GPU tests have
+  // not run with it, so the default stays 1 (no clusters); larger clusters may not all fit at
+  // once (SparseDecodeMaxActiveClusters).
+  int64_t query_cluster = 1;
 };
 
 // Splits of the KV axis for this launch: ceil((window_size + compressed_slots) /

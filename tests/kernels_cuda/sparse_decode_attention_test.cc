@@ -195,8 +195,8 @@ struct DeviceCase {
   GuardedBuffer<float> sinks;
 };
 
-// The launch configurations every case runs with: every variant, kDependentLaunch (by default in
-// clusters of 2 splits sharing the queries) also without clusters, launched plainly
+// The launch configurations every case runs with: every variant, kDependentLaunch (in clusters of
+// 2 splits sharing the queries, opt-in) also without clusters (the default), launched plainly
 // (programmatic_launch false) and without the lookups' prefetch, kClusterMerge also launched
 // plainly and without the queries' multicast.
 struct LaunchConfig {
@@ -440,7 +440,7 @@ TEST(CudaSparseDecodeTest, Batch128Splits) {
 // programmatic dependent of the first's last kernel) and replayed three times, the same bits each
 // time; then launched plainly (programmatic_launch false) on the same workspace with another split
 // size and another batch: every output matches the reference. The graph's launch has 448 / per
-// splits (kDependentLaunch at 32: 14, in query clusters of 2; kClusterMerge at 64: 7, one cluster),
+// splits (kDependentLaunch at 32: 14, no clusters by default; kClusterMerge at 64: 7, one cluster),
 // the plain one 11 (no clusters; kClusterMerge: run as kDependentLaunch).
 void CheckGraphReplays(SparseDecodeVariant variant, int64_t per) {
   auto rng = FreshRng();
