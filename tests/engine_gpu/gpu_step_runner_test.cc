@@ -306,6 +306,16 @@ TEST_F(GpuStepRunnerTest, DecodesFromATransferredPromptState) {
     EXPECT_EQ(early[r][0].tokens, got[r][0].tokens) << "request " << r;
     EXPECT_EQ(early[r][0].finish_reason, got[r][0].finish_reason) << "request " << r;
   }
+  // Requests 2 and 3 imported one layer per decode step of requests 0 and 1 (the steps run
+  // while their copies land), joining when ready: the same tokens as the import at the first
+  // step, up to the decode batch's bucket effect (the batch grows at another step here;
+  // ExpectSameTokens' allowance).
+  auto staggered_gpu = Gpu(4);
+  ASSERT_NE(staggered_gpu, nullptr);
+  const Outputs staggered = RunStaggeredEarlyImports<GpuStepRunner>(
+      model_.config, specs, states, first,
+      MakeGpuRunner(staggered_gpu.get(), true, false, /*early_import=*/true), /*started=*/2);
+  ExpectSameTokens(staggered, got, /*max_diverged=*/1);
 }
 
 // An expert-parallel group as the runner's engine: 2 ranks on GPU 0 (in-process communicator),
