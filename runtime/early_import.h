@@ -77,8 +77,7 @@ class SlotImporter {
   virtual absl::Status ImportLayer(serving::RequestId id, int64_t layer) = 0;
   // Whether every layer was imported and its copies have landed; never blocks for the copies.
   virtual absl::StatusOr<bool> Copied(serving::RequestId id) = 0;
-  // Gives the slot and its pages back; copies still in flight land before anything later uses
-  // the pages. Unknown ids are ignored.
+  // Gives the slot and its pages back (waits for copies in flight). Unknown ids are ignored.
   virtual void Release(serving::RequestId id) = 0;
 };
 

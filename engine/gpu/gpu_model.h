@@ -330,17 +330,15 @@ class GpuModel {
   // event. StagedImportCopied says, without waiting, whether every layer was enqueued and its
   // copies have landed; FinishStagedImport (every layer enqueued) orders the model's stream after
   // the copies and sets the slot's position: the slot then holds what ImportLayers(slot,
-  // position, ..) with the same fills gives, bit for bit. CancelStagedImport resets the slot (its
-  // pages back) without waiting for the copies in flight: the model's stream waits for them on
-  // the device, so nothing enqueued later can see the pages before they land. Errors:
-  // InvalidArgument for a bad slot, layer, position or a staging of another model;
-  // FailedPrecondition for a Begin on a slot already importing, an Enqueue / Finish / Copied
-  // without a Begin, a layer enqueued twice or not filled in `staging`, a Finish before every layer
-  // was enqueued; Internal for a CUDA error (the caller then cancels). Thread-safety: as every
-  // GpuModel call, one thread at a time: a caller that imports on another thread than its step loop
-  // serializes these calls with the steps (runtime::GpuStepRunner holds its model mutex around
-  // both); FillImportLayer touches only the staging and may run concurrently with any call on the
-  // model.
+  // position, ..) with the same fills gives, bit for bit. CancelStagedImport waits for the copies
+  // in flight and resets the slot (its pages back). Errors: InvalidArgument for a bad slot,
+  // layer, position or a staging of another model; FailedPrecondition for a Begin on a slot
+  // already importing, an Enqueue / Finish / Copied without a Begin, a layer enqueued twice or
+  // not filled in `staging`, a Finish before every layer was enqueued; Internal for a CUDA error
+  // (the caller then cancels). Thread-safety: as every GpuModel call, one thread at a time: a
+  // caller that imports on another thread than its step loop serializes these calls with the
+  // steps (runtime::GpuStepRunner holds its model mutex around both); FillImportLayer touches
+  // only the staging and may run concurrently with any call on the model.
   absl::Status BeginStagedImport(int64_t slot, int64_t position);
   absl::Status EnqueueStagedLayer(int64_t slot, int64_t layer, StateStaging* staging);
   absl::StatusOr<bool> StagedImportCopied(int64_t slot);

@@ -671,24 +671,12 @@ absl::Status GpuModel::CancelStagedImport(int64_t slot) {
   PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const import, StagedImportOf(m, slot));
   import->active = false;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  // Copies still landing write the slot's pages: whatever uses the pages next is ordered after
-  // them on the device (the model's stream waits for the import stream; a later import copies
-  // on the import stream itself), so the host does not wait for them here.
-  absl::Status ordered =
-      CudaStatus(cudaEventRecord(import->copied, m.import_stream), "CancelStagedImport");
-  if (ordered.ok()) {
-    ordered = CudaStatus(cudaStreamWaitEvent(m.stream, import->copied, 0), "CancelStagedImport");
-  }
-  if (!ordered.ok()) {
-    // Without the order the pages must not go back before the copies: wait for them.
-    const absl::Status synced =
-        CudaStatus(cudaStreamSynchronize(m.import_stream), "CancelStagedImport");
-    const absl::Status reset = ResetSlot(slot);
-    PDSERVE_RETURN_IF_ERROR(ordered);
-    PDSERVE_RETURN_IF_ERROR(synced);
-    return reset;
-  }
-  return ResetSlot(slot);
+  // Copies still landing write the slot's pages: they finish before the pages go back.
+  const absl::Status synced =
+      CudaStatus(cudaStreamSynchronize(m.import_stream), "CancelStagedImport");
+  const absl::Status reset = ResetSlot(slot);
+  PDSERVE_RETURN_IF_ERROR(synced);
+  return reset;
 }
 
 }  // namespace pdserve::engine::gpu
