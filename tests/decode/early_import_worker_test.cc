@@ -5,8 +5,8 @@
 // engine's runner, which decodes from the pages either way). Checked: the slot is claimed at
 // Reserve, every layer is imported exactly once before the sequence is added, the tokens equal
 // the other decode worker's (the same runner over the same bf16 pages, without the early
-// import), and a corrupted transfer cancels the import (slot back, never
-// added) and fails only that request. The GPU side is tests/engine_gpu/gpu_early_import_test.cc.
+// import), and a corrupted transfer or an abort cancels the import (slot back, never added) and
+// ends only that request. The GPU side is tests/engine_gpu/gpu_early_import_test.cc.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -141,6 +141,8 @@ class EarlyImportWorkerTest : public ::testing::Test {
     prefill::PrefillWorkerOptions p;
     p.model_dir = model;
     p.faults.corrupt_request = kCorrupted;
+    p.faults.delay_request = kDelayed;
+    p.faults.delay = absl::Seconds(1);
     auto prefill = prefill::PrefillWorker::Create(p);
     ASSERT_TRUE(prefill.ok()) << prefill.status();
     prefill_ = std::move(*prefill);
@@ -254,6 +256,7 @@ class EarlyImportWorkerTest : public ::testing::Test {
   }
 
   static constexpr uint64_t kCorrupted = 777;
+  static constexpr uint64_t kDelayed = 888;  // its pages are held 1 s after they are posted
   RecordingSlots slots_;
   EarlyImportRunner* runner_ = nullptr;
   std::unique_ptr<prefill::PrefillWorker> prefill_;
@@ -316,6 +319,72 @@ TEST_F(EarlyImportWorkerTest, ACorruptedTransferCancelsTheImportAndFailsOnlyThat
   const Result good = Run(1, 900, Prompt(100, 6));
   EXPECT_EQ(good.tokens, want.tokens);
   EXPECT_FALSE(good.tokens.empty());
+}
+
+// An abort of a request whose pages have not arrived yet (the prefill worker holds them): the
+// decode side ends the request with "abort" and its early import is cancelled: the slot goes back
+// without the runner ever seeing the sequence.
+TEST_F(EarlyImportWorkerTest, AnAbortBeforeThePagesArriveGivesTheSlotBack) {
+  ASSERT_NE(runner_, nullptr);
+  const std::vector<int32_t> prompt = Prompt(80, 3);
+  v1::SamplingParams sampling;
+  sampling.set_max_tokens(8);
+  v1::ReserveRequest reserve;
+  reserve.set_request_id(kDelayed);
+  reserve.set_prompt_tokens(static_cast<int32_t>(prompt.size()));
+  *reserve.mutable_sampling() = sampling;
+  for (int32_t t : prompt) reserve.add_prompt_token_ids(t);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(decode_stubs_[1]->Reserve(&context, reserve, &reserved).ok());
+  }
+  EXPECT_EQ(slots_.claimed(), 1u);  // claimed at Reserve
+  std::thread prefill([&] {
+    v1::PrefillRequest request;
+    request.set_request_id(kDelayed);
+    for (int32_t t : prompt) request.add_token_ids(t);
+    *request.mutable_sampling() = sampling;
+    *request.mutable_ticket() = reserved.ticket();
+    v1::PrefillResponse response;
+    grpc::ClientContext context;
+    prefill_stub_->Prefill(&context, request, &response).ok();
+  });
+  grpc::ClientContext generate_context;
+  v1::GenerateRequest generate;
+  generate.set_request_id(kDelayed);
+  generate.set_ticket_id(reserved.ticket().ticket_id());
+  auto reader = decode_stubs_[1]->Generate(&generate_context, generate);
+  absl::SleepFor(absl::Milliseconds(200));  // the prefill has posted its (held) pages
+  // The decode side first (a cancelled Generate's way): the request ends with "abort" at once
+  // and its pages wait behind the fence; then the prefill side, whose abort sends that fence.
+  v1::AbortRequest abort;
+  abort.set_request_id(kDelayed);
+  abort.set_ticket_id(reserved.ticket().ticket_id());
+  v1::AbortResponse aborted;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(decode_stubs_[1]->Abort(&context, abort, &aborted).ok());
+  }
+  {
+    grpc::ClientContext context;
+    abort.set_ticket_id(0);
+    ASSERT_TRUE(prefill_stub_->Abort(&context, abort, &aborted).ok());
+  }
+  std::string finish;
+  std::vector<int32_t> tokens;
+  v1::GenerateResponse event;
+  while (reader->Read(&event)) {
+    for (int32_t t : event.token_ids()) tokens.push_back(t);
+    if (!event.finish_reason().empty()) finish = event.finish_reason();
+  }
+  reader->Finish().ok();
+  prefill.join();
+  EXPECT_EQ(finish, "abort");
+  EXPECT_TRUE(tokens.empty());
+  ASSERT_TRUE(Eventually([&] { return slots_.releases() == 1; }));
+  EXPECT_EQ(slots_.claimed(), 0u);
+  EXPECT_TRUE(runner_->layers_at_add().empty());
 }
 
 }  // namespace

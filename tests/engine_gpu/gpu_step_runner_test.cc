@@ -174,6 +174,20 @@ class GpuStepRunnerTest : public ::testing::Test {
     return h.RunAll(specs);
   }
 
+  // Each spec's prompt state from the CPU engine and its greedy first token, as a CPU prefill
+  // would transfer them.
+  void PromptStates(const std::vector<RequestSpec>& specs, std::vector<engine::ModelState>* states,
+                    std::vector<int32_t>* first) {
+    for (const RequestSpec& s : specs) {
+      states->push_back(cpu_->NewState());
+      auto logits = cpu_->Forward(&states->back(), s.prompt);
+      ASSERT_TRUE(logits.ok());
+      const int64_t vocab = logits->dim(1);
+      first->push_back(static_cast<int32_t>(
+          engine::gpu::Argmax(logits->ptr() + (logits->dim(0) - 1) * vocab, vocab)));
+    }
+  }
+
   engine::gpu::TestModel model_;
   std::unique_ptr<engine::Model> cpu_;
 };
@@ -275,14 +289,7 @@ TEST_F(GpuStepRunnerTest, DecodesFromATransferredPromptState) {
   specs.resize(4);
   std::vector<engine::ModelState> states;
   std::vector<int32_t> first;
-  for (const RequestSpec& s : specs) {
-    states.push_back(cpu_->NewState());
-    auto logits = cpu_->Forward(&states.back(), s.prompt);
-    ASSERT_TRUE(logits.ok());
-    const int64_t vocab = logits->dim(1);
-    first.push_back(static_cast<int32_t>(
-        engine::gpu::Argmax(logits->ptr() + (logits->dim(0) - 1) * vocab, vocab)));
-  }
+  PromptStates(specs, &states, &first);
   const Outputs got =
       RunTransferred<GpuStepRunner>(model_.config, specs, states, first, MakeGpuRunner(gpu.get()));
   RunnerOptions options;
@@ -306,6 +313,29 @@ TEST_F(GpuStepRunnerTest, DecodesFromATransferredPromptState) {
     EXPECT_EQ(early[r][0].tokens, got[r][0].tokens) << "request " << r;
     EXPECT_EQ(early[r][0].finish_reason, got[r][0].finish_reason) << "request " << r;
   }
+}
+
+// The early import while other sequences decode: requests 2 and 3 get one layer per decode step
+// of requests 0 and 1 (the steps run while their copies land) and join when ready; the tokens
+// equal the import at the first step, up to the decode batch's bucket effect (the batch grows
+// at another step here; ExpectSameTokens' allowance). Written after the last GPU round of
+// 2026-12-04: not run on a GPU yet.
+TEST_F(GpuStepRunnerTest, EarlyImportWhileOthersDecode) {
+  auto gpu = Gpu(4);
+  ASSERT_NE(gpu, nullptr);
+  std::vector<RequestSpec> specs = Specs(0.0, 1, 0);
+  specs.resize(4);
+  std::vector<engine::ModelState> states;
+  std::vector<int32_t> first;
+  PromptStates(specs, &states, &first);
+  const Outputs want =
+      RunTransferred<GpuStepRunner>(model_.config, specs, states, first, MakeGpuRunner(gpu.get()));
+  auto staggered_gpu = Gpu(4);
+  ASSERT_NE(staggered_gpu, nullptr);
+  const Outputs staggered = RunStaggeredEarlyImports<GpuStepRunner>(
+      model_.config, specs, states, first,
+      MakeGpuRunner(staggered_gpu.get(), true, false, /*early_import=*/true), /*started=*/2);
+  ExpectSameTokens(staggered, want, /*max_diverged=*/1);
 }
 
 // An expert-parallel group as the runner's engine: 2 ranks on GPU 0 (in-process communicator),

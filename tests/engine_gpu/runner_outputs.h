@@ -150,6 +150,104 @@ Outputs RunTransferred(const engine::ModelConfig& config, const std::vector<Requ
   return {outputs.begin(), outputs.end()};
 }
 
+// The early import while other sequences decode, as a decode worker sees it: requests
+// [0, started) are imported and added before the first step; each later request is begun before
+// the first step and gets one layer reported per step (the last layer first), is verified after
+// its last layer, and is added at the first step boundary at which its import is ready. Then
+// decode steps of every added, unfinished sequence until all are done (steps wait, without a
+// plan, while only imports remain). REQUIRES: `runner` has an early importer.
+template <typename Runner>
+Outputs RunStaggeredEarlyImports(const engine::ModelConfig& config,
+                                 const std::vector<RequestSpec>& specs,
+                                 const std::vector<engine::ModelState>& states,
+                                 const std::vector<int32_t>& first, const MakeRunner<Runner>& make,
+                                 size_t started) {
+  const serving::StateLayout layout = *LayoutForModel(config);
+  const auto n = static_cast<int64_t>(specs.size());
+  auto pool = *serving::PagePool::Create(layout.PoolOptions(n, n * config.max_position_embeddings));
+  std::unique_ptr<Runner> runner = make(layout, pool.get());
+  EXPECT_NE(runner->early_importer(), nullptr);
+  if (runner->early_importer() == nullptr) return {};
+  EarlyImporter& importer = *runner->early_importer();
+  const int64_t layers = config.num_hidden_layers;
+  std::deque<std::vector<ChoiceOutput>> outputs(specs.size());
+  std::vector<SequenceSetup> setups;
+  std::vector<int64_t> generated(specs.size(), 1);
+  std::vector<bool> added(specs.size(), false);
+  std::vector<bool> done(specs.size(), false);
+  std::vector<int64_t> next_layer(specs.size(), 0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const RequestSpec& spec = specs[i];
+    auto context = MakeContext(config, i, spec, &outputs[i]);
+    EXPECT_NE(context, nullptr);
+    if (context == nullptr) return {};
+    {
+      absl::MutexLock lock(&context->mu);
+      EXPECT_TRUE(context->sampler.Record(0, first[i]).ok());
+    }
+    outputs[i][0].tokens.push_back(first[i]);
+    const auto id = static_cast<serving::RequestId>(i + 1);
+    setups.push_back({context, 0, spec.prompt, spec.params.max_tokens});
+    setups.back().first_token = first[i];
+    const auto prompt = static_cast<int64_t>(spec.prompt.size());
+    const int64_t total = prompt + spec.params.max_tokens;
+    auto table = pool->Allocate(id, layout.Demand(total));
+    EXPECT_TRUE(table.ok()) << table.status();
+    auto pages = MapPages(*pool, *table);
+    EXPECT_TRUE(pages.ok()) << pages.status();
+    EXPECT_TRUE(PagedState(config, layout, total).Store(states[i], 0, *pages).ok());
+    done[i] = spec.params.max_tokens == 1;
+    if (i < started) {
+      ImportEarly(importer, id, prompt, total, layers);
+      EXPECT_TRUE(runner->Add(id, setups[i]).ok());
+      added[i] = true;
+    } else {
+      EXPECT_TRUE(importer.Begin(id, prompt, total).ok());
+    }
+  }
+  for (uint64_t step = 1;; ++step) {
+    for (size_t i = started; i < specs.size(); ++i) {
+      const auto id = static_cast<serving::RequestId>(i + 1);
+      if (added[i]) continue;
+      if (next_layer[i] < layers) {
+        importer.LayerArrived(id, layers - 1 - next_layer[i]++);
+        if (next_layer[i] == layers) importer.Verified(id);
+        continue;
+      }
+      const absl::StatusOr<bool> ready = importer.Ready(id);
+      EXPECT_TRUE(ready.ok()) << ready.status();
+      if (!ready.ok() || !*ready) continue;
+      EXPECT_TRUE(importer.Take(id).ok());
+      EXPECT_TRUE(runner->Add(id, setups[i]).ok());
+      added[i] = true;
+    }
+    serving::StepPlan plan;
+    plan.step = step;
+    bool waiting = false;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      waiting = waiting || !added[i];
+      if (!added[i] || done[i]) continue;
+      const auto position = static_cast<int64_t>(specs[i].prompt.size()) + generated[i] - 1;
+      plan.decode.push_back({static_cast<serving::RequestId>(i + 1), position});
+    }
+    if (plan.decode.empty()) {
+      if (!waiting) break;
+      continue;  // only imports left: report their next layers / look again
+    }
+    auto outcome = runner->Run(plan);
+    EXPECT_TRUE(outcome.ok());
+    if (!outcome.ok()) break;
+    for (const serving::DecodeSlot& d : plan.decode) {
+      const size_t i = d.id - 1;
+      ++generated[i];
+      const bool stopped = std::find(outcome->stopped.begin(), outcome->stopped.end(), d.id) !=
+                           outcome->stopped.end();
+      done[i] = stopped || generated[i] == specs[i].params.max_tokens;
+    }
+  }
+  return {outputs.begin(), outputs.end()};
+}
+
 // Every choice's tokens and finish equal the CPU runner's; with `max_diverged` > 0, up to that
 // many choices may instead part from the CPU's at one sampled token and differ after it (the
 // engines' logits differ by ~1e-3 relative, so a draw that lands within that of a boundary
