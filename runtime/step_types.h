@@ -104,10 +104,10 @@ struct RunnerOptions {
   // The canary's bound on max|diff| / max|ref|; 0: the backend's own (guards::kCanaryTolerance
   // on the CPU engine, guards::kGpuCanaryTolerance on CUDA). `pdserve serve --canary-tolerance`.
   double canary_tolerance = 0;
-  // CUDA runner on one GPU only (deploy config transfer.early_import; opt-in, not yet measured
-  // in serving): a PD decode worker's transferred prompt is imported into its slot layer by layer
-  // while the transfer runs (runtime/early_import.h; SequenceRunner::early_importer), instead of
-  // at the sequence's first step.
+  // CUDA runner on one GPU only (deploy config transfer.early_import, true by default, sets it
+  // for `pdserve decode`): a PD decode worker's transferred prompt is imported into its slot
+  // layer by layer while the transfer runs (runtime/early_import.h;
+  // SequenceRunner::early_importer), instead of at the sequence's first step.
   bool early_import = false;
 };
 

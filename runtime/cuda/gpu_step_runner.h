@@ -42,7 +42,7 @@
 // state in between, two pinned layer buffers per rank, each layer's copy overlapping the next
 // one's fill), then decodes from position prompt.size().
 //
-// Early import (RunnerOptions::early_import, one GPU only; opt-in): early_importer() is a
+// Early import (RunnerOptions::early_import, one GPU only): early_importer() is a
 // runtime::EarlyImporter over a runtime::GpuSlotImporter of this runner's model. A decode worker
 // begins a request's import at Reserve (a slot is taken from the free slots then, with its
 // device pages for the prompt), each layer is imported as its pages arrive (on the importer's

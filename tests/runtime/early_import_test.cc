@@ -47,9 +47,14 @@ class FakeSlots : public SlotImporter {
   }
   absl::StatusOr<bool> Copied(serving::RequestId id) override {
     absl::MutexLock lock(&mu_);
+    if (!copy_error_.ok()) return copy_error_;
     return copies_land_ && claimed_.at(id).second == kLayers;
   }
   void Release(serving::RequestId id) override {
+    if (block_release_) {
+      release_entered_.Notify();
+      release_blocked_.WaitForNotification();
+    }
     absl::MutexLock lock(&mu_);
     auto it = claimed_.find(id);
     if (it == claimed_.end()) return;
@@ -84,6 +89,10 @@ class FakeSlots : public SlotImporter {
   int64_t block_layer_ = -1;
   absl::Notification entered_;  // block_layer_'s import started
   absl::Notification blocked_;  // lets it go on
+  absl::Status copy_error_;     // what Copied returns instead of its answer, when not OK
+  bool block_release_ = false;  // Release waits for release_blocked_
+  absl::Notification release_entered_;
+  absl::Notification release_blocked_;
 
  private:
   absl::Mutex mu_;
@@ -206,6 +215,45 @@ TEST(EarlyImportTest, CancelledAndUnusedSlotsAreFreeForTheNextRequest) {
   EXPECT_TRUE(importer.Begin(3, 10, 20).ok());
   importer.Cancel(1);  // unknown now: ignored
   EXPECT_EQ(slots.releases(), 1);
+}
+
+TEST(EarlyImportTest, AFailedCopyCheckFreesTheSlotAndFailsOnlyThatRequest) {
+  FakeSlots slots;
+  slots.copy_error_ = absl::InternalError("injected event query failure");
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(4, 64, 128).ok());
+  for (int64_t layer = 0; layer < kLayers; ++layer) importer.LayerArrived(4, layer);
+  ASSERT_TRUE(Eventually([&] { return importer.StateOf(4) == EarlyImportState::kFailed; }));
+  EXPECT_EQ(slots.releases(), 1);
+  EXPECT_EQ(slots.free_slots(), 2);
+  EXPECT_EQ(slots.free_pages(), 10);
+  importer.Verified(4);  // the transfer verifying afterwards does not make it runnable
+  const absl::StatusOr<bool> ready = importer.Ready(4);
+  EXPECT_TRUE(absl::IsInternal(ready.status())) << ready.status();
+  EXPECT_EQ(importer.StateOf(4), std::nullopt);
+  EXPECT_EQ(slots.releases(), 1);
+}
+
+// A cancel that comes while a failed layer's slot is being given back (the importer's thread has
+// dropped its lock for the release): the slot goes back once, and the id is forgotten.
+TEST(EarlyImportTest, ACancelWhileAFailedImportGivesItsSlotBackReleasesItOnce) {
+  FakeSlots slots;
+  slots.fail_layer_ = 0;
+  slots.block_release_ = true;
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(6, 64, 128).ok());
+  importer.LayerArrived(6, 0);
+  slots.release_entered_.WaitForNotification();
+  importer.Verified(6);
+  importer.Cancel(6);  // busy: the release in progress is the only one
+  EXPECT_EQ(importer.StateOf(6), EarlyImportState::kCancelled);
+  slots.release_blocked_.Notify();
+  ASSERT_TRUE(Eventually([&] { return !importer.StateOf(6).has_value(); }));
+  EXPECT_EQ(slots.releases(), 1);
+  EXPECT_EQ(slots.free_slots(), 2);
+  EXPECT_EQ(slots.free_pages(), 10);
+  EXPECT_TRUE(absl::IsNotFound(importer.Ready(6).status()));
+  EXPECT_EQ(importer.active(), 0);
 }
 
 TEST(EarlyImportTest, TheImportersEndReleasesEverySlotNotTaken) {
