@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "decode/decode_worker.h"
 #include "spdlog/spdlog.h"
 
@@ -21,8 +22,14 @@ void DecodeWorker::BeginEarlyImport(Request& record, int32_t choice_count) {
   const absl::Status begun =
       early_importer_->Begin(record.sequence, prompt, prompt + record.params.max_tokens);
   if (!begun.ok()) {
-    spdlog::warn("request {}: no early import ({}); its state is imported at its first step",
-                 record.request_id, begun.ToString());
+    // No free slot is expected under load (the default path then): not worth a warning each time.
+    if (absl::IsResourceExhausted(begun)) {
+      spdlog::debug("request {}: no early import ({}); its state is imported at its first step",
+                    record.request_id, begun.ToString());
+    } else {
+      spdlog::warn("request {}: no early import ({}); its state is imported at its first step",
+                   record.request_id, begun.ToString());
+    }
     return;
   }
   absl::MutexLock lock(&mu_);

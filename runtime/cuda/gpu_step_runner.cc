@@ -102,7 +102,7 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
 
 absl::Status GpuStepRunner::StartEarlyImport() {
   if (group_->world() != 1) {
-    spdlog::warn("GPU runner: early import is for one GPU; {} ranks import at the first step",
+    spdlog::info("GPU runner: early import is for one GPU; {} ranks import at the first step",
                  group_->world());
     return absl::OkStatus();
   }
