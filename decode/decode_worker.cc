@@ -519,10 +519,8 @@ bool DecodeWorker::Apply(Request& request, RequestEvent event) {
   request.state = *next;
   // Ended without joining the batch: its early-imported slot goes back.
   if (!Receiving(request.state)) QueueImportCancel(request);
-  if (frees) {
-    absl::Status freed = pool_->Free(request.table);
-    if (!freed.ok()) spdlog::error("request {}: {}", request.request_id, freed.ToString());
-  }
+  // The worker's hold goes; the pages follow once an early import reading them lets go too.
+  if (frees) request.pages.reset();
   return true;
 }
 

@@ -146,11 +146,12 @@ absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record, int32
                                 : ""));
   }
   record.table = std::move(*table);
+  record.pages = serving::PageLease::Hold(pool_.get(), record.table);
   absl::StatusOr<kv::ReceiveSpec> spec = ReceiveSpecFor(record, total);
   if (spec.ok()) {
     if (absl::Status forks = AdmitForksLocked(record, choice_count); !forks.ok()) spec = forks;
   }
-  if (!spec.ok()) pool_->Free(record.table).IgnoreError();
+  if (!spec.ok()) record.pages.reset();
   return spec;
 }
 
