@@ -6,7 +6,10 @@
 // Reserve, every layer is imported exactly once before the sequence is added, the tokens equal
 // the other decode worker's (the same runner over the same bf16 pages, without the early
 // import), and a corrupted transfer or an abort cancels the import (slot back, never added) and
-// ends only that request. The GPU side is tests/engine_gpu/gpu_early_import_test.cc.
+// ends only that request; an abort while a layer's import reads the pages leaves them the
+// sequence's until the import let go. Also the batch slot an aborted request holds until it left
+// the batch (this fixture is the in-process PD flow). The GPU side is
+// tests/engine_gpu/gpu_early_import_test.cc.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -213,16 +216,19 @@ class EarlyImportWorkerTest : public ::testing::Test {
     auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                        grpc::InsecureChannelCredentials());
     prefill_stub_ = v1::PrefillWorker::NewStub(channel);
-    for (DecodeWorker* w : {plain_.get(), early_.get()}) {
-      grpc::ServerBuilder b;
-      int p2 = 0;
-      b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &p2);
-      b.RegisterService(w);
-      decode_servers_.push_back(b.BuildAndStart());
-      ASSERT_NE(decode_servers_.back(), nullptr);
-      decode_stubs_.push_back(v1::DecodeWorker::NewStub(grpc::CreateChannel(
-          "127.0.0.1:" + std::to_string(p2), grpc::InsecureChannelCredentials())));
-    }
+    for (DecodeWorker* w : {plain_.get(), early_.get()}) Serve(w);
+  }
+
+  // Serves `w` on loopback: decode_stubs_.back() is its stub.
+  void Serve(DecodeWorker* w) {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(w);
+    decode_servers_.push_back(b.BuildAndStart());
+    ASSERT_NE(decode_servers_.back(), nullptr);
+    decode_stubs_.push_back(v1::DecodeWorker::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials())));
   }
 
   absl::StatusOr<std::unique_ptr<runtime::SequenceRunner>> MakeRunner(
@@ -246,6 +252,7 @@ class EarlyImportWorkerTest : public ::testing::Test {
     if (server_) server_->Shutdown();
     if (early_) early_->Stop();
     if (plain_) plain_->Stop();
+    if (extra_) extra_->Stop();
   }
 
   // The router's flow for one request on decode worker `d` (0: plain, 1: early import).
@@ -337,6 +344,7 @@ class EarlyImportWorkerTest : public ::testing::Test {
   std::unique_ptr<prefill::PrefillWorker> prefill_;
   std::unique_ptr<DecodeWorker> plain_;
   std::unique_ptr<DecodeWorker> early_;
+  std::unique_ptr<DecodeWorker> extra_;  // a test's own decode worker (decode_stubs_[2])
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::unique_ptr<grpc::Server>> decode_servers_;
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub_;
@@ -481,6 +489,58 @@ TEST_F(EarlyImportWorkerTest, PagesStayUntilTheImporterLetsGoOfThem) {
   EXPECT_EQ(runner_->importer().active(), 0);
   for (int32_t k = 0; k < pool_->num_kinds(); ++k) EXPECT_EQ(pool_->pages_used(k), 0) << k;
   EXPECT_TRUE(runner_->layers_at_add().empty());
+}
+
+// A request aborted while it decodes stays in the batch (and its runner slot) until the step in
+// flight is over: Reserve counts its batch slot until then, as it counts a finishing one's, and
+// refuses the next request for want of a batch slot. (The page pool refused it anyway: its
+// window pages are max_batch requests' worth, aborted ones included. Only the reason was wrong:
+// "pages held by aborted or failed requests until their fence or lease".) Here the decode loop
+// never steps (its test fault), so the aborted request stays in the batch.
+TEST_F(EarlyImportWorkerTest, AnAbortedRequestHoldsItsBatchSlotUntilItLeavesTheBatch) {
+  DecodeWorkerOptions options;
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  options.max_batch = 1;
+  options.faults.stall_loop_after = absl::ZeroDuration();
+  auto worker = DecodeWorker::Create(options);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  extra_ = std::move(*worker);
+  Serve(extra_.get());
+  const std::vector<int32_t> prompt = Prompt(40, 2);
+  v1::SamplingParams sampling;
+  sampling.set_max_tokens(8);
+  const absl::StatusOr<v1::TransferTicket> ticket = Reserve(2, 500, prompt, sampling);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::thread prefill = Prefill(500, prompt, sampling, *ticket);
+  grpc::ClientContext generate_context;
+  v1::GenerateRequest generate;
+  generate.set_request_id(500);
+  generate.set_ticket_id(ticket->ticket_id());
+  auto reader = decode_stubs_[2]->Generate(&generate_context, generate);
+  v1::GenerateResponse event;
+  ASSERT_TRUE(reader->Read(&event));  // its first token: it joined the batch with it
+  ASSERT_EQ(event.token_ids_size(), 1);
+  prefill.join();
+  for (bool aborted : {false, true}) {
+    SCOPED_TRACE(aborted);
+    if (aborted) {
+      Abort(2, 500, ticket->ticket_id(), /*prefill=*/false);
+      std::string finish;
+      while (reader->Read(&event)) {
+        if (!event.finish_reason().empty()) finish = event.finish_reason();
+      }
+      reader->Finish().ok();
+      EXPECT_EQ(finish, "abort");
+      v1::StatsResponse stats;
+      grpc::ClientContext context;
+      ASSERT_TRUE(decode_stubs_[2]->Stats(&context, v1::StatsRequest(), &stats).ok());
+      EXPECT_EQ(stats.running_requests(), 1);  // still in the batch
+    }
+    const absl::StatusOr<v1::TransferTicket> refused = Reserve(2, 501, prompt, sampling);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("no free batch slot"), std::string::npos)
+        << refused.status();
+  }
 }
 
 }  // namespace
