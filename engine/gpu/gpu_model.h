@@ -238,6 +238,9 @@ class GpuModel {
   // hand a page to the wrong request. FailedPrecondition when the slots share no such page or the
   // state is not paged.
   absl::Status InjectForeignPageForTest(int64_t victim, int64_t donor);
+  // Test fault: the next `calls` selections of the model's device (every public call's first
+  // step) fail with Internal, as cudaSetDevice on a lost device would.
+  void FailDeviceSelectionForTest(int64_t calls);
   // Tokens consumed by the slot's request so far.
   int64_t Position(int64_t slot) const;
   // Makes slot `to` continue exactly where slot `from` is (its whole state and position), e.g.
@@ -332,7 +335,8 @@ class GpuModel {
   // copies have landed; FinishStagedImport (every layer enqueued) orders the model's stream after
   // the copies and sets the slot's position: the slot then holds what ImportLayers(slot,
   // position, ..) with the same fills gives, bit for bit. CancelStagedImport waits for the copies
-  // in flight and resets the slot (its pages back). Errors: InvalidArgument for a bad slot,
+  // in flight and resets the slot (its pages back), the pages going back even when its device
+  // calls fail (it then returns their error). Errors: InvalidArgument for a bad slot,
   // layer, position or a staging of another model; FailedPrecondition for a Begin on a slot
   // already importing, an Enqueue / Finish / Copied without a Begin, a layer enqueued twice or
   // not filled in `staging`, a Finish before every layer was enqueued; Internal for a CUDA error

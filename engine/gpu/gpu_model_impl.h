@@ -423,8 +423,14 @@ struct GpuModel::Impl {
   // Makes options.device the calling thread's current device: every public entry point does, so
   // a GpuModel created on one thread may be driven from another (a server's step loop).
   absl::Status UseDevice() const {
+    if (use_device_faults > 0) {
+      --use_device_faults;
+      return absl::InternalError("GpuModel: cudaSetDevice failed (a test fault)");
+    }
     return CudaStatus(cudaSetDevice(options.device), "cudaSetDevice");
   }
+  // FailDeviceSelectionForTest's count: the next UseDevice calls that fail.
+  mutable int64_t use_device_faults = 0;
   const int32_t* Row(RowField f) const { return rows_meta.get() + f * max_rows; }
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 
