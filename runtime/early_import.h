@@ -31,7 +31,8 @@
 // Thread-safety: every public method may be called from any thread (one mutex; LayerArrived is
 // cheap and may run under the receiver's mutex). SlotImporter calls for one request never
 // overlap; ImportLayer / Copied run on the importer's thread, Claim on Begin's caller's,
-// Release on whichever thread ends the import (Cancel's caller or the importer's thread).
+// Release on whichever thread ends the import (Cancel's caller, the importer's thread, or the
+// caller whose event was illegal). The last holder of Begin's pages frees them on its thread.
 #pragma once
 
 #include <atomic>
