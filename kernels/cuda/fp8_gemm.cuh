@@ -231,6 +231,27 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
                                int64_t out_stride, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, std::string* refusal = nullptr);
 
+// fp8_gemm on activations quantized beforehand (act_quant.cuh: act_quant, or a producer kernel
+// with the quantization fused in), so GEMMs that share an input quantize it once. xq [m, k] e4m3
+// (row stride k), xs the m * (k / 128) fp32 scales in ActScaleLayout::kGemmSplit (for m % 4 == 0
+// plain [k / 128, m], rows fastest). With xq, xs from act_quant(x, ..., kGemmSplit) the output
+// has the same bits as fp8_gemm(x, ...) along the same path. Paths: cuBLASLt over the first
+// m & ~3 rows and fp8_gemm_mma over the rest where fp8_gemm_path(m) is kCublasLt (n a multiple of
+// 128, out_stride of 8, cuBLASLt has an algorithm), else fp8_gemm_mma over both parts (no wgmma
+// path: the wgmma kernel quantizes inside). Requirements as fp8_gemm with x replaced by xq (not
+// null, 16-byte aligned) and xs (not null, 16-byte aligned); workspace
+// fp8_gemm_quantized_workspace_bytes(m, n, k). Compiled, not yet run on a GPU (2026-12-04).
+size_t fp8_gemm_quantized_workspace_bytes(int64_t m, int64_t n, int64_t k);
+cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream,
+                               std::string* refusal = nullptr);
+cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal = nullptr);
+
 // Bytes of device workspace fp8_gemm_cublaslt needs: the quantized activations and their scales,
 // the weight scales padded to a multiple of 4 per row when k / 128 is not, and
 // kCublasLtWorkspace for cuBLASLt itself (or fp8_gemm_mma's workspace for the last m % 4 rows,

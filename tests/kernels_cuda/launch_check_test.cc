@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
 #include "kernels/cuda/hyper_connection.cuh"
@@ -38,6 +39,7 @@ struct Refusal {
 alignas(16) float f32[64];
 alignas(16) int32_t i32[64];
 alignas(16) __nv_bfloat16 bf16[64];
+alignas(16) uint8_t u8[64];
 
 SparseDecodeParams ValidSparse() {
   SparseDecodeParams p;
@@ -79,6 +81,36 @@ std::vector<Refusal> Refusals() {
       {"clamped_swiglu_out_stride",
        [] { return clamped_swiglu(f32, f32, 2, 8, 8, 7.0f, f32, 4, nullptr); },
        "clamped_swiglu: argument check failed: out_stride >= cols"},
+      {"act_quant_k",
+       [] {
+         return act_quant(bf16, 2, 200, 256, false, u8, f32, ActScaleLayout::kColumnMajor,
+                          ActQuantVariant::kWarpPerBlock, nullptr);
+       },
+       "act_quant: argument check failed: k > 0 && k % kActQuantBlock == 0"},
+      {"act_quant_vectorized_stride",
+       [] {
+         return act_quant(bf16, 2, 128, 132, false, u8, f32, ActScaleLayout::kGemmSplit,
+                          ActQuantVariant::kHalfWarpVectorized, nullptr);
+       },
+       "act_quant: argument check failed: Aligned(x, 16) && x_stride % 8 == 0"},
+      {"act_quant_f32_y_stride",
+       [] {
+         return act_quant_f32(f32, 1, 128, 128, false, bf16, 64, u8, f32,
+                              ActScaleLayout::kColumnMajor, nullptr);
+       },
+       "act_quant_f32: argument check failed: y_stride >= k && y_stride % 8 == 0"},
+      {"clamped_swiglu_act_quant_in_stride",
+       [] {
+         return clamped_swiglu_act_quant(f32, f32, 1, 128, 130, 7.0f, false, nullptr, 0, u8, f32,
+                                         ActScaleLayout::kColumnMajor, nullptr);
+       },
+       "clamped_swiglu_act_quant: argument check failed: in_stride % 4 == 0"},
+      {"clamped_swiglu_act_quant_cols",
+       [] {
+         return clamped_swiglu_act_quant(f32, f32, 1, 64, 128, 7.0f, false, nullptr, 0, u8, f32,
+                                         ActScaleLayout::kColumnMajor, nullptr);
+       },
+       "clamped_swiglu_act_quant: argument check failed: cols > 0 && cols % kActQuantBlock == 0"},
       {"top_k_k", [] { return top_k(f32, 1, 8, i32, 0, i32, nullptr); },
        "top_k: argument check failed: k >= 1"},
       {"top_k_split_not_power_of_two",
