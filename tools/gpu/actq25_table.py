@@ -12,24 +12,11 @@ same columns).
 
 Usage: python3 tools/gpu/actq25_table.py OUT
 """
-import csv
 import os
 import sys
 
-
-def load(path):
-    rows = {}
-    if not os.path.exists(path):
-        return rows
-    with open(path) as f:
-        for r in csv.reader(f):
-            if len(r) != 6:
-                continue
-            try:
-                rows[(r[0], r[1], int(r[2]))] = (float(r[3]), float(r[4]))
-            except ValueError:
-                continue
-    return rows
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../bench/cuda"))
+from decode_table import load  # noqa: E402  (CSV rows keyed by (kernel, shape, tokens))
 
 
 def us(rows, key):
