@@ -85,7 +85,8 @@ Buffers Allocate() {
     FillScales<<<1024, 256>>>(x32, nullptr, elements, 7u + l);
     BENCH_CHECK(cudaGetLastError());
     b.x32.push_back(x32);
-    b.xq.push_back(DeviceAlloc<uint8_t>(elements));
+    // Room for RwFloor's writes too: the e4m3 bytes and the scales' bytes after them.
+    b.xq.push_back(DeviceAlloc<uint8_t>(elements + elements / kActQuantBlock * sizeof(float)));
     b.xs.push_back(DeviceAlloc<float>(elements / kActQuantBlock));
   }
   BENCH_CHECK(cudaDeviceSynchronize());
