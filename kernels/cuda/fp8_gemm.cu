@@ -590,13 +590,17 @@ cudaError_t QuantizedPath(const uint8_t* xq, const float* xs, int64_t m, int64_t
                           const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
                           float* out_f32, int64_t out_stride, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
-  // ValidateDense checks xq as a [m, k] matrix of bf16-sized elements: the same alignment, and
-  // bounds at least as strict.
-  cudaError_t status = ValidateDense(reinterpret_cast<const __nv_bfloat16*>(xq), m, k, k, w,
-                                     w_scale, n, fp8_gemm_internal::OutForChecks(out, out_f32),
-                                     out_stride, refusal);
+  if (m > 0 && n > 0 && (xq == nullptr || !Aligned(xq, 16))) {
+    return bs::Refuse(refusal, "xq: null or not 16-byte aligned");
+  }
+  // The rest as fp8_gemm's, with xq checked as a [m, k] matrix of bf16-sized elements (bounds at
+  // least as strict).
+  cudaError_t status =
+      ValidateDense(reinterpret_cast<const __nv_bfloat16*>(xq), m, k, k, w, w_scale, n,
+                    fp8_gemm_internal::OutForChecks(out, out_f32), out_stride, refusal);
   if (status != cudaSuccess || m == 0 || n == 0) return status;
-  if (xs == nullptr || !Aligned(xs, 16)) return bs::Refuse(refusal, "xs: null or not 16-byte aligned");
+  if (xs == nullptr || !Aligned(xs, 16))
+    return bs::Refuse(refusal, "xs: null or not 16-byte aligned");
   status = CheckWorkspace(workspace, workspace_bytes, fp8_gemm_quantized_workspace_bytes(m, n, k),
                           refusal);
   if (status != cudaSuccess) return status;

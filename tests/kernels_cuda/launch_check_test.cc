@@ -15,6 +15,7 @@
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/hyper_connection.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
@@ -222,6 +223,32 @@ TEST(LaunchCheckTest, EmptyWorkIsNoRefusal) {
   EXPECT_EQ(rms_norm(static_cast<const float*>(nullptr), nullptr, 0, 8, 8, 1e-6f, nullptr, nullptr),
             cudaSuccess);
   EXPECT_EQ(TakeLaunchRefusal(), "");
+}
+
+// fp8_gemm_quantized checks its arguments and workspace on the host, before any CUDA call, and
+// names the failed check in `refusal`.
+TEST(LaunchCheckTest, Fp8GemmQuantizedRefusesOnTheHost) {
+  EXPECT_EQ(fp8_gemm_quantized_workspace_bytes(64, 128, 200), 0u);
+  const size_t ws_bytes = fp8_gemm_quantized_workspace_bytes(64, 128, 256);
+  EXPECT_GE(ws_bytes, kCublasLtWorkspace);
+  alignas(256) static uint8_t workspace[512];
+  std::string refusal;
+  EXPECT_EQ(fp8_gemm_quantized(u8, f32 + 1, 64, 256, u8, f32, 128, f32, 128, workspace, ws_bytes,
+                               nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal, "xs: null or not 16-byte aligned");
+  EXPECT_EQ(fp8_gemm_quantized(u8, f32, 64, 200, u8, f32, 128, f32, 128, workspace, ws_bytes,
+                               nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal, "k: not a positive multiple of 128 (200)");
+  EXPECT_EQ(fp8_gemm_quantized(u8, f32, 64, 256, u8, f32, 128, f32, 128, workspace,
+                               sizeof(workspace), nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal.rfind("workspace_bytes: 512 < the ", 0), 0u) << refusal;
+  EXPECT_EQ(fp8_gemm_quantized(nullptr, f32, 64, 256, u8, f32, 128, f32, 128, workspace, ws_bytes,
+                               nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal, "xq: null or not 16-byte aligned");
 }
 
 TEST(LaunchCheckTest, TheRefusalStaysOnItsThread) {
