@@ -186,8 +186,9 @@ struct GpuModelOptions {
   // it multiplies those rows (kernels/cuda fp8_gemm_quantized) instead of quantizing them again
   // per call. Only where fp8_gemm would take cuBLASLt (rows >= kFp8LtMinTokens, n a multiple of
   // 128): there the logits equal the option's absence bit for bit; elsewhere nothing changes.
-  // Two [max_rows, widest input] e4m3 buffers and their scales. Compiled, not yet run on a GPU
-  // (2026-12-04): off until tools/gpu/run_actq25.sh has measured it.
+  // Two [max_rows, widest input] e4m3 buffers and their scales. PDSERVE_FP8_SHARED_ACT_QUANT=1
+  // (or 0) in the environment overrides this field for every model of the process. Compiled, not
+  // yet run on a GPU (2026-12-04): off until tools/gpu/run_actq25.sh has measured it.
   bool fp8_shared_act_quant = false;
 };
 

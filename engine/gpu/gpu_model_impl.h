@@ -481,6 +481,8 @@ struct GpuModel::Impl {
   // y [rows, cols] = bf16(clamped_swiglu(gate_in, up_in)) ([rows, in_stride] fp32 each), as
   // clamped_swiglu into out [rows, cols] fp32 then Cast; when SharedActQuant(rows, cols) one
   // fused kernel writes y and the quantized rows of slot `slot` instead (out not written).
+  // fp8_shared_act_quant (or PDSERVE_FP8_SHARED_ACT_QUANT) with W8A8 FP8 weights.
+  bool SharedActQuantWanted() const;
   // The buffers of fp8_shared_act_quant (nothing when it is off or does not apply).
   absl::Status AllocateSharedActQuant();
   // out [xq.rows, n] fp32 = xq @ W^T through fp8_gemm_quantized (W FP8).

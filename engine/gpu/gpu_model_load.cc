@@ -303,6 +303,7 @@ absl::Status GpuModel::Impl::AllocateFp8() {
   size_t workspace = 0;
   bool any = false;
   const int64_t groups = config.o_groups;
+  const bool shared_act_quant = SharedActQuantWanted();
   for (const Layer& l : layers) {
     for (const Linear* w :
          {&l.q_a_proj, &l.q_b_proj, &l.kv_proj, &l.o_a_proj, &l.o_b_proj, &l.compressor.kv_proj,
@@ -320,7 +321,7 @@ absl::Status GpuModel::Impl::AllocateFp8() {
       for (int64_t m = 1; m <= max_rows; ++m) {
         workspace = std::max({workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in),
                               kc::fp8_gemm_w8a16_workspace_bytes(m, n, w->in),
-                              options.fp8_shared_act_quant
+                              shared_act_quant && kc::fp8_gemm_path(m) == kc::Fp8GemmPath::kCublasLt
                                   ? kc::fp8_gemm_quantized_workspace_bytes(m, n, w->in)
                                   : size_t{0}});
       }

@@ -2,12 +2,14 @@
 // writes it (kernels/cuda/act_quant.cuh), for every FP8 projection that reads it.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_model_impl.h"
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/activations.cuh"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::engine::gpu {
 namespace {
@@ -21,11 +23,17 @@ bool GpuModel::Impl::SharedActQuant(int64_t rows, int64_t k) const {
          rows <= max_rows && kc::fp8_gemm_path(rows) == kc::Fp8GemmPath::kCublasLt;
 }
 
+bool GpuModel::Impl::SharedActQuantWanted() const {
+  const char* env = std::getenv("PDSERVE_FP8_SHARED_ACT_QUANT");
+  const std::string forced = env != nullptr ? env : "";
+  const bool wanted = forced == "1" || (forced != "0" && options.fp8_shared_act_quant);
+  return wanted && options.fp8_activations == Fp8Activations::kFp8 &&
+         options.weight_format == WeightFormat::kFp8Block;
+}
+
 absl::Status GpuModel::Impl::AllocateSharedActQuant() {
-  if (!options.fp8_shared_act_quant || options.fp8_activations != Fp8Activations::kFp8 ||
-      options.weight_format != WeightFormat::kFp8Block) {
-    return absl::OkStatus();
-  }
+  if (!SharedActQuantWanted()) return absl::OkStatus();
+  spdlog::info("fp8_shared_act_quant: W8A8 inputs quantized once, in the kernels that write them");
   const ModelConfig& c = config;
   act_quant_width =
       std::max({c.hidden_size, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.moe_intermediate_size});
