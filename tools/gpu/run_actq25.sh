@@ -15,13 +15,23 @@
 #      (bench/cuda/compare.py's torch_dense, as tools/gpu/run_fp8_prefill.sh's table);
 #   4. prints two tables last: act quant against its floor, and the prefill GEMMs against
 #      torch._scaled_mm (issue 25's goal: within 1.10x).
-# Not covered: the engine test (tests/engine_gpu/gpu_shared_act_quant_test.cc) needs the whole
-# tree built (tools/gpu/pack_engine_tests.sh); run it with
-#   engine_gpu_tests --gtest_filter='*SharedActQuant*'.
+#   5. with ENGINE=1 (before the tables): the engine test of GpuModelOptions::fp8_shared_act_quant
+#      (tests/engine_gpu/gpu_shared_act_quant_test.cc: W8A8 logits with and without it equal bit
+#      for bit on the bundled model FP8-quantized), from binaries packed here first:
+#        here:  cmake --build build --target engine_gpu_tests && tools/gpu/run_actq25.sh --pack
+#        there (carry .device-carry/actq25): ENGINE=1 tools/gpu/run_actq25.sh
+#      (adds ~30-60 s, estimated: past the 120 s budget of the rest, so not by default).
 # Environment: OUT (logs and CSVs, default ./gpu-out), BUILD (build dir), TORCH_TOKENS (default
-# "4096"; "" skips PyTorch), SKIP_TESTS=1. Expected (not measured): build ~30 s on 16 cores,
-# tests ~20 s, benches ~20 s, PyTorch ~20 s.
+# "4096"; "" skips PyTorch), SKIP_TESTS=1, ENGINE=1, PACK (.device-carry/actq25). Expected (not
+# measured): build ~30 s on 16 cores, tests ~20 s, benches ~20 s, PyTorch ~20 s.
 set -uo pipefail
+pack=${PACK:-.device-carry/actq25}
+if [ "${1:-}" = --pack ]; then
+  tools/gpu/pack_binaries.sh "$pack" "${2:-build}/tests/engine_gpu/engine_gpu_tests" || exit 1
+  tar -C "$pack" -cJf "$pack/lib.tar.xz" lib && rm -rf "$pack/lib"
+  du -sh "$pack"
+  exit 0
+fi
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 b=${BUILD:-/tmp/pdserve-build-actq25}
@@ -87,5 +97,25 @@ for m in [int(t) for t in sys.argv[1].split(",") if t]:
 PY
   echo "PyTorch: rc=$? $((SECONDS - start)) s"
   tail -3 "$out/torch.err"
+fi
+if [ "${ENGINE:-0}" = 1 ]; then
+  start=$SECONDS
+  unpacked=/tmp/pdserve-actq25-pack
+  ckpt=/tmp/pdserve-actq25-kjv-fp8
+  rm -rf "$unpacked" "$ckpt" && mkdir -p "$unpacked"
+  if [ -f "$pack/env.sh" ] && cp -r "$pack/bin" "$pack/env.sh" "$unpacked/" &&
+     tar -C "$unpacked" -xJf "$pack/lib.tar.xz" &&
+     timeout 60 python3 tools/make_real_format_checkpoint.py --out "$ckpt" \
+       --quantize-from models/kjv-v4-tiny > "$out/checkpoint.log" 2>&1; then
+    # shellcheck disable=SC1091
+    source "$unpacked/env.sh"
+    PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_CHECKPOINT=$ckpt timeout 90 engine_gpu_tests \
+      --gtest_filter='*SharedActQuant*' > "$out/engine.log" 2>&1
+    echo "engine test (fp8_shared_act_quant): rc=$? $((SECONDS - start)) s $(summary "$out/engine.log")"
+    failures "$out/engine.log"
+  else
+    echo "engine test: no pack at $pack (see the header) or the checkpoint failed"
+    tail -3 "$out/checkpoint.log" 2>/dev/null
+  fi
 fi
 python3 tools/gpu/actq25_table.py "$out"
