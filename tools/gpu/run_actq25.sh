@@ -28,7 +28,7 @@ set -uo pipefail
 pack=${PACK:-.device-carry/actq25}
 if [ "${1:-}" = --pack ]; then
   tools/gpu/pack_binaries.sh "$pack" "${2:-build}/tests/engine_gpu/engine_gpu_tests" || exit 1
-  tar -C "$pack" -cJf "$pack/lib.tar.xz" lib && rm -rf "$pack/lib"
+  tar -C "$pack" -cJf "$pack/lib.tar.xz" lib && rm -rf "${pack:?}/lib"
   du -sh "$pack"
   exit 0
 fi
@@ -118,4 +118,4 @@ if [ "${ENGINE:-0}" = 1 ]; then
     tail -3 "$out/checkpoint.log" 2>/dev/null
   fi
 fi
-python3 tools/gpu/actq25_table.py "$out"
+timeout 20 python3 tools/gpu/actq25_table.py "$out"
