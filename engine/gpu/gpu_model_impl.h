@@ -481,15 +481,15 @@ struct GpuModel::Impl {
   // y [rows, cols] = bf16(clamped_swiglu(gate_in, up_in)) ([rows, in_stride] fp32 each), as
   // clamped_swiglu into out [rows, cols] fp32 then Cast; when SharedActQuant(rows, cols) one
   // fused kernel writes y and the quantized rows of slot `slot` instead (out not written).
+  absl::StatusOr<QuantizedRows> SwiGluForGemm(const float* gate_in, const float* up_in,
+                                              int64_t rows, int64_t cols, int64_t in_stride,
+                                              float limit, float* out, bf16* y, int slot);
   // fp8_shared_act_quant (or PDSERVE_FP8_SHARED_ACT_QUANT) with W8A8 FP8 weights.
   bool SharedActQuantWanted() const;
   // The buffers of fp8_shared_act_quant (nothing when it is off or does not apply).
   absl::Status AllocateSharedActQuant();
   // out [xq.rows, n] fp32 = xq @ W^T through fp8_gemm_quantized (W FP8).
   absl::Status Fp8GemmQuantized(const QuantizedRows& xq, const Linear& w, int64_t n, float* out);
-  absl::StatusOr<QuantizedRows> SwiGluForGemm(const float* gate_in, const float* up_in,
-                                              int64_t rows, int64_t cols, int64_t in_stride,
-                                              float limit, float* out, bf16* y, int slot);
   // One layer's routed experts: FP8 from `stored` (null outside kFp8Block) when it holds both
   // projections, else bf16 from `w`. prefix "model.layers.N.mlp.experts".
   absl::Status LoadRoutedExperts(const Weights& w, const StoredExperts* stored,
