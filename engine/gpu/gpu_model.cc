@@ -22,8 +22,9 @@ absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int
   }
   if (w.is_fp8()) {
     // Where fp8_gemm takes cuBLASLt, fp8_gemm_quantized on the same rows gives its bits.
-    if (xq.q != nullptr && xq.rows == rows && xq.k == k && n % kc::kFp8LtRowBlock == 0) {
-      return Fp8GemmQuantized(xq, w, n, y);
+    if (xq.q != nullptr && xq.rows == rows && xq.k == k && xq.group_cols == k &&
+        n % kc::kFp8LtRowBlock == 0) {
+      return Fp8GemmQuantized(xq.q, xq.s, rows, k, w.fp8_weight(), w.fp8_scales(), n, y, n);
     }
     // fp32 output, as cuBLAS gives the bf16 path below: no bf16 rounding of the sums.
     return Fp8Gemm(x_rounded, k, rows, k, w.fp8_weight(), w.fp8_scales(), n, y, n);
@@ -250,7 +251,10 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
   const int64_t groups = c.o_groups;
   const int64_t group_in = heads * hd / groups;
   const int64_t o_lora = c.o_lora_rank;
-  PDSERVE_RETURN_IF_ERROR(Cast(attn.get(), rows * heads * hd, attn_bf.get()));
+  // FP8 o_a one group at a time casts (and may quantize) attn itself.
+  const bool fp8_per_group = options.gemm_inputs != GemmInputs::kFp32 && layer.o_a_proj.is_fp8() &&
+                             !(o_a_grouped && rows <= kOaGroupedMaxRows);
+  if (!fp8_per_group) PDSERVE_RETURN_IF_ERROR(Cast(attn.get(), rows * heads * hd, attn_bf.get()));
   const float alpha = 1.0f;
   const float beta = 0.0f;
   if (options.gemm_inputs == GemmInputs::kFp32) {
@@ -264,17 +268,8 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
     PDSERVE_RETURN_IF_ERROR(GroupedOa(layer, rows));
     return Gemm(grouped.get(), grouped_bf.get(), rows, groups * o_lora, layer.o_b_proj, hidden,
                 sub_out.get());
-  } else if (layer.o_a_proj.is_fp8()) {
-    // Group g: rows [g * o_lora, (g + 1) * o_lora) of the weight, whose scale rows start at
-    // g * o_lora / 128 (Load keeps o_a FP8 only when o_lora is a multiple of 128).
-    const Linear& w = layer.o_a_proj;
-    const int64_t kblocks = group_in / kFp8BlockCols;
-    for (int64_t g = 0; g < groups; ++g) {
-      PDSERVE_RETURN_IF_ERROR(Fp8Gemm(attn_bf.get() + g * group_in, heads * hd, rows, group_in,
-                                      w.fp8_weight() + g * o_lora * group_in,
-                                      w.fp8_scales() + g * (o_lora / kFp8BlockRows) * kblocks,
-                                      o_lora, grouped.get() + g * o_lora, groups * o_lora));
-    }
+  } else if (fp8_per_group) {
+    PDSERVE_RETURN_IF_ERROR(Fp8OaPerGroup(layer, rows));
   } else {
     PDSERVE_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),

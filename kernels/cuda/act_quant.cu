@@ -93,15 +93,20 @@ struct SwiGluSource {
 // Every lane runs the shuffles (rows past the end take amax 0 and store nothing).
 template <typename Source>
 __global__ void __launch_bounds__(kThreads)
-    ActQuantVectorKernel(Source src, int64_t rows, int64_t k, bool ue8m0, uint8_t* xq, float* xs,
-                         ActScaleLayout layout) {
+    ActQuantVectorKernel(Source src, int64_t rows, bool ue8m0, uint8_t* xq, float* xs,
+                         ActScaleLayout layout, ActGroups groups) {
   bs::GridDependencyTrigger();  // the GEMM may start streaming its weights now
   bs::GridDependencyWait();     // xq / xs may still be read by the kernel before
-  const int64_t kblocks = k / kActQuantBlock;
-  const int64_t b = blockIdx.y;
+  // Column group g = blocks [g * kbg, (g + 1) * kbg), quantized as a [rows, group_cols] matrix of
+  // its own at xq + g * group_bytes, its scales at xs + g * group_scales.
+  const int64_t kbg = groups.cols / kActQuantBlock;
+  const int64_t g = blockIdx.y / kbg;
+  const int64_t b = blockIdx.y - g * kbg;
   const int half = threadIdx.x / 16;
   const int sub = threadIdx.x % 16;
-  const int64_t c = b * kActQuantBlock + kPerThread * sub;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kActQuantBlock + kPerThread * sub;
+  uint8_t* group_q = xq + g * groups.bytes + b * kActQuantBlock + kPerThread * sub;
+  float* group_s = xs + g * groups.scales;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows + half;
   float v[2][kPerThread];
 #pragma unroll
@@ -147,19 +152,22 @@ __global__ void __launch_bounds__(kThreads)
       packed[p / 2] |= static_cast<uint32_t>(q) << (16 * (p % 2));
     }
     if (r < rows) {
-      *reinterpret_cast<uint2*>(xq + r * k + c) = make_uint2(packed[0], packed[1]);
-      if (sub == 0) xs[ActScaleIndex(r, b, rows, kblocks, layout)] = s;
+      *reinterpret_cast<uint2*>(group_q + r * groups.cols) = make_uint2(packed[0], packed[1]);
+      if (sub == 0) group_s[ActScaleIndex(r, b, rows, kbg, layout)] = s;
     }
   }
 }
 
+// groups.cols of 0: one group of k columns.
 template <typename Source>
 cudaError_t LaunchVector(const Source& src, int64_t rows, int64_t k, bool ue8m0, uint8_t* xq,
-                         float* xs, ActScaleLayout layout, cudaStream_t stream) {
+                         float* xs, ActScaleLayout layout, cudaStream_t stream,
+                         ActGroups groups = {}) {
+  if (groups.cols == 0) groups = ActGroups{k, 0, 0};
   const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>(k / kActQuantBlock));
   return bs::LaunchDependent(ActQuantVectorKernel<Source>, grid, dim3(kThreads), stream, src, rows,
-                             k, ue8m0, xq, xs, layout);
+                             ue8m0, xq, xs, layout, groups);
 }
 
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -227,13 +235,18 @@ cudaError_t act_quant(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x
 
 cudaError_t act_quant_f32(const float* x, int64_t rows, int64_t k, int64_t x_stride, bool ue8m0,
                           __nv_bfloat16* y, int64_t y_stride, uint8_t* xq, float* xs,
-                          ActScaleLayout layout, cudaStream_t stream) {
+                          ActScaleLayout layout, cudaStream_t stream, int64_t group_cols) {
   constexpr const char* kLauncher = "act_quant_f32";
   PDSERVE_ACT_QUANT_COMMON(kLauncher, k, x_stride);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, x != nullptr && Aligned(x, 16) && x_stride % 4 == 0);
+  if (group_cols == 0) group_cols = k;
+  PDSERVE_LAUNCH_REQUIRE(kLauncher, group_cols % kActQuantBlock == 0 && k % group_cols == 0);
   const cudaError_t copy = CheckBf16Copy(kLauncher, y, y_stride, k);
   if (copy != cudaSuccess) return copy;
-  return LaunchVector(F32Source{x, x_stride, y, y_stride}, rows, k, ue8m0, xq, xs, layout, stream);
+  const ActGroups groups{group_cols, ActGroupBytes(rows, group_cols),
+                         ActGroupScales(rows, group_cols)};
+  return LaunchVector(F32Source{x, x_stride, y, y_stride}, rows, k, ue8m0, xq, xs, layout, stream,
+                      groups);
 }
 
 cudaError_t clamped_swiglu_act_quant(const float* gate, const float* up, int64_t rows, int64_t cols,

@@ -55,6 +55,22 @@ __host__ __device__ inline int64_t ActScaleIndex(int64_t r, int64_t b, int64_t r
   return r < m4 ? b * m4 + r : m4 * kblocks + b * (rows - m4) + (r - m4);
 }
 
+// Column groups (act_quant_f32's group_cols): columns [g * cols, (g + 1) * cols) quantized as a
+// [rows, cols] matrix of their own, its e4m3 rows (row stride cols) at xq + g * bytes, its scales
+// (in the call's layout over (rows, cols / 128)) at xs + g * scales; each group 256-byte aligned,
+// as cuBLASLt wants its operands (the per-group GEMMs of o_a read one group each).
+struct ActGroups {
+  int64_t cols = 0;
+  int64_t bytes = 0;
+  int64_t scales = 0;
+};
+__host__ __device__ inline int64_t ActGroupBytes(int64_t rows, int64_t cols) {
+  return (rows * cols + 255) & ~int64_t{255};
+}
+__host__ __device__ inline int64_t ActGroupScales(int64_t rows, int64_t cols) {
+  return ((rows * (cols / kActQuantBlock) * 4 + 255) & ~int64_t{255}) / 4;
+}
+
 enum class ActQuantVariant { kWarpPerBlock, kHalfWarpVectorized };
 
 // The variant fp8_gemm and moe_grouped_gemm quantize their activations with: kWarpPerBlock, or
@@ -75,10 +91,13 @@ cudaError_t act_quant(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x
 // y (when not null) [rows, y_stride] gets v as CastToBf16 writes it (columns 0..k-1). x [rows,
 // x_stride] fp32. Requires what act_quant's kHalfWarpVectorized requires, with x 16-byte aligned
 // and x_stride a multiple of 4, and y (when given) 16-byte aligned with y_stride >= k a multiple
-// of 8. Always the vectorized kernel.
+// of 8. group_cols (0: k, one group, the plain layout): the columns in groups of group_cols (a
+// multiple of 128 dividing k), each quantized as its own matrix (ActGroups: e4m3 at xq + g *
+// ActGroupBytes(rows, group_cols), scales at xs + g * ActGroupScales(rows, group_cols)); xq and
+// xs then hold k / group_cols such groups. Always the vectorized kernel.
 cudaError_t act_quant_f32(const float* x, int64_t rows, int64_t k, int64_t x_stride, bool ue8m0,
                           __nv_bfloat16* y, int64_t y_stride, uint8_t* xq, float* xs,
-                          ActScaleLayout layout, cudaStream_t stream);
+                          ActScaleLayout layout, cudaStream_t stream, int64_t group_cols = 0);
 
 // Fused into the clamped SwiGLU that feeds a down projection (the shared expert's w2): v =
 // bf16(silu(min(gate, limit)) * clamp(up, -limit, limit)) computed as clamped_swiglu's fp32

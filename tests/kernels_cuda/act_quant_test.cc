@@ -244,6 +244,52 @@ TEST(CudaActQuantF32Test, CastAndQuantizeMatchCpuBitForBit) {
   }
 }
 
+// group_cols: each group of columns quantized as its own matrix at its own (256-byte aligned)
+// offsets, as o_a's per-group GEMMs read them.
+TEST(CudaActQuantF32Test, ColumnGroupsAreQuantizedAsTheirOwnMatrices) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng = FreshRng();
+  for (const Shape& shape : {Shape{5, 512}, Shape{77, 1024}, Shape{64, 256}}) {
+    for (int64_t groups : {int64_t{2}, shape.k / kActQuantBlock}) {
+      const int64_t cols = shape.k / groups;
+      const int64_t stride = shape.k + 4;
+      const ActScaleLayout layout = ActScaleLayout::kGemmSplit;
+      const std::vector<float> host = ExtremeRows(rng, shape.rows, shape.k, stride);
+      GuardedBuffer<float> x(host.size());
+      x.Upload(host);
+      const int64_t group_bytes = ActGroupBytes(shape.rows, cols);
+      const int64_t group_scales = ActGroupScales(shape.rows, cols);
+      GuardedBuffer<uint8_t> xq(static_cast<size_t>(groups * group_bytes));
+      GuardedBuffer<float> xs(static_cast<size_t>(groups * group_scales));
+      PDSERVE_CUDA_OK(act_quant_f32(x.get(), shape.rows, shape.k, stride, false, nullptr, 0,
+                                    xq.get(), xs.get(), layout, nullptr, cols));
+      PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+      const std::string what =
+          "groups of " + std::to_string(cols) + " " + Label(shape.rows, shape.k, false, layout);
+      ASSERT_TRUE(xq.GuardsIntact()) << what;
+      ASSERT_TRUE(xs.GuardsIntact()) << what;
+      const std::vector<uint8_t> q = xq.Download();
+      const std::vector<float> s = xs.Download();
+      std::vector<float> values(host.size());
+      for (size_t i = 0; i < host.size(); ++i) values[i] = FromBf16(ToBf16(host[i]));
+      for (int64_t g = 0; g < groups; ++g) {
+        std::vector<float> part(static_cast<size_t>(shape.rows * cols));
+        for (int64_t r = 0; r < shape.rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) part[r * cols + c] = values[r * stride + g * cols + c];
+        }
+        const Quantized ref = Reference(part, shape.rows, cols, cols, false, layout);
+        for (size_t i = 0; i < ref.q.size(); ++i) {
+          ASSERT_EQ(q[g * group_bytes + i], ref.q[i]) << what << ": group " << g << " byte " << i;
+        }
+        for (size_t i = 0; i < ref.s.size(); ++i) {
+          ASSERT_EQ(Bits(s[g * group_scales + i]), Bits(ref.s[i]))
+              << what << ": group " << g << " scale " << i;
+        }
+      }
+    }
+  }
+}
+
 // Against the GPU's own clamped_swiglu (fp32) then bf16 rounding and QuantizeActivations on the
 // host: the fused kernel must give the same bits as the two kernels it replaces (the SwiGLU itself
 // is checked against the CPU in activations_test.cc).

@@ -100,6 +100,13 @@ std::vector<Refusal> Refusals() {
                               ActScaleLayout::kColumnMajor, nullptr);
        },
        "act_quant_f32: argument check failed: y_stride >= k && y_stride % 8 == 0"},
+      {"act_quant_f32_group_cols",
+       [] {
+         return act_quant_f32(f32, 1, 384, 384, false, nullptr, 0, u8, f32,
+                              ActScaleLayout::kColumnMajor, nullptr, 256);
+       },
+       "act_quant_f32: argument check failed: group_cols % kActQuantBlock == 0 && k % group_cols "
+       "== 0"},
       {"clamped_swiglu_act_quant_in_stride",
        [] {
          return clamped_swiglu_act_quant(f32, f32, 1, 128, 130, 7.0f, false, nullptr, 0, u8, f32,
