@@ -7,6 +7,8 @@
 // kernel: act_quant_warp / act_quant_vec (act_quant, bf16 in: ActQuantVariant kWarpPerBlock /
 // kHalfWarpVectorized), act_quant_f32 (act_quant_f32, fp32 in, no bf16 copy), swiglu_quant (w2's
 // input only: clamped_swiglu_act_quant from fp32 [gate | up]); bytes = bytes read + written.
+// Besides the four GEMM shapes, "wo_a": the attention output [m, 32768] at 512 and 2048 tokens,
+// act_quant_f32 in o_a's 8 column groups of 4096 (the engine's fp8_shared_act_quant).
 // <kernel>_read: RwFloor over the same bytes read and written (no math: the floor of a kernel
 // that must move them). fp8_gemm (act quant by the process's variant, PDSERVE_ACT_QUANT, then the
 // GEMM as fp8_gemm dispatches: cuBLASLt at these sizes) and fp8_quantized (fp8_gemm_quantized on
@@ -113,42 +115,54 @@ void TimeWithFloor(const std::string& name, const char* shape, int64_t m, size_t
   PrintRow(name + "_read", shape, m, floor_us, static_cast<double>(in_bytes + out_bytes), 0);
 }
 
-void QuantRows(const Buffers& b, int sms, cudaStream_t stream) {
+// One input width's rows: both act_quant variants and act_quant_f32 (in column groups of
+// group_cols when not 0), and with `swiglu` the fused SwiGLU.
+void QuantShapeRows(const Buffers& b, const char* shape, int64_t k, int64_t m, int64_t group_cols,
+                    bool swiglu, int sms, cudaStream_t stream) {
   const ActScaleLayout split = ActScaleLayout::kGemmSplit;
+  const size_t out_bytes = static_cast<size_t>(m * k + m * (k / kActQuantBlock) * 4);
+  const size_t bf16_bytes = static_cast<size_t>(m * k * 2);
+  for (ActQuantVariant v : {ActQuantVariant::kWarpPerBlock, ActQuantVariant::kHalfWarpVectorized}) {
+    const std::string name =
+        v == ActQuantVariant::kWarpPerBlock ? "act_quant_warp" : "act_quant_vec";
+    TimeWithFloor(
+        name, shape, m, bf16_bytes, out_bytes, [&](int l) { return b.x[l]; },
+        [&](int l) {
+          BENCH_CHECK(act_quant(b.x[l], m, k, k, false, b.xq[l], b.xs[l], split, v, stream));
+        },
+        b, sms, stream);
+  }
+  TimeWithFloor(
+      "act_quant_f32", shape, m, 2 * bf16_bytes, out_bytes, [&](int l) { return b.x32[l]; },
+      [&](int l) {
+        BENCH_CHECK(act_quant_f32(b.x32[l], m, k, k, false, nullptr, 0, b.xq[l], b.xs[l], split,
+                                  stream, group_cols));
+      },
+      b, sms, stream);
+  if (swiglu) {
+    TimeWithFloor(
+        "swiglu_quant", shape, m, 4 * bf16_bytes, out_bytes, [&](int l) { return b.x32[l]; },
+        [&](int l) {
+          BENCH_CHECK(clamped_swiglu_act_quant(b.x32[l], b.x32[l] + k, m, k, 2 * k, 7.0f, false,
+                                               nullptr, 0, b.xq[l], b.xs[l], split, stream));
+        },
+        b, sms, stream);
+  }
+}
+
+// The four GEMM inputs at kTokens, and wo_a's input (the attention output, [m, 64 x 512]; the
+// engine quantizes it in o_a's 8 column groups) at the token counts the buffers hold.
+void QuantRows(const Buffers& b, int sms, cudaStream_t stream) {
   for (const DenseShape& s : kV4FlashShapes) {
     for (int64_t m : kTokens) {
-      const size_t out_bytes = static_cast<size_t>(m * s.k + m * (s.k / kActQuantBlock) * 4);
-      const size_t bf16_bytes = static_cast<size_t>(m * s.k * 2);
-      for (ActQuantVariant v :
-           {ActQuantVariant::kWarpPerBlock, ActQuantVariant::kHalfWarpVectorized}) {
-        const std::string name =
-            v == ActQuantVariant::kWarpPerBlock ? "act_quant_warp" : "act_quant_vec";
-        TimeWithFloor(
-            name, s.name, m, bf16_bytes, out_bytes, [&](int l) { return b.x[l]; },
-            [&](int l) {
-              BENCH_CHECK(
-                  act_quant(b.x[l], m, s.k, s.k, false, b.xq[l], b.xs[l], split, v, stream));
-            },
-            b, sms, stream);
-      }
-      TimeWithFloor(
-          "act_quant_f32", s.name, m, 2 * bf16_bytes, out_bytes, [&](int l) { return b.x32[l]; },
-          [&](int l) {
-            BENCH_CHECK(act_quant_f32(b.x32[l], m, s.k, s.k, false, nullptr, 0, b.xq[l], b.xs[l],
-                                      split, stream));
-          },
-          b, sms, stream);
-      if (s.k == 2048 && 2 * m * s.k <= kMaxTokens * kMaxK) {  // w2: the SwiGLU feeds it
-        TimeWithFloor(
-            "swiglu_quant", s.name, m, 4 * bf16_bytes, out_bytes, [&](int l) { return b.x32[l]; },
-            [&](int l) {
-              BENCH_CHECK(clamped_swiglu_act_quant(b.x32[l], b.x32[l] + s.k, m, s.k, 2 * s.k, 7.0f,
-                                                   false, nullptr, 0, b.xq[l], b.xs[l], split,
-                                                   stream));
-            },
-            b, sms, stream);
-      }
+      // w2: the SwiGLU feeds it ([m, 2k] fp32 in).
+      const bool swiglu = s.k == 2048 && 2 * m * s.k <= kMaxTokens * kMaxK;
+      QuantShapeRows(b, s.name, s.k, m, 0, swiglu, sms, stream);
     }
+  }
+  constexpr int64_t kAttnWidth = 64 * 512;
+  for (int64_t m : {int64_t{512}, int64_t{2048}}) {
+    QuantShapeRows(b, "wo_a", kAttnWidth, m, kAttnWidth / 8, false, sms, stream);
   }
 }
 

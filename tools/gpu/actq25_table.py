@@ -37,7 +37,7 @@ def quant_table(q):
     print("| input of | k | tokens | MB moved | floor us (GB/s) | warp us | floor % | "
           "vectorized us | floor % | fp32 cast fused us | floor % | SwiGLU fused us | floor % |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    ks = {"wq_b": 1024, "wo_b": 8192, "w13": 4096, "w2": 2048}
+    ks = {"wq_b": 1024, "wo_b": 8192, "w13": 4096, "w2": 2048, "wo_a": 32768}
     keys = sorted({(s, t) for (k, s, t) in q if k == "act_quant_warp"},
                   key=lambda st: (list(ks).index(st[0]) if st[0] in ks else 9, st[1]))
     for shape, tokens in keys:
