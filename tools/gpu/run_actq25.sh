@@ -22,7 +22,8 @@
 #        there (carry .device-carry/actq25): ENGINE=1 tools/gpu/run_actq25.sh
 #      (adds ~30-60 s, estimated: past the 120 s budget of the rest, so not by default).
 # Environment: OUT (logs and CSVs, default ./gpu-out), BUILD (build dir), TORCH_TOKENS (default
-# "4096"; "" skips PyTorch), SKIP_TESTS=1, ENGINE=1, PACK (.device-carry/actq25). Expected (not
+# "4096"; "" skips PyTorch), SKIP_TESTS=1, ENGINE=1, PACK (.device-carry/actq25), SANITIZE=1
+# (compute-sanitizer memcheck on the act-quant kernel tests, <= 60 s more). Expected (not
 # measured): build ~30 s on 16 cores, tests ~20 s, benches ~20 s, PyTorch ~20 s.
 set -uo pipefail
 pack=${PACK:-.device-carry/actq25}
@@ -59,6 +60,13 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     > "$out/act-quant-tests.log" 2>&1
   echo "act-quant GPU tests: rc=$? $((SECONDS - start)) s $(summary "$out/act-quant-tests.log")"
   failures "$out/act-quant-tests.log"
+  if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
+      --gtest_filter='*/CudaActQuant*:CudaActQuantF32*:CudaSwiGluActQuant*' \
+      > "$out/sanitize-memcheck.log" 2>&1
+    echo "compute-sanitizer memcheck, act-quant tests: rc=$?" \
+      "$(grep -E 'ERROR SUMMARY' "$out/sanitize-memcheck.log" | tr '\n' ' ')"
+  fi
   timeout 10 "$b/tests/pdserve_kernels_cuda_launch_check_tests" > "$out/launch-check.log" 2>&1
   echo "launch-check tests: rc=$? $(summary "$out/launch-check.log")"
   failures "$out/launch-check.log"
