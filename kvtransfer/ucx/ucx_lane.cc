@@ -66,6 +66,7 @@ void UcxLane::Run() {
     int fd = -1;
     {
       absl::MutexLock lock(&mu_);
+      sleeping_ = false;
       // The owner's queued sends first, a bounded batch so its own lock requests get through.
       for (int posted = 0; posted < kPostBatch && !submitted_.empty(); ++posted) {
         LaneSend* send = submitted_.front();
@@ -79,6 +80,7 @@ void UcxLane::Run() {
       } else {
         absl::StatusOr<int> armed = worker_.Arm();
         fd = armed.ok() ? *armed : -3;
+        sleeping_ = fd >= 0;
       }
     }
     if (fd == -2 || fd == -1) {

@@ -62,9 +62,13 @@ class UcxLane {
   UcxWorker& worker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_; }
   // The packed address of the worker (immutable after creation; no lock needed).
   const std::vector<std::byte>& address() const { return address_; }
-  // Wakes the thread if it sleeps (the caller just posted work on the lane). Thread-safe.
+  // Wakes the thread if it sleeps (the caller just posted work on the lane). Signals (a system
+  // call) only when the thread armed the worker's event fd since it last held the lock: a thread
+  // that is awake looks at its queue and its worker before it sleeps again.
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (threaded()) worker_.Signal();
+    if (!sleeping_) return;
+    sleeping_ = false;
+    worker_.Signal();
   }
   // Queues `send` for the lane's thread to post (it must stay alive until posted, withdrawn or
   // abandoned); sends post in the order queued. REQUIRES: threaded().
@@ -85,6 +89,8 @@ class UcxLane {
   absl::Mutex mu_;
   UcxWorker worker_ ABSL_GUARDED_BY(mu_);
   std::deque<LaneSend*> submitted_ ABSL_GUARDED_BY(mu_);  // Queued by Submit, not yet posted.
+  // The thread armed the event fd and may be asleep on it (or about to be); no signal sent since.
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
   const std::vector<std::byte> address_;
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};
