@@ -1,8 +1,8 @@
 // ReceiveTransport over UCX active messages: the decode side of UcxTransport. Page headers reach
 // the sink before any byte lands (the AM handler sees the header of a rendezvous message first);
 // eager payloads are copied into the sink's target, rendezvous ones received into it with
-// ucp_am_recv_data_nbx. A refused rendezvous page completes its sender's send with Cancelled
-// under UCX's v1 protocols; UCX 1.13's v2 protocols drop that status and the send completes OK
+// ucp_am_recv_data_nbx. A refused rendezvous page completes its sender's send with Cancelled,
+// except under UCX 1.13's v2 protocols over tcp, which drop that status: the send completes OK
 // (the page is refused either way; docs/protocol.md, "UCX protocols").
 //
 // Lanes (docs/protocol.md, "Lanes"): with `lanes` > 1 there is one UCX worker and one thread per
