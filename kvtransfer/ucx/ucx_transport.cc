@@ -22,7 +22,7 @@ class UcxSendOp final : public SendOp, public LaneSend {
       : lane_(lane), header_(std::move(header)), ep_(ep), am_id_(am_id), payload_(payload) {}
   ~UcxSendOp() override {
     absl::MutexLock lock(&lane_.mu());
-    if (queued_) lane_.Withdraw(this);
+    if (queued_.load()) lane_.Withdraw(this);
     if (request_ == nullptr) return;
     ucp_worker_h worker = lane_.worker().get();
     ucp_request_cancel(worker, request_);
@@ -30,15 +30,15 @@ class UcxSendOp final : public SendOp, public LaneSend {
     while (request_ != nullptr) ucp_worker_progress(worker);
   }
 
-  // Hands the send to the lane's thread (the lane's lock held by the caller).
+  // Hands the send to the lane's thread (without the lane's lock: UcxLane::Submit).
   void Queue() {
-    queued_ = true;
+    queued_.store(true);
     lane_.Submit(this);
   }
 
   // Posts the message (the lane's lock held by the caller: the owner's thread, or the lane's).
   void Post() override {
-    queued_ = false;
+    queued_.store(false);
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &UcxSendOp::OnDone;
@@ -57,7 +57,7 @@ class UcxSendOp final : public SendOp, public LaneSend {
   }
 
   void Abandon(absl::Status status) override {
-    queued_ = false;
+    queued_.store(false);
     Finish(std::move(status));
   }
   ucp_ep_h endpoint() const override { return ep_; }
@@ -69,8 +69,8 @@ class UcxSendOp final : public SendOp, public LaneSend {
 
   void Cancel() override {
     absl::MutexLock lock(&lane_.mu());
-    if (queued_ && lane_.Withdraw(this)) {
-      queued_ = false;
+    if (queued_.load() && lane_.Withdraw(this)) {
+      queued_.store(false);
       Finish(absl::CancelledError("page send cancelled before it was posted"));
       return;
     }
@@ -98,7 +98,9 @@ class UcxSendOp final : public SendOp, public LaneSend {
   const ucp_ep_h ep_;
   const unsigned am_id_;
   const std::span<const std::byte> payload_;
-  bool queued_ = false;                 // Guarded by lane_.mu(): waiting in the lane's queue.
+  // Waiting in the lane's queue: set before Submit, cleared under lane_.mu() when the lane posts
+  // or abandons it or a cancel withdraws it (a send off the queue is posted under that lock).
+  std::atomic<bool> queued_{false};
   ucs_status_ptr_t request_ = nullptr;  // Guarded by lane_.mu(): posted, not yet completed.
   absl::Status result_;                 // Final once done_ is set.
   std::atomic<bool> done_{false};
@@ -217,10 +219,10 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
   auto op = std::make_unique<UcxSendOp>(
       *lanes_[lane], std::vector<std::byte>(header.begin(), header.end()),
       peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload);
-  absl::MutexLock lock(&lanes_[lane]->mu());
   if (kind == WireKind::kPage && post_on_lanes_ && lanes_[lane]->threaded()) {
     op->Queue();
   } else {
+    absl::MutexLock lock(&lanes_[lane]->mu());
     op->Post();
   }
   return op;
