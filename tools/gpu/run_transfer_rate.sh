@@ -15,9 +15,11 @@
 # 3; the workers' default lanes (4 on 16 cores) and host threads. Each run is cut to what is left
 # of BUDGET (118 s); the rows come out per length, so a cut run keeps its shorter lengths.
 #   here:  cmake --build build --target gpu_state_transfer_bench
-#          (git worktree add /tmp/pre27 <commit before rate27> && build it there:
-#           cp /tmp/pre27/build/bench/kvtransfer/gpu_state_transfer_bench \
-#              /tmp/gpu_state_transfer_bench_old)                                   # optional
+#          optional, the path before rate27 (b297fef, main at its start) built in a tree of its
+#          own: git worktree add --detach /tmp/pre27 b297fef && cmake -S /tmp/pre27 -B
+#          /tmp/pre27/build -G Ninja && cmake --build /tmp/pre27/build --target
+#          gpu_state_transfer_bench && cp /tmp/pre27/build/bench/kvtransfer/gpu_state_transfer_bench
+#          /tmp/gpu_state_transfer_bench_old
 #          tools/gpu/pack_binaries.sh <dir> build/bench/kvtransfer/gpu_state_transfer_bench \
 #            [/tmp/gpu_state_transfer_bench_old] "$(command -v ucx_perftest)" \
 #            "$(command -v ucx_info)"
