@@ -89,8 +89,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           [self](uint64_t ticket_id, uint64_t request_id, const kv::TransferOutcome& outcome) {
             self->OnOutcome(ticket_id, request_id, outcome);
           },
-          w->options_.transfer_lanes));
-  spdlog::info("transfer: {} receive lane(s)", w->options_.transfer_lanes);
+          w->options_.transfer_lanes, w->options_.transfer_ucx_protocols));
+  spdlog::info("transfer: {} receive lane(s), UCX protocols {}", w->options_.transfer_lanes,
+               kv::UcxProtocolsName(kv::EffectiveUcxProtocols(w->options_.transfer_ucx_protocols)));
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,

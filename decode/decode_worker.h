@@ -70,6 +70,8 @@ struct DecodeWorkerOptions {
   absl::Duration lease = absl::Seconds(30);  // transfer lease (config transfer.lease_ms)
   // UCX receive lanes (config transfer.lanes, resolved: docs/protocol.md, "Lanes"), 1 .. 16.
   int transfer_lanes = 1;
+  // UCX's protocol implementation (config transfer.ucx_protocols; docs/protocol.md).
+  kv::UcxProtocols transfer_ucx_protocols = kv::UcxProtocols::kV1;
   std::string transfer_path = "host";  // the transfer metrics' path label
   runtime::RunnerOptions runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
   // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by
