@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/json_depth.h"
 #include "frontend/response_format.h"
 #include "frontend/tool_request.h"
 #include "nlohmann/json.hpp"
@@ -407,7 +408,8 @@ void ReadChat(FieldReader& r, ApiRequest& req) {
 // tools, then tool_choice (which may name one of them).
 std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, ApiRequest& req) {
   if (r.Get("tools")) {
-    // Parsed again keeping key order: the prompt shows each tool as the client wrote it.
+    // Parsed again keeping key order: the prompt shows each tool as the client wrote it. The
+    // body's depth was checked before the first parse.
     const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
     if (auto error = ReadTools(ordered["tools"], &req.tools)) return error;
   }
@@ -495,6 +497,11 @@ ApiError InvalidRequest(std::string message, std::string param, std::string code
 }
 
 ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
+  // Before any parse: the chat fields are parsed again as ordered_json, and copying or dumping a
+  // value recurses once per level (common/json_depth.h).
+  if (absl::Status depth = CheckJsonDepth(body, "request body"); !depth.ok()) {
+    return InvalidRequest(std::string(depth.message()));
+  }
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     return InvalidRequest("request body is not valid JSON");

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_depth.h"
 #include "xxhash.h"
 
 namespace pdserve::serving {
@@ -92,6 +93,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
   }
   if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxTopLogprobs)) {
     return RangeError("logprobs", absl::StrCat("in [0, ", kMaxTopLogprobs, "]"), *params.logprobs);
+  }
+  // The workers take both texts from their RPCs; the grammars parse them (common/json_depth.h).
+  if (auto status = CheckJsonDepth(params.json_schema, "json_schema"); !status.ok()) return status;
+  if (auto status = CheckJsonDepth(params.tool_call_grammar, "tool_call_grammar"); !status.ok()) {
+    return status;
   }
   if (!params.json_schema.empty() && params.min_tokens > 0) {
     return absl::InvalidArgumentError(

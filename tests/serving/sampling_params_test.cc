@@ -80,6 +80,19 @@ INSTANTIATE_TEST_SUITE_P(
                     },
                     "min_tokens must be in [0, max_tokens = 5], got 2147483647"},
         InvalidCase{"ZeroChoices", [](auto& p) { p.n = 0; }, "n must be in [1, 128], got 0"},
+        // The workers take these texts from their RPCs; the grammars parse them (worker/wire.cc).
+        InvalidCase{"DeepJsonSchema",
+                    [](auto& p) {
+                      p.json_schema = R"({"a":)" + std::string(100000, '[') +
+                                      std::string(100000, ']') + R"(,"b":1,"c":2})";
+                    },
+                    "json_schema nests deeper than 256 JSON levels"},
+        InvalidCase{"DeepToolCallGrammar",
+                    [](auto& p) {
+                      p.tool_call_grammar = R"({"a":)" + std::string(100000, '[') +
+                                            std::string(100000, ']') + R"(,"b":1,"c":2})";
+                    },
+                    "tool_call_grammar nests deeper than 256 JSON levels"},
         InvalidCase{"TooManyTopLogprobs", [](auto& p) { p.logprobs = 21; },
                     "logprobs must be in [0, 20], got 21"},
         // Values float32 (worker.v1) cannot hold: 0 ("off") or infinity on the wire.
