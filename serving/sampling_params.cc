@@ -117,6 +117,18 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
         "ignore_eos must be false with tool_choice \"required\" or a named function: the end of "
         "the tool-call block ends the choice");
   }
+  // A stop token would end the choice wherever the grammar stands, cutting the document or the
+  // block short under finish_reason "stop" (found by a breaker, 2026-12-04); stop strings are
+  // refused the same way by the fronts (frontend/api_request.cc).
+  if (!params.json_schema.empty() && !params.stop_token_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "stop_token_ids must be empty with response_format: the end of the JSON ends the choice");
+  }
+  if (!params.tool_call_grammar.empty() && !params.stop_token_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "stop_token_ids must be empty with tool_choice \"required\" or a named function: the end "
+        "of the tool-call block ends the choice");
+  }
   if (!params.tool_call_grammar.empty() && !params.json_schema.empty()) {
     return absl::InvalidArgumentError(
         "response_format json cannot be combined with tool_choice \"required\" or a named "

@@ -93,6 +93,21 @@ INSTANTIATE_TEST_SUITE_P(
                                             std::string(100000, ']') + R"(,"b":1,"c":2})";
                     },
                     "tool_call_grammar nests deeper than 256 JSON levels"},
+        // A stop token ends the choice wherever the grammar is, cutting the document short.
+        InvalidCase{"StopTokenIdsWithResponseFormat",
+                    [](auto& p) {
+                      p.json_schema = R"({"type":"integer"})";
+                      p.stop_token_ids = {85};
+                    },
+                    "stop_token_ids must be empty with response_format: the end of the JSON ends "
+                    "the choice"},
+        InvalidCase{"StopTokenIdsWithForcedToolCalls",
+                    [](auto& p) {
+                      p.tool_call_grammar = R"({"dsml":"x","tools":[{"name":"f"}]})";
+                      p.stop_token_ids = {85};
+                    },
+                    "stop_token_ids must be empty with tool_choice \"required\" or a named "
+                    "function: the end of the tool-call block ends the choice"},
         InvalidCase{"TooManyTopLogprobs", [](auto& p) { p.logprobs = 21; },
                     "logprobs must be in [0, 20], got 21"},
         // Values float32 (worker.v1) cannot hold: 0 ("off") or infinity on the wire.
