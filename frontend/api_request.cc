@@ -45,6 +45,16 @@ void LogIgnoredOnce(const std::string& name) {
                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+// A logit_bias key as clients write a token id: decimal digits without sign, spaces or leading
+// zeros, in int32 range (absl::SimpleAtoi alone also took "+5" and " 5").
+bool ReadTokenIdKey(const std::string& key, int32_t* token) {
+  if (key.empty() || (key.size() > 1 && key[0] == '0')) return false;
+  for (char c : key) {
+    if (c < '0' || c > '9') return false;
+  }
+  return absl::SimpleAtoi(key, token);
+}
+
 // obj[key] when it is a string, else "" (never throws, unlike json::value()).
 std::string StringField(const json& obj, const char* key) {
   auto it = obj.find(key);
@@ -181,7 +191,7 @@ void ReadLogitBias(FieldReader& r, ApiRequest& req) {
   if (!v->is_object()) return r.Fail("'logit_bias' must be an object", "logit_bias");
   for (auto it = v->begin(); it != v->end(); ++it) {
     int32_t token = 0;
-    if (!absl::SimpleAtoi(it.key(), &token) || token < 0) {
+    if (!ReadTokenIdKey(it.key(), &token)) {
       return r.Fail(absl::StrCat("'logit_bias' key '", it.key(), "' is not a token id"),
                     "logit_bias");
     }

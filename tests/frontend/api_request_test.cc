@@ -27,7 +27,7 @@ ApiError ParseErr(Endpoint e, const std::string& body) {
 TEST(ApiRequestTest, CompletionWithSamplingFields) {
   ApiRequest r = ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":"Hi","max_tokens":7,
       "temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.05,"seed":42,"n":3,"stop":["\n\n"],
-      "logprobs":5,"logit_bias":{"17":-100},"presence_penalty":0.5,"stream":true,
+      "logprobs":5,"logit_bias":{"17":-100,"0":3},"presence_penalty":0.5,"stream":true,
       "stream_options":{"include_usage":true}})");
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(*r.prompt_text, "Hi");
@@ -41,6 +41,7 @@ TEST(ApiRequestTest, CompletionWithSamplingFields) {
   EXPECT_TRUE(r.logprobs);
   EXPECT_EQ(r.top_logprobs, 5);
   EXPECT_DOUBLE_EQ(r.logit_bias.at(17), -100);
+  EXPECT_DOUBLE_EQ(r.logit_bias.at(0), 3);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
 }
@@ -122,6 +123,17 @@ INSTANTIATE_TEST_SUITE_P(
                 "'stop' may hold at most 4 strings", "stop"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"x":1}})",
                 "'logit_bias' key 'x' is not a token id", "logit_bias"},
+        // Only the decimal form a client writes for an id: no sign, spaces or leading zeros.
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"+5":1}})",
+                "'logit_bias' key '+5' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{" 5":1}})",
+                "'logit_bias' key ' 5' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"5 ":1}})",
+                "'logit_bias' key '5 ' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"05":1}})",
+                "'logit_bias' key '05' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"-0":1}})",
+                "'logit_bias' key '-0' is not a token id", "logit_bias"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","stream_options":{}})",
                 "'stream_options' requires 'stream': true", "stream_options"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":["a","b"]})",
