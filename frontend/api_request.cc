@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/json_depth.h"
 #include "frontend/response_format.h"
 #include "frontend/tool_request.h"
 #include "nlohmann/json.hpp"
@@ -42,6 +43,16 @@ void LogIgnoredOnce(const std::string& name) {
   spdlog::warn("ignoring unknown request field '{}' (logged once per field name)",
                nlohmann::json(name.substr(0, kMaxShownBytes))
                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+// A logit_bias key as clients write a token id: decimal digits without sign, spaces or leading
+// zeros, in int32 range (absl::SimpleAtoi alone also took "+5" and " 5").
+bool ReadTokenIdKey(const std::string& key, int32_t* token) {
+  if (key.empty() || (key.size() > 1 && key[0] == '0')) return false;
+  for (char c : key) {
+    if (c < '0' || c > '9') return false;
+  }
+  return absl::SimpleAtoi(key, token);
 }
 
 // obj[key] when it is a string, else "" (never throws, unlike json::value()).
@@ -180,7 +191,7 @@ void ReadLogitBias(FieldReader& r, ApiRequest& req) {
   if (!v->is_object()) return r.Fail("'logit_bias' must be an object", "logit_bias");
   for (auto it = v->begin(); it != v->end(); ++it) {
     int32_t token = 0;
-    if (!absl::SimpleAtoi(it.key(), &token) || token < 0) {
+    if (!ReadTokenIdKey(it.key(), &token)) {
       return r.Fail(absl::StrCat("'logit_bias' key '", it.key(), "' is not a token id"),
                     "logit_bias");
     }
@@ -407,7 +418,8 @@ void ReadChat(FieldReader& r, ApiRequest& req) {
 // tools, then tool_choice (which may name one of them).
 std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, ApiRequest& req) {
   if (r.Get("tools")) {
-    // Parsed again keeping key order: the prompt shows each tool as the client wrote it.
+    // Parsed again keeping key order: the prompt shows each tool as the client wrote it. The
+    // body's depth was checked before the first parse.
     const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
     if (auto error = ReadTools(ordered["tools"], &req.tools)) return error;
   }
@@ -495,6 +507,11 @@ ApiError InvalidRequest(std::string message, std::string param, std::string code
 }
 
 ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
+  // Before any parse: the chat fields are parsed again as ordered_json, and copying or dumping a
+  // value recurses once per level (common/json_depth.h).
+  if (absl::Status depth = CheckJsonDepth(body, "request body"); !depth.ok()) {
+    return InvalidRequest(std::string(depth.message()));
+  }
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     return InvalidRequest("request body is not valid JSON");

@@ -257,7 +257,8 @@ std::optional<text::ChatOutputParser> AnswerParser(const RequestPreparer& prepar
 
 ChoiceText::ChoiceText(const RequestPreparer& preparer, const ApiRequest& req, int index)
     : preparer_(preparer),
-      detokenizer_(preparer.tokenizer(), {req.skip_special_tokens, req.stop}),
+      detokenizer_(preparer.tokenizer(),
+                   {req.skip_special_tokens, req.stop, req.min_tokens.value_or(0)}),
       answer_(AnswerParser(preparer, req)),
       index_(index),
       want_logprobs_(req.logprobs),

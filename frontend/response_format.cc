@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "frontend/json_depth.h"
 #include "structured/json_schema.h"
 
 namespace pdserve::frontend {
@@ -46,14 +45,11 @@ std::variant<std::string, ApiError> ReadJsonSchema(const json& value, std::strin
       strict != spec->end() && !strict->is_boolean() && !strict->is_null()) {
     return Refuse("'response_format.json_schema.strict' must be a boolean");
   }
-  // Without a schema any JSON value will do. The body parsed before, so it parses again (keeping
-  // the client's key order); the subtree is moved out, never copied.
+  // Without a schema any JSON value will do. The body parsed before (its depth checked by
+  // ParseRequest), so it parses again (keeping the client's key order); the subtree is moved out,
+  // never copied.
   nlohmann::ordered_json schema = nlohmann::ordered_json::object();
-  if (auto given = spec->find("schema"); given != spec->end()) {
-    if (DeeperThan(*given, kMaxJsonDepth)) {
-      return Refuse(absl::StrCat("'response_format.json_schema.schema' nests deeper than ",
-                                 kMaxJsonDepth, " JSON levels"));
-    }
+  if (spec->contains("schema")) {
     nlohmann::ordered_json doc = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr,
                                                                /*allow_exceptions=*/false);
     schema = std::move(doc["response_format"]["json_schema"]["schema"]);

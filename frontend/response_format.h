@@ -19,7 +19,9 @@ namespace pdserve::frontend {
 // A 400 naming response_format when the value is malformed or the schema uses a keyword that
 // cannot be enforced (the message names it and where it is). `body`: the request's JSON text,
 // read again for the schema with its properties in the order the client wrote them (the order
-// they are generated in; `value` comes from a parse that sorts keys).
+// they are generated in; `value` comes from a parse that sorts keys). REQUIRES: `body` passed
+// CheckJsonDepth (common/json_depth.h; ParseRequest checks it), as re-parsing it as ordered_json
+// may copy every level recursively.
 std::variant<std::string, ApiError> ReadResponseFormat(const nlohmann::json& value,
                                                        std::string_view body);
 

@@ -1,7 +1,7 @@
 #include "frontend/tool_request.h"
 
 #include "absl/strings/str_cat.h"
-#include "frontend/json_depth.h"
+#include "common/json_depth.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -26,12 +26,6 @@ std::optional<ApiError> ReadTools(const nlohmann::ordered_json& tools,
       return InvalidRequest(absl::StrCat(where, ".function must be an object"), "tools");
     }
     const nlohmann::ordered_json& function = tool["function"];
-    // Checked before the copy below, which recurses once per level.
-    if (DeeperThan(function, kMaxJsonDepth)) {
-      return InvalidRequest(
-          absl::StrCat(where, ".function nests deeper than ", kMaxJsonDepth, " JSON levels"),
-          "tools");
-    }
     if (!IsString(function, "name") || function["name"].get<std::string>().empty()) {
       return InvalidRequest(absl::StrCat(where, ".function.name must be a non-empty string"),
                             "tools");
@@ -103,6 +97,12 @@ std::optional<ApiError> ReadToolCalls(const nlohmann::json& calls, const std::st
     }
     if (call.contains("id") && !call["id"].is_string()) {
       return InvalidRequest(absl::StrCat(at, ".id must be a string"), "messages");
+    }
+    // JSON inside a string, which the chat format parses to render the call in the prompt.
+    const std::string& arguments = call["function"]["arguments"].get_ref<const std::string&>();
+    if (absl::Status depth = CheckJsonDepth(arguments, absl::StrCat(at, ".function.arguments"));
+        !depth.ok()) {
+      return InvalidRequest(std::string(depth.message()), "messages");
     }
     out->push_back({IsString(call, "id") ? call["id"].get<std::string>() : "",
                     call["function"]["name"].get<std::string>(),

@@ -15,6 +15,8 @@ namespace pdserve::frontend {
 
 // `tools`: an array of {"type": "function", "function": {"name", "description"?, "parameters"?,
 // "strict"?}}; appends each "function" object (key order kept). Errors: 400 naming "tools".
+// REQUIRES: `tools` nests at most kMaxJsonDepth levels (common/json_depth.h; ParseRequest checks
+// the body), as each function is copied, which recurses once per level.
 std::optional<ApiError> ReadTools(const nlohmann::ordered_json& tools,
                                   std::vector<nlohmann::ordered_json>* out);
 
@@ -26,7 +28,8 @@ std::optional<ApiError> ReadToolChoice(const nlohmann::json& choice,
                                        ApiRequest* req);
 
 // An assistant message's `tool_calls`: [{"id", "type": "function", "function": {"name",
-// "arguments"}}]. `where` names the message in errors ("messages[2]"). Errors: 400 "messages".
+// "arguments"}}]. `where` names the message in errors ("messages[2]"). Errors: 400 "messages",
+// also for arguments (JSON text) nesting deeper than kMaxJsonDepth (common/json_depth.h).
 std::optional<ApiError> ReadToolCalls(const nlohmann::json& calls, const std::string& where,
                                       std::vector<ToolCall>* out);
 

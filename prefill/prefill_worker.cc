@@ -156,7 +156,8 @@ grpc::Status PrefillWorker::Prefill(grpc::ServerContext* context, const v1::Pref
     queue_depth_->Set(static_cast<double>(active_.size() - running_));
   }
   if (!result.ok()) {
-    spdlog::warn("prefill of request {} failed: {}", id, result.status().ToString());
+    spdlog::log(worker::FailureLogLevel(result.status(), context->IsCancelled() || Aborted(id)),
+                "prefill of request {} failed: {}", id, result.status().ToString());
     return worker::ToGrpc(result.status());
   }
   latency_->Observe(absl::ToDoubleSeconds(absl::Now() - start));

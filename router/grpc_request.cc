@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "frontend/json_depth.h"
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::router {
@@ -73,18 +73,18 @@ std::optional<frontend::ApiError> CheckChatOnly(const pv1::GenerateRequest& requ
 }
 
 // `text` (a JSON document inside a proto string) parsed with its key order kept, or a 400 naming
-// `param`: `what` is not JSON, or nests too deep to be re-serialized without overflowing the
-// stack (the check frontend/response_format.cc makes on an HTTP body, with its message).
+// `param`: `what` nests deeper than kMaxJsonDepth levels, or is not JSON. The depth is checked on
+// the text first: parsing into an ordered_json object that grows copies its members, and copying
+// recurses once per level (common/json_depth.h).
 std::variant<ordered_json, frontend::ApiError> ParseJsonText(const std::string& text,
                                                              const std::string& what,
                                                              const char* param) {
-  // nlohmann's parser is iterative: any depth parses without deep recursion.
+  if (absl::Status depth = CheckJsonDepth(text, what); !depth.ok()) {
+    return frontend::InvalidRequest(std::string(depth.message()), param);
+  }
   ordered_json value = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded())
+  if (value.is_discarded()) {
     return frontend::InvalidRequest(absl::StrCat(what, " is not JSON"), param);
-  if (frontend::DeeperThan(value, frontend::kMaxJsonDepth)) {
-    return frontend::InvalidRequest(
-        absl::StrCat(what, " nests deeper than ", frontend::kMaxJsonDepth, " JSON levels"), param);
   }
   return value;
 }

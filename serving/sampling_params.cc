@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_depth.h"
 #include "xxhash.h"
 
 namespace pdserve::serving {
@@ -93,6 +94,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
   if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxTopLogprobs)) {
     return RangeError("logprobs", absl::StrCat("in [0, ", kMaxTopLogprobs, "]"), *params.logprobs);
   }
+  // The workers take both texts from their RPCs; the grammars parse them (common/json_depth.h).
+  if (auto status = CheckJsonDepth(params.json_schema, "json_schema"); !status.ok()) return status;
+  if (auto status = CheckJsonDepth(params.tool_call_grammar, "tool_call_grammar"); !status.ok()) {
+    return status;
+  }
   if (!params.json_schema.empty() && params.min_tokens > 0) {
     return absl::InvalidArgumentError(
         "min_tokens must be 0 with response_format: the end of the JSON ends the choice");
@@ -110,6 +116,18 @@ absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_
     return absl::InvalidArgumentError(
         "ignore_eos must be false with tool_choice \"required\" or a named function: the end of "
         "the tool-call block ends the choice");
+  }
+  // A stop token would end the choice wherever the grammar stands, cutting the document or the
+  // block short under finish_reason "stop" (found by a breaker, 2026-12-04); stop strings are
+  // refused the same way by the fronts (frontend/api_request.cc).
+  if (!params.json_schema.empty() && !params.stop_token_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "stop_token_ids must be empty with response_format: the end of the JSON ends the choice");
+  }
+  if (!params.tool_call_grammar.empty() && !params.stop_token_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "stop_token_ids must be empty with tool_choice \"required\" or a named function: the end "
+        "of the tool-call block ends the choice");
   }
   if (!params.tool_call_grammar.empty() && !params.json_schema.empty()) {
     return absl::InvalidArgumentError(

@@ -67,7 +67,9 @@ struct SamplingParams {
 // are rejected for every real field, and so is a real value that float32 (what worker.v1 carries)
 // cannot hold: every one must be 0 or of magnitude in [kMinFloat32, kMaxFloat32]. Below it, e.g.
 // top_p 1e-46, the value would reach a worker as 0 ("off" for top_p and repetition_penalty) while
-// the colocated server applied it.
+// the colocated server applied it. json_schema and tool_call_grammar must nest at most
+// kMaxJsonDepth JSON levels (common/json_depth.h); with either, min_tokens, ignore_eos and
+// stop_token_ids must be unset (the grammar's own end ends the choice).
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
 // The magnitudes a real sampling value may take besides 0: those of the normal float32 numbers.

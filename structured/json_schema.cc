@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_depth.h"
 #include "common/status.h"
 
 namespace pdserve::structured {
@@ -403,6 +404,7 @@ absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const json
 }
 
 absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Parse(std::string_view text) {
+  PDSERVE_RETURN_IF_ERROR(CheckJsonDepth(text, "the schema"));
   json schema = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("the schema is not valid JSON");
   return Compile(schema);

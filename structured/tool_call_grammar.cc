@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_depth.h"
 #include "common/status.h"
 #include "structured/json_matcher.h"
 
@@ -286,6 +287,7 @@ std::string ToolCallGrammar::Spec(std::string_view dsml, bool parallel,
 
 absl::StatusOr<std::shared_ptr<const ToolCallGrammar>> ToolCallGrammar::Parse(
     std::string_view spec_text) {
+  PDSERVE_RETURN_IF_ERROR(CheckJsonDepth(spec_text, "the tool-call grammar spec"));
   const ordered_json spec = ordered_json::parse(spec_text.begin(), spec_text.end(), nullptr,
                                                 /*allow_exceptions=*/false);
   if (!spec.is_object() || !spec.contains("dsml") || !spec["dsml"].is_string() ||

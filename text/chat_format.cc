@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_depth.h"
 #include "common/status.h"
 #include "text/python_json.h"
 
@@ -160,6 +161,13 @@ absl::Status WriteToolCalls(const DeepSeekV4Tokens& tokens, std::span<const Chat
   for (size_t i = 0; i < calls.size(); ++i) {
     if (i > 0) out.Plain("\n");
     tag("<", absl::StrCat("invoke name=\"", calls[i].name, "\">\n"));
+    // Checked before the parse: rendering them below (PythonJsonDumps) recurses once per level.
+    if (absl::Status depth = CheckJsonDepth(
+            calls[i].arguments,
+            absl::StrCat("chat: the arguments text of tool call '", calls[i].id, "'"));
+        !depth.ok()) {
+      return depth;
+    }
     // Arguments that are not JSON travel as one string parameter named "arguments".
     nlohmann::ordered_json args = nlohmann::ordered_json::parse(calls[i].arguments, nullptr,
                                                                 /*allow_exceptions=*/false);

@@ -7,14 +7,15 @@
 namespace pdserve::text {
 namespace {
 
-// Earliest occurrence of any stop string in `text`: its position and the stop string; npos if
-// none. Among stop strings found at the same position the longest is reported.
+// Earliest occurrence of any stop string in `text` that ends after its first `min_end` bytes: its
+// position and the stop string; npos if none. Among stop strings found at the same position the
+// longest is reported.
 size_t FindEarliestStop(std::string_view text, const std::vector<std::string>& stops,
-                        std::string* matched) {
+                        std::string* matched, size_t min_end = 0) {
   size_t best = std::string_view::npos;
   for (const std::string& stop : stops) {
     if (stop.empty()) continue;
-    const size_t pos = text.find(stop);
+    const size_t pos = text.find(stop, min_end >= stop.size() ? min_end - stop.size() + 1 : 0);
     if (pos == std::string_view::npos) continue;
     if (pos < best || (pos == best && stop.size() > matched->size())) {
       best = pos;
@@ -71,6 +72,8 @@ absl::StatusOr<DetokenizeStep> IncrementalDetokenizer::Add(int32_t id) {
   const size_t final_bytes = bytes_.size() - IncompleteUtf8Tail(bytes_);
   pending_ += Utf8Lossy(std::string_view(bytes_).substr(0, final_bytes));
   bytes_.erase(0, final_bytes);
+  // Before the min_tokens-th token a stop string cannot end: what is pending is all plain text.
+  if (++added_ < options_.min_tokens) stop_floor_ = pending_.size();
   Release(/*at_end=*/false, &step);
   return step;
 }
@@ -89,7 +92,7 @@ DetokenizeStep IncrementalDetokenizer::Finish() {
 
 void IncrementalDetokenizer::Release(bool at_end, DetokenizeStep* step) {
   std::string matched;
-  const size_t stop_pos = FindEarliestStop(pending_, options_.stop_strings, &matched);
+  const size_t stop_pos = FindEarliestStop(pending_, options_.stop_strings, &matched, stop_floor_);
   // A stop string that completes later but starts earlier would win in the non-streamed text,
   // so a complete match only ends the stream when no earlier partial match is pending.
   const size_t partial =
@@ -106,6 +109,7 @@ void IncrementalDetokenizer::Release(bool at_end, DetokenizeStep* step) {
   const size_t release = std::min(partial, stop_pos);
   step->text = pending_.substr(0, release);
   pending_.erase(0, release);
+  stop_floor_ -= std::min(stop_floor_, release);
 }
 
 }  // namespace pdserve::text

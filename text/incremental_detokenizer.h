@@ -7,7 +7,8 @@
 //    Tokenizer::Decode(all ids) exactly, including U+FFFD for bytes that are truly invalid;
 //  - with stop strings, text that could still be the start of a stop string is held back; the
 //    concatenation equals Decode(all ids) cut before the earliest occurrence of any stop string
-//    (TruncateAtStop), and no part of a matched stop string is ever emitted.
+//    (TruncateAtStop), and no part of a matched stop string is ever emitted. With min_tokens,
+//    occurrences that end before the min_tokens-th token's text are not matches.
 //
 // Thread-safety: not thread-safe; one instance per request stream. The Tokenizer must outlive it.
 #pragma once
@@ -25,6 +26,9 @@ namespace pdserve::text {
 struct DetokenizeOptions {
   bool skip_special_tokens = true;
   std::vector<std::string> stop_strings;  // empty strings are ignored
+  // vLLM's min_tokens for stop strings: one counts only when it ends in the text of the
+  // min_tokens-th token or a later one; earlier occurrences are plain text (0 and 1: any).
+  int64_t min_tokens = 0;
 };
 
 // Text released by one step. After `stopped` is true the stream is over: further ids are ignored.
@@ -54,8 +58,10 @@ class IncrementalDetokenizer {
 
   const Tokenizer& tokenizer_;
   DetokenizeOptions options_;
-  std::string bytes_;    // raw bytes not yet decoded (an unfinished UTF-8 tail)
-  std::string pending_;  // decoded text held back for stop-string matching
+  std::string bytes_;      // raw bytes not yet decoded (an unfinished UTF-8 tail)
+  std::string pending_;    // decoded text held back for stop-string matching
+  int64_t added_ = 0;      // ids consumed
+  size_t stop_floor_ = 0;  // a stop string in pending_ must end after this many bytes
   bool stopped_ = false;
 };
 

@@ -159,4 +159,9 @@ grpc::Status ToGrpc(const absl::Status& status) {
                       IsTransferPeerFailure(status) ? kTransferPeerFailed : "");
 }
 
+spdlog::level::level_enum FailureLogLevel(const absl::Status& status, bool cancelled_by_caller) {
+  return status.code() == absl::StatusCode::kCancelled && cancelled_by_caller ? spdlog::level::debug
+                                                                              : spdlog::level::warn;
+}
+
 }  // namespace pdserve::worker

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/deploy_config.h"
 #include "common/progress_heartbeat.h"
+#include "spdlog/spdlog.h"
 
 namespace pdserve::worker {
 
@@ -83,5 +84,10 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
 // grpc::Status with the absl status' code and message, and error_details kTransferPeerFailed
 // for a status MarkTransferPeerFailure marked (worker/transfer_peer.h).
 grpc::Status ToGrpc(const absl::Status& status);
+
+// The level a worker logs a failed RPC at: debug for a CANCELLED `status` that the caller asked
+// for (`cancelled_by_caller`: the router's Abort, or the client cancelled the call; routine, one
+// per client that hangs up, and counted in the failures metric), warn for everything else.
+spdlog::level::level_enum FailureLogLevel(const absl::Status& status, bool cancelled_by_caller);
 
 }  // namespace pdserve::worker

@@ -27,7 +27,7 @@ ApiError ParseErr(Endpoint e, const std::string& body) {
 TEST(ApiRequestTest, CompletionWithSamplingFields) {
   ApiRequest r = ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":"Hi","max_tokens":7,
       "temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.05,"seed":42,"n":3,"stop":["\n\n"],
-      "logprobs":5,"logit_bias":{"17":-100},"presence_penalty":0.5,"stream":true,
+      "logprobs":5,"logit_bias":{"17":-100,"0":3},"presence_penalty":0.5,"stream":true,
       "stream_options":{"include_usage":true}})");
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(*r.prompt_text, "Hi");
@@ -41,6 +41,7 @@ TEST(ApiRequestTest, CompletionWithSamplingFields) {
   EXPECT_TRUE(r.logprobs);
   EXPECT_EQ(r.top_logprobs, 5);
   EXPECT_DOUBLE_EQ(r.logit_bias.at(17), -100);
+  EXPECT_DOUBLE_EQ(r.logit_bias.at(0), 3);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
 }
@@ -122,6 +123,17 @@ INSTANTIATE_TEST_SUITE_P(
                 "'stop' may hold at most 4 strings", "stop"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"x":1}})",
                 "'logit_bias' key 'x' is not a token id", "logit_bias"},
+        // Only the decimal form a client writes for an id: no sign, spaces or leading zeros.
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"+5":1}})",
+                "'logit_bias' key '+5' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{" 5":1}})",
+                "'logit_bias' key ' 5' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"5 ":1}})",
+                "'logit_bias' key '5 ' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"05":1}})",
+                "'logit_bias' key '05' is not a token id", "logit_bias"},
+        BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"-0":1}})",
+                "'logit_bias' key '-0' is not a token id", "logit_bias"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":"x","stream_options":{}})",
                 "'stream_options' requires 'stream': true", "stream_options"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":["a","b"]})",
@@ -262,17 +274,60 @@ TEST(ApiRequestTest, ToolsToolMessagesAndToolCallsAreRead) {
   EXPECT_EQ(r.messages[2].content, "a\n\nb");
 }
 
-// A tool's parameters 200000 arrays deep (a 400 KB body) are refused before the tool is copied,
-// which recurses once per level: as with response_format, such a body overflowed the stack.
-TEST(ApiRequestTest, AToolNestingDeeperThan256LevelsIs400NotACrash) {
-  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  const ApiError e = ParseErr(Endpoint::kChatCompletions,
-                              R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
-                              R"("tools":[{"type":"function","function":{"name":"f",)"
-                              R"("parameters":{"p":)" +
-                                  deep + "}}}]}");
-  EXPECT_EQ(e.param, "tools");
-  EXPECT_EQ(e.message, "tools[0].function nests deeper than 256 JSON levels");
+// Bodies 100000 arrays deep (under the 4 MiB body limit) are refused before anything parses
+// them: the chat fields are parsed again as ordered_json, whose objects copy their members when
+// they grow, and copying recurses once per level: `pdserve serve` died with SIGSEGV on these
+// (found by a breaker, 2026-12-04), whichever field held the deep value.
+TEST(ApiRequestTest, ABodyNestingDeeperThan256LevelsIs400NotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string messages = R"("model":"m","messages":[{"role":"user","content":"x"}])";
+  const std::string bodies[] = {
+      "{" + messages + R"(,"tools":[{"type":"function","function":{"name":"f"}}],"x":)" + deep +
+          R"(,"y":1,"z":2})",
+      "{" + messages +
+          R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{}}},)"
+          R"("x":)" +
+          deep + R"(,"y":1})",
+      "{" + messages + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+          R"({"p":)" + deep + "}}}]}",
+      "{" + messages + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a",)" +
+          R"("schema":{"a":)" + deep + R"(,"b":1}}}})",
+  };
+  for (const std::string& body : bodies) {
+    const ApiError e = ParseErr(Endpoint::kChatCompletions, body);
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.message, "request body nests deeper than 256 JSON levels") << body.substr(0, 120);
+  }
+  const ApiError completion =
+      ParseErr(Endpoint::kCompletions, R"({"model":"m","prompt":"x","x":)" + deep + "}");
+  EXPECT_EQ(completion.message, "request body nests deeper than 256 JSON levels");
+}
+
+TEST(ApiRequestTest, ABodyAtTheDepthLimitIsRead) {
+  // 256 levels in all: the body object, then 255 arrays.
+  const std::string nested = std::string(255, '[') + std::string(255, ']');
+  const ApiRequest r =
+      ParseOk(Endpoint::kCompletions, R"({"model":"m","prompt":"x","x":)" + nested + "}");
+  EXPECT_EQ(r.prompt_text, "x");
+  const ApiError e =
+      ParseErr(Endpoint::kCompletions, R"({"model":"m","prompt":"x","x":[)" + nested + "]}");
+  EXPECT_EQ(e.message, "request body nests deeper than 256 JSON levels");
+}
+
+// An assistant message's tool-call arguments are JSON inside a string: the body's depth does not
+// bound them, and the chat format parses them to render the prompt.
+TEST(ApiRequestTest, ToolCallArgumentsNestingDeeperThan256LevelsAre400) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const ApiError e =
+      ParseErr(Endpoint::kChatCompletions,
+               R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant",)"
+               R"("content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f",)"
+               R"("arguments":"{\"a\":)" +
+                   deep + R"(,\"b\":1}"}}]}]})");
+  EXPECT_EQ(e.param, "messages");
+  EXPECT_EQ(e.message,
+            "messages[1].tool_calls[0].function.arguments nests deeper than 256 JSON "
+            "levels");
 }
 
 TEST(ApiRequestTest, ThinkingFollowsKwargsThenReasoningEffort) {

@@ -59,23 +59,27 @@ class OneTokenService : public GenerationService {
   };
 };
 
+constexpr char kCompletion[] = R"({"model":"tiny","prompt":"In the","max_tokens":1})";
+
 http::request<http::string_body> MakeRequest(http::verb verb, const std::string& target,
-                                             const std::string& authorization) {
+                                             const std::string& authorization,
+                                             const std::string& body = kCompletion) {
   http::request<http::string_body> req{verb, target, 11};
   req.set(http::field::host, "localhost");
   req.set(http::field::content_type, "application/json");
   if (!authorization.empty()) req.set(http::field::authorization, authorization);
-  if (verb == http::verb::post) req.body() = R"({"model":"tiny","prompt":"In the","max_tokens":1})";
+  if (verb == http::verb::post) req.body() = body;
   req.prepare_payload();
   return req;
 }
 
 http::response<http::string_body> Plain(uint16_t port, http::verb verb, const std::string& target,
-                                        const std::string& authorization = "") {
+                                        const std::string& authorization = "",
+                                        const std::string& body = kCompletion) {
   net::io_context ioc;
   tcp::socket sock(ioc);
   sock.connect({net::ip::make_address("127.0.0.1"), port});
-  http::write(sock, MakeRequest(verb, target, authorization));
+  http::write(sock, MakeRequest(verb, target, authorization, body));
   beast::flat_buffer buf;
   http::response<http::string_body> res;
   http::read(sock, buf, res);
@@ -198,6 +202,36 @@ TEST_F(HttpsTest, PlainHttpGetsNoAnswer) {
   EXPECT_THROW(Plain(server_->port(), http::verb::post, "/v1/completions"),
                boost::system::system_error);
   EXPECT_EQ(service_.starts.load(), 0);
+}
+
+// Unauthenticated bodies 100000 arrays deep, the breaker's (2026-12-04), each on
+// /v1/chat/completions: a 400 naming the limit, nothing started, and the server still answers.
+// Before the depth check the server's reading thread overflowed its stack and the whole process
+// died.
+TEST(UntrustedJsonTest, DeeplyNestedBodiesAre400AndTheServerLives) {
+  OneTokenService service;
+  HttpServerOptions options;
+  options.port = 0;
+  auto server = HttpServer::Start(options, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string head = R"({"model":"tiny","messages":[{"role":"user","content":"hi"}],)";
+  const std::string bodies[] = {
+      head + R"("tools":[{"type":"function","function":{"name":"f"}}],"x":)" + deep +
+          R"(,"y":1,"z":2})",
+      head + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)" +
+          R"({"type":"string"}}},"x":)" + deep + R"(,"y":1})",
+  };
+  for (const std::string& body : bodies) {
+    const http::response<http::string_body> res =
+        Plain((*server)->port(), http::verb::post, "/v1/chat/completions", "", body);
+    EXPECT_EQ(res.result_int(), 400);
+    EXPECT_EQ(nlohmann::json::parse(res.body())["error"]["message"],
+              "request body nests deeper than 256 JSON levels");
+  }
+  EXPECT_EQ(service.starts.load(), 0);
+  EXPECT_EQ(Plain((*server)->port(), http::verb::post, "/v1/completions").result_int(), 200);
+  (*server)->Stop();
 }
 
 TEST(HttpsStartTest, AnUnusableCertificateFailsStartNamingTheFile) {

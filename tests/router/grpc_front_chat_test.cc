@@ -309,7 +309,10 @@ std::string DeepSchema(int depth) {
 }
 
 TEST_F(GrpcFrontChatTest, RefusalsAreInvalidArgumentWithTheHttpFrontsError) {
-  const std::string deep = DeepSchema(300);
+  // Deeper than the schema compiler takes (24), well under the JSON depth limit (256): both fronts
+  // read it and refuse it alike. Past 256 they differ: the gRPC front names the field, the HTTP
+  // front the body (ProtoOnlyRefusalsNameTheField).
+  const std::string deep = DeepSchema(30);
   pv1::GenerateRequest deep_request =
       FromText(R"pb(model: "tiny"
                     chat { messages { role: "user" content: "x" } })pb");
@@ -401,6 +404,25 @@ TEST_F(GrpcFrontChatTest, ProtoOnlyRefusalsNameTheField) {
   deep_schema.mutable_response_format()->set_type("json_schema");
   deep_schema.mutable_response_format()->mutable_json_schema()->set_name("d");
   deep_schema.mutable_response_format()->mutable_json_schema()->set_schema_json(DeepSchema(200000));
+  // Members after the deep one: an ordered_json object that grows copies what it holds, once per
+  // level, so these crashed in the parse itself (found by a breaker, 2026-12-04).
+  const std::string deep_then_keys =
+      R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + R"(,"b":1,"c":2})";
+  pv1::GenerateRequest deep_tool_keys = FromText(grpc_chat);
+  deep_tool_keys.add_tools()->set_name("f");
+  deep_tool_keys.mutable_tools(0)->set_parameters_json(deep_then_keys);
+  pv1::GenerateRequest deep_schema_keys = FromText(grpc_chat);
+  deep_schema_keys.mutable_response_format()->set_type("json_schema");
+  deep_schema_keys.mutable_response_format()->mutable_json_schema()->set_name("d");
+  deep_schema_keys.mutable_response_format()->mutable_json_schema()->set_schema_json(
+      deep_then_keys);
+  pv1::GenerateRequest deep_arguments = FromText(grpc_chat);
+  pv1::ChatMessage* assistant = deep_arguments.mutable_chat()->add_messages();
+  assistant->set_role("assistant");
+  pv1::ToolCall* call = assistant->add_tool_calls();
+  call->set_id("c1");
+  call->set_name("f");
+  call->set_arguments(deep_then_keys);
   const std::vector<Case> cases = {
       {FromText(R"pb(model: "tiny"
                      text: "x"
@@ -424,6 +446,11 @@ TEST_F(GrpcFrontChatTest, ProtoOnlyRefusalsNameTheField) {
       {deep_tool, "tools", "tools[0].function.parameters nests deeper than 256 JSON levels"},
       {deep_schema, "response_format",
        "'response_format.json_schema.schema' nests deeper than 256 JSON levels"},
+      {deep_tool_keys, "tools", "tools[0].function.parameters nests deeper than 256 JSON levels"},
+      {deep_schema_keys, "response_format",
+       "'response_format.json_schema.schema' nests deeper than 256 JSON levels"},
+      {deep_arguments, "messages",
+       "messages[1].tool_calls[0].function.arguments nests deeper than 256 JSON levels"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);

@@ -80,6 +80,34 @@ INSTANTIATE_TEST_SUITE_P(
                     },
                     "min_tokens must be in [0, max_tokens = 5], got 2147483647"},
         InvalidCase{"ZeroChoices", [](auto& p) { p.n = 0; }, "n must be in [1, 128], got 0"},
+        // The workers take these texts from their RPCs; the grammars parse them (worker/wire.cc).
+        InvalidCase{"DeepJsonSchema",
+                    [](auto& p) {
+                      p.json_schema = R"({"a":)" + std::string(100000, '[') +
+                                      std::string(100000, ']') + R"(,"b":1,"c":2})";
+                    },
+                    "json_schema nests deeper than 256 JSON levels"},
+        InvalidCase{"DeepToolCallGrammar",
+                    [](auto& p) {
+                      p.tool_call_grammar = R"({"a":)" + std::string(100000, '[') +
+                                            std::string(100000, ']') + R"(,"b":1,"c":2})";
+                    },
+                    "tool_call_grammar nests deeper than 256 JSON levels"},
+        // A stop token ends the choice wherever the grammar is, cutting the document short.
+        InvalidCase{"StopTokenIdsWithResponseFormat",
+                    [](auto& p) {
+                      p.json_schema = R"({"type":"integer"})";
+                      p.stop_token_ids = {85};
+                    },
+                    "stop_token_ids must be empty with response_format: the end of the JSON ends "
+                    "the choice"},
+        InvalidCase{"StopTokenIdsWithForcedToolCalls",
+                    [](auto& p) {
+                      p.tool_call_grammar = R"({"dsml":"x","tools":[{"name":"f"}]})";
+                      p.stop_token_ids = {85};
+                    },
+                    "stop_token_ids must be empty with tool_choice \"required\" or a named "
+                    "function: the end of the tool-call block ends the choice"},
         InvalidCase{"TooManyTopLogprobs", [](auto& p) { p.logprobs = 21; },
                     "logprobs must be in [0, 20], got 21"},
         // Values float32 (worker.v1) cannot hold: 0 ("off") or infinity on the wire.

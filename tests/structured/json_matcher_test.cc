@@ -288,5 +288,15 @@ TEST(JsonSchemaTest, RefExpansionIsBounded) {
   EXPECT_TRUE(Accepts(schema, "17"));
 }
 
+// Schema text from a worker RPC is checked before it is parsed: an ordered_json object that grows
+// copies its members, recursing once per level, and this text overflowed the worker's stack.
+TEST(JsonSchemaTest, SchemaTextNestedTooDeepIsInvalidArgumentNotACrash) {
+  const std::string deep =
+      R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + R"(,"b":1,"c":2})";
+  const absl::Status status = JsonSchema::Parse(deep).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "the schema nests deeper than 256 JSON levels");
+}
+
 }  // namespace
 }  // namespace pdserve::structured

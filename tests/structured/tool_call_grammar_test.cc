@@ -391,5 +391,14 @@ TEST(ToolCallGrammarTest, RequestSamplerMasksRandomLogits) {
   EXPECT_EQ(content, "");
 }
 
+// A spec from a worker RPC is checked before it is parsed (the schema's test says why).
+TEST(ToolCallGrammarTest, SpecNestedTooDeepIsInvalidArgumentNotACrash) {
+  const std::string deep =
+      R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + R"(,"b":1,"c":2})";
+  const absl::Status status = ToolCallGrammar::Parse(deep).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "the tool-call grammar spec nests deeper than 256 JSON levels");
+}
+
 }  // namespace
 }  // namespace pdserve::structured

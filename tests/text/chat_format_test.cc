@@ -121,6 +121,21 @@ TEST(ChatFormatTest, ToolCallArgumentsThatAreJsonButNoObjectAreInvalidArgument) 
   EXPECT_EQ(format->Render(messages, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Arguments 100000 arrays deep (a 200 KB string) are refused before they are parsed: rendering
+// them as Python's json.dumps recursed once per level and overflowed the prepare thread's stack.
+TEST(ChatFormatTest, ToolCallArgumentsNestedTooDeepAreInvalidArgumentNotACrash) {
+  auto format = FixtureFormat();
+  ASSERT_NE(format, nullptr);
+  const std::string deep =
+      R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + R"(,"b":1,"c":2})";
+  const std::vector<ChatMessage> messages = {{"user", "q", ""},
+                                             {"assistant", "", "", {{"c1", "f", deep}}, ""}};
+  const absl::Status status = format->Render(messages, {}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "chat: the arguments text of tool call 'c1' nests deeper than 256 JSON levels");
+}
+
 TEST(ChatFormatTest, ToolResultTextCannotForgeATurn) {
   auto format = FixtureFormat();
   ASSERT_NE(format, nullptr);

@@ -154,6 +154,28 @@ TEST(IncrementalDetokenizerTest, EarlierStartingStopStringWinsOverEarlierComplet
   }
 }
 
+// vLLM's rule: a stop string counts only when it ends in the text of the min_tokens-th token or a
+// later one; earlier occurrences are plain text.
+TEST(IncrementalDetokenizerTest, StopStringsEndingBeforeMinTokensAreText) {
+  const Tokenizer& tok = FixtureTokenizer();
+  const std::string text = "ab STOP cd STOP ef";  // one token per byte: the first STOP ends at 7
+  const std::vector<int32_t> ids = ByteTokens(tok, text);
+  const auto streamed = [&](int32_t min_tokens) {
+    return Stream(tok, ids, {.stop_strings = {"STOP"}, .min_tokens = min_tokens}).text;
+  };
+  EXPECT_EQ(streamed(0), "ab ");
+  EXPECT_EQ(streamed(7), "ab ");  // the 7th token completes it: it counts
+  EXPECT_EQ(streamed(8), "ab STOP cd ");
+  EXPECT_EQ(streamed(15), "ab STOP cd ");
+  EXPECT_EQ(streamed(16), text);  // no stop counts: everything, and not stopped
+  EXPECT_FALSE(Stream(tok, ids, {.stop_strings = {"STOP"}, .min_tokens = 16}).stopped);
+  // An occurrence that starts before the min_tokens-th token and ends in it counts (vLLM looks
+  // back a stop string's length from the new text).
+  EXPECT_EQ(
+      Stream(tok, ByteTokens(tok, "xxSTOP"), {.stop_strings = {"STOP"}, .min_tokens = 6}).text,
+      "xx");
+}
+
 TEST(IncrementalDetokenizerTest, PartialStopPrefixIsReleasedAtFinish) {
   const Tokenizer& tok = FixtureTokenizer();
   const Streamed s = Stream(tok, ByteTokens(tok, "the end is ST"), {.stop_strings = {"STOP"}});

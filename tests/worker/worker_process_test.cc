@@ -52,5 +52,18 @@ TEST(WorkerProcessTest, CudaDevicesOfOneGpuAndOfABadList) {
       << twice.status();
 }
 
+// Every client that hangs up cancels its Prefill: routine, logged at debug (the failures metric
+// counts it); a failure the caller did not ask for stays a warning.
+TEST(WorkerProcessTest, CancellationsLogAtDebugAndRealFailuresWarn) {
+  const absl::Status aborted = absl::CancelledError("request 7 was aborted");
+  EXPECT_EQ(FailureLogLevel(aborted, /*cancelled_by_caller=*/true), spdlog::level::debug);
+  // CANCELLED that the caller did not ask for (a transport cancelled a send) is a failure.
+  EXPECT_EQ(FailureLogLevel(aborted, /*cancelled_by_caller=*/false), spdlog::level::warn);
+  EXPECT_EQ(FailureLogLevel(absl::UnavailableError("peer lost"), /*cancelled_by_caller=*/true),
+            spdlog::level::warn);
+  EXPECT_EQ(FailureLogLevel(absl::InvalidArgumentError("x"), /*cancelled_by_caller=*/false),
+            spdlog::level::warn);
+}
+
 }  // namespace
 }  // namespace pdserve::worker
