@@ -81,7 +81,8 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
                        int64_t drain_timeout_ms);
 
 // grpc::Status with the absl status' code and message, and error_details kTransferPeerFailed
-// for a status MarkTransferPeerFailure marked (worker/transfer_peer.h).
+// or kTicketMismatch for a status MarkTransferPeerFailure / MarkTicketMismatch marked
+// (worker/transfer_peer.h).
 grpc::Status ToGrpc(const absl::Status& status);
 
 }  // namespace pdserve::worker
