@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/command_registry.h"
+#include "common/fatal_signal.h"
 
 namespace pdserve::cli {
 std::vector<CommandInstaller>& Installers() {
@@ -42,6 +43,9 @@ CLI::Validator NonNegative() {
 }  // namespace pdserve::cli
 
 int main(int argc, char** argv) {
+  // Every subcommand: a crash leaves its signal, pid and backtrace on stderr (the log).
+  pdserve::common::InstallFatalSignalHandlers();
+  pdserve::common::MaybeCrashForTest();
   CLI::App app{
       "pdserve: disaggregated prefill/decode serving for DeepSeek sparse-attention models"};
   app.require_subcommand(1);
