@@ -113,5 +113,33 @@ TEST_F(RouterIdentityTest, TransferFailureInTheCanaryIsTheDecodeWorkersNotThePre
   EXPECT_TRUE(service->pool().prefill()[0]->up());
 }
 
+// Between health checks a request may still meet a decode worker of another model: the prefill
+// worker refuses its ticket (ticket_mismatch) and the request is retried on another decode
+// worker; with none left it gets 503, not 500.
+TEST_F(RouterIdentityTest, RequestWhoseTicketIsRefusedIsRetriedOnAnotherDecodeWorker) {
+  prefill_->accepted_ticket_fingerprint = 5;
+  decode_[0]->ticket_fingerprint = 9;
+  decode_[1]->ticket_fingerprint = 5;
+  // The fakes stream without waiting for a transfer: slow enough that the refusal comes first.
+  for (auto& d : decode_) d->token_delay_ms = 25;
+  auto service = MakeService(2);  // no canary: both decode workers are up
+  for (int i = 0; i < 4; ++i) {
+    auto sink = Run(*service, Completion({1, 2, 3}, 3));
+    EXPECT_FALSE(sink->failed) << sink->error.message;
+  }
+  {
+    absl::MutexLock lock(&prefill_->mu);
+    int refused = 0;
+    for (const auto& prefill : prefill_->prefills)
+      refused += prefill.ticket().model_fingerprint() == 9;
+    EXPECT_GE(refused, 1);  // round robin sent some to d0; each was tried again on d1
+  }
+  decode_[1]->ticket_fingerprint = 9;
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  EXPECT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503) << sink->error.message;
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+}
+
 }  // namespace
 }  // namespace pdserve::router::testing
