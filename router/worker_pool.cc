@@ -1,6 +1,7 @@
 #include "router/worker_pool.h"
 
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -195,13 +196,16 @@ bool WorkerPool::SameModel(Worker& worker, const ModelIdentity& stated) {
     }
     cluster = cluster_;
   }
-  if (!same && !worker.ExchangeWrongModel(true)) {
+  // Logged once per identity: again when a worker restarts on yet another model.
+  const uint64_t stated_hash = same ? 0 : (std::hash<std::string>()(stated.ToString()) | 1);
+  const uint64_t previous = worker.ExchangeWrongModel(stated_hash);
+  if (!same && previous != stated_hash) {
     spdlog::error(
         "router: {} worker {} serves another model than the cluster, marked down until it "
         "does: it states {}; the cluster is {}",
         RoleName(worker.role()), worker.name(), stated.ToString(), cluster.ToString());
   }
-  if (same && worker.ExchangeWrongModel(false)) {
+  if (same && previous != 0) {
     spdlog::info("router: {} worker {} now serves the cluster's model ({})",
                  RoleName(worker.role()), worker.name(), stated.ToString());
   }

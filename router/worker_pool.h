@@ -87,8 +87,9 @@ class Worker {
   // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
   int64_t max_batch() const { return max_batch_.load(); }
   void set_max_batch(int64_t slots) { max_batch_.store(slots); }
-  // Whether the last check found another model identity; returns the previous value.
-  bool ExchangeWrongModel(bool wrong) { return wrong_model_.exchange(wrong); }
+  // A hash of the other model identity the last check found (0: the cluster's, or no check
+  // yet); returns the previous one.
+  uint64_t ExchangeWrongModel(uint64_t stated) { return wrong_model_.exchange(stated); }
 
  private:
   const config::WorkerConfig config_;
@@ -104,7 +105,7 @@ class Worker {
   std::atomic<int> check_failures_{0};
   std::atomic<int64_t> progress_{-1};
   std::atomic<int64_t> max_batch_{0};
-  std::atomic<bool> wrong_model_{false};
+  std::atomic<uint64_t> wrong_model_{0};
 };
 
 // What a worker states about the model it computes with (HealthResponse model,
