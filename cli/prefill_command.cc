@@ -46,6 +46,8 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   options.transfer_lanes = entry.deploy.transfer_lanes > 0
                                ? entry.deploy.transfer_lanes
                                : kv::DefaultTransferLanes(std::thread::hardware_concurrency());
+  PDSERVE_ASSIGN_OR_RETURN(options.transfer_ucx_protocols,
+                           kv::ParseUcxProtocols(entry.deploy.transfer_ucx_protocols));
   // A CUDA engine's state pages are copied to host memory and sent from (landed in) there.
   options.transfer_path = entry.worker.backend == "cuda" ? "host-staged" : "host";
   PDSERVE_ASSIGN_OR_RETURN(options.model,

@@ -148,6 +148,10 @@ struct DeployConfig {
   // UCX workers, endpoints and threads per transfer endpoint; 0: chosen from the host's cores
   // (kv::DefaultTransferLanes). At most kMaxConfigTransferLanes (= kv::kMaxTransferLanes).
   int transfer_lanes = 0;
+  // UCX's protocol implementation for the transfer (kv::UcxProtocols): "v1" (default, UCX
+  // 1.13's own) or "v2" (UCX_PROTO_ENABLE=y; docs/protocol.md, "UCX protocols"). Prefill and
+  // decode must agree; UCX_PROTO_ENABLE in a worker's environment overrides it.
+  std::string transfer_ucx_protocols = "v1";
   // A CUDA decode worker imports each transferred layer into the request's GPU slot as it
   // arrives (runtime/early_import.h) instead of at the first step (docs/engine-gpu.md, "Early
   // import"). On by default since its H200 run of 2026-12-04; false: the import at the first step.

@@ -89,8 +89,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           [self](uint64_t ticket_id, uint64_t request_id, const kv::TransferOutcome& outcome) {
             self->OnOutcome(ticket_id, request_id, outcome);
           },
-          w->options_.transfer_lanes));
-  spdlog::info("transfer: {} receive lane(s)", w->options_.transfer_lanes);
+          w->options_.transfer_lanes, w->options_.transfer_ucx_protocols));
+  spdlog::info("transfer: {} receive lane(s), UCX protocols {}", w->options_.transfer_lanes,
+               kv::UcxProtocolsName(kv::EffectiveUcxProtocols(w->options_.transfer_ucx_protocols)));
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,
@@ -519,10 +520,8 @@ bool DecodeWorker::Apply(Request& request, RequestEvent event) {
   request.state = *next;
   // Ended without joining the batch: its early-imported slot goes back.
   if (!Receiving(request.state)) QueueImportCancel(request);
-  if (frees) {
-    absl::Status freed = pool_->Free(request.table);
-    if (!freed.ok()) spdlog::error("request {}: {}", request.request_id, freed.ToString());
-  }
+  // The worker's hold goes; the pages follow once an early import reading them lets go too.
+  if (frees) request.pages.reset();
   return true;
 }
 

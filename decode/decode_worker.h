@@ -53,6 +53,7 @@
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 #include "runtime/device_state_pools.h"
 #include "runtime/step_runner.h"
+#include "serving/page_lease.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
 #include "serving/sampling_params.h"
@@ -69,6 +70,8 @@ struct DecodeWorkerOptions {
   absl::Duration lease = absl::Seconds(30);  // transfer lease (config transfer.lease_ms)
   // UCX receive lanes (config transfer.lanes, resolved: docs/protocol.md, "Lanes"), 1 .. 16.
   int transfer_lanes = 1;
+  // UCX's protocol implementation (config transfer.ucx_protocols; docs/protocol.md).
+  kv::UcxProtocols transfer_ucx_protocols = kv::UcxProtocols::kV1;
   std::string transfer_path = "host";  // the transfer metrics' path label
   runtime::RunnerOptions runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
   // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by
@@ -143,6 +146,10 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     serving::SamplingParams params;
     std::vector<int32_t> prompt;  // the prompt ids, or zeros when the router sent none
     serving::PageTable table;
+    // The worker's hold on `table`'s pages, from admission while the state holds pages
+    // (HoldsPages); its early import holds them too while it may read them
+    // (runtime/early_import.h), so they go back to the pool when both let go.
+    std::shared_ptr<const serving::PageLease> pages;
     // Changed only by Apply / Finish (decode/request_state.h says what each state holds).
     RequestState state = RequestState::kReceiving;
     bool attached = false;  // a Generate stream reads the events (the stream's, not the request's)

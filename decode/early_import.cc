@@ -19,8 +19,16 @@ void DecodeWorker::BeginEarlyImport(Request& record, int32_t choice_count) {
   // first step, as does fork 0 with them.
   if (early_importer_ == nullptr || choice_count > 1) return;
   const auto prompt = static_cast<int64_t>(record.prompt.size());
+  // The import holds the pages while it may read them: a request that ends meanwhile (released
+  // ticket, abort) gives up only its own hold (Apply), never the pages under the import's read.
+  std::shared_ptr<const serving::PageLease> pages;
+  {
+    absl::MutexLock lock(&mu_);
+    pages = record.pages;
+  }
+  if (pages == nullptr) return;
   const absl::Status begun =
-      early_importer_->Begin(record.sequence, prompt, prompt + record.params.max_tokens);
+      early_importer_->Begin(record.sequence, prompt, prompt + record.params.max_tokens, pages);
   if (!begun.ok()) {
     // No free slot is expected under load (the default path then): not worth a warning each time.
     if (absl::IsResourceExhausted(begun)) {

@@ -73,10 +73,11 @@ absl::Status DecodeWorker::AdmitForksLocked(Request& record, int32_t choice_coun
       break;
     }
     fork->table = std::move(*table);
+    fork->pages = serving::PageLease::Hold(pool_.get(), fork->table);
     forks.push_back(std::move(fork));
   }
   if (!status.ok()) {
-    for (const std::shared_ptr<Request>& fork : forks) pool_->Free(fork->table).IgnoreError();
+    forks.clear();  // their holds go, and with them their pages
     return status;
   }
   record.forks = std::move(forks);

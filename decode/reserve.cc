@@ -117,11 +117,12 @@ absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record, int32
   if (aborted_ids_.contains(id)) {
     return absl::AbortedError(absl::StrCat("request ", id, " was aborted before it was reserved"));
   }
-  // A batch slot is taken by a request that may still decode; an aborted or failed one only
-  // holds pages (behind its fence), which the pool's own check below counts.
+  // A batch slot is taken by a request in the batch (an aborted one until the step in flight is
+  // over: it still holds its runner slot) or one that may still join it. One aborted or failed
+  // before joining only holds pages (behind its fence), which the pool's own check below counts.
   int64_t holding = 0;
   for (const auto& [rid, r] : requests_) {
-    holding += HoldsPages(r->state) && !Quarantined(r->state);
+    holding += InBatch(r->state) || r->state == RequestState::kReceiving;
   }
   if (holding + choice_count > options_.max_batch) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -146,11 +147,12 @@ absl::StatusOr<kv::ReceiveSpec> DecodeWorker::AdmitLocked(Request& record, int32
                                 : ""));
   }
   record.table = std::move(*table);
+  record.pages = serving::PageLease::Hold(pool_.get(), record.table);
   absl::StatusOr<kv::ReceiveSpec> spec = ReceiveSpecFor(record, total);
   if (spec.ok()) {
     if (absl::Status forks = AdmitForksLocked(record, choice_count); !forks.ok()) spec = forks;
   }
-  if (!spec.ok()) pool_->Free(record.table).IgnoreError();
+  if (!spec.ok()) record.pages.reset();
   return spec;
 }
 

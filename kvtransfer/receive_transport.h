@@ -48,7 +48,8 @@ class PageSink {
   virtual ~PageSink() = default;
   // A page message's `header` (the encoded PageHeader) and its payload's length, before any byte
   // lands. Returns where to land the payload, or nullopt to refuse it: the payload is dropped and
-  // a sender whose page was refused before landing sees its send complete with Cancelled.
+  // a sender whose page was refused before landing sees its send complete with Cancelled (not
+  // over UCX with v2 protocols over tcp: docs/protocol.md, "UCX protocols").
   virtual std::optional<LandingTarget> OnPageHeader(std::span<const std::byte> header,
                                                     size_t length) = 0;
   // The payload of an accepted page landed in its target (`status` OK; `finished` is what

@@ -52,7 +52,10 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                                          1, config.max_position_embeddings)));
   {
     absl::MutexLock lock(&w->run_mu_);
-    PDSERVE_ASSIGN_OR_RETURN(w->transport_, kv::UcxTransport::Create(w->options_.transfer_lanes));
+    PDSERVE_ASSIGN_OR_RETURN(
+        w->transport_,
+        kv::UcxTransport::Create(w->options_.transfer_lanes,
+                                 /*post_on_lanes=*/true, w->options_.transfer_ucx_protocols));
   }
   w->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
@@ -107,7 +110,8 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                                       "Transfers posted and not yet committed or released"));
   w->in_flight_ = &in_flight->Get();
   PDSERVE_ASSIGN_OR_RETURN(w->transfer_metrics_, kv::TransferMetrics::Create(r, "send"));
-  spdlog::info("transfer: {} send lane(s)", w->options_.transfer_lanes);
+  spdlog::info("transfer: {} send lane(s), UCX protocols {}", w->options_.transfer_lanes,
+               kv::UcxProtocolsName(w->transport_->protocols()));
   return w;
 }
 

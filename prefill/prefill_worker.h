@@ -78,6 +78,8 @@ struct PrefillWorkerOptions {
   runtime::PrefillEngineFactory engine_factory;
   // UCX send lanes (config transfer.lanes, resolved: docs/protocol.md, "Lanes"), 1 .. 16.
   int transfer_lanes = 1;
+  // UCX's protocol implementation (config transfer.ucx_protocols; docs/protocol.md).
+  kv::UcxProtocols transfer_ucx_protocols = kv::UcxProtocols::kV1;
   std::string transfer_path = "host";  // the transfer metrics' path label
 };
 

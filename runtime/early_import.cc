@@ -15,6 +15,9 @@ using Event = EarlyImportEvent;
 
 // The states in which layers are still imported and copies checked.
 bool Importing(State s) { return s == State::kImporting || s == State::kVerified; }
+// The states in which the import holds its slot (kFailed and kCancelled gave it back, or their
+// running call does).
+bool HoldsSlot(State s) { return Importing(s) || s == State::kCopied || s == State::kReady; }
 
 const char* EventName(Event e) {
   switch (e) {
@@ -102,8 +105,13 @@ void EarlyImporter::Apply(serving::RequestId id, Record& record, EarlyImportEven
     return;
   }
   spdlog::error("sequence {}: {}", id, next.status().ToString());
-  record.error = next.status();
-  record.state = State::kFailed;
+  if (!HoldsSlot(record.state)) return;  // failed or cancelled already: nothing left to give back
+  if (record.busy) {
+    if (record.fault.ok()) record.fault = next.status();
+    return;
+  }
+  record.busy = true;
+  Fail(id, next.status());
 }
 
 void EarlyImporter::ReleaseSlot(serving::RequestId id) {
@@ -112,7 +120,8 @@ void EarlyImporter::ReleaseSlot(serving::RequestId id) {
   mu_.Lock();
 }
 
-absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64_t total_tokens) {
+absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64_t total_tokens,
+                                  std::shared_ptr<const serving::PageLease> pages) {
   {
     absl::MutexLock lock(&mu_);
     if (records_.contains(id)) {
@@ -125,6 +134,7 @@ absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64
   absl::MutexLock lock(&mu_);
   Record& record = records_[id];
   record.queued.assign(static_cast<size_t>(layers_), 0);
+  record.pages = std::move(pages);
   return absl::OkStatus();
 }
 
@@ -205,13 +215,17 @@ void EarlyImporter::Fail(serving::RequestId id, absl::Status error) {
   // kFailed is published with the slot already free.
   ReleaseSlot(id);
   auto it = records_.find(id);
-  it->second.busy = false;
-  if (it->second.state == State::kCancelled) {
+  Record& record = it->second;
+  record.busy = false;
+  record.pages.reset();  // no call reads them any more
+  if (record.state == State::kCancelled) {
     records_.erase(it);
     return;
   }
-  it->second.error = std::move(error);
-  Apply(id, it->second, Event::kImportFailed);
+  record.error = std::move(error);
+  // kImportFailed for a failed call; an illegal event's failure (a bug) may come in kReady.
+  const absl::StatusOr<State> next = NextEarlyImportState(record.state, Event::kImportFailed);
+  record.state = next.ok() ? *next : State::kFailed;
 }
 
 void EarlyImporter::AfterCall(serving::RequestId id) {
@@ -237,14 +251,16 @@ bool EarlyImporter::Work() {
       AfterCall(id);
       return true;
     }
-    if (imported.ok()) {
+    if (imported.ok() && it->second.fault.ok()) {
       it->second.busy = false;
       ++it->second.imported;
       return true;
     }
-    spdlog::error("sequence {}: early import of layer {} failed: {}", id, layer,
-                  imported.ToString());
-    Fail(id, imported);
+    if (!imported.ok()) {
+      spdlog::error("sequence {}: early import of layer {} failed: {}", id, layer,
+                    imported.ToString());
+    }
+    Fail(id, imported.ok() ? it->second.fault : imported);
     return true;
   }
   // The copy checks of the imports whose layers are all enqueued.
@@ -267,8 +283,8 @@ bool EarlyImporter::Work() {
       AfterCall(id);
       continue;
     }
-    if (!copied.ok()) {
-      Fail(id, copied.status());
+    if (!copied.ok() || !it->second.fault.ok()) {
+      Fail(id, copied.ok() ? it->second.fault : copied.status());
       continue;
     }
     it->second.busy = false;

@@ -16,15 +16,23 @@
 //                                                                  fails with the error)
 //   any but kTaken --kCancel--> kCancelled   (failed checksum, lost lane, abort, lease: slot
 //                                              released once no import call for it runs)
+//   an event outside this table is a bug: logged, and the import fails as on kImportFailed
+//   (slot released, now or when the import call for it returns)
 //
 // The slot is never readable by a step before kReady: GpuModel's staged import keeps its
 // position 0 until the runner finishes it, and the runner takes only kReady slots, so pdserve
 // never decodes from unverified state.
 //
+// Pages. The import reads the sequence's state pages (ImportLayer's fill) on its own thread, so
+// it holds them (Begin's serving::PageLease) from Begin until no import call for it can run any
+// more: a request that ends meanwhile gives up its own hold, and the pages go back to the pool
+// when the import lets go of them too, never under a read.
+//
 // Thread-safety: every public method may be called from any thread (one mutex; LayerArrived is
 // cheap and may run under the receiver's mutex). SlotImporter calls for one request never
 // overlap; ImportLayer / Copied run on the importer's thread, Claim on Begin's caller's,
-// Release on whichever thread ends the import (Cancel's caller or the importer's thread).
+// Release on whichever thread ends the import (Cancel's caller, the importer's thread, or the
+// caller whose event was illegal). The last holder of Begin's pages frees them on its thread.
 #pragma once
 
 #include <atomic>
@@ -41,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "serving/page_lease.h"
 #include "serving/page_pool.h"
 
 namespace pdserve::runtime {
@@ -91,8 +100,12 @@ class EarlyImporter {
   EarlyImporter& operator=(const EarlyImporter&) = delete;
 
   // Claims the slot of sequence `id` for a prompt of `position` tokens (SlotImporter::Claim's
-  // errors; AlreadyExists for an id begun and not forgotten).
-  absl::Status Begin(serving::RequestId id, int64_t position, int64_t total_tokens)
+  // errors; AlreadyExists for an id begun and not forgotten). `pages`: a hold on the sequence's
+  // pages, kept until no import call for it can read them any more (the import is taken,
+  // failed or cancelled and its call returned); null when the caller keeps the pages for the
+  // importer's whole life.
+  absl::Status Begin(serving::RequestId id, int64_t position, int64_t total_tokens,
+                     std::shared_ptr<const serving::PageLease> pages = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Layer `layer`'s pages all landed and passed their checksums: queued for the thread. Ignored
   // for an unknown or ended id, a layer already queued, or one outside [0, layers).
@@ -121,15 +134,21 @@ class EarlyImporter {
     std::vector<char> queued;  // per layer
     int64_t imported = 0;      // layers whose ImportLayer succeeded
     bool busy = false;         // an ImportLayer / Copied call for it runs (mu_ not held)
+    // An illegal event while a call ran (a bug): the call's return fails the import with it.
+    absl::Status fault;
+    std::shared_ptr<const serving::PageLease> pages;  // Begin's, dropped once no call can read
   };
+  friend class EarlyImporterTestPeer;  // tests: events outside the lifecycle
   void Run();
-  // Applies `event`; an illegal one is a bug: logged, and the import fails.
+  // Applies `event`. An illegal one is a bug: logged, and the import fails (its slot released
+  // now, or by the call running for it when that returns). May drop mu_ (the release); the
+  // caller must not use `record` afterwards.
   void Apply(serving::RequestId id, Record& record, EarlyImportEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One import call for the front of the queue, or the copy checks; false when idle.
   bool Work() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An import call for `id` (still busy) failed with `error`: gives its slot back, then fails
-  // it (or forgets it, when it was cancelled meanwhile).
+  // The import of `id` (marked busy by the caller, its slot held) fails with `error`: gives its
+  // slot and pages back, then publishes kFailed (or forgets it, when it was cancelled meanwhile).
   void Fail(serving::RequestId id, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An import call for `id` returned: releases a record cancelled meanwhile.
   void AfterCall(serving::RequestId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,10 +1,16 @@
 // Transfer bandwidth between two processes over loopback UCX (transport from UCX_TLS).
 //
-//   kv_transfer_bench <mode> <total MiB> <page KiB> <iterations> [lanes]
+//   kv_transfer_bench <mode> <total MiB> <page KiB> <iterations> [lanes] [checksum threads]
 //   mode: pdserve  the full protocol: headers, xxh3 on both sides, commit and verification;
 //                  timed from the sender's first post to the receiver's verified outcome;
 //                  `lanes` (default 1) UCX workers, endpoints and threads on each side
-//                  (docs/protocol.md, "Lanes")
+//                  (docs/protocol.md, "Lanes"); `checksum threads` (default 0: none) a
+//                  SenderOptions::checksum_pool of that many threads, as the CUDA prefill
+//                  uses, and the window InFlightBytesForLanes(lanes); also prints where the
+//                  sender's time went (medians): "post" (the PostLayer calls: checksums and the
+//                  sends handed over), "drain" (the Poll loop after the last post, to the
+//                  delivered commit)
+//                  UCX's protocols: UCX_PROTO_ENABLE in the environment (v1 when unset)
 //         am | tag | put  raw ucp_am_send_nbx (receiver lands with ucp_am_recv_data_nbx) /
 //                  ucp_tag_send_nbx into pre-posted receives / ucp_put_nbx + flush into
 //                  registered memory; timed on the sender from the first post to completion
@@ -30,6 +36,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/task_pool.h"
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx/ucs_status.h"
 #include "kvtransfer/ucx/ucx.h"
@@ -44,7 +52,8 @@ struct Config {
   uint64_t total_bytes = 0;
   uint64_t page_bytes = 0;
   int iterations = 0;
-  int lanes = 1;  // pdserve mode only
+  int lanes = 1;             // pdserve mode only
+  int checksum_threads = 0;  // pdserve mode only
   uint64_t pages() const { return total_bytes / page_bytes; }
   bool hot() const { return mode == "am-hot"; }
   // Where page p lives in a buffer of buffer_bytes(): its own place, or the one hot page.
@@ -139,6 +148,8 @@ void PdserveReceiver(const Config& config, Channel& channel) {
   std::vector<std::byte> pool(config.total_bytes);
   if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);
   std::vector<double> seconds;
+  std::vector<double> post_ms;
+  std::vector<double> drain_ms;
   for (int it = 0; it < config.iterations; ++it) {
     ReceiveSpec spec{.request_id = static_cast<uint64_t>(it + 1), .epoch = 1};
     for (uint64_t p = 0; p < config.pages(); ++p) {
@@ -163,9 +174,17 @@ void PdserveReceiver(const Config& config, Channel& channel) {
     const int64_t end = NowNs();
     auto outcome = (*receiver)->Outcome(ticket->ticket_id);
     if (outcome->state != TransferState::kVerified) Die(outcome->status);
-    seconds.push_back(static_cast<double>(end - std::stoll(channel.Read())) / 1e9);
+    // "<start ns> <post ns> <drain ns>" from the sender.
+    const std::vector<std::string> times = absl::StrSplit(channel.Read(), ' ');
+    seconds.push_back(static_cast<double>(end - std::stoll(times[0])) / 1e9);
+    post_ms.push_back(static_cast<double>(std::stoll(times[1])) / 1e6);
+    drain_ms.push_back(static_cast<double>(std::stoll(times[2])) / 1e6);
   }
   Report(config, seconds);
+  std::sort(post_ms.begin(), post_ms.end());
+  std::sort(drain_ms.begin(), drain_ms.end());
+  std::printf("sender median ms: post %.2f drain %.2f\n", post_ms[post_ms.size() / 2],
+              drain_ms[drain_ms.size() / 2]);
 }
 
 void PdserveSender(const Config& config, Channel& channel) {
@@ -173,7 +192,14 @@ void PdserveSender(const Config& config, Channel& channel) {
   auto transport = UcxTransport::Create(config.lanes);
   if (!transport.ok()) Die(transport.status());
   std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});
-  TransferSender sender(**transport, clock);
+  std::unique_ptr<TaskPool> pool;
+  SenderOptions options;
+  if (config.checksum_threads > 0) {
+    pool = std::make_unique<TaskPool>(config.checksum_threads);
+    options.checksum_pool = pool.get();
+    options.max_in_flight_bytes = InFlightBytesForLanes(config.lanes);
+  }
+  TransferSender sender(**transport, clock, options);
   for (int it = 0; it < config.iterations; ++it) {
     auto ticket = DecodeTicket(Unhex(channel.Read()));
     if (!ticket.ok()) Die(ticket.status());
@@ -185,16 +211,21 @@ void PdserveSender(const Config& config, Channel& channel) {
     auto transfer = sender.Prepare(*ticket, std::move(pages));
     if (!transfer.ok()) Die(transfer.status());
     // Post layer by layer, as a prefill worker does while it computes the next layer.
+    int64_t post_ns = 0;
     for (uint32_t layer = 0; layer < 61; ++layer) {
+      const int64_t post_start = NowNs();
       if (absl::Status s = (*transfer)->PostLayer(layer); !s.ok()) Die(s);
+      post_ns += NowNs() - post_start;
       if (absl::StatusOr<bool> done = (*transfer)->Poll(); !done.ok()) Die(done.status());
     }
+    const int64_t drain_start = NowNs();
     if (absl::Status s = (*transfer)->Commit(1, 1); !s.ok()) Die(s);
     absl::StatusOr<bool> done = false;
     while (done.ok() && !*done) done = (*transfer)->Poll();
     if (!done.ok()) Die(done.status());
+    const int64_t drain_ns = NowNs() - drain_start;
     if (absl::Status s = (*transfer)->Release(); !s.ok()) Die(s);
-    channel.Write(std::to_string(start));
+    channel.Write(absl::StrCat(start, " ", post_ns, " ", drain_ns));
   }
 }
 
@@ -340,17 +371,18 @@ void RawSender(const Config& config, Channel& channel) {
 
 int main(int argc, char** argv) {
   using pdserve::kv::Channel;
-  if (argc != 5 && argc != 6) {
+  if (argc < 5 || argc > 7) {
     std::fprintf(stderr,
                  "usage: kv_transfer_bench pdserve|am|am-hot|tag|put|memcpy <total MiB> <page KiB> "
-                 "<iterations> [lanes]\n");
+                 "<iterations> [lanes] [checksum threads]\n");
     return 2;
   }
   pdserve::kv::Config config{.mode = argv[1],
                              .total_bytes = std::stoull(argv[2]) << 20,
                              .page_bytes = std::stoull(argv[3]) << 10,
                              .iterations = std::stoi(argv[4]),
-                             .lanes = argc == 6 ? std::stoi(argv[5]) : 1};
+                             .lanes = argc >= 6 ? std::stoi(argv[5]) : 1,
+                             .checksum_threads = argc == 7 ? std::stoi(argv[6]) : 0};
   if (config.mode == "memcpy") {
     pdserve::kv::MemcpyBound(config);
     return 0;

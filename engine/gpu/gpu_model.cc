@@ -14,12 +14,18 @@
 namespace pdserve::engine::gpu {
 
 absl::Status GpuModel::Impl::Gemm(const float* x_f32, const bf16* x_rounded, int64_t rows,
-                                  int64_t k, const Linear& w, int64_t n, float* y) {
+                                  int64_t k, const Linear& w, int64_t n, float* y,
+                                  const QuantizedRows& xq) {
   if (rows == 0) return absl::OkStatus();
   if (options.gemm_inputs == GemmInputs::kFp32) {
     return GemmF32(x_f32, rows, k, w.f32.get(), n, y);
   }
   if (w.is_fp8()) {
+    // Where fp8_gemm takes cuBLASLt, fp8_gemm_quantized on the same rows gives its bits.
+    if (xq.q != nullptr && xq.rows == rows && xq.k == k && xq.group_cols == k &&
+        n % kc::kFp8LtRowBlock == 0) {
+      return Fp8GemmQuantized(xq.q, xq.s, rows, k, w.fp8_weight(), w.fp8_scales(), n, y, n);
+    }
     // fp32 output, as cuBLAS gives the bf16 path below: no bf16 rounding of the sums.
     return Fp8Gemm(x_rounded, k, rows, k, w.fp8_weight(), w.fp8_scales(), n, y, n);
   }
@@ -94,27 +100,29 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
   const float* inv_freq = layer.inv_freq->get();
   const int32_t* positions = Row(kPosition);
 
-  PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
+  PDSERVE_ASSIGN_OR_RETURN(const QuantizedRows xq,
+                           CastForGemm(collapsed.get(), rows, hidden, hidden, x_bf.get(), 0));
   // Fused (engine/fused_projections.h): one GEMM writes every projection of x, [rows, fs]; each
   // consumer reads its columns (row stride fs) where the unfused path has a buffer of its own.
   const bool fused_in = layer.attn_in.out > 0;
   const int64_t fs = layer.attn_in.out;
   if (fused_in) {
     PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.attn_in, fs, fused_out.get()));
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.attn_in, fs, fused_out.get(), xq));
   }
   auto slice = [&](const Linear& part) { return fused_out.get() + part.fused_col; };
   float* q_a_out = fused_in ? slice(layer.q_a_proj) : q_res.get();
   const int64_t q_a_stride = fused_in ? fs : q_lora;
   if (!fused_in) {
     PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.q_a_proj, q_lora, q_res.get()));
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.q_a_proj, q_lora, q_res.get(), xq));
   }
   PDSERVE_CUDA_RETURN(
       kc::rms_norm(q_a_out, layer.q_a_norm.get(), rows, q_lora, q_a_stride, eps, q_a_out, stream));
-  PDSERVE_RETURN_IF_ERROR(CastRows(q_a_out, rows, q_lora, q_a_stride, q_res_bf.get()));
-  PDSERVE_RETURN_IF_ERROR(
-      Gemm(q_res.get(), q_res_bf.get(), rows, q_lora, layer.q_b_proj, heads * hd, q.get()));
+  PDSERVE_ASSIGN_OR_RETURN(const QuantizedRows q_res_q,
+                           CastForGemm(q_a_out, rows, q_lora, q_a_stride, q_res_bf.get(), 1));
+  PDSERVE_RETURN_IF_ERROR(Gemm(q_res.get(), q_res_bf.get(), rows, q_lora, layer.q_b_proj,
+                               heads * hd, q.get(), q_res_q));
   PDSERVE_CUDA_RETURN(kc::rms_norm(q.get(), nullptr, rows * heads, hd, hd, eps, q.get(), stream));
   PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(q.get(), rows, heads * hd, heads, hd, rope_dim,
                                                  positions, inv_freq, scaling, false, stream));
@@ -122,7 +130,7 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
   const int64_t kv_stride = fused_in ? fs : hd;
   if (!fused_in) {
     PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.kv_proj, hd, kv.get()));
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.kv_proj, hd, kv.get(), xq));
   }
   PDSERVE_CUDA_RETURN(
       kc::rms_norm(kv_out, layer.kv_norm.get(), rows, hd, kv_stride, eps, kv_out, stream));
@@ -139,9 +147,9 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
       p.source_stride = fs;
     } else {
       PDSERVE_RETURN_IF_ERROR(
-          Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.kv_proj, width, comp_kv.get()));
-      PDSERVE_RETURN_IF_ERROR(
-          Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.gate_proj, width, comp_gate.get()));
+          Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.kv_proj, width, comp_kv.get(), xq));
+      PDSERVE_RETURN_IF_ERROR(Gemm(collapsed.get(), x_bf.get(), rows, hidden, cw.gate_proj, width,
+                                   comp_gate.get(), xq));
       p.kv = comp_kv.get();
       p.gate = comp_gate.get();
     }
@@ -175,7 +183,7 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
     const int64_t ih = c.index_n_heads;
     const int64_t ihd = c.index_head_dim;
     PDSERVE_RETURN_IF_ERROR(Gemm(q_res.get(), q_res_bf.get(), rows, q_lora, layer.indexer_q_b_proj,
-                                 ih * ihd, idx_q.get()));
+                                 ih * ihd, idx_q.get(), q_res_q));
     PDSERVE_CUDA_RETURN(kc::apply_interleaved_rope(idx_q.get(), rows, ih * ihd, ih, ihd, rope_dim,
                                                    positions, inv_freq, scaling, false, stream));
     const float weights_scale = 1.0f / std::sqrt(static_cast<float>(ih));
@@ -184,7 +192,7 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
                                     idx_w.get(), stream));
     } else {
       PDSERVE_RETURN_IF_ERROR(Gemm(collapsed.get(), x_bf.get(), rows, hidden,
-                                   layer.indexer_weights_proj, ih, idx_w.get()));
+                                   layer.indexer_weights_proj, ih, idx_w.get(), xq));
       PDSERVE_CUDA_RETURN(Scale(idx_w.get(), rows * ih, weights_scale, stream));
     }
     if (decode && fast_indexer) {
@@ -243,7 +251,10 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
   const int64_t groups = c.o_groups;
   const int64_t group_in = heads * hd / groups;
   const int64_t o_lora = c.o_lora_rank;
-  PDSERVE_RETURN_IF_ERROR(Cast(attn.get(), rows * heads * hd, attn_bf.get()));
+  // FP8 o_a one group at a time casts (and may quantize) attn itself.
+  const bool fp8_per_group = options.gemm_inputs != GemmInputs::kFp32 && layer.o_a_proj.is_fp8() &&
+                             !(o_a_grouped && rows <= kOaGroupedMaxRows);
+  if (!fp8_per_group) PDSERVE_RETURN_IF_ERROR(Cast(attn.get(), rows * heads * hd, attn_bf.get()));
   const float alpha = 1.0f;
   const float beta = 0.0f;
   if (options.gemm_inputs == GemmInputs::kFp32) {
@@ -257,17 +268,8 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
     PDSERVE_RETURN_IF_ERROR(GroupedOa(layer, rows));
     return Gemm(grouped.get(), grouped_bf.get(), rows, groups * o_lora, layer.o_b_proj, hidden,
                 sub_out.get());
-  } else if (layer.o_a_proj.is_fp8()) {
-    // Group g: rows [g * o_lora, (g + 1) * o_lora) of the weight, whose scale rows start at
-    // g * o_lora / 128 (Load keeps o_a FP8 only when o_lora is a multiple of 128).
-    const Linear& w = layer.o_a_proj;
-    const int64_t kblocks = group_in / kFp8BlockCols;
-    for (int64_t g = 0; g < groups; ++g) {
-      PDSERVE_RETURN_IF_ERROR(Fp8Gemm(attn_bf.get() + g * group_in, heads * hd, rows, group_in,
-                                      w.fp8_weight() + g * o_lora * group_in,
-                                      w.fp8_scales() + g * (o_lora / kFp8BlockRows) * kblocks,
-                                      o_lora, grouped.get() + g * o_lora, groups * o_lora));
-    }
+  } else if (fp8_per_group) {
+    PDSERVE_RETURN_IF_ERROR(Fp8OaPerGroup(layer, rows));
   } else {
     PDSERVE_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(o_lora), static_cast<int>(rows),
@@ -277,9 +279,11 @@ absl::Status GpuModel::Impl::Attention(Layer& layer, int64_t rows, const Segment
         static_cast<int>(groups * o_lora), o_lora, static_cast<int>(groups), CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
   }
-  PDSERVE_RETURN_IF_ERROR(Cast(grouped.get(), rows * groups * o_lora, grouped_bf.get()));
-  return Gemm(grouped.get(), grouped_bf.get(), rows, groups * o_lora, layer.o_b_proj, hidden,
-              sub_out.get());
+  const int64_t o_width = groups * o_lora;
+  PDSERVE_ASSIGN_OR_RETURN(const QuantizedRows grouped_q,
+                           CastForGemm(grouped.get(), rows, o_width, o_width, grouped_bf.get(), 0));
+  return Gemm(grouped.get(), grouped_bf.get(), rows, o_width, layer.o_b_proj, hidden, sub_out.get(),
+              grouped_q);
 }
 
 kc::SparseDecodeParams GpuModel::Impl::DecodeParams(const Layer& layer, int64_t batch) {
@@ -368,26 +372,29 @@ absl::Status GpuModel::Impl::Moe(Layer& layer, int64_t rows) {
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
-  PDSERVE_RETURN_IF_ERROR(Cast(collapsed.get(), rows * hidden, x_bf.get()));
+  PDSERVE_ASSIGN_OR_RETURN(const QuantizedRows xq,
+                           CastForGemm(collapsed.get(), rows, hidden, hidden, x_bf.get(), 0));
   // Shared expert first: it initializes sub_out. Fused: gate and up in one GEMM, [rows, fs].
   if (layer.ffn_in.out > 0) {
     const int64_t fs = layer.ffn_in.out;
     PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.ffn_in, fs, fused_out.get()));
-    PDSERVE_CUDA_RETURN(kc::clamped_swiglu(fused_out.get() + layer.shared_gate.fused_col,
-                                           fused_out.get() + layer.shared_up.fused_col, rows, inter,
-                                           fs, limit, sh_gate.get(), inter, stream));
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.ffn_in, fs, fused_out.get(), xq));
   } else {
+    PDSERVE_RETURN_IF_ERROR(Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_gate,
+                                 inter, sh_gate.get(), xq));
     PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_gate, inter, sh_gate.get()));
-    PDSERVE_RETURN_IF_ERROR(
-        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_up, inter, sh_up.get()));
-    PDSERVE_CUDA_RETURN(kc::clamped_swiglu(sh_gate.get(), sh_up.get(), rows, inter, inter, limit,
-                                           sh_gate.get(), inter, stream));
+        Gemm(collapsed.get(), x_bf.get(), rows, hidden, layer.shared_up, inter, sh_up.get(), xq));
   }
-  PDSERVE_RETURN_IF_ERROR(Cast(sh_gate.get(), rows * inter, act_bf.get()));
-  PDSERVE_RETURN_IF_ERROR(
-      Gemm(sh_gate.get(), act_bf.get(), rows, inter, layer.shared_down, hidden, sub_out.get()));
+  const bool fused_ffn = layer.ffn_in.out > 0;
+  const float* swiglu_gate =
+      fused_ffn ? fused_out.get() + layer.shared_gate.fused_col : sh_gate.get();
+  const float* swiglu_up = fused_ffn ? fused_out.get() + layer.shared_up.fused_col : sh_up.get();
+  PDSERVE_ASSIGN_OR_RETURN(
+      const QuantizedRows act_rows,
+      SwiGluForGemm(swiglu_gate, swiglu_up, rows, inter, fused_ffn ? layer.ffn_in.out : inter,
+                    limit, sh_gate.get(), act_bf.get(), 1));
+  PDSERVE_RETURN_IF_ERROR(Gemm(sh_gate.get(), act_bf.get(), rows, inter, layer.shared_down, hidden,
+                               sub_out.get(), act_rows));
 
   // The router is replicated: every rank routes its own rows to global expert ids.
   PDSERVE_RETURN_IF_ERROR(GemmF32(collapsed.get(), rows, hidden, layer.gate.get(),

@@ -179,6 +179,19 @@ struct GpuModelOptions {
   // for every model of the process. On by default since its H200 run of 2026-12-04 (decode steps
   // 2-9% faster, logits as unfused: docs/engine-gpu.md, "Fused projections").
   bool fused_projections = true;
+  // W8A8 (WeightFormat::kFp8Block with Fp8Activations::kFp8) at prefill sizes: each bf16 input of
+  // the FP8 projections is quantized to e4m3 + scales once, in the kernel that writes it
+  // (kernels/cuda/act_quant.cuh: the casts of the normed hidden state, of q_a's output, of the
+  // attention output (in o_a's column groups) and of o_a's output; the shared expert's clamped
+  // SwiGLU, fused), and every FP8 projection reading
+  // it multiplies those rows (kernels/cuda fp8_gemm_quantized) instead of quantizing them again
+  // per call. Only where fp8_gemm would take cuBLASLt (rows >= kFp8LtMinTokens, n a multiple of
+  // 128): there the logits equal the option's absence bit for bit; elsewhere nothing changes.
+  // Two e4m3 buffers and their scales ([max_rows, heads * head_dim] the larger on V4 shapes: 128
+  // MiB at 4096 rows on V4-Flash). PDSERVE_FP8_SHARED_ACT_QUANT=1
+  // (or 0) in the environment overrides this field for every model of the process. Compiled, not
+  // yet run on a GPU (2026-12-04): off until tools/gpu/run_actq25.sh has measured it.
+  bool fp8_shared_act_quant = false;
 };
 
 // One compression rate's page pool (GpuModel::StatePages).
@@ -238,6 +251,9 @@ class GpuModel {
   // hand a page to the wrong request. FailedPrecondition when the slots share no such page or the
   // state is not paged.
   absl::Status InjectForeignPageForTest(int64_t victim, int64_t donor);
+  // Test fault: the next `calls` selections of the model's device (every public call's first
+  // step) fail with Internal, as cudaSetDevice on a lost device would.
+  void FailDeviceSelectionForTest(int64_t calls);
   // Tokens consumed by the slot's request so far.
   int64_t Position(int64_t slot) const;
   // Makes slot `to` continue exactly where slot `from` is (its whole state and position), e.g.
@@ -332,7 +348,8 @@ class GpuModel {
   // copies have landed; FinishStagedImport (every layer enqueued) orders the model's stream after
   // the copies and sets the slot's position: the slot then holds what ImportLayers(slot,
   // position, ..) with the same fills gives, bit for bit. CancelStagedImport waits for the copies
-  // in flight and resets the slot (its pages back). Errors: InvalidArgument for a bad slot,
+  // in flight and resets the slot (its pages back), the pages going back even when its device
+  // calls fail (it then returns their error). Errors: InvalidArgument for a bad slot,
   // layer, position or a staging of another model; FailedPrecondition for a Begin on a slot
   // already importing, an Enqueue / Finish / Copied without a Begin, a layer enqueued twice or
   // not filled in `staging`, a Finish before every layer was enqueued; Internal for a CUDA error

@@ -297,6 +297,17 @@ struct Layer {
 enum RowField { kToken, kSlot, kPosition, kFirstPosition, kFirstRow, kRowFields };
 enum SegField { kSegFirstPosition, kSegTokens, kSegRowOffset, kSegSlot, kSegFields };
 
+// GpuModelOptions::fp8_shared_act_quant: rows of a GEMM input already quantized (e4m3 [rows, k]
+// and their scales in kernels/cuda ActScaleLayout::kGemmSplit, in column groups of group_cols:
+// kernels/cuda ActGroups); q null: none.
+struct QuantizedRows {
+  const uint8_t* q = nullptr;
+  const float* s = nullptr;
+  int64_t rows = 0;
+  int64_t k = 0;
+  int64_t group_cols = 0;
+};
+
 struct GpuModel::Impl {
   ModelConfig config;
   GpuModelOptions options;
@@ -356,6 +367,12 @@ struct GpuModel::Impl {
   DeviceArray<float> logits;
   // WeightFormat::kFp8Block: fp8_gemm's workspace (its outputs are fp32, written in place).
   DeviceArray<unsigned char> fp8_workspace;
+  // GpuModelOptions::fp8_shared_act_quant: two inputs' e4m3 rows and scales
+  // (ActScaleLayout::kGemmSplit), slot 0 the normed hidden state or o_a's output, slot 1 q_a's
+  // output, the attention output (o_a's column groups) or the shared expert's SwiGLU (live at the
+  // same time as slot 0). Empty when the option is off.
+  DeviceArray<unsigned char> act_q[2];
+  DeviceArray<float> act_s[2];
   // GpuModelOptions::fused_projections (off with GemmInputs::kFp32): a fused group's GEMM output
   // [max_rows, widest group] fp32, and FP8 o_a's groups as one moe_grouped_gemm call: its
   // "expert" ids [max_rows, o_groups] (row r's pick g is group g) and workspace.
@@ -423,8 +440,14 @@ struct GpuModel::Impl {
   // Makes options.device the calling thread's current device: every public entry point does, so
   // a GpuModel created on one thread may be driven from another (a server's step loop).
   absl::Status UseDevice() const {
+    if (use_device_faults > 0) {
+      --use_device_faults;
+      return absl::InternalError("GpuModel: cudaSetDevice failed (a test fault)");
+    }
     return CudaStatus(cudaSetDevice(options.device), "cudaSetDevice");
   }
+  // FailDeviceSelectionForTest's count: the next UseDevice calls that fail.
+  mutable int64_t use_device_faults = 0;
   const int32_t* Row(RowField f) const { return rows_meta.get() + f * max_rows; }
   const int32_t* Seg(SegField f) const { return seg_meta.get() + f * max_rows; }
 
@@ -454,6 +477,36 @@ struct GpuModel::Impl {
   // bytes, w_scale its block row's scales.
   absl::Status Fp8Gemm(const bf16* x, int64_t x_stride, int64_t rows, int64_t k, const uint8_t* w,
                        const float* w_scale, int64_t n, float* out, int64_t out_stride);
+  // GpuModelOptions::fp8_shared_act_quant (engine/gpu/gpu_model_quant.cc).
+  // Whether an input of [rows, k] is quantized once into `slot` (the option on, W8A8, k and
+  // group_cols (0: k) multiples of 128 with group_cols dividing k, room in the slot, fp8_gemm on
+  // its cuBLASLt path at `rows`).
+  bool SharedActQuant(int64_t rows, int64_t k, int slot, int64_t group_cols = 0) const;
+  // y [rows, k] (contiguous) = bf16(x [rows, k], row stride x_stride), as CastRows; when
+  // SharedActQuant(rows, k) (and x 16-byte aligned with x_stride a multiple of 4) also quantized
+  // into slot `slot` by the same kernel (in column groups of group_cols, 0: one), and returned.
+  absl::StatusOr<QuantizedRows> CastForGemm(const float* x, int64_t rows, int64_t k,
+                                            int64_t x_stride, bf16* y, int slot,
+                                            int64_t group_cols = 0);
+  // y [rows, cols] = bf16(clamped_swiglu(gate_in, up_in)) ([rows, in_stride] fp32 each), as
+  // clamped_swiglu into out [rows, cols] fp32 then Cast; when SharedActQuant(rows, cols) one
+  // fused kernel writes y and the quantized rows of slot `slot` instead (out not written).
+  absl::StatusOr<QuantizedRows> SwiGluForGemm(const float* gate_in, const float* up_in,
+                                              int64_t rows, int64_t cols, int64_t in_stride,
+                                              float limit, float* out, bf16* y, int slot);
+  // fp8_shared_act_quant (or PDSERVE_FP8_SHARED_ACT_QUANT) with W8A8 FP8 weights.
+  bool SharedActQuantWanted() const;
+  // The buffers of fp8_shared_act_quant (nothing when it is off or does not apply).
+  absl::Status AllocateSharedActQuant();
+  // out [rows, n] fp32 (row stride out_stride) = rows_q @ W^T through fp8_gemm_quantized: rows_q
+  // and rows_s one (group of) quantized rows, w / w_scale the first weight row's bytes and its
+  // block row's scales.
+  absl::Status Fp8GemmQuantized(const uint8_t* rows_q, const float* rows_s, int64_t rows, int64_t k,
+                                const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                                int64_t out_stride);
+  // FP8 o_a as one fp8_gemm per group over attn (cast to attn_bf here; with fp8_shared_act_quant
+  // each group's rows quantized in the same kernel and multiplied through fp8_gemm_quantized).
+  absl::Status Fp8OaPerGroup(const Layer& layer, int64_t rows);
   // One layer's routed experts: FP8 from `stored` (null outside kFp8Block) when it holds both
   // projections, else bf16 from `w`. prefix "model.layers.N.mlp.experts".
   absl::Status LoadRoutedExperts(const Weights& w, const StoredExperts* stored,
@@ -464,8 +517,10 @@ struct GpuModel::Impl {
   absl::Status Allocate();
   // y[rows, n] = x[rows, k] @ W[n, k]^T, fp32 out, all rows contiguous. x_rounded is x already
   // rounded to bf16 (x_rounded, read in GemmInputs::kBf16), x_f32 the fp32 source (read in kFp32).
+  // xq (CastForGemm / SwiGluForGemm's rows of x_rounded, when set): an FP8 w with n a multiple
+  // of 128 multiplies them (fp8_gemm_quantized) instead of quantizing x_rounded again.
   absl::Status Gemm(const float* x_f32, const bf16* x_rounded, int64_t rows, int64_t k,
-                    const Linear& w, int64_t n, float* y);
+                    const Linear& w, int64_t n, float* y, const QuantizedRows& xq = {});
   // As Gemm with fp32 x and W (hyper-connection mixes, the router).
   absl::Status GemmF32(const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
                        float* y);

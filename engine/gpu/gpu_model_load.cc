@@ -303,6 +303,7 @@ absl::Status GpuModel::Impl::AllocateFp8() {
   size_t workspace = 0;
   bool any = false;
   const int64_t groups = config.o_groups;
+  const bool shared_act_quant = SharedActQuantWanted();
   for (const Layer& l : layers) {
     for (const Linear* w :
          {&l.q_a_proj, &l.q_b_proj, &l.kv_proj, &l.o_a_proj, &l.o_b_proj, &l.compressor.kv_proj,
@@ -319,7 +320,10 @@ absl::Status GpuModel::Impl::AllocateFp8() {
       // 65-128 rows, n in [16833, 22528]: W8A16's split-k sums are larger), so both count.
       for (int64_t m = 1; m <= max_rows; ++m) {
         workspace = std::max({workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in),
-                              kc::fp8_gemm_w8a16_workspace_bytes(m, n, w->in)});
+                              kc::fp8_gemm_w8a16_workspace_bytes(m, n, w->in),
+                              shared_act_quant && kc::fp8_gemm_path(m) == kc::Fp8GemmPath::kCublasLt
+                                  ? kc::fp8_gemm_quantized_workspace_bytes(m, n, w->in)
+                                  : size_t{0}});
       }
     }
   }
@@ -327,6 +331,7 @@ absl::Status GpuModel::Impl::AllocateFp8() {
   // W8A8 runs cuBLASLt from kFp8LtMinTokens rows (decode graphs included): its handle now,
   // not inside a capture. Without one fp8_gemm uses its own kernels.
   if (options.fp8_activations != Fp8Activations::kBf16) (void)kc::fp8_gemm_prepare();
+  PDSERVE_RETURN_IF_ERROR(AllocateSharedActQuant());
   return fp8_workspace.Allocate(std::max<size_t>(workspace, 256));
 }
 

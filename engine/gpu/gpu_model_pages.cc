@@ -149,10 +149,14 @@ absl::Status GpuModel::ResetSlot(int64_t slot) {
   }
   m.slot_positions[static_cast<size_t>(slot)] = 0;
   if (m.pages == nullptr) return absl::OkStatus();
-  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  // The pages go back before any device call: a device error leaves the slot's row dirty (the
+  // next upload writes it), never its pages held by an empty slot.
   PDSERVE_RETURN_IF_ERROR(m.pages->Release(slot));
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
   return m.UploadPageRows();
 }
+
+void GpuModel::FailDeviceSelectionForTest(int64_t calls) { impl_->use_device_faults = calls; }
 
 absl::Status GpuModel::CopySlot(int64_t from, int64_t to) {
   Impl& m = *impl_;

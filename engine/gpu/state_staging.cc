@@ -670,10 +670,13 @@ absl::Status GpuModel::CancelStagedImport(int64_t slot) {
   Impl& m = *impl_;
   PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const import, StagedImportOf(m, slot));
   import->active = false;
-  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  // Copies still landing write the slot's pages: they finish before the pages go back.
-  const absl::Status synced =
-      CudaStatus(cudaStreamSynchronize(m.import_stream), "CancelStagedImport");
+  // Copies still landing write the slot's pages: they finish before the pages go back. The
+  // pages go back whatever failed (a device that cannot be selected or synchronized lands no
+  // more copies), as ResetSlot gives them back before its own device calls.
+  absl::Status synced = m.UseDevice();
+  if (synced.ok()) {
+    synced = CudaStatus(cudaStreamSynchronize(m.import_stream), "CancelStagedImport");
+  }
   const absl::Status reset = ResetSlot(slot);
   PDSERVE_RETURN_IF_ERROR(synced);
   return reset;

@@ -3,6 +3,7 @@
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/launch_check.h"
+#include "kernels/cuda/swiglu_math.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -22,11 +23,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t c = e % cols;
     const float g_in = ToFloat(gate[r * in_stride + c]);
     const float u_in = ToFloat(up[r * in_stride + c]);
-    // std::min(g, limit) and std::clamp(u, -limit, limit): comparisons, so NaN passes through.
-    const float g = limit < g_in ? limit : g_in;
-    const float u = u_in < -limit ? -limit : (limit < u_in ? limit : u_in);
-    const float sigmoid = 1.0f / (1.0f + expf(-g));
-    out[r * out_stride + c] = FromFloat<T>((g * sigmoid) * u);
+    out[r * out_stride + c] = FromFloat<T>(ClampedSwiGluValue(g_in, u_in, limit));
   }
 }
 

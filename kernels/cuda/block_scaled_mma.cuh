@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/act_quant.cuh"
+
 namespace pdserve::kernels::cuda::block_scaled {
 // Unnamed: each including .cu file gets its own copy of the kernels.
 namespace {
@@ -615,14 +617,29 @@ cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t
   }
 }
 
-inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
-                                  bool ue8m0, uint8_t* xq, float* xs, cudaStream_t stream) {
+inline cudaError_t LaunchActQuantWarp(const __nv_bfloat16* x, int64_t rows, int64_t k,
+                                      int64_t x_stride, bool ue8m0, uint8_t* xq, float* xs,
+                                      cudaStream_t stream) {
   const int64_t warps = rows * (k / kBlockK);
   if (warps == 0) return cudaSuccess;
   // Programmatic launch: the blocks are resident when the kernel before ends (its launch latency
   // hidden); they wait for it before touching memory, so the order of effects is unchanged.
   return LaunchDependent(ActQuantKernel, dim3(static_cast<unsigned>((warps + 7) / 8)), dim3(256),
                          stream, x, rows, k, x_stride, ue8m0, xq, xs);
+}
+
+// The GEMMs' act quant ([k / 128, rows] scales): act_quant_default_variant() where its
+// alignment holds, else ActQuantKernel.
+inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t x_stride,
+                                  bool ue8m0, uint8_t* xq, float* xs, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const ActQuantVariant variant = act_quant_default_variant();
+  if (variant == ActQuantVariant::kHalfWarpVectorized && Aligned(x, 16) && x_stride % 8 == 0 &&
+      Aligned(xq, 8) && Aligned(xs, 4)) {
+    return act_quant(x, rows, k, x_stride, ue8m0, xq, xs, ActScaleLayout::kColumnMajor, variant,
+                     stream);
+  }
+  return LaunchActQuantWarp(x, rows, k, x_stride, ue8m0, xq, xs, stream);
 }
 
 inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,

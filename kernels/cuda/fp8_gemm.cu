@@ -500,6 +500,34 @@ cudaError_t LtMatmul(cublasLtHandle_t handle, const uint8_t* xq, const float* xs
 
 #undef PDSERVE_LT
 
+// cuBLASLt over `rows` (a multiple of 4) quantized rows: the weight scales copied padded to
+// `scratch` first when plan.repack, cuBLASLt's own workspace after them.
+cudaError_t LtOnQuantized(cublasLtHandle_t handle, const LtPlan& plan, const uint8_t* xq,
+                          const float* xs, int64_t rows, int64_t k, const uint8_t* w,
+                          const float* w_scale, int64_t n, __nv_bfloat16* out, float* out_f32,
+                          int64_t out_stride, uint8_t* scratch, cudaStream_t stream,
+                          std::string* refusal) {
+  const float* scales = w_scale;
+  if (plan.repack) {
+    float* padded = reinterpret_cast<float*>(scratch);
+    const int64_t kb = k / bs::kBlockK;
+    const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
+    const size_t row_bytes = static_cast<size_t>(kb) * sizeof(float);
+    const size_t padded_row_bytes = static_cast<size_t>(plan.kb_padded) * sizeof(float);
+    cudaError_t status =
+        cudaMemsetAsync(padded, 0, static_cast<size_t>(nb) * padded_row_bytes, stream);
+    if (status == cudaSuccess) {
+      status = cudaMemcpy2DAsync(padded, padded_row_bytes, w_scale, row_bytes, row_bytes,
+                                 static_cast<size_t>(nb), cudaMemcpyDeviceToDevice, stream);
+    }
+    if (status != cudaSuccess) return status;
+    scales = padded;
+  }
+  void* d = out_f32 != nullptr ? static_cast<void*>(out_f32) : static_cast<void*>(out);
+  return LtMatmul(handle, xq, xs, rows, k, w, scales, n, d, out_f32 != nullptr, out_stride,
+                  scratch + plan.scale_bytes, stream, refusal);
+}
+
 cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, int64_t k,
                    int64_t x_stride, const uint8_t* w, const float* w_scale, int64_t n,
                    bool ue8m0_act_scale, __nv_bfloat16* out, float* out_f32, int64_t out_stride,
@@ -519,27 +547,10 @@ cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, i
   uint8_t* base = static_cast<uint8_t*>(workspace);
   if (plan.lt_rows > 0) {
     float* xs = reinterpret_cast<float*>(base + plan.xq_bytes);
-    const float* scales = w_scale;
-    if (plan.repack) {
-      float* padded = reinterpret_cast<float*>(base + plan.xq_bytes + plan.xs_bytes);
-      const int64_t kb = k / bs::kBlockK;
-      const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
-      const size_t row_bytes = static_cast<size_t>(kb) * sizeof(float);
-      const size_t padded_row_bytes = static_cast<size_t>(plan.kb_padded) * sizeof(float);
-      status = cudaMemsetAsync(padded, 0, static_cast<size_t>(nb) * padded_row_bytes, stream);
-      if (status == cudaSuccess) {
-        status = cudaMemcpy2DAsync(padded, padded_row_bytes, w_scale, row_bytes, row_bytes,
-                                   static_cast<size_t>(nb), cudaMemcpyDeviceToDevice, stream);
-      }
-      if (status != cudaSuccess) return status;
-      scales = padded;
-    }
     status = bs::LaunchActQuant(x, plan.lt_rows, k, x_stride, ue8m0_act_scale, base, xs, stream);
     if (status != cudaSuccess) return status;
-    void* d = out_f32 != nullptr ? static_cast<void*>(out_f32) : static_cast<void*>(out);
-    status =
-        LtMatmul(handle, base, xs, plan.lt_rows, k, w, scales, n, d, out_f32 != nullptr, out_stride,
-                 base + plan.xq_bytes + plan.xs_bytes + plan.scale_bytes, stream, refusal);
+    status = LtOnQuantized(handle, plan, base, xs, plan.lt_rows, k, w, w_scale, n, out, out_f32,
+                           out_stride, base + plan.xq_bytes + plan.xs_bytes, stream, refusal);
     if (status != cudaSuccess || plan.lt_rows == m) return status;
   }
   // The last m % 4 rows (stream-ordered after cuBLASLt, so the workspace is reused).
@@ -549,6 +560,77 @@ cudaError_t LtPath(cublasLtHandle_t handle, const __nv_bfloat16* x, int64_t m, i
                  out != nullptr ? out + skip : nullptr,
                  out_f32 != nullptr ? out_f32 + skip : nullptr, out_stride, workspace,
                  workspace_bytes, stream, refusal);
+}
+
+// fp8_gemm_mma's GEMM (and split-k reduction) on rows quantized beforehand ([k / 128, m] scales);
+// the split-k sums at the start of the workspace.
+cudaError_t MmaOnQuantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                           const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                           float* out_f32, int64_t out_stride, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  if (m == 0) return cudaSuccess;
+  const DensePlan plan = PlanDense(m, n, k, false);
+  if (plan.partial_bytes > 0) {
+    const cudaError_t status =
+        CheckWorkspace(workspace, workspace_bytes, plan.partial_bytes, refusal);
+    if (status != cudaSuccess) return status;
+  }
+  float* partial = static_cast<float*>(workspace);
+  bs::GemmArgs a = DenseArgs(w, w_scale, m, n, k, plan, partial, out, out_f32, out_stride);
+  a.xq = xq;
+  a.xs = xs;
+  const cudaError_t status = bs::LaunchGemm<false>(a, plan.tiles, plan.items, stream);
+  if (status != cudaSuccess || plan.splits == 1) return status;
+  return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,
+                          out_f32);
+}
+
+// fp8_gemm_quantized for either output type.
+cudaError_t QuantizedPath(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                          const uint8_t* w, const float* w_scale, int64_t n, __nv_bfloat16* out,
+                          float* out_f32, int64_t out_stride, void* workspace,
+                          size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  if (m > 0 && n > 0 && (xq == nullptr || !Aligned(xq, 16))) {
+    return bs::Refuse(refusal, "xq: null or not 16-byte aligned");
+  }
+  // The rest as fp8_gemm's, with xq checked as a [m, k] matrix of bf16-sized elements (bounds at
+  // least as strict).
+  cudaError_t status =
+      ValidateDense(reinterpret_cast<const __nv_bfloat16*>(xq), m, k, k, w, w_scale, n,
+                    fp8_gemm_internal::OutForChecks(out, out_f32), out_stride, refusal);
+  if (status != cudaSuccess || m == 0 || n == 0) return status;
+  if (xs == nullptr || !Aligned(xs, 16))
+    return bs::Refuse(refusal, "xs: null or not 16-byte aligned");
+  status = CheckWorkspace(workspace, workspace_bytes, fp8_gemm_quantized_workspace_bytes(m, n, k),
+                          refusal);
+  if (status != cudaSuccess) return status;
+  const LtPlan plan = PlanLt(m, n, k);
+  const int64_t kb = k / bs::kBlockK;
+  const int64_t m4 = plan.lt_rows;
+  const uint8_t* tail_q = xq + m4 * k;
+  const float* tail_s = xs + m4 * kb;
+  const int64_t skip = m4 * out_stride;
+  __nv_bfloat16* tail_out = out != nullptr ? out + skip : nullptr;
+  float* tail_out_f32 = out_f32 != nullptr ? out_f32 + skip : nullptr;
+  const auto tail = [&] {
+    return MmaOnQuantized(tail_q, tail_s, m - m4, k, w, w_scale, n, tail_out, tail_out_f32,
+                          out_stride, workspace, workspace_bytes, stream, refusal);
+  };
+  const bool use_lt = fp8_gemm_path(m) == Fp8GemmPath::kCublasLt && n % kFp8LtRowBlock == 0 &&
+                      out_stride % 8 == 0 && m4 > 0;
+  const cublasLtHandle_t lt = use_lt ? SharedLtHandle() : nullptr;
+  if (lt != nullptr) {
+    status = LtOnQuantized(lt, plan, xq, xs, m4, k, w, w_scale, n, out, out_f32, out_stride,
+                           static_cast<uint8_t*>(workspace), stream, refusal);
+    if (status == cudaSuccess) return m4 == m ? status : tail();
+    if (status != cudaErrorNotSupported) return status;
+    (void)cudaGetLastError();  // no algorithm for this size or output type: fp8_gemm_mma
+    if (refusal != nullptr) refusal->clear();
+  }
+  status = MmaOnQuantized(xq, xs, m4, k, w, w_scale, n, out, out_f32, out_stride, workspace,
+                          workspace_bytes, stream, refusal);
+  if (status != cudaSuccess || m4 == m) return status;
+  return tail();
 }
 
 }  // namespace
@@ -568,6 +650,31 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
                               size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
   return LtPath(handle, x, m, k, x_stride, w, w_scale, n, ue8m0_act_scale, nullptr, out, out_stride,
                 workspace, workspace_bytes, stream, refusal);
+}
+
+size_t fp8_gemm_quantized_workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  if (!SizesValid(m, n, k)) return 0;
+  const LtPlan plan = PlanLt(m, n, k);
+  const size_t lt = plan.scale_bytes + kCublasLtWorkspace;
+  const int64_t m4 = m & ~int64_t{3};
+  return std::max({lt, PlanDense(m4, n, k, false).partial_bytes,
+                   PlanDense(m - m4, n, k, false).partial_bytes, size_t{256}});
+}
+
+cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  return QuantizedPath(xq, xs, m, k, w, w_scale, n, out, nullptr, out_stride, workspace,
+                       workspace_bytes, stream, refusal);
+}
+
+cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal) {
+  return QuantizedPath(xq, xs, m, k, w, w_scale, n, nullptr, out, out_stride, workspace,
+                       workspace_bytes, stream, refusal);
 }
 
 }  // namespace pdserve::kernels::cuda

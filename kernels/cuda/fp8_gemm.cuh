@@ -6,7 +6,9 @@
 //   act quant, per row r and 128-block b of x (DeepSeek inference's act_quant):
 //     amax = max(max_i |x[r, 128b + i]|, 1e-4) (NaN ignored); s[r, b] = amax / 448, or with
 //     ue8m0 the smallest power of two >= amax / 448; xq = e4m3(x / s), saturated to +-448,
-//     rounded to nearest even; NaN stays NaN, Inf becomes NaN (Inf / Inf).
+//     rounded to nearest even; NaN stays NaN, Inf becomes NaN (Inf / Inf). The kernel:
+//     act_quant.cuh's kWarpPerBlock, or kHalfWarpVectorized with PDSERVE_ACT_QUANT=vectorized
+//     (act_quant_default_variant; the same bits).
 //   out[r, n] = bf16( sum_b s[r, b] * w_scale[n / 128, b] * sum_i xq[r, 128b+i] * w[n, 128b+i] )
 // The inner sums run on the FP8 tensor cores (mma.sync m16n8k32, fp32 accumulation inside one
 // 128-block), the outer sum in fp32 in ascending b (split over blocks, then the splits added in
@@ -227,6 +229,28 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
                                size_t workspace_bytes, cudaStream_t stream,
                                std::string* refusal = nullptr);
 cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_stride,
+                               const uint8_t* w, const float* w_scale, int64_t n, float* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, std::string* refusal = nullptr);
+
+// fp8_gemm on activations quantized beforehand (act_quant.cuh: act_quant, or a producer kernel
+// with the quantization fused in), so GEMMs that share an input quantize it once. xq [m, k] e4m3
+// (row stride k), xs the m * (k / 128) fp32 scales in ActScaleLayout::kGemmSplit (for m % 4 == 0
+// plain [k / 128, m], rows fastest). With xq, xs from act_quant(x, ..., kGemmSplit) the output
+// on the cuBLASLt path has fp8_gemm_cublaslt(x, ...)'s bits (so fp8_gemm's from
+// kFp8LtMinTokens rows, n a multiple of 128); elsewhere the same math. Paths: cuBLASLt over the
+// first m & ~3 rows and fp8_gemm_mma over the rest where fp8_gemm_path(m) is kCublasLt (n a
+// multiple of 128, out_stride of 8, cuBLASLt has an algorithm), else fp8_gemm_mma over both parts
+// (no wgmma path: the wgmma kernel quantizes inside). Requirements as fp8_gemm with x replaced by
+// xq (not null, 16-byte aligned) and xs (not null, 16-byte aligned); workspace
+// fp8_gemm_quantized_workspace_bytes(m, n, k). Compiled, not yet run on a GPU (2026-12-04).
+size_t fp8_gemm_quantized_workspace_bytes(int64_t m, int64_t n, int64_t k);
+cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
+                               const uint8_t* w, const float* w_scale, int64_t n,
+                               __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream,
+                               std::string* refusal = nullptr);
+cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,
                                const uint8_t* w, const float* w_scale, int64_t n, float* out,
                                int64_t out_stride, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, std::string* refusal = nullptr);

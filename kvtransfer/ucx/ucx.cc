@@ -3,17 +3,48 @@
 #include <poll.h>
 
 #include <cstddef>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/ucx/ucs_status.h"
 
 namespace pdserve::kv {
 
-absl::StatusOr<UcxContext> UcxContext::Create(bool shared_by_threads) {
+absl::StatusOr<UcxProtocols> ParseUcxProtocols(absl::string_view name) {
+  if (name == "v1") return UcxProtocols::kV1;
+  if (name == "v2") return UcxProtocols::kV2;
+  return absl::InvalidArgumentError(
+      absl::StrCat("UCX protocols \"", name, "\": expected v1 or v2"));
+}
+
+const char* UcxProtocolsName(UcxProtocols protocols) {
+  return protocols == UcxProtocols::kV2 ? "v2" : "v1";
+}
+
+UcxProtocols EffectiveUcxProtocols(UcxProtocols requested) {
+  const char* env = std::getenv("UCX_PROTO_ENABLE");
+  if (env == nullptr) return requested;
+  const std::string value = absl::AsciiStrToLower(env);
+  return value == "y" || value == "yes" || value == "on" || value == "1" ? UcxProtocols::kV2
+                                                                         : UcxProtocols::kV1;
+}
+
+absl::StatusOr<UcxContext> UcxContext::Create(bool shared_by_threads, UcxProtocols protocols) {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return UcsToStatus(status, "ucp_config_read");
+  const UcxProtocols effective = EffectiveUcxProtocols(protocols);
+  if (std::getenv("UCX_PROTO_ENABLE") == nullptr) {
+    // Set either way: what a context uses must not depend on the UCX build's default.
+    status = ucp_config_modify(config, "PROTO_ENABLE", effective == UcxProtocols::kV2 ? "y" : "n");
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      return UcsToStatus(status, "ucp_config_modify PROTO_ENABLE");
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -22,16 +53,17 @@ absl::StatusOr<UcxContext> UcxContext::Create(bool shared_by_threads) {
   status = ucp_init(&params, config, &context);
   ucp_config_release(config);
   if (status != UCS_OK) return UcsToStatus(status, "ucp_init");
-  return UcxContext(context);
+  return UcxContext(context, effective);
 }
 
 UcxContext::UcxContext(UcxContext&& other) noexcept
-    : context_(std::exchange(other.context_, nullptr)) {}
+    : context_(std::exchange(other.context_, nullptr)), protocols_(other.protocols_) {}
 
 UcxContext& UcxContext::operator=(UcxContext&& other) noexcept {
   if (this != &other) {
     if (context_ != nullptr) ucp_cleanup(context_);
     context_ = std::exchange(other.context_, nullptr);
+    protocols_ = other.protocols_;
   }
   return *this;
 }

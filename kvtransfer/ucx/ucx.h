@@ -17,17 +17,37 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ucp/api/ucp.h"
 
 namespace pdserve::kv {
 
+// Which of UCX 1.13's two protocol implementations a context selects its protocols with
+// (docs/protocol.md, "UCX protocols"): v1, UCX 1.13's default, or v2 (UCX_PROTO_ENABLE=y; the
+// default from UCX 1.14 on). Both ends of a transfer must use the same one.
+enum class UcxProtocols {
+  kV1,
+  kV2,
+};
+
+// "v1" / "v2" (config transfer.ucx_protocols). Errors: InvalidArgument naming the value.
+absl::StatusOr<UcxProtocols> ParseUcxProtocols(absl::string_view name);
+const char* UcxProtocolsName(UcxProtocols protocols);
+
+// The protocols a context created with `requested` uses: UCX_PROTO_ENABLE, where the environment
+// sets it, wins over the request (as every UCX variable does), so one run can compare both
+// without a config change; y / yes / on / 1 (any case) is v2, anything else v1.
+UcxProtocols EffectiveUcxProtocols(UcxProtocols requested);
+
 // A ucp_context_h with the AM, RMA and WAKEUP features (and TAG, for benchmarks) enabled.
 class UcxContext {
  public:
-  // Reads the UCX configuration from the environment. `shared_by_threads`: workers of this
+  // Reads the UCX configuration from the environment, then selects `protocols` (unless the
+  // environment names them: EffectiveUcxProtocols). `shared_by_threads`: workers of this
   // context are driven by several threads at once (lanes, ucx_lane.h), so UCX makes the context
-  // thread-safe. Errors: UcsToStatus of ucp_init.
-  static absl::StatusOr<UcxContext> Create(bool shared_by_threads = false);
+  // thread-safe. Errors: UcsToStatus of ucp_config_modify or ucp_init.
+  static absl::StatusOr<UcxContext> Create(bool shared_by_threads = false,
+                                           UcxProtocols protocols = UcxProtocols::kV1);
   UcxContext(UcxContext&& other) noexcept;
   UcxContext& operator=(UcxContext&& other) noexcept;
   UcxContext(const UcxContext&) = delete;
@@ -35,10 +55,14 @@ class UcxContext {
   ~UcxContext();
 
   ucp_context_h get() const { return context_; }
+  // The protocols in effect (EffectiveUcxProtocols of the request).
+  UcxProtocols protocols() const { return protocols_; }
 
  private:
-  explicit UcxContext(ucp_context_h context) : context_(context) {}
+  UcxContext(ucp_context_h context, UcxProtocols protocols)
+      : context_(context), protocols_(protocols) {}
   ucp_context_h context_ = nullptr;
+  UcxProtocols protocols_ = UcxProtocols::kV1;
 };
 
 // A ucp_worker_h (serialized thread mode) and its packed address.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace pdserve::kv {
 
@@ -31,29 +32,59 @@ void UcxLane::StopThread() {
 }
 
 void UcxLane::Submit(LaneSend* send) {
-  submitted_.push_back(send);
   AddBusy(1);  // Until posted (then the send's own busy count, if it needs progress).
+  {
+    absl::MutexLock lock(&queue_mu_);
+    submitted_.push_back(send);
+    queued_.store(submitted_.size());
+  }
+  // After the push (seq_cst, as the thread's store of sleeping_ and load of queued_ before it
+  // sleeps): either the thread sees the send queued, or this sees it asleep and signals.
   Wake();
 }
 
 bool UcxLane::Withdraw(LaneSend* send) {
+  absl::MutexLock lock(&queue_mu_);
   auto it = std::find(submitted_.begin(), submitted_.end(), send);
   if (it == submitted_.end()) return false;
   submitted_.erase(it);
+  queued_.store(submitted_.size());
   AddBusy(-1);
   return true;
 }
 
 void UcxLane::AbandonFor(ucp_ep_h ep, const absl::Status& status) {
-  for (auto it = submitted_.begin(); it != submitted_.end();) {
-    if ((*it)->endpoint() != ep) {
-      ++it;
-      continue;
+  std::vector<LaneSend*> abandoned;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    for (auto it = submitted_.begin(); it != submitted_.end();) {
+      if ((*it)->endpoint() != ep) {
+        ++it;
+        continue;
+      }
+      abandoned.push_back(*it);
+      it = submitted_.erase(it);
+      AddBusy(-1);
     }
-    LaneSend* send = *it;
-    it = submitted_.erase(it);
+    queued_.store(submitted_.size());
+  }
+  for (LaneSend* send : abandoned) send->Abandon(status);
+}
+
+void UcxLane::PostQueued(int limit) {
+  std::vector<LaneSend*> batch;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    while (static_cast<int>(batch.size()) < limit && !submitted_.empty()) {
+      batch.push_back(submitted_.front());
+      submitted_.pop_front();
+    }
+    queued_.store(submitted_.size());
+  }
+  // Still under mu_: a send taken off the queue is posted before anyone else holds mu_.
+  for (LaneSend* send : batch) {
     AddBusy(-1);
-    send->Abandon(status);
+    send->Post();
   }
 }
 
@@ -66,19 +97,20 @@ void UcxLane::Run() {
     int fd = -1;
     {
       absl::MutexLock lock(&mu_);
+      sleeping_.store(false);
       // The owner's queued sends first, a bounded batch so its own lock requests get through.
-      for (int posted = 0; posted < kPostBatch && !submitted_.empty(); ++posted) {
-        LaneSend* send = submitted_.front();
-        submitted_.pop_front();
-        AddBusy(-1);
-        send->Post();
-      }
+      if (queued_.load() > 0) PostQueued(kPostBatch);
       worker_.Progress();
       if (busy() > 0) {
         fd = -2;
       } else {
         absl::StatusOr<int> armed = worker_.Arm();
         fd = armed.ok() ? *armed : -3;
+        if (fd >= 0) {
+          sleeping_.store(true);
+          // A send queued before that store found the lane awake and did not signal it.
+          if (queued_.load() > 0 && sleeping_.exchange(false)) fd = -2;
+        }
       }
     }
     if (fd == -2 || fd == -1) {

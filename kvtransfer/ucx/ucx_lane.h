@@ -22,7 +22,9 @@ namespace pdserve::kv {
 
 // A send a lane's thread posts for its owner (UcxTransport's page sends with several lanes), so
 // the posting (and the copy UCX makes there for an eager message) runs on the lane's core, not
-// on the owner's. Both calls run with the lane's mu() held.
+// on the owner's. Both calls run with the lane's mu() held; a send leaves the lane's queue and
+// is posted (or abandoned) within one hold of mu(), so whoever holds mu() finds it either still
+// queued (Withdraw) or posted.
 class LaneSend {
  public:
   virtual ~LaneSend() = default;
@@ -62,17 +64,21 @@ class UcxLane {
   UcxWorker& worker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_; }
   // The packed address of the worker (immutable after creation; no lock needed).
   const std::vector<std::byte>& address() const { return address_; }
-  // Wakes the thread if it sleeps (the caller just posted work on the lane). Thread-safe.
-  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (threaded()) worker_.Signal();
+  // Wakes the thread if it sleeps (the caller just posted or queued work on the lane). Signals
+  // (a system call) only when the thread armed the worker's event fd since it last woke: a
+  // thread that is awake looks at its queue and its worker before it sleeps again. Thread-safe.
+  void Wake() {
+    if (sleeping_.exchange(false)) worker_.Signal();  // ucp_worker_signal: any thread.
   }
   // Queues `send` for the lane's thread to post (it must stay alive until posted, withdrawn or
-  // abandoned); sends post in the order queued. REQUIRES: threaded().
-  void Submit(LaneSend* send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // abandoned); sends post in the order queued. Takes only the queue's own lock, not mu(): the
+  // owner does not wait for the lane's progress to queue a page. REQUIRES: threaded().
+  void Submit(LaneSend* send) ABSL_LOCKS_EXCLUDED(queue_mu_);
   // Removes `send` if still queued; returns whether it was.
-  bool Withdraw(LaneSend* send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Withdraw(LaneSend* send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(queue_mu_);
   // Abandons every queued send on endpoint `ep` with `status` (before the endpoint closes).
-  void AbandonFor(ucp_ep_h ep, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbandonFor(ucp_ep_h ep, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_LOCKS_EXCLUDED(queue_mu_);
   // Operations whose completion needs progress (pending sends, rendezvous receives); the thread
   // spins while this is positive. Thread-safe.
   void AddBusy(int delta) { busy_.fetch_add(delta, std::memory_order_relaxed); }
@@ -82,9 +88,19 @@ class UcxLane {
   explicit UcxLane(UcxWorker worker) : worker_(std::move(worker)), address_(worker_.address()) {}
   void Run();
 
+  // Posts up to `limit` queued sends (the thread, under mu_).
+  void PostQueued(int limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(queue_mu_);
+
   absl::Mutex mu_;
-  UcxWorker worker_ ABSL_GUARDED_BY(mu_);
-  std::deque<LaneSend*> submitted_ ABSL_GUARDED_BY(mu_);  // Queued by Submit, not yet posted.
+  // The worker's handle is immutable after creation; every UCX call on it needs mu_, except
+  // ucp_worker_signal (Wake).
+  UcxWorker worker_;
+  // Acquired after mu_ where both are held; never held around a UCX call.
+  absl::Mutex queue_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::deque<LaneSend*> submitted_ ABSL_GUARDED_BY(queue_mu_);  // Queued, not yet posted.
+  std::atomic<size_t> queued_{0};  // submitted_.size(), readable without queue_mu_.
+  // The thread armed the event fd and may be asleep on it (or about to be); no signal sent since.
+  std::atomic<bool> sleeping_{false};
   const std::vector<std::byte> address_;
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};

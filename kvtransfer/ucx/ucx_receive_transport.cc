@@ -38,12 +38,13 @@ UcxReceiveTransport::UcxReceiveTransport(UcxContext context,
   address_ = EncodeLaneAddresses(addresses);
 }
 
-absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> UcxReceiveTransport::Create(int lanes) {
+absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> UcxReceiveTransport::Create(
+    int lanes, UcxProtocols protocols) {
   if (lanes < 1 || lanes > kMaxTransferLanes) {
     return absl::InvalidArgumentError(
         absl::StrCat("transfer lanes ", lanes, " outside 1 .. ", kMaxTransferLanes));
   }
-  auto context = UcxContext::Create(/*shared_by_threads=*/lanes > 1);
+  auto context = UcxContext::Create(/*shared_by_threads=*/lanes > 1, protocols);
   if (!context.ok()) return context.status();
   std::vector<std::unique_ptr<UcxLane>> made;
   for (int i = 0; i < lanes; ++i) {
@@ -217,8 +218,8 @@ void UcxReceiveTransport::OnLanded(void* request, ucs_status_t status, size_t /*
 
 absl::StatusOr<std::unique_ptr<TransferReceiver>> CreateUcxReceiver(
     ReceiverOptions options, const Clock& clock, TransferReceiver::ReleaseFn on_release,
-    TransferReceiver::OutcomeFn on_outcome, int lanes) {
-  auto transport = UcxReceiveTransport::Create(lanes);
+    TransferReceiver::OutcomeFn on_outcome, int lanes, UcxProtocols protocols) {
+  auto transport = UcxReceiveTransport::Create(lanes, protocols);
   if (!transport.ok()) return transport.status();
   return std::make_unique<TransferReceiver>(std::move(*transport), options, clock,
                                             std::move(on_release), std::move(on_outcome));

@@ -1,7 +1,9 @@
 // ReceiveTransport over UCX active messages: the decode side of UcxTransport. Page headers reach
 // the sink before any byte lands (the AM handler sees the header of a rendezvous message first);
 // eager payloads are copied into the sink's target, rendezvous ones received into it with
-// ucp_am_recv_data_nbx. A refused rendezvous page completes its sender's send with Cancelled.
+// ucp_am_recv_data_nbx. A refused rendezvous page completes its sender's send with Cancelled,
+// except under UCX 1.13's v2 protocols over tcp, which drop that status: the send completes OK
+// (the page is refused either way; docs/protocol.md, "UCX protocols").
 //
 // Lanes (docs/protocol.md, "Lanes"): with `lanes` > 1 there is one UCX worker and one thread per
 // lane; address() is the bundle of the lanes' addresses (kvtransfer/ucx/lane_address.h) and each
@@ -27,8 +29,10 @@ class UcxReceiveTransport final : public ReceiveTransport {
  public:
   // Creates a UCX context and `lanes` workers (transports from UCX_TLS) and registers the
   // handlers for page and control messages on each. Threads start at SetSinkMutex.
+  // `protocols`: UCX's protocol implementation (ucx.h; the senders must use the same).
   // Errors: InvalidArgument for lanes outside 1 .. kMaxTransferLanes; the UCX setup error.
-  static absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> Create(int lanes = 1);
+  static absl::StatusOr<std::unique_ptr<UcxReceiveTransport>> Create(
+      int lanes = 1, UcxProtocols protocols = UcxProtocols::kV1);
   ~UcxReceiveTransport() override;
 
   void SetSink(PageSink* sink) override { sink_ = sink; }
@@ -42,6 +46,8 @@ class UcxReceiveTransport final : public ReceiveTransport {
   // Page messages each lane's worker received so far (accepted or refused; index = lane).
   // Thread-safe.
   std::vector<uint64_t> pages_per_lane() const;
+  // The protocols in effect (UCX_PROTO_ENABLE in the environment overrides the request).
+  UcxProtocols protocols() const { return context_.protocols(); }
 
  private:
   struct Landing;
@@ -68,10 +74,11 @@ class UcxReceiveTransport final : public ReceiveTransport {
   absl::Mutex* sink_mutex_ = nullptr;
 };
 
-// A TransferReceiver over a fresh UcxReceiveTransport with `lanes` lanes (the decode worker's
-// receiver).
+// A TransferReceiver over a fresh UcxReceiveTransport with `lanes` lanes and `protocols` (the
+// decode worker's receiver).
 absl::StatusOr<std::unique_ptr<TransferReceiver>> CreateUcxReceiver(
     ReceiverOptions options, const Clock& clock, TransferReceiver::ReleaseFn on_release,
-    TransferReceiver::OutcomeFn on_outcome = nullptr, int lanes = 1);
+    TransferReceiver::OutcomeFn on_outcome = nullptr, int lanes = 1,
+    UcxProtocols protocols = UcxProtocols::kV1);
 
 }  // namespace pdserve::kv

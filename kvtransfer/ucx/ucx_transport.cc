@@ -1,6 +1,7 @@
 #include "kvtransfer/ucx/ucx_transport.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/ucx/lane_address.h"
@@ -9,6 +10,11 @@
 namespace pdserve::kv {
 namespace {
 
+// A page or control send. Its outcome is published once through `done_` (release; read with
+// acquire), so Test() on a send still in flight takes no lock: a sender polls every send of its
+// window on each Poll(), and with lane threads those locks contended with the lanes' progress.
+// Everything that decides the outcome (posting, completion callback, cancel, abandon) runs under
+// the lane's lock; the completion callback frees the UCX request itself.
 class UcxSendOp final : public SendOp, public LaneSend {
  public:
   UcxSendOp(UcxLane& lane, std::vector<std::byte> header, ucp_ep_h ep, unsigned am_id,
@@ -16,33 +22,33 @@ class UcxSendOp final : public SendOp, public LaneSend {
       : lane_(lane), header_(std::move(header)), ep_(ep), am_id_(am_id), payload_(payload) {}
   ~UcxSendOp() override {
     absl::MutexLock lock(&lane_.mu());
-    if (queued_) lane_.Withdraw(this);
+    if (queued_.load()) lane_.Withdraw(this);
     if (request_ == nullptr) return;
     ucp_worker_h worker = lane_.worker().get();
     ucp_request_cancel(worker, request_);
-    while (ucp_request_check_status(request_) == UCS_INPROGRESS) ucp_worker_progress(worker);
-    ucp_request_free(request_);
+    // OnDone (inside this progress, under the lock held here) frees the request.
+    while (request_ != nullptr) ucp_worker_progress(worker);
   }
 
-  // Hands the send to the lane's thread (the lane's lock held by the caller).
+  // Hands the send to the lane's thread (without the lane's lock: UcxLane::Submit).
   void Queue() {
-    queued_ = true;
+    queued_.store(true);
     lane_.Submit(this);
   }
 
   // Posts the message (the lane's lock held by the caller: the owner's thread, or the lane's).
   void Post() override {
-    queued_ = false;
+    queued_.store(false);
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &UcxSendOp::OnDone;
-    param.user_data = &lane_;
+    param.user_data = this;
     const ucs_status_ptr_t request = ucp_am_send_nbx(ep_, am_id_, header_.data(), header_.size(),
                                                      payload_.data(), payload_.size(), &param);
     if (request == nullptr) {
-      result_ = absl::OkStatus();
+      Finish(absl::OkStatus());
     } else if (UCS_PTR_IS_ERR(request)) {
-      result_ = UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_send_nbx");
+      Finish(UcsToStatus(UCS_PTR_STATUS(request), "ucp_am_send_nbx"));
     } else {
       request_ = request;
       lane_.AddBusy(1);  // Until OnDone, which runs inside a later progress of this lane.
@@ -51,37 +57,40 @@ class UcxSendOp final : public SendOp, public LaneSend {
   }
 
   void Abandon(absl::Status status) override {
-    queued_ = false;
-    result_ = std::move(status);
+    queued_.store(false);
+    Finish(std::move(status));
   }
   ucp_ep_h endpoint() const override { return ep_; }
 
   std::optional<absl::Status> Test() override {
-    absl::MutexLock lock(&lane_.mu());
-    if (queued_) return std::nullopt;
-    if (request_ != nullptr) {
-      const ucs_status_t status = ucp_request_check_status(request_);
-      if (status == UCS_INPROGRESS) return std::nullopt;
-      ucp_request_free(request_);
-      request_ = nullptr;
-      result_ = UcsToStatus(status, "page send");
-    }
-    return result_;
+    if (!done_.load(std::memory_order_acquire)) return std::nullopt;
+    return result_;  // Written before done_, never after.
   }
 
   void Cancel() override {
     absl::MutexLock lock(&lane_.mu());
-    if (queued_ && lane_.Withdraw(this)) {
-      queued_ = false;
-      result_ = absl::CancelledError("page send cancelled before it was posted");
+    if (queued_.load() && lane_.Withdraw(this)) {
+      queued_.store(false);
+      Finish(absl::CancelledError("page send cancelled before it was posted"));
       return;
     }
     if (request_ != nullptr) ucp_request_cancel(lane_.worker().get(), request_);
   }
 
  private:
-  static void OnDone(void* /*request*/, ucs_status_t /*status*/, void* user_data) {
-    static_cast<UcxLane*>(user_data)->AddBusy(-1);
+  // Runs inside a progress of the lane's worker, under its lock.
+  static void OnDone(void* request, ucs_status_t status, void* user_data) {
+    auto* self = static_cast<UcxSendOp*>(user_data);
+    ucp_request_free(request);
+    self->request_ = nullptr;
+    self->lane_.AddBusy(-1);
+    self->Finish(UcsToStatus(status, "page send"));
+  }
+
+  // Publishes the outcome (once; under the lane's lock).
+  void Finish(absl::Status status) {
+    result_ = std::move(status);
+    done_.store(true, std::memory_order_release);
   }
 
   UcxLane& lane_;
@@ -89,19 +98,23 @@ class UcxSendOp final : public SendOp, public LaneSend {
   const ucp_ep_h ep_;
   const unsigned am_id_;
   const std::span<const std::byte> payload_;
-  bool queued_ = false;                 // Guarded by lane_.mu(): waiting in the lane's queue.
-  ucs_status_ptr_t request_ = nullptr;  // Guarded by lane_.mu().
-  absl::Status result_;
+  // Waiting in the lane's queue: set before Submit, cleared under lane_.mu() when the lane posts
+  // or abandons it or a cancel withdraws it (a send off the queue is posted under that lock).
+  std::atomic<bool> queued_{false};
+  ucs_status_ptr_t request_ = nullptr;  // Guarded by lane_.mu(): posted, not yet completed.
+  absl::Status result_;                 // Final once done_ is set.
+  std::atomic<bool> done_{false};
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(int lanes, bool post_on_lanes) {
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(int lanes, bool post_on_lanes,
+                                                                   UcxProtocols protocols) {
   if (lanes < 1 || lanes > kMaxTransferLanes) {
     return absl::InvalidArgumentError(
         absl::StrCat("transfer lanes ", lanes, " outside 1 .. ", kMaxTransferLanes));
   }
-  auto context = UcxContext::Create(/*shared_by_threads=*/lanes > 1);
+  auto context = UcxContext::Create(/*shared_by_threads=*/lanes > 1, protocols);
   if (!context.ok()) return context.status();
   std::vector<std::unique_ptr<UcxLane>> made;
   for (int i = 0; i < lanes; ++i) {
@@ -206,10 +219,10 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
   auto op = std::make_unique<UcxSendOp>(
       *lanes_[lane], std::vector<std::byte>(header.begin(), header.end()),
       peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload);
-  absl::MutexLock lock(&lanes_[lane]->mu());
   if (kind == WireKind::kPage && post_on_lanes_ && lanes_[lane]->threaded()) {
     op->Queue();
   } else {
+    absl::MutexLock lock(&lanes_[lane]->mu());
     op->Post();
   }
   return op;

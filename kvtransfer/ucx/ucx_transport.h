@@ -29,10 +29,11 @@ class UcxTransport final : public PageTransport {
   // Creates a UCX context and `lanes` workers (transports from UCX_TLS); from 2 lanes, one
   // thread per lane. post_on_lanes (from 2 lanes): page sends are posted by their lane's thread
   // (UcxLane::Submit), so the caller's thread only queues them and the lanes' cores do UCX's
-  // send work in parallel; false: posted on the caller's thread. Errors: InvalidArgument for
-  // lanes outside 1 .. kMaxTransferLanes; the UCX setup error.
-  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(int lanes = 1,
-                                                              bool post_on_lanes = true);
+  // send work in parallel; false: posted on the caller's thread. `protocols`: UCX's protocol
+  // implementation (ucx.h; the receiver must use the same). Errors: InvalidArgument for lanes
+  // outside 1 .. kMaxTransferLanes; the UCX setup error.
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(
+      int lanes = 1, bool post_on_lanes = true, UcxProtocols protocols = UcxProtocols::kV1);
   ~UcxTransport() override;
 
   absl::StatusOr<PeerId> Connect(std::span<const std::byte> worker_address,
@@ -44,6 +45,8 @@ class UcxTransport final : public PageTransport {
   absl::Status PeerStatus(PeerId peer) const override;
   void Disconnect(PeerId peer) override;
   int lanes() const override { return static_cast<int>(lanes_.size()); }
+  // The protocols in effect (UCX_PROTO_ENABLE in the environment overrides the request).
+  UcxProtocols protocols() const { return context_.protocols(); }
 
   // Endpoint sets (connections) created so far (a reconnect adds one); for tests of the cache.
   uint64_t endpoints_created() const { return next_peer_ - 1; }

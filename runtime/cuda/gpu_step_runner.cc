@@ -116,16 +116,16 @@ absl::Status GpuStepRunner::StartEarlyImport() {
   o.fill_pool = early_pool_.get();
   o.take_slot = [this](serving::RequestId id) -> absl::StatusOr<int64_t> {
     absl::MutexLock lock(&mutex_);
-    // Not a slot whose reset (ReleaseRemovedSlots) is still to come: it would free the pages
-    // the import writes.
     std::vector<int64_t>& slots = free_slots_[0];
-    for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
-      const int64_t slot = *it;
-      if (std::find(to_release_.begin(), to_release_.end(), std::pair<int64_t, int64_t>{0, slot}) !=
-          to_release_.end()) {
-        continue;
-      }
-      slots.erase(std::next(it).base());
+    if (!slots.empty()) {
+      const int64_t slot = slots.back();
+      slots.pop_back();
+      // A removed sequence's slot whose reset (ReleaseRemovedSlots, at the next step) is still to
+      // come is taken off that list: the reset would free the pages the import writes, and
+      // BeginStagedImport resets the slot itself first (its old pages back). Without this, the
+      // slots of sequences removed since the last step (every slot, after the batch emptied)
+      // would all be passed over until a step ran.
+      std::erase(to_release_, std::pair<int64_t, int64_t>{0, slot});
       return slot;
     }
     return absl::ResourceExhaustedError(

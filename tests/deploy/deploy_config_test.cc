@@ -158,6 +158,19 @@ TEST(DeployConfigTest, TransferEarlyImport) {
   EXPECT_EQ(refused.errors[0].key, "transfer.early_import");
 }
 
+// transfer.ucx_protocols: v1 unless set; v2 is taken; anything else names the key.
+TEST(DeployConfigTest, TransferUcxProtocols) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.transfer_ucx_protocols, "v1");
+  const ParsedDeployConfig v2 =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  ucx_protocols: v2\n", "t.yaml");
+  ASSERT_TRUE(v2.errors.empty()) << v2.errors[0].ToString();
+  EXPECT_EQ(v2.config.transfer_ucx_protocols, "v2");
+  const ParsedDeployConfig refused =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  ucx_protocols: v3\n", "b.yaml");
+  ASSERT_EQ(refused.errors.size(), 1u);
+  EXPECT_EQ(refused.errors[0].key, "transfer.ucx_protocols");
+}
+
 // transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as
 // given; anything else names the key.
 TEST(DeployConfigTest, TransferLanes) {

@@ -4,7 +4,8 @@
 // (ImportLayers filled by PagedState::LoadLayerRing, what the decode runner does today) makes
 // it: the same exported state and the same next-token logits bit for bit, from bf16 and fp32
 // pages, before and past the window. The slot reads as empty (position 0) until the import is
-// finished; a cancelled import gives the slot's device pages back. Same models as
+// finished; a cancelled import gives the slot's device pages back, also when its device calls
+// fail. Same models as
 // gpu_model_test.cc; skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -244,6 +245,41 @@ TEST_P(GpuEarlyImportTest, StagedImportRefusesCallsOutOfTurn) {
   ASSERT_TRUE(gpu->CancelStagedImport(1).ok());
   EXPECT_EQ(gpu->Position(1), 0);
   EXPECT_TRUE(absl::IsFailedPrecondition(gpu->CancelStagedImport(1)));
+}
+
+// A cancel whose device calls fail (cudaSetDevice, a test fault) still gives the slot's device
+// pages back, and the slot imports again afterwards: with one failure (the cancel's own
+// selection) and with two (ResetSlot's too, whose row upload the next call then makes).
+TEST_P(GpuEarlyImportTest, ACancelWhoseDeviceCallsFailStillFreesTheSlotsPages) {
+  auto gpu = MakeGpu(model_, 2, 64);
+  ASSERT_NE(gpu, nullptr);
+  auto pages_free = [&] {
+    std::vector<int64_t> free;
+    for (const StatePageKind& kind : gpu->StatePages()) free.push_back(kind.pages_free);
+    return free;
+  };
+  const std::vector<int64_t> free_before = pages_free();
+  const int64_t p = std::min<int64_t>(300, gpu->max_context() - 1);
+  for (int64_t faults : {1, 2}) {
+    SCOPED_TRACE(faults);
+    ASSERT_TRUE(gpu->BeginStagedImport(1, p).ok());
+    // The slot holds pages for p tokens (a model with paged state: compressed layers).
+    if (!free_before.empty()) {
+      EXPECT_NE(pages_free(), free_before);
+    }
+    gpu->FailDeviceSelectionForTest(faults);
+    const absl::Status cancelled = gpu->CancelStagedImport(1);
+    gpu->FailDeviceSelectionForTest(0);  // a fault left over (no paged state: one call fewer)
+    EXPECT_TRUE(absl::IsInternal(cancelled)) << cancelled;
+    EXPECT_EQ(gpu->Position(1), 0);
+    EXPECT_EQ(pages_free(), free_before);
+    EXPECT_TRUE(absl::IsFailedPrecondition(gpu->CancelStagedImport(1)));
+  }
+  // The device works again: the slot imports and cancels as usual.
+  ASSERT_TRUE(gpu->BeginStagedImport(1, p).ok());
+  ASSERT_TRUE(gpu->CancelStagedImport(1).ok());
+  EXPECT_EQ(pages_free(), free_before);
+  ASSERT_TRUE(gpu->Forward(0, {model_.prompts.front()[0]}).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuEarlyImportTest, ::testing::ValuesIn(ModelNames()),

@@ -338,6 +338,81 @@ TEST_F(GpuStepRunnerTest, EarlyImportWhileOthersDecode) {
   ExpectSameTokens(staggered, want, /*max_diverged=*/1);
 }
 
+// Right after the batch emptied (both slots' sequences removed, no step since, so each slot's
+// reset is still to come), a new request's early import still finds a slot: the import takes it
+// off the pending resets (BeginStagedImport resets it itself), and the sequence then decodes what
+// the import at its first step decodes. Written after the last GPU round: not run on a GPU yet.
+TEST_F(GpuStepRunnerTest, EarlyImportFindsASlotRightAfterTheBatchEmptied) {
+  auto gpu = Gpu(2);
+  ASSERT_NE(gpu, nullptr);
+  std::vector<RequestSpec> specs = Specs(0.0, 1, 0);
+  specs.resize(3);
+  std::vector<engine::ModelState> states;
+  std::vector<int32_t> first;
+  PromptStates(specs, &states, &first);
+  const serving::StateLayout layout = *LayoutForModel(model_.config);
+  auto pool =
+      *serving::PagePool::Create(layout.PoolOptions(3, 3 * model_.config.max_position_embeddings));
+  std::unique_ptr<GpuStepRunner> runner =
+      MakeGpuRunner(gpu.get(), true, false, /*early_import=*/true)(layout, pool.get());
+  ASSERT_NE(runner, nullptr);
+  ASSERT_NE(runner->early_importer(), nullptr);
+  std::deque<std::vector<ChoiceOutput>> outputs(specs.size());
+  // Sequence i + 1: its prompt state in its pages, imported early, added.
+  auto start = [&](size_t i) {
+    const RequestSpec& spec = specs[i];
+    auto context = MakeContext(model_.config, 0, spec, &outputs[i]);
+    ASSERT_NE(context, nullptr);
+    {
+      absl::MutexLock lock(&context->mu);
+      ASSERT_TRUE(context->sampler.Record(0, first[i]).ok());
+    }
+    outputs[i][0].tokens.push_back(first[i]);
+    const auto id = static_cast<serving::RequestId>(i + 1);
+    const auto prompt = static_cast<int64_t>(spec.prompt.size());
+    const int64_t total = prompt + spec.params.max_tokens;
+    auto table = pool->Allocate(id, layout.Demand(total));
+    ASSERT_TRUE(table.ok()) << table.status();
+    auto pages = MapPages(*pool, *table);
+    ASSERT_TRUE(pages.ok()) << pages.status();
+    ASSERT_TRUE(PagedState(model_.config, layout, total).Store(states[i], 0, *pages).ok());
+    ImportEarly(*runner->early_importer(), id, prompt, total, model_.config.num_hidden_layers);
+    SequenceSetup setup{context, 0, spec.prompt, spec.params.max_tokens};
+    setup.first_token = first[i];
+    ASSERT_TRUE(runner->Add(id, setup).ok());
+  };
+  // Up to `steps` decode steps of the sequences of `indices` that have not finished.
+  uint64_t step = 0;
+  auto decode = [&](const std::vector<size_t>& indices, int64_t steps) {
+    for (int64_t k = 0; k < steps; ++k) {
+      serving::StepPlan plan;
+      plan.step = ++step;
+      for (size_t i : indices) {
+        if (!outputs[i][0].finish_reason.empty()) continue;
+        const auto position =
+            static_cast<int64_t>(specs[i].prompt.size() + outputs[i][0].tokens.size()) - 1;
+        plan.decode.push_back({static_cast<serving::RequestId>(i + 1), position});
+      }
+      if (plan.decode.empty()) return;
+      ASSERT_TRUE(runner->Run(plan).ok());
+    }
+  };
+  start(0);
+  start(1);
+  decode({0, 1}, 2);
+  runner->Remove(1);
+  runner->Remove(2);
+  ASSERT_EQ(runner->free_slots(), 2);
+  start(2);  // no step ran since the removals
+  decode({2}, specs[2].params.max_tokens - 1);
+  auto fresh = Gpu(2);
+  ASSERT_NE(fresh, nullptr);
+  const Outputs want = RunTransferred<GpuStepRunner>(model_.config, {specs[2]}, {states[2]},
+                                                     {first[2]}, MakeGpuRunner(fresh.get()));
+  ASSERT_EQ(want.size(), 1u);
+  EXPECT_EQ(outputs[2][0].tokens, want[0][0].tokens);
+}
+
 // An expert-parallel group as the runner's engine: 2 ranks on GPU 0 (in-process communicator),
 // the experts split over them, requests spread over the ranks and stepped in lock step (prefill
 // rounds padded to the longest chunk, decode padded to the largest rank's bucket). Seeded T=0.6

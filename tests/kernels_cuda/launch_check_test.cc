@@ -12,8 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/hyper_connection.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
@@ -38,6 +40,7 @@ struct Refusal {
 alignas(16) float f32[64];
 alignas(16) int32_t i32[64];
 alignas(16) __nv_bfloat16 bf16[64];
+alignas(16) uint8_t u8[64];
 
 SparseDecodeParams ValidSparse() {
   SparseDecodeParams p;
@@ -79,6 +82,43 @@ std::vector<Refusal> Refusals() {
       {"clamped_swiglu_out_stride",
        [] { return clamped_swiglu(f32, f32, 2, 8, 8, 7.0f, f32, 4, nullptr); },
        "clamped_swiglu: argument check failed: out_stride >= cols"},
+      {"act_quant_k",
+       [] {
+         return act_quant(bf16, 2, 200, 256, false, u8, f32, ActScaleLayout::kColumnMajor,
+                          ActQuantVariant::kWarpPerBlock, nullptr);
+       },
+       "act_quant: argument check failed: k > 0 && k % kActQuantBlock == 0"},
+      {"act_quant_vectorized_stride",
+       [] {
+         return act_quant(bf16, 2, 128, 132, false, u8, f32, ActScaleLayout::kGemmSplit,
+                          ActQuantVariant::kHalfWarpVectorized, nullptr);
+       },
+       "act_quant: argument check failed: Aligned(x, 16) && x_stride % 8 == 0"},
+      {"act_quant_f32_y_stride",
+       [] {
+         return act_quant_f32(f32, 1, 128, 128, false, bf16, 64, u8, f32,
+                              ActScaleLayout::kColumnMajor, nullptr);
+       },
+       "act_quant_f32: argument check failed: y_stride >= k && y_stride % 8 == 0"},
+      {"act_quant_f32_group_cols",
+       [] {
+         return act_quant_f32(f32, 1, 384, 384, false, nullptr, 0, u8, f32,
+                              ActScaleLayout::kColumnMajor, nullptr, 256);
+       },
+       "act_quant_f32: argument check failed: group_cols % kActQuantBlock == 0 && k % group_cols "
+       "== 0"},
+      {"clamped_swiglu_act_quant_in_stride",
+       [] {
+         return clamped_swiglu_act_quant(f32, f32, 1, 128, 130, 7.0f, false, nullptr, 0, u8, f32,
+                                         ActScaleLayout::kColumnMajor, nullptr);
+       },
+       "clamped_swiglu_act_quant: argument check failed: in_stride % 4 == 0"},
+      {"clamped_swiglu_act_quant_cols",
+       [] {
+         return clamped_swiglu_act_quant(f32, f32, 1, 64, 128, 7.0f, false, nullptr, 0, u8, f32,
+                                         ActScaleLayout::kColumnMajor, nullptr);
+       },
+       "clamped_swiglu_act_quant: argument check failed: cols > 0 && cols % kActQuantBlock == 0"},
       {"top_k_k", [] { return top_k(f32, 1, 8, i32, 0, i32, nullptr); },
        "top_k: argument check failed: k >= 1"},
       {"top_k_split_not_power_of_two",
@@ -190,6 +230,32 @@ TEST(LaunchCheckTest, EmptyWorkIsNoRefusal) {
   EXPECT_EQ(rms_norm(static_cast<const float*>(nullptr), nullptr, 0, 8, 8, 1e-6f, nullptr, nullptr),
             cudaSuccess);
   EXPECT_EQ(TakeLaunchRefusal(), "");
+}
+
+// fp8_gemm_quantized checks its arguments and workspace on the host, before any CUDA call, and
+// names the failed check in `refusal`.
+TEST(LaunchCheckTest, Fp8GemmQuantizedRefusesOnTheHost) {
+  EXPECT_EQ(fp8_gemm_quantized_workspace_bytes(64, 128, 200), 0u);
+  const size_t ws_bytes = fp8_gemm_quantized_workspace_bytes(64, 128, 256);
+  EXPECT_GE(ws_bytes, kCublasLtWorkspace);
+  alignas(256) static uint8_t workspace[512];
+  std::string refusal;
+  EXPECT_EQ(fp8_gemm_quantized(u8, f32 + 1, 64, 256, u8, f32, 128, f32, 128, workspace, ws_bytes,
+                               nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal, "xs: null or not 16-byte aligned");
+  EXPECT_EQ(fp8_gemm_quantized(u8, f32, 64, 200, u8, f32, 128, f32, 128, workspace, ws_bytes,
+                               nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal, "k: not a positive multiple of 128 (200)");
+  EXPECT_EQ(fp8_gemm_quantized(u8, f32, 64, 256, u8, f32, 128, f32, 128, workspace,
+                               sizeof(workspace), nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal.rfind("workspace_bytes: 512 < the ", 0), 0u) << refusal;
+  EXPECT_EQ(fp8_gemm_quantized(nullptr, f32, 64, 256, u8, f32, 128, f32, 128, workspace, ws_bytes,
+                               nullptr, &refusal),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(refusal, "xq: null or not 16-byte aligned");
 }
 
 TEST(LaunchCheckTest, TheRefusalStaysOnItsThread) {

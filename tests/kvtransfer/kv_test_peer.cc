@@ -1,6 +1,6 @@
 // The other process of the kvtransfer process tests, driven over stdin / stdout.
 //
-//   kv_test_peer send        reads commands, one per line:
+//   kv_test_peer send [v1|v2]  reads commands, one per line (v1 / v2: UCX's protocols, ucx.h):
 //       send <seed> <ticket hex> [fault...]   writes the ticket's pages (FillPattern(seed, slot)),
 //                                             commits, prints "done <ticket> OK" or
 //                                             "done <ticket> <code> <message>"
@@ -76,9 +76,9 @@ struct Job {
   uint64_t ticket_id = 0;
 };
 
-int RunSender() {
+int RunSender(UcxProtocols protocols) {
   SystemClock clock;
-  auto transport = UcxTransport::Create();
+  auto transport = UcxTransport::Create(1, true, protocols);
   if (!transport.ok()) {
     Say("error " + transport.status().ToString());
     return 1;
@@ -182,11 +182,14 @@ int RunReceiver(uint32_t num_pages, uint64_t page_bytes) {
 
 int main(int argc, char** argv) {
   const std::string role = argc > 1 ? argv[1] : "";
-  if (role == "send") return pdserve::kv::testing::RunSender();
+  if (role == "send" && argc <= 3) {
+    auto protocols = pdserve::kv::ParseUcxProtocols(argc == 3 ? argv[2] : "v1");
+    if (protocols.ok()) return pdserve::kv::testing::RunSender(*protocols);
+  }
   if (role == "recv" && argc == 4) {
     return pdserve::kv::testing::RunReceiver(static_cast<uint32_t>(std::stoul(argv[2])),
                                              std::stoull(argv[3]));
   }
-  std::fprintf(stderr, "usage: kv_test_peer send | recv <pages> <page bytes>\n");
+  std::fprintf(stderr, "usage: kv_test_peer send [v1|v2] | recv <pages> <page bytes>\n");
   return 2;
 }

@@ -21,24 +21,29 @@ class ReceiverProcessTest : public ::testing::Test {
   static constexpr uint32_t kPoolPages = 8;
   static constexpr uint64_t kPageBytes = 256 * 1024;
 
-  // UCX reads UCX_TLS when the context is created, so the receiver and its peers agree on it.
-  void StartReceiver(const std::string& tls) {
+  // UCX reads UCX_TLS when the context is created, so the receiver and its peers agree on it;
+  // `protocols` goes to the receiver and to every sender StartSender starts.
+  void StartReceiver(const std::string& tls, UcxProtocols protocols = UcxProtocols::kV1) {
     tls_ = tls;
+    protocols_ = protocols;
     setenv("UCX_TLS", tls.c_str(), 1);
     pool_.assign(kPoolPages, std::vector<std::byte>(kPageBytes));
-    auto receiver =
-        CreateUcxReceiver({.lease = absl::Seconds(10),
-                           .heartbeat_interval = absl::Milliseconds(100),
-                           .incarnation = 1},
-                          clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
-                            released_.push_back(ticket_id);
-                          });
+    auto receiver = CreateUcxReceiver(
+        {.lease = absl::Seconds(10),
+         .heartbeat_interval = absl::Milliseconds(100),
+         .incarnation = 1},
+        clock_,
+        [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
+          released_.push_back(ticket_id);
+        },
+        nullptr, /*lanes=*/1, protocols);
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = std::move(*receiver);
   }
 
   std::unique_ptr<PeerProcess> StartSender() {
-    auto peer = PeerProcess::Start({PDSERVE_KV_TEST_PEER, "send"}, {"UCX_TLS=" + tls_});
+    auto peer = PeerProcess::Start({PDSERVE_KV_TEST_PEER, "send", UcxProtocolsName(protocols_)},
+                                   {"UCX_TLS=" + tls_});
     EXPECT_TRUE(peer.ok()) << peer.status();
     if (!peer.ok()) return nullptr;
     auto ready = (*peer)->ReadLine(absl::Seconds(20));
@@ -97,6 +102,7 @@ class ReceiverProcessTest : public ::testing::Test {
   }
 
   std::string tls_;
+  UcxProtocols protocols_ = UcxProtocols::kV1;
   FakeClock clock_;
   std::vector<std::vector<std::byte>> pool_;
   std::unique_ptr<TransferReceiver> receiver_;

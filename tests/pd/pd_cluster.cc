@@ -95,6 +95,9 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
         << options.lease_ms << "\n"
         << (options.transfer_lanes > 0 ? absl::StrCat("  lanes: ", options.transfer_lanes, "\n")
                                        : "")
+        << (options.ucx_protocols.empty()
+                ? ""
+                : absl::StrCat("  ucx_protocols: ", options.ucx_protocols, "\n"))
         << options.guards_yaml;
   }
   std::vector<std::string> env = {"UCX_TLS=" + options.ucx_tls};

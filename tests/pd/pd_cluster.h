@@ -49,6 +49,7 @@ struct ClusterOptions {
   int64_t drain_timeout_ms = 30000;      // both workers' --drain-timeout-ms
   int64_t prefill_max_waiting = 256;     // the prefill worker's --max-waiting
   int transfer_lanes = 0;                // transfer.lanes (0: not written, the default)
+  std::string ucx_protocols;             // transfer.ucx_protocols ("": not written, v1)
 };
 
 class PdCluster {

@@ -54,7 +54,8 @@ const std::vector<Outcome>& Reference() {
   return *reference;
 }
 
-void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0) {
+void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
+                            const std::string& ucx_protocols = "") {
   std::vector<RequestSpec> specs = EquivalenceSpecs();
   const std::vector<Outcome>& reference = Reference();
   ASSERT_EQ(reference.size(), specs.size());
@@ -65,6 +66,7 @@ void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0) {
   ClusterOptions options;
   options.ucx_tls = tls;
   options.transfer_lanes = transfer_lanes;
+  options.ucx_protocols = ucx_protocols;
   options.prefill_env = {absl::StrCat("PDSERVE_TEST_CORRUPT_REQUEST=", kCorruptRequest)};
   absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -118,6 +120,13 @@ TEST(PdEquivalenceTest, TcpMatchesColocatedBitForBit) { ExpectMatchesColocated("
 // Both workers with 4 transfer lanes (docs/protocol.md, "Lanes"): the same tokens, and the
 // corrupted page still fails only its request with the checksum error.
 TEST(PdEquivalenceTest, FourLanesMatchColocatedBitForBit) { ExpectMatchesColocated("tcp", 4); }
+
+// Both workers on UCX's v2 protocols (transfer.ucx_protocols: v2; docs/protocol.md, "UCX
+// protocols"), over tcp with peer-failure handling as deployed, and over shared memory.
+TEST(PdEquivalenceTest, UcxProtocolsV2MatchColocatedBitForBit) {
+  ExpectMatchesColocated("tcp", 0, "v2");
+  ExpectMatchesColocated("shm,self", 0, "v2");
+}
 
 // ignore_eos on both workers as in colocated mode: EOS (id 1, forced by logit_bias) is sampled
 // and passed over; stop_token_ids still stop, after min_tokens.

@@ -14,6 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "serving/page_lease.h"
+#include "serving/page_pool.h"
 
 namespace pdserve::runtime {
 namespace {
@@ -269,6 +271,135 @@ TEST(EarlyImportTest, TheImportersEndReleasesEverySlotNotTaken) {
   }
   EXPECT_EQ(slots.releases(), 1);  // request 1's; request 2's slot is the runner's
   EXPECT_EQ(slots.free_slots(), 1);
+}
+
+// A sequence's pages in a pool of their own, held through a lease as the decode worker holds
+// them (owner `id`).
+struct HeldPages {
+  std::unique_ptr<serving::PagePool> pool;
+  std::shared_ptr<const serving::PageLease> lease;
+  bool freed() const { return !pool->Table(lease_owner).ok(); }
+  serving::RequestId lease_owner = 0;
+};
+
+HeldPages Hold(serving::RequestId id) {
+  HeldPages held;
+  auto pool = serving::PagePool::Create({.kinds = {{"window", 8, 4, 16}}});
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  held.pool = std::move(*pool);
+  auto table = held.pool->Allocate(id, {3});
+  EXPECT_TRUE(table.ok()) << table.status();
+  held.lease = serving::PageLease::Hold(held.pool.get(), *table);
+  held.lease_owner = id;
+  return held;
+}
+
+// The caller gives up its hold on the pages (the request ended: its ticket released, or it was
+// aborted) while a layer's import reads them: they stay the sequence's until that call
+// returned, then go back to the pool.
+TEST(EarlyImportTest, PagesStayHeldUntilTheRunningImportCallReturns) {
+  FakeSlots slots;
+  slots.block_layer_ = 1;
+  HeldPages held = Hold(5);
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(5, 128, 256, held.lease).ok());
+  importer.LayerArrived(5, 1);
+  slots.entered_.WaitForNotification();
+  held.lease.reset();
+  importer.Cancel(5);
+  EXPECT_FALSE(held.freed());
+  EXPECT_EQ(held.pool->pages_free(0), 5);
+  slots.blocked_.Notify();
+  ASSERT_TRUE(Eventually([&] { return held.freed(); }));
+  EXPECT_EQ(held.pool->pages_free(0), 8);
+  ASSERT_TRUE(Eventually([&] { return slots.releases() == 1; }));
+}
+
+// Every other end lets go of the pages too: a cancel with no call running, a failed layer, a
+// take by the runner, the importer's own end.
+TEST(EarlyImportTest, EveryEndOfAnImportLetsGoOfItsPages) {
+  FakeSlots slots;
+  slots.fail_layer_ = 2;
+  std::vector<HeldPages> held;
+  for (serving::RequestId id : {1, 2, 3, 4}) held.push_back(Hold(id));
+  {
+    FakeSlots more;
+    EarlyImporter importer(&slots, kLayers);
+    EarlyImporter other(&more, kLayers);
+    ASSERT_TRUE(importer.Begin(1, 10, 20, held[0].lease).ok());
+    ASSERT_TRUE(importer.Begin(2, 10, 20, held[1].lease).ok());
+    ASSERT_TRUE(other.Begin(3, 10, 20, held[2].lease).ok());
+    ASSERT_TRUE(other.Begin(4, 10, 20, held[3].lease).ok());
+    for (HeldPages& h : held) h.lease.reset();
+    importer.Cancel(1);
+    EXPECT_TRUE(held[0].freed());
+    importer.LayerArrived(2, 2);  // fails
+    ASSERT_TRUE(Eventually([&] { return importer.StateOf(2) == EarlyImportState::kFailed; }));
+    EXPECT_TRUE(held[1].freed());
+    for (int64_t layer = 0; layer < kLayers; ++layer) other.LayerArrived(3, layer);
+    other.Verified(3);
+    ASSERT_TRUE(Eventually([&] { return other.StateOf(3) == EarlyImportState::kReady; }));
+    EXPECT_FALSE(held[2].freed());
+    ASSERT_TRUE(other.Take(3).ok());
+    EXPECT_TRUE(held[2].freed());
+    EXPECT_FALSE(held[3].freed());
+  }
+  EXPECT_TRUE(held[3].freed());
+}
+
+}  // namespace
+
+// Reaches EarlyImporter::Apply with events its callers never send (a bug's path).
+class EarlyImporterTestPeer {
+ public:
+  static void Apply(EarlyImporter& importer, serving::RequestId id, EarlyImportEvent event) {
+    absl::MutexLock lock(&importer.mu_);
+    auto it = importer.records_.find(id);
+    ASSERT_NE(it, importer.records_.end());
+    importer.Apply(id, it->second, event);
+  }
+};
+
+namespace {
+
+// An event outside the lifecycle (a bug) fails the import loudly and gives its slot back: at
+// once when no import call runs, and right after the running call otherwise.
+TEST(EarlyImportTest, AnIllegalEventFailsTheImportAndReleasesItsSlot) {
+  FakeSlots slots;
+  slots.block_layer_ = 0;
+  EarlyImporter importer(&slots, kLayers);
+  ASSERT_TRUE(importer.Begin(1, 10, 20).ok());
+  ASSERT_TRUE(importer.Begin(2, 64, 128).ok());
+  EXPECT_EQ(slots.free_slots(), 0);
+  EarlyImporterTestPeer::Apply(importer, 1, EarlyImportEvent::kTaken);
+  EXPECT_EQ(importer.StateOf(1), EarlyImportState::kFailed);
+  EXPECT_EQ(slots.releases(), 1);
+  EXPECT_EQ(slots.free_slots(), 1);
+  const absl::StatusOr<bool> ready = importer.Ready(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ready.status())) << ready.status();
+  EXPECT_EQ(importer.StateOf(1), std::nullopt);
+  // Request 2 while its layer 0 import runs: the slot goes back when the call returns.
+  importer.LayerArrived(2, 0);
+  slots.entered_.WaitForNotification();
+  EarlyImporterTestPeer::Apply(importer, 2, EarlyImportEvent::kTaken);
+  EXPECT_EQ(slots.releases(), 1);
+  slots.blocked_.Notify();
+  ASSERT_TRUE(Eventually([&] { return importer.StateOf(2) == EarlyImportState::kFailed; }));
+  EXPECT_EQ(slots.releases(), 2);
+  EXPECT_EQ(slots.free_slots(), 2);
+  EXPECT_EQ(slots.free_pages(), 10);
+  EXPECT_TRUE(absl::IsFailedPrecondition(importer.Ready(2).status()));
+  EXPECT_EQ(importer.active(), 0);
+  // A ready import too (its kImportFailed is outside the table: it still ends failed).
+  slots.block_layer_ = -1;
+  ASSERT_TRUE(importer.Begin(3, 10, 20).ok());
+  for (int64_t layer = 0; layer < kLayers; ++layer) importer.LayerArrived(3, layer);
+  importer.Verified(3);
+  ASSERT_TRUE(Eventually([&] { return importer.StateOf(3) == EarlyImportState::kReady; }));
+  EarlyImporterTestPeer::Apply(importer, 3, EarlyImportEvent::kAllCopied);
+  EXPECT_EQ(importer.StateOf(3), EarlyImportState::kFailed);
+  EXPECT_EQ(slots.releases(), 3);
+  EXPECT_EQ(slots.free_slots(), 2);
 }
 
 TEST(EarlyImportTest, TransitionsOutsideTheLifecycleAreRefused) {

@@ -4,8 +4,10 @@
 #      between) and runtime::EarlyImporter over runtime::GpuSlotImporter against the direct
 #      import, state and next-token logits bit for bit; the direct import's own tests; the GPU
 #      runner decoding transferred prompts imported early (RunnerOptions::early_import), also
-#      while other sequences decode, against the import at the first step, token for token; the
-#      early import's host state machine (early_import_test).
+#      while other sequences decode, against the import at the first step, token for token; a
+#      slot claimed right after the batch emptied (its reset still pending) and a cancel whose
+#      device calls fail (GpuModel::FailDeviceSelectionForTest: the slot's pages still come
+#      back); the early import's host state machine (early_import_test).
 #   2. gpu_state_transfer_bench (two processes on the GPU, V4-Flash attention shapes, 8 layers,
 #      4K / 32K / 128K prompts, UCX_TLS=shm,self, the workers' default lanes and host threads,
 #      the prompt chunks' last logits row only) with the early import (--early-import 1: the
@@ -44,7 +46,7 @@ row "early import state machine (host)" "$([ $rc = 0 ] && echo PASS || echo "FAI
 nccl=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
 LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl PDSERVE_SOURCE_DIR=$src PDSERVE_GPU_CHUNK_LOGITS=last \
   timeout "$(cap 30)" engine_gpu_tests \
-  --gtest_filter='*GpuEarlyImportTest*:*GpuDirectImportTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState:GpuStepRunnerTest.EarlyImportWhileOthersDecode' \
+  --gtest_filter='*GpuEarlyImportTest*:*GpuDirectImportTest*:GpuStepRunnerTest.DecodesFromATransferredPromptState:GpuStepRunnerTest.EarlyImportWhileOthersDecode:GpuStepRunnerTest.EarlyImportFindsASlotRightAfterTheBatchEmptied' \
   > "$out/engine_gpu_tests.txt" 2>&1
 rc=$?
 row "engine GPU tests (early import, direct import, runner PD decode; fixtures from $src)" \

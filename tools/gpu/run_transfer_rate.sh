@@ -1,47 +1,84 @@
 #!/usr/bin/env bash
-# Issue 27: the CUDA prefill -> CUDA decode transfer's own rate and the workers' transport, with
-# the decode side's early import (docs/perf.md, "The decode side's early import", 2026-12-04
-# 20:41 UTC: these commands, run from the lead's round folder, committed here after the run):
-#   1. gpu_state_transfer_bench with the whole state sent after the compute (--overlap 0), shm,
-#      early import on and off: the path's rate against the copy floor of the same bytes;
-#   2. the same with the layers posted during the last chunk (--overlap 1) over UCX_TLS unset
-#      (tcp with peer-failure handling, what the workers use);
-#   3. ucx_perftest ucp_am_bw at 64 KiB over both (tcp with -e).
-# 8 V4-Flash-shaped layers, 4K / 32K / 128K prompts, medians of 3.
-#   here:  tools/gpu/pack_binaries.sh <dir> build/bench/kvtransfer/gpu_state_transfer_bench \
-#            "$(command -v ucx_perftest)" "$(command -v ucx_info)"
-#   there: source <dir>/env.sh && OUT=<out> bash tools/gpu/run_transfer_rate.sh   (~110 s)
+# Issue 27: the CUDA prefill -> CUDA decode transfer's own rate (the whole state sent after the
+# compute, --overlap 0, early import on), the path of branch rate27 against the path before it,
+# in one device call of at most ~120 s (docs/perf.md, "The path's own rate"; first run 2026-12-04
+# 20:41 UTC with the previous version of this script, which measured 2.0 / 2.3 / 3.7 GB/s):
+#   1. gpu_state_transfer_bench over shm,self with UCX's v1 protocols (the default) and v2
+#      (transfer.ucx_protocols: v2; here through UCX_PROTO_ENABLE, which overrides it), and, when
+#      packed, the binary built from main before rate27 (gpu_state_transfer_bench_old) with v1:
+#      the path's rate against the copy floor (cudaMemcpy device -> pinned -> device) of the
+#      same bytes, and the sender's post time (checksums + sends handed over);
+#   2. the same over UCX_TLS unset (tcp with peer-failure handling, what the workers use), v2
+#      then v1;
+#   3. ucx_perftest ucp_am_bw at 64 KiB over shm,self.
+# 8 V4-Flash-shaped layers, 32K / 128K prompts (LENGTHS), random state (no forward), medians of
+# 3; the workers' default lanes (4 on 16 cores) and host threads. Each run is cut to what is left
+# of BUDGET (118 s); the rows come out per length, so a cut run keeps its shorter lengths.
+#   here:  cmake --build build --target gpu_state_transfer_bench
+#          optional, the path before rate27 (b297fef, main at its start) built in a tree of its
+#          own: git worktree add --detach /tmp/pre27 b297fef && cmake -S /tmp/pre27 -B
+#          /tmp/pre27/build -G Ninja && cmake --build /tmp/pre27/build --target
+#          gpu_state_transfer_bench && cp /tmp/pre27/build/bench/kvtransfer/gpu_state_transfer_bench
+#          /tmp/gpu_state_transfer_bench_old
+#          tools/gpu/pack_binaries.sh <dir> build/bench/kvtransfer/gpu_state_transfer_bench \
+#            [/tmp/gpu_state_transfer_bench_old] "$(command -v ucx_perftest)" \
+#            "$(command -v ucx_info)"
+#   there: source <dir>/env.sh && OUT=<out> bash tools/gpu/run_transfer_rate.sh
+# The comparison table is printed last.
 set -u
 OUT=${OUT:-gpu-out/transfer-rate}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-b() {  # name tls overlap early
-  local s=$SECONDS
-  if [ "$2" = default ]; then unset UCX_TLS; else export UCX_TLS=$2; fi
-  timeout 45 gpu_state_transfer_bench --layers 8 --lengths 4096,32768,131072 --forward-max 4096 \
-    --repeats 3 --overlap "$3" --early-import "$4" --old-import 0 > "$OUT/wire-$1.md" \
-    2> "$OUT/wire-$1.err"
-  echo "wire $1 rc=$? $((SECONDS - s)) s"
-  unset UCX_TLS
-  grep -E '^\| (prompt|[0-9])' "$OUT/wire-$1.md"
+t0=$(date +%s)
+budget=${BUDGET:-118}
+lengths=${LENGTHS:-32768,131072}
+table=()
+# cap N: N seconds cut to what is left of the budget (3 s kept for the table; at least 1).
+cap() {
+  local rest=$((budget - ($(date +%s) - t0) - 3))
+  rest=$(($1 < rest ? $1 : rest))
+  echo $((rest > 1 ? rest : 1))
 }
-b shm-ov0-early1 shm,self 0 1
-b shm-ov0-early0 shm,self 0 0
-b tcp-ov1-early1 default 1 1
+b() {  # name tls protocols [binary]
+  local s=$SECONDS bin=${4:-gpu_state_transfer_bench}
+  [ "$(cap 8)" -ge 8 ] || { echo "wire $1 skipped: out of time"; return; }
+  if [ "$2" = default ]; then unset UCX_TLS; else export UCX_TLS=$2; fi
+  if [ "$3" = v2 ]; then export UCX_PROTO_ENABLE=y; else export UCX_PROTO_ENABLE=n; fi
+  timeout "$(cap 24)" "$bin" --layers 8 --lengths "$lengths" --forward-max 0 --repeats 3 \
+    --overlap 0 --early-import 1 --old-import 0 > "$OUT/wire-$1.md" 2> "$OUT/wire-$1.err"
+  echo "wire $1 rc=$? $((SECONDS - s)) s"
+  unset UCX_TLS UCX_PROTO_ENABLE
+  grep -E '^\| (prompt|[0-9])' "$OUT/wire-$1.md"
+  # prompt, MB, post, transfer, left after compute (ms), end-to-end GB/s (bytes / left, the
+  # figure docs/perf.md compares with the floor), floor GB/s, its share, state
+  while IFS= read -r line; do
+    table+=("$(echo "$line" | awk -F'|' -v n="$1" '{gsub(/ /, "", $0);
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", n, $2, $6, $9, $12, $20, $16,
+        $17, $18, $22}')")
+  done < <(grep -E '^\| [0-9]' "$OUT/wire-$1.md")
+}
+b shm-v1 shm,self v1
+b shm-v2 shm,self v2
+if command -v gpu_state_transfer_bench_old > /dev/null; then
+  b shm-v1-old shm,self v1 gpu_state_transfer_bench_old
+fi
+b tcp-v2 default v2
+b tcp-v1 default v1
 port=$((21000 + RANDOM % 20000))
-for tls in default shm,self; do
-  if [ "$tls" = default ]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
-  flags=""
-  [ "$tls" = default ] && flags="-e"
+if [ "$(cap 8)" -ge 8 ]; then
+  export UCX_TLS=shm,self
   ucx_perftest -p $port > /dev/null 2>&1 &
   server=$!
   sleep 1
-  # shellcheck disable=SC2086
-  line=$(timeout 20 ucx_perftest -p $port localhost -t ucp_am_bw -s 65536 -n 16384 -w 16 $flags \
+  line=$(timeout "$(cap 10)" ucx_perftest -p $port localhost -t ucp_am_bw -s 65536 -n 16384 -w 16 \
            2>> "$OUT/perftest.err" | grep Final || true)
   kill $server 2> /dev/null
   wait $server 2> /dev/null
   unset UCX_TLS
-  echo "perftest $tls 64KiB: $line"
-  port=$((port + 1))
-done
+  echo "perftest shm,self 64KiB: $line"
+fi
+echo
+echo "| run | prompt | bytes | post ms | transfer ms | left after compute ms | GB/s | floor GB/s |" \
+  "share of floor | state |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+printf '%s\n' "${table[@]}"
