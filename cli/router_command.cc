@@ -51,6 +51,7 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   http.host = config.router.host;
   http.port = static_cast<uint16_t>(options.port >= 0 ? options.port : config.router.http_port);
   http.max_body_bytes = static_cast<size_t>(config.router.max_body_bytes);
+  http.allow_half_close = config.router.allow_half_close;
   // security (docs/security.md): API keys on both fronts, TLS on both when configured.
   std::shared_ptr<const common::ApiKeys> api_keys;
   if (!config.security.api_keys_file.empty()) {

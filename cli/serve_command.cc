@@ -85,6 +85,7 @@ struct ServeOptions {
   std::string api_keys_file;  // docs/security.md
   std::string tls_cert_file;
   std::string tls_key_file;
+  bool allow_half_close = false;  // frontend::HttpServerOptions::allow_half_close
 };
 
 // The runner factory of `--backend`: empty for cpu.
@@ -228,6 +229,7 @@ absl::Status Serve(const ServeOptions& options) {
   }
   http.tls_cert_file = options.tls_cert_file;
   http.tls_key_file = options.tls_key_file;
+  http.allow_half_close = options.allow_half_close;
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
                            frontend::HttpServer::Start(http, service.get()));
   std::printf("pdserve serve: listening on %s://%s:%u\n",
@@ -262,6 +264,8 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--reject-when-full", o->reject_when_full,
                 "Answer 503 when the pool is full instead of queueing");
+  cmd->add_flag("--allow-half-close", o->allow_half_close,
+                "A client's end of stream during its request does not cancel it (nc -N)");
   cmd->add_option("--degeneration", o->degeneration,
                   "On degenerate output: flag (keep going) or stop (finish_reason degenerate)")
       ->capture_default_str()

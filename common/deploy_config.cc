@@ -242,7 +242,7 @@ void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
   if (!r.Map(node, "router",
              {"host", "http_port", "grpc_port", "prefill_policy", "decode_policy",
               "health_interval_ms", "health_timeout_ms", "max_body_bytes", "prefill_timeout_ms",
-              "queue_timeout_ms"})) {
+              "queue_timeout_ms", "allow_half_close"})) {
     return;
   }
   r.String(node, "router", "host", false, &c->host);
@@ -255,6 +255,7 @@ void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
   r.Int(node, "router", "max_body_bytes", false, 1024, int64_t{1} << 32, &c->max_body_bytes);
   r.Int(node, "router", "prefill_timeout_ms", false, 100, 3600000, &c->prefill_timeout_ms);
   r.Int(node, "router", "queue_timeout_ms", false, 0, 3600000, &c->queue_timeout_ms);
+  r.Bool(node, "router", "allow_half_close", &c->allow_half_close);
 }
 
 void ReadGuards(Reader& r, const YAML::Node& node, GuardsConfig* g) {

@@ -8,7 +8,7 @@
 //   model: {path: string (required), served_name: string}
 //   router: {host, http_port (required), grpc_port, prefill_policy, decode_policy,
 //            health_interval_ms, health_timeout_ms, max_body_bytes, prefill_timeout_ms,
-//            queue_timeout_ms}
+//            queue_timeout_ms, allow_half_close}
 //     policies: round_robin | least_load | power_of_two | prefix_aware
 //   prefill: [worker, ...] (at least one)      decode: [worker, ...] (at least one)
 //     worker: {name (required, unique), host (required), port (required), metrics_port,
@@ -101,6 +101,9 @@ struct RouterConfig {
   int64_t max_body_bytes = 4 << 20;
   int prefill_timeout_ms = 60000;  // the Prefill RPC's deadline, in [100, 3600000]
   int queue_timeout_ms = 60000;    // longest wait for decode room, in [0, 3600000]; 0: no waiting
+  // The HTTP front's frontend::HttpServerOptions::allow_half_close: a client's end of stream
+  // during its request does not cancel it (docs/operations.md, "Half-closed clients").
+  bool allow_half_close = false;
 };
 
 struct GuardsConfig {

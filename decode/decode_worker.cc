@@ -756,6 +756,8 @@ grpc::Status DecodeWorker::Health(grpc::ServerContext*, const v1::HealthRequest*
   response->set_incarnation(receiver_->incarnation());
   response->set_model(options_.model_name);
   response->set_max_batch(options_.max_batch);
+  response->set_model_fingerprint(model_.fingerprint);
+  response->set_page_geometry(model_.page_geometry);
   return grpc::Status::OK;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -52,6 +53,13 @@ class GenerationService {
   // A request a front refused before Start() (unparsable or invalid body: 400, unknown model:
   // 404), so the service's request counter sees every finished request. Default: nothing.
   virtual void RecordRejected(Endpoint /*endpoint*/, int /*http_status*/) {}
+  // A request the HTTP layer refused before it was read whole or parsed (413 body too large,
+  // 431 headers too large, 408 cut off, 400 malformed HTTP, 503 body budget): `endpoint` is the
+  // one its request line named, nullopt when that did not arrive or parse. Default: known
+  // endpoints as RecordRejected, the others not at all.
+  virtual void RecordRefused(std::optional<Endpoint> endpoint, int http_status) {
+    if (endpoint) RecordRejected(*endpoint, http_status);
+  }
   // /ready: true when the service can serve a request now.
   virtual bool Ready() const = 0;
   // /metrics body (Prometheus text format).

@@ -78,6 +78,26 @@ bool IsHttpParseError(const beast::error_code& ec) {
          ec != http::error::end_of_stream && ec != http::error::partial_message;
 }
 
+// The path of a request target: absolute form ("http://host/v1/models", RFC 9112 3.2.2) names
+// the same resource as its path; the query is not part of it.
+std::string_view TargetPath(std::string_view target) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (target.substr(0, scheme.size()) == scheme) {
+      const size_t slash = target.find('/', scheme.size());
+      target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+    }
+  }
+  return target.substr(0, target.find('?'));
+}
+
+// The generation endpoint `target` names, if any.
+std::optional<Endpoint> ApiEndpoint(std::string_view target) {
+  const std::string_view path = TargetPath(target);
+  if (path == "/v1/completions") return Endpoint::kCompletions;
+  if (path == "/v1/chat/completions") return Endpoint::kChatCompletions;
+  return std::nullopt;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -266,6 +286,7 @@ class Session : public std::enable_shared_from_this<Session> {
     read_timed_out_ = false;
     const bool started = parser_->is_header_done() || parser_->got_some() || buffer_.size() > 0;
     if (!started) return Finish();
+    CountRefused(408);
     keep_alive_ = false;
     linger_ = true;
     const unsigned version = parser_->is_header_done() ? parser_->get().version() : 11;
@@ -293,6 +314,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!ReserveArrived()) {
       StopReadTimer();
       ReleaseBody();
+      CountRefused(503);
       keep_alive_ = false;
       linger_ = true;
       const unsigned version = parser_->get().version();
@@ -311,6 +333,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     StopReadTimer();
     if (ec == http::error::body_limit) {
+      CountRefused(413);
       keep_alive_ = false;
       linger_ = true;
       ApiError e = InvalidRequest(
@@ -319,6 +342,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(413, e.ToJson());
     }
     if (ec == http::error::header_limit) {
+      CountRefused(431);
       keep_alive_ = false;
       linger_ = true;
       ApiError e = InvalidRequest("request header fields too large");
@@ -326,6 +350,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(431, e.ToJson());
     }
     if (ec && IsHttpParseError(ec)) {
+      CountRefused(400);
       keep_alive_ = false;
       linger_ = true;
       return SendError(InvalidRequest(absl::StrCat("malformed HTTP request: ", ec.message())));
@@ -335,6 +360,21 @@ class Session : public std::enable_shared_from_this<Session> {
     request_ = parser_->release();
     keep_alive_ = request_.keep_alive();
     Route();
+  }
+
+  // Counts a refusal of the request being read (the service's RecordRefused): under the API
+  // endpoint its request line named; not at all for another path (as its 404 is not); without
+  // an endpoint when the request line did not arrive or parse. (Beast parses the request line
+  // as soon as it is there, so a header over the limit or cut off still names its target; a
+  // Content-Length over the body limit is refused before the header counts as done.)
+  void CountRefused(int http_status) {
+    std::optional<Endpoint> endpoint;
+    const auto target = parser_ ? parser_->get().target() : beast::string_view();
+    if (!target.empty()) {
+      endpoint = ApiEndpoint(std::string_view(target.data(), target.size()));
+      if (!endpoint) return;
+    }
+    server_->service->RecordRefused(endpoint, http_status);
   }
 
   void Route();
@@ -571,15 +611,8 @@ std::optional<ApiError> UnsupportedCoding(const http::request<http::string_body>
 }
 
 void Session::Route() {
-  std::string_view target(request_.target().data(), request_.target().size());
-  // Absolute form ("http://host/v1/models", RFC 9112 3.2.2) names the same resource.
-  for (std::string_view scheme : {"http://", "https://"}) {
-    if (target.substr(0, scheme.size()) == scheme) {
-      const size_t slash = target.find('/', scheme.size());
-      target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
-    }
-  }
-  target = target.substr(0, target.find('?'));
+  const std::string_view target =
+      TargetPath(std::string_view(request_.target().data(), request_.target().size()));
   const auto method = request_.method();
   const bool get = method == http::verb::get || method == http::verb::head;
   auto* service = server_->service;
@@ -722,6 +755,12 @@ void Session::OnStarted(uint64_t gen, StartResult started) {
 // The peer closed (or reset) its side: cancel the request's work. A readiness report alone is
 // not proof: a peek that finds end-of-stream or a socket error is; a pipelined request is not a
 // disconnect, and a wake-up with nothing there (EAGAIN) only re-arms the watch.
+// With allow_half_close, end of stream is not proof either: a client that half-closed after its
+// request (shutdown(SHUT_WR), as `nc -N` does) may still read the response (RFC 9112 9.6), and
+// here it looks the same as one that closed. The request goes on, the connection closes after
+// its response, and a client that is really gone is found by the first write that fails (the
+// next streamed chunk, or the response: Finish). The watch is not re-armed then: the socket
+// stays readable at end of stream.
 void Session::WatchDisconnect() {
   stream_.tcp().socket().async_wait(
       tcp::socket::wait_read,
@@ -733,6 +772,12 @@ void Session::WatchDisconnect() {
         if (n > 0) return;  // pipelined: the next Read() takes it
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
           return self->WatchDisconnect();
+        }
+        if (n == 0 && self->server_->options.allow_half_close) {
+          spdlog::debug("client half-closed; {} goes on, the connection closes after it",
+                        self->meta_.id);
+          self->keep_alive_ = false;
+          return;
         }
         spdlog::info("client disconnected; cancelling {}", self->meta_.id);
         self->Finish();

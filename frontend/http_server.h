@@ -51,6 +51,13 @@ struct HttpServerOptions {
   // write_timeout closes the connection and cancels its request: a client that stops reading
   // would otherwise hold its response (up to a whole body) and the connection forever.
   std::chrono::milliseconds write_timeout{60000};
+  // What end of stream from a client whose request is running means (docs/operations.md,
+  // "Half-closed clients"). false: the client is gone, its request is cancelled at once (also
+  // one still waiting for a prepare thread, which then costs no Start). true: the client may
+  // have half-closed (shutdown(SHUT_WR), `nc -N`) and still read: the request goes on, the
+  // connection closes after its response, and a client that really left is found by the first
+  // write that fails. A reset (RST) cancels at once either way.
+  bool allow_half_close = false;
   // With keys: every /v1/... request needs `Authorization: Bearer <key>` naming one of them, else
   // 401 invalid_api_key before its body is parsed (docs/security.md). /health, /ready and /metrics
   // stay open to probes and Prometheus.

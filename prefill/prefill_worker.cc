@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/histogram_buckets.h"
+#include "common/model_fingerprint.h"
 #include "common/status.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/ticket_proto.h"
@@ -195,7 +196,7 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
         absl::StrCat("a prompt of ", a.prompt_length,
                      " tokens exceeds the prefill engine's context of ", engine_->max_context()));
   }
-  PDSERVE_ASSIGN_OR_RETURN(a.ticket, CheckTicket(request, a));
+  PDSERVE_ASSIGN_OR_RETURN(a.ticket, CheckTicket(request, a, model_.fingerprint));
   PDSERVE_ASSIGN_OR_RETURN(
       serving::RequestSampler sampler,
       serving::RequestSampler::Create(params, worker::SeedRequestId(a.id), model_.eos_ids, a.prompt,
@@ -205,7 +206,7 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
 }
 
 absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& request,
-                                                      const Admitted& a) {
+                                                      const Admitted& a, uint64_t fingerprint) {
   // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
   // max_tokens would write pages the decode worker cannot use.
   const v1::TransferTicket& ticket_proto = request.ticket();
@@ -217,6 +218,14 @@ absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& 
         "request ", a.id, ": Prefill has a prompt of ", a.prompt_length, " tokens and max_tokens ",
         a.max_tokens, "; Reserve reserved ", ticket_proto.reserved_prompt_tokens(), " and ",
         ticket_proto.reserved_max_tokens()));
+  }
+  // A decode worker of another model would get state that means nothing to it.
+  if (ticket_proto.model_fingerprint() != 0 && fingerprint != 0 &&
+      ticket_proto.model_fingerprint() != fingerprint) {
+    return worker::MarkTicketMismatch(absl::FailedPreconditionError(
+        absl::StrCat("request ", a.id, ": the ticket's decode worker serves model fingerprint ",
+                     common::FingerprintHex(ticket_proto.model_fingerprint()), ", this worker ",
+                     common::FingerprintHex(fingerprint))));
   }
   PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(ticket_proto));
   if (ticket.request_id != a.id) {
@@ -277,10 +286,11 @@ absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
       std::vector<kv::PlannedPage> plan,
       kv::PlanTransfer(*model_.layout, model_.layers, table, a.prompt_length, a.total));
   if (plan.size() != a.ticket.pages.size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ticket names ", a.ticket.pages.size(), " pages; a prompt of ",
-                     a.prompt_length, " tokens with max_tokens ", a.max_tokens, " has ",
-                     plan.size(), " (did Reserve get another prompt length or max_tokens?)"));
+    return worker::MarkTicketMismatch(absl::FailedPreconditionError(absl::StrCat(
+        "the ticket names ", a.ticket.pages.size(), " pages; a prompt of ", a.prompt_length,
+        " tokens with max_tokens ", a.max_tokens, " has ", plan.size(),
+        " (did Reserve get another prompt length or max_tokens, or does the decode worker serve "
+        "another page geometry?)")));
   }
   // The pages go out in this worker's element type; the ticket's descriptors are the decode
   // worker's pages, in its own (docs/protocol.md, "Element types"): the same page when the
@@ -293,8 +303,8 @@ absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
     if (mine.layer != theirs.layer || mine.page_index != theirs.page_index ||
         mine.token_begin != theirs.token_begin || mine.token_end != theirs.token_end ||
         !wire.ok() || *wire != mine.bytes) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan"));
+      return worker::MarkTicketMismatch(absl::FailedPreconditionError(
+          absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan")));
     }
     PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, plan[slot].handle));
     sources.push_back({bytes, mine.element});
@@ -536,6 +546,8 @@ grpc::Status PrefillWorker::Health(grpc::ServerContext*, const v1::HealthRequest
   response->set_role("prefill");
   response->set_incarnation(incarnation_);
   response->set_model(options_.model_name);
+  response->set_model_fingerprint(model_.fingerprint);
+  response->set_page_geometry(model_.page_geometry);
   return grpc::Status::OK;
 }
 

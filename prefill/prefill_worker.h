@@ -148,8 +148,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
       const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
   // The request's tokens, sampling and ticket against the model, the engine and Reserve's plan.
   absl::StatusOr<Admitted> Admit(const pdserve::worker::v1::PrefillRequest& request) const;
+  // `fingerprint`: this worker's model fingerprint (a ticket stating another is refused).
   static absl::StatusOr<kv::Ticket> CheckTicket(const pdserve::worker::v1::PrefillRequest& request,
-                                                const Admitted& a);
+                                                const Admitted& a, uint64_t fingerprint);
   // Waits for the request's turn (then run_busy_ and running_ are set for it), its abort or
   // cancellation (Cancelled), or half its lease (ResourceExhausted).
   absl::Status AwaitTurn(uint64_t id, absl::Time lease_deadline, const grpc::ServerContext& context)

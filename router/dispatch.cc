@@ -48,11 +48,17 @@ bool TransferPeerFailed(const grpc::Status& status) {
   return WorkerDown(status.error_code()) && status.error_details() == worker::kTransferPeerFailed;
 }
 
+// A Prefill refused because the decode worker's ticket does not fit the prefill worker's model
+// (worker/transfer_peer.h): that pair cannot work; another decode worker may.
+bool TicketMismatch(const grpc::Status& status) {
+  return status.error_details() == worker::kTicketMismatch;
+}
+
 // The API error for a failed Prefill (see OnPrefilled for the retries before it).
 frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker,
                                 const std::string& decode_worker) {
   const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
-  if (TransferPeerFailed(status)) {
+  if (TransferPeerFailed(status) || TicketMismatch(status)) {
     return frontend::ServerError(503,
                                  absl::StrCat("the state transfer to decode worker ", decode_worker,
                                               " failed (", detail, ")"),
@@ -560,14 +566,18 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
       // The prefill ran but its transfer to the decode worker failed (that worker gone or
       // failing, worker/transfer_peer.h): counted against the decode worker and retried with
       // another one; the prefill worker is fine.
-      const bool decode_peer = TransferPeerFailed(failure);
+      // A ticket the prefill worker refused as not fitting its model: the decode worker serves
+      // another model (the health checker marks it down at its next check); retried with
+      // another decode worker meanwhile.
+      const bool mismatch = TicketMismatch(failure);
+      const bool decode_peer = TransferPeerFailed(failure) || mismatch;
       if (decode_peer) {
         attempt->decode->RecordFailure();
       } else if (WorkerDown(code)) {
         attempt->prefill->RecordFailure();
       }
       const bool busy = code == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      if ((WorkerDown(code) || (busy && OtherPrefillUp(*attempt))) &&
+      if ((WorkerDown(code) || mismatch || (busy && OtherPrefillUp(*attempt))) &&
           CanRetry(*request, *attempt)) {
         retries_
             ->WithLabels({code == grpc::StatusCode::DEADLINE_EXCEEDED

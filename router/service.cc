@@ -1,6 +1,7 @@
 #include "router/service.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/model_fingerprint.h"
 #include "common/status.h"
 #include "common/tls_credentials.h"
 #include "router/request.h"
@@ -167,6 +169,17 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
       raw->CancelPrefillsOn(w);
     }
   };
+  // The cluster's model identity as this router knows it: the name workers state (the served
+  // name, else the directory's), and the fingerprint of the model directory when it holds the
+  // weights (a router given only the config and tokenizer takes the first worker's).
+  pool.expected.model =
+      options.served_name.empty()
+          ? std::filesystem::path(options.model_dir).lexically_normal().filename().string()
+          : options.served_name;
+  if (common::HasWeightsFiles(options.model_dir)) {
+    PDSERVE_ASSIGN_OR_RETURN(pool.expected.fingerprint,
+                             common::ModelFingerprint(options.model_dir));
+  }
   if (options.canary) {
     PDSERVE_ASSIGN_OR_RETURN(pool.canary_prompt, s->preparer_->tokenizer().Encode("Hello"));
   }
@@ -207,6 +220,11 @@ void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status)
           {endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions",
            absl::StrCat(http_status), "error"})
       .Increment();
+}
+
+void RouterService::RecordRefused(std::optional<frontend::Endpoint> endpoint, int http_status) {
+  if (endpoint) return RecordRejected(*endpoint, http_status);
+  requests_->WithLabels({"unknown", absl::StrCat(http_status), "error"}).Increment();
 }
 
 bool RouterService::Ready() const { return pool_->Ready(); }

@@ -127,6 +127,8 @@ class RouterService : public frontend::GenerationService {
   int64_t MaxModelLength() const override { return preparer_->context_length(); }
   // Counts a 400 / 404 the front answered (pdserve_router_requests_total{code, "error"}).
   void RecordRejected(frontend::Endpoint endpoint, int http_status) override;
+  // Counted like RecordRejected; without an endpoint under endpoint="unknown".
+  void RecordRefused(std::optional<frontend::Endpoint> endpoint, int http_status) override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override;

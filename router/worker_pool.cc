@@ -1,12 +1,15 @@
 #include "router/worker_pool.h"
 
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/model_fingerprint.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
+#include "worker/transfer_peer.h"
 
 namespace pdserve::router {
 namespace {
@@ -17,11 +20,15 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
 }
 
-enum class CanaryResult { kPassed, kPrefillFailed, kDecodeFailed };
-
 }  // namespace
 
 const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
+
+std::string ModelIdentity::ToString() const {
+  return absl::StrCat("model ", model.empty() ? "?" : model, ", fingerprint ",
+                      fingerprint == 0 ? "?" : common::FingerprintHex(fingerprint), ", geometry ",
+                      page_geometry.empty() ? "?" : page_geometry);
+}
 
 Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
                std::shared_ptr<grpc::ChannelCredentials> credentials)
@@ -83,7 +90,9 @@ void Worker::RecordCheck(bool passed, int down_after) {
 }
 
 WorkerPool::WorkerPool(WorkerPoolOptions options, std::function<uint64_t()> next_request_id)
-    : options_(std::move(options)), next_request_id_(std::move(next_request_id)) {
+    : options_(std::move(options)),
+      next_request_id_(std::move(next_request_id)),
+      cluster_(options_.expected) {
   for (const config::WorkerConfig& w : options_.prefill) {
     prefill_.push_back(std::make_unique<Worker>(w, Role::kPrefill, options_.breaker_failures,
                                                 options_.credentials));
@@ -159,16 +168,51 @@ void WorkerPool::CheckAll() {
 }
 
 void WorkerPool::CheckAndRecord(Worker& worker) {
-  const bool passed = Check(worker);
+  const Verdict verdict = Check(worker);
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;  // a check cut off by the shutdown says nothing about the worker
   }
-  worker.RecordCheck(passed, options_.down_after);
+  const bool passed = verdict == Verdict::kPassed;
+  worker.RecordCheck(passed, verdict == Verdict::kWrongModel ? 1 : options_.down_after);
   if (!passed && !worker.up() && options_.on_still_down) options_.on_still_down(worker);
 }
 
-bool WorkerPool::Check(Worker& worker) {
+bool WorkerPool::SameModel(Worker& worker, const ModelIdentity& stated) {
+  ModelIdentity cluster;
+  bool same = true;
+  {
+    absl::MutexLock lock(&identity_mu_);
+    // Only a worker that matches every known field may fill in the unknown ones.
+    same = (stated.model.empty() || cluster_.model.empty() || stated.model == cluster_.model) &&
+           (stated.fingerprint == 0 || cluster_.fingerprint == 0 ||
+            stated.fingerprint == cluster_.fingerprint) &&
+           (stated.page_geometry.empty() || cluster_.page_geometry.empty() ||
+            stated.page_geometry == cluster_.page_geometry);
+    if (same) {
+      if (cluster_.model.empty()) cluster_.model = stated.model;
+      if (cluster_.fingerprint == 0) cluster_.fingerprint = stated.fingerprint;
+      if (cluster_.page_geometry.empty()) cluster_.page_geometry = stated.page_geometry;
+    }
+    cluster = cluster_;
+  }
+  // Logged once per identity: again when a worker restarts on yet another model.
+  const uint64_t stated_hash = same ? 0 : (std::hash<std::string>()(stated.ToString()) | 1);
+  const uint64_t previous = worker.ExchangeWrongModel(stated_hash);
+  if (!same && previous != stated_hash) {
+    spdlog::error(
+        "router: {} worker {} serves another model than the cluster, marked down until it "
+        "does: it states {}; the cluster is {}",
+        RoleName(worker.role()), worker.name(), stated.ToString(), cluster.ToString());
+  }
+  if (same && previous != 0) {
+    spdlog::info("router: {} worker {} now serves the cluster's model ({})",
+                 RoleName(worker.role()), worker.name(), stated.ToString());
+  }
+  return same;
+}
+
+WorkerPool::Verdict WorkerPool::Check(Worker& worker) {
   grpc::ClientContext context;
   context.set_deadline(Deadline(options_.health_timeout));
   const CallScope scope(*this, &context);
@@ -183,38 +227,59 @@ bool WorkerPool::Check(Worker& worker) {
       spdlog::info("router: health check of {} worker {} failed: {} ({})", RoleName(worker.role()),
                    worker.name(), status.error_message(), static_cast<int>(status.error_code()));
     }
-    return false;
+    return Verdict::kFailed;
   }
   if (health.state() != wv1::HealthResponse::STATE_SERVING) {
     if (worker.up()) {
       spdlog::info("router: {} worker {} is not serving (health state {})", RoleName(worker.role()),
                    worker.name(), static_cast<int>(health.state()));
     }
-    return false;
+    return Verdict::kFailed;
+  }
+  if (!SameModel(worker, {health.model(), health.model_fingerprint(), health.page_geometry()})) {
+    return Verdict::kWrongModel;
   }
   if (worker.role() == Role::kDecode) worker.set_max_batch(health.max_batch());
-  if (options_.canary_prompt.empty()) return true;
-  // The partner: the first up worker of the other role (its own check decides about it; a
-  // failure of its step is not held against `worker`).
+  if (options_.canary_prompt.empty()) return Verdict::kPassed;
+  return CanaryThroughPartners(worker);
+}
+
+WorkerPool::Verdict WorkerPool::CanaryThroughPartners(Worker& worker) {
+  // A canary may take canary_timeout: a check tries this many partners at most.
+  constexpr int kMaxPartners = 4;
   const auto& partners = worker.role() == Role::kDecode ? prefill_ : decode_;
-  Worker* partner = nullptr;
-  for (const auto& p : partners) {
-    if (p->up()) {
-      partner = p.get();
-      break;
+  int tried = 0;
+  bool pair_failed = false;
+  for (const auto& partner : partners) {
+    // A partner that is down is no proof either way (its own check decides about it).
+    if (!partner->up()) continue;
+    if (tried++ == kMaxPartners) break;
+    Worker& p = worker.role() == Role::kPrefill ? worker : *partner;
+    Worker& d = worker.role() == Role::kDecode ? worker : *partner;
+    switch (Canary(p, d, worker.role())) {
+      case CanaryResult::kPassed:
+        return Verdict::kPassed;
+      case CanaryResult::kPrefillFailed:
+        if (worker.role() == Role::kPrefill) return Verdict::kFailed;
+        break;  // the partner's step: try another
+      case CanaryResult::kDecodeFailed:
+        if (worker.role() == Role::kDecode) return Verdict::kFailed;
+        break;
+      case CanaryResult::kPairFailed:
+        pair_failed = true;
+        break;
     }
   }
-  // No partner up: Health alone decides (a canary would blame this worker for its partner).
-  if (partner == nullptr) return true;
-  Worker& p = worker.role() == Role::kPrefill ? worker : *partner;
-  Worker& d = worker.role() == Role::kDecode ? worker : *partner;
-  return Canary(p, d, worker.role());
+  // No partner up, or only partners whose own steps failed: Health alone decides (the canary
+  // would blame this worker for its partner). Every partner refused the pair: this worker too.
+  return pair_failed ? Verdict::kFailed : Verdict::kPassed;
 }
 
 // One real generation of one token: Reserve on `decode`, then Prefill and Generate together.
-// True unless the step that belongs to the worker under check (role `checked`) failed; a
-// partner's failure is logged and passes (the partner's own check catches it).
-bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
+// Says whose step failed: the prefill worker's, the decode worker's (its Reserve, its Generate,
+// or the transfer to it: worker::kTransferPeerFailed), or the pair's (worker::kTicketMismatch).
+// A busy prefill worker under check (`checked` kPrefill, PrefillBusy) passes.
+WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   const uint64_t request_id = next_request_id_();
   wv1::SamplingParams sampling;
   sampling.set_temperature(0);
@@ -250,7 +315,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   };
   if (!status.ok()) {
     // RESOURCE_EXHAUSTED: a full worker is busy, not broken.
-    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return true;
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return CanaryResult::kPassed;
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
         status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       // The Reserve may have run on the worker after all: no Prefill was sent, so it frees the
@@ -264,7 +329,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
       decode.decode()->Abort(&abort_context, abort, &ignored).ok();
     }
     spdlog::warn("router: canary Reserve on {} failed: {}", decode.name(), status.error_message());
-    return checked != Role::kDecode;
+    return CanaryResult::kDecodeFailed;
   }
 
   wv1::PrefillRequest prefill_request;
@@ -303,7 +368,7 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
   prefill_done.WaitForNotification();  // the deadline bounds it
   const bool generated = generate_status.ok() && tokens >= 1 &&
                          (finish == "stop" || finish == "length" || finish == "degenerate");
-  if (generated && prefill_status.ok()) return true;
+  if (generated && prefill_status.ok()) return CanaryResult::kPassed;
   abort_both();
   spdlog::warn("router: canary through {} and {} failed: prefill {}, generate {} ({} tokens, {})",
                prefill.name(), decode.name(), prefill_status.error_message(),
@@ -312,10 +377,14 @@ bool WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
       prefill_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && PrefillBusy(prefill)) {
     spdlog::info("router: prefill worker {} is busy (canary timed out in its queue), not down",
                  prefill.name());
-    return true;
+    return CanaryResult::kPassed;
   }
-  if (!prefill_status.ok()) return checked != Role::kPrefill;
-  return checked != Role::kDecode;
+  if (prefill_status.ok()) return CanaryResult::kDecodeFailed;
+  if (prefill_status.error_details() == worker::kTicketMismatch) return CanaryResult::kPairFailed;
+  if (prefill_status.error_details() == worker::kTransferPeerFailed) {
+    return CanaryResult::kDecodeFailed;
+  }
+  return CanaryResult::kPrefillFailed;
 }
 
 bool WorkerPool::PrefillBusy(Worker& prefill) {

@@ -20,6 +20,20 @@
 // Stats and is marked down after `down_after` checks as before; one that answers but sends
 // nothing is wedged and fails.
 //
+// Model identity (docs/operations.md, "Model identity"): every passing Health also states the
+// worker's model name, model fingerprint and page geometry. The cluster's identity is the
+// options' expected_* fields where set (the router's own model directory), each other field the
+// first value a worker states whose pinned fields match. A worker that states a different value
+// of any field is marked down at once (worker_up 0; /ready 503 when no prefill and decode pair is
+// left) and the log names both identities; every check compares again, so a worker restarted on
+// the right model comes back. A field a worker leaves unset (one that predates it) is not compared.
+//
+// The canary tries partners in order until one passes: a failure of the partner's own step moves
+// on to the next partner, as does a ticket mismatch (the prefill worker refused the decode
+// worker's ticket: another page geometry or fingerprint), which counts against the worker under
+// check when no partner passes. So a decode worker whose tickets no prefill worker accepts fails
+// its own check, while a prefill worker passes through any good decode worker.
+//
 // Thread-safety: every method is thread-safe; Worker references stay valid for the pool's life.
 #pragma once
 
@@ -73,6 +87,9 @@ class Worker {
   // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
   int64_t max_batch() const { return max_batch_.load(); }
   void set_max_batch(int64_t slots) { max_batch_.store(slots); }
+  // A hash of the other model identity the last check found (0: the cluster's, or no check
+  // yet); returns the previous one.
+  uint64_t ExchangeWrongModel(uint64_t stated) { return wrong_model_.exchange(stated); }
 
  private:
   const config::WorkerConfig config_;
@@ -88,6 +105,17 @@ class Worker {
   std::atomic<int> check_failures_{0};
   std::atomic<int64_t> progress_{-1};
   std::atomic<int64_t> max_batch_{0};
+  std::atomic<uint64_t> wrong_model_{0};
+};
+
+// What a worker states about the model it computes with (HealthResponse model,
+// model_fingerprint, page_geometry); empty / 0: not stated.
+struct ModelIdentity {
+  std::string model;
+  uint64_t fingerprint = 0;
+  std::string page_geometry;
+  // "model M, fingerprint F, geometry G" ("?" for an unset field).
+  std::string ToString() const;
 };
 
 struct WorkerPoolOptions {
@@ -105,6 +133,10 @@ struct WorkerPoolOptions {
   bool background_checks = true;  // false: only CheckAll() checks (tests)
   // Called (from the checker) after every failed check that leaves the worker down.
   std::function<void(Worker&)> on_still_down;
+  // The cluster's model identity as far as the router knows it (RouterService: the served name
+  // and the fingerprint of its model directory when that holds weights); unset fields are taken
+  // from the first worker that states them.
+  ModelIdentity expected;
 };
 
 class WorkerPool {
@@ -124,8 +156,17 @@ class WorkerPool {
   void CheckAll();
 
  private:
-  bool Check(Worker& worker);
-  bool Canary(Worker& prefill, Worker& decode, Role checked);
+  // What one check found: passed, failed (down after `down_after` in a row), or another model
+  // (down at once).
+  enum class Verdict { kPassed, kFailed, kWrongModel };
+  enum class CanaryResult { kPassed, kPrefillFailed, kDecodeFailed, kPairFailed };
+  Verdict Check(Worker& worker);
+  // Compares `stated` with the cluster's identity, adopting the fields not known yet; logs a
+  // mismatch when it is new for `worker`.
+  bool SameModel(Worker& worker, const ModelIdentity& stated) ABSL_LOCKS_EXCLUDED(identity_mu_);
+  // Canaries of `worker` through its up partners (see the header comment).
+  Verdict CanaryThroughPartners(Worker& worker);
+  CanaryResult Canary(Worker& prefill, Worker& decode, Role checked);
   // Whether a prefill worker whose canary timed out is busy (see the header comment).
   bool PrefillBusy(Worker& prefill);
   // One checker thread per worker, so a worker whose checks hang until their deadline does not
@@ -147,6 +188,8 @@ class WorkerPool {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // CallScope
   std::vector<std::thread> checkers_;
+  absl::Mutex identity_mu_;
+  ModelIdentity cluster_ ABSL_GUARDED_BY(identity_mu_);
 };
 
 }  // namespace pdserve::router

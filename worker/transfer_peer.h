@@ -6,6 +6,8 @@
 // no details, and the failure counts against the prefill worker as before.
 #pragma once
 
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 
@@ -13,14 +15,31 @@ namespace pdserve::worker {
 
 inline constexpr char kTransferPeerFailed[] = "pdserve.worker.v1/transfer_peer_failed";
 
-// `status` with the marker as an absl payload (ToGrpc turns it into error_details).
-inline absl::Status MarkTransferPeerFailure(absl::Status status) {
-  if (!status.ok()) status.SetPayload(kTransferPeerFailed, absl::Cord("1"));
+// A Prefill refused because its ticket does not fit this worker's model: the ticket's page list
+// differs from this worker's plan for the prompt (another page geometry), or it states another
+// model fingerprint. The pair cannot work together: the router's canary tries the worker it
+// checks with another partner instead of blaming the prefill worker (router/worker_pool.h).
+inline constexpr char kTicketMismatch[] = "pdserve.worker.v1/ticket_mismatch";
+
+// `status` with `marker` (one of the above) as an absl payload (ToGrpc turns it into
+// error_details); an OK status stays as it is.
+inline absl::Status WithMarker(absl::Status status, const char* marker) {
+  if (!status.ok()) status.SetPayload(marker, absl::Cord("1"));
   return status;
 }
 
+inline absl::Status MarkTransferPeerFailure(absl::Status status) {
+  return WithMarker(std::move(status), kTransferPeerFailed);
+}
 inline bool IsTransferPeerFailure(const absl::Status& status) {
   return status.GetPayload(kTransferPeerFailed).has_value();
+}
+
+inline absl::Status MarkTicketMismatch(absl::Status status) {
+  return WithMarker(std::move(status), kTicketMismatch);
+}
+inline bool IsTicketMismatch(const absl::Status& status) {
+  return status.GetPayload(kTicketMismatch).has_value();
 }
 
 }  // namespace pdserve::worker

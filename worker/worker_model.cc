@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/model_fingerprint.h"
 #include "common/status.h"
 #include "runtime/paged_state.h"
 #include "serving/generation_config.h"
@@ -41,6 +43,8 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
                              text::Tokenizer::Load(model_dir));
     PDSERVE_ASSIGN_OR_RETURN(w.vocabulary, structured::TokenVocabulary::FromTokenizer(*tokenizer));
   }
+  PDSERVE_ASSIGN_OR_RETURN(w.fingerprint, common::ModelFingerprint(model_dir));
+  w.page_geometry = PageGeometry(*w.layout, w.layers);
   return w;
 }
 
@@ -73,6 +77,21 @@ std::vector<kv::LayerAttention> LayerAttentions(const engine::ModelConfig& confi
     }
   }
   return layers;
+}
+
+std::string PageGeometry(const serving::StateLayout& layout,
+                         const std::vector<kv::LayerAttention>& layers) {
+  std::string types;
+  for (kv::LayerAttention layer : layers) {
+    types += layer == kv::LayerAttention::kSliding ? 's'
+             : layer == kv::LayerAttention::kCsa   ? 'c'
+                                                   : 'h';
+  }
+  const serving::StateDims& d = layout.dims();
+  return absl::StrCat("layers=", types, " head_dim=", d.head_dim,
+                      " index_head_dim=", d.index_head_dim, " window=", d.sliding_window,
+                      " rate_csa=", d.compress_rate_csa, " rate_hca=", d.compress_rate_hca,
+                      " entries_per_page=", d.entries_per_page);
 }
 
 }  // namespace pdserve::worker

@@ -31,6 +31,10 @@ struct WorkerModel {
   // The tokenizer's tokens as bytes, for response_format's token mask; null when the model
   // directory has no tokenizer.json (then such requests are refused).
   std::shared_ptr<const structured::TokenVocabulary> vocabulary;
+  // The model identity a worker states in Health (and the decode worker in its tickets):
+  // common::ModelFingerprint of the model directory, and PageGeometry of layout and layers.
+  uint64_t fingerprint = 0;
+  std::string page_geometry;
 };
 
 // Errors: loading the model (config.json; with `cpu_engine` also the weights) or
@@ -50,5 +54,13 @@ absl::StatusOr<engine::ModelOptions> WorkerModelOptions(const config::DeployConf
                                                         const std::string& backend);
 
 std::vector<kv::LayerAttention> LayerAttentions(const engine::ModelConfig& config);
+
+// The page geometry the state transfer relies on, as text: the layers' attention types in order
+// (s sliding, c CSA, h HCA), head_dim, index_head_dim, sliding_window, both compression rates and
+// entries_per_page, e.g. "layers=sch head_dim=64 index_head_dim=32 window=16 rate_csa=4
+// rate_hca=16 entries_per_page=64". Two workers with the same text plan the same pages for a
+// request. The element type is left out: a CPU (fp32) and a CUDA (bf16) worker exchange pages.
+std::string PageGeometry(const serving::StateLayout& layout,
+                         const std::vector<kv::LayerAttention>& layers);
 
 }  // namespace pdserve::worker

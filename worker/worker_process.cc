@@ -156,7 +156,9 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()),
-                      IsTransferPeerFailure(status) ? kTransferPeerFailed : "");
+                      IsTransferPeerFailure(status) ? kTransferPeerFailed
+                      : IsTicketMismatch(status)    ? kTicketMismatch
+                                                    : "");
 }
 
 spdlog::level::level_enum FailureLogLevel(const absl::Status& status, bool cancelled_by_caller) {

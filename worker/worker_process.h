@@ -82,7 +82,8 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
                        int64_t drain_timeout_ms);
 
 // grpc::Status with the absl status' code and message, and error_details kTransferPeerFailed
-// for a status MarkTransferPeerFailure marked (worker/transfer_peer.h).
+// or kTicketMismatch for a status MarkTransferPeerFailure / MarkTicketMismatch marked
+// (worker/transfer_peer.h).
 grpc::Status ToGrpc(const absl::Status& status);
 
 // The level a worker logs a failed RPC at: debug for a CANCELLED `status` that the caller asked

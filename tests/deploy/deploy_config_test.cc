@@ -118,6 +118,17 @@ TEST(DeployConfigTest, RouterTimeouts) {
   ExpectRouterInt("health_timeout_ms", &RouterConfig::health_timeout_ms, 2000, 10000, 99);
 }
 
+// router.allow_half_close: off when absent, a bool when given.
+TEST(DeployConfigTest, AllowHalfClose) {
+  EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.router.allow_half_close);
+  const ParsedDeployConfig set = ParseDeployConfig(
+      Broken("  http_port: 8000", "  http_port: 8000\n  allow_half_close: true"), "t.yaml");
+  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+  EXPECT_TRUE(set.config.router.allow_half_close);
+  ExpectOneError(Broken("  http_port: 8000", "  http_port: 8000\n  allow_half_close: maybe"), 6, 21,
+                 "router.allow_half_close");
+}
+
 // guards.canary_tolerance: a number >= 0, 0 (the backend's default) when absent.
 TEST(DeployConfigTest, CanaryTolerance) {
   EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.guards.canary_tolerance, 0.0);

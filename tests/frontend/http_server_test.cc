@@ -52,6 +52,11 @@ class FakeService : public GenerationService {
   }
   absl::Mutex rejected_mu;
   std::vector<std::pair<Endpoint, int>> rejected ABSL_GUARDED_BY(rejected_mu);
+  void RecordRefused(std::optional<Endpoint> endpoint, int http_status) override {
+    absl::MutexLock lock(&rejected_mu);
+    refused.emplace_back(endpoint, http_status);
+  }
+  std::vector<std::pair<std::optional<Endpoint>, int>> refused ABSL_GUARDED_BY(rejected_mu);
 
   StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) override {
     starts++;
@@ -371,6 +376,56 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
   EXPECT_EQ(service_.finished.load(), 0);
 }
 
+// Sends a 5-token completion request (streamed or not), half-closes (shutdown(SHUT_WR), as
+// `nc -N` does) and reads until the server closes; returns what arrived.
+std::string HalfClosedExchange(uint16_t port, bool stream) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), port});
+  const std::string body = absl::StrCat(R"({"model":"tiny","prompt":"hi","max_tokens":5,"stream":)",
+                                        stream ? "true" : "false", "}");
+  net::write(sock, net::buffer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                            "Content-Length: ", body.size(), "\r\n\r\n", body)));
+  sock.shutdown(tcp::socket::shutdown_send);
+  std::string out;
+  beast::error_code ec;
+  char buf[4096];
+  while (!ec) out.append(buf, sock.read_some(net::buffer(buf), ec));
+  return out;
+}
+
+// With allow_half_close a client that half-closes after its request still gets the whole
+// response, streamed or not, and nothing is stopped; by default it is taken as gone.
+TEST(HttpServerHalfCloseTest, HalfClosedClientGetsTheWholeResponseWhenAllowed) {
+  FakeService service;
+  service.delay = std::chrono::milliseconds(30);  // the end of stream arrives mid-generation
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.allow_half_close = true;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const bool stream : {false, true}) {
+    const std::string out = HalfClosedExchange((*server)->port(), stream);
+    EXPECT_EQ(out.rfind("HTTP/1.1 200", 0), 0u) << out;
+    EXPECT_NE(out.find(stream ? "data: [DONE]" : R"("finish_reason":"length")"), std::string::npos)
+        << out;
+  }
+  EXPECT_EQ(service.finished.load(), 2);  // both ran to their end, none was stopped
+  (*server)->Stop();
+}
+
+TEST(HttpServerHalfCloseTest, HalfClosedClientIsTakenAsGoneByDefault) {
+  FakeService service;
+  service.delay = std::chrono::milliseconds(30);
+  HttpServerOptions opts;
+  opts.port = 0;
+  auto server = HttpServer::Start(opts, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(HalfClosedExchange((*server)->port(), /*stream=*/false), "");
+  (*server)->Stop();
+  EXPECT_EQ(service.finished.load(), 0);
+}
+
 TEST_F(HttpServerTest, KeepAliveServesSeveralRequests) {
   net::io_context ioc;
   tcp::socket sock(ioc);
@@ -485,6 +540,34 @@ TEST_F(HttpServerTest, OversizedBodySentWholeStillGets413) {
   EXPECT_FALSE(res.keep_alive());
 }
 
+// Refusals before the request is read whole are counted (RecordRefused): under the endpoint the
+// request line named, without one when it did not arrive or parse, and not for another path.
+TEST_F(HttpServerTest, RefusalsOfTheHttpLayerAreCounted) {
+  EXPECT_EQ(RawExchange(server_->port(), "GARBAGE\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  const std::string bad_chunk =
+      RawExchange(server_->port(),
+                  "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: x\r\n"
+                  "Transfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n");
+  EXPECT_EQ(bad_chunk.rfind("HTTP/1.1 400", 0), 0u) << bad_chunk;
+  const std::string big_headers = RawExchange(
+      server_->port(), absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: ",
+                                    std::string(20000, 'a'), "\r\n\r\n"));
+  EXPECT_EQ(big_headers.rfind("HTTP/1.1 431", 0), 0u) << big_headers.substr(0, 100);
+  for (const char* path : {"http://localhost/v1/completions", "/elsewhere"}) {
+    const std::string big_body =
+        RawExchange(server_->port(), absl::StrCat("POST ", path,
+                                                  " HTTP/1.1\r\nHost: x\r\n"
+                                                  "Content-Length: 100000\r\n\r\n"));
+    EXPECT_EQ(big_body.rfind("HTTP/1.1 413", 0), 0u) << big_body;
+  }
+  absl::MutexLock lock(&service_.rejected_mu);
+  EXPECT_EQ(service_.refused,
+            (std::vector<std::pair<std::optional<Endpoint>, int>>{{std::nullopt, 400},
+                                                                  {Endpoint::kChatCompletions, 400},
+                                                                  {Endpoint::kCompletions, 431},
+                                                                  {Endpoint::kCompletions, 413}}));
+}
+
 TEST_F(HttpServerTest, AbsoluteFormTargetIsAccepted) {
   EXPECT_EQ(Request(http::verb::get, "http://localhost/health").result_int(), 200);
 }
@@ -565,6 +648,9 @@ TEST(HttpServerTimeoutTest, PartialRequestsGet408AndIdleConnectionsClose) {
       RawExchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
   (*server)->Stop();
+  absl::MutexLock lock(&service.rejected_mu);
+  EXPECT_EQ(service.refused, (std::vector<std::pair<std::optional<Endpoint>, int>>{
+                                 {Endpoint::kCompletions, 408}, {Endpoint::kCompletions, 408}}));
 }
 
 // A client that stops reading its response does not hold it (and the connection) forever: a

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/model_fingerprint.h"
 #include "tests/pd/pd_cluster.h"
 #include "worker/transfer_peer.h"
 
@@ -393,6 +394,44 @@ TEST(PdFaultTest, PrefillWithOtherMaxTokensThanReservedIsFailedPrecondition) {
       (*cluster)->prefill().Prefill(&c, PrefillFor(other, reserved.ticket()), &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "Reserve reserved 50 and 6"))
+      << status.error_message();
+}
+
+// Both workers state the model identity of the bundled model in Health; the decode worker's
+// tickets carry its fingerprint, and a ticket stating another (a decode worker on other weights)
+// is refused before anything is written, marked as a ticket mismatch for the router's canary.
+TEST(PdFaultTest, WorkersStateTheModelIdentityAndRefuseATicketOfAnotherModel) {
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const absl::StatusOr<uint64_t> fingerprint = common::ModelFingerprint(PDSERVE_BUNDLED_MODEL);
+  ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
+  v1::HealthResponse prefill_health, decode_health;
+  {
+    grpc::ClientContext c1, c2;
+    ASSERT_TRUE((*cluster)->prefill().Health(&c1, v1::HealthRequest(), &prefill_health).ok());
+    ASSERT_TRUE((*cluster)->decode().Health(&c2, v1::HealthRequest(), &decode_health).ok());
+  }
+  EXPECT_EQ(prefill_health.model_fingerprint(), *fingerprint);
+  EXPECT_EQ(decode_health.model_fingerprint(), *fingerprint);
+  EXPECT_TRUE(absl::StartsWith(decode_health.page_geometry(), "layers="))
+      << decode_health.page_geometry();
+  EXPECT_EQ(prefill_health.page_geometry(), decode_health.page_geometry());
+  const RequestSpec spec = Spec(780101, 20, 2);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  EXPECT_EQ(reserved.ticket().model_fingerprint(), *fingerprint);
+  v1::TransferTicket foreign = reserved.ticket();
+  foreign.set_model_fingerprint(*fingerprint ^ 1);
+  grpc::ClientContext c;
+  v1::PrefillResponse response;
+  const grpc::Status status =
+      (*cluster)->prefill().Prefill(&c, PrefillFor(spec, foreign), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_EQ(status.error_details(), worker::kTicketMismatch);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "model fingerprint"))
       << status.error_message();
 }
 

@@ -74,6 +74,12 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::string degeneration_kind = "repeat";
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;
   int64_t max_batch = 0;  // HealthResponse.max_batch (0: not stated)
+  // HealthResponse's model identity (empty / 0: not stated), and the model_fingerprint the
+  // tickets state (0: none).
+  std::string model;
+  uint64_t model_fingerprint = 0;
+  std::string page_geometry;
+  uint64_t ticket_fingerprint = 0;
   // Health answers only once its call is cancelled (or after 60 s), as a SIGSTOPped worker
   // whose connection stays open; health_calls counts the calls that arrived.
   bool health_hangs = false;
@@ -96,6 +102,7 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     admitted.push_back(request->request_id());
     response->mutable_ticket()->set_ticket_id(++next_ticket);
     response->mutable_ticket()->set_request_id(request->request_id());
+    response->mutable_ticket()->set_model_fingerprint(ticket_fingerprint);
     for (int k = 0; k < n; ++k) {
       worker::v1::ReserveRequest fork = *request;
       fork.mutable_sampling()->set_choice(request->sampling().choice() + static_cast<uint32_t>(k));
@@ -218,6 +225,9 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     response->set_state(state);
     response->set_role("decode");
     response->set_max_batch(max_batch);
+    response->set_model(model);
+    response->set_model_fingerprint(model_fingerprint);
+    response->set_page_geometry(page_geometry);
     return grpc::Status::OK;
   }
 
@@ -248,6 +258,13 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
   std::string fail_details;
   int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events), or
                      // CANCELLED as soon as its call is cancelled
+  // != 0: a ticket stating another model_fingerprint is refused as the real prefill worker
+  // refuses one (FAILED_PRECONDITION, error details worker::kTicketMismatch's text).
+  uint64_t accepted_ticket_fingerprint = 0;
+  // HealthResponse's model identity (empty / 0: not stated).
+  std::string model;
+  uint64_t model_fingerprint = 0;
+  std::string page_geometry;
 
   grpc::Status Prefill(grpc::ServerContext* context, const worker::v1::PrefillRequest* request,
                        worker::v1::PrefillResponse* response) override {
@@ -266,6 +283,12 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake transfer failure", fail_details);
     }
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
+    if (accepted_ticket_fingerprint != 0 &&
+        request->ticket().model_fingerprint() != accepted_ticket_fingerprint) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "the ticket names 11 pages; a prompt of 4 tokens has 17 (fake)",
+                          "pdserve.worker.v1/ticket_mismatch");
+    }
     response->mutable_commit()->set_ticket_id(request->ticket().ticket_id());
     response->mutable_commit()->set_prompt_tokens(request->token_ids_size());
     // The first token as the decode worker streams it, with logprob -0.25 and top_logprobs
@@ -320,6 +343,9 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
                       worker::v1::HealthResponse* response) override {
     response->set_state(state);
     response->set_role("prefill");
+    response->set_model(model);
+    response->set_model_fingerprint(model_fingerprint);
+    response->set_page_geometry(page_geometry);
     return grpc::Status::OK;
   }
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;

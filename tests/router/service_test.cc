@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -569,6 +570,34 @@ TEST_F(RouterServiceTest, ModelsAreListedOnceWithoutThePathAndRejectionsAreCount
   EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="chat_completions",)"
                          R"(finish_reason="error",status="404"} 1)"),
             std::string::npos);
+}
+
+// The HTTP layer's refusals (413, 431, 408, malformed 400) count too; one whose request line
+// did not parse as endpoint "unknown". The exposition stays valid for Prometheus.
+TEST_F(RouterServiceTest, HttpLayerRefusalsAreCountedInValidExposition) {
+  auto service = MakeService();
+  service->RecordRefused(std::nullopt, 431);
+  service->RecordRefused(frontend::Endpoint::kCompletions, 413);
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="unknown",)"
+                         R"(finish_reason="error",status="431"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",)"
+                         R"(finish_reason="error",status="413"} 1)"),
+            std::string::npos);
+  const std::string promtool = PDSERVE_PROMTOOL;
+  if (promtool.empty() || promtool.find("NOTFOUND") != std::string::npos) {
+    GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
+  }
+  const std::string path = ::testing::TempDir() + "/router_metrics.prom";
+  std::ofstream(path) << metrics;
+  FILE* p = popen((promtool + " check metrics < " + path + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string output;
+  char buf[256];
+  while (fgets(buf, sizeof(buf), p)) output += buf;
+  EXPECT_EQ(pclose(p), 0) << output;
 }
 
 TEST_F(RouterServiceTest, ServedNameEqualToTheDirectoryNameIsListedOnce) {

@@ -1,0 +1,145 @@
+// The router's model identity check and the canary's blame for a pair that cannot work together
+// (router/worker_pool.h), against fake workers that state an identity in Health.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/model_fingerprint.h"
+#include "tests/router/service_fixture.h"
+#include "worker/transfer_peer.h"
+
+namespace pdserve::router::testing {
+namespace {
+
+class RouterIdentityTest : public RouterServiceTest {
+ protected:
+  // The fingerprint the router computes of its model directory (PDSERVE_BUNDLED_MODEL).
+  static uint64_t BundledFingerprint() {
+    absl::StatusOr<uint64_t> f = common::ModelFingerprint(PDSERVE_BUNDLED_MODEL);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.value_or(0);
+  }
+  void StateIdentity(uint64_t fingerprint, const std::string& geometry) {
+    for (auto& d : decode_) {
+      d->model = "tiny";
+      d->model_fingerprint = fingerprint;
+      d->page_geometry = geometry;
+    }
+    prefill_->model = "tiny";
+    prefill_->model_fingerprint = fingerprint;
+    prefill_->page_geometry = geometry;
+  }
+};
+
+TEST_F(RouterIdentityTest, DecodeWorkerWithOtherWeightsIsMarkedDownAtOnce) {
+  StateIdentity(BundledFingerprint(), "layers=sch");
+  decode_[1]->model_fingerprint = BundledFingerprint() ^ 1;  // random weights of the same shapes
+  auto service = MakeService(2);
+  EXPECT_TRUE(service->pool().decode()[0]->up());
+  EXPECT_FALSE(service->pool().decode()[1]->up());  // one check, not down_after
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  EXPECT_NE(
+      service->MetricsText().find("pdserve_router_worker_up{role=\"decode\",worker=\"d1\"} 0"),
+      std::string::npos);
+  for (int i = 0; i < 4; ++i) {
+    auto sink = Run(*service, Completion({1, 2, 3}, 3));
+    EXPECT_FALSE(sink->failed) << sink->error.message;
+  }
+  absl::MutexLock lock(&decode_[1]->mu);
+  EXPECT_TRUE(decode_[1]->reserves.empty());  // nothing went to the wrong model
+}
+
+TEST_F(RouterIdentityTest, OtherNameOrGeometryIsMarkedDownAndComesBackOnTheRightModel) {
+  StateIdentity(0, "layers=sch");  // fingerprints not stated: the name and geometry decide
+  decode_[1]->page_geometry = "layers=scchh";
+  auto service = MakeService(2);  // d0's geometry is the first stated: the cluster's
+  EXPECT_TRUE(service->pool().decode()[0]->up());
+  EXPECT_FALSE(service->pool().decode()[1]->up());
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  prefill_->model = "another-model";  // restarted on another model under another name
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().prefill()[0]->up());
+  EXPECT_FALSE(service->Ready());
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  EXPECT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  // Restarted on the cluster's model: the next check brings them back.
+  decode_[1]->page_geometry = "layers=sch";
+  prefill_->model = "tiny";
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->pool().decode()[1]->up());
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  EXPECT_TRUE(service->Ready());
+}
+
+TEST_F(RouterIdentityTest, AllDecodeWorkersOnAnotherModelLeaveTheRouterNotReadyWith503) {
+  StateIdentity(BundledFingerprint(), "layers=sch");
+  auto service = MakeService(2);
+  for (auto& d : decode_) d->model_fingerprint = 42;
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().decode()[0]->up());
+  EXPECT_FALSE(service->pool().decode()[1]->up());
+  EXPECT_FALSE(service->Ready());
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  EXPECT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+}
+
+TEST_F(RouterIdentityTest, CanaryBlamesTheDecodeWorkerWhoseTicketsThePrefillWorkerRefuses) {
+  // d0 states no identity (a worker that predates it) and issues tickets of another geometry;
+  // it is first in the list, so the prefill worker's canary meets it first.
+  prefill_->accepted_ticket_fingerprint = 5;
+  decode_[0]->ticket_fingerprint = 9;
+  decode_[1]->ticket_fingerprint = 5;
+  canary_timeout_ = absl::Seconds(5);
+  auto service = MakeService(2);
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().decode()[0]->up());
+  EXPECT_TRUE(service->pool().decode()[1]->up());
+  EXPECT_TRUE(service->pool().prefill()[0]->up());  // it passes through d1
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  EXPECT_FALSE(sink->failed) << sink->error.message;
+}
+
+TEST_F(RouterIdentityTest, TransferFailureInTheCanaryIsTheDecodeWorkersNotThePrefillWorkers) {
+  canary_timeout_ = absl::Seconds(5);
+  auto service = MakeService(1);
+  prefill_->fail_first = 1000;
+  prefill_->fail_details = worker::kTransferPeerFailed;
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  EXPECT_FALSE(service->pool().decode()[0]->up());
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+}
+
+// Between health checks a request may still meet a decode worker of another model: the prefill
+// worker refuses its ticket (ticket_mismatch) and the request is retried on another decode
+// worker; with none left it gets 503, not 500.
+TEST_F(RouterIdentityTest, RequestWhoseTicketIsRefusedIsRetriedOnAnotherDecodeWorker) {
+  prefill_->accepted_ticket_fingerprint = 5;
+  decode_[0]->ticket_fingerprint = 9;
+  decode_[1]->ticket_fingerprint = 5;
+  // The fakes stream without waiting for a transfer: slow enough that the refusal comes first.
+  for (auto& d : decode_) d->token_delay_ms = 25;
+  auto service = MakeService(2);  // no canary: both decode workers are up
+  for (int i = 0; i < 4; ++i) {
+    auto sink = Run(*service, Completion({1, 2, 3}, 3));
+    EXPECT_FALSE(sink->failed) << sink->error.message;
+  }
+  {
+    absl::MutexLock lock(&prefill_->mu);
+    int refused = 0;
+    for (const auto& prefill : prefill_->prefills)
+      refused += prefill.ticket().model_fingerprint() == 9;
+    EXPECT_GE(refused, 1);  // round robin sent some to d0; each was tried again on d1
+  }
+  decode_[1]->ticket_fingerprint = 9;
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  EXPECT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503) << sink->error.message;
+  EXPECT_EQ(sink->error.code, "worker_unavailable");
+}
+
+}  // namespace
+}  // namespace pdserve::router::testing
