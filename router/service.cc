@@ -149,6 +149,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   s->requests_->ExportAtZero({endpoints, {"200"}, {"stop", "length", "degenerate"}});
   s->requests_->ExportAtZero({endpoints, {"499"}, {"cancelled"}});
   s->requests_->ExportAtZero({endpoints, {"400", "429", "503"}, {"error"}});
+  s->requests_->ExportAtZero({{"unknown"}, {"400", "408", "431"}, {"error"}});
   s->queue_wait_->ExportAtZero({{"admitted", "timeout", "cancelled"}});
   s->retries_->ExportAtZero({{"worker_down", "timeout", "prefill_busy"}});
   s->degenerate_->ExportAtZero({{"repeat", "whitespace", "empty", "unknown"}, {"flag", "stop"}});
