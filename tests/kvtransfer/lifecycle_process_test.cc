@@ -124,7 +124,7 @@ TEST_F(LifecycleTest, SenderKilledMidTransferFreesPagesAfterTheLease) {
   peer->Kill();
   receiver_->RunFor(absl::Milliseconds(100));
   EXPECT_TRUE(released_.empty()) << "pages must stay held until the lease ends";
-  clock_.Advance(absl::Seconds(11));
+  clock_.Advance(kLease + absl::Seconds(1));
   ASSERT_TRUE(RunUntilReleased(ticket.ticket_id));
   EXPECT_EQ(receiver_->stats().isolation_errors[IsolationError::kLease], 1u);
   EXPECT_EQ(receiver_->Outcome(ticket.ticket_id).status().code(), absl::StatusCode::kNotFound);

@@ -20,6 +20,11 @@ class ReceiverProcessTest : public ::testing::Test {
  protected:
   static constexpr uint32_t kPoolPages = 8;
   static constexpr uint64_t kPageBytes = 256 * 1024;
+  // The receiver's lease. Its fake clock stands still unless a test advances it, while the peer
+  // process checks a ticket's deadline against the wall clock, so every ticket a test makes must
+  // reach its peer within this long of the fixture's start (200 rounds of LifecycleTest under
+  // UCX's v2 protocols on a loaded 2-core machine took over 10 s).
+  static constexpr absl::Duration kLease = absl::Seconds(120);
 
   // UCX reads UCX_TLS when the context is created, so the receiver and its peers agree on it;
   // `protocols` goes to the receiver and to every sender StartSender starts.
@@ -29,10 +34,7 @@ class ReceiverProcessTest : public ::testing::Test {
     setenv("UCX_TLS", tls.c_str(), 1);
     pool_.assign(kPoolPages, std::vector<std::byte>(kPageBytes));
     auto receiver = CreateUcxReceiver(
-        {.lease = absl::Seconds(10),
-         .heartbeat_interval = absl::Milliseconds(100),
-         .incarnation = 1},
-        clock_,
+        {.lease = kLease, .heartbeat_interval = absl::Milliseconds(100), .incarnation = 1}, clock_,
         [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
           released_.push_back(ticket_id);
         },

@@ -76,7 +76,7 @@ TEST_F(FaultTest, FlippedByteFailsOnlyThatRequestWithChecksumError) {
   // The failed request's pages stay quarantined until its lease ends, then come back.
   receiver_->RunFor(absl::Milliseconds(20));
   EXPECT_TRUE(released_.empty());
-  clock_.Advance(absl::Seconds(11));
+  clock_.Advance(kLease + absl::Seconds(1));
   receiver_->RunFor(absl::Milliseconds(20));
   EXPECT_EQ(released_, std::vector<uint64_t>{bad.ticket_id});
 }
