@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/json_depth.h"
+#include "common/ordered_json.h"
 #include "frontend/response_format.h"
 #include "frontend/tool_request.h"
 #include "nlohmann/json.hpp"
@@ -420,7 +421,7 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
   if (r.Get("tools")) {
     // Parsed again keeping key order: the prompt shows each tool as the client wrote it. The
     // body's depth was checked before the first parse.
-    const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+    const auto ordered = ParseOrderedJson(body);
     if (auto error = ReadTools(ordered["tools"], &req.tools)) return error;
   }
   if (const json* choice = r.Get("tool_choice")) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/ordered_json.h"
 #include "structured/json_schema.h"
 
 namespace pdserve::frontend {
@@ -50,8 +51,7 @@ std::variant<std::string, ApiError> ReadJsonSchema(const json& value, std::strin
   // never copied.
   nlohmann::ordered_json schema = nlohmann::ordered_json::object();
   if (spec->contains("schema")) {
-    nlohmann::ordered_json doc = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr,
-                                                               /*allow_exceptions=*/false);
+    nlohmann::ordered_json doc = ParseOrderedJson(body);
     schema = std::move(doc["response_format"]["json_schema"]["schema"]);
   }
   absl::StatusOr<std::shared_ptr<const structured::JsonSchema>> compiled =

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json_depth.h"
+#include "common/ordered_json.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::router {
@@ -82,7 +83,7 @@ std::variant<ordered_json, frontend::ApiError> ParseJsonText(const std::string& 
   if (absl::Status depth = CheckJsonDepth(text, what); !depth.ok()) {
     return frontend::InvalidRequest(std::string(depth.message()), param);
   }
-  ordered_json value = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ordered_json value = ParseOrderedJson(text);
   if (value.is_discarded()) {
     return frontend::InvalidRequest(absl::StrCat(what, " is not JSON"), param);
   }

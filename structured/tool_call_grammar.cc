@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json_depth.h"
+#include "common/ordered_json.h"
 #include "common/status.h"
 #include "structured/json_matcher.h"
 
@@ -288,8 +289,7 @@ std::string ToolCallGrammar::Spec(std::string_view dsml, bool parallel,
 absl::StatusOr<std::shared_ptr<const ToolCallGrammar>> ToolCallGrammar::Parse(
     std::string_view spec_text) {
   PDSERVE_RETURN_IF_ERROR(CheckJsonDepth(spec_text, "the tool-call grammar spec"));
-  const ordered_json spec = ordered_json::parse(spec_text.begin(), spec_text.end(), nullptr,
-                                                /*allow_exceptions=*/false);
+  const ordered_json spec = ParseOrderedJson(spec_text);
   if (!spec.is_object() || !spec.contains("dsml") || !spec["dsml"].is_string() ||
       spec["dsml"].get<std::string>().empty() || !spec.contains("tools") ||
       !spec["tools"].is_array() || spec["tools"].empty() ||

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json_depth.h"
+#include "common/ordered_json.h"
 #include "common/status.h"
 #include "text/python_json.h"
 
@@ -169,8 +170,7 @@ absl::Status WriteToolCalls(const DeepSeekV4Tokens& tokens, std::span<const Chat
       return depth;
     }
     // Arguments that are not JSON travel as one string parameter named "arguments".
-    nlohmann::ordered_json args = nlohmann::ordered_json::parse(calls[i].arguments, nullptr,
-                                                                /*allow_exceptions=*/false);
+    nlohmann::ordered_json args = ParseOrderedJson(calls[i].arguments);
     if (args.is_discarded()) args = {{"arguments", calls[i].arguments}};
     if (!args.is_object()) {
       return absl::InvalidArgumentError(
