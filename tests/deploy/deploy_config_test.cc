@@ -1,6 +1,7 @@
 #include "common/deploy_config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -473,7 +474,11 @@ class ModelPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
     old_ = std::filesystem::current_path();
-    dir_ = std::filesystem::path(::testing::TempDir()) / "model_path_test";
+    // Its own directory per test and process: ctest runs this suite's tests in parallel, and a
+    // shared one was removed by one test's TearDown while another ran in it.
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("model_path_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_ / "models" / "m");
     std::ofstream(dir_ / "models" / "m" / "config.json") << "{}";
