@@ -314,6 +314,20 @@ class EarlyImportWorkerTest : public ::testing::Test {
     });
   }
 
+  // A Generate stream of `id` from `ticket_id` on decode worker `d`; the context lives with it.
+  struct GenerateStream {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  };
+  std::unique_ptr<GenerateStream> Generate(int d, uint64_t id, uint64_t ticket_id) {
+    auto stream = std::make_unique<GenerateStream>();
+    v1::GenerateRequest generate;
+    generate.set_request_id(id);
+    generate.set_ticket_id(ticket_id);
+    stream->reader = decode_stubs_[d]->Generate(&stream->context, generate);
+    return stream;
+  }
+
   // Abort of `id` on decode worker `d` (and, with `prefill`, then on the prefill worker).
   void Abort(int d, uint64_t id, uint64_t ticket_id, bool prefill) {
     v1::AbortRequest abort;
@@ -416,11 +430,8 @@ TEST_F(EarlyImportWorkerTest, AnAbortBeforeThePagesArriveGivesTheSlotBack) {
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   EXPECT_EQ(slots_.claimed(), 1u);  // claimed at Reserve
   std::thread prefill = Prefill(kDelayed, prompt, sampling, *ticket);
-  grpc::ClientContext generate_context;
-  v1::GenerateRequest generate;
-  generate.set_request_id(kDelayed);
-  generate.set_ticket_id(ticket->ticket_id());
-  auto reader = decode_stubs_[1]->Generate(&generate_context, generate);
+  const std::unique_ptr<GenerateStream> stream = Generate(1, kDelayed, ticket->ticket_id());
+  auto& reader = stream->reader;
   absl::SleepFor(absl::Milliseconds(200));  // the prefill has posted its (held) pages
   // The decode side first (a cancelled Generate's way): the request ends with "abort" at once
   // and its pages wait behind the fence; then the prefill side, whose abort sends that fence.
@@ -458,11 +469,8 @@ TEST_F(EarlyImportWorkerTest, PagesStayUntilTheImporterLetsGoOfThem) {
   const serving::RequestId sequence = slots_.last_claimed();
   ASSERT_TRUE(pool_->Table(sequence).ok());
   std::thread prefill = Prefill(kId, prompt, sampling, *ticket);
-  grpc::ClientContext generate_context;
-  v1::GenerateRequest generate;
-  generate.set_request_id(kId);
-  generate.set_ticket_id(ticket->ticket_id());
-  auto reader = decode_stubs_[1]->Generate(&generate_context, generate);
+  const std::unique_ptr<GenerateStream> stream = Generate(1, kId, ticket->ticket_id());
+  auto& reader = stream->reader;
   // The first token comes once the transfer verified; the import is still blocked in its read.
   v1::GenerateResponse event;
   ASSERT_TRUE(reader->Read(&event));
@@ -512,11 +520,8 @@ TEST_F(EarlyImportWorkerTest, AnAbortedRequestHoldsItsBatchSlotUntilItLeavesTheB
   const absl::StatusOr<v1::TransferTicket> ticket = Reserve(2, 500, prompt, sampling);
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   std::thread prefill = Prefill(500, prompt, sampling, *ticket);
-  grpc::ClientContext generate_context;
-  v1::GenerateRequest generate;
-  generate.set_request_id(500);
-  generate.set_ticket_id(ticket->ticket_id());
-  auto reader = decode_stubs_[2]->Generate(&generate_context, generate);
+  const std::unique_ptr<GenerateStream> stream = Generate(2, 500, ticket->ticket_id());
+  auto& reader = stream->reader;
   v1::GenerateResponse event;
   ASSERT_TRUE(reader->Read(&event));  // its first token: it joined the batch with it
   ASSERT_EQ(event.token_ids_size(), 1);
