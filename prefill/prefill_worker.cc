@@ -47,6 +47,12 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
         w->engine_, runtime::CpuPrefillEngine(*w->model_.model, w->options_.prefill_block));
   }
   spdlog::info("prefill engine: {}", w->engine_->Describe());
+  // Progress inside a chunk (Stats' forward_layers, the watchdog): a chunk of a long prompt can
+  // take many seconds on a slow host. The engine is the worker's member, so `self` outlives it.
+  w->engine_->set_layer_forwarded([self = w.get()](int64_t) {
+    self->forward_layers_.fetch_add(1, std::memory_order_relaxed);
+    self->progress_.Beat();
+  });
   // One sequence at a time, of up to the context length.
   PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(
                                          1, config.max_position_embeddings)));
@@ -536,6 +542,7 @@ grpc::Status PrefillWorker::Stats(grpc::ServerContext*, const v1::StatsRequest*,
   response->set_pages_quarantined(0);
   response->set_transfer_bytes(transfer_bytes_.load());
   response->set_prefilled_tokens(prefilled_tokens_.load());
+  response->set_forward_layers(forward_layers_.load(std::memory_order_relaxed));
   return grpc::Status::OK;
 }
 

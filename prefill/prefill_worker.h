@@ -216,6 +216,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);  // bounds aborted_
   std::atomic<int64_t> transfer_bytes_{0};
   std::atomic<int64_t> prefilled_tokens_{0};  // forward chunks completed (Stats: progress)
+  std::atomic<int64_t> forward_layers_{0};    // layers computed, every chunk (Stats: progress)
   ProgressHeartbeat progress_;
 
   metrics::Registry registry_;

@@ -398,7 +398,9 @@ bool WorkerPool::PrefillBusy(Worker& prefill) {
   // nothing until its state is ready (a 600-token prompt of kjv-v4-wide on a loaded 2-core
   // machine: tens of seconds), so bytes alone called such a worker wedged on the second sample,
   // marked it down and cancelled the prefill.
-  const int64_t progress = stats.transfer_bytes() + stats.prefilled_tokens();
+  // One chunk can outlast several checks on a slow or loaded host, hence its layers too.
+  const int64_t progress =
+      stats.transfer_bytes() + stats.prefilled_tokens() + stats.forward_layers();
   const int64_t previous = prefill.ExchangeProgress(progress);
   const bool has_work = stats.waiting_requests() + stats.running_requests() > 0;
   // Progress since the previous sample: also when the work that delayed the canary (or ran its

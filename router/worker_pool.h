@@ -13,9 +13,9 @@
 //
 // Busy is not wedged: a prefill worker whose canary Prefill passes its deadline (the canary
 // waited in a full queue) still passes its check when its Stats RPC answers within
-// `health_timeout` and its transfer_bytes + prefilled_tokens grew since the checker's previous
-// sample (it sent state or finished a forward chunk, also when the work that delayed the canary
-// has just drained), or there is no sample
+// `health_timeout` and its transfer_bytes + prefilled_tokens + forward_layers grew since the
+// checker's previous sample (it sent state, finished a forward chunk or computed a layer of one,
+// also when the work that delayed the canary has just drained), or there is no sample
 // yet and it reports waiting or running requests. A stopped worker answers neither Health nor
 // Stats and is marked down after `down_after` checks as before; one that answers but sends
 // nothing is wedged and fails.
@@ -81,8 +81,8 @@ class Worker {
   void RecordFailure();
   // Health checker results.
   void RecordCheck(bool passed, int down_after);
-  // The checker's last Stats sample of transfer_bytes + prefilled_tokens (-1: none yet); returns
-  // the previous one.
+  // The checker's last Stats sample of transfer_bytes + prefilled_tokens + forward_layers (-1:
+  // none yet); returns the previous one.
   int64_t ExchangeProgress(int64_t progress) { return progress_.exchange(progress); }
   // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
   int64_t max_batch() const { return max_batch_.load(); }

@@ -22,9 +22,12 @@ class CpuEngine final : public PrefillEngine {
     if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
     const auto length = static_cast<int64_t>(prompt.size());
     absl::Status storing;  // the first failure of the final block's per-layer stores
-    const engine::Model::LayerHook store_layer = [&](int64_t layer, const engine::LayerState& ls,
+    bool final_block = false;
+    // Every chunk reports its layers' progress; the final one also stores each layer's state.
+    const engine::Model::LayerHook after_layer = [&](int64_t layer, const engine::LayerState& ls,
                                                      int64_t position) {
-      if (!storing.ok()) return;
+      NoteLayerForwarded(layer);
+      if (!final_block || !storing.ok()) return;
       storing = paged.StoreLayer(layer, ls, position, 0, pages);
       if (storing.ok()) storing = layer_stored(layer);
     };
@@ -33,11 +36,10 @@ class CpuEngine final : public PrefillEngine {
     for (int64_t from = 0; from < length;) {
       const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
       const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
-      const bool final_block = to == length;
+      final_block = to == length;
       // Only the prompt's last row is sampled from: the head runs on each chunk's last row.
-      PDSERVE_ASSIGN_OR_RETURN(logits,
-                               model_.Forward(&state, tokens, final_block ? store_layer : nullptr,
-                                              engine::ChunkLogits::kLastRow));
+      PDSERVE_ASSIGN_OR_RETURN(
+          logits, model_.Forward(&state, tokens, after_layer, engine::ChunkLogits::kLastRow));
       PDSERVE_RETURN_IF_ERROR(storing);
       PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
       from = to;

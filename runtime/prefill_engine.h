@@ -42,6 +42,11 @@ class PrefillEngine {
   // Called after each Forward chunk with its token count (between chunks: aborts, heartbeats,
   // metrics). A non-OK status stops the prefill and Run returns it.
   using ChunkDone = std::function<absl::Status(int64_t tokens)>;
+  // Called as each layer of each chunk has been computed (the CPU engine: right after the layer,
+  // inside the forward; the CUDA engine: for every layer of a chunk once the chunk's forward has
+  // returned), with the layer index. Progress only (the router's busy check and the systemd
+  // watchdog): it must be cheap and must not fail or throw.
+  using LayerForwarded = std::function<void(int64_t layer)>;
 
   virtual ~PrefillEngine() = default;
 
@@ -64,6 +69,18 @@ class PrefillEngine {
   // sender for the page checksums (kv::SenderOptions::checksum_pool; the callbacks of Run run
   // between the engine's uses of it), or null (the CPU engine: its own threads compute).
   virtual TaskPool* transfer_pool() { return nullptr; }
+
+  // Installs the progress callback above (replacing any earlier one; empty: none). Not
+  // thread-safe against Run: set it before the first Run.
+  void set_layer_forwarded(LayerForwarded f) { layer_forwarded_ = std::move(f); }
+
+ protected:
+  void NoteLayerForwarded(int64_t layer) const {
+    if (layer_forwarded_) layer_forwarded_(layer);
+  }
+
+ private:
+  LayerForwarded layer_forwarded_;
 };
 
 // What a factory gets: the model directory (weights), its config and the page layout. Both

@@ -88,6 +88,7 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
       PDSERVE_RETURN_IF_ERROR(stored);
       PDSERVE_RETURN_IF_ERROR(finished.status());
       logits = std::move(*finished);
+      NoteChunkLayers();
       PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
       break;
     }
@@ -99,6 +100,7 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
           return absl::OkStatus();
         });
     for (const absl::Status& s : ran) PDSERVE_RETURN_IF_ERROR(s);
+    NoteChunkLayers();
     PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
     from = to;
   }

@@ -9,9 +9,9 @@
 // it into the request's pages (StoreSlotStaged: spread over the engine's host threads, a
 // TaskPool) and hands it to the worker (which posts its pages: checksums on the same pool, sends
 // over the lanes), enqueuing the copy of the layer the freed buffer serves next (on the copy
-// stream after that layer's attention); then it finishes the chunk for its logits. The pages hold the device's bf16 values
-// exactly (bit for bit what GpuModel::ExportState gives). The slot is free again when Run
-// returns: the worker runs one prefill at a time, so one slot suffices.
+// stream after that layer's attention); then it finishes the chunk for its logits. The pages hold
+// the device's bf16 values exactly (bit for bit what GpuModel::ExportState gives). The slot is free
+// again when Run returns: the worker runs one prefill at a time, so one slot suffices.
 //
 // Several GPUs (an expert-parallel engine::gpu::GpuModelGroup): the prompt runs on rank 0 and
 // every other rank takes part in each chunk's MoE collectives with padding rows
@@ -81,6 +81,11 @@ class GpuPrefillEngine final : public PrefillEngine {
         staging_(std::move(staging)),
         prefill_block_(prefill_block),
         pool_(host_threads) {}
+
+  // Reports every layer of the chunk whose forward just returned (LayerForwarded).
+  void NoteChunkLayers() const {
+    for (int64_t l = 0; l < group_->rank(0).config().num_hidden_layers; ++l) NoteLayerForwarded(l);
+  }
 
   std::unique_ptr<engine::gpu::GpuModelGroup> group_;
   // Rank 0's; declared after group_ so it goes first (it must not outlive the model).

@@ -113,6 +113,14 @@ void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
   EXPECT_EQ(stats.isolation_errors(v1::ISOLATION_ERROR_CHECKSUM), 1);
   EXPECT_EQ(stats.running_requests(), 0);
   EXPECT_GT(stats.transfer_bytes(), 0);
+  // The prefill worker counted the layers of every chunk of every prompt (the router's busy
+  // check reads it): at least one chunk of every layer per request.
+  v1::StatsResponse prefill_stats;
+  grpc::ClientContext prefill_context;
+  ASSERT_TRUE(
+      (*cluster)->prefill().Stats(&prefill_context, v1::StatsRequest(), &prefill_stats).ok());
+  EXPECT_GE(prefill_stats.forward_layers(), static_cast<int64_t>(specs.size()) * 2);
+  EXPECT_GE(prefill_stats.prefilled_tokens(), static_cast<int64_t>(specs.size()));
 }
 
 TEST(PdEquivalenceTest, TcpMatchesColocatedBitForBit) { ExpectMatchesColocated("tcp"); }

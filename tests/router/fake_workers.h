@@ -329,16 +329,20 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     absl::MutexLock lock(&mu);
     stats_transfer_bytes += stats_bytes_per_call;
     stats_prefilled_tokens += stats_tokens_per_call;
+    stats_forward_layers += stats_layers_per_call;
     response->set_waiting_requests(stats_waiting);
     response->set_transfer_bytes(stats_transfer_bytes);
     response->set_prefilled_tokens(stats_prefilled_tokens);
+    response->set_forward_layers(stats_forward_layers);
     return grpc::Status::OK;
   }
   int32_t stats_waiting = 0;          // Stats' waiting_requests
   int64_t stats_bytes_per_call = 0;   // Stats' transfer_bytes grows this much per call
   int64_t stats_tokens_per_call = 0;  // Stats' prefilled_tokens grows this much per call
+  int64_t stats_layers_per_call = 0;  // Stats' forward_layers grows this much per call
   int64_t stats_transfer_bytes = 0;
   int64_t stats_prefilled_tokens = 0;
+  int64_t stats_forward_layers = 0;
   grpc::Status Health(grpc::ServerContext*, const worker::v1::HealthRequest*,
                       worker::v1::HealthResponse* response) override {
     response->set_state(state);

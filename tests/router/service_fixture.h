@@ -108,6 +108,19 @@ class RouterServiceTest : public ::testing::Test {
     return std::move(*service);
   }
 
+  // A prefill worker with queued work whose canaries outlast their 150 ms and that sends
+  // nothing (a long prompt's forward runs), whose other Stats progress the test set, stays up
+  // through three checks.
+  void ExpectBusyPrefillStaysUp() {
+    prefill_->delay_ms = 400;
+    prefill_->stats_waiting = 3;
+    prefill_->stats_bytes_per_call = 0;
+    canary_timeout_ = absl::Milliseconds(150);
+    auto service = MakeService();
+    for (int i = 0; i < 3; ++i) service->pool().CheckAll();
+    EXPECT_TRUE(service->pool().prefill()[0]->up());
+  }
+
   // Runs `req` to completion.
   std::shared_ptr<CollectingSink> Run(RouterService& service, const frontend::ApiRequest& req) {
     auto sink = std::make_shared<CollectingSink>();

@@ -96,6 +96,33 @@ TEST_F(CpuPrefillEngineTest, PagesHoldTheChunkedForwardsState) {
   EXPECT_EQ(next_a->data, next_b->data);
 }
 
+// Progress inside chunks: every layer of every chunk is reported, in order, on the running
+// thread, before the chunk's ChunkDone (the router's busy check and the watchdog count it).
+TEST_F(CpuPrefillEngineTest, EveryLayerOfEveryChunkIsReportedAsItIsComputed) {
+  auto engine = CpuPrefillEngine(*model_, 64);
+  ASSERT_TRUE(engine.ok());
+  std::vector<int64_t> forwarded;
+  std::vector<size_t> forwarded_at_chunk_end;
+  (*engine)->set_layer_forwarded([&](int64_t layer) { forwarded.push_back(layer); });
+  const std::vector<int32_t> prompt = Prompt(150);
+  auto table = *pool_->Allocate(1, layout_->Demand(160));
+  auto pages = *runtime::MapPages(*pool_, table);
+  const runtime::PagedState paged(config(), *layout_, 160);
+  auto logits = (*engine)->Run(
+      prompt, paged, pages, [](int64_t) { return absl::OkStatus(); },
+      [&](int64_t) {
+        forwarded_at_chunk_end.push_back(forwarded.size());
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const auto layers = static_cast<size_t>(config().num_hidden_layers);
+  ASSERT_EQ(forwarded.size(), 3 * layers);  // chunks of 64, 64, 22 tokens
+  for (size_t i = 0; i < forwarded.size(); ++i) {
+    EXPECT_EQ(forwarded[i], static_cast<int64_t>(i % layers)) << i;
+  }
+  EXPECT_EQ(forwarded_at_chunk_end, (std::vector<size_t>{layers, 2 * layers, 3 * layers}));
+}
+
 TEST_F(CpuPrefillEngineTest, ACallbackErrorStopsThePrefill) {
   EXPECT_TRUE(absl::IsInvalidArgument(CpuPrefillEngine(*model_, 0).status()));
   auto engine = CpuPrefillEngine(*model_, 64);
