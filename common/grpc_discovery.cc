@@ -6,6 +6,8 @@
 #include <mutex>
 #include <utility>
 
+#include "grpc/health/v1/health.pb.h"
+
 namespace pdserve::rpc {
 
 void EnableGrpcDiscovery() {
@@ -13,6 +15,9 @@ void EnableGrpcDiscovery() {
   std::call_once(once, [] {
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::EnableDefaultHealthCheckService(true);
+    // Links (and so registers) grpc.health.v1's descriptor, so reflection describes the health
+    // service the default implementation serves (proto/grpc/health/v1/health.proto).
+    (void)grpc::health::v1::HealthCheckRequest::descriptor();
   });
 }
 
@@ -26,11 +31,17 @@ void SetServing(grpc::Server& server, const std::vector<std::string>& services, 
 ServingFollower::ServingFollower(grpc::Server* server, std::vector<std::string> services,
                                  std::function<bool()> ready, absl::Duration period)
     : server_(server), services_(std::move(services)) {
-  SetServing(*server_, services_, ready());
-  thread_ = std::thread([this, ready = std::move(ready), period] {
+  bool serving = ready();
+  SetServing(*server_, services_, serving);
+  thread_ = std::thread([this, ready = std::move(ready), period, serving]() mutable {
     absl::MutexLock lock(&mu_);
     while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-      SetServing(*server_, services_, ready());
+      // Only a change is set: gRPC's health service sends every Watch stream a message for each
+      // SetServingStatus, changed or not (a client saw SERVING ~4 times a second).
+      const bool now = ready();
+      if (now == serving) continue;
+      serving = now;
+      SetServing(*server_, services_, serving);
     }
   });
 }

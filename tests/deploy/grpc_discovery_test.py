@@ -52,6 +52,28 @@ def list_services(channel):
     return []
 
 
+def describes_symbol(channel, symbol):
+    """Whether reflection returns a file descriptor that defines `symbol` (grpcurl needs this)."""
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+    for response in stub.ServerReflectionInfo(iter([request]), timeout=10):
+        return len(response.file_descriptor_response.file_descriptor_proto) > 0
+    return False
+
+
+def watch_messages(channel, seconds):
+    """The statuses a Watch of the whole server streams within `seconds`."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    got = []
+    try:
+        for response in stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=seconds):
+            got.append(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            got.append(e.code().name)
+    return got
+
+
 def health(channel, service):
     stub = health_pb2_grpc.HealthStub(channel)
     try:
@@ -124,6 +146,12 @@ def run_cases(up, log, p, model):
         check(health(channel, service) == "SERVING", f"{name}: {service} is SERVING")
         check(health(channel, "no.such.Service") == "NOT_FOUND",
               f"{name}: an unknown service is NOT_FOUND")
+        check(describes_symbol(channel, "grpc.health.v1.Health"),
+              f"{name}: reflection describes grpc.health.v1.Health (grpcurl can call it)")
+        # Nothing changes in these 1.5 s (the router re-reads its readiness every 200 ms): one
+        # message, the current status.
+        watched = watch_messages(channel, 1.5)
+        check(watched == ["SERVING"], f"{name}: a Watch while nothing changes streams {watched}")
 
     prompt, max_tokens, seed = "In the beginning", 12, 7
     text, finish, tokens = generate_by_reflection(channels["router"], model, prompt, max_tokens,
