@@ -11,12 +11,26 @@
 //                  sends handed over), "drain" (the Poll loop after the last post, to the
 //                  delivered commit)
 //                  UCX's protocols: UCX_PROTO_ENABLE in the environment (v1 when unset)
+//         get-proto  a receiver-pulled protocol's shape (below, before main): P's pages in
+//                  UCX-allocated memory, a small AM per page, D pulls it with ucp_get_nbx,
+//                  checksums on both sides, an answer per page; timed on P until all answered
 //         am | tag | put  raw ucp_am_send_nbx (receiver lands with ucp_am_recv_data_nbx) /
 //                  ucp_tag_send_nbx into pre-posted receives / ucp_put_nbx + flush into
 //                  registered memory; timed on the sender from the first post to completion
 //         am-hot   raw AM as `am`, but every message is sent from and lands in one page-sized
 //                  buffer on each side, as ucx_perftest does: the buffers stay in cache, so this
 //                  separates how we drive UCX from what moving distinct memory costs
+//         get      the other direction of put: the timed process pulls every page with
+//                  ucp_get_nbx from the other's memory (registered with ucp_mem_map, as a
+//                  prefill worker's pages would be) into its own distinct pages; over shared
+//                  memory UCX 1.13 emulates that with active messages (cma is no RMA lane
+//                  there: docs/perf.md, "A receiver-pulled data path?")
+//         get-alloc | put-alloc  get / put where the untimed process's pages were allocated by
+//                  UCX (ucp_mem_map UCP_MEM_MAP_ALLOCATE: a sysv or posix segment, as
+//                  UCX_ALLOC_PRIO says, that the peer attaches and copies from or into)
+//         am-alloc raw AM as `am`, sent from memory UCX allocated (its memh passed with each send)
+//                  PDSERVE_BENCH_EP_INFO=1 prints the timed process's endpoint (ucp_ep_print_info)
+//                  to stderr in the raw modes
 //         memcpy   one process copies the total, page by page, between two distinct buffers: the
 //                  machine's single-core memory-copy bound for distinct pages (no UCX)
 // Raw modes connect as pdserve does: with peer error handling where UCX allows it (tcp), without
@@ -56,6 +70,11 @@ struct Config {
   int checksum_threads = 0;  // pdserve mode only
   uint64_t pages() const { return total_bytes / page_bytes; }
   bool hot() const { return mode == "am-hot"; }
+  bool am() const { return mode == "am" || mode == "am-hot" || mode == "am-alloc"; }
+  bool get() const { return mode == "get" || mode == "get-alloc"; }
+  bool put() const { return mode == "put" || mode == "put-alloc"; }
+  // The untimed process's pages were allocated by UCX (get-alloc, put-alloc).
+  bool peer_allocated() const { return mode == "get-alloc" || mode == "put-alloc"; }
   // Where page p lives in a buffer of buffer_bytes(): its own place, or the one hot page.
   uint64_t offset(uint64_t page) const { return hot() ? 0 : page * page_bytes; }
   uint64_t buffer_bytes() const { return hot() ? page_bytes : total_bytes; }
@@ -265,35 +284,49 @@ ucs_status_t OnRawAm(void* arg, const void* header, size_t, void* data, size_t l
   return UCS_OK;
 }
 
+void SetHandler(UcxWorker& worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t handler{};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  handler.id = id;
+  handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+  handler.cb = cb;
+  handler.arg = arg;
+  if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker.get(), &handler); s != UCS_OK) {
+    Die(UcsToStatus(s, "set_am_recv_handler"));
+  }
+}
+
 void RawReceiver(const Config& config, Channel& channel) {
   auto context = UcxContext::Create();
   if (!context.ok()) Die(context.status());
   auto worker = UcxWorker::Create(*context);
   if (!worker.ok()) Die(worker.status());
-  std::vector<std::byte> pool(config.buffer_bytes());
-  auto memory = UcxMemory::Register(*context, pool.data(), pool.size());
+  // The pages the other process writes into (am, tag, put) or reads from (get): distinct,
+  // already touched, registered or allocated by UCX.
+  std::vector<std::byte> owned;
+  absl::StatusOr<UcxMemory> memory = absl::UnknownError("unset");
+  if (config.peer_allocated()) {
+    memory = UcxMemory::Allocate(*context, config.buffer_bytes());
+    if (memory.ok()) std::memset(memory->data(), 0x5A, config.buffer_bytes());
+  } else {
+    owned.assign(config.buffer_bytes(), std::byte{0x5A});
+    memory = UcxMemory::Register(*context, owned.data(), owned.size());
+  }
   if (!memory.ok()) Die(memory.status());
+  std::byte* const pool = memory->data();
   auto rkey = memory->PackRemoteKey();
   if (!rkey.ok()) Die(rkey.status());
-  RawAmState am{&*worker, pool.data(), &config};
-  ucp_am_handler_param_t handler{};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-  handler.id = kRawAmId;
-  handler.flags = UCP_AM_FLAG_WHOLE_MSG;
-  handler.cb = &OnRawAm;
-  handler.arg = &am;
-  if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker->get(), &handler); s != UCS_OK) {
-    Die(UcsToStatus(s, "set_am_recv_handler"));
-  }
+  RawAmState am{&*worker, pool, &config};
+  SetHandler(*worker, kRawAmId, &OnRawAm, &am);
   channel.Write(absl::StrCat(Hex(worker->address()), " ", Hex(*rkey), " ",
-                             reinterpret_cast<uintptr_t>(pool.data())));
+                             reinterpret_cast<uintptr_t>(pool)));
   for (int it = 0; it < config.iterations; ++it) {
     std::vector<ucs_status_ptr_t> receives;
     if (config.mode == "tag") {
       for (uint64_t p = 0; p < config.pages(); ++p) {
         ucp_request_param_t rp{};
-        receives.push_back(ucp_tag_recv_nbx(worker->get(), pool.data() + p * config.page_bytes,
+        receives.push_back(ucp_tag_recv_nbx(worker->get(), pool + p * config.page_bytes,
                                             config.page_bytes, p, ~ucp_tag_t{0}, &rp));
       }
     }
@@ -304,8 +337,7 @@ void RawReceiver(const Config& config, Channel& channel) {
       if (absl::Status s = WaitRequest(*worker, request, "tag receive"); !s.ok()) Die(s);
     }
     channel.Write("next");
-    while (config.mode != "tag" && config.mode != "put" && am.landed < config.pages() * (it + 1))
-      worker->Progress();
+    while (config.am() && am.landed < config.pages() * (it + 1)) worker->Progress();
   }
   while (!channel.Ready()) worker->Progress();  // Up until the sender's report is written.
   channel.Read();
@@ -326,7 +358,22 @@ void RawSender(const Config& config, Channel& channel) {
   auto rkey = UcxRemoteKey::Unpack(**endpoint, Unhex(hello.substr(s1 + 1, s2 - s1 - 1)));
   if (!rkey.ok()) Die(rkey.status());
   const uint64_t remote_base = std::stoull(hello.substr(s2 + 1));
-  std::vector<std::byte> source(config.buffer_bytes(), std::byte{0x5A});
+  if (std::getenv("PDSERVE_BENCH_EP_INFO") != nullptr) {
+    ucp_ep_print_info((*endpoint)->get(), stderr);
+  }
+  // The pages sent from (am, tag, put) or pulled into (get); am-alloc's from UCX.
+  std::vector<std::byte> owned;
+  absl::StatusOr<UcxMemory> local = absl::UnknownError("unset");
+  std::byte* source = nullptr;
+  if (config.mode == "am-alloc") {
+    local = UcxMemory::Allocate(*context, config.buffer_bytes());
+    if (!local.ok()) Die(local.status());
+    source = local->data();
+    std::memset(source, 0x5A, config.buffer_bytes());
+  } else {
+    owned.assign(config.buffer_bytes(), std::byte{0x5A});
+    source = owned.data();
+  }
   std::vector<double> seconds;
   for (int it = 0; it < config.iterations; ++it) {
     channel.Read();  // "go": receives are posted.
@@ -335,14 +382,21 @@ void RawSender(const Config& config, Channel& channel) {
     std::vector<uint64_t> headers(config.pages());
     for (uint64_t p = 0; p < config.pages(); ++p) {
       ucp_request_param_t rp{};
-      std::byte* data = source.data() + config.offset(p);
+      std::byte* data = source + config.offset(p);
       headers[p] = p;
-      if (config.mode == "put") {
+      if (config.get()) {
+        sends.push_back(ucp_get_nbx((*endpoint)->get(), data, config.page_bytes,
+                                    remote_base + p * config.page_bytes, rkey->get(), &rp));
+      } else if (config.put()) {
         sends.push_back(ucp_put_nbx((*endpoint)->get(), data, config.page_bytes,
                                     remote_base + p * config.page_bytes, rkey->get(), &rp));
       } else if (config.mode == "tag") {
         sends.push_back(ucp_tag_send_nbx((*endpoint)->get(), data, config.page_bytes, p, &rp));
       } else {
+        if (local.ok()) {
+          rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+          rp.memh = local->get();
+        }
         sends.push_back(ucp_am_send_nbx((*endpoint)->get(), kRawAmId, &headers[p], sizeof(uint64_t),
                                         data, config.page_bytes, &rp));
       }
@@ -351,7 +405,7 @@ void RawSender(const Config& config, Channel& channel) {
     for (ucs_status_ptr_t request : sends) {
       if (absl::Status s = WaitRequest(*worker, request, config.mode); !s.ok()) Die(s);
     }
-    if (config.mode == "put") {
+    if (config.put()) {
       ucp_request_param_t rp{};
       if (absl::Status s = WaitRequest(*worker, ucp_ep_flush_nbx((*endpoint)->get(), &rp), "flush");
           !s.ok()) {
@@ -366,6 +420,188 @@ void RawSender(const Config& config, Channel& channel) {
   channel.Write("bye");
 }
 
+// ---- a receiver-pulled protocol (issue 27's question) ------------------------------------------
+//
+// get-proto: the timed process is P. Its pages live in memory UCX allocated (a sysv or posix
+// segment, UcxMemory::Allocate); per page it takes the xxh3-64 and sends a small AM (page index,
+// checksum, address; no payload). D, in its own loop after each progress, pulls each requested
+// page with ucp_get_nbx into a distinct destination page, takes the xxh3-64 of the landed bytes,
+// compares, and answers with a small AM (page index, ok). P keeps at most 8 MiB unanswered (the
+// one-lane window of TransferSender) and is timed until every page is answered. The protocol's
+// shape without the receiver's ticket bookkeeping: both checksums, one request and one answer
+// per page, D deciding before the bytes move.
+
+constexpr unsigned kGetRequestId = 10;
+constexpr unsigned kGetAnswerId = 11;
+
+struct GetRequest {
+  uint64_t page = 0;
+  uint64_t checksum = 0;
+  uint64_t address = 0;
+};
+struct GetAnswer {
+  uint64_t page = 0;
+  uint64_t ok = 0;
+};
+
+struct GetProtoD {
+  std::vector<GetRequest> requested;  // Arrived, get not posted yet.
+  std::vector<GetRequest> landed;     // Get completed, not checked yet.
+  uint64_t mismatches = 0;
+};
+
+struct GetInFlight {
+  GetProtoD* d;
+  GetRequest request;
+};
+
+ucs_status_t OnGetRequest(void* arg, const void* header, size_t header_length, void*, size_t,
+                          const ucp_am_recv_param_t*) {
+  GetRequest request;
+  if (header_length != sizeof(request)) return UCS_OK;  // Not ours: dropped.
+  std::memcpy(&request, header, sizeof(request));
+  static_cast<GetProtoD*>(arg)->requested.push_back(request);
+  return UCS_OK;
+}
+
+void OnGetDone(void* request, ucs_status_t status, void* user_data) {
+  std::unique_ptr<GetInFlight> get(static_cast<GetInFlight*>(user_data));
+  if (status == UCS_OK) {
+    get->d->landed.push_back(get->request);
+  } else {
+    ++get->d->mismatches;
+    std::fprintf(stderr, "get of page %lu: %s\n", static_cast<unsigned long>(get->request.page),
+                 ucs_status_string(status));
+  }
+  ucp_request_free(request);
+}
+
+// A small send's header, kept until UCX is done with it (a send can wait in UCX's queue).
+void FreeOnDone(void* request, ucs_status_t, void* user_data) {
+  delete static_cast<std::vector<std::byte>*>(user_data);
+  ucp_request_free(request);
+}
+
+// Small sends (requests, answers): the header is copied and freed when the send completes.
+void SendSmall(ucp_ep_h ep, unsigned id, const void* header, size_t bytes) {
+  const auto* begin = static_cast<const std::byte*>(header);
+  auto* copy = new std::vector<std::byte>(begin, begin + bytes);
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = &FreeOnDone;
+  rp.user_data = copy;
+  const ucs_status_ptr_t request = ucp_am_send_nbx(ep, id, copy->data(), bytes, nullptr, 0, &rp);
+  if (UCS_PTR_IS_ERR(request)) Die(UcsToStatus(UCS_PTR_STATUS(request), "small AM"));
+  if (request == nullptr) delete copy;  // Completed at once: no callback.
+}
+
+void GetProtoReceiver(const Config& config, Channel& channel) {
+  auto context = UcxContext::Create();
+  if (!context.ok()) Die(context.status());
+  auto worker = UcxWorker::Create(*context);
+  if (!worker.ok()) Die(worker.status());
+  std::vector<std::byte> pool(config.total_bytes);
+  GetProtoD d;
+  SetHandler(*worker, kGetRequestId, &OnGetRequest, &d);
+  channel.Write(Hex(worker->address()));
+  // "<P's worker address> <rkey of P's pages>".
+  const std::vector<std::string> hello = absl::StrSplit(channel.Read(), ' ');
+  auto endpoint = UcxEndpoint::Create(*worker, Unhex(hello[0]), true, nullptr);
+  if (!endpoint.ok()) endpoint = UcxEndpoint::Create(*worker, Unhex(hello[0]), false, nullptr);
+  if (!endpoint.ok()) Die(endpoint.status());
+  auto rkey = UcxRemoteKey::Unpack(**endpoint, Unhex(hello[1]));
+  if (!rkey.ok()) Die(rkey.status());
+  if (std::getenv("PDSERVE_BENCH_EP_INFO") != nullptr) {
+    ucp_ep_print_info((*endpoint)->get(), stderr);
+  }
+  while (true) {
+    worker->Progress();
+    for (const GetRequest& request : d.requested) {
+      ucp_request_param_t rp{};
+      rp.op_attr_mask =
+          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      rp.cb.send = &OnGetDone;
+      rp.user_data = new GetInFlight{&d, request};
+      const ucs_status_ptr_t get =
+          ucp_get_nbx((*endpoint)->get(), pool.data() + request.page * config.page_bytes,
+                      config.page_bytes, request.address, rkey->get(), &rp);
+      if (UCS_PTR_IS_ERR(get)) Die(UcsToStatus(UCS_PTR_STATUS(get), "ucp_get_nbx"));
+    }
+    d.requested.clear();
+    if (!d.landed.empty()) worker->Progress();
+    for (const GetRequest& request : d.landed) {
+      const uint64_t sum = PayloadChecksum(
+          std::span(pool).subspan(request.page * config.page_bytes, config.page_bytes));
+      const GetAnswer answer{request.page, sum == request.checksum ? 1u : 0u};
+      if (answer.ok == 0) {
+        ++d.mismatches;
+        std::fprintf(stderr, "page %lu: checksum mismatch\n",
+                     static_cast<unsigned long>(request.page));
+      }
+      SendSmall((*endpoint)->get(), kGetAnswerId, &answer, sizeof(answer));
+    }
+    d.landed.clear();
+    if (channel.Ready()) {
+      if (channel.Read() == "bye") break;
+    }
+  }
+  if (d.mismatches != 0) Die(absl::DataLossError(absl::StrCat(d.mismatches, " pages failed")));
+}
+
+struct GetProtoP {
+  uint64_t answered = 0;
+  uint64_t failed = 0;
+};
+
+ucs_status_t OnGetAnswer(void* arg, const void* header, size_t header_length, void*, size_t,
+                         const ucp_am_recv_param_t*) {
+  GetAnswer answer;
+  if (header_length != sizeof(answer)) return UCS_OK;
+  std::memcpy(&answer, header, sizeof(answer));
+  auto* p = static_cast<GetProtoP*>(arg);
+  ++p->answered;
+  if (answer.ok == 0) ++p->failed;
+  return UCS_OK;
+}
+
+void GetProtoSender(const Config& config, Channel& channel) {
+  auto context = UcxContext::Create();
+  if (!context.ok()) Die(context.status());
+  auto worker = UcxWorker::Create(*context);
+  if (!worker.ok()) Die(worker.status());
+  GetProtoP p;
+  SetHandler(*worker, kGetAnswerId, &OnGetAnswer, &p);
+  const std::vector<std::byte> address = Unhex(channel.Read());
+  auto endpoint = UcxEndpoint::Create(*worker, address, true, nullptr);
+  if (!endpoint.ok()) endpoint = UcxEndpoint::Create(*worker, address, false, nullptr);
+  if (!endpoint.ok()) Die(endpoint.status());
+  auto memory = UcxMemory::Allocate(*context, config.total_bytes);
+  if (!memory.ok()) Die(memory.status());
+  std::memset(memory->data(), 0x5A, config.total_bytes);
+  auto rkey = memory->PackRemoteKey();
+  if (!rkey.ok()) Die(rkey.status());
+  channel.Write(absl::StrCat(Hex(worker->address()), " ", Hex(*rkey)));
+  const uint64_t window_pages = std::max<uint64_t>(1, (uint64_t{8} << 20) / config.page_bytes);
+  std::vector<double> seconds;
+  for (int it = 0; it < config.iterations; ++it) {
+    const uint64_t base = p.answered;
+    const int64_t start = NowNs();
+    for (uint64_t page = 0; page < config.pages(); ++page) {
+      while (page - (p.answered - base) >= window_pages) worker->Progress();
+      std::byte* data = memory->data() + page * config.page_bytes;
+      const GetRequest request{page, PayloadChecksum({data, config.page_bytes}),
+                               reinterpret_cast<uint64_t>(data)};
+      SendSmall((*endpoint)->get(), kGetRequestId, &request, sizeof(request));
+      worker->Progress();
+    }
+    while (p.answered - base < config.pages()) worker->Progress();
+    seconds.push_back(static_cast<double>(NowNs() - start) / 1e9);
+  }
+  if (p.failed != 0) Die(absl::DataLossError(absl::StrCat(p.failed, " pages failed")));
+  Report(config, seconds);
+  channel.Write("bye");
+}
+
 }  // namespace
 }  // namespace pdserve::kv
 
@@ -373,7 +609,9 @@ int main(int argc, char** argv) {
   using pdserve::kv::Channel;
   if (argc < 5 || argc > 7) {
     std::fprintf(stderr,
-                 "usage: kv_transfer_bench pdserve|am|am-hot|tag|put|memcpy <total MiB> <page KiB> "
+                 "usage: kv_transfer_bench "
+                 "pdserve|get-proto|am|am-hot|am-alloc|tag|put|put-alloc|get|get-alloc|memcpy "
+                 "<total MiB> <page KiB> "
                  "<iterations> [lanes] [checksum threads]\n");
     return 2;
   }
@@ -395,6 +633,8 @@ int main(int argc, char** argv) {
     Channel channel(to_sender[0], to_receiver[1]);
     if (config.mode == "pdserve") {
       pdserve::kv::PdserveSender(config, channel);
+    } else if (config.mode == "get-proto") {
+      pdserve::kv::GetProtoSender(config, channel);
     } else {
       pdserve::kv::RawSender(config, channel);
     }
@@ -404,6 +644,8 @@ int main(int argc, char** argv) {
   Channel channel(to_receiver[0], to_sender[1]);
   if (config.mode == "pdserve") {
     pdserve::kv::PdserveReceiver(config, channel);
+  } else if (config.mode == "get-proto") {
+    pdserve::kv::GetProtoReceiver(config, channel);
   } else {
     pdserve::kv::RawReceiver(config, channel);
   }

@@ -204,17 +204,37 @@ absl::StatusOr<UcxMemory> UcxMemory::Register(const UcxContext& context, void* d
   ucp_mem_h memh = nullptr;
   const ucs_status_t status = ucp_mem_map(context.get(), &params, &memh);
   if (status != UCS_OK) return UcsToStatus(status, "ucp_mem_map");
-  return UcxMemory(context.get(), memh);
+  return UcxMemory(context.get(), memh, static_cast<std::byte*>(data));
+}
+
+absl::StatusOr<UcxMemory> UcxMemory::Allocate(const UcxContext& context, size_t bytes) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.length = bytes;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t status = ucp_mem_map(context.get(), &params, &memh);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_mem_map allocate");
+  UcxMemory memory(context.get(), memh, nullptr);
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  status = ucp_mem_query(memh, &attr);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_mem_query");
+  memory.data_ = static_cast<std::byte*>(attr.address);
+  return memory;
 }
 
 UcxMemory::UcxMemory(UcxMemory&& other) noexcept
-    : context_(other.context_), memh_(std::exchange(other.memh_, nullptr)) {}
+    : context_(other.context_),
+      memh_(std::exchange(other.memh_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)) {}
 
 UcxMemory& UcxMemory::operator=(UcxMemory&& other) noexcept {
   if (this != &other) {
     if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
     context_ = other.context_;
     memh_ = std::exchange(other.memh_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
   }
   return *this;
 }

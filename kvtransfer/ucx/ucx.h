@@ -140,6 +140,12 @@ class UcxMemory {
  public:
   // Registers [data, data + bytes); the memory must outlive the UcxMemory.
   static absl::StatusOr<UcxMemory> Register(const UcxContext& context, void* data, size_t bytes);
+  // Lets UCX allocate `bytes` (ucp_mem_map with UCP_MEM_MAP_ALLOCATE) in the first way
+  // UCX_ALLOC_PRIO names that works: over shared memory a sysv or posix segment a peer on the
+  // same host attaches, so a peer's get or put is a plain copy from or into it, with no kernel
+  // copy (cma). The memory lives until the UcxMemory goes; data() is where it starts.
+  // Errors: UcsToStatus of ucp_mem_map or ucp_mem_query.
+  static absl::StatusOr<UcxMemory> Allocate(const UcxContext& context, size_t bytes);
   UcxMemory(UcxMemory&& other) noexcept;
   UcxMemory& operator=(UcxMemory&& other) noexcept;
   UcxMemory(const UcxMemory&) = delete;
@@ -147,12 +153,16 @@ class UcxMemory {
   ~UcxMemory();
 
   ucp_mem_h get() const { return memh_; }
+  // The first byte of the mapped range (the registered address, or where UCX allocated).
+  std::byte* data() const { return data_; }
   absl::StatusOr<std::vector<std::byte>> PackRemoteKey() const;
 
  private:
-  UcxMemory(ucp_context_h context, ucp_mem_h memh) : context_(context), memh_(memh) {}
+  UcxMemory(ucp_context_h context, ucp_mem_h memh, std::byte* data)
+      : context_(context), memh_(memh), data_(data) {}
   ucp_context_h context_ = nullptr;
   ucp_mem_h memh_ = nullptr;
+  std::byte* data_ = nullptr;
 };
 
 // A remote key unpacked for one endpoint (valid only with that endpoint).

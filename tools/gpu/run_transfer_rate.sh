@@ -10,7 +10,13 @@
 #      same bytes, and the sender's post time (checksums + sends handed over);
 #   2. the same over UCX_TLS unset (tcp with peer-failure handling, what the workers use), v2
 #      then v1;
-#   3. ucx_perftest ucp_am_bw at 64 KiB over shm,self.
+#   3. ucx_perftest ucp_am_bw at 64 KiB over shm,self;
+#   4. when kv_transfer_bench is packed too, issue 27's question for a receiver-pulled data path
+#      (docs/perf.md, "A receiver-pulled data path"): raw UCX operations on 256 MiB of distinct
+#      pages over shm,self, 64 KiB and 1 MiB, best of 3 each: AM (v1, v2), get-proto (the
+#      receiver-pulled protocol's shape: P's pages UCX-allocated, a request AM per page, D's get,
+#      xxh3 on both sides, an answer per page), get from memory UCX allocated (sysv segment,
+#      v1), get from registered memory (v1), one core's memcpy.
 # 8 V4-Flash-shaped layers, 32K / 128K prompts (LENGTHS), random state (no forward), medians of
 # 3; the workers' default lanes (4 on 16 cores) and host threads. Each run is cut to what is left
 # of BUDGET (118 s); the rows come out per length, so a cut run keeps its shorter lengths.
@@ -22,7 +28,7 @@
 #          /tmp/gpu_state_transfer_bench_old
 #          tools/gpu/pack_binaries.sh <dir> build/bench/kvtransfer/gpu_state_transfer_bench \
 #            [/tmp/gpu_state_transfer_bench_old] "$(command -v ucx_perftest)" \
-#            "$(command -v ucx_info)"
+#            "$(command -v ucx_info)" [build/bench/kvtransfer/kv_transfer_bench]
 #   there: source <dir>/env.sh && OUT=<out> bash tools/gpu/run_transfer_rate.sh
 # The comparison table is printed last.
 set -u
@@ -38,6 +44,22 @@ cap() {
   local rest=$((budget - ($(date +%s) - t0) - 3))
   rest=$(($1 < rest ? $1 : rest))
   echo $((rest > 1 ? rest : 1))
+}
+raw=()
+raw_ops() {  # step 4: before the tcp runs, so a cut run keeps it
+  command -v kv_transfer_bench > /dev/null || return 0
+  # name protocols mode: one raw figure per page size (first the ones the question needs).
+  for spec in "am-v1 n am" "get-proto-v1 n get-proto" "get-alloc-v1 n get-alloc" "am-v2 y am" \
+              "memcpy n memcpy" "get-registered-v1 n get"; do
+    read -r name proto mode <<<"$spec"
+    for kib in 64 1024; do
+      [ "$(cap 4)" -ge 4 ] || { echo "raw $name skipped: out of time"; continue; }
+      best=$(UCX_TLS=shm,self UCX_PROTO_ENABLE=$proto timeout "$(cap 8)" kv_transfer_bench \
+               "$mode" 256 "$kib" 3 2>> "$OUT/raw.err" | tee -a "$OUT/raw.log" |
+               awk '/^best/ {print $2 " / " $4}')
+      raw+=("| $name | $kib KiB | ${best:-failed} |")
+    done
+  done
 }
 b() {  # name tls protocols [binary]
   local s=$SECONDS bin=${4:-gpu_state_transfer_bench}
@@ -59,6 +81,7 @@ b() {  # name tls protocols [binary]
 }
 b shm-v1 shm,self v1
 b shm-v2 shm,self v2
+raw_ops
 if command -v gpu_state_transfer_bench_old > /dev/null; then
   b shm-v1-old shm,self v1 gpu_state_transfer_bench_old
 fi
@@ -76,6 +99,12 @@ if [ "$(cap 8)" -ge 8 ]; then
   wait $server 2> /dev/null
   unset UCX_TLS
   echo "perftest shm,self 64KiB: $line"
+fi
+if [ ${#raw[@]} -gt 0 ]; then
+  echo
+  echo "| raw operation (shm,self, 256 MiB distinct pages) | page | best / median GB/s |"
+  echo "| --- | --- | --- |"
+  printf '%s\n' "${raw[@]}"
 fi
 echo
 echo "| run | prompt | bytes | post ms | transfer ms | left after compute ms | GB/s | floor GB/s |" \
