@@ -226,8 +226,8 @@ absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& 
       ticket_proto.model_fingerprint() != fingerprint) {
     return worker::MarkTicketMismatch(absl::FailedPreconditionError(
         absl::StrCat("request ", a.id, ": the ticket's decode worker serves model fingerprint ",
-                     common::FingerprintHex(ticket_proto.model_fingerprint()), ", this worker ",
-                     common::FingerprintHex(fingerprint))));
+                     common::FingerprintText(ticket_proto.model_fingerprint()), ", this worker ",
+                     common::FingerprintText(fingerprint))));
   }
   // Pages sent under one UCX protocol implementation to a receiver under the other: UCX does not
   // promise the two interoperate, so the pair is refused before it connects.
