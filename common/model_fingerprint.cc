@@ -158,4 +158,8 @@ bool HasWeightsFiles(const std::string& model_dir) {
 
 std::string FingerprintHex(uint64_t fingerprint) { return absl::StrFormat("%016x", fingerprint); }
 
+std::string FingerprintText(uint64_t fingerprint) {
+  return absl::StrFormat("0x%016x (%u)", fingerprint, fingerprint);
+}
+
 }  // namespace pdserve::common

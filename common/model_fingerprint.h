@@ -36,7 +36,13 @@ absl::StatusOr<uint64_t> ModelFingerprint(const std::string& model_dir);
 // than only the config and tokenizer a router needs.
 bool HasWeightsFiles(const std::string& model_dir);
 
-// The fingerprint as 16 lower-case hex digits (logs, HealthResponse readers).
+// The fingerprint as 16 lower-case hex digits.
 std::string FingerprintHex(uint64_t fingerprint);
+
+// The fingerprint as every log line and error message prints it (docs/operations.md, "Model
+// identity"): "0x" + FingerprintHex, then the decimal number in parentheses, which is how the
+// Health RPC's uint64 model_fingerprint reads in protobuf's text and JSON forms, so either can be
+// matched against a log: "0x000000000000002a (42)".
+std::string FingerprintText(uint64_t fingerprint);
 
 }  // namespace pdserve::common

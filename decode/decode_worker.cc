@@ -90,8 +90,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
             self->OnOutcome(ticket_id, request_id, outcome);
           },
           w->options_.transfer_lanes, w->options_.transfer_ucx_protocols));
+  w->ucx_protocols_ = kv::EffectiveUcxProtocols(w->options_.transfer_ucx_protocols);
   spdlog::info("transfer: {} receive lane(s), UCX protocols {}", w->options_.transfer_lanes,
-               kv::UcxProtocolsName(kv::EffectiveUcxProtocols(w->options_.transfer_ucx_protocols)));
+               kv::UcxProtocolsName(w->ucx_protocols_));
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,

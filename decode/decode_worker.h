@@ -310,6 +310,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   // Before receiver_, which records into it (and whose lane threads ~DecodeWorker stops first).
   std::unique_ptr<kv::TransferMetrics> transfer_metrics_;
   std::unique_ptr<kv::TransferReceiver> receiver_;
+  // The receiver's UCX protocols in effect (set at Create; its tickets state them).
+  kv::UcxProtocols ucx_protocols_ = kv::UcxProtocols::kV1;
   std::unique_ptr<runtime::SequenceRunner> runner_;
   std::atomic<bool> draining_{false};
 

@@ -217,6 +217,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::Register(std::shared_ptr<Reques
   proto.set_reserved_prompt_tokens(static_cast<int32_t>(record->prompt.size()));
   proto.set_reserved_max_tokens(record->params.max_tokens);
   proto.set_model_fingerprint(model_.fingerprint);
+  proto.set_ucx_protocols(worker::UcxProtocolsToProto(ucx_protocols_));
   return proto;
 }
 

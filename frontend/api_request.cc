@@ -507,11 +507,12 @@ ApiError InvalidRequest(std::string message, std::string param, std::string code
   return e;
 }
 
-ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body) {
+ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_depth) {
   // Before any parse: the chat fields are parsed again as ordered_json, and copying or dumping a
   // value recurses once per level (common/json_depth.h).
-  if (absl::Status depth = CheckJsonDepth(body, "request body"); !depth.ok()) {
-    return InvalidRequest(std::string(depth.message()));
+  if (JsonNestsDeeperThan(body, max_depth)) {
+    return InvalidRequest(
+        absl::StrCat("request body nests deeper than ", max_depth, " JSON levels"));
   }
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {

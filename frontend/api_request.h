@@ -22,6 +22,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::frontend {
@@ -119,7 +120,11 @@ ApiError InvalidApiKey();
 
 using ParsedRequest = std::variant<ApiRequest, ApiError>;
 
-// Parses a request body for `endpoint`. Never throws; malformed JSON is a 400.
-ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body);
+// Parses a request body for `endpoint`. Never throws; malformed JSON is a 400, and so is a body
+// nesting deeper than `max_depth` JSON levels ("request body nests deeper than ..."; checked
+// before any parse, common/json_depth.h). A client's body gets kMaxJsonDepth; a body the gRPC
+// front built around JSON texts it checked on their own gets their wrapping levels more
+// (router/grpc_request.h).
+ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_depth = kMaxJsonDepth);
 
 }  // namespace pdserve::frontend

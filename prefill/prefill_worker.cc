@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
         w->transport_,
         kv::UcxTransport::Create(w->options_.transfer_lanes,
                                  /*post_on_lanes=*/true, w->options_.transfer_ucx_protocols));
+    w->ucx_protocols_ = w->transport_->protocols();
   }
   w->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
@@ -202,7 +203,7 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
         absl::StrCat("a prompt of ", a.prompt_length,
                      " tokens exceeds the prefill engine's context of ", engine_->max_context()));
   }
-  PDSERVE_ASSIGN_OR_RETURN(a.ticket, CheckTicket(request, a, model_.fingerprint));
+  PDSERVE_ASSIGN_OR_RETURN(a.ticket, CheckTicket(request, a, model_.fingerprint, ucx_protocols_));
   PDSERVE_ASSIGN_OR_RETURN(
       serving::RequestSampler sampler,
       serving::RequestSampler::Create(params, worker::SeedRequestId(a.id), model_.eos_ids, a.prompt,
@@ -212,7 +213,8 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
 }
 
 absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& request,
-                                                      const Admitted& a, uint64_t fingerprint) {
+                                                      const Admitted& a, uint64_t fingerprint,
+                                                      kv::UcxProtocols protocols) {
   // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
   // max_tokens would write pages the decode worker cannot use.
   const v1::TransferTicket& ticket_proto = request.ticket();
@@ -230,8 +232,19 @@ absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& 
       ticket_proto.model_fingerprint() != fingerprint) {
     return worker::MarkTicketMismatch(absl::FailedPreconditionError(
         absl::StrCat("request ", a.id, ": the ticket's decode worker serves model fingerprint ",
-                     common::FingerprintHex(ticket_proto.model_fingerprint()), ", this worker ",
-                     common::FingerprintHex(fingerprint))));
+                     common::FingerprintText(ticket_proto.model_fingerprint()), ", this worker ",
+                     common::FingerprintText(fingerprint))));
+  }
+  // Pages sent under one UCX protocol implementation to a receiver under the other: UCX does not
+  // promise the two interoperate, so the pair is refused before it connects.
+  const v1::UcxProtocols mine = worker::UcxProtocolsToProto(protocols);
+  if (ticket_proto.ucx_protocols() != v1::UCX_PROTOCOLS_UNSPECIFIED &&
+      ticket_proto.ucx_protocols() != mine) {
+    return worker::MarkTicketMismatch(absl::FailedPreconditionError(
+        absl::StrCat("request ", a.id, ": the ticket's decode worker uses UCX protocols ",
+                     worker::UcxProtocolsProtoName(ticket_proto.ucx_protocols()), ", this worker ",
+                     worker::UcxProtocolsProtoName(mine),
+                     " (transfer.ucx_protocols or UCX_PROTO_ENABLE must agree on both workers)")));
   }
   PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(ticket_proto));
   if (ticket.request_id != a.id) {

@@ -148,9 +148,11 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
       const pdserve::worker::v1::PrefillRequest& request, const grpc::ServerContext& context);
   // The request's tokens, sampling and ticket against the model, the engine and Reserve's plan.
   absl::StatusOr<Admitted> Admit(const pdserve::worker::v1::PrefillRequest& request) const;
-  // `fingerprint`: this worker's model fingerprint (a ticket stating another is refused).
+  // `fingerprint`: this worker's model fingerprint, `protocols`: its transport's UCX protocols
+  // (a ticket stating another of either is refused, marked worker::kTicketMismatch).
   static absl::StatusOr<kv::Ticket> CheckTicket(const pdserve::worker::v1::PrefillRequest& request,
-                                                const Admitted& a, uint64_t fingerprint);
+                                                const Admitted& a, uint64_t fingerprint,
+                                                kv::UcxProtocols protocols);
   // Waits for the request's turn (then run_busy_ and running_ are set for it), its abort or
   // cancellation (Cancelled), or half its lease (ResourceExhausted).
   absl::Status AwaitTurn(uint64_t id, absl::Time lease_deadline, const grpc::ServerContext& context)
@@ -198,6 +200,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   std::unique_ptr<serving::PagePool> pool_;
   SystemClock clock_;
   uint64_t incarnation_ = 0;
+  kv::UcxProtocols ucx_protocols_ = kv::UcxProtocols::kV1;  // transport_'s, set at Create
   std::atomic<bool> draining_{false};
 
   // Serializes prefills: the UCX transport and the pool's one sequence.

@@ -228,7 +228,12 @@ frontend::ParsedRequest ParseGenerateRequest(const pv1::GenerateRequest& request
                                              frontend::Endpoint* endpoint) {
   std::variant<std::string, frontend::ApiError> body = ToOpenAiJson(request, endpoint);
   if (auto* error = std::get_if<frontend::ApiError>(&body)) return *error;
-  return frontend::ParseRequest(*endpoint, std::get<std::string>(body));
+  // Each JSON text field has passed its own kMaxJsonDepth check (ParseJsonText, naming the
+  // field); the body wraps the deepest of them, a tool's parameters, kJsonTextWrapLevels deep, and
+  // nothing else in the proto nests that far. So the body's own check allows those levels more:
+  // otherwise a field within its limit would be refused as "request body".
+  return frontend::ParseRequest(*endpoint, std::get<std::string>(body),
+                                kMaxJsonDepth + kJsonTextWrapLevels);
 }
 
 }  // namespace pdserve::router

@@ -17,6 +17,11 @@
 
 namespace pdserve::router {
 
+// How many JSON levels the OpenAI body puts around the deepest JSON text field it embeds: a
+// tool's parameters_json sits in {"tools": [{"function": {"parameters": ...}}]} (the body, the
+// tools array, the tool, its function). response_format's schema_json sits 3 deep.
+inline constexpr int kJsonTextWrapLevels = 4;
+
 // The OpenAI JSON body equivalent to `request` (always "stream": true), or a 400 for what the
 // JSON body could not carry faithfully. Sets `endpoint` (chat or completions) either way.
 std::variant<std::string, frontend::ApiError> ToOpenAiJson(

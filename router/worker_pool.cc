@@ -2,9 +2,12 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/model_fingerprint.h"
 #include "grpcpp/grpcpp.h"
@@ -24,10 +27,28 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
 
 const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
 
-std::string ModelIdentity::ToString() const {
-  return absl::StrCat("model ", model.empty() ? "?" : model, ", fingerprint ",
-                      fingerprint == 0 ? "?" : common::FingerprintHex(fingerprint), ", geometry ",
-                      page_geometry.empty() ? "?" : page_geometry);
+std::string ModelIdentity::ToString(const char* unset) const {
+  return absl::StrCat("model ", model.empty() ? unset : model, ", fingerprint ",
+                      fingerprint == 0 ? unset : common::FingerprintText(fingerprint),
+                      ", geometry ", page_geometry.empty() ? unset : page_geometry);
+}
+
+std::string DescribeModelMismatch(const ModelIdentity& stated, const ModelIdentity& cluster) {
+  // A field differs when both sides know it (SameModel's rule).
+  std::vector<std::string> differ;
+  if (!stated.model.empty() && !cluster.model.empty() && stated.model != cluster.model) {
+    differ.push_back("model");
+  }
+  if (stated.fingerprint != 0 && cluster.fingerprint != 0 &&
+      stated.fingerprint != cluster.fingerprint) {
+    differ.push_back("fingerprint");
+  }
+  if (!stated.page_geometry.empty() && !cluster.page_geometry.empty() &&
+      stated.page_geometry != cluster.page_geometry) {
+    differ.push_back("geometry");
+  }
+  return absl::StrCat("differs in ", absl::StrJoin(differ, ", "), ": it states ", stated.ToString(),
+                      "; the cluster is ", cluster.ToString("not known yet"));
 }
 
 Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
@@ -202,8 +223,8 @@ bool WorkerPool::SameModel(Worker& worker, const ModelIdentity& stated) {
   if (!same && previous != stated_hash) {
     spdlog::error(
         "router: {} worker {} serves another model than the cluster, marked down until it "
-        "does: it states {}; the cluster is {}",
-        RoleName(worker.role()), worker.name(), stated.ToString(), cluster.ToString());
+        "does; it {}",
+        RoleName(worker.role()), worker.name(), DescribeModelMismatch(stated, cluster));
   }
   if (same && previous != 0) {
     spdlog::info("router: {} worker {} now serves the cluster's model ({})",

@@ -114,9 +114,16 @@ struct ModelIdentity {
   std::string model;
   uint64_t fingerprint = 0;
   std::string page_geometry;
-  // "model M, fingerprint F, geometry G" ("?" for an unset field).
-  std::string ToString() const;
+  // "model M, fingerprint F, geometry G", F as common::FingerprintText; an unset field reads
+  // `unset` (a worker's: "not stated"; the cluster's: "not known yet").
+  std::string ToString(const char* unset = "not stated") const;
 };
+
+// The log line's account of a worker that states another identity than the cluster's
+// (docs/operations.md, "Model identity"): "differs in F[, F]: it states ...; the cluster is ...",
+// naming the fields that differ (model, fingerprint, geometry), then both identities; a field of
+// the cluster's that no matching worker has stated yet reads "not known yet".
+std::string DescribeModelMismatch(const ModelIdentity& stated, const ModelIdentity& cluster);
 
 struct WorkerPoolOptions {
   std::vector<config::WorkerConfig> prefill;

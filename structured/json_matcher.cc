@@ -38,15 +38,8 @@ bool IsHex(uint8_t b) { return IsDigit(b) || (b >= 'a' && b <= 'f') || (b >= 'A'
 bool Declared(const SchemaNode& node) { return !node.properties.empty(); }
 // A required property at index >= i remains.
 bool RequiredFrom(const SchemaNode& node, uint32_t i) { return node.tail[i] > 1; }
-// The last property that may come next once [0, i) are decided: the first required one at or
-// after i (later ones would skip it), else the last.
-uint32_t LastCandidate(const SchemaNode& node, uint32_t i) {
-  const auto n = static_cast<uint32_t>(node.properties.size());
-  for (uint32_t j = i; j < n; ++j) {
-    if (node.properties[j].required) return j;
-  }
-  return n - 1;
-}
+// The last property that may come next once [0, i) are decided (SchemaNode::last_candidate).
+uint32_t LastCandidate(const SchemaNode& node, uint32_t i) { return node.last_candidate[i]; }
 const SchemaNode& PendingValue(const Frame& f) {
   return Declared(*f.node) ? *f.node->properties[f.index - 1].value : *f.node->additional;
 }
@@ -79,17 +72,13 @@ int64_t ObjectCost(const Frame& f) {
   switch (f.phase) {
     case kObjStart:
       return RequiredFrom(node, 0) ? node.tail[0] - 1 : 1;
-    case kObjKeyStart: {
-      int64_t best = kCostCap;
-      for (uint32_t j = f.index; j <= LastCandidate(node, f.index); ++j) {
-        best = std::min(best, node.via_key[j]);
-      }
-      return best;
-    }
+    case kObjKeyStart:
+      return node.key_start_cost[f.index];
     case kObjKey: {
       int64_t best = kCostCap;
       const std::string& lead = node.properties[f.a].key;
-      for (uint32_t j = f.a; j <= LastCandidate(node, f.index); ++j) {
+      const uint32_t last = LastCandidate(node, f.index);
+      for (uint32_t j = f.a; j <= last; ++j) {
         const std::string& key = node.properties[j].key;
         if (key.compare(0, f.b, lead, 0, f.b) == 0) best = std::min(best, node.via_key[j] - f.b);
       }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json_depth.h"
+#include "common/ordered_json.h"
 #include "common/status.h"
 
 namespace pdserve::structured {
@@ -306,6 +307,10 @@ class JsonSchema::Compiler {
     if (auto it = schema.find("properties"); it != schema.end()) {
       if (!it->is_object()) return Refuse(path, "'properties' must be an object");
       for (auto p = it->begin(); p != it->end(); ++p) {
+        if (++properties_ > kMaxProperties) {
+          return Refuse(path, absl::StrCat("the schema declares more than ", kMaxProperties,
+                                           " properties in all"));
+        }
         SchemaProperty property;
         property.name = p.key();
         property.key = json(p.key()).dump();
@@ -364,11 +369,17 @@ class JsonSchema::Compiler {
     const size_t n = node.properties.size();
     node.tail.assign(n + 1, 1);
     node.via_key.assign(n, 0);
+    node.last_candidate.assign(n, 0);
+    node.key_start_cost.assign(n, 0);
     for (size_t j = n; j-- > 0;) {
       const SchemaProperty& p = node.properties[j];
       node.via_key[j] =
           Add(Add(static_cast<int64_t>(p.key.size()) + 1, p.value->min_bytes), node.tail[j + 1]);
       node.tail[j] = p.required ? Add(1, node.via_key[j]) : node.tail[j + 1];
+      const bool stop = p.required || j + 1 == n;  // no candidate after j
+      node.last_candidate[j] = stop ? static_cast<uint32_t>(j) : node.last_candidate[j + 1];
+      node.key_start_cost[j] =
+          stop ? node.via_key[j] : std::min(node.via_key[j], node.key_start_cost[j + 1]);
     }
   }
 
@@ -394,6 +405,7 @@ class JsonSchema::Compiler {
   std::map<std::pair<const json*, int>, const SchemaNode*> compiled_refs_;
   std::set<const json*> resolving_;  // '$ref' targets being compiled (a cycle returns to one)
   size_t ref_nodes_ = 0;             // nodes made by compiling '$ref' targets
+  size_t properties_ = 0;            // properties compiled so far (kMaxProperties)
 };
 
 absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const json& schema) {
@@ -405,7 +417,7 @@ absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const json
 
 absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::Parse(std::string_view text) {
   PDSERVE_RETURN_IF_ERROR(CheckJsonDepth(text, "the schema"));
-  json schema = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  const json schema = ParseOrderedJson(text);
   if (schema.is_discarded()) return absl::InvalidArgumentError("the schema is not valid JSON");
   return Compile(schema);
 }

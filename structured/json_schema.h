@@ -46,6 +46,10 @@ enum JsonType : uint8_t {
 inline constexpr int kMaxNesting = 24;
 // minItems / maxItems above this are refused.
 inline constexpr int64_t kMaxItemsLimit = 1 << 16;
+// Properties a schema may declare in all (every object's, each '$ref' target counted where it
+// compiles), as OpenAI's Structured Outputs allow (5,000). The automaton's work at a key is linear
+// in its object's properties, so more are refused rather than slowing every token.
+inline constexpr size_t kMaxProperties = 5000;
 
 struct SchemaNode;
 
@@ -74,6 +78,12 @@ struct SchemaNode {
   // via_key[j] the shortest close that emits property j next (key, ':', value, tail[j + 1]).
   std::vector<int64_t> tail;
   std::vector<int64_t> via_key;
+  // Size n: last_candidate[i] is the last property that may come next once [0, i) are decided
+  // (the first required one at or after i, which later ones would skip, else n - 1), and
+  // key_start_cost[i] the shortest close from there: the least via_key[j] for j in
+  // [i, last_candidate[i]]. Precomputed so that a step or a cost at a key is not linear in n.
+  std::vector<uint32_t> last_candidate;
+  std::vector<int64_t> key_start_cost;
 };
 
 class JsonSchema {

@@ -1,7 +1,10 @@
 #include "structured/tool_call_grammar.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <optional>
+#include <queue>
 #include <set>
 #include <utility>
 
@@ -176,6 +179,13 @@ class ToolCallGrammar::Builder {
     const auto n = static_cast<uint32_t>(root.properties.size());
     bool required_left = false;
     for (uint32_t j = i; j < n && !required_left; ++j) {
+      if (alternatives_ >= kMaxToolCallAlternatives) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the tool calls cannot be enforced: they need more than ", kMaxToolCallAlternatives,
+            " alternatives (function '", name, "' has ", n,
+            " parameters; each optional one before the next required one is an alternative "
+            "after every earlier one: mark parameters required or declare fewer)"));
+      }
       const SchemaProperty& p = root.properties[j];
       PDSERVE_RETURN_IF_ERROR(
           CheckName(absl::StrCat("function '", name, "' property"), p.name, dsml_));
@@ -222,10 +232,11 @@ class ToolCallGrammar::Builder {
   }
   void AddAlternative(uint32_t point, std::string text, Target target) {
     g_->points_[point].alternatives.push_back({std::move(text), target, 0});
+    ++alternatives_;
   }
 
   // Sorts each point's alternatives, checks they are prefix-free, and computes the costs
-  // (shortest completions) by relaxation: every alternative adds bytes, so they converge.
+  // (shortest completions): Costs().
   absl::Status Finish() {
     for (Point& p : g_->points_) {
       std::sort(p.alternatives.begin(), p.alternatives.end(),
@@ -239,19 +250,63 @@ class ToolCallGrammar::Builder {
       }
       p.cost = kCostCap;
     }
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (Point& p : g_->points_) {
-        for (Alternative& alt : p.alternatives) {
-          alt.total = Add(static_cast<int64_t>(alt.text.size()), TargetCost(alt.target));
-          if (alt.total < p.cost) {
-            p.cost = alt.total;
-            changed = true;
-          }
+    Costs();
+    return absl::OkStatus();
+  }
+
+  // The point an alternative's cost depends on (none for kDone), and the bytes it adds besides
+  // that point's cost.
+  std::pair<std::optional<uint32_t>, int64_t> Dependency(const Alternative& alt) const {
+    const auto text = static_cast<int64_t>(alt.text.size());
+    switch (alt.target.next) {
+      case Next::kDone:
+        return {std::nullopt, text};
+      case Next::kPoint:
+        return {alt.target.id, text};
+      case Next::kRaw:
+        return {g_->values_[alt.target.id].next, Add(text, static_cast<int64_t>(g_->tag_.size()))};
+      default: {
+        const Value& v = g_->values_[alt.target.id];
+        return {v.next, Add(text, v.node->min_bytes)};
+      }
+    }
+  }
+
+  // Every point's shortest completion: shortest paths to the end over the alternatives (every
+  // alternative adds bytes), by Dijkstra from the alternatives that end the answer. A
+  // relaxation sweep in point order needed a sweep per point of a parameter chain (cubic).
+  void Costs() {
+    std::vector<std::vector<std::pair<uint32_t, int64_t>>> waiting(g_->points_.size());
+    using Entry = std::pair<int64_t, uint32_t>;  // (cost, point)
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
+    for (uint32_t p = 0; p < g_->points_.size(); ++p) {
+      for (const Alternative& alt : g_->points_[p].alternatives) {
+        const auto [on, bytes] = Dependency(alt);
+        if (on) {
+          waiting[*on].push_back({p, bytes});
+        } else if (bytes < g_->points_[p].cost) {
+          g_->points_[p].cost = bytes;
+          queue.push({bytes, p});
         }
       }
     }
-    return absl::OkStatus();
+    while (!queue.empty()) {
+      const auto [cost, q] = queue.top();
+      queue.pop();
+      if (cost != g_->points_[q].cost) continue;  // superseded
+      for (const auto& [p, bytes] : waiting[q]) {
+        const int64_t through = Add(bytes, cost);
+        if (through < g_->points_[p].cost) {
+          g_->points_[p].cost = through;
+          queue.push({through, p});
+        }
+      }
+    }
+    for (Point& p : g_->points_) {
+      for (Alternative& alt : p.alternatives) {
+        alt.total = Add(static_cast<int64_t>(alt.text.size()), TargetCost(alt.target));
+      }
+    }
   }
 
   int64_t TargetCost(Target target) const {
@@ -273,6 +328,7 @@ class ToolCallGrammar::Builder {
   ToolCallGrammar* g_;
   std::string dsml_;
   std::set<std::string> names_;
+  size_t alternatives_ = 0;  // added so far (kMaxToolCallAlternatives)
 };
 
 std::string ToolCallGrammar::Spec(std::string_view dsml, bool parallel,

@@ -38,6 +38,12 @@
 
 namespace pdserve::structured {
 
+// The most alternatives a tool-call grammar may hold in all. A function's point after its i-th
+// parameter lists every parameter that may come next (up to the first required one), so n
+// optional parameters make n(n + 1) / 2 alternatives: 1,000 of them 500,500. Specs past this are
+// refused before they are built.
+inline constexpr size_t kMaxToolCallAlternatives = size_t{1} << 18;
+
 class ToolCallGrammar : public ByteGrammar {
  public:
   // The spec text Parse reads: compact JSON {"dsml": marker, "parallel": bool, "tools": [{"name",
@@ -47,7 +53,9 @@ class ToolCallGrammar : public ByteGrammar {
   // Compiles a spec. Errors: InvalidArgument naming the function and, for a schema it cannot
   // enforce, the keyword and where it is (JsonSchema::Compile's message); also for a function
   // or property name with '"' or the DSML marker, a duplicate function name, a `parameters`
-  // that is not an object schema, and a string enum value holding the DSML marker.
+  // that is not an object schema, and a string enum value holding the DSML marker; a spec that
+  // needs more than kMaxToolCallAlternatives alternatives. Time: linear in the alternatives (and
+  // their text), log-linear for the costs.
   static absl::StatusOr<std::shared_ptr<const ToolCallGrammar>> Parse(std::string_view spec_text);
 
   MatcherState Start() const override;

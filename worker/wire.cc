@@ -59,6 +59,22 @@ pdserve::worker::v1::SampledToken SampledTokenToProto(const serving::SampledToke
   return out;
 }
 
+pdserve::worker::v1::UcxProtocols UcxProtocolsToProto(kv::UcxProtocols protocols) {
+  return protocols == kv::UcxProtocols::kV2 ? pdserve::worker::v1::UCX_PROTOCOLS_V2
+                                            : pdserve::worker::v1::UCX_PROTOCOLS_V1;
+}
+
+const char* UcxProtocolsProtoName(pdserve::worker::v1::UcxProtocols protocols) {
+  switch (protocols) {
+    case pdserve::worker::v1::UCX_PROTOCOLS_V1:
+      return "v1";
+    case pdserve::worker::v1::UCX_PROTOCOLS_V2:
+      return "v2";
+    default:
+      return "unstated";
+  }
+}
+
 void SetPoolPages(const serving::PagePool& pool, pdserve::worker::v1::StatsResponse* stats) {
   int64_t total = 0;
   int64_t free = 0;

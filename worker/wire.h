@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kvtransfer/ucx/ucx.h"
 #include "pdserve/worker/v1/worker.pb.h"
 #include "serving/page_pool.h"
 #include "serving/sampler.h"
@@ -33,6 +34,11 @@ std::string SeedRequestId(uint64_t request_id);
 uint32_t ChoiceCount(const pdserve::worker::v1::SamplingParams& proto);
 
 pdserve::worker::v1::SampledToken SampledTokenToProto(const serving::SampledToken& token);
+
+// The ticket's statement of a transport's UCX protocols (TransferTicket.ucx_protocols), and a
+// statement's name for messages: "v1", "v2", or "unstated" (UNSPECIFIED or an unknown value).
+pdserve::worker::v1::UcxProtocols UcxProtocolsToProto(kv::UcxProtocols protocols);
+const char* UcxProtocolsProtoName(pdserve::worker::v1::UcxProtocols protocols);
 
 // Sets stats' pages_total and pages_free over every page kind of `pool`.
 void SetPoolPages(const serving::PagePool& pool, pdserve::worker::v1::StatsResponse* stats);

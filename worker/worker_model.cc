@@ -45,6 +45,9 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const std::string& model_dir,
   }
   PDSERVE_ASSIGN_OR_RETURN(w.fingerprint, common::ModelFingerprint(model_dir));
   w.page_geometry = PageGeometry(*w.layout, w.layers);
+  // What Health states, as the router's identity log prints it (docs/operations.md).
+  spdlog::info("model identity of {}: fingerprint {}, geometry {}", model_dir,
+               common::FingerprintText(w.fingerprint), w.page_geometry);
   return w;
 }
 

@@ -7,6 +7,7 @@
 //   so a new request every 256 tokens keeps cold walks in the figure.
 //   Mask/schema:i: the mask alone, GrammarConstraint::FillMask + Accept of a random allowed token,
 //   same restarts: what response_format adds to a decode step.
+//   MaskWide/properties:n: as Mask, for an object of n optional properties.
 //   ToolCalls: as Sample, with tool_choice "required" over two functions (ToolCallSpec) instead
 //   of a schema: compare with Sample/schema:-1. ToolCallsMask: as Mask, for that grammar.
 // Per-token figures; TPOT comparisons in docs/perf.md ("Constrained decoding").
@@ -137,6 +138,25 @@ void Mask(benchmark::State& state) {
           [&] { return *structured::GrammarConstraint::ForJsonSchema(schema, Vocabulary()); });
 }
 BENCHMARK(Mask)->DenseRange(0, 19)->ArgName("schema")->Unit(benchmark::kMicrosecond);
+
+// An object of `properties` optional free-form properties ({"p0": {}, ...}): the mask's work at a
+// key grows with its object's properties (a schema may declare structured::kMaxProperties).
+void MaskWide(benchmark::State& state) {
+  nlohmann::ordered_json properties = nlohmann::ordered_json::object();
+  for (int64_t i = 0; i < state.range(0); ++i) {
+    properties[absl::StrCat("p", i)] = nlohmann::ordered_json::object();
+  }
+  const std::string schema =
+      nlohmann::ordered_json{{"type", "object"}, {"properties", properties}}.dump();
+  RunMask(state,
+          [&] { return *structured::GrammarConstraint::ForJsonSchema(schema, Vocabulary()); });
+}
+BENCHMARK(MaskWide)
+    ->Arg(100)
+    ->Arg(1000)
+    ->Arg(5000)
+    ->ArgName("properties")
+    ->Unit(benchmark::kMicrosecond);
 
 void ToolCallsMask(benchmark::State& state) {
   const std::string spec = ToolCallSpec();

@@ -69,6 +69,12 @@ TEST_F(ModelFingerprintTest, ACopyElsewhereFingerprintsAlike) {
   EXPECT_EQ(FingerprintHex(0x1234), "0000000000001234");
 }
 
+// Logs print the hex digits and the decimal number the Health RPC's uint64 field shows.
+TEST(FingerprintTextTest, HexAndTheHealthRpcsDecimal) {
+  EXPECT_EQ(FingerprintText(42), "0x000000000000002a (42)");
+  EXPECT_EQ(FingerprintText(0xfedcba9876543210), "0xfedcba9876543210 (18364758544493064720)");
+}
+
 TEST_F(ModelFingerprintTest, ConfigTokenizerAndSampledWeightBytesChangeIt) {
   const uint64_t original = Fingerprint(PDSERVE_BUNDLED_MODEL);
   const fs::path config = CopyBundled("config");

@@ -423,6 +423,7 @@ TEST(PdFaultTest, WorkersStateTheModelIdentityAndRefuseATicketOfAnotherModel) {
     ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
   }
   EXPECT_EQ(reserved.ticket().model_fingerprint(), *fingerprint);
+  EXPECT_EQ(reserved.ticket().ucx_protocols(), v1::UCX_PROTOCOLS_V1);
   v1::TransferTicket foreign = reserved.ticket();
   foreign.set_model_fingerprint(*fingerprint ^ 1);
   grpc::ClientContext c;
@@ -432,6 +433,32 @@ TEST(PdFaultTest, WorkersStateTheModelIdentityAndRefuseATicketOfAnotherModel) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
   EXPECT_EQ(status.error_details(), worker::kTicketMismatch);
   EXPECT_TRUE(absl::StrContains(status.error_message(), "model fingerprint"))
+      << status.error_message();
+}
+
+// The decode worker's tickets state its UCX protocols (transfer.ucx_protocols: v2 here); a
+// prefill worker on the other implementation (UCX_PROTO_ENABLE=n wins over the config) refuses
+// the pair before it connects, marked as a ticket mismatch for the router, and nothing is sent.
+TEST(PdFaultTest, PrefillRefusesADecodeWorkerOfOtherUcxProtocols) {
+  ClusterOptions options;
+  options.ucx_protocols = "v2";
+  options.prefill_env = {"UCX_PROTO_ENABLE=n"};
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(780201, 20, 2);
+  v1::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE((*cluster)->decode().Reserve(&c, ReserveFor(spec), &reserved).ok());
+  }
+  EXPECT_EQ(reserved.ticket().ucx_protocols(), v1::UCX_PROTOCOLS_V2);
+  grpc::ClientContext c;
+  v1::PrefillResponse response;
+  const grpc::Status status =
+      (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_EQ(status.error_details(), worker::kTicketMismatch);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "UCX protocols v2, this worker v1"))
       << status.error_message();
 }
 

@@ -20,6 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "pdserve/v1/generate.grpc.pb.h"
 #include "router/grpc_front.h"
+#include "router/grpc_request.h"
 #include "tests/frontend/golden_answers.h"
 #include "tests/router/fake_workers.h"
 #include "tests/router/generation_client.h"
@@ -461,6 +462,43 @@ TEST_F(GrpcFrontChatTest, ProtoOnlyRefusalsNameTheField) {
     EXPECT_EQ(error["param"], c.param);
     EXPECT_EQ(error["message"], c.message);
   }
+}
+
+// A JSON text field may nest kMaxJsonDepth (256) levels itself, although the OpenAI body the
+// front builds wraps it deeper (a tool's parameters 4 levels in): at 256 it is read, at 257 the
+// refusal names the field, never "request body".
+TEST_F(GrpcFrontChatTest, JsonTextFieldsTakeTheFullDepthAndTheirRefusalNamesTheField) {
+  auto nested = [](int depth) {  // {"a": [[...]]}, `depth` levels in all
+    return R"({"a":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+  };
+  auto with_parameters = [&](int depth) {
+    pv1::GenerateRequest request =
+        FromText(R"pb(model: "tiny"
+                      chat { messages { role: "user" content: "x" } })pb");
+    pv1::Tool* tool = request.add_tools();
+    tool->set_name("f");
+    tool->set_parameters_json(nested(depth));
+    return request;
+  };
+  frontend::Endpoint endpoint;
+  const frontend::ParsedRequest at_limit = ParseGenerateRequest(with_parameters(256), &endpoint);
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiRequest>(at_limit))
+      << std::get<frontend::ApiError>(at_limit).message;
+  const frontend::ParsedRequest over = ParseGenerateRequest(with_parameters(257), &endpoint);
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(over));
+  EXPECT_EQ(std::get<frontend::ApiError>(over).message,
+            "tools[0].function.parameters nests deeper than 256 JSON levels");
+  EXPECT_EQ(std::get<frontend::ApiError>(over).param, "tools");
+  // The schema is wrapped 3 levels deep; at 256 the compiler, not the body's depth, answers.
+  pv1::GenerateRequest schema = FromText(R"pb(model: "tiny"
+                                              chat { messages { role: "user" content: "x" } })pb");
+  schema.mutable_response_format()->set_type("json_schema");
+  schema.mutable_response_format()->mutable_json_schema()->set_name("d");
+  schema.mutable_response_format()->mutable_json_schema()->set_schema_json(nested(256));
+  const frontend::ParsedRequest deep_schema = ParseGenerateRequest(schema, &endpoint);
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiError>(deep_schema));
+  EXPECT_EQ(std::get<frontend::ApiError>(deep_schema).param, "response_format")
+      << std::get<frontend::ApiError>(deep_schema).message;
 }
 
 // Every golden answer (thinking on and off; none, one and two tool calls) streamed through the

@@ -31,6 +31,22 @@ class RouterIdentityTest : public RouterServiceTest {
   }
 };
 
+// The log line names the fields that differ; a cluster field no matching worker has stated yet
+// reads "not known yet" (not "?"), and fingerprints read as hex and as Health's decimal.
+TEST(ModelMismatchTextTest, NamesTheDifferingFieldsAndWhatIsNotKnownYet) {
+  const ModelIdentity stated{"tiny", 0x2a, "layers=sch"};
+  const ModelIdentity cluster{"tiny", 0x2b, ""};
+  EXPECT_EQ(DescribeModelMismatch(stated, cluster),
+            "differs in fingerprint: it states model tiny, fingerprint 0x000000000000002a (42), "
+            "geometry layers=sch; the cluster is model tiny, fingerprint 0x000000000000002b (43), "
+            "geometry not known yet");
+  const ModelIdentity renamed{"wide", 0, "layers=scchh"};
+  EXPECT_EQ(DescribeModelMismatch(renamed, {"tiny", 0x2b, "layers=sch"}),
+            "differs in model, geometry: it states model wide, fingerprint not stated, geometry "
+            "layers=scchh; the cluster is model tiny, fingerprint 0x000000000000002b (43), "
+            "geometry layers=sch");
+}
+
 TEST_F(RouterIdentityTest, DecodeWorkerWithOtherWeightsIsMarkedDownAtOnce) {
   StateIdentity(BundledFingerprint(), "layers=sch");
   decode_[1]->model_fingerprint = BundledFingerprint() ^ 1;  // random weights of the same shapes

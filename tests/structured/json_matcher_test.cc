@@ -2,6 +2,7 @@
 // completion it reports.
 #include "structured/json_matcher.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -286,6 +287,68 @@ TEST(JsonSchemaTest, RefExpansionIsBounded) {
   }
   schema += R"("d40":{"type":"integer"}},"$ref":"#/$defs/d0"})";
   EXPECT_TRUE(Accepts(schema, "17"));
+}
+
+// A schema of 100k properties cost seconds per token before (the mask's work at a key grows with
+// its object's properties); a schema may declare kMaxProperties in all, counted across objects.
+TEST(JsonSchemaTest, PropertiesAreBoundedInAllAcrossObjects) {
+  auto object = [](int from, int count, const std::string& inner) {
+    std::string properties;
+    for (int i = from; i < from + count; ++i) {
+      properties += absl::StrCat(i == from ? "" : ",", "\"p", i, "\":{}");
+    }
+    if (!inner.empty()) properties += ",\"inner\":" + inner;
+    return R"({"type":"object","properties":{)" + properties + "}}";
+  };
+  // 4000 + 1000 properties, "inner" one of them: 5000 in all.
+  const std::string at_limit = object(0, 3999, object(4000, 1000, ""));
+  ASSERT_TRUE(JsonSchema::Parse(at_limit).ok()) << JsonSchema::Parse(at_limit).status();
+  const absl::Status over = JsonSchema::Parse(object(0, 3999, object(4000, 1001, ""))).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.message(),
+            "the schema declares more than 5000 properties in all (at #/properties/inner)");
+}
+
+// The per-object tables the automaton reads at a key equal their definitions: the last property
+// that may come next (the first required one at or after i, else the last) and the shortest close
+// through any candidate.
+TEST(JsonSchemaTest, KeyTablesEqualTheirDefinitions) {
+  std::string properties;
+  std::string required;
+  for (int i = 0; i < 40; ++i) {
+    // Values of different shortest lengths; every fifth property (and a run at 20-23) required.
+    const char* value = i % 3 == 0   ? R"({"type":"integer"})"
+                        : i % 3 == 1 ? R"({"type":"string"})"
+                                     : R"({"type":"boolean"})";
+    properties += absl::StrCat(i == 0 ? "" : ",", "\"k", std::string(i % 7, 'x'), i, "\":", value);
+    if (i % 5 == 4 || (i >= 20 && i < 24)) {
+      required +=
+          absl::StrCat(required.empty() ? "" : ",", "\"k", std::string(i % 7, 'x'), i, "\"");
+    }
+  }
+  const std::shared_ptr<const JsonSchema> schema = Schema(
+      R"({"type":"object","properties":{)" + properties + "},\"required\":[" + required + "]}");
+  const SchemaNode& node = schema->root();
+  const size_t n = node.properties.size();
+  ASSERT_EQ(n, 40u);
+  for (size_t i = 0; i < n; ++i) {
+    size_t last = n - 1;
+    for (size_t j = i; j < n; ++j) {
+      if (node.properties[j].required) {
+        last = j;
+        break;
+      }
+    }
+    int64_t best = node.via_key[i];
+    for (size_t j = i; j <= last; ++j) best = std::min(best, node.via_key[j]);
+    EXPECT_EQ(node.last_candidate[i], last) << i;
+    EXPECT_EQ(node.key_start_cost[i], best) << i;
+  }
+  // Through the automaton: after the first property the cheapest close goes straight to the first
+  // required one, "kxxxx4" (an optional one before it would add its own bytes).
+  GrammarMatcher m = StartJson(schema);
+  ASSERT_TRUE(m.Advance(R"({"k0":1,)"));
+  EXPECT_EQ(testing::WalkShortestCompletion(m).substr(0, 7), R"("kxxxx4)");
 }
 
 // Schema text from a worker RPC is checked before it is parsed: an ordered_json object that grows

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "serving/sampler.h"
@@ -392,6 +393,38 @@ TEST(ToolCallGrammarTest, RequestSamplerMasksRandomLogits) {
 }
 
 // A spec from a worker RPC is checked before it is parsed (the schema's test says why).
+// A function of `n` optional integer parameters (and `required` of them required, the last).
+ordered_json WideFunction(int n, int required = 0) {
+  ordered_json properties = ordered_json::object();
+  ordered_json names = ordered_json::array();
+  for (int i = 0; i < n; ++i) {
+    const std::string name = "p" + std::to_string(i);
+    properties[name] = {{"type", "integer"}};
+    if (i >= n - required) names.push_back(name);
+  }
+  return {{"name", "wide"},
+          {"parameters", {{"type", "object"}, {"properties", properties}, {"required", names}}}};
+}
+
+// n optional parameters make a grammar of about n^2 alternatives; 1000 of them (a 26 KB spec)
+// took 5 s of a decode worker's Reserve, 3000 took 47 s. Past kMaxToolCallAlternatives the spec
+// is refused, naming the function; below it the shortest completion is still exact.
+TEST(ToolCallGrammarTest, GrammarsOfTooManyAlternativesAreRefusedNamingTheFunction) {
+  const absl::Status status = ToolCallGrammar::Parse(Spec({WideFunction(1000)})).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                "more than 262144 alternatives (function "
+                                "'wide' has 1000 parameters"))
+      << status.message();
+  // 1000 parameters of which the last 900 are required: about 100^2 + 900 alternatives.
+  EXPECT_TRUE(ToolCallGrammar::Parse(Spec({WideFunction(1000, 900)})).ok());
+  // 300 optional ones, then the shortest completion: the block with an invoke and no parameter.
+  std::shared_ptr<const ToolCallGrammar> g = Grammar({WideFunction(300)}, /*parallel=*/false);
+  ASSERT_NE(g, nullptr);
+  GrammarMatcher m(g);
+  EXPECT_EQ(testing::WalkShortestCompletion(m), Block(Call("wide", "")));
+}
+
 TEST(ToolCallGrammarTest, SpecNestedTooDeepIsInvalidArgumentNotACrash) {
   const std::string deep =
       R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + R"(,"b":1,"c":2})";

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Reproduces the prefill worker's abort at shutdown under UCX's v2 protocols after its decode peer
+# was killed mid-transfer (docs/protocol.md, "UCX protocols"): starts a decode and a prefill
+# worker of the bundled model on loopback (UCX_TLS=tcp, ports 28750-28755), runs
+# prefill_then_kill.py, then stops the prefill worker with SIGTERM and reports its exit status
+# (134: SIGABRT in ucp_cleanup). The abort does not come every run: RUNS runs, stops at the first.
+#
+# Usage, from the repository root: tools/ucx_lost_peer/run.sh [PROTOCOLS=v2] [KILL_AFTER_S=0.6] [RUNS=8]
+# Env: PDSERVE (default build/pdserve), PYTHON (default /var/lib/pdserve/venv/bin/python).
+set -u
+protocols=${1:-v2}; kill_after=${2:-0.6}; runs=${3:-8}
+bin=${PDSERVE:-build/pdserve}; python=${PYTHON:-/var/lib/pdserve/venv/bin/python}
+here=$(cd "$(dirname "$0")" && pwd); dir=$(mktemp -d)
+cat > "$dir/deploy.yaml" <<YAML
+name: ucx-lost-peer
+model:
+  path: $(pwd)/models/kjv-v4-tiny
+  served_name: kjv-v4-tiny
+router: {host: 127.0.0.1, http_port: 28750, grpc_port: 28751}
+prefill:
+  - {name: prefill-0, host: 127.0.0.1, port: 28752, metrics_port: 28753, backend: cpu, threads: 1}
+decode:
+  - {name: decode-0, host: 127.0.0.1, port: 28754, metrics_port: 28755, backend: cpu, threads: 1}
+transfer: {transport: ucx, lease_ms: 30000, ucx_protocols: $protocols}
+YAML
+export UCX_TLS=${UCX_TLS:-tcp}
+for run in $(seq "$runs"); do
+  "$bin" decode --config "$dir/deploy.yaml" --name decode-0 > "$dir/decode.log" 2>&1 & dpid=$!
+  "$bin" prefill --config "$dir/deploy.yaml" --name prefill-0 > "$dir/prefill.log" 2>&1 & ppid=$!
+  for _ in $(seq 60); do
+    grep -q "gRPC on" "$dir/decode.log" && grep -q "gRPC on" "$dir/prefill.log" && break
+    sleep 1
+  done
+  outcome=$(timeout 90 "$python" "$here/prefill_then_kill.py" 127.0.0.1:28752 127.0.0.1:28754 \
+    "$dpid" "$kill_after" 2>&1 | tail -1)
+  kill -9 "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+  sleep 1
+  kill -TERM "$ppid"; wait "$ppid"; code=$?
+  echo "run $run ($protocols, kill after ${kill_after}s): $outcome; prefill worker exit $code"
+  if [ "$code" -ne 0 ]; then
+    grep -E "not returned to mpool|inuse region|Assertion" "$dir/prefill.log" | head -4
+    echo "prefill log: $dir/prefill.log"
+    exit 1
+  fi
+done
+rm -rf "$dir"
