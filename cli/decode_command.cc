@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
 #include "cli/memory_check.h"
+#include "common/fatal_signal.h"
 #include "common/status.h"
 #include "decode/decode_worker.h"
 #include "kvtransfer/ucx/ucx_lane.h"
@@ -147,6 +148,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(NonNegative());
   cmd->callback([flags, exit_code] {
+    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
     const absl::Status status = RunDecode(*flags);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve decode: %s\n", status.ToString().c_str());

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
 #include "cli/memory_check.h"
+#include "common/fatal_signal.h"
 #include "common/status.h"
 #include "kvtransfer/ucx/ucx_lane.h"
 #include "prefill/prefill_worker.h"
@@ -111,6 +112,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(Positive());
   cmd->callback([flags, max_waiting, exit_code] {
+    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
     const absl::Status status = RunPrefill(*flags, *max_waiting);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve prefill: %s\n", status.ToString().c_str());

@@ -21,6 +21,7 @@
 #include "cli/command_registry.h"
 #include "common/api_keys.h"
 #include "common/deploy_config.h"
+#include "common/fatal_signal.h"
 #include "common/status.h"
 #include "common/systemd_notify.h"
 #include "common/tls_credentials.h"
@@ -111,6 +112,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
+    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
     const absl::Status status = RunRouter(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve router: %s\n", status.ToString().c_str());

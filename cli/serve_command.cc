@@ -55,6 +55,7 @@
 #include "runtime/cuda/gpu_backend.h"
 #endif
 #include "common/deploy_config.h"
+#include "common/fatal_signal.h"
 #include "common/status.h"
 #include "frontend/http_server.h"
 
@@ -329,6 +330,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cert->needs(key);
   key->needs(cert);
   cmd->callback([o, exit_code] {
+    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
     const absl::Status status = Serve(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve serve: %s\n", status.ToString().c_str());

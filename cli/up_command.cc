@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/command_registry.h"
 #include "common/deploy_config.h"
+#include "common/fatal_signal.h"
 #include "common/status.h"
 
 namespace pdserve::cli {
@@ -366,7 +367,10 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
                   "finish before they end them with an error event")
       ->capture_default_str()
       ->check(NonNegative());
-  cmd->callback([o, exit_code] { *exit_code = Up(*o); });
+  cmd->callback([o, exit_code] {
+    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
+    *exit_code = Up(*o);
+  });
 });
 
 }  // namespace

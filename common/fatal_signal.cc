@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
@@ -76,6 +77,8 @@ void OnFatalSignal(int signal) {
 }
 
 }  // namespace
+
+void IgnoreBrokenPipe() { std::signal(SIGPIPE, SIG_IGN); }
 
 void InstallFatalSignalHandlers() {
   static std::atomic<bool> installed{false};

@@ -15,6 +15,14 @@ namespace pdserve::common {
 // so a stack overflow there is reported too). Idempotent.
 void InstallFatalSignalHandlers();
 
+// For a server process (up, serve, router, prefill, decode): SIGPIPE ignored, so a write to a
+// pipe whose reader is gone (stderr piped to `tee` or a log shipper that exited, an ssh session
+// that dropped) fails with EPIPE instead of killing the process at its next log line; the log
+// line is lost, the server keeps serving. Sockets are unaffected (asio sends with MSG_NOSIGNAL).
+// Inherited by the children `pdserve up` starts (exec keeps an ignored signal ignored).
+// Thread-safety: call from the main thread before other threads start. Idempotent.
+void IgnoreBrokenPipe();
+
 // Test hook, off by default: when the environment names PDSERVE_TEST_FATAL_SIGNAL=segv the
 // process dereferences a null pointer (a real SIGSEGV), with =abort it calls abort(); any other
 // value or none does nothing.

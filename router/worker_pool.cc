@@ -391,15 +391,22 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
                          (finish == "stop" || finish == "length" || finish == "degenerate");
   if (generated && prefill_status.ok()) return CanaryResult::kPassed;
   abort_both();
-  spdlog::warn("router: canary through {} and {} failed: prefill {}, generate {} ({} tokens, {})",
-               prefill.name(), decode.name(), prefill_status.error_message(),
-               generate_status.error_message(), tokens, finish);
   if (checked == Role::kPrefill &&
       prefill_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && PrefillBusy(prefill)) {
+    // One line per check while a long prompt runs, not a warning: nothing is wrong.
     spdlog::info("router: prefill worker {} is busy (canary timed out in its queue), not down",
                  prefill.name());
     return CanaryResult::kPassed;
   }
+  // A decode worker's check whose partner prefill timed out (in practice: busy with a long
+  // prompt) tries another partner or falls back to Health; the prefill's own check decides
+  // about the prefill worker (and logs it busy). Debug, or a busy cluster logs it each check.
+  const bool partner_slow = checked == Role::kDecode &&
+                            prefill_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  spdlog::log(partner_slow ? spdlog::level::debug : spdlog::level::warn,
+              "router: canary through {} and {} failed: prefill {}, generate {} ({} tokens, {})",
+              prefill.name(), decode.name(), prefill_status.error_message(),
+              generate_status.error_message(), tokens, finish);
   if (prefill_status.ok()) return CanaryResult::kDecodeFailed;
   if (prefill_status.error_details() == worker::kTicketMismatch) return CanaryResult::kPairFailed;
   if (prefill_status.error_details() == worker::kTransferPeerFailed) {

@@ -333,13 +333,32 @@ absl::StatusOr<RequestSampler::Choice*> RequestSampler::OpenChoice(int32_t choic
   return &choices_[choice];
 }
 
+namespace {
+
+// The constrained output is whole and no byte can extend it (a closed object, array or string;
+// not a number, which may still grow): only an end id could follow.
+bool GrammarEnded(const structured::GrammarMatcher& matcher) {
+  if (!matcher.Complete()) return false;
+  structured::MatcherState next;
+  for (int b = 0; b < 256; ++b) {
+    if (matcher.grammar().Step(matcher.state(), static_cast<uint8_t>(b), &next)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<FinishReason> RequestSampler::Append(Choice& state, int32_t token) {
   state.history.Append(token);
   std::optional<FinishReason> finish;
   if (std::find(end_token_ids_.begin(), end_token_ids_.end(), token) != end_token_ids_.end()) {
     finish = FinishReason::kStop;
   } else if (state.history.generated_length() >= params_.max_tokens) {
-    finish = FinishReason::kLength;
+    // The budget binds where the grammar's own end fell (the mask steers a budget that fits the
+    // shortest document to close it on the last token): the document is whole, not cut, so
+    // "stop" (OpenAI clients treat "length" as truncated output: the SDK's parse() refuses it).
+    finish =
+        state.grammar && GrammarEnded(*state.grammar) ? FinishReason::kStop : FinishReason::kLength;
   }
   state.finished = finish.has_value();
   return finish;

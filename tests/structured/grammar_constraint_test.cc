@@ -128,6 +128,37 @@ TEST(GrammarConstraintTest, RandomWalksThroughTheMaskCloseWithinMaxTokens) {
   }
 }
 
+// A document the budget closes on its last token ended by the grammar, not by truncation:
+// finish "stop" (an OpenAI client's parse() refuses "length"). A number may still grow: "length".
+TEST(GrammarConstraintTest, ADocumentClosedOnTheLastAllowedTokenFinishesStop) {
+  const int32_t eos[] = {kEos};
+  const int64_t vocab = Model().vocabulary->size();
+  const auto token = [](char c) { return Model().vocabulary->SingleByteToken(c); };
+  serving::SamplingParams params;
+  params.temperature = 1.0;
+  params.max_tokens = 2;
+  params.json_schema = R"({"type": "object"})";
+  auto object = serving::RequestSampler::Create(params, "req", eos, std::vector<int32_t>{5}, vocab,
+                                                Model().vocabulary);
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_EQ(*object->Record(0, token('{')), std::nullopt);
+  EXPECT_EQ(*object->Record(0, token('}')), serving::FinishReason::kStop);
+
+  // Cut before the object closes: truncated.
+  auto cut = serving::RequestSampler::Create(params, "req", eos, std::vector<int32_t>{5}, vocab,
+                                             Model().vocabulary);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(*cut->Record(0, token('{')), std::nullopt);
+  EXPECT_EQ(*cut->Record(0, token('"')), serving::FinishReason::kLength);
+
+  params.max_tokens = 1;
+  params.json_schema = R"({"type": "integer"})";
+  auto number = serving::RequestSampler::Create(params, "req", eos, std::vector<int32_t>{5}, vocab,
+                                                Model().vocabulary);
+  ASSERT_TRUE(number.ok());
+  EXPECT_EQ(*number->Record(0, token('7')), serving::FinishReason::kLength);
+}
+
 TEST(GrammarConstraintTest, RequestSamplerMasksRandomLogitsAndRecordRefusesOffGrammarTokens) {
   serving::SamplingParams params;
   params.temperature = 1.0;

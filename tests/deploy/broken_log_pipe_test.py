@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""A server whose log reader goes away keeps serving (a breaker's finding, 2026-12-05).
+
+Every pdserve process logs to stderr. Piped to `tee` or a log shipper that exits (or an ssh
+session that drops), the next log line used to raise SIGPIPE and kill the process on the spot:
+`pdserve up` and all its children, from one client request that makes the server log a line.
+Here `pdserve up` (router + prefill + decode, CPU, the bundled model) logs into a pipe whose read
+end this test closes once the cluster is ready; then requests that log a warning (a degenerate
+repetition, forced with logit_bias) must be answered, and every process must still run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from child_process import popen  # noqa: E402  (tests/child_process.py)
+from test_ports import free_port  # noqa: E402
+
+FAILURES = []
+
+
+def check(cond, message):
+    print(("ok: " if cond else "FAIL: ") + message, flush=True)
+    if not cond:
+        FAILURES.append(message)
+
+
+def post(port, body, timeout=60):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, None
+    except OSError as e:  # connection refused or dropped: the server died
+        return 0, str(e)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pdserve", required=True)
+    parser.add_argument("--model", required=True, help="model directory")
+    args = parser.parse_args()
+    model = os.path.basename(os.path.normpath(args.model))
+    p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"]}
+    with tempfile.TemporaryDirectory() as workdir:
+        config = os.path.join(workdir, "up.yaml")
+        with open(config, "w") as f:
+            f.write(f"""name: pipe-test
+model: {{path: {args.model}, served_name: {model}}}
+router: {{host: 127.0.0.1, http_port: {p['http']}, health_interval_ms: 500}}
+prefill:
+  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
+decode:
+  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
+transfer: {{transport: ucx, lease_ms: 30000}}
+""")
+        # stdout and stderr (the children's too) into one pipe that this test reads until ready.
+        up = popen([args.pdserve, "up", "--config", config], stdout=subprocess.PIPE,
+                   stderr=subprocess.STDOUT, text=True)
+        ready = False
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = up.stdout.readline()
+            if not line:
+                break
+            if "ready on" in line:
+                ready = True
+                break
+        check(ready, "pdserve up got ready")
+        try:
+            if ready:
+                run_cases(up, p, model)
+        finally:
+            if up.poll() is None:
+                up.send_signal(2)
+                try:
+                    up.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    up.kill()
+    print(f"{len(FAILURES)} failure(s)" if FAILURES else "all passed")
+    return 1 if FAILURES else 0
+
+
+def run_cases(up, p, model):
+    up.stdout.close()  # the log's reader goes away
+    # A repeated token: the degeneration detector logs a warning for the choice.
+    for i in range(3):
+        status, body = post(p["http"], {"model": model, "prompt": "In the beginning",
+                                        "max_tokens": 40, "logit_bias": {"4094": 100},
+                                        "seed": i})
+        check(status == 200, f"request {i} that logs a warning: HTTP {status}")
+    time.sleep(1)
+    check(up.poll() is None, f"pdserve up still runs (exit status {up.poll()})")
+    status, body = post(p["http"], {"model": model, "prompt": "In the beginning",
+                                    "max_tokens": 8, "seed": 7})
+    text = body["choices"][0]["text"] if status == 200 and body else None
+    check(status == 200 and bool(text), f"a normal request afterwards: HTTP {status}, {text!r}")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{p['http']}/ready", timeout=10) as r:
+            ready = r.status
+    except OSError as e:
+        ready = e
+    check(ready == 200, f"the router is ready ({ready})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
