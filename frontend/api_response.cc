@@ -1,6 +1,8 @@
 #include "frontend/api_response.h"
 
+#include <algorithm>
 #include <random>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -130,6 +132,130 @@ json UsageJson(const ApiRequest& req, const Usage& u) {
   return j;
 }
 
+// The non-streamed response written straight into one string, byte for byte what Dump() of the
+// tree (FullResponseTree) gives: the bulk, the choices' logprobs, never becomes a JSON tree (a
+// tree costs several times its text: 50 MB of logprobs raised the router's peak by 420 MB).
+// Scalars go through Dump() of a one-value json, so escaping (and the replacement of invalid
+// UTF-8) and number formats are nlohmann's own.
+class ResponseWriter {
+ public:
+  explicit ResponseWriter(std::string& out) : out_(out) {}
+
+  void Raw(std::string_view s) { out_.append(s); }
+  void Value(const json& j) { out_ += Dump(j); }
+  void String(const std::string& s) { Value(json(s)); }
+  // A float as the tree stores it (a double).
+  void Number(float f) { Value(json(f)); }
+  void Key(std::string_view key) {
+    String(std::string(key));
+    out_ += ':';
+  }
+  void Bytes(const std::string& s) {
+    out_ += '[';
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (i > 0) out_ += ',';
+      absl::StrAppend(&out_, static_cast<int>(static_cast<unsigned char>(s[i])));
+    }
+    out_ += ']';
+  }
+
+  // ChatLogprobs(lps) as text.
+  void ChatLogprobs(const std::vector<TokenLogprob>& lps) {
+    Raw(R"({"content":[)");
+    for (size_t k = 0; k < lps.size(); ++k) {
+      const TokenLogprob& lp = lps[k];
+      if (k > 0) out_ += ',';
+      Raw(R"({"token":)");
+      String(lp.token);
+      Raw(R"(,"logprob":)");
+      Number(lp.logprob);
+      Raw(R"(,"bytes":)");
+      Bytes(lp.bytes.empty() ? lp.token : lp.bytes);
+      Raw(R"(,"top_logprobs":[)");
+      for (size_t i = 0; i < lp.top.size(); ++i) {
+        const auto& [tok, p] = lp.top[i];
+        const bool raw = i < lp.top_bytes.size() && !lp.top_bytes[i].empty();
+        if (i > 0) out_ += ',';
+        Raw(R"({"token":)");
+        String(tok);
+        Raw(R"(,"logprob":)");
+        Number(p);
+        Raw(R"(,"bytes":)");
+        Bytes(raw ? lp.top_bytes[i] : tok);
+        out_ += '}';
+      }
+      Raw("]}");
+    }
+    Raw("]}");
+  }
+
+  // CompletionLogprobs(lps, 0) as text.
+  void CompletionLogprobs(const std::vector<TokenLogprob>& lps) {
+    Raw(R"({"tokens":[)");
+    for (size_t k = 0; k < lps.size(); ++k) {
+      if (k > 0) out_ += ',';
+      String(lps[k].token);
+    }
+    Raw(R"(],"token_logprobs":[)");
+    for (size_t k = 0; k < lps.size(); ++k) {
+      if (k > 0) out_ += ',';
+      Number(lps[k].logprob);
+    }
+    Raw(R"(],"top_logprobs":[)");
+    std::vector<const std::string*> seen;
+    for (size_t k = 0; k < lps.size(); ++k) {
+      if (k > 0) out_ += ',';
+      out_ += '{';
+      seen.clear();
+      // Best first; a text seen before (partial UTF-8 pieces) keeps the better logprob.
+      for (const auto& [tok, p] : lps[k].top) {
+        if (std::any_of(seen.begin(), seen.end(), [&](const std::string* s) { return *s == tok; }))
+          continue;
+        if (!seen.empty()) out_ += ',';
+        seen.push_back(&tok);
+        Key(tok);
+        Number(p);
+      }
+      out_ += '}';
+    }
+    Raw(R"(],"text_offset":[)");
+    size_t offset = 0;
+    for (size_t k = 0; k < lps.size(); ++k) {
+      if (k > 0) out_ += ',';
+      absl::StrAppend(&out_, offset);
+      offset += lps[k].token.size();
+    }
+    Raw("]}");
+  }
+
+  // Choice(req, d, false, false) as text.
+  void Choice(const ApiRequest& req, const ChoiceDelta& d) {
+    Raw(R"({"index":)");
+    absl::StrAppend(&out_, d.index);
+    if (IsChat(req)) {
+      Raw(R"(,"message":)");
+      Value(ChatMessageJson(req, d, false, false));
+      Raw(R"(,"logprobs":)");
+      req.logprobs ? ChatLogprobs(d.logprobs) : Raw("null");
+    } else {
+      Raw(R"(,"text":)");
+      String(d.text);
+      Raw(R"(,"logprobs":)");
+      req.logprobs ? CompletionLogprobs(d.logprobs) : Raw("null");
+    }
+    Raw(R"(,"finish_reason":)");
+    d.finish_reason ? String(*d.finish_reason) : Raw("null");
+    if (d.degeneration_kind) {
+      Raw(R"(,"degenerate":true,"degeneration_kind":)");
+      String(*d.degeneration_kind);
+    }
+    out_ += '}';
+  }
+
+ private:
+  std::string& out_;
+};
+
 std::string RandomHex24() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   return absl::StrFormat("%012x%012x", rng() & 0xFFFFFFFFFFFFull, rng() & 0xFFFFFFFFFFFFull);
@@ -164,6 +290,22 @@ std::string StreamErrorEvent(const ApiError& error) {
 
 std::string FullResponse(const ApiRequest& req, const ResponseMeta& meta,
                          const std::vector<ChoiceDelta>& choices, const Usage& usage) {
+  std::string out = Dump(Envelope(req, meta, false));
+  out.pop_back();  // the envelope's closing brace: the choices and usage follow
+  ResponseWriter w(out);
+  w.Raw(R"(,"choices":[)");
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) w.Raw(",");
+    w.Choice(req, choices[i]);
+  }
+  w.Raw(R"(],"usage":)");
+  w.Value(UsageJson(req, usage));
+  w.Raw("}");
+  return out;
+}
+
+std::string FullResponseTree(const ApiRequest& req, const ResponseMeta& meta,
+                             const std::vector<ChoiceDelta>& choices, const Usage& usage) {
   json j = Envelope(req, meta, false);
   j["choices"] = json::array();
   for (const auto& c : choices) j["choices"].push_back(Choice(req, c, false, false));

@@ -92,9 +92,15 @@ inline constexpr const char* kStreamDone = "data: [DONE]\n\n";
 // finish_reason, degeneration): a non-streamed response is its deltas joined.
 void AppendDelta(ChoiceDelta delta, ChoiceDelta& into);
 
-// The whole non-streaming response; `choices[i]` is choice i's concatenated deltas.
+// The whole non-streaming response; `choices[i]` is choice i's concatenated deltas. Written
+// straight into the returned string (no JSON tree of the choices: its peak memory is about the
+// text's size plus the choices'), byte-identical to FullResponseTree.
 std::string FullResponse(const ApiRequest& req, const ResponseMeta& meta,
                          const std::vector<ChoiceDelta>& choices, const Usage& usage);
+// The same response built as a JSON tree and dumped: the reference FullResponse is tested
+// against (tests/frontend/api_response_writer_test.cc). Several times the memory of the text.
+std::string FullResponseTree(const ApiRequest& req, const ResponseMeta& meta,
+                             const std::vector<ChoiceDelta>& choices, const Usage& usage);
 
 // A new response id: prefix + 24 random hex digits.
 std::string NewResponseId(Endpoint endpoint);

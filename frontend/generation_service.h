@@ -60,6 +60,10 @@ class GenerationService {
   virtual void RecordRefused(std::optional<Endpoint> endpoint, int http_status) {
     if (endpoint) RecordRejected(*endpoint, http_status);
   }
+  // A started stream the HTTP layer ended because its client did not keep up with it
+  // (HttpServerOptions::stream_queue_bytes): `reason` "stream_stalled" or "stream_too_slow". The
+  // request is also cancelled (and counted as such). Default: nothing.
+  virtual void RecordStreamEnded(Endpoint /*endpoint*/, const std::string& /*reason*/) {}
   // /ready: true when the service can serve a request now.
   virtual bool Ready() const = 0;
   // /metrics body (Prometheus text format).

@@ -23,6 +23,7 @@
 #include "common/api_keys.h"
 #include "common/status.h"
 #include "frontend/session_stream.h"
+#include "frontend/tcp_progress.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -35,9 +36,6 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-// Output queued for a client that does not read is bounded: past this the request is
-// cancelled and the connection closed, so one slow reader cannot grow the server's memory.
-constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
 // After an accept error (EMFILE, ENFILE, ...) wait before accepting again instead of spinning.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 // How long a connection answered before its request was read to the end (413, 431, 503
@@ -446,14 +444,78 @@ class Session : public std::enable_shared_from_this<Session> {
   enum class OutKind { kChunk, kLast };
   void Enqueue(OutKind kind, std::string data) {
     queued_bytes_ += data.size();
-    if (queued_bytes_ > kMaxQueuedBytes) {
-      spdlog::warn("client is not reading its stream ({} bytes queued); cancelling {}",
-                   queued_bytes_, meta_.id);
-      return Finish();
-    }
     out_.push_back({kind, std::move(data)});
+    if (kind == OutKind::kChunk && active_ && queued_bytes_ > server_->options.stream_queue_bytes &&
+        !SlowReaderKeepsUp()) {
+      return;
+    }
     // The stream's header goes out with its first event, so that an error before any output
     // still gets its own HTTP status and JSON body (OnError).
+    if (!header_started_) {
+      header_started_ = true;
+      return WriteHeader();
+    }
+    if (!writing_ && header_written_) WriteNext();
+  }
+  // Called with more than stream_queue_bytes queued (HttpServerOptions): whether the stream may
+  // go on. A client that has taken nothing for stream_stall_timeout, or that has let
+  // max_stream_queue_bytes pile up, has its stream ended (EndSlowStream) and false is returned.
+  // Taking something: a write completed, or the peer acknowledged more bytes (TcpBytesAcked)
+  // than at the previous look; a client reading slowly through a large send buffer completes no
+  // write for seconds. So a stalled client is found within one to two stall timeouts.
+  bool SlowReaderKeepsUp() {
+    const auto& options = server_->options;
+    const auto now = std::chrono::steady_clock::now();
+    auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress_);
+    if (idle >= options.stream_stall_timeout) {
+      const std::optional<uint64_t> acked = TcpBytesAcked(stream_.tcp().socket().native_handle());
+      if (acked && *acked != acked_bytes_) {
+        acked_bytes_ = *acked;
+        last_progress_ = now;
+        idle = std::chrono::milliseconds(0);
+      }
+    }
+    if (idle >= options.stream_stall_timeout) {
+      spdlog::warn(
+          "client took none of its stream for {} ms ({} bytes queued, {} written, {} acknowledged "
+          "by the client); ending {}",
+          idle.count(), queued_bytes_, sent_bytes_, acked_bytes_, meta_.id);
+      EndSlowStream(ApiError{408,
+                             absl::StrCat("the client read none of its stream for ", idle.count(),
+                                          " ms; the stream was ended"),
+                             "invalid_request_error", "", "stream_stalled"});
+      return false;
+    }
+    if (queued_bytes_ > std::max(options.max_stream_queue_bytes, options.stream_queue_bytes)) {
+      spdlog::warn(
+          "client reads its stream slower than it is produced ({} bytes queued, {} sent); ending "
+          "{}",
+          queued_bytes_, sent_bytes_, meta_.id);
+      EndSlowStream(ApiError{
+          408,
+          absl::StrCat("the client read its stream slower than it was produced: ", queued_bytes_,
+                       " bytes were waiting; the stream was ended"),
+          "invalid_request_error", "", "stream_too_slow"});
+      return false;
+    }
+    return true;
+  }
+  // Ends the current stream at an event boundary: cancels the request, drops the events not yet
+  // started (the one being written, if any, finishes), then sends `error` as an error event and
+  // the end of the body; the connection closes after it (as OnError's).
+  void EndSlowStream(const ApiError& error) {
+    server_->service->RecordStreamEnded(api_.endpoint, error.code);
+    CancelGeneration();
+    close_after_stream_ = true;
+    const size_t keep = writing_ && header_written_ ? 1 : 0;
+    while (out_.size() > keep) {
+      queued_bytes_ -= out_.back().data.size();
+      out_.pop_back();
+    }
+    std::string event = StreamErrorEvent(error);
+    queued_bytes_ += event.size();
+    out_.push_back({OutKind::kChunk, std::move(event)});
+    out_.push_back({OutKind::kLast, ""});
     if (!header_started_) {
       header_started_ = true;
       return WriteHeader();
@@ -474,6 +536,8 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_res_->chunked(chunked_);
     stream_sr_.emplace(*stream_res_);
     writing_ = true;
+    last_progress_ = std::chrono::steady_clock::now();
+    sent_bytes_ = 0;
     ArmWriteTimeout();
     http::async_write_header(stream_, *stream_sr_,
                              [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -492,6 +556,8 @@ class Session : public std::enable_shared_from_this<Session> {
       self->writing_ = false;
       const bool last = self->out_.front().kind == OutKind::kLast;
       self->queued_bytes_ -= self->out_.front().data.size();
+      self->sent_bytes_ += self->out_.front().data.size();
+      self->last_progress_ = std::chrono::steady_clock::now();
       self->out_.pop_front();
       if (ec) return self->Finish();
       if (last) {
@@ -548,6 +614,11 @@ class Session : public std::enable_shared_from_this<Session> {
   };
   std::deque<Out> out_;
   size_t queued_bytes_ = 0;
+  size_t sent_bytes_ = 0;  // of the current stream's events
+  // When the current stream's client last took something (SlowReaderKeepsUp), and the peer's
+  // acknowledged byte count seen then.
+  std::chrono::steady_clock::time_point last_progress_;
+  uint64_t acked_bytes_ = 0;
   bool writing_ = false;
   bool header_written_ = false;
   bool header_started_ = false;  // WriteHeader() called for the current stream

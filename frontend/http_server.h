@@ -51,6 +51,18 @@ struct HttpServerOptions {
   // write_timeout closes the connection and cancels its request: a client that stops reading
   // would otherwise hold its response (up to a whole body) and the connection forever.
   std::chrono::milliseconds write_timeout{60000};
+  // A stream's events wait in the server's memory while its client takes them. Past
+  // stream_queue_bytes queued, the client must still be taking them: a stream whose client has
+  // completed no write for stream_stall_timeout is ended (stalled). A client that reads, but
+  // slower than the stream is produced, goes on until max_stream_queue_bytes are queued (the
+  // memory bound of one stream), then is ended too (too slow). Either way the stream ends at an
+  // event boundary with an error event (code "stream_stalled" / "stream_too_slow") and the end of
+  // the body; the events not yet started are dropped, and the request is cancelled
+  // (docs/operations.md, "Slow stream readers"). max_stream_queue_bytes is raised to
+  // stream_queue_bytes when below it.
+  size_t stream_queue_bytes = size_t{8} << 20;
+  size_t max_stream_queue_bytes = size_t{64} << 20;
+  std::chrono::milliseconds stream_stall_timeout{10000};
   // What end of stream from a client whose request is running means (docs/operations.md,
   // "Half-closed clients"). false: the client is gone, its request is cancelled at once (also
   // one still waiting for a prepare thread, which then costs no Start). true: the client may

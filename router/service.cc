@@ -125,6 +125,11 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
       r.AddCounter("pdserve_router_retries_total",
                    "Retries on another worker before any token was sent.", {"reason"}));
   PDSERVE_ASSIGN_OR_RETURN(
+      s->slow_streams_,
+      r.AddCounter("pdserve_router_slow_stream_ends_total",
+                   "Streams ended early because the client did not keep up with them.",
+                   {"endpoint", "reason"}));
+  PDSERVE_ASSIGN_OR_RETURN(
       s->worker_up_,
       r.AddGauge("pdserve_router_worker_up",
                  "1 healthy, 0 marked down (canary or circuit breaker).", {"worker", "role"}));
@@ -152,6 +157,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   s->requests_->ExportAtZero({{"unknown"}, {"400", "408", "431"}, {"error"}});
   s->queue_wait_->ExportAtZero({{"admitted", "timeout", "cancelled"}});
   s->retries_->ExportAtZero({{"worker_down", "timeout", "prefill_busy"}});
+  s->slow_streams_->ExportAtZero({endpoints, {"stream_stalled", "stream_too_slow"}});
   s->degenerate_->ExportAtZero({{"repeat", "whitespace", "empty", "unknown"}, {"flag", "stop"}});
 
   WorkerPoolOptions pool;
@@ -226,6 +232,14 @@ void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status)
 void RouterService::RecordRefused(std::optional<frontend::Endpoint> endpoint, int http_status) {
   if (endpoint) return RecordRejected(*endpoint, http_status);
   requests_->WithLabels({"unknown", absl::StrCat(http_status), "error"}).Increment();
+}
+
+void RouterService::RecordStreamEnded(frontend::Endpoint endpoint, const std::string& reason) {
+  slow_streams_
+      ->WithLabels(
+          {endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions",
+           reason})
+      .Increment();
 }
 
 bool RouterService::Ready() const { return pool_->Ready(); }

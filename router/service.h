@@ -129,6 +129,8 @@ class RouterService : public frontend::GenerationService {
   void RecordRejected(frontend::Endpoint endpoint, int http_status) override;
   // Counted like RecordRejected; without an endpoint under endpoint="unknown".
   void RecordRefused(std::optional<frontend::Endpoint> endpoint, int http_status) override;
+  // pdserve_router_slow_stream_ends_total{endpoint, reason}.
+  void RecordStreamEnded(frontend::Endpoint endpoint, const std::string& reason) override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override;
@@ -298,6 +300,7 @@ class RouterService : public frontend::GenerationService {
   metrics::Family<metrics::Counter>* generation_tokens_ = nullptr;
   metrics::Family<metrics::Gauge>* requests_in_flight_ = nullptr;
   metrics::Family<metrics::Counter>* retries_ = nullptr;
+  metrics::Family<metrics::Counter>* slow_streams_ = nullptr;
   metrics::Family<metrics::Gauge>* worker_up_ = nullptr;
   metrics::Family<metrics::Counter>* degenerate_ = nullptr;
 };
