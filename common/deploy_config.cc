@@ -463,14 +463,15 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   c.prefill = ReadWorkers(r, root, "prefill", &worker_nodes);
   c.decode = ReadWorkers(r, root, "decode", &worker_nodes);
   const YAML::Node transfer = r.Field(root, "", "transfer", false);
-  if (!transfer.IsNull() &&
-      r.Map(transfer, "transfer",
-            {"transport", "lease_ms", "lanes", "early_import", "ucx_protocols"})) {
+  if (!transfer.IsNull() && r.Map(transfer, "transfer",
+                                  {"transport", "lease_ms", "lanes", "early_import",
+                                   "ucx_protocols", "register_pages"})) {
     r.Enum(transfer, "transfer", "transport", false, kTransports, &c.transport);
     r.Int(transfer, "transfer", "lease_ms", false, 100, 3600000, &c.lease_ms);
     r.Int(transfer, "transfer", "lanes", false, 0, kMaxConfigTransferLanes, &c.transfer_lanes);
     r.Bool(transfer, "transfer", "early_import", &c.transfer_early_import);
     r.Enum(transfer, "transfer", "ucx_protocols", false, {"v1", "v2"}, &c.transfer_ucx_protocols);
+    r.Bool(transfer, "transfer", "register_pages", &c.transfer_register_pages);
   }
   const YAML::Node guards = r.Field(root, "", "guards", false);
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);

@@ -152,6 +152,10 @@ struct DeployConfig {
   // 1.13's own) or "v2" (UCX_PROTO_ENABLE=y; docs/protocol.md, "UCX protocols"). Prefill and
   // decode must agree; UCX_PROTO_ENABLE in a worker's environment overrides it.
   std::string transfer_ucx_protocols = "v1";
+  // Both workers register their page pool's host memory with UCX once (ucp_mem_map) and pass
+  // that handle with each page send and rendezvous receive (docs/protocol.md, "Registered page
+  // memory"). Off by default: measured no better on this machine, and not run on the GPU host.
+  bool transfer_register_pages = false;
   // A CUDA decode worker imports each transferred layer into the request's GPU slot as it
   // arrives (runtime/early_import.h) instead of at the first step (docs/engine-gpu.md, "Early
   // import"). On by default since its H200 run of 2026-12-04; false: the import at the first step.
