@@ -10,10 +10,10 @@
 # abort.
 #
 # Usage, from the repository root:
-#   tools/ucx_lost_peer/run.sh [PROTOCOLS=v2] [KILL_AFTER_S=0.6] [RUNS=8] [REGISTER_PAGES=false]
+#   tools/ucx_lost_peer/run.sh [PROTOCOLS=v2] [KILL_AFTER_S=0.1] [RUNS=8] [REGISTER_PAGES=false]
 # Env: PDSERVE (default build/pdserve), PYTHON (default /var/lib/pdserve/venv/bin/python).
 set -u
-protocols=${1:-v2}; kill_after=${2:-0.6}; runs=${3:-8}; register=${4:-false}
+protocols=${1:-v2}; kill_after=${2:-0.1}; runs=${3:-8}; register=${4:-false}
 mid=0; aborts=0
 bin=${PDSERVE:-build/pdserve}; python=${PYTHON:-/var/lib/pdserve/venv/bin/python}
 here=$(cd "$(dirname "$0")" && pwd); dir=$(mktemp -d)
