@@ -21,6 +21,7 @@
 #      (its pdserve mode, v2, shm,self) with the page memory registered once on both sides and
 #      without (PDSERVE_BENCH_REGISTER_PAGES=1 / 0: transfer.register_pages, docs/protocol.md,
 #      "Registered page memory"; added 2026-12-05, compiled, not yet run on the H200).
+#      REGISTERED_ONLY=1 runs this step alone (when the full run leaves it no time).
 # 8 V4-Flash-shaped layers, 32K / 128K prompts (LENGTHS), random state (no forward), medians of
 # 3; the workers' default lanes (4 on 16 cores) and host threads. Each run is cut to what is left
 # of BUDGET (118 s); the rows come out per length, so a cut run keeps its shorter lengths.
@@ -95,6 +96,13 @@ b() {  # name tls protocols [binary]
         $17, $18, $22}')")
   done < <(grep -E '^\| [0-9]' "$OUT/wire-$1.md")
 }
+if [ "${REGISTERED_ONLY:-0}" = 1 ]; then
+  registered_ops
+  echo "| raw operation (shm,self, 256 MiB distinct pages) | page | best / median GB/s |"
+  echo "| --- | --- | --- |"
+  printf '%s\n' "${raw[@]}"
+  exit 0
+fi
 b shm-v1 shm,self v1
 b shm-v2 shm,self v2
 raw_ops
