@@ -294,6 +294,14 @@ void ChoiceText::Split(std::string text, bool at_end, ChoiceDelta& delta) {
   }
 }
 
+std::string ChoiceText::FinishText(const std::string& finish_reason) {
+  // The model ended the choice ("stop": EOS, a stop token): its text is Decode's, U+FFFD for a
+  // character it left unfinished. Anything else (max_tokens, a guard) cut it, maybe inside a
+  // character that the next token would have completed: that tail is dropped, not shown as
+  // U+FFFD (e.g. a tool-call block cut inside the 3-byte '｜').
+  return (finish_reason == "stop" ? detokenizer_.Finish() : detokenizer_.FinishCut()).text;
+}
+
 void ChoiceText::End(const std::string& finish_reason, ChoiceDelta& delta) {
   // A choice that made tool calls and then stopped on its own ends with "tool_calls" (OpenAI).
   finish_reason_ = finish_reason == "stop" && tool_calls_ > 0 ? "tool_calls" : finish_reason;
@@ -316,7 +324,7 @@ ChoiceDelta ChoiceText::Add(const SampledText& sampled, const std::string& finis
   const bool stop_string = step.ok() && step->stopped;
   const bool ends = stop_string || !finish_reason.empty();
   std::string text = step.ok() ? step->text : "";
-  if (ends && !stop_string) text += detokenizer_.Finish().text;
+  if (ends && !stop_string) text += FinishText(finish_reason);
   Split(std::move(text), ends, delta);
   if (ends) End(stop_string ? "stop" : finish_reason, delta);
   return delta;
@@ -326,7 +334,7 @@ ChoiceDelta ChoiceText::Finish(const std::string& finish_reason) {
   ChoiceDelta delta;
   delta.index = index_;
   if (done_) return delta;
-  Split(detokenizer_.Finish().text, /*at_end=*/true, delta);
+  Split(FinishText(finish_reason), /*at_end=*/true, delta);
   End(finish_reason, delta);
   return delta;
 }
