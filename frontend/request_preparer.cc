@@ -295,11 +295,13 @@ void ChoiceText::Split(std::string text, bool at_end, ChoiceDelta& delta) {
 }
 
 std::string ChoiceText::FinishText(const std::string& finish_reason) {
-  // The model ended the choice ("stop": EOS, a stop token): its text is Decode's, U+FFFD for a
-  // character it left unfinished. Anything else (max_tokens, a guard) cut it, maybe inside a
-  // character that the next token would have completed: that tail is dropped, not shown as
-  // U+FFFD (e.g. a tool-call block cut inside the 3-byte '｜').
-  return (finish_reason == "stop" ? detokenizer_.Finish() : detokenizer_.FinishCut()).text;
+  // A chat answer that max_tokens (or a guard) cut may end inside a character the next token
+  // would have completed (e.g. a tool-call block cut inside the 3-byte '｜'): that tail is
+  // dropped, not shown as U+FFFD. The model's own end ("stop": EOS, a stop token) keeps Decode's
+  // text, and /v1/completions' text is always Decode(ids) (its tokens' texts and text_offset
+  // describe exactly that text).
+  const bool cut = answer_.has_value() && finish_reason != "stop";
+  return (cut ? detokenizer_.FinishCut() : detokenizer_.Finish()).text;
 }
 
 void ChoiceText::End(const std::string& finish_reason, ChoiceDelta& delta) {
