@@ -41,6 +41,7 @@ struct ChatMessage {
   std::string reasoning_content;     // assistant: its reasoning, as returned by this API
   std::vector<ToolCall> tool_calls;  // assistant
   std::string tool_call_id;          // tool
+  bool content_null = false;         // assistant: content absent or null (not "")
 };
 
 // tool_choice: "auto" (the model decides), "none" (tool calls are not parsed), "required" (the
@@ -55,6 +56,11 @@ struct ApiRequest {
   std::optional<std::vector<int32_t>> prompt_tokens;
   // Chat completions.
   std::vector<ChatMessage> messages;
+  // The answer continues the last message, an assistant message, instead of starting a new turn
+  // (vLLM's `continue_final_message`, or DeepSeek's `"prefix": true` on that message); the
+  // response carries only the continuation. docs/chat-format.md, "Continuing an assistant
+  // message".
+  bool continue_final_message = false;
   // response_format (frontend/response_format.h): the JSON Schema the output must satisfy, as
   // compact JSON; empty: text.
   std::string json_schema;
