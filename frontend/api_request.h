@@ -8,8 +8,10 @@
 // store, service_tier, stream_options); other unknown fields are ignored and logged once per
 // field name, as vLLM does. Extensions that vLLM and SGLang clients send are accepted too: top_k,
 // min_p, repetition_penalty, min_tokens, ignore_eos, skip_special_tokens,
-// chat_template_kwargs.thinking (alias enable_thinking). Absent sampling fields stay unset so
-// that the model's generation_config.json supplies the defaults later.
+// chat_template_kwargs.thinking (alias enable_thinking), continue_final_message and
+// add_generation_prompt (vLLM), and DeepSeek's "prefix" on the last assistant message. The
+// conversation is checked as a whole (frontend/chat_history.h). Absent sampling fields stay unset
+// so that the model's generation_config.json supplies the defaults later.
 //
 // Pure functions of their input; thread-safe.
 #pragma once
