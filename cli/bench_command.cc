@@ -199,7 +199,8 @@ const CommandRegistrar kBench([](CLI::App& app, int* exit_code) {
   cmd->add_option("--duration", args->duration_s,
                   "Seconds to send requests for (this, --num-requests or both is required)");
   cmd->add_option("--rate", args->rate, "Poisson arrival rate, requests/s (0: no pacing)");
-  cmd->add_option("--concurrency", args->concurrency, "Most requests in flight (0: no cap)");
+  cmd->add_option("--concurrency", args->concurrency, "Most requests in flight (0: no cap)")
+      ->check(NonNegative());
   cmd->add_option("--request-timeout", args->request_timeout_s, "Seconds per request")
       ->capture_default_str();
   cmd->add_option("--drain-timeout", args->drain_timeout_s,
@@ -216,7 +217,9 @@ const CommandRegistrar kBench([](CLI::App& app, int* exit_code) {
          "Let generations stop at EOS, so they may be shorter than max_tokens")
       ->excludes(ignore_eos);
   cmd->add_option("--temperature", args->temperature, "Override the server's temperature");
-  cmd->add_option("--seed", args->seed, "Seed of prompts and arrivals")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seed of prompts and arrivals")
+      ->check(NonNegative())
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print the summary as JSON");
   cmd->add_option("--output", args->output, "Also write the summary JSON to this file");
   cmd->footer(

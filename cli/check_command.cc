@@ -182,8 +182,11 @@ const CommandRegistrar kCheck([](CLI::App& app, int* exit_code) {
   cmd->add_flag("--no-greedy", args->no_greedy, "Skip the greedy (temperature 0) control");
   cmd->add_flag("--no-logprobs", args->no_logprobs,
                 "Do not ask for logprobs (judge over word tokens, not server tokens)");
-  cmd->add_option("--seed", args->seed, "Sample k uses seed + k (default: no seed sent)");
-  cmd->add_option("--concurrency", o.concurrency, "Requests in flight")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Sample k uses seed + k (default: no seed sent)")
+      ->check(NonNegative());
+  cmd->add_option("--concurrency", o.concurrency, "Requests in flight")
+      ->check(Positive())
+      ->capture_default_str();
   cmd->add_option("--request-timeout", o.request_timeout_s, "Seconds per request")
       ->capture_default_str();
   cmd->add_option("--min-content-bytes", t.min_content_bytes, "Shorter content fails")

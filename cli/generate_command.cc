@@ -137,7 +137,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]");
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: all)");
   cmd->add_option("--min-p", o->min_p, "Keep tokens with p >= min_p * p_max");
-  cmd->add_option("--seed", o->seed, "Random seed");
+  cmd->add_option("--seed", o->seed, "Random seed")->check(NonNegative());
   cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate per choice")
       ->capture_default_str()
       ->check(Positive());

@@ -4,7 +4,8 @@
 //   pdserve score --model DIR --tokens 3,17,42 [--decode-from N] --out FILE
 //
 // Prefills the first N tokens in one Forward call (default: all of them), then feeds the rest one
-// token at a time, and writes [tokens, vocab] float32 little-endian row-major logits to FILE.
+// token at a time, and writes [tokens, vocab] float32 little-endian row-major logits to FILE. A
+// sequence longer than the model's context (max_position_embeddings) is refused, as serving does.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +68,13 @@ absl::Status Score(const ScoreOptions& options) {
         absl::StrCat("cannot open ", options.out, " for writing: ", std::strerror(errno)));
   }
   PDSERVE_ASSIGN_OR_RETURN(engine::Model model, engine::Model::Load(options.model_dir));
+  // Serving refuses a longer sequence (400 context_length_exceeded); positions past it are
+  // outside what the model was trained for, so their logits mean nothing.
+  if (const int64_t context = model.config().max_position_embeddings; total > context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens: ", total, " tokens exceed the model's maximum context length of ",
+                     context, " tokens (max_position_embeddings in config.json)"));
+  }
   PDSERVE_ASSIGN_OR_RETURN(engine::Tensor logits,
                            engine::ScorePrefillThenDecode(model, tokens, prefill));
   out.write(reinterpret_cast<const char*>(logits.ptr()),

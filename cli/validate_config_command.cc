@@ -2,7 +2,8 @@
 //
 // Prints "FILE: ok (...)" per valid file on stdout, and every error of an invalid one on stderr
 // as "file:line:column: key: message", and a warning on stderr when a valid file's model path has
-// no config.json from the current directory. Exit status 0 when all files are valid, 1 otherwise.
+// no config.json from the current directory or its transfer.lease_ms is below
+// config::kLeaseWarnBelowMs. Exit status 0 when all files are valid, 1 otherwise.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -31,6 +32,13 @@ int RunValidate(const std::vector<std::string>& files) {
       // Not an error: the file may be checked where the model is not installed.
       std::fprintf(stderr, "%s: warning: %s; processes started here would fail\n", file.c_str(),
                    std::string(model.message()).c_str());
+    }
+    if (c.lease_ms < config::kLeaseWarnBelowMs) {
+      std::fprintf(stderr,
+                   "%s: warning: transfer.lease_ms %d is below %d: a prefill worker gives up a "
+                   "queued request after half the lease (429 prefill_busy), so one prefill that "
+                   "takes longer than %d ms refuses the request behind it\n",
+                   file.c_str(), c.lease_ms, config::kLeaseWarnBelowMs, c.lease_ms / 2);
     }
     std::printf("%s: ok (%s: %zu prefill, %zu decode workers, model %s)\n", file.c_str(),
                 c.name.c_str(), c.prefill.size(), c.decode.size(), c.model_path.c_str());

@@ -1,5 +1,8 @@
 #include "common/deploy_config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -8,11 +11,14 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/regular_file.h"
 #include "yaml-cpp/yaml.h"
 
 namespace pdserve::config {
@@ -28,6 +34,38 @@ const std::set<std::string> kKernels = {"sparse_attention", "indexer", "fp8_stat
 
 std::string Join(const std::string& path, const std::string& key) {
   return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+// A scalar written in quotes ('31400' or "31400"): yaml-cpp gives it the non-specific tag "!"
+// (a plain scalar has "?"). Numbers and booleans are refused quoted, as the JSON API refuses
+// "max_tokens": "5": a quoted value is usually a template that did not expand as intended.
+bool Quoted(const YAML::Node& v) { return v.IsScalar() && v.Tag() == "!"; }
+
+bool IsHostLabel(absl::string_view label) {
+  if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+    return false;
+  }
+  for (char c : label) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+  }
+  return true;
+}
+
+bool IsHost(const std::string& host) {
+  unsigned char address[sizeof(in6_addr)];
+  if (inet_pton(AF_INET, host.c_str(), address) == 1 ||
+      inet_pton(AF_INET6, host.c_str(), address) == 1) {
+    return true;
+  }
+  if (host.size() > 253) return false;
+  const std::vector<absl::string_view> labels = absl::StrSplit(host, '.');
+  for (absl::string_view label : labels) {
+    if (!IsHostLabel(label)) return false;
+  }
+  // An all-digit last label is a mistyped address ("999.1.1.1", "10.0.0"), not a name.
+  const absl::string_view last = labels.back();
+  return !std::all_of(last.begin(), last.end(),
+                      [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); });
 }
 
 // Reads typed fields out of YAML maps, recording every problem with its position.
@@ -96,6 +134,21 @@ class Reader {
     *out = v.Scalar();
   }
 
+  // A host: an IPv4 or IPv6 address, or a host name (RFC 1123: dot-separated labels of letters,
+  // digits and '-', 1-63 characters, not starting or ending with '-'; 253 characters at most; the
+  // last label not all digits, so "999.1.1.1" is neither an address nor a name).
+  void Host(const YAML::Node& map, const std::string& path, const std::string& key, bool required,
+            std::string* out) {
+    std::string host;
+    String(map, path, key, required, &host);
+    if (host.empty()) return;
+    if (!IsHost(host)) {
+      return Error(map[key], Join(path, key),
+                   "must be an IPv4 or IPv6 address or a host name (letters, digits, '-' and '.')");
+    }
+    *out = host;
+  }
+
   void Enum(const YAML::Node& map, const std::string& path, const std::string& key, bool required,
             const std::set<std::string>& allowed, std::string* out) {
     const YAML::Node v = Field(map, path, key, required);
@@ -113,6 +166,11 @@ class Reader {
     const YAML::Node v = Field(map, path, key, required);
     if (v.IsNull()) return;
     int64_t value = 0;
+    if (Quoted(v)) {
+      return Error(v, Join(path, key),
+                   absl::StrCat("must be an integer in [", min, ", ", max,
+                                "], not a quoted string (leave out the quotes)"));
+    }
     if (!v.IsScalar() || !absl::SimpleAtoi(v.Scalar(), &value) || value < min || value > max) {
       return Error(v, Join(path, key),
                    absl::StrCat("must be an integer in [", min, ", ", max, "]"));
@@ -125,6 +183,11 @@ class Reader {
     const YAML::Node v = Field(map, path, key, false);
     if (v.IsNull()) return;
     double value = 0;
+    if (Quoted(v)) {
+      return Error(v, Join(path, key),
+                   absl::StrCat("must be a number in [", min, ", ", max,
+                                "], not a quoted string (leave out the quotes)"));
+    }
     if (!v.IsScalar() || !absl::SimpleAtod(v.Scalar(), &value) || !(value >= min) ||
         !(value <= max)) {
       return Error(v, Join(path, key), absl::StrCat("must be a number in [", min, ", ", max, "]"));
@@ -136,7 +199,7 @@ class Reader {
     const YAML::Node v = Field(map, path, key, false);
     if (v.IsNull()) return;
     bool value = false;
-    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, value)) {
+    if (Quoted(v) || !v.IsScalar() || !YAML::convert<bool>::decode(v, value)) {
       return Error(v, Join(path, key), "must be true or false");
     }
     *out = value;
@@ -155,7 +218,7 @@ WorkerConfig ReadWorker(Reader& r, const YAML::Node& node, const std::string& pa
     return w;
   }
   r.String(node, path, "name", true, &w.name);
-  r.String(node, path, "host", true, &w.host);
+  r.Host(node, path, "host", true, &w.host);
   r.Int(node, path, "port", true, 1, 65535, &w.port);
   r.Int(node, path, "metrics_port", false, 1, 65535, &w.metrics_port);
   r.Enum(node, path, "backend", true, kBackends, &w.backend);
@@ -242,10 +305,10 @@ void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
   if (!r.Map(node, "router",
              {"host", "http_port", "grpc_port", "prefill_policy", "decode_policy",
               "health_interval_ms", "health_timeout_ms", "max_body_bytes", "prefill_timeout_ms",
-              "queue_timeout_ms", "allow_half_close"})) {
+              "queue_timeout_ms", "max_prefills_per_worker", "allow_half_close"})) {
     return;
   }
-  r.String(node, "router", "host", false, &c->host);
+  r.Host(node, "router", "host", false, &c->host);
   r.Int(node, "router", "http_port", true, 1, 65535, &c->http_port);
   r.Int(node, "router", "grpc_port", false, 1, 65535, &c->grpc_port);
   r.Enum(node, "router", "prefill_policy", false, kPolicies, &c->prefill_policy);
@@ -255,6 +318,7 @@ void ReadRouter(Reader& r, const YAML::Node& node, RouterConfig* c) {
   r.Int(node, "router", "max_body_bytes", false, 1024, int64_t{1} << 32, &c->max_body_bytes);
   r.Int(node, "router", "prefill_timeout_ms", false, 100, 3600000, &c->prefill_timeout_ms);
   r.Int(node, "router", "queue_timeout_ms", false, 0, 3600000, &c->queue_timeout_ms);
+  r.Int(node, "router", "max_prefills_per_worker", false, 0, 1024, &c->max_prefills_per_worker);
   r.Bool(node, "router", "allow_half_close", &c->allow_half_close);
 }
 
@@ -463,14 +527,15 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   c.prefill = ReadWorkers(r, root, "prefill", &worker_nodes);
   c.decode = ReadWorkers(r, root, "decode", &worker_nodes);
   const YAML::Node transfer = r.Field(root, "", "transfer", false);
-  if (!transfer.IsNull() &&
-      r.Map(transfer, "transfer",
-            {"transport", "lease_ms", "lanes", "early_import", "ucx_protocols"})) {
+  if (!transfer.IsNull() && r.Map(transfer, "transfer",
+                                  {"transport", "lease_ms", "lanes", "early_import",
+                                   "ucx_protocols", "register_pages"})) {
     r.Enum(transfer, "transfer", "transport", false, kTransports, &c.transport);
-    r.Int(transfer, "transfer", "lease_ms", false, 100, 3600000, &c.lease_ms);
+    r.Int(transfer, "transfer", "lease_ms", false, kMinLeaseMs, 3600000, &c.lease_ms);
     r.Int(transfer, "transfer", "lanes", false, 0, kMaxConfigTransferLanes, &c.transfer_lanes);
     r.Bool(transfer, "transfer", "early_import", &c.transfer_early_import);
     r.Enum(transfer, "transfer", "ucx_protocols", false, {"v1", "v2"}, &c.transfer_ucx_protocols);
+    r.Bool(transfer, "transfer", "register_pages", &c.transfer_register_pages);
   }
   const YAML::Node guards = r.Field(root, "", "guards", false);
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);
@@ -482,11 +547,12 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
 }
 
 ParsedDeployConfig LoadDeployConfigFile(const std::string& path) {
-  // Only regular files: a FIFO or device (/dev/zero) would hang or never end.
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  if (const absl::Status file = common::CheckRegularFile(path); !file.ok()) {
     ParsedDeployConfig out;
-    out.errors.push_back({path, 0, 0, "(file)", "not a regular file"});
+    // The error line names the file already: the message is the cause alone.
+    absl::string_view cause = absl::StripPrefix(file.message(), path);
+    cause = absl::StripPrefix(absl::StripLeadingAsciiWhitespace(cause), ": ");
+    out.errors.push_back({path, 0, 0, "(file)", std::string(cause)});
     return out;
   }
   std::ifstream in(path);

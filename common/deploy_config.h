@@ -8,7 +8,7 @@
 //   model: {path: string (required), served_name: string}
 //   router: {host, http_port (required), grpc_port, prefill_policy, decode_policy,
 //            health_interval_ms, health_timeout_ms, max_body_bytes, prefill_timeout_ms,
-//            queue_timeout_ms, allow_half_close}
+//            queue_timeout_ms, max_prefills_per_worker, allow_half_close}
 //     policies: round_robin | least_load | power_of_two | prefix_aware
 //   prefill: [worker, ...] (at least one)      decode: [worker, ...] (at least one)
 //     worker: {name (required, unique), host (required), port (required), metrics_port,
@@ -16,7 +16,8 @@
 //              distinct GPUs make the worker one expert-parallel group, docs/engine-gpu.md),
 //              threads (cpu only), weights: bf16 | fp8 (cuda only, default bf16: fp8 keeps
 //              the projections the checkpoint stores FP8 in FP8 on the GPU, docs/engine-gpu.md)}
-//   transfer: {transport: ucx, lease_ms, lanes: 0 .. 16 (0, the default: one per four cores of
+//   transfer: {transport: ucx, lease_ms (>= kMinLeaseMs), lanes: 0 .. 16 (0, the default: one per
+//   four cores of
 //              the worker's host, 1 .. 16; docs/protocol.md, "Lanes")}
 //   security: {api_keys_file, tls: {cert_file, key_file}, cluster_tls: {ca_file, cert_file,
 //   key_file}}
@@ -100,7 +101,11 @@ struct RouterConfig {
   int health_timeout_ms = 2000;
   int64_t max_body_bytes = 4 << 20;
   int prefill_timeout_ms = 60000;  // the Prefill RPC's deadline, in [100, 3600000]
-  int queue_timeout_ms = 60000;    // longest wait for decode room, in [0, 3600000]; 0: no waiting
+  // Longest wait for decode room or prefill room, in [0, 3600000]; 0: no waiting.
+  int queue_timeout_ms = 60000;
+  // Requests one router sends to one prefill worker at a time, in [0, 1024]; 0: no cap
+  // (router::RouterOptions::max_prefills_per_worker).
+  int max_prefills_per_worker = 2;
   // The HTTP front's frontend::HttpServerOptions::allow_half_close: a client's end of stream
   // during its request does not cancel it (docs/operations.md, "Half-closed clients").
   bool allow_half_close = false;
@@ -136,6 +141,17 @@ struct SecurityConfig {
 
 inline constexpr int kMaxConfigTransferLanes = 16;
 
+// transfer.lease_ms below this is refused: a transfer's first heartbeat comes only after the UCX
+// connect and the first prefill block, and a prefill waiting in its worker's queue gives up
+// after half the lease (docs/protocol.md, "Prefill worker"); under 1 s, a loaded host's
+// scheduling alone ends healthy transfers and refuses queued requests (breaker53: 100 ms served
+// 1 request in 32 and counted lease isolation failures).
+inline constexpr int kMinLeaseMs = 1000;
+// validate-config warns below this: a request queued on a prefill worker behind one prefill
+// that takes longer than half the lease (a long prompt on the CPU engine takes seconds) is
+// refused with 429 prefill_busy.
+inline constexpr int kLeaseWarnBelowMs = 10000;
+
 struct DeployConfig {
   std::string name;
   std::string model_path;
@@ -144,7 +160,7 @@ struct DeployConfig {
   std::vector<WorkerConfig> prefill;
   std::vector<WorkerConfig> decode;
   std::string transport = "ucx";
-  int lease_ms = 30000;
+  int lease_ms = 30000;  // in [kMinLeaseMs, 3600000]
   // UCX workers, endpoints and threads per transfer endpoint; 0: chosen from the host's cores
   // (kv::DefaultTransferLanes). At most kMaxConfigTransferLanes (= kv::kMaxTransferLanes).
   int transfer_lanes = 0;
@@ -152,6 +168,10 @@ struct DeployConfig {
   // 1.13's own) or "v2" (UCX_PROTO_ENABLE=y; docs/protocol.md, "UCX protocols"). Prefill and
   // decode must agree; UCX_PROTO_ENABLE in a worker's environment overrides it.
   std::string transfer_ucx_protocols = "v1";
+  // Both workers register their page pool's host memory with UCX once (ucp_mem_map) and pass
+  // that handle with each page send and rendezvous receive (docs/protocol.md, "Registered page
+  // memory"). Off by default: measured no better on this machine, and not run on the GPU host.
+  bool transfer_register_pages = false;
   // A CUDA decode worker imports each transferred layer into the request's GPU slot as it
   // arrives (runtime/early_import.h) instead of at the first step (docs/engine-gpu.md, "Early
   // import"). On by default since its H200 run of 2026-12-04; false: the import at the first step.

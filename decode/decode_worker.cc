@@ -91,8 +91,16 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
           },
           w->options_.transfer_lanes, w->options_.transfer_ucx_protocols));
   w->ucx_protocols_ = kv::EffectiveUcxProtocols(w->options_.transfer_ucx_protocols);
-  spdlog::info("transfer: {} receive lane(s), UCX protocols {}", w->options_.transfer_lanes,
-               kv::UcxProtocolsName(w->ucx_protocols_));
+  size_t registered = 0;
+  if (w->options_.transfer_register_pages) {
+    // The pool outlives the receiver (members in that order), whose transport unmaps these.
+    for (std::span<std::byte> block : w->pool_->HostBlocks()) {
+      PDSERVE_RETURN_IF_ERROR(w->receiver_->RegisterMemory(block));
+      ++registered;
+    }
+  }
+  spdlog::info("transfer: {} receive lane(s), UCX protocols {}, {} page-pool region(s) registered",
+               w->options_.transfer_lanes, kv::UcxProtocolsName(w->ucx_protocols_), registered);
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,

@@ -72,6 +72,9 @@ struct DecodeWorkerOptions {
   int transfer_lanes = 1;
   // UCX's protocol implementation (config transfer.ucx_protocols; docs/protocol.md).
   kv::UcxProtocols transfer_ucx_protocols = kv::UcxProtocols::kV1;
+  // Register the page pool's host memory with the transport once (config
+  // transfer.register_pages; docs/protocol.md, "Registered page memory").
+  bool transfer_register_pages = false;
   std::string transfer_path = "host";  // the transfer metrics' path label
   runtime::RunnerOptions runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
   // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by

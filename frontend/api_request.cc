@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/json_depth.h"
 #include "common/ordered_json.h"
+#include "frontend/chat_history.h"
 #include "frontend/response_format.h"
 #include "frontend/tool_request.h"
 #include "nlohmann/json.hpp"
@@ -304,6 +305,44 @@ void ReadCompletion(FieldReader& r, ApiRequest& req) {
   }
 }
 
+// One message's content into out.content: a string, or a non-empty array of text parts (a tool
+// message's parts are joined by blank lines, as encoding_dsv4.py does; others directly). Only an
+// assistant message may leave it out (null). Returns the error message, naming `where`.
+std::optional<std::string> ReadContent(const json* content, const std::string& where,
+                                       ChatMessage& out) {
+  if (content && content->is_string()) {
+    out.content = content->get<std::string>();
+    return std::nullopt;
+  }
+  if (content == nullptr) {
+    if (out.role != "assistant") {
+      return absl::StrCat(where, ".content must be a string or an array of text parts");
+    }
+    out.content_null = true;
+    return std::nullopt;
+  }
+  if (!content->is_array()) {
+    return absl::StrCat(where, ".content must be a string or an array of text parts");
+  }
+  if (content->empty()) return absl::StrCat(where, ".content must not be an empty array");
+  const char* joiner = out.role == "tool" ? "\n\n" : "";
+  for (size_t p = 0; p < content->size(); ++p) {
+    const json& part = (*content)[p];
+    const std::string type = part.is_object() ? StringField(part, "type") : "";
+    if (!type.empty() && type != "text") {
+      // image_url, input_audio, file, ...: say so plainly rather than describe the text shape.
+      return absl::StrCat(where, ".content[", p, "] is a '", type.substr(0, 64),
+                          "' part: this model accepts text only (parts of type \"text\")");
+    }
+    if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
+      return absl::StrCat(where, ".content[", p, "] must be {\"type\": \"text\", \"text\": ...}");
+    }
+    if (p > 0) out.content += joiner;
+    out.content += part["text"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
 void ReadMessages(FieldReader& r, ApiRequest& req) {
   const json* m = r.Get("messages");
   if (!r.ok()) return;
@@ -324,6 +363,8 @@ void ReadMessages(FieldReader& r, ApiRequest& req) {
     const json* tool_calls = mr.Get("tool_calls");
     mr.String("tool_call_id", &out.tool_call_id);
     mr.String("reasoning_content", &out.reasoning_content);
+    bool prefix = false;
+    mr.Bool("prefix", &prefix);
     mr.IgnoreUnknown("messages[].");
     if (!mr.ok()) return r.Fail(absl::StrCat(where, ": ", mr.error().message), "messages");
     if (out.role != "system" && out.role != "developer" && out.role != "user" &&
@@ -337,25 +378,17 @@ void ReadMessages(FieldReader& r, ApiRequest& req) {
         return r.Fail(error->message, "messages");
       }
     }
-    // A tool message's text parts are joined by blank lines (encoding_dsv4.py), others directly.
-    const char* joiner = out.role == "tool" ? "\n\n" : "";
-    if (content && content->is_string()) {
-      out.content = content->get<std::string>();
-    } else if (content && content->is_array()) {
-      for (size_t p = 0; p < content->size(); ++p) {
-        const json& part = (*content)[p];
-        if (!part.is_object() || StringField(part, "type") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return r.Fail(absl::StrCat(where, ".content parts must be {\"type\": \"text\", ...}"),
-                        "messages");
-        }
-        if (p > 0) out.content += joiner;
-        out.content += part["text"].get<std::string>();
+    if (prefix) {
+      // DeepSeek's chat prefix completion: only on the last message, an assistant message.
+      if (out.role != "assistant" || i + 1 != m->size()) {
+        return r.Fail(absl::StrCat(where,
+                                   ": \"prefix\": true is for the last message only, an "
+                                   "assistant message (the answer continues it)"),
+                      "messages");
       }
-    } else if (!(content == nullptr && out.role == "assistant")) {
-      return r.Fail(absl::StrCat(where, ".content must be a string or an array of text parts"),
-                    "messages");
+      req.continue_final_message = true;
     }
+    if (auto error = ReadContent(content, where, out)) return r.Fail(*error, "messages");
     req.messages.push_back(std::move(out));
   }
 }
@@ -387,9 +420,36 @@ void ReadThinking(FieldReader& r, ApiRequest& req) {
   }
 }
 
+// vLLM's continue_final_message and add_generation_prompt (after the messages, whose last may
+// carry DeepSeek's "prefix"). A new assistant turn is always opened after a user or tool message,
+// so add_generation_prompt only says, as in vLLM, which of the two the client wants.
+void ReadContinuation(FieldReader& r, ApiRequest& req) {
+  bool continue_final = false;
+  r.Bool("continue_final_message", &continue_final);
+  req.continue_final_message = req.continue_final_message || continue_final;
+  const json* add = r.Get("add_generation_prompt");
+  if (!add || !r.ok()) return;
+  if (!add->is_boolean()) {
+    return r.Fail("'add_generation_prompt' must be a boolean", "add_generation_prompt");
+  }
+  if (add->get<bool>() && req.continue_final_message) {
+    return r.Fail(
+        "'add_generation_prompt' true and 'continue_final_message' true cannot be combined: the "
+        "first opens a new assistant turn, the second continues the last message",
+        "add_generation_prompt");
+  }
+  if (!add->get<bool>() && !req.continue_final_message) {
+    return r.Fail(
+        "'add_generation_prompt' false is only supported with 'continue_final_message' true (a "
+        "prompt without a generation prompt has no answer to write)",
+        "add_generation_prompt");
+  }
+}
+
 void ReadChat(FieldReader& r, ApiRequest& req) {
   ReadCommon(r, req);
   ReadMessages(r, req);
+  ReadContinuation(r, req);
   std::optional<int64_t> max_tokens, max_completion_tokens;
   r.Integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens);
   r.Integer("max_completion_tokens", 1, std::numeric_limits<int32_t>::max(),
@@ -542,6 +602,7 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_dep
   }
   if (r.ok() && endpoint == Endpoint::kChatCompletions) {
     if (auto error = ReadChatTools(r, body, req)) return *error;
+    if (auto error = CheckChatHistory(req)) return *error;
   }
   r.IgnoreUnknown();
   if (!r.ok()) return r.error();

@@ -8,8 +8,10 @@
 // store, service_tier, stream_options); other unknown fields are ignored and logged once per
 // field name, as vLLM does. Extensions that vLLM and SGLang clients send are accepted too: top_k,
 // min_p, repetition_penalty, min_tokens, ignore_eos, skip_special_tokens,
-// chat_template_kwargs.thinking (alias enable_thinking). Absent sampling fields stay unset so
-// that the model's generation_config.json supplies the defaults later.
+// chat_template_kwargs.thinking (alias enable_thinking), continue_final_message and
+// add_generation_prompt (vLLM), and DeepSeek's "prefix" on the last assistant message. The
+// conversation is checked as a whole (frontend/chat_history.h). Absent sampling fields stay unset
+// so that the model's generation_config.json supplies the defaults later.
 //
 // Pure functions of their input; thread-safe.
 #pragma once
@@ -41,6 +43,7 @@ struct ChatMessage {
   std::string reasoning_content;     // assistant: its reasoning, as returned by this API
   std::vector<ToolCall> tool_calls;  // assistant
   std::string tool_call_id;          // tool
+  bool content_null = false;         // assistant: content absent or null (not "")
 };
 
 // tool_choice: "auto" (the model decides), "none" (tool calls are not parsed), "required" (the
@@ -55,6 +58,11 @@ struct ApiRequest {
   std::optional<std::vector<int32_t>> prompt_tokens;
   // Chat completions.
   std::vector<ChatMessage> messages;
+  // The answer continues the last message, an assistant message, instead of starting a new turn
+  // (vLLM's `continue_final_message`, or DeepSeek's `"prefix": true` on that message); the
+  // response carries only the continuation. docs/chat-format.md, "Continuing an assistant
+  // message".
+  bool continue_final_message = false;
   // response_format (frontend/response_format.h): the JSON Schema the output must satisfy, as
   // compact JSON; empty: text.
   std::string json_schema;

@@ -84,13 +84,17 @@ json ToolCalls(const std::vector<ToolCallDelta>& calls, bool stream) {
 
 // The chat message (whole response) or delta (stream). A message always has content (null when
 // the answer is only tool calls, as OpenAI), reasoning_content in thinking mode, tool_calls when
-// there are any; a delta carries only what it has (content "" when it has nothing else).
+// there are any. A delta carries only what it has; the first one has content "" when it has
+// nothing else (OpenAI's opening chunk), a later one none (OpenAI's last chunk is "delta": {}):
+// content "" there made SDK accumulators end a tool-call answer with content "" instead of null.
 json ChatMessageJson(const ApiRequest& req, const ChoiceDelta& d, bool stream, bool first) {
   json msg = json::object();
   if (!stream || first) msg["role"] = "assistant";
   if (stream) {
     if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
-    if (!d.text.empty() || (d.reasoning.empty() && d.tool_calls.empty())) msg["content"] = d.text;
+    if (!d.text.empty() || (first && d.reasoning.empty() && d.tool_calls.empty())) {
+      msg["content"] = d.text;
+    }
     if (!d.tool_calls.empty()) msg["tool_calls"] = ToolCalls(d.tool_calls, true);
     return msg;
   }

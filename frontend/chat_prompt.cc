@@ -11,6 +11,14 @@ text::ChatOptions ChatOptionsOf(const ApiRequest& req) {
   options.thinking = ThinkingOn(req);
   options.reasoning_effort_max = req.reasoning_effort == "max";
   if (req.tool_choice != ToolChoice::kNone) options.tools = req.tools;
+  if (req.continue_final_message && !req.messages.empty()) {
+    // docs/chat-format.md: in thinking mode a last message without content (and without tool
+    // calls) continues in its reasoning; otherwise the answer continues its content.
+    const ChatMessage& last = req.messages.back();
+    options.continuation = options.thinking && last.content.empty() && last.tool_calls.empty()
+                               ? text::ChatContinuation::kReasoning
+                               : text::ChatContinuation::kContent;
+  }
   return options;
 }
 

@@ -15,8 +15,9 @@
 
 namespace pdserve::frontend {
 
-// The chat format options of `req`: thinking (ThinkingOn), reasoning_effort max, and its tools
-// unless tool_choice is "none" (then the model is not offered them).
+// The chat format options of `req`: thinking (ThinkingOn), reasoning_effort max, its tools
+// unless tool_choice is "none" (then the model is not offered them), and the continuation of the
+// last message under continue_final_message.
 text::ChatOptions ChatOptionsOf(const ApiRequest& req);
 
 // The prompt ids of chat request `req`. Errors: InvalidArgument from ChatFormat::Render; as

@@ -294,6 +294,16 @@ void ChoiceText::Split(std::string text, bool at_end, ChoiceDelta& delta) {
   }
 }
 
+std::string ChoiceText::FinishText(const std::string& finish_reason) {
+  // A chat answer that max_tokens (or a guard) cut may end inside a character the next token
+  // would have completed (e.g. a tool-call block cut inside the 3-byte '｜'): that tail is
+  // dropped, not shown as U+FFFD. The model's own end ("stop": EOS, a stop token) keeps Decode's
+  // text, and /v1/completions' text is always Decode(ids) (its tokens' texts and text_offset
+  // describe exactly that text).
+  const bool cut = answer_.has_value() && finish_reason != "stop";
+  return (cut ? detokenizer_.FinishCut() : detokenizer_.Finish()).text;
+}
+
 void ChoiceText::End(const std::string& finish_reason, ChoiceDelta& delta) {
   // A choice that made tool calls and then stopped on its own ends with "tool_calls" (OpenAI).
   finish_reason_ = finish_reason == "stop" && tool_calls_ > 0 ? "tool_calls" : finish_reason;
@@ -316,7 +326,7 @@ ChoiceDelta ChoiceText::Add(const SampledText& sampled, const std::string& finis
   const bool stop_string = step.ok() && step->stopped;
   const bool ends = stop_string || !finish_reason.empty();
   std::string text = step.ok() ? step->text : "";
-  if (ends && !stop_string) text += detokenizer_.Finish().text;
+  if (ends && !stop_string) text += FinishText(finish_reason);
   Split(std::move(text), ends, delta);
   if (ends) End(stop_string ? "stop" : finish_reason, delta);
   return delta;
@@ -326,7 +336,7 @@ ChoiceDelta ChoiceText::Finish(const std::string& finish_reason) {
   ChoiceDelta delta;
   delta.index = index_;
   if (done_) return delta;
-  Split(detokenizer_.Finish().text, /*at_end=*/true, delta);
+  Split(FinishText(finish_reason), /*at_end=*/true, delta);
   End(finish_reason, delta);
   return delta;
 }

@@ -132,6 +132,8 @@ class ChoiceText {
   // Runs released text through the answer parser into `delta` (`at_end`: the choice is over).
   void Split(std::string text, bool at_end, ChoiceDelta& delta);
   void End(const std::string& finish_reason, ChoiceDelta& delta);
+  // The detokenizer's held-back text at the end of a choice ended with `finish_reason`.
+  std::string FinishText(const std::string& finish_reason);
 
   const RequestPreparer& preparer_;
   text::IncrementalDetokenizer detokenizer_;

@@ -1,5 +1,6 @@
 #include "loadgen/dataset.h"
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -7,6 +8,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/regular_file.h"
+#include "common/status.h"
 
 namespace pdserve::loadgen {
 namespace {
@@ -68,13 +71,9 @@ absl::StatusOr<std::vector<PromptItem>> MakeSyntheticPrompts(const SyntheticOpti
 }
 
 absl::StatusOr<std::vector<PromptItem>> LoadPromptFile(const std::string& path) {
-  // Only regular files: a FIFO or device (/dev/zero) would hang or never end.
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt file ", path, " is not a regular file"));
-  }
+  PDSERVE_RETURN_IF_ERROR(common::CheckRegularFile(path, "prompt file"));
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read prompt file ", path));
+  if (!in) return common::OpenError(path, errno, "prompt file");
   std::vector<PromptItem> out;
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {

@@ -63,6 +63,12 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
         kv::UcxTransport::Create(w->options_.transfer_lanes,
                                  /*post_on_lanes=*/true, w->options_.transfer_ucx_protocols));
     w->ucx_protocols_ = w->transport_->protocols();
+    if (w->options_.transfer_register_pages) {
+      // The pool outlives the transport (members in that order), which unmaps these at its end.
+      for (std::span<std::byte> block : w->pool_->HostBlocks()) {
+        PDSERVE_RETURN_IF_ERROR(w->transport_->RegisterMemory(block));
+      }
+    }
   }
   w->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
@@ -117,8 +123,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
                                       "Transfers posted and not yet committed or released"));
   w->in_flight_ = &in_flight->Get();
   PDSERVE_ASSIGN_OR_RETURN(w->transfer_metrics_, kv::TransferMetrics::Create(r, "send"));
-  spdlog::info("transfer: {} send lane(s), UCX protocols {}", w->options_.transfer_lanes,
-               kv::UcxProtocolsName(w->transport_->protocols()));
+  spdlog::info("transfer: {} send lane(s), UCX protocols {}, {} page-pool region(s) registered",
+               w->options_.transfer_lanes, kv::UcxProtocolsName(w->transport_->protocols()),
+               w->transport_->registered_regions());
   return w;
 }
 

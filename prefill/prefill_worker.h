@@ -80,6 +80,9 @@ struct PrefillWorkerOptions {
   int transfer_lanes = 1;
   // UCX's protocol implementation (config transfer.ucx_protocols; docs/protocol.md).
   kv::UcxProtocols transfer_ucx_protocols = kv::UcxProtocols::kV1;
+  // Register the page pool's host memory with the transport once (config
+  // transfer.register_pages; docs/protocol.md, "Registered page memory").
+  bool transfer_register_pages = false;
   std::string transfer_path = "host";  // the transfer metrics' path label
 };
 

@@ -155,8 +155,12 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
     for (const Worker* w : workers) out.push_back({w->up(), w->load()});
     return out;
   };
-  const std::vector<Candidate> p_candidates = candidates(prefill);
+  std::vector<Candidate> p_candidates = candidates(prefill);
   std::vector<Candidate> d_candidates = candidates(decode);
+  // Every prefill worker that is up holds max_prefills_per_worker of this router's requests:
+  // the choice waits here, where no lease runs, rather than in a prefill worker's queue with
+  // decode pages reserved.
+  const bool prefill_full = PrefillFull(&p_candidates);
   bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
   {
     absl::MutexLock lock(&request->mu);
@@ -175,12 +179,19 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   if (d < 0 && exclude_decode >= 0 && !full_one_up)
     d = decode_policy_->Pick(d_candidates, request->prepared.prompt);
   Actions actions;
+  bool queued = false;
   if (p < 0 || d < 0) {
     absl::MutexLock lock(&request->mu);
-    if (p >= 0 && full_one_up) {
+    if (p < 0 && prefill_full) {
+      request->waits_for_prefill = true;
+      if (!request->ended) Enqueue(*request, choice, &actions);
+      queued = !request->ended;
+    } else if (p >= 0 && full_one_up) {
       // Every decode worker left to ask went down or failed this choice: it waits for room on
       // the full ones, as when all are full (before: 503 "no decode worker is up" while one was).
+      request->waits_for_prefill = false;
       if (!request->ended) Enqueue(*request, choice, &actions);
+      queued = !request->ended;
     } else {
       request->Fail(frontend::ServerError(
                         503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
@@ -190,7 +201,9 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   }
   if (!actions.empty() || p < 0 || d < 0) {
     RunActions(actions);
-    return false;
+    // A queue's try that put the choice back is not "nothing sent": the queue then backs off
+    // instead of giving the same entry another try at once.
+    return queued;
   }
   auto attempt = std::make_shared<Attempt>();
   const int n = request->prepared.params.n;
@@ -280,96 +293,6 @@ void RouterService::ReleaseAttempt(Attempt& attempt, bool prefill, bool decode, 
   }
 }
 
-bool RouterService::DecodeLeftToAsk(Request& request, int choice) const {
-  const std::vector<Worker*> decode = pool_->decode();
-  const std::vector<int>& full = request.choices[static_cast<size_t>(choice)].full_decode;
-  for (size_t i = 0; i < decode.size(); ++i) {
-    if (decode[i]->up() && std::find(full.begin(), full.end(), static_cast<int>(i)) == full.end()) {
-      return true;
-    }
-  }
-  return false;
-}
-
-bool RouterService::FullDecodeUp(Request& request, int choice) const {
-  const std::vector<Worker*> decode = pool_->decode();
-  for (int full : request.choices[static_cast<size_t>(choice)].full_decode) {
-    if (decode[static_cast<size_t>(full)]->up()) return true;
-  }
-  return false;
-}
-
-void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
-  Choice& c = request.choices[static_cast<size_t>(choice)];
-  const std::string detail =
-      request.full_detail.empty() ? std::string() : absl::StrCat(" (", request.full_detail, ")");
-  if (queue_ == nullptr) {  // router.queue_timeout_ms 0: nothing waits, so nothing is queued
-    request.Fail(
-        frontend::ServerError(429, absl::StrCat("every decode worker is full; retry later", detail),
-                              "rate_limit_exceeded", "pool_exhausted"),
-        actions);
-    return;
-  }
-  const absl::Time now = absl::Now();
-  if (!c.queued_since) {
-    c.queued_since = now;
-    queued_->Get().Increment();
-  }
-  const absl::Time deadline = *c.queued_since + options_.queue_timeout;
-  if (now >= deadline) {
-    request.EndWait(choice, "timeout");
-    request.Fail(
-        frontend::ServerError(
-            429,
-            absl::StrCat("every decode worker stayed full for the ",
-                         absl::ToInt64Milliseconds(options_.queue_timeout),
-                         " ms the request may wait (router.queue_timeout_ms); retry later", detail),
-            "rate_limit_exceeded", "pool_exhausted"),
-        actions);
-    return;
-  }
-  std::shared_ptr<Request> r = request.shared_from_this();
-  AdmissionQueue::Entry entry;
-  entry.deadline = deadline;
-  entry.admit = [this, r, choice] { return Admit(r, choice); };
-  entry.expire = [this, r, choice] { Expire(r, choice); };
-  if (!request.Move(choice, ChoiceEvent::kQueue, actions)) return;
-  request.MoveOthers(ChoiceEvent::kQueue, actions);  // the group waits as one
-  if (c.queue_ticket != 0) {
-    queue_->PushBack(c.queue_ticket, std::move(entry));  // keeps its place
-  } else {
-    c.queue_ticket = queue_->Push(std::move(entry));
-  }
-}
-
-bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
-  Actions actions;
-  bool dispatch = false;
-  {
-    absl::MutexLock lock(&request->mu);
-    dispatch = request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
-               !request->cancelled.load();
-    if (dispatch) request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
-    // A new round: ask them all.
-    if (dispatch) request->choices[static_cast<size_t>(choice)].full_decode.clear();
-  }
-  RunActions(actions);
-  return dispatch && Dispatch(request, choice, -1, -1, /*from_queue=*/true);
-}
-
-void RouterService::Expire(const std::shared_ptr<Request>& request, int choice) {
-  Actions actions;
-  {
-    absl::MutexLock lock(&request->mu);
-    if (request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
-        !request->cancelled.load()) {
-      request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
-      Enqueue(*request, choice, &actions);  // past its deadline: fails with 429
-    }
-  }
-  RunActions(actions);
-}
-
 void RouterService::OnReserved(const std::shared_ptr<Request>& request,
                                const std::shared_ptr<Attempt>& attempt,
                                const grpc::Status& status) {
@@ -419,6 +342,7 @@ RouterService::Retry RouterService::ReserveFailed(Request& request, Attempt& att
     // workers are asked first; when all are full the choice waits for room.
     --choice.attempts;
     choice.full_decode.push_back(attempt.decode_index);
+    request.waits_for_prefill = false;
     request.full_detail =
         absl::StrCat("decode worker ", attempt.decode->name(), ": ", status.error_message());
     if (DecodeLeftToAsk(request, c)) {
@@ -536,6 +460,8 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
     absl::MutexLock lock(&request->mu);
     attempt->prefill_pending.store(false);
     ReleaseAttempt(*attempt, true, false);
+    // A prefill slot of this router freed: a choice waiting for one gets a try.
+    if (queue_ != nullptr && options_.max_prefills_per_worker > 0) queue_->RoomFreed();
     // Cancelled by CancelPrefillsOn: the worker was marked down while it prefilled.
     const bool on_down =
         attempt->prefill_on_down.load() && status.error_code() == grpc::StatusCode::CANCELLED;

@@ -64,7 +64,8 @@ std::optional<frontend::ApiError> CheckChatOnly(const pv1::GenerateRequest& requ
       {"tool_choice", request.has_tool_choice()},
       {"tool_choice_function", request.has_tool_choice_function()},
       {"parallel_tool_calls", request.has_parallel_tool_calls()},
-      {"response_format", request.has_response_format()}};
+      {"response_format", request.has_response_format()},
+      {"continue_final_message", request.has_continue_final_message()}};
   for (const auto& [name, set] : chat_only) {
     if (set) {
       return frontend::InvalidRequest(absl::StrCat("'", name, "' is for chat prompts only"), name);
@@ -157,6 +158,9 @@ std::optional<frontend::ApiError> AddChat(const pv1::GenerateRequest& request, o
   }
   if (request.has_thinking()) body["chat_template_kwargs"] = {{"thinking", request.thinking()}};
   if (request.has_reasoning_effort()) body["reasoning_effort"] = request.reasoning_effort();
+  if (request.has_continue_final_message()) {
+    body["continue_final_message"] = request.continue_final_message();
+  }
   if (auto error = AddTools(request, body)) return error;
   if (request.has_response_format()) return AddResponseFormat(request.response_format(), body);
   return std::nullopt;

@@ -151,6 +151,9 @@ struct RouterService::Request : std::enable_shared_from_this<Request> {
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;
   int reserved_choices ABSL_GUARDED_BY(mu) = 0;  // choices that held a reservation once
   std::string full_detail ABSL_GUARDED_BY(mu);   // the last "no room" answer, for the 429
+  // What the request last waited for: true, a prefill worker under the router's
+  // max_prefills_per_worker (429 prefill_busy); false, decode room (429 pool_exhausted).
+  bool waits_for_prefill ABSL_GUARDED_BY(mu) = false;
 
   // Moves choice `choice` (or `attempt`) on by `event` (router/lifecycle.h). An illegal event
   // is a bug: logged as an error, and the request fails with a 500. Returns whether it was legal.

@@ -53,6 +53,7 @@ absl::StatusOr<RouterOptions> OptionsFromConfig(const config::DeployConfig& conf
   o.lease_ms = config.lease_ms;
   o.prefill_timeout = absl::Milliseconds(config.router.prefill_timeout_ms);
   o.queue_timeout = absl::Milliseconds(config.router.queue_timeout_ms);
+  o.max_prefills_per_worker = config.router.max_prefills_per_worker;
   PDSERVE_ASSIGN_OR_RETURN(o.worker_credentials,
                            common::ClusterChannelCredentials(config.security));
   return o;

@@ -103,6 +103,15 @@ struct RouterOptions {
   // answered RESOURCE_EXHAUSTED: no batch slot or no state pages) before the request gets 429
   // with Retry-After. router.queue_timeout_ms; zero: no waiting, 429 at once.
   absl::Duration queue_timeout = absl::Seconds(60);
+  // At most this many of this router's requests are dispatched to one prefill worker at a time
+  // (from its Reserve until its Prefill answers); when every prefill worker that is up holds
+  // that many, a new choice waits in the admission queue (with the same queue_timeout, then 429
+  // prefill_busy) and reserves no decode pages meanwhile. The prefill worker runs one prefill at
+  // a time, so 2 keeps the next one waiting there (no gap between prefills) while the rest wait
+  // here, where no transfer lease runs (docs/architecture.md, "Admission").
+  // router.max_prefills_per_worker; 0: no cap (every request goes to a prefill worker's own
+  // queue at once, which gives up after half the transfer lease).
+  int64_t max_prefills_per_worker = 2;
   AdmissionQueue::Options queue;  // its backoff for tries nobody signalled
   // Credentials of the channels to the workers (mutual TLS under security.cluster_tls,
   // common/tls_credentials.h); null: insecure.
@@ -155,21 +164,28 @@ class RouterService : public frontend::GenerationService {
     return id_base_ + next_id_.fetch_add(static_cast<uint64_t>(std::max(n, 1)));
   }
   // Picks workers and sends Reserve for choice `choice` of `request`, skipping the decode
-  // workers that answered "no room" for it since it last left the queue. `exclude_*`: the workers
-  // of a failed attempt (-1: none). `from_queue`: the admission queue's try. Returns whether a
-  // Reserve was sent (false: the request is gone, or it failed with 503 for want of workers).
+  // workers that answered "no room" for it since it last left the queue and the prefill workers
+  // that hold options.max_prefills_per_worker (when all do, the choice waits in the queue).
+  // `exclude_*`: the workers of a failed attempt (-1: none). `from_queue`: the admission queue's
+  // try. Returns whether a Reserve was sent or the choice went back to the queue (false: the
+  // request is gone, or it failed for want of workers).
   bool Dispatch(const std::shared_ptr<Request>& request, int choice, int exclude_prefill,
                 int exclude_decode, bool from_queue = false);
-  // REQUIRES: request.mu held. Choice `choice` found every decode worker full (or arrived while
-  // others wait): it waits in the admission queue, in its old place when it waited before, until
-  // its wait passes options.queue_timeout; past that (or with no queue) the request fails with
-  // 429 pool_exhausted.
+  // REQUIRES: request.mu held. Choice `choice` found every decode worker full or every prefill
+  // worker at max_prefills_per_worker (request.waits_for_prefill), or arrived while others wait:
+  // it waits in the admission queue, in its old place when it waited before, until its wait
+  // passes options.queue_timeout; past that (or with no queue) the request fails with 429
+  // pool_exhausted (decode room) or prefill_busy (prefill room).
   void Enqueue(Request& request, int choice, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
   // The admission queue's callbacks (its thread): a try for a waiting choice, and the end of a
   // wait that passed its deadline (429).
   bool Admit(const std::shared_ptr<Request>& request, int choice);
   void Expire(const std::shared_ptr<Request>& request, int choice);
+  // Marks the prefill candidates holding options.max_prefills_per_worker of this router's
+  // requests as not to be picked; returns whether that left none of those up (the choice waits
+  // for prefill room). Always false with no cap.
+  bool PrefillFull(std::vector<Candidate>* candidates) const;
   // REQUIRES: request.mu held. Whether a decode worker that is up has not answered "no room" for
   // `choice` yet.
   bool DecodeLeftToAsk(Request& request, int choice) const

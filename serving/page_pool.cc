@@ -77,6 +77,16 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PagePoolOptions optio
 PagePool::PagePool(std::vector<Kind> kinds, bool poison_freed, bool host_memory)
     : poison_freed_(poison_freed), host_memory_(host_memory), kinds_(std::move(kinds)) {}
 
+std::vector<std::span<std::byte>> PagePool::HostBlocks() const {
+  std::vector<std::span<std::byte>> blocks;
+  if (!host_memory_) return blocks;
+  for (const Kind& kind : kinds_) {
+    blocks.push_back(
+        {kind.memory.get(), static_cast<size_t>(kind.spec.page_bytes() * kind.spec.num_pages)});
+  }
+  return blocks;
+}
+
 std::byte* PagePool::PageBytes(const Kind& kind, int32_t page) const {
   return kind.memory.get() +
          static_cast<size_t>(page) * static_cast<size_t>(kind.spec.page_bytes());

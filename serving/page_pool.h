@@ -126,6 +126,11 @@ class PagePool {
   int64_t num_owners() const;  // requests holding pages
   bool poison_freed() const { return poison_freed_; }
   bool host_memory() const { return host_memory_; }
+  // Each kind's whole block of page bytes (num_pages * page_bytes, 64-byte aligned), in kind
+  // order; empty for a pool without host memory. The blocks live as long as the pool; a
+  // transport registers them once for zero-copy (kvtransfer/ucx: UcxTransport::RegisterMemory).
+  // The spans carry no ownership: Data() and Free still govern who may touch a page's bytes.
+  std::vector<std::span<std::byte>> HostBlocks() const;
 
  private:
   struct Page {

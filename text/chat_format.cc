@@ -194,6 +194,30 @@ absl::Status WriteToolCalls(const DeepSeekV4Tokens& tokens, std::span<const Chat
   return absl::OkStatus();
 }
 
+// A continued conversation (ChatOptions::continuation) ends with an assistant turn, without tool
+// calls, right after a user turn (which opens it with the assistant marker; this format has no
+// other way to open an assistant turn). kReasoning needs thinking mode and no content.
+absl::Status CheckContinuation(const std::vector<Turn>& turns, const ChatOptions& options) {
+  if (options.continuation == ChatContinuation::kNone) return absl::OkStatus();
+  const size_t n = turns.size();
+  if (turns[n - 1].role != "assistant" || n < 2 || turns[n - 2].role != "user") {
+    return absl::InvalidArgumentError(
+        "chat: only an assistant message right after a user or tool message can be continued");
+  }
+  const ChatMessage& last = *turns[n - 1].message;
+  if (!last.tool_calls.empty()) {
+    return absl::InvalidArgumentError(
+        "chat: an assistant message with tool calls cannot be "
+        "continued");
+  }
+  if (options.continuation == ChatContinuation::kReasoning &&
+      (!options.thinking || !last.content.empty())) {
+    return absl::InvalidArgumentError(
+        "chat: continuing the reasoning needs thinking mode and a message without content");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckControlToken(const Tokenizer& tokenizer, const std::string& token,
                                const char* what) {
   if (!tokenizer.added_vocabulary().TokenToId(token)) {
@@ -245,6 +269,7 @@ absl::StatusOr<std::vector<ChatSegment>> DeepSeekV4ChatFormat::Render(
   }
   std::vector<Turn> turns = MergeTurns(messages);
   SortToolResults(turns);
+  PDSERVE_RETURN_IF_ERROR(CheckContinuation(turns, options));
   // encode_messages turns drop_thinking off when the conversation has tools.
   const bool keep_reasoning = !options.tools.empty();
   const int count = static_cast<int>(turns.size());
@@ -272,15 +297,20 @@ absl::StatusOr<std::vector<ChatSegment>> DeepSeekV4ChatFormat::Render(
       }
     } else {
       // Reasoning of turns before the last user turn is dropped unless tools keep it.
+      // The continued last turn stays open: no EOS, and in kReasoning no think_end either.
+      const bool open = options.continuation != ChatContinuation::kNone && i + 1 == count;
       if (options.thinking && (keep_reasoning || i > last_user)) {
         out.Plain(t.message->reasoning_content);
-        out.Control(tokens_.think_end);
+        // kReasoning: the content is empty (CheckContinuation), nothing follows the reasoning.
+        if (!open || options.continuation != ChatContinuation::kReasoning) {
+          out.Control(tokens_.think_end);
+        }
       }
       out.Plain(t.message->content);
       if (!t.message->tool_calls.empty()) {
         PDSERVE_RETURN_IF_ERROR(WriteToolCalls(tokens_, t.message->tool_calls, out));
       }
-      out.Control(tokens_.eos);
+      if (!open) out.Control(tokens_.eos);
     }
     const bool next_is_assistant = i + 1 < count && turns[i + 1].role == "assistant";
     if (t.role == "user" && (next_is_assistant || i + 1 == count)) {
@@ -296,18 +326,22 @@ std::vector<std::string> DeepSeekV4ChatFormat::ControlTokensNotInAnswer(
     const ChatOptions& options) const {
   std::vector<std::string> out = {tokens_.bos, tokens_.user, tokens_.assistant,
                                   tokens_.think_begin};
-  if (!options.thinking) out.push_back(tokens_.think_end);
+  if (!AnswerOpensInReasoning(options)) out.push_back(tokens_.think_end);
   return out;
 }
 
 ChatOutputOptions DeepSeekV4ChatFormat::AnswerOptions(const ChatOptions& options,
                                                       bool parse_tools) const {
   ChatOutputOptions out;
-  out.thinking = options.thinking;
+  out.thinking = AnswerOpensInReasoning(options);
   out.tools = parse_tools;
   out.think_end = tokens_.think_end;
   out.dsml = tokens_.dsml;
   return out;
+}
+
+bool AnswerOpensInReasoning(const ChatOptions& options) {
+  return options.thinking && options.continuation != ChatContinuation::kContent;
 }
 
 std::vector<int32_t> ControlTokenIdsNotInAnswer(const ChatFormat& format,

@@ -38,8 +38,19 @@ struct ChatMessage {
   std::string tool_call_id;              // tool only: the call this result answers
 };
 
+// Where the answer starts when the request continues the conversation's last message, an
+// assistant message (vLLM's `continue_final_message`, DeepSeek's `"prefix": true`): that turn is
+// rendered open (no EOS) and the answer is its continuation.
+enum class ChatContinuation {
+  kNone,       // a new assistant turn after the last message (a user or tool message)
+  kContent,    // the answer continues the last message's content
+  kReasoning,  // thinking mode, the last message has no content and no tool calls: the answer
+               // continues its reasoning (the turn is left open inside <think>)
+};
+
 struct ChatOptions {
   bool thinking = false;  // thinking mode (the model reasons inside <think>...</think>)
+  ChatContinuation continuation = ChatContinuation::kNone;
   bool add_bos = true;
   // reasoning_effort "max": in thinking mode the prompt opens with DeepSeek's instruction
   // paragraph (REASONING_EFFORT_MAX of encoding_dsv4.py).
@@ -62,8 +73,11 @@ class ChatFormat {
   virtual ~ChatFormat() = default;
   virtual std::string_view name() const = 0;
   // Renders `messages` to prompt segments (generation prompt included after a final user or
-  // tool turn). Errors: InvalidArgument for an unknown role, an empty conversation, or tool-call
-  // arguments that are JSON but not an object.
+  // tool turn; with options.continuation, the final assistant turn left open instead).
+  // Errors: InvalidArgument for an unknown role, an empty conversation, tool-call arguments that
+  // are JSON but not an object, or a continuation the conversation cannot take (the last message
+  // is not an assistant message right after a user or tool message, it has tool calls, or
+  // kReasoning without thinking or with content).
   virtual absl::StatusOr<std::vector<ChatSegment>> Render(std::span<const ChatMessage> messages,
                                                           const ChatOptions& options) const = 0;
   // Control tokens that cannot occur in the assistant's answer to a prompt rendered with
@@ -98,8 +112,9 @@ class DeepSeekV4ChatFormat : public ChatFormat {
   std::string_view name() const override { return "deepseek_v4"; }
   absl::StatusOr<std::vector<ChatSegment>> Render(std::span<const ChatMessage> messages,
                                                   const ChatOptions& options) const override;
-  // BOS, both role markers and think_begin; think_end too in non-thinking mode (the generation
-  // prompt already ends with it). In thinking mode the answer closes its reasoning with think_end.
+  // BOS, both role markers and think_begin; think_end too unless the answer opens in its
+  // reasoning (AnswerOpensInReasoning: then the answer closes its reasoning with think_end; else
+  // the prompt already has it).
   std::vector<std::string> ControlTokensNotInAnswer(const ChatOptions& options) const override;
   ChatOutputOptions AnswerOptions(const ChatOptions& options, bool parse_tools) const override;
   const DeepSeekV4Tokens& tokens() const { return tokens_; }
@@ -107,6 +122,10 @@ class DeepSeekV4ChatFormat : public ChatFormat {
  private:
   DeepSeekV4Tokens tokens_;
 };
+
+// Whether the answer to a prompt rendered with `options` opens inside its reasoning: thinking
+// mode, unless it continues the content of the last message.
+bool AnswerOpensInReasoning(const ChatOptions& options);
 
 // Chooses the chat format of `model_dir`, in this order:
 //  1. tokenizer_config.json "pdserve_chat_format": "deepseek_v4", or

@@ -78,13 +78,18 @@ absl::StatusOr<DetokenizeStep> IncrementalDetokenizer::Add(int32_t id) {
   return step;
 }
 
-DetokenizeStep IncrementalDetokenizer::Finish() {
+DetokenizeStep IncrementalDetokenizer::Finish() { return End(/*drop_tail=*/false); }
+
+DetokenizeStep IncrementalDetokenizer::FinishCut() { return End(/*drop_tail=*/true); }
+
+DetokenizeStep IncrementalDetokenizer::End(bool drop_tail) {
   DetokenizeStep step;
   if (stopped_) {
     step.stopped = true;
     return step;
   }
-  pending_ += Utf8Lossy(bytes_);
+  // Add() left only an unfinished sequence in bytes_ (IncompleteUtf8Tail).
+  if (!drop_tail) pending_ += Utf8Lossy(bytes_);
   bytes_.clear();
   Release(/*at_end=*/true, &step);
   return step;

@@ -49,10 +49,17 @@ class IncrementalDetokenizer {
   // Ends the stream: releases held-back text (an unfinished UTF-8 tail becomes U+FFFD, as in
   // Decode; partial stop-string prefixes are released since they can no longer complete).
   DetokenizeStep Finish();
+  // Ends a stream that was cut short (max_tokens, a guard): as Finish, except that an unfinished
+  // UTF-8 tail (bytes a later token could still have completed into one character) is dropped
+  // instead of becoming U+FFFD: the cut fell inside that character. Bytes that are invalid
+  // whatever follows still become U+FFFD.
+  DetokenizeStep FinishCut();
 
   bool stopped() const { return stopped_; }
 
  private:
+  // Finish / FinishCut: `drop_tail` drops the unfinished UTF-8 tail.
+  DetokenizeStep End(bool drop_tail);
   // Moves final text from pending_ to the step, stopping at a complete stop string.
   void Release(bool at_end, DetokenizeStep* step);
 

@@ -1,9 +1,12 @@
 #include "text/tokenizer_config.h"
 
+#include <cerrno>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
+#include "common/status.h"
 
 namespace pdserve::text {
 namespace {
@@ -25,13 +28,9 @@ std::optional<bool> OptionalBool(const json& config, const char* key) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
-  // Only regular files: a directory, FIFO or device (/dev/zero) would hang or never end.
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a regular file"));
-  }
+  PDSERVE_RETURN_IF_ERROR(common::CheckRegularFile(path.string()));
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
+  if (!in) return common::OpenError(path.string(), errno);
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) return absl::InternalError(absl::StrCat("cannot read ", path.string()));

@@ -10,7 +10,11 @@
 //                  sender's time went (medians): "post" (the PostLayer calls: checksums and the
 //                  sends handed over), "drain" (the Poll loop after the last post, to the
 //                  delivered commit)
-//                  UCX's protocols: UCX_PROTO_ENABLE in the environment (v1 when unset)
+//                  UCX's protocols: UCX_PROTO_ENABLE in the environment (v1 when unset);
+//                  PDSERVE_BENCH_REGISTER_PAGES=1: both sides register their page memory once
+//                  and pass its handle with each page (transfer.register_pages: docs/protocol.md,
+//                  "Registered page memory"); =0: neither registers; unset: only the receiver
+//                  registers its pool (this bench's behaviour before the switch)
 //         get-proto  a receiver-pulled protocol's shape (below, before main): P's pages in
 //                  UCX-allocated memory, a small AM per page, D pulls it with ucp_get_nbx,
 //                  checksums on both sides, an answer per page; timed on P until all answered
@@ -159,13 +163,22 @@ void MemcpyBound(const Config& config) {
 
 // ---- pdserve protocol -------------------------------------------------------------------------
 
+// PDSERVE_BENCH_REGISTER_PAGES: 1, 0, or -1 when unset or empty.
+int RegisterPagesFromEnvironment() {
+  const char* value = std::getenv("PDSERVE_BENCH_REGISTER_PAGES");
+  if (value == nullptr || *value == '\0') return -1;
+  return std::string(value) == "1" ? 1 : 0;
+}
+
 void PdserveReceiver(const Config& config, Channel& channel) {
   SystemClock clock;
   auto receiver = CreateUcxReceiver(
       {.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {}, nullptr, config.lanes);
   if (!receiver.ok()) Die(receiver.status());
   std::vector<std::byte> pool(config.total_bytes);
-  if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);
+  if (RegisterPagesFromEnvironment() != 0) {
+    if (absl::Status s = (*receiver)->RegisterMemory(pool); !s.ok()) Die(s);
+  }
   std::vector<double> seconds;
   std::vector<double> post_ms;
   std::vector<double> drain_ms;
@@ -211,6 +224,9 @@ void PdserveSender(const Config& config, Channel& channel) {
   auto transport = UcxTransport::Create(config.lanes);
   if (!transport.ok()) Die(transport.status());
   std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});
+  if (RegisterPagesFromEnvironment() == 1) {
+    if (absl::Status s = (*transport)->RegisterMemory(source); !s.ok()) Die(s);
+  }
   std::unique_ptr<TaskPool> pool;
   SenderOptions options;
   if (config.checksum_threads > 0) {

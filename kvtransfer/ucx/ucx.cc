@@ -254,6 +254,35 @@ absl::StatusOr<std::vector<std::byte>> UcxMemory::PackRemoteKey() const {
   return packed;
 }
 
+absl::Status UcxRegistrations::Add(const UcxContext& context, std::span<const std::byte> memory) {
+  if (memory.empty()) return absl::InvalidArgumentError("registering empty memory");
+  // ucp_mem_map takes a non-const address; registration does not write the bytes.
+  auto registered =
+      UcxMemory::Register(context, const_cast<std::byte*>(memory.data()), memory.size());
+  if (!registered.ok()) return registered.status();
+  absl::MutexLock lock(&mu_);
+  regions_.push_back({memory.data(), memory.data() + memory.size(), std::move(*registered)});
+  return absl::OkStatus();
+}
+
+ucp_mem_h UcxRegistrations::Find(const void* data, size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  absl::ReaderMutexLock lock(&mu_);
+  for (const Region& region : regions_) {
+    const auto region_begin = reinterpret_cast<uintptr_t>(region.begin);
+    const auto region_end = reinterpret_cast<uintptr_t>(region.end);
+    if (begin >= region_begin && begin <= region_end && bytes <= region_end - begin) {
+      return region.memory.get();
+    }
+  }
+  return nullptr;
+}
+
+size_t UcxRegistrations::size() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return regions_.size();
+}
+
 absl::StatusOr<UcxRemoteKey> UcxRemoteKey::Unpack(const UcxEndpoint& ep,
                                                   std::span<const std::byte> packed) {
   ucp_rkey_h rkey = nullptr;

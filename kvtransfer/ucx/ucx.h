@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "ucp/api/ucp.h"
 
 namespace pdserve::kv {
@@ -163,6 +165,34 @@ class UcxMemory {
   ucp_context_h context_ = nullptr;
   ucp_mem_h memh_ = nullptr;
   std::byte* data_ = nullptr;
+};
+
+// The memory a transport registered once with ucp_mem_map (a page pool's blocks), so a send or
+// a rendezvous receive of a page inside it passes that handle (UCP_OP_ATTR_FIELD_MEMH) instead of
+// UCX registering the page per operation (docs/protocol.md, "Registered page memory").
+//
+// Ownership: the registrations belong to the transport that made them and are unmapped when it
+// goes, after its workers (so after every send and receive that used one completed or was
+// purged) and before its context. The memory itself belongs to the caller and must outlive the
+// transport. Thread-safety: Add and Find from any thread (a reader lock; Find runs on lane
+// threads).
+class UcxRegistrations {
+ public:
+  // Registers [memory.data(), + size()) with `context`. Errors: UcsToStatus of ucp_mem_map;
+  // InvalidArgument for empty memory.
+  absl::Status Add(const UcxContext& context, std::span<const std::byte> memory);
+  // The handle of a registration that holds all of [data, data + bytes), or nullptr.
+  ucp_mem_h Find(const void* data, size_t bytes) const;
+  size_t size() const;
+
+ private:
+  struct Region {
+    const std::byte* begin;
+    const std::byte* end;
+    UcxMemory memory;
+  };
+  mutable absl::Mutex mu_;
+  std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
 };
 
 // A remote key unpacked for one endpoint (valid only with that endpoint).

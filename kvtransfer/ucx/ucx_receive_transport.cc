@@ -98,11 +98,8 @@ void UcxReceiveTransport::Stop() {
 }
 
 absl::Status UcxReceiveTransport::RegisterMemory(std::span<std::byte> memory) {
-  // One registration serves every worker of the context.
-  auto registered = UcxMemory::Register(context_, memory.data(), memory.size());
-  if (!registered.ok()) return registered.status();
-  registered_.push_back(std::move(*registered));
-  return absl::OkStatus();
+  // One registration serves every worker (lane) of the context.
+  return registered_.Add(context_, memory);
 }
 
 void UcxReceiveTransport::Progress() {
@@ -178,6 +175,14 @@ ucs_status_t UcxReceiveTransport::OnPage(void* arg, const void* header, size_t h
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   request_param.cb.recv_am = &UcxReceiveTransport::OnLanded;
   request_param.user_data = landing;
+  // The destination's registration (the page pool's, RegisterMemory), so UCX does not register
+  // the page for this receive.
+  if (ucp_mem_h memh =
+          self->registered_.Find(target->destination.data(), target->destination.size());
+      memh != nullptr) {
+    request_param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    request_param.memh = memh;
+  }
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(
       handler->lane->worker().get(), data, target->destination.data(), length, &request_param);
   if (UCS_PTR_IS_ERR(request)) {

@@ -66,7 +66,8 @@ class UcxReceiveTransport final : public ReceiveTransport {
   static void OnLanded(void* request, ucs_status_t status, size_t length, void* user_data);
 
   UcxContext context_;
-  std::vector<UcxMemory> registered_;  // Outlives the workers' receives.
+  // After context_, before lanes_: unmapped after the workers (and their receives) go.
+  UcxRegistrations registered_;
   std::vector<std::unique_ptr<UcxLane>> lanes_;
   std::vector<std::unique_ptr<Handler>> handlers_;  // Index = lane: the AM handlers' argument.
   std::vector<std::byte> address_;

@@ -17,9 +17,15 @@ namespace {
 // the lane's lock; the completion callback frees the UCX request itself.
 class UcxSendOp final : public SendOp, public LaneSend {
  public:
+  // `memh`: a registration that holds the payload (UcxRegistrations), or nullptr.
   UcxSendOp(UcxLane& lane, std::vector<std::byte> header, ucp_ep_h ep, unsigned am_id,
-            std::span<const std::byte> payload)
-      : lane_(lane), header_(std::move(header)), ep_(ep), am_id_(am_id), payload_(payload) {}
+            std::span<const std::byte> payload, ucp_mem_h memh)
+      : lane_(lane),
+        header_(std::move(header)),
+        ep_(ep),
+        am_id_(am_id),
+        payload_(payload),
+        memh_(memh) {}
   ~UcxSendOp() override {
     absl::MutexLock lock(&lane_.mu());
     if (queued_.load()) lane_.Withdraw(this);
@@ -43,6 +49,10 @@ class UcxSendOp final : public SendOp, public LaneSend {
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &UcxSendOp::OnDone;
     param.user_data = this;
+    if (memh_ != nullptr) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = memh_;
+    }
     const ucs_status_ptr_t request = ucp_am_send_nbx(ep_, am_id_, header_.data(), header_.size(),
                                                      payload_.data(), payload_.size(), &param);
     if (request == nullptr) {
@@ -98,6 +108,7 @@ class UcxSendOp final : public SendOp, public LaneSend {
   const ucp_ep_h ep_;
   const unsigned am_id_;
   const std::span<const std::byte> payload_;
+  const ucp_mem_h memh_;  // Owned by the transport's registrations, which outlive the op.
   // Waiting in the lane's queue: set before Submit, cleared under lane_.mu() when the lane posts
   // or abandons it or a cancel withdraws it (a send off the queue is posted under that lock).
   std::atomic<bool> queued_{false};
@@ -218,7 +229,8 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
   }
   auto op = std::make_unique<UcxSendOp>(
       *lanes_[lane], std::vector<std::byte>(header.begin(), header.end()),
-      peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload);
+      peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload,
+      kind == WireKind::kPage ? registered_.Find(payload.data(), payload.size()) : nullptr);
   if (kind == WireKind::kPage && post_on_lanes_ && lanes_[lane]->threaded()) {
     op->Queue();
   } else {
@@ -226,6 +238,10 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
     op->Post();
   }
   return op;
+}
+
+absl::Status UcxTransport::RegisterMemory(std::span<const std::byte> memory) {
+  return registered_.Add(context_, memory);
 }
 
 void UcxTransport::Progress() {

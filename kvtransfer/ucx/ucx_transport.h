@@ -44,6 +44,16 @@ class UcxTransport final : public PageTransport {
   void Progress() override;
   absl::Status PeerStatus(PeerId peer) const override;
   void Disconnect(PeerId peer) override;
+  // Registers `memory` (e.g. each block of the prefill's page pool, serving::PagePool::HostBlocks)
+  // once with ucp_mem_map; a later page send whose payload lies inside it passes that handle to
+  // UCX (UCP_OP_ATTR_FIELD_MEMH), so UCX does not register the page itself (docs/protocol.md,
+  // "Registered page memory"). Under UCX 1.13's v2 protocols UCX ignores the handle for sends.
+  // The registration lives until the transport goes (after its workers, so after every send that
+  // used it); `memory` must outlive the transport. Call from the transport's one caller thread.
+  // Errors: InvalidArgument for empty memory; UcsToStatus of ucp_mem_map.
+  absl::Status RegisterMemory(std::span<const std::byte> memory);
+  // Registrations made so far.
+  size_t registered_regions() const { return registered_.size(); }
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   // The protocols in effect (UCX_PROTO_ENABLE in the environment overrides the request).
   UcxProtocols protocols() const { return context_.protocols(); }
@@ -79,6 +89,8 @@ class UcxTransport final : public PageTransport {
   void CloseEndpoints(Peer& peer);
 
   UcxContext context_;
+  // After context_ and before lanes_: unmapped after the workers go, before the context.
+  UcxRegistrations registered_;
   std::vector<std::unique_ptr<UcxLane>> lanes_;
   std::map<PeerId, Peer> peers_;
   PeerId next_peer_ = 1;

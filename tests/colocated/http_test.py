@@ -4,8 +4,11 @@
 Starts the server on a free loopback port and checks, with curl and with the OpenAI python client:
 non-streamed and streamed completions and chat completions, that streamed text equals the
 non-streamed text for the same seed, usage and finish_reason, 400 context_length_exceeded (a chat
-prompt over the context names "messages"), /v1/models listing the model once (its path still
-accepted as an alias), /v1/completions' top_logprobs dicts ordered most likely first, and /metrics:
+prompt over the context names "messages"), a conversation ending with an assistant message (400
+naming continue_final_message; with it, or DeepSeek's "prefix", the open turn's greedy
+completion), inconsistent histories and image parts (400 naming the message), /v1/models
+listing the model once (its path still accepted as an alias), /v1/completions' top_logprobs dicts
+ordered most likely first, and /metrics:
 every family it exports is in docs/metrics.md with that type, pdserve_build_info has role "serve",
 and `promtool check metrics` accepts it (where promtool is installed); `pdserve check` with a
 prompt set over the model's context says so in its first line and exits 2.
@@ -119,6 +122,50 @@ def main():
         chat_text = json.loads(body)["choices"][0]["message"]["content"]
         code, body = curl(base + "/v1/chat/completions", dict(chat, stream=True), stream=True)
         check(sse_text(body, chat=True)[0] == chat_text, "curl: streamed chat == non-streamed chat")
+
+        # A conversation ending with an assistant message: 400 naming the field to use; with it,
+        # the turn is left open (no EOS) and the answer continues it, as the same prompt through
+        # /v1/completions does (greedy). docs/chat-format.md, "Continuing an assistant message".
+        ends = {"model": model, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "And God"}]}
+        code, body = curl(base + "/v1/chat/completions", ends)
+        check(code == 400 and "continue_final_message" in json.loads(body)["error"]["message"],
+              f"a last assistant message without continue_final_message: {code} {body}")
+        for extra in ({"continue_final_message": True}, {"add_generation_prompt": False,
+                                                         "continue_final_message": True}):
+            code, body = curl(base + "/v1/chat/completions", dict(ends, **extra))
+            check(code == 200, f"continue_final_message: HTTP {code} {body}")
+            cont = json.loads(body)
+            ids = subprocess.run(
+                [args.pdserve, "tokenize", "--model", args.model, "--allow-special", "--text",
+                 "<｜User｜>hi<｜Assistant｜></think>And God"],
+                capture_output=True, text=True, check=True).stdout.replace(",", " ").split()
+            code, body = curl(base + "/v1/completions", {
+                "model": model, "max_tokens": 8, "temperature": 0, "prompt": [int(i) for i in ids]})
+            same = json.loads(body)
+            check(cont["usage"]["prompt_tokens"] == same["usage"]["prompt_tokens"] == 8
+                  and cont["choices"][0]["message"]["content"] == same["choices"][0]["text"],
+                  f"the continuation is the open turn's completion: {cont} {same}")
+        prefixed = dict(ends, messages=[ends["messages"][0],
+                                        dict(ends["messages"][1], prefix=True)])
+        code, body = curl(base + "/v1/chat/completions", prefixed)
+        check(code == 200 and json.loads(body)["choices"][0]["message"]["content"] ==
+              cont["choices"][0]["message"]["content"], f"DeepSeek's prefix: true: {code} {body}")
+        for messages, wanted in (
+                ([{"role": "user", "content": "x"},
+                  {"role": "tool", "content": "42", "tool_call_id": "nope"}], "messages[1]: "),
+                ([{"role": "tool", "content": "42", "tool_call_id": "a"}], "messages[0]: "),
+                ([{"role": "user", "content": "x"}, {"role": "assistant", "content": None},
+                  {"role": "user", "content": "y"}], "messages[1]: an assistant message needs"),
+                ([{"role": "user", "content": []}],
+                 "messages[0].content must not be an empty array"),
+                ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                 "accepts text only")):
+            code, body = curl(base + "/v1/chat/completions", {"model": model, "messages": messages})
+            message = json.loads(body).get("error", {}).get("message", "")
+            check(code == 400 and wanted in message,
+                  f"inconsistent history is 400: {code} {message}")
 
         code, body = curl(base + "/v1/completions", dict(prompt, max_tokens=100000))
         check(code == 400 and "context_length_exceeded" in body, f"too long: HTTP {code}")

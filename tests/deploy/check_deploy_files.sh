@@ -119,6 +119,18 @@ case $mode in
     expect local.yaml 's/^  http_port: 8000/  http_port: 80000/' '9:14: router.http_port: '
     expect local.yaml 's/^    backend: cpu/    backend: gpu/' '19:14: prefill[0].backend: '
     expect local.yaml 's/^  transport: ucx/  transport: local/' '29:14: transfer.transport: '
+    expect local.yaml 's/^  http_port: 8000/  http_port: "8000"/' '9:14: router.http_port: '
+    expect local.yaml 's/^  host: 127.0.0.1/  host: 999.1.1.1/' '8:9: router.host: '
+    expect local.yaml 's/^    host: 127.0.0.1/    host: "a b;rm -rf"/' '16:11: prefill[0].host: '
+    expect local.yaml 's/^  lease_ms: 30000/  lease_ms: 100/' '30:13: transfer.lease_ms: '
+    # A short lease is valid but warned about (the prefill queue gives up after half of it).
+    sed 's/^  lease_ms: 30000/  lease_ms: 2000/' "$dir/local.yaml" >"$tmp/lease.yaml"
+    if ! "$pdserve" validate-config "$tmp/lease.yaml" >"$tmp/out" 2>"$tmp/err" ||
+      ! grep -qF "warning: transfer.lease_ms 2000 is below 10000" "$tmp/err"; then
+      echo "FAIL: lease_ms 2000 not accepted with a warning:"
+      cat "$tmp/err"
+      status=1
+    fi
     expect h200x2.yaml 's/^    gpus: "1"/    gpus: "0"/' '26:11: decode[0].gpus: '
     expect cluster-2host.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
       '12:19: router.prefill_policy: '

@@ -172,6 +172,19 @@ TEST(DeployConfigTest, TransferUcxProtocols) {
   EXPECT_EQ(refused.errors[0].key, "transfer.ucx_protocols");
 }
 
+// transfer.register_pages: false unless set; true is taken; anything else names the key.
+TEST(DeployConfigTest, TransferRegisterPages) {
+  EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.transfer_register_pages);
+  const ParsedDeployConfig on =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  register_pages: true\n", "t.yaml");
+  ASSERT_TRUE(on.errors.empty()) << on.errors[0].ToString();
+  EXPECT_TRUE(on.config.transfer_register_pages);
+  const ParsedDeployConfig refused =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  register_pages: maybe\n", "b.yaml");
+  ASSERT_EQ(refused.errors.size(), 1u);
+  EXPECT_EQ(refused.errors[0].key, "transfer.register_pages");
+}
+
 // transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as
 // given; anything else names the key.
 TEST(DeployConfigTest, TransferLanes) {
@@ -463,10 +476,68 @@ TEST(DeployConfigTest, MissingSectionsAreErrorsNotCrashes) {
   EXPECT_EQ(parsed.errors[1].message, "required key is missing");
 }
 
+// A quoted number is a string in YAML: refused with the reason, not converted.
+TEST(DeployConfigTest, QuotedNumbersAreRefused) {
+  const ParsedDeployConfig parsed =
+      ParseDeployConfig(Broken("http_port: 8000", "http_port: \"8000\""), "q.yaml");
+  ASSERT_EQ(parsed.errors.size(), 1u);
+  EXPECT_EQ(parsed.errors[0].key, "router.http_port");
+  EXPECT_EQ(parsed.errors[0].message,
+            "must be an integer in [1, 65535], not a quoted string (leave out the quotes)");
+  ExpectOneError(Broken("http_port: 8000", "http_port: '8000'"), 5, 14, "router.http_port");
+}
+
+TEST(DeployConfigTest, HostsMustBeAddressesOrHostNames) {
+  for (const std::string& host : std::vector<std::string>{"999.1.1.1", "a b;rm -rf", "10.0.0", "-h",
+                                                          "h_1", "a..b", std::string(64, 'a')}) {
+    const ParsedDeployConfig parsed =
+        ParseDeployConfig(Broken("host: h1", "host: \"" + host + "\""), "h.yaml");
+    ASSERT_EQ(parsed.errors.size(), 1u) << host;
+    EXPECT_EQ(parsed.errors[0].key, "prefill[0].host") << host;
+    EXPECT_EQ(parsed.errors[0].message,
+              "must be an IPv4 or IPv6 address or a host name (letters, digits, '-' and '.')");
+  }
+  for (const std::string& host :
+       std::vector<std::string>{"127.0.0.1", "0.0.0.0", "::1", "fe80::1", "localhost",
+                                "gpu-node-7.cluster.local", "h1"}) {
+    const ParsedDeployConfig parsed =
+        ParseDeployConfig(Broken("host: h1", "host: \"" + host + "\""), "h.yaml");
+    EXPECT_TRUE(parsed.errors.empty()) << host << ": " << parsed.errors[0].ToString();
+    EXPECT_EQ(parsed.config.prefill[0].host, host);
+  }
+}
+
+TEST(DeployConfigTest, LeaseBelowTheMinimumIsRefused) {
+  const std::string base = std::string(kValid) + "transfer:\n  transport: ucx\n  lease_ms: ";
+  EXPECT_TRUE(
+      ParseDeployConfig(base + std::to_string(kMinLeaseMs) + "\n", "l.yaml").errors.empty());
+  const ParsedDeployConfig parsed = ParseDeployConfig(base + "100\n", "l.yaml");
+  ASSERT_EQ(parsed.errors.size(), 1u);
+  EXPECT_EQ(parsed.errors[0].key, "transfer.lease_ms");
+  EXPECT_EQ(parsed.errors[0].message, "must be an integer in [1000, 3600000]");
+}
+
 TEST(DeployConfigTest, NonRegularFileIsRefused) {
   const ParsedDeployConfig parsed = LoadDeployConfigFile("/dev/zero");
   ASSERT_EQ(parsed.errors.size(), 1u);
-  EXPECT_EQ(parsed.errors[0].message, "not a regular file");
+  EXPECT_EQ(parsed.errors[0].message, "is not a regular file (a FIFO, socket or device)");
+}
+
+// The cause, not "not a regular file", for a path that does not exist or loops.
+TEST(DeployConfigTest, MissingFileAndSymlinkLoopSayWhy) {
+  const std::string dir = ::testing::TempDir() + "/deploy_loop_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove(dir + "/a.yaml");
+  std::filesystem::remove(dir + "/b.yaml");
+  std::filesystem::create_symlink(dir + "/b.yaml", dir + "/a.yaml");
+  std::filesystem::create_symlink(dir + "/a.yaml", dir + "/b.yaml");
+  const ParsedDeployConfig loop = LoadDeployConfigFile(dir + "/a.yaml");
+  ASSERT_EQ(loop.errors.size(), 1u);
+  EXPECT_EQ(loop.errors[0].message, "is a symlink loop (too many levels of symbolic links)");
+  const ParsedDeployConfig missing = LoadDeployConfigFile(dir + "/none.yaml");
+  ASSERT_EQ(missing.errors.size(), 1u);
+  EXPECT_EQ(missing.errors[0].message, "does not exist");
+  std::filesystem::remove_all(dir);
 }
 
 // Runs in a fresh directory holding models/m/config.json, and returns to the old one after.

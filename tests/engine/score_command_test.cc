@@ -70,5 +70,22 @@ TEST(ScoreCommandTest, RejectsDecodeFromPastTheEnd) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// Longer than the model's context (max_position_embeddings 64): refused, as serving refuses it
+// (400 context_length_exceeded); 64 tokens are scored.
+TEST(ScoreCommandTest, RejectsSequencesLongerThanTheContext) {
+  const fs::path out = fs::temp_directory_path() / "pdserve_score_context.f32";
+  auto tokens = [](int n) {
+    std::string list = "5";
+    for (int i = 1; i < n; ++i) list += ",5";
+    return list;
+  };
+  const std::string model = "--model " + (kFixture / "model").string();
+  EXPECT_NE(RunScore(model + " --tokens " + tokens(65) + " --out " + out.string()), 0);
+  EXPECT_EQ(fs::file_size(out), 0u);  // opened first, nothing written
+  ASSERT_EQ(RunScore(model + " --tokens " + tokens(64) + " --out " + out.string()), 0);
+  EXPECT_GT(fs::file_size(out), 0u);
+  fs::remove(out);
+}
+
 }  // namespace
 }  // namespace pdserve::engine

@@ -119,7 +119,10 @@ TEST(ApiResponseTest, ChatDeltaCarriesOnlyWhatItHas) {
   EXPECT_EQ(delta_json(call, false).dump(),
             R"({"tool_calls":[{"index":1,"id":"call_2","type":"function",)"
             R"("function":{"name":"g","arguments":"{}"}}]})");
-  EXPECT_EQ(delta_json(ChoiceDelta{}, false).dump(), R"({"content":""})");
+  // Nothing else: the opening chunk has content "" (as OpenAI's), a later one no content at all
+  // (OpenAI's last chunk is "delta": {}).
+  EXPECT_EQ(delta_json(ChoiceDelta{}, true).dump(), R"({"role":"assistant","content":""})");
+  EXPECT_EQ(delta_json(ChoiceDelta{}, false).dump(), "{}");
 }
 
 // Deltas with only reasoning or only tool calls are sent (thinking mode lost its reasoning when

@@ -2,7 +2,8 @@
 // starts, and a peer reads it through a remote key with ucp_get_nbx byte for byte, at the
 // offset it asks for (what kv_transfer_bench's get modes rely on; docs/perf.md, "A
 // receiver-pulled data path"). Two workers of one context stand for the two processes; over
-// shared memory a get from UCX-allocated memory is a copy from the sysv / posix segment.
+// shared memory a get from UCX-allocated memory is a copy from the sysv / posix segment. And
+// UcxRegistrations finds the one registration that holds a page.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -101,6 +102,35 @@ TEST_P(UcxMemoryTest, AMoveHandsOverTheAddress) {
   EXPECT_EQ(moved.data(), data);
   EXPECT_EQ(memory->data(), nullptr);
   EXPECT_EQ(memory->get(), nullptr);
+}
+
+// UcxRegistrations (docs/protocol.md, "Registered page memory"): a page inside a registered block
+// gets that block's handle, one outside every block or straddling a block's end gets none, so a
+// send never passes a handle that does not cover its bytes (UCX refuses a mismatched one).
+TEST_P(UcxMemoryTest, RegistrationsFindOnlyRangesInsideABlock) {
+  auto context = UcxContext::Create();
+  ASSERT_TRUE(context.ok()) << context.status();
+  std::vector<std::byte> first(kBytes);
+  std::vector<std::byte> second(kBytes);
+  UcxRegistrations registrations;
+  EXPECT_EQ(registrations.Find(first.data(), 4096), nullptr);
+  ASSERT_TRUE(registrations.Add(*context, first).ok());
+  ASSERT_TRUE(registrations.Add(*context, second).ok());
+  EXPECT_EQ(registrations.size(), 2u);
+  const ucp_mem_h a = registrations.Find(first.data(), kBytes);
+  const ucp_mem_h b = registrations.Find(second.data(), 4096);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(registrations.Find(first.data() + 65536, 65536), a);
+  EXPECT_EQ(registrations.Find(first.data() + kBytes - 4096, 4096), a);
+  EXPECT_EQ(registrations.Find(first.data() + kBytes - 4096, 4097), nullptr);
+  EXPECT_EQ(registrations.Find(first.data() + kBytes + 1, 1), nullptr);
+  std::vector<std::byte> elsewhere(4096);
+  EXPECT_EQ(registrations.Find(elsewhere.data(), elsewhere.size()), nullptr);
+  EXPECT_EQ(registrations.Add(*context, std::span<const std::byte>()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registrations.size(), 2u);
 }
 
 std::string TransportName(const ::testing::TestParamInfo<std::string>& param) {

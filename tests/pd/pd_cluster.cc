@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
         << (options.ucx_protocols.empty()
                 ? ""
                 : absl::StrCat("  ucx_protocols: ", options.ucx_protocols, "\n"))
-        << options.guards_yaml;
+        << (options.register_pages ? "  register_pages: true\n" : "") << options.guards_yaml;
   }
   std::vector<std::string> env = {"UCX_TLS=" + options.ucx_tls};
   std::vector<std::string> prefill_env = env;

@@ -50,6 +50,7 @@ struct ClusterOptions {
   int64_t prefill_max_waiting = 256;     // the prefill worker's --max-waiting
   int transfer_lanes = 0;                // transfer.lanes (0: not written, the default)
   std::string ucx_protocols;             // transfer.ucx_protocols ("": not written, v1)
+  bool register_pages = false;           // transfer.register_pages (false: not written)
 };
 
 class PdCluster {

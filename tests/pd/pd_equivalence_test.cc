@@ -55,7 +55,7 @@ const std::vector<Outcome>& Reference() {
 }
 
 void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
-                            const std::string& ucx_protocols = "") {
+                            const std::string& ucx_protocols = "", bool register_pages = false) {
   std::vector<RequestSpec> specs = EquivalenceSpecs();
   const std::vector<Outcome>& reference = Reference();
   ASSERT_EQ(reference.size(), specs.size());
@@ -67,6 +67,7 @@ void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
   options.ucx_tls = tls;
   options.transfer_lanes = transfer_lanes;
   options.ucx_protocols = ucx_protocols;
+  options.register_pages = register_pages;
   options.prefill_env = {absl::StrCat("PDSERVE_TEST_CORRUPT_REQUEST=", kCorruptRequest)};
   absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -134,6 +135,14 @@ TEST(PdEquivalenceTest, FourLanesMatchColocatedBitForBit) { ExpectMatchesColocat
 TEST(PdEquivalenceTest, UcxProtocolsV2MatchColocatedBitForBit) {
   ExpectMatchesColocated("tcp", 0, "v2");
   ExpectMatchesColocated("shm,self", 0, "v2");
+}
+
+// Both workers with their page pools registered with UCX (transfer.register_pages;
+// docs/protocol.md, "Registered page memory"), under v1 (where UCX uses the handles) and v2, 4
+// lanes under v2.
+TEST(PdEquivalenceTest, RegisteredPagesMatchColocatedBitForBit) {
+  ExpectMatchesColocated("tcp", 0, "v1", true);
+  ExpectMatchesColocated("tcp", 4, "v2", true);
 }
 
 // ignore_eos on both workers as in colocated mode: EOS (id 1, forced by logit_bias) is sampled

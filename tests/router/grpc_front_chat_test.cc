@@ -501,6 +501,42 @@ TEST_F(GrpcFrontChatTest, JsonTextFieldsTakeTheFullDepthAndTheirRefusalNamesTheF
       << std::get<frontend::ApiError>(deep_schema).message;
 }
 
+// The gRPC front checks the conversation as the HTTP front does (breaker53 F5, F6): a last
+// assistant message needs continue_final_message, a tool result must answer a call.
+TEST_F(GrpcFrontChatTest, ConversationChecksAndContinuationMatchHttp) {
+  // The refusal of `request` (an empty error when it was accepted).
+  auto refusal = [](const pv1::GenerateRequest& request) {
+    frontend::Endpoint endpoint;
+    const frontend::ParsedRequest parsed = ParseGenerateRequest(request, &endpoint);
+    const auto* error = std::get_if<frontend::ApiError>(&parsed);
+    return error ? *error : frontend::ApiError{};
+  };
+  pv1::GenerateRequest ends = FromText(R"pb(model: "tiny"
+                                            chat {
+                                              messages { role: "user" content: "hi" }
+                                              messages { role: "assistant" content: "And God" }
+                                            })pb");
+  EXPECT_EQ(refusal(ends).param, "messages");
+  EXPECT_NE(refusal(ends).message.find("'continue_final_message': true"), std::string::npos);
+  ends.set_continue_final_message(true);
+  EXPECT_EQ(refusal(ends).message, "");
+  frontend::Endpoint endpoint;
+  const frontend::ParsedRequest continued = ParseGenerateRequest(ends, &endpoint);
+  ASSERT_TRUE(std::holds_alternative<frontend::ApiRequest>(continued));
+  EXPECT_TRUE(std::get<frontend::ApiRequest>(continued).continue_final_message);
+
+  pv1::GenerateRequest text = FromText(R"pb(model: "tiny" text: "In")pb");
+  text.set_continue_final_message(true);
+  EXPECT_EQ(refusal(text).message, "'continue_final_message' is for chat prompts only");
+  EXPECT_EQ(refusal(FromText(R"pb(model: "tiny"
+                                  chat {
+                                    messages { role: "user" content: "x" }
+                                    messages { role: "tool" content: "42" }
+                                  })pb"))
+                .message,
+            "messages[1]: a tool message needs 'tool_call_id', the id of the call it answers");
+}
+
 // Every golden answer (thinking on and off; none, one and two tool calls) streamed through the
 // front: the joined deltas are DeepSeek's own parse, each delta arrives as the service sent it,
 // usage counts the reasoning tokens.

@@ -97,6 +97,7 @@ class RouterServiceTest : public ::testing::Test {
     if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
     if (reserve_timeout_) options.reserve_timeout = *reserve_timeout_;
     if (queue_timeout_) options.queue_timeout = *queue_timeout_;
+    if (max_prefills_per_worker_) options.max_prefills_per_worker = *max_prefills_per_worker_;
     options.canary = canary_timeout_.has_value();
     if (canary_timeout_) options.canary_timeout = *canary_timeout_;
     if (stall_timeout_) options.stall_timeout = *stall_timeout_;
@@ -156,6 +157,7 @@ class RouterServiceTest : public ::testing::Test {
   std::optional<absl::Duration> prefill_timeout_;
   std::optional<absl::Duration> reserve_timeout_;
   std::optional<absl::Duration> queue_timeout_;
+  std::optional<int64_t> max_prefills_per_worker_;
   std::optional<absl::Duration> canary_timeout_;
   std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
 

@@ -78,6 +78,73 @@ TEST(ChatFormatTest, RendersLikeDeepSeekEncodingModule) {
   EXPECT_GE(with_tools, 10);
 }
 
+// Continuing the last assistant message (continue_final_message): every golden conversation
+// that ends with an assistant message with content and no tool calls renders as the module's
+// prompt without its final EOS (the turn left open), in chat and in thinking mode.
+TEST(ChatFormatTest, AContinuedLastAssistantTurnIsTheModulesTurnWithoutEos) {
+  auto format = FixtureFormat();
+  ASSERT_NE(format, nullptr);
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  int checked = 0;
+  for (const json& c : GoldenPrompts()) {
+    const json& last = c["messages"].back();
+    if (last["role"] != "assistant" || !last.value("content", json("")).is_string() ||
+        last.value("content", "").empty() || last.contains("tool_calls")) {
+      continue;
+    }
+    ChatOptions options = Options(c);
+    options.continuation = ChatContinuation::kContent;
+    auto segments = format->Render(Messages(c["messages"]), options);
+    ASSERT_TRUE(segments.ok()) << segments.status();
+    std::string want = c["prompt"];
+    ASSERT_TRUE(want.ends_with(eos)) << want;
+    want.resize(want.size() - eos.size());
+    EXPECT_EQ(JoinSegments(*segments), want) << c.dump();
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
+TEST(ChatFormatTest, ContinuingTheReasoningLeavesThinkOpen) {
+  auto format = FixtureFormat();
+  ASSERT_NE(format, nullptr);
+  const std::vector<ChatMessage> messages = {{"user", "q", ""}, {"assistant", "", "Let me"}};
+  ChatOptions options;
+  options.thinking = true;
+  options.continuation = ChatContinuation::kReasoning;
+  auto segments = format->Render(messages, options);
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(JoinSegments(*segments),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think>Let me");
+  EXPECT_TRUE(format->AnswerOptions(options, false).thinking);
+  options.continuation = ChatContinuation::kContent;
+  EXPECT_FALSE(format->AnswerOptions(options, false).thinking);
+  const std::vector<std::string> banned = format->ControlTokensNotInAnswer(options);
+  EXPECT_NE(std::find(banned.begin(), banned.end(), "</think>"), banned.end());
+}
+
+TEST(ChatFormatTest, ContinuationsTheFormatCannotOpenAreInvalidArgument) {
+  auto format = FixtureFormat();
+  ASSERT_NE(format, nullptr);
+  ChatOptions options;
+  options.continuation = ChatContinuation::kContent;
+  const std::vector<std::vector<ChatMessage>> bad = {
+      {{"user", "q", ""}},                            // nothing to continue
+      {{"system", "s", ""}, {"assistant", "a", ""}},  // no user turn opens it
+      {{"user", "q", ""}, {"assistant", "a", ""}, {"assistant", "b", ""}},
+      {{"user", "q", ""}, {"assistant", "", "", {{"c", "f", "{}"}}}}};  // tool calls
+  for (const auto& messages : bad) {
+    EXPECT_EQ(format->Render(messages, options).status().code(), absl::StatusCode::kInvalidArgument)
+        << messages.size();
+  }
+  options.continuation = ChatContinuation::kReasoning;  // needs thinking
+  EXPECT_EQ(
+      format->Render(std::vector<ChatMessage>{{"user", "q", ""}, {"assistant", "", "r"}}, options)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChatFormatTest, EncodeChatEqualsEncodingThePromptWithSpecialTokens) {
   auto format = FixtureFormat();
   ASSERT_NE(format, nullptr);

@@ -64,6 +64,28 @@ TEST(IncrementalDetokenizerTest, PiecesAreCompleteUtf8AtEveryByteBoundary) {
   }
 }
 
+// FinishCut (a stream cut by max_tokens): the text is Decode's without the unfinished character
+// at the end, never a trailing U+FFFD, at every byte boundary.
+TEST(IncrementalDetokenizerTest, FinishCutDropsOnlyAnUnfinishedTail) {
+  const Tokenizer& tok = FixtureTokenizer();
+  int dropped = 0;
+  for (const char* text : kTexts) {
+    const std::vector<int32_t> ids = ByteTokens(tok, text);
+    const std::string_view all(text);
+    for (size_t n = 0; n <= ids.size(); ++n) {
+      IncrementalDetokenizer detok(tok, {});
+      std::string got;
+      for (size_t i = 0; i < n; ++i) got += detok.Add(ids[i])->text;
+      got += detok.FinishCut().text;
+      const std::string_view prefix = all.substr(0, n);
+      const size_t tail = IncompleteUtf8Tail(prefix);
+      dropped += tail > 0;
+      EXPECT_EQ(got, Utf8Lossy(prefix.substr(0, n - tail))) << text << " cut at " << n;
+    }
+  }
+  EXPECT_GT(dropped, 0);
+}
+
 TEST(IncrementalDetokenizerTest, ConcatenationEqualsDecodeForBpeTokens) {
   const Tokenizer& tok = FixtureTokenizer();
   for (const char* text : kTexts) {

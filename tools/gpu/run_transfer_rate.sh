@@ -16,7 +16,12 @@
 #      pages over shm,self, 64 KiB and 1 MiB, best of 3 each: AM (v1, v2), get-proto (the
 #      receiver-pulled protocol's shape: P's pages UCX-allocated, a request AM per page, D's get,
 #      xxh3 on both sides, an answer per page), get from memory UCX allocated (sysv segment,
-#      v1), get from registered memory (v1), one core's memcpy.
+#      v1), get from registered memory (v1), one core's memcpy;
+#   5. last (what is left of the budget), when kv_transfer_bench is packed: the full protocol
+#      (its pdserve mode, v2, shm,self) with the page memory registered once on both sides and
+#      without (PDSERVE_BENCH_REGISTER_PAGES=1 / 0: transfer.register_pages, docs/protocol.md,
+#      "Registered page memory"; added 2026-12-05, compiled, not yet run on the H200).
+#      REGISTERED_ONLY=1 runs this step alone (when the full run leaves it no time).
 # 8 V4-Flash-shaped layers, 32K / 128K prompts (LENGTHS), random state (no forward), medians of
 # 3; the workers' default lanes (4 on 16 cores) and host threads. Each run is cut to what is left
 # of BUDGET (118 s); the rows come out per length, so a cut run keeps its shorter lengths.
@@ -61,6 +66,18 @@ raw_ops() {  # step 4: before the tcp runs, so a cut run keeps it
     done
   done
 }
+registered_ops() {  # step 5
+  command -v kv_transfer_bench > /dev/null || return 0
+  for register in 0 1; do
+    for kib in 64 1024; do
+      [ "$(cap 4)" -ge 4 ] || { echo "pdserve register=$register skipped: out of time"; continue; }
+      best=$(UCX_TLS=shm,self UCX_PROTO_ENABLE=y PDSERVE_BENCH_REGISTER_PAGES=$register \
+               timeout "$(cap 8)" kv_transfer_bench pdserve 256 "$kib" 3 2>> "$OUT/raw.err" |
+               tee -a "$OUT/raw.log" | awk '/^best/ {print $2 " / " $4}')
+      raw+=("| pdserve-v2-register-pages-$register | $kib KiB | ${best:-failed} |")
+    done
+  done
+}
 b() {  # name tls protocols [binary]
   local s=$SECONDS bin=${4:-gpu_state_transfer_bench}
   [ "$(cap 8)" -ge 8 ] || { echo "wire $1 skipped: out of time"; return; }
@@ -79,6 +96,13 @@ b() {  # name tls protocols [binary]
         $17, $18, $22}')")
   done < <(grep -E '^\| [0-9]' "$OUT/wire-$1.md")
 }
+if [ "${REGISTERED_ONLY:-0}" = 1 ]; then
+  registered_ops
+  echo "| raw operation (shm,self, 256 MiB distinct pages) | page | best / median GB/s |"
+  echo "| --- | --- | --- |"
+  printf '%s\n' "${raw[@]}"
+  exit 0
+fi
 b shm-v1 shm,self v1
 b shm-v2 shm,self v2
 raw_ops
@@ -100,6 +124,7 @@ if [ "$(cap 8)" -ge 8 ]; then
   unset UCX_TLS
   echo "perftest shm,self 64KiB: $line"
 fi
+registered_ops
 if [ ${#raw[@]} -gt 0 ]; then
   echo
   echo "| raw operation (shm,self, 256 MiB distinct pages) | page | best / median GB/s |"

@@ -1,0 +1,51 @@
+#include "common/regular_file.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace pdserve::common {
+namespace {
+
+std::string Name(const std::string& path, const std::string& what) {
+  return what.empty() ? path : absl::StrCat(what, " ", path);
+}
+
+}  // namespace
+
+absl::Status CheckRegularFile(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string name = Name(path, what);
+    switch (err) {
+      case ENOENT:
+      case ENOTDIR:
+        return absl::NotFoundError(absl::StrCat(name, " does not exist"));
+      case ELOOP:
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " is a symlink loop (too many levels of symbolic links)"));
+      case EACCES:
+        return absl::PermissionDeniedError(
+            absl::StrCat(name, ": permission denied (a directory on the path is not searchable)"));
+      default:
+        return absl::UnknownError(absl::StrCat(name, ": ", std::strerror(err)));
+    }
+  }
+  if (S_ISREG(st.st_mode)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(Name(path, what), " is not a regular file (",
+                   S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device", ")"));
+}
+
+absl::Status OpenError(const std::string& path, int err, const std::string& what) {
+  const std::string msg = absl::StrCat("cannot open ", Name(path, what), ": ", std::strerror(err));
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  return absl::UnknownError(msg);
+}
+
+}  // namespace pdserve::common
