@@ -22,6 +22,7 @@
 #include "common/api_keys.h"
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/server_log.h"
 #include "common/status.h"
 #include "common/systemd_notify.h"
 #include "common/tls_credentials.h"
@@ -113,6 +114,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
     common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
+    common::UseServerLog("", /*to_stderr=*/false);  // a stopped reader must not block it
     const absl::Status status = RunRouter(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve router: %s\n", status.ToString().c_str());

@@ -56,6 +56,7 @@
 #endif
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/server_log.h"
 #include "common/status.h"
 #include "frontend/http_server.h"
 
@@ -331,6 +332,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   key->needs(cert);
   cmd->callback([o, exit_code] {
     common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
+    common::UseServerLog("", /*to_stderr=*/false);  // a stopped reader must not block it
     const absl::Status status = Serve(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve serve: %s\n", status.ToString().c_str());

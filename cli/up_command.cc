@@ -51,6 +51,7 @@
 #include "cli/command_registry.h"
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/server_log.h"
 #include "common/status.h"
 
 namespace pdserve::cli {
@@ -369,6 +370,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
     common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
+    common::UseServerLog("", /*to_stderr=*/false);  // a stopped reader must not block it
     *exit_code = Up(*o);
   });
 });

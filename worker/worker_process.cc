@@ -10,11 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_discovery.h"
 #include "common/metrics_http_server.h"
+#include "common/server_log.h"
 #include "common/status.h"
 #include "common/systemd_notify.h"
 #include "common/tls_credentials.h"
 #include "kernels/cpu/parallel.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "worker/transfer_peer.h"
 
@@ -81,7 +81,7 @@ absl::StatusOr<std::vector<int>> CudaDevices(const config::WorkerConfig& worker)
 }
 
 void LogToStderr(const std::string& role) {
-  spdlog::set_default_logger(spdlog::stderr_color_mt("pdserve-" + role));
+  common::UseServerLog("pdserve-" + role, /*to_stderr=*/true);
 }
 
 void BlockStopSignals() {

@@ -52,7 +52,7 @@ absl::StatusOr<WorkerEntry> LoadWorkerEntry(const WorkerFlags& flags, const std:
 absl::StatusOr<std::vector<int>> CudaDevices(const config::WorkerConfig& worker);
 
 // Sends spdlog's default logger to stderr (stdout carries only the "serving on" line), named
-// after `role`.
+// after `role`, asynchronous (common/server_log.h: a stopped log reader never blocks serving).
 void LogToStderr(const std::string& role);
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after it, so RunWorker's

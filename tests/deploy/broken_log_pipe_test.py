@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A server whose log reader goes away keeps serving (a breaker's finding, 2026-12-05).
+"""A server whose log reader stops or goes away keeps serving (breakers' findings, 2026-12-05).
 
 Every pdserve process logs to stderr. Piped to `tee` or a log shipper that exits (or an ssh
 session that drops), the next log line used to raise SIGPIPE and kill the process on the spot:
@@ -9,6 +9,7 @@ end this test closes once the cluster is ready; then requests that log a warning
 repetition, forced with logit_bias) must be answered, and every process must still run.
 """
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -90,6 +91,28 @@ transfer: {{transport: ucx, lease_ms: 30000}}
 
 
 def run_cases(up, p, model):
+    # First the reader stops reading but keeps the pipe open (a stopped `tee`, ssh flow control):
+    # with the pipe shrunk to one page, a few dozen logged warnings fill it. Logging threads must
+    # not wait for it (common/server_log.h): every request is still answered, /ready too.
+    F_SETPIPE_SZ = 1031
+    try:
+        fcntl.fcntl(up.stdout.fileno(), F_SETPIPE_SZ, 4096)
+    except OSError as e:
+        print(f"note: the pipe keeps its size ({e}); more requests fill it")
+    answered = 0
+    for i in range(80):
+        status, _ = post(p["http"], {"model": model, "prompt": "In the beginning",
+                                     "max_tokens": 24, "logit_bias": {"4094": 100},
+                                     "seed": 100 + i}, timeout=20)
+        answered += status == 200
+    check(answered == 80, f"with the log's reader stopped, {answered} of 80 requests answered")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{p['http']}/ready", timeout=10) as r:
+            stopped_ready = r.status
+    except OSError as e:
+        stopped_ready = e
+    check(stopped_ready == 200, f"the router is ready with the log's reader stopped ({stopped_ready})")
+
     up.stdout.close()  # the log's reader goes away
     # A repeated token: the degeneration detector logs a warning for the choice.
     for i in range(3):
