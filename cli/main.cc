@@ -1,5 +1,9 @@
 // The `pdserve` binary: one executable, one subcommand per job (score, generate, serve, prefill,
 // decode, router, up, ...). Subcommands register themselves (command_registry.h).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +49,15 @@ CLI::Validator NonNegative() {
 }  // namespace pdserve::cli
 
 int main(int argc, char** argv) {
+  // A process started with stdin, stdout or stderr closed would hand those numbers to the first
+  // files it opens (an eventfd, an epoll fd, a socket) and then write its log into them (a
+  // breaker's finding, 2026-12-05): each closed one is opened on /dev/null first.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int opened = open("/dev/null", O_RDWR);
+      if (opened != fd && opened >= 0) close(opened);  // fd was taken meanwhile: nothing to do
+    }
+  }
   // Every subcommand: a crash leaves its signal, pid and backtrace on stderr (the log).
   pdserve::common::InstallFatalSignalHandlers();
   pdserve::common::MaybeCrashForTest();

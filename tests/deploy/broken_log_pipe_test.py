@@ -86,8 +86,37 @@ transfer: {{transport: ucx, lease_ms: 30000}}
                     up.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     up.kill()
+    closed_stdio(args.pdserve, args.model)
     print(f"{len(FAILURES)} failure(s)" if FAILURES else "all passed")
     return 1 if FAILURES else 0
+
+
+def closed_stdio(pdserve, model_dir):
+    """`pdserve serve` started with stdout and stderr closed: its fds 1 and 2 are /dev/null, not
+    the first files it opens (an eventfd, an epoll fd: its log went into them), and it serves."""
+    port = free_port()
+
+    def close_stdio():
+        os.close(1)
+        os.close(2)
+
+    # Not popen (its preexec would replace this one); killed in the finally below.
+    serve = subprocess.Popen([pdserve, "serve", "--model", model_dir, "--port", str(port)],
+                             stdin=subprocess.DEVNULL, preexec_fn=close_stdio)
+    try:
+        status = 0
+        deadline = time.time() + 60
+        while time.time() < deadline and status != 200 and serve.poll() is None:
+            time.sleep(0.5)
+            status, _ = post(port, {"model": os.path.basename(os.path.normpath(model_dir)),
+                                    "prompt": "In the beginning", "max_tokens": 4, "seed": 1},
+                             timeout=20)
+        check(status == 200, f"serve with stdout / stderr closed answers: HTTP {status}")
+        targets = [os.readlink(f"/proc/{serve.pid}/fd/{fd}") for fd in (1, 2)]
+        check(targets == ["/dev/null", "/dev/null"], f"its fds 1 and 2 are {targets}")
+    finally:
+        serve.kill()
+        serve.wait()
 
 
 def run_cases(up, p, model):
