@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "tests/frontend/cancellable_generation.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -103,15 +104,7 @@ class FakeService : public GenerationService {
   }
 
  private:
-  struct FakeGeneration : Generation {
-    explicit FakeGeneration(FakeService* s) : service(s) {}
-    ~FakeGeneration() override { Cancel(); }
-    void Cancel() override {
-      if (!stop->exchange(true)) service->cancelled++;
-    }
-    FakeService* service;
-    std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
-  };
+  using FakeGeneration = testing::CancellableGeneration<FakeService>;
   std::vector<std::thread> threads_;
 };
 

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "frontend/http_server.h"
 #include "nlohmann/json.hpp"
+#include "tests/frontend/cancellable_generation.h"
 
 namespace pdserve::frontend {
 namespace {
@@ -71,15 +72,7 @@ class BulkService : public GenerationService {
   }
 
  private:
-  struct BulkGeneration : Generation {
-    explicit BulkGeneration(BulkService* s) : service(s) {}
-    ~BulkGeneration() override { Cancel(); }
-    void Cancel() override {
-      if (!stop->exchange(true)) service->cancelled++;
-    }
-    BulkService* service;
-    std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
-  };
+  using BulkGeneration = testing::CancellableGeneration<BulkService>;
   std::vector<std::thread> threads_;
 };
 
@@ -201,7 +194,10 @@ TEST(HttpStreamBacklogTest, ReaderFarBehindIsEndedAtTheMemoryBound) {
   opts.max_stream_queue_bytes = 512 << 10;
   auto server = HttpServer::Start(opts, &service);
   ASSERT_TRUE(server.ok()) << server.status();
-  const int tokens = 4000;
+  // Far more than the bound holds (~3500 events), so the producer is still running when the
+  // server ends the stream: a generation that completed first has nothing left to cancel (with
+  // 4000 the producer sometimes won the race: cancelled stayed 0 in 2 of 6 runs).
+  const int tokens = 100000;
   const auto res = SlowStream((*server)->port(), tokens, std::chrono::milliseconds(0), 16384,
                               std::chrono::milliseconds(1));
   EXPECT_EQ(res.result_int(), 200);
@@ -215,6 +211,10 @@ TEST(HttpStreamBacklogTest, ReaderFarBehindIsEndedAtTheMemoryBound) {
   }
   const json error = json::parse(events.back());
   EXPECT_EQ(error["error"]["code"], "stream_too_slow") << events.back();
+  // The cancel may land just after the response's last byte.
+  for (int i = 0; i < 200 && service.cancelled.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(service.cancelled.load(), 1);
   (*server)->Stop();
   absl::MutexLock lock(&service.mu);
