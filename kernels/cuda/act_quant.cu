@@ -196,9 +196,8 @@ cudaError_t CheckBf16Copy(const char* launcher, const __nv_bfloat16* y, int64_t 
 ActQuantVariant act_quant_default_variant() {
   static const ActQuantVariant variant = [] {
     const char* env = std::getenv("PDSERVE_ACT_QUANT");
-    return env != nullptr && std::strcmp(env, "vectorized") == 0
-               ? ActQuantVariant::kHalfWarpVectorized
-               : ActQuantVariant::kWarpPerBlock;
+    return env != nullptr && std::strcmp(env, "warp") == 0 ? ActQuantVariant::kWarpPerBlock
+                                                           : ActQuantVariant::kHalfWarpVectorized;
   }();
   return variant;
 }

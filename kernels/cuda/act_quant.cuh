@@ -18,9 +18,10 @@
 // 128-column block, 8-byte loads, 4-byte stores); kHalfWarpVectorized (one half-warp per block, 16
 // threads of 8 columns each: 16-byte loads, 8-byte stores, the block's max by 4 shuffles, two rows
 // per half-warp with both loads in flight, 32 rows x one 128-column block per 256-thread CUDA
-// block, no shared memory). Both give the same bits. The vectorized kernel is compiled but was not
-// yet run on a GPU (2026-12-04: no device); so fp8_gemm's default stays kWarpPerBlock
-// (act_quant_default_variant) until tools/gpu/run_actq25.sh has measured it.
+// block, no shared memory). Both give the same bits. fp8_gemm and moe_grouped_gemm use
+// kHalfWarpVectorized where its alignment holds (act_quant_default_variant): 78-83% of the read +
+// write floor on an H200 against 48-65% for kWarpPerBlock at 4096-8192 tokens (docs/perf.md, "Act
+// quant for the W8A8 prefill GEMMs").
 //
 // All launchers: asynchronous on `stream`, launched with programmatic stream serialization (the
 // blocks wait for the kernel before them before touching memory); CUDA-graph safe (no
@@ -73,9 +74,9 @@ __host__ __device__ inline int64_t ActGroupScales(int64_t rows, int64_t cols) {
 
 enum class ActQuantVariant { kWarpPerBlock, kHalfWarpVectorized };
 
-// The variant fp8_gemm and moe_grouped_gemm quantize their activations with: kWarpPerBlock, or
-// PDSERVE_ACT_QUANT=vectorized (read once per process; any other value: kWarpPerBlock). Host
-// only; thread-safe.
+// The variant fp8_gemm and moe_grouped_gemm quantize their activations with where its alignment
+// holds: kHalfWarpVectorized, or kWarpPerBlock with PDSERVE_ACT_QUANT=warp (read once per process;
+// any other value: kHalfWarpVectorized). Host only; thread-safe.
 ActQuantVariant act_quant_default_variant();
 
 // x [rows, x_stride] bf16 (columns 0..k-1 read) -> xq, xs as above. Requires rows >= 0, k a

@@ -7,8 +7,8 @@
 //     amax = max(max_i |x[r, 128b + i]|, 1e-4) (NaN ignored); s[r, b] = amax / 448, or with
 //     ue8m0 the smallest power of two >= amax / 448; xq = e4m3(x / s), saturated to +-448,
 //     rounded to nearest even; NaN stays NaN, Inf becomes NaN (Inf / Inf). The kernel:
-//     act_quant.cuh's kWarpPerBlock, or kHalfWarpVectorized with PDSERVE_ACT_QUANT=vectorized
-//     (act_quant_default_variant; the same bits).
+//     act_quant.cuh's kHalfWarpVectorized where its alignment holds, else (or with
+//     PDSERVE_ACT_QUANT=warp) kWarpPerBlock (act_quant_default_variant; the same bits).
 //   out[r, n] = bf16( sum_b s[r, b] * w_scale[n / 128, b] * sum_i xq[r, 128b+i] * w[n, 128b+i] )
 // The inner sums run on the FP8 tensor cores (mma.sync m16n8k32, fp32 accumulation inside one
 // 128-block), the outer sum in fp32 in ascending b (split over blocks, then the splits added in

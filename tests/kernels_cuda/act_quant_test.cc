@@ -356,8 +356,8 @@ TEST(CudaActQuantF32Test, FusedProducersRefuseBadArguments) {
 }
 
 // fp8_gemm_quantized on act_quant's output (kGemmSplit, vectorized kernel) against
-// fp8_gemm_cublaslt on the bf16 activations (its own act quant, the warp kernel unless
-// PDSERVE_ACT_QUANT says otherwise): the same bits where fp8_gemm_quantized takes cuBLASLt
+// fp8_gemm_cublaslt on the bf16 activations (its own act quant: the vectorized kernel, the warp
+// kernel with PDSERVE_ACT_QUANT=warp): the same bits where fp8_gemm_quantized takes cuBLASLt
 // (m >= kFp8LtMinTokens, n a multiple of 128; m % 4 of 0 and not), and every case against
 // Fp8GemmReference (m of 5 and 13: fp8_gemm_mma over both parts).
 TEST(CudaFp8GemmQuantizedTest, EqualsFp8GemmOnTheCublasLtPathAndMatchesReference) {

@@ -5,8 +5,9 @@ same columns).
 
 1. Act quant alone: each kernel's time beside the floor of the same bytes read and written
    (<kernel>_read rows), "floor %" = floor time / kernel time.
-2. The W8A8 GEMM at prefill sizes: fp8_gemm with the act-quant kernel in (the old warp kernel,
-   then PDSERVE_ACT_QUANT=vectorized), fp8_gemm_quantized (activations quantized beforehand) and
+2. The W8A8 GEMM at prefill sizes: fp8_gemm with the act-quant kernel in (the old warp kernel
+   through PDSERVE_ACT_QUANT=warp, then the vectorized default), fp8_gemm_quantized (activations
+   quantized beforehand) and
    torch._scaled_mm (also on quantized inputs); ratios against torch._scaled_mm (issue 25's goal:
    fp8_gemm within 1.10x).
 

@@ -7,10 +7,10 @@
 #      bench/cuda/act_quant_bench.cu);
 #   2. runs the new GPU tests (both act_quant variants and the fused producers bit for bit against
 #      kernels::cpu::QuantizeActivations, fp8_gemm_quantized against fp8_gemm) and the launch-check
-#      tests, then the FP8 / W8A16 / MoE GEMM tests again with PDSERVE_ACT_QUANT=vectorized (every
-#      GEMM path quantizing with the new kernel);
+#      tests, then the FP8 / W8A16 / MoE GEMM tests again with PDSERVE_ACT_QUANT=warp (every
+#      GEMM path quantizing with the old kernel; the default is the vectorized one since 2026-12-05);
 #   3. times the act-quant kernels alone beside the floor of their bytes (graph timing, 16 layers)
-#      and fp8_gemm (old kernel, then PDSERVE_ACT_QUANT=vectorized) and fp8_gemm_quantized at
+#      and fp8_gemm (old kernel through PDSERVE_ACT_QUANT=warp, then the default) and fp8_gemm_quantized at
 #      V4-Flash's dense shapes, and torch._scaled_mm on quantized inputs at TORCH_TOKENS
 #      (bench/cuda/compare.py's torch_dense, as tools/gpu/run_fp8_prefill.sh's table);
 #   4. prints two tables last: act quant against its floor, and the prefill GEMMs against
@@ -71,22 +71,22 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "launch-check tests: rc=$? $(summary "$out/launch-check.log")"
   failures "$out/launch-check.log"
   start=$SECONDS
-  PDSERVE_ACT_QUANT=vectorized timeout 45 "$tests" \
-    --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*' > "$out/fp8-tests-vectorized.log" 2>&1
-  echo "fp8 / w8a16 / moe GEMM tests, PDSERVE_ACT_QUANT=vectorized: rc=$? $((SECONDS - start)) s" \
-    "$(summary "$out/fp8-tests-vectorized.log")"
-  failures "$out/fp8-tests-vectorized.log"
+  PDSERVE_ACT_QUANT=warp timeout 45 "$tests" \
+    --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*' > "$out/fp8-tests-warp.log" 2>&1
+  echo "fp8 / w8a16 / moe GEMM tests, PDSERVE_ACT_QUANT=warp: rc=$? $((SECONDS - start)) s" \
+    "$(summary "$out/fp8-tests-warp.log")"
+  failures "$out/fp8-tests-warp.log"
 fi
 bench="$b/bench/pdserve_act_quant_bench"
 start=$SECONDS
 timeout 40 "$bench" quant > "$out/quant.csv" 2> "$out/quant.err"
 echo "act-quant bench: rc=$? $((SECONDS - start)) s, $(wc -l < "$out/quant.csv") rows"
 start=$SECONDS
-timeout 30 "$bench" gemm > "$out/gemm-warp.csv" 2> "$out/gemm-warp.err"
+PDSERVE_ACT_QUANT=warp timeout 30 "$bench" gemm > "$out/gemm-warp.csv" 2> "$out/gemm-warp.err"
 echo "gemm bench (act quant: warp kernel): rc=$? $((SECONDS - start)) s"
 start=$SECONDS
-PDSERVE_ACT_QUANT=vectorized timeout 30 "$bench" gemm > "$out/gemm-vec.csv" 2> "$out/gemm-vec.err"
-echo "gemm bench (PDSERVE_ACT_QUANT=vectorized): rc=$? $((SECONDS - start)) s"
+timeout 30 "$bench" gemm > "$out/gemm-vec.csv" 2> "$out/gemm-vec.err"
+echo "gemm bench (act quant: vectorized kernel, the default): rc=$? $((SECONDS - start)) s"
 head -3 "$out/quant.err" "$out/gemm-warp.err" "$out/gemm-vec.err" 2>/dev/null | grep -v '^$'
 : > "$out/torch.csv"
 if [ -n "${TORCH_TOKENS-4096}" ]; then
