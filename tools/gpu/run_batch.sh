@@ -10,6 +10,9 @@
 # $OUT/NAME.tgz (the device returns at most 8 files, two folders down), its stdout in it as
 # stdout.log; the last 30 lines of each step's stdout (the scripts print their table last) and a
 # step table (name, exit status, seconds) are printed at the end.
+# BATCH_TREES=<dir>: a step whose <dir>/NAME/tools/gpu/run_NAME.sh exists runs that script from
+# <dir>/NAME (another branch's tree, e.g. `git archive BRANCH kernels bench tests tools
+# CMakeLists.txt | tar -x -C <dir>/NAME`), with a build folder of its own (BUILD-NAME).
 set -u
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -27,8 +30,14 @@ for spec in "$@"; do
   limit=150
   [ "$name" != "$head" ] && limit=${head#*@}
   script=tools/gpu/run_$name.sh
+  root=.
+  build=$BUILD
+  if [ -n "${BATCH_TREES:-}" ] && [ -f "$BATCH_TREES/$name/$script" ]; then
+    root=$BATCH_TREES/$name
+    build=$BUILD-$name
+  fi
   left=$((budget - (SECONDS - t0)))
-  if [ ! -f "$script" ]; then
+  if [ ! -f "$root/$script" ]; then
     steps+=("| $name | missing $script | 0 |")
     continue
   fi
@@ -38,14 +47,14 @@ for spec in "$@"; do
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   mkdir -p "$tmp/$name"
-  envs=("OUT=$tmp/$name")
+  envs=("OUT=$tmp/$name" "BUILD=$build")
   if [ -n "$vars" ]; then
     IFS=',' read -r -a more <<<"$vars"
     envs+=("${more[@]}")
   fi
-  echo "=== $name (limit $limit s; ${envs[*]})"
+  echo "=== $name (from $root, limit $limit s; ${envs[*]})"
   s=$SECONDS
-  env "${envs[@]}" timeout -k 5 "$limit" bash "$script" >"$tmp/$name/stdout.log" 2>&1
+  (cd "$root" && env "${envs[@]}" timeout -k 5 "$limit" bash "$script") >"$tmp/$name/stdout.log" 2>&1
   rc=$?
   steps+=("| $name | $rc | $((SECONDS - s)) |")
   tar -czf "$out/$name.tgz" -C "$tmp" "$name" 2>/dev/null
