@@ -58,7 +58,16 @@ bool TicketMismatch(const grpc::Status& status) {
 frontend::ApiError PrefillError(const grpc::Status& status, const std::string& worker,
                                 const std::string& decode_worker) {
   const std::string detail = absl::StrCat("prefill worker ", worker, ": ", status.error_message());
-  if (TransferPeerFailed(status) || TicketMismatch(status)) {
+  if (TicketMismatch(status)) {
+    // Configuration, not a transient failure: the two workers disagree on what the state is or
+    // how it travels (docs/operations.md, "Model identity").
+    return frontend::ServerError(
+        503,
+        absl::StrCat("prefill worker ", worker, " refused the ticket of decode worker ",
+                     decode_worker, ": ", status.error_message()),
+        "server_error", "workers_incompatible");
+  }
+  if (TransferPeerFailed(status)) {
     return frontend::ServerError(503,
                                  absl::StrCat("the state transfer to decode worker ", decode_worker,
                                               " failed (", detail, ")"),
@@ -193,10 +202,7 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
       if (!request->ended) Enqueue(*request, choice, &actions);
       queued = !request->ended;
     } else {
-      request->Fail(frontend::ServerError(
-                        503, absl::StrCat("no ", p < 0 ? "prefill" : "decode", " worker is up"),
-                        "server_error", "worker_unavailable"),
-                    &actions);
+      request->Fail(NoWorkerUpError(p < 0, p >= 0), &actions);
     }
   }
   if (!actions.empty() || p < 0 || d < 0) {

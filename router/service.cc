@@ -261,6 +261,23 @@ std::optional<frontend::ApiError> RouterService::FanOutError(int n) const {
       "n");
 }
 
+frontend::ApiError RouterService::NoWorkerUpError(bool prefill, bool decode) const {
+  std::vector<std::string> messages;
+  bool mismatch = true;
+  for (const auto& [down, role] : {std::pair{prefill, Role::kPrefill}, {decode, Role::kDecode}}) {
+    if (!down) continue;
+    WorkerPool::Unavailable why = pool_->NoWorkerUp(role);
+    messages.push_back(std::move(why.message));
+    mismatch = mismatch && why.mismatch;
+  }
+  if (messages.empty()) {  // came up since the caller looked
+    return frontend::ServerError(503, "no prefill or decode worker is up", "server_error",
+                                 "worker_unavailable");
+  }
+  return frontend::ServerError(503, absl::StrJoin(messages, "; "), "server_error",
+                               mismatch ? "workers_incompatible" : "worker_unavailable");
+}
+
 void RouterService::RecordFinish(Request& request, int http_status,
                                  const std::string& finish_reason) {
   std::string reason = finish_reason;
@@ -303,8 +320,10 @@ frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
   }
   if (!pool_->Ready()) {
     requests_->WithLabels({endpoint, "503", "error"}).Increment();
-    return frontend::ServerError(503, "no prefill or decode worker is up", "server_error",
-                                 "worker_unavailable");
+    bool prefill_up = false, decode_up = false;
+    for (const Worker* w : pool_->prefill()) prefill_up |= w->up();
+    for (const Worker* w : pool_->decode()) decode_up |= w->up();
+    return NoWorkerUpError(!prefill_up, !decode_up);
   }
   if (std::optional<frontend::ApiError> wide = FanOutError(n)) {
     requests_->WithLabels({endpoint, "400", "error"}).Increment();

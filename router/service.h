@@ -29,13 +29,16 @@
 // wait, new requests queue behind them. A client gone while queued takes its choices out.
 //
 // Errors: more choices (n) than the widest decode worker's batch slots -> 400 (param n) before
-// anything is reserved. Reserve's UNAVAILABLE (or no worker up) -> 503,
+// anything is reserved. No worker of a role up -> 503 naming why (NoWorkerUpError). Reserve's
+// UNAVAILABLE -> 503,
 // INVALID_ARGUMENT -> 400, FAILED_PRECONDITION (the request can never fit the worker's pool) ->
 // 400 (param max_tokens). A Reserve whose answer was lost (past reserve_timeout, cancelled,
 // connection lost) may still have reserved pages on its decode worker: it is aborted there with
 // prefill_quiesced (no Prefill was sent), which frees them at once or makes the late Reserve fail.
 // Prefill's (before any token, after a retry on another prefill worker when one is up):
-// RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503 worker_unavailable, DEADLINE_EXCEEDED
+// RESOURCE_EXHAUSTED -> 429 prefill_busy, UNAVAILABLE -> 503 worker_unavailable, a ticket the
+// prefill worker refused (worker::kTicketMismatch, when no other decode worker is left to try)
+// -> 503 workers_incompatible, DEADLINE_EXCEEDED
 // (options.prefill_timeout) -> 503 prefill_timeout, others -> 500 prefill_failed with the worker's
 // message; the decode reservation is aborted. A choice whose workers fail before it produced a
 // token is retried once on other workers (pdserve_router_retries_total); after that, and for an
@@ -220,6 +223,11 @@ class RouterService : public frontend::GenerationService {
   // (HealthResponse.max_batch; no bound while a worker has not stated it). Nothing is reserved
   // for such a request.
   std::optional<frontend::ApiError> FanOutError(int n) const;
+  // The 503 while no worker of `prefill` and / or `decode`'s role is up: names each down
+  // worker's last check failure (WorkerPool::NoWorkerUp); code workers_incompatible when each of
+  // them is down for a mismatch (a pair that refuses each other, another model), else
+  // worker_unavailable.
+  frontend::ApiError NoWorkerUpError(bool prefill, bool decode) const;
   // Whether a prefill worker other than the attempt's is up.
   bool OtherPrefillUp(const Attempt& attempt) const;
   // Whether a decode worker other than the attempt's is up.

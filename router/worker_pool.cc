@@ -23,6 +23,18 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
 }
 
+// A worker's error message without its leading "request N: ": the canary's request id is new at
+// every check, and a reason that names it would read as a new reason each time.
+std::string WithoutRequestId(const std::string& message) {
+  constexpr std::string_view kPrefix = "request ";
+  if (!message.starts_with(kPrefix)) return message;
+  const size_t end = message.find_first_not_of("0123456789", kPrefix.size());
+  if (end == kPrefix.size() || end == std::string::npos || message.compare(end, 2, ": ") != 0) {
+    return message;
+  }
+  return message.substr(end + 2);
+}
+
 }  // namespace
 
 const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
@@ -83,6 +95,17 @@ Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
 }
 
 std::string Worker::address() const { return absl::StrCat(config_.host, ":", config_.port); }
+
+Worker::CheckFailure Worker::ExchangeCheckFailure(CheckFailure failure) {
+  absl::MutexLock lock(&failure_mu_);
+  std::swap(failure, failure_);
+  return failure;
+}
+
+Worker::CheckFailure Worker::check_failure() const {
+  absl::MutexLock lock(&failure_mu_);
+  return failure_;
+}
 
 void Worker::RecordSuccess() { request_failures_.store(0); }
 
@@ -189,14 +212,47 @@ void WorkerPool::CheckAll() {
 }
 
 void WorkerPool::CheckAndRecord(Worker& worker) {
-  const Verdict verdict = Check(worker);
+  CheckResult result = Check(worker);
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;  // a check cut off by the shutdown says nothing about the worker
   }
-  const bool passed = verdict == Verdict::kPassed;
-  worker.RecordCheck(passed, verdict == Verdict::kWrongModel ? 1 : options_.down_after);
+  const bool passed = result.verdict == Verdict::kPassed;
+  if (passed) result.failure = {};
+  const std::string reason = result.failure.reason;
+  const Worker::CheckFailure previous = worker.ExchangeCheckFailure(std::move(result.failure));
+  // Once per change: a pair that cannot work fails every check the same way until restarted.
+  if (result.log_on_change && reason != previous.reason) {
+    spdlog::warn("router: {} worker {} failed its check: {}", RoleName(worker.role()),
+                 worker.name(), reason);
+  }
+  worker.RecordCheck(passed, result.verdict == Verdict::kWrongModel ? 1 : options_.down_after);
   if (!passed && !worker.up() && options_.on_still_down) options_.on_still_down(worker);
+}
+
+WorkerPool::Unavailable WorkerPool::NoWorkerUp(Role role) const {
+  constexpr int kNamed = 4;
+  const auto& workers = role == Role::kPrefill ? prefill_ : decode_;
+  Unavailable out;
+  out.mismatch = !workers.empty();
+  std::vector<std::string> reasons;
+  for (const auto& w : workers) {
+    if (w->up()) continue;  // came up since the caller looked
+    const Worker::CheckFailure failure = w->check_failure();
+    out.mismatch = out.mismatch && failure.mismatch;
+    if (static_cast<int>(reasons.size()) == kNamed) continue;
+    std::string reason = failure.reason;
+    if (reason.empty()) {
+      reason = w->breaker_open() ? "its circuit breaker is open (requests to it failed in a row)"
+                                 : "no health check has passed yet";
+    }
+    reasons.push_back(absl::StrCat(w->name(), ": ", reason));
+  }
+  const int more = static_cast<int>(workers.size()) - kNamed;
+  if (more > 0) reasons.push_back(absl::StrCat(more, " more"));
+  out.message = absl::StrCat("no ", RoleName(role), " worker is up");
+  if (!reasons.empty()) absl::StrAppend(&out.message, " (", absl::StrJoin(reasons, "; "), ")");
+  return out;
 }
 
 bool WorkerPool::SameModel(Worker& worker, const ModelIdentity& stated) {
@@ -233,7 +289,7 @@ bool WorkerPool::SameModel(Worker& worker, const ModelIdentity& stated) {
   return same;
 }
 
-WorkerPool::Verdict WorkerPool::Check(Worker& worker) {
+WorkerPool::CheckResult WorkerPool::Check(Worker& worker) {
   grpc::ClientContext context;
   context.set_deadline(Deadline(options_.health_timeout));
   const CallScope scope(*this, &context);
@@ -248,59 +304,73 @@ WorkerPool::Verdict WorkerPool::Check(Worker& worker) {
       spdlog::info("router: health check of {} worker {} failed: {} ({})", RoleName(worker.role()),
                    worker.name(), status.error_message(), static_cast<int>(status.error_code()));
     }
-    return Verdict::kFailed;
+    return {Verdict::kFailed,
+            {absl::StrCat("its health check failed: ", status.error_message(), " (code ",
+                          static_cast<int>(status.error_code()), ")")}};
   }
   if (health.state() != wv1::HealthResponse::STATE_SERVING) {
     if (worker.up()) {
       spdlog::info("router: {} worker {} is not serving (health state {})", RoleName(worker.role()),
                    worker.name(), static_cast<int>(health.state()));
     }
-    return Verdict::kFailed;
+    return {Verdict::kFailed,
+            {absl::StrCat("it is not serving (health state ",
+                          wv1::HealthResponse::State_Name(health.state()), ")")}};
   }
-  if (!SameModel(worker, {health.model(), health.model_fingerprint(), health.page_geometry()})) {
-    return Verdict::kWrongModel;
+  const ModelIdentity stated{health.model(), health.model_fingerprint(), health.page_geometry()};
+  if (!SameModel(worker, stated)) {
+    ModelIdentity cluster;
+    {
+      absl::MutexLock lock(&identity_mu_);
+      cluster = cluster_;
+    }
+    return {Verdict::kWrongModel,
+            {absl::StrCat("it serves another model than the cluster: it ",
+                          DescribeModelMismatch(stated, cluster)),
+             /*mismatch=*/true}};
   }
   if (worker.role() == Role::kDecode) worker.set_max_batch(health.max_batch());
-  if (options_.canary_prompt.empty()) return Verdict::kPassed;
+  if (options_.canary_prompt.empty()) return {};
   return CanaryThroughPartners(worker);
 }
 
-WorkerPool::Verdict WorkerPool::CanaryThroughPartners(Worker& worker) {
+WorkerPool::CheckResult WorkerPool::CanaryThroughPartners(Worker& worker) {
   // A canary may take canary_timeout: a check tries this many partners at most.
   constexpr int kMaxPartners = 4;
   const auto& partners = worker.role() == Role::kDecode ? prefill_ : decode_;
   int tried = 0;
-  bool pair_failed = false;
+  std::vector<std::string> refusals;  // the pairs that cannot work, one reason each
   for (const auto& partner : partners) {
     // A partner that is down is no proof either way (its own check decides about it).
     if (!partner->up()) continue;
     if (tried++ == kMaxPartners) break;
     Worker& p = worker.role() == Role::kPrefill ? worker : *partner;
     Worker& d = worker.role() == Role::kDecode ? worker : *partner;
-    switch (Canary(p, d, worker.role())) {
-      case CanaryResult::kPassed:
-        return Verdict::kPassed;
-      case CanaryResult::kPrefillFailed:
-        if (worker.role() == Role::kPrefill) return Verdict::kFailed;
-        break;  // the partner's step: try another
-      case CanaryResult::kDecodeFailed:
-        if (worker.role() == Role::kDecode) return Verdict::kFailed;
-        break;
-      case CanaryResult::kPairFailed:
-        pair_failed = true;
-        break;
-    }
+    std::string why;
+    const CanaryResult result = Canary(p, d, worker.role(), &why);
+    const bool own_step = (result == CanaryResult::kPrefillFailed && &p == &worker) ||
+                          (result == CanaryResult::kDecodeFailed && &d == &worker);
+    if (result == CanaryResult::kPassed) return {};
+    if (own_step) return {Verdict::kFailed, {why}, /*log_on_change=*/true};
+    if (result == CanaryResult::kPairFailed) refusals.push_back(std::move(why));
+    // Otherwise the partner's own step failed: try another.
   }
   // No partner up, or only partners whose own steps failed: Health alone decides (the canary
   // would blame this worker for its partner). Every partner refused the pair: this worker too.
-  return pair_failed ? Verdict::kFailed : Verdict::kPassed;
+  if (refusals.empty()) return {};
+  return {Verdict::kFailed,
+          {absl::StrCat("every up partner it was tried with refused the pair: ",
+                        absl::StrJoin(refusals, "; ")),
+           /*mismatch=*/true},
+          /*log_on_change=*/true};
 }
 
 // One real generation of one token: Reserve on `decode`, then Prefill and Generate together.
 // Says whose step failed: the prefill worker's, the decode worker's (its Reserve, its Generate,
 // or the transfer to it: worker::kTransferPeerFailed), or the pair's (worker::kTicketMismatch).
 // A busy prefill worker under check (`checked` kPrefill, PrefillBusy) passes.
-WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked) {
+WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Role checked,
+                                            std::string* why) {
   const uint64_t request_id = next_request_id_();
   wv1::SamplingParams sampling;
   sampling.set_temperature(0);
@@ -349,7 +419,8 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
       abort_context.set_deadline(Deadline(absl::Seconds(1)));
       decode.decode()->Abort(&abort_context, abort, &ignored).ok();
     }
-    spdlog::warn("router: canary Reserve on {} failed: {}", decode.name(), status.error_message());
+    *why = absl::StrCat("canary Reserve on decode worker ", decode.name(),
+                        " failed: ", WithoutRequestId(status.error_message()));
     return CanaryResult::kDecodeFailed;
   }
 
@@ -362,10 +433,17 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
   grpc::ClientContext prefill_context;
   prefill_context.set_deadline(deadline);
   const CallScope prefill_scope(*this, &prefill_context);
+  grpc::ClientContext generate_context;
+  generate_context.set_deadline(deadline);
+  const CallScope generate_scope(*this, &generate_context);
   grpc::Status prefill_status;
   absl::Notification prefill_done;
   prefill.prefill()->async()->Prefill(&prefill_context, &prefill_request, &prefilled,
                                       [&](grpc::Status s) {
+                                        // No state will reach the decode worker: its Generate
+                                        // would wait for it until the deadline. (A call not
+                                        // started yet is cancelled at its start.)
+                                        if (!s.ok()) generate_context.TryCancel();
                                         prefill_status = std::move(s);
                                         prefill_done.Notify();
                                       });
@@ -373,17 +451,16 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
   wv1::GenerateRequest generate;
   generate.set_request_id(request_id);
   generate.set_ticket_id(reserved.ticket().ticket_id());
-  grpc::ClientContext generate_context;
-  generate_context.set_deadline(deadline);
-  const CallScope generate_scope(*this, &generate_context);
   std::unique_ptr<grpc::ClientReader<wv1::GenerateResponse>> reader =
       decode.decode()->Generate(&generate_context, generate);
   wv1::GenerateResponse event;
   std::string finish;
+  std::string error_message;  // an "error" or "abort" final event's
   int tokens = 0;
   while (reader->Read(&event)) {
     tokens += event.token_ids_size();
     if (!event.finish_reason().empty()) finish = event.finish_reason();
+    if (!event.error_message().empty()) error_message = event.error_message();
   }
   const grpc::Status generate_status = reader->Finish();
   prefill_done.WaitForNotification();  // the deadline bounds it
@@ -398,21 +475,30 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
                  prefill.name());
     return CanaryResult::kPassed;
   }
-  // A decode worker's check whose partner prefill timed out (in practice: busy with a long
-  // prompt) tries another partner or falls back to Health; the prefill's own check decides
-  // about the prefill worker (and logs it busy). Debug, or a busy cluster logs it each check.
-  const bool partner_slow = checked == Role::kDecode &&
-                            prefill_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-  spdlog::log(partner_slow ? spdlog::level::debug : spdlog::level::warn,
-              "router: canary through {} and {} failed: prefill {}, generate {} ({} tokens, {})",
-              prefill.name(), decode.name(), prefill_status.error_message(),
-              generate_status.error_message(), tokens, finish);
-  if (prefill_status.ok()) return CanaryResult::kDecodeFailed;
-  if (prefill_status.error_details() == worker::kTicketMismatch) return CanaryResult::kPairFailed;
-  if (prefill_status.error_details() == worker::kTransferPeerFailed) {
-    return CanaryResult::kDecodeFailed;
+  // Which worker a failure counts against is the caller's decision (a partner's failed step
+  // does not fail this check); the reason is logged by the check it fails, once per change.
+  const std::string prefill_message = WithoutRequestId(prefill_status.error_message());
+  CanaryResult result = CanaryResult::kPrefillFailed;
+  if (prefill_status.error_details() == worker::kTicketMismatch) {
+    *why = absl::StrCat("prefill worker ", prefill.name(), " refused the ticket of decode worker ",
+                        decode.name(), ": ", prefill_message);
+    result = CanaryResult::kPairFailed;
+  } else if (!prefill_status.ok()) {
+    // Its Generate was cancelled: only the Prefill's status says what went wrong.
+    *why = absl::StrCat("canary through ", prefill.name(), " and ", decode.name(),
+                        " failed in Prefill: ", prefill_message);
+    if (prefill_status.error_details() == worker::kTransferPeerFailed) {
+      result = CanaryResult::kDecodeFailed;
+    }
+  } else {
+    *why = absl::StrCat("canary through ", prefill.name(), " and ", decode.name(),
+                        " failed in Generate: ",
+                        generate_status.ok() ? error_message : generate_status.error_message(),
+                        " (", tokens, " tokens, finish '", finish, "')");
+    result = CanaryResult::kDecodeFailed;
   }
-  return CanaryResult::kPrefillFailed;
+  spdlog::debug("router: {}", *why);
+  return result;
 }
 
 bool WorkerPool::PrefillBusy(Worker& prefill) {

@@ -30,9 +30,15 @@
 //
 // The canary tries partners in order until one passes: a failure of the partner's own step moves
 // on to the next partner, as does a ticket mismatch (the prefill worker refused the decode
-// worker's ticket: another page geometry or fingerprint), which counts against the worker under
-// check when no partner passes. So a decode worker whose tickets no prefill worker accepts fails
-// its own check, while a prefill worker passes through any good decode worker.
+// worker's ticket: another page geometry, fingerprint or UCX protocols), which counts against the
+// worker under check when no partner passes. So a decode worker whose tickets no prefill worker
+// accepts fails its own check, while a prefill worker passes through any good decode worker. A
+// Prefill that fails ends the canary at once (its Generate is cancelled: no transfer will come).
+//
+// Every failed check leaves its reason on the worker (Worker::check_failure): a canary's is
+// logged once per change of reason (not at every check), and while no worker of a role is up the
+// client's 503 names each one's reason (NoWorkerUp; a pair or identity mismatch is the code
+// workers_incompatible, docs/operations.md).
 //
 // Thread-safety: every method is thread-safe; Worker references stay valid for the pool's life.
 #pragma once
@@ -90,6 +96,18 @@ class Worker {
   // A hash of the other model identity the last check found (0: the cluster's, or no check
   // yet); returns the previous one.
   uint64_t ExchangeWrongModel(uint64_t stated) { return wrong_model_.exchange(stated); }
+  bool breaker_open() const { return breaker_open_.load(); }
+
+  // Why the last check failed (reason empty: it passed, or no check yet); `mismatch`: the worker
+  // cannot work with the cluster as configured (it serves another model, or every partner it was
+  // tried with refused the pair), which no retry mends.
+  struct CheckFailure {
+    std::string reason;
+    bool mismatch = false;
+  };
+  // Records the last check's failure; returns the previous one.
+  CheckFailure ExchangeCheckFailure(CheckFailure failure) ABSL_LOCKS_EXCLUDED(failure_mu_);
+  CheckFailure check_failure() const ABSL_LOCKS_EXCLUDED(failure_mu_);
 
  private:
   const config::WorkerConfig config_;
@@ -106,6 +124,8 @@ class Worker {
   std::atomic<int64_t> progress_{-1};
   std::atomic<int64_t> max_batch_{0};
   std::atomic<uint64_t> wrong_model_{0};
+  mutable absl::Mutex failure_mu_;
+  CheckFailure failure_ ABSL_GUARDED_BY(failure_mu_);
 };
 
 // What a worker states about the model it computes with (HealthResponse model,
@@ -162,18 +182,35 @@ class WorkerPool {
   // Checks every worker once now (tests; the checker threads check on their own every interval).
   void CheckAll();
 
+  // The client's error while no worker of `role` is up: "no prefill worker is up (p0: REASON;
+  // p1: ...)", each worker's last check failure (at most 4 workers named), and whether every one
+  // of them is down for a mismatch (Worker::CheckFailure). Racy by nature: checks run meanwhile.
+  struct Unavailable {
+    std::string message;
+    bool mismatch = false;
+  };
+  Unavailable NoWorkerUp(Role role) const;
+
  private:
   // What one check found: passed, failed (down after `down_after` in a row), or another model
   // (down at once).
   enum class Verdict { kPassed, kFailed, kWrongModel };
   enum class CanaryResult { kPassed, kPrefillFailed, kDecodeFailed, kPairFailed };
-  Verdict Check(Worker& worker);
+  struct CheckResult {
+    Verdict verdict = Verdict::kPassed;
+    Worker::CheckFailure failure;  // why it did not pass
+    // The failure is a canary's, logged by CheckAndRecord when its reason changed (the others
+    // are logged where they are found).
+    bool log_on_change = false;
+  };
+  CheckResult Check(Worker& worker);
   // Compares `stated` with the cluster's identity, adopting the fields not known yet; logs a
   // mismatch when it is new for `worker`.
   bool SameModel(Worker& worker, const ModelIdentity& stated) ABSL_LOCKS_EXCLUDED(identity_mu_);
   // Canaries of `worker` through its up partners (see the header comment).
-  Verdict CanaryThroughPartners(Worker& worker);
-  CanaryResult Canary(Worker& prefill, Worker& decode, Role checked);
+  CheckResult CanaryThroughPartners(Worker& worker);
+  // `why`: set to the reason when the result is not kPassed.
+  CanaryResult Canary(Worker& prefill, Worker& decode, Role checked, std::string* why);
   // Whether a prefill worker whose canary timed out is busy (see the header comment).
   bool PrefillBusy(Worker& prefill);
   // One checker thread per worker, so a worker whose checks hang until their deadline does not

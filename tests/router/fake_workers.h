@@ -67,6 +67,9 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   std::string abort_message;
   bool lease_error_first = false;  // the first event is an "error" with ISOLATION_ERROR_LEASE
   int token_delay_ms = 0;
+  // > 0: Generate sends its first event only after this long, or ends as soon as its call is
+  // cancelled, as a real decode worker waits for the transfer before its first token.
+  int generate_wait_ms = 0;
   int reserve_delay_ms = 0;  // > 0: Reserve answers this late (after its work is done)
   // >= 0: the events of tokens from this index on say degenerate, with this kind ("" as a
   // worker that predates GenerateResponse.degeneration_kind).
@@ -132,6 +135,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       }
     } release{this, request->request_id()};
     const worker::v1::SamplingParams& s = r.sampling();
+    for (int waited = 0; waited < generate_wait_ms; waited += 5) {
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     if (lease_error_first) {
       worker::v1::GenerateResponse error;
       error.set_finish_reason("error");
@@ -261,6 +268,7 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
   // != 0: a ticket stating another model_fingerprint is refused as the real prefill worker
   // refuses one (FAILED_PRECONDITION, error details worker::kTicketMismatch's text).
   uint64_t accepted_ticket_fingerprint = 0;
+  std::string mismatch_message = "the ticket names 11 pages; a prompt of 4 tokens has 17 (fake)";
   // HealthResponse's model identity (empty / 0: not stated).
   std::string model;
   uint64_t model_fingerprint = 0;
@@ -285,8 +293,7 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
     if (accepted_ticket_fingerprint != 0 &&
         request->ticket().model_fingerprint() != accepted_ticket_fingerprint) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "the ticket names 11 pages; a prompt of 4 tokens has 17 (fake)",
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, mismatch_message,
                           "pdserve.worker.v1/ticket_mismatch");
     }
     response->mutable_commit()->set_ticket_id(request->ticket().ticket_id());

@@ -82,8 +82,10 @@ class RouterServiceTest : public ::testing::Test {
     prefill_server_ = std::make_unique<FakeServer>(prefill_.get());
   }
 
+  // `expect_ready`: the first checks leave a prefill and a decode worker up.
   std::unique_ptr<RouterService> MakeService(int decode_workers = 1,
-                                             PolicyKind decode_policy = PolicyKind::kRoundRobin) {
+                                             PolicyKind decode_policy = PolicyKind::kRoundRobin,
+                                             bool expect_ready = true) {
     RouterOptions options;
     options.model_dir = PDSERVE_BUNDLED_MODEL;
     options.served_name = "tiny";
@@ -105,7 +107,9 @@ class RouterServiceTest : public ::testing::Test {
     auto service = RouterService::Create(options);
     EXPECT_TRUE(service.ok()) << service.status();
     (*service)->pool().CheckAll();
-    EXPECT_TRUE((*service)->Ready());
+    if (expect_ready) {
+      EXPECT_TRUE((*service)->Ready());
+    }
     return std::move(*service);
   }
 

@@ -2,9 +2,15 @@
 // (router/worker_pool.h), against fake workers that state an identity in Health.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/model_fingerprint.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/router/service_fixture.h"
 #include "worker/transfer_peer.h"
 
@@ -154,7 +160,96 @@ TEST_F(RouterIdentityTest, RequestWhoseTicketIsRefusedIsRetriedOnAnotherDecodeWo
   auto sink = Run(*service, Completion({1, 2, 3}, 3));
   EXPECT_TRUE(sink->failed);
   EXPECT_EQ(sink->error.http_status, 503) << sink->error.message;
+  EXPECT_EQ(sink->error.code, "workers_incompatible");
+  EXPECT_TRUE(
+      sink->error.message.starts_with("prefill worker p0 refused the ticket of decode "
+                                      "worker d"))
+      << sink->error.message;
+}
+
+// The log lines of the default logger while it lives, for assertions.
+class CapturedLog {
+ public:
+  CapturedLog()
+      : previous_(spdlog::default_logger()),
+        logger_(std::make_shared<spdlog::logger>(
+            "captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(lines_))) {
+    spdlog::set_default_logger(logger_);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  int Count(const std::string& text) {
+    logger_->flush();
+    const std::string all = lines_.str();
+    int n = 0;
+    for (size_t at = all.find(text); at != std::string::npos; at = all.find(text, at + 1)) ++n;
+    return n;
+  }
+
+ private:
+  std::ostringstream lines_;
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+// breaker G2: the only two workers disagree on transfer.ucx_protocols, so the prefill worker
+// refuses every ticket of the decode worker. The canary ends when the Prefill fails (its
+// Generate waited for the transfer until the canary's deadline), the log says so once, not at
+// every check, and the client's 503 names the refusal, not only "no worker is up".
+TEST_F(RouterIdentityTest, APairThatRefusesEachOtherFailsFastOnceLoggedAndNamedToTheClient) {
+  const std::string refusal =
+      "the ticket's decode worker uses UCX protocols v2, this worker v1 (transfer.ucx_protocols "
+      "or UCX_PROTO_ENABLE must agree on both workers)";
+  prefill_->accepted_ticket_fingerprint = 5;
+  prefill_->mismatch_message = "request 77: " + refusal;
+  decode_[0]->ticket_fingerprint = 9;
+  decode_[0]->generate_wait_ms = 4000;  // waits for a transfer that never comes
+  canary_timeout_ = absl::Seconds(5);
+  CapturedLog log;
+  auto service = MakeService(1, PolicyKind::kRoundRobin, /*expect_ready=*/false);
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time start = absl::Now();
+    service->pool().CheckAll();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "check " << i;
+  }
+  EXPECT_TRUE(service->pool().decode()[0]->up());  // no up partner: Health decides
+  EXPECT_FALSE(service->pool().prefill()[0]->up());
+  EXPECT_FALSE(service->Ready());
+  const std::string why =
+      "every up partner it was tried with refused the pair: prefill worker p0 refused the "
+      "ticket of decode worker d0: " +
+      refusal;
+  EXPECT_EQ(log.Count(absl::StrCat("router: prefill worker p0 failed its check: ", why)), 1);
+  EXPECT_EQ(log.Count(refusal), 1);  // 4 checks of p0, one line
+
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_EQ(sink->error.type, "server_error");
+  EXPECT_EQ(sink->error.code, "workers_incompatible");
+  EXPECT_EQ(sink->error.message, absl::StrCat("no prefill worker is up (p0: ", why, ")"));
+
+  // Fixed (restarted with the same protocols): the next check brings it back and it serves.
+  decode_[0]->ticket_fingerprint = 5;
+  decode_[0]->generate_wait_ms = 0;
+  service->pool().CheckAll();
+  EXPECT_TRUE(service->Ready());
+  EXPECT_FALSE(Run(*service, Completion({1, 2, 3}, 3))->failed);
+}
+
+// While no worker of a role is up for another reason, the 503 names that reason too, with the
+// code worker_unavailable (nothing is misconfigured).
+TEST_F(RouterIdentityTest, NoPrefillWorkerUpNamesTheReasonOfEach) {
+  auto service = MakeService();
+  prefill_->state = worker::v1::HealthResponse::STATE_NOT_SERVING;
+  service->pool().CheckAll();
+  service->pool().CheckAll();
+  ASSERT_FALSE(service->Ready());
+  auto sink = Run(*service, Completion({1, 2, 3}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
   EXPECT_EQ(sink->error.code, "worker_unavailable");
+  EXPECT_EQ(sink->error.message,
+            "no prefill worker is up (p0: it is not serving (health state STATE_NOT_SERVING))");
 }
 
 }  // namespace

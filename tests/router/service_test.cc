@@ -462,7 +462,8 @@ TEST_F(RouterServiceTest, PrefillOnTheOnlyPrefillWorkerMarkedDownIs503AtOnce) {
   EXPECT_EQ(sink->error.http_status, 503);
   EXPECT_EQ(sink->error.code, "worker_unavailable");
   // Retried at once, and no other prefill worker is up.
-  EXPECT_EQ(sink->error.message, "no prefill worker is up");
+  EXPECT_EQ(sink->error.message,
+            "no prefill worker is up (p0: it is not serving (health state STATE_NOT_SERVING))");
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
