@@ -313,7 +313,13 @@ absl::StatusOr<std::vector<ChatSegment>> DeepSeekV4ChatFormat::Render(
       if (!open) out.Control(tokens_.eos);
     }
     const bool next_is_assistant = i + 1 < count && turns[i + 1].role == "assistant";
-    if (t.role == "user" && (next_is_assistant || i + 1 == count)) {
+    // A last system message opens the answer too: the module adds the assistant marker only
+    // after user turns, so its prompt would end inside the system text and the model would
+    // continue the instructions (docs/chat-format.md). It comes after the last user turn, so
+    // thinking mode opens <think> as after a last user turn.
+    const bool opens_answer =
+        (t.role == "user" && next_is_assistant) || (t.role != "assistant" && i + 1 == count);
+    if (opens_answer) {
       out.Control(tokens_.assistant);
       const bool think = options.thinking && (keep_reasoning || i >= last_user);
       out.Control(think ? tokens_.think_begin : tokens_.think_end);

@@ -72,8 +72,8 @@ class ChatFormat {
  public:
   virtual ~ChatFormat() = default;
   virtual std::string_view name() const = 0;
-  // Renders `messages` to prompt segments (generation prompt included after a final user or
-  // tool turn; with options.continuation, the final assistant turn left open instead).
+  // Renders `messages` to prompt segments (generation prompt included after a final user, tool
+  // or system message; with options.continuation, the final assistant turn left open instead).
   // Errors: InvalidArgument for an unknown role, an empty conversation, tool-call arguments that
   // are JSON but not an object, or a continuation the conversation cannot take (the last message
   // is not an assistant message right after a user or tool message, it has tool calls, or

@@ -145,6 +145,39 @@ TEST(ChatFormatTest, ContinuationsTheFormatCannotOpenAreInvalidArgument) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// A conversation ending with a system message gets the generation prompt a last user message
+// gets (the module writes the assistant marker only after user turns, so the prompt ended inside
+// the system text and the model continued the instructions). The system text itself renders as
+// the module renders it; the prompt is the module's plus the generation prompt.
+TEST(ChatFormatTest, ALastSystemMessageOpensTheAnswer) {
+  auto format = FixtureFormat();
+  ASSERT_NE(format, nullptr);
+  const std::vector<ChatMessage> after_user = {{"user", "q", ""}, {"system", "Be brief.", ""}};
+  const std::vector<ChatMessage> alone = {{"system", "Be brief.", ""}};
+  const std::vector<ChatMessage> after_answer = {
+      {"user", "q", ""}, {"assistant", "a", ""}, {"system", "Now in French.", ""}};
+  ChatOptions chat;
+  ChatOptions thinking;
+  thinking.thinking = true;
+  auto prompt = [&](const std::vector<ChatMessage>& messages, const ChatOptions& options) {
+    auto segments = format->Render(messages, options);
+    EXPECT_TRUE(segments.ok()) << segments.status();
+    return segments.ok() ? JoinSegments(*segments) : "";
+  };
+  EXPECT_EQ(prompt(after_user, chat),
+            "<｜begin▁of▁sentence｜><｜User｜>qBe brief.<｜Assistant｜></think>");
+  EXPECT_EQ(prompt(after_user, thinking),
+            "<｜begin▁of▁sentence｜><｜User｜>qBe brief.<｜Assistant｜><think>");
+  EXPECT_EQ(prompt(alone, chat), "<｜begin▁of▁sentence｜>Be brief.<｜Assistant｜></think>");
+  EXPECT_EQ(prompt(alone, thinking), "<｜begin▁of▁sentence｜>Be brief.<｜Assistant｜><think>");
+  EXPECT_EQ(prompt(after_answer, thinking),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think></think>a<｜end▁of▁sentence｜>"
+            "Now in French.<｜Assistant｜><think>");
+  // A system message that is not the last opens nothing.
+  EXPECT_EQ(prompt({{"system", "s", ""}, {"user", "q", ""}}, chat),
+            "<｜begin▁of▁sentence｜>s<｜User｜>q<｜Assistant｜></think>");
+}
+
 TEST(ChatFormatTest, EncodeChatEqualsEncodingThePromptWithSpecialTokens) {
   auto format = FixtureFormat();
   ASSERT_NE(format, nullptr);
