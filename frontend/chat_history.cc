@@ -2,6 +2,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -43,6 +44,35 @@ std::optional<ApiError> CheckToolResult(const ApiRequest& req, size_t i) {
                    "' is not among the tool_calls of the assistant message before it (",
                    Where(a - 1), ")"),
       "messages");
+}
+
+// The calls of assistant message `i` must each be answered by a tool message before the next
+// assistant message (or the end): the chat format renders results in the order of the calls and
+// without their ids, so the model matches them by position, and a missing one would have it read
+// the next result as the answer to the unanswered call (docs/chat-format.md).
+std::optional<ApiError> CheckCallsAnswered(const ApiRequest& req, size_t i) {
+  size_t end = i + 1;
+  while (end < req.messages.size() && req.messages[end].role != "assistant") ++end;
+  const std::vector<ToolCall>& calls = req.messages[i].tool_calls;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    bool answered = false;
+    for (size_t j = i + 1; j < end && !answered; ++j) {
+      answered = req.messages[j].role == "tool" && !calls[c].id.empty() &&
+                 req.messages[j].tool_call_id == calls[c].id;
+    }
+    if (answered) continue;
+    const std::string call = calls[c].id.empty()
+                                 ? absl::StrCat("tool_calls[", c, "] (it has no 'id')")
+                                 : absl::StrCat("tool call '", Shown(calls[c].id), "'");
+    return InvalidRequest(
+        absl::StrCat(Where(i), ": ", call, " has no tool message answering it ",
+                     end < req.messages.size() ? absl::StrCat("before ", Where(end))
+                                               : std::string("after it"),
+                     "; every tool call needs a tool message with its 'tool_call_id' before the "
+                     "next assistant message"),
+        "messages");
+  }
+  return std::nullopt;
 }
 
 std::optional<ApiError> CheckContinuation(const ApiRequest& req) {
@@ -96,6 +126,11 @@ std::optional<ApiError> CheckChatHistory(const ApiRequest& req) {
           absl::StrCat(Where(i), ": an assistant message needs 'content' or 'tool_calls'"),
           "messages");
     }
+  }
+  // After the checks of each message: a tool message that answers no call is named as such.
+  for (size_t i = 0; i + 1 < req.messages.size(); ++i) {
+    if (req.messages[i].role != "assistant") continue;
+    if (auto error = CheckCallsAnswered(req, i)) return error;
   }
   if (req.continue_final_message) return CheckContinuation(req);
   const size_t last = req.messages.size() - 1;

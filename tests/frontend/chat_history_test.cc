@@ -83,6 +83,40 @@ TEST(ChatHistoryTest, ValidToolConversationsAreAccepted) {
   EXPECT_FALSE(r.continue_final_message);
 }
 
+// A call never answered is a 400, as OpenAI's and DeepSeek's APIs answer ("An assistant message
+// with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'"): the
+// chat format renders results in call order without ids, so the model would read the next
+// result as the missing one's. It was accepted and rendered.
+TEST(ChatHistoryTest, ToolCallsWithoutAResultAre400) {
+  const std::string user = R"([{"role":"user","content":"x"},)";
+  const ApiError never = Err(user + kCalls + R"(,{"role":"user","content":"never mind"}])");
+  EXPECT_EQ(never.http_status, 400);
+  EXPECT_EQ(never.param, "messages");
+  EXPECT_EQ(never.message,
+            "messages[1]: tool call 'a' has no tool message answering it after it; every tool "
+            "call needs a tool message with its 'tool_call_id' before the next assistant "
+            "message");
+  EXPECT_EQ(Err(user + kCalls + R"(,{"role":"tool","content":"1","tool_call_id":"a"}])").message,
+            "messages[1]: tool call 'b' has no tool message answering it after it; every tool "
+            "call needs a tool message with its 'tool_call_id' before the next assistant "
+            "message");
+  // Answered after the next assistant message is too late: that result answers no call of it.
+  EXPECT_EQ(Err(user + kCalls +
+                R"(,{"role":"tool","content":"1","tool_call_id":"a"},)"
+                R"({"role":"assistant","content":"ok"},{"role":"user","content":"y"}])")
+                .message,
+            "messages[1]: tool call 'b' has no tool message answering it before messages[3]; "
+            "every tool call needs a tool message with its 'tool_call_id' before the next "
+            "assistant message");
+  EXPECT_EQ(Err(user + R"({"role":"assistant","tool_calls":[{"type":"function",)"
+                       R"("function":{"name":"f","arguments":"{}"}}]},)"
+                       R"({"role":"user","content":"y"}])")
+                .message,
+            "messages[1]: tool_calls[0] (it has no 'id') has no tool message answering it after "
+            "it; every tool call needs a tool message with its 'tool_call_id' before the next "
+            "assistant message");
+}
+
 TEST(ChatHistoryTest, EmptyAssistantMessagesAndEmptyPartArraysAre400) {
   EXPECT_EQ(Err(R"([{"role":"user","content":"x"},{"role":"assistant","content":null},)"
                 R"({"role":"user","content":"y"}])")
@@ -167,6 +201,17 @@ class ContinuationTest : public ::testing::Test {
   }
   std::unique_ptr<RequestPreparer> preparer_;
 };
+
+// A conversation that ends with a system message gets the generation prompt (it ended inside
+// the system text before, and the model continued the instructions).
+TEST_F(ContinuationTest, ALastSystemMessageIsFollowedByTheGenerationPrompt) {
+  EXPECT_EQ(PromptText(Ok(R"([{"role":"user","content":"hi"},)"
+                          R"({"role":"system","content":"Be brief."}])")),
+            "<｜begin▁of▁sentence｜><｜User｜>hiBe brief.<｜Assistant｜></think>");
+  EXPECT_EQ(PromptText(Ok(R"([{"role":"developer","content":"Be brief."}])",
+                          R"(,"chat_template_kwargs":{"thinking":true})")),
+            "<｜begin▁of▁sentence｜>Be brief.<｜Assistant｜><think>");
+}
 
 // The continued turn is the module's rendering of it without EOS (docs/chat-format.md).
 TEST_F(ContinuationTest, TheContinuedTurnIsLeftOpen) {
