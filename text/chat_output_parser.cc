@@ -197,7 +197,10 @@ bool ChatOutputParser::StepToolBlock(bool at_end, ChatOutputPiece& piece) {
     return true;
   }
   if (pending_.starts_with(tags.block_close)) {
+    // The block is whole: its calls count, all of them together.
     pending_.erase(0, tags.block_close.size());
+    for (ParsedToolCall& call : block_calls_) piece.tool_calls.push_back(std::move(call));
+    block_calls_.clear();
     block_raw_.clear();
     state_ = State::kContent;
     return true;
@@ -207,9 +210,9 @@ bool ChatOutputParser::StepToolBlock(bool at_end, ChatOutputPiece& piece) {
     size_t used = 0;
     switch (ParseInvoke(pending_, tags, &call, &used)) {
       case Parse::kDone:
-        piece.tool_calls.push_back(std::move(call));
+        block_calls_.push_back(std::move(call));
+        block_raw_.append(pending_, 0, used);
         pending_.erase(0, used);
-        block_raw_.clear();
         return true;
       case Parse::kNeedMore:
         if (!at_end) return false;
@@ -231,6 +234,7 @@ bool ChatOutputParser::StepToolBlock(bool at_end, ChatOutputPiece& piece) {
 void ChatOutputParser::Malformed(ChatOutputPiece& piece) {
   piece.content += block_raw_;
   piece.content += pending_;
+  block_calls_.clear();
   block_raw_.clear();
   pending_.clear();
   state_ = State::kContent;

@@ -8,12 +8,15 @@
 //            </｜DSML｜invoke>\n       (no parameters: an empty line before </｜DSML｜invoke>)
 //
 // Text may arrive in any pieces: a marker split across pieces (or inside one token's text) is
-// held back until it is decided. Each tool call is released once its invoke is complete, with
-// its arguments as a JSON object text in the module's layout ({"K": "string", "N": 5}; a
-// string="false" value must itself be JSON). Malformed tool-call text (a broken tag, a value
-// that is not JSON, a duplicate parameter, a block cut off by the end of the answer) is released
-// as content from the point where it went wrong, and so is the rest of the answer; tool calls
-// before it stay. So the pieces' concatenation never depends on how the text was split.
+// held back until it is decided. A block's tool calls are released together when the block is
+// whole (its closing tag read), each with its arguments as a JSON object text in the module's
+// layout ({"K": "string", "N": 5}; a string="false" value must itself be JSON). A block that is
+// not whole counts not at all: malformed tool-call text (a broken tag, a value that is not JSON,
+// a duplicate parameter) or a block cut off by the end of the answer (max_tokens, or an EOS
+// before the closing tag) is released as content from the block's opening tag, complete invokes
+// included, and so is the rest of the answer. So a call is never returned from an answer cut
+// inside its block (docs/chat-format.md), and the pieces' concatenation never depends on how
+// the text was split.
 //
 // Thread-safety: one parser per choice, used by one thread at a time.
 #pragma once
@@ -68,9 +71,10 @@ class ChatOutputParser {
   std::string block_start_;  // "\n\n<｜DSML｜tool_calls"
   State state_;
   std::string pending_;  // text not yet released
-  // Text of the current tool-call block read but not released (its opening tag, until a call
-  // is released): content again if the block turns out malformed.
+  // Text of the current tool-call block read so far (its opening tag and complete invokes):
+  // content again if the block turns out malformed or is cut off.
   std::string block_raw_;
+  std::vector<ParsedToolCall> block_calls_;  // its complete invokes, released when it closes
   bool block_header_read_ = false;
   bool tools_off_ = false;  // a block was malformed: the rest of the answer is content
 };

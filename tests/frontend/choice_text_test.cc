@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "frontend/api_request.h"
+#include "frontend/api_response.h"
 #include "frontend/request_preparer.h"
 #include "nlohmann/json.hpp"
 #include "tests/frontend/golden_answers.h"
@@ -121,6 +122,56 @@ TEST_F(ChoiceTextTest, ParallelToolCallsFalseKeepsTheFirstCall) {
     return;
   }
   FAIL() << "no golden completion with two tool calls";
+}
+
+// breaker G3: a forced call that max_tokens cut inside its block's closing tag came back as a
+// parsed tool call with finish_reason "length". An answer cut inside its block has no tool
+// calls: its DSML is content and finish_reason "length" (OpenAI returns no parsed call for an
+// incomplete one), streamed and not; the whole block is one call with "tool_calls".
+TEST_F(ChoiceTextTest, AForcedCallCutInsideItsClosingTagIsTextWithFinishLength) {
+  const ApiRequest streamed = [&] {
+    ApiRequest req = Request(std::string(testing::kForcedCallRequest));
+    req.stream = true;
+    return req;
+  }();
+  ApiRequest whole_req = streamed;
+  whole_req.stream = false;
+  std::string cut_text;
+  const std::vector<int32_t> cut = testing::CutInsideTheClosingTag(*preparer_, &cut_text);
+  ASSERT_FALSE(cut.empty());
+  ASSERT_NE(cut_text.find("</｜DSML｜invoke>\n</"), std::string::npos) << cut_text;
+  ChoiceText text(*preparer_, streamed, 0);
+  ChoiceDelta joined;
+  bool first = true;
+  for (size_t i = 0; i < cut.size(); ++i) {
+    ChoiceDelta delta = text.Add({cut[i], -0.5f, {}}, i + 1 == cut.size() ? "length" : "");
+    EXPECT_TRUE(delta.tool_calls.empty()) << "token " << i;
+    // The SSE chunk a client reads: never a tool call.
+    const json chunk =
+        json::parse(StreamChunk(streamed, {"chatcmpl-1", 7, "m"}, delta, first).substr(6));
+    EXPECT_FALSE(chunk["choices"][0]["delta"].contains("tool_calls")) << chunk.dump();
+    first = false;
+    AppendDelta(std::move(delta), joined);
+  }
+  EXPECT_TRUE(joined.tool_calls.empty());
+  EXPECT_EQ(joined.text, cut_text);
+  EXPECT_EQ(joined.finish_reason, "length");
+  const json full = json::parse(FullResponse(whole_req, {"chatcmpl-1", 7, "m"}, {joined}, {}));
+  EXPECT_FALSE(full["choices"][0]["message"].contains("tool_calls")) << full.dump();
+  EXPECT_EQ(full["choices"][0]["message"]["content"], cut_text);
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
+
+  // The whole block, ended by EOS: one call, finish_reason "tool_calls".
+  ChoiceText complete(*preparer_, whole_req, 0);
+  ChoiceDelta all;
+  for (ChoiceDelta& d : Run(Ids(std::string(testing::kForcedCallBlock)), &complete)) {
+    AppendDelta(std::move(d), all);
+  }
+  ASSERT_EQ(all.tool_calls.size(), 1u);
+  EXPECT_EQ(all.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(all.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+  EXPECT_EQ(all.text, "");
+  EXPECT_EQ(*all.finish_reason, "tool_calls");
 }
 
 TEST_F(ChoiceTextTest, ToolChoiceNoneLeavesDsmlAsText) {

@@ -39,4 +39,39 @@ inline std::vector<int32_t> AnswerIds(const RequestPreparer& preparer, std::stri
   return *ids;
 }
 
+// A forced call's whole answer as the tool-call grammar writes it: one invoke of
+// get_weather(city: "Paris"), with the request kForcedCallRequest.
+inline constexpr std::string_view kForcedCallBlock =
+    "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
+    "name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>";
+inline constexpr std::string_view kForcedCallRequest =
+    R"({"model":"m","messages":[{"role":"user","content":"go"}],"tools":[{"type":"function",)"
+    R"("function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":)"
+    R"({"type":"string"}},"required":["city"]}}}],"tool_choice":{"type":"function",)"
+    R"("function":{"name":"get_weather"}}})";
+
+// The ids of kForcedCallBlock up to the first one that ends inside the block's closing tag, after
+// its "</" and at an ASCII byte (an answer max_tokens cut there: its invoke complete, no EOS),
+// and their text in `text`.
+inline std::vector<int32_t> CutInsideTheClosingTag(const RequestPreparer& preparer,
+                                                   std::string* text) {
+  std::vector<int32_t> ids = AnswerIds(preparer, std::string(kForcedCallBlock));
+  ids.pop_back();  // EOS
+  const size_t closing = kForcedCallBlock.rfind("</");
+  std::string bytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_TRUE(preparer.tokenizer().AppendTokenBytes(ids[i], false, &bytes).ok());
+    // Past "</", short of the end, at a character's end (a cut answer drops a partial one).
+    if (bytes.size() > closing + 2 && bytes.size() < kForcedCallBlock.size() &&
+        static_cast<unsigned char>(bytes.back()) < 0x80) {
+      ids.resize(i + 1);
+      *text = bytes;
+      return ids;
+    }
+  }
+  ADD_FAILURE() << "no token ends inside the closing tag";
+  return {};
+}
+
 }  // namespace pdserve::frontend::testing

@@ -49,7 +49,7 @@ class TokenStreamService : public frontend::GenerationService {
     frontend::ChoiceText text(*preparer_, req, 0);
     for (size_t i = 0; i < ids.size(); ++i) {
       frontend::ChoiceDelta delta =
-          text.Add({ids[i], -0.5f, {}}, i + 1 == ids.size() ? "stop" : "");
+          text.Add({ids[i], -0.5f, {}}, i + 1 == ids.size() ? last_finish : "");
       if (!delta.HasPayload()) continue;
       sent.push_back(delta);
       sink->OnDelta(std::move(delta));
@@ -62,6 +62,7 @@ class TokenStreamService : public frontend::GenerationService {
 
   absl::Mutex mu;
   std::vector<int32_t> ids;                 // the next answers' tokens; empty: usage only
+  std::string last_finish = "stop";         // how the last of `ids` ends the choice
   frontend::ApiRequest last;                // the last request started
   std::vector<frontend::ChoiceDelta> sent;  // the deltas of the last request
 
@@ -626,6 +627,41 @@ TEST_F(GrpcFrontChatTest, ToolCallDeltasArriveInTheResponseThatCompletedThem) {
     return;
   }
   FAIL() << "no golden completion with two tool calls";
+}
+
+// breaker G3 over gRPC: a forced call cut by max_tokens inside its block's closing tag is text
+// with finish_reason "length" and no tool call, as over HTTP (frontend choice_text_test).
+TEST_F(GrpcFrontChatTest, AForcedCallCutInsideItsClosingTagIsTextWithFinishLength) {
+  std::string cut_text;
+  {
+    absl::MutexLock lock(&service_->mu);
+    service_->ids = frontend::testing::CutInsideTheClosingTag(*preparer_, &cut_text);
+    service_->last_finish = "length";
+  }
+  const std::string forced =
+      R"pb(model: "tiny"
+           chat { messages { role: "user" content: "go" } }
+           tools {
+             name: "get_weather"
+             parameters_json: '{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}'
+           }
+           tool_choice_function: "get_weather")pb";
+  const Joined cut = GenerateJoined(FromText(forced));
+  EXPECT_TRUE(cut.tool_calls.empty());
+  EXPECT_EQ(cut.text, cut_text);
+  EXPECT_EQ(cut.finish_reason, "length");
+  {
+    absl::MutexLock lock(&service_->mu);
+    EXPECT_EQ(service_->last.tool_choice, frontend::ToolChoice::kNamed);
+    service_->ids = Ids(std::string(frontend::testing::kForcedCallBlock));
+    service_->last_finish = "stop";
+  }
+  const Joined whole = GenerateJoined(FromText(forced));
+  ASSERT_EQ(whole.tool_calls.size(), 1u);
+  EXPECT_EQ(whole.tool_calls[0].name(), "get_weather");
+  EXPECT_EQ(whole.tool_calls[0].arguments(), "{\"city\": \"Paris\"}");
+  EXPECT_EQ(whole.text, "");
+  EXPECT_EQ(whole.finish_reason, "tool_calls");
 }
 
 // parallel_tool_calls false and tool_choice "none" over gRPC change how the answer is parsed.

@@ -123,7 +123,8 @@ TEST(ChatOutputParserTest, WithoutToolsDsmlStaysContent) {
   EXPECT_TRUE(got.calls.empty());
 }
 
-// Malformed blocks come back as text, from where they went wrong; earlier calls stay.
+// Malformed blocks come back as text, from their opening tag: a complete invoke before the
+// broken part is text too (a block counts whole or not at all).
 TEST(ChatOutputParserTest, MalformedToolOutputIsReturnedAsText) {
   const std::string open = "\n\n<｜DSML｜tool_calls>\n";
   const std::string good =
@@ -146,13 +147,45 @@ TEST(ChatOutputParserTest, MalformedToolOutputIsReturnedAsText) {
   };
   for (const std::string& bad : broken) {
     Joined got = ParsePieces({"pre", open, good, bad}, {.tools = true});
-    ASSERT_EQ(got.calls.size(), 1u) << bad;
-    EXPECT_EQ(got.calls[0].arguments, "{\"a\": 1}");
-    EXPECT_EQ(got.content, "pre" + bad) << bad;
+    EXPECT_TRUE(got.calls.empty()) << bad;
+    EXPECT_EQ(got.content, "pre" + open + good + bad) << bad;
   }
   Joined got = ParsePieces({"x", "\n\n<｜DSML｜tool_callsX"}, {.tools = true});
   EXPECT_TRUE(got.calls.empty());
   EXPECT_EQ(got.content, "x\n\n<｜DSML｜tool_callsX");
+}
+
+// breaker G3: an answer cut inside the block's closing tag (max_tokens below a forced call's
+// block) returned its complete invoke as a tool call with finish_reason "length". A cut block
+// is text, whatever the cut: before, inside or after the invoke's closing tag, or in the block's.
+TEST(ChatOutputParserTest, ABlockCutOffByTheEndIsTextEvenWithItsInvokeComplete) {
+  const std::string block =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" "
+      "string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const size_t invoke_end = block.find("</｜DSML｜tool_calls>");
+  ASSERT_NE(invoke_end, std::string::npos);
+  for (size_t cut = 0; cut < block.size(); ++cut) {
+    const std::string text = "ok" + block.substr(0, cut);
+    for (const auto& pieces :
+         {std::vector<std::string>{text}, std::vector<std::string>{text.substr(0, text.size() / 2),
+                                                                   text.substr(text.size() / 2)}}) {
+      Joined got = ParsePieces(pieces, {.tools = true});
+      EXPECT_TRUE(got.calls.empty()) << "cut at " << cut;
+      EXPECT_EQ(got.content, text) << "cut at " << cut;
+    }
+  }
+  // Cut inside the closing tag, one byte short: text; whole: one call, no text.
+  Joined cut = ParsePieces({"ok" + block.substr(0, block.size() - 1)}, {.tools = true});
+  EXPECT_TRUE(cut.calls.empty());
+  Joined whole = ParsePieces({"ok" + block}, {.tools = true});
+  ASSERT_EQ(whole.calls.size(), 1u);
+  EXPECT_EQ(whole.calls[0].name, "f");
+  EXPECT_EQ(whole.calls[0].arguments, "{\"a\": 1}");
+  EXPECT_EQ(whole.content, "ok");
+  // Streamed: the call is released with the closing tag's last byte, not with its invoke.
+  ChatOutputParser parser({.tools = true});
+  EXPECT_TRUE(parser.Add("ok" + block.substr(0, invoke_end)).tool_calls.empty());
+  EXPECT_EQ(parser.Add(block.substr(invoke_end)).tool_calls.size(), 1u);
 }
 
 // Found by the fuzzer: a malformed block followed by a valid one. Only the first block decides;
