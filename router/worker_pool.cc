@@ -236,11 +236,15 @@ WorkerPool::Unavailable WorkerPool::NoWorkerUp(Role role) const {
   Unavailable out;
   out.mismatch = !workers.empty();
   std::vector<std::string> reasons;
+  int unnamed = 0;
   for (const auto& w : workers) {
     if (w->up()) continue;  // came up since the caller looked
     const Worker::CheckFailure failure = w->check_failure();
     out.mismatch = out.mismatch && failure.mismatch;
-    if (static_cast<int>(reasons.size()) == kNamed) continue;
+    if (static_cast<int>(reasons.size()) == kNamed) {
+      ++unnamed;
+      continue;
+    }
     std::string reason = failure.reason;
     if (reason.empty()) {
       reason = w->breaker_open() ? "its circuit breaker is open (requests to it failed in a row)"
@@ -248,8 +252,7 @@ WorkerPool::Unavailable WorkerPool::NoWorkerUp(Role role) const {
     }
     reasons.push_back(absl::StrCat(w->name(), ": ", reason));
   }
-  const int more = static_cast<int>(workers.size()) - kNamed;
-  if (more > 0) reasons.push_back(absl::StrCat(more, " more"));
+  if (unnamed > 0) reasons.push_back(absl::StrCat(unnamed, " more"));
   out.message = absl::StrCat("no ", RoleName(role), " worker is up");
   if (!reasons.empty()) absl::StrAppend(&out.message, " (", absl::StrJoin(reasons, "; "), ")");
   return out;
