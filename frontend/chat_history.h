@@ -16,7 +16,9 @@ namespace pdserve::frontend {
 
 // The 400 for the first inconsistency of `req.messages` (naming "messages[i]"), or nullopt:
 //  - a tool message without tool_call_id, or whose id is not among the tool_calls of the latest
-//    assistant message before it (or with no assistant message before it);
+//    assistant message before it (or with no assistant message before it), or that answers a
+//    call another tool message already answered;
+//  - two tool calls of one assistant message with the same id;
 //  - a tool call of an assistant message (not the last message) that no tool message answers
 //    before the next assistant message or the end (the chat format matches results to calls by
 //    position);

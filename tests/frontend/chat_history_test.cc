@@ -4,6 +4,7 @@
 // answered no call, or content "" in an SDK's accumulated tool-call message.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <variant>
@@ -115,6 +116,56 @@ TEST(ChatHistoryTest, ToolCallsWithoutAResultAre400) {
             "messages[1]: tool_calls[0] (it has no 'id') has no tool message answering it after "
             "it; every tool call needs a tool message with its 'tool_call_id' before the next "
             "assistant message");
+}
+
+// A 400 on 'messages' that says `message`.
+void Expect400(const ApiError& e, const std::string& message) {
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "messages");
+  EXPECT_EQ(e.message, message);
+}
+
+// Each call takes exactly one result: two calls of one id shared one result and one call took
+// two, and the format, which shows the results by position, had the model read a result as
+// another call's (breaker54). Both were accepted and rendered.
+TEST(ChatHistoryTest, RepeatedCallIdsAndCallsAnsweredTwiceAre400) {
+  const std::string user = R"([{"role":"user","content":"x"},)";
+  const std::string call_a =
+      R"({"id":"a","type":"function","function":{"name":"f","arguments":"{}"}})";
+  const std::string result_a = R"({"role":"tool","content":"1","tool_call_id":"a"})";
+  const std::string calls_a_a =
+      R"({"role":"assistant","content":null,"tool_calls":[)" + call_a + "," + call_a + "]}";
+  Expect400(Err(user + calls_a_a + "," + result_a + "]"),
+            "messages[1]: tool_calls[1] has the id 'a' of tool_calls[0]; each call needs an id "
+            "of its own, which its tool message answers");
+  Expect400(Err(user + kCalls + "," + result_a + R"(,{"role":"user","content":"y"},)" + result_a +
+                R"(,{"role":"tool","content":"2","tool_call_id":"b"}])"),
+            "messages[4]: tool call 'a' of messages[1] is already answered by messages[2]; each "
+            "call takes one tool message (the format shows the model one result per call, by "
+            "position)");
+  // The same id in two assistant messages is two calls, each answered once.
+  const std::string call_a_alone = R"({"role":"assistant","tool_calls":[)" + call_a + "]}";
+  Ok(user + call_a_alone + "," + result_a + "," + call_a_alone + "," + result_a + "]");
+}
+
+// 30,000 calls and their results (a request of about 4 MiB) are checked in linear time: each
+// result was compared with each call and each call with each result, seconds of the front's CPU
+// per request, which one client could repeat to hold the router's request threads.
+TEST(ChatHistoryTest, ManyCallsAreCheckedQuickly) {
+  std::string calls = R"([{"role":"user","content":"x"},{"role":"assistant","tool_calls":[)";
+  std::string results;
+  constexpr int kManyCalls = 30000;
+  for (int i = 0; i < kManyCalls; ++i) {
+    absl::StrAppend(&calls, i == 0 ? "" : ",", R"({"id":"c)", i,
+                    R"(","type":"function","function":{"name":"f","arguments":"{}"}})");
+    absl::StrAppend(&results, R"(,{"role":"tool","content":"","tool_call_id":"c)", i, R"("})");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const ApiRequest r = Ok(calls + "]}" + results + "]");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.messages.size(), kManyCalls + 2u);
+  EXPECT_LT(seconds, 1.0);  // about 0.1 s here; 1 s leaves room for a loaded machine
 }
 
 TEST(ChatHistoryTest, EmptyAssistantMessagesAndEmptyPartArraysAre400) {
