@@ -4,7 +4,6 @@
 // answered no call, or content "" in an SDK's accumulated tool-call message.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <variant>
@@ -148,10 +147,10 @@ TEST(ChatHistoryTest, RepeatedCallIdsAndCallsAnsweredTwiceAre400) {
   Ok(user + call_a_alone + "," + result_a + "," + call_a_alone + "," + result_a + "]");
 }
 
-// 30,000 calls and their results (a request of about 4 MiB) are checked in linear time: each
-// result was compared with each call and each call with each result, seconds of the front's CPU
-// per request, which one client could repeat to hold the router's request threads.
-TEST(ChatHistoryTest, ManyCallsAreCheckedQuickly) {
+// 30,000 calls and their results (a request of about 4 MiB) are all matched. The checks look ids
+// up in hash maps: comparing each result with each call took the front 5.7 s of CPU per such
+// request (0.16 s now; breaker54, measured, not asserted here: speed lives in benchmarks).
+TEST(ChatHistoryTest, ManyCallsAreAllMatched) {
   std::string calls = R"([{"role":"user","content":"x"},{"role":"assistant","tool_calls":[)";
   std::string results;
   constexpr int kManyCalls = 30000;
@@ -160,12 +159,8 @@ TEST(ChatHistoryTest, ManyCallsAreCheckedQuickly) {
                     R"(","type":"function","function":{"name":"f","arguments":"{}"}})");
     absl::StrAppend(&results, R"(,{"role":"tool","content":"","tool_call_id":"c)", i, R"("})");
   }
-  const auto start = std::chrono::steady_clock::now();
   const ApiRequest r = Ok(calls + "]}" + results + "]");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(r.messages.size(), kManyCalls + 2u);
-  EXPECT_LT(seconds, 1.0);  // about 0.1 s here; 1 s leaves room for a loaded machine
 }
 
 TEST(ChatHistoryTest, EmptyAssistantMessagesAndEmptyPartArraysAre400) {

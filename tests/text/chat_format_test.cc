@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -254,9 +253,9 @@ TEST(ChatFormatTest, ToolResultTextCannotForgeATurn) {
 }
 
 // Results come in call order whatever their order in the request, also with 30,000 calls (a
-// request of about 4 MiB): the sort scanned the calls for each comparison, O(n^2 log n), and
-// rendering such a request took the router's prepare thread tens of seconds.
-TEST(ChatFormatTest, ToolResultsOfManyCallsAreSortedIntoCallOrderQuickly) {
+// request of about 4 MiB). The sort looks each call's rank up in a hash map: scanning the calls
+// for each comparison took 6.3 s here (0.03 s now; breaker54, measured, not asserted).
+TEST(ChatFormatTest, ToolResultsOfManyCallsAreSortedIntoCallOrder) {
   auto format = FixtureFormat();
   ASSERT_NE(format, nullptr);
   constexpr int kCalls = 30000;
@@ -267,17 +266,16 @@ TEST(ChatFormatTest, ToolResultsOfManyCallsAreSortedIntoCallOrderQuickly) {
   for (int i = kCalls - 1; i >= 0; --i) {
     messages.push_back({"tool", "r" + std::to_string(i), "", {}, "c" + std::to_string(i)});
   }
-  const auto start = std::chrono::steady_clock::now();
   auto segments = format->Render(messages, {});
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(segments.ok()) << segments.status();
   const std::string prompt = JoinSegments(*segments);
   EXPECT_LT(prompt.find("<tool_result>r0</tool_result>"),
             prompt.find("<tool_result>r1</tool_result>"));
   EXPECT_LT(prompt.find("<tool_result>r1</tool_result>"),
             prompt.find("<tool_result>r29999</tool_result>"));
-  EXPECT_LT(seconds, 2.0);  // about 0.05 s here; 2 s leaves room for a loaded machine
+  EXPECT_LT(prompt.find("<tool_result>r14999</tool_result>"),
+            prompt.find("<tool_result>r15000</tool_result>"));
+  EXPECT_NE(prompt.find("<tool_result>r29999</tool_result>"), std::string::npos);
 }
 
 // A scratch model directory holding the fixture tokenizer.json and a given tokenizer_config.
