@@ -21,6 +21,7 @@ mkdir -p "$final"
 trap 'cp "$out"/*.md "$final"/ 2>/dev/null; tar -czf "$final/logs.tgz" -C "$out" . 2>/dev/null' EXIT
 b=${BUILD:-/tmp/pdserve-topk54}/topk54
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 limit=${LIMIT:-165}
 t0=$SECONDS
 # The seconds a step may take: at most $1, at most what is left of the limit less $2 kept for
@@ -58,7 +59,7 @@ head -5 "$out/bench-graph.err"
 start=$SECONDS
 s=$(budget 40 3)
 if [ "$s" -ge 10 ]; then
-  timeout "$s" compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
+  timeout "$s" "$sanitizer" --tool memcheck --error-exitcode 9 "$tests" \
     --gtest_filter='CudaTopKTest.SelectPrefetchPaths*' > "$out/sanitize-memcheck.log" 2>&1
   echo "compute-sanitizer memcheck (CudaTopKTest.SelectPrefetchPaths*): rc=$? $((SECONDS - start)) s $(grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/sanitize-memcheck.log" | tr '\n' ' ')"
 else
