@@ -69,7 +69,7 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // steps on rows longer than 4096: each block of the row loads its part into registers while it
 // finds the sample's threshold by rounds of 256 bins (two barriers a round), gathers its part's
 // entries at or above it into its own list (one shared atomic per warp), and the row's first block
-// reads the lists through distributed shared memory straight into the placing by bins (issue 54,
+// reads the lists through distributed shared memory straight into the placing by bins (issue 30,
 // not yet measured).
 enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch };
 inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectSort;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device-machine call for issue 54's top-k (kernels/cuda/topk.cuh TopKVariant::kSelectPrefetch
+# One device-machine call for issue 30's top-k (kernels/cuda/topk.cuh TopKVariant::kSelectPrefetch
 # against the default kSelectSort), from the repository root on a Hopper GPU with CUDA 13: builds
 # the top-k, indexer and attention kernels with the top-k and indexer GPU tests and bench/cuda's
 # benchmark (tools/gpu/topk30/CMakeLists.txt: only those), runs the indexer and top-k GPU tests
