@@ -264,14 +264,17 @@ int Run(int64_t only_batch, int64_t only_context) {
                     static_cast<long long>(batch), static_cast<long long>(context),
                     static_cast<long long>(keys), qr_scores_us,
                     batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
-        for (const bool qr : {true, false}) {
+        // "indexer_wgmma_prefetch": the kWgmma scores with TopKVariant::kSelectPrefetch.
+        for (const char* row_name :
+             {"indexer_select", "indexer_wgmma_select", "indexer_wgmma_prefetch"}) {
+          const std::string name = row_name;
           const double select_us = time_us([&](int l) {
             IndexerParams lp = qr_ip(l);
-            if (!qr) lp.scores_variant = IndexerScoresVariant::kWgmma;
+            if (name != "indexer_select") lp.scores_variant = IndexerScoresVariant::kWgmma;
+            if (name == "indexer_wgmma_prefetch") lp.topk_variant = TopKVariant::kSelectPrefetch;
             BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
           });
-          std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
-                      qr ? "indexer_select" : "indexer_wgmma_select", static_cast<long long>(batch),
+          std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", row_name, static_cast<long long>(batch),
                       static_cast<long long>(context), static_cast<long long>(keys), select_us,
                       bytes, flops);
         }
@@ -280,34 +283,44 @@ int Run(int64_t only_batch, int64_t only_context) {
         std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
                     static_cast<long long>(context), static_cast<long long>(keys), topk_us,
                     batch * (keys * 4.0 + kTopK * 4.0));
-        // Row "top_k_select": TopKVariant::kSelectSort; with PDSERVE_BENCH_TOPK_STAGES=1 also the
-        // same launch ended after its stages (top_k_select_stages; rows "top_k_select_s<stage>").
+        // Rows "top_k_select": TopKVariant::kSelectSort, "top_k_prefetch": kSelectPrefetch; with
+        // PDSERVE_BENCH_TOPK_STAGES=1 also the same launches ended after their stages
+        // (top_k_select_stages; rows "top_k_select_s<stage>", "top_k_prefetch_s<stage>").
         const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
         const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
-        for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
-          const double us_s = time_us([&](int) {
-            BENCH_CHECK(
-                top_k_select_stages(scores, batch, keys, visible, kTopK, stop, picks, stream));
-          });
-          std::printf("top_k_select%s,%lld,%lld,%lld,%.3f,%.0f,0\n",
-                      stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
-                      static_cast<long long>(batch), static_cast<long long>(context),
-                      static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
+        for (const TopKVariant variant : {TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch}) {
+          const std::string name =
+              variant == TopKVariant::kSelectSort ? "top_k_select" : "top_k_prefetch";
+          for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
+            const double us_s = time_us([&](int) {
+              BENCH_CHECK(top_k_select_stages(scores, batch, keys, visible, kTopK, variant, stop,
+                                              picks, stream));
+            });
+            std::printf("%s%s,%lld,%lld,%lld,%.3f,%.0f,0\n", name.c_str(),
+                        stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
+                        static_cast<long long>(batch), static_cast<long long>(context),
+                        static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
+          }
         }
         // PDSERVE_BENCH_TOPK_SWEEP=1: top-k at 1, 2, 4 and 8 blocks per row (rows "top_k_b<blocks
-        // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort, which
-        // also runs 3), to check the ones top_k picks.
+        // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort and
+        // "top_k_prefetch_b<blocks>" of kSelectPrefetch, which also run 3), to check the ones
+        // top_k picks.
         const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
         const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
-        for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
+        for (const TopKVariant variant :
+             {TopKVariant::kRadixCluster, TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch}) {
           for (const int64_t blocks : {1, 2, 3, 4, 8}) {
-            if (!sweep_topk || (blocks == 3 && variant != TopKVariant::kSelectSort)) continue;
+            if (!sweep_topk || (blocks == 3 && variant == TopKVariant::kRadixCluster)) continue;
             const double us_b = time_us([&](int) {
               BENCH_CHECK(top_k_variant(scores, batch, keys, visible, kTopK, variant, blocks, picks,
                                         stream));
             });
-            std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n",
-                        variant == TopKVariant::kSelectSort ? "top_k_select_b" : "top_k_b",
+            const char* prefix =
+                variant == TopKVariant::kSelectSort
+                    ? "top_k_select_b"
+                    : (variant == TopKVariant::kSelectPrefetch ? "top_k_prefetch_b" : "top_k_b");
+            std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n", prefix,
                         static_cast<long long>(blocks), static_cast<long long>(batch),
                         static_cast<long long>(context), static_cast<long long>(keys), us_b,
                         batch * (keys * 4.0 + kTopK * 4.0));

@@ -126,10 +126,10 @@ bool BucketRank(const std::vector<uint64_t>& cand, int32_t picks, int bin_bits, 
   return true;
 }
 
-// The select kernel's SampleThreshold: every stride-th key (stride >= sample_stride, at most
-// max_samples samples), and the lower bound of the bin holding the sample's r-th best key, r =
-// ceil(1.5 picks / stride) + 24, by histogram rounds that stop once that bin holds at most 8
-// samples or one key.
+// The select kernels' SampleThreshold (SampleThresholdByWarp for kSelectPrefetch): every stride-th
+// key (stride >= sample_stride, at most max_samples samples), and the lower bound of the bin
+// holding the sample's r-th best key, r = ceil(1.5 picks / stride) + 24, by histogram rounds of
+// 2^sample_bin_bits bins that stop once that bin holds at most 8 samples or one key.
 uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
                          const RadixSplitConfig& config) {
   const int32_t n = static_cast<int32_t>(keys.size());
@@ -138,8 +138,9 @@ uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
   const int32_t samples = (n + stride - 1) / stride;
   uint32_t need =
       static_cast<uint32_t>(std::min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
-  std::vector<uint32_t> hist(size_t{1} << config.bin_bits);
-  RadixRange range = FirstRadixRange(config.bin_bits);
+  const int bin_bits = config.sample_bin_bits > 0 ? config.sample_bin_bits : config.bin_bits;
+  std::vector<uint32_t> hist(size_t{1} << bin_bits);
+  RadixRange range = FirstRadixRange(bin_bits);
   for (;;) {
     std::fill(hist.begin(), hist.end(), 0u);
     for (int32_t j = 0; j < samples; ++j) {
@@ -149,7 +150,7 @@ uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
     const FoundBin found = FindBin(hist, need);
     need -= found.above;
     if (found.in_bin <= 8 || range.shift == 0) return BinLow(range, found.bin);
-    range = NarrowToBin(range, found.bin, config.bin_bits);
+    range = NarrowToBin(range, found.bin, bin_bits);
   }
 }
 

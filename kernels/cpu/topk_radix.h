@@ -76,7 +76,8 @@ PDSERVE_TOPK_HD RadixRange NarrowToBin(const RadixRange& range, uint32_t bin, in
   return {lo, hi, bits > bin_bits ? bits - bin_bits : 0};
 }
 
-// Parameters of the CPU twin; the CUDA kernels' are {blocks per row, 12, 4096, 1024, variant}.
+// Parameters of the CPU twin; the CUDA kernels' are {blocks per row, 12, 4096, 1024, variant}
+// (kSelectPrefetch: select_sort with sample_bin_bits 8).
 struct RadixSplitConfig {
   int blocks = 1;             // parts per row, 1..8
   int bin_bits = 12;          // bins per round: 2^bin_bits
@@ -93,6 +94,9 @@ struct RadixSplitConfig {
   // every sample_stride-th entry (sparser past max_samples samples), when that holds the picks.
   int32_t sample_stride = 16;
   int32_t max_samples = 2048;
+  // The sample's histogram rounds: 2^sample_bin_bits bins each; 0 takes bin_bits (kSelectSort's
+  // 12). TopKVariant::kSelectPrefetch (one warp scans each round): 8.
+  int sample_bin_bits = 0;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).

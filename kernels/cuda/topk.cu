@@ -7,6 +7,7 @@
 #include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
+#include "kernels/cuda/topk_prefetch.cuh"
 #include "kernels/cuda/topk_steps.cuh"
 
 namespace pdserve::kernels::cuda {
@@ -237,60 +238,59 @@ __device__ void SortWrite(uint64_t* cand, uint32_t count, int picks, uint64_t* e
 // picks in a fuller bin take NarrowCandidates and the bitonic sort instead.
 constexpr uint32_t kMaxBinEntries = 32;
 
-// TopKVariant::kSelectSort, block 0 of the row: writes the `picks` best of cand[0, count)
-// (count <= kMaxCandidates) in order without a sorting network. The candidates' keys in [lo,
-// hi] (first the smallest and largest key) are counted in kBins bins; a bin's first place is
-// the number of counted candidates in the bins above it, and a candidate's place is its bin's
-// plus the number of its bin's candidates that rank above it (counted one by one, so the bins
-// that hold picks must be small). When one of them holds more than kMaxBinEntries, lo moves up
-// to the bin holding the picks-th best and the count is made once more over the narrower range;
-// if that is still too crowded (keys bunched at a few values), returns false having written
-// nothing and left cand as it was. hist: [2][kBins] scratch. Every thread of the block calls.
-__device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint32_t* hist,
-                                Scratch& s, int32_t* out_row) {
-  constexpr int kPerThread = kMaxCandidates / kThreads;
+constexpr int kRankPerThread = kMaxCandidates / kThreads;
+
+// What BucketRankPlace needs besides the candidates: their smallest and largest key, whether
+// hist's first kBins words (the counts) are zero already, and whether to arrive at the row's
+// cluster barrier once every thread's candidates are in registers (TopKVariant::kSelectPrefetch:
+// the row's other blocks wait there before they exit, since block 0 read their lists).
+struct RankInputs {
+  uint32_t key_min;
+  uint32_t key_max;
+  bool counts_zeroed;
+  bool cluster_arrive;
+};
+
+// TopKVariant::kSelectSort and kSelectPrefetch, block 0 of the row: writes the `picks` best of
+// the `count` candidates (<= kMaxCandidates; candidate e is mine[j] of thread e % kThreads, j = e
+// / kThreads, 0 past count) in order without a sorting network. Their keys in [lo, hi] (first the
+// smallest and largest key) are counted in kBins bins; a bin's first place is the number of
+// counted candidates in the bins above it, and a candidate's place is its bin's plus the number
+// of its bin's candidates that rank above it (counted one by one, so the bins that hold picks
+// must be small). When one of them holds more than kMaxBinEntries, lo moves up to the bin holding
+// the picks-th best and the count is made once more over the narrower range; if that is still too
+// crowded (keys bunched at a few values), returns false having written nothing (mine unchanged,
+// cand untouched). cand: kMaxCandidates entries of scratch (may hold candidates: they are in
+// registers before it is written); hist: [2][kBins] scratch. Every thread of the block calls.
+__device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t count, int picks,
+                                const RankInputs& in, uint64_t* cand, uint32_t* hist, Scratch& s,
+                                int32_t* out_row) {
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const uint32_t picks_u = static_cast<uint32_t>(picks);
   uint32_t* const counts = hist;         // [kBins]
   uint32_t* const first = hist + kBins;  // [kBins]: counted candidates in the bins above
-  uint64_t mine[kPerThread];
-  uint32_t key_min = 0xFFFFFFFFu;
-  uint32_t key_max = 0;
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
-    mine[j] = e < count ? cand[e] : 0;
-    if (e < count) {
-      key_min = min(key_min, static_cast<uint32_t>(mine[j] >> 32));
-      key_max = max(key_max, static_cast<uint32_t>(mine[j] >> 32));
-    }
-  }
-  key_min = __reduce_min_sync(kFullMask, key_min);
-  key_max = __reduce_max_sync(kFullMask, key_max);
-  if (lane == 0) {
-    s.warp[0][warp] = key_min;
-    s.warp[1][warp] = key_max;
-  }
-  __syncthreads();  // every thread holds its candidates: cand may be overwritten from here
-  uint32_t lo = __reduce_min_sync(kFullMask, s.warp[0][lane]);
-  const uint32_t hi = __reduce_max_sync(kFullMask, s.warp[1][lane]);
-  uint32_t bin[kPerThread];
-  bool counted[kPerThread];
+  uint32_t lo = in.key_min;
+  const uint32_t hi = in.key_max;
+  uint32_t bin[kRankPerThread];
+  bool counted[kRankPerThread];
   uint32_t counted_total = 0;
   for (int attempt = 0;; ++attempt) {
     const uint32_t span = hi - lo;
     const int shift = span == 0 ? 0 : max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
-    reinterpret_cast<uint4*>(counts)[tid] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
+    if (attempt > 0 || !in.counts_zeroed) {
+      reinterpret_cast<uint4*>(counts)[tid] = make_uint4(0, 0, 0, 0);
+      __syncthreads();
+    }
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
+    for (int j = 0; j < kRankPerThread; ++j) {
       const uint32_t key = static_cast<uint32_t>(mine[j] >> 32);
       counted[j] = static_cast<uint32_t>(tid + j * kThreads) < count && key >= lo;
       bin[j] = (key - lo) >> shift;
       CountInBin(counts, counted[j], bin[j]);
     }
+    if (attempt == 0 && in.cluster_arrive) ClusterArrive();  // the other blocks' lists are read
     __syncthreads();
     // first[b] for this thread's bins 4 tid .. 4 tid + 3: the candidates of the higher threads'
     // bins, then of its own higher bins; s.bin: the bin holding the picks-th best.
@@ -318,14 +318,14 @@ __device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint3
   }
   // Each counted candidate of a bin that holds picks goes to a slot of its bin's range.
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRankPerThread; ++j) {
     if (counted[j] && first[bin[j]] < picks_u) {
       cand[first[bin[j]] + atomicSub(&counts[bin[j]], 1u) - 1] = mine[j];
     }
   }
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
+  for (int j = 0; j < kRankPerThread; ++j) {
     const uint32_t begin = counted[j] ? first[bin[j]] : 0xFFFFFFFFu;
     if (begin >= picks_u) continue;
     const uint32_t end = bin[j] == 0 ? counted_total : first[bin[j] - 1];
@@ -336,9 +336,36 @@ __device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint3
   return true;
 }
 
-// Every kSampleStride-th entry (or sparser: at most 2 kThreads samples) of a long row is sampled.
-constexpr int kSampleStride = 16;
-constexpr int kSamplesPerThread = 2;
+// BucketRankPlace over cand[0, count) (count <= kMaxCandidates), its key range found first;
+// returns false (nothing written, cand as it was) where the picks bunch.
+__device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint32_t* hist,
+                                Scratch& s, int32_t* out_row) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  uint64_t mine[kRankPerThread];
+  uint32_t key_min = 0xFFFFFFFFu;
+  uint32_t key_max = 0;
+#pragma unroll
+  for (int j = 0; j < kRankPerThread; ++j) {
+    const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+    mine[j] = e < count ? cand[e] : 0;
+    if (e < count) {
+      key_min = min(key_min, static_cast<uint32_t>(mine[j] >> 32));
+      key_max = max(key_max, static_cast<uint32_t>(mine[j] >> 32));
+    }
+  }
+  key_min = __reduce_min_sync(kFullMask, key_min);
+  key_max = __reduce_max_sync(kFullMask, key_max);
+  if (lane == 0) {
+    s.warp[0][warp] = key_min;
+    s.warp[1][warp] = key_max;
+  }
+  __syncthreads();  // every thread holds its candidates: cand may be overwritten from here
+  const RankInputs in{__reduce_min_sync(kFullMask, s.warp[0][lane]),
+                      __reduce_max_sync(kFullMask, s.warp[1][lane]), false, false};
+  return BucketRankPlace(mine, count, picks, in, cand, hist, s, out_row);
+}
 
 // TopKVariant::kSelectSort on rows longer than kMaxCandidates: a key T above which, by a sample of
 // the row, about 1.5 x picks + 24 x (the sample's stride) entries lie: enough that T is at or
@@ -349,17 +376,10 @@ constexpr int kSamplesPerThread = 2;
 __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t* hist,
                                     Scratch& s) {
   const int tid = static_cast<int>(threadIdx.x);
-  const int stride =
-      max(kSampleStride, (n + kSamplesPerThread * kThreads - 1) / (kSamplesPerThread * kThreads));
-  const int samples = (n + stride - 1) / stride;
-  uint32_t need =
-      static_cast<uint32_t>(min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
-  uint32_t key[kSamplesPerThread];
-#pragma unroll
-  for (int j = 0; j < kSamplesPerThread; ++j) {
-    const int sample = tid + j * kThreads;
-    key[j] = sample < samples ? OrderKey(row[static_cast<int64_t>(sample) * stride]) : 0u;
-  }
+  const RowSample sample = LoadSample(row, n, picks);
+  const int samples = sample.samples;
+  const uint32_t* const key = sample.key;
+  uint32_t need = sample.need;
   cpu::RadixRange range = cpu::FirstRadixRange(kBinBits);
   for (;;) {
     reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);
@@ -379,16 +399,83 @@ __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t
   }
 }
 
-// TopKVariant::kSelectSort: the row's blocks (a cluster of gridDim.x / rows) gather the entries at
-// or above a threshold from a sample of the row (SampleThreshold) into block 0's list; where that
-// misses (fewer than picks, or more than the buffer), they select as TopKKernel does
-// (SelectCandidates), gathering into the same list. Block 0 then places the picks by bins of
-// their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it narrows the
-// candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries) and
-// sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
+// TopKVariant::kSelectPrefetch on a row longer than kMaxCandidates, every block of the row: the
+// sample's threshold (SampleThresholdByWarp) while the block's part is loaded into registers,
+// then the part's entries at or above it gathered into the block's own list (GatherAbove). After
+// a row barrier every block knows the row's total. Where the picks are among them (at least picks,
+// at most kMaxCandidates), block 0 reads every list into registers and places the picks by bins
+// (BucketRankPlace) while the other blocks wait at the next row barrier, which block 0 passes once
+// it has read their lists; where the picks bunch, block 0 leaves every candidate in cand and
+// returns kCandidatesInBlock with their count and the threshold. Where the sample missed,
+// returns kMissed once every block has read the counts (the row's blocks then select as
+// kSelectSort does). `stop_after` 4 and 2 as in TopKSelectKernel.
+enum class PrefetchOutcome { kDone, kCandidatesInBlock, kMissed };
+struct PrefetchResult {
+  PrefetchOutcome outcome;
+  uint32_t count;
+  uint32_t threshold;
+};
+__device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks,
+                                              cpu::RowPart row_part, uint64_t* cand, uint32_t* hist,
+                                              Scratch& s, const RowBlocks& rb, int stop_after,
+                                              int32_t* out_row) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const float* part = row + row_part.first;
+  const bool aligned = (reinterpret_cast<uintptr_t>(part) & 15) == 0;
+  uint4 u[kPrefetchVectors];  // issued first: nothing waits for them before the gathering
+  LoadVectors(u, reinterpret_cast<const uint4*>(part), 0, aligned ? row_part.count / 4 : 0);
+  const RowSample sample = LoadSample(row, n, picks);
+  uint32_t* const sample_hists = hist + kBins;                   // BucketRankPlace's `first` later
+  reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);  // BucketRankPlace's counts
+  sample_hists[tid] = 0;
+  if (tid == 0) {
+    s.count = 0;
+    s.key_min = 0xFFFFFFFFu;
+    s.key_max = 0;
+  }
+  __syncthreads();
+  LocalList list{cand,           &s.count,    SampleThresholdByWarp(sample, sample_hists, s),
+                 row_part.first, 0xFFFFFFFFu, 0};
+  if (stop_after == 4) return {PrefetchOutcome::kDone, 0, 0};
+  GatherAbove(u, part, row_part.count, aligned, list, s);
+  RowSync(rb);  // release: this block's list; acquire: everyone's
+  const RowLists lists = ReadRowLists(s, rb);
+  const bool sampled = lists.total >= static_cast<uint32_t>(picks) && lists.total <= kMaxCandidates;
+  if (stop_after == 2 || !sampled || rb.rank != 0) {
+    // No block leaves or changes its count before every block has read the counts (and block 0
+    // the lists; the fallback selection zeroes block 0's count).
+    RowSync(rb);
+    return {stop_after == 2 || sampled ? PrefetchOutcome::kDone : PrefetchOutcome::kMissed, 0, 0};
+  }
+  uint64_t mine[kRankPerThread];
+  LoadRowCandidates(cand, lists, rb, mine);
+  const RankInputs in{lists.key_min, lists.key_max, true, rb.count > 1};
+  const bool placed = BucketRankPlace(mine, lists.total, picks, in, cand, hist, s, out_row);
+  if (rb.count > 1) ClusterWait();  // the other blocks have read block 0's count
+  if (placed) return {PrefetchOutcome::kDone, 0, 0};
+  __syncthreads();  // cand was read (BucketRankPlace's counts) before it takes every candidate
+#pragma unroll
+  for (int j = 0; j < kRankPerThread; ++j) {
+    const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+    if (e < lists.total) cand[e] = mine[j];
+  }
+  return {PrefetchOutcome::kCandidatesInBlock, lists.total, list.threshold};
+}
+
+// TopKVariant::kSelectSort (PREFETCH false): the row's blocks (a cluster of gridDim.x / rows)
+// gather the entries at or above a threshold from a sample of the row (SampleThreshold) into
+// block 0's list; where that misses (fewer than picks, or more than the buffer), they select as
+// TopKKernel does (SelectCandidates), gathering into the same list. Block 0 then places the picks
+// by bins of their keys (BucketRankWrite); where the picks' keys bunch in a few bins, it narrows
+// the candidates to about `picks` (NarrowCandidates; not for rows of at most kThreads entries)
+// and sorts them (SortWrite). Rows of at most kMaxCandidates entries are loaded by block 0 alone.
+// kSelectPrefetch (PREFETCH true): the same decisions, but on rows longer than kMaxCandidates the
+// sample's rounds and the gathering run as PrefetchGatherPlace, which places the picks itself.
 // `stop_after` (benchmarks only; 0 in products) ends the kernel early: 1 after the output's -1
-// fill, 4 after the sample's threshold, 2 after the gathering (the candidates in block 0), 3
-// before a fallback sort, 5 or 6 in a fallback selection. Shared memory as TopKKernel.
+// fill, 4 after the sample's threshold, 2 after the gathering (the candidates in block 0, or in
+// the blocks' lists for kSelectPrefetch), 3 before a fallback sort, 5 or 6 in a fallback
+// selection. Shared memory as TopKKernel.
+template <bool PREFETCH>
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
                      bool cache_part, int stop_after, int32_t* out) {
@@ -405,6 +492,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t lo = 0;
   uint32_t hi = 0xFFFFFFFFu;
   uint32_t need = static_cast<uint32_t>(picks);
+  bool try_bins = true;  // false where the picks were found bunched already
   if (n <= kMaxCandidates) {
     if (rb.rank != 0) return;  // no cluster step follows
     for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
@@ -413,27 +501,42 @@ __global__ void __launch_bounds__(kThreads)
     // Every block gathers its candidates straight into block 0's list (distributed shared memory
     // where the row has several blocks); block 0 zeroes the count before a RowSync that orders
     // it before any block gathers.
-    if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
     const CandidateList list = rb.count > 1
                                    ? CandidateList{InBlock(cand, 0), InBlock(&s.count, 0), false}
                                    : CandidateList{cand, &s.count, false};
     const cpu::RowPart row_part = cpu::PartOfRow(n, rb.count, rb.rank);
     const float* part = row + row_part.first;
-    // First try: the entries at or above a threshold from a sample of the row, gathered in one
-    // pass. They hold the picks when they number at least picks (and fit the buffer).
-    const uint32_t threshold = SampleThreshold(row, n, picks, hist, s);
-    if (stop_after == 4) return;
-    RowSync(rb);  // block 0's zeroed count before any block gathers
-    ForEachKey(part, nullptr, row_part.count, [&](uint32_t key, int i, bool valid) {
-      AppendPick(valid && key >= threshold, key, row_part.first + i, list.entries, list.count);
-    });
-    RowSync(rb);  // release: this block's candidates; acquire: everyone's
-    const uint32_t gathered = *list.count;
-    const bool sampled = gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
-    // Every block has read block 0's count before block 0 changes it (the zeroing below, or
-    // NarrowCandidates' after a sampled gather) or leaves (distributed shared memory must not be
-    // read once its block has exited).
-    RowSync(rb);
+    uint32_t threshold = 0;
+    bool sampled = false;
+    if constexpr (PREFETCH) {
+      const PrefetchResult result =
+          PrefetchGatherPlace(row, n, picks, row_part, cand, hist, s, rb, stop_after, out_row);
+      if (result.outcome == PrefetchOutcome::kDone) return;
+      if (result.outcome == PrefetchOutcome::kCandidatesInBlock) {  // block 0; picks bunched
+        sampled = true;
+        try_bins = false;
+        threshold = result.threshold;
+        if (threadIdx.x == 0) s.count = result.count;
+        __syncthreads();
+      }
+    } else {
+      if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
+      // First try: the entries at or above a threshold from a sample of the row, gathered in one
+      // pass. They hold the picks when they number at least picks (and fit the buffer).
+      threshold = SampleThreshold(row, n, picks, hist, s);
+      if (stop_after == 4) return;
+      RowSync(rb);  // block 0's zeroed count before any block gathers
+      ForEachKey(part, nullptr, row_part.count, [&](uint32_t key, int i, bool valid) {
+        AppendPick(valid && key >= threshold, key, row_part.first + i, list.entries, list.count);
+      });
+      RowSync(rb);  // release: this block's candidates; acquire: everyone's
+      const uint32_t gathered = *list.count;
+      sampled = gathered >= static_cast<uint32_t>(picks) && gathered <= kMaxCandidates;
+      // Every block has read block 0's count before block 0 changes it (the zeroing below, or
+      // NarrowCandidates' after a sampled gather) or leaves (distributed shared memory must not
+      // be read once its block has exited).
+      RowSync(rb);
+    }
     if (!sampled) {  // the radix selection over the row
       if (rb.rank == 0 && threadIdx.x == 0) s.count = 0;
       SelectCandidates(part, row_part.count, row_part.first, cache, n, picks, list, hist, s, rb,
@@ -449,7 +552,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (stop_after == 2) return;
-  if (BucketRankWrite(cand, count, picks, hist, s, out_row)) return;
+  if (try_bins && BucketRankWrite(cand, count, picks, hist, s, out_row)) return;
   // Candidates bunched at a few keys: narrowed by histogram rounds, then sorted.
   if (n > kThreads) count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
   if (stop_after == 3) return;
@@ -517,10 +620,12 @@ constexpr int64_t kMinSelectPart = 4096;
 
 int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
   const int64_t sms = SmCount();
-  if (variant == TopKVariant::kSelectSort) {
+  if (variant != TopKVariant::kRadixCluster) {
+    const bool prefetch = variant == TopKVariant::kSelectPrefetch;
     for (int64_t blocks = kMaxAutoSelectBlocks; blocks > 1; --blocks) {
-      if (rows * blocks <= sms && stride >= kMinSelectPart * blocks &&
-          rows <= MaxActiveClusters<TopKSelectKernel>(blocks)) {
+      const int clusters = prefetch ? MaxActiveClusters<TopKSelectKernel<true>>(blocks)
+                                    : MaxActiveClusters<TopKSelectKernel<false>>(blocks);
+      if (rows * blocks <= sms && stride >= kMinSelectPart * blocks && rows <= clusters) {
         return blocks;
       }
     }
@@ -544,8 +649,9 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   PDSERVE_LAUNCH_REQUIRE("top_k", stride <= kMaxStride);
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row <= kMaxTopKBlocks);
-  PDSERVE_LAUNCH_REQUIRE(
-      "top_k", variant == TopKVariant::kRadixCluster || variant == TopKVariant::kSelectSort);
+  PDSERVE_LAUNCH_REQUIRE("top_k", variant == TopKVariant::kRadixCluster ||
+                                      variant == TopKVariant::kSelectSort ||
+                                      variant == TopKVariant::kSelectPrefetch);
   if (variant == TopKVariant::kRadixCluster) {  // its merge ranks power-of-two clusters only
     PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
   }
@@ -555,10 +661,13 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   PDSERVE_LAUNCH_REQUIRE("top_k", out != nullptr);
   static const cudaError_t attribute_status = [] {
     const int bytes = static_cast<int>(kFixedSmemBytes + kMaxCachedScores * sizeof(uint32_t));
-    const cudaError_t status =
+    cudaError_t status =
         cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (status != cudaSuccess) return status;
-    return cudaFuncSetAttribute(TopKSelectKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    status = cudaFuncSetAttribute(TopKSelectKernel<false>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (status != cudaSuccess) return status;
+    return cudaFuncSetAttribute(TopKSelectKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 bytes);
   }();
   if (attribute_status != cudaSuccess) return attribute_status;
@@ -584,7 +693,11 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   config.attrs = attributes;
   config.numAttrs = blocks > 1 ? 2 : 1;
   if (variant == TopKVariant::kSelectSort) {
-    return cudaLaunchKernelEx(&config, TopKSelectKernel, scores, stride, lengths,
+    return cudaLaunchKernelEx(&config, TopKSelectKernel<false>, scores, stride, lengths,
+                              static_cast<int>(k), cache_part, stop_after, out);
+  }
+  if (variant == TopKVariant::kSelectPrefetch) {
+    return cudaLaunchKernelEx(&config, TopKSelectKernel<true>, scores, stride, lengths,
                               static_cast<int>(k), cache_part, stop_after, out);
   }
   return cudaLaunchKernelEx(&config, TopKKernel, scores, stride, lengths, static_cast<int>(k),
@@ -611,11 +724,12 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 }
 
 cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t stride,
-                                const int32_t* lengths, int64_t k, int stop_after, int32_t* out,
-                                cudaStream_t stream) {
+                                const int32_t* lengths, int64_t k, TopKVariant variant,
+                                int stop_after, int32_t* out, cudaStream_t stream) {
   PDSERVE_LAUNCH_REQUIRE("top_k", stop_after >= 0);
-  return LaunchTopK(scores, rows, stride, lengths, k, TopKVariant::kSelectSort, 0, stop_after, out,
-                    stream);
+  PDSERVE_LAUNCH_REQUIRE(
+      "top_k", variant == TopKVariant::kSelectSort || variant == TopKVariant::kSelectPrefetch);
+  return LaunchTopK(scores, rows, stride, lengths, k, variant, 0, stop_after, out, stream);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -64,13 +64,19 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // Which kernel top_k runs (same contract, identical results): kRadixCluster sorts each block's
 // candidates and merges the blocks' lists by rank; kSelectSort gathers the row's candidates in
 // one block and places the picks by bins (faster at every size measured on an H200, docs/perf.md
-// issue 30; the default since the engine's GPU tests passed with it, 2026-12-04).
-enum class TopKVariant { kRadixCluster, kSelectSort };
+// issue 30; the default since the engine's GPU tests passed with it, 2026-12-04);
+// kSelectPrefetch takes kSelectSort's decisions (its CPU twin with sample_bin_bits 8) with fewer
+// steps on rows longer than 4096: each block of the row loads its part into registers while it
+// finds the sample's threshold by rounds of 256 bins (two barriers a round), gathers its part's
+// entries at or above it into its own list (one shared atomic per warp), and the row's first block
+// reads the lists through distributed shared memory straight into the placing by bins (issue 30,
+// not yet measured).
+enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch };
 inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectSort;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
-// kSelectSort: 1 to 8; 0 picks as top_k does for that variant). The result depends on neither;
-// tests and benchmarks use them to reach every path.
+// kSelectSort, kSelectPrefetch: 1 to 8; 0 picks as top_k does for that variant). The result depends
+// on neither; tests and benchmarks use them to reach every path.
 cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                           int64_t k, TopKVariant variant, int64_t blocks_per_row, int32_t* out,
                           cudaStream_t stream);
@@ -79,13 +85,15 @@ cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, con
 cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                         int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream);
 
-// Benchmarks only (bench/cuda): kSelectSort with the automatic block count, ended early so that
-// graph timing shows what each stage costs: stop_after 1 ends after the output's -1 fill (launch,
-// dependency wait, lengths), 4 after the sample's threshold (rows longer than 4096), 2 after the
-// gathering (the candidates in the row's first block), 3 before a fallback sort, 5 and 6 in a
-// fallback selection; 0 runs it whole. Outputs of a stopped run are incomplete.
+// Benchmarks only (bench/cuda): `variant` (kSelectSort or kSelectPrefetch) with the automatic
+// block count, ended early so that graph timing shows what each stage costs: stop_after 1 ends
+// after the output's -1 fill (launch, dependency wait, lengths), 4 after the sample's threshold
+// (rows longer than 4096; kSelectPrefetch: with the part's first loads in flight), 2 after the
+// gathering (kSelectSort: the candidates in the row's first block; kSelectPrefetch: in each
+// block's list, their counts read), 3 before a fallback sort, 5 and 6 in a fallback selection; 0
+// runs it whole. Outputs of a stopped run are incomplete.
 cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t stride,
-                                const int32_t* lengths, int64_t k, int stop_after, int32_t* out,
-                                cudaStream_t stream);
+                                const int32_t* lengths, int64_t k, TopKVariant variant,
+                                int stop_after, int32_t* out, cudaStream_t stream);
 
 }  // namespace pdserve::kernels::cuda

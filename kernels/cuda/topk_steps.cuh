@@ -39,6 +39,10 @@ constexpr int kBatch = 2;
 constexpr int64_t kMaxStride = INT32_MAX - 4 * kBatch * kThreads;
 constexpr int kMaxTopKBlocks = 8;  // portable cluster size
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
+// The select kernels' sample of a long row: every kSampleStride-th entry, or sparser so that each
+// thread holds at most kSamplesPerThread.
+constexpr int kSampleStride = 16;
+constexpr int kSamplesPerThread = 2;
 static_assert(kWarps == 32, "block-wide steps reduce one value per warp within one warp");
 static_assert(kBins == 4 * kThreads, "FindBin reads four bins per thread");
 static_assert(kMaxCandidates >= kMaxTopK, "rows of at most k entries are sorted whole");
@@ -68,6 +72,10 @@ struct Scratch {
   uint32_t sel_lo;
   uint32_t sel_hi;
   uint32_t sel_need;
+  // TopKVariant::kSelectPrefetch: the smallest and largest key in this block's list (read by the
+  // row's first block).
+  uint32_t key_min;
+  uint32_t key_max;
 };
 
 // The blocks of one row form a thread-block cluster; with one block per row the cluster steps are

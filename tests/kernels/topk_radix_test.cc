@@ -29,21 +29,23 @@ std::vector<int32_t> Reference(const std::vector<float>& row, int32_t k) {
   return out;
 }
 
-// Runs the twin over every block count, with both kernels' final steps, and returns the stats of
-// each run.
+// Runs the twin over every block count, with both kernels' final steps (the select kernel's also
+// with kSelectPrefetch's 256-bin sample rounds), and returns the stats of each run.
 std::vector<RadixSplitStats> ExpectMatches(const std::vector<float>& row, int32_t k,
                                            RadixSplitConfig config, const std::string& what) {
   const std::vector<int32_t> want = Reference(row, k);
   std::vector<RadixSplitStats> all;
-  for (int run = 0; run < 10; ++run) {
+  for (int run = 0; run < 15; ++run) {
     config.blocks = std::array<int, 5>{1, 2, 3, 4, 8}[run % 5];
     config.select_sort = run >= 5;
+    config.sample_bin_bits = run >= 10 ? 8 : 0;
     std::vector<int32_t> got(static_cast<size_t>(k), 7);
     const RadixSplitStats stats =
         TopKRadixSplit(row.data(), static_cast<int32_t>(row.size()), k, config, got.data());
     EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks "
                          << config.blocks << " bin bits " << config.bin_bits << " buffer "
-                         << config.max_candidates << " select-sort " << config.select_sort;
+                         << config.max_candidates << " select-sort " << config.select_sort
+                         << " sample bin bits " << config.sample_bin_bits;
     if (config.select_sort) {
       // The select kernel's first block holds the gathered candidates and sorts at most them.
       EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
@@ -190,17 +192,15 @@ TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
   }
 }
 
-// The select variant at the kernel's settings: rows of normal scores longer than 4096 take the
-// sample's threshold, and with fewer picks than entries have them placed by bins of the keys
-// (rows of at most 4096 after a second count over the upper bins); four levels bunch the picks
-// (and miss the sample where a quarter of the row, tied at the threshold, overflows the buffer),
-// which are then narrowed (rows longer than 1024 with more entries than picks) and sorted.
-TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
+// The body of SelectSortPlacesPicksByBins (below) with the sample's rounds of 2^sample_bin_bits
+// bins (0: bin_bits).
+void ExpectSelectSortPlacesPicksByBins(int sample_bin_bits) {
   std::mt19937_64 rng(4);
   std::normal_distribution<float> normal;
   std::uniform_int_distribution<int> level(0, 3);
   RadixSplitConfig config;
   config.select_sort = true;
+  config.sample_bin_bits = sample_bin_bits;
   bool saw_fallback = false;
   bool saw_narrowing = false;
   for (int32_t n : {100, 1024, 1025, 4096, 8192, 32768}) {
@@ -230,6 +230,19 @@ TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
   }
   EXPECT_TRUE(saw_fallback);
   EXPECT_TRUE(saw_narrowing);
+}
+
+// The select variant at the kernel's settings: rows of normal scores longer than 4096 take the
+// sample's threshold, and with fewer picks than entries have them placed by bins of the keys
+// (rows of at most 4096 after a second count over the upper bins); four levels bunch the picks
+// (and miss the sample where a quarter of the row, tied at the threshold, overflows the buffer),
+// which are then narrowed (rows longer than 1024 with more entries than picks) and sorted. The
+// same with kSelectPrefetch's sample rounds (256 bins).
+TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
+  for (int sample_bin_bits : {0, 8}) {
+    SCOPED_TRACE(sample_bin_bits);
+    ExpectSelectSortPlacesPicksByBins(sample_bin_bits);
+  }
 }
 
 TEST(TopKRadixTest, ShortAndEmptyRows) {

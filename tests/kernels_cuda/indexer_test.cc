@@ -154,7 +154,8 @@ struct DeviceCase {
 };
 
 // Every scores kernel and every top-k kernel runs every case (the register-query wgmma scores
-// with the select top-k, the others with the radix-cluster top-k).
+// with the select top-k, the wgmma scores with the radix-cluster and the select-prefetch top-k,
+// the mma.sync scores with the radix-cluster top-k).
 struct Variant {
   IndexerScoresVariant scores;
   TopKVariant topk;
@@ -162,15 +163,19 @@ struct Variant {
 constexpr Variant kVariants[] = {
     {IndexerScoresVariant::kMmaSync, TopKVariant::kRadixCluster},
     {IndexerScoresVariant::kWgmma, TopKVariant::kRadixCluster},
-    {IndexerScoresVariant::kWgmmaQueryRegisters, TopKVariant::kSelectSort}};
+    {IndexerScoresVariant::kWgmmaQueryRegisters, TopKVariant::kSelectSort},
+    {IndexerScoresVariant::kWgmma, TopKVariant::kSelectPrefetch}};
 
 std::string VariantName(const Variant& v) {
   const char* scores =
       v.scores == IndexerScoresVariant::kMmaSync
           ? "mma.sync"
           : (v.scores == IndexerScoresVariant::kWgmma ? "wgmma" : "wgmma, register queries");
-  return std::string(scores) +
-         (v.topk == TopKVariant::kSelectSort ? " + select-sort top-k" : " + radix-cluster top-k");
+  const char* topk = v.topk == TopKVariant::kSelectSort
+                         ? " + select-sort top-k"
+                         : (v.topk == TopKVariant::kSelectPrefetch ? " + select-prefetch top-k"
+                                                                   : " + radix-cluster top-k");
+  return std::string(scores) + topk;
 }
 
 void RunAndCheckVariant(const IndexerCase& c, int64_t topk, const Variant& variant) {

@@ -1,7 +1,7 @@
 // kernels/cuda/topk against the CPU rule (kernels/cpu/topk.h): descending score, lower index
-// first on ties, -1 after min(length, k). Every case runs with both kernels (TopKVariant), each
+// first on ties, -1 after min(length, k). Every case runs with every kernel (TopKVariant), each
 // with the block count top_k picks and with 1, 2, 4 and 8 blocks per row (top_k_variant; the
-// select kernel also with 3), so each path runs whole and split.
+// select kernels also with 3), so each path runs whole and split.
 #include "kernels/cuda/topk.cuh"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/topk_radix.h"
 #include "tests/kernels_cuda/cuda_test_util.h"
 
 namespace pdserve::kernels::cuda {
@@ -30,10 +31,28 @@ std::vector<int32_t> ReferenceTopK(const float* row, int64_t n, int64_t k) {
   return out;
 }
 
-// Runs top_k_split on `scores` ([rows, stride]) with `lengths`, for each block count (0: the one
-// top_k picks), and checks every row against the reference, plus the guards around the output.
+constexpr TopKVariant kAllVariants[] = {TopKVariant::kRadixCluster, TopKVariant::kSelectSort,
+                                        TopKVariant::kSelectPrefetch};
+
+const char* VariantName(TopKVariant variant) {
+  switch (variant) {
+    case TopKVariant::kRadixCluster:
+      return "radix-cluster";
+    case TopKVariant::kSelectSort:
+      return "select-sort";
+    case TopKVariant::kSelectPrefetch:
+      return "select-prefetch";
+  }
+  return "?";
+}
+
+// Runs top_k_variant on `scores` ([rows, stride]) with `lengths`, for each of `variants` and each
+// block count (0: the one top_k picks), and checks every row against the reference, plus the
+// guards around the output.
 void ExpectMatchesReference(const std::vector<float>& scores, int64_t stride,
-                            const std::vector<int32_t>& lengths, int64_t k) {
+                            const std::vector<int32_t>& lengths, int64_t k,
+                            const std::vector<TopKVariant>& variants = {std::begin(kAllVariants),
+                                                                        std::end(kAllVariants)}) {
   const int64_t rows = static_cast<int64_t>(lengths.size());
   GuardedBuffer<float> d_scores(scores.size());
   GuardedBuffer<int32_t> d_lengths(lengths.size());
@@ -45,10 +64,10 @@ void ExpectMatchesReference(const std::vector<float>& scores, int64_t stride,
     want[r] =
         ReferenceTopK(scores.data() + r * stride, std::clamp<int64_t>(lengths[r], 0, stride), k);
   }
-  for (const TopKVariant variant : {TopKVariant::kRadixCluster, TopKVariant::kSelectSort}) {
-    const char* name = variant == TopKVariant::kSelectSort ? "select-sort" : "radix-cluster";
+  for (const TopKVariant variant : variants) {
+    const char* name = VariantName(variant);
     for (int64_t blocks : {0, 1, 2, 3, 4, 8}) {
-      if (blocks == 3 && variant != TopKVariant::kSelectSort) continue;  // powers of two only
+      if (blocks == 3 && variant == TopKVariant::kRadixCluster) continue;  // powers of two only
       GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * k));
       ASSERT_TRUE(d_out.ok());
       PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k, variant,
@@ -248,7 +267,9 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
   GuardedBuffer<int32_t> d_first(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_second(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_third(static_cast<size_t>(rows * k));
-  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok() && d_third.ok());
+  GuardedBuffer<int32_t> d_fourth(static_cast<size_t>(rows * k));
+  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok() && d_third.ok() &&
+              d_fourth.ok());
   d_scores.Upload(scores);
   d_lengths.Upload(lengths);
   cudaStream_t stream = nullptr;
@@ -259,6 +280,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
         top_k_split(d_scores.get(), rows, stride, d_lengths.get(), k, 2, d_second.get(), stream));
     PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
                                   TopKVariant::kSelectSort, 0, d_third.get(), stream));
+    PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
+                                  TopKVariant::kSelectPrefetch, 0, d_fourth.get(), stream));
   };
   launch();  // the first launch outside capture sets the kernel attribute
   PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
@@ -279,7 +302,9 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
     const std::vector<int32_t> first = d_first.Download();
     const std::vector<int32_t> second = d_second.Download();
     const std::vector<int32_t> third = d_third.Download();
-    EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact() && d_third.GuardsIntact());
+    const std::vector<int32_t> fourth = d_fourth.Download();
+    EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact() && d_third.GuardsIntact() &&
+                d_fourth.GuardsIntact());
     for (int64_t r = 0; r < rows; ++r) {
       const std::vector<int32_t> want = ReferenceTopK(scores.data() + r * stride, lengths[r], k);
       EXPECT_EQ(std::vector<int32_t>(first.begin() + r * k, first.begin() + (r + 1) * k), want)
@@ -288,6 +313,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
           << "replay " << replay << " row " << r;
       EXPECT_EQ(std::vector<int32_t>(third.begin() + r * k, third.begin() + (r + 1) * k), want)
           << "replay " << replay << " row " << r << " select-sort";
+      EXPECT_EQ(std::vector<int32_t>(fourth.begin() + r * k, fourth.begin() + (r + 1) * k), want)
+          << "replay " << replay << " row " << r << " select-prefetch";
     }
   }
   cudaGraphExecDestroy(exec);
@@ -343,6 +370,55 @@ TEST(CudaTopKTest, RowsAtTheWholeRowLimitNarrowToK) {
   }
 }
 
+// kSelectPrefetch's own paths on rows longer than 4096, each reached as its CPU twin (kernels/cpu/
+// topk_radix.h with sample_bin_bits 8) says: picks placed by bins from the blocks' lists; picks
+// tied at the top so that the bins stay crowded (the candidates go to the first block, are
+// narrowed and sorted); a sample that misses (ties at the threshold past the buffer: the radix
+// selection); every candidate in the last block's part (ascending scores); parts longer than the
+// registers' first load (one block, 40000 entries) and not 16-byte aligned (odd strides); NaN
+// past the length; -inf and +inf among the picks.
+TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> level(0, 3);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t stride : {40000, 40001, 32771}) {
+    const int64_t rows = 6;
+    std::vector<float> scores(static_cast<size_t>(rows * stride));
+    for (int64_t i = 0; i < stride; ++i) {
+      float* s = scores.data() + i;
+      s[0] = normal(rng);                              // placed by bins
+      s[stride] = i % 37 == 0 ? 5.0f : normal(rng);    // ~1000 ties at the top
+      s[2 * stride] = static_cast<float>(level(rng));  // misses: ties past the buffer
+      s[3 * stride] = static_cast<float>(i);           // picks in the last part
+      s[4 * stride] = i % 501 == 0 ? inf : (i % 3 == 0 ? -inf : normal(rng));
+      s[5 * stride] = normal(rng);
+    }
+    const std::vector<int32_t> lengths = {
+        static_cast<int32_t>(stride),     static_cast<int32_t>(stride),
+        static_cast<int32_t>(stride),     static_cast<int32_t>(stride),
+        static_cast<int32_t>(stride) - 2, 20001};
+    std::fill(scores.begin() + 5 * stride + lengths[5], scores.end(),
+              std::numeric_limits<float>::quiet_NaN());
+    // The paths the twin takes at k = 512 (the first row's are the ordinary ones).
+    cpu::RadixSplitConfig config;
+    config.select_sort = true;
+    config.sample_bin_bits = 8;
+    std::vector<int32_t> twin(512);
+    const auto stats = [&](int64_t r) {
+      return cpu::TopKRadixSplit(scores.data() + r * stride, lengths[r], 512, config, twin.data());
+    };
+    EXPECT_TRUE(stats(0).sampled && stats(0).bucket_ranked);
+    EXPECT_TRUE(stats(1).sampled && !stats(1).bucket_ranked);
+    EXPECT_FALSE(stats(2).sampled);
+    EXPECT_TRUE(stats(3).sampled && stats(3).bucket_ranked);
+    for (int64_t k : {1, 512, 2048}) {
+      ExpectMatchesReference(scores, stride, lengths, k, {TopKVariant::kSelectPrefetch});
+    }
+  }
+}
+
 TEST(CudaTopKTest, ZeroLengthRowsAreAllInvalid) {
   PDSERVE_SKIP_WITHOUT_GPU();
   const std::vector<float> scores(4 * 100, 1.0f);
@@ -374,6 +450,12 @@ TEST(CudaTopKTest, RejectsBadArguments) {
             cudaErrorInvalidValue);
   EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kSelectSort, 9,
                           out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_variant(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kSelectPrefetch, 9,
+                          out.get(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(top_k_select_stages(scores.get(), 1, 16, lengths.get(), 4, TopKVariant::kRadixCluster,
+                                0, out.get(), nullptr),
             cudaErrorInvalidValue);
 }
 

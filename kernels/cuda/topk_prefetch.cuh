@@ -1,0 +1,252 @@
+// Steps of TopKVariant::kSelectPrefetch (kernels/cuda/topk.cu TopKSelectKernel<true>, the only
+// file that includes this one), on rows longer than kMaxCandidates: the sample's threshold found
+// by rounds of 256 bins that one warp scans, while the block's part of the row is already on its
+// way into registers; the part's entries at or above the threshold gathered into the block's own
+// list (one shared atomic per warp and chunk); and the row's first block reading every block's
+// list through distributed shared memory. The decisions (threshold, sampled or not, the placing)
+// are those of kernels/cpu/topk_radix.h with sample_bin_bits = kSampleBinBits.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/topk_radix.h"
+#include "kernels/cuda/topk_steps.cuh"
+
+namespace pdserve::kernels::cuda::topk_steps {
+
+// The sample's histogram rounds: 2^kSampleBinBits bins each, at most 32 / kSampleBinBits rounds
+// (each into its own zeroed buffer, so no round waits for the last one's readers).
+constexpr int kSampleBinBits = 8;
+constexpr int kSampleBins = 1 << kSampleBinBits;
+constexpr int kSampleRounds = 32 / kSampleBinBits;
+static_assert(kSampleBins == 8 * 32, "one warp scans the bins, eight per lane");
+static_assert(kSampleRounds * kSampleBins == kThreads, "every thread zeroes one word");
+static_assert(kSampleRounds * kSampleBins <= kBins, "the buffers fit one histogram");
+// 16-byte vectors of the block's part loaded per thread before the threshold is known (12
+// entries per thread: the whole part of a 32K-entry row split over 3 or more blocks); longer parts
+// go in chunks of as many, the next chunk's loads in flight while one is gathered (4 would spill
+// registers: 1024 threads have 64 each).
+constexpr int kPrefetchVectors = 3;
+
+// This thread's share of the row's sample (kSamplesPerThread keys, 0 past the sample) and the
+// rank in the sample of the key the threshold sits at or below: ceil(1.5 picks / stride) + 24.
+struct RowSample {
+  uint32_t key[kSamplesPerThread];
+  int samples;
+  uint32_t need;
+};
+__device__ __forceinline__ RowSample LoadSample(const float* row, int n, int picks) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int stride =
+      max(kSampleStride, (n + kSamplesPerThread * kThreads - 1) / (kSamplesPerThread * kThreads));
+  RowSample sample;
+  sample.samples = (n + stride - 1) / stride;
+  sample.need =
+      static_cast<uint32_t>(min(sample.samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
+#pragma unroll
+  for (int j = 0; j < kSamplesPerThread; ++j) {
+    const int e = tid + j * kThreads;
+    sample.key[j] = e < sample.samples ? OrderKey(row[static_cast<int64_t>(e) * stride]) : 0u;
+  }
+  return sample;
+}
+
+// The threshold of the sample: the lower bound of the bin holding its need-th best key, by
+// rounds of kSampleBins bins that stop once that bin holds at most 8 samples or one key (the CPU
+// twin's SampleThreshold with sample_bin_bits = kSampleBinBits). Each round counts with every
+// thread and is scanned by warp 0 alone: two barriers per round. hists: kSampleRounds x
+// kSampleBins words, zeroed before a barrier that precedes the call. Every thread calls and gets
+// the same key.
+__device__ inline uint32_t SampleThresholdByWarp(const RowSample& sample, uint32_t* hists,
+                                                 Scratch& s) {
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t need = sample.need;
+  cpu::RadixRange range = cpu::FirstRadixRange(kSampleBinBits);
+  for (int round = 0;; ++round) {
+    uint32_t* const hist = hists + round * kSampleBins;
+    const uint32_t span = range.hi - range.lo;
+#pragma unroll
+    for (int j = 0; j < kSamplesPerThread; ++j) {
+      const uint32_t key = sample.key[j];
+      CountInBin(hist, tid + j * kThreads < sample.samples && key - range.lo <= span,
+                 (key - range.lo) >> range.shift);
+    }
+    __syncthreads();
+    if (tid < 32) {  // bins 8 tid .. 8 tid + 7
+      const uint4 a = reinterpret_cast<const uint4*>(hist)[2 * tid];
+      const uint4 b = reinterpret_cast<const uint4*>(hist)[2 * tid + 1];
+      const uint32_t c[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      uint32_t mine = 0;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) mine += c[q];
+      const uint32_t inclusive = WarpInclusiveSum(mine);
+      uint32_t running = __shfl_sync(kFullMask, inclusive, 31) - inclusive;  // higher lanes' bins
+#pragma unroll
+      for (int q = 7; q >= 0; --q) {
+        if (running < need && running + c[q] >= need) {
+          s.bin = 8 * tid + q;
+          s.above = running;
+          s.in_bin = c[q];
+        }
+        running += c[q];
+      }
+    }
+    __syncthreads();  // s of this round; the next round counts into another buffer
+    need -= s.above;
+    if (s.in_bin <= 8 || range.shift == 0) return cpu::BinLow(range, s.bin);
+    range = cpu::NarrowToBin(range, s.bin, kSampleBinBits);
+  }
+}
+
+// Loads this thread's vectors q0 + j kThreads + tid (j < kPrefetchVectors) of src[0, n4), zeros
+// past it.
+__device__ __forceinline__ void LoadVectors(uint4 (&u)[kPrefetchVectors], const uint4* src, int q0,
+                                            int n4) {
+#pragma unroll
+  for (int j = 0; j < kPrefetchVectors; ++j) {
+    const int q = q0 + j * kThreads + static_cast<int>(threadIdx.x);
+    u[j] = q < n4 ? src[q] : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// This block's list of entries at or above a threshold: cand[0, *count) (the count goes on past
+// kMaxCandidates, whose entries are dropped) and the smallest and largest key taken, per thread.
+struct LocalList {
+  uint64_t* cand;
+  uint32_t* count;
+  uint32_t threshold;
+  int first;  // the part's first entry in the row
+  uint32_t key_min;
+  uint32_t key_max;
+};
+
+// Appends the entries of LoadVectors(u, ..., q0, n4) (floats) at or above the threshold to the
+// list: one warp-wide sum and one shared atomic per warp. Every lane of the warp calls.
+__device__ __forceinline__ void AppendVectors(uint4 (&u)[kPrefetchVectors], int q0, int n4,
+                                              LocalList& list) {
+  const int tid = static_cast<int>(threadIdx.x);
+  uint32_t taken = 0;
+#pragma unroll
+  for (int j = 0; j < kPrefetchVectors; ++j) {
+    const bool valid = q0 + j * kThreads + tid < n4;
+    u[j] = make_uint4(OrderKey(__uint_as_float(u[j].x)), OrderKey(__uint_as_float(u[j].y)),
+                      OrderKey(__uint_as_float(u[j].z)), OrderKey(__uint_as_float(u[j].w)));
+    const uint32_t keys[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (valid && keys[c] >= list.threshold) {
+        ++taken;
+        list.key_min = min(list.key_min, keys[c]);
+        list.key_max = max(list.key_max, keys[c]);
+      }
+    }
+  }
+  const uint32_t inclusive = WarpInclusiveSum(taken);
+  const uint32_t total = __shfl_sync(kFullMask, inclusive, 31);
+  if (total == 0) return;  // warp-uniform
+  uint32_t base = 0;
+  if ((tid & 31) == 31) base = atomicAdd(list.count, total);
+  uint32_t slot = __shfl_sync(kFullMask, base, 31) + inclusive - taken;
+#pragma unroll
+  for (int j = 0; j < kPrefetchVectors; ++j) {
+    const int q = q0 + j * kThreads + tid;
+    const uint32_t keys[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (q < n4 && keys[c] >= list.threshold) {
+        if (slot < kMaxCandidates) list.cand[slot] = PickKey(keys[c], list.first + 4 * q + c);
+        ++slot;
+      }
+    }
+  }
+}
+
+// Gathers this block's part[0, part_n) at or above list.threshold into the list; `u` holds the
+// part's first kPrefetchVectors kThreads vectors (LoadVectors from 0) when the part is 16-byte
+// aligned, else nothing (aligned false). Then each warp's smallest and largest key taken go to
+// s.key_min / s.key_max (set to ~0 and 0 before a barrier before the call). Every thread calls.
+__device__ inline void GatherAbove(uint4 (&u)[kPrefetchVectors], const float* part, int part_n,
+                                   bool aligned, LocalList& list, Scratch& s) {
+  const auto append = [&](uint32_t key, int i, bool valid) {
+    const bool take = valid && key >= list.threshold;
+    if (take) {
+      list.key_min = min(list.key_min, key);
+      list.key_max = max(list.key_max, key);
+    }
+    AppendPick(take, key, list.first + i, list.cand, list.count);
+  };
+  if (aligned) {
+    const int n4 = part_n / 4;
+    const uint4* src = reinterpret_cast<const uint4*>(part);
+    for (int q0 = 0; q0 < n4; q0 += kPrefetchVectors * kThreads) {
+      // The next chunk's loads in flight while this one is gathered (zeros past the part).
+      uint4 next[kPrefetchVectors];
+      LoadVectors(next, src, q0 + kPrefetchVectors * kThreads, n4);
+      AppendVectors(u, q0, n4, list);
+#pragma unroll
+      for (int j = 0; j < kPrefetchVectors; ++j) u[j] = next[j];
+    }
+    if (4 * n4 < part_n) {  // the last part_n % 4 entries
+      const int i = 4 * n4 + static_cast<int>(threadIdx.x);
+      append(i < part_n ? OrderKey(part[i]) : 0u, i, i < part_n);
+    }
+  } else {
+    ForEachKey(part, nullptr, part_n, append);
+  }
+  const uint32_t key_min = __reduce_min_sync(kFullMask, list.key_min);
+  const uint32_t key_max = __reduce_max_sync(kFullMask, list.key_max);
+  if ((threadIdx.x & 31) == 0) {
+    atomicMin(&s.key_min, key_min);
+    atomicMax(&s.key_max, key_max);
+  }
+}
+
+// The row's lists after every block gathered (read after a cluster barrier): lane b (< blocks)
+// of every warp holds block b's count and key range; `before` the counts of the blocks before
+// it, `total` the row's.
+struct RowLists {
+  uint32_t count;
+  uint32_t before;
+  uint32_t total;
+  uint32_t key_min;  // the row's smallest and largest key taken (every lane)
+  uint32_t key_max;
+};
+__device__ __forceinline__ RowLists ReadRowLists(Scratch& s, const RowBlocks& rb) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  RowLists lists{0, 0, 0, 0xFFFFFFFFu, 0};
+  if (lane < rb.count) {
+    const Scratch& other = lane == rb.rank ? s : *InBlock(&s, lane);
+    lists.count = other.count;
+    lists.key_min = other.key_min;
+    lists.key_max = other.key_max;
+  }
+  const uint32_t inclusive = WarpInclusiveSum(lists.count);
+  lists.before = inclusive - lists.count;
+  lists.total = __shfl_sync(kFullMask, inclusive, 31);
+  lists.key_min = __reduce_min_sync(kFullMask, lists.key_min);
+  lists.key_max = __reduce_max_sync(kFullMask, lists.key_max);
+  return lists;
+}
+
+// In the row's first block: candidate e (< lists.total <= kMaxCandidates) of the row's lists in
+// block order into mine[j] for e = tid + j kThreads (0 past the total); cand is this block's list.
+template <int PER_THREAD>
+__device__ __forceinline__ void LoadRowCandidates(const uint64_t* cand, const RowLists& lists,
+                                                  const RowBlocks& rb,
+                                                  uint64_t (&mine)[PER_THREAD]) {
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) mine[j] = 0;
+  for (int b = 0; b < rb.count; ++b) {
+    const uint32_t start = __shfl_sync(kFullMask, lists.before, b);
+    const uint32_t len = __shfl_sync(kFullMask, lists.count, b);
+    const uint64_t* list = b == rb.rank ? cand : InBlock(cand, b);
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+      const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
+      if (e - start < len) mine[j] = list[e - start];
+    }
+  }
+}
+
+}  // namespace pdserve::kernels::cuda::topk_steps
