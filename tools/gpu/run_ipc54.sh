@@ -55,11 +55,11 @@ fi
 
 if [ "$built" = 1 ]; then
   start=$SECONDS
-  PDSERVE_XXH3_DUMP="$out/xxh3_cases.bin" timeout 60 "$b/ipc54_xxh3_tests" > "$out/tests.log" 2>&1
+  PDSERVE_XXH3_DUMP="$out/xxh3_cases.bin" timeout 30 "$b/ipc54_xxh3_tests" > "$out/tests.log" 2>&1
   echo "xxh3 + page copy GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^reference|^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|got |seed" "$out/tests.log" | head -20
   if [ -f "$out/xxh3_cases.bin" ]; then
-    timeout 60 python3 - "$out/xxh3_cases.bin" > "$out/python_xxhash.log" 2>&1 <<'PY'
+    timeout 20 python3 - "$out/xxh3_cases.bin" > "$out/python_xxhash.log" 2>&1 <<'PY'
 import struct, sys
 try:
     import xxhash
@@ -91,7 +91,7 @@ PY
     echo "compute-sanitizer memcheck: rc=$? $((SECONDS - start)) s $(grep -E 'ERROR SUMMARY|^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/memcheck.log" | tr '\n' ' ')"
   fi
   start=$SECONDS
-  timeout 40 "$b/ipc54_xxh3_bench" > "$out/xxh3_bench.csv" 2> "$out/xxh3_bench.err"
+  timeout 20 "$b/ipc54_xxh3_bench" > "$out/xxh3_bench.csv" 2> "$out/xxh3_bench.err"
   echo "xxh3 bench: rc=$? $((SECONDS - start)) s, $(($(wc -l < "$out/xxh3_bench.csv") - 1)) rows"
   head -5 "$out/xxh3_bench.err"
 fi
@@ -105,19 +105,19 @@ if [ -f "$pack" ]; then
   export PATH=$b/pack/ipc54/bin:$PATH
   export LD_LIBRARY_PATH=$b/pack/ipc54/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   start=$SECONDS
-  timeout 30 pdserve_kvtransfer_cuda_ipc_tests > "$out/arena_tests.log" 2>&1
+  timeout 20 pdserve_kvtransfer_cuda_ipc_tests > "$out/arena_tests.log" 2>&1
   echo "arena GPU tests: rc=$? $((SECONDS - start)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/arena_tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|Expected|Which is|peer:" "$out/arena_tests.log" | head -20
   for copy in ${COPIES:-kernel batch memcpy}; do
     start=$SECONDS
-    timeout 40 ipc_transfer_bench --lengths "$lengths" --repeats "$repeats" --copy "$copy" \
+    timeout 20 ipc_transfer_bench --lengths "$lengths" --repeats "$repeats" --copy "$copy" \
       > "$out/ipc_$copy.md" 2> "$out/ipc_$copy.err"
     echo "ipc_transfer_bench --copy $copy: rc=$? $((SECONDS - start)) s"
     tail -3 "$out/ipc_$copy.err"
     ipc_runs+=("$out/ipc_$copy.md")
   done
   start=$SECONDS
-  timeout 40 ipc_transfer_bench --lengths "$lengths" --repeats 3 --corrupt 1 \
+  timeout 20 ipc_transfer_bench --lengths "$lengths" --repeats 3 --corrupt 1 \
     > "$out/ipc_corrupt.md" 2> "$out/ipc_corrupt.err"
   echo "ipc_transfer_bench --corrupt 1 (exit 0: every flipped page named): rc=$? $((SECONDS - start)) s"
   tail -3 "$out/ipc_corrupt.err"
