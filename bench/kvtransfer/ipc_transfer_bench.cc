@@ -3,15 +3,17 @@
 // IPC), design", measured. Not the product path (nothing here goes through TransferSender /
 // TransferReceiver).
 //
-// The prefill process P (the parent) owns an IpcPageArena holding one prompt's state pages: 8
-// layers at V4-Flash attention shapes (CSA rate 4 / HCA rate 128 alternating; per layer a
-// 128-entry window page, 64-entry pages of 512-dim compressed entries, for CSA 64-entry pages of
-// 128-dim indexer keys, and the compressor's buffers: an approximation of the state
+// The prefill process P (the parent) owns an IpcPageArena for one prompt's state pages: 8 layers
+// at V4-Flash attention shapes (CSA rate 4 / HCA rate 128 alternating; per layer a 128-entry
+// window page, 64-entry pages of 512-dim compressed entries, for CSA 64-entry pages of 128-dim
+// indexer keys, and the compressor's buffers: an approximation of the state
 // gpu_state_transfer_bench moves, bf16, random bytes). The decode process D (a child forked
 // before CUDA starts) opens the arena once (PeerArena). Per prompt length and repeat, P times,
 // on its clock:
-//   t0: P checksums every page on the GPU (kernels/cuda/xxh3.cuh, one launch), sends the
-//       descriptors (page id, arena offset, length, checksum) over a Unix socket;
+//   t0: P exports: gathers every page from its slot buffer (random bytes, pages in another order)
+//       into the arena (kernels/cuda/page_copy.cuh, one launch) and checksums them on the GPU
+//       (kernels/cuda/xxh3.cuh, one launch), then sends the descriptors (page id, arena offset,
+//       length, checksum) over a Unix socket;
 //   D: copies every page device-to-device from P's arena into its own pages (a shuffled page
 //       table in one pool; --copy kernel, the default: one kernels/cuda/page_copy.cuh launch;
 //       memcpy: one cudaMemcpyAsync per page; batch: one cudaMemcpyBatchAsync), checksums its
@@ -23,10 +25,9 @@
 // of all the bytes. --corrupt: P flips one byte of one page after its checksum (every repeat);
 // D must report exactly that page.
 //
-// Usage: ipc_transfer_bench [--lengths 4096,32768,131072] [--repeats 5] [--copy
-// kernel|memcpy|batch]
-//   [--corrupt 0|1]. Markdown table on stdout, progress on stderr. Exit 1 on any failure,
-// including a mismatch without --corrupt or a missed one with it.
+// Usage: ipc_transfer_bench [--lengths 4096,32768,131072] [--repeats 5]
+//   [--copy kernel|memcpy|batch] [--corrupt 0|1]. Markdown table on stdout, progress on stderr.
+// Exit 1 on any failure, including a mismatch without --corrupt or a missed one with it.
 #include <cuda_runtime.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -398,7 +399,7 @@ struct Row {
   int64_t tokens;
   uint64_t bytes;
   size_t pages;
-  std::vector<double> e2e_ms, prefill_checksum_ms;
+  std::vector<double> e2e_ms, prefill_export_ms;
   std::vector<DecodeTimes> decode;
   int64_t mismatched = 0;
   bool verdicts_right = true;
@@ -411,35 +412,47 @@ absl::Status RunPrefill(int fd, const Options& opt, double* open_ms, std::vector
       IpcPageArena::Create(0, ArenaBytes(largest));
   if (!arena.ok()) return arena.status();
   IpcPageArena& a = **arena;
+  // The prefill slot the pages are gathered from (random bytes, written once): the pages sit
+  // there in reverse order, so the gather is a real permutation.
+  engine::gpu::DeviceArray<uint8_t> slot;
   {
-    // Random bytes, written once (the state a prefill would have left there).
     std::vector<uint8_t> host(a.bytes());
     std::mt19937_64 rng(27);
     for (size_t i = 0; i + 8 <= host.size(); i += 8) {
       const uint64_t r = rng();
       std::memcpy(&host[i], &r, 8);
     }
-    PDSERVE_CUDA_RETURN(cudaMemcpy(a.data(), host.data(), host.size(), cudaMemcpyHostToDevice));
+    BENCH_RETURN_IF_ERROR(slot.Upload(host));
   }
   BENCH_RETURN_IF_ERROR(SendVector(fd, std::vector<IpcArenaHandle>{a.handle()}));
   BENCH_RETURN_IF_ERROR(RecvAll(fd, open_ms, sizeof(*open_ms)));
   cudaStream_t stream;
   PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   engine::gpu::DeviceArray<Xxh3Page> arena_pages;
+  engine::gpu::DeviceArray<PageCopy> gathers;
   engine::gpu::DeviceArray<uint64_t> hashes;
   std::mt19937_64 rng(54);
   for (int64_t tokens : opt.lengths) {
     std::vector<PageDesc> pages = PromptPages(tokens);
     Row row{tokens, TotalBytes(pages), pages.size(), {}, {}, {}};
     std::vector<Xxh3Page> own(pages.size());
-    for (size_t i = 0; i < pages.size(); ++i) {
-      own[i] = {static_cast<const uint8_t*>(a.data()) + pages[i].offset, pages[i].length};
+    std::vector<PageCopy> gather(pages.size());
+    uint64_t slot_at = 0;  // the slot holds the pages last to first
+    for (size_t i = pages.size(); i-- > 0;) {
+      auto* page = static_cast<uint8_t*>(a.data()) + pages[i].offset;
+      own[i] = {page, pages[i].length};
+      gather[i] = {slot.get() + slot_at, page, pages[i].length};
+      slot_at += (pages[i].length + kAlign - 1) / kAlign * kAlign;
     }
     BENCH_RETURN_IF_ERROR(arena_pages.Upload(own));
+    BENCH_RETURN_IF_ERROR(gathers.Upload(gather));
     BENCH_RETURN_IF_ERROR(hashes.Allocate(pages.size()));
     std::vector<uint64_t> sums(pages.size());
     for (int r = 0; r < opt.repeats + 1; ++r) {  // the first is a warm-up, not counted
       const double t0 = NowMs();
+      // The export: the slot's pages gathered into the arena, then their checksums.
+      PDSERVE_CUDA_RETURN(
+          kernels::cuda::copy_pages(gathers.get(), static_cast<int64_t>(pages.size()), stream));
       PDSERVE_CUDA_RETURN(kernels::cuda::xxh3_64_pages(
           arena_pages.get(), static_cast<int64_t>(pages.size()), hashes.get(), stream));
       PDSERVE_CUDA_RETURN(cudaMemcpyAsync(sums.data(), hashes.get(), sums.size() * 8,
@@ -463,13 +476,13 @@ absl::Status RunPrefill(int fd, const Options& opt, double* open_ms, std::vector
       const double t1 = NowMs();
       DecodeTimes d;
       BENCH_RETURN_IF_ERROR(RecvAll(fd, &d, sizeof(d)));
-      // With --corrupt the flipped byte stays: the next repeat's checksums include it.
+      // With --corrupt the next repeat's gather overwrites the flipped byte.
       row.verdicts_right &=
           opt.corrupt ? verdict[0] == 1 && verdict[1] == flipped : verdict[0] == 0;
       row.mismatched += verdict[0];
       if (r == 0) continue;
       row.e2e_ms.push_back(t1 - t0);
-      row.prefill_checksum_ms.push_back(checksummed - t0);
+      row.prefill_export_ms.push_back(checksummed - t0);
       row.decode.push_back(d);
     }
     std::fprintf(stderr, "%lld tokens: %zu pages, %.1f MB, verdicts %s\n",
@@ -505,7 +518,7 @@ void PrintTable(const std::vector<Row>& rows, double open_ms, pdserve::bench::Co
               open_ms);
   std::printf(
       "| prompt tokens | pages | MB | e2e ms | e2e GB/s | D verify ms | D GB/s | "
-      "P checksum ms | copy GB/s | checksum GB/s | floor (a) GB/s | e2e / (a) | "
+      "P export ms | copy GB/s | checksum GB/s | floor (a) GB/s | e2e / (a) | "
       "D / (a) | d2d GB/s | e2e / d2d | verdicts |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
@@ -519,10 +532,9 @@ void PrintTable(const std::vector<Row>& rows, double open_ms, pdserve::bench::Co
         "| %lld | %zu | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f | %.1f | %.1f | "
         "%.0f%% | %.0f%% | %.1f | %.0f%% | %s |\n",
         static_cast<long long>(r.tokens), r.pages, r.bytes / 1e6, e2e, Gbps(r.bytes, e2e), verify,
-        Gbps(r.bytes, verify), pdserve::bench::Median(r.prefill_checksum_ms),
-        Gbps(r.bytes, copy_ms), Gbps(r.bytes, sum), Gbps(r.bytes, fa), 100.0 * fa / e2e,
-        100.0 * fa / verify, Gbps(r.bytes, fd), 100.0 * fd / e2e,
-        r.verdicts_right ? "right" : "WRONG");
+        Gbps(r.bytes, verify), pdserve::bench::Median(r.prefill_export_ms), Gbps(r.bytes, copy_ms),
+        Gbps(r.bytes, sum), Gbps(r.bytes, fa), 100.0 * fa / e2e, 100.0 * fa / verify,
+        Gbps(r.bytes, fd), 100.0 * fd / e2e, r.verdicts_right ? "right" : "WRONG");
   }
 }
 
