@@ -20,12 +20,14 @@
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/page_copy.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sink_attention.cuh"
 #include "kernels/cuda/sinkhorn.cuh"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 #include "kernels/cuda/topk.cuh"
+#include "kernels/cuda/xxh3.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -208,6 +210,15 @@ std::vector<Refusal> Refusals() {
                             nullptr);
        },
        "moe_experts: argument check failed: Aligned16(workspace)"},
+      {"xxh3_pages_count", [] { return xxh3_64_pages(nullptr, -1, nullptr, nullptr); },
+       "xxh3_64_pages: argument check failed: num_pages >= 0"},
+      {"xxh3_pages_null",
+       [] { return xxh3_64_pages(nullptr, 3, reinterpret_cast<uint64_t*>(u8), nullptr); },
+       "xxh3_64_pages: argument check failed: pages != nullptr"},
+      {"copy_pages_count", [] { return copy_pages(nullptr, -1, nullptr); },
+       "copy_pages: argument check failed: num_pages >= 0"},
+      {"copy_pages_null", [] { return copy_pages(nullptr, 2, nullptr); },
+       "copy_pages: argument check failed: copies != nullptr"},
   };
 }
 
@@ -229,6 +240,9 @@ TEST(LaunchCheckTest, EmptyWorkIsNoRefusal) {
   TakeLaunchRefusal();
   EXPECT_EQ(rms_norm(static_cast<const float*>(nullptr), nullptr, 0, 8, 8, 1e-6f, nullptr, nullptr),
             cudaSuccess);
+  EXPECT_EQ(TakeLaunchRefusal(), "");
+  EXPECT_EQ(xxh3_64_pages(nullptr, 0, nullptr, nullptr), cudaSuccess);
+  EXPECT_EQ(copy_pages(nullptr, 0, nullptr), cudaSuccess);
   EXPECT_EQ(TakeLaunchRefusal(), "");
 }
 

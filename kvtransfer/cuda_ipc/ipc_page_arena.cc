@@ -1,0 +1,94 @@
+#include "kvtransfer/cuda_ipc/ipc_page_arena.h"
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/gpu/device_memory.h"
+
+namespace pdserve::kv::cuda_ipc {
+
+using engine::gpu::CudaStatus;
+
+absl::StatusOr<std::string> HostBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty()) {
+    return absl::UnavailableError("cannot read /proc/sys/kernel/random/boot_id");
+  }
+  return id;
+}
+
+absl::StatusOr<std::unique_ptr<IpcPageArena>> IpcPageArena::Create(int device, uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("IpcPageArena: bytes == 0");
+  IpcArenaHandle handle;
+  handle.bytes = bytes;
+  absl::StatusOr<std::string> boot = HostBootId();
+  if (!boot.ok()) return boot.status();
+  std::strncpy(handle.boot_id, boot->c_str(), sizeof(handle.boot_id) - 1);
+  PDSERVE_CUDA_RETURN(cudaSetDevice(device));
+  PDSERVE_CUDA_RETURN(
+      cudaDeviceGetPCIBusId(handle.pci_bus_id, sizeof(handle.pci_bus_id) - 1, device));
+  void* data = nullptr;
+  PDSERVE_CUDA_RETURN(cudaMalloc(&data, bytes));
+  if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle.memory, data), "cudaIpcGetMemHandle");
+      !s.ok()) {
+    cudaFree(data);
+    return s;
+  }
+  return std::unique_ptr<IpcPageArena>(new IpcPageArena(device, data, handle));
+}
+
+IpcPageArena::~IpcPageArena() {
+  cudaSetDevice(device_);
+  cudaFree(data_);
+}
+
+absl::StatusOr<int> CheckIpcUsable(const IpcArenaHandle& peer) {
+  absl::StatusOr<std::string> boot = HostBootId();
+  if (!boot.ok()) return boot.status();
+  const std::string peer_boot(peer.boot_id, strnlen(peer.boot_id, sizeof(peer.boot_id)));
+  if (peer_boot != *boot) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA IPC: the peer runs on another host (boot id ", peer_boot, ", here ", *boot, ")"));
+  }
+  const std::string bus(peer.pci_bus_id, strnlen(peer.pci_bus_id, sizeof(peer.pci_bus_id)));
+  int device = -1;
+  if (cudaDeviceGetByPCIBusId(&device, bus.c_str()) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA IPC: the peer's GPU ", bus, " is not visible to this process"));
+  }
+  int unified = 0;
+  PDSERVE_CUDA_RETURN(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device));
+  if (unified == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA IPC: device ", device, " has no unified addressing"));
+  }
+  return device;
+}
+
+absl::StatusOr<std::unique_ptr<PeerArena>> PeerArena::Open(const IpcArenaHandle& handle) {
+  absl::StatusOr<int> device = CheckIpcUsable(handle);
+  if (!device.ok()) return device.status();
+  PDSERVE_CUDA_RETURN(cudaSetDevice(*device));
+  void* data = nullptr;
+  PDSERVE_CUDA_RETURN(cudaIpcOpenMemHandle(&data, handle.memory, cudaIpcMemLazyEnablePeerAccess));
+  return std::unique_ptr<PeerArena>(new PeerArena(*device, data, handle.bytes));
+}
+
+PeerArena::~PeerArena() {
+  cudaSetDevice(device_);
+  cudaIpcCloseMemHandle(data_);
+}
+
+absl::StatusOr<const void*> PeerArena::Range(uint64_t offset, uint64_t length) const {
+  if (offset > bytes_ || length > bytes_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("CUDA IPC: bytes [", offset, ", +", length,
+                                              ") outside the peer's arena of ", bytes_));
+  }
+  return static_cast<const char*>(data_) + offset;
+}
+
+}  // namespace pdserve::kv::cuda_ipc

@@ -1,0 +1,161 @@
+// kvtransfer/cuda_ipc: the producer's arena and a peer process's mapping of it (label gpu; the
+// checks that need no GPU run everywhere). The peer is this binary run again
+// (PDSERVE_IPC_PEER_HANDLE set): CUDA cannot be used in a process forked after it started.
+#include "kvtransfer/cuda_ipc/ipc_page_arena.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/gpu/device_memory.h"
+#include "kernels/cuda/xxh3.cuh"
+
+namespace pdserve::kv::cuda_ipc {
+namespace {
+
+bool HasGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string HandleHex(const IpcArenaHandle& h) {
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)));
+}
+
+// The GPU's XXH3-64 of `bytes` at `data` (device memory).
+uint64_t GpuChecksum(const void* data, uint64_t bytes) {
+  engine::gpu::DeviceArray<kernels::cuda::Xxh3Page> page;
+  engine::gpu::DeviceArray<uint64_t> hash;
+  if (!page.Upload({{data, bytes}}).ok() || !hash.Allocate(1).ok()) return 0;
+  if (kernels::cuda::xxh3_64_pages(page.get(), 1, hash.get(), nullptr) != cudaSuccess) return 0;
+  uint64_t out = 0;
+  cudaMemcpy(&out, hash.get(), sizeof(out), cudaMemcpyDeviceToHost);
+  return out;
+}
+
+// Runs this binary as the peer: it maps the arena, checks [offset, offset + length)'s checksum
+// and the out-of-range refusal, then writes 0x5A over the range. Returns its exit status.
+int RunPeer(const IpcArenaHandle& h, uint64_t offset, uint64_t length, uint64_t checksum) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("PDSERVE_IPC_PEER_HANDLE", HandleHex(h).c_str(), 1);
+    setenv("PDSERVE_IPC_PEER_RANGE", absl::StrCat(offset, ",", length, ",", checksum).c_str(), 1);
+    execl("/proc/self/exe", "ipc_page_arena_peer", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+int PeerMain(const char* handle_hex, const char* range) {
+  const std::string bytes = absl::HexStringToBytes(handle_hex);
+  IpcArenaHandle h;
+  if (bytes.size() != sizeof(h)) return 10;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  uint64_t offset = 0, length = 0, checksum = 0;
+  if (std::sscanf(range, "%lu,%lu,%lu", &offset, &length, &checksum) != 3) return 11;
+  absl::StatusOr<std::unique_ptr<PeerArena>> peer = PeerArena::Open(h);
+  if (!peer.ok()) {
+    std::fprintf(stderr, "peer: %s\n", peer.status().ToString().c_str());
+    return 12;
+  }
+  if ((*peer)->bytes() != h.bytes) return 13;
+  if ((*peer)->Range(h.bytes - 8, 16).status().code() != absl::StatusCode::kOutOfRange) return 14;
+  absl::StatusOr<const void*> at = (*peer)->Range(offset, length);
+  if (!at.ok()) return 15;
+  if (GpuChecksum(*at, length) != checksum) return 16;
+  if (cudaMemset(const_cast<void*>(*at), 0x5A, length) != cudaSuccess) return 17;
+  if (cudaDeviceSynchronize() != cudaSuccess) return 18;
+  return 0;
+}
+
+TEST(IpcPageArenaTest, CheckRefusesAPeerOnAnotherHost) {
+  IpcArenaHandle h;
+  std::strcpy(h.boot_id, "00000000-0000-0000-0000-000000000000");
+  absl::StatusOr<int> device = CheckIpcUsable(h);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(device.status().message().find("another host"), std::string::npos) << device.status();
+}
+
+TEST(IpcPageArenaTest, CheckRefusesAGpuNotVisibleHere) {
+  absl::StatusOr<std::string> boot = HostBootId();
+  ASSERT_TRUE(boot.ok()) << boot.status();
+  IpcArenaHandle h;
+  std::strncpy(h.boot_id, boot->c_str(), sizeof(h.boot_id) - 1);
+  std::strcpy(h.pci_bus_id, "0000:ff:1f.7");
+  absl::StatusOr<int> device = CheckIpcUsable(h);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(device.status().message().find("not visible"), std::string::npos) << device.status();
+}
+
+TEST(IpcPageArenaTest, CreateNamesTheFailedCudaCall) {
+  if (HasGpu()) {
+    absl::StatusOr<std::unique_ptr<IpcPageArena>> huge = IpcPageArena::Create(0, uint64_t{1} << 50);
+    EXPECT_FALSE(huge.ok());
+    EXPECT_NE(huge.status().message().find("cudaMalloc"), std::string::npos) << huge.status();
+  } else {
+    absl::StatusOr<std::unique_ptr<IpcPageArena>> arena = IpcPageArena::Create(0, 4096);
+    EXPECT_FALSE(arena.ok());
+    EXPECT_NE(arena.status().message().find("cuda"), std::string::npos) << arena.status();
+  }
+  EXPECT_EQ(IpcPageArena::Create(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(IpcPageArenaTest, APeerProcessReadsAndWritesTheArena) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint64_t kBytes = 3 << 20;
+  absl::StatusOr<std::unique_ptr<IpcPageArena>> arena = IpcPageArena::Create(0, kBytes);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint8_t> host(kBytes);
+  std::mt19937_64 rng(std::random_device{}());
+  for (auto& b : host) b = static_cast<uint8_t>(rng());
+  ASSERT_EQ(cudaMemcpy((*arena)->data(), host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  const uint64_t offset = 4096 + 8 * (rng() % 1000), length = 65536 + rng() % 70000;
+  auto* range = static_cast<uint8_t*>((*arena)->data()) + offset;
+  const uint64_t checksum = GpuChecksum(range, length);
+  ASSERT_EQ(RunPeer((*arena)->handle(), offset, length, checksum), 0);
+  // The peer's writes landed in the producer's memory, only in its range; the arena outlives the
+  // peer's mapping.
+  std::vector<uint8_t> after(kBytes);
+  ASSERT_EQ(cudaMemcpy(after.data(), (*arena)->data(), kBytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (uint64_t i = 0; i < kBytes; ++i) {
+    const bool inside = i >= offset && i < offset + length;
+    ASSERT_EQ(after[i], inside ? 0x5A : host[i]) << "byte " << i;
+  }
+  // A wrong checksum is the peer's failure, not a pass.
+  EXPECT_EQ(RunPeer((*arena)->handle(), offset, length, checksum ^ 1), 16);
+}
+
+TEST(IpcPageArenaTest, OpeningOnesOwnHandleFailsNamingTheCall) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<IpcPageArena>> arena = IpcPageArena::Create(0, 1 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  absl::StatusOr<std::unique_ptr<PeerArena>> peer = PeerArena::Open((*arena)->handle());
+  ASSERT_FALSE(peer.ok());
+  EXPECT_NE(peer.status().message().find("cudaIpcOpenMemHandle"), std::string::npos)
+      << peer.status();
+}
+
+}  // namespace
+}  // namespace pdserve::kv::cuda_ipc
+
+int main(int argc, char** argv) {
+  if (const char* h = std::getenv("PDSERVE_IPC_PEER_HANDLE")) {
+    return pdserve::kv::cuda_ipc::PeerMain(h, std::getenv("PDSERVE_IPC_PEER_RANGE"));
+  }
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
