@@ -458,28 +458,22 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!writing_ && header_written_) WriteNext();
   }
   // Called with more than stream_queue_bytes queued (HttpServerOptions): whether the stream may
-  // go on. A client that has taken nothing for stream_stall_timeout, or that has let
+  // go on. A client that has taken nothing for its StallAllowance(), or that has let
   // max_stream_queue_bytes pile up, has its stream ended (EndSlowStream) and false is returned.
   // Taking something: a write completed, or the peer acknowledged more bytes (TcpBytesAcked)
   // than at the previous look; a client reading slowly through a large send buffer completes no
-  // write for seconds. So a stalled client is found within one to two stall timeouts.
+  // write for seconds.
   bool SlowReaderKeepsUp() {
     const auto& options = server_->options;
     const auto now = std::chrono::steady_clock::now();
-    auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress_);
-    if (idle >= options.stream_stall_timeout) {
-      const std::optional<uint64_t> acked = TcpBytesAcked(stream_.tcp().socket().native_handle());
-      if (acked && *acked != acked_bytes_) {
-        acked_bytes_ = *acked;
-        last_progress_ = now;
-        idle = std::chrono::milliseconds(0);
-      }
-    }
-    if (idle >= options.stream_stall_timeout) {
+    SampleAcked(now);
+    const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress_);
+    if (idle >= StallAllowance()) {
       spdlog::warn(
           "client took none of its stream for {} ms ({} bytes queued, {} written, {} acknowledged "
-          "by the client); ending {}",
-          idle.count(), queued_bytes_, sent_bytes_, acked_bytes_, meta_.id);
+          "by the client, longest earlier pause {} ms); ending {}",
+          idle.count(), queued_bytes_, sent_bytes_, acked_bytes_,
+          longest_pause_ ? longest_pause_->count() : -1, meta_.id);
       EndSlowStream(ApiError{408,
                              absl::StrCat("the client read none of its stream for ", idle.count(),
                                           " ms; the stream was ended"),
@@ -499,6 +493,45 @@ class Session : public std::enable_shared_from_this<Session> {
       return false;
     }
     return true;
+  }
+  // Reads the peer's acknowledged byte count (at most every stall timeout / 50); growth is
+  // progress. The first look of a stream is only the baseline its pauses are measured from.
+  void SampleAcked(std::chrono::steady_clock::time_point now) {
+    const auto timeout = server_->options.stream_stall_timeout;
+    if (pause_from_ && now - last_ack_look_ < timeout / 50) return;
+    last_ack_look_ = now;
+    const std::optional<uint64_t> acked = TcpBytesAcked(stream_.tcp().socket().native_handle());
+    const bool grew = acked && *acked != acked_bytes_;
+    if (acked) acked_bytes_ = *acked;
+    if (!pause_from_) {
+      pause_from_ = now;
+      if (grew) last_progress_ = now;
+      return;
+    }
+    if (grew) NoteProgress(now);
+  }
+  // The client took something at `now`. While the stream is past stream_queue_bytes (its client
+  // is what holds it back), a time without progress of a tenth of the stall timeout or more is a
+  // pause of the client, remembered for StallAllowance().
+  void NoteProgress(std::chrono::steady_clock::time_point now) {
+    if (pause_from_) {
+      const auto pause = std::chrono::duration_cast<std::chrono::milliseconds>(now - *pause_from_);
+      if (pause >= server_->options.stream_stall_timeout / 10) {
+        longest_pause_ = std::max(longest_pause_.value_or(pause), pause);
+      }
+      pause_from_ = now;
+    }
+    last_progress_ = now;
+  }
+  // How long the client may take nothing before its stream counts as stalled: twice its longest
+  // pause so far, within one to two stall timeouts; two before it has paused at all. A client
+  // that reads from a full receive buffer is acknowledged only when its kernel opens the window
+  // again, after it has read a part of the buffer (docs/operations.md, "Slow stream readers"):
+  // seconds with a large buffer, and a stopped client looks the same until then.
+  std::chrono::milliseconds StallAllowance() const {
+    const auto timeout = server_->options.stream_stall_timeout;
+    if (!longest_pause_) return 2 * timeout;
+    return std::clamp(2 * *longest_pause_, timeout, 2 * timeout);
   }
   // Ends the current stream at an event boundary: cancels the request, drops the events not yet
   // started (the one being written, if any, finishes), then sends `error` as an error event and
@@ -537,6 +570,9 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_sr_.emplace(*stream_res_);
     writing_ = true;
     last_progress_ = std::chrono::steady_clock::now();
+    acked_bytes_ = TcpBytesAcked(stream_.tcp().socket().native_handle()).value_or(0);
+    pause_from_.reset();
+    longest_pause_.reset();
     sent_bytes_ = 0;
     ArmWriteTimeout();
     http::async_write_header(stream_, *stream_sr_,
@@ -557,7 +593,7 @@ class Session : public std::enable_shared_from_this<Session> {
       const bool last = self->out_.front().kind == OutKind::kLast;
       self->queued_bytes_ -= self->out_.front().data.size();
       self->sent_bytes_ += self->out_.front().data.size();
-      self->last_progress_ = std::chrono::steady_clock::now();
+      self->NoteProgress(std::chrono::steady_clock::now());
       self->out_.pop_front();
       if (ec) return self->Finish();
       if (last) {
@@ -615,10 +651,14 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<Out> out_;
   size_t queued_bytes_ = 0;
   size_t sent_bytes_ = 0;  // of the current stream's events
-  // When the current stream's client last took something (SlowReaderKeepsUp), and the peer's
-  // acknowledged byte count seen then.
+  // The current stream's client (SlowReaderKeepsUp): when it last took something; the peer's
+  // acknowledged byte count at the last look, and when that was; since when its current pause
+  // is measured (set from the first look past stream_queue_bytes) and its longest pause so far.
   std::chrono::steady_clock::time_point last_progress_;
   uint64_t acked_bytes_ = 0;
+  std::chrono::steady_clock::time_point last_ack_look_;
+  std::optional<std::chrono::steady_clock::time_point> pause_from_;
+  std::optional<std::chrono::milliseconds> longest_pause_;
   bool writing_ = false;
   bool header_written_ = false;
   bool header_started_ = false;  // WriteHeader() called for the current stream

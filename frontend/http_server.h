@@ -53,7 +53,8 @@ struct HttpServerOptions {
   std::chrono::milliseconds write_timeout{60000};
   // A stream's events wait in the server's memory while its client takes them. Past
   // stream_queue_bytes queued, the client must still be taking them: a stream whose client has
-  // completed no write for stream_stall_timeout is ended (stalled). A client that reads, but
+  // taken nothing (no write completed, no more bytes acknowledged) for twice its longest pause
+  // so far, within one to two stream_stall_timeouts, is ended (stalled). A client that reads, but
   // slower than the stream is produced, goes on until max_stream_queue_bytes are queued (the
   // memory bound of one stream), then is ended too (too slow). Either way the stream ends at an
   // event boundary with an error event (code "stream_stalled" / "stream_too_slow") and the end of

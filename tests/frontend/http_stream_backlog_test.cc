@@ -76,13 +76,22 @@ class BulkService : public GenerationService {
   std::vector<std::thread> threads_;
 };
 
-// A streamed completion of `tokens` events read through a 4 KiB receive buffer: nothing is read
-// for `wait`, then at most `chunk` bytes every `gap` until the server ends the response. Returns
-// the response (its body the events, de-chunked); the read must end cleanly (a cut chunked body
-// fails the test).
-http::response<http::string_body> SlowStream(uint16_t port, int tokens,
-                                             std::chrono::milliseconds wait, size_t chunk,
-                                             std::chrono::milliseconds gap) {
+// How a test client reads its stream: nothing for `wait`, then at most `chunk` bytes every `gap`
+// (with `burst`, `chunk` bytes read at once, as they arrive); once `pause_after` bytes are read
+// (0: never), nothing more for `pause`.
+struct ReadPlan {
+  std::chrono::milliseconds wait{0};
+  size_t chunk = 65536;
+  std::chrono::milliseconds gap{0};
+  bool burst = false;
+  size_t pause_after = 0;
+  std::chrono::milliseconds pause{0};
+};
+
+// A streamed completion of `tokens` events read through a 4 KiB receive buffer as `plan` says,
+// until the server ends the response. Returns the response (its body the events, de-chunked);
+// the read must end cleanly (a cut chunked body fails the test).
+http::response<http::string_body> SlowStream(uint16_t port, int tokens, const ReadPlan& plan) {
   net::io_context ioc;
   tcp::socket sock(ioc);
   sock.open(tcp::v4());
@@ -92,23 +101,34 @@ http::response<http::string_body> SlowStream(uint16_t port, int tokens,
       absl::StrCat(R"({"model":"tiny","prompt":"hi","max_tokens":)", tokens, R"(,"stream":true})");
   net::write(sock, net::buffer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
                                             "Content-Length: ", body.size(), "\r\n\r\n", body)));
-  std::this_thread::sleep_for(wait);
+  std::this_thread::sleep_for(plan.wait);
   http::response_parser<http::string_body> parser;
   parser.body_limit(size_t{1} << 30);
   beast::flat_buffer buf;
   beast::error_code ec;
+  size_t read = 0;
+  bool paused = false;
   while (!parser.is_done() && !ec) {
-    buf.commit(sock.read_some(buf.prepare(chunk), ec));
-    if (ec == net::error::eof) parser.put_eof(ec);  // a cut body: partial_message
-    while (!ec && !parser.is_done() && buf.size() > 0) {
-      const size_t used = parser.put(buf.data(), ec);
-      buf.consume(used);
-      if (ec == http::error::need_more) {
-        ec = {};
-        break;
+    for (size_t taken = 0; taken < plan.chunk && !parser.is_done() && !ec;) {
+      const size_t n = sock.read_some(buf.prepare(plan.chunk - taken), ec);
+      buf.commit(n);
+      read += n;
+      taken += plan.burst ? n : plan.chunk;
+      if (ec == net::error::eof) parser.put_eof(ec);  // a cut body: partial_message
+      while (!ec && !parser.is_done() && buf.size() > 0) {
+        const size_t used = parser.put(buf.data(), ec);
+        buf.consume(used);
+        if (ec == http::error::need_more) {
+          ec = {};
+          break;
+        }
       }
     }
-    std::this_thread::sleep_for(gap);
+    std::this_thread::sleep_for(plan.gap);
+    if (plan.pause_after > 0 && read >= plan.pause_after && !paused) {
+      paused = true;
+      std::this_thread::sleep_for(plan.pause);
+    }
   }
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_TRUE(parser.is_done());
@@ -135,8 +155,8 @@ TEST(HttpStreamBacklogTest, SlowReaderThatKeepsReadingGetsTheWholeStream) {
   auto server = HttpServer::Start(opts, &service);
   ASSERT_TRUE(server.ok()) << server.status();
   const int tokens = 3000;  // 3000 x ~4.2 KB events
-  const auto res = SlowStream((*server)->port(), tokens, std::chrono::milliseconds(0), 65536,
-                              std::chrono::milliseconds(2));
+  const auto res =
+      SlowStream((*server)->port(), tokens, {.chunk = 65536, .gap = std::chrono::milliseconds(2)});
   EXPECT_EQ(res.result_int(), 200);
   const std::vector<std::string> events = Events(res.body());
   ASSERT_EQ(events.size(), static_cast<size_t>(tokens) + 1);
@@ -150,21 +170,77 @@ TEST(HttpStreamBacklogTest, SlowReaderThatKeepsReadingGetsTheWholeStream) {
   (*server)->Stop();
 }
 
+// A server for `service` that checks streams past 256 KiB queued, with `stall_timeout`.
+std::unique_ptr<HttpServer> StartSmallQueueServer(BulkService* service,
+                                                  std::chrono::milliseconds stall_timeout) {
+  HttpServerOptions opts;
+  opts.port = 0;
+  opts.stream_queue_bytes = 256 << 10;
+  opts.stream_stall_timeout = stall_timeout;
+  auto server = HttpServer::Start(opts, service);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+// A client that takes its stream in bursts, each a pause longer than stream_stall_timeout apart
+// (what the server sees of a reader of a large receive buffer: its kernel acknowledges nothing
+// until the reader has freed a part of it, docs/operations.md "Slow stream readers"), is not
+// stalled: its pauses are within twice the timeout, and it gets the whole stream.
+TEST(HttpStreamBacklogTest, ReaderWithPausesLongerThanTheStallTimeoutGetsTheWholeStream) {
+  BulkService service;
+  service.pace = std::chrono::milliseconds(1);
+  auto server = StartSmallQueueServer(&service, std::chrono::milliseconds(500));
+  ASSERT_NE(server, nullptr);
+  const int tokens = 1200;  // ~5 MB: 10 bursts of 512 KiB, 800 ms apart
+  const auto res =
+      SlowStream(server->port(), tokens,
+                 {.chunk = 512 << 10, .gap = std::chrono::milliseconds(800), .burst = true});
+  EXPECT_EQ(res.result_int(), 200);
+  const std::vector<std::string> events = Events(res.body());
+  ASSERT_EQ(events.size(), static_cast<size_t>(tokens) + 1) << events.back();
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(service.cancelled.load(), 0);
+  server->Stop();
+  absl::MutexLock lock(&service.mu);
+  EXPECT_TRUE(service.ended.empty());
+}
+
+// A client whose pauses were short (here 300 ms, a tenth of the stall timeout or more) and that
+// then stops is ended within one stall timeout, not two.
+TEST(HttpStreamBacklogTest, ReaderThatStopsAfterShortPausesIsEndedWithinOneStallTimeout) {
+  BulkService service;
+  service.pace = std::chrono::milliseconds(1);
+  auto server = StartSmallQueueServer(&service, std::chrono::milliseconds(1000));
+  ASSERT_NE(server, nullptr);
+  const int tokens = 8000;  // ~34 MB at ~4 MB/s: still produced when the client stops
+  // 512 KiB every 300 ms (~1.7 MB/s); after 6 MiB, nothing for 1.5 s: past one stall timeout,
+  // within two.
+  const auto res = SlowStream(server->port(), tokens,
+                              {.chunk = 512 << 10,
+                               .gap = std::chrono::milliseconds(300),
+                               .burst = true,
+                               .pause_after = 6 << 20,
+                               .pause = std::chrono::milliseconds(1500)});
+  EXPECT_EQ(res.result_int(), 200);
+  const std::vector<std::string> events = Events(res.body());
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_LT(events.size(), static_cast<size_t>(tokens));
+  const json error = json::parse(events.back());
+  EXPECT_EQ(error["error"]["code"], "stream_stalled") << events.back();
+  EXPECT_EQ(service.cancelled.load(), 1);
+  server->Stop();
+}
+
 // A client that reads nothing for longer than stream_stall_timeout, with more than
 // stream_queue_bytes waiting, has its request cancelled; what it then reads is whole events and
 // an error event "stream_stalled" at the end of the body (no [DONE]), and the connection closes.
 TEST(HttpStreamBacklogTest, StalledReaderGetsWholeEventsThenAnErrorEvent) {
   BulkService service;
   service.pace = std::chrono::milliseconds(1);
-  HttpServerOptions opts;
-  opts.port = 0;
-  opts.stream_queue_bytes = 256 << 10;
-  opts.stream_stall_timeout = std::chrono::milliseconds(300);
-  auto server = HttpServer::Start(opts, &service);
-  ASSERT_TRUE(server.ok()) << server.status();
+  auto server = StartSmallQueueServer(&service, std::chrono::milliseconds(300));
+  ASSERT_NE(server, nullptr);
   const int tokens = 4000;
-  const auto res = SlowStream((*server)->port(), tokens, std::chrono::milliseconds(1500), 65536,
-                              std::chrono::milliseconds(0));
+  const auto res = SlowStream(server->port(), tokens, {.wait = std::chrono::milliseconds(1500)});
   EXPECT_EQ(res.result_int(), 200);
   const std::vector<std::string> events = Events(res.body());
   ASSERT_GE(events.size(), 2u);
@@ -177,7 +253,7 @@ TEST(HttpStreamBacklogTest, StalledReaderGetsWholeEventsThenAnErrorEvent) {
   EXPECT_EQ(error["error"]["code"], "stream_stalled") << events.back();
   EXPECT_EQ(error["error"]["type"], "invalid_request_error") << events.back();
   EXPECT_EQ(service.cancelled.load(), 1);
-  (*server)->Stop();
+  server->Stop();
   absl::MutexLock lock(&service.mu);
   EXPECT_EQ(
       service.ended,
@@ -198,8 +274,8 @@ TEST(HttpStreamBacklogTest, ReaderFarBehindIsEndedAtTheMemoryBound) {
   // server ends the stream: a generation that completed first has nothing left to cancel (with
   // 4000 the producer sometimes won the race: cancelled stayed 0 in 2 of 6 runs).
   const int tokens = 100000;
-  const auto res = SlowStream((*server)->port(), tokens, std::chrono::milliseconds(0), 16384,
-                              std::chrono::milliseconds(1));
+  const auto res =
+      SlowStream((*server)->port(), tokens, {.chunk = 16384, .gap = std::chrono::milliseconds(1)});
   EXPECT_EQ(res.result_int(), 200);
   const std::vector<std::string> events = Events(res.body());
   ASSERT_GE(events.size(), 1u);
