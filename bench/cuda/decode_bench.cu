@@ -13,10 +13,11 @@
 //   stream_<stages>.<target> (TmaStreamKernel: fp8_gemm_wgmma's weight stream without its math;
 //   1 token only), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default config without
 //   cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),
-//   fp8_v<w>.<s>.<t>[.c][.s][.r] / w8a16_v<...> (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma with that
-//   config: warpgroups, stages, target blocks, cluster_reduce, smem_scales, a16_register_weights;
-//   PDSERVE_FP8_VARIANTS="w,s,t,c,x,r;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set: none with
-//   cluster_reduce).
+//   fp8_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t] / w8a16_v<...> (fp8_gemm_wgmma /
+//   fp8_gemm_w8a16_wgmma with that config: warpgroups, stages, target blocks, cluster_reduce,
+//   smem_scales, a16_register_weights, alternate_turns, two_in_flight, split_tokens;
+//   PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set:
+//   none with cluster_reduce).
 // Mode "layer": the GEMMs of one V4-Flash compressed-sparse-attention layer's decode step as
 // engine/gpu/gpu_model.cc calls them (q_a, q_b, kv, the compressor's kv / gate, the indexer
 // compressor's kv / gate, indexer q_b and weights, o_a as 8 group GEMMs, o_b; the shared expert's
@@ -150,7 +151,8 @@ std::string ConfigName(const Fp8WgmmaConfig& c) {
   return std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
          (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "") +
-         (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "");
+         (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "") +
+         (c.split_tokens ? ".t" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.

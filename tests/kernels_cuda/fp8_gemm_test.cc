@@ -370,6 +370,36 @@ TEST(CudaFp8GemmTest, WgmmaTwoInFlightAndAlternateTurns) {
   }
 }
 
+// split_tokens (two consumer warpgroups per block on one weight box, each half of the block's
+// tokens): token counts 1 (ignored), 9..130 odd and even (tiles of 2 x 8 .. 2 x 64, the second
+// group partly or wholly past m), 1, 3 and 10 k blocks, with and without a k split, smem scales
+// or not, two blocks in flight, 2 and 3 stages, 2 warpgroups and cluster_reduce asked for (taken
+// as 1 and off): against the reference and two runs the same bits; extreme scales (ue8m0 too)
+// and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaSplitTokens) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true, false, false, true},
+                                    {1, 4, 0, false, false, false, false, false, true},
+                                    {2, 3, 4096, true, true, true, false, true, true},
+                                    {0, 2, 132, false, true, true, false, true, true}};
+  for (const Fp8WgmmaConfig& config : configs) {
+    for (int64_t k : {128, 384, 1280}) {
+      for (int64_t m : {1, 9, 16, 17, 33, 64, 65, 100, 128, 130}) {
+        const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 1);
+        const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, config);
+        ASSERT_FALSE(first.empty());
+        EXPECT_EQ(first, RunAndCheck(c, Path::kWgmma, config)) << "m=" << m << " k=" << k;
+      }
+    }
+    DenseCase e = ExtremeScales(rng);
+    RunAndCheck(e, Path::kWgmma, config);
+    e.ue8m0 = !e.ue8m0;
+    RunAndCheck(e, Path::kWgmma, config);
+    RunAndCheck(NonFinite(rng), Path::kWgmma, config);
+  }
+}
+
 // fp8_gemm picks mma.sync up to kFp8MmaMaxTokens tokens and the wgmma path above; fp8_gemm_w8a16
 // mma.sync up to kW8a16MmaMaxTokens and wgmma above (unless PDSERVE_FP8_GEMM forces one);
 // cuBLASLt's output through fp8_gemm matches, and the mma.sync path stays correct on its own.

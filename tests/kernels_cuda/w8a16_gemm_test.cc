@@ -631,5 +631,31 @@ TEST(CudaW8a16GemmTest, WgmmaAlternateTurns) {
   }
 }
 
+// split_tokens (two consumer warpgroups per block on one weight box, each half of the block's
+// tokens): token counts 1 (ignored), 9..130 (tiles of 2 x 8 .. 2 x 64, the second group partly or
+// wholly past m), 1, 3 and 10 k blocks, with and without a k split, register weights and the
+// shared-memory conversion, two blocks in flight: against the reference and two runs the same
+// bits; extreme scales and NaN / Inf.
+TEST(CudaW8a16GemmTest, WgmmaSplitTokens) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true, false, false, true},
+                                    {1, 4, 0, false, false, false, false, false, true},
+                                    {0, 2, 4096, false, true, true, false, true, true},
+                                    {2, 3, 132, true, true, true, false, false, true}};
+  for (const Fp8WgmmaConfig& config : configs) {
+    for (int64_t k : {128, 384, 1280}) {
+      for (int64_t m : {1, 9, 16, 17, 33, 64, 65, 100, 128, 130}) {
+        const DenseCase c = MakeDense(rng, m, 200, k);
+        const std::vector<uint16_t> first = RunAndCheckDense(c, Path::kWgmma, config);
+        ASSERT_FALSE(first.empty());
+        EXPECT_EQ(first, RunAndCheckDense(c, Path::kWgmma, config)) << "m=" << m << " k=" << k;
+      }
+    }
+    RunAndCheckDense(ExtremeScales(rng), Path::kWgmma, config);
+    RunAndCheckDense(NonFiniteDense(rng), Path::kWgmma, config);
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::kernels::cuda
