@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/act_quant.cuh"
@@ -444,11 +445,15 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
 }
 
 // out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) (out_f32 set: fp32, unrounded, there) for
-// rows r with valid[r] (nullptr: all), summed in ascending s.
+// rows r with valid[r] (nullptr: all), summed in ascending s. trigger_first: the next kernel on
+// the stream may launch at once (its GridDependencyWait still waits for this grid to end), so the
+// next GEMM streams its first weight boxes while this and the GEMM before finish; else only when
+// this grid ends.
 __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                    const float* row_weight, const int32_t* row_expert,
                                    int32_t n_experts, __nv_bfloat16* out, float* out_f32,
-                                   int64_t out_stride) {
+                                   int64_t out_stride, bool trigger_first) {
+  if (trigger_first) GridDependencyTrigger();
   GridDependencyWait();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -642,6 +647,16 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
   return LaunchActQuantWarp(x, rows, k, x_stride, ue8m0, xq, xs, stream);
 }
 
+// SplitKReduceKernel's trigger_first: on, unless PDSERVE_SPLITK_EARLY_TRIGGER=0 (read once per
+// process; the reduce kernel then lets the next kernel launch only when it ends).
+inline bool ReduceTriggersFirst() {
+  static const bool on = [] {
+    const char* env = std::getenv("PDSERVE_SPLITK_EARLY_TRIGGER");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
 inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                 const float* row_weight, const int32_t* row_expert,
                                 int32_t n_experts, __nv_bfloat16* out, int64_t out_stride,
@@ -649,7 +664,8 @@ inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t ro
   const int64_t total = rows * n;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
   return LaunchDependent(SplitKReduceKernel, dim3(blocks), dim3(256), stream, partial, splits, rows,
-                         n, row_weight, row_expert, n_experts, out, out_f32, out_stride);
+                         n, row_weight, row_expert, n_experts, out, out_f32, out_stride,
+                         ReduceTriggersFirst());
 }
 
 }  // namespace

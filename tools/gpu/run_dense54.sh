@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One device-machine call for fp8_gemm_wgmma's split_tokens option (issue 25's decode goal at
-# 16-128 tokens) and the W8A8 dispatch without cuBLASLt (PDSERVE_FP8_GEMM=own), from the
-# repository root on a Hopper GPU with CUDA 13: builds kernels/cuda standalone (the kernels, the
-# GPU tests, bench/cuda/decode_bench.cu), runs the split_tokens tests first (a failure turns the
-# split_tokens rows off, so a fault cannot take the other rows with it), then the other FP8 /
-# W8A16 / MoE GEMM GPU tests, then decode_bench over V4-Flash's dense shapes at 1-128 tokens with
-# the configs in VARIANTS, and one V4-Flash layer's decode-step GEMMs with the default config and
-# with each of LAYER_RUNS. Prints the dispatch beside the variants, as % of the read floor of the
-# same bytes, LAST (every path and the config ranking in $OUT/all-paths.md). Must finish in
-# 170 s on the H200.
+# One device-machine call for issue 25's decode goal (dense FP8 GEMMs at 1-128 tokens): the split-k
+# reduce kernel letting the next kernel launch at its start (PDSERVE_SPLITK_EARLY_TRIGGER, on by
+# default now; =0 the old behaviour), fp8_gemm_wgmma's split_tokens option and the W8A8 dispatch
+# without cuBLASLt (PDSERVE_FP8_GEMM=own), from the repository root on a Hopper GPU with CUDA 13:
+# builds kernels/cuda standalone (the kernels, the GPU tests, bench/cuda/decode_bench.cu), runs
+# the split_tokens tests first (a failure turns the split_tokens rows off, so a fault cannot take
+# the other rows with it), then the other FP8 / W8A16 / MoE GEMM GPU tests (with the early
+# trigger), then decode_bench over V4-Flash's dense shapes at 1-128 tokens with the configs in
+# VARIANTS (and the dispatch once more with the old trigger: rows *_late), and one V4-Flash
+# layer's decode-step GEMMs with the default and with each of LAYER_RUNS. Prints the layer's
+# dense parts and then the dispatch beside the variants, as % of the read floor of the same
+# bytes, LAST (every path and the config ranking in $OUT/all-paths.md). Must finish in 170 s on
+# the H200.
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_RUNS.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -21,16 +24,17 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # automatic stages, with 4 / 2 stages, with two blocks in flight; 2 warpgroups of 64 rows (the
 # activation box read once per 128 weight rows) as the other way to share it.
 variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,4,264,0,1,1,0,0,1;0,2,264,0,1,1,0,0,1;0,4,264,0,1,1,0,1,1;2,4,264,0,1,1;2,2,264,0,1,1"}
-# Layer runs besides the default: "PDSERVE_FP8_GEMM value|PDSERVE_FP8_WGMMA value" (either may be
-# empty), ";"-separated. Default: split_tokens in the dispatch; W8A8 without cuBLASLt (own
-# kernels at 64-128 tokens), with and without split_tokens.
-layer_runs=${LAYER_RUNS:-"|0,0,264,0,1,1,0,0,1;own|;own|0,0,264,0,1,1,0,0,1;own|0,4,264,0,1,1,0,1,1"}
+# Layer runs besides the default: "PDSERVE_FP8_GEMM value|PDSERVE_FP8_WGMMA value|
+# PDSERVE_SPLITK_EARLY_TRIGGER value" (any may be empty), ";"-separated. Default: the old
+# trigger; split_tokens in the dispatch; W8A8 without cuBLASLt (own kernels at 64-128 tokens),
+# without and with split_tokens (and two blocks in flight).
+layer_runs=${LAYER_RUNS:-"||0;|0,0,264,0,1,1,0,0,1|;own||;own|0,0,264,0,1,1,0,0,1|;own|0,4,264,0,1,1,0,1,1|"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
 if ! { timeout 30 cmake -S kernels/cuda -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_CUDA_COMPILER="$nvcc" &&
-       timeout 110 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_decode_bench; } \
+       timeout 100 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_decode_bench; } \
        > "$out/build.log" 2>&1; then
   grep -m30 -E "error|Error" "$out/build.log"
   echo "BUILD FAILED"
@@ -40,11 +44,11 @@ echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
 summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
 failures() { grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$1" | head -20; }
-timeout 30 "$tests" --gtest_filter='*SplitTokens*' > "$out/split-tests.log" 2>&1
+timeout 25 "$tests" --gtest_filter='*SplitTokens*' > "$out/split-tests.log" 2>&1
 split_rc=$?
 echo "split_tokens tests: rc=$split_rc $(summary "$out/split-tests.log")"
 failures "$out/split-tests.log"
-timeout 45 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*SplitTokens*' \
+timeout 40 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*SplitTokens*' \
   > "$out/fp8-tests.log" 2>&1
 echo "other fp8 / w8a16 / moe gemm tests: rc=$? $(summary "$out/fp8-tests.log")"
 failures "$out/fp8-tests.log"
@@ -60,9 +64,15 @@ variants=$(IFS=';'; echo "${kept[*]}")
 echo "bench variants: $variants"
 bench="$b/bench/pdserve_decode_bench"
 s2=$SECONDS
-PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="$variants" timeout 40 "$bench" gemm \
+PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS="$variants" timeout 35 "$bench" gemm \
   > "$out/gemm.csv" 2> "$out/gemm.err"
 echo "decode_bench gemm: rc=$? $((SECONDS - s2)) s"
+# The dispatch with the old trigger (rows fp8_late / w8a16_late, appended to gemm.csv).
+s2=$SECONDS
+PDSERVE_SPLITK_EARLY_TRIGGER=0 PDSERVE_DECODE_NO_CLUSTER=1 PDSERVE_FP8_VARIANTS=" " timeout 20 \
+  "$bench" gemm > "$out/gemm-late.csv" 2> "$out/gemm-late.err"
+echo "decode_bench gemm (PDSERVE_SPLITK_EARLY_TRIGGER=0): rc=$? $((SECONDS - s2)) s"
+grep -E '^(fp8|w8a16),' "$out/gemm-late.csv" | sed -E 's/^(fp8|w8a16),/\1_late,/' >> "$out/gemm.csv"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --all-paths > "$out/all-paths.md" 2>&1
 layer_args=()
 s2=$SECONDS
@@ -72,23 +82,27 @@ layer_args+=("default=$out/layer-default.csv")
 i=0
 IFS=';' read -ra runs <<< "$layer_runs"
 for run in "${runs[@]}"; do
-  path=${run%%|*}
-  config=${run#*|}
+  IFS='|' read -r path config trigger <<< "$run"
   IFS=',' read -ra lf <<< "$config"
   if [ "${lf[8]:-0}" = 1 ] && [ "$split_rc" != 0 ]; then continue; fi
+  if [ $((SECONDS - start)) -gt 150 ]; then
+    echo "decode_bench layer ($run): skipped, 150 s spent"
+    continue
+  fi
   i=$((i + 1))
   s2=$SECONDS
-  env ${path:+PDSERVE_FP8_GEMM=$path} ${config:+PDSERVE_FP8_WGMMA=$config} timeout 15 "$bench" layer \
+  env ${path:+PDSERVE_FP8_GEMM=$path} ${config:+PDSERVE_FP8_WGMMA=$config} \
+    ${trigger:+PDSERVE_SPLITK_EARLY_TRIGGER=$trigger} timeout 12 "$bench" layer \
     > "$out/layer-$i.csv" 2> "$out/layer-$i.err"
-  echo "decode_bench layer (PDSERVE_FP8_GEMM=$path PDSERVE_FP8_WGMMA=$config): rc=$? $((SECONDS - s2)) s"
-  layer_args+=("${path:-dispatch}/${config:-default}=$out/layer-$i.csv")
+  echo "decode_bench layer ($run): rc=$? $((SECONDS - s2)) s"
+  layer_args+=("${path:-dispatch}/${config:-default}${trigger:+/trigger:$trigger}=$out/layer-$i.csv")
 done
 echo "total: $((SECONDS - start)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --layer "${layer_args[@]}" > "$out/tables.md" 2>&1
 # The table last: the layer's dense parts per run, then the dispatch beside each variant.
 sed -n '/One V4-Flash CSA layer/,/^2 GiB read floor/p' "$out/tables.md" | grep -v "^2 GiB" |
-  grep "| dense_fused |\|^| run\|^| ---"
-suffixes="_wgmma"
+  grep "| dense_fused |\|| all |\|^| run\|^| ---"
+suffixes="_late,_wgmma"
 for v in "${kept[@]}"; do
   IFS=',' read -ra f <<< "$v"
   name="_v${f[0]}.${f[1]}.${f[2]}"
