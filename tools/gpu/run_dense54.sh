@@ -101,7 +101,7 @@ echo "total: $((SECONDS - start)) s"
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --layer "${layer_args[@]}" > "$out/tables.md" 2>&1
 # The table last: the layer's dense parts per run, then the dispatch beside each variant.
 sed -n '/One V4-Flash CSA layer/,/^2 GiB read floor/p' "$out/tables.md" | grep -v "^2 GiB" |
-  grep "| dense_fused |\|| all |\|^| run\|^| ---"
+  grep "| dense_fused |\|| dense_fused_q |\|| all |\|^| run\|^| ---"
 suffixes="_late,_wgmma"
 for v in "${kept[@]}"; do
   IFS=',' read -ra f <<< "$v"
