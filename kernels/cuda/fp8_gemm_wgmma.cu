@@ -98,6 +98,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int kb_begin = static_cast<int>(kblocks * blockIdx.z / a.k_splits);
   const int kb_end = static_cast<int>(kblocks * (blockIdx.z + 1) / a.k_splits);
   const int n_kb = kb_end - kb_begin;
+  // stagger_k: the split's k blocks in the order rot, rot + 1, ..., n_kb - 1, 0, ..., rot - 1
+  // (rot from the row tile), so the blocks that run at once read different activation boxes.
+  const int rot = a.stagger != 0 && n_kb > 0 ? static_cast<int>(blockIdx.y % n_kb) : 0;
+  const auto kb_at = [rot, n_kb](int it) { return it + rot < n_kb ? it + rot : it + rot - n_kb; };
   const int64_t block_token0 = int64_t{blockIdx.x} * n_block;
   const int64_t row0 = int64_t{blockIdx.y} * 64 * wgs;
 
@@ -120,21 +124,22 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       for (int it = 0; it < ahead; ++it) {
         const uint32_t stage = base + it * stage_bytes;
         MbarrierArriveExpectTx(full_bar + 8u * it, stage_bytes);
-        TmaLoad2d(stage, &w_map, (kb_begin + it) * kBlockK, static_cast<int32_t>(row0),
+        TmaLoad2d(stage, &w_map, (kb_begin + kb_at(it)) * kBlockK, static_cast<int32_t>(row0),
                   full_bar + 8u * it);
       }
       bs::GridDependencyWait();  // xq / xs come from the act-quant kernel
       bs::GridDependencyTrigger();
       for (int it = 0; it < ahead; ++it) {
-        LoadActivations<A16>(&x_map, base + it * stage_bytes + w_bytes, (kb_begin + it) * kBlockK,
-                             static_cast<int32_t>(block_token0), full_bar + 8u * it, box_bytes);
+        LoadActivations<A16>(&x_map, base + it * stage_bytes + w_bytes,
+                             (kb_begin + kb_at(it)) * kBlockK, static_cast<int32_t>(block_token0),
+                             full_bar + 8u * it, box_bytes);
       }
       for (int it = ahead; it < n_kb; ++it) {
         const int s = it % stages;
         const uint32_t stage = base + s * stage_bytes;
         MbarrierWait(empty_bar + 8u * s, static_cast<uint32_t>((it / stages - 1) & 1));
         MbarrierArriveExpectTx(full_bar + 8u * s, stage_bytes);
-        const int32_t kc = (kb_begin + it) * kBlockK;
+        const int32_t kc = (kb_begin + kb_at(it)) * kBlockK;
         TmaLoad2d(stage, &w_map, kc, static_cast<int32_t>(row0), full_bar + 8u * s);
         LoadActivations<A16>(&x_map, stage + w_bytes, kc, static_cast<int32_t>(block_token0),
                              full_bar + 8u * s, box_bytes);
@@ -187,10 +192,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const auto load_scales = [&](int it, float(&xs)[kXs]) -> float {
     const uint32_t scales = full_bar + 16u * stages;
     const float ws = kSmemScales && a.smem_scales != 0
-                         ? LoadSharedF32(scales + 4u * (rg * a.kb_span + it))
-                         : __ldg(w_scale + kb_begin + it);
+                         ? LoadSharedF32(scales + 4u * (rg * a.kb_span + kb_at(it)))
+                         : __ldg(w_scale + kb_begin + kb_at(it));
     if constexpr (!A16 && N <= kEarlyScaleTokens) {
-      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb_begin + it, token0, t, xs);
+      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb_begin + kb_at(it), token0, t, xs);
     }
     return ws;
   };
@@ -250,12 +255,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
           const uint32_t at =
-              scales + 4u * (wgs * a.kb_span + it * n_block + tg * N + 8 * j + 2 * t);
+              scales + 4u * (wgs * a.kb_span + kb_at(it) * n_block + tg * N + 8 * j + 2 * t);
           xs[2 * j] = LoadSharedF32(at);
           xs[2 * j + 1] = LoadSharedF32(at + 4u);
         }
       } else if constexpr (N > kEarlyScaleTokens) {
-        LoadTokenScales<N>(a, kb_begin + it, token0, t, xs);
+        LoadTokenScales<N>(a, kb_begin + kb_at(it), token0, t, xs);
       }
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
@@ -366,6 +371,7 @@ struct WgmmaPlan {
   bool smem_scales = false;     // the split's scales staged in shared memory first
   bool reg_weights = false;     // A16 with n_tile <= kRegWeightTokens: A from registers
   bool in_flight = false;       // n_tile <= kInFlightTokens: two k blocks in flight
+  bool stagger = false;         // stagger_k: each block's k blocks from a row-tile offset on
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -424,6 +430,7 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   // Two blocks in flight need a second partial accumulator (registers: n_tile <= 64) and, for
   // W8A16, register weights (the shared-memory conversion buffer is one block's).
   p.in_flight = config.two_in_flight && p.n_tile <= kInFlightTokens && (!a16 || p.reg_weights);
+  p.stagger = config.stagger_k;
   const uint32_t scale_bytes =
       p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : n_block)) * p.kb_span * 4) : 0u;
   const uint32_t stage_bytes = StageBytes(p.wgs, n_block, a16);
@@ -540,12 +547,14 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int alternate = c.alternate_turns ? 1 : 0;
       int in_flight = c.two_in_flight ? 1 : 0;
       int split = c.split_tokens ? 1 : 0;
-      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target,
-                                     &cluster, &scales, &reg, &alternate, &in_flight, &split);
+      int stagger = c.stagger_k ? 1 : 0;
+      const int fields =
+          std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
+                      &scales, &reg, &alternate, &in_flight, &split, &stagger);
       const auto flag = [](int v) { return v == 0 || v == 1; };
       if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
           stages <= kMaxStages && target >= 0 && flag(cluster) && flag(scales) && flag(reg) &&
-          flag(alternate) && flag(in_flight) && flag(split)) {
+          flag(alternate) && flag(in_flight) && flag(split) && flag(stagger)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
@@ -555,6 +564,7 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
         c.alternate_turns = alternate == 1;
         c.two_in_flight = in_flight == 1;
         c.split_tokens = split == 1;
+        c.stagger_k = stagger == 1;
       }
     }
     return c;
@@ -626,6 +636,7 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.kb_span = plan.kb_span;
   a.turns = plan.turns;
   a.tgroups = plan.tgroups;
+  a.stagger = plan.stagger ? 1 : 0;
   a.partial = partial;
   a.out = out;
   a.out_f32 = out_f32;

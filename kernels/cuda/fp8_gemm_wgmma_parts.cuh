@@ -60,7 +60,8 @@ struct WgmmaArgs {
   int32_t tgroups;         // 1, or 2: split_tokens, two consumer warpgroups per row group, each
                            // N of the block's 2N tokens (the same weight box, its own half of
                            // the activation box)
-  float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
+  int32_t stagger;  // stagger_k: the split's k blocks from blockIdx.y % n_kb on, wrapping around
+  float* partial;   // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
   float* out_f32;  // set: fp32 output there instead of out
   int64_t out_stride;
