@@ -13,10 +13,11 @@
 //   stream_<stages>.<target> (TmaStreamKernel: fp8_gemm_wgmma's weight stream without its math;
 //   1 token only), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default config without
 //   cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),
-//   fp8_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k] / w8a16_v<...> (fp8_gemm_wgmma /
+//   fp8_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k][.m] / w8a16_v<...> (fp8_gemm_wgmma /
 //   fp8_gemm_w8a16_wgmma with that config: warpgroups, stages, target blocks, cluster_reduce,
-//   smem_scales, a16_register_weights, alternate_turns, two_in_flight, split_tokens, stagger_k;
-//   PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t,k;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set:
+//   smem_scales, a16_register_weights, alternate_turns, two_in_flight, split_tokens, stagger_k,
+//   multicast_activations; PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t,k,m;..." or kVariants;
+//   PDSERVE_DECODE_NO_CLUSTER set:
 //   none with cluster_reduce).
 // Mode "layer": the GEMMs of one V4-Flash compressed-sparse-attention layer's decode step as
 // engine/gpu/gpu_model.cc calls them (q_a, q_b, kv, the compressor's kv / gate, the indexer
@@ -153,7 +154,8 @@ std::string ConfigName(const Fp8WgmmaConfig& c) {
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
          (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "") +
          (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "") +
-         (c.split_tokens ? ".t" : "") + (c.stagger_k ? ".k" : "");
+         (c.split_tokens ? ".t" : "") + (c.stagger_k ? ".k" : "") +
+         (c.multicast_activations ? ".m" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.

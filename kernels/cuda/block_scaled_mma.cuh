@@ -565,18 +565,18 @@ inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
   return splits;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), as clusters of 1 x 1 x cluster_z blocks when
-// cluster_z > 1, with programmatic stream serialization when the runtime takes it (without it,
-// griddepcontrol.wait is a no-op).
+// kernel<<<grid, block, smem, stream>>>(args...), as clusters of cluster.x x cluster.y x
+// cluster.z blocks when that is more than one, with programmatic stream serialization when the
+// runtime takes it (without it, griddepcontrol.wait is a no-op).
 template <typename... Params, typename... Args>
 cudaError_t LaunchClustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            unsigned cluster_z, cudaStream_t stream, const Args&... args) {
-  const bool cluster = cluster_z > 1;
+                            dim3 cluster_dims, cudaStream_t stream, const Args&... args) {
+  const bool cluster = cluster_dims.x * cluster_dims.y * cluster_dims.z > 1;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = cluster_z;
+  attr[0].val.clusterDim.x = cluster_dims.x;
+  attr[0].val.clusterDim.y = cluster_dims.y;
+  attr[0].val.clusterDim.z = cluster_dims.z;
   attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
@@ -599,7 +599,7 @@ cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t
                   static_cast<unsigned>(a.k_splits));
   if (a.cluster_reduce != 0) {
     const size_t smem = static_cast<size_t>(8 * tiles * kRowsPerBlock) * sizeof(float);
-    const auto z = static_cast<unsigned>(a.k_splits);
+    const dim3 z(1, 1, static_cast<unsigned>(a.k_splits));  // the splits of a tile: one cluster
     switch (tiles) {
       case 1:
         return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), smem, z, stream,

@@ -140,7 +140,12 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // from (row tile mod their count) on, wrapping around, so that the blocks running at once read
 // different activation boxes (without it every block reads the same box at about the same time);
 // deterministic, but the blocks of a split are then folded in that rotated order, not ascending
-// (not the CPU reference's rounding order). The member defaults are the kernel without them.
+// (not the CPU reference's rounding order). multicast_activations: the blocks of row tiles 2j and
+// 2j + 1 run as a cluster of two and load each activation box once for both (each block half of
+// its rows, by TMA multicast into both), so the activations are read from L2 once per 128 weight
+// rows; only where the block's tokens are a multiple of 16 (with split_tokens always) and the row
+// tiles even, not with alternate_turns or cluster_reduce; the same bits as without. The member
+// defaults are the kernel without them.
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;
@@ -153,6 +158,7 @@ struct Fp8WgmmaConfig {
   bool two_in_flight = false;
   bool split_tokens = false;
   bool stagger_k = false;
+  bool multicast_activations = false;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
 // V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
@@ -160,9 +166,9 @@ struct Fp8WgmmaConfig {
 // tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
 inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
-// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,
-// stagger_k]]]]]]]" (the flags 0 or 1, missing ones as in kFp8WgmmaDecodeConfig; read once per
-// process; malformed values are ignored). Host only.
+// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,
+// multicast_activations]]]]]]]]" (the flags 0 or 1, missing ones as in kFp8WgmmaDecodeConfig;
+// read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
 // sums), and its number of k splits; 0 for sizes it refuses. Host only.

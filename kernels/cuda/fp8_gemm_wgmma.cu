@@ -100,7 +100,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int n_kb = kb_end - kb_begin;
   // stagger_k: the split's k blocks in the order rot, rot + 1, ..., n_kb - 1, 0, ..., rot - 1
   // (rot from the row tile), so the blocks that run at once read different activation boxes.
-  const int rot = a.stagger != 0 && n_kb > 0 ? static_cast<int>(blockIdx.y % n_kb) : 0;
+  // multicast: clusters of the row tiles 2j, 2j + 1 (the same k order in both, as they share the
+  // activation boxes); this block loads rows rank * half .. of each box into both.
+  const bool multicast = a.multicast != 0;
+  const uint32_t rank = multicast ? ClusterRank() : 0u;
+  const int pair_y = static_cast<int>(blockIdx.y) / (multicast ? 2 : 1);
+  const int rot = a.stagger != 0 && n_kb > 0 ? pair_y % n_kb : 0;
   const auto kb_at = [rot, n_kb](int it) { return it + rot < n_kb ? it + rot : it + rot - n_kb; };
   const int64_t block_token0 = int64_t{blockIdx.x} * n_block;
   const int64_t row0 = int64_t{blockIdx.y} * 64 * wgs;
@@ -108,13 +113,23 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       MbarrierInit(full_bar + 8u * s, 1);
-      // each stage is one turn's: wgs * tgroups warpgroups
-      MbarrierInit(empty_bar + 8u * s, 4 * wgs * tgroups);
+      // each stage is one turn's: wgs * tgroups warpgroups (of both blocks with multicast)
+      MbarrierInit(empty_bar + 8u * s, 4 * wgs * tgroups * (multicast ? 2 : 1));
     }
     FenceBarrierInit();  // the initialized barriers are visible to the TMA unit
     FenceProxyAsync();
   }
   __syncthreads();
+  if (multicast) {  // the other block's barriers are initialized before any copy into it
+    ClusterArrive();
+    ClusterWait();
+  }
+  const int half = n_block / 2;
+  const uint32_t x_dst = multicast ? w_bytes + rank * half * 128u : w_bytes;  // in a stage
+  // (A half wholly past the tokens loads from the last token on: those columns are never stored.)
+  const int32_t x_token0 =
+      static_cast<int32_t>(min(block_token0 + (multicast ? rank * half : 0), a.m - 1));
+  const auto x_mask = static_cast<uint16_t>(multicast ? 3u : 0u);
 
   if (warp == 4 * consumers) {  // producer
     if (lane == 0) {
@@ -130,9 +145,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       bs::GridDependencyWait();  // xq / xs come from the act-quant kernel
       bs::GridDependencyTrigger();
       for (int it = 0; it < ahead; ++it) {
-        LoadActivations<A16>(&x_map, base + it * stage_bytes + w_bytes,
-                             (kb_begin + kb_at(it)) * kBlockK, static_cast<int32_t>(block_token0),
-                             full_bar + 8u * it, box_bytes);
+        LoadActivations<A16>(&x_map, base + it * stage_bytes + x_dst,
+                             (kb_begin + kb_at(it)) * kBlockK, x_token0, full_bar + 8u * it,
+                             box_bytes, x_mask);
       }
       for (int it = ahead; it < n_kb; ++it) {
         const int s = it % stages;
@@ -141,11 +156,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         MbarrierArriveExpectTx(full_bar + 8u * s, stage_bytes);
         const int32_t kc = (kb_begin + kb_at(it)) * kBlockK;
         TmaLoad2d(stage, &w_map, kc, static_cast<int32_t>(row0), full_bar + 8u * s);
-        LoadActivations<A16>(&x_map, stage + w_bytes, kc, static_cast<int32_t>(block_token0),
-                             full_bar + 8u * s, box_bytes);
+        LoadActivations<A16>(&x_map, stage + x_dst, kc, x_token0, full_bar + 8u * s, box_bytes,
+                             x_mask);
       }
     }
     if (a.cluster_reduce != 0) ClusterReduce<N>(a, smem, nullptr, wgs, block_token0, row0);
+    if (multicast) {  // no block leaves while the other may still copy or arrive into it
+      ClusterArrive();
+      ClusterWait();
+    }
     return;
   }
 
@@ -245,7 +264,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const auto fold = [&](float(&p)[N / 2], int it, float ws, float(&xs)[kXs]) {
     FenceRegisters(p);
     __syncwarp();
-    if (lane == 0) MbarrierArrive(empty_bar + 8u * (it % stages));
+    if (lane == 0) {
+      MbarrierArrive(empty_bar + 8u * (it % stages));
+      if (multicast) MbarrierArriveInCluster(empty_bar + 8u * (it % stages), rank ^ 1u);
+    }
     if constexpr (A16) {
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
@@ -352,6 +374,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, acc[i]);
     }
   }
+  if (multicast) {  // no block leaves while the other may still copy or arrive into it
+    ClusterArrive();
+    ClusterWait();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,6 +398,7 @@ struct WgmmaPlan {
   bool reg_weights = false;     // A16 with n_tile <= kRegWeightTokens: A from registers
   bool in_flight = false;       // n_tile <= kInFlightTokens: two k blocks in flight
   bool stagger = false;         // stagger_k: each block's k blocks from a row-tile offset on
+  bool multicast = false;       // multicast_activations: clusters of 2 row tiles share the boxes
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -431,6 +458,10 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   // W8A16, register weights (the shared-memory conversion buffer is one block's).
   p.in_flight = config.two_in_flight && p.n_tile <= kInFlightTokens && (!a16 || p.reg_weights);
   p.stagger = config.stagger_k;
+  // Multicast halves of the activation box: each half a whole number of 8-row swizzle atoms, an
+  // even number of row tiles (clusters of 2 along them), no other cluster or turns.
+  p.multicast = config.multicast_activations && n_block % 16 == 0 && p.row_tiles % 2 == 0 &&
+                p.turns == 1 && !p.cluster_reduce;
   const uint32_t scale_bytes =
       p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : n_block)) * p.kb_span * 4) : 0u;
   const uint32_t stage_bytes = StageBytes(p.wgs, n_block, a16);
@@ -493,10 +524,10 @@ cudaError_t LaunchKernel(const CUtensorMap& w_map, const CUtensorMap& x_map, con
   if (attribute != cudaSuccess) return attribute;
   const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
                   static_cast<unsigned>(p.splits));
-  return bs::LaunchClustered(Fp8WgmmaKernel<N, A16, IN_FLIGHT>, grid,
-                             dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)),
-                             p.smem_bytes, a.cluster_reduce != 0 ? p.splits : 1, stream, w_map,
-                             x_map, a);
+  return bs::LaunchClustered(
+      Fp8WgmmaKernel<N, A16, IN_FLIGHT>, grid,
+      dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)), p.smem_bytes,
+      dim3(1, p.multicast ? 2 : 1, a.cluster_reduce != 0 ? p.splits : 1), stream, w_map, x_map, a);
 }
 
 template <int N, bool A16>
@@ -548,13 +579,14 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int in_flight = c.two_in_flight ? 1 : 0;
       int split = c.split_tokens ? 1 : 0;
       int stagger = c.stagger_k ? 1 : 0;
+      int multicast = c.multicast_activations ? 1 : 0;
       const int fields =
-          std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
-                      &scales, &reg, &alternate, &in_flight, &split, &stagger);
+          std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
+                      &scales, &reg, &alternate, &in_flight, &split, &stagger, &multicast);
       const auto flag = [](int v) { return v == 0 || v == 1; };
       if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
           stages <= kMaxStages && target >= 0 && flag(cluster) && flag(scales) && flag(reg) &&
-          flag(alternate) && flag(in_flight) && flag(split) && flag(stagger)) {
+          flag(alternate) && flag(in_flight) && flag(split) && flag(stagger) && flag(multicast)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
@@ -565,6 +597,7 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
         c.two_in_flight = in_flight == 1;
         c.split_tokens = split == 1;
         c.stagger_k = stagger == 1;
+        c.multicast_activations = multicast == 1;
       }
     }
     return c;
@@ -611,9 +644,11 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   float* partial = reinterpret_cast<float*>(xq + plan.xq_bytes + plan.xs_bytes);
   CUtensorMap w_map;
   CUtensorMap x_map;
+  // The activation boxes: the block's tokens, or half of them with multicast.
+  const int x_rows = plan.n_tile * plan.tgroups / (plan.multicast ? 2 : 1);
   const bool encoded = EncodeMap(&w_map, w, n, k, k, 64 * plan.wgs, false) &&
-                       (a16 ? EncodeMap(&x_map, x, m, k, x_stride, plan.n_tile * plan.tgroups, true)
-                            : EncodeMap(&x_map, xq, m, k, k, plan.n_tile * plan.tgroups, false));
+                       (a16 ? EncodeMap(&x_map, x, m, k, x_stride, x_rows, true)
+                            : EncodeMap(&x_map, xq, m, k, k, x_rows, false));
   if (!encoded) {
     if (refusal != nullptr) *refusal = "cuTensorMapEncodeTiled failed (driver too old?)";
     return cudaErrorNotSupported;
@@ -637,6 +672,7 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.turns = plan.turns;
   a.tgroups = plan.tgroups;
   a.stagger = plan.stagger ? 1 : 0;
+  a.multicast = plan.multicast ? 1 : 0;
   a.partial = partial;
   a.out = out;
   a.out_f32 = out_f32;

@@ -17,6 +17,8 @@
 namespace pdserve::kernels::cuda::fp8_wgmma {
 
 namespace bs = block_scaled;
+using hopper::ClusterArrive;
+using hopper::ClusterWait;
 using hopper::FenceBarrierInit;
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
@@ -28,6 +30,7 @@ using hopper::PrefetchTensorMap;
 using hopper::SharedAddress;
 using hopper::SmemDescriptor;
 using hopper::TmaLoad2d;
+using hopper::TmaLoad2dMulticast;
 using hopper::WgmmaBf16;
 using hopper::WgmmaBf16RegA;
 using hopper::WgmmaCommit;
@@ -60,8 +63,10 @@ struct WgmmaArgs {
   int32_t tgroups;         // 1, or 2: split_tokens, two consumer warpgroups per row group, each
                            // N of the block's 2N tokens (the same weight box, its own half of
                            // the activation box)
-  int32_t stagger;  // stagger_k: the split's k blocks from blockIdx.y % n_kb on, wrapping around
-  float* partial;   // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
+  int32_t stagger;    // stagger_k: the split's k blocks from blockIdx.y % n_kb on, wrapping around
+  int32_t multicast;  // multicast_activations: clusters of two row tiles (grid y) share the
+                      // activation boxes, each block loading half of the rows into both
+  float* partial;     // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
   float* out_f32;  // set: fp32 output there instead of out
   int64_t out_stride;
@@ -177,11 +182,37 @@ __device__ __forceinline__ void LoadTokenScales(const WgmmaArgs& a, int64_t kb, 
   }
 }
 
+// Arrive on the barrier at shared address `bar` of block `cta` of the cluster (the same offset
+// as in this block; PTX ISA "mapa", "mbarrier.arrive" on .shared::cluster).
+__device__ __forceinline__ void MbarrierArriveInCluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+// This block's rank in its cluster.
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
 // The activation box(es) of one stage: e4m3 [rows x 128 k], or (A16) bf16 [rows x 64 k] twice
-// (rows: the block's tokens, box_bytes = rows * 128).
+// (rows: the block's tokens, box_bytes = rows * 128). cta_mask != 0 (multicast_activations): the
+// map's boxes are half as many rows, `dst` and `token0` are this block's half of them, and each
+// lands in every block of the mask (the same offsets there).
 template <bool A16>
 __device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst, int32_t k0,
-                                                int32_t token0, uint32_t bar, uint32_t box_bytes) {
+                                                int32_t token0, uint32_t bar, uint32_t box_bytes,
+                                                uint16_t cta_mask) {
+  if (cta_mask != 0) {
+    TmaLoad2dMulticast(dst, x_map, k0, token0, bar, cta_mask);
+    if constexpr (A16) TmaLoad2dMulticast(dst + box_bytes, x_map, k0 + 64, token0, bar, cta_mask);
+    return;
+  }
   TmaLoad2d(dst, x_map, k0, token0, bar);
   if constexpr (A16) TmaLoad2d(dst + box_bytes, x_map, k0 + 64, token0, bar);
 }

@@ -409,6 +409,25 @@ TEST(CudaFp8GemmTest, WgmmaSplitTokens) {
   }
 }
 
+// multicast_activations (clusters of two row tiles loading each activation box once): 256 and
+// 700 weight rows (4 and 11 row tiles: the odd count runs without), token counts whose block
+// tiles are and are not a multiple of 16, with split_tokens (and tiles wholly past m), stagger_k,
+// two blocks in flight, a k split or not: against the reference and two runs the same bits;
+// extreme scales and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaMulticastActivations) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true},
+                              {1, 4, 0, false, false, false},
+                              {0, 4, 264, false, true, true, false, true, true},
+                              {0, 2, 4096, false, true, true, false, false, true, true}};
+  for (Fp8WgmmaConfig& config : configs) {
+    config.multicast_activations = true;
+    SweepWgmmaOption(rng, config, {1, 9, 16, 33, 64, 100, 128, 130}, 256);
+  }
+  SweepWgmmaOption(rng, configs[2], {17, 130}, 700);
+}
+
 // stagger_k (each block's k blocks from a row-tile offset on, wrapping around): 1, 3 and 10 k
 // blocks (offsets 0..9, with and without a k split), token tiles 8..128 and odd counts, with smem
 // scales or not, two blocks in flight, alternate turns and split_tokens: against the reference

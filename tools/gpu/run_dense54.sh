@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device-machine call for issue 25's decode goal (dense FP8 GEMMs at 1-128 tokens): the split-k
 # reduce kernel letting the next kernel launch at its start (PDSERVE_SPLITK_EARLY_TRIGGER, on by
-# default now; =0 the old behaviour), fp8_gemm_wgmma's split_tokens and stagger_k options and the
-# W8A8 dispatch without cuBLASLt (PDSERVE_FP8_GEMM=own), from the repository root on a Hopper GPU
+# default now; =0 the old behaviour), fp8_gemm_wgmma's split_tokens, stagger_k and
+# multicast_activations options and the W8A8 dispatch without cuBLASLt (PDSERVE_FP8_GEMM=own),
+# from the repository root on a Hopper GPU
 # with CUDA 13: builds kernels/cuda standalone (the kernels, the GPU tests,
 # bench/cuda/decode_bench.cu), runs the new options' tests first, one filter each (a failure turns
 # that option's rows off, so a fault cannot take the other rows with it), then the other FP8 /
@@ -19,25 +20,26 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 b=${BUILD:-/tmp/pdserve-build-dense54}
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-# decode_bench configs "w,s,t,c,x,r,a,i,t,k" (warpgroups, stages, target blocks, cluster_reduce,
-# smem_scales, register weights, alternate_turns, two_in_flight, split_tokens, stagger_k); row
-# names <mode>_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k]. The default: split_tokens with the decode
-# config's automatic stages, with 4 / 2 stages, with two blocks in flight; 2 warpgroups of 64 rows
-# (the activation box read once per 128 weight rows) as the other way to share it; stagger_k
-# alone and with split_tokens (the blocks running at once read different activation boxes).
-variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,4,264,0,1,1,0,0,1;0,2,264,0,1,1,0,0,1;0,4,264,0,1,1,0,1,1;2,4,264,0,1,1;2,2,264,0,1,1;0,0,264,0,1,1,0,0,0,1;0,0,264,0,1,1,0,0,1,1"}
+# decode_bench configs "w,s,t,c,x,r,a,i,t,k,m" (warpgroups, stages, target blocks, cluster_reduce,
+# smem_scales, register weights, alternate_turns, two_in_flight, split_tokens, stagger_k,
+# multicast_activations); row names <mode>_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k][.m]. The
+# default: split_tokens with the decode config's automatic stages, with 4 / 2 stages, with two
+# blocks in flight; 2 warpgroups of 64 rows (the activation box read once per 128 weight rows);
+# stagger_k alone and with split_tokens (the blocks running at once read different activation
+# boxes); multicast_activations alone and with split_tokens (one L2 read of a box per 128 rows).
+variants=${VARIANTS:-"0,0,264,0,1,1,0,0,1;0,4,264,0,1,1,0,0,1;0,2,264,0,1,1,0,0,1;0,4,264,0,1,1,0,1,1;2,4,264,0,1,1;2,2,264,0,1,1;0,0,264,0,1,1,0,0,0,1;0,0,264,0,1,1,0,0,1,1;0,0,264,0,1,1,0,0,0,0,1;0,0,264,0,1,1,0,0,1,0,1"}
 # Layer runs besides the default: "PDSERVE_FP8_GEMM value|PDSERVE_FP8_WGMMA value|
 # PDSERVE_SPLITK_EARLY_TRIGGER value" (any may be empty), ";"-separated, run in this order while
 # the script has spent less than 150 s. Default: the old trigger; W8A8 without cuBLASLt (own
-# kernels at 64-128 tokens); split_tokens in the dispatch, with stagger_k too; own kernels with
-# split_tokens, with two blocks in flight too.
-layer_runs=${LAYER_RUNS:-"||0;own||;|0,0,264,0,1,1,0,0,1|;|0,0,264,0,1,1,0,0,1,1|;own|0,0,264,0,1,1,0,0,1|;own|0,4,264,0,1,1,0,1,1|"}
+# kernels at 64-128 tokens); split_tokens in the dispatch, with multicast_activations too, with
+# stagger_k too; own kernels with split_tokens and multicast_activations.
+layer_runs=${LAYER_RUNS:-"||0;own||;|0,0,264,0,1,1,0,0,1|;|0,0,264,0,1,1,0,0,1,0,1|;|0,0,264,0,1,1,0,0,1,1|;own|0,0,264,0,1,1,0,0,1,0,1|"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 start=$SECONDS
 if ! { timeout 30 cmake -S kernels/cuda -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_CUDA_COMPILER="$nvcc" &&
-       timeout 100 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_decode_bench; } \
+       timeout 90 cmake --build "$b" -j"$(nproc)" --target pdserve_kernels_cuda_tests pdserve_decode_bench; } \
        > "$out/build.log" 2>&1; then
   grep -m30 -E "error|Error" "$out/build.log"
   echo "BUILD FAILED"
@@ -47,23 +49,31 @@ echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
 summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
 failures() { grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error" "$1" | head -20; }
-timeout 30 "$tests" --gtest_filter='*SplitTokens*' > "$out/split-tests.log" 2>&1
+timeout 20 "$tests" --gtest_filter='*SplitTokens*' > "$out/split-tests.log" 2>&1
 split_rc=$?
 echo "split_tokens tests: rc=$split_rc $(summary "$out/split-tests.log")"
 failures "$out/split-tests.log"
-timeout 30 "$tests" --gtest_filter='*StaggerK*' > "$out/stagger-tests.log" 2>&1
+timeout 20 "$tests" --gtest_filter='*StaggerK*' > "$out/stagger-tests.log" 2>&1
 stagger_rc=$?
 echo "stagger_k tests: rc=$stagger_rc $(summary "$out/stagger-tests.log")"
 failures "$out/stagger-tests.log"
-timeout 40 "$tests" --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*SplitTokens*:*StaggerK*' \
+timeout 20 "$tests" --gtest_filter='*MulticastActivations*' > "$out/multicast-tests.log" 2>&1
+multicast_rc=$?
+echo "multicast_activations tests: rc=$multicast_rc $(summary "$out/multicast-tests.log")"
+failures "$out/multicast-tests.log"
+timeout 40 "$tests" \
+  --gtest_filter='CudaFp8Gemm*:CudaMoeGemm*:CudaW8a16*:-*SplitTokens*:*StaggerK*:*MulticastActivations*' \
   > "$out/fp8-tests.log" 2>&1
 echo "other fp8 / w8a16 / moe gemm tests: rc=$? $(summary "$out/fp8-tests.log")"
 failures "$out/fp8-tests.log"
-# Variants with split_tokens (field 9) or stagger_k (10) are left out when its tests failed.
+# Variants with split_tokens (field 9), stagger_k (10) or multicast_activations (11) are left out
+# when that option's tests failed.
 failed_option() {
   local f
   IFS=',' read -ra f <<< "$1"
-  { [ "${f[8]:-0}" = 1 ] && [ "$split_rc" != 0 ]; } || { [ "${f[9]:-0}" = 1 ] && [ "$stagger_rc" != 0 ]; }
+  { [ "${f[8]:-0}" = 1 ] && [ "$split_rc" != 0 ]; } ||
+    { [ "${f[9]:-0}" = 1 ] && [ "$stagger_rc" != 0 ]; } ||
+    { [ "${f[10]:-0}" = 1 ] && [ "$multicast_rc" != 0 ]; }
 }
 kept=()
 IFS=';' read -ra all <<< "$variants"
@@ -123,6 +133,7 @@ for v in "${kept[@]}"; do
   [ "${f[7]:-0}" = 1 ] && name+=".i"
   [ "${f[8]:-0}" = 1 ] && name+=".t"
   [ "${f[9]:-0}" = 1 ] && name+=".k"
+  [ "${f[10]:-0}" = 1 ] && name+=".m"
   suffixes+=",$name"
 done
 python3 bench/cuda/decode_table.py "$out/gemm.csv" --compare "$suffixes" 2>&1
