@@ -154,9 +154,15 @@ std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
     int reg = 0;
     int alternate = 0;
     int in_flight = 0;
-    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d", &c.warpgroups,
-                    &c.stages, &c.target_blocks, &cluster, &scales, &reg, &alternate,
-                    &in_flight) >= 3) {
+    int split = 0;
+    int stagger = 0;
+    int multicast = 0;
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+                    &c.warpgroups, &c.stages, &c.target_blocks, &cluster, &scales, &reg, &alternate,
+                    &in_flight, &split, &stagger, &multicast) >= 3) {
+      c.multicast_activations = multicast == 1;
+      c.split_tokens = split == 1;
+      c.stagger_k = stagger == 1;
       c.alternate_turns = alternate == 1;
       c.two_in_flight = in_flight == 1;
       c.a16_register_weights = reg == 1;

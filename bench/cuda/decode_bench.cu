@@ -13,10 +13,12 @@
 //   stream_<stages>.<target> (TmaStreamKernel: fp8_gemm_wgmma's weight stream without its math;
 //   1 token only), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default config without
 //   cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),
-//   fp8_v<w>.<s>.<t>[.c][.s][.r] / w8a16_v<...> (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma with that
-//   config: warpgroups, stages, target blocks, cluster_reduce, smem_scales, a16_register_weights;
-//   PDSERVE_FP8_VARIANTS="w,s,t,c,x,r;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set: none with
-//   cluster_reduce).
+//   fp8_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k][.m] / w8a16_v<...> (fp8_gemm_wgmma /
+//   fp8_gemm_w8a16_wgmma with that config: warpgroups, stages, target blocks, cluster_reduce,
+//   smem_scales, a16_register_weights, alternate_turns, two_in_flight, split_tokens, stagger_k,
+//   multicast_activations; PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t,k,m;..." or kVariants;
+//   PDSERVE_DECODE_NO_CLUSTER set:
+//   none with cluster_reduce).
 // Mode "layer": the GEMMs of one V4-Flash compressed-sparse-attention layer's decode step as
 // engine/gpu/gpu_model.cc calls them (q_a, q_b, kv, the compressor's kv / gate, the indexer
 // compressor's kv / gate, indexer q_b and weights, o_a as 8 group GEMMs, o_b; the shared expert's
@@ -26,10 +28,11 @@
 // layer_fp8 (fp8_gemm + kFp8 experts), layer_read (ReadFloor over one buffer of the same bytes
 // per layer); each also as _dense (the dense GEMMs alone), _moe (the routed experts alone) and
 // _dense_fused (the dense GEMMs with the nine projections of the layer input as one GEMM and
-// o_a's groups as one, see MakeLayerGemms). bytes: the dense weights + scales and the experts the
-// routing touched. The elementwise kernels between the GEMMs (norms, rope, SwiGLU, combine) and the
-// fp32 router GEMM are not in it. fp8_gemm's path and config come from PDSERVE_FP8_GEMM /
-// PDSERVE_FP8_WGMMA.
+// o_a's groups as one, see MakeLayerGemms), _dense_fused_q (_dense_fused with q_b_proj and the
+// indexer's q_b_proj, which read the same normalized q_a output, as one GEMM too). bytes: the dense
+// weights + scales and the experts the routing touched. The elementwise kernels between the GEMMs
+// (norms, rope, SwiGLU, combine) and the fp32 router GEMM are not in it. fp8_gemm's path and config
+// come from PDSERVE_FP8_GEMM / PDSERVE_FP8_WGMMA.
 //
 // Timing as gemm_bench.cu: one launch (or layer step) per layer, kLayers layers in one CUDA
 // graph, each layer its own dense weights (beyond L2), median of 20 replays / kLayers.
@@ -150,7 +153,9 @@ std::string ConfigName(const Fp8WgmmaConfig& c) {
   return std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
          (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "") +
-         (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "");
+         (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "") +
+         (c.split_tokens ? ".t" : "") + (c.stagger_k ? ".k" : "") +
+         (c.multicast_activations ? ".m" : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.
@@ -341,8 +346,9 @@ struct LayerGemm {
 // The dense GEMMs of one V4-Flash CSA layer (engine/config.h sizes; see the file comment).
 // fused: the nine projections of the layer input x (q_a, kv, the compressors' kv / gate, indexer
 // weights, shared gate / up) as one GEMM over their rows stacked ([8256, 4096]), as the engine
-// could call them with its weights concatenated at load, and o_a's 8 groups as one call.
-std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused) {
+// could call them with its weights concatenated at load, and o_a's 8 groups as one call;
+// fused_q: also q_b_proj and the indexer's q_b_proj as one GEMM ([40960, 1024]).
+std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused, bool fused_q = false) {
   std::vector<LayerGemm> g;
   const auto add = [&](int64_t n, int64_t k, int64_t x_offset, int64_t x_stride, int64_t out_offset,
                        int64_t out_stride) {
@@ -361,8 +367,12 @@ std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused) {
     add(2048, 4096, 0, 4096, 0, 2048);  // shared expert gate
     add(2048, 4096, 0, 4096, 0, 2048);  // shared expert up
   }
-  add(32768, 1024, 0, 1024, 0, 32768);  // q_b_proj (64 heads x 512)
-  add(8192, 1024, 0, 1024, 0, 8192);    // indexer q_b_proj (64 x 128)
+  if (fused_q) {
+    add(40960, 1024, 0, 1024, 0, 40960);  // q_b_proj and the indexer's q_b_proj, stacked
+  } else {
+    add(32768, 1024, 0, 1024, 0, 32768);  // q_b_proj (64 heads x 512)
+    add(8192, 1024, 0, 1024, 0, 8192);    // indexer q_b_proj (64 x 128)
+  }
   if (fused) {
     // o_a's 8 groups as one call over their stacked rows ([8192, 4096]): the bytes and work of a
     // grouped call (group g reads x columns 4096 g..; here every group reads columns 0..4095).
@@ -380,14 +390,18 @@ std::vector<LayerGemm> MakeLayerGemms(uint32_t seed, bool fused) {
 void LayerRows(const Buffers& b, cudaStream_t stream) {
   std::vector<std::vector<LayerGemm>> layers;
   std::vector<std::vector<LayerGemm>> fused_layers;
+  std::vector<std::vector<LayerGemm>> fused_q_layers;
   double dense_bytes = 0.0;
   double fused_bytes = 0.0;
   for (int l = 0; l < kStepLayers; ++l) {
     layers.push_back(MakeLayerGemms(1000u * l + 3, false));
     fused_layers.push_back(MakeLayerGemms(1000u * l + 500, true));
+    fused_q_layers.push_back(MakeLayerGemms(1000u * l + 700, true, true));
   }
   for (const LayerGemm& g : layers[0]) dense_bytes += static_cast<double>(g.w.Bytes());
   for (const LayerGemm& g : fused_layers[0]) fused_bytes += static_cast<double>(g.w.Bytes());
+  double fused_q_bytes = 0.0;
+  for (const LayerGemm& g : fused_q_layers[0]) fused_q_bytes += static_cast<double>(g.w.Bytes());
   // Routed experts, shared by the layers (each its own routing): gate+up [256, 4096, 4096] and
   // down [256, 4096, 2048].
   const Matrix gate_up = MakeMatrix(kExperts * 4096, 4096, 5u);
@@ -403,13 +417,20 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
     const double distinct = RandomRoutings(m, kExperts, kTopK, routing, rng);
     const double moe_bytes = distinct * expert_bytes;
     // part: "" (the whole step), "_dense", "_moe", "_dense_fused" (the dense GEMMs with the
-    // projections of x fused).
-    for (const std::string part : {"", "_dense", "_moe", "_dense_fused"}) {
+    // projections of x fused), "_dense_fused_q" (and the two q_b projections).
+    for (const std::string part : {"", "_dense", "_moe", "_dense_fused", "_dense_fused_q"}) {
       const bool dense = part != "_moe";
       const bool moe = part.empty() || part == "_moe";
-      const bool fused = part == "_dense_fused";
-      const double bytes =
-          (dense ? (fused ? fused_bytes : dense_bytes) : 0.0) + (moe ? moe_bytes : 0.0);
+      const std::vector<std::vector<LayerGemm>>* gemms = &layers;
+      double dense_part_bytes = dense_bytes;
+      if (part == "_dense_fused") {
+        gemms = &fused_layers;
+        dense_part_bytes = fused_bytes;
+      } else if (part == "_dense_fused_q") {
+        gemms = &fused_q_layers;
+        dense_part_bytes = fused_q_bytes;
+      }
+      const double bytes = (dense ? dense_part_bytes : 0.0) + (moe ? moe_bytes : 0.0);
       for (const bool a16 : {true, false}) {
         ExpertWeights up_view;
         up_view.format = a16 ? ExpertFormat::kFp8W8A16 : ExpertFormat::kFp8;
@@ -424,7 +445,7 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
         down_view.k = 2048;
         const double us = Graph(
             [&](int l) {
-              for (const LayerGemm& g : fused ? fused_layers[l] : layers[l]) {
+              for (const LayerGemm& g : (*gemms)[l]) {
                 if (!dense) break;
                 const int64_t k = g.w.k;
                 const __nv_bfloat16* x = b.x + g.x_offset;
@@ -461,7 +482,7 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
   BENCH_CHECK(cudaFree(act));
   FreeMatrix(gate_up);
   FreeMatrix(down);
-  for (const auto* set : {&layers, &fused_layers}) {
+  for (const auto* set : {&layers, &fused_layers, &fused_q_layers}) {
     for (const auto& layer : *set) {
       for (const LayerGemm& g : layer) FreeMatrix(g.w);
     }
@@ -495,8 +516,11 @@ int Run(const std::string& mode) {
   configs.push_back(fp8_gemm_wgmma_default_config());
   configs.push_back(Fp8WgmmaConfig{});
   for (int64_t m : kTokens) {
-    for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
-             {32768, 1024}, {4096, 8192}, {4096, 4096}, {4096, 2048}, {1024, 4096}, {8192, 1024}}) {
+    // The dense shapes and the layer's (the fused ones too).
+    const std::pair<int64_t, int64_t> shapes[] = {{32768, 1024}, {4096, 8192}, {4096, 4096},
+                                                  {4096, 2048},  {1024, 4096}, {8192, 1024},
+                                                  {8256, 4096},  {8192, 4096}, {40960, 1024}};
+    for (const auto& [n, k] : shapes) {
       b.ws_bytes = std::max(b.ws_bytes, fp8_gemm_workspace_bytes(m, n, k));
       for (const Fp8WgmmaConfig& c : configs) {
         b.ws_bytes = std::max(b.ws_bytes, fp8_gemm_wgmma_workspace_bytes(m, n, k, c));

@@ -93,12 +93,13 @@ def all_paths(rows, out):
 def layer_table(runs, out):
     print("\nOne V4-Flash CSA layer's decode-step GEMMs per layer (dense FP8 projections + shared "
           "expert, and the routed experts the batch touched; part: all, dense, dense_fused (the nine "
-          "projections of the layer input as one GEMM, o_a's 8 groups as one), moe):\n", file=out)
+          "projections of the layer input as one GEMM, o_a's 8 groups as one), dense_fused_q "
+          "(dense_fused with the two q_b projections as one GEMM too), moe):\n", file=out)
     print("| run | part | batch | weight MB | floor us (read same bytes) | W8A16 us (% floor, GB/s) | "
           "W8A8 us (% floor, GB/s) |", file=out)
     print("| --- | --- | --- | --- | --- | --- | --- |", file=out)
     for name, rows in runs:
-        for part in ("", "_dense", "_dense_fused", "_moe"):
+        for part in ("", "_dense", "_dense_fused", "_dense_fused_q", "_moe"):
             for (kernel, shape, tokens), (us, nbytes) in rows.items():
                 if kernel != "layer_read" + part:
                     continue

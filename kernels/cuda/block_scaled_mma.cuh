@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/act_quant.cuh"
@@ -444,11 +445,15 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
 }
 
 // out[r, n] = bf16(weight[r] * sum_s partial[s, r, n]) (out_f32 set: fp32, unrounded, there) for
-// rows r with valid[r] (nullptr: all), summed in ascending s.
+// rows r with valid[r] (nullptr: all), summed in ascending s. trigger_first: the next kernel on
+// the stream may launch at once (its GridDependencyWait still waits for this grid to end), so the
+// next GEMM streams its first weight boxes while this and the GEMM before finish; else only when
+// this grid ends.
 __global__ void SplitKReduceKernel(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                    const float* row_weight, const int32_t* row_expert,
                                    int32_t n_experts, __nv_bfloat16* out, float* out_f32,
-                                   int64_t out_stride) {
+                                   int64_t out_stride, bool trigger_first) {
+  if (trigger_first) GridDependencyTrigger();
   GridDependencyWait();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -560,18 +565,18 @@ inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
   return splits;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), as clusters of 1 x 1 x cluster_z blocks when
-// cluster_z > 1, with programmatic stream serialization when the runtime takes it (without it,
-// griddepcontrol.wait is a no-op).
+// kernel<<<grid, block, smem, stream>>>(args...), as clusters of cluster.x x cluster.y x
+// cluster.z blocks when that is more than one, with programmatic stream serialization when the
+// runtime takes it (without it, griddepcontrol.wait is a no-op).
 template <typename... Params, typename... Args>
 cudaError_t LaunchClustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            unsigned cluster_z, cudaStream_t stream, const Args&... args) {
-  const bool cluster = cluster_z > 1;
+                            dim3 cluster_dims, cudaStream_t stream, const Args&... args) {
+  const bool cluster = cluster_dims.x * cluster_dims.y * cluster_dims.z > 1;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = cluster_z;
+  attr[0].val.clusterDim.x = cluster_dims.x;
+  attr[0].val.clusterDim.y = cluster_dims.y;
+  attr[0].val.clusterDim.z = cluster_dims.z;
   attr[cluster ? 1 : 0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[cluster ? 1 : 0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
@@ -594,7 +599,7 @@ cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t
                   static_cast<unsigned>(a.k_splits));
   if (a.cluster_reduce != 0) {
     const size_t smem = static_cast<size_t>(8 * tiles * kRowsPerBlock) * sizeof(float);
-    const auto z = static_cast<unsigned>(a.k_splits);
+    const dim3 z(1, 1, static_cast<unsigned>(a.k_splits));  // the splits of a tile: one cluster
     switch (tiles) {
       case 1:
         return LaunchClustered(BlockScaledGemmKernel<FP4, A16, 1>, grid, dim3(128), smem, z, stream,
@@ -642,6 +647,16 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
   return LaunchActQuantWarp(x, rows, k, x_stride, ue8m0, xq, xs, stream);
 }
 
+// SplitKReduceKernel's trigger_first: on, unless PDSERVE_SPLITK_EARLY_TRIGGER=0 (read once per
+// process; the reduce kernel then lets the next kernel launch only when it ends).
+inline bool ReduceTriggersFirst() {
+  static const bool on = [] {
+    const char* env = std::getenv("PDSERVE_SPLITK_EARLY_TRIGGER");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
 inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t rows, int64_t n,
                                 const float* row_weight, const int32_t* row_expert,
                                 int32_t n_experts, __nv_bfloat16* out, int64_t out_stride,
@@ -649,7 +664,8 @@ inline cudaError_t LaunchReduce(const float* partial, int32_t splits, int64_t ro
   const int64_t total = rows * n;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(4096, (total + 255) / 256));
   return LaunchDependent(SplitKReduceKernel, dim3(blocks), dim3(256), stream, partial, splits, rows,
-                         n, row_weight, row_expert, n_experts, out, out_f32, out_stride);
+                         n, row_weight, row_expert, n_experts, out, out_f32, out_stride,
+                         ReduceTriggersFirst());
 }
 
 }  // namespace

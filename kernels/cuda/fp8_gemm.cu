@@ -147,6 +147,7 @@ Fp8GemmPath fp8_gemm_path(int64_t m) {
   if (forced == "wgmma") return Fp8GemmPath::kWgmma;
   if (forced == "cublaslt") return Fp8GemmPath::kCublasLt;
   if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
+  if (forced == "own") return Fp8GemmPath::kWgmma;
   return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
 }
 

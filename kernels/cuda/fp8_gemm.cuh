@@ -27,10 +27,11 @@
 // mma.sync), and cuBLASLt's block-scaled FP8 (fp8_gemm_cublaslt) from kFp8LtMinTokens (64) on,
 // where it was 1.1-2.8x faster than the wgmma kernel, for n a multiple of 128 (else, or when
 // cuBLASLt has no algorithm, the wgmma path). PDSERVE_FP8_GEMM=mma, =wgmma or =cublaslt (read
-// once per process) forces that path for every m (cuBLASLt where it can). Against the read floor
-// of the same bytes timed the same way (bench/cuda/decode_bench.cu, docs/perf.md, H200
-// 2026-12-04) fp8_gemm_w8a16 reaches 71-86% at 1-8 tokens, 43-64% at 32, 28-35% at 128: issue
-// 25's decode goal (80%) is met only by wq_b at 1-8 tokens.
+// once per process) forces that path for every m (cuBLASLt where it can); =own keeps the
+// thresholds but never takes cuBLASLt (the wgmma kernel from kFp8MmaMaxTokens + 1 tokens on).
+// Against the read floor of the same bytes timed the same way (bench/cuda/decode_bench.cu,
+// docs/perf.md, H200 2026-12-04) fp8_gemm_w8a16 reaches 71-86% at 1-8 tokens, 43-64% at 32, 28-35%
+// at 128: issue 25's decode goal (80%) is met only by wq_b at 1-8 tokens.
 //
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
@@ -129,7 +130,22 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // it. two_in_flight (token tiles up to 64; W8A16 only with register weights): each consumer
 // warpgroup issues the next block's products into a second partial accumulator before waiting
 // for the current block's (the same fold order and bits as without; with alternate_turns only
-// from 4 stages). The member defaults are the kernel without them.
+// from 4 stages). split_tokens (more than 8 tokens): two consumer warpgroups per block share its
+// 64 weight rows (one weight box per stage) and each takes half of the block's tokens, up to 64
+// (the block's tile 2 x 8..64 tokens), so a warpgroup runs a token tile of at most 64 (registers
+// for smem_scales and two_in_flight) and two warpgroups' products overlap on each weight box;
+// warpgroups is taken as 1, alternate_turns wins over it, no cluster_reduce with it. The token
+// tiles and k splits are those without it, so each token's sums are folded in the same order
+// (from wgmma products of a narrower N). stagger_k: each block takes its split's 128-k blocks
+// from (row tile mod their count) on, wrapping around, so that the blocks running at once read
+// different activation boxes (without it every block reads the same box at about the same time);
+// deterministic, but the blocks of a split are then folded in that rotated order, not ascending
+// (not the CPU reference's rounding order). multicast_activations: the blocks of row tiles 2j and
+// 2j + 1 run as a cluster of two and load each activation box once for both (each block half of
+// its rows, by TMA multicast into both), so the activations are read from L2 once per 128 weight
+// rows; only where the block's tokens are a multiple of 16 (with split_tokens always) and the row
+// tiles even, not with alternate_turns or cluster_reduce; the same bits as without. The member
+// defaults are the kernel without them.
 inline constexpr int kFp8WgmmaClusterSplits = 8;
 struct Fp8WgmmaConfig {
   int warpgroups = 1;
@@ -140,6 +156,9 @@ struct Fp8WgmmaConfig {
   bool a16_register_weights = false;
   bool alternate_turns = false;
   bool two_in_flight = false;
+  bool split_tokens = false;
+  bool stagger_k = false;
+  bool multicast_activations = false;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
 // V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
@@ -147,9 +166,9 @@ struct Fp8WgmmaConfig {
 // tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
 inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
-// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight]]]]]" (the flags 0 or 1,
-// missing ones as in
-// kFp8WgmmaDecodeConfig; read once per process; malformed values are ignored). Host only.
+// smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,
+// multicast_activations]]]]]]]]" (the flags 0 or 1, missing ones as in kFp8WgmmaDecodeConfig;
+// read once per process; malformed values are ignored). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
 // sums), and its number of k splits; 0 for sizes it refuses. Host only.

@@ -79,13 +79,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const int consumers = static_cast<int>(blockDim.x) / 128;  // consumer warpgroups
   const int turns = A16 || N <= kAlternateA8Tokens ? a.turns : 1;
-  const int wgs = consumers / turns;  // row groups of 64 weight rows
+  const int tgroups = a.tgroups;                  // token groups of N (split_tokens: 2)
+  const int wgs = consumers / (turns * tgroups);  // row groups of 64 weight rows
+  const int n_block = N * tgroups;                // the block's tokens
+  const uint32_t box_bytes = static_cast<uint32_t>(n_block * 128);  // one activation box
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
   uint8_t* const smem = smem_raw + (base - SharedAddress(smem_raw));  // generic, 1024-aligned
   const uint32_t w_bytes = static_cast<uint32_t>(64 * wgs * kBlockK);
-  const uint32_t stage_bytes = StageBytes(wgs, N, A16);
+  const uint32_t stage_bytes = StageBytes(wgs, n_block, A16);
   const int stages = a.stages;
   const uint32_t conv_offset = stages * stage_bytes;  // A16's per-warpgroup bf16 weights
   const uint32_t full_bar =
@@ -95,18 +98,38 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int kb_begin = static_cast<int>(kblocks * blockIdx.z / a.k_splits);
   const int kb_end = static_cast<int>(kblocks * (blockIdx.z + 1) / a.k_splits);
   const int n_kb = kb_end - kb_begin;
-  const int64_t token0 = int64_t{blockIdx.x} * N;
+  // stagger_k: the split's k blocks in the order rot, rot + 1, ..., n_kb - 1, 0, ..., rot - 1
+  // (rot from the row tile), so the blocks that run at once read different activation boxes.
+  // multicast: clusters of the row tiles 2j, 2j + 1 (the same k order in both, as they share the
+  // activation boxes); this block loads rows rank * half .. of each box into both.
+  const bool multicast = a.multicast != 0;
+  const uint32_t rank = multicast ? ClusterRank() : 0u;
+  const int pair_y = static_cast<int>(blockIdx.y) / (multicast ? 2 : 1);
+  const int rot = a.stagger != 0 && n_kb > 0 ? pair_y % n_kb : 0;
+  const auto kb_at = [rot, n_kb](int it) { return it + rot < n_kb ? it + rot : it + rot - n_kb; };
+  const int64_t block_token0 = int64_t{blockIdx.x} * n_block;
   const int64_t row0 = int64_t{blockIdx.y} * 64 * wgs;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       MbarrierInit(full_bar + 8u * s, 1);
-      MbarrierInit(empty_bar + 8u * s, 4 * wgs);  // each stage is one turn's: wgs warpgroups
+      // each stage is one turn's: wgs * tgroups warpgroups (of both blocks with multicast)
+      MbarrierInit(empty_bar + 8u * s, 4 * wgs * tgroups * (multicast ? 2 : 1));
     }
     FenceBarrierInit();  // the initialized barriers are visible to the TMA unit
     FenceProxyAsync();
   }
   __syncthreads();
+  if (multicast) {  // the other block's barriers are initialized before any copy into it
+    ClusterArrive();
+    ClusterWait();
+  }
+  const int half = n_block / 2;
+  const uint32_t x_dst = multicast ? w_bytes + rank * half * 128u : w_bytes;  // in a stage
+  // (A half wholly past the tokens loads from the last token on: those columns are never stored.)
+  const int32_t x_token0 =
+      static_cast<int32_t>(min(block_token0 + (multicast ? rank * half : 0), a.m - 1));
+  const auto x_mask = static_cast<uint16_t>(multicast ? 3u : 0u);
 
   if (warp == 4 * consumers) {  // producer
     if (lane == 0) {
@@ -116,43 +139,51 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       for (int it = 0; it < ahead; ++it) {
         const uint32_t stage = base + it * stage_bytes;
         MbarrierArriveExpectTx(full_bar + 8u * it, stage_bytes);
-        TmaLoad2d(stage, &w_map, (kb_begin + it) * kBlockK, static_cast<int32_t>(row0),
+        TmaLoad2d(stage, &w_map, (kb_begin + kb_at(it)) * kBlockK, static_cast<int32_t>(row0),
                   full_bar + 8u * it);
       }
       bs::GridDependencyWait();  // xq / xs come from the act-quant kernel
       bs::GridDependencyTrigger();
       for (int it = 0; it < ahead; ++it) {
-        LoadActivations<N, A16>(&x_map, base + it * stage_bytes + w_bytes,
-                                (kb_begin + it) * kBlockK, static_cast<int32_t>(token0),
-                                full_bar + 8u * it);
+        LoadActivations<A16>(&x_map, base + it * stage_bytes + x_dst,
+                             (kb_begin + kb_at(it)) * kBlockK, x_token0, full_bar + 8u * it,
+                             box_bytes, x_mask);
       }
       for (int it = ahead; it < n_kb; ++it) {
         const int s = it % stages;
         const uint32_t stage = base + s * stage_bytes;
         MbarrierWait(empty_bar + 8u * s, static_cast<uint32_t>((it / stages - 1) & 1));
         MbarrierArriveExpectTx(full_bar + 8u * s, stage_bytes);
-        const int32_t kc = (kb_begin + it) * kBlockK;
+        const int32_t kc = (kb_begin + kb_at(it)) * kBlockK;
         TmaLoad2d(stage, &w_map, kc, static_cast<int32_t>(row0), full_bar + 8u * s);
-        LoadActivations<N, A16>(&x_map, stage + w_bytes, kc, static_cast<int32_t>(token0),
-                                full_bar + 8u * s);
+        LoadActivations<A16>(&x_map, stage + x_dst, kc, x_token0, full_bar + 8u * s, box_bytes,
+                             x_mask);
       }
     }
-    if (a.cluster_reduce != 0) ClusterReduce<N>(a, smem, nullptr, wgs, token0, row0);
+    if (a.cluster_reduce != 0) ClusterReduce<N>(a, smem, nullptr, wgs, block_token0, row0);
+    if (multicast) {  // no block leaves while the other may still copy or arrive into it
+      ClusterArrive();
+      ClusterWait();
+    }
     return;
   }
 
   // Consumer warpgroup wg: row group rg (weight rows row0 + 64 rg .. + 63, one 128-row scale
-  // block), the 128-k blocks turn, turn + turns, ... of the split.
+  // block), the 128-k blocks turn, turn + turns, ... of the split, the block's tokens tg N ..
+  // tg N + N - 1 (rows tg N .. of the activation box).
   bs::GridDependencyWait();  // xs
   bs::GridDependencyTrigger();
   const int wg = warp / 4;
-  const int rg = wg / turns;
-  const int turn = wg % turns;
+  const int tg = wg % tgroups;
+  const int rg = wg / tgroups / turns;
+  const int turn = wg / tgroups % turns;
+  const int64_t token0 = block_token0 + int64_t{tg} * N;
+  const uint32_t b_offset = static_cast<uint32_t>(tg * N * 128);  // this group's activation rows
   const int g = lane / 4;
   const int t = lane % 4;
   const float* w_scale = a.w_scale + ((row0 + 64 * rg) / kBlockK) * kblocks;
-  // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, N] (tokens clamped to the last, as
-  // LoadTokenScales reads them), after the barriers.
+  // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, n_block] (tokens clamped to the
+  // last, as LoadTokenScales reads them), after the barriers.
   // (Token tiles past kEarlyScaleTokens compile without it: at 128 tokens it cost 168 registers
   // and spills.)
   constexpr bool kSmemScales = N <= kEarlyScaleTokens;
@@ -166,8 +197,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
           __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
     }
     if constexpr (!A16) {
-      for (int i = tid; i < n_kb * N; i += 128 * consumers) {
-        xs_smem[i] = __ldg(a.xs + (kb_begin + i / N) * a.m + min(token0 + i % N, a.m - 1));
+      for (int i = tid; i < n_kb * n_block; i += 128 * consumers) {
+        xs_smem[i] =
+            __ldg(a.xs + (kb_begin + i / n_block) * a.m + min(block_token0 + i % n_block, a.m - 1));
       }
     }
     asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's loads
@@ -179,10 +211,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const auto load_scales = [&](int it, float(&xs)[kXs]) -> float {
     const uint32_t scales = full_bar + 16u * stages;
     const float ws = kSmemScales && a.smem_scales != 0
-                         ? LoadSharedF32(scales + 4u * (rg * a.kb_span + it))
-                         : __ldg(w_scale + kb_begin + it);
+                         ? LoadSharedF32(scales + 4u * (rg * a.kb_span + kb_at(it)))
+                         : __ldg(w_scale + kb_begin + kb_at(it));
     if constexpr (!A16 && N <= kEarlyScaleTokens) {
-      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb_begin + it, token0, t, xs);
+      if (a.smem_scales == 0) LoadTokenScales<N>(a, kb_begin + kb_at(it), token0, t, xs);
     }
     return ws;
   };
@@ -200,7 +232,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     if (register_weights) {
       if constexpr (A16 && N <= kRegWeightTokens) {
         ProductsRegisterWeights<N>(p, afrag, smem + s * stage_bytes + rg * 64 * kBlockK,
-                                   stage + w_bytes, warp % 4, lane);
+                                   stage + w_bytes + b_offset, box_bytes, warp % 4, lane);
       }
     } else if constexpr (A16 && !IN_FLIGHT) {
       const uint32_t conv = conv_offset + wg * kConvBytes;
@@ -213,15 +245,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < kBlockK / 16; ++ks) {
         const uint32_t col = (ks % 4) * 32;
-        WgmmaBf16<N>(p, SmemDescriptor(base + conv + (ks / 4) * (64 * 128) + col, 16, 1024),
-                     SmemDescriptor(stage + w_bytes + (ks / 4) * (N * 128) + col, 16, 1024), ks);
+        WgmmaBf16<N>(
+            p, SmemDescriptor(base + conv + (ks / 4) * (64 * 128) + col, 16, 1024),
+            SmemDescriptor(stage + w_bytes + b_offset + (ks / 4) * box_bytes + col, 16, 1024), ks);
       }
     } else if constexpr (!A16) {
       WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 32; ++kk) {
         WgmmaE4m3<N>(p, SmemDescriptor(stage + rg * 64 * kBlockK + kk * 32, 16, 1024),
-                     SmemDescriptor(stage + w_bytes + kk * 32, 16, 1024), kk);
+                     SmemDescriptor(stage + w_bytes + b_offset + kk * 32, 16, 1024), kk);
       }
     }
     WgmmaCommit();
@@ -231,7 +264,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const auto fold = [&](float(&p)[N / 2], int it, float ws, float(&xs)[kXs]) {
     FenceRegisters(p);
     __syncwarp();
-    if (lane == 0) MbarrierArrive(empty_bar + 8u * (it % stages));
+    if (lane == 0) {
+      MbarrierArrive(empty_bar + 8u * (it % stages));
+      if (multicast) MbarrierArriveInCluster(empty_bar + 8u * (it % stages), rank ^ 1u);
+    }
     if constexpr (A16) {
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
@@ -240,12 +276,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         const uint32_t scales = full_bar + 16u * stages;
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
-          const uint32_t at = scales + 4u * (wgs * a.kb_span + it * N + 8 * j + 2 * t);
+          const uint32_t at =
+              scales + 4u * (wgs * a.kb_span + kb_at(it) * n_block + tg * N + 8 * j + 2 * t);
           xs[2 * j] = LoadSharedF32(at);
           xs[2 * j + 1] = LoadSharedF32(at + 4u);
         }
       } else if constexpr (N > kEarlyScaleTokens) {
-        LoadTokenScales<N>(a, kb_begin + it, token0, t, xs);
+        LoadTokenScales<N>(a, kb_begin + kb_at(it), token0, t, xs);
       }
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
@@ -337,6 +374,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, acc[i]);
     }
   }
+  if (multicast) {  // no block leaves while the other may still copy or arrive into it
+    ClusterArrive();
+    ClusterWait();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,10 +385,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 
 // The launch shape of one call: a pure function of the sizes and the config.
 struct WgmmaPlan {
-  int n_tile = 8;  // tokens per block (the instantiation)
-  int wgs = 2;     // row groups of 64 weight rows (consumer warpgroups: wgs * turns)
-  int turns = 1;   // consumer warpgroups taking turns on one row group's k blocks
-  int stages = 4;  // ring depth after the shared-memory limit
+  int n_tile = 8;   // tokens per block (the instantiation)
+  int wgs = 2;      // row groups of 64 weight rows (consumer warpgroups: wgs * turns)
+  int turns = 1;    // consumer warpgroups taking turns on one row group's k blocks
+  int tgroups = 1;  // split_tokens: consumer warpgroups of n_tile tokens each per block
+  int stages = 4;   // ring depth after the shared-memory limit
   int64_t token_tiles = 1;
   int64_t row_tiles = 1;
   int32_t splits = 1;
@@ -355,6 +397,8 @@ struct WgmmaPlan {
   bool smem_scales = false;     // the split's scales staged in shared memory first
   bool reg_weights = false;     // A16 with n_tile <= kRegWeightTokens: A from registers
   bool in_flight = false;       // n_tile <= kInFlightTokens: two k blocks in flight
+  bool stagger = false;         // stagger_k: each block's k blocks from a row-tile offset on
+  bool multicast = false;       // multicast_activations: clusters of 2 row tiles share the boxes
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -385,15 +429,21 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   if (config.alternate_turns && (a16 || p.n_tile <= kAlternateA8Tokens)) {  // one row group
     p.wgs = 1;
     p.turns = 2;
+  } else if (config.split_tokens && m > kSplitTokensMin) {  // two token groups, one row group
+    p.wgs = 1;
+    p.tgroups = 2;
+    p.n_tile = static_cast<int>(std::min<int64_t>(kMaxTokenTile / 2, ((m + 1) / 2 + 7) / 8 * 8));
   }
-  p.token_tiles = (m + p.n_tile - 1) / p.n_tile;
+  const int n_block = p.n_tile * p.tgroups;
+  p.token_tiles = (m + n_block - 1) / n_block;
   p.row_tiles = (n + 64 * p.wgs - 1) / (64 * p.wgs);
   const int64_t tiles = std::max<int64_t>(1, p.token_tiles * p.row_tiles);
   const int64_t kblocks = k / kBlockK;
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
   // cluster_reduce only for token tiles <= kClusterReduceTokens (at 128 tokens it was 1.7x slower
   // than the reduce kernel on the H200, 2026-12-04 15:40 UTC).
-  const bool cluster = config.cluster_reduce && p.n_tile <= kClusterReduceTokens && p.turns == 1;
+  const bool cluster =
+      config.cluster_reduce && p.n_tile <= kClusterReduceTokens && p.turns == 1 && p.tgroups == 1;
   const int64_t max_splits = cluster ? kFp8WgmmaClusterSplits : kMaxSplits;
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
   if (cluster) {
@@ -407,10 +457,15 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   // Two blocks in flight need a second partial accumulator (registers: n_tile <= 64) and, for
   // W8A16, register weights (the shared-memory conversion buffer is one block's).
   p.in_flight = config.two_in_flight && p.n_tile <= kInFlightTokens && (!a16 || p.reg_weights);
+  p.stagger = config.stagger_k;
+  // Multicast halves of the activation box: each half a whole number of 8-row swizzle atoms, an
+  // even number of row tiles (clusters of 2 along them), no other cluster or turns.
+  p.multicast = config.multicast_activations && n_block % 16 == 0 && p.row_tiles % 2 == 0 &&
+                p.turns == 1 && !p.cluster_reduce;
   const uint32_t scale_bytes =
-      p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : p.n_tile)) * p.kb_span * 4) : 0u;
-  const uint32_t stage_bytes = StageBytes(p.wgs, p.n_tile, a16);
-  const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * p.turns * kConvBytes : 0;
+      p.smem_scales ? static_cast<uint32_t>((p.wgs + (a16 ? 0 : n_block)) * p.kb_span * 4) : 0u;
+  const uint32_t stage_bytes = StageBytes(p.wgs, n_block, a16);
+  const uint32_t conv_bytes = a16 && !p.reg_weights ? p.wgs * p.turns * p.tgroups * kConvBytes : 0;
   const int fit =
       static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes - scale_bytes) / (stage_bytes + 16));
   // stages 0 (auto): 2 for W8A16 token tiles past kA16TwoStageTokens (at 128 tokens a 40 KB stage:
@@ -469,9 +524,10 @@ cudaError_t LaunchKernel(const CUtensorMap& w_map, const CUtensorMap& x_map, con
   if (attribute != cudaSuccess) return attribute;
   const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
                   static_cast<unsigned>(p.splits));
-  return bs::LaunchClustered(Fp8WgmmaKernel<N, A16, IN_FLIGHT>, grid,
-                             dim3(static_cast<unsigned>(128 * p.wgs * p.turns + 32)), p.smem_bytes,
-                             a.cluster_reduce != 0 ? p.splits : 1, stream, w_map, x_map, a);
+  return bs::LaunchClustered(
+      Fp8WgmmaKernel<N, A16, IN_FLIGHT>, grid,
+      dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)), p.smem_bytes,
+      dim3(1, p.multicast ? 2 : 1, a.cluster_reduce != 0 ? p.splits : 1), stream, w_map, x_map, a);
 }
 
 template <int N, bool A16>
@@ -521,12 +577,16 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       int reg = c.a16_register_weights ? 1 : 0;
       int alternate = c.alternate_turns ? 1 : 0;
       int in_flight = c.two_in_flight ? 1 : 0;
-      const int fields = std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target,
-                                     &cluster, &scales, &reg, &alternate, &in_flight);
+      int split = c.split_tokens ? 1 : 0;
+      int stagger = c.stagger_k ? 1 : 0;
+      int multicast = c.multicast_activations ? 1 : 0;
+      const int fields =
+          std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
+                      &scales, &reg, &alternate, &in_flight, &split, &stagger, &multicast);
       const auto flag = [](int v) { return v == 0 || v == 1; };
       if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
           stages <= kMaxStages && target >= 0 && flag(cluster) && flag(scales) && flag(reg) &&
-          flag(alternate) && flag(in_flight)) {
+          flag(alternate) && flag(in_flight) && flag(split) && flag(stagger) && flag(multicast)) {
         c.warpgroups = wgs;
         c.stages = stages;
         c.target_blocks = target;
@@ -535,6 +595,9 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
         c.a16_register_weights = reg == 1;
         c.alternate_turns = alternate == 1;
         c.two_in_flight = in_flight == 1;
+        c.split_tokens = split == 1;
+        c.stagger_k = stagger == 1;
+        c.multicast_activations = multicast == 1;
       }
     }
     return c;
@@ -581,9 +644,11 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   float* partial = reinterpret_cast<float*>(xq + plan.xq_bytes + plan.xs_bytes);
   CUtensorMap w_map;
   CUtensorMap x_map;
+  // The activation boxes: the block's tokens, or half of them with multicast.
+  const int x_rows = plan.n_tile * plan.tgroups / (plan.multicast ? 2 : 1);
   const bool encoded = EncodeMap(&w_map, w, n, k, k, 64 * plan.wgs, false) &&
-                       (a16 ? EncodeMap(&x_map, x, m, k, x_stride, plan.n_tile, true)
-                            : EncodeMap(&x_map, xq, m, k, k, plan.n_tile, false));
+                       (a16 ? EncodeMap(&x_map, x, m, k, x_stride, x_rows, true)
+                            : EncodeMap(&x_map, xq, m, k, k, x_rows, false));
   if (!encoded) {
     if (refusal != nullptr) *refusal = "cuTensorMapEncodeTiled failed (driver too old?)";
     return cudaErrorNotSupported;
@@ -605,6 +670,9 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.reg_weights = plan.reg_weights ? 1 : 0;
   a.kb_span = plan.kb_span;
   a.turns = plan.turns;
+  a.tgroups = plan.tgroups;
+  a.stagger = plan.stagger ? 1 : 0;
+  a.multicast = plan.multicast ? 1 : 0;
   a.partial = partial;
   a.out = out;
   a.out_f32 = out_f32;

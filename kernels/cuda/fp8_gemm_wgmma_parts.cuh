@@ -17,6 +17,8 @@
 namespace pdserve::kernels::cuda::fp8_wgmma {
 
 namespace bs = block_scaled;
+using hopper::ClusterArrive;
+using hopper::ClusterWait;
 using hopper::FenceBarrierInit;
 using hopper::FenceProxyAsync;
 using hopper::FenceRegisters;
@@ -28,6 +30,7 @@ using hopper::PrefetchTensorMap;
 using hopper::SharedAddress;
 using hopper::SmemDescriptor;
 using hopper::TmaLoad2d;
+using hopper::TmaLoad2dMulticast;
 using hopper::WgmmaBf16;
 using hopper::WgmmaBf16RegA;
 using hopper::WgmmaCommit;
@@ -57,7 +60,13 @@ struct WgmmaArgs {
   int32_t reg_weights;     // A16, N <= kRegWeightTokens: ProductsRegisterWeights (no conv buffers)
   int32_t kb_span;         // ceil(k / 128 / k_splits): the scale region's k blocks
   int32_t turns;           // 1, or 2: two consumer warpgroups per row group, alternate k blocks
-  float* partial;          // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
+  int32_t tgroups;         // 1, or 2: split_tokens, two consumer warpgroups per row group, each
+                           // N of the block's 2N tokens (the same weight box, its own half of
+                           // the activation box)
+  int32_t stagger;    // stagger_k: the split's k blocks from blockIdx.y % n_kb on, wrapping around
+  int32_t multicast;  // multicast_activations: clusters of two row tiles (grid y) share the
+                      // activation boxes, each block loading half of the rows into both
+  float* partial;     // k_splits > 1 and !cluster_reduce: [k_splits, m, n]
   __nv_bfloat16* out;
   float* out_f32;  // set: fp32 output there instead of out
   int64_t out_stride;
@@ -107,14 +116,15 @@ __device__ __forceinline__ void ConvertWeights(const uint8_t* w_stage, uint8_t* 
 // conversion buffer). `b_stage`: the stage's activation boxes; warp: the warp in the warpgroup.
 // `a` receives the A fragments; they must stay unchanged until the products are waited for
 // (with two blocks in flight the caller keeps one array per block, so that ptxas need not
-// serialize the wgmma to reuse their registers).
+// serialize the wgmma to reuse their registers). box_bytes: the bytes of one activation box (its
+// rows x 128: the k 64..127 box follows the k 0..63 one).
 constexpr int kRegWeightTokens = 64;
 constexpr int kClusterReduceTokens = 64;
 using RegisterA = uint32_t[kBlockK / 16][4];
 template <int N>
 __device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], RegisterA& a,
                                                         const uint8_t* w_rows, uint32_t b_stage,
-                                                        int warp, int lane) {
+                                                        uint32_t box_bytes, int warp, int lane) {
   const int t = lane % 4;
   const int lo = 16 * warp + lane / 4;  // rows lo and lo + 8: the same swizzle (lo % 8)
   const uint8_t* row_lo = w_rows + lo * 128 + 2 * t;
@@ -131,7 +141,7 @@ __device__ __forceinline__ void ProductsRegisterWeights(float (&p)[N / 2], Regis
 #pragma unroll
   for (int ks = 0; ks < kBlockK / 16; ++ks) {
     WgmmaBf16RegA<N>(p, a[ks],
-                     SmemDescriptor(b_stage + (ks / 4) * (N * 128) + (ks % 4) * 32, 16, 1024), ks);
+                     SmemDescriptor(b_stage + (ks / 4) * box_bytes + (ks % 4) * 32, 16, 1024), ks);
   }
 }
 
@@ -172,12 +182,39 @@ __device__ __forceinline__ void LoadTokenScales(const WgmmaArgs& a, int64_t kb, 
   }
 }
 
-// The activation box(es) of one stage: e4m3 [N x 128 k], or (A16) bf16 [N x 64 k] twice.
-template <int N, bool A16>
+// Arrive on the barrier at shared address `bar` of block `cta` of the cluster (the same offset
+// as in this block; PTX ISA "mapa", "mbarrier.arrive" on .shared::cluster).
+__device__ __forceinline__ void MbarrierArriveInCluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+// This block's rank in its cluster.
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// The activation box(es) of one stage: e4m3 [rows x 128 k], or (A16) bf16 [rows x 64 k] twice
+// (rows: the block's tokens, box_bytes = rows * 128). cta_mask != 0 (multicast_activations): the
+// map's boxes are half as many rows, `dst` and `token0` are this block's half of them, and each
+// lands in every block of the mask (the same offsets there).
+template <bool A16>
 __device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst, int32_t k0,
-                                                int32_t token0, uint32_t bar) {
+                                                int32_t token0, uint32_t bar, uint32_t box_bytes,
+                                                uint16_t cta_mask) {
+  if (cta_mask != 0) {
+    TmaLoad2dMulticast(dst, x_map, k0, token0, bar, cta_mask);
+    if constexpr (A16) TmaLoad2dMulticast(dst + box_bytes, x_map, k0 + 64, token0, bar, cta_mask);
+    return;
+  }
   TmaLoad2d(dst, x_map, k0, token0, bar);
-  if constexpr (A16) TmaLoad2d(dst + N * 128, x_map, k0 + 64, token0, bar);
+  if constexpr (A16) TmaLoad2d(dst + box_bytes, x_map, k0 + 64, token0, bar);
 }
 
 // cluster_reduce's epilogue, run by every thread of the block (acc: nullptr for the producer
@@ -248,6 +285,9 @@ __device__ __forceinline__ bool CombineTurns(uint8_t* smem, float (&acc)[N / 2],
 // W8A8 token tiles up to this size may alternate warpgroups (WgmmaArgs::turns; past it, the
 // code for it made the one-warpgroup kernel spill at 128 tokens, where cuBLASLt runs anyway).
 constexpr int kAlternateA8Tokens = 64;
+
+// split_tokens applies from this many tokens on (below, one token group of 8 already holds them).
+constexpr int kSplitTokensMin = 8;
 
 // Token tiles up to this size may keep two 128-k blocks' products in flight per warpgroup
 // (Fp8WgmmaConfig::two_in_flight; a second partial accumulator: at 128 tokens it would spill).

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -367,6 +368,81 @@ TEST(CudaFp8GemmTest, WgmmaTwoInFlightAndAlternateTurns) {
     e.ue8m0 = !e.ue8m0;
     RunAndCheck(e, Path::kWgmma, config);
     RunAndCheck(NonFinite(rng), Path::kWgmma, config);
+  }
+}
+
+// The wgmma path with `config` at k = 128, 384, 1280 (1, 3, 10 k blocks) and each token count
+// of `tokens` (n weight rows): against the reference and two runs the same bits; then extreme
+// scales (ue8m0 too) and NaN / Inf.
+void SweepWgmmaOption(std::mt19937_64& rng, const Fp8WgmmaConfig& config,
+                      std::initializer_list<int64_t> tokens, int64_t n) {
+  for (int64_t k : {128, 384, 1280}) {
+    for (int64_t m : tokens) {
+      const DenseCase c = MakeDense(rng, m, n, k, m % 2 == 1);
+      const std::vector<uint16_t> first = RunAndCheck(c, Path::kWgmma, config);
+      ASSERT_FALSE(first.empty());
+      EXPECT_EQ(first, RunAndCheck(c, Path::kWgmma, config)) << "m=" << m << " k=" << k;
+    }
+  }
+  DenseCase e = ExtremeScales(rng);
+  RunAndCheck(e, Path::kWgmma, config);
+  e.ue8m0 = !e.ue8m0;
+  RunAndCheck(e, Path::kWgmma, config);
+  RunAndCheck(NonFinite(rng), Path::kWgmma, config);
+}
+
+// split_tokens (two consumer warpgroups per block on one weight box, each half of the block's
+// tokens): token counts 1 (ignored), 9..130 odd and even (tiles of 2 x 8 .. 2 x 64, the second
+// group partly or wholly past m), 1, 3 and 10 k blocks, with and without a k split, smem scales
+// or not, two blocks in flight, 2 and 3 stages, 2 warpgroups and cluster_reduce asked for (taken
+// as 1 and off): against the reference and two runs the same bits; extreme scales (ue8m0 too)
+// and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaSplitTokens) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true, false, false, true},
+                                    {1, 4, 0, false, false, false, false, false, true},
+                                    {2, 3, 4096, true, true, true, false, true, true},
+                                    {0, 2, 132, false, true, true, false, true, true}};
+  for (const Fp8WgmmaConfig& config : configs) {
+    SweepWgmmaOption(rng, config, {1, 9, 16, 17, 33, 64, 65, 100, 128, 130}, 200);
+  }
+}
+
+// multicast_activations (clusters of two row tiles loading each activation box once): 256 and
+// 700 weight rows (4 and 11 row tiles: the odd count runs without), token counts whose block
+// tiles are and are not a multiple of 16, with split_tokens (and tiles wholly past m), stagger_k,
+// two blocks in flight, a k split or not: against the reference and two runs the same bits;
+// extreme scales and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaMulticastActivations) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true},
+                              {1, 4, 0, false, false, false},
+                              {0, 4, 264, false, true, true, false, true, true},
+                              {0, 2, 4096, false, true, true, false, false, true, true}};
+  for (Fp8WgmmaConfig& config : configs) {
+    config.multicast_activations = true;
+    SweepWgmmaOption(rng, config, {1, 9, 16, 33, 64, 100, 128, 130}, 256);
+  }
+  SweepWgmmaOption(rng, configs[2], {17, 130}, 700);
+}
+
+// stagger_k (each block's k blocks from a row-tile offset on, wrapping around): 1, 3 and 10 k
+// blocks (offsets 0..9, with and without a k split), token tiles 8..128 and odd counts, with smem
+// scales or not, two blocks in flight, alternate turns and split_tokens: against the reference
+// and two runs the same bits; extreme scales (ue8m0 too) and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaStaggerK) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true},
+                              {1, 4, 0, false, false},
+                              {0, 4, 4096, false, true, true, false, true},
+                              {0, 4, 264, false, true, true, true},
+                              {0, 3, 264, false, true, true, false, false, true}};
+  for (Fp8WgmmaConfig& config : configs) {
+    config.stagger_k = true;
+    SweepWgmmaOption(rng, config, {1, 9, 33, 64, 100, 130}, 300);
   }
 }
 
