@@ -647,12 +647,14 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
   return LaunchActQuantWarp(x, rows, k, x_stride, ue8m0, xq, xs, stream);
 }
 
-// SplitKReduceKernel's trigger_first: on, unless PDSERVE_SPLITK_EARLY_TRIGGER=0 (read once per
-// process; the reduce kernel then lets the next kernel launch only when it ends).
+// SplitKReduceKernel's trigger_first: off (the next kernel launches when the reduce ends) unless
+// PDSERVE_SPLITK_EARLY_TRIGGER=1 (read once per process). Opt-in until tools/gpu/run_dense54.sh
+// has measured it on a GPU (docs/perf.md, "Split-K reduce, activation multicast and split
+// tokens").
 inline bool ReduceTriggersFirst() {
   static const bool on = [] {
     const char* env = std::getenv("PDSERVE_SPLITK_EARLY_TRIGGER");
-    return env == nullptr || std::string(env) != "0";
+    return env != nullptr && std::string(env) == "1";
   }();
   return on;
 }

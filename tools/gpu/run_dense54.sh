@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine call for issue 25's decode goal (dense FP8 GEMMs at 1-128 tokens): the
-# split-k reduce kernel letting the next kernel launch at its start (PDSERVE_SPLITK_EARLY_TRIGGER,
-# on by default now; =0 the old behaviour), fp8_gemm_wgmma's split_tokens, stagger_k and
+# split-k reduce kernel letting the next kernel launch at its start (PDSERVE_SPLITK_EARLY_TRIGGER=1;
+# opt-in in the code, so this script exports it for every row but the *_late ones and the layer
+# run that sets 0), fp8_gemm_wgmma's split_tokens, stagger_k and
 # multicast_activations options, and the W8A8 dispatch without cuBLASLt (PDSERVE_FP8_GEMM=own).
 # From the repository root on a Hopper GPU with CUDA 13: builds kernels/cuda standalone (the
 # kernels, the GPU tests, bench/cuda/decode_bench.cu), runs the new options' tests first, one
@@ -15,6 +16,7 @@
 # are skipped, so that it ends within 170 s on the H200.
 # Environment: OUT (logs, default ./gpu-out), BUILD (build dir), VARIANTS, LAYER_RUNS.
 set -uo pipefail
+export PDSERVE_SPLITK_EARLY_TRIGGER=${PDSERVE_SPLITK_EARLY_TRIGGER:-1}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 b=${BUILD:-/tmp/pdserve-build-dense54}
