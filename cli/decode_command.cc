@@ -72,6 +72,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   PDSERVE_ASSIGN_OR_RETURN(options.transfer_ucx_protocols,
                            kv::ParseUcxProtocols(entry.deploy.transfer_ucx_protocols));
   options.transfer_register_pages = entry.deploy.transfer_register_pages;
+  options.transfer_shm_pull = entry.deploy.transfer_shm_pull;
   // A CUDA engine's state pages are copied to host memory and sent from (landed in) there.
   options.transfer_path = entry.worker.backend == "cuda" ? "host-staged" : "host";
   options.runner.degeneration = entry.deploy.guards.degeneration_action == "stop"

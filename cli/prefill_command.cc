@@ -50,6 +50,7 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   PDSERVE_ASSIGN_OR_RETURN(options.transfer_ucx_protocols,
                            kv::ParseUcxProtocols(entry.deploy.transfer_ucx_protocols));
   options.transfer_register_pages = entry.deploy.transfer_register_pages;
+  options.transfer_shm_pull = entry.deploy.transfer_shm_pull;
   // A CUDA engine's state pages are copied to host memory and sent from (landed in) there.
   options.transfer_path = entry.worker.backend == "cuda" ? "host-staged" : "host";
   PDSERVE_ASSIGN_OR_RETURN(options.model,

@@ -529,13 +529,14 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   const YAML::Node transfer = r.Field(root, "", "transfer", false);
   if (!transfer.IsNull() && r.Map(transfer, "transfer",
                                   {"transport", "lease_ms", "lanes", "early_import",
-                                   "ucx_protocols", "register_pages"})) {
+                                   "ucx_protocols", "register_pages", "shm_pull"})) {
     r.Enum(transfer, "transfer", "transport", false, kTransports, &c.transport);
     r.Int(transfer, "transfer", "lease_ms", false, kMinLeaseMs, 3600000, &c.lease_ms);
     r.Int(transfer, "transfer", "lanes", false, 0, kMaxConfigTransferLanes, &c.transfer_lanes);
     r.Bool(transfer, "transfer", "early_import", &c.transfer_early_import);
     r.Enum(transfer, "transfer", "ucx_protocols", false, {"v1", "v2"}, &c.transfer_ucx_protocols);
     r.Bool(transfer, "transfer", "register_pages", &c.transfer_register_pages);
+    r.Bool(transfer, "transfer", "shm_pull", &c.transfer_shm_pull);
   }
   const YAML::Node guards = r.Field(root, "", "guards", false);
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);

@@ -172,6 +172,12 @@ struct DeployConfig {
   // that handle with each page send and rendezvous receive (docs/protocol.md, "Registered page
   // memory"). Off by default: measured no better on this machine, and not run on the GPU host.
   bool transfer_register_pages = false;
+  // Same-host pages by shared memory (docs/protocol.md, "Same-host pages by shared memory"): the
+  // prefill worker's page pool lives in a memfd the decode worker maps read-only, and the decode
+  // worker copies each page out of it after its header passed every check, instead of receiving
+  // it over UCX. Used per ticket only where both workers have it on and run on one host as one
+  // user; otherwise active messages. Off by default until measured on the GPU host.
+  bool transfer_shm_pull = false;
   // A CUDA decode worker imports each transferred layer into the request's GPU slot as it
   // arrives (runtime/early_import.h) instead of at the first step (docs/engine-gpu.md, "Early
   // import"). On by default since its H200 run of 2026-12-04; false: the import at the first step.

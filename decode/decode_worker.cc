@@ -75,6 +75,12 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                            kv::TransferMetrics::Create(w->registry_, "receive"));
   receiver_options.metrics = w->transfer_metrics_.get();
   receiver_options.metrics_path = w->options_.transfer_path;
+  if (w->options_.transfer_shm_pull) {
+    // One word per page of the tickets in flight: 2^20 words (8 MiB) cover tens of 128K-token
+    // V4-Flash requests; a ticket that finds none free goes without an offer.
+    PDSERVE_ASSIGN_OR_RETURN(w->acks_, kv::shm::AckTable::Create(uint64_t{1} << 20));
+    receiver_options.acks = w->acks_.get();
+  }
   DecodeWorker* self = w.get();
   receiver_options.on_layer = [self](uint64_t, uint64_t request_id, uint32_t layer) {
     self->OnLayer(request_id, layer);

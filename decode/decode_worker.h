@@ -75,6 +75,10 @@ struct DecodeWorkerOptions {
   // Register the page pool's host memory with the transport once (config
   // transfer.register_pages; docs/protocol.md, "Registered page memory").
   bool transfer_register_pages = false;
+  // transfer.shm_pull: tickets offer prefill workers on this host to have their pages pulled from
+  // their shared memory (kvtransfer/shm/pull.h; docs/protocol.md, "Same-host pages by shared
+  // memory").
+  bool transfer_shm_pull = false;
   std::string transfer_path = "host";  // the transfer metrics' path label
   runtime::RunnerOptions runner;  // degeneration action, prefill_block, paranoid (guards.paranoid)
   // The canary checks 1 in canary_every requests (guards.canary_every; 0: none), picked by
@@ -307,6 +311,8 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
 
   DecodeWorkerOptions options_;
   worker::WorkerModel model_;
+  // With transfer_shm_pull: the ack words of its tickets (before receiver_, which writes them).
+  std::unique_ptr<kv::shm::AckTable> acks_;
   std::unique_ptr<serving::PagePool> pool_;
   std::optional<runtime::DeviceStatePools> device_pools_;  // with device_state_tokens
   SystemClock clock_;

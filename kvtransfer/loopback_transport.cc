@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/shm/pull.h"
 
 namespace pdserve::kv {
 
@@ -202,6 +203,7 @@ class LoopbackNetwork::ReceiveEnd final : public ReceiveTransport {
   std::shared_ptr<State> state_;
   uint64_t id_ = 0;
   PageSink* sink_ = nullptr;
+  shm::PeerRegions regions_;       // Senders' page regions mapped for kPageRef messages.
   std::vector<Landing> landings_;  // Only Progress() touches it (the owner serializes).
 };
 
@@ -216,6 +218,17 @@ void LoopbackNetwork::ReceiveEnd::Progress() {
 }
 
 void LoopbackNetwork::ReceiveEnd::Deliver(State::Message& message) {
+  if (message.kind == WireKind::kPageRef) {
+    shm::LandPageRef(
+        regions_, message.eager_payload,
+        [&](std::span<const std::byte> header, size_t length) {
+          return sink_->OnPageHeader(header, length);
+        },
+        [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
+          sink_->OnPageLanded(ticket_id, slot, std::move(status), finished);
+        });
+    return;
+  }
   if (message.kind != WireKind::kPage) {
     sink_->OnControl(message.eager_payload);
     return;

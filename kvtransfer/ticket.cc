@@ -1,5 +1,7 @@
 #include "kvtransfer/ticket.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/page_header.h"
 #include "xxhash.h"
@@ -10,6 +12,11 @@ namespace {
 constexpr size_t kTicketFixedBytes = 64;
 constexpr size_t kDescriptorBytes = 28;
 constexpr size_t kControlFixedBytes = 48;
+// The shm-pull offer, when present, follows the worker address: magic "SHMP" u32, boot id length
+// u32, pid u32, fd u32, region bytes u64, token [16], ack index u64, then the boot id's bytes.
+constexpr uint32_t kOfferMagic = 0x504D4853;
+constexpr size_t kOfferFixedBytes = 48;
+constexpr size_t kMaxBootIdBytes = 64;
 
 // Appends little-endian fields to a growing buffer.
 class Writer {
@@ -67,6 +74,17 @@ std::vector<std::byte> EncodeTicket(const Ticket& ticket) {
     w.Put(static_cast<uint16_t>(page.element), 4);
   }
   w.PutBytes(ticket.worker_address);
+  if (ticket.shm_pull.has_value()) {
+    const ShmPullOffer& offer = *ticket.shm_pull;
+    w.Put(kOfferMagic, 4);
+    w.Put(offer.boot_id.size(), 4);
+    w.Put(offer.acks.pid, 4);
+    w.Put(offer.acks.fd, 4);
+    w.Put(offer.acks.bytes, 8);
+    w.PutBytes(std::as_bytes(std::span(offer.acks.token)));
+    w.Put(offer.ack_index, 8);
+    w.PutBytes(std::as_bytes(std::span(offer.boot_id)));
+  }
   return w.Take();
 }
 
@@ -85,7 +103,16 @@ absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes) {
   const uint64_t address_bytes = LoadLe(bytes, 56, 4);
   const uint64_t num_pages = LoadLe(bytes, 60, 4);
   const uint64_t expected = kTicketFixedBytes + num_pages * kDescriptorBytes + address_bytes;
-  if (bytes.size() != expected) {
+  // An offer follows: its fixed part, then its boot id.
+  const bool offer = num_pages <= bytes.size() && address_bytes <= bytes.size() &&
+                     bytes.size() >= expected + kOfferFixedBytes &&
+                     LoadLe(bytes, expected, 4) == kOfferMagic;
+  const uint64_t boot_bytes = offer ? LoadLe(bytes, expected + 4, 4) : 0;
+  if (offer &&
+      (boot_bytes > kMaxBootIdBytes || bytes.size() != expected + kOfferFixedBytes + boot_bytes)) {
+    return absl::InvalidArgumentError("transfer ticket's shm-pull offer is malformed");
+  }
+  if (!offer && bytes.size() != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat("transfer ticket is ", bytes.size(), " bytes, its counts say ", expected));
   }
@@ -105,7 +132,20 @@ absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes) {
     page.element = static_cast<serving::ElementType>(element);
     at += kDescriptorBytes;
   }
-  ticket.worker_address.assign(bytes.begin() + at, bytes.end());
+  ticket.worker_address.assign(bytes.begin() + at,
+                               bytes.begin() + static_cast<ptrdiff_t>(at + address_bytes));
+  if (offer) {
+    at += address_bytes;
+    ShmPullOffer made;
+    made.acks.pid = static_cast<uint32_t>(LoadLe(bytes, at + 8, 4));
+    made.acks.fd = static_cast<uint32_t>(LoadLe(bytes, at + 12, 4));
+    made.acks.bytes = LoadLe(bytes, at + 16, 8);
+    std::memcpy(made.acks.token.data(), bytes.data() + at + 24, made.acks.token.size());
+    made.ack_index = LoadLe(bytes, at + 40, 8);
+    const auto* boot = reinterpret_cast<const char*>(bytes.data() + at + kOfferFixedBytes);
+    made.boot_id.assign(boot, boot_bytes);
+    ticket.shm_pull = std::move(made);
+  }
   return ticket;
 }
 

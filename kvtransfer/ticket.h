@@ -10,11 +10,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtransfer/shm/shared_memory.h"
 #include "kvtransfer/wire_kind.h"
 #include "serving/element_type.h"
 
@@ -37,6 +40,15 @@ struct PageDescriptor {
 // InvalidArgument when `sent` is unknown or the page's bytes are not whole elements.
 absl::StatusOr<uint64_t> WireBytes(const PageDescriptor& page, serving::ElementType sent);
 
+// The decode worker's offer to have its pages pulled from the sender's shared memory
+// (kvtransfer/shm/pull.h; docs/protocol.md, "Same-host pages by shared memory").
+struct ShmPullOffer {
+  std::string boot_id;     // The decode worker's host (shm::HostBootId), at most 64 bytes.
+  shm::RegionName acks;    // Its ack table.
+  uint64_t ack_index = 0;  // The word of the ticket's slot 0; slot s uses ack_index + s.
+  bool operator==(const ShmPullOffer&) const = default;
+};
+
 struct Ticket {
   uint64_t ticket_id = 0;
   uint64_t epoch = 0;
@@ -46,6 +58,8 @@ struct Ticket {
   std::vector<PageDescriptor> pages;      // Index = slot.
   absl::Time lease_deadline = absl::InfinitePast();
   absl::Duration heartbeat_interval = absl::ZeroDuration();
+  // Set when the decode worker accepts pulled pages; a sender that cannot pull ignores it.
+  std::optional<ShmPullOffer> shm_pull;
 
   uint64_t total_bytes() const;
   bool operator==(const Ticket&) const = default;

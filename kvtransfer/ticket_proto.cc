@@ -1,6 +1,8 @@
 #include "kvtransfer/ticket_proto.h"
 
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,6 +31,16 @@ v1::TransferTicket TicketToProto(const Ticket& ticket) {
   }
   proto.set_lease_deadline_unix_ms(absl::ToUnixMillis(ticket.lease_deadline));
   proto.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(ticket.heartbeat_interval));
+  if (ticket.shm_pull.has_value()) {
+    v1::ShmPullOffer* offer = proto.mutable_shm_pull();
+    offer->set_boot_id(ticket.shm_pull->boot_id);
+    offer->set_pid(ticket.shm_pull->acks.pid);
+    offer->set_fd(ticket.shm_pull->acks.fd);
+    offer->set_bytes(ticket.shm_pull->acks.bytes);
+    offer->set_token(reinterpret_cast<const char*>(ticket.shm_pull->acks.token.data()),
+                     ticket.shm_pull->acks.token.size());
+    offer->set_ack_index(ticket.shm_pull->ack_index);
+  }
   return proto;
 }
 
@@ -68,6 +80,22 @@ absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
   }
   ticket.lease_deadline = absl::FromUnixMillis(proto.lease_deadline_unix_ms());
   ticket.heartbeat_interval = absl::Milliseconds(proto.heartbeat_interval_ms());
+  if (proto.has_shm_pull()) {
+    const v1::ShmPullOffer& offer = proto.shm_pull();
+    ShmPullOffer made;
+    if (offer.token().size() != made.acks.token.size() || offer.boot_id().size() > 64) {
+      return absl::InvalidArgumentError("ticket's shm_pull offer: token of " +
+                                        std::to_string(offer.token().size()) +
+                                        " bytes (16 expected) or boot id over 64 bytes");
+    }
+    made.boot_id = offer.boot_id();
+    made.acks.pid = offer.pid();
+    made.acks.fd = offer.fd();
+    made.acks.bytes = offer.bytes();
+    std::memcpy(made.acks.token.data(), offer.token().data(), made.acks.token.size());
+    made.ack_index = offer.ack_index();
+    ticket.shm_pull = std::move(made);
+  }
   return ticket;
 }
 

@@ -30,6 +30,8 @@ struct TransferReceiver::Entry {
   // A verified outcome was read by Outcome() or reported to on_outcome: the owner knows the pages
   // are its own.
   mutable bool outcome_read = false;
+  // The first of its ack words (ReceiverOptions::acks) when its ticket carries an shm-pull offer.
+  std::optional<uint64_t> ack_index;
 };
 
 TransferReceiver::TransferReceiver(std::unique_ptr<ReceiveTransport> transport,
@@ -94,6 +96,14 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
   ticket.pages = std::move(spec.pages);
   ticket.lease_deadline = clock_.Now() + options_.lease;
   ticket.heartbeat_interval = options_.heartbeat_interval;
+  if (options_.acks != nullptr) {
+    if (std::optional<uint64_t> index = options_.acks->Reserve(ticket.pages.size());
+        index.has_value()) {
+      entry->ack_index = index;
+      ticket.shm_pull = ShmPullOffer{
+          .boot_id = options_.acks->boot_id(), .acks = options_.acks->name(), .ack_index = *index};
+    }
+  }
   entry->destinations = std::move(spec.destinations);
   entry->slots.assign(ticket.pages.size(), Entry::Slot::kEmpty);
   entry->header_checksums.assign(ticket.pages.size(), 0);
@@ -286,11 +296,17 @@ std::optional<LandingTarget> TransferReceiver::OnPageHeader(std::span<const std:
   const PageHeader& header = *decoded;
   Entry* entry = FindForHeader(header);
   if (entry == nullptr || entry->state != TransferState::kReceiving) {
-    if (entry != nullptr) ++stats_.stray_messages;
+    if (entry != nullptr) {
+      ++stats_.stray_messages;
+      Ack(*entry, header.slot, shm::AckState::kRefused);
+    }
     return std::nullopt;
   }
   if (absl::Status error = CheckPage(*entry, header, length); !error.ok()) {
+    // A duplicate's slot keeps the word of its first landing.
+    const bool duplicate = GetIsolationError(error) == IsolationError::kDuplicate;
     FailEntry(*entry, std::move(error));
+    if (!duplicate) Ack(*entry, header.slot, shm::AckState::kRefused);
     return std::nullopt;
   }
   entry->slots[header.slot] = Entry::Slot::kLanding;
@@ -332,8 +348,11 @@ void TransferReceiver::OnPageLanded(uint64_t ticket_id, uint32_t slot, absl::Sta
   // The landing's finish (OnPageHeader) already checksummed the bytes and converted a page that
   // arrived in another element type; its conversion buffer is no longer needed.
   entry.converting[slot] = {};
+  // The landing is over (no byte of the sender's is read any more): a puller may reuse its page.
+  Ack(entry, slot, status.ok() ? shm::AckState::kLanded : shm::AckState::kFailed);
   if (!status.ok()) {
-    // The sender vanished mid-page; the page stays empty and the lease decides.
+    // The sender vanished mid-page (or, pulled, its region could not be read); the page stays
+    // empty and the lease decides.
     entry.slots[slot] = Entry::Slot::kEmpty;
     return;
   }
@@ -415,6 +434,13 @@ void TransferReceiver::HandleCommitOrHeartbeat(Entry& entry, ControlMessage mess
 
 void TransferReceiver::Decide(Entry& entry, TransferState state, absl::Status status) {
   entry.state = state;
+  // A verified ticket's sender committed after reading every page's ack word: the words are
+  // free now. Other outcomes keep them until the ticket is released (the sender may still wait).
+  if (state == TransferState::kVerified && entry.ack_index.has_value() &&
+      options_.acks != nullptr) {
+    options_.acks->Free(*entry.ack_index, entry.ticket.pages.size());
+    entry.ack_index.reset();
+  }
   entry.status = std::move(status);
   RecordMetrics(entry);
   if (!on_outcome_) return;
@@ -511,6 +537,14 @@ void TransferReceiver::CheckDeadlines(Entry& entry, absl::Time now) {
   }
 }
 
+void TransferReceiver::Ack(const Entry& entry, uint32_t slot, shm::AckState state) {
+  if (!entry.ack_index.has_value() || options_.acks == nullptr ||
+      slot >= entry.ticket.pages.size()) {
+    return;
+  }
+  options_.acks->Write(*entry.ack_index + slot, shm::AckWord(entry.ticket.ticket_id, state));
+}
+
 void TransferReceiver::Sweep() {
   const absl::Time now = clock_.Now();
   for (auto it = entries_.begin(); it != entries_.end();) {
@@ -544,6 +578,9 @@ void TransferReceiver::Sweep() {
       }
     }
     if (release) on_release_(ticket.ticket_id, ticket.request_id, entry.status);
+    if ((release || forget) && entry.ack_index.has_value() && options_.acks != nullptr) {
+      options_.acks->Free(*entry.ack_index, ticket.pages.size());
+    }
     if (release || forget) {
       it = entries_.erase(it);
     } else {

@@ -45,6 +45,7 @@
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/page_header.h"
 #include "kvtransfer/receive_transport.h"
+#include "kvtransfer/shm/pull.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_metrics.h"
 
@@ -80,6 +81,12 @@ struct ReceiverOptions {
   // outcome; none after any other outcome. Runs with the receiver's mutex held (on the thread
   // that landed the page) and must not call back into the receiver. Empty: not called.
   std::function<void(uint64_t ticket_id, uint64_t request_id, uint32_t layer)> on_layer;
+  // The shm-pull ack table (kvtransfer/shm/pull.h; not owned, must outlive the receiver), or null:
+  // tickets then carry no shm_pull offer. With it, each ticket takes one word per page (none
+  // left: that ticket goes without an offer) and every page of it that lands, fails to land or is
+  // refused after its header named the ticket gets its word written. A verified ticket's words
+  // are freed at once (its sender read them all before it committed), others' at release.
+  shm::AckTable* acks = nullptr;
 };
 
 // One request's destination pages: descriptor and memory per slot (sizes must agree).
@@ -194,6 +201,9 @@ class TransferReceiver final : private PageSink {
   // The lease and missing-page deadlines of a receiving entry.
   void CheckDeadlines(Entry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindForHeader(const PageHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes slot `slot`'s ack word of an entry with an shm-pull offer (options_.acks).
+  void Ack(const Entry& entry, uint32_t slot, shm::AckState state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReceiverOptions options_;
   const Clock& clock_;

@@ -14,9 +14,8 @@ namespace {
 // leaves the rest to the lease (real time: the injected clock may stand still in tests).
 constexpr absl::Duration kCancelWait = absl::Seconds(2);
 
-// Progresses `transport` until `op` completes or `limit` of real time passes.
-bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
-  const absl::Time until = absl::Now() + limit;
+// Progresses `transport` until `op` completes or the real time `until` passes.
+bool WaitOpUntil(PageTransport& transport, SendOp& op, absl::Time until) {
   while (!op.Test().has_value()) {
     if (absl::Now() > until) return false;
     transport.Progress();
@@ -24,10 +23,67 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
   return true;
 }
 
+bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
+  return WaitOpUntil(transport, op, absl::Now() + limit);
+}
+
+// A pulled page's send (kvtransfer/shm/pull.h): done when the decode worker's ack word names the
+// ticket (it has finished reading the page, or refused it unread), when the kPageRef message
+// could not be sent, or when the decode worker is gone. Cancel cannot stop a copy the decode
+// worker has begun, so it only cancels the message; Test still waits for one of the three.
+class PullOp final : public SendOp {
+ public:
+  PullOp(std::unique_ptr<SendOp> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
+         PageTransport& transport, PeerId peer, shm::PullSender* sender,
+         const shm::RegionName& acks)
+      : message_(std::move(message)),
+        word_(word),
+        ticket_id_(ticket_id),
+        transport_(transport),
+        peer_(peer),
+        sender_(sender),
+        acks_(acks) {}
+
+  std::optional<absl::Status> Test() override {
+    const uint64_t word = word_->load(std::memory_order_acquire);
+    if ((word >> 2) == ticket_id_) {
+      switch (static_cast<shm::AckState>(word & 3)) {
+        case shm::AckState::kLanded:
+          return absl::OkStatus();
+        case shm::AckState::kRefused:
+          return absl::CancelledError("the decode worker refused the page");
+        default: {
+          absl::Status failed = absl::UnavailableError(
+              "the decode worker could not read the page from this worker's shared memory");
+          // Later tickets to it go by active messages.
+          if (sender_ != nullptr) sender_->Disable(acks_, failed);
+          return failed;
+        }
+      }
+    }
+    if (std::optional<absl::Status> sent = message_->Test(); sent.has_value() && !sent->ok()) {
+      return *sent;
+    }
+    if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return peer;
+    return std::nullopt;
+  }
+  void Cancel() override { message_->Cancel(); }
+
+ private:
+  std::unique_ptr<SendOp> message_;
+  const std::atomic<uint64_t>* word_;
+  const uint64_t ticket_id_;
+  PageTransport& transport_;
+  const PeerId peer_;
+  shm::PullSender* const sender_;
+  const shm::RegionName acks_;
+};
+
 }  // namespace
 
 Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions options,
-                   Ticket ticket, PeerId peer, std::vector<SourcePage> pages)
+                   Ticket ticket, PeerId peer, std::vector<SourcePage> pages,
+                   std::optional<shm::PullSender::Acks> pull, absl::Status pull_refusal)
     : transport_(transport),
       clock_(clock),
       options_(options),
@@ -40,7 +96,13 @@ Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions o
       page_done_(pages.size(), false),
       next_heartbeat_(clock_.Now()),  // the first Poll renews the lease at once
       lease_length_(ticket_.lease_deadline - clock_.Now()),
-      lease_deadline_(ticket_.lease_deadline) {
+      lease_deadline_(ticket_.lease_deadline),
+      pull_(std::move(pull)),
+      pull_refusal_(std::move(pull_refusal)) {
+  if (pull_.has_value()) {
+    ref_messages_.resize(pages.size());
+    options_.path = "shm-pull";
+  }
   ControlMessage heartbeat{.kind = WireKind::kHeartbeat,
                            .request_id = ticket_.request_id,
                            .ticket_id = ticket_.ticket_id,
@@ -60,8 +122,10 @@ Transfer::~Transfer() {
     if (op != nullptr) op->Cancel();
   }
   if (commit_op_ != nullptr) commit_op_->Cancel();
+  // One deadline for all of them: a stalled receiver costs kCancelWait, not kCancelWait a page.
+  const absl::Time until = absl::Now() + kCancelWait;
   for (auto& op : page_ops_) {
-    if (op != nullptr && !WaitOp(transport_, *op, kCancelWait)) quiet = false;
+    if (op != nullptr && !WaitOpUntil(transport_, *op, until)) quiet = false;
   }
   if (commit_op_ != nullptr && !WaitOp(transport_, *commit_op_, kCancelWait)) quiet = false;
   if (heartbeat_op_ != nullptr) WaitOp(transport_, *heartbeat_op_, kCancelWait);
@@ -103,9 +167,22 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
                           .element = elements_[slot],
                           .payload_xxh3 = checksums_[slot]};
   const auto encoded = EncodePageHeader(header);
-  auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
-  if (!op.ok()) return Fail(op.status());
-  page_ops_[slot] = std::move(*op);
+  if (pull_.has_value()) {
+    const shm::SharedRegion& region = options_.shm_pull->pages();
+    ref_messages_[slot] =
+        shm::EncodePageRefMessage(encoded, {.region = region.name(),
+                                            .offset = region.OffsetOf(pages_[slot].data()),
+                                            .length = pages_[slot].size()});
+    auto message = transport_.Send(peer_, WireKind::kPageRef, {}, ref_messages_[slot]);
+    if (!message.ok()) return Fail(message.status());
+    page_ops_[slot] =
+        std::make_unique<PullOp>(std::move(*message), pull_->words + slot, ticket_.ticket_id,
+                                 transport_, peer_, options_.shm_pull, ticket_.shm_pull->acks);
+  } else {
+    auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
+    if (!op.ok()) return Fail(op.status());
+    page_ops_[slot] = std::move(*op);
+  }
   in_flight_.push_back(slot);
   in_flight_bytes_ += pages_[slot].size();
   return absl::OkStatus();
@@ -319,8 +396,29 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
     if (options_.metrics != nullptr) options_.metrics->RecordFailure("connect");
     return peer.status();
   }
-  return std::unique_ptr<Transfer>(
-      new Transfer(transport_, clock_, options_, ticket, *peer, std::move(pages)));
+  std::optional<shm::PullSender::Acks> pull;
+  absl::Status pull_refusal;
+  if (options_.shm_pull != nullptr && ticket.shm_pull.has_value()) {
+    const shm::SharedRegion& region = options_.shm_pull->pages();
+    for (size_t slot = 0; slot < pages.size() && pull_refusal.ok(); ++slot) {
+      if (!region.Contains(pages[slot].bytes.data(), pages[slot].bytes.size())) {
+        pull_refusal = absl::FailedPreconditionError(
+            absl::StrCat("shm pull: slot ", slot, "'s page lies outside the shared region"));
+      }
+    }
+    if (pull_refusal.ok()) {
+      absl::StatusOr<shm::PullSender::Acks> acks =
+          options_.shm_pull->AcksFor(*ticket.shm_pull, pages.size());
+      if (acks.ok()) {
+        pull = std::move(*acks);
+      } else {
+        pull_refusal = acks.status();
+      }
+    }
+  }
+  return std::unique_ptr<Transfer>(new Transfer(transport_, clock_, options_, ticket, *peer,
+                                                std::move(pages), std::move(pull),
+                                                std::move(pull_refusal)));
 }
 
 }  // namespace pdserve::kv

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "common/clock.h"
 #include "common/task_pool.h"
 #include "kvtransfer/page_transport.h"
+#include "kvtransfer/shm/pull.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_metrics.h"
 
@@ -59,6 +61,11 @@ struct SenderOptions {
   // prefill's xxh3 pass runs at several cores' speed instead of one's (docs/protocol.md, "Host
   // threads of a transfer"); the headers and the commit carry the same values either way.
   TaskPool* checksum_pool = nullptr;
+  // Pull (kvtransfer/shm/pull.h; not owned, must outlive the transfers), or null: a ticket with
+  // an shm_pull offer whose pages all lie in this sender's shared region, on this host, with an
+  // ack table this process can map, has its pages pulled by the decode worker (kPageRef
+  // messages; the metrics' path label "shm-pull"); any other goes by active messages.
+  shm::PullSender* shm_pull = nullptr;
 };
 
 // max_in_flight_bytes for a transport of `lanes` lanes: 8 MiB for one (the default above), 256 MiB
@@ -94,6 +101,11 @@ class Transfer {
   absl::Status Release();
 
   const Ticket& ticket() const { return ticket_; }
+  // Whether the decode worker pulls this transfer's pages from shared memory.
+  bool pulled() const { return pull_.has_value(); }
+  // Why a ticket with an shm_pull offer goes by active messages (OK when it is pulled or had no
+  // offer, or this sender has no PullSender).
+  const absl::Status& pull_refusal() const { return pull_refusal_; }
   // Pages posted by the caller (queued or handed to the transport).
   size_t pages_posted() const { return pages_posted_; }
   size_t pages_completed() const { return pages_completed_; }
@@ -101,7 +113,8 @@ class Transfer {
  private:
   friend class TransferSender;
   Transfer(PageTransport& transport, const Clock& clock, SenderOptions options, Ticket ticket,
-           PeerId peer, std::vector<SourcePage> pages);
+           PeerId peer, std::vector<SourcePage> pages, std::optional<shm::PullSender::Acks> pull,
+           absl::Status pull_refusal);
   // Queues `slot` (once); Pump hands queued pages to the transport while the window allows.
   // Returns whether the slot was newly queued.
   bool Queue(uint32_t slot);
@@ -148,6 +161,10 @@ class Transfer {
   absl::Status error_;
   bool delivered_ = false;
   bool released_ = false;
+  // Pulled: the decode worker's ack words, and each slot's kPageRef message while it is in flight.
+  std::optional<shm::PullSender::Acks> pull_;
+  absl::Status pull_refusal_;
+  std::vector<std::vector<std::byte>> ref_messages_;
 };
 
 class TransferSender {

@@ -11,6 +11,9 @@ enum class WireKind : uint16_t {
   kCommit = 2,     // TransferCommit: the sender has posted every page of the ticket.
   kHeartbeat = 3,  // Keeps the ticket's lease alive while the sender works.
   kFence = 4,      // The sender has no write in flight for the ticket and will send no more.
+  // PageHeader + shm::PageRef: the page lies in the sender's shared memory; the receiver copies it
+  // (kvtransfer/shm/pull.h).
+  kPageRef = 5,
 };
 
 }  // namespace pdserve::kv

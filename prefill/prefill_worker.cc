@@ -54,8 +54,23 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
     self->progress_.Beat();
   });
   // One sequence at a time, of up to the context length.
-  PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(w->model_.layout->PoolOptions(
-                                         1, config.max_position_embeddings)));
+  serving::PagePoolOptions pool_options =
+      w->model_.layout->PoolOptions(1, config.max_position_embeddings);
+  if (w->options_.transfer_shm_pull) {
+    PDSERVE_ASSIGN_OR_RETURN(
+        w->shared_pages_,
+        kv::shm::SharedRegion::Create(
+            kv::shm::kPagesPurpose,
+            std::max<size_t>(1, serving::PagePool::HostBytesNeeded(pool_options))));
+    pool_options.host_block = w->shared_pages_->bytes();
+  }
+  PDSERVE_ASSIGN_OR_RETURN(w->pool_, serving::PagePool::Create(std::move(pool_options)));
+  if (w->shared_pages_ != nullptr) {
+    PDSERVE_ASSIGN_OR_RETURN(w->pull_sender_, kv::shm::PullSender::Create(*w->shared_pages_));
+    spdlog::info("transfer: shm pull on ({:.1f} MB page pool in memfd fd {})",
+                 static_cast<double>(w->shared_pages_->bytes().size()) / 1e6,
+                 w->shared_pages_->name().fd);
+  }
   {
     absl::MutexLock lock(&w->run_mu_);
     PDSERVE_ASSIGN_OR_RETURN(
@@ -345,11 +360,13 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
     spdlog::warn("request {}: TEST-ONLY transfer faults applied", a.id);
     transport = &faulty;
   }
+  // Test faults act on page messages: a transfer they apply to goes by active messages.
   kv::TransferSender sender(*transport, clock_,
                             {.max_in_flight_bytes = kv::InFlightBytesForLanes(transport->lanes()),
                              .metrics = transfer_metrics_.get(),
                              .path = options_.transfer_path,
-                             .checksum_pool = engine_->transfer_pool()});
+                             .checksum_pool = engine_->transfer_pool(),
+                             .shm_pull = transport == &faulty ? nullptr : pull_sender_.get()});
   absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared =
       sender.PrepareWithElements(a.ticket, std::move(sources));
   if (!prepared.ok()) {
@@ -360,6 +377,12 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
                           : "connect"})
         .Increment();
     return worker::MarkTransferPeerFailure(prepared.status());
+  }
+  if (const absl::Status& refused = (*prepared)->pull_refusal();
+      !refused.ok() && std::string(refused.message()) != pull_refusal_) {
+    pull_refusal_ = std::string(refused.message());
+    spdlog::warn("transfer: request {} goes by active messages, not shm pull: {}", a.id,
+                 pull_refusal_);
   }
   return prepared;
 }
@@ -432,9 +455,10 @@ absl::Status PrefillWorker::Deliver(const Admitted& a, std::span<const serving::
   return absl::OkStatus();
 }
 
-void PrefillWorker::RecordTransfer(const kv::Ticket& ticket, const Timing& t) {
+void PrefillWorker::RecordTransfer(const kv::Ticket& ticket, const Timing& t, bool pulled) {
   const uint64_t bytes = ticket.total_bytes();
   transfer_bytes_ += static_cast<int64_t>(bytes);
+  if (pulled) transfer_bytes_pulled_ += static_cast<int64_t>(bytes);
   transfer_bytes_total_->Increment(static_cast<double>(bytes));
   const double transfer_seconds = absl::ToDoubleSeconds(t.transfer_end - t.first_post);
   transfer_seconds_->Observe(transfer_seconds);
@@ -470,7 +494,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::PrefillAndSend(Admitted& a,
                            PrefillPages(a, table, sending, &t));
   PDSERVE_RETURN_IF_ERROR(Deliver(a, first, sending));
   t.transfer_end = absl::Now();
-  RecordTransfer(a.ticket, t);
+  RecordTransfer(a.ticket, t, sending.transfer.pulled());
   return Response(a, first, t);
 }
 
@@ -561,6 +585,7 @@ grpc::Status PrefillWorker::Stats(grpc::ServerContext*, const v1::StatsRequest*,
   worker::SetPoolPages(*pool_, response);
   response->set_pages_quarantined(0);
   response->set_transfer_bytes(transfer_bytes_.load());
+  response->set_transfer_bytes_pulled(transfer_bytes_pulled_.load());
   response->set_prefilled_tokens(prefilled_tokens_.load());
   response->set_forward_layers(forward_layers_.load(std::memory_order_relaxed));
   return grpc::Status::OK;

@@ -83,6 +83,9 @@ struct PrefillWorkerOptions {
   // Register the page pool's host memory with the transport once (config
   // transfer.register_pages; docs/protocol.md, "Registered page memory").
   bool transfer_register_pages = false;
+  // transfer.shm_pull: the page pool in a shared region decode workers on this host may pull
+  // from (kvtransfer/shm/pull.h; docs/protocol.md, "Same-host pages by shared memory").
+  bool transfer_shm_pull = false;
   std::string transfer_path = "host";  // the transfer metrics' path label
 };
 
@@ -181,7 +184,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   // Commits the first tokens, drives the transfer until the commit is delivered, releases it.
   absl::Status Deliver(const Admitted& a, std::span<const serving::SampledToken> first,
                        Sending& sending);
-  void RecordTransfer(const kv::Ticket& ticket, const Timing& t);
+  void RecordTransfer(const kv::Ticket& ticket, const Timing& t, bool pulled);
   static pdserve::worker::v1::PrefillResponse Response(const Admitted& a,
                                                        std::span<const serving::SampledToken> first,
                                                        const Timing& t);
@@ -200,7 +203,12 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   PrefillWorkerOptions options_;
   worker::WorkerModel model_;
   std::unique_ptr<runtime::PrefillEngine> engine_;  // driven under run_mu_
+  // With transfer_shm_pull: the pool's memory (before pool_, which lives in it) and its puller.
+  std::unique_ptr<kv::shm::SharedRegion> shared_pages_;
   std::unique_ptr<serving::PagePool> pool_;
+  std::unique_ptr<kv::shm::PullSender> pull_sender_;
+  // The last reason a ticket with an shm_pull offer went by active messages (logged on change).
+  std::string pull_refusal_ ABSL_GUARDED_BY(run_mu_);
   SystemClock clock_;
   uint64_t incarnation_ = 0;
   kv::UcxProtocols ucx_protocols_ = kv::UcxProtocols::kV1;  // transport_'s, set at Create
@@ -221,8 +229,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::flat_hash_set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> aborted_order_ ABSL_GUARDED_BY(mu_);  // bounds aborted_
   std::atomic<int64_t> transfer_bytes_{0};
-  std::atomic<int64_t> prefilled_tokens_{0};  // forward chunks completed (Stats: progress)
-  std::atomic<int64_t> forward_layers_{0};    // layers computed, every chunk (Stats: progress)
+  std::atomic<int64_t> transfer_bytes_pulled_{0};  // of transfer_bytes_: pulled (shm pull)
+  std::atomic<int64_t> prefilled_tokens_{0};       // forward chunks completed (Stats: progress)
+  std::atomic<int64_t> forward_layers_{0};         // layers computed, every chunk (Stats: progress)
   ProgressHeartbeat progress_;
 
   metrics::Registry registry_;

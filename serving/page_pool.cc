@@ -21,13 +21,39 @@ std::string HandleName(const PageKind& kind, PageHandle handle) {
 }  // namespace
 
 void PagePool::AlignedDelete::operator()(std::byte* bytes) const {
-  ::operator delete[](bytes, kPageAlignment);
+  if (owned) ::operator delete[](bytes, kPageAlignment);
+}
+
+size_t PagePool::HostBytesNeeded(const PagePoolOptions& options) {
+  if (!options.host_memory) return 0;
+  constexpr size_t kAlign = static_cast<size_t>(kPageAlignment);
+  size_t total = 0;
+  for (const PageKind& spec : options.kinds) {
+    if (spec.num_pages <= 0 || spec.rows_per_page <= 0 || spec.row_bytes <= 0 ||
+        spec.rows_per_page > std::numeric_limits<int64_t>::max() / spec.row_bytes ||
+        spec.page_bytes() > std::numeric_limits<int64_t>::max() / 2 / spec.num_pages) {
+      continue;
+    }
+    const auto bytes = static_cast<size_t>(spec.page_bytes() * spec.num_pages);
+    total += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  return total;
 }
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PagePoolOptions options) {
   if (options.kinds.empty()) return absl::InvalidArgumentError("page pool has no page kinds");
   absl::flat_hash_set<std::string> names;
   std::vector<Kind> kinds;
+  const bool external = !options.host_block.empty() && options.host_memory;
+  if (external && (reinterpret_cast<uintptr_t>(options.host_block.data()) %
+                           static_cast<size_t>(kPageAlignment) !=
+                       0 ||
+                   options.host_block.size() < HostBytesNeeded(options))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page pool: the host block of ", options.host_block.size(),
+        " bytes is unaligned or under the ", HostBytesNeeded(options), " its kinds need"));
+  }
+  size_t carved = 0;
   for (PageKind& spec : options.kinds) {
     if (spec.name.empty()) return absl::InvalidArgumentError("page kind has an empty name");
     if (!names.insert(spec.name).second) {
@@ -50,15 +76,23 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(PagePoolOptions optio
     }
     const auto bytes =
         options.host_memory ? static_cast<size_t>(spec.page_bytes() * spec.num_pages) : 0;
-    auto* memory =
-        options.host_memory
-            ? static_cast<std::byte*>(::operator new[](bytes, kPageAlignment, std::nothrow))
-            : nullptr;
+    std::byte* memory = nullptr;
+    if (external) {
+      memory = options.host_block.data() + carved;
+      const size_t align = static_cast<size_t>(kPageAlignment);
+      carved += (bytes + align - 1) / align * align;
+    } else if (options.host_memory) {
+      memory = static_cast<std::byte*>(::operator new[](bytes, kPageAlignment, std::nothrow));
+    }
     if (options.host_memory && memory == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", bytes, " bytes for page kind '", spec.name, "'"));
     }
-    Kind kind{std::move(spec), std::unique_ptr<std::byte[], AlignedDelete>(memory), {}, {}};
+    Kind kind{
+        std::move(spec),
+        std::unique_ptr<std::byte[], AlignedDelete>(memory, AlignedDelete{.owned = !external}),
+        {},
+        {}};
     kind.pages.resize(static_cast<size_t>(kind.spec.num_pages));
     for (int32_t page = 0; page < kind.spec.num_pages; ++page) kind.free_list.push_back(page);
     kinds.push_back(std::move(kind));

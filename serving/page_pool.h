@@ -62,6 +62,10 @@ struct PagePoolOptions {
   // elsewhere, e.g. in device memory (engine/gpu's paged state, serving/slot_page_tables.h): no
   // host bytes are allocated, poison_freed is ignored and Data() is FailedPrecondition.
   bool host_memory = true;
+  // Empty: the pool allocates each kind's bytes. Otherwise the kinds' bytes are carved from it in
+  // order, each kind's start 64-byte aligned: it must be 64-byte aligned, hold HostBytesNeeded()
+  // bytes and outlive the pool (the prefill worker's shared region, kvtransfer/shm/).
+  std::span<std::byte> host_block;
 };
 
 // One allocation of one page. Compare handles with ==; epochs are unique within a pool.
@@ -87,6 +91,9 @@ class PagePool {
   // Errors: InvalidArgument for no kinds, duplicate or empty names, non-positive sizes, row_bytes
   // not a multiple of 4, or a kind over 2^31 pages; ResourceExhausted if the memory is not there.
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(PagePoolOptions options);
+  // The bytes a PagePoolOptions::host_block must hold for `options`' kinds (0 without host memory;
+  // a kind too large to address counts as 0: Create reports it).
+  static size_t HostBytesNeeded(const PagePoolOptions& options);
 
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
@@ -138,6 +145,7 @@ class PagePool {
     uint64_t epoch = 0;
   };
   struct AlignedDelete {
+    bool owned = true;  // false: the bytes are the caller's host_block
     void operator()(std::byte* bytes) const;
   };
   struct Kind {

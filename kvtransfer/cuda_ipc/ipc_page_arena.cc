@@ -11,15 +11,6 @@ namespace pdserve::kv::cuda_ipc {
 
 using engine::gpu::CudaStatus;
 
-absl::StatusOr<std::string> HostBootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (!std::getline(in, id) || id.empty()) {
-    return absl::UnavailableError("cannot read /proc/sys/kernel/random/boot_id");
-  }
-  return id;
-}
-
 absl::StatusOr<std::unique_ptr<IpcPageArena>> IpcPageArena::Create(int device, uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("IpcPageArena: bytes == 0");
   IpcArenaHandle handle;

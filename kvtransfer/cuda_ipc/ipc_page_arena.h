@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kvtransfer/shm/shared_memory.h"
 
 namespace pdserve::kv::cuda_ipc {
 
@@ -85,9 +86,8 @@ class PeerArena {
   uint64_t bytes_;
 };
 
-// This host's boot id (/proc/sys/kernel/random/boot_id): equal on two workers only when they run
-// on the same booted host. Unavailable when it cannot be read.
-absl::StatusOr<std::string> HostBootId();
+// This host's boot id (kvtransfer/shm/shared_memory.h).
+using ::pdserve::kv::shm::HostBootId;
 
 // Whether this process can map `peer`'s arena: the same host (boot id), the arena's GPU visible
 // here (its PCI bus id), and that device able to map IPC memory (unified addressing). Returns

@@ -64,15 +64,16 @@ UcxReceiveTransport::~UcxReceiveTransport() { Stop(); }
 absl::Status UcxReceiveTransport::RegisterHandlers() {
   for (size_t i = 0; i < lanes_.size(); ++i) {
     absl::MutexLock lock(&lanes_[i]->mu());
-    for (WireKind kind :
-         {WireKind::kPage, WireKind::kCommit, WireKind::kHeartbeat, WireKind::kFence}) {
+    for (WireKind kind : {WireKind::kPage, WireKind::kCommit, WireKind::kHeartbeat,
+                          WireKind::kFence, WireKind::kPageRef}) {
       ucp_am_handler_param_t param{};
       param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                          UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
       param.id = static_cast<unsigned>(kind);
       param.flags = UCP_AM_FLAG_WHOLE_MSG;
-      param.cb =
-          kind == WireKind::kPage ? &UcxReceiveTransport::OnPage : &UcxReceiveTransport::OnControl;
+      param.cb = kind == WireKind::kPage      ? &UcxReceiveTransport::OnPage
+                 : kind == WireKind::kPageRef ? &UcxReceiveTransport::OnPageRef
+                                              : &UcxReceiveTransport::OnControl;
       param.arg = handlers_[i].get();
       const ucs_status_t status = ucp_worker_set_am_recv_handler(lanes_[i]->worker().get(), &param);
       if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_set_am_recv_handler");
@@ -194,6 +195,28 @@ ucs_status_t UcxReceiveTransport::OnPage(void* arg, const void* header, size_t h
     return UCS_OK;
   }
   handler->lane->AddBusy(1);  // Until OnLanded: the lane's thread spins for the data.
+  return UCS_OK;
+}
+
+ucs_status_t UcxReceiveTransport::OnPageRef(void* arg, const void* /*header*/,
+                                            size_t /*header_length*/, void* data, size_t length,
+                                            const ucp_am_recv_param_t* param) {
+  auto* handler = static_cast<Handler*>(arg);
+  UcxReceiveTransport* self = handler->transport;
+  // A reference is 128 bytes and always eager; a rendezvous one is not ours.
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
+  handler->pages.fetch_add(1, std::memory_order_relaxed);
+  shm::LandPageRef(
+      self->regions_, {static_cast<const std::byte*>(data), length},
+      [&](std::span<const std::byte> page_header, size_t page_length) {
+        std::optional<LandingTarget> target;
+        self->CallSink([&] { target = self->sink_->OnPageHeader(page_header, page_length); });
+        return target;
+      },
+      [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
+        self->CallSink(
+            [&] { self->sink_->OnPageLanded(ticket_id, slot, std::move(status), finished); });
+      });
   return UCS_OK;
 }
 

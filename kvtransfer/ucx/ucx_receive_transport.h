@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvtransfer/receive_transport.h"
+#include "kvtransfer/shm/pull.h"
 #include "kvtransfer/transfer_receiver.h"
 #include "kvtransfer/ucx/ucx.h"
 #include "kvtransfer/ucx/ucx_lane.h"
@@ -61,6 +62,10 @@ class UcxReceiveTransport final : public ReceiveTransport {
 
   static ucs_status_t OnPage(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param);
+  // A kPageRef message: lands the page from the sender's shared memory (kvtransfer/shm/pull.h),
+  // the copy and checksum outside the sink mutex as for an eager page.
+  static ucs_status_t OnPageRef(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t OnControl(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
   static void OnLanded(void* request, ucs_status_t status, size_t length, void* user_data);
@@ -68,6 +73,7 @@ class UcxReceiveTransport final : public ReceiveTransport {
   UcxContext context_;
   // After context_, before lanes_: unmapped after the workers (and their receives) go.
   UcxRegistrations registered_;
+  shm::PeerRegions regions_;  // Senders' page regions mapped for kPageRef messages.
   std::vector<std::unique_ptr<UcxLane>> lanes_;
   std::vector<std::unique_ptr<Handler>> handlers_;  // Index = lane: the AM handlers' argument.
   std::vector<std::byte> address_;

@@ -223,7 +223,9 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
     return absl::UnavailableError(absl::StrCat("peer ", peer_id, " disconnected"));
   }
   size_t lane = 0;
-  if (kind == WireKind::kPage) {
+  // Page references spread over the lanes like pages: the receiver copies on the lane's thread.
+  const bool page = kind == WireKind::kPage || kind == WireKind::kPageRef;
+  if (page) {
     lane = next_page_lane_++ % lanes_.size();
     ++pages_per_lane_[lane];
   }
@@ -231,7 +233,7 @@ absl::StatusOr<std::unique_ptr<SendOp>> UcxTransport::Send(PeerId peer_id, WireK
       *lanes_[lane], std::vector<std::byte>(header.begin(), header.end()),
       peer.endpoints[lane]->get(), static_cast<unsigned>(kind), payload,
       kind == WireKind::kPage ? registered_.Find(payload.data(), payload.size()) : nullptr);
-  if (kind == WireKind::kPage && post_on_lanes_ && lanes_[lane]->threaded()) {
+  if (page && post_on_lanes_ && lanes_[lane]->threaded()) {
     op->Queue();
   } else {
     absl::MutexLock lock(&lanes_[lane]->mu());

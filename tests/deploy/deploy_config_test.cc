@@ -172,17 +172,23 @@ TEST(DeployConfigTest, TransferUcxProtocols) {
   EXPECT_EQ(refused.errors[0].key, "transfer.ucx_protocols");
 }
 
-// transfer.register_pages: false unless set; true is taken; anything else names the key.
-TEST(DeployConfigTest, TransferRegisterPages) {
-  EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.transfer_register_pages);
-  const ParsedDeployConfig on =
-      ParseDeployConfig(std::string(kValid) + "transfer:\n  register_pages: true\n", "t.yaml");
-  ASSERT_TRUE(on.errors.empty()) << on.errors[0].ToString();
-  EXPECT_TRUE(on.config.transfer_register_pages);
-  const ParsedDeployConfig refused =
-      ParseDeployConfig(std::string(kValid) + "transfer:\n  register_pages: maybe\n", "b.yaml");
-  ASSERT_EQ(refused.errors.size(), 1u);
-  EXPECT_EQ(refused.errors[0].key, "transfer.register_pages");
+// transfer.register_pages and transfer.shm_pull: false unless set; true is taken; anything else
+// names the key.
+TEST(DeployConfigTest, TransferSwitches) {
+  const std::pair<std::string, bool DeployConfig::*> switches[] = {
+      {"register_pages", &DeployConfig::transfer_register_pages},
+      {"shm_pull", &DeployConfig::transfer_shm_pull}};
+  for (const auto& [key, field] : switches) {
+    EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.*field) << key;
+    const ParsedDeployConfig on =
+        ParseDeployConfig(std::string(kValid) + "transfer:\n  " + key + ": true\n", "t.yaml");
+    ASSERT_TRUE(on.errors.empty()) << on.errors[0].ToString();
+    EXPECT_TRUE(on.config.*field) << key;
+    const ParsedDeployConfig refused =
+        ParseDeployConfig(std::string(kValid) + "transfer:\n  " + key + ": maybe\n", "b.yaml");
+    ASSERT_EQ(refused.errors.size(), 1u) << key;
+    EXPECT_EQ(refused.errors[0].key, "transfer." + key);
+  }
 }
 
 // transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as

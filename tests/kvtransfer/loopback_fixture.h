@@ -132,16 +132,7 @@ class LoopbackReceiverTest : public ::testing::Test {
 
   // The true header of the ticket's page `slot` with `checksum`.
   static std::vector<std::byte> RawHeader(const Ticket& ticket, uint32_t slot, uint64_t checksum) {
-    const PageDescriptor& page = ticket.pages[slot];
-    const auto header = EncodePageHeader({.request_id = ticket.request_id,
-                                          .ticket_id = ticket.ticket_id,
-                                          .epoch = ticket.epoch,
-                                          .slot = slot,
-                                          .layer = page.layer,
-                                          .page_index = page.page_index,
-                                          .token_begin = page.token_begin,
-                                          .token_end = page.token_end,
-                                          .payload_xxh3 = checksum});
+    const auto header = EncodePageHeader(HeaderFor(ticket, slot, checksum));
     return {header.begin(), header.end()};
   }
 

@@ -64,16 +64,7 @@ Sent MakePages(const Ticket& ticket, ElementType element) {
         std::memcpy(payload.data() + 4 * i, &value, 4);
       }
     }
-    sent.headers.push_back({.request_id = ticket.request_id,
-                            .ticket_id = ticket.ticket_id,
-                            .epoch = ticket.epoch,
-                            .slot = slot,
-                            .layer = page.layer,
-                            .page_index = page.page_index,
-                            .token_begin = page.token_begin,
-                            .token_end = page.token_end,
-                            .element = element,
-                            .payload_xxh3 = PayloadChecksum(payload)});
+    sent.headers.push_back(HeaderFor(ticket, slot, PayloadChecksum(payload), element));
   }
   return sent;
 }

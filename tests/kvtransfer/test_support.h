@@ -15,9 +15,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "kvtransfer/page_header.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_receiver.h"
-#include "common/clock.h"
 
 namespace pdserve::kv::testing {
 
@@ -34,6 +34,10 @@ std::vector<PageDescriptor> MakeDescriptors(uint32_t num_pages, uint32_t num_lay
 // with MakeDescriptors(count, 2, page_bytes).
 ReceiveSpec SpecOverPool(std::vector<std::vector<std::byte>>& pool, uint64_t request_id,
                          uint64_t epoch, uint32_t first, uint32_t count, uint64_t page_bytes);
+
+// The true header of `ticket`'s page `slot` with `checksum`, its payload in `element`.
+PageHeader HeaderFor(const Ticket& ticket, uint32_t slot, uint64_t checksum,
+                     serving::ElementType element = serving::ElementType::kFloat32);
 
 std::string ToHex(std::span<const std::byte> bytes);
 std::vector<std::byte> FromHex(const std::string& hex);

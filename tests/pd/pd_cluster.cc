@@ -98,7 +98,8 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
         << (options.ucx_protocols.empty()
                 ? ""
                 : absl::StrCat("  ucx_protocols: ", options.ucx_protocols, "\n"))
-        << (options.register_pages ? "  register_pages: true\n" : "") << options.guards_yaml;
+        << (options.register_pages ? "  register_pages: true\n" : "")
+        << (options.shm_pull ? "  shm_pull: true\n" : "") << options.guards_yaml;
   }
   std::vector<std::string> env = {"UCX_TLS=" + options.ucx_tls};
   std::vector<std::string> prefill_env = env;

@@ -55,7 +55,8 @@ const std::vector<Outcome>& Reference() {
 }
 
 void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
-                            const std::string& ucx_protocols = "", bool register_pages = false) {
+                            const std::string& ucx_protocols = "", bool register_pages = false,
+                            bool shm_pull = false) {
   std::vector<RequestSpec> specs = EquivalenceSpecs();
   const std::vector<Outcome>& reference = Reference();
   ASSERT_EQ(reference.size(), specs.size());
@@ -68,6 +69,7 @@ void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
   options.transfer_lanes = transfer_lanes;
   options.ucx_protocols = ucx_protocols;
   options.register_pages = register_pages;
+  options.shm_pull = shm_pull;
   options.prefill_env = {absl::StrCat("PDSERVE_TEST_CORRUPT_REQUEST=", kCorruptRequest)};
   absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -122,6 +124,15 @@ void ExpectMatchesColocated(const std::string& tls, int transfer_lanes = 0,
       (*cluster)->prefill().Stats(&prefill_context, v1::StatsRequest(), &prefill_stats).ok());
   EXPECT_GE(prefill_stats.forward_layers(), static_cast<int64_t>(specs.size()) * 2);
   EXPECT_GE(prefill_stats.prefilled_tokens(), static_cast<int64_t>(specs.size()));
+  // Pulled: every transfer but the faulted one, which went by active messages (under v1 its
+  // sends complete before the decode worker's checksum fails it, so the prefill worker counts
+  // its bytes as sent; under v2 it fails first and counts nowhere); otherwise none.
+  if (shm_pull) {
+    EXPECT_LE(prefill_stats.transfer_bytes_pulled(), prefill_stats.transfer_bytes());
+    EXPECT_GE(prefill_stats.transfer_bytes_pulled(), prefill_stats.transfer_bytes() * 99 / 100);
+  } else {
+    EXPECT_EQ(prefill_stats.transfer_bytes_pulled(), 0);
+  }
 }
 
 TEST(PdEquivalenceTest, TcpMatchesColocatedBitForBit) { ExpectMatchesColocated("tcp"); }
@@ -140,6 +151,15 @@ TEST(PdEquivalenceTest, UcxProtocolsV2MatchColocatedBitForBit) {
 // Both workers with their page pools registered with UCX (transfer.register_pages;
 // docs/protocol.md, "Registered page memory"), under v1 (where UCX uses the handles) and v2, 4
 // lanes under v2.
+// Pages pulled from the prefill worker's shared memory (transfer.shm_pull; docs/protocol.md,
+// "Same-host pages by shared memory"), the messages over tcp and shared memory, 4 lanes under
+// v2. The corrupted request's transfer goes by active messages (test faults act on page
+// messages); every other byte is pulled.
+TEST(PdEquivalenceTest, PulledPagesMatchColocatedBitForBit) {
+  ExpectMatchesColocated("tcp", 0, "v1", false, true);
+  ExpectMatchesColocated("shm,self", 4, "v2", false, true);
+}
+
 TEST(PdEquivalenceTest, RegisteredPagesMatchColocatedBitForBit) {
   ExpectMatchesColocated("tcp", 0, "v1", true);
   ExpectMatchesColocated("tcp", 4, "v2", true);

@@ -1,0 +1,230 @@
+#include "kvtransfer/shm/pull.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kvtransfer/page_header.h"
+
+namespace pdserve::kv::shm {
+namespace {
+
+constexpr uint32_t kRefMagic = 0x46524450;  // "PDRF" in little-endian byte order.
+constexpr uint16_t kRefVersion = 1;
+// Mappings kept at most; past it the oldest is dropped at the next miss (its users hold it).
+constexpr size_t kMaxCachedRegions = 64;
+
+// Whether the exporter of `name` still holds it: its fd still carries the token's memfd name.
+bool StillExported(const std::string& purpose, const RegionName& name) {
+  const std::string path = absl::StrCat("/proc/", name.pid, "/fd/", name.fd);
+  char link[256] = {};
+  const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n < 0) return false;
+  return std::string(link, static_cast<size_t>(n))
+             .rfind(absl::StrCat("/memfd:", MemfdName(purpose, name.token)), 0) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AckTable>> AckTable::Create(uint64_t words) {
+  if (words == 0) return absl::InvalidArgumentError("AckTable: 0 words");
+  absl::StatusOr<std::string> boot = HostBootId();
+  if (!boot.ok()) return boot.status();
+  auto region = SharedRegion::Create(kAcksPurpose, words * 8);
+  if (!region.ok()) return region.status();
+  std::unique_ptr<AckTable> table(new AckTable(std::move(*region), std::move(*boot)));
+  absl::MutexLock lock(&table->mu_);
+  table->free_[0] = words;
+  return table;
+}
+
+std::atomic<uint64_t>* AckTable::word(uint64_t index) const {
+  static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free);
+  return reinterpret_cast<std::atomic<uint64_t>*>(region_->bytes().data()) + index;
+}
+
+std::optional<uint64_t> AckTable::Reserve(uint64_t count) {
+  if (count == 0) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < count) continue;
+    const uint64_t index = it->first;
+    const uint64_t left = it->second - count;
+    free_.erase(it);
+    if (left > 0) free_[index + count] = left;
+    for (uint64_t i = 0; i < count; ++i) word(index + i)->store(0, std::memory_order_relaxed);
+    return index;
+  }
+  return std::nullopt;
+}
+
+void AckTable::Free(uint64_t index, uint64_t count) {
+  if (count == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = free_.emplace(index, count);
+  if (!inserted) return;  // Freed twice: keep the table consistent.
+  if (auto next = std::next(it); next != free_.end() && index + count == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+void AckTable::Write(uint64_t index, uint64_t value) {
+  if (index < words()) word(index)->store(value, std::memory_order_release);
+}
+
+uint64_t AckTable::Read(uint64_t index) const {
+  return index < words() ? word(index)->load(std::memory_order_acquire) : 0;
+}
+
+std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_header,
+                                            const PageRef& ref) {
+  std::vector<std::byte> out(page_header.size() + kPageRefBytes);
+  std::memcpy(out.data(), page_header.data(), page_header.size());
+  const std::span<std::byte> r = std::span(out).subspan(page_header.size());
+  StoreLe(r, 0, kRefMagic, 4);
+  StoreLe(r, 4, kRefVersion, 2);
+  StoreLe(r, 8, ref.region.pid, 4);
+  StoreLe(r, 12, ref.region.fd, 4);
+  StoreLe(r, 16, ref.region.bytes, 8);
+  std::memcpy(r.data() + 24, ref.region.token.data(), ref.region.token.size());
+  StoreLe(r, 40, ref.offset, 8);
+  StoreLe(r, 48, ref.length, 8);
+  return out;
+}
+
+absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message) {
+  if (message.size() != kPageHeaderBytes + kPageRefBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("page reference message of ", message.size(),
+                                                   " bytes, expected ",
+                                                   kPageHeaderBytes + kPageRefBytes));
+  }
+  const std::span<const std::byte> r = message.subspan(kPageHeaderBytes);
+  if (LoadLe(r, 0, 4) != kRefMagic || LoadLe(r, 4, 2) != kRefVersion || LoadLe(r, 6, 2) != 0 ||
+      LoadLe(r, 56, 8) != 0) {
+    return absl::InvalidArgumentError("page reference: bad magic, version or reserved field");
+  }
+  PageRef ref;
+  ref.region.pid = static_cast<uint32_t>(LoadLe(r, 8, 4));
+  ref.region.fd = static_cast<uint32_t>(LoadLe(r, 12, 4));
+  ref.region.bytes = LoadLe(r, 16, 8);
+  std::memcpy(ref.region.token.data(), r.data() + 24, ref.region.token.size());
+  ref.offset = LoadLe(r, 40, 8);
+  ref.length = LoadLe(r, 48, 8);
+  return ref;
+}
+
+absl::StatusOr<std::shared_ptr<const PeerRegion>> PeerRegions::Get(const RegionName& name) {
+  absl::MutexLock lock(&mu_);
+  for (const Cached& cached : cached_) {
+    if (cached.name == name) {
+      if (cached.region == nullptr) return cached.error;
+      return cached.region;
+    }
+  }
+  // A miss: drop mappings of exporters that are gone (a restarted prefill worker's old pool),
+  // then the oldest while over the cap.
+  std::erase_if(cached_, [&](const Cached& c) { return !StillExported(purpose_, c.name); });
+  while (cached_.size() >= kMaxCachedRegions) cached_.erase(cached_.begin());
+  absl::StatusOr<std::unique_ptr<PeerRegion>> mapped = PeerRegion::Map(purpose_, name, writable_);
+  if (!mapped.ok()) {
+    cached_.push_back({name, nullptr, mapped.status()});
+    return mapped.status();
+  }
+  std::shared_ptr<const PeerRegion> region = std::move(*mapped);
+  cached_.push_back({name, region, absl::OkStatus()});
+  return region;
+}
+
+size_t PeerRegions::mapped() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const Cached& cached : cached_) n += cached.region != nullptr ? 1 : 0;
+  return n;
+}
+
+size_t LandPageRef(
+    PeerRegions& regions, std::span<const std::byte> message,
+    const std::function<std::optional<LandingTarget>(std::span<const std::byte>, size_t)>&
+        on_header,
+    const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed) {
+  const std::span<const std::byte> header =
+      message.subspan(0, std::min(message.size(), kPageHeaderBytes));
+  const absl::StatusOr<PageRef> ref = DecodePageRef(message);
+  const std::optional<LandingTarget> target =
+      on_header(header, ref.ok() ? static_cast<size_t>(ref->length) : 0);
+  if (!target.has_value()) return 0;
+  if (!ref.ok()) {  // Unreachable unless a page of 0 bytes existed: fail it, copy nothing.
+    on_landed(target->ticket_id, target->slot, absl::UnavailableError("shm pull: bad reference"),
+              0);
+    return 0;
+  }
+  absl::StatusOr<std::shared_ptr<const PeerRegion>> region = regions.Get(ref->region);
+  if (!region.ok()) {
+    on_landed(target->ticket_id, target->slot,
+              absl::UnavailableError(absl::StrCat("shm pull: ", region.status().message())), 0);
+    return 0;
+  }
+  if (!(*region)->InRange(ref->offset, ref->length) || ref->length != target->destination.size()) {
+    on_landed(target->ticket_id, target->slot,
+              absl::UnavailableError(absl::StrCat(
+                  "shm pull: page [", ref->offset, ", +", ref->length, ") lies outside the ",
+                  (*region)->bytes().size(), "-byte region of process ", ref->region.pid)),
+              0);
+    return 0;
+  }
+  std::memcpy(target->destination.data(), (*region)->bytes().data() + ref->offset, ref->length);
+  const uint64_t finished = FinishLanding(*target);
+  on_landed(target->ticket_id, target->slot, absl::OkStatus(), finished);
+  return ref->length;
+}
+
+absl::StatusOr<std::unique_ptr<PullSender>> PullSender::Create(const SharedRegion& pages) {
+  absl::StatusOr<std::string> boot = HostBootId();
+  if (!boot.ok()) return boot.status();
+  return std::unique_ptr<PullSender>(new PullSender(pages, std::move(*boot)));
+}
+
+absl::StatusOr<PullSender::Acks> PullSender::AcksFor(const ShmPullOffer& offer, size_t slots) {
+  if (offer.boot_id != boot_id_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm pull: the decode worker runs on another host (boot id ", offer.boot_id,
+                     ", here ", boot_id_, ")"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, why] : disabled_) {
+      if (name == offer.acks) return why;
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const PeerRegion>> table = tables_.Get(offer.acks);
+  if (!table.ok()) return table.status();
+  const uint64_t words = (*table)->bytes().size() / 8;
+  if (offer.ack_index > words || slots > words - offer.ack_index) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm pull: ack words [", offer.ack_index, ", +", slots,
+                     ") lie outside the decode worker's table of ", words));
+  }
+  const auto* base = reinterpret_cast<const std::atomic<uint64_t>*>((*table)->bytes().data());
+  return Acks{*table, base + offer.ack_index};
+}
+
+void PullSender::Disable(const RegionName& acks, absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, status] : disabled_) {
+    if (name == acks) return;
+  }
+  if (disabled_.size() >= 256) disabled_.erase(disabled_.begin());
+  disabled_.emplace_back(acks, std::move(why));
+}
+
+}  // namespace pdserve::kv::shm

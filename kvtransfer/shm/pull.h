@@ -1,0 +1,167 @@
+// The shm-pull data path (docs/protocol.md, "Same-host pages by shared memory"): when a prefill
+// and a decode worker run on one host as one user, the decode worker copies each page straight
+// out of the prefill worker's page pool instead of receiving it over UCX.
+//
+// - The decode worker owns an AckTable (a shared region of 64-bit words) and names it in each
+//   ticket it issues (ShmPullOffer), with the first of the ticket's words (one per slot).
+// - The prefill worker's pages live in a SharedRegion (its page pool's memory). For a ticket with
+//   an offer it sends, per page, a kPageRef message instead of a kPage one: the page header,
+//   unchanged, then a PageRef naming its region and the page's offset and length there.
+// - The decode worker runs every header check of "Verification" first (TransferReceiver, exactly
+//   as for a kPage message), then the range check, then copies the page out of the mapped region
+//   (PeerRegions) into the destination, checksums the landed bytes, and writes the slot's ack
+//   word: (ticket id << 2) | AckState. The prefill worker's page send completes only when that
+//   word names the ticket (read through its read-only mapping of the table), or when the decode
+//   worker is gone: until then it must not change the page.
+//
+// Each side maps the other's memory read-only: the decode worker cannot write the prefill's
+// pages, the prefill worker cannot write the decode worker's acks.
+//
+// Thread-safety: AckTable and PeerRegions are safe to call from any thread; PageRef codecs are
+// pure functions.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtransfer/receive_transport.h"
+#include "kvtransfer/shm/shared_memory.h"
+#include "kvtransfer/ticket.h"
+
+namespace pdserve::kv::shm {
+
+// memfd purposes (the name's middle part), so a region is never mapped as the other kind.
+inline constexpr char kPagesPurpose[] = "pages";
+inline constexpr char kAcksPurpose[] = "acks";
+
+enum class AckState : uint64_t {
+  kLanded = 1,   // Copied (and checksummed: a mismatch fails the ticket, not the ack).
+  kRefused = 2,  // The header was refused (aborted or failed ticket, a check failed): not read.
+  kFailed = 3,   // Accepted, but the region could not be mapped or the range is outside it.
+};
+inline uint64_t AckWord(uint64_t ticket_id, AckState state) {
+  return (ticket_id << 2) | static_cast<uint64_t>(state);
+}
+
+// The decode worker's ack words, in a SharedRegion the prefill workers map read-only.
+class AckTable {
+ public:
+  // Errors: SharedRegion::Create's, HostBootId's.
+  static absl::StatusOr<std::unique_ptr<AckTable>> Create(uint64_t words);
+  const RegionName& name() const { return region_->name(); }
+  const std::string& boot_id() const { return boot_id_; }
+  uint64_t words() const { return region_->bytes().size() / 8; }
+  // Takes `count` consecutive words (zeroed) and returns the first one's index, or nullopt when
+  // no run of that many is free (the ticket then goes without an offer: active messages).
+  std::optional<uint64_t> Reserve(uint64_t count) ABSL_LOCKS_EXCLUDED(mu_);
+  void Free(uint64_t index, uint64_t count) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stores `word` at `index` with release order (after the copy it acknowledges).
+  void Write(uint64_t index, uint64_t word);
+  uint64_t Read(uint64_t index) const;
+
+ private:
+  AckTable(std::unique_ptr<SharedRegion> region, std::string boot_id)
+      : region_(std::move(region)), boot_id_(std::move(boot_id)) {}
+  std::atomic<uint64_t>* word(uint64_t index) const;
+  const std::unique_ptr<SharedRegion> region_;
+  const std::string boot_id_;
+  absl::Mutex mu_;
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first word -> count, coalesced
+};
+
+// Where one page lies in the prefill worker's region: what a kPageRef message adds to the header.
+struct PageRef {
+  RegionName region;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const PageRef&) const = default;
+};
+
+inline constexpr size_t kPageRefBytes = 64;  // After the 64-byte page header.
+
+// A kPageRef message: the encoded page header followed by the reference.
+// Wire layout of the reference, little-endian: 0 magic u32 "PDRF"  4 version u16 (1)
+//   6 reserved u16 (0)  8 pid u32  12 fd u32  16 region bytes u64  24 token [16]  40 offset u64
+//   48 length u64  56 reserved u64 (0).
+std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_header,
+                                            const PageRef& ref);
+// Splits a kPageRef message. Errors: InvalidArgument when its size, magic, version or reserved
+// fields are wrong (the message is untrusted).
+absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message);
+
+// The decode side's mappings of prefill workers' regions (read-only), made on first use and
+// cached. A region whose exporter is gone is unmapped at the next miss; a region that failed to
+// map is not retried (its error is returned again).
+class PeerRegions {
+ public:
+  explicit PeerRegions(std::string purpose = kPagesPurpose, bool writable = false)
+      : purpose_(std::move(purpose)), writable_(writable) {}
+  absl::StatusOr<std::shared_ptr<const PeerRegion>> Get(const RegionName& name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  size_t mapped() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const std::string purpose_;
+  const bool writable_;
+  mutable absl::Mutex mu_;
+  struct Cached {
+    RegionName name;
+    std::shared_ptr<const PeerRegion> region;  // null when it failed
+    absl::Status error;
+  };
+  std::vector<Cached> cached_ ABSL_GUARDED_BY(mu_);
+};
+
+// Lands one kPageRef message for a receive transport: `on_header` (the sink's OnPageHeader, the
+// page header and the referenced length) decides first; an accepted page is then copied out of
+// its region (mapped through `regions`) into the target, FinishLanding runs, and `on_landed` gets
+// the result: OK, or Unavailable "shm pull: ..." when the region cannot be mapped or the range
+// lies outside it (nothing copied). A message whose reference does not decode goes to
+// `on_header` with length 0, which no ticket's page has (a header error, not a guess).
+// Returns the bytes copied (0 when none).
+size_t LandPageRef(
+    PeerRegions& regions, std::span<const std::byte> message,
+    const std::function<std::optional<LandingTarget>(std::span<const std::byte>, size_t)>&
+        on_header,
+    const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed);
+
+// The prefill side: its page region and its read-only mappings of decode workers' ack tables.
+class PullSender {
+ public:
+  // `pages` must outlive the sender. Errors: HostBootId's.
+  static absl::StatusOr<std::unique_ptr<PullSender>> Create(const SharedRegion& pages);
+  const SharedRegion& pages() const { return pages_; }
+  // The ack words of `offer`'s ticket (`slots` of them), mapped read-only, or the reason the
+  // ticket cannot be pulled (another host, a table that cannot be mapped, words outside it).
+  struct Acks {
+    std::shared_ptr<const PeerRegion> table;
+    const std::atomic<uint64_t>* words = nullptr;  // words[slot]
+  };
+  absl::StatusOr<Acks> AcksFor(const ShmPullOffer& offer, size_t slots) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops pulling for the decode worker of `acks`' table (it could not read this worker's
+  // region): AcksFor answers `why` from now on.
+  void Disable(const RegionName& acks, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  PullSender(const SharedRegion& pages, std::string boot_id)
+      : pages_(pages), boot_id_(std::move(boot_id)), tables_(kAcksPurpose) {}
+  const SharedRegion& pages_;
+  const std::string boot_id_;
+  PeerRegions tables_;
+  absl::Mutex mu_;
+  std::vector<std::pair<RegionName, absl::Status>> disabled_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pdserve::kv::shm
