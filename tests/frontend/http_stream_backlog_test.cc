@@ -239,8 +239,12 @@ TEST(HttpStreamBacklogTest, StalledReaderGetsWholeEventsThenAnErrorEvent) {
   service.pace = std::chrono::milliseconds(1);
   auto server = StartSmallQueueServer(&service, std::chrono::milliseconds(300));
   ASSERT_NE(server, nullptr);
-  const int tokens = 4000;
-  const auto res = SlowStream(server->port(), tokens, {.wait = std::chrono::milliseconds(1500)});
+  // 8000 tokens take 8 s or more to produce; the client reads nothing for 4 s, long enough for
+  // the queue to pass its bound and the stall rule to end the stream even when the machine is
+  // loaded (with 4000 tokens and a 1.5 s wait, a loaded 2-core run once produced too slowly to
+  // fill the socket buffers and the queue in time, and the whole stream arrived).
+  const int tokens = 8000;
+  const auto res = SlowStream(server->port(), tokens, {.wait = std::chrono::milliseconds(4000)});
   EXPECT_EQ(res.result_int(), 200);
   const std::vector<std::string> events = Events(res.body());
   ASSERT_GE(events.size(), 2u);
