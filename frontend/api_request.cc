@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/json_depth.h"
+#include "common/json_parse_failure.h"
 #include "common/ordered_json.h"
 #include "frontend/chat_history.h"
 #include "frontend/response_format.h"
@@ -512,6 +513,16 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
   return std::nullopt;
 }
 
+// The 400 for a body that did not parse. A number beyond a double is valid JSON that nlohmann
+// refuses like broken grammar; it is named as such, with the field that holds it.
+ApiError NotJson(std::string_view body) {
+  const std::optional<JsonParseFailure> failure = FindJsonParseFailure(body);
+  if (failure && failure->kind == JsonParseFailure::Kind::kNumberOutOfRange) {
+    return InvalidRequest(NumberOutOfRangeMessage("", *failure), failure->top_key);
+  }
+  return InvalidRequest("request body is not valid JSON");
+}
+
 }  // namespace
 
 bool ThinkingOn(const ApiRequest& req) {
@@ -575,9 +586,7 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_dep
         absl::StrCat("request body nests deeper than ", max_depth, " JSON levels"));
   }
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return InvalidRequest("request body is not valid JSON");
-  }
+  if (doc.is_discarded()) return NotJson(body);
   if (!doc.is_object()) return InvalidRequest("request body must be a JSON object");
   ApiRequest req;
   req.endpoint = endpoint;

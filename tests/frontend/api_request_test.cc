@@ -234,6 +234,51 @@ INSTANTIATE_TEST_SUITE_P(
             R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
             "'response_format' must be an object with a string 'type'", "response_format"}));
 
+// A number beyond a double is valid JSON grammar that the parser cannot hold: the 400 says so and
+// names the field, not "not valid JSON".
+TEST(ApiRequestTest, ANumberBeyondADoubleIsOutOfRangeNamingItsField) {
+  const std::string range =
+      " is out of range (a JSON number here must fit a double, at most about 1.8e308 in "
+      "magnitude)";
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  struct Case {
+    Endpoint endpoint;
+    std::string body;
+    std::string message;
+    std::string param;
+  };
+  const Case cases[] = {
+      {Endpoint::kChatCompletions, chat + R"("max_tokens": 1e400})",
+       "'max_tokens': the number 1e400" + range, "max_tokens"},
+      {Endpoint::kChatCompletions, chat + R"("temperature":1e400})",
+       "'temperature': the number 1e400" + range, "temperature"},
+      {Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"5":-1E+999}})",
+       "'logit_bias.5': the number -1E+999" + range, "logit_bias"},
+      // 400 digits: too large for any integer type, then for a double.
+      {Endpoint::kCompletions,
+       R"({"model":"m","prompt":"x","seed":1)" + std::string(399, '0') + "}",
+       "'seed': the number 10000000000000000000000000000000..." + range, "seed"},
+      {Endpoint::kChatCompletions,
+       R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"y",)"
+       R"("extra":[1,[2,3],4e999]}]})",
+       "'messages[1].extra[2]': the number 4e999" + range, "messages"},
+      {Endpoint::kCompletions, "-1e400", "request body: the number -1e400" + range, ""},
+      // The first error the parser meets decides: broken grammar before the number.
+      {Endpoint::kCompletions, R"({"model":,"max_tokens":1e400})", "request body is not valid JSON",
+       ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    const ApiError e = ParseErr(c.endpoint, c.body);
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_EQ(e.message, c.message);
+    EXPECT_EQ(e.param, c.param);
+  }
+  // Below a double's range is not an error: 1e-400 reads as 0, as other JSON parsers read it.
+  EXPECT_EQ(*ParseOk(Endpoint::kChatCompletions, chat + R"("temperature":1e-400})").temperature, 0);
+}
+
 TEST(ApiRequestTest, FieldsTheSdkSendsAreAcceptedAndUnknownOnesIgnored) {
   ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m",
       "messages":[{"role":"user","content":"x","some_message_field":1}],
