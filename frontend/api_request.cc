@@ -396,7 +396,25 @@ void ReadMessages(FieldReader& r, ApiRequest& req) {
 
 constexpr const char* kReasoningEfforts[] = {"none", "minimal", "low", "medium", "high", "max"};
 
+// DeepSeek's own API switch: "thinking": {"type": "enabled" | "disabled"}; nullopt when absent.
+// Other members (Anthropic's budget_tokens) are ignored like unknown fields.
+std::optional<bool> ReadThinkingObject(FieldReader& r) {
+  const json* t = r.Get("thinking");
+  if (!t || !r.ok()) return std::nullopt;
+  const std::string type = t->is_object() ? StringField(*t, "type") : "";
+  if (type != "enabled" && type != "disabled") {
+    r.Fail(R"('thinking' must be an object, {"type": "enabled"} or {"type": "disabled"})",
+           "thinking");
+    return std::nullopt;
+  }
+  FieldReader tr(*t);
+  tr.Get("type");
+  tr.IgnoreUnknown("thinking.");
+  return type == "enabled";
+}
+
 void ReadThinking(FieldReader& r, ApiRequest& req) {
+  const std::optional<bool> switched = ReadThinkingObject(r);
   if (const json* kw = r.Get("chat_template_kwargs"); kw && r.ok()) {
     if (!kw->is_object()) {
       return r.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
@@ -410,6 +428,11 @@ void ReadThinking(FieldReader& r, ApiRequest& req) {
     kr.IgnoreUnknown("chat_template_kwargs.");
     if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
   }
+  if (switched && req.thinking && *switched != *req.thinking) {
+    return r.Fail("'thinking' and 'chat_template_kwargs.thinking' disagree; send one of the two",
+                  "thinking");
+  }
+  if (switched) req.thinking = switched;
   r.String("reasoning_effort", &req.reasoning_effort);
   if (r.ok() && !req.reasoning_effort.empty() &&
       std::find(std::begin(kReasoningEfforts), std::end(kReasoningEfforts), req.reasoning_effort) ==

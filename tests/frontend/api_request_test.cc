@@ -388,6 +388,56 @@ TEST(ApiRequestTest, ThinkingFollowsKwargsThenReasoningEffort) {
   EXPECT_TRUE(thinking(R"(,"chat_template_kwargs":{"enable_thinking":true})"));
 }
 
+// DeepSeek's own API switches thinking with a top-level object; it counts as
+// chat_template_kwargs.thinking does (reasoning_effort "none" still turns it off).
+TEST(ApiRequestTest, DeepSeeksThinkingObjectSwitchesThinking) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  const ApiRequest on =
+      ParseOk(Endpoint::kChatCompletions, chat + R"("thinking":{"type":"enabled"}})");
+  ASSERT_TRUE(on.thinking.has_value());
+  EXPECT_TRUE(*on.thinking);
+  EXPECT_TRUE(ThinkingOn(on));
+  const ApiRequest off =
+      ParseOk(Endpoint::kChatCompletions,
+              chat + R"("thinking":{"type":"disabled"},"reasoning_effort":"max"})");
+  ASSERT_TRUE(off.thinking.has_value());
+  EXPECT_FALSE(*off.thinking);
+  EXPECT_FALSE(ThinkingOn(off));
+  EXPECT_FALSE(
+      ThinkingOn(ParseOk(Endpoint::kChatCompletions,
+                         chat + R"("thinking":{"type":"enabled"},"reasoning_effort":"none"})")));
+  // Both switches given: they must agree.
+  const ApiRequest both =
+      ParseOk(Endpoint::kChatCompletions,
+              chat + R"("thinking":{"type":"enabled"},"chat_template_kwargs":{"thinking":true}})");
+  EXPECT_TRUE(*both.thinking);
+  // Anthropic's budget_tokens changes nothing here; null is absent, as for every field.
+  EXPECT_TRUE(*ParseOk(Endpoint::kChatCompletions,
+                       chat + R"("thinking":{"type":"enabled","budget_tokens":1024}})")
+                   .thinking);
+  EXPECT_FALSE(ParseOk(Endpoint::kChatCompletions, chat + R"("thinking":null})").thinking);
+}
+
+TEST(ApiRequestTest, AThinkingOfTheWrongShapeIs400NamingIt) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  const std::string shape =
+      R"('thinking' must be an object, {"type": "enabled"} or {"type": "disabled"})";
+  for (const char* value : {"5", "true", R"("enabled")", "{}", R"({"type":true})",
+                            R"({"type":"adaptive"})", R"([{"type":"enabled"}])"}) {
+    SCOPED_TRACE(value);
+    const ApiError e = ParseErr(Endpoint::kChatCompletions, chat + R"("thinking":)" + value + "}");
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.message, shape);
+    EXPECT_EQ(e.param, "thinking");
+  }
+  const ApiError disagree = ParseErr(
+      Endpoint::kChatCompletions,
+      chat + R"("thinking":{"type":"disabled"},"chat_template_kwargs":{"thinking":true}})");
+  EXPECT_EQ(disagree.message,
+            "'thinking' and 'chat_template_kwargs.thinking' disagree; send one of the two");
+  EXPECT_EQ(disagree.param, "thinking");
+}
+
 TEST(ApiRequestTest, StopStringsAreAtMost512Bytes) {
   const auto body = [](size_t bytes) {
     return R"({"model":"m","prompt":"x","stop":["a",")" + std::string(bytes, 'z') + R"("]})";
