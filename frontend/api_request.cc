@@ -578,6 +578,20 @@ ApiError InvalidApiKey() {
                      "invalid_request_error", "invalid_api_key");
 }
 
+ApiError StreamStalled(int64_t idle_ms) {
+  return ServerError(
+      408,
+      absl::StrCat("the client read none of its stream for ", idle_ms, " ms; the stream was ended"),
+      "invalid_request_error", "stream_stalled");
+}
+
+ApiError StreamTooSlow(uint64_t queued_bytes) {
+  return ServerError(408,
+                     absl::StrCat("the client read its stream slower than it was produced: ",
+                                  queued_bytes, " bytes were waiting; the stream was ended"),
+                     "invalid_request_error", "stream_too_slow");
+}
+
 ApiError ModelNotFound(std::string_view model) {
   constexpr size_t kShown = 256;
   std::string shown(model);

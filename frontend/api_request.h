@@ -128,6 +128,11 @@ ApiError ServerError(int http_status, std::string message, std::string type = "s
                      std::string code = "");
 // 401 invalid_api_key: a front with API keys got none, or a wrong one (docs/security.md).
 ApiError InvalidApiKey();
+// A stream a front ended because its client did not keep up (docs/operations.md, "Slow stream
+// readers"): 408 with code "stream_stalled" (it took nothing for `idle_ms`) or "stream_too_slow"
+// (`queued_bytes` were waiting for it).
+ApiError StreamStalled(int64_t idle_ms);
+ApiError StreamTooSlow(uint64_t queued_bytes);
 
 using ParsedRequest = std::variant<ApiRequest, ApiError>;
 
