@@ -21,7 +21,8 @@ struct JsonParseFailure {
   // (above about 1.8e308); kSyntax: anything else.
   enum class Kind { kSyntax, kNumberOutOfRange };
   Kind kind = Kind::kSyntax;
-  // Bytes the parser had read when it stopped (nlohmann's chars_read_total).
+  // Bytes the parser had read when it stopped (nlohmann's chars_read_total): the 1-based position
+  // of the byte that broke the grammar, or of a number's last byte.
   size_t byte = 0;
   // Where the value that failed sits, as members and indices from the root: "max_tokens",
   // "messages[0].content", "" for the root itself (for a syntax error: where the parser was). Each

@@ -540,10 +540,16 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
 // refuses like broken grammar; it is named as such, with the field that holds it.
 ApiError NotJson(std::string_view body) {
   const std::optional<JsonParseFailure> failure = FindJsonParseFailure(body);
-  if (failure && failure->kind == JsonParseFailure::Kind::kNumberOutOfRange) {
+  if (!failure) return InvalidRequest("request body is not valid JSON");
+  if (failure->kind == JsonParseFailure::Kind::kNumberOutOfRange) {
     return InvalidRequest(NumberOutOfRangeMessage("", *failure), failure->top_key);
   }
-  return InvalidRequest("request body is not valid JSON");
+  // The parser counts the end of the input as a byte read.
+  if (failure->byte > body.size()) {
+    return InvalidRequest("request body is not valid JSON (it ends before the JSON value does)");
+  }
+  return InvalidRequest(
+      absl::StrCat("request body is not valid JSON (at byte ", failure->byte, ")"));
 }
 
 }  // namespace

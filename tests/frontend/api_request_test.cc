@@ -102,7 +102,8 @@ TEST_P(ApiRequestRejectTest, RejectsWithMessageAndParam) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ApiRequestRejectTest,
     ::testing::Values(
-        BadCase{Endpoint::kCompletions, "{not json", "request body is not valid JSON", ""},
+        BadCase{Endpoint::kCompletions, "{not json", "request body is not valid JSON (at byte 3)",
+                ""},
         BadCase{Endpoint::kCompletions, "[1,2]", "request body must be a JSON object", ""},
         BadCase{Endpoint::kCompletions, R"({"model":"m"})", "'prompt' is required", "prompt"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":""})",
@@ -264,8 +265,12 @@ TEST(ApiRequestTest, ANumberBeyondADoubleIsOutOfRangeNamingItsField) {
        "'messages[1].extra[2]': the number 4e999" + range, "messages"},
       {Endpoint::kCompletions, "-1e400", "request body: the number -1e400" + range, ""},
       // The first error the parser meets decides: broken grammar before the number.
-      {Endpoint::kCompletions, R"({"model":,"max_tokens":1e400})", "request body is not valid JSON",
-       ""},
+      {Endpoint::kCompletions, R"({"model":,"max_tokens":1e400})",
+       "request body is not valid JSON (at byte 10)", ""},
+      {Endpoint::kCompletions, "",
+       "request body is not valid JSON (it ends before the JSON value does)", ""},
+      {Endpoint::kCompletions, R"({"model":"m","max_tokens":1)",
+       "request body is not valid JSON (it ends before the JSON value does)", ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body);
