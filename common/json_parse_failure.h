@@ -22,7 +22,8 @@ struct JsonParseFailure {
   enum class Kind { kSyntax, kNumberOutOfRange };
   Kind kind = Kind::kSyntax;
   // Bytes the parser had read when it stopped (nlohmann's chars_read_total): the 1-based position
-  // of the byte that broke the grammar, or of a number's last byte.
+  // of the byte that broke the grammar, or of a number's last byte; the text's size + 1 when the
+  // text ended inside a value (the end counts as a byte read).
   size_t byte = 0;
   // Where the value that failed sits, as members and indices from the root: "max_tokens",
   // "messages[0].content", "" for the root itself (for a syntax error: where the parser was). Each
@@ -37,8 +38,8 @@ struct JsonParseFailure {
 };
 
 // nullopt when `text` parses as JSON (nlohmann::json::parse, strict: nothing after the value).
-// REQUIRES: `text` nests at most kMaxJsonDepth levels (common/json_depth.h) or so: the path keeps
-// one entry per open level.
+// No recursion: the place is kept as one heap entry per open level, so a caller that checked the
+// depth first (common/json_depth.h) bounds it.
 std::optional<JsonParseFailure> FindJsonParseFailure(std::string_view text);
 
 // "'<where>': the number <token> is out of range (a JSON number here must fit a double, at most

@@ -544,7 +544,7 @@ ApiError NotJson(std::string_view body) {
   if (failure->kind == JsonParseFailure::Kind::kNumberOutOfRange) {
     return InvalidRequest(NumberOutOfRangeMessage("", *failure), failure->top_key);
   }
-  // The parser counts the end of the input as a byte read.
+  // The end of the input counts as a byte read (JsonParseFailure::byte).
   if (failure->byte > body.size()) {
     return InvalidRequest("request body is not valid JSON (it ends before the JSON value does)");
   }
