@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/json_depth.h"
+#include "common/json_parse_failure.h"
 #include "common/ordered_json.h"
 #include "frontend/chat_history.h"
 #include "frontend/response_format.h"
@@ -395,7 +396,25 @@ void ReadMessages(FieldReader& r, ApiRequest& req) {
 
 constexpr const char* kReasoningEfforts[] = {"none", "minimal", "low", "medium", "high", "max"};
 
+// DeepSeek's own API switch: "thinking": {"type": "enabled" | "disabled"}; nullopt when absent.
+// Other members (Anthropic's budget_tokens) are ignored like unknown fields.
+std::optional<bool> ReadThinkingObject(FieldReader& r) {
+  const json* t = r.Get("thinking");
+  if (!t || !r.ok()) return std::nullopt;
+  const std::string type = t->is_object() ? StringField(*t, "type") : "";
+  if (type != "enabled" && type != "disabled") {
+    r.Fail(R"('thinking' must be an object, {"type": "enabled"} or {"type": "disabled"})",
+           "thinking");
+    return std::nullopt;
+  }
+  FieldReader tr(*t);
+  tr.Get("type");
+  tr.IgnoreUnknown("thinking.");
+  return type == "enabled";
+}
+
 void ReadThinking(FieldReader& r, ApiRequest& req) {
+  const std::optional<bool> switched = ReadThinkingObject(r);
   if (const json* kw = r.Get("chat_template_kwargs"); kw && r.ok()) {
     if (!kw->is_object()) {
       return r.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
@@ -409,6 +428,11 @@ void ReadThinking(FieldReader& r, ApiRequest& req) {
     kr.IgnoreUnknown("chat_template_kwargs.");
     if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
   }
+  if (switched && req.thinking && *switched != *req.thinking) {
+    return r.Fail("'thinking' and 'chat_template_kwargs.thinking' disagree; send one of the two",
+                  "thinking");
+  }
+  if (switched) req.thinking = switched;
   r.String("reasoning_effort", &req.reasoning_effort);
   if (r.ok() && !req.reasoning_effort.empty() &&
       std::find(std::begin(kReasoningEfforts), std::end(kReasoningEfforts), req.reasoning_effort) ==
@@ -512,6 +536,22 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
   return std::nullopt;
 }
 
+// The 400 for a body that did not parse. A number beyond a double is valid JSON that nlohmann
+// refuses like broken grammar; it is named as such, with the field that holds it.
+ApiError NotJson(std::string_view body) {
+  const std::optional<JsonParseFailure> failure = FindJsonParseFailure(body);
+  if (!failure) return InvalidRequest("request body is not valid JSON");
+  if (failure->kind == JsonParseFailure::Kind::kNumberOutOfRange) {
+    return InvalidRequest(NumberOutOfRangeMessage("", *failure), failure->top_key);
+  }
+  // The end of the input counts as a byte read (JsonParseFailure::byte).
+  if (failure->byte > body.size()) {
+    return InvalidRequest("request body is not valid JSON (it ends before the JSON value does)");
+  }
+  return InvalidRequest(
+      absl::StrCat("request body is not valid JSON (at byte ", failure->byte, ")"));
+}
+
 }  // namespace
 
 bool ThinkingOn(const ApiRequest& req) {
@@ -542,6 +582,20 @@ ApiError InvalidApiKey() {
   return ServerError(401,
                      "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
                      "invalid_request_error", "invalid_api_key");
+}
+
+ApiError StreamStalled(int64_t idle_ms) {
+  return ServerError(
+      408,
+      absl::StrCat("the client read none of its stream for ", idle_ms, " ms; the stream was ended"),
+      "invalid_request_error", "stream_stalled");
+}
+
+ApiError StreamTooSlow(uint64_t queued_bytes) {
+  return ServerError(408,
+                     absl::StrCat("the client read its stream slower than it was produced: ",
+                                  queued_bytes, " bytes were waiting; the stream was ended"),
+                     "invalid_request_error", "stream_too_slow");
 }
 
 ApiError ModelNotFound(std::string_view model) {
@@ -575,9 +629,7 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_dep
         absl::StrCat("request body nests deeper than ", max_depth, " JSON levels"));
   }
   json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return InvalidRequest("request body is not valid JSON");
-  }
+  if (doc.is_discarded()) return NotJson(body);
   if (!doc.is_object()) return InvalidRequest("request body must be a JSON object");
   ApiRequest req;
   req.endpoint = endpoint;

@@ -9,9 +9,10 @@
 // field name, as vLLM does. Extensions that vLLM and SGLang clients send are accepted too: top_k,
 // min_p, repetition_penalty, min_tokens, ignore_eos, skip_special_tokens,
 // chat_template_kwargs.thinking (alias enable_thinking), continue_final_message and
-// add_generation_prompt (vLLM), and DeepSeek's "prefix" on the last assistant message. The
-// conversation is checked as a whole (frontend/chat_history.h). Absent sampling fields stay unset
-// so that the model's generation_config.json supplies the defaults later.
+// add_generation_prompt (vLLM), and DeepSeek's own API's "thinking": {"type": "enabled" |
+// "disabled"} and "prefix" on the last assistant message. The conversation is checked as a whole
+// (frontend/chat_history.h). Absent sampling fields stay unset so that the model's
+// generation_config.json supplies the defaults later.
 //
 // Pure functions of their input; thread-safe.
 #pragma once
@@ -66,7 +67,9 @@ struct ApiRequest {
   // response_format (frontend/response_format.h): the JSON Schema the output must satisfy, as
   // compact JSON; empty: text.
   std::string json_schema;
-  std::optional<bool> thinking;  // chat_template_kwargs.thinking; see ThinkingOn()
+  // "thinking" ({"type": "enabled"} true, "disabled" false) or chat_template_kwargs.thinking
+  // (they must agree when both are given); see ThinkingOn().
+  std::optional<bool> thinking;
   // "none", "minimal", "low", "medium", "high" or "max"; "" when absent. "max" adds DeepSeek's
   // maximum-effort instruction in thinking mode; "none" turns thinking off.
   std::string reasoning_effort;
@@ -102,7 +105,7 @@ struct ApiRequest {
   std::string user;
 };
 
-// Whether a chat request runs in thinking mode: chat_template_kwargs.thinking when given, else on
+// Whether a chat request runs in thinking mode: `thinking` when given, else on
 // when reasoning_effort is given (other than "none"); reasoning_effort "none" is always off.
 bool ThinkingOn(const ApiRequest& req);
 
@@ -125,6 +128,11 @@ ApiError ServerError(int http_status, std::string message, std::string type = "s
                      std::string code = "");
 // 401 invalid_api_key: a front with API keys got none, or a wrong one (docs/security.md).
 ApiError InvalidApiKey();
+// A stream a front ended because its client did not keep up (docs/operations.md, "Slow stream
+// readers"): 408 with code "stream_stalled" (it took nothing for `idle_ms`) or "stream_too_slow"
+// (`queued_bytes` were waiting for it).
+ApiError StreamStalled(int64_t idle_ms);
+ApiError StreamTooSlow(uint64_t queued_bytes);
 
 using ParsedRequest = std::variant<ApiRequest, ApiError>;
 

@@ -474,10 +474,7 @@ class Session : public std::enable_shared_from_this<Session> {
           "by the client, longest earlier pause {} ms); ending {}",
           idle.count(), queued_bytes_, sent_bytes_, acked_bytes_,
           longest_pause_ ? longest_pause_->count() : -1, meta_.id);
-      EndSlowStream(ApiError{408,
-                             absl::StrCat("the client read none of its stream for ", idle.count(),
-                                          " ms; the stream was ended"),
-                             "invalid_request_error", "", "stream_stalled"});
+      EndSlowStream(StreamStalled(idle.count()));
       return false;
     }
     if (queued_bytes_ > std::max(options.max_stream_queue_bytes, options.stream_queue_bytes)) {
@@ -485,11 +482,7 @@ class Session : public std::enable_shared_from_this<Session> {
           "client reads its stream slower than it is produced ({} bytes queued, {} sent); ending "
           "{}",
           queued_bytes_, sent_bytes_, meta_.id);
-      EndSlowStream(ApiError{
-          408,
-          absl::StrCat("the client read its stream slower than it was produced: ", queued_bytes_,
-                       " bytes were waiting; the stream was ended"),
-          "invalid_request_error", "", "stream_too_slow"});
+      EndSlowStream(StreamTooSlow(queued_bytes_));
       return false;
     }
     return true;

@@ -186,13 +186,24 @@ grpc::Status PrefillWorker::Prefill(grpc::ServerContext* context, const v1::Pref
     queue_depth_->Set(static_cast<double>(active_.size() - running_));
   }
   if (!result.ok()) {
-    spdlog::log(worker::FailureLogLevel(result.status(), context->IsCancelled() || Aborted(id)),
-                "prefill of request {} failed: {}", id, result.status().ToString());
+    LogFailure(id, result.status(), context->IsCancelled() || Aborted(id));
     return worker::ToGrpc(result.status());
   }
   latency_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   *response = std::move(*result);
   return grpc::Status::OK;
+}
+
+void PrefillWorker::LogFailure(uint64_t id, const absl::Status& status, bool cancelled_by_caller) {
+  spdlog::level::level_enum level = worker::FailureLogLevel(status, cancelled_by_caller);
+  // A misconfigured pair has every ticket refused, one per router health check: a warning when
+  // the reason changes, the repeats at debug.
+  const bool refused = worker::IsTicketMismatch(status);
+  if (refused && !ticket_refusals_.Record({WithoutRequestId(std::string(status.message()))})) {
+    level = spdlog::level::debug;
+  }
+  spdlog::log(level, "prefill of request {} failed: {}{}", id, status.ToString(),
+              refused ? " (a refused ticket is logged again when the reason changes)" : "");
 }
 
 absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(

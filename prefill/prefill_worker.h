@@ -46,6 +46,7 @@
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/progress_heartbeat.h"
+#include "common/reason_latch.h"
 #include "engine/model.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/ticket.h"
@@ -192,6 +193,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   // it, marked as the decode worker's failure unless it was a cancellation.
   absl::Status Failed(absl::Status status, bool transfer_error, bool aborted);
   bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Logs a failed Prefill at worker::FailureLogLevel; a refused ticket (worker::kTicketMismatch)
+  // only when its reason changes (common/reason_latch.h), else at debug.
+  void LogFailure(uint64_t id, const absl::Status& status, bool cancelled_by_caller);
   // Counts one failed transfer in pdserve_prefill_transfer_failures_total: reason "cancelled"
   // only when `aborted` (the router aborted the request or cancelled its call: a client that went
   // away, or a request that ended elsewhere), so the transfer-failure alert can leave those out;
@@ -213,6 +217,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   uint64_t incarnation_ = 0;
   kv::UcxProtocols ucx_protocols_ = kv::UcxProtocols::kV1;  // transport_'s, set at Create
   std::atomic<bool> draining_{false};
+  ReasonLatch<> ticket_refusals_;  // the last refused ticket's reason
 
   // Serializes prefills: the UCX transport and the pool's one sequence.
   absl::Mutex run_mu_;

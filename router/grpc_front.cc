@@ -1,7 +1,9 @@
 #include "router/grpc_front.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/api_keys.h"
 #include "common/grpc_discovery.h"
+#include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
@@ -63,16 +66,36 @@ Bytes Serialize(const pv1::GenerateResponse& response) {
   return out;
 }
 
+// Runs `f` once, soon, on a gRPC executor thread: for work that must not run on the thread that
+// decides it (a sink callback may hold the service's locks that Generation::Cancel takes).
+void RunOnGrpcThread(std::function<void()> f) {
+  auto* alarm = new grpc::Alarm();
+  alarm->Set(std::chrono::system_clock::now(), [alarm, f = std::move(f)](bool) {
+    f();
+    delete alarm;  // the alarm holds its own reference until this callback returns
+  });
+}
+
 // Shared by a call's reactor and its sink: the messages waiting to be written and the end.
 struct CallState {
+  CallState(frontend::GenerationService* s, const GrpcStreamOptions& o) : service(s), options(o) {}
+
   absl::Mutex mu;
   grpc::ServerWriteReactor<Bytes>* reactor ABSL_GUARDED_BY(mu) = nullptr;
   std::deque<Bytes> queue ABSL_GUARDED_BY(mu);  // serialized pv1::GenerateResponse
+  size_t queued_bytes ABSL_GUARDED_BY(mu) = 0;  // of `queue`, the write in progress included
+  // The last write that completed (the call's start before any): how a client's reading shows.
+  absl::Time last_progress ABSL_GUARDED_BY(mu) = absl::Now();
   bool writing ABSL_GUARDED_BY(mu) = false;
   std::optional<grpc::Status> end ABSL_GUARDED_BY(mu);
   bool finished ABSL_GUARDED_BY(mu) = false;   // Finish() was called (exactly once per call)
   bool cancelled ABSL_GUARDED_BY(mu) = false;  // the client cancelled or its deadline passed
+  bool slow ABSL_GUARDED_BY(mu) = false;       // ended for not keeping up (EndSlow)
+  std::shared_ptr<frontend::Generation> generation ABSL_GUARDED_BY(mu);
   std::string id;
+  frontend::GenerationService* const service;
+  frontend::Endpoint endpoint = frontend::Endpoint::kCompletions;  // set before the sink runs
+  const GrpcStreamOptions options;
 
   // Calls Finish(status) unless it was called already. Every call is finished exactly once:
   // normally by Pump, or with CANCELLED by a cancellation / failed write.
@@ -95,6 +118,43 @@ struct CallState {
       return;
     }
     if (end) FinishOnce(*end);
+  }
+
+  // Queues one message unless the call is over; past options.stream_queue_bytes, ends a call
+  // whose client is not keeping up (GrpcStreamOptions).
+  void Push(Bytes bytes, std::optional<grpc::Status> then) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (finished || slow) return;
+    queued_bytes += bytes.Length();
+    queue.push_back(std::move(bytes));
+    if (then) end = std::move(then);
+    if (queued_bytes > options.stream_queue_bytes) {
+      const absl::Duration idle = absl::Now() - last_progress;
+      if (idle >= options.stall_timeout) {
+        return EndSlow(frontend::StreamStalled(absl::ToInt64Milliseconds(idle)));
+      }
+      if (queued_bytes > std::max(options.max_stream_queue_bytes, options.stream_queue_bytes)) {
+        return EndSlow(frontend::StreamTooSlow(queued_bytes));
+      }
+    }
+    Pump();
+  }
+
+  // Drops the messages not yet started (the write in progress completes when the client reads
+  // it), ends the call with `error` (its trailers follow that write) and cancels the generation
+  // from a gRPC thread.
+  void EndSlow(const frontend::ApiError& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    spdlog::warn("gRPC front: ending {}: {} ({} bytes queued)", id, error.message, queued_bytes);
+    slow = true;
+    const size_t keep = writing ? 1 : 0;
+    while (queue.size() > keep) {
+      queued_bytes -= queue.back().Length();
+      queue.pop_back();
+    }
+    service->RecordStreamEnded(endpoint, error.code);
+    FinishOnce(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, error.ToJson()));
+    RunOnGrpcThread([weak = std::weak_ptr<frontend::Generation>(generation)] {
+      if (auto g = weak.lock()) g->Cancel();
+    });
   }
 };
 
@@ -132,8 +192,7 @@ class Sink : public frontend::GenerationSink {
     }
     Bytes bytes = Serialize(response);
     absl::MutexLock lock(&state_->mu);
-    state_->queue.push_back(std::move(bytes));
-    state_->Pump();
+    state_->Push(std::move(bytes), std::nullopt);
   }
   void OnComplete(frontend::Usage usage) override {
     pv1::GenerateResponse response;
@@ -143,9 +202,7 @@ class Sink : public frontend::GenerationSink {
     response.mutable_usage()->set_reasoning_tokens(usage.reasoning_tokens);
     Bytes bytes = Serialize(response);
     absl::MutexLock lock(&state_->mu);
-    state_->queue.push_back(std::move(bytes));
-    state_->end = grpc::Status::OK;
-    state_->Pump();
+    state_->Push(std::move(bytes), grpc::Status::OK);
   }
   void OnError(frontend::ApiError error) override {
     absl::MutexLock lock(&state_->mu);
@@ -159,8 +216,9 @@ class Sink : public frontend::GenerationSink {
 
 class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
  public:
-  GenerateReactor(frontend::GenerationService* service, const Bytes& request_bytes)
-      : state_(std::make_shared<CallState>()) {
+  GenerateReactor(frontend::GenerationService* service, const GrpcStreamOptions& options,
+                  const Bytes& request_bytes)
+      : state_(std::make_shared<CallState>(service, options)) {
     state_->id = frontend::NewResponseId(frontend::Endpoint::kCompletions);
     {
       absl::MutexLock lock(&state_->mu);
@@ -182,6 +240,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
       return;
     }
     const frontend::ApiRequest& api = std::get<frontend::ApiRequest>(parsed);
+    state_->endpoint = endpoint;
     const std::vector<std::string> names = service->ModelNames();
     if (std::find(names.begin(), names.end(), api.model) == names.end()) {
       frontend::ApiError e = frontend::ModelNotFound(api.model);
@@ -194,13 +253,24 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
       End(ToStatus(*error));
       return;
     }
-    generation_ = std::move(std::get<std::unique_ptr<frontend::Generation>>(started));
+    std::shared_ptr<frontend::Generation> generation =
+        std::move(std::get<std::unique_ptr<frontend::Generation>>(started));
+    bool slow = false;
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->generation = generation;
+      slow = state_->slow;
+    }
+    // Ended while Start() delivered output: EndSlow had no generation to cancel yet.
+    if (slow) generation->Cancel();
   }
 
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&state_->mu);
     state_->writing = false;
+    state_->queued_bytes -= state_->queue.front().Length();
     state_->queue.pop_front();
+    if (ok) state_->last_progress = absl::Now();
     if (!ok) {
       state_->FinishOnce(grpc::Status::CANCELLED);
       return;
@@ -209,21 +279,27 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
   }
   // The client cancelled (or its deadline passed): stop the generation and finish the call with
   // CANCELLED (now, or when the write in progress completes), so that OnDone runs and the call is
-  // freed. gRPC calls OnCancel after the constructor returned, so generation_ is settled.
+  // freed. gRPC calls OnCancel after the constructor returned, so the generation is settled.
   void OnCancel() override {
+    std::shared_ptr<frontend::Generation> generation;
     {
       absl::MutexLock lock(&state_->mu);
       state_->cancelled = true;
       state_->Pump();  // finishes unless a write is in progress (its OnWriteDone finishes)
+      generation = state_->generation;
     }
-    if (generation_) generation_->Cancel();
+    if (generation) generation->Cancel();
   }
+  // The call is over: the generation is cancelled and released here (the sink the service holds
+  // keeps the state alive, and the generation must not wait for the service to drop it).
   void OnDone() override {
+    std::shared_ptr<frontend::Generation> generation;
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
+      generation = std::move(state_->generation);
     }
-    if (generation_) generation_->Cancel();
+    if (generation) generation->Cancel();
     delete this;
   }
 
@@ -235,7 +311,6 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
   }
 
   std::shared_ptr<CallState> state_;
-  std::unique_ptr<frontend::Generation> generation_;
 };
 
 // Ends a call at once with `status`, before anything of the request has run.
@@ -249,12 +324,12 @@ class GenerationImpl final
     : public pv1::Generation::WithRawCallbackMethod_Generate<pv1::Generation::CallbackService> {
  public:
   GenerationImpl(frontend::GenerationService* service,
-                 std::shared_ptr<const common::ApiKeys> api_keys)
-      : service_(service), api_keys_(std::move(api_keys)) {}
+                 std::shared_ptr<const common::ApiKeys> api_keys, GrpcStreamOptions stream)
+      : service_(service), api_keys_(std::move(api_keys)), stream_(stream) {}
   grpc::ServerWriteReactor<Bytes>* Generate(grpc::CallbackServerContext* context,
                                             const Bytes* request) override {
     if (!Authorized(*context)) return new RefusedWriteReactor(ToStatus(frontend::InvalidApiKey()));
-    return new GenerateReactor(service_, *request);
+    return new GenerateReactor(service_, stream_, *request);
   }
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pv1::ListModelsRequest*,
@@ -281,14 +356,16 @@ class GenerationImpl final
 
   frontend::GenerationService* service_;
   std::shared_ptr<const common::ApiKeys> api_keys_;
+  const GrpcStreamOptions stream_;
 };
 
 }  // namespace
 
 class GrpcFront::Impl {
  public:
-  Impl(frontend::GenerationService* service, std::shared_ptr<const common::ApiKeys> api_keys)
-      : generation(service, std::move(api_keys)) {}
+  Impl(frontend::GenerationService* service, std::shared_ptr<const common::ApiKeys> api_keys,
+       GrpcStreamOptions stream)
+      : generation(service, std::move(api_keys), stream) {}
   GenerationImpl generation;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<rpc::ServingFollower> health;  // stopped before the server
@@ -297,9 +374,9 @@ class GrpcFront::Impl {
 absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
     const std::string& host, int port, frontend::GenerationService* service,
     std::shared_ptr<grpc::ServerCredentials> credentials,
-    std::shared_ptr<const common::ApiKeys> api_keys) {
+    std::shared_ptr<const common::ApiKeys> api_keys, GrpcStreamOptions stream) {
   std::unique_ptr<GrpcFront> front(new GrpcFront());
-  front->impl_ = std::make_unique<Impl>(service, std::move(api_keys));
+  front->impl_ = std::make_unique<Impl>(service, std::move(api_keys), stream);
   rpc::EnableGrpcDiscovery();
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.

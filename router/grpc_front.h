@@ -10,11 +10,13 @@
 // Thread-safety: Start() / Stop() from one controlling thread; the service must be thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/api_keys.h"
 #include "frontend/api_request.h"
 #include "frontend/generation_service.h"
@@ -22,6 +24,18 @@
 #include "pdserve/v1/generate.pb.h"
 
 namespace pdserve::router {
+
+// How much of a Generate stream may wait in the router for a client that does not read it
+// (docs/operations.md, "Slow stream readers"; the HTTP front's bounds, HttpServerOptions).
+// Up to `stream_queue_bytes` queued nothing is checked. Beyond it the client must be taking its
+// stream: a call none of whose writes completed for `stall_timeout` ends RESOURCE_EXHAUSTED with
+// code "stream_stalled", one with more than `max_stream_queue_bytes` queued with
+// "stream_too_slow". Checked whenever a message is queued.
+struct GrpcStreamOptions {
+  size_t stream_queue_bytes = size_t{8} << 20;
+  size_t max_stream_queue_bytes = size_t{64} << 20;
+  absl::Duration stall_timeout = absl::Seconds(20);
+};
 
 class GrpcFront {
  public:
@@ -32,7 +46,7 @@ class GrpcFront {
   static absl::StatusOr<std::unique_ptr<GrpcFront>> Start(
       const std::string& host, int port, frontend::GenerationService* service,
       std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
-      std::shared_ptr<const common::ApiKeys> api_keys = nullptr);
+      std::shared_ptr<const common::ApiKeys> api_keys = nullptr, GrpcStreamOptions stream = {});
   ~GrpcFront();
   int port() const { return port_; }
   // grpc.health.v1 says NOT_SERVING from now on (the router is draining); calls still run.

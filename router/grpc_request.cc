@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/json_depth.h"
+#include "common/json_parse_failure.h"
 #include "common/ordered_json.h"
 #include "nlohmann/json.hpp"
 
@@ -75,17 +77,24 @@ std::optional<frontend::ApiError> CheckChatOnly(const pv1::GenerateRequest& requ
 }
 
 // `text` (a JSON document inside a proto string) parsed with its key order kept, or a 400 naming
-// `param`: `what` nests deeper than kMaxJsonDepth levels, or is not JSON. The depth is checked on
-// the text first: parsing into an ordered_json object that grows copies its members, and copying
-// recurses once per level (common/json_depth.h).
+// `param`: `what` nests deeper than kMaxJsonDepth levels, holds a number beyond a double (named
+// by its place in the HTTP body, `where` and the path inside the text, as the HTTP front names
+// it), or is not JSON. The depth is checked on the text first: parsing into an ordered_json
+// object that grows copies its members, and copying recurses once per level
+// (common/json_depth.h).
 std::variant<ordered_json, frontend::ApiError> ParseJsonText(const std::string& text,
                                                              const std::string& what,
+                                                             std::string_view where,
                                                              const char* param) {
   if (absl::Status depth = CheckJsonDepth(text, what); !depth.ok()) {
     return frontend::InvalidRequest(std::string(depth.message()), param);
   }
   ordered_json value = ParseOrderedJson(text);
   if (value.is_discarded()) {
+    const std::optional<JsonParseFailure> failure = FindJsonParseFailure(text);
+    if (failure && failure->kind == JsonParseFailure::Kind::kNumberOutOfRange) {
+      return frontend::InvalidRequest(NumberOutOfRangeMessage(where, *failure), param);
+    }
     return frontend::InvalidRequest(absl::StrCat(what, " is not JSON"), param);
   }
   return value;
@@ -111,8 +120,8 @@ std::optional<frontend::ApiError> AddTools(const pv1::GenerateRequest& request,
     ordered_json function = {{"name", tool.name()}};
     if (!tool.description().empty()) function["description"] = tool.description();
     if (!tool.parameters_json().empty()) {
-      auto parameters = ParseJsonText(tool.parameters_json(),
-                                      absl::StrCat("tools[", i, "].function.parameters"), "tools");
+      const std::string where = absl::StrCat("tools[", i, "].function.parameters");
+      auto parameters = ParseJsonText(tool.parameters_json(), where, where, "tools");
       if (auto* error = std::get_if<frontend::ApiError>(&parameters)) return *error;
       function["parameters"] = std::move(std::get<ordered_json>(parameters));
     }
@@ -139,7 +148,7 @@ std::optional<frontend::ApiError> AddResponseFormat(const pv1::ResponseFormat& f
     if (spec.has_description()) j["description"] = spec.description();
     if (!spec.schema_json().empty()) {
       auto schema = ParseJsonText(spec.schema_json(), "'response_format.json_schema.schema'",
-                                  "response_format");
+                                  "response_format.json_schema.schema", "response_format");
       if (auto* error = std::get_if<frontend::ApiError>(&schema)) return *error;
       j["schema"] = std::move(std::get<ordered_json>(schema));
     }

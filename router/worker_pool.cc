@@ -23,18 +23,6 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
 }
 
-// A worker's error message without its leading "request N: ": the canary's request id is new at
-// every check, and a reason that names it would read as a new reason each time.
-std::string WithoutRequestId(const std::string& message) {
-  constexpr std::string_view kPrefix = "request ";
-  if (!message.starts_with(kPrefix)) return message;
-  const size_t end = message.find_first_not_of("0123456789", kPrefix.size());
-  if (end == kPrefix.size() || end == std::string::npos || message.compare(end, 2, ": ") != 0) {
-    return message;
-  }
-  return message.substr(end + 2);
-}
-
 }  // namespace
 
 const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
@@ -95,17 +83,6 @@ Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
 }
 
 std::string Worker::address() const { return absl::StrCat(config_.host, ":", config_.port); }
-
-Worker::CheckFailure Worker::ExchangeCheckFailure(CheckFailure failure) {
-  absl::MutexLock lock(&failure_mu_);
-  std::swap(failure, failure_);
-  return failure;
-}
-
-Worker::CheckFailure Worker::check_failure() const {
-  absl::MutexLock lock(&failure_mu_);
-  return failure_;
-}
 
 void Worker::RecordSuccess() { request_failures_.store(0); }
 
@@ -220,9 +197,8 @@ void WorkerPool::CheckAndRecord(Worker& worker) {
   const bool passed = result.verdict == Verdict::kPassed;
   if (passed) result.failure = {};
   const std::string reason = result.failure.reason;
-  const Worker::CheckFailure previous = worker.ExchangeCheckFailure(std::move(result.failure));
   // Once per change: a pair that cannot work fails every check the same way until restarted.
-  if (result.log_on_change && reason != previous.reason) {
+  if (worker.RecordCheckFailure(std::move(result.failure)) && result.log_on_change) {
     spdlog::warn("router: {} worker {} failed its check: {}", RoleName(worker.role()),
                  worker.name(), reason);
   }
@@ -480,6 +456,7 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
   }
   // Which worker a failure counts against is the caller's decision (a partner's failed step
   // does not fail this check); the reason is logged by the check it fails, once per change.
+  // The canary's request id is new at every check; without it one failure reads as one reason.
   const std::string prefill_message = WithoutRequestId(prefill_status.error_message());
   CanaryResult result = CanaryResult::kPrefillFailed;
   if (prefill_status.error_details() == worker::kTicketMismatch) {

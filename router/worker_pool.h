@@ -50,12 +50,14 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deploy_config.h"
+#include "common/reason_latch.h"
 #include "grpcpp/security/credentials.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
 
@@ -105,9 +107,10 @@ class Worker {
     std::string reason;
     bool mismatch = false;
   };
-  // Records the last check's failure; returns the previous one.
-  CheckFailure ExchangeCheckFailure(CheckFailure failure) ABSL_LOCKS_EXCLUDED(failure_mu_);
-  CheckFailure check_failure() const ABSL_LOCKS_EXCLUDED(failure_mu_);
+  // Records the last check's failure; true when its reason changed to a new failure (then it is
+  // logged: common/reason_latch.h).
+  bool RecordCheckFailure(CheckFailure failure) { return failure_.Record(std::move(failure)); }
+  CheckFailure check_failure() const { return failure_.last(); }
 
  private:
   const config::WorkerConfig config_;
@@ -124,8 +127,7 @@ class Worker {
   std::atomic<int64_t> progress_{-1};
   std::atomic<int64_t> max_batch_{0};
   std::atomic<uint64_t> wrong_model_{0};
-  mutable absl::Mutex failure_mu_;
-  CheckFailure failure_ ABSL_GUARDED_BY(failure_mu_);
+  ReasonLatch<CheckFailure> failure_;
 };
 
 // What a worker states about the model it computes with (HealthResponse model,

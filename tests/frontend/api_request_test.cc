@@ -102,7 +102,8 @@ TEST_P(ApiRequestRejectTest, RejectsWithMessageAndParam) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ApiRequestRejectTest,
     ::testing::Values(
-        BadCase{Endpoint::kCompletions, "{not json", "request body is not valid JSON", ""},
+        BadCase{Endpoint::kCompletions, "{not json", "request body is not valid JSON (at byte 3)",
+                ""},
         BadCase{Endpoint::kCompletions, "[1,2]", "request body must be a JSON object", ""},
         BadCase{Endpoint::kCompletions, R"({"model":"m"})", "'prompt' is required", "prompt"},
         BadCase{Endpoint::kCompletions, R"({"model":"m","prompt":""})",
@@ -234,6 +235,55 @@ INSTANTIATE_TEST_SUITE_P(
             R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":5}})",
             "'response_format' must be an object with a string 'type'", "response_format"}));
 
+// A number beyond a double is valid JSON grammar that the parser cannot hold: the 400 says so and
+// names the field, not "not valid JSON".
+TEST(ApiRequestTest, ANumberBeyondADoubleIsOutOfRangeNamingItsField) {
+  const std::string range =
+      " is out of range (a JSON number here must fit a double, at most about 1.8e308 in "
+      "magnitude)";
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  struct Case {
+    Endpoint endpoint;
+    std::string body;
+    std::string message;
+    std::string param;
+  };
+  const Case cases[] = {
+      {Endpoint::kChatCompletions, chat + R"("max_tokens": 1e400})",
+       "'max_tokens': the number 1e400" + range, "max_tokens"},
+      {Endpoint::kChatCompletions, chat + R"("temperature":1e400})",
+       "'temperature': the number 1e400" + range, "temperature"},
+      {Endpoint::kCompletions, R"({"model":"m","prompt":"x","logit_bias":{"5":-1E+999}})",
+       "'logit_bias.5': the number -1E+999" + range, "logit_bias"},
+      // 400 digits: too large for any integer type, then for a double.
+      {Endpoint::kCompletions,
+       R"({"model":"m","prompt":"x","seed":1)" + std::string(399, '0') + "}",
+       "'seed': the number 10000000000000000000000000000000..." + range, "seed"},
+      {Endpoint::kChatCompletions,
+       R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"y",)"
+       R"("extra":[1,[2,3],4e999]}]})",
+       "'messages[1].extra[2]': the number 4e999" + range, "messages"},
+      {Endpoint::kCompletions, "-1e400", "request body: the number -1e400" + range, ""},
+      // The first error the parser meets decides: broken grammar before the number.
+      {Endpoint::kCompletions, R"({"model":,"max_tokens":1e400})",
+       "request body is not valid JSON (at byte 10)", ""},
+      {Endpoint::kCompletions, "",
+       "request body is not valid JSON (it ends before the JSON value does)", ""},
+      {Endpoint::kCompletions, R"({"model":"m","max_tokens":1)",
+       "request body is not valid JSON (it ends before the JSON value does)", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    const ApiError e = ParseErr(c.endpoint, c.body);
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_EQ(e.message, c.message);
+    EXPECT_EQ(e.param, c.param);
+  }
+  // Below a double's range is not an error: 1e-400 reads as 0, as other JSON parsers read it.
+  EXPECT_EQ(*ParseOk(Endpoint::kChatCompletions, chat + R"("temperature":1e-400})").temperature, 0);
+}
+
 TEST(ApiRequestTest, FieldsTheSdkSendsAreAcceptedAndUnknownOnesIgnored) {
   ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m",
       "messages":[{"role":"user","content":"x","some_message_field":1}],
@@ -341,6 +391,56 @@ TEST(ApiRequestTest, ThinkingFollowsKwargsThenReasoningEffort) {
   EXPECT_FALSE(thinking(R"(,"reasoning_effort":"none","chat_template_kwargs":{"thinking":true})"));
   EXPECT_FALSE(thinking(R"(,"reasoning_effort":"high","chat_template_kwargs":{"thinking":false})"));
   EXPECT_TRUE(thinking(R"(,"chat_template_kwargs":{"enable_thinking":true})"));
+}
+
+// DeepSeek's own API switches thinking with a top-level object; it counts as
+// chat_template_kwargs.thinking does (reasoning_effort "none" still turns it off).
+TEST(ApiRequestTest, DeepSeeksThinkingObjectSwitchesThinking) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  const ApiRequest on =
+      ParseOk(Endpoint::kChatCompletions, chat + R"("thinking":{"type":"enabled"}})");
+  ASSERT_TRUE(on.thinking.has_value());
+  EXPECT_TRUE(*on.thinking);
+  EXPECT_TRUE(ThinkingOn(on));
+  const ApiRequest off =
+      ParseOk(Endpoint::kChatCompletions,
+              chat + R"("thinking":{"type":"disabled"},"reasoning_effort":"max"})");
+  ASSERT_TRUE(off.thinking.has_value());
+  EXPECT_FALSE(*off.thinking);
+  EXPECT_FALSE(ThinkingOn(off));
+  EXPECT_FALSE(
+      ThinkingOn(ParseOk(Endpoint::kChatCompletions,
+                         chat + R"("thinking":{"type":"enabled"},"reasoning_effort":"none"})")));
+  // Both switches given: they must agree.
+  const ApiRequest both =
+      ParseOk(Endpoint::kChatCompletions,
+              chat + R"("thinking":{"type":"enabled"},"chat_template_kwargs":{"thinking":true}})");
+  EXPECT_TRUE(*both.thinking);
+  // Anthropic's budget_tokens changes nothing here; null is absent, as for every field.
+  EXPECT_TRUE(*ParseOk(Endpoint::kChatCompletions,
+                       chat + R"("thinking":{"type":"enabled","budget_tokens":1024}})")
+                   .thinking);
+  EXPECT_FALSE(ParseOk(Endpoint::kChatCompletions, chat + R"("thinking":null})").thinking);
+}
+
+TEST(ApiRequestTest, AThinkingOfTheWrongShapeIs400NamingIt) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  const std::string shape =
+      R"('thinking' must be an object, {"type": "enabled"} or {"type": "disabled"})";
+  for (const char* value : {"5", "true", R"("enabled")", "{}", R"({"type":true})",
+                            R"({"type":"adaptive"})", R"([{"type":"enabled"}])"}) {
+    SCOPED_TRACE(value);
+    const ApiError e = ParseErr(Endpoint::kChatCompletions, chat + R"("thinking":)" + value + "}");
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.message, shape);
+    EXPECT_EQ(e.param, "thinking");
+  }
+  const ApiError disagree = ParseErr(
+      Endpoint::kChatCompletions,
+      chat + R"("thinking":{"type":"disabled"},"chat_template_kwargs":{"thinking":true}})");
+  EXPECT_EQ(disagree.message,
+            "'thinking' and 'chat_template_kwargs.thinking' disagree; send one of the two");
+  EXPECT_EQ(disagree.param, "thinking");
 }
 
 TEST(ApiRequestTest, StopStringsAreAtMost512Bytes) {

@@ -371,6 +371,22 @@ TEST_F(GrpcFrontChatTest, RefusalsAreInvalidArgumentWithTheHttpFrontsError) {
       {FromText(R"pb(model: "tiny"
                      chat { messages { role: "robot" content: "x" } })pb"),
        R"("model":"tiny","messages":[{"role":"robot","content":"x"}])"},
+      // A number beyond a double inside a JSON text field is named by its place in the HTTP body.
+      {FromText(grpc_chat + R"pb(response_format {
+                                   type: "json_schema"
+                                   json_schema {
+                                     name: "big"
+                                     schema_json: "{\"type\":\"number\",\"maximum\":1e400}"
+                                   }
+                                 })pb"),
+       R"("response_format":{"type":"json_schema","json_schema":{"name":"big","schema":)"
+       R"({"type":"number","maximum":1e400}}})"},
+      {FromText(grpc_chat + R"pb(tools {
+                                   name: "f"
+                                   parameters_json: "{\"properties\":{\"n\":{\"enum\":[1,-1e999]}}}"
+                                 })pb"),
+       R"("tools":[{"type":"function","function":{"name":"f","parameters":)"
+       R"({"properties":{"n":{"enum":[1,-1e999]}}}}}])"},
   };
   for (const auto& [request, fields] : cases) {
     const std::string body = fields.starts_with(R"("model")")
@@ -441,6 +457,10 @@ TEST_F(GrpcFrontChatTest, ProtoOnlyRefusalsNameTheField) {
        "response_format", "'response_format.json_schema.schema' is not JSON"},
       {FromText(grpc_chat + R"pb(tools { name: "f" parameters_json: "{" })pb"), "tools",
        "tools[0].function.parameters is not JSON"},
+      {FromText(grpc_chat + R"pb(tools { name: "f" parameters_json: "{\"maximum\":2e308}" })pb"),
+       "tools",
+       "'tools[0].function.parameters.maximum': the number 2e308 is out of range (a JSON number "
+       "here must fit a double, at most about 1.8e308 in magnitude)"},
       {FromText(grpc_chat + R"pb(tools { name: "f" }
                                  tool_choice: "required"
                                  tool_choice_function: "f")pb"),
