@@ -389,11 +389,12 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
         .Increment();
     return worker::MarkTransferPeerFailure(prepared.status());
   }
+  // Only refusals are recorded: pulled transfers between two alike refusals log nothing.
   if (const absl::Status& refused = (*prepared)->pull_refusal();
-      !refused.ok() && std::string(refused.message()) != pull_refusal_) {
-    pull_refusal_ = std::string(refused.message());
-    spdlog::warn("transfer: request {} goes by active messages, not shm pull: {}", a.id,
-                 pull_refusal_);
+      !refused.ok() && pull_refusals_.Record({std::string(refused.message())})) {
+    spdlog::warn("transfer: request {} goes by active messages, not shm pull: {} (logged again "
+                 "when the reason changes)",
+                 a.id, std::string(refused.message()));
   }
   return prepared;
 }

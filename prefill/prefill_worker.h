@@ -212,7 +212,7 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   std::unique_ptr<serving::PagePool> pool_;
   std::unique_ptr<kv::shm::PullSender> pull_sender_;
   // The last reason a ticket with an shm_pull offer went by active messages (logged on change).
-  std::string pull_refusal_ ABSL_GUARDED_BY(run_mu_);
+  ReasonLatch<> pull_refusals_;
   SystemClock clock_;
   uint64_t incarnation_ = 0;
   kv::UcxProtocols ucx_protocols_ = kv::UcxProtocols::kV1;  // transport_'s, set at Create

@@ -43,8 +43,9 @@
 // of every tensor); overlap; the last chunk's compute ms; the chunks' logits rows brought to the
 // host (--chunk-logits: all, or the last only); finish forward ms (FinishForward's host time
 // with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor);
-// early import (yes: import ms is then only what was left of the import after t_verified).
-// Medians over --repeats. Markdown on stdout, progress on stderr. ucx_perftest over the same
+// early import (yes: import ms is then only what was left of the import after t_verified); shm
+// pull (yes with --shm-pull: the decode process copied the pages out of the prefill process's
+// pool). Medians over --repeats. Markdown on stdout, progress on stderr. ucx_perftest over the same
 // transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
 #include <poll.h>
@@ -110,6 +111,9 @@ struct Flags {
   bool early_import = true;
   bool overlap = true;        // the last chunk begun, the stores during it (GpuPrefillEngine's way)
   bool post_on_lanes = true;  // the page sends posted by the lane threads (UcxTransport's default)
+  // The decode process pulls the pages out of the prefill process's pool (transfer.shm_pull:
+  // kvtransfer/shm/pull.h); UCX carries only the page references, commit and heartbeats.
+  bool shm_pull = false;
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -237,6 +241,7 @@ absl::StatusOr<uint64_t> StateDigest(GpuModel& gpu) {
 }
 
 struct Pages {
+  std::unique_ptr<kv::shm::SharedRegion> region;  // With --shm-pull: the pool's memory.
   std::unique_ptr<serving::PagePool> pool;
   serving::PageTable table;
   runtime::SequencePages pages;
@@ -245,9 +250,16 @@ struct Pages {
 
 absl::StatusOr<Pages> MakePages(const serving::StateLayout& layout,
                                 std::span<const kv::LayerAttention> layers, int64_t prompt,
-                                int64_t total) {
+                                int64_t total, bool shared = false) {
   Pages p;
-  PDSERVE_ASSIGN_OR_RETURN(p.pool, serving::PagePool::Create(layout.PoolOptions(1, total)));
+  serving::PagePoolOptions options = layout.PoolOptions(1, total);
+  if (shared) {
+    PDSERVE_ASSIGN_OR_RETURN(
+        p.region, kv::shm::SharedRegion::Create(kv::shm::kPagesPurpose,
+                                                serving::PagePool::HostBytesNeeded(options)));
+    options.host_block = p.region->bytes();
+  }
+  PDSERVE_ASSIGN_OR_RETURN(p.pool, serving::PagePool::Create(std::move(options)));
   PDSERVE_ASSIGN_OR_RETURN(p.table, p.pool->Allocate(1, layout.Demand(total)));
   PDSERVE_ASSIGN_OR_RETURN(p.pages, runtime::MapPages(*p.pool, p.table));
   PDSERVE_ASSIGN_OR_RETURN(p.plan, kv::PlanTransfer(layout, layers, p.table, prompt, total));
@@ -286,13 +298,19 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
   for (cudaEvent_t& e : chunk_events) {
     PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
   }
-  kv::TransferSender sender(
-      *transport, clock,
-      {.max_in_flight_bytes = flags.window_mib > 0 ? static_cast<size_t>(flags.window_mib) << 20
-                                                   : kv::InFlightBytesForLanes(Lanes(flags)),
-       .checksum_pool = &pool});
+  kv::SenderOptions sender_options{
+      .max_in_flight_bytes = flags.window_mib > 0 ? static_cast<size_t>(flags.window_mib) << 20
+                                                  : kv::InFlightBytesForLanes(Lanes(flags)),
+      .checksum_pool = &pool};
   for (int64_t length : Lengths(flags)) {
-    PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
+    PDSERVE_ASSIGN_OR_RETURN(Pages pages,
+                             MakePages(layout, layers, length, length + 1, flags.shm_pull));
+    std::unique_ptr<kv::shm::PullSender> puller;
+    if (flags.shm_pull) {
+      PDSERVE_ASSIGN_OR_RETURN(puller, kv::shm::PullSender::Create(*pages.region));
+    }
+    sender_options.shm_pull = puller.get();
+    kv::TransferSender sender(*transport, clock, sender_options);
     const runtime::PagedState paged(config, layout, length + 1);
     double forward_ms = 0;
     engine::ModelState prefix_state;
@@ -334,6 +352,7 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
       // Prepared before the chunk, as the prefill worker prepares before its prefill.
       PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
                                sender.PrepareWithElements(ticket, std::move(sources)));
+      if (flags.shm_pull && !transfer->pulled()) return transfer->pull_refusal();
       // Each layer is posted as soon as it is stored, as the prefill worker's callback does.
       auto post = [&](int64_t layer) -> absl::Status {
         PDSERVE_RETURN_IF_ERROR(transfer->PostLayer(static_cast<uint32_t>(layer)));
@@ -456,10 +475,15 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
     runtime::EarlyImporter* importer = early.load();
     if (importer != nullptr && request_id == receiving.load()) importer->LayerArrived(1, layer);
   };
+  std::unique_ptr<kv::shm::AckTable> acks;
+  if (flags.shm_pull) {
+    PDSERVE_ASSIGN_OR_RETURN(acks, kv::shm::AckTable::Create(uint64_t{1} << 20));
+  }
   PDSERVE_ASSIGN_OR_RETURN(
-      auto receiver, kv::CreateUcxReceiver(
-                         {.lease = absl::Seconds(600), .on_layer = on_layer}, clock,
-                         [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
+      auto receiver,
+      kv::CreateUcxReceiver(
+          {.lease = absl::Seconds(600), .on_layer = on_layer, .acks = acks.get()}, clock,
+          [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
   TaskPool pool(HostThreads(flags));
   runtime::ModelLock model_lock;
   std::printf(
@@ -467,9 +491,9 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
       "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
       "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
-      "overlap | last chunk ms | chunk logits | finish forward ms | early import |\n"
+      "overlap | last chunk ms | chunk logits | finish forward ms | early import | shm pull |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::fflush(stdout);
   double longest_forward_ms = 0;
   int64_t longest_forward_tokens = 0;
@@ -593,7 +617,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
         "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s |\n",
+        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s | %s |\n",
         static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
         HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
         Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
@@ -601,7 +625,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
         100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
         same_state ? "equal" : "DIFFERS", flags.overlap ? "yes" : "no", Median(last_ms),
         ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all", Median(finish_ms),
-        flags.early_import ? "yes" : "no");
+        flags.early_import ? "yes" : "no", flags.shm_pull ? "yes" : "no");
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
   }
@@ -638,6 +662,9 @@ int main(int argc, char** argv) {
   app.add_option("--early-import", flags.early_import,
                  "Claim the decode slot with the ticket and import each layer as its pages "
                  "arrive (runtime::EarlyImporter); 0: the direct import after verification");
+  app.add_option("--shm-pull", flags.shm_pull,
+                 "The decode process pulls the pages out of the prefill process's shared pool "
+                 "(transfer.shm_pull); 0: active messages");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

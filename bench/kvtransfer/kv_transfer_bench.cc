@@ -14,7 +14,10 @@
 //                  PDSERVE_BENCH_REGISTER_PAGES=1: both sides register their page memory once
 //                  and pass its handle with each page (transfer.register_pages: docs/protocol.md,
 //                  "Registered page memory"); =0: neither registers; unset: only the receiver
-//                  registers its pool (this bench's behaviour before the switch)
+//                  registers its pool (this bench's behaviour before the switch);
+//                  PDSERVE_BENCH_SHM_PULL=1: the receiver pulls every page out of the sender's
+//                  shared region (transfer.shm_pull: docs/protocol.md, "Same-host pages by shared
+//                  memory"); UCX carries only headers, the commit and heartbeats
 //         get-proto  a receiver-pulled protocol's shape (below, before main): P's pages in
 //                  UCX-allocated memory, a small AM per page, D pulls it with ucp_get_nbx,
 //                  checksums on both sides, an answer per page; timed on P until all answered
@@ -170,10 +173,22 @@ int RegisterPagesFromEnvironment() {
   return std::string(value) == "1" ? 1 : 0;
 }
 
+bool ShmPullFromEnvironment() {
+  const char* value = std::getenv("PDSERVE_BENCH_SHM_PULL");
+  return value != nullptr && std::string(value) == "1";
+}
+
 void PdserveReceiver(const Config& config, Channel& channel) {
   SystemClock clock;
+  std::unique_ptr<shm::AckTable> acks;
+  if (ShmPullFromEnvironment()) {
+    auto table = shm::AckTable::Create(config.pages() + 1);
+    if (!table.ok()) Die(table.status());
+    acks = std::move(*table);
+  }
   auto receiver = CreateUcxReceiver(
-      {.lease = absl::Seconds(60)}, clock, [](auto, auto, const auto&) {}, nullptr, config.lanes);
+      {.lease = absl::Seconds(60), .acks = acks.get()}, clock, [](auto, auto, const auto&) {},
+      nullptr, config.lanes);
   if (!receiver.ok()) Die(receiver.status());
   std::vector<std::byte> pool(config.total_bytes);
   if (RegisterPagesFromEnvironment() != 0) {
@@ -223,7 +238,23 @@ void PdserveSender(const Config& config, Channel& channel) {
   SystemClock clock;
   auto transport = UcxTransport::Create(config.lanes);
   if (!transport.ok()) Die(transport.status());
-  std::vector<std::byte> source(config.total_bytes, std::byte{0x5A});
+  std::vector<std::byte> heap;
+  std::unique_ptr<shm::SharedRegion> region;
+  std::unique_ptr<shm::PullSender> puller;
+  std::span<std::byte> source;
+  if (ShmPullFromEnvironment()) {
+    auto made = shm::SharedRegion::Create(shm::kPagesPurpose, config.total_bytes);
+    if (!made.ok()) Die(made.status());
+    region = std::move(*made);
+    auto pull = shm::PullSender::Create(*region);
+    if (!pull.ok()) Die(pull.status());
+    puller = std::move(*pull);
+    source = region->bytes();
+  } else {
+    heap.resize(config.total_bytes);
+    source = heap;
+  }
+  std::fill(source.begin(), source.end(), std::byte{0x5A});
   if (RegisterPagesFromEnvironment() == 1) {
     if (absl::Status s = (*transport)->RegisterMemory(source); !s.ok()) Die(s);
   }
@@ -234,6 +265,7 @@ void PdserveSender(const Config& config, Channel& channel) {
     options.checksum_pool = pool.get();
     options.max_in_flight_bytes = InFlightBytesForLanes(config.lanes);
   }
+  options.shm_pull = puller.get();
   TransferSender sender(**transport, clock, options);
   for (int it = 0; it < config.iterations; ++it) {
     auto ticket = DecodeTicket(Unhex(channel.Read()));
@@ -245,6 +277,10 @@ void PdserveSender(const Config& config, Channel& channel) {
     const int64_t start = NowNs();
     auto transfer = sender.Prepare(*ticket, std::move(pages));
     if (!transfer.ok()) Die(transfer.status());
+    if (puller != nullptr && !(*transfer)->pulled()) {
+      Die((*transfer)->pull_refusal().ok() ? absl::FailedPreconditionError("ticket without offer")
+                                           : (*transfer)->pull_refusal());
+    }
     // Post layer by layer, as a prefill worker does while it computes the next layer.
     int64_t post_ns = 0;
     for (uint32_t layer = 0; layer < 61; ++layer) {

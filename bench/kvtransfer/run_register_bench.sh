@@ -7,8 +7,11 @@
 # nothing is passed). Rounds interleave every configuration so that load from other processes
 # hits them alike; a figure is the best over the rounds of each round's best of `iterations`,
 # with the median of the round bests beside it.
+# SWITCH=shm_pull compares the same way with PDSERVE_BENCH_SHM_PULL=0 / 1 (transfer.shm_pull:
+# docs/protocol.md, "Same-host pages by shared memory") instead.
 # Usage: bench/kvtransfer/run_register_bench.sh NEW_BENCH [OLD_BENCH] [rounds] [MiB] [iterations]
-#   TLS (default "shm,self tcp"), PAGES (KiB, default "64 1024").
+#   TLS (default "shm,self tcp"), PAGES (KiB, default "64 1024"), SWITCH (default
+#   register_pages).
 # Prints a markdown table (GB/s = 1e9 bytes per second) after a line naming date, host and load.
 set -uo pipefail
 new=$1
@@ -18,14 +21,16 @@ total_mib=${4:-256}
 iterations=${5:-3}
 read -r -a transports <<<"${TLS:-shm,self tcp}"
 read -r -a pages <<<"${PAGES:-64 1024}"
+switch=${SWITCH:-register_pages}
+variable=PDSERVE_BENCH_${switch^^}
 
 # name | binary | environment
 configs=()
 for p in n y; do
   v=$([ "$p" = y ] && echo v2 || echo v1)
   [ -n "$old" ] && configs+=("old $v|$old|UCX_PROTO_ENABLE=$p")
-  configs+=("new $v, register_pages false|$new|UCX_PROTO_ENABLE=$p PDSERVE_BENCH_REGISTER_PAGES=0")
-  configs+=("new $v, register_pages true|$new|UCX_PROTO_ENABLE=$p PDSERVE_BENCH_REGISTER_PAGES=1")
+  configs+=("new $v, $switch false|$new|UCX_PROTO_ENABLE=$p $variable=0")
+  configs+=("new $v, $switch true|$new|UCX_PROTO_ENABLE=$p $variable=1")
 done
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); host: $(uname -n), $(nproc) cores;" \
