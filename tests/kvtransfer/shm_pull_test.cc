@@ -6,6 +6,7 @@
 // failed) and only then does the sender's page send complete; a sender that cannot pull (no
 // region, pages outside it, another host) goes by active messages; a page changed after its
 // checksum fails only its own request.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -274,6 +275,37 @@ TEST_F(ShmPullTest, ReferenceToARegionThatCannotBeMappedFailsThePage) {
   receiver_->Progress();
   EXPECT_EQ(acks_->Read(ticket.shm_pull->ack_index), AckWord(ticket.ticket_id, AckState::kFailed));
   EXPECT_EQ(receiver_->stats().pages_landed, 0u);
+}
+
+// A receiver that cannot open the sender's memfd while the sender can map its ack table (the
+// prefill worker runs as root, the decode worker as another user): the first page's "failed" ack
+// must not fail the request; the page goes again as a message, and so does the rest.
+TEST_F(ShmPullTest, PagesTheReceiverCannotReadGoAgainAsMessages) {
+  // The receiver opens the region through /proc/<pid>/fd/<fd>: another file behind that fd is
+  // what a receiver that may not open it sees (the sender's own mapping stays).
+  const int fd = static_cast<int>(region_->name().fd);
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(null_fd, 0);
+  ASSERT_EQ(dup2(null_fd, fd), fd);
+  close(null_fd);
+  const Ticket ticket = Expect(1, 0, 4);
+  auto transfer = Send(*puller_, ticket, 5, 0);
+  ASSERT_NE(transfer, nullptr);
+  ASSERT_TRUE(transfer->pulled());
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  EXPECT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  EXPECT_TRUE(last_poll_.ok()) << last_poll_.status();
+  EXPECT_TRUE(PagesMatch(5, 0, 4));
+  EXPECT_FALSE(transfer->pulled());
+  // Later tickets to this receiver go by active messages, and say why.
+  const Ticket next = Expect(2, 4, 2);
+  auto second = Send(*puller_, next, 6, 4);
+  ASSERT_NE(second, nullptr);
+  EXPECT_FALSE(second->pulled());
+  EXPECT_TRUE(absl::StrContains(second->pull_refusal().message(), "could not read"))
+      << second->pull_refusal();
+  EXPECT_EQ(RunUntilDecided(next.ticket_id, second.get()).state, TransferState::kVerified);
+  EXPECT_TRUE(PagesMatch(6, 4, 2));
 }
 
 TEST_F(ShmPullTest, HeaderChecksRunBeforeTheCopy) {
