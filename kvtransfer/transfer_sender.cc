@@ -444,6 +444,10 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
         pull_refusal = acks.status();
       }
     }
+  } else if (options_.shm_pull != nullptr) {
+    pull_refusal = absl::FailedPreconditionError(
+        "shm pull: the ticket carries no shm-pull offer (the decode worker's transfer.shm_pull is "
+        "off, or its ack table had no free words for the ticket)");
   }
   return std::unique_ptr<Transfer>(new Transfer(transport_, clock_, options_, ticket, *peer,
                                                 std::move(pages), std::move(pull),

@@ -105,8 +105,8 @@ class Transfer {
   // Whether the decode worker pulls this transfer's pages from shared memory.
   // False once the decode worker could not read a page (the rest went as messages).
   bool pulled() const { return pull_.has_value() && !pull_unreadable_; }
-  // Why a ticket with an shm_pull offer goes by active messages (OK when it is pulled or had no
-  // offer, or this sender has no PullSender).
+  // Why this sender, which has a PullSender, sends the ticket by active messages (no offer in the
+  // ticket, or the offer cannot be used); OK when it is pulled or the sender has no PullSender.
   const absl::Status& pull_refusal() const { return pull_refusal_; }
   // Pages posted by the caller (queued or handed to the transport).
   size_t pages_posted() const { return pages_posted_; }

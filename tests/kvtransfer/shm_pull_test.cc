@@ -184,6 +184,22 @@ TEST_F(ShmPullTest, SenderWithoutARegionSendsActiveMessages) {
   EXPECT_TRUE(PagesMatch(9, 0, 4));
 }
 
+// A decode worker with transfer.shm_pull off (or a full ack table) issues tickets without an
+// offer: a prefill worker with it on sends messages and says why, once (the operator turned it on
+// and sees no pulls otherwise).
+TEST_F(ShmPullTest, TicketWithoutAnOfferGoesByActiveMessagesAndSaysWhy) {
+  Ticket ticket = Expect(1, 0, 2);
+  ticket.shm_pull.reset();
+  auto transfer = Send(*puller_, ticket, 13, 0);
+  ASSERT_NE(transfer, nullptr);
+  EXPECT_FALSE(transfer->pulled());
+  EXPECT_TRUE(absl::StrContains(transfer->pull_refusal().message(), "no shm-pull offer"))
+      << transfer->pull_refusal();
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  ASSERT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  EXPECT_TRUE(PagesMatch(13, 0, 2));
+}
+
 TEST_F(ShmPullTest, PagesOutsideTheRegionGoByActiveMessages) {
   const Ticket ticket = Expect(1, 0, 2);
   std::vector<std::vector<std::byte>> heap(2, std::vector<std::byte>(kPageBytes));
