@@ -8,6 +8,7 @@
 // checksum fails only its own request.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -428,6 +429,33 @@ TEST(ShmPullTicketTest, OfferRoundTripsThroughTheCompactFormAndProto) {
   bad_proto.mutable_shm_pull()->set_boot_id("b");
   bad_proto.mutable_shm_pull()->set_token("short");
   EXPECT_FALSE(TicketFromProto(bad_proto).ok());
+}
+
+// An exporter could shrink an unsealed memfd under a peer's mapping, and the peer's next copy
+// from the lost range would die of SIGBUS (the whole decode worker): regions are sealed against
+// resizing, and a mapper refuses one that is not.
+TEST(SharedRegionTest, RegionsAreSealedAgainstResizingAndUnsealedOnesAreRefused) {
+  auto region = shm::SharedRegion::Create(shm::kPagesPurpose, 8192);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const int fd = static_cast<int>((*region)->name().fd);
+  EXPECT_NE(ftruncate(fd, 4096), 0);
+  EXPECT_NE(ftruncate(fd, 16384), 0);
+  auto mapped = shm::PeerRegion::Map(shm::kPagesPurpose, (*region)->name(), false);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+
+  shm::Token token{};
+  token[3] = 7;
+  const int unsealed = memfd_create(shm::MemfdName(shm::kPagesPurpose, token).c_str(), MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 8192), 0);
+  const shm::RegionName name{.pid = static_cast<uint32_t>(getpid()),
+                             .fd = static_cast<uint32_t>(unsealed),
+                             .bytes = 8192,
+                             .token = token};
+  auto refused = shm::PeerRegion::Map(shm::kPagesPurpose, name, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "sealed")) << refused.status();
+  close(unsealed);
 }
 
 // A second process exports a region; this one maps it by name, reads what it wrote, and is
