@@ -458,6 +458,23 @@ TEST(SharedRegionTest, RegionsAreSealedAgainstResizingAndUnsealedOnesAreRefused)
   close(unsealed);
 }
 
+// A prefill worker that exits and is not replaced: its page pool must not stay mapped (and its
+// memory in use) in the decode worker until some other region's first page.
+TEST(PeerRegionsTest, DropGoneUnmapsRegionsWhoseExporterIsGone) {
+  auto kept = shm::SharedRegion::Create(shm::kPagesPurpose, 4096);
+  auto gone = shm::SharedRegion::Create(shm::kPagesPurpose, 4096);
+  ASSERT_TRUE(kept.ok() && gone.ok());
+  shm::PeerRegions regions;
+  ASSERT_TRUE(regions.Get((*kept)->name()).ok());
+  auto held = regions.Get((*gone)->name());
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(regions.mapped(), 2u);
+  gone->reset();  // Its fd closed: the exporter no longer holds it.
+  regions.DropGone();
+  EXPECT_EQ(regions.mapped(), 1u);
+  EXPECT_EQ((*held)->bytes().size(), 4096u);  // A user still holding it keeps its mapping.
+}
+
 // A second process exports a region; this one maps it by name, reads what it wrote, and is
 // refused for a wrong token or size; once the exporter exits the name maps no more.
 TEST(SharedRegionTest, AnotherProcessMapsTheRegionByNameOnly) {
