@@ -31,6 +31,8 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 // ticket (it has finished reading the page, or refused it unread), when the kPageRef message
 // could not be sent, or when the decode worker is gone. Cancel cannot stop a copy the decode
 // worker has begun, so it only cancels the message; Test still waits for one of the three.
+// A "failed" ack (the decode worker could not map this worker's region or the range) sets
+// unreadable(): the decode worker left the slot empty, so the page may go again as a message.
 class PullOp final : public SendOp {
  public:
   PullOp(std::unique_ptr<SendOp> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
@@ -57,6 +59,7 @@ class PullOp final : public SendOp {
               "the decode worker could not read the page from this worker's shared memory");
           // Later tickets to it go by active messages.
           if (sender_ != nullptr) sender_->Disable(acks_, failed);
+          unreadable_ = true;
           return failed;
         }
       }
@@ -68,6 +71,7 @@ class PullOp final : public SendOp {
     return std::nullopt;
   }
   void Cancel() override { message_->Cancel(); }
+  bool unreadable() const { return unreadable_; }
 
  private:
   std::unique_ptr<SendOp> message_;
@@ -77,6 +81,7 @@ class PullOp final : public SendOp {
   const PeerId peer_;
   shm::PullSender* const sender_;
   const shm::RegionName acks_;
+  bool unreadable_ = false;
 };
 
 }  // namespace
@@ -101,6 +106,7 @@ Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions o
       pull_refusal_(std::move(pull_refusal)) {
   if (pull_.has_value()) {
     ref_messages_.resize(pages.size());
+    message_path_ = options_.path;
     options_.path = "shm-pull";
   }
   ControlMessage heartbeat{.kind = WireKind::kHeartbeat,
@@ -153,21 +159,24 @@ absl::Status Transfer::Fail(absl::Status status) {
   return error_;
 }
 
-absl::Status Transfer::SendSlot(uint32_t slot) {
+PageHeader Transfer::HeaderOf(uint32_t slot) const {
   const PageDescriptor& page = ticket_.pages[slot];
+  return {.request_id = ticket_.request_id,
+          .ticket_id = ticket_.ticket_id,
+          .epoch = ticket_.epoch,
+          .slot = slot,
+          .layer = page.layer,
+          .page_index = page.page_index,
+          .token_begin = page.token_begin,
+          .token_end = page.token_end,
+          .element = elements_[slot],
+          .payload_xxh3 = checksums_[slot]};
+}
+
+absl::Status Transfer::SendSlot(uint32_t slot) {
   if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
-  const PageHeader header{.request_id = ticket_.request_id,
-                          .ticket_id = ticket_.ticket_id,
-                          .epoch = ticket_.epoch,
-                          .slot = slot,
-                          .layer = page.layer,
-                          .page_index = page.page_index,
-                          .token_begin = page.token_begin,
-                          .token_end = page.token_end,
-                          .element = elements_[slot],
-                          .payload_xxh3 = checksums_[slot]};
-  const auto encoded = EncodePageHeader(header);
-  if (pull_.has_value()) {
+  const auto encoded = EncodePageHeader(HeaderOf(slot));
+  if (pull_.has_value() && !pull_unreadable_) {
     const shm::SharedRegion& region = options_.shm_pull->pages();
     ref_messages_[slot] =
         shm::EncodePageRefMessage(encoded, {.region = region.name(),
@@ -185,6 +194,13 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
   }
   in_flight_.push_back(slot);
   in_flight_bytes_ += pages_[slot].size();
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::ResendAsMessage(uint32_t slot) {
+  auto op = transport_.Send(peer_, WireKind::kPage, EncodePageHeader(HeaderOf(slot)), pages_[slot]);
+  if (!op.ok()) return Fail(op.status());
+  page_ops_[slot] = std::move(*op);  // The reference was delivered: its op is done with.
   return absl::OkStatus();
 }
 
@@ -298,6 +314,19 @@ absl::Status Transfer::CollectPages() {
     if (!status.has_value()) {
       in_flight_[kept++] = slot;
       continue;
+    }
+    if (!status->ok() && pull_.has_value()) {
+      if (auto* pull = dynamic_cast<PullOp*>(page_ops_[slot].get());
+          pull != nullptr && pull->unreadable()) {
+        // The decode worker could not read this worker's region (e.g. it runs as another user
+        // and cannot open the memfd, which this worker's check of its ack table cannot tell): it
+        // left the slot empty, so the page goes again as a message, and so do the rest.
+        pull_unreadable_ = true;
+        options_.path = message_path_;
+        PDSERVE_RETURN_IF_ERROR(ResendAsMessage(slot));
+        in_flight_[kept++] = slot;
+        continue;
+      }
     }
     if (!status->ok()) {
       // The failed send stays in flight for the destructor, which cancels and waits for it.
@@ -415,6 +444,10 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
         pull_refusal = acks.status();
       }
     }
+  } else if (options_.shm_pull != nullptr) {
+    pull_refusal = absl::FailedPreconditionError(
+        "shm pull: the ticket carries no shm-pull offer (the decode worker's transfer.shm_pull is "
+        "off, or its ack table had no free words for the ticket)");
   }
   return std::unique_ptr<Transfer>(new Transfer(transport_, clock_, options_, ticket, *peer,
                                                 std::move(pages), std::move(pull),

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/task_pool.h"
+#include "kvtransfer/page_header.h"
 #include "kvtransfer/page_transport.h"
 #include "kvtransfer/shm/pull.h"
 #include "kvtransfer/ticket.h"
@@ -102,9 +103,10 @@ class Transfer {
 
   const Ticket& ticket() const { return ticket_; }
   // Whether the decode worker pulls this transfer's pages from shared memory.
-  bool pulled() const { return pull_.has_value(); }
-  // Why a ticket with an shm_pull offer goes by active messages (OK when it is pulled or had no
-  // offer, or this sender has no PullSender).
+  // False once the decode worker could not read a page (the rest went as messages).
+  bool pulled() const { return pull_.has_value() && !pull_unreadable_; }
+  // Why this sender, which has a PullSender, sends the ticket by active messages (no offer in the
+  // ticket, or the offer cannot be used); OK when it is pulled or the sender has no PullSender.
   const absl::Status& pull_refusal() const { return pull_refusal_; }
   // Pages posted by the caller (queued or handed to the transport).
   size_t pages_posted() const { return pages_posted_; }
@@ -121,8 +123,14 @@ class Transfer {
   // With a checksum pool: takes the checksums of `slots` on it.
   void ChecksumOnPool(const std::vector<uint32_t>& slots);
   absl::Status Pump();
+  // The page header of `slot` (its checksum taken).
+  PageHeader HeaderOf(uint32_t slot) const;
   absl::Status SendSlot(uint32_t slot);
-  // Collects finished page sends; the first failed one fails the transfer.
+  // Sends `slot` (sent before as a reference the decode worker could not read) as a kPage
+  // message in its op's place.
+  absl::Status ResendAsMessage(uint32_t slot);
+  // Collects finished page sends; the first failed one fails the transfer, except a pulled page
+  // the decode worker could not read, which goes again as a message (ResendAsMessage).
   absl::Status CollectPages();
   // Encodes the commit with the per-layer digests (every page sent by then) and sends it.
   absl::Status SendCommit();
@@ -165,6 +173,10 @@ class Transfer {
   std::optional<shm::PullSender::Acks> pull_;
   absl::Status pull_refusal_;
   std::vector<std::vector<std::byte>> ref_messages_;
+  // Set by the first "failed" ack: every page not yet read goes as a message, under the metrics'
+  // path label of messages (message_path_).
+  bool pull_unreadable_ = false;
+  std::string message_path_;
 };
 
 class TransferSender {

@@ -133,7 +133,7 @@ absl::StatusOr<std::shared_ptr<const PeerRegion>> PeerRegions::Get(const RegionN
   }
   // A miss: drop mappings of exporters that are gone (a restarted prefill worker's old pool),
   // then the oldest while over the cap.
-  std::erase_if(cached_, [&](const Cached& c) { return !StillExported(purpose_, c.name); });
+  EraseGone();
   while (cached_.size() >= kMaxCachedRegions) cached_.erase(cached_.begin());
   absl::StatusOr<std::unique_ptr<PeerRegion>> mapped = PeerRegion::Map(purpose_, name, writable_);
   if (!mapped.ok()) {
@@ -143,6 +143,15 @@ absl::StatusOr<std::shared_ptr<const PeerRegion>> PeerRegions::Get(const RegionN
   std::shared_ptr<const PeerRegion> region = std::move(*mapped);
   cached_.push_back({name, region, absl::OkStatus()});
   return region;
+}
+
+void PeerRegions::EraseGone() {
+  std::erase_if(cached_, [&](const Cached& c) { return !StillExported(purpose_, c.name); });
+}
+
+void PeerRegions::DropGone() {
+  absl::MutexLock lock(&mu_);
+  EraseGone();
 }
 
 size_t PeerRegions::mapped() const {

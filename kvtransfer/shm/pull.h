@@ -111,6 +111,10 @@ class PeerRegions {
   absl::StatusOr<std::shared_ptr<const PeerRegion>> Get(const RegionName& name)
       ABSL_LOCKS_EXCLUDED(mu_);
   size_t mapped() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Unmaps the regions whose exporter is gone (a prefill worker that exited and was not replaced:
+  // without it, its whole page pool stayed mapped here, and its memory in use, until another
+  // region's first page). Users still holding one keep it until they let go.
+  void DropGone() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const std::string purpose_;
@@ -122,6 +126,7 @@ class PeerRegions {
     absl::Status error;
   };
   std::vector<Cached> cached_ ABSL_GUARDED_BY(mu_);
+  void EraseGone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 // Lands one kPageRef message for a receive transport: `on_header` (the sink's OnPageHeader, the

@@ -23,6 +23,8 @@ absl::Status Errno(const std::string& what) {
   return absl::InternalError(text);
 }
 
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
 Token RandomToken() {
   std::random_device device;
   Token token;
@@ -58,10 +60,17 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(const std::st
                                                                    uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("SharedRegion: 0 bytes");
   const Token token = RandomToken();
-  const int fd = memfd_create(MemfdName(purpose, token).c_str(), MFD_CLOEXEC);
+  const int fd = memfd_create(MemfdName(purpose, token).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     absl::Status status = Errno(absl::StrCat("ftruncate of a memfd to ", bytes, " bytes"));
+    close(fd);
+    return status;
+  }
+  // Its size is fixed for good: a peer's mapping can never reach past the end of the file (a
+  // shrunk memfd would kill the peer's copy with SIGBUS). Peers refuse an unsealed one.
+  if (fcntl(fd, F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+    absl::Status status = Errno("sealing a memfd's size");
     close(fd);
     return status;
   }
@@ -122,6 +131,14 @@ absl::StatusOr<std::unique_ptr<PeerRegion>> PeerRegion::Map(const std::string& p
     close(fd);
     return absl::FailedPreconditionError(
         absl::StrCat("shm: ", path, " changed while it was opened"));
+  }
+  // Without the size seals the exporter could shrink the file under the mapping: this process's
+  // next read of the lost range would die of SIGBUS.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm: ", path, " is not sealed against resizing"));
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != name.bytes) {

@@ -43,9 +43,10 @@ absl::StatusOr<std::string> HostBootId();
 // The memfd name a region of `token` carries ("pdserve-<purpose>-<32 hex digits>").
 std::string MemfdName(const std::string& purpose, const Token& token);
 
-// An exported region: `bytes` of zeroed, page-aligned memory in a memfd (close-on-exec), mapped
-// read-write, unmapped and closed on destruction (a peer's mapping stays valid until the peer
-// unmaps it: the kernel keeps the memory until its last mapping goes).
+// An exported region: `bytes` of zeroed, page-aligned memory in a memfd (close-on-exec, sealed
+// against shrinking and growing, so no mapper can meet SIGBUS), mapped read-write, unmapped and
+// closed on destruction (a peer's mapping stays valid until the peer unmaps it: the kernel keeps
+// the memory until its last mapping goes).
 class SharedRegion {
  public:
   // `purpose` goes into the memfd's name (letters and digits). Errors: InvalidArgument for 0
@@ -77,8 +78,9 @@ class PeerRegion {
  public:
   // Maps `name` (read-only unless `writable`). `purpose` must be the one the exporter used.
   // Errors: FailedPrecondition naming the check that failed (no such fd, its name is not the
-  // token's, its size differs), PermissionDenied when /proc/<pid>/fd/<fd> cannot be opened (another
-  // user, ptrace restrictions), Internal for a failed mmap.
+  // token's, its size differs, it is not sealed against resizing), PermissionDenied when
+  // /proc/<pid>/fd/<fd> cannot be opened (another user, ptrace restrictions), Internal for a failed
+  // mmap.
   static absl::StatusOr<std::unique_ptr<PeerRegion>> Map(const std::string& purpose,
                                                          const RegionName& name, bool writable);
   ~PeerRegion();

@@ -104,6 +104,11 @@ absl::Status UcxReceiveTransport::RegisterMemory(std::span<std::byte> memory) {
 }
 
 void UcxReceiveTransport::Progress() {
+  // Once a second: unmap the page regions of prefill workers that are gone.
+  if (const absl::Time now = absl::Now(); now >= next_region_check_) {
+    next_region_check_ = now + absl::Seconds(1);
+    regions_.DropGone();
+  }
   for (auto& lane : lanes_) {
     if (lane->threaded()) continue;  // Its thread delivers.
     absl::MutexLock lock(&lane->mu());

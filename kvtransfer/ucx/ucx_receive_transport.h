@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/shm/pull.h"
 #include "kvtransfer/transfer_receiver.h"
@@ -74,6 +75,7 @@ class UcxReceiveTransport final : public ReceiveTransport {
   // After context_, before lanes_: unmapped after the workers (and their receives) go.
   UcxRegistrations registered_;
   shm::PeerRegions regions_;  // Senders' page regions mapped for kPageRef messages.
+  absl::Time next_region_check_ = absl::InfinitePast();  // Progress's owner thread only.
   std::vector<std::unique_ptr<UcxLane>> lanes_;
   std::vector<std::unique_ptr<Handler>> handlers_;  // Index = lane: the AM handlers' argument.
   std::vector<std::byte> address_;

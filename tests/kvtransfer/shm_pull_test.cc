@@ -6,7 +6,9 @@
 // failed) and only then does the sender's page send complete; a sender that cannot pull (no
 // region, pages outside it, another host) goes by active messages; a page changed after its
 // checksum fails only its own request.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -183,6 +185,22 @@ TEST_F(ShmPullTest, SenderWithoutARegionSendsActiveMessages) {
   EXPECT_TRUE(PagesMatch(9, 0, 4));
 }
 
+// A decode worker with transfer.shm_pull off (or a full ack table) issues tickets without an
+// offer: a prefill worker with it on sends messages and says why, once (the operator turned it on
+// and sees no pulls otherwise).
+TEST_F(ShmPullTest, TicketWithoutAnOfferGoesByActiveMessagesAndSaysWhy) {
+  Ticket ticket = Expect(1, 0, 2);
+  ticket.shm_pull.reset();
+  auto transfer = Send(*puller_, ticket, 13, 0);
+  ASSERT_NE(transfer, nullptr);
+  EXPECT_FALSE(transfer->pulled());
+  EXPECT_TRUE(absl::StrContains(transfer->pull_refusal().message(), "no shm-pull offer"))
+      << transfer->pull_refusal();
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  ASSERT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  EXPECT_TRUE(PagesMatch(13, 0, 2));
+}
+
 TEST_F(ShmPullTest, PagesOutsideTheRegionGoByActiveMessages) {
   const Ticket ticket = Expect(1, 0, 2);
   std::vector<std::vector<std::byte>> heap(2, std::vector<std::byte>(kPageBytes));
@@ -274,6 +292,37 @@ TEST_F(ShmPullTest, ReferenceToARegionThatCannotBeMappedFailsThePage) {
   receiver_->Progress();
   EXPECT_EQ(acks_->Read(ticket.shm_pull->ack_index), AckWord(ticket.ticket_id, AckState::kFailed));
   EXPECT_EQ(receiver_->stats().pages_landed, 0u);
+}
+
+// A receiver that cannot open the sender's memfd while the sender can map its ack table (the
+// prefill worker runs as root, the decode worker as another user): the first page's "failed" ack
+// must not fail the request; the page goes again as a message, and so does the rest.
+TEST_F(ShmPullTest, PagesTheReceiverCannotReadGoAgainAsMessages) {
+  // The receiver opens the region through /proc/<pid>/fd/<fd>: another file behind that fd is
+  // what a receiver that may not open it sees (the sender's own mapping stays).
+  const int fd = static_cast<int>(region_->name().fd);
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(null_fd, 0);
+  ASSERT_EQ(dup2(null_fd, fd), fd);
+  close(null_fd);
+  const Ticket ticket = Expect(1, 0, 4);
+  auto transfer = Send(*puller_, ticket, 5, 0);
+  ASSERT_NE(transfer, nullptr);
+  ASSERT_TRUE(transfer->pulled());
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  EXPECT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  EXPECT_TRUE(last_poll_.ok()) << last_poll_.status();
+  EXPECT_TRUE(PagesMatch(5, 0, 4));
+  EXPECT_FALSE(transfer->pulled());
+  // Later tickets to this receiver go by active messages, and say why.
+  const Ticket next = Expect(2, 4, 2);
+  auto second = Send(*puller_, next, 6, 4);
+  ASSERT_NE(second, nullptr);
+  EXPECT_FALSE(second->pulled());
+  EXPECT_TRUE(absl::StrContains(second->pull_refusal().message(), "could not read"))
+      << second->pull_refusal();
+  EXPECT_EQ(RunUntilDecided(next.ticket_id, second.get()).state, TransferState::kVerified);
+  EXPECT_TRUE(PagesMatch(6, 4, 2));
 }
 
 TEST_F(ShmPullTest, HeaderChecksRunBeforeTheCopy) {
@@ -380,6 +429,50 @@ TEST(ShmPullTicketTest, OfferRoundTripsThroughTheCompactFormAndProto) {
   bad_proto.mutable_shm_pull()->set_boot_id("b");
   bad_proto.mutable_shm_pull()->set_token("short");
   EXPECT_FALSE(TicketFromProto(bad_proto).ok());
+}
+
+// An exporter could shrink an unsealed memfd under a peer's mapping, and the peer's next copy
+// from the lost range would die of SIGBUS (the whole decode worker): regions are sealed against
+// resizing, and a mapper refuses one that is not.
+TEST(SharedRegionTest, RegionsAreSealedAgainstResizingAndUnsealedOnesAreRefused) {
+  auto region = shm::SharedRegion::Create(shm::kPagesPurpose, 8192);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const int fd = static_cast<int>((*region)->name().fd);
+  EXPECT_NE(ftruncate(fd, 4096), 0);
+  EXPECT_NE(ftruncate(fd, 16384), 0);
+  auto mapped = shm::PeerRegion::Map(shm::kPagesPurpose, (*region)->name(), false);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+
+  shm::Token token{};
+  token[3] = 7;
+  const int unsealed = memfd_create(shm::MemfdName(shm::kPagesPurpose, token).c_str(), MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 8192), 0);
+  const shm::RegionName name{.pid = static_cast<uint32_t>(getpid()),
+                             .fd = static_cast<uint32_t>(unsealed),
+                             .bytes = 8192,
+                             .token = token};
+  auto refused = shm::PeerRegion::Map(shm::kPagesPurpose, name, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "sealed")) << refused.status();
+  close(unsealed);
+}
+
+// A prefill worker that exits and is not replaced: its page pool must not stay mapped (and its
+// memory in use) in the decode worker until some other region's first page.
+TEST(PeerRegionsTest, DropGoneUnmapsRegionsWhoseExporterIsGone) {
+  auto kept = shm::SharedRegion::Create(shm::kPagesPurpose, 4096);
+  auto gone = shm::SharedRegion::Create(shm::kPagesPurpose, 4096);
+  ASSERT_TRUE(kept.ok() && gone.ok());
+  shm::PeerRegions regions;
+  ASSERT_TRUE(regions.Get((*kept)->name()).ok());
+  auto held = regions.Get((*gone)->name());
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(regions.mapped(), 2u);
+  gone->reset();  // Its fd closed: the exporter no longer holds it.
+  regions.DropGone();
+  EXPECT_EQ(regions.mapped(), 1u);
+  EXPECT_EQ((*held)->bytes().size(), 4096u);  // A user still holding it keeps its mapping.
 }
 
 // A second process exports a region; this one maps it by name, reads what it wrote, and is
