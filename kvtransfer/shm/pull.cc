@@ -209,12 +209,19 @@ absl::StatusOr<PullSender::Acks> PullSender::AcksFor(const ShmPullOffer& offer, 
         absl::StrCat("shm pull: the decode worker runs on another host (boot id ", offer.boot_id,
                      ", here ", boot_id_, ")"));
   }
+  bool check_gone = false;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, why] : disabled_) {
       if (name == offer.acks) return why;
     }
+    // At most once a second: unmap the ack tables of decode workers that are gone.
+    if (const absl::Time now = absl::Now(); now >= next_gone_check_) {
+      next_gone_check_ = now + absl::Seconds(1);
+      check_gone = true;
+    }
   }
+  if (check_gone) tables_.DropGone();
   absl::StatusOr<std::shared_ptr<const PeerRegion>> table = tables_.Get(offer.acks);
   if (!table.ok()) return table.status();
   const uint64_t words = (*table)->bytes().size() / 8;

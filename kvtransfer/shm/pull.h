@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/shm/shared_memory.h"
 #include "kvtransfer/ticket.h"
@@ -158,6 +159,9 @@ class PullSender {
   // Stops pulling for the decode worker of `acks`' table (it could not read this worker's
   // region): AcksFor answers `why` from now on.
   void Disable(const RegionName& acks, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Decode workers' ack tables mapped now (a gone one's is dropped by the first AcksFor a second
+  // or more after the previous drop).
+  size_t tables_mapped() const { return tables_.mapped(); }
 
  private:
   PullSender(const SharedRegion& pages, std::string boot_id)
@@ -167,6 +171,8 @@ class PullSender {
   PeerRegions tables_;
   absl::Mutex mu_;
   std::vector<std::pair<RegionName, absl::Status>> disabled_ ABSL_GUARDED_BY(mu_);
+  // When AcksFor next drops the tables of decode workers that are gone (PeerRegions::DropGone).
+  absl::Time next_gone_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace pdserve::kv::shm

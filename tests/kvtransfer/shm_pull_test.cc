@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -475,28 +477,65 @@ TEST(PeerRegionsTest, DropGoneUnmapsRegionsWhoseExporterIsGone) {
   EXPECT_EQ((*held)->bytes().size(), 4096u);  // A user still holding it keeps its mapping.
 }
 
+// A child process that exports a region made by `make` (which also keeps it alive: it returns
+// the owner and the name), passes the name back and holds the region until Exit().
+class Exporter {
+ public:
+  using Make = std::function<std::pair<std::shared_ptr<void>, shm::RegionName>()>;
+  explicit Exporter(const Make& make) {
+    if (pipe(to_parent_) != 0 || pipe(to_child_) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      auto [owner, name] = make();
+      if (owner == nullptr) _exit(2);
+      if (write(to_parent_[1], &name, sizeof(name)) != sizeof(name)) _exit(3);
+      char go = 0;
+      if (read(to_child_[0], &go, 1) != 1) _exit(4);
+      _exit(0);  // The region goes with the process.
+    }
+    shm::RegionName name;
+    if (pid_ > 0 && read(to_parent_[0], &name, sizeof(name)) == sizeof(name)) {
+      name_ = name;
+      ok_ = true;
+    }
+  }
+  ~Exporter() {
+    Exit();
+    for (int fd : {to_parent_[0], to_parent_[1], to_child_[0], to_child_[1]}) close(fd);
+  }
+  bool ok() const { return ok_; }
+  pid_t pid() const { return pid_; }
+  const shm::RegionName& name() const { return name_; }
+  // Lets the child exit and returns its wait status (-1 when there is none).
+  int Exit() {
+    if (pid_ <= 0) return -1;
+    int status = -1;
+    if (write(to_child_[1], "g", 1) == 1) waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  int to_parent_[2] = {-1, -1};
+  int to_child_[2] = {-1, -1};
+  pid_t pid_ = -1;
+  bool ok_ = false;
+  shm::RegionName name_;
+};
+
 // A second process exports a region; this one maps it by name, reads what it wrote, and is
 // refused for a wrong token or size; once the exporter exits the name maps no more.
 TEST(SharedRegionTest, AnotherProcessMapsTheRegionByNameOnly) {
-  int to_parent[2];
-  int to_child[2];
-  ASSERT_EQ(pipe(to_parent), 0);
-  ASSERT_EQ(pipe(to_child), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  Exporter exporter([] {
     auto region = shm::SharedRegion::Create(shm::kPagesPurpose, 8192);
-    if (!region.ok()) _exit(2);
+    if (!region.ok()) return std::make_pair(std::shared_ptr<void>(), shm::RegionName{});
     FillPattern((*region)->bytes(), 99, 1);
     const shm::RegionName name = (*region)->name();
-    if (write(to_parent[1], &name, sizeof(name)) != sizeof(name)) _exit(3);
-    char go = 0;
-    if (read(to_child[0], &go, 1) != 1) _exit(4);
-    _exit(0);  // The region goes with the process.
-  }
-  shm::RegionName name;
-  ASSERT_EQ(read(to_parent[0], &name, sizeof(name)), static_cast<ssize_t>(sizeof(name)));
-  EXPECT_EQ(name.pid, static_cast<uint32_t>(child));
+    return std::make_pair(std::shared_ptr<void>(std::move(*region)), name);
+  });
+  ASSERT_TRUE(exporter.ok());
+  const shm::RegionName name = exporter.name();
+  EXPECT_EQ(name.pid, static_cast<uint32_t>(exporter.pid()));
   {
     auto mapped = shm::PeerRegion::Map(shm::kPagesPurpose, name, /*writable=*/false);
     ASSERT_TRUE(mapped.ok()) << mapped.status();
@@ -515,9 +554,7 @@ TEST(SharedRegionTest, AnotherProcessMapsTheRegionByNameOnly) {
   shm::PeerRegions regions;
   ASSERT_TRUE(regions.Get(name).ok());
   EXPECT_EQ(regions.mapped(), 1u);
-  ASSERT_EQ(write(to_child[1], "g", 1), 1);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  const int status = exporter.Exit();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_FALSE(shm::PeerRegion::Map(shm::kPagesPurpose, name, false).ok());
   // The cached mapping of the exited exporter is dropped at the next miss.
@@ -525,7 +562,33 @@ TEST(SharedRegionTest, AnotherProcessMapsTheRegionByNameOnly) {
   other.fd += 1000;
   EXPECT_FALSE(regions.Get(other).ok());
   EXPECT_EQ(regions.mapped(), 0u);
-  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
+}
+
+// A decode worker that exits: the prefill side's mapping of its ack table goes at a later AcksFor
+// (checks are a second apart), not only when another table is first mapped.
+TEST(PullSenderTest, AckTableOfAGoneDecodeWorkerIsUnmapped) {
+  auto region = shm::SharedRegion::Create(shm::kPagesPurpose, 4096);
+  ASSERT_TRUE(region.ok());
+  auto pull = shm::PullSender::Create(**region);
+  ASSERT_TRUE(pull.ok());
+  Exporter exporter([] {
+    auto table = shm::AckTable::Create(16);
+    if (!table.ok()) return std::make_pair(std::shared_ptr<void>(), shm::RegionName{});
+    const shm::RegionName name = (*table)->name();
+    return std::make_pair(std::shared_ptr<void>(std::move(*table)), name);
+  });
+  ASSERT_TRUE(exporter.ok());
+  auto mine = shm::AckTable::Create(16);
+  ASSERT_TRUE(mine.ok());
+  const ShmPullOffer gone{.boot_id = (*mine)->boot_id(), .acks = exporter.name(), .ack_index = 0};
+  const ShmPullOffer here{.boot_id = (*mine)->boot_id(), .acks = (*mine)->name(), .ack_index = 0};
+  ASSERT_TRUE((*pull)->AcksFor(gone, 4).ok());
+  ASSERT_TRUE((*pull)->AcksFor(here, 4).ok());
+  EXPECT_EQ((*pull)->tables_mapped(), 2u);
+  exporter.Exit();
+  absl::SleepFor(absl::Milliseconds(1100));     // Past the next check.
+  ASSERT_TRUE((*pull)->AcksFor(here, 4).ok());  // A hit: no new mapping, only the check.
+  EXPECT_EQ((*pull)->tables_mapped(), 1u);
 }
 
 TEST(PullSenderTest, DisabledDecodeWorkerIsRefusedWithTheReason) {
