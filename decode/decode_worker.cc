@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
     // V4-Flash requests; a ticket that finds none free goes without an offer.
     PDSERVE_ASSIGN_OR_RETURN(w->acks_, kv::shm::AckTable::Create(uint64_t{1} << 20));
     receiver_options.acks = w->acks_.get();
+    spdlog::info("transfer: shm pull offered in every ticket ({} ack words in memfd fd {})",
+                 w->acks_->words(), w->acks_->name().fd);
   }
   DecodeWorker* self = w.get();
   receiver_options.on_layer = [self](uint64_t, uint64_t request_id, uint32_t layer) {

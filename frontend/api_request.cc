@@ -43,7 +43,8 @@ void LogIgnoredOnce(const std::string& name) {
     absl::MutexLock lock(&mutex);
     if (seen->size() >= kMaxLoggedFields || !seen->insert(name).second) return;
   }
-  spdlog::warn("ignoring unknown request field '{}' (logged once per field name)",
+  // The name as a JSON string (quoted, control characters escaped).
+  spdlog::warn("ignoring unknown request field {} (logged once per field name)",
                nlohmann::json(name.substr(0, kMaxShownBytes))
                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
@@ -636,6 +637,13 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_dep
   FieldReader r(doc);
   if (endpoint == Endpoint::kCompletions) {
     ReadCompletion(r, req);
+    // Ignoring it would answer without the format the client asked for.
+    if (r.Get("response_format") != nullptr && r.ok()) {
+      r.Fail(
+          "'response_format' is supported on /v1/chat/completions only (a /v1/completions answer "
+          "would not follow it)",
+          "response_format");
+    }
   } else {
     ReadChat(r, req);
     if (const json* rf = r.Get("response_format"); rf && r.ok()) {

@@ -186,6 +186,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "'response_format' needs thinking off (chat_template_kwargs.thinking false, no "
                 "reasoning_effort): the JSON is enforced from the answer's first token",
                 "response_format"},
+        BadCase{Endpoint::kCompletions,
+                R"({"model":"m","prompt":"x","response_format":{"type":"json_object"}})",
+                "'response_format' is supported on /v1/chat/completions only (a /v1/completions "
+                "answer would not follow it)",
+                "response_format"},
         BadCase{Endpoint::kChatCompletions,
                 R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
                 R"("response_format":{"type":"json_object"},"stop":["\""]})",
