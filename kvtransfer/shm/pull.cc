@@ -125,24 +125,31 @@ absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message) {
 
 absl::StatusOr<std::shared_ptr<const PeerRegion>> PeerRegions::Get(const RegionName& name) {
   absl::MutexLock lock(&mu_);
-  for (const Cached& cached : cached_) {
-    if (cached.name == name) {
-      if (cached.region == nullptr) return cached.error;
-      return cached.region;
-    }
+  for (auto it = cached_.begin(); it != cached_.end(); ++it) {
+    if (it->name != name) continue;
+    if (it->region != nullptr) return it->region;
+    if (absl::Now() - it->failed_at < retry_after_) return it->error;
+    cached_.erase(it);  // Time for another try.
+    break;
   }
   // A miss: drop mappings of exporters that are gone (a restarted prefill worker's old pool),
   // then the oldest while over the cap.
   EraseGone();
   while (cached_.size() >= kMaxCachedRegions) cached_.erase(cached_.begin());
+  ++attempts_;
   absl::StatusOr<std::unique_ptr<PeerRegion>> mapped = PeerRegion::Map(purpose_, name, writable_);
   if (!mapped.ok()) {
-    cached_.push_back({name, nullptr, mapped.status()});
+    cached_.push_back({name, nullptr, mapped.status(), absl::Now()});
     return mapped.status();
   }
   std::shared_ptr<const PeerRegion> region = std::move(*mapped);
-  cached_.push_back({name, region, absl::OkStatus()});
+  cached_.push_back({name, region, absl::OkStatus(), absl::InfinitePast()});
   return region;
+}
+
+uint64_t PeerRegions::attempts() const {
+  absl::MutexLock lock(&mu_);
+  return attempts_;
 }
 
 void PeerRegions::EraseGone() {
@@ -197,10 +204,11 @@ size_t LandPageRef(
   return ref->length;
 }
 
-absl::StatusOr<std::unique_ptr<PullSender>> PullSender::Create(const SharedRegion& pages) {
+absl::StatusOr<std::unique_ptr<PullSender>> PullSender::Create(const SharedRegion& pages,
+                                                               absl::Duration disable_for) {
   absl::StatusOr<std::string> boot = HostBootId();
   if (!boot.ok()) return boot.status();
-  return std::unique_ptr<PullSender>(new PullSender(pages, std::move(*boot)));
+  return std::unique_ptr<PullSender>(new PullSender(pages, std::move(*boot), disable_for));
 }
 
 absl::StatusOr<PullSender::Acks> PullSender::AcksFor(const ShmPullOffer& offer, size_t slots) {
@@ -212,11 +220,13 @@ absl::StatusOr<PullSender::Acks> PullSender::AcksFor(const ShmPullOffer& offer, 
   bool check_gone = false;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [name, why] : disabled_) {
-      if (name == offer.acks) return why;
+    const absl::Time now = absl::Now();
+    std::erase_if(disabled_, [&](const Disabled& d) { return d.until <= now; });
+    for (const Disabled& d : disabled_) {
+      if (d.acks == offer.acks) return d.why;
     }
     // At most once a second: unmap the ack tables of decode workers that are gone.
-    if (const absl::Time now = absl::Now(); now >= next_gone_check_) {
+    if (now >= next_gone_check_) {
       next_gone_check_ = now + absl::Seconds(1);
       check_gone = true;
     }
@@ -236,11 +246,11 @@ absl::StatusOr<PullSender::Acks> PullSender::AcksFor(const ShmPullOffer& offer, 
 
 void PullSender::Disable(const RegionName& acks, absl::Status why) {
   absl::MutexLock lock(&mu_);
-  for (const auto& [name, status] : disabled_) {
-    if (name == acks) return;
+  for (const Disabled& d : disabled_) {
+    if (d.acks == acks) return;
   }
   if (disabled_.size() >= 256) disabled_.erase(disabled_.begin());
-  disabled_.emplace_back(acks, std::move(why));
+  disabled_.push_back({acks, std::move(why), absl::Now() + disable_for_});
 }
 
 }  // namespace pdserve::kv::shm

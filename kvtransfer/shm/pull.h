@@ -104,14 +104,18 @@ absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message);
 
 // The decode side's mappings of prefill workers' regions (read-only), made on first use and
 // cached. A region whose exporter is gone is unmapped at the next miss; a region that failed to
-// map is not retried (its error is returned again).
+// map gets its error again until `retry_after` has passed, then one more try (a one-off EMFILE or
+// ENOMEM does not force active messages until a restart).
 class PeerRegions {
  public:
-  explicit PeerRegions(std::string purpose = kPagesPurpose, bool writable = false)
-      : purpose_(std::move(purpose)), writable_(writable) {}
+  explicit PeerRegions(std::string purpose = kPagesPurpose, bool writable = false,
+                       absl::Duration retry_after = absl::Seconds(10))
+      : purpose_(std::move(purpose)), writable_(writable), retry_after_(retry_after) {}
   absl::StatusOr<std::shared_ptr<const PeerRegion>> Get(const RegionName& name)
       ABSL_LOCKS_EXCLUDED(mu_);
   size_t mapped() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Mapping attempts made (successful or not), for tests.
+  uint64_t attempts() const ABSL_LOCKS_EXCLUDED(mu_);
   // Unmaps the regions whose exporter is gone (a prefill worker that exited and was not replaced:
   // without it, its whole page pool stayed mapped here, and its memory in use, until another
   // region's first page). Users still holding one keep it until they let go.
@@ -120,13 +124,16 @@ class PeerRegions {
  private:
   const std::string purpose_;
   const bool writable_;
+  const absl::Duration retry_after_;
   mutable absl::Mutex mu_;
   struct Cached {
     RegionName name;
     std::shared_ptr<const PeerRegion> region;  // null when it failed
     absl::Status error;
+    absl::Time failed_at;
   };
   std::vector<Cached> cached_ ABSL_GUARDED_BY(mu_);
+  uint64_t attempts_ ABSL_GUARDED_BY(mu_) = 0;
   void EraseGone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
@@ -147,7 +154,9 @@ size_t LandPageRef(
 class PullSender {
  public:
   // `pages` must outlive the sender. Errors: HostBootId's.
-  static absl::StatusOr<std::unique_ptr<PullSender>> Create(const SharedRegion& pages);
+  // `disable_for`: how long Disable keeps a decode worker on active messages.
+  static absl::StatusOr<std::unique_ptr<PullSender>> Create(
+      const SharedRegion& pages, absl::Duration disable_for = absl::Seconds(60));
   const SharedRegion& pages() const { return pages_; }
   // The ack words of `offer`'s ticket (`slots` of them), mapped read-only, or the reason the
   // ticket cannot be pulled (another host, a table that cannot be mapped, words outside it).
@@ -157,20 +166,30 @@ class PullSender {
   };
   absl::StatusOr<Acks> AcksFor(const ShmPullOffer& offer, size_t slots) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops pulling for the decode worker of `acks`' table (it could not read this worker's
-  // region): AcksFor answers `why` from now on.
+  // region): AcksFor answers `why` for `disable_for`, then tries again (a decode worker that
+  // still cannot read costs one page sent again as a message, Transfer's fallback).
   void Disable(const RegionName& acks, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
   // Decode workers' ack tables mapped now (a gone one's is dropped by the first AcksFor a second
   // or more after the previous drop).
   size_t tables_mapped() const { return tables_.mapped(); }
 
  private:
-  PullSender(const SharedRegion& pages, std::string boot_id)
-      : pages_(pages), boot_id_(std::move(boot_id)), tables_(kAcksPurpose) {}
+  PullSender(const SharedRegion& pages, std::string boot_id, absl::Duration disable_for)
+      : pages_(pages),
+        boot_id_(std::move(boot_id)),
+        disable_for_(disable_for),
+        tables_(kAcksPurpose) {}
+  struct Disabled {
+    RegionName acks;
+    absl::Status why;
+    absl::Time until;
+  };
   const SharedRegion& pages_;
   const std::string boot_id_;
+  const absl::Duration disable_for_;
   PeerRegions tables_;
   absl::Mutex mu_;
-  std::vector<std::pair<RegionName, absl::Status>> disabled_ ABSL_GUARDED_BY(mu_);
+  std::vector<Disabled> disabled_ ABSL_GUARDED_BY(mu_);
   // When AcksFor next drops the tables of decode workers that are gone (PeerRegions::DropGone).
   absl::Time next_gone_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

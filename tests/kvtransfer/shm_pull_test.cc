@@ -607,6 +607,32 @@ TEST(PullSenderTest, DisabledDecodeWorkerIsRefusedWithTheReason) {
   EXPECT_FALSE((*pull)->AcksFor(offer, 7).ok());  // Past the table's end.
   (*pull)->Disable(offer.acks, absl::UnavailableError("cannot read"));
   EXPECT_EQ((*pull)->AcksFor(offer, 6).status().message(), "cannot read");
+  // A disable that has run out (here at once) lets the next ticket try again.
+  auto brief = shm::PullSender::Create(**region, absl::ZeroDuration());
+  ASSERT_TRUE(brief.ok());
+  (*brief)->Disable(offer.acks, absl::UnavailableError("cannot read"));
+  EXPECT_TRUE((*brief)->AcksFor(offer, 6).ok());
+}
+
+// A region that failed to map gets its cached error until the retry interval passed, then one
+// more try.
+TEST(PeerRegionsTest, FailedMapsAreRetriedAfterTheInterval) {
+  auto region = shm::SharedRegion::Create(shm::kPagesPurpose, 4096);
+  ASSERT_TRUE(region.ok());
+  shm::RegionName bad = (*region)->name();
+  bad.token[0] ^= 1;
+  shm::PeerRegions patient(shm::kPagesPurpose, false, absl::Hours(1));
+  EXPECT_FALSE(patient.Get(bad).ok());
+  EXPECT_FALSE(patient.Get(bad).ok());
+  EXPECT_EQ(patient.attempts(), 1u);
+  shm::PeerRegions eager(shm::kPagesPurpose, false, absl::ZeroDuration());
+  EXPECT_FALSE(eager.Get(bad).ok());
+  EXPECT_FALSE(eager.Get(bad).ok());
+  EXPECT_EQ(eager.attempts(), 2u);
+  // A mapped region is never mapped again.
+  EXPECT_TRUE(eager.Get((*region)->name()).ok());
+  EXPECT_TRUE(eager.Get((*region)->name()).ok());
+  EXPECT_EQ(eager.attempts(), 3u);
 }
 
 }  // namespace
