@@ -53,6 +53,21 @@ uint64_t Ticket::total_bytes() const {
   return total;
 }
 
+PageHeader SlotHeader(const Ticket& ticket, uint32_t slot, serving::ElementType element,
+                      uint64_t checksum) {
+  const PageDescriptor& page = ticket.pages[slot];
+  return {.request_id = ticket.request_id,
+          .ticket_id = ticket.ticket_id,
+          .epoch = ticket.epoch,
+          .slot = slot,
+          .layer = page.layer,
+          .page_index = page.page_index,
+          .token_begin = page.token_begin,
+          .token_end = page.token_end,
+          .element = element,
+          .payload_xxh3 = checksum};
+}
+
 std::vector<std::byte> EncodeTicket(const Ticket& ticket) {
   Writer w;
   w.Put(kWireMagic, 4);

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtransfer/page_header.h"
 #include "kvtransfer/shm/shared_memory.h"
 #include "kvtransfer/wire_kind.h"
 #include "serving/element_type.h"
@@ -64,6 +65,12 @@ struct Ticket {
   uint64_t total_bytes() const;
   bool operator==(const Ticket&) const = default;
 };
+
+// The header of `ticket`'s page `slot` sent with `element` values and payload checksum
+// `checksum` (what the sender puts on the wire and the receiver checks against the ticket).
+// `slot` must be < ticket.pages.size().
+PageHeader SlotHeader(const Ticket& ticket, uint32_t slot, serving::ElementType element,
+                      uint64_t checksum);
 
 std::vector<std::byte> EncodeTicket(const Ticket& ticket);
 // Errors: InvalidArgument for truncated or malformed bytes.

@@ -160,17 +160,7 @@ absl::Status Transfer::Fail(absl::Status status) {
 }
 
 PageHeader Transfer::HeaderOf(uint32_t slot) const {
-  const PageDescriptor& page = ticket_.pages[slot];
-  return {.request_id = ticket_.request_id,
-          .ticket_id = ticket_.ticket_id,
-          .epoch = ticket_.epoch,
-          .slot = slot,
-          .layer = page.layer,
-          .page_index = page.page_index,
-          .token_begin = page.token_begin,
-          .token_end = page.token_end,
-          .element = elements_[slot],
-          .payload_xxh3 = checksums_[slot]};
+  return SlotHeader(ticket_, slot, elements_[slot], checksums_[slot]);
 }
 
 absl::Status Transfer::SendSlot(uint32_t slot) {

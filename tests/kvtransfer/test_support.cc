@@ -67,17 +67,7 @@ ReceiveSpec SpecOverPool(std::vector<std::vector<std::byte>>& pool, uint64_t req
 
 PageHeader HeaderFor(const Ticket& ticket, uint32_t slot, uint64_t checksum,
                      serving::ElementType element) {
-  const PageDescriptor& page = ticket.pages[slot];
-  return {.request_id = ticket.request_id,
-          .ticket_id = ticket.ticket_id,
-          .epoch = ticket.epoch,
-          .slot = slot,
-          .layer = page.layer,
-          .page_index = page.page_index,
-          .token_begin = page.token_begin,
-          .token_end = page.token_end,
-          .element = element,
-          .payload_xxh3 = checksum};
+  return SlotHeader(ticket, slot, element, checksum);
 }
 
 std::string ToHex(std::span<const std::byte> bytes) {
