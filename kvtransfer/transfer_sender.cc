@@ -29,22 +29,27 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 
 // A pulled page's send (kvtransfer/shm/pull.h): done when the decode worker's ack word names the
 // ticket (it has finished reading the page, or refused it unread), when the kPageRef message
-// could not be sent, or when the decode worker is gone. Cancel cannot stop a copy the decode
-// worker has begun, so it only cancels the message; Test still waits for one of the three.
+// could not be sent, when the decode worker is gone, or (DeadlineExceeded) when no ack came by
+// `ack_deadline`: a decode worker that is stopped or whose lane is stuck still takes heartbeats
+// at the transport, which would otherwise renew the lease without end. Cancel cannot stop a copy
+// the decode worker has begun, so it only cancels the message; Test still waits for one of these.
 // A "failed" ack (the decode worker could not map this worker's region or the range) sets
 // unreadable(): the decode worker left the slot empty, so the page may go again as a message.
 class PullOp final : public SendOp {
  public:
   PullOp(std::unique_ptr<SendOp> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
          PageTransport& transport, PeerId peer, shm::PullSender* sender,
-         const shm::RegionName& acks)
+         const shm::RegionName& acks, const Clock& clock, absl::Duration ack_wait)
       : message_(std::move(message)),
         word_(word),
         ticket_id_(ticket_id),
         transport_(transport),
         peer_(peer),
         sender_(sender),
-        acks_(acks) {}
+        acks_(acks),
+        clock_(clock),
+        ack_wait_(ack_wait),
+        ack_deadline_(clock.Now() + ack_wait) {}
 
   std::optional<absl::Status> Test() override {
     const uint64_t word = word_->load(std::memory_order_acquire);
@@ -68,6 +73,11 @@ class PullOp final : public SendOp {
       return *sent;
     }
     if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return peer;
+    if (clock_.Now() > ack_deadline_) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no ack from the decode worker ", absl::FormatDuration(ack_wait_),
+                       " after the page reference (the worker is stopped, or its lane is stuck)"));
+    }
     return std::nullopt;
   }
   void Cancel() override { message_->Cancel(); }
@@ -81,6 +91,9 @@ class PullOp final : public SendOp {
   const PeerId peer_;
   shm::PullSender* const sender_;
   const shm::RegionName acks_;
+  const Clock& clock_;
+  const absl::Duration ack_wait_;
+  const absl::Time ack_deadline_;
   bool unreadable_ = false;
 };
 
@@ -174,9 +187,9 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
                                             .length = pages_[slot].size()});
     auto message = transport_.Send(peer_, WireKind::kPageRef, {}, ref_messages_[slot]);
     if (!message.ok()) return Fail(message.status());
-    page_ops_[slot] =
-        std::make_unique<PullOp>(std::move(*message), pull_->words + slot, ticket_.ticket_id,
-                                 transport_, peer_, options_.shm_pull, ticket_.shm_pull->acks);
+    page_ops_[slot] = std::make_unique<PullOp>(
+        std::move(*message), pull_->words + slot, ticket_.ticket_id, transport_, peer_,
+        options_.shm_pull, ticket_.shm_pull->acks, clock_, lease_length_);
   } else {
     auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
     if (!op.ok()) return Fail(op.status());

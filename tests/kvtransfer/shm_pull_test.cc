@@ -176,6 +176,28 @@ TEST_F(ShmPullTest, PageSendCompletesOnlyOnceItsAckIsWritten) {
   EXPECT_EQ(transfer->pages_completed(), 2u);
 }
 
+TEST_F(ShmPullTest, AcksThatNeverComeFailTheTransferAfterTheLeaseLength) {
+  const Ticket ticket = Expect(1, 0, 2);
+  auto transfer = Send(*puller_, ticket, 5, 0);
+  ASSERT_NE(transfer, nullptr);
+  // The receiver never runs (a stopped decode worker whose transport still takes the heartbeats,
+  // which renew the sender's lease): the missing acks end the transfer one lease length (10 s)
+  // after the page references went.
+  absl::StatusOr<bool> poll = false;
+  int seconds = 0;
+  for (; seconds < 30 && poll.ok(); ++seconds) {
+    poll = transfer->Poll();
+    clock_.Advance(absl::Seconds(1));
+  }
+  ASSERT_FALSE(poll.ok());
+  EXPECT_EQ(poll.status().code(), absl::StatusCode::kDeadlineExceeded) << poll.status();
+  EXPECT_TRUE(absl::StrContains(poll.status().message(), "no ack from the decode worker"))
+      << poll.status();
+  EXPECT_GE(seconds, 10);
+  EXPECT_LE(seconds, 13);
+  EXPECT_EQ(transfer->pages_completed(), 0u);
+}
+
 TEST_F(ShmPullTest, SenderWithoutARegionSendsActiveMessages) {
   const Ticket ticket = Expect(1, 0, 4);
   ASSERT_TRUE(ticket.shm_pull.has_value());
