@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/json_depth.h"
 #include "common/json_parse_failure.h"
@@ -99,19 +100,35 @@ class FieldReader {
     *out = d;
   }
 
+  // An integer: a JSON integer, or a number without a fractional part however it is written
+  // (5.0, 1e10), as JSON Schema's "integer" counts it; OpenAI's reference says only "integer".
+  // Out of [lo, hi] names the range whatever the spelling, so 1e10 reads as 10000000000 does.
   void Integer(const std::string& key, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
     const json* v = Get(key);
     if (!v || !ok()) return;
-    if (!v->is_number_integer()) return Fail(absl::StrCat("'", key, "' must be an integer"), key);
+    auto out_of_range = [&](const std::string& got) {
+      Fail(absl::StrCat("'", key, "' must be between ", lo, " and ", hi, ", got ", got), key);
+    };
+    const bool integral_float = v->is_number_float() && std::isfinite(v->get<double>()) &&
+                                v->get<double>() == std::trunc(v->get<double>());
+    if (!v->is_number_integer() && !integral_float) {
+      return Fail(absl::StrCat("'", key, "' must be an integer"), key);
+    }
+    if (integral_float) {
+      const double d = v->get<double>();
+      // The bounds of int64 first, so that the cast below is defined.
+      if (d < -0x1p63 || d >= 0x1p63 || static_cast<int64_t>(d) < lo ||
+          static_cast<int64_t>(d) > hi) {
+        return out_of_range(absl::StrFormat("%.0f", d));
+      }
+      *out = static_cast<int64_t>(d);
+      return;
+    }
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-      return Fail(absl::StrCat("'", key, "' must be between ", lo, " and ", hi, ", got ",
-                               v->get<uint64_t>()),
-                  key);
+      return out_of_range(absl::StrCat(v->get<uint64_t>()));
     }
     const int64_t i = v->get<int64_t>();
-    if (i < lo || i > hi) {
-      return Fail(absl::StrCat("'", key, "' must be between ", lo, " and ", hi, ", got ", i), key);
-    }
+    if (i < lo || i > hi) return out_of_range(absl::StrCat(i));
     *out = i;
   }
 

@@ -289,6 +289,59 @@ TEST(ApiRequestTest, ANumberBeyondADoubleIsOutOfRangeNamingItsField) {
   EXPECT_EQ(*ParseOk(Endpoint::kChatCompletions, chat + R"("temperature":1e-400})").temperature, 0);
 }
 
+// An integer field reads a number by its value, not its spelling: 1e10 is out of range as
+// 10000000000 is, 2.0 is 2, and only a fractional part is "must be an integer".
+TEST(ApiRequestTest, AnIntegralNumberWrittenWithAnExponentOrPointIsReadByItsValue) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  const std::string max_tokens_range = "'max_tokens' must be between 1 and 2147483647, got ";
+  struct Case {
+    std::string body;
+    std::string message;
+    std::string param;
+  };
+  const Case cases[] = {
+      {chat + R"("max_tokens":10000000000})", max_tokens_range + "10000000000", "max_tokens"},
+      {chat + R"("max_tokens":1e10})", max_tokens_range + "10000000000", "max_tokens"},
+      {chat + R"("max_tokens":10000000000.0})", max_tokens_range + "10000000000", "max_tokens"},
+      {chat + R"("max_tokens":0.0})", max_tokens_range + "0", "max_tokens"},
+      {chat + R"("max_completion_tokens":-3E2})",
+       "'max_completion_tokens' must be between 1 and 2147483647, got -300",
+       "max_completion_tokens"},
+      {chat + R"("n":1.28e2})", "", ""},
+      {chat + R"("n":1.29e2})", "'n' must be between 1 and 128, got 129", "n"},
+      {chat + R"("top_logprobs":2.1e1,"logprobs":true})",
+       "'top_logprobs' must be between 0 and 20, got 21", "top_logprobs"},
+      // Beyond int64 and beyond uint64: still the range, not the type.
+      {chat + R"("seed":1e19})",
+       "'seed' must be between -9223372036854775808 and 9223372036854775807, got "
+       "10000000000000000000",
+       "seed"},
+      {chat + R"("seed":-1e30})",
+       "'seed' must be between -9223372036854775808 and 9223372036854775807, got "
+       "-1000000000000000019884624838656",
+       "seed"},
+      {chat + R"("max_tokens":5.5})", "'max_tokens' must be an integer", "max_tokens"},
+      {chat + R"("max_tokens":1e-1})", "'max_tokens' must be an integer", "max_tokens"},
+      {chat + R"("n":"2"})", "'n' must be an integer", "n"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    ParsedRequest p = ParseRequest(Endpoint::kChatCompletions, c.body);
+    if (c.message.empty()) {
+      EXPECT_TRUE(std::holds_alternative<ApiRequest>(p));
+      continue;
+    }
+    const ApiError e = ParseErr(Endpoint::kChatCompletions, c.body);
+    EXPECT_EQ(e.message, c.message);
+    EXPECT_EQ(e.param, c.param);
+  }
+  const ApiRequest r = ParseOk(
+      Endpoint::kCompletions, R"({"model":"m","prompt":"x","max_tokens":1e3,"n":2.0,"seed":-7.0})");
+  EXPECT_EQ(*r.max_tokens, 1000);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(*r.seed, static_cast<uint64_t>(int64_t{-7}));
+}
+
 TEST(ApiRequestTest, FieldsTheSdkSendsAreAcceptedAndUnknownOnesIgnored) {
   ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m",
       "messages":[{"role":"user","content":"x","some_message_field":1}],
