@@ -518,6 +518,24 @@ void ReadChat(FieldReader& r, ApiRequest& req) {
   }
 }
 
+// The 400 for `what` (a constrained output) in a request whose thinking is on, naming the field
+// the client turned it on with: the `thinking` object (gRPC's `thinking` arrives as that too),
+// chat_template_kwargs.thinking, or reasoning_effort alone.
+ApiError NeedsThinkingOff(FieldReader& r, const ApiRequest& req, const std::string& what,
+                          const std::string& why) {
+  std::string param = "reasoning_effort";
+  std::string source = absl::StrCat("'reasoning_effort' \"", req.reasoning_effort, "\"");
+  if (r.Get("thinking")) {
+    param = "thinking";
+    source = "'thinking'";
+  } else if (req.thinking) {
+    param = "chat_template_kwargs";
+    source = "'chat_template_kwargs.thinking'";
+  }
+  return InvalidRequest(
+      absl::StrCat(what, " needs thinking off, which ", source, " turned on", why), param);
+}
+
 // tools, then tool_choice (which may name one of them).
 std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, ApiRequest& req) {
   if (r.Get("tools")) {
@@ -535,10 +553,7 @@ std::optional<ApiError> ReadChatTools(FieldReader& r, std::string_view body, Api
     // The call is enforced by a grammar that starts at the answer's first token (the DSML
     // tool-call block, structured/tool_call_grammar.h), which thinking mode cannot take: there the
     // answer opens with the reasoning.
-    return InvalidRequest(
-        "'tool_choice' \"required\" or a named function needs thinking off "
-        "(chat_template_kwargs.thinking false)",
-        "tool_choice");
+    return NeedsThinkingOff(r, req, "'tool_choice' \"required\" or a named function", "");
   }
   // A stop string matched inside the constrained output would cut the JSON document or the
   // tool-call block short and still report finish_reason "stop" (found by a breaker,
@@ -670,10 +685,9 @@ ParsedRequest ParseRequest(Endpoint endpoint, std::string_view body, int max_dep
       // The document's grammar starts at the answer's first token; in thinking mode the answer
       // opens with the reasoning, which then took the JSON and left `content` empty.
       if (r.ok() && !req.json_schema.empty() && ThinkingOn(req)) {
-        r.Fail(
-            "'response_format' needs thinking off (chat_template_kwargs.thinking false, no "
-            "reasoning_effort): the JSON is enforced from the answer's first token",
-            "response_format");
+        const ApiError error = NeedsThinkingOff(
+            r, req, "'response_format'", ": the JSON is enforced from the answer's first token");
+        r.Fail(error.message, error.param);
       }
     }
   }

@@ -165,7 +165,10 @@ std::optional<frontend::ApiError> AddChat(const pv1::GenerateRequest& request, o
   for (const pv1::ChatMessage& m : request.chat().messages()) {
     body["messages"].push_back(ChatMessageJson(m));
   }
-  if (request.has_thinking()) body["chat_template_kwargs"] = {{"thinking", request.thinking()}};
+  // DeepSeek's own switch, which carries the gRPC field's name into the HTTP parser's errors.
+  if (request.has_thinking()) {
+    body["thinking"] = {{"type", request.thinking() ? "enabled" : "disabled"}};
+  }
   if (request.has_reasoning_effort()) body["reasoning_effort"] = request.reasoning_effort();
   if (request.has_continue_final_message()) {
     body["continue_final_message"] = request.continue_final_message();

@@ -176,16 +176,38 @@ INSTANTIATE_TEST_SUITE_P(
                 R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
                 R"("tools":[{"type":"function","function":{"name":"f"}}],)"
                 R"("tool_choice":"required","reasoning_effort":"high"})",
-                "'tool_choice' \"required\" or a named function needs thinking off "
-                "(chat_template_kwargs.thinking false)",
-                "tool_choice"},
+                "'tool_choice' \"required\" or a named function needs thinking off, which "
+                "'reasoning_effort' \"high\" turned on",
+                "reasoning_effort"},
+        // The refusal names the switch the client used, not one it never sent.
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":"f"}}],)"
+                R"("tool_choice":"required","thinking":{"type":"enabled"}})",
+                "'tool_choice' \"required\" or a named function needs thinking off, which "
+                "'thinking' turned on",
+                "thinking"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":"f"}}],"reasoning_effort":"low",)"
+                R"("tool_choice":{"type":"function","function":{"name":"f"}},)"
+                R"("chat_template_kwargs":{"thinking":true}})",
+                "'tool_choice' \"required\" or a named function needs thinking off, which "
+                "'chat_template_kwargs.thinking' turned on",
+                "chat_template_kwargs"},
         BadCase{Endpoint::kChatCompletions,
                 R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
                 R"("response_format":{"type":"json_object"},)"
                 R"("chat_template_kwargs":{"thinking":true}})",
-                "'response_format' needs thinking off (chat_template_kwargs.thinking false, no "
-                "reasoning_effort): the JSON is enforced from the answer's first token",
-                "response_format"},
+                "'response_format' needs thinking off, which 'chat_template_kwargs.thinking' "
+                "turned on: the JSON is enforced from the answer's first token",
+                "chat_template_kwargs"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("response_format":{"type":"json_object"},"thinking":{"type":"enabled"}})",
+                "'response_format' needs thinking off, which 'thinking' turned on: the JSON is "
+                "enforced from the answer's first token",
+                "thinking"},
         BadCase{Endpoint::kCompletions,
                 R"({"model":"m","prompt":"x","response_format":{"type":"json_object"}})",
                 "'response_format' is supported on /v1/chat/completions only (a /v1/completions "

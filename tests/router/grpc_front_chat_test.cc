@@ -361,7 +361,7 @@ TEST_F(GrpcFrontChatTest, RefusalsAreInvalidArgumentWithTheHttpFrontsError) {
       {FromText(grpc_chat + R"pb(thinking: true
                                  tools { name: "now" }
                                  tool_choice: "required")pb"),
-       R"("chat_template_kwargs":{"thinking":true},)"
+       R"("thinking":{"type":"enabled"},)"
        R"("tools":[{"type":"function","function":{"name":"now"}}],"tool_choice":"required")"},
       {FromText(grpc_chat + R"pb(tool_choice: "always")pb"), R"("tool_choice":"always")"},
       {FromText(grpc_chat + R"pb(tools { name: "" })pb"),
@@ -401,6 +401,29 @@ TEST_F(GrpcFrontChatTest, RefusalsAreInvalidArgumentWithTheHttpFrontsError) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_EQ(status.error_message(), std::get<frontend::ApiError>(http).ToJson());
     EXPECT_TRUE(out.empty());
+  }
+}
+
+// A refusal that needs thinking off names the field the gRPC client set, `thinking`.
+TEST_F(GrpcFrontChatTest, ThinkingRefusalsNameTheThinkingField) {
+  const std::string grpc_chat = R"pb(model: "tiny"
+                                     chat { messages { role: "user" content: "x" } }
+                                     thinking: true)pb";
+  for (const std::string& fields :
+       {std::string(R"pb(tools { name: "now" }
+                         tool_choice: "required")pb"),
+        std::string(R"pb(tools { name: "now" }
+                         tool_choice_function: "now")pb"),
+        std::string(R"pb(response_format { type: "json_object" })pb")}) {
+    SCOPED_TRACE(fields);
+    std::vector<pv1::GenerateResponse> out;
+    const grpc::Status status = Generate(FromText(grpc_chat + "\n" + fields), &out);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    const json error = json::parse(status.error_message())["error"];
+    EXPECT_EQ(error["param"], "thinking");
+    EXPECT_NE(error["message"].get<std::string>().find("which 'thinking' turned on"),
+              std::string::npos)
+        << error["message"];
   }
 }
 
