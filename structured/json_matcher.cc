@@ -548,7 +548,12 @@ absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::Parse(
 
 MatcherState JsonGrammar::Start() const {
   MatcherState state;
-  state.frames.push_back(JsonDocumentFrame(schema_->root()));
+  // The answer starts at the value: its whitespace allowance used up, the document frame refuses
+  // leading whitespace (a response_format answer opening with "\n\n" surprises clients; inside
+  // the value whitespace stays allowed). Embedded values (tool-call arguments) keep theirs.
+  Frame document = JsonDocumentFrame(schema_->root());
+  document.ws = kMaxWhitespace;
+  state.frames.push_back(document);
   state.ends.push_back(1);
   return state;
 }

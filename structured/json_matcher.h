@@ -6,7 +6,8 @@
 // strings, numbers and literals (enum / const / true / false / null).
 //
 // Bounded by construction: at most kMaxWhitespace whitespace bytes in a row between tokens of
-// the document, none after it; numbers of at most kMaxIntegerDigits / kMaxFractionDigits /
+// the document, none before or after it (JsonGrammar; a value embedded in another grammar may
+// have up to kMaxWhitespace before it); numbers of at most kMaxIntegerDigits / kMaxFractionDigits /
 // kMaxExponentDigits digits; strings of valid UTF-8 with JSON's escapes (\uD800-\uDFFF refused);
 // free-form values nested at most kMaxNesting deep.
 //

@@ -104,6 +104,15 @@ TEST(JsonMatcherTest, WhitespaceRunsAreBounded) {
   EXPECT_FALSE(Reads(o, std::string("{") + std::string(kMaxWhitespace + 1, ' ')));
 }
 
+TEST(JsonMatcherTest, TheDocumentStartsAtItsValueWithWhitespaceOnlyInside) {
+  for (const char* lead : {" ", "\n", "\t", "\r"}) {
+    EXPECT_FALSE(Reads(R"({"type":"object"})", lead)) << int{lead[0]};
+    EXPECT_FALSE(Reads("{}", lead)) << int{lead[0]};
+  }
+  EXPECT_TRUE(Accepts(kPerson, "{\n  \"name\": \"x\",\n  \"kind\": 3\n}"));
+  EXPECT_TRUE(Accepts("{}", "[ 1, {\"a\" :\tnull} ]"));
+}
+
 TEST(JsonMatcherTest, ShortestCompletionCountsRequiredPropertiesAndClosers) {
   GrammarMatcher m = StartJson(Schema(R"({"type":"object","properties":{"a":{"type":"integer"},
     "b":{"type":"array","items":{"type":"string"},"minItems":2}},"required":["a","b"]})"));
