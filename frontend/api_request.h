@@ -31,6 +31,9 @@
 namespace pdserve::frontend {
 
 enum class Endpoint { kCompletions, kChatCompletions };
+// The front a request came in through: the OpenAI HTTP API or the router's gRPC API
+// (pdserve.v1.Generation/Generate). Both parse alike; the request metrics tell them apart.
+enum class Front { kHttp, kGrpc };
 
 struct ToolCall {
   std::string id;
@@ -53,6 +56,7 @@ enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
+  Front front = Front::kHttp;
   std::string model;
   // Completions: the prompt as text, or as token ids (exactly one of the two is set).
   std::optional<std::string> prompt_text;

@@ -52,18 +52,19 @@ class GenerationService {
   virtual int64_t MaxModelLength() const { return 0; }
   // A request a front refused before Start() (unparsable or invalid body: 400, unknown model:
   // 404), so the service's request counter sees every finished request. Default: nothing.
-  virtual void RecordRejected(Endpoint /*endpoint*/, int /*http_status*/) {}
+  virtual void RecordRejected(Endpoint /*endpoint*/, Front /*front*/, int /*http_status*/) {}
   // A request the HTTP layer refused before it was read whole or parsed (413 body too large,
   // 431 headers too large, 408 cut off, 400 malformed HTTP, 503 body budget): `endpoint` is the
   // one its request line named, nullopt when that did not arrive or parse. Default: known
   // endpoints as RecordRejected, the others not at all.
   virtual void RecordRefused(std::optional<Endpoint> endpoint, int http_status) {
-    if (endpoint) RecordRejected(*endpoint, http_status);
+    if (endpoint) RecordRejected(*endpoint, Front::kHttp, http_status);
   }
-  // A started stream the HTTP layer ended because its client did not keep up with it
+  // A started stream the HTTP or gRPC front ended because its client did not keep up with it
   // (HttpServerOptions::stream_queue_bytes): `reason` "stream_stalled" or "stream_too_slow". The
   // request is also cancelled (and counted as such). Default: nothing.
-  virtual void RecordStreamEnded(Endpoint /*endpoint*/, const std::string& /*reason*/) {}
+  virtual void RecordStreamEnded(Endpoint /*endpoint*/, Front /*front*/,
+                                 const std::string& /*reason*/) {}
   // /ready: true when the service can serve a request now.
   virtual bool Ready() const = 0;
   // /metrics body (Prometheus text format).

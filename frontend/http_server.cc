@@ -530,7 +530,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // started (the one being written, if any, finishes), then sends `error` as an error event and
   // the end of the body; the connection closes after it (as OnError's).
   void EndSlowStream(const ApiError& error) {
-    server_->service->RecordStreamEnded(api_.endpoint, error.code);
+    server_->service->RecordStreamEnded(api_.endpoint, Front::kHttp, error.code);
     CancelGeneration();
     close_after_stream_ = true;
     const size_t keep = writing_ && header_written_ ? 1 : 0;
@@ -729,7 +729,8 @@ void Session::Route() {
        !keys->Matches(std::string_view(authorization.data(), authorization.size())))) {
     if (target == "/v1/completions" || target == "/v1/chat/completions") {
       service->RecordRejected(
-          target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, 401);
+          target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions,
+          Front::kHttp, 401);
     }
     return SendError(InvalidApiKey());
   }
@@ -778,7 +779,7 @@ void Session::Route() {
     const Endpoint endpoint =
         target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
     if (std::optional<ApiError> coding = UnsupportedCoding(request_)) {
-      service->RecordRejected(endpoint, coding->http_status);
+      service->RecordRejected(endpoint, Front::kHttp, coding->http_status);
       // An unknown transfer coding leaves the body's end unknown: the connection closes after.
       if (coding->http_status == 501) keep_alive_ = false;
       return SendError(*coding);
@@ -791,14 +792,14 @@ void Session::Route() {
 void Session::Generate(Endpoint endpoint) {
   ParsedRequest parsed = ParseRequest(endpoint, request_.body());
   if (auto* err = std::get_if<ApiError>(&parsed)) {
-    server_->service->RecordRejected(endpoint, err->http_status);
+    server_->service->RecordRejected(endpoint, Front::kHttp, err->http_status);
     return SendError(*err);
   }
   api_ = std::move(std::get<ApiRequest>(parsed));
   const auto names = server_->service->ModelNames();
   if (std::find(names.begin(), names.end(), api_.model) == names.end()) {
     ApiError e = ModelNotFound(api_.model);
-    server_->service->RecordRejected(endpoint, e.http_status);
+    server_->service->RecordRejected(endpoint, Front::kHttp, e.http_status);
     return SendError(e);
   }
   // The body stays in the budget of buffered bodies until Start has run (max_buffered_body_bytes):
@@ -806,7 +807,7 @@ void Session::Generate(Endpoint endpoint) {
   const size_t held = request_.body().size();
   if (server_->body_bytes.fetch_add(held) + held > server_->options.max_buffered_body_bytes) {
     server_->body_bytes.fetch_sub(held);
-    server_->service->RecordRejected(endpoint, 503);
+    server_->service->RecordRejected(endpoint, Front::kHttp, 503);
     return SendError(ServerError(503, "too many request bodies are being received; retry later",
                                  "server_error", "server_busy"));
   }

@@ -150,7 +150,7 @@ struct CallState {
       queued_bytes -= queue.back().Length();
       queue.pop_back();
     }
-    service->RecordStreamEnded(endpoint, error.code);
+    service->RecordStreamEnded(endpoint, frontend::Front::kGrpc, error.code);
     FinishOnce(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, error.ToJson()));
     RunOnGrpcThread([weak = std::weak_ptr<frontend::Generation>(generation)] {
       if (auto g = weak.lock()) g->Cancel();
@@ -235,7 +235,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
     frontend::Endpoint endpoint;
     frontend::ParsedRequest parsed = ParseGenerateRequest(request, &endpoint);
     if (auto* error = std::get_if<frontend::ApiError>(&parsed)) {
-      service->RecordRejected(endpoint, error->http_status);
+      service->RecordRejected(endpoint, frontend::Front::kGrpc, error->http_status);
       End(ToStatus(*error));
       return;
     }
@@ -244,7 +244,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
     const std::vector<std::string> names = service->ModelNames();
     if (std::find(names.begin(), names.end(), api.model) == names.end()) {
       frontend::ApiError e = frontend::ModelNotFound(api.model);
-      service->RecordRejected(endpoint, e.http_status);
+      service->RecordRejected(endpoint, frontend::Front::kGrpc, e.http_status);
       End(ToStatus(e));
       return;
     }

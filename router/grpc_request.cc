@@ -248,8 +248,10 @@ frontend::ParsedRequest ParseGenerateRequest(const pv1::GenerateRequest& request
   // field); the body wraps the deepest of them, a tool's parameters, kJsonTextWrapLevels deep, and
   // nothing else in the proto nests that far. So the body's own check allows those levels more:
   // otherwise a field within its limit would be refused as "request body".
-  return frontend::ParseRequest(*endpoint, std::get<std::string>(body),
-                                kMaxJsonDepth + kJsonTextWrapLevels);
+  frontend::ParsedRequest parsed = frontend::ParseRequest(*endpoint, std::get<std::string>(body),
+                                                          kMaxJsonDepth + kJsonTextWrapLevels);
+  if (auto* api = std::get_if<frontend::ApiRequest>(&parsed)) api->front = frontend::Front::kGrpc;
+  return parsed;
 }
 
 }  // namespace pdserve::router

@@ -27,8 +27,8 @@ inline constexpr int kJsonTextWrapLevels = 4;
 std::variant<std::string, frontend::ApiError> ToOpenAiJson(
     const pdserve::v1::GenerateRequest& request, frontend::Endpoint* endpoint);
 
-// `request` read as the HTTP front reads its JSON body: the ApiRequest, or the 400 either
-// ToOpenAiJson or frontend::ParseRequest gave. Sets `endpoint`.
+// `request` read as the HTTP front reads its JSON body: the ApiRequest (front kGrpc), or the 400
+// either ToOpenAiJson or frontend::ParseRequest gave. Sets `endpoint`.
 frontend::ParsedRequest ParseGenerateRequest(const pdserve::v1::GenerateRequest& request,
                                              frontend::Endpoint* endpoint);
 

@@ -16,6 +16,16 @@
 #include "router/request.h"
 
 namespace pdserve::router {
+namespace {
+
+// The `endpoint` label of the request metrics: the HTTP endpoint, or for every gRPC request the
+// method's full name (one method serves text and chat prompts), so the fronts count apart.
+std::string EndpointLabel(frontend::Endpoint endpoint, frontend::Front front) {
+  if (front == frontend::Front::kGrpc) return "pdserve.v1.Generation/Generate";
+  return endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions";
+}
+
+}  // namespace
 
 class RouterService::RouterGeneration : public frontend::Generation {
  public:
@@ -148,7 +158,10 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   s->queued_->Get();
   // So do the labelled series alerts and dashboards read, so increase() sees the first event
   // (docs/metrics.md lists the values).
-  const std::vector<std::string> endpoints = {"completions", "chat_completions"};
+  const std::vector<std::string> endpoints = {
+      EndpointLabel(frontend::Endpoint::kCompletions, frontend::Front::kHttp),
+      EndpointLabel(frontend::Endpoint::kChatCompletions, frontend::Front::kHttp),
+      EndpointLabel(frontend::Endpoint::kCompletions, frontend::Front::kGrpc)};
   for (auto* latency_family : {s->ttft_, s->itl_, s->tpot_, s->e2e_}) {
     latency_family->ExportAtZero({endpoints});
   }
@@ -222,25 +235,20 @@ std::vector<std::string> RouterService::ListedModelNames() const {
   return out;
 }
 
-void RouterService::RecordRejected(frontend::Endpoint endpoint, int http_status) {
-  requests_
-      ->WithLabels(
-          {endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions",
-           absl::StrCat(http_status), "error"})
+void RouterService::RecordRejected(frontend::Endpoint endpoint, frontend::Front front,
+                                   int http_status) {
+  requests_->WithLabels({EndpointLabel(endpoint, front), absl::StrCat(http_status), "error"})
       .Increment();
 }
 
 void RouterService::RecordRefused(std::optional<frontend::Endpoint> endpoint, int http_status) {
-  if (endpoint) return RecordRejected(*endpoint, http_status);
+  if (endpoint) return RecordRejected(*endpoint, frontend::Front::kHttp, http_status);
   requests_->WithLabels({"unknown", absl::StrCat(http_status), "error"}).Increment();
 }
 
-void RouterService::RecordStreamEnded(frontend::Endpoint endpoint, const std::string& reason) {
-  slow_streams_
-      ->WithLabels(
-          {endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions",
-           reason})
-      .Increment();
+void RouterService::RecordStreamEnded(frontend::Endpoint endpoint, frontend::Front front,
+                                      const std::string& reason) {
+  slow_streams_->WithLabels({EndpointLabel(endpoint, front), reason}).Increment();
 }
 
 bool RouterService::Ready() const { return pool_->Ready(); }
@@ -294,8 +302,7 @@ void RouterService::RecordFinish(Request& request, int http_status,
 
 frontend::StartResult RouterService::Start(const frontend::ApiRequest& req,
                                            std::shared_ptr<frontend::GenerationSink> sink) {
-  const std::string endpoint =
-      req.endpoint == frontend::Endpoint::kCompletions ? "completions" : "chat_completions";
+  const std::string endpoint = EndpointLabel(req.endpoint, req.front);
   frontend::Prepared prepared = preparer_->Prepare(req);
   if (auto* error = std::get_if<frontend::ApiError>(&prepared)) {
     requests_->WithLabels({endpoint, absl::StrCat(error->http_status), "error"}).Increment();

@@ -138,11 +138,12 @@ class RouterService : public frontend::GenerationService {
   std::vector<std::string> ListedModelNames() const override;
   int64_t MaxModelLength() const override { return preparer_->context_length(); }
   // Counts a 400 / 404 the front answered (pdserve_router_requests_total{code, "error"}).
-  void RecordRejected(frontend::Endpoint endpoint, int http_status) override;
+  void RecordRejected(frontend::Endpoint endpoint, frontend::Front front, int http_status) override;
   // Counted like RecordRejected; without an endpoint under endpoint="unknown".
   void RecordRefused(std::optional<frontend::Endpoint> endpoint, int http_status) override;
   // pdserve_router_slow_stream_ends_total{endpoint, reason}.
-  void RecordStreamEnded(frontend::Endpoint endpoint, const std::string& reason) override;
+  void RecordStreamEnded(frontend::Endpoint endpoint, frontend::Front front,
+                         const std::string& reason) override;
   frontend::StartResult Start(const frontend::ApiRequest& req,
                               std::shared_ptr<frontend::GenerationSink> sink) override;
   bool Ready() const override;

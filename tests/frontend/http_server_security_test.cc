@@ -35,7 +35,9 @@ class OneTokenService : public GenerationService {
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
   bool Ready() const override { return true; }
   std::string MetricsText() const override { return "pdserve_up 1\n"; }
-  void RecordRejected(Endpoint, int http_status) override { rejected_401 += http_status == 401; }
+  void RecordRejected(Endpoint, Front, int http_status) override {
+    rejected_401 += http_status == 401;
+  }
   // The answer comes from another thread, after Start returned, as a real service's does.
   StartResult Start(const ApiRequest&, std::shared_ptr<GenerationSink> sink) override {
     starts++;

@@ -47,7 +47,7 @@ class FakeService : public GenerationService {
   std::string metrics = "pdserve_up 1\n";
   std::string MetricsText() const override { return metrics; }
 
-  void RecordRejected(Endpoint endpoint, int http_status) override {
+  void RecordRejected(Endpoint endpoint, Front, int http_status) override {
     absl::MutexLock lock(&rejected_mu);
     rejected.emplace_back(endpoint, http_status);
   }

@@ -42,7 +42,7 @@ class BulkService : public GenerationService {
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
   bool Ready() const override { return true; }
   std::string MetricsText() const override { return ""; }
-  void RecordStreamEnded(Endpoint endpoint, const std::string& reason) override {
+  void RecordStreamEnded(Endpoint endpoint, Front, const std::string& reason) override {
     absl::MutexLock lock(&mu);
     ended.emplace_back(endpoint, reason);
   }

@@ -18,6 +18,7 @@
 #include "router/service.h"
 #include "tests/router/fake_workers.h"
 #include "tests/router/generation_client.h"
+#include "tests/router/promtool_check.h"
 
 namespace pdserve::router {
 namespace {
@@ -327,26 +328,41 @@ TEST(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
   (*front)->Stop();
 }
 
-TEST(GrpcFrontCancelTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) {
-  testing::KeepCallbackQueueAlive();
-  testing::FakeDecode decode;
-  decode.token_delay_ms = 50;
-  testing::FakePrefill prefill;
-  testing::FakeServer decode_server(&decode), prefill_server(&prefill);
-  RouterOptions options;
-  options.model_dir = PDSERVE_BUNDLED_MODEL;
-  options.served_name = "tiny";
-  options.prefill = {{"p0", "127.0.0.1", prefill_server.port(), 0, "cpu"}};
-  options.decode = {{"d0", "127.0.0.1", decode_server.port(), 0, "cpu"}};
-  options.canary = false;
-  options.background_checks = false;
-  auto service = RouterService::Create(options);
-  ASSERT_TRUE(service.ok()) << service.status();
-  (*service)->pool().CheckAll();
-  auto front = GrpcFront::Start("127.0.0.1", 0, service->get());
-  ASSERT_TRUE(front.ok()) << front.status();
-  auto stub = pv1::Generation::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string((*front)->port()), grpc::InsecureChannelCredentials()));
+// A RouterService over one fake prefill and one fake decode worker, its gRPC front and a stub.
+class RouterFrontTest : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::KeepCallbackQueueAlive(); }
+  // Starts the router and its front (after the fakes' knobs are set).
+  void StartRouter() {
+    RouterOptions options;
+    options.model_dir = PDSERVE_BUNDLED_MODEL;
+    options.served_name = "tiny";
+    options.prefill = {{"p0", "127.0.0.1", prefill_server_.port(), 0, "cpu"}};
+    options.decode = {{"d0", "127.0.0.1", decode_server_.port(), 0, "cpu"}};
+    options.canary = false;
+    options.background_checks = false;
+    auto service = RouterService::Create(options);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = std::move(*service);
+    service_->pool().CheckAll();
+    auto front = GrpcFront::Start("127.0.0.1", 0, service_.get());
+    ASSERT_TRUE(front.ok()) << front.status();
+    front_ = std::move(*front);
+    stub_ = pv1::Generation::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(front_->port()), grpc::InsecureChannelCredentials()));
+  }
+
+  testing::FakeDecode decode_;
+  testing::FakePrefill prefill_;
+  testing::FakeServer decode_server_{&decode_}, prefill_server_{&prefill_};
+  std::unique_ptr<RouterService> service_;
+  std::unique_ptr<GrpcFront> front_;
+  std::unique_ptr<pv1::Generation::Stub> stub_;
+};
+
+TEST_F(RouterFrontTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) {
+  decode_.token_delay_ms = 50;
+  StartRouter();
   for (int i = 0; i < 5; ++i) {
     grpc::ClientContext context;
     pv1::GenerateRequest request;
@@ -354,7 +370,7 @@ TEST(GrpcFrontCancelTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) 
     request.mutable_token_ids()->add_ids(5);
     request.mutable_token_ids()->add_ids(6);
     request.set_max_tokens(200);
-    auto reader = stub->Generate(&context, request);
+    auto reader = stub_->Generate(&context, request);
     pv1::GenerateResponse response;
     // A token: the choice runs on the workers.
     ASSERT_TRUE(reader->Read(&response)) << reader->Finish().error_message();
@@ -363,19 +379,64 @@ TEST(GrpcFrontCancelTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) 
     }
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
-  (*front)->Stop();  // returns: no call is left open
+  front_->Stop();  // returns: no call is left open
   // Every worker request was aborted and its calls ended (the bound only limits a failing run).
   auto aborts = [&] {
-    absl::MutexLock lock(&decode.mu);
-    return decode.aborts.size();
+    absl::MutexLock lock(&decode_.mu);
+    return decode_.aborts.size();
   };
-  for (int i = 0; i < 2000 && ((*service)->in_flight() != 0 || aborts() < 5); ++i) {
+  for (int i = 0; i < 2000 && (service_->in_flight() != 0 || aborts() < 5); ++i) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  EXPECT_EQ((*service)->in_flight(), 0);
-  absl::MutexLock lock(&decode.mu);
-  EXPECT_EQ(decode.reserves.size(), 5u);
-  EXPECT_EQ(decode.aborts.size(), 5u);
+  EXPECT_EQ(service_->in_flight(), 0);
+  absl::MutexLock lock(&decode_.mu);
+  EXPECT_EQ(decode_.reserves.size(), 5u);
+  EXPECT_EQ(decode_.aborts.size(), 5u);
+}
+
+// gRPC requests are counted under the method's name, not under an HTTP endpoint: a served one, a
+// refused one (400) and one for an unknown model (404); the exposition stays valid for Prometheus.
+TEST_F(RouterFrontTest, GrpcRequestsAreCountedUnderTheGrpcMethod) {
+  StartRouter();
+  pv1::GenerateRequest request;
+  request.set_model("tiny");
+  request.mutable_token_ids()->add_ids(5);
+  request.set_max_tokens(2);
+  std::vector<pv1::GenerateResponse> out;
+  ASSERT_TRUE(testing::GenerateAll(*stub_, request, &out).ok());
+  request.set_temperature(5);
+  EXPECT_EQ(testing::GenerateAll(*stub_, request, &out).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  request.clear_temperature();
+  request.set_model("other");
+  EXPECT_EQ(testing::GenerateAll(*stub_, request, &out).error_code(), grpc::StatusCode::NOT_FOUND);
+  front_->Stop();
+
+  const std::string metrics = service_->MetricsText();
+  const std::string grpc = R"(endpoint="pdserve.v1.Generation/Generate")";
+  for (const std::string& series :
+       {"pdserve_router_requests_total{" + grpc + R"(,finish_reason="length",status="200"} 1)",
+        "pdserve_router_requests_total{" + grpc + R"(,finish_reason="error",status="400"} 1)",
+        "pdserve_router_requests_total{" + grpc + R"(,finish_reason="error",status="404"} 1)",
+        "pdserve_router_time_to_first_token_seconds_count{" + grpc + "} 1",
+        "pdserve_router_e2e_request_latency_seconds_count{" + grpc + "} 1"}) {
+    EXPECT_NE(metrics.find(series), std::string::npos) << series << "\n" << metrics;
+  }
+  // Nothing under the HTTP endpoints.
+  for (const char* series :
+       {R"(pdserve_router_requests_total{endpoint="completions",finish_reason="length",)"
+        R"(status="200"} 0)",
+        R"(pdserve_router_requests_total{endpoint="completions",finish_reason="error",)"
+        R"(status="400"} 0)",
+        R"(pdserve_router_time_to_first_token_seconds_count{endpoint="completions"} 0)"}) {
+    EXPECT_NE(metrics.find(series), std::string::npos) << series << "\n" << metrics;
+  }
+  EXPECT_EQ(metrics.find(R"(endpoint="completions",finish_reason="error",status="404")"),
+            std::string::npos);
+  if (!testing::HavePromtool()) {
+    GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
+  }
+  testing::ExpectPromtoolAccepts(metrics, "router_grpc_metrics.prom");
 }
 
 }  // namespace

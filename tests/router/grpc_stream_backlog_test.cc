@@ -34,7 +34,7 @@ class FloodingService : public frontend::GenerationService {
                               std::shared_ptr<frontend::GenerationSink> sink) override {
     return std::unique_ptr<frontend::Generation>(new Flood(this, std::move(sink)));
   }
-  void RecordStreamEnded(frontend::Endpoint, const std::string& reason) override {
+  void RecordStreamEnded(frontend::Endpoint, frontend::Front, const std::string& reason) override {
     absl::MutexLock lock(&mu);
     ended.push_back(reason);
   }

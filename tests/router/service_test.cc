@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -15,6 +14,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "serving/sampling_params.h"
+#include "tests/router/promtool_check.h"
 #include "tests/router/service_fixture.h"
 #include "worker/transfer_peer.h"
 
@@ -564,8 +564,8 @@ TEST_F(RouterServiceTest, ModelsAreListedOnceWithoutThePathAndRejectionsAreCount
   EXPECT_EQ(service->ListedModelNames(), (std::vector<std::string>{"tiny", dir_name}));
   const std::vector<std::string> accepted = service->ModelNames();
   EXPECT_NE(std::find(accepted.begin(), accepted.end(), PDSERVE_BUNDLED_MODEL), accepted.end());
-  service->RecordRejected(frontend::Endpoint::kCompletions, 400);
-  service->RecordRejected(frontend::Endpoint::kChatCompletions, 404);
+  service->RecordRejected(frontend::Endpoint::kCompletions, frontend::Front::kHttp, 400);
+  service->RecordRejected(frontend::Endpoint::kChatCompletions, frontend::Front::kHttp, 404);
   const std::string metrics = service->MetricsText();
   EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",)"
                          R"(finish_reason="error",status="400"} 1)"),
@@ -590,18 +590,10 @@ TEST_F(RouterServiceTest, HttpLayerRefusalsAreCountedInValidExposition) {
   EXPECT_NE(metrics.find(R"(pdserve_router_requests_total{endpoint="completions",)"
                          R"(finish_reason="error",status="413"} 1)"),
             std::string::npos);
-  const std::string promtool = PDSERVE_PROMTOOL;
-  if (promtool.empty() || promtool.find("NOTFOUND") != std::string::npos) {
+  if (!testing::HavePromtool()) {
     GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
   }
-  const std::string path = ::testing::TempDir() + "/router_metrics.prom";
-  std::ofstream(path) << metrics;
-  FILE* p = popen((promtool + " check metrics < " + path + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string output;
-  char buf[256];
-  while (fgets(buf, sizeof(buf), p)) output += buf;
-  EXPECT_EQ(pclose(p), 0) << output;
+  testing::ExpectPromtoolAccepts(metrics, "router_metrics.prom");
 }
 
 TEST_F(RouterServiceTest, ServedNameEqualToTheDirectoryNameIsListedOnce) {
