@@ -458,6 +458,27 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
   }
 }
 
+// The error of a config file that cannot be read: `cause`, and for a relative path the absolute
+// one and the working directory it was resolved against (`pdserve up`, a unit or a script may
+// run from another directory than the one the path is relative to).
+ParsedDeployConfig FileError(const std::string& path, absl::string_view cause) {
+  ParsedDeployConfig out;
+  std::string message(cause);
+  if (std::filesystem::path(path).is_relative()) {
+    std::error_code ec;
+    const std::filesystem::path cwd = std::filesystem::current_path(ec);
+    absl::StrAppend(&message, " (",
+                    ec ? "the working directory is unknown"
+                       : absl::StrCat((cwd / path).lexically_normal().string(),
+                                      ": a relative path is resolved against the working "
+                                      "directory ",
+                                      cwd.string()),
+                    ")");
+  }
+  out.errors.push_back({path, 0, 0, "(file)", std::move(message)});
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int>> ParseGpuList(absl::string_view gpus, bool allow_repeats) {
@@ -549,19 +570,13 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
 
 ParsedDeployConfig LoadDeployConfigFile(const std::string& path) {
   if (const absl::Status file = common::CheckRegularFile(path); !file.ok()) {
-    ParsedDeployConfig out;
     // The error line names the file already: the message is the cause alone.
     absl::string_view cause = absl::StripPrefix(file.message(), path);
     cause = absl::StripPrefix(absl::StripLeadingAsciiWhitespace(cause), ": ");
-    out.errors.push_back({path, 0, 0, "(file)", std::string(cause)});
-    return out;
+    return FileError(path, cause);
   }
   std::ifstream in(path);
-  if (!in) {
-    ParsedDeployConfig out;
-    out.errors.push_back({path, 0, 0, "(file)", "cannot read the file"});
-    return out;
-  }
+  if (!in) return FileError(path, "cannot read the file");
   std::stringstream text;
   text << in.rdbuf();
   return ParseDeployConfig(text.str(), path);

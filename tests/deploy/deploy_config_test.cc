@@ -568,6 +568,26 @@ class ModelPathTest : public ::testing::Test {
   std::filesystem::path old_, dir_;
 };
 
+// A relative config path that cannot be read names where it was looked for and the working
+// directory that decided it; an absolute one names itself already.
+TEST_F(ModelPathTest, AMissingRelativeConfigNamesItsAbsolutePathAndTheWorkingDirectory) {
+  const std::string cwd = std::filesystem::current_path().string();
+  const ParsedDeployConfig missing = LoadDeployConfigFile("deploy/../deploy/local.yaml");
+  ASSERT_EQ(missing.errors.size(), 1u);
+  EXPECT_EQ(missing.errors[0].ToString(),
+            "deploy/../deploy/local.yaml:0:0: (file): does not exist (" + cwd +
+                "/deploy/local.yaml: a relative path is resolved against the working directory " +
+                cwd + ")");
+  const ParsedDeployConfig directory = LoadDeployConfigFile("models");
+  ASSERT_EQ(directory.errors.size(), 1u);
+  EXPECT_EQ(directory.errors[0].message,
+            "is not a regular file (a directory) (" + cwd +
+                "/models: a relative path is resolved against the working directory " + cwd + ")");
+  const ParsedDeployConfig absolute = LoadDeployConfigFile(cwd + "/none.yaml");
+  ASSERT_EQ(absolute.errors.size(), 1u);
+  EXPECT_EQ(absolute.errors[0].ToString(), cwd + "/none.yaml:0:0: (file): does not exist");
+}
+
 TEST_F(ModelPathTest, RelativePathIsResolvedAgainstTheWorkingDirectory) {
   DeployConfig c;
   c.model_path = "models/m";
