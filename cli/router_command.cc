@@ -114,7 +114,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
     common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
-    common::UseServerLog("", /*to_stderr=*/false);  // a stopped reader must not block it
+    common::UseServerLog("");    // a stopped reader must not block it
     const absl::Status status = RunRouter(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve router: %s\n", status.ToString().c_str());

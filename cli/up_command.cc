@@ -370,7 +370,7 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
     common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
-    common::UseServerLog("", /*to_stderr=*/false);  // a stopped reader must not block it
+    common::UseServerLog("");    // a stopped reader must not block it
     *exit_code = Up(*o);
   });
 });

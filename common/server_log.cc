@@ -10,16 +10,11 @@
 
 namespace pdserve::common {
 
-void UseServerLog(const std::string& name, bool to_stderr) {
+void UseServerLog(const std::string& name) {
   static std::once_flag pool_once;
   // One writer thread: lines stay in the order they were logged.
   std::call_once(pool_once, [] { spdlog::init_thread_pool(kQueuedLines, 1); });
-  spdlog::sink_ptr sink;
-  if (to_stderr) {
-    sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  } else {
-    sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
-  }
+  spdlog::sink_ptr sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto logger = std::make_shared<spdlog::async_logger>(
       name, std::move(sink), spdlog::thread_pool(), spdlog::async_overflow_policy::overrun_oldest);
   if (const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger()) {

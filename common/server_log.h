@@ -20,9 +20,11 @@ namespace pdserve::common {
 inline constexpr size_t kQueuedLines = 8192;
 
 // Replaces spdlog's default logger with an asynchronous one named `name` ("" for none, as
-// spdlog's own default) writing colour-coded lines to stderr (`to_stderr`) or stdout, at the
-// level and with the pattern the previous default logger had.
-void UseServerLog(const std::string& name, bool to_stderr);
+// spdlog's own default) writing colour-coded lines to stderr, at the level and with the pattern
+// the previous default logger had. Every server logs to stderr, so that under `pdserve up` the
+// router's and the workers' lines share one stream (stdout carries only each command's "pdserve
+// ...: listening on" / "ready on" lines).
+void UseServerLog(const std::string& name);
 
 // Lines dropped because the queue was full since the process started (0 without UseServerLog).
 size_t DroppedLogLines();

@@ -80,9 +80,7 @@ absl::StatusOr<std::vector<int>> CudaDevices(const config::WorkerConfig& worker)
   return devices;
 }
 
-void LogToStderr(const std::string& role) {
-  common::UseServerLog("pdserve-" + role, /*to_stderr=*/true);
-}
+void LogToStderr(const std::string& role) { common::UseServerLog("pdserve-" + role); }
 
 void BlockStopSignals() {
   sigset_t signals;

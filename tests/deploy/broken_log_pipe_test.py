@@ -7,11 +7,15 @@ session that drops), the next log line used to raise SIGPIPE and kill the proces
 Here `pdserve up` (router + prefill + decode, CPU, the bundled model) logs into a pipe whose read
 end this test closes once the cluster is ready; then requests that log a warning (a degenerate
 repetition, forced with logit_bias) must be answered, and every process must still run.
+Then the streams: under `pdserve up` the router's log lines go to stderr with the workers', and
+stdout holds only the commands' own "pdserve ...:" lines (the router logged to stdout before).
 """
 import argparse
 import fcntl
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,17 +56,7 @@ def main():
     model = os.path.basename(os.path.normpath(args.model))
     p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"]}
     with tempfile.TemporaryDirectory() as workdir:
-        config = os.path.join(workdir, "up.yaml")
-        with open(config, "w") as f:
-            f.write(f"""name: pipe-test
-model: {{path: {args.model}, served_name: {model}}}
-router: {{host: 127.0.0.1, http_port: {p['http']}, health_interval_ms: 500}}
-prefill:
-  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
-decode:
-  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
-transfer: {{transport: ucx, lease_ms: 30000}}
-""")
+        config = write_config(workdir, args.model, p)
         # stdout and stderr (the children's too) into one pipe that this test reads until ready.
         up = popen([args.pdserve, "up", "--config", config], stdout=subprocess.PIPE,
                    stderr=subprocess.STDOUT, text=True)
@@ -87,8 +81,57 @@ transfer: {{transport: ucx, lease_ms: 30000}}
                 except subprocess.TimeoutExpired:
                     up.kill()
     closed_stdio(args.pdserve, args.model)
+    logs_on_stderr(args.pdserve, args.model)
     print(f"{len(FAILURES)} failure(s)" if FAILURES else "all passed")
     return 1 if FAILURES else 0
+
+
+def write_config(workdir, model_dir, p):
+    """A one-prefill, one-decode CPU cluster of `model_dir` on the ports `p`; returns its path."""
+    model = os.path.basename(os.path.normpath(model_dir))
+    config = os.path.join(workdir, "up.yaml")
+    with open(config, "w") as f:
+        f.write(f"""name: pipe-test
+model: {{path: {model_dir}, served_name: {model}}}
+router: {{host: 127.0.0.1, http_port: {p['http']}, health_interval_ms: 500}}
+prefill:
+  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
+decode:
+  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
+transfer: {{transport: ucx, lease_ms: 30000}}
+""")
+    return config
+
+
+def logs_on_stderr(pdserve, model_dir):
+    """`pdserve up` with stdout and stderr in two files: the router's start-up log line ("router:
+    prefill worker prefill-0 is up") is on stderr, and no log line is on stdout."""
+    p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"]}
+    with tempfile.TemporaryDirectory() as workdir:
+        config = write_config(workdir, model_dir, p)
+        out_path, err_path = os.path.join(workdir, "out"), os.path.join(workdir, "err")
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            up = popen([pdserve, "up", "--config", config], stdout=out, stderr=err)
+        read = lambda path: open(path).read()  # noqa: E731
+        router_line = "router: prefill worker prefill-0 is up"
+        deadline = time.time() + 120
+        while time.time() < deadline and up.poll() is None and not (
+                "ready on" in read(out_path) and router_line in read(err_path)):
+            time.sleep(0.2)
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+        stdout, stderr = read(out_path), read(err_path)
+    check("ready on" in stdout, "pdserve up got ready (stdout and stderr apart)")
+    check(router_line in stderr, f"the router's log is on stderr: {router_line!r}")
+    check("[pdserve-prefill]" in stderr and "[pdserve-decode]" in stderr,
+          "the workers' logs are on stderr")
+    stray = [line for line in stdout.splitlines() if not line.startswith("pdserve ")]
+    check(not stray, f"stdout holds only the commands' own lines, no log line: {stray[:3]}")
+    check(not re.search(r"^\[\d{4}-\d\d-\d\d ", stdout, re.M), "no timestamped log line on stdout")
 
 
 def closed_stdio(pdserve, model_dir):
