@@ -530,7 +530,15 @@ ApiError NeedsThinkingOff(FieldReader& r, const ApiRequest& req, const std::stri
     source = "'thinking'";
   } else if (req.thinking) {
     param = "chat_template_kwargs";
-    source = "'chat_template_kwargs.thinking'";
+    // The key the client sent: `thinking`, or its alias `enable_thinking`.
+    std::string key = "thinking";
+    if (const json* kw = r.Get("chat_template_kwargs"); kw && kw->is_object()) {
+      const auto on = [kw](const char* k) {
+        return kw->contains(k) && (*kw)[k].is_boolean() && (*kw)[k].get<bool>();
+      };
+      if (!on("thinking") && on("enable_thinking")) key = "enable_thinking";
+    }
+    source = absl::StrCat("'chat_template_kwargs.", key, "'");
   }
   return InvalidRequest(
       absl::StrCat(what, " needs thinking off, which ", source, " turned on", why), param);

@@ -204,6 +204,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "chat_template_kwargs"},
         BadCase{Endpoint::kChatCompletions,
                 R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                R"("tools":[{"type":"function","function":{"name":"f"}}],)"
+                R"("tool_choice":"required","chat_template_kwargs":{"enable_thinking":true}})",
+                "'tool_choice' \"required\" or a named function needs thinking off, which "
+                "'chat_template_kwargs.enable_thinking' turned on",
+                "chat_template_kwargs"},
+        BadCase{Endpoint::kChatCompletions,
+                R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
                 R"("response_format":{"type":"json_object"},"thinking":{"type":"enabled"}})",
                 "'response_format' needs thinking off, which 'thinking' turned on: the JSON is "
                 "enforced from the answer's first token",
