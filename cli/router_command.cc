@@ -113,8 +113,8 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
-    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
-    common::UseServerLog("");    // a stopped reader must not block it
+    common::IgnoreBrokenPipe();              // a log reader that went away must not stop a server
+    common::UseServerLog("pdserve-router");  // a stopped reader must not block it
     const absl::Status status = RunRouter(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve router: %s\n", status.ToString().c_str());

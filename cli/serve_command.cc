@@ -331,8 +331,8 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
   cert->needs(key);
   key->needs(cert);
   cmd->callback([o, exit_code] {
-    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
-    common::UseServerLog("");    // a stopped reader must not block it
+    common::IgnoreBrokenPipe();             // a log reader that went away must not stop a server
+    common::UseServerLog("pdserve-serve");  // a stopped reader must not block it
     const absl::Status status = Serve(*o);
     if (!status.ok()) {
       std::fprintf(stderr, "pdserve serve: %s\n", status.ToString().c_str());

@@ -369,8 +369,8 @@ const CommandRegistrar kRegistrar([](CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(NonNegative());
   cmd->callback([o, exit_code] {
-    common::IgnoreBrokenPipe();  // a log reader that went away must not stop a server
-    common::UseServerLog("");    // a stopped reader must not block it
+    common::IgnoreBrokenPipe();          // a log reader that went away must not stop a server
+    common::UseServerLog("pdserve-up");  // a stopped reader must not block it
     *exit_code = Up(*o);
   });
 });

@@ -127,6 +127,8 @@ def logs_on_stderr(pdserve, model_dir):
         stdout, stderr = read(out_path), read(err_path)
     check("ready on" in stdout, "pdserve up got ready (stdout and stderr apart)")
     check(router_line in stderr, f"the router's log is on stderr: {router_line!r}")
+    check(any("[pdserve-router]" in line for line in stderr.splitlines() if router_line in line),
+          "the router's lines are tagged [pdserve-router]")
     check("[pdserve-prefill]" in stderr and "[pdserve-decode]" in stderr,
           "the workers' logs are on stderr")
     stray = [line for line in stdout.splitlines() if not line.startswith("pdserve ")]
