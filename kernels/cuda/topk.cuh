@@ -63,16 +63,18 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 
 // Which kernel top_k runs (same contract, identical results): kRadixCluster sorts each block's
 // candidates and merges the blocks' lists by rank; kSelectSort gathers the row's candidates in
-// one block and places the picks by bins (faster at every size measured on an H200, docs/perf.md
-// issue 30; the default since the engine's GPU tests passed with it, 2026-12-04);
+// one block and places the picks by bins (faster than kRadixCluster at every size measured on an
+// H200, docs/perf.md issue 30; the default from 2026-12-04 to 2026-12-05);
 // kSelectPrefetch takes kSelectSort's decisions (its CPU twin with sample_bin_bits 8) with fewer
 // steps on rows longer than 4096: each block of the row loads its part into registers while it
 // finds the sample's threshold by rounds of 256 bins (two barriers a round), gathers its part's
 // entries at or above it into its own list (one shared atomic per warp), and the row's first block
-// reads the lists through distributed shared memory straight into the placing by bins (issue 30,
-// not yet measured).
+// reads the lists through distributed shared memory straight into the placing by bins. The
+// default since 2026-12-05: on an H200 it was never slower than kSelectSort (within 0.1 us at
+// 4K-32K) and 15-21% faster at 128K (batch 32: 11.1 against 13.1 us; batch 128: 15.6 against
+// 19.7), docs/perf.md "the select top-k with its part prefetched".
 enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch };
-inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectSort;
+inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectPrefetch;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
 // kSelectSort, kSelectPrefetch: 1 to 8; 0 picks as top_k does for that variant). The result depends

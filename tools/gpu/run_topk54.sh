@@ -77,7 +77,7 @@ sizes = [(b, c) for b in (1, 32, 128) for c in (4, 32, 128)]
 def cell(v):
     return "-" if v is None else f"{v:.1f}"
 print("Stages (s1: launch + -1 fill, s4: + the sample's threshold, s2: + the gathering, "
-      "whole: + placing by bins), us, select = kSelectSort (default), prefetch = kSelectPrefetch:")
+      "whole: + placing by bins), us, select = kSelectSort (the default until 2026-12-05), prefetch = kSelectPrefetch (the default since):")
 names = ["top_k_select_s1", "top_k_select_s4", "top_k_select_s2", "top_k_select",
          "top_k_prefetch_s1", "top_k_prefetch_s4", "top_k_prefetch_s2", "top_k_prefetch"]
 print("| batch | context | " + " | ".join(n.replace("top_k_", "") for n in names) + " |")
@@ -93,12 +93,12 @@ for b, c in sizes:
     print(f"| {b} | {c}K | " + " | ".join(cell(rows.get((n, b, c))) for n in sweep) + " |")
 print()
 # variant rows and the row of the current default they are compared with
-pairs = [("top_k_select (default)", "top_k_select", "top_k_select"),
+pairs = [("top_k_select (old default)", "top_k_select", "top_k_select"),
          ("top_k_prefetch", "top_k_prefetch", "top_k_select"),
          ("top_k_b2 (radix-cluster, 2 blocks)", "top_k_b2", "top_k_select"),
-         ("indexer wgmma + select (default)", "indexer_wgmma_select", "indexer_wgmma_select"),
+         ("indexer wgmma + select (old default)", "indexer_wgmma_select", "indexer_wgmma_select"),
          ("indexer wgmma + prefetch", "indexer_wgmma_prefetch", "indexer_wgmma_select")]
-print("| variant | batch | context | us | vs default | indexer read floor |")
+print("| variant | batch | context | us | vs kSelectSort | indexer read floor |")
 print("| --- | --- | --- | --- | --- | --- |")
 for b, c in sizes:
     floor = rows.get(("indexer_read", b, c))
