@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace pdserve::config {
@@ -172,18 +173,21 @@ TEST(DeployConfigTest, TransferUcxProtocols) {
   EXPECT_EQ(refused.errors[0].key, "transfer.ucx_protocols");
 }
 
-// transfer.register_pages and transfer.shm_pull: false unless set; true is taken; anything else
-// names the key.
+// transfer.register_pages (false unless set) and transfer.shm_pull (true unless set): true and
+// false are taken; anything else names the key.
 TEST(DeployConfigTest, TransferSwitches) {
-  const std::pair<std::string, bool DeployConfig::*> switches[] = {
-      {"register_pages", &DeployConfig::transfer_register_pages},
-      {"shm_pull", &DeployConfig::transfer_shm_pull}};
-  for (const auto& [key, field] : switches) {
-    EXPECT_FALSE(ParseDeployConfig(kValid, "t.yaml").config.*field) << key;
-    const ParsedDeployConfig on =
-        ParseDeployConfig(std::string(kValid) + "transfer:\n  " + key + ": true\n", "t.yaml");
-    ASSERT_TRUE(on.errors.empty()) << on.errors[0].ToString();
-    EXPECT_TRUE(on.config.*field) << key;
+  const std::tuple<std::string, bool DeployConfig::*, bool> switches[] = {
+      {"register_pages", &DeployConfig::transfer_register_pages, false},
+      {"shm_pull", &DeployConfig::transfer_shm_pull, true}};
+  for (const auto& [key, field, by_default] : switches) {
+    EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.*field, by_default) << key;
+    for (const bool value : {true, false}) {
+      const ParsedDeployConfig set = ParseDeployConfig(
+          std::string(kValid) + "transfer:\n  " + key + ": " + (value ? "true" : "false") + "\n",
+          "t.yaml");
+      ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+      EXPECT_EQ(set.config.*field, value) << key;
+    }
     const ParsedDeployConfig refused =
         ParseDeployConfig(std::string(kValid) + "transfer:\n  " + key + ": maybe\n", "b.yaml");
     ASSERT_EQ(refused.errors.size(), 1u) << key;

@@ -99,7 +99,8 @@ absl::StatusOr<std::unique_ptr<PdCluster>> PdCluster::Start(const ClusterOptions
                 ? ""
                 : absl::StrCat("  ucx_protocols: ", options.ucx_protocols, "\n"))
         << (options.register_pages ? "  register_pages: true\n" : "")
-        << (options.shm_pull ? "  shm_pull: true\n" : "") << options.guards_yaml;
+        << "  shm_pull: " << (options.shm_pull ? "true" : "false") << "\n"
+        << options.guards_yaml;
   }
   std::vector<std::string> env = {"UCX_TLS=" + options.ucx_tls};
   std::vector<std::string> prefill_env = env;

@@ -51,7 +51,7 @@ struct ClusterOptions {
   int transfer_lanes = 0;                // transfer.lanes (0: not written, the default)
   std::string ucx_protocols;             // transfer.ucx_protocols ("": not written, v1)
   bool register_pages = false;           // transfer.register_pages (false: not written)
-  bool shm_pull = false;                 // transfer.shm_pull (false: not written)
+  bool shm_pull = false;                 // transfer.shm_pull (written either way; on by default)
 };
 
 class PdCluster {

@@ -588,6 +588,18 @@ TEST(PdFaultTest, ReserveOnAFullPoolNamesTheRequestId) {
       << status.error_message();
 }
 
+// Every decode page free, none quarantined, within 5 s of `start` (the lease is 30 s), and no
+// isolation error counted.
+void ExpectPagesBackWellBeforeTheLease(PdCluster& cluster, absl::Time start) {
+  const v1::StatsResponse stats = AwaitAllPagesFree(cluster, absl::Seconds(5));
+  EXPECT_EQ(stats.pages_free(), stats.pages_total());
+  EXPECT_EQ(stats.pages_quarantined(), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
+    EXPECT_EQ(stats.isolation_errors(kind), 0) << "kind " << kind;
+  }
+}
+
 // The decode worker alone hears of the abort (its Generate is cancelled) while the prefill worker
 // commits normally: the commit, sent once every page send completed, is the sender's word that
 // no write is in flight, so the pages come back at once instead of at the 30 s lease.
@@ -609,13 +621,36 @@ TEST(PdFaultTest, CommitAfterACancelledGenerateFreesThePagesAtOnce) {
         (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();  // the prefill side committed normally
   }
-  const v1::StatsResponse stats = AwaitAllPagesFree(**cluster, absl::Seconds(5));
-  EXPECT_EQ(stats.pages_free(), stats.pages_total());
-  EXPECT_EQ(stats.pages_quarantined(), 0);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // the lease is 30 s
-  for (int kind = 0; kind < stats.isolation_errors_size(); ++kind) {
-    EXPECT_EQ(stats.isolation_errors(kind), 0) << "kind " << kind;
+  ExpectPagesBackWellBeforeTheLease(**cluster, start);
+}
+
+// The same with the pages pulled from the prefill worker's shared memory (transfer.shm_pull, the
+// default): the decode worker refuses the aborted ticket's page references unread, so the
+// prefill ends with CANCELLED (as an active-message page refused by rendezvous does) instead of
+// committing, and its fence, sent once every page send completed, frees the pages at once too.
+TEST(PdFaultTest, PulledPagesOfACancelledGenerateAreRefusedAndFreedAtOnce) {
+  ClusterOptions options;
+  options.shm_pull = true;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const RequestSpec spec = Spec(740002, 40, 3);
+  v1::ReserveResponse reserved;
+  ASSERT_TRUE(ReserveOnDecode(**cluster, spec, &reserved).ok());
+  EXPECT_EQ(CancelGenerateAfter(**cluster, reserved.ticket(), absl::Milliseconds(200)),
+            grpc::StatusCode::CANCELLED);
+  ASSERT_GT(AwaitAllPagesFree(**cluster, absl::Milliseconds(300)).pages_quarantined(), 0)
+      << "the aborted request's pages wait behind the fence";
+  const absl::Time start = absl::Now();
+  {
+    grpc::ClientContext c;
+    v1::PrefillResponse response;
+    const grpc::Status status =
+        (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "refused the page"))
+        << status.error_message();
   }
+  ExpectPagesBackWellBeforeTheLease(**cluster, start);
 }
 
 // An Abort that overtakes its Reserve (the router aborts a choice whose Reserve is still on the

@@ -181,6 +181,8 @@ def main():
     procs = []
     work = tempfile.mkdtemp(prefix="pdserve-netns-")
     try:
+        # shm_pull off: the namespaces share this host's boot id and memory, so the pages would
+        # not cross the link; two real hosts fall back to active messages by themselves.
         config = os.path.join(work, "cluster.yaml")
         with open(config, "w") as f:
             f.write(f"""name: netns-3host
@@ -190,7 +192,7 @@ prefill:
   - {{name: prefill-0, host: {ADDR['p']}, port: 9100, metrics_port: 9101, backend: cpu, threads: 1}}
 decode:
   - {{name: decode-0, host: {ADDR['d']}, port: 9200, metrics_port: 9201, backend: cpu, threads: 1}}
-transfer: {{transport: ucx, lease_ms: {LEASE_MS}}}
+transfer: {{transport: ucx, lease_ms: {LEASE_MS}, shm_pull: false}}
 """)
         env = dict(os.environ, **UCX_ENV)
         for role, cmd in (("d", ["decode", "--name", "decode-0"]),
