@@ -72,7 +72,9 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // reads the lists through distributed shared memory straight into the placing by bins. The
 // default since 2026-12-05: on an H200 it was never slower than kSelectSort (within 0.1 us at
 // 4K-32K) and 15-21% faster at 128K (batch 32: 11.1 against 13.1 us; batch 128: 15.6 against
-// 19.7), docs/perf.md "the select top-k with its part prefetched".
+// 19.7), docs/perf.md "the select top-k with its part prefetched". Its kernel tests (every
+// variant against the CPU rule, graph replay, memcheck) passed on that run; the engine's GPU
+// tests have not yet run with it as the default.
 enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch };
 inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectPrefetch;
 

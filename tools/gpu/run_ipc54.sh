@@ -31,7 +31,7 @@ mkdir -p "$final"
 final=$(cd "$final" && pwd)
 out=$(mktemp -d)
 trap 'tar -czf "$final/logs.tgz" -C "$out" . 2>/dev/null' EXIT
-b=${BUILD:-/tmp/ipc54}
+b=${BUILD:-/tmp/pdserve-ipc54}/ipc54  # a subfolder: run_batch.sh gives every step one BUILD
 pack=${PACK:-.device-carry/ipc54.tar.xz}
 lengths=${LENGTHS:-4096,32768,131072}
 repeats=${REPEATS:-5}
