@@ -600,13 +600,15 @@ void ExpectPagesBackWellBeforeTheLease(PdCluster& cluster, absl::Time start) {
   }
 }
 
-// The decode worker alone hears of the abort (its Generate is cancelled) while the prefill worker
-// commits normally: the commit, sent once every page send completed, is the sender's word that
-// no write is in flight, so the pages come back at once instead of at the 30 s lease.
-TEST(PdFaultTest, CommitAfterACancelledGenerateFreesThePagesAtOnce) {
-  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(ClusterOptions{});
+// Starts a cluster (transfer.shm_pull as given), reserves request `id` on the decode worker and
+// cancels its Generate, so that the decode worker alone hears of the abort, then prefills the
+// request: `prefill` is the Prefill's status. Checks the pages came back well before the lease.
+void PrefillAfterACancelledGenerate(bool shm_pull, uint64_t id, grpc::Status* prefill) {
+  ClusterOptions options;
+  options.shm_pull = shm_pull;
+  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const RequestSpec spec = Spec(740001, 40, 3);
+  const RequestSpec spec = Spec(id, 40, 3);
   v1::ReserveResponse reserved;
   ASSERT_TRUE(ReserveOnDecode(**cluster, spec, &reserved).ok());
   EXPECT_EQ(CancelGenerateAfter(**cluster, reserved.ticket(), absl::Milliseconds(200)),
@@ -614,43 +616,31 @@ TEST(PdFaultTest, CommitAfterACancelledGenerateFreesThePagesAtOnce) {
   ASSERT_GT(AwaitAllPagesFree(**cluster, absl::Milliseconds(300)).pages_quarantined(), 0)
       << "the aborted request's pages wait behind the fence";
   const absl::Time start = absl::Now();
-  {
-    grpc::ClientContext c;
-    v1::PrefillResponse response;
-    const grpc::Status status =
-        (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();  // the prefill side committed normally
-  }
+  grpc::ClientContext c;
+  v1::PrefillResponse response;
+  *prefill = (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
   ExpectPagesBackWellBeforeTheLease(**cluster, start);
 }
 
-// The same with the pages pulled from the prefill worker's shared memory (transfer.shm_pull, the
-// default): the decode worker refuses the aborted ticket's page references unread, so the
-// prefill ends with CANCELLED (as an active-message page refused by rendezvous does) instead of
-// committing, and its fence, sent once every page send completed, frees the pages at once too.
+// Active messages: the prefill worker commits normally; the commit, sent once every page send
+// completed, is the sender's word that no write is in flight, so the pages come back at once
+// instead of at the 30 s lease.
+TEST(PdFaultTest, CommitAfterACancelledGenerateFreesThePagesAtOnce) {
+  grpc::Status status;
+  PrefillAfterACancelledGenerate(/*shm_pull=*/false, 740001, &status);
+  EXPECT_TRUE(status.ok()) << status.error_message();  // the prefill side committed normally
+}
+
+// Pages pulled from the prefill worker's shared memory (transfer.shm_pull, the default): the
+// decode worker refuses the aborted ticket's page references unread, so the prefill ends with
+// CANCELLED (as an active-message page refused by rendezvous does) instead of committing, and its
+// fence, sent once every page send completed, frees the pages at once too.
 TEST(PdFaultTest, PulledPagesOfACancelledGenerateAreRefusedAndFreedAtOnce) {
-  ClusterOptions options;
-  options.shm_pull = true;
-  absl::StatusOr<std::unique_ptr<PdCluster>> cluster = PdCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const RequestSpec spec = Spec(740002, 40, 3);
-  v1::ReserveResponse reserved;
-  ASSERT_TRUE(ReserveOnDecode(**cluster, spec, &reserved).ok());
-  EXPECT_EQ(CancelGenerateAfter(**cluster, reserved.ticket(), absl::Milliseconds(200)),
-            grpc::StatusCode::CANCELLED);
-  ASSERT_GT(AwaitAllPagesFree(**cluster, absl::Milliseconds(300)).pages_quarantined(), 0)
-      << "the aborted request's pages wait behind the fence";
-  const absl::Time start = absl::Now();
-  {
-    grpc::ClientContext c;
-    v1::PrefillResponse response;
-    const grpc::Status status =
-        (*cluster)->prefill().Prefill(&c, PrefillFor(spec, reserved.ticket()), &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
-    EXPECT_TRUE(absl::StrContains(status.error_message(), "refused the page"))
-        << status.error_message();
-  }
-  ExpectPagesBackWellBeforeTheLease(**cluster, start);
+  grpc::Status status;
+  PrefillAfterACancelledGenerate(/*shm_pull=*/true, 740002, &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "refused the page"))
+      << status.error_message();
 }
 
 // An Abort that overtakes its Reserve (the router aborts a choice whose Reserve is still on the
