@@ -103,24 +103,47 @@ struct MetricsHttpServer::Impl {
   MetricsHttpHandlers handlers;
   net::io_context io{1};
   tcp::acceptor acceptor{io};
+  // After a failed accept (EMFILE, ENFILE, ENOBUFS: the condition lasts), the next one waits
+  // kAcceptBackoff, so the loop neither spins nor floods the log (it wrote ~10^6 lines a second
+  // before 2026-12-05; the HTTP front already waited).
+  net::steady_timer accept_timer{io};
   std::thread thread;
   uint16_t port = 0;
   bool stopped = false;
+
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
 
   void Accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
       if (ec == net::error::operation_aborted) return;
       if (!ec) {
         std::make_shared<Session>(std::move(socket), handlers, options.request_timeout)->Read();
-      } else {
-        spdlog::warn("metrics endpoint: accept failed: {}", ec.message());
+        Accept();
+        return;
       }
-      Accept();
+      spdlog::warn("metrics endpoint: accept failed: {}; retrying in {} ms", ec.message(),
+                   kAcceptBackoff.count());
+      accept_timer.expires_after(kAcceptBackoff);
+      accept_timer.async_wait([this](beast::error_code timer) {
+        if (timer != net::error::operation_aborted) Accept();
+      });
     });
   }
 };
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const MetricsHttpOptions& options, MetricsHttpHandlers handlers) {
+  // Asio throws where the process is out of file descriptors before the acceptor exists (its
+  // epoll reactor): an error to return, not an abort.
+  try {
+    return StartOrThrow(options, std::move(handlers));
+  } catch (const boost::system::system_error& e) {
+    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot start on ", options.host,
+                                               ":", options.port, ": ", e.what()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::StartOrThrow(
     const MetricsHttpOptions& options, MetricsHttpHandlers handlers) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;

@@ -36,7 +36,9 @@ struct MetricsHttpHandlers {
 class MetricsHttpServer {
  public:
   // Binds and starts serving. Errors: InvalidArgument when the host does not resolve,
-  // Unavailable when the address cannot be bound.
+  // Unavailable when the address cannot be bound or the process has no file descriptor left for
+  // the event loop. A failed accept later (out of descriptors) is logged and retried after
+  // 100 ms.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const MetricsHttpOptions& options,
                                                                   MetricsHttpHandlers handlers);
   ~MetricsHttpServer();  // Stop()
@@ -51,6 +53,8 @@ class MetricsHttpServer {
 
  private:
   explicit MetricsHttpServer(std::unique_ptr<Impl> impl);
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartOrThrow(
+      const MetricsHttpOptions& options, MetricsHttpHandlers handlers);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,10 +3,16 @@
 // nothing.
 #include "common/metrics_http_server.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -130,6 +136,40 @@ TEST(MetricsHttpServerStartTest, TakenPortIsUnavailable) {
   MetricsHttpOptions options;
   options.port = (*first)->port();
   EXPECT_EQ(MetricsHttpServer::Start(options, {}).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Runs `body` in a forked child with at most 64 file descriptors; returns its exit status, or
+// 128 + the signal that ended it.
+int InChildWithFewDescriptors(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const rlimit few{64, 64};
+    if (setrlimit(RLIMIT_NOFILE, &few) != 0) _exit(90);
+    _exit(body());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Opens /dev/null until the process is out of descriptors (at most 64 of them); returns the last
+// one opened (-1 if none could be).
+int UseEveryDescriptor() {
+  int last = -1;
+  for (int fd = open("/dev/null", O_RDONLY); fd >= 0; fd = open("/dev/null", O_RDONLY)) last = fd;
+  return last;
+}
+
+// Out of descriptors at start: Asio's event loop cannot be made, which threw through Start and
+// aborted the worker (a breaker's finding, 2026-12-05); now it is Unavailable.
+TEST(MetricsHttpServerStartTest, NoDescriptorLeftIsUnavailableNotAnAbort) {
+  EXPECT_EQ(InChildWithFewDescriptors([] {
+              UseEveryDescriptor();
+              auto started = MetricsHttpServer::Start({}, {});
+              if (started.ok()) return 2;
+              return started.status().code() == absl::StatusCode::kUnavailable ? 0 : 3;
+            }),
+            0);
 }
 
 }  // namespace
