@@ -433,6 +433,7 @@ std::optional<bool> ReadThinkingObject(FieldReader& r) {
 
 void ReadThinking(FieldReader& r, ApiRequest& req) {
   const std::optional<bool> switched = ReadThinkingObject(r);
+  std::string kwargs_key;  // the chat_template_kwargs key that set req.thinking
   if (const json* kw = r.Get("chat_template_kwargs"); kw && r.ok()) {
     if (!kw->is_object()) {
       return r.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
@@ -441,13 +442,22 @@ void ReadThinking(FieldReader& r, ApiRequest& req) {
     for (const char* key : {"thinking", "enable_thinking"}) {
       bool thinking = false;
       kr.Bool(key, &thinking);
-      if (kr.ok() && kw->contains(key) && !(*kw)[key].is_null()) req.thinking = thinking;
+      if (!kr.ok() || !kw->contains(key) || (*kw)[key].is_null()) continue;
+      if (req.thinking && *req.thinking != thinking) {
+        return r.Fail(
+            "'chat_template_kwargs.thinking' and 'chat_template_kwargs.enable_thinking' disagree; "
+            "send one of the two",
+            "chat_template_kwargs");
+      }
+      req.thinking = thinking;
+      kwargs_key = key;
     }
     kr.IgnoreUnknown("chat_template_kwargs.");
     if (!kr.ok()) return r.Fail(kr.error().message, "chat_template_kwargs");
   }
   if (switched && req.thinking && *switched != *req.thinking) {
-    return r.Fail("'thinking' and 'chat_template_kwargs.thinking' disagree; send one of the two",
+    return r.Fail(absl::StrCat("'thinking' and 'chat_template_kwargs.", kwargs_key,
+                               "' disagree; send one of the two"),
                   "thinking");
   }
   if (switched) req.thinking = switched;

@@ -528,6 +528,29 @@ TEST(ApiRequestTest, AThinkingOfTheWrongShapeIs400NamingIt) {
   EXPECT_EQ(disagree.message,
             "'thinking' and 'chat_template_kwargs.thinking' disagree; send one of the two");
   EXPECT_EQ(disagree.param, "thinking");
+  // The alias the client sent is the one named (a breaker's finding, 2026-12-05).
+  const ApiError alias = ParseErr(
+      Endpoint::kChatCompletions,
+      chat + R"("thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":true}})");
+  EXPECT_EQ(alias.message,
+            "'thinking' and 'chat_template_kwargs.enable_thinking' disagree; send one of the two");
+  EXPECT_EQ(alias.param, "thinking");
+  // The two aliases against each other: a 400 (enable_thinking silently won before).
+  for (const char* kwargs : {R"({"thinking":true,"enable_thinking":false})",
+                             R"({"enable_thinking":false,"thinking":true})"}) {
+    const ApiError both =
+        ParseErr(Endpoint::kChatCompletions, chat + R"("chat_template_kwargs":)" + kwargs + "}");
+    EXPECT_EQ(both.http_status, 400);
+    EXPECT_EQ(both.message,
+              "'chat_template_kwargs.thinking' and 'chat_template_kwargs.enable_thinking' "
+              "disagree; send one of the two");
+    EXPECT_EQ(both.param, "chat_template_kwargs");
+  }
+  // Agreeing aliases stay fine.
+  EXPECT_EQ(ParseOk(Endpoint::kChatCompletions,
+                    chat + R"("chat_template_kwargs":{"thinking":true,"enable_thinking":true}})")
+                .thinking,
+            std::optional<bool>(true));
 }
 
 TEST(ApiRequestTest, StopStringsAreAtMost512Bytes) {
