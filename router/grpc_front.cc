@@ -227,6 +227,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
     pv1::GenerateRequest request;
     Bytes copy(request_bytes);  // Deserialize consumes its buffer; the copy shares the slices
     if (!grpc::SerializationTraits<pv1::GenerateRequest>::Deserialize(&copy, &request).ok()) {
+      // Counted like every other refused request (the endpoint is the gRPC method's either way).
+      service->RecordRejected(frontend::Endpoint::kCompletions, frontend::Front::kGrpc, 400);
       End(ToStatus(frontend::InvalidRequest(
           "the request is not a pdserve.v1.GenerateRequest (malformed protobuf, or a string "
           "field that is not UTF-8)")));

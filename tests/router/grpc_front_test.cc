@@ -395,7 +395,8 @@ TEST_F(RouterFrontTest, CancelledStreamsThroughTheRouterLeaveNothingInFlight) {
 }
 
 // gRPC requests are counted under the method's name, not under an HTTP endpoint: a served one, a
-// refused one (400) and one for an unknown model (404); the exposition stays valid for Prometheus.
+// refused one and one that is no GenerateRequest (400), and one for an unknown model (404); the
+// exposition stays valid for Prometheus.
 TEST_F(RouterFrontTest, GrpcRequestsAreCountedUnderTheGrpcMethod) {
   StartRouter();
   pv1::GenerateRequest request;
@@ -410,13 +411,16 @@ TEST_F(RouterFrontTest, GrpcRequestsAreCountedUnderTheGrpcMethod) {
   request.clear_temperature();
   request.set_model("other");
   EXPECT_EQ(testing::GenerateAll(*stub_, request, &out).error_code(), grpc::StatusCode::NOT_FOUND);
+  // Bytes that are no GenerateRequest: counted as a 400 too (they were not before 2026-12-05).
+  EXPECT_EQ(RawGenerate(front_->port(), std::string("\xff\xff\xff\xff"), &out).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   front_->Stop();
 
   const std::string metrics = service_->MetricsText();
   const std::string grpc = R"(endpoint="pdserve.v1.Generation/Generate")";
   for (const std::string& series :
        {"pdserve_router_requests_total{" + grpc + R"(,finish_reason="length",status="200"} 1)",
-        "pdserve_router_requests_total{" + grpc + R"(,finish_reason="error",status="400"} 1)",
+        "pdserve_router_requests_total{" + grpc + R"(,finish_reason="error",status="400"} 2)",
         "pdserve_router_requests_total{" + grpc + R"(,finish_reason="error",status="404"} 1)",
         "pdserve_router_time_to_first_token_seconds_count{" + grpc + "} 1",
         "pdserve_router_e2e_request_latency_seconds_count{" + grpc + "} 1"}) {
