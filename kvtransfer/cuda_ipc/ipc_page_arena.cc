@@ -11,6 +11,38 @@ namespace pdserve::kv::cuda_ipc {
 
 using engine::gpu::CudaStatus;
 
+namespace {
+
+// `data`'s offset from the base of the driver allocation holding it (cuMemGetAddressRange, found
+// through the runtime's driver entry point so this library needs no libcuda link).
+absl::StatusOr<uint64_t> AllocationOffset(const void* data) {
+  using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+  static GetAddressRange get_range = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<GetAddressRange>(fn);
+  }();
+  if (get_range == nullptr) {
+    return absl::InternalError("CUDA IPC: the driver has no cuMemGetAddressRange");
+  }
+  unsigned long long base = 0;
+  size_t size = 0;
+  const auto at = reinterpret_cast<unsigned long long>(data);
+  if (const int rc = get_range(&base, &size, at); rc != 0) {
+    return absl::InternalError(
+        absl::StrCat("CUDA IPC: cuMemGetAddressRange failed (CUresult ", rc, ")"));
+  }
+  return at - base;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<IpcPageArena>> IpcPageArena::Create(int device, uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("IpcPageArena: bytes == 0");
   IpcArenaHandle handle;
@@ -28,6 +60,12 @@ absl::StatusOr<std::unique_ptr<IpcPageArena>> IpcPageArena::Create(int device, u
     cudaFree(data);
     return s;
   }
+  absl::StatusOr<uint64_t> offset = AllocationOffset(data);
+  if (!offset.ok()) {
+    cudaFree(data);
+    return offset.status();
+  }
+  handle.offset = *offset;
   return std::unique_ptr<IpcPageArena>(new IpcPageArena(device, data, handle));
 }
 
@@ -66,12 +104,12 @@ absl::StatusOr<std::unique_ptr<PeerArena>> PeerArena::Open(const IpcArenaHandle&
   PDSERVE_CUDA_RETURN(cudaSetDevice(*device));
   void* data = nullptr;
   PDSERVE_CUDA_RETURN(cudaIpcOpenMemHandle(&data, handle.memory, cudaIpcMemLazyEnablePeerAccess));
-  return std::unique_ptr<PeerArena>(new PeerArena(*device, data, handle.bytes));
+  return std::unique_ptr<PeerArena>(new PeerArena(*device, data, handle.offset, handle.bytes));
 }
 
 PeerArena::~PeerArena() {
   cudaSetDevice(device_);
-  cudaIpcCloseMemHandle(data_);
+  cudaIpcCloseMemHandle(mapped_);
 }
 
 absl::StatusOr<const void*> PeerArena::Range(uint64_t offset, uint64_t length) const {

@@ -28,8 +28,12 @@ namespace pdserve::kv::cuda_ipc {
 struct IpcArenaHandle {
   cudaIpcMemHandle_t memory;  // cudaIpcGetMemHandle of the arena's allocation
   uint64_t bytes = 0;         // the arena's size
-  char pci_bus_id[32] = {};   // the arena's GPU (cudaDeviceGetPCIBusId), NUL-terminated
-  char boot_id[40] = {};      // the producer host's /proc/sys/kernel/random/boot_id
+  // Where the arena starts in the driver's allocation that `memory` names (cuMemGetAddressRange's
+  // base): cudaIpcOpenMemHandle maps that allocation's base, and the driver may place a
+  // cudaMalloc inside a larger allocation of its own. Usually 0.
+  uint64_t offset = 0;
+  char pci_bus_id[32] = {};  // the arena's GPU (cudaDeviceGetPCIBusId), NUL-terminated
+  char boot_id[40] = {};     // the producer host's /proc/sys/kernel/random/boot_id
 };
 
 // The producer side: owns `bytes` of device memory on `device`, freed on destruction. The memory
@@ -38,7 +42,7 @@ struct IpcArenaHandle {
 class IpcPageArena {
  public:
   // Errors name the CUDA call that failed (cudaSetDevice, cudaMalloc, cudaIpcGetMemHandle,
-  // cudaDeviceGetPCIBusId); InvalidArgument for bytes == 0.
+  // cudaDeviceGetPCIBusId, cuMemGetAddressRange); InvalidArgument for bytes == 0.
   static absl::StatusOr<std::unique_ptr<IpcPageArena>> Create(int device, uint64_t bytes);
   ~IpcPageArena();
   IpcPageArena(const IpcPageArena&) = delete;
@@ -79,10 +83,15 @@ class PeerArena {
   int device() const { return device_; }
 
  private:
-  PeerArena(int device, void* data, uint64_t bytes) : device_(device), data_(data), bytes_(bytes) {}
+  PeerArena(int device, void* mapped, uint64_t offset, uint64_t bytes)
+      : device_(device),
+        mapped_(mapped),
+        data_(static_cast<char*>(mapped) + offset),
+        bytes_(bytes) {}
 
   int device_;
-  void* data_;
+  void* mapped_;  // what cudaIpcOpenMemHandle returned: the base of the peer's allocation
+  void* data_;    // the arena's first byte: mapped_ + the handle's offset
   uint64_t bytes_;
 };
 

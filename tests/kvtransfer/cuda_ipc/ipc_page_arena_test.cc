@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -75,7 +76,19 @@ int PeerMain(const char* handle_hex, const char* range) {
   if ((*peer)->Range(h.bytes - 8, 16).status().code() != absl::StatusCode::kOutOfRange) return 14;
   absl::StatusOr<const void*> at = (*peer)->Range(offset, length);
   if (!at.ok()) return 15;
-  if (GpuChecksum(*at, length) != checksum) return 16;
+  // On a mismatch: whether the bytes differ (the CPU's XXH3 of a host copy) or only the GPU's
+  // hash of them, and where the arena sits in the peer's mapping.
+  if (const uint64_t gpu = GpuChecksum(*at, length); gpu != checksum) {
+    std::vector<uint8_t> copy(length);
+    const bool copied = cudaMemcpy(copy.data(), *at, length, cudaMemcpyDeviceToHost) == cudaSuccess;
+    std::fprintf(stderr,
+                 "peer: GPU XXH3 %016lx, the producer's %016lx; CPU XXH3 of the peer's bytes "
+                 "%016lx (copied: %d); handle offset %lu, mapping %p\n",
+                 static_cast<unsigned long>(gpu), static_cast<unsigned long>(checksum),
+                 static_cast<unsigned long>(copied ? XXH3_64bits(copy.data(), length) : 0),
+                 copied ? 1 : 0, static_cast<unsigned long>(h.offset), (*peer)->data());
+    return 16;
+  }
   if (cudaMemset(const_cast<void*>(*at), 0x5A, length) != cudaSuccess) return 17;
   if (cudaDeviceSynchronize() != cudaSuccess) return 18;
   return 0;
@@ -125,6 +138,12 @@ TEST(IpcPageArenaTest, APeerProcessReadsAndWritesTheArena) {
   const uint64_t offset = 4096 + 8 * (rng() % 1000), length = 65536 + rng() % 70000;
   auto* range = static_cast<uint8_t*>((*arena)->data()) + offset;
   const uint64_t checksum = GpuChecksum(range, length);
+  // The GPU's hash is the specification's (libxxhash on the host bytes): the peer's check below
+  // compares like with like.
+  ASSERT_EQ(checksum, XXH3_64bits(host.data() + offset, length))
+      << "offset " << offset << " length " << length;
+  std::printf("arena offset in its allocation: %lu\n",
+              static_cast<unsigned long>((*arena)->handle().offset));
   ASSERT_EQ(RunPeer((*arena)->handle(), offset, length, checksum), 0);
   // The peer's writes landed in the producer's memory, only in its range; the arena outlives the
   // peer's mapping.
