@@ -18,9 +18,13 @@
 namespace pdserve::engine::gpu {
 
 // `what` failed with `e`; for a launcher's refusal (cudaErrorInvalidValue) the message also says
-// which argument check failed (kernels/cuda/launch_check.h).
+// which argument check failed (kernels/cuda/launch_check.h). A failure is also taken off the
+// thread's last-error slot (cudaGetLastError; sticky errors stay): reported once here, it must
+// not come back from the next launch's check (a failed cudaMalloc made a later, good kernel
+// launch return "out of memory": the IPC arena's GPU test, 2026-12-05).
 inline absl::Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
   const std::string refusal =
       e == cudaErrorInvalidValue ? kernels::cuda::TakeLaunchRefusal() : std::string();
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e),

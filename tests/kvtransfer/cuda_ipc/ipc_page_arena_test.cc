@@ -118,6 +118,8 @@ TEST(IpcPageArenaTest, CreateNamesTheFailedCudaCall) {
     absl::StatusOr<std::unique_ptr<IpcPageArena>> huge = IpcPageArena::Create(0, uint64_t{1} << 50);
     EXPECT_FALSE(huge.ok());
     EXPECT_NE(huge.status().message().find("cudaMalloc"), std::string::npos) << huge.status();
+    // The failure was reported, not left for the next launch's check to return.
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   } else {
     absl::StatusOr<std::unique_ptr<IpcPageArena>> arena = IpcPageArena::Create(0, 4096);
     EXPECT_FALSE(arena.ok());
