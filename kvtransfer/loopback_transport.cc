@@ -190,6 +190,12 @@ class LoopbackNetwork::ReceiveEnd final : public ReceiveTransport {
   absl::Status RegisterMemory(std::span<std::byte> /*memory*/) override { return absl::OkStatus(); }
   void Progress() override;
   std::function<void(absl::Duration)> ArmWait() override;
+  absl::Status SetDeviceLanders(const DeviceLanderFactory& make) override {
+    absl::StatusOr<std::unique_ptr<shm::DevicePageLander>> lander = make();
+    if (!lander.ok()) return lander.status();
+    lander_ = std::move(*lander);
+    return absl::OkStatus();
+  }
 
  private:
   // An accepted rendezvous page, landed in the next Progress().
@@ -205,6 +211,7 @@ class LoopbackNetwork::ReceiveEnd final : public ReceiveTransport {
   PageSink* sink_ = nullptr;
   shm::PeerRegions regions_;       // Senders' page regions mapped for kPageRef messages.
   std::vector<Landing> landings_;  // Only Progress() touches it (the owner serializes).
+  std::unique_ptr<shm::DevicePageLander> lander_;  // Pages in GPU arenas (SetDeviceLanders).
 };
 
 void LoopbackNetwork::ReceiveEnd::Progress() {
@@ -215,6 +222,12 @@ void LoopbackNetwork::ReceiveEnd::Progress() {
     arrived.swap(state_->inboxes[id_]);
   }
   for (State::Message& message : arrived) Deliver(message);
+  // The pulled GPU pages of this round, in one batch (as a UCX lane after its progress).
+  if (lander_ != nullptr && lander_->pending() > 0) {
+    lander_->Flush([&](const LandingTarget& target, absl::Status status, uint64_t xxh3) {
+      sink_->OnPageLanded(target.ticket_id, target.slot, std::move(status), xxh3);
+    });
+  }
 }
 
 void LoopbackNetwork::ReceiveEnd::Deliver(State::Message& message) {
@@ -226,7 +239,8 @@ void LoopbackNetwork::ReceiveEnd::Deliver(State::Message& message) {
         },
         [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
           sink_->OnPageLanded(ticket_id, slot, std::move(status), finished);
-        });
+        },
+        lander_.get());
     return;
   }
   if (message.kind != WireKind::kPage) {
@@ -248,6 +262,19 @@ void LoopbackNetwork::ReceiveEnd::Deliver(State::Message& message) {
         message.completion->result = absl::CancelledError("the receiver refused the page");
       }
     }
+    return;
+  }
+  if (target->device) {
+    // A page message carries host bytes; GPU pages take only pulled pages of a GPU arena.
+    if (rendezvous) {
+      absl::MutexLock lock(&state_->mu);
+      if (!message.completion->result) {
+        message.completion->result = absl::CancelledError("the receiver refused the page");
+      }
+    }
+    sink_->OnPageLanded(target->ticket_id, target->slot,
+                        absl::UnavailableError("cuda ipc: a page message cannot land in GPU pages"),
+                        0);
     return;
   }
   if (rendezvous) {

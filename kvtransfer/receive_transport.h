@@ -13,15 +13,25 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace pdserve::kv {
+
+namespace shm {
+class DevicePageLander;  // kvtransfer/shm/pull.h
+}  // namespace shm
+
+// Makes one DevicePageLander (one per lane: each has its own GPU stream), or an error saying
+// why this process cannot land GPU pages.
+using DeviceLanderFactory = std::function<absl::StatusOr<std::unique_ptr<shm::DevicePageLander>>()>;
 
 // Where one accepted page lands: `destination` (exactly the payload's size), and the (ticket,
 // slot) the transport hands back to PageSink::OnPageLanded.
@@ -34,6 +44,11 @@ struct LandingTarget {
   // conversion into the destination). It touches only memory of this landing, which the sink
   // keeps alive and unshared until OnPageLanded. Empty: nothing to do. Run through FinishLanding.
   std::function<uint64_t()> finish;
+  // The destination is GPU memory (a CUDA decode worker's device pages): only a pulled page in a
+  // GPU arena can land there (shm::DevicePageLander copies it and takes the landed bytes' XXH3 on
+  // the GPU, which is `finished`); `finish` is then empty and no host code touches the bytes.
+  // A page message or a shared-memory reference for such a target fails its landing.
+  bool device = false;
 };
 
 // Runs `target.finish` (0 when empty): a transport calls it once a payload landed intact and
@@ -91,6 +106,13 @@ class ReceiveTransport {
   // Called once, with SetSink, before any message can arrive. Others ignore it.
   virtual int lanes() const { return 1; }
   virtual void SetSinkMutex(absl::Mutex* /*sink_mutex*/) {}
+  // Lets pages in a peer's GPU arena land in GPU destinations (LandingTarget::device): makes
+  // one lander per lane, flushed whenever the lane has delivered what had arrived. Called once,
+  // before any message can arrive. Errors: the factory's. A transport that was never given one
+  // fails every such landing (Unavailable "cuda ipc: ...").
+  virtual absl::Status SetDeviceLanders(const DeviceLanderFactory& /*make*/) {
+    return absl::UnimplementedError("this transport does not land GPU pages");
+  }
   // Stops delivering: no sink callback runs after it returns. Called without the sink mutex held,
   // before the sink goes away. Idempotent.
   virtual void Stop() {}

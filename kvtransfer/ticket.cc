@@ -17,6 +17,7 @@ constexpr size_t kControlFixedBytes = 48;
 constexpr uint32_t kOfferMagic = 0x504D4853;
 constexpr size_t kOfferFixedBytes = 48;
 constexpr size_t kMaxBootIdBytes = 64;
+constexpr uint32_t kDeviceMagic = 0x56444450;  // "PDDV": the offer's device part.
 
 // Appends little-endian fields to a growing buffer.
 class Writer {
@@ -99,6 +100,11 @@ std::vector<std::byte> EncodeTicket(const Ticket& ticket) {
     w.PutBytes(std::as_bytes(std::span(offer.acks.token)));
     w.Put(offer.ack_index, 8);
     w.PutBytes(std::as_bytes(std::span(offer.boot_id)));
+    if (!offer.device_pci_bus_id.empty()) {
+      w.Put(kDeviceMagic, 4);
+      w.Put(offer.device_pci_bus_id.size(), 4);
+      w.PutBytes(std::as_bytes(std::span(offer.device_pci_bus_id)));
+    }
   }
   return w.Take();
 }
@@ -123,8 +129,14 @@ absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes) {
                      bytes.size() >= expected + kOfferFixedBytes &&
                      LoadLe(bytes, expected, 4) == kOfferMagic;
   const uint64_t boot_bytes = offer ? LoadLe(bytes, expected + 4, 4) : 0;
+  // After the boot id, optionally: the device part's magic, its length and the PCI bus id.
+  const uint64_t device_at = expected + kOfferFixedBytes + boot_bytes;
+  const bool device = offer && boot_bytes <= kMaxBootIdBytes && bytes.size() >= device_at + 8 &&
+                      LoadLe(bytes, device_at, 4) == kDeviceMagic;
+  const uint64_t bus_bytes = device ? LoadLe(bytes, device_at + 4, 4) : 0;
   if (offer &&
-      (boot_bytes > kMaxBootIdBytes || bytes.size() != expected + kOfferFixedBytes + boot_bytes)) {
+      (boot_bytes > kMaxBootIdBytes || bus_bytes > kMaxPciBusIdBytes ||
+       (device && bus_bytes == 0) || bytes.size() != device_at + (device ? 8 + bus_bytes : 0))) {
     return absl::InvalidArgumentError("transfer ticket's shm-pull offer is malformed");
   }
   if (!offer && bytes.size() != expected) {
@@ -159,6 +171,10 @@ absl::StatusOr<Ticket> DecodeTicket(std::span<const std::byte> bytes) {
     made.ack_index = LoadLe(bytes, at + 40, 8);
     const auto* boot = reinterpret_cast<const char*>(bytes.data() + at + kOfferFixedBytes);
     made.boot_id.assign(boot, boot_bytes);
+    if (device) {
+      const auto* bus = reinterpret_cast<const char*>(bytes.data() + device_at + 8);
+      made.device_pci_bus_id.assign(bus, bus_bytes);
+    }
     ticket.shm_pull = std::move(made);
   }
   return ticket;

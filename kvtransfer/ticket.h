@@ -43,10 +43,17 @@ absl::StatusOr<uint64_t> WireBytes(const PageDescriptor& page, serving::ElementT
 
 // The decode worker's offer to have its pages pulled from the sender's shared memory
 // (kvtransfer/shm/pull.h; docs/protocol.md, "Same-host pages by shared memory").
+inline constexpr size_t kMaxPciBusIdBytes = 31;
+
 struct ShmPullOffer {
   std::string boot_id;     // The decode worker's host (shm::HostBootId), at most 64 bytes.
   shm::RegionName acks;    // Its ack table.
   uint64_t ack_index = 0;  // The word of the ticket's slot 0; slot s uses ack_index + s.
+  // Non-empty: the ticket's pages are GPU memory of the decode worker, on the GPU of this PCI bus
+  // id (at most kMaxPciBusIdBytes): only pages in the sender's GPU arena can land (CUDA IPC,
+  // shm::PageRef::device), so a sender that cannot reference its pages that way must not start
+  // the transfer (TransferSender refuses it, FailedPrecondition).
+  std::string device_pci_bus_id;
   bool operator==(const ShmPullOffer&) const = default;
 };
 

@@ -40,6 +40,7 @@ v1::TransferTicket TicketToProto(const Ticket& ticket) {
     offer->set_token(reinterpret_cast<const char*>(ticket.shm_pull->acks.token.data()),
                      ticket.shm_pull->acks.token.size());
     offer->set_ack_index(ticket.shm_pull->ack_index);
+    offer->set_device_pci_bus_id(ticket.shm_pull->device_pci_bus_id);
   }
   return proto;
 }
@@ -83,11 +84,13 @@ absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
   if (proto.has_shm_pull()) {
     const v1::ShmPullOffer& offer = proto.shm_pull();
     ShmPullOffer made;
-    if (offer.token().size() != made.acks.token.size() || offer.boot_id().size() > 64) {
-      return absl::InvalidArgumentError("ticket's shm_pull offer: token of " +
-                                        std::to_string(offer.token().size()) +
-                                        " bytes (16 expected) or boot id over 64 bytes");
+    if (offer.token().size() != made.acks.token.size() || offer.boot_id().size() > 64 ||
+        offer.device_pci_bus_id().size() > kMaxPciBusIdBytes) {
+      return absl::InvalidArgumentError(
+          "ticket's shm_pull offer: token of " + std::to_string(offer.token().size()) +
+          " bytes (16 expected), boot id over 64 bytes or PCI bus id over 31");
     }
+    made.device_pci_bus_id = offer.device_pci_bus_id();
     made.boot_id = offer.boot_id();
     made.acks.pid = offer.pid();
     made.acks.fd = offer.fd();

@@ -32,6 +32,8 @@ struct TransferReceiver::Entry {
   mutable bool outcome_read = false;
   // The first of its ack words (ReceiverOptions::acks) when its ticket carries an shm-pull offer.
   std::optional<uint64_t> ack_index;
+  // The destinations are GPU memory (ReceiveSpec::device_pci_bus_id).
+  bool device = false;
 };
 
 TransferReceiver::TransferReceiver(std::unique_ptr<ReceiveTransport> transport,
@@ -79,6 +81,15 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
                        " bytes, destination has ", spec.destinations[slot].size()));
     }
   }
+  const bool device = !spec.device_pci_bus_id.empty();
+  if (spec.device_pci_bus_id.size() > kMaxPciBusIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PCI bus id of ", spec.device_pci_bus_id.size(), " bytes"));
+  }
+  if (device && options_.acks == nullptr) {
+    return absl::FailedPreconditionError(
+        "GPU destination pages need the receiver's ack table (transfer.shm_pull)");
+  }
   absl::MutexLock lock(&mu_);
   for (const auto& [id, entry] : entries_) {
     if (entry->ticket.request_id == spec.request_id && entry->state == TransferState::kReceiving) {
@@ -100,10 +111,17 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
     if (std::optional<uint64_t> index = options_.acks->Reserve(ticket.pages.size());
         index.has_value()) {
       entry->ack_index = index;
-      ticket.shm_pull = ShmPullOffer{
-          .boot_id = options_.acks->boot_id(), .acks = options_.acks->name(), .ack_index = *index};
+      ticket.shm_pull = ShmPullOffer{.boot_id = options_.acks->boot_id(),
+                                     .acks = options_.acks->name(),
+                                     .ack_index = *index,
+                                     .device_pci_bus_id = spec.device_pci_bus_id};
     }
   }
+  if (device && !entry->ack_index.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU destination pages: no run of ", ticket.pages.size(), " free ack words"));
+  }
+  entry->device = device;
   entry->destinations = std::move(spec.destinations);
   entry->slots.assign(ticket.pages.size(), Entry::Slot::kEmpty);
   entry->header_checksums.assign(ticket.pages.size(), 0);
@@ -309,12 +327,27 @@ std::optional<LandingTarget> TransferReceiver::OnPageHeader(std::span<const std:
     if (!duplicate) Ack(*entry, header.slot, shm::AckState::kRefused);
     return std::nullopt;
   }
+  if (entry->device && header.element != entry->ticket.pages[header.slot].element) {
+    // GPU pages take a page in its descriptor's type only: a conversion would have to run there.
+    FailEntry(*entry,
+              MakeIsolationError(
+                  IsolationError::kHeader,
+                  absl::StrCat("ticket ", entry->ticket.ticket_id, " slot ", header.slot,
+                               ": a page in element type ", static_cast<int>(header.element),
+                               " for GPU pages of type ",
+                               static_cast<int>(entry->ticket.pages[header.slot].element))));
+    Ack(*entry, header.slot, shm::AckState::kRefused);
+    return std::nullopt;
+  }
   entry->slots[header.slot] = Entry::Slot::kLanding;
   entry->header_checksums[header.slot] = header.payload_xxh3;
   if (entry->first_page_at == absl::InfinitePast()) entry->first_page_at = clock_.Now();
   entry->wire_elements[header.slot] = header.element;
   ++entry->landings_in_flight;
   const std::span<std::byte> destination = entry->destinations[header.slot];
+  // GPU pages: the lander copies and checksums on the GPU; its XXH3 comes back as `finished`.
+  if (entry->device)
+    return LandingTarget{destination, entry->ticket.ticket_id, header.slot, {}, true};
   const serving::ElementType element = entry->ticket.pages[header.slot].element;
   std::span<std::byte> target = destination;
   if (header.element != element) {

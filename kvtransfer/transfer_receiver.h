@@ -95,6 +95,12 @@ struct ReceiveSpec {
   uint64_t epoch = 0;  // The pages' epoch in the caller's pool.
   std::vector<PageDescriptor> pages;
   std::vector<std::span<std::byte>> destinations;
+  // Non-empty: the destinations are GPU memory on the GPU of this PCI bus id (a CUDA decode
+  // worker's device pages; docs/protocol.md, "Same-host device-to-device pages (CUDA IPC)").
+  // Only pages in the sender's GPU arena land there (the transport's shm::DevicePageLander
+  // copies and checksums them on the GPU), each in its descriptor's element type; the ticket's
+  // shm-pull offer names the GPU. Needs the receiver's ack table (ReceiverOptions::acks).
+  std::string device_pci_bus_id;
 };
 
 struct TransferOutcome {
@@ -136,8 +142,10 @@ class TransferReceiver final : private PageSink {
   ~TransferReceiver() override ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Registers a request's pages and returns its ticket (new ticket id, lease from now).
-  // Errors: InvalidArgument when descriptors and destinations disagree in count or size;
-  // AlreadyExists when the request already has a ticket in progress.
+  // Errors: InvalidArgument when descriptors and destinations disagree in count or size, or the
+  // PCI bus id is too long; AlreadyExists when the request already has a ticket in progress;
+  // FailedPrecondition for device destinations without an ack table or a free run of its words
+  // (the caller then lands in host pages).
   absl::StatusOr<Ticket> Expect(ReceiveSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registers memory that destinations will point into (normally the whole page pool, once), so

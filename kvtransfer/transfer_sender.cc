@@ -39,8 +39,9 @@ class PullOp final : public SendOp {
  public:
   PullOp(std::unique_ptr<SendOp> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
          PageTransport& transport, PeerId peer, shm::PullSender* sender,
-         const shm::RegionName& acks, const Clock& clock, absl::Duration ack_wait)
-      : message_(std::move(message)),
+         const shm::RegionName& acks, const Clock& clock, absl::Duration ack_wait, bool device)
+      : device_(device),
+        message_(std::move(message)),
         word_(word),
         ticket_id_(ticket_id),
         transport_(transport),
@@ -61,7 +62,10 @@ class PullOp final : public SendOp {
           return absl::CancelledError("the decode worker refused the page");
         default: {
           absl::Status failed = absl::UnavailableError(
-              "the decode worker could not read the page from this worker's shared memory");
+              device_ ? "the decode worker could not read the page from this worker's GPU arena "
+                        "(CUDA IPC)"
+                      : "the decode worker could not read the page from this worker's shared "
+                        "memory");
           // Later tickets to it go by active messages.
           if (sender_ != nullptr) sender_->Disable(acks_, failed);
           unreadable_ = true;
@@ -84,6 +88,7 @@ class PullOp final : public SendOp {
   bool unreadable() const { return unreadable_; }
 
  private:
+  const bool device_;  // The page is in a GPU arena (its failure message says so).
   std::unique_ptr<SendOp> message_;
   const std::atomic<uint64_t>* word_;
   const uint64_t ticket_id_;
@@ -180,16 +185,22 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
   if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
   const auto encoded = EncodePageHeader(HeaderOf(slot));
   if (pull_.has_value() && !pull_unreadable_) {
-    const shm::SharedRegion& region = options_.shm_pull->pages();
-    ref_messages_[slot] =
-        shm::EncodePageRefMessage(encoded, {.region = region.name(),
-                                            .offset = region.OffsetOf(pages_[slot].data()),
-                                            .length = pages_[slot].size()});
+    if (device_.has_value()) {
+      ref_messages_[slot] = shm::EncodePageRefMessage(
+          encoded,
+          {.device = device_, .offset = device_offsets_[slot], .length = pages_[slot].size()});
+    } else {
+      const shm::SharedRegion& region = options_.shm_pull->pages();
+      ref_messages_[slot] =
+          shm::EncodePageRefMessage(encoded, {.region = region.name(),
+                                              .offset = region.OffsetOf(pages_[slot].data()),
+                                              .length = pages_[slot].size()});
+    }
     auto message = transport_.Send(peer_, WireKind::kPageRef, {}, ref_messages_[slot]);
     if (!message.ok()) return Fail(message.status());
     page_ops_[slot] = std::make_unique<PullOp>(
         std::move(*message), pull_->words + slot, ticket_.ticket_id, transport_, peer_,
-        options_.shm_pull, ticket_.shm_pull->acks, clock_, lease_length_);
+        options_.shm_pull, ticket_.shm_pull->acks, clock_, lease_length_, device_.has_value());
   } else {
     auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
     if (!op.ok()) return Fail(op.status());
@@ -318,7 +329,7 @@ absl::Status Transfer::CollectPages() {
       in_flight_[kept++] = slot;
       continue;
     }
-    if (!status->ok() && pull_.has_value()) {
+    if (!status->ok() && pull_.has_value() && !device_.has_value()) {
       if (auto* pull = dynamic_cast<PullOp*>(page_ops_[slot].get());
           pull != nullptr && pull->unreadable()) {
         // The decode worker could not read this worker's region (e.g. it runs as another user
@@ -399,22 +410,21 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::Prepare(
   return PrepareWithElements(ticket, std::move(sources));
 }
 
-absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
-    const Ticket& ticket, std::vector<SourcePage> pages) {
-  if (pages.size() != ticket.pages.size()) {
+absl::StatusOr<PeerId> TransferSender::Connect(
+    const Ticket& ticket, const std::vector<std::pair<uint64_t, serving::ElementType>>& sizes) {
+  if (sizes.size() != ticket.pages.size()) {
     return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket.ticket_id, " names ",
                                                    ticket.pages.size(), " pages, got ",
-                                                   pages.size(), " sources"));
+                                                   sizes.size(), " sources"));
   }
-  for (size_t slot = 0; slot < pages.size(); ++slot) {
-    PDSERVE_ASSIGN_OR_RETURN(const uint64_t wire,
-                             WireBytes(ticket.pages[slot], pages[slot].element));
-    if (pages[slot].bytes.size() != wire) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slot ", slot, " is ", pages[slot].bytes.size(), " bytes of ",
-                       serving::ElementTypeName(pages[slot].element), ", the ticket expects ", wire,
-                       " (its page: ", ticket.pages[slot].bytes, " bytes of ",
-                       serving::ElementTypeName(ticket.pages[slot].element), ")"));
+  for (size_t slot = 0; slot < sizes.size(); ++slot) {
+    const auto [bytes, element] = sizes[slot];
+    PDSERVE_ASSIGN_OR_RETURN(const uint64_t wire, WireBytes(ticket.pages[slot], element));
+    if (bytes != wire) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot ", slot, " is ", bytes, " bytes of ", serving::ElementTypeName(element),
+          ", the ticket expects ", wire, " (its page: ", ticket.pages[slot].bytes, " bytes of ",
+          serving::ElementTypeName(ticket.pages[slot].element), ")"));
     }
   }
   if (clock_.Now() > ticket.lease_deadline) {
@@ -424,10 +434,21 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
   }
   absl::StatusOr<PeerId> peer =
       transport_.Connect(ticket.worker_address, ticket.receiver_incarnation);
-  if (!peer.ok()) {
-    if (options_.metrics != nullptr) options_.metrics->RecordFailure("connect");
-    return peer.status();
+  if (!peer.ok() && options_.metrics != nullptr) options_.metrics->RecordFailure("connect");
+  return peer;
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
+    const Ticket& ticket, std::vector<SourcePage> pages) {
+  if (ticket.shm_pull.has_value() && !ticket.shm_pull->device_pci_bus_id.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ticket ", ticket.ticket_id,
+                     ": the decode worker lands this request in GPU "
+                     "pages (CUDA IPC), which take only pages of a GPU arena, not host pages"));
   }
+  std::vector<std::pair<uint64_t, serving::ElementType>> sizes;
+  for (const SourcePage& page : pages) sizes.emplace_back(page.bytes.size(), page.element);
+  PDSERVE_ASSIGN_OR_RETURN(const PeerId peer, Connect(ticket, sizes));
   std::optional<shm::PullSender::Acks> pull;
   absl::Status pull_refusal;
   if (options_.shm_pull != nullptr && ticket.shm_pull.has_value()) {
@@ -452,9 +473,57 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareWithElements(
         "shm pull: the ticket carries no shm-pull offer (the decode worker's transfer.shm_pull is "
         "off, or its ack table had no free words for the ticket)");
   }
-  return std::unique_ptr<Transfer>(new Transfer(transport_, clock_, options_, ticket, *peer,
+  return std::unique_ptr<Transfer>(new Transfer(transport_, clock_, options_, ticket, peer,
                                                 std::move(pages), std::move(pull),
                                                 std::move(pull_refusal)));
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareDevice(const Ticket& ticket,
+                                                                        DevicePages pages) {
+  if (!ticket.shm_pull.has_value() || ticket.shm_pull->device_pci_bus_id.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ticket ", ticket.ticket_id,
+                     ": the decode worker's pages are not GPU memory "
+                     "(no device in its offer): pages of a GPU arena cannot go to it"));
+  }
+  if (options_.shm_pull == nullptr) {
+    return absl::FailedPreconditionError("GPU arena pages need the sender's PullSender");
+  }
+  if (pages.arena.boot_id != ticket.shm_pull->boot_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda ipc: the decode worker runs on another host (boot id ",
+                     ticket.shm_pull->boot_id, ", the arena's ", pages.arena.boot_id, ")"));
+  }
+  std::vector<std::pair<uint64_t, serving::ElementType>> sizes;
+  for (size_t slot = 0; slot < pages.pages.size(); ++slot) {
+    const DeviceSourcePage& page = pages.pages[slot];
+    if (page.offset > pages.arena.bytes || page.length > pages.arena.bytes - page.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, "'s page [", page.offset, ", +",
+                                                     page.length, ") lies outside the ",
+                                                     pages.arena.bytes, "-byte GPU arena"));
+    }
+    sizes.emplace_back(page.length, page.element);
+  }
+  PDSERVE_ASSIGN_OR_RETURN(const PeerId peer, Connect(ticket, sizes));
+  PDSERVE_ASSIGN_OR_RETURN(shm::PullSender::Acks acks,
+                           options_.shm_pull->AcksFor(*ticket.shm_pull, pages.pages.size()));
+  // The spans only carry each page's size (never read: the checksums are given).
+  std::vector<SourcePage> sources;
+  for (const DeviceSourcePage& page : pages.pages) {
+    sources.push_back(
+        {{static_cast<const std::byte*>(nullptr), static_cast<size_t>(page.length)}, page.element});
+  }
+  std::unique_ptr<Transfer> transfer(new Transfer(transport_, clock_, options_, ticket, peer,
+                                                  std::move(sources), std::move(acks),
+                                                  absl::OkStatus()));
+  transfer->options_.path = "cuda-ipc";
+  transfer->device_ = std::move(pages.arena);
+  for (size_t slot = 0; slot < pages.pages.size(); ++slot) {
+    transfer->device_offsets_.push_back(pages.pages[slot].offset);
+    transfer->checksums_[slot] = pages.pages[slot].xxh3;
+    transfer->checksummed_[slot] = true;
+  }
+  return transfer;
 }
 
 }  // namespace pdserve::kv

@@ -21,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +42,23 @@ namespace pdserve::kv {
 struct SourcePage {
   std::span<const std::byte> bytes;
   serving::ElementType element = serving::ElementType::kFloat32;
+};
+
+// Pages in this process's GPU page arena (CUDA IPC; docs/protocol.md, "Same-host
+// device-to-device pages (CUDA IPC)"), for a ticket whose pages are GPU memory of the decode
+// worker (ShmPullOffer::device_pci_bus_id): per slot the page's offset and length in the arena,
+// the element type of its values and the XXH3-64 of its bytes, which the caller took on the GPU
+// (kernels/cuda/xxh3.cuh): the sender never reads device memory. The bytes must stay unchanged
+// until the transfer ends.
+struct DeviceSourcePage {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  serving::ElementType element = serving::ElementType::kBfloat16;
+  uint64_t xxh3 = 0;
+};
+struct DevicePages {
+  shm::IpcRegionName arena;
+  std::vector<DeviceSourcePage> pages;  // Index = slot.
 };
 
 struct SenderOptions {
@@ -177,6 +195,9 @@ class Transfer {
   // path label of messages (message_path_).
   bool pull_unreadable_ = false;
   std::string message_path_;
+  // Set for PrepareDevice: the GPU arena the pages lie in, and each slot's offset there.
+  std::optional<shm::IpcRegionName> device_;
+  std::vector<uint64_t> device_offsets_;
 };
 
 class TransferSender {
@@ -195,8 +216,23 @@ class TransferSender {
   // bytes exactly).
   absl::StatusOr<std::unique_ptr<Transfer>> Prepare(const Ticket& ticket,
                                                     std::vector<std::span<const std::byte>> pages);
+  // A transfer of pages in this process's GPU arena to a decode worker that lands them in its
+  // GPU pages: each page goes as a kPageRef message naming the arena (the decode worker copies
+  // it device to device and checksums it on its GPU), and completes on its ack word as a pulled
+  // page does. Needs SenderOptions::shm_pull (for the ack words) and a ticket whose offer names
+  // a device. A page the decode worker could not read fails the transfer (there is no host copy
+  // to send instead) and keeps that decode worker off pulling for a while (PullSender::Disable).
+  // Errors: as PrepareWithElements; FailedPrecondition when the ticket's pages are not GPU
+  // memory, there is no PullSender, the arena is on another host than the offer or the ack
+  // words cannot be mapped; InvalidArgument when a page lies outside the arena.
+  absl::StatusOr<std::unique_ptr<Transfer>> PrepareDevice(const Ticket& ticket, DevicePages pages);
 
  private:
+  // Checks `ticket`'s page sizes against `sizes` (per slot: bytes and element type) and its
+  // lease, and connects to its decode worker.
+  absl::StatusOr<PeerId> Connect(
+      const Ticket& ticket, const std::vector<std::pair<uint64_t, serving::ElementType>>& sizes);
+
   PageTransport& transport_;
   const Clock& clock_;
   SenderOptions options_;

@@ -86,12 +86,50 @@ uint64_t AckTable::Read(uint64_t index) const {
   return index < words() ? word(index)->load(std::memory_order_acquire) : 0;
 }
 
+namespace {
+
+constexpr uint16_t kDeviceRefVersion = 2;
+constexpr size_t kBusIdField = 32;
+constexpr size_t kBootIdField = 40;
+
+// `text` into a NUL-padded field of `size` bytes at `at` (cut to size - 1 bytes).
+void StoreName(std::span<std::byte> r, size_t at, const std::string& text, size_t size) {
+  std::memcpy(r.data() + at, text.data(), std::min(text.size(), size - 1));
+}
+
+// The text of a NUL-padded field; nullopt when it has no NUL or bytes other than NUL after it
+// (an untrusted field: what decodes must encode to the same bytes).
+std::optional<std::string> LoadName(std::span<const std::byte> r, size_t at, size_t size) {
+  const char* p = reinterpret_cast<const char*>(r.data() + at);
+  const size_t n = strnlen(p, size);
+  if (n == size) return std::nullopt;
+  for (size_t i = n; i < size; ++i) {
+    if (p[i] != '\0') return std::nullopt;
+  }
+  return std::string(p, n);
+}
+
+}  // namespace
+
 std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_header,
                                             const PageRef& ref) {
-  std::vector<std::byte> out(page_header.size() + kPageRefBytes);
+  const size_t ref_bytes = ref.device.has_value() ? kDevicePageRefBytes : kPageRefBytes;
+  std::vector<std::byte> out(page_header.size() + ref_bytes);
   std::memcpy(out.data(), page_header.data(), page_header.size());
   const std::span<std::byte> r = std::span(out).subspan(page_header.size());
   StoreLe(r, 0, kRefMagic, 4);
+  if (ref.device.has_value()) {
+    const IpcRegionName& d = *ref.device;
+    StoreLe(r, 4, kDeviceRefVersion, 2);
+    std::memcpy(r.data() + 8, d.memory.data(), d.memory.size());
+    StoreLe(r, 72, d.allocation_offset, 8);
+    StoreLe(r, 80, d.bytes, 8);
+    StoreName(r, 88, d.pci_bus_id, kBusIdField);
+    StoreName(r, 120, d.boot_id, kBootIdField);
+    StoreLe(r, 160, ref.offset, 8);
+    StoreLe(r, 168, ref.length, 8);
+    return out;
+  }
   StoreLe(r, 4, kRefVersion, 2);
   StoreLe(r, 8, ref.region.pid, 4);
   StoreLe(r, 12, ref.region.fd, 4);
@@ -103,17 +141,36 @@ std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_head
 }
 
 absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message) {
-  if (message.size() != kPageHeaderBytes + kPageRefBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("page reference message of ", message.size(),
-                                                   " bytes, expected ",
-                                                   kPageHeaderBytes + kPageRefBytes));
+  const bool device = message.size() == kPageHeaderBytes + kDevicePageRefBytes;
+  if (message.size() != kPageHeaderBytes + kPageRefBytes && !device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page reference message of ", message.size(), " bytes, expected ",
+        kPageHeaderBytes + kPageRefBytes, " or ", kPageHeaderBytes + kDevicePageRefBytes));
   }
   const std::span<const std::byte> r = message.subspan(kPageHeaderBytes);
-  if (LoadLe(r, 0, 4) != kRefMagic || LoadLe(r, 4, 2) != kRefVersion || LoadLe(r, 6, 2) != 0 ||
-      LoadLe(r, 56, 8) != 0) {
+  if (LoadLe(r, 0, 4) != kRefMagic ||
+      LoadLe(r, 4, 2) != (device ? kDeviceRefVersion : kRefVersion) || LoadLe(r, 6, 2) != 0 ||
+      (device ? LoadLe(r, 176, 8) != 0 || LoadLe(r, 184, 8) != 0 : LoadLe(r, 56, 8) != 0)) {
     return absl::InvalidArgumentError("page reference: bad magic, version or reserved field");
   }
   PageRef ref;
+  if (device) {
+    IpcRegionName d;
+    std::memcpy(d.memory.data(), r.data() + 8, d.memory.size());
+    d.allocation_offset = LoadLe(r, 72, 8);
+    d.bytes = LoadLe(r, 80, 8);
+    std::optional<std::string> bus = LoadName(r, 88, kBusIdField);
+    std::optional<std::string> boot = LoadName(r, 120, kBootIdField);
+    if (!bus.has_value() || !boot.has_value()) {
+      return absl::InvalidArgumentError("page reference: a name field without its NUL");
+    }
+    d.pci_bus_id = std::move(*bus);
+    d.boot_id = std::move(*boot);
+    ref.device = std::move(d);
+    ref.offset = LoadLe(r, 160, 8);
+    ref.length = LoadLe(r, 168, 8);
+    return ref;
+  }
   ref.region.pid = static_cast<uint32_t>(LoadLe(r, 8, 4));
   ref.region.fd = static_cast<uint32_t>(LoadLe(r, 12, 4));
   ref.region.bytes = LoadLe(r, 16, 8);
@@ -168,11 +225,11 @@ size_t PeerRegions::mapped() const {
   return n;
 }
 
-size_t LandPageRef(
-    PeerRegions& regions, std::span<const std::byte> message,
-    const std::function<std::optional<LandingTarget>(std::span<const std::byte>, size_t)>&
-        on_header,
-    const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed) {
+size_t LandPageRef(PeerRegions& regions, std::span<const std::byte> message,
+                   const std::function<std::optional<LandingTarget>(std::span<const std::byte>,
+                                                                    size_t)>& on_header,
+                   const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed,
+                   DevicePageLander* lander) {
   const std::span<const std::byte> header =
       message.subspan(0, std::min(message.size(), kPageHeaderBytes));
   const absl::StatusOr<PageRef> ref = DecodePageRef(message);
@@ -183,6 +240,28 @@ size_t LandPageRef(
     on_landed(target->ticket_id, target->slot, absl::UnavailableError("shm pull: bad reference"),
               0);
     return 0;
+  }
+  if (ref->device.has_value() || target->device) {
+    absl::Status queued;
+    if (!ref->device.has_value()) {
+      queued = absl::UnavailableError(
+          "cuda ipc: a page in shared memory cannot land in this worker's GPU pages");
+    } else if (!target->device) {
+      queued = absl::UnavailableError("cuda ipc: a page in a GPU arena for host pages");
+    } else if (lander == nullptr) {
+      queued = absl::UnavailableError("cuda ipc: this worker does not land GPU pages");
+    } else {
+      queued = lander->Add(*ref, *target);
+    }
+    if (!queued.ok()) {
+      on_landed(target->ticket_id, target->slot,
+                queued.code() == absl::StatusCode::kUnavailable
+                    ? std::move(queued)
+                    : absl::UnavailableError(absl::StrCat("cuda ipc: ", queued.message())),
+                0);
+      return 0;
+    }
+    return ref->length;
   }
   absl::StatusOr<std::shared_ptr<const PeerRegion>> region = regions.Get(ref->region);
   if (!region.ok()) {

@@ -21,6 +21,7 @@
 // pure functions.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -82,24 +83,44 @@ class AckTable {
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // first word -> count, coalesced
 };
 
-// Where one page lies in the prefill worker's region: what a kPageRef message adds to the header.
+// A prefill worker's GPU page arena as a peer names it (kvtransfer/cuda_ipc/ipc_page_arena.h
+// IpcArenaHandle, in plain bytes so this library needs no CUDA): the CUDA IPC handle of the
+// driver allocation, where the arena starts in it, its size, its GPU and its host.
+struct IpcRegionName {
+  std::array<std::byte, 64> memory{};  // cudaIpcMemHandle_t's bytes
+  uint64_t allocation_offset = 0;      // the arena's first byte in that allocation
+  uint64_t bytes = 0;                  // the arena's size
+  std::string pci_bus_id;              // at most 31 characters
+  std::string boot_id;                 // at most 39 characters
+  bool operator==(const IpcRegionName&) const = default;
+};
+
+// Where one page lies in the prefill worker's memory: what a kPageRef message adds to the header.
+// `device` set: in its GPU page arena (CUDA IPC; `region` unused), else in its shared-memory
+// region.
 struct PageRef {
   RegionName region;
+  std::optional<IpcRegionName> device;
   uint64_t offset = 0;
   uint64_t length = 0;
   bool operator==(const PageRef&) const = default;
 };
 
-inline constexpr size_t kPageRefBytes = 64;  // After the 64-byte page header.
+inline constexpr size_t kPageRefBytes = 64;         // After the 64-byte page header.
+inline constexpr size_t kDevicePageRefBytes = 192;  // Version 2, after the header.
 
 // A kPageRef message: the encoded page header followed by the reference.
 // Wire layout of the reference, little-endian: 0 magic u32 "PDRF"  4 version u16 (1)
 //   6 reserved u16 (0)  8 pid u32  12 fd u32  16 region bytes u64  24 token [16]  40 offset u64
 //   48 length u64  56 reserved u64 (0).
+// Version 2 (a page in a GPU arena, 192 bytes): 0 magic  4 version u16 (2)  6 reserved u16 (0)
+//   8 CUDA IPC memory handle [64]  72 allocation offset u64  80 arena bytes u64  88 PCI bus id
+//   [32] (NUL-padded)  120 boot id [40] (NUL-padded)  160 offset u64  168 length u64
+//   176 reserved [16] (0).
 std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_header,
                                             const PageRef& ref);
 // Splits a kPageRef message. Errors: InvalidArgument when its size, magic, version or reserved
-// fields are wrong (the message is untrusted).
+// fields are wrong, or a name field is not NUL-terminated (the message is untrusted).
 absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message);
 
 // The decode side's mappings of prefill workers' regions (read-only), made on first use and
@@ -137,18 +158,45 @@ class PeerRegions {
   void EraseGone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
+// The decode side's landing of pages that lie in a peer's GPU arena (PageRef::device) into
+// device destinations (LandingTarget::device): Add queues one page's copy, Flush runs every
+// queued copy with the XXH3-64 of the landed bytes (kvtransfer/cuda_ipc/cuda_page_lander.h: one
+// copy launch and one checksum launch for the batch, then one wait) and reports each page. A
+// receive transport keeps one per lane and flushes it when the lane has no more messages to
+// deliver at once, so a layer's pages land in a few launches, not one wait per page.
+//
+// Thread-safety: one thread at a time (a lane's).
+class DevicePageLander {
+ public:
+  virtual ~DevicePageLander() = default;
+  // Queues the copy of `ref`'s page into `target.destination`. Unavailable "cuda ipc: ..." (and
+  // nothing queued) when the arena cannot be mapped here or the page's range lies outside it;
+  // InvalidArgument when `ref` names no GPU arena, the target is not device memory or the sizes
+  // differ.
+  virtual absl::Status Add(const PageRef& ref, const LandingTarget& target) = 0;
+  // Lands every queued page and calls `landed(target, status, xxh3)` for each, in the order they
+  // were added: status OK with the landed bytes' XXH3-64, or the copy's error (xxh3 then 0).
+  virtual void Flush(
+      const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) = 0;
+  // Pages queued and not yet flushed.
+  virtual size_t pending() const = 0;
+};
+
 // Lands one kPageRef message for a receive transport: `on_header` (the sink's OnPageHeader, the
-// page header and the referenced length) decides first; an accepted page is then copied out of
-// its region (mapped through `regions`) into the target, FinishLanding runs, and `on_landed` gets
-// the result: OK, or Unavailable "shm pull: ..." when the region cannot be mapped or the range
-// lies outside it (nothing copied). A message whose reference does not decode goes to
-// `on_header` with length 0, which no ticket's page has (a header error, not a guess).
-// Returns the bytes copied (0 when none).
-size_t LandPageRef(
-    PeerRegions& regions, std::span<const std::byte> message,
-    const std::function<std::optional<LandingTarget>(std::span<const std::byte>, size_t)>&
-        on_header,
-    const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed);
+// page header and the referenced length) decides first. A page in a shared-memory region is then
+// copied out of it (mapped through `regions`) into the target, FinishLanding runs, and
+// `on_landed` gets the result: OK, or Unavailable "shm pull: ..." when the region cannot be
+// mapped or the range lies outside it (nothing copied). A page in a GPU arena goes to `lander`
+// (its on_landed comes from the lander's Flush), or fails its landing (Unavailable "cuda ipc:
+// ...") when there is no lander, the target is host memory or the lander refuses it; a
+// shared-memory page for a device target fails the same way. A message whose reference does
+// not decode goes to `on_header` with length 0, which no ticket's page has (a header error, not
+// a guess). Returns the bytes copied or queued (0 when none).
+size_t LandPageRef(PeerRegions& regions, std::span<const std::byte> message,
+                   const std::function<std::optional<LandingTarget>(std::span<const std::byte>,
+                                                                    size_t)>& on_header,
+                   const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed,
+                   DevicePageLander* lander = nullptr);
 
 // The prefill side: its page region and its read-only mappings of decode workers' ack tables.
 class PullSender {

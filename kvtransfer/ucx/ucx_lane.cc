@@ -101,6 +101,7 @@ void UcxLane::Run() {
       // The owner's queued sends first, a bounded batch so its own lock requests get through.
       if (queued_.load() > 0) PostQueued(kPostBatch);
       worker_.Progress();
+      if (after_progress_) after_progress_();
       if (busy() > 0) {
         fd = -2;
       } else {

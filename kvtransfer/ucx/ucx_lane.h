@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -60,6 +61,12 @@ class UcxLane {
   // Thread-safe.
   bool threaded() const { return threaded_.load(); }
 
+  // Runs `fn` after each progress of the worker by the lane's thread (with the lane's mutex
+  // held): what the lane's handlers queued in that progress is finished there in one batch (the
+  // receive transport's GPU page landings). Set before the thread starts or with the mutex held.
+  void SetAfterProgress(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    after_progress_ = std::move(fn);
+  }
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   UcxWorker& worker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_; }
   // The packed address of the worker (immutable after creation; no lock needed).
@@ -95,6 +102,7 @@ class UcxLane {
   // The worker's handle is immutable after creation; every UCX call on it needs mu_, except
   // ucp_worker_signal (Wake).
   UcxWorker worker_;
+  std::function<void()> after_progress_ ABSL_GUARDED_BY(mu_);  // SetAfterProgress
   // Acquired after mu_ where both are held; never held around a UCX call.
   absl::Mutex queue_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::deque<LaneSend*> submitted_ ABSL_GUARDED_BY(queue_mu_);  // Queued, not yet posted.

@@ -15,6 +15,9 @@ struct UcxReceiveTransport::Handler {
   UcxReceiveTransport* transport;
   UcxLane* lane;
   std::atomic<uint64_t> pages{0};
+  // Pulled pages of GPU arenas for GPU destinations (SetDeviceLanders); used only with the
+  // lane's mutex held (its handlers and its after-progress step).
+  std::unique_ptr<shm::DevicePageLander> lander;
 };
 
 // user_data of one rendezvous receive: which slot of which ticket it fills, on which lane.
@@ -109,10 +112,11 @@ void UcxReceiveTransport::Progress() {
     next_region_check_ = now + absl::Seconds(1);
     regions_.DropGone();
   }
-  for (auto& lane : lanes_) {
-    if (lane->threaded()) continue;  // Its thread delivers.
-    absl::MutexLock lock(&lane->mu());
-    lane->worker().Progress();
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i]->threaded()) continue;  // Its thread delivers.
+    absl::MutexLock lock(&lanes_[i]->mu());
+    lanes_[i]->worker().Progress();
+    FlushLander(*handlers_[i]);
   }
 }
 
@@ -165,6 +169,15 @@ ucs_status_t UcxReceiveTransport::OnPage(void* arg, const void* header, size_t h
         self->sink_->OnPageHeader({static_cast<const std::byte*>(header), header_length}, length);
   });
   if (!target.has_value()) return rendezvous ? kRejected : UCS_OK;
+  if (target->device) {
+    // A page message carries host bytes; GPU pages take only pulled pages of a GPU arena.
+    self->CallSink([&] {
+      self->sink_->OnPageLanded(
+          target->ticket_id, target->slot,
+          absl::UnavailableError("cuda ipc: a page message cannot land in GPU pages"), 0);
+    });
+    return rendezvous ? kRejected : UCS_OK;
+  }
   if (!rendezvous) {
     // The copy runs outside the sink mutex: lanes copy in parallel. The slot is this page's
     // alone (the sink marked it landing), so no other message touches the destination.
@@ -208,7 +221,7 @@ ucs_status_t UcxReceiveTransport::OnPageRef(void* arg, const void* /*header*/,
                                             const ucp_am_recv_param_t* param) {
   auto* handler = static_cast<Handler*>(arg);
   UcxReceiveTransport* self = handler->transport;
-  // A reference is 128 bytes and always eager; a rendezvous one is not ours.
+  // A reference is 128 or 256 bytes and always eager; a rendezvous one is not ours.
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
   handler->pages.fetch_add(1, std::memory_order_relaxed);
   shm::LandPageRef(
@@ -221,8 +234,29 @@ ucs_status_t UcxReceiveTransport::OnPageRef(void* arg, const void* /*header*/,
       [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
         self->CallSink(
             [&] { self->sink_->OnPageLanded(ticket_id, slot, std::move(status), finished); });
-      });
+      },
+      handler->lander.get());
   return UCS_OK;
+}
+
+void UcxReceiveTransport::FlushLander(Handler& handler) {
+  if (handler.lander == nullptr || handler.lander->pending() == 0) return;
+  handler.lander->Flush([&](const LandingTarget& target, absl::Status status, uint64_t xxh3) {
+    CallSink([&] { sink_->OnPageLanded(target.ticket_id, target.slot, std::move(status), xxh3); });
+  });
+}
+
+absl::Status UcxReceiveTransport::SetDeviceLanders(const DeviceLanderFactory& make) {
+  for (auto& handler : handlers_) {
+    absl::StatusOr<std::unique_ptr<shm::DevicePageLander>> lander = make();
+    if (!lander.ok()) return lander.status();
+    handler->lander = std::move(*lander);
+    // The lane lands its batch of pulled GPU pages whenever it has delivered what had arrived.
+    Handler* h = handler.get();
+    absl::MutexLock lock(&h->lane->mu());
+    h->lane->SetAfterProgress([this, h] { FlushLander(*h); });
+  }
+  return absl::OkStatus();
 }
 
 ucs_status_t UcxReceiveTransport::OnControl(void* arg, const void* /*header*/,

@@ -44,6 +44,7 @@ class UcxReceiveTransport final : public ReceiveTransport {
   std::function<void(absl::Duration timeout)> ArmWait() override;
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   void SetSinkMutex(absl::Mutex* sink_mutex) override;
+  absl::Status SetDeviceLanders(const DeviceLanderFactory& make) override;
   void Stop() override;
   // Page messages each lane's worker received so far (accepted or refused; index = lane).
   // Thread-safe.
@@ -60,6 +61,9 @@ class UcxReceiveTransport final : public ReceiveTransport {
   // already when its Progress() does.
   template <typename Fn>
   void CallSink(Fn&& fn);
+  // Lands the GPU pages `handler`'s lane queued (its lander's Flush) and reports each to the
+  // sink. Runs with the lane's mutex held.
+  void FlushLander(Handler& handler);
 
   static ucs_status_t OnPage(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param);

@@ -41,15 +41,13 @@ constexpr uint64_t kPageBytes = 16 * 1024;
 class ShmPullTest : public ::testing::Test {
  protected:
   ShmPullTest() {
-    auto acks = shm::AckTable::Create(64);
-    EXPECT_TRUE(acks.ok()) << acks.status();
-    acks_ = std::move(*acks);
-    auto region = shm::SharedRegion::Create(shm::kPagesPurpose, kPages * kPageBytes);
-    EXPECT_TRUE(region.ok()) << region.status();
-    region_ = std::move(*region);
-    auto pull = shm::PullSender::Create(*region_);
-    EXPECT_TRUE(pull.ok()) << pull.status();
-    pull_ = std::move(*pull);
+    absl::StatusOr<ShmPullParts> parts = MakeShmPullParts(64, kPages * kPageBytes);
+    EXPECT_TRUE(parts.ok()) << parts.status();
+    if (parts.ok()) {
+      acks_ = std::move(parts->acks);
+      region_ = std::move(parts->region);
+      pull_ = std::move(parts->pull);
+    }
     receiver_ = std::make_unique<TransferReceiver>(
         network_.NewReceiveEnd(),
         ReceiverOptions{.lease = absl::Seconds(10),
@@ -94,17 +92,7 @@ class ShmPullTest : public ::testing::Test {
   }
 
   TransferOutcome RunUntilDecided(uint64_t ticket_id, Transfer* transfer) {
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      for (int i = 0; i < 32; ++i) {
-        if (transfer != nullptr) last_poll_ = transfer->Poll();
-        receiver_->Progress();
-        auto outcome = receiver_->Outcome(ticket_id);
-        if (!outcome.ok()) return {TransferState::kFailed, outcome.status(), std::nullopt};
-        if (outcome->state != TransferState::kReceiving) return *outcome;
-      }
-      clock_.Advance(absl::Seconds(1));
-    }
-    return {TransferState::kReceiving, absl::DeadlineExceededError("undecided"), std::nullopt};
+    return testing::RunUntilDecided(*receiver_, clock_, ticket_id, transfer, &last_poll_);
   }
 
   bool PagesMatch(uint64_t seed, uint32_t first, uint32_t count) const {

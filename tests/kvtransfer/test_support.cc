@@ -164,4 +164,33 @@ absl::StatusOr<std::string> PeerProcess::ReadLine(absl::Duration timeout) {
   }
 }
 
+TransferOutcome RunUntilDecided(TransferReceiver& receiver, FakeClock& clock, uint64_t ticket_id,
+                                Transfer* transfer, absl::StatusOr<bool>* last_poll) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (int i = 0; i < 32; ++i) {
+      if (transfer != nullptr) *last_poll = transfer->Poll();
+      receiver.Progress();
+      auto outcome = receiver.Outcome(ticket_id);
+      if (!outcome.ok()) return {TransferState::kFailed, outcome.status(), std::nullopt};
+      if (outcome->state != TransferState::kReceiving) return *outcome;
+    }
+    clock.Advance(absl::Seconds(1));
+  }
+  return {TransferState::kReceiving, absl::DeadlineExceededError("undecided"), std::nullopt};
+}
+
+absl::StatusOr<ShmPullParts> MakeShmPullParts(uint64_t ack_words, size_t region_bytes) {
+  ShmPullParts parts;
+  auto acks = shm::AckTable::Create(ack_words);
+  if (!acks.ok()) return acks.status();
+  parts.acks = std::move(*acks);
+  auto region = shm::SharedRegion::Create(shm::kPagesPurpose, region_bytes);
+  if (!region.ok()) return region.status();
+  parts.region = std::move(*region);
+  auto pull = shm::PullSender::Create(*parts.region);
+  if (!pull.ok()) return pull.status();
+  parts.pull = std::move(*pull);
+  return parts;
+}
+
 }  // namespace pdserve::kv::testing

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,8 +17,11 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kvtransfer/page_header.h"
+#include "kvtransfer/shm/pull.h"
+#include "kvtransfer/shm/shared_memory.h"
 #include "kvtransfer/ticket.h"
 #include "kvtransfer/transfer_receiver.h"
+#include "kvtransfer/transfer_sender.h"
 
 namespace pdserve::kv::testing {
 
@@ -57,6 +61,21 @@ class FakeClock final : public Clock {
   mutable absl::Mutex mu_;
   absl::Time now_ = absl::Now();  // Tickets carry wall-clock deadlines to other processes.
 };
+
+// A decode worker's ack table of `ack_words` words and a prefill worker's page region of
+// `region_bytes` with its PullSender: what every shm-pull test sets up. Errors: their Create's.
+struct ShmPullParts {
+  std::unique_ptr<shm::AckTable> acks;
+  std::unique_ptr<shm::SharedRegion> region;
+  std::unique_ptr<shm::PullSender> pull;
+};
+absl::StatusOr<ShmPullParts> MakeShmPullParts(uint64_t ack_words, size_t region_bytes);
+
+// Polls `transfer` (when not null) and progresses `receiver` until ticket `ticket_id` is decided:
+// 32 rounds, then the clock one second on, twice. Returns the outcome (kReceiving with
+// DeadlineExceeded "undecided" when it was not); `last_poll` gets the transfer's last Poll().
+TransferOutcome RunUntilDecided(TransferReceiver& receiver, FakeClock& clock, uint64_t ticket_id,
+                                Transfer* transfer, absl::StatusOr<bool>* last_poll);
 
 // A child process running `argv` with `env_overrides` ("NAME=value") added, its stdin and stdout
 // connected to us. The destructor kills (SIGKILL) and reaps it.

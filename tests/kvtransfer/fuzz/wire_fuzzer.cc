@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvtransfer/page_header.h"
+#include "kvtransfer/shm/pull.h"
 #include "kvtransfer/ticket.h"
 
 namespace {
@@ -33,6 +34,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::vector<std::byte> again = EncodeTicket(*ticket);
     Check(again.size() == size && std::memcmp(again.data(), data, size) == 0,
           "ticket does not round-trip");
+  }
+  if (auto ref = shm::DecodePageRef(bytes); ref.ok()) {
+    const std::vector<std::byte> again =
+        shm::EncodePageRefMessage(bytes.first(kPageHeaderBytes), *ref);
+    Check(again.size() == size && std::memcmp(again.data(), data, size) == 0,
+          "page reference does not round-trip");
   }
   if (auto control = DecodeControl(bytes); control.ok()) {
     const std::vector<std::byte> again = EncodeControl(*control);
@@ -62,6 +69,24 @@ int main() {
                                 .worker_address = {std::byte{1}, std::byte{2}},
                                 .pages = {{.layer = 1, .bytes = 4096}, {.layer = 2, .bytes = 16}},
                                 .lease_deadline = absl::FromUnixSeconds(1'800'000'000)}));
+  Ticket offered{.ticket_id = 9,
+                 .worker_address = {std::byte{1}},
+                 .pages = {{.layer = 1, .bytes = 4096}},
+                 .lease_deadline = absl::FromUnixSeconds(1'800'000'000)};
+  offered.shm_pull = ShmPullOffer{.boot_id = "boot",
+                                  .acks = {.pid = 3, .fd = 4, .bytes = 64},
+                                  .ack_index = 5,
+                                  .device_pci_bus_id = "0000:19:00.0"};
+  seeds.push_back(EncodeTicket(offered));
+  seeds.push_back(shm::EncodePageRefMessage(
+      header, {.region = {.pid = 3, .fd = 4, .bytes = 8192}, .offset = 64, .length = 128}));
+  seeds.push_back(
+      shm::EncodePageRefMessage(header, {.device = shm::IpcRegionName{.allocation_offset = 0,
+                                                                      .bytes = 1 << 20,
+                                                                      .pci_bus_id = "0000:19:00.0",
+                                                                      .boot_id = "boot"},
+                                         .offset = 64,
+                                         .length = 128}));
   seeds.push_back(EncodeControl(
       {.kind = WireKind::kCommit, .ticket_id = 1, .pages_sent = 2, .layer_digests = {3, 4}}));
   size_t runs = 0;
