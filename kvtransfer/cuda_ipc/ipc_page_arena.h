@@ -1,10 +1,9 @@
 // Same-host device-to-device state pages through CUDA IPC (docs/protocol.md, "Same-host
-// device-to-device pages (CUDA IPC), design"): the producer's arena, a cudaMalloc'ed region whose
-// IPC handle it gives out, and the consumer's mapping of a peer's arena. Our own, because the UCX
-// build (Debian's 1.13) has no cuda_ipc transport.
-//
-// Built: these classes, the capability check and the two-process benchmark
-// (bench/kvtransfer/ipc_transfer_bench.cc). Not built: the protocol wiring (design only).
+// device-to-device pages (CUDA IPC)"): the producer's arena, a cudaMalloc'ed region whose IPC
+// handle it gives out, and the consumer's mapping of a peer's arena. Our own, because the UCX
+// build (Debian's 1.13) has no cuda_ipc transport. The consumer lands pages of it with
+// cuda_page_lander.h; the sender and receiver take them (TransferSender::PrepareDevice,
+// ReceiveSpec::device_pci_bus_id); the workers do not use them yet.
 //
 // Thread-safety: an arena and a peer mapping are immutable after creation; their addresses may be
 // used from any thread. Creation and destruction switch the calling thread's current device

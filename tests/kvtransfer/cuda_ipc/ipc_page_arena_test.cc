@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/device_memory.h"
 #include "kernels/cuda/xxh3.cuh"
+#include "kvtransfer/cuda_ipc/cuda_page_lander.h"
 
 namespace pdserve::kv::cuda_ipc {
 namespace {
@@ -94,6 +95,81 @@ int PeerMain(const char* handle_hex, const char* range) {
   return 0;
 }
 
+// The lander's peer: maps the arena through a CudaPageLander, lands `pages` pages of the arena
+// (page i at offset i * stride, length length_i = stride - 8 * i, odd ones unaligned by 1 byte
+// less) into its own device pages in one Flush, and checks every landed page against the
+// arena's bytes (read through the mapping) and every hash against libxxhash on those bytes;
+// then a page outside the arena and an arena that does not exist are refused at Add. Exit 0 when
+// all hold, else the first failed check's number.
+int LanderPeerMain(const char* handle_hex, const char* layout) {
+  const std::string bytes = absl::HexStringToBytes(handle_hex);
+  IpcArenaHandle h;
+  if (bytes.size() != sizeof(h)) return 20;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  uint64_t pages = 0, stride = 0;
+  if (std::sscanf(layout, "%lu,%lu", &pages, &stride) != 2) return 21;
+  absl::StatusOr<int> device = CheckIpcUsable(h);
+  if (!device.ok()) return 22;
+  auto cache = std::make_shared<PeerArenaCache>();
+  absl::StatusOr<std::unique_ptr<CudaPageLander>> lander = CudaPageLander::Create(*device, cache);
+  if (!lander.ok()) return 23;
+  engine::gpu::DeviceArray<std::byte> own;
+  if (!own.Allocate(pages * stride).ok()) return 24;
+  const shm::IpcRegionName name = NameOf(h);
+  std::vector<uint64_t> lengths;
+  for (uint64_t i = 0; i < pages; ++i) {
+    lengths.push_back(stride - 8 * i - (i % 2));
+    const LandingTarget target{
+        {own.get() + i * stride, lengths[i]}, 1, static_cast<uint32_t>(i), {}, true};
+    if (!(*lander)
+             ->Add({.device = name, .offset = i * stride, .length = lengths[i]}, target)
+             .ok()) {
+      return 25;
+    }
+  }
+  if ((*lander)->pending() != pages) return 26;
+  std::vector<uint64_t> hashes(pages, 0);
+  int failed = 0;
+  (*lander)->Flush([&](const LandingTarget& target, absl::Status status, uint64_t xxh3) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "lander peer: %s\n", status.ToString().c_str());
+      failed = 27;
+    }
+    hashes[target.slot] = xxh3;
+  });
+  if (failed != 0) return failed;
+  if ((*lander)->pending() != 0 || (*lander)->flushes() != 1) return 28;
+  absl::StatusOr<std::shared_ptr<const PeerArena>> arena = cache->Get(name);
+  if (!arena.ok()) return 29;
+  for (uint64_t i = 0; i < pages; ++i) {
+    std::vector<uint8_t> want(lengths[i]), got(lengths[i]);
+    const auto* from = static_cast<const std::byte*>((*arena)->data()) + i * stride;
+    if (cudaMemcpy(want.data(), from, lengths[i], cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(got.data(), own.get() + i * stride, lengths[i], cudaMemcpyDeviceToHost) !=
+            cudaSuccess) {
+      return 30;
+    }
+    if (want != got) return 31;
+    if (hashes[i] != XXH3_64bits(want.data(), want.size())) return 32;
+  }
+  // Refusals at Add, nothing queued: a range past the arena's end, an arena nobody exported.
+  const LandingTarget one{{own.get(), 64}, 1, 0, {}, true};
+  const absl::Status outside =
+      (*lander)->Add({.device = name, .offset = h.bytes - 32, .length = 64}, one);
+  if (outside.code() != absl::StatusCode::kUnavailable) return 33;
+  shm::IpcRegionName bogus = name;
+  bogus.memory[10] ^= std::byte{0x5a};
+  if ((*lander)->Add({.device = bogus, .offset = 0, .length = 64}, one).code() !=
+      absl::StatusCode::kUnavailable) {
+    return 34;
+  }
+  // A host destination is not the lander's.
+  const LandingTarget host{{own.get(), 64}, 1, 0, {}, false};
+  if ((*lander)->Add({.device = name, .offset = 0, .length = 64}, host).ok()) return 35;
+  if ((*lander)->pending() != 0) return 36;
+  return 0;
+}
+
 TEST(IpcPageArenaTest, CheckRefusesAPeerOnAnotherHost) {
   IpcArenaHandle h;
   std::strcpy(h.boot_id, "00000000-0000-0000-0000-000000000000");
@@ -160,6 +236,44 @@ TEST(IpcPageArenaTest, APeerProcessReadsAndWritesTheArena) {
   EXPECT_EQ(RunPeer((*arena)->handle(), offset, length, checksum ^ 1), 16);
 }
 
+TEST(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint64_t kPagesInBatch = 37, kStride = 48 * 1024;
+  absl::StatusOr<std::unique_ptr<IpcPageArena>> arena =
+      IpcPageArena::Create(0, kPagesInBatch * kStride);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint8_t> host(kPagesInBatch * kStride);
+  std::mt19937_64 rng(std::random_device{}());
+  for (auto& b : host) b = static_cast<uint8_t>(rng());
+  ASSERT_EQ(cudaMemcpy((*arena)->data(), host.data(), host.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("PDSERVE_IPC_LANDER_PEER", HandleHex((*arena)->handle()).c_str(), 1);
+    setenv("PDSERVE_IPC_PEER_RANGE", absl::StrCat(kPagesInBatch, ",", kStride).c_str(), 1);
+    execl("/proc/self/exe", "ipc_page_lander_peer", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(CudaPageLanderTest, HandleAndNameRoundTrip) {
+  IpcArenaHandle h;
+  std::memset(&h.memory, 0x3c, sizeof(h.memory));
+  h.bytes = 12345;
+  h.offset = 512;
+  std::strcpy(h.pci_bus_id, "0000:19:00.0");
+  std::strcpy(h.boot_id, "boot-id");
+  const shm::IpcRegionName name = NameOf(h);
+  EXPECT_EQ(name.pci_bus_id, "0000:19:00.0");
+  EXPECT_EQ(name.allocation_offset, 512u);
+  const IpcArenaHandle back = HandleOf(name);
+  EXPECT_EQ(std::memcmp(&back, &h, sizeof(h)), 0);
+}
+
 TEST(IpcPageArenaTest, OpeningOnesOwnHandleFailsNamingTheCall) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<std::unique_ptr<IpcPageArena>> arena = IpcPageArena::Create(0, 1 << 20);
@@ -174,6 +288,9 @@ TEST(IpcPageArenaTest, OpeningOnesOwnHandleFailsNamingTheCall) {
 }  // namespace pdserve::kv::cuda_ipc
 
 int main(int argc, char** argv) {
+  if (const char* h = std::getenv("PDSERVE_IPC_LANDER_PEER")) {
+    return pdserve::kv::cuda_ipc::LanderPeerMain(h, std::getenv("PDSERVE_IPC_PEER_RANGE"));
+  }
   if (const char* h = std::getenv("PDSERVE_IPC_PEER_HANDLE")) {
     return pdserve::kv::cuda_ipc::PeerMain(h, std::getenv("PDSERVE_IPC_PEER_RANGE"));
   }

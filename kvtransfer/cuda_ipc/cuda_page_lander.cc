@@ -1,0 +1,156 @@
+#include "kvtransfer/cuda_ipc/cuda_page_lander.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace pdserve::kv::cuda_ipc {
+
+using engine::gpu::CudaStatus;
+
+namespace {
+
+constexpr size_t kMaxCachedArenas = 64;
+
+template <size_t N>
+void CopyName(char (&field)[N], const std::string& text) {
+  std::memset(field, 0, N);
+  std::memcpy(field, text.data(), std::min(text.size(), N - 1));
+}
+
+// Grows `array` to at least `n` elements (doubling), keeping nothing.
+template <typename Array>
+absl::Status Reserve(Array& array, size_t n) {
+  if (array.size() >= n) return absl::OkStatus();
+  return array.Allocate(std::max<size_t>(n, 2 * array.size()));
+}
+
+}  // namespace
+
+IpcArenaHandle HandleOf(const shm::IpcRegionName& name) {
+  IpcArenaHandle handle;
+  static_assert(sizeof(handle.memory) == std::tuple_size_v<decltype(name.memory)>);
+  std::memcpy(&handle.memory, name.memory.data(), name.memory.size());
+  handle.bytes = name.bytes;
+  handle.offset = name.allocation_offset;
+  CopyName(handle.pci_bus_id, name.pci_bus_id);
+  CopyName(handle.boot_id, name.boot_id);
+  return handle;
+}
+
+shm::IpcRegionName NameOf(const IpcArenaHandle& handle) {
+  shm::IpcRegionName name;
+  std::memcpy(name.memory.data(), &handle.memory, name.memory.size());
+  name.allocation_offset = handle.offset;
+  name.bytes = handle.bytes;
+  name.pci_bus_id.assign(handle.pci_bus_id, strnlen(handle.pci_bus_id, sizeof(handle.pci_bus_id)));
+  name.boot_id.assign(handle.boot_id, strnlen(handle.boot_id, sizeof(handle.boot_id)));
+  return name;
+}
+
+absl::StatusOr<std::shared_ptr<const PeerArena>> PeerArenaCache::Get(
+    const shm::IpcRegionName& name) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = cached_.begin(); it != cached_.end(); ++it) {
+    if (it->name != name) continue;
+    if (it->arena != nullptr) return it->arena;
+    if (absl::Now() - it->failed_at < retry_after_) return it->error;
+    cached_.erase(it);  // Time for another try.
+    break;
+  }
+  while (cached_.size() >= kMaxCachedArenas) cached_.erase(cached_.begin());
+  absl::StatusOr<std::unique_ptr<PeerArena>> opened = PeerArena::Open(HandleOf(name));
+  if (!opened.ok()) {
+    cached_.push_back({name, nullptr, opened.status(), absl::Now()});
+    return opened.status();
+  }
+  std::shared_ptr<const PeerArena> arena = std::move(*opened);
+  cached_.push_back({name, arena, absl::OkStatus(), absl::InfinitePast()});
+  return arena;
+}
+
+absl::StatusOr<std::unique_ptr<CudaPageLander>> CudaPageLander::Create(
+    int device, std::shared_ptr<PeerArenaCache> arenas) {
+  PDSERVE_CUDA_RETURN(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<CudaPageLander>(new CudaPageLander(device, stream, std::move(arenas)));
+}
+
+CudaPageLander::~CudaPageLander() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaPageLander::Add(const shm::PageRef& ref, const LandingTarget& target) {
+  if (!ref.device.has_value() || !target.device || ref.length != target.destination.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a page of a GPU arena for a GPU destination of its size (", ref.length,
+                     " bytes for ", target.destination.size(), ")"));
+  }
+  absl::StatusOr<std::shared_ptr<const PeerArena>> arena = arenas_->Get(*ref.device);
+  if (!arena.ok()) {
+    return absl::UnavailableError(absl::StrCat("cuda ipc: ", arena.status().message()));
+  }
+  absl::StatusOr<const void*> source = (*arena)->Range(ref.offset, ref.length);
+  if (!source.ok()) {
+    return absl::UnavailableError(absl::StrCat("cuda ipc: ", source.status().message()));
+  }
+  queued_.push_back({std::move(*arena), *source, target});
+  return absl::OkStatus();
+}
+
+absl::Status CudaPageLander::RunBatch() {
+  const size_t n = queued_.size();
+  PDSERVE_RETURN_IF_ERROR(Reserve(host_copies_, n));
+  PDSERVE_RETURN_IF_ERROR(Reserve(host_pages_, n));
+  PDSERVE_RETURN_IF_ERROR(Reserve(host_hashes_, n));
+  if (copies_.size() < n)
+    PDSERVE_RETURN_IF_ERROR(copies_.Allocate(std::max(n, 2 * copies_.size())));
+  if (pages_.size() < n) PDSERVE_RETURN_IF_ERROR(pages_.Allocate(std::max(n, 2 * pages_.size())));
+  if (hashes_.size() < n)
+    PDSERVE_RETURN_IF_ERROR(hashes_.Allocate(std::max(n, 2 * hashes_.size())));
+  for (size_t i = 0; i < n; ++i) {
+    const Queued& q = queued_[i];
+    host_copies_[i] = {q.source, q.target.destination.data(), q.target.destination.size()};
+    // The checksum reads the landed bytes (this worker's memory), not the peer's.
+    host_pages_[i] = {q.target.destination.data(), q.target.destination.size()};
+  }
+  PDSERVE_CUDA_RETURN(cudaSetDevice(device_));
+  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), host_copies_.get(),
+                                      n * sizeof(kernels::cuda::PageCopy), cudaMemcpyHostToDevice,
+                                      stream_));
+  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(pages_.get(), host_pages_.get(),
+                                      n * sizeof(kernels::cuda::Xxh3Page), cudaMemcpyHostToDevice,
+                                      stream_));
+  PDSERVE_CUDA_RETURN(kernels::cuda::copy_pages(copies_.get(), static_cast<int64_t>(n), stream_));
+  PDSERVE_CUDA_RETURN(
+      kernels::cuda::xxh3_64_pages(pages_.get(), static_cast<int64_t>(n), hashes_.get(), stream_));
+  PDSERVE_CUDA_RETURN(cudaMemcpyAsync(host_hashes_.get(), hashes_.get(), n * sizeof(uint64_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+  PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+void CudaPageLander::Flush(
+    const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) {
+  if (queued_.empty()) return;
+  ++flushes_;
+  const absl::Status status = RunBatch();
+  std::vector<Queued> batch;
+  batch.swap(queued_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (status.ok()) {
+      landed(batch[i].target, absl::OkStatus(), host_hashes_[i]);
+    } else {
+      landed(batch[i].target, absl::UnavailableError(absl::StrCat("cuda ipc: ", status.message())),
+             0);
+    }
+  }
+}
+
+}  // namespace pdserve::kv::cuda_ipc
