@@ -137,6 +137,11 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
   return result;
 }
 
+absl::Status TransferReceiver::SetDeviceLanders(const DeviceLanderFactory& make) {
+  absl::MutexLock lock(&mu_);
+  return transport_->SetDeviceLanders(make);
+}
+
 absl::Status TransferReceiver::RegisterMemory(std::span<std::byte> memory) {
   absl::MutexLock lock(&mu_);
   return transport_->RegisterMemory(memory);

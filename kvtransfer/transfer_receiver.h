@@ -148,6 +148,11 @@ class TransferReceiver final : private PageSink {
   // (the caller then lands in host pages).
   absl::StatusOr<Ticket> Expect(ReceiveSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Lets GPU destination pages (ReceiveSpec::device_pci_bus_id) land: the transport's
+  // ReceiveTransport::SetDeviceLanders. Call before the first Expect with GPU destinations.
+  // Errors: the transport's (Unimplemented for a transport without GPU landing) or the factory's.
+  absl::Status SetDeviceLanders(const DeviceLanderFactory& make) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Registers memory that destinations will point into (normally the whole page pool, once), so
   // rendezvous receives land without per-message registration. The memory must outlive the
   // receiver. Errors: the transport's (ucp_mem_map's) error.

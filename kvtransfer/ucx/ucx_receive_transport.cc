@@ -250,10 +250,11 @@ absl::Status UcxReceiveTransport::SetDeviceLanders(const DeviceLanderFactory& ma
   for (auto& handler : handlers_) {
     absl::StatusOr<std::unique_ptr<shm::DevicePageLander>> lander = make();
     if (!lander.ok()) return lander.status();
-    handler->lander = std::move(*lander);
-    // The lane lands its batch of pulled GPU pages whenever it has delivered what had arrived.
+    // Under the lane's mutex: its thread may be running handlers already.
     Handler* h = handler.get();
     absl::MutexLock lock(&h->lane->mu());
+    h->lander = std::move(*lander);
+    // The lane lands its batch of pulled GPU pages whenever it has delivered what had arrived.
     h->lane->SetAfterProgress([this, h] { FlushLander(*h); });
   }
   return absl::OkStatus();
