@@ -639,6 +639,47 @@ absl::Status GpuModel::EnqueueStagedLayer(int64_t slot, int64_t layer, StateStag
   return absl::OkStatus();
 }
 
+absl::Status GpuModel::EnqueueStagedLayerOnDevice(int64_t slot, int64_t layer,
+                                                  const DeviceLayerEnqueue& enqueue) {
+  Impl& m = *impl_;
+  PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const staged, StagedImportOf(m, slot));
+  Impl::StagedImport& import = *staged;
+  if (layer < 0 || layer >= static_cast<int64_t>(m.layers.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: layer ", layer, " outside [0, ", m.layers.size(), ")"));
+  }
+  if (import.enqueued[static_cast<size_t>(layer)]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GpuModel: layer ", layer, " of slot ", slot, "'s import was enqueued"));
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  PDSERVE_ASSIGN_OR_RETURN(const DeviceLayerBlocks blocks,
+                           SlotLayerBlocks(slot, layer, import.position));
+  // The unread rows as a fresh pool's (ImportLayers' NaN, another payload): whole blocks first,
+  // then the copies of the rows a forward reads land over them in stream order.
+  const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
+  auto fill = [&](void* to, int64_t bytes) -> absl::Status {
+    if (to == nullptr || bytes == 0) return absl::OkStatus();
+    return CudaStatus(cudaMemsetAsync(to, 0xFF, static_cast<size_t>(bytes), m.import_stream),
+                      "EnqueueStagedLayerOnDevice");
+  };
+  PDSERVE_RETURN_IF_ERROR(
+      fill(blocks.window, g.window * g.head_dim * static_cast<int64_t>(sizeof(bf16))));
+  for (auto [cg, cb] :
+       {std::pair{&g.compressor, &blocks.compressor}, std::pair{&g.indexer, &blocks.indexer}}) {
+    if (!cg->present()) continue;
+    const int64_t ring = 2 * cg->rate * cg->width() * static_cast<int64_t>(sizeof(float));
+    PDSERVE_RETURN_IF_ERROR(fill(cb->ring_kv, ring));
+    PDSERVE_RETURN_IF_ERROR(fill(cb->ring_gate, ring));
+    PDSERVE_RETURN_IF_ERROR(
+        fill(cb->tail, cb->tail_rows * cb->dim * static_cast<int64_t>(sizeof(bf16))));
+  }
+  PDSERVE_RETURN_IF_ERROR(enqueue(blocks, import.position, m.import_stream));
+  import.enqueued[static_cast<size_t>(layer)] = 1;
+  if (--import.left == 0) PDSERVE_CUDA_RETURN(cudaEventRecord(import.copied, m.import_stream));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> GpuModel::StagedImportCopied(int64_t slot) {
   Impl& m = *impl_;
   PDSERVE_ASSIGN_OR_RETURN(const Impl::StagedImport* const import, StagedImportOf(m, slot));
