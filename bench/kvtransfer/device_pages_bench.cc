@@ -6,7 +6,8 @@
 //     checksums on the GPU (store+xxh3) and without (store);
 //   load: device pages -> slot 1 (BeginStagedImport, LoadLayer of every layer with the source
 //     pages' checksums, FinishStagedImport), as D from a peer's mapped arena;
-// each timed on the host from the first call to the model's stream synchronized (planning,
+// checksums over the pages the runs write (those a transfer sends); each timed on the host from
+// the first call to the model's stream synchronized (planning,
 // descriptor upload and launches included). GB/s = page bytes (every page holding a row of the
 // state at p, whole pages: what the transfer sends) / time, beside floor (a): cudaMemcpy device ->
 // pinned host -> device of the same bytes (as gpu_state_transfer_bench's). "state MB" is the bytes
@@ -127,10 +128,12 @@ absl::Status Run(const Flags& flags) {
                              runtime::DeviceStatePages::Create(gpu.get(), layout, total));
     Arena arena;
     PDSERVE_RETURN_IF_ERROR(MakeArena(layout, total, &arena));
-    // Page bytes: every page a run writes, whole; the checksums: every page of every layer.
+    // The pages sent: every page a run writes (whole pages: their bytes are the GB/s' bytes), each
+    // checksummed, as the transfer plan's pages of the prompt.
     size_t page_bytes = 0;
     size_t checksum_count = 0;
     std::vector<size_t> first_checksum;
+    std::vector<std::vector<runtime::PagedState::PageId>> checksum_pages;
     const engine::RingGeometry geometry = engine::RingGeometryFor(config, options.max_context, 64);
     for (int64_t l = 0; l < flags.layers; ++l) {
       PDSERVE_ASSIGN_OR_RETURN(
@@ -138,12 +141,14 @@ absl::Status Run(const Flags& flags) {
           device->paged().PlanPageRuns(l, geometry.layers[static_cast<size_t>(l)], length));
       std::set<std::pair<int, int64_t>> touched;
       for (const auto& run : runs) touched.insert({static_cast<int>(run.kind), run.page});
-      for (const auto& [kind, page] : touched) {
-        page_bytes +=
-            static_cast<size_t>(layout.Kind(static_cast<serving::StateKind>(kind)).page_bytes());
-      }
       first_checksum.push_back(checksum_count);
-      checksum_count += device->LayerPages(l).size();
+      checksum_pages.emplace_back();
+      for (const auto& [kind, page] : touched) {
+        const auto state_kind = static_cast<serving::StateKind>(kind);
+        page_bytes += static_cast<size_t>(layout.Kind(state_kind).page_bytes());
+        checksum_pages.back().push_back({state_kind, page});
+      }
+      checksum_count += checksum_pages.back().size();
     }
     DeviceArray<uint64_t> checksums;
     PDSERVE_RETURN_IF_ERROR(checksums.Allocate(checksum_count));
@@ -157,7 +162,10 @@ absl::Status Run(const Flags& flags) {
         for (int64_t l = 0; l < flags.layers; ++l) {
           PDSERVE_RETURN_IF_ERROR(device->StoreLayer(
               0, l, length, arena.pages,
-              hash ? checksums.get() + first_checksum[static_cast<size_t>(l)] : nullptr));
+              hash ? runtime::DevicePageChecksums{checksum_pages[static_cast<size_t>(l)],
+                                                  checksums.get() +
+                                                      first_checksum[static_cast<size_t>(l)]}
+                   : runtime::DevicePageChecksums{}));
           state_bytes += device->last_copied_bytes();
         }
         PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));
@@ -169,8 +177,10 @@ absl::Status Run(const Flags& flags) {
       const Clock::time_point start = Clock::now();
       PDSERVE_RETURN_IF_ERROR(gpu->BeginStagedImport(1, length));
       for (int64_t l = 0; l < flags.layers; ++l) {
-        PDSERVE_RETURN_IF_ERROR(device->LoadLayer(
-            1, l, arena.pages, checksums.get() + first_checksum[static_cast<size_t>(l)]));
+        PDSERVE_RETURN_IF_ERROR(
+            device->LoadLayer(1, l, arena.pages,
+                              {checksum_pages[static_cast<size_t>(l)],
+                               checksums.get() + first_checksum[static_cast<size_t>(l)]}));
       }
       PDSERVE_RETURN_IF_ERROR(gpu->FinishStagedImport(1));
       PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream));

@@ -65,6 +65,17 @@ absl::StatusOr<std::unique_ptr<DeviceStatePages>> DeviceStatePages::Create(
         "DeviceStatePages: device pages are copied as bytes, so they need a bf16 layout (the "
         "CUDA engine's storage)");
   }
+  PDSERVE_ASSIGN_OR_RETURN(const serving::StateLayout own,
+                           LayoutForModel(model->config(), layout.dims().entries_per_page,
+                                          serving::ElementType::kBfloat16));
+  const serving::StateDims& a = own.dims();
+  const serving::StateDims& b = layout.dims();
+  if (a.sliding_layers != b.sliding_layers || a.csa_layers != b.csa_layers ||
+      a.hca_layers != b.hca_layers || a.head_dim != b.head_dim ||
+      a.index_head_dim != b.index_head_dim || a.sliding_window != b.sliding_window ||
+      a.compress_rate_csa != b.compress_rate_csa || a.compress_rate_hca != b.compress_rate_hca) {
+    return absl::InvalidArgumentError("DeviceStatePages: the layout is not the model's");
+  }
   if (total_tokens < 1 || total_tokens > model->max_context()) {
     return absl::InvalidArgumentError(absl::StrCat("DeviceStatePages: total_tokens ", total_tokens,
                                                    " outside [1, max_context ",
@@ -152,15 +163,16 @@ absl::Status DeviceStatePages::Resolve(const std::vector<PagedState::PageRun>& r
 }
 
 absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
-                                      const DeviceSequencePages* hash_pages, int64_t layer,
-                                      uint64_t* checksums, void* stream) {
+                                      const DeviceSequencePages& pages,
+                                      const DevicePageChecksums& checksums, void* stream) {
   const auto on = static_cast<cudaStream_t>(stream);
+  if (!checksums.pages.empty() && checksums.out == nullptr) {
+    return absl::InvalidArgumentError("DeviceStatePages: checksum pages without an output array");
+  }
   std::vector<kc::Xxh3Page> hashes;
-  if (hash_pages != nullptr && checksums != nullptr) {
-    for (const PagedState::PageId& id : paged_.LayerPages(layer)) {
-      PDSERVE_ASSIGN_OR_RETURN(std::byte* const page, PageAddress(*hash_pages, id.kind, id.page));
-      hashes.push_back({page, static_cast<uint64_t>(layout_.Kind(id.kind).page_bytes())});
-    }
+  for (const PagedState::PageId& id : checksums.pages) {
+    PDSERVE_ASSIGN_OR_RETURN(std::byte* const page, PageAddress(pages, id.kind, id.page));
+    hashes.push_back({page, static_cast<uint64_t>(layout_.Kind(id.kind).page_bytes())});
   }
   Batch& batch = *batches_[next_batch_];
   next_batch_ = (next_batch_ + 1) % batches_.size();
@@ -195,7 +207,7 @@ absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
   if (!hashes.empty()) {
     PDSERVE_RETURN_IF_ERROR(CudaStatus(
         kc::xxh3_64_pages(reinterpret_cast<const kc::Xxh3Page*>(batch.device.get() + hash_at),
-                          static_cast<int64_t>(hashes.size()), checksums, on),
+                          static_cast<int64_t>(hashes.size()), checksums.out, on),
         "xxh3_64_pages"));
   }
   PDSERVE_CUDA_RETURN(cudaEventRecord(batch.event, on));
@@ -203,8 +215,8 @@ absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
 }
 
 absl::Status DeviceStatePages::StoreLayer(int64_t slot, int64_t layer, int64_t position,
-                                          const DeviceSequencePages& pages, uint64_t* checksums,
-                                          void* stream) {
+                                          const DeviceSequencePages& pages,
+                                          const DevicePageChecksums& checksums, void* stream) {
   PDSERVE_ASSIGN_OR_RETURN(const engine::gpu::DeviceLayerBlocks blocks,
                            model_->SlotLayerBlocks(slot, layer, position));
   PDSERVE_ASSIGN_OR_RETURN(
@@ -212,12 +224,12 @@ absl::Status DeviceStatePages::StoreLayer(int64_t slot, int64_t layer, int64_t p
       paged_.PlanPageRuns(layer, geometry_.layers[static_cast<size_t>(layer)], position));
   std::vector<Copy> copies;
   PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/true, &copies));
-  return Launch(copies, &pages, layer, checksums,
-                stream != nullptr ? stream : model_->cuda_stream());
+  return Launch(copies, pages, checksums, stream != nullptr ? stream : model_->cuda_stream());
 }
 
 absl::Status DeviceStatePages::LoadLayer(int64_t slot, int64_t layer,
-                                         const DeviceSequencePages& pages, uint64_t* checksums) {
+                                         const DeviceSequencePages& pages,
+                                         const DevicePageChecksums& checksums) {
   if (layer < 0 || layer >= static_cast<int64_t>(geometry_.layers.size())) {
     return absl::InvalidArgumentError(absl::StrCat("DeviceStatePages: layer ", layer,
                                                    " outside [0, ", geometry_.layers.size(), ")"));
@@ -231,7 +243,7 @@ absl::Status DeviceStatePages::LoadLayer(int64_t slot, int64_t layer,
             paged_.PlanPageRuns(layer, geometry_.layers[static_cast<size_t>(layer)], position));
         std::vector<Copy> copies;
         PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/false, &copies));
-        return Launch(copies, &pages, layer, checksums, stream);
+        return Launch(copies, pages, checksums, stream);
       });
 }
 

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,13 +47,23 @@ struct DeviceSequencePages {
   std::vector<std::vector<std::byte*>> pages;
 };
 
+// Page checksums to compute on the GPU after the copies: out[i] = XXH3_64bits (seed 0) of the
+// whole payload of pages[i] (page_bytes() of its kind; libxxhash's value, as
+// kv::PayloadChecksum of the same bytes). `out`: device memory of pages.size() uint64 values.
+// The protocol chooses the pages and their order (e.g. kv::PlanTransfer's pages of the layer,
+// in slot order); empty: none.
+struct DevicePageChecksums {
+  std::span<const PagedState::PageId> pages;
+  uint64_t* out = nullptr;
+};
+
 class DeviceStatePages {
  public:
   // For slots of `model` holding sequences of `total_tokens` tokens (prompt + max_tokens, which
   // fixes the entry pages of each layer, as PagedState) in pages of `layout`, which must be a
   // bf16 layout of the model's config (LayoutForModel(model->config(), E, kBfloat16)). `model`
-  // and `layout` must outlive this object. InvalidArgument for an fp32 layout or total_tokens
-  // outside [1, max_context]; Internal for a CUDA error (an event).
+  // and `layout` must outlive this object. InvalidArgument for an fp32 layout, a layout of other
+  // dimensions or total_tokens outside [1, max_context]; Internal for a CUDA error (an event).
   static absl::StatusOr<std::unique_ptr<DeviceStatePages>> Create(
       engine::gpu::GpuModel* model, const serving::StateLayout& layout, int64_t total_tokens);
   // Waits for the descriptor uploads still in flight (not for the copies' streams otherwise).
@@ -62,39 +73,38 @@ class DeviceStatePages {
 
   const PagedState& paged() const { return paged_; }
   const serving::StateLayout& layout() const { return layout_; }
-  // The pages of layer `layer` whose checksums StoreLayer writes, in that order
-  // (PagedState::LayerPages: kind order, then page order).
+  // Every page of layer `layer` (PagedState::LayerPages: kind order, then page order), e.g. for
+  // DevicePageChecksums::pages.
   std::vector<PagedState::PageId> LayerPages(int64_t layer) const {
     return paged_.LayerPages(layer);
   }
 
   // P's side: enqueues on `stream` (a cudaStream_t; null: the model's stream) the copies of layer
   // `layer` of slot `slot` at `position` into `pages` (exactly StoreLayerRing's bytes: the other
-  // bytes of the pages are left as they were), then checksums[i] = XXH3_64bits of the whole
-  // payload of LayerPages(layer)[i] (libxxhash's, as kv::PayloadChecksum of the same bytes), and
-  // returns without waiting. `checksums`: device memory, LayerPages(layer).size() uint64 values;
-  // null: no checksums. REQUIRES: when `stream` reaches the copies, the slot holds its state at
-  // `position` (e.g. Position(slot), or a Forward to it enqueued before on the model's stream;
-  // a stream of the caller's waits for that itself). InvalidArgument for a bad slot, layer or
-  // position (GpuModel::SlotLayerBlocks', PagedState's); OutOfRange when `pages` lacks a page
-  // the layer uses; Internal for a CUDA error.
+  // bytes of the pages are left as they were; one copy_pages launch), then `checksums` of those
+  // pages (one xxh3_64_pages launch), and returns without waiting. REQUIRES: when `stream`
+  // reaches the copies, the slot holds its state at `position` (e.g. Position(slot), or a
+  // Forward to it enqueued before on the model's stream; a stream of the caller's waits for that
+  // itself). InvalidArgument for a bad slot, layer or position (GpuModel::SlotLayerBlocks',
+  // PagedState's) or checksum pages without `out`; OutOfRange when `pages` lacks a page the
+  // layer's rows or a checksum name; Internal for a CUDA error. Nothing is enqueued on an error
+  // found before the launches.
   absl::Status StoreLayer(int64_t slot, int64_t layer, int64_t position,
-                          const DeviceSequencePages& pages, uint64_t* checksums,
-                          void* stream = nullptr);
+                          const DeviceSequencePages& pages,
+                          const DevicePageChecksums& checksums = {}, void* stream = nullptr);
 
   // D's side: layer `layer` of the staged import in progress on slot `slot` (at the position
   // BeginStagedImport gave) from `pages`, through GpuModel::EnqueueStagedLayerOnDevice: on the
   // model's import stream, the layer's unread rows set to NaN, then one copy_pages launch of
   // exactly LoadLayerRing's rows (window rows of the last min(p, W - 1) positions, the rings'
   // open-window rows and, for an overlapping compressor at p >= m, columns [0, dim) of the
-  // previous window's rows, entry rows 0 .. p / m - 1), then, with `checksums` (device memory,
-  // LayerPages(layer).size() values), the XXH3-64 of each source page as StoreLayer's (what D
-  // compares with the page headers' checksums; the copies read the same bytes). Returns without
-  // waiting; the caller finishes (or cancels) the import. Errors: EnqueueStagedLayerOnDevice's
-  // (FailedPrecondition without a Begin or for a layer enqueued twice), OutOfRange for a missing
-  // page, Internal for a CUDA error (the caller cancels).
+  // previous window's rows, entry rows 0 .. p / m - 1), then `checksums` of the source pages
+  // (what D compares with the page headers' checksums; the copies read the same bytes). Returns
+  // without waiting; the caller finishes (or cancels) the import. Errors:
+  // EnqueueStagedLayerOnDevice's (FailedPrecondition without a Begin or for a layer enqueued
+  // twice), StoreLayer's for the pages and checksums (the caller cancels).
   absl::Status LoadLayer(int64_t slot, int64_t layer, const DeviceSequencePages& pages,
-                         uint64_t* checksums = nullptr);
+                         const DevicePageChecksums& checksums = {});
 
   // BeginStagedImport(slot, position), LoadLayer of every layer, FinishStagedImport: slot `slot`
   // continues at `position` from `pages`. Does not wait for the copies (the model's next step
@@ -118,10 +128,10 @@ class DeviceStatePages {
                        const DeviceSequencePages& pages,
                        const engine::gpu::DeviceLayerBlocks& blocks, bool to_pages,
                        std::vector<Copy>* copies) const;
-  // Uploads `copies` and the hash pages of `hash` (layer `layer`'s pages) in one copy, launches
-  // copy_pages and, with `checksums`, xxh3_64_pages, on `stream`.
-  absl::Status Launch(const std::vector<Copy>& copies, const DeviceSequencePages* hash_pages,
-                      int64_t layer, uint64_t* checksums, void* stream);
+  // Uploads the descriptors of `copies` and of `checksums`' pages (in `pages`) in one copy, then
+  // launches copy_pages and xxh3_64_pages on `stream`.
+  absl::Status Launch(const std::vector<Copy>& copies, const DeviceSequencePages& pages,
+                      const DevicePageChecksums& checksums, void* stream);
   absl::StatusOr<std::byte*> PageAddress(const DeviceSequencePages& pages, serving::StateKind kind,
                                          int64_t page) const;
 

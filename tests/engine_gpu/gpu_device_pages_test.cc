@@ -104,19 +104,21 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
   void ExpectDevicePagesEqualHostPages(GpuModel& gpu, DeviceStatePages& device,
                                        const TwinPages& pages, int64_t p) {
     const serving::StateLayout& layout = device.layout();
-    const PagedState& paged = device.paged();
     const int64_t layers = model_.config.num_hidden_layers;
+    std::vector<std::vector<PagedState::PageId>> ids;
     std::vector<size_t> first_checksum;
     size_t checksums = 0;
     for (int64_t l = 0; l < layers; ++l) {
+      ids.push_back(device.LayerPages(l));
       first_checksum.push_back(checksums);
-      checksums += paged.LayerPages(l).size();
+      checksums += ids.back().size();
     }
     uint64_t* gpu_checksums = nullptr;
     ASSERT_EQ(cudaMalloc(&gpu_checksums, checksums * sizeof(uint64_t)), cudaSuccess);
     for (int64_t l = 0; l < layers; ++l) {
-      const absl::Status stored = device.StoreLayer(
-          0, l, p, pages.device, gpu_checksums + first_checksum[static_cast<size_t>(l)]);
+      const auto i = static_cast<size_t>(l);
+      const absl::Status stored =
+          device.StoreLayer(0, l, p, pages.device, {ids[i], gpu_checksums + first_checksum[i]});
       ASSERT_TRUE(stored.ok()) << stored;
     }
     ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu.cuda_stream())), cudaSuccess);
@@ -126,20 +128,18 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
         cudaSuccess);
     cudaFree(gpu_checksums);
     for (int64_t l = 0; l < layers; ++l) {
-      const std::vector<PagedState::PageId> ids = paged.LayerPages(l);
-      for (size_t i = 0; i < ids.size(); ++i) {
-        const int k = *layout.KindIndex(ids[i].kind);
-        const std::span<std::byte> want = pages.host.pages[k][ids[i].page];
+      for (size_t i = 0; i < ids[static_cast<size_t>(l)].size(); ++i) {
+        const PagedState::PageId id = ids[static_cast<size_t>(l)][i];
+        const int k = *layout.KindIndex(id.kind);
+        const std::span<std::byte> want = pages.host.pages[k][id.page];
         std::vector<std::byte> bytes(want.size());
-        ASSERT_EQ(cudaMemcpy(bytes.data(), pages.device.pages[k][ids[i].page], bytes.size(),
+        ASSERT_EQ(cudaMemcpy(bytes.data(), pages.device.pages[k][id.page], bytes.size(),
                              cudaMemcpyDeviceToHost),
                   cudaSuccess);
         ASSERT_EQ(std::memcmp(bytes.data(), want.data(), bytes.size()), 0)
-            << "layer " << l << " " << serving::StateKindName(ids[i].kind) << " page "
-            << ids[i].page;
+            << "layer " << l << " " << serving::StateKindName(id.kind) << " page " << id.page;
         ASSERT_EQ(got[first_checksum[static_cast<size_t>(l)] + i], kv::PayloadChecksum(want))
-            << "layer " << l << " " << serving::StateKindName(ids[i].kind) << " page "
-            << ids[i].page;
+            << "layer " << l << " " << serving::StateKindName(id.kind) << " page " << id.page;
       }
     }
   }
@@ -234,9 +234,9 @@ TEST_P(GpuDevicePagesTest, RefusesWhatItCannotCopy) {
   PrefillSlot(model_, *gpu, 0, 40);
   DeviceSequencePages short_pages = pages.device;
   short_pages.pages[0].clear();  // no window pages
-  EXPECT_TRUE(absl::IsOutOfRange((*device)->StoreLayer(0, 0, 40, short_pages, nullptr)));
+  EXPECT_TRUE(absl::IsOutOfRange((*device)->StoreLayer(0, 0, 40, short_pages)));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      (*device)->StoreLayer(0, model_.config.num_hidden_layers, 40, pages.device, nullptr)));
+      (*device)->StoreLayer(0, model_.config.num_hidden_layers, 40, pages.device)));
   EXPECT_TRUE(absl::IsFailedPrecondition((*device)->LoadLayer(1, 0, pages.device)));
   // A failed import leaves the slot reset.
   EXPECT_TRUE(absl::IsOutOfRange((*device)->ImportSlot(1, 40, short_pages)));
