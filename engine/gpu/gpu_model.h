@@ -449,6 +449,19 @@ class GpuModel {
                                      StateStaging* staging,
                                      ChunkLogits rows = ChunkLogits::kAllRows);
   absl::StatusOr<Tensor> FinishForward();
+  // BeginForwardExporting for state pages in device memory (runtime/cuda/device_state_pages.h,
+  // the same-host device-to-device path): right after each layer l's attention (which writes
+  // all of l's state) is enqueued, `layer_final(l, position, stream)` is called on this thread
+  // with the slot's position after this call and the model's copy stream (a cudaStream_t),
+  // which then waits for that point: what the caller enqueues there (the layer's gather into
+  // device pages and their checksums: DeviceStatePages::StoreLayer) runs while layers l + 1 ..
+  // compute. FinishForward must follow, also after an error; it orders the model's stream after
+  // the copy stream, so work enqueued after it sees the gathers done. Errors as Forward's, and
+  // `layer_final`'s (the chunk's later layers are then not enqueued: reset the slot).
+  using LayerFinal = std::function<absl::Status(int64_t layer, int64_t position, void* stream)>;
+  absl::Status BeginForwardStoring(int64_t slot, const std::vector<int32_t>& tokens,
+                                   const LayerFinal& layer_final,
+                                   ChunkLogits rows = ChunkLogits::kAllRows);
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
   // logits [slots.size(), vocab_size]. The batch runs padded to the smallest bucket holding
@@ -488,6 +501,12 @@ class GpuModel {
   // Forward's checks and its enqueued work, not waited for (FinishForward waits).
   absl::Status BeginForward(int64_t slot, const std::vector<int32_t>& tokens, int64_t group_rows,
                             ChunkLogits rows);
+  // BeginForward with every layer's attention marked (Impl::layer_attended, on the model's
+  // stream) and then `marked(layer, position after the call)` called, for BeginForwardExporting
+  // and BeginForwardStoring (which check their own arguments first); attended_slot set.
+  absl::Status BeginForwardMarked(
+      int64_t slot, const std::vector<int32_t>& tokens, ChunkLogits rows,
+      const std::function<absl::Status(int64_t layer, int64_t position)>& marked);
   // ExportLayerAsync's copies of layer `layer` at slot position `position`, enqueued on the
   // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
   absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,

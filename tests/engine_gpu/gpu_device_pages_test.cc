@@ -41,8 +41,15 @@ struct TwinPages {
   std::unique_ptr<serving::PagePool> pool;
   runtime::SequencePages host;
   void* arena = nullptr;
+  size_t arena_bytes = 0;
   DeviceSequencePages device;
   ~TwinPages() { cudaFree(arena); }
+
+  std::vector<std::byte> ArenaBytes() const {
+    std::vector<std::byte> out(arena_bytes);
+    EXPECT_EQ(cudaMemcpy(out.data(), arena, arena_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
 
   void Allocate(const serving::StateLayout& layout, int64_t total) {
     pool = *serving::PagePool::Create(layout.PoolOptions(1, total));
@@ -52,6 +59,7 @@ struct TwinPages {
     for (const auto& kind : host.pages) {
       for (const auto& page : kind) bytes += (page.size() + 255) / 256 * 256;
     }
+    arena_bytes = bytes;
     ASSERT_EQ(cudaMalloc(&arena, bytes), cudaSuccess);
     ASSERT_EQ(cudaMemset(arena, 0, bytes), cudaSuccess);
     size_t at = 0;
@@ -212,6 +220,71 @@ TEST_P(GpuDevicePagesTest, DevicePagesEqualTheHostPathBothWays) {
       ExpectImportsEqual(*gpu, **staging, *device, pages, p, next);
     }
   }
+}
+
+// P's overlap: the gathers enqueued on the copy stream right after each layer's attention of the
+// prompt's last chunk (GpuModel::BeginForwardStoring) write the same pages and checksums as
+// StoreLayer after the whole forward, and the chunk's logits are a plain Forward's.
+TEST_P(GpuDevicePagesTest, StoringDuringTheLastChunkEqualsStoringAfterIt) {
+  auto gpu = MakeGpu(model_, 2, 64);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t total = gpu->max_context();
+  const int64_t layers = model_.config.num_hidden_layers;
+  auto layout = runtime::LayoutForModel(model_.config, 64, serving::ElementType::kBfloat16);
+  ASSERT_TRUE(layout.ok());
+  auto device = DeviceStatePages::Create(gpu.get(), *layout, total);
+  ASSERT_TRUE(device.ok()) << device.status();
+  std::vector<std::vector<PagedState::PageId>> ids;
+  size_t count = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    ids.push_back((*device)->LayerPages(l));
+    count += ids.back().size();
+  }
+  uint64_t* checksums = nullptr;  // [2, count]: during, after
+  ASSERT_EQ(cudaMalloc(&checksums, 2 * count * sizeof(uint64_t)), cudaSuccess);
+  const std::vector<int32_t>& text = model_.prompts.back();
+  for (int64_t p : {int64_t{1}, int64_t{13}, int64_t{129}, int64_t{300}}) {
+    SCOPED_TRACE(p);
+    const int64_t first = std::max<int64_t>(p - 13, 0);
+    std::vector<int32_t> last;
+    for (int64_t i = first; i < p; ++i) last.push_back(text[static_cast<size_t>(i) % text.size()]);
+    TwinPages during;
+    TwinPages after;
+    during.Allocate(*layout, total);
+    after.Allocate(*layout, total);
+    PrefillSlot(model_, *gpu, 1, first);
+    auto want = gpu->Forward(1, last);
+    ASSERT_TRUE(want.ok()) << want.status();
+    PrefillSlot(model_, *gpu, 0, first);
+    std::vector<size_t> at(1, 0);
+    for (const auto& layer_ids : ids) at.push_back(at.back() + layer_ids.size());
+    ASSERT_TRUE(gpu->BeginForwardStoring(0, last,
+                                         [&](int64_t layer, int64_t position, void* stream) {
+                                           const auto l = static_cast<size_t>(layer);
+                                           return (*device)->StoreLayer(
+                                               0, layer, position, during.device,
+                                               {ids[l], checksums + at[l]}, stream);
+                                         })
+                    .ok());
+    auto got = gpu->FinishForward();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->data.size(), want->data.size());
+    EXPECT_EQ(std::memcmp(got->ptr(), want->ptr(), want->data.size() * sizeof(float)), 0);
+    for (int64_t l = 0; l < layers; ++l) {
+      const auto i = static_cast<size_t>(l);
+      ASSERT_TRUE(
+          (*device)->StoreLayer(0, l, p, after.device, {ids[i], checksums + count + at[i]}).ok());
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(during.ArenaBytes() == after.ArenaBytes());
+    std::vector<uint64_t> sums(2 * count);
+    ASSERT_EQ(
+        cudaMemcpy(sums.data(), checksums, sums.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    EXPECT_TRUE(std::equal(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(count),
+                           sums.begin() + static_cast<std::ptrdiff_t>(count)));
+  }
+  cudaFree(checksums);
 }
 
 // The refusals: an fp32 layout, a sequence longer than the model's context, a page the sequence

@@ -14,7 +14,10 @@
 #   3. SANITIZE=1 (default): compute-sanitizer memcheck on device_pages_bench at 2 layers and 4099
 #      tokens (open compressor windows, every kind of run; no forward, so it is quick), at most
 #      40 s (a timeout is reported as such, not as a failure);
-#   4. prints a short table last.
+#   4. GUARD (default '*GpuStateStaging*:*LastRowLogits*:*GpuPrefill*'): the host path's tests
+#      over the refactored BeginForwardExporting (now BeginForwardMarked's), in the time left of
+#      225 s (a timeout is reported as such);
+#   5. prints a short table last.
 # Make the pack here (worktree root, after building the two targets):
 #   cmake --build build --target engine_gpu_tests device_pages_bench -j2
 #   tools/gpu/pack_binaries.sh .device-carry/devpages57 build/tests/engine_gpu/engine_gpu_tests \
@@ -23,7 +26,8 @@
 # then `tools/gpu/device_tree.sh tests` (the tree under the 64 MiB limit with the pack, ~13 MB),
 # carry .device-carry/devpages57.tar.xz, and `tools/gpu/device_tree.sh restore` afterwards.
 # Environment: OUT (default gpu-out; logs there), PACK, FILTER, LENGTHS, LAYERS, REPEATS (5),
-# SANITIZE. Expected time: tests ~60 s, bench ~60 s, memcheck <= 40 s: under 200 s (limit 240).
+# SANITIZE, GUARD (empty: none). Expected time: tests ~60 s, bench ~60 s, memcheck <= 40 s, the
+# guard what is left: at most 230 s (limit 240).
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -75,6 +79,19 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     124) summary+=("memcheck: timed out after 40 s (no verdict)") ;;
     *) summary+=("memcheck: rc=$rc $(grep -m1 'ERROR SUMMARY' "$out/memcheck.log")") ;;
   esac
+fi
+
+guard=${GUARD:-*GpuStateStaging*:*LastRowLogits*:*GpuPrefill*}
+left=$((225 - (SECONDS - t0)))
+if [ -n "$guard" ] && [ "$left" -gt 10 ]; then
+  start=$SECONDS
+  PDSERVE_SOURCE_DIR=$PWD timeout "$left" engine_gpu_tests --gtest_filter="$guard" \
+    > "$out/guard.log" 2>&1
+  rc=$?
+  grep -E "^\[  FAILED|Failure" "$out/guard.log" | head -10
+  summary+=("guard ($guard): rc=$rc $((SECONDS - start)) s (limit $left s) $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/guard.log" | tr '\n' ' ')")
+else
+  summary+=("guard: not run ($left s left)")
 fi
 
 echo
