@@ -12,7 +12,9 @@
 //
 //   P (prefill): StoreLayer(slot, layer, position, pages, checksums, stream) after the forward that
 //     made the layer final is enqueued (the model's stream, or a stream ordered after it):
-//     device slot -> device pages (an IpcPageArena's), then their checksums.
+//     device slot -> device pages (an IpcPageArena's), then their checksums. For the prompt's
+//     last chunk, GpuModel::BeginForwardStoring calls it per layer on the copy stream right after
+//     that layer's attention, so the gathers overlap the later layers' compute.
 //   D (decode): inside a staged import of the slot (GpuModel::BeginStagedImport(slot, position)
 //     .. FinishStagedImport(slot)), LoadLayer(slot, layer, pages) per layer, in any order, from
 //     device pages (a peer's mapped arena): the slot then holds, bit for bit on every row a
