@@ -223,22 +223,20 @@ absl::Status PagedState::StoreLayer(int64_t layer, const engine::LayerState& ls,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<PagedState::RowRun>> PagedState::PlanRowRuns(
-    int64_t layer, const engine::RingLayerGeometry& g, int64_t position,
-    const SequencePages& pages) const {
+absl::StatusOr<std::vector<PagedState::SlotRun>> PagedState::PlanSlotRuns(
+    int64_t layer, const engine::RingLayerGeometry& g, int64_t position) const {
   PDSERVE_RETURN_IF_ERROR(CheckLayerPosition(layer, position));
   const int64_t p = position;
   const int64_t hd = config_.head_dim;
   const int64_t ihd = config_.index_head_dim;
-  std::vector<RowRun> runs;
+  std::vector<SlotRun> runs;
   // Window: the ring's row q % W holds position q, the page's row q % sliding_window; the last
   // min(p, W - 1) positions are kept. A run ends where either wraps.
   const int64_t page_window = config_.sliding_window;
   for (int64_t q = p - std::min(p, std::max<int64_t>(g.window - 1, 0)); q < p;) {
     const int64_t rows = std::min({p - q, g.window - q % g.window, page_window - q % page_window});
-    PDSERVE_ASSIGN_OR_RETURN(RowRef row,
-                             Row(pages, StateKind::kWindow, layout_.WindowSlot(layer, q)));
-    runs.push_back({row, RowRun::kWindow, q % g.window * hd, rows * hd});
+    runs.push_back({StateKind::kWindow, layout_.WindowSlot(layer, q), RowRun::kWindow,
+                    q % g.window * hd, rows * hd});
     q += rows;
   }
   const LayerInfo& info = layers_[static_cast<size_t>(layer)];
@@ -247,23 +245,121 @@ absl::StatusOr<std::vector<PagedState::RowRun>> PagedState::PlanRowRuns(
   const int64_t rate = config_.CompressRate(info.type);
   // Entries: entry e is row e % E of the layer's page e / E, row e of the block.
   const int64_t per_page = layout_.dims().entries_per_page;
-  auto entries = [&](RowRun::Block block, int64_t width) -> absl::Status {
+  auto entries = [&](RowRun::Block block, int64_t width) {
     for (int64_t e = 0; e < p / rate;) {
       const int64_t rows = std::min(p / rate - e, per_page - e % per_page);
-      PDSERVE_ASSIGN_OR_RETURN(
-          RowRef row,
-          block == RowRun::kEntries
-              ? Row(pages, StateKind::kCompressed,
-                    layout_.CompressedSlot(csa, info.nth, e, total_tokens_))
-              : Row(pages, StateKind::kIndexer, layout_.IndexerSlot(info.nth, e, total_tokens_)));
-      runs.push_back({row, block, e * width, rows * width});
+      runs.push_back(block == RowRun::kEntries
+                         ? SlotRun{StateKind::kCompressed,
+                                   layout_.CompressedSlot(csa, info.nth, e, total_tokens_), block,
+                                   e * width, rows * width}
+                         : SlotRun{StateKind::kIndexer,
+                                   layout_.IndexerSlot(info.nth, e, total_tokens_), block,
+                                   e * width, rows * width});
       e += rows;
     }
-    return absl::OkStatus();
   };
-  PDSERVE_RETURN_IF_ERROR(entries(RowRun::kEntries, hd));
-  if (csa) PDSERVE_RETURN_IF_ERROR(entries(RowRun::kIndexerEntries, ihd));
+  entries(RowRun::kEntries, hd);
+  if (csa) entries(RowRun::kIndexerEntries, ihd);
   return runs;
+}
+
+absl::StatusOr<std::vector<PagedState::RowRun>> PagedState::PlanRowRuns(
+    int64_t layer, const engine::RingLayerGeometry& g, int64_t position,
+    const SequencePages& pages) const {
+  PDSERVE_ASSIGN_OR_RETURN(const std::vector<SlotRun> slot_runs, PlanSlotRuns(layer, g, position));
+  std::vector<RowRun> runs;
+  runs.reserve(slot_runs.size());
+  for (const SlotRun& run : slot_runs) {
+    PDSERVE_ASSIGN_OR_RETURN(RowRef row, Row(pages, run.kind, run.slot));
+    runs.push_back({row, run.block, run.offset, run.elements});
+  }
+  return runs;
+}
+
+absl::StatusOr<std::vector<PagedState::PageRun>> PagedState::PlanPageRuns(
+    int64_t layer, const engine::RingLayerGeometry& g, int64_t position) const {
+  if (layout_.dims().element != serving::ElementType::kBfloat16) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("PlanPageRuns: byte runs need bf16 pages, the layout holds ",
+                     serving::ElementTypeName(layout_.dims().element)));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(const std::vector<SlotRun> slot_runs, PlanSlotRuns(layer, g, position));
+  constexpr int64_t kBf16 = 2;
+  std::vector<PageRun> runs;
+  runs.reserve(slot_runs.size());
+  for (const SlotRun& run : slot_runs) {
+    runs.push_back({run.kind, run.slot.page, run.slot.row * layout_.Kind(run.kind).row_bytes,
+                    static_cast<PageRun::Block>(run.block), run.offset * kBf16,
+                    run.elements * kBf16});
+  }
+  PlanRingRuns(layer, g, position, &runs);
+  return runs;
+}
+
+void PagedState::PlanRingRuns(int64_t layer, const engine::RingLayerGeometry& g, int64_t p,
+                              std::vector<PageRun>* runs) const {
+  const LayerInfo& info = layers_[static_cast<size_t>(layer)];
+  if (info.type == LayerType::kSlidingAttention) return;
+  constexpr int64_t kF32 = 4;
+  const int64_t hd = config_.head_dim;
+  const int64_t ihd = config_.index_head_dim;
+  const bool csa = info.type == LayerType::kCompressedSparseAttention;
+  const int64_t rate = config_.CompressRate(info.type);
+  const StateKind kind = csa ? StateKind::kCsaCompressor : StateKind::kHcaCompressor;
+  const int64_t row_bytes = layout_.Kind(kind).row_bytes;
+  // StoreRingRows' rows: the ring row of position q is q % 2m (`width` floats); the open window
+  // is positions p - p % m .. p - 1, the overlap (CSA, p >= m) columns [0, dim) of the window
+  // before it. `row` is the page row, `at` / `floats` the piece's columns.
+  auto piece = [&](int64_t row, int64_t at, PageRun::Block block,
+                   const engine::RingCompressorGeometry& c, int64_t q, int64_t floats) {
+    runs->push_back({kind, info.nth, row * row_bytes + at * kF32, block,
+                     q % (2 * c.rate) * c.width() * kF32, floats * kF32});
+  };
+  const engine::RingCompressorGeometry& cg = g.compressor;
+  const int64_t open_first = p / rate * rate;
+  if (!csa) {
+    for (int64_t q = open_first; q < p; ++q) {
+      piece(q % rate, 0, PageRun::kCompressorRingKv, cg, q, hd);
+      piece(q % rate, hd, PageRun::kCompressorRingGate, cg, q, hd);
+    }
+    return;
+  }
+  const engine::RingCompressorGeometry& ig = g.indexer;
+  for (int64_t q = open_first; q < p; ++q) {
+    piece(q % rate, 0, PageRun::kCompressorRingKv, cg, q, 2 * hd);
+    piece(q % rate, 2 * hd, PageRun::kCompressorRingGate, cg, q, 2 * hd);
+    piece(rate + q % rate, 0, PageRun::kIndexerRingKv, ig, q, 2 * ihd);
+    piece(rate + q % rate, 2 * ihd, PageRun::kIndexerRingGate, ig, q, 2 * ihd);
+  }
+  if (!cg.overlapping || p < rate) return;
+  for (int64_t r = 0; r < rate; ++r) {
+    const int64_t q = open_first - rate + r;
+    piece(2 * rate + r, 0, PageRun::kCompressorRingKv, cg, q, hd);
+    piece(2 * rate + r, hd, PageRun::kCompressorRingGate, cg, q, hd);
+    piece(2 * rate + r, 2 * hd, PageRun::kIndexerRingKv, ig, q, ihd);
+    piece(2 * rate + r, 2 * hd + ihd, PageRun::kIndexerRingGate, ig, q, ihd);
+  }
+}
+
+std::vector<PagedState::PageId> PagedState::LayerPages(int64_t layer) const {
+  std::vector<PageId> out;
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return out;
+  out.push_back({StateKind::kWindow, layout_.WindowSlot(layer, 0).page});
+  const LayerInfo& info = layers_[static_cast<size_t>(layer)];
+  if (info.type == LayerType::kSlidingAttention) return out;
+  const bool csa = info.type == LayerType::kCompressedSparseAttention;
+  const int64_t rate = config_.CompressRate(info.type);
+  const int64_t entries = serving::StateLayout::Entries(total_tokens_, rate);
+  const int64_t per_page = layout_.dims().entries_per_page;
+  const int64_t entry_pages = (entries + per_page - 1) / per_page;
+  const int64_t first = layout_.CompressedSlot(csa, info.nth, 0, total_tokens_).page;
+  for (int64_t i = 0; i < entry_pages; ++i) out.push_back({StateKind::kCompressed, first + i});
+  if (csa) {
+    const int64_t first_key = layout_.IndexerSlot(info.nth, 0, total_tokens_).page;
+    for (int64_t i = 0; i < entry_pages; ++i) out.push_back({StateKind::kIndexer, first_key + i});
+  }
+  out.push_back({csa ? StateKind::kCsaCompressor : StateKind::kHcaCompressor, info.nth});
+  return out;
 }
 
 absl::Status PagedState::StoreLayerRing(int64_t layer, const engine::RingLayerGeometry& g,

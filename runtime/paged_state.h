@@ -134,6 +134,53 @@ class PagedState {
                              const engine::MutableRingLayerBlocks& blocks,
                              TaskPool* pool = nullptr) const;
 
+  // One run of bytes that StoreLayerRing / LoadLayerRing move between a page and a layer's ring
+  // blocks, for a caller that copies them itself (device to device: runtime/cuda/
+  // device_state_pages.h): `bytes` bytes at byte `page_offset` of page `page` of kind `kind`
+  // (the index within PageTable::pages[layout.KindIndex(kind)]) are the bytes at byte
+  // `block_offset` of block `block` of the layer (engine/ring_state.h: the window and the entry
+  // blocks bf16, the rings fp32).
+  struct PageRun {
+    enum Block : int32_t {
+      kWindow,
+      kEntries,
+      kIndexerEntries,
+      kCompressorRingKv,
+      kCompressorRingGate,
+      kIndexerRingKv,
+      kIndexerRingGate,
+    };
+    serving::StateKind kind = serving::StateKind::kWindow;
+    int64_t page = 0;
+    int64_t page_offset = 0;
+    Block block = kWindow;
+    int64_t block_offset = 0;
+    int64_t bytes = 0;
+  };
+  // The runs of layer `layer` after `position` tokens: exactly the bytes StoreLayerRing writes
+  // into the pages and LoadLayerRing reads from them, in the same places (window runs, entry
+  // runs, indexer-key runs, then the compressor rings' rows, one run per row piece), without
+  // touching memory. Entry runs split where a page ends, window runs where the ring or the page
+  // wraps; no two runs write the same page bytes or the same block bytes. Byte copies need the
+  // page rows in the blocks' types: FailedPrecondition for a layout whose element is not bf16
+  // (an fp32 layout converts, which only the host path does). InvalidArgument as
+  // CheckLayerPosition; pages are not checked (a caller resolving a run checks its page
+  // exists). REQUIRES: `geometry` is this model's layer `layer` (engine::RingGeometryFor).
+  absl::StatusOr<std::vector<PageRun>> PlanPageRuns(int64_t layer,
+                                                    const engine::RingLayerGeometry& geometry,
+                                                    int64_t position) const;
+
+  // A page of the sequence: PageTable::pages[layout.KindIndex(kind)][page].
+  struct PageId {
+    serving::StateKind kind = serving::StateKind::kWindow;
+    int64_t page = 0;
+    bool operator==(const PageId&) const = default;
+  };
+  // Every page that belongs to layer `layer` (each page holds one layer's rows), in kind order
+  // (serving::StateKind) then page order: its window page, its compressed-entry and indexer-key
+  // pages for total_tokens, its compressor page. Empty for a layer outside the model.
+  std::vector<PageId> LayerPages(int64_t layer) const;
+
  private:
   struct LayerInfo {
     engine::LayerType type;
@@ -156,6 +203,20 @@ class PagedState {
                                                   const engine::RingLayerGeometry& geometry,
                                                   int64_t position,
                                                   const SequencePages& pages) const;
+  // PlanRowRuns' runs by page and row, before any page is resolved (shared with PlanPageRuns).
+  struct SlotRun {
+    serving::StateKind kind = serving::StateKind::kWindow;
+    serving::StateSlot slot;
+    RowRun::Block block = RowRun::kWindow;
+    int64_t offset = 0;  // elements
+    int64_t elements = 0;
+  };
+  absl::StatusOr<std::vector<SlotRun>> PlanSlotRuns(int64_t layer,
+                                                    const engine::RingLayerGeometry& geometry,
+                                                    int64_t position) const;
+  // The compressor rings' rows of PlanPageRuns (StoreRingRows' rows as byte runs).
+  void PlanRingRuns(int64_t layer, const engine::RingLayerGeometry& geometry, int64_t position,
+                    std::vector<PageRun>* runs) const;
   // The compressor rings' rows of StoreLayerRing / LoadLayerRing (fp32, a few per layer).
   absl::Status StoreRingRows(int64_t layer, const engine::RingLayerGeometry& geometry,
                              const engine::RingLayerBlocks& blocks, int64_t position,

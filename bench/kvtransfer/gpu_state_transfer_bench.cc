@@ -70,6 +70,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/ep/flash_shapes.h"
+#include "bench/kvtransfer/copy_floor.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "common/task_pool.h"
@@ -418,27 +419,6 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
 }
 
 // ---- decode (parent) --------------------------------------------------------------------------
-
-// GB/s of cudaMemcpy device -> pinned host -> device of `bytes` (median of 5 after a warm-up).
-absl::StatusOr<double> CopyFloor(size_t bytes) {
-  engine::gpu::DeviceArray<unsigned char> from;
-  engine::gpu::DeviceArray<unsigned char> to;
-  engine::gpu::PinnedArray<unsigned char> host;
-  PDSERVE_RETURN_IF_ERROR(from.Allocate(bytes));
-  PDSERVE_RETURN_IF_ERROR(to.Allocate(bytes));
-  PDSERVE_RETURN_IF_ERROR(host.Allocate(bytes));
-  PDSERVE_RETURN_IF_ERROR(from.Fill(0x5A));
-  std::vector<double> seconds;
-  for (int i = 0; i < 6; ++i) {
-    const int64_t start = NowNs();
-    PDSERVE_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(host.get(), from.get(), bytes, cudaMemcpyDeviceToHost), "D2H"));
-    PDSERVE_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpy(to.get(), host.get(), bytes, cudaMemcpyHostToDevice), "H2D"));
-    if (i > 0) seconds.push_back(static_cast<double>(NowNs() - start) / 1e9);
-  }
-  return static_cast<double>(bytes) / Median(seconds) / 1e9;
-}
 
 // The decode side after the verified outcome with --early-import: tells the importer, waits
 // until every layer's copy landed (kReady), takes the import and finishes it in slot 0 (what the

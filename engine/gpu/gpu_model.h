@@ -203,6 +203,30 @@ struct StatePageKind {
   int64_t bytes_per_page = 0;  // over every layer of this rate (entries and indexer keys, bf16)
 };
 
+// One layer's state blocks of one slot in device memory (GpuModel::SlotLayerBlocks): the ring
+// layout of engine/ring_state.h, on the model's device. Not owning; valid until the slot's pages
+// change (ResetSlot, a growth by a step, an import, CopySlot).
+struct DeviceEntryRun {
+  void* data = nullptr;  // bf16 [rows, dim]: entry rows contiguous in the entry pool
+  int64_t rows = 0;
+};
+struct DeviceCompressorBlocks {
+  float* ring_kv = nullptr;    // fp32 [2m, width]
+  float* ring_gate = nullptr;  // fp32 [2m, width]
+  int64_t dim = 0;             // entry row width (bf16 values)
+  // Entry rows 0 .. count - 1 in order, as runs (the slot's entry pages, merged where adjacent).
+  std::vector<DeviceEntryRun> entries;
+  // The rows after the last run up to the end of its entry page (what an import sets to NaN).
+  void* tail = nullptr;
+  int64_t tail_rows = 0;
+  bool present() const { return ring_kv != nullptr; }
+};
+struct DeviceLayerBlocks {
+  void* window = nullptr;  // bf16 [W, hd]
+  DeviceCompressorBlocks compressor;
+  DeviceCompressorBlocks indexer;  // CSA layers only
+};
+
 class GpuModel {
  public:
   // Uploads `weights` (validated by the CPU engine's ValidateWeights rules: pass weights a
@@ -261,6 +285,17 @@ class GpuModel {
   // ResourceExhausted (slot `to` then empty) when the page pool cannot hold a second copy;
   // Internal for a CUDA error.
   absl::Status CopySlot(int64_t from, int64_t to);
+
+  // Device addresses of layer `layer`'s blocks of slot `slot` for a state at `position` tokens
+  // (entry rows 0 .. position / m - 1 of each compressor): what runtime/cuda/device_state_pages
+  // copies device to device, as ExportLayerAsync and EnqueueStagedLayer copy through pinned
+  // memory. Touches no memory and enqueues nothing: a caller reading the blocks orders its
+  // stream after the work that wrote them (the model's stream, cuda_stream()), and one writing
+  // them does so inside a staged import (EnqueueStagedLayerOnDevice). InvalidArgument for a bad
+  // slot or layer, a position outside [0, max_context], or entry rows the slot holds no pages
+  // for (a slot is given its pages by a step to that position or BeginStagedImport); Internal
+  // for a block of another layout. Thread-safety: as every GpuModel call.
+  absl::StatusOr<DeviceLayerBlocks> SlotLayerBlocks(int64_t slot, int64_t layer, int64_t position);
 
   // The request state of slot `slot` in the CPU engine's layout (engine/state.h) at position
   // Position(slot): window_kv [min(p, W-1), hd], each compressor's buffer_kv / buffer_gate
@@ -359,6 +394,20 @@ class GpuModel {
   // only the staging and may run concurrently with any call on the model.
   absl::Status BeginStagedImport(int64_t slot, int64_t position);
   absl::Status EnqueueStagedLayer(int64_t slot, int64_t layer, StateStaging* staging);
+  // EnqueueStagedLayer for a layer whose bytes are already in device memory (state pages in a
+  // device arena, a peer's mapped through CUDA IPC: runtime/cuda/device_state_pages.h): no
+  // staging; on the import stream, every byte of the slot's window and ring blocks of the layer
+  // and the entry tail of its last entry pages are set to all bits one (NaN, as a fresh pool's:
+  // the rows a forward does not read), then `enqueue(blocks, position, stream)` is called once
+  // with SlotLayerBlocks(slot, layer, position), the import's position and the import stream (a
+  // cudaStream_t) to enqueue its device-to-device copies of the rows a forward reads there,
+  // without waiting.
+  // Bookkeeping and errors as EnqueueStagedLayer's (the staging's excepted), plus `enqueue`'s
+  // error (the layer then counts as not enqueued; the caller cancels).
+  using DeviceLayerEnqueue =
+      std::function<absl::Status(const DeviceLayerBlocks& blocks, int64_t position, void* stream)>;
+  absl::Status EnqueueStagedLayerOnDevice(int64_t slot, int64_t layer,
+                                          const DeviceLayerEnqueue& enqueue);
   absl::StatusOr<bool> StagedImportCopied(int64_t slot);
   absl::Status FinishStagedImport(int64_t slot);
   absl::Status CancelStagedImport(int64_t slot);
@@ -400,6 +449,19 @@ class GpuModel {
                                      StateStaging* staging,
                                      ChunkLogits rows = ChunkLogits::kAllRows);
   absl::StatusOr<Tensor> FinishForward();
+  // BeginForwardExporting for state pages in device memory (runtime/cuda/device_state_pages.h,
+  // the same-host device-to-device path): right after each layer l's attention (which writes
+  // all of l's state) is enqueued, `layer_final(l, position, stream)` is called on this thread
+  // with the slot's position after this call and the model's copy stream (a cudaStream_t),
+  // which then waits for that point: what the caller enqueues there (the layer's gather into
+  // device pages and their checksums: DeviceStatePages::StoreLayer) runs while layers l + 1 ..
+  // compute. FinishForward must follow, also after an error; it orders the model's stream after
+  // the copy stream, so work enqueued after it sees the gathers done. Errors as Forward's, and
+  // `layer_final`'s (the chunk's later layers are then not enqueued: reset the slot).
+  using LayerFinal = std::function<absl::Status(int64_t layer, int64_t position, void* stream)>;
+  absl::Status BeginForwardStoring(int64_t slot, const std::vector<int32_t>& tokens,
+                                   const LayerFinal& layer_final,
+                                   ChunkLogits rows = ChunkLogits::kAllRows);
 
   // One decode token for each of `slots` (distinct) with `tokens[i]` for slots[i]; returns
   // logits [slots.size(), vocab_size]. The batch runs padded to the smallest bucket holding
@@ -439,6 +501,12 @@ class GpuModel {
   // Forward's checks and its enqueued work, not waited for (FinishForward waits).
   absl::Status BeginForward(int64_t slot, const std::vector<int32_t>& tokens, int64_t group_rows,
                             ChunkLogits rows);
+  // BeginForward with every layer's attention marked (Impl::layer_attended, on the model's
+  // stream) and then `marked(layer, position after the call)` called, for BeginForwardExporting
+  // and BeginForwardStoring (which check their own arguments first); attended_slot set.
+  absl::Status BeginForwardMarked(
+      int64_t slot, const std::vector<int32_t>& tokens, ChunkLogits rows,
+      const std::function<absl::Status(int64_t layer, int64_t position)>& marked);
   // ExportLayerAsync's copies of layer `layer` at slot position `position`, enqueued on the
   // model's stream or (on_copy_stream) on its copy stream. Checks as ExportLayerAsync's.
   absl::Status ExportLayer(int64_t slot, int64_t layer, StateStaging* staging, int64_t position,

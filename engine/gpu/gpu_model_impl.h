@@ -331,6 +331,8 @@ struct GpuModel::Impl {
   // meaningful while `pending` (until FinishForward).
   int64_t attended_slot = -1;
   cudaEvent_t copies_enqueued = nullptr;  // Finish orders the stream after copy_stream with it
+  // Makes copy_stream, copies_enqueued and one layer_attended event per layer (once).
+  absl::Status MakeLayerMarks();
   // GpuModel::BeginStagedImport ..: the stream staged imports copy on (made at the first Begin)
   // and, per slot (sized then), the import in progress.
   struct StagedImport {

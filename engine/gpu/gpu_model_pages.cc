@@ -3,6 +3,7 @@
 // check and the slot copy.
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -92,6 +93,57 @@ std::vector<std::pair<bf16*, int64_t>> GpuModel::Impl::EntryRuns(CompressorWeigh
     next_row = first + n;
   }
   return runs;
+}
+
+absl::StatusOr<DeviceLayerBlocks> GpuModel::SlotLayerBlocks(int64_t slot, int64_t layer,
+                                                            int64_t position) {
+  Impl& m = *impl_;
+  const int64_t slots = m.options.slots;
+  if (slot < 0 || slot >= slots || layer < 0 || layer >= static_cast<int64_t>(m.layers.size()) ||
+      position < 0 || position > m.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GpuModel: slot ", slot, " / layer ", layer, " / position ", position, " outside [0, ",
+        slots, ") / [0, ", m.layers.size(), ") / [0, max_context ", m.max_context, "]"));
+  }
+  // The caller's copies run on this device (its current one after this call).
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
+  Layer& device = m.layers[static_cast<size_t>(layer)];
+  // Every pool is [slots + 1, per-slot elements]: slot s's block starts at s * per-slot.
+  auto block = [&](auto& pool, int64_t want) -> absl::StatusOr<decltype(pool.get())> {
+    const auto n = static_cast<int64_t>(pool.size()) / (slots + 1);
+    if (n != want) {
+      return absl::InternalError(
+          absl::StrCat("GpuModel: a device block of ", n, " values where the layout has ", want));
+    }
+    return pool.get() + slot * n;
+  };
+  DeviceLayerBlocks out;
+  PDSERVE_ASSIGN_OR_RETURN(out.window, block(device.window_ring, g.window * g.head_dim));
+  for (auto [cg, cw, to] : {std::tuple{&g.compressor, &device.compressor, &out.compressor},
+                            std::tuple{&g.indexer, &device.indexer_compressor, &out.indexer}}) {
+    if (!cg->present()) continue;
+    const int64_t ring = 2 * cg->rate * cg->width();
+    PDSERVE_ASSIGN_OR_RETURN(to->ring_kv, block(cw->ring_kv, ring));
+    PDSERVE_ASSIGN_OR_RETURN(to->ring_gate, block(cw->ring_gate, ring));
+    to->dim = cg->dim;
+    const int64_t count = std::min(position / cg->rate, cg->entry_capacity);
+    if (count == 0 || cw->kind < 0) continue;
+    if (m.pages->held(cw->kind, slot) * kPageSize < count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GpuModel: slot ", slot, " holds ", m.pages->held(cw->kind, slot),
+                       " entry pages of rate ", cg->rate, ", position ", position, " needs ",
+                       (count + kPageSize - 1) / kPageSize));
+    }
+    bf16* end = nullptr;
+    for (const auto& [data, rows] : m.EntryRuns(*cw, slot, count)) {
+      to->entries.push_back({data, rows});
+      end = data + rows * cw->dim;
+    }
+    to->tail_rows = (kPageSize - count % kPageSize) % kPageSize;
+    to->tail = to->tail_rows > 0 ? end : nullptr;
+  }
+  return out;
 }
 
 bool GpuModel::CanHold(const std::vector<std::pair<int64_t, int64_t>>& slot_positions) const {

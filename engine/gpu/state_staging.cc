@@ -262,33 +262,62 @@ absl::Status GpuModel::BeginForwardExporting(int64_t slot, const std::vector<int
                                                         " (take or discard it first)"));
     }
   }
+  // The first `count` layers' copies are enqueued right after their attention.
+  return BeginForwardMarked(slot, tokens, rows, [&](int64_t layer, int64_t position) {
+    if (layer >= count) return absl::OkStatus();
+    PDSERVE_CUDA_RETURN(
+        cudaStreamWaitEvent(m.copy_stream, m.layer_attended[static_cast<size_t>(layer)], 0));
+    return ExportLayer(slot, layer, staging, position, /*on_copy_stream=*/true);
+  });
+}
+
+absl::Status GpuModel::BeginForwardMarked(
+    int64_t slot, const std::vector<int32_t>& tokens, ChunkLogits rows,
+    const std::function<absl::Status(int64_t layer, int64_t position)>& marked) {
+  Impl& m = *impl_;
   PDSERVE_RETURN_IF_ERROR(m.UseDevice());
-  if (m.copy_stream == nullptr) {
-    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&m.copies_enqueued, cudaEventDisableTiming));
-    PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
-  }
-  while (static_cast<int64_t>(m.layer_attended.size()) < layers) {
-    cudaEvent_t event = nullptr;
-    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    m.layer_attended.push_back(event);
-  }
+  PDSERVE_RETURN_IF_ERROR(m.MakeLayerMarks());
   // The position the copies describe: the slot's after this call (Forward refuses before any
   // layer is enqueued if the chunk does not fit).
   const int64_t position =
       m.slot_positions[static_cast<size_t>(slot)] + static_cast<int64_t>(tokens.size());
   // Every layer's attention is marked (ExportLayerAsync of a later layer waits for its mark
-  // until FinishForward); the first `count` layers' copies are enqueued right there.
+  // until FinishForward).
   m.after_attention = [&](int64_t layer) -> absl::Status {
-    const cudaEvent_t attended = m.layer_attended[static_cast<size_t>(layer)];
-    PDSERVE_CUDA_RETURN(cudaEventRecord(attended, m.stream));
-    if (layer >= count) return absl::OkStatus();
-    PDSERVE_CUDA_RETURN(cudaStreamWaitEvent(m.copy_stream, attended, 0));
-    return ExportLayer(slot, layer, staging, position, /*on_copy_stream=*/true);
+    PDSERVE_CUDA_RETURN(cudaEventRecord(m.layer_attended[static_cast<size_t>(layer)], m.stream));
+    return marked(layer, position);
   };
   const absl::Status begun = BeginForward(slot, tokens, /*group_rows=*/0, rows);
   m.after_attention = nullptr;
   m.attended_slot = begun.ok() ? slot : -1;
   return begun;
+}
+
+absl::Status GpuModel::Impl::MakeLayerMarks() {
+  if (copy_stream == nullptr) {
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&copies_enqueued, cudaEventDisableTiming));
+    PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  }
+  while (layer_attended.size() < layers.size()) {
+    cudaEvent_t event = nullptr;
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    layer_attended.push_back(event);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::BeginForwardStoring(int64_t slot, const std::vector<int32_t>& tokens,
+                                           const LayerFinal& layer_final, ChunkLogits rows) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.options.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: slot ", slot, " outside [0, ", m.options.slots, ")"));
+  }
+  return BeginForwardMarked(slot, tokens, rows, [&](int64_t layer, int64_t position) {
+    PDSERVE_CUDA_RETURN(
+        cudaStreamWaitEvent(m.copy_stream, m.layer_attended[static_cast<size_t>(layer)], 0));
+    return layer_final(layer, position, m.copy_stream);
+  });
 }
 
 absl::Status GpuModel::ExportLayer(int64_t slot, int64_t layer, StateStaging* staging,
@@ -634,6 +663,47 @@ absl::Status GpuModel::EnqueueStagedLayer(int64_t slot, int64_t layer, StateStag
       EnqueueImportCopies(slot, import.position, layer, base, m.import_stream, &s.copied_bytes));
   PDSERVE_CUDA_RETURN(cudaEventRecord(buffer.event, m.import_stream));
   buffer.import_layer = -1;
+  import.enqueued[static_cast<size_t>(layer)] = 1;
+  if (--import.left == 0) PDSERVE_CUDA_RETURN(cudaEventRecord(import.copied, m.import_stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::EnqueueStagedLayerOnDevice(int64_t slot, int64_t layer,
+                                                  const DeviceLayerEnqueue& enqueue) {
+  Impl& m = *impl_;
+  PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const staged, StagedImportOf(m, slot));
+  Impl::StagedImport& import = *staged;
+  if (layer < 0 || layer >= static_cast<int64_t>(m.layers.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: layer ", layer, " outside [0, ", m.layers.size(), ")"));
+  }
+  if (import.enqueued[static_cast<size_t>(layer)]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GpuModel: layer ", layer, " of slot ", slot, "'s import was enqueued"));
+  }
+  PDSERVE_RETURN_IF_ERROR(m.UseDevice());
+  PDSERVE_ASSIGN_OR_RETURN(const DeviceLayerBlocks blocks,
+                           SlotLayerBlocks(slot, layer, import.position));
+  // The unread rows as a fresh pool's (ImportLayers' NaN, another payload): whole blocks first,
+  // then the copies of the rows a forward reads land over them in stream order.
+  const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
+  auto fill = [&](void* to, int64_t bytes) -> absl::Status {
+    if (to == nullptr || bytes == 0) return absl::OkStatus();
+    return CudaStatus(cudaMemsetAsync(to, 0xFF, static_cast<size_t>(bytes), m.import_stream),
+                      "EnqueueStagedLayerOnDevice");
+  };
+  PDSERVE_RETURN_IF_ERROR(
+      fill(blocks.window, g.window * g.head_dim * static_cast<int64_t>(sizeof(bf16))));
+  for (auto [cg, cb] :
+       {std::pair{&g.compressor, &blocks.compressor}, std::pair{&g.indexer, &blocks.indexer}}) {
+    if (!cg->present()) continue;
+    const int64_t ring = 2 * cg->rate * cg->width() * static_cast<int64_t>(sizeof(float));
+    PDSERVE_RETURN_IF_ERROR(fill(cb->ring_kv, ring));
+    PDSERVE_RETURN_IF_ERROR(fill(cb->ring_gate, ring));
+    PDSERVE_RETURN_IF_ERROR(
+        fill(cb->tail, cb->tail_rows * cb->dim * static_cast<int64_t>(sizeof(bf16))));
+  }
+  PDSERVE_RETURN_IF_ERROR(enqueue(blocks, import.position, m.import_stream));
   import.enqueued[static_cast<size_t>(layer)] = 1;
   if (--import.left == 0) PDSERVE_CUDA_RETURN(cudaEventRecord(import.copied, m.import_stream));
   return absl::OkStatus();

@@ -2,8 +2,13 @@
 // a fresh pool continue decoding with bit-identical logits.
 #include "runtime/paged_state.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
+#include <set>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/model.h"
@@ -354,6 +359,158 @@ TEST(PagedStateTest, StoreAndLoadLayerRingOnSeveralThreadsEqualOneThread) {
 }
 
 // A missing entry page fails the threaded store (OutOfRange, as the one-thread store).
+// A layer's blocks as bytes, by PagedState::PageRun::Block.
+std::array<std::byte*, 7> BlockBytes(const engine::MutableRingLayerBlocks& b) {
+  auto bytes = [](auto* p) { return reinterpret_cast<std::byte*>(p); };
+  return {bytes(b.window),
+          bytes(b.compressor.entries),
+          bytes(b.indexer.entries),
+          bytes(b.compressor.ring_kv),
+          bytes(b.compressor.ring_gate),
+          bytes(b.indexer.ring_kv),
+          bytes(b.indexer.ring_gate)};
+}
+
+// One layer's blocks filled with one pattern (bf16 0x7fc1, fp32 0.25), writable.
+struct FilledLayer {
+  explicit FilledLayer(const engine::RingLayerImage& li)
+      : window(li.window.size(), 0x7fc1),
+        entries(li.compressor.entries.size(), 0x7fc1),
+        keys(li.indexer.entries.size(), 0x7fc1),
+        kv(li.compressor.ring_kv.size(), 0.25f),
+        gate(li.compressor.ring_gate.size(), 0.25f),
+        index_kv(li.indexer.ring_kv.size(), 0.25f),
+        index_gate(li.indexer.ring_gate.size(), 0.25f) {}
+  engine::MutableRingLayerBlocks Blocks() {
+    return {.window = window.data(),
+            .compressor = {kv.data(), gate.data(), entries.data()},
+            .indexer = {index_kv.data(), index_gate.data(), keys.data()}};
+  }
+  bool operator==(const FilledLayer& o) const {
+    return window == o.window && entries == o.entries && keys == o.keys && SameFloats(kv, o.kv) &&
+           SameFloats(gate, o.gate) && SameFloats(index_kv, o.index_kv) &&
+           SameFloats(index_gate, o.index_gate);
+  }
+  std::vector<uint16_t> window, entries, keys;
+  std::vector<float> kv, gate, index_kv, index_gate;
+};
+
+// PlanPageRuns is the byte plan of StoreLayerRing and LoadLayerRing: copying its runs with memcpy
+// (what the device copy does, run by run) writes the same page bytes as StoreLayerRing and reads
+// back the same blocks as LoadLayerRing, at positions 0 and 1, before and past every ring wrap
+// and across entry pages.
+TEST(PagedStateTest, PageRunsCopyWhatStoreAndLoadLayerRingCopy) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const int64_t total = 48;
+  const serving::StateLayout layout = *LayoutForModel(config, 4, serving::ElementType::kBfloat16);
+  for (int64_t position : {0, 1, 3, 4, 5, 37, 44, 47}) {
+    SCOPED_TRACE(position);
+    engine::ModelState state = f->model.NewState();
+    if (position > 0) {
+      ASSERT_TRUE(f->model.Forward(&state, Tokens(static_cast<int>(position), 8)).ok());
+    }
+    const engine::RingGeometry geometry = engine::RingGeometryFor(config, total, 4);
+    const engine::RingImage image = *engine::RingImageFromState(geometry, state, 0.5f);
+    OneSequence stored = Allocate(layout, total);
+    OneSequence copied = Allocate(layout, total);
+    PagedState paged(config, layout, total);
+    for (size_t l = 0; l < image.layers.size(); ++l) {
+      SCOPED_TRACE(l);
+      const auto layer = static_cast<int64_t>(l);
+      const engine::RingLayerGeometry& g = geometry.layers[l];
+      const DeviceLayer device(image.layers[l]);
+      ASSERT_TRUE(paged.StoreLayerRing(layer, g, device.blocks, position, stored.pages).ok());
+      auto runs = paged.PlanPageRuns(layer, g, position);
+      ASSERT_TRUE(runs.ok()) << runs.status();
+      const engine::RingLayerBlocks& b = device.blocks;
+      const std::array<const void*, 7> from = {b.window,
+                                               b.compressor.entries,
+                                               b.indexer.entries,
+                                               b.compressor.ring_kv,
+                                               b.compressor.ring_gate,
+                                               b.indexer.ring_kv,
+                                               b.indexer.ring_gate};
+      for (const PagedState::PageRun& run : *runs) {
+        const int k = *layout.KindIndex(run.kind);
+        std::memcpy(copied.pages.pages[k][run.page].data() + run.page_offset,
+                    static_cast<const std::byte*>(from[run.block]) + run.block_offset,
+                    static_cast<size_t>(run.bytes));
+      }
+      // The inverse: the runs read back into filled blocks, against LoadLayerRing.
+      FilledLayer loaded(image.layers[l]);
+      FilledLayer gathered(image.layers[l]);
+      ASSERT_TRUE(paged.LoadLayerRing(layer, g, position, stored.pages, loaded.Blocks()).ok());
+      const std::array<std::byte*, 7> to = BlockBytes(gathered.Blocks());
+      for (const PagedState::PageRun& run : *runs) {
+        const int k = *layout.KindIndex(run.kind);
+        std::memcpy(to[run.block] + run.block_offset,
+                    stored.pages.pages[k][run.page].data() + run.page_offset,
+                    static_cast<size_t>(run.bytes));
+      }
+      EXPECT_TRUE(gathered == loaded);
+    }
+    ExpectSamePages(stored.pages, copied.pages);
+  }
+}
+
+// No two runs of a layer write the same page byte or the same block byte, each stays inside its
+// page, and each names a page of LayerPages(layer); LayerPages of all layers is every page of the
+// sequence once.
+TEST(PagedStateTest, PageRunsAreDisjointAndInsideTheLayersPages) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const int64_t total = 48;
+  const serving::StateLayout layout = *LayoutForModel(config, 4, serving::ElementType::kBfloat16);
+  PagedState paged(config, layout, total);
+  const engine::RingGeometry geometry = engine::RingGeometryFor(config, total, 4);
+  const serving::PageDemand demand = layout.Demand(total);
+  std::vector<std::vector<int>> owners(demand.size());
+  for (size_t k = 0; k < demand.size(); ++k) owners[k].assign(static_cast<size_t>(demand[k]), 0);
+  for (size_t l = 0; l < geometry.layers.size(); ++l) {
+    const auto layer = static_cast<int64_t>(l);
+    const std::vector<PagedState::PageId> pages = paged.LayerPages(layer);
+    for (const PagedState::PageId& id : pages) {
+      ++owners[static_cast<size_t>(*layout.KindIndex(id.kind))][static_cast<size_t>(id.page)];
+    }
+    for (int64_t position : {0, 1, 5, 37, 47, 48}) {
+      SCOPED_TRACE(position);
+      auto runs = paged.PlanPageRuns(layer, geometry.layers[l], position);
+      ASSERT_TRUE(runs.ok()) << runs.status();
+      std::set<std::tuple<int, int64_t, int64_t>> page_bytes;
+      std::set<std::pair<int, int64_t>> block_bytes;
+      for (const PagedState::PageRun& run : *runs) {
+        ASSERT_GT(run.bytes, 0);
+        ASSERT_NE(std::find(pages.begin(), pages.end(), PagedState::PageId{run.kind, run.page}),
+                  pages.end());
+        ASSERT_LE(run.page_offset + run.bytes, layout.Kind(run.kind).page_bytes());
+        for (int64_t i = 0; i < run.bytes; i += 2) {
+          ASSERT_TRUE(page_bytes.insert({static_cast<int>(run.kind), run.page, run.page_offset + i})
+                          .second);
+          ASSERT_TRUE(block_bytes.insert({run.block, run.block_offset + i}).second);
+        }
+      }
+    }
+  }
+  for (size_t k = 0; k < owners.size(); ++k) {
+    for (size_t i = 0; i < owners[k].size(); ++i) EXPECT_EQ(owners[k][i], 1) << k << " " << i;
+  }
+  EXPECT_TRUE(paged.LayerPages(static_cast<int64_t>(geometry.layers.size())).empty());
+}
+
+TEST(PagedStateTest, PageRunsRefuseAnFp32LayoutAndALayerOutsideTheModel) {
+  auto f = Load();
+  const engine::ModelConfig& config = f->model.config();
+  const engine::RingGeometry geometry = engine::RingGeometryFor(config, 8, 4);
+  const PagedState fp32(config, f->layout, 8);
+  EXPECT_TRUE(absl::IsFailedPrecondition(fp32.PlanPageRuns(0, geometry.layers[0], 1).status()));
+  const serving::StateLayout layout = *LayoutForModel(config, 4, serving::ElementType::kBfloat16);
+  const PagedState bf16(config, layout, 8);
+  const auto layers = static_cast<int64_t>(geometry.layers.size());
+  EXPECT_TRUE(absl::IsInvalidArgument(bf16.PlanPageRuns(layers, geometry.layers[0], 1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(bf16.PlanPageRuns(0, geometry.layers[0], 9).status()));
+}
+
 TEST(PagedStateTest, StoreLayerRingOnSeveralThreadsRefusesAMissingPage) {
   auto f = Load();
   const engine::ModelConfig& config = f->model.config();
