@@ -78,11 +78,14 @@
 #include "engine/gpu/gpu_model.h"
 #include "engine/random_weights.h"
 #include "engine/ring_state.h"
+#include "kvtransfer/cuda_ipc/cuda_page_lander.h"
+#include "kvtransfer/cuda_ipc/ipc_page_arena.h"
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx/ucx_lane.h"
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
+#include "runtime/cuda/device_state_pages.h"
 #include "runtime/cuda/gpu_prefill_engine.h"
 #include "runtime/cuda/gpu_slot_importer.h"
 #include "runtime/early_import.h"
@@ -115,6 +118,10 @@ struct Flags {
   // The decode process pulls the pages out of the prefill process's pool (transfer.shm_pull:
   // kvtransfer/shm/pull.h); UCX carries only the page references, commit and heartbeats.
   bool shm_pull = false;
+  // The same-host device-to-device path (docs/protocol.md, "Same-host device-to-device pages
+  // (CUDA IPC)"): pages in the prefill process's GPU arena, landed in the decode process's GPU
+  // pages by its lanes' CudaPageLanders, imported device to device (PrefillIpc / DecodeIpc).
+  bool cuda_ipc = false;
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -219,6 +226,24 @@ absl::StatusOr<std::unique_ptr<GpuModel>> MakeModel(const Flags& flags,
   return GpuModel::Create(config, weights, options);
 }
 
+// One process's model (slot 0), its bf16 page layout and layer attentions.
+struct Side {
+  engine::ModelConfig config;
+  std::unique_ptr<GpuModel> gpu;
+  serving::StateLayout layout;
+  std::vector<kv::LayerAttention> layers;
+};
+absl::StatusOr<Side> MakeSide(const Flags& flags, const char* role) {
+  engine::ModelConfig config = Config(flags);
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
+  Progress(role, 0, 0, "model made");
+  PDSERVE_ASSIGN_OR_RETURN(
+      serving::StateLayout layout,
+      runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/true)));
+  std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
+  return Side{std::move(config), std::move(gpu), std::move(layout), std::move(layers)};
+}
+
 // xxh3-64 over every tensor of slot 0's exported state, in order.
 absl::StatusOr<uint64_t> StateDigest(GpuModel& gpu) {
   PDSERVE_ASSIGN_OR_RETURN(const engine::ModelState state, gpu.ExportState(0));
@@ -276,16 +301,47 @@ std::vector<int32_t> ChunkTokens(const engine::ModelConfig& config, int64_t from
   return tokens;
 }
 
+// The prompt's state before its last chunk, in slot 0: made once per length (repeat 0: a real
+// forward up to --forward-max, timed into `forward_ms`, else a random state) and kept on the
+// host in `prefix_state`; every later repeat restores it. The last chunk then runs for real.
+absl::Status RestorePrefix(const Flags& flags, const engine::ModelConfig& config, GpuModel& gpu,
+                           int64_t length, int64_t r, double* forward_ms,
+                           engine::ModelState* prefix_state) {
+  const int64_t prefix = (length - 1) / flags.chunk * flags.chunk;
+  if (r == 0) {
+    PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(0));
+    *forward_ms = 0;
+    if (length <= flags.forward_max) {
+      const int64_t started = NowNs();
+      for (int64_t from = 0; from < prefix; from += flags.chunk) {
+        PDSERVE_RETURN_IF_ERROR(
+            gpu.Forward(0, ChunkTokens(config, from, from + flags.chunk), 0, ChunkRows(flags))
+                .status());
+      }
+      *forward_ms = static_cast<double>(NowNs() - started) / 1e6;
+    } else if (prefix > 0) {
+      PDSERVE_RETURN_IF_ERROR(gpu.ImportState(
+          0, RandomRingState(config, gpu.max_context(), prefix,
+                             88172645463325252ull ^ static_cast<uint64_t>(length))));
+    }
+    Progress("prefill", length, r, "prefix state made");
+    PDSERVE_ASSIGN_OR_RETURN(*prefix_state, gpu.ExportState(0));
+    Progress("prefill", length, r, "prefix state exported");
+  } else {
+    PDSERVE_RETURN_IF_ERROR(gpu.ImportState(0, *prefix_state));
+  }
+  Progress("prefill", length, r, "prefix restored");
+  return absl::OkStatus();
+}
+
 // ---- prefill (child) --------------------------------------------------------------------------
 
 absl::Status Prefill(const Flags& flags, Channel& channel) {
-  const engine::ModelConfig config = Config(flags);
-  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
-  Progress("prefill", 0, 0, "model made");
-  PDSERVE_ASSIGN_OR_RETURN(
-      const serving::StateLayout layout,
-      runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/true)));
-  const std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
+  PDSERVE_ASSIGN_OR_RETURN(Side side, MakeSide(flags, "prefill"));
+  const engine::ModelConfig& config = side.config;
+  std::unique_ptr<GpuModel>& gpu = side.gpu;
+  const serving::StateLayout& layout = side.layout;
+  const std::vector<kv::LayerAttention>& layers = side.layers;
   const auto fit = static_cast<int64_t>(runtime::GpuPrefillEngine::kStagingBudgetBytes /
                                         gpu->StagingLayerBytes());
   PDSERVE_ASSIGN_OR_RETURN(auto staging,
@@ -317,33 +373,9 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
     engine::ModelState prefix_state;
     for (int64_t r = 0; r < flags.repeats; ++r) {
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
-      // The prompt's state before its last chunk is made once per length (a real forward up to
-      // --forward-max, else a random state) and kept on the host; every repeat restores it and
-      // runs the last chunk for real, with the per-layer export during it (--overlap) or not.
       const int64_t prefix = (length - 1) / flags.chunk * flags.chunk;
-      if (r == 0) {
-        PDSERVE_RETURN_IF_ERROR(gpu->ResetSlot(0));
-        forward_ms = 0;
-        if (length <= flags.forward_max) {
-          const int64_t started = NowNs();
-          for (int64_t from = 0; from < prefix; from += flags.chunk) {
-            PDSERVE_RETURN_IF_ERROR(
-                gpu->Forward(0, ChunkTokens(config, from, from + flags.chunk), 0, ChunkRows(flags))
-                    .status());
-          }
-          forward_ms = static_cast<double>(NowNs() - started) / 1e6;
-        } else if (prefix > 0) {
-          PDSERVE_RETURN_IF_ERROR(gpu->ImportState(
-              0, RandomRingState(config, gpu->max_context(), prefix,
-                                 88172645463325252ull ^ static_cast<uint64_t>(length))));
-        }
-        Progress("prefill", length, r, "prefix state made");
-        PDSERVE_ASSIGN_OR_RETURN(prefix_state, gpu->ExportState(0));
-        Progress("prefill", length, r, "prefix state exported");
-      } else {
-        PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, prefix_state));
-      }
-      Progress("prefill", length, r, "prefix restored");
+      PDSERVE_RETURN_IF_ERROR(
+          RestorePrefix(flags, config, *gpu, length, r, &forward_ms, &prefix_state));
       const std::vector<int32_t> last = ChunkTokens(config, prefix, length);
       std::vector<kv::SourcePage> sources;
       for (const kv::PlannedPage& page : pages.plan) {
@@ -438,13 +470,113 @@ absl::Status EarlyImportDone(runtime::EarlyImporter& importer, runtime::GpuSlotI
   return finished;
 }
 
+// The decode side's table: its header, and one row per prompt length from the repeats'
+// timings (Row::Add per repeat, with the prefill process's line) and the forward time estimate
+// carried from the longest measured length to the longer ones.
+void PrintHeader() {
+  std::printf(
+      "| prompt tokens | layers | lanes | host threads | bytes on the wire (bf16) | copy wait ms | "
+      "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
+      "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
+      "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
+      "overlap | last chunk ms | chunk logits | finish forward ms | early import | path |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::fflush(stdout);
+}
+
+struct ForwardEstimate {
+  double longest_ms = 0;
+  int64_t longest_tokens = 0;
+};
+
+struct Row {
+  std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
+      old_import_ms, forward_ms, last_ms, finish_ms;
+  bool same_state = true;
+  uint64_t digest = 0;  // the decode slot's, from the first repeat
+
+  // One repeat: the prefill process's line ("t0 forward_ms digest stored copy_wait store post
+  // delivered last_chunk_ms finish_ms"), the decode side's verified and imported times and, on
+  // the first repeat, the model whose slot 0 is compared with the prefill's digest.
+  absl::Status Add(const std::string& line, int64_t verified, int64_t imported, GpuModel* gpu) {
+    const std::vector<std::string> fields = absl::StrSplit(line, ' ');
+    if (fields.size() != 10) return absl::InternalError("bad line from the prefill process");
+    const int64_t t0 = std::stoll(fields[0]);
+    forward_ms.push_back(std::stod(fields[1]));
+    if (gpu != nullptr) {
+      PDSERVE_ASSIGN_OR_RETURN(digest, StateDigest(*gpu));
+      same_state = same_state && digest == std::stoull(fields[2]);
+    }
+    transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
+    wait_ms.push_back(std::stod(fields[4]));
+    last_ms.push_back(std::stod(fields[8]));
+    finish_ms.push_back(std::stod(fields[9]));
+    store_ms.push_back(std::stod(fields[5]));
+    post_ms.push_back(std::stod(fields[6]));
+    drain_ms.push_back(static_cast<double>(std::stoll(fields[7]) - std::stoll(fields[3])) / 1e6);
+    lag_ms.push_back(static_cast<double>(verified - std::stoll(fields[7])) / 1e6);
+    import_ms.push_back(static_cast<double>(imported - verified) / 1e6);
+    return absl::OkStatus();
+  }
+
+  // Prints the row; DataLoss when the decode slot's state differed from the prefill's.
+  absl::Status Print(const Flags& flags, int64_t length, uint64_t bytes, double floor,
+                     ForwardEstimate& estimate, const char* path) const {
+    const double transfer = Median(transfer_ms);
+    const double import = Median(import_ms);
+    const double old_import = old_import_ms.empty() ? 0 : Median(old_import_ms);
+    const double left = transfer + import;
+    const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
+    double forward = Median(forward_ms);
+    std::string forward_text = absl::StrFormat("%.1f", forward);
+    if (forward > 0) {
+      estimate.longest_ms = forward;
+      estimate.longest_tokens = length;
+    } else if (estimate.longest_tokens > 0) {
+      forward = estimate.longest_ms * static_cast<double>(length) /
+                static_cast<double>(estimate.longest_tokens);
+      forward_text = absl::StrFormat("%.1f est.", forward);
+    }
+    const std::string share =
+        forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
+    std::printf(
+        "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s | %s |\n",
+        static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
+        HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
+        Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
+        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
+        100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
+        same_state ? "equal" : "DIFFERS", flags.overlap && !flags.cuda_ipc ? "yes" : "no",
+        Median(last_ms), ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all",
+        Median(finish_ms), flags.early_import && !flags.cuda_ipc ? "yes" : "no", path);
+    std::fflush(stdout);
+    if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
+    return absl::OkStatus();
+  }
+};
+
+// Progresses `receiver` until ticket `ticket_id` is decided; OK once verified, else its status.
+absl::Status AwaitVerified(const Flags& flags, kv::TransferReceiver& receiver, uint64_t ticket_id) {
+  absl::StatusOr<kv::TransferOutcome> outcome = receiver.Outcome(ticket_id);
+  while (outcome.ok() && outcome->state == kv::TransferState::kReceiving) {
+    receiver.Progress();
+    // With several lanes their threads land the pages under the receiver's mutex; polling it
+    // back to back would compete with them for it.
+    if (Lanes(flags) > 1) absl::SleepFor(absl::Microseconds(50));
+    outcome = receiver.Outcome(ticket_id);
+  }
+  PDSERVE_RETURN_IF_ERROR(outcome.status());
+  return outcome->state == kv::TransferState::kVerified ? absl::OkStatus() : outcome->status;
+}
+
 absl::Status Decode(const Flags& flags, Channel& channel) {
-  const engine::ModelConfig config = Config(flags);
-  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu, MakeModel(flags, config));
-  PDSERVE_ASSIGN_OR_RETURN(
-      const serving::StateLayout layout,
-      runtime::LayoutForModel(config, 64, runtime::StorageElement(/*cuda=*/true)));
-  const std::vector<kv::LayerAttention> layers = worker::LayerAttentions(config);
+  PDSERVE_ASSIGN_OR_RETURN(Side side, MakeSide(flags, "decode"));
+  const engine::ModelConfig& config = side.config;
+  std::unique_ptr<GpuModel>& gpu = side.gpu;
+  const serving::StateLayout& layout = side.layout;
+  const std::vector<kv::LayerAttention>& layers = side.layers;
   PDSERVE_ASSIGN_OR_RETURN(auto staging, gpu->NewStateStaging(std::min<int64_t>(2, flags.layers)));
   SystemClock clock;
   // With --early-import: the receiver reports each layer whose pages all landed and passed their
@@ -466,17 +598,8 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
           [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
   TaskPool pool(HostThreads(flags));
   runtime::ModelLock model_lock;
-  std::printf(
-      "| prompt tokens | layers | lanes | host threads | bytes on the wire (bf16) | copy wait ms | "
-      "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
-      "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
-      "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
-      "overlap | last chunk ms | chunk logits | finish forward ms | early import | shm pull |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  std::fflush(stdout);
-  double longest_forward_ms = 0;
-  int64_t longest_forward_tokens = 0;
+  PrintHeader();
+  ForwardEstimate estimate;
   uint64_t request = 1;
   for (int64_t length : Lengths(flags)) {
     PDSERVE_ASSIGN_OR_RETURN(Pages pages, MakePages(layout, layers, length, length + 1));
@@ -499,9 +622,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       std::atomic<runtime::EarlyImporter*>& early;
       ~Unset() { early.store(nullptr); }
     } unset{early};
-    std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
-        old_import_ms, forward_ms, last_ms, finish_ms;
-    bool same_state = true;
+    Row row;
     uint64_t bytes = 0;
     for (int64_t r = 0; r < flags.repeats; ++r) {
       kv::ReceiveSpec spec{.request_id = request++, .epoch = kv::TableEpoch(pages.table)};
@@ -519,17 +640,8 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       // Reserve.
       if (flags.early_import) PDSERVE_RETURN_IF_ERROR(importer.Begin(1, length, length + 1));
       channel.Write(Hex(kv::EncodeTicket(ticket)));
-      absl::StatusOr<kv::TransferOutcome> outcome = receiver->Outcome(ticket.ticket_id);
-      while (outcome.ok() && outcome->state == kv::TransferState::kReceiving) {
-        receiver->Progress();
-        // With several lanes their threads land the pages under the receiver's mutex; polling
-        // it back to back would compete with them for it.
-        if (Lanes(flags) > 1) absl::SleepFor(absl::Microseconds(50));
-        outcome = receiver->Outcome(ticket.ticket_id);
-      }
+      PDSERVE_RETURN_IF_ERROR(AwaitVerified(flags, *receiver, ticket.ticket_id));
       const int64_t verified = NowNs();
-      PDSERVE_RETURN_IF_ERROR(outcome.status());
-      if (outcome->state != kv::TransferState::kVerified) return outcome->status;
       if (flags.early_import) {
         // Most layers are in the slot already; runnable once the last copies landed.
         PDSERVE_RETURN_IF_ERROR(EarlyImportDone(importer, *slots, model_lock));
@@ -543,25 +655,9 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
             }));
       }
       const int64_t imported = NowNs();
-      const std::vector<std::string> fields = absl::StrSplit(channel.Read(), ' ');
-      if (fields.size() != 10) return absl::InternalError("bad line from the prefill process");
-      const int64_t t0 = std::stoll(fields[0]);
-      forward_ms.push_back(std::stod(fields[1]));
-      uint64_t digest = 0;
-      if (r == 0) {
-        PDSERVE_ASSIGN_OR_RETURN(digest, StateDigest(*gpu));
-        same_state = same_state && digest == std::stoull(fields[2]);
-      }
+      PDSERVE_RETURN_IF_ERROR(
+          row.Add(channel.Read(), verified, imported, r == 0 ? gpu.get() : nullptr));
       Progress("decode", length, r, "imported");
-      transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
-      wait_ms.push_back(std::stod(fields[4]));
-      last_ms.push_back(std::stod(fields[8]));
-      finish_ms.push_back(std::stod(fields[9]));
-      store_ms.push_back(std::stod(fields[5]));
-      post_ms.push_back(std::stod(fields[6]));
-      drain_ms.push_back(static_cast<double>(std::stoll(fields[7]) - std::stoll(fields[3])) / 1e6);
-      lag_ms.push_back(static_cast<double>(verified - std::stoll(fields[7])) / 1e6);
-      import_ms.push_back(static_cast<double>(imported - verified) / 1e6);
       if (!flags.old_import) continue;
       // The previous path, for the record: PagedState::Load into a CPU-layout state, then
       // ImportState through the same staging; it must give the same slot.
@@ -569,45 +665,283 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
       engine::ModelState state = gpu->NewState();
       PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
       PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
-      old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
+      row.old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
       if (r == 0) {
         PDSERVE_ASSIGN_OR_RETURN(const uint64_t old_digest, StateDigest(*gpu));
-        same_state = same_state && old_digest == digest;
+        row.same_state = row.same_state && old_digest == row.digest;
       }
       // The ticket is verified and read: it is forgotten at its lease end; the pages are reused
       // by the next repeat (a new ticket over the same pages, as a benchmark may).
     }
     PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
-    const double transfer = Median(transfer_ms);
-    const double import = Median(import_ms);
-    const double old_import = old_import_ms.empty() ? 0 : Median(old_import_ms);
-    const double left = transfer + import;
-    const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
-    double forward = Median(forward_ms);
-    std::string forward_text = absl::StrFormat("%.1f", forward);
-    if (forward > 0) {
-      longest_forward_ms = forward;
-      longest_forward_tokens = length;
-    } else if (longest_forward_tokens > 0) {
-      forward = longest_forward_ms * static_cast<double>(length) /
-                static_cast<double>(longest_forward_tokens);
-      forward_text = absl::StrFormat("%.1f est.", forward);
+    PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate,
+                                      flags.shm_pull ? "shm pull" : "active messages"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- CUDA IPC (--cuda-ipc) ----------------------------------------------------------------------
+//
+// The same-host device-to-device path through the product's protocol classes (docs/protocol.md,
+// "Same-host device-to-device pages (CUDA IPC)"): the prefill process's pages live in its GPU
+// arena (an IpcPageArena carved by a PagePool, no host bytes),
+// runtime::DeviceStatePages::StoreLayer writes each layer's pages and their XXH3 there after the
+// chunk's forward, and TransferSender::PrepareDevice sends page references to them; the decode
+// process's receiver lands them in its own device pages (ReceiveSpec::device_pci_bus_id, one
+// kv::cuda_ipc::CudaPageLander per lane: one copy and one checksum launch per lane progress) and,
+// once verified, DeviceStatePages::ImportSlot copies them into slot 0.
+
+// A PagePool whose page bytes are GPU memory at `block` (never touched by the host).
+absl::StatusOr<std::unique_ptr<serving::PagePool>> DevicePool(const serving::StateLayout& layout,
+                                                              int64_t total,
+                                                              std::span<std::byte> block) {
+  serving::PagePoolOptions options = layout.PoolOptions(1, total);
+  options.poison_freed = false;
+  options.host_block = block;
+  return serving::PagePool::Create(std::move(options));
+}
+
+// The device page addresses of `table` (sequence 1 of `pool`), as DeviceStatePages takes them.
+absl::StatusOr<runtime::DeviceSequencePages> DeviceAddresses(serving::PagePool& pool,
+                                                             const serving::PageTable& table) {
+  runtime::DeviceSequencePages pages;
+  for (const std::vector<serving::PageHandle>& kind : table.pages) {
+    pages.pages.emplace_back();
+    for (const serving::PageHandle& handle : kind) {
+      PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool.Data(1, handle));
+      pages.pages.back().push_back(bytes.data());
     }
-    const std::string share =
-        forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
-    std::printf(
-        "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s | %s |\n",
-        static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
-        HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
-        Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
-        static_cast<double>(bytes) / (transfer / 1e3) / 1e9, import, old_import, e2e, floor,
-        100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
-        same_state ? "equal" : "DIFFERS", flags.overlap ? "yes" : "no", Median(last_ms),
-        ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all", Median(finish_ms),
-        flags.early_import ? "yes" : "no", flags.shm_pull ? "yes" : "no");
-    std::fflush(stdout);
-    if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
+  }
+  return pages;
+}
+
+// One sequence of `length` + 1 tokens in GPU pages at `block` (PagePool bookkeeping; its page
+// table, transfer plan, device page addresses and DeviceStatePages for slot 0 of side.gpu).
+struct DeviceSequence {
+  std::unique_ptr<serving::PagePool> pool;
+  serving::PageTable table;
+  std::vector<kv::PlannedPage> plan;
+  runtime::DeviceSequencePages pages;
+  std::unique_ptr<runtime::DeviceStatePages> state;
+};
+absl::StatusOr<DeviceSequence> MakeDeviceSequence(Side& side, int64_t length,
+                                                  std::span<std::byte> block) {
+  const int64_t total = length + 1;
+  DeviceSequence d;
+  PDSERVE_ASSIGN_OR_RETURN(d.pool, DevicePool(side.layout, total, block));
+  PDSERVE_ASSIGN_OR_RETURN(d.table, d.pool->Allocate(1, side.layout.Demand(total)));
+  PDSERVE_ASSIGN_OR_RETURN(d.plan,
+                           kv::PlanTransfer(side.layout, side.layers, d.table, length, total));
+  PDSERVE_ASSIGN_OR_RETURN(d.pages, DeviceAddresses(*d.pool, d.table));
+  PDSERVE_ASSIGN_OR_RETURN(d.state,
+                           runtime::DeviceStatePages::Create(side.gpu.get(), side.layout, total));
+  return d;
+}
+
+// Per layer, the PageIds (state kind, index in the table's pages of that kind) of the plan's
+// pages of that layer, in slot order, and the slots they are: which pages StoreLayer checksums,
+// in the order the sender needs them.
+struct LayerChecksums {
+  std::vector<runtime::PagedState::PageId> ids;
+  std::vector<size_t> slots;
+};
+absl::StatusOr<std::vector<LayerChecksums>> PlanChecksums(const serving::StateLayout& layout,
+                                                          const serving::PageTable& table,
+                                                          const std::vector<kv::PlannedPage>& plan,
+                                                          int64_t layers) {
+  std::vector<LayerChecksums> out(static_cast<size_t>(layers));
+  for (size_t slot = 0; slot < plan.size(); ++slot) {
+    const serving::PageHandle& handle = plan[slot].handle;
+    std::optional<serving::StateKind> kind;
+    for (int k = 0; k < serving::kNumStateKinds; ++k) {
+      const auto candidate = static_cast<serving::StateKind>(k);
+      if (layout.KindIndex(candidate) == handle.kind) kind = candidate;
+    }
+    const std::vector<serving::PageHandle>& pages = table.pages[static_cast<size_t>(handle.kind)];
+    const auto at = std::find(pages.begin(), pages.end(), handle);
+    if (!kind.has_value() || at == pages.end() || plan[slot].descriptor.layer >= layers) {
+      return absl::InternalError(absl::StrCat("plan slot ", slot, " is not a page of the table"));
+    }
+    LayerChecksums& layer = out[plan[slot].descriptor.layer];
+    layer.ids.push_back({*kind, static_cast<int64_t>(at - pages.begin())});
+    layer.slots.push_back(slot);
+  }
+  return out;
+}
+
+absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
+  PDSERVE_ASSIGN_OR_RETURN(Side side, MakeSide(flags, "prefill"));
+  const engine::ModelConfig& config = side.config;
+  std::unique_ptr<GpuModel>& gpu = side.gpu;
+  const serving::StateLayout& layout = side.layout;
+  PDSERVE_ASSIGN_OR_RETURN(auto transport,
+                           kv::UcxTransport::Create(Lanes(flags), flags.post_on_lanes));
+  SystemClock clock;
+  cudaEvent_t chunk_events[2];
+  for (cudaEvent_t& e : chunk_events) {
+    PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
+  }
+  // PullSender holds the ack tables it maps; its own page region is not used (no host pages).
+  PDSERVE_ASSIGN_OR_RETURN(auto unused_region,
+                           kv::shm::SharedRegion::Create(kv::shm::kPagesPurpose, 4096));
+  PDSERVE_ASSIGN_OR_RETURN(auto puller, kv::shm::PullSender::Create(*unused_region));
+  kv::TransferSender sender(
+      *transport, clock,
+      {.max_in_flight_bytes = flags.window_mib > 0 ? static_cast<size_t>(flags.window_mib) << 20
+                                                   : kv::InFlightBytesForLanes(Lanes(flags)),
+       .path = "cuda-ipc",
+       .shm_pull = puller.get()});
+  const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
+  for (int64_t length : Lengths(flags)) {
+    const int64_t total = length + 1;
+    const size_t bytes = serving::PagePool::HostBytesNeeded(layout.PoolOptions(1, total));
+    PDSERVE_ASSIGN_OR_RETURN(auto arena, kv::cuda_ipc::IpcPageArena::Create(0, bytes));
+    const std::span<std::byte> block(static_cast<std::byte*>(arena->data()), bytes);
+    PDSERVE_ASSIGN_OR_RETURN(DeviceSequence sequence, MakeDeviceSequence(side, length, block));
+    serving::PagePool* pool = sequence.pool.get();
+    const serving::PageTable& table = sequence.table;
+    const std::vector<kv::PlannedPage>& plan = sequence.plan;
+    const runtime::DeviceSequencePages& device_pages = sequence.pages;
+    runtime::DeviceStatePages* store = sequence.state.get();
+    PDSERVE_ASSIGN_OR_RETURN(const std::vector<LayerChecksums> checks,
+                             PlanChecksums(layout, table, plan, flags.layers));
+    engine::gpu::DeviceArray<uint64_t> sums;
+    engine::gpu::PinnedArray<uint64_t> host_sums;
+    PDSERVE_RETURN_IF_ERROR(sums.Allocate(plan.size()));
+    PDSERVE_RETURN_IF_ERROR(host_sums.Allocate(plan.size()));
+    double forward_ms = 0;
+    engine::ModelState prefix_state;
+    for (int64_t r = 0; r < flags.repeats; ++r) {
+      PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
+      PDSERVE_RETURN_IF_ERROR(
+          RestorePrefix(flags, config, *gpu, length, r, &forward_ms, &prefix_state));
+      const int64_t prefix = (length - 1) / flags.chunk * flags.chunk;
+      const std::vector<int32_t> last = ChunkTokens(config, prefix, length);
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[0], stream), "event"));
+      const int64_t chunk_started = NowNs();
+      PDSERVE_RETURN_IF_ERROR(gpu->Forward(0, last, 0, ChunkRows(flags)).status());
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[1], stream), "event"));
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(chunk_events[1]), "event"));
+      float chunk_ms = 0;
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(
+          cudaEventElapsedTime(&chunk_ms, chunk_events[0], chunk_events[1]), "event time"));
+      if (r == 0 && length <= flags.forward_max) forward_ms += chunk_ms;
+      const int64_t t0 = chunk_started + static_cast<int64_t>(chunk_ms * 1e6);
+      // Every layer's pages into the arena and their checksums, on the model's stream, then the
+      // checksums to the host (the only bytes of the state the host reads).
+      const int64_t store_started = NowNs();
+      size_t at = 0;
+      for (int64_t l = 0; l < flags.layers; ++l) {
+        const LayerChecksums& c = checks[static_cast<size_t>(l)];
+        PDSERVE_RETURN_IF_ERROR(
+            store->StoreLayer(0, l, length, device_pages, {c.ids, sums.get() + at}));
+        at += c.ids.size();
+      }
+      PDSERVE_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(host_sums.get(), sums.get(), at * sizeof(uint64_t),
+                                     cudaMemcpyDeviceToHost, stream),
+                     "checksums"));
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "store"));
+      const int64_t stored = NowNs();
+      kv::DevicePages sources{.arena = kv::cuda_ipc::NameOf(arena->handle())};
+      sources.pages.resize(plan.size());
+      at = 0;
+      for (const LayerChecksums& c : checks) {
+        for (size_t slot : c.slots) sources.pages[slot].xxh3 = host_sums[at++];
+      }
+      for (size_t slot = 0; slot < plan.size(); ++slot) {
+        PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> page, pool->Data(1, plan[slot].handle));
+        sources.pages[slot].offset = static_cast<uint64_t>(page.data() - block.data());
+        sources.pages[slot].length = plan[slot].descriptor.bytes;
+        sources.pages[slot].element = plan[slot].descriptor.element;
+      }
+      PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
+                               sender.PrepareDevice(ticket, std::move(sources)));
+      PDSERVE_RETURN_IF_ERROR(transfer->PostAll());
+      const int64_t posted = NowNs();
+      PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
+      absl::StatusOr<bool> done = false;
+      while (done.ok() && !*done) done = transfer->Poll();
+      PDSERVE_RETURN_IF_ERROR(done.status());
+      const int64_t delivered = NowNs();
+      PDSERVE_RETURN_IF_ERROR(transfer->Release());
+      uint64_t digest = 0;
+      if (r == 0) {
+        PDSERVE_ASSIGN_OR_RETURN(digest, StateDigest(*gpu));
+      }
+      Progress("prefill", length, r, "sent (cuda ipc)");
+      // The decode side's line: copy wait 0 (no host copy), store = the device pages and their
+      // checksums, post = PrepareDevice + PostAll.
+      channel.Write(absl::StrCat(t0, " ", forward_ms, " ", digest, " ", posted, " ", 0.0, " ",
+                                 static_cast<double>(stored - store_started) / 1e6, " ",
+                                 static_cast<double>(posted - stored) / 1e6, " ", delivered, " ",
+                                 static_cast<double>(chunk_ms), " ", 0.0));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
+  PDSERVE_ASSIGN_OR_RETURN(Side side, MakeSide(flags, "decode"));
+  std::unique_ptr<GpuModel>& gpu = side.gpu;
+  const serving::StateLayout& layout = side.layout;
+  SystemClock clock;
+  PDSERVE_ASSIGN_OR_RETURN(auto acks, kv::shm::AckTable::Create(uint64_t{1} << 20));
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto receiver, kv::CreateUcxReceiver(
+                         {.lease = absl::Seconds(600), .acks = acks.get()}, clock,
+                         [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
+  auto arenas = std::make_shared<kv::cuda_ipc::PeerArenaCache>();
+  PDSERVE_RETURN_IF_ERROR(receiver->SetDeviceLanders(
+      [&]() -> absl::StatusOr<std::unique_ptr<kv::shm::DevicePageLander>> {
+        PDSERVE_ASSIGN_OR_RETURN(auto lander, kv::cuda_ipc::CudaPageLander::Create(0, arenas));
+        return std::unique_ptr<kv::shm::DevicePageLander>(std::move(lander));
+      }));
+  char bus[32] = {};
+  PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, 0), "bus id"));
+  PrintHeader();
+  const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
+  ForwardEstimate estimate;
+  uint64_t request = 1;
+  for (int64_t length : Lengths(flags)) {
+    const int64_t total = length + 1;
+    const size_t block_bytes = serving::PagePool::HostBytesNeeded(layout.PoolOptions(1, total));
+    engine::gpu::DeviceArray<std::byte> block;
+    PDSERVE_RETURN_IF_ERROR(block.Allocate(block_bytes));
+    PDSERVE_ASSIGN_OR_RETURN(DeviceSequence sequence,
+                             MakeDeviceSequence(side, length, {block.get(), block_bytes}));
+    serving::PagePool* pool = sequence.pool.get();
+    const serving::PageTable& table = sequence.table;
+    const std::vector<kv::PlannedPage>& plan = sequence.plan;
+    const runtime::DeviceSequencePages& device_pages = sequence.pages;
+    runtime::DeviceStatePages* load = sequence.state.get();
+    Row row;
+    uint64_t bytes = 0;
+    for (int64_t r = 0; r < flags.repeats; ++r) {
+      kv::ReceiveSpec spec{
+          .request_id = request++, .epoch = kv::TableEpoch(table), .device_pci_bus_id = bus};
+      bytes = 0;
+      for (const kv::PlannedPage& page : plan) {
+        spec.pages.push_back(page.descriptor);
+        PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> destination, pool->Data(1, page.handle));
+        spec.destinations.push_back(destination);
+        bytes += page.descriptor.bytes;
+      }
+      PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, receiver->Expect(std::move(spec)));
+      channel.Write(Hex(kv::EncodeTicket(ticket)));
+      PDSERVE_RETURN_IF_ERROR(AwaitVerified(flags, *receiver, ticket.ticket_id));
+      const int64_t verified = NowNs();
+      // The verified device pages into slot 0, device to device.
+      PDSERVE_RETURN_IF_ERROR(load->ImportSlot(0, length, device_pages));
+      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "import"));
+      const int64_t imported = NowNs();
+      PDSERVE_RETURN_IF_ERROR(
+          row.Add(channel.Read(), verified, imported, r == 0 ? gpu.get() : nullptr));
+      Progress("decode", length, r, "imported (cuda ipc)");
+    }
+    PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
+    PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, "cuda-ipc"));
   }
   return absl::OkStatus();
 }
@@ -645,6 +979,9 @@ int main(int argc, char** argv) {
   app.add_option("--shm-pull", flags.shm_pull,
                  "The decode process pulls the pages out of the prefill process's shared pool "
                  "(transfer.shm_pull); 0: active messages");
+  app.add_option("--cuda-ipc", flags.cuda_ipc,
+                 "Pages in the prefill process's GPU arena, landed device to device by the decode "
+                 "process (CUDA IPC; the stores after the chunk, no early import)");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);
@@ -654,12 +991,14 @@ int main(int argc, char** argv) {
   const pid_t child = fork();
   if (child == 0) {
     pdserve::bench::Channel channel(to_prefill[0], to_decode[1]);
-    const absl::Status status = pdserve::bench::Prefill(flags, channel);
+    const absl::Status status = flags.cuda_ipc ? pdserve::bench::PrefillIpc(flags, channel)
+                                               : pdserve::bench::Prefill(flags, channel);
     if (!status.ok()) pdserve::bench::Die("prefill", status);
     _exit(0);
   }
   pdserve::bench::Channel channel(to_decode[0], to_prefill[1]);
-  const absl::Status status = pdserve::bench::Decode(flags, channel);
+  const absl::Status status = flags.cuda_ipc ? pdserve::bench::DecodeIpc(flags, channel)
+                                             : pdserve::bench::Decode(flags, channel);
   if (!status.ok()) {
     kill(child, SIGTERM);
     pdserve::bench::Die("decode", status);
