@@ -138,7 +138,10 @@ absl::StatusOr<Ticket> TransferReceiver::Expect(ReceiveSpec spec) {
 }
 
 absl::Status TransferReceiver::SetDeviceLanders(const DeviceLanderFactory& make) {
-  absl::MutexLock lock(&mu_);
+  // Not under mu_: a lane thread holds its lane's mutex and then mu_ (the sink mutex) around
+  // each delivery, and the transport sets each lane's lander under the lane's mutex, so holding
+  // mu_ here would take the two in the other order (a deadlock absl's detector reported on the
+  // GPU host). The transport's own locking is what makes this safe.
   return transport_->SetDeviceLanders(make);
 }
 

@@ -149,9 +149,12 @@ class TransferReceiver final : private PageSink {
   absl::StatusOr<Ticket> Expect(ReceiveSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Lets GPU destination pages (ReceiveSpec::device_pci_bus_id) land: the transport's
-  // ReceiveTransport::SetDeviceLanders. Call before the first Expect with GPU destinations.
+  // ReceiveTransport::SetDeviceLanders, which must be thread-safe against its own lane threads
+  // (the UCX one sets each lane's lander under the lane's mutex; mu_ is not held). Call before
+  // the first Expect with GPU destinations.
   // Errors: the transport's (Unimplemented for a transport without GPU landing) or the factory's.
-  absl::Status SetDeviceLanders(const DeviceLanderFactory& make) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetDeviceLanders(const DeviceLanderFactory& make)
+      ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Registers memory that destinations will point into (normally the whole page pool, once), so
   // rendezvous receives land without per-message registration. The memory must outlive the

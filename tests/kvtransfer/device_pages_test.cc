@@ -28,6 +28,8 @@
 #include "kvtransfer/ticket_proto.h"
 #include "kvtransfer/transfer_receiver.h"
 #include "kvtransfer/transfer_sender.h"
+#include "kvtransfer/ucx/ucx_receive_transport.h"
+#include "kvtransfer/ucx/ucx_transport.h"
 #include "tests/kvtransfer/test_support.h"
 
 namespace pdserve::kv::testing {
@@ -333,6 +335,75 @@ TEST_F(DevicePagesTest, GpuDestinationsNeedTheAckTable) {
   EXPECT_EQ(no_acks.Expect(spec).status().code(), absl::StatusCode::kFailedPrecondition);
   spec.device_pci_bus_id = std::string(32, '0');
   EXPECT_EQ(receiver_->Expect(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Over real UCX with two lanes on each side (their threads deliver and flush the landers): the
+// landers are set while the lanes run (through the receiver, without a lock-order inversion:
+// absl's deadlock detector aborted the GPU benchmark when the receiver held its mutex there), and
+// a layer's pages land in batches on the lanes and verify.
+TEST(DevicePagesUcxTest, LanesLandArenaPagesInBatchesAndVerify) {
+  setenv("UCX_TLS", "tcp", 1);
+  FakeClock clock;
+  auto parts = MakeShmPullParts(64, kPageBytes);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  auto receiver = CreateUcxReceiver(
+      {.lease = absl::Seconds(10), .incarnation = 3, .acks = parts->acks.get()}, clock,
+      [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, /*lanes=*/2);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  FakeArenas fake;
+  std::vector<size_t> flushes;  // Written on the lane threads, read after the outcome.
+  absl::Mutex flushes_mu;
+  ASSERT_TRUE(
+      (*receiver)
+          ->SetDeviceLanders([&]() -> absl::StatusOr<std::unique_ptr<shm::DevicePageLander>> {
+            absl::MutexLock lock(&flushes_mu);
+            return std::make_unique<FakeLander>(fake, nullptr);
+          })
+          .ok());
+  constexpr uint32_t kSlots = 16;
+  std::vector<std::byte> arena(kSlots * kPageBytes);
+  fake.arenas[7] = arena;
+  std::vector<std::vector<std::byte>> pool(kSlots, std::vector<std::byte>(kPageBytes));
+  ReceiveSpec spec = SpecOverPool(pool, 1, 7, 0, kSlots, kPageBytes);
+  spec.device_pci_bus_id = kBusId;
+  auto ticket = (*receiver)->Expect(std::move(spec));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  shm::IpcRegionName name{
+      .bytes = arena.size(), .pci_bus_id = kBusId, .boot_id = parts->acks->boot_id()};
+  name.memory[0] = std::byte{7};
+  DevicePages pages{.arena = name};
+  for (uint32_t slot = 0; slot < kSlots; ++slot) {
+    const std::span<std::byte> page = std::span(arena).subspan(slot * kPageBytes, kPageBytes);
+    FillPattern(page, 77, slot);
+    pages.pages.push_back({.offset = slot * kPageBytes,
+                           .length = kPageBytes,
+                           .element = ticket->pages[slot].element,
+                           .xxh3 = PayloadChecksum(page)});
+  }
+  auto transport = UcxTransport::Create(2);
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  TransferSender sender(**transport, clock, {.shm_pull = parts->pull.get()});
+  auto transfer = sender.PrepareDevice(*ticket, std::move(pages));
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  ASSERT_TRUE((*transfer)->Commit(16, 3).ok());
+  absl::StatusOr<bool> done = false;
+  absl::StatusOr<TransferOutcome> outcome = (*receiver)->Outcome(ticket->ticket_id);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < until &&
+         (!(done.ok() && *done) || (outcome.ok() && outcome->state == TransferState::kReceiving))) {
+    if (done.ok() && !*done) done = (*transfer)->Poll();
+    (*receiver)->Progress();
+    outcome = (*receiver)->Outcome(ticket->ticket_id);
+    absl::SleepFor(absl::Microseconds(100));
+  }
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  ASSERT_EQ(outcome->state, TransferState::kVerified) << outcome->status;
+  for (uint32_t slot = 0; slot < kSlots; ++slot) {
+    EXPECT_TRUE(MatchesPattern(pool[slot], 77, slot)) << "slot " << slot;
+  }
+  EXPECT_TRUE((*transfer)->Release().ok());
 }
 
 TEST(DevicePageRefTest, RoundTripsAndRefusesMalformedMessages) {

@@ -157,8 +157,10 @@ int LanderPeerMain(const char* handle_hex, const char* layout) {
   const absl::Status outside =
       (*lander)->Add({.device = name, .offset = h.bytes - 32, .length = 64}, one);
   if (outside.code() != absl::StatusCode::kUnavailable) return 33;
+  // (The driver ignores some bytes of an IPC handle: a handle with one byte changed may still
+  // open the same allocation. A GPU no process here sees cannot.)
   shm::IpcRegionName bogus = name;
-  bogus.memory[10] ^= std::byte{0x5a};
+  bogus.pci_bus_id = "0000:ff:1f.7";
   if ((*lander)->Add({.device = bogus, .offset = 0, .length = 64}, one).code() !=
       absl::StatusCode::kUnavailable) {
     return 34;
