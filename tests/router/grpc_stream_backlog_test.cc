@@ -101,13 +101,20 @@ nlohmann::json SlowEndError(const grpc::Status& status) {
 
 class GrpcStreamBacklogTest : public ::testing::Test {
  protected:
-  void Serve(FloodingService* service, GrpcStreamOptions options) {
+  // The service (a member declared before the front, so it outlives it: the front may destroy a
+  // cancelled generation, whose destructor locks the service, after the test body returned; a
+  // service on the test body's stack was gone by then, a rare SEGFAULT under load).
+  FloodingService& Serve(size_t delta_bytes, size_t total_bytes, absl::Duration pause,
+                         GrpcStreamOptions options) {
+    service_ = std::make_unique<FloodingService>(delta_bytes, total_bytes, pause);
     testing::KeepCallbackQueueAlive();
-    auto front = GrpcFront::Start("127.0.0.1", 0, service, nullptr, nullptr, options);
-    ASSERT_TRUE(front.ok()) << front.status();
+    auto front = GrpcFront::Start("127.0.0.1", 0, service_.get(), nullptr, nullptr, options);
+    EXPECT_TRUE(front.ok()) << front.status();
+    if (!front.ok()) return *service_;
     front_ = std::move(*front);
     stub_ = pv1::Generation::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(front_->port()), grpc::InsecureChannelCredentials()));
+    return *service_;
   }
   static pv1::GenerateRequest Request() {
     pv1::GenerateRequest request;
@@ -130,6 +137,7 @@ class GrpcStreamBacklogTest : public ::testing::Test {
     return reader->Finish();
   }
 
+  std::unique_ptr<FloodingService> service_;
   std::unique_ptr<GrpcFront> front_;
   std::unique_ptr<pv1::Generation::Stub> stub_;
 };
@@ -137,10 +145,10 @@ class GrpcStreamBacklogTest : public ::testing::Test {
 TEST_F(GrpcStreamBacklogTest, AClientThatStopsReadingIsEndedStalledAndItsGenerationCancelled) {
   // 16 MB/s: 256 MB would keep the old front queueing for 16 s, and the client would then get
   // it all.
-  FloodingService service(16 << 10, size_t{256} << 20, absl::Milliseconds(1));
-  Serve(&service, {.stream_queue_bytes = 256 << 10,
-                   .max_stream_queue_bytes = size_t{1} << 30,
-                   .stall_timeout = absl::Milliseconds(500)});
+  FloodingService& service = Serve(16 << 10, size_t{256} << 20, absl::Milliseconds(1),
+                                   {.stream_queue_bytes = 256 << 10,
+                                    .max_stream_queue_bytes = size_t{1} << 30,
+                                    .stall_timeout = absl::Milliseconds(500)});
   size_t received = 0;
   const nlohmann::json error = SlowEndError(ReadOnlyAfterTheCancel(service, &received));
   EXPECT_EQ(error["code"], "stream_stalled");
@@ -155,10 +163,10 @@ TEST_F(GrpcStreamBacklogTest, AClientThatStopsReadingIsEndedStalledAndItsGenerat
 }
 
 TEST_F(GrpcStreamBacklogTest, AClientThatLetsTooMuchPileUpIsEndedTooSlow) {
-  FloodingService service(16 << 10, size_t{256} << 20, absl::Milliseconds(1));
-  Serve(&service, {.stream_queue_bytes = 256 << 10,
-                   .max_stream_queue_bytes = 2 << 20,
-                   .stall_timeout = absl::Hours(1)});
+  FloodingService& service = Serve(16 << 10, size_t{256} << 20, absl::Milliseconds(1),
+                                   {.stream_queue_bytes = 256 << 10,
+                                    .max_stream_queue_bytes = 2 << 20,
+                                    .stall_timeout = absl::Hours(1)});
   size_t received = 0;
   EXPECT_EQ(SlowEndError(ReadOnlyAfterTheCancel(service, &received))["code"], "stream_too_slow");
   absl::MutexLock lock(&service.mu);
@@ -169,10 +177,10 @@ TEST_F(GrpcStreamBacklogTest, AClientThatLetsTooMuchPileUpIsEndedTooSlow) {
 TEST_F(GrpcStreamBacklogTest, AReadingClientGetsTheWholeStreamPastTheQueueBound) {
   // 16 MB produced as fast as possible: far past stream_queue_bytes while the client reads.
   constexpr size_t kTotal = size_t{16} << 20;
-  FloodingService service(16 << 10, kTotal, absl::ZeroDuration());
-  Serve(&service, {.stream_queue_bytes = 256 << 10,
-                   .max_stream_queue_bytes = size_t{1} << 30,
-                   .stall_timeout = absl::Seconds(20)});
+  FloodingService& service = Serve(16 << 10, kTotal, absl::ZeroDuration(),
+                                   {.stream_queue_bytes = 256 << 10,
+                                    .max_stream_queue_bytes = size_t{1} << 30,
+                                    .stall_timeout = absl::Seconds(20)});
   std::vector<pv1::GenerateResponse> out;
   const grpc::Status status = testing::GenerateAll(*stub_, Request(), &out);
   ASSERT_TRUE(status.ok()) << status.error_message();
