@@ -35,9 +35,17 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 // the decode worker has begun, so it only cancels the message; Test still waits for one of these.
 // A "failed" ack (the decode worker could not map this worker's region or the range) sets
 // unreadable(): the decode worker left the slot empty, so the page may go again as a message.
+// One kPageRef message (the references of up to kMaxRefsPerMessage pages) and its send, shared
+// by those pages' PullOps.
+struct RefMessage {
+  std::vector<std::byte> bytes;
+  std::unique_ptr<SendOp> op;
+  bool cancelled = false;
+};
+
 class PullOp final : public SendOp {
  public:
-  PullOp(std::unique_ptr<SendOp> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
+  PullOp(std::shared_ptr<RefMessage> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
          PageTransport& transport, PeerId peer, shm::PullSender* sender,
          const shm::RegionName& acks, const Clock& clock, absl::Duration ack_wait, bool device)
       : device_(device),
@@ -73,7 +81,7 @@ class PullOp final : public SendOp {
         }
       }
     }
-    if (std::optional<absl::Status> sent = message_->Test(); sent.has_value() && !sent->ok()) {
+    if (std::optional<absl::Status> sent = message_->op->Test(); sent.has_value() && !sent->ok()) {
       return *sent;
     }
     if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return peer;
@@ -84,12 +92,16 @@ class PullOp final : public SendOp {
     }
     return std::nullopt;
   }
-  void Cancel() override { message_->Cancel(); }
+  // The message is shared by the pages it references: cancelled once.
+  void Cancel() override {
+    if (!message_->cancelled) message_->op->Cancel();
+    message_->cancelled = true;
+  }
   bool unreadable() const { return unreadable_; }
 
  private:
   const bool device_;  // The page is in a GPU arena (its failure message says so).
-  std::unique_ptr<SendOp> message_;
+  std::shared_ptr<RefMessage> message_;
   const std::atomic<uint64_t>* word_;
   const uint64_t ticket_id_;
   PageTransport& transport_;
@@ -123,7 +135,6 @@ Transfer::Transfer(PageTransport& transport, const Clock& clock, SenderOptions o
       pull_(std::move(pull)),
       pull_refusal_(std::move(pull_refusal)) {
   if (pull_.has_value()) {
-    ref_messages_.resize(pages.size());
     message_path_ = options_.path;
     options_.path = "shm-pull";
   }
@@ -183,31 +194,41 @@ PageHeader Transfer::HeaderOf(uint32_t slot) const {
 
 absl::Status Transfer::SendSlot(uint32_t slot) {
   if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
-  const auto encoded = EncodePageHeader(HeaderOf(slot));
-  if (pull_.has_value() && !pull_unreadable_) {
-    if (device_.has_value()) {
-      ref_messages_[slot] = shm::EncodePageRefMessage(
-          encoded,
-          {.device = device_, .offset = device_offsets_[slot], .length = pages_[slot].size()});
-    } else {
-      const shm::SharedRegion& region = options_.shm_pull->pages();
-      ref_messages_[slot] =
-          shm::EncodePageRefMessage(encoded, {.region = region.name(),
-                                              .offset = region.OffsetOf(pages_[slot].data()),
-                                              .length = pages_[slot].size()});
-    }
-    auto message = transport_.Send(peer_, WireKind::kPageRef, {}, ref_messages_[slot]);
-    if (!message.ok()) return Fail(message.status());
-    page_ops_[slot] = std::make_unique<PullOp>(
-        std::move(*message), pull_->words + slot, ticket_.ticket_id, transport_, peer_,
-        options_.shm_pull, ticket_.shm_pull->acks, clock_, lease_length_, device_.has_value());
-  } else {
-    auto op = transport_.Send(peer_, WireKind::kPage, encoded, pages_[slot]);
-    if (!op.ok()) return Fail(op.status());
-    page_ops_[slot] = std::move(*op);
-  }
+  auto op = transport_.Send(peer_, WireKind::kPage, EncodePageHeader(HeaderOf(slot)), pages_[slot]);
+  if (!op.ok()) return Fail(op.status());
+  page_ops_[slot] = std::move(*op);
   in_flight_.push_back(slot);
   in_flight_bytes_ += pages_[slot].size();
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::SendRefs(const std::vector<uint32_t>& slots) {
+  auto message = std::make_shared<RefMessage>();
+  for (uint32_t slot : slots) {
+    if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
+    const auto encoded = EncodePageHeader(HeaderOf(slot));
+    shm::PageRef ref{.length = pages_[slot].size()};
+    if (device_.has_value()) {
+      ref.device = device_;
+      ref.offset = device_offsets_[slot];
+    } else {
+      const shm::SharedRegion& region = options_.shm_pull->pages();
+      ref.region = region.name();
+      ref.offset = region.OffsetOf(pages_[slot].data());
+    }
+    const std::vector<std::byte> entry = shm::EncodePageRefMessage(encoded, ref);
+    message->bytes.insert(message->bytes.end(), entry.begin(), entry.end());
+  }
+  auto sent = transport_.Send(peer_, WireKind::kPageRef, {}, message->bytes);
+  if (!sent.ok()) return Fail(sent.status());
+  message->op = std::move(*sent);
+  for (uint32_t slot : slots) {
+    page_ops_[slot] = std::make_unique<PullOp>(
+        message, pull_->words + slot, ticket_.ticket_id, transport_, peer_, options_.shm_pull,
+        ticket_.shm_pull->acks, clock_, lease_length_, device_.has_value());
+    in_flight_.push_back(slot);
+    in_flight_bytes_ += pages_[slot].size();
+  }
   return absl::OkStatus();
 }
 
@@ -239,15 +260,31 @@ void Transfer::ChecksumOnPool(const std::vector<uint32_t>& slots) {
 }
 
 absl::Status Transfer::Pump() {
+  const bool refs = pull_.has_value() && !pull_unreadable_;
+  // Pulled pages' references go several to a message (docs/protocol.md, "Batched references"),
+  // a message as soon as it is full or nothing more fits the window.
+  std::vector<uint32_t> batch;
+  size_t batch_bytes = 0;
   while (!queued_.empty()) {
     const uint32_t slot = queued_.front();
-    if (!in_flight_.empty() &&
-        in_flight_bytes_ + pages_[slot].size() > options_.max_in_flight_bytes) {
+    if (!(in_flight_.empty() && batch.empty()) &&
+        in_flight_bytes_ + batch_bytes + pages_[slot].size() > options_.max_in_flight_bytes) {
       break;
     }
     queued_.pop_front();
-    PDSERVE_RETURN_IF_ERROR(SendSlot(slot));
+    if (!refs) {
+      PDSERVE_RETURN_IF_ERROR(SendSlot(slot));
+      continue;
+    }
+    batch.push_back(slot);
+    batch_bytes += pages_[slot].size();
+    if (batch.size() == shm::MaxRefsPerMessage(device_.has_value())) {
+      PDSERVE_RETURN_IF_ERROR(SendRefs(batch));
+      batch.clear();
+      batch_bytes = 0;
+    }
   }
+  if (!batch.empty()) PDSERVE_RETURN_IF_ERROR(SendRefs(batch));
   return absl::OkStatus();
 }
 

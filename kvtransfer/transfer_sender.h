@@ -143,7 +143,11 @@ class Transfer {
   absl::Status Pump();
   // The page header of `slot` (its checksum taken).
   PageHeader HeaderOf(uint32_t slot) const;
+  // Sends `slot` as a kPage message.
   absl::Status SendSlot(uint32_t slot);
+  // Sends the references of `slots` (pulled pages) in one kPageRef message, each slot's send
+  // completing on its ack word (PullOp).
+  absl::Status SendRefs(const std::vector<uint32_t>& slots);
   // Sends `slot` (sent before as a reference the decode worker could not read) as a kPage
   // message in its op's place.
   absl::Status ResendAsMessage(uint32_t slot);
@@ -187,10 +191,9 @@ class Transfer {
   absl::Status error_;
   bool delivered_ = false;
   bool released_ = false;
-  // Pulled: the decode worker's ack words, and each slot's kPageRef message while it is in flight.
+  // Pulled: the decode worker's ack words (the kPageRef messages live in their PullOps).
   std::optional<shm::PullSender::Acks> pull_;
   absl::Status pull_refusal_;
-  std::vector<std::vector<std::byte>> ref_messages_;
   // Set by the first "failed" ack: every page not yet read goes as a message, under the metrics'
   // path label of messages (message_path_).
   bool pull_unreadable_ = false;

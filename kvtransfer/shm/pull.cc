@@ -140,6 +140,25 @@ std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_head
   return out;
 }
 
+std::vector<std::span<const std::byte>> SplitPageRefs(std::span<const std::byte> message) {
+  std::vector<std::span<const std::byte>> entries;
+  size_t at = 0;
+  while (at < message.size()) {
+    const std::span<const std::byte> rest = message.subspan(at);
+    size_t size = rest.size();  // An entry of unknown shape takes the rest.
+    if (rest.size() >= kPageHeaderBytes + 8 && LoadLe(rest, kPageHeaderBytes, 4) == kRefMagic) {
+      const uint64_t version = LoadLe(rest, kPageHeaderBytes + 4, 2);
+      const size_t ref = version == kRefVersion         ? kPageRefBytes
+                         : version == kDeviceRefVersion ? kDevicePageRefBytes
+                                                        : rest.size();
+      size = std::min(rest.size(), kPageHeaderBytes + ref);
+    }
+    entries.push_back(rest.first(size));
+    at += size;
+  }
+  return entries;
+}
+
 absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message) {
   const bool device = message.size() == kPageHeaderBytes + kDevicePageRefBytes;
   if (message.size() != kPageHeaderBytes + kPageRefBytes && !device) {

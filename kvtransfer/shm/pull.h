@@ -109,7 +109,19 @@ struct PageRef {
 inline constexpr size_t kPageRefBytes = 64;         // After the 64-byte page header.
 inline constexpr size_t kDevicePageRefBytes = 192;  // Version 2, after the header.
 
-// A kPageRef message: the encoded page header followed by the reference.
+// A kPageRef message carries the references of one or more pages (docs/protocol.md, "Batched
+// references"): each entry an encoded page header followed by its reference, entries back to
+// back, each reference's size given by its version. At most MaxRefsPerMessage entries, so a
+// message stays eager (4 KiB at most) on every UCX transport.
+inline size_t MaxRefsPerMessage(bool device) { return device ? 16 : 32; }
+
+// The entries of a kPageRef message, in order (each an encoded header and its reference, for
+// DecodePageRef / LandPageRef). An entry whose reference's magic or version is not known, or that
+// the message ends inside, is the message's last and holds the rest of it (it then fails to
+// decode as one). Empty for an empty message.
+std::vector<std::span<const std::byte>> SplitPageRefs(std::span<const std::byte> message);
+
+// One entry of a kPageRef message: the encoded page header followed by the reference.
 // Wire layout of the reference, little-endian: 0 magic u32 "PDRF"  4 version u16 (1)
 //   6 reserved u16 (0)  8 pid u32  12 fd u32  16 region bytes u64  24 token [16]  40 offset u64
 //   48 length u64  56 reserved u64 (0).
@@ -182,12 +194,13 @@ class DevicePageLander {
   virtual size_t pending() const = 0;
 };
 
-// Lands one kPageRef message for a receive transport: `on_header` (the sink's OnPageHeader, the
-// page header and the referenced length) decides first. A page in a shared-memory region is then
-// copied out of it (mapped through `regions`) into the target, FinishLanding runs, and
-// `on_landed` gets the result: OK, or Unavailable "shm pull: ..." when the region cannot be
-// mapped or the range lies outside it (nothing copied). A page in a GPU arena goes to `lander`
-// (its on_landed comes from the lander's Flush), or fails its landing (Unavailable "cuda ipc:
+// Lands one entry of a kPageRef message (SplitPageRefs) for a receive transport: `on_header` (the
+// sink's OnPageHeader, the page header and the referenced length) decides first. A page in a
+// shared-memory region is then copied out of it (mapped through `regions`) into the target,
+// FinishLanding runs, and `on_landed` gets the result: OK, or Unavailable "shm pull: ..." when the
+// region cannot be mapped or the range lies outside it (nothing copied). A page in a GPU arena goes
+// to `lander` (its on_landed comes from the lander's Flush), or fails its landing (Unavailable
+// "cuda ipc:
 // ...") when there is no lander, the target is host memory or the lander refuses it; a
 // shared-memory page for a device target fails the same way. A message whose reference does
 // not decode goes to `on_header` with length 0, which no ticket's page has (a header error, not

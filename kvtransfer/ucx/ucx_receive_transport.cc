@@ -221,21 +221,24 @@ ucs_status_t UcxReceiveTransport::OnPageRef(void* arg, const void* /*header*/,
                                             const ucp_am_recv_param_t* param) {
   auto* handler = static_cast<Handler*>(arg);
   UcxReceiveTransport* self = handler->transport;
-  // A reference is 128 or 256 bytes and always eager; a rendezvous one is not ours.
+  // References are at most 4 KiB a message and always eager; a rendezvous one is not ours.
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
-  handler->pages.fetch_add(1, std::memory_order_relaxed);
-  shm::LandPageRef(
-      self->regions_, {static_cast<const std::byte*>(data), length},
-      [&](std::span<const std::byte> page_header, size_t page_length) {
-        std::optional<LandingTarget> target;
-        self->CallSink([&] { target = self->sink_->OnPageHeader(page_header, page_length); });
-        return target;
-      },
-      [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
-        self->CallSink(
-            [&] { self->sink_->OnPageLanded(ticket_id, slot, std::move(status), finished); });
-      },
-      handler->lander.get());
+  for (std::span<const std::byte> entry :
+       shm::SplitPageRefs({static_cast<const std::byte*>(data), length})) {
+    handler->pages.fetch_add(1, std::memory_order_relaxed);
+    shm::LandPageRef(
+        self->regions_, entry,
+        [&](std::span<const std::byte> page_header, size_t page_length) {
+          std::optional<LandingTarget> target;
+          self->CallSink([&] { target = self->sink_->OnPageHeader(page_header, page_length); });
+          return target;
+        },
+        [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
+          self->CallSink(
+              [&] { self->sink_->OnPageLanded(ticket_id, slot, std::move(status), finished); });
+        },
+        handler->lander.get());
+  }
   return UCS_OK;
 }
 

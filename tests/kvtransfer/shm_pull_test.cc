@@ -152,6 +152,18 @@ TEST_F(ShmPullTest, PulledPagesVerifyAndEachSlotIsAcknowledged) {
   EXPECT_EQ(receiver_->stats().bytes_landed, 4 * kPageBytes);
 }
 
+TEST_F(ShmPullTest, ReferencesGoSeveralToAMessage) {
+  const Ticket ticket = Expect(1, 0, kPages);
+  auto transfer = Send(*puller_, ticket, 12, 0);
+  ASSERT_NE(transfer, nullptr);
+  // All eight references in one message (up to 32 fit one), not eight messages.
+  EXPECT_EQ(network_.pending(), 1u);
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  ASSERT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  EXPECT_TRUE(PagesMatch(12, 0, kPages));
+  EXPECT_EQ(receiver_->stats().pages_landed, kPages);
+}
+
 TEST_F(ShmPullTest, PageSendCompletesOnlyOnceItsAckIsWritten) {
   const Ticket ticket = Expect(1, 0, 2);
   auto transfer = Send(*puller_, ticket, 5, 0);
@@ -408,6 +420,39 @@ TEST(PageRefTest, RoundTripsAndRefusesMalformedMessages) {
     bad[at] ^= std::byte{1};
     EXPECT_FALSE(shm::DecodePageRef(bad).ok()) << "byte " << at;
   }
+}
+
+TEST(PageRefTest, MessagesSplitIntoTheirEntries) {
+  const auto header = EncodePageHeader({.request_id = 1, .ticket_id = 2, .slot = 3});
+  const std::vector<std::byte> host = shm::EncodePageRefMessage(
+      header, {.region = {.pid = 10, .fd = 11, .bytes = 4096}, .offset = 64, .length = 128});
+  const std::vector<std::byte> device = shm::EncodePageRefMessage(
+      header, {.device = shm::IpcRegionName{.bytes = 4096, .pci_bus_id = "b", .boot_id = "c"},
+               .offset = 0,
+               .length = 64});
+  std::vector<std::byte> message;
+  for (const auto* entry : {&host, &device, &host}) {
+    message.insert(message.end(), entry->begin(), entry->end());
+  }
+  auto entries = shm::SplitPageRefs(message);
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].size(), host.size());
+  EXPECT_EQ(entries[1].size(), device.size());
+  for (const auto& entry : entries) EXPECT_TRUE(shm::DecodePageRef(entry).ok());
+  // A reference of unknown version takes the rest of the message (one entry, which then fails
+  // to decode: a header error for its ticket, the entries before it unaffected).
+  std::vector<std::byte> bad = message;
+  bad[host.size() + kPageHeaderBytes + 4] = std::byte{9};
+  entries = shm::SplitPageRefs(bad);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_TRUE(shm::DecodePageRef(entries[0]).ok());
+  EXPECT_EQ(entries[1].size(), bad.size() - host.size());
+  EXPECT_FALSE(shm::DecodePageRef(entries[1]).ok());
+  // A message cut inside its last entry: that entry is the short rest.
+  entries = shm::SplitPageRefs(std::span(message).first(message.size() - 5));
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_FALSE(shm::DecodePageRef(entries[2]).ok());
+  EXPECT_TRUE(shm::SplitPageRefs({}).empty());
 }
 
 TEST(ShmPullTicketTest, OfferRoundTripsThroughTheCompactFormAndProto) {
