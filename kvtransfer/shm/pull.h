@@ -111,8 +111,8 @@ inline constexpr size_t kDevicePageRefBytes = 192;  // Version 2, after the head
 
 // A kPageRef message carries the references of one or more pages (docs/protocol.md, "Batched
 // references"): each entry an encoded page header followed by its reference, entries back to
-// back, each reference's size given by its version. At most MaxRefsPerMessage entries, so a
-// message stays eager (4 KiB at most) on every UCX transport.
+// back, each reference's size given by its version. At most MaxRefsPerMessage entries (4 KiB at
+// most), which the UCX transport sends eager (UCP_AM_SEND_FLAG_EAGER).
 inline size_t MaxRefsPerMessage(bool device) { return device ? 16 : 32; }
 
 // The entries of a kPageRef message, in order (each an encoded header and its reference, for

@@ -53,6 +53,13 @@ class UcxSendOp final : public SendOp, public LaneSend {
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       param.memh = memh_;
     }
+    if (am_id_ != static_cast<unsigned>(WireKind::kPage)) {
+      // References (at most 4 KiB) and control messages go eager whatever UCX_RNDV_THRESH says:
+      // the receiver refuses them by rendezvous (docs/protocol.md, "Batched references"), and a
+      // threshold under a batch's size failed every pulled transfer (breaker57).
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_AM_SEND_FLAG_EAGER;
+    }
     const ucs_status_ptr_t request = ucp_am_send_nbx(ep_, am_id_, header_.data(), header_.size(),
                                                      payload_.data(), payload_.size(), &param);
     if (request == nullptr) {

@@ -341,8 +341,16 @@ TEST_F(DevicePagesTest, GpuDestinationsNeedTheAckTable) {
 // landers are set while the lanes run (through the receiver, without a lock-order inversion:
 // absl's deadlock detector aborted the GPU benchmark when the receiver held its mutex there), and
 // a layer's pages land in batches on the lanes and verify.
+//
+// Under a rendezvous threshold below a batch's size (an operator's UCX_RNDV_THRESH=256), the
+// reference messages still go eager: the receiver refuses a rendezvous one, and before they were
+// forced eager every pulled transfer then failed ("page send: Unsupported operation"; breaker57).
 TEST(DevicePagesUcxTest, LanesLandArenaPagesInBatchesAndVerify) {
   setenv("UCX_TLS", "tcp", 1);
+  setenv("UCX_RNDV_THRESH", "256", 1);
+  struct Unset {
+    ~Unset() { unsetenv("UCX_RNDV_THRESH"); }
+  } unset;
   FakeClock clock;
   auto parts = MakeShmPullParts(64, kPageBytes);
   ASSERT_TRUE(parts.ok()) << parts.status();
