@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/router/service_fixture.h"
 
 namespace pdserve::router {
@@ -75,7 +76,7 @@ TEST_F(RouterServiceTest, FullDecodePoolIsWaitedForThen429) {
 // soon as a slot frees (the end of a stream), not after a backoff.
 TEST_F(RouterServiceTest, RequestsBeyondTheSlotsWaitAndAreServedInArrivalOrder) {
   decode_[0]->slots = 1;
-  decode_[0]->token_delay_ms = 40;
+  decode_[0]->token_delay_ms = 100;  // the first holds the slot ~300 ms: time for all to queue
   auto service = MakeService();
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   std::vector<std::unique_ptr<frontend::Generation>> generations;
@@ -90,8 +91,16 @@ TEST_F(RouterServiceTest, RequestsBeyondTheSlotsWaitAndAreServedInArrivalOrder) 
         absl::MutexLock lock(&decode_[0]->mu);
         return decode_[0]->admitted.size() == 1u;
       }));
+    } else {
+      // Arrival order is queue order: each waits in the queue before the next starts. (A sleep
+      // of 5 ms between starts was not enough on a loaded 2-core machine: a request whose first
+      // Reserve was still in flight was not queued yet, and the next one, trying directly, was
+      // admitted first: {3, 6, 4, 5} in CI's run, 2026-12-05.)
+      ASSERT_TRUE(Eventually([&] {
+        return service->MetricsText().find(absl::StrCat("pdserve_router_queue_depth ", i, "\n")) !=
+               std::string::npos;
+      })) << i;
     }
-    absl::SleepFor(absl::Milliseconds(5));  // arrival order
   }
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(sinks[i]->done.WaitForNotificationWithTimeout(absl::Seconds(20))) << i;
