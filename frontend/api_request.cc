@@ -117,9 +117,11 @@ class FieldReader {
     if (integral_float) {
       const double d = v->get<double>();
       // The bounds of int64 first, so that the cast below is defined.
-      if (d < -0x1p63 || d >= 0x1p63 || static_cast<int64_t>(d) < lo ||
-          static_cast<int64_t>(d) > hi) {
-        return out_of_range(absl::StrFormat("%.0f", d));
+      if (d < -0x1p63 || d >= 0x1p63) {  // digits up to 1e21 (as JavaScript writes numbers)
+        return out_of_range(absl::StrFormat(std::fabs(d) < 1e21 ? "%.0f" : "%g", d));
+      }
+      if (static_cast<int64_t>(d) < lo || static_cast<int64_t>(d) > hi) {
+        return out_of_range(absl::StrCat(static_cast<int64_t>(d)));  // -0.0 reads as 0
       }
       *out = static_cast<int64_t>(d);
       return;

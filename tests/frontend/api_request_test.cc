@@ -346,8 +346,13 @@ TEST(ApiRequestTest, AnIntegralNumberWrittenWithAnExponentOrPointIsReadByItsValu
        "10000000000000000000",
        "seed"},
       {chat + R"("seed":-1e30})",
+       "'seed' must be between -9223372036854775808 and 9223372036854775807, got -1e+30", "seed"},
+      // A huge value is not printed as its 309 digits; -0.0 is 0.
+      {chat + R"("max_tokens":1e308})", max_tokens_range + "1e+308", "max_tokens"},
+      {chat + R"("max_tokens":-0.0})", max_tokens_range + "0", "max_tokens"},
+      {chat + R"("seed":1e20})",
        "'seed' must be between -9223372036854775808 and 9223372036854775807, got "
-       "-1000000000000000019884624838656",
+       "100000000000000000000",
        "seed"},
       {chat + R"("max_tokens":5.5})", "'max_tokens' must be an integer", "max_tokens"},
       {chat + R"("max_tokens":1e-1})", "'max_tokens' must be an integer", "max_tokens"},
