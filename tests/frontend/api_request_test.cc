@@ -65,6 +65,22 @@ TEST(ApiRequestTest, CompletionBatchOfOnePromptIsThatPrompt) {
   EXPECT_EQ(*text.prompt_text, "In the");
 }
 
+// Token ids are read by value as the integer fields are: 5.0 and 6e0 are ids 5 and 6; a
+// fractional part, a sign or a value past int32 is refused.
+TEST(ApiRequestTest, TokenIdsWrittenAsIntegralNumbersAreReadByTheirValue) {
+  ApiRequest r = ParseOk(Endpoint::kCompletions,
+                         R"({"model":"m","prompt":[5.0,6e0,2147483647],"stop_token_ids":[1.0]})");
+  EXPECT_EQ(*r.prompt_tokens, (std::vector<int32_t>{5, 6, 2147483647}));
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{1}));
+  for (const char* bad :
+       {"[2147483648]", "[2147483648.0]", "[-1.0]", "[5.5]", "[1e300]", "[18446744073709551615]"}) {
+    EXPECT_EQ(ParseErr(Endpoint::kCompletions, std::string(R"({"model":"m","prompt":)") + bad + "}")
+                  .message,
+              "'prompt' token ids must be non-negative integers")
+        << bad;
+  }
+}
+
 TEST(ApiRequestTest, ChatMessagesWithTextParts) {
   ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m","messages":[
       {"role":"system","content":"Be brief."},
