@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -124,8 +126,9 @@ absl::Status GpuPrefillEngine::BeginPrompt(std::span<const int32_t> prompt) {
   return gpu.ResetSlot(kSlot);
 }
 
-absl::StatusOr<std::vector<float>> GpuPrefillEngine::ForwardChunks(std::span<const int32_t> prompt,
-                                                                   const ChunkDone& chunk_done) {
+absl::StatusOr<std::vector<float>> GpuPrefillEngine::ForwardChunks(
+    std::span<const int32_t> prompt, const ChunkDone& chunk_done,
+    const engine::gpu::GpuModel::LayerFinal& last_chunk_final) {
   PDSERVE_RETURN_IF_ERROR(BeginPrompt(prompt));
   const auto length = static_cast<int64_t>(prompt.size());
   engine::gpu::GpuModel& gpu = group_->rank(0);
@@ -134,7 +137,14 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::ForwardChunks(std::span<con
   for (int64_t from = 0; from < length;) {
     const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
     const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
-    PDSERVE_ASSIGN_OR_RETURN(logits, gpu.Forward(kSlot, tokens, 0, rows));
+    if (last_chunk_final && to == length) {
+      const absl::Status begun = gpu.BeginForwardStoring(kSlot, tokens, last_chunk_final, rows);
+      absl::StatusOr<engine::Tensor> finished = gpu.FinishForward();  // also after an error
+      PDSERVE_RETURN_IF_ERROR(begun);
+      PDSERVE_ASSIGN_OR_RETURN(logits, std::move(finished));
+    } else {
+      PDSERVE_ASSIGN_OR_RETURN(logits, gpu.Forward(kSlot, tokens, 0, rows));
+    }
     NoteChunkLayers();
     PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
     from = to;
@@ -159,8 +169,6 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
     return absl::InvalidArgumentError(absl::StrCat("checksum pages for ", checksum_pages.size(),
                                                    " layers; the model has ", layers));
   }
-  DeviceRun run;
-  PDSERVE_ASSIGN_OR_RETURN(run.logits, ForwardChunks(prompt, chunk_done));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStatePages> store,
                            DeviceStatePages::Create(&gpu, paged.layout(), paged.total_tokens()));
   DeviceSequencePages addresses;
@@ -168,17 +176,32 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
     addresses.pages.emplace_back();
     for (std::span<std::byte> page : kind) addresses.pages.back().push_back(page.data());
   }
+  // Layer l's checksums go to sums[first[l], first[l] + checksum_pages[l].size()).
+  std::vector<size_t> first;
   size_t count = 0;
-  for (const auto& ids : checksum_pages) count += ids.size();
+  for (const auto& ids : checksum_pages) {
+    first.push_back(count);
+    count += ids.size();
+  }
   engine::gpu::DeviceArray<uint64_t> sums;
   PDSERVE_RETURN_IF_ERROR(sums.Allocate(std::max<size_t>(count, 1)));
-  const auto position = static_cast<int64_t>(prompt.size());
-  size_t at = 0;
-  for (int64_t l = 0; l < layers; ++l) {
-    const std::vector<PagedState::PageId>& ids = checksum_pages[static_cast<size_t>(l)];
-    PDSERVE_RETURN_IF_ERROR(
-        store->StoreLayer(kSlot, l, position, addresses, {ids, sums.get() + at}));
-    at += ids.size();
+  const engine::gpu::GpuModel::LayerFinal store_layer = [&](int64_t l, int64_t position,
+                                                            void* stream) {
+    const auto i = static_cast<size_t>(l);
+    return store->StoreLayer(kSlot, l, position, addresses,
+                             {checksum_pages[i], sums.get() + first[i]}, stream);
+  };
+  // PDSERVE_CUDA_IPC_OVERLAP=1: each layer's store is enqueued during the last chunk, right after
+  // the layer's attention (GpuModel::BeginForwardStoring); otherwise all after the forward.
+  const char* overlap_env = std::getenv("PDSERVE_CUDA_IPC_OVERLAP");
+  const bool overlap = overlap_env != nullptr && std::string_view(overlap_env) == "1";
+  DeviceRun run;
+  PDSERVE_ASSIGN_OR_RETURN(run.logits,
+                           ForwardChunks(prompt, chunk_done, overlap ? store_layer : nullptr));
+  if (!overlap) {
+    for (int64_t l = 0; l < layers; ++l) {
+      PDSERVE_RETURN_IF_ERROR(store_layer(l, static_cast<int64_t>(prompt.size()), nullptr));
+    }
   }
   std::vector<uint64_t> host(count);
   PDSERVE_RETURN_IF_ERROR(engine::gpu::CudaStatus(
@@ -188,11 +211,9 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
   PDSERVE_RETURN_IF_ERROR(
       engine::gpu::CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu.cuda_stream())),
                               "cudaStreamSynchronize (device page stores)"));
-  at = 0;
-  for (const auto& ids : checksum_pages) {
-    run.checksums.emplace_back(host.begin() + static_cast<std::ptrdiff_t>(at),
-                               host.begin() + static_cast<std::ptrdiff_t>(at + ids.size()));
-    at += ids.size();
+  for (size_t l = 0; l < checksum_pages.size(); ++l) {
+    const auto from = host.begin() + static_cast<std::ptrdiff_t>(first[l]);
+    run.checksums.emplace_back(from, from + static_cast<std::ptrdiff_t>(checksum_pages[l].size()));
   }
   return run;
 }

@@ -69,10 +69,12 @@ class GpuPrefillEngine final : public PrefillEngine {
                                          const runtime::SequencePages& pages,
                                          const LayerStored& layer_stored,
                                          const ChunkDone& chunk_done) override;
-  // The CUDA IPC path on one GPU: the chunks as Run (every chunk whole), then each layer stored
-  // into the device pages with its checksums (runtime::DeviceStatePages::StoreLayer, on the
-  // model's stream), and one wait for all of them. FailedPrecondition on an expert-parallel
-  // group (the state lies on rank 0, the arena's GPU may be another).
+  // The CUDA IPC path on one GPU: the chunks as Run, each layer stored into the device pages
+  // with its checksums (runtime::DeviceStatePages::StoreLayer) after the forward on the model's
+  // stream, or, with the environment's PDSERVE_CUDA_IPC_OVERLAP=1, during the last chunk right
+  // after the layer's attention (GpuModel::BeginForwardStoring), then one wait for all of them.
+  // FailedPrecondition on an expert-parallel group (the state lies on rank 0, the arena's GPU may
+  // be another).
   absl::StatusOr<DeviceRun> RunToDevice(
       std::span<const int32_t> prompt, const runtime::PagedState& paged,
       const runtime::SequencePages& device_pages,
@@ -94,9 +96,11 @@ class GpuPrefillEngine final : public PrefillEngine {
 
   // Checks the prompt's length and resets the slot (and the staging) for it.
   absl::Status BeginPrompt(std::span<const int32_t> prompt);
-  // Resets the slot and runs the prompt's chunks whole; the last chunk's logits (last row).
-  absl::StatusOr<std::vector<float>> ForwardChunks(std::span<const int32_t> prompt,
-                                                   const ChunkDone& chunk_done);
+  // Runs the prompt's chunks (BeginPrompt first), the last one with BeginForwardStoring and
+  // `last_chunk_final` when that is set, else whole; the last chunk's last-row logits.
+  absl::StatusOr<std::vector<float>> ForwardChunks(
+      std::span<const int32_t> prompt, const ChunkDone& chunk_done,
+      const engine::gpu::GpuModel::LayerFinal& last_chunk_final);
   // Reports every layer of the chunk whose forward just returned (LayerForwarded).
   void NoteChunkLayers() const {
     for (int64_t l = 0; l < group_->rank(0).config().num_hidden_layers; ++l) NoteLayerForwarded(l);

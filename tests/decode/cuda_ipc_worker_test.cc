@@ -154,8 +154,9 @@ class DeviceSlots final : public runtime::SlotImporter {
 class DeviceRunner final : public runtime::SequenceRunner {
  public:
   DeviceRunner(std::unique_ptr<engine::Model> model, const runtime::RunnerContext& context,
-               DeviceSlots* slots)
-      : model_(std::move(model)),
+               DeviceSlots* slots, bool early)
+      : early_(early),
+        model_(std::move(model)),
         pool_(context.pool),
         inner_(*model_, *context.layout, context.pool, context.options),
         slots_(slots),
@@ -170,9 +171,10 @@ class DeviceRunner final : public runtime::SequenceRunner {
   absl::StatusOr<serving::StepOutcome> Run(const serving::StepPlan& plan) override {
     return inner_.Run(plan);
   }
-  runtime::EarlyImporter* early_importer() override { return &importer_; }
+  runtime::EarlyImporter* early_importer() override { return early_ ? &importer_ : nullptr; }
 
  private:
+  const bool early_;
   std::unique_ptr<engine::Model> model_;
   serving::PagePool* pool_;
   runtime::EngineStepRunner inner_;
@@ -289,11 +291,20 @@ class CudaIpcWorkerTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<runtime::SequenceRunner>> MakeRunner(
-      const runtime::RunnerContext& context, DeviceSlots* slots) {
+      const runtime::RunnerContext& context, DeviceSlots* slots, bool early = true) {
     auto cpu = engine::Model::Load(context.model_dir);
     if (!cpu.ok()) return cpu.status();
     return std::make_unique<DeviceRunner>(std::make_unique<engine::Model>(std::move(*cpu)), context,
-                                          slots);
+                                          slots, early);
+  }
+  // Another decode worker of `options`, served as decode_stubs_.back().
+  void AddDecode(const DecodeWorkerOptions& options) {
+    auto decode = DecodeWorker::Create(options);
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    decode_.push_back(std::move(*decode));
+    decode_servers_.emplace_back();
+    decode_stubs_.push_back(
+        Serve(decode_.back().get(), &decode_servers_.back(), &v1::DecodeWorker::NewStub));
   }
 
   v1::HealthResponse PrefillHealth(v1::PrefillWorker::Stub& stub) {
@@ -378,6 +389,7 @@ class CudaIpcWorkerTest : public ::testing::Test {
   HostDeviceEngine* engine_ = nullptr;
   DeviceSlots plain_slots_;
   DeviceSlots ipc_slots_;
+  DeviceSlots late_slots_;  // a test's decode worker without an early importer
   std::unique_ptr<prefill::PrefillWorker> prefill_;
   std::unique_ptr<grpc::Server> prefill_server_;
   std::unique_ptr<v1::PrefillWorker::Stub> prefill_stub_;
@@ -446,12 +458,7 @@ TEST_F(CudaIpcWorkerTest, AnArenaThisProcessCannotMapGoesByHostPages) {
 TEST_F(CudaIpcWorkerTest, ARequestLongerThanTheArenaTokensGoesByHostPages) {
   DecodeWorkerOptions small = ipc_options_;
   small.device_landing->request_tokens = 40;
-  auto decode = DecodeWorker::Create(small);
-  ASSERT_TRUE(decode.ok()) << decode.status();
-  decode_.push_back(std::move(*decode));
-  decode_servers_.emplace_back();
-  decode_stubs_.push_back(
-      Serve(decode_.back().get(), &decode_servers_.back(), &v1::DecodeWorker::NewStub));
+  AddDecode(small);
   const v1::CudaIpcSource source = PrefillHealth(*prefill_stub_).cuda_ipc();
   const Result fits = Run(2, 500, Prompt(30, 4), source);    // 30 + 10 tokens
   const Result longer = Run(2, 501, Prompt(31, 4), source);  // 31 + 10
@@ -460,6 +467,22 @@ TEST_F(CudaIpcWorkerTest, ARequestLongerThanTheArenaTokensGoesByHostPages) {
   EXPECT_EQ(fits.tokens, Run(0, 500, Prompt(30, 4), std::nullopt).tokens);
   EXPECT_EQ(longer.tokens, Run(0, 501, Prompt(31, 4), std::nullopt).tokens);
   EXPECT_FALSE(longer.tokens.empty());
+}
+
+// The device pages are read by the early import: a decode worker without one (transfer.
+// early_import false, or an expert-parallel runner) lands every request in host pages.
+TEST_F(CudaIpcWorkerTest, WithoutAnEarlyImporterEveryRequestGoesByHostPages) {
+  DecodeWorkerOptions late = ipc_options_;
+  late.runner_factory = [this](const runtime::RunnerContext& context) {
+    return MakeRunner(context, &late_slots_, /*early=*/false);
+  };
+  AddDecode(late);
+  const std::vector<int32_t> prompt = Prompt(50, 6);
+  const Result got = Run(2, 600, prompt, PrefillHealth(*prefill_stub_).cuda_ipc());
+  ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();
+  EXPECT_FALSE(AsksGpuPages(got.ticket));
+  EXPECT_EQ(got.tokens, Run(0, 600, prompt, std::nullopt).tokens);
+  EXPECT_EQ(late_slots_.device_claims(), 0);
 }
 
 // A CPU prefill worker (its engine stores no device pages) states no arena, so a router never
