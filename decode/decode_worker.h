@@ -311,6 +311,12 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   absl::Status DevicePagesRefusal(const pdserve::worker::v1::ReserveRequest& request,
                                   int32_t choice_count, int64_t total_tokens) const;
   absl::Status CreateDevicePool();
+  // A lander refused a page of the arena named `source` (it cannot be mapped here, or the range
+  // is outside it): requests from that GPU go by host pages for kDeviceSuspension (the failed
+  // request itself fails, loudly, as any failed transfer). Runs on a lane thread under the
+  // receiver's mutex.
+  void SuspendDeviceSource(const std::string& source, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Early import (decode/early_import.cc; the runner's EarlyImporter, RunnerOptions::
   // early_import). Claims `record`'s slot (no forks; no mu_ held); on failure the request
@@ -368,7 +374,10 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   DeviceLanding::Memory device_memory_;
   std::unique_ptr<serving::PagePool> device_page_pool_;
   int64_t device_request_tokens_ = 0;  // the most tokens one request may hold there
-  ReasonLatch<> device_refusals_;      // the last reason a request offered GPU pages went by host
+  // Arenas ("boot id / PCI bus id") a lander refused, and until when requests from them go by
+  // host pages.
+  absl::flat_hash_map<std::string, absl::Time> device_suspended_ ABSL_GUARDED_BY(mu_);
+  ReasonLatch<> device_refusals_;  // the last reason a request offered GPU pages went by host
   SystemClock clock_;
   // Before receiver_, which records into it (and whose lane threads ~DecodeWorker stops first).
   std::unique_ptr<kv::TransferMetrics> transfer_metrics_;

@@ -8,10 +8,13 @@
 //     the same host, its GPU visible here);
 //   - one choice (a shared reservation's forks copy host pages) that fits the pool, with pages
 //     and a slot free now.
+//   - no lander refused a page of that arena in the last minute (SuspendDeviceSource).
 // Once the ticket asks for GPU pages there is no way back: a page the lander cannot map or
-// read fails its landing, and the request fails as any failed transfer does (never decodes).
+// read fails its landing, and the request fails as any failed transfer does (never decodes);
+// the arena's next requests go by host pages for a minute.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 #include "decode/decode_worker.h"
 #include "kvtransfer/transfer_plan.h"
@@ -26,6 +30,51 @@
 
 namespace pdserve::decode {
 namespace v1 = pdserve::worker::v1;
+namespace {
+
+constexpr absl::Duration kDeviceSuspension = absl::Seconds(60);
+
+std::string SourceKey(const std::string& boot_id, const std::string& pci_bus_id) {
+  return absl::StrCat(boot_id, " / ", pci_bus_id);
+}
+
+// The transport's lander, with each refused page reported (SuspendDeviceSource).
+class WatchedLander final : public kv::shm::DevicePageLander {
+ public:
+  using Refused = std::function<void(const std::string& source, const absl::Status& why)>;
+  WatchedLander(std::unique_ptr<kv::shm::DevicePageLander> inner, Refused refused)
+      : inner_(std::move(inner)), refused_(std::move(refused)) {}
+  absl::Status Add(const kv::shm::PageRef& ref, const kv::LandingTarget& target) override {
+    absl::Status added = inner_->Add(ref, target);
+    if (absl::IsUnavailable(added) && ref.device.has_value()) {
+      refused_(SourceKey(ref.device->boot_id, ref.device->pci_bus_id), added);
+    }
+    return added;
+  }
+  void Flush(const std::function<void(const kv::LandingTarget&, absl::Status, uint64_t)>& landed)
+      override {
+    inner_->Flush(landed);
+  }
+  size_t pending() const override { return inner_->pending(); }
+
+ private:
+  const std::unique_ptr<kv::shm::DevicePageLander> inner_;
+  const Refused refused_;
+};
+
+}  // namespace
+
+void DecodeWorker::SuspendDeviceSource(const std::string& source, const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Time& until = device_suspended_[source];
+    const bool fresh = until < clock_.Now();
+    until = clock_.Now() + kDeviceSuspension;
+    if (!fresh) return;
+  }
+  spdlog::warn("transfer: cuda ipc from {} failed ({}): its requests go by host pages for {}",
+               source, why.ToString(), absl::FormatDuration(kDeviceSuspension));
+}
 
 absl::Status DecodeWorker::CreateDevicePool() {
   DeviceLanding& landing = *options_.device_landing;
@@ -48,7 +97,15 @@ absl::Status DecodeWorker::CreateDevicePool() {
                            landing.allocate(serving::PagePool::HostBytesNeeded(options)));
   options.host_block = device_memory_.bytes;
   PDSERVE_ASSIGN_OR_RETURN(device_page_pool_, serving::PagePool::Create(std::move(options)));
-  PDSERVE_RETURN_IF_ERROR(receiver_->SetDeviceLanders(landing.landers));
+  PDSERVE_RETURN_IF_ERROR(receiver_->SetDeviceLanders(
+      [this,
+       make = landing.landers]() -> absl::StatusOr<std::unique_ptr<kv::shm::DevicePageLander>> {
+        PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::shm::DevicePageLander> lander, make());
+        return std::make_unique<WatchedLander>(
+            std::move(lander), [this](const std::string& source, const absl::Status& why) {
+              SuspendDeviceSource(source, why);
+            });
+      }));
   spdlog::info(
       "transfer: cuda ipc on (GPU {}: a {:.1f} MB device page pool for {} requests of up to {} "
       "tokens, landed device to device where the prefill worker offers its GPU arena)",
@@ -77,7 +134,17 @@ absl::Status DecodeWorker::DevicePagesRefusal(const v1::ReserveRequest& request,
         " of the device page pool and the prefill worker's arena "
         "(transfer.cuda_ipc_arena_tokens)"));
   }
-  return options_.device_landing->can_map(request.prefill_cuda_ipc());
+  const v1::CudaIpcSource& source = request.prefill_cuda_ipc();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = device_suspended_.find(SourceKey(source.boot_id(), source.pci_bus_id()));
+    if (it != device_suspended_.end() && it->second > clock_.Now()) {
+      return absl::UnavailableError(absl::StrCat(
+          "a page of this prefill worker's GPU arena could not be landed here; host pages until ",
+          absl::FormatTime(it->second)));
+    }
+  }
+  return options_.device_landing->can_map(source);
 }
 
 bool DecodeWorker::BeginDeviceImport(Request& record, const v1::ReserveRequest& request,

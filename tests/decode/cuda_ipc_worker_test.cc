@@ -485,6 +485,32 @@ TEST_F(CudaIpcWorkerTest, WithoutAnEarlyImporterEveryRequestGoesByHostPages) {
   EXPECT_EQ(late_slots_.device_claims(), 0);
 }
 
+// An arena the decode worker's lander cannot map fails that request loudly (never decoded), and
+// the next requests from that prefill worker go by host pages.
+TEST_F(CudaIpcWorkerTest, AnArenaTheLanderCannotMapFailsThatRequestAndLaterOnesGoByHostPages) {
+  const v1::CudaIpcSource source = PrefillHealth(*prefill_stub_).cuda_ipc();
+  std::span<std::byte> arena;
+  {
+    absl::MutexLock lock(&arenas_.mu);
+    arena = arenas_.arenas[kArenaId];
+    arenas_.arenas.erase(kArenaId);  // as a cudaIpcOpenMemHandle that fails
+  }
+  const Result failed = Run(1, 700, Prompt(20, 1), source);
+  EXPECT_TRUE(AsksGpuPages(failed.ticket));
+  EXPECT_FALSE(failed.prefill.ok());
+  EXPECT_TRUE(failed.tokens.empty());
+  {
+    absl::MutexLock lock(&arenas_.mu);
+    arenas_.arenas[kArenaId] = arena;
+  }
+  const std::vector<int32_t> prompt = Prompt(20, 2);
+  const Result next = Run(1, 701, prompt, source);
+  ASSERT_TRUE(next.prefill.ok()) << next.prefill.error_message();
+  EXPECT_FALSE(AsksGpuPages(next.ticket));
+  EXPECT_EQ(next.tokens, Run(0, 701, prompt, std::nullopt).tokens);
+  EXPECT_FALSE(next.tokens.empty());
+}
+
 // A CPU prefill worker (its engine stores no device pages) states no arena, so a router never
 // passes one for it; a ticket that asks for GPU pages anyway is refused before anything is sent.
 TEST_F(CudaIpcWorkerTest, ACpuPrefillWorkerStatesNoArenaAndRefusesATicketForGpuPages) {
