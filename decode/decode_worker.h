@@ -14,12 +14,14 @@
 // bit-identical to colocated mode; with DecodeWorkerOptions::runner_factory (backend: cuda) with
 // runtime::GpuStepRunner instead, which imports each verified request's pages into a GPU slot
 // and decodes the whole batch in one step (runtime/cuda/gpu_step_runner.h says what batch
-// invariance then holds). Abort (or a cancelled Generate) ends the request with "abort":
-// a receiving request's pages are released behind the abort fence, a decoding one's after the
-// step in flight. An Abort that comes before its Reserve, or while Reserve is registering the
-// request, makes that Reserve fail with ABORTED: the ticket never left this worker, so nothing
-// can write the pages and they are freed at once (or never allocated). Each of these steps is an
-// event of the request's one lifecycle (decode/request_state.h), applied by Apply.
+// invariance then holds); with DecodeWorkerOptions::device_landing a request whose prefill
+// worker sends from a GPU arena lands in device pages instead (decode/device_pages.cc). Abort
+// (or a cancelled Generate) ends the request with "abort": a receiving request's pages are
+// released behind the abort fence, a decoding one's after the step in flight. An Abort that
+// comes before its Reserve, or while Reserve is registering the request, makes that Reserve
+// fail with ABORTED: the ticket never left this worker, so nothing can write the pages and they
+// are freed at once (or never allocated). Each of these steps is an event of the request's one
+// lifecycle (decode/request_state.h), applied by Apply.
 //
 // Thread-safety: every RPC may run concurrently on gRPC's threads. Lock order: a request's
 // RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release, on_outcome). mu_ is

@@ -15,6 +15,8 @@
 // posts its pages (Transfer::PostLayer) at once. On the CPU engine that happens inside the final
 // block's forward, so UCX moves layer l while layers l+1.. compute; on the CUDA engine after the
 // whole forward (runtime/cuda/gpu_prefill_engine.h says why). Slots come from kv::PlanTransfer.
+// A ticket that asks for GPU pages (transfer.cuda_ipc) is served from the worker's GPU arena
+// instead (prefill/device_pages.cc, DeviceArena).
 // Heartbeats go out between prefill blocks, so a long prompt keeps its lease. One prefill runs at
 // a time (the UCX transport is single-threaded; the CPU backend's GEMMs already use every core;
 // the CUDA engine has one slot); others wait in FIFO order (run_queue_), at most max_waiting.
