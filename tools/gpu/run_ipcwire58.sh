@@ -57,9 +57,9 @@ step() {  # name, seconds, environment assignments...
   [ -f "$out/serve-cuda.json" ] || cp "$out/$name/serve-cuda.json" "$out/" 2>/dev/null || true
   if [ "$rc" = 0 ]; then result[$name]=PASS; else result[$name]="FAIL (rc $rc, $out/$name/e2e.log)"; fi
 }
-step cuda-ipc-on 100 CUDA_IPC=on BASE_PORT=18100
-step cuda-ipc-overlap 55 CUDA_IPC=on PDSERVE_CUDA_IPC_OVERLAP=1 BASE_PORT=18200
-step cuda-ipc-off 55 CUDA_IPC=off BASE_PORT=18300
+step cuda-ipc-on 95 CUDA_IPC=on BASE_PORT=18100
+step cuda-ipc-overlap 65 CUDA_IPC=on PDSERVE_CUDA_IPC_OVERLAP=1 BASE_PORT=18200
+step cuda-ipc-off 65 CUDA_IPC=off BASE_PORT=18300
 echo
 echo "GPU: $(cat "$out/gpu.txt")"
 printf '%-26s %-8s %-8s %s\n' run prefill decode result
