@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
+#include "cli/cuda_ipc_setup.h"
 #include "cli/memory_check.h"
 #include "common/fatal_signal.h"
 #include "common/status.h"
@@ -101,6 +102,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
       gpu.fp8_activations = engine::gpu::Fp8Activations::kFp8;
     }
     options.runner_factory = runtime::GpuRunnerFactory(gpu);
+    options.device_landing = DecodeCudaIpc(entry.deploy);
     // Reserve counts the GPU engine's device page pools (state_tokens; 0: every slot full).
     options.device_state_tokens = entry.worker.state_tokens;
     if (entry.worker.state_tokens > 0) {

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "cli/command_registry.h"
+#include "cli/cuda_ipc_setup.h"
 #include "cli/memory_check.h"
 #include "common/fatal_signal.h"
 #include "common/status.h"
@@ -75,6 +76,7 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
                  runtime::GpuPrefillBlock(gpu, options.prefill_block),
                  entry.worker.prefill_chunk > 0 ? "" : " not set");
     options.engine_factory = runtime::GpuPrefillEngineFactory(gpu);
+    options.device_arena = PrefillCudaIpc(entry.deploy);
 #else
     return absl::FailedPreconditionError(
         "backend cuda: this pdserve was built without the CUDA backend (-DPDSERVE_CUDA=OFF, or no "

@@ -458,6 +458,21 @@ void CheckCrossFields(Reader& r, const DeployConfig& c, const YAML::Node& root,
   }
 }
 
+// transfer.cuda_ipc: on asks for a device-to-device path that needs a backend cuda worker on
+// both sides; a config with none on either side could never use it (a typo, or a CPU config
+// copied from a GPU one).
+void CheckCudaIpc(Reader& r, const DeployConfig& c, const YAML::Node& transfer) {
+  if (c.transfer_cuda_ipc != "on") return;
+  auto any_cuda = [](const std::vector<WorkerConfig>& workers) {
+    return std::any_of(workers.begin(), workers.end(),
+                       [](const WorkerConfig& w) { return w.backend == "cuda"; });
+  };
+  if (any_cuda(c.prefill) && any_cuda(c.decode)) return;
+  r.Error(transfer["cuda_ipc"], "transfer.cuda_ipc",
+          "on needs a backend cuda prefill worker and a backend cuda decode worker (auto uses "
+          "the path where they exist; off never does)");
+}
+
 // The error of a config file that cannot be read: `cause`, and for a relative path the absolute
 // one and the working directory it was resolved against (`pdserve up`, a unit or a script may
 // run from another directory than the one the path is relative to).
@@ -548,9 +563,10 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   c.prefill = ReadWorkers(r, root, "prefill", &worker_nodes);
   c.decode = ReadWorkers(r, root, "decode", &worker_nodes);
   const YAML::Node transfer = r.Field(root, "", "transfer", false);
-  if (!transfer.IsNull() && r.Map(transfer, "transfer",
-                                  {"transport", "lease_ms", "lanes", "early_import",
-                                   "ucx_protocols", "register_pages", "shm_pull"})) {
+  if (!transfer.IsNull() &&
+      r.Map(transfer, "transfer",
+            {"transport", "lease_ms", "lanes", "early_import", "ucx_protocols", "register_pages",
+             "shm_pull", "cuda_ipc", "cuda_ipc_arena_tokens"})) {
     r.Enum(transfer, "transfer", "transport", false, kTransports, &c.transport);
     r.Int(transfer, "transfer", "lease_ms", false, kMinLeaseMs, 3600000, &c.lease_ms);
     r.Int(transfer, "transfer", "lanes", false, 0, kMaxConfigTransferLanes, &c.transfer_lanes);
@@ -558,6 +574,9 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
     r.Enum(transfer, "transfer", "ucx_protocols", false, {"v1", "v2"}, &c.transfer_ucx_protocols);
     r.Bool(transfer, "transfer", "register_pages", &c.transfer_register_pages);
     r.Bool(transfer, "transfer", "shm_pull", &c.transfer_shm_pull);
+    r.Enum(transfer, "transfer", "cuda_ipc", false, {"auto", "on", "off"}, &c.transfer_cuda_ipc);
+    r.Int(transfer, "transfer", "cuda_ipc_arena_tokens", false, 0, kMaxCudaIpcArenaTokens,
+          &c.transfer_cuda_ipc_arena_tokens);
   }
   const YAML::Node guards = r.Field(root, "", "guards", false);
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);
@@ -565,6 +584,7 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   if (!security.IsNull()) ReadSecurity(r, security, &c.security);
   r.Bool(root, "", "share_gpus", &c.share_gpus);
   CheckCrossFields(r, c, root, worker_nodes);
+  CheckCudaIpc(r, c, transfer);
   return out;
 }
 

@@ -140,6 +140,8 @@ struct SecurityConfig {
 };
 
 inline constexpr int kMaxConfigTransferLanes = 16;
+// transfer.cuda_ipc_arena_tokens at most (the longest context any supported model has, 16x over).
+inline constexpr int64_t kMaxCudaIpcArenaTokens = int64_t{1} << 24;
 
 // transfer.lease_ms below this is refused: a transfer's first heartbeat comes only after the UCX
 // connect and the first prefill block, and a prefill waiting in its worker's queue gives up
@@ -184,6 +186,15 @@ struct DeployConfig {
   // arrives (runtime/early_import.h) instead of at the first step (docs/engine-gpu.md, "Early
   // import"). On by default since its H200 run of 2026-12-04; false: the import at the first step.
   bool transfer_early_import = true;
+  // Same-host device-to-device pages between CUDA workers (docs/protocol.md, "Same-host
+  // device-to-device pages (CUDA IPC)"): "auto" (default) uses them where both workers are
+  // backend cuda on one host and the decode worker's process can map the prefill worker's GPU
+  // memory, and host pages otherwise; "on" is auto that also refuses to start a cuda worker
+  // that cannot set its side up (the arena or the device page pool); "off": host pages always.
+  std::string transfer_cuda_ipc = "auto";
+  // Tokens of state the prefill worker's GPU arena holds (one request's prompt + max_tokens at
+  // most); 0 (default): the model's whole context, so every request fits.
+  int64_t transfer_cuda_ipc_arena_tokens = 0;
   GuardsConfig guards;
   SecurityConfig security;
   bool share_gpus = false;

@@ -75,7 +75,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
                            kv::TransferMetrics::Create(w->registry_, "receive"));
   receiver_options.metrics = w->transfer_metrics_.get();
   receiver_options.metrics_path = w->options_.transfer_path;
-  if (w->options_.transfer_shm_pull) {
+  // Device pages need the ack words too (docs/protocol.md: the shm-pull protocol on GPU memory).
+  if (w->options_.transfer_shm_pull || w->options_.device_landing.has_value()) {
     // One word per page of the tickets in flight: 2^20 words (8 MiB) cover tens of 128K-token
     // V4-Flash requests; a ticket that finds none free goes without an offer.
     PDSERVE_ASSIGN_OR_RETURN(w->acks_, kv::shm::AckTable::Create(uint64_t{1} << 20));
@@ -128,6 +129,13 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   w->early_importer_ = w->runner_->early_importer();
   if (w->early_importer_ != nullptr) {
     spdlog::info("transfer: early import (each layer into its GPU slot as it arrives)");
+  }
+  if (w->options_.device_landing.has_value()) {
+    if (absl::Status pool = w->CreateDevicePool(); !pool.ok()) {
+      if (w->options_.device_landing->required) return pool;
+      spdlog::warn("transfer: cuda ipc off (host pages only): {}", pool.ToString());
+      w->device_page_pool_.reset();
+    }
   }
   PDSERVE_RETURN_IF_ERROR(w->AddMetrics());
   w->transfer_thread_ = std::thread([self] { self->TransferLoop(); });
@@ -538,7 +546,10 @@ bool DecodeWorker::Apply(Request& request, RequestEvent event) {
   // Ended without joining the batch: its early-imported slot goes back.
   if (!Receiving(request.state)) QueueImportCancel(request);
   // The worker's hold goes; the pages follow once an early import reading them lets go too.
-  if (frees) request.pages.reset();
+  if (frees) {
+    request.pages.reset();
+    request.device_pages.reset();
+  }
   return true;
 }
 

@@ -14,12 +14,14 @@
 // bit-identical to colocated mode; with DecodeWorkerOptions::runner_factory (backend: cuda) with
 // runtime::GpuStepRunner instead, which imports each verified request's pages into a GPU slot
 // and decodes the whole batch in one step (runtime/cuda/gpu_step_runner.h says what batch
-// invariance then holds). Abort (or a cancelled Generate) ends the request with "abort":
-// a receiving request's pages are released behind the abort fence, a decoding one's after the
-// step in flight. An Abort that comes before its Reserve, or while Reserve is registering the
-// request, makes that Reserve fail with ABORTED: the ticket never left this worker, so nothing
-// can write the pages and they are freed at once (or never allocated). Each of these steps is an
-// event of the request's one lifecycle (decode/request_state.h), applied by Apply.
+// invariance then holds); with DecodeWorkerOptions::device_landing a request whose prefill
+// worker sends from a GPU arena lands in device pages instead (decode/device_pages.cc). Abort
+// (or a cancelled Generate) ends the request with "abort": a receiving request's pages are
+// released behind the abort fence, a decoding one's after the step in flight. An Abort that
+// comes before its Reserve, or while Reserve is registering the request, makes that Reserve
+// fail with ABORTED: the ticket never left this worker, so nothing can write the pages and they
+// are freed at once (or never allocated). Each of these steps is an event of the request's one
+// lifecycle (decode/request_state.h), applied by Apply.
 //
 // Thread-safety: every RPC may run concurrently on gRPC's threads. Lock order: a request's
 // RequestContext::mu, then mu_; the receiver's mutex, then mu_ (on_release, on_outcome). mu_ is
@@ -29,8 +31,10 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +48,7 @@
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/progress_heartbeat.h"
+#include "common/reason_latch.h"
 #include "decode/request_state.h"
 #include "decode/test_faults.h"
 #include "engine/model.h"
@@ -61,6 +66,35 @@
 #include "worker/worker_model.h"
 
 namespace pdserve::decode {
+
+// The CUDA IPC path's decode side (transfer.cuda_ipc; docs/protocol.md, "Same-host
+// device-to-device pages (CUDA IPC)"): a request whose prefill worker sends from a GPU arena this
+// process can map has its pages landed in a device page pool (per lane by `landers`) and
+// imported into its GPU slot device to device, layer by layer as the layers verify (the early
+// importer's ClaimFromDevice). `pdserve decode` builds it for backend cuda (CudaPageLander,
+// cudaMalloc, CheckIpcUsable); the CPU tests give host stand-ins.
+struct DeviceLanding {
+  std::string pci_bus_id;  // this worker's GPU (ReceiveSpec::device_pci_bus_id)
+  // `bytes` of memory for the device page pool, 256-byte aligned, valid while the returned owner
+  // lives (the worker keeps it past its pool and receiver).
+  struct Memory {
+    std::span<std::byte> bytes;
+    std::shared_ptr<void> owner;
+  };
+  std::function<absl::StatusOr<Memory>(size_t bytes)> allocate;
+  kv::DeviceLanderFactory landers;
+  // OK when this process can map the arena a prefill worker states (same host, its GPU visible:
+  // kv::cuda_ipc::CheckIpcUsable), else why not (the request then goes by host pages).
+  std::function<absl::Status(const pdserve::worker::v1::CudaIpcSource&)> can_map;
+  // Tokens of state the pool holds per request (a request of more goes by host pages; 0: the
+  // model's context) and requests it holds at once (their pages are held from Reserve until the
+  // import is done).
+  int64_t request_tokens = 0;
+  int64_t requests = 4;
+  // transfer.cuda_ipc on: a pool or lander that cannot be made fails Create; auto: logged, host
+  // pages.
+  bool required = false;
+};
 
 struct DecodeWorkerOptions {
   std::string model_dir = "models/kjv-v4-tiny";
@@ -100,6 +134,10 @@ struct DecodeWorkerOptions {
   // holds them: how the CPU tests check admission (tests/decode/device_pages_test.cc).
   std::optional<int64_t> device_state_tokens;
   TestFaults faults;  // TEST-ONLY (decode/test_faults.h); none by default
+  // Set: the CUDA IPC path where a request's prefill worker offers it (DeviceLanding). Needs a
+  // runner with an early importer (CUDA on one GPU, transfer.early_import); without one every
+  // request goes by host pages.
+  std::optional<DeviceLanding> device_landing;
 };
 
 class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
@@ -169,6 +207,9 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
     // (decode/early_import.cc); cleared when the runner takes the slot or the import is
     // cancelled.
     bool early_import = false;
+    // The CUDA IPC path: the request's pages in the device page pool, where the transfer lands
+    // (decode/device_pages.cc); held until its import is taken or the request ends.
+    std::shared_ptr<const serving::PageLease> device_pages;
   };
 
   struct RequestCounts {
@@ -263,6 +304,22 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   // Adds the verified request to the runner and the batch.
   void JoinBatch(Request& r, int32_t first_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The CUDA IPC path (decode/device_pages.cc): for a request whose prefill worker offers it and
+  // this worker can map, the device pages, the slot's import from them and `spec` rewritten to
+  // land there. False (nothing kept; `spec` as it was) when the request goes by host pages.
+  bool BeginDeviceImport(Request& record, const pdserve::worker::v1::ReserveRequest& request,
+                         int32_t choice_count, kv::ReceiveSpec* spec) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why `request` cannot go by device pages here, or OK.
+  absl::Status DevicePagesRefusal(const pdserve::worker::v1::ReserveRequest& request,
+                                  int32_t choice_count, int64_t total_tokens) const;
+  absl::Status CreateDevicePool();
+  // A lander refused a page of the arena named `source` (it cannot be mapped here, or the range
+  // is outside it): requests from that GPU go by host pages for kDeviceSuspension (the failed
+  // request itself fails, loudly, as any failed transfer). Runs on a lane thread under the
+  // receiver's mutex.
+  void SuspendDeviceSource(const std::string& source, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Early import (decode/early_import.cc; the runner's EarlyImporter, RunnerOptions::
   // early_import). Claims `record`'s slot (no forks; no mu_ held); on failure the request
   // imports at its first step as without early import.
@@ -315,6 +372,14 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   std::unique_ptr<kv::shm::AckTable> acks_;
   std::unique_ptr<serving::PagePool> pool_;
   std::optional<runtime::DeviceStatePools> device_pools_;  // with device_state_tokens
+  // With device_landing: the device page pool's memory (before the pool) and the pool.
+  DeviceLanding::Memory device_memory_;
+  std::unique_ptr<serving::PagePool> device_page_pool_;
+  int64_t device_request_tokens_ = 0;  // the most tokens one request may hold there
+  // Arenas ("boot id / PCI bus id") a lander refused, and until when requests from them go by
+  // host pages.
+  absl::flat_hash_map<std::string, absl::Time> device_suspended_ ABSL_GUARDED_BY(mu_);
+  ReasonLatch<> device_refusals_;  // the last reason a request offered GPU pages went by host
   SystemClock clock_;
   // Before receiver_, which records into it (and whose lane threads ~DecodeWorker stops first).
   std::unique_ptr<kv::TransferMetrics> transfer_metrics_;

@@ -110,8 +110,10 @@ void DecodeWorker::RunEarlyImports() {
       MaybeForget(r.request_id);
       continue;
     }
-    // The runner owns the slot from here: Add starts the sequence in it (or gives it back).
+    // The runner owns the slot from here: Add starts the sequence in it (or gives it back). Its
+    // copies have landed and the transfer verified: the device pages are read no more.
     r.early_import = false;
+    r.device_pages.reset();
     JoinBatch(r, join.first_token);
   }
   absl::MutexLock lock(&mu_);

@@ -44,8 +44,12 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::DoReserve(const v1::ReserveRequ
     requests_[record->request_id] = record;
     for (const std::shared_ptr<Request>& fork : record->forks) requests_[fork->request_id] = fork;
   }
-  // The GPU slot is claimed with the reservation, before the ticket can leave.
-  BeginEarlyImport(*record, choice_count);
+  // The GPU slot is claimed with the reservation, before the ticket can leave: with the pages
+  // landed in device memory where the request's prefill worker and this worker can, else as
+  // host pages.
+  if (!BeginDeviceImport(*record, request, choice_count, &spec)) {
+    BeginEarlyImport(*record, choice_count);
+  }
   return Register(std::move(record), std::move(spec));
 }
 

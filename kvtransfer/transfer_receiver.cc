@@ -496,10 +496,11 @@ void TransferReceiver::RecordMetrics(const Entry& entry) {
   if (metrics == nullptr) return;
   switch (entry.state) {
     case TransferState::kVerified:
-      metrics->RecordTransfer(
-          options_.metrics_path, transport_->lanes(), entry.ticket.total_bytes(),
-          entry.first_page_at == absl::InfinitePast() ? absl::ZeroDuration()
-                                                      : clock_.Now() - entry.first_page_at);
+      metrics->RecordTransfer(entry.device ? "cuda-ipc" : options_.metrics_path,
+                              transport_->lanes(), entry.ticket.total_bytes(),
+                              entry.first_page_at == absl::InfinitePast()
+                                  ? absl::ZeroDuration()
+                                  : clock_.Now() - entry.first_page_at);
       return;
     case TransferState::kFailed: {
       const std::optional<IsolationError> kind = GetIsolationError(entry.status);

@@ -78,6 +78,13 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
         kv::UcxTransport::Create(w->options_.transfer_lanes,
                                  /*post_on_lanes=*/true, w->options_.transfer_ucx_protocols));
     w->ucx_protocols_ = w->transport_->protocols();
+    if (w->options_.device_arena.has_value()) {
+      if (absl::Status arena = w->CreateDeviceArena(); !arena.ok()) {
+        if (w->options_.device_arena->required) return arena;
+        spdlog::warn("transfer: cuda ipc not offered (host pages only): {}", arena.ToString());
+        w->arena_pool_.reset();
+      }
+    }
     if (w->options_.transfer_register_pages) {
       // The pool outlives the transport (members in that order), which unmaps these at its end.
       for (std::span<std::byte> block : w->pool_->HostBlocks()) {
@@ -332,8 +339,8 @@ absl::Status PrefillWorker::AwaitTurn(uint64_t id, absl::Time lease_deadline,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
-    const Admitted& a, serving::RequestId sequence, const serving::PageTable& table) {
+absl::StatusOr<std::vector<kv::PlannedPage>> PrefillWorker::CheckedPlan(
+    const Admitted& a, const serving::PageTable& table) const {
   PDSERVE_ASSIGN_OR_RETURN(
       std::vector<kv::PlannedPage> plan,
       kv::PlanTransfer(*model_.layout, model_.layers, table, a.prompt_length, a.total));
@@ -347,7 +354,6 @@ absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
   // The pages go out in this worker's element type; the ticket's descriptors are the decode
   // worker's pages, in its own (docs/protocol.md, "Element types"): the same page when the
   // position and the values' count agree.
-  std::vector<kv::SourcePage> sources;
   for (size_t slot = 0; slot < plan.size(); ++slot) {
     const kv::PageDescriptor& mine = plan[slot].descriptor;
     const kv::PageDescriptor& theirs = a.ticket.pages[slot];
@@ -358,8 +364,17 @@ absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
       return worker::MarkTicketMismatch(absl::FailedPreconditionError(
           absl::StrCat("slot ", slot, " of the ticket does not match this worker's plan")));
     }
-    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, plan[slot].handle));
-    sources.push_back({bytes, mine.element});
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<kv::SourcePage>> PrefillWorker::PlanSources(
+    const Admitted& a, serving::RequestId sequence, const serving::PageTable& table) {
+  PDSERVE_ASSIGN_OR_RETURN(const std::vector<kv::PlannedPage> plan, CheckedPlan(a, table));
+  std::vector<kv::SourcePage> sources;
+  for (const kv::PlannedPage& page : plan) {
+    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> bytes, pool_->Data(sequence, page.handle));
+    sources.push_back({bytes, page.descriptor.element});
   }
   return sources;
 }
@@ -380,23 +395,25 @@ absl::StatusOr<std::unique_ptr<kv::Transfer>> PrefillWorker::StartTransfer(
                              .shm_pull = transport == &faulty ? nullptr : pull_sender_.get()});
   absl::StatusOr<std::unique_ptr<kv::Transfer>> prepared =
       sender.PrepareWithElements(a.ticket, std::move(sources));
-  if (!prepared.ok()) {
-    // Prepare says DeadlineExceeded for a ticket whose lease already ended.
-    failures_
-        ->WithLabels({prepared.status().code() == absl::StatusCode::kDeadlineExceeded
-                          ? "lease_expired"
-                          : "connect"})
-        .Increment();
-    return worker::MarkTransferPeerFailure(prepared.status());
-  }
+  if (!prepared.ok()) return PrepareFailed(prepared.status());
   // Only refusals are recorded: pulled transfers between two alike refusals log nothing.
   if (const absl::Status& refused = (*prepared)->pull_refusal();
       !refused.ok() && pull_refusals_.Record({std::string(refused.message())})) {
-    spdlog::warn("transfer: request {} goes by active messages, not shm pull: {} (logged again "
-                 "when the reason changes)",
-                 a.id, std::string(refused.message()));
+    spdlog::warn(
+        "transfer: request {} goes by active messages, not shm pull: {} (logged again "
+        "when the reason changes)",
+        a.id, std::string(refused.message()));
   }
   return prepared;
+}
+
+absl::Status PrefillWorker::PrepareFailed(absl::Status status) {
+  // Prepare says DeadlineExceeded for a ticket whose lease already ended.
+  failures_
+      ->WithLabels(
+          {status.code() == absl::StatusCode::kDeadlineExceeded ? "lease_expired" : "connect"})
+      .Increment();
+  return worker::MarkTransferPeerFailure(std::move(status));
 }
 
 absl::Status PrefillWorker::Check(uint64_t id, Sending& sending) {
@@ -432,6 +449,13 @@ absl::StatusOr<std::vector<serving::SampledToken>> PrefillWorker::PrefillPages(
   t->prefill_start = absl::Now();
   PDSERVE_ASSIGN_OR_RETURN(std::vector<float> last,
                            engine_->Run(a.prompt, paged, pages, post_layer, chunk_done));
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<serving::SampledToken> first, SampleFirst(a, last));
+  t->prefill_end = absl::Now();
+  return first;
+}
+
+absl::StatusOr<std::vector<serving::SampledToken>> PrefillWorker::SampleFirst(
+    Admitted& a, std::span<const float> last) {
   tokens_total_->Increment(static_cast<double>(a.prompt_length));
   (a.choice_count > 1 ? runs_shared_ : runs_single_)->Increment();
   // Each covered choice draws from its own stream (seed, choice, position): the same logits give
@@ -441,7 +465,6 @@ absl::StatusOr<std::vector<serving::SampledToken>> PrefillWorker::PrefillPages(
     PDSERVE_ASSIGN_OR_RETURN(serving::SampleStep step, a.sampler->Next(a.choice + k, last));
     first.push_back(std::move(step.sampled));
   }
-  t->prefill_end = absl::Now();
   return first;
 }
 
@@ -532,6 +555,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunPrefill(const v1::PrefillR
     progress_.Idle();  // no prefill runs: nothing to be stuck in
   };
   absl::MutexLock run(&run_mu_);  // Uncontended: run_busy_ admits one prefill at a time.
+  if (AsksDevicePages(a.ticket)) return RunDevicePrefill(a, context);
 
   // This worker's own copy of the request's pages: the transfer's sources.
   const serving::RequestId sequence = next_sequence_++;
@@ -612,6 +636,10 @@ grpc::Status PrefillWorker::Health(grpc::ServerContext*, const v1::HealthRequest
   response->set_model(options_.model_name);
   response->set_model_fingerprint(model_.fingerprint);
   response->set_page_geometry(model_.page_geometry);
+  if (arena_pool_ != nullptr) {
+    response->mutable_cuda_ipc()->set_boot_id(arena_.name.boot_id);
+    response->mutable_cuda_ipc()->set_pci_bus_id(arena_.name.pci_bus_id);
+  }
   return grpc::Status::OK;
 }
 

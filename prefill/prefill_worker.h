@@ -15,6 +15,8 @@
 // posts its pages (Transfer::PostLayer) at once. On the CPU engine that happens inside the final
 // block's forward, so UCX moves layer l while layers l+1.. compute; on the CUDA engine after the
 // whole forward (runtime/cuda/gpu_prefill_engine.h says why). Slots come from kv::PlanTransfer.
+// A ticket that asks for GPU pages (transfer.cuda_ipc) is served from the worker's GPU arena
+// instead (prefill/device_pages.cc, DeviceArena).
 // Heartbeats go out between prefill blocks, so a long prompt keeps its lease. One prefill runs at
 // a time (the UCX transport is single-threaded; the CPU backend's GEMMs already use every core;
 // the CUDA engine has one slot); others wait in FIFO order (run_queue_), at most max_waiting.
@@ -32,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -63,6 +66,25 @@
 
 namespace pdserve::prefill {
 
+// The CUDA IPC path's prefill side (transfer.cuda_ipc; docs/protocol.md, "Same-host
+// device-to-device pages (CUDA IPC)"): the request's pages lie in a GPU arena the decode worker
+// maps, written there by the engine (PrefillEngine::RunToDevice, with GPU checksums) and sent as
+// page references (TransferSender::PrepareDevice), for tickets that ask for GPU pages. `pdserve
+// prefill` builds it for backend cuda (kv::cuda_ipc::IpcPageArena); the CPU tests give a host
+// stand-in.
+struct DeviceArena {
+  std::span<std::byte> memory;  // the arena's device memory, 256-byte aligned
+  kv::shm::IpcRegionName name;  // how page references name it (boot id and GPU included)
+  std::shared_ptr<void> owner;  // keeps `memory` (the worker holds it past its pool)
+};
+struct DeviceArenaOptions {
+  // An arena of `bytes` (one sequence's pages of `tokens` tokens).
+  std::function<absl::StatusOr<DeviceArena>(size_t bytes)> allocate;
+  int64_t tokens = 0;  // transfer.cuda_ipc_arena_tokens; 0: the model's context
+  // transfer.cuda_ipc on: an arena that cannot be made fails Create; auto: logged, host pages.
+  bool required = false;
+};
+
 struct PrefillWorkerOptions {
   std::string model_dir = "models/kjv-v4-tiny";
   std::string model_name = "kjv-v4-tiny";
@@ -88,6 +110,9 @@ struct PrefillWorkerOptions {
   // from (kvtransfer/shm/pull.h; docs/protocol.md, "Same-host pages by shared memory").
   bool transfer_shm_pull = false;
   std::string transfer_path = "host";  // the transfer metrics' path label
+  // Set: tickets asking for GPU pages are served from a GPU arena (needs an engine with
+  // stores_device_pages(); without one the worker states no arena and such tickets fail).
+  std::optional<DeviceArenaOptions> device_arena;
 };
 
 class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
@@ -168,6 +193,9 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::StatusOr<std::vector<kv::SourcePage>> PlanSources(const Admitted& a,
                                                           serving::RequestId sequence,
                                                           const serving::PageTable& table);
+  // The plan of `table` (pages of `pool`), checked against the ticket's slots.
+  absl::StatusOr<std::vector<kv::PlannedPage>> CheckedPlan(const Admitted& a,
+                                                           const serving::PageTable& table) const;
   // Connects to the decode worker (through `faulty` when test faults apply); counts a failure.
   absl::StatusOr<std::unique_ptr<kv::Transfer>> StartTransfer(const Admitted& a,
                                                               std::vector<kv::SourcePage> sources,
@@ -175,6 +203,8 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   absl::StatusOr<pdserve::worker::v1::PrefillResponse> PrefillAndSend(
       Admitted& a, const serving::PageTable& table, Sending& sending);
+  // A failed Prepare: counted ("lease_expired" or "connect") and marked the decode worker's.
+  absl::Status PrepareFailed(absl::Status status);
   // OK unless the request was aborted or cancelled or the transfer failed (drives it once).
   absl::Status Check(uint64_t id, Sending& sending);
   // Runs the prompt on the engine, posting each layer as it is stored; samples the first token
@@ -192,6 +222,25 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   // Counts `status` (by its reason when the transfer failed, else "prefill_error") and returns
   // it, marked as the decode worker's failure unless it was a cancellation.
   absl::Status Failed(absl::Status status, bool transfer_error, bool aborted);
+  // The first tokens of every covered choice from the last position's logits.
+  absl::StatusOr<std::vector<serving::SampledToken>> SampleFirst(Admitted& a,
+                                                                 std::span<const float> last);
+
+  // The CUDA IPC path (prefill/device_pages.cc), for a ticket whose pages are GPU memory: the
+  // arena's pool (CreateDeviceArena), the request's pages there, RunToDevice, PrepareDevice of
+  // their references, the commit. FailedPrecondition when this worker has no arena.
+  absl::Status CreateDeviceArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  absl::StatusOr<pdserve::worker::v1::PrefillResponse> RunDevicePrefill(
+      Admitted& a, const grpc::ServerContext& context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Runs the prompt into the arena's pages of `table`; the page references of the ticket's
+  // slots (their GPU checksums) and the first tokens.
+  absl::StatusOr<std::vector<serving::SampledToken>> PrefillDevicePages(
+      Admitted& a, serving::RequestId sequence, const serving::PageTable& table,
+      const grpc::ServerContext& context, kv::DevicePages* sources, Timing* t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  static bool AsksDevicePages(const kv::Ticket& ticket) {
+    return ticket.shm_pull.has_value() && !ticket.shm_pull->device_pci_bus_id.empty();
+  }
   bool Aborted(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Logs a failed Prefill at worker::FailureLogLevel; a refused ticket (worker::kTicketMismatch)
   // only when its reason changes (common/reason_latch.h), else at debug.
@@ -211,6 +260,13 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   std::unique_ptr<kv::shm::SharedRegion> shared_pages_;
   std::unique_ptr<serving::PagePool> pool_;
   std::unique_ptr<kv::shm::PullSender> pull_sender_;
+  // With device_arena (an engine that stores device pages): the arena (before its pool, which
+  // lives in it), the pool of one sequence there, and the ack-word mapper PrepareDevice needs
+  // (over a one-page region of its own: nothing is pulled from host memory through it).
+  DeviceArena arena_;
+  std::unique_ptr<serving::PagePool> arena_pool_;
+  std::unique_ptr<kv::shm::SharedRegion> arena_acks_region_;
+  std::unique_ptr<kv::shm::PullSender> arena_acks_;
   // The last reason a ticket with an shm_pull offer went by active messages (logged on change).
   ReasonLatch<> pull_refusals_;
   SystemClock clock_;

@@ -229,6 +229,7 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   for (int32_t t : request->prepared.prompt) attempt->reserve.add_prompt_token_ids(t);
   *attempt->reserve.mutable_sampling() = sampling;
   attempt->reserve.set_lease_ms(options_.lease_ms);
+  SetPrefillCudaIpc(*attempt->prefill, &attempt->reserve);
   attempt->reserve_context.set_deadline(Deadline(options_.reserve_timeout));
   {
     absl::MutexLock lock(&request->mu);

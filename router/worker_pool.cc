@@ -27,6 +27,12 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
 
 const char* RoleName(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
 
+void SetPrefillCudaIpc(const Worker& prefill, wv1::ReserveRequest* reserve) {
+  if (std::optional<wv1::CudaIpcSource> source = prefill.cuda_ipc()) {
+    *reserve->mutable_prefill_cuda_ipc() = std::move(*source);
+  }
+}
+
 std::string ModelIdentity::ToString(const char* unset) const {
   return absl::StrCat("model ", model.empty() ? unset : model, ", fingerprint ",
                       fingerprint == 0 ? unset : common::FingerprintText(fingerprint),
@@ -309,6 +315,10 @@ WorkerPool::CheckResult WorkerPool::Check(Worker& worker) {
              /*mismatch=*/true}};
   }
   if (worker.role() == Role::kDecode) worker.set_max_batch(health.max_batch());
+  if (worker.role() == Role::kPrefill) {
+    worker.set_cuda_ipc(health.has_cuda_ipc() ? std::make_optional(health.cuda_ipc())
+                                              : std::nullopt);
+  }
   if (options_.canary_prompt.empty()) return {};
   return CanaryThroughPartners(worker);
 }
@@ -365,6 +375,7 @@ WorkerPool::CanaryResult WorkerPool::Canary(Worker& prefill, Worker& decode, Rol
   for (int32_t t : options_.canary_prompt) reserve.add_prompt_token_ids(t);
   *reserve.mutable_sampling() = sampling;
   reserve.set_lease_ms(options_.lease_ms);
+  SetPrefillCudaIpc(prefill, &reserve);
   wv1::ReserveResponse reserved;
   grpc::ClientContext reserve_context;
   reserve_context.set_deadline(deadline);

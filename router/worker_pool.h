@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -95,6 +96,18 @@ class Worker {
   // Decode worker: its batch slots as its last passing Health check stated them (0: not stated).
   int64_t max_batch() const { return max_batch_.load(); }
   void set_max_batch(int64_t slots) { max_batch_.store(slots); }
+  // Prefill worker: where its GPU arena lies, as its last passing Health check stated it (unset:
+  // it sends host pages only). The router passes it to the decode worker at each Reserve for a
+  // request this worker prefills (ReserveRequest.prefill_cuda_ipc), which decides the path.
+  std::optional<worker::v1::CudaIpcSource> cuda_ipc() const ABSL_LOCKS_EXCLUDED(cuda_ipc_mu_) {
+    absl::MutexLock lock(&cuda_ipc_mu_);
+    return cuda_ipc_;
+  }
+  void set_cuda_ipc(std::optional<worker::v1::CudaIpcSource> source)
+      ABSL_LOCKS_EXCLUDED(cuda_ipc_mu_) {
+    absl::MutexLock lock(&cuda_ipc_mu_);
+    cuda_ipc_ = std::move(source);
+  }
   // A hash of the other model identity the last check found (0: the cluster's, or no check
   // yet); returns the previous one.
   uint64_t ExchangeWrongModel(uint64_t stated) { return wrong_model_.exchange(stated); }
@@ -127,8 +140,14 @@ class Worker {
   std::atomic<int64_t> progress_{-1};
   std::atomic<int64_t> max_batch_{0};
   std::atomic<uint64_t> wrong_model_{0};
+  mutable absl::Mutex cuda_ipc_mu_;
+  std::optional<worker::v1::CudaIpcSource> cuda_ipc_ ABSL_GUARDED_BY(cuda_ipc_mu_);
   ReasonLatch<CheckFailure> failure_;
 };
+
+// The ReserveRequest field for a request `prefill` prefills: its GPU arena's place when its
+// Health stated one (ReserveRequest.prefill_cuda_ipc), else left unset.
+void SetPrefillCudaIpc(const Worker& prefill, worker::v1::ReserveRequest* reserve);
 
 // What a worker states about the model it computes with (HealthResponse model,
 // model_fingerprint, page_geometry); empty / 0: not stated.

@@ -122,6 +122,20 @@ void EarlyImporter::ReleaseSlot(serving::RequestId id) {
 
 absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64_t total_tokens,
                                   std::shared_ptr<const serving::PageLease> pages) {
+  return BeginWith(id, std::move(pages), [&] { return slots_->Claim(id, position, total_tokens); });
+}
+
+absl::Status EarlyImporter::BeginFromDevice(serving::RequestId id, int64_t position,
+                                            int64_t total_tokens, DevicePageSource source,
+                                            std::shared_ptr<const serving::PageLease> pages) {
+  return BeginWith(id, std::move(pages), [&] {
+    return slots_->ClaimFromDevice(id, position, total_tokens, std::move(source));
+  });
+}
+
+absl::Status EarlyImporter::BeginWith(serving::RequestId id,
+                                      std::shared_ptr<const serving::PageLease> pages,
+                                      const std::function<absl::Status()>& claim) {
   {
     absl::MutexLock lock(&mu_);
     if (records_.contains(id)) {
@@ -129,7 +143,7 @@ absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64
     }
   }
   // Claimed outside mu_: the slot importer may wait for the model's step in flight.
-  absl::Status claimed = slots_->Claim(id, position, total_tokens);
+  absl::Status claimed = claim();
   if (!claimed.ok()) return claimed;
   absl::MutexLock lock(&mu_);
   Record& record = records_[id];

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -72,6 +73,15 @@ absl::StatusOr<EarlyImportState> NextEarlyImportState(EarlyImportState state,
                                                       EarlyImportEvent event);
 const char* EarlyImportStateName(EarlyImportState state);
 
+// A sequence's transferred pages in device memory (the CUDA IPC path: the decode worker's device
+// page pool; docs/protocol.md, "Same-host device-to-device pages (CUDA IPC)"): pages[k][i] is
+// PageTable::pages[k][i]'s payload in the model's device memory, laid out as the host pages.
+// `hold` keeps them allocated; the slot importer drops it once no copy of its can read them.
+struct DevicePageSource {
+  std::vector<std::vector<std::byte*>> pages;
+  std::shared_ptr<const void> hold;
+};
+
 // A slot that takes a prompt's state layer by layer (runtime/cuda/gpu_slot_importer.h over
 // GpuModel's staged import; a fake in the host tests).
 class SlotImporter {
@@ -81,6 +91,12 @@ class SlotImporter {
   // and its device state pages for `position` prompt tokens; the slot stays unreadable.
   // ResourceExhausted when no slot or page is free; AlreadyExists for a claimed id.
   virtual absl::Status Claim(serving::RequestId id, int64_t position, int64_t total_tokens) = 0;
+  // Claim, with the state read from `source` instead of the sequence's host pages: each layer
+  // then imports device to device. Unimplemented where the importer has no device path.
+  virtual absl::Status ClaimFromDevice(serving::RequestId /*id*/, int64_t /*position*/,
+                                       int64_t /*total_tokens*/, DevicePageSource /*source*/) {
+    return absl::UnimplementedError("this slot importer reads host pages only");
+  }
   // Fills layer `layer` from the sequence's pages and enqueues its copies (may block for the
   // fill, host work). Each layer once.
   virtual absl::Status ImportLayer(serving::RequestId id, int64_t layer) = 0;
@@ -106,6 +122,11 @@ class EarlyImporter {
   // importer's whole life.
   absl::Status Begin(serving::RequestId id, int64_t position, int64_t total_tokens,
                      std::shared_ptr<const serving::PageLease> pages = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Begin with the state in device pages (SlotImporter::ClaimFromDevice's errors).
+  absl::Status BeginFromDevice(serving::RequestId id, int64_t position, int64_t total_tokens,
+                               DevicePageSource source,
+                               std::shared_ptr<const serving::PageLease> pages = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Layer `layer`'s pages all landed and passed their checksums: queued for the thread. Ignored
   // for an unknown or ended id, a layer already queued, or one outside [0, layers).
@@ -139,6 +160,9 @@ class EarlyImporter {
     std::shared_ptr<const serving::PageLease> pages;  // Begin's, dropped once no call can read
   };
   friend class EarlyImporterTestPeer;  // tests: events outside the lifecycle
+  // Begin's work around `claim` (the slot importer's claim of `id`).
+  absl::Status BeginWith(serving::RequestId id, std::shared_ptr<const serving::PageLease> pages,
+                         const std::function<absl::Status()>& claim) ABSL_LOCKS_EXCLUDED(mu_);
   void Run();
   // Applies `event`. An illegal one is a bug: logged, and the import fails (its slot released
   // now, or by the call running for it when that returns). May drop mu_ (the release); the

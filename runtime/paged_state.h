@@ -181,6 +181,9 @@ class PagedState {
   // pages for total_tokens, its compressor page. Empty for a layer outside the model.
   std::vector<PageId> LayerPages(int64_t layer) const;
 
+  const serving::StateLayout& layout() const { return layout_; }
+  int64_t total_tokens() const { return total_tokens_; }
+
  private:
   struct LayerInfo {
     engine::LayerType type;

@@ -61,6 +61,28 @@ class PrefillEngine {
                                                  const LayerStored& layer_stored,
                                                  const ChunkDone& chunk_done) = 0;
 
+  // The CUDA IPC path (docs/protocol.md, "Same-host device-to-device pages (CUDA IPC)"): runs
+  // `prompt` as Run does, then stores every layer's final state into `device_pages` (pages of
+  // `paged`'s layout in device memory the engine's GPU can write: the prefill worker's GPU
+  // arena) and takes on the device the XXH3-64 of each page `checksum_pages[l]` names for layer
+  // l, returned per layer in that order. Nothing leaves before the stores are done: the
+  // checksums travel in the page references, which the sender needs whole at Prepare. Returns
+  // the last position's logits and the checksums. Unimplemented for an engine without device
+  // pages (the CPU engine); otherwise Run's errors and the stores'.
+  struct DeviceRun {
+    std::vector<float> logits;
+    std::vector<std::vector<uint64_t>> checksums;  // [layer][i]: of checksum_pages[layer][i]
+  };
+  virtual absl::StatusOr<DeviceRun> RunToDevice(
+      std::span<const int32_t> /*prompt*/, const runtime::PagedState& /*paged*/,
+      const runtime::SequencePages& /*device_pages*/,
+      const std::vector<std::vector<PagedState::PageId>>& /*checksum_pages*/,
+      const ChunkDone& /*chunk_done*/) {
+    return absl::UnimplementedError("this prefill engine stores no device pages");
+  }
+  // Whether RunToDevice works (the CUDA engine on one GPU).
+  virtual bool stores_device_pages() const { return false; }
+
   // The longest prompt + max_tokens it serves (the CPU engine: max_position_embeddings).
   virtual int64_t max_context() const = 0;
   // For logs: "cpu", "cuda device 0 (...)".

@@ -3,7 +3,8 @@
 // handle it gives out, and the consumer's mapping of a peer's arena. Our own, because the UCX
 // build (Debian's 1.13) has no cuda_ipc transport. The consumer lands pages of it with
 // cuda_page_lander.h; the sender and receiver take them (TransferSender::PrepareDevice,
-// ReceiveSpec::device_pci_bus_id); the workers do not use them yet.
+// ReceiveSpec::device_pci_bus_id), and the workers through them (transfer.cuda_ipc:
+// prefill/device_pages.cc, decode/device_pages.cc, cli/cuda_ipc_setup.cc).
 //
 // Thread-safety: an arena and a peer mapping are immutable after creation; their addresses may be
 // used from any thread. Creation and destruction switch the calling thread's current device

@@ -1,12 +1,18 @@
 #include "runtime/cuda/gpu_prefill_engine.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/gpu/device_memory.h"
+#include "runtime/cuda/device_state_pages.h"
 
 namespace pdserve::runtime {
 namespace {
@@ -59,16 +65,9 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
                                                          const runtime::SequencePages& pages,
                                                          const LayerStored& layer_stored,
                                                          const ChunkDone& chunk_done) {
-  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  PDSERVE_RETURN_IF_ERROR(BeginPrompt(prompt));
   const auto length = static_cast<int64_t>(prompt.size());
   engine::gpu::GpuModel& gpu = group_->rank(0);
-  if (length > gpu.max_context()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a prompt of ", length, " tokens exceeds the GPU slot's context of ", gpu.max_context()));
-  }
-  // A failed earlier prefill may have left the slot mid-prompt and copies in the staging.
-  PDSERVE_RETURN_IF_ERROR(staging_->Discard());
-  PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(kSlot));
   engine::Tensor logits;
   // On one GPU the last chunk is only begun: its layers' state is stored and posted on this
   // thread as each layer's copy lands, while the later layers compute (GpuModel::
@@ -112,6 +111,111 @@ absl::StatusOr<std::vector<float>> GpuPrefillEngine::Run(std::span<const int32_t
         StoreSlotStaged(gpu, kSlot, *staging_, paged, pages, layer_stored, &pool_));
   }
   return last_logits;
+}
+
+absl::Status GpuPrefillEngine::BeginPrompt(std::span<const int32_t> prompt) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  const auto length = static_cast<int64_t>(prompt.size());
+  engine::gpu::GpuModel& gpu = group_->rank(0);
+  if (length > gpu.max_context()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a prompt of ", length, " tokens exceeds the GPU slot's context of ", gpu.max_context()));
+  }
+  // A failed earlier prefill may have left the slot mid-prompt and copies in the staging.
+  PDSERVE_RETURN_IF_ERROR(staging_->Discard());
+  return gpu.ResetSlot(kSlot);
+}
+
+absl::StatusOr<std::vector<float>> GpuPrefillEngine::ForwardChunks(
+    std::span<const int32_t> prompt, const ChunkDone& chunk_done,
+    const engine::gpu::GpuModel::LayerFinal& last_chunk_final) {
+  PDSERVE_RETURN_IF_ERROR(BeginPrompt(prompt));
+  const auto length = static_cast<int64_t>(prompt.size());
+  engine::gpu::GpuModel& gpu = group_->rank(0);
+  const engine::gpu::ChunkLogits rows = engine::gpu::ServingChunkLogits();
+  engine::Tensor logits;
+  for (int64_t from = 0; from < length;) {
+    const int64_t to = PrefillBlockEnd(from, length, prefill_block_);
+    const std::vector<int32_t> tokens(prompt.begin() + from, prompt.begin() + to);
+    if (last_chunk_final && to == length) {
+      const absl::Status begun = gpu.BeginForwardStoring(kSlot, tokens, last_chunk_final, rows);
+      absl::StatusOr<engine::Tensor> finished = gpu.FinishForward();  // also after an error
+      PDSERVE_RETURN_IF_ERROR(begun);
+      PDSERVE_ASSIGN_OR_RETURN(logits, std::move(finished));
+    } else {
+      PDSERVE_ASSIGN_OR_RETURN(logits, gpu.Forward(kSlot, tokens, 0, rows));
+    }
+    NoteChunkLayers();
+    PDSERVE_RETURN_IF_ERROR(chunk_done(to - from));
+    from = to;
+  }
+  const int64_t vocab = logits.dim(1);
+  const float* last = logits.ptr() + (logits.dim(0) - 1) * vocab;
+  return std::vector<float>(last, last + vocab);
+}
+
+absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
+    std::span<const int32_t> prompt, const runtime::PagedState& paged,
+    const runtime::SequencePages& device_pages,
+    const std::vector<std::vector<PagedState::PageId>>& checksum_pages,
+    const ChunkDone& chunk_done) {
+  if (group_->world() != 1) {
+    return absl::FailedPreconditionError(
+        "device pages need a one-GPU prefill engine (this one is an expert-parallel group)");
+  }
+  engine::gpu::GpuModel& gpu = group_->rank(0);
+  const int64_t layers = gpu.config().num_hidden_layers;
+  if (static_cast<int64_t>(checksum_pages.size()) != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("checksum pages for ", checksum_pages.size(),
+                                                   " layers; the model has ", layers));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStatePages> store,
+                           DeviceStatePages::Create(&gpu, paged.layout(), paged.total_tokens()));
+  DeviceSequencePages addresses;
+  for (const std::vector<std::span<std::byte>>& kind : device_pages.pages) {
+    addresses.pages.emplace_back();
+    for (std::span<std::byte> page : kind) addresses.pages.back().push_back(page.data());
+  }
+  // Layer l's checksums go to sums[first[l], first[l] + checksum_pages[l].size()).
+  std::vector<size_t> first;
+  size_t count = 0;
+  for (const auto& ids : checksum_pages) {
+    first.push_back(count);
+    count += ids.size();
+  }
+  engine::gpu::DeviceArray<uint64_t> sums;
+  PDSERVE_RETURN_IF_ERROR(sums.Allocate(std::max<size_t>(count, 1)));
+  const engine::gpu::GpuModel::LayerFinal store_layer = [&](int64_t l, int64_t position,
+                                                            void* stream) {
+    const auto i = static_cast<size_t>(l);
+    return store->StoreLayer(kSlot, l, position, addresses,
+                             {checksum_pages[i], sums.get() + first[i]}, stream);
+  };
+  // PDSERVE_CUDA_IPC_OVERLAP=1: each layer's store is enqueued during the last chunk, right after
+  // the layer's attention (GpuModel::BeginForwardStoring); otherwise all after the forward.
+  const char* overlap_env = std::getenv("PDSERVE_CUDA_IPC_OVERLAP");
+  const bool overlap = overlap_env != nullptr && std::string_view(overlap_env) == "1";
+  DeviceRun run;
+  PDSERVE_ASSIGN_OR_RETURN(run.logits,
+                           ForwardChunks(prompt, chunk_done, overlap ? store_layer : nullptr));
+  if (!overlap) {
+    for (int64_t l = 0; l < layers; ++l) {
+      PDSERVE_RETURN_IF_ERROR(store_layer(l, static_cast<int64_t>(prompt.size()), nullptr));
+    }
+  }
+  std::vector<uint64_t> host(count);
+  PDSERVE_RETURN_IF_ERROR(engine::gpu::CudaStatus(
+      cudaMemcpyAsync(host.data(), sums.get(), count * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                      static_cast<cudaStream_t>(gpu.cuda_stream())),
+      "cudaMemcpyAsync (page checksums)"));
+  PDSERVE_RETURN_IF_ERROR(
+      engine::gpu::CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu.cuda_stream())),
+                              "cudaStreamSynchronize (device page stores)"));
+  for (size_t l = 0; l < checksum_pages.size(); ++l) {
+    const auto from = host.begin() + static_cast<std::ptrdiff_t>(first[l]);
+    run.checksums.emplace_back(from, from + static_cast<std::ptrdiff_t>(checksum_pages[l].size()));
+  }
+  return run;
 }
 
 absl::Status StoreSlotStaged(engine::gpu::GpuModel& gpu, int64_t slot,

@@ -69,6 +69,18 @@ class GpuPrefillEngine final : public PrefillEngine {
                                          const runtime::SequencePages& pages,
                                          const LayerStored& layer_stored,
                                          const ChunkDone& chunk_done) override;
+  // The CUDA IPC path on one GPU: the chunks as Run, each layer stored into the device pages
+  // with its checksums (runtime::DeviceStatePages::StoreLayer) after the forward on the model's
+  // stream, or, with the environment's PDSERVE_CUDA_IPC_OVERLAP=1, during the last chunk right
+  // after the layer's attention (GpuModel::BeginForwardStoring), then one wait for all of them.
+  // FailedPrecondition on an expert-parallel group (the state lies on rank 0, the arena's GPU may
+  // be another).
+  absl::StatusOr<DeviceRun> RunToDevice(
+      std::span<const int32_t> prompt, const runtime::PagedState& paged,
+      const runtime::SequencePages& device_pages,
+      const std::vector<std::vector<PagedState::PageId>>& checksum_pages,
+      const ChunkDone& chunk_done) override;
+  bool stores_device_pages() const override { return group_->world() == 1; }
   int64_t max_context() const override { return group_->rank(0).max_context(); }
   std::string Describe() const override;
   TaskPool* transfer_pool() override { return &pool_; }
@@ -82,6 +94,13 @@ class GpuPrefillEngine final : public PrefillEngine {
         prefill_block_(prefill_block),
         pool_(host_threads) {}
 
+  // Checks the prompt's length and resets the slot (and the staging) for it.
+  absl::Status BeginPrompt(std::span<const int32_t> prompt);
+  // Runs the prompt's chunks (BeginPrompt first), the last one with BeginForwardStoring and
+  // `last_chunk_final` when that is set, else whole; the last chunk's last-row logits.
+  absl::StatusOr<std::vector<float>> ForwardChunks(
+      std::span<const int32_t> prompt, const ChunkDone& chunk_done,
+      const engine::gpu::GpuModel::LayerFinal& last_chunk_final);
   // Reports every layer of the chunk whose forward just returned (LayerForwarded).
   void NoteChunkLayers() const {
     for (int64_t l = 0; l < group_->rank(0).config().num_hidden_layers; ++l) NoteLayerForwarded(l);

@@ -60,23 +60,38 @@ GpuSlotImporter::~GpuSlotImporter() {
 }
 
 absl::Status GpuSlotImporter::Claim(serving::RequestId id, int64_t position, int64_t total_tokens) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (imports_.contains(id)) {
-      return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " is already importing"));
-    }
-  }
   Import import;
   import.position = position;
   PDSERVE_ASSIGN_OR_RETURN(const serving::PageTable table, options_.pool->Table(id));
   PDSERVE_ASSIGN_OR_RETURN(import.pages, MapPages(*options_.pool, table));
   import.paged =
       std::make_unique<PagedState>(options_.gpu->config(), *options_.layout, total_tokens);
+  return ClaimSlot(id, std::move(import));
+}
+
+absl::Status GpuSlotImporter::ClaimFromDevice(serving::RequestId id, int64_t position,
+                                              int64_t total_tokens, DevicePageSource source) {
+  Import import;
+  import.position = position;
+  PDSERVE_ASSIGN_OR_RETURN(import.device,
+                           DeviceStatePages::Create(options_.gpu, *options_.layout, total_tokens));
+  import.device_pages.pages = std::move(source.pages);
+  import.device_hold = std::move(source.hold);
+  return ClaimSlot(id, std::move(import));
+}
+
+absl::Status GpuSlotImporter::ClaimSlot(serving::RequestId id, Import import) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (imports_.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " is already importing"));
+    }
+  }
   PDSERVE_ASSIGN_OR_RETURN(import.slot, options_.take_slot(id));
   absl::Status begun;
   {
     ImportSection section(options_.lock);
-    begun = options_.gpu->BeginStagedImport(import.slot, position);
+    begun = options_.gpu->BeginStagedImport(import.slot, import.position);
   }
   if (!begun.ok()) {
     options_.return_slot(id, import.slot);
@@ -92,6 +107,8 @@ absl::Status GpuSlotImporter::ImportLayer(serving::RequestId id, int64_t layer) 
   int64_t position = 0;
   const PagedState* paged = nullptr;
   const SequencePages* pages = nullptr;
+  DeviceStatePages* device = nullptr;
+  const DeviceSequencePages* device_pages = nullptr;
   {
     // The record stays while this call runs: Release for the id waits for it (EarlyImporter).
     absl::MutexLock lock(&mu_);
@@ -101,6 +118,13 @@ absl::Status GpuSlotImporter::ImportLayer(serving::RequestId id, int64_t layer) 
     position = it->second.position;
     paged = it->second.paged.get();
     pages = &it->second.pages;
+    device = it->second.device.get();
+    device_pages = &it->second.device_pages;
+  }
+  if (device != nullptr) {
+    // Device to device: the copies are enqueued on the model's import stream, nothing to fill.
+    ImportSection section(options_.lock);
+    return device->LoadLayer(slot, layer, *device_pages);
   }
   // The fill (the host's copy out of the pages) runs with no lock: steps go on meanwhile.
   PDSERVE_RETURN_IF_ERROR(staging_->FillImportLayer(
@@ -136,11 +160,14 @@ void GpuSlotImporter::ReleaseWithLockHeld(serving::RequestId id) {
 
 bool GpuSlotImporter::ReleaseImport(serving::RequestId id, bool locked) {
   int64_t slot = -1;
+  // Dropped at the end, after the cancel waited for its copies (device pages are read by them).
+  Import released;
   {
     absl::MutexLock lock(&mu_);
     auto it = imports_.find(id);
     if (it == imports_.end()) return false;
     slot = it->second.slot;
+    released = std::move(it->second);
     imports_.erase(it);
   }
   if (!locked) options_.lock->LockForImport();
@@ -162,11 +189,13 @@ absl::StatusOr<int64_t> GpuSlotImporter::SlotOf(serving::RequestId id) const {
 
 absl::Status GpuSlotImporter::Finish(serving::RequestId id) {
   int64_t slot = -1;
+  Import finished_import;  // dropped after the finish, which orders the next step after its copies
   {
     absl::MutexLock lock(&mu_);
     auto it = imports_.find(id);
     if (it == imports_.end()) return NoImport(id);
     slot = it->second.slot;
+    finished_import = std::move(it->second);
     imports_.erase(it);
   }
   absl::Status finished = options_.gpu->FinishStagedImport(slot);

@@ -27,6 +27,7 @@
 #include "common/task_pool.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/state_staging.h"
+#include "runtime/cuda/device_state_pages.h"
 #include "runtime/early_import.h"
 #include "runtime/paged_state.h"
 #include "serving/page_pool.h"
@@ -54,6 +55,12 @@ class GpuSlotImporter final : public SlotImporter {
   ~GpuSlotImporter() override;
 
   absl::Status Claim(serving::RequestId id, int64_t position, int64_t total_tokens) override;
+  // Claim whose layers come from device pages (the CUDA IPC path): ImportLayer then runs
+  // DeviceStatePages::LoadLayer (device to device, no staging, no host fill) under the model
+  // lock. `source` is held until the import is released or finished. InvalidArgument for a
+  // layout DeviceStatePages refuses (fp32).
+  absl::Status ClaimFromDevice(serving::RequestId id, int64_t position, int64_t total_tokens,
+                               DevicePageSource source) override;
   absl::Status ImportLayer(serving::RequestId id, int64_t layer) override;
   absl::StatusOr<bool> Copied(serving::RequestId id) override;
   void Release(serving::RequestId id) override;
@@ -75,7 +82,13 @@ class GpuSlotImporter final : public SlotImporter {
     int64_t position = 0;
     std::unique_ptr<PagedState> paged;
     SequencePages pages;
+    // ClaimFromDevice: the layers' loads (used by ImportLayer's thread only) and their pages.
+    std::unique_ptr<DeviceStatePages> device;
+    DeviceSequencePages device_pages;
+    std::shared_ptr<const void> device_hold;
   };
+  // Claim's work: the slot and its staged import for `import` (its position set).
+  absl::Status ClaimSlot(serving::RequestId id, Import import);
   GpuSlotImporter(GpuSlotImporterOptions options,
                   std::unique_ptr<engine::gpu::StateStaging> staging);
   // Forgets `id`'s import and cancels it on the model (the caller holds the model lock when

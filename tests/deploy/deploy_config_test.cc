@@ -195,6 +195,53 @@ TEST(DeployConfigTest, TransferSwitches) {
   }
 }
 
+// transfer.cuda_ipc: auto unless set; on / off taken where both roles have a cuda worker; any
+// other value names the key; on with a cpu-only role is refused (it could never be used), auto
+// and off are not.
+TEST(DeployConfigTest, TransferCudaIpc) {
+  const std::string cuda_pair = Broken("backend: cpu", "backend: cuda\n    gpus: \"2\"");
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.transfer_cuda_ipc, "auto");
+  for (const char* value : {"auto", "on", "off"}) {
+    const ParsedDeployConfig set =
+        ParseDeployConfig(cuda_pair + "transfer:\n  cuda_ipc: " + value + "\n", "t.yaml");
+    ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+    EXPECT_EQ(set.config.transfer_cuda_ipc, value);
+  }
+  for (const char* bad : {"true", "yes", "maybe"}) {
+    const ParsedDeployConfig refused =
+        ParseDeployConfig(cuda_pair + "transfer:\n  cuda_ipc: " + bad + "\n", "b.yaml");
+    ASSERT_EQ(refused.errors.size(), 1u) << bad;
+    EXPECT_EQ(refused.errors[0].key, "transfer.cuda_ipc") << bad;
+  }
+  // kValid's decode worker is cpu: on is refused, auto and off are fine.
+  const ParsedDeployConfig on_cpu =
+      ParseDeployConfig(std::string(kValid) + "transfer:\n  cuda_ipc: on\n", "b.yaml");
+  ASSERT_EQ(on_cpu.errors.size(), 1u);
+  EXPECT_EQ(on_cpu.errors[0].key, "transfer.cuda_ipc");
+  EXPECT_EQ(on_cpu.errors[0].line, 18) << on_cpu.errors[0].ToString();
+  for (const char* value : {"auto", "off"}) {
+    EXPECT_TRUE(
+        ParseDeployConfig(std::string(kValid) + "transfer:\n  cuda_ipc: " + value + "\n", "t.yaml")
+            .errors.empty())
+        << value;
+  }
+}
+
+// transfer.cuda_ipc_arena_tokens: 0 (the model's context) unless set; 0 .. 2^24 taken.
+TEST(DeployConfigTest, TransferCudaIpcArenaTokens) {
+  EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.transfer_cuda_ipc_arena_tokens, 0);
+  const ParsedDeployConfig set = ParseDeployConfig(
+      std::string(kValid) + "transfer:\n  cuda_ipc_arena_tokens: 65536\n", "t.yaml");
+  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+  EXPECT_EQ(set.config.transfer_cuda_ipc_arena_tokens, 65536);
+  for (const char* bad : {"-1", "16777217", "\"4096\"", "lots"}) {
+    const ParsedDeployConfig refused = ParseDeployConfig(
+        std::string(kValid) + "transfer:\n  cuda_ipc_arena_tokens: " + bad + "\n", "b.yaml");
+    ASSERT_EQ(refused.errors.size(), 1u) << bad;
+    EXPECT_EQ(refused.errors[0].key, "transfer.cuda_ipc_arena_tokens") << bad;
+  }
+}
+
 // transfer.lanes: 0 (the default) lets each worker choose from its cores; 1 .. 16 are taken as
 // given; anything else names the key.
 TEST(DeployConfigTest, TransferLanes) {

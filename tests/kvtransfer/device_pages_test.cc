@@ -30,6 +30,7 @@
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "kvtransfer/ucx/ucx_transport.h"
+#include "tests/kvtransfer/fake_device_lander.h"
 #include "tests/kvtransfer/test_support.h"
 
 namespace pdserve::kv::testing {
@@ -41,51 +42,6 @@ using shm::AckWord;
 constexpr uint32_t kPages = 8;
 constexpr uint64_t kPageBytes = 16 * 1024;
 constexpr char kBusId[] = "0000:19:00.0";
-
-// Host memory standing in for GPU arenas: an arena's name carries its id in the handle's first
-// byte. Shared by the test and its lander.
-struct FakeArenas {
-  std::map<uint8_t, std::span<std::byte>> arenas;
-};
-
-// The lander over FakeArenas: memcpy + PayloadChecksum per page, at Flush.
-class FakeLander final : public shm::DevicePageLander {
- public:
-  FakeLander(const FakeArenas& arenas, std::vector<size_t>* flushes)
-      : arenas_(arenas), flushes_(flushes) {}
-  absl::Status Add(const shm::PageRef& ref, const LandingTarget& target) override {
-    if (!ref.device.has_value() || !target.device || ref.length != target.destination.size()) {
-      return absl::InvalidArgumentError("not a GPU page for a GPU destination of its size");
-    }
-    auto found = arenas_.arenas.find(static_cast<uint8_t>(ref.device->memory[0]));
-    if (found == arenas_.arenas.end()) return absl::UnavailableError("cuda ipc: no such arena");
-    if (ref.offset > found->second.size() || ref.length > found->second.size() - ref.offset) {
-      return absl::UnavailableError("cuda ipc: outside the arena");
-    }
-    queued_.push_back({found->second.subspan(ref.offset, ref.length), target});
-    return absl::OkStatus();
-  }
-  void Flush(
-      const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) override {
-    if (flushes_ != nullptr) flushes_->push_back(queued_.size());
-    std::vector<Queued> batch;
-    batch.swap(queued_);
-    for (const Queued& q : batch) {
-      std::memcpy(q.target.destination.data(), q.source.data(), q.source.size());
-      landed(q.target, absl::OkStatus(), PayloadChecksum(q.target.destination));
-    }
-  }
-  size_t pending() const override { return queued_.size(); }
-
- private:
-  struct Queued {
-    std::span<const std::byte> source;
-    LandingTarget target;
-  };
-  const FakeArenas& arenas_;
-  std::vector<size_t>* flushes_;
-  std::vector<Queued> queued_;
-};
 
 class DevicePagesTest : public ::testing::Test {
  protected:

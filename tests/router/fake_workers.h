@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -273,6 +274,8 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
   std::string model;
   uint64_t model_fingerprint = 0;
   std::string page_geometry;
+  // HealthResponse.cuda_ipc (unset: host pages only).
+  std::optional<worker::v1::CudaIpcSource> cuda_ipc;
 
   grpc::Status Prefill(grpc::ServerContext* context, const worker::v1::PrefillRequest* request,
                        worker::v1::PrefillResponse* response) override {
@@ -357,6 +360,7 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     response->set_model(model);
     response->set_model_fingerprint(model_fingerprint);
     response->set_page_geometry(page_geometry);
+    if (cuda_ipc.has_value()) *response->mutable_cuda_ipc() = *cuda_ipc;
     return grpc::Status::OK;
   }
   worker::v1::HealthResponse::State state = worker::v1::HealthResponse::STATE_SERVING;

@@ -58,6 +58,49 @@ TEST_F(RouterServiceTest, CompletionTextIsTheDecodeWorkersTokensDetokenized) {
   EXPECT_EQ(decode_[0]->reserves[0].prompt_token_ids_size(), 3);
 }
 
+// A prefill worker whose Health states a GPU arena (transfer.cuda_ipc) has its place passed to
+// the decode worker with the Reserve of each request it prefills; one that states none has none
+// passed (host pages), and a later check that no longer states it stops the passing.
+TEST_F(RouterServiceTest, ReservePassesThePrefillWorkersCudaIpcCapability) {
+  worker::v1::CudaIpcSource source;
+  source.set_boot_id("0b1d2f3e-boot");
+  source.set_pci_bus_id("0000:19:00.0");
+  AddSecondPrefill();  // p1 states nothing: host pages
+  prefill_->cuda_ipc = source;
+  auto service = MakeService();
+  // Round robin over p0, p1: one request each.
+  for (int i = 0; i < 2; ++i) {
+    auto sink = Run(*service, Completion({5, 6, 7}, 2));
+    ASSERT_FALSE(sink->failed) << sink->error.message;
+  }
+  prefill_->cuda_ipc.reset();
+  service->pool().CheckAll();
+  auto sink = Run(*service, Completion({5, 6, 7}, 2));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+  std::vector<uint64_t> by_p0;
+  {
+    absl::MutexLock lock(&prefill_->mu);
+    for (const auto& p : prefill_->prefills) by_p0.push_back(p.request_id());
+  }
+  ASSERT_FALSE(by_p0.empty());
+  absl::MutexLock lock(&decode_[0]->mu);
+  ASSERT_EQ(decode_[0]->reserves.size(), 3u);
+  int with_source = 0;
+  for (size_t i = 0; i < decode_[0]->reserves.size(); ++i) {
+    const worker::v1::ReserveRequest& r = decode_[0]->reserves[i];
+    const bool p0 = std::find(by_p0.begin(), by_p0.end(), r.request_id()) != by_p0.end();
+    if (r.has_prefill_cuda_ipc()) {
+      ++with_source;
+      EXPECT_TRUE(p0) << "request " << r.request_id() << " was not prefilled by p0";
+      EXPECT_LT(i, 2u) << "after p0 stopped stating a GPU arena";
+      EXPECT_EQ(r.prefill_cuda_ipc().boot_id(), "0b1d2f3e-boot");
+      EXPECT_EQ(r.prefill_cuda_ipc().pci_bus_id(), "0000:19:00.0");
+    }
+  }
+  EXPECT_EQ(with_source, 1);
+}
+
 // n > 1: one shared reservation (tests/router/service_n_share_test.cc walks it); each choice
 // still gets its own stream: tokens of choice c from (seed, c).
 TEST_F(RouterServiceTest, EachChoiceHasItsOwnStreamWithTheSameSeed) {

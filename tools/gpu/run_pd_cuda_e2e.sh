@@ -28,7 +28,11 @@
 # becomes cpu: checks this script's plumbing on a machine without a GPU; the rows then all equal),
 # EARLY_IMPORT (default 1: the cluster's `transfer.early_import: true`, the default: the CUDA decode
 # worker imports each layer into its slot as it arrives, docs/engine-gpu.md, "Early import", and
-# the up log must say so; 0: false, the import at the first step).
+# the up log must say so; 0: false, the import at the first step), CUDA_IPC (unset: the key is left
+# out, its default auto; on / off: `transfer.cuda_ipc`; with on both workers' logs must say they
+# set the path up and both workers' transfer metrics must count transfers under path "cuda-ipc",
+# with off none may), REFERENCE (a directory holding serve-cpu.json and serve-cuda.json of an
+# earlier run: the two servers are not run again), NO_CPU=1 (no CPU server and no CPU check).
 set -euo pipefail
 pdserve=${PDSERVE:-$(command -v pdserve || echo build/pdserve)}
 out=${OUT:-gpu-out/pd-e2e}
@@ -40,6 +44,10 @@ decode_gpus=${DECODE_GPUS:-0}
 serve_devices=${SERVE_DEVICES:-0}
 early_import=true
 [ "${EARLY_IMPORT:-1}" != 0 ] || early_import=false
+cuda_ipc_line=""
+[ -z "${CUDA_IPC:-}" ] || cuda_ipc_line="cuda_ipc: $CUDA_IPC"
+reference=${REFERENCE:-}
+no_cpu=${NO_CPU:-0}
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (pdserve forces it too)
 if [ "$backend" = cuda ]; then
   pgpus="gpus: \"$prefill_gpus\""
@@ -93,6 +101,7 @@ transfer:
   transport: ucx
   lease_ms: 30000
   early_import: $early_import
+  $cuda_ipc_line
 guards:
   degeneration_action: flag
   paranoid: false
@@ -158,10 +167,20 @@ serve() {  # backend, port, name
   pids=()
 }
 
-echo "== pdserve serve --backend cpu"
-serve cpu $((base + 5)) serve-cpu
-echo "== pdserve serve --backend $backend (devices $serve_devices)"
-serve "$backend" $((base + 6)) serve-cuda
+if [ -n "$reference" ]; then
+  echo "== the servers' completions from $reference"
+  for n in serve-cpu serve-cuda; do
+    [ ! -f "$reference/$n.json" ] || [ "$reference" -ef "$out" ] || cp "$reference/$n.json" "$out/"
+  done
+fi
+if [ "$no_cpu" = 0 ] && [ ! -f "$out/serve-cpu.json" ]; then
+  echo "== pdserve serve --backend cpu"
+  serve cpu $((base + 5)) serve-cpu
+fi
+if [ ! -f "$out/serve-cuda.json" ]; then
+  echo "== pdserve serve --backend $backend (devices $serve_devices)"
+  serve "$backend" $((base + 6)) serve-cuda
+fi
 echo "== pdserve up (prefill and decode backend $backend, prefill gpus $prefill_gpus, decode gpus $decode_gpus)"
 "$pdserve" up --config "$out/pd-cuda.yaml" > "$out/up.log" 2>&1 &
 up=$!
@@ -173,13 +192,38 @@ wait_ready "http://127.0.0.1:$base/ready" 180 "$up" ||
 [ "$backend" != cuda ] || [ "$early_import" = false ] || grep -q "transfer: early import" "$out/up.log" ||
   { echo "FAIL: the decode worker did not say it imports early"; exit 1; }
 run_requests "http://127.0.0.1:$base" "$out/pd-cuda.json"
+for role in prefill:$((base + 2)) decode:$((base + 4)); do
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:${role#*:}/metrics" > "$out/${role%%:*}-metrics.txt" ||
+    echo "FAIL: no metrics from the ${role%%:*} worker" | tee -a "$out/path-check.txt"
+done
 kill -INT "$up"; wait "$up" 2>/dev/null || true
 pids=()
+# Transfers counted under path "cuda-ipc": the count of pdserve_kv_transfer_bytes{path="cuda-ipc"}.
+ipc_count() { awk '/^pdserve_kv_transfer_bytes_count\{/ && /path="cuda-ipc"/ {n += $NF} END {print n + 0}' "$1" 2>/dev/null || echo 0; }
+path_ok=1
+if [ "${CUDA_IPC:-}" = on ]; then
+  grep -q "transfer: cuda ipc offered" "$out/up.log" || { echo "FAIL: the prefill worker did not offer cuda ipc"; path_ok=0; }
+  grep -q "transfer: cuda ipc on" "$out/up.log" || { echo "FAIL: the decode worker did not set cuda ipc up"; path_ok=0; }
+  for role in prefill decode; do
+    n=$(ipc_count "$out/$role-metrics.txt")
+    echo "$role worker: $n transfer(s) with path cuda-ipc"
+    [ "$n" -ge 12 ] || { echo "FAIL: the $role worker counted $n cuda-ipc transfers (want >= 12)"; path_ok=0; }
+  done
+elif [ "${CUDA_IPC:-}" = off ]; then
+  for role in prefill decode; do
+    n=$(ipc_count "$out/$role-metrics.txt")
+    echo "$role worker: $n transfer(s) with path cuda-ipc (want 0), paths: $(grep -o 'path="[a-z-]*"' "$out/$role-metrics.txt" | sort -u | tr '\n' ' ')"
+    [ "$n" -eq 0 ] || { echo "FAIL: cuda ipc is off and the $role worker counted $n cuda-ipc transfers"; path_ok=0; }
+  done
+fi
 
-python3 - "$out" <<'PY'
-import json, sys
-out = sys.argv[1]
-cpu, col, pd = (json.load(open(f"{out}/{n}.json")) for n in ("serve-cpu", "serve-cuda", "pd-cuda"))
+python3 - "$out" "$path_ok" <<'PY'
+import json, os, sys
+out, path_ok = sys.argv[1], sys.argv[2] == "1"
+col, pd = (json.load(open(f"{out}/{n}.json")) for n in ("serve-cuda", "pd-cuda"))
+have_cpu = os.path.exists(f"{out}/serve-cpu.json")
+cpu = json.load(open(f"{out}/serve-cpu.json")) if have_cpu else col
 
 def parts(a, b):
     n = min(len(a), len(b))
@@ -198,10 +242,12 @@ for i, (c, g, p) in enumerate(zip(cpu, col, pd)):
     show = lambda x: "equal" if x is None else f"@{x}"
     print(f"{i:>2} {p['mode']:6} {p['prompt'][:26]:26} {len(p['tokens']):>3} "
           f"{show(vs_col):>10} {show(vs_cpu):>9}")
-ok = first_token_bad == 0 and decode_parted <= 2 and cpu_close >= 8 and all(p["tokens"] for p in pd)
+ok = (first_token_bad == 0 and decode_parted <= 2 and cpu_close >= 8 and path_ok and
+      all(p["tokens"] for p in pd))
 print(f"first tokens differing from colocated cuda: {first_token_bad} (want 0); "
       f"parted later: {decode_parted} (want <= 2); equal to cpu for >= 4 tokens: "
-      f"{cpu_close}/12 (want >= 8)")
+      f"{cpu_close}/12 (want >= 8{'' if have_cpu else '; no cpu server: cuda stands in'}); "
+      f"transfer path check: {'ok' if path_ok else 'FAILED'}")
 print("PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
