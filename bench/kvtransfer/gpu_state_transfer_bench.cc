@@ -122,6 +122,11 @@ struct Flags {
   // (CUDA IPC)"): pages in the prefill process's GPU arena, landed in the decode process's GPU
   // pages by its lanes' CudaPageLanders, imported device to device (PrefillIpc / DecodeIpc).
   bool cuda_ipc = false;
+  // With --cuda-ipc: the page-reference version the prefill writes (3: compact batches, 2: one
+  // 192-byte reference a page; SenderOptions::device_ref_version) and how the decode's landers
+  // move their descriptors and hashes (cuda_ipc::LanderMode: "staged" or "mapped").
+  int refs = 3;
+  std::string lander = "mapped";
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -790,7 +795,8 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
       {.max_in_flight_bytes = flags.window_mib > 0 ? static_cast<size_t>(flags.window_mib) << 20
                                                    : kv::InFlightBytesForLanes(Lanes(flags)),
        .path = "cuda-ipc",
-       .shm_pull = puller.get()});
+       .shm_pull = puller.get(),
+       .device_ref_version = flags.refs});
   const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
   for (int64_t length : Lengths(flags)) {
     const int64_t total = length + 1;
@@ -812,6 +818,11 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
     double forward_ms = 0;
     engine::ModelState prefix_state;
     for (int64_t r = 0; r < flags.repeats; ++r) {
+      if (r == 0) {
+        // The decode side measures floor (a) while this process waits for the first ticket.
+        if (channel.Read() != "floor") return absl::InternalError("expected 'floor'");
+        channel.Write("idle");
+      }
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
       PDSERVE_RETURN_IF_ERROR(
           RestorePrefix(flags, config, *gpu, length, r, &forward_ms, &prefix_state));
@@ -893,11 +904,22 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
                          {.lease = absl::Seconds(600), .acks = acks.get()}, clock,
                          [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
   auto arenas = std::make_shared<kv::cuda_ipc::PeerArenaCache>();
+  PDSERVE_ASSIGN_OR_RETURN(const kv::cuda_ipc::LanderMode mode,
+                           kv::cuda_ipc::ParseLanderMode(flags.lander));
+  std::vector<const kv::cuda_ipc::CudaPageLander*> landers;  // Owned by the lanes.
   PDSERVE_RETURN_IF_ERROR(receiver->SetDeviceLanders(
       [&]() -> absl::StatusOr<std::unique_ptr<kv::shm::DevicePageLander>> {
-        PDSERVE_ASSIGN_OR_RETURN(auto lander, kv::cuda_ipc::CudaPageLander::Create(0, arenas));
+        PDSERVE_ASSIGN_OR_RETURN(auto lander,
+                                 kv::cuda_ipc::CudaPageLander::Create(0, arenas, mode));
+        landers.push_back(lander.get());
         return std::unique_ptr<kv::shm::DevicePageLander>(std::move(lander));
       }));
+  // Flushes of every lane's lander so far (read between transfers: the lanes are idle then).
+  auto flushes = [&] {
+    uint64_t n = 0;
+    for (const kv::cuda_ipc::CudaPageLander* lander : landers) n += lander->flushes();
+    return n;
+  };
   char bus[32] = {};
   PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, 0), "bus id"));
   PrintHeader();
@@ -918,6 +940,13 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
     runtime::DeviceStatePages* load = sequence.state.get();
     Row row;
     uint64_t bytes = 0;
+    for (const kv::PlannedPage& page : plan) bytes += page.descriptor.bytes;
+    // Floor (a) now, while the prefill process waits (at the end of a length its arena is freed
+    // and the next one made: a floor measured then ran 18 GB/s against 26 in a quiet run).
+    channel.Write("floor");
+    if (channel.Read() != "idle") return absl::InternalError("expected 'idle'");
+    PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
+    const uint64_t flushes_before = flushes();
     for (int64_t r = 0; r < flags.repeats; ++r) {
       kv::ReceiveSpec spec{
           .request_id = request++, .epoch = kv::TableEpoch(table), .device_pci_bus_id = bus};
@@ -940,8 +969,17 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
           row.Add(channel.Read(), verified, imported, r == 0 ? gpu.get() : nullptr));
       Progress("decode", length, r, "imported (cuda ipc)");
     }
-    PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
-    PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, "cuda-ipc"));
+    const uint64_t batches = flushes() - flushes_before;
+    std::fprintf(stderr,
+                 "%lld tokens: %zu pages a transfer, %.1f lander flushes a transfer "
+                 "(%.1f pages each)\n",
+                 static_cast<long long>(length), plan.size(),
+                 static_cast<double>(batches) / static_cast<double>(flags.repeats),
+                 batches > 0 ? static_cast<double>(plan.size() * flags.repeats) /
+                                   static_cast<double>(batches)
+                             : 0.0);
+    const std::string path = absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander);
+    PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, path.c_str()));
   }
   return absl::OkStatus();
 }
@@ -982,6 +1020,13 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-ipc", flags.cuda_ipc,
                  "Pages in the prefill process's GPU arena, landed device to device by the decode "
                  "process (CUDA IPC; the stores after the chunk, no early import)");
+  app.add_option("--refs", flags.refs,
+                 "With --cuda-ipc: page references of version 3 (compact batches) or 2")
+      ->check(CLI::IsMember({2, 3}));
+  app.add_option("--lander", flags.lander,
+                 "With --cuda-ipc: the decode landers' descriptors and hashes copied on the "
+                 "stream (staged) or in pinned memory the kernels read and write (mapped)")
+      ->check(CLI::IsMember({"staged", "mapped"}));
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);
