@@ -76,8 +76,9 @@ absl::StatusOr<std::shared_ptr<const PeerArena>> PeerArenaCache::Get(
 absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name) {
   if (name == "staged") return LanderMode::kStaged;
   if (name == "mapped") return LanderMode::kMapped;
+  if (name == "fused") return LanderMode::kFused;
   return absl::InvalidArgumentError(
-      absl::StrCat("CUDA page lander mode '", name, "': staged or mapped"));
+      absl::StrCat("CUDA page lander mode '", name, "': staged, mapped or fused"));
 }
 
 absl::StatusOr<LanderMode> LanderModeFromEnv() {
@@ -144,7 +145,7 @@ absl::Status CudaPageLander::ReserveHost(size_t n) {
   PDSERVE_RETURN_IF_ERROR(Reserve(host_copies_, n));
   PDSERVE_RETURN_IF_ERROR(Reserve(host_pages_, n));
   PDSERVE_RETURN_IF_ERROR(Reserve(host_hashes_, n));
-  if (mode_ != LanderMode::kMapped) return absl::OkStatus();
+  if (mode_ == LanderMode::kStaged) return absl::OkStatus();
   void* device = nullptr;
   PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_copies_.get(), 0));
   mapped_copies_ = static_cast<kernels::cuda::PageCopy*>(device);
@@ -164,6 +165,13 @@ absl::Status CudaPageLander::RunBatch() {
     host_copies_[i] = {q.source, q.target.destination.data(), q.target.destination.size()};
     // The checksum reads the landed bytes (this worker's memory), not the peer's.
     host_pages_[i] = {q.target.destination.data(), q.target.destination.size()};
+  }
+  if (mode_ == LanderMode::kFused) {
+    // One launch: each block copies its page, then hashes the bytes it landed.
+    PDSERVE_CUDA_RETURN(kernels::cuda::copy_pages_xxh3(mapped_copies_, static_cast<int64_t>(n),
+                                                       mapped_hashes_, stream_));
+    PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
   }
   if (mode_ == LanderMode::kMapped) {
     // The kernels read the descriptors from pinned memory and write the hashes there: no copies
@@ -199,7 +207,9 @@ void CudaPageLander::Flush(
     const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) {
   if (queued_.empty()) return;
   ++flushes_;
+  const absl::Time started = absl::Now();
   const absl::Status status = RunBatch();
+  flush_time_ += absl::Now() - started;
   std::vector<Queued> batch;
   batch.swap(queued_);
   for (size_t i = 0; i < batch.size(); ++i) {

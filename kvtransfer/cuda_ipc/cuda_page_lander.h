@@ -64,9 +64,11 @@ class PeerArenaCache {
 // How a Flush moves the batch's descriptors and hashes (docs/perf.md, "Device-to-device pages
 // through the protocol classes"): kStaged copies the descriptors host -> device and the hashes
 // back (5 stream operations and a wait); kMapped lets both kernels read the descriptors from, and
-// the checksum kernel write the hashes to, pinned host memory (2 launches and a wait).
-enum class LanderMode { kStaged, kMapped };
-// "staged" / "mapped"; InvalidArgument otherwise.
+// the checksum kernel write the hashes to, pinned host memory (2 launches and a wait); kFused as
+// kMapped with one kernel that copies each page and hashes its landed bytes
+// (kernels::cuda::copy_pages_xxh3: 1 launch and a wait).
+enum class LanderMode { kStaged, kMapped, kFused };
+// "staged" / "mapped" / "fused"; InvalidArgument otherwise.
 absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name);
 // PDSERVE_CUDA_LANDER from the environment (the A/B switch), kMapped when unset. Errors:
 // ParseLanderMode's.
@@ -98,8 +100,9 @@ class CudaPageLander final : public shm::DevicePageLander {
       const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) override;
   size_t pending() const override { return queued_.size(); }
 
-  // Batches flushed and pages landed so far (for tests and logs).
+  // Batches flushed so far, and the host time their Flushes took in all (for tests and logs).
   uint64_t flushes() const { return flushes_; }
+  absl::Duration flush_time() const { return flush_time_; }
 
  private:
   CudaPageLander(int device, cudaStream_t stream, std::shared_ptr<PeerArenaCache> arenas,
@@ -129,11 +132,12 @@ class CudaPageLander final : public shm::DevicePageLander {
   engine::gpu::DeviceArray<kernels::cuda::PageCopy> copies_;
   engine::gpu::DeviceArray<kernels::cuda::Xxh3Page> pages_;
   engine::gpu::DeviceArray<uint64_t> hashes_;
-  // kMapped: the device addresses of the pinned arrays.
+  // kMapped / kFused: the device addresses of the pinned arrays.
   kernels::cuda::PageCopy* mapped_copies_ = nullptr;
   kernels::cuda::Xxh3Page* mapped_pages_ = nullptr;
   uint64_t* mapped_hashes_ = nullptr;
   uint64_t flushes_ = 0;
+  absl::Duration flush_time_;
 };
 
 }  // namespace pdserve::kv::cuda_ipc

@@ -250,8 +250,9 @@ TEST(IpcPageArenaTest, APeerProcessReadsAndWritesTheArena) {
   EXPECT_EQ(RunPeer((*arena)->handle(), offset, length, checksum ^ 1), 16);
 }
 
-// Each lander mode (PDSERVE_CUDA_LANDER: descriptors and hashes copied on the stream, or read
-// and written by the kernels in pinned host memory) lands every byte and hash.
+// Each lander mode (PDSERVE_CUDA_LANDER: descriptors and hashes copied on the stream, read and
+// written by the kernels in pinned host memory, or that with the copy and hash in one kernel)
+// lands every byte and hash.
 class CudaPageLanderTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
@@ -279,11 +280,12 @@ TEST_P(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, CudaPageLanderTest, ::testing::Values("staged", "mapped"));
+INSTANTIATE_TEST_SUITE_P(Modes, CudaPageLanderTest, ::testing::Values("staged", "mapped", "fused"));
 
 TEST(CudaPageLanderModeTest, ModesParseAndAnUnknownOneIsRefused) {
   EXPECT_EQ(*ParseLanderMode("staged"), LanderMode::kStaged);
   EXPECT_EQ(*ParseLanderMode("mapped"), LanderMode::kMapped);
+  EXPECT_EQ(*ParseLanderMode("fused"), LanderMode::kFused);
   EXPECT_EQ(ParseLanderMode("fast").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
