@@ -227,6 +227,21 @@ absl::Status DeviceStatePages::StoreLayer(int64_t slot, int64_t layer, int64_t p
   return Launch(copies, pages, checksums, stream != nullptr ? stream : model_->cuda_stream());
 }
 
+absl::Status DeviceStatePages::StoreLayers(int64_t slot, int64_t position,
+                                           const DeviceSequencePages& pages,
+                                           const DevicePageChecksums& checksums, void* stream) {
+  std::vector<Copy> copies;
+  for (size_t l = 0; l < geometry_.layers.size(); ++l) {
+    const auto layer = static_cast<int64_t>(l);
+    PDSERVE_ASSIGN_OR_RETURN(const engine::gpu::DeviceLayerBlocks blocks,
+                             model_->SlotLayerBlocks(slot, layer, position));
+    PDSERVE_ASSIGN_OR_RETURN(const std::vector<PagedState::PageRun> runs,
+                             paged_.PlanPageRuns(layer, geometry_.layers[l], position));
+    PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/true, &copies));
+  }
+  return Launch(copies, pages, checksums, stream != nullptr ? stream : model_->cuda_stream());
+}
+
 absl::Status DeviceStatePages::LoadLayer(int64_t slot, int64_t layer,
                                          const DeviceSequencePages& pages,
                                          const DevicePageChecksums& checksums) {

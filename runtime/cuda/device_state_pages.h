@@ -95,6 +95,13 @@ class DeviceStatePages {
                           const DeviceSequencePages& pages,
                           const DevicePageChecksums& checksums = {}, void* stream = nullptr);
 
+  // StoreLayer of every layer in one descriptor upload, one copy_pages and one xxh3_64_pages
+  // launch (instead of one each a layer: docs/perf.md, "Device-to-device pages through the
+  // protocol classes"); `checksums` may name pages of any layers, in any order. Same bytes and
+  // checksums as StoreLayer of each layer; same errors (nothing enqueued on one).
+  absl::Status StoreLayers(int64_t slot, int64_t position, const DeviceSequencePages& pages,
+                           const DevicePageChecksums& checksums = {}, void* stream = nullptr);
+
   // D's side: layer `layer` of the staged import in progress on slot `slot` (at the position
   // BeginStagedImport gave) from `pages`, through GpuModel::EnqueueStagedLayerOnDevice: on the
   // model's import stream, the layer's unread rows set to NaN, then one copy_pages launch of
