@@ -124,9 +124,12 @@ struct Flags {
   bool cuda_ipc = false;
   // With --cuda-ipc: the page-reference version the prefill writes (3: compact batches, 2: one
   // 192-byte reference a page; SenderOptions::device_ref_version) and how the decode's landers
-  // move their descriptors and hashes (cuda_ipc::LanderMode: "staged" or "mapped").
+  // move their descriptors and hashes (cuda_ipc::LanderMode: "staged", "mapped" or "fused").
   int refs = 3;
   std::string lander = "mapped";
+  // With --cuda-ipc: every layer's pages stored in one DeviceStatePages::StoreLayers (one upload
+  // and two launches) instead of StoreLayer per layer.
+  bool store_all = true;
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -811,6 +814,9 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
     runtime::DeviceStatePages* store = sequence.state.get();
     PDSERVE_ASSIGN_OR_RETURN(const std::vector<LayerChecksums> checks,
                              PlanChecksums(layout, table, plan, flags.layers));
+    std::vector<runtime::PagedState::PageId> all_ids;  // Every layer's, in the sums' order.
+    for (const LayerChecksums& c : checks)
+      all_ids.insert(all_ids.end(), c.ids.begin(), c.ids.end());
     engine::gpu::DeviceArray<uint64_t> sums;
     engine::gpu::PinnedArray<uint64_t> host_sums;
     PDSERVE_RETURN_IF_ERROR(sums.Allocate(plan.size()));
@@ -843,7 +849,11 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
       // checksums to the host (the only bytes of the state the host reads).
       const int64_t store_started = NowNs();
       size_t at = 0;
-      for (int64_t l = 0; l < flags.layers; ++l) {
+      if (flags.store_all) {
+        PDSERVE_RETURN_IF_ERROR(store->StoreLayers(0, length, device_pages, {all_ids, sums.get()}));
+        at = all_ids.size();
+      }
+      for (int64_t l = 0; l < flags.layers && !flags.store_all; ++l) {
         const LayerChecksums& c = checks[static_cast<size_t>(l)];
         PDSERVE_RETURN_IF_ERROR(
             store->StoreLayer(0, l, length, device_pages, {c.ids, sums.get() + at}));
@@ -914,11 +924,17 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
         landers.push_back(lander.get());
         return std::unique_ptr<kv::shm::DevicePageLander>(std::move(lander));
       }));
-  // Flushes of every lane's lander so far (read between transfers: the lanes are idle then).
+  // Flushes of every lane's lander so far and their host time (read between transfers: the
+  // lanes are idle then).
   auto flushes = [&] {
     uint64_t n = 0;
     for (const kv::cuda_ipc::CudaPageLander* lander : landers) n += lander->flushes();
     return n;
+  };
+  auto flush_time = [&] {
+    absl::Duration d;
+    for (const kv::cuda_ipc::CudaPageLander* lander : landers) d += lander->flush_time();
+    return d;
   };
   char bus[32] = {};
   PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, 0), "bus id"));
@@ -947,6 +963,7 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
     if (channel.Read() != "idle") return absl::InternalError("expected 'idle'");
     PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
     const uint64_t flushes_before = flushes();
+    const absl::Duration flush_time_before = flush_time();
     for (int64_t r = 0; r < flags.repeats; ++r) {
       kv::ReceiveSpec spec{
           .request_id = request++, .epoch = kv::TableEpoch(table), .device_pci_bus_id = bus};
@@ -970,15 +987,18 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
       Progress("decode", length, r, "imported (cuda ipc)");
     }
     const uint64_t batches = flushes() - flushes_before;
+    const double flush_us = absl::ToDoubleMicroseconds(flush_time() - flush_time_before);
     std::fprintf(stderr,
-                 "%lld tokens: %zu pages a transfer, %.1f lander flushes a transfer "
-                 "(%.1f pages each)\n",
+                 "%lld tokens: %zu pages a transfer, %.1f lander flushes a transfer (%.1f pages "
+                 "and %.1f us each)\n",
                  static_cast<long long>(length), plan.size(),
                  static_cast<double>(batches) / static_cast<double>(flags.repeats),
-                 batches > 0 ? static_cast<double>(plan.size() * flags.repeats) /
-                                   static_cast<double>(batches)
-                             : 0.0);
-    const std::string path = absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander);
+                 batches > 0 ? static_cast<double>(plan.size()) *
+                                   static_cast<double>(flags.repeats) / static_cast<double>(batches)
+                             : 0.0,
+                 batches > 0 ? flush_us / static_cast<double>(batches) : 0.0);
+    const std::string path = absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander,
+                                          flags.store_all ? " store-all" : "");
     PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, path.c_str()));
   }
   return absl::OkStatus();
@@ -1025,8 +1045,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({2, 3}));
   app.add_option("--lander", flags.lander,
                  "With --cuda-ipc: the decode landers' descriptors and hashes copied on the "
-                 "stream (staged) or in pinned memory the kernels read and write (mapped)")
-      ->check(CLI::IsMember({"staged", "mapped"}));
+                 "stream (staged), in pinned memory the kernels read and write (mapped), or that "
+                 "with one copy-and-hash kernel (fused)")
+      ->check(CLI::IsMember({"staged", "mapped", "fused"}));
+  app.add_option("--store-all", flags.store_all,
+                 "With --cuda-ipc: every layer's pages in one StoreLayers (0: StoreLayer a layer)");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);
