@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "runtime/paged_state.h"
 #include "serving/state_layout.h"
@@ -120,6 +121,11 @@ class DeviceStatePages {
   // is ordered after them). On an error the import is cancelled (the slot reset) and the first
   // error returned.
   absl::Status ImportSlot(int64_t slot, int64_t position, const DeviceSequencePages& pages);
+  // ImportSlot with every layer's fills of the unread rows in one copy_pages launch (from a
+  // buffer of all-ones bytes) and every layer's copies in one more, made in the last layer's
+  // GpuModel::EnqueueStagedLayerOnDeviceFills call (ImportSlot enqueues seven fills and a
+  // descriptor upload and a copy a layer). The same slot, bit for bit; the same errors.
+  absl::Status ImportSlotBatched(int64_t slot, int64_t position, const DeviceSequencePages& pages);
 
   // Page bytes the runs of the last StoreLayer / LoadLayer copied (the state bytes of that layer
   // at its position, page tails and unused rows not counted).
@@ -149,6 +155,8 @@ class DeviceStatePages {
   PagedState paged_;
   engine::RingGeometry geometry_;
   std::vector<std::unique_ptr<Batch>> batches_;  // descriptor buffers, used in turn
+  // All-ones bytes: the source of ImportSlotBatched's fills (grown as needed).
+  engine::gpu::DeviceArray<std::byte> ones_;
   size_t next_batch_ = 0;
   int64_t last_copied_bytes_ = 0;
 };

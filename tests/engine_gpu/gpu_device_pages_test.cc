@@ -159,10 +159,10 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
   }
 
   // D's side: the host path's import of `pages.host` into slot 1 and DeviceStatePages::ImportSlot
-  // of `pages.device` into slot 2 (both held other requests first) give the same exported state
-  // and the same next decode step's logits, bit for bit.
+  // (`batched`: ImportSlotBatched) of `pages.device` into slot 2 (both held other requests
+  // first) give the same exported state and the same next decode step's logits, bit for bit.
   void ExpectImportsEqual(GpuModel& gpu, StateStaging& staging, DeviceStatePages& device,
-                          const TwinPages& pages, int64_t p, int32_t next) {
+                          const TwinPages& pages, int64_t p, int32_t next, bool batched) {
     const PagedState& paged = device.paged();
     PrefillSlot(model_, gpu, 1, 7);
     ASSERT_TRUE(gpu.ImportLayers(1, p, &staging,
@@ -172,7 +172,8 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
                                  })
                     .ok());
     PrefillSlot(model_, gpu, 2, 11);
-    const absl::Status imported = device.ImportSlot(2, p, pages.device);
+    const absl::Status imported = batched ? device.ImportSlotBatched(2, p, pages.device)
+                                          : device.ImportSlot(2, p, pages.device);
     ASSERT_TRUE(imported.ok()) << imported;
     EXPECT_EQ(gpu.Position(2), p);
     auto want_state = gpu.ExportState(1);
@@ -220,12 +221,12 @@ TEST_P(GpuDevicePagesTest, DevicePagesEqualTheHostPathBothWays) {
       SCOPED_TRACE(layouts[v].dims().entries_per_page);
       DeviceStatePages* const device = devices[v].get();
       for (bool all_layers : {false, true}) {
-        SCOPED_TRACE(all_layers ? "StoreLayers" : "StoreLayer");
+        SCOPED_TRACE(all_layers ? "StoreLayers, ImportSlotBatched" : "StoreLayer, ImportSlot");
         TwinPages pages;
         pages.Allocate(layouts[v], total);
         HostStore(*gpu, **staging, device->paged(), 0, pages);
         ExpectDevicePagesEqualHostPages(*gpu, *device, pages, p, all_layers);
-        ExpectImportsEqual(*gpu, **staging, *device, pages, p, next);
+        ExpectImportsEqual(*gpu, **staging, *device, pages, p, next, all_layers);
       }
     }
   }
