@@ -130,6 +130,9 @@ struct Flags {
   // With --cuda-ipc: every layer's pages stored in one DeviceStatePages::StoreLayers (one upload
   // and two launches) instead of StoreLayer per layer.
   bool store_all = true;
+  // With --cuda-ipc: the decode's import in DeviceStatePages::ImportSlotBatched (every layer's
+  // fills in one launch and copies in one more) instead of ImportSlot.
+  bool import_all = true;
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -979,7 +982,8 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
       PDSERVE_RETURN_IF_ERROR(AwaitVerified(flags, *receiver, ticket.ticket_id));
       const int64_t verified = NowNs();
       // The verified device pages into slot 0, device to device.
-      PDSERVE_RETURN_IF_ERROR(load->ImportSlot(0, length, device_pages));
+      PDSERVE_RETURN_IF_ERROR(flags.import_all ? load->ImportSlotBatched(0, length, device_pages)
+                                               : load->ImportSlot(0, length, device_pages));
       PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "import"));
       const int64_t imported = NowNs();
       PDSERVE_RETURN_IF_ERROR(
@@ -997,8 +1001,9 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
                                    static_cast<double>(flags.repeats) / static_cast<double>(batches)
                              : 0.0,
                  batches > 0 ? flush_us / static_cast<double>(batches) : 0.0);
-    const std::string path = absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander,
-                                          flags.store_all ? " store-all" : "");
+    const std::string path =
+        absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander,
+                     flags.store_all ? " store-all" : "", flags.import_all ? " import-all" : "");
     PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, path.c_str()));
   }
   return absl::OkStatus();
@@ -1050,6 +1055,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"staged", "mapped", "fused"}));
   app.add_option("--store-all", flags.store_all,
                  "With --cuda-ipc: every layer's pages in one StoreLayers (0: StoreLayer a layer)");
+  app.add_option("--import-all", flags.import_all,
+                 "With --cuda-ipc: the import's fills and copies in two launches for all layers "
+                 "(ImportSlotBatched; 0: ImportSlot)");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

@@ -225,12 +225,11 @@ ucs_status_t UcxReceiveTransport::OnPageRef(void* arg, const void* /*header*/,
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
   // The message's pages go to the sink in one call for their headers and one for those that
   // landed here (shared-memory pages), not two per page: the lanes share the sink's mutex.
-  const size_t before = handler->pages.load(std::memory_order_relaxed);
   shm::LandPageRefs(
       self->regions_, {static_cast<const std::byte*>(data), length},
       [&](std::span<const shm::PageHeaderAt> headers,
           std::vector<std::optional<LandingTarget>>& targets) {
-        handler->pages.store(before + headers.size(), std::memory_order_relaxed);
+        handler->pages.fetch_add(headers.size(), std::memory_order_relaxed);
         self->CallSink([&] {
           for (size_t i = 0; i < headers.size(); ++i) {
             targets[i] = self->sink_->OnPageHeader(headers[i].header, headers[i].length);

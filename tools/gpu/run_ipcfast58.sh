@@ -7,20 +7,20 @@
 #      (every length class, odd lengths, misaligned pages, guard bands); the CUDA IPC tests (a peer
 #      process lands 37 odd-length arena pages in each lander mode: staged, mapped, fused); the
 #      device-pages tests (StoreLayers of all layers equal to StoreLayer per layer and the host
-#      pages, the imports equal);
+#      pages; ImportSlotBatched's and ImportSlot's slots equal to the host import's);
 #   2. device_ref_bench on this host's cores (the protocol's host costs with a host stand-in for
 #      the GPU: version-2 against version-3 references, 4 lanes);
 #   3. gpu_state_transfer_bench --cuda-ipc 1 (two processes on one GPU, UCX shm,self v1, 8
 #      V4-Flash layers, 4K / 32K / 128K, medians of 3, the whole state sent after the chunk's
 #      compute), rows in this order (later ones are dropped first when time runs out):
-#        new      version-3 references, mapped lander, StoreLayers (the defaults)
+#        new      version-3 references, mapped lander, StoreLayers, ImportSlotBatched (defaults)
 #        main     the binary of main before this branch (version 2, staged, StoreLayer a layer;
 #                 its floor is measured after each length, racing the prefill process's frees)
 #        linger   new, with the lanes progressing 500 us after their last message before they
 #                 sleep (PDSERVE_LANE_LINGER_US: a missed event-fd wake-up costs up to 2 ms)
 #        fused    new with the copy-and-hash kernel in the lander
-#        host-only version 2, staged, StoreLayer a layer: only the host-side changes (batched
-#                 sink calls, cheaper checks and polls) against main
+#        host-only version 2, staged, StoreLayer a layer, ImportSlot: only the host-side changes
+#                 (batched sink calls, cheaper checks and polls) against main
 #      and each bench run's lander flushes a transfer (pages and host us a flush) from stderr.
 # Pack (here, from the repository root; main's binary from a checkout of main built the same way):
 #   cmake --build build --target gpu_state_transfer_bench engine_gpu_tests \
@@ -109,11 +109,11 @@ b() {  # name, lane linger us, binary, bench flags...
         $9, $10, $12, $13, $14, $16, $17, $18, $22}')")
   done < <(grep -E '^\| [0-9]' "$OUT/bench-$name.md")
 }
-b new 0 gpu_state_transfer_bench --refs 3 --lander mapped --store-all 1
+b new 0 gpu_state_transfer_bench --refs 3 --lander mapped --store-all 1 --import-all 1
 b main 0 gpu_state_transfer_bench_main
-b linger 500 gpu_state_transfer_bench --refs 3 --lander mapped --store-all 1
-b fused 0 gpu_state_transfer_bench --refs 3 --lander fused --store-all 1
-b host-only 0 gpu_state_transfer_bench --refs 2 --lander staged --store-all 0
+b linger 500 gpu_state_transfer_bench --refs 3 --lander mapped --store-all 1 --import-all 1
+b fused 0 gpu_state_transfer_bench --refs 3 --lander fused --store-all 1 --import-all 1
+b host-only 0 gpu_state_transfer_bench --refs 2 --lander staged --store-all 0 --import-all 0
 echo "total: $(($(date +%s) - t0)) s"
 echo
 echo "device_ref_bench (host stand-in lander, no GPU; 4 lanes):"
