@@ -236,9 +236,11 @@ size_t Transfer::RefsPerMessage(size_t queued) const {
     return shm::MaxRefsPerMessage(device_.has_value());
   }
   // Version 3: as many as fit a message, but spread over the lanes when fewer are ready (each
-  // lane lands its messages on its own stream).
+  // lane lands its messages on its own stream), at least version 2's 16 a message (a layer
+  // posted alone at a short prompt is a few dozen pages).
   const size_t lanes = static_cast<size_t>(std::max(1, transport_.lanes()));
-  return std::clamp<size_t>((queued + lanes - 1) / lanes, 1, shm::kMaxDeviceRefsPerBatch);
+  return std::clamp<size_t>((queued + lanes - 1) / lanes, shm::MaxRefsPerMessage(true),
+                            shm::kMaxDeviceRefsPerBatch);
 }
 
 absl::Status Transfer::SendRefs(const std::vector<uint32_t>& slots) {
