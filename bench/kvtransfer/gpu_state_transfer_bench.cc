@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -68,6 +69,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/ep/flash_shapes.h"
 #include "bench/kvtransfer/copy_floor.h"
@@ -906,16 +908,57 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
   return absl::OkStatus();
 }
 
+// Outcomes as the receiver decides them (its on_outcome, on a lane thread), so the decode side
+// learns of a verified ticket within a spin, not a 50 us sleep and a hold of the receiver's
+// mutex that competes with the lanes.
+class Outcomes {
+ public:
+  void Decided(uint64_t ticket_id, const kv::TransferOutcome& outcome) {
+    absl::MutexLock lock(&mu_);
+    decided_[ticket_id] = outcome.state == kv::TransferState::kVerified ? absl::OkStatus()
+                          : outcome.status.ok() ? absl::InternalError("not verified")
+                                                : outcome.status;
+    count_.fetch_add(1, std::memory_order_release);
+  }
+  // Waits for `ticket_id`'s outcome, progressing `receiver` once a millisecond (its lease
+  // sweeps); OK when verified.
+  absl::Status Await(kv::TransferReceiver& receiver, uint64_t ticket_id) {
+    absl::Time next_sweep = absl::Now();
+    for (uint64_t seen = ~uint64_t{0};;) {
+      if (const uint64_t now = count_.load(std::memory_order_acquire); now != seen) {
+        seen = now;
+        absl::MutexLock lock(&mu_);
+        if (auto it = decided_.find(ticket_id); it != decided_.end()) return it->second;
+      }
+      if (absl::Now() >= next_sweep) {
+        receiver.Progress();
+        next_sweep = absl::Now() + absl::Milliseconds(1);
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<uint64_t, absl::Status> decided_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> count_{0};
+};
+
 absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
   PDSERVE_ASSIGN_OR_RETURN(Side side, MakeSide(flags, "decode"));
   std::unique_ptr<GpuModel>& gpu = side.gpu;
   const serving::StateLayout& layout = side.layout;
   SystemClock clock;
+  Outcomes outcomes;  // Before the receiver, which reports to it.
   PDSERVE_ASSIGN_OR_RETURN(auto acks, kv::shm::AckTable::Create(uint64_t{1} << 20));
   PDSERVE_ASSIGN_OR_RETURN(
       auto receiver, kv::CreateUcxReceiver(
                          {.lease = absl::Seconds(600), .acks = acks.get()}, clock,
-                         [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
+                         [](uint64_t, uint64_t, const absl::Status&) {},
+                         [&outcomes](uint64_t ticket_id, uint64_t, const kv::TransferOutcome& o) {
+                           outcomes.Decided(ticket_id, o);
+                         },
+                         Lanes(flags)));
   auto arenas = std::make_shared<kv::cuda_ipc::PeerArenaCache>();
   PDSERVE_ASSIGN_OR_RETURN(const kv::cuda_ipc::LanderMode mode,
                            kv::cuda_ipc::ParseLanderMode(flags.lander));
@@ -979,7 +1022,7 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
       }
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, receiver->Expect(std::move(spec)));
       channel.Write(Hex(kv::EncodeTicket(ticket)));
-      PDSERVE_RETURN_IF_ERROR(AwaitVerified(flags, *receiver, ticket.ticket_id));
+      PDSERVE_RETURN_IF_ERROR(outcomes.Await(*receiver, ticket.ticket_id));
       const int64_t verified = NowNs();
       // The verified device pages into slot 0, device to device.
       PDSERVE_RETURN_IF_ERROR(flags.import_all ? load->ImportSlotBatched(0, length, device_pages)
