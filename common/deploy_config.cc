@@ -569,6 +569,13 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
 }
 
 ParsedDeployConfig LoadDeployConfigFile(const std::string& path) {
+  if (path.empty()) {  // `--config ''`: not "the working directory does not exist"
+    ParsedDeployConfig out;
+    out.errors.push_back({"(no file)", 0, 0, "(file)",
+                          "the config path is empty: give the path of a YAML deploy config (e.g. "
+                          "deploy/local.yaml)"});
+    return out;
+  }
   if (const absl::Status file = common::CheckRegularFile(path); !file.ok()) {
     // The error line names the file already: the message is the cause alone.
     absl::string_view cause = absl::StripPrefix(file.message(), path);

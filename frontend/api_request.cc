@@ -117,9 +117,11 @@ class FieldReader {
     if (integral_float) {
       const double d = v->get<double>();
       // The bounds of int64 first, so that the cast below is defined.
-      if (d < -0x1p63 || d >= 0x1p63 || static_cast<int64_t>(d) < lo ||
-          static_cast<int64_t>(d) > hi) {
-        return out_of_range(absl::StrFormat("%.0f", d));
+      if (d < -0x1p63 || d >= 0x1p63) {  // digits up to 1e21 (as JavaScript writes numbers)
+        return out_of_range(absl::StrFormat(std::fabs(d) < 1e21 ? "%.0f" : "%g", d));
+      }
+      if (static_cast<int64_t>(d) < lo || static_cast<int64_t>(d) > hi) {
+        return out_of_range(absl::StrCat(static_cast<int64_t>(d)));  // -0.0 reads as 0
       }
       *out = static_cast<int64_t>(d);
       return;
@@ -193,16 +195,36 @@ void ReadStop(FieldReader& r, ApiRequest& req) {
   }
 }
 
+// A token id in a JSON array: a non-negative integer that fits int32, written as an integer or
+// as a number without a fractional part (5.0, 1e3), as the integer fields read them.
+std::optional<int32_t> TokenId(const json& t) {
+  double value = 0;
+  if (t.is_number_unsigned()) {
+    if (t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+      return std::nullopt;
+    }
+    return static_cast<int32_t>(t.get<uint64_t>());
+  }
+  if (t.is_number_integer()) {
+    value = static_cast<double>(t.get<int64_t>());
+  } else if (t.is_number_float() && std::isfinite(t.get<double>()) &&
+             t.get<double>() == std::trunc(t.get<double>())) {
+    value = t.get<double>();
+  } else {
+    return std::nullopt;
+  }
+  if (value < 0 || value > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  return static_cast<int32_t>(value);
+}
+
 void ReadTokenList(FieldReader& r, const std::string& key, std::vector<int32_t>* out) {
   const json* v = r.Get(key);
   if (!v || !r.ok()) return;
   if (!v->is_array()) return r.Fail(absl::StrCat("'", key, "' must be an array of integers"), key);
   for (const auto& t : *v) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return r.Fail(absl::StrCat("'", key, "' must hold non-negative token ids"), key);
-    }
-    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+    const std::optional<int32_t> id = TokenId(t);
+    if (!id) return r.Fail(absl::StrCat("'", key, "' must hold non-negative token ids"), key);
+    out->push_back(*id);
   }
 }
 
@@ -283,11 +305,9 @@ void ReadCompletionPrompt(FieldReader& r, ApiRequest& req) {
   } else if (IsTokenIdArray(*p)) {
     std::vector<int32_t> ids;
     for (const auto& t : *p) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-          t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-        return r.Fail("'prompt' token ids must be non-negative integers", "prompt");
-      }
-      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      const std::optional<int32_t> id = TokenId(t);
+      if (!id) return r.Fail("'prompt' token ids must be non-negative integers", "prompt");
+      ids.push_back(*id);
     }
     req.prompt_tokens = std::move(ids);
   } else if (p->is_array() && p->size() > 1) {

@@ -14,6 +14,11 @@
 //     with N layers, --experts routed experts (default 16: the host holds every weight in fp32)
 //     and --vocab tokens; --model and --weights are then ignored.
 //
+// --prefill N (> 0): instead of decode steps, a prompt of N tokens in one Forward call (the last
+// row's logits to the host, ChunkLogits::kLastRow) from an empty slot, eager, 1 warm-up and
+// --steps timed calls: the device time between CUDA events around the call and the wall time;
+// medians (e.g. W8A8 prefill with PDSERVE_FP8_SHARED_ACT_QUANT=0 / 1). Rows say "prefill N".
+//
 // Prints one markdown row per (fused, batch) and nothing else on stdout; needs a CUDA device.
 #include <cuda_runtime.h>
 
@@ -21,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +59,7 @@ struct Flags {
   std::string batches = "1,8,32";
   int64_t prompt = 64;
   int64_t steps = 30;
+  int64_t prefill = 0;
 };
 
 struct StepTimes {
@@ -60,17 +67,12 @@ struct StepTimes {
   double wall_us = 0.0;
 };
 
-absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& flags) {
-  const int64_t vocab = gpu.config().vocab_size;
-  std::vector<int32_t> prompt(static_cast<size_t>(flags.prompt));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((7 + 13 * i) % vocab);
-  std::vector<int64_t> slots;
-  for (int64_t s = 0; s < batch; ++s) {
-    PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(s));
-    PDSERVE_RETURN_IF_ERROR(gpu.Forward(s, prompt).status());
-    slots.push_back(s);
-  }
-  auto stream = static_cast<cudaStream_t>(gpu.cuda_stream());
+// Median device time (CUDA events around `call` on `stream`) and wall time (the call and the
+// stream's synchronization) of `timed` calls after `warm` untimed ones; `before(t)` runs untimed
+// before call t.
+absl::StatusOr<StepTimes> TimeCalls(cudaStream_t stream, int64_t warm, int64_t timed,
+                                    const std::function<absl::Status(int64_t)>& before,
+                                    const std::function<absl::Status(int64_t)>& call) {
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
@@ -78,16 +80,17 @@ absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& 
   }
   std::vector<double> device, wall;
   absl::Status status;
-  for (int64_t t = 0; t < 3 + flags.steps && status.ok(); ++t) {
-    const std::vector<int32_t> tokens(slots.size(), static_cast<int32_t>((100 + t) % vocab));
+  for (int64_t t = 0; t < warm + timed && status.ok(); ++t) {
+    status = before(t);
+    if (!status.ok()) break;
     const Clock::time_point began = Clock::now();
     cudaEventRecord(start, stream);
-    status = gpu.DecodeStepOnDevice(slots, tokens, /*use_graph=*/true).status();
+    status = call(t);
     cudaEventRecord(stop, stream);
     if (cudaStreamSynchronize(stream) != cudaSuccess) status = absl::InternalError("sync");
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, start, stop);
-    if (t >= 3) {
+    if (t >= warm) {
       device.push_back(1000.0 * ms);
       wall.push_back(1e6 * Seconds(began));
     }
@@ -96,6 +99,46 @@ absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& 
   cudaEventDestroy(stop);
   PDSERVE_RETURN_IF_ERROR(status);
   return StepTimes{Median(device), Median(wall)};
+}
+
+std::vector<int32_t> Prompt(int64_t tokens, int64_t vocab) {
+  std::vector<int32_t> prompt(static_cast<size_t>(tokens));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((7 + 13 * i) % vocab);
+  return prompt;
+}
+
+absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& flags) {
+  const int64_t vocab = gpu.config().vocab_size;
+  const std::vector<int32_t> prompt = Prompt(flags.prompt, vocab);
+  std::vector<int64_t> slots;
+  for (int64_t s = 0; s < batch; ++s) {
+    PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(s));
+    PDSERVE_RETURN_IF_ERROR(gpu.Forward(s, prompt).status());
+    slots.push_back(s);
+  }
+  return TimeCalls(
+      static_cast<cudaStream_t>(gpu.cuda_stream()), 3, flags.steps,
+      [](int64_t) { return absl::OkStatus(); },
+      [&](int64_t t) {
+        const std::vector<int32_t> tokens(slots.size(), static_cast<int32_t>((100 + t) % vocab));
+        return gpu.DecodeStepOnDevice(slots, tokens, /*use_graph=*/true).status();
+      });
+}
+
+// --prefill: median device and wall time of a flags.prefill-token Forward from an empty slot 0.
+absl::StatusOr<StepTimes> TimePrefill(GpuModel& gpu, const Flags& flags) {
+  const std::vector<int32_t> prompt = Prompt(flags.prefill, gpu.config().vocab_size);
+  const auto stream = static_cast<cudaStream_t>(gpu.cuda_stream());
+  return TimeCalls(
+      stream, 1, flags.steps,
+      [&](int64_t) -> absl::Status {
+        PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(0));
+        if (cudaStreamSynchronize(stream) != cudaSuccess) return absl::InternalError("sync");
+        return absl::OkStatus();
+      },
+      [&](int64_t) {
+        return gpu.Forward(0, prompt, 0, engine::gpu::ChunkLogits::kLastRow).status();
+      });
 }
 
 absl::Status Run(const Flags& flags) {
@@ -107,8 +150,8 @@ absl::Status Run(const Flags& flags) {
     }
     batches.push_back(v);
   }
-  if (flags.steps < 1 || flags.prompt < 1) {
-    return absl::InvalidArgumentError("--steps and --prompt must be positive");
+  if (flags.steps < 1 || flags.prompt < 1 || flags.prefill < 0) {
+    return absl::InvalidArgumentError("--steps and --prompt must be positive, --prefill >= 0");
   }
   const int64_t slots = *std::max_element(batches.begin(), batches.end());
   engine::ModelConfig config;
@@ -137,14 +180,23 @@ absl::Status Run(const Flags& flags) {
     }
     what = flags.model + " " + (fp8 ? (flags.activations == "fp8" ? "W8A8" : "W8A16") : "bf16");
   }
-  options.slots = slots;
-  options.max_chunk = std::max<int64_t>(flags.prompt, 64);
-  options.max_context = std::min<int64_t>(config.max_position_embeddings,
-                                          std::max<int64_t>(512, flags.prompt + flags.steps + 8));
+  options.slots = flags.prefill > 0 ? 1 : slots;
+  options.max_chunk = std::max<int64_t>({flags.prompt, flags.prefill, 64});
+  options.max_context = std::min<int64_t>(
+      config.max_position_embeddings,
+      std::max<int64_t>({512, flags.prompt + flags.steps + 8, flags.prefill + 8}));
   for (const bool fused : {false, true}) {
     options.fused_projections = fused;
     PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu,
                              GpuModel::Create(config, *weights, options));
+    if (flags.prefill > 0) {
+      PDSERVE_ASSIGN_OR_RETURN(const StepTimes t, TimePrefill(*gpu, flags));
+      std::printf("| %s | %s | prefill %lld | %.1f | %.1f |\n", what.c_str(),
+                  fused ? "fused" : "unfused", static_cast<long long>(flags.prefill), t.device_us,
+                  t.wall_us);
+      std::fflush(stdout);
+      continue;
+    }
     for (int64_t batch : batches) {
       PDSERVE_ASSIGN_OR_RETURN(const StepTimes t, TimeDecode(*gpu, batch, flags));
       std::printf("| %s | %s | %lld | %.1f | %.1f |\n", what.c_str(), fused ? "fused" : "unfused",
@@ -169,7 +221,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", flags.vocab, "vocabulary of the V4-Flash-shaped model");
   app.add_option("--batches", flags.batches, "decode batches, comma-separated");
   app.add_option("--prompt", flags.prompt, "prompt tokens per request");
-  app.add_option("--steps", flags.steps, "timed decode steps per batch");
+  app.add_option("--steps", flags.steps, "timed decode steps per batch (prefill calls)");
+  app.add_option("--prefill", flags.prefill,
+                 "time a prompt of this many tokens in one Forward instead of decode steps");
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = pdserve::bench::Run(flags);
   if (!s.ok()) {

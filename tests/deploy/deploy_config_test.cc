@@ -587,6 +587,12 @@ TEST_F(ModelPathTest, AMissingRelativeConfigNamesItsAbsolutePathAndTheWorkingDir
   EXPECT_EQ(directory.errors[0].message,
             "is not a regular file (a directory) (" + cwd +
                 "/models: a relative path is resolved against the working directory " + cwd + ")");
+  // An empty path (`--config ''`) says so rather than naming the working directory.
+  const ParsedDeployConfig empty = LoadDeployConfigFile("");
+  ASSERT_EQ(empty.errors.size(), 1u);
+  EXPECT_EQ(empty.errors[0].ToString(),
+            "(no file):0:0: (file): the config path is empty: give the path of a YAML deploy "
+            "config (e.g. deploy/local.yaml)");
   const ParsedDeployConfig absolute = LoadDeployConfigFile(cwd + "/none.yaml");
   ASSERT_EQ(absolute.errors.size(), 1u);
   EXPECT_EQ(absolute.errors[0].ToString(), cwd + "/none.yaml:0:0: (file): does not exist");

@@ -65,6 +65,22 @@ TEST(ApiRequestTest, CompletionBatchOfOnePromptIsThatPrompt) {
   EXPECT_EQ(*text.prompt_text, "In the");
 }
 
+// Token ids are read by value as the integer fields are: 5.0 and 6e0 are ids 5 and 6; a
+// fractional part, a sign or a value past int32 is refused.
+TEST(ApiRequestTest, TokenIdsWrittenAsIntegralNumbersAreReadByTheirValue) {
+  ApiRequest r = ParseOk(Endpoint::kCompletions,
+                         R"({"model":"m","prompt":[5.0,6e0,2147483647],"stop_token_ids":[1.0]})");
+  EXPECT_EQ(*r.prompt_tokens, (std::vector<int32_t>{5, 6, 2147483647}));
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{1}));
+  for (const char* bad :
+       {"[2147483648]", "[2147483648.0]", "[-1.0]", "[5.5]", "[1e300]", "[18446744073709551615]"}) {
+    EXPECT_EQ(ParseErr(Endpoint::kCompletions, std::string(R"({"model":"m","prompt":)") + bad + "}")
+                  .message,
+              "'prompt' token ids must be non-negative integers")
+        << bad;
+  }
+}
+
 TEST(ApiRequestTest, ChatMessagesWithTextParts) {
   ApiRequest r = ParseOk(Endpoint::kChatCompletions, R"({"model":"m","messages":[
       {"role":"system","content":"Be brief."},
@@ -346,8 +362,13 @@ TEST(ApiRequestTest, AnIntegralNumberWrittenWithAnExponentOrPointIsReadByItsValu
        "10000000000000000000",
        "seed"},
       {chat + R"("seed":-1e30})",
+       "'seed' must be between -9223372036854775808 and 9223372036854775807, got -1e+30", "seed"},
+      // A huge value is not printed as its 309 digits; -0.0 is 0.
+      {chat + R"("max_tokens":1e308})", max_tokens_range + "1e+308", "max_tokens"},
+      {chat + R"("max_tokens":-0.0})", max_tokens_range + "0", "max_tokens"},
+      {chat + R"("seed":1e20})",
        "'seed' must be between -9223372036854775808 and 9223372036854775807, got "
-       "-1000000000000000019884624838656",
+       "100000000000000000000",
        "seed"},
       {chat + R"("max_tokens":5.5})", "'max_tokens' must be an integer", "max_tokens"},
       {chat + R"("max_tokens":1e-1})", "'max_tokens' must be an integer", "max_tokens"},
