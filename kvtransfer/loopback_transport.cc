@@ -232,17 +232,16 @@ void LoopbackNetwork::ReceiveEnd::Progress() {
 
 void LoopbackNetwork::ReceiveEnd::Deliver(State::Message& message) {
   if (message.kind == WireKind::kPageRef) {
-    for (std::span<const std::byte> entry : shm::SplitPageRefs(message.eager_payload)) {
-      shm::LandPageRef(
-          regions_, entry,
-          [&](std::span<const std::byte> header, size_t length) {
-            return sink_->OnPageHeader(header, length);
-          },
-          [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
-            sink_->OnPageLanded(ticket_id, slot, std::move(status), finished);
-          },
-          lander_.get());
-    }
+    // Every page of the message (any version: shm::ParsePageRefs).
+    shm::LandPageRef(
+        regions_, message.eager_payload,
+        [&](std::span<const std::byte> header, size_t length) {
+          return sink_->OnPageHeader(header, length);
+        },
+        [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
+          sink_->OnPageLanded(ticket_id, slot, std::move(status), finished);
+        },
+        lander_.get());
     return;
   }
   if (message.kind != WireKind::kPage) {

@@ -276,16 +276,17 @@ TransferReceiver::Entry* TransferReceiver::FindForHeader(const PageHeader& heade
 absl::Status TransferReceiver::CheckPage(const Entry& entry, const PageHeader& header,
                                          size_t length) const {
   const Ticket& ticket = entry.ticket;
-  const std::string where = absl::StrCat("ticket ", ticket.ticket_id, " slot ", header.slot);
+  // Formatted only for a refusal: this runs for every page, under the receiver's mutex.
+  auto where = [&] { return absl::StrCat("ticket ", ticket.ticket_id, " slot ", header.slot); };
   if (header.epoch != ticket.epoch) {
     return MakeIsolationError(IsolationError::kEpoch,
-                              absl::StrCat(where, " carries epoch ", header.epoch,
+                              absl::StrCat(where(), " carries epoch ", header.epoch,
                                            ", the ticket's epoch is ", ticket.epoch));
   }
   if (header.slot >= ticket.pages.size()) {
     return MakeIsolationError(
         IsolationError::kHeader,
-        absl::StrCat(where, " is beyond the ticket's ", ticket.pages.size(), " pages"));
+        absl::StrCat(where(), " is beyond the ticket's ", ticket.pages.size(), " pages"));
   }
   // The payload holds the sender's element type (the header's); its size is the slot's page in
   // that type. An element type the page cannot be converted from counts as a size mismatch.
@@ -296,17 +297,18 @@ absl::Status TransferReceiver::CheckPage(const Entry& entry, const PageHeader& h
       *wire != length) {
     return MakeIsolationError(
         IsolationError::kHeader,
-        absl::StrCat(where, " names layer ", header.layer, " page ", header.page_index, " tokens [",
-                     header.token_begin, ", ", header.token_end, ") with ", length, " bytes of ",
-                     serving::ElementTypeName(header.element), "; the ticket says layer ",
-                     page.layer, " page ", page.page_index, " tokens [", page.token_begin, ", ",
-                     page.token_end, ") with ", wire.ok() ? *wire : page.bytes, " bytes of ",
+        absl::StrCat(where(), " names layer ", header.layer, " page ", header.page_index,
+                     " tokens [", header.token_begin, ", ", header.token_end, ") with ", length,
+                     " bytes of ", serving::ElementTypeName(header.element),
+                     "; the ticket says layer ", page.layer, " page ", page.page_index, " tokens [",
+                     page.token_begin, ", ", page.token_end, ") with ",
+                     wire.ok() ? *wire : page.bytes, " bytes of ",
                      serving::ElementTypeName(header.element), " (", page.bytes, " of ",
                      serving::ElementTypeName(page.element), ")"));
   }
   if (entry.slots[header.slot] != Entry::Slot::kEmpty) {
     return MakeIsolationError(IsolationError::kDuplicate,
-                              absl::StrCat(where, " arrived more than once"));
+                              absl::StrCat(where(), " arrived more than once"));
   }
   return absl::OkStatus();
 }

@@ -41,13 +41,15 @@ struct RefMessage {
   std::vector<std::byte> bytes;
   std::unique_ptr<SendOp> op;
   bool cancelled = false;
+  std::optional<absl::Status> sent;  // The op's result, once it has one.
 };
 
 class PullOp final : public SendOp {
  public:
   PullOp(std::shared_ptr<RefMessage> message, const std::atomic<uint64_t>* word, uint64_t ticket_id,
          PageTransport& transport, PeerId peer, shm::PullSender* sender,
-         const shm::RegionName& acks, const Clock& clock, absl::Duration ack_wait, bool device)
+         const shm::RegionName& acks, const Clock& clock, absl::Duration ack_wait,
+         absl::Time ack_deadline, bool device)
       : device_(device),
         message_(std::move(message)),
         word_(word),
@@ -58,9 +60,13 @@ class PullOp final : public SendOp {
         acks_(acks),
         clock_(clock),
         ack_wait_(ack_wait),
-        ack_deadline_(clock.Now() + ack_wait) {}
+        ack_deadline_(ack_deadline) {}
 
-  std::optional<absl::Status> Test() override {
+  std::optional<absl::Status> Test() override { return TestAt(clock_.Now(), false); }
+  // Test with what the caller checked this round: the time `now`, and (`peer_checked`) that the
+  // decode worker's endpoint is fine. Transfer::Poll tests every pulled page in flight each round:
+  // one clock read and one endpoint check a round, not one per page.
+  std::optional<absl::Status> TestAt(absl::Time now, bool peer_checked) {
     const uint64_t word = word_->load(std::memory_order_acquire);
     if ((word >> 2) == ticket_id_) {
       switch (static_cast<shm::AckState>(word & 3)) {
@@ -81,11 +87,12 @@ class PullOp final : public SendOp {
         }
       }
     }
-    if (std::optional<absl::Status> sent = message_->op->Test(); sent.has_value() && !sent->ok()) {
-      return *sent;
+    if (!message_->sent.has_value()) message_->sent = message_->op->Test();
+    if (message_->sent.has_value() && !message_->sent->ok()) return *message_->sent;
+    if (!peer_checked) {
+      if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return peer;
     }
-    if (absl::Status peer = transport_.PeerStatus(peer_); !peer.ok()) return peer;
-    if (clock_.Now() > ack_deadline_) {
+    if (now > ack_deadline_) {
       return absl::DeadlineExceededError(
           absl::StrCat("no ack from the decode worker ", absl::FormatDuration(ack_wait_),
                        " after the page reference (the worker is stopped, or its lane is stuck)"));
@@ -202,30 +209,64 @@ absl::Status Transfer::SendSlot(uint32_t slot) {
   return absl::OkStatus();
 }
 
+void Transfer::EncodeDeviceRefs(const std::vector<uint32_t>& slots,
+                                std::vector<std::byte>& out) const {
+  if (options_.device_ref_version >= 3) {
+    std::vector<shm::DeviceRefEntry> entries(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      entries[i].header = EncodePageHeader(HeaderOf(slots[i]));
+      entries[i].offset = device_offsets_[slots[i]];
+      entries[i].length = pages_[slots[i]].size();
+    }
+    shm::AppendDeviceRefBatch(*device_, entries, out);
+    return;
+  }
+  out.reserve(slots.size() * (kPageHeaderBytes + shm::kDevicePageRefBytes));
+  for (uint32_t slot : slots) {
+    const shm::PageRef ref{
+        .device = device_, .offset = device_offsets_[slot], .length = pages_[slot].size()};
+    const std::vector<std::byte> entry =
+        shm::EncodePageRefMessage(EncodePageHeader(HeaderOf(slot)), ref);
+    out.insert(out.end(), entry.begin(), entry.end());
+  }
+}
+
+size_t Transfer::RefsPerMessage(size_t queued) const {
+  if (!device_.has_value() || options_.device_ref_version < 3) {
+    return shm::MaxRefsPerMessage(device_.has_value());
+  }
+  // Version 3: as many as fit a message, but spread over the lanes when fewer are ready (each
+  // lane lands its messages on its own stream), at least version 2's 16 a message (a layer
+  // posted alone at a short prompt is a few dozen pages).
+  const size_t lanes = static_cast<size_t>(std::max(1, transport_.lanes()));
+  return std::clamp<size_t>((queued + lanes - 1) / lanes, shm::MaxRefsPerMessage(true),
+                            shm::kMaxDeviceRefsPerBatch);
+}
+
 absl::Status Transfer::SendRefs(const std::vector<uint32_t>& slots) {
   auto message = std::make_shared<RefMessage>();
-  for (uint32_t slot : slots) {
-    if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
-    const auto encoded = EncodePageHeader(HeaderOf(slot));
-    shm::PageRef ref{.length = pages_[slot].size()};
-    if (device_.has_value()) {
-      ref.device = device_;
-      ref.offset = device_offsets_[slot];
-    } else {
-      const shm::SharedRegion& region = options_.shm_pull->pages();
-      ref.region = region.name();
-      ref.offset = region.OffsetOf(pages_[slot].data());
+  if (device_.has_value()) {
+    EncodeDeviceRefs(slots, message->bytes);  // Checksums given by PrepareDevice's caller.
+  } else {
+    const shm::SharedRegion& region = options_.shm_pull->pages();
+    for (uint32_t slot : slots) {
+      if (!checksummed_[slot]) checksums_[slot] = PayloadChecksum(pages_[slot]);
+      const shm::PageRef ref{.region = region.name(),
+                             .offset = region.OffsetOf(pages_[slot].data()),
+                             .length = pages_[slot].size()};
+      const std::vector<std::byte> entry =
+          shm::EncodePageRefMessage(EncodePageHeader(HeaderOf(slot)), ref);
+      message->bytes.insert(message->bytes.end(), entry.begin(), entry.end());
     }
-    const std::vector<std::byte> entry = shm::EncodePageRefMessage(encoded, ref);
-    message->bytes.insert(message->bytes.end(), entry.begin(), entry.end());
   }
   auto sent = transport_.Send(peer_, WireKind::kPageRef, {}, message->bytes);
   if (!sent.ok()) return Fail(sent.status());
   message->op = std::move(*sent);
+  const absl::Time ack_deadline = clock_.Now() + lease_length_;  // One clock read a message.
   for (uint32_t slot : slots) {
     page_ops_[slot] = std::make_unique<PullOp>(
         message, pull_->words + slot, ticket_.ticket_id, transport_, peer_, options_.shm_pull,
-        ticket_.shm_pull->acks, clock_, lease_length_, device_.has_value());
+        ticket_.shm_pull->acks, clock_, lease_length_, ack_deadline, device_.has_value());
     in_flight_.push_back(slot);
     in_flight_bytes_ += pages_[slot].size();
   }
@@ -265,6 +306,7 @@ absl::Status Transfer::Pump() {
   // a message as soon as it is full or nothing more fits the window.
   std::vector<uint32_t> batch;
   size_t batch_bytes = 0;
+  const size_t per_message = refs ? RefsPerMessage(queued_.size()) : 1;
   while (!queued_.empty()) {
     const uint32_t slot = queued_.front();
     if (!(in_flight_.empty() && batch.empty()) &&
@@ -278,7 +320,7 @@ absl::Status Transfer::Pump() {
     }
     batch.push_back(slot);
     batch_bytes += pages_[slot].size();
-    if (batch.size() == shm::MaxRefsPerMessage(device_.has_value())) {
+    if (batch.size() == per_message) {
       PDSERVE_RETURN_IF_ERROR(SendRefs(batch));
       batch.clear();
       batch_bytes = 0;
@@ -359,16 +401,19 @@ void Transfer::SendHeartbeatIfDue() {
 
 absl::Status Transfer::CollectPages() {
   size_t kept = 0;
+  // Poll checked the endpoint just before; pulled pages take this round's time and that check.
+  const absl::Time now = clock_.Now();
   for (size_t i = 0; i < in_flight_.size(); ++i) {
     const uint32_t slot = in_flight_[i];
-    std::optional<absl::Status> status = page_ops_[slot]->Test();
+    auto* pull = pull_.has_value() ? dynamic_cast<PullOp*>(page_ops_[slot].get()) : nullptr;
+    std::optional<absl::Status> status =
+        pull != nullptr ? pull->TestAt(now, /*peer_checked=*/true) : page_ops_[slot]->Test();
     if (!status.has_value()) {
       in_flight_[kept++] = slot;
       continue;
     }
     if (!status->ok() && pull_.has_value() && !device_.has_value()) {
-      if (auto* pull = dynamic_cast<PullOp*>(page_ops_[slot].get());
-          pull != nullptr && pull->unreadable()) {
+      if (pull != nullptr && pull->unreadable()) {
         // The decode worker could not read this worker's region (e.g. it runs as another user
         // and cannot open the memfd, which this worker's check of its ack table cannot tell): it
         // left the slot empty, so the page goes again as a message, and so do the rest.

@@ -85,6 +85,11 @@ struct SenderOptions {
   // ack table this process can map, has its pages pulled by the decode worker (kPageRef
   // messages; the metrics' path label "shm-pull"); any other goes by active messages.
   shm::PullSender* shm_pull = nullptr;
+  // The page references of PrepareDevice transfers: 3, compact batches (the arena named once a
+  // message, up to shm::kMaxDeviceRefsPerBatch pages: docs/protocol.md, "Compact
+  // device-reference batches"); 2, one version-2 reference per page, up to 16 a message (what a
+  // decode worker built before version 3 understands). The A/B switch of issue 27.
+  int device_ref_version = 3;
 };
 
 // max_in_flight_bytes for a transport of `lanes` lanes: 8 MiB for one (the default above), 256 MiB
@@ -148,6 +153,10 @@ class Transfer {
   // Sends the references of `slots` (pulled pages) in one kPageRef message, each slot's send
   // completing on its ack word (PullOp).
   absl::Status SendRefs(const std::vector<uint32_t>& slots);
+  // The kPageRef message of `slots` (pages of the GPU arena) in version 3 or 2.
+  void EncodeDeviceRefs(const std::vector<uint32_t>& slots, std::vector<std::byte>& out) const;
+  // References per kPageRef message when `queued` pages are ready to go.
+  size_t RefsPerMessage(size_t queued) const;
   // Sends `slot` (sent before as a reference the decode worker could not read) as a kPage
   // message in its op's place.
   absl::Status ResendAsMessage(uint32_t slot);

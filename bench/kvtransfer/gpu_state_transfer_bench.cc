@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -68,6 +69,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/ep/flash_shapes.h"
 #include "bench/kvtransfer/copy_floor.h"
@@ -122,6 +124,17 @@ struct Flags {
   // (CUDA IPC)"): pages in the prefill process's GPU arena, landed in the decode process's GPU
   // pages by its lanes' CudaPageLanders, imported device to device (PrefillIpc / DecodeIpc).
   bool cuda_ipc = false;
+  // With --cuda-ipc: the page-reference version the prefill writes (3: compact batches, 2: one
+  // 192-byte reference a page; SenderOptions::device_ref_version) and how the decode's landers
+  // move their descriptors and hashes (cuda_ipc::LanderMode: "staged", "mapped" or "fused").
+  int refs = 3;
+  std::string lander = "mapped";
+  // With --cuda-ipc: every layer's pages stored in one DeviceStatePages::StoreLayers (one upload
+  // and two launches) instead of StoreLayer per layer.
+  bool store_all = true;
+  // With --cuda-ipc: the decode's import in DeviceStatePages::ImportSlotBatched (every layer's
+  // fills in one launch and copies in one more) instead of ImportSlot.
+  bool import_all = true;
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -790,7 +803,8 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
       {.max_in_flight_bytes = flags.window_mib > 0 ? static_cast<size_t>(flags.window_mib) << 20
                                                    : kv::InFlightBytesForLanes(Lanes(flags)),
        .path = "cuda-ipc",
-       .shm_pull = puller.get()});
+       .shm_pull = puller.get(),
+       .device_ref_version = flags.refs});
   const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
   for (int64_t length : Lengths(flags)) {
     const int64_t total = length + 1;
@@ -805,6 +819,9 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
     runtime::DeviceStatePages* store = sequence.state.get();
     PDSERVE_ASSIGN_OR_RETURN(const std::vector<LayerChecksums> checks,
                              PlanChecksums(layout, table, plan, flags.layers));
+    std::vector<runtime::PagedState::PageId> all_ids;  // Every layer's, in the sums' order.
+    for (const LayerChecksums& c : checks)
+      all_ids.insert(all_ids.end(), c.ids.begin(), c.ids.end());
     engine::gpu::DeviceArray<uint64_t> sums;
     engine::gpu::PinnedArray<uint64_t> host_sums;
     PDSERVE_RETURN_IF_ERROR(sums.Allocate(plan.size()));
@@ -812,6 +829,11 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
     double forward_ms = 0;
     engine::ModelState prefix_state;
     for (int64_t r = 0; r < flags.repeats; ++r) {
+      if (r == 0) {
+        // The decode side measures floor (a) while this process waits for the first ticket.
+        if (channel.Read() != "floor") return absl::InternalError("expected 'floor'");
+        channel.Write("idle");
+      }
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
       PDSERVE_RETURN_IF_ERROR(
           RestorePrefix(flags, config, *gpu, length, r, &forward_ms, &prefix_state));
@@ -832,7 +854,11 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
       // checksums to the host (the only bytes of the state the host reads).
       const int64_t store_started = NowNs();
       size_t at = 0;
-      for (int64_t l = 0; l < flags.layers; ++l) {
+      if (flags.store_all) {
+        PDSERVE_RETURN_IF_ERROR(store->StoreLayers(0, length, device_pages, {all_ids, sums.get()}));
+        at = all_ids.size();
+      }
+      for (int64_t l = 0; l < flags.layers && !flags.store_all; ++l) {
         const LayerChecksums& c = checks[static_cast<size_t>(l)];
         PDSERVE_RETURN_IF_ERROR(
             store->StoreLayer(0, l, length, device_pages, {c.ids, sums.get() + at}));
@@ -882,22 +908,80 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
   return absl::OkStatus();
 }
 
+// Outcomes as the receiver decides them (its on_outcome, on a lane thread), so the decode side
+// learns of a verified ticket within a spin, not a 50 us sleep and a hold of the receiver's
+// mutex that competes with the lanes.
+class Outcomes {
+ public:
+  void Decided(uint64_t ticket_id, const kv::TransferOutcome& outcome) {
+    absl::MutexLock lock(&mu_);
+    decided_[ticket_id] = outcome.state == kv::TransferState::kVerified ? absl::OkStatus()
+                          : outcome.status.ok() ? absl::InternalError("not verified")
+                                                : outcome.status;
+    count_.fetch_add(1, std::memory_order_release);
+  }
+  // Waits for `ticket_id`'s outcome, progressing `receiver` once a millisecond (its lease
+  // sweeps); OK when verified.
+  absl::Status Await(kv::TransferReceiver& receiver, uint64_t ticket_id) {
+    absl::Time next_sweep = absl::Now();
+    for (uint64_t seen = ~uint64_t{0};;) {
+      if (const uint64_t now = count_.load(std::memory_order_acquire); now != seen) {
+        seen = now;
+        absl::MutexLock lock(&mu_);
+        if (auto it = decided_.find(ticket_id); it != decided_.end()) return it->second;
+      }
+      if (absl::Now() >= next_sweep) {
+        receiver.Progress();
+        next_sweep = absl::Now() + absl::Milliseconds(1);
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<uint64_t, absl::Status> decided_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> count_{0};
+};
+
 absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
   PDSERVE_ASSIGN_OR_RETURN(Side side, MakeSide(flags, "decode"));
   std::unique_ptr<GpuModel>& gpu = side.gpu;
   const serving::StateLayout& layout = side.layout;
   SystemClock clock;
+  Outcomes outcomes;  // Before the receiver, which reports to it.
   PDSERVE_ASSIGN_OR_RETURN(auto acks, kv::shm::AckTable::Create(uint64_t{1} << 20));
   PDSERVE_ASSIGN_OR_RETURN(
       auto receiver, kv::CreateUcxReceiver(
                          {.lease = absl::Seconds(600), .acks = acks.get()}, clock,
-                         [](uint64_t, uint64_t, const absl::Status&) {}, nullptr, Lanes(flags)));
+                         [](uint64_t, uint64_t, const absl::Status&) {},
+                         [&outcomes](uint64_t ticket_id, uint64_t, const kv::TransferOutcome& o) {
+                           outcomes.Decided(ticket_id, o);
+                         },
+                         Lanes(flags)));
   auto arenas = std::make_shared<kv::cuda_ipc::PeerArenaCache>();
+  PDSERVE_ASSIGN_OR_RETURN(const kv::cuda_ipc::LanderMode mode,
+                           kv::cuda_ipc::ParseLanderMode(flags.lander));
+  std::vector<const kv::cuda_ipc::CudaPageLander*> landers;  // Owned by the lanes.
   PDSERVE_RETURN_IF_ERROR(receiver->SetDeviceLanders(
       [&]() -> absl::StatusOr<std::unique_ptr<kv::shm::DevicePageLander>> {
-        PDSERVE_ASSIGN_OR_RETURN(auto lander, kv::cuda_ipc::CudaPageLander::Create(0, arenas));
+        PDSERVE_ASSIGN_OR_RETURN(auto lander,
+                                 kv::cuda_ipc::CudaPageLander::Create(0, arenas, mode));
+        landers.push_back(lander.get());
         return std::unique_ptr<kv::shm::DevicePageLander>(std::move(lander));
       }));
+  // Flushes of every lane's lander so far and their host time (read between transfers: the
+  // lanes are idle then).
+  auto flushes = [&] {
+    uint64_t n = 0;
+    for (const kv::cuda_ipc::CudaPageLander* lander : landers) n += lander->flushes();
+    return n;
+  };
+  auto flush_time = [&] {
+    absl::Duration d;
+    for (const kv::cuda_ipc::CudaPageLander* lander : landers) d += lander->flush_time();
+    return d;
+  };
   char bus[32] = {};
   PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, 0), "bus id"));
   PrintHeader();
@@ -918,6 +1002,14 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
     runtime::DeviceStatePages* load = sequence.state.get();
     Row row;
     uint64_t bytes = 0;
+    for (const kv::PlannedPage& page : plan) bytes += page.descriptor.bytes;
+    // Floor (a) now, while the prefill process waits (at the end of a length its arena is freed
+    // and the next one made: a floor measured then ran 18 GB/s against 26 in a quiet run).
+    channel.Write("floor");
+    if (channel.Read() != "idle") return absl::InternalError("expected 'idle'");
+    PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
+    const uint64_t flushes_before = flushes();
+    const absl::Duration flush_time_before = flush_time();
     for (int64_t r = 0; r < flags.repeats; ++r) {
       kv::ReceiveSpec spec{
           .request_id = request++, .epoch = kv::TableEpoch(table), .device_pci_bus_id = bus};
@@ -930,18 +1022,32 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
       }
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, receiver->Expect(std::move(spec)));
       channel.Write(Hex(kv::EncodeTicket(ticket)));
-      PDSERVE_RETURN_IF_ERROR(AwaitVerified(flags, *receiver, ticket.ticket_id));
+      PDSERVE_RETURN_IF_ERROR(outcomes.Await(*receiver, ticket.ticket_id));
       const int64_t verified = NowNs();
       // The verified device pages into slot 0, device to device.
-      PDSERVE_RETURN_IF_ERROR(load->ImportSlot(0, length, device_pages));
+      PDSERVE_RETURN_IF_ERROR(flags.import_all ? load->ImportSlotBatched(0, length, device_pages)
+                                               : load->ImportSlot(0, length, device_pages));
       PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "import"));
       const int64_t imported = NowNs();
       PDSERVE_RETURN_IF_ERROR(
           row.Add(channel.Read(), verified, imported, r == 0 ? gpu.get() : nullptr));
       Progress("decode", length, r, "imported (cuda ipc)");
     }
-    PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
-    PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, "cuda-ipc"));
+    const uint64_t batches = flushes() - flushes_before;
+    const double flush_us = absl::ToDoubleMicroseconds(flush_time() - flush_time_before);
+    std::fprintf(stderr,
+                 "%lld tokens: %zu pages a transfer, %.1f lander flushes a transfer (%.1f pages "
+                 "and %.1f us each)\n",
+                 static_cast<long long>(length), plan.size(),
+                 static_cast<double>(batches) / static_cast<double>(flags.repeats),
+                 batches > 0 ? static_cast<double>(plan.size()) *
+                                   static_cast<double>(flags.repeats) / static_cast<double>(batches)
+                             : 0.0,
+                 batches > 0 ? flush_us / static_cast<double>(batches) : 0.0);
+    const std::string path =
+        absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander,
+                     flags.store_all ? " store-all" : "", flags.import_all ? " import-all" : "");
+    PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, path.c_str()));
   }
   return absl::OkStatus();
 }
@@ -982,6 +1088,19 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-ipc", flags.cuda_ipc,
                  "Pages in the prefill process's GPU arena, landed device to device by the decode "
                  "process (CUDA IPC; the stores after the chunk, no early import)");
+  app.add_option("--refs", flags.refs,
+                 "With --cuda-ipc: page references of version 3 (compact batches) or 2")
+      ->check(CLI::IsMember({2, 3}));
+  app.add_option("--lander", flags.lander,
+                 "With --cuda-ipc: the decode landers' descriptors and hashes copied on the "
+                 "stream (staged), in pinned memory the kernels read and write (mapped), or that "
+                 "with one copy-and-hash kernel (fused)")
+      ->check(CLI::IsMember({"staged", "mapped", "fused"}));
+  app.add_option("--store-all", flags.store_all,
+                 "With --cuda-ipc: every layer's pages in one StoreLayers (0: StoreLayer a layer)");
+  app.add_option("--import-all", flags.import_all,
+                 "With --cuda-ipc: the import's fills and copies in two launches for all layers "
+                 "(ImportSlotBatched; 0: ImportSlot)");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

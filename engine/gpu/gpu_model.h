@@ -408,6 +408,21 @@ class GpuModel {
       std::function<absl::Status(const DeviceLayerBlocks& blocks, int64_t position, void* stream)>;
   absl::Status EnqueueStagedLayerOnDevice(int64_t slot, int64_t layer,
                                           const DeviceLayerEnqueue& enqueue);
+  // EnqueueStagedLayerOnDevice with the all-bits-one fill left to the caller: `enqueue` also
+  // gets the byte ranges to fill (`fills`, device memory of the slot) and must have them filled
+  // on `stream` before its copies land over them, by the time the layer counts as enqueued for
+  // the import's last layer (its completion event is recorded when that call returns), so a
+  // caller may batch every layer's fills and copies into a few launches made in the last layer's
+  // call (DeviceStatePages::ImportSlotBatched). Same bookkeeping and errors.
+  struct DeviceFill {
+    void* to = nullptr;
+    int64_t bytes = 0;
+  };
+  using DeviceLayerEnqueueFills =
+      std::function<absl::Status(const DeviceLayerBlocks& blocks, int64_t position,
+                                 const std::vector<DeviceFill>& fills, void* stream)>;
+  absl::Status EnqueueStagedLayerOnDeviceFills(int64_t slot, int64_t layer,
+                                               const DeviceLayerEnqueueFills& enqueue);
   absl::StatusOr<bool> StagedImportCopied(int64_t slot);
   absl::Status FinishStagedImport(int64_t slot);
   absl::Status CancelStagedImport(int64_t slot);

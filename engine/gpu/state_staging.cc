@@ -671,6 +671,22 @@ absl::Status GpuModel::EnqueueStagedLayer(int64_t slot, int64_t layer, StateStag
 absl::Status GpuModel::EnqueueStagedLayerOnDevice(int64_t slot, int64_t layer,
                                                   const DeviceLayerEnqueue& enqueue) {
   Impl& m = *impl_;
+  return EnqueueStagedLayerOnDeviceFills(
+      slot, layer,
+      [&](const DeviceLayerBlocks& blocks, int64_t position, const std::vector<DeviceFill>& fills,
+          void* stream) -> absl::Status {
+        for (const DeviceFill& fill : fills) {
+          PDSERVE_RETURN_IF_ERROR(CudaStatus(
+              cudaMemsetAsync(fill.to, 0xFF, static_cast<size_t>(fill.bytes), m.import_stream),
+              "EnqueueStagedLayerOnDevice"));
+        }
+        return enqueue(blocks, position, stream);
+      });
+}
+
+absl::Status GpuModel::EnqueueStagedLayerOnDeviceFills(int64_t slot, int64_t layer,
+                                                       const DeviceLayerEnqueueFills& enqueue) {
+  Impl& m = *impl_;
   PDSERVE_ASSIGN_OR_RETURN(Impl::StagedImport* const staged, StagedImportOf(m, slot));
   Impl::StagedImport& import = *staged;
   if (layer < 0 || layer >= static_cast<int64_t>(m.layers.size())) {
@@ -687,23 +703,20 @@ absl::Status GpuModel::EnqueueStagedLayerOnDevice(int64_t slot, int64_t layer,
   // The unread rows as a fresh pool's (ImportLayers' NaN, another payload): whole blocks first,
   // then the copies of the rows a forward reads land over them in stream order.
   const RingLayerGeometry& g = m.geometry.layers[static_cast<size_t>(layer)];
-  auto fill = [&](void* to, int64_t bytes) -> absl::Status {
-    if (to == nullptr || bytes == 0) return absl::OkStatus();
-    return CudaStatus(cudaMemsetAsync(to, 0xFF, static_cast<size_t>(bytes), m.import_stream),
-                      "EnqueueStagedLayerOnDevice");
+  std::vector<DeviceFill> fills;
+  auto fill = [&](void* to, int64_t bytes) {
+    if (to != nullptr && bytes > 0) fills.push_back({to, bytes});
   };
-  PDSERVE_RETURN_IF_ERROR(
-      fill(blocks.window, g.window * g.head_dim * static_cast<int64_t>(sizeof(bf16))));
+  fill(blocks.window, g.window * g.head_dim * static_cast<int64_t>(sizeof(bf16)));
   for (auto [cg, cb] :
        {std::pair{&g.compressor, &blocks.compressor}, std::pair{&g.indexer, &blocks.indexer}}) {
     if (!cg->present()) continue;
     const int64_t ring = 2 * cg->rate * cg->width() * static_cast<int64_t>(sizeof(float));
-    PDSERVE_RETURN_IF_ERROR(fill(cb->ring_kv, ring));
-    PDSERVE_RETURN_IF_ERROR(fill(cb->ring_gate, ring));
-    PDSERVE_RETURN_IF_ERROR(
-        fill(cb->tail, cb->tail_rows * cb->dim * static_cast<int64_t>(sizeof(bf16))));
+    fill(cb->ring_kv, ring);
+    fill(cb->ring_gate, ring);
+    fill(cb->tail, cb->tail_rows * cb->dim * static_cast<int64_t>(sizeof(bf16)));
   }
-  PDSERVE_RETURN_IF_ERROR(enqueue(blocks, import.position, m.import_stream));
+  PDSERVE_RETURN_IF_ERROR(enqueue(blocks, import.position, fills, m.import_stream));
   import.enqueued[static_cast<size_t>(layer)] = 1;
   if (--import.left == 0) PDSERVE_CUDA_RETURN(cudaEventRecord(import.copied, m.import_stream));
   return absl::OkStatus();

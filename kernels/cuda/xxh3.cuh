@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/page_copy.cuh"
+
 namespace pdserve::kernels::cuda {
 
 // One page: `data` a device address readable by the kernel (own allocation or a peer's IPC
@@ -38,5 +40,14 @@ struct Xxh3Page {
 // `stream`; reads the pages and writes hashes only.
 cudaError_t xxh3_64_pages(const Xxh3Page* pages, int64_t num_pages, uint64_t* hashes,
                           cudaStream_t stream);
+
+// For i < num_pages: copies[i] as copy_pages does it (kernels/cuda/page_copy.cuh), then
+// hashes[i] = XXH3_64bits of the destination's bytes as they landed, both by one thread block in
+// one launch (the receiving side of a device-to-device page transfer checksums what is in its
+// own memory, not the source). `copies` and `hashes` readable / writable by the device (device
+// memory, or pinned host memory under unified addressing); the same argument checks and errors
+// as copy_pages. Asynchronous on `stream`.
+cudaError_t copy_pages_xxh3(const PageCopy* copies, int64_t num_pages, uint64_t* hashes,
+                            cudaStream_t stream);
 
 }  // namespace pdserve::kernels::cuda

@@ -1,6 +1,7 @@
 #include "kvtransfer/cuda_ipc/cuda_page_lander.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -72,12 +73,33 @@ absl::StatusOr<std::shared_ptr<const PeerArena>> PeerArenaCache::Get(
   return arena;
 }
 
+absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name) {
+  if (name == "staged") return LanderMode::kStaged;
+  if (name == "mapped") return LanderMode::kMapped;
+  if (name == "fused") return LanderMode::kFused;
+  return absl::InvalidArgumentError(
+      absl::StrCat("CUDA page lander mode '", name, "': staged, mapped or fused"));
+}
+
+absl::StatusOr<LanderMode> LanderModeFromEnv() {
+  const char* name = std::getenv("PDSERVE_CUDA_LANDER");
+  if (name == nullptr || *name == '\0') return LanderMode::kMapped;
+  return ParseLanderMode(name);
+}
+
 absl::StatusOr<std::unique_ptr<CudaPageLander>> CudaPageLander::Create(
     int device, std::shared_ptr<PeerArenaCache> arenas) {
+  PDSERVE_ASSIGN_OR_RETURN(const LanderMode mode, LanderModeFromEnv());
+  return Create(device, std::move(arenas), mode);
+}
+
+absl::StatusOr<std::unique_ptr<CudaPageLander>> CudaPageLander::Create(
+    int device, std::shared_ptr<PeerArenaCache> arenas, LanderMode mode) {
   PDSERVE_CUDA_RETURN(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   PDSERVE_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<CudaPageLander>(new CudaPageLander(device, stream, std::move(arenas)));
+  return std::unique_ptr<CudaPageLander>(
+      new CudaPageLander(device, stream, std::move(arenas), mode));
 }
 
 CudaPageLander::~CudaPageLander() {
@@ -87,40 +109,85 @@ CudaPageLander::~CudaPageLander() {
 }
 
 absl::Status CudaPageLander::Add(const shm::PageRef& ref, const LandingTarget& target) {
-  if (!ref.device.has_value() || !target.device || ref.length != target.destination.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a page of a GPU arena for a GPU destination of its size (", ref.length,
-                     " bytes for ", target.destination.size(), ")"));
+  if (!ref.device.has_value()) {
+    return absl::InvalidArgumentError("not a page of a GPU arena");
   }
-  absl::StatusOr<std::shared_ptr<const PeerArena>> arena = arenas_->Get(*ref.device);
-  if (!arena.ok()) {
-    return absl::UnavailableError(absl::StrCat("cuda ipc: ", arena.status().message()));
+  return AddFromArena(*ref.device, ref.offset, ref.length, target);
+}
+
+absl::Status CudaPageLander::AddFromArena(const shm::IpcRegionName& arena, uint64_t offset,
+                                          uint64_t length, const LandingTarget& target) {
+  if (!target.device || length != target.destination.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("not a GPU destination of the page's size (",
+                                                   length, " bytes for ", target.destination.size(),
+                                                   ")"));
   }
-  absl::StatusOr<const void*> source = (*arena)->Range(ref.offset, ref.length);
+  if (last_arena_ == nullptr || !(arena == last_name_)) {
+    absl::StatusOr<std::shared_ptr<const PeerArena>> found = arenas_->Get(arena);
+    if (!found.ok()) {
+      return absl::UnavailableError(absl::StrCat("cuda ipc: ", found.status().message()));
+    }
+    last_arena_ = std::move(*found);
+    last_name_ = arena;
+  }
+  absl::StatusOr<const void*> source = last_arena_->Range(offset, length);
   if (!source.ok()) {
     return absl::UnavailableError(absl::StrCat("cuda ipc: ", source.status().message()));
   }
-  queued_.push_back({std::move(*arena), *source, target});
+  queued_.push_back({last_arena_, *source, target});
+  return absl::OkStatus();
+}
+
+absl::Status CudaPageLander::ReserveHost(size_t n) {
+  if (host_copies_.size() >= n && host_pages_.size() >= n && host_hashes_.size() >= n) {
+    return absl::OkStatus();
+  }
+  PDSERVE_RETURN_IF_ERROR(Reserve(host_copies_, n));
+  PDSERVE_RETURN_IF_ERROR(Reserve(host_pages_, n));
+  PDSERVE_RETURN_IF_ERROR(Reserve(host_hashes_, n));
+  if (mode_ == LanderMode::kStaged) return absl::OkStatus();
+  void* device = nullptr;
+  PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_copies_.get(), 0));
+  mapped_copies_ = static_cast<kernels::cuda::PageCopy*>(device);
+  PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_pages_.get(), 0));
+  mapped_pages_ = static_cast<kernels::cuda::Xxh3Page*>(device);
+  PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_hashes_.get(), 0));
+  mapped_hashes_ = static_cast<uint64_t*>(device);
   return absl::OkStatus();
 }
 
 absl::Status CudaPageLander::RunBatch() {
   const size_t n = queued_.size();
-  PDSERVE_RETURN_IF_ERROR(Reserve(host_copies_, n));
-  PDSERVE_RETURN_IF_ERROR(Reserve(host_pages_, n));
-  PDSERVE_RETURN_IF_ERROR(Reserve(host_hashes_, n));
-  if (copies_.size() < n)
-    PDSERVE_RETURN_IF_ERROR(copies_.Allocate(std::max(n, 2 * copies_.size())));
-  if (pages_.size() < n) PDSERVE_RETURN_IF_ERROR(pages_.Allocate(std::max(n, 2 * pages_.size())));
-  if (hashes_.size() < n)
-    PDSERVE_RETURN_IF_ERROR(hashes_.Allocate(std::max(n, 2 * hashes_.size())));
+  PDSERVE_CUDA_RETURN(cudaSetDevice(device_));
+  PDSERVE_RETURN_IF_ERROR(ReserveHost(n));
   for (size_t i = 0; i < n; ++i) {
     const Queued& q = queued_[i];
     host_copies_[i] = {q.source, q.target.destination.data(), q.target.destination.size()};
     // The checksum reads the landed bytes (this worker's memory), not the peer's.
     host_pages_[i] = {q.target.destination.data(), q.target.destination.size()};
   }
-  PDSERVE_CUDA_RETURN(cudaSetDevice(device_));
+  if (mode_ == LanderMode::kFused) {
+    // One launch: each block copies its page, then hashes the bytes it landed.
+    PDSERVE_CUDA_RETURN(kernels::cuda::copy_pages_xxh3(mapped_copies_, static_cast<int64_t>(n),
+                                                       mapped_hashes_, stream_));
+    PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  if (mode_ == LanderMode::kMapped) {
+    // The kernels read the descriptors from pinned memory and write the hashes there: no copies
+    // on the stream, only the two launches and the wait.
+    PDSERVE_CUDA_RETURN(
+        kernels::cuda::copy_pages(mapped_copies_, static_cast<int64_t>(n), stream_));
+    PDSERVE_CUDA_RETURN(kernels::cuda::xxh3_64_pages(mapped_pages_, static_cast<int64_t>(n),
+                                                     mapped_hashes_, stream_));
+    PDSERVE_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  if (copies_.size() < n)
+    PDSERVE_RETURN_IF_ERROR(copies_.Allocate(std::max(n, 2 * copies_.size())));
+  if (pages_.size() < n) PDSERVE_RETURN_IF_ERROR(pages_.Allocate(std::max(n, 2 * pages_.size())));
+  if (hashes_.size() < n)
+    PDSERVE_RETURN_IF_ERROR(hashes_.Allocate(std::max(n, 2 * hashes_.size())));
   PDSERVE_CUDA_RETURN(cudaMemcpyAsync(copies_.get(), host_copies_.get(),
                                       n * sizeof(kernels::cuda::PageCopy), cudaMemcpyHostToDevice,
                                       stream_));
@@ -140,7 +207,9 @@ void CudaPageLander::Flush(
     const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) {
   if (queued_.empty()) return;
   ++flushes_;
+  const absl::Time started = absl::Now();
   const absl::Status status = RunBatch();
+  flush_time_ += absl::Now() - started;
   std::vector<Queued> batch;
   batch.swap(queued_);
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -61,13 +61,29 @@ class PeerArenaCache {
   std::vector<Cached> cached_ ABSL_GUARDED_BY(mu_);
 };
 
+// How a Flush moves the batch's descriptors and hashes (docs/perf.md, "Device-to-device pages
+// through the protocol classes"): kStaged copies the descriptors host -> device and the hashes
+// back (5 stream operations and a wait); kMapped lets both kernels read the descriptors from, and
+// the checksum kernel write the hashes to, pinned host memory (2 launches and a wait); kFused as
+// kMapped with one kernel that copies each page and hashes its landed bytes
+// (kernels::cuda::copy_pages_xxh3: 1 launch and a wait).
+enum class LanderMode { kStaged, kMapped, kFused };
+// "staged" / "mapped" / "fused"; InvalidArgument otherwise.
+absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name);
+// PDSERVE_CUDA_LANDER from the environment (the A/B switch), kMapped when unset. Errors:
+// ParseLanderMode's.
+absl::StatusOr<LanderMode> LanderModeFromEnv();
+
 class CudaPageLander final : public shm::DevicePageLander {
  public:
   // A lander whose copies run on a new stream of `device` (the decode worker's GPU: the
   // destinations' device). Errors: Internal naming the CUDA call (cudaSetDevice,
   // cudaStreamCreateWithFlags).
+  // The mode is LanderModeFromEnv's.
   static absl::StatusOr<std::unique_ptr<CudaPageLander>> Create(
       int device, std::shared_ptr<PeerArenaCache> arenas);
+  static absl::StatusOr<std::unique_ptr<CudaPageLander>> Create(
+      int device, std::shared_ptr<PeerArenaCache> arenas, LanderMode mode);
   ~CudaPageLander() override;
   CudaPageLander(const CudaPageLander&) = delete;
   CudaPageLander& operator=(const CudaPageLander&) = delete;
@@ -75,19 +91,26 @@ class CudaPageLander final : public shm::DevicePageLander {
   // shm::DevicePageLander. Add maps the page's arena (cached) and checks its range; Unavailable
   // "cuda ipc: ..." when it cannot (the arena's error, or the range outside it).
   absl::Status Add(const shm::PageRef& ref, const LandingTarget& target) override;
+  // Add without a PageRef; the last arena found is kept, so a batch's pages look it up once.
+  absl::Status AddFromArena(const shm::IpcRegionName& arena, uint64_t offset, uint64_t length,
+                            const LandingTarget& target) override;
   // One copy launch and one checksum launch for every queued page, one wait; a CUDA error fails
   // every page of the batch with it (Unavailable "cuda ipc: ...").
   void Flush(
       const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) override;
   size_t pending() const override { return queued_.size(); }
 
-  // Batches flushed and pages landed so far (for tests and logs).
+  // Batches flushed so far, and the host time their Flushes took in all (for tests and logs).
   uint64_t flushes() const { return flushes_; }
+  absl::Duration flush_time() const { return flush_time_; }
 
  private:
-  CudaPageLander(int device, cudaStream_t stream, std::shared_ptr<PeerArenaCache> arenas)
-      : device_(device), stream_(stream), arenas_(std::move(arenas)) {}
+  CudaPageLander(int device, cudaStream_t stream, std::shared_ptr<PeerArenaCache> arenas,
+                 LanderMode mode)
+      : device_(device), stream_(stream), mode_(mode), arenas_(std::move(arenas)) {}
   absl::Status RunBatch();
+  // Grows the pinned arrays to `n` (and, mapped, finds their device addresses).
+  absl::Status ReserveHost(size_t n);
 
   struct Queued {
     std::shared_ptr<const PeerArena> arena;  // held until the copy is over
@@ -96,7 +119,11 @@ class CudaPageLander final : public shm::DevicePageLander {
   };
   const int device_;
   const cudaStream_t stream_;
+  const LanderMode mode_;
   const std::shared_ptr<PeerArenaCache> arenas_;
+  // The arena AddFromArena found last (a batch's pages name one arena).
+  shm::IpcRegionName last_name_;
+  std::shared_ptr<const PeerArena> last_arena_;
   std::vector<Queued> queued_;
   // The batch's descriptors (pinned, uploaded with the launches) and its hashes.
   engine::gpu::PinnedArray<kernels::cuda::PageCopy> host_copies_;
@@ -105,7 +132,12 @@ class CudaPageLander final : public shm::DevicePageLander {
   engine::gpu::DeviceArray<kernels::cuda::PageCopy> copies_;
   engine::gpu::DeviceArray<kernels::cuda::Xxh3Page> pages_;
   engine::gpu::DeviceArray<uint64_t> hashes_;
+  // kMapped / kFused: the device addresses of the pinned arrays.
+  kernels::cuda::PageCopy* mapped_copies_ = nullptr;
+  kernels::cuda::Xxh3Page* mapped_pages_ = nullptr;
+  uint64_t* mapped_hashes_ = nullptr;
   uint64_t flushes_ = 0;
+  absl::Duration flush_time_;
 };
 
 }  // namespace pdserve::kv::cuda_ipc

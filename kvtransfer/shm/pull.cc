@@ -109,6 +109,28 @@ std::optional<std::string> LoadName(std::span<const std::byte> r, size_t at, siz
   return std::string(p, n);
 }
 
+void StoreArena(std::span<std::byte> r, const IpcRegionName& d) {
+  std::memcpy(r.data() + 8, d.memory.data(), d.memory.size());
+  StoreLe(r, 72, d.allocation_offset, 8);
+  StoreLe(r, 80, d.bytes, 8);
+  StoreName(r, 88, d.pci_bus_id, kBusIdField);
+  StoreName(r, 120, d.boot_id, kBootIdField);
+}
+
+// The arena of a version-2 or -3 reference `r`; nullopt when a name field lacks its NUL.
+std::optional<IpcRegionName> LoadArena(std::span<const std::byte> r) {
+  IpcRegionName d;
+  std::memcpy(d.memory.data(), r.data() + 8, d.memory.size());
+  d.allocation_offset = LoadLe(r, 72, 8);
+  d.bytes = LoadLe(r, 80, 8);
+  std::optional<std::string> bus = LoadName(r, 88, kBusIdField);
+  std::optional<std::string> boot = LoadName(r, 120, kBootIdField);
+  if (!bus.has_value() || !boot.has_value()) return std::nullopt;
+  d.pci_bus_id = std::move(*bus);
+  d.boot_id = std::move(*boot);
+  return d;
+}
+
 }  // namespace
 
 std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_header,
@@ -119,13 +141,8 @@ std::vector<std::byte> EncodePageRefMessage(std::span<const std::byte> page_head
   const std::span<std::byte> r = std::span(out).subspan(page_header.size());
   StoreLe(r, 0, kRefMagic, 4);
   if (ref.device.has_value()) {
-    const IpcRegionName& d = *ref.device;
     StoreLe(r, 4, kDeviceRefVersion, 2);
-    std::memcpy(r.data() + 8, d.memory.data(), d.memory.size());
-    StoreLe(r, 72, d.allocation_offset, 8);
-    StoreLe(r, 80, d.bytes, 8);
-    StoreName(r, 88, d.pci_bus_id, kBusIdField);
-    StoreName(r, 120, d.boot_id, kBootIdField);
+    StoreArena(r, *ref.device);
     StoreLe(r, 160, ref.offset, 8);
     StoreLe(r, 168, ref.length, 8);
     return out;
@@ -174,18 +191,11 @@ absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message) {
   }
   PageRef ref;
   if (device) {
-    IpcRegionName d;
-    std::memcpy(d.memory.data(), r.data() + 8, d.memory.size());
-    d.allocation_offset = LoadLe(r, 72, 8);
-    d.bytes = LoadLe(r, 80, 8);
-    std::optional<std::string> bus = LoadName(r, 88, kBusIdField);
-    std::optional<std::string> boot = LoadName(r, 120, kBootIdField);
-    if (!bus.has_value() || !boot.has_value()) {
+    std::optional<IpcRegionName> d = LoadArena(r);
+    if (!d.has_value()) {
       return absl::InvalidArgumentError("page reference: a name field without its NUL");
     }
-    d.pci_bus_id = std::move(*bus);
-    d.boot_id = std::move(*boot);
-    ref.device = std::move(d);
+    ref.device = std::move(*d);
     ref.offset = LoadLe(r, 160, 8);
     ref.length = LoadLe(r, 168, 8);
     return ref;
@@ -197,6 +207,86 @@ absl::StatusOr<PageRef> DecodePageRef(std::span<const std::byte> message) {
   ref.offset = LoadLe(r, 40, 8);
   ref.length = LoadLe(r, 48, 8);
   return ref;
+}
+
+namespace {
+
+// The pages of a version-3 message (`message` starts with its first page's header); false when
+// it is not one whole well-formed message.
+bool ParseDeviceBatch(std::span<const std::byte> message, ParsedRefs& out) {
+  if (message.size() < kDeviceRefBatchFirstBytes) return false;
+  const std::span<const std::byte> r = message.subspan(kPageHeaderBytes);
+  const uint64_t count = LoadLe(r, 6, 2);
+  if (count == 0 || count > kMaxDeviceRefsPerBatch ||
+      message.size() != kDeviceRefBatchFirstBytes + (count - 1) * kDeviceRefBatchEntryBytes) {
+    return false;
+  }
+  std::optional<IpcRegionName> arena = LoadArena(r);
+  if (!arena.has_value()) return false;
+  const IpcRegionName* named = &out.arenas.emplace_back(std::move(*arena));
+  out.pages.push_back({.header = message.first(kPageHeaderBytes),
+                       .arena = named,
+                       .offset = LoadLe(r, 160, 8),
+                       .length = LoadLe(r, 168, 8)});
+  for (size_t at = kDeviceRefBatchFirstBytes; at < message.size();
+       at += kDeviceRefBatchEntryBytes) {
+    const std::span<const std::byte> e = message.subspan(at, kDeviceRefBatchEntryBytes);
+    out.pages.push_back({.header = e.first(kPageHeaderBytes),
+                         .arena = named,
+                         .offset = LoadLe(e, kPageHeaderBytes, 8),
+                         .length = LoadLe(e, kPageHeaderBytes + 8, 8)});
+  }
+  return true;
+}
+
+}  // namespace
+
+void AppendDeviceRefBatch(const IpcRegionName& arena, std::span<const DeviceRefEntry> entries,
+                          std::vector<std::byte>& out) {
+  if (entries.empty()) return;
+  const size_t at = out.size();
+  out.resize(at + kDeviceRefBatchFirstBytes + (entries.size() - 1) * kDeviceRefBatchEntryBytes);
+  const std::span<std::byte> m = std::span(out).subspan(at);
+  std::memcpy(m.data(), entries[0].header.data(), kPageHeaderBytes);
+  const std::span<std::byte> r = m.subspan(kPageHeaderBytes);
+  StoreLe(r, 0, kRefMagic, 4);
+  StoreLe(r, 4, kDeviceRefBatchVersion, 2);
+  StoreLe(r, 6, entries.size(), 2);
+  StoreArena(r, arena);
+  StoreLe(r, 160, entries[0].offset, 8);
+  StoreLe(r, 168, entries[0].length, 8);
+  size_t e = kDeviceRefBatchFirstBytes;
+  for (size_t i = 1; i < entries.size(); ++i, e += kDeviceRefBatchEntryBytes) {
+    std::memcpy(m.data() + e, entries[i].header.data(), kPageHeaderBytes);
+    StoreLe(m, e + kPageHeaderBytes, entries[i].offset, 8);
+    StoreLe(m, e + kPageHeaderBytes + 8, entries[i].length, 8);
+  }
+}
+
+ParsedRefs ParsePageRefs(std::span<const std::byte> message) {
+  ParsedRefs out;
+  for (std::span<const std::byte> entry : SplitPageRefs(message)) {
+    if (entry.size() >= kPageHeaderBytes + 8 && LoadLe(entry, kPageHeaderBytes, 4) == kRefMagic &&
+        LoadLe(entry, kPageHeaderBytes + 4, 2) == kDeviceRefBatchVersion) {
+      if (ParseDeviceBatch(entry, out)) continue;
+      out.pages.push_back(
+          {.header = entry.first(kPageHeaderBytes),
+           .error = absl::InvalidArgumentError("page reference: a malformed version-3 batch")});
+      continue;
+    }
+    absl::StatusOr<PageRef> ref = DecodePageRef(entry);
+    ParsedRef page{.header = entry.first(std::min(entry.size(), kPageHeaderBytes))};
+    if (!ref.ok()) {
+      page.error = ref.status();
+    } else {
+      if (ref->device.has_value()) page.arena = &out.arenas.emplace_back(std::move(*ref->device));
+      page.region = ref->region;
+      page.offset = ref->offset;
+      page.length = ref->length;
+    }
+    out.pages.push_back(std::move(page));
+  }
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<const PeerRegion>> PeerRegions::Get(const RegionName& name) {
@@ -244,62 +334,97 @@ size_t PeerRegions::mapped() const {
   return n;
 }
 
+namespace {
+
+// Lands one page whose header the sink accepted (`target`): a GPU-arena page is queued on
+// `lander`, a shared-memory page copied and finished here; what is over here goes to `landed`.
+// Returns the bytes copied or queued.
+size_t LandAccepted(PeerRegions& regions, const ParsedRef& page, const LandingTarget& target,
+                    DevicePageLander* lander, std::vector<LandedPage>& landed) {
+  auto fail = [&](absl::Status status) {
+    landed.push_back({target.ticket_id, target.slot, std::move(status), 0});
+    return size_t{0};
+  };
+  if (!page.error.ok()) {  // Unreachable unless a page of 0 bytes existed: fail it, copy nothing.
+    return fail(absl::UnavailableError("shm pull: bad reference"));
+  }
+  if (page.arena != nullptr || target.device) {
+    absl::Status queued;
+    if (page.arena == nullptr) {
+      queued = absl::UnavailableError(
+          "cuda ipc: a page in shared memory cannot land in this worker's GPU pages");
+    } else if (!target.device) {
+      queued = absl::UnavailableError("cuda ipc: a page in a GPU arena for host pages");
+    } else if (lander == nullptr) {
+      queued = absl::UnavailableError("cuda ipc: this worker does not land GPU pages");
+    } else {
+      queued = lander->AddFromArena(*page.arena, page.offset, page.length, target);
+    }
+    if (!queued.ok()) {
+      return fail(queued.code() == absl::StatusCode::kUnavailable
+                      ? std::move(queued)
+                      : absl::UnavailableError(absl::StrCat("cuda ipc: ", queued.message())));
+    }
+    return page.length;
+  }
+  absl::StatusOr<std::shared_ptr<const PeerRegion>> region = regions.Get(page.region);
+  if (!region.ok()) {
+    return fail(absl::UnavailableError(absl::StrCat("shm pull: ", region.status().message())));
+  }
+  if (!(*region)->InRange(page.offset, page.length) || page.length != target.destination.size()) {
+    return fail(absl::UnavailableError(
+        absl::StrCat("shm pull: page [", page.offset, ", +", page.length, ") lies outside the ",
+                     (*region)->bytes().size(), "-byte region of process ", page.region.pid)));
+  }
+  std::memcpy(target.destination.data(), (*region)->bytes().data() + page.offset, page.length);
+  landed.push_back({target.ticket_id, target.slot, absl::OkStatus(), FinishLanding(target)});
+  return page.length;
+}
+
+}  // namespace
+
+size_t LandPageRefs(
+    PeerRegions& regions, std::span<const std::byte> message,
+    const std::function<void(std::span<const PageHeaderAt>,
+                             std::vector<std::optional<LandingTarget>>& targets)>& on_headers,
+    const std::function<void(std::vector<LandedPage>&)>& on_landed, DevicePageLander* lander) {
+  const ParsedRefs parsed = ParsePageRefs(message);
+  std::vector<PageHeaderAt> headers;
+  headers.reserve(parsed.pages.size());
+  for (const ParsedRef& page : parsed.pages) {
+    headers.push_back({page.header, page.error.ok() ? static_cast<size_t>(page.length) : 0});
+  }
+  std::vector<std::optional<LandingTarget>> targets(headers.size());
+  on_headers(headers, targets);
+  std::vector<LandedPage> landed;
+  size_t bytes = 0;
+  for (size_t i = 0; i < parsed.pages.size(); ++i) {
+    if (targets[i].has_value())
+      bytes += LandAccepted(regions, parsed.pages[i], *targets[i], lander, landed);
+  }
+  if (!landed.empty()) on_landed(landed);
+  return bytes;
+}
+
 size_t LandPageRef(PeerRegions& regions, std::span<const std::byte> message,
                    const std::function<std::optional<LandingTarget>(std::span<const std::byte>,
                                                                     size_t)>& on_header,
                    const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed,
                    DevicePageLander* lander) {
-  const std::span<const std::byte> header =
-      message.subspan(0, std::min(message.size(), kPageHeaderBytes));
-  const absl::StatusOr<PageRef> ref = DecodePageRef(message);
-  const std::optional<LandingTarget> target =
-      on_header(header, ref.ok() ? static_cast<size_t>(ref->length) : 0);
-  if (!target.has_value()) return 0;
-  if (!ref.ok()) {  // Unreachable unless a page of 0 bytes existed: fail it, copy nothing.
-    on_landed(target->ticket_id, target->slot, absl::UnavailableError("shm pull: bad reference"),
-              0);
-    return 0;
-  }
-  if (ref->device.has_value() || target->device) {
-    absl::Status queued;
-    if (!ref->device.has_value()) {
-      queued = absl::UnavailableError(
-          "cuda ipc: a page in shared memory cannot land in this worker's GPU pages");
-    } else if (!target->device) {
-      queued = absl::UnavailableError("cuda ipc: a page in a GPU arena for host pages");
-    } else if (lander == nullptr) {
-      queued = absl::UnavailableError("cuda ipc: this worker does not land GPU pages");
-    } else {
-      queued = lander->Add(*ref, *target);
-    }
-    if (!queued.ok()) {
-      on_landed(target->ticket_id, target->slot,
-                queued.code() == absl::StatusCode::kUnavailable
-                    ? std::move(queued)
-                    : absl::UnavailableError(absl::StrCat("cuda ipc: ", queued.message())),
-                0);
-      return 0;
-    }
-    return ref->length;
-  }
-  absl::StatusOr<std::shared_ptr<const PeerRegion>> region = regions.Get(ref->region);
-  if (!region.ok()) {
-    on_landed(target->ticket_id, target->slot,
-              absl::UnavailableError(absl::StrCat("shm pull: ", region.status().message())), 0);
-    return 0;
-  }
-  if (!(*region)->InRange(ref->offset, ref->length) || ref->length != target->destination.size()) {
-    on_landed(target->ticket_id, target->slot,
-              absl::UnavailableError(absl::StrCat(
-                  "shm pull: page [", ref->offset, ", +", ref->length, ") lies outside the ",
-                  (*region)->bytes().size(), "-byte region of process ", ref->region.pid)),
-              0);
-    return 0;
-  }
-  std::memcpy(target->destination.data(), (*region)->bytes().data() + ref->offset, ref->length);
-  const uint64_t finished = FinishLanding(*target);
-  on_landed(target->ticket_id, target->slot, absl::OkStatus(), finished);
-  return ref->length;
+  return LandPageRefs(
+      regions, message,
+      [&](std::span<const PageHeaderAt> headers,
+          std::vector<std::optional<LandingTarget>>& targets) {
+        for (size_t i = 0; i < headers.size(); ++i) {
+          targets[i] = on_header(headers[i].header, headers[i].length);
+        }
+      },
+      [&](std::vector<LandedPage>& landed) {
+        for (LandedPage& page : landed) {
+          on_landed(page.ticket_id, page.slot, std::move(page.status), page.finished);
+        }
+      },
+      lander);
 }
 
 absl::StatusOr<std::unique_ptr<PullSender>> PullSender::Create(const SharedRegion& pages,

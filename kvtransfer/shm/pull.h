@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kvtransfer/page_header.h"
 #include "kvtransfer/receive_transport.h"
 #include "kvtransfer/shm/shared_memory.h"
 #include "kvtransfer/ticket.h"
@@ -115,6 +117,53 @@ inline constexpr size_t kDevicePageRefBytes = 192;  // Version 2, after the head
 // most), which the UCX transport sends eager (UCP_AM_SEND_FLAG_EAGER).
 inline size_t MaxRefsPerMessage(bool device) { return device ? 16 : 32; }
 
+// Version 3 (docs/protocol.md, "Compact device-reference batches"): the pages of one GPU arena
+// in one message, the arena named once. Layout: the first page's header [64], then the reference
+// 0 magic u32 "PDRF"  4 version u16 (3)  6 count u16 (entries, >= 1)  8 CUDA IPC memory handle
+// [64]  72 allocation offset u64  80 arena bytes u64  88 PCI bus id [32]  120 boot id [40]
+// 160 the first page's offset u64  168 its length u64; then per further page its header [64],
+// offset u64, length u64. A receiver that knows only versions 1 and 2 takes the whole message as
+// one entry that does not decode: the first page's header check fails (a header error), its
+// ticket fails and its sender's transfer with it: loudly, never a page landed by a guess.
+inline constexpr uint16_t kDeviceRefBatchVersion = 3;
+inline constexpr size_t kDeviceRefBatchFirstBytes = kPageHeaderBytes + 176;
+inline constexpr size_t kDeviceRefBatchEntryBytes = kPageHeaderBytes + 16;
+// Pages per version-3 message, at most: 240 + 95 * 80 = 7840 bytes, one eager fragment of UCX's
+// shared-memory transports (UCX_POSIX_SEG_SIZE / UCX_SYSV_SEG_SIZE 8256 in 1.13) and of tcp's
+// 8 KiB segments.
+inline constexpr size_t kMaxDeviceRefsPerBatch = 96;
+
+// One page of a version-3 message as the sender writes it.
+struct DeviceRefEntry {
+  std::array<std::byte, kPageHeaderBytes> header{};
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+// Appends the version-3 message of `entries` (1 .. kMaxDeviceRefsPerBatch of them, pages of
+// `arena`) to `out`.
+void AppendDeviceRefBatch(const IpcRegionName& arena, std::span<const DeviceRefEntry> entries,
+                          std::vector<std::byte>& out);
+
+// A kPageRef message taken apart (ParsePageRefs): per page its header and its reference, or why
+// the reference does not decode (then `header` is the message's bytes at that point, at most 64,
+// and the sink refuses the page: it is given length 0, which no ticket's page has).
+struct ParsedRef {
+  std::span<const std::byte> header;
+  absl::Status error;
+  const IpcRegionName* arena = nullptr;  // A page in a GPU arena: ParsedRefs::arenas' element.
+  RegionName region;                     // Else a page in a shared-memory region.
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+struct ParsedRefs {
+  std::deque<IpcRegionName> arenas;  // One per version-3 message or version-2 entry.
+  std::vector<ParsedRef> pages;
+};
+// Every version: version-1 and -2 entries as SplitPageRefs and DecodePageRef take them, a
+// version-3 message's pages with its one arena. A version-3 message whose size is not its count's
+// is one undecodable entry (all of it refused, nothing guessed). Pure function.
+ParsedRefs ParsePageRefs(std::span<const std::byte> message);
+
 // The entries of a kPageRef message, in order (each an encoded header and its reference, for
 // DecodePageRef / LandPageRef). An entry whose reference's magic or version is not known, or that
 // the message ends inside, is the message's last and holds the rest of it (it then fails to
@@ -186,6 +235,13 @@ class DevicePageLander {
   // InvalidArgument when `ref` names no GPU arena, the target is not device memory or the sizes
   // differ.
   virtual absl::Status Add(const PageRef& ref, const LandingTarget& target) = 0;
+  // Add for a page of `arena` at [offset, offset + length), without a PageRef (a version-3
+  // message names its arena once for all its pages; a lander may keep the last arena it mapped).
+  // Same contract as Add.
+  virtual absl::Status AddFromArena(const IpcRegionName& arena, uint64_t offset, uint64_t length,
+                                    const LandingTarget& target) {
+    return Add(PageRef{.device = arena, .offset = offset, .length = length}, target);
+  }
   // Lands every queued page and calls `landed(target, status, xxh3)` for each, in the order they
   // were added: status OK with the landed bytes' XXH3-64, or the copy's error (xxh3 then 0).
   virtual void Flush(
@@ -194,7 +250,8 @@ class DevicePageLander {
   virtual size_t pending() const = 0;
 };
 
-// Lands one entry of a kPageRef message (SplitPageRefs) for a receive transport: `on_header` (the
+// Lands the pages of a kPageRef message (each entry of SplitPageRefs, or a whole message of any
+// version: ParsePageRefs) for a receive transport, one page after another: `on_header` (the
 // sink's OnPageHeader, the page header and the referenced length) decides first. A page in a
 // shared-memory region is then copied out of it (mapped through `regions`) into the target,
 // FinishLanding runs, and `on_landed` gets the result: OK, or Unavailable "shm pull: ..." when the
@@ -210,6 +267,30 @@ size_t LandPageRef(PeerRegions& regions, std::span<const std::byte> message,
                                                                     size_t)>& on_header,
                    const std::function<void(uint64_t, uint32_t, absl::Status, uint64_t)>& on_landed,
                    DevicePageLander* lander = nullptr);
+
+// LandPageRef for every page of a kPageRef message (ParsePageRefs) at once, with the sink's calls
+// batched: `on_headers` gets every page's header and referenced length (0 for a reference that
+// does not decode) and fills `targets` (one per page, nullopt: refused), e.g. under one hold of
+// the sink's mutex; then the pages land as LandPageRef lands them (shared-memory copies and
+// FinishLanding on this thread, GPU pages queued on `lander`), and `on_landed` gets what landed
+// or failed here (not the lander's pages: its Flush reports them), once, when any did. Returns the
+// bytes copied or queued.
+struct PageHeaderAt {
+  std::span<const std::byte> header;
+  size_t length = 0;
+};
+struct LandedPage {
+  uint64_t ticket_id = 0;
+  uint32_t slot = 0;
+  absl::Status status;
+  uint64_t finished = 0;
+};
+size_t LandPageRefs(
+    PeerRegions& regions, std::span<const std::byte> message,
+    const std::function<void(std::span<const PageHeaderAt>,
+                             std::vector<std::optional<LandingTarget>>& targets)>& on_headers,
+    const std::function<void(std::vector<LandedPage>&)>& on_landed,
+    DevicePageLander* lander = nullptr);
 
 // The prefill side: its page region and its read-only mappings of decode workers' ack tables.
 class PullSender {

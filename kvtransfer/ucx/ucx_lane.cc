@@ -1,6 +1,7 @@
 #include "kvtransfer/ucx/ucx_lane.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -88,21 +89,35 @@ void UcxLane::PostQueued(int limit) {
   }
 }
 
+absl::Duration LaneLinger() {
+  static const absl::Duration linger = [] {
+    const char* text = std::getenv("PDSERVE_LANE_LINGER_US");
+    int64_t us = kDefaultLaneLingerUs;
+    if (text != nullptr && *text != '\0') us = std::strtoll(text, nullptr, 10);
+    return absl::Microseconds(std::max<int64_t>(0, us));
+  }();
+  return linger;
+}
+
 void UcxLane::Run() {
   // The sleep bound: how late a stop or an endpoint error is noticed while the lane is idle.
   constexpr int kIdleWaitMs = 2;
   // Queued sends posted per round before the worker is progressed again.
   constexpr int kPostBatch = 16;
+  const absl::Duration linger = LaneLinger();
+  absl::Time active_at = absl::InfinitePast();
   while (!stop_.load()) {
     int fd = -1;
     {
       absl::MutexLock lock(&mu_);
       sleeping_.store(false);
       // The owner's queued sends first, a bounded batch so its own lock requests get through.
-      if (queued_.load() > 0) PostQueued(kPostBatch);
-      worker_.Progress();
+      const bool posted = queued_.load() > 0;
+      if (posted) PostQueued(kPostBatch);
+      const bool progressed = worker_.Progress();
       if (after_progress_) after_progress_();
-      if (busy() > 0) {
+      if (linger > absl::ZeroDuration() && (posted || progressed)) active_at = absl::Now();
+      if (busy() > 0 || (linger > absl::ZeroDuration() && absl::Now() - active_at < linger)) {
         fd = -2;
       } else {
         absl::StatusOr<int> armed = worker_.Arm();

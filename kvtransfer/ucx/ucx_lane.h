@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kvtransfer/ucx/ucx.h"
 
 namespace pdserve::kv {
@@ -41,6 +42,15 @@ class LaneSend {
 // runs one lane and a 16-core GPU host four. `cores` 0 (unknown) gives 1.
 inline constexpr int kMaxTransferLanes = 16;
 int DefaultTransferLanes(unsigned cores);
+
+// How long a lane's thread keeps progressing its worker (yielding between rounds) after it last
+// posted or received something, before it arms the worker's event fd and sleeps: a wake-up by
+// the event fd can be missed on UCX 1.13's shared-memory transports (the thread then sleeps out
+// its 2 ms; measured: a commit or a page reference delivered 1-2 ms late, docs/perf.md), and a
+// transfer's messages come in bursts. PDSERVE_LANE_LINGER_US from the environment (read once),
+// else kDefaultLaneLingerUs; 0: sleep as soon as idle.
+inline constexpr int64_t kDefaultLaneLingerUs = 0;
+absl::Duration LaneLinger();
 
 class UcxLane {
  public:

@@ -223,30 +223,40 @@ ucs_status_t UcxReceiveTransport::OnPageRef(void* arg, const void* /*header*/,
   UcxReceiveTransport* self = handler->transport;
   // References are at most 4 KiB a message and always eager; a rendezvous one is not ours.
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_ERR_UNSUPPORTED;
-  for (std::span<const std::byte> entry :
-       shm::SplitPageRefs({static_cast<const std::byte*>(data), length})) {
-    handler->pages.fetch_add(1, std::memory_order_relaxed);
-    shm::LandPageRef(
-        self->regions_, entry,
-        [&](std::span<const std::byte> page_header, size_t page_length) {
-          std::optional<LandingTarget> target;
-          self->CallSink([&] { target = self->sink_->OnPageHeader(page_header, page_length); });
-          return target;
-        },
-        [&](uint64_t ticket_id, uint32_t slot, absl::Status status, uint64_t finished) {
-          self->CallSink(
-              [&] { self->sink_->OnPageLanded(ticket_id, slot, std::move(status), finished); });
-        },
-        handler->lander.get());
-  }
+  // The message's pages go to the sink in one call for their headers and one for those that
+  // landed here (shared-memory pages), not two per page: the lanes share the sink's mutex.
+  shm::LandPageRefs(
+      self->regions_, {static_cast<const std::byte*>(data), length},
+      [&](std::span<const shm::PageHeaderAt> headers,
+          std::vector<std::optional<LandingTarget>>& targets) {
+        handler->pages.fetch_add(headers.size(), std::memory_order_relaxed);
+        self->CallSink([&] {
+          for (size_t i = 0; i < headers.size(); ++i) {
+            targets[i] = self->sink_->OnPageHeader(headers[i].header, headers[i].length);
+          }
+        });
+      },
+      [&](std::vector<shm::LandedPage>& landed) { self->ReportLanded(landed); },
+      handler->lander.get());
   return UCS_OK;
+}
+
+void UcxReceiveTransport::ReportLanded(std::vector<shm::LandedPage>& landed) {
+  CallSink([&] {
+    for (shm::LandedPage& page : landed) {
+      sink_->OnPageLanded(page.ticket_id, page.slot, std::move(page.status), page.finished);
+    }
+  });
 }
 
 void UcxReceiveTransport::FlushLander(Handler& handler) {
   if (handler.lander == nullptr || handler.lander->pending() == 0) return;
+  std::vector<shm::LandedPage> landed;
+  landed.reserve(handler.lander->pending());
   handler.lander->Flush([&](const LandingTarget& target, absl::Status status, uint64_t xxh3) {
-    CallSink([&] { sink_->OnPageLanded(target.ticket_id, target.slot, std::move(status), xxh3); });
+    landed.push_back({target.ticket_id, target.slot, std::move(status), xxh3});
   });
+  ReportLanded(landed);
 }
 
 absl::Status UcxReceiveTransport::SetDeviceLanders(const DeviceLanderFactory& make) {

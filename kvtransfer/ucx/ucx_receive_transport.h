@@ -64,6 +64,8 @@ class UcxReceiveTransport final : public ReceiveTransport {
   // Lands the GPU pages `handler`'s lane queued (its lander's Flush) and reports each to the
   // sink. Runs with the lane's mutex held.
   void FlushLander(Handler& handler);
+  // Reports `landed` pages to the sink under one hold of its mutex.
+  void ReportLanded(std::vector<shm::LandedPage>& landed);
 
   static ucs_status_t OnPage(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param);

@@ -227,6 +227,21 @@ absl::Status DeviceStatePages::StoreLayer(int64_t slot, int64_t layer, int64_t p
   return Launch(copies, pages, checksums, stream != nullptr ? stream : model_->cuda_stream());
 }
 
+absl::Status DeviceStatePages::StoreLayers(int64_t slot, int64_t position,
+                                           const DeviceSequencePages& pages,
+                                           const DevicePageChecksums& checksums, void* stream) {
+  std::vector<Copy> copies;
+  for (size_t l = 0; l < geometry_.layers.size(); ++l) {
+    const auto layer = static_cast<int64_t>(l);
+    PDSERVE_ASSIGN_OR_RETURN(const engine::gpu::DeviceLayerBlocks blocks,
+                             model_->SlotLayerBlocks(slot, layer, position));
+    PDSERVE_ASSIGN_OR_RETURN(const std::vector<PagedState::PageRun> runs,
+                             paged_.PlanPageRuns(layer, geometry_.layers[l], position));
+    PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/true, &copies));
+  }
+  return Launch(copies, pages, checksums, stream != nullptr ? stream : model_->cuda_stream());
+}
+
 absl::Status DeviceStatePages::LoadLayer(int64_t slot, int64_t layer,
                                          const DeviceSequencePages& pages,
                                          const DevicePageChecksums& checksums) {
@@ -253,6 +268,44 @@ absl::Status DeviceStatePages::ImportSlot(int64_t slot, int64_t position,
   absl::Status status;
   for (size_t l = 0; l < geometry_.layers.size() && status.ok(); ++l) {
     status = LoadLayer(slot, static_cast<int64_t>(l), pages);
+  }
+  if (status.ok()) status = model_->FinishStagedImport(slot);
+  if (!status.ok()) model_->CancelStagedImport(slot).IgnoreError();
+  return status;
+}
+
+absl::Status DeviceStatePages::ImportSlotBatched(int64_t slot, int64_t position,
+                                                 const DeviceSequencePages& pages) {
+  PDSERVE_RETURN_IF_ERROR(model_->BeginStagedImport(slot, position));
+  const size_t layers = geometry_.layers.size();
+  std::vector<Copy> fills;
+  std::vector<Copy> copies;
+  absl::Status status;
+  for (size_t l = 0; l < layers && status.ok(); ++l) {
+    status = model_->EnqueueStagedLayerOnDeviceFills(
+        slot, static_cast<int64_t>(l),
+        [&](const engine::gpu::DeviceLayerBlocks& blocks, int64_t at,
+            const std::vector<engine::gpu::GpuModel::DeviceFill>& layer_fills,
+            void* stream) -> absl::Status {
+          PDSERVE_ASSIGN_OR_RETURN(
+              const std::vector<PagedState::PageRun> runs,
+              paged_.PlanPageRuns(static_cast<int64_t>(l), geometry_.layers[l], at));
+          PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/false, &copies));
+          for (const engine::gpu::GpuModel::DeviceFill& f : layer_fills)
+            fills.push_back({nullptr, f.to, f.bytes});
+          if (l + 1 < layers) return absl::OkStatus();
+          // The last layer: every layer's fills, then every layer's copies over them.
+          int64_t most = 0;
+          for (const Copy& f : fills) most = std::max(most, f.bytes);
+          if (static_cast<int64_t>(ones_.size()) < most) {
+            PDSERVE_RETURN_IF_ERROR(ones_.Allocate(static_cast<size_t>(most)));
+            PDSERVE_CUDA_RETURN(cudaMemsetAsync(ones_.get(), 0xFF, static_cast<size_t>(most),
+                                                static_cast<cudaStream_t>(stream)));
+          }
+          for (Copy& f : fills) f.from = ones_.get();
+          PDSERVE_RETURN_IF_ERROR(Launch(fills, pages, {}, stream));
+          return Launch(copies, pages, {}, stream);
+        });
   }
   if (status.ok()) status = model_->FinishStagedImport(slot);
   if (!status.ok()) model_->CancelStagedImport(slot).IgnoreError();

@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "runtime/paged_state.h"
 #include "serving/state_layout.h"
@@ -95,6 +96,13 @@ class DeviceStatePages {
                           const DeviceSequencePages& pages,
                           const DevicePageChecksums& checksums = {}, void* stream = nullptr);
 
+  // StoreLayer of every layer in one descriptor upload, one copy_pages and one xxh3_64_pages
+  // launch (instead of one each a layer: docs/perf.md, "Device-to-device pages through the
+  // protocol classes"); `checksums` may name pages of any layers, in any order. Same bytes and
+  // checksums as StoreLayer of each layer; same errors (nothing enqueued on one).
+  absl::Status StoreLayers(int64_t slot, int64_t position, const DeviceSequencePages& pages,
+                           const DevicePageChecksums& checksums = {}, void* stream = nullptr);
+
   // D's side: layer `layer` of the staged import in progress on slot `slot` (at the position
   // BeginStagedImport gave) from `pages`, through GpuModel::EnqueueStagedLayerOnDevice: on the
   // model's import stream, the layer's unread rows set to NaN, then one copy_pages launch of
@@ -113,6 +121,11 @@ class DeviceStatePages {
   // is ordered after them). On an error the import is cancelled (the slot reset) and the first
   // error returned.
   absl::Status ImportSlot(int64_t slot, int64_t position, const DeviceSequencePages& pages);
+  // ImportSlot with every layer's fills of the unread rows in one copy_pages launch (from a
+  // buffer of all-ones bytes) and every layer's copies in one more, made in the last layer's
+  // GpuModel::EnqueueStagedLayerOnDeviceFills call (ImportSlot enqueues seven fills and a
+  // descriptor upload and a copy a layer). The same slot, bit for bit; the same errors.
+  absl::Status ImportSlotBatched(int64_t slot, int64_t position, const DeviceSequencePages& pages);
 
   // Page bytes the runs of the last StoreLayer / LoadLayer copied (the state bytes of that layer
   // at its position, page tails and unused rows not counted).
@@ -142,6 +155,8 @@ class DeviceStatePages {
   PagedState paged_;
   engine::RingGeometry geometry_;
   std::vector<std::unique_ptr<Batch>> batches_;  // descriptor buffers, used in turn
+  // All-ones bytes: the source of ImportSlotBatched's fills (grown as needed).
+  engine::gpu::DeviceArray<std::byte> ones_;
   size_t next_batch_ = 0;
   int64_t last_copied_bytes_ = 0;
 };

@@ -106,11 +106,11 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  // P's side: DeviceStatePages::StoreLayer of every layer of slot 0 at `p` into the device
-  // pages equals, page by page, the host pages HostStore wrote, and each GPU checksum is
-  // kv::PayloadChecksum of the host page.
+  // P's side: DeviceStatePages::StoreLayer of every layer of slot 0 at `p` (or, `all_layers`,
+  // one StoreLayers) into the device pages equals, page by page, the host pages HostStore wrote,
+  // and each GPU checksum is kv::PayloadChecksum of the host page.
   void ExpectDevicePagesEqualHostPages(GpuModel& gpu, DeviceStatePages& device,
-                                       const TwinPages& pages, int64_t p) {
+                                       const TwinPages& pages, int64_t p, bool all_layers) {
     const serving::StateLayout& layout = device.layout();
     const int64_t layers = model_.config.num_hidden_layers;
     std::vector<std::vector<PagedState::PageId>> ids;
@@ -123,7 +123,13 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
     }
     uint64_t* gpu_checksums = nullptr;
     ASSERT_EQ(cudaMalloc(&gpu_checksums, checksums * sizeof(uint64_t)), cudaSuccess);
-    for (int64_t l = 0; l < layers; ++l) {
+    if (all_layers) {
+      std::vector<PagedState::PageId> every;
+      for (const auto& layer : ids) every.insert(every.end(), layer.begin(), layer.end());
+      const absl::Status stored = device.StoreLayers(0, p, pages.device, {every, gpu_checksums});
+      ASSERT_TRUE(stored.ok()) << stored;
+    }
+    for (int64_t l = 0; l < layers && !all_layers; ++l) {
       const auto i = static_cast<size_t>(l);
       const absl::Status stored =
           device.StoreLayer(0, l, p, pages.device, {ids[i], gpu_checksums + first_checksum[i]});
@@ -153,10 +159,10 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
   }
 
   // D's side: the host path's import of `pages.host` into slot 1 and DeviceStatePages::ImportSlot
-  // of `pages.device` into slot 2 (both held other requests first) give the same exported state
-  // and the same next decode step's logits, bit for bit.
+  // (`batched`: ImportSlotBatched) of `pages.device` into slot 2 (both held other requests
+  // first) give the same exported state and the same next decode step's logits, bit for bit.
   void ExpectImportsEqual(GpuModel& gpu, StateStaging& staging, DeviceStatePages& device,
-                          const TwinPages& pages, int64_t p, int32_t next) {
+                          const TwinPages& pages, int64_t p, int32_t next, bool batched) {
     const PagedState& paged = device.paged();
     PrefillSlot(model_, gpu, 1, 7);
     ASSERT_TRUE(gpu.ImportLayers(1, p, &staging,
@@ -166,7 +172,8 @@ class GpuDevicePagesTest : public ::testing::TestWithParam<std::string> {
                                  })
                     .ok());
     PrefillSlot(model_, gpu, 2, 11);
-    const absl::Status imported = device.ImportSlot(2, p, pages.device);
+    const absl::Status imported = batched ? device.ImportSlotBatched(2, p, pages.device)
+                                          : device.ImportSlot(2, p, pages.device);
     ASSERT_TRUE(imported.ok()) << imported;
     EXPECT_EQ(gpu.Position(2), p);
     auto want_state = gpu.ExportState(1);
@@ -213,11 +220,14 @@ TEST_P(GpuDevicePagesTest, DevicePagesEqualTheHostPathBothWays) {
     for (size_t v = 0; v < layouts.size(); ++v) {
       SCOPED_TRACE(layouts[v].dims().entries_per_page);
       DeviceStatePages* const device = devices[v].get();
-      TwinPages pages;
-      pages.Allocate(layouts[v], total);
-      HostStore(*gpu, **staging, device->paged(), 0, pages);
-      ExpectDevicePagesEqualHostPages(*gpu, *device, pages, p);
-      ExpectImportsEqual(*gpu, **staging, *device, pages, p, next);
+      for (bool all_layers : {false, true}) {
+        SCOPED_TRACE(all_layers ? "StoreLayers, ImportSlotBatched" : "StoreLayer, ImportSlot");
+        TwinPages pages;
+        pages.Allocate(layouts[v], total);
+        HostStore(*gpu, **staging, device->paged(), 0, pages);
+        ExpectDevicePagesEqualHostPages(*gpu, *device, pages, p, all_layers);
+        ExpectImportsEqual(*gpu, **staging, *device, pages, p, next, all_layers);
+      }
     }
   }
 }

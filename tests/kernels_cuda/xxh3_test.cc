@@ -1,4 +1,5 @@
-// kernels/cuda/xxh3 (XXH3-64 of a batch of device pages) against libxxhash's XXH3_64bits, on
+// kernels/cuda/xxh3 (XXH3-64 of a batch of device pages, and copy_pages_xxh3: copy, then the
+// hash of the landed bytes) against libxxhash's XXH3_64bits, on
 // fresh random bytes each run (seed printed; PDSERVE_TEST_SEED replays). Where xxhash.h is
 // absent (the device machine) the reference is kernels/cuda/xxh3_scalar.cuh on the host, which
 // Xxh3ScalarTest compares with libxxhash wherever xxhash.h is present (no GPU needed).
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -184,6 +186,65 @@ TEST(CudaXxh3Test, FlippedBitChangesOnlyItsPage) {
   EXPECT_NE(after[2], before[2]) << "byte " << at - b.offset[2];
   EXPECT_EQ(after[3], before[3]);
   ExpectReferenceHashes(b, after);
+}
+
+// copy_pages_xxh3: every page of every length class (and state-page-like random lengths) lands
+// byte for byte at a destination misaligned independently of its source, its hash is the
+// reference hash of those bytes, and nothing outside the destinations is written (guard bands
+// and the gaps between pages keep their fill). Kernel first, then the reference.
+void CheckFusedCopy(const std::vector<uint64_t>& lengths, std::mt19937_64& rng) {
+  const Batch b = MakeBatch(lengths, rng);
+  std::vector<uint64_t> dst_at;
+  uint64_t dst_bytes = 0;
+  for (uint64_t n : b.length) {
+    dst_bytes += rng() % 16;
+    dst_at.push_back(dst_bytes);
+    dst_bytes += n;
+  }
+  std::vector<uint8_t> want(dst_bytes + 16, 0xEE);
+  GuardedBuffer<uint8_t> src(b.bytes.size());
+  GuardedBuffer<uint8_t> dst(want.size());
+  GuardedBuffer<PageCopy> copies(b.length.size());
+  GuardedBuffer<uint64_t> hashes(b.length.size());
+  ASSERT_TRUE(src.ok() && dst.ok() && copies.ok() && hashes.ok());
+  src.Upload(b.bytes);
+  dst.Upload(want);
+  std::vector<PageCopy> host_copies;
+  for (size_t i = 0; i < b.length.size(); ++i) {
+    host_copies.push_back({src.get() + b.offset[i], dst.get() + dst_at[i], b.length[i]});
+  }
+  copies.Upload(host_copies);
+  PDSERVE_CUDA_OK(copy_pages_xxh3(copies.get(), static_cast<int64_t>(host_copies.size()),
+                                  hashes.get(), nullptr));
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> got = dst.Download();
+  const std::vector<uint64_t> got_hashes = hashes.Download();
+  EXPECT_TRUE(dst.GuardsIntact() && hashes.GuardsIntact() && src.GuardsIntact());
+  for (size_t i = 0; i < b.length.size(); ++i) {
+    std::memcpy(want.data() + dst_at[i], b.bytes.data() + b.offset[i], b.length[i]);
+  }
+  ASSERT_EQ(got, want) << "a destination differs, or a byte outside them was written";
+  ExpectReferenceHashes(b, got_hashes);
+}
+
+TEST(CudaCopyXxh3Test, EveryLengthClassLandsAndHashesTheLandedBytes) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng = FreshRng();
+  CheckFusedCopy(ClassLengths(), rng);
+}
+
+TEST(CudaCopyXxh3Test, StatePageBatches) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng = FreshRng();
+  std::vector<uint64_t> lengths;
+  for (int i = 0; i < 500; ++i) lengths.push_back(rng() % 2 == 0 ? 43008 : rng() % (96 << 10));
+  CheckFusedCopy(lengths, rng);
+}
+
+TEST(CudaCopyXxh3Test, RefusesBadArguments) {
+  EXPECT_EQ(copy_pages_xxh3(nullptr, -1, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(copy_pages_xxh3(nullptr, 3, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(copy_pages_xxh3(nullptr, 0, nullptr, nullptr), cudaSuccess);
 }
 
 }  // namespace

@@ -213,6 +213,51 @@ TEST_F(DevicePagesTest, AReferenceOutsideTheArenaFailsTheTransferAndIsNotSentAga
   EXPECT_FALSE(MatchesPattern(pool_[1], 9, 1));
 }
 
+// The A/B switch: a sender writing one version-2 reference a page (what a decode worker built
+// before version 3 reads) lands and verifies the same.
+TEST_F(DevicePagesTest, VersionTwoReferencesStillLandAndVerify) {
+  sender_ = std::make_unique<TransferSender>(
+      *send_end_, clock_, SenderOptions{.shm_pull = pull_.get(), .device_ref_version = 2});
+  const Ticket ticket = ExpectDevice(1, 4);
+  auto transfer = Send(ticket, Arena(ticket, 43));
+  ASSERT_NE(transfer, nullptr);
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  ASSERT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  for (uint32_t slot = 0; slot < 4; ++slot) {
+    EXPECT_TRUE(MatchesPattern(pool_[slot], 43, slot)) << "slot " << slot;
+  }
+  ASSERT_FALSE(flushes_.empty());
+  EXPECT_EQ(flushes_.front(), 4u);
+}
+
+// One hostile entry of a version-3 batch (a range past the arena) fails only its own landing:
+// the batch's other pages land and are acknowledged, that slot stays empty with a "failed" word.
+TEST_F(DevicePagesTest, AHostileEntryOfABatchFailsOnlyItsSlot) {
+  const Ticket ticket = ExpectDevice(1, 4);
+  const DevicePages pages = Arena(ticket, 12);
+  std::vector<shm::DeviceRefEntry> entries(4);
+  for (uint32_t slot = 0; slot < 4; ++slot) {
+    entries[slot].header = EncodePageHeader(
+        HeaderFor(ticket, slot, pages.pages[slot].xxh3, ticket.pages[slot].element));
+    entries[slot].offset = pages.pages[slot].offset;
+    entries[slot].length = kPageBytes;
+  }
+  entries[2].offset = arena_.size() - 8;
+  std::vector<std::byte> message;
+  shm::AppendDeviceRefBatch(arena_name_, entries, message);
+  SendRaw(WireKind::kPageRef, {}, std::move(message));
+  receiver_->Progress();
+  for (uint32_t slot = 0; slot < 4; ++slot) {
+    EXPECT_EQ(acks_->Read(ticket.shm_pull->ack_index + slot),
+              AckWord(ticket.ticket_id, slot == 2 ? AckState::kFailed : AckState::kLanded))
+        << "slot " << slot;
+    EXPECT_EQ(MatchesPattern(pool_[slot], 12, slot), slot != 2) << "slot " << slot;
+  }
+  EXPECT_EQ(receiver_->stats().pages_landed, 3u);
+  ASSERT_FALSE(flushes_.empty());
+  EXPECT_EQ(flushes_.front(), 3u);  // The three good pages in one batch.
+}
+
 TEST_F(DevicePagesTest, GpuPagesTakeNoHostPageAndHostPagesNoArenaPage) {
   const Ticket device = ExpectDevice(1, 2);
   // A sender with host pages is refused before it sends anything.
@@ -397,6 +442,92 @@ TEST(DevicePageRefTest, RoundTripsAndRefusesMalformedMessages) {
   std::vector<std::byte> long_boot = message;
   std::memset(long_boot.data() + 64 + 120, 'b', 40);
   EXPECT_FALSE(shm::DecodePageRef(long_boot).ok());
+}
+
+// Version 3: the arena once, then per page its header, offset and length.
+std::vector<std::byte> Batch(size_t count, shm::IpcRegionName* arena_out = nullptr) {
+  shm::IpcRegionName arena{.allocation_offset = 256,
+                           .bytes = 1 << 30,
+                           .pci_bus_id = "0000:19:00.0",
+                           .boot_id = "4b1c7a9e-0d2f-4c39-9a51-8f0e2b6d7c13"};
+  arena.memory[1] = std::byte{0x5c};
+  std::vector<shm::DeviceRefEntry> entries(count);
+  for (size_t i = 0; i < count; ++i) {
+    entries[i].header = EncodePageHeader(
+        {.request_id = 1, .ticket_id = 2, .slot = static_cast<uint32_t>(i), .payload_xxh3 = i});
+    entries[i].offset = 65536 * i;
+    entries[i].length = 40000 + i;
+  }
+  std::vector<std::byte> message;
+  shm::AppendDeviceRefBatch(arena, entries, message);
+  if (arena_out != nullptr) *arena_out = arena;
+  return message;
+}
+
+TEST(DeviceRefBatchTest, ABatchNamesItsArenaOnceAndRoundTrips) {
+  shm::IpcRegionName arena;
+  const std::vector<std::byte> message = Batch(shm::kMaxDeviceRefsPerBatch, &arena);
+  EXPECT_EQ(message.size(), shm::kDeviceRefBatchFirstBytes +
+                                (shm::kMaxDeviceRefsPerBatch - 1) * shm::kDeviceRefBatchEntryBytes);
+  EXPECT_LE(message.size(), 8000u);  // One eager fragment of UCX's shm and tcp transports.
+  const shm::ParsedRefs parsed = shm::ParsePageRefs(message);
+  ASSERT_EQ(parsed.pages.size(), shm::kMaxDeviceRefsPerBatch);
+  ASSERT_EQ(parsed.arenas.size(), 1u);
+  EXPECT_EQ(parsed.arenas.front(), arena);
+  for (size_t i = 0; i < parsed.pages.size(); ++i) {
+    const shm::ParsedRef& page = parsed.pages[i];
+    ASSERT_TRUE(page.error.ok()) << page.error;
+    EXPECT_EQ(page.arena, &parsed.arenas.front());
+    EXPECT_EQ(page.offset, 65536 * i);
+    EXPECT_EQ(page.length, 40000 + i);
+    auto header = DecodePageHeader(page.header);
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->slot, i);
+  }
+}
+
+TEST(DeviceRefBatchTest, CutOrMalformedBatchesAreOneRefusedEntry) {
+  const std::vector<std::byte> message = Batch(3);
+  std::vector<std::vector<std::byte>> bad;
+  bad.emplace_back(message.begin(), message.end() - 1);   // cut in the last entry
+  bad.emplace_back(message.begin(), message.end() - 80);  // count says 3, 2 there
+  bad.push_back(message);
+  bad.back().push_back(std::byte{0});  // one byte past its end
+  bad.emplace_back(message.begin(), message.begin() + shm::kDeviceRefBatchFirstBytes - 1);
+  for (uint64_t count : {uint64_t{0}, uint64_t{4}, uint64_t{shm::kMaxDeviceRefsPerBatch + 1}}) {
+    bad.push_back(message);
+    StoreLe(bad.back(), kPageHeaderBytes + 6, count, 2);
+  }
+  bad.push_back(message);
+  std::memset(bad.back().data() + kPageHeaderBytes + 88, 'a', 32);  // bus id without its NUL
+  for (size_t i = 0; i < bad.size(); ++i) {
+    const shm::ParsedRefs parsed = shm::ParsePageRefs(bad[i]);
+    ASSERT_EQ(parsed.pages.size(), 1u) << "case " << i;
+    EXPECT_FALSE(parsed.pages[0].error.ok()) << "case " << i;
+    EXPECT_EQ(parsed.pages[0].header.data(), bad[i].data()) << "case " << i;
+  }
+}
+
+// A decode worker built before version 3 splits references with SplitPageRefs and decodes each
+// with DecodePageRef: a version-3 batch is one entry for it that does not decode, so it checks
+// the first page's header with length 0 (a header error: that ticket fails, loudly) and lands
+// nothing.
+TEST(DeviceRefBatchTest, AReceiverBeforeVersionThreeRefusesABatchWhole) {
+  const std::vector<std::byte> message = Batch(5);
+  const std::vector<std::span<const std::byte>> entries = shm::SplitPageRefs(message);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].size(), message.size());
+  EXPECT_FALSE(shm::DecodePageRef(entries[0]).ok());
+  // And a version-1 reference followed by a batch in one message: both parse.
+  const auto header = EncodePageHeader({.request_id = 1, .ticket_id = 2, .slot = 9});
+  std::vector<std::byte> mixed =
+      shm::EncodePageRefMessage(header, {.region = {.pid = 3}, .offset = 64, .length = 128});
+  mixed.insert(mixed.end(), message.begin(), message.end());
+  const shm::ParsedRefs parsed = shm::ParsePageRefs(mixed);
+  ASSERT_EQ(parsed.pages.size(), 6u);
+  EXPECT_EQ(parsed.pages[0].arena, nullptr);
+  EXPECT_EQ(parsed.pages[0].region.pid, 3u);
+  for (const shm::ParsedRef& page : parsed.pages) EXPECT_TRUE(page.error.ok()) << page.error;
 }
 
 TEST(DevicePageTicketTest, TheOffersDeviceRoundTripsThroughTheCompactFormAndProto) {

@@ -152,6 +152,18 @@ int LanderPeerMain(const char* handle_hex, const char* layout) {
     if (want != got) return 31;
     if (hashes[i] != XXH3_64bits(want.data(), want.size())) return 32;
   }
+  // A second batch through AddFromArena, in reverse order (the lander's arrays and kept arena
+  // reused): the same hashes, each reported for its own slot.
+  for (uint64_t i = pages; i-- > 0;) {
+    const LandingTarget target{
+        {own.get() + i * stride, lengths[i]}, 1, static_cast<uint32_t>(i), {}, true};
+    if (!(*lander)->AddFromArena(name, i * stride, lengths[i], target).ok()) return 37;
+  }
+  bool same = true;
+  (*lander)->Flush([&](const LandingTarget& target, absl::Status status, uint64_t xxh3) {
+    same = same && status.ok() && xxh3 == hashes[target.slot];
+  });
+  if (!same || (*lander)->flushes() != 2) return 38;
   // Refusals at Add, nothing queued: a range past the arena's end, an arena nobody exported.
   const LandingTarget one{{own.get(), 64}, 1, 0, {}, true};
   const absl::Status outside =
@@ -238,7 +250,12 @@ TEST(IpcPageArenaTest, APeerProcessReadsAndWritesTheArena) {
   EXPECT_EQ(RunPeer((*arena)->handle(), offset, length, checksum ^ 1), 16);
 }
 
-TEST(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
+// Each lander mode (PDSERVE_CUDA_LANDER: descriptors and hashes copied on the stream, read and
+// written by the kernels in pinned host memory, or that with the copy and hash in one kernel)
+// lands every byte and hash.
+class CudaPageLanderTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
   constexpr uint64_t kPagesInBatch = 37, kStride = 48 * 1024;
   absl::StatusOr<std::unique_ptr<IpcPageArena>> arena =
@@ -253,6 +270,7 @@ TEST(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
   if (pid == 0) {
     setenv("PDSERVE_IPC_LANDER_PEER", HandleHex((*arena)->handle()).c_str(), 1);
     setenv("PDSERVE_IPC_PEER_RANGE", absl::StrCat(kPagesInBatch, ",", kStride).c_str(), 1);
+    setenv("PDSERVE_CUDA_LANDER", GetParam(), 1);
     execl("/proc/self/exe", "ipc_page_lander_peer", static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -262,7 +280,16 @@ TEST(CudaPageLanderTest, APeerLandsABatchOfArenaPagesWithTheirChecksums) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-TEST(CudaPageLanderTest, HandleAndNameRoundTrip) {
+INSTANTIATE_TEST_SUITE_P(Modes, CudaPageLanderTest, ::testing::Values("staged", "mapped", "fused"));
+
+TEST(CudaPageLanderModeTest, ModesParseAndAnUnknownOneIsRefused) {
+  EXPECT_EQ(*ParseLanderMode("staged"), LanderMode::kStaged);
+  EXPECT_EQ(*ParseLanderMode("mapped"), LanderMode::kMapped);
+  EXPECT_EQ(*ParseLanderMode("fused"), LanderMode::kFused);
+  EXPECT_EQ(ParseLanderMode("fast").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaPageLanderNameTest, HandleAndNameRoundTrip) {
   IpcArenaHandle h;
   std::memset(&h.memory, 0x3c, sizeof(h.memory));
   h.bytes = 12345;

@@ -1,7 +1,8 @@
-// libFuzzer target for the transfer protocol's parsers of untrusted bytes: page header, ticket and
-// control messages. Whatever decodes must re-encode to the same bytes (the formats have no slack),
-// and nothing may crash. Without libFuzzer (GCC), main() sweeps every single-byte change and every
-// truncation of valid encodings instead, so the ctest still exercises the parsers.
+// libFuzzer target for the transfer protocol's parsers of untrusted bytes: page header, ticket,
+// page references (every version of a kPageRef message) and control messages. Whatever decodes must
+// re-encode to the same bytes (the formats have no slack), and nothing may crash. Without libFuzzer
+// (GCC), main() sweeps every single-byte change and every truncation of valid encodings instead, so
+// the ctest still exercises the parsers.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +41,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         shm::EncodePageRefMessage(bytes.first(kPageHeaderBytes), *ref);
     Check(again.size() == size && std::memcmp(again.data(), data, size) == 0,
           "page reference does not round-trip");
+  }
+  // Every kPageRef message (any version) parses into pages whose headers lie inside it; a whole
+  // version-3 batch re-encodes to the same bytes.
+  const shm::ParsedRefs parsed = shm::ParsePageRefs(bytes);
+  Check(parsed.pages.empty() == (size == 0), "a message without pages");
+  bool one_batch = parsed.arenas.size() == 1 && size >= shm::kDeviceRefBatchFirstBytes &&
+                   LoadLe(bytes, kPageHeaderBytes + 4, 2) == shm::kDeviceRefBatchVersion;
+  std::vector<shm::DeviceRefEntry> entries;
+  for (const shm::ParsedRef& page : parsed.pages) {
+    Check(page.header.data() >= bytes.data() &&
+              page.header.data() + page.header.size() <= bytes.data() + size,
+          "a page header outside the message");
+    one_batch = one_batch && page.error.ok() && page.arena == &parsed.arenas.front() &&
+                page.header.size() == kPageHeaderBytes;
+    if (!one_batch) continue;
+    shm::DeviceRefEntry& entry = entries.emplace_back();
+    std::memcpy(entry.header.data(), page.header.data(), kPageHeaderBytes);
+    entry.offset = page.offset;
+    entry.length = page.length;
+  }
+  if (one_batch) {
+    std::vector<std::byte> again;
+    shm::AppendDeviceRefBatch(parsed.arenas.front(), entries, again);
+    Check(again.size() == size && std::memcmp(again.data(), data, size) == 0,
+          "version-3 batch does not round-trip");
   }
   if (auto control = DecodeControl(bytes); control.ok()) {
     const std::vector<std::byte> again = EncodeControl(*control);
@@ -87,6 +113,21 @@ int main() {
                                                                       .boot_id = "boot"},
                                          .offset = 64,
                                          .length = 128}));
+  // A version-3 batch of three pages, and one after a version-1 reference in one message.
+  const shm::IpcRegionName arena{
+      .allocation_offset = 512, .bytes = 1 << 20, .pci_bus_id = "0000:19:00.0", .boot_id = "b"};
+  std::vector<shm::DeviceRefEntry> batch(3);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].header = header;
+    batch[i].offset = 4096 * i;
+    batch[i].length = 4000 + i;
+  }
+  std::vector<std::byte> compact;
+  shm::AppendDeviceRefBatch(arena, batch, compact);
+  seeds.push_back(compact);
+  std::vector<std::byte> mixed = seeds[3];
+  mixed.insert(mixed.end(), compact.begin(), compact.end());
+  seeds.push_back(std::move(mixed));
   seeds.push_back(EncodeControl(
       {.kind = WireKind::kCommit, .ticket_id = 1, .pages_sent = 2, .layer_digests = {3, 4}}));
   size_t runs = 0;
