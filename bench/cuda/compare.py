@@ -341,12 +341,20 @@ def w8a16_main(bench):
 
 def moe_prefill_main(bench):
     """The routed experts' grouped GEMM at prefill sizes (`bench moe_prefill`): the mma.sync and
-    warpgroup-MMA paths, FP8 and W8A16, against bf16 torch._grouped_mm on the same GPU."""
-    run = subprocess.run([bench, "moe_prefill"], check=True, capture_output=True, text=True)
-    for line in run.stderr.splitlines():
+    warpgroup-MMA paths, FP8 and W8A16, against bf16 torch._grouped_mm on the same GPU. `bench`:
+    the gemm_bench binary, or a file of its CSV output (rows so far, when it was cut short; its
+    stderr in the file + ".err")."""
+    if bench.endswith(".csv"):
+        with open(bench) as f:
+            stdout = f.read()
+        stderr = open(bench + ".err").read() if os.path.exists(bench + ".err") else ""
+    else:
+        run = subprocess.run([bench, "moe_prefill"], check=True, capture_output=True, text=True)
+        stdout, stderr = run.stdout, run.stderr
+    for line in stderr.splitlines():
         if line.startswith("check "):
             print(line, flush=True)
-    rows = [line.split(",") for line in run.stdout.strip().splitlines()]
+    rows = [line.split(",") for line in stdout.strip().splitlines() if line.count(",") == 5]
     table = {(r[0], r[1], int(r[2])): (float(r[3]), float(r[5])) for r in rows
              if r[0] not in ("copy", "read")}
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; CUDA graphs of 8 "
@@ -394,7 +402,8 @@ def main():
     parser.add_argument("--gemm-part", default="", help="with --gemm-bench: dense or moe only")
     parser.add_argument("--w8a16-bench", help="gemm_bench binary: the W8A16 comparison only")
     parser.add_argument("--moe-prefill-bench",
-                        help="gemm_bench binary: the grouped experts' paths at prefill sizes")
+                        help="gemm_bench binary (or a .csv of its moe_prefill output): the grouped experts' "
+        "paths at prefill sizes")
     args = parser.parse_args()
     if args.gemm_bench:
         gemm_main(args.gemm_bench, args.gemm_part)

@@ -243,15 +243,16 @@ void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, fl
 // "moe_prefill": FP8 and W8A16 experts at kPrefillTokens through both grouped paths on the same
 // routings: moe_fp8 / moe_w8a16 (moe_grouped_gemm_mma), moe_fp8_wgmma / moe_w8a16_wgmma
 // (moe_grouped_gemm_wgmma, default config) and, per PDSERVE_MOE_WGMMA_VARIANTS="tile,stages;..."
-// (default "64,4;128,4;128,6"), moe_fp8_wg<tile>.<stages> / moe_w8a16_wg<tile>.<stages>. At the
-// first size, stderr gets "check" lines: the wgmma output against the mma one over every pick
-// row (max |difference| / max |mma value|, and NaN counts). PDSERVE_MOE_PREFILL_MMA_ONLY set: the
-// mma rows only.
+// (default "64,0;128,0": the tile the default does not take), moe_fp8_wg<tile>.<stages> /
+// moe_w8a16_wg<tile>.<stages>. At the first size, stderr gets "check" lines: the wgmma output
+// of each tile against the mma one over every pick row (max |difference| / max |mma value|, and
+// NaN counts). PDSERVE_MOE_PREFILL_MMA_ONLY set: the mma rows only.
 const std::vector<int64_t> kPrefillTokens = {512, 2048, 4096, 8192};
+constexpr int kPrefillReps = 7;  // graph replays (each milliseconds long at these sizes)
 
 std::vector<MoeWgmmaConfig> MoeVariants() {
   const char* env = std::getenv("PDSERVE_MOE_WGMMA_VARIANTS");
-  const std::string text = env != nullptr ? env : "64,4;128,4;128,6";
+  const std::string text = env != nullptr ? env : "64,0;128,0";
   std::vector<MoeWgmmaConfig> v;
   size_t at = 0;
   while (at < text.size()) {
@@ -337,22 +338,34 @@ void MoePrefillRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* 
         const bool wgmma_rows = std::getenv("PDSERVE_MOE_PREFILL_MMA_ONLY") == nullptr;
         if (wgmma_rows && m == kPrefillTokens.front()) {
           mma(0, out);
-          wgmma(0, out2, config);
-          BENCH_CHECK(cudaStreamSynchronize(stream));
-          CheckPaths(prefix.c_str(), s.name, out, out2, m * kTopK, s.n);
+          for (int tile : {64, 128}) {
+            wgmma(0, out2, MoeWgmmaConfig{tile, 0});
+            BENCH_CHECK(cudaStreamSynchronize(stream));
+            CheckPaths((prefix + " tile " + std::to_string(tile)).c_str(), s.name, out, out2,
+                       m * kTopK, s.n);
+          }
         }
         PrintRow(prefix.c_str(), s.name, m,
-                 GraphMicros([&](int l) { mma(l, out); }, kMoeLayers, 20, stream), bytes, flops);
-        if (!wgmma_rows) continue;
-        PrintRow((prefix + "_wgmma").c_str(), s.name, m,
-                 GraphMicros([&](int l) { wgmma(l, out, config); }, kMoeLayers, 20, stream), bytes,
+                 GraphMicros([&](int l) { mma(l, out); }, kMoeLayers, kPrefillReps, stream), bytes,
                  flops);
+        if (!wgmma_rows) continue;
+        PrintRow(
+            (prefix + "_wgmma").c_str(), s.name, m,
+            GraphMicros([&](int l) { wgmma(l, out, config); }, kMoeLayers, kPrefillReps, stream),
+            bytes, flops);
+        // (The default config's tile by moe_grouped_gemm_wgmma's rule: a variant equal to it
+        // is not timed twice.)
+        const int default_tile = m * kTopK > 64 * std::min<int64_t>(kExperts, m * kTopK) ? 128 : 64;
         for (const MoeWgmmaConfig& v : MoeVariants()) {
+          if (config.token_tile == 0 && config.stages == 0 && v.token_tile == default_tile &&
+              v.stages == 0) {
+            continue;
+          }
           const std::string name =
               prefix + "_wg" + std::to_string(v.token_tile) + "." + std::to_string(v.stages);
           PrintRow(name.c_str(), s.name, m,
-                   GraphMicros([&](int l) { wgmma(l, out, v); }, kMoeLayers, 20, stream), bytes,
-                   flops);
+                   GraphMicros([&](int l) { wgmma(l, out, v); }, kMoeLayers, kPrefillReps, stream),
+                   bytes, flops);
         }
       }
     }
