@@ -242,23 +242,27 @@ void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, fl
 
 // "moe_prefill": FP8 and W8A16 experts at kPrefillTokens through both grouped paths on the same
 // routings: moe_fp8 / moe_w8a16 (moe_grouped_gemm_mma), moe_fp8_wgmma / moe_w8a16_wgmma
-// (moe_grouped_gemm_wgmma, default config) and, per PDSERVE_MOE_WGMMA_VARIANTS="tile,stages;..."
-// (default "64,0;128,0": the tile the default does not take), moe_fp8_wg<tile>.<stages> /
-// moe_w8a16_wg<tile>.<stages>. At the first size, stderr gets "check" lines: the wgmma output
-// of each tile against the mma one over every pick row (max |difference| / max |mma value|, and
-// NaN counts). PDSERVE_MOE_PREFILL_MMA_ONLY set: the mma rows only.
+// (moe_grouped_gemm_wgmma, default config) and, per PDSERVE_MOE_WGMMA_VARIANTS=
+// "tile,stages[,multicast];..." (default "64,0;128,0;0,0,1": the tile the default does not take,
+// and multicast_activations), moe_fp8_wg<tile>.<stages>[.m] / moe_w8a16_wg<tile>.<stages>[.m].
+// At the first size, stderr gets "check" lines: the wgmma output of each tile (and multicast when
+// a variant has it) against the mma one over every pick row (max |difference| / max |mma|, NaNs).
+// PDSERVE_MOE_PREFILL_MMA_ONLY set: the mma rows only.
 const std::vector<int64_t> kPrefillTokens = {512, 2048, 4096, 8192};
 constexpr int kPrefillReps = 7;  // graph replays (each milliseconds long at these sizes)
 
 std::vector<MoeWgmmaConfig> MoeVariants() {
   const char* env = std::getenv("PDSERVE_MOE_WGMMA_VARIANTS");
-  const std::string text = env != nullptr ? env : "64,0;128,0";
+  const std::string text = env != nullptr ? env : "64,0;128,0;0,0,1";
   std::vector<MoeWgmmaConfig> v;
   size_t at = 0;
   while (at < text.size()) {
     const size_t end = std::min(text.find(';', at), text.size());
     MoeWgmmaConfig c;
-    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d", &c.token_tile, &c.stages) == 2) {
+    int multicast = 0;
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d", &c.token_tile, &c.stages,
+                    &multicast) >= 2) {
+      c.multicast_activations = multicast == 1;
       v.push_back(c);
     }
     at = end + 1;
@@ -338,11 +342,19 @@ void MoePrefillRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* 
         const bool wgmma_rows = std::getenv("PDSERVE_MOE_PREFILL_MMA_ONLY") == nullptr;
         if (wgmma_rows && m == kPrefillTokens.front()) {
           mma(0, out);
-          for (int tile : {64, 128}) {
-            wgmma(0, out2, MoeWgmmaConfig{tile, 0});
+          const std::vector<MoeWgmmaConfig> variants = MoeVariants();
+          const bool multicast = std::any_of(variants.begin(), variants.end(),
+                                             [](const auto& v) { return v.multicast_activations; });
+          for (const MoeWgmmaConfig c :
+               {MoeWgmmaConfig{64, 0, false}, MoeWgmmaConfig{128, 0, false},
+                MoeWgmmaConfig{0, 0, true}}) {
+            if (c.multicast_activations && !multicast) continue;  // (its tests failed)
+            wgmma(0, out2, c);
             BENCH_CHECK(cudaStreamSynchronize(stream));
-            CheckPaths((prefix + " tile " + std::to_string(tile)).c_str(), s.name, out, out2,
-                       m * kTopK, s.n);
+            CheckPaths((prefix + " tile " + std::to_string(c.token_tile) +
+                        (c.multicast_activations ? " multicast" : ""))
+                           .c_str(),
+                       s.name, out, out2, m * kTopK, s.n);
           }
         }
         PrintRow(prefix.c_str(), s.name, m,
@@ -357,12 +369,12 @@ void MoePrefillRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* 
         // is not timed twice.)
         const int default_tile = m * kTopK > 64 * std::min<int64_t>(kExperts, m * kTopK) ? 128 : 64;
         for (const MoeWgmmaConfig& v : MoeVariants()) {
-          if (config.token_tile == 0 && config.stages == 0 && v.token_tile == default_tile &&
-              v.stages == 0) {
+          if (config.token_tile == 0 && config.stages == 0 && !config.multicast_activations &&
+              v.token_tile == default_tile && v.stages == 0 && !v.multicast_activations) {
             continue;
           }
-          const std::string name =
-              prefix + "_wg" + std::to_string(v.token_tile) + "." + std::to_string(v.stages);
+          const std::string name = prefix + "_wg" + std::to_string(v.token_tile) + "." +
+                                   std::to_string(v.stages) + (v.multicast_activations ? ".m" : "");
           PrintRow(name.c_str(), s.name, m,
                    GraphMicros([&](int l) { wgmma(l, out, v); }, kMoeLayers, kPrefillReps, stream),
                    bytes, flops);

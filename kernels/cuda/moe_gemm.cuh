@@ -117,13 +117,16 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
 
 // The warpgroup-MMA path's tile: token_tile entries per work item (0: 128 when the routed experts
 // average more than 64 picks, else 64; or 64 / 128), stages: shared-memory ring depth (0: 4, or
-// 2..8; fewer when they do not fit).
+// 2..8; fewer when they do not fit), multicast_activations: the blocks of two neighbouring
+// 128-row tiles (same work item) run as a cluster and load each activation box once for both by
+// TMA multicast (where n gives an even number of row tiles; the same bits).
 struct MoeWgmmaConfig {
   int token_tile = 0;
   int stages = 0;
+  bool multicast_activations = false;
 };
-// The default config, or PDSERVE_MOE_WGMMA="token_tile,stages" (read once per process; malformed
-// values are ignored). Host only.
+// The default config, or PDSERVE_MOE_WGMMA="token_tile,stages[,multicast 0|1]" (read once per
+// process; malformed values are ignored). Host only.
 MoeWgmmaConfig moe_grouped_gemm_wgmma_default_config();
 // Workspace bytes of moe_grouped_gemm_wgmma (grouping, the grouped activation rows, FP8: the
 // per-token quantized rows and scales too); 0 for sizes it refuses. Host only.

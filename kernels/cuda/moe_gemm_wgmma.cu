@@ -26,6 +26,11 @@
 //   xsg[kb, entry])) in fp32 in ascending kb: the CPU reference's per-block scaling.
 // - Epilogue: out[entry_pick[entry], row] = bf16(acc * pick weight) for the item's entries and
 //   rows < n only. No k splits (prefill has blocks enough), no atomics: equal inputs, equal bits.
+// - multicast_activations (an even number of row tiles): the blocks of row tiles 2j, 2j + 1 (the
+//   same item) run as a cluster of two; each loads half of every activation box by TMA multicast
+//   into both, so an item's rows are read from L2 once per 256 weight rows; a stage is released
+//   to the producers once the consumers of both blocks are done with it (fp8_gemm_wgmma's
+//   multicast_activations, the same bits as without).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -70,6 +75,7 @@ struct MoeWgmmaArgs {
   int64_t n;
   int64_t k;
   int32_t stages;
+  int32_t multicast;  // clusters of row tiles 2j, 2j + 1 share the item's activation boxes
   __nv_bfloat16* out;
   int64_t out_stride;
 };
@@ -120,22 +126,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t empty_bar = full_bar + 8u * stages;
   const int kblocks = static_cast<int>(a.k / kBlockK);
   const int64_t row0 = int64_t{blockIdx.x} * kRowTile;  // in the expert's n rows
+  // multicast: this block loads half `rank` of each activation box into both blocks of the
+  // cluster (the same item: the same blockIdx.y), so a stage is free once both blocks' consumers
+  // are done with it.
+  const bool multicast = a.multicast != 0;
+  const uint32_t rank = multicast ? ClusterRank() : 0u;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       MbarrierInit(full_bar + 8u * s, 1);
-      MbarrierInit(empty_bar + 8u * s, 4 * kWarpgroups);
+      MbarrierInit(empty_bar + 8u * s, 4 * kWarpgroups * (multicast ? 2 : 1));
     }
     FenceBarrierInit();  // the initialized barriers are visible to the TMA unit
     FenceProxyAsync();
   }
   __syncthreads();
+  if (multicast) {  // the other block's barriers are initialized before any copy into it
+    ClusterArrive();
+    ClusterWait();
+  }
 
   if (warp == 4 * kWarpgroups) {  // producer
     if (lane == 0) {
       PrefetchTensorMap(&w_map);
       PrefetchTensorMap(&x_map);
       const auto w_row = static_cast<int32_t>(item.expert * a.n + row0);
+      // (A half wholly past the rows loads from the last row on: its columns are past the
+      // item's count, never stored.)
+      const uint32_t x_dst = kWeightBytes + rank * (N / 2) * 128u;
+      const auto x_row = static_cast<int32_t>(
+          min(int64_t{item.first} + (multicast ? rank * (N / 2) : 0u), a.picks - 1));
+      const auto x_mask = static_cast<uint16_t>(multicast ? 3u : 0u);
       for (int kb = 0; kb < kblocks; ++kb) {
         const int s = kb % stages;
         const uint32_t stage = base + s * kStageBytes;
@@ -144,9 +165,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         MbarrierArriveExpectTx(full_bar + 8u * s, kStageBytes);
         TmaLoad2d(stage, &w_map, kb * kBlockK, w_row, full_bar + 8u * s);
-        LoadActivations<A16>(&x_map, stage + kWeightBytes, kb * kBlockK, item.first,
-                             full_bar + 8u * s, kBoxBytes, 0);
+        LoadActivations<A16>(&x_map, stage + x_dst, kb * kBlockK, x_row, full_bar + 8u * s,
+                             kBoxBytes, x_mask);
       }
+    }
+    if (multicast) {  // no block leaves while the other may still copy or arrive into it
+      ClusterArrive();
+      ClusterWait();
     }
     return;
   }
@@ -188,7 +213,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaWait<0>();
     FenceRegisters(p);
     __syncwarp();
-    if (lane == 0) MbarrierArrive(empty_bar + 8u * s);
+    if (lane == 0) {
+      MbarrierArrive(empty_bar + 8u * s);
+      if (multicast) MbarrierArriveInCluster(empty_bar + 8u * s, rank ^ 1u);
+    }
     if constexpr (A16) {
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) acc[i] += p[i] * ws;
@@ -223,6 +251,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (row_base + 8 < a.n) out[row_base + 8] = __float2bfloat16_rn(acc[4 * j + 2 + c] * weight);
     }
   }
+  if (multicast) {
+    ClusterArrive();
+    ClusterWait();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,6 +268,7 @@ struct MoeWgmmaPlan {
   int stages = kDefaultStages;
   int64_t max_items = 0;
   int64_t row_tiles = 0;
+  bool multicast = false;
   size_t entry_bytes = 0;
   size_t item_bytes = 0;
   size_t count_bytes = 256;
@@ -262,6 +295,7 @@ MoeWgmmaPlan PlanMoeWgmma(int64_t tokens, int64_t top_k, int64_t x_rows, const E
   }
   p.max_items = busy + picks / p.n_tile;
   p.row_tiles = (w.n + kRowTile - 1) / kRowTile;
+  p.multicast = config.multicast_activations && p.row_tiles % 2 == 0;
   const int64_t kblocks = w.k / kBlockK;
   p.entry_bytes = bs::AlignUp(static_cast<size_t>(picks) * 4);
   p.item_bytes = bs::AlignUp(static_cast<size_t>(p.max_items) * sizeof(bs::WorkItem));
@@ -310,7 +344,7 @@ cudaError_t LaunchMoeKernel(const CUtensorMap& w_map, const CUtensorMap& x_map,
   if (attribute != cudaSuccess) return attribute;
   const dim3 grid(static_cast<unsigned>(p.row_tiles), static_cast<unsigned>(p.max_items));
   return bs::LaunchClustered(MoeWgmmaKernel<N, A16>, grid, dim3(kThreads), p.smem_bytes,
-                             dim3(1, 1, 1), stream, w_map, x_map, a);
+                             dim3(p.multicast ? 2 : 1, 1, 1), stream, w_map, x_map, a);
 }
 
 cudaError_t LaunchMoeWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map,
@@ -332,11 +366,14 @@ MoeWgmmaConfig moe_grouped_gemm_wgmma_default_config() {
     const char* env = std::getenv("PDSERVE_MOE_WGMMA");
     int tile = 0;
     int stages = 0;
-    if (env != nullptr && std::sscanf(env, "%d,%d", &tile, &stages) == 2 &&
+    int multicast = 0;
+    if (env != nullptr && std::sscanf(env, "%d,%d,%d", &tile, &stages, &multicast) >= 2 &&
         (tile == 0 || tile == kSmallTile || tile == kLargeTile) &&
-        (stages == 0 || (stages >= 2 && stages <= kMaxStages))) {
+        (stages == 0 || (stages >= 2 && stages <= kMaxStages)) &&
+        (multicast == 0 || multicast == 1)) {
       c.token_tile = tile;
       c.stages = stages;
+      c.multicast_activations = multicast == 1;
     }
     return c;
   }();
@@ -388,7 +425,8 @@ cudaError_t moe_grouped_gemm_wgmma(const __nv_bfloat16* x, int64_t x_stride, boo
   CUtensorMap x_map;
   if (!EncodeGemmMap(&w_map, weights.w, weights.n_experts * weights.n, weights.k, weights.k,
                      kRowTile, false) ||
-      !EncodeGemmMap(&x_map, xg, picks, weights.k, weights.k, plan.n_tile, a16)) {
+      !EncodeGemmMap(&x_map, xg, picks, weights.k, weights.k,
+                     plan.multicast ? plan.n_tile / 2 : plan.n_tile, a16)) {
     if (refusal != nullptr) *refusal = "cuTensorMapEncodeTiled failed (driver too old?)";
     return cudaErrorNotSupported;
   }
@@ -421,6 +459,7 @@ cudaError_t moe_grouped_gemm_wgmma(const __nv_bfloat16* x, int64_t x_stride, boo
   a.n = weights.n;
   a.k = weights.k;
   a.stages = plan.stages;
+  a.multicast = plan.multicast ? 1 : 0;
   a.out = out;
   a.out_stride = out_stride;
   return LaunchMoeWgmma(w_map, x_map, a, plan, a16, stream);

@@ -148,7 +148,7 @@ void RunAndCheck(const Case& c, const std::string& label = "") {
   std::vector<float> want;
   for (int tile : {0, 64, 128}) {
     const std::string what = Name(c) + label + " tile " + std::to_string(tile);
-    const std::vector<uint16_t> got = RunGpu(c, MoeWgmmaConfig{tile, 0}, what);
+    const std::vector<uint16_t> got = RunGpu(c, MoeWgmmaConfig{tile, 0, false}, what);
     if (::testing::Test::HasFailure()) return;
     if (want.empty()) want = Reference(c);
     testing::ExpectBf16Rows(got, picks, c.n, c.out_stride, want, valid, kSentinel, what);
@@ -241,9 +241,38 @@ TEST(CudaMoeGemmWgmmaTest, EqualBitsAcrossRuns) {
     for (int tile : {64, 128}) {
       const Case c = MakeCase(rng, a16, 150, 6, 16, true);
       const std::string what = Name(c) + " tile " + std::to_string(tile);
-      const std::vector<uint16_t> first = RunGpu(c, MoeWgmmaConfig{tile, 0}, what);
-      const std::vector<uint16_t> second = RunGpu(c, MoeWgmmaConfig{tile, 3}, what + " 3 stages");
+      const std::vector<uint16_t> first = RunGpu(c, MoeWgmmaConfig{tile, 0, false}, what);
+      const std::vector<uint16_t> second =
+          RunGpu(c, MoeWgmmaConfig{tile, 3, false}, what + " 3 stages");
       ASSERT_EQ(first, second) << what;
+    }
+  }
+}
+
+// multicast_activations: the same bits as without (an even number of row tiles: n = 192, 200,
+// 4 x 128), and the reference; odd token counts, one expert, both forms, both tiles.
+TEST(CudaMoeGemmWgmmaMulticastTest, SameBitsAsWithoutAndTheReference) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (bool a16 : {false, true}) {
+    std::vector<Case> cases = {MakeCase(rng, a16, 37, 6, 12, false),
+                               MakeCase(rng, a16, 200, 6, 16, true, 200),
+                               MakeCase(rng, a16, 9, 6, 16, true, 512)};
+    Case one = MakeCase(rng, a16, 301, 1, 16, false);
+    std::fill(one.experts.begin(), one.experts.end(), 15);
+    cases.push_back(one);
+    for (const Case& c : cases) {
+      std::vector<float> want;  // after the first GPU run
+      const int64_t picks = c.tokens * c.top_k;
+      for (int tile : {64, 128}) {
+        const std::string what = Name(c) + " tile " + std::to_string(tile);
+        const std::vector<uint16_t> plain = RunGpu(c, MoeWgmmaConfig{tile, 0, false}, what);
+        const std::vector<uint16_t> multicast =
+            RunGpu(c, MoeWgmmaConfig{tile, 0, true}, what + " multicast");
+        ASSERT_EQ(plain, multicast) << what;
+        if (want.empty()) want = Reference(c);
+        testing::ExpectBf16Rows(multicast, picks, c.n, c.out_stride, want, {}, kSentinel, what);
+      }
     }
   }
 }

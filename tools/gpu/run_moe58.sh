@@ -2,7 +2,7 @@
 # One device-machine call for issue 25's prefill experts (the routed experts' grouped GEMM on the
 # Hopper warpgroup MMA, moe_grouped_gemm_wgmma). From the repository root on a Hopper GPU with
 # CUDA 13: builds kernels/cuda standalone (the kernels, the GPU tests, bench/cuda/gemm_bench.cu),
-# runs the new path's tests first, then the old grouped GEMM tests (mma.sync path; and once more
+# runs the new path's tests first (multicast_activations apart), then the old grouped GEMM tests (mma.sync path; and once more
 # through moe_grouped_gemm with PDSERVE_MOE_GEMM=wgmma, FP8 / FP4 cases), then gemm_bench
 # moe_prefill beside bf16 torch._grouped_mm (bench/cuda/compare.py --moe-prefill-bench: both
 # paths, FP8 and W8A16, w13 and w2, 512-8192 tokens, CUDA graphs; the wgmma rows are skipped when
@@ -30,10 +30,16 @@ echo "build: $((SECONDS - start)) s"
 tests="$b/tests/pdserve_kernels_cuda_tests"
 summary() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$1" | tr '\n' ' '; }
 failures() { grep -E "^\[  FAILED|Failure|Expected|Which is|Value of|seed|error|got " "$1" | head -20; }
-timeout 40 "$tests" --gtest_filter='CudaMoeGemmWgmma*' > "$out/wgmma-tests.log" 2>&1
+timeout 40 "$tests" --gtest_filter='CudaMoeGemmWgmmaTest*' > "$out/wgmma-tests.log" 2>&1
 wgmma_rc=$?
 echo "moe_grouped_gemm_wgmma tests: rc=$wgmma_rc $(summary "$out/wgmma-tests.log")"
 failures "$out/wgmma-tests.log"
+# multicast_activations on its own (a fault there turns its bench rows off, not the others).
+timeout 30 "$tests" --gtest_filter='CudaMoeGemmWgmmaMulticast*' > "$out/multicast-tests.log" 2>&1
+multicast_rc=$?
+echo "multicast_activations tests: rc=$multicast_rc $(summary "$out/multicast-tests.log")"
+failures "$out/multicast-tests.log"
+[ "$multicast_rc" = 0 ] || export PDSERVE_MOE_WGMMA_VARIANTS=${PDSERVE_MOE_WGMMA_VARIANTS:-"64,0;128,0"}
 timeout 30 "$tests" --gtest_filter='CudaMoeGemmTest*:CudaW8a16MoeGemm*' > "$out/mma-tests.log" 2>&1
 echo "mma.sync grouped GEMM tests: rc=$? $(summary "$out/mma-tests.log")"
 failures "$out/mma-tests.log"
