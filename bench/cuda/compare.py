@@ -25,6 +25,10 @@ them, the fp8_gemm_wgmma config sweep (best config per shape and token count, an
 the smallest geometric-mean slowdown, printed as "BEST CONFIG: PDSERVE_FP8_WGMMA=..."). --gemm-part
 dense (or moe) runs only those rows.
 
+With --moe-prefill-bench (the same binary) it times the routed experts' grouped GEMM at 512-8192
+tokens through moe_grouped_gemm's mma.sync and warpgroup-MMA paths (FP8 and W8A16) against bf16
+torch._grouped_mm.
+
 Usage: python3 bench/cuda/compare.py --bench build-cuda/bench/pdserve_cuda_bench
        python3 bench/cuda/compare.py --gemm-bench build-cuda/bench/pdserve_gemm_bench
 """
@@ -335,6 +339,61 @@ def w8a16_main(bench):
     MOE_WEIGHTS.clear()
 
 
+def moe_prefill_main(bench):
+    """The routed experts' grouped GEMM at prefill sizes (`bench moe_prefill`): the mma.sync and
+    warpgroup-MMA paths, FP8 and W8A16, against bf16 torch._grouped_mm on the same GPU. `bench`:
+    the gemm_bench binary, or a file of its CSV output (rows so far, when it was cut short; its
+    stderr in the file + ".err")."""
+    if bench.endswith(".csv"):
+        with open(bench) as f:
+            stdout = f.read()
+        stderr = open(bench + ".err").read() if os.path.exists(bench + ".err") else ""
+    else:
+        run = subprocess.run([bench, "moe_prefill"], check=True, capture_output=True, text=True)
+        stdout, stderr = run.stdout, run.stderr
+    for line in stderr.splitlines():
+        if line.startswith("check "):
+            print(line, flush=True)
+    rows = [line.split(",") for line in stdout.strip().splitlines() if line.count(",") == 5]
+    table = {(r[0], r[1], int(r[2])): (float(r[3]), float(r[5])) for r in rows
+             if r[0] not in ("copy", "read")}
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; CUDA graphs of 8 "
+          f"layers, 256 experts, top-6; us (TFLOP/s)", flush=True)
+    shapes = {"w13": (4096, 4096), "w2": (4096, 2048)}
+
+    def cell(key):
+        if key not in table:
+            return "-"
+        us, flops = table[key]
+        return f"{us:.1f} ({flops / (us * 1e-6) / 1e12:.0f})"
+
+    def best_variant(prefix, shape, tokens):
+        """The fastest wgmma row: the default config or a <tile>.<stages> variant."""
+        found = [(table[k][0], "default" if k[0].endswith("_wgmma") else k[0][len(prefix) + 3:])
+                 for k in table
+                 if k[0].startswith(prefix + "_wg") and k[1] == shape and k[2] == tokens]
+        return f"{min(found)[1]}: {min(found)[0]:.1f}" if found else "-"
+
+    print("\n| experts | tokens | FP8 mma | FP8 wgmma | fastest FP8 wgmma config | W8A16 mma | "
+          "W8A16 wgmma | fastest W8A16 config | torch._grouped_mm bf16 us | W8A16 wgmma / "
+          "mma |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (kernel, shape, tokens) in list(table):
+        if kernel != "moe_fp8":
+            continue
+        n, k = shapes[shape]
+        ref = torch_grouped(n, k, tokens)
+        speed = "-"
+        mma_key, wg_key = ("moe_w8a16", shape, tokens), ("moe_w8a16_wgmma", shape, tokens)
+        if mma_key in table and wg_key in table:
+            speed = f"{table[mma_key][0] / table[wg_key][0]:.2f}x"
+        print(f"| {shape} | {tokens} | {cell(('moe_fp8', shape, tokens))} | "
+              f"{cell(('moe_fp8_wgmma', shape, tokens))} | "
+              f"{best_variant('moe_fp8', shape, tokens)} | {cell(('moe_w8a16', shape, tokens))} | "
+              f"{cell(('moe_w8a16_wgmma', shape, tokens))} | "
+              f"{best_variant('moe_w8a16', shape, tokens)} | {ref:.1f} | {speed} |", flush=True)
+    MOE_WEIGHTS.clear()
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench")
@@ -344,11 +403,16 @@ def main():
     parser.add_argument("--gemm-bench")
     parser.add_argument("--gemm-part", default="", help="with --gemm-bench: dense or moe only")
     parser.add_argument("--w8a16-bench", help="gemm_bench binary: the W8A16 comparison only")
+    parser.add_argument("--moe-prefill-bench",
+                        help="gemm_bench binary (or a .csv of its moe_prefill output): the "
+                        "grouped experts' paths at prefill sizes")
     args = parser.parse_args()
     if args.gemm_bench:
         gemm_main(args.gemm_bench, args.gemm_part)
     if args.w8a16_bench:
         w8a16_main(args.w8a16_bench)
+    if args.moe_prefill_bench:
+        moe_prefill_main(args.moe_prefill_bench)
     if not args.bench:
         return
     lines = subprocess.run([args.bench], check=True, capture_output=True, text=True).stdout

@@ -11,12 +11,13 @@
 // no wgmma rows, and fp8_gemm's default path is left to PDSERVE_FP8_GEMM), moe_fp8 / moe_fp4
 // (moe_grouped_gemm over 256 experts, top-6 routing); with the argument "w8a16": fp8_own
 // (fp8_gemm) and w8a16 (fp8_gemm_w8a16), moe_fp8
-// and moe_w8a16 (ExpertFormat::kFp8W8A16) at decode sizes 1..128 and 4096 tokens only. shape: wq_b
-// [32768, 1024], wo_b [4096, 8192], w13 = experts' gate+up [4096, 4096] and w2 = down [4096, 2048]
-// (dense rows: one expert's matrix as a plain GEMM). bytes: the weight and scale bytes the call
-// must read (grouped: of the experts the routing touched, averaged over the layers), flops: 2 x
-// tokens (x top-6) x n x k. Every time includes the activation quantization kernel (and the split-k
-// reduction or grouping kernel where they run).
+// and moe_w8a16 (ExpertFormat::kFp8W8A16) at decode sizes 1..128 and 4096 tokens only; with
+// "moe_prefill": the grouped mma.sync and warpgroup-MMA paths at 512-8192 tokens (MoePrefillRows).
+// shape: wq_b [32768, 1024], wo_b [4096, 8192], w13 = experts' gate+up [4096, 4096] and w2 = down
+// [4096, 2048] (dense rows: one expert's matrix as a plain GEMM). bytes: the weight and scale bytes
+// the call must read (grouped: of the experts the routing touched, averaged over the layers),
+// flops: 2 x tokens (x top-6) x n x k. Every time includes the activation quantization kernel (and
+// the split-k reduction or grouping kernel where they run).
 //
 // Graph timing: one launch per layer of kLayers layers captured in one CUDA graph, median over
 // 20 replays of (replay time / kLayers). Dense layers each have their own weights (16 x the
@@ -27,9 +28,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -237,6 +240,153 @@ void MoeRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out, fl
   for (int32_t* e : experts) BENCH_CHECK(cudaFree(e));
 }
 
+// "moe_prefill": FP8 and W8A16 experts at kPrefillTokens through both grouped paths on the same
+// routings: moe_fp8 / moe_w8a16 (moe_grouped_gemm_mma), moe_fp8_wgmma / moe_w8a16_wgmma
+// (moe_grouped_gemm_wgmma, default config) and, per PDSERVE_MOE_WGMMA_VARIANTS=
+// "tile,stages[,multicast];..." (default "64,0;128,0;0,0,1": the tile the default does not take,
+// and multicast_activations), moe_fp8_wg<tile>.<stages>[.m] / moe_w8a16_wg<tile>.<stages>[.m].
+// At the first size, stderr gets "check" lines: the wgmma output of each tile (and multicast when
+// a variant has it) against the mma one over every pick row (max |difference| / max |mma|, NaNs).
+// PDSERVE_MOE_PREFILL_MMA_ONLY set: the mma rows only.
+const std::vector<int64_t> kPrefillTokens = {512, 2048, 4096, 8192};
+constexpr int kPrefillReps = 7;  // graph replays (each milliseconds long at these sizes)
+
+std::vector<MoeWgmmaConfig> MoeVariants() {
+  const char* env = std::getenv("PDSERVE_MOE_WGMMA_VARIANTS");
+  const std::string text = env != nullptr ? env : "64,0;128,0;0,0,1";
+  std::vector<MoeWgmmaConfig> v;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find(';', at), text.size());
+    MoeWgmmaConfig c;
+    int multicast = 0;
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d", &c.token_tile, &c.stages,
+                    &multicast) >= 2) {
+      c.multicast_activations = multicast == 1;
+      v.push_back(c);
+    }
+    at = end + 1;
+  }
+  return v;
+}
+
+void CheckPaths(const char* what, const char* shape, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                int64_t rows, int64_t n) {
+  std::vector<uint16_t> ha(static_cast<size_t>(rows * n));
+  std::vector<uint16_t> hb(ha.size());
+  BENCH_CHECK(cudaMemcpy(ha.data(), a, ha.size() * 2, cudaMemcpyDeviceToHost));
+  BENCH_CHECK(cudaMemcpy(hb.data(), b, hb.size() * 2, cudaMemcpyDeviceToHost));
+  const auto value = [](uint16_t bits) {
+    const uint32_t u = uint32_t{bits} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  double max_ref = 0.0;
+  double max_diff = 0.0;
+  int64_t nan_a = 0;
+  int64_t nan_b = 0;
+  for (size_t i = 0; i < ha.size(); ++i) {
+    const float va = value(ha[i]);
+    const float vb = value(hb[i]);
+    nan_a += std::isnan(va) ? 1 : 0;
+    nan_b += std::isnan(vb) ? 1 : 0;
+    if (!std::isfinite(va) || !std::isfinite(vb)) continue;
+    max_ref = std::max(max_ref, std::fabs(double{va}));
+    max_diff = std::max(max_diff, std::fabs(double{va} - vb));
+  }
+  std::fprintf(stderr,
+               "check %s %s rows %lld: max |wgmma - mma| / max |mma| = %.3g, NaN %lld / %lld\n",
+               what, shape, static_cast<long long>(rows), max_diff / std::max(max_ref, 1e-30),
+               static_cast<long long>(nan_b), static_cast<long long>(nan_a));
+}
+
+void MoePrefillRows(cudaStream_t stream, const __nv_bfloat16* x, __nv_bfloat16* out,
+                    __nv_bfloat16* out2, float* pick_w, void* ws, size_t ws_bytes) {
+  std::mt19937_64 rng(12345);
+  std::vector<int32_t*> experts(kMoeLayers);
+  for (int32_t*& e : experts) e = DeviceAlloc<int32_t>(kPrefillTokens.back() * kTopK);
+  for (const Shape& s : {kShapes[2], kShapes[3]}) {
+    const size_t w_bytes = static_cast<size_t>(kExperts * s.n * s.k);
+    const size_t scales = static_cast<size_t>(kExperts * (s.n / 128) * (s.k / 128));
+    uint8_t* w = RandomWeights(w_bytes, 5u);
+    float* sc = DeviceAlloc<float>(scales);
+    FillScales<<<1024, 256>>>(sc, nullptr, scales, 3u);
+    BENCH_CHECK(cudaGetLastError());
+    const double expert_bytes = static_cast<double>(w_bytes + 4 * scales) / kExperts;
+    const bool down = s.k == 2048;  // w2 takes one row per pick
+    for (int64_t m : kPrefillTokens) {
+      const double distinct = RandomRoutings(m, kExperts, kTopK, experts, rng);
+      const double bytes = distinct * expert_bytes;
+      const double flops = 2.0 * m * kTopK * s.n * s.k;
+      for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp8W8A16}) {
+        const bool a16 = format == ExpertFormat::kFp8W8A16;
+        const std::string prefix = a16 ? "moe_w8a16" : "moe_fp8";
+        ExpertWeights ew;
+        ew.format = format;
+        ew.w = w;
+        ew.scale = sc;
+        ew.n_experts = kExperts;
+        ew.n = s.n;
+        ew.k = s.k;
+        const float* weights = down ? pick_w : nullptr;
+        const auto mma = [&](int l, __nv_bfloat16* o) {
+          BENCH_CHECK(moe_grouped_gemm_mma(x, s.k, down, experts[l], weights, m, kTopK, ew, true, o,
+                                           s.n, ws, ws_bytes, stream));
+        };
+        const auto wgmma = [&](int l, __nv_bfloat16* o, const MoeWgmmaConfig& c) {
+          BENCH_CHECK(moe_grouped_gemm_wgmma(x, s.k, down, experts[l], weights, m, kTopK, ew, true,
+                                             o, s.n, ws, ws_bytes, stream, c));
+        };
+        const MoeWgmmaConfig config = moe_grouped_gemm_wgmma_default_config();
+        const bool wgmma_rows = std::getenv("PDSERVE_MOE_PREFILL_MMA_ONLY") == nullptr;
+        if (wgmma_rows && m == kPrefillTokens.front()) {
+          mma(0, out);
+          const std::vector<MoeWgmmaConfig> variants = MoeVariants();
+          const bool multicast = std::any_of(variants.begin(), variants.end(),
+                                             [](const auto& v) { return v.multicast_activations; });
+          for (const MoeWgmmaConfig c :
+               {MoeWgmmaConfig{64, 0, false}, MoeWgmmaConfig{128, 0, false},
+                MoeWgmmaConfig{0, 0, true}}) {
+            if (c.multicast_activations && !multicast) continue;  // (its tests failed)
+            wgmma(0, out2, c);
+            BENCH_CHECK(cudaStreamSynchronize(stream));
+            CheckPaths((prefix + " tile " + std::to_string(c.token_tile) +
+                        (c.multicast_activations ? " multicast" : ""))
+                           .c_str(),
+                       s.name, out, out2, m * kTopK, s.n);
+          }
+        }
+        PrintRow(prefix.c_str(), s.name, m,
+                 GraphMicros([&](int l) { mma(l, out); }, kMoeLayers, kPrefillReps, stream), bytes,
+                 flops);
+        if (!wgmma_rows) continue;
+        PrintRow(
+            (prefix + "_wgmma").c_str(), s.name, m,
+            GraphMicros([&](int l) { wgmma(l, out, config); }, kMoeLayers, kPrefillReps, stream),
+            bytes, flops);
+        // (The default config's tile by moe_grouped_gemm_wgmma's rule: a variant equal to it
+        // is not timed twice.)
+        const int default_tile = m * kTopK > 64 * std::min<int64_t>(kExperts, m * kTopK) ? 128 : 64;
+        for (const MoeWgmmaConfig& v : MoeVariants()) {
+          if (config.token_tile == 0 && config.stages == 0 && !config.multicast_activations &&
+              v.token_tile == default_tile && v.stages == 0 && !v.multicast_activations) {
+            continue;
+          }
+          const std::string name = prefix + "_wg" + std::to_string(v.token_tile) + "." +
+                                   std::to_string(v.stages) + (v.multicast_activations ? ".m" : "");
+          PrintRow(name.c_str(), s.name, m,
+                   GraphMicros([&](int l) { wgmma(l, out, v); }, kMoeLayers, kPrefillReps, stream),
+                   bytes, flops);
+        }
+      }
+    }
+    BENCH_CHECK(cudaFree(w));
+    BENCH_CHECK(cudaFree(sc));
+  }
+  for (int32_t* e : experts) BENCH_CHECK(cudaFree(e));
+}
+
 int Run(const std::string& only) {
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -295,6 +445,27 @@ int Run(const std::string& only) {
       }
     }
   }
+  const bool prefill = only == "moe_prefill";
+  for (const Shape& s : {kShapes[2], kShapes[3]}) {
+    for (ExpertFormat f : {ExpertFormat::kFp8, ExpertFormat::kFp8W8A16}) {
+      ExpertWeights ew;
+      ew.format = f;
+      ew.n_experts = kExperts;
+      ew.n = s.n;
+      ew.k = s.k;
+      for (int64_t m : prefill ? kPrefillTokens : std::vector<int64_t>{}) {
+        ws_bytes =
+            std::max(ws_bytes, moe_grouped_gemm_mma_workspace_bytes(m, kTopK, m * kTopK, ew));
+        for (MoeWgmmaConfig c : MoeVariants()) {
+          ws_bytes = std::max(ws_bytes,
+                              moe_grouped_gemm_wgmma_workspace_bytes(m, kTopK, m * kTopK, ew, c));
+        }
+        ws_bytes = std::max(ws_bytes,
+                            moe_grouped_gemm_wgmma_workspace_bytes(
+                                m, kTopK, m * kTopK, ew, moe_grouped_gemm_wgmma_default_config()));
+      }
+    }
+  }
   void* ws = DeviceAlloc<unsigned char>(ws_bytes);
   cublasLtHandle_t lt;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
@@ -302,6 +473,12 @@ int Run(const std::string& only) {
   const bool w8a16 = only == "w8a16";
   if (only.empty() || only == "dense" || w8a16) DenseRows(stream, lt, x, out, ws, ws_bytes, w8a16);
   if (only.empty() || only == "moe" || w8a16) MoeRows(stream, x, out, pick_w, ws, ws_bytes, w8a16);
+  if (prefill) {
+    auto* out2 = reinterpret_cast<__nv_bfloat16*>(
+        DeviceAlloc<uint16_t>(kPrefillTokens.front() * kTopK * 4096));
+    MoePrefillRows(stream, x, out, out2, pick_w, ws, ws_bytes);
+    BENCH_CHECK(cudaFree(out2));
+  }
   cublasLtDestroy(lt);
   return 0;
 }
@@ -309,5 +486,6 @@ int Run(const std::string& only) {
 }  // namespace
 }  // namespace pdserve::kernels::cuda
 
-// Optional argument: "dense" or "moe" runs only those rows, "w8a16" the W8A16 comparison.
+// Optional argument: "dense" or "moe" runs only those rows, "w8a16" the W8A16 comparison,
+// "moe_prefill" the grouped paths at prefill sizes (MoePrefillRows).
 int main(int argc, char** argv) { return pdserve::kernels::cuda::Run(argc > 1 ? argv[1] : ""); }

@@ -17,17 +17,20 @@
 // --prefill N (> 0): instead of decode steps, a prompt of N tokens in one Forward call (the last
 // row's logits to the host, ChunkLogits::kLastRow) from an empty slot, eager, 1 warm-up and
 // --steps timed calls: the device time between CUDA events around the call and the wall time;
-// medians (e.g. W8A8 prefill with PDSERVE_FP8_SHARED_ACT_QUANT=0 / 1). Rows say "prefill N".
+// medians (e.g. W8A8 prefill with PDSERVE_FP8_SHARED_ACT_QUANT=0 / 1). Rows say "prefill N";
+// stderr gets a "prefill logits" line per row (the last row's top 5 and sum, to compare runs).
 //
 // Prints one markdown row per (fused, batch) and nothing else on stdout; needs a CUDA device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +45,7 @@
 #include "engine/config.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/random_weights.h"
+#include "engine/tensor.h"
 #include "engine/weights.h"
 
 namespace pdserve::bench {
@@ -125,6 +129,33 @@ absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& 
       });
 }
 
+// The prefill's last-row logits in brief (stderr), to compare runs with different kernels:
+// argmax, the five largest ids, the sum (fp32, ascending index), NaN count.
+absl::Status PrintPrefillLogits(GpuModel& gpu, const Flags& flags, const std::string& what) {
+  const std::vector<int32_t> prompt = Prompt(flags.prefill, gpu.config().vocab_size);
+  PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(0));
+  PDSERVE_ASSIGN_OR_RETURN(const engine::Tensor logits,
+                           gpu.Forward(0, prompt, 0, engine::gpu::ChunkLogits::kLastRow));
+  std::vector<int64_t> order(static_cast<size_t>(logits.numel()));
+  std::iota(order.begin(), order.end(), 0);
+  const float* v = logits.ptr();
+  const auto top = std::min<size_t>(5, order.size());
+  std::partial_sort(order.begin(), order.begin() + top, order.end(),
+                    [v](int64_t a, int64_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  float sum = 0.0f;
+  int64_t nan = 0;
+  for (int64_t i = 0; i < logits.numel(); ++i) {
+    nan += std::isnan(v[i]) ? 1 : 0;
+    if (!std::isnan(v[i])) sum += v[i];
+  }
+  std::fprintf(stderr, "prefill logits %s: top", what.c_str());
+  for (size_t i = 0; i < top; ++i) {
+    std::fprintf(stderr, " %lld (%.4f)", static_cast<long long>(order[i]), v[order[i]]);
+  }
+  std::fprintf(stderr, ", sum %.4f, NaN %lld\n", sum, static_cast<long long>(nan));
+  return absl::OkStatus();
+}
+
 // --prefill: median device and wall time of a flags.prefill-token Forward from an empty slot 0.
 absl::StatusOr<StepTimes> TimePrefill(GpuModel& gpu, const Flags& flags) {
   const std::vector<int32_t> prompt = Prompt(flags.prefill, gpu.config().vocab_size);
@@ -195,6 +226,8 @@ absl::Status Run(const Flags& flags) {
                   fused ? "fused" : "unfused", static_cast<long long>(flags.prefill), t.device_us,
                   t.wall_us);
       std::fflush(stdout);
+      PDSERVE_RETURN_IF_ERROR(
+          PrintPrefillLogits(*gpu, flags, what + (fused ? " fused" : " unfused")));
       continue;
     }
     for (int64_t batch : batches) {

@@ -236,19 +236,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       }
     } else if constexpr (A16 && !IN_FLIGHT) {
       const uint32_t conv = conv_offset + wg * kConvBytes;
-      WarpgroupBarrier(wg);  // the last block's products finished reading conv
-      ConvertWeights(smem + s * stage_bytes + rg * 64 * kBlockK, smem + conv,
-                     static_cast<int>(threadIdx.x) % 128);
-      FenceProxyAsync();     // generic writes before the wgmma (async proxy) reads
-      WarpgroupBarrier(wg);  // every row converted
-      WgmmaFence();
-#pragma unroll
-      for (int ks = 0; ks < kBlockK / 16; ++ks) {
-        const uint32_t col = (ks % 4) * 32;
-        WgmmaBf16<N>(
-            p, SmemDescriptor(base + conv + (ks / 4) * (64 * 128) + col, 16, 1024),
-            SmemDescriptor(stage + w_bytes + b_offset + (ks / 4) * box_bytes + col, 16, 1024), ks);
-      }
+      ProductsConvertedWeights<N>(p, smem + s * stage_bytes + rg * 64 * kBlockK, smem + conv,
+                                  base + conv, stage + w_bytes + b_offset, box_bytes, wg);
     } else if constexpr (!A16) {
       WgmmaFence();
 #pragma unroll
@@ -493,25 +482,6 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   return p;
 }
 
-// A 2-D tensor [rows, k] (e4m3, or bf16 when `bf16`; row stride `stride` elements) in boxes of
-// box_rows x 128 bytes with the 128-byte swizzle, rows past the end read as zeros.
-bool EncodeMap(CUtensorMap* map, const void* p, int64_t rows, int64_t k, int64_t stride,
-               int box_rows, bool bf16) {
-  const auto encode = TensorMapEncodeFunction();
-  if (encode == nullptr) return false;
-  const int64_t element_bytes = bf16 ? 2 : 1;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * element_bytes)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / element_bytes),
-                             static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
-                const_cast<void*>(p), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <int N, bool A16, bool IN_FLIGHT>
 cudaError_t LaunchKernel(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
                          const WgmmaPlan& p, cudaStream_t stream) {
@@ -646,9 +616,9 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   CUtensorMap x_map;
   // The activation boxes: the block's tokens, or half of them with multicast.
   const int x_rows = plan.n_tile * plan.tgroups / (plan.multicast ? 2 : 1);
-  const bool encoded = EncodeMap(&w_map, w, n, k, k, 64 * plan.wgs, false) &&
-                       (a16 ? EncodeMap(&x_map, x, m, k, x_stride, x_rows, true)
-                            : EncodeMap(&x_map, xq, m, k, k, x_rows, false));
+  const bool encoded = EncodeGemmMap(&w_map, w, n, k, k, 64 * plan.wgs, false) &&
+                       (a16 ? EncodeGemmMap(&x_map, x, m, k, x_stride, x_rows, true)
+                            : EncodeGemmMap(&x_map, xq, m, k, k, x_rows, false));
   if (!encoded) {
     if (refusal != nullptr) *refusal = "cuTensorMapEncodeTiled failed (driver too old?)";
     return cudaErrorNotSupported;

@@ -1,7 +1,7 @@
 // fp8_gemm_wgmma.cu's device pieces: the kernel arguments, the tile constants, and the consumer's
 // helpers (W8A16 weight conversion, register A fragments, scale loads, the in-kernel split-k
-// reduction, the alternate warpgroups' combine). Included by fp8_gemm_wgmma.cu only; the design
-// is described there.
+// reduction, the alternate warpgroups' combine). Included by fp8_gemm_wgmma.cu (the design is
+// described there) and moe_gemm_wgmma.cu.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -163,6 +163,28 @@ __device__ __forceinline__ float LoadSharedF32(uint32_t address) {
 // Named barrier of consumer warpgroup wg's 128 threads (0 is __syncthreads).
 __device__ __forceinline__ void WarpgroupBarrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
+// W8A16 through shared memory (token tiles past kRegWeightTokens): consumer warpgroup wg
+// converts its 64 e4m3 weight rows of the stage (`w_rows`) to bf16 in its buffer (`conv`, shared
+// address conv_address; ConvertWeights) and issues the block's 8 bf16 wgmma m64nNk16 on them and
+// the stage's activation boxes (`b_stage`, box_bytes each), not committed.
+template <int N>
+__device__ __forceinline__ void ProductsConvertedWeights(float (&p)[N / 2], const uint8_t* w_rows,
+                                                         uint8_t* conv, uint32_t conv_address,
+                                                         uint32_t b_stage, uint32_t box_bytes,
+                                                         int wg) {
+  WarpgroupBarrier(wg);  // the last block's products finished reading conv
+  ConvertWeights(w_rows, conv, static_cast<int>(threadIdx.x) % 128);
+  FenceProxyAsync();     // generic writes before the wgmma (async proxy) reads
+  WarpgroupBarrier(wg);  // every row converted
+  WgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < kBlockK / 16; ++ks) {
+    const uint32_t col = (ks % 4) * 32;
+    WgmmaBf16<N>(p, SmemDescriptor(conv_address + (ks / 4) * (64 * 128) + col, 16, 1024),
+                 SmemDescriptor(b_stage + (ks / 4) * box_bytes + col, 16, 1024), ks);
+  }
 }
 
 // Token tiles up to this size load a block's activation scales before waiting for its stage (at

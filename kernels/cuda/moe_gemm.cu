@@ -1,76 +1,22 @@
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
+#include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
+#include "kernels/cuda/moe_grouping.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
 
 namespace bs = block_scaled;
 
-constexpr int64_t kMaxExperts = 1024;  // one thread per expert in the grouping block
+using moe_grouping::GroupPicksKernel;
+using moe_grouping::kGroupThreads;
+using moe_grouping::kMaxExperts;
 constexpr int64_t kMaxTopK = 32;
-constexpr int kGroupThreads = 1024;
-
-// Exclusive prefix sum of v over the block's 1024 threads (one value each); returns the thread's
-// prefix and writes the total to *total. `scratch` holds 1024 ints.
-__device__ int32_t BlockExclusiveScan(int32_t v, int32_t* scratch, int32_t* total) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int offset = 1; offset < kGroupThreads; offset <<= 1) {
-    const int32_t add = threadIdx.x >= offset ? scratch[threadIdx.x - offset] : 0;
-    __syncthreads();
-    scratch[threadIdx.x] += add;
-    __syncthreads();
-  }
-  const int32_t inclusive = scratch[threadIdx.x];
-  *total = scratch[kGroupThreads - 1];
-  __syncthreads();
-  return inclusive - v;
-}
-
-// Groups the picks by expert (one block of 1024 threads): entry_pick lists the valid picks
-// expert by expert (in no fixed order inside an expert: each pick's result does not depend on
-// its position); items cut each expert's entries into runs of at most `chunk`.
-__global__ void __launch_bounds__(kGroupThreads)
-    GroupPicksKernel(const int32_t* experts, int32_t picks, int32_t n_experts, int32_t chunk,
-                     int32_t* entry_pick, bs::WorkItem* items, int32_t* n_items) {
-  __shared__ int32_t count[kMaxExperts];
-  __shared__ int32_t fill[kMaxExperts];
-  __shared__ int32_t scratch[kGroupThreads];
-  bs::GridDependencyTrigger();  // the act-quant kernel (or the GEMM) may launch and wait on this
-  bs::GridDependencyWait();     // launched early: the routing and the last call's items
-  const int e = threadIdx.x;
-  if (e < n_experts) {
-    count[e] = 0;
-    fill[e] = 0;
-  }
-  __syncthreads();
-  for (int32_t p = threadIdx.x; p < picks; p += kGroupThreads) {
-    const int32_t x = experts[p];
-    if (x >= 0 && x < n_experts) atomicAdd(&count[x], 1);
-  }
-  __syncthreads();
-  const int32_t mine = e < n_experts ? count[e] : 0;
-  const int32_t my_items = (mine + chunk - 1) / chunk;
-  int32_t total_entries = 0;
-  int32_t total_items = 0;
-  const int32_t entry_offset = BlockExclusiveScan(mine, scratch, &total_entries);
-  const int32_t item_offset = BlockExclusiveScan(my_items, scratch, &total_items);
-  for (int32_t i = 0; i < my_items; ++i) {
-    items[item_offset + i] =
-        bs::WorkItem{e, entry_offset + i * chunk, min(chunk, mine - i * chunk)};
-  }
-  if (threadIdx.x == 0) *n_items = total_items;
-  if (e < n_experts) count[e] = entry_offset;  // reused as each expert's first entry
-  __syncthreads();
-  for (int32_t p = threadIdx.x; p < picks; p += kGroupThreads) {
-    const int32_t x = experts[p];
-    if (x >= 0 && x < n_experts) entry_pick[count[x] + atomicAdd(&fill[x], 1)] = p;
-  }
-}
 
 __global__ void CombineKernel(const __nv_bfloat16* y, int64_t y_stride, const int32_t* experts,
                               int64_t tokens, int32_t top_k, int64_t n_experts, int64_t n,
@@ -127,7 +73,21 @@ GroupedPlan PlanGrouped(int64_t tokens, int64_t top_k, int64_t x_rows, const Exp
   return p;
 }
 
-// The checks of the sizes alone (workspace sizing and launch).
+// PDSERVE_MOE_GEMM's choice: kMma unless "wgmma" or "auto".
+enum class PathMode { kMma, kWgmma, kAuto };
+PathMode DefaultPathMode() {
+  static const PathMode mode = [] {
+    const char* env = std::getenv("PDSERVE_MOE_GEMM");
+    const std::string v = env != nullptr ? env : "";
+    return v == "wgmma" ? PathMode::kWgmma : v == "auto" ? PathMode::kAuto : PathMode::kMma;
+  }();
+  return mode;
+}
+
+}  // namespace
+
+namespace moe_gemm_internal {
+
 cudaError_t ValidateSizes(int64_t tokens, int64_t top_k, int64_t x_rows, const ExpertWeights& w,
                           std::string* refusal) {
   const auto refuse = [&](const std::string& what) { return bs::Refuse(refusal, what); };
@@ -179,14 +139,36 @@ cudaError_t ValidatePointers(const __nv_bfloat16* x, int64_t x_stride, const int
   return cudaSuccess;
 }
 
-}  // namespace
+}  // namespace moe_gemm_internal
 
-size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
-                                        const ExpertWeights& weights) {
+using moe_gemm_internal::ValidatePointers;
+using moe_gemm_internal::ValidateSizes;
+
+MoeGemmPath moe_grouped_gemm_path(int64_t tokens, int64_t top_k, const ExpertWeights& weights) {
+  const PathMode mode = DefaultPathMode();
+  if (mode == PathMode::kMma || weights.format == ExpertFormat::kFp4) return MoeGemmPath::kMma;
+  if (mode == PathMode::kAuto && tokens * top_k < kMoeWgmmaMinPicks) return MoeGemmPath::kMma;
+  // (x_rows as the down projection's: the larger of the two forms, the same support.)
+  return moe_grouped_gemm_wgmma_workspace_bytes(tokens, top_k, tokens * top_k, weights) > 0
+             ? MoeGemmPath::kWgmma
+             : MoeGemmPath::kMma;
+}
+
+size_t moe_grouped_gemm_mma_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
+                                            const ExpertWeights& weights) {
   if (x_rows < 0 || ValidateSizes(tokens, top_k, x_rows, weights, nullptr) != cudaSuccess) {
     return 0;
   }
   return PlanGrouped(tokens, top_k, x_rows, weights).total();
+}
+
+size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
+                                        const ExpertWeights& weights) {
+  const size_t mma = moe_grouped_gemm_mma_workspace_bytes(tokens, top_k, x_rows, weights);
+  if (mma == 0 || moe_grouped_gemm_path(tokens, top_k, weights) == MoeGemmPath::kMma) return mma;
+  return std::max(mma,
+                  moe_grouped_gemm_wgmma_workspace_bytes(tokens, top_k, x_rows, weights,
+                                                         moe_grouped_gemm_wgmma_default_config()));
 }
 
 cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
@@ -194,19 +176,32 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
                              int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
                              __nv_bfloat16* out, int64_t out_stride, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+  if (tokens > 0 && moe_grouped_gemm_path(tokens, top_k, weights) == MoeGemmPath::kWgmma) {
+    const cudaError_t status = moe_grouped_gemm_wgmma(
+        x, x_stride, x_per_pick, experts, pick_weights, tokens, top_k, weights, ue8m0_act_scale,
+        out, out_stride, workspace, workspace_bytes, stream,
+        moe_grouped_gemm_wgmma_default_config(), refusal);
+    if (status != cudaErrorNotSupported) return status;  // no TMA descriptors: the mma.sync path
+  }
+  return moe_grouped_gemm_mma(x, x_stride, x_per_pick, experts, pick_weights, tokens, top_k,
+                              weights, ue8m0_act_scale, out, out_stride, workspace, workspace_bytes,
+                              stream, refusal);
+}
+
+cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
+                                 const int32_t* experts, const float* pick_weights, int64_t tokens,
+                                 int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 std::string* refusal) {
   const int64_t x_rows = x_per_pick ? tokens * top_k : tokens;
   cudaError_t status = ValidateSizes(tokens, top_k, x_rows, weights, refusal);
   if (status != cudaSuccess || tokens == 0) return status;
   status = ValidatePointers(x, x_stride, experts, weights, out, out_stride, refusal);
   if (status != cudaSuccess) return status;
   const GroupedPlan plan = PlanGrouped(tokens, top_k, x_rows, weights);
-  if (workspace_bytes < plan.total()) {
-    return bs::Refuse(refusal, "workspace_bytes: " + std::to_string(workspace_bytes) + " < the " +
-                                   std::to_string(plan.total()) + " needed");
-  }
-  if (workspace == nullptr || !bs::Aligned(workspace, 256)) {
-    return bs::Refuse(refusal, "workspace: null or not 256-byte aligned");
-  }
+  status = fp8_gemm_internal::CheckWorkspace(workspace, workspace_bytes, plan.total(), refusal);
+  if (status != cudaSuccess) return status;
   uint8_t* p = static_cast<uint8_t*>(workspace);
   int32_t* entry_pick = reinterpret_cast<int32_t*>(p);
   p += plan.entry_bytes;
@@ -224,7 +219,8 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   // Programmatic launch: resident when the kernel before ends, and it waits for it first.
   status = bs::LaunchDependent(GroupPicksKernel, dim3(1), dim3(kGroupThreads), stream, experts,
                                static_cast<int32_t>(picks), static_cast<int32_t>(weights.n_experts),
-                               static_cast<int32_t>(8 * plan.tiles), entry_pick, items, n_items);
+                               static_cast<int32_t>(8 * plan.tiles), entry_pick, items, n_items,
+                               static_cast<int32_t*>(nullptr));
   if (status != cudaSuccess) return status;
   const bool a16 = weights.format == ExpertFormat::kFp8W8A16;
   if (!a16) {

@@ -27,6 +27,20 @@
 // (instruction-bound: 24-37% of the read floor), hence FP4 experts are to become FP8 at load.
 // Prefill sizes (>= 2048 tokens) are 2-7x slower than a bf16 grouped GEMM: not a prefill kernel.
 //
+// Paths (moe_grouped_gemm_path): kMma, the kernel above (every format, every size); kWgmma,
+// moe_grouped_gemm_wgmma (FP8 and W8A16 experts, meant for prefill sizes): the picks grouped by
+// expert as above, then their activation rows copied in that order (W8A16: bf16 rows; FP8: the
+// rows quantized per token first, then the e4m3 rows and their scales), so each expert's rows are
+// contiguous; one block per (128 weight rows, work item of up to 64 or 128 of one expert's
+// entries) streams the expert's weights (TMA over all experts' rows [n_experts * n, k] from row
+// expert * n + row tile) and the item's rows through a shared-memory ring into Hopper warpgroup
+// MMA (kernels/cuda/moe_gemm_wgmma.cu has the design). Same inputs, outputs and math; the fp32
+// sums are folded per 128-k block in ascending k as on the mma path (the tensor cores' order
+// inside a block differs, so the two paths' bits may differ in the last place). PDSERVE_MOE_GEMM
+// (read once per process): unset or "mma" keeps kMma for every size (the default until a GPU run
+// has measured the new path), "wgmma" takes kWgmma for every call it supports, "auto" takes it
+// from kMoeWgmmaMinPicks routed picks (tokens * top_k) on.
+//
 // Asynchronous on `stream`; no state, so concurrent calls with different outputs and workspaces
 // are safe.
 #pragma once
@@ -59,7 +73,8 @@ struct ExpertWeights {
 };
 
 // Bytes of device workspace moe_grouped_gemm needs for `tokens` x `top_k` picks and x_rows rows of
-// input; 0 for sizes moe_grouped_gemm refuses. Host only.
+// input (the most either path needs where moe_grouped_gemm_path may be kWgmma); 0 for sizes
+// moe_grouped_gemm refuses. Host only.
 size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
                                         const ExpertWeights& weights);
 
@@ -80,6 +95,65 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
                              __nv_bfloat16* out, int64_t out_stride, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream,
                              std::string* refusal = nullptr);
+
+enum class MoeGemmPath { kMma, kWgmma };
+// PDSERVE_MOE_GEMM=auto: kWgmma from this many picks (tokens * top_k) on (1366 tokens at top-6);
+// to be set from bench/cuda/gemm_bench.cu's moe_prefill rows.
+inline constexpr int64_t kMoeWgmmaMinPicks = 8192;
+// The path moe_grouped_gemm takes for these sizes (PDSERVE_MOE_GEMM as above; kMma for FP4
+// experts and for sizes moe_grouped_gemm_wgmma refuses). Host only.
+MoeGemmPath moe_grouped_gemm_path(int64_t tokens, int64_t top_k, const ExpertWeights& weights);
+
+// The mma.sync path alone: moe_grouped_gemm's contract; workspace
+// moe_grouped_gemm_mma_workspace_bytes (at most moe_grouped_gemm_workspace_bytes).
+size_t moe_grouped_gemm_mma_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
+                                            const ExpertWeights& weights);
+cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
+                                 const int32_t* experts, const float* pick_weights, int64_t tokens,
+                                 int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 std::string* refusal = nullptr);
+
+// The warpgroup-MMA path's tile: token_tile entries per work item (0: 128 when the routed experts
+// average more than 64 picks, else 64; or 64 / 128), stages: shared-memory ring depth (0: 4, or
+// 2..8; fewer when they do not fit), multicast_activations: the blocks of two neighbouring
+// 128-row tiles (same work item) run as a cluster and load each activation box once for both by
+// TMA multicast (where n gives an even number of row tiles; the same bits).
+struct MoeWgmmaConfig {
+  int token_tile = 0;
+  int stages = 0;
+  bool multicast_activations = false;
+};
+// The default config, or PDSERVE_MOE_WGMMA="token_tile,stages[,multicast 0|1]" (read once per
+// process; malformed values are ignored). Host only.
+MoeWgmmaConfig moe_grouped_gemm_wgmma_default_config();
+// Workspace bytes of moe_grouped_gemm_wgmma (grouping, the grouped activation rows, FP8: the
+// per-token quantized rows and scales too); 0 for sizes it refuses. Host only.
+size_t moe_grouped_gemm_wgmma_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
+                                              const ExpertWeights& weights,
+                                              const MoeWgmmaConfig& config = {});
+// moe_grouped_gemm's function on the Hopper warpgroup MMA (sm_90a): its requirements plus
+// weights.format kFp8 or kFp8W8A16, n_experts * n < 2^31 and at most 65535 work items (tokens *
+// top_k up to about 4 million). Returns cudaErrorNotSupported when the driver cannot encode the
+// TMA descriptors (`refusal` says so), cudaErrorInvalidValue on bad arguments.
+cudaError_t moe_grouped_gemm_wgmma(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
+                                   const int32_t* experts, const float* pick_weights,
+                                   int64_t tokens, int64_t top_k, const ExpertWeights& weights,
+                                   bool ue8m0_act_scale, __nv_bfloat16* out, int64_t out_stride,
+                                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                   const MoeWgmmaConfig& config = {},
+                                   std::string* refusal = nullptr);
+
+namespace moe_gemm_internal {
+// moe_grouped_gemm's argument checks (sizes, then pointers; moe_gemm.cu), shared by both paths;
+// `refusal` names the failed check. x_rows: tokens or tokens * top_k.
+cudaError_t ValidateSizes(int64_t tokens, int64_t top_k, int64_t x_rows, const ExpertWeights& w,
+                          std::string* refusal);
+cudaError_t ValidatePointers(const __nv_bfloat16* x, int64_t x_stride, const int32_t* experts,
+                             const ExpertWeights& w, const __nv_bfloat16* out, int64_t out_stride,
+                             std::string* refusal);
+}  // namespace moe_gemm_internal
 
 // out[t, c] += sum over j ascending of y[t * top_k + j, c] (fp32), skipping picks whose expert id
 // is outside [0, n_experts) (their y rows are never read). y [tokens * top_k, y_stride] bf16

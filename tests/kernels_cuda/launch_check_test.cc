@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/page_copy.cuh"
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
@@ -235,6 +237,44 @@ INSTANTIATE_TEST_SUITE_P(Launchers, LaunchRefusalTest, ::testing::ValuesIn(Refus
                          [](const ::testing::TestParamInfo<Refusal>& param_info) {
                            return std::string(param_info.param.name);
                          });
+
+// moe_grouped_gemm_wgmma's refusals come before any CUDA call too (its own std::string refusal),
+// and the dispatch keeps the mma.sync path without PDSERVE_MOE_GEMM.
+TEST(MoeGemmWgmmaHostTest, RefusalsAndDispatchWithoutAGpu) {
+  ExpertWeights w;
+  w.format = ExpertFormat::kFp8W8A16;
+  w.w = u8;
+  w.scale = f32;
+  w.n_experts = 256;
+  w.n = 4096;
+  w.k = 4096;
+  const auto refusal_of = [&](const ExpertWeights& weights, int64_t tokens, size_t ws_bytes) {
+    std::string refusal;
+    EXPECT_EQ(moe_grouped_gemm_wgmma(bf16, 4096, false, i32, nullptr, tokens, 6, weights, false,
+                                     bf16, 4096, u8, ws_bytes, nullptr, MoeWgmmaConfig{}, &refusal),
+              cudaErrorInvalidValue);
+    return refusal;
+  };
+  EXPECT_NE(refusal_of(w, 4096, 64).find("workspace_bytes:"), std::string::npos);
+  EXPECT_NE(refusal_of(w, -1, 64).find("tokens:"), std::string::npos);
+  ExpertWeights fp4 = w;
+  fp4.format = ExpertFormat::kFp4;
+  fp4.scale_e8m0 = u8;
+  EXPECT_NE(refusal_of(fp4, 8, 64).find("weights.format:"), std::string::npos);
+  ExpertWeights wide = w;
+  wide.n_experts = 1024;
+  wide.n = 4194240;
+  EXPECT_NE(refusal_of(wide, 8, 64).find("TMA coordinates"), std::string::npos);
+  // W8A16 at 4096 tokens: at least the grouped bf16 rows (picks x k x 2 bytes).
+  EXPECT_GE(moe_grouped_gemm_wgmma_workspace_bytes(4096, 6, 4096, w), size_t{24576} * 4096 * 2);
+  EXPECT_EQ(moe_grouped_gemm_wgmma_workspace_bytes(4096, 6, 4096, fp4), 0u);
+  EXPECT_EQ(moe_grouped_gemm_path(4096, 6, fp4), MoeGemmPath::kMma);
+  if (std::getenv("PDSERVE_MOE_GEMM") == nullptr) {
+    EXPECT_EQ(moe_grouped_gemm_path(8192, 6, w), MoeGemmPath::kMma);
+    EXPECT_EQ(moe_grouped_gemm_workspace_bytes(4096, 6, 4096, w),
+              moe_grouped_gemm_mma_workspace_bytes(4096, 6, 4096, w));
+  }
+}
 
 TEST(LaunchCheckTest, EmptyWorkIsNoRefusal) {
   TakeLaunchRefusal();
