@@ -128,7 +128,7 @@ struct Flags {
   // 192-byte reference a page; SenderOptions::device_ref_version) and how the decode's landers
   // move their descriptors and hashes (cuda_ipc::LanderMode: "staged", "mapped" or "fused").
   int refs = 3;
-  std::string lander = "mapped";
+  std::string lander = "fused";
   // With --cuda-ipc: every layer's pages stored in one DeviceStatePages::StoreLayers (one upload
   // and two launches) instead of StoreLayer per layer.
   bool store_all = true;

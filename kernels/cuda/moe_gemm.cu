@@ -73,13 +73,13 @@ GroupedPlan PlanGrouped(int64_t tokens, int64_t top_k, int64_t x_rows, const Exp
   return p;
 }
 
-// PDSERVE_MOE_GEMM's choice: kMma unless "wgmma" or "auto".
+// PDSERVE_MOE_GEMM's choice: kAuto unless "mma" or "wgmma".
 enum class PathMode { kMma, kWgmma, kAuto };
 PathMode DefaultPathMode() {
   static const PathMode mode = [] {
     const char* env = std::getenv("PDSERVE_MOE_GEMM");
     const std::string v = env != nullptr ? env : "";
-    return v == "wgmma" ? PathMode::kWgmma : v == "auto" ? PathMode::kAuto : PathMode::kMma;
+    return v == "wgmma" ? PathMode::kWgmma : v == "mma" ? PathMode::kMma : PathMode::kAuto;
   }();
   return mode;
 }

@@ -83,7 +83,7 @@ absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name) {
 
 absl::StatusOr<LanderMode> LanderModeFromEnv() {
   const char* name = std::getenv("PDSERVE_CUDA_LANDER");
-  if (name == nullptr || *name == '\0') return LanderMode::kMapped;
+  if (name == nullptr || *name == '\0') return LanderMode::kFused;
   return ParseLanderMode(name);
 }
 

@@ -239,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Launchers, LaunchRefusalTest, ::testing::ValuesIn(Refus
                          });
 
 // moe_grouped_gemm_wgmma's refusals come before any CUDA call too (its own std::string refusal),
-// and the dispatch keeps the mma.sync path without PDSERVE_MOE_GEMM.
+// and without PDSERVE_MOE_GEMM the dispatch takes the wgmma path from kMoeWgmmaMinPicks picks on.
 TEST(MoeGemmWgmmaHostTest, RefusalsAndDispatchWithoutAGpu) {
   ExpertWeights w;
   w.format = ExpertFormat::kFp8W8A16;
@@ -270,9 +270,12 @@ TEST(MoeGemmWgmmaHostTest, RefusalsAndDispatchWithoutAGpu) {
   EXPECT_EQ(moe_grouped_gemm_wgmma_workspace_bytes(4096, 6, 4096, fp4), 0u);
   EXPECT_EQ(moe_grouped_gemm_path(4096, 6, fp4), MoeGemmPath::kMma);
   if (std::getenv("PDSERVE_MOE_GEMM") == nullptr) {
-    EXPECT_EQ(moe_grouped_gemm_path(8192, 6, w), MoeGemmPath::kMma);
+    EXPECT_EQ(moe_grouped_gemm_path(8192, 6, w), MoeGemmPath::kWgmma);
+    EXPECT_EQ(moe_grouped_gemm_path(kMoeWgmmaMinPicks / 6, 6, w), MoeGemmPath::kMma);
+    EXPECT_EQ(moe_grouped_gemm_path(1, 6, w), MoeGemmPath::kMma);  // decode sizes
     EXPECT_EQ(moe_grouped_gemm_workspace_bytes(4096, 6, 4096, w),
-              moe_grouped_gemm_mma_workspace_bytes(4096, 6, 4096, w));
+              std::max(moe_grouped_gemm_mma_workspace_bytes(4096, 6, 4096, w),
+                       moe_grouped_gemm_wgmma_workspace_bytes(4096, 6, 4096, w)));
   }
 }
 
