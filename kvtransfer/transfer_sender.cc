@@ -290,7 +290,8 @@ bool Transfer::Queue(uint32_t slot) {
 }
 
 void Transfer::ChecksumOnPool(const std::vector<uint32_t>& slots) {
-  if (options_.checksum_pool == nullptr || slots.empty()) return;
+  // Device pages are never read here (their checksums are the caller's).
+  if (options_.checksum_pool == nullptr || slots.empty() || device_.has_value()) return;
   // Each task writes its own slot's entry; checksummed_ (a bit vector) is set afterwards on this
   // thread.
   options_.checksum_pool->Run(static_cast<int64_t>(slots.size()), [&](int64_t i) {
@@ -330,9 +331,38 @@ absl::Status Transfer::Pump() {
   return absl::OkStatus();
 }
 
+absl::Status Transfer::CheckDeviceChecksums() const {
+  if (!device_.has_value()) return absl::OkStatus();
+  for (size_t slot = 0; slot < checksummed_.size(); ++slot) {
+    if (!checksummed_[slot]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "slot ", slot, " of a GPU-arena transfer has no checksum (SetDeviceChecksums)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::SetDeviceChecksums(std::span<const uint64_t> xxh3_by_slot) {
+  PDSERVE_RETURN_IF_ERROR(error_);
+  if (!device_.has_value() || pages_posted_ > 0) {
+    return absl::FailedPreconditionError(
+        "SetDeviceChecksums: only for a GPU-arena transfer, before its first post");
+  }
+  if (xxh3_by_slot.size() != checksums_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("SetDeviceChecksums: ", xxh3_by_slot.size(),
+                                                   " checksums for ", checksums_.size(), " pages"));
+  }
+  for (size_t slot = 0; slot < checksums_.size(); ++slot) {
+    checksums_[slot] = xxh3_by_slot[slot];
+    checksummed_[slot] = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Transfer::PostLayer(uint32_t layer) {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
+  PDSERVE_RETURN_IF_ERROR(CheckDeviceChecksums());
   std::vector<uint32_t> posted;
   for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
     if (ticket_.pages[slot].layer == layer && Queue(slot)) posted.push_back(slot);
@@ -344,6 +374,7 @@ absl::Status Transfer::PostLayer(uint32_t layer) {
 absl::Status Transfer::PostAll() {
   PDSERVE_RETURN_IF_ERROR(error_);
   if (commit_requested_) return absl::FailedPreconditionError("transfer already committed");
+  PDSERVE_RETURN_IF_ERROR(CheckDeviceChecksums());
   std::vector<uint32_t> posted;
   for (uint32_t slot = 0; slot < ticket_.pages.size(); ++slot) {
     if (Queue(slot)) posted.push_back(slot);
@@ -602,6 +633,7 @@ absl::StatusOr<std::unique_ptr<Transfer>> TransferSender::PrepareDevice(const Ti
   transfer->device_ = std::move(pages.arena);
   for (size_t slot = 0; slot < pages.pages.size(); ++slot) {
     transfer->device_offsets_.push_back(pages.pages[slot].offset);
+    if (pages.checksums_pending) continue;  // Transfer::SetDeviceChecksums gives them.
     transfer->checksums_[slot] = pages.pages[slot].xxh3;
     transfer->checksummed_[slot] = true;
   }

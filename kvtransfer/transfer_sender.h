@@ -59,6 +59,11 @@ struct DeviceSourcePage {
 struct DevicePages {
   shm::IpcRegionName arena;
   std::vector<DeviceSourcePage> pages;  // Index = slot.
+  // The pages' xxh3 are not known yet (the prompt is still to run): PrepareDevice ignores them,
+  // and Transfer::SetDeviceChecksums must give them before any page is posted. So a prefill
+  // prepares the transfer (connects, and its Poll heartbeats renew the decode worker's lease)
+  // before it computes the pages, as the host path does.
+  bool checksums_pending = false;
 };
 
 struct SenderOptions {
@@ -112,6 +117,10 @@ class Transfer {
   absl::Status PostLayer(uint32_t layer);
   // Posts every page not yet posted (same contract as PostLayer).
   absl::Status PostAll();
+  // A PrepareDevice transfer prepared with DevicePages::checksums_pending: each slot's XXH3-64
+  // of its page bytes (index = slot), taken on the GPU. Errors: FailedPrecondition for another
+  // transfer, after the first post or after a failure; InvalidArgument for another count.
+  absl::Status SetDeviceChecksums(std::span<const uint64_t> xxh3_by_slot);
   // Asks for the commit, sent once every page send has completed. Requires all pages posted.
   // `more_first_tokens`: a shared prefill's other choices' first tokens (ControlMessage).
   absl::Status Commit(int32_t prompt_tokens, int32_t first_token,
@@ -167,6 +176,8 @@ class Transfer {
   absl::Status SendCommit();
   absl::Status Fail(absl::Status status);
   void SendHeartbeatIfDue();
+  // FailedPrecondition when a GPU-arena transfer has a slot without its checksum.
+  absl::Status CheckDeviceChecksums() const;
 
   PageTransport& transport_;
   const Clock& clock_;
@@ -234,6 +245,8 @@ class TransferSender {
   // page does. Needs SenderOptions::shm_pull (for the ack words) and a ticket whose offer names
   // a device. A page the decode worker could not read fails the transfer (there is no host copy
   // to send instead) and keeps that decode worker off pulling for a while (PullSender::Disable).
+  // With pages.checksums_pending the checksums come later (Transfer::SetDeviceChecksums); a
+  // post before them fails (FailedPrecondition).
   // Errors: as PrepareWithElements; FailedPrecondition when the ticket's pages are not GPU
   // memory, there is no PullSender, the arena is on another host than the offer or the ack
   // words cannot be mapped; InvalidArgument when a page lies outside the arena.

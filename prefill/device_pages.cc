@@ -6,9 +6,11 @@
 // pages go as references (TransferSender::PrepareDevice, the metrics' path "cuda-ipc"), the
 // decode worker copies them device to device, and the commit follows as on every path.
 //
-// What does not overlap yet: PrepareDevice takes every page's checksum up front, so the
-// references leave only after the last layer's store (the host path posts each layer during the
-// last chunk), and no heartbeat renews the lease while the prompt runs.
+// The transfer is prepared before the prompt runs (DevicePages::checksums_pending): it connects
+// and its polls between chunks send the heartbeats that renew the decode worker's lease; the
+// checksums are given after the last layer's store (Transfer::SetDeviceChecksums). What does not
+// overlap yet: the references leave only after the last layer's store (the host path posts each
+// layer during the last chunk).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -93,47 +95,50 @@ absl::Status PrefillWorker::CreateDeviceArena() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<kv::DevicePages> PrefillWorker::DeviceSources(
+    serving::RequestId sequence, const std::vector<kv::PlannedPage>& plan) {
+  kv::DevicePages sources{.arena = arena_.name, .checksums_pending = true};
+  sources.pages.resize(plan.size());
+  for (size_t slot = 0; slot < plan.size(); ++slot) {
+    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> page,
+                             arena_pool_->Data(sequence, plan[slot].handle));
+    kv::DeviceSourcePage& source = sources.pages[slot];
+    source.offset = static_cast<uint64_t>(page.data() - arena_.memory.data());
+    source.length = plan[slot].descriptor.bytes;
+    source.element = plan[slot].descriptor.element;
+  }
+  return sources;
+}
+
 absl::StatusOr<std::vector<serving::SampledToken>> PrefillWorker::PrefillDevicePages(
-    Admitted& a, serving::RequestId sequence, const serving::PageTable& table,
-    const grpc::ServerContext& context, kv::DevicePages* sources, Timing* t) {
-  PDSERVE_ASSIGN_OR_RETURN(const std::vector<kv::PlannedPage> plan, CheckedPlan(a, table));
+    Admitted& a, const serving::PageTable& table, const std::vector<kv::PlannedPage>& plan,
+    Sending& sending, std::vector<uint64_t>* checksums, Timing* t) {
   const int64_t layers = model_.config.num_hidden_layers;
   PDSERVE_ASSIGN_OR_RETURN(const LayerChecksums checks,
                            PlanChecksums(*model_.layout, table, plan, layers));
   PDSERVE_ASSIGN_OR_RETURN(runtime::SequencePages pages, runtime::MapPages(*arena_pool_, table));
   const runtime::PagedState paged(model_.config, *model_.layout, a.total);
+  // Between chunks: the abort / cancellation check and a poll of the prepared transfer, whose
+  // heartbeats keep the decode worker's lease while the prompt runs (as on the host path).
   const runtime::PrefillEngine::ChunkDone chunk_done = [&](int64_t tokens) -> absl::Status {
     chunk_tokens_->Observe(static_cast<double>(tokens));
     prefilled_tokens_.fetch_add(tokens);
-    progress_.Beat();
-    if (Aborted(a.id) || context.IsCancelled()) {
-      return absl::CancelledError(absl::StrCat("request ", a.id, " was aborted"));
-    }
-    return absl::OkStatus();
+    return Check(a.id, sending);
   };
   t->prefill_start = absl::Now();
   PDSERVE_ASSIGN_OR_RETURN(runtime::PrefillEngine::DeviceRun run,
                            engine_->RunToDevice(a.prompt, paged, pages, checks.ids, chunk_done));
   PDSERVE_ASSIGN_OR_RETURN(std::vector<serving::SampledToken> first, SampleFirst(a, run.logits));
   t->prefill_end = absl::Now();
-  sources->arena = arena_.name;
-  sources->pages.resize(plan.size());
+  checksums->assign(plan.size(), 0);
   for (size_t l = 0; l < checks.slots.size(); ++l) {
     if (run.checksums.size() != checks.slots.size() ||
         run.checksums[l].size() != checks.slots[l].size()) {
       return absl::InternalError("the engine returned another count of page checksums");
     }
     for (size_t i = 0; i < checks.slots[l].size(); ++i) {
-      sources->pages[checks.slots[l][i]].xxh3 = run.checksums[l][i];
+      (*checksums)[checks.slots[l][i]] = run.checksums[l][i];
     }
-  }
-  for (size_t slot = 0; slot < plan.size(); ++slot) {
-    PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> page,
-                             arena_pool_->Data(sequence, plan[slot].handle));
-    kv::DeviceSourcePage& source = sources->pages[slot];
-    source.offset = static_cast<uint64_t>(page.data() - arena_.memory.data());
-    source.length = plan[slot].descriptor.bytes;
-    source.element = plan[slot].descriptor.element;
   }
   return first;
 }
@@ -160,29 +165,40 @@ absl::StatusOr<v1::PrefillResponse> PrefillWorker::RunDevicePrefill(
                                                       table.status().message()));
   }
   absl::Cleanup free_table = [this, &table] { arena_pool_->Free(*table).IgnoreError(); };
-  Timing t;
-  kv::DevicePages sources;
-  absl::StatusOr<std::vector<serving::SampledToken>> first =
-      PrefillDevicePages(a, sequence, *table, context, &sources, &t);
-  if (!first.ok()) {
-    return Failed(first.status(), /*transfer_error=*/false, Aborted(a.id) || context.IsCancelled());
+  absl::StatusOr<std::vector<kv::PlannedPage>> plan = CheckedPlan(a, *table);
+  absl::StatusOr<kv::DevicePages> sources =
+      plan.ok() ? DeviceSources(sequence, *plan) : absl::StatusOr<kv::DevicePages>(plan.status());
+  if (!sources.ok()) {
+    return Failed(sources.status(), /*transfer_error=*/false,
+                  Aborted(a.id) || context.IsCancelled());
   }
-  // Device pages are read by the decode worker, so the sender needs its ack words (arena_acks_);
-  // the test faults act on page messages and do not apply.
+  // Prepared before the prompt runs (its checksums come after it), so the decode worker's lease
+  // is renewed meanwhile. Device pages are read by the decode worker, so the sender needs its ack
+  // words (arena_acks_); the test faults act on page messages and do not apply.
   kv::TransferSender sender(*transport_, clock_,
                             {.max_in_flight_bytes = kv::InFlightBytesForLanes(transport_->lanes()),
                              .metrics = transfer_metrics_.get(),
                              .path = "cuda-ipc",
                              .shm_pull = arena_acks_.get()});
   absl::StatusOr<std::unique_ptr<kv::Transfer>> transfer =
-      sender.PrepareDevice(a.ticket, std::move(sources));
+      sender.PrepareDevice(a.ticket, *std::move(sources));
   if (!transfer.ok()) return PrepareFailed(transfer.status());
   in_flight_->Add(1);
   absl::Cleanup not_in_flight = [this] { in_flight_->Add(-1); };
+  // Every failure from here on is one failed transfer (the Transfer fences on destruction), as
+  // on the host path: counted by the transfer's error, or "prefill_error" when the prompt failed.
   Sending sending{**transfer, context};
-  t.first_post = absl::Now();
-  absl::Status sent = (*transfer)->PostAll();
-  if (!sent.ok()) sent = sending.Fail(sent);
+  Timing t;
+  std::vector<uint64_t> checksums;
+  absl::StatusOr<std::vector<serving::SampledToken>> first =
+      PrefillDevicePages(a, *table, *plan, sending, &checksums, &t);
+  absl::Status sent = first.status();
+  if (sent.ok()) {
+    t.first_post = absl::Now();
+    sent = (*transfer)->SetDeviceChecksums(checksums);
+    if (sent.ok()) sent = (*transfer)->PostAll();
+    if (!sent.ok()) sent = sending.Fail(sent);
+  }
   if (sent.ok()) sent = Deliver(a, *first, sending);
   if (!sent.ok()) {
     return Failed(sent, sending.transfer_error, Aborted(a.id) || context.IsCancelled());

@@ -232,11 +232,16 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   absl::Status CreateDeviceArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   absl::StatusOr<pdserve::worker::v1::PrefillResponse> RunDevicePrefill(
       Admitted& a, const grpc::ServerContext& context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
-  // Runs the prompt into the arena's pages of `table`; the page references of the ticket's
-  // slots (their GPU checksums) and the first tokens.
+  // The page references of the ticket's slots (`plan`) in the arena's pages of `sequence`, their
+  // checksums pending.
+  absl::StatusOr<kv::DevicePages> DeviceSources(serving::RequestId sequence,
+                                                const std::vector<kv::PlannedPage>& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Runs the prompt into the arena's pages of `table`, polling `sending`'s transfer between
+  // chunks; each slot's GPU checksum (`checksums`, index = slot of `plan`) and the first tokens.
   absl::StatusOr<std::vector<serving::SampledToken>> PrefillDevicePages(
-      Admitted& a, serving::RequestId sequence, const serving::PageTable& table,
-      const grpc::ServerContext& context, kv::DevicePages* sources, Timing* t)
+      Admitted& a, const serving::PageTable& table, const std::vector<kv::PlannedPage>& plan,
+      Sending& sending, std::vector<uint64_t>* checksums, Timing* t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   static bool AsksDevicePages(const kv::Ticket& ticket) {
     return ticket.shm_pull.has_value() && !ticket.shm_pull->device_pci_bus_id.empty();

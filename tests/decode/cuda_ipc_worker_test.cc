@@ -72,8 +72,13 @@ class HostDeviceEngine final : public runtime::PrefillEngine {
       const ChunkDone& chunk_done) override {
     ++device_runs;
     DeviceRun run;
+    // chunk_delay: a slow engine (each chunk that long before its chunk_done).
+    const ChunkDone slow = [&](int64_t tokens) {
+      absl::SleepFor(absl::Milliseconds(chunk_delay_ms.load()));
+      return chunk_done(tokens);
+    };
     auto logits = inner_->Run(
-        prompt, paged, device_pages, [](int64_t) { return absl::OkStatus(); }, chunk_done);
+        prompt, paged, device_pages, [](int64_t) { return absl::OkStatus(); }, slow);
     if (!logits.ok()) return logits.status();
     run.logits = std::move(*logits);
     for (const auto& layer : checksum_pages) {
@@ -90,6 +95,7 @@ class HostDeviceEngine final : public runtime::PrefillEngine {
   int64_t max_context() const override { return inner_->max_context(); }
   std::string Describe() const override { return "cpu with host device pages (test)"; }
   std::atomic<int> device_runs{0};
+  std::atomic<int64_t> chunk_delay_ms{0};
 
  private:
   std::unique_ptr<engine::Model> model_;
@@ -427,6 +433,31 @@ TEST_F(CudaIpcWorkerTest, WithTheCapabilityAtReservePagesGoDeviceToDeviceAndToke
   EXPECT_TRUE(absl::StrContains(decode_[1]->MetricsText(), "path=\"cuda-ipc\""));
   EXPECT_FALSE(absl::StrContains(decode_[0]->MetricsText(), "path=\"cuda-ipc\""));
   EXPECT_TRUE(absl::StrContains(prefill_->MetricsText(), "path=\"cuda-ipc\""));
+}
+
+// A prompt that runs longer than the decode worker's lease (5 chunks of 64 tokens, 500 ms each,
+// against a 1.2 s lease) keeps it: the transfer is prepared before the prompt runs and its polls
+// between chunks send the heartbeats, as on the host path.
+TEST_F(CudaIpcWorkerTest, APromptLongerThanTheLeaseKeepsItByTheTransfersHeartbeats) {
+  DecodeWorkerOptions short_lease = ipc_options_;
+  short_lease.lease = absl::Milliseconds(1200);
+  short_lease.runner_factory = [this](const runtime::RunnerContext& context) {
+    return MakeRunner(context, &late_slots_);
+  };
+  AddDecode(short_lease);
+  const v1::CudaIpcSource source = PrefillHealth(*prefill_stub_).cuda_ipc();
+  const std::vector<int32_t> prompt = Prompt(300, 3);
+  const Result want = Run(0, 700, prompt, std::nullopt);
+  engine_->chunk_delay_ms = 500;
+  const absl::Time started = absl::Now();
+  const Result got = Run(2, 700, prompt, source);
+  EXPECT_GT(absl::Now() - started, absl::Milliseconds(2400));  // twice the lease at least
+  engine_->chunk_delay_ms = 0;
+  ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();
+  EXPECT_TRUE(AsksGpuPages(got.ticket));
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.finish_reason, want.finish_reason);
+  EXPECT_EQ(late_slots_.device_claims(), 1);
 }
 
 TEST_F(CudaIpcWorkerTest, WithoutTheCapabilityAtReserveTheTicketAsksForHostPages) {

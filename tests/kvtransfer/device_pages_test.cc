@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -173,6 +174,65 @@ TEST_F(DevicePagesTest, ArenaPagesLandInBatchesVerifyAndEachSlotIsAcknowledged) 
   ASSERT_TRUE(last_poll_.ok() && *last_poll_) << last_poll_.status();
   EXPECT_EQ(transfer->pages_completed(), 4u);
   EXPECT_TRUE(transfer->Release().ok());
+}
+
+// A prefill prepares its GPU-arena transfer before it computes the pages
+// (DevicePages::checksums_pending): nothing can be posted before the checksums are given, its
+// polls keep the decode worker's lease alive meanwhile (past the 10 s lease here), and the pages
+// then land and verify under the checksums given later; a wrong count is refused.
+TEST_F(DevicePagesTest, ChecksumsGivenAfterPrepareKeepTheLeaseAndVerify) {
+  const Ticket ticket = ExpectDevice(1, 4);
+  DevicePages pages = Arena(ticket, 17);
+  std::vector<uint64_t> sums;
+  for (DeviceSourcePage& page : pages.pages) {
+    sums.push_back(page.xxh3);
+    page.xxh3 = 0;  // Not known at Prepare: ignored.
+  }
+  pages.checksums_pending = true;
+  auto transfer = sender_->PrepareDevice(ticket, std::move(pages));
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  EXPECT_EQ((*transfer)->PostAll().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*transfer)->PostLayer(0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*transfer)->pages_posted(), 0u);
+  // The prompt "runs" 15 s: the sender's heartbeats renew the lease.
+  for (int second = 0; second < 15; ++second) {
+    const absl::StatusOr<bool> polled = (*transfer)->Poll();
+    ASSERT_TRUE(polled.ok()) << polled.status();
+    EXPECT_FALSE(*polled);
+    for (int i = 0; i < 4; ++i) receiver_->Progress();
+    auto outcome = receiver_->Outcome(ticket.ticket_id);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    ASSERT_EQ(outcome->state, TransferState::kReceiving) << "second " << second;
+    clock_.Advance(absl::Seconds(1));
+  }
+  EXPECT_EQ((*transfer)->SetDeviceChecksums(std::span(sums).first(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*transfer)->SetDeviceChecksums(sums).ok());
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  EXPECT_EQ((*transfer)->SetDeviceChecksums(sums).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*transfer)->Commit(16, 3).ok());
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer->get());
+  ASSERT_EQ(outcome.state, TransferState::kVerified) << outcome.status;
+  for (uint32_t slot = 0; slot < 4; ++slot) {
+    EXPECT_TRUE(MatchesPattern(pool_[slot], 17, slot)) << "slot " << slot;
+  }
+}
+
+// A checksum given later that does not match the page's bytes fails the request as any
+// mismatch does.
+TEST_F(DevicePagesTest, AWrongChecksumGivenLaterFailsTheRequest) {
+  const Ticket ticket = ExpectDevice(1, 2);
+  DevicePages pages = Arena(ticket, 23);
+  std::vector<uint64_t> sums = {pages.pages[0].xxh3, pages.pages[1].xxh3 ^ 1};
+  pages.checksums_pending = true;
+  auto transfer = sender_->PrepareDevice(ticket, std::move(pages));
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  ASSERT_TRUE((*transfer)->SetDeviceChecksums(sums).ok());
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  ASSERT_TRUE((*transfer)->Commit(16, 3).ok());
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer->get());
+  ASSERT_EQ(outcome.state, TransferState::kFailed);
+  EXPECT_EQ(GetIsolationError(outcome.status), IsolationError::kChecksum) << outcome.status;
 }
 
 TEST_F(DevicePagesTest, APageChangedAfterItsChecksumFailsOnlyItsRequest) {
