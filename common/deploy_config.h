@@ -142,6 +142,11 @@ struct SecurityConfig {
 inline constexpr int kMaxConfigTransferLanes = 16;
 // transfer.cuda_ipc_arena_tokens at most (the longest context any supported model has, 16x over).
 inline constexpr int64_t kMaxCudaIpcArenaTokens = int64_t{1} << 24;
+// transfer.cuda_ipc_arena_tokens when 0: the model's context, at most this many tokens. A 1M-token
+// V4-Flash context would make the prefill worker's arena ~7.5 GB and the decode worker's device
+// page pool (4 requests) ~30 GB of GPU memory no memory plan counts; 128K tokens keep them near
+// 0.9 and 3.8 GB, and a longer request goes by host pages.
+inline constexpr int64_t kDefaultCudaIpcArenaTokens = int64_t{1} << 17;
 
 // transfer.lease_ms below this is refused: a transfer's first heartbeat comes only after the UCX
 // connect and the first prefill block, and a prefill waiting in its worker's queue gives up
@@ -193,7 +198,7 @@ struct DeployConfig {
   // that cannot set its side up (the arena or the device page pool); "off": host pages always.
   std::string transfer_cuda_ipc = "auto";
   // Tokens of state the prefill worker's GPU arena holds (one request's prompt + max_tokens at
-  // most); 0 (default): the model's whole context, so every request fits.
+  // most); 0 (default): the model's context up to kDefaultCudaIpcArenaTokens.
   int64_t transfer_cuda_ipc_arena_tokens = 0;
   GuardsConfig guards;
   SecurityConfig security;

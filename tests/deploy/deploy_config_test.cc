@@ -227,7 +227,8 @@ TEST(DeployConfigTest, TransferCudaIpc) {
   }
 }
 
-// transfer.cuda_ipc_arena_tokens: 0 (the model's context) unless set; 0 .. 2^24 taken.
+// transfer.cuda_ipc_arena_tokens: 0 (the model's context, at most kDefaultCudaIpcArenaTokens)
+// unless set; 0 .. 2^24 taken.
 TEST(DeployConfigTest, TransferCudaIpcArenaTokens) {
   EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.transfer_cuda_ipc_arena_tokens, 0);
   const ParsedDeployConfig set = ParseDeployConfig(
