@@ -267,7 +267,7 @@ class CudaIpcWorkerTest : public ::testing::Test {
           return DeviceLanding::Memory{memory, owner};
         },
         .landers = [this]() -> absl::StatusOr<std::unique_ptr<kv::shm::DevicePageLander>> {
-          return std::make_unique<kv::testing::FakeLander>(arenas_, nullptr);
+          return std::make_unique<kv::testing::FakeLander>(arenas_, nullptr, &gate_);
         },
         .can_map = [this](const v1::CudaIpcSource& source) -> absl::Status {
           if (source.boot_id() != boot_id_) {
@@ -392,6 +392,7 @@ class CudaIpcWorkerTest : public ::testing::Test {
   std::string boot_id_;
   DecodeWorkerOptions ipc_options_;  // the cuda ipc decode worker's (a test may make another)
   kv::testing::FakeArenas arenas_;
+  kv::testing::FakeLanderGate gate_;  // the cuda ipc decode workers' landers
   HostDeviceEngine* engine_ = nullptr;
   DeviceSlots plain_slots_;
   DeviceSlots ipc_slots_;
@@ -539,6 +540,29 @@ TEST_F(CudaIpcWorkerTest, AnArenaTheLanderCannotMapFailsThatRequestAndLaterOnesG
   ASSERT_TRUE(next.prefill.ok()) << next.prefill.error_message();
   EXPECT_FALSE(AsksGpuPages(next.ticket));
   EXPECT_EQ(next.tokens, Run(0, 701, prompt, std::nullopt).tokens);
+  EXPECT_FALSE(next.tokens.empty());
+}
+
+// A lander batch that fails part way (a CUDA error after some pages' copies ran) fails its
+// request loudly, never decoded, and gives its device pages back: more such failures than the
+// device page pool holds requests, and the next request still lands in device pages (a batch
+// that failed is not an arena the lander refused: no suspension) with the host path's tokens.
+TEST_F(CudaIpcWorkerTest, AFailedLanderBatchFailsItsRequestAndGivesItsDevicePagesBack) {
+  const v1::CudaIpcSource source = PrefillHealth(*prefill_stub_).cuda_ipc();
+  for (uint64_t id = 800; id < 806; ++id) {
+    SCOPED_TRACE(id);
+    gate_.fail = 1000;
+    const Result failed = Run(1, id, Prompt(25, 3), source);
+    EXPECT_TRUE(AsksGpuPages(failed.ticket));
+    EXPECT_FALSE(failed.prefill.ok());
+    EXPECT_TRUE(failed.tokens.empty());
+  }
+  gate_.fail = 0;
+  const std::vector<int32_t> prompt = Prompt(25, 4);
+  const Result next = Run(1, 806, prompt, source);
+  ASSERT_TRUE(next.prefill.ok()) << next.prefill.error_message();
+  EXPECT_TRUE(AsksGpuPages(next.ticket));
+  EXPECT_EQ(next.tokens, Run(0, 806, prompt, std::nullopt).tokens);
   EXPECT_FALSE(next.tokens.empty());
 }
 
