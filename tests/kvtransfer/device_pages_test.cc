@@ -76,16 +76,7 @@ class DevicePagesTest : public ::testing::Test {
              })
               .ok());
     }
-    receiver_ = std::make_unique<TransferReceiver>(
-        std::move(end),
-        ReceiverOptions{.lease = absl::Seconds(10),
-                        .heartbeat_interval = absl::Seconds(1),
-                        .missing_grace = absl::Milliseconds(200),
-                        .incarnation = 1,
-                        .acks = acks_.get()},
-        clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
-          released_.push_back(ticket_id);
-        });
+    receiver_ = MakePullReceiver(std::move(end), acks_.get(), clock_, &released_);
   }
 
   Ticket ExpectDevice(uint64_t request_id, uint32_t count, uint32_t first = 0) {
