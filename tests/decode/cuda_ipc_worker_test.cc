@@ -380,6 +380,18 @@ class CudaIpcWorkerTest : public ::testing::Test {
     return result;
   }
 
+  // Request `id` of `prompt` on the cuda ipc decode worker with `source` at Reserve: it
+  // succeeds, its ticket asks for GPU pages or not (`gpu_pages`), and its tokens are the host
+  // path's (the same request on the host-only decode worker).
+  void ExpectHostPathTokens(uint64_t id, const std::vector<int32_t>& prompt,
+                            const v1::CudaIpcSource& source, bool gpu_pages) {
+    const Result got = Run(1, id, prompt, source);
+    ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();
+    EXPECT_EQ(AsksGpuPages(got.ticket), gpu_pages);
+    EXPECT_EQ(got.tokens, Run(0, id, prompt, std::nullopt).tokens);
+    EXPECT_FALSE(got.tokens.empty());
+  }
+
   static std::vector<int32_t> Prompt(int64_t n, int32_t salt) {
     std::vector<int32_t> prompt;
     for (int64_t i = 0; i < n; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + salt) % 4000));
@@ -535,12 +547,7 @@ TEST_F(CudaIpcWorkerTest, AnArenaTheLanderCannotMapFailsThatRequestAndLaterOnesG
     absl::MutexLock lock(&arenas_.mu);
     arenas_.arenas[kArenaId] = arena;
   }
-  const std::vector<int32_t> prompt = Prompt(20, 2);
-  const Result next = Run(1, 701, prompt, source);
-  ASSERT_TRUE(next.prefill.ok()) << next.prefill.error_message();
-  EXPECT_FALSE(AsksGpuPages(next.ticket));
-  EXPECT_EQ(next.tokens, Run(0, 701, prompt, std::nullopt).tokens);
-  EXPECT_FALSE(next.tokens.empty());
+  ExpectHostPathTokens(701, Prompt(20, 2), source, /*gpu_pages=*/false);
 }
 
 // A lander batch that fails part way (a CUDA error after some pages' copies ran) fails its
@@ -558,12 +565,7 @@ TEST_F(CudaIpcWorkerTest, AFailedLanderBatchFailsItsRequestAndGivesItsDevicePage
     EXPECT_TRUE(failed.tokens.empty());
   }
   gate_.fail = 0;
-  const std::vector<int32_t> prompt = Prompt(25, 4);
-  const Result next = Run(1, 806, prompt, source);
-  ASSERT_TRUE(next.prefill.ok()) << next.prefill.error_message();
-  EXPECT_TRUE(AsksGpuPages(next.ticket));
-  EXPECT_EQ(next.tokens, Run(0, 806, prompt, std::nullopt).tokens);
-  EXPECT_FALSE(next.tokens.empty());
+  ExpectHostPathTokens(806, Prompt(25, 4), source, /*gpu_pages=*/true);
 }
 
 // A CPU prefill worker (its engine stores no device pages) states no arena, so a router never
