@@ -34,7 +34,8 @@ bool WaitOp(PageTransport& transport, SendOp& op, absl::Duration limit) {
 // at the transport, which would otherwise renew the lease without end. Cancel cannot stop a copy
 // the decode worker has begun, so it only cancels the message; Test still waits for one of these.
 // A "failed" ack (the decode worker could not map this worker's region or the range) sets
-// unreadable(): the decode worker left the slot empty, so the page may go again as a message.
+// unreadable(): the decode worker left the slot empty, so the page may go again as a message
+// (a page of a GPU arena cannot: its transfer fails).
 // One kPageRef message (the references of up to kMaxRefsPerMessage pages) and its send, shared
 // by those pages' PullOps.
 struct RefMessage {
@@ -80,8 +81,11 @@ class PullOp final : public SendOp {
                         "(CUDA IPC)"
                       : "the decode worker could not read the page from this worker's shared "
                         "memory");
-          // Later tickets to it go by active messages.
-          if (sender_ != nullptr) sender_->Disable(acks_, failed);
+          // Later tickets to it go by active messages. Not for GPU-arena pages: the decode
+          // worker decides whether it asks for them (it sends an arena it could not map by host
+          // pages for a while, decode/device_pages.cc); refusing its tickets here would fail
+          // every request it still asks them for after one batch that failed.
+          if (sender_ != nullptr && !device_) sender_->Disable(acks_, failed);
           unreadable_ = true;
           return failed;
         }

@@ -244,7 +244,8 @@ class TransferSender {
   // it device to device and checksums it on its GPU), and completes on its ack word as a pulled
   // page does. Needs SenderOptions::shm_pull (for the ack words) and a ticket whose offer names
   // a device. A page the decode worker could not read fails the transfer (there is no host copy
-  // to send instead) and keeps that decode worker off pulling for a while (PullSender::Disable).
+  // to send instead); the decode worker, not this sender, decides whether its next tickets ask
+  // for GPU pages (no PullSender::Disable).
   // With pages.checksums_pending the checksums come later (Transfer::SetDeviceChecksums); a
   // post before them fails (FailedPrecondition).
   // Errors: as PrepareWithElements; FailedPrecondition when the ticket's pages are not GPU

@@ -54,22 +54,31 @@ shm::IpcRegionName NameOf(const IpcArenaHandle& handle) {
 
 absl::StatusOr<std::shared_ptr<const PeerArena>> PeerArenaCache::Get(
     const shm::IpcRegionName& name) {
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
+  // Mappings only this cache holds that went unnamed for idle_after_ are unmapped.
+  std::erase_if(cached_, [&](const Cached& c) {
+    return c.arena != nullptr && c.arena.use_count() == 1 && now - c.used > idle_after_ &&
+           c.name != name;
+  });
   for (auto it = cached_.begin(); it != cached_.end(); ++it) {
     if (it->name != name) continue;
-    if (it->arena != nullptr) return it->arena;
-    if (absl::Now() - it->failed_at < retry_after_) return it->error;
+    if (it->arena != nullptr) {
+      it->used = now;
+      return it->arena;
+    }
+    if (now - it->failed_at < retry_after_) return it->error;
     cached_.erase(it);  // Time for another try.
     break;
   }
   while (cached_.size() >= kMaxCachedArenas) cached_.erase(cached_.begin());
   absl::StatusOr<std::unique_ptr<PeerArena>> opened = PeerArena::Open(HandleOf(name));
   if (!opened.ok()) {
-    cached_.push_back({name, nullptr, opened.status(), absl::Now()});
+    cached_.push_back({name, nullptr, opened.status(), now, now});
     return opened.status();
   }
   std::shared_ptr<const PeerArena> arena = std::move(*opened);
-  cached_.push_back({name, arena, absl::OkStatus(), absl::InfinitePast()});
+  cached_.push_back({name, arena, absl::OkStatus(), absl::InfinitePast(), now});
   return arena;
 }
 
@@ -139,19 +148,27 @@ absl::Status CudaPageLander::AddFromArena(const shm::IpcRegionName& arena, uint6
 }
 
 absl::Status CudaPageLander::ReserveHost(size_t n) {
-  if (host_copies_.size() >= n && host_pages_.size() >= n && host_hashes_.size() >= n) {
+  if (host_copies_.size() >= n && host_pages_.size() >= n && host_hashes_.size() >= n &&
+      (mode_ == LanderMode::kStaged || mapped_hashes_ != nullptr)) {
     return absl::OkStatus();
   }
+  // Cleared first: a reallocation that fails part way must not leave the old arrays' device
+  // addresses for the next batch's kernels.
+  mapped_copies_ = nullptr;
+  mapped_pages_ = nullptr;
+  mapped_hashes_ = nullptr;
   PDSERVE_RETURN_IF_ERROR(Reserve(host_copies_, n));
   PDSERVE_RETURN_IF_ERROR(Reserve(host_pages_, n));
   PDSERVE_RETURN_IF_ERROR(Reserve(host_hashes_, n));
   if (mode_ == LanderMode::kStaged) return absl::OkStatus();
   void* device = nullptr;
   PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_copies_.get(), 0));
-  mapped_copies_ = static_cast<kernels::cuda::PageCopy*>(device);
+  auto* copies = static_cast<kernels::cuda::PageCopy*>(device);
   PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_pages_.get(), 0));
-  mapped_pages_ = static_cast<kernels::cuda::Xxh3Page*>(device);
+  auto* pages = static_cast<kernels::cuda::Xxh3Page*>(device);
   PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, host_hashes_.get(), 0));
+  mapped_copies_ = copies;
+  mapped_pages_ = pages;
   mapped_hashes_ = static_cast<uint64_t*>(device);
   return absl::OkStatus();
 }
@@ -209,9 +226,21 @@ void CudaPageLander::Flush(
   ++flushes_;
   const absl::Time started = absl::Now();
   const absl::Status status = RunBatch();
+  if (!status.ok()) {
+    // A batch that failed part way may have launched its copy: it must be over before the
+    // pages are reported, since a failed page's destination can then go back to the pool (and
+    // to another request) and the batch's arena mappings may be closed. An error that also
+    // fails the wait leaves a broken context that runs nothing more.
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    cudaGetLastError();
+  }
   flush_time_ += absl::Now() - started;
   std::vector<Queued> batch;
   batch.swap(queued_);
+  // Looked up again by the next batch: a lane does not keep an arena mapped for good (a
+  // restarted prefill worker's old arena is then held by the cache alone, which drops it).
+  last_arena_.reset();
   for (size_t i = 0; i < batch.size(); ++i) {
     if (status.ok()) {
       landed(batch[i].target, absl::OkStatus(), host_hashes_[i]);

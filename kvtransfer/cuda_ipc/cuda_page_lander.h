@@ -38,12 +38,15 @@ IpcArenaHandle HandleOf(const shm::IpcRegionName& name);
 shm::IpcRegionName NameOf(const IpcArenaHandle& handle);
 
 // Peers' arenas mapped into this process, keyed by their handle bytes; an arena that failed to
-// map answers with its error for `retry_after`, then is tried again. At most 64 are kept (the
-// oldest unmapped first, once nobody holds it).
+// map answers with its error for `retry_after`, then is tried again. An arena nobody else holds
+// and no Get named for `idle_after` is unmapped (a restarted prefill worker's old arena: its
+// handle is never named again); at most 64 are kept (the oldest dropped first; users holding it
+// keep their mapping until they let go).
 class PeerArenaCache {
  public:
-  explicit PeerArenaCache(absl::Duration retry_after = absl::Seconds(10))
-      : retry_after_(retry_after) {}
+  explicit PeerArenaCache(absl::Duration retry_after = absl::Seconds(10),
+                          absl::Duration idle_after = absl::Seconds(60))
+      : retry_after_(retry_after), idle_after_(idle_after) {}
   // Errors: PeerArena::Open's (FailedPrecondition for another host or a GPU not visible here,
   // Internal naming cudaIpcOpenMemHandle).
   absl::StatusOr<std::shared_ptr<const PeerArena>> Get(const shm::IpcRegionName& name)
@@ -55,8 +58,10 @@ class PeerArenaCache {
     std::shared_ptr<const PeerArena> arena;  // null when it failed
     absl::Status error;
     absl::Time failed_at;
+    absl::Time used;  // the last Get that named it
   };
   const absl::Duration retry_after_;
+  const absl::Duration idle_after_;
   absl::Mutex mu_;
   std::vector<Cached> cached_ ABSL_GUARDED_BY(mu_);
 };

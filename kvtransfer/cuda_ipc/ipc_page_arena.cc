@@ -13,9 +13,13 @@ using engine::gpu::CudaStatus;
 
 namespace {
 
-// `data`'s offset from the base of the driver allocation holding it (cuMemGetAddressRange, found
-// through the runtime's driver entry point so this library needs no libcuda link).
-absl::StatusOr<uint64_t> AllocationOffset(const void* data) {
+// The driver allocation holding `data` (cuMemGetAddressRange, found through the runtime's
+// driver entry point so this library needs no libcuda link).
+struct AllocationRange {
+  uint64_t base = 0;
+  uint64_t size = 0;
+};
+absl::StatusOr<AllocationRange> AllocationOf(const void* data) {
   using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
   static GetAddressRange get_range = [] {
     void* fn = nullptr;
@@ -38,7 +42,7 @@ absl::StatusOr<uint64_t> AllocationOffset(const void* data) {
     return absl::InternalError(
         absl::StrCat("CUDA IPC: cuMemGetAddressRange failed (CUresult ", rc, ")"));
   }
-  return at - base;
+  return AllocationRange{base, size};
 }
 
 }  // namespace
@@ -60,12 +64,12 @@ absl::StatusOr<std::unique_ptr<IpcPageArena>> IpcPageArena::Create(int device, u
     cudaFree(data);
     return s;
   }
-  absl::StatusOr<uint64_t> offset = AllocationOffset(data);
-  if (!offset.ok()) {
+  absl::StatusOr<AllocationRange> allocation = AllocationOf(data);
+  if (!allocation.ok()) {
     cudaFree(data);
-    return offset.status();
+    return allocation.status();
   }
-  handle.offset = *offset;
+  handle.offset = reinterpret_cast<uint64_t>(data) - allocation->base;
   return std::unique_ptr<IpcPageArena>(new IpcPageArena(device, data, handle));
 }
 
@@ -104,6 +108,24 @@ absl::StatusOr<std::unique_ptr<PeerArena>> PeerArena::Open(const IpcArenaHandle&
   PDSERVE_CUDA_RETURN(cudaSetDevice(*device));
   void* data = nullptr;
   PDSERVE_CUDA_RETURN(cudaIpcOpenMemHandle(&data, handle.memory, cudaIpcMemLazyEnablePeerAccess));
+  // The handle's offset and size come from the wire: an arena they place past the mapped
+  // allocation would have the lander's kernels read outside it (an illegal address, which
+  // ends this process's CUDA context), so they are checked against what the driver mapped.
+  const absl::StatusOr<AllocationRange> mapped = AllocationOf(data);
+  absl::Status fits = mapped.status();
+  if (fits.ok()) {
+    // The bytes mapped from `data` on (cudaIpcOpenMemHandle returns the allocation's base).
+    const uint64_t size = mapped->base + mapped->size - reinterpret_cast<uint64_t>(data);
+    if (handle.offset > size || handle.bytes > size - handle.offset) {
+      fits = absl::OutOfRangeError(
+          absl::StrCat("CUDA IPC: the peer's arena [", handle.offset, ", +", handle.bytes,
+                       ") lies outside its mapped allocation of ", size, " bytes"));
+    }
+  }
+  if (!fits.ok()) {
+    cudaIpcCloseMemHandle(data);
+    return fits;
+  }
   return std::unique_ptr<PeerArena>(new PeerArena(*device, data, handle.offset, handle.bytes));
 }
 

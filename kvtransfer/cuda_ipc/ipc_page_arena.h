@@ -69,7 +69,8 @@ class PeerArena {
  public:
   // Opens `handle` (CheckIpcUsable first: FailedPrecondition when the peer is on another host or
   // its GPU is not visible here; then cudaSetDevice / cudaIpcOpenMemHandle errors by name, e.g.
-  // when the handle comes from this same process or the peer has freed the arena).
+  // when the handle comes from this same process or the peer has freed the arena; OutOfRange
+  // when the handle's offset and size reach past the allocation it maps).
   static absl::StatusOr<std::unique_ptr<PeerArena>> Open(const IpcArenaHandle& handle);
   ~PeerArena();
   PeerArena(const PeerArena&) = delete;

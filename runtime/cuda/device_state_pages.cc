@@ -200,18 +200,21 @@ absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
     PDSERVE_CUDA_RETURN(
         cudaMemcpyAsync(batch.device.get(), batch.host.get(), bytes, cudaMemcpyHostToDevice, on));
   }
-  PDSERVE_RETURN_IF_ERROR(
+  absl::Status launched =
       CudaStatus(kc::copy_pages(reinterpret_cast<const kc::PageCopy*>(batch.device.get()),
                                 static_cast<int64_t>(copies.size()), on),
-                 "copy_pages"));
-  if (!hashes.empty()) {
-    PDSERVE_RETURN_IF_ERROR(CudaStatus(
+                 "copy_pages");
+  if (launched.ok() && !hashes.empty()) {
+    launched = CudaStatus(
         kc::xxh3_64_pages(reinterpret_cast<const kc::Xxh3Page*>(batch.device.get() + hash_at),
                           static_cast<int64_t>(hashes.size()), checksums.out, on),
-        "xxh3_64_pages"));
+        "xxh3_64_pages");
   }
-  PDSERVE_CUDA_RETURN(cudaEventRecord(batch.event, on));
-  return absl::OkStatus();
+  // Recorded whatever failed: the upload (and a copy) enqueued above read the batch's buffers,
+  // which its next use rewrites only once this event passed.
+  const absl::Status recorded = CudaStatus(cudaEventRecord(batch.event, on), "cudaEventRecord");
+  PDSERVE_RETURN_IF_ERROR(launched);
+  return recorded;
 }
 
 absl::Status DeviceStatePages::StoreLayer(int64_t slot, int64_t layer, int64_t position,

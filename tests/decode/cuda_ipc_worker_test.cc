@@ -267,7 +267,7 @@ class CudaIpcWorkerTest : public ::testing::Test {
           return DeviceLanding::Memory{memory, owner};
         },
         .landers = [this]() -> absl::StatusOr<std::unique_ptr<kv::shm::DevicePageLander>> {
-          return std::make_unique<kv::testing::FakeLander>(arenas_, nullptr);
+          return std::make_unique<kv::testing::FakeLander>(arenas_, nullptr, &gate_);
         },
         .can_map = [this](const v1::CudaIpcSource& source) -> absl::Status {
           if (source.boot_id() != boot_id_) {
@@ -380,6 +380,18 @@ class CudaIpcWorkerTest : public ::testing::Test {
     return result;
   }
 
+  // Request `id` of `prompt` on the cuda ipc decode worker with `source` at Reserve: it
+  // succeeds, its ticket asks for GPU pages or not (`gpu_pages`), and its tokens are the host
+  // path's (the same request on the host-only decode worker).
+  void ExpectHostPathTokens(uint64_t id, const std::vector<int32_t>& prompt,
+                            const v1::CudaIpcSource& source, bool gpu_pages) {
+    const Result got = Run(1, id, prompt, source);
+    ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();
+    EXPECT_EQ(AsksGpuPages(got.ticket), gpu_pages);
+    EXPECT_EQ(got.tokens, Run(0, id, prompt, std::nullopt).tokens);
+    EXPECT_FALSE(got.tokens.empty());
+  }
+
   static std::vector<int32_t> Prompt(int64_t n, int32_t salt) {
     std::vector<int32_t> prompt;
     for (int64_t i = 0; i < n; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + salt) % 4000));
@@ -392,6 +404,7 @@ class CudaIpcWorkerTest : public ::testing::Test {
   std::string boot_id_;
   DecodeWorkerOptions ipc_options_;  // the cuda ipc decode worker's (a test may make another)
   kv::testing::FakeArenas arenas_;
+  kv::testing::FakeLanderGate gate_;  // the cuda ipc decode workers' landers
   HostDeviceEngine* engine_ = nullptr;
   DeviceSlots plain_slots_;
   DeviceSlots ipc_slots_;
@@ -534,12 +547,25 @@ TEST_F(CudaIpcWorkerTest, AnArenaTheLanderCannotMapFailsThatRequestAndLaterOnesG
     absl::MutexLock lock(&arenas_.mu);
     arenas_.arenas[kArenaId] = arena;
   }
-  const std::vector<int32_t> prompt = Prompt(20, 2);
-  const Result next = Run(1, 701, prompt, source);
-  ASSERT_TRUE(next.prefill.ok()) << next.prefill.error_message();
-  EXPECT_FALSE(AsksGpuPages(next.ticket));
-  EXPECT_EQ(next.tokens, Run(0, 701, prompt, std::nullopt).tokens);
-  EXPECT_FALSE(next.tokens.empty());
+  ExpectHostPathTokens(701, Prompt(20, 2), source, /*gpu_pages=*/false);
+}
+
+// A lander batch that fails part way (a CUDA error after some pages' copies ran) fails its
+// request loudly, never decoded, and gives its device pages back: more such failures than the
+// device page pool holds requests, and the next request still lands in device pages (a batch
+// that failed is not an arena the lander refused: no suspension) with the host path's tokens.
+TEST_F(CudaIpcWorkerTest, AFailedLanderBatchFailsItsRequestAndGivesItsDevicePagesBack) {
+  const v1::CudaIpcSource source = PrefillHealth(*prefill_stub_).cuda_ipc();
+  for (uint64_t id = 800; id < 806; ++id) {
+    SCOPED_TRACE(id);
+    gate_.fail = 1000;
+    const Result failed = Run(1, id, Prompt(25, 3), source);
+    EXPECT_TRUE(AsksGpuPages(failed.ticket));
+    EXPECT_FALSE(failed.prefill.ok());
+    EXPECT_TRUE(failed.tokens.empty());
+  }
+  gate_.fail = 0;
+  ExpectHostPathTokens(806, Prompt(25, 4), source, /*gpu_pages=*/true);
 }
 
 // A CPU prefill worker (its engine stores no device pages) states no arena, so a router never

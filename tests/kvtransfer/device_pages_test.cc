@@ -72,18 +72,11 @@ class DevicePagesTest : public ::testing::Test {
     if (with_lander) {
       EXPECT_TRUE(
           end->SetDeviceLanders([this]() -> absl::StatusOr<std::unique_ptr<shm::DevicePageLander>> {
-               return std::make_unique<FakeLander>(fake_, &flushes_);
+               return std::make_unique<FakeLander>(fake_, &flushes_, &gate_);
              })
               .ok());
     }
-    receiver_ =
-        std::make_unique<TransferReceiver>(std::move(end),
-                                           ReceiverOptions{.lease = absl::Seconds(10),
-                                                           .heartbeat_interval = absl::Seconds(1),
-                                                           .missing_grace = absl::Milliseconds(200),
-                                                           .incarnation = 1,
-                                                           .acks = acks_.get()},
-                                           clock_, [](uint64_t, uint64_t, const absl::Status&) {});
+    receiver_ = MakePullReceiver(std::move(end), acks_.get(), clock_, &released_);
   }
 
   Ticket ExpectDevice(uint64_t request_id, uint32_t count, uint32_t first = 0) {
@@ -137,7 +130,9 @@ class DevicePagesTest : public ::testing::Test {
   FakeClock clock_;
   LoopbackNetwork network_;
   FakeArenas fake_;
+  FakeLanderGate gate_;
   std::vector<size_t> flushes_;
+  std::vector<uint64_t> released_;  // on_release's tickets
   std::vector<std::byte> arena_;
   shm::IpcRegionName arena_name_;
   std::unique_ptr<shm::AckTable> acks_;
@@ -180,6 +175,66 @@ TEST_F(DevicePagesTest, ArenaPagesLandInBatchesVerifyAndEachSlotIsAcknowledged) 
 // (DevicePages::checksums_pending): nothing can be posted before the checksums are given, its
 // polls keep the decode worker's lease alive meanwhile (past the 10 s lease here), and the pages
 // then land and verify under the checksums given later; a wrong count is refused.
+// An aborted ticket's GPU pages go back only once the lander reported every page it queued for
+// them: neither the sender's fence nor the lease's end releases pages a batch not yet run would
+// still write (the decode worker would give them to another request).
+TEST_F(DevicePagesTest, AnAbortedTicketsPagesGoBackOnlyAfterItsQueuedPagesLanded) {
+  const Ticket ticket = ExpectDevice(1, 4);
+  gate_.hold = true;
+  auto transfer = Send(ticket, Arena(ticket, 5));
+  ASSERT_NE(transfer, nullptr);
+  for (int i = 0; i < 4; ++i) {
+    transfer->Poll().IgnoreError();
+    receiver_->Progress();
+  }
+  ASSERT_EQ(acks_->Read(ticket.shm_pull->ack_index), 0u);  // queued, not landed
+  ASSERT_TRUE(receiver_->Abort(ticket.ticket_id).ok());
+  receiver_->ConfirmFence(ticket.ticket_id);
+  clock_.Advance(absl::Seconds(11));  // past the lease too
+  receiver_->Progress();
+  EXPECT_TRUE(released_.empty());
+  EXPECT_EQ(receiver_->stats().tickets_held, 1u);
+  gate_.hold = false;
+  receiver_->Progress();
+  ASSERT_EQ(released_.size(), 1u);
+  EXPECT_EQ(released_[0], ticket.ticket_id);
+  for (uint32_t slot = 0; slot < 4; ++slot) {
+    EXPECT_EQ(acks_->Read(ticket.shm_pull->ack_index + slot),
+              AckWord(ticket.ticket_id, AckState::kLanded))
+        << "slot " << slot;
+  }
+}
+
+// A batch that fails part way (a CUDA error after its copy ran for some pages) fails every page
+// of it: none counts as landed although some bytes arrived, the sender's transfer fails (no
+// host copy to send instead), the ticket never verifies, and its pages go back once the sender
+// fenced; the sender takes the decode worker's next ticket for GPU pages.
+TEST_F(DevicePagesTest, ABatchThatFailsPartWayLandsNoneOfItsPages) {
+  const Ticket ticket = ExpectDevice(1, 4);
+  gate_.fail = 1;
+  auto transfer = Send(ticket, Arena(ticket, 9));
+  ASSERT_NE(transfer, nullptr);
+  const TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, transfer.get());
+  EXPECT_NE(outcome.state, TransferState::kVerified);
+  EXPECT_EQ(receiver_->stats().pages_landed, 0u);
+  for (uint32_t slot = 0; slot < 4; ++slot) {
+    EXPECT_EQ(acks_->Read(ticket.shm_pull->ack_index + slot),
+              AckWord(ticket.ticket_id, AckState::kFailed))
+        << "slot " << slot;
+  }
+  ASSERT_FALSE(last_poll_.ok());
+  EXPECT_TRUE(absl::StrContains(last_poll_.status().message(), "GPU arena")) << last_poll_.status();
+  transfer.reset();  // the sender's fence
+  receiver_->Progress();
+  EXPECT_EQ(released_.size(), 1u);
+  // The decode worker decides whether its next tickets ask for GPU pages: the sender takes them.
+  const Ticket next = ExpectDevice(2, 4);
+  auto again = Send(next, Arena(next, 10));
+  ASSERT_NE(again, nullptr);
+  const TransferOutcome verified = RunUntilDecided(next.ticket_id, again.get());
+  EXPECT_EQ(verified.state, TransferState::kVerified) << verified.status;
+}
+
 TEST_F(DevicePagesTest, ChecksumsGivenAfterPrepareKeepTheLeaseAndVerify) {
   const Ticket ticket = ExpectDevice(1, 4);
   DevicePages pages = Arena(ticket, 17);

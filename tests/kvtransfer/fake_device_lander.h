@@ -4,6 +4,7 @@
 // lander (kvtransfer/cuda_ipc/cuda_page_lander.h) runs on the GPU.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,11 +29,20 @@ struct FakeArenas {
   std::map<uint8_t, std::span<std::byte>> arenas;
 };
 
+// A test's hold on its landers' Flushes (shared by the test and the lane threads):
+// `hold` keeps every queued page queued (a batch the GPU has not run yet); `fail` > 0 makes
+// that many Flushes fail part way, as a CUDA error after the copy launch would: the batch's
+// first half is copied, and every page of it is reported failed.
+struct FakeLanderGate {
+  std::atomic<bool> hold{false};
+  std::atomic<int> fail{0};
+};
+
 // The lander over FakeArenas: memcpy + PayloadChecksum per page, at Flush.
 class FakeLander final : public shm::DevicePageLander {
  public:
-  FakeLander(const FakeArenas& arenas, std::vector<size_t>* flushes)
-      : arenas_(arenas), flushes_(flushes) {}
+  FakeLander(const FakeArenas& arenas, std::vector<size_t>* flushes, FakeLanderGate* gate = nullptr)
+      : arenas_(arenas), flushes_(flushes), gate_(gate) {}
   absl::Status Add(const shm::PageRef& ref, const LandingTarget& target) override {
     if (!ref.device.has_value() || !target.device || ref.length != target.destination.size()) {
       return absl::InvalidArgumentError("not a GPU page for a GPU destination of its size");
@@ -52,9 +62,21 @@ class FakeLander final : public shm::DevicePageLander {
   }
   void Flush(
       const std::function<void(const LandingTarget&, absl::Status, uint64_t)>& landed) override {
+    if (gate_ != nullptr && gate_->hold.load()) return;
     if (flushes_ != nullptr) flushes_->push_back(queued_.size());
     std::vector<Queued> batch;
     batch.swap(queued_);
+    if (gate_ != nullptr && gate_->fail.load() > 0) {
+      gate_->fail.fetch_sub(1);
+      for (size_t i = 0; i < batch.size() / 2; ++i) {
+        std::memcpy(batch[i].target.destination.data(), batch[i].source.data(),
+                    batch[i].source.size());
+      }
+      for (const Queued& q : batch) {
+        landed(q.target, absl::UnavailableError("cuda ipc: the batch failed (test)"), 0);
+      }
+      return;
+    }
     for (const Queued& q : batch) {
       std::memcpy(q.target.destination.data(), q.source.data(), q.source.size());
       landed(q.target, absl::OkStatus(), PayloadChecksum(q.target.destination));
@@ -69,6 +91,7 @@ class FakeLander final : public shm::DevicePageLander {
   };
   const FakeArenas& arenas_;
   std::vector<size_t>* flushes_;
+  FakeLanderGate* gate_;
   std::vector<Queued> queued_;
 };
 

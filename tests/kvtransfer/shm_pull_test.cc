@@ -48,16 +48,7 @@ class ShmPullTest : public ::testing::Test {
       region_ = std::move(parts->region);
       pull_ = std::move(parts->pull);
     }
-    receiver_ = std::make_unique<TransferReceiver>(
-        network_.NewReceiveEnd(),
-        ReceiverOptions{.lease = absl::Seconds(10),
-                        .heartbeat_interval = absl::Seconds(1),
-                        .missing_grace = absl::Milliseconds(200),
-                        .incarnation = 1,
-                        .acks = acks_.get()},
-        clock_, [this](uint64_t ticket_id, uint64_t, const absl::Status&) {
-          released_.push_back(ticket_id);
-        });
+    receiver_ = MakePullReceiver(network_.NewReceiveEnd(), acks_.get(), clock_, &released_);
     pool_.assign(kPages, std::vector<std::byte>(kPageBytes));
     puller_ = std::make_unique<TransferSender>(*send_end_, clock_,
                                                SenderOptions{.shm_pull = pull_.get()});

@@ -193,4 +193,19 @@ absl::StatusOr<ShmPullParts> MakeShmPullParts(uint64_t ack_words, size_t region_
   return parts;
 }
 
+std::unique_ptr<TransferReceiver> MakePullReceiver(std::unique_ptr<ReceiveTransport> end,
+                                                   shm::AckTable* acks, const Clock& clock,
+                                                   std::vector<uint64_t>* released) {
+  return std::make_unique<TransferReceiver>(
+      std::move(end),
+      ReceiverOptions{.lease = absl::Seconds(10),
+                      .heartbeat_interval = absl::Seconds(1),
+                      .missing_grace = absl::Milliseconds(200),
+                      .incarnation = 1,
+                      .acks = acks},
+      clock, [released](uint64_t ticket_id, uint64_t, const absl::Status&) {
+        released->push_back(ticket_id);
+      });
+}
+
 }  // namespace pdserve::kv::testing

@@ -71,6 +71,12 @@ struct ShmPullParts {
 };
 absl::StatusOr<ShmPullParts> MakeShmPullParts(uint64_t ack_words, size_t region_bytes);
 
+// The shm-pull tests' receiver over `end` (lease 10 s, heartbeats 1 s, grace 200 ms, ack table
+// `acks`) on `clock`, each released ticket appended to `released`.
+std::unique_ptr<TransferReceiver> MakePullReceiver(std::unique_ptr<ReceiveTransport> end,
+                                                   shm::AckTable* acks, const Clock& clock,
+                                                   std::vector<uint64_t>* released);
+
 // Polls `transfer` (when not null) and progresses `receiver` until ticket `ticket_id` is decided:
 // 32 rounds, then the clock one second on, twice. Returns the outcome (kReceiving with
 // DeadlineExceeded "undecided" when it was not); `last_poll` gets the transfer's last Poll().

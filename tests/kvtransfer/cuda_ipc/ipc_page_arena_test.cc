@@ -177,6 +177,20 @@ int LanderPeerMain(const char* handle_hex, const char* layout) {
       absl::StatusCode::kUnavailable) {
     return 34;
   }
+  // An arena whose stated offset or size reaches past the allocation the handle maps (the
+  // wire's numbers, checked against the driver's mapping): refused at Add, never read.
+  shm::IpcRegionName oversized = name;
+  oversized.bytes = h.bytes + (uint64_t{1} << 40);
+  if ((*lander)->Add({.device = oversized, .offset = h.bytes, .length = 64}, one).code() !=
+      absl::StatusCode::kUnavailable) {
+    return 39;
+  }
+  shm::IpcRegionName shifted = name;
+  shifted.allocation_offset = UINT64_MAX - 16;
+  if ((*lander)->Add({.device = shifted, .offset = 0, .length = 64}, one).code() !=
+      absl::StatusCode::kUnavailable) {
+    return 40;
+  }
   // A host destination is not the lander's.
   const LandingTarget host{{own.get(), 64}, 1, 0, {}, false};
   if ((*lander)->Add({.device = name, .offset = 0, .length = 64}, host).ok()) return 35;
