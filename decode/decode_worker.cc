@@ -13,6 +13,7 @@
 #include "guards/canary.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/ticket_proto.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 #include "runtime/paged_state.h"
 #include "serving/sampler.h"
 #include "serving/state_layout.h"
@@ -110,6 +111,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   }
   spdlog::info("transfer: {} receive lane(s), UCX protocols {}, {} page-pool region(s) registered",
                w->options_.transfer_lanes, kv::UcxProtocolsName(w->ucx_protocols_), registered);
+  if (const std::string& warning = kv::LaneLingerFromEnv().warning; !warning.empty()) {
+    spdlog::warn("transfer: {}", warning);
+  }
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,

@@ -137,8 +137,8 @@ std::optional<ApiError> RequestPreparer::SurelyTooLong(const ApiRequest& req) co
   const char* what = chat ? "messages" : "prompt";
   return InvalidRequest(
       absl::StrCat("This model's maximum context length is ", context_length_,
-                   " tokens. However, your ", what, " (", bytes, " bytes) has at least ", at_least,
-                   " tokens. Please reduce the length of the ", what, "."),
+                   " tokens. However, your ", what, " (", bytes, " bytes) ", chat ? "have" : "has",
+                   " at least ", at_least, " tokens. Please reduce the length of the ", what, "."),
       what, "context_length_exceeded");
 }
 

@@ -84,11 +84,21 @@ absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
   if (proto.has_shm_pull()) {
     const v1::ShmPullOffer& offer = proto.shm_pull();
     ShmPullOffer made;
-    if (offer.token().size() != made.acks.token.size() || offer.boot_id().size() > 64 ||
-        offer.device_pci_bus_id().size() > kMaxPciBusIdBytes) {
-      return absl::InvalidArgumentError(
-          "ticket's shm_pull offer: token of " + std::to_string(offer.token().size()) +
-          " bytes (16 expected), boot id over 64 bytes or PCI bus id over 31");
+    // The error names the field at fault (it named all three, "token of 16 bytes (16
+    // expected)" included, for a PCI bus id too long: breaker58).
+    if (offer.token().size() != made.acks.token.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("ticket's shm_pull offer: token of ",
+                                                     offer.token().size(), " bytes (",
+                                                     made.acks.token.size(), " expected)"));
+    }
+    if (offer.boot_id().size() > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ticket's shm_pull offer: boot id of ", offer.boot_id().size(), " bytes (at most 64)"));
+    }
+    if (offer.device_pci_bus_id().size() > kMaxPciBusIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("ticket's shm_pull offer: PCI bus id of ",
+                                                     offer.device_pci_bus_id().size(),
+                                                     " bytes (at most ", kMaxPciBusIdBytes, ")"));
     }
     made.device_pci_bus_id = offer.device_pci_bus_id();
     made.boot_id = offer.boot_id();

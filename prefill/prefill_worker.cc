@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/ticket_proto.h"
+#include "kvtransfer/ucx/ucx_lane.h"
 #include "runtime/paged_state.h"
 #include "serving/sampler.h"
 #include "spdlog/spdlog.h"
@@ -148,6 +149,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   spdlog::info("transfer: {} send lane(s), UCX protocols {}, {} page-pool region(s) registered",
                w->options_.transfer_lanes, kv::UcxProtocolsName(w->transport_->protocols()),
                w->transport_->registered_regions());
+  if (const std::string& warning = kv::LaneLingerFromEnv().warning; !warning.empty()) {
+    spdlog::warn("transfer: {}", warning);
+  }
   return w;
 }
 

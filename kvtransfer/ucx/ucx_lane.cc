@@ -5,6 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
 namespace pdserve::kv {
 
 int DefaultTransferLanes(unsigned cores) {
@@ -89,15 +92,30 @@ void UcxLane::PostQueued(int limit) {
   }
 }
 
-absl::Duration LaneLinger() {
-  static const absl::Duration linger = [] {
-    const char* text = std::getenv("PDSERVE_LANE_LINGER_US");
-    int64_t us = kDefaultLaneLingerUs;
-    if (text != nullptr && *text != '\0') us = std::strtoll(text, nullptr, 10);
-    return absl::Microseconds(std::max<int64_t>(0, us));
-  }();
-  return linger;
+LaneLingerSetting ParseLaneLinger(const char* text) {
+  const absl::Duration fallback = absl::Microseconds(kDefaultLaneLingerUs);
+  if (text == nullptr || *text == '\0') return {.linger = fallback, .warning = ""};
+  int64_t us = 0;
+  if (!absl::SimpleAtoi(text, &us) || us < 0) {
+    return {.linger = fallback,
+            .warning = absl::StrCat("PDSERVE_LANE_LINGER_US='", text,
+                                    "' is not a whole number of microseconds >= 0; using ",
+                                    kDefaultLaneLingerUs)};
+  }
+  if (us > kMaxLaneLingerUs) {
+    return {.linger = absl::Microseconds(kMaxLaneLingerUs),
+            .warning = absl::StrCat("PDSERVE_LANE_LINGER_US=", us, " is over the maximum ",
+                                    kMaxLaneLingerUs, "; using ", kMaxLaneLingerUs)};
+  }
+  return {.linger = absl::Microseconds(us), .warning = ""};
 }
+
+const LaneLingerSetting& LaneLingerFromEnv() {
+  static const LaneLingerSetting setting = ParseLaneLinger(std::getenv("PDSERVE_LANE_LINGER_US"));
+  return setting;
+}
+
+absl::Duration LaneLinger() { return LaneLingerFromEnv().linger; }
 
 void UcxLane::Run() {
   // The sleep bound: how late a stop or an endpoint error is noticed while the lane is idle.

@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -50,6 +51,24 @@ int DefaultTransferLanes(unsigned cores);
 // transfer's messages come in bursts. PDSERVE_LANE_LINGER_US from the environment (read once),
 // else kDefaultLaneLingerUs; 0: sleep as soon as idle.
 inline constexpr int64_t kDefaultLaneLingerUs = 0;
+// The longest linger taken from the environment: 5x the lane's 2 ms idle wait, which a linger
+// exists to beat. A larger value is clamped to it: a lane that lingered for minutes would keep
+// a core busy after every transfer (breaker58: 99999999999999 kept two idle workers at 60% CPU
+// each with 4 lanes).
+inline constexpr int64_t kMaxLaneLingerUs = 10'000;
+struct LaneLingerSetting {
+  absl::Duration linger;
+  // Empty, or what was wrong with the variable's text and what was used instead (the workers
+  // log it as a warning at start).
+  std::string warning;
+};
+// `text` as PDSERVE_LANE_LINGER_US: null or empty gives the default; an integer in
+// [0, kMaxLaneLingerUs] gives that many microseconds; a larger one (up to INT64_MAX) the maximum,
+// anything else (a negative or fractional number, trailing text, past INT64_MAX) the default,
+// each with a warning.
+LaneLingerSetting ParseLaneLinger(const char* text);
+// PDSERVE_LANE_LINGER_US from the environment, read once.
+const LaneLingerSetting& LaneLingerFromEnv();
 absl::Duration LaneLinger();
 
 class UcxLane {

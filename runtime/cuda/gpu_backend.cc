@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<engine::gpu::GpuModelGroup>> LoadGpuModelGroup(
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
     return absl::FailedPreconditionError(
-        "backend cuda: no CUDA device is present (use --backend cpu on this machine)");
+        "backend cuda: no CUDA device is present (on this machine: --backend cpu for pdserve "
+        "serve, backend: cpu for a worker of a deploy config)");
   }
   // Before the weights load, which takes a while for a large model.
   PDSERVE_RETURN_IF_ERROR(engine::gpu::CheckRankDevices(options.devices, "backend cuda"));

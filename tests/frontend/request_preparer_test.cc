@@ -229,10 +229,11 @@ TEST_F(RequestPreparerTest, PromptsSurelyTooLongAreRefusedBeforeTokenizing) {
       EXPECT_EQ(error.code, "context_length_exceeded");
       EXPECT_EQ(error.param, chat ? "messages" : "prompt");
       const char* what = chat ? "messages" : "prompt";
-      EXPECT_EQ(error.message,
-                absl::StrCat("This model's maximum context length is 512 tokens. However, your ",
-                             what, " (", n, " bytes) has at least ", n / (2 * longest),
-                             " tokens. Please reduce the length of the ", what, "."));
+      EXPECT_EQ(
+          error.message,
+          absl::StrCat("This model's maximum context length is 512 tokens. However, your ", what,
+                       " (", n, " bytes) ", chat ? "have" : "has", " at least ", n / (2 * longest),
+                       " tokens. Please reduce the length of the ", what, "."));
     }
     const auto [error, length] = Reject(endpoint, body(bound - 1));
     EXPECT_NE(error.message.find("resulted in " + std::to_string(length) + " tokens"),

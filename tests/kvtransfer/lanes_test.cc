@@ -395,5 +395,28 @@ TEST(LaneAddressTest, DefaultLanesFollowTheCores) {
   EXPECT_FALSE(UcxReceiveTransport::Create(kMaxTransferLanes + 1).ok());
 }
 
+TEST(LaneLingerTest, EnvironmentTextIsCheckedAndBounded) {
+  EXPECT_EQ(ParseLaneLinger(nullptr).linger, absl::Microseconds(kDefaultLaneLingerUs));
+  EXPECT_TRUE(ParseLaneLinger("").warning.empty());
+  const LaneLingerSetting ok = ParseLaneLinger("500");
+  EXPECT_EQ(ok.linger, absl::Microseconds(500));
+  EXPECT_TRUE(ok.warning.empty());
+  EXPECT_EQ(ParseLaneLinger("10000").linger, absl::Microseconds(kMaxLaneLingerUs));
+  EXPECT_TRUE(ParseLaneLinger("10000").warning.empty());
+  // Past the maximum (LLONG_MAX, or past it): clamped, not a lane that never sleeps again.
+  for (const char* huge : {"10001", "99999999999999", "9223372036854775807"}) {
+    const LaneLingerSetting clamped = ParseLaneLinger(huge);
+    EXPECT_EQ(clamped.linger, absl::Microseconds(kMaxLaneLingerUs)) << huge;
+    EXPECT_NE(clamped.warning.find("over the maximum"), std::string::npos) << huge;
+  }
+  // Not a whole number >= 0: the default, named in the warning (strtoll read "1e9" as 1 and
+  // "abc" as 0 without a word).
+  for (const char* bad : {"abc", "1e9", "5.5", "-3", "500us", "99999999999999999999"}) {
+    const LaneLingerSetting refused = ParseLaneLinger(bad);
+    EXPECT_EQ(refused.linger, absl::Microseconds(kDefaultLaneLingerUs)) << bad;
+    EXPECT_NE(refused.warning.find(bad), std::string::npos) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::kv::testing

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace pdserve::kv {
 namespace {
 
@@ -37,6 +39,27 @@ TEST(TicketProtoTest, RejectsASlotOutOfPlace) {
   v1::TransferTicket proto;
   proto.add_pages()->set_slot(1);
   EXPECT_EQ(TicketFromProto(proto).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TicketProtoTest, AMalformedShmPullOfferNamesItsField) {
+  const auto error = [](auto mutate) {
+    v1::TransferTicket proto;
+    proto.mutable_shm_pull()->set_token(std::string(16, 'x'));
+    mutate(proto.mutable_shm_pull());
+    const absl::Status status = TicketFromProto(proto).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(status.message());
+  };
+  EXPECT_EQ(error([](v1::ShmPullOffer* o) { o->set_token("abc"); }),
+            "ticket's shm_pull offer: token of 3 bytes (16 expected)");
+  EXPECT_EQ(error([](v1::ShmPullOffer* o) { o->set_boot_id(std::string(65, 'b')); }),
+            "ticket's shm_pull offer: boot id of 65 bytes (at most 64)");
+  EXPECT_EQ(error([](v1::ShmPullOffer* o) { o->set_device_pci_bus_id(std::string(5000, 'A')); }),
+            "ticket's shm_pull offer: PCI bus id of 5000 bytes (at most 31)");
+  v1::TransferTicket fine;
+  fine.mutable_shm_pull()->set_token(std::string(16, 'x'));
+  fine.mutable_shm_pull()->set_device_pci_bus_id("0000:19:00.0");
+  EXPECT_TRUE(TicketFromProto(fine).ok());
 }
 
 TEST(TicketProtoTest, CommitCarriesDigestsAndFirstToken) {
