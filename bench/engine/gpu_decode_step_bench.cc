@@ -20,7 +20,12 @@
 // medians (e.g. W8A8 prefill with PDSERVE_FP8_SHARED_ACT_QUANT=0 / 1). Rows say "prefill N";
 // stderr gets a "prefill logits" line per row (the last row's top 5 and sum, to compare runs).
 //
+// --projections both | fused | unfused: time both layouts (default) or one (e.g. under a
+// profiler, where the other's kernels would only add to the listing). --profile-timed: the
+// timed calls between cudaProfilerStart and cudaProfilerStop (for ncu --profile-from-start off).
+//
 // Prints one markdown row per (fused, batch) and nothing else on stdout; needs a CUDA device.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -58,6 +63,8 @@ struct Flags {
   std::string weights = "bf16";
   std::string activations = "bf16";
   int64_t flash_layers = 0;
+  std::string projections = "both";  // both | fused | unfused
+  bool profile_timed = false;        // cudaProfilerStart / Stop around the timed calls
   int64_t experts = 16;
   int64_t vocab = 8192;
   std::string batches = "1,8,32";
@@ -75,6 +82,7 @@ struct StepTimes {
 // stream's synchronization) of `timed` calls after `warm` untimed ones; `before(t)` runs untimed
 // before call t.
 absl::StatusOr<StepTimes> TimeCalls(cudaStream_t stream, int64_t warm, int64_t timed,
+                                    bool profile_timed,
                                     const std::function<absl::Status(int64_t)>& before,
                                     const std::function<absl::Status(int64_t)>& call) {
   cudaEvent_t start = nullptr;
@@ -87,6 +95,7 @@ absl::StatusOr<StepTimes> TimeCalls(cudaStream_t stream, int64_t warm, int64_t t
   for (int64_t t = 0; t < warm + timed && status.ok(); ++t) {
     status = before(t);
     if (!status.ok()) break;
+    if (profile_timed && t == warm) cudaProfilerStart();
     const Clock::time_point began = Clock::now();
     cudaEventRecord(start, stream);
     status = call(t);
@@ -99,6 +108,7 @@ absl::StatusOr<StepTimes> TimeCalls(cudaStream_t stream, int64_t warm, int64_t t
       wall.push_back(1e6 * Seconds(began));
     }
   }
+  if (profile_timed) cudaProfilerStop();
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   PDSERVE_RETURN_IF_ERROR(status);
@@ -121,7 +131,7 @@ absl::StatusOr<StepTimes> TimeDecode(GpuModel& gpu, int64_t batch, const Flags& 
     slots.push_back(s);
   }
   return TimeCalls(
-      static_cast<cudaStream_t>(gpu.cuda_stream()), 3, flags.steps,
+      static_cast<cudaStream_t>(gpu.cuda_stream()), 3, flags.steps, flags.profile_timed,
       [](int64_t) { return absl::OkStatus(); },
       [&](int64_t t) {
         const std::vector<int32_t> tokens(slots.size(), static_cast<int32_t>((100 + t) % vocab));
@@ -161,7 +171,7 @@ absl::StatusOr<StepTimes> TimePrefill(GpuModel& gpu, const Flags& flags) {
   const std::vector<int32_t> prompt = Prompt(flags.prefill, gpu.config().vocab_size);
   const auto stream = static_cast<cudaStream_t>(gpu.cuda_stream());
   return TimeCalls(
-      stream, 1, flags.steps,
+      stream, 1, flags.steps, flags.profile_timed,
       [&](int64_t) -> absl::Status {
         PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(0));
         if (cudaStreamSynchronize(stream) != cudaSuccess) return absl::InternalError("sync");
@@ -183,6 +193,10 @@ absl::Status Run(const Flags& flags) {
   }
   if (flags.steps < 1 || flags.prompt < 1 || flags.prefill < 0) {
     return absl::InvalidArgumentError("--steps and --prompt must be positive, --prefill >= 0");
+  }
+  if (flags.projections != "both" && flags.projections != "fused" &&
+      flags.projections != "unfused") {
+    return absl::InvalidArgumentError("--projections: both, fused or unfused");
   }
   const int64_t slots = *std::max_element(batches.begin(), batches.end());
   engine::ModelConfig config;
@@ -217,6 +231,9 @@ absl::Status Run(const Flags& flags) {
       config.max_position_embeddings,
       std::max<int64_t>({512, flags.prompt + flags.steps + 8, flags.prefill + 8}));
   for (const bool fused : {false, true}) {
+    if ((fused && flags.projections == "unfused") || (!fused && flags.projections == "fused")) {
+      continue;
+    }
     options.fused_projections = fused;
     PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu,
                              GpuModel::Create(config, *weights, options));
@@ -255,6 +272,11 @@ int main(int argc, char** argv) {
   app.add_option("--batches", flags.batches, "decode batches, comma-separated");
   app.add_option("--prompt", flags.prompt, "prompt tokens per request");
   app.add_option("--steps", flags.steps, "timed decode steps per batch (prefill calls)");
+  app.add_option("--projections", flags.projections,
+                 "both (default), fused or unfused: which projection layouts to time");
+  app.add_flag("--profile-timed", flags.profile_timed,
+               "cudaProfilerStart / Stop around the timed calls only (ncu --profile-from-start "
+               "off profiles just those)");
   app.add_option("--prefill", flags.prefill,
                  "time a prompt of this many tokens in one Forward instead of decode steps");
   CLI11_PARSE(app, argc, argv);
