@@ -24,11 +24,19 @@ namespace pdserve::kernels::cuda {
 
 inline constexpr int64_t kMaxSinkhornN = 32;
 
+// Which kernel runs; all three are the same operations in the same order per entry, so their
+// outputs are bit-identical (tests/kernels_cuda/sinkhorn_test.cc). kAuto: n = 2 or 4 one entry
+// per lane (a group of n x n lanes a matrix; sums gathered by shuffles in index order), n = 8
+// kRowRegisters, other n kSharedMemory. kRowRegisters (n = 2, 4, 8; else kSharedMemory): lane j of
+// a group of n holds row j in registers. kSharedMemory: the matrix in shared memory, lane j
+// normalizes row j, then column j.
+enum class SinkhornVariant { kAuto, kRowRegisters, kSharedMemory };
+
 // count >= 0; 1 <= n <= kMaxSinkhornN; iters <= 1 stops after the first column normalization, as
 // the reference's loop does. count == 0 writes nothing. Returns cudaErrorInvalidValue on bad
 // arguments (including a null m when count > 0), else the launch status. Asynchronous on
 // `stream`; no state, so concurrent calls on different matrices are safe.
 cudaError_t sinkhorn_project(float* m, int64_t count, int64_t n, int64_t iters, float eps,
-                             cudaStream_t stream);
+                             cudaStream_t stream, SinkhornVariant variant = SinkhornVariant::kAuto);
 
 }  // namespace pdserve::kernels::cuda
