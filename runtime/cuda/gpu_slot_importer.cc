@@ -42,13 +42,23 @@ absl::StatusOr<std::unique_ptr<GpuSlotImporter>> GpuSlotImporter::Create(
     staging = options.gpu->NewStateStaging(std::min<int64_t>(2, layers));
   }
   if (!staging.ok()) return staging.status();
+  std::shared_ptr<DevicePageDescriptors> descriptors;
+  if (KeepDevicePageBuffers()) {
+    // Two batches a layer: a second import's layers do not wait for the first one's.
+    PDSERVE_ASSIGN_OR_RETURN(descriptors, DevicePageDescriptors::Create(
+                                              static_cast<size_t>(2 * std::max<int64_t>(layers, 1)),
+                                              /*mapped=*/true));
+  }
   return std::unique_ptr<GpuSlotImporter>(
-      new GpuSlotImporter(std::move(options), std::move(*staging)));
+      new GpuSlotImporter(std::move(options), std::move(*staging), std::move(descriptors)));
 }
 
 GpuSlotImporter::GpuSlotImporter(GpuSlotImporterOptions options,
-                                 std::unique_ptr<engine::gpu::StateStaging> staging)
-    : options_(std::move(options)), staging_(std::move(staging)) {}
+                                 std::unique_ptr<engine::gpu::StateStaging> staging,
+                                 std::shared_ptr<DevicePageDescriptors> descriptors)
+    : options_(std::move(options)),
+      staging_(std::move(staging)),
+      descriptors_(std::move(descriptors)) {}
 
 GpuSlotImporter::~GpuSlotImporter() {
   std::vector<serving::RequestId> left;
@@ -73,8 +83,8 @@ absl::Status GpuSlotImporter::ClaimFromDevice(serving::RequestId id, int64_t pos
                                               int64_t total_tokens, DevicePageSource source) {
   Import import;
   import.position = position;
-  PDSERVE_ASSIGN_OR_RETURN(import.device,
-                           DeviceStatePages::Create(options_.gpu, *options_.layout, total_tokens));
+  PDSERVE_ASSIGN_OR_RETURN(import.device, DeviceStatePages::Create(options_.gpu, *options_.layout,
+                                                                   total_tokens, descriptors_));
   import.device_pages.pages = std::move(source.pages);
   import.device_hold = std::move(source.hold);
   return ClaimSlot(id, std::move(import));
