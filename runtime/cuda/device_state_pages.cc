@@ -341,31 +341,43 @@ absl::Status DeviceStatePages::ImportSlot(int64_t slot, int64_t position,
   return status;
 }
 
-absl::Status DeviceStatePages::ImportSlotBatched(int64_t slot, int64_t position,
-                                                 const DeviceSequencePages& pages) {
-  PDSERVE_RETURN_IF_ERROR(model_->BeginStagedImport(slot, position));
-  const size_t layers = geometry_.layers.size();
+absl::Status DeviceStatePages::LoadLayers(int64_t slot, std::span<const int64_t> layers,
+                                          const DeviceSequencePages& pages) {
   std::vector<Copy> fills;
   std::vector<Copy> copies;
-  absl::Status status;
-  for (size_t l = 0; l < layers && status.ok(); ++l) {
-    status = model_->EnqueueStagedLayerOnDeviceFills(
-        slot, static_cast<int64_t>(l),
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t layer = layers[i];
+    if (layer < 0 || layer >= static_cast<int64_t>(geometry_.layers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeviceStatePages: layer ", layer, " outside [0, ", geometry_.layers.size(), ")"));
+    }
+    const absl::Status enqueued = model_->EnqueueStagedLayerOnDeviceFills(
+        slot, layer,
         [&](const engine::gpu::DeviceLayerBlocks& blocks, int64_t at,
             const std::vector<engine::gpu::GpuModel::DeviceFill>& layer_fills,
             void* stream) -> absl::Status {
           PDSERVE_ASSIGN_OR_RETURN(
               const std::vector<PagedState::PageRun> runs,
-              paged_.PlanPageRuns(static_cast<int64_t>(l), geometry_.layers[l], at));
+              paged_.PlanPageRuns(layer, geometry_.layers[static_cast<size_t>(layer)], at));
           PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/false, &copies));
           for (const engine::gpu::GpuModel::DeviceFill& f : layer_fills)
             fills.push_back({nullptr, f.to, f.bytes});
-          if (l + 1 < layers) return absl::OkStatus();
+          if (i + 1 < layers.size()) return absl::OkStatus();
           // The last layer: every layer's fills, then every layer's copies over them.
           PDSERVE_RETURN_IF_ERROR(Launch(fills, pages, {}, stream, /*fill=*/true));
           return Launch(copies, pages, {}, stream);
         });
+    PDSERVE_RETURN_IF_ERROR(enqueued);
   }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceStatePages::ImportSlotBatched(int64_t slot, int64_t position,
+                                                 const DeviceSequencePages& pages) {
+  PDSERVE_RETURN_IF_ERROR(model_->BeginStagedImport(slot, position));
+  std::vector<int64_t> every(geometry_.layers.size());
+  for (size_t l = 0; l < every.size(); ++l) every[l] = static_cast<int64_t>(l);
+  absl::Status status = LoadLayers(slot, every, pages);
   if (status.ok()) status = model_->FinishStagedImport(slot);
   if (!status.ok()) model_->CancelStagedImport(slot).IgnoreError();
   return status;

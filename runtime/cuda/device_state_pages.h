@@ -165,15 +165,22 @@ class DeviceStatePages {
   absl::Status LoadLayer(int64_t slot, int64_t layer, const DeviceSequencePages& pages,
                          const DevicePageChecksums& checksums = {});
 
+  // LoadLayer of each of `layers` (distinct, in range, none enqueued before) with their fills of
+  // the unread rows in one copy_pages launch (from a buffer of all-ones bytes) and their copies in
+  // one more, made in the last layer's GpuModel::EnqueueStagedLayerOnDeviceFills call (LoadLayer
+  // enqueues seven fills and a copy launch a layer). The same rows, bit for bit. Errors:
+  // LoadLayer's; on one, layers of the call may be marked enqueued without their copies, so the
+  // caller cancels the import.
+  absl::Status LoadLayers(int64_t slot, std::span<const int64_t> layers,
+                          const DeviceSequencePages& pages);
+
   // BeginStagedImport(slot, position), LoadLayer of every layer, FinishStagedImport: slot `slot`
   // continues at `position` from `pages`. Does not wait for the copies (the model's next step
   // is ordered after them). On an error the import is cancelled (the slot reset) and the first
   // error returned.
   absl::Status ImportSlot(int64_t slot, int64_t position, const DeviceSequencePages& pages);
-  // ImportSlot with every layer's fills of the unread rows in one copy_pages launch (from a
-  // buffer of all-ones bytes) and every layer's copies in one more, made in the last layer's
-  // GpuModel::EnqueueStagedLayerOnDeviceFills call (ImportSlot enqueues seven fills and a
-  // descriptor upload and a copy a layer). The same slot, bit for bit; the same errors.
+  // ImportSlot with LoadLayers of every layer (two launches for the whole state). The same slot,
+  // bit for bit; the same errors.
   absl::Status ImportSlotBatched(int64_t slot, int64_t position, const DeviceSequencePages& pages);
 
   // Page bytes the runs of the last StoreLayer / LoadLayer copied (the state bytes of that layer

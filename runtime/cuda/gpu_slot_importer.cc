@@ -156,6 +156,24 @@ absl::Status GpuSlotImporter::ImportLayer(serving::RequestId id, int64_t layer) 
   return enqueued;
 }
 
+absl::Status GpuSlotImporter::ImportLayers(serving::RequestId id, std::span<const int64_t> layers) {
+  int64_t slot = -1;
+  DeviceStatePages* device = nullptr;
+  const DeviceSequencePages* device_pages = nullptr;
+  {
+    // The record stays while this call runs: Release for the id waits for it (EarlyImporter).
+    absl::MutexLock lock(&mu_);
+    auto it = imports_.find(id);
+    if (it == imports_.end()) return NoImport(id);
+    slot = it->second.slot;
+    device = it->second.device.get();
+    device_pages = &it->second.device_pages;
+  }
+  if (device == nullptr || layers.size() < 2) return SlotImporter::ImportLayers(id, layers);
+  ImportSection section(options_.lock);
+  return device->LoadLayers(slot, layers, *device_pages);
+}
+
 absl::StatusOr<bool> GpuSlotImporter::Copied(serving::RequestId id) {
   PDSERVE_ASSIGN_OR_RETURN(const int64_t slot, SlotOf(id));
   ImportSection section(options_.lock);

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -63,6 +64,9 @@ class GpuSlotImporter final : public SlotImporter {
   absl::Status ClaimFromDevice(serving::RequestId id, int64_t position, int64_t total_tokens,
                                DevicePageSource source) override;
   absl::Status ImportLayer(serving::RequestId id, int64_t layer) override;
+  // A device import's layers in one DeviceStatePages::LoadLayers (one hold of the model lock,
+  // two launches); a host import's one by one (ImportLayer).
+  absl::Status ImportLayers(serving::RequestId id, std::span<const int64_t> layers) override;
   absl::StatusOr<bool> Copied(serving::RequestId id) override;
   void Release(serving::RequestId id) override;
   // Release by a caller that holds the model lock already (a step loop's LockForStep).

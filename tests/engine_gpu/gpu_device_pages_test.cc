@@ -273,6 +273,56 @@ TEST_P(GpuDevicePagesTest, KeptMappedDescriptorsServeRequestAfterRequest) {
   }
 }
 
+// D's early import in batches (GpuSlotImporter::ImportLayers): LoadLayers of some layers, a
+// LoadLayer, LoadLayers of the rest, in any order, leave the slot ImportSlot leaves from the same
+// device pages, bit for bit (and the next step's logits); a layer outside the model or enqueued
+// twice is refused.
+TEST_P(GpuDevicePagesTest, LoadLayersInBatchesEqualsImportSlot) {
+  auto gpu = MakeGpu(model_, 3, 64);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t total = gpu->max_context();
+  const int64_t layers = model_.config.num_hidden_layers;
+  auto layout = runtime::LayoutForModel(model_.config, 24, serving::ElementType::kBfloat16);
+  ASSERT_TRUE(layout.ok());
+  auto device = DeviceStatePages::Create(gpu.get(), *layout, total);
+  ASSERT_TRUE(device.ok()) << device.status();
+  const int32_t next = model_.prompts.front()[0];
+  for (int64_t p : Positions(total)) {
+    SCOPED_TRACE(p);
+    PrefillSlot(model_, *gpu, 0, p);
+    TwinPages pages;
+    pages.Allocate(*layout, total);
+    ASSERT_TRUE((*device)->StoreLayers(0, p, pages.device).ok());
+    PrefillSlot(model_, *gpu, 1, 7);
+    ASSERT_TRUE((*device)->ImportSlot(1, p, pages.device).ok());
+    PrefillSlot(model_, *gpu, 2, 11);
+    ASSERT_TRUE(gpu->BeginStagedImport(2, p).ok());
+    std::vector<int64_t> odd;
+    std::vector<int64_t> even;
+    for (int64_t l = layers - 1; l >= 0; --l) (l % 2 == 1 ? odd : even).push_back(l);
+    absl::Status loaded = (*device)->LoadLayers(2, odd, pages.device);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    EXPECT_TRUE(absl::IsInvalidArgument((*device)->LoadLayers(2, {{layers}}, pages.device)));
+    if (!odd.empty()) {
+      EXPECT_TRUE(
+          absl::IsFailedPrecondition((*device)->LoadLayers(2, {{odd.front()}}, pages.device)));
+    }
+    ASSERT_TRUE((*device)->LoadLayer(2, even.front(), pages.device).ok());
+    loaded = (*device)->LoadLayers(2, std::span(even).subspan(1), pages.device);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    ASSERT_TRUE(gpu->FinishStagedImport(2).ok());
+    auto want_state = gpu->ExportState(1);
+    auto got_state = gpu->ExportState(2);
+    ASSERT_TRUE(want_state.ok() && got_state.ok());
+    EXPECT_TRUE(SameState(*got_state, *want_state));
+    auto want = gpu->DecodeStep({1}, {next}, /*use_graph=*/false);
+    auto decoded = gpu->DecodeStep({2}, {next}, /*use_graph=*/false);
+    ASSERT_TRUE(want.ok() && decoded.ok());
+    ASSERT_EQ(decoded->data.size(), want->data.size());
+    EXPECT_EQ(std::memcmp(decoded->ptr(), want->ptr(), want->data.size() * sizeof(float)), 0);
+  }
+}
+
 // P's overlap: the gathers enqueued on the copy stream right after each layer's attention of the
 // prompt's last chunk (GpuModel::BeginForwardStoring) write the same pages and checksums as
 // StoreLayer after the whole forward, and the chunk's logits are a plain Forward's.
