@@ -7,7 +7,8 @@
 #      a peer's mapping, the lander in its three modes); the device-pages tests (engine_gpu_tests
 #      *GpuDevicePages*: among them KeptMappedDescriptorsServeRequestAfterRequest, a
 #      DeviceStatePages a request over one kept, mapped descriptor ring, equal to the host path
-#      and allocating nothing after the first request) and
+#      and allocating nothing after the first request, and LoadLayersInBatchesEqualsImportSlot),
+#      the early-import GPU tests (*GpuEarlyImport*: EarlyImporter changed) and
 #      GpuPrefillTest.DevicePagesEqualTheHostPagesWithKeptAndFreshBuffers (RunToDevice, the
 #      prefill worker's store: kept buffers, kept with the stores during the last chunk, fresh,
 #      each equal to the host pages byte for byte with libxxhash's checksums);
@@ -20,11 +21,13 @@
 #        new   the workers' path after this branch: a DeviceStatePages a transfer over kept,
 #              mapped descriptors (PDSERVE_DEVICE_PAGES unset), all layers in one StoreLayers,
 #              the transfer prepared before the chunk and its checksums set after the store,
-#              the decode slot claimed with the ticket and each layer imported as it verifies
-#              (EarlyImporter over GpuSlotImporter::ClaimFromDevice), fused lander
+#              the decode slot claimed with the ticket and the layers imported as they verify
+#              (EarlyImporter over GpuSlotImporter::ClaimFromDevice), the layers queued together
+#              in one DeviceStatePages::LoadLayers (two launches), fused lander
 #        old   the workers' path before it: PDSERVE_DEVICE_PAGES=fresh (each transfer's
 #              DeviceStatePages with buffers of its own, allocated on first use and freed at its
-#              end, fresh checksum arrays) and a StoreLayer a layer, otherwise as new
+#              end, fresh checksum arrays), a StoreLayer a layer, and a LoadLayer a layer
+#              (PDSERVE_EARLY_IMPORT_BATCH=0), otherwise as new
 #        fast58 kept buffers, the ordering the 2026-12-05 16:02 rows measured (PrepareDevice after
 #              the store, ImportSlotBatched after the verification)
 #        lanes1 new with one lane at 4K (four lanes' flushes are four launches and waits)
@@ -82,19 +85,19 @@ grep -E "^\[  FAILED|Failure|Which is|lander peer" "$OUT/ipc_tests.log" | head -
 
 s=$SECONDS
 timeout "$(cap 70)" engine_gpu_tests \
-  --gtest_filter='*GpuDevicePages*:GpuPrefillTest.DevicePagesEqualTheHostPagesWithKeptAndFreshBuffers' \
+  --gtest_filter='*GpuDevicePages*:*GpuEarlyImport*:GpuPrefillTest.DevicePagesEqualTheHostPagesWithKeptAndFreshBuffers' \
   > "$OUT/device_pages_tests.log" 2>&1
 echo "device pages GPU tests: rc=$? $((SECONDS - s)) s $(passed "$OUT/device_pages_tests.log")"
 grep -E "^\[  FAILED|Failure|Which is" "$OUT/device_pages_tests.log" | head -12
 
 table=()
-b() {  # name, layers, lengths, PDSERVE_DEVICE_PAGES, bench flags...
-  local name=$1 layers=$2 lens=$3 pages=$4
-  shift 4
+b() {  # name, layers, lengths, PDSERVE_DEVICE_PAGES, PDSERVE_EARLY_IMPORT_BATCH, bench flags...
+  local name=$1 layers=$2 lens=$3 pages=$4 batch=$5
+  shift 5
   local s=$SECONDS need=$((layers > 8 ? 45 : 20))
   [ "$(cap "$need")" -ge "$need" ] || { echo "bench $name $layers layers skipped: out of time"; return; }
   local log="$OUT/bench-$name-$layers"
-  PDSERVE_DEVICE_PAGES=$pages UCX_TLS=shm,self UCX_PROTO_ENABLE=n timeout "$(cap 90)" \
+  PDSERVE_DEVICE_PAGES=$pages PDSERVE_EARLY_IMPORT_BATCH=$batch UCX_TLS=shm,self UCX_PROTO_ENABLE=n timeout "$(cap 90)" \
     gpu_state_transfer_bench --cuda-ipc 1 --layers "$layers" --lengths "$lens" --forward-max 0 \
     --warmup 1 --repeats "$repeats" --overlap 0 --old-import 0 --lanes "${LANES:-0}" \
     --refs 3 --lander fused "$@" > "$log.md" 2> "$log.err"
@@ -114,14 +117,14 @@ b() {  # name, layers, lengths, PDSERVE_DEVICE_PAGES, bench flags...
 }
 new=(--store-all 1 --early-import 1 --prepare-early 1)
 old=(--store-all 0 --early-import 1 --prepare-early 1)
-b new 8 "$lengths" kept "${new[@]}"
-b old 8 "$lengths" fresh "${old[@]}"
-b new 43 "$lengths" kept "${new[@]}"
-b old 43 "$lengths" fresh "${old[@]}"
-b fast58 8 "$lengths" kept --store-all 1 --early-import 0 --import-all 1 --prepare-early 0
-b lanes1 8 4096 kept "${new[@]}" --lanes 1
-b lanes1 43 4096 kept "${new[@]}" --lanes 1
-b fast58 43 "$lengths" kept --store-all 1 --early-import 0 --import-all 1 --prepare-early 0
+b new 8 "$lengths" kept 1 "${new[@]}"
+b old 8 "$lengths" fresh 0 "${old[@]}"
+b new 43 "$lengths" kept 1 "${new[@]}"
+b old 43 "$lengths" fresh 0 "${old[@]}"
+b fast58 8 "$lengths" kept 1 --store-all 1 --early-import 0 --import-all 1 --prepare-early 0
+b lanes1 8 4096 kept 1 "${new[@]}" --lanes 1
+b lanes1 43 4096 kept 1 "${new[@]}" --lanes 1
+b fast58 43 "$lengths" kept 1 --store-all 1 --early-import 0 --import-all 1 --prepare-early 0
 echo "total: $(($(date +%s) - t0)) s"
 echo
 echo "gpu_state_transfer_bench --cuda-ipc 1 ($(cat "$OUT/gpu.txt"); 1 warm-up + $repeats measured a" \
