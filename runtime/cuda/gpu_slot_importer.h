@@ -92,6 +92,8 @@ class GpuSlotImporter final : public SlotImporter {
     DeviceSequencePages device_pages;
     std::shared_ptr<const void> device_hold;
   };
+  // The record of `id`'s import, for an import call on it (NotFound when there is none).
+  absl::StatusOr<const Import*> Running(serving::RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
   // Claim's work: the slot and its staged import for `import` (its position set).
   absl::Status ClaimSlot(serving::RequestId id, Import import);
   GpuSlotImporter(GpuSlotImporterOptions options,
