@@ -1,9 +1,13 @@
 #include "runtime/early_import.h"
 
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 
@@ -83,8 +87,16 @@ absl::StatusOr<EarlyImportState> NextEarlyImportState(EarlyImportState state,
       "early import: event '", EventName(event), "' in state '", EarlyImportStateName(state), "'"));
 }
 
+bool BatchEarlyImportLayers() {
+  const char* batch = std::getenv("PDSERVE_EARLY_IMPORT_BATCH");
+  return batch == nullptr || std::string_view(batch) != "0";
+}
+
 EarlyImporter::EarlyImporter(SlotImporter* slots, int64_t layers)
-    : slots_(slots), layers_(layers), thread_([this] { Run(); }) {}
+    : EarlyImporter(slots, layers, BatchEarlyImportLayers()) {}
+
+EarlyImporter::EarlyImporter(SlotImporter* slots, int64_t layers, bool batch_layers)
+    : slots_(slots), layers_(layers), batch_layers_(batch_layers), thread_([this] { Run(); }) {}
 
 EarlyImporter::~EarlyImporter() {
   {
@@ -122,19 +134,20 @@ void EarlyImporter::ReleaseSlot(serving::RequestId id) {
 
 absl::Status EarlyImporter::Begin(serving::RequestId id, int64_t position, int64_t total_tokens,
                                   std::shared_ptr<const serving::PageLease> pages) {
-  return BeginWith(id, std::move(pages), [&] { return slots_->Claim(id, position, total_tokens); });
+  return BeginWith(id, std::move(pages), /*device=*/false,
+                   [&] { return slots_->Claim(id, position, total_tokens); });
 }
 
 absl::Status EarlyImporter::BeginFromDevice(serving::RequestId id, int64_t position,
                                             int64_t total_tokens, DevicePageSource source,
                                             std::shared_ptr<const serving::PageLease> pages) {
-  return BeginWith(id, std::move(pages), [&] {
+  return BeginWith(id, std::move(pages), /*device=*/true, [&] {
     return slots_->ClaimFromDevice(id, position, total_tokens, std::move(source));
   });
 }
 
 absl::Status EarlyImporter::BeginWith(serving::RequestId id,
-                                      std::shared_ptr<const serving::PageLease> pages,
+                                      std::shared_ptr<const serving::PageLease> pages, bool device,
                                       const std::function<absl::Status()>& claim) {
   {
     absl::MutexLock lock(&mu_);
@@ -149,6 +162,7 @@ absl::Status EarlyImporter::BeginWith(serving::RequestId id,
   Record& record = records_[id];
   record.queued.assign(static_cast<size_t>(layers_), 0);
   record.pages = std::move(pages);
+  record.device = device;
   return absl::OkStatus();
 }
 
@@ -252,13 +266,22 @@ void EarlyImporter::AfterCall(serving::RequestId id) {
 
 bool EarlyImporter::Work() {
   if (!queue_.empty()) {
-    const auto [id, layer] = queue_.front();
+    const serving::RequestId id = queue_.front().first;
+    // The front's layer and, batching, every other layer of its request queued now (in order).
+    std::vector<int64_t> layers = {queue_.front().second};
     queue_.pop_front();
     auto it = records_.find(id);
     if (it == records_.end() || !Importing(it->second.state)) return true;
+    if (batch_layers_ && it->second.device) {
+      std::erase_if(queue_, [&](const std::pair<serving::RequestId, int64_t>& queued) {
+        if (queued.first != id) return false;
+        layers.push_back(queued.second);
+        return true;
+      });
+    }
     it->second.busy = true;
     mu_.Unlock();
-    const absl::Status imported = slots_->ImportLayer(id, layer);
+    const absl::Status imported = slots_->ImportLayers(id, layers);
     mu_.Lock();
     it = records_.find(id);  // busy records are never erased
     if (it->second.state == State::kCancelled) {
@@ -267,12 +290,12 @@ bool EarlyImporter::Work() {
     }
     if (imported.ok() && it->second.fault.ok()) {
       it->second.busy = false;
-      ++it->second.imported;
+      it->second.imported += static_cast<int64_t>(layers.size());
       return true;
     }
     if (!imported.ok()) {
-      spdlog::error("sequence {}: early import of layer {} failed: {}", id, layer,
-                    imported.ToString());
+      spdlog::error("sequence {}: early import of layers {} failed: {}", id,
+                    absl::StrJoin(layers, ","), imported.ToString());
     }
     Fail(id, imported.ok() ? it->second.fault : imported);
     return true;

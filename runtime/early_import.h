@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -100,6 +101,16 @@ class SlotImporter {
   // Fills layer `layer` from the sequence's pages and enqueues its copies (may block for the
   // fill, host work). Each layer once.
   virtual absl::Status ImportLayer(serving::RequestId id, int64_t layer) = 0;
+  // ImportLayer of each of `layers` (distinct, each once over the import), in order; an
+  // importer may enqueue them together (the device path: one launch pair for all). The first
+  // error is returned and the import is then failed by the caller (a layer of the call may have
+  // been marked enqueued without its copies). This default calls ImportLayer one by one.
+  virtual absl::Status ImportLayers(serving::RequestId id, std::span<const int64_t> layers) {
+    for (int64_t layer : layers) {
+      if (absl::Status imported = ImportLayer(id, layer); !imported.ok()) return imported;
+    }
+    return absl::OkStatus();
+  }
   // Whether every layer was imported and its copies have landed; never blocks for the copies.
   virtual absl::StatusOr<bool> Copied(serving::RequestId id) = 0;
   // Gives the slot and its pages back (waits for copies in flight). Unknown ids are ignored.
@@ -109,7 +120,13 @@ class SlotImporter {
 class EarlyImporter {
  public:
   // `slots` must outlive the importer; `layers`: the model's layer count. Starts its thread.
+  // `batch_layers`: the layers of a device import (BeginFromDevice) queued when the thread takes
+  // the next go to the slot importer in one ImportLayers call (a transfer's layers that arrive
+  // together are enqueued together: one launch pair); false, and for host imports (whose fills
+  // are host work a layer, and whose cancel stops before the next layer): one call a layer.
+  // Default: BatchEarlyImportLayers().
   EarlyImporter(SlotImporter* slots, int64_t layers);
+  EarlyImporter(SlotImporter* slots, int64_t layers, bool batch_layers);
   // Stops the thread and releases every slot not taken.
   ~EarlyImporter();
   EarlyImporter(const EarlyImporter&) = delete;
@@ -158,11 +175,13 @@ class EarlyImporter {
     // An illegal event while a call ran (a bug): the call's return fails the import with it.
     absl::Status fault;
     std::shared_ptr<const serving::PageLease> pages;  // Begin's, dropped once no call can read
+    bool device = false;  // BeginFromDevice's: its queued layers go in one ImportLayers call
   };
   friend class EarlyImporterTestPeer;  // tests: events outside the lifecycle
   // Begin's work around `claim` (the slot importer's claim of `id`).
   absl::Status BeginWith(serving::RequestId id, std::shared_ptr<const serving::PageLease> pages,
-                         const std::function<absl::Status()>& claim) ABSL_LOCKS_EXCLUDED(mu_);
+                         bool device, const std::function<absl::Status()>& claim)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Run();
   // Applies `event`. An illegal one is a bug: logged, and the import fails (its slot released
   // now, or by the call running for it when that returns). May drop mu_ (the release); the
@@ -181,12 +200,17 @@ class EarlyImporter {
 
   SlotImporter* const slots_;
   const int64_t layers_;
+  const bool batch_layers_;
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<serving::RequestId, Record> records_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<serving::RequestId, int64_t>> queue_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
+
+// Whether EarlyImporter batches a request's queued layers by default: true unless the
+// environment's PDSERVE_EARLY_IMPORT_BATCH is 0 (the A/B switch: one layer a call, as before).
+bool BatchEarlyImportLayers();
 
 // Serializes a model's staged-import calls with its step loop, short import sections first: an
 // importer waits at most for the step in flight, and the step loop lets a waiting importer in

@@ -45,7 +45,10 @@
 // with --overlap: the wait for the chunk's end and the copy of its logits into a host tensor);
 // early import (yes: import ms is then only what was left of the import after t_verified); shm
 // pull (yes with --shm-pull: the decode process copied the pages out of the prefill process's
-// pool). Medians over --repeats. Markdown on stdout, progress on stderr. ucx_perftest over the same
+// pool). Per length, --warmup transfers first (not in the medians: the first one pays the
+// length's first-use costs), then --repeats measured ones: medians, and the last columns the
+// end-to-end (t_imported - t0) median and min, the best GB/s, the first transfer's end-to-end
+// ("first use ms") and the counts. Markdown on stdout, progress on stderr. ucx_perftest over the same
 // transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
 #include <poll.h>
@@ -107,7 +110,11 @@ struct Flags {
   std::string lengths = "4096,32768,131072";
   int64_t forward_max = 32768;
   int64_t chunk = 256;  // the CUDA backend's max_chunk
-  int64_t repeats = 3;
+  // Per length: `warmup` transfers first (the first one pays each length's first-use costs: its
+  // end-to-end time is the "first use ms" column), then `repeats` measured ones (medians, and the
+  // best end-to-end).
+  int64_t warmup = 1;
+  int64_t repeats = 5;
   int lanes = 0;           // UCX lanes on each side; 0: kv::DefaultTransferLanes, what workers use
   int host_threads = 0;    // store / checksum / import threads; 0: DefaultTransferHostThreads
   int64_t window_mib = 0;  // the sender's max_in_flight_bytes; 0: kv::InFlightBytesForLanes
@@ -135,6 +142,10 @@ struct Flags {
   // With --cuda-ipc: the decode's import in DeviceStatePages::ImportSlotBatched (every layer's
   // fills in one launch and copies in one more) instead of ImportSlot.
   bool import_all = true;
+  // With --cuda-ipc: the transfer prepared before the chunk runs and its checksums given after
+  // the store (DevicePages::checksums_pending, Transfer::SetDeviceChecksums: the prefill
+  // worker's order); 0: prepared with the checksums after the store.
+  bool prepare_early = true;
   // The prompt chunks' logits rows brought to the host (GpuModel's ChunkLogits): "all" or
   // "last"; empty: engine::gpu::ServingChunkLogits(), what the serving paths use.
   std::string chunk_logits;
@@ -384,7 +395,7 @@ absl::Status Prefill(const Flags& flags, Channel& channel) {
     const runtime::PagedState paged(config, layout, length + 1);
     double forward_ms = 0;
     engine::ModelState prefix_state;
-    for (int64_t r = 0; r < flags.repeats; ++r) {
+    for (int64_t r = 0; r < flags.warmup + flags.repeats; ++r) {
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, kv::DecodeTicket(Unhex(channel.Read())));
       const int64_t prefix = (length - 1) / flags.chunk * flags.chunk;
       PDSERVE_RETURN_IF_ERROR(
@@ -492,9 +503,12 @@ void PrintHeader() {
       "store ms | post ms | send drain ms | verify lag ms | transfer ms | transfer GB/s | "
       "import ms | old import ms | end-to-end GB/s | copy floor GB/s (D2H + H2D) | "
       "end-to-end / floor | forward ms | left after compute ms | share of TTFT | state | "
-      "overlap | last chunk ms | chunk logits | finish forward ms | early import | path |\n"
+      "overlap | last chunk ms | chunk logits | finish forward ms | early import | path | "
+      "end-to-end ms (median) | end-to-end ms (min) | best end-to-end GB/s | first use ms | "
+      "warm-up + measured |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+      "| --- | --- |\n");
   std::fflush(stdout);
 }
 
@@ -506,21 +520,28 @@ struct ForwardEstimate {
 struct Row {
   std::vector<double> transfer_ms, wait_ms, store_ms, post_ms, drain_ms, lag_ms, import_ms,
       old_import_ms, forward_ms, last_ms, finish_ms;
+  std::vector<double> end_to_end_ms;  // t_imported - t0 of each measured transfer
+  double first_use_ms = -1;           // the same of the first (warm-up) transfer
   bool same_state = true;
-  uint64_t digest = 0;  // the decode slot's, from the first repeat
+  uint64_t digest = 0;  // the decode slot's, from the first transfer
 
-  // One repeat: the prefill process's line ("t0 forward_ms digest stored copy_wait store post
+  // One transfer: the prefill process's line ("t0 forward_ms digest stored copy_wait store post
   // delivered last_chunk_ms finish_ms"), the decode side's verified and imported times and, on
-  // the first repeat, the model whose slot 0 is compared with the prefill's digest.
-  absl::Status Add(const std::string& line, int64_t verified, int64_t imported, GpuModel* gpu) {
+  // the first transfer, the model whose slot 0 is compared with the prefill's digest. A warm-up
+  // (not `measured`) adds only the state's comparison and, the first one, first_use_ms.
+  absl::Status Add(const std::string& line, int64_t verified, int64_t imported, GpuModel* gpu,
+                   bool measured) {
     const std::vector<std::string> fields = absl::StrSplit(line, ' ');
     if (fields.size() != 10) return absl::InternalError("bad line from the prefill process");
     const int64_t t0 = std::stoll(fields[0]);
-    forward_ms.push_back(std::stod(fields[1]));
     if (gpu != nullptr) {
       PDSERVE_ASSIGN_OR_RETURN(digest, StateDigest(*gpu));
       same_state = same_state && digest == std::stoull(fields[2]);
     }
+    if (first_use_ms < 0) first_use_ms = static_cast<double>(imported - t0) / 1e6;
+    if (!measured) return absl::OkStatus();
+    end_to_end_ms.push_back(static_cast<double>(imported - t0) / 1e6);
+    forward_ms.push_back(std::stod(fields[1]));
     transfer_ms.push_back(static_cast<double>(verified - t0) / 1e6);
     wait_ms.push_back(std::stod(fields[4]));
     last_ms.push_back(std::stod(fields[8]));
@@ -536,8 +557,10 @@ struct Row {
   // Prints the row; DataLoss when the decode slot's state differed from the prefill's.
   absl::Status Print(const Flags& flags, int64_t length, uint64_t bytes, double floor,
                      ForwardEstimate& estimate, const char* path) const {
+    if (transfer_ms.empty()) return absl::InvalidArgumentError("no measured transfer (--repeats)");
     const double transfer = Median(transfer_ms);
     const double import = Median(import_ms);
+    const double best = *std::min_element(end_to_end_ms.begin(), end_to_end_ms.end());
     const double old_import = old_import_ms.empty() ? 0 : Median(old_import_ms);
     const double left = transfer + import;
     const double e2e = static_cast<double>(bytes) / (left / 1e3) / 1e9;
@@ -555,7 +578,8 @@ struct Row {
         forward > 0 ? absl::StrFormat("%.1f%%", 100 * left / (forward + left)) : "n/a";
     std::printf(
         "| %lld | %lld | %d | %d | %.1f MB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s | %s |\n",
+        "| %.2f | %.2f | %.2f | %.0f%% | %s | %.2f | %s | %s | %s | %.2f | %s | %.2f | %s | %s "
+        "| %.3f | %.3f | %.2f | %.3f | %lld + %zu |\n",
         static_cast<long long>(length), static_cast<long long>(flags.layers), Lanes(flags),
         HostThreads(flags), static_cast<double>(bytes) / 1e6, Median(wait_ms), Median(store_ms),
         Median(post_ms), Median(drain_ms), Median(lag_ms), transfer,
@@ -563,7 +587,9 @@ struct Row {
         100 * e2e / floor, forward_text.c_str(), left, share.c_str(),
         same_state ? "equal" : "DIFFERS", flags.overlap && !flags.cuda_ipc ? "yes" : "no",
         Median(last_ms), ChunkRows(flags) == engine::gpu::ChunkLogits::kLastRow ? "last" : "all",
-        Median(finish_ms), flags.early_import && !flags.cuda_ipc ? "yes" : "no", path);
+        Median(finish_ms), flags.early_import ? "yes" : "no", path, Median(end_to_end_ms), best,
+        static_cast<double>(bytes) / (best / 1e3) / 1e9, first_use_ms,
+        static_cast<long long>(flags.warmup), end_to_end_ms.size());
     std::fflush(stdout);
     if (!same_state) return absl::DataLossError("the decode slot's state differs from prefill's");
     return absl::OkStatus();
@@ -637,7 +663,7 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
     } unset{early};
     Row row;
     uint64_t bytes = 0;
-    for (int64_t r = 0; r < flags.repeats; ++r) {
+    for (int64_t r = 0; r < flags.warmup + flags.repeats; ++r) {
       kv::ReceiveSpec spec{.request_id = request++, .epoch = kv::TableEpoch(pages.table)};
       bytes = 0;
       for (const kv::PlannedPage& page : pages.plan) {
@@ -668,17 +694,19 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
             }));
       }
       const int64_t imported = NowNs();
-      PDSERVE_RETURN_IF_ERROR(
-          row.Add(channel.Read(), verified, imported, r == 0 ? gpu.get() : nullptr));
+      PDSERVE_RETURN_IF_ERROR(row.Add(channel.Read(), verified, imported,
+                                      r == 0 ? gpu.get() : nullptr, r >= flags.warmup));
       Progress("decode", length, r, "imported");
-      if (!flags.old_import) continue;
+      if (!flags.old_import || (r > 0 && r < flags.warmup)) continue;
       // The previous path, for the record: PagedState::Load into a CPU-layout state, then
       // ImportState through the same staging; it must give the same slot.
       const int64_t old_started = NowNs();
       engine::ModelState state = gpu->NewState();
       PDSERVE_RETURN_IF_ERROR(paged.Load(length, pages.pages, &state));
       PDSERVE_RETURN_IF_ERROR(gpu->ImportState(0, state, staging.get()));
-      row.old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
+      if (r >= flags.warmup) {
+        row.old_import_ms.push_back(static_cast<double>(NowNs() - old_started) / 1e6);
+      }
       if (r == 0) {
         PDSERVE_ASSIGN_OR_RETURN(const uint64_t old_digest, StateDigest(*gpu));
         row.same_state = row.same_state && old_digest == row.digest;
@@ -697,12 +725,16 @@ absl::Status Decode(const Flags& flags, Channel& channel) {
 //
 // The same-host device-to-device path through the product's protocol classes (docs/protocol.md,
 // "Same-host device-to-device pages (CUDA IPC)"): the prefill process's pages live in its GPU
-// arena (an IpcPageArena carved by a PagePool, no host bytes),
-// runtime::DeviceStatePages::StoreLayer writes each layer's pages and their XXH3 there after the
-// chunk's forward, and TransferSender::PrepareDevice sends page references to them; the decode
+// arena (an IpcPageArena carved by a PagePool, no host bytes), a runtime::DeviceStatePages made
+// for the transfer (as the workers make one a request) writes every layer's pages and their XXH3
+// there after the chunk's forward, and TransferSender::PrepareDevice (before the chunk with
+// --prepare-early, its checksums set after the store) sends page references to them; the decode
 // process's receiver lands them in its own device pages (ReceiveSpec::device_pci_bus_id, one
-// kv::cuda_ipc::CudaPageLander per lane: one copy and one checksum launch per lane progress) and,
-// once verified, DeviceStatePages::ImportSlot copies them into slot 0.
+// kv::cuda_ipc::CudaPageLander per lane: one copy-and-checksum launch per lane progress) and
+// (--early-import) each verified layer goes into slot 0 as it lands (EarlyImporter over
+// GpuSlotImporter::ClaimFromDevice, the decode worker's way), else once all verified
+// DeviceStatePages::ImportSlot(Batched) copies them. PDSERVE_DEVICE_PAGES=fresh: the
+// DeviceStatePages' buffers its own (the workers' behaviour before the kept descriptors).
 
 // A PagePool whose page bytes are GPU memory at `block` (never touched by the host).
 absl::StatusOr<std::unique_ptr<serving::PagePool>> DevicePool(const serving::StateLayout& layout,
@@ -729,14 +761,31 @@ absl::StatusOr<runtime::DeviceSequencePages> DeviceAddresses(serving::PagePool& 
 }
 
 // One sequence of `length` + 1 tokens in GPU pages at `block` (PagePool bookkeeping; its page
-// table, transfer plan, device page addresses and DeviceStatePages for slot 0 of side.gpu).
+// table, transfer plan and device page addresses).
 struct DeviceSequence {
   std::unique_ptr<serving::PagePool> pool;
   serving::PageTable table;
   std::vector<kv::PlannedPage> plan;
   runtime::DeviceSequencePages pages;
-  std::unique_ptr<runtime::DeviceStatePages> state;
 };
+
+// The DeviceStatePages of one transfer, made per transfer as the workers make one per request
+// (GpuPrefillEngine::RunToDevice, GpuSlotImporter::ClaimFromDevice): over `descriptors` (kept
+// across transfers, runtime::KeepDevicePageBuffers) or, null, buffers of its own (the workers'
+// behaviour with PDSERVE_DEVICE_PAGES=fresh).
+absl::StatusOr<std::unique_ptr<runtime::DeviceStatePages>> TransferPages(
+    Side& side, int64_t length, std::shared_ptr<runtime::DevicePageDescriptors> descriptors) {
+  return runtime::DeviceStatePages::Create(side.gpu.get(), side.layout, length + 1,
+                                           std::move(descriptors));
+}
+
+// The workers' kept descriptor ring for side.gpu (null with PDSERVE_DEVICE_PAGES=fresh).
+absl::StatusOr<std::shared_ptr<runtime::DevicePageDescriptors>> KeptDescriptors(
+    const Flags& flags) {
+  if (!runtime::KeepDevicePageBuffers()) return nullptr;
+  return runtime::DevicePageDescriptors::Create(static_cast<size_t>(2 * flags.layers),
+                                                /*mapped=*/true);
+}
 absl::StatusOr<DeviceSequence> MakeDeviceSequence(Side& side, int64_t length,
                                                   std::span<std::byte> block) {
   const int64_t total = length + 1;
@@ -746,8 +795,6 @@ absl::StatusOr<DeviceSequence> MakeDeviceSequence(Side& side, int64_t length,
   PDSERVE_ASSIGN_OR_RETURN(d.plan,
                            kv::PlanTransfer(side.layout, side.layers, d.table, length, total));
   PDSERVE_ASSIGN_OR_RETURN(d.pages, DeviceAddresses(*d.pool, d.table));
-  PDSERVE_ASSIGN_OR_RETURN(d.state,
-                           runtime::DeviceStatePages::Create(side.gpu.get(), side.layout, total));
   return d;
 }
 
@@ -806,6 +853,8 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
        .shm_pull = puller.get(),
        .device_ref_version = flags.refs});
   const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
+  PDSERVE_ASSIGN_OR_RETURN(const std::shared_ptr<runtime::DevicePageDescriptors> descriptors,
+                           KeptDescriptors(flags));
   for (int64_t length : Lengths(flags)) {
     const int64_t total = length + 1;
     const size_t bytes = serving::PagePool::HostBytesNeeded(layout.PoolOptions(1, total));
@@ -816,7 +865,6 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
     const serving::PageTable& table = sequence.table;
     const std::vector<kv::PlannedPage>& plan = sequence.plan;
     const runtime::DeviceSequencePages& device_pages = sequence.pages;
-    runtime::DeviceStatePages* store = sequence.state.get();
     PDSERVE_ASSIGN_OR_RETURN(const std::vector<LayerChecksums> checks,
                              PlanChecksums(layout, table, plan, flags.layers));
     std::vector<runtime::PagedState::PageId> all_ids;  // Every layer's, in the sums' order.
@@ -828,7 +876,17 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
     PDSERVE_RETURN_IF_ERROR(host_sums.Allocate(plan.size()));
     double forward_ms = 0;
     engine::ModelState prefix_state;
-    for (int64_t r = 0; r < flags.repeats; ++r) {
+    // The references without their checksums (DevicePages::checksums_pending with
+    // --prepare-early, as the prefill worker prepares before the prompt runs).
+    kv::DevicePages unsummed{.arena = kv::cuda_ipc::NameOf(arena->handle())};
+    unsummed.pages.resize(plan.size());
+    for (size_t slot = 0; slot < plan.size(); ++slot) {
+      PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> page, pool->Data(1, plan[slot].handle));
+      unsummed.pages[slot].offset = static_cast<uint64_t>(page.data() - block.data());
+      unsummed.pages[slot].length = plan[slot].descriptor.bytes;
+      unsummed.pages[slot].element = plan[slot].descriptor.element;
+    }
+    for (int64_t r = 0; r < flags.warmup + flags.repeats; ++r) {
       if (r == 0) {
         // The decode side measures floor (a) while this process waits for the first ticket.
         if (channel.Read() != "floor") return absl::InternalError("expected 'floor'");
@@ -839,6 +897,12 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
           RestorePrefix(flags, config, *gpu, length, r, &forward_ms, &prefix_state));
       const int64_t prefix = (length - 1) / flags.chunk * flags.chunk;
       const std::vector<int32_t> last = ChunkTokens(config, prefix, length);
+      std::unique_ptr<kv::Transfer> transfer;
+      if (flags.prepare_early) {
+        kv::DevicePages pending = unsummed;
+        pending.checksums_pending = true;
+        PDSERVE_ASSIGN_OR_RETURN(transfer, sender.PrepareDevice(ticket, std::move(pending)));
+      }
       PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "sync"));
       PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(chunk_events[0], stream), "event"));
       const int64_t chunk_started = NowNs();
@@ -851,39 +915,52 @@ absl::Status PrefillIpc(const Flags& flags, Channel& channel) {
       if (r == 0 && length <= flags.forward_max) forward_ms += chunk_ms;
       const int64_t t0 = chunk_started + static_cast<int64_t>(chunk_ms * 1e6);
       // Every layer's pages into the arena and their checksums, on the model's stream, then the
-      // checksums to the host (the only bytes of the state the host reads).
+      // checksums to the host (the only bytes of the state the host reads), as RunToDevice: its
+      // DeviceStatePages made for the transfer (over the kept descriptors, or with
+      // PDSERVE_DEVICE_PAGES=fresh its own buffers and checksum arrays, freed at its end).
       const int64_t store_started = NowNs();
-      size_t at = 0;
-      if (flags.store_all) {
-        PDSERVE_RETURN_IF_ERROR(store->StoreLayers(0, length, device_pages, {all_ids, sums.get()}));
-        at = all_ids.size();
+      std::vector<uint64_t> fresh_host;
+      uint64_t* host = host_sums.get();
+      {
+        PDSERVE_ASSIGN_OR_RETURN(const auto store, TransferPages(side, length, descriptors));
+        engine::gpu::DeviceArray<uint64_t> fresh_sums;
+        uint64_t* device_sums = sums.get();
+        if (descriptors == nullptr) {
+          PDSERVE_RETURN_IF_ERROR(fresh_sums.Allocate(plan.size()));
+          device_sums = fresh_sums.get();
+          fresh_host.resize(plan.size());
+          host = fresh_host.data();
+        }
+        size_t at = 0;
+        if (flags.store_all) {
+          PDSERVE_RETURN_IF_ERROR(
+              store->StoreLayers(0, length, device_pages, {all_ids, device_sums}));
+          at = all_ids.size();
+        }
+        for (int64_t l = 0; l < flags.layers && !flags.store_all; ++l) {
+          const LayerChecksums& c = checks[static_cast<size_t>(l)];
+          PDSERVE_RETURN_IF_ERROR(
+              store->StoreLayer(0, l, length, device_pages, {c.ids, device_sums + at}));
+          at += c.ids.size();
+        }
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host, device_sums, at * sizeof(uint64_t),
+                                                           cudaMemcpyDeviceToHost, stream),
+                                           "checksums"));
+        PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "store"));
       }
-      for (int64_t l = 0; l < flags.layers && !flags.store_all; ++l) {
-        const LayerChecksums& c = checks[static_cast<size_t>(l)];
-        PDSERVE_RETURN_IF_ERROR(
-            store->StoreLayer(0, l, length, device_pages, {c.ids, sums.get() + at}));
-        at += c.ids.size();
-      }
-      PDSERVE_RETURN_IF_ERROR(
-          CudaStatus(cudaMemcpyAsync(host_sums.get(), sums.get(), at * sizeof(uint64_t),
-                                     cudaMemcpyDeviceToHost, stream),
-                     "checksums"));
-      PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "store"));
       const int64_t stored = NowNs();
-      kv::DevicePages sources{.arena = kv::cuda_ipc::NameOf(arena->handle())};
-      sources.pages.resize(plan.size());
-      at = 0;
+      std::vector<uint64_t> by_slot(plan.size());
+      size_t at = 0;
       for (const LayerChecksums& c : checks) {
-        for (size_t slot : c.slots) sources.pages[slot].xxh3 = host_sums[at++];
+        for (size_t slot : c.slots) by_slot[slot] = host[at++];
       }
-      for (size_t slot = 0; slot < plan.size(); ++slot) {
-        PDSERVE_ASSIGN_OR_RETURN(std::span<std::byte> page, pool->Data(1, plan[slot].handle));
-        sources.pages[slot].offset = static_cast<uint64_t>(page.data() - block.data());
-        sources.pages[slot].length = plan[slot].descriptor.bytes;
-        sources.pages[slot].element = plan[slot].descriptor.element;
+      if (flags.prepare_early) {
+        PDSERVE_RETURN_IF_ERROR(transfer->SetDeviceChecksums(by_slot));
+      } else {
+        kv::DevicePages sources = unsummed;
+        for (size_t slot = 0; slot < plan.size(); ++slot) sources.pages[slot].xxh3 = by_slot[slot];
+        PDSERVE_ASSIGN_OR_RETURN(transfer, sender.PrepareDevice(ticket, std::move(sources)));
       }
-      PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<kv::Transfer> transfer,
-                               sender.PrepareDevice(ticket, std::move(sources)));
       PDSERVE_RETURN_IF_ERROR(transfer->PostAll());
       const int64_t posted = NowNs();
       PDSERVE_RETURN_IF_ERROR(transfer->Commit(static_cast<int32_t>(length), 0));
@@ -950,11 +1027,20 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
   const serving::StateLayout& layout = side.layout;
   SystemClock clock;
   Outcomes outcomes;  // Before the receiver, which reports to it.
+  // With --early-import: each layer whose pages landed and passed their checksums goes to the
+  // running transfer's importer (GpuSlotImporter::ClaimFromDevice: DeviceStatePages::LoadLayer
+  // a layer), as in the decode worker.
+  std::atomic<runtime::EarlyImporter*> early{nullptr};
+  std::atomic<uint64_t> receiving{0};
+  auto on_layer = [&](uint64_t, uint64_t request_id, uint32_t layer) {
+    runtime::EarlyImporter* importer = early.load();
+    if (importer != nullptr && request_id == receiving.load()) importer->LayerArrived(1, layer);
+  };
   PDSERVE_ASSIGN_OR_RETURN(auto acks, kv::shm::AckTable::Create(uint64_t{1} << 20));
   PDSERVE_ASSIGN_OR_RETURN(
       auto receiver, kv::CreateUcxReceiver(
-                         {.lease = absl::Seconds(600), .acks = acks.get()}, clock,
-                         [](uint64_t, uint64_t, const absl::Status&) {},
+                         {.lease = absl::Seconds(600), .on_layer = on_layer, .acks = acks.get()},
+                         clock, [](uint64_t, uint64_t, const absl::Status&) {},
                          [&outcomes](uint64_t ticket_id, uint64_t, const kv::TransferOutcome& o) {
                            outcomes.Decided(ticket_id, o);
                          },
@@ -986,6 +1072,9 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
   PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, 0), "bus id"));
   PrintHeader();
   const auto stream = static_cast<cudaStream_t>(gpu->cuda_stream());
+  PDSERVE_ASSIGN_OR_RETURN(const std::shared_ptr<runtime::DevicePageDescriptors> descriptors,
+                           KeptDescriptors(flags));
+  runtime::ModelLock model_lock;
   ForwardEstimate estimate;
   uint64_t request = 1;
   for (int64_t length : Lengths(flags)) {
@@ -999,7 +1088,23 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
     const serving::PageTable& table = sequence.table;
     const std::vector<kv::PlannedPage>& plan = sequence.plan;
     const runtime::DeviceSequencePages& device_pages = sequence.pages;
-    runtime::DeviceStatePages* load = sequence.state.get();
+    // The early import into slot 0 (the importer, and its descriptors, kept for the length as a
+    // decode worker keeps its importer).
+    PDSERVE_ASSIGN_OR_RETURN(
+        std::unique_ptr<runtime::GpuSlotImporter> slots,
+        runtime::GpuSlotImporter::Create(
+            {.gpu = gpu.get(),
+             .layout = &layout,
+             .pool = pool,
+             .lock = &model_lock,
+             .take_slot = [](serving::RequestId) -> absl::StatusOr<int64_t> { return 0; },
+             .return_slot = [](serving::RequestId, int64_t) {}}));
+    runtime::EarlyImporter importer(slots.get(), flags.layers);
+    early.store(flags.early_import ? &importer : nullptr);
+    struct Unset {  // The receiver outlives this length's importer (also on an error return).
+      std::atomic<runtime::EarlyImporter*>& early;
+      ~Unset() { early.store(nullptr); }
+    } unset{early};
     Row row;
     uint64_t bytes = 0;
     for (const kv::PlannedPage& page : plan) bytes += page.descriptor.bytes;
@@ -1008,9 +1113,13 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
     channel.Write("floor");
     if (channel.Read() != "idle") return absl::InternalError("expected 'idle'");
     PDSERVE_ASSIGN_OR_RETURN(const double floor, CopyFloor(bytes));
-    const uint64_t flushes_before = flushes();
-    const absl::Duration flush_time_before = flush_time();
-    for (int64_t r = 0; r < flags.repeats; ++r) {
+    uint64_t flushes_before = flushes();
+    absl::Duration flush_time_before = flush_time();
+    for (int64_t r = 0; r < flags.warmup + flags.repeats; ++r) {
+      if (r == flags.warmup) {  // The lander counts of the measured transfers only.
+        flushes_before = flushes();
+        flush_time_before = flush_time();
+      }
       kv::ReceiveSpec spec{
           .request_id = request++, .epoch = kv::TableEpoch(table), .device_pci_bus_id = bus};
       bytes = 0;
@@ -1020,17 +1129,30 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
         spec.destinations.push_back(destination);
         bytes += page.descriptor.bytes;
       }
+      receiving.store(spec.request_id);
       PDSERVE_ASSIGN_OR_RETURN(const kv::Ticket ticket, receiver->Expect(std::move(spec)));
+      // The slot claimed with the ticket, as at the decode worker's Reserve.
+      if (flags.early_import) {
+        PDSERVE_RETURN_IF_ERROR(
+            importer.BeginFromDevice(1, length, total, {.pages = device_pages.pages}));
+      }
       channel.Write(Hex(kv::EncodeTicket(ticket)));
       PDSERVE_RETURN_IF_ERROR(outcomes.Await(*receiver, ticket.ticket_id));
       const int64_t verified = NowNs();
-      // The verified device pages into slot 0, device to device.
-      PDSERVE_RETURN_IF_ERROR(flags.import_all ? load->ImportSlotBatched(0, length, device_pages)
-                                               : load->ImportSlot(0, length, device_pages));
+      if (flags.early_import) {
+        // Most layers are in the slot already; runnable once the last copies landed.
+        PDSERVE_RETURN_IF_ERROR(EarlyImportDone(importer, *slots, model_lock));
+      } else {
+        // The verified device pages into slot 0, device to device, by a DeviceStatePages made
+        // for the transfer (as the workers make one a request).
+        PDSERVE_ASSIGN_OR_RETURN(const auto load, TransferPages(side, length, descriptors));
+        PDSERVE_RETURN_IF_ERROR(flags.import_all ? load->ImportSlotBatched(0, length, device_pages)
+                                                 : load->ImportSlot(0, length, device_pages));
+      }
       PDSERVE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "import"));
       const int64_t imported = NowNs();
-      PDSERVE_RETURN_IF_ERROR(
-          row.Add(channel.Read(), verified, imported, r == 0 ? gpu.get() : nullptr));
+      PDSERVE_RETURN_IF_ERROR(row.Add(channel.Read(), verified, imported,
+                                      r == 0 ? gpu.get() : nullptr, r >= flags.warmup));
       Progress("decode", length, r, "imported (cuda ipc)");
     }
     const uint64_t batches = flushes() - flushes_before;
@@ -1044,9 +1166,11 @@ absl::Status DecodeIpc(const Flags& flags, Channel& channel) {
                                    static_cast<double>(flags.repeats) / static_cast<double>(batches)
                              : 0.0,
                  batches > 0 ? flush_us / static_cast<double>(batches) : 0.0);
-    const std::string path =
-        absl::StrCat("cuda-ipc v", flags.refs, " ", flags.lander,
-                     flags.store_all ? " store-all" : "", flags.import_all ? " import-all" : "");
+    const std::string path = absl::StrCat(
+        "cuda-ipc v", flags.refs, " ", flags.lander, flags.store_all ? " store-all" : "",
+        flags.early_import ? " early-import" : (flags.import_all ? " import-all" : ""),
+        runtime::KeepDevicePageBuffers() ? " kept-buffers" : " fresh-buffers",
+        flags.prepare_early ? " prepare-early" : "");
     PDSERVE_RETURN_IF_ERROR(row.Print(flags, length, bytes, floor, estimate, path.c_str()));
   }
   return absl::OkStatus();
@@ -1063,7 +1187,10 @@ int main(int argc, char** argv) {
   app.add_option("--forward-max", flags.forward_max,
                  "Longest prompt run through a real forward (longer: a random state)");
   app.add_option("--chunk", flags.chunk, "Forward chunk tokens (the model's max_chunk)");
-  app.add_option("--repeats", flags.repeats, "Transfers per length (median)");
+  app.add_option("--warmup", flags.warmup,
+                 "Transfers per length before the measured ones (the first one's end-to-end is "
+                 "the 'first use ms' column)");
+  app.add_option("--repeats", flags.repeats, "Measured transfers per length (medians, best)");
   app.add_option("--lanes", flags.lanes,
                  "UCX lanes on each side (0: kv::DefaultTransferLanes of this host's cores)");
   app.add_option("--host-threads", flags.host_threads,
@@ -1087,7 +1214,7 @@ int main(int argc, char** argv) {
                  "(transfer.shm_pull); 0: active messages");
   app.add_option("--cuda-ipc", flags.cuda_ipc,
                  "Pages in the prefill process's GPU arena, landed device to device by the decode "
-                 "process (CUDA IPC; the stores after the chunk, no early import)");
+                 "process (CUDA IPC; the stores after the chunk)");
   app.add_option("--refs", flags.refs,
                  "With --cuda-ipc: page references of version 3 (compact batches) or 2")
       ->check(CLI::IsMember({2, 3}));
@@ -1101,6 +1228,9 @@ int main(int argc, char** argv) {
   app.add_option("--import-all", flags.import_all,
                  "With --cuda-ipc: the import's fills and copies in two launches for all layers "
                  "(ImportSlotBatched; 0: ImportSlot)");
+  app.add_option("--prepare-early", flags.prepare_early,
+                 "With --cuda-ipc: PrepareDevice before the chunk, SetDeviceChecksums after the "
+                 "store (the prefill worker's order); 0: PrepareDevice after the store");
   app.add_option("--old-import", flags.old_import,
                  "Also time the previous import (PagedState::Load + ImportState)");
   CLI11_PARSE(app, argc, argv);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,11 +34,13 @@ struct DeviceStatePages::Copy {
   int64_t bytes = 0;
 };
 
-// One call's descriptors: [copies] PageCopy then [pages] Xxh3Page, pinned and on the device; the
-// event marks the end of the call's launches, after which the pinned half may be rewritten.
-struct DeviceStatePages::Batch {
+// One call's descriptors: [copies] PageCopy then [pages] Xxh3Page, pinned and (unless mapped) on
+// the device; the event marks the end of the call's launches, after which the pinned half may be
+// rewritten.
+struct DevicePageDescriptors::Batch {
   PinnedArray<unsigned char> host;
   DeviceArray<unsigned char> device;
+  unsigned char* mapped = nullptr;  // host's device address (mapped rings)
   cudaEvent_t event = nullptr;
   ~Batch() {
     if (event != nullptr) {
@@ -46,19 +50,48 @@ struct DeviceStatePages::Batch {
   }
 };
 
+DevicePageDescriptors::DevicePageDescriptors(bool mapped) : mapped_(mapped) {}
+DevicePageDescriptors::~DevicePageDescriptors() = default;
+
+absl::StatusOr<std::shared_ptr<DevicePageDescriptors>> DevicePageDescriptors::Create(size_t batches,
+                                                                                     bool mapped) {
+  if (batches < 1) return absl::InvalidArgumentError("DevicePageDescriptors: batches < 1");
+  std::shared_ptr<DevicePageDescriptors> ring(new DevicePageDescriptors(mapped));
+  absl::MutexLock lock(&ring->mu_);
+  for (size_t i = 0; i < batches; ++i) {
+    auto batch = std::make_unique<Batch>();
+    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&batch->event, cudaEventDisableTiming));
+    ring->batches_.push_back(std::move(batch));
+  }
+  return ring;
+}
+
+uint64_t DevicePageDescriptors::growths() const {
+  absl::MutexLock lock(&mu_);
+  return growths_;
+}
+
+bool KeepDevicePageBuffers() {
+  const char* mode = std::getenv("PDSERVE_DEVICE_PAGES");
+  return mode == nullptr || std::string_view(mode) != "fresh";
+}
+
 DeviceStatePages::DeviceStatePages(engine::gpu::GpuModel* model, const serving::StateLayout& layout,
-                                   int64_t total_tokens)
+                                   int64_t total_tokens,
+                                   std::shared_ptr<DevicePageDescriptors> descriptors)
     : model_(model),
       layout_(layout),
       paged_(model->config(), layout, total_tokens),
       // The run plan reads the window and compressor geometry only, not the entry capacity (so
       // the entry page size passed here does not matter).
-      geometry_(engine::RingGeometryFor(model->config(), model->max_context(), 64)) {}
+      geometry_(engine::RingGeometryFor(model->config(), model->max_context(), 64)),
+      descriptors_(std::move(descriptors)) {}
 
 DeviceStatePages::~DeviceStatePages() = default;
 
 absl::StatusOr<std::unique_ptr<DeviceStatePages>> DeviceStatePages::Create(
-    engine::gpu::GpuModel* model, const serving::StateLayout& layout, int64_t total_tokens) {
+    engine::gpu::GpuModel* model, const serving::StateLayout& layout, int64_t total_tokens,
+    std::shared_ptr<DevicePageDescriptors> descriptors) {
   if (model == nullptr) return absl::InvalidArgumentError("DeviceStatePages: no model");
   if (layout.dims().element != serving::ElementType::kBfloat16) {
     return absl::InvalidArgumentError(
@@ -81,14 +114,16 @@ absl::StatusOr<std::unique_ptr<DeviceStatePages>> DeviceStatePages::Create(
                                                    " outside [1, max_context ",
                                                    model->max_context(), "]"));
   }
-  std::unique_ptr<DeviceStatePages> pages(new DeviceStatePages(model, layout, total_tokens));
-  // One batch per layer: a whole state's layers are enqueued without waiting for an upload.
-  for (size_t l = 0; l < pages->geometry_.layers.size(); ++l) {
-    auto batch = std::make_unique<Batch>();
-    PDSERVE_CUDA_RETURN(cudaEventCreateWithFlags(&batch->event, cudaEventDisableTiming));
-    pages->batches_.push_back(std::move(batch));
+  if (descriptors == nullptr) {
+    // One batch per layer: a whole state's layers are enqueued without waiting for an upload.
+    PDSERVE_ASSIGN_OR_RETURN(
+        descriptors,
+        DevicePageDescriptors::Create(
+            static_cast<size_t>(std::max(model->config().num_hidden_layers, int64_t{1})),
+            /*mapped=*/false));
   }
-  return pages;
+  return std::unique_ptr<DeviceStatePages>(
+      new DeviceStatePages(model, layout, total_tokens, std::move(descriptors)));
 }
 
 absl::StatusOr<std::byte*> DeviceStatePages::PageAddress(const DeviceSequencePages& pages,
@@ -164,7 +199,8 @@ absl::Status DeviceStatePages::Resolve(const std::vector<PagedState::PageRun>& r
 
 absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
                                       const DeviceSequencePages& pages,
-                                      const DevicePageChecksums& checksums, void* stream) {
+                                      const DevicePageChecksums& checksums, void* stream,
+                                      bool fill) {
   const auto on = static_cast<cudaStream_t>(stream);
   if (!checksums.pages.empty() && checksums.out == nullptr) {
     return absl::InvalidArgumentError("DeviceStatePages: checksum pages without an output array");
@@ -174,8 +210,10 @@ absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
     PDSERVE_ASSIGN_OR_RETURN(std::byte* const page, PageAddress(pages, id.kind, id.page));
     hashes.push_back({page, static_cast<uint64_t>(layout_.Kind(id.kind).page_bytes())});
   }
-  Batch& batch = *batches_[next_batch_];
-  next_batch_ = (next_batch_ + 1) % batches_.size();
+  DevicePageDescriptors& ring = *descriptors_;
+  absl::MutexLock lock(&ring.mu_);
+  DevicePageDescriptors::Batch& batch = *ring.batches_[ring.next_];
+  ring.next_ = (ring.next_ + 1) % ring.batches_.size();
   const size_t copy_bytes = copies.size() * sizeof(kc::PageCopy);
   // Xxh3Page is 16 bytes, PageCopy 24: the hash descriptors start 16-aligned after the copies.
   const size_t hash_at = (copy_bytes + 15) / 16 * 16;
@@ -183,32 +221,58 @@ absl::Status DeviceStatePages::Launch(const std::vector<Copy>& copies,
   // The batch's previous launches have read its descriptors before they are rewritten.
   PDSERVE_CUDA_RETURN(cudaEventSynchronize(batch.event));
   if (batch.host.size() < bytes) {
+    ++ring.growths_;
     const size_t grown = std::max(bytes, 2 * batch.host.size());
+    batch.mapped = nullptr;
     PDSERVE_RETURN_IF_ERROR(batch.host.Allocate(grown));
-    PDSERVE_RETURN_IF_ERROR(batch.device.Allocate(grown));
+    if (ring.mapped_) {
+      void* device = nullptr;
+      PDSERVE_CUDA_RETURN(cudaHostGetDevicePointer(&device, batch.host.get(), 0));
+      batch.mapped = static_cast<unsigned char*>(device);
+    } else {
+      PDSERVE_RETURN_IF_ERROR(batch.device.Allocate(grown));
+    }
+  }
+  const void* from_ones = nullptr;
+  if (fill) {
+    int64_t most = 0;
+    for (const Copy& f : copies) most = std::max(most, f.bytes);
+    if (static_cast<int64_t>(ring.ones_.size()) < most) {
+      ++ring.growths_;
+      PDSERVE_RETURN_IF_ERROR(ring.ones_.Allocate(static_cast<size_t>(most)));
+      // Waited for: the buffer is shared by launches on other streams.
+      PDSERVE_CUDA_RETURN(cudaMemsetAsync(ring.ones_.get(), 0xFF, static_cast<size_t>(most), on));
+      PDSERVE_CUDA_RETURN(cudaStreamSynchronize(on));
+    }
+    from_ones = ring.ones_.get();
   }
   auto* descriptors = reinterpret_cast<kc::PageCopy*>(batch.host.get());
   last_copied_bytes_ = 0;
   for (size_t i = 0; i < copies.size(); ++i) {
-    descriptors[i] = {copies[i].from, copies[i].to, static_cast<uint64_t>(copies[i].bytes)};
+    descriptors[i] = {fill ? from_ones : copies[i].from, copies[i].to,
+                      static_cast<uint64_t>(copies[i].bytes)};
     last_copied_bytes_ += copies[i].bytes;
   }
   if (!hashes.empty()) {
     std::memcpy(batch.host.get() + hash_at, hashes.data(), hashes.size() * sizeof(kc::Xxh3Page));
   }
-  if (bytes > 0) {
-    PDSERVE_CUDA_RETURN(
-        cudaMemcpyAsync(batch.device.get(), batch.host.get(), bytes, cudaMemcpyHostToDevice, on));
+  unsigned char* read_from = batch.mapped;
+  if (!ring.mapped_) {
+    read_from = batch.device.get();
+    if (bytes > 0) {
+      PDSERVE_CUDA_RETURN(
+          cudaMemcpyAsync(batch.device.get(), batch.host.get(), bytes, cudaMemcpyHostToDevice, on));
+    }
   }
   absl::Status launched =
-      CudaStatus(kc::copy_pages(reinterpret_cast<const kc::PageCopy*>(batch.device.get()),
+      CudaStatus(kc::copy_pages(reinterpret_cast<const kc::PageCopy*>(read_from),
                                 static_cast<int64_t>(copies.size()), on),
                  "copy_pages");
   if (launched.ok() && !hashes.empty()) {
-    launched = CudaStatus(
-        kc::xxh3_64_pages(reinterpret_cast<const kc::Xxh3Page*>(batch.device.get() + hash_at),
-                          static_cast<int64_t>(hashes.size()), checksums.out, on),
-        "xxh3_64_pages");
+    launched =
+        CudaStatus(kc::xxh3_64_pages(reinterpret_cast<const kc::Xxh3Page*>(read_from + hash_at),
+                                     static_cast<int64_t>(hashes.size()), checksums.out, on),
+                   "xxh3_64_pages");
   }
   // Recorded whatever failed: the upload (and a copy) enqueued above read the batch's buffers,
   // which its next use rewrites only once this event passed.
@@ -277,39 +341,43 @@ absl::Status DeviceStatePages::ImportSlot(int64_t slot, int64_t position,
   return status;
 }
 
-absl::Status DeviceStatePages::ImportSlotBatched(int64_t slot, int64_t position,
-                                                 const DeviceSequencePages& pages) {
-  PDSERVE_RETURN_IF_ERROR(model_->BeginStagedImport(slot, position));
-  const size_t layers = geometry_.layers.size();
+absl::Status DeviceStatePages::LoadLayers(int64_t slot, std::span<const int64_t> layers,
+                                          const DeviceSequencePages& pages) {
   std::vector<Copy> fills;
   std::vector<Copy> copies;
-  absl::Status status;
-  for (size_t l = 0; l < layers && status.ok(); ++l) {
-    status = model_->EnqueueStagedLayerOnDeviceFills(
-        slot, static_cast<int64_t>(l),
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t layer = layers[i];
+    if (layer < 0 || layer >= static_cast<int64_t>(geometry_.layers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeviceStatePages: layer ", layer, " outside [0, ", geometry_.layers.size(), ")"));
+    }
+    const absl::Status enqueued = model_->EnqueueStagedLayerOnDeviceFills(
+        slot, layer,
         [&](const engine::gpu::DeviceLayerBlocks& blocks, int64_t at,
             const std::vector<engine::gpu::GpuModel::DeviceFill>& layer_fills,
             void* stream) -> absl::Status {
           PDSERVE_ASSIGN_OR_RETURN(
               const std::vector<PagedState::PageRun> runs,
-              paged_.PlanPageRuns(static_cast<int64_t>(l), geometry_.layers[l], at));
+              paged_.PlanPageRuns(layer, geometry_.layers[static_cast<size_t>(layer)], at));
           PDSERVE_RETURN_IF_ERROR(Resolve(runs, pages, blocks, /*to_pages=*/false, &copies));
           for (const engine::gpu::GpuModel::DeviceFill& f : layer_fills)
             fills.push_back({nullptr, f.to, f.bytes});
-          if (l + 1 < layers) return absl::OkStatus();
+          if (i + 1 < layers.size()) return absl::OkStatus();
           // The last layer: every layer's fills, then every layer's copies over them.
-          int64_t most = 0;
-          for (const Copy& f : fills) most = std::max(most, f.bytes);
-          if (static_cast<int64_t>(ones_.size()) < most) {
-            PDSERVE_RETURN_IF_ERROR(ones_.Allocate(static_cast<size_t>(most)));
-            PDSERVE_CUDA_RETURN(cudaMemsetAsync(ones_.get(), 0xFF, static_cast<size_t>(most),
-                                                static_cast<cudaStream_t>(stream)));
-          }
-          for (Copy& f : fills) f.from = ones_.get();
-          PDSERVE_RETURN_IF_ERROR(Launch(fills, pages, {}, stream));
+          PDSERVE_RETURN_IF_ERROR(Launch(fills, pages, {}, stream, /*fill=*/true));
           return Launch(copies, pages, {}, stream);
         });
+    PDSERVE_RETURN_IF_ERROR(enqueued);
   }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceStatePages::ImportSlotBatched(int64_t slot, int64_t position,
+                                                 const DeviceSequencePages& pages) {
+  PDSERVE_RETURN_IF_ERROR(model_->BeginStagedImport(slot, position));
+  std::vector<int64_t> every(geometry_.layers.size());
+  for (size_t l = 0; l < every.size(); ++l) every[l] = static_cast<int64_t>(l);
+  absl::Status status = LoadLayers(slot, every, pages);
   if (status.ok()) status = model_->FinishStagedImport(slot);
   if (!status.ok()) model_->CancelStagedImport(slot).IgnoreError();
   return status;

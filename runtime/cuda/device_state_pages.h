@@ -6,9 +6,10 @@
 // of a bf16 layout (LayoutForModel(config, entries_per_page, kBfloat16): window rows and entries
 // bf16, compressor rows fp32; docs/serving.md "Page format"), so a page's payload and its XXH3-64
 // are the same whichever path wrote it. The byte plan is PagedState::PlanPageRuns; each layer's
-// runs go in one kernels/cuda copy_pages launch (descriptors uploaded in one small copy), and the
-// prefill side's page checksums in one xxh3_64_pages launch into a device array, so no host
-// thread reads or writes the state bytes.
+// runs go in one kernels/cuda copy_pages launch (descriptors uploaded in one small copy, or read
+// from mapped pinned buffers: DevicePageDescriptors), and the prefill side's page checksums in
+// one xxh3_64_pages launch into a device array, so no host thread reads or writes the state
+// bytes.
 //
 //   P (prefill): StoreLayer(slot, layer, position, pages, checksums, stream) after the forward that
 //     made the layer final is enqueued (the model's stream, or a stream ordered after it):
@@ -33,8 +34,10 @@
 #include <span>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "runtime/paged_state.h"
@@ -60,6 +63,48 @@ struct DevicePageChecksums {
   uint64_t* out = nullptr;
 };
 
+// The descriptor buffers DeviceStatePages' launches read (a ring of pinned / device pairs, each
+// with the event of its last use) and the all-ones fill source of ImportSlotBatched, kept across
+// DeviceStatePages objects. The workers make a DeviceStatePages per request (its total_tokens
+// fixes the page plan); without shared buffers each of them allocated a pinned and a device
+// buffer per layer on first use and freed them at its end (cudaFree waits for the whole device),
+// a per-request cost the benchmark, which kept one object per length, never saw (docs/perf.md,
+// "The fixed cost of a small transfer"). `mapped`: the kernels read the descriptors from the
+// pinned buffers (unified addressing), so a launch enqueues no upload copy before it.
+// Thread-safe: each launch holds the ring's mutex while it fills and enqueues its batch.
+class DevicePageDescriptors {
+ public:
+  // `batches` >= 1: launches enqueued before one waits for a batch's previous use (the ring's
+  // size; the models' layer count times two keeps a whole state's per-layer launches from
+  // waiting). Internal for a CUDA error (an event).
+  static absl::StatusOr<std::shared_ptr<DevicePageDescriptors>> Create(size_t batches, bool mapped);
+  ~DevicePageDescriptors();
+  DevicePageDescriptors(const DevicePageDescriptors&) = delete;
+  DevicePageDescriptors& operator=(const DevicePageDescriptors&) = delete;
+
+  bool mapped() const { return mapped_; }
+  // Launches so far that had to grow a batch's buffers (allocations): after a warm-up of each
+  // size, none (for tests and logs).
+  uint64_t growths() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class DeviceStatePages;
+  struct Batch;
+  explicit DevicePageDescriptors(bool mapped);
+  const bool mapped_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t growths_ ABSL_GUARDED_BY(mu_) = 0;
+  engine::gpu::DeviceArray<std::byte> ones_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether the workers keep their DevicePageDescriptors across requests (and the prefill engine
+// its checksum buffers, storing all layers in one StoreLayers when not overlapping): true unless
+// PDSERVE_DEVICE_PAGES=fresh, the A/B switch that restores a DeviceStatePages of its own buffers
+// per request and a StoreLayer per layer.
+bool KeepDevicePageBuffers();
+
 class DeviceStatePages {
  public:
   // For slots of `model` holding sequences of `total_tokens` tokens (prompt + max_tokens, which
@@ -67,9 +112,13 @@ class DeviceStatePages {
   // bf16 layout of the model's config (LayoutForModel(model->config(), E, kBfloat16)). `model`
   // and `layout` must outlive this object. InvalidArgument for an fp32 layout, a layout of other
   // dimensions or total_tokens outside [1, max_context]; Internal for a CUDA error (an event).
+  // `descriptors`: the launches' buffers, shared with other objects (null: a ring of its own,
+  // unmapped, one batch a layer).
   static absl::StatusOr<std::unique_ptr<DeviceStatePages>> Create(
-      engine::gpu::GpuModel* model, const serving::StateLayout& layout, int64_t total_tokens);
-  // Waits for the descriptor uploads still in flight (not for the copies' streams otherwise).
+      engine::gpu::GpuModel* model, const serving::StateLayout& layout, int64_t total_tokens,
+      std::shared_ptr<DevicePageDescriptors> descriptors = nullptr);
+  // Waits for the descriptor uploads still in flight when the buffers are its own (not for the
+  // copies' streams otherwise).
   ~DeviceStatePages();
   DeviceStatePages(const DeviceStatePages&) = delete;
   DeviceStatePages& operator=(const DeviceStatePages&) = delete;
@@ -116,15 +165,22 @@ class DeviceStatePages {
   absl::Status LoadLayer(int64_t slot, int64_t layer, const DeviceSequencePages& pages,
                          const DevicePageChecksums& checksums = {});
 
+  // LoadLayer of each of `layers` (distinct, in range, none enqueued before) with their fills of
+  // the unread rows in one copy_pages launch (from a buffer of all-ones bytes) and their copies in
+  // one more, made in the last layer's GpuModel::EnqueueStagedLayerOnDeviceFills call (LoadLayer
+  // enqueues seven fills and a copy launch a layer). The same rows, bit for bit. Errors:
+  // LoadLayer's; on one, layers of the call may be marked enqueued without their copies, so the
+  // caller cancels the import.
+  absl::Status LoadLayers(int64_t slot, std::span<const int64_t> layers,
+                          const DeviceSequencePages& pages);
+
   // BeginStagedImport(slot, position), LoadLayer of every layer, FinishStagedImport: slot `slot`
   // continues at `position` from `pages`. Does not wait for the copies (the model's next step
   // is ordered after them). On an error the import is cancelled (the slot reset) and the first
   // error returned.
   absl::Status ImportSlot(int64_t slot, int64_t position, const DeviceSequencePages& pages);
-  // ImportSlot with every layer's fills of the unread rows in one copy_pages launch (from a
-  // buffer of all-ones bytes) and every layer's copies in one more, made in the last layer's
-  // GpuModel::EnqueueStagedLayerOnDeviceFills call (ImportSlot enqueues seven fills and a
-  // descriptor upload and a copy a layer). The same slot, bit for bit; the same errors.
+  // ImportSlot with LoadLayers of every layer (two launches for the whole state). The same slot,
+  // bit for bit; the same errors.
   absl::Status ImportSlotBatched(int64_t slot, int64_t position, const DeviceSequencePages& pages);
 
   // Page bytes the runs of the last StoreLayer / LoadLayer copied (the state bytes of that layer
@@ -132,9 +188,8 @@ class DeviceStatePages {
   int64_t last_copied_bytes() const { return last_copied_bytes_; }
 
  private:
-  struct Batch;
   DeviceStatePages(engine::gpu::GpuModel* model, const serving::StateLayout& layout,
-                   int64_t total_tokens);
+                   int64_t total_tokens, std::shared_ptr<DevicePageDescriptors> descriptors);
   // The device copies of `runs` between `pages` and `blocks`, to_pages: block -> page, else
   // page -> block. OutOfRange for a missing page; Internal when an entry run falls outside the
   // slot's entry rows.
@@ -143,10 +198,11 @@ class DeviceStatePages {
                        const DeviceSequencePages& pages,
                        const engine::gpu::DeviceLayerBlocks& blocks, bool to_pages,
                        std::vector<Copy>* copies) const;
-  // Uploads the descriptors of `copies` and of `checksums`' pages (in `pages`) in one copy, then
-  // launches copy_pages and xxh3_64_pages on `stream`.
+  // Uploads the descriptors of `copies` and of `checksums`' pages (in `pages`) in one copy (none
+  // with mapped descriptors), then launches copy_pages and xxh3_64_pages on `stream`. `fill`:
+  // every copy's source is the all-ones buffer instead (its `from` ignored).
   absl::Status Launch(const std::vector<Copy>& copies, const DeviceSequencePages& pages,
-                      const DevicePageChecksums& checksums, void* stream);
+                      const DevicePageChecksums& checksums, void* stream, bool fill = false);
   absl::StatusOr<std::byte*> PageAddress(const DeviceSequencePages& pages, serving::StateKind kind,
                                          int64_t page) const;
 
@@ -154,10 +210,7 @@ class DeviceStatePages {
   const serving::StateLayout& layout_;
   PagedState paged_;
   engine::RingGeometry geometry_;
-  std::vector<std::unique_ptr<Batch>> batches_;  // descriptor buffers, used in turn
-  // All-ones bytes: the source of ImportSlotBatched's fills (grown as needed).
-  engine::gpu::DeviceArray<std::byte> ones_;
-  size_t next_batch_ = 0;
+  std::shared_ptr<DevicePageDescriptors> descriptors_;
   int64_t last_copied_bytes_ = 0;
 };
 

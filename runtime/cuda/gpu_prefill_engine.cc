@@ -169,8 +169,16 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
     return absl::InvalidArgumentError(absl::StrCat("checksum pages for ", checksum_pages.size(),
                                                    " layers; the model has ", layers));
   }
+  const bool keep = KeepDevicePageBuffers();
+  if (keep && device_buffers_.descriptors == nullptr) {
+    PDSERVE_ASSIGN_OR_RETURN(
+        device_buffers_.descriptors,
+        DevicePageDescriptors::Create(static_cast<size_t>(2 * std::max<int64_t>(layers, 1)),
+                                      /*mapped=*/true));
+  }
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStatePages> store,
-                           DeviceStatePages::Create(&gpu, paged.layout(), paged.total_tokens()));
+                           DeviceStatePages::Create(&gpu, paged.layout(), paged.total_tokens(),
+                                                    keep ? device_buffers_.descriptors : nullptr));
   DeviceSequencePages addresses;
   for (const std::vector<std::span<std::byte>>& kind : device_pages.pages) {
     addresses.pages.emplace_back();
@@ -183,8 +191,11 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
     first.push_back(count);
     count += ids.size();
   }
-  engine::gpu::DeviceArray<uint64_t> sums;
-  PDSERVE_RETURN_IF_ERROR(sums.Allocate(std::max<size_t>(count, 1)));
+  engine::gpu::DeviceArray<uint64_t> fresh_sums;
+  engine::gpu::DeviceArray<uint64_t>& sums = keep ? device_buffers_.sums : fresh_sums;
+  if (sums.size() < std::max<size_t>(count, 1)) {
+    PDSERVE_RETURN_IF_ERROR(sums.Allocate(std::max<size_t>(count, 1)));
+  }
   const engine::gpu::GpuModel::LayerFinal store_layer = [&](int64_t l, int64_t position,
                                                             void* stream) {
     const auto i = static_cast<size_t>(l);
@@ -198,22 +209,37 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
   DeviceRun run;
   PDSERVE_ASSIGN_OR_RETURN(run.logits,
                            ForwardChunks(prompt, chunk_done, overlap ? store_layer : nullptr));
-  if (!overlap) {
-    for (int64_t l = 0; l < layers; ++l) {
-      PDSERVE_RETURN_IF_ERROR(store_layer(l, static_cast<int64_t>(prompt.size()), nullptr));
-    }
+  if (!overlap && keep) {
+    std::vector<PagedState::PageId> every;  // in the order of `first`
+    every.reserve(count);
+    for (const auto& ids : checksum_pages) every.insert(every.end(), ids.begin(), ids.end());
+    PDSERVE_RETURN_IF_ERROR(store->StoreLayers(kSlot, static_cast<int64_t>(prompt.size()),
+                                               addresses, {every, sums.get()}));
   }
-  std::vector<uint64_t> host(count);
+  for (int64_t l = 0; l < layers && !overlap && !keep; ++l) {
+    PDSERVE_RETURN_IF_ERROR(store_layer(l, static_cast<int64_t>(prompt.size()), nullptr));
+  }
+  std::vector<uint64_t> fresh_host;
+  uint64_t* host = nullptr;
+  if (keep) {
+    if (device_buffers_.host_sums.size() < std::max<size_t>(count, 1)) {
+      PDSERVE_RETURN_IF_ERROR(device_buffers_.host_sums.Allocate(std::max<size_t>(count, 1)));
+    }
+    host = device_buffers_.host_sums.get();
+  } else {
+    fresh_host.resize(count);
+    host = fresh_host.data();
+  }
   PDSERVE_RETURN_IF_ERROR(engine::gpu::CudaStatus(
-      cudaMemcpyAsync(host.data(), sums.get(), count * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+      cudaMemcpyAsync(host, sums.get(), count * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                       static_cast<cudaStream_t>(gpu.cuda_stream())),
       "cudaMemcpyAsync (page checksums)"));
   PDSERVE_RETURN_IF_ERROR(
       engine::gpu::CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(gpu.cuda_stream())),
                               "cudaStreamSynchronize (device page stores)"));
   for (size_t l = 0; l < checksum_pages.size(); ++l) {
-    const auto from = host.begin() + static_cast<std::ptrdiff_t>(first[l]);
-    run.checksums.emplace_back(from, from + static_cast<std::ptrdiff_t>(checksum_pages[l].size()));
+    const uint64_t* from = host + first[l];
+    run.checksums.emplace_back(from, from + checksum_pages[l].size());
   }
   return run;
 }

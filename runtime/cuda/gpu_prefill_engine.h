@@ -34,9 +34,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/gpu_model_group.h"
 #include "engine/gpu/state_staging.h"
+#include "runtime/cuda/device_state_pages.h"
 #include "runtime/cuda/gpu_backend.h"
 #include "runtime/prefill_engine.h"
 
@@ -69,10 +71,13 @@ class GpuPrefillEngine final : public PrefillEngine {
                                          const runtime::SequencePages& pages,
                                          const LayerStored& layer_stored,
                                          const ChunkDone& chunk_done) override;
-  // The CUDA IPC path on one GPU: the chunks as Run, each layer stored into the device pages
-  // with its checksums (runtime::DeviceStatePages::StoreLayer) after the forward on the model's
-  // stream, or, with the environment's PDSERVE_CUDA_IPC_OVERLAP=1, during the last chunk right
-  // after the layer's attention (GpuModel::BeginForwardStoring), then one wait for all of them.
+  // The CUDA IPC path on one GPU: the chunks as Run, every layer stored into the device pages
+  // with its checksums after the forward on the model's stream (runtime::DeviceStatePages::
+  // StoreLayers: one launch pair for all layers), or, with the environment's
+  // PDSERVE_CUDA_IPC_OVERLAP=1, each layer during the last chunk right after the layer's
+  // attention (GpuModel::BeginForwardStoring, StoreLayer), then one wait for all of them. The
+  // descriptor and checksum buffers are kept for the next request (PDSERVE_DEVICE_PAGES=fresh:
+  // new ones a request and a StoreLayer a layer, the A/B baseline).
   // FailedPrecondition on an expert-parallel group (the state lies on rank 0, the arena's GPU may
   // be another).
   absl::StatusOr<DeviceRun> RunToDevice(
@@ -106,11 +111,20 @@ class GpuPrefillEngine final : public PrefillEngine {
     for (int64_t l = 0; l < group_->rank(0).config().num_hidden_layers; ++l) NoteLayerForwarded(l);
   }
 
+  // RunToDevice's buffers, kept across requests (unless KeepDevicePageBuffers() is false): the
+  // stores' descriptors and the page checksums, on the device and pinned on the host (grown to
+  // the most pages a request has had).
+  struct DeviceBuffers {
+    std::shared_ptr<DevicePageDescriptors> descriptors;
+    engine::gpu::DeviceArray<uint64_t> sums;
+    engine::gpu::PinnedArray<uint64_t> host_sums;
+  };
   std::unique_ptr<engine::gpu::GpuModelGroup> group_;
   // Rank 0's; declared after group_ so it goes first (it must not outlive the model).
   std::unique_ptr<engine::gpu::StateStaging> staging_;
   int64_t prefill_block_;
   TaskPool pool_;
+  DeviceBuffers device_buffers_;
 };
 
 // Where StoreSlotStaged's time went (steady clock, ms summed over the layers): waiting for the

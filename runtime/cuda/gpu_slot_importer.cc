@@ -42,13 +42,23 @@ absl::StatusOr<std::unique_ptr<GpuSlotImporter>> GpuSlotImporter::Create(
     staging = options.gpu->NewStateStaging(std::min<int64_t>(2, layers));
   }
   if (!staging.ok()) return staging.status();
+  std::shared_ptr<DevicePageDescriptors> descriptors;
+  if (KeepDevicePageBuffers()) {
+    // Two batches a layer: a second import's layers do not wait for the first one's.
+    PDSERVE_ASSIGN_OR_RETURN(descriptors, DevicePageDescriptors::Create(
+                                              static_cast<size_t>(2 * std::max<int64_t>(layers, 1)),
+                                              /*mapped=*/true));
+  }
   return std::unique_ptr<GpuSlotImporter>(
-      new GpuSlotImporter(std::move(options), std::move(*staging)));
+      new GpuSlotImporter(std::move(options), std::move(*staging), std::move(descriptors)));
 }
 
 GpuSlotImporter::GpuSlotImporter(GpuSlotImporterOptions options,
-                                 std::unique_ptr<engine::gpu::StateStaging> staging)
-    : options_(std::move(options)), staging_(std::move(staging)) {}
+                                 std::unique_ptr<engine::gpu::StateStaging> staging,
+                                 std::shared_ptr<DevicePageDescriptors> descriptors)
+    : options_(std::move(options)),
+      staging_(std::move(staging)),
+      descriptors_(std::move(descriptors)) {}
 
 GpuSlotImporter::~GpuSlotImporter() {
   std::vector<serving::RequestId> left;
@@ -73,8 +83,8 @@ absl::Status GpuSlotImporter::ClaimFromDevice(serving::RequestId id, int64_t pos
                                               int64_t total_tokens, DevicePageSource source) {
   Import import;
   import.position = position;
-  PDSERVE_ASSIGN_OR_RETURN(import.device,
-                           DeviceStatePages::Create(options_.gpu, *options_.layout, total_tokens));
+  PDSERVE_ASSIGN_OR_RETURN(import.device, DeviceStatePages::Create(options_.gpu, *options_.layout,
+                                                                   total_tokens, descriptors_));
   import.device_pages.pages = std::move(source.pages);
   import.device_hold = std::move(source.hold);
   return ClaimSlot(id, std::move(import));
@@ -102,36 +112,31 @@ absl::Status GpuSlotImporter::ClaimSlot(serving::RequestId id, Import import) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<const GpuSlotImporter::Import*> GpuSlotImporter::Running(serving::RequestId id) {
+  // The record stays while the caller's import call runs: Release for the id waits for it
+  // (EarlyImporter), and nothing else changes a claimed record.
+  absl::MutexLock lock(&mu_);
+  auto it = imports_.find(id);
+  if (it == imports_.end()) return NoImport(id);
+  return &it->second;
+}
+
 absl::Status GpuSlotImporter::ImportLayer(serving::RequestId id, int64_t layer) {
-  int64_t slot = -1;
-  int64_t position = 0;
-  const PagedState* paged = nullptr;
-  const SequencePages* pages = nullptr;
-  DeviceStatePages* device = nullptr;
-  const DeviceSequencePages* device_pages = nullptr;
-  {
-    // The record stays while this call runs: Release for the id waits for it (EarlyImporter).
-    absl::MutexLock lock(&mu_);
-    auto it = imports_.find(id);
-    if (it == imports_.end()) return NoImport(id);
-    slot = it->second.slot;
-    position = it->second.position;
-    paged = it->second.paged.get();
-    pages = &it->second.pages;
-    device = it->second.device.get();
-    device_pages = &it->second.device_pages;
-  }
-  if (device != nullptr) {
+  PDSERVE_ASSIGN_OR_RETURN(const Import* const import, Running(id));
+  const int64_t slot = import->slot;
+  const int64_t position = import->position;
+  if (import->device != nullptr) {
     // Device to device: the copies are enqueued on the model's import stream, nothing to fill.
     ImportSection section(options_.lock);
-    return device->LoadLayer(slot, layer, *device_pages);
+    return import->device->LoadLayer(slot, layer, import->device_pages);
   }
   // The fill (the host's copy out of the pages) runs with no lock: steps go on meanwhile.
   PDSERVE_RETURN_IF_ERROR(staging_->FillImportLayer(
       layer, position,
       [&](int64_t l, const engine::RingLayerGeometry& geometry,
           const engine::MutableRingLayerBlocks& blocks) {
-        return paged->LoadLayerRing(l, geometry, position, *pages, blocks, options_.fill_pool);
+        return import->paged->LoadLayerRing(l, geometry, position, import->pages, blocks,
+                                            options_.fill_pool);
       }));
   absl::Status enqueued;
   {
@@ -144,6 +149,13 @@ absl::Status GpuSlotImporter::ImportLayer(serving::RequestId id, int64_t layer) 
     if (!discarded.ok()) spdlog::error("GpuSlotImporter: {}", discarded.ToString());
   }
   return enqueued;
+}
+
+absl::Status GpuSlotImporter::ImportLayers(serving::RequestId id, std::span<const int64_t> layers) {
+  PDSERVE_ASSIGN_OR_RETURN(const Import* const import, Running(id));
+  if (import->device == nullptr || layers.size() < 2) return SlotImporter::ImportLayers(id, layers);
+  ImportSection section(options_.lock);
+  return import->device->LoadLayers(import->slot, layers, import->device_pages);
 }
 
 absl::StatusOr<bool> GpuSlotImporter::Copied(serving::RequestId id) {

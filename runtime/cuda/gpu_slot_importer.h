@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -57,11 +58,15 @@ class GpuSlotImporter final : public SlotImporter {
   absl::Status Claim(serving::RequestId id, int64_t position, int64_t total_tokens) override;
   // Claim whose layers come from device pages (the CUDA IPC path): ImportLayer then runs
   // DeviceStatePages::LoadLayer (device to device, no staging, no host fill) under the model
-  // lock. `source` is held until the import is released or finished. InvalidArgument for a
-  // layout DeviceStatePages refuses (fp32).
+  // lock, its launches' descriptor buffers shared with the other device imports (kept across
+  // requests: runtime::KeepDevicePageBuffers). `source` is held until the import is released or
+  // finished. InvalidArgument for a layout DeviceStatePages refuses (fp32).
   absl::Status ClaimFromDevice(serving::RequestId id, int64_t position, int64_t total_tokens,
                                DevicePageSource source) override;
   absl::Status ImportLayer(serving::RequestId id, int64_t layer) override;
+  // A device import's layers in one DeviceStatePages::LoadLayers (one hold of the model lock,
+  // two launches); a host import's one by one (ImportLayer).
+  absl::Status ImportLayers(serving::RequestId id, std::span<const int64_t> layers) override;
   absl::StatusOr<bool> Copied(serving::RequestId id) override;
   void Release(serving::RequestId id) override;
   // Release by a caller that holds the model lock already (a step loop's LockForStep).
@@ -87,16 +92,22 @@ class GpuSlotImporter final : public SlotImporter {
     DeviceSequencePages device_pages;
     std::shared_ptr<const void> device_hold;
   };
+  // The record of `id`'s import, for an import call on it (NotFound when there is none).
+  absl::StatusOr<const Import*> Running(serving::RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
   // Claim's work: the slot and its staged import for `import` (its position set).
   absl::Status ClaimSlot(serving::RequestId id, Import import);
   GpuSlotImporter(GpuSlotImporterOptions options,
-                  std::unique_ptr<engine::gpu::StateStaging> staging);
+                  std::unique_ptr<engine::gpu::StateStaging> staging,
+                  std::shared_ptr<DevicePageDescriptors> descriptors);
   // Forgets `id`'s import and cancels it on the model (the caller holds the model lock when
   // `locked`); returns the slot through return_slot. False for an unknown id.
   bool ReleaseImport(serving::RequestId id, bool locked);
 
   const GpuSlotImporterOptions options_;
   const std::unique_ptr<engine::gpu::StateStaging> staging_;  // ImportLayer's thread only
+  // The device imports' launch buffers, shared by every ClaimFromDevice (null with
+  // PDSERVE_DEVICE_PAGES=fresh: each import makes its own, the A/B baseline).
+  const std::shared_ptr<DevicePageDescriptors> descriptors_;
   mutable absl::Mutex mu_;
   std::map<serving::RequestId, Import> imports_ ABSL_GUARDED_BY(mu_);
 };

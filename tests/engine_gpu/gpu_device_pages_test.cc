@@ -232,6 +232,97 @@ TEST_P(GpuDevicePagesTest, DevicePagesEqualTheHostPathBothWays) {
   }
 }
 
+// The workers' way (runtime::KeepDevicePageBuffers): a DeviceStatePages made per request over one
+// kept, mapped DevicePageDescriptors ring (the kernels read the descriptors from pinned memory)
+// stores and imports the same bytes, checksums and slots as the host path, and once each size
+// has been seen a new request's object allocates nothing (no growth of the ring's buffers).
+TEST_P(GpuDevicePagesTest, KeptMappedDescriptorsServeRequestAfterRequest) {
+  auto gpu = MakeGpu(model_, 3, 64);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t total = gpu->max_context();
+  const int64_t layers = model_.config.num_hidden_layers;
+  auto staging = gpu->NewStateStaging(std::min<int64_t>(2, layers));
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  auto layout = runtime::LayoutForModel(model_.config, 64, serving::ElementType::kBfloat16);
+  ASSERT_TRUE(layout.ok());
+  // One batch per launch of a request (StoreLayers 1, ImportSlotBatched 2, StoreLayer and
+  // LoadLayer one a layer each), so every request uses each batch for the same launch.
+  auto ring = runtime::DevicePageDescriptors::Create(static_cast<size_t>(3 + 2 * layers),
+                                                     /*mapped=*/true);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_TRUE(absl::IsInvalidArgument(runtime::DevicePageDescriptors::Create(0, true).status()));
+  const int64_t p = std::min<int64_t>(300, total - 1);
+  const int32_t next = model_.prompts.front()[0];
+  PrefillSlot(model_, *gpu, 0, p);
+  uint64_t growths = 0;
+  for (int request = 0; request < 3; ++request) {
+    SCOPED_TRACE(request);
+    for (bool all_layers : {true, false}) {
+      auto device = DeviceStatePages::Create(gpu.get(), *layout, total, *ring);
+      ASSERT_TRUE(device.ok()) << device.status();
+      TwinPages pages;
+      pages.Allocate(*layout, total);
+      HostStore(*gpu, **staging, (*device)->paged(), 0, pages);
+      ExpectDevicePagesEqualHostPages(*gpu, **device, pages, p, all_layers);
+      ExpectImportsEqual(*gpu, **staging, **device, pages, p, next, all_layers);
+    }
+    // The first request grew the buffers; the same sizes again allocate nothing.
+    if (request == 0) growths = (*ring)->growths();
+    EXPECT_GT(growths, 0u);
+    EXPECT_EQ((*ring)->growths(), growths);
+  }
+}
+
+// D's early import in batches (GpuSlotImporter::ImportLayers): LoadLayers of some layers, a
+// LoadLayer, LoadLayers of the rest, in any order, leave the slot ImportSlot leaves from the same
+// device pages, bit for bit (and the next step's logits); a layer outside the model or enqueued
+// twice is refused.
+TEST_P(GpuDevicePagesTest, LoadLayersInBatchesEqualsImportSlot) {
+  auto gpu = MakeGpu(model_, 3, 64);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t total = gpu->max_context();
+  const int64_t layers = model_.config.num_hidden_layers;
+  auto layout = runtime::LayoutForModel(model_.config, 24, serving::ElementType::kBfloat16);
+  ASSERT_TRUE(layout.ok());
+  auto device = DeviceStatePages::Create(gpu.get(), *layout, total);
+  ASSERT_TRUE(device.ok()) << device.status();
+  const int32_t next = model_.prompts.front()[0];
+  for (int64_t p : Positions(total)) {
+    SCOPED_TRACE(p);
+    PrefillSlot(model_, *gpu, 0, p);
+    TwinPages pages;
+    pages.Allocate(*layout, total);
+    ASSERT_TRUE((*device)->StoreLayers(0, p, pages.device).ok());
+    PrefillSlot(model_, *gpu, 1, 7);
+    ASSERT_TRUE((*device)->ImportSlot(1, p, pages.device).ok());
+    PrefillSlot(model_, *gpu, 2, 11);
+    ASSERT_TRUE(gpu->BeginStagedImport(2, p).ok());
+    std::vector<int64_t> odd;
+    std::vector<int64_t> even;
+    for (int64_t l = layers - 1; l >= 0; --l) (l % 2 == 1 ? odd : even).push_back(l);
+    absl::Status loaded = (*device)->LoadLayers(2, odd, pages.device);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    EXPECT_TRUE(absl::IsInvalidArgument((*device)->LoadLayers(2, {{layers}}, pages.device)));
+    if (!odd.empty()) {
+      EXPECT_TRUE(
+          absl::IsFailedPrecondition((*device)->LoadLayers(2, {{odd.front()}}, pages.device)));
+    }
+    ASSERT_TRUE((*device)->LoadLayer(2, even.front(), pages.device).ok());
+    loaded = (*device)->LoadLayers(2, std::span(even).subspan(1), pages.device);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    ASSERT_TRUE(gpu->FinishStagedImport(2).ok());
+    auto want_state = gpu->ExportState(1);
+    auto got_state = gpu->ExportState(2);
+    ASSERT_TRUE(want_state.ok() && got_state.ok());
+    EXPECT_TRUE(SameState(*got_state, *want_state));
+    auto want = gpu->DecodeStep({1}, {next}, /*use_graph=*/false);
+    auto decoded = gpu->DecodeStep({2}, {next}, /*use_graph=*/false);
+    ASSERT_TRUE(want.ok() && decoded.ok());
+    ASSERT_EQ(decoded->data.size(), want->data.size());
+    EXPECT_EQ(std::memcmp(decoded->ptr(), want->ptr(), want->data.size() * sizeof(float)), 0);
+  }
+}
+
 // P's overlap: the gathers enqueued on the copy stream right after each layer's attention of the
 // prompt's last chunk (GpuModel::BeginForwardStoring) write the same pages and checksums as
 // StoreLayer after the whole forward, and the chunk's logits are a plain Forward's.

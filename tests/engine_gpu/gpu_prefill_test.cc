@@ -5,10 +5,12 @@
 // pages decoded on the CPU engine (which emulates the GPU's bf16 storage with its rounded
 // weights): greedy exactly, seeded T=0.6 with at most 3 of 12 requests parting at one draw. The
 // pages hold the exported slot state bit for bit. Skips without a CUDA device.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model.h"
+#include "kvtransfer/page_header.h"
 #include "runtime/cuda/gpu_backend.h"
 #include "runtime/cuda/gpu_prefill_engine.h"
 #include "runtime/cuda/gpu_step_runner.h"
@@ -371,6 +374,80 @@ TEST_F(GpuPrefillTest, ACallbackErrorStopsThePrefill) {
   const int64_t vocab = model_.config.vocab_size;
   EXPECT_EQ(*again, std::vector<float>(direct.ptr() + (direct.dim(0) - 1) * vocab,
                                        direct.ptr() + direct.dim(0) * vocab));
+}
+
+// The CUDA IPC store (RunToDevice) request after request with the buffers it keeps (descriptors
+// in one mapped ring, the checksum arrays; all layers in one StoreLayers), with them and the
+// stores during the last chunk (PDSERVE_CUDA_IPC_OVERLAP=1), and with fresh buffers a request
+// and a StoreLayer a layer (PDSERVE_DEVICE_PAGES=fresh): the device pages equal, byte for byte,
+// the bf16 host pages Run writes for the same prompt, and each checksum is libxxhash's of the
+// page, for prompts of 1, 64, 97 and 250 tokens.
+TEST_F(GpuPrefillTest, DevicePagesEqualTheHostPagesWithKeptAndFreshBuffers) {
+  auto engine = GpuPrefillEngine::Create(gpu_.get(), kPrefillBlock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int64_t layers = model_.config.num_hidden_layers;
+  const serving::StateLayout layout =
+      *runtime::LayoutForModel(model_.config, 64, serving::ElementType::kBfloat16);
+  auto host_pool = *serving::PagePool::Create(layout.PoolOptions(1, 1024));
+  serving::PagePoolOptions options = layout.PoolOptions(1, 1024);
+  options.poison_freed = false;
+  const size_t block_bytes = serving::PagePool::HostBytesNeeded(options);
+  void* block = nullptr;
+  ASSERT_EQ(cudaMalloc(&block, block_bytes), cudaSuccess);
+  options.host_block = {static_cast<std::byte*>(block), block_bytes};
+  auto device_pool = *serving::PagePool::Create(std::move(options));
+  const std::vector<int32_t>& text = model_.prompts.back();
+  auto ok = [](int64_t) { return absl::OkStatus(); };
+  struct Mode {
+    const char* pages;    // PDSERVE_DEVICE_PAGES
+    const char* overlap;  // PDSERVE_CUDA_IPC_OVERLAP
+  };
+  for (int request = 0; request < 2; ++request) {
+    for (int64_t length : {1, 64, 97, 250}) {
+      const std::vector<int32_t> prompt(text.begin(), text.begin() + length);
+      const int64_t total = length + 8;
+      const runtime::PagedState paged(model_.config, layout, total);
+      auto want_table = *host_pool->Allocate(1, layout.Demand(total));
+      auto want = *runtime::MapPages(*host_pool, want_table);
+      FillPages(want);
+      ASSERT_TRUE((*engine)->Run(prompt, paged, want, ok, ok).ok());
+      std::vector<std::vector<PagedState::PageId>> ids;
+      for (int64_t l = 0; l < layers; ++l) ids.push_back(paged.LayerPages(l));
+      for (const Mode mode : {Mode{"kept", "0"}, Mode{"kept", "1"}, Mode{"fresh", "0"}}) {
+        SCOPED_TRACE(absl::StrCat(length, " tokens, request ", request, ", ", mode.pages,
+                                  " buffers, overlap ", mode.overlap));
+        setenv("PDSERVE_DEVICE_PAGES", mode.pages, 1);
+        setenv("PDSERVE_CUDA_IPC_OVERLAP", mode.overlap, 1);
+        ASSERT_EQ(cudaMemset(block, 0xA5, block_bytes), cudaSuccess);
+        auto table = *device_pool->Allocate(1, layout.Demand(total));
+        auto got = *runtime::MapPages(*device_pool, table);
+        auto run = (*engine)->RunToDevice(prompt, paged, got, ids, ok);
+        unsetenv("PDSERVE_DEVICE_PAGES");
+        unsetenv("PDSERVE_CUDA_IPC_OVERLAP");
+        ASSERT_TRUE(run.ok()) << run.status();
+        ASSERT_EQ(run->checksums.size(), ids.size());
+        for (int64_t l = 0; l < layers; ++l) {
+          const auto li = static_cast<size_t>(l);
+          ASSERT_EQ(run->checksums[li].size(), ids[li].size());
+          for (size_t i = 0; i < ids[li].size(); ++i) {
+            const int k = *layout.KindIndex(ids[li][i].kind);
+            const std::span<std::byte> page = want.pages[k][ids[li][i].page];
+            std::vector<std::byte> bytes(page.size());
+            ASSERT_EQ(cudaMemcpy(bytes.data(), got.pages[k][ids[li][i].page].data(), bytes.size(),
+                                 cudaMemcpyDeviceToHost),
+                      cudaSuccess);
+            EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), page.begin(), page.end()))
+                << "layer " << l << " page " << i;
+            EXPECT_EQ(run->checksums[li][i], kv::PayloadChecksum(page)) << "layer " << l;
+          }
+        }
+        ASSERT_TRUE(device_pool->Free(table).ok());
+      }
+      ASSERT_TRUE(host_pool->Free(want_table).ok());
+    }
+  }
+  device_pool.reset();
+  cudaFree(block);
 }
 
 }  // namespace

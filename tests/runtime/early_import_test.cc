@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,17 @@ class FakeSlots : public SlotImporter {
     ++claimed_.at(id).second;
     return absl::OkStatus();
   }
+  absl::Status ClaimFromDevice(serving::RequestId id, int64_t position, int64_t total_tokens,
+                               DevicePageSource) override {
+    return Claim(id, position, total_tokens);
+  }
+  absl::Status ImportLayers(serving::RequestId id, std::span<const int64_t> layers) override {
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.emplace_back(layers.begin(), layers.end());
+    }
+    return SlotImporter::ImportLayers(id, layers);
+  }
   absl::StatusOr<bool> Copied(serving::RequestId id) override {
     absl::MutexLock lock(&mu_);
     if (!copy_error_.ok()) return copy_error_;
@@ -82,6 +94,11 @@ class FakeSlots : public SlotImporter {
     absl::MutexLock lock(&mu_);
     return imported_;
   }
+  // The layers of each ImportLayers call, in order.
+  std::vector<std::vector<int64_t>> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
   void set_copies_land(bool land) {
     absl::MutexLock lock(&mu_);
     copies_land_ = land;
@@ -104,6 +121,7 @@ class FakeSlots : public SlotImporter {
   bool copies_land_ = true;
   std::map<serving::RequestId, std::pair<int64_t, int64_t>> claimed_;  // pages, layers imported
   std::vector<int64_t> imported_;
+  std::vector<std::vector<int64_t>> calls_;
 };
 
 // Waits (at most 10 s: a hang is a failure, not a timing) until `done` holds.
@@ -139,6 +157,38 @@ TEST(EarlyImportTest, OutOfOrderLayersImportOnceEachAndRunOnlyOnceVerified) {
   EXPECT_EQ(importer.active(), 0);
   EXPECT_EQ(slots.releases(), 0);
   EXPECT_EQ(slots.free_slots(), 1);
+}
+
+// A device import's layers that queue while an import call runs go to the slot importer together
+// in the next call, in arrival order (one launch pair on the GPU); a host import's (request 8)
+// stay one a call; with batching off, one call a layer for every import.
+TEST(EarlyImportTest, DeviceLayersQueuedDuringACallGoInOneCall) {
+  for (bool batch : {true, false}) {
+    SCOPED_TRACE(batch ? "batched" : "one a call");
+    FakeSlots slots;
+    slots.block_layer_ = 0;
+    EarlyImporter importer(&slots, kLayers, batch);
+    ASSERT_TRUE(importer.BeginFromDevice(7, 100, 200, {}).ok());
+    ASSERT_TRUE(importer.Begin(8, 10, 20).ok());
+    importer.LayerArrived(7, 0);
+    slots.entered_.WaitForNotification();  // layer 0's call runs
+    importer.LayerArrived(7, 3);
+    importer.LayerArrived(8, 1);
+    importer.LayerArrived(7, 1);
+    importer.LayerArrived(8, 2);
+    importer.LayerArrived(7, 2);
+    slots.blocked_.Notify();
+    importer.Verified(7);
+    ASSERT_TRUE(Eventually([&] { return importer.Ready(7).value_or(false); }));
+    ASSERT_TRUE(Eventually([&] { return slots.calls().size() == (batch ? 4u : 6u); }));
+    using Calls = std::vector<std::vector<int64_t>>;
+    const Calls calls =
+        batch ? Calls{{0}, {3, 1, 2}, {1}, {2}} : Calls{{0}, {3}, {1}, {1}, {2}, {2}};
+    EXPECT_EQ(slots.calls(), calls);
+    const std::vector<int64_t> imported =
+        batch ? std::vector<int64_t>{0, 3, 1, 2, 1, 2} : std::vector<int64_t>{0, 3, 1, 1, 2, 2};
+    EXPECT_EQ(slots.imported(), imported);
+  }
 }
 
 TEST(EarlyImportTest, VerifiedBeforeTheCopiesLandIsNotRunnableUntilTheyDo) {
