@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/expert_parallel.h"
@@ -274,6 +275,7 @@ GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replica
                   : (slots + 1) * GpuSlotStateBytes(config, context).total();
     p.graphs = q.prefill ? 0 : DecodeBuckets(slots) * kGraphAllowance;
     p.runtime = kRuntimeAllowance;
+    p.transfer = q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes;
     return p;
   };
   GpuPlan p = plan(q.prefill ? 1 : CeilDiv(q.max_batch, world), q.max_context);
@@ -307,6 +309,13 @@ std::string CountRow(const char* what, int64_t stored, int64_t today) {
   return absl::StrFormat("  %-34s %14d %14d\n", what, stored, today);
 }
 
+// The plan's line for transfer.cuda_ipc's device memory.
+std::string CudaIpcRowName(const PlanRequest& q) {
+  if (q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes == 0) return "CUDA IPC (none)";
+  return q.prefill ? absl::StrCat("CUDA IPC arena (", q.cuda_ipc_tokens, " tok)")
+                   : absl::StrCat("CUDA IPC pool (", q.cuda_ipc_tokens, " tok/request)");
+}
+
 }  // namespace
 
 namespace {
@@ -323,7 +332,8 @@ std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const
         &out, " ", tokens / 1024,
         "K: ", world * AdmittedRequests(config, t.slots, q.max_context, state_tokens, tokens), ";");
   }
-  const int64_t budget = q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime;
+  const int64_t budget =
+      q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime - t.transfer;
   absl::StrAppend(&out, "\n  state budget ", Gib(std::max<int64_t>(budget, 0)),
                   " per GPU fits (paged / slot layout, per group):");
   for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
@@ -367,6 +377,7 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   absl::StrAppend(&out, PlanRow("activations + cuBLAS workspace", s.activations, t.activations));
   absl::StrAppend(&out, PlanRow("CUDA graphs (allowance)", s.graphs, t.graphs));
   absl::StrAppend(&out, PlanRow("context/NCCL (allowance)", s.runtime, t.runtime));
+  absl::StrAppend(&out, PlanRow(CudaIpcRowName(q).c_str(), s.transfer, t.transfer));
   absl::StrAppend(&out, PlanRow("total", s.total(), t.total()));
   absl::StrAppendFormat(&out, "  %-34s %14s %14s\n", "fits",
                         s.total() <= q.gpu_bytes ? "yes" : "NO",
@@ -412,24 +423,37 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, cons
       q.fp8_weights ? " as the CUDA engine holds them in --weights fp8"
                     : " as today's CUDA engine holds them, bf16",
       "; state ", Gib(t.state), " for ", t.slots, " slot(s) + scratch at ", q.max_context,
-      " tokens; activations ", Gib(t.activations), "), ", Gib(q.gpu_bytes),
-      " per GPU available. Change one of: ");
-  const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime -
+      " tokens; activations ", Gib(t.activations),
+      t.transfer > 0
+          ? absl::StrCat("; CUDA IPC ", q.prefill ? "arena " : "device page pool ", Gib(t.transfer))
+          : "",
+      "), ", Gib(q.gpu_bytes), " per GPU available. Change one of: ");
+  std::vector<std::string> changes;
+  const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime - t.transfer -
                        (t.slots + 1) * GpuSlotStateBytes(config, q.max_context).total();
   if (t.weights >= q.gpu_bytes - t.runtime || rest < t.weights) {
-    absl::StrAppend(&msg,
-                    "more GPUs in the worker's `gpus` (the routed experts are split over "
-                    "them), or a model with fewer layers (every GPU holds every layer: "
-                    "the engine has no pipeline parallelism)");
+    changes.push_back(
+        "more GPUs in the worker's `gpus` (the routed experts are split over them), or a model "
+        "with fewer layers (every GPU holds every layer: the engine has no pipeline "
+        "parallelism)");
   }
   if (t.max_context_at_batch > 0) {
-    absl::StrAppend(&msg, "; a smaller max_context (", t.max_context_at_batch,
-                    " tokens fit at this batch)");
+    changes.push_back(absl::StrCat("a smaller max_context (", t.max_context_at_batch,
+                                   " tokens fit at this batch)"));
   }
   if (t.max_batch_at_context > 0 && !q.prefill) {
-    absl::StrAppend(&msg, "; a smaller max batch (", t.max_batch_at_context, " fit at ",
-                    q.max_context, " tokens)");
+    changes.push_back(absl::StrCat("a smaller max batch (", t.max_batch_at_context, " fit at ",
+                                   q.max_context, " tokens)"));
   }
+  if (t.transfer > 0) {
+    // First when the rest fits without it.
+    const auto at = t.total() - t.transfer <= q.gpu_bytes ? changes.begin() : changes.end();
+    changes.insert(
+        at, absl::StrCat("a lower transfer.cuda_ipc_arena_tokens (", q.cuda_ipc_tokens,
+                         " tokens a request now: the ", q.prefill ? "arena" : "device page pool",
+                         " takes ", Gib(t.transfer), ") or transfer.cuda_ipc: off"));
+  }
+  absl::StrAppend(&msg, absl::StrJoin(changes, "; "));
   return absl::ResourceExhaustedError(msg);
 }
 

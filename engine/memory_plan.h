@@ -116,6 +116,13 @@ struct PlanRequest {
   // Decode: the paged device state pools hold this many tokens over the whole group
   // (`pdserve serve --state-tokens`, engine/paged_state_plan.h); 0: every slot full.
   int64_t state_tokens = 0;
+  // transfer.cuda_ipc's device memory on the worker's first GPU (runtime::PlanCudaIpcMemory, the
+  // workers' own formula): the prefill worker's arena, the decode worker's device page pool, for
+  // requests of cuda_ipc_tokens tokens; 0 without the path. Counted on the plan's GPU (the
+  // largest rank), so a group's plan is its first GPU's.
+  int64_t cuda_ipc_arena_bytes = 0;
+  int64_t cuda_ipc_pool_bytes = 0;
+  int64_t cuda_ipc_tokens = 0;
 };
 
 // The plan of one GPU of the group (the largest rank), in one precision.
@@ -123,10 +130,11 @@ struct GpuPlan {
   int64_t weights = 0;
   int64_t state = 0;
   int64_t activations = 0;
-  int64_t graphs = 0;   // allowance
-  int64_t runtime = 0;  // allowance
-  int64_t slots = 0;    // per rank, without the scratch slot
-  int64_t total() const { return weights + state + activations + graphs + runtime; }
+  int64_t graphs = 0;    // allowance
+  int64_t runtime = 0;   // allowance
+  int64_t transfer = 0;  // transfer.cuda_ipc: arena + device page pool (PlanRequest)
+  int64_t slots = 0;     // per rank, without the scratch slot
+  int64_t total() const { return weights + state + activations + graphs + runtime + transfer; }
   // Largest batch (whole group) at the request's context, and largest context at its batch;
   // 0 when none fits.
   int64_t max_batch_at_context = 0;
@@ -143,7 +151,8 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& weights,
 
 // OK when the CUDA engine as it is today (bf16 weights) fits the request; else ResourceExhausted
 // naming the worker, the bytes, and what to change (more GPUs, fewer layers per GPU, a smaller
-// context, a smaller batch), with the figure that would fit where one exists.
+// context, a smaller batch; with CUDA IPC memory, a smaller transfer.cuda_ipc_arena_tokens or
+// transfer.cuda_ipc off), with the figure that would fit where one exists.
 absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& weights,
                            const PlanRequest& request);
 
