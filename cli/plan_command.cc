@@ -31,6 +31,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.max_batch = options.prefill ? 1 : options.max_batch;
   q.gpu_bytes = options.gpu_bytes;
   q.fp8_weights = worker.weights == "fp8";
+  q.fp8_activations = worker.fp8_activations == "fp8";
   // Activations for the worker's prefill chunk (runtime::GpuMaxChunk), else the default 256 rows.
   if (worker.prefill_chunk > 0) q.max_chunk = worker.prefill_chunk;
   // The flag, else the decode worker's own key.

@@ -16,6 +16,7 @@
 #include "engine/ring_state.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
+#include "kernels/cuda/moe_gemm_workspace.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::engine {
@@ -232,6 +233,22 @@ int64_t GpuActivationBytes(const ModelConfig& c, int64_t max_rows, int64_t conte
   return 4 * f32 + 2 * b16 + 32 * kMiB;                           // + cuBLAS workspace
 }
 
+Fp8ExpertBytes GpuFp8ExpertBytes(const ModelConfig& c, int64_t max_rows, int world, bool w8a16) {
+  namespace mw = kernels::cuda::moe_workspace;
+  const int64_t rows = std::max(1, world) * max_rows, k = c.num_experts_per_tok;
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  const int64_t experts = CeilDiv(c.n_routed_experts, std::max(1, world));
+  Fp8ExpertBytes b;
+  b.outputs = 2 * rows * k * (2 * inter + inter + h);  // moe_gate_up, moe_act, moe_down (bf16)
+  size_t workspace = 256;
+  for (int64_t t = 1; t <= rows; ++t) {
+    workspace = std::max({workspace, mw::AutoPathBytes(t, k, t, experts, 2 * inter, h, w8a16),
+                          mw::AutoPathBytes(t, k, t * k, experts, h, inter, w8a16)});
+  }
+  b.workspace = static_cast<int64_t>(workspace);
+  return b;
+}
+
 int64_t DecodeBuckets(int64_t slots) {
   int64_t n = 1;  // slots itself
   for (int64_t b = 1; b < slots; b *= 2) ++n;
@@ -276,6 +293,11 @@ GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replica
     p.graphs = q.prefill ? 0 : DecodeBuckets(slots) * kGraphAllowance;
     p.runtime = kRuntimeAllowance;
     p.transfer = q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes;
+    if (q.fp8_experts) {
+      p.fp8_experts = GpuFp8ExpertBytes(config, std::max(q.max_chunk, slots),
+                                        static_cast<int>(world), !q.fp8_activations)
+                          .total();
+    }
     return p;
   };
   GpuPlan p = plan(q.prefill ? 1 : CeilDiv(q.max_batch, world), q.max_context);
@@ -310,6 +332,13 @@ std::string CountRow(const char* what, int64_t stored, int64_t today) {
 }
 
 // The plan's line for transfer.cuda_ipc's device memory.
+// `request` with fp8_experts from the weights: FP8 resident experts where `weights: fp8` meets a
+// quantized checkpoint (WeightBytes::experts_fp8 differs from the bf16 bytes).
+PlanRequest WithFp8Experts(const WeightBytes& w, PlanRequest request) {
+  request.fp8_experts = request.fp8_weights && w.experts_fp8 != w.experts_today;
+  return request;
+}
+
 std::string CudaIpcRowName(const PlanRequest& q) {
   if (q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes == 0) return "CUDA IPC (none)";
   return q.prefill ? absl::StrCat("CUDA IPC arena (", q.cuda_ipc_tokens, " tok)")
@@ -353,7 +382,9 @@ std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const
 
 }  // namespace
 
-std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const PlanRequest& q) {
+std::string FormatPlan(const ModelConfig& config, const WeightBytes& w,
+                       const PlanRequest& request) {
+  const PlanRequest q = WithFp8Experts(w, request);
   const GpuPlan s = PlanGpu(config, w.experts, w.replicated, q);
   const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   std::string out = absl::StrFormat(
@@ -378,6 +409,10 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   absl::StrAppend(&out, PlanRow("CUDA graphs (allowance)", s.graphs, t.graphs));
   absl::StrAppend(&out, PlanRow("context/NCCL (allowance)", s.runtime, t.runtime));
   absl::StrAppend(&out, PlanRow(CudaIpcRowName(q).c_str(), s.transfer, t.transfer));
+  if (q.fp8_experts) {
+    absl::StrAppend(&out,
+                    PlanRow("FP8 experts: outputs + workspace", s.fp8_experts, t.fp8_experts));
+  }
   absl::StrAppend(&out, PlanRow("total", s.total(), t.total()));
   absl::StrAppendFormat(&out, "  %-34s %14s %14s\n", "fits",
                         s.total() <= q.gpu_bytes ? "yes" : "NO",
@@ -415,7 +450,9 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   return out;
 }
 
-absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, const PlanRequest& q) {
+absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w,
+                           const PlanRequest& request) {
+  const PlanRequest q = WithFp8Experts(w, request);
   const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   if (t.total() <= q.gpu_bytes) return absl::OkStatus();
   std::string msg = absl::StrCat(
@@ -424,6 +461,8 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, cons
                     : " as today's CUDA engine holds them, bf16",
       "; state ", Gib(t.state), " for ", t.slots, " slot(s) + scratch at ", q.max_context,
       " tokens; activations ", Gib(t.activations),
+      t.fp8_experts > 0 ? absl::StrCat("; FP8 experts' outputs and workspace ", Gib(t.fp8_experts))
+                        : "",
       t.transfer > 0
           ? absl::StrCat("; CUDA IPC ", q.prefill ? "arena " : "device page pool ", Gib(t.transfer))
           : "",
@@ -458,7 +497,8 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, cons
 }
 
 absl::StatusOr<int64_t> AutoStateTokens(const ModelConfig& config, const WeightBytes& w,
-                                        const PlanRequest& q) {
+                                        const PlanRequest& request) {
+  const PlanRequest q = WithFp8Experts(w, request);
   if (q.prefill) {
     return absl::InvalidArgumentError("state_tokens auto: a prefill worker keeps no paged state");
   }

@@ -100,6 +100,22 @@ int64_t HostPoolBytes(const ModelConfig& config, int64_t max_sequences, int64_t 
 // Device workspace of one GpuModel rank at `max_rows` rows (GpuModel::Impl::Allocate).
 int64_t GpuActivationBytes(const ModelConfig& config, int64_t max_rows, int64_t context, int world);
 
+// The FP8 routed experts' device buffers of one GpuModel rank at `max_rows` rows
+// (GpuModel::Impl::AllocateFp8Experts, allocated when the experts are resident FP8: `weights:
+// fp8` on a quantized checkpoint): the bf16 gate_up, activation and down rows of every pick of
+// the group's world * max_rows rows, and moe_grouped_gemm's workspace, the largest any call of
+// 1 .. world * max_rows tokens takes for either projection over the largest rank's
+// ceil(E / world) experts (kernels/cuda/moe_gemm_workspace.h, the kernels' own formula, at
+// PDSERVE_MOE_GEMM=auto and the default PDSERVE_MOE_WGMMA; from kMoeWgmmaMinPicks picks on the
+// wgmma path's grouped rows dominate). `w8a16`: fp8_activations bf16 (the default).
+struct Fp8ExpertBytes {
+  int64_t outputs = 0;
+  int64_t workspace = 0;
+  int64_t total() const { return outputs + workspace; }
+};
+Fp8ExpertBytes GpuFp8ExpertBytes(const ModelConfig& config, int64_t max_rows, int world,
+                                 bool w8a16);
+
 // Decode buckets a GpuModel with `slots` slots captures (powers of two below slots, and slots).
 int64_t DecodeBuckets(int64_t slots);
 
@@ -113,6 +129,11 @@ struct PlanRequest {
   int64_t gpu_bytes = kH200Bytes;
   // The worker's `weights: fp8`: the engine holds WeightBytes::*_fp8, not *_today.
   bool fp8_weights = false;
+  // The worker's `fp8_activations: fp8` (W8A8; default bf16: W8A16).
+  bool fp8_activations = false;
+  // The routed experts are resident FP8 (GpuFp8ExpertBytes counts): fp8_weights on a quantized
+  // checkpoint. FormatPlan, CheckPlanFits and AutoStateTokens set it from their WeightBytes.
+  bool fp8_experts = false;
   // Decode: the paged device state pools hold this many tokens over the whole group
   // (`pdserve serve --state-tokens`, engine/paged_state_plan.h); 0: every slot full.
   int64_t state_tokens = 0;
@@ -130,11 +151,14 @@ struct GpuPlan {
   int64_t weights = 0;
   int64_t state = 0;
   int64_t activations = 0;
-  int64_t graphs = 0;    // allowance
-  int64_t runtime = 0;   // allowance
-  int64_t transfer = 0;  // transfer.cuda_ipc: arena + device page pool (PlanRequest)
-  int64_t slots = 0;     // per rank, without the scratch slot
-  int64_t total() const { return weights + state + activations + graphs + runtime + transfer; }
+  int64_t graphs = 0;       // allowance
+  int64_t runtime = 0;      // allowance
+  int64_t transfer = 0;     // transfer.cuda_ipc: arena + device page pool (PlanRequest)
+  int64_t fp8_experts = 0;  // GpuFp8ExpertBytes (PlanRequest::fp8_experts)
+  int64_t slots = 0;        // per rank, without the scratch slot
+  int64_t total() const {
+    return weights + state + activations + graphs + runtime + transfer + fp8_experts;
+  }
   // Largest batch (whole group) at the request's context, and largest context at its batch;
   // 0 when none fits.
   int64_t max_batch_at_context = 0;
