@@ -1,9 +1,12 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -233,19 +236,46 @@ int64_t GpuActivationBytes(const ModelConfig& c, int64_t max_rows, int64_t conte
   return 4 * f32 + 2 * b16 + 32 * kMiB;                           // + cuBLAS workspace
 }
 
-Fp8ExpertBytes GpuFp8ExpertBytes(const ModelConfig& c, int64_t max_rows, int world, bool w8a16) {
+namespace {
+
+// The largest moe_grouped_gemm workspace of either FP8 expert projection over calls of 1 .. rows
+// tokens (AllocateFp8Experts' loop). PlanGpu's searches ask for many row counts up to millions,
+// so the running maximum is kept per 1024 rows and shape (thread_local): a query costs at most
+// 1023 evaluations past the kept prefix.
+size_t Fp8ExpertWorkspace(int64_t rows, int64_t k, int64_t experts, int64_t h, int64_t inter,
+                          bool w8a16) {
   namespace mw = kernels::cuda::moe_workspace;
+  auto bytes = [&](int64_t t) {
+    return std::max(mw::AutoPathBytes(t, k, t, experts, 2 * inter, h, w8a16),
+                    mw::AutoPathBytes(t, k, t * k, experts, h, inter, w8a16));
+  };
+  constexpr int64_t kBlock = 1024;
+  // prefix[b]: the largest over 1 .. b * kBlock tokens.
+  thread_local std::map<std::array<int64_t, 5>, std::vector<size_t>> cache;
+  std::vector<size_t>& prefix = cache[{k, experts, h, inter, w8a16 ? 1 : 0}];
+  if (prefix.empty()) prefix.push_back(0);
+  const int64_t blocks = rows / kBlock;
+  while (static_cast<int64_t>(prefix.size()) <= blocks) {
+    const auto b = static_cast<int64_t>(prefix.size());
+    size_t most = prefix.back();
+    for (int64_t t = (b - 1) * kBlock + 1; t <= b * kBlock; ++t) most = std::max(most, bytes(t));
+    prefix.push_back(most);
+  }
+  size_t most = prefix[static_cast<size_t>(blocks)];
+  for (int64_t t = blocks * kBlock + 1; t <= rows; ++t) most = std::max(most, bytes(t));
+  return most;
+}
+
+}  // namespace
+
+Fp8ExpertBytes GpuFp8ExpertBytes(const ModelConfig& c, int64_t max_rows, int world, bool w8a16) {
   const int64_t rows = std::max(1, world) * max_rows, k = c.num_experts_per_tok;
   const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
-  const int64_t experts = CeilDiv(c.n_routed_experts, std::max(1, world));
   Fp8ExpertBytes b;
   b.outputs = 2 * rows * k * (2 * inter + inter + h);  // moe_gate_up, moe_act, moe_down (bf16)
-  size_t workspace = 256;
-  for (int64_t t = 1; t <= rows; ++t) {
-    workspace = std::max({workspace, mw::AutoPathBytes(t, k, t, experts, 2 * inter, h, w8a16),
-                          mw::AutoPathBytes(t, k, t * k, experts, h, inter, w8a16)});
-  }
-  b.workspace = static_cast<int64_t>(workspace);
+  const size_t workspace =
+      Fp8ExpertWorkspace(rows, k, CeilDiv(c.n_routed_experts, std::max(1, world)), h, inter, w8a16);
+  b.workspace = static_cast<int64_t>(std::max<size_t>(workspace, 256));
   return b;
 }
 

@@ -26,7 +26,8 @@
 // - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
 //   per captured decode bucket, kRuntimeAllowance per GPU), said so in the output.
 //
-// Thread-safety: pure functions over their arguments (PlanWeightBytes reads files).
+// Thread-safety: pure functions over their arguments (PlanWeightBytes reads files;
+// GpuFp8ExpertBytes keeps a thread_local cache of its running maximum).
 #pragma once
 
 #include <cstddef>

@@ -174,6 +174,7 @@ TEST(MemoryPlanTest, AutoStateTokensFillTheGpuLessTheMargin) {
   auto total = [&](int64_t state_tokens) {
     PlanRequest at = q;
     at.state_tokens = state_tokens;
+    at.fp8_experts = true;  // as AutoStateTokens sets it: the fixture's experts are quantized
     return PlanGpu(*config, w->experts_fp8, w->replicated_fp8, at).total();
   };
   EXPECT_EQ(*t % 4, 0);
