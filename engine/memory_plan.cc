@@ -361,13 +361,14 @@ std::string CountRow(const char* what, int64_t stored, int64_t today) {
   return absl::StrFormat("  %-34s %14d %14d\n", what, stored, today);
 }
 
-// The plan's line for transfer.cuda_ipc's device memory.
 // `request` with fp8_experts from the weights: FP8 resident experts where `weights: fp8` meets a
 // quantized checkpoint (WeightBytes::experts_fp8 differs from the bf16 bytes).
 PlanRequest WithFp8Experts(const WeightBytes& w, PlanRequest request) {
   request.fp8_experts = request.fp8_weights && w.experts_fp8 != w.experts_today;
   return request;
 }
+
+// The plan's line for transfer.cuda_ipc's device memory.
 
 std::string CudaIpcRowName(const PlanRequest& q) {
   if (q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes == 0) return "CUDA IPC (none)";
@@ -392,7 +393,7 @@ std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const
         "K: ", world * AdmittedRequests(config, t.slots, q.max_context, state_tokens, tokens), ";");
   }
   const int64_t budget =
-      q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime - t.transfer;
+      q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime - t.transfer - t.fp8_experts;
   absl::StrAppend(&out, "\n  state budget ", Gib(std::max<int64_t>(budget, 0)),
                   " per GPU fits (paged / slot layout, per group):");
   for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
@@ -499,6 +500,7 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w,
       "), ", Gib(q.gpu_bytes), " per GPU available. Change one of: ");
   std::vector<std::string> changes;
   const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime - t.transfer -
+                       t.fp8_experts -
                        (t.slots + 1) * GpuSlotStateBytes(config, q.max_context).total();
   if (t.weights >= q.gpu_bytes - t.runtime || rest < t.weights) {
     changes.push_back(
