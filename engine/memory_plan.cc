@@ -226,6 +226,9 @@ int64_t GpuActivationBytes(const ModelConfig& c, int64_t max_rows, int64_t conte
   b16 += r * idx;  // idx_q_bf
   f32 += r * (2 * inter + c.n_routed_experts + 2 * k + c.vocab_size);
   b16 += r * inter;  // act_bf
+  // int32 per row: the page table (one page of 64 entries per CSA entry page, the largest
+  // capacity), window_len, n_compressed and the row and segment metadata (5 + 4 fields).
+  f32 += r * (idx_cap / 64 + 2 + 5 + 4);
   // Fused projections (engine/fused_projections.h): the widest group's output and FP8 o_a's
   // group ids (int32), counted whether or not GpuModelOptions::fused_projections is on (the plan
   // does not see the switch; off, they are an overcount of r * (4160 + 8) values on V4-Flash).

@@ -22,7 +22,10 @@
 //   gpu_model_fused.cc; counted even when the option is off). Their weights add no bytes on
 //   V4-Flash / V4-Pro (the parts are views into the stacked weight, no padding rows there:
 //   engine/fused_projections.h); on other shapes the padding rows (FusedPaddingRows) are not
-//   counted.
+//   counted. Not counted either (docs/memory-plan.md has the list): the dense FP8 GEMMs' and
+//   the decode attention's workspaces, the GPU sampler's, the paged import's staging.
+// - FP8 experts (`weights: fp8` on a quantized checkpoint): GpuFp8ExpertBytes.
+// - CUDA IPC (transfer.cuda_ipc): PlanRequest::cuda_ipc_*, runtime/cuda_ipc_memory.h.
 // - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
 //   per captured decode bucket, kRuntimeAllowance per GPU), said so in the output.
 //
