@@ -27,19 +27,12 @@ absl::Status Cuda(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat("cuda ipc: ", what, ": ", cudaGetErrorString(e)));
 }
 
-// transfer.cuda_ipc_arena_tokens, 0 read as kDefaultCudaIpcArenaTokens (each worker then takes
-// the smaller of it and its model's context).
-int64_t ArenaTokens(const config::DeployConfig& deploy) {
-  return deploy.transfer_cuda_ipc_arena_tokens > 0 ? deploy.transfer_cuda_ipc_arena_tokens
-                                                   : config::kDefaultCudaIpcArenaTokens;
-}
-
 }  // namespace
 
 std::optional<prefill::DeviceArenaOptions> PrefillCudaIpc(const config::DeployConfig& deploy) {
   if (deploy.transfer_cuda_ipc == "off") return std::nullopt;
   prefill::DeviceArenaOptions options;
-  options.tokens = ArenaTokens(deploy);
+  options.tokens = config::CudaIpcArenaTokens(deploy);
   options.required = deploy.transfer_cuda_ipc == "on";
   options.allocate = [](size_t bytes) -> absl::StatusOr<prefill::DeviceArena> {
     absl::StatusOr<std::unique_ptr<kv::cuda_ipc::IpcPageArena>> arena =
@@ -58,7 +51,7 @@ std::optional<decode::DeviceLanding> DecodeCudaIpc(const config::DeployConfig& d
   if (deploy.transfer_cuda_ipc == "off") return std::nullopt;
   decode::DeviceLanding landing;
   landing.required = deploy.transfer_cuda_ipc == "on";
-  landing.request_tokens = ArenaTokens(deploy);
+  landing.request_tokens = config::CudaIpcArenaTokens(deploy);
   char bus[32] = {};
   if (!Cuda(cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, kDevice), "cudaDeviceGetPCIBusId").ok()) {
     return std::nullopt;  // no usable GPU: Create's own errors say more

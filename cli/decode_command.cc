@@ -47,7 +47,9 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   worker::BlockStopSignals();
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry,
                            worker::LoadWorkerEntry(flags.worker, "decode"));
-  const WorkerPlanOptions plan{.max_batch = flags.max_batch, .pool_tokens = flags.pool_tokens};
+  const WorkerPlanOptions plan =
+      WithCudaIpc(WorkerPlanOptions{.max_batch = flags.max_batch, .pool_tokens = flags.pool_tokens},
+                  entry.deploy);
   // `state_tokens: auto`: what the memory plan leaves free; then, before anything loads, a cuda
   // worker whose GPUs cannot hold it is refused (`pdserve plan`).
   const bool auto_state = entry.worker.state_tokens == config::kAutoStateTokens;

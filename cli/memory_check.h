@@ -21,12 +21,21 @@ struct WorkerPlanOptions {
   // state_tokens, which must be resolved (ResolveStateTokens) when it is auto).
   int64_t state_tokens = 0;
   int64_t gpu_bytes = engine::kH200Bytes;
+  // The deploy config's transfer.cuda_ipc and config::CudaIpcArenaTokens (WithCudaIpc):
+  // the arena / device page pool the worker allocates (runtime::PlanCudaIpcMemory). `pdserve
+  // serve` (no transfer) leaves them off.
+  std::string transfer_cuda_ipc = "off";
+  int64_t cuda_ipc_arena_tokens = 0;
 };
+
+// `options` with the transfer.cuda_ipc settings of `deploy`.
+WorkerPlanOptions WithCudaIpc(WorkerPlanOptions options, const config::DeployConfig& deploy);
 
 // The request today's worker makes of its GPUs: prefill one slot per rank of
 // max_position_embeddings tokens; decode ceil(max_batch / GPUs) slots per rank of
 // min(max_position_embeddings, pool_tokens) tokens (runtime/cuda/gpu_backend.cc), unless
-// options.max_context is set. InvalidArgument for a bad `gpus` value.
+// options.max_context is set; plus the CUDA IPC memory of options' transfer.cuda_ipc.
+// InvalidArgument for a bad `gpus` value.
 absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig& worker,
                                                       const engine::ModelConfig& config,
                                                       const WorkerPlanOptions& options);

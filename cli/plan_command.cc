@@ -16,6 +16,7 @@
 #include "common/deploy_config.h"
 #include "common/status.h"
 #include "engine/memory_plan.h"
+#include "runtime/cuda_ipc_memory.h"
 
 namespace pdserve::cli {
 
@@ -30,6 +31,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.max_batch = options.prefill ? 1 : options.max_batch;
   q.gpu_bytes = options.gpu_bytes;
   q.fp8_weights = worker.weights == "fp8";
+  q.fp8_activations = worker.fp8_activations == "fp8";
   // Activations for the worker's prefill chunk (runtime::GpuMaxChunk), else the default 256 rows.
   if (worker.prefill_chunk > 0) q.max_chunk = worker.prefill_chunk;
   // The flag, else the decode worker's own key.
@@ -41,7 +43,20 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.max_context = options.max_context > 0 ? options.max_context
                   : options.prefill       ? config.max_position_embeddings
                                           : std::min(config.max_position_embeddings, pool);
+  PDSERVE_ASSIGN_OR_RETURN(
+      const runtime::CudaIpcMemory ipc,
+      runtime::PlanCudaIpcMemory(config, options.transfer_cuda_ipc, options.cuda_ipc_arena_tokens,
+                                 worker.backend, options.prefill, q.world));
+  q.cuda_ipc_arena_bytes = ipc.arena_bytes;
+  q.cuda_ipc_pool_bytes = ipc.pool_bytes;
+  q.cuda_ipc_tokens = ipc.tokens;
   return q;
+}
+
+WorkerPlanOptions WithCudaIpc(WorkerPlanOptions options, const config::DeployConfig& deploy) {
+  options.transfer_cuda_ipc = deploy.transfer_cuda_ipc;
+  options.cuda_ipc_arena_tokens = config::CudaIpcArenaTokens(deploy);
+  return options;
 }
 
 absl::Status CheckWorkerMemory(const config::WorkerConfig& worker, const std::string& model_dir,
@@ -81,6 +96,7 @@ absl::StatusOr<bool> RunPlan(PlanFlags flags) {
   PDSERVE_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::Load(model_dir));
   PDSERVE_ASSIGN_OR_RETURN(engine::WeightBytes weights, engine::PlanWeightBytes(model_dir, config));
   flags.options.gpu_bytes = static_cast<int64_t>(flags.gpu_memory_gib * engine::kGiB);
+  flags.options = WithCudaIpc(flags.options, deploy);
   std::printf("model %s: %lld layers, %lld routed experts\n", model_dir.c_str(),
               static_cast<long long>(config.num_hidden_layers),
               static_cast<long long>(config.n_routed_experts));

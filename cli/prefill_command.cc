@@ -39,7 +39,8 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   PDSERVE_ASSIGN_OR_RETURN(worker::WorkerEntry entry, worker::LoadWorkerEntry(flags, "prefill"));
   // Before anything loads: a cuda worker whose GPUs cannot hold it is refused (`pdserve plan`).
   PDSERVE_RETURN_IF_ERROR(
-      CheckWorkerMemory(entry.worker, entry.model_dir, WorkerPlanOptions{.prefill = true}));
+      CheckWorkerMemory(entry.worker, entry.model_dir,
+                        WithCudaIpc(WorkerPlanOptions{.prefill = true}, entry.deploy)));
   prefill::PrefillWorkerOptions options;
   options.model_dir = entry.model_dir;
   options.model_name = entry.model_name;

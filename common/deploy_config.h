@@ -144,8 +144,9 @@ inline constexpr int kMaxConfigTransferLanes = 16;
 inline constexpr int64_t kMaxCudaIpcArenaTokens = int64_t{1} << 24;
 // transfer.cuda_ipc_arena_tokens when 0: the model's context, at most this many tokens. A 1M-token
 // V4-Flash context would make the prefill worker's arena ~7.5 GB and the decode worker's device
-// page pool (4 requests) ~30 GB of GPU memory no memory plan counts; 128K tokens keep them near
-// 0.9 and 3.8 GB, and a longer request goes by host pages.
+// page pool (4 requests) ~30 GB of GPU memory; 128K tokens keep them at 0.89 and 3.54 GB
+// (runtime/cuda_ipc_memory.h; `pdserve plan` counts them), and a longer request goes by host
+// pages.
 inline constexpr int64_t kDefaultCudaIpcArenaTokens = int64_t{1} << 17;
 
 // transfer.lease_ms below this is refused: a transfer's first heartbeat comes only after the UCX
@@ -230,5 +231,12 @@ absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path);
 // FailedPrecondition naming the path and the working directory. `pdserve up` refuses to start
 // on it; `pdserve validate-config` warns (the file may be checked where the model is not).
 absl::Status CheckModelPath(const DeployConfig& config);
+
+// transfer.cuda_ipc_arena_tokens, 0 read as kDefaultCudaIpcArenaTokens (each worker then takes
+// the smaller of it and its model's context: runtime::CudaIpcRequestTokens).
+inline int64_t CudaIpcArenaTokens(const DeployConfig& config) {
+  return config.transfer_cuda_ipc_arena_tokens > 0 ? config.transfer_cuda_ipc_arena_tokens
+                                                   : kDefaultCudaIpcArenaTokens;
+}
 
 }  // namespace pdserve::config

@@ -56,6 +56,7 @@
 #include "kvtransfer/transfer_plan.h"
 #include "kvtransfer/ucx/ucx_receive_transport.h"
 #include "pdserve/worker/v1/worker.grpc.pb.h"
+#include "runtime/cuda_ipc_memory.h"
 #include "runtime/device_state_pools.h"
 #include "runtime/step_runner.h"
 #include "serving/page_lease.h"
@@ -90,7 +91,7 @@ struct DeviceLanding {
   // model's context) and requests it holds at once (their pages are held from Reserve until the
   // import is done).
   int64_t request_tokens = 0;
-  int64_t requests = 4;
+  int64_t requests = runtime::kCudaIpcPoolRequests;
   // transfer.cuda_ipc on: a pool or lander that cannot be made fails Create; auto: logged, host
   // pages.
   bool required = false;

@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "decode/decode_worker.h"
 #include "kvtransfer/transfer_plan.h"
+#include "runtime/cuda_ipc_memory.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::decode {
@@ -85,14 +86,10 @@ absl::Status DecodeWorker::CreateDevicePool() {
         "request_tokens >= 0");
   }
   const int64_t tokens =
-      landing.request_tokens > 0
-          ? std::min(landing.request_tokens, model_.config.max_position_embeddings)
-          : model_.config.max_position_embeddings;
+      runtime::CudaIpcRequestTokens(landing.request_tokens, model_.config.max_position_embeddings);
   device_request_tokens_ = tokens;
-  // Pages for `requests` requests of `tokens` tokens each.
   serving::PagePoolOptions options =
-      model_.layout->PoolOptions(landing.requests, landing.requests * tokens);
-  options.poison_freed = false;  // never touched by the host: the pages are device memory
+      runtime::DevicePagePoolOptions(*model_.layout, landing.requests, tokens);
   PDSERVE_ASSIGN_OR_RETURN(device_memory_,
                            landing.allocate(serving::PagePool::HostBytesNeeded(options)));
   options.host_block = device_memory_.bytes;

@@ -1,12 +1,16 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "engine/checkpoint_layout.h"
 #include "engine/expert_parallel.h"
@@ -15,6 +19,7 @@
 #include "engine/ring_state.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
+#include "kernels/cuda/moe_gemm_workspace.h"
 #include "nlohmann/json.hpp"
 
 namespace pdserve::engine {
@@ -221,6 +226,9 @@ int64_t GpuActivationBytes(const ModelConfig& c, int64_t max_rows, int64_t conte
   b16 += r * idx;  // idx_q_bf
   f32 += r * (2 * inter + c.n_routed_experts + 2 * k + c.vocab_size);
   b16 += r * inter;  // act_bf
+  // int32 per row: the page table (one page of 64 entries per CSA entry page, the largest
+  // capacity), window_len, n_compressed and the row and segment metadata (5 + 4 fields).
+  f32 += r * (idx_cap / 64 + 2 + 5 + 4);
   // Fused projections (engine/fused_projections.h): the widest group's output and FP8 o_a's
   // group ids (int32), counted whether or not GpuModelOptions::fused_projections is on (the plan
   // does not see the switch; off, they are an overcount of r * (4160 + 8) values on V4-Flash).
@@ -229,6 +237,49 @@ int64_t GpuActivationBytes(const ModelConfig& c, int64_t max_rows, int64_t conte
   f32 += world * r * k * 3 * inter;
   if (world > 1) f32 += world * r * (h / 2 + 2 * k + h) + r * h;  // ep_x (bf16), picks, sums
   return 4 * f32 + 2 * b16 + 32 * kMiB;                           // + cuBLAS workspace
+}
+
+namespace {
+
+// The largest moe_grouped_gemm workspace of either FP8 expert projection over calls of 1 .. rows
+// tokens (AllocateFp8Experts' loop). PlanGpu's searches ask for many row counts up to millions,
+// so the running maximum is kept per 1024 rows and shape (thread_local): a query costs at most
+// 1023 evaluations past the kept prefix.
+size_t Fp8ExpertWorkspace(int64_t rows, int64_t k, int64_t experts, int64_t h, int64_t inter,
+                          bool w8a16) {
+  namespace mw = kernels::cuda::moe_workspace;
+  auto bytes = [&](int64_t t) {
+    return std::max(mw::AutoPathBytes(t, k, t, experts, 2 * inter, h, w8a16),
+                    mw::AutoPathBytes(t, k, t * k, experts, h, inter, w8a16));
+  };
+  constexpr int64_t kBlock = 1024;
+  // prefix[b]: the largest over 1 .. b * kBlock tokens.
+  thread_local std::map<std::array<int64_t, 5>, std::vector<size_t>> cache;
+  std::vector<size_t>& prefix = cache[{k, experts, h, inter, w8a16 ? 1 : 0}];
+  if (prefix.empty()) prefix.push_back(0);
+  const int64_t blocks = rows / kBlock;
+  while (static_cast<int64_t>(prefix.size()) <= blocks) {
+    const auto b = static_cast<int64_t>(prefix.size());
+    size_t most = prefix.back();
+    for (int64_t t = (b - 1) * kBlock + 1; t <= b * kBlock; ++t) most = std::max(most, bytes(t));
+    prefix.push_back(most);
+  }
+  size_t most = prefix[static_cast<size_t>(blocks)];
+  for (int64_t t = blocks * kBlock + 1; t <= rows; ++t) most = std::max(most, bytes(t));
+  return most;
+}
+
+}  // namespace
+
+Fp8ExpertBytes GpuFp8ExpertBytes(const ModelConfig& c, int64_t max_rows, int world, bool w8a16) {
+  const int64_t rows = std::max(1, world) * max_rows, k = c.num_experts_per_tok;
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  Fp8ExpertBytes b;
+  b.outputs = 2 * rows * k * (2 * inter + inter + h);  // moe_gate_up, moe_act, moe_down (bf16)
+  const size_t workspace =
+      Fp8ExpertWorkspace(rows, k, CeilDiv(c.n_routed_experts, std::max(1, world)), h, inter, w8a16);
+  b.workspace = static_cast<int64_t>(std::max<size_t>(workspace, 256));
+  return b;
 }
 
 int64_t DecodeBuckets(int64_t slots) {
@@ -274,6 +325,12 @@ GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replica
                   : (slots + 1) * GpuSlotStateBytes(config, context).total();
     p.graphs = q.prefill ? 0 : DecodeBuckets(slots) * kGraphAllowance;
     p.runtime = kRuntimeAllowance;
+    p.transfer = q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes;
+    if (q.fp8_experts) {
+      p.fp8_experts = GpuFp8ExpertBytes(config, std::max(q.max_chunk, slots),
+                                        static_cast<int>(world), !q.fp8_activations)
+                          .total();
+    }
     return p;
   };
   GpuPlan p = plan(q.prefill ? 1 : CeilDiv(q.max_batch, world), q.max_context);
@@ -307,6 +364,21 @@ std::string CountRow(const char* what, int64_t stored, int64_t today) {
   return absl::StrFormat("  %-34s %14d %14d\n", what, stored, today);
 }
 
+// `request` with fp8_experts from the weights: FP8 resident experts where `weights: fp8` meets a
+// quantized checkpoint (WeightBytes::experts_fp8 differs from the bf16 bytes).
+PlanRequest WithFp8Experts(const WeightBytes& w, PlanRequest request) {
+  request.fp8_experts = request.fp8_weights && w.experts_fp8 != w.experts_today;
+  return request;
+}
+
+// The plan's line for transfer.cuda_ipc's device memory.
+
+std::string CudaIpcRowName(const PlanRequest& q) {
+  if (q.cuda_ipc_arena_bytes + q.cuda_ipc_pool_bytes == 0) return "CUDA IPC (none)";
+  return q.prefill ? absl::StrCat("CUDA IPC arena (", q.cuda_ipc_tokens, " tok)")
+                   : absl::StrCat("CUDA IPC pool (", q.cuda_ipc_tokens, " tok/request)");
+}
+
 }  // namespace
 
 namespace {
@@ -323,7 +395,8 @@ std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const
         &out, " ", tokens / 1024,
         "K: ", world * AdmittedRequests(config, t.slots, q.max_context, state_tokens, tokens), ";");
   }
-  const int64_t budget = q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime;
+  const int64_t budget =
+      q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime - t.transfer - t.fp8_experts;
   absl::StrAppend(&out, "\n  state budget ", Gib(std::max<int64_t>(budget, 0)),
                   " per GPU fits (paged / slot layout, per group):");
   for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
@@ -343,7 +416,9 @@ std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const
 
 }  // namespace
 
-std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const PlanRequest& q) {
+std::string FormatPlan(const ModelConfig& config, const WeightBytes& w,
+                       const PlanRequest& request) {
+  const PlanRequest q = WithFp8Experts(w, request);
   const GpuPlan s = PlanGpu(config, w.experts, w.replicated, q);
   const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   std::string out = absl::StrFormat(
@@ -367,6 +442,11 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   absl::StrAppend(&out, PlanRow("activations + cuBLAS workspace", s.activations, t.activations));
   absl::StrAppend(&out, PlanRow("CUDA graphs (allowance)", s.graphs, t.graphs));
   absl::StrAppend(&out, PlanRow("context/NCCL (allowance)", s.runtime, t.runtime));
+  absl::StrAppend(&out, PlanRow(CudaIpcRowName(q).c_str(), s.transfer, t.transfer));
+  if (q.fp8_experts) {
+    absl::StrAppend(&out,
+                    PlanRow("FP8 experts: outputs + workspace", s.fp8_experts, t.fp8_experts));
+  }
   absl::StrAppend(&out, PlanRow("total", s.total(), t.total()));
   absl::StrAppendFormat(&out, "  %-34s %14s %14s\n", "fits",
                         s.total() <= q.gpu_bytes ? "yes" : "NO",
@@ -404,7 +484,9 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w, const Pl
   return out;
 }
 
-absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, const PlanRequest& q) {
+absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w,
+                           const PlanRequest& request) {
+  const PlanRequest q = WithFp8Experts(w, request);
   const GpuPlan t = PlanGpu(config, EngineExperts(w, q), EngineReplicated(w, q), q);
   if (t.total() <= q.gpu_bytes) return absl::OkStatus();
   std::string msg = absl::StrCat(
@@ -412,29 +494,46 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w, cons
       q.fp8_weights ? " as the CUDA engine holds them in --weights fp8"
                     : " as today's CUDA engine holds them, bf16",
       "; state ", Gib(t.state), " for ", t.slots, " slot(s) + scratch at ", q.max_context,
-      " tokens; activations ", Gib(t.activations), "), ", Gib(q.gpu_bytes),
-      " per GPU available. Change one of: ");
-  const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime -
+      " tokens; activations ", Gib(t.activations),
+      t.fp8_experts > 0 ? absl::StrCat("; FP8 experts' outputs and workspace ", Gib(t.fp8_experts))
+                        : "",
+      t.transfer > 0
+          ? absl::StrCat("; CUDA IPC ", q.prefill ? "arena " : "device page pool ", Gib(t.transfer))
+          : "",
+      "), ", Gib(q.gpu_bytes), " per GPU available. Change one of: ");
+  std::vector<std::string> changes;
+  const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime - t.transfer -
+                       t.fp8_experts -
                        (t.slots + 1) * GpuSlotStateBytes(config, q.max_context).total();
   if (t.weights >= q.gpu_bytes - t.runtime || rest < t.weights) {
-    absl::StrAppend(&msg,
-                    "more GPUs in the worker's `gpus` (the routed experts are split over "
-                    "them), or a model with fewer layers (every GPU holds every layer: "
-                    "the engine has no pipeline parallelism)");
+    changes.push_back(
+        "more GPUs in the worker's `gpus` (the routed experts are split over them), or a model "
+        "with fewer layers (every GPU holds every layer: the engine has no pipeline "
+        "parallelism)");
   }
   if (t.max_context_at_batch > 0) {
-    absl::StrAppend(&msg, "; a smaller max_context (", t.max_context_at_batch,
-                    " tokens fit at this batch)");
+    changes.push_back(absl::StrCat("a smaller max_context (", t.max_context_at_batch,
+                                   " tokens fit at this batch)"));
   }
   if (t.max_batch_at_context > 0 && !q.prefill) {
-    absl::StrAppend(&msg, "; a smaller max batch (", t.max_batch_at_context, " fit at ",
-                    q.max_context, " tokens)");
+    changes.push_back(absl::StrCat("a smaller max batch (", t.max_batch_at_context, " fit at ",
+                                   q.max_context, " tokens)"));
   }
+  if (t.transfer > 0) {
+    // First when the rest fits without it.
+    const auto at = t.total() - t.transfer <= q.gpu_bytes ? changes.begin() : changes.end();
+    changes.insert(
+        at, absl::StrCat("a lower transfer.cuda_ipc_arena_tokens (", q.cuda_ipc_tokens,
+                         " tokens a request now: the ", q.prefill ? "arena" : "device page pool",
+                         " takes ", Gib(t.transfer), ") or transfer.cuda_ipc: off"));
+  }
+  absl::StrAppend(&msg, absl::StrJoin(changes, "; "));
   return absl::ResourceExhaustedError(msg);
 }
 
 absl::StatusOr<int64_t> AutoStateTokens(const ModelConfig& config, const WeightBytes& w,
-                                        const PlanRequest& q) {
+                                        const PlanRequest& request) {
+  const PlanRequest q = WithFp8Experts(w, request);
   if (q.prefill) {
     return absl::InvalidArgumentError("state_tokens auto: a prefill worker keeps no paged state");
   }

@@ -22,11 +22,15 @@
 //   gpu_model_fused.cc; counted even when the option is off). Their weights add no bytes on
 //   V4-Flash / V4-Pro (the parts are views into the stacked weight, no padding rows there:
 //   engine/fused_projections.h); on other shapes the padding rows (FusedPaddingRows) are not
-//   counted.
+//   counted. Not counted either (docs/memory-plan.md has the list): the dense FP8 GEMMs' and
+//   the decode attention's workspaces, the GPU sampler's, the paged import's staging.
+// - FP8 experts (`weights: fp8` on a quantized checkpoint): GpuFp8ExpertBytes.
+// - CUDA IPC (transfer.cuda_ipc): PlanRequest::cuda_ipc_*, runtime/cuda_ipc_memory.h.
 // - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
 //   per captured decode bucket, kRuntimeAllowance per GPU), said so in the output.
 //
-// Thread-safety: pure functions over their arguments (PlanWeightBytes reads files).
+// Thread-safety: pure functions over their arguments (PlanWeightBytes reads files;
+// GpuFp8ExpertBytes keeps a thread_local cache of its running maximum).
 #pragma once
 
 #include <cstddef>
@@ -100,6 +104,22 @@ int64_t HostPoolBytes(const ModelConfig& config, int64_t max_sequences, int64_t 
 // Device workspace of one GpuModel rank at `max_rows` rows (GpuModel::Impl::Allocate).
 int64_t GpuActivationBytes(const ModelConfig& config, int64_t max_rows, int64_t context, int world);
 
+// The FP8 routed experts' device buffers of one GpuModel rank at `max_rows` rows
+// (GpuModel::Impl::AllocateFp8Experts, allocated when the experts are resident FP8: `weights:
+// fp8` on a quantized checkpoint): the bf16 gate_up, activation and down rows of every pick of
+// the group's world * max_rows rows, and moe_grouped_gemm's workspace, the largest any call of
+// 1 .. world * max_rows tokens takes for either projection over the largest rank's
+// ceil(E / world) experts (kernels/cuda/moe_gemm_workspace.h, the kernels' own formula, at
+// PDSERVE_MOE_GEMM=auto and the default PDSERVE_MOE_WGMMA; from kMoeWgmmaMinPicks picks on the
+// wgmma path's grouped rows dominate). `w8a16`: fp8_activations bf16 (the default).
+struct Fp8ExpertBytes {
+  int64_t outputs = 0;
+  int64_t workspace = 0;
+  int64_t total() const { return outputs + workspace; }
+};
+Fp8ExpertBytes GpuFp8ExpertBytes(const ModelConfig& config, int64_t max_rows, int world,
+                                 bool w8a16);
+
 // Decode buckets a GpuModel with `slots` slots captures (powers of two below slots, and slots).
 int64_t DecodeBuckets(int64_t slots);
 
@@ -113,9 +133,21 @@ struct PlanRequest {
   int64_t gpu_bytes = kH200Bytes;
   // The worker's `weights: fp8`: the engine holds WeightBytes::*_fp8, not *_today.
   bool fp8_weights = false;
+  // The worker's `fp8_activations: fp8` (W8A8; default bf16: W8A16).
+  bool fp8_activations = false;
+  // The routed experts are resident FP8 (GpuFp8ExpertBytes counts): fp8_weights on a quantized
+  // checkpoint. FormatPlan, CheckPlanFits and AutoStateTokens set it from their WeightBytes.
+  bool fp8_experts = false;
   // Decode: the paged device state pools hold this many tokens over the whole group
   // (`pdserve serve --state-tokens`, engine/paged_state_plan.h); 0: every slot full.
   int64_t state_tokens = 0;
+  // transfer.cuda_ipc's device memory on the worker's first GPU (runtime::PlanCudaIpcMemory, the
+  // workers' own formula): the prefill worker's arena, the decode worker's device page pool, for
+  // requests of cuda_ipc_tokens tokens; 0 without the path. Counted on the plan's GPU (the
+  // largest rank), so a group's plan is its first GPU's.
+  int64_t cuda_ipc_arena_bytes = 0;
+  int64_t cuda_ipc_pool_bytes = 0;
+  int64_t cuda_ipc_tokens = 0;
 };
 
 // The plan of one GPU of the group (the largest rank), in one precision.
@@ -123,10 +155,14 @@ struct GpuPlan {
   int64_t weights = 0;
   int64_t state = 0;
   int64_t activations = 0;
-  int64_t graphs = 0;   // allowance
-  int64_t runtime = 0;  // allowance
-  int64_t slots = 0;    // per rank, without the scratch slot
-  int64_t total() const { return weights + state + activations + graphs + runtime; }
+  int64_t graphs = 0;       // allowance
+  int64_t runtime = 0;      // allowance
+  int64_t transfer = 0;     // transfer.cuda_ipc: arena + device page pool (PlanRequest)
+  int64_t fp8_experts = 0;  // GpuFp8ExpertBytes (PlanRequest::fp8_experts)
+  int64_t slots = 0;        // per rank, without the scratch slot
+  int64_t total() const {
+    return weights + state + activations + graphs + runtime + transfer + fp8_experts;
+  }
   // Largest batch (whole group) at the request's context, and largest context at its batch;
   // 0 when none fits.
   int64_t max_batch_at_context = 0;
@@ -143,7 +179,8 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& weights,
 
 // OK when the CUDA engine as it is today (bf16 weights) fits the request; else ResourceExhausted
 // naming the worker, the bytes, and what to change (more GPUs, fewer layers per GPU, a smaller
-// context, a smaller batch), with the figure that would fit where one exists.
+// context, a smaller batch; with CUDA IPC memory, a smaller transfer.cuda_ipc_arena_tokens or
+// transfer.cuda_ipc off), with the figure that would fit where one exists.
 absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& weights,
                            const PlanRequest& request);
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "prefill/prefill_worker.h"
+#include "runtime/cuda_ipc_memory.h"
 #include "runtime/paged_state.h"
 #include "spdlog/spdlog.h"
 #include "worker/transfer_peer.h"
@@ -76,10 +77,9 @@ absl::Status PrefillWorker::CreateDeviceArena() {
   if (!options.allocate || options.tokens < 0) {
     return absl::InvalidArgumentError("device_arena needs allocate and tokens >= 0");
   }
-  const int64_t context = model_.config.max_position_embeddings;
-  const int64_t tokens = options.tokens > 0 ? std::min(options.tokens, context) : context;
-  serving::PagePoolOptions pool_options = model_.layout->PoolOptions(1, tokens);
-  pool_options.poison_freed = false;  // device memory: never touched by the host
+  const int64_t tokens =
+      runtime::CudaIpcRequestTokens(options.tokens, model_.config.max_position_embeddings);
+  serving::PagePoolOptions pool_options = runtime::DevicePagePoolOptions(*model_.layout, 1, tokens);
   PDSERVE_ASSIGN_OR_RETURN(arena_,
                            options.allocate(serving::PagePool::HostBytesNeeded(pool_options)));
   pool_options.host_block = arena_.memory;

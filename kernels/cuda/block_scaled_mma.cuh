@@ -42,6 +42,7 @@
 #include <string>
 
 #include "kernels/cuda/act_quant.cuh"
+#include "kernels/cuda/moe_gemm_workspace.h"
 
 namespace pdserve::kernels::cuda::block_scaled {
 // Unnamed: each including .cu file gets its own copy of the kernels.
@@ -59,6 +60,7 @@ struct WorkItem {
   int32_t first;
   int32_t count;
 };
+static_assert(sizeof(WorkItem) == moe_workspace::kWorkItemBytes);
 
 struct GemmArgs {
   const uint8_t* w;         // FP8: [E, n, k] e4m3; FP4: [E, n, k / 2] packed e2m1
@@ -527,12 +529,12 @@ inline bool Aligned(const void* p, uintptr_t bytes) {
 inline constexpr int64_t kMaxElements = int64_t{1} << 62;
 inline constexpr int64_t kMaxN = int64_t{65535} * kRowsPerBlock;  // grid.y limit
 
-inline size_t AlignUp(size_t v) { return (v + 255) & ~size_t{255}; }
-
-// Token tiles of 8 per block (the template parameter NT) for `rows` entries per item.
-// (At most 4 tiles: with 8 the accumulators spilled and 64 tokens ran 4-7x slower than 32 on the
-// H200, 2026-12-04; more tokens take more items, which re-read the weight tile from L2.)
-inline int TilesFor(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
+// Workspace and tiling arithmetic, shared with the memory plan (kernels/cuda/moe_gemm_workspace.h).
+using moe_workspace::AlignUp;
+using moe_workspace::ChooseKSplits;
+using moe_workspace::TilesFor;
+static_assert(moe_workspace::kBlockK == kBlockK &&
+              moe_workspace::kMmaRowsPerBlock == kRowsPerBlock);
 
 // Launches kernel<<<grid, block, 0, stream>>>(args...) with programmatic stream serialization
 // (it may start before the previous kernel on `stream` ends; see GridDependencyWait), or plainly
@@ -554,15 +556,6 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cu
   (void)cudaGetLastError();
   kernel<<<grid, block, 0, stream>>>(args...);
   return cudaGetLastError();
-}
-
-// Splits of k so that about 512 blocks run (4 per multiprocessor on an H200, 132 of them), each
-// split at least 2 blocks of 128 k, at most 16 splits. A pure function of the sizes, so the
-// workspace size is known before the launch.
-inline int32_t ChooseKSplits(int64_t blocks, int64_t kblocks) {
-  int32_t splits = 1;
-  while (splits < 16 && blocks * splits < 512 && kblocks / (2 * splits) >= 2) splits *= 2;
-  return splits;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as clusters of cluster.x x cluster.y x

@@ -35,42 +35,13 @@ __global__ void CombineKernel(const __nv_bfloat16* y, int64_t y_stride, const in
   }
 }
 
-// Sizes and workspace layout: entry_pick [picks] | items [max_items] | n_items | xq [x_rows, k] |
-// xs [k / 128, x_rows] | partial [splits, picks, n].
-struct GroupedPlan {
-  int tiles = 1;
-  int64_t max_items = 0;
-  int32_t splits = 1;
-  size_t entry_bytes = 0;
-  size_t item_bytes = 0;
-  size_t count_bytes = 256;
-  size_t xq_bytes = 0;
-  size_t xs_bytes = 0;
-  size_t partial_bytes = 0;
-  size_t total() const {
-    return entry_bytes + item_bytes + count_bytes + xq_bytes + xs_bytes + partial_bytes;
-  }
-};
-
+// Sizes and workspace layout (kernels/cuda/moe_gemm_workspace.h, shared with the memory plan):
+// entry_pick [picks] | items [max_items] | n_items | xq [x_rows, k] | xs [k / 128, x_rows] |
+// partial [splits, picks, n].
+using GroupedPlan = moe_workspace::MmaSizes;
 GroupedPlan PlanGrouped(int64_t tokens, int64_t top_k, int64_t x_rows, const ExpertWeights& w) {
-  GroupedPlan p;
-  const int64_t picks = tokens * top_k;
-  const int64_t busy = std::max<int64_t>(1, std::min(w.n_experts, picks));
-  // Entries per item: about 4x the mean picks per routed expert, so a skewed batch rarely needs
-  // more than one item per expert.
-  p.tiles = bs::TilesFor(4 * ((picks + busy - 1) / busy));
-  const int64_t chunk = 8 * p.tiles;
-  p.max_items = busy + picks / chunk;
-  const int64_t row_tiles = (w.n + bs::kRowsPerBlock - 1) / bs::kRowsPerBlock;
-  p.splits = bs::ChooseKSplits(row_tiles * busy, w.k / bs::kBlockK);
-  p.entry_bytes = bs::AlignUp(static_cast<size_t>(picks) * 4);
-  p.item_bytes = bs::AlignUp(static_cast<size_t>(p.max_items) * sizeof(bs::WorkItem));
-  if (w.format != ExpertFormat::kFp8W8A16) {  // W8A16 reads x as it is
-    p.xq_bytes = bs::AlignUp(static_cast<size_t>(x_rows * w.k));
-    p.xs_bytes = bs::AlignUp(static_cast<size_t>(x_rows * (w.k / bs::kBlockK)) * 4);
-  }
-  p.partial_bytes = p.splits > 1 ? bs::AlignUp(static_cast<size_t>(p.splits) * picks * w.n * 4) : 0;
-  return p;
+  return moe_workspace::Mma(tokens, top_k, x_rows, w.n_experts, w.n, w.k,
+                            /*a16=*/w.format == ExpertFormat::kFp8W8A16);  // W8A16 reads x as it is
 }
 
 // PDSERVE_MOE_GEMM's choice: kAuto unless "mma" or "wgmma".

@@ -55,6 +55,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/moe_gemm_workspace.h"
+
 namespace pdserve::kernels::cuda {
 
 // kFp8W8A16: FP8 weights as kFp8, activations kept bf16 (not quantized; ue8m0_act_scale ignored),
@@ -103,7 +105,7 @@ enum class MoeGemmPath { kMma, kWgmma };
 // PDSERVE_MOE_GEMM=auto (the default): kWgmma from this many picks (tokens * top_k) on (1366
 // tokens at top-6; gemm_bench moe_prefill on an H100: at 512 tokens the two paths are within
 // 0.95-1.09x of each other, from 2048 kWgmma is 2.2-2.8x faster).
-inline constexpr int64_t kMoeWgmmaMinPicks = 8192;
+inline constexpr int64_t kMoeWgmmaMinPicks = moe_workspace::kMoeWgmmaMinPicks;
 // The path moe_grouped_gemm takes for these sizes (PDSERVE_MOE_GEMM as above; kMma for FP4
 // experts and for sizes moe_grouped_gemm_wgmma refuses). Host only.
 MoeGemmPath moe_grouped_gemm_path(int64_t tokens, int64_t top_k, const ExpertWeights& weights);

@@ -260,51 +260,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-// Workspace layout: entry_pick [picks] | items [max_items] | n_items, n_entries | FP8: xq
-// [x_rows, k] | xs [k / 128, x_rows] | then xg [picks, k] (e4m3, or bf16 for W8A16) | FP8: xsg
-// [k / 128, picks].
-struct MoeWgmmaPlan {
-  int n_tile = kSmallTile;
+// The workspace's sizes and layout (kernels/cuda/moe_gemm_workspace.h, shared with the memory
+// plan: entry_pick | items | n_items, n_entries | FP8: xq, xs | xg | FP8: xsg), the grid and the
+// shared-memory ring.
+struct MoeWgmmaPlan : moe_workspace::WgmmaSizes {
   int stages = kDefaultStages;
-  int64_t max_items = 0;
   int64_t row_tiles = 0;
   bool multicast = false;
-  size_t entry_bytes = 0;
-  size_t item_bytes = 0;
-  size_t count_bytes = 256;
-  size_t xq_bytes = 0;
-  size_t xs_bytes = 0;
-  size_t xg_bytes = 0;
-  size_t xsg_bytes = 0;
   size_t smem_bytes = 0;
-  size_t total() const {
-    return entry_bytes + item_bytes + count_bytes + xq_bytes + xs_bytes + xg_bytes + xsg_bytes;
-  }
 };
+static_assert(moe_workspace::kWgmmaSmallTile == kSmallTile &&
+              moe_workspace::kWgmmaLargeTile == kLargeTile &&
+              moe_workspace::kWgmmaMaxItems == kMaxItems && moe_workspace::kBlockK == kBlockK);
 
 MoeWgmmaPlan PlanMoeWgmma(int64_t tokens, int64_t top_k, int64_t x_rows, const ExpertWeights& w,
                           const MoeWgmmaConfig& config) {
   MoeWgmmaPlan p;
   const bool a16 = w.format == ExpertFormat::kFp8W8A16;
-  const int64_t picks = tokens * top_k;
-  const int64_t busy = std::max<int64_t>(1, std::min(w.n_experts, picks));
-  if (config.token_tile == kSmallTile || config.token_tile == kLargeTile) {
-    p.n_tile = config.token_tile;
-  } else {
-    p.n_tile = picks > 64 * busy ? kLargeTile : kSmallTile;
-  }
-  p.max_items = busy + picks / p.n_tile;
+  static_cast<moe_workspace::WgmmaSizes&>(p) =
+      moe_workspace::Wgmma(tokens, top_k, x_rows, w.n_experts, w.k, a16, config.token_tile);
   p.row_tiles = (w.n + kRowTile - 1) / kRowTile;
   p.multicast = config.multicast_activations && p.row_tiles % 2 == 0;
-  const int64_t kblocks = w.k / kBlockK;
-  p.entry_bytes = bs::AlignUp(static_cast<size_t>(picks) * 4);
-  p.item_bytes = bs::AlignUp(static_cast<size_t>(p.max_items) * sizeof(bs::WorkItem));
-  if (!a16) {
-    p.xq_bytes = bs::AlignUp(static_cast<size_t>(x_rows * w.k));
-    p.xs_bytes = bs::AlignUp(static_cast<size_t>(x_rows * kblocks) * 4);
-    p.xsg_bytes = bs::AlignUp(static_cast<size_t>(picks * kblocks) * 4);
-  }
-  p.xg_bytes = bs::AlignUp(static_cast<size_t>(picks * w.k) * (a16 ? 2 : 1));
   const uint32_t stage_bytes = StageBytes(kWarpgroups, p.n_tile, a16);
   const uint32_t conv_bytes = a16 && p.n_tile > kRegWeightTokens ? kWarpgroups * kConvBytes : 0u;
   const int fit = static_cast<int>((kSmemLimit - kSmemSlack - conv_bytes) / (stage_bytes + 16));

@@ -5,6 +5,7 @@
 // that cannot fit.
 #include "engine/memory_plan.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -173,6 +174,7 @@ TEST(MemoryPlanTest, AutoStateTokensFillTheGpuLessTheMargin) {
   auto total = [&](int64_t state_tokens) {
     PlanRequest at = q;
     at.state_tokens = state_tokens;
+    at.fp8_experts = true;  // as AutoStateTokens sets it: the fixture's experts are quantized
     return PlanGpu(*config, w->experts_fp8, w->replicated_fp8, at).total();
   };
   EXPECT_EQ(*t % 4, 0);
@@ -192,6 +194,46 @@ TEST(MemoryPlanTest, AutoStateTokensFillTheGpuLessTheMargin) {
       << none.status();
   q.prefill = true;
   EXPECT_EQ(AutoStateTokens(*config, *w, q).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The FP8 experts' device buffers (GpuModel::Impl::AllocateFp8Experts) at V4-Flash shapes, one
+// GPU, W8A16, 8192 rows (a prefill_chunk of 8192): the bf16 outputs of 6 picks a row, and the
+// workspace of the largest call, 8192 tokens' gate_up on the wgmma path (49152 picks > 64 per
+// expert: 128-entry work items), by hand from kernels/cuda/moe_gemm_workspace.h's layout:
+// entry_pick, 640 work items of 12 bytes, the counts, the bf16 grouped rows [picks, hidden].
+// At the default 256 rows (1536 picks) only the mma path runs: no grouped rows.
+TEST(MemoryPlanTest, Fp8ExpertBuffersByHand) {
+  auto config = ModelConfig::Load(FlashDir());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t picks = 8192 * 6;
+  const Fp8ExpertBytes big = GpuFp8ExpertBytes(*config, 8192, 1, /*w8a16=*/true);
+  EXPECT_EQ(big.outputs, 2 * picks * (3 * 2048 + 4096));
+  EXPECT_EQ(big.workspace,
+            align(picks * 4) + align((256 + picks / 128) * 12) + 256 + align(picks * 4096 * 2));
+  // W8A8 quantizes the rows first: e4m3 x and grouped rows plus their fp32 scales.
+  const Fp8ExpertBytes w8a8 = GpuFp8ExpertBytes(*config, 8192, 1, /*w8a16=*/false);
+  EXPECT_EQ(w8a8.workspace, align(picks * 4) + align((256 + picks / 128) * 12) + 256 +
+                                align(8192 * 4096) + align(8192 * 32 * 4) + align(picks * 4096) +
+                                align(picks * 32 * 4));
+  const Fp8ExpertBytes small = GpuFp8ExpertBytes(*config, 256, 1, /*w8a16=*/true);
+  EXPECT_LT(small.workspace, 1 << 20);
+  std::printf(
+      "V4-Flash FP8 experts, one GPU, W8A16: 256 rows %lld + %lld bytes, 8192 rows %lld + "
+      "%lld bytes (outputs + workspace)\n",
+      static_cast<long long>(small.outputs), static_cast<long long>(small.workspace),
+      static_cast<long long>(big.outputs), static_cast<long long>(big.workspace));
+  // Counted only where the experts are resident FP8: `weights: fp8` on a quantized checkpoint.
+  auto w = PlanWeightBytes(FlashDir(), *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  PlanRequest q{.worker = "prefill-0", .prefill = true, .world = 4, .max_context = 4096};
+  EXPECT_EQ(FormatPlan(*config, *w, q).find("FP8 experts"), std::string::npos);
+  q.fp8_weights = true;
+  EXPECT_NE(FormatPlan(*config, *w, q).find("FP8 experts: outputs + workspace"), std::string::npos);
+  EXPECT_EQ(PlanGpu(*config, w->experts_fp8, w->replicated_fp8, q).fp8_experts, 0);
+  q.fp8_experts = true;
+  EXPECT_EQ(PlanGpu(*config, w->experts_fp8, w->replicated_fp8, q).fp8_experts,
+            GpuFp8ExpertBytes(*config, 256, 4, true).total());
 }
 
 // engine/paged_state_plan.h: the CUDA engine's paged state pools.
