@@ -130,12 +130,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The same arithmetic for n in {2, 4}, one entry per lane: a group of n x n lanes holds one
-// matrix, lane r * n + c entry (r, c). Each sum (the softmax's fp64 row sum, a row's or a
-// column's fp32 sum) gathers its n entries by shuffles in index order, so it is the same chain
-// as the other kernels'; each lane then makes its entry's one division. The 2 x iters
-// normalizations are each n shuffles, n adds and one division deep instead of n divisions (the
-// row kernel above), which is what a 4 x 4 matrix at 20 iterations waits for.
+// The same arithmetic for n in {2, 4}, one entry per lane (SinkhornVariant::kEntries, opt-in):
+// a group of n x n lanes holds one matrix, lane r * n + c entry (r, c). Each sum (the softmax's
+// fp64 row sum, a row's or a column's fp32 sum) gathers its n entries by shuffles in index
+// order, so it is the same chain as the other kernels'; each lane then makes its entry's one
+// division. The 2 x iters normalizations are each n shuffles, n adds and one division deep
+// instead of n divisions (the row kernel above). On an H100 (bench/cuda/sinkhorn_bench, graph
+// timing, 2026-12-05) its first version took 3.9-4.1 us a launch at 1-1024 matrices against the
+// row kernel's 7.8-8.2 and the shared-memory kernel's 15.3-16.7; this version (the softmax's
+// shuffles taken by every lane) has not run on a GPU, so it is not the default.
 template <int N>
 __global__ void __launch_bounds__(kThreads)
     SinkhornEntriesKernel(float* m, int64_t count, int64_t iters, float eps) {
@@ -159,17 +162,19 @@ __global__ void __launch_bounds__(kThreads)
   float max_value = -INFINITY;
 #pragma unroll
   for (int k = 0; k < N; ++k) max_value = fmaxf(max_value, at(v, r, k));
-  if (max_value == -INFINITY) {
-    v = 0.0f;
-  } else {
-    v = expf(v - max_value);
-    double sum = 0.0;
+  // Every lane of the warp takes the same path through the shuffles (a row of -inf only
+  // selects 0 at the end): a shuffle with a full mask inside a branch some lanes skip is
+  // undefined (the first version of this kernel did that and failed the bit-for-bit test on
+  // such rows on an H100). __fmul_rn / __fadd_rn: the product and the sum rounded apart, as the
+  // other kernels' separate statements are, never contracted into one fma.
+  const bool all_minus_inf = max_value == -INFINITY;
+  const float e = all_minus_inf ? 0.0f : expf(v - max_value);
+  double sum = 0.0;
 #pragma unroll
-    for (int k = 0; k < N; ++k) sum += at(v, r, k);
-    const float inv = static_cast<float>(1.0 / sum);
-    v *= inv;
-  }
-  v += eps;
+  for (int k = 0; k < N; ++k) sum += at(e, r, k);
+  const float inv = static_cast<float>(1.0 / sum);
+  v = all_minus_inf ? 0.0f : __fmul_rn(e, inv);
+  v = __fadd_rn(v, eps);
   for (int64_t it = 0; it < (iters > 1 ? iters : 1); ++it) {
     if (it > 0) {
       float sum = 0.0f;
@@ -194,9 +199,9 @@ cudaError_t sinkhorn_project(float* m, int64_t count, int64_t n, int64_t iters, 
   PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", n <= kMaxSinkhornN);
   if (count == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", m != nullptr);
-  const bool entries = variant == SinkhornVariant::kAuto && (n == 2 || n == 4);
-  const bool rows = (variant == SinkhornVariant::kAuto && n == 8) ||
-                    (variant == SinkhornVariant::kRowRegisters && (n == 2 || n == 4 || n == 8));
+  const bool entries = variant == SinkhornVariant::kEntries && (n == 2 || n == 4);
+  const bool rows =
+      !entries && variant != SinkhornVariant::kSharedMemory && (n == 2 || n == 4 || n == 8);
   const int64_t per_block = kWarps * (32 / (entries ? n * n : n));
   const int64_t blocks = (count + per_block - 1) / per_block;
   PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", blocks <= INT32_MAX);

@@ -24,13 +24,13 @@ namespace pdserve::kernels::cuda {
 
 inline constexpr int64_t kMaxSinkhornN = 32;
 
-// Which kernel runs; all three are the same operations in the same order per entry, so their
-// outputs are bit-identical (tests/kernels_cuda/sinkhorn_test.cc). kAuto: n = 2 or 4 one entry
-// per lane (a group of n x n lanes a matrix; sums gathered by shuffles in index order), n = 8
-// kRowRegisters, other n kSharedMemory. kRowRegisters (n = 2, 4, 8; else kSharedMemory): lane j of
-// a group of n holds row j in registers. kSharedMemory: the matrix in shared memory, lane j
-// normalizes row j, then column j.
-enum class SinkhornVariant { kAuto, kRowRegisters, kSharedMemory };
+// Which kernel runs; all are the same operations in the same order per entry, so their outputs
+// are bit-identical (tests/kernels_cuda/sinkhorn_test.cc). kAuto = kRowRegisters for n = 2, 4,
+// 8 (lane j of a group of n holds row j in registers, column sums gathered by shuffles in row
+// order), else kSharedMemory (the matrix in shared memory, lane j normalizes row j, then column
+// j). kEntries (opt-in, n = 2 or 4, else as kAuto): one entry per lane, a group of n x n lanes a
+// matrix (not yet run on a GPU in its current form; kernels/cuda/sinkhorn.cu).
+enum class SinkhornVariant { kAuto, kEntries, kRowRegisters, kSharedMemory };
 
 // count >= 0; 1 <= n <= kMaxSinkhornN; iters <= 1 stops after the first column normalization, as
 // the reference's loop does. count == 0 writes nothing. Returns cudaErrorInvalidValue on bad

@@ -24,13 +24,14 @@ constexpr float kEps = 1e-6f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Projects `logits` ([count, n, n]) on the GPU and on the CPU and compares them, plus the guards.
-void ExpectMatchesCpu(const std::vector<float>& logits, int64_t count, int64_t n, int64_t iters) {
+void ExpectMatchesCpu(const std::vector<float>& logits, int64_t count, int64_t n, int64_t iters,
+                      SinkhornVariant variant = SinkhornVariant::kAuto) {
   const std::string what = "count " + std::to_string(count) + " n " + std::to_string(n) +
                            " iters " + std::to_string(iters);
   GuardedBuffer<float> d_m(logits.size());
   ASSERT_TRUE(d_m.ok());
   d_m.Upload(logits);
-  PDSERVE_CUDA_OK(sinkhorn_project(d_m.get(), count, n, iters, kEps, nullptr));
+  PDSERVE_CUDA_OK(sinkhorn_project(d_m.get(), count, n, iters, kEps, nullptr, variant));
   PDSERVE_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> got = d_m.Download();
   EXPECT_TRUE(d_m.GuardsIntact()) << what;
@@ -75,6 +76,7 @@ TEST(CudaSinkhornTest, LargeAndInfiniteLogitsMatchCpu) {
   logits[33] = -kInf;                                      // matrix 2: one -inf entry
   logits[50] = kInf;                                       // matrix 3: +inf (NaN row, as on CPU)
   ExpectMatchesCpu(logits, 6, n, 20);
+  ExpectMatchesCpu(logits, 6, n, 20, SinkhornVariant::kEntries);
 }
 
 TEST(CudaSinkhornTest, NaNStaysInItsMatrix) {
@@ -108,14 +110,16 @@ TEST(CudaSinkhornTest, ZeroCountWritesNothing) {
   EXPECT_TRUE(m.GuardsIntact());
 }
 
-// The three kernels (kAuto: one entry per lane at n = 2, 4, rows in registers at 8;
-// kRowRegisters; kSharedMemory) are the same operations in the same order per entry, so the same
-// bits, for random, huge, infinite and NaN logits, counts that leave warps and blocks partly
-// empty, and 0, 1, 2 and 20 iterations; the guards around the output intact.
+// The kernels (kAuto = rows in registers at n = 2, 4, 8; kEntries: one entry per lane at n = 2,
+// 4; kRowRegisters; kSharedMemory) are the same operations in the same order per entry, so the
+// same bits, for random, huge, infinite and NaN logits (a row of -inf among them: kEntries's
+// first version shuffled inside a branch such a row's lanes skip), counts that leave warps and
+// blocks partly empty, and 0, 1, 2 and 20 iterations; the guards around the output intact.
 TEST(CudaSinkhornTest, KernelsEqualEachOtherBitForBit) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  const SinkhornVariant variants[] = {SinkhornVariant::kAuto, SinkhornVariant::kRowRegisters,
+  const SinkhornVariant variants[] = {SinkhornVariant::kAuto, SinkhornVariant::kEntries,
+                                      SinkhornVariant::kRowRegisters,
                                       SinkhornVariant::kSharedMemory};
   for (int64_t n : {2, 4, 8}) {
     for (int64_t count : {1, 7, 33, 4099}) {
@@ -126,8 +130,8 @@ TEST(CudaSinkhornTest, KernelsEqualEachOtherBitForBit) {
           logits[2 * n * n + 1] = kInf;
           logits[3 * n * n + n + 1] = std::numeric_limits<float>::quiet_NaN();
         }
-        std::vector<float> out[3];
-        for (int v = 0; v < 3; ++v) {
+        std::vector<float> out[4];
+        for (int v = 0; v < 4; ++v) {
           GuardedBuffer<float> d_m(logits.size());
           ASSERT_TRUE(d_m.ok());
           d_m.Upload(logits);
@@ -138,9 +142,9 @@ TEST(CudaSinkhornTest, KernelsEqualEachOtherBitForBit) {
         }
         const std::string what = "n " + std::to_string(n) + " count " + std::to_string(count) +
                                  " iters " + std::to_string(iters);
-        for (int v = 0; v < 2; ++v) {
-          ASSERT_EQ(out[v].size(), out[2].size()) << what;
-          EXPECT_EQ(std::memcmp(out[v].data(), out[2].data(), out[v].size() * sizeof(float)), 0)
+        for (int v = 0; v < 3; ++v) {
+          ASSERT_EQ(out[v].size(), out[3].size()) << what;
+          EXPECT_EQ(std::memcmp(out[v].data(), out[3].data(), out[v].size() * sizeof(float)), 0)
               << what << " variant " << v << " against shared memory";
         }
         // Not the input: the projection ran.

@@ -2,7 +2,9 @@
 # The hyper-connections' Sinkhorn projection in registers (kernels/cuda/sinkhorn.cu,
 # SinkhornRegistersKernel, the default for n = 2 / 4 / 8), in one device call of at most ~300 s:
 #   1. the Sinkhorn GPU tests (against the CPU reference, and the three kernels bit for bit
-#      against each other) and bench/cuda/sinkhorn_bench (each kernel inside a CUDA graph);
+#      against each other), the grouped / W8A16 GEMM tests (their workspace arithmetic moved to
+#      kernels/cuda/moe_gemm_workspace.h) and bench/cuda/sinkhorn_bench (each kernel inside a
+#      CUDA graph);
 #   2. the engine's whole GPU suite (logits against the CPU engine, graph == eager, PD pages);
 #   3. tools/gpu/run_layer_profile.sh: one real-format V4-Flash layer's decode step kernel by
 #      kernel under ncu at batch 1 and 32 (SinkhornKernel was 16 us a launch, 2 a layer, on an
@@ -44,7 +46,9 @@ passed() {  # log file: gtest's summary lines
 }
 declare -A result
 s=$SECONDS
-timeout -k 5 60 pdserve_kernels_cuda_tests --gtest_filter='CudaSinkhorn*' > "$out/sinkhorn.log" 2>&1
+# With the grouped-GEMM tests: the MoE workspace arithmetic moved to a shared header (plan59).
+timeout -k 5 120 pdserve_kernels_cuda_tests \
+  --gtest_filter='CudaSinkhorn*:CudaMoeGemm*:CudaW8a16*:MoeGemmWorkspace*' > "$out/sinkhorn.log" 2>&1
 result[sinkhorn]="rc=$? $((SECONDS - s)) s $(passed "$out/sinkhorn.log")"
 grep -E "^\[  FAILED|Failure" "$out/sinkhorn.log" | head -8
 s=$SECONDS
@@ -60,7 +64,7 @@ result[profile]="rc=$? $((SECONDS - s)) s"
 echo
 echo "GPU: $(cat "$out/gpu.txt")"
 printf '%-26s %s\n' step result
-printf '%-26s %s\n' "sinkhorn GPU tests" "${result[sinkhorn]}"
+printf '%-26s %s\n' "sinkhorn + MoE GPU tests" "${result[sinkhorn]}"
 printf '%-26s %s\n' "sinkhorn bench" "${result[bench]}"
 printf '%-26s %s\n' "engine GPU tests" "${result[engine]}"
 printf '%-26s %s\n' "layer profile" "${result[profile]}"
