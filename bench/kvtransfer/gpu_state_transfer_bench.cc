@@ -48,8 +48,8 @@
 // pool). Per length, --warmup transfers first (not in the medians: the first one pays the
 // length's first-use costs), then --repeats measured ones: medians, and the last columns the
 // end-to-end (t_imported - t0) median and min, the best GB/s, the first transfer's end-to-end
-// ("first use ms") and the counts. Markdown on stdout, progress on stderr. ucx_perftest over the same
-// transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
+// ("first use ms") and the counts. Markdown on stdout, progress on stderr. ucx_perftest over the
+// same transport is run by the scripts next to this (tools/gpu/run_transfer_host_threads.sh).
 #include <cuda_runtime.h>
 #include <poll.h>
 #include <sys/wait.h>
@@ -110,6 +110,9 @@ struct Flags {
   std::string lengths = "4096,32768,131072";
   int64_t forward_max = 32768;
   int64_t chunk = 256;  // the CUDA backend's max_chunk
+  // 1: the prompt's prefix state kept in slot 1 on the device and restored by CopySlot each
+  // repeat; 0: kept on the host (ExportState / ImportState, slow at 43 layers and 128K).
+  int prefix_slot = 1;
   // Per length: `warmup` transfers first (the first one pays each length's first-use costs: its
   // end-to-end time is the "first use ms" column), then `repeats` measured ones (medians, and the
   // best end-to-end).
@@ -244,7 +247,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> MakeModel(const Flags& flags,
                                                     const engine::ModelConfig& config) {
   const engine::Weights weights = engine::FastRandomWeights(config, 1);
   engine::gpu::GpuModelOptions options;
-  options.slots = 1;
+  options.slots = flags.prefix_slot != 0 ? 2 : 1;
   options.max_context = config.max_position_embeddings;
   options.max_chunk = flags.chunk;
   return GpuModel::Create(config, weights, options);
@@ -326,8 +329,9 @@ std::vector<int32_t> ChunkTokens(const engine::ModelConfig& config, int64_t from
 }
 
 // The prompt's state before its last chunk, in slot 0: made once per length (repeat 0: a real
-// forward up to --forward-max, timed into `forward_ms`, else a random state) and kept on the
-// host in `prefix_state`; every later repeat restores it. The last chunk then runs for real.
+// forward up to --forward-max, timed into `forward_ms`, else a random state) and kept in slot 1
+// (--prefix-slot 1, CopySlot) or on the host in `prefix_state` (0); every later repeat restores
+// it. The last chunk then runs for real.
 absl::Status RestorePrefix(const Flags& flags, const engine::ModelConfig& config, GpuModel& gpu,
                            int64_t length, int64_t r, double* forward_ms,
                            engine::ModelState* prefix_state) {
@@ -349,8 +353,15 @@ absl::Status RestorePrefix(const Flags& flags, const engine::ModelConfig& config
                              88172645463325252ull ^ static_cast<uint64_t>(length))));
     }
     Progress("prefill", length, r, "prefix state made");
-    PDSERVE_ASSIGN_OR_RETURN(*prefix_state, gpu.ExportState(0));
+    if (flags.prefix_slot != 0) {
+      PDSERVE_RETURN_IF_ERROR(gpu.ResetSlot(1));
+      PDSERVE_RETURN_IF_ERROR(gpu.CopySlot(0, 1));
+    } else {
+      PDSERVE_ASSIGN_OR_RETURN(*prefix_state, gpu.ExportState(0));
+    }
     Progress("prefill", length, r, "prefix state exported");
+  } else if (flags.prefix_slot != 0) {
+    PDSERVE_RETURN_IF_ERROR(gpu.CopySlot(1, 0));
   } else {
     PDSERVE_RETURN_IF_ERROR(gpu.ImportState(0, *prefix_state));
   }
@@ -1187,6 +1198,9 @@ int main(int argc, char** argv) {
   app.add_option("--forward-max", flags.forward_max,
                  "Longest prompt run through a real forward (longer: a random state)");
   app.add_option("--chunk", flags.chunk, "Forward chunk tokens (the model's max_chunk)");
+  app.add_option("--prefix-slot", flags.prefix_slot,
+                 "1: keep the prompt's prefix state in slot 1 on the GPU (CopySlot a repeat); "
+                 "0: on the host (ImportState a repeat)");
   app.add_option("--warmup", flags.warmup,
                  "Transfers per length before the measured ones (the first one's end-to-end is "
                  "the 'first use ms' column)");

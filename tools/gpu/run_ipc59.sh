@@ -67,13 +67,19 @@ cap() {  # N seconds cut to what is left of the budget (3 s kept for the tables;
   echo $((rest > 1 ? rest : 1))
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
-dir=$(mktemp -d)
-if ! tar -xJf "$pack" -C "$dir"; then
-  echo "no pack at $pack"
-  exit 1
+# PACK_DIR: an unpacked pack holding the same binaries (env.sh, bin/), e.g. a combined one.
+if [ -n "${PACK_DIR:-}" ]; then
+  # shellcheck disable=SC1091
+  source "$PACK_DIR/env.sh"
+else
+  dir=$(mktemp -d)
+  if ! tar -xJf "$pack" -C "$dir"; then
+    echo "no pack at $pack"
+    exit 1
+  fi
+  # shellcheck disable=SC1091
+  source "$dir/ipc59/env.sh"
 fi
-# shellcheck disable=SC1091
-source "$dir/ipc59/env.sh"
 
 passed() {  # log file: gtest's summary lines
   grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$1" | tr '\n' ' '
@@ -84,7 +90,8 @@ echo "cuda ipc GPU tests: rc=$? $((SECONDS - s)) s $(passed "$OUT/ipc_tests.log"
 grep -E "^\[  FAILED|Failure|Which is|lander peer" "$OUT/ipc_tests.log" | head -12
 
 s=$SECONDS
-timeout "$(cap 70)" engine_gpu_tests \
+# The tests find their model fixtures under PDSERVE_SOURCE_DIR (else the build machine's path).
+PDSERVE_SOURCE_DIR=$PWD timeout "$(cap 70)" engine_gpu_tests \
   --gtest_filter='*GpuDevicePages*:*GpuEarlyImport*:GpuPrefillTest.DevicePagesEqualTheHostPagesWithKeptAndFreshBuffers' \
   > "$OUT/device_pages_tests.log" 2>&1
 echo "device pages GPU tests: rc=$? $((SECONDS - s)) s $(passed "$OUT/device_pages_tests.log")"
