@@ -26,6 +26,7 @@ struct WorkerPlanOptions {
   // serve` (no transfer) leaves them off.
   std::string transfer_cuda_ipc = "off";
   int64_t cuda_ipc_arena_tokens = 0;
+  bool transfer_early_import = true;  // transfer.early_import: a decode worker's pool needs it
 };
 
 // `options` with the transfer.cuda_ipc settings of `deploy`.

@@ -46,7 +46,8 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   PDSERVE_ASSIGN_OR_RETURN(
       const runtime::CudaIpcMemory ipc,
       runtime::PlanCudaIpcMemory(config, options.transfer_cuda_ipc, options.cuda_ipc_arena_tokens,
-                                 worker.backend, options.prefill, q.world));
+                                 worker.backend, options.prefill, q.world,
+                                 options.transfer_early_import));
   q.cuda_ipc_arena_bytes = ipc.arena_bytes;
   q.cuda_ipc_pool_bytes = ipc.pool_bytes;
   q.cuda_ipc_tokens = ipc.tokens;
@@ -56,6 +57,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
 WorkerPlanOptions WithCudaIpc(WorkerPlanOptions options, const config::DeployConfig& deploy) {
   options.transfer_cuda_ipc = deploy.transfer_cuda_ipc;
   options.cuda_ipc_arena_tokens = config::CudaIpcArenaTokens(deploy);
+  options.transfer_early_import = deploy.transfer_early_import;
   return options;
 }
 

@@ -134,7 +134,15 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   if (w->early_importer_ != nullptr) {
     spdlog::info("transfer: early import (each layer into its GPU slot as it arrives)");
   }
-  if (w->options_.device_landing.has_value()) {
+  // The device page pool only serves the early import (DevicePagesRefusal sends every request by
+  // host pages without one: more than one GPU, or transfer.early_import off), so without it
+  // none is allocated: ~3.3 GB of HBM for V4-Flash at the default 131072 tokens a request.
+  if (w->options_.device_landing.has_value() && w->early_importer_ == nullptr) {
+    spdlog::warn(
+        "transfer: cuda ipc {}: no device page pool (it serves the early import, which this "
+        "worker has not: transfer.early_import off or more than one GPU); host pages only",
+        w->options_.device_landing->required ? "on" : "auto");
+  } else if (w->options_.device_landing.has_value()) {
     if (absl::Status pool = w->CreateDevicePool(); !pool.ok()) {
       if (w->options_.device_landing->required) return pool;
       spdlog::warn("transfer: cuda ipc off (host pages only): {}", pool.ToString());

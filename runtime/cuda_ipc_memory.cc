@@ -20,10 +20,10 @@ serving::PagePoolOptions DevicePagePoolOptions(const serving::StateLayout& layou
 
 absl::StatusOr<CudaIpcMemory> PlanCudaIpcMemory(const engine::ModelConfig& config,
                                                 const std::string& mode, int64_t arena_tokens,
-                                                const std::string& backend, bool prefill,
-                                                int ranks) {
+                                                const std::string& backend, bool prefill, int ranks,
+                                                bool early_import) {
   CudaIpcMemory m;
-  if (mode == "off" || backend != "cuda" || (prefill && ranks != 1)) return m;
+  if (mode == "off" || backend != "cuda" || ranks != 1 || (!prefill && !early_import)) return m;
   PDSERVE_ASSIGN_OR_RETURN(const serving::StateLayout layout,
                            LayoutForModel(config, 64, StorageElement(/*cuda=*/true)));
   m.tokens = CudaIpcRequestTokens(arena_tokens, config.max_position_embeddings);

@@ -41,12 +41,13 @@ struct CudaIpcMemory {
 // For a worker on `backend` ("cpu" / "cuda") of `ranks` GPUs with transfer.cuda_ipc `mode`
 // ("auto", "on", "off") and `arena_tokens` (config::CudaIpcArenaTokens): nothing for "off" or a
 // cpu worker; a prefill worker's arena only with one rank (runtime::GpuPrefillEngine stores
-// device pages only then); a decode worker's pool at any rank count (DecodeWorker::
-// CreateDevicePool allocates it whenever the path is configured). "auto" counts what "on" does:
+// device pages only then); a decode worker's pool only with one rank and `early_import`
+// (transfer.early_import: DecodeWorker allocates it only where the runner has an early
+// importer, which needs one GPU). "auto" counts what "on" does:
 // a worker that can allocate it does. InvalidArgument for a config whose page layout is unusable.
 absl::StatusOr<CudaIpcMemory> PlanCudaIpcMemory(const engine::ModelConfig& config,
                                                 const std::string& mode, int64_t arena_tokens,
-                                                const std::string& backend, bool prefill,
-                                                int ranks);
+                                                const std::string& backend, bool prefill, int ranks,
+                                                bool early_import = true);
 
 }  // namespace pdserve::runtime

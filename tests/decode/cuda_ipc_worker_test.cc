@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -514,13 +515,22 @@ TEST_F(CudaIpcWorkerTest, ARequestLongerThanTheArenaTokensGoesByHostPages) {
 }
 
 // The device pages are read by the early import: a decode worker without one (transfer.
-// early_import false, or an expert-parallel runner) lands every request in host pages.
+// early_import false, or an expert-parallel runner) allocates no device page pool and lands
+// every request in host pages.
 TEST_F(CudaIpcWorkerTest, WithoutAnEarlyImporterEveryRequestGoesByHostPages) {
   DecodeWorkerOptions late = ipc_options_;
   late.runner_factory = [this](const runtime::RunnerContext& context) {
     return MakeRunner(context, &late_slots_, /*early=*/false);
   };
+  auto allocations = std::make_shared<std::atomic<int>>(0);
+  late.device_landing->allocate =
+      [allocations](size_t bytes) -> absl::StatusOr<DeviceLanding::Memory> {
+    ++*allocations;
+    auto [memory, owner] = HostMemory(bytes);
+    return DeviceLanding::Memory{memory, owner};
+  };
   AddDecode(late);
+  EXPECT_EQ(allocations->load(), 0);
   const std::vector<int32_t> prompt = Prompt(50, 6);
   const Result got = Run(2, 600, prompt, PrefillHealth(*prefill_stub_).cuda_ipc());
   ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();

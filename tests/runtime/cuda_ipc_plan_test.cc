@@ -95,9 +95,9 @@ TEST(CudaIpcPlanTest, FlashDefaultsByHand) {
               static_cast<long long>(pool->pool_bytes));
 }
 
-// Nothing where no worker allocates: transfer.cuda_ipc off, a cpu worker (auto or on), a prefill
-// worker of several GPUs (its engine stores no device pages). A decode group of 8 GPUs still
-// allocates its pool.
+// Nothing where no worker allocates: transfer.cuda_ipc off, a cpu worker (auto or on), a worker
+// of several GPUs (a prefill engine stores no device pages there; a decode worker has no early
+// import there, so it allocates no pool), a decode worker with transfer.early_import off.
 TEST(CudaIpcPlanTest, NothingWhereNoWorkerAllocates) {
   auto config = engine::ModelConfig::Load(FlashDir());
   ASSERT_TRUE(config.ok()) << config.status();
@@ -109,22 +109,39 @@ TEST(CudaIpcPlanTest, NothingWhereNoWorkerAllocates) {
   EXPECT_EQ(PlanCudaIpcMemory(*config, "off", 0, "cuda", true, 1)->total(), 0);
   EXPECT_EQ(PlanCudaIpcMemory(*config, "off", 0, "cuda", false, 1)->total(), 0);
   EXPECT_EQ(PlanCudaIpcMemory(*config, "auto", 0, "cuda", true, 2)->total(), 0);
-  EXPECT_GT(PlanCudaIpcMemory(*config, "auto", 0, "cuda", false, 8)->pool_bytes, 0);
+  EXPECT_EQ(PlanCudaIpcMemory(*config, "auto", 0, "cuda", false, 8)->total(), 0);
+  EXPECT_EQ(PlanCudaIpcMemory(*config, "on", 0, "cuda", false, 1, /*early_import=*/false)->total(),
+            0);
+  EXPECT_GT(PlanCudaIpcMemory(*config, "auto", 0, "cuda", false, 1)->pool_bytes, 0);
 }
 
-// V4-Flash on 8 GPUs at batch 8 x 4096 fits 100 GiB a GPU with the default arena tokens; with
-// the whole 1M-token context a request the decode worker's pool does not, and the refusal names
-// the key to lower first (the rest fits without it) and the switch that drops it.
+// A one-GPU V4-Flash decode worker at batch 8 x 4096 on a GPU 10 GiB larger than it needs
+// without the path fits with the default arena tokens (a 3.3 GiB pool); with the whole 1M-token
+// context a request (a 25.8 GiB pool) it does not, and the refusal names the key to lower first
+// (the rest fits without it) and the switch that drops it.
 TEST(CudaIpcPlanTest, AnOversizedArenaIsRefusedNamingIt) {
   auto config = engine::ModelConfig::Load(FlashDir());
   ASSERT_TRUE(config.ok()) << config.status();
   auto w = engine::PlanWeightBytes(FlashDir(), *config);
   ASSERT_TRUE(w.ok()) << w.status();
-  engine::PlanRequest q{.worker = "decode-0", .world = 8, .max_batch = 8, .max_context = 4096};
-  q.gpu_bytes = 100 * engine::kGiB;
+  engine::PlanRequest q{.worker = "decode-0", .world = 1, .max_batch = 8, .max_context = 4096};
+  // The smallest GPU (1 GiB steps) the worker fits without the path, plus 10 GiB.
+  int64_t lo = 1;
+  int64_t hi = 4096;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    q.gpu_bytes = mid * engine::kGiB;
+    if (engine::CheckPlanFits(*config, *w, q).ok()) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  ASSERT_LT(lo, 4096) << "V4-Flash's decode worker fits no GPU of up to 4 TiB";
+  q.gpu_bytes = (lo + 10) * engine::kGiB;
   auto at = [&](int64_t tokens) {
     engine::PlanRequest r = q;
-    const CudaIpcMemory m = *PlanCudaIpcMemory(*config, "auto", tokens, "cuda", false, 8);
+    const CudaIpcMemory m = *PlanCudaIpcMemory(*config, "auto", tokens, "cuda", false, 1);
     r.cuda_ipc_pool_bytes = m.pool_bytes;
     r.cuda_ipc_tokens = m.tokens;
     return r;
