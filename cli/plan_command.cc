@@ -24,6 +24,18 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
                                                       const engine::ModelConfig& config,
                                                       const WorkerPlanOptions& options) {
   PDSERVE_ASSIGN_OR_RETURN(std::vector<int> gpus, config::ParseGpuList(worker.gpus));
+  // Past these the plan's byte sums overflow (a batch of 1e11 planned -6.9e9 GiB and "fits").
+  if (!options.prefill && options.max_batch > kMaxPlanBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(worker.name, ": --max-batch ", options.max_batch,
+                                                   " is more than ", kMaxPlanBatch,
+                                                   " (the plan's limit)"));
+  }
+  if (options.max_context > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(worker.name, ": --max-context ", options.max_context,
+                     " is more than the model's context (max_position_embeddings ",
+                     config.max_position_embeddings, ")"));
+  }
   engine::PlanRequest q;
   q.worker = worker.name;
   q.prefill = options.prefill;
@@ -84,6 +96,9 @@ absl::StatusOr<int64_t> ResolveStateTokens(const config::WorkerConfig& worker,
 
 namespace {
 
+// HBM per GPU that --gpu-memory-gib accepts at most (1 PiB; an H200 has 140 GiB).
+constexpr int64_t kMaxGpuMemoryGib = int64_t{1} << 20;
+
 struct PlanFlags {
   std::string config_path;
   std::string model_dir;  // overrides the deploy config's model.path
@@ -92,6 +107,12 @@ struct PlanFlags {
 };
 
 absl::StatusOr<bool> RunPlan(PlanFlags flags) {
+  // NaN, infinity or a figure past int64 bytes would cast to nonsense (-8589934592 GiB).
+  if (!(flags.gpu_memory_gib > 0 &&
+        flags.gpu_memory_gib <= static_cast<double>(kMaxGpuMemoryGib))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-memory-gib: must be in (0, ", kMaxGpuMemoryGib, "], got ", flags.gpu_memory_gib));
+  }
   PDSERVE_ASSIGN_OR_RETURN(config::DeployConfig deploy,
                            config::LoadDeployConfig(flags.config_path));
   const std::string model_dir = flags.model_dir.empty() ? deploy.model_path : flags.model_dir;
