@@ -20,6 +20,11 @@
 
 namespace pdserve::cli {
 
+namespace {
+// GPU state bytes past which WorkerPlanRequest refuses (the plan's sums stay far from 2^63).
+constexpr int64_t kMaxPlanStateBytes = int64_t{1} << 58;
+}  // namespace
+
 absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig& worker,
                                                       const engine::ModelConfig& config,
                                                       const WorkerPlanOptions& options) {
@@ -55,6 +60,16 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.max_context = options.max_context > 0 ? options.max_context
                   : options.prefill       ? config.max_position_embeddings
                                           : std::min(config.max_position_embeddings, pool);
+  // A model whose context is 2^32 tokens at a batch of 2^20 still overflows the state's bytes.
+  const int64_t slots = (q.max_batch + std::max(q.world, 1) - 1) / std::max(q.world, 1) + 1;
+  if (static_cast<double>(slots) *
+          static_cast<double>(engine::GpuSlotStateBytes(config, q.max_context).total()) >
+      static_cast<double>(kMaxPlanStateBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        worker.name, ": ", slots - 1, " slot(s) of ", q.max_context,
+        " tokens need more than 2^58 bytes of state per GPU (the plan's limit); lower --max-batch "
+        "or --max-context"));
+  }
   PDSERVE_ASSIGN_OR_RETURN(
       const runtime::CudaIpcMemory ipc,
       runtime::PlanCudaIpcMemory(config, options.transfer_cuda_ipc, options.cuda_ipc_arena_tokens,
