@@ -225,6 +225,19 @@ TEST(DeployConfigTest, TransferCudaIpc) {
             .errors.empty())
         << value;
   }
+  // on with transfer.early_import false could never land a GPU page (a breaker's finding,
+  // 2026-12-05: accepted, the decode worker only warned); auto and off with it are fine.
+  const ParsedDeployConfig no_early =
+      ParseDeployConfig(cuda_pair + "transfer:\n  cuda_ipc: on\n  early_import: false\n", "b.yaml");
+  ASSERT_EQ(no_early.errors.size(), 1u);
+  EXPECT_EQ(no_early.errors[0].key, "transfer.cuda_ipc");
+  EXPECT_NE(no_early.errors[0].message.find("early_import"), std::string::npos)
+      << no_early.errors[0].ToString();
+  for (const char* value : {"auto", "off"}) {
+    const ParsedDeployConfig ok = ParseDeployConfig(
+        cuda_pair + "transfer:\n  cuda_ipc: " + value + "\n  early_import: false\n", "t.yaml");
+    EXPECT_TRUE(ok.errors.empty()) << value;
+  }
 }
 
 // transfer.cuda_ipc_arena_tokens: 0 (the model's context, at most kDefaultCudaIpcArenaTokens)
