@@ -82,7 +82,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
 }
 
 WorkerPlanOptions WithCudaIpc(WorkerPlanOptions options, const config::DeployConfig& deploy) {
-  options.transfer_cuda_ipc = deploy.transfer_cuda_ipc;
+  options.transfer_cuda_ipc = config::EffectiveCudaIpc(deploy);
   options.cuda_ipc_arena_tokens = config::CudaIpcArenaTokens(deploy);
   options.transfer_early_import = deploy.transfer_early_import;
   return options;

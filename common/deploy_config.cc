@@ -641,4 +641,17 @@ absl::Status CheckModelPath(const DeployConfig& config) {
           : ""));
 }
 
+std::string EffectiveCudaIpc(const DeployConfig& config) {
+  if (config.transfer_cuda_ipc != "auto") return config.transfer_cuda_ipc;
+  auto one_gpu_cuda = [](const std::vector<WorkerConfig>& workers) {
+    return std::any_of(workers.begin(), workers.end(), [](const WorkerConfig& w) {
+      const absl::StatusOr<std::vector<int>> gpus = ParseGpuList(w.gpus);
+      return w.backend == "cuda" && gpus.ok() && gpus->size() == 1;
+    });
+  };
+  const bool usable =
+      config.transfer_early_import && one_gpu_cuda(config.prefill) && one_gpu_cuda(config.decode);
+  return usable ? "auto" : "off";
+}
+
 }  // namespace pdserve::config

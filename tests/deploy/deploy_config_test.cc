@@ -240,6 +240,26 @@ TEST(DeployConfigTest, TransferCudaIpc) {
   }
 }
 
+// EffectiveCudaIpc: auto reads as off where no request could go by GPU pages (the workers then
+// allocate no arena / device page pool and the plan counts none; a breaker's finding,
+// 2026-12-05: a cpu or 2-GPU prefill side still left a one-GPU decode worker 3.3 GiB of pool).
+TEST(DeployConfigTest, EffectiveCudaIpc) {
+  auto effective = [](const std::string& yaml) {
+    const ParsedDeployConfig parsed = ParseDeployConfig(yaml, "t.yaml");
+    EXPECT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+    return EffectiveCudaIpc(parsed.config);
+  };
+  const std::string cuda_decode = Broken("backend: cpu", "backend: cuda\n    gpus: \"2\"");
+  std::string pair = cuda_decode;
+  pair.replace(pair.find("gpus: \"0,1\""), 11, "gpus: \"0\"");
+  EXPECT_EQ(effective(pair), "auto");
+  EXPECT_EQ(effective(pair + "transfer:\n  cuda_ipc: off\n"), "off");
+  EXPECT_EQ(effective(pair + "transfer:\n  early_import: false\n"), "off");
+  EXPECT_EQ(effective(cuda_decode), "off");  // the prefill worker has 2 GPUs: no arena
+  EXPECT_EQ(effective(kValid), "off");       // cpu decode worker
+  EXPECT_EQ(effective(cuda_decode + "transfer:\n  cuda_ipc: on\n"), "on");
+}
+
 // transfer.cuda_ipc_arena_tokens: 0 (the model's context, at most kDefaultCudaIpcArenaTokens)
 // unless set; 0 .. 2^24 taken.
 TEST(DeployConfigTest, TransferCudaIpcArenaTokens) {
