@@ -30,7 +30,7 @@ absl::Status Cuda(cudaError_t e, const char* what) {
 }  // namespace
 
 std::optional<prefill::DeviceArenaOptions> PrefillCudaIpc(const config::DeployConfig& deploy) {
-  if (deploy.transfer_cuda_ipc == "off") return std::nullopt;
+  if (config::EffectiveCudaIpc(deploy) == "off") return std::nullopt;
   prefill::DeviceArenaOptions options;
   options.tokens = config::CudaIpcArenaTokens(deploy);
   options.required = deploy.transfer_cuda_ipc == "on";
@@ -48,7 +48,7 @@ std::optional<prefill::DeviceArenaOptions> PrefillCudaIpc(const config::DeployCo
 }
 
 std::optional<decode::DeviceLanding> DecodeCudaIpc(const config::DeployConfig& deploy) {
-  if (deploy.transfer_cuda_ipc == "off") return std::nullopt;
+  if (config::EffectiveCudaIpc(deploy) == "off") return std::nullopt;
   decode::DeviceLanding landing;
   landing.required = deploy.transfer_cuda_ipc == "on";
   landing.request_tokens = config::CudaIpcArenaTokens(deploy);

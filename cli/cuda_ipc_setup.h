@@ -13,7 +13,8 @@
 
 namespace pdserve::cli {
 
-// Unset for transfer.cuda_ipc off or a build without the CUDA backend; `required` for on.
+// Unset for transfer.cuda_ipc off (config::EffectiveCudaIpc: auto where no request could use it
+// reads as off) or a build without the CUDA backend; `required` for on.
 std::optional<prefill::DeviceArenaOptions> PrefillCudaIpc(const config::DeployConfig& deploy);
 std::optional<decode::DeviceLanding> DecodeCudaIpc(const config::DeployConfig& deploy);
 

@@ -12,6 +12,10 @@
 
 namespace pdserve::cli {
 
+// The largest decode --max-batch the plan takes (WorkerPlanRequest refuses more: its byte sums
+// would overflow).
+inline constexpr int64_t kMaxPlanBatch = int64_t{1} << 20;
+
 struct WorkerPlanOptions {
   bool prefill = false;
   int64_t max_batch = 64;   // decode: `pdserve decode --max-batch`

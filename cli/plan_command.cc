@@ -20,10 +20,27 @@
 
 namespace pdserve::cli {
 
+namespace {
+// GPU state bytes past which WorkerPlanRequest refuses (the plan's sums stay far from 2^63).
+constexpr int64_t kMaxPlanStateBytes = int64_t{1} << 58;
+}  // namespace
+
 absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig& worker,
                                                       const engine::ModelConfig& config,
                                                       const WorkerPlanOptions& options) {
   PDSERVE_ASSIGN_OR_RETURN(std::vector<int> gpus, config::ParseGpuList(worker.gpus));
+  // Past these the plan's byte sums overflow (a batch of 1e11 planned -6.9e9 GiB and "fits").
+  if (!options.prefill && options.max_batch > kMaxPlanBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(worker.name, ": --max-batch ", options.max_batch,
+                                                   " is more than ", kMaxPlanBatch,
+                                                   " (the plan's limit)"));
+  }
+  if (options.max_context > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(worker.name, ": --max-context ", options.max_context,
+                     " is more than the model's context (max_position_embeddings ",
+                     config.max_position_embeddings, ")"));
+  }
   engine::PlanRequest q;
   q.worker = worker.name;
   q.prefill = options.prefill;
@@ -43,6 +60,16 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.max_context = options.max_context > 0 ? options.max_context
                   : options.prefill       ? config.max_position_embeddings
                                           : std::min(config.max_position_embeddings, pool);
+  // A model whose context is 2^32 tokens at a batch of 2^20 still overflows the state's bytes.
+  const int64_t slots = (q.max_batch + std::max(q.world, 1) - 1) / std::max(q.world, 1) + 1;
+  if (static_cast<double>(slots) *
+          static_cast<double>(engine::GpuSlotStateBytes(config, q.max_context).total()) >
+      static_cast<double>(kMaxPlanStateBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        worker.name, ": ", slots - 1, " slot(s) of ", q.max_context,
+        " tokens need more than 2^58 bytes of state per GPU (the plan's limit); lower --max-batch "
+        "or --max-context"));
+  }
   PDSERVE_ASSIGN_OR_RETURN(
       const runtime::CudaIpcMemory ipc,
       runtime::PlanCudaIpcMemory(config, options.transfer_cuda_ipc, options.cuda_ipc_arena_tokens,
@@ -55,7 +82,7 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
 }
 
 WorkerPlanOptions WithCudaIpc(WorkerPlanOptions options, const config::DeployConfig& deploy) {
-  options.transfer_cuda_ipc = deploy.transfer_cuda_ipc;
+  options.transfer_cuda_ipc = config::EffectiveCudaIpc(deploy);
   options.cuda_ipc_arena_tokens = config::CudaIpcArenaTokens(deploy);
   options.transfer_early_import = deploy.transfer_early_import;
   return options;
@@ -84,6 +111,9 @@ absl::StatusOr<int64_t> ResolveStateTokens(const config::WorkerConfig& worker,
 
 namespace {
 
+// HBM per GPU that --gpu-memory-gib accepts at most (1 PiB; an H200 has 140 GiB).
+constexpr int64_t kMaxGpuMemoryGib = int64_t{1} << 20;
+
 struct PlanFlags {
   std::string config_path;
   std::string model_dir;  // overrides the deploy config's model.path
@@ -92,6 +122,12 @@ struct PlanFlags {
 };
 
 absl::StatusOr<bool> RunPlan(PlanFlags flags) {
+  // NaN, infinity or a figure past int64 bytes would cast to nonsense (-8589934592 GiB).
+  if (!(flags.gpu_memory_gib > 0 &&
+        flags.gpu_memory_gib <= static_cast<double>(kMaxGpuMemoryGib))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-memory-gib: must be in (0, ", kMaxGpuMemoryGib, "], got ", flags.gpu_memory_gib));
+  }
   PDSERVE_ASSIGN_OR_RETURN(config::DeployConfig deploy,
                            config::LoadDeployConfig(flags.config_path));
   const std::string model_dir = flags.model_dir.empty() ? deploy.model_path : flags.model_dir;

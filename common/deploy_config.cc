@@ -467,10 +467,19 @@ void CheckCudaIpc(Reader& r, const DeployConfig& c, const YAML::Node& transfer) 
     return std::any_of(workers.begin(), workers.end(),
                        [](const WorkerConfig& w) { return w.backend == "cuda"; });
   };
-  if (any_cuda(c.prefill) && any_cuda(c.decode)) return;
-  r.Error(transfer["cuda_ipc"], "transfer.cuda_ipc",
-          "on needs a backend cuda prefill worker and a backend cuda decode worker (auto uses "
-          "the path where they exist; off never does)");
+  if (!any_cuda(c.prefill) || !any_cuda(c.decode)) {
+    r.Error(transfer["cuda_ipc"], "transfer.cuda_ipc",
+            "on needs a backend cuda prefill worker and a backend cuda decode worker (auto uses "
+            "the path where they exist; off never does)");
+    return;
+  }
+  // The decode worker's device page pool only feeds the early import: without it every request
+  // goes by host pages while the prefill worker's arena still takes its HBM.
+  if (!c.transfer_early_import) {
+    r.Error(transfer["cuda_ipc"], "transfer.cuda_ipc",
+            "on needs transfer.early_import: true (the decode worker lands GPU pages only for "
+            "the early import; without it every request goes by host pages)");
+  }
 }
 
 // The error of a config file that cannot be read: `cause`, and for a relative path the absolute
@@ -630,6 +639,19 @@ absl::Status CheckModelPath(const DeployConfig& config) {
           ? " (a relative model.path is resolved against it: run from the directory it is relative "
             "to, e.g. the repository root, or make it absolute)"
           : ""));
+}
+
+std::string EffectiveCudaIpc(const DeployConfig& config) {
+  if (config.transfer_cuda_ipc != "auto") return config.transfer_cuda_ipc;
+  auto one_gpu_cuda = [](const std::vector<WorkerConfig>& workers) {
+    return std::any_of(workers.begin(), workers.end(), [](const WorkerConfig& w) {
+      const absl::StatusOr<std::vector<int>> gpus = ParseGpuList(w.gpus);
+      return w.backend == "cuda" && gpus.ok() && gpus->size() == 1;
+    });
+  };
+  const bool usable =
+      config.transfer_early_import && one_gpu_cuda(config.prefill) && one_gpu_cuda(config.decode);
+  return usable ? "auto" : "off";
 }
 
 }  // namespace pdserve::config

@@ -239,4 +239,11 @@ inline int64_t CudaIpcArenaTokens(const DeployConfig& config) {
                                                    : kDefaultCudaIpcArenaTokens;
 }
 
+// transfer.cuda_ipc as the workers act on it: "auto" read as "off" where no request could ever
+// go by GPU pages (no backend cuda prefill worker on one GPU, no backend cuda decode worker on
+// one GPU, or transfer.early_import false): the prefill arena and the decode device page pool
+// would take HBM for nothing (0.82 + 3.30 GiB for V4-Flash at 131072 tokens). "on" and "off"
+// are returned as they are (validation refuses "on" without the pair or the early import).
+std::string EffectiveCudaIpc(const DeployConfig& config);
+
 }  // namespace pdserve::config

@@ -512,20 +512,24 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w,
         "parallelism)");
   }
   if (t.max_context_at_batch > 0) {
-    changes.push_back(absl::StrCat("a smaller max_context (", t.max_context_at_batch,
-                                   " tokens fit at this batch)"));
+    changes.push_back(absl::StrCat(
+        "a shorter context (", t.max_context_at_batch, " tokens fit at this batch: ",
+        q.prefill ? "`pdserve plan --max-context`"
+                  : "--pool-tokens of pdserve decode or serve, `pdserve plan --max-context`",
+        ")"));
   }
   if (t.max_batch_at_context > 0 && !q.prefill) {
-    changes.push_back(absl::StrCat("a smaller max batch (", t.max_batch_at_context, " fit at ",
+    changes.push_back(absl::StrCat("a smaller --max-batch (", t.max_batch_at_context, " fit at ",
                                    q.max_context, " tokens)"));
   }
-  if (t.transfer > 0) {
-    // First when the rest fits without it.
-    const auto at = t.total() - t.transfer <= q.gpu_bytes ? changes.begin() : changes.end();
+  // First, and only, when the rest fits without it ("change one of": a 0.00 GiB arena was named
+  // for a worker 400 GiB short).
+  if (t.transfer > 0 && t.total() - t.transfer <= q.gpu_bytes) {
     changes.insert(
-        at, absl::StrCat("a lower transfer.cuda_ipc_arena_tokens (", q.cuda_ipc_tokens,
-                         " tokens a request now: the ", q.prefill ? "arena" : "device page pool",
-                         " takes ", Gib(t.transfer), ") or transfer.cuda_ipc: off"));
+        changes.begin(),
+        absl::StrCat("a lower transfer.cuda_ipc_arena_tokens (", q.cuda_ipc_tokens,
+                     " tokens a request now: the ", q.prefill ? "arena" : "device page pool",
+                     " takes ", Gib(t.transfer), ") or transfer.cuda_ipc: off"));
   }
   absl::StrAppend(&msg, absl::StrJoin(changes, "; "));
   return absl::ResourceExhaustedError(msg);

@@ -179,8 +179,9 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& weights,
 
 // OK when the CUDA engine as it is today (bf16 weights) fits the request; else ResourceExhausted
 // naming the worker, the bytes, and what to change (more GPUs, fewer layers per GPU, a smaller
-// context, a smaller batch; with CUDA IPC memory, a smaller transfer.cuda_ipc_arena_tokens or
-// transfer.cuda_ipc off), with the figure that would fit where one exists.
+// context, a smaller batch; with CUDA IPC memory that alone is enough, a smaller
+// transfer.cuda_ipc_arena_tokens or transfer.cuda_ipc off), with the figure that would fit where
+// one exists.
 absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& weights,
                            const PlanRequest& request);
 

@@ -14,10 +14,17 @@ import sys
 
 
 def plan(pdserve, gpus, model, *extra):
-    out = subprocess.run(
-        [pdserve, "plan", "--config", f"tests/fixtures/plan/h200x{gpus}.yaml", "--model",
-         f"tests/fixtures/v4_configs/{model}", *extra],
-        capture_output=True, text=True, check=False).stdout
+    args = [pdserve, "plan", "--config", f"tests/fixtures/plan/h200x{gpus}.yaml", "--model",
+            f"tests/fixtures/v4_configs/{model}", *extra]
+    try:
+        run = subprocess.run(args, capture_output=True, text=True, check=False)
+    except OSError as e:
+        sys.exit(f"plan_tables.py: cannot run {pdserve}: {e}")
+    # A refusal (exit 1) still prints every worker's plan; anything else printed none.
+    if run.returncode not in (0, 1) or "\n  total " not in run.stdout:
+        sys.exit(f"plan_tables.py: {' '.join(args)} printed no plan (exit {run.returncode}): "
+                 f"{run.stderr.strip()}")
+    out = run.stdout
     workers = {}
     for block in re.split(r"\n(?=\S)", out):
         name = block.split(":", 1)[0]
@@ -39,6 +46,8 @@ def gib(text):
 
 
 def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: tools/plan_tables.py PDSERVE (from the repository root)")
     pdserve = sys.argv[1]
     print("| model | GPUs | weights / GPU stored (today bf16) | decode 64 x 64K: total / GPU "
           "stored (today) | largest decode batch, stored dtypes, at 4K / 32K / 128K / 1M | "

@@ -225,6 +225,39 @@ TEST(DeployConfigTest, TransferCudaIpc) {
             .errors.empty())
         << value;
   }
+  // on with transfer.early_import false could never land a GPU page (a breaker's finding,
+  // 2026-12-05: accepted, the decode worker only warned); auto and off with it are fine.
+  const ParsedDeployConfig no_early =
+      ParseDeployConfig(cuda_pair + "transfer:\n  cuda_ipc: on\n  early_import: false\n", "b.yaml");
+  ASSERT_EQ(no_early.errors.size(), 1u);
+  EXPECT_EQ(no_early.errors[0].key, "transfer.cuda_ipc");
+  EXPECT_NE(no_early.errors[0].message.find("early_import"), std::string::npos)
+      << no_early.errors[0].ToString();
+  for (const char* value : {"auto", "off"}) {
+    const ParsedDeployConfig ok = ParseDeployConfig(
+        cuda_pair + "transfer:\n  cuda_ipc: " + value + "\n  early_import: false\n", "t.yaml");
+    EXPECT_TRUE(ok.errors.empty()) << value;
+  }
+}
+
+// EffectiveCudaIpc: auto reads as off where no request could go by GPU pages (the workers then
+// allocate no arena / device page pool and the plan counts none; a breaker's finding,
+// 2026-12-05: a cpu or 2-GPU prefill side still left a one-GPU decode worker 3.3 GiB of pool).
+TEST(DeployConfigTest, EffectiveCudaIpc) {
+  auto effective = [](const std::string& yaml) {
+    const ParsedDeployConfig parsed = ParseDeployConfig(yaml, "t.yaml");
+    EXPECT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+    return EffectiveCudaIpc(parsed.config);
+  };
+  const std::string cuda_decode = Broken("backend: cpu", "backend: cuda\n    gpus: \"2\"");
+  std::string pair = cuda_decode;
+  pair.replace(pair.find("gpus: \"0,1\""), 11, "gpus: \"0\"");
+  EXPECT_EQ(effective(pair), "auto");
+  EXPECT_EQ(effective(pair + "transfer:\n  cuda_ipc: off\n"), "off");
+  EXPECT_EQ(effective(pair + "transfer:\n  early_import: false\n"), "off");
+  EXPECT_EQ(effective(cuda_decode), "off");  // the prefill worker has 2 GPUs: no arena
+  EXPECT_EQ(effective(kValid), "off");       // cpu decode worker
+  EXPECT_EQ(effective(cuda_decode + "transfer:\n  cuda_ipc: on\n"), "on");
 }
 
 // transfer.cuda_ipc_arena_tokens: 0 (the model's context, at most kDefaultCudaIpcArenaTokens)

@@ -163,6 +163,17 @@ TEST(CudaIpcPlanTest, AnOversizedArenaIsRefusedNamingIt) {
   EXPECT_NE(s.message().find("or transfer.cuda_ipc: off"), std::string::npos) << s;
   // The same worker without the path fits.
   EXPECT_TRUE(engine::CheckPlanFits(*config, *w, q).ok());
+  // On a GPU where it would not fit without the pool either, the refusal does not name the pool
+  // (a breaker's finding, 2026-12-05: "change one of" listed a 0.00 GiB arena for a worker
+  // hundreds of GiB short).
+  engine::PlanRequest short_gpu = small;
+  short_gpu.gpu_bytes = (lo - 20) * engine::kGiB;
+  const absl::Status short_status = engine::CheckPlanFits(*config, *w, short_gpu);
+  ASSERT_EQ(short_status.code(), absl::StatusCode::kResourceExhausted) << short_status;
+  EXPECT_NE(short_status.message().find("CUDA IPC device page pool 3.30 GiB"), std::string::npos)
+      << short_status;
+  EXPECT_EQ(short_status.message().find("cuda_ipc_arena_tokens"), std::string::npos)
+      << short_status;
 }
 
 }  // namespace
