@@ -36,7 +36,9 @@
 # gpu_state_transfer_bench, engine_gpu_tests and pdserve_kvtransfer_cuda_ipc_tests in the build
 # dir (default build), packs them with tools/gpu/pack_binaries.sh into
 # .device-carry/ipc59.tar.xz; carry that file. Environment: OUT (default gpu-out/ipc59), PACK,
-# BUDGET, LENGTHS, REPEATS, LANES (bench --lanes; 0: the workers' default). The comparison table
+# BUDGET, LENGTHS, REPEATS, LANES (bench --lanes; 0: the workers' default), BENCH_CAP (seconds a
+# bench run may take, default 90), RUNS (which of the runs below, as name-layers, comma-separated,
+# e.g. new-43,old-43; default all). The comparison table
 # is printed last.
 set -u
 if [ "${1:-}" = pack ]; then
@@ -101,10 +103,11 @@ table=()
 b() {  # name, layers, lengths, PDSERVE_DEVICE_PAGES, PDSERVE_EARLY_IMPORT_BATCH, bench flags...
   local name=$1 layers=$2 lens=$3 pages=$4 batch=$5
   shift 5
+  [[ "${RUNS:-all}" == all || ",$RUNS," == *",$name-$layers,"* ]] || return 0
   local s=$SECONDS need=$((layers > 8 ? 45 : 20))
   [ "$(cap "$need")" -ge "$need" ] || { echo "bench $name $layers layers skipped: out of time"; return; }
   local log="$OUT/bench-$name-$layers"
-  PDSERVE_DEVICE_PAGES=$pages PDSERVE_EARLY_IMPORT_BATCH=$batch UCX_TLS=shm,self UCX_PROTO_ENABLE=n timeout "$(cap 90)" \
+  PDSERVE_DEVICE_PAGES=$pages PDSERVE_EARLY_IMPORT_BATCH=$batch UCX_TLS=shm,self UCX_PROTO_ENABLE=n timeout "$(cap "${BENCH_CAP:-90}")" \
     gpu_state_transfer_bench --cuda-ipc 1 --layers "$layers" --lengths "$lens" --forward-max 0 \
     --warmup 1 --repeats "$repeats" --overlap 0 --old-import 0 --lanes "${LANES:-0}" \
     --refs 3 --lander fused "$@" > "$log.md" 2> "$log.err"

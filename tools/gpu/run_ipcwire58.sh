@@ -7,7 +7,11 @@
 #      prefill worker stores the layers into its arena after the last chunk);
 #   2. the same with PDSERVE_CUDA_IPC_OVERLAP=1 -- the stores are enqueued during the last chunk
 #      (GpuModel::BeginForwardStoring), same checks;
-#   3. transfer.cuda_ipc: off -- no transfer under "cuda-ipc" (host pages), tokens as colocated.
+#   3. transfer.cuda_ipc: off -- no transfer under "cuda-ipc" (host pages), tokens as colocated;
+#   with AUTO=1 also (config::EffectiveCudaIpc, 2026-12-05):
+#   4. transfer.cuda_ipc: auto -- read as on (one-GPU CUDA workers, early import): as 1;
+#   5. auto with transfer.early_import: false -- read as off: neither worker sets the path up
+#      (no arena, no device page pool), no transfer under "cuda-ipc", tokens as colocated.
 # A table of the three runs is printed last. Each step under `timeout`; a failed step is reported
 # and the next one still runs. Budget: <= 240 s on the device machine.
 #
@@ -60,10 +64,16 @@ step() {  # name, seconds, environment assignments...
 step cuda-ipc-on 95 CUDA_IPC=on BASE_PORT=18100
 step cuda-ipc-overlap 65 CUDA_IPC=on PDSERVE_CUDA_IPC_OVERLAP=1 BASE_PORT=18200
 step cuda-ipc-off 65 CUDA_IPC=off BASE_PORT=18300
+if [ -n "${AUTO:-}" ]; then
+  step cuda-ipc-auto 65 CUDA_IPC=auto BASE_PORT=18400
+  step cuda-ipc-auto-late 65 CUDA_IPC=auto EARLY_IMPORT=0 BASE_PORT=18500
+fi
+runs=(cuda-ipc-on cuda-ipc-overlap cuda-ipc-off)
+[ -z "${AUTO:-}" ] || runs+=(cuda-ipc-auto cuda-ipc-auto-late)
 echo
 echo "GPU: $(cat "$out/gpu.txt")"
 printf '%-26s %-8s %-8s %s\n' run prefill decode result
-for name in cuda-ipc-on cuda-ipc-overlap cuda-ipc-off; do
+for name in "${runs[@]}"; do
   p=$(awk '/^pdserve_kv_transfer_bytes_count\{/ && /path="cuda-ipc"/ {n += $NF} END {print n + 0}' \
     "$out/$name/prefill-metrics.txt" 2>/dev/null || echo -)
   d=$(awk '/^pdserve_kv_transfer_bytes_count\{/ && /path="cuda-ipc"/ {n += $NF} END {print n + 0}' \
@@ -71,6 +81,6 @@ for name in cuda-ipc-on cuda-ipc-overlap cuda-ipc-off; do
   printf '%-26s %-8s %-8s %s\n' "$name" "$p" "$d" "${result[$name]:-not run}"
 done
 echo "(prefill / decode: transfers counted under path cuda-ipc)"
-for name in cuda-ipc-on cuda-ipc-overlap cuda-ipc-off; do
+for name in "${runs[@]}"; do
   [[ "${result[$name]}" == PASS* ]] || exit 1
 done

@@ -23,16 +23,18 @@
 # binaries packed by tools/gpu/pack_binaries.sh:
 #   here:  tools/gpu/pack_binaries.sh .device-carry/pd build/pdserve
 #   there: source .device-carry/pd/env.sh && tools/gpu/run_pd_cuda_e2e.sh
-# Environment: PDSERVE (default: pdserve on PATH), OUT (logs, default ./gpu-out/pd-e2e),
-# BASE_PORT (default 18000; uses BASE_PORT .. BASE_PORT+6), E2E_BACKEND=cpu (every "cuda" above
-# becomes cpu: checks this script's plumbing on a machine without a GPU; the rows then all equal),
-# EARLY_IMPORT (default 1: the cluster's `transfer.early_import: true`, the default: the CUDA decode
-# worker imports each layer into its slot as it arrives, docs/engine-gpu.md, "Early import", and
-# the up log must say so; 0: false, the import at the first step), CUDA_IPC (unset: the key is left
-# out, its default auto; on / off: `transfer.cuda_ipc`; with on both workers' logs must say they
-# set the path up and both workers' transfer metrics must count transfers under path "cuda-ipc",
-# with off none may), REFERENCE (a directory holding serve-cpu.json and serve-cuda.json of an
-# earlier run: the two servers are not run again), NO_CPU=1 (no CPU server and no CPU check).
+# Environment: PDSERVE (default: pdserve on PATH), OUT (logs, default ./gpu-out/pd-e2e), BASE_PORT
+# (default 18000; uses BASE_PORT .. BASE_PORT+6), E2E_BACKEND=cpu (every "cuda" above becomes cpu:
+# checks this script's plumbing on a machine without a GPU; the rows then all equal), EARLY_IMPORT
+# (default 1: the cluster's `transfer.early_import: true`, the default: the CUDA decode worker
+# imports each layer into its slot as it arrives, docs/engine-gpu.md, "Early import", and the up log
+# must say so; 0: false, the import at the first step), CUDA_IPC (unset: the key is left out, its
+# default auto; on / off / auto: `transfer.cuda_ipc`; with on (or auto where
+# config::EffectiveCudaIpc reads it as on) both workers' logs must say they set the path up and both
+# workers' transfer metrics must count transfers under path "cuda-ipc", with off none may, and with
+# auto read as off neither worker may set the path up), REFERENCE (a directory holding serve-
+# cpu.json and serve-cuda.json of an earlier run: the two servers are not run again), NO_CPU=1 (no
+# CPU server and no CPU check).
 set -euo pipefail
 pdserve=${PDSERVE:-$(command -v pdserve || echo build/pdserve)}
 out=${OUT:-gpu-out/pd-e2e}
@@ -202,7 +204,18 @@ pids=()
 # Transfers counted under path "cuda-ipc": the count of pdserve_kv_transfer_bytes{path="cuda-ipc"}.
 ipc_count() { awk '/^pdserve_kv_transfer_bytes_count\{/ && /path="cuda-ipc"/ {n += $NF} END {print n + 0}' "$1" 2>/dev/null || echo 0; }
 path_ok=1
-if [ "${CUDA_IPC:-}" = on ]; then
+# What transfer.cuda_ipc reads as (config::EffectiveCudaIpc): auto is on only with one-GPU CUDA
+# prefill and decode workers and the early import; elsewhere no worker allocates its arena / pool.
+ipc_expect=${CUDA_IPC:-}
+if [ "$ipc_expect" = auto ]; then
+  ipc_expect=off
+  if [ "$backend" = cuda ] && [ "$early_import" = true ] && [[ "$prefill_gpus" != *,* ]] &&
+    [[ "$decode_gpus" != *,* ]]; then
+    ipc_expect=on
+  fi
+  echo "transfer.cuda_ipc auto: expecting $ipc_expect"
+fi
+if [ "$ipc_expect" = on ]; then
   grep -q "transfer: cuda ipc offered" "$out/up.log" || { echo "FAIL: the prefill worker did not offer cuda ipc"; path_ok=0; }
   grep -q "transfer: cuda ipc on" "$out/up.log" || { echo "FAIL: the decode worker did not set cuda ipc up"; path_ok=0; }
   for role in prefill decode; do
@@ -210,7 +223,11 @@ if [ "${CUDA_IPC:-}" = on ]; then
     echo "$role worker: $n transfer(s) with path cuda-ipc"
     [ "$n" -ge 12 ] || { echo "FAIL: the $role worker counted $n cuda-ipc transfers (want >= 12)"; path_ok=0; }
   done
-elif [ "${CUDA_IPC:-}" = off ]; then
+elif [ "$ipc_expect" = off ]; then
+  if [ "${CUDA_IPC:-}" = auto ] && grep -qE "transfer: cuda ipc (offered|on)" "$out/up.log"; then
+    echo "FAIL: cuda ipc auto reads as off here, and a worker set the path up (allocated its arena / pool)"
+    path_ok=0
+  fi
   for role in prefill decode; do
     n=$(ipc_count "$out/$role-metrics.txt")
     echo "$role worker: $n transfer(s) with path cuda-ipc (want 0), paths: $(grep -o 'path="[a-z-]*"' "$out/$role-metrics.txt" | sort -u | tr '\n' ' ')"
