@@ -560,6 +560,10 @@ absl::StatusOr<ModelConfig> ModelConfig::Parse(const std::string& json_text,
   }
   PDSERVE_RETURN_IF_ERROR(ParseLayerSchedules(f, c));
 
+  // The rope dimension below divides by head_dim: a zero one is named here, not as a bad
+  // qk_rope_head_dim.
+  if (c.head_dim <= 0)
+    return f.Error("head_dim", absl::StrCat("must be positive, got ", c.head_dim));
   double prf = 64.0 / 512.0;
   if (f.Has("partial_rotary_factor")) {
     PDSERVE_RETURN_IF_ERROR(f.Float("partial_rotary_factor", prf));

@@ -192,6 +192,14 @@ TEST(ConfigTest, NonPositiveSizeIsAnError) {
               HasSubstr("key \"hidden_size\": must be positive"));
 }
 
+TEST(ConfigTest, ZeroHeadDimIsNamedNotTheRopeDimension) {
+  // head_dim 0 used to be reported as a bad qk_rope_head_dim (the rope factor divides by it).
+  const std::string error =
+      ParseError(R"({"model_type": "deepseek_v4", "head_dim": 0, "qk_rope_head_dim": 64})");
+  EXPECT_THAT(error, HasSubstr("key \"head_dim\": must be positive, got 0"));
+  EXPECT_THAT(error, ::testing::Not(HasSubstr("qk_rope_head_dim")));
+}
+
 TEST(ConfigTest, AbsurdSizesAreRefusedBeforeAnythingIsBuilt) {
   EXPECT_THAT(ParseError(R"({"model_type": "deepseek_v4", "num_hidden_layers": 1000000000000})"),
               HasSubstr("key \"num_hidden_layers\": must be in [1, 4096]"));
