@@ -178,6 +178,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(const Route
   pool.prefill = options.prefill;
   pool.decode = options.decode;
   pool.health_interval = options.health_interval;
+  pool.down_retry = options.health_down_retry;
   pool.health_timeout = options.health_timeout;
   pool.canary_timeout = options.canary_timeout;
   pool.lease_ms = options.lease_ms;

@@ -84,6 +84,7 @@ struct RouterOptions {
   PolicyKind decode_policy = PolicyKind::kLeastLoad;
   int64_t prefix_load_cap = 8;
   absl::Duration health_interval = absl::Seconds(1);
+  absl::Duration health_down_retry = absl::Seconds(1);  // WorkerPoolOptions::down_retry
   absl::Duration health_timeout = absl::Seconds(2);
   absl::Duration canary_timeout = absl::Seconds(5);
   bool canary = true;  // false: Health RPC only (tests with fake workers may turn it off)

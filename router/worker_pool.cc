@@ -1,5 +1,6 @@
 #include "router/worker_pool.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -184,8 +185,11 @@ bool WorkerPool::Ready() const {
 void WorkerPool::Loop(Worker& worker) {
   while (true) {
     CheckAndRecord(worker);
+    const absl::Duration wait = worker.up()
+                                    ? options_.health_interval
+                                    : std::min(options_.health_interval, options_.down_retry);
     absl::MutexLock lock(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.health_interval)) return;
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), wait)) return;
   }
 }
 

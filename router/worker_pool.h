@@ -2,7 +2,8 @@
 // load the router has dispatched to it, and its health.
 //
 // A worker is up when its last health check passed and its circuit breaker is closed. The
-// health checker (a thread per worker, every `health_interval`) calls Health with a deadline and
+// health checker (a thread per worker, every `health_interval`; every min(health_interval,
+// down_retry) while the worker is not up) calls Health with a deadline and
 // then runs a canary: a real one-token generation (Reserve on a decode worker, Prefill on a prefill
 // worker, Generate) through the worker and an up partner of the other role, so a worker that
 // still answers Health but cannot generate (wedged engine) is caught too. `down_after` checks
@@ -172,6 +173,10 @@ struct WorkerPoolOptions {
   // The channels' credentials (mutual TLS, common/tls_credentials.h); null: insecure.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration health_interval = absl::Seconds(1);
+  // A worker that is not up is checked again after min(health_interval, down_retry): one that
+  // was not listening yet when the router started (`pdserve up` starts them together) or that
+  // came back comes up within this, not a whole health_interval (up to 10 minutes).
+  absl::Duration down_retry = absl::Seconds(1);
   absl::Duration health_timeout = absl::Seconds(2);  // Health RPC deadline
   absl::Duration canary_timeout = absl::Seconds(5);  // whole canary generation deadline
   int down_after = 2;

@@ -652,6 +652,27 @@ TEST_F(RouterServiceTest, ServedNameEqualToTheDirectoryNameIsListedOnce) {
   EXPECT_EQ((*service)->ListedModelNames(), std::vector<std::string>{options.served_name});
 }
 
+TEST_F(RouterServiceTest, AWorkerDownAtTheFirstCheckIsCheckedAgainWithinTheDownRetry) {
+  // `pdserve up` starts the router with its workers: the first check may find one not serving
+  // yet. It used to be checked again only a whole health_interval later (router.health_interval_ms
+  // up to 600000), so the cluster stayed not ready with nothing in the log.
+  decode_[0]->state = worker::v1::HealthResponse::STATE_UNSPECIFIED;  // fails Health
+  RouterOptions options;
+  options.model_dir = PDSERVE_BUNDLED_MODEL;
+  options.prefill = {WorkerAt("p0", prefill_server_->port())};
+  options.decode = {WorkerAt("d0", decode_servers_[0]->port())};
+  options.canary = false;
+  options.health_interval = absl::Minutes(10);
+  options.health_down_retry = absl::Milliseconds(50);
+  auto service = RouterService::Create(options);
+  ASSERT_TRUE(service.ok()) << service.status();
+  ASSERT_TRUE(Eventually([&] { return (*service)->pool().prefill()[0]->up(); }));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE((*service)->Ready());  // d0 does not serve yet
+  decode_[0]->state = worker::v1::HealthResponse::STATE_SERVING;
+  EXPECT_TRUE(Eventually([&] { return (*service)->Ready(); }));
+}
+
 TEST_F(RouterServiceTest, StalledStreamOnADecodeWorkerMarkedDownEndsWithAnError) {
   decode_[0]->token_delay_ms = 60000;  // the stream says nothing
   stall_timeout_ = absl::ZeroDuration();
