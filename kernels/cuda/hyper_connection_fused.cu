@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/hyper_connection_fused.cuh"
 #include "kernels/cuda/hyper_connection_math.cuh"
 #include "kernels/cuda/launch_check.h"
@@ -13,13 +14,16 @@ constexpr int kDotsThreads = 256;
 constexpr int kDotsWarps = kDotsThreads / 32;
 constexpr int kMixThreads = 512;
 constexpr int kMixWarps = kMixThreads / 32;
+constexpr int kCollapseThreads = kMixThreads - 32;  // warps 1 .. kMixWarps - 1
 constexpr unsigned kFullMask = 0xffffffffu;
 
 __host__ __device__ constexpr int Outputs(int hc) { return (2 + hc) * hc; }
 
-// Kernel 1. A warp takes one row at a time: lane l multiplies the slice's columns l, l + 32, ...
-// into O + 1 running sums (fused multiply-adds), which a butterfly over the warp totals (every
-// lane ends with the same bits); lane o stores sum o.
+// Kernel 1. The block stages its fn slice (weights: read before the grid dependency wait, so
+// with programmatic launch that overlaps the previous kernel's tail), then a warp takes one row
+// at a time: lane l multiplies the slice's columns l, l + 32, ... into O + 1 running sums (fused
+// multiply-adds), which a butterfly over the warp totals (every lane ends with the same bits);
+// lane o stores sum o.
 template <int HC>
 __global__ void __launch_bounds__(kDotsThreads)
     HcPreDotsKernel(const float* streams, int64_t rows, int64_t flat_dim, const float* fn,
@@ -35,6 +39,7 @@ __global__ void __launch_bounds__(kDotsThreads)
     const int c = i % kSlice;
     fn_s[o][c] = c < width ? fn[o * flat_dim + k0 + c] : 0.0f;
   }
+  GridDependencyWait();
   __syncthreads();
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -66,13 +71,21 @@ __global__ void __launch_bounds__(kDotsThreads)
     }
     if (lane < kWidth) partials[(blockIdx.x * rows + r) * kWidth + lane] = mine;
   }
+  GridDependencyLaunchDependents();
 }
 
-// Kernel 2, one block per row: the partials' totals (warp w sums splits w, w + kMixWarps, ...;
-// warp 0 then the warps' sums in warp order), the mixing weights and the Sinkhorn projection in
-// warp 0 (lane j holds comb row j), the collapse into shared memory, the RMSNorm.
+// Warps 1 .. kMixWarps - 1 only (named barrier 1; barrier 0 is __syncthreads).
+__device__ __forceinline__ void CollapseWarpsSync() {
+  asm volatile("bar.sync 1, %0;\n" ::"r"(kCollapseThreads) : "memory");
+}
+
+// Kernel 2, one block per row. All warps: the partials' totals (warp w sums splits w, w +
+// kMixWarps, ...; warp 0 then the warps' sums in warp order). Warp 0: mix, pre and post, then
+// (while the other warps collapse) the comb logits and their Sinkhorn projection (lane j holds
+// comb row j), which is the long serial part. Warps 1..: the collapse into shared memory and
+// the RMSNorm, their sum of squares in fp64 over a named barrier.
 template <int HC>
-__global__ void __launch_bounds__(kMixThreads)
+__global__ void __launch_bounds__(kMixThreads, 1)
     HcPreMixKernel(const float* partials, int64_t splits, const float* streams, int64_t rows,
                    int64_t hidden, const float* base, const float* scale, float hc_eps,
                    int64_t iters, const float* weight, float rms_eps, float* post, float* comb,
@@ -88,10 +101,12 @@ __global__ void __launch_bounds__(kMixThreads)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
+  GridDependencyWait();
   float part = 0.0f;
   if (lane < kWidth) {
-    for (int64_t p = warp; p < splits; p += kMixWarps)
+    for (int64_t p = warp; p < splits; p += kMixWarps) {
       part += partials[(p * rows + row) * kWidth + lane];
+    }
   }
   part_s[warp][lane] = part;
   __syncthreads();
@@ -109,6 +124,9 @@ __global__ void __launch_bounds__(kMixThreads)
       post[row * HC + lane] =
           2.0f * HcSigmoid(HcScaleShift(mix_s[HC + lane], scale[1], base[HC + lane]));
     }
+  }
+  __syncthreads();
+  if (warp == 0) {
     const bool owner = lane < HC;
     const int j = owner ? lane : 0;
     float m[HC];
@@ -122,12 +140,13 @@ __global__ void __launch_bounds__(kMixThreads)
 #pragma unroll
       for (int c = 0; c < HC; ++c) comb[(row * HC + j) * HC + c] = m[c];
     }
+    return;
   }
-  __syncthreads();
 
+  const int t = threadIdx.x - 32;
   const float* s = streams + row * HC * hidden;
   double square = 0.0;
-  for (int64_t c = threadIdx.x; c < hidden; c += kMixThreads) {
+  for (int64_t c = t; c < hidden; c += kCollapseThreads) {
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < HC; ++j) acc = __fadd_rn(acc, __fmul_rn(pre_s[j], s[j * hidden + c]));
@@ -140,13 +159,13 @@ __global__ void __launch_bounds__(kMixThreads)
     square += __shfl_xor_sync(kFullMask, square, offset);
   }
   if (lane == 0) square_s[warp] = square;
-  __syncthreads();
+  CollapseWarpsSync();
   double total_square = 0.0;
-  for (int w = 0; w < kMixWarps; ++w) total_square += square_s[w];
+  for (int w = 1; w < kMixWarps; ++w) total_square += square_s[w];
   const float inv =
       1.0f / sqrtf(static_cast<float>(total_square / static_cast<double>(hidden)) + rms_eps);
   float* out = collapsed + row * hidden;
-  for (int64_t c = threadIdx.x; c < hidden; c += kMixThreads) {
+  for (int64_t c = t; c < hidden; c += kCollapseThreads) {
     const float normed = collapsed_s[c] * inv;
     out[c] = weight != nullptr ? weight[c] * normed : normed;
   }
@@ -154,23 +173,42 @@ __global__ void __launch_bounds__(kMixThreads)
 
 int64_t Splits(int64_t hc, int64_t hidden) { return (hc * hidden + kSlice - 1) / kSlice; }
 
+// cudaLaunchKernelEx with programmatic stream serialization when `programmatic`.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, int threads, size_t smem,
+                         cudaStream_t stream, bool programmatic, Args... args) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = programmatic ? &attribute : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 template <int HC>
 cudaError_t Launch(const float* streams, int64_t rows, int64_t hidden, const float* fn,
                    const float* base, const float* scale, float hc_eps, int64_t iters,
                    const float* weight, float rms_eps, float* partials, float* post, float* comb,
-                   float* collapsed, cudaStream_t stream) {
+                   float* collapsed, cudaStream_t stream, bool programmatic) {
   const int64_t splits = Splits(HC, hidden);
   const dim3 dots_grid(
       static_cast<unsigned>(splits),
       static_cast<unsigned>((rows + kHcFusedRowsPerBlock - 1) / kHcFusedRowsPerBlock));
-  HcPreDotsKernel<HC>
-      <<<dots_grid, kDotsThreads, 0, stream>>>(streams, rows, HC * hidden, fn, partials);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const int64_t flat_dim = HC * hidden;
+  if (const cudaError_t e = LaunchKernel(HcPreDotsKernel<HC>, dots_grid, kDotsThreads, 0, stream,
+                                         programmatic, streams, rows, flat_dim, fn, partials);
+      e != cudaSuccess) {
+    return e;
+  }
   const size_t smem = sizeof(float) * static_cast<size_t>(hidden);
-  HcPreMixKernel<HC><<<static_cast<unsigned>(rows), kMixThreads, smem, stream>>>(
-      partials, splits, streams, rows, hidden, base, scale, hc_eps, iters, weight, rms_eps, post,
-      comb, collapsed);
-  return cudaGetLastError();
+  return LaunchKernel(HcPreMixKernel<HC>, dim3(static_cast<unsigned>(rows)), kMixThreads, smem,
+                      stream, programmatic, partials, splits, streams, rows, hidden, base, scale,
+                      hc_eps, iters, weight, rms_eps, post, comb, collapsed);
 }
 
 }  // namespace
@@ -190,7 +228,7 @@ cudaError_t hyper_connection_pre_fused(const float* streams, int64_t rows, int64
                                        const float* scale, float hc_eps, int64_t sinkhorn_iters,
                                        const float* norm_weight, float rms_eps, float* partials,
                                        int64_t partials_floats, float* post, float* comb,
-                                       float* collapsed, cudaStream_t stream) {
+                                       float* collapsed, cudaStream_t stream, bool programmatic) {
   constexpr const char* kLauncher = "hyper_connection_pre_fused";
   PDSERVE_LAUNCH_REQUIRE(kLauncher, rows >= 0);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, hc >= 1);
@@ -214,16 +252,16 @@ cudaError_t hyper_connection_pre_fused(const float* streams, int64_t rows, int64
   switch (hc) {
     case 1:
       return Launch<1>(streams, rows, hidden, fn, base, scale, hc_eps, sinkhorn_iters, norm_weight,
-                       rms_eps, partials, post, comb, collapsed, stream);
+                       rms_eps, partials, post, comb, collapsed, stream, programmatic);
     case 2:
       return Launch<2>(streams, rows, hidden, fn, base, scale, hc_eps, sinkhorn_iters, norm_weight,
-                       rms_eps, partials, post, comb, collapsed, stream);
+                       rms_eps, partials, post, comb, collapsed, stream, programmatic);
     case 3:
       return Launch<3>(streams, rows, hidden, fn, base, scale, hc_eps, sinkhorn_iters, norm_weight,
-                       rms_eps, partials, post, comb, collapsed, stream);
+                       rms_eps, partials, post, comb, collapsed, stream, programmatic);
     default:
       return Launch<4>(streams, rows, hidden, fn, base, scale, hc_eps, sinkhorn_iters, norm_weight,
-                       rms_eps, partials, post, comb, collapsed, stream);
+                       rms_eps, partials, post, comb, collapsed, stream, programmatic);
   }
 }
 

@@ -26,8 +26,10 @@
 //      stages its fn slice [O, kHcFusedSlice] in shared memory and, for each of its rows, writes
 //      the slice's O dot products and sum of squares to partials[split, row, 0 .. O] (the sum of
 //      squares last). Any row count (the row tiles cover prefill chunks too).
-//   2. mix: one block per row: sums the row's partials over the splits in split order, then the
-//      mixing weights and Sinkhorn in warp 0, the collapse into shared memory, and the RMSNorm.
+//   2. mix: one block per row: sums the row's partials over the splits in split order; warp 0
+//      then makes the mixing weights and (the long serial part, ~20 dependent normalizations)
+//      the Sinkhorn projection while the other warps collapse the streams into shared memory and
+//      apply the RMSNorm.
 //
 // Layouts (fp32, contiguous): streams [rows, hc, hidden] (only read); fn [O, hc * hidden] (the
 // checkpoint's hc_*_fn, row-major); base [O]; scale [3]; norm_weight [hidden] or nullptr
@@ -65,12 +67,17 @@ bool hyper_connection_pre_fused_supports(int64_t hc, int64_t hidden, int64_t out
 int64_t hyper_connection_pre_fused_workspace(int64_t rows, int64_t hc, int64_t hidden);
 
 // Writes post, comb (Sinkhorn-projected) and collapsed (= rms_norm(collapse, norm_weight)) of
-// `rows` tokens; partials [partials_floats] is scratch.
+// `rows` tokens; partials [partials_floats] is scratch. programmatic: both kernels launched with
+// programmatic stream serialization (kernels/cuda/grid_dependency.cuh): the dots kernel stages
+// its fn slice (weights, which no kernel writes) while the kernel before it drains, and the mix
+// kernel's launch overlaps the dots kernel's tail; each waits for its predecessor before it
+// touches anything else. Results are the same bits either way.
 cudaError_t hyper_connection_pre_fused(const float* streams, int64_t rows, int64_t hc,
                                        int64_t hidden, const float* fn, const float* base,
                                        const float* scale, float hc_eps, int64_t sinkhorn_iters,
                                        const float* norm_weight, float rms_eps, float* partials,
                                        int64_t partials_floats, float* post, float* comb,
-                                       float* collapsed, cudaStream_t stream);
+                                       float* collapsed, cudaStream_t stream,
+                                       bool programmatic = false);
 
 }  // namespace pdserve::kernels::cuda

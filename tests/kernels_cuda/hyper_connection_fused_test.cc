@@ -94,11 +94,11 @@ struct FusedBuffers {
         post(static_cast<size_t>(s.rows * s.hc)),
         comb(static_cast<size_t>(s.rows * s.hc * s.hc)),
         collapsed(static_cast<size_t>(s.rows * s.hidden)) {}
-  cudaError_t Run(const Site& s, DeviceSite& d, cudaStream_t stream) {
+  cudaError_t Run(const Site& s, DeviceSite& d, cudaStream_t stream, bool programmatic = false) {
     return hyper_connection_pre_fused(d.streams.get(), s.rows, s.hc, s.hidden, d.fn.get(),
                                       d.base.get(), d.scale.get(), kHcEps, kIters, d.weight.get(),
                                       kRmsEps, partials.get(), workspace, post.get(), comb.get(),
-                                      collapsed.get(), stream);
+                                      collapsed.get(), stream, programmatic);
   }
   bool GuardsIntact() const {
     return partials.GuardsIntact() && post.GuardsIntact() && comb.GuardsIntact() &&
@@ -219,6 +219,7 @@ TEST(CudaHyperConnectionFusedTest, NaNStaysInItsRow) {
   ExpectClose(got, Unfused(s, d), "NaN row");
 }
 
+// Two eager runs, and graph replays with and without programmatic launches, give the same bits.
 TEST(CudaHyperConnectionFusedTest, DeterministicAndGraphReplayMatchesEager) {
   PDSERVE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng = FreshRng();
@@ -235,26 +236,34 @@ TEST(CudaHyperConnectionFusedTest, DeterministicAndGraphReplayMatchesEager) {
   EXPECT_EQ(first.comb, second.comb);
   EXPECT_EQ(first.collapsed, second.collapsed);
 
-  FusedBuffers captured(s);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const cudaError_t launched = captured.Run(s, d, stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(launched, cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  const Outputs replayed = captured.Download();
-  EXPECT_TRUE(captured.GuardsIntact());
-  EXPECT_EQ(replayed.post, first.post);
-  EXPECT_EQ(replayed.comb, first.comb);
-  EXPECT_EQ(replayed.collapsed, first.collapsed);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  for (const bool programmatic : {false, true}) {
+    SCOPED_TRACE(programmatic ? "programmatic" : "plain");
+    FusedBuffers captured(s);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const cudaError_t launched = captured.Run(s, d, stream, programmatic);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(launched, cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const Outputs replayed = captured.Download();
+    EXPECT_TRUE(captured.GuardsIntact());
+    EXPECT_EQ(replayed.post, first.post);
+    EXPECT_EQ(replayed.comb, first.comb);
+    EXPECT_EQ(replayed.collapsed, first.collapsed);
+    // Eager on the stream with programmatic launches too.
+    FusedBuffers streamed(s);
+    ASSERT_EQ(streamed.Run(s, d, stream, programmatic), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(streamed.Download().collapsed, first.collapsed);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 TEST(CudaHyperConnectionFusedTest, ZeroRowsWritesNothing) {
