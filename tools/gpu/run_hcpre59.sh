@@ -62,10 +62,10 @@ budget() {
   echo "$left"
 }
 # The checkpoint (CPU only, ~30 s) is written while the tests run.
-ckpt=/tmp/flash1
+ckpt=${CKPT:-/tmp/flash1}
 ckpt_pid=
-if [ ! -f $ckpt/model.safetensors.index.json ]; then
-  timeout -k 3 100 python3 tools/make_real_format_checkpoint.py --out $ckpt --layers 1 \
+if [ ! -f "$ckpt/model.safetensors.index.json" ]; then
+  timeout -k 3 100 python3 tools/make_real_format_checkpoint.py --out "$ckpt" --layers 1 \
     --shapes flash > "$out/ckpt.log" 2>&1 &
   ckpt_pid=$!
 fi
@@ -73,18 +73,18 @@ s=$SECONDS
 timeout -k 3 "$(budget 40)" pdserve_kernels_cuda_tests \
   --gtest_filter='CudaHyperConnection*:CudaSinkhorn*:CudaRmsNorm*' > "$out/kernels.log" 2>&1
 result[kernels]="rc=$? $((SECONDS - s)) s $(passed "$out/kernels.log")"
-grep -E "^\[  FAILED|Failure" "$out/kernels.log" | head -8
+grep -E "^\[  FAILED  \]|: Failure$" "$out/kernels.log" | head -8
 s=$SECONDS
 PDSERVE_FUSED_HC_PRE=1 PDSERVE_SOURCE_DIR=$PWD timeout -k 3 "$(budget 80)" engine_gpu_tests \
   > "$out/engine_gpu.log" 2>&1
 result[engine]="rc=$? $((SECONDS - s)) s $(passed "$out/engine_gpu.log")"
-grep -E "^\[  FAILED|Failure" "$out/engine_gpu.log" | head -8
+grep -E "^\[  FAILED  \]|: Failure$" "$out/engine_gpu.log" | head -8
 s=$SECONDS
 PDSERVE_FUSED_HC_PRE=pdl PDSERVE_SOURCE_DIR=$PWD timeout -k 3 "$(budget 30)" engine_gpu_tests \
   --gtest_filter='*FusedHcPre*:*GraphDecodeEqualsEager*:GpuModelFixturesTest.*' \
   > "$out/engine_gpu_pdl.log" 2>&1
 result[engine_pdl]="rc=$? $((SECONDS - s)) s $(passed "$out/engine_gpu_pdl.log")"
-grep -E "^\[  FAILED|Failure" "$out/engine_gpu_pdl.log" | head -8
+grep -E "^\[  FAILED  \]|: Failure$" "$out/engine_gpu_pdl.log" | head -8
 if [ -n "$ckpt_pid" ]; then
   wait "$ckpt_pid"
   echo "checkpoint rc=$? at $((SECONDS - start)) s"
@@ -144,7 +144,7 @@ printf '%-28s %s\n' "bench switch on" "${result[plain1]}"
 printf '%-28s %s\n' "bench switch pdl" "${result[plainpdl]}"
 printf '%-28s %s\n' "ncu batch 1 (on)" "${result[ncu1]}"
 printf '%-28s %s\n' "ncu batch 32 (on)" "${result[ncu32]}"
-grep -E "normalized error" "$out/kernels.log" | sort -t' ' -k1,1 | awk '{print $NF}' |
+grep -E "normalized error" "$out/kernels.log" | awk '{print $NF}' |
   sort -g | tail -1 | sed 's/^/worst fused-vs-unfused normalized error: /'
 grep -E "fused hc pre," "$out/engine_gpu.log" | head -8
 cat "$out/kernels_on.md"
