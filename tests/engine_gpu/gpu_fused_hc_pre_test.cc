@@ -54,16 +54,25 @@ class GpuFusedHcPreTest : public ::testing::TestWithParam<std::string> {
 
 // The fixtures' shapes are ones the fused kernels take (else the engine would quietly keep the
 // unfused path and the tests below would prove nothing about them), and the partials fit the
-// unfused path's flat buffer, which the engine lends them.
-TEST_P(GpuFusedHcPreTest, FixtureShapesAreFused) {
+// unfused path's flat buffer, which the engine lends them. Needs no GPU.
+TEST(GpuFusedHcPreShapesTest, FixtureShapesAreSupported) {
+  for (const std::string& name : ModelNames()) {
+    TestModel m;
+    LoadByName(name, &m);
+    const ModelConfig& c = m.config;
+    EXPECT_TRUE(kernels::cuda::hyper_connection_pre_fused_supports(c.hc_mult, c.hidden_size,
+                                                                   (2 + c.hc_mult) * c.hc_mult))
+        << name;
+    EXPECT_LE(kernels::cuda::hyper_connection_pre_fused_workspace(1, c.hc_mult, c.hidden_size),
+              c.hc_mult * c.hidden_size)
+        << name;
+  }
+}
+
+TEST_P(GpuFusedHcPreTest, TheModelRunsFused) {
   auto gpu = MakeFused(model_, 2, 64, GemmInputs::kBf16);
   ASSERT_NE(gpu, nullptr);
   EXPECT_TRUE(gpu->fused_hc_pre());
-  const ModelConfig& c = model_.config;
-  EXPECT_TRUE(kernels::cuda::hyper_connection_pre_fused_supports(c.hc_mult, c.hidden_size,
-                                                                 (2 + c.hc_mult) * c.hc_mult));
-  EXPECT_LE(kernels::cuda::hyper_connection_pre_fused_workspace(1, c.hc_mult, c.hidden_size),
-            c.hc_mult * c.hidden_size);
 }
 
 // gpu_model_test.cc Bf16MatchesCpuOnTheFixtures' bound, per model.
