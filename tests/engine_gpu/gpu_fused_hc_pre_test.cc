@@ -75,14 +75,25 @@ TEST_P(GpuFusedHcPreTest, TheModelRunsFused) {
   EXPECT_TRUE(gpu->fused_hc_pre());
 }
 
-// gpu_model_test.cc Bf16MatchesCpuOnTheFixtures' bound, per model.
-TEST_P(GpuFusedHcPreTest, Bf16MatchesCpu) {
-  auto gpu = MakeFused(model_, 5, 512, GemmInputs::kBf16);
-  ASSERT_NE(gpu, nullptr);
-  const RowStats stats = CompareOnPrompts(model_, *model_.cpu, *gpu);
-  std::cout << model_.name << ", fused hc pre, bf16 vs CPU fp32: " << stats.Summary(2e-2) << "\n";
-  EXPECT_GE(stats.ArgmaxRate(), 0.99);
-  EXPECT_LE(stats.Over(2e-2), stats.rows() / 50);
+// gpu_model_test.cc Bf16MatchesCpuOnTheFixtures' bound, over all fixtures' rows together as
+// there: per model it does not hold for the unfused engine either (legacy_f32 alone, H200 runs
+// of 2026-12-05: argmax agreement 0.968 and 6 of 126 rows over 2e-2, bf16 near-tie flips).
+TEST(GpuFusedHcPreFixturesTest, Bf16MatchesCpuOnTheFixtures) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  if (ForcedOffByEnvironment()) GTEST_SKIP() << "PDSERVE_FUSED_HC_PRE=0";
+  RowStats all;
+  for (const std::string& name : ModelNames()) {
+    TestModel m;
+    LoadByName(name, &m);
+    auto gpu = MakeFused(m, 5, 512, GemmInputs::kBf16);
+    ASSERT_NE(gpu, nullptr);
+    const RowStats stats = CompareOnPrompts(m, *m.cpu, *gpu);
+    std::cout << name << ", fused hc pre, bf16 vs CPU fp32: " << stats.Summary(2e-2) << "\n";
+    all.Merge(stats);
+  }
+  std::cout << "all fixtures, fused hc pre: " << all.Summary(2e-2) << "\n";
+  EXPECT_GE(all.ArgmaxRate(), 0.99);
+  EXPECT_LE(all.Over(2e-2), all.rows() / 50);
 }
 
 // gpu_model_test.cc Fp32GemmsMatchCpuWithGpuStoragePrecision's bound.

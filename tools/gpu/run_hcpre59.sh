@@ -146,7 +146,7 @@ printf '%-28s %s\n' "ncu batch 1 (on)" "${result[ncu1]}"
 printf '%-28s %s\n' "ncu batch 32 (on)" "${result[ncu32]}"
 grep -E "normalized error" "$out/kernels.log" | awk '{print $NF}' |
   sort -g | tail -1 | sed 's/^/worst fused-vs-unfused normalized error: /'
-grep -E "fused hc pre," "$out/engine_gpu.log" | head -8
+grep -E "fused hc pre[,:]" "$out/engine_gpu.log" | head -9
 cat "$out/kernels_on.md"
 echo
 echo "decode step, real-format V4-Flash 1 layer (| model | projections | batch | device us | wall us |):"
