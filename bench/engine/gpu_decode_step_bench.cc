@@ -24,6 +24,9 @@
 // profiler, where the other's kernels would only add to the listing). --profile-timed: the
 // timed calls between cudaProfilerStart and cudaProfilerStop (for ncu --profile-from-start off).
 //
+// The hyper-connection pre-mix follows GpuModelOptions::fused_hc_pre's default (off) unless
+// PDSERVE_FUSED_HC_PRE=1 (or 0) is in the environment; stderr says which ran ("hc pre: fused").
+//
 // Prints one markdown row per (fused, batch) and nothing else on stdout; needs a CUDA device.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -237,6 +240,7 @@ absl::Status Run(const Flags& flags) {
     options.fused_projections = fused;
     PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GpuModel> gpu,
                              GpuModel::Create(config, *weights, options));
+    std::fprintf(stderr, "hc pre: %s\n", gpu->fused_hc_pre() ? "fused" : "unfused");
     if (flags.prefill > 0) {
       PDSERVE_ASSIGN_OR_RETURN(const StepTimes t, TimePrefill(*gpu, flags));
       std::printf("| %s | %s | prefill %lld | %.1f | %.1f |\n", what.c_str(),

@@ -75,6 +75,15 @@ absl::Status GpuModel::Impl::HcPre(const HcWeights& hc, const DeviceArray<float>
   const ModelConfig& c = config;
   const int64_t flat_dim = c.hc_mult * c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (fused_hc_pre) {
+    // `flat` is the partials workspace (EnableFusedHcPre checked its size).
+    PDSERVE_CUDA_RETURN(kc::hyper_connection_pre_fused(
+        streams.get(), rows, c.hc_mult, c.hidden_size, hc.fn.get(), hc.base.get(), hc.scale.get(),
+        static_cast<float>(c.hc_eps), c.hc_sinkhorn_iters, norm.get(), eps, flat.get(),
+        static_cast<int64_t>(flat.size()), post.get(), comb.get(), collapsed.get(), stream,
+        hc_pre_programmatic));
+    return absl::OkStatus();
+  }
   PDSERVE_CUDA_RETURN(
       kc::rms_norm(streams.get(), nullptr, rows, flat_dim, flat_dim, eps, flat.get(), stream));
   PDSERVE_RETURN_IF_ERROR(GemmF32(flat.get(), rows, flat_dim, hc.fn.get(), hc.outputs, mix.get()));
@@ -648,6 +657,7 @@ const std::vector<int64_t>& GpuModel::decode_buckets() const {
 int64_t GpuModel::rank() const { return impl_->comm != nullptr ? impl_->comm->rank() : 0; }
 int64_t GpuModel::world() const { return impl_->comm != nullptr ? impl_->comm->world() : 1; }
 void* GpuModel::cuda_stream() const { return impl_->stream; }
+bool GpuModel::fused_hc_pre() const { return impl_->fused_hc_pre; }
 
 int64_t GpuModel::Position(int64_t slot) const {
   if (slot < 0 || slot >= impl_->options.slots) return -1;

@@ -192,6 +192,18 @@ struct GpuModelOptions {
   // (or 0) in the environment overrides this field for every model of the process. Compiled, not
   // yet run on a GPU (2026-12-04): off until tools/gpu/run_actq25.sh has measured it.
   bool fp8_shared_act_quant = false;
+  // Fused hyper-connection pre-mix (kernels/cuda/hyper_connection_fused.cuh): each HcPre (two a
+  // layer: before attention and before the FFN) runs as two kernels (split-K dot products of the
+  // unnormalized streams with hc_*_fn and their sums of squares, then per row the mixing weights,
+  // Sinkhorn, collapse and the sublayer's RMSNorm) instead of rms_norm + the fp32 GEMM (cuBLAS,
+  // 1-3 launches) + hyper_connection_pre (2) + rms_norm. The same math rounded differently (the
+  // normalization applied after the dot products). Any row count (prefill chunks too); shapes the
+  // kernels do not take (hc_mult > 4, hidden > 8192) keep the unfused path. Its workspace is the
+  // unfused path's `flat` buffer, so no memory is added. PDSERVE_FUSED_HC_PRE=1 (or 0) in the
+  // environment overrides this field for every model of the process; =pdl is 1 with both kernels
+  // launched programmatically (kernels/cuda/grid_dependency.cuh), to compare. Compiled, not yet run
+  // on a GPU (2026-12-05): off until tools/gpu/run_hcpre59.sh has measured it.
+  bool fused_hc_pre = false;
 };
 
 // One compression rate's page pool (GpuModel::StatePages).
@@ -252,6 +264,9 @@ class GpuModel {
   // The stream (a cudaStream_t) the model enqueues its work on, for a caller's own timing events
   // (benchmarks); work the caller enqueues there runs in order with the model's.
   void* cuda_stream() const;
+  // Whether HcPre runs fused (GpuModelOptions::fused_hc_pre or PDSERVE_FUSED_HC_PRE, and a shape
+  // the fused kernels take).
+  bool fused_hc_pre() const;
   // An empty state (position 0) in the CPU engine's layout, as engine::Model::NewState() gives
   // for this model: what runtime::PagedState::Load fills before ImportState.
   ModelState NewState() const;

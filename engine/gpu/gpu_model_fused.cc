@@ -30,6 +30,30 @@ bool FusedProjectionsWanted(const GpuModelOptions& options) {
   return wanted;
 }
 
+bool FusedHcPreWanted(const GpuModelOptions& options) {
+  const char* env = std::getenv("PDSERVE_FUSED_HC_PRE");
+  const std::string forced = env != nullptr ? env : "";
+  return forced == "1" || forced == "pdl" || (forced != "0" && options.fused_hc_pre);
+}
+
+void GpuModel::Impl::EnableFusedHcPre() {
+  fused_hc_pre = false;
+  if (!FusedHcPreWanted(options)) return;
+  const ModelConfig& c = config;
+  bool shapes = kc::hyper_connection_pre_fused_workspace(max_rows, c.hc_mult, c.hidden_size) <=
+                static_cast<int64_t>(flat.size());
+  for (const Layer& l : layers) {
+    for (const HcWeights* hc : {&l.attn_hc, &l.ffn_hc}) {
+      shapes =
+          shapes && kc::hyper_connection_pre_fused_supports(c.hc_mult, c.hidden_size, hc->outputs);
+    }
+  }
+  fused_hc_pre = shapes;
+  const char* env = std::getenv("PDSERVE_FUSED_HC_PRE");
+  hc_pre_programmatic = shapes && env != nullptr && std::string(env) == "pdl";
+  spdlog::debug("fused hc pre: {}", shapes ? "on" : "off (shape not supported)");
+}
+
 absl::StatusOr<bool> LinearSource::LoadFused(const FusedGroupSpec& spec,
                                              const std::vector<Linear*>& parts,
                                              Linear* group) const {

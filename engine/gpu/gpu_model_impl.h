@@ -35,6 +35,7 @@
 #include "kernels/cuda/compressor.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/hyper_connection.cuh"
+#include "kernels/cuda/hyper_connection_fused.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/indexer_generic.cuh"
 #include "kernels/cuda/moe.cuh"
@@ -60,6 +61,10 @@ constexpr int64_t kOaGroupedMaxRows = 64;
 // options.fused_projections unless PDSERVE_FUSED_PROJECTIONS is 0 or 1 in the environment; false
 // with GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
 bool FusedProjectionsWanted(const GpuModelOptions& options);
+
+// options.fused_hc_pre unless PDSERVE_FUSED_HC_PRE is 0, 1 or pdl (1, with programmatic launches)
+// in the environment.
+bool FusedHcPreWanted(const GpuModelOptions& options);
 
 inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -380,6 +385,10 @@ struct GpuModel::Impl {
   // "expert" ids [max_rows, o_groups] (row r's pick g is group g) and workspace.
   bool fused = false;
   DeviceArray<float> fused_out;
+  // GpuModelOptions::fused_hc_pre, where every site's shape allows it (set by
+  // EnableFusedHcPre); its partials live in `flat`.
+  bool fused_hc_pre = false;
+  bool hc_pre_programmatic = false;  // PDSERVE_FUSED_HC_PRE=pdl
   bool o_a_grouped = false;
   DeviceArray<int32_t> o_a_ids;
   DeviceArray<unsigned char> o_a_workspace;
@@ -545,6 +554,8 @@ struct GpuModel::Impl {
   // The fused buffers (o_a ids, output, workspace) for the groups Load fused.
   absl::Status AllocateFused();
   absl::Status HcPre(const HcWeights& hc, const DeviceArray<float>& norm, int64_t rows);
+  // Sets fused_hc_pre from FusedHcPreWanted and the shapes (after Load and Allocate).
+  void EnableFusedHcPre();
   // decode: one token per segment at a bucket's row count (the fixed-shape decode kernels, the
   // ring written before attention); else the any-shape path.
   absl::Status Attention(Layer& layer, int64_t rows, const SegmentArrays& segs, bool decode);

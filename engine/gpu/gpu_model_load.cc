@@ -520,6 +520,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   PDSERVE_CUDA_RETURN(
       cudaDeviceGetAttribute(&impl->sm_count, cudaDevAttrMultiProcessorCount, options.device));
   PDSERVE_RETURN_IF_ERROR(impl->Allocate());
+  impl->EnableFusedHcPre();
   // State pools start as NaN (all bits set): a kernel that read a slot's never-written row
   // would turn that request's logits into NaN, which the tests would see.
   for (Layer& layer : impl->layers) {

@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/hyper_connection.cuh"
+#include "kernels/cuda/hyper_connection_math.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sinkhorn.cuh"
 
@@ -8,14 +9,6 @@ namespace pdserve::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // hidden columns per block
-
-// kernels/cpu/activations.h Sigmoid; the division is IEEE (no fast-math).
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// x * s + b rounded twice, as the CPU computes it (no fused multiply-add).
-__device__ __forceinline__ float ScaleShift(float x, float s, float b) {
-  return __fadd_rn(__fmul_rn(x, s), b);
-}
 
 // One block per (row, chunk of kThreads hidden columns): the row's pre weights go to shared
 // memory, then each thread collapses one column over the hc streams in index order. With MIXING
@@ -31,16 +24,16 @@ __global__ void __launch_bounds__(kThreads)
   const float* m = mix + row * mix_stride;
   if (static_cast<int>(threadIdx.x) < hc) {
     const int j = threadIdx.x;
-    pre[j] = __fadd_rn(Sigmoid(ScaleShift(m[j], scale[0], base[j])), eps);
+    pre[j] = __fadd_rn(HcSigmoid(HcScaleShift(m[j], scale[0], base[j])), eps);
   }
   if constexpr (MIXING) {
     if (chunk == 0) {
       if (static_cast<int>(threadIdx.x) < hc) {
         const int j = threadIdx.x;
-        post[row * hc + j] = 2.0f * Sigmoid(ScaleShift(m[hc + j], scale[1], base[hc + j]));
+        post[row * hc + j] = 2.0f * HcSigmoid(HcScaleShift(m[hc + j], scale[1], base[hc + j]));
       }
       for (int i = threadIdx.x; i < hc * hc; i += kThreads) {
-        comb[row * hc * hc + i] = ScaleShift(m[2 * hc + i], scale[2], base[2 * hc + i]);
+        comb[row * hc * hc + i] = HcScaleShift(m[2 * hc + i], scale[2], base[2 * hc + i]);
       }
     }
   }

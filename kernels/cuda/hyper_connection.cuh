@@ -24,6 +24,9 @@
 // status. rows == 0 or hidden == 0 launches nothing (hyper_connection_pre still writes post and
 // comb when rows > 0 and hidden == 0).
 //
+// kernels/cuda/hyper_connection_fused.cuh does the whole pre-mix (the RMSNorm and the GEMM of
+// mix folded in, the sublayer's RMSNorm after) in two launches.
+//
 // Asynchronous on `stream`; no state, so concurrent calls on different outputs are safe. CUDA-graph
 // safe: no allocation, no synchronization; launch shapes depend only on (rows, hc, hidden).
 #pragma once

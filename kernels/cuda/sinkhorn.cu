@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sinkhorn.cuh"
+#include "kernels/cuda/sinkhorn_rows.cuh"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -62,7 +63,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The same arithmetic for n in {2, 4, 8}, the matrix in registers: lane j of a group of N lanes
+// The same arithmetic for n in {2, 4, 8}, the matrix in registers (kernels/cuda/
+// sinkhorn_rows.cuh, also called by hyper_connection_pre_fused): lane j of a group of N lanes
 // holds row j. A row normalization is the lane's own; a column normalization gathers column c's
 // entries from the group's lanes in row order (shuffles) so each sum is the same fp32 chain
 // 0 + m[0][c] + m[1][c] + ..., and each lane divides its own entries by the column sums: the
@@ -86,44 +88,8 @@ __global__ void __launch_bounds__(kThreads)
   float row[N];
 #pragma unroll
   for (int c = 0; c < N; ++c) row[c] = active ? global[j * N + c] : 0.0f;
-  float max_value = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < N; ++c) max_value = fmaxf(max_value, row[c]);
-  if (max_value == -INFINITY) {
-#pragma unroll
-    for (int c = 0; c < N; ++c) row[c] = 0.0f;
-  } else {
-    double sum = 0.0;
-#pragma unroll
-    for (int c = 0; c < N; ++c) {
-      row[c] = expf(row[c] - max_value);
-      sum += row[c];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-#pragma unroll
-    for (int c = 0; c < N; ++c) row[c] *= inv;
-  }
-#pragma unroll
-  for (int c = 0; c < N; ++c) row[c] += eps;
-  // Every lane of the warp runs the loop (inactive ones on zeros): the shuffles need them all.
-  for (int64_t it = 0; it < (iters > 1 ? iters : 1); ++it) {
-    if (it > 0) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int c = 0; c < N; ++c) sum += row[c];
-#pragma unroll
-      for (int c = 0; c < N; ++c) row[c] /= (sum + eps);
-    }
-    float column_sum[N];
-#pragma unroll
-    for (int c = 0; c < N; ++c) {
-      column_sum[c] = 0.0f;
-#pragma unroll
-      for (int r = 0; r < N; ++r) column_sum[c] += __shfl_sync(0xffffffffu, row[c], first_lane + r);
-    }
-#pragma unroll
-    for (int c = 0; c < N; ++c) row[c] /= (column_sum[c] + eps);
-  }
+  // Every lane of the warp runs it (inactive ones on zeros): the shuffles need them all.
+  SinkhornRowsInRegisters<N>(row, first_lane, iters, eps);
   if (active) {
 #pragma unroll
     for (int c = 0; c < N; ++c) global[j * N + c] = row[c];

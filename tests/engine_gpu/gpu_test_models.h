@@ -280,4 +280,24 @@ inline std::vector<Tensor> PromptLogitsTwoWays(GpuModel& gpu,
   return whole;
 }
 
+// Every prompt of `m` on `gpu` in two ways, each row against the CPU engine `cpu`'s one-shot
+// logits: whole-prompt prefill in one call (slot 0), and chunked prefill of the first half in
+// chunks of 7 followed by the rest as batched decode steps, all prompts at once in slots 1.. .
+inline RowStats CompareOnPrompts(const TestModel& m, const Model& cpu, GpuModel& gpu) {
+  RowStats stats;
+  std::vector<Tensor> refs;
+  for (const auto& tokens : m.prompts) {
+    ModelState state = cpu.NewState();
+    auto ref = cpu.Forward(&state, tokens);
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    refs.push_back(ref.ok() ? std::move(*ref) : Tensor());
+  }
+  const std::vector<Tensor> logits = PromptLogitsTwoWays(gpu, m.prompts, /*use_graph=*/false);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i].data.empty()) continue;  // a failed call, reported already
+    stats.Add(logits[i], refs[i % refs.size()], 0);
+  }
+  return stats;
+}
+
 }  // namespace pdserve::engine::gpu

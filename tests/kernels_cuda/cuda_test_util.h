@@ -109,6 +109,14 @@ inline std::mt19937_64 FreshRng() {
   return std::mt19937_64(seed);
 }
 
+// n values drawn from N(mean, stddev^2).
+inline std::vector<float> NormalValues(std::mt19937_64& rng, size_t n, float mean, float stddev) {
+  std::normal_distribution<float> normal(mean, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
 // ||got - want|| / ||want|| over positions where both are finite; NaN/Inf positions must agree
 // (counted in `mismatched`).
 struct ErrorReport {

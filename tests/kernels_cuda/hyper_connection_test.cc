@@ -23,6 +23,7 @@ namespace {
 
 using testing::FreshRng;
 using testing::GuardedBuffer;
+using testing::NormalValues;
 using testing::Widen;
 
 constexpr float kEps = 1e-6f;  // hc_eps
@@ -34,13 +35,6 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 std::string Describe(int64_t rows, int64_t hc, int64_t hidden) {
   return "rows " + std::to_string(rows) + " hc " + std::to_string(hc) + " hidden " +
          std::to_string(hidden);
-}
-
-std::vector<float> Normal(std::mt19937_64& rng, size_t n, float mean, float stddev) {
-  std::normal_distribution<float> normal(mean, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
 }
 
 // One site's inputs: streams [rows, hc, hidden], weights fn [outputs, hc * hidden], base
@@ -59,11 +53,11 @@ struct SiteCase {
 SiteCase MakeSite(std::mt19937_64& rng, int64_t rows, int64_t hc, int64_t hidden, int64_t outputs) {
   SiteCase c{rows, hc, hidden, outputs, {}, {}, {}, {}};
   const int64_t flat = hc * hidden;
-  c.streams = Normal(rng, static_cast<size_t>(rows * flat), 0.0f, 1.0f);
-  const std::vector<float> fn = Normal(rng, static_cast<size_t>(outputs * flat), 0.0f,
-                                       1.0f / std::sqrt(static_cast<float>(flat)));
-  c.base = Normal(rng, static_cast<size_t>(outputs), 0.0f, 0.5f);
-  c.scale = Normal(rng, 3, 1.0f, 0.5f);
+  c.streams = NormalValues(rng, static_cast<size_t>(rows * flat), 0.0f, 1.0f);
+  const std::vector<float> fn = NormalValues(rng, static_cast<size_t>(outputs * flat), 0.0f,
+                                             1.0f / std::sqrt(static_cast<float>(flat)));
+  c.base = NormalValues(rng, static_cast<size_t>(outputs), 0.0f, 0.5f);
+  c.scale = NormalValues(rng, 3, 1.0f, 0.5f);
   std::vector<float> normed(c.streams.size());
   cpu::RmsNorm(c.streams.data(), nullptr, rows, flat, kRmsEps, normed.data());
   c.mix.resize(static_cast<size_t>(rows * outputs));
@@ -158,7 +152,8 @@ void ExpectSiteMatchesCpu(std::mt19937_64& rng, const SiteCase& c) {
   GuardedBuffer<float> post(static_cast<size_t>(c.rows * hc));
   GuardedBuffer<float> comb(static_cast<size_t>(c.rows * hc * hc));
   GuardedBuffer<float> collapsed(static_cast<size_t>(c.rows * c.hidden));
-  const std::vector<float> y = Normal(rng, static_cast<size_t>(c.rows * c.hidden), 0.0f, 1.0f);
+  const std::vector<float> y =
+      NormalValues(rng, static_cast<size_t>(c.rows * c.hidden), 0.0f, 1.0f);
   GuardedBuffer<float> d_y(y.size());
   ASSERT_TRUE(d.ok() && post.ok() && comb.ok() && collapsed.ok() && d_y.ok());
   d_y.Upload(y);
