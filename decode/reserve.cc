@@ -217,7 +217,7 @@ absl::StatusOr<v1::TransferTicket> DecodeWorker::Register(std::shared_ptr<Reques
     }
     return absl::AbortedError(absl::StrCat("request ", id, " was aborted while being reserved"));
   }
-  v1::TransferTicket proto = kv::TicketToProto(*ticket);
+  v1::TransferTicket proto = kv::TicketToProto(*ticket, clock_.Now());
   proto.set_reserved_prompt_tokens(static_cast<int32_t>(record->prompt.size()));
   proto.set_reserved_max_tokens(record->params.max_tokens);
   proto.set_model_fingerprint(model_.fingerprint);

@@ -10,7 +10,7 @@ namespace pdserve::kv {
 
 namespace v1 = pdserve::worker::v1;
 
-v1::TransferTicket TicketToProto(const Ticket& ticket) {
+v1::TransferTicket TicketToProto(const Ticket& ticket, absl::Time now) {
   v1::TransferTicket proto;
   proto.set_ticket_id(ticket.ticket_id);
   proto.set_epoch(ticket.epoch);
@@ -30,6 +30,7 @@ v1::TransferTicket TicketToProto(const Ticket& ticket) {
     out->set_element(static_cast<uint32_t>(page.element));
   }
   proto.set_lease_deadline_unix_ms(absl::ToUnixMillis(ticket.lease_deadline));
+  proto.set_lease_remaining_ms(absl::ToInt64Milliseconds(ticket.lease_deadline - now));
   proto.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(ticket.heartbeat_interval));
   if (ticket.shm_pull.has_value()) {
     v1::ShmPullOffer* offer = proto.mutable_shm_pull();
@@ -45,7 +46,7 @@ v1::TransferTicket TicketToProto(const Ticket& ticket) {
   return proto;
 }
 
-absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
+absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto, absl::Time now) {
   Ticket ticket;
   ticket.ticket_id = proto.ticket_id();
   ticket.epoch = proto.epoch();
@@ -79,7 +80,9 @@ absl::StatusOr<Ticket> TicketFromProto(const v1::TransferTicket& proto) {
   if (proto.heartbeat_interval_ms() < 0) {
     return absl::InvalidArgumentError("negative heartbeat interval");
   }
-  ticket.lease_deadline = absl::FromUnixMillis(proto.lease_deadline_unix_ms());
+  ticket.lease_deadline = proto.has_lease_remaining_ms()
+                              ? now + absl::Milliseconds(proto.lease_remaining_ms())
+                              : absl::FromUnixMillis(proto.lease_deadline_unix_ms());
   ticket.heartbeat_interval = absl::Milliseconds(proto.heartbeat_interval_ms());
   if (proto.has_shm_pull()) {
     const v1::ShmPullOffer& offer = proto.shm_pull();

@@ -6,16 +6,22 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kvtransfer/isolation_error.h"
 #include "kvtransfer/ticket.h"
 #include "pdserve/worker/v1/worker.pb.h"
 
 namespace pdserve::kv {
 
-pdserve::worker::v1::TransferTicket TicketToProto(const Ticket& ticket);
+// `now`: the issuing (decode) worker's clock; the lease travels as the time left from it as well
+// as the deadline, so the receiving host's wall clock need not agree with this one's.
+pdserve::worker::v1::TransferTicket TicketToProto(const Ticket& ticket, absl::Time now);
+// `now`: the reading (prefill) worker's clock: the ticket's lease_deadline is now + the lease left
+// that the ticket states, or its lease_deadline_unix_ms where it states none.
 // Errors: InvalidArgument when a descriptor's slot is not its position in the list or a field
 // is out of range (a ticket from the wire is untrusted).
-absl::StatusOr<Ticket> TicketFromProto(const pdserve::worker::v1::TransferTicket& proto);
+absl::StatusOr<Ticket> TicketFromProto(const pdserve::worker::v1::TransferTicket& proto,
+                                       absl::Time now);
 
 pdserve::worker::v1::TransferCommit CommitToProto(const ControlMessage& commit);
 

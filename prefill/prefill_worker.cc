@@ -247,7 +247,8 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
         absl::StrCat("a prompt of ", a.prompt_length,
                      " tokens exceeds the prefill engine's context of ", engine_->max_context()));
   }
-  PDSERVE_ASSIGN_OR_RETURN(a.ticket, CheckTicket(request, a, model_.fingerprint, ucx_protocols_));
+  PDSERVE_ASSIGN_OR_RETURN(
+      a.ticket, CheckTicket(request, a, model_.fingerprint, ucx_protocols_, clock_.Now()));
   PDSERVE_ASSIGN_OR_RETURN(
       serving::RequestSampler sampler,
       serving::RequestSampler::Create(params, worker::SeedRequestId(a.id), model_.eos_ids, a.prompt,
@@ -258,7 +259,7 @@ absl::StatusOr<PrefillWorker::Admitted> PrefillWorker::Admit(
 
 absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& request,
                                                       const Admitted& a, uint64_t fingerprint,
-                                                      kv::UcxProtocols protocols) {
+                                                      kv::UcxProtocols protocols, absl::Time now) {
   // The ticket states what Reserve reserved the pages for (0: not stated); any other prompt or
   // max_tokens would write pages the decode worker cannot use.
   const v1::TransferTicket& ticket_proto = request.ticket();
@@ -290,7 +291,7 @@ absl::StatusOr<kv::Ticket> PrefillWorker::CheckTicket(const v1::PrefillRequest& 
                      worker::UcxProtocolsProtoName(mine),
                      " (transfer.ucx_protocols or UCX_PROTO_ENABLE must agree on both workers)")));
   }
-  PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(ticket_proto));
+  PDSERVE_ASSIGN_OR_RETURN(kv::Ticket ticket, kv::TicketFromProto(ticket_proto, now));
   if (ticket.request_id != a.id) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ticket belongs to request ", ticket.request_id, ", not ", a.id));

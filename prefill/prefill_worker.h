@@ -181,10 +181,11 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   // The request's tokens, sampling and ticket against the model, the engine and Reserve's plan.
   absl::StatusOr<Admitted> Admit(const pdserve::worker::v1::PrefillRequest& request) const;
   // `fingerprint`: this worker's model fingerprint, `protocols`: its transport's UCX protocols
-  // (a ticket stating another of either is refused, marked worker::kTicketMismatch).
+  // (a ticket stating another of either is refused, marked worker::kTicketMismatch); `now`: this
+  // worker's clock, from which the ticket's lease deadline is measured (kv::TicketFromProto).
   static absl::StatusOr<kv::Ticket> CheckTicket(const pdserve::worker::v1::PrefillRequest& request,
                                                 const Admitted& a, uint64_t fingerprint,
-                                                kv::UcxProtocols protocols);
+                                                kv::UcxProtocols protocols, absl::Time now);
   // Waits for the request's turn (then run_busy_ and running_ are set for it), its abort or
   // cancellation (Cancelled), or half its lease (ResourceExhausted).
   absl::Status AwaitTurn(uint64_t id, absl::Time lease_deadline, const grpc::ServerContext& context)

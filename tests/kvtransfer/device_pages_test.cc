@@ -646,6 +646,7 @@ TEST(DeviceRefBatchTest, AReceiverBeforeVersionThreeRefusesABatchWhole) {
 }
 
 TEST(DevicePageTicketTest, TheOffersDeviceRoundTripsThroughTheCompactFormAndProto) {
+  const absl::Time kNow = absl::FromUnixMillis(1699999990000);  // both ends' clock
   Ticket ticket{.ticket_id = 4, .epoch = 5, .request_id = 6, .worker_address = {std::byte{7}}};
   ticket.pages.push_back(
       {.layer = 1, .page_index = 2, .token_begin = 0, .token_end = 64, .bytes = 4096});
@@ -657,7 +658,7 @@ TEST(DevicePageTicketTest, TheOffersDeviceRoundTripsThroughTheCompactFormAndProt
   auto compact = DecodeTicket(EncodeTicket(ticket));
   ASSERT_TRUE(compact.ok()) << compact.status();
   EXPECT_EQ(*compact, ticket);
-  auto proto = TicketFromProto(TicketToProto(ticket));
+  auto proto = TicketFromProto(TicketToProto(ticket, kNow), kNow);
   ASSERT_TRUE(proto.ok()) << proto.status();
   EXPECT_EQ(proto->shm_pull, ticket.shm_pull);
   // A truncated device part, and a bus id over 31 characters in either form.
@@ -666,7 +667,7 @@ TEST(DevicePageTicketTest, TheOffersDeviceRoundTripsThroughTheCompactFormAndProt
   EXPECT_FALSE(DecodeTicket(bytes).ok());
   ticket.shm_pull->device_pci_bus_id = std::string(32, '0');
   EXPECT_FALSE(DecodeTicket(EncodeTicket(ticket)).ok());
-  EXPECT_FALSE(TicketFromProto(TicketToProto(ticket)).ok());
+  EXPECT_FALSE(TicketFromProto(TicketToProto(ticket, kNow), kNow).ok());
 }
 
 }  // namespace

@@ -447,6 +447,7 @@ TEST(PageRefTest, MessagesSplitIntoTheirEntries) {
 }
 
 TEST(ShmPullTicketTest, OfferRoundTripsThroughTheCompactFormAndProto) {
+  const absl::Time kNow = absl::FromUnixMillis(1699999990000);  // both ends' clock
   Ticket ticket{.ticket_id = 4, .epoch = 5, .request_id = 6, .worker_address = {std::byte{7}}};
   ticket.pages.push_back(
       {.layer = 1, .page_index = 2, .token_begin = 0, .token_end = 64, .bytes = 4096});
@@ -459,13 +460,13 @@ TEST(ShmPullTicketTest, OfferRoundTripsThroughTheCompactFormAndProto) {
   auto compact = DecodeTicket(EncodeTicket(ticket));
   ASSERT_TRUE(compact.ok()) << compact.status();
   EXPECT_EQ(*compact, ticket);
-  auto proto = TicketFromProto(TicketToProto(ticket));
+  auto proto = TicketFromProto(TicketToProto(ticket, kNow), kNow);
   ASSERT_TRUE(proto.ok()) << proto.status();
   EXPECT_EQ(proto->shm_pull, ticket.shm_pull);
   // Without an offer both forms are as before.
   ticket.shm_pull.reset();
   EXPECT_EQ(*DecodeTicket(EncodeTicket(ticket)), ticket);
-  EXPECT_FALSE(TicketFromProto(TicketToProto(ticket))->shm_pull.has_value());
+  EXPECT_FALSE(TicketFromProto(TicketToProto(ticket, kNow), kNow)->shm_pull.has_value());
   // A truncated offer, an over-long boot id, a token of the wrong size.
   ticket.shm_pull = offer;
   std::vector<std::byte> bytes = EncodeTicket(ticket);
@@ -473,10 +474,10 @@ TEST(ShmPullTicketTest, OfferRoundTripsThroughTheCompactFormAndProto) {
   EXPECT_FALSE(DecodeTicket(bytes).ok());
   ticket.shm_pull->boot_id = std::string(65, 'x');
   EXPECT_FALSE(DecodeTicket(EncodeTicket(ticket)).ok());
-  auto bad_proto = TicketToProto(ticket);
+  auto bad_proto = TicketToProto(ticket, kNow);
   bad_proto.mutable_shm_pull()->set_boot_id("b");
   bad_proto.mutable_shm_pull()->set_token("short");
-  EXPECT_FALSE(TicketFromProto(bad_proto).ok());
+  EXPECT_FALSE(TicketFromProto(bad_proto, kNow).ok());
 }
 
 // An exporter could shrink an unsealed memfd under a peer's mapping, and the peer's next copy

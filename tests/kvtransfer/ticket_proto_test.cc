@@ -26,19 +26,51 @@ TEST(TicketProtoTest, TicketRoundTripsThroughTheProto) {
                  .element = serving::ElementType::kBfloat16}},
       .lease_deadline = absl::FromUnixMillis(1'800'000'000'123),
       .heartbeat_interval = absl::Milliseconds(500)};
-  const v1::TransferTicket proto = TicketToProto(ticket);
+  const absl::Time now = absl::FromUnixMillis(1'799'999'990'000);
+  const v1::TransferTicket proto = TicketToProto(ticket, now);
   EXPECT_EQ(proto.pages(1).slot(), 1u);
   EXPECT_EQ(proto.pages(0).element(), 0u);  // fp32: the field's default
   EXPECT_EQ(proto.pages(1).element(), 1u);
-  auto back = TicketFromProto(proto);
+  auto back = TicketFromProto(proto, now);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, ticket);
+}
+
+// The lease travels as the time left, read against the reading worker's own clock: a prefill
+// host whose wall clock runs 40 s ahead of the decode host's still gets the whole 30 s lease
+// (it read every ticket as already over), and one 1 h behind does not get 1 h more.
+TEST(TicketProtoTest, TheLeaseIsTheTimeLeftOnTheReadersClock) {
+  const absl::Time decode_now = absl::FromUnixMillis(1'800'000'000'000);
+  const Ticket ticket{.ticket_id = 1,
+                      .epoch = 1,
+                      .request_id = 2,
+                      .lease_deadline = decode_now + absl::Seconds(30),
+                      .heartbeat_interval = absl::Milliseconds(500)};
+  const v1::TransferTicket proto = TicketToProto(ticket, decode_now);
+  EXPECT_EQ(proto.lease_remaining_ms(), 30000);
+  EXPECT_EQ(proto.lease_deadline_unix_ms(), 1'800'000'030'000);
+  for (const absl::Duration skew : {absl::Seconds(40), -absl::Hours(1), absl::ZeroDuration()}) {
+    const absl::Time prefill_now = decode_now + skew;
+    auto read = TicketFromProto(proto, prefill_now);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->lease_deadline, prefill_now + absl::Seconds(30)) << skew;
+  }
+}
+
+// A decode worker that predates lease_remaining_ms states only the deadline: that is used.
+TEST(TicketProtoTest, ATicketWithoutTheLeaseLeftUsesItsDeadline) {
+  v1::TransferTicket proto;
+  proto.set_lease_deadline_unix_ms(1'800'000'030'000);
+  auto read = TicketFromProto(proto, absl::FromUnixMillis(1'800'000'000'000));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->lease_deadline, absl::FromUnixMillis(1'800'000'030'000));
 }
 
 TEST(TicketProtoTest, RejectsASlotOutOfPlace) {
   v1::TransferTicket proto;
   proto.add_pages()->set_slot(1);
-  EXPECT_EQ(TicketFromProto(proto).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TicketFromProto(proto, absl::UnixEpoch()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TicketProtoTest, AMalformedShmPullOfferNamesItsField) {
@@ -46,7 +78,7 @@ TEST(TicketProtoTest, AMalformedShmPullOfferNamesItsField) {
     v1::TransferTicket proto;
     proto.mutable_shm_pull()->set_token(std::string(16, 'x'));
     mutate(proto.mutable_shm_pull());
-    const absl::Status status = TicketFromProto(proto).status();
+    const absl::Status status = TicketFromProto(proto, absl::UnixEpoch()).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     return std::string(status.message());
   };
@@ -59,7 +91,7 @@ TEST(TicketProtoTest, AMalformedShmPullOfferNamesItsField) {
   v1::TransferTicket fine;
   fine.mutable_shm_pull()->set_token(std::string(16, 'x'));
   fine.mutable_shm_pull()->set_device_pci_bus_id("0000:19:00.0");
-  EXPECT_TRUE(TicketFromProto(fine).ok());
+  EXPECT_TRUE(TicketFromProto(fine, absl::UnixEpoch()).ok());
 }
 
 TEST(TicketProtoTest, CommitCarriesDigestsAndFirstToken) {
