@@ -26,8 +26,9 @@
 // - Workspaces (engine/gpu_workspace_plan.h, each the allocating code's own formula): the dense
 //   FP8 GEMMs', W8A8's shared act-quant rows, the grouped o_a's (FP8 projections resident), the
 //   decode attention's, the GPU sampler's (decode). Not counted (docs/memory-plan.md has the
-//   list): the paged import's descriptor staging and the CUDA IPC landers' descriptor arrays
-//   (grown on demand), the local expert-parallel transport's staging.
+//   list): the import's and the CUDA IPC landers' page descriptors (mapped pinned host memory at
+//   the defaults), the sampler's input staging and the local expert-parallel transport's staging
+//   (grown on demand).
 // - FP8 experts (`weights: fp8` on a quantized checkpoint): GpuFp8ExpertBytes.
 // - CUDA IPC (transfer.cuda_ipc): PlanRequest::cuda_ipc_*, runtime/cuda_ipc_memory.h.
 // - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
