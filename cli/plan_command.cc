@@ -49,6 +49,8 @@ absl::StatusOr<engine::PlanRequest> WorkerPlanRequest(const config::WorkerConfig
   q.gpu_bytes = options.gpu_bytes;
   q.fp8_weights = worker.weights == "fp8";
   q.fp8_activations = worker.fp8_activations == "fp8";
+  // No deploy key: the worker's engine takes the option from its environment.
+  q.fp8_shared_act_quant = engine::SharedActQuantOption(false);
   // Activations for the worker's prefill chunk (runtime::GpuMaxChunk), else the default 256 rows.
   if (worker.prefill_chunk > 0) q.max_chunk = worker.prefill_chunk;
   // The flag, else the decode worker's own key.

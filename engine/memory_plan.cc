@@ -331,6 +331,16 @@ GpuPlan PlanGpu(const ModelConfig& config, int64_t expert_bytes, int64_t replica
                                         static_cast<int>(world), !q.fp8_activations)
                           .total();
     }
+    WorkspaceRequest wq;
+    wq.max_rows = std::max(q.max_chunk, slots);
+    wq.slots = slots;
+    wq.context = context;
+    // The checkpoint's FP8 matrices stay FP8 exactly where its experts do (WithFp8Experts).
+    wq.fp8_projections = q.fp8_experts;
+    wq.w8a8 = q.fp8_activations;
+    wq.shared_act_quant = q.fp8_shared_act_quant;
+    wq.sampler = !q.prefill;
+    p.workspace = GpuWorkspaceBytes(config, wq);
     return p;
   };
   GpuPlan p = plan(q.prefill ? 1 : CeilDiv(q.max_batch, world), q.max_context);
@@ -379,6 +389,20 @@ std::string CudaIpcRowName(const PlanRequest& q) {
                    : absl::StrCat("CUDA IPC pool (", q.cuda_ipc_tokens, " tok/request)");
 }
 
+// The plan's workspace lines (GpuWorkspaceBytes), each where either column has bytes.
+std::string WorkspaceRows(const WorkspaceBytes& s, const WorkspaceBytes& t) {
+  std::string out;
+  const auto row = [&](const char* what, int64_t WorkspaceBytes::*part) {
+    if (s.*part + t.*part > 0) absl::StrAppend(&out, PlanRow(what, s.*part, t.*part));
+  };
+  row("workspace: dense FP8 GEMMs", &WorkspaceBytes::dense_fp8);
+  row("workspace: W8A8 shared act quant", &WorkspaceBytes::act_quant);
+  row("workspace: grouped o_a", &WorkspaceBytes::o_a_grouped);
+  row("workspace: decode attention", &WorkspaceBytes::attention);
+  row("workspace: GPU sampler", &WorkspaceBytes::sampler);
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -395,8 +419,8 @@ std::string PagedCapacity(const ModelConfig& config, const PlanRequest& q, const
         &out, " ", tokens / 1024,
         "K: ", world * AdmittedRequests(config, t.slots, q.max_context, state_tokens, tokens), ";");
   }
-  const int64_t budget =
-      q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime - t.transfer - t.fp8_experts;
+  const int64_t budget = q.gpu_bytes - t.weights - t.activations - t.graphs - t.runtime -
+                         t.transfer - t.fp8_experts - t.workspace.total();
   absl::StrAppend(&out, "\n  state budget ", Gib(std::max<int64_t>(budget, 0)),
                   " per GPU fits (paged / slot layout, per group):");
   for (int64_t tokens : {int64_t{8192}, int64_t{32768}, int64_t{131072}}) {
@@ -447,6 +471,7 @@ std::string FormatPlan(const ModelConfig& config, const WeightBytes& w,
     absl::StrAppend(&out,
                     PlanRow("FP8 experts: outputs + workspace", s.fp8_experts, t.fp8_experts));
   }
+  absl::StrAppend(&out, WorkspaceRows(s.workspace, t.workspace));
   absl::StrAppend(&out, PlanRow("total", s.total(), t.total()));
   absl::StrAppendFormat(&out, "  %-34s %14s %14s\n", "fits",
                         s.total() <= q.gpu_bytes ? "yes" : "NO",
@@ -494,7 +519,7 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w,
       q.fp8_weights ? " as the CUDA engine holds them in --weights fp8"
                     : " as today's CUDA engine holds them, bf16",
       "; state ", Gib(t.state), " for ", t.slots, " slot(s) + scratch at ", q.max_context,
-      " tokens; activations ", Gib(t.activations),
+      " tokens; activations ", Gib(t.activations), "; workspaces ", Gib(t.workspace.total()),
       t.fp8_experts > 0 ? absl::StrCat("; FP8 experts' outputs and workspace ", Gib(t.fp8_experts))
                         : "",
       t.transfer > 0
@@ -503,7 +528,7 @@ absl::Status CheckPlanFits(const ModelConfig& config, const WeightBytes& w,
       "), ", Gib(q.gpu_bytes), " per GPU available. Change one of: ");
   std::vector<std::string> changes;
   const int64_t rest = q.gpu_bytes - t.activations - t.graphs - t.runtime - t.transfer -
-                       t.fp8_experts -
+                       t.fp8_experts - t.workspace.total() -
                        (t.slots + 1) * GpuSlotStateBytes(config, q.max_context).total();
   if (t.weights >= q.gpu_bytes - t.runtime || rest < t.weights) {
     changes.push_back(

@@ -22,8 +22,13 @@
 //   gpu_model_fused.cc; counted even when the option is off). Their weights add no bytes on
 //   V4-Flash / V4-Pro (the parts are views into the stacked weight, no padding rows there:
 //   engine/fused_projections.h); on other shapes the padding rows (FusedPaddingRows) are not
-//   counted. Not counted either (docs/memory-plan.md has the list): the dense FP8 GEMMs' and
-//   the decode attention's workspaces, the GPU sampler's, the paged import's staging.
+//   counted.
+// - Workspaces (engine/gpu_workspace_plan.h, each the allocating code's own formula): the dense
+//   FP8 GEMMs', W8A8's shared act-quant rows, the grouped o_a's (FP8 projections resident), the
+//   decode attention's, the GPU sampler's (decode). Not counted (docs/memory-plan.md has the
+//   list): the import's and the CUDA IPC landers' page descriptors (mapped pinned host memory at
+//   the defaults), the sampler's input staging and the local expert-parallel transport's staging
+//   (grown on demand).
 // - FP8 experts (`weights: fp8` on a quantized checkpoint): GpuFp8ExpertBytes.
 // - CUDA IPC (transfer.cuda_ipc): PlanRequest::cuda_ipc_*, runtime/cuda_ipc_memory.h.
 // - CUDA graphs, CUDA context, cuBLAS and NCCL: not measured; a fixed allowance (kGraphAllowance
@@ -41,6 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/gpu_workspace_plan.h"
 
 namespace pdserve::engine {
 
@@ -135,6 +141,9 @@ struct PlanRequest {
   bool fp8_weights = false;
   // The worker's `fp8_activations: fp8` (W8A8; default bf16: W8A16).
   bool fp8_activations = false;
+  // GpuModelOptions::fp8_shared_act_quant as the worker's engine gets it (SharedActQuantOption:
+  // PDSERVE_FP8_SHARED_ACT_QUANT=1); counted with fp8_activations on FP8 projections.
+  bool fp8_shared_act_quant = false;
   // The routed experts are resident FP8 (GpuFp8ExpertBytes counts): fp8_weights on a quantized
   // checkpoint. FormatPlan, CheckPlanFits and AutoStateTokens set it from their WeightBytes.
   bool fp8_experts = false;
@@ -155,13 +164,15 @@ struct GpuPlan {
   int64_t weights = 0;
   int64_t state = 0;
   int64_t activations = 0;
-  int64_t graphs = 0;       // allowance
-  int64_t runtime = 0;      // allowance
-  int64_t transfer = 0;     // transfer.cuda_ipc: arena + device page pool (PlanRequest)
-  int64_t fp8_experts = 0;  // GpuFp8ExpertBytes (PlanRequest::fp8_experts)
-  int64_t slots = 0;        // per rank, without the scratch slot
+  int64_t graphs = 0;        // allowance
+  int64_t runtime = 0;       // allowance
+  int64_t transfer = 0;      // transfer.cuda_ipc: arena + device page pool (PlanRequest)
+  int64_t fp8_experts = 0;   // GpuFp8ExpertBytes (PlanRequest::fp8_experts)
+  WorkspaceBytes workspace;  // GpuWorkspaceBytes (FP8 GEMMs with fp8_experts, attention, sampler)
+  int64_t slots = 0;         // per rank, without the scratch slot
   int64_t total() const {
-    return weights + state + activations + graphs + runtime + transfer + fp8_experts;
+    return weights + state + activations + graphs + runtime + transfer + fp8_experts +
+           workspace.total();
   }
   // Largest batch (whole group) at the request's context, and largest context at its batch;
   // 0 when none fits.

@@ -27,6 +27,7 @@
 #include "engine/gpu/device_memory.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/ops.cuh"
+#include "engine/gpu_workspace_plan.h"  // kOaGroupedMaxRows
 #include "engine/ring_state.h"
 #include "engine/rope_table.h"
 #include "engine/stored_experts.h"
@@ -53,10 +54,6 @@ namespace kc = ::pdserve::kernels::cuda;
 using bf16 = __nv_bfloat16;
 
 constexpr int64_t kPageSize = 64;
-// Fused FP8 o_a (GpuModelOptions::fused_projections) runs as one moe_grouped_gemm up to this many
-// rows, the per-group fp8_gemm calls above: moe_gemm is a decode kernel (kernels/cuda/
-// moe_gemm.cuh). A guess, not measured (tools/gpu/run_fused_projections.sh times decode steps).
-constexpr int64_t kOaGroupedMaxRows = 64;
 
 // options.fused_projections unless PDSERVE_FUSED_PROJECTIONS is 0 or 1 in the environment; false
 // with GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).

@@ -301,9 +301,9 @@ absl::Status GpuModel::Impl::AllocateFp8Experts() {
 
 absl::Status GpuModel::Impl::AllocateFp8() {
   size_t workspace = 0;
-  bool any = false;
   const int64_t groups = config.o_groups;
   const bool shared_act_quant = SharedActQuantWanted();
+  std::set<std::pair<int64_t, int64_t>> shapes;  // [n, k] of each FP8 projection's calls
   for (const Layer& l : layers) {
     for (const Linear* w :
          {&l.q_a_proj, &l.q_b_proj, &l.kv_proj, &l.o_a_proj, &l.o_b_proj, &l.compressor.kv_proj,
@@ -313,21 +313,21 @@ absl::Status GpuModel::Impl::AllocateFp8() {
       // A fused part runs inside its group's GEMM.
       if (!w->is_fp8() || w->fused()) continue;
       // o_a runs per group: [out / groups, in] blocks of its rows.
-      const int64_t n = w == &l.o_a_proj ? w->out / groups : w->out;
-      any = true;
-      // The split over k depends on the row count, so the bytes are not monotonic in it.
-      // fp8_gemm's bytes do not cover fp8_gemm_w8a16's at every size (PDSERVE_FP8_GEMM=wgmma,
-      // 65-128 rows, n in [16833, 22528]: W8A16's split-k sums are larger), so both count.
-      for (int64_t m = 1; m <= max_rows; ++m) {
-        workspace = std::max({workspace, kc::fp8_gemm_workspace_bytes(m, n, w->in),
-                              kc::fp8_gemm_w8a16_workspace_bytes(m, n, w->in),
-                              shared_act_quant && kc::fp8_gemm_path(m) == kc::Fp8GemmPath::kCublasLt
-                                  ? kc::fp8_gemm_quantized_workspace_bytes(m, n, w->in)
-                                  : size_t{0}});
-      }
+      shapes.insert({w == &l.o_a_proj ? w->out / groups : w->out, w->in});
     }
   }
-  if (!any) return absl::OkStatus();
+  if (shapes.empty()) return absl::OkStatus();
+  // Every call of 1 .. max_rows rows, fp8_gemm's, fp8_gemm_w8a16's (not covered by fp8_gemm's at
+  // every size: PDSERVE_FP8_GEMM=wgmma, 65-128 rows, n in [16833, 22528]) and with the shared act
+  // quant fp8_gemm_quantized's: kernels/cuda/fp8_gemm_workspace.h, the formula the memory plan
+  // counts (engine/gpu_workspace_plan.h), here with this process's PDSERVE_FP8_GEMM and
+  // PDSERVE_FP8_WGMMA.
+  for (const auto& [n, k] : shapes) {
+    workspace =
+        std::max(workspace, kc::fp8_workspace::ProjectionBytes(
+                                max_rows, n, k, shared_act_quant, kc::fp8_gemm_forced_path(),
+                                kc::fp8_gemm_wgmma_default_config()));
+  }
   // W8A8 runs cuBLASLt from kFp8LtMinTokens rows (decode graphs included): its handle now,
   // not inside a capture. Without one fp8_gemm uses its own kernels.
   if (options.fp8_activations != Fp8Activations::kBf16) (void)kc::fp8_gemm_prepare();

@@ -2,11 +2,11 @@
 // writes it (kernels/cuda/act_quant.cuh), for every FP8 projection that reads it.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_model_impl.h"
+#include "engine/gpu_workspace_plan.h"
 #include "engine/quant.h"
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/activations.cuh"
@@ -17,14 +17,6 @@ namespace {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// e4m3 bytes and scales of [rows, k] quantized in column groups of group_cols (= k: one group).
-int64_t QuantBytes(int64_t rows, int64_t k, int64_t group_cols) {
-  return k / group_cols * kc::ActGroupBytes(rows, group_cols);
-}
-int64_t QuantScales(int64_t rows, int64_t k, int64_t group_cols) {
-  return k / group_cols * kc::ActGroupScales(rows, group_cols);
-}
-
 }  // namespace
 
 bool GpuModel::Impl::SharedActQuant(int64_t rows, int64_t k, int slot, int64_t group_cols) const {
@@ -32,38 +24,25 @@ bool GpuModel::Impl::SharedActQuant(int64_t rows, int64_t k, int slot, int64_t g
   return act_q[slot].size() > 0 && k % kc::kActQuantBlock == 0 &&
          group_cols % kc::kActQuantBlock == 0 && k % group_cols == 0 && rows <= max_rows &&
          kc::fp8_gemm_path(rows) == kc::Fp8GemmPath::kCublasLt &&
-         QuantBytes(rows, k, group_cols) <= static_cast<int64_t>(act_q[slot].size()) &&
-         QuantScales(rows, k, group_cols) <= static_cast<int64_t>(act_s[slot].size());
+         ActQuantGroupBytes(rows, k, group_cols) <= static_cast<int64_t>(act_q[slot].size()) &&
+         ActQuantGroupScales(rows, k, group_cols) <= static_cast<int64_t>(act_s[slot].size());
 }
 
 bool GpuModel::Impl::SharedActQuantWanted() const {
-  const char* env = std::getenv("PDSERVE_FP8_SHARED_ACT_QUANT");
-  const std::string forced = env != nullptr ? env : "";
-  const bool wanted = forced == "1" || (forced != "0" && options.fp8_shared_act_quant);
-  return wanted && options.fp8_activations == Fp8Activations::kFp8 &&
+  return SharedActQuantOption(options.fp8_shared_act_quant) &&
+         options.fp8_activations == Fp8Activations::kFp8 &&
          options.weight_format == WeightFormat::kFp8Block;
 }
 
 absl::Status GpuModel::Impl::AllocateSharedActQuant() {
   if (!SharedActQuantWanted()) return absl::OkStatus();
   spdlog::info("fp8_shared_act_quant: W8A8 inputs quantized once, in the kernels that write them");
-  const ModelConfig& c = config;
-  const int64_t r = max_rows;
-  const int64_t heads_hd = c.num_attention_heads * c.head_dim;
-  const int64_t group_in = heads_hd / std::max<int64_t>(c.o_groups, 1);
-  // Slot 0: the normed hidden state, o_a's output. Slot 1: q_a's output, the shared expert's
-  // SwiGLU, the attention output in o_a's column groups.
-  const int64_t bytes0 = std::max(r * c.hidden_size, r * c.o_groups * c.o_lora_rank);
-  const int64_t bytes1 = std::max(
-      {r * c.q_lora_rank, r * c.moe_intermediate_size,
-       group_in % kc::kActQuantBlock == 0 ? QuantBytes(r, heads_hd, group_in) : int64_t{0}});
-  const int64_t scales1 = std::max(
-      bytes1 / kc::kActQuantBlock,
-      group_in % kc::kActQuantBlock == 0 ? QuantScales(r, heads_hd, group_in) : int64_t{0});
-  PDSERVE_RETURN_IF_ERROR(act_q[0].Allocate(static_cast<size_t>(bytes0)));
-  PDSERVE_RETURN_IF_ERROR(act_s[0].Allocate(static_cast<size_t>(bytes0 / kc::kActQuantBlock)));
-  PDSERVE_RETURN_IF_ERROR(act_q[1].Allocate(static_cast<size_t>(bytes1)));
-  PDSERVE_RETURN_IF_ERROR(act_s[1].Allocate(static_cast<size_t>(scales1)));
+  // The bytes the memory plan counts (engine/gpu_workspace_plan.h).
+  const SharedActQuantBytes b = SharedActQuantBuffers(config, max_rows);
+  PDSERVE_RETURN_IF_ERROR(act_q[0].Allocate(static_cast<size_t>(b.rows0)));
+  PDSERVE_RETURN_IF_ERROR(act_s[0].Allocate(static_cast<size_t>(b.scales0)));
+  PDSERVE_RETURN_IF_ERROR(act_q[1].Allocate(static_cast<size_t>(b.rows1)));
+  PDSERVE_RETURN_IF_ERROR(act_s[1].Allocate(static_cast<size_t>(b.scales1)));
   return absl::OkStatus();
 }
 

@@ -66,37 +66,17 @@ using bs::kMaxElements;
 using fp8_gemm_internal::CheckWorkspace;
 using fp8_gemm_internal::ValidateDense;
 
-// Workspace: xq [m, k] e4m3 | xs [k / 128, m] fp32 (W8A8) | partial [splits, m, n] fp32 (unless
-// cluster_reduce). W8A16 with one token tile reduces its k splits (at most bs::kMaxClusterSplits)
-// in the kernel (GemmArgs::cluster_reduce; H200, 2026-12-04: 1.05-1.25x faster at 1-8 tokens on
-// wo_b, w13, w2; slower with two or more token tiles, and for W8A8 behind its act-quant kernel
-// 1.25-1.5x slower, so not there).
-struct DensePlan {
-  int tiles = 1;
-  int64_t items = 0;
-  int32_t splits = 1;
-  bool cluster_reduce = false;
-  size_t xq_bytes = 0;
-  size_t xs_bytes = 0;
-  size_t partial_bytes = 0;
-  size_t total() const { return xq_bytes + xs_bytes + partial_bytes; }
-};
-
-DensePlan PlanDense(int64_t m, int64_t n, int64_t k, bool a16) {
-  DensePlan p;
-  p.tiles = bs::TilesFor(m);
-  p.items = (m + 8 * p.tiles - 1) / (8 * p.tiles);
-  const int64_t row_tiles = (n + bs::kRowsPerBlock - 1) / bs::kRowsPerBlock;
-  p.splits = bs::ChooseKSplits(row_tiles * p.items, k / bs::kBlockK);
-  p.cluster_reduce = a16 && p.tiles == 1 && p.splits > 1;
-  if (p.cluster_reduce) p.splits = std::min(p.splits, bs::kMaxClusterSplits);
-  p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
-  p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * (k / bs::kBlockK)) * sizeof(float));
-  p.partial_bytes = p.splits > 1 && !p.cluster_reduce
-                        ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4)
-                        : 0;
-  return p;
-}
+// Workspace and its plans (DensePlan, LtPlan): fp8_gemm_workspace.h, shared with the memory plan.
+// W8A16 with one token tile reduces its k splits in the kernel (GemmArgs::cluster_reduce; H200,
+// 2026-12-04: 1.05-1.25x faster at 1-8 tokens on wo_b, w13, w2; slower with two or more token
+// tiles, and for W8A8 behind its act-quant kernel 1.25-1.5x slower, so not there).
+using fp8_workspace::DensePlan;
+using fp8_workspace::LtPlan;
+using fp8_workspace::PlanDense;
+using fp8_workspace::PlanLt;
+static_assert(fp8_workspace::kMmaClusterSplits == bs::kMaxClusterSplits);
+static_assert(fp8_workspace::kMmaRowsPerBlock == bs::kRowsPerBlock);
+static_assert(fp8_workspace::kBlockK == bs::kBlockK);
 
 bool SizesValid(int64_t m, int64_t n, int64_t k) {
   return m >= 0 && n >= 0 && k > 0 && k % bs::kBlockK == 0 &&
@@ -129,6 +109,7 @@ bs::GemmArgs DenseArgs(const uint8_t* w, const float* w_scale, int64_t m, int64_
 
 }  // namespace
 
+// fp8_workspace::W8a8Bytes for the sizes fp8_gemm takes (the wgmma part 0 past its limits).
 size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
   const size_t mma = PlanDense(m, n, k, false).total();
@@ -138,18 +119,15 @@ size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   return std::max({mma, wgmma, lt});
 }
 
-Fp8GemmPath fp8_gemm_path(int64_t m) {
+const std::string& fp8_gemm_forced_path() {
   static const std::string forced = [] {
     const char* env = std::getenv("PDSERVE_FP8_GEMM");
     return std::string(env != nullptr ? env : "");
   }();
-  if (forced == "mma") return Fp8GemmPath::kMma;
-  if (forced == "wgmma") return Fp8GemmPath::kWgmma;
-  if (forced == "cublaslt") return Fp8GemmPath::kCublasLt;
-  if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
-  if (forced == "own") return Fp8GemmPath::kWgmma;
-  return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
+  return forced;
 }
+
+Fp8GemmPath fp8_gemm_path(int64_t m) { return fp8_workspace::PathFor(m, fp8_gemm_forced_path()); }
 
 Fp8GemmPath fp8_gemm_w8a16_path(int64_t m) {
   const Fp8GemmPath forced = fp8_gemm_path(0);  // kMma unless PDSERVE_FP8_GEMM=wgmma/cublaslt
@@ -384,9 +362,7 @@ cudaError_t fp8_gemm_w8a16_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int
 // column-major [k, n] matrix with op T, B = xq stored column-major [k, m] with op N (the "TN"
 // layout FP8 requires). A's scales: BLK128x128 over [n/128, k/128] with k fastest (DeepSeek's
 // layout); B's: VEC128 [k/128, m] with m fastest (what the act-quant kernel writes).
-
-namespace {
-
+//
 // cuBLASLt reads the BLK128x128 weight scales with a leading dimension of round_up(k / 128, 4)
 // (16-byte aligned rows; PyTorch's _scaled_mm pads its 128 x 128 scales the same way), and the
 // VEC128 activation scales [k / 128, m] with m fastest, where m must be a multiple of 4 (it has
@@ -394,31 +370,7 @@ namespace {
 // it read the wrong scales: m = 64 x n = 2048 x k = 256 gave a normalized error of 1.04 on the
 // H200 (2026-12-04). So fp8_gemm_cublaslt runs the first m & ~3 rows through cuBLASLt with the
 // weight scales copied to a padded buffer when k / 128 is not a multiple of 4, and the last
-// m % 4 rows through fp8_gemm_mma.
-struct LtPlan {
-  int64_t lt_rows = 0;    // rows through cuBLASLt (a multiple of 4)
-  int64_t kb_padded = 0;  // leading dimension of the weight scales cuBLASLt reads
-  bool repack = false;    // copy the weight scales to a padded buffer first
-  size_t xq_bytes = 0, xs_bytes = 0, scale_bytes = 0, tail_bytes = 0;
-  size_t lt_total() const { return xq_bytes + xs_bytes + scale_bytes + kCublasLtWorkspace; }
-  size_t total() const { return std::max(lt_total(), tail_bytes); }
-};
-
-LtPlan PlanLt(int64_t m, int64_t n, int64_t k) {
-  LtPlan p;
-  const int64_t kb = k / bs::kBlockK;
-  p.lt_rows = m & ~int64_t{3};
-  p.kb_padded = (kb + 3) & ~int64_t{3};
-  p.repack = p.kb_padded != kb;
-  p.xq_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * k));
-  p.xs_bytes = bs::AlignUp(static_cast<size_t>(p.lt_rows * kb) * sizeof(float));
-  const int64_t nb = (n + kFp8LtRowBlock - 1) / kFp8LtRowBlock;
-  p.scale_bytes = p.repack ? bs::AlignUp(static_cast<size_t>(nb * p.kb_padded) * sizeof(float)) : 0;
-  p.tail_bytes = m > p.lt_rows ? PlanDense(m - p.lt_rows, n, k, false).total() : 0;
-  return p;
-}
-
-}  // namespace
+// m % 4 rows through fp8_gemm_mma (LtPlan, fp8_gemm_workspace.h).
 
 size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (!SizesValid(m, n, k)) return 0;
@@ -654,12 +606,7 @@ cudaError_t fp8_gemm_cublaslt(cublasLtHandle_t handle, const __nv_bfloat16* x, i
 }
 
 size_t fp8_gemm_quantized_workspace_bytes(int64_t m, int64_t n, int64_t k) {
-  if (!SizesValid(m, n, k)) return 0;
-  const LtPlan plan = PlanLt(m, n, k);
-  const size_t lt = plan.scale_bytes + kCublasLtWorkspace;
-  const int64_t m4 = m & ~int64_t{3};
-  return std::max({lt, PlanDense(m4, n, k, false).partial_bytes,
-                   PlanDense(m - m4, n, k, false).partial_bytes, size_t{256}});
+  return SizesValid(m, n, k) ? fp8_workspace::QuantizedBytes(m, n, k) : 0;
 }
 
 cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, int64_t k,

@@ -46,6 +46,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/fp8_gemm_workspace.h"
+
 namespace pdserve::kernels::cuda {
 
 // Bytes of device workspace fp8_gemm needs (quantized activations, their scales and the split-k
@@ -77,14 +79,11 @@ cudaError_t fp8_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
 // Host only; thread-safe.
 cudaError_t fp8_gemm_prepare();
 
-// Which kernel fp8_gemm tries first for m tokens (see "Paths" above). Host only.
-inline constexpr int64_t kFp8MmaMaxTokens = 8;
-// fp8_gemm_cublaslt: only for n a multiple of this (whole 128 x 128 weight scale blocks).
-inline constexpr int64_t kFp8LtRowBlock = 128;
-// fp8_gemm: cuBLASLt from this many tokens on.
-inline constexpr int64_t kFp8LtMinTokens = 64;
-enum class Fp8GemmPath { kWgmma, kCublasLt, kMma };
+// Which kernel fp8_gemm tries first for m tokens (see "Paths" above; kFp8MmaMaxTokens,
+// kFp8LtMinTokens and the rule: fp8_gemm_workspace.h, fp8_workspace::PathFor). Host only.
 Fp8GemmPath fp8_gemm_path(int64_t m);
+// PDSERVE_FP8_GEMM as fp8_gemm_path reads it ("" when unset), for fp8_workspace::RowBytes.
+const std::string& fp8_gemm_forced_path();
 // fp8_gemm_w8a16's: fp8_gemm_w8a16_mma up to kW8a16MmaMaxTokens (8), fp8_gemm_w8a16_wgmma above
 // (H200, 2026-12-04 16:05 UTC: mma.sync with its k splits reduced in-kernel 1.1-1.4x faster than
 // the wgmma kernel at 1-8 tokens; at 16 tokens the wgmma kernel with register weights
@@ -145,27 +144,14 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // its rows, by TMA multicast into both), so the activations are read from L2 once per 128 weight
 // rows; only where the block's tokens are a multiple of 16 (with split_tokens always) and the row
 // tiles even, not with alternate_turns or cluster_reduce; the same bits as without. The member
-// defaults are the kernel without them.
-inline constexpr int kFp8WgmmaClusterSplits = 8;
-struct Fp8WgmmaConfig {
-  int warpgroups = 1;
-  int stages = 4;
-  int target_blocks = 264;
-  bool cluster_reduce = false;
-  bool smem_scales = false;
-  bool a16_register_weights = false;
-  bool alternate_turns = false;
-  bool two_in_flight = false;
-  bool split_tokens = false;
-  bool stagger_k = false;
-  bool multicast_activations = false;
-};
-// The config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04, bench/cuda/decode_bench.cu at
-// V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups and stages by the rules
-// above, 264 target blocks, smem_scales and register weights; not cluster_reduce (at 32-64
-// tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for W8A8 at 16-32).
-inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
-// kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
+// defaults are the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
+// kFp8WgmmaDecodeConfig are defined in fp8_gemm_workspace.h, host arithmetic without CUDA.)
+// kFp8WgmmaDecodeConfig, the config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04,
+// bench/cuda/decode_bench.cu at V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups
+// and stages by the rules above, 264 target blocks, smem_scales and register weights; not
+// cluster_reduce (at 32-64 tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for
+// W8A8 at 16-32). kFp8WgmmaDecodeConfig, or
+// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,
 // multicast_activations]]]]]]]]" (the flags 0 or 1, missing ones as in kFp8WgmmaDecodeConfig;
 // read once per process; malformed values are ignored). Host only.
@@ -277,8 +263,8 @@ cudaError_t fp8_gemm_quantized(const uint8_t* xq, const float* xs, int64_t m, in
 // Bytes of device workspace fp8_gemm_cublaslt needs: the quantized activations and their scales,
 // the weight scales padded to a multiple of 4 per row when k / 128 is not, and
 // kCublasLtWorkspace for cuBLASLt itself (or fp8_gemm_mma's workspace for the last m % 4 rows,
-// when larger). 0 for sizes it refuses. Host only.
-inline constexpr size_t kCublasLtWorkspace = size_t{32} << 20;
+// when larger; kCublasLtWorkspace and the layout: fp8_gemm_workspace.h). 0 for sizes it refuses.
+// Host only.
 size_t fp8_gemm_cublaslt_workspace_bytes(int64_t m, int64_t n, int64_t k);
 
 // The same function through cuBLASLt's block-scaled FP8 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F

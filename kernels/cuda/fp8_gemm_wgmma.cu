@@ -403,43 +403,31 @@ struct WgmmaPlan {
 constexpr int kA16TwoStageTokens = 32;
 constexpr int kA16TwoStageSpan = 8;
 
+static_assert(fp8_workspace::kWgmmaMaxTokenTile == kMaxTokenTile);
+static_assert(fp8_workspace::kWgmmaMaxWarpgroups == kMaxWarpgroups);
+static_assert(fp8_workspace::kWgmmaMaxSplits == kMaxSplits);
+static_assert(fp8_workspace::kWgmmaRegWeightTokens == kRegWeightTokens);
+static_assert(fp8_workspace::kWgmmaClusterReduceTokens == kClusterReduceTokens);
+static_assert(fp8_workspace::kWgmmaAlternateA8Tokens == kAlternateA8Tokens);
+static_assert(fp8_workspace::kWgmmaSplitTokensMin == kSplitTokensMin);
+static_assert(fp8_workspace::kBlockK == kBlockK);
+
 // a16: W8A16 (no quantized activations in the workspace; bf16 weight copies in shared memory).
 WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config, bool a16) {
   WgmmaPlan p;
-  p.n_tile =
-      static_cast<int>(std::min<int64_t>(kMaxTokenTile, (std::max<int64_t>(m, 1) + 7) / 8 * 8));
-  // warpgroups 0 (auto): 2 for W8A16 token tiles past kRegWeightTokens when there are target_blocks
-  // row tiles of 64 without a split (wq_b at 128 tokens: the bf16 activations re-read per block
-  // halved), else 1.
-  const int64_t row_tiles_1 = (n + 63) / 64;
-  const bool two = a16 && p.n_tile > kRegWeightTokens && config.target_blocks > 0 &&
-                   row_tiles_1 >= config.target_blocks;
-  p.wgs = config.warpgroups == 0 ? (two ? 2 : 1) : std::clamp(config.warpgroups, 1, kMaxWarpgroups);
-  if (config.alternate_turns && (a16 || p.n_tile <= kAlternateA8Tokens)) {  // one row group
-    p.wgs = 1;
-    p.turns = 2;
-  } else if (config.split_tokens && m > kSplitTokensMin) {  // two token groups, one row group
-    p.wgs = 1;
-    p.tgroups = 2;
-    p.n_tile = static_cast<int>(std::min<int64_t>(kMaxTokenTile / 2, ((m + 1) / 2 + 7) / 8 * 8));
-  }
+  // Tiles, k splits and the workspace: fp8_gemm_workspace.h (shared with the memory plan).
+  const fp8_workspace::WgmmaTiling t = fp8_workspace::PlanWgmmaTiling(m, n, k, config, a16);
+  p.n_tile = t.n_tile;
+  p.wgs = t.wgs;
+  p.turns = t.turns;
+  p.tgroups = t.tgroups;
+  p.token_tiles = t.token_tiles;
+  p.row_tiles = t.row_tiles;
+  p.splits = t.splits;
+  p.cluster_reduce = t.cluster_reduce;
   const int n_block = p.n_tile * p.tgroups;
-  p.token_tiles = (m + n_block - 1) / n_block;
-  p.row_tiles = (n + 64 * p.wgs - 1) / (64 * p.wgs);
-  const int64_t tiles = std::max<int64_t>(1, p.token_tiles * p.row_tiles);
   const int64_t kblocks = k / kBlockK;
-  int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
-  // cluster_reduce only for token tiles <= kClusterReduceTokens (at 128 tokens it was 1.7x slower
-  // than the reduce kernel on the H200, 2026-12-04 15:40 UTC).
-  const bool cluster =
-      config.cluster_reduce && p.n_tile <= kClusterReduceTokens && p.turns == 1 && p.tgroups == 1;
-  const int64_t max_splits = cluster ? kFp8WgmmaClusterSplits : kMaxSplits;
-  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
-  if (cluster) {
-    while ((splits & (splits - 1)) != 0) splits &= splits - 1;  // a power of two: 1, 2, 4, 8
-  }
-  p.splits = static_cast<int32_t>(splits);
-  p.cluster_reduce = cluster && p.splits > 1;
+  const int64_t splits = p.splits;
   p.kb_span = static_cast<int32_t>((kblocks + splits - 1) / splits);
   p.smem_scales = config.smem_scales && p.n_tile <= kEarlyScaleTokens;
   p.reg_weights = a16 && config.a16_register_weights && p.n_tile <= kRegWeightTokens;
@@ -472,11 +460,9 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   // ahead, and the other warpgroup may lag a phase behind). Two in flight each need 2 of its own.
   if (p.turns == 2) p.stages &= ~1;
   if (p.in_flight && p.stages < 2 * p.turns) p.in_flight = false;
-  p.xq_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * k));
-  p.xs_bytes = a16 ? 0 : bs::AlignUp(static_cast<size_t>(m * kblocks) * sizeof(float));
-  p.partial_bytes = p.splits > 1 && !p.cluster_reduce
-                        ? bs::AlignUp(static_cast<size_t>(p.splits) * m * n * 4)
-                        : 0;
+  p.xq_bytes = t.xq_bytes;
+  p.xs_bytes = t.xs_bytes;
+  p.partial_bytes = t.partial_bytes;
   p.smem_bytes =
       static_cast<size_t>(p.stages) * (stage_bytes + 16) + conv_bytes + scale_bytes + kSmemSlack;
   return p;

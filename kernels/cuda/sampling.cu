@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/sampling_workspace.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -12,9 +13,9 @@ namespace {
 constexpr int kRowThreads = 512;
 constexpr int kPrepareThreads = 256;
 constexpr int kPrepareBlocksPerRow = 32;
-constexpr int64_t kMaxRows = 4096;
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-constexpr size_t kAlign = 256;
+using sampling_workspace::kAlign;
+using sampling_workspace::kMaxRows;
+using sampling_workspace::kMaxVocab;
 
 constexpr int32_t kFlagBad = 1;
 constexpr int32_t kFlagAllMasked = 2;
@@ -28,39 +29,26 @@ struct RowState {
   int32_t pad;
 };
 
-size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+static_assert(sizeof(RowState) == sampling_workspace::kRowStateBytes);
+static_assert(sizeof(SampledRow) == sampling_workspace::kSampledRowBytes);
 
-// The workspace: z / sort keys in (double [rows, vocab]; after the sort, the sorted weights),
-// sort keys out, ids in and out, segment offsets, row states, then CUB's temporary storage.
+// The workspace: sampling_workspace.h's layout, then CUB's temporary storage.
 struct Layout {
-  size_t z = 0, keys_out = 0, ids_in = 0, ids_out = 0, begin = 0, end = 0, state = 0, temp = 0;
+  sampling_workspace::Layout parts;
   size_t temp_bytes = 0;
   size_t total = 0;
 };
 
 Layout MakeLayout(int64_t rows, int64_t vocab) {
   Layout l;
+  l.parts = sampling_workspace::MakeLayout(rows, vocab);
   const auto n = static_cast<size_t>(rows * vocab);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    const size_t offset = at;
-    at += AlignUp(bytes);
-    return offset;
-  };
-  l.z = take(n * sizeof(double));
-  l.keys_out = take(n * sizeof(uint64_t));
-  l.ids_in = take(n * sizeof(int32_t));
-  l.ids_out = take(n * sizeof(int32_t));
-  l.begin = take(static_cast<size_t>(rows) * sizeof(int32_t));
-  l.end = take(static_cast<size_t>(rows) * sizeof(int32_t));
-  l.state = take(static_cast<size_t>(rows) * sizeof(RowState));
-  l.temp = at;
   cub::DeviceSegmentedRadixSort::SortPairsDescending(
       nullptr, l.temp_bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(n),
       static_cast<int>(rows), static_cast<const int32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr));
-  l.total = at + AlignUp(l.temp_bytes);
+  l.total = l.parts.temp + sampling_workspace::AlignUp(l.temp_bytes);
   return l;
 }
 
@@ -374,13 +362,13 @@ cudaError_t sample_tokens(const float* logits, int64_t rows, int64_t stride, int
   const Layout l = MakeLayout(rows, vocab);
   PDSERVE_LAUNCH_REQUIRE(kName, workspace_bytes >= l.total);
   auto* base = static_cast<char*>(workspace);
-  auto* z = reinterpret_cast<double*>(base + l.z);
-  auto* keys_out = reinterpret_cast<uint64_t*>(base + l.keys_out);
-  auto* ids_in = reinterpret_cast<int32_t*>(base + l.ids_in);
-  auto* ids_out = reinterpret_cast<int32_t*>(base + l.ids_out);
-  auto* begin = reinterpret_cast<int32_t*>(base + l.begin);
-  auto* end = reinterpret_cast<int32_t*>(base + l.end);
-  auto* state = reinterpret_cast<RowState*>(base + l.state);
+  auto* z = reinterpret_cast<double*>(base + l.parts.z);
+  auto* keys_out = reinterpret_cast<uint64_t*>(base + l.parts.keys_out);
+  auto* ids_in = reinterpret_cast<int32_t*>(base + l.parts.ids_in);
+  auto* ids_out = reinterpret_cast<int32_t*>(base + l.parts.ids_out);
+  auto* begin = reinterpret_cast<int32_t*>(base + l.parts.begin);
+  auto* end = reinterpret_cast<int32_t*>(base + l.parts.end);
+  auto* state = reinterpret_cast<RowState*>(base + l.parts.state);
 
   cudaError_t err = cudaMemsetAsync(state, 0, static_cast<size_t>(rows) * sizeof(RowState), stream);
   if (err != cudaSuccess) return err;
@@ -392,8 +380,8 @@ cudaError_t sample_tokens(const float* logits, int64_t rows, int64_t stride, int
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   size_t temp_bytes = l.temp_bytes;
   err = cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      base + l.temp, temp_bytes, reinterpret_cast<const uint64_t*>(z), keys_out, ids_in, ids_out,
-      static_cast<int>(rows * vocab), static_cast<int>(rows), begin, end, 0, 64, stream);
+      base + l.parts.temp, temp_bytes, reinterpret_cast<const uint64_t*>(z), keys_out, ids_in,
+      ids_out, static_cast<int>(rows * vocab), static_cast<int>(rows), begin, end, 0, 64, stream);
   if (err != cudaSuccess) return err;
   DrawKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
       logits, stride, vocab, batch, z, keys_out, ids_out, state, out);

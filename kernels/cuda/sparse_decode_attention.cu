@@ -716,8 +716,8 @@ int SparseDecodeMaxActiveClusters(int64_t splits) {
 }
 
 size_t SparseDecodeWorkspaceBytes(const SparseDecodeParams& p) {
-  const size_t rows = PartialRows(p);
-  return AlignUp(rows * kDim * sizeof(__nv_bfloat16)) + 2 * AlignUp(rows * sizeof(float));
+  // The layout the launch below carves (sparse_decode_workspace.h).
+  return sparse_decode_workspace::Bytes(p.batch, p.heads, SparseDecodeSplits(p));
 }
 
 cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace,

@@ -64,13 +64,11 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace pdserve::kernels::cuda {
+// kSparseHeadDim, kSparseHeadsPerBlock, kSparseTile, kSparseMaxClusterSplits; the split rule and
+// workspace as host arithmetic.
+#include "kernels/cuda/sparse_decode_workspace.h"
 
-inline constexpr int64_t kSparseHeadDim = 512;
-inline constexpr int64_t kSparseHeadsPerBlock = 64;  // heads must be a multiple of this
-inline constexpr int64_t kSparseTile = 32;           // entries_per_split must be a multiple
-// kClusterMerge: most splits merged in one cluster (the portable cluster size).
-inline constexpr int64_t kSparseMaxClusterSplits = 8;
+namespace pdserve::kernels::cuda {
 
 enum class SparseDecodeVariant { kSplitCombine, kDependentLaunch, kClusterMerge };
 

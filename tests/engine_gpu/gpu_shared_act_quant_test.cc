@@ -19,13 +19,31 @@
 
 #include "engine/config.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu_workspace_plan.h"
 #include "engine/weights.h"
+#include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "tests/engine_gpu/gpu_test_models.h"
 #include "tests/engine_gpu/quantized_checkpoint.h"
 
 namespace pdserve::engine::gpu {
 namespace {
+
+// The buffers' group layout the engine and the memory plan size them with
+// (engine/gpu_workspace_plan.h) is act_quant's (ActGroupBytes / ActGroupScales). Host arithmetic:
+// runs without a device.
+TEST(GpuSharedActQuantTest, GroupBytesAreActQuantsLayout) {
+  for (int64_t rows : {1, 3, 64, 255, 4096}) {
+    for (int64_t cols : {128, 512, 4096}) {
+      for (int64_t groups : {1, 2, 8}) {
+        EXPECT_EQ(ActQuantGroupBytes(rows, groups * cols, cols),
+                  groups * kernels::cuda::ActGroupBytes(rows, cols));
+        EXPECT_EQ(ActQuantGroupScales(rows, groups * cols, cols),
+                  groups * kernels::cuda::ActGroupScales(rows, cols));
+      }
+    }
+  }
+}
 
 std::unique_ptr<GpuModel> Make(const ModelConfig& config, const Weights& weights,
                                const std::string& dir, bool fused, bool shared_act_quant) {

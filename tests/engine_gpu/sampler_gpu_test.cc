@@ -18,6 +18,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/sampling_workspace.h"
 #include "runtime/cuda/gpu_sampler.h"
 #include "serving/sampler.h"
 #include "serving/sampling_params.h"
@@ -250,6 +252,21 @@ TEST(SamplerGpuTest, V4VocabEveryCombinationMatchesCpu) {
 }
 
 // Rows whose every token is masked, and rows with NaN / +inf logits, fail as on the CPU.
+// The memory plan counts the sampler's workspace with kernels/cuda/sampling_workspace.h, whose CUB
+// part is what CUDA 13's CUB asks for; CUB answers only with a device (its size query reads the
+// device's PTX version).
+TEST(SamplerGpuTest, WorkspaceBytesAreThePlansFormula) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t rows : {1, 7, 64, 256, 4096}) {
+    for (int64_t vocab : {300, 1000, 129280}) {
+      if (rows * vocab >= (int64_t{1} << 31)) continue;
+      EXPECT_EQ(kernels::cuda::sampling_workspace_bytes(rows, vocab),
+                kernels::cuda::sampling_workspace::Bytes(rows, vocab))
+          << rows << " x " << vocab;
+    }
+  }
+}
+
 TEST(SamplerGpuTest, ErrorsMatchCpu) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
   constexpr int64_t kVocab = 300;
