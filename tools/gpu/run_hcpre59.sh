@@ -15,7 +15,7 @@
 #      under ncu (per-kernel us, to see the two new kernels) at batch 1 and 32.
 # The table is printed last. Logs under $OUT.
 # Here:
-#   cmake --build build --target pdserve_kernels_cuda_tests engine_gpu_tests gpu_decode_step_bench
+#   cmake --build build --target pdserve_kernels_cuda_tests engine_gpu_tests gpu_decode_step_bench sampler_gpu_tests
 #   tools/gpu/run_hcpre59.sh pack          # .device-carry/hcpre59.tar.xz
 # There (carry .device-carry/hcpre59.tar.xz; or BUILD=<a tree built there> without it):
 #   OUT=<dir> bash tools/gpu/run_hcpre59.sh
@@ -26,7 +26,8 @@ if [ "${1:-}" = pack ]; then
   tmp=$(mktemp -d)
   b=${BUILD:-build}
   tools/gpu/pack_binaries.sh "$tmp/hcpre59" "$b/tests/kernels_cuda/pdserve_kernels_cuda_tests" \
-    "$b/tests/engine_gpu/engine_gpu_tests" "$b/bench/engine/gpu_decode_step_bench" > /dev/null
+    "$b/tests/engine_gpu/engine_gpu_tests" "$b/tests/engine_gpu/sampler_gpu_tests" \
+    "$b/bench/engine/gpu_decode_step_bench" > /dev/null
   mkdir -p .device-carry
   (cd "$tmp" && tar -cf - hcpre59 | xz -6 -T0) > .device-carry/hcpre59.tar.xz
   rm -rf "$tmp"
