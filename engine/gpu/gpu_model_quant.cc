@@ -2,7 +2,6 @@
 // writes it (kernels/cuda/act_quant.cuh), for every FP8 projection that reads it.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +9,7 @@
 #include "engine/quant.h"
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/activations.cuh"
+#include "kernels/env_switch.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::engine::gpu {
@@ -37,9 +37,10 @@ bool GpuModel::Impl::SharedActQuant(int64_t rows, int64_t k, int slot, int64_t g
 }
 
 bool GpuModel::Impl::SharedActQuantWanted() const {
-  const char* env = std::getenv("PDSERVE_FP8_SHARED_ACT_QUANT");
-  const std::string forced = env != nullptr ? env : "";
-  const bool wanted = forced == "1" || (forced != "0" && options.fp8_shared_act_quant);
+  const bool wanted =
+      kernels::ReadSwitchOverride("PDSERVE_FP8_SHARED_ACT_QUANT",
+                                  "the option (GpuModelOptions::fp8_shared_act_quant)")
+          .value_or(options.fp8_shared_act_quant);
   return wanted && options.fp8_activations == Fp8Activations::kFp8 &&
          options.weight_format == WeightFormat::kFp8Block;
 }

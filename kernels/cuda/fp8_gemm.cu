@@ -1,12 +1,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda {
 namespace bs = block_scaled;
@@ -139,15 +139,19 @@ size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
 }
 
 Fp8GemmPath fp8_gemm_path(int64_t m) {
-  static const std::string forced = [] {
-    const char* env = std::getenv("PDSERVE_FP8_GEMM");
-    return std::string(env != nullptr ? env : "");
-  }();
-  if (forced == "mma") return Fp8GemmPath::kMma;
-  if (forced == "wgmma") return Fp8GemmPath::kWgmma;
-  if (forced == "cublaslt") return Fp8GemmPath::kCublasLt;
+  // kOwn: the dispatch by token count without cuBLASLt.
+  enum class Forced { kNone, kMma, kWgmma, kCublasLt, kOwn };
+  static const Forced forced = ReadSwitch("PDSERVE_FP8_GEMM",
+                                          {{"mma", Forced::kMma},
+                                           {"wgmma", Forced::kWgmma},
+                                           {"cublaslt", Forced::kCublasLt},
+                                           {"own", Forced::kOwn}},
+                                          Forced::kNone, "the default (the path by token count)");
+  if (forced == Forced::kMma) return Fp8GemmPath::kMma;
+  if (forced == Forced::kWgmma) return Fp8GemmPath::kWgmma;
+  if (forced == Forced::kCublasLt) return Fp8GemmPath::kCublasLt;
   if (m <= kFp8MmaMaxTokens) return Fp8GemmPath::kMma;
-  if (forced == "own") return Fp8GemmPath::kWgmma;
+  if (forced == Forced::kOwn) return Fp8GemmPath::kWgmma;
   return m < kFp8LtMinTokens ? Fp8GemmPath::kWgmma : Fp8GemmPath::kCublasLt;
 }
 

@@ -168,7 +168,7 @@ inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, tr
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,
 // multicast_activations]]]]]]]]" (the flags 0 or 1, missing ones as in kFp8WgmmaDecodeConfig;
-// read once per process; malformed values are ignored). Host only.
+// read once per process; other text is warned about and ignored, kernels/env_switch.h). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k
 // sums), and its number of k splits; 0 for sizes it refuses. Host only.
