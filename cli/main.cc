@@ -11,7 +11,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "cli/command_registry.h"
+#include "common/env_switch_log.h"
 #include "common/fatal_signal.h"
+#include "kernels/env_switch.h"
 
 namespace pdserve::cli {
 std::vector<CommandInstaller>& Installers() {
@@ -61,13 +63,15 @@ int main(int argc, char** argv) {
   // Every subcommand: a crash leaves its signal, pid and backtrace on stderr (the log).
   pdserve::common::InstallFatalSignalHandlers();
   pdserve::common::MaybeCrashForTest();
+  // A PDSERVE_* switch's value it does not accept is named in the log (kernels/env_switch.h).
+  pdserve::common::LogSwitchWarnings();
   // absl's lock-order (deadlock) detection, on in Debian's build, makes a Mutex lock + unlock
   // 81 ns instead of 36 (measured 2026-12-04 on the Debian build machine; Mutex lock / unlock were
   // 24-29% of the transfer processes' perf samples, docs/perf.md "The path's own rate on the
   // CPU"). The test binaries keep it (their own main), so lock-order inversions are still caught
   // there; PDSERVE_ABSL_DEADLOCK_DETECTION=1 keeps it in a server process too.
-  const char* detection = std::getenv("PDSERVE_ABSL_DEADLOCK_DETECTION");
-  if (detection == nullptr || std::string(detection) != "1") {
+  if (!pdserve::kernels::ReadSwitchFlag("PDSERVE_ABSL_DEADLOCK_DETECTION", false,
+                                        "the default (detection off)")) {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
   CLI::App app{

@@ -111,9 +111,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   }
   spdlog::info("transfer: {} receive lane(s), UCX protocols {}, {} page-pool region(s) registered",
                w->options_.transfer_lanes, kv::UcxProtocolsName(w->ucx_protocols_), registered);
-  if (const std::string& warning = kv::LaneLingerFromEnv().warning; !warning.empty()) {
-    spdlog::warn("transfer: {}", warning);
-  }
+  // Read at start, so that a value the switch does not accept is warned about now even where no
+  // lane thread uses it (one lane).
+  kv::LaneLinger();
   if (w->options_.runner_factory) {
     const runtime::RunnerContext context{w->options_.model_dir,
                                          &config,

@@ -15,6 +15,7 @@
 #include "kernels/cuda/moe_gemm_workspace.h"
 #include "kernels/cuda/sampling_workspace.h"
 #include "kernels/cuda/sparse_decode_workspace.h"
+#include "kernels/env_switch.h"
 
 namespace pdserve::engine {
 namespace {
@@ -39,9 +40,9 @@ int64_t ActQuantGroupScales(int64_t rows, int64_t k, int64_t group_cols) {
 }
 
 bool SharedActQuantOption(bool option) {
-  const char* env = std::getenv("PDSERVE_FP8_SHARED_ACT_QUANT");
-  const std::string forced = env != nullptr ? env : "";
-  return forced == "1" || (forced != "0" && option);
+  return kernels::ReadSwitchOverride("PDSERVE_FP8_SHARED_ACT_QUANT",
+                                     "the option (GpuModelOptions::fp8_shared_act_quant)")
+      .value_or(option);
 }
 
 SharedActQuantBytes SharedActQuantBuffers(const ModelConfig& c, int64_t max_rows) {

@@ -149,9 +149,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWork
   spdlog::info("transfer: {} send lane(s), UCX protocols {}, {} page-pool region(s) registered",
                w->options_.transfer_lanes, kv::UcxProtocolsName(w->transport_->protocols()),
                w->transport_->registered_regions());
-  if (const std::string& warning = kv::LaneLingerFromEnv().warning; !warning.empty()) {
-    spdlog::warn("transfer: {}", warning);
-  }
+  // Read at start, so that a value the switch does not accept is warned about now even where no
+  // lane thread uses it (one lane).
+  kv::LaneLinger();
   return w;
 }
 

@@ -1,14 +1,13 @@
 #include "runtime/early_import.h"
 
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "kernels/env_switch.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::runtime {
@@ -88,8 +87,8 @@ absl::StatusOr<EarlyImportState> NextEarlyImportState(EarlyImportState state,
 }
 
 bool BatchEarlyImportLayers() {
-  const char* batch = std::getenv("PDSERVE_EARLY_IMPORT_BATCH");
-  return batch == nullptr || std::string_view(batch) != "0";
+  return kernels::ReadSwitchFlag("PDSERVE_EARLY_IMPORT_BATCH", true,
+                                 "the default (queued layers imported in one call)");
 }
 
 EarlyImporter::EarlyImporter(SlotImporter* slots, int64_t layers)

@@ -209,7 +209,8 @@ class EarlyImporter {
 };
 
 // Whether EarlyImporter batches a request's queued layers by default: true unless the
-// environment's PDSERVE_EARLY_IMPORT_BATCH is 0 (the A/B switch: one layer a call, as before).
+// environment's PDSERVE_EARLY_IMPORT_BATCH is 0 (the A/B switch: one layer a call, as before;
+// 1 or unset: batched; another value is warned about and ignored, kernels/env_switch.h).
 bool BatchEarlyImportLayers();
 
 // Serializes a model's staged-import calls with its step loop, short import sections first: an

@@ -1,15 +1,14 @@
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/gpu/gpu_model_impl.h"
 #include "engine/quant.h"
+#include "kernels/env_switch.h"
 
 namespace pdserve::engine::gpu {
 
@@ -695,9 +694,9 @@ absl::StatusOr<Tensor> GpuModel::Forward(int64_t slot, const std::vector<int32_t
 absl::StatusOr<Tensor> GpuModel::FinishForward() { return impl_->Finish(); }
 
 ChunkLogits ServingChunkLogits() {
-  const char* value = std::getenv("PDSERVE_GPU_CHUNK_LOGITS");
-  return value != nullptr && std::string_view(value) == "all" ? ChunkLogits::kAllRows
-                                                              : ChunkLogits::kLastRow;
+  return kernels::ReadSwitch("PDSERVE_GPU_CHUNK_LOGITS",
+                             {{"last", ChunkLogits::kLastRow}, {"all", ChunkLogits::kAllRows}},
+                             ChunkLogits::kLastRow, "the default, last");
 }
 
 absl::Status GpuModel::BeginForward(int64_t slot, const std::vector<int32_t>& tokens,

@@ -112,8 +112,8 @@ using ChunkLogits = engine::ChunkLogits;
 // The rows the serving paths (runtime/cuda: GpuPrefillEngine, GpuStepRunner's prompt chunks and
 // canary recompute, all of which read only the last row) ask of a prompt chunk: kLastRow, unless
 // the environment sets PDSERVE_GPU_CHUNK_LOGITS=all (kAllRows: the copy of every row, kept for
-// comparison; docs/engine-gpu.md, "Prompt chunks' logits"). Reads the environment on each call;
-// thread-safe.
+// comparison; docs/engine-gpu.md, "Prompt chunks' logits"; =last or another value: kLastRow, the
+// other value warned about once). Reads the environment on each call; thread-safe.
 ChunkLogits ServingChunkLogits();
 
 struct GpuModelOptions {

@@ -3,7 +3,6 @@
 // GEMM. The forward pass reads the groups in gpu_model.cc (Attention, Moe). Not thread-safe, as
 // GpuModel.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,14 +13,15 @@
 #include "engine/gpu/gpu_model_impl.h"
 #include "engine/quant.h"
 #include "engine/stored_fp8.h"
+#include "kernels/env_switch.h"
 #include "spdlog/spdlog.h"
 
 namespace pdserve::engine::gpu {
 
 bool FusedProjectionsWanted(const GpuModelOptions& options) {
-  const char* env = std::getenv("PDSERVE_FUSED_PROJECTIONS");
-  const std::string forced = env != nullptr ? env : "";
-  const bool wanted = forced == "1" || (forced != "0" && options.fused_projections);
+  const bool wanted = kernels::ReadSwitchOverride("PDSERVE_FUSED_PROJECTIONS",
+                                                  "the option (GpuModelOptions::fused_projections)")
+                          .value_or(options.fused_projections);
   if (wanted && options.gemm_inputs == GemmInputs::kFp32) {
     spdlog::info("fused projections: off with fp32 GEMM inputs");
     return false;
@@ -30,15 +30,22 @@ bool FusedProjectionsWanted(const GpuModelOptions& options) {
   return wanted;
 }
 
-bool FusedHcPreWanted(const GpuModelOptions& options) {
-  const char* env = std::getenv("PDSERVE_FUSED_HC_PRE");
-  const std::string forced = env != nullptr ? env : "";
-  return forced == "1" || forced == "pdl" || (forced != "0" && options.fused_hc_pre);
+HcPreSwitch HcPreSwitchFromEnv() {
+  return kernels::ReadSwitch(
+      "PDSERVE_FUSED_HC_PRE",
+      {{"0", HcPreSwitch::kOff}, {"1", HcPreSwitch::kOn}, {"pdl", HcPreSwitch::kPdl}},
+      HcPreSwitch::kOption, "the option (GpuModelOptions::fused_hc_pre)");
+}
+
+bool FusedHcPreWanted(const GpuModelOptions& options, HcPreSwitch forced) {
+  return forced == HcPreSwitch::kOn || forced == HcPreSwitch::kPdl ||
+         (forced == HcPreSwitch::kOption && options.fused_hc_pre);
 }
 
 void GpuModel::Impl::EnableFusedHcPre() {
   fused_hc_pre = false;
-  if (!FusedHcPreWanted(options)) return;
+  const HcPreSwitch forced = HcPreSwitchFromEnv();
+  if (!FusedHcPreWanted(options, forced)) return;
   const ModelConfig& c = config;
   bool shapes = kc::hyper_connection_pre_fused_workspace(max_rows, c.hc_mult, c.hidden_size) <=
                 static_cast<int64_t>(flat.size());
@@ -49,8 +56,7 @@ void GpuModel::Impl::EnableFusedHcPre() {
     }
   }
   fused_hc_pre = shapes;
-  const char* env = std::getenv("PDSERVE_FUSED_HC_PRE");
-  hc_pre_programmatic = shapes && env != nullptr && std::string(env) == "pdl";
+  hc_pre_programmatic = shapes && forced == HcPreSwitch::kPdl;
   spdlog::debug("fused hc pre: {}", shapes ? "on" : "off (shape not supported)");
 }
 
@@ -169,8 +175,8 @@ absl::Status GpuModel::Impl::AllocateFused() {
   bool fp8_o_a = false;
   for (const Layer& l : layers) fp8_o_a = fp8_o_a || l.o_a_proj.is_fp8();
   // PDSERVE_FUSED_O_A=0 keeps o_a's groups as separate calls (to tell the two fusions apart).
-  const char* env = std::getenv("PDSERVE_FUSED_O_A");
-  const bool o_a_wanted = env == nullptr || std::string(env) != "0";
+  const bool o_a_wanted =
+      kernels::ReadSwitchFlag("PDSERVE_FUSED_O_A", true, "the default (one grouped call)");
   o_a_grouped = o_a_wanted && fp8_o_a && c.o_groups <= 32;
   if (!o_a_grouped) return absl::OkStatus();
   std::vector<int32_t> ids(static_cast<size_t>(max_rows * c.o_groups));

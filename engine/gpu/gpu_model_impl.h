@@ -59,9 +59,12 @@ constexpr int64_t kPageSize = 64;
 // with GemmInputs::kFp32 (the fp32 reference path keeps its one-GEMM-per-projection form).
 bool FusedProjectionsWanted(const GpuModelOptions& options);
 
-// options.fused_hc_pre unless PDSERVE_FUSED_HC_PRE is 0, 1 or pdl (1, with programmatic launches)
-// in the environment.
-bool FusedHcPreWanted(const GpuModelOptions& options);
+// PDSERVE_FUSED_HC_PRE: unset, the option (GpuModelOptions::fused_hc_pre) decides; 0 off; 1 on;
+// pdl on with programmatic launches. Another value is warned about once and ignored (kOption).
+enum class HcPreSwitch { kOption, kOff, kOn, kPdl };
+HcPreSwitch HcPreSwitchFromEnv();
+// Whether HcPre runs fused, shapes permitting: options.fused_hc_pre unless `forced` says.
+bool FusedHcPreWanted(const GpuModelOptions& options, HcPreSwitch forced);
 
 inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();

@@ -1,12 +1,12 @@
 #include <cuda_fp8.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/swiglu_math.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -194,11 +194,9 @@ cudaError_t CheckBf16Copy(const char* launcher, const __nv_bfloat16* y, int64_t 
 }  // namespace
 
 ActQuantVariant act_quant_default_variant() {
-  static const ActQuantVariant variant = [] {
-    const char* env = std::getenv("PDSERVE_ACT_QUANT");
-    return env != nullptr && std::strcmp(env, "warp") == 0 ? ActQuantVariant::kWarpPerBlock
-                                                           : ActQuantVariant::kHalfWarpVectorized;
-  }();
+  static const ActQuantVariant variant =
+      ReadSwitch("PDSERVE_ACT_QUANT", {{"warp", ActQuantVariant::kWarpPerBlock}},
+                 ActQuantVariant::kHalfWarpVectorized, "the default (the vectorized kernel)");
   return variant;
 }
 

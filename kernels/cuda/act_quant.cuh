@@ -76,7 +76,7 @@ enum class ActQuantVariant { kWarpPerBlock, kHalfWarpVectorized };
 
 // The variant fp8_gemm and moe_grouped_gemm quantize their activations with where its alignment
 // holds: kHalfWarpVectorized, or kWarpPerBlock with PDSERVE_ACT_QUANT=warp (read once per process;
-// any other value: kHalfWarpVectorized). Host only; thread-safe.
+// another value: kHalfWarpVectorized, warned about, kernels/env_switch.h). Host only; thread-safe.
 ActQuantVariant act_quant_default_variant();
 
 // x [rows, x_stride] bf16 (columns 0..k-1 read) -> xq, xs as above. Requires rows >= 0, k a

@@ -38,11 +38,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/moe_gemm_workspace.h"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda::block_scaled {
 // Unnamed: each including .cu file gets its own copy of the kernels.
@@ -645,10 +645,7 @@ inline cudaError_t LaunchActQuant(const __nv_bfloat16* x, int64_t rows, int64_t 
 // has measured it on a GPU (docs/perf.md, "Split-K reduce, activation multicast and split
 // tokens").
 inline bool ReduceTriggersFirst() {
-  static const bool on = [] {
-    const char* env = std::getenv("PDSERVE_SPLITK_EARLY_TRIGGER");
-    return env != nullptr && std::string(env) == "1";
-  }();
+  static const bool on = ReadSwitchFlag("PDSERVE_SPLITK_EARLY_TRIGGER", false, "the default (off)");
   return on;
 }
 

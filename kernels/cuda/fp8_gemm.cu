@@ -1,12 +1,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda {
 namespace bs = block_scaled;
@@ -120,10 +120,10 @@ size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
 }
 
 const std::string& fp8_gemm_forced_path() {
-  static const std::string forced = [] {
-    const char* env = std::getenv("PDSERVE_FP8_GEMM");
-    return std::string(env != nullptr ? env : "");
-  }();
+  static const std::string forced = ReadSwitch<const char*>(
+      "PDSERVE_FP8_GEMM",
+      {{"mma", "mma"}, {"wgmma", "wgmma"}, {"cublaslt", "cublaslt"}, {"own", "own"}}, "",
+      "the default (the path by token count)");
   return forced;
 }
 

@@ -48,11 +48,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
@@ -60,6 +61,7 @@
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/cuda/wgmma_e4m3.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -511,6 +513,31 @@ cudaError_t LaunchWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map, cons
   return (a16 ? kTableA16 : kTable)[p.n_tile / 8 - 1](w_map, x_map, a, p, stream);
 }
 
+// PDSERVE_FP8_WGMMA's text: "warpgroups,stages,target" and up to eight flags 0 / 1 in
+// Fp8WgmmaConfig's order (cluster_reduce .. multicast_activations), missing flags as in
+// kFp8WgmmaDecodeConfig; nullopt for anything else.
+std::optional<Fp8WgmmaConfig> ParseWgmmaConfig(std::string_view text) {
+  const std::optional<std::vector<int64_t>> fields = ParseWholeNumbers(text, 3, 11);
+  if (!fields) return std::nullopt;
+  const std::vector<int64_t>& f = *fields;
+  if (f[0] < 0 || f[0] > kMaxWarpgroups || (f[1] != 0 && f[1] < 2) || f[1] > kMaxStages ||
+      f[2] < 0 || f[2] > INT32_MAX) {
+    return std::nullopt;
+  }
+  Fp8WgmmaConfig c = kFp8WgmmaDecodeConfig;
+  c.warpgroups = static_cast<int>(f[0]);
+  c.stages = static_cast<int>(f[1]);
+  c.target_blocks = static_cast<int>(f[2]);
+  bool* const flags[] = {&c.cluster_reduce,  &c.smem_scales,          &c.a16_register_weights,
+                         &c.alternate_turns, &c.two_in_flight,        &c.split_tokens,
+                         &c.stagger_k,       &c.multicast_activations};
+  for (size_t i = 3; i < f.size(); ++i) {
+    if (f[i] != 0 && f[i] != 1) return std::nullopt;
+    *flags[i - 3] = f[i] == 1;
+  }
+  return c;
+}
+
 bool WgmmaSizesValid(int64_t m, int64_t n, int64_t k) {
   return m >= 0 && n >= 0 && k > 0 && k % kBlockK == 0 && m < (int64_t{1} << 31) &&
          k < (int64_t{1} << 31) && n < (int64_t{1} << 31) &&
@@ -521,43 +548,11 @@ bool WgmmaSizesValid(int64_t m, int64_t n, int64_t k) {
 }  // namespace
 
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
-  static const Fp8WgmmaConfig config = [] {
-    Fp8WgmmaConfig c = kFp8WgmmaDecodeConfig;
-    const char* env = std::getenv("PDSERVE_FP8_WGMMA");
-    if (env != nullptr) {
-      int wgs = 0;
-      int stages = 0;
-      int target = 0;
-      int cluster = c.cluster_reduce ? 1 : 0;
-      int scales = c.smem_scales ? 1 : 0;
-      int reg = c.a16_register_weights ? 1 : 0;
-      int alternate = c.alternate_turns ? 1 : 0;
-      int in_flight = c.two_in_flight ? 1 : 0;
-      int split = c.split_tokens ? 1 : 0;
-      int stagger = c.stagger_k ? 1 : 0;
-      int multicast = c.multicast_activations ? 1 : 0;
-      const int fields =
-          std::sscanf(env, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &wgs, &stages, &target, &cluster,
-                      &scales, &reg, &alternate, &in_flight, &split, &stagger, &multicast);
-      const auto flag = [](int v) { return v == 0 || v == 1; };
-      if (fields >= 3 && wgs >= 0 && wgs <= kMaxWarpgroups && (stages == 0 || stages >= 2) &&
-          stages <= kMaxStages && target >= 0 && flag(cluster) && flag(scales) && flag(reg) &&
-          flag(alternate) && flag(in_flight) && flag(split) && flag(stagger) && flag(multicast)) {
-        c.warpgroups = wgs;
-        c.stages = stages;
-        c.target_blocks = target;
-        c.cluster_reduce = cluster == 1;
-        c.smem_scales = scales == 1;
-        c.a16_register_weights = reg == 1;
-        c.alternate_turns = alternate == 1;
-        c.two_in_flight = in_flight == 1;
-        c.split_tokens = split == 1;
-        c.stagger_k = stagger == 1;
-        c.multicast_activations = multicast == 1;
-      }
-    }
-    return c;
-  }();
+  static const Fp8WgmmaConfig config = ReadSwitchWith(
+      "PDSERVE_FP8_WGMMA", ParseWgmmaConfig, kFp8WgmmaDecodeConfig,
+      "warpgroups (0-" + std::to_string(kMaxWarpgroups) + "),stages (0 or 2-" +
+          std::to_string(kMaxStages) + "),target blocks (>= 0), then up to 8 flags 0 or 1",
+      "the default config");
   return config;
 }
 

@@ -1,12 +1,12 @@
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_grouping.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -47,11 +47,10 @@ GroupedPlan PlanGrouped(int64_t tokens, int64_t top_k, int64_t x_rows, const Exp
 // PDSERVE_MOE_GEMM's choice: kAuto unless "mma" or "wgmma".
 enum class PathMode { kMma, kWgmma, kAuto };
 PathMode DefaultPathMode() {
-  static const PathMode mode = [] {
-    const char* env = std::getenv("PDSERVE_MOE_GEMM");
-    const std::string v = env != nullptr ? env : "";
-    return v == "wgmma" ? PathMode::kWgmma : v == "mma" ? PathMode::kMma : PathMode::kAuto;
-  }();
+  static const PathMode mode =
+      ReadSwitch("PDSERVE_MOE_GEMM",
+                 {{"auto", PathMode::kAuto}, {"mma", PathMode::kMma}, {"wgmma", PathMode::kWgmma}},
+                 PathMode::kAuto, "the default, auto");
   return mode;
 }
 

@@ -132,7 +132,7 @@ struct MoeWgmmaConfig {
   bool multicast_activations = false;
 };
 // The default config, or PDSERVE_MOE_WGMMA="token_tile,stages[,multicast 0|1]" (read once per
-// process; malformed values are ignored). Host only.
+// process; other text is warned about and ignored, kernels/env_switch.h). Host only.
 MoeWgmmaConfig moe_grouped_gemm_wgmma_default_config();
 // Workspace bytes of moe_grouped_gemm_wgmma (grouping, the grouped activation rows, FP8: the
 // per-token quantized rows and scales too); 0 for sizes it refuses. Host only.

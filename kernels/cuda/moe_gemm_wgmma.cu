@@ -36,10 +36,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
@@ -49,6 +50,7 @@
 #include "kernels/cuda/moe_grouping.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/cuda/wgmma_e4m3.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kernels::cuda {
 namespace {
@@ -290,6 +292,24 @@ MoeWgmmaPlan PlanMoeWgmma(int64_t tokens, int64_t top_k, int64_t x_rows, const E
   return p;
 }
 
+// PDSERVE_MOE_WGMMA's text: "token_tile,stages[,multicast]" (token_tile 0, kSmallTile or
+// kLargeTile; stages 0 or 2..kMaxStages; multicast 0 or 1, missing: 0); nullopt for anything else.
+std::optional<MoeWgmmaConfig> ParseMoeWgmmaConfig(std::string_view text) {
+  const std::optional<std::vector<int64_t>> fields = ParseWholeNumbers(text, 2, 3);
+  if (!fields) return std::nullopt;
+  const std::vector<int64_t>& f = *fields;
+  const int64_t multicast = f.size() == 3 ? f[2] : 0;
+  if ((f[0] != 0 && f[0] != kSmallTile && f[0] != kLargeTile) ||
+      (f[1] != 0 && (f[1] < 2 || f[1] > kMaxStages)) || (multicast != 0 && multicast != 1)) {
+    return std::nullopt;
+  }
+  MoeWgmmaConfig c;
+  c.token_tile = static_cast<int>(f[0]);
+  c.stages = static_cast<int>(f[1]);
+  c.multicast_activations = multicast == 1;
+  return c;
+}
+
 // The sizes moe_grouped_gemm takes, plus the warpgroup path's own limits.
 cudaError_t ValidateWgmmaSizes(int64_t tokens, int64_t top_k, int64_t x_rows,
                                const ExpertWeights& w, std::string* refusal) {
@@ -337,22 +357,11 @@ cudaError_t LaunchMoeWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map,
 }  // namespace
 
 MoeWgmmaConfig moe_grouped_gemm_wgmma_default_config() {
-  static const MoeWgmmaConfig config = [] {
-    MoeWgmmaConfig c;
-    const char* env = std::getenv("PDSERVE_MOE_WGMMA");
-    int tile = 0;
-    int stages = 0;
-    int multicast = 0;
-    if (env != nullptr && std::sscanf(env, "%d,%d,%d", &tile, &stages, &multicast) >= 2 &&
-        (tile == 0 || tile == kSmallTile || tile == kLargeTile) &&
-        (stages == 0 || (stages >= 2 && stages <= kMaxStages)) &&
-        (multicast == 0 || multicast == 1)) {
-      c.token_tile = tile;
-      c.stages = stages;
-      c.multicast_activations = multicast == 1;
-    }
-    return c;
-  }();
+  static const MoeWgmmaConfig config = ReadSwitchWith(
+      "PDSERVE_MOE_WGMMA", ParseMoeWgmmaConfig, MoeWgmmaConfig{},
+      "token_tile (0, " + std::to_string(kSmallTile) + " or " + std::to_string(kLargeTile) +
+          "),stages (0 or 2-" + std::to_string(kMaxStages) + ")[,multicast 0 or 1]",
+      "the default config");
   return config;
 }
 

@@ -1,12 +1,13 @@
 #include "kvtransfer/cuda_ipc/cuda_page_lander.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/env_switch.h"
 
 namespace pdserve::kv::cuda_ipc {
 
@@ -82,24 +83,28 @@ absl::StatusOr<std::shared_ptr<const PeerArena>> PeerArenaCache::Get(
   return arena;
 }
 
+namespace {
+
+constexpr kernels::SwitchChoice<LanderMode> kLanderModes[] = {{"staged", LanderMode::kStaged},
+                                                              {"mapped", LanderMode::kMapped},
+                                                              {"fused", LanderMode::kFused}};
+
+}  // namespace
+
 absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name) {
-  if (name == "staged") return LanderMode::kStaged;
-  if (name == "mapped") return LanderMode::kMapped;
-  if (name == "fused") return LanderMode::kFused;
-  return absl::InvalidArgumentError(
-      absl::StrCat("CUDA page lander mode '", name, "': staged, mapped or fused"));
+  if (std::optional<LanderMode> mode = kernels::FindSwitchChoice(name, kLanderModes)) return *mode;
+  return absl::InvalidArgumentError(absl::StrCat("CUDA page lander mode '", name, "': one of ",
+                                                 kernels::SwitchChoiceList(kLanderModes)));
 }
 
-absl::StatusOr<LanderMode> LanderModeFromEnv() {
-  const char* name = std::getenv("PDSERVE_CUDA_LANDER");
-  if (name == nullptr || *name == '\0') return LanderMode::kFused;
-  return ParseLanderMode(name);
+LanderMode LanderModeFromEnv() {
+  return kernels::ReadSwitch("PDSERVE_CUDA_LANDER", kLanderModes, LanderMode::kFused,
+                             "the default, fused");
 }
 
 absl::StatusOr<std::unique_ptr<CudaPageLander>> CudaPageLander::Create(
     int device, std::shared_ptr<PeerArenaCache> arenas) {
-  PDSERVE_ASSIGN_OR_RETURN(const LanderMode mode, LanderModeFromEnv());
-  return Create(device, std::move(arenas), mode);
+  return Create(device, std::move(arenas), LanderModeFromEnv());
 }
 
 absl::StatusOr<std::unique_ptr<CudaPageLander>> CudaPageLander::Create(

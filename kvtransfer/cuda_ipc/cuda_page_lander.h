@@ -75,10 +75,11 @@ class PeerArenaCache {
 enum class LanderMode { kStaged, kMapped, kFused };
 // "staged" / "mapped" / "fused"; InvalidArgument otherwise.
 absl::StatusOr<LanderMode> ParseLanderMode(const std::string& name);
-// PDSERVE_CUDA_LANDER from the environment (the A/B switch), kFused when unset (on an H100,
-// 2026-12-05: end to end 8.7 / 29.1 / 49.9 GB/s at 4K / 32K / 128K against kMapped's 7.9 / 25.0 /
-// 45.2; docs/perf.md). Errors: ParseLanderMode's.
-absl::StatusOr<LanderMode> LanderModeFromEnv();
+// PDSERVE_CUDA_LANDER from the environment (the A/B switch, ParseLanderMode's names), kFused when
+// unset (on an H100, 2026-12-05: end to end 8.7 / 29.1 / 49.9 GB/s at 4K / 32K / 128K against
+// kMapped's 7.9 / 25.0 / 45.2; docs/perf.md); another value is warned about once and ignored
+// (kFused; kernels/env_switch.h).
+LanderMode LanderModeFromEnv();
 
 class CudaPageLander final : public shm::DevicePageLander {
  public:

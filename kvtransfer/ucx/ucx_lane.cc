@@ -1,14 +1,15 @@
 #include "kvtransfer/ucx/ucx_lane.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-
 namespace pdserve::kv {
+namespace {
+
+constexpr char kLaneLingerSwitch[] = "PDSERVE_LANE_LINGER_US";
+
+}  // namespace
 
 int DefaultTransferLanes(unsigned cores) {
   return std::clamp(static_cast<int>(cores / 4), 1, kMaxTransferLanes);
@@ -92,30 +93,16 @@ void UcxLane::PostQueued(int limit) {
   }
 }
 
-LaneLingerSetting ParseLaneLinger(const char* text) {
-  const absl::Duration fallback = absl::Microseconds(kDefaultLaneLingerUs);
-  if (text == nullptr || *text == '\0') return {.linger = fallback, .warning = ""};
-  int64_t us = 0;
-  if (!absl::SimpleAtoi(text, &us) || us < 0) {
-    return {.linger = fallback,
-            .warning = absl::StrCat("PDSERVE_LANE_LINGER_US='", text,
-                                    "' is not a whole number of microseconds >= 0; using ",
-                                    kDefaultLaneLingerUs)};
-  }
-  if (us > kMaxLaneLingerUs) {
-    return {.linger = absl::Microseconds(kMaxLaneLingerUs),
-            .warning = absl::StrCat("PDSERVE_LANE_LINGER_US=", us, " is over the maximum ",
-                                    kMaxLaneLingerUs, "; using ", kMaxLaneLingerUs)};
-  }
-  return {.linger = absl::Microseconds(us), .warning = ""};
+kernels::SwitchReading<int64_t> ParseLaneLingerUs(const char* text) {
+  return kernels::ParseSwitchNumber(kLaneLingerSwitch, text, kDefaultLaneLingerUs, 0,
+                                    kMaxLaneLingerUs);
 }
 
-const LaneLingerSetting& LaneLingerFromEnv() {
-  static const LaneLingerSetting setting = ParseLaneLinger(std::getenv("PDSERVE_LANE_LINGER_US"));
-  return setting;
+absl::Duration LaneLinger() {
+  static const absl::Duration linger = absl::Microseconds(kernels::TakeSwitchReading(
+      kLaneLingerSwitch, ParseLaneLingerUs(kernels::SwitchText(kLaneLingerSwitch))));
+  return linger;
 }
-
-absl::Duration LaneLinger() { return LaneLingerFromEnv().linger; }
 
 void UcxLane::Run() {
   // The sleep bound: how late a stop or an endpoint error is noticed while the lane is idle.

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kernels/env_switch.h"
 #include "kvtransfer/ucx/ucx.h"
 
 namespace pdserve::kv {
@@ -56,19 +57,13 @@ inline constexpr int64_t kDefaultLaneLingerUs = 0;
 // a core busy after every transfer (breaker58: 99999999999999 kept two idle workers at 60% CPU
 // each with 4 lanes).
 inline constexpr int64_t kMaxLaneLingerUs = 10'000;
-struct LaneLingerSetting {
-  absl::Duration linger;
-  // Empty, or what was wrong with the variable's text and what was used instead (the workers
-  // log it as a warning at start).
-  std::string warning;
-};
-// `text` as PDSERVE_LANE_LINGER_US: null or empty gives the default; an integer in
-// [0, kMaxLaneLingerUs] gives that many microseconds; a larger one (up to INT64_MAX) the maximum,
-// anything else (a negative or fractional number, trailing text, past INT64_MAX) the default,
-// each with a warning.
-LaneLingerSetting ParseLaneLinger(const char* text);
-// PDSERVE_LANE_LINGER_US from the environment, read once.
-const LaneLingerSetting& LaneLingerFromEnv();
+// `text` as PDSERVE_LANE_LINGER_US, in microseconds (kernels::ParseSwitchNumber): null or empty
+// gives the default; a whole number in [0, kMaxLaneLingerUs] itself; a larger one (up to
+// INT64_MAX) the maximum, a negative one 0; anything else (a fractional number, trailing text,
+// past INT64_MAX) the default; each of the last three with a warning.
+kernels::SwitchReading<int64_t> ParseLaneLingerUs(const char* text);
+// PDSERVE_LANE_LINGER_US from the environment, read once; its warning, if any, is logged at that
+// first read (kernels/env_switch.h; the workers read it at start).
 absl::Duration LaneLinger();
 
 class UcxLane {

@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +12,7 @@
 #include "engine/gpu/device_memory.h"
 #include "kernels/cuda/page_copy.cuh"
 #include "kernels/cuda/xxh3.cuh"
+#include "kernels/env_switch.h"
 
 namespace pdserve::runtime {
 namespace {
@@ -72,8 +71,8 @@ uint64_t DevicePageDescriptors::growths() const {
 }
 
 bool KeepDevicePageBuffers() {
-  const char* mode = std::getenv("PDSERVE_DEVICE_PAGES");
-  return mode == nullptr || std::string_view(mode) != "fresh";
+  return kernels::ReadSwitch("PDSERVE_DEVICE_PAGES", {{"kept", true}, {"fresh", false}}, true,
+                             "the default, kept");
 }
 
 DeviceStatePages::DeviceStatePages(engine::gpu::GpuModel* model, const serving::StateLayout& layout,

@@ -102,7 +102,8 @@ class DevicePageDescriptors {
 // Whether the workers keep their DevicePageDescriptors across requests (and the prefill engine
 // its checksum buffers, storing all layers in one StoreLayers when not overlapping): true unless
 // PDSERVE_DEVICE_PAGES=fresh, the A/B switch that restores a DeviceStatePages of its own buffers
-// per request and a StoreLayer per layer.
+// per request and a StoreLayer per layer (=kept or unset: true; another value is warned about and
+// ignored, kernels/env_switch.h).
 bool KeepDevicePageBuffers();
 
 class DeviceStatePages {

@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <string_view>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/gpu/device_memory.h"
+#include "kernels/env_switch.h"
 #include "runtime/cuda/device_state_pages.h"
 
 namespace pdserve::runtime {
@@ -204,8 +203,8 @@ absl::StatusOr<PrefillEngine::DeviceRun> GpuPrefillEngine::RunToDevice(
   };
   // PDSERVE_CUDA_IPC_OVERLAP=1: each layer's store is enqueued during the last chunk, right after
   // the layer's attention (GpuModel::BeginForwardStoring); otherwise all after the forward.
-  const char* overlap_env = std::getenv("PDSERVE_CUDA_IPC_OVERLAP");
-  const bool overlap = overlap_env != nullptr && std::string_view(overlap_env) == "1";
+  const bool overlap = kernels::ReadSwitchFlag("PDSERVE_CUDA_IPC_OVERLAP", false,
+                                               "the default (every store after the forward)");
   DeviceRun run;
   PDSERVE_ASSIGN_OR_RETURN(run.logits,
                            ForwardChunks(prompt, chunk_done, overlap ? store_layer : nullptr));

@@ -3,10 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <span>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -14,6 +12,7 @@
 #include "common/status.h"
 #include "engine/expert_parallel.h"
 #include "guards/canary.h"
+#include "kernels/env_switch.h"
 #include "runtime/choice_step.h"
 #include "runtime/paged_state.h"
 #include "spdlog/spdlog.h"
@@ -48,8 +47,8 @@ namespace {
 
 // PDSERVE_HOST_SAMPLER=1: the A/B switch back to the host sampler (gpu_step_runner.h).
 bool HostSamplerForced() {
-  const char* value = std::getenv("PDSERVE_HOST_SAMPLER");
-  return value != nullptr && std::string_view(value) == "1";
+  return kernels::ReadSwitchFlag("PDSERVE_HOST_SAMPLER", false,
+                                 "the default (RunnerOptions::gpu_sampling decides)");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kvtransfer/fault_transport.h"
 #include "kvtransfer/transfer_sender.h"
 #include "kvtransfer/ucx/lane_address.h"
@@ -396,25 +397,33 @@ TEST(LaneAddressTest, DefaultLanesFollowTheCores) {
 }
 
 TEST(LaneLingerTest, EnvironmentTextIsCheckedAndBounded) {
-  EXPECT_EQ(ParseLaneLinger(nullptr).linger, absl::Microseconds(kDefaultLaneLingerUs));
-  EXPECT_TRUE(ParseLaneLinger("").warning.empty());
-  const LaneLingerSetting ok = ParseLaneLinger("500");
-  EXPECT_EQ(ok.linger, absl::Microseconds(500));
+  EXPECT_EQ(ParseLaneLingerUs(nullptr).value, kDefaultLaneLingerUs);
+  EXPECT_TRUE(ParseLaneLingerUs("").warning.empty());
+  const kernels::SwitchReading<int64_t> ok = ParseLaneLingerUs("500");
+  EXPECT_EQ(ok.value, 500);
   EXPECT_TRUE(ok.warning.empty());
-  EXPECT_EQ(ParseLaneLinger("10000").linger, absl::Microseconds(kMaxLaneLingerUs));
-  EXPECT_TRUE(ParseLaneLinger("10000").warning.empty());
+  EXPECT_EQ(ParseLaneLingerUs(" +700 ").value, 700);  // as absl::SimpleAtoi took it
+  EXPECT_EQ(ParseLaneLingerUs("10000").value, kMaxLaneLingerUs);
+  EXPECT_TRUE(ParseLaneLingerUs("10000").warning.empty());
   // Past the maximum (LLONG_MAX, or past it): clamped, not a lane that never sleeps again.
   for (const char* huge : {"10001", "99999999999999", "9223372036854775807"}) {
-    const LaneLingerSetting clamped = ParseLaneLinger(huge);
-    EXPECT_EQ(clamped.linger, absl::Microseconds(kMaxLaneLingerUs)) << huge;
-    EXPECT_NE(clamped.warning.find("over the maximum"), std::string::npos) << huge;
+    const kernels::SwitchReading<int64_t> clamped = ParseLaneLingerUs(huge);
+    EXPECT_EQ(clamped.value, kMaxLaneLingerUs) << huge;
+    EXPECT_EQ(clamped.warning,
+              absl::StrCat("PDSERVE_LANE_LINGER_US=", huge, " is outside [0, 10000]; using 10000"));
   }
-  // Not a whole number >= 0: the default, named in the warning (strtoll read "1e9" as 1 and
-  // "abc" as 0 without a word).
-  for (const char* bad : {"abc", "1e9", "5.5", "-3", "500us", "99999999999999999999"}) {
-    const LaneLingerSetting refused = ParseLaneLinger(bad);
-    EXPECT_EQ(refused.linger, absl::Microseconds(kDefaultLaneLingerUs)) << bad;
-    EXPECT_NE(refused.warning.find(bad), std::string::npos) << bad;
+  // Negative: 0, with a warning.
+  const kernels::SwitchReading<int64_t> negative = ParseLaneLingerUs("-3");
+  EXPECT_EQ(negative.value, 0);
+  EXPECT_EQ(negative.warning, "PDSERVE_LANE_LINGER_US=-3 is outside [0, 10000]; using 0");
+  // Not a whole number: the default, named in the warning (strtoll read "1e9" as 1 and "abc" as
+  // 0 without a word).
+  for (const char* bad : {"abc", "1e9", "5.5", "500us", "99999999999999999999"}) {
+    const kernels::SwitchReading<int64_t> refused = ParseLaneLingerUs(bad);
+    EXPECT_EQ(refused.value, kDefaultLaneLingerUs) << bad;
+    EXPECT_EQ(refused.warning, absl::StrCat("PDSERVE_LANE_LINGER_US='", bad,
+                                            "' is not accepted (accepted: a whole number in [0, "
+                                            "10000]); ignored, using the default, 0"));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <span>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "serving/page_lease.h"
 #include "serving/page_pool.h"
+#include "tests/common/switch_warnings.h"
 
 namespace pdserve::runtime {
 namespace {
@@ -469,6 +471,28 @@ TEST(EarlyImportTest, TransitionsOutsideTheLifecycleAreRefused) {
     EXPECT_TRUE(absl::IsFailedPrecondition(NextEarlyImportState(state, event).status()))
         << EarlyImportStateName(state);
   }
+}
+
+// PDSERVE_EARLY_IMPORT_BATCH: 0 one layer a call, 1 or unset batched; any other text is warned
+// about once and leaves the default (it used to be taken as "batched" without a word).
+TEST(BatchEarlyImportLayersTest, TheSwitchTakesZeroAndOneAndWarnsAboutOtherText) {
+  const testing::CapturedSwitchWarnings warnings;
+  unsetenv("PDSERVE_EARLY_IMPORT_BATCH");
+  EXPECT_TRUE(BatchEarlyImportLayers());
+  setenv("PDSERVE_EARLY_IMPORT_BATCH", "0", 1);
+  EXPECT_FALSE(BatchEarlyImportLayers());
+  setenv("PDSERVE_EARLY_IMPORT_BATCH", "1", 1);
+  EXPECT_TRUE(BatchEarlyImportLayers());
+  EXPECT_TRUE(warnings.lines().empty());
+  for (const char* other : {"false", "off", "00"}) {
+    setenv("PDSERVE_EARLY_IMPORT_BATCH", other, 1);
+    EXPECT_TRUE(BatchEarlyImportLayers()) << other;
+  }
+  unsetenv("PDSERVE_EARLY_IMPORT_BATCH");
+  ASSERT_EQ(warnings.lines().size(), 1u);
+  EXPECT_EQ(warnings.lines()[0],
+            "PDSERVE_EARLY_IMPORT_BATCH='false' is not accepted (accepted: 0, 1); ignored, using "
+            "the default (queued layers imported in one call)");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "engine/gpu/device_memory.h"
 #include "kernels/cuda/xxh3.cuh"
 #include "kvtransfer/cuda_ipc/cuda_page_lander.h"
+#include "tests/common/switch_warnings.h"
 
 namespace pdserve::kv::cuda_ipc {
 namespace {
@@ -301,6 +302,30 @@ TEST(CudaPageLanderModeTest, ModesParseAndAnUnknownOneIsRefused) {
   EXPECT_EQ(*ParseLanderMode("mapped"), LanderMode::kMapped);
   EXPECT_EQ(*ParseLanderMode("fused"), LanderMode::kFused);
   EXPECT_EQ(ParseLanderMode("fast").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// PDSERVE_CUDA_LANDER (no GPU needed): the three names, fused when unset; another value is warned
+// about once and gives fused (it used to fail every lander's Create, so every landing).
+TEST(CudaPageLanderModeTest, TheSwitchTakesTheNamesAndWarnsAboutOtherText) {
+  const testing::CapturedSwitchWarnings warnings;
+  unsetenv("PDSERVE_CUDA_LANDER");
+  EXPECT_EQ(LanderModeFromEnv(), LanderMode::kFused);
+  setenv("PDSERVE_CUDA_LANDER", "staged", 1);
+  EXPECT_EQ(LanderModeFromEnv(), LanderMode::kStaged);
+  setenv("PDSERVE_CUDA_LANDER", "mapped", 1);
+  EXPECT_EQ(LanderModeFromEnv(), LanderMode::kMapped);
+  setenv("PDSERVE_CUDA_LANDER", "fused", 1);
+  EXPECT_EQ(LanderModeFromEnv(), LanderMode::kFused);
+  EXPECT_TRUE(warnings.lines().empty());
+  for (const char* other : {"fast", "Mapped"}) {
+    setenv("PDSERVE_CUDA_LANDER", other, 1);
+    EXPECT_EQ(LanderModeFromEnv(), LanderMode::kFused) << other;
+  }
+  unsetenv("PDSERVE_CUDA_LANDER");
+  ASSERT_EQ(warnings.lines().size(), 1u);
+  EXPECT_EQ(warnings.lines()[0],
+            "PDSERVE_CUDA_LANDER='fast' is not accepted (accepted: staged, mapped, fused); "
+            "ignored, using the default, fused");
 }
 
 TEST(CudaPageLanderNameTest, HandleAndNameRoundTrip) {
