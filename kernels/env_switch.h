@@ -154,9 +154,11 @@ template <typename T, size_t N>
 SwitchReading<T> ParseSwitch(const char* name, const char* text,
                              const SwitchChoice<T> (&choices)[N], T fallback,
                              std::string_view instead) {
-  return ParseSwitchWith(
-      name, text, [&](std::string_view t) { return FindSwitchChoice(t, choices); }, fallback,
-      SwitchChoiceList(choices), instead);
+  // Not through ParseSwitchWith: the list of choices is made only for a warning (some switches
+  // are read on every call).
+  if (text == nullptr || *text == '\0') return {fallback, ""};
+  if (std::optional<T> value = FindSwitchChoice(text, choices)) return {*value, ""};
+  return {fallback, SwitchWarning(name, text, SwitchChoiceList(choices), instead)};
 }
 
 // The texts of an on / off switch, and of one that overrides an option (nullopt: the option).
