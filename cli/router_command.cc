@@ -10,6 +10,7 @@
 // sends READY=1 once the workers are healthy (or at once if they are not yet: /ready says when)
 // and WATCHDOG=1 keep-alives while its HTTP event loop runs. Serves until SIGINT or SIGTERM, then
 // exits 0.
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -92,11 +93,18 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   sigwait(&signals, &received);
   std::fprintf(stderr, "pdserve router: signal %d, stopping\n", received);
   notifier.Stopping();
+  // Both fronts take no new requests; running ones get drain_timeout_ms in all to finish, then an
+  // SSE error event (never a stream cut mid-event) or UNAVAILABLE shutting_down on gRPC.
+  const auto drain_end =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.drain_timeout_ms);
   if (grpc_front) grpc_front->StopServing();
-  // HTTP: no new connections; running requests get drain_timeout_ms to finish, then an SSE error
-  // event (never a stream cut mid-event).
   server->Drain(std::chrono::milliseconds(options.drain_timeout_ms));
-  if (grpc_front) grpc_front->Stop();
+  if (grpc_front) {
+    grpc_front->Drain(std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   drain_end - std::chrono::steady_clock::now())));
+    grpc_front->Stop();
+  }
   server->Stop();
   return absl::OkStatus();
 }

@@ -164,8 +164,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!active_) return false;
     keep_alive_ = false;
     ending_ = true;
-    OnError(generation_id_, ServerError(503, "the server is shutting down; retry elsewhere",
-                                        "server_error", "shutting_down"));
+    OnError(generation_id_, ShuttingDown());
     return true;
   }
   bool Ending() const { return ending_.load(); }
@@ -850,8 +849,7 @@ void Session::Generate(Endpoint endpoint) {
     const bool ended = self->live_gen_.load() != gen;
     StartResult started =
         server->stopped.load() || ended
-            ? StartResult(ServerError(503, "the server is shutting down; retry elsewhere",
-                                      "server_error", "shutting_down"))
+            ? StartResult(ShuttingDown())
             : server->service->Start(api, std::make_shared<SessionSink>(self, gen));
     server->body_bytes.fetch_sub(held);
     self->Post([self, gen, started = std::move(started)]() mutable {
