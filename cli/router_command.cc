@@ -23,6 +23,7 @@
 #include "common/api_keys.h"
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/host_port.h"
 #include "common/server_log.h"
 #include "common/status.h"
 #include "common/systemd_notify.h"
@@ -78,12 +79,12 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
                              router::GrpcFront::Start(config.router.host, config.router.grpc_port,
                                                       service.get(), front_credentials, api_keys));
   }
-  std::printf("pdserve router: listening on %s://%s:%u\n",
-              config.security.front_tls() ? "https" : "http", http.host.c_str(),
-              static_cast<unsigned>(server->port()));
+  std::printf("pdserve router: listening on %s://%s\n",
+              config.security.front_tls() ? "https" : "http",
+              common::HostPort(http.host, server->port()).c_str());
   if (grpc_front) {
-    std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s:%d\n",
-                config.router.host.c_str(), grpc_front->port());
+    std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s\n",
+                common::HostPort(config.router.host, grpc_front->port()).c_str());
   }
   std::fflush(stdout);
   systemd::Notifier notifier;

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/api_keys.h"
 #include "common/grpc_discovery.h"
+#include "common/host_port.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -416,13 +417,14 @@ absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(absl::StrCat(host, ":", port),
+  builder.AddListeningPort(common::HostPort(host, port),
                            credentials ? credentials : grpc::InsecureServerCredentials(),
                            &front->port_);
   builder.RegisterService(&front->impl_->generation);
   front->impl_->server = builder.BuildAndStart();
   if (!front->impl_->server || front->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", host, ":", port));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on ", common::HostPort(host, port)));
   }
   // grpc.health.v1 says SERVING while the router is ready (its /ready: enough healthy workers).
   front->impl_->health = std::make_unique<rpc::ServingFollower>(
