@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/command_registry.h"
+#include "common/regular_file.h"
 #include "loadgen/dataset.h"
 #include "loadgen/runner.h"
 #include "loadgen/stats.h"
@@ -153,9 +153,10 @@ int RunBench(BenchArgs args) {
       loadgen::Summarize(result->samples, std::max(result->duration_s, 1e-9), slo);
   const nlohmann::json json = loadgen::ToJson(summary);
   if (!args.output.empty()) {
-    std::ofstream out(args.output);
-    out << json.dump(2) << "\n";
-    if (!out) return Fail("cannot write " + args.output);
+    // Each write and the close checked: a stream buffers a small report whole and meets a full
+    // disk only at its close.
+    const absl::Status written = common::WriteFile(args.output, json.dump(2) + "\n", "--output");
+    if (!written.ok()) return Fail(std::string(written.message()));
   }
   std::printf("%s", args.json ? (json.dump(2) + "\n").c_str() : loadgen::ToTable(summary).c_str());
   for (const loadgen::RequestSample& s : result->samples) {

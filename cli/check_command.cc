@@ -19,13 +19,13 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cli/command_registry.h"
+#include "common/regular_file.h"
 #include "loadgen/coherence_check.h"
 #include "loadgen/dataset.h"
 #include "loadgen/stream_client.h"
@@ -134,9 +134,10 @@ int RunCheckCommand(CheckArgs args) {
   if (!report.ok()) return Error(std::string(report.status().message()));
   const nlohmann::json json = loadgen::ToJson(*report);
   if (!args.output.empty()) {
-    std::ofstream out(args.output);
-    out << json.dump(2) << "\n";
-    if (!out) return Error("cannot write " + args.output);
+    // Each write and the close checked: a stream buffers a small report whole and meets a full
+    // disk only at its close.
+    const absl::Status written = common::WriteFile(args.output, json.dump(2) + "\n", "--output");
+    if (!written.ok()) return Error(std::string(written.message()));
   }
   // Said first, in one line: otherwise only each request's 400 in the report tells.
   const std::string too_long = loadgen::ContextLengthSummary(*report);

@@ -10,6 +10,7 @@
 // sends READY=1 once the workers are healthy (or at once if they are not yet: /ready says when)
 // and WATCHDOG=1 keep-alives while its HTTP event loop runs. Serves until SIGINT or SIGTERM, then
 // exits 0.
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "common/api_keys.h"
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/host_port.h"
 #include "common/server_log.h"
 #include "common/status.h"
 #include "common/systemd_notify.h"
@@ -77,12 +79,12 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
                              router::GrpcFront::Start(config.router.host, config.router.grpc_port,
                                                       service.get(), front_credentials, api_keys));
   }
-  std::printf("pdserve router: listening on %s://%s:%u\n",
-              config.security.front_tls() ? "https" : "http", http.host.c_str(),
-              static_cast<unsigned>(server->port()));
+  std::printf("pdserve router: listening on %s://%s\n",
+              config.security.front_tls() ? "https" : "http",
+              common::HostPort(http.host, server->port()).c_str());
   if (grpc_front) {
-    std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s:%d\n",
-                config.router.host.c_str(), grpc_front->port());
+    std::printf("pdserve router: gRPC (pdserve.v1.Generation) on %s\n",
+                common::HostPort(config.router.host, grpc_front->port()).c_str());
   }
   std::fflush(stdout);
   systemd::Notifier notifier;
@@ -92,11 +94,18 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   sigwait(&signals, &received);
   std::fprintf(stderr, "pdserve router: signal %d, stopping\n", received);
   notifier.Stopping();
+  // Both fronts take no new requests; running ones get drain_timeout_ms in all to finish, then an
+  // SSE error event (never a stream cut mid-event) or UNAVAILABLE shutting_down on gRPC.
+  const auto drain_end =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.drain_timeout_ms);
   if (grpc_front) grpc_front->StopServing();
-  // HTTP: no new connections; running requests get drain_timeout_ms to finish, then an SSE error
-  // event (never a stream cut mid-event).
   server->Drain(std::chrono::milliseconds(options.drain_timeout_ms));
-  if (grpc_front) grpc_front->Stop();
+  if (grpc_front) {
+    grpc_front->Drain(std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   drain_end - std::chrono::steady_clock::now())));
+    grpc_front->Stop();
+  }
   server->Stop();
   return absl::OkStatus();
 }

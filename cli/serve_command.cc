@@ -56,6 +56,7 @@
 #endif
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/host_port.h"
 #include "common/server_log.h"
 #include "common/status.h"
 #include "frontend/http_server.h"
@@ -234,9 +235,9 @@ absl::Status Serve(const ServeOptions& options) {
   http.allow_half_close = options.allow_half_close;
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<frontend::HttpServer> server,
                            frontend::HttpServer::Start(http, service.get()));
-  std::printf("pdserve serve: listening on %s://%s:%u\n",
-              options.tls_cert_file.empty() ? "http" : "https", options.host.c_str(),
-              static_cast<unsigned>(server->port()));
+  std::printf("pdserve serve: listening on %s://%s\n",
+              options.tls_cert_file.empty() ? "http" : "https",
+              common::HostPort(options.host, server->port()).c_str());
   std::fflush(stdout);
   int received = 0;
   sigwait(&signals, &received);

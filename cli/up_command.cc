@@ -24,6 +24,7 @@
 // a deployment with a missing part is not served half-way (systemd units restart parts
 // individually; `up` is for one machine and development).
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -33,6 +34,7 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -51,6 +53,7 @@
 #include "cli/command_registry.h"
 #include "common/deploy_config.h"
 #include "common/fatal_signal.h"
+#include "common/host_port.h"
 #include "common/server_log.h"
 #include "common/status.h"
 
@@ -128,7 +131,7 @@ absl::Status CheckPortFree(const std::string& what, const std::string& host, int
         "process with its systemd unit on its own host (deploy/README.md, \"Multi-host "
         "install\")"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(what, " port ", host, ":", port,
+  return absl::FailedPreconditionError(absl::StrCat(what, " port ", common::HostPort(host, port),
                                                     " is not free (", std::strerror(error),
                                                     "); is another pdserve running?"));
 }
@@ -152,26 +155,39 @@ absl::Status CheckPortsFree(const config::DeployConfig& config) {
   return absl::OkStatus();
 }
 
-// GET `path` on host:port; the HTTP status, or 0 when nothing answered.
+// Where `up` reaches a router that listens on `host`: a wildcard address through its loopback.
+std::string ProbeHost(const std::string& host) {
+  if (host == "0.0.0.0") return "127.0.0.1";
+  if (host == "::") return "::1";
+  return host;
+}
+
+// GET `path` on host:port; the HTTP status, or 0 when nothing answered. `host` may be an IPv4 or
+// IPv6 literal or a name (each of its addresses is tried).
 int HttpStatus(const std::string& host, int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, host == "0.0.0.0" ? "127.0.0.1" : host.c_str(), &addr.sin_addr);
-  timeval timeout{2, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(ProbeHost(host).c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    return 0;
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", common::HostPort(host, port),
+                   "\r\nConnection: close\r\n\r\n");
   int status = 0;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", host, "\r\nConnection: close\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+  for (const addrinfo* a = found; a != nullptr && status == 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    timeval timeout{2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buffer[64] = {};
       if (read(fd, buffer, sizeof(buffer) - 1) > 12) status = std::atoi(buffer + 9);
     }
+    close(fd);
   }
-  close(fd);
+  freeaddrinfo(found);
   return status;
 }
 
@@ -187,11 +203,10 @@ int HttpsStatus(const std::string& host, int port, const std::string& path) {
     boost::beast::ssl_stream<boost::beast::tcp_stream> stream(ioc, context);
     auto& tcp = boost::beast::get_lowest_layer(stream);
     tcp.expires_after(std::chrono::seconds(2));
-    tcp.connect({net::ip::make_address(host == "0.0.0.0" ? "127.0.0.1" : host),
-                 static_cast<uint16_t>(port)});
+    tcp.connect(net::ip::tcp::resolver(ioc).resolve(ProbeHost(host), std::to_string(port)));
     stream.handshake(net::ssl::stream_base::client);
     http::request<http::empty_body> request{http::verb::get, path, 11};
-    request.set(http::field::host, host);
+    request.set(http::field::host, common::HostPort(host, port));
     http::write(stream, request);
     boost::beast::flat_buffer buffer;
     http::response<http::string_body> response;
@@ -341,9 +356,9 @@ int Up(const UpOptions& options) {
       const bool tls = config->security.front_tls();
       if ((tls ? HttpsStatus : HttpStatus)(host, port, "/ready") == 200) {
         ready = true;
-        std::printf("pdserve up: ready on %s://%s:%d (%zu prefill, %zu decode)\n",
-                    tls ? "https" : "http", host.c_str(), port, config->prefill.size(),
-                    config->decode.size());
+        std::printf("pdserve up: ready on %s://%s (%zu prefill, %zu decode)\n",
+                    tls ? "https" : "http", common::HostPort(host, port).c_str(),
+                    config->prefill.size(), config->decode.size());
         std::fflush(stdout);
       } else if (std::chrono::steady_clock::now() > ready_deadline) {
         std::fprintf(stderr, "pdserve up: not ready after %d s; stopping everything\n",

@@ -1,6 +1,8 @@
 #include "common/regular_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -46,6 +48,27 @@ absl::Status OpenError(const std::string& path, int err, const std::string& what
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
   if (err == ENOENT) return absl::NotFoundError(msg);
   return absl::UnknownError(msg);
+}
+
+absl::Status WriteFile(const std::string& path, std::string_view text, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return OpenError(path, errno, what);
+  auto failed = [&](int err) {
+    return absl::UnknownError(
+        absl::StrCat("cannot write ", Name(path, what), ": ", std::strerror(err)));
+  };
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return failed(err);
+    }
+    text.remove_prefix(static_cast<size_t>(n));
+  }
+  if (::close(fd) != 0) return failed(errno);
+  return absl::OkStatus();
 }
 
 }  // namespace pdserve::common

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -21,5 +22,12 @@ absl::Status CheckRegularFile(const std::string& path, const std::string& what =
 // The status for a failed open() / std::ifstream of `path` with `err` (errno): PermissionDenied
 // for EACCES / EPERM, NotFound for ENOENT, Unknown otherwise, each with strerror. Thread-safe.
 absl::Status OpenError(const std::string& path, int err, const std::string& what = "");
+
+// Writes `text` to `path` (created or truncated, mode 0644 less the umask) and closes it; OK only
+// when every byte was written and the close succeeded, so a full disk (ENOSPC, also at close on
+// network file systems) is an error: Unknown "cannot write <what> PATH: <strerror>"; an open
+// that fails gives OpenError's status. Thread-safe.
+absl::Status WriteFile(const std::string& path, std::string_view text,
+                       const std::string& what = "");
 
 }  // namespace pdserve::common

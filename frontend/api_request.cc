@@ -669,6 +669,11 @@ ApiError StreamTooSlow(uint64_t queued_bytes) {
                      "invalid_request_error", "stream_too_slow");
 }
 
+ApiError ShuttingDown() {
+  return ServerError(503, "the server is shutting down; retry elsewhere", "server_error",
+                     "shutting_down");
+}
+
 ApiError ModelNotFound(std::string_view model) {
   constexpr size_t kShown = 256;
   std::string shown(model);

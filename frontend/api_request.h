@@ -137,6 +137,8 @@ ApiError InvalidApiKey();
 // (`queued_bytes` were waiting for it).
 ApiError StreamStalled(int64_t idle_ms);
 ApiError StreamTooSlow(uint64_t queued_bytes);
+// 503 shutting_down: a request a front ended or refused because its server is stopping.
+ApiError ShuttingDown();
 
 using ParsedRequest = std::variant<ApiRequest, ApiError>;
 

@@ -1,12 +1,9 @@
 #include "frontend/http_server.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
-#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <deque>
@@ -42,6 +39,8 @@ constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 // server_busy, malformed) keeps reading and dropping what the client still sends (Linger).
 constexpr auto kLingerTimeout = std::chrono::seconds(30);
 constexpr size_t kLingerReadBytes = 16384;
+// What the disconnect watch (Session::WatchDisconnect) reads ahead of the next request at most.
+constexpr size_t kReadAheadBytes = 16384;
 // How often the event loop beats HttpServerOptions::heartbeat.
 constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(100);
 
@@ -165,8 +164,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!active_) return false;
     keep_alive_ = false;
     ending_ = true;
-    OnError(generation_id_, ServerError(503, "the server is shutting down; retry elsewhere",
-                                        "server_error", "shutting_down"));
+    OnError(generation_id_, ShuttingDown());
     return true;
   }
   bool Ending() const { return ending_.load(); }
@@ -378,6 +376,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void Route();
   void Generate(Endpoint endpoint);
   void WatchDisconnect();
+  // The next request on this connection. A disconnect watch still reading is cancelled first and
+  // its end starts the read (ReadAfterWatch): a stream takes one read at a time.
+  void ReadNext() {
+    if (!watch_reading_) return Read();
+    read_after_watch_ = true;
+    beast::error_code ignored;
+    stream_.tcp().socket().cancel(ignored);
+  }
+  void ReadAfterWatch(beast::error_code ec) {
+    read_after_watch_ = false;
+    if (!stream_.tcp().socket().is_open()) return;
+    if (ec && ec != net::error::operation_aborted) return Finish();  // gone after its response
+    Read();
+  }
   void CancelGeneration() {
     if (generation_) {
       generation_->Cancel();
@@ -407,7 +419,7 @@ class Session : public std::enable_shared_from_this<Session> {
                         self->ClearWriteTimeout();
                         if (!ec && self->linger_) return self->Linger();
                         if (ec || !self->keep_alive_) return self->Finish();
-                        self->Read();
+                        self->ReadNext();
                       });
   }
 
@@ -593,7 +605,7 @@ class Session : public std::enable_shared_from_this<Session> {
         self->header_written_ = false;
         self->header_started_ = false;
         if (!self->keep_alive_ || self->close_after_stream_) return self->Finish();
-        return self->Read();
+        return self->ReadNext();
       }
       self->WriteNext();
     };
@@ -621,6 +633,8 @@ class Session : public std::enable_shared_from_this<Session> {
   net::steady_timer read_timer_;  // the header / body deadline (ArmReadTimer)
   uint64_t read_timer_id_ = 0;
   bool read_timed_out_ = false;
+  bool watch_reading_ = false;     // WatchDisconnect's read is in flight
+  bool read_after_watch_ = false;  // ReadNext waits for it to end
 
   // The request being served.
   ApiRequest api_;
@@ -835,8 +849,7 @@ void Session::Generate(Endpoint endpoint) {
     const bool ended = self->live_gen_.load() != gen;
     StartResult started =
         server->stopped.load() || ended
-            ? StartResult(ServerError(503, "the server is shutting down; retry elsewhere",
-                                      "server_error", "shutting_down"))
+            ? StartResult(ShuttingDown())
             : server->service->Start(api, std::make_shared<SessionSink>(self, gen));
     server->body_bytes.fetch_sub(held);
     self->Post([self, gen, started = std::move(started)]() mutable {
@@ -857,28 +870,31 @@ void Session::OnStarted(uint64_t gen, StartResult started) {
   generation_ = std::move(*generation);
 }
 
-// The peer closed (or reset) its side: cancel the request's work. A readiness report alone is
-// not proof: a peek that finds end-of-stream or a socket error is; a pipelined request is not a
-// disconnect, and a wake-up with nothing there (EAGAIN) only re-arms the watch.
+// The peer closed (or reset) its side: cancel the request's work. The watch is a read of the
+// stream into buffer_, where the next request's parse finds what it took: bytes the client sends
+// meanwhile (a pipelined request, a stray CRLF) are kept and the watch goes on, and over TLS only
+// a read through the TLS layer tells a close_notify alert (curl, Go and others send one when they
+// give up on a request) from data. At most kReadAheadBytes are read ahead; past them the watch
+// stops and the request runs to its end. ReadNext() cancels a watch still reading when the
+// response is out, since a stream takes one read at a time.
 // With allow_half_close, end of stream is not proof either: a client that half-closed after its
 // request (shutdown(SHUT_WR), as `nc -N` does) may still read the response (RFC 9112 9.6), and
 // here it looks the same as one that closed. The request goes on, the connection closes after
 // its response, and a client that is really gone is found by the first write that fails (the
-// next streamed chunk, or the response: Finish). The watch is not re-armed then: the socket
-// stays readable at end of stream.
+// next streamed chunk, or the response: Finish). The watch stops then.
 void Session::WatchDisconnect() {
-  stream_.tcp().socket().async_wait(
-      tcp::socket::wait_read,
-      [self = shared_from_this(), gen = generation_id_](beast::error_code ec) {
-        if (ec || gen != self->generation_id_ || !self->active_) return;
-        char byte = 0;
-        const ssize_t n =
-            ::recv(self->stream_.tcp().socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n > 0) return;  // pipelined: the next Read() takes it
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-          return self->WatchDisconnect();
-        }
-        if (n == 0 && self->server_->options.allow_half_close) {
+  if (watch_reading_ || buffer_.size() >= kReadAheadBytes) return;
+  watch_reading_ = true;
+  stream_.async_read_some(
+      buffer_.prepare(kReadAheadBytes - buffer_.size()),
+      [self = shared_from_this(), gen = generation_id_](beast::error_code ec, size_t n) {
+        self->watch_reading_ = false;
+        self->buffer_.commit(n);
+        if (self->read_after_watch_) return self->ReadAfterWatch(ec);
+        if (gen != self->generation_id_ || !self->active_) return;
+        if (!ec) return self->WatchDisconnect();  // read ahead of the next request
+        const bool end_of_stream = ec == net::error::eof || ec == net::ssl::error::stream_truncated;
+        if (end_of_stream && self->server_->options.allow_half_close) {
           spdlog::debug("client half-closed; {} goes on, the connection closes after it",
                         self->meta_.id);
           self->keep_alive_ = false;

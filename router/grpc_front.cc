@@ -5,13 +5,16 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/api_keys.h"
 #include "common/grpc_discovery.h"
+#include "common/host_port.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -88,9 +91,9 @@ struct CallState {
   absl::Time last_progress ABSL_GUARDED_BY(mu) = absl::Now();
   bool writing ABSL_GUARDED_BY(mu) = false;
   std::optional<grpc::Status> end ABSL_GUARDED_BY(mu);
-  bool finished ABSL_GUARDED_BY(mu) = false;   // Finish() was called (exactly once per call)
-  bool cancelled ABSL_GUARDED_BY(mu) = false;  // the client cancelled or its deadline passed
-  bool slow ABSL_GUARDED_BY(mu) = false;       // ended for not keeping up (EndSlow)
+  bool finished ABSL_GUARDED_BY(mu) = false;     // Finish() was called (exactly once per call)
+  bool cancelled ABSL_GUARDED_BY(mu) = false;    // the client cancelled or its deadline passed
+  bool ended_early ABSL_GUARDED_BY(mu) = false;  // EndEarly: a slow client or the shutdown
   std::shared_ptr<frontend::Generation> generation ABSL_GUARDED_BY(mu);
   std::string id;
   frontend::GenerationService* const service;
@@ -123,7 +126,7 @@ struct CallState {
   // Queues one message unless the call is over; past options.stream_queue_bytes, ends a call
   // whose client is not keeping up (GrpcStreamOptions).
   void Push(Bytes bytes, std::optional<grpc::Status> then) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (finished || slow) return;
+    if (finished || ended_early) return;
     queued_bytes += bytes.Length();
     queue.push_back(std::move(bytes));
     if (then) end = std::move(then);
@@ -139,23 +142,35 @@ struct CallState {
     Pump();
   }
 
-  // Drops the messages not yet started (the write in progress completes when the client reads
-  // it), ends the call with `error` (its trailers follow that write) and cancels the generation
-  // from a gRPC thread.
+  // Ends the call with `error` for a client that does not keep up (counted and logged).
   void EndSlow(const frontend::ApiError& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     spdlog::warn("gRPC front: ending {}: {} ({} bytes queued)", id, error.message, queued_bytes);
-    slow = true;
+    service->RecordStreamEnded(endpoint, frontend::Front::kGrpc, error.code);
+    EndEarly(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, error.ToJson()));
+  }
+
+  // Drops the messages not yet started (the write in progress completes when the client reads
+  // it), ends the call with `status` (its trailers follow that write) and cancels the generation
+  // from a gRPC thread.
+  void EndEarly(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ended_early = true;
     const size_t keep = writing ? 1 : 0;
     while (queue.size() > keep) {
       queued_bytes -= queue.back().Length();
       queue.pop_back();
     }
-    service->RecordStreamEnded(endpoint, frontend::Front::kGrpc, error.code);
-    FinishOnce(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, error.ToJson()));
+    FinishOnce(status);
     RunOnGrpcThread([weak = std::weak_ptr<frontend::Generation>(generation)] {
       if (auto g = weak.lock()) g->Cancel();
     });
   }
+};
+
+// The Generate calls not done yet, for GrpcFront::Drain; `draining` refuses new ones.
+struct LiveCalls {
+  absl::Mutex mu;
+  std::set<std::shared_ptr<CallState>> calls ABSL_GUARDED_BY(mu);
+  bool draining ABSL_GUARDED_BY(mu) = false;
 };
 
 class Sink : public frontend::GenerationSink {
@@ -217,12 +232,23 @@ class Sink : public frontend::GenerationSink {
 class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
  public:
   GenerateReactor(frontend::GenerationService* service, const GrpcStreamOptions& options,
-                  const Bytes& request_bytes)
-      : state_(std::make_shared<CallState>(service, options)) {
+                  const Bytes& request_bytes, LiveCalls* live)
+      : state_(std::make_shared<CallState>(service, options)), live_(live) {
     state_->id = frontend::NewResponseId(frontend::Endpoint::kCompletions);
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
+    }
+    bool draining = false;
+    {
+      absl::MutexLock lock(&live_->mu);
+      draining = live_->draining;
+      live_->calls.insert(state_);  // until OnDone, also when refused below
+    }
+    if (draining) {
+      service->RecordRejected(frontend::Endpoint::kCompletions, frontend::Front::kGrpc, 503);
+      End(ToStatus(frontend::ShuttingDown()));
+      return;
     }
     pv1::GenerateRequest request;
     Bytes copy(request_bytes);  // Deserialize consumes its buffer; the copy shares the slices
@@ -257,14 +283,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
     }
     std::shared_ptr<frontend::Generation> generation =
         std::move(std::get<std::unique_ptr<frontend::Generation>>(started));
-    bool slow = false;
+    bool ended_early = false;
     {
       absl::MutexLock lock(&state_->mu);
       state_->generation = generation;
-      slow = state_->slow;
+      ended_early = state_->ended_early;
     }
-    // Ended while Start() delivered output: EndSlow had no generation to cancel yet.
-    if (slow) generation->Cancel();
+    // Ended while Start() ran (a slow client, the drain): EndEarly had no generation to cancel.
+    if (ended_early) generation->Cancel();
   }
 
   void OnWriteDone(bool ok) override {
@@ -302,6 +328,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
       generation = std::move(state_->generation);
     }
     if (generation) generation->Cancel();
+    {
+      absl::MutexLock lock(&live_->mu);
+      live_->calls.erase(state_);
+    }
     delete this;
   }
 
@@ -313,6 +343,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<Bytes> {
   }
 
   std::shared_ptr<CallState> state_;
+  LiveCalls* const live_;
 };
 
 // Ends a call at once with `status`, before anything of the request has run.
@@ -326,12 +357,13 @@ class GenerationImpl final
     : public pv1::Generation::WithRawCallbackMethod_Generate<pv1::Generation::CallbackService> {
  public:
   GenerationImpl(frontend::GenerationService* service,
-                 std::shared_ptr<const common::ApiKeys> api_keys, GrpcStreamOptions stream)
-      : service_(service), api_keys_(std::move(api_keys)), stream_(stream) {}
+                 std::shared_ptr<const common::ApiKeys> api_keys, GrpcStreamOptions stream,
+                 LiveCalls* live)
+      : service_(service), api_keys_(std::move(api_keys)), stream_(stream), live_(live) {}
   grpc::ServerWriteReactor<Bytes>* Generate(grpc::CallbackServerContext* context,
                                             const Bytes* request) override {
     if (!Authorized(*context)) return new RefusedWriteReactor(ToStatus(frontend::InvalidApiKey()));
-    return new GenerateReactor(service_, stream_, *request);
+    return new GenerateReactor(service_, stream_, *request, live_);
   }
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const pv1::ListModelsRequest*,
@@ -359,6 +391,7 @@ class GenerationImpl final
   frontend::GenerationService* service_;
   std::shared_ptr<const common::ApiKeys> api_keys_;
   const GrpcStreamOptions stream_;
+  LiveCalls* const live_;
 };
 
 }  // namespace
@@ -367,7 +400,8 @@ class GrpcFront::Impl {
  public:
   Impl(frontend::GenerationService* service, std::shared_ptr<const common::ApiKeys> api_keys,
        GrpcStreamOptions stream)
-      : generation(service, std::move(api_keys), stream) {}
+      : generation(service, std::move(api_keys), stream, &live) {}
+  LiveCalls live;  // before `generation`, which points to it
   GenerationImpl generation;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<rpc::ServingFollower> health;  // stopped before the server
@@ -383,13 +417,14 @@ absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(absl::StrCat(host, ":", port),
+  builder.AddListeningPort(common::HostPort(host, port),
                            credentials ? credentials : grpc::InsecureServerCredentials(),
                            &front->port_);
   builder.RegisterService(&front->impl_->generation);
   front->impl_->server = builder.BuildAndStart();
   if (!front->impl_->server || front->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", host, ":", port));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on ", common::HostPort(host, port)));
   }
   // grpc.health.v1 says SERVING while the router is ready (its /ready: enough healthy workers).
   front->impl_->health = std::make_unique<rpc::ServingFollower>(
@@ -401,7 +436,33 @@ absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
 GrpcFront::~GrpcFront() { Stop(); }
 
 void GrpcFront::StopServing() {
-  if (impl_ && impl_->health) impl_->health->Stop();
+  if (!impl_) return;
+  if (impl_->health) impl_->health->Stop();
+  absl::MutexLock lock(&impl_->live.mu);
+  impl_->live.draining = true;
+}
+
+void GrpcFront::Drain(std::chrono::milliseconds grace) {
+  if (!impl_) return;
+  StopServing();
+  LiveCalls& live = impl_->live;
+  std::vector<std::shared_ptr<CallState>> left;
+  {
+    absl::MutexLock lock(&live.mu);
+    live.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](LiveCalls* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) { return l->calls.empty(); },
+            &live),
+        absl::FromChrono(grace));
+    left.assign(live.calls.begin(), live.calls.end());
+  }
+  for (const std::shared_ptr<CallState>& state : left) {
+    absl::MutexLock lock(&state->mu);
+    state->EndEarly(ToStatus(frontend::ShuttingDown()));
+  }
+  if (!left.empty()) {
+    spdlog::info("gRPC front: ended {} call(s) still running after the drain", left.size());
+  }
 }
 
 void GrpcFront::Stop() {

@@ -10,6 +10,7 @@
 // Thread-safety: Start() / Stop() from one controlling thread; the service must be thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,9 +50,16 @@ class GrpcFront {
       std::shared_ptr<const common::ApiKeys> api_keys = nullptr, GrpcStreamOptions stream = {});
   ~GrpcFront();
   int port() const { return port_; }
-  // grpc.health.v1 says NOT_SERVING from now on (the router is draining); calls still run.
+  // grpc.health.v1 says NOT_SERVING from now on (the router is draining) and new Generate calls
+  // are refused (UNAVAILABLE, code "shutting_down" in the error JSON); calls in flight still run.
   void StopServing();
-  // Cancels the calls in flight and stops serving. Idempotent.
+  // StopServing, then waits up to `grace` for the calls in flight to end; those still running
+  // then end with UNAVAILABLE "shutting_down" after the message being written (the HTTP front's
+  // Drain, whose streams end with an error event) and their generations are cancelled.
+  // From the controlling thread.
+  void Drain(std::chrono::milliseconds grace);
+  // Cancels the calls in flight (CANCELLED: "Cancelling all calls" after 1 s) and stops serving.
+  // Idempotent.
   void Stop();
 
   class Impl;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "common/host_port.h"
 #include "common/model_fingerprint.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
@@ -89,7 +90,7 @@ Worker::Worker(config::WorkerConfig config, Role role, int breaker_failures,
   }
 }
 
-std::string Worker::address() const { return absl::StrCat(config_.host, ":", config_.port); }
+std::string Worker::address() const { return common::HostPort(config_.host, config_.port); }
 
 void Worker::RecordSuccess() { request_failures_.store(0); }
 

@@ -13,20 +13,21 @@ from child_process import popen
 from test_ports import free_port
 
 
-def start_up(pdserve, model_dir, model, workdir, grpc=False):
-    """Starts `pdserve up` and waits (up to 120 s) for its "ready on" line. Returns (process, log
-    file, ports by name: http, grpc (with grpc=True), p, pm, d, dm; the last stdout line)."""
+def start_up(pdserve, model_dir, model, workdir, grpc=False, host="127.0.0.1"):
+    """Starts `pdserve up` with every process on `host` and waits (up to 120 s) for its "ready on"
+    line. Returns (process, log file, ports by name: http, grpc (with grpc=True), p, pm, d, dm; the
+    last stdout line)."""
     p = {n: free_port() for n in ["http", "p", "pm", "d", "dm"] + (["grpc"] if grpc else [])}
     grpc_port = f", grpc_port: {p['grpc']}" if grpc else ""
     config = os.path.join(workdir, "up.yaml")
     with open(config, "w") as f:
         f.write(f"""name: up-test
 model: {{path: {model_dir}, served_name: {model}}}
-router: {{host: 127.0.0.1, http_port: {p['http']}{grpc_port}, health_interval_ms: 500}}
+router: {{host: "{host}", http_port: {p['http']}{grpc_port}, health_interval_ms: 500}}
 prefill:
-  - {{name: prefill-0, host: 127.0.0.1, port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
+  - {{name: prefill-0, host: "{host}", port: {p['p']}, metrics_port: {p['pm']}, backend: cpu, threads: 1}}
 decode:
-  - {{name: decode-0, host: 127.0.0.1, port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
+  - {{name: decode-0, host: "{host}", port: {p['d']}, metrics_port: {p['dm']}, backend: cpu, threads: 1}}
 transfer: {{transport: ucx, lease_ms: 30000}}
 """)
     log = open(os.path.join(workdir, "up.log"), "w+")

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_discovery.h"
+#include "common/host_port.h"
 #include "common/metrics_http_server.h"
 #include "common/server_log.h"
 #include "common/status.h"
@@ -106,13 +107,13 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   // Mutual TLS under security.cluster_tls: only callers with the cluster's certificate get in.
   PDSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            common::ClusterServerCredentials(entry.deploy.security));
-  builder.AddListeningPort(absl::StrCat(entry.worker.host, ":", entry.worker.port), credentials,
+  builder.AddListeningPort(common::HostPort(entry.worker.host, entry.worker.port), credentials,
                            &bound_port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve gRPC on ", entry.worker.host, ":", entry.worker.port));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC on ", common::HostPort(entry.worker.host, entry.worker.port)));
   }
   // The model is loaded and the service registered: ready until the drain.
   rpc::SetServing(*server, {service_name}, true);
@@ -126,11 +127,11 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
     if (!started.ok()) return started.status();
     http = std::move(*started);
   }
-  std::printf("pdserve %s: serving on %s:%d\n", role.c_str(), entry.worker.host.c_str(),
-              bound_port);
+  std::printf("pdserve %s: serving on %s\n", role.c_str(),
+              common::HostPort(entry.worker.host, bound_port).c_str());
   std::fflush(stdout);
-  spdlog::info("pdserve {} '{}': gRPC on {}:{}, metrics port {}", role, entry.worker.name,
-               entry.worker.host, bound_port, entry.worker.metrics_port);
+  spdlog::info("pdserve {} '{}': gRPC on {}, metrics port {}", role, entry.worker.name,
+               common::HostPort(entry.worker.host, bound_port), entry.worker.metrics_port);
   systemd::Notifier notifier;
   notifier.Ready();
   notifier.StartWatchdog(hooks.loops);

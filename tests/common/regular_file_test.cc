@@ -56,5 +56,25 @@ TEST(OpenErrorTest, PermissionIsNotNotFound) {
   EXPECT_EQ(OpenError("/m/x", EIO).code(), absl::StatusCode::kUnknown);
 }
 
+TEST_F(RegularFileTest, WriteFileReplacesTheContent) {
+  ASSERT_TRUE(WriteFile(dir_ + "/file", "{\"a\": 1}\n").ok());
+  std::ifstream in(dir_ + "/file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "{\"a\": 1}\n");
+}
+
+// A few bytes to a full disk: a buffered stream failed only at its unchecked close.
+TEST(WriteFileTest, FullDiskIsAnError) {
+  const absl::Status s = WriteFile("/dev/full", "{}\n", "--output");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnknown);
+  EXPECT_EQ(s.message(), "cannot write --output /dev/full: No space left on device");
+}
+
+TEST_F(RegularFileTest, WriteFileIntoAMissingDirectoryIsNotFound) {
+  const absl::Status s = WriteFile(dir_ + "/none/out.json", "x");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "cannot open " + dir_ + "/none/out.json: No such file or directory");
+}
+
 }  // namespace
 }  // namespace pdserve::common

@@ -50,6 +50,15 @@ for args in "--temperature nan --num-requests 1" "--rate nan --duration 1"; do
 done
 echo "bench refuses NaN settings"
 
+# A summary that cannot be written is an error, also a small one a stream would have buffered.
+status=0
+"$pdserve" bench --endpoint "$varied" --num-requests 1 --output-len 2 --output /dev/full \
+  >/dev/null 2>"$tmp/full.txt" || status=$?
+if [[ $status != 1 ]] || ! grep -qF "No space left on device" "$tmp/full.txt"; then
+  echo "bench --output /dev/full: exit $status, $(cat "$tmp/full.txt")"; exit 1
+fi
+echo "bench reports an output it could not write"
+
 start_stub repeat
 status=0
 "$pdserve" check --endpoint "http://127.0.0.1:$port" --prompts "$deploy/check/prompts.jsonl" \

@@ -287,13 +287,23 @@ class HangingService : public frontend::GenerationService {
   };
 };
 
-TEST(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
-  testing::KeepCallbackQueueAlive();
+// A front over a HangingService, and a stub to it.
+class GrpcFrontCancelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::KeepCallbackQueueAlive();
+    auto started = GrpcFront::Start("127.0.0.1", 0, &service);
+    ASSERT_TRUE(started.ok()) << started.status();
+    front = std::move(*started);
+    stub = pv1::Generation::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(front->port()), grpc::InsecureChannelCredentials()));
+  }
   HangingService service;
-  auto front = GrpcFront::Start("127.0.0.1", 0, &service);
-  ASSERT_TRUE(front.ok()) << front.status();
-  auto stub = pv1::Generation::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string((*front)->port()), grpc::InsecureChannelCredentials()));
+  std::unique_ptr<GrpcFront> front;
+  std::unique_ptr<pv1::Generation::Stub> stub;
+};
+
+TEST_F(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
   constexpr int kCalls = 20;
   for (int i = 0; i < kCalls; ++i) {
     grpc::ClientContext context;
@@ -325,7 +335,47 @@ TEST(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
     EXPECT_EQ(service.destroyed, kCalls);
   }
   // No call is left for the server's shutdown to wait on.
-  (*front)->Stop();
+  front->Stop();
+}
+
+// Drain gives the calls in flight its grace, then ends them with UNAVAILABLE and the HTTP front's
+// shutting_down error (the front's Stop alone cancels them: "Cancelling all calls"), and refuses
+// calls that come meanwhile.
+class GrpcFrontDrainTest : public GrpcFrontCancelTest {};
+
+TEST_F(GrpcFrontDrainTest, CallsStillRunningAfterTheGraceEndShuttingDown) {
+  pv1::GenerateRequest request;
+  request.set_model("tiny");
+  request.set_text("And God said");
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  pv1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));  // running on the server
+  front->Drain(std::chrono::milliseconds(50));
+  while (reader->Read(&response)) {
+  }
+  const grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(nlohmann::json::parse(ended.error_message())["error"]["code"], "shutting_down")
+      << ended.error_message();
+
+  std::vector<pv1::GenerateResponse> out;
+  const grpc::Status refused = testing::GenerateAll(*stub, request, &out);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(nlohmann::json::parse(refused.error_message())["error"]["code"], "shutting_down");
+  EXPECT_TRUE(out.empty());
+  {
+    absl::MutexLock lock(&service.mu);
+    const bool cancelled = service.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](HangingService* s)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->cancelled == 1; },
+            &service),
+        absl::Seconds(30));
+    EXPECT_TRUE(cancelled);
+    EXPECT_EQ(service.started, 1);  // the call during the drain never started
+  }
+  front->Stop();
 }
 
 // A RouterService over one fake prefill and one fake decode worker, its gRPC front and a stub.
