@@ -203,12 +203,27 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void Read() {
+    SkipEmptyLines();
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
     ArmReadTimer(server_->options.header_timeout);
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+  // RFC 9112 2.2: a server SHOULD ignore at least one empty line received before the request
+  // line (clients may send a CRLF after a POST body). Those already buffered (the last
+  // request's leftovers or the disconnect watch's read-ahead) are dropped; the parser would
+  // read one as a bad method and the connection's next request would fail with a 400.
+  void SkipEmptyLines() {
+    const auto bytes = static_cast<const char*>(buffer_.data().data());
+    const size_t size = buffer_.size();
+    size_t n = 0;
+    while (n < size &&
+           (bytes[n] == '\n' || (bytes[n] == '\r' && n + 1 < size && bytes[n + 1] == '\n'))) {
+      n += bytes[n] == '\r' ? 2 : 1;
+    }
+    buffer_.consume(n);
   }
 
   // Counts the body bytes received so far in the server-wide budget (they are counted as they

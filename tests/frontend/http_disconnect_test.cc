@@ -180,5 +180,26 @@ TEST_F(HttpDisconnectTest, RequestReadAheadIsServedNext) {
   EXPECT_EQ(service_.finished.load(), 2);
 }
 
+// A client may send a CRLF after a POST body (RFC 9112 2.2): the watch keeps it with the next
+// request, which is served, not answered 400 bad method. The first request's 50 tokens take 1 s,
+// so the watch reads the bytes while it runs.
+TEST_F(HttpDisconnectTest, EmptyLinesBeforeTheNextRequestAreSkipped) {
+  StartServer(/*tls=*/false);
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  StartRequest(sock, 50);
+  net::write(sock, net::buffer(absl::StrCat("\r\n\r\n\n", Completion(2))));
+  beast::flat_buffer buf;
+  http::response<http::string_body> first;
+  http::read(sock, buf, first);
+  ASSERT_EQ(first.result_int(), 200) << first.body();
+  http::response<http::string_body> next;
+  http::read(sock, buf, next);
+  ASSERT_EQ(next.result_int(), 200) << next.body();
+  EXPECT_EQ(nlohmann::json::parse(next.body())["choices"][0]["text"], "t0 t1");
+  EXPECT_EQ(service_.finished.load(), 2);
+}
+
 }  // namespace
 }  // namespace pdserve::frontend
