@@ -1,10 +1,10 @@
-// Time of kernels/cuda/sinkhorn's kernels (SinkhornVariant: kAuto = rows in registers at n = 4,
-// kEntries = one entry per lane, kSharedMemory) on the engine's shape (hc_mult n = 4, 20
-// iterations, one matrix per token) at decode batches and prefill chunk sizes: GraphMicros
-// (bench_util.cuh), 16 launches on 16 matrices buffers in one CUDA graph, median of 20 replays /
-// 16, so the figure is a launch's time inside a decode step's graph. The matrices are re-projected
-// each replay (the kernel works in place; a projected matrix costs what a fresh one does: same
-// operations). CSV:
+// Time of kernels/cuda/sinkhorn's kernels (SinkhornVariant: kAuto = one entry per lane at n = 4
+// since 2026-12-06, kRowRegisters = rows in registers, kEntries, kSharedMemory) on the engine's
+// shape (hc_mult n = 4, 20 iterations, one matrix per token) at decode batches and prefill chunk
+// sizes: GraphMicros (bench_util.cuh), 16 launches on 16 matrices buffers in one CUDA graph, median
+// of 20 replays / 16, so the figure is a launch's time inside a decode step's graph. The matrices
+// are re-projected each replay (the kernel works in place; a projected matrix costs what a fresh
+// one does: same operations). CSV:
 //   matrices,n,iters,variant,us
 // Usage: pdserve_sinkhorn_bench [matrices...] (default 1 8 32 128 1024 8192).
 #include <cuda_runtime.h>
@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     SinkhornVariant variant;
   } variants[] = {{"auto", SinkhornVariant::kAuto},
                   {"entries", SinkhornVariant::kEntries},
+                  {"row_registers", SinkhornVariant::kRowRegisters},
                   {"shared_memory", SinkhornVariant::kSharedMemory}};
   std::printf("matrices,n,iters,variant,us\n");
   for (const int64_t count : counts) {

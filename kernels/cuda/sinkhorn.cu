@@ -96,15 +96,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The same arithmetic for n in {2, 4}, one entry per lane (SinkhornVariant::kEntries, opt-in):
+// The same arithmetic for n in {2, 4}, one entry per lane (SinkhornVariant::kEntries, kAuto's
+// pick for those n):
 // a group of n x n lanes holds one matrix, lane r * n + c entry (r, c). Each sum (the softmax's
 // fp64 row sum, a row's or a column's fp32 sum) gathers its n entries by shuffles in index
 // order, so it is the same chain as the other kernels'; each lane then makes its entry's one
 // division. The 2 x iters normalizations are each n shuffles, n adds and one division deep
 // instead of n divisions (the row kernel above). On an H100 (bench/cuda/sinkhorn_bench, graph
 // timing, 2026-12-05) its first version took 3.9-4.1 us a launch at 1-1024 matrices against the
-// row kernel's 7.8-8.2 and the shared-memory kernel's 15.3-16.7; this version (the softmax's
-// shuffles taken by every lane) has not run on a GPU, so it is not the default.
+// row kernel's 7.8-8.2 and the shared-memory kernel's 15.3-16.7, but failed the bit-for-bit
+// test on rows of -inf; this version (the softmax's shuffles taken by every lane) passed every
+// Sinkhorn GPU test on an H100 (2026-12-06 00:25 UTC, tools/gpu/run_ipc60.sh) and took 3.7-3.9
+// us a launch there (6.4 at 8192 matrices, the row kernel 8.4).
 template <int N>
 __global__ void __launch_bounds__(kThreads)
     SinkhornEntriesKernel(float* m, int64_t count, int64_t iters, float eps) {
@@ -165,7 +168,9 @@ cudaError_t sinkhorn_project(float* m, int64_t count, int64_t n, int64_t iters, 
   PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", n <= kMaxSinkhornN);
   if (count == 0) return cudaSuccess;
   PDSERVE_LAUNCH_REQUIRE("sinkhorn_project", m != nullptr);
-  const bool entries = variant == SinkhornVariant::kEntries && (n == 2 || n == 4);
+  const bool entries =
+      (variant == SinkhornVariant::kEntries || variant == SinkhornVariant::kAuto) &&
+      (n == 2 || n == 4);
   const bool rows =
       !entries && variant != SinkhornVariant::kSharedMemory && (n == 2 || n == 4 || n == 8);
   const int64_t per_block = kWarps * (32 / (entries ? n * n : n));

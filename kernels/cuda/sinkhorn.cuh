@@ -25,11 +25,12 @@ namespace pdserve::kernels::cuda {
 inline constexpr int64_t kMaxSinkhornN = 32;
 
 // Which kernel runs; all are the same operations in the same order per entry, so their outputs
-// are bit-identical (tests/kernels_cuda/sinkhorn_test.cc). kAuto = kRowRegisters for n = 2, 4,
-// 8 (lane j of a group of n holds row j in registers, column sums gathered by shuffles in row
+// are bit-identical (tests/kernels_cuda/sinkhorn_test.cc). kAuto = kEntries for n = 2 and 4
+// (one entry per lane, a group of n x n lanes a matrix; on an H100, 2026-12-06: 3.7-3.9 us a
+// launch at 1-1024 matrices against kRowRegisters' 7.7-8.2, docs/perf.md), kRowRegisters for
+// n = 8 (lane j of a group of n holds row j in registers, column sums gathered by shuffles in row
 // order), else kSharedMemory (the matrix in shared memory, lane j normalizes row j, then column
-// j). kEntries (opt-in, n = 2 or 4, else as kAuto): one entry per lane, a group of n x n lanes a
-// matrix (not yet run on a GPU in its current form; kernels/cuda/sinkhorn.cu).
+// j). kEntries asked for with another n runs as kAuto.
 enum class SinkhornVariant { kAuto, kEntries, kRowRegisters, kSharedMemory };
 
 // count >= 0; 1 <= n <= kMaxSinkhornN; iters <= 1 stops after the first column normalization, as

@@ -75,8 +75,9 @@ TEST(CudaSinkhornTest, LargeAndInfiniteLogitsMatchCpu) {
   for (int64_t c = 0; c < n; ++c) logits[16 + c] = -kInf;  // matrix 1, row 0: all -inf
   logits[33] = -kInf;                                      // matrix 2: one -inf entry
   logits[50] = kInf;                                       // matrix 3: +inf (NaN row, as on CPU)
-  ExpectMatchesCpu(logits, 6, n, 20);
-  ExpectMatchesCpu(logits, 6, n, 20, SinkhornVariant::kEntries);
+  ExpectMatchesCpu(logits, 6, n, 20);                      // kAuto: kEntries at n = 4
+  ExpectMatchesCpu(logits, 6, n, 20, SinkhornVariant::kRowRegisters);
+  ExpectMatchesCpu(logits, 6, n, 20, SinkhornVariant::kSharedMemory);
 }
 
 TEST(CudaSinkhornTest, NaNStaysInItsMatrix) {
@@ -110,8 +111,8 @@ TEST(CudaSinkhornTest, ZeroCountWritesNothing) {
   EXPECT_TRUE(m.GuardsIntact());
 }
 
-// The kernels (kAuto = rows in registers at n = 2, 4, 8; kEntries: one entry per lane at n = 2,
-// 4; kRowRegisters; kSharedMemory) are the same operations in the same order per entry, so the
+// The kernels (kAuto = one entry per lane at n = 2, 4, rows in registers at n = 8; kEntries;
+// kRowRegisters; kSharedMemory) are the same operations in the same order per entry, so the
 // same bits, for random, huge, infinite and NaN logits (a row of -inf among them: kEntries's
 // first version shuffled inside a branch such a row's lanes skip), counts that leave warps and
 // blocks partly empty, and 0, 1, 2 and 20 iterations; the guards around the output intact.
