@@ -41,6 +41,9 @@ constexpr auto kLingerTimeout = std::chrono::seconds(30);
 constexpr size_t kLingerReadBytes = 16384;
 // What the disconnect watch (Session::WatchDisconnect) reads ahead of the next request at most.
 constexpr size_t kReadAheadBytes = 16384;
+// How long a read cancelled at its deadline may take to end (for its 408) before the connection
+// is closed (Session::OnReadDeadline).
+constexpr auto kCancelledReadGrace = std::chrono::seconds(2);
 // How often the event loop beats HttpServerOptions::heartbeat.
 constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(100);
 
@@ -144,7 +147,8 @@ class Session : public std::enable_shared_from_this<Session> {
       : stream_(server->tls ? SessionStream(std::move(socket), *server->tls)
                             : SessionStream(std::move(socket))),
         server_(server),
-        read_timer_(stream_.get_executor()) {}
+        read_timer_(stream_.get_executor()),
+        write_timer_(stream_.get_executor()) {}
 
   ~Session() {
     if (active_) server_->active.fetch_sub(1);
@@ -172,11 +176,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // A TLS connection must finish its handshake within header_timeout; then requests are read.
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->stream_.tls())
-        self->stream_.tcp().expires_after(self->server_->options.header_timeout);
-      self->stream_.Handshake([self](beast::error_code ec) {
-        self->stream_.tcp().expires_never();
+      const auto header_timeout = self->server_->options.header_timeout;
+      if (self->stream_.tls()) self->ArmReadTimer(header_timeout, OnDeadline::kClose);
+      self->stream_.Handshake([self, header_timeout](beast::error_code ec) {
+        self->StopReadTimer();
         if (ec) return self->Finish();
+        self->ArmReadTimer(header_timeout, OnDeadline::kCancelRead);
         self->Read();
       });
     });
@@ -186,6 +191,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Shutdown() {
     CancelGeneration();
     StopReadTimer();
+    ClearWriteTimeout();
     beast::error_code ec;
     stream_.tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.tcp().close();
@@ -202,11 +208,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnStarted(uint64_t gen, StartResult started);
 
  private:
+  // Reads a request; the caller has armed its header deadline (ArmReadTimer, kCancelRead).
   void Read() {
     SkipEmptyLines();
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    ArmReadTimer(server_->options.header_timeout);
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -265,36 +271,62 @@ class Session : public std::enable_shared_from_this<Session> {
     ReadBody();
   }
 
-  // The read deadlines (header, then body) run on a timer of our own rather than the stream's:
-  // the stream's timeout closes the socket, and a 408 must still be written. When the timer
-  // fires it cancels the pending read, whose handler then sees read_timed_out_. `read_timer_id_`
-  // tells a current expiry from one already queued when the read finished (cancel() cannot
-  // withdraw that one).
-  void ArmReadTimer(std::chrono::milliseconds timeout) {
+  // Deadlines. Reads and writes each have a timer of their own, never the tcp_stream's expiry:
+  // that one is shared by the stream's reads and writes and applies to whichever is not pending
+  // when it is set, so over TLS (where a read may write a record, a write may read) a write's
+  // deadline could land on the disconnect watch's read or the next request's header read.
+  // `*_timer_id_` tells a current expiry from one already queued when its operation finished
+  // (cancel() cannot withdraw that one).
+  //
+  // What a read deadline does when it passes.
+  enum class OnDeadline {
+    kCancelRead,  // header or body: the read is cancelled, so that a 408 can still be written
+    kClose,       // TLS handshake, Linger, a cancelled read that did not end: the connection closes
+  };
+  void ArmReadTimer(std::chrono::milliseconds timeout, OnDeadline on_deadline) {
     const uint64_t id = ++read_timer_id_;
-    read_timed_out_ = false;
     read_timer_.expires_after(timeout);
-    read_timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
+    read_timer_.async_wait([self = shared_from_this(), id, on_deadline](beast::error_code ec) {
       if (ec || id != self->read_timer_id_) return;
-      self->read_timed_out_ = true;
-      beast::error_code ignored;
-      self->stream_.tcp().socket().cancel(ignored);
+      self->OnReadDeadline(on_deadline);
     });
   }
   void StopReadTimer() {
     ++read_timer_id_;
+    read_timed_out_ = false;
     read_timer_.cancel();
   }
-  // Each response write must be taken by the client within write_timeout (the stream's own
-  // timeout closes the socket; the write then fails and the connection finishes). Cleared when
-  // the write completes, so that it never applies to a later read.
-  void ArmWriteTimeout() { stream_.tcp().expires_after(server_->options.write_timeout); }
-  void ClearWriteTimeout() { stream_.tcp().expires_never(); }
+  // Cancelling the socket ends every operation pending on it, also a record the TLS layer writes
+  // inside a read; the read's handler then sees read_timed_out_. A read that does not end anyway
+  // (a step that completed as the cancel ran starts the next one uncancelled) is closed after
+  // kCancelledReadGrace. With the disconnect watch not yet ended since ReadNext cancelled it,
+  // nothing of the next request was read: the connection closes.
+  void OnReadDeadline(OnDeadline on_deadline) {
+    if (on_deadline == OnDeadline::kClose || read_after_watch_) return Finish();
+    beast::error_code ignored;
+    stream_.tcp().socket().cancel(ignored);
+    ArmReadTimer(kCancelledReadGrace, OnDeadline::kClose);
+    read_timed_out_ = true;
+  }
+  // Each response write must be taken by the client within write_timeout, else the connection
+  // closes (Finish: closing ends the write, also one the TLS layer waits to start) and its
+  // request is cancelled. Cleared when the write completes.
+  void ArmWriteTimeout() {
+    const uint64_t id = ++write_timer_id_;
+    write_timer_.expires_after(server_->options.write_timeout);
+    write_timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
+      if (ec || id != self->write_timer_id_) return;
+      self->Finish();
+    });
+  }
+  void ClearWriteTimeout() {
+    ++write_timer_id_;
+    write_timer_.cancel();
+  }
 
   // A read cut off by its deadline: 408 when any of the request arrived, else (an idle
   // keep-alive connection) a silent close.
   void OnReadTimeout() {
-    read_timed_out_ = false;
     const bool started = parser_->is_header_done() || parser_->got_some() || buffer_.size() > 0;
     if (!started) return Finish();
     CountRefused(408);
@@ -310,7 +342,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void ReadBody() {
-    ArmReadTimer(server_->options.body_timeout);
+    ArmReadTimer(server_->options.body_timeout, OnDeadline::kCancelRead);
     ReadSomeBody();
   }
   // The body a piece at a time, each piece counted in the budget as it lands.
@@ -338,11 +370,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnRead(beast::error_code ec) {
-    if (read_timed_out_ && ec) {  // (a read that completed as its deadline fired is served)
+    // (A read that completed as its deadline fired is served.)
+    const bool timed_out = read_timed_out_ && ec;
+    StopReadTimer();
+    if (timed_out) {
       ReleaseBody();
       return OnReadTimeout();
     }
-    StopReadTimer();
     if (ec == http::error::body_limit) {
       CountRefused(413);
       keep_alive_ = false;
@@ -391,9 +425,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void Route();
   void Generate(Endpoint endpoint);
   void WatchDisconnect();
-  // The next request on this connection. A disconnect watch still reading is cancelled first and
-  // its end starts the read (ReadAfterWatch): a stream takes one read at a time.
+  // The next request on this connection, whose header deadline starts now, with the response
+  // out. A disconnect watch still reading is cancelled first and its end starts the read
+  // (ReadAfterWatch): a stream takes one read at a time.
   void ReadNext() {
+    ArmReadTimer(server_->options.header_timeout, OnDeadline::kCancelRead);
     if (!watch_reading_) return Read();
     read_after_watch_ = true;
     beast::error_code ignored;
@@ -449,7 +485,7 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     stream_.tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
     linger_buffer_.resize(kLingerReadBytes);
-    stream_.tcp().expires_after(kLingerTimeout);
+    ArmReadTimer(kLingerTimeout, OnDeadline::kClose);
     DropInput();
   }
   void DropInput() {
@@ -645,9 +681,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   bool linger_ = false;  // the response answers a request not read to its end: Linger() after it
   std::vector<char> linger_buffer_;
-  net::steady_timer read_timer_;  // the header / body deadline (ArmReadTimer)
+  net::steady_timer read_timer_;  // the handshake / header / body / linger deadline (ArmReadTimer)
   uint64_t read_timer_id_ = 0;
   bool read_timed_out_ = false;
+  net::steady_timer write_timer_;  // the deadline of the write in flight (ArmWriteTimeout)
+  uint64_t write_timer_id_ = 0;
   bool watch_reading_ = false;     // WatchDisconnect's read is in flight
   bool read_after_watch_ = false;  // ReadNext waits for it to end
 

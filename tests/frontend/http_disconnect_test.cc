@@ -1,8 +1,10 @@
 // The HTTP front's disconnect watch (frontend/http_server.cc, Session::WatchDisconnect): a client
 // that leaves while its request runs has the request cancelled, also when it sent something after
 // the request (a pipelined request, a stray CRLF, a TLS close_notify), and what it sent ahead is
-// still parsed as its next request when it stays.
+// still parsed as its next request when it stays. Around it: the connection's deadlines, header
+// and write, each its own.
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 
 #include <atomic>
 #include <boost/asio.hpp>
@@ -10,8 +12,11 @@
 #include <boost/beast.hpp>
 #include <boost/beast/ssl.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -39,10 +44,11 @@ class SlowService : public GenerationService {
   std::atomic<int> starts{0};
   std::atomic<int> cancelled{0};
   std::atomic<int> finished{0};
+  std::string metrics;  // the /metrics body
 
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
   bool Ready() const override { return true; }
-  std::string MetricsText() const override { return ""; }
+  std::string MetricsText() const override { return metrics; }
 
   StartResult Start(const ApiRequest& req, std::shared_ptr<GenerationSink> sink) override {
     auto gen = std::make_unique<Generation>(this);
@@ -91,8 +97,7 @@ bool Eventually(F done) {
 
 class HttpDisconnectTest : public ::testing::Test {
  protected:
-  void StartServer(bool tls) {
-    HttpServerOptions options;
+  void StartServer(bool tls, HttpServerOptions options = {}) {
     options.port = 0;
     if (tls) {
       options.tls_cert_file = kTls + "/cluster.pem";
@@ -199,6 +204,168 @@ TEST_F(HttpDisconnectTest, EmptyLinesBeforeTheNextRequestAreSkipped) {
   ASSERT_EQ(next.result_int(), 200) << next.body();
   EXPECT_EQ(nlohmann::json::parse(next.body())["choices"][0]["text"], "t0 t1");
   EXPECT_EQ(service_.finished.load(), 2);
+}
+
+// One client connection, plain or TLS (trusting the test CA). Reads that wait for the server to
+// close are bounded by the client's own deadline.
+class Client {
+ public:
+  // `receive_buffer_bytes` > 0: SO_RCVBUF, set before connecting (a small window).
+  Client(uint16_t port, bool tls, int receive_buffer_bytes = 0) {
+    if (tls) {
+      context_.load_verify_file(kTls + "/ca.pem");
+      context_.set_verify_mode(ssl::verify_peer);
+      tls_.emplace(ioc_, context_);
+    } else {
+      plain_.emplace(ioc_);
+    }
+    Tcp().socket().open(tcp::v4());
+    if (receive_buffer_bytes > 0) {
+      Tcp().socket().set_option(net::socket_base::receive_buffer_size(receive_buffer_bytes));
+    }
+    Tcp().connect({net::ip::make_address("127.0.0.1"), port});
+    if (tls_) tls_->handshake(ssl::stream_base::client);
+  }
+
+  void Write(std::string_view bytes) {
+    With([&](auto& s) { net::write(s, net::buffer(bytes.data(), bytes.size())); });
+  }
+  http::response<http::string_body> ReadResponse() {
+    http::response<http::string_body> res;
+    With([&](auto& s) { http::read(s, buffer_, res); });
+    return res;
+  }
+  // TLS 1.3: asks the server for a KeyUpdate of its own, sent with the next bytes written. The
+  // server's read of it writes one back (a write inside the server's read).
+  bool RequestKeyUpdate() {
+    return tls_ && SSL_key_update(tls_->native_handle(), SSL_KEY_UPDATE_REQUESTED) == 1;
+  }
+
+  struct End {
+    std::string bytes;     // read before the end
+    beast::error_code ec;  // how it ended; beast::error::timeout when `limit` passed first
+  };
+  // Reads until the connection ends or `limit` passes.
+  End ReadToEnd(std::chrono::seconds limit) {
+    End end{beast::buffers_to_string(buffer_.data()), {}};
+    buffer_.clear();
+    Tcp().expires_after(limit);
+    std::vector<char> chunk(size_t{1} << 16);
+    std::function<void()> next = [&] {
+      With([&](auto& s) {
+        s.async_read_some(net::buffer(chunk), [&](beast::error_code ec, size_t n) {
+          end.bytes.append(chunk.data(), n);
+          if (ec) {
+            end.ec = ec;
+            return;
+          }
+          next();
+        });
+      });
+    };
+    next();
+    ioc_.run();
+    ioc_.restart();
+    return end;
+  }
+
+ private:
+  beast::tcp_stream& Tcp() { return tls_ ? beast::get_lowest_layer(*tls_) : *plain_; }
+  template <typename F>
+  void With(F f) {
+    if (tls_) {
+      f(*tls_);
+    } else {
+      f(*plain_);
+    }
+  }
+
+  net::io_context ioc_;
+  ssl::context context_{ssl::context::tls_client};
+  std::optional<beast::tcp_stream> plain_;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;
+  beast::flat_buffer buffer_;
+};
+
+// The server closed the connection: an end of stream (over TLS without close_notify: truncated).
+bool Closed(const beast::error_code& ec) {
+  return ec == net::error::eof || ec == ssl::error::stream_truncated ||
+         ec == net::error::connection_reset;
+}
+
+// The same behaviour over plain TCP and TLS.
+class HttpDeadlineTest : public HttpDisconnectTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  bool Tls() const { return GetParam(); }
+  // A 25-token request (0.5 s) on `client`: while it runs, a CRLF (kept by the disconnect
+  // watch) and over TLS a KeyUpdate request before it. Its response is read and checked.
+  void ServeOneRequest(Client& client) {
+    client.Write(Completion(25));
+    ASSERT_TRUE(Eventually([&] { return service_.starts.load() == 1; }));
+    if (Tls()) {
+      ASSERT_TRUE(client.RequestKeyUpdate());
+    }
+    client.Write("\r\n");
+    const auto res = client.ReadResponse();
+    ASSERT_EQ(res.result_int(), 200) << res.body();
+    EXPECT_EQ(nlohmann::json::parse(res.body())["usage"]["completion_tokens"], 25);
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(PlainAndTls, HttpDeadlineTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? "Tls" : "Plain";
+                         });
+
+// An idle keep-alive connection is closed by header_timeout (0.5 s), whatever write_timeout is
+// (2 min here): the response's write deadline does not carry over onto the next request's read.
+TEST_P(HttpDeadlineTest, IdleKeepAliveConnectionClosesAtTheHeaderTimeout) {
+  HttpServerOptions options;
+  options.header_timeout = std::chrono::milliseconds(500);
+  options.write_timeout = std::chrono::minutes(2);
+  StartServer(Tls(), options);
+  const auto started = std::chrono::steady_clock::now();
+  Client client(server_->port(), Tls());
+  ServeOneRequest(client);
+  const Client::End end = client.ReadToEnd(std::chrono::seconds(30));
+  EXPECT_TRUE(Closed(end.ec)) << end.ec.message();
+  EXPECT_EQ(end.bytes, "");
+  // The deadline starts after the response went out, so after `started`.
+  EXPECT_GE(std::chrono::steady_clock::now() - started, options.header_timeout);
+}
+
+// The other way round: with write_timeout 0.2 s and header_timeout 2 min, a connection idle for
+// 2 s after its response is still open and serves its next request.
+TEST_P(HttpDeadlineTest, IdleKeepAliveConnectionOutlivesTheWriteTimeout) {
+  HttpServerOptions options;
+  options.header_timeout = std::chrono::minutes(2);
+  options.write_timeout = std::chrono::milliseconds(200);
+  StartServer(Tls(), options);
+  Client client(server_->port(), Tls());
+  ServeOneRequest(client);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  client.Write(Completion(2));
+  const auto res = client.ReadResponse();
+  ASSERT_EQ(res.result_int(), 200) << res.body();
+  EXPECT_EQ(nlohmann::json::parse(res.body())["choices"][0]["text"], "t0 t1");
+  EXPECT_EQ(service_.finished.load(), 2);
+}
+
+// A client that stops reading a 16 MB response (a 4 KiB receive buffer, no reads for 2 s) is
+// closed at write_timeout (0.2 s), not left to header_timeout (2 min).
+TEST_P(HttpDeadlineTest, ReaderThatStopsIsClosedAtTheWriteTimeout) {
+  service_.metrics = std::string(size_t{16} << 20, 'm');
+  HttpServerOptions options;
+  options.header_timeout = std::chrono::minutes(2);
+  options.write_timeout = std::chrono::milliseconds(200);
+  StartServer(Tls(), options);
+  Client client(server_->port(), Tls(), /*receive_buffer_bytes=*/4096);
+  client.Write("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const Client::End end = client.ReadToEnd(std::chrono::seconds(60));
+  EXPECT_TRUE(Closed(end.ec)) << end.ec.message();
+  EXPECT_GT(end.bytes.size(), 0u);
+  EXPECT_LT(end.bytes.size(), service_.metrics.size());
 }
 
 }  // namespace
