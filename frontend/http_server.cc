@@ -41,6 +41,8 @@ constexpr auto kLingerTimeout = std::chrono::seconds(30);
 constexpr size_t kLingerReadBytes = 16384;
 // What the disconnect watch (Session::WatchDisconnect) reads ahead of the next request at most.
 constexpr size_t kReadAheadBytes = 16384;
+// Empty lines skipped before a request line (Session::SkipEmptyLines); past them, a 400.
+constexpr int kMaxEmptyLines = 8;
 // How long a read cancelled at its deadline may take to end (for its 408) before the connection
 // is closed (Session::OnReadDeadline).
 constexpr auto kCancelledReadGrace = std::chrono::seconds(2);
@@ -210,26 +212,43 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   // Reads a request; the caller has armed its header deadline (ArmReadTimer, kCancelRead).
   void Read() {
-    SkipEmptyLines();
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    http::async_read_header(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+    empty_lines_ = 0;
+    ReadRequestStart();
+  }
+  // Reads until buffer_ holds more than empty lines, then the header (OnHeader).
+  void ReadRequestStart() {
+    if (SkipEmptyLines()) {
+      return http::async_read_header(
+          stream_, buffer_, *parser_,
+          [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+    }
+    stream_.async_read_some(buffer_.prepare(kReadAheadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->buffer_.commit(n);
+                              if (ec) return self->OnHeader(ec);
+                              self->ReadRequestStart();
+                            });
   }
   // RFC 9112 2.2: a server SHOULD ignore at least one empty line received before the request
-  // line (clients may send a CRLF after a POST body). Those already buffered (the last
-  // request's leftovers or the disconnect watch's read-ahead) are dropped; the parser would
-  // read one as a bad method and the connection's next request would fail with a 400.
-  void SkipEmptyLines() {
+  // line (clients may send a CRLF after a POST body). Beast's parser reads one as a bad method,
+  // so they are dropped here, up to kMaxEmptyLines per request: those already buffered (the last
+  // request's leftovers or the disconnect watch's read-ahead) and those that arrive when the read
+  // starts. Past the bound the parser gets them (400). True when buffer_ holds what the parser
+  // is to read; false when it holds nothing or a lone CR, whose LF may still come.
+  bool SkipEmptyLines() {
     const auto bytes = static_cast<const char*>(buffer_.data().data());
     const size_t size = buffer_.size();
     size_t n = 0;
-    while (n < size &&
+    while (n < size && empty_lines_ < kMaxEmptyLines &&
            (bytes[n] == '\n' || (bytes[n] == '\r' && n + 1 < size && bytes[n + 1] == '\n'))) {
       n += bytes[n] == '\r' ? 2 : 1;
+      ++empty_lines_;
     }
+    const bool lone_cr = n + 1 == size && bytes[n] == '\r' && empty_lines_ < kMaxEmptyLines;
     buffer_.consume(n);
+    return n < size && !lone_cr;
   }
 
   // Counts the body bytes received so far in the server-wide budget (they are counted as they
@@ -684,6 +703,7 @@ class Session : public std::enable_shared_from_this<Session> {
   net::steady_timer read_timer_;  // the handshake / header / body / linger deadline (ArmReadTimer)
   uint64_t read_timer_id_ = 0;
   bool read_timed_out_ = false;
+  int empty_lines_ = 0;            // skipped before the current request line (SkipEmptyLines)
   net::steady_timer write_timer_;  // the deadline of the write in flight (ArmWriteTimeout)
   uint64_t write_timer_id_ = 0;
   bool watch_reading_ = false;     // WatchDisconnect's read is in flight

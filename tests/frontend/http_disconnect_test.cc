@@ -1,8 +1,8 @@
 // The HTTP front's disconnect watch (frontend/http_server.cc, Session::WatchDisconnect): a client
 // that leaves while its request runs has the request cancelled, also when it sent something after
 // the request (a pipelined request, a stray CRLF, a TLS close_notify), and what it sent ahead is
-// still parsed as its next request when it stays. Around it: the connection's deadlines, header
-// and write, each its own.
+// still parsed as its next request when it stays. Around it: the connection's deadlines (header
+// and write, each its own) and empty lines before a request line.
 #include <gtest/gtest.h>
 #include <openssl/ssl.h>
 
@@ -366,6 +366,38 @@ TEST_P(HttpDeadlineTest, ReaderThatStopsIsClosedAtTheWriteTimeout) {
   EXPECT_TRUE(Closed(end.ec)) << end.ec.message();
   EXPECT_GT(end.bytes.size(), 0u);
   EXPECT_LT(end.bytes.size(), service_.metrics.size());
+}
+
+// RFC 9112 2.2: a CRLF that arrives on its own once a response is out (the next read, not the
+// disconnect watch, takes it) is skipped; the request after it is served.
+TEST_P(HttpDeadlineTest, CrlfArrivingAfterTheResponseIsSkipped) {
+  StartServer(Tls());
+  Client client(server_->port(), Tls());
+  client.Write(Completion(2));
+  ASSERT_EQ(client.ReadResponse().result_int(), 200);
+  client.Write("\r\n");
+  // Not a condition of the outcome: gives the server the chance to read the CRLF alone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  client.Write(Completion(3));
+  const auto res = client.ReadResponse();
+  ASSERT_EQ(res.result_int(), 200) << res.body();
+  EXPECT_EQ(nlohmann::json::parse(res.body())["choices"][0]["text"], "t0 t1 t2");
+}
+
+// Up to 8 empty lines before a request line are skipped; a 9th goes to the parser (400).
+TEST_F(HttpDisconnectTest, AtMostEightEmptyLinesAreSkipped) {
+  StartServer(/*tls=*/false);
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  std::string lines;
+  for (int i = 0; i < 8; ++i) lines += "\r\n";
+  Client eight(server_->port(), /*tls=*/false);
+  eight.Write(lines + health);
+  EXPECT_EQ(eight.ReadResponse().result_int(), 200);
+  Client nine(server_->port(), /*tls=*/false);
+  nine.Write(lines + "\n" + health);
+  const auto res = nine.ReadResponse();
+  EXPECT_EQ(res.result_int(), 400);
+  EXPECT_NE(res.body().find("malformed HTTP request"), std::string::npos) << res.body();
 }
 
 }  // namespace
