@@ -637,10 +637,10 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_res_->set(http::field::cache_control, "no-cache");
     // HTTP/1.0 has no chunked encoding: the body is the events, ended by closing.
     chunked_ = request_.version() >= 11;
-    if (!chunked_) {
-      keep_alive_ = false;
-      stream_res_->keep_alive(false);
-    }
+    if (!chunked_) keep_alive_ = false;
+    // A connection that closes after the stream says so ("Connection: close" on HTTP/1.1): the
+    // client asked for it, half-closed (allow_half_close) or has its stream ended already.
+    stream_res_->keep_alive(keep_alive_ && !close_after_stream_);
     stream_res_->chunked(chunked_);
     stream_sr_.emplace(*stream_res_);
     writing_ = true;

@@ -2,7 +2,7 @@
 // that leaves while its request runs has the request cancelled, also when it sent something after
 // the request (a pipelined request, a stray CRLF, a TLS close_notify), and what it sent ahead is
 // still parsed as its next request when it stays. Around it: the connection's deadlines (header
-// and write, each its own) and empty lines before a request line.
+// and write, each its own), empty lines before a request line, and a half-closed client's stream.
 #include <gtest/gtest.h>
 #include <openssl/ssl.h>
 
@@ -21,8 +21,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "frontend/http_server.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/frontend/cancellable_generation.h"
 
 namespace pdserve::frontend {
@@ -44,6 +48,9 @@ class SlowService : public GenerationService {
   std::atomic<int> starts{0};
   std::atomic<int> cancelled{0};
   std::atomic<int> finished{0};
+  // Set before serving: each generation's first token waits for `first_token` (at most 5 s).
+  bool hold_first_token = false;
+  absl::Notification first_token;
   std::string metrics;  // the /metrics body
 
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
@@ -55,6 +62,7 @@ class SlowService : public GenerationService {
     auto stop = gen->stop;
     const int tokens = static_cast<int>(req.max_tokens.value_or(4));
     threads_.emplace_back([this, sink, stop, tokens] {
+      if (hold_first_token) first_token.WaitForNotificationWithTimeout(absl::Seconds(5));
       for (int t = 0; t < tokens; ++t) {
         if (stop->load()) return;
         ChoiceDelta d;
@@ -79,9 +87,9 @@ class SlowService : public GenerationService {
   std::vector<std::thread> threads_;
 };
 
-std::string Completion(int max_tokens) {
-  const std::string body =
-      absl::StrCat(R"({"model":"tiny","prompt":"hi","max_tokens":)", max_tokens, "}");
+std::string Completion(int max_tokens, bool stream = false) {
+  const std::string body = absl::StrCat(R"({"model":"tiny","prompt":"hi","max_tokens":)",
+                                        max_tokens, stream ? R"(,"stream":true})" : "}");
   return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
                       "\r\n\r\n", body);
 }
@@ -235,6 +243,7 @@ class Client {
     With([&](auto& s) { http::read(s, buffer_, res); });
     return res;
   }
+  void ShutdownSend() { Tcp().socket().shutdown(tcp::socket::shutdown_send); }
   // TLS 1.3: asks the server for a KeyUpdate of its own, sent with the next bytes written. The
   // server's read of it writes one back (a write inside the server's read).
   bool RequestKeyUpdate() {
@@ -398,6 +407,55 @@ TEST_F(HttpDisconnectTest, AtMostEightEmptyLinesAreSkipped) {
   const auto res = nine.ReadResponse();
   EXPECT_EQ(res.result_int(), 400);
   EXPECT_NE(res.body().find("malformed HTTP request"), std::string::npos) << res.body();
+}
+
+// Installs a logger that keeps the last lines at debug level; the previous one comes back after.
+class CapturedLog {
+ public:
+  CapturedLog()
+      : lines_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)),
+        previous_(spdlog::default_logger()) {
+    auto logger = std::make_shared<spdlog::logger>("captured", lines_);
+    logger->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  bool Has(std::string_view text) const {
+    for (const auto& line : lines_->last_formatted()) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// With allow_half_close, a stream whose client half-closed before its first event says
+// "Connection: close" and the connection closes after it. The first token waits until the
+// server has logged the half-close.
+TEST_F(HttpDisconnectTest, StreamToAHalfClosedClientSaysConnectionClose) {
+  CapturedLog log;
+  service_.hold_first_token = true;
+  HttpServerOptions options;
+  options.allow_half_close = true;
+  StartServer(/*tls=*/false, options);
+  Client client(server_->port(), /*tls=*/false);
+  client.Write(Completion(2, /*stream=*/true));
+  client.ShutdownSend();
+  ASSERT_TRUE(Eventually([&] { return log.Has("client half-closed"); }));
+  service_.first_token.Notify();
+  const Client::End end = client.ReadToEnd(std::chrono::seconds(30));
+  EXPECT_EQ(end.ec, net::error::eof) << end.ec.message();
+  const std::string& out = end.bytes;
+  const size_t head_end = out.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << out;
+  const std::string head = out.substr(0, head_end);
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  EXPECT_NE(out.find("data: [DONE]"), std::string::npos) << out;
+  EXPECT_EQ(service_.finished.load(), 1);
 }
 
 }  // namespace
