@@ -120,10 +120,11 @@ struct HttpServer::Impl {
   // Runs GenerationService::Start (HttpServerOptions::prepare_threads).
   std::unique_ptr<net::thread_pool> prepare_pool;
   std::atomic<bool> stopped{false};
-  std::atomic<int> active{0};              // sessions with a request in flight
-  std::atomic<size_t> body_bytes{0};       // reserved by request bodies being read
-  std::atomic<bool> draining{false};       // Drain(): no new connections
-  std::unique_ptr<net::ssl::context> tls;  // HTTPS: set when options name a certificate
+  std::atomic<int> active{0};               // sessions with a request in flight
+  std::atomic<int64_t> session_objects{0};  // Session objects alive (HttpServer::SessionObjects)
+  std::atomic<size_t> body_bytes{0};        // reserved by request bodies being read
+  std::atomic<bool> draining{false};        // Drain(): no new connections
+  std::unique_ptr<net::ssl::context> tls;   // HTTPS: set when options name a certificate
   absl::Mutex mu;
   std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
 
@@ -150,9 +151,12 @@ class Session : public std::enable_shared_from_this<Session> {
                             : SessionStream(std::move(socket))),
         server_(server),
         read_timer_(stream_.get_executor()),
-        write_timer_(stream_.get_executor()) {}
+        write_timer_(stream_.get_executor()) {
+    server_->session_objects.fetch_add(1);
+  }
 
   ~Session() {
+    server_->session_objects.fetch_sub(1);
     if (active_) server_->active.fetch_sub(1);
     ReleaseBody();
   }
@@ -191,6 +195,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Called on the strand. Cancels any generation and closes the connection.
   void Shutdown() {
+    closed_ = true;
     CancelGeneration();
     StopReadTimer();
     ClearWriteTimeout();
@@ -212,6 +217,7 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   // Reads a request; the caller has armed its header deadline (ArmReadTimer, kCancelRead).
   void Read() {
+    if (closed_) return;
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
     empty_lines_ = 0;
@@ -304,6 +310,7 @@ class Session : public std::enable_shared_from_this<Session> {
   };
   void ArmReadTimer(std::chrono::milliseconds timeout, OnDeadline on_deadline) {
     const uint64_t id = ++read_timer_id_;
+    if (closed_) return;  // a completion that ran after Finish: nothing to time
     read_timer_.expires_after(timeout);
     read_timer_.async_wait([self = shared_from_this(), id, on_deadline](beast::error_code ec) {
       if (ec || id != self->read_timer_id_) return;
@@ -318,8 +325,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Cancelling the socket ends every operation pending on it, also a record the TLS layer writes
   // inside a read; the read's handler then sees read_timed_out_. A read that does not end anyway
   // (a step that completed as the cancel ran starts the next one uncancelled) is closed after
-  // kCancelledReadGrace. With the disconnect watch not yet ended since ReadNext cancelled it,
-  // nothing of the next request was read: the connection closes.
+  // kCancelledReadGrace. With the disconnect watch not yet ended since ReadNext cancelled it
+  // (a cancel that did not take), the connection closes without a 408, even where the watch
+  // had read part of the next request ahead.
   void OnReadDeadline(OnDeadline on_deadline) {
     if (on_deadline == OnDeadline::kClose || read_after_watch_) return Finish();
     beast::error_code ignored;
@@ -332,6 +340,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // request is cancelled. Cleared when the write completes.
   void ArmWriteTimeout() {
     const uint64_t id = ++write_timer_id_;
+    if (closed_) return;
     write_timer_.expires_after(server_->options.write_timeout);
     write_timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
       if (ec || id != self->write_timer_id_) return;
@@ -448,6 +457,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // out. A disconnect watch still reading is cancelled first and its end starts the read
   // (ReadAfterWatch): a stream takes one read at a time.
   void ReadNext() {
+    if (closed_) return;  // Finish ran (e.g. the write deadline) before the write's handler
     ArmReadTimer(server_->options.header_timeout, OnDeadline::kCancelRead);
     if (!watch_reading_) return Read();
     read_after_watch_ = true;
@@ -456,7 +466,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void ReadAfterWatch(beast::error_code ec) {
     read_after_watch_ = false;
-    if (!stream_.tcp().socket().is_open()) return;
+    if (closed_ || !stream_.tcp().socket().is_open()) return StopReadTimer();
     if (ec && ec != net::error::operation_aborted) return Finish();  // gone after its response
     Read();
   }
@@ -500,6 +510,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // buffering: one scratch buffer), then close.
   void Linger() {
     linger_ = false;
+    if (closed_) return;
     ReleaseBody();
     beast::error_code ignored;
     stream_.tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -703,6 +714,9 @@ class Session : public std::enable_shared_from_this<Session> {
   net::steady_timer read_timer_;  // the handshake / header / body / linger deadline (ArmReadTimer)
   uint64_t read_timer_id_ = 0;
   bool read_timed_out_ = false;
+  // Shutdown ran: completions that arrive after it start no read and arm no timer, so nothing
+  // holds the session past its close (a write's handler may still run after its deadline's Finish).
+  bool closed_ = false;
   int empty_lines_ = 0;            // skipped before the current request line (SkipEmptyLines)
   net::steady_timer write_timer_;  // the deadline of the write in flight (ArmWriteTimeout)
   uint64_t write_timer_id_ = 0;
@@ -1136,6 +1150,8 @@ uint16_t HttpServer::port() const {
   beast::error_code ec;
   return impl_->acceptor.local_endpoint(ec).port();
 }
+
+int64_t HttpServer::SessionObjects() const { return impl_->session_objects.load(); }
 
 void HttpServer::Drain(std::chrono::milliseconds grace) {
   if (!impl_ || impl_->stopped.load() || impl_->draining.exchange(true)) return;
