@@ -41,6 +41,11 @@ constexpr auto kLingerTimeout = std::chrono::seconds(30);
 constexpr size_t kLingerReadBytes = 16384;
 // What the disconnect watch (Session::WatchDisconnect) reads ahead of the next request at most.
 constexpr size_t kReadAheadBytes = 16384;
+// Empty lines skipped before a request line (Session::SkipEmptyLines); past them, a 400.
+constexpr int kMaxEmptyLines = 8;
+// How long a read cancelled at its deadline may take to end (for its 408) before the connection
+// is closed (Session::OnReadDeadline).
+constexpr auto kCancelledReadGrace = std::chrono::seconds(2);
 // How often the event loop beats HttpServerOptions::heartbeat.
 constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(100);
 
@@ -115,10 +120,11 @@ struct HttpServer::Impl {
   // Runs GenerationService::Start (HttpServerOptions::prepare_threads).
   std::unique_ptr<net::thread_pool> prepare_pool;
   std::atomic<bool> stopped{false};
-  std::atomic<int> active{0};              // sessions with a request in flight
-  std::atomic<size_t> body_bytes{0};       // reserved by request bodies being read
-  std::atomic<bool> draining{false};       // Drain(): no new connections
-  std::unique_ptr<net::ssl::context> tls;  // HTTPS: set when options name a certificate
+  std::atomic<int> active{0};               // sessions with a request in flight
+  std::atomic<int64_t> session_objects{0};  // Session objects alive (HttpServer::SessionObjects)
+  std::atomic<size_t> body_bytes{0};        // reserved by request bodies being read
+  std::atomic<bool> draining{false};        // Drain(): no new connections
+  std::unique_ptr<net::ssl::context> tls;   // HTTPS: set when options name a certificate
   absl::Mutex mu;
   std::set<std::shared_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
 
@@ -144,9 +150,13 @@ class Session : public std::enable_shared_from_this<Session> {
       : stream_(server->tls ? SessionStream(std::move(socket), *server->tls)
                             : SessionStream(std::move(socket))),
         server_(server),
-        read_timer_(stream_.get_executor()) {}
+        read_timer_(stream_.get_executor()),
+        write_timer_(stream_.get_executor()) {
+    server_->session_objects.fetch_add(1);
+  }
 
   ~Session() {
+    server_->session_objects.fetch_sub(1);
     if (active_) server_->active.fetch_sub(1);
     ReleaseBody();
   }
@@ -172,11 +182,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // A TLS connection must finish its handshake within header_timeout; then requests are read.
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->stream_.tls())
-        self->stream_.tcp().expires_after(self->server_->options.header_timeout);
-      self->stream_.Handshake([self](beast::error_code ec) {
-        self->stream_.tcp().expires_never();
+      const auto header_timeout = self->server_->options.header_timeout;
+      if (self->stream_.tls()) self->ArmReadTimer(header_timeout, OnDeadline::kClose);
+      self->stream_.Handshake([self, header_timeout](beast::error_code ec) {
+        self->StopReadTimer();
         if (ec) return self->Finish();
+        self->ArmReadTimer(header_timeout, OnDeadline::kCancelRead);
         self->Read();
       });
     });
@@ -184,8 +195,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Called on the strand. Cancels any generation and closes the connection.
   void Shutdown() {
+    closed_ = true;
     CancelGeneration();
     StopReadTimer();
+    ClearWriteTimeout();
     beast::error_code ec;
     stream_.tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.tcp().close();
@@ -202,28 +215,46 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnStarted(uint64_t gen, StartResult started);
 
  private:
+  // Reads a request; the caller has armed its header deadline (ArmReadTimer, kCancelRead).
   void Read() {
-    SkipEmptyLines();
+    if (closed_) return;
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
-    ArmReadTimer(server_->options.header_timeout);
-    http::async_read_header(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+    empty_lines_ = 0;
+    ReadRequestStart();
+  }
+  // Reads until buffer_ holds more than empty lines, then the header (OnHeader).
+  void ReadRequestStart() {
+    if (SkipEmptyLines()) {
+      return http::async_read_header(
+          stream_, buffer_, *parser_,
+          [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+    }
+    stream_.async_read_some(buffer_.prepare(kReadAheadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->buffer_.commit(n);
+                              if (ec) return self->OnHeader(ec);
+                              self->ReadRequestStart();
+                            });
   }
   // RFC 9112 2.2: a server SHOULD ignore at least one empty line received before the request
-  // line (clients may send a CRLF after a POST body). Those already buffered (the last
-  // request's leftovers or the disconnect watch's read-ahead) are dropped; the parser would
-  // read one as a bad method and the connection's next request would fail with a 400.
-  void SkipEmptyLines() {
+  // line (clients may send a CRLF after a POST body). Beast's parser reads one as a bad method,
+  // so they are dropped here, up to kMaxEmptyLines per request: those already buffered (the last
+  // request's leftovers or the disconnect watch's read-ahead) and those that arrive when the read
+  // starts. Past the bound the parser gets them (400). True when buffer_ holds what the parser
+  // is to read; false when it holds nothing or a lone CR, whose LF may still come.
+  bool SkipEmptyLines() {
     const auto bytes = static_cast<const char*>(buffer_.data().data());
     const size_t size = buffer_.size();
     size_t n = 0;
-    while (n < size &&
+    while (n < size && empty_lines_ < kMaxEmptyLines &&
            (bytes[n] == '\n' || (bytes[n] == '\r' && n + 1 < size && bytes[n + 1] == '\n'))) {
       n += bytes[n] == '\r' ? 2 : 1;
+      ++empty_lines_;
     }
+    const bool lone_cr = n + 1 == size && bytes[n] == '\r' && empty_lines_ < kMaxEmptyLines;
     buffer_.consume(n);
+    return n < size && !lone_cr;
   }
 
   // Counts the body bytes received so far in the server-wide budget (they are counted as they
@@ -265,36 +296,65 @@ class Session : public std::enable_shared_from_this<Session> {
     ReadBody();
   }
 
-  // The read deadlines (header, then body) run on a timer of our own rather than the stream's:
-  // the stream's timeout closes the socket, and a 408 must still be written. When the timer
-  // fires it cancels the pending read, whose handler then sees read_timed_out_. `read_timer_id_`
-  // tells a current expiry from one already queued when the read finished (cancel() cannot
-  // withdraw that one).
-  void ArmReadTimer(std::chrono::milliseconds timeout) {
+  // Deadlines. Reads and writes each have a timer of their own, never the tcp_stream's expiry:
+  // that one is shared by the stream's reads and writes and applies to whichever is not pending
+  // when it is set, so over TLS (where a read may write a record, a write may read) a write's
+  // deadline could land on the disconnect watch's read or the next request's header read.
+  // `*_timer_id_` tells a current expiry from one already queued when its operation finished
+  // (cancel() cannot withdraw that one).
+  //
+  // What a read deadline does when it passes.
+  enum class OnDeadline {
+    kCancelRead,  // header or body: the read is cancelled, so that a 408 can still be written
+    kClose,       // TLS handshake, Linger, a cancelled read that did not end: the connection closes
+  };
+  void ArmReadTimer(std::chrono::milliseconds timeout, OnDeadline on_deadline) {
     const uint64_t id = ++read_timer_id_;
-    read_timed_out_ = false;
+    if (closed_) return;  // a completion that ran after Finish: nothing to time
     read_timer_.expires_after(timeout);
-    read_timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
+    read_timer_.async_wait([self = shared_from_this(), id, on_deadline](beast::error_code ec) {
       if (ec || id != self->read_timer_id_) return;
-      self->read_timed_out_ = true;
-      beast::error_code ignored;
-      self->stream_.tcp().socket().cancel(ignored);
+      self->OnReadDeadline(on_deadline);
     });
   }
   void StopReadTimer() {
     ++read_timer_id_;
+    read_timed_out_ = false;
     read_timer_.cancel();
   }
-  // Each response write must be taken by the client within write_timeout (the stream's own
-  // timeout closes the socket; the write then fails and the connection finishes). Cleared when
-  // the write completes, so that it never applies to a later read.
-  void ArmWriteTimeout() { stream_.tcp().expires_after(server_->options.write_timeout); }
-  void ClearWriteTimeout() { stream_.tcp().expires_never(); }
+  // Cancelling the socket ends every operation pending on it, also a record the TLS layer writes
+  // inside a read; the read's handler then sees read_timed_out_. A read that does not end anyway
+  // (a step that completed as the cancel ran starts the next one uncancelled) is closed after
+  // kCancelledReadGrace. With the disconnect watch not yet ended since ReadNext cancelled it
+  // (a cancel that did not take), the connection closes without a 408, even where the watch
+  // had read part of the next request ahead.
+  void OnReadDeadline(OnDeadline on_deadline) {
+    if (on_deadline == OnDeadline::kClose || read_after_watch_) return Finish();
+    beast::error_code ignored;
+    stream_.tcp().socket().cancel(ignored);
+    ArmReadTimer(kCancelledReadGrace, OnDeadline::kClose);
+    read_timed_out_ = true;
+  }
+  // Each response write must be taken by the client within write_timeout, else the connection
+  // closes (Finish: closing ends the write, also one the TLS layer waits to start) and its
+  // request is cancelled. Cleared when the write completes.
+  void ArmWriteTimeout() {
+    const uint64_t id = ++write_timer_id_;
+    if (closed_) return;
+    write_timer_.expires_after(server_->options.write_timeout);
+    write_timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
+      if (ec || id != self->write_timer_id_) return;
+      self->Finish();
+    });
+  }
+  void ClearWriteTimeout() {
+    ++write_timer_id_;
+    write_timer_.cancel();
+  }
 
   // A read cut off by its deadline: 408 when any of the request arrived, else (an idle
   // keep-alive connection) a silent close.
   void OnReadTimeout() {
-    read_timed_out_ = false;
     const bool started = parser_->is_header_done() || parser_->got_some() || buffer_.size() > 0;
     if (!started) return Finish();
     CountRefused(408);
@@ -310,7 +370,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void ReadBody() {
-    ArmReadTimer(server_->options.body_timeout);
+    ArmReadTimer(server_->options.body_timeout, OnDeadline::kCancelRead);
     ReadSomeBody();
   }
   // The body a piece at a time, each piece counted in the budget as it lands.
@@ -338,11 +398,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnRead(beast::error_code ec) {
-    if (read_timed_out_ && ec) {  // (a read that completed as its deadline fired is served)
+    // (A read that completed as its deadline fired is served.)
+    const bool timed_out = read_timed_out_ && ec;
+    StopReadTimer();
+    if (timed_out) {
       ReleaseBody();
       return OnReadTimeout();
     }
-    StopReadTimer();
     if (ec == http::error::body_limit) {
       CountRefused(413);
       keep_alive_ = false;
@@ -391,9 +453,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void Route();
   void Generate(Endpoint endpoint);
   void WatchDisconnect();
-  // The next request on this connection. A disconnect watch still reading is cancelled first and
-  // its end starts the read (ReadAfterWatch): a stream takes one read at a time.
+  // The next request on this connection, whose header deadline starts now, with the response
+  // out. A disconnect watch still reading is cancelled first and its end starts the read
+  // (ReadAfterWatch): a stream takes one read at a time.
   void ReadNext() {
+    if (closed_) return;  // Finish ran (e.g. the write deadline) before the write's handler
+    ArmReadTimer(server_->options.header_timeout, OnDeadline::kCancelRead);
     if (!watch_reading_) return Read();
     read_after_watch_ = true;
     beast::error_code ignored;
@@ -401,7 +466,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void ReadAfterWatch(beast::error_code ec) {
     read_after_watch_ = false;
-    if (!stream_.tcp().socket().is_open()) return;
+    if (closed_ || !stream_.tcp().socket().is_open()) return StopReadTimer();
     if (ec && ec != net::error::operation_aborted) return Finish();  // gone after its response
     Read();
   }
@@ -445,11 +510,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // buffering: one scratch buffer), then close.
   void Linger() {
     linger_ = false;
+    if (closed_) return;
     ReleaseBody();
     beast::error_code ignored;
     stream_.tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
     linger_buffer_.resize(kLingerReadBytes);
-    stream_.tcp().expires_after(kLingerTimeout);
+    ArmReadTimer(kLingerTimeout, OnDeadline::kClose);
     DropInput();
   }
   void DropInput() {
@@ -582,10 +648,10 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_res_->set(http::field::cache_control, "no-cache");
     // HTTP/1.0 has no chunked encoding: the body is the events, ended by closing.
     chunked_ = request_.version() >= 11;
-    if (!chunked_) {
-      keep_alive_ = false;
-      stream_res_->keep_alive(false);
-    }
+    if (!chunked_) keep_alive_ = false;
+    // A connection that closes after the stream says so ("Connection: close" on HTTP/1.1): the
+    // client asked for it, half-closed (allow_half_close) or has its stream ended already.
+    stream_res_->keep_alive(keep_alive_ && !close_after_stream_);
     stream_res_->chunked(chunked_);
     stream_sr_.emplace(*stream_res_);
     writing_ = true;
@@ -645,9 +711,15 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   bool linger_ = false;  // the response answers a request not read to its end: Linger() after it
   std::vector<char> linger_buffer_;
-  net::steady_timer read_timer_;  // the header / body deadline (ArmReadTimer)
+  net::steady_timer read_timer_;  // the handshake / header / body / linger deadline (ArmReadTimer)
   uint64_t read_timer_id_ = 0;
   bool read_timed_out_ = false;
+  // Shutdown ran: completions that arrive after it start no read and arm no timer, so nothing
+  // holds the session past its close (a write's handler may still run after its deadline's Finish).
+  bool closed_ = false;
+  int empty_lines_ = 0;            // skipped before the current request line (SkipEmptyLines)
+  net::steady_timer write_timer_;  // the deadline of the write in flight (ArmWriteTimeout)
+  uint64_t write_timer_id_ = 0;
   bool watch_reading_ = false;     // WatchDisconnect's read is in flight
   bool read_after_watch_ = false;  // ReadNext waits for it to end
 
@@ -1078,6 +1150,8 @@ uint16_t HttpServer::port() const {
   beast::error_code ec;
   return impl_->acceptor.local_endpoint(ec).port();
 }
+
+int64_t HttpServer::SessionObjects() const { return impl_->session_objects.load(); }
 
 void HttpServer::Drain(std::chrono::milliseconds grace) {
   if (!impl_ || impl_->stopped.load() || impl_->draining.exchange(true)) return;

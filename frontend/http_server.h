@@ -96,6 +96,10 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   uint16_t port() const;
+  // Connection objects alive: one per open connection, and a closed one's until the last
+  // handler pending on it has run. Thread-safe. (Tests check that nothing keeps a closed
+  // connection, e.g. a timer armed after its close.)
+  int64_t SessionObjects() const;
   // Graceful shutdown, before Stop(): stops accepting, waits up to `grace` for the requests in
   // flight to finish, then ends those still running with a 503 (an SSE error event on a started
   // stream, written whole) and waits (bounded, 2 s) for those connections to close.

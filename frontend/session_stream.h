@@ -1,7 +1,8 @@
 // The byte stream under one HTTP connection of frontend::HttpServer: plain TCP, or TLS over TCP
 // when the server has a certificate (HttpServerOptions::tls_cert_file). Either way the same
-// beast::tcp_stream sits at the bottom, so timeouts (expires_after) and socket-level calls
-// (shutdown, the disconnect peek) work unchanged through tcp().
+// beast::tcp_stream sits at the bottom, so socket-level calls (shutdown, cancel, close, TCP_INFO)
+// work unchanged through tcp(). Its expiry (expires_after) is left unset: the server keeps its
+// deadlines on timers of its own (frontend/http_server.cc, Session::ArmReadTimer).
 //
 // It is an AsyncReadStream / AsyncWriteStream for Beast's HTTP operations; its completion
 // handlers must be plain callables (the server passes lambdas and Beast's composed operations;
