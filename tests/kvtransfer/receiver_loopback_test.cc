@@ -178,6 +178,48 @@ TEST_F(LoopbackReceiverTest, PageReorderedAfterTheCommitVerifiesWithinTheGrace) 
   EXPECT_TRUE(PagesMatch(1, 0, 4));
 }
 
+// The receiver stopped right after the commit came (SIGSTOP, a paused VM, a starved process):
+// a page still on its way could not land meanwhile, so that time does not count against the
+// grace. Here the first sweep after the stall runs before the page is delivered, as a lane
+// thread may deliver it only after the transfer loop's sweep.
+TEST_F(LoopbackReceiverTest, ReceiverStallDoesNotCountAgainstTheMissingPageGrace) {
+  receive_faults_->AddRule({.action = Action::kDelay, .slot = 1, .delay = absl::Seconds(3)});
+  const Ticket ticket = Expect(1, 5, 0, 4);
+  auto transfer = Send(ticket, 1);
+  Pump(transfer.get());
+  ASSERT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kReceiving);
+  ASSERT_EQ(receive_faults_->held(), 1u);
+  Elapse(absl::Milliseconds(2900));  // Stopped: no sweep, no delivery.
+  Pump(transfer.get());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kReceiving)
+      << receiver_->Outcome(ticket.ticket_id)->status;
+  EXPECT_EQ(receive_faults_->held(), 1u);
+  Elapse(absl::Milliseconds(100));  // Running again: the page comes, inside the grace.
+  Pump(transfer.get());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kVerified)
+      << receiver_->Outcome(ticket.ticket_id)->status;
+  EXPECT_TRUE(PagesMatch(1, 0, 4));
+}
+
+// A stall only pauses the grace: a page that is really missing still fails the request once the
+// receiver has run for the grace after the stall.
+TEST_F(LoopbackReceiverTest, DroppedPageStillGivesMissingErrorAfterAStall) {
+  send_faults_.AddRule({.action = Action::kDrop, .slot = 0});
+  const Ticket ticket = Expect(1, 5, 0, 4);
+  auto transfer = Send(ticket, 1);
+  Pump(transfer.get());
+  Elapse(absl::Seconds(3));
+  Pump(transfer.get());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kReceiving);
+  for (int step = 0; step < 3; ++step) {
+    Elapse(absl::Milliseconds(70));
+    Pump(transfer.get());
+  }
+  const absl::Status status = receiver_->Outcome(ticket.ticket_id)->status;
+  EXPECT_EQ(GetIsolationError(status), IsolationError::kMissing) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "without slots 0")) << status;
+}
+
 TEST_F(LoopbackReceiverTest, CommitCountingFewerPagesGivesMissingError) {
   const Ticket ticket = Expect(1, 5, 0, 4);
   SendControl({.kind = WireKind::kCommit,
