@@ -66,8 +66,9 @@ struct ReceiverOptions {
   absl::Duration lease = absl::Seconds(10);  // Initial lease; each heartbeat renews it.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // How long after the commit a page may still be landing before it counts as missing (UCX does
-  // not order a rendezvous page before a later eager commit).
-  absl::Duration missing_grace = absl::Milliseconds(200);
+  // not order a rendezvous page before a later eager commit, nor lanes against each other; on a
+  // loaded host a lane's pages came 234-285 ms after the commit: docs/protocol.md, "Lanes").
+  absl::Duration missing_grace = absl::Seconds(2);
   // The clock that tells whether the receiver ran (not owned, must outlive it), or null. A gap
   // of more than `missing_grace` between two sweeps by it means the receiver did not run (a
   // stopped or starved process, a paused VM): a page still in a lane's socket could not land

@@ -273,5 +273,40 @@ TEST_F(LoopbackReceiverTest, ExpectRejectsMoreDestinationsThanPages) {
   EXPECT_EQ(receiver_->Expect(spec).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The default grace covers a lane whose pages come a few hundred milliseconds after the commit:
+// on a loaded 2-core host one lane's pages landed 234-285 ms after it (docs/protocol.md, "Lanes").
+TEST(ReceiverDefaultsTest, APageLanding300MsAfterTheCommitVerifies) {
+  FakeClock clock;
+  LoopbackNetwork network;
+  constexpr uint64_t kBytes = 16 * 1024;
+  std::vector<std::vector<std::byte>> pool(4, std::vector<std::byte>(kBytes));
+  auto faults = std::make_unique<FaultInjectingReceiveTransport>(network.NewReceiveEnd(), clock);
+  faults->AddRule({.action = Action::kDelay, .slot = 1, .delay = absl::Milliseconds(300)});
+  TransferReceiver receiver(std::move(faults), ReceiverOptions{}, clock,
+                            [](uint64_t, uint64_t, const absl::Status&) {});
+  absl::StatusOr<Ticket> ticket = receiver.Expect(SpecOverPool(pool, 1, 5, 0, 4, kBytes));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::vector<std::vector<std::byte>> sources(4, std::vector<std::byte>(kBytes));
+  for (uint32_t slot = 0; slot < 4; ++slot) FillPattern(sources[slot], 1, slot);
+  std::unique_ptr<PageTransport> send_end = network.NewSendEnd();
+  TransferSender sender(*send_end, clock);
+  absl::StatusOr<std::unique_ptr<Transfer>> transfer =
+      sender.Prepare(*ticket, {sources.begin(), sources.end()});
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  ASSERT_TRUE((*transfer)->Commit(256, 1).ok());
+  for (int step = 0; step <= 6; ++step) {  // 50 ms at a time, the receiver sweeping throughout
+    for (int round = 0; round < 4; ++round) {
+      (*transfer)->Poll().IgnoreError();
+      receiver.Progress();
+    }
+    if (step < 6) clock.Advance(absl::Milliseconds(50));
+  }
+  absl::StatusOr<TransferOutcome> outcome = receiver.Outcome(ticket->ticket_id);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->state, TransferState::kVerified) << outcome->status;
+  for (uint32_t slot = 0; slot < 4; ++slot) EXPECT_TRUE(MatchesPattern(pool[slot], 1, slot));
+}
+
 }  // namespace
 }  // namespace pdserve::kv::testing
