@@ -72,6 +72,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerO
   receiver_options.lease = w->options_.lease;
   receiver_options.heartbeat_interval = std::min(absl::Seconds(1), w->options_.lease / 4);
   receiver_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  // A stall of this process does not count against the missing-page grace (ReceiverOptions).
+  receiver_options.run_clock = &w->clock_;
   PDSERVE_ASSIGN_OR_RETURN(w->transfer_metrics_,
                            kv::TransferMetrics::Create(w->registry_, "receive"));
   receiver_options.metrics = w->transfer_metrics_.get();

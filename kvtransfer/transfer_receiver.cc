@@ -589,8 +589,26 @@ void TransferReceiver::Ack(const Entry& entry, uint32_t slot, shm::AckState stat
   options_.acks->Write(*entry.ack_index + slot, shm::AckWord(entry.ticket.ticket_id, state));
 }
 
+void TransferReceiver::PauseGraceOverStall(absl::Time now) {
+  if (options_.run_clock == nullptr) return;
+  const absl::Time ran = options_.run_clock->Now();
+  const absl::Duration gap = ran - last_sweep_run_;
+  if (last_sweep_run_ != absl::InfinitePast() && gap > options_.missing_grace) {
+    for (auto& [id, entry] : entries_) {
+      // A commit that came during the gap came on a lane that ran: its grace runs as usual.
+      if (entry->state == TransferState::kReceiving && entry->commit.has_value() &&
+          entry->commit_at <= last_sweep_at_) {
+        entry->commit_at += gap;
+      }
+    }
+  }
+  last_sweep_run_ = ran;
+  last_sweep_at_ = now;
+}
+
 void TransferReceiver::Sweep() {
   const absl::Time now = clock_.Now();
+  PauseGraceOverStall(now);
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& entry = *it->second;
     const Ticket& ticket = entry.ticket;

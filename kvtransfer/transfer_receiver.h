@@ -16,7 +16,8 @@
 //
 // Time: leases, heartbeats and the missing-page grace use the injected clock; Progress() sweeps
 // them on every call, and RunFor() sleeps on the transport's wake-up with a timeout so the sweep
-// runs even when no message arrives.
+// runs even when no message arrives. A stall of the receiver itself pauses the missing-page grace
+// (ReceiverOptions::run_clock).
 //
 // Thread-safety: every public method may be called from any thread; one mutex serializes them
 // with the transport (whose sink callbacks run inside Progress(), or on its lane threads under
@@ -65,8 +66,16 @@ struct ReceiverOptions {
   absl::Duration lease = absl::Seconds(10);  // Initial lease; each heartbeat renews it.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // How long after the commit a page may still be landing before it counts as missing (UCX does
-  // not order a rendezvous page before a later eager commit).
-  absl::Duration missing_grace = absl::Milliseconds(200);
+  // not order a rendezvous page before a later eager commit, nor lanes against each other; on a
+  // loaded host a lane's pages came 234-285 ms after the commit: docs/protocol.md, "Lanes").
+  absl::Duration missing_grace = absl::Seconds(2);
+  // The clock that tells whether the receiver ran (not owned, must outlive it), or null. A gap
+  // of more than `missing_grace` between two sweeps by it means the receiver did not run (a
+  // stopped or starved process, a paused VM): a page still in a lane's socket could not land
+  // meanwhile (after a stall the first sweep may run before the lane threads deliver), so the
+  // gap is added to the grace of every commit already in hand. Tests inject their own: the
+  // injected `clock` cannot tell a stall from a test moving time.
+  const Clock* run_clock = nullptr;
   uint64_t incarnation = 0;  // Distinct per process start (e.g. a random number).
   // Where the transfer metrics go (side "receive"; must outlive the receiver), or nowhere when
   // null; `metrics_path` is their path label, the transport's lanes() their lanes label.
@@ -214,6 +223,9 @@ class TransferReceiver final : private PageSink {
   void OnFence(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryVerify(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Sweep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a gap in the receiver's sweeps longer than the grace to the grace of the commits that
+  // came before it (ReceiverOptions::run_clock).
+  void PauseGraceOverStall(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease and missing-page deadlines of a receiving entry.
   void CheckDeadlines(Entry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindForHeader(const PageHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -231,6 +243,9 @@ class TransferReceiver final : private PageSink {
   std::map<uint64_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_id_ ABSL_GUARDED_BY(mu_) = 1;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
+  // The last sweep, by the run clock and by the injected clock (PauseGraceOverStall).
+  absl::Time last_sweep_run_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_sweep_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace pdserve::kv

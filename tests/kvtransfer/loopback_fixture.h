@@ -41,6 +41,7 @@ class LoopbackReceiverTest : public ::testing::Test {
             .lease = absl::Seconds(10),
             .heartbeat_interval = absl::Seconds(1),
             .missing_grace = absl::Milliseconds(200),
+            .run_clock = &run_clock_,
             .incarnation = 1,
             .on_layer = [this](uint64_t ticket_id, uint64_t,
                                uint32_t layer) { layers_.emplace_back(ticket_id, layer); }},
@@ -77,6 +78,13 @@ class LoopbackReceiverTest : public ::testing::Test {
     EXPECT_TRUE((*transfer)->PostAll().ok());
     EXPECT_TRUE((*transfer)->Commit(256, static_cast<int32_t>(seed % 1000)).ok());
     return std::move(*transfer);
+  }
+
+  // Moves both clocks: between two sweeps, a gap the receiver did not run through (a stall,
+  // ReceiverOptions::run_clock) when it is longer than the missing-page grace.
+  void Elapse(absl::Duration d) {
+    clock_.Advance(d);
+    run_clock_.Advance(d);
   }
 
   // Drives the sender (if any) and the receiver `rounds` times; no time passes.
@@ -156,6 +164,8 @@ class LoopbackReceiverTest : public ::testing::Test {
 
   // Declared before the receiver, which lands into and reports to them until it is destroyed.
   FakeClock clock_;
+  // Whether the receiver ran (ReceiverOptions::run_clock): moved only by the stall tests.
+  FakeClock run_clock_;
   LoopbackNetwork network_;
   std::vector<std::vector<std::byte>> pool_;
   std::vector<uint64_t> released_;

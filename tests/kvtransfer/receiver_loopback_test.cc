@@ -178,6 +178,48 @@ TEST_F(LoopbackReceiverTest, PageReorderedAfterTheCommitVerifiesWithinTheGrace) 
   EXPECT_TRUE(PagesMatch(1, 0, 4));
 }
 
+// The receiver stopped right after the commit came (SIGSTOP, a paused VM, a starved process):
+// a page still on its way could not land meanwhile, so that time does not count against the
+// grace. Here the first sweep after the stall runs before the page is delivered, as a lane
+// thread may deliver it only after the transfer loop's sweep.
+TEST_F(LoopbackReceiverTest, ReceiverStallDoesNotCountAgainstTheMissingPageGrace) {
+  receive_faults_->AddRule({.action = Action::kDelay, .slot = 1, .delay = absl::Seconds(3)});
+  const Ticket ticket = Expect(1, 5, 0, 4);
+  auto transfer = Send(ticket, 1);
+  Pump(transfer.get());
+  ASSERT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kReceiving);
+  ASSERT_EQ(receive_faults_->held(), 1u);
+  Elapse(absl::Milliseconds(2900));  // Stopped: no sweep, no delivery.
+  Pump(transfer.get());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kReceiving)
+      << receiver_->Outcome(ticket.ticket_id)->status;
+  EXPECT_EQ(receive_faults_->held(), 1u);
+  Elapse(absl::Milliseconds(100));  // Running again: the page comes, inside the grace.
+  Pump(transfer.get());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kVerified)
+      << receiver_->Outcome(ticket.ticket_id)->status;
+  EXPECT_TRUE(PagesMatch(1, 0, 4));
+}
+
+// A stall only pauses the grace: a page that is really missing still fails the request once the
+// receiver has run for the grace after the stall.
+TEST_F(LoopbackReceiverTest, DroppedPageStillGivesMissingErrorAfterAStall) {
+  send_faults_.AddRule({.action = Action::kDrop, .slot = 0});
+  const Ticket ticket = Expect(1, 5, 0, 4);
+  auto transfer = Send(ticket, 1);
+  Pump(transfer.get());
+  Elapse(absl::Seconds(3));
+  Pump(transfer.get());
+  EXPECT_EQ(receiver_->Outcome(ticket.ticket_id)->state, TransferState::kReceiving);
+  for (int step = 0; step < 3; ++step) {
+    Elapse(absl::Milliseconds(70));
+    Pump(transfer.get());
+  }
+  const absl::Status status = receiver_->Outcome(ticket.ticket_id)->status;
+  EXPECT_EQ(GetIsolationError(status), IsolationError::kMissing) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "without slots 0")) << status;
+}
+
 TEST_F(LoopbackReceiverTest, CommitCountingFewerPagesGivesMissingError) {
   const Ticket ticket = Expect(1, 5, 0, 4);
   SendControl({.kind = WireKind::kCommit,
@@ -229,6 +271,41 @@ TEST_F(LoopbackReceiverTest, ExpectRejectsMoreDestinationsThanPages) {
   ReceiveSpec spec{.request_id = 1, .pages = MakeDescriptors(1, 1, kPageBytes)};
   spec.destinations = {pool_[0], pool_[1]};
   EXPECT_EQ(receiver_->Expect(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The default grace covers a lane whose pages come a few hundred milliseconds after the commit:
+// on a loaded 2-core host one lane's pages landed 234-285 ms after it (docs/protocol.md, "Lanes").
+TEST(ReceiverDefaultsTest, APageLanding300MsAfterTheCommitVerifies) {
+  FakeClock clock;
+  LoopbackNetwork network;
+  constexpr uint64_t kBytes = 16 * 1024;
+  std::vector<std::vector<std::byte>> pool(4, std::vector<std::byte>(kBytes));
+  auto faults = std::make_unique<FaultInjectingReceiveTransport>(network.NewReceiveEnd(), clock);
+  faults->AddRule({.action = Action::kDelay, .slot = 1, .delay = absl::Milliseconds(300)});
+  TransferReceiver receiver(std::move(faults), ReceiverOptions{}, clock,
+                            [](uint64_t, uint64_t, const absl::Status&) {});
+  absl::StatusOr<Ticket> ticket = receiver.Expect(SpecOverPool(pool, 1, 5, 0, 4, kBytes));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::vector<std::vector<std::byte>> sources(4, std::vector<std::byte>(kBytes));
+  for (uint32_t slot = 0; slot < 4; ++slot) FillPattern(sources[slot], 1, slot);
+  std::unique_ptr<PageTransport> send_end = network.NewSendEnd();
+  TransferSender sender(*send_end, clock);
+  absl::StatusOr<std::unique_ptr<Transfer>> transfer =
+      sender.Prepare(*ticket, {sources.begin(), sources.end()});
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  ASSERT_TRUE((*transfer)->PostAll().ok());
+  ASSERT_TRUE((*transfer)->Commit(256, 1).ok());
+  for (int step = 0; step <= 6; ++step) {  // 50 ms at a time, the receiver sweeping throughout
+    for (int round = 0; round < 4; ++round) {
+      (*transfer)->Poll().IgnoreError();
+      receiver.Progress();
+    }
+    if (step < 6) clock.Advance(absl::Milliseconds(50));
+  }
+  absl::StatusOr<TransferOutcome> outcome = receiver.Outcome(ticket->ticket_id);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->state, TransferState::kVerified) << outcome->status;
+  for (uint32_t slot = 0; slot < 4; ++slot) EXPECT_TRUE(MatchesPattern(pool[slot], 1, slot));
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ class FaultTest : public ReceiverProcessTest {
     RunUntilLine(*peer, "done");
     TransferOutcome outcome = RunUntilDecided(ticket.ticket_id, absl::Milliseconds(500));
     if (outcome.state == TransferState::kReceiving) {
-      clock_.Advance(absl::Seconds(1));  // Past the missing-page grace after the commit.
+      // Past the missing-page grace after the commit.
+      clock_.Advance(ReceiverOptions{}.missing_grace + absl::Seconds(1));
       outcome = RunUntilDecided(ticket.ticket_id);
     }
     EXPECT_EQ(outcome.state, TransferState::kFailed);
