@@ -42,6 +42,18 @@ inline bool WorkerDown(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// A worker call's status as the router acts on it. A CANCELLED the router did not ask for
+// (`cancelled_by_router` false) came from the worker's server, which refuses every call from the
+// moment it begins to drain (common/grpc_listener.h); a call that crossed its GOAWAY ends so. It
+// reads as UNAVAILABLE: the worker is going down, and the call is retried like one to a worker
+// that is down. Every other status is returned as it is.
+inline grpc::Status RefusedByDrainAsDown(const grpc::Status& status, bool cancelled_by_router) {
+  if (status.error_code() != grpc::StatusCode::CANCELLED || cancelled_by_router) return status;
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      "the worker cancelled the call (it began to shut down): " + status.error_message());
+}
+
 // A status that may stand for a call the worker ran although its answer never arrived (past the
 // deadline, cancelled, connection lost): a Reserve with such a status may hold pages there.
 inline bool AnswerLost(grpc::StatusCode code) {

@@ -283,8 +283,14 @@ TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
   EXPECT_EQ(sink->error.http_status, 400);
 }
 
-TEST_F(RouterServiceTest, UnavailableDecodeWorkerIsRetriedOnTheOther) {
-  decode_[0]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+// A Reserve failing UNAVAILABLE, or CANCELLED although the router cancelled nothing (a decode
+// worker that began to drain refuses a call that crossed its GOAWAY so, common/
+// grpc_listener.h), is a worker going down: retried on the other decode worker.
+class ReserveRetryTest : public RouterServiceTest,
+                         public ::testing::WithParamInterface<grpc::StatusCode> {};
+
+TEST_P(ReserveRetryTest, DecodeWorkerDownIsRetriedOnTheOther) {
+  decode_[0]->reserve_code = GetParam();
   auto service = MakeService(2, PolicyKind::kLeastLoad);
   auto sink = Run(*service, Completion({1, 2}, 3));
   ASSERT_FALSE(sink->failed) << sink->error.message;
@@ -295,6 +301,10 @@ TEST_F(RouterServiceTest, UnavailableDecodeWorkerIsRetriedOnTheOther) {
             std::string::npos)
       << service->MetricsText();
 }
+
+INSTANTIATE_TEST_SUITE_P(UnavailableOrCancelledByTheWorker, ReserveRetryTest,
+                         ::testing::Values(grpc::StatusCode::UNAVAILABLE,
+                                           grpc::StatusCode::CANCELLED));
 
 TEST_F(RouterServiceTest, ErrorEventFailsTheRequestWithTheIsolationError) {
   decode_[0]->fail_with_error_event = true;
@@ -363,14 +373,21 @@ TEST_F(RouterServiceTest, FullPrefillWorkerIsRetriedOnAnotherOne) {
   }));
 }
 
+// UNAVAILABLE, and CANCELLED although the router cancelled nothing (a Prefill that crossed a
+// draining prefill worker's GOAWAY, common/grpc_listener.h), are a worker that is down: 503
+// with no other prefill worker. Other codes are a prefill that failed: 500.
 TEST_F(RouterServiceTest, UnavailablePrefillIs503AndOtherCodesAre500WithTheMessage) {
-  prefill_->prefill_code = grpc::StatusCode::UNAVAILABLE;
   decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
   auto service = MakeService();
-  auto sink = Run(*service, Completion({1, 2}, 3));
-  ASSERT_TRUE(sink->failed);
-  EXPECT_EQ(sink->error.http_status, 503);
-  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  std::shared_ptr<CollectingSink> sink;
+  for (const grpc::StatusCode code : {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED}) {
+    prefill_->prefill_code = code;
+    service->pool().CheckAll();
+    sink = Run(*service, Completion({1, 2}, 3));
+    ASSERT_TRUE(sink->failed);
+    EXPECT_EQ(sink->error.http_status, 503) << code;
+    EXPECT_EQ(sink->error.code, "worker_unavailable") << code;
+  }
   prefill_->prefill_code = grpc::StatusCode::FAILED_PRECONDITION;
   service->pool().CheckAll();
   sink = Run(*service, Completion({1, 2}, 3));
