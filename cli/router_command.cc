@@ -75,9 +75,10 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   // router with that error, never after a "listening" line that a launcher would trust.
   std::unique_ptr<router::GrpcFront> grpc_front;
   if (config.router.grpc_port > 0) {
-    PDSERVE_ASSIGN_OR_RETURN(grpc_front,
-                             router::GrpcFront::Start(config.router.host, config.router.grpc_port,
-                                                      service.get(), front_credentials, api_keys));
+    PDSERVE_ASSIGN_OR_RETURN(
+        grpc_front,
+        router::GrpcFront::Start(config.router.host, config.router.grpc_port, service.get(),
+                                 front_credentials, api_keys, {}, config.grpc));
   }
   std::printf("pdserve router: listening on %s://%s\n",
               config.security.front_tls() ? "https" : "http",

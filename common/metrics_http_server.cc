@@ -3,6 +3,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <future>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -176,6 +177,19 @@ MetricsHttpServer::MetricsHttpServer(std::unique_ptr<Impl> impl) : impl_(std::mo
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
 uint16_t MetricsHttpServer::port() const { return impl_->port; }
+
+void MetricsHttpServer::StopAccepting() {
+  if (impl_->stopped) return;
+  // On the I/O thread, where the pending accept lives; it ends with operation_aborted.
+  std::promise<void> closed;
+  net::post(impl_->io, [impl = impl_.get(), &closed] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+    impl->accept_timer.cancel();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+}
 
 void MetricsHttpServer::Stop() {
   if (impl_->stopped) return;

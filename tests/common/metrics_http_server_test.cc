@@ -1,6 +1,6 @@
 // The workers' metrics endpoint (common/metrics_http_server.h) over a real socket: each path's
-// status, body and content type, methods, unknown paths, keep-alive and a client that sends
-// nothing.
+// status, body and content type, methods, unknown paths, keep-alive, a client that sends
+// nothing, and a drain that frees the port.
 #include "common/metrics_http_server.h"
 
 #include <fcntl.h>
@@ -128,6 +128,23 @@ TEST_F(MetricsHttpServerTest, StopIsIdempotentAndRefusesNewConnections) {
   beast::error_code ec;
   stream_.socket().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
   EXPECT_TRUE(ec) << "connected after Stop";
+}
+
+// A draining worker: the port is free for its replacement at once, and a connection already
+// open is still answered.
+TEST_F(MetricsHttpServerTest, StopAcceptingFreesThePortAndKeepsOpenConnections) {
+  Connect();
+  EXPECT_EQ(Send(http::verb::get, "/health").result_int(), 200);
+  server_->StopAccepting();
+  server_->StopAccepting();
+  MetricsHttpOptions options;
+  options.port = server_->port();
+  auto replacement = MetricsHttpServer::Start(options, {});
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  EXPECT_EQ((*replacement)->port(), server_->port());
+  const auto res = Send(http::verb::get, "/metrics");  // same connection: the old server
+  EXPECT_EQ(res.result_int(), 200);
+  EXPECT_EQ(res.body(), kExposition);
 }
 
 TEST(MetricsHttpServerStartTest, TakenPortIsUnavailable) {
