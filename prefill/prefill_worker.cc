@@ -592,9 +592,14 @@ void PrefillWorker::RememberAborted(uint64_t request_id) {
   }
 }
 
-bool PrefillWorker::Drain(absl::Duration timeout) {
+void PrefillWorker::BeginDrain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
+}
+
+bool PrefillWorker::Drain(absl::Duration timeout) {
+  BeginDrain();
+  absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_.empty(); };
   if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
   spdlog::warn("drain: {} prefills still running after {}; aborting them", active_.size(),

@@ -145,6 +145,7 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   spdlog::info("pdserve {}: signal {}, draining (at most {} ms)", role, received, drain_timeout_ms);
   notifier.Stopping();
   rpc::SetServing(*server, {service_name}, false);
+  if (hooks.draining) hooks.draining();
   // Both ports are free from here on, for a replacement process; the calls in flight go on.
   rpc::ServerDrain drain(server.get());
   if (http) http->StopAccepting();
