@@ -701,8 +701,9 @@ bool RouterService::HandleDone(Request& request, Attempt& attempt,
                  actions);
     return false;
   }
-  if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
-  if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
+  const bool down = !status.ok() && WorkerDown(status.error_code());
+  if (down) attempt.decode->RecordFailure();
+  if ((down || ReservationLost(status, attempt.got_event.load())) && CanRetry(request, attempt)) {
     retries_
         ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout"
                                                                                  : "worker_down"})

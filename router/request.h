@@ -54,6 +54,16 @@ inline grpc::Status RefusedByDrainAsDown(const grpc::Status& status, bool cancel
       "the worker cancelled the call (it began to shut down): " + status.error_message());
 }
 
+// A Generate that ended NOT_FOUND before any event (`got_event` false): the decode worker on
+// that port does not know the reservation (Generate's only NOT_FOUND, docs/protocol.md). The
+// process that granted it is gone: a replacement took the port of one that began to drain (or
+// crashed) between the Reserve and the Generate. Retried like a worker that is down, before the
+// first token and within max_attempts, but not counted against the worker: the process that
+// answered works.
+inline bool ReservationLost(const grpc::Status& status, bool got_event) {
+  return status.error_code() == grpc::StatusCode::NOT_FOUND && !got_event;
+}
+
 // A status that may stand for a call the worker ran although its answer never arrived (past the
 // deadline, cancelled, connection lost): a Reserve with such a status may hold pages there.
 inline bool AnswerLost(grpc::StatusCode code) {

@@ -306,6 +306,40 @@ INSTANTIATE_TEST_SUITE_P(UnavailableOrCancelledByTheWorker, ReserveRetryTest,
                          ::testing::Values(grpc::StatusCode::UNAVAILABLE,
                                            grpc::StatusCode::CANCELLED));
 
+// A Generate answered NOT_FOUND before any event: the decode worker on that port does not know
+// the reservation (a replacement took the port of one that began to drain, between the Reserve
+// and the Generate). Retried before the first token like a worker that is down, here on the
+// same (only) decode worker, whose next Reserve holds.
+TEST_F(RouterServiceTest, AGenerateThatFindsNoReservationIsRetried) {
+  decode_[0]->forget_reservations = 1;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_EQ(sink->finish[0], "length");
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 3; ++i) expected.push_back(FakeToken(42, 0, i, 2));
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  EXPECT_EQ(decode_[0]->reserves.size(), 2u);
+  EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
+            std::string::npos)
+      << service->MetricsText();
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// A decode worker that never finds its reservations is not retried without end: max_attempts
+// (2) Reserves, then 503 with the worker's message.
+TEST_F(RouterServiceTest, AGenerateThatNeverFindsItsReservationFailsAfterMaxAttempts) {
+  decode_[0]->forget_reservations = 1000;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_NE(sink->error.message.find("has no reservation"), std::string::npos)
+      << sink->error.message;
+  EXPECT_EQ(decode_[0]->reserves.size(), 2u);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 TEST_F(RouterServiceTest, ErrorEventFailsTheRequestWithTheIsolationError) {
   decode_[0]->fail_with_error_event = true;
   auto service = MakeService();
