@@ -12,9 +12,11 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -145,6 +147,21 @@ TEST_F(MetricsHttpServerTest, StopAcceptingFreesThePortAndKeepsOpenConnections) 
   const auto res = Send(http::verb::get, "/metrics");  // same connection: the old server
   EXPECT_EQ(res.result_int(), 200);
   EXPECT_EQ(res.body(), kExposition);
+}
+
+// With no connection open, the I/O thread ends once the acceptor is closed: a second
+// StopAccepting (or Stop) returns all the same (it used to wait for that thread forever).
+TEST_F(MetricsHttpServerTest, StopAcceptingTwiceWithNoConnectionOpenReturns) {
+  server_->StopAccepting();
+  // Time for the I/O thread to end, so that the second call finds it gone (the outcome does not
+  // depend on it; without the wait the old code mostly got by).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server_->StopAccepting();
+  MetricsHttpOptions options;
+  options.port = server_->port();
+  auto replacement = MetricsHttpServer::Start(options, {});
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  server_->Stop();
 }
 
 TEST(MetricsHttpServerStartTest, TakenPortIsUnavailable) {
