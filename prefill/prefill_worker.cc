@@ -544,8 +544,11 @@ absl::Status PrefillWorker::Failed(absl::Status status, bool transfer_error, boo
     return status;
   }
   CountFailure(status, aborted);
-  // An abort or cancellation is the router's own doing, not the decode worker's.
-  if (status.code() == absl::StatusCode::kCancelled) return status;
+  // A cancellation this worker was asked for (the router's Abort or cancelled call, or the
+  // drain's abort) is not the decode worker's doing. Any other, e.g. "the decode worker refused
+  // the page", is: marked, so the router neither reads it as this worker's drain nor counts it
+  // against this worker (router/request.h RefusedByDrainAsDown).
+  if (status.code() == absl::StatusCode::kCancelled && aborted) return status;
   return worker::MarkTransferPeerFailure(status);
 }
 

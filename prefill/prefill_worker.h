@@ -224,7 +224,8 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
                                                        std::span<const serving::SampledToken> first,
                                                        const Timing& t);
   // Counts `status` (by its reason when the transfer failed, else "prefill_error") and returns
-  // it, marked as the decode worker's failure unless it was a cancellation.
+  // it, marked as the decode worker's failure unless it was a cancellation this worker was asked
+  // for (`aborted`: an Abort, the call cancelled, or the drain).
   absl::Status Failed(absl::Status status, bool transfer_error, bool aborted);
   // The first tokens of every covered choice from the last position's logits.
   absl::StatusOr<std::vector<serving::SampledToken>> SampleFirst(Admitted& a,

@@ -43,12 +43,17 @@ inline bool WorkerDown(grpc::StatusCode code) {
 }
 
 // A worker call's status as the router acts on it. A CANCELLED the router did not ask for
-// (`cancelled_by_router` false) came from the worker's server, which refuses every call from the
-// moment it begins to drain (common/grpc_listener.h); a call that crossed its GOAWAY ends so. It
-// reads as UNAVAILABLE: the worker is going down, and the call is retried like one to a worker
-// that is down. Every other status is returned as it is.
+// (`cancelled_by_router` false) and without error details came from the worker's server, which
+// refuses every call from the moment it begins to drain (common/grpc_listener.h); a call that
+// crossed its GOAWAY ends so. It reads as UNAVAILABLE: the worker is going down, and the call is
+// retried like one to a worker that is down. Every other status is returned as it is, also a
+// CANCELLED with details: the worker's own handler marked it (worker/transfer_peer.h: a prefill
+// whose pages the decode worker refused; a 500 with its message, counted against no worker).
 inline grpc::Status RefusedByDrainAsDown(const grpc::Status& status, bool cancelled_by_router) {
-  if (status.error_code() != grpc::StatusCode::CANCELLED || cancelled_by_router) return status;
+  if (status.error_code() != grpc::StatusCode::CANCELLED || cancelled_by_router ||
+      !status.error_details().empty()) {
+    return status;
+  }
   return grpc::Status(
       grpc::StatusCode::UNAVAILABLE,
       "the worker cancelled the call (it began to shut down): " + status.error_message());

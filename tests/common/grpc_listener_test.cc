@@ -283,5 +283,25 @@ TEST(ConnectionLimitsTest, AnIdleConnectionIsClosedAndABusyOneIsNot) {
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
+// Past max_connection_age and its grace the connection closes under a call still open: the
+// client's call ends UNAVAILABLE (what the router reads as a worker that is down,
+// router/request.h WorkerDown), the server's is cancelled.
+TEST(ConnectionLimitsTest, TheAgeGraceCutsACallStillOpen) {
+  HealthService held("held", /*hold=*/true);
+  config::GrpcConfig limits;
+  limits.max_connection_age_ms = 1000;
+  limits.max_connection_age_grace_ms = 1000;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(&held, 0, limits, &port);
+  ASSERT_NE(server, nullptr);
+  PendingCall call(Connect(port));
+  ASSERT_TRUE(held.WaitForCall());
+  ASSERT_TRUE(call.Wait());
+  EXPECT_EQ(call.status().error_code(), grpc::StatusCode::UNAVAILABLE)
+      << call.status().error_message();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  EXPECT_EQ(held.cancelled(), 1);
+}
+
 }  // namespace
 }  // namespace pdserve::rpc

@@ -641,6 +641,9 @@ TEST(PdFaultTest, PulledPagesOfACancelledGenerateAreRefusedAndFreedAtOnce) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "refused the page"))
       << status.error_message();
+  // The decode worker's doing, not a cancellation the prefill worker was asked for: marked, so
+  // the router counts it against the decode worker (router/request.h RefusedByDrainAsDown).
+  EXPECT_EQ(status.error_details(), worker::kTransferPeerFailed);
 }
 
 // An Abort that overtakes its Reserve (the router aborts a choice whose Reserve is still on the

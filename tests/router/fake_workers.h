@@ -274,9 +274,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
 class FakePrefill final : public worker::v1::PrefillWorker::Service {
  public:
   grpc::StatusCode prefill_code = grpc::StatusCode::OK;
-  // The first `fail_first` Prefill calls fail with UNAVAILABLE and error details `fail_details`
+  // The first `fail_first` Prefill calls fail with `fail_code` and error details `fail_details`
   // (worker/transfer_peer.h's marker: the transfer to the decode worker failed).
   int fail_first = 0;
+  grpc::StatusCode fail_code = grpc::StatusCode::UNAVAILABLE;
   std::string fail_details;
   int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events), or
                      // CANCELLED as soon as its call is cancelled
@@ -305,7 +306,7 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     prefills.push_back(*request);
     if (fail_first > 0) {
       --fail_first;
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake transfer failure", fail_details);
+      return grpc::Status(fail_code, "fake transfer failure", fail_details);
     }
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
     if (accepted_ticket_fingerprint != 0 &&

@@ -535,6 +535,29 @@ TEST_F(RouterServiceTest, TransferFailureOnEveryTryIs503NamingTheDecodeWorker) {
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+// A Prefill that ends CANCELLED with the transfer's marker: the decode worker refused the pages
+// (prefill/prefill_worker.cc marks a CANCELLED it did not cause). Not a prefill worker that
+// drains (RefusedByDrainAsDown leaves a marked status alone), so not counted against it: 500
+// with the worker's message and no retry, as for other codes that are not a worker down; three
+// in a row leave the only prefill worker up (breaker_failures 3).
+TEST_F(RouterServiceTest, PagesTheDecodeWorkerRefusedDoNotCountAgainstThePrefillWorker) {
+  auto service = MakeService();
+  const frontend::ApiRequest req = FailTransfers(*prefill_, 1000, Completion({1, 2}, 2));
+  prefill_->fail_code = grpc::StatusCode::CANCELLED;
+  for (int i = 0; i < 3; ++i) {
+    auto sink = Run(*service, req);
+    ASSERT_TRUE(sink->failed);
+    EXPECT_EQ(sink->error.http_status, 500);
+    EXPECT_EQ(sink->error.message, "prefill worker p0: fake transfer failure");
+  }
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  {
+    absl::MutexLock lock(&prefill_->mu);
+    EXPECT_EQ(prefill_->prefills.size(), 3u);  // no retries
+  }
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 TEST_F(RouterServiceTest, PrefillOnTheOnlyPrefillWorkerMarkedDownIs503AtOnce) {
   prefill_->delay_ms = 60000;
   decode_[0]->token_delay_ms = 3000;  // no Generate event before the commit
