@@ -48,6 +48,9 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   PDSERVE_ASSIGN_OR_RETURN(config::DeployConfig config, config::LoadDeployConfig(options.config));
+  if (const std::string idle = config::IdleChannelWarning(config); !idle.empty()) {
+    std::fprintf(stderr, "pdserve router: warning: %s\n", idle.c_str());
+  }
   PDSERVE_ASSIGN_OR_RETURN(router::RouterOptions router_options, router::OptionsFromConfig(config));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<router::RouterService> service,
                            router::RouterService::Create(router_options));

@@ -683,6 +683,15 @@ absl::Status CheckModelPath(const DeployConfig& config) {
           : ""));
 }
 
+std::string IdleChannelWarning(const DeployConfig& config) {
+  const int idle_ms = config.grpc.max_connection_idle_ms;
+  if (idle_ms == 0 || config.router.health_interval_ms < idle_ms) return "";
+  return absl::StrCat("router.health_interval_ms ", config.router.health_interval_ms,
+                      " is not below grpc.max_connection_idle_ms ", idle_ms,
+                      ": the workers close the router's idle connections between two health "
+                      "checks, and the next call to each worker connects again first");
+}
+
 std::string EffectiveCudaIpc(const DeployConfig& config) {
   if (config.transfer_cuda_ipc != "auto") return config.transfer_cuda_ipc;
   auto one_gpu_cuda = [](const std::vector<WorkerConfig>& workers) {

@@ -258,6 +258,14 @@ absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path);
 // on it; `pdserve validate-config` warns (the file may be checked where the model is not).
 absl::Status CheckModelPath(const DeployConfig& config);
 
+// Empty when the router's health checks keep its channels to the workers connected: a check
+// goes to each worker every router.health_interval_ms, and a worker closes a connection that
+// carried no call for grpc.max_connection_idle_ms (0: never). Else a warning naming both: each
+// channel then goes idle between two checks, and the next call on it (a check, a request's
+// Reserve) first connects again. Not an error: such calls still work, a connection's set-up
+// later. `pdserve validate-config` and `pdserve router` print it.
+std::string IdleChannelWarning(const DeployConfig& config);
+
 // transfer.cuda_ipc_arena_tokens, 0 read as kDefaultCudaIpcArenaTokens (each worker then takes
 // the smaller of it and its model's context: runtime::CudaIpcRequestTokens).
 inline int64_t CudaIpcArenaTokens(const DeployConfig& config) {

@@ -154,6 +154,26 @@ TEST(DeployConfigTest, GrpcConnectionLimits) {
                  "grpc.max_connection_idle_ms");
 }
 
+// The router's health checks keep its channels to the workers connected only while they come
+// more often than the workers' idle limit: a warning otherwise, never an error.
+TEST(DeployConfigTest, HealthChecksSlowerThanTheIdleLimitAreWarnedAbout) {
+  EXPECT_EQ(IdleChannelWarning(ParseDeployConfig(kValid, "t.yaml").config), "");
+  DeployConfig c = ParseDeployConfig(kValid, "t.yaml").config;
+  c.router.health_interval_ms = 59999;
+  EXPECT_EQ(IdleChannelWarning(c), "");
+  c.router.health_interval_ms = 60000;
+  EXPECT_EQ(IdleChannelWarning(c),
+            "router.health_interval_ms 60000 is not below grpc.max_connection_idle_ms 60000: the "
+            "workers close the router's idle connections between two health checks, and the next "
+            "call to each worker connects again first");
+  c.grpc.max_connection_idle_ms = 0;  // no idle limit
+  EXPECT_EQ(IdleChannelWarning(c), "");
+  const ParsedDeployConfig parsed = ParseDeployConfig(
+      std::string(kValid) + "grpc:\n  max_connection_idle_ms: 1000\n", "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  EXPECT_NE(IdleChannelWarning(parsed.config), "");  // health_interval_ms 1000 by default
+}
+
 TEST(DeployConfigTest, BadGrpcConnectionLimitsAreRefused) {
   const std::tuple<std::string, std::string, std::string> cases[] = {
       {"handshake_timeout_ms", "0", "must be an integer in [1000, 600000]"},
