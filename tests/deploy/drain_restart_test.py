@@ -6,7 +6,8 @@ A real `pdserve decode` (deploy/local.yaml's decode-0 on free ports, no router, 
 worker) gets a Reserve and a Generate stream that waits for a transfer that never comes: a
 request in flight. On SIGTERM it drains (up to --drain-timeout-ms); meanwhile a second `pdserve
 decode` on the same gRPC and metrics ports must start, answer Health as SERVING on a new
-connection (the draining one says DRAINING), and the first one's Generate stream must still end
+connection (which the draining one, no longer listening, never sees), and the first one's
+Generate stream must still end
 with its final event, not a cut stream: here the lease's (transfer.lease_ms, 30 s in the config:
 no prefill worker sends the pages), which the draining worker still runs; then the first one
 exits 0. Messages are built from the worker's own server
