@@ -124,6 +124,7 @@ absl::Status RunDecode(const DecodeFlags& flags) {
   hooks.metrics_text = [w] { return w->MetricsText(); };
   hooks.healthy = [] { return true; };
   hooks.loops = {&w->progress()};
+  hooks.draining = [w] { w->BeginDrain(); };
   hooks.stopping = [w](absl::Duration timeout) { w->Drain(timeout); };
   absl::Status status = worker::RunWorker(entry, "decode", service.get(),
                                           pdserve::worker::v1::DecodeWorker::service_full_name(),

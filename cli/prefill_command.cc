@@ -91,6 +91,7 @@ absl::Status RunPrefill(const worker::WorkerFlags& flags, int64_t max_waiting) {
   hooks.metrics_text = [w] { return w->MetricsText(); };
   hooks.healthy = [] { return true; };
   hooks.loops = {&w->progress()};
+  hooks.draining = [w] { w->BeginDrain(); };
   hooks.stopping = [w](absl::Duration timeout) { w->Drain(timeout); };
   return worker::RunWorker(entry, "prefill", service.get(),
                            pdserve::worker::v1::PrefillWorker::service_full_name(), hooks,

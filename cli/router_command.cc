@@ -48,6 +48,9 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   PDSERVE_ASSIGN_OR_RETURN(config::DeployConfig config, config::LoadDeployConfig(options.config));
+  if (const std::string idle = config::IdleChannelWarning(config); !idle.empty()) {
+    std::fprintf(stderr, "pdserve router: warning: %s\n", idle.c_str());
+  }
   PDSERVE_ASSIGN_OR_RETURN(router::RouterOptions router_options, router::OptionsFromConfig(config));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<router::RouterService> service,
                            router::RouterService::Create(router_options));
@@ -75,9 +78,10 @@ absl::Status RunRouter(const RouterCommandOptions& options) {
   // router with that error, never after a "listening" line that a launcher would trust.
   std::unique_ptr<router::GrpcFront> grpc_front;
   if (config.router.grpc_port > 0) {
-    PDSERVE_ASSIGN_OR_RETURN(grpc_front,
-                             router::GrpcFront::Start(config.router.host, config.router.grpc_port,
-                                                      service.get(), front_credentials, api_keys));
+    PDSERVE_ASSIGN_OR_RETURN(
+        grpc_front,
+        router::GrpcFront::Start(config.router.host, config.router.grpc_port, service.get(),
+                                 front_credentials, api_keys, {}, config.grpc));
   }
   std::printf("pdserve router: listening on %s://%s\n",
               config.security.front_tls() ? "https" : "http",

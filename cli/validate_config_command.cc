@@ -2,8 +2,9 @@
 //
 // Prints "FILE: ok (...)" per valid file on stdout, and every error of an invalid one on stderr
 // as "file:line:column: key: message", and a warning on stderr when a valid file's model path has
-// no config.json from the current directory or its transfer.lease_ms is below
-// config::kLeaseWarnBelowMs. Exit status 0 when all files are valid, 1 otherwise.
+// no config.json from the current directory, its transfer.lease_ms is below
+// config::kLeaseWarnBelowMs, or config::IdleChannelWarning has one. Exit status 0 when all files
+// are valid, 1 otherwise.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -39,6 +40,9 @@ int RunValidate(const std::vector<std::string>& files) {
                    "queued request after half the lease (429 prefill_busy), so one prefill that "
                    "takes longer than %d ms refuses the request behind it\n",
                    file.c_str(), c.lease_ms, config::kLeaseWarnBelowMs, c.lease_ms / 2);
+    }
+    if (const std::string idle = config::IdleChannelWarning(c); !idle.empty()) {
+      std::fprintf(stderr, "%s: warning: %s\n", file.c_str(), idle.c_str());
     }
     std::printf("%s: ok (%s: %zu prefill, %zu decode workers, model %s)\n", file.c_str(),
                 c.name.c_str(), c.prefill.size(), c.decode.size(), c.model_path.c_str());

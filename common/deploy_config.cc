@@ -178,6 +178,25 @@ class Reader {
     *out = static_cast<T>(value);
   }
 
+  // An integer that is 0 (no limit) or in [min, max].
+  void LimitMs(const YAML::Node& map, const std::string& path, const std::string& key, int min,
+               int max, int* out) {
+    const YAML::Node v = Field(map, path, key, false);
+    if (v.IsNull()) return;
+    const std::string allowed =
+        absl::StrCat("must be 0 (no limit) or an integer in [", min, ", ", max, "]");
+    if (Quoted(v)) {
+      return Error(v, Join(path, key),
+                   absl::StrCat(allowed, ", not a quoted string (leave out the quotes)"));
+    }
+    int value = 0;
+    if (!v.IsScalar() || !absl::SimpleAtoi(v.Scalar(), &value) || value < 0 || value > max ||
+        (value != 0 && value < min)) {
+      return Error(v, Join(path, key), allowed);
+    }
+    *out = value;
+  }
+
   void Double(const YAML::Node& map, const std::string& path, const std::string& key, double min,
               double max, double* out) {
     const YAML::Node v = Field(map, path, key, false);
@@ -344,6 +363,27 @@ void ReadGuards(Reader& r, const YAML::Node& node, GuardsConfig* g) {
     } else {
       g->reference_kernels.push_back(kernels[i].Scalar());
     }
+  }
+}
+
+// grpc: the connection limits of every gRPC listener (GrpcConfig).
+void ReadGrpc(Reader& r, const YAML::Node& node, GrpcConfig* g) {
+  if (!r.Map(node, "grpc",
+             {"handshake_timeout_ms", "max_connection_idle_ms", "max_connection_age_ms",
+              "max_connection_age_grace_ms"})) {
+    return;
+  }
+  r.Int(node, "grpc", "handshake_timeout_ms", false, kMinGrpcLimitMs, kMaxGrpcHandshakeMs,
+        &g->handshake_timeout_ms);
+  r.LimitMs(node, "grpc", "max_connection_idle_ms", kMinGrpcLimitMs, kMaxGrpcLimitMs,
+            &g->max_connection_idle_ms);
+  r.LimitMs(node, "grpc", "max_connection_age_ms", kMinGrpcLimitMs, kMaxGrpcLimitMs,
+            &g->max_connection_age_ms);
+  r.LimitMs(node, "grpc", "max_connection_age_grace_ms", kMinGrpcLimitMs, kMaxGrpcLimitMs,
+            &g->max_connection_age_grace_ms);
+  if (g->max_connection_age_grace_ms != 0 && g->max_connection_age_ms == 0) {
+    r.Error(node["max_connection_age_grace_ms"], "grpc.max_connection_age_grace_ms",
+            "needs grpc.max_connection_age_ms (the grace follows a connection's maximum age)");
   }
 }
 
@@ -557,7 +597,7 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   DeployConfig& c = out.config;
   if (!r.Map(root, "",
              {"name", "model", "router", "prefill", "decode", "transfer", "guards", "security",
-              "share_gpus"})) {
+              "grpc", "share_gpus"})) {
     return out;
   }
   r.String(root, "", "name", true, &c.name);
@@ -591,6 +631,8 @@ ParsedDeployConfig ParseDeployConfig(absl::string_view yaml, const std::string& 
   if (!guards.IsNull()) ReadGuards(r, guards, &c.guards);
   const YAML::Node security = r.Field(root, "", "security", false);
   if (!security.IsNull()) ReadSecurity(r, security, &c.security);
+  const YAML::Node grpc = r.Field(root, "", "grpc", false);
+  if (!grpc.IsNull()) ReadGrpc(r, grpc, &c.grpc);
   r.Bool(root, "", "share_gpus", &c.share_gpus);
   CheckCrossFields(r, c, root, worker_nodes);
   CheckCudaIpc(r, c, transfer);
@@ -639,6 +681,15 @@ absl::Status CheckModelPath(const DeployConfig& config) {
           ? " (a relative model.path is resolved against it: run from the directory it is relative "
             "to, e.g. the repository root, or make it absolute)"
           : ""));
+}
+
+std::string IdleChannelWarning(const DeployConfig& config) {
+  const int idle_ms = config.grpc.max_connection_idle_ms;
+  if (idle_ms == 0 || config.router.health_interval_ms < idle_ms) return "";
+  return absl::StrCat("router.health_interval_ms ", config.router.health_interval_ms,
+                      " is not below grpc.max_connection_idle_ms ", idle_ms,
+                      ": the workers close the router's idle connections between two health "
+                      "checks, and the next call to each worker connects again first");
 }
 
 std::string EffectiveCudaIpc(const DeployConfig& config) {

@@ -23,6 +23,8 @@
 //   key_file}}
 //     (all optional; docs/security.md): API keys on the router's HTTP and gRPC fronts, TLS on
 //     those fronts, and mutual TLS between the router and the workers' gRPC.
+//   grpc: {handshake_timeout_ms, max_connection_idle_ms, max_connection_age_ms,
+//          max_connection_age_grace_ms} (GrpcConfig: every gRPC listener's connection limits)
 //   share_gpus: bool (default false): workers of a host may name the same GPU (a one-GPU trial of
 //     prefill and decode on the CUDA engine; each worker holds its own weights and state there)
 //   guards: {degeneration_action: flag | stop, paranoid: bool, canary_every: int >= 0,
@@ -110,6 +112,29 @@ struct RouterConfig {
   // during its request does not cancel it (docs/operations.md, "Half-closed clients").
   bool allow_half_close = false;
 };
+
+// Connection limits of every gRPC listener of the deployment: the router's front and each
+// worker's server (rpc::ApplyConnectionLimits; docs/operations.md, "Idle gRPC connections").
+// Milliseconds. In the max_* fields 0 means no limit; any other value is in
+// [kMinGrpcLimitMs, kMaxGrpcLimitMs].
+struct GrpcConfig {
+  // A connection that has not finished its handshake (TLS where configured, and the client's
+  // HTTP/2 settings) by then is closed; gRPC's own default is 120000. In [kMinGrpcLimitMs,
+  // kMaxGrpcHandshakeMs].
+  int handshake_timeout_ms = 10000;
+  // A connection with no call for this long gets GOAWAY and is closed (clients reconnect for
+  // their next call). HTTP/2 pings do not count as calls.
+  int max_connection_idle_ms = 60000;
+  // A connection this old gets GOAWAY (no new calls on it; those in flight go on). 0: none.
+  int max_connection_age_ms = 0;
+  // After max_connection_age_ms: how long calls in flight may go on before the connection is
+  // closed under them. 0: until they end. Only with max_connection_age_ms.
+  int max_connection_age_grace_ms = 0;
+};
+
+inline constexpr int kMinGrpcLimitMs = 1000;
+inline constexpr int kMaxGrpcLimitMs = 86400000;  // a day
+inline constexpr int kMaxGrpcHandshakeMs = 600000;
 
 struct GuardsConfig {
   std::string degeneration_action = "flag";
@@ -203,6 +228,7 @@ struct DeployConfig {
   int64_t transfer_cuda_ipc_arena_tokens = 0;
   GuardsConfig guards;
   SecurityConfig security;
+  GrpcConfig grpc;
   bool share_gpus = false;
 };
 
@@ -231,6 +257,14 @@ absl::StatusOr<DeployConfig> LoadDeployConfig(const std::string& path);
 // FailedPrecondition naming the path and the working directory. `pdserve up` refuses to start
 // on it; `pdserve validate-config` warns (the file may be checked where the model is not).
 absl::Status CheckModelPath(const DeployConfig& config);
+
+// Empty when the router's health checks keep its channels to the workers connected: a check
+// goes to each worker every router.health_interval_ms, and a worker closes a connection that
+// carried no call for grpc.max_connection_idle_ms (0: never). Else a warning naming both: each
+// channel then goes idle between two checks, and the next call on it (a check, a request's
+// Reserve) first connects again. Not an error: such calls still work, a connection's set-up
+// later. `pdserve validate-config` and `pdserve router` print it.
+std::string IdleChannelWarning(const DeployConfig& config);
 
 // transfer.cuda_ipc_arena_tokens, 0 read as kDefaultCudaIpcArenaTokens (each worker then takes
 // the smaller of it and its model's context: runtime::CudaIpcRequestTokens).

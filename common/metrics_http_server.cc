@@ -3,6 +3,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <future>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -109,6 +110,9 @@ struct MetricsHttpServer::Impl {
   net::steady_timer accept_timer{io};
   std::thread thread;
   uint16_t port = 0;
+  // The controlling thread's: once the acceptor is closed, io.run() returns as soon as no
+  // connection is left, so a second close must not post to it (nobody would run it).
+  bool accepting = true;
   bool stopped = false;
 
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
@@ -176,6 +180,20 @@ MetricsHttpServer::MetricsHttpServer(std::unique_ptr<Impl> impl) : impl_(std::mo
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
 uint16_t MetricsHttpServer::port() const { return impl_->port; }
+
+void MetricsHttpServer::StopAccepting() {
+  if (impl_->stopped || !impl_->accepting) return;
+  impl_->accepting = false;
+  // On the I/O thread, where the pending accept lives; it ends with operation_aborted.
+  std::promise<void> closed;
+  net::post(impl_->io, [impl = impl_.get(), &closed] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+    impl->accept_timer.cancel();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+}
 
 void MetricsHttpServer::Stop() {
   if (impl_->stopped) return;

@@ -8,8 +8,8 @@
 // One I/O thread; a request is read whole (at most 64 KiB of headers and body) within
 // `request_timeout`, else the connection closes, so a slow or silent client holds nothing.
 //
-// Thread-safety: Start() and Stop() from one controlling thread; the handlers are called from the
-// I/O thread and must be thread-safe.
+// Thread-safety: Start(), StopAccepting() and Stop() from one controlling thread; the handlers are
+// called from the I/O thread and must be thread-safe.
 #pragma once
 
 #include <chrono>
@@ -46,6 +46,9 @@ class MetricsHttpServer {
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
   uint16_t port() const;
+  // Closes the listening socket (a draining process: the port is free for its replacement when
+  // this returns); connections already open are still served until Stop(). Idempotent.
+  void StopAccepting();
   // Stops accepting, closes every connection and joins the I/O thread. Idempotent.
   void Stop();
 

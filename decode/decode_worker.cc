@@ -236,7 +236,7 @@ void DecodeWorker::Stop() {
 }
 
 bool DecodeWorker::Drain(absl::Duration timeout) {
-  draining_ = true;
+  BeginDrain();
   std::vector<uint64_t> tickets;
   {
     absl::MutexLock lock(&mu_);

@@ -166,8 +166,11 @@ class DecodeWorker final : public pdserve::worker::v1::DecodeWorker::Service {
   std::string MetricsText() const;
   // The decode loop's heartbeat (a step, or an idle wait of at most 20 ms): the systemd watchdog.
   const ProgressHeartbeat& progress() const { return progress_; }
-  // Turns DRAINING (Health says STATE_DRAINING; Reserve answers UNAVAILABLE) and waits up to
-  // `timeout` for every reserved request to finish and its stream to end. Requests still open
+  // Turns DRAINING: Health says STATE_DRAINING, Reserve answers UNAVAILABLE from here on (a
+  // Reserve already past that check still completes). Idempotent; thread-safe.
+  void BeginDrain() { draining_ = true; }
+  // BeginDrain, then waits up to `timeout` for every reserved request to finish and its stream
+  // to end. Requests still open
   // then end with a final event finish_reason "abort", error_message "worker shutting down"
   // (never a silent cut); waits at most 2 s more for their streams to take it. Returns whether
   // every request finished by itself.

@@ -544,8 +544,11 @@ absl::Status PrefillWorker::Failed(absl::Status status, bool transfer_error, boo
     return status;
   }
   CountFailure(status, aborted);
-  // An abort or cancellation is the router's own doing, not the decode worker's.
-  if (status.code() == absl::StatusCode::kCancelled) return status;
+  // A cancellation this worker was asked for (the router's Abort or cancelled call, or the
+  // drain's abort) is not the decode worker's doing. Any other, e.g. "the decode worker refused
+  // the page", is: marked, so the router neither reads it as this worker's drain nor counts it
+  // against this worker (router/request.h RefusedByDrainAsDown).
+  if (status.code() == absl::StatusCode::kCancelled && aborted) return status;
   return worker::MarkTransferPeerFailure(status);
 }
 
@@ -592,9 +595,14 @@ void PrefillWorker::RememberAborted(uint64_t request_id) {
   }
 }
 
-bool PrefillWorker::Drain(absl::Duration timeout) {
+void PrefillWorker::BeginDrain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
+}
+
+bool PrefillWorker::Drain(absl::Duration timeout) {
+  BeginDrain();
+  absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_.empty(); };
   if (mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) return true;
   spdlog::warn("drain: {} prefills still running after {}; aborting them", active_.size(),

@@ -137,9 +137,12 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
   // The running prefill's heartbeat (each chunk, layer posted and transfer poll; idle while no
   // prefill runs): the systemd watchdog.
   const ProgressHeartbeat& progress() const { return progress_; }
-  // Starts refusing new prefills (UNAVAILABLE; Health says DRAINING), waits up to `timeout` for
-  // running and queued prefills to finish, then aborts the rest (their transfers fence) and waits
-  // at most 5 s more for them to stop. Returns whether every prefill finished by itself.
+  // Starts refusing new prefills (UNAVAILABLE; Health says DRAINING): every Prefill that
+  // arrives after this returns is refused. Idempotent; thread-safe.
+  void BeginDrain() ABSL_LOCKS_EXCLUDED(mu_);
+  // BeginDrain, then waits up to `timeout` for running and queued prefills to finish, then
+  // aborts the rest (their transfers fence) and waits at most 5 s more for them to stop.
+  // Returns whether every prefill finished by itself.
   bool Drain(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -221,7 +224,8 @@ class PrefillWorker final : public pdserve::worker::v1::PrefillWorker::Service {
                                                        std::span<const serving::SampledToken> first,
                                                        const Timing& t);
   // Counts `status` (by its reason when the transfer failed, else "prefill_error") and returns
-  // it, marked as the decode worker's failure unless it was a cancellation.
+  // it, marked as the decode worker's failure unless it was a cancellation this worker was asked
+  // for (`aborted`: an Abort, the call cancelled, or the drain).
   absl::Status Failed(absl::Status status, bool transfer_error, bool aborted);
   // The first tokens of every covered choice from the last position's logits.
   absl::StatusOr<std::vector<serving::SampledToken>> SampleFirst(Admitted& a,

@@ -323,7 +323,11 @@ void RouterService::OnReserved(const std::shared_ptr<Request>& request,
 }
 
 RouterService::Retry RouterService::ReserveFailed(Request& request, Attempt& attempt,
-                                                  const grpc::Status& status, Actions* actions) {
+                                                  const grpc::Status& reserve_status,
+                                                  Actions* actions) {
+  const grpc::Status status =
+      RefusedByDrainAsDown(reserve_status, attempt.state == AttemptState::kAborted ||
+                                               request.ended || request.cancelled.load());
   if (WorkerDown(status.error_code())) attempt.decode->RecordFailure();
   ReleaseAttempt(attempt, true, true, /*reserved=*/false, attempt.count);
   if (AnswerLost(status.error_code()) && attempt.state != AttemptState::kAborted) {
@@ -494,7 +498,7 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
       const grpc::Status failure =
           on_down ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "the health checker marked the worker down while it prefilled")
-                  : status;
+                  : RefusedByDrainAsDown(status, request->ended || request->cancelled.load());
       const grpc::StatusCode code = failure.error_code();
       // The prefill ran but its transfer to the decode worker failed (that worker gone or
       // failing, worker/transfer_peer.h): counted against the decode worker and retried with
@@ -678,9 +682,10 @@ void RouterService::OnGenerateDone(Request& request, Attempt& attempt, const grp
   if (retry) Dispatch(request.shared_from_this(), GroupChoice(attempt), -1, attempt.decode_index);
 }
 
-bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::Status& status,
-                               Actions* actions) {
+bool RouterService::HandleDone(Request& request, Attempt& attempt,
+                               const grpc::Status& generate_status, Actions* actions) {
   if (attempt.over() || request.ended) return false;
+  const grpc::Status status = RefusedByDrainAsDown(generate_status, request.cancelled.load());
   if (attempt.stalled_on_down.load()) {
     if (CanRetry(request, attempt)) {
       retries_->WithLabels({"worker_down"}).Increment();
@@ -696,8 +701,9 @@ bool RouterService::HandleDone(Request& request, Attempt& attempt, const grpc::S
                  actions);
     return false;
   }
-  if (!status.ok() && WorkerDown(status.error_code())) attempt.decode->RecordFailure();
-  if (!status.ok() && WorkerDown(status.error_code()) && CanRetry(request, attempt)) {
+  const bool down = !status.ok() && WorkerDown(status.error_code());
+  if (down) attempt.decode->RecordFailure();
+  if ((down || ReservationLost(status, attempt.got_event.load())) && CanRetry(request, attempt)) {
     retries_
         ->WithLabels({status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "timeout"
                                                                                  : "worker_down"})

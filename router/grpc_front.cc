@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/api_keys.h"
 #include "common/grpc_discovery.h"
+#include "common/grpc_listener.h"
 #include "common/host_port.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
@@ -405,18 +406,19 @@ class GrpcFront::Impl {
   GenerationImpl generation;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<rpc::ServingFollower> health;  // stopped before the server
+  std::unique_ptr<rpc::ServerDrain> drain;       // from StopServing on
 };
 
 absl::StatusOr<std::unique_ptr<GrpcFront>> GrpcFront::Start(
     const std::string& host, int port, frontend::GenerationService* service,
     std::shared_ptr<grpc::ServerCredentials> credentials,
-    std::shared_ptr<const common::ApiKeys> api_keys, GrpcStreamOptions stream) {
+    std::shared_ptr<const common::ApiKeys> api_keys, GrpcStreamOptions stream,
+    const config::GrpcConfig& limits) {
   std::unique_ptr<GrpcFront> front(new GrpcFront());
   front->impl_ = std::make_unique<Impl>(service, std::move(api_keys), stream);
   rpc::EnableGrpcDiscovery();
   grpc::ServerBuilder builder;
-  // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  rpc::ApplyConnectionLimits(limits, builder);
   builder.AddListeningPort(common::HostPort(host, port),
                            credentials ? credentials : grpc::InsecureServerCredentials(),
                            &front->port_);
@@ -438,8 +440,13 @@ GrpcFront::~GrpcFront() { Stop(); }
 void GrpcFront::StopServing() {
   if (!impl_) return;
   if (impl_->health) impl_->health->Stop();
-  absl::MutexLock lock(&impl_->live.mu);
-  impl_->live.draining = true;
+  {
+    absl::MutexLock lock(&impl_->live.mu);
+    impl_->live.draining = true;
+  }
+  if (impl_->server && !impl_->drain) {
+    impl_->drain = std::make_unique<rpc::ServerDrain>(impl_->server.get());
+  }
 }
 
 void GrpcFront::Drain(std::chrono::milliseconds grace) {
@@ -468,7 +475,8 @@ void GrpcFront::Drain(std::chrono::milliseconds grace) {
 void GrpcFront::Stop() {
   StopServing();
   if (impl_ && impl_->server) {
-    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    impl_->drain->Finish(absl::Seconds(1));
+    impl_->drain.reset();
     impl_->server.reset();
   }
 }

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/api_keys.h"
+#include "common/deploy_config.h"
 #include "frontend/api_request.h"
 #include "frontend/generation_service.h"
 #include "grpcpp/security/server_credentials.h"
@@ -41,17 +42,22 @@ struct GrpcStreamOptions {
 class GrpcFront {
  public:
   // Serves on host:port (0: a free port, see port()) with `credentials` (null: insecure; TLS
-  // under security.tls). With `api_keys`, every call needs `authorization: Bearer <key>`
-  // metadata naming one of them, else UNAUTHENTICATED before anything runs.
+  // under security.tls) and the deployment's connection `limits` (common/grpc_listener.h). With
+  // `api_keys`, every call needs `authorization: Bearer <key>` metadata naming one of them, else
+  // UNAUTHENTICATED before anything runs.
   // Errors: Unavailable when it cannot bind. REQUIRES: `service` outlives the front.
   static absl::StatusOr<std::unique_ptr<GrpcFront>> Start(
       const std::string& host, int port, frontend::GenerationService* service,
       std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
-      std::shared_ptr<const common::ApiKeys> api_keys = nullptr, GrpcStreamOptions stream = {});
+      std::shared_ptr<const common::ApiKeys> api_keys = nullptr, GrpcStreamOptions stream = {},
+      const config::GrpcConfig& limits = {});
   ~GrpcFront();
   int port() const { return port_; }
-  // grpc.health.v1 says NOT_SERVING from now on (the router is draining) and new Generate calls
-  // are refused (UNAVAILABLE, code "shutting_down" in the error JSON); calls in flight still run.
+  // The router is draining: grpc.health.v1 says NOT_SERVING, the listener closes (another
+  // process may bind the port when this returns) and every connection gets GOAWAY, so clients
+  // send new calls on a new connection (to whoever listens then; refused while nobody does).
+  // A Generate call that reached the front anyway is refused with UNAVAILABLE, code
+  // "shutting_down" in the error JSON. Calls in flight still run.
   void StopServing();
   // StopServing, then waits up to `grace` for the calls in flight to end; those still running
   // then end with UNAVAILABLE "shutting_down" after the message being written (the HTTP front's

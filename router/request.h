@@ -42,6 +42,33 @@ inline bool WorkerDown(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// A worker call's status as the router acts on it. A CANCELLED the router did not ask for
+// (`cancelled_by_router` false) and without error details came from the worker's server, which
+// refuses every call from the moment it begins to drain (common/grpc_listener.h); a call that
+// crossed its GOAWAY ends so. It reads as UNAVAILABLE: the worker is going down, and the call is
+// retried like one to a worker that is down. Every other status is returned as it is, also a
+// CANCELLED with details: the worker's own handler marked it (worker/transfer_peer.h: a prefill
+// whose pages the decode worker refused; a 500 with its message, counted against no worker).
+inline grpc::Status RefusedByDrainAsDown(const grpc::Status& status, bool cancelled_by_router) {
+  if (status.error_code() != grpc::StatusCode::CANCELLED || cancelled_by_router ||
+      !status.error_details().empty()) {
+    return status;
+  }
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      "the worker cancelled the call (it began to shut down): " + status.error_message());
+}
+
+// A Generate that ended NOT_FOUND before any event (`got_event` false): the decode worker on
+// that port does not know the reservation (Generate's only NOT_FOUND, docs/protocol.md). The
+// process that granted it is gone: a replacement took the port of one that began to drain (or
+// crashed) between the Reserve and the Generate. Retried like a worker that is down, before the
+// first token and within max_attempts, but not counted against the worker: the process that
+// answered works.
+inline bool ReservationLost(const grpc::Status& status, bool got_event) {
+  return status.error_code() == grpc::StatusCode::NOT_FOUND && !got_event;
+}
+
 // A status that may stand for a call the worker ran although its answer never arrived (past the
 // deadline, cancelled, connection lost): a Reserve with such a status may hold pages there.
 inline bool AnswerLost(grpc::StatusCode code) {

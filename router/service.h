@@ -249,7 +249,7 @@ class RouterService : public frontend::GenerationService {
   // REQUIRES: request.mu held. OnReserved's two outcomes: a failed Reserve (retried on another
   // decode worker, queued, or the request fails), and a reservation (false: not wanted any
   // more, it is aborted at once; true: start the streams).
-  Retry ReserveFailed(Request& request, Attempt& attempt, const grpc::Status& status,
+  Retry ReserveFailed(Request& request, Attempt& attempt, const grpc::Status& reserve_status,
                       Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
   bool Reserved(Request& request, Attempt& attempt, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(request.mu);
@@ -285,7 +285,8 @@ class RouterService : public frontend::GenerationService {
                     Actions* actions);
   // REQUIRES: request.mu held. The end of `attempt`'s Generate stream without a final event.
   // Returns whether the choice is to be dispatched again (on another decode worker).
-  bool HandleDone(Request& request, Attempt& attempt, const grpc::Status& status, Actions* actions);
+  bool HandleDone(Request& request, Attempt& attempt, const grpc::Status& generate_status,
+                  Actions* actions);
 
   // The checker found `decode` still down: cancels its streams stalled past stall_timeout.
   void CancelStalledStreams(Worker& decode);

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_discovery.h"
+#include "common/grpc_listener.h"
 #include "common/host_port.h"
 #include "common/metrics_http_server.h"
 #include "common/server_log.h"
@@ -97,8 +98,7 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   rpc::EnableGrpcDiscovery();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  // No SO_REUSEPORT: a second process on a taken port must fail to bind, not share it.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  rpc::ApplyConnectionLimits(entry.deploy.grpc, builder);
   // The router pings every 2 s to find dead links (router/worker_pool.cc); without these a
   // server answers pings that come more often than every 5 minutes with GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -145,9 +145,13 @@ absl::Status RunWorker(const WorkerEntry& entry, const std::string& role, grpc::
   spdlog::info("pdserve {}: signal {}, draining (at most {} ms)", role, received, drain_timeout_ms);
   notifier.Stopping();
   rpc::SetServing(*server, {service_name}, false);
+  if (hooks.draining) hooks.draining();
+  // Both ports are free from here on, for a replacement process; the calls in flight go on.
+  rpc::ServerDrain drain(server.get());
+  if (http) http->StopAccepting();
   if (hooks.stopping) hooks.stopping(absl::Milliseconds(drain_timeout_ms));
   spdlog::info("pdserve {}: drained, stopping", role);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  drain.Finish(absl::Seconds(2));
   if (http) http->Stop();
   return absl::OkStatus();
 }

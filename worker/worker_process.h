@@ -65,15 +65,23 @@ struct WorkerHooks {
   // The worker's work loops (common/progress_heartbeat.h): the systemd watchdog pings only while
   // each of them makes progress.
   std::vector<const ProgressHeartbeat*> loops;
-  // Called on the signal, before the server stops: turns the worker DRAINING and returns once
-  // its running requests finished or `drain_timeout` passed (ending the rest with a final
-  // event). The gRPC server keeps serving (Health, Generate, Abort) meanwhile.
+  // Called first on the signal, while the ports are still bound: turns the worker DRAINING (a
+  // Reserve or Prefill that reaches it from here on gets UNAVAILABLE), so that no call the
+  // server takes in the instant it stops listening starts new work there.
+  std::function<void()> draining;
+  // Called once the gRPC server and the metrics endpoint stopped listening (rpc::ServerDrain):
+  // returns once the worker's running requests finished or `drain_timeout` passed (ending the
+  // rest with a final event). Calls in flight go on meanwhile; every new call (Health, Abort, a
+  // Generate not yet started) goes to whoever listens on the port then.
   std::function<void(absl::Duration drain_timeout)> stopping;
 };
 
 // Serves `service` (full name `service_name`, e.g. "pdserve.worker.v1.DecodeWorker") until
-// SIGINT / SIGTERM, then drains (hooks.stopping with absl::Milliseconds(drain_timeout_ms)) and
-// stops the server. The listener also serves reflection and grpc.health.v1 (common/
+// SIGINT / SIGTERM, then drains and stops the server: hooks.draining, then its listeners (gRPC
+// and metrics) close at once, so a replacement process can bind the ports, then hooks.stopping with
+// absl::Milliseconds(drain_timeout_ms), then up to 2 s for the last calls before they are
+// cancelled. The gRPC server takes the deploy config's connection limits (entry.deploy.grpc,
+// common/grpc_listener.h). The listener also serves reflection and grpc.health.v1 (common/
 // grpc_discovery.h): SERVING for "" and `service_name` once bound, NOT_SERVING from the signal on.
 // Prints "pdserve ROLE: serving on HOST:PORT" (and the metrics port) to stdout once bound.
 // Errors: the port cannot be bound.

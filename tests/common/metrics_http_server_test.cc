@@ -1,6 +1,6 @@
 // The workers' metrics endpoint (common/metrics_http_server.h) over a real socket: each path's
-// status, body and content type, methods, unknown paths, keep-alive and a client that sends
-// nothing.
+// status, body and content type, methods, unknown paths, keep-alive, a client that sends
+// nothing, and a drain that frees the port.
 #include "common/metrics_http_server.h"
 
 #include <fcntl.h>
@@ -12,9 +12,11 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -128,6 +130,38 @@ TEST_F(MetricsHttpServerTest, StopIsIdempotentAndRefusesNewConnections) {
   beast::error_code ec;
   stream_.socket().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
   EXPECT_TRUE(ec) << "connected after Stop";
+}
+
+// A draining worker: the port is free for its replacement at once, and a connection already
+// open is still answered.
+TEST_F(MetricsHttpServerTest, StopAcceptingFreesThePortAndKeepsOpenConnections) {
+  Connect();
+  EXPECT_EQ(Send(http::verb::get, "/health").result_int(), 200);
+  server_->StopAccepting();
+  server_->StopAccepting();
+  MetricsHttpOptions options;
+  options.port = server_->port();
+  auto replacement = MetricsHttpServer::Start(options, {});
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  EXPECT_EQ((*replacement)->port(), server_->port());
+  const auto res = Send(http::verb::get, "/metrics");  // same connection: the old server
+  EXPECT_EQ(res.result_int(), 200);
+  EXPECT_EQ(res.body(), kExposition);
+}
+
+// With no connection open, the I/O thread ends once the acceptor is closed: a second
+// StopAccepting (or Stop) returns all the same (it used to wait for that thread forever).
+TEST_F(MetricsHttpServerTest, StopAcceptingTwiceWithNoConnectionOpenReturns) {
+  server_->StopAccepting();
+  // Time for the I/O thread to end, so that the second call finds it gone (the outcome does not
+  // depend on it; without the wait the old code mostly got by).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server_->StopAccepting();
+  MetricsHttpOptions options;
+  options.port = server_->port();
+  auto replacement = MetricsHttpServer::Start(options, {});
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  server_->Stop();
 }
 
 TEST(MetricsHttpServerStartTest, TakenPortIsUnavailable) {

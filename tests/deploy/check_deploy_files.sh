@@ -131,6 +131,15 @@ case $mode in
       cat "$tmp/err"
       status=1
     fi
+    # Health checks no more often than the workers' idle limit: valid, warned about (the
+    # router's channels to the workers go idle between checks).
+    { cat "$dir/local.yaml"; printf 'grpc:\n  max_connection_idle_ms: 1000\n'; } >"$tmp/idle.yaml"
+    if ! "$pdserve" validate-config "$tmp/idle.yaml" >"$tmp/out" 2>"$tmp/err" ||
+      ! grep -qF "warning: router.health_interval_ms 1000 is not below grpc.max_connection_idle_ms 1000" "$tmp/err"; then
+      echo "FAIL: max_connection_idle_ms 1000 not accepted with a warning:"
+      cat "$tmp/err"
+      status=1
+    fi
     expect h200x2.yaml 's/^    gpus: "1"/    gpus: "0"/' '26:11: decode[0].gpus: '
     expect cluster-2host.yaml 's/^  prefill_policy: prefix_aware/  prefill_policy: sticky/' \
       '12:19: router.prefill_policy: '

@@ -131,6 +131,74 @@ TEST(DeployConfigTest, AllowHalfClose) {
                  "router.allow_half_close");
 }
 
+// grpc: every gRPC listener's connection limits. Defaults when absent, values read back, and a
+// bad value is one error naming its key and what is allowed.
+TEST(DeployConfigTest, GrpcConnectionLimits) {
+  const GrpcConfig defaults = ParseDeployConfig(kValid, "t.yaml").config.grpc;
+  EXPECT_EQ(defaults.handshake_timeout_ms, 10000);
+  EXPECT_EQ(defaults.max_connection_idle_ms, 60000);
+  EXPECT_EQ(defaults.max_connection_age_ms, 0);
+  EXPECT_EQ(defaults.max_connection_age_grace_ms, 0);
+  const ParsedDeployConfig set = ParseDeployConfig(
+      std::string(kValid) +
+          "grpc:\n  handshake_timeout_ms: 5000\n  max_connection_idle_ms: 0\n"
+          "  max_connection_age_ms: 3600000\n  max_connection_age_grace_ms: 30000\n",
+      "t.yaml");
+  ASSERT_TRUE(set.errors.empty()) << set.errors[0].ToString();
+  EXPECT_EQ(set.config.grpc.handshake_timeout_ms, 5000);
+  EXPECT_EQ(set.config.grpc.max_connection_idle_ms, 0);
+  EXPECT_EQ(set.config.grpc.max_connection_age_ms, 3600000);
+  EXPECT_EQ(set.config.grpc.max_connection_age_grace_ms, 30000);
+  // At the value, on the line after `grpc:` (kValid has 16 lines).
+  ExpectOneError(std::string(kValid) + "grpc:\n  max_connection_idle_ms: 500\n", 18, 27,
+                 "grpc.max_connection_idle_ms");
+}
+
+// The router's health checks keep its channels to the workers connected only while they come
+// more often than the workers' idle limit: a warning otherwise, never an error.
+TEST(DeployConfigTest, HealthChecksSlowerThanTheIdleLimitAreWarnedAbout) {
+  EXPECT_EQ(IdleChannelWarning(ParseDeployConfig(kValid, "t.yaml").config), "");
+  DeployConfig c = ParseDeployConfig(kValid, "t.yaml").config;
+  c.router.health_interval_ms = 59999;
+  EXPECT_EQ(IdleChannelWarning(c), "");
+  c.router.health_interval_ms = 60000;
+  EXPECT_EQ(IdleChannelWarning(c),
+            "router.health_interval_ms 60000 is not below grpc.max_connection_idle_ms 60000: the "
+            "workers close the router's idle connections between two health checks, and the next "
+            "call to each worker connects again first");
+  c.grpc.max_connection_idle_ms = 0;  // no idle limit
+  EXPECT_EQ(IdleChannelWarning(c), "");
+  const ParsedDeployConfig parsed = ParseDeployConfig(
+      std::string(kValid) + "grpc:\n  max_connection_idle_ms: 1000\n", "t.yaml");
+  ASSERT_TRUE(parsed.errors.empty()) << parsed.errors[0].ToString();
+  EXPECT_NE(IdleChannelWarning(parsed.config), "");  // health_interval_ms 1000 by default
+}
+
+TEST(DeployConfigTest, BadGrpcConnectionLimitsAreRefused) {
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {"handshake_timeout_ms", "0", "must be an integer in [1000, 600000]"},
+      {"handshake_timeout_ms", "600001", "must be an integer in [1000, 600000]"},
+      {"max_connection_idle_ms", "999", "must be 0 (no limit) or an integer in [1000, 86400000]"},
+      {"max_connection_idle_ms", "-1", "must be 0 (no limit) or an integer in [1000, 86400000]"},
+      {"max_connection_idle_ms", "86400001",
+       "must be 0 (no limit) or an integer in [1000, 86400000]"},
+      {"max_connection_idle_ms", "\"60000\"", "not a quoted string"},
+      {"max_connection_age_ms", "1", "must be 0 (no limit) or an integer in [1000, 86400000]"},
+      {"max_connection_age_ms", "1h", "must be 0 (no limit) or an integer in [1000, 86400000]"},
+      // A grace without an age would never apply.
+      {"max_connection_age_grace_ms", "5000", "needs grpc.max_connection_age_ms"},
+      {"max_connections", "100", "unknown key"},
+  };
+  for (const auto& [key, value, message] : cases) {
+    const ParsedDeployConfig refused =
+        ParseDeployConfig(std::string(kValid) + "grpc:\n  " + key + ": " + value + "\n", "b.yaml");
+    ASSERT_EQ(refused.errors.size(), 1u) << key << ": " << value;
+    EXPECT_EQ(refused.errors[0].key, "grpc." + key);
+    EXPECT_NE(refused.errors[0].message.find(message), std::string::npos)
+        << refused.errors[0].ToString();
+  }
+}
+
 // guards.canary_tolerance: a number >= 0, 0 (the backend's default) when absent.
 TEST(DeployConfigTest, CanaryTolerance) {
   EXPECT_EQ(ParseDeployConfig(kValid, "t.yaml").config.guards.canary_tolerance, 0.0);

@@ -91,6 +91,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
   // >= 0: at most this many requests hold a reservation (from Reserve until their Generate
   // ends or they are aborted); Reserve beyond answers RESOURCE_EXHAUSTED, as a full worker.
   int slots = -1;
+  // The next this many successful Reserves are forgotten as soon as they answered, as by a
+  // decode worker replaced on its port between a Reserve and its Generate (the replacement's
+  // Generate answers NOT_FOUND, below).
+  int forget_reservations = 0;
 
   grpc::Status Reserve(grpc::ServerContext*, const worker::v1::ReserveRequest* request,
                        worker::v1::ReserveResponse* response) override {
@@ -114,6 +118,13 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
       holding.insert(request->request_id() + static_cast<uint64_t>(k));
       reserved[request->request_id() + static_cast<uint64_t>(k)] = fork;
     }
+    if (forget_reservations > 0) {
+      --forget_reservations;
+      for (int k = 0; k < n; ++k) {
+        holding.erase(request->request_id() + static_cast<uint64_t>(k));
+        reserved.erase(request->request_id() + static_cast<uint64_t>(k));
+      }
+    }
     return grpc::Status::OK;
   }
 
@@ -123,7 +134,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
     {
       absl::MutexLock lock(&mu);
       auto it = reserved.find(request->request_id());
-      if (it == reserved.end()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no");
+      if (it == reserved.end()) {  // as the real decode worker answers
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("request ", request->request_id(), " has no reservation"));
+      }
       r = it->second;
     }
     // The slot frees when the stream ends, whichever way.
@@ -260,9 +274,10 @@ class FakeDecode final : public worker::v1::DecodeWorker::Service {
 class FakePrefill final : public worker::v1::PrefillWorker::Service {
  public:
   grpc::StatusCode prefill_code = grpc::StatusCode::OK;
-  // The first `fail_first` Prefill calls fail with UNAVAILABLE and error details `fail_details`
+  // The first `fail_first` Prefill calls fail with `fail_code` and error details `fail_details`
   // (worker/transfer_peer.h's marker: the transfer to the decode worker failed).
   int fail_first = 0;
+  grpc::StatusCode fail_code = grpc::StatusCode::UNAVAILABLE;
   std::string fail_details;
   int delay_ms = 0;  // > 0: Prefill answers this late (after Generate's first events), or
                      // CANCELLED as soon as its call is cancelled
@@ -291,7 +306,7 @@ class FakePrefill final : public worker::v1::PrefillWorker::Service {
     prefills.push_back(*request);
     if (fail_first > 0) {
       --fail_first;
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake transfer failure", fail_details);
+      return grpc::Status(fail_code, "fake transfer failure", fail_details);
     }
     if (prefill_code != grpc::StatusCode::OK) return grpc::Status(prefill_code, "fake prefill");
     if (accepted_ticket_fingerprint != 0 &&

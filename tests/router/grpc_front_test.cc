@@ -339,30 +339,44 @@ TEST_F(GrpcFrontCancelTest, CancelledCallsFinishAndTheFrontStops) {
 }
 
 // Drain gives the calls in flight its grace, then ends them with UNAVAILABLE and the HTTP front's
-// shutting_down error (the front's Stop alone cancels them: "Cancelling all calls"), and refuses
-// calls that come meanwhile.
-class GrpcFrontDrainTest : public GrpcFrontCancelTest {};
+// shutting_down error (the front's Stop alone cancels them: "Cancelling all calls"); calls that
+// come meanwhile find the port closed (UNAVAILABLE) and never start.
+class GrpcFrontDrainTest : public GrpcFrontCancelTest {
+ protected:
+  GrpcFrontDrainTest() {
+    request.set_model("tiny");
+    request.set_text("And God said");
+  }
+  // Starts a Generate call; true once its first message came (it runs on the server).
+  bool StartCall() {
+    reader = stub->Generate(&context, request);
+    pv1::GenerateResponse response;
+    return reader->Read(&response);
+  }
+  // Reads the call to its end: UNAVAILABLE with the HTTP front's shutting_down error.
+  void ExpectEndedShuttingDown() {
+    pv1::GenerateResponse response;
+    while (reader->Read(&response)) {
+    }
+    const grpc::Status ended = reader->Finish();
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(nlohmann::json::parse(ended.error_message())["error"]["code"], "shutting_down")
+        << ended.error_message();
+  }
+
+  pv1::GenerateRequest request;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<pv1::GenerateResponse>> reader;
+};
 
 TEST_F(GrpcFrontDrainTest, CallsStillRunningAfterTheGraceEndShuttingDown) {
-  pv1::GenerateRequest request;
-  request.set_model("tiny");
-  request.set_text("And God said");
-  grpc::ClientContext context;
-  auto reader = stub->Generate(&context, request);
-  pv1::GenerateResponse response;
-  ASSERT_TRUE(reader->Read(&response));  // running on the server
+  ASSERT_TRUE(StartCall());
   front->Drain(std::chrono::milliseconds(50));
-  while (reader->Read(&response)) {
-  }
-  const grpc::Status ended = reader->Finish();
-  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(nlohmann::json::parse(ended.error_message())["error"]["code"], "shutting_down")
-      << ended.error_message();
+  ExpectEndedShuttingDown();
 
   std::vector<pv1::GenerateResponse> out;
   const grpc::Status refused = testing::GenerateAll(*stub, request, &out);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(nlohmann::json::parse(refused.error_message())["error"]["code"], "shutting_down");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
   EXPECT_TRUE(out.empty());
   {
     absl::MutexLock lock(&service.mu);
@@ -376,6 +390,35 @@ TEST_F(GrpcFrontDrainTest, CallsStillRunningAfterTheGraceEndShuttingDown) {
     EXPECT_EQ(service.started, 1);  // the call during the drain never started
   }
   front->Stop();
+}
+
+// From StopServing on the port is free: a replacement router's front binds it and serves new
+// calls, while the draining front's call in flight goes on until its drain ends it.
+TEST_F(GrpcFrontDrainTest, AReplacementBindsThePortWhileACallRuns) {
+  ASSERT_TRUE(StartCall());
+  const int port = front->port();
+  front->StopServing();
+
+  ScriptedService replacement_service;
+  auto replacement = GrpcFront::Start("127.0.0.1", port, &replacement_service);
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  EXPECT_EQ((*replacement)->port(), port);
+  // A new client: its own connection (a channel that shared the draining one's could send a
+  // call across its GOAWAY, which the draining server ends CANCELLED).
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.use_local_subchannel_pool", 1);
+  auto new_stub = pv1::Generation::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
+  std::vector<pv1::GenerateResponse> out;
+  const grpc::Status served = testing::GenerateAll(*new_stub, request, &out);
+  EXPECT_TRUE(served.ok()) << served.error_message();
+  ASSERT_EQ(out.size(), 3u);  // two deltas and the usage
+  EXPECT_EQ(out[0].choices(0).text(), "Hel");
+
+  front->Drain(std::chrono::milliseconds(50));
+  ExpectEndedShuttingDown();
+  front->Stop();
+  (*replacement)->Stop();
 }
 
 // A RouterService over one fake prefill and one fake decode worker, its gRPC front and a stub.

@@ -283,8 +283,14 @@ TEST_F(RouterServiceTest, InvalidArgumentFromReserveIs400) {
   EXPECT_EQ(sink->error.http_status, 400);
 }
 
-TEST_F(RouterServiceTest, UnavailableDecodeWorkerIsRetriedOnTheOther) {
-  decode_[0]->reserve_code = grpc::StatusCode::UNAVAILABLE;
+// A Reserve failing UNAVAILABLE, or CANCELLED although the router cancelled nothing (a decode
+// worker that began to drain refuses a call that crossed its GOAWAY so, common/
+// grpc_listener.h), is a worker going down: retried on the other decode worker.
+class ReserveRetryTest : public RouterServiceTest,
+                         public ::testing::WithParamInterface<grpc::StatusCode> {};
+
+TEST_P(ReserveRetryTest, DecodeWorkerDownIsRetriedOnTheOther) {
+  decode_[0]->reserve_code = GetParam();
   auto service = MakeService(2, PolicyKind::kLeastLoad);
   auto sink = Run(*service, Completion({1, 2}, 3));
   ASSERT_FALSE(sink->failed) << sink->error.message;
@@ -294,6 +300,44 @@ TEST_F(RouterServiceTest, UnavailableDecodeWorkerIsRetriedOnTheOther) {
   EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
             std::string::npos)
       << service->MetricsText();
+}
+
+INSTANTIATE_TEST_SUITE_P(UnavailableOrCancelledByTheWorker, ReserveRetryTest,
+                         ::testing::Values(grpc::StatusCode::UNAVAILABLE,
+                                           grpc::StatusCode::CANCELLED));
+
+// A Generate answered NOT_FOUND before any event: the decode worker on that port does not know
+// the reservation (a replacement took the port of one that began to drain, between the Reserve
+// and the Generate). Retried before the first token like a worker that is down, here on the
+// same (only) decode worker, whose next Reserve holds.
+TEST_F(RouterServiceTest, AGenerateThatFindsNoReservationIsRetried) {
+  decode_[0]->forget_reservations = 1;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_FALSE(sink->failed) << sink->error.message;
+  EXPECT_EQ(sink->finish[0], "length");
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 3; ++i) expected.push_back(FakeToken(42, 0, i, 2));
+  EXPECT_EQ(sink->text[0], Decode(*service, expected));
+  EXPECT_EQ(decode_[0]->reserves.size(), 2u);
+  EXPECT_NE(service->MetricsText().find("pdserve_router_retries_total{reason=\"worker_down\"} 1"),
+            std::string::npos)
+      << service->MetricsText();
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// A decode worker that never finds its reservations is not retried without end: max_attempts
+// (2) Reserves, then 503 with the worker's message.
+TEST_F(RouterServiceTest, AGenerateThatNeverFindsItsReservationFailsAfterMaxAttempts) {
+  decode_[0]->forget_reservations = 1000;
+  auto service = MakeService();
+  auto sink = Run(*service, Completion({1, 2}, 3));
+  ASSERT_TRUE(sink->failed);
+  EXPECT_EQ(sink->error.http_status, 503);
+  EXPECT_NE(sink->error.message.find("has no reservation"), std::string::npos)
+      << sink->error.message;
+  EXPECT_EQ(decode_[0]->reserves.size(), 2u);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
 TEST_F(RouterServiceTest, ErrorEventFailsTheRequestWithTheIsolationError) {
@@ -363,14 +407,21 @@ TEST_F(RouterServiceTest, FullPrefillWorkerIsRetriedOnAnotherOne) {
   }));
 }
 
+// UNAVAILABLE, and CANCELLED although the router cancelled nothing (a Prefill that crossed a
+// draining prefill worker's GOAWAY, common/grpc_listener.h), are a worker that is down: 503
+// with no other prefill worker. Other codes are a prefill that failed: 500.
 TEST_F(RouterServiceTest, UnavailablePrefillIs503AndOtherCodesAre500WithTheMessage) {
-  prefill_->prefill_code = grpc::StatusCode::UNAVAILABLE;
   decode_[0]->token_delay_ms = 50;  // Prefill's answer comes before the tokens
   auto service = MakeService();
-  auto sink = Run(*service, Completion({1, 2}, 3));
-  ASSERT_TRUE(sink->failed);
-  EXPECT_EQ(sink->error.http_status, 503);
-  EXPECT_EQ(sink->error.code, "worker_unavailable");
+  std::shared_ptr<CollectingSink> sink;
+  for (const grpc::StatusCode code : {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED}) {
+    prefill_->prefill_code = code;
+    service->pool().CheckAll();
+    sink = Run(*service, Completion({1, 2}, 3));
+    ASSERT_TRUE(sink->failed);
+    EXPECT_EQ(sink->error.http_status, 503) << code;
+    EXPECT_EQ(sink->error.code, "worker_unavailable") << code;
+  }
   prefill_->prefill_code = grpc::StatusCode::FAILED_PRECONDITION;
   service->pool().CheckAll();
   sink = Run(*service, Completion({1, 2}, 3));
@@ -481,6 +532,29 @@ TEST_F(RouterServiceTest, TransferFailureOnEveryTryIs503NamingTheDecodeWorker) {
   EXPECT_NE(sink->error.message.find("the state transfer to decode worker d"), std::string::npos)
       << sink->error.message;
   EXPECT_TRUE(service->pool().prefill()[0]->up());
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// A Prefill that ends CANCELLED with the transfer's marker: the decode worker refused the pages
+// (prefill/prefill_worker.cc marks a CANCELLED it did not cause). Not a prefill worker that
+// drains (RefusedByDrainAsDown leaves a marked status alone), so not counted against it: 500
+// with the worker's message and no retry, as for other codes that are not a worker down; three
+// in a row leave the only prefill worker up (breaker_failures 3).
+TEST_F(RouterServiceTest, PagesTheDecodeWorkerRefusedDoNotCountAgainstThePrefillWorker) {
+  auto service = MakeService();
+  const frontend::ApiRequest req = FailTransfers(*prefill_, 1000, Completion({1, 2}, 2));
+  prefill_->fail_code = grpc::StatusCode::CANCELLED;
+  for (int i = 0; i < 3; ++i) {
+    auto sink = Run(*service, req);
+    ASSERT_TRUE(sink->failed);
+    EXPECT_EQ(sink->error.http_status, 500);
+    EXPECT_EQ(sink->error.message, "prefill worker p0: fake transfer failure");
+  }
+  EXPECT_TRUE(service->pool().prefill()[0]->up());
+  {
+    absl::MutexLock lock(&prefill_->mu);
+    EXPECT_EQ(prefill_->prefills.size(), 3u);  // no retries
+  }
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
