@@ -11,14 +11,14 @@
 //   bench: mma.sync up to 8 / 32 tokens, else wgmma 1,4,264 without the flags; the kernels are
 //   today's, so the mma.sync rows reduce their k splits in the kernel),
 //   stream_<stages>.<target> (TmaStreamKernel: fp8_gemm_wgmma's weight stream without its math;
-//   1 token only), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default config without
-//   cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),
+//   1 token only), streamx_<stages>.<target> (the same with each stage's activation box of the
+//   token tile, at every token count), fp8_mma / w8a16_mma, fp8_wgmma / w8a16_wgmma (the default
+//   config without cluster_reduce), fp8_wgmma_c / w8a16_wgmma_c (the default config with it),
 //   fp8_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k][.m] / w8a16_v<...> (fp8_gemm_wgmma /
 //   fp8_gemm_w8a16_wgmma with that config: warpgroups, stages, target blocks, cluster_reduce,
 //   smem_scales, a16_register_weights, alternate_turns, two_in_flight, split_tokens, stagger_k,
-//   multicast_activations; PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t,k,m;..." or kVariants;
-//   PDSERVE_DECODE_NO_CLUSTER set:
-//   none with cluster_reduce).
+//   multicast_activations, .x<R>: max_registers R; PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t,k,m;..."
+//   or kVariants; PDSERVE_DECODE_NO_CLUSTER set: none with cluster_reduce).
 // Mode "layer": the GEMMs of one V4-Flash compressed-sparse-attention layer's decode step as
 // engine/gpu/gpu_model.cc calls them (q_a, q_b, kv, the compressor's kv / gate, the indexer
 // compressor's kv / gate, indexer q_b and weights, o_a as 8 group GEMMs, o_b; the shared expert's
@@ -71,15 +71,20 @@ __global__ void EmptyKernel() {}
 
 // The weight stream of fp8_gemm_wgmma without its math: a producer thread copies [64 x 128-byte]
 // boxes of rows 64 blockIdx.x.. and k split blockIdx.y by TMA through a ring of `stages` stages
-// of shared memory, one consumer warpgroup waits for each and releases it. Its time against
-// "read" says what the access pattern and the ring cost; against the GEMM, what its math costs.
+// of shared memory, one consumer warpgroup waits for each and releases it. With x_bytes > 0 each
+// stage also takes the activation box of the same 128 k ([x_bytes / 128 tokens x 128 bytes] of
+// x_map, as the W8A8 GEMM loads it). Its time against "read" says what the access pattern and the
+// ring cost; against the GEMM, what its math costs.
 constexpr int kStreamMaxStages = 8;
-__global__ void __launch_bounds__(160, 1) TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
-                                                          int64_t kblocks, int splits, int stages) {
+__global__ void __launch_bounds__(160, 1)
+    TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
+                    const __grid_constant__ CUtensorMap x_map, int64_t kblocks, int splits,
+                    int stages, uint32_t x_bytes) {
   namespace h = hopper;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (h::SharedAddress(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full = base + stages * 8192u;
+  const uint32_t stage_bytes = 8192u + x_bytes;
+  const uint32_t full = base + stages * stage_bytes;
   const uint32_t empty = full + 8u * kStreamMaxStages;
   const int kb_begin = static_cast<int>(kblocks * blockIdx.y / splits);
   const int n_kb = static_cast<int>(kblocks * (blockIdx.y + 1) / splits) - kb_begin;
@@ -95,13 +100,18 @@ __global__ void __launch_bounds__(160, 1) TmaStreamKernel(const __grid_constant_
   if (warp == 4) {
     if (threadIdx.x % 32 == 0) {
       h::PrefetchTensorMap(&w_map);
+      if (x_bytes > 0) h::PrefetchTensorMap(&x_map);
       for (int it = 0; it < n_kb; ++it) {
         const int s = it % stages;
         if (it >= stages)
           h::MbarrierWait(empty + 8u * s, static_cast<uint32_t>((it / stages - 1) & 1));
-        h::MbarrierArriveExpectTx(full + 8u * s, 8192u);
-        h::TmaLoad2d(base + s * 8192u, &w_map, (kb_begin + it) * 128,
+        h::MbarrierArriveExpectTx(full + 8u * s, stage_bytes);
+        h::TmaLoad2d(base + s * stage_bytes, &w_map, (kb_begin + it) * 128,
                      static_cast<int32_t>(blockIdx.x * 64), full + 8u * s);
+        if (x_bytes > 0) {
+          h::TmaLoad2d(base + s * stage_bytes + 8192u, &x_map, (kb_begin + it) * 128, 0,
+                       full + 8u * s);
+        }
       }
     }
     return;
@@ -115,7 +125,9 @@ __global__ void __launch_bounds__(160, 1) TmaStreamKernel(const __grid_constant_
 }
 
 // cuTensorMapEncodeTiled of the driver through the runtime (as fp8_gemm_wgmma.cu does).
-bool EncodeWeights(CUtensorMap* map, const uint8_t* w, int64_t n, int64_t k) {
+// box_rows: rows per box (64 for weights; the token tile for activations).
+bool EncodeWeights(CUtensorMap* map, const uint8_t* w, int64_t n, int64_t k,
+                   uint32_t box_rows = 64) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult result{};
   if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
@@ -126,7 +138,7 @@ bool EncodeWeights(CUtensorMap* map, const uint8_t* w, int64_t n, int64_t k) {
   const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-  const cuuint32_t box[2] = {128, 64};
+  const cuuint32_t box[2] = {128, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box,
                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -155,7 +167,8 @@ std::string ConfigName(const Fp8WgmmaConfig& c) {
          (c.smem_scales ? ".s" : "") + (c.a16_register_weights ? ".r" : "") +
          (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "") +
          (c.split_tokens ? ".t" : "") + (c.stagger_k ? ".k" : "") +
-         (c.multicast_activations ? ".m" : "");
+         (c.multicast_activations ? ".m" : "") +
+         (c.max_registers != 0 ? ".x" + std::to_string(c.max_registers) : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.
@@ -209,32 +222,76 @@ double Graph(const std::function<void(int)>& launch, int layers, cudaStream_t st
   return GraphMicros(launch, layers, kReps, stream);
 }
 
-// "stream_<stages>.<target>" rows: TmaStreamKernel over each layer's weights, k split as
-// fp8_gemm_wgmma splits it for one token tile (target blocks / row tiles, at most 8 splits).
-void StreamRows(const Shape& s, const std::vector<Matrix>& w, cudaStream_t stream) {
+// PDSERVE_DECODE_SHAPES / _TOKENS / _ROWS: comma lists that limit gemm mode to those shapes
+// (wq_b, ...), token counts and row kernels ("fp8_wgmma", "stream*": a trailing * matches a
+// prefix); unset or empty: all. (For Nsight Compute runs of one kernel.)
+std::vector<std::string> EnvList(const char* name) {
+  std::vector<std::string> items;
+  const char* env = std::getenv(name);
+  std::string item;
+  for (const char* c = env != nullptr ? env : "";; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!item.empty()) items.push_back(item);
+      item.clear();
+      if (*c == '\0') break;
+    } else {
+      item += *c;
+    }
+  }
+  return items;
+}
+
+bool Wanted(const std::vector<std::string>& list, const std::string& name) {
+  if (list.empty()) return true;
+  for (const std::string& item : list) {
+    if (item == name) return true;
+    if (!item.empty() && item.back() == '*' && name.rfind(item.substr(0, item.size() - 1), 0) == 0)
+      return true;
+  }
+  return false;
+}
+
+// "stream_<stages>.<target>" rows (1 token): TmaStreamKernel over each layer's weights, k split
+// as fp8_gemm_wgmma splits it for one token tile (target blocks / row tiles, at most 8 splits).
+// "streamx_<stages>.<target>" rows (m tokens): the same with each stage's activation box of
+// round_up(m, 8) tokens (e4m3, one buffer for every layer, as the GEMM's quantized activations).
+void StreamRows(const Shape& s, const std::vector<Matrix>& w, int64_t m,
+                const std::vector<std::string>& rows, cudaStream_t stream) {
   std::vector<CUtensorMap> maps(w.size());
   for (size_t l = 0; l < w.size(); ++l) {
     if (!EncodeWeights(&maps[l], w[l].w, s.n, s.k)) return;
   }
+  static uint8_t* xq = RandomWeights(size_t{128} * 32768, 4242u);
+  const uint32_t x_tokens = static_cast<uint32_t>(std::min<int64_t>(128, (m + 7) / 8 * 8));
+  CUtensorMap x_map{};
+  if (!EncodeWeights(&x_map, xq, x_tokens, s.k, x_tokens)) return;
   const int64_t row_tiles = (s.n + 63) / 64;
-  for (const std::pair<int, int>& config :
-       std::vector<std::pair<int, int>>{{4, 264}, {8, 264}, {4, 528}}) {
-    const int stages = config.first;
-    const int target = config.second;
-    const int splits = static_cast<int>(std::clamp<int64_t>((target + row_tiles / 2) / row_tiles, 1,
-                                                            std::min<int64_t>(8, s.k / 128)));
-    const size_t smem = stages * 8192 + 1024 + 16 * kStreamMaxStages;
-    BENCH_CHECK(cudaFuncSetAttribute(TmaStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)));
-    const double us = Graph(
-        [&](int l) {
-          TmaStreamKernel<<<dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits)),
-                            160, smem, stream>>>(maps[l], s.k / 128, splits, stages);
-          BENCH_CHECK(cudaGetLastError());
-        },
-        kLayers, stream);
-    PrintRow("stream_" + std::to_string(stages) + "." + std::to_string(target), s.name, 1, us,
-             static_cast<double>(w[0].Bytes()));
+  for (const bool with_x : {false, true}) {
+    if (!with_x && m != 1) continue;
+    for (const std::pair<int, int>& config :
+         std::vector<std::pair<int, int>>{{4, 264}, {8, 264}, {4, 528}}) {
+      const int stages = config.first;
+      const int target = config.second;
+      const std::string name = std::string(with_x ? "streamx_" : "stream_") +
+                               std::to_string(stages) + "." + std::to_string(target);
+      if (!Wanted(rows, name)) continue;
+      const uint32_t x_bytes = with_x ? x_tokens * 128u : 0u;
+      const int splits = static_cast<int>(std::clamp<int64_t>((target + row_tiles / 2) / row_tiles,
+                                                              1, std::min<int64_t>(8, s.k / 128)));
+      const size_t smem = stages * (8192 + x_bytes) + 1024 + 16 * kStreamMaxStages;
+      if (smem > 227 * 1024) continue;
+      BENCH_CHECK(cudaFuncSetAttribute(TmaStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+      const double us = Graph(
+          [&](int l) {
+            TmaStreamKernel<<<dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits)),
+                              160, smem, stream>>>(maps[l], x_map, s.k / 128, splits, stages,
+                                                   x_bytes);
+            BENCH_CHECK(cudaGetLastError());
+          },
+          kLayers, stream);
+      PrintRow(name, s.name, m, us, static_cast<double>(w[0].Bytes()));
+    }
   }
 }
 
@@ -244,7 +301,11 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
   clustered.cluster_reduce = true;
   Fp8WgmmaConfig two_pass = fp8_gemm_wgmma_default_config();
   two_pass.cluster_reduce = false;
+  const std::vector<std::string> shapes = EnvList("PDSERVE_DECODE_SHAPES");
+  const std::vector<std::string> tokens = EnvList("PDSERVE_DECODE_TOKENS");
+  const std::vector<std::string> rows = EnvList("PDSERVE_DECODE_ROWS");
   for (const Shape& s : kShapes) {
+    if (!Wanted(shapes, s.name)) continue;
     std::vector<Matrix> w;
     for (int l = 0; l < kLayers; ++l) w.push_back(MakeMatrix(s.n, s.k, 977u * l + 1));
     const double bytes = static_cast<double>(w[0].Bytes());
@@ -253,6 +314,7 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
     // leaves the context unusable: the rows after it are lost, the ones before are printed).
     const auto row = [&](const std::string& name, int64_t m,
                          const std::function<cudaError_t(const Matrix&)>& call) {
+      if (!Wanted(rows, name)) return;
       cudaError_t probe = call(w[0]);
       if (probe == cudaSuccess) probe = cudaStreamSynchronize(stream);
       if (probe != cudaSuccess) {
@@ -265,17 +327,20 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
       PrintRow(name, s.name, m, us, bytes);
     };
     for (int64_t m : kTokens) {
-      const double read_us = Graph(
-          [&](int l) { LaunchRead(w[l].w, w_bytes, b.sink, b.sms, stream); }, kLayers, stream);
-      PrintRow("read", s.name, m, read_us, bytes);
-      const double empty_us = Graph(
-          [&](int) {
-            EmptyKernel<<<1, 32, 0, stream>>>();
-            BENCH_CHECK(cudaGetLastError());
-          },
-          kLayers, stream);
-      PrintRow("empty", s.name, m, empty_us, 0);
-      if (m == kTokens.front()) StreamRows(s, w, stream);
+      if (!Wanted(tokens, std::to_string(m))) continue;
+      if (Wanted(rows, "read")) {
+        const double read_us = Graph(
+            [&](int l) { LaunchRead(w[l].w, w_bytes, b.sink, b.sms, stream); }, kLayers, stream);
+        PrintRow("read", s.name, m, read_us, bytes);
+        const double empty_us = Graph(
+            [&](int) {
+              EmptyKernel<<<1, 32, 0, stream>>>();
+              BENCH_CHECK(cudaGetLastError());
+            },
+            kLayers, stream);
+        PrintRow("empty", s.name, m, empty_us, 0);
+      }
+      StreamRows(s, w, m, rows, stream);
       const auto x = b.x;
       const auto out = b.out;
       row("fp8", m, [&](const Matrix& mw) {

@@ -143,8 +143,12 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // 2j + 1 run as a cluster of two and load each activation box once for both (each block half of
 // its rows, by TMA multicast into both), so the activations are read from L2 once per 128 weight
 // rows; only where the block's tokens are a multiple of 16 (with split_tokens always) and the row
-// tiles even, not with alternate_turns or cluster_reduce; the same bits as without. The member
-// defaults are the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
+// tiles even, not with alternate_turns or cluster_reduce; the same bits as without.
+// max_registers (96 or 128): where a block has one consumer warpgroup taking every k block and no
+// two_in_flight, token tiles up to 64 run a build of the kernel with at most that many registers
+// a thread (ptxas may spill), so 3 (128) or 4 (96) blocks fit on a multiprocessor where the
+// uncapped build's 121-153 registers fit 2; the same arithmetic and bits. The member defaults are
+// the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
 // kFp8WgmmaDecodeConfig are defined in fp8_gemm_workspace.h, host arithmetic without CUDA.)
 // kFp8WgmmaDecodeConfig, the config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04,
 // bench/cuda/decode_bench.cu at V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups
@@ -153,7 +157,8 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // W8A8 at 16-32). kFp8WgmmaDecodeConfig, or
 // PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,
-// multicast_activations]]]]]]]]" (the flags 0 or 1, missing ones as in kFp8WgmmaDecodeConfig;
+// multicast_activations[,max_registers]]]]]]]]]" (the flags 0 or 1, max_registers 0, 96 or 128,
+// missing ones as in kFp8WgmmaDecodeConfig;
 // read once per process; other text is warned about and ignored, kernels/env_switch.h). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k

@@ -74,10 +74,11 @@ namespace bs = block_scaled;
 // consumer warpgroup (N <= kInFlightTokens; A16 with register weights only). A kernel of its own:
 // ptxas serializes every wgmma of a function where register-A products stay in flight across a
 // branch, which would slow the one-block-at-a-time loop too.
+// The kernel's body; Fp8WgmmaKernel and Fp8WgmmaCappedKernel below differ only in the registers
+// ptxas may give a thread (the arithmetic, and so the bits, are the same).
 template <int N, bool A16, bool IN_FLIGHT>
-__global__ void __launch_bounds__(kMaxThreads, 1)
-    Fp8WgmmaKernel(const __grid_constant__ CUtensorMap w_map,
-                   const __grid_constant__ CUtensorMap x_map, const WgmmaArgs a) {
+__device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUtensorMap& x_map,
+                                             const WgmmaArgs& a) {
   extern __shared__ uint8_t smem_raw[];
   const int consumers = static_cast<int>(blockDim.x) / 128;  // consumer warpgroups
   const int turns = A16 || N <= kAlternateA8Tokens ? a.turns : 1;
@@ -371,6 +372,23 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   }
 }
 
+template <int N, bool A16, bool IN_FLIGHT>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    Fp8WgmmaKernel(const __grid_constant__ CUtensorMap w_map,
+                   const __grid_constant__ CUtensorMap x_map, const WgmmaArgs a) {
+  Fp8WgmmaBody<N, A16, IN_FLIGHT>(w_map, x_map, a);
+}
+
+// Fp8WgmmaConfig::max_registers: one consumer warpgroup (160 threads) with at most MAXREG
+// registers a thread, so that more blocks fit on a multiprocessor (131 registers, W8A16 at 32
+// tokens: 2 blocks; 128: 3; 96: 4). Token tiles up to kCappedMaxTokens, one block at a time.
+template <int N, bool A16, int MAXREG>
+__global__ void __maxnreg__(MAXREG)
+    Fp8WgmmaCappedKernel(const __grid_constant__ CUtensorMap w_map,
+                         const __grid_constant__ CUtensorMap x_map, const WgmmaArgs a) {
+  Fp8WgmmaBody<N, A16, false>(w_map, x_map, a);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
@@ -390,6 +408,7 @@ struct WgmmaPlan {
   bool in_flight = false;       // n_tile <= kInFlightTokens: two k blocks in flight
   bool stagger = false;         // stagger_k: each block's k blocks from a row-tile offset on
   bool multicast = false;       // multicast_activations: clusters of 2 row tiles share the boxes
+  int max_registers = 0;        // Fp8WgmmaCappedKernel's cap (96 or 128), 0: Fp8WgmmaKernel
   int32_t kb_span = 1;          // the most 128-k blocks one split has
   size_t xq_bytes = 0;
   size_t xs_bytes = 0;
@@ -462,6 +481,11 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   // ahead, and the other warpgroup may lag a phase behind). Two in flight each need 2 of its own.
   if (p.turns == 2) p.stages &= ~1;
   if (p.in_flight && p.stages < 2 * p.turns) p.in_flight = false;
+  // The capped kernel: one consumer warpgroup, one block at a time, token tiles it has.
+  if ((config.max_registers == 96 || config.max_registers == 128) && p.wgs == 1 && p.turns == 1 &&
+      p.tgroups == 1 && !p.in_flight && p.n_tile <= kCappedMaxTokens) {
+    p.max_registers = config.max_registers;
+  }
   p.xq_bytes = t.xq_bytes;
   p.xs_bytes = t.xs_bytes;
   p.partial_bytes = t.partial_bytes;
@@ -470,21 +494,22 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
   return p;
 }
 
-template <int N, bool A16, bool IN_FLIGHT>
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, WgmmaArgs);
+
+// Kernel k's first launch sets its shared-memory limit (once per kernel, kept for later calls).
+template <KernelFn K>
 cudaError_t LaunchKernel(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
                          const WgmmaPlan& p, cudaStream_t stream) {
   static std::once_flag once;
   static cudaError_t attribute = cudaSuccess;
   std::call_once(once, [] {
-    attribute = cudaFuncSetAttribute(Fp8WgmmaKernel<N, A16, IN_FLIGHT>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
+    attribute = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
   });
   if (attribute != cudaSuccess) return attribute;
   const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
                   static_cast<unsigned>(p.splits));
   return bs::LaunchClustered(
-      Fp8WgmmaKernel<N, A16, IN_FLIGHT>, grid,
-      dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)), p.smem_bytes,
+      K, grid, dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)), p.smem_bytes,
       dim3(1, p.multicast ? 2 : 1, a.cluster_reduce != 0 ? p.splits : 1), stream, w_map, x_map, a);
 }
 
@@ -492,9 +517,19 @@ template <int N, bool A16>
 cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
                     const WgmmaPlan& p, cudaStream_t stream) {
   if constexpr (N <= kInFlightTokens) {
-    if (p.in_flight) return LaunchKernel<N, A16, true>(w_map, x_map, a, p, stream);
+    if (p.in_flight) {
+      return LaunchKernel<Fp8WgmmaKernel<N, A16, true>>(w_map, x_map, a, p, stream);
+    }
   }
-  return LaunchKernel<N, A16, false>(w_map, x_map, a, p, stream);
+  if constexpr (N <= kCappedMaxTokens) {
+    if (p.max_registers == 128) {
+      return LaunchKernel<Fp8WgmmaCappedKernel<N, A16, 128>>(w_map, x_map, a, p, stream);
+    }
+    if (p.max_registers == 96) {
+      return LaunchKernel<Fp8WgmmaCappedKernel<N, A16, 96>>(w_map, x_map, a, p, stream);
+    }
+  }
+  return LaunchKernel<Fp8WgmmaKernel<N, A16, false>>(w_map, x_map, a, p, stream);
 }
 
 using LaunchFn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const WgmmaArgs&,
@@ -514,10 +549,10 @@ cudaError_t LaunchWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map, cons
 }
 
 // PDSERVE_FP8_WGMMA's text: "warpgroups,stages,target" and up to eight flags 0 / 1 in
-// Fp8WgmmaConfig's order (cluster_reduce .. multicast_activations), missing flags as in
-// kFp8WgmmaDecodeConfig; nullopt for anything else.
+// Fp8WgmmaConfig's order (cluster_reduce .. multicast_activations), then max_registers (0, 96 or
+// 128); missing fields as in kFp8WgmmaDecodeConfig; nullopt for anything else.
 std::optional<Fp8WgmmaConfig> ParseWgmmaConfig(std::string_view text) {
-  const std::optional<std::vector<int64_t>> fields = ParseWholeNumbers(text, 3, 11);
+  const std::optional<std::vector<int64_t>> fields = ParseWholeNumbers(text, 3, 12);
   if (!fields) return std::nullopt;
   const std::vector<int64_t>& f = *fields;
   if (f[0] < 0 || f[0] > kMaxWarpgroups || (f[1] != 0 && f[1] < 2) || f[1] > kMaxStages ||
@@ -531,9 +566,13 @@ std::optional<Fp8WgmmaConfig> ParseWgmmaConfig(std::string_view text) {
   bool* const flags[] = {&c.cluster_reduce,  &c.smem_scales,          &c.a16_register_weights,
                          &c.alternate_turns, &c.two_in_flight,        &c.split_tokens,
                          &c.stagger_k,       &c.multicast_activations};
-  for (size_t i = 3; i < f.size(); ++i) {
+  for (size_t i = 3; i < f.size() && i < 11; ++i) {
     if (f[i] != 0 && f[i] != 1) return std::nullopt;
     *flags[i - 3] = f[i] == 1;
+  }
+  if (f.size() == 12) {
+    if (f[11] != 0 && f[11] != 96 && f[11] != 128) return std::nullopt;
+    c.max_registers = static_cast<int>(f[11]);
   }
   return c;
 }
@@ -551,7 +590,9 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
   static const Fp8WgmmaConfig config = ReadSwitchWith(
       "PDSERVE_FP8_WGMMA", ParseWgmmaConfig, kFp8WgmmaDecodeConfig,
       "warpgroups (0-" + std::to_string(kMaxWarpgroups) + "),stages (0 or 2-" +
-          std::to_string(kMaxStages) + "),target blocks (>= 0), then up to 8 flags 0 or 1",
+          std::to_string(kMaxStages) +
+          "),target blocks (>= 0), then up to 8 flags 0 or 1, then max registers 0, 96 or "
+          "128",
       "the default config");
   return config;
 }

@@ -314,5 +314,7 @@ constexpr int kSplitTokensMin = 8;
 // Token tiles up to this size may keep two 128-k blocks' products in flight per warpgroup
 // (Fp8WgmmaConfig::two_in_flight; a second partial accumulator: at 128 tokens it would spill).
 constexpr int kInFlightTokens = 64;
+// Fp8WgmmaConfig::max_registers: the token tiles Fp8WgmmaCappedKernel is built for.
+constexpr int kCappedMaxTokens = 64;
 
 }  // namespace pdserve::kernels::cuda::fp8_wgmma

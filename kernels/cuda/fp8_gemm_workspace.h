@@ -45,6 +45,10 @@ struct Fp8WgmmaConfig {
   bool split_tokens = false;
   bool stagger_k = false;
   bool multicast_activations = false;
+  // 96 or 128: token tiles up to 64 with one consumer warpgroup and one block at a time run a
+  // build of the kernel capped at that many registers a thread (more blocks per multiprocessor;
+  // same arithmetic and bits); 0: the kernel as it is.
+  int max_registers = 0;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use without PDSERVE_FP8_WGMMA (fp8_gemm.cuh says why).
 inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};

@@ -409,6 +409,45 @@ TEST(CudaFp8GemmTest, WgmmaSplitTokens) {
   }
 }
 
+// max_registers (the kernel built with at most 96 / 128 registers a thread): the same bits as the
+// uncapped build at token tiles 8..64 and odd counts (72 and 130 run uncapped), 1, 3 and 10 k
+// blocks with and without a k split, smem scales or not, cluster_reduce; asked for with two
+// warpgroups or two blocks in flight it is not taken (same bits too); against the reference;
+// extreme scales (ue8m0 too) and NaN / Inf.
+TEST(CudaFp8GemmTest, WgmmaMaxRegisters) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  const Fp8WgmmaConfig configs[] = {{0, 0, 264, false, true, true},
+                                    {1, 4, 0, false, false, false},
+                                    {1, 2, 4096, true, true, true},
+                                    {2, 4, 264, false, true, true},
+                                    {0, 4, 264, false, true, true, false, true}};
+  for (const Fp8WgmmaConfig& base : configs) {
+    for (int64_t k : {128, 384, 1280}) {
+      for (int64_t m : {1, 8, 17, 32, 33, 64, 72, 130}) {
+        const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 1);
+        const std::vector<uint16_t> uncapped = RunAndCheck(c, Path::kWgmma, base);
+        ASSERT_FALSE(uncapped.empty());
+        for (const int cap : {96, 128}) {
+          Fp8WgmmaConfig capped = base;
+          capped.max_registers = cap;
+          EXPECT_EQ(uncapped, RunAndCheck(c, Path::kWgmma, capped))
+              << "m=" << m << " k=" << k << " cap=" << cap;
+        }
+      }
+    }
+  }
+  for (const int cap : {96, 128}) {
+    Fp8WgmmaConfig capped = configs[0];
+    capped.max_registers = cap;
+    DenseCase e = ExtremeScales(rng);
+    RunAndCheck(e, Path::kWgmma, capped);
+    e.ue8m0 = !e.ue8m0;
+    RunAndCheck(e, Path::kWgmma, capped);
+    RunAndCheck(NonFinite(rng), Path::kWgmma, capped);
+  }
+}
+
 // multicast_activations (clusters of two row tiles loading each activation box once): 256 and
 // 700 weight rows (4 and 11 row tiles: the odd count runs without), token counts whose block
 // tiles are and are not a multiple of 16, with split_tokens (and tiles wholly past m), stagger_k,

@@ -4,7 +4,9 @@
 #   elapsed: seconds since t0 ("12 s"); cap N: N cut to what is left of the budget (3 s kept for
 #   the tables; at least 1); may: whether a step may start (8 s or more left); row STEP RESULT
 #   DETAIL: one line of the step table (rows); unpack NAME: NAME/ from NAME.tar.xz (a
-#   tools/gpu/pack_binaries.sh pack) unless it is there, its env.sh sourced, the host printed.
+#   tools/gpu/pack_binaries.sh pack) unless it is there, its env.sh sourced, the host printed;
+#   pack_carry NAME BINARY...: here, .device-carry/NAME.tar.xz of those binaries (run from the
+#   repository root; needs nothing above).
 rows=()
 elapsed() { echo "$(($(date +%s) - t0)) s"; }
 cap() {
@@ -15,8 +17,18 @@ cap() {
 may() { [ "$(cap 8)" -ge 8 ]; }
 row() { rows+=("| $1 | $2 | $3 |"); }
 unpack() {
-  [ -d "$1" ] || tar -xJf "$1.tar.xz"
+  [ -d "$1" ] || tar -xJf "$1.tar.xz" -C "$(dirname "$1")"
   # shellcheck disable=SC1090
   source "$1/env.sh"
   echo "cores $(nproc); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+}
+pack_carry() {
+  local name=$1 tmp
+  shift
+  tmp=$(mktemp -d)
+  tools/gpu/pack_binaries.sh "$tmp/$name" "$@" > /dev/null || return 1
+  mkdir -p .device-carry
+  (cd "$tmp" && XZ_OPT=-9 tar -cJf "$OLDPWD/.device-carry/$name.tar.xz" "$name") || return 1
+  rm -rf "$tmp"
+  ls -la ".device-carry/$name.tar.xz"
 }
