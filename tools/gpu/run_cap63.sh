@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Fp8WgmmaConfig::max_registers (issue 25): the wgmma GEMM built with at most 96 / 128 registers
 # a thread, so that 3-4 blocks fit on a multiprocessor at 16-64 tokens instead of 2-3, in one
-# device call (<= ~300 s): the wgmma GEMM GPU tests (the capped builds' bits against the uncapped
-# build, every other wgmma option), then decode_bench's dense shapes at 8-64 tokens with the
-# default config, capped at 128 and 96, and with more target blocks; the table last
-# (us and % of the read floor of the same bytes; raw rows in $OUT/bench.csv).
+# device call (<= ~480 s): the wgmma GEMM GPU tests (the capped builds' bits against the uncapped
+# build, every other wgmma option), decode_bench's dense shapes at 8-64 tokens with the default
+# config, capped at 128 and 96, and with more target blocks; one V4-Flash layer's decode GEMMs
+# (decode_bench layer) with the default config and capped at 128 and 96 (PDSERVE_FP8_WGMMA); the
+# engine's GPU suite with PDSERVE_FP8_WGMMA capped at 128, then 96, while time is left; the
+# tables last (us and % of the read floor of the same bytes; raw rows in $OUT/*.csv).
 # Here:
-#   cmake --build build --target pdserve_kernels_cuda_tests pdserve_decode_bench
+#   cmake --build build --target pdserve_kernels_cuda_tests pdserve_decode_bench engine_gpu_tests
 #   tools/gpu/run_cap63.sh pack            # .device-carry/cap63.tar.xz
 # There (carry .device-carry/cap63.tar.xz): OUT=<dir> bash tools/gpu/run_cap63.sh
 set -uo pipefail
@@ -14,12 +16,14 @@ cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=tools/gpu/round_lib.sh
 source tools/gpu/round_lib.sh
 if [ "${1:-}" = pack ]; then
-  pack_carry cap63 build/tests/kernels_cuda/pdserve_kernels_cuda_tests build/bench/cuda/pdserve_decode_bench
+  pack_carry cap63 build/tests/kernels_cuda/pdserve_kernels_cuda_tests \
+    build/bench/cuda/pdserve_decode_bench build/tests/engine_gpu/engine_gpu_tests
   exit $?
 fi
 out=${OUT:-gpu-out/cap63}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+start=$SECONDS
 [ -f .device-carry/cap63.tar.xz ] ||
   { echo "FAIL: no .device-carry/cap63.tar.xz (run 'tools/gpu/run_cap63.sh pack' here)"; exit 2; }
 unpack .device-carry/cap63
@@ -36,6 +40,25 @@ v="$v;0,0,396,0,1,1,0,0,0,0,0,128;0,0,528,0,1,1,0,0,0,0,0,96;0,0,396,0,1,1"
 PDSERVE_FP8_VARIANTS="$v" PDSERVE_DECODE_TOKENS=8,16,32,64 PDSERVE_DECODE_ROWS='read,fp8,w8a16,fp8_v*,w8a16_v*' \
   timeout -k 5 150 pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 bench="rc=$? $((SECONDS - s)) s"
+capped128="0,0,264,0,1,1,0,0,0,0,0,128"
+capped96="0,0,264,0,1,1,0,0,0,0,0,96"
+s=$SECONDS
+{
+  timeout -k 5 60 pdserve_decode_bench layer > "$out/layer_default.csv"
+  PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 60 pdserve_decode_bench layer > "$out/layer_x128.csv"
+  PDSERVE_FP8_WGMMA=$capped96 timeout -k 5 60 pdserve_decode_bench layer > "$out/layer_x96.csv"
+} 2>> "$out/bench.err"
+layer="rc=$? $((SECONDS - s)) s"
+passed() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$1" | tr '\n' ' '; }
+engine=""
+for c in "$capped128" "$capped96"; do
+  [ $((SECONDS - start)) -lt 360 ] || break
+  s=$SECONDS
+  PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$c timeout -k 5 110 engine_gpu_tests \
+    > "$out/engine_x${c##*,}.log" 2>&1
+  engine="$engine
+engine GPU suite, PDSERVE_FP8_WGMMA=$c: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x${c##*,}.log")"
+done
 grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
 python3 - "$out/bench.csv" <<'PY'
 import collections, sys
@@ -55,6 +78,26 @@ for mode in ("w8a16", "fp8"):
         floor = r.get("read")
         cells = ["-" if r.get(c) is None else f"{r[c]:.1f} ({100 * floor / r[c]:.0f}%)" for c in cols]
         print(f"| {shape} | {tok} | {floor:.1f} | " + " | ".join(cells) + " |")
+import glob, os
+layer = {}
+for f in sorted(glob.glob(os.path.join(os.path.dirname(sys.argv[1]), "layer_*.csv"))):
+    config = os.path.basename(f)[len("layer_"):-len(".csv")]
+    for line in open(f):
+        g = line.strip().split(",")
+        if len(g) == 5 and g[1] == "layer":
+            layer.setdefault((g[0], int(g[2])), {})[config] = float(g[3])
+configs = sorted({c for r in layer.values() for c in r}, key=lambda c: (c != "default", c))
+print("\none V4-Flash layer's decode GEMMs (decode_bench layer): us per config (% of layer_read)")
+print("| part | tokens | " + " | ".join(configs) + " |")
+print("| --- | --- |" + " --- |" * len(configs))
+for (part, tok), r in sorted(layer.items()):
+    if part.startswith("layer_read"):
+        continue
+    floor = layer.get((part.replace("layer_w8a16", "layer_read").replace("layer_fp8", "layer_read"), tok), {}).get("default")
+    cells = ["-" if r.get(c) is None else
+             (f"{r[c]:.1f}" + (f" ({100 * floor / r[c]:.0f}%)" if floor else "")) for c in configs]
+    print(f"| {part} | {tok} | " + " | ".join(cells) + " |")
 PY
 echo "tests: $tests"
 echo "bench: $bench"
+echo "layer: $layer$engine"
