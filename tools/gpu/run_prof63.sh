@@ -7,7 +7,7 @@
 #    SpeedOfLight, Occupancy, LaunchStats, WarpStateStats, SchedulerStats, MemoryWorkloadAnalysis,
 #    SourceCounters) of the wgmma GEMM at 32 and 128 tokens (W8A8 and W8A16), the W8A16 mma.sync
 #    GEMM at 1 token, the sparse decode attention's split kernel at 32 x 32K and the select top-k
-#    at 32 x 128K -> ncu_<case>.txt;
+#    at 32 x 128K (its bench needs more than an H100's 80 GB) -> ncu_<case>.txt;
 # 3. what time is left: the engine's GPU suite with the Sinkhorn default (tools/gpu/run_sk62.sh),
 #    when .device-carry/hcpre59.tar.xz was carried too.
 # Here:
@@ -48,8 +48,9 @@ profile() {
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
   local t=$SECONDS
-  env "${envs[@]}" timeout -k 5 90 "$ncu_bin" --kernel-name "regex:$regex" --launch-skip "$skip" \
-    --launch-count 1 --clock-control none --cache-control none \
+  env "${envs[@]}" timeout -k 5 90 "$ncu_bin" --kernel-name-base demangled \
+    --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count 1 --clock-control none \
+    --cache-control none \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
     --print-details all "$@" > "$out/ncu_$name.txt" 2> "$out/ncu_$name.err"
