@@ -28,7 +28,7 @@ start=$SECONDS
   { echo "FAIL: no .device-carry/cap63.tar.xz (run 'tools/gpu/run_cap63.sh pack' here)"; exit 2; }
 unpack .device-carry/cap63
 s=$SECONDS
-timeout -k 5 150 pdserve_kernels_cuda_tests \
+timeout -k 5 120 pdserve_kernels_cuda_tests \
   --gtest_filter='*MaxRegisters*:CudaFp8GemmTest.*Wgmma*:CudaW8a16GemmTest.*Wgmma*' \
   > "$out/tests.log" 2>&1
 tests="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
@@ -38,23 +38,23 @@ s=$SECONDS
 v="0,0,264,0,1,1;0,0,264,0,1,1,0,0,0,0,0,128;0,0,264,0,1,1,0,0,0,0,0,96"
 v="$v;0,0,396,0,1,1,0,0,0,0,0,128;0,0,528,0,1,1,0,0,0,0,0,96;0,0,396,0,1,1"
 PDSERVE_FP8_VARIANTS="$v" PDSERVE_DECODE_TOKENS=8,16,32,64 PDSERVE_DECODE_ROWS='read,fp8,w8a16,fp8_v*,w8a16_v*' \
-  timeout -k 5 150 pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
+  timeout -k 5 100 pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 bench="rc=$? $((SECONDS - s)) s"
 capped128="0,0,264,0,1,1,0,0,0,0,0,128"
 capped96="0,0,264,0,1,1,0,0,0,0,0,96"
 s=$SECONDS
 {
-  timeout -k 5 60 pdserve_decode_bench layer > "$out/layer_default.csv"
-  PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 60 pdserve_decode_bench layer > "$out/layer_x128.csv"
-  PDSERVE_FP8_WGMMA=$capped96 timeout -k 5 60 pdserve_decode_bench layer > "$out/layer_x96.csv"
+  timeout -k 5 45 pdserve_decode_bench layer > "$out/layer_default.csv"
+  PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 45 pdserve_decode_bench layer > "$out/layer_x128.csv"
+  PDSERVE_FP8_WGMMA=$capped96 timeout -k 5 45 pdserve_decode_bench layer > "$out/layer_x96.csv"
 } 2>> "$out/bench.err"
 layer="rc=$? $((SECONDS - s)) s"
 passed() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$1" | tr '\n' ' '; }
 engine=""
 for c in "$capped128" "$capped96"; do
-  [ $((SECONDS - start)) -lt 360 ] || break
+  [ $((SECONDS - start)) -lt 330 ] || break
   s=$SECONDS
-  PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$c timeout -k 5 110 engine_gpu_tests \
+  PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$c timeout -k 5 100 engine_gpu_tests \
     > "$out/engine_x${c##*,}.log" 2>&1
   engine="$engine
 engine GPU suite, PDSERVE_FP8_WGMMA=$c: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x${c##*,}.log")"
