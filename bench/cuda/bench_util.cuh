@@ -140,10 +140,10 @@ double RandomRoutings(int64_t tokens, int64_t experts, int64_t top_k,
   return distinct;
 }
 
-// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r[,a[,i[,t[,k[,m[,R]]]]]]]]];..." (warpgroups, stages,
+// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r[,a[,i[,p[,k[,m[,R]]]]]]]]];..." (warpgroups, stages,
 // target blocks, then the flags cluster_reduce, smem_scales, a16_register_weights,
-// alternate_turns, two_in_flight, split_tokens, stagger_k, multicast_activations as 0 | 1, then
-// max_registers; missing ones 0); malformed entries are skipped.
+// alternate_turns, two_in_flight, split_tokens (p), stagger_k, multicast_activations as 0 | 1, then
+// max_registers 96 | 128 (anything else: 0); missing ones 0); malformed entries are skipped.
 std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
   std::vector<Fp8WgmmaConfig> v;
   size_t at = 0;
@@ -162,7 +162,7 @@ std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
     if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
                     &c.warpgroups, &c.stages, &c.target_blocks, &cluster, &scales, &reg, &alternate,
                     &in_flight, &split, &stagger, &multicast, &max_registers) >= 3) {
-      c.max_registers = max_registers;
+      c.max_registers = max_registers == 96 || max_registers == 128 ? max_registers : 0;
       c.multicast_activations = multicast == 1;
       c.split_tokens = split == 1;
       c.stagger_k = stagger == 1;

@@ -17,8 +17,9 @@
 //   fp8_v<w>.<s>.<t>[.c][.s][.r][.a][.i][.t][.k][.m] / w8a16_v<...> (fp8_gemm_wgmma /
 //   fp8_gemm_w8a16_wgmma with that config: warpgroups, stages, target blocks, cluster_reduce,
 //   smem_scales, a16_register_weights, alternate_turns, two_in_flight, split_tokens, stagger_k,
-//   multicast_activations, .x<R>: max_registers R; PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,t,k,m;..."
-//   or kVariants; PDSERVE_DECODE_NO_CLUSTER set: none with cluster_reduce).
+//   multicast_activations, .x<R>: max_registers R;
+//   PDSERVE_FP8_VARIANTS="w,s,t,c,x,r,a,i,p,k,m,R;..." or kVariants; PDSERVE_DECODE_NO_CLUSTER set:
+//   none with cluster_reduce).
 // Mode "layer": the GEMMs of one V4-Flash compressed-sparse-attention layer's decode step as
 // engine/gpu/gpu_model.cc calls them (q_a, q_b, kv, the compressor's kv / gate, the indexer
 // compressor's kv / gate, indexer q_b and weights, o_a as 8 group GEMMs, o_b; the shared expert's

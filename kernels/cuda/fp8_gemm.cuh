@@ -144,11 +144,17 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // its rows, by TMA multicast into both), so the activations are read from L2 once per 128 weight
 // rows; only where the block's tokens are a multiple of 16 (with split_tokens always) and the row
 // tiles even, not with alternate_turns or cluster_reduce; the same bits as without.
-// max_registers (96 or 128): where a block has one consumer warpgroup taking every k block and no
-// two_in_flight, token tiles up to 64 run a build of the kernel with at most that many registers
-// a thread (ptxas may spill), so 3 (128) or 4 (96) blocks fit on a multiprocessor where the
-// uncapped build's 121-153 registers fit 2; the same arithmetic and bits. The member defaults are
-// the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
+// max_registers (96 or 128): where a block has one consumer warpgroup taking every k block and the
+// plan runs one block at a time (not two in flight), token tiles up to 64 run a build of the
+// kernel with at most that many registers a thread (ptxas may spill: 96 spills 80-740 bytes at
+// W8A16 tiles of 8-64 tokens, 128 spills ~50 bytes at 48-64), the same arithmetic and bits. A
+// block is 5 warps and a scheduler's quarter of the register file holds 16 K registers, so 3
+// blocks fit on a multiprocessor at <= 128 registers and 4 at <= 96, where shared memory allows
+// (W8A16 at 24 tokens, at 32 with more than 8 k blocks a split, and W8A8 at 48-64 fit 3 by their
+// stages). Uncapped, W8A16 tiles of 32-64 tokens take 131-153 registers (2 blocks) and tiles of
+// 8-24 119-128 (3); W8A8 tiles take 48-121 (3 or more), so only W8A16 at 32-64 tokens gains a
+// block from 128, and 96 adds a fourth only where shared memory has room. The member defaults
+// are the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
 // kFp8WgmmaDecodeConfig are defined in fp8_gemm_workspace.h, host arithmetic without CUDA.)
 // kFp8WgmmaDecodeConfig, the config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04,
 // bench/cuda/decode_bench.cu at V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups
@@ -166,6 +172,12 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 size_t fp8_gemm_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
                                       const Fp8WgmmaConfig& config);
 int32_t fp8_gemm_wgmma_splits(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config);
+// Registers a thread of the kernel that fp8_gemm_wgmma (a16 false) or fp8_gemm_w8a16_wgmma (a16
+// true) launches for m x n x k with `config` (cudaFuncGetAttributes' numRegs: which build the plan
+// picks, e.g. a max_registers one); -1 for sizes it refuses, m = 0 or a CUDA error. Host only,
+// needs a device.
+int fp8_gemm_wgmma_kernel_registers(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config,
+                                    bool a16);
 // fp8_gemm's function on the Hopper warpgroup MMA (sm_90a; e4m3 x e4m3 -> fp32 wgmma, 8..128
 // tokens per block, weights streamed by TMA through a shared-memory ring). Same math, layouts and
 // requirements as fp8_gemm plus n, k < 2^31; workspace fp8_gemm_wgmma_workspace_bytes(m, n, k,

@@ -48,7 +48,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,6 +58,7 @@
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/fp8_gemm_wgmma_parts.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/cuda/wgmma_e4m3.cuh"
 #include "kernels/env_switch.h"
@@ -496,56 +496,45 @@ WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& confi
 
 using KernelFn = void (*)(CUtensorMap, CUtensorMap, WgmmaArgs);
 
-// Kernel k's first launch sets its shared-memory limit (once per kernel, kept for later calls).
-template <KernelFn K>
-cudaError_t LaunchKernel(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
-                         const WgmmaPlan& p, cudaStream_t stream) {
-  static std::once_flag once;
-  static cudaError_t attribute = cudaSuccess;
-  std::call_once(once, [] {
-    attribute = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
-  });
-  if (attribute != cudaSuccess) return attribute;
-  const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
-                  static_cast<unsigned>(p.splits));
-  return bs::LaunchClustered(
-      K, grid, dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)), p.smem_bytes,
-      dim3(1, p.multicast ? 2 : 1, a.cluster_reduce != 0 ? p.splits : 1), stream, w_map, x_map, a);
-}
-
+// The kernel a plan launches for token tiles of N.
 template <int N, bool A16>
-cudaError_t LaunchN(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
-                    const WgmmaPlan& p, cudaStream_t stream) {
+KernelFn KernelN(const WgmmaPlan& p) {
   if constexpr (N <= kInFlightTokens) {
-    if (p.in_flight) {
-      return LaunchKernel<Fp8WgmmaKernel<N, A16, true>>(w_map, x_map, a, p, stream);
-    }
+    if (p.in_flight) return Fp8WgmmaKernel<N, A16, true>;
   }
   if constexpr (N <= kCappedMaxTokens) {
-    if (p.max_registers == 128) {
-      return LaunchKernel<Fp8WgmmaCappedKernel<N, A16, 128>>(w_map, x_map, a, p, stream);
-    }
-    if (p.max_registers == 96) {
-      return LaunchKernel<Fp8WgmmaCappedKernel<N, A16, 96>>(w_map, x_map, a, p, stream);
-    }
+    if (p.max_registers == 128) return Fp8WgmmaCappedKernel<N, A16, 128>;
+    if (p.max_registers == 96) return Fp8WgmmaCappedKernel<N, A16, 96>;
   }
-  return LaunchKernel<Fp8WgmmaKernel<N, A16, false>>(w_map, x_map, a, p, stream);
+  return Fp8WgmmaKernel<N, A16, false>;
 }
 
-using LaunchFn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const WgmmaArgs&,
-                                 const WgmmaPlan&, cudaStream_t);
+using KernelForFn = KernelFn (*)(const WgmmaPlan&);
 
 template <bool A16, int... I>
-constexpr std::array<LaunchFn, sizeof...(I)> LaunchTable(std::integer_sequence<int, I...>) {
-  return {&LaunchN<8 * (I + 1), A16>...};
+constexpr std::array<KernelForFn, sizeof...(I)> KernelTable(std::integer_sequence<int, I...>) {
+  return {&KernelN<8 * (I + 1), A16>...};
+}
+
+KernelFn KernelFor(const WgmmaPlan& p, bool a16) {
+  constexpr auto kTiles = std::make_integer_sequence<int, kMaxTokenTile / 8>{};
+  static constexpr auto kTable = KernelTable<false>(kTiles);
+  static constexpr auto kTableA16 = KernelTable<true>(kTiles);
+  return (a16 ? kTableA16 : kTable)[p.n_tile / 8 - 1](p);
 }
 
 cudaError_t LaunchWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map, const WgmmaArgs& a,
                         const WgmmaPlan& p, bool a16, cudaStream_t stream) {
-  constexpr auto kTiles = std::make_integer_sequence<int, kMaxTokenTile / 8>{};
-  static constexpr auto kTable = LaunchTable<false>(kTiles);
-  static constexpr auto kTableA16 = LaunchTable<true>(kTiles);
-  return (a16 ? kTableA16 : kTable)[p.n_tile / 8 - 1](w_map, x_map, a, p, stream);
+  const KernelFn kernel = KernelFor(p, a16);
+  const cudaError_t attribute =
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), kSmemLimit);
+  if (attribute != cudaSuccess) return attribute;
+  const dim3 grid(static_cast<unsigned>(p.token_tiles), static_cast<unsigned>(p.row_tiles),
+                  static_cast<unsigned>(p.splits));
+  return bs::LaunchClustered(
+      kernel, grid, dim3(static_cast<unsigned>(128 * p.wgs * p.turns * p.tgroups + 32)),
+      p.smem_bytes, dim3(1, p.multicast ? 2 : 1, a.cluster_reduce != 0 ? p.splits : 1), stream,
+      w_map, x_map, a);
 }
 
 // PDSERVE_FP8_WGMMA's text: "warpgroups,stages,target" and up to eight flags 0 / 1 in
@@ -609,6 +598,18 @@ size_t fp8_gemm_w8a16_wgmma_workspace_bytes(int64_t m, int64_t n, int64_t k,
 
 int32_t fp8_gemm_wgmma_splits(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config) {
   return WgmmaSizesValid(m, n, k) ? PlanWgmma(m, n, k, config, false).splits : 0;
+}
+
+int fp8_gemm_wgmma_kernel_registers(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config,
+                                    bool a16) {
+  if (!WgmmaSizesValid(m, n, k) || m == 0) return -1;
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(
+                                             KernelFor(PlanWgmma(m, n, k, config, a16), a16))) !=
+      cudaSuccess) {
+    return -1;
+  }
+  return attributes.numRegs;
 }
 
 namespace {

@@ -702,13 +702,13 @@ cudaError_t indexer_scores(const IndexerParams& p, float* scores, int32_t* visib
                : (v == IndexerScoresVariant::kWgmma ? WgmmaSmemBytes<false>(nb)
                                                     : WgmmaSmemBytes<true>(nb));
   };
-  static const cudaError_t attribute_status = [&] {
+  const cudaError_t attribute_status = [&] {
     for (int v = 0; v < 3; ++v) {
       const int size =
           static_cast<int>(smem_bytes(static_cast<IndexerScoresVariant>(v), kMaxBatchPerLaunch));
       for (const Kernel kernel : kKernels[v]) {
         const cudaError_t status =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, size);
+            SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), size);
         if (status != cudaSuccess) return status;
       }
     }

@@ -165,9 +165,8 @@ cudaError_t indexer_scores_generic(const float* q, const float* head_weights, in
   PDSERVE_LAUNCH_REQUIRE(kLauncher, position_of_row != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE(kLauncher, visible != nullptr);
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(IndexerScoresGenericKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kMaxSmemBytes));
+  const cudaError_t attribute_status = SetMaxDynamicSharedMemory(
+      reinterpret_cast<const void*>(IndexerScoresGenericKernel), static_cast<int>(kMaxSmemBytes));
   if (attribute_status != cudaSuccess) return attribute_status;
   // Threads: 16 per head group up to 16 groups, whole warps.
   const int threads =

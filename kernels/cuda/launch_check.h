@@ -22,6 +22,15 @@ cudaError_t RefuseLaunch(const char* launcher, const char* check);
 // last call.
 std::string TakeLaunchRefusal();
 
+// cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) for the current
+// device, once per (func, device) while `bytes` is not above what was set: CUDA keeps the
+// attribute per device (it sets it for the current device's instance of the kernel), so a
+// process that launches a kernel on several devices (engine/gpu/local_comm.cc: one thread per
+// GPU) must set it on each. A failure is returned and not remembered (the next call tries
+// again). Thread-safe (one mutex; launchers call it before each launch). `func` is the kernel
+// (a __global__ function's address).
+cudaError_t SetMaxDynamicSharedMemory(const void* func, int bytes);
+
 }  // namespace pdserve::kernels::cuda
 
 // Returns RefuseLaunch(launcher, "cond") from the enclosing function unless `cond` holds. One

@@ -36,7 +36,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,6 +45,7 @@
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/fp8_gemm_wgmma_parts.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
+#include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_grouping.cuh"
 #include "kernels/cuda/tensor_map.cuh"
@@ -331,12 +331,8 @@ cudaError_t ValidateWgmmaSizes(int64_t tokens, int64_t top_k, int64_t x_rows,
 template <int N, bool A16>
 cudaError_t LaunchMoeKernel(const CUtensorMap& w_map, const CUtensorMap& x_map,
                             const MoeWgmmaArgs& a, const MoeWgmmaPlan& p, cudaStream_t stream) {
-  static std::once_flag once;
-  static cudaError_t attribute = cudaSuccess;
-  std::call_once(once, [] {
-    attribute = cudaFuncSetAttribute(MoeWgmmaKernel<N, A16>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
-  });
+  const cudaError_t attribute =
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(MoeWgmmaKernel<N, A16>), kSmemLimit);
   if (attribute != cudaSuccess) return attribute;
   const dim3 grid(static_cast<unsigned>(p.row_tiles), static_cast<unsigned>(p.max_items));
   return bs::LaunchClustered(MoeWgmmaKernel<N, A16>, grid, dim3(kThreads), p.smem_bytes,

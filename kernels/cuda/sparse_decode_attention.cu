@@ -580,21 +580,19 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, b
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// The split kernels' shared-memory size, set for all four at the first call of any variant (so
-// a later first use of another variant or cluster shape, maybe inside graph capture, sets none).
+// The split kernels' shared-memory size, set for all four on a device at the first call of any
+// variant there (so a later first use of another variant or cluster shape, maybe inside graph
+// capture, sets none).
 cudaError_t SplitKernelAttributes() {
-  static const cudaError_t status = [] {
-    for (const auto kernel :
-         {SparseDecodeSplitKernel<false, kNoCluster>, SparseDecodeSplitKernel<true, kNoCluster>,
-          SparseDecodeSplitKernel<true, kQueryCluster>,
-          SparseDecodeSplitKernel<true, kMergeCluster>}) {
-      const cudaError_t set =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      if (set != cudaSuccess) return set;
-    }
-    return cudaSuccess;
-  }();
-  return status;
+  for (const auto kernel :
+       {SparseDecodeSplitKernel<false, kNoCluster>, SparseDecodeSplitKernel<true, kNoCluster>,
+        SparseDecodeSplitKernel<true, kQueryCluster>,
+        SparseDecodeSplitKernel<true, kMergeCluster>}) {
+    const cudaError_t set =
+        SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), kSmemBytes);
+    if (set != cudaSuccess) return set;
+  }
+  return cudaSuccess;
 }
 
 // The queries [batch * heads, 512] bf16 as a 2-D tensor in boxes of 64 dims x 64 heads with the

@@ -659,16 +659,15 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   PDSERVE_LAUNCH_REQUIRE("top_k", scores != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", lengths != nullptr);
   PDSERVE_LAUNCH_REQUIRE("top_k", out != nullptr);
-  static const cudaError_t attribute_status = [] {
+  const cudaError_t attribute_status = [] {
     const int bytes = static_cast<int>(kFixedSmemBytes + kMaxCachedScores * sizeof(uint32_t));
     cudaError_t status =
-        cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(TopKKernel), bytes);
     if (status != cudaSuccess) return status;
-    status = cudaFuncSetAttribute(TopKSelectKernel<false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    status =
+        SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(TopKSelectKernel<false>), bytes);
     if (status != cudaSuccess) return status;
-    return cudaFuncSetAttribute(TopKSelectKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                bytes);
+    return SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(TopKSelectKernel<true>), bytes);
   }();
   if (attribute_status != cudaSuccess) return attribute_status;
   const int64_t blocks =

@@ -20,7 +20,23 @@ inline std::string WgmmaConfigLabel(const Fp8WgmmaConfig& c) {
   return " config=" + std::to_string(c.warpgroups) + "," + std::to_string(c.stages) + "," +
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ",cluster" : "") +
          (c.smem_scales ? ",smem_scales" : "") + (c.a16_register_weights ? ",reg" : "") +
-         (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "");
+         (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "") +
+         (c.max_registers != 0 ? ",max_registers=" + std::to_string(c.max_registers) : "");
+}
+
+// The WgmmaMaxRegisters tests' configs: the default decode config, one warpgroup with 4 stages,
+// 2 stages with cluster_reduce (the plan takes max_registers at <= 64 tokens: `capped`), then
+// two warpgroups and two blocks in flight (it does not).
+struct MaxRegistersBase {
+  Fp8WgmmaConfig config;
+  bool capped;
+};
+inline std::vector<MaxRegistersBase> MaxRegistersBases() {
+  return {{{0, 0, 264, false, true, true}, true},
+          {{1, 4, 0, false, false, false}, true},
+          {{1, 2, 4096, true, true, true}, true},
+          {{2, 4, 264, false, true, true}, false},
+          {{0, 4, 264, false, true, true, false, true}, false}};
 }
 
 // Random finite e4m3 codes (never the NaN codes 0x7F / 0xFF).

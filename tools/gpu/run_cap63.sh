@@ -2,7 +2,8 @@
 # Fp8WgmmaConfig::max_registers (issue 25): the wgmma GEMM built with at most 96 / 128 registers
 # a thread, so that 3-4 blocks fit on a multiprocessor at 16-64 tokens instead of 2-3, in one
 # device call (<= ~480 s): the wgmma GEMM GPU tests (the capped builds' bits against the uncapped
-# build, every other wgmma option), decode_bench's dense shapes at 8-64 tokens with the default
+# build, every other wgmma option; the attention, indexer, top-k and MoE tests, whose shared-memory
+# attribute is now set per device), decode_bench's dense shapes at 8-64 tokens with the default
 # config, capped at 128 and 96, and with more target blocks; one V4-Flash layer's decode GEMMs
 # (decode_bench layer) with the default config and capped at 128 and 96 (PDSERVE_FP8_WGMMA); the
 # engine's GPU suite with PDSERVE_FP8_WGMMA capped at 128, then 96, while time is left; the
@@ -32,6 +33,12 @@ timeout -k 5 120 pdserve_kernels_cuda_tests \
   --gtest_filter='*MaxRegisters*:CudaFp8GemmTest.*Wgmma*:CudaW8a16GemmTest.*Wgmma*' \
   > "$out/tests.log" 2>&1
 tests="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
+# The kernels whose shared-memory attribute is now set per device (launch_check.h's
+# SetMaxDynamicSharedMemory): attention, indexer, top-k, MoE GEMMs.
+s=$SECONDS
+timeout -k 5 70 pdserve_kernels_cuda_tests \
+  --gtest_filter='*SparseDecode*:*TopK*:*Indexer*:*Moe*' > "$out/tests_attr.log" 2>&1
+tests_attr="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests_attr.log" | tr '\n' ' ')"
 s=$SECONDS
 # Variants: the default config (0,0,264 smem scales, register weights), capped at 128 and 96,
 # and capped with 3 / 4 blocks' worth of target blocks.
@@ -52,14 +59,14 @@ layer="rc=$? $((SECONDS - s)) s"
 passed() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$1" | tr '\n' ' '; }
 engine=""
 for c in "$capped128" "$capped96"; do
-  [ $((SECONDS - start)) -lt 330 ] || break
+  [ $((SECONDS - start)) -lt 360 ] || break
   s=$SECONDS
   PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$c timeout -k 5 100 engine_gpu_tests \
     > "$out/engine_x${c##*,}.log" 2>&1
   engine="$engine
 engine GPU suite, PDSERVE_FP8_WGMMA=$c: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x${c##*,}.log")"
 done
-grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
+grep -E '^\[  FAILED  \]' "$out/tests.log" "$out/tests_attr.log" | head -10
 python3 - "$out/bench.csv" <<'PY'
 import collections, sys
 rows = collections.OrderedDict()
@@ -99,5 +106,6 @@ for (part, tok), r in sorted(layer.items()):
     print(f"| {part} | {tok} | " + " | ".join(cells) + " |")
 PY
 echo "tests: $tests"
+echo "attention / indexer / top-k / MoE tests: $tests_attr"
 echo "bench: $bench"
 echo "layer: $layer$engine"
