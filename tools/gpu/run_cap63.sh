@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Fp8WgmmaConfig::max_registers (issue 25): the wgmma GEMM built with at most 96 / 128 registers
 # a thread, so that 3-4 blocks fit on a multiprocessor at 16-64 tokens instead of 2-3, in one
-# device call (<= ~480 s): the wgmma GEMM GPU tests (the capped builds' bits against the uncapped
+# device call (<= BUDGET s, default 480): the wgmma GEMM GPU tests (the capped builds' bits against the uncapped
 # build, every other wgmma option; the attention, indexer, top-k and MoE tests, whose shared-memory
 # attribute is now set per device), decode_bench's dense shapes at 8-64 tokens with the default
-# config, capped at 128 and 96, and with more target blocks; one V4-Flash layer's decode GEMMs
-# (decode_bench layer) with the default config and capped at 128 and 96 (PDSERVE_FP8_WGMMA); the
-# engine's GPU suite with PDSERVE_FP8_WGMMA capped at 128, then 96, while time is left; the
+# config, capped at 128 and 96, and with more target blocks; the engine's GPU suite with
+# PDSERVE_FP8_WGMMA capped at 128; one V4-Flash layer's decode GEMMs (decode_bench layer) with the
+# default config and capped at 128 and 96; the engine suite capped at 96 while time is left; the
 # tables last (us and % of the read floor of the same bytes; raw rows in $OUT/*.csv).
 # Here:
 #   cmake --build build --target pdserve_kernels_cuda_tests pdserve_decode_bench engine_gpu_tests
 #   tools/gpu/run_cap63.sh pack            # .device-carry/cap63.tar.xz
-# There (carry .device-carry/cap63.tar.xz): OUT=<dir> bash tools/gpu/run_cap63.sh
+# There (carry .device-carry/cap63.tar.xz): OUT=<dir> [BUDGET=s] bash tools/gpu/run_cap63.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=tools/gpu/round_lib.sh
@@ -25,18 +25,23 @@ out=${OUT:-gpu-out/cap63}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 start=$SECONDS
+# Seconds a step may take: at most $1, and what is left of BUDGET (default 480) s since the start.
+cap() {
+  local left=$((${BUDGET:-480} - (SECONDS - start)))
+  [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"
+}
 [ -f .device-carry/cap63.tar.xz ] ||
   { echo "FAIL: no .device-carry/cap63.tar.xz (run 'tools/gpu/run_cap63.sh pack' here)"; exit 2; }
 unpack .device-carry/cap63
 s=$SECONDS
-timeout -k 5 120 pdserve_kernels_cuda_tests \
+timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests \
   --gtest_filter='*MaxRegisters*:CudaFp8GemmTest.*Wgmma*:CudaW8a16GemmTest.*Wgmma*' \
   > "$out/tests.log" 2>&1
 tests="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 # The kernels whose shared-memory attribute is now set per device (launch_check.h's
 # SetMaxDynamicSharedMemory): attention, indexer, top-k, MoE GEMMs.
 s=$SECONDS
-timeout -k 5 70 pdserve_kernels_cuda_tests \
+timeout -k 5 "$(cap 70)" pdserve_kernels_cuda_tests \
   --gtest_filter='*SparseDecode*:*TopK*:*Indexer*:*Moe*' > "$out/tests_attr.log" 2>&1
 tests_attr="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests_attr.log" | tr '\n' ' ')"
 s=$SECONDS
@@ -45,27 +50,33 @@ s=$SECONDS
 v="0,0,264,0,1,1;0,0,264,0,1,1,0,0,0,0,0,128;0,0,264,0,1,1,0,0,0,0,0,96"
 v="$v;0,0,396,0,1,1,0,0,0,0,0,128;0,0,528,0,1,1,0,0,0,0,0,96;0,0,396,0,1,1"
 PDSERVE_FP8_VARIANTS="$v" PDSERVE_DECODE_TOKENS=8,16,32,64 PDSERVE_DECODE_ROWS='read,fp8,w8a16,fp8_v*,w8a16_v*' \
-  timeout -k 5 100 pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
+  timeout -k 5 "$(cap 100)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 bench="rc=$? $((SECONDS - s)) s"
 capped128="0,0,264,0,1,1,0,0,0,0,0,128"
 capped96="0,0,264,0,1,1,0,0,0,0,0,96"
-s=$SECONDS
-{
-  timeout -k 5 45 pdserve_decode_bench layer > "$out/layer_default.csv"
-  PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 45 pdserve_decode_bench layer > "$out/layer_x128.csv"
-  PDSERVE_FP8_WGMMA=$capped96 timeout -k 5 45 pdserve_decode_bench layer > "$out/layer_x96.csv"
-} 2>> "$out/bench.err"
-layer="rc=$? $((SECONDS - s)) s"
 passed() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$1" | tr '\n' ' '; }
 engine=""
-for c in "$capped128" "$capped96"; do
-  [ $((SECONDS - start)) -lt 360 ] || break
+s=$SECONDS
+PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 "$(cap 100)" engine_gpu_tests \
+  > "$out/engine_x128.log" 2>&1
+engine="
+engine GPU suite, PDSERVE_FP8_WGMMA=$capped128: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x128.log")"
+s=$SECONDS
+{
+  timeout -k 5 "$(cap 45)" pdserve_decode_bench layer > "$out/layer_default.csv"
+  PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 "$(cap 45)" pdserve_decode_bench layer \
+    > "$out/layer_x128.csv"
+  PDSERVE_FP8_WGMMA=$capped96 timeout -k 5 "$(cap 45)" pdserve_decode_bench layer \
+    > "$out/layer_x96.csv"
+} 2>> "$out/bench.err"
+layer="$((SECONDS - s)) s"
+if [ "$(cap 100)" -ge 60 ]; then
   s=$SECONDS
-  PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$c timeout -k 5 100 engine_gpu_tests \
-    > "$out/engine_x${c##*,}.log" 2>&1
+  PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$capped96 timeout -k 5 "$(cap 100)" engine_gpu_tests \
+    > "$out/engine_x96.log" 2>&1
   engine="$engine
-engine GPU suite, PDSERVE_FP8_WGMMA=$c: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x${c##*,}.log")"
-done
+engine GPU suite, PDSERVE_FP8_WGMMA=$capped96: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x96.log")"
+fi
 grep -E '^\[  FAILED  \]' "$out/tests.log" "$out/tests_attr.log" | head -10
 python3 - "$out/bench.csv" <<'PY'
 import collections, sys
