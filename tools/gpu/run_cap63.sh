@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fp8WgmmaConfig::max_registers (issue 25): the wgmma GEMM built with at most 96 / 128 registers
 # a thread, so that 3-4 blocks fit on a multiprocessor at 16-64 tokens instead of 2-3, in one
-# device call (<= BUDGET s, default 480): the wgmma GEMM GPU tests (the capped builds' bits against the uncapped
-# build, every other wgmma option; the attention, indexer, top-k and MoE tests, whose shared-memory
-# attribute is now set per device), decode_bench's dense shapes at 8-64 tokens with the default
-# config, capped at 128 and 96, and with more target blocks; the engine's GPU suite with
+# device call (<= BUDGET s, default 480): wgmma GEMM GPU tests (the capped builds' bits against
+# the uncapped build, every token tile, splits, configs, extreme scales; the attention, indexer,
+# top-k and MoE tests, whose shared-memory attribute is now set per device), decode_bench's dense
+# shapes at 8-64 tokens with the default config, capped at 128 and 96, and with more target
+# blocks; the engine's GPU suite with
 # PDSERVE_FP8_WGMMA capped at 128; one V4-Flash layer's decode GEMMs (decode_bench layer) with the
 # default config and capped at 128 and 96; the engine suite capped at 96 while time is left; the
 # tables last (us and % of the read floor of the same bytes; raw rows in $OUT/*.csv).
@@ -34,8 +35,8 @@ cap() {
   { echo "FAIL: no .device-carry/cap63.tar.xz (run 'tools/gpu/run_cap63.sh pack' here)"; exit 2; }
 unpack .device-carry/cap63
 s=$SECONDS
-timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests \
-  --gtest_filter='*MaxRegisters*:CudaFp8GemmTest.*Wgmma*:CudaW8a16GemmTest.*Wgmma*' \
+timeout -k 5 "$(cap 90)" pdserve_kernels_cuda_tests \
+  --gtest_filter='*MaxRegisters*:*WgmmaEveryTokenTileAndOddCounts:*WgmmaTilesSplitsAndConfigs:*WgmmaExtremeScalesAndNonFinite:*WgmmaClusterReduceEqualsTwoPassBitForBit:*WgmmaRefusesASmallWorkspace:*WgmmaConfigsAndTokenTiles' \
   > "$out/tests.log" 2>&1
 tests="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 # The kernels whose shared-memory attribute is now set per device (launch_check.h's
@@ -50,7 +51,7 @@ s=$SECONDS
 v="0,0,264,0,1,1;0,0,264,0,1,1,0,0,0,0,0,128;0,0,264,0,1,1,0,0,0,0,0,96"
 v="$v;0,0,396,0,1,1,0,0,0,0,0,128;0,0,528,0,1,1,0,0,0,0,0,96;0,0,396,0,1,1"
 PDSERVE_FP8_VARIANTS="$v" PDSERVE_DECODE_TOKENS=8,16,32,64 PDSERVE_DECODE_ROWS='read,fp8,w8a16,fp8_v*,w8a16_v*' \
-  timeout -k 5 "$(cap 100)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
+  timeout -k 5 "$(cap 90)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 bench="rc=$? $((SECONDS - s)) s"
 capped128="0,0,264,0,1,1,0,0,0,0,0,128"
 capped96="0,0,264,0,1,1,0,0,0,0,0,96"
