@@ -12,7 +12,9 @@
 # Here:
 #   cmake --build build --target pdserve_kernels_cuda_tests pdserve_decode_bench engine_gpu_tests
 #   tools/gpu/run_cap63.sh pack            # .device-carry/cap63.tar.xz
-# There (carry .device-carry/cap63.tar.xz): OUT=<dir> [BUDGET=s] bash tools/gpu/run_cap63.sh
+# There (carry .device-carry/cap63.tar.xz): OUT=<dir> [BUDGET=s] [QUICK=1] bash tools/gpu/run_cap63.sh
+# QUICK=1 (<= ~150 s): the capped tests and two basic ones, the attention / top-k / indexer / MoE
+# tests, the bench at 16-64 tokens with the default config and capped at 128 / 96; nothing else.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=tools/gpu/round_lib.sh
@@ -31,32 +33,38 @@ cap() {
   local left=$((${BUDGET:-480} - (SECONDS - start)))
   [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"
 }
+q() { if [ -n "${QUICK:-}" ]; then echo "$1"; else echo "$2"; fi; }  # $1 with QUICK set, else $2
 [ -f .device-carry/cap63.tar.xz ] ||
   { echo "FAIL: no .device-carry/cap63.tar.xz (run 'tools/gpu/run_cap63.sh pack' here)"; exit 2; }
 unpack .device-carry/cap63
 s=$SECONDS
-timeout -k 5 "$(cap 90)" pdserve_kernels_cuda_tests \
-  --gtest_filter='*MaxRegisters*:*WgmmaEveryTokenTileAndOddCounts:*WgmmaTilesSplitsAndConfigs:*WgmmaExtremeScalesAndNonFinite:*WgmmaClusterReduceEqualsTwoPassBitForBit:*WgmmaRefusesASmallWorkspace:*WgmmaConfigsAndTokenTiles' \
+gemm_tests='*MaxRegisters*:*WgmmaEveryTokenTileAndOddCounts:*WgmmaTilesSplitsAndConfigs'
+[ -n "${QUICK:-}" ] || gemm_tests="$gemm_tests:*WgmmaExtremeScalesAndNonFinite:*WgmmaClusterReduceEqualsTwoPassBitForBit:*WgmmaRefusesASmallWorkspace:*WgmmaConfigsAndTokenTiles"
+timeout -k 5 "$(cap "$(q 60 90)")" pdserve_kernels_cuda_tests --gtest_filter="$gemm_tests" \
   > "$out/tests.log" 2>&1
 tests="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 # The kernels whose shared-memory attribute is now set per device (launch_check.h's
 # SetMaxDynamicSharedMemory): attention, indexer, top-k, MoE GEMMs.
 s=$SECONDS
-timeout -k 5 "$(cap 70)" pdserve_kernels_cuda_tests \
+timeout -k 5 "$(cap "$(q 45 70)")" pdserve_kernels_cuda_tests \
   --gtest_filter='*SparseDecode*:*TopK*:*Indexer*:*Moe*' > "$out/tests_attr.log" 2>&1
 tests_attr="rc=$? $((SECONDS - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests_attr.log" | tr '\n' ' ')"
 s=$SECONDS
 # Variants: the default config (0,0,264 smem scales, register weights), capped at 128 and 96,
 # and capped with 3 / 4 blocks' worth of target blocks.
 v="0,0,264,0,1,1;0,0,264,0,1,1,0,0,0,0,0,128;0,0,264,0,1,1,0,0,0,0,0,96"
-v="$v;0,0,396,0,1,1,0,0,0,0,0,128;0,0,528,0,1,1,0,0,0,0,0,96;0,0,396,0,1,1"
-PDSERVE_FP8_VARIANTS="$v" PDSERVE_DECODE_TOKENS=8,16,32,64 PDSERVE_DECODE_ROWS='read,fp8,w8a16,fp8_v*,w8a16_v*' \
-  timeout -k 5 "$(cap 90)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
+[ -n "${QUICK:-}" ] || v="$v;0,0,396,0,1,1,0,0,0,0,0,128;0,0,528,0,1,1,0,0,0,0,0,96;0,0,396,0,1,1"
+tokens=8,16,32,64
+[ -z "${QUICK:-}" ] || tokens=16,32,64
+PDSERVE_FP8_VARIANTS="$v" PDSERVE_DECODE_TOKENS=$tokens PDSERVE_DECODE_ROWS='read,fp8,w8a16,fp8_v*,w8a16_v*' \
+  timeout -k 5 "$(cap "$(q 40 90)")" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 bench="rc=$? $((SECONDS - s)) s"
 capped128="0,0,264,0,1,1,0,0,0,0,0,128"
 capped96="0,0,264,0,1,1,0,0,0,0,0,96"
 passed() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$1" | tr '\n' ' '; }
 engine=""
+layer="not run"
+if [ -z "${QUICK:-}" ]; then
 s=$SECONDS
 PDSERVE_SOURCE_DIR=$PWD PDSERVE_FP8_WGMMA=$capped128 timeout -k 5 "$(cap 100)" engine_gpu_tests \
   > "$out/engine_x128.log" 2>&1
@@ -77,6 +85,7 @@ if [ "$(cap 100)" -ge 60 ]; then
     > "$out/engine_x96.log" 2>&1
   engine="$engine
 engine GPU suite, PDSERVE_FP8_WGMMA=$capped96: rc=$? $((SECONDS - s)) s $(passed "$out/engine_x96.log")"
+fi
 fi
 grep -E '^\[  FAILED  \]' "$out/tests.log" "$out/tests_attr.log" | head -10
 python3 - "$out/bench.csv" <<'PY'
