@@ -13,9 +13,13 @@
 //   layers' inputs together exceed L2 several times at batch >= 32 (so each launch reads from HBM
 //   what the launches between evicted); at batch 1 and a short context they fit in L2, and the
 //   launch table is the one to read there.
+// Inputs are allocated for one context and one phase at a time (indexer rows, then attention
+// rows) and freed after; a phase whose inputs do not fit the device's free memory is skipped with
+// a "skipped:" line on stderr (FitsDeviceMemory).
 // PDSERVE_BENCH_ONLY=attention: only the attention rows (and their read floors); the indexer's
 // pools are not allocated.
-// PDSERVE_BENCH_ONLY=indexer: only the indexer and top-k rows.
+// PDSERVE_BENCH_ONLY=indexer: only the indexer and top-k rows (and their read floors); the
+// attention's pools are not allocated.
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
 // "hca_attention" the default variant (kDependentLaunch), "..._split" kSplitCombine (plain
 // launches, the default until 2026-12-04), "..._nopdl" kDependentLaunch with programmatic_launch
@@ -53,7 +57,34 @@ int32_t* Upload(const std::vector<int32_t>& host) {
   return d;
 }
 
-// One layer's inputs: its own indexer keys, compressed KV, window rows and queries.
+constexpr int64_t kRate = 4;  // CSA compression
+constexpr int64_t kHcaRate = 128;
+constexpr int64_t kTopK = 512;
+constexpr int64_t kWindow = 128;
+constexpr int64_t kPage = 64;
+constexpr int64_t kHeads = 64;
+constexpr int64_t kMaxBatch = 128;
+constexpr int64_t kMaxKeys = 131072 / kRate;
+// What the timed rows allocate themselves (attention workspaces and outputs, CUDA graphs) is kept
+// free beside the inputs.
+constexpr size_t kDeviceReserveBytes = size_t{1} << 30;
+
+// Bytes the indexer reads and writes once at `batch` x `keys` (keys, queries and weights in,
+// picks out): its rows' bytes and its read floor's size.
+double IndexerBytes(int64_t batch, int64_t keys) {
+  return batch * (keys * kIndexHeadDim * 2.0 + kIndexHeads * kIndexHeadDim * 2.0 +
+                  kIndexHeads * 4.0 + kTopK * 4.0);
+}
+
+// The same for sparse decode attention over `entries` rows per request (rows and queries in,
+// output out).
+double AttentionBytes(int64_t batch, int64_t entries) {
+  return batch * (entries * kSparseHeadDim * 2.0 + 2.0 * kHeads * kSparseHeadDim * 2.0);
+}
+
+// One layer's inputs at one context: its own indexer keys and queries (the indexer rows), or its
+// own compressed KV, window rows and queries (the attention rows); the phase not running holds
+// none.
 struct LayerInputs {
   uint16_t* index_pool = nullptr;
   uint16_t* kv_pool = nullptr;
@@ -61,6 +92,93 @@ struct LayerInputs {
   uint16_t* q_index = nullptr;
   uint16_t* q = nullptr;
 };
+
+// Elements of a pool of kMaxBatch requests' `keys` rows of `dim` (request r's page p at
+// p * kMaxBatch + r, as the page table addresses them), at least `floor_bytes` (the read floor
+// reads its bytes from the pool).
+size_t PoolElements(int64_t keys, int64_t dim, double floor_bytes) {
+  return std::max(static_cast<size_t>(kMaxBatch * keys * dim),
+                  (static_cast<size_t>(floor_bytes) + 15) / 16 * 8);
+}
+
+// Whether `bytes` of inputs fit the device's free memory with kDeviceReserveBytes to spare; if
+// not, says on stderr which rows are skipped (their cells print "-"), never silently.
+bool FitsDeviceMemory(double bytes, const char* rows, int64_t context, size_t layers) {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  BENCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (bytes + kDeviceReserveBytes <= free_bytes) return true;
+  std::fprintf(stderr,
+               "skipped: the %s rows at context %lld: %zu layers' inputs take %.2f GB (+ %.2f GB "
+               "kept free), %.2f GB of %.2f GB free\n",
+               rows, static_cast<long long>(context), layers, bytes / 1e9,
+               kDeviceReserveBytes / 1e9, free_bytes / 1e9, total_bytes / 1e9);
+  return false;
+}
+
+// A buffer of LayerInputs (an alias: nvcc's host pass writes the plain declarator of a member
+// pointer with parentheses, which -Wparentheses refuses).
+using LayerPool = uint16_t* LayerInputs::*;
+
+// One buffer of each layer's inputs: its member, its elements, its fill's seed (plus 16 x the
+// layer: random bf16, the same values at the same offsets at every size).
+struct LayerBuffer {
+  LayerPool member;
+  size_t elements;
+  uint32_t seed;
+};
+
+// Allocates and fills `buffers` in each layer of `inputs` for the `rows` rows at `context`; false
+// (nothing allocated) where they do not fit.
+bool AllocInputs(std::vector<LayerInputs>& inputs, const std::vector<LayerBuffer>& buffers,
+                 const char* rows, int64_t context) {
+  double bytes = 0;
+  for (const LayerBuffer& buffer : buffers) bytes += 2.0 * buffer.elements * inputs.size();
+  if (!FitsDeviceMemory(bytes, rows, context, inputs.size())) return false;
+  for (size_t l = 0; l < inputs.size(); ++l) {
+    for (const LayerBuffer& buffer : buffers) {
+      uint16_t*& p = inputs[l].*buffer.member;
+      p = DeviceAlloc<uint16_t>(buffer.elements);
+      FillBf16(p, buffer.elements, 16 * static_cast<uint32_t>(l) + buffer.seed);
+    }
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+  return true;
+}
+
+// Each layer's indexer keys and queries at `context` (AllocInputs).
+bool AllocIndexerInputs(std::vector<LayerInputs>& inputs, int64_t context) {
+  const int64_t keys = context / kRate;
+  return AllocInputs(inputs,
+                     {{&LayerInputs::index_pool,
+                       PoolElements(keys, kIndexHeadDim, IndexerBytes(kMaxBatch, keys)), 1},
+                      {&LayerInputs::q_index, kMaxBatch * kIndexHeads * kIndexHeadDim, 4}},
+                     "indexer and top-k", context);
+}
+
+// Each layer's compressed KV, window rows and queries at `context` (AllocInputs).
+bool AllocAttentionInputs(std::vector<LayerInputs>& inputs, int64_t context) {
+  const int64_t keys = context / kRate;
+  const int64_t most_entries = kWindow + std::max(kTopK, context / kHcaRate);
+  return AllocInputs(
+      inputs,
+      {{&LayerInputs::kv_pool,
+        PoolElements(keys, kSparseHeadDim, AttentionBytes(kMaxBatch, most_entries)), 2},
+       {&LayerInputs::window_pool, kMaxBatch * kWindow * kSparseHeadDim, 3},
+       {&LayerInputs::q, kMaxBatch * kHeads * kSparseHeadDim, 5}},
+      "attention", context);
+}
+
+// Frees every layer's inputs (after their rows: kernels done).
+void FreeInputs(std::vector<LayerInputs>& inputs) {
+  BENCH_CHECK(cudaDeviceSynchronize());
+  for (LayerInputs& in : inputs) {
+    for (uint16_t* p : {in.index_pool, in.kv_pool, in.window_pool, in.q_index, in.q}) {
+      if (p != nullptr) BENCH_CHECK(cudaFree(p));
+    }
+    in = LayerInputs{};
+  }
+}
 
 // only_batch / only_context: 0 runs every size, else only that one (for profiling one case).
 int Run(int64_t only_batch, int64_t only_context) {
@@ -105,92 +223,69 @@ int Run(int64_t only_batch, int64_t only_context) {
   BENCH_CHECK(cudaFree(src));
   BENCH_CHECK(cudaFree(dst));
 
-  constexpr int64_t kRate = 4;  // CSA compression
-  constexpr int64_t kHcaRate = 128;
-  constexpr int64_t kTopK = 512;
-  constexpr int64_t kWindow = 128;
-  constexpr int64_t kPage = 64;
-  constexpr int64_t kHeads = 64;
-  // Graph timing: 16 layers x (1.07 GB of indexer keys + 4.3 GB of compressed KV) = 86 GB.
+  // Graph timing: 16 layers, each with its own inputs; at 128K they take 16 x 1.07 GB of indexer
+  // keys, then 16 x 4.3 GB of compressed KV (one phase at a time: AllocIndexerInputs).
   const int layers = graph ? 16 : 1;
   const std::vector<int64_t> batches = {1, 32, 128};
   const std::vector<int64_t> contexts = {4096, 32768, 131072};
-  const int64_t max_batch = 128;
-  const int64_t max_keys = 131072 / kRate;
-  const int64_t pages_per_request = max_keys / kPage;
-
-  // Indexer keys and compressed KV for the largest case; requests own interleaved pages.
+  const int64_t pages_per_request = kMaxKeys / kPage;
+  const bool indexer_only = only != nullptr && std::string(only) == "indexer";
   std::vector<LayerInputs> inputs(layers);
-  for (int l = 0; l < layers; ++l) {
-    LayerInputs& in = inputs[l];
-    const uint32_t seed = 16 * l;
-    if (!attention_only) {
-      in.index_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kIndexHeadDim);
-      in.q_index = DeviceAlloc<uint16_t>(max_batch * kIndexHeads * kIndexHeadDim);
-      FillBf16(in.index_pool, max_batch * max_keys * kIndexHeadDim, seed + 1);
-      FillBf16(in.q_index, max_batch * kIndexHeads * kIndexHeadDim, seed + 4);
-    }
-    in.kv_pool = DeviceAlloc<uint16_t>(max_batch * max_keys * kSparseHeadDim);
-    in.window_pool = DeviceAlloc<uint16_t>(max_batch * kWindow * kSparseHeadDim);
-    in.q = DeviceAlloc<uint16_t>(max_batch * kHeads * kSparseHeadDim);
-    FillBf16(in.kv_pool, max_batch * max_keys * kSparseHeadDim, seed + 2);
-    FillBf16(in.window_pool, max_batch * kWindow * kSparseHeadDim, seed + 3);
-    FillBf16(in.q, max_batch * kHeads * kSparseHeadDim, seed + 5);
-  }
-  BENCH_CHECK(cudaDeviceSynchronize());
   // launch(l) runs layer l's call on `stream`.
   auto time_us = [&](const std::function<void(int)>& launch) {
     return graph ? GraphMicros(launch, layers, 20, stream)
                  : MedianMicros([&] { launch(0); }, 20, flush, stream);
   };
-  // The floor for `bytes` (each layer reads its own compressed KV, as the kernels do): printed as
+  // The floor for `bytes` (each layer reads its own `pool`, as the kernels do): printed as
   // "<name>_read" with the kernel's row key, so the tables show what a kernel that only read its
   // bytes, contiguously and with nothing else to do, reaches at that size and timing.
   uint4* read_sink = DeviceAlloc<uint4>(1);
-  auto print_floor = [&](const char* name, int64_t batch, int64_t context, int64_t entries,
-                         double bytes) {
+  auto print_floor = [&](const char* name, LayerPool pool, int64_t batch, int64_t context,
+                         int64_t entries, double bytes) {
     const size_t units = static_cast<size_t>(bytes) / 16;
     const unsigned blocks = static_cast<unsigned>(
         std::min<size_t>(size_t{4} * sms, std::max<size_t>(1, (units + 2047) / 2048)));
     const double us = time_us([&](int l) {
-      ReadFloor<<<blocks, 512, 0, stream>>>(reinterpret_cast<const uint4*>(inputs[l].kv_pool),
-                                            units, read_sink);
+      ReadFloor<<<blocks, 512, 0, stream>>>(reinterpret_cast<const uint4*>(inputs[l].*pool), units,
+                                            read_sink);
       BENCH_CHECK(cudaGetLastError());
     });
     std::printf("%s_read,%lld,%lld,%lld,%.3f,%.0f,0\n", name, static_cast<long long>(batch),
                 static_cast<long long>(context), static_cast<long long>(entries), us, bytes);
   };
-  std::vector<float> host_w(max_batch * kIndexHeads);
+  std::vector<float> host_w(kMaxBatch * kIndexHeads);
   for (size_t i = 0; i < host_w.size(); ++i) host_w[i] = static_cast<float>(i % 13) / 13.0f - 0.4f;
   float* w = DeviceAlloc<float>(host_w.size());
   BENCH_CHECK(cudaMemcpy(w, host_w.data(), host_w.size() * 4, cudaMemcpyHostToDevice));
   std::vector<float> host_sinks(kHeads, 0.5f);
   float* sinks = DeviceAlloc<float>(kHeads);
   BENCH_CHECK(cudaMemcpy(sinks, host_sinks.data(), kHeads * 4, cudaMemcpyHostToDevice));
-  int32_t* page_table = Upload(Iota(max_batch * pages_per_request, max_batch, pages_per_request));
-  float* scores = DeviceAlloc<float>(max_batch * max_keys);
-  int32_t* visible = DeviceAlloc<int32_t>(max_batch);
-  int32_t* picks = DeviceAlloc<int32_t>(max_batch * kTopK);
-  std::vector<int32_t> host_window_page(max_batch);
-  for (int64_t b = 0; b < max_batch; ++b) host_window_page[b] = static_cast<int32_t>(b);
+  int32_t* page_table = Upload(Iota(kMaxBatch * pages_per_request, kMaxBatch, pages_per_request));
+  float* scores = DeviceAlloc<float>(kMaxBatch * kMaxKeys);
+  int32_t* visible = DeviceAlloc<int32_t>(kMaxBatch);
+  int32_t* picks = DeviceAlloc<int32_t>(kMaxBatch * kTopK);
+  std::vector<int32_t> host_window_page(kMaxBatch);
+  for (int64_t b = 0; b < kMaxBatch; ++b) host_window_page[b] = static_cast<int32_t>(b);
   int32_t* window_page = Upload(host_window_page);
-  int32_t* window_len = Upload(std::vector<int32_t>(max_batch, kWindow));
+  int32_t* window_len = Upload(std::vector<int32_t>(kMaxBatch, kWindow));
   // CSA indices: spread over the visible entries (every (keys / 512)-th), as a top-k would be.
   for (int64_t context : contexts) {
     if (only_context != 0 && context != only_context) continue;
     const int64_t keys = context / kRate;
-    int32_t* n_keys = Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(keys)));
-    int32_t* positions = Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(context - 1)));
-    std::vector<int32_t> host_indices(max_batch * kTopK);
+    int32_t* n_keys = Upload(std::vector<int32_t>(kMaxBatch, static_cast<int32_t>(keys)));
+    int32_t* positions = Upload(std::vector<int32_t>(kMaxBatch, static_cast<int32_t>(context - 1)));
+    std::vector<int32_t> host_indices(kMaxBatch * kTopK);
     for (size_t i = 0; i < host_indices.size(); ++i) {
       host_indices[i] = static_cast<int32_t>((i % kTopK) * (keys / kTopK) + (i / kTopK) % 3);
     }
     int32_t* indices = Upload(host_indices);
     int32_t* n_hca =
-        Upload(std::vector<int32_t>(max_batch, static_cast<int32_t>(context / kHcaRate)));
-    for (int64_t batch : batches) {
-      if (only_batch != 0 && batch != only_batch) continue;
-      if (!attention_only) {
+        Upload(std::vector<int32_t>(kMaxBatch, static_cast<int32_t>(context / kHcaRate)));
+    // One phase's inputs at a time (indexer, then attention), each sized for this context: the
+    // two together at 128K in graph timing (86 GB) do not fit an 80 GB H100.
+    if (!attention_only && AllocIndexerInputs(inputs, context)) {
+      for (int64_t batch : batches) {
+        if (only_batch != 0 && batch != only_batch) continue;
         IndexerParams ip;
         ip.weights = w;
         ip.page_table = page_table;
@@ -216,14 +311,12 @@ int Run(int64_t only_batch, int64_t only_context) {
         const double us = time_us([&](int l) {
           BENCH_CHECK(lightning_indexer(layer_ip(l), kTopK, scores, visible, picks, stream));
         });
-        const double bytes =
-            batch * (keys * kIndexHeadDim * 2.0 + kIndexHeads * kIndexHeadDim * 2.0 +
-                     kIndexHeads * 4.0 + kTopK * 4.0);
+        const double bytes = IndexerBytes(batch, keys);
         const double flops = 2.0 * batch * keys * kIndexHeads * kIndexHeadDim;
         std::printf("indexer,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", static_cast<long long>(batch),
                     static_cast<long long>(context), static_cast<long long>(keys), us, bytes,
                     flops);
-        print_floor("indexer", batch, context, keys, bytes);
+        print_floor("indexer", &LayerInputs::index_pool, batch, context, keys, bytes);
         // The two stages alone: scores (keys in, fp32 scores out) and top-k (scores in, picks out).
         const double scores_us = time_us(
             [&](int l) { BENCH_CHECK(indexer_scores(layer_ip(l), scores, visible, stream)); });
@@ -327,9 +420,12 @@ int Run(int64_t only_batch, int64_t only_context) {
           }
         }
       }
-
-      // PDSERVE_BENCH_ONLY=indexer: the indexer and top-k rows alone (no attention rows).
-      if (only != nullptr && std::string(only) == "indexer") continue;
+      FreeInputs(inputs);
+    }
+    // PDSERVE_BENCH_ONLY=indexer: the indexer and top-k rows alone (no attention rows).
+    if (indexer_only || !AllocAttentionInputs(inputs, context)) continue;
+    for (int64_t batch : batches) {
+      if (only_batch != 0 && batch != only_batch) continue;
       for (bool csa : {true, false}) {
         SparseDecodeParams sp;
         sp.batch = batch;
@@ -347,8 +443,7 @@ int Run(int64_t only_batch, int64_t only_context) {
         sp.softmax_scale = 0.0441942f;
         const int64_t entries = kWindow + sp.compressed_slots;
         const char* name = csa ? "csa_attention" : "hca_attention";
-        const double attn_bytes =
-            batch * (entries * kSparseHeadDim * 2.0 + 2.0 * kHeads * kSparseHeadDim * 2.0);
+        const double attn_bytes = AttentionBytes(batch, entries);
         const double attn_flops = 4.0 * batch * kHeads * entries * kSparseHeadDim;
         // Times the launch at `per` entries per split and prints its row (`suffix` after the name).
         auto time_split = [&](int64_t per, const std::string& suffix,
@@ -398,7 +493,7 @@ int Run(int64_t only_batch, int64_t only_context) {
         // kDependentLaunch in query clusters of 2 (opt-in).
         time_split(SparseDecodeEntriesPerSplit(batch, kHeads, entries, sms), "_qc2",
                    SparseDecodeVariant::kDependentLaunch, true, true, true, 2);
-        print_floor(name, batch, context, entries, attn_bytes);
+        print_floor(name, &LayerInputs::kv_pool, batch, context, entries, attn_bytes);
         // PDSERVE_BENCH_SPLITS=1: the same launch at every split size, rows
         // "<kernel>@<entries per split>", "<kernel>_split@..." and "<kernel>_cluster@..." (to fit
         // SparseDecodeEntriesPerSplit to measurements).
@@ -417,6 +512,7 @@ int Run(int64_t only_batch, int64_t only_context) {
         }
       }
     }
+    FreeInputs(inputs);
   }
   std::fflush(stdout);
   return 0;
