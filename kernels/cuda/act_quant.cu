@@ -195,7 +195,9 @@ cudaError_t CheckBf16Copy(const char* launcher, const __nv_bfloat16* y, int64_t 
 
 ActQuantVariant act_quant_default_variant() {
   static const ActQuantVariant variant =
-      ReadSwitch("PDSERVE_ACT_QUANT", {{"warp", ActQuantVariant::kWarpPerBlock}},
+      ReadSwitch("PDSERVE_ACT_QUANT",
+                 {{"vectorized", ActQuantVariant::kHalfWarpVectorized},
+                  {"warp", ActQuantVariant::kWarpPerBlock}},
                  ActQuantVariant::kHalfWarpVectorized, "the default (the vectorized kernel)");
   return variant;
 }

@@ -122,8 +122,8 @@ size_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k) {
 const std::string& fp8_gemm_forced_path() {
   static const std::string forced = ReadSwitch<const char*>(
       "PDSERVE_FP8_GEMM",
-      {{"mma", "mma"}, {"wgmma", "wgmma"}, {"cublaslt", "cublaslt"}, {"own", "own"}}, "",
-      "the default (the path by token count)");
+      {{"auto", ""}, {"mma", "mma"}, {"wgmma", "wgmma"}, {"cublaslt", "cublaslt"}, {"own", "own"}},
+      "", "the default (the path by token count)");
   return forced;
 }
 
