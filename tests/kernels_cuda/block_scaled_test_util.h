@@ -3,6 +3,8 @@
 // output against the float32 CPU reference. Test-only; not thread-safe.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -24,19 +26,50 @@ inline std::string WgmmaConfigLabel(const Fp8WgmmaConfig& c) {
          (c.max_registers != 0 ? ",max_registers=" + std::to_string(c.max_registers) : "");
 }
 
-// The WgmmaMaxRegisters tests' configs: the default decode config, one warpgroup with 4 stages,
-// 2 stages with cluster_reduce (the plan takes max_registers at <= 64 tokens: `capped`), then
-// two warpgroups and two blocks in flight (it does not).
-struct MaxRegistersBase {
-  Fp8WgmmaConfig config;
-  bool capped;
-};
-inline std::vector<MaxRegistersBase> MaxRegistersBases() {
-  return {{{0, 0, 264, false, true, true}, true},
-          {{1, 4, 0, false, false, false}, true},
-          {{1, 2, 4096, true, true, true}, true},
-          {{2, 4, 264, false, true, true}, false},
-          {{0, 4, 264, false, true, true, false, true}, false}};
+// The WgmmaMaxRegisters tests (W8A8: a16 false, W8A16: true) over the default decode config, one
+// warpgroup with 4 stages and 2 stages with cluster_reduce (the plan takes max_registers at <= 64
+// tokens), then two warpgroups and two blocks in flight (it does not): at every token tile 8..64
+// and odd counts (72 and 130 run uncapped), k = 128, 384, 1280 and n = 200, `run` (the GEMM
+// of a fresh case, checked against the reference) with each cap gives the uncapped
+// build's bits, and fp8_gemm_wgmma_kernel_registers says the capped build ran (at most the cap)
+// or did not (the uncapped build's count). `run(m, k, configs)` returns one output per config.
+template <typename Run>
+void CheckMaxRegisters(bool a16, const Run& run) {
+  struct Base {
+    Fp8WgmmaConfig config;
+    bool capped;
+  };
+  const Base bases[] = {{kFp8WgmmaDecodeConfig, true},
+                        {{1, 4, 0, false, false, false}, true},
+                        {{1, 2, 4096, true, true, true}, true},
+                        {{2, 4, 264, false, true, true}, false},
+                        {{0, 4, 264, false, true, true, false, true}, false}};
+  for (const Base& base : bases) {
+    for (int64_t k : {128, 384, 1280}) {
+      for (int64_t m : {1, 8, 16, 17, 24, 32, 33, 40, 48, 56, 64, 72, 130}) {
+        const int uncapped_registers = fp8_gemm_wgmma_kernel_registers(m, 200, k, base.config, a16);
+        EXPECT_GT(uncapped_registers, 0);
+        std::vector<Fp8WgmmaConfig> configs = {base.config};
+        for (const int cap : {96, 128}) {
+          configs.push_back(base.config);
+          configs.back().max_registers = cap;
+        }
+        const std::vector<std::vector<uint16_t>> outs = run(m, k, configs);
+        ASSERT_EQ(outs.size(), configs.size());
+        ASSERT_FALSE(outs[0].empty());
+        for (size_t i = 1; i < configs.size(); ++i) {
+          const int cap = configs[i].max_registers;
+          EXPECT_EQ(outs[0], outs[i]) << "m=" << m << " k=" << k << " cap=" << cap;
+          const int registers = fp8_gemm_wgmma_kernel_registers(m, 200, k, configs[i], a16);
+          if (base.capped && m <= 64) {
+            EXPECT_LE(registers, cap) << "m=" << m << " k=" << k;
+          } else {
+            EXPECT_EQ(registers, uncapped_registers) << "m=" << m << " k=" << k << " cap=" << cap;
+          }
+        }
+      }
+    }
+  }
 }
 
 // Random finite e4m3 codes (never the NaN codes 0x7F / 0xFF).

@@ -22,10 +22,9 @@
 namespace pdserve::kernels::cuda {
 namespace {
 
+using testing::CheckMaxRegisters;
 using testing::FreshRng;
 using testing::GuardedBuffer;
-using testing::MaxRegistersBase;
-using testing::MaxRegistersBases;
 
 constexpr uint16_t kSentinel = 0xA5A5;  // GuardedBuffer's fill, as bf16 bits
 
@@ -411,43 +410,21 @@ TEST(CudaFp8GemmTest, WgmmaSplitTokens) {
   }
 }
 
-// max_registers (the kernel built with at most 96 / 128 registers a thread): the same bits as the
-// uncapped build at every token tile 8..64 and odd counts (72 and 130 run uncapped), 1, 3 and 10
-// k blocks with and without a k split, smem scales or not, cluster_reduce; the
-// launched kernel's registers (fp8_gemm_wgmma_kernel_registers) at most the cap where the plan
-// takes it (one consumer warpgroup, one block at a time, <= 64 tokens) and the uncapped build's
-// where it does not (two warpgroups, two blocks in flight, > 64 tokens); against the reference;
-// extreme scales and NaN / Inf.
+// max_registers (the kernel built with at most 96 / 128 registers a thread): CheckMaxRegisters
+// (block_scaled_test_util.h: the capped builds' bits equal the uncapped build's, and the capped
+// build ran where the plan takes it); then extreme scales and NaN / Inf with each cap.
 TEST(CudaFp8GemmTest, WgmmaMaxRegisters) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
-  const std::vector<MaxRegistersBase> bases = MaxRegistersBases();
-  for (const MaxRegistersBase& base : bases) {
-    for (int64_t k : {128, 384, 1280}) {
-      for (int64_t m : {1, 8, 16, 17, 24, 32, 33, 40, 48, 56, 64, 72, 130}) {
-        const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 1);
-        const std::vector<uint16_t> uncapped = RunAndCheck(c, Path::kWgmma, base.config);
-        ASSERT_FALSE(uncapped.empty());
-        const int uncapped_registers =
-            fp8_gemm_wgmma_kernel_registers(m, 200, k, base.config, false);
-        ASSERT_GT(uncapped_registers, 0);
-        for (const int cap : {96, 128}) {
-          Fp8WgmmaConfig capped = base.config;
-          capped.max_registers = cap;
-          EXPECT_EQ(uncapped, RunAndCheck(c, Path::kWgmma, capped))
-              << "m=" << m << " k=" << k << " cap=" << cap;
-          const int registers = fp8_gemm_wgmma_kernel_registers(m, 200, k, capped, false);
-          if (base.capped && m <= 64) {
-            EXPECT_LE(registers, cap) << "m=" << m << " k=" << k;
-          } else {
-            EXPECT_EQ(registers, uncapped_registers) << "m=" << m << " k=" << k << " cap=" << cap;
-          }
-        }
-      }
-    }
-  }
+  CheckMaxRegisters(false, [&](int64_t m, int64_t k, const std::vector<Fp8WgmmaConfig>& configs) {
+    const DenseCase c = MakeDense(rng, m, 200, k, m % 2 == 1);
+    std::vector<std::vector<uint16_t>> outs;
+    for (const Fp8WgmmaConfig& config : configs)
+      outs.push_back(RunAndCheck(c, Path::kWgmma, config));
+    return outs;
+  });
   for (const int cap : {96, 128}) {
-    Fp8WgmmaConfig capped = bases[0].config;
+    Fp8WgmmaConfig capped = kFp8WgmmaDecodeConfig;
     capped.max_registers = cap;
     DenseCase e = ExtremeScales(rng);
     RunAndCheck(e, Path::kWgmma, capped);
