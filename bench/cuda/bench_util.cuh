@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/block_trace.h"
 #include "kernels/cuda/fp8_gemm.cuh"
 
 // Not in an unnamed namespace: each benchmark is one translation unit, and a helper it does not
@@ -280,6 +281,58 @@ double GraphMicros(const std::function<void(int)>& launch, int layers, int reps,
   BENCH_CHECK(cudaGraphExecDestroy(exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
   return us / layers;
+}
+
+// PDSERVE_BLOCK_TRACE=<file>: GraphTrace appends the block timelines (kernels/cuda/block_trace.h)
+// of the last two launches of a graph like GraphMicros's (layers - 2 and layers - 1, replayed
+// after one warm replay, so each runs behind its predecessor as in the timing) to <file>, one line
+// per block: "row,shape,tokens,launch,block,start_ns,dependency_ns,end_ns,sm" (launch 0 / 1, ns
+// since the earliest start of the two; dependency_ns -1 where the kernel marked none). Nothing
+// when the variable is unset or the kernels are not instrumented.
+inline void GraphTrace(const std::string& row, const std::string& shape, int64_t tokens,
+                       const std::function<void(int)>& launch, int layers, cudaStream_t stream) {
+  static FILE* const file = [] {
+    const char* path = std::getenv("PDSERVE_BLOCK_TRACE");
+    return path != nullptr && *path != '\0' ? std::fopen(path, "a") : nullptr;
+  }();
+  if (file == nullptr || layers < 2) return;
+  constexpr int64_t kCapacity = 16384;  // blocks per traced launch
+  static uint64_t* slots = nullptr;
+  if (slots == nullptr) BENCH_CHECK(cudaMalloc(&slots, 2 * kCapacity * 4 * sizeof(uint64_t)));
+  cudaGraph_t graph;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int l = 0; l < layers; ++l) {
+    const int traced = l - (layers - 2);
+    set_block_trace(traced >= 0 ? slots + traced * kCapacity * 4 : nullptr, kCapacity);
+    launch(l);
+  }
+  set_block_trace(nullptr, 0);
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaMemsetAsync(slots, 0, 2 * kCapacity * 4 * sizeof(uint64_t), stream));
+  BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<uint64_t> host(2 * kCapacity * 4);
+  BENCH_CHECK(cudaMemcpyAsync(host.data(), slots, host.size() * sizeof(uint64_t),
+                              cudaMemcpyDeviceToHost, stream));
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  uint64_t t0 = UINT64_MAX;
+  for (int64_t i = 0; i < 2 * kCapacity; ++i) {
+    if (host[4 * i] != 0) t0 = std::min(t0, host[4 * i]);
+  }
+  for (int64_t i = 0; i < 2 * kCapacity; ++i) {
+    const uint64_t* b = &host[4 * i];
+    if (b[0] == 0) continue;
+    const auto rel = [t0](uint64_t t) { return static_cast<long long>(t - t0); };
+    std::fprintf(file, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%llu\n", row.c_str(), shape.c_str(),
+                 static_cast<long long>(tokens), static_cast<long long>(i / kCapacity),
+                 static_cast<long long>(i % kCapacity), rel(b[0]), b[1] != 0 ? rel(b[1]) : -1LL,
+                 rel(b[2]), static_cast<unsigned long long>(b[3]));
+  }
+  std::fflush(file);
 }
 
 }  // namespace pdserve::kernels::cuda

@@ -18,6 +18,8 @@
 // a "skipped:" line on stderr (FitsDeviceMemory).
 // PDSERVE_BENCH_ONLY=attention: only the attention rows (and their read floors); the indexer's
 // pools are not allocated.
+// PDSERVE_BLOCK_TRACE=<file> (graph timing): each attention row's split-kernel block timelines
+// appended to <file> (bench_util.cuh's GraphTrace; shape "<batch>x<context>", tokens: entries).
 // PDSERVE_BENCH_ONLY=indexer: only the indexer and top-k rows (and their read floors); the
 // attention's pools are not allocated.
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
@@ -461,16 +463,21 @@ int Run(int64_t only_batch, int64_t only_context) {
           void* ws = DeviceAlloc<unsigned char>(ws_bytes);
           __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(
               DeviceAlloc<uint16_t>(batch * kHeads * kSparseHeadDim));
-          const double attn_us = time_us([&](int l) {
+          const auto launch = [&](int l) {
             SparseDecodeParams lp = split;
             lp.q = reinterpret_cast<const __nv_bfloat16*>(inputs[l].q);
             lp.window_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].window_pool);
             lp.kv_pool = reinterpret_cast<const __nv_bfloat16*>(inputs[l].kv_pool);
             BENCH_CHECK(sparse_decode_attention(lp, ws, ws_bytes, out, stream));
-          });
+          };
+          const double attn_us = time_us(launch);
           std::printf("%s%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", name, suffix.c_str(),
                       static_cast<long long>(batch), static_cast<long long>(context),
                       static_cast<long long>(entries), attn_us, attn_bytes, attn_flops);
+          if (graph) {
+            GraphTrace(name + suffix, std::to_string(batch) + "x" + std::to_string(context),
+                       entries, launch, layers, stream);
+          }
           BENCH_CHECK(cudaFree(ws));
           BENCH_CHECK(cudaFree(out));
         };

@@ -35,6 +35,9 @@
 // (norms, rope, SwiGLU, combine) and the fp32 router GEMM are not in it. fp8_gemm's path and config
 // come from PDSERVE_FP8_GEMM / PDSERVE_FP8_WGMMA.
 //
+// PDSERVE_BLOCK_TRACE=<file>: each gemm-mode row's block timelines (the wgmma GEMM kernel and
+// TmaStreamKernel are instrumented; bench_util.cuh's GraphTrace) appended to <file>.
+//
 // Timing as gemm_bench.cu: one launch (or layer step) per layer, kLayers layers in one CUDA
 // graph, each layer its own dense weights (beyond L2), median of 20 replays / kLayers.
 #include <cuda.h>
@@ -51,6 +54,7 @@
 #include <vector>
 
 #include "bench/cuda/bench_util.cuh"
+#include "kernels/cuda/block_trace.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
@@ -80,9 +84,10 @@ constexpr int kStreamMaxStages = 8;
 __global__ void __launch_bounds__(160, 1)
     TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
                     const __grid_constant__ CUtensorMap x_map, int64_t kblocks, int splits,
-                    int stages, uint32_t x_bytes) {
+                    int stages, uint32_t x_bytes, BlockTrace trace_to) {
   namespace h = hopper;
   extern __shared__ uint8_t smem_raw[];
+  const trace::BlockTraceScope traced(trace_to);
   const uint32_t base = (h::SharedAddress(smem_raw) + 1023u) & ~1023u;
   const uint32_t stage_bytes = 8192u + x_bytes;
   const uint32_t full = base + stages * stage_bytes;
@@ -283,15 +288,15 @@ void StreamRows(const Shape& s, const std::vector<Matrix>& w, int64_t m,
       if (smem > 227 * 1024) continue;
       BENCH_CHECK(cudaFuncSetAttribute(TmaStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-      const double us = Graph(
-          [&](int l) {
-            TmaStreamKernel<<<dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits)),
-                              160, smem, stream>>>(maps[l], x_map, s.k / 128, splits, stages,
-                                                   x_bytes);
-            BENCH_CHECK(cudaGetLastError());
-          },
-          kLayers, stream);
+      const auto launch = [&](int l) {
+        TmaStreamKernel<<<dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits)),
+                          160, smem, stream>>>(maps[l], x_map, s.k / 128, splits, stages, x_bytes,
+                                               block_trace());
+        BENCH_CHECK(cudaGetLastError());
+      };
+      const double us = Graph(launch, kLayers, stream);
       PrintRow(name, s.name, m, us, static_cast<double>(w[0].Bytes()));
+      GraphTrace(name, s.name, m, launch, kLayers, stream);
     }
   }
 }
@@ -324,8 +329,10 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
         (void)cudaGetLastError();
         return;
       }
-      const double us = Graph([&](int l) { BENCH_CHECK(call(w[l])); }, kLayers, stream);
+      const auto launch = [&](int l) { BENCH_CHECK(call(w[l])); };
+      const double us = Graph(launch, kLayers, stream);
       PrintRow(name, s.name, m, us, bytes);
+      GraphTrace(name, s.name, m, launch, kLayers, stream);
     };
     for (int64_t m : kTokens) {
       if (!Wanted(tokens, std::to_string(m))) continue;

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
+#include "kernels/cuda/block_trace.cuh"
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/fp8_gemm_wgmma_parts.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
@@ -80,6 +81,7 @@ template <int N, bool A16, bool IN_FLIGHT>
 __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUtensorMap& x_map,
                                              const WgmmaArgs& a) {
   extern __shared__ uint8_t smem_raw[];
+  const trace::BlockTraceScope traced(a.trace);
   const int consumers = static_cast<int>(blockDim.x) / 128;  // consumer warpgroups
   const int turns = A16 || N <= kAlternateA8Tokens ? a.turns : 1;
   const int tgroups = a.tgroups;                  // token groups of N (split_tokens: 2)
@@ -176,6 +178,7 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   // tg N + N - 1 (rows tg N .. of the activation box).
   bs::GridDependencyWait();  // xs
   bs::GridDependencyTrigger();
+  if (threadIdx.x == 0) traced.MarkDependency();
   const int wg = warp / 4;
   const int tg = wg % tgroups;
   const int rg = wg / tgroups / turns;
@@ -670,6 +673,7 @@ cudaError_t RunWgmma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x_str
   a.out = out;
   a.out_f32 = out_f32;
   a.out_stride = out_stride;
+  a.trace = block_trace();
   status = LaunchWgmma(w_map, x_map, a, plan, a16, stream);
   if (status != cudaSuccess || plan.splits == 1 || plan.cluster_reduce) return status;
   return bs::LaunchReduce(partial, plan.splits, m, n, nullptr, nullptr, 0, out, out_stride, stream,

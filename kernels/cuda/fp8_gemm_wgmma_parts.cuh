@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/block_scaled_mma.cuh"
+#include "kernels/cuda/block_trace.h"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/wgmma_e4m3.cuh"
 
@@ -70,6 +71,7 @@ struct WgmmaArgs {
   __nv_bfloat16* out;
   float* out_f32;  // set: fp32 output there instead of out
   int64_t out_stride;
+  BlockTrace trace;  // block_trace.h: set by a benchmark, else empty
 };
 
 // Bytes of one ring stage: the weight box, then the activation box (A16: two, k 0..63 and

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/block_trace.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/launch_check.h"
@@ -484,6 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     SparseDecodeSplitKernel(SparseDecodeParams p, SplitOutputs so,
                             const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const trace::BlockTraceScope traced(so.trace);
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
@@ -514,6 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     GridDependencyWait();
     GridDependencyTrigger();
   }
+  if (tid == 0) traced.MarkDependency();
   if constexpr (CLUSTER != kNoCluster) ClusterWait();
 
   const int64_t b = blockIdx.y;
@@ -758,6 +761,7 @@ cudaError_t sparse_decode_attention(const SparseDecodeParams& p, void* workspace
   so.part_out = reinterpret_cast<__nv_bfloat16*>(base);
   so.part_max = reinterpret_cast<float*>(base + AlignUp(rows * kDim * sizeof(__nv_bfloat16)));
   so.part_sum = so.part_max + AlignUp(rows * sizeof(float)) / sizeof(float);
+  so.trace = block_trace();
   switch (p.variant) {
     case SparseDecodeVariant::kSplitCombine:
       return LaunchVariant<false>(p, so, stream);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/block_trace.h"
 #include "kernels/cuda/hopper_wgmma.cuh"
 #include "kernels/cuda/sparse_decode_attention.cuh"
 
@@ -30,6 +31,7 @@ struct SplitOutputs {
   __nv_bfloat16* part_out = nullptr;
   float* part_max = nullptr;
   float* part_sum = nullptr;
+  BlockTrace trace;  // the split kernel's block timeline (block_trace.h): a benchmark's, else empty
 };
 
 __device__ __forceinline__ int WindowRows(const SparseDecodeParams& p, int window_len) {

@@ -16,6 +16,7 @@
 #     build/bench/cuda/pdserve_cuda_bench && (cd $tmp && tar -cJf "$PWD/.device-carry/prof63.tar.xz" prof63)
 #   (or: tools/gpu/run_prof63.sh pack)
 # There (carry .device-carry/prof63.tar.xz [and hcpre59.tar.xz]): OUT=<dir> bash tools/gpu/run_prof63.sh
+# PROF_CASES='attn|topk' (an extended regex of case names): only those ncu cases, no bench.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=tools/gpu/round_lib.sh
@@ -35,6 +36,7 @@ ncu_bin=$(command -v ncu || find /usr/local -maxdepth 4 -name ncu -type f 2>/dev
 declare -A step
 
 s=$SECONDS
+[ -n "${PROF_CASES:-}" ] && touch "$out/bench.csv" ||  # PROF_CASES set: only those ncu cases
 PDSERVE_DECODE_TOKENS=16,32,64,128 \
   PDSERVE_DECODE_ROWS=read,fp8,w8a16,fp8_wgmma,w8a16_wgmma,streamx_4.264,streamx_8.264 \
   timeout -k 5 120 pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
@@ -43,6 +45,8 @@ step[bench]="rc=$? $((SECONDS - s)) s"
 # ncu <case> <regex> <skip> <env...> -- <command...>
 profile() {
   local name=$1 regex=$2 skip=$3
+  # PROF_CASES: an extended regex of the case names to run (default: all)
+  [[ -z "${PROF_CASES:-}" || $name =~ ${PROF_CASES} ]] || return 0
   shift 3
   local envs=()
   while [ "$1" != -- ]; do envs+=("$1"); shift; done

@@ -1,0 +1,29 @@
+// Block timelines of instrumented kernels, for benchmarks (bench/cuda's PDSERVE_BLOCK_TRACE):
+// where the time of a short decode kernel goes between its first block's start and its last
+// block's end (launch ramp, the dependency wait, uneven blocks, the tail).
+//
+// A launcher of an instrumented kernel (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma's GEMM kernel,
+// sparse_decode_attention's split kernel) reads block_trace() when it builds the launch and, if
+// it is set, passes it to the kernel, whose blocks with linear index i < capacity write slots
+// [4 i, 4 i + 4): start (%globaltimer, ns, at entry), dependency (ns, when griddepcontrol.wait
+// returned in the block's first consumer thread; 0 where the kernel has none), end (ns, the
+// latest exit of the block's warps) and the multiprocessor (%smid). The launcher does not reset
+// the slots: the caller zeroes them before the traced launch (end is an atomicMax).
+// Plain C++ (no device code). Thread-safety: one process-wide setting, meant for a benchmark's
+// single launching thread; a CUDA graph captured while it is set keeps the pointer in its nodes.
+#pragma once
+
+#include <cstdint>
+
+namespace pdserve::kernels::cuda {
+
+struct BlockTrace {
+  uint64_t* slots = nullptr;  // device, [capacity, 4]
+  int64_t capacity = 0;       // blocks
+};
+
+// Sets (slots != nullptr) or clears the trace the next instrumented launches take.
+void set_block_trace(uint64_t* slots, int64_t capacity);
+BlockTrace block_trace();
+
+}  // namespace pdserve::kernels::cuda

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Block timelines of the decode kernels of issues 25 and 30 (kernels/cuda/block_trace.h), in one
+# device call (<= BUDGET s, default 400): where a short decode kernel's time goes between its
+# first block's start and its last block's end, inside the CUDA graph as the benches time it.
+# 1. decode_bench gemm, PDSERVE_BLOCK_TRACE: wq_b and w2 at 16 and 64 tokens (read floor, the fp8
+#    and w8a16 dispatch, the ring alone: streamx_4.264) -> bench.csv, trace_gemm.csv;
+# 2. cuda_bench, graph timing, attention only, PDSERVE_BLOCK_TRACE -> attn.csv, trace_attn.csv;
+# 3. the wgmma GEMM and sparse decode GPU tests (the kernels now carry the trace argument);
+# 4. cuobjdump's registers of the instrumented kernels (the trace must not add any);
+# the summaries last (tools/gpu/trace_summary.py).
+# Here:
+#   cmake --build build --target pdserve_decode_bench pdserve_cuda_bench pdserve_kernels_cuda_tests
+#   tools/gpu/run_trace64.sh pack      # .device-carry/trace64.tar.xz
+# There (carry .device-carry/trace64.tar.xz): OUT=<dir> [BUDGET=s] bash tools/gpu/run_trace64.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=tools/gpu/round_lib.sh
+source tools/gpu/round_lib.sh
+if [ "${1:-}" = pack ]; then
+  pack_carry trace64 build/bench/cuda/pdserve_decode_bench build/bench/cuda/pdserve_cuda_bench \
+    build/tests/kernels_cuda/pdserve_kernels_cuda_tests
+  exit $?
+fi
+out=${OUT:-gpu-out/trace64}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+t0=$(date +%s)
+budget=${BUDGET:-400}
+[ -f .device-carry/trace64.tar.xz ] ||
+  { echo "FAIL: no .device-carry/trace64.tar.xz (run 'tools/gpu/run_trace64.sh pack' here)"; exit 2; }
+unpack .device-carry/trace64
+rm -f "$out/trace_gemm.csv" "$out/trace_attn.csv"
+
+s=$(date +%s)
+PDSERVE_BLOCK_TRACE=$out/trace_gemm.csv PDSERVE_DECODE_SHAPES=${SHAPES:-wq_b,w2} \
+  PDSERVE_DECODE_TOKENS=${TOKENS:-16,64} PDSERVE_DECODE_ROWS=read,fp8,w8a16,streamx_4.264 \
+  timeout -k 5 "$(cap 90)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
+row gemm "rc=$?" "$(($(date +%s) - s)) s"
+
+s=$(date +%s)
+PDSERVE_BLOCK_TRACE=$out/trace_attn.csv PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention \
+  timeout -k 5 "$(cap 150)" pdserve_cuda_bench > "$out/attn.csv" 2> "$out/attn.err"
+row attention "rc=$?" "$(($(date +%s) - s)) s"
+
+s=$(date +%s)
+timeout -k 5 "$(cap 60)" pdserve_kernels_cuda_tests \
+  --gtest_filter='*WgmmaEveryTokenTileAndOddCounts:*WgmmaTilesSplitsAndConfigs:*SparseDecode*' \
+  > "$out/tests.log" 2>&1
+row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
+
+cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null)
+if [ -n "$cuobjdump" ]; then
+  "$cuobjdump" -res-usage "$(command -v pdserve_decode_bench)" 2>/dev/null |
+    grep -A1 -E 'Function .*(Fp8WgmmaKernelILi(16|32|64)ELb[01]ELb0E|SparseDecodeSplitKernelILb1ELi0E)' |
+    grep -oE 'Fp8WgmmaKernelILi[0-9]+ELb[01]ELb[01]E|SparseDecodeSplitKernelILb1ELi0E|REG:[0-9]+' |
+    paste - - > "$out/registers.txt"
+fi
+
+echo "== GEMM rows (us)"
+grep -v '^read_2GiB' "$out/bench.csv" | cut -d, -f1-4 | column -t -s, | head -40
+echo "== GEMM block timelines"
+python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv"
+echo "== attention block timelines (batch 32 and 128)"
+python3 tools/gpu/trace_summary.py "$out/trace_attn.csv" --rows '^(csa|hca)_attention(_split|_cluster)?$' |
+  grep -E '^\| (row|---)|\| (32|128)x'
+echo "== registers"; cat "$out/registers.txt" 2>/dev/null
+printf '%s\n' "${rows[@]}"
