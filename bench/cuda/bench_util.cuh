@@ -286,9 +286,9 @@ double GraphMicros(const std::function<void(int)>& launch, int layers, int reps,
 // PDSERVE_BLOCK_TRACE=<file>: GraphTrace appends the block timelines (kernels/cuda/block_trace.h)
 // of the last two launches of a graph like GraphMicros's (layers - 2 and layers - 1, replayed
 // after one warm replay, so each runs behind its predecessor as in the timing) to <file>, one line
-// per block: "row,shape,tokens,launch,block,start_ns,dependency_ns,end_ns,sm" (launch 0 / 1, ns
-// since the earliest start of the two; dependency_ns -1 where the kernel marked none). Nothing
-// when the variable is unset or the kernels are not instrumented.
+// per block: "row,shape,tokens,launch,block,start,dependency,end,sm,setup,first_data,last_data,
+// loop_done" (launch 0 / 1; times in ns since the earliest start of the two, -1 where the kernel
+// did not mark it). Nothing when the variable is unset or the kernels are not instrumented.
 inline void GraphTrace(const std::string& row, const std::string& shape, int64_t tokens,
                        const std::function<void(int)>& launch, int layers, cudaStream_t stream) {
   static FILE* const file = [] {
@@ -297,13 +297,14 @@ inline void GraphTrace(const std::string& row, const std::string& shape, int64_t
   }();
   if (file == nullptr || layers < 2) return;
   constexpr int64_t kCapacity = 16384;  // blocks per traced launch
+  constexpr int64_t kSlots = kBlockTraceSlots;
   static uint64_t* slots = nullptr;
-  if (slots == nullptr) BENCH_CHECK(cudaMalloc(&slots, 2 * kCapacity * 4 * sizeof(uint64_t)));
+  if (slots == nullptr) BENCH_CHECK(cudaMalloc(&slots, 2 * kCapacity * kSlots * sizeof(uint64_t)));
   cudaGraph_t graph;
   BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < layers; ++l) {
     const int traced = l - (layers - 2);
-    set_block_trace(traced >= 0 ? slots + traced * kCapacity * 4 : nullptr, kCapacity);
+    set_block_trace(traced >= 0 ? slots + traced * kCapacity * kSlots : nullptr, kCapacity);
     launch(l);
   }
   set_block_trace(nullptr, 0);
@@ -311,9 +312,9 @@ inline void GraphTrace(const std::string& row, const std::string& shape, int64_t
   cudaGraphExec_t exec;
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  BENCH_CHECK(cudaMemsetAsync(slots, 0, 2 * kCapacity * 4 * sizeof(uint64_t), stream));
+  BENCH_CHECK(cudaMemsetAsync(slots, 0, 2 * kCapacity * kSlots * sizeof(uint64_t), stream));
   BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<uint64_t> host(2 * kCapacity * 4);
+  std::vector<uint64_t> host(2 * kCapacity * kSlots);
   BENCH_CHECK(cudaMemcpyAsync(host.data(), slots, host.size() * sizeof(uint64_t),
                               cudaMemcpyDeviceToHost, stream));
   BENCH_CHECK(cudaStreamSynchronize(stream));
@@ -321,16 +322,17 @@ inline void GraphTrace(const std::string& row, const std::string& shape, int64_t
   BENCH_CHECK(cudaGraphDestroy(graph));
   uint64_t t0 = UINT64_MAX;
   for (int64_t i = 0; i < 2 * kCapacity; ++i) {
-    if (host[4 * i] != 0) t0 = std::min(t0, host[4 * i]);
+    if (host[kSlots * i] != 0) t0 = std::min(t0, host[kSlots * i]);
   }
   for (int64_t i = 0; i < 2 * kCapacity; ++i) {
-    const uint64_t* b = &host[4 * i];
+    const uint64_t* b = &host[kSlots * i];
     if (b[0] == 0) continue;
-    const auto rel = [t0](uint64_t t) { return static_cast<long long>(t - t0); };
-    std::fprintf(file, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%llu\n", row.c_str(), shape.c_str(),
-                 static_cast<long long>(tokens), static_cast<long long>(i / kCapacity),
-                 static_cast<long long>(i % kCapacity), rel(b[0]), b[1] != 0 ? rel(b[1]) : -1LL,
-                 rel(b[2]), static_cast<unsigned long long>(b[3]));
+    const auto rel = [t0](uint64_t t) { return t != 0 ? static_cast<long long>(t - t0) : -1LL; };
+    std::fprintf(file, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%llu,%lld,%lld,%lld,%lld\n",
+                 row.c_str(), shape.c_str(), static_cast<long long>(tokens),
+                 static_cast<long long>(i / kCapacity), static_cast<long long>(i % kCapacity),
+                 rel(b[0]), rel(b[1]), rel(b[2]), static_cast<unsigned long long>(b[3]), rel(b[4]),
+                 rel(b[5]), rel(b[6]), rel(b[7]));
   }
   std::fflush(file);
 }

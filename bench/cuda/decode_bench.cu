@@ -125,6 +125,10 @@ __global__ void __launch_bounds__(160, 1)
   for (int it = 0; it < n_kb; ++it) {
     const int s = it % stages;
     h::MbarrierWait(full + 8u * s, static_cast<uint32_t>((it / stages) & 1));
+    if (threadIdx.x == 0) {
+      if (it == 0) traced.Mark(kTraceFirstData);
+      if (it == n_kb - 1) traced.Mark(kTraceLastData);
+    }
     __syncwarp();
     if (threadIdx.x % 32 == 0) h::MbarrierArrive(empty + 8u * s);
   }

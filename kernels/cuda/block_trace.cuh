@@ -1,6 +1,6 @@
 // Device side of block_trace.h: BlockTraceScope at a kernel's entry records its block's start,
 // multiprocessor and (by its destructor, on every return path) end; MarkDependency the time
-// griddepcontrol.wait returned.
+// griddepcontrol.wait returned, Mark the consumer's marks (BlockTraceMark).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@ __device__ __forceinline__ uint64_t* BlockSlots(const BlockTrace& t) {
   if (t.slots == nullptr) return nullptr;
   const int64_t block =
       (int64_t{blockIdx.z} * gridDim.y + blockIdx.y) * gridDim.x + int64_t{blockIdx.x};
-  return block < t.capacity ? t.slots + 4 * block : nullptr;
+  return block < t.capacity ? t.slots + kBlockTraceSlots * block : nullptr;
 }
 
 // Holds a reference to the kernel's BlockTrace argument (parameter space), not the slots'
@@ -48,9 +48,11 @@ class BlockTraceScope {
     }
   }
   // Call in one thread after griddepcontrol.wait.
-  __device__ __forceinline__ void MarkDependency() const {
+  __device__ __forceinline__ void MarkDependency() const { Mark(1); }
+  // Records the time in slot `slot` (one thread of the block calls it).
+  __device__ __forceinline__ void Mark(int slot) const {
     uint64_t* const slots = BlockSlots(trace_);
-    if (slots != nullptr) slots[1] = GlobalTimer();
+    if (slots != nullptr) slots[slot] = GlobalTimer();
   }
   BlockTraceScope(const BlockTraceScope&) = delete;
   BlockTraceScope& operator=(const BlockTraceScope&) = delete;

@@ -5,10 +5,13 @@
 // A launcher of an instrumented kernel (fp8_gemm_wgmma / fp8_gemm_w8a16_wgmma's GEMM kernel,
 // sparse_decode_attention's split kernel) reads block_trace() when it builds the launch and, if
 // it is set, passes it to the kernel, whose blocks with linear index i < capacity write slots
-// [4 i, 4 i + 4): start (%globaltimer, ns, at entry), dependency (ns, when griddepcontrol.wait
-// returned in the block's first consumer thread; 0 where the kernel has none), end (ns, the
-// latest exit of the block's warps) and the multiprocessor (%smid). The launcher does not reset
-// the slots: the caller zeroes them before the traced launch (end is an atomicMax).
+// [8 i, 8 i + 8) (kBlockTraceSlots): start (%globaltimer, ns, at entry), dependency (ns, when
+// griddepcontrol.wait returned in the block's first consumer thread; 0 where the kernel has
+// none), end (ns, the latest exit of the block's warps), the multiprocessor (%smid), then four
+// marks of the first consumer thread (0 where not reached): its setup done (the GEMM: its scales
+// staged; the attention: the queries landed), its first stage of data landed, its last stage
+// landed, its main loop done (before the epilogue). The launcher does not reset the slots: the
+// caller zeroes them before the traced launch (end is an atomicMax).
 // Plain C++ (no device code). Thread-safety: one process-wide setting, meant for a benchmark's
 // single launching thread; a CUDA graph captured while it is set keeps the pointer in its nodes.
 #pragma once
@@ -17,8 +20,11 @@
 
 namespace pdserve::kernels::cuda {
 
+inline constexpr int kBlockTraceSlots = 8;
+enum BlockTraceMark : int { kTraceSetup = 4, kTraceFirstData = 5, kTraceLastData = 6, kTraceLoopDone = 7 };
+
 struct BlockTrace {
-  uint64_t* slots = nullptr;  // device, [capacity, 4]
+  uint64_t* slots = nullptr;  // device, [capacity, kBlockTraceSlots]
   int64_t capacity = 0;       // blocks
 };
 

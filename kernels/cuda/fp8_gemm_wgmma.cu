@@ -210,6 +210,7 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
     }
     asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's loads
   }
+  if (threadIdx.x == 0) traced.Mark(kTraceSetup);
   constexpr int kXs = A16 ? 1 : N / 4;
   // Block it's weight scale, and (early, where registers allow) its activation scales: loaded
   // before the stage wait so their latency hides behind it and the products.
@@ -230,6 +231,10 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
     const int s = it % stages;
     const uint32_t stage = base + s * stage_bytes;
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
+    if (threadIdx.x == 0) {
+      if (it == 0) traced.Mark(kTraceFirstData);
+      if (it + turns >= n_kb) traced.Mark(kTraceLastData);
+    }
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
     bool register_weights = A16 && IN_FLIGHT;
     if constexpr (A16 && N <= kRegWeightTokens && !IN_FLIGHT) {
@@ -351,6 +356,7 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
     }
   }
 
+  if (threadIdx.x == 0) traced.Mark(kTraceLoopDone);
   if (turns == 2 && !CombineTurns<N>(smem, acc, consumers, rg, turn)) return;
   if (a.cluster_reduce != 0) {
     ClusterReduce<N>(a, smem, acc, wgs, token0, row0);

@@ -273,7 +273,8 @@ __device__ __forceinline__ void Rebase(uint32_t (&a)[2][4], float2 made_at,
 // barriers: 2 + w for P handed over by warpgroup w, 4 + w for warpgroup w's votes.
 template <int WG>
 __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles, uint32_t base,
-                                        unsigned char* smem, ConsumerState& st) {
+                                        unsigned char* smem, ConsumerState& st,
+                                        const trace::BlockTraceScope& traced) {
   const int tid_wg = threadIdx.x & 127;
 #pragma unroll
   for (int i = 0; i < 128; ++i) st.o[i] = 0.0f;
@@ -298,6 +299,8 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
     return *ref_other;
   };
   if (n_tiles > 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
+  const bool marks = WG == 0 && tid_wg == 0;  // block_trace.h's marks
+  if (marks) traced.Mark(kTraceSetup);
   float s[16];
   bool other_released = true;  // the stage of the other's tile it - 3 went back early
   for (int it = WG; it < n_tiles; it += 2) {
@@ -313,6 +316,10 @@ __device__ __forceinline__ void Consume(const SparseDecodeParams& p, int n_tiles
     // The scores go out before the hand-over is awaited: they need only the tile, and the other
     // warpgroup's softmax is what the two wait on in turn.
     WaitFull(base, it);
+    if (marks) {
+      if (it == WG) traced.Mark(kTraceFirstData);
+      if (it + 2 >= n_tiles) traced.Mark(kTraceLastData);
+    }
     IssueScores(s, base, StageAddress(base, it));
     float2 other_ref = make_float2(-INFINITY, -INFINITY);
     // P_{i-1} goes to the tensor cores at once when it was made against this warpgroup's
@@ -387,7 +394,8 @@ constexpr int kMergeCluster = 2;
 template <int WG, bool DEPENDENT, int CLUSTER>
 __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, const BlockWork& w,
                                                  uint32_t base, unsigned char* smem,
-                                                 const SplitOutputs& so) {
+                                                 const SplitOutputs& so,
+                                                 const trace::BlockTraceScope& traced) {
   static_assert(DEPENDENT || CLUSTER == kNoCluster, "clusters are launched as kDependentLaunch is");
   constexpr bool kMerge = CLUSTER == kMergeCluster;
   const int tid = threadIdx.x;
@@ -404,7 +412,8 @@ __device__ __forceinline__ void ConsumeAndFinish(const SparseDecodeParams& p, co
   const float sink_lo = p.sinks[w.head0 + head_lo] * kLog2e;
   const float sink_hi = p.sinks[w.head0 + head_lo + 8] * kLog2e;
   ConsumerState st;
-  Consume<WG>(p, w.n_tiles, base, smem, st);
+  Consume<WG>(p, w.n_tiles, base, smem, st, traced);
+  if (WG == 0 && tid == 0) traced.Mark(kTraceLoopDone);
   // The query area is reused below: with no tile, its copies were never waited for.
   if (w.n_tiles == 0) MbarrierWait(base + kBarrierOffset + kQBarrier * 8, 0);
   float2* const stats = reinterpret_cast<float2*>(smem + kStatsOffset);
@@ -549,9 +558,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const BlockWork w = GetBlockWork(p, p.window_len[b], p.n_compressed[b]);
     if (tid < 128) {
-      ConsumeAndFinish<0, DEPENDENT, CLUSTER>(p, w, base, smem, so);
+      ConsumeAndFinish<0, DEPENDENT, CLUSTER>(p, w, base, smem, so, traced);
     } else {
-      ConsumeAndFinish<1, DEPENDENT, CLUSTER>(p, w, base, smem, so);
+      ConsumeAndFinish<1, DEPENDENT, CLUSTER>(p, w, base, smem, so, traced);
     }
   }
 }

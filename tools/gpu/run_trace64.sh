@@ -32,8 +32,8 @@ unpack .device-carry/trace64
 rm -f "$out/trace_gemm.csv" "$out/trace_attn.csv"
 
 s=$(date +%s)
-PDSERVE_BLOCK_TRACE=$out/trace_gemm.csv PDSERVE_DECODE_SHAPES=${SHAPES:-wq_b,w2} \
-  PDSERVE_DECODE_TOKENS=${TOKENS:-16,64} PDSERVE_DECODE_ROWS=read,fp8,w8a16,streamx_4.264 \
+PDSERVE_BLOCK_TRACE=$out/trace_gemm.csv PDSERVE_DECODE_SHAPES=${SHAPES:-wq_b,wo_b,w13,w2} \
+  PDSERVE_DECODE_TOKENS=${TOKENS:-16,64} PDSERVE_DECODE_ROWS=${ROWS:-read,fp8,w8a16,fp8_wgmma_c,w8a16_wgmma_c,streamx_4.264} \
   timeout -k 5 "$(cap 90)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 row gemm "rc=$?" "$(($(date +%s) - s)) s"
 
@@ -57,11 +57,11 @@ if [ -n "$cuobjdump" ]; then
 fi
 
 echo "== GEMM rows (us)"
-grep -v '^read_2GiB' "$out/bench.csv" | cut -d, -f1-4 | column -t -s, | head -40
+grep -v '^read_2GiB' "$out/bench.csv" | cut -d, -f1-4 | head -60
 echo "== GEMM block timelines"
-python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv"
+python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv" --phases
 echo "== attention block timelines (batch 32 and 128)"
-python3 tools/gpu/trace_summary.py "$out/trace_attn.csv" --rows '^(csa|hca)_attention(_split|_cluster)?$' |
+python3 tools/gpu/trace_summary.py "$out/trace_attn.csv" --phases --rows '^(csa|hca)_attention(_split|_cluster)?$' |
   grep -E '^\| (row|---)|\| (32|128)x'
 echo "== registers"; cat "$out/registers.txt" 2>/dev/null
 printf '%s\n' "${rows[@]}"

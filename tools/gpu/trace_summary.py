@@ -13,6 +13,10 @@ median end (how long the last blocks run after half have finished); per SM = sum
 (end - start) / (span x the multiprocessors used), span = the launch's last end - first start
 (the blocks resident on a multiprocessor on average over the launch);
 gap = launch 1's first start - launch 0's last end (negative: the launches overlapped).
+With --phases, a second table of the median block's phases (us, launch 1; from the first
+consumer thread's marks, "-" where not marked): ready = max(start, dependency); setup = the setup
+mark - ready; first = the first stage landed - ready; data = the last stage landed - the first;
+after = the loop done - the last stage landed; epilogue = end - the loop done.
 """
 import collections
 import re
@@ -29,17 +33,21 @@ def main():
     if len(sys.argv) < 2:
         print(__doc__)
         return 2
-    pattern = re.compile(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--rows" else None
+    args = sys.argv[2:]
+    phases = "--phases" in args
+    pattern = re.compile(args[args.index("--rows") + 1]) if "--rows" in args else None
     runs = collections.OrderedDict()
     for line in open(sys.argv[1]):
         f = line.strip().split(",")
-        if len(f) != 9:
+        if len(f) not in (9, 13):
             continue
+        f += ["-1"] * (13 - len(f))
         key = (f[0], f[1], f[2])
         if pattern and not pattern.search(f[0]):
             continue
         runs.setdefault(key, {0: [], 1: []})[int(f[3])].append(
-            (int(f[5]), int(f[6]), int(f[7]), int(f[8])))
+            (int(f[5]), int(f[6]), int(f[7]), int(f[8]), int(f[9]), int(f[10]), int(f[11]),
+             int(f[12])))
     print("| row | shape | tokens | blocks | SMs | period | ramp | dep | life p50 / p90 / max | "
           "tail | per SM | gap |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -63,6 +71,25 @@ def main():
               f"{us(statistics.median(deps)) if deps else '-'} | "
               f"{us(pct(lives, 0.5))} / {us(pct(lives, 0.9))} / {us(max(lives))} | "
               f"{us(end1 - pct(ends, 0.5))} | {busy:.2f} | {us(start1 - end0)} |")
+    if not phases:
+        return 0
+    print()
+    print("| row | shape | tokens | setup | first | data | after | epilogue |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (row, shape, tokens), launches in runs.items():
+        second = launches[1]
+        if not second:
+            continue
+        cells = []
+        for a, b in ((None, 4), (None, 5), (5, 6), (6, 7), (7, 2)):
+            values = []
+            for blk in second:
+                ready = max(blk[0], blk[1])
+                lo = ready if a is None else blk[a]
+                if blk[b] >= 0 and lo >= 0:
+                    values.append(blk[b] - lo)
+            cells.append(f"{statistics.median(values) / 1000:.2f}" if values else "-")
+        print(f"| {row} | {shape} | {tokens} | " + " | ".join(cells) + " |")
     return 0
 
 
