@@ -36,6 +36,9 @@
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
 // workspaces are safe.
+// The wgmma kernels are launched as programmatic dependents of the kernel before them on the
+// stream: they read w and w_scale (weights) before that kernel has finished, x and the rest
+// after. w and w_scale must not be written by the kernel just before the call.
 #pragma once
 
 #include <cublasLt.h>

@@ -176,6 +176,21 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   // Consumer warpgroup wg: row group rg (weight rows row0 + 64 rg .. + 63, one 128-row scale
   // block), the 128-k blocks turn, turn + turns, ... of the split, the block's tokens tg N ..
   // tg N + N - 1 (rows tg N .. of the activation box).
+  // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, n_block] (tokens clamped to the
+  // last, as LoadTokenScales reads them), after the barriers. The weight scales, like the weights,
+  // are not written by the kernel before this one: they are staged before its wait (their
+  // latency, a miss to HBM, then overlaps it), the activation scales after.
+  // (Token tiles past kEarlyScaleTokens compile without it: at 128 tokens it cost 168 registers
+  // and spills.)
+  constexpr bool kSmemScales = N <= kEarlyScaleTokens;
+  float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
+  if (kSmemScales && a.smem_scales != 0) {
+    for (int i = static_cast<int>(threadIdx.x); i < wgs * n_kb; i += 128 * consumers) {
+      const int w = i / n_kb;
+      ws_smem[w * a.kb_span + i % n_kb] =
+          __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
+    }
+  }
   bs::GridDependencyWait();  // xs
   bs::GridDependencyTrigger();
   if (threadIdx.x == 0) traced.MarkDependency();
@@ -188,20 +203,9 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   const int g = lane / 4;
   const int t = lane % 4;
   const float* w_scale = a.w_scale + ((row0 + 64 * rg) / kBlockK) * kblocks;
-  // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, n_block] (tokens clamped to the
-  // last, as LoadTokenScales reads them), after the barriers.
-  // (Token tiles past kEarlyScaleTokens compile without it: at 128 tokens it cost 168 registers
-  // and spills.)
-  constexpr bool kSmemScales = N <= kEarlyScaleTokens;
   if (kSmemScales && a.smem_scales != 0) {
-    float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
     float* const xs_smem = ws_smem + wgs * a.kb_span;
     const int tid = static_cast<int>(threadIdx.x);
-    for (int i = tid; i < wgs * n_kb; i += 128 * consumers) {
-      const int w = i / n_kb;
-      ws_smem[w * a.kb_span + i % n_kb] =
-          __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
-    }
     if constexpr (!A16) {
       for (int i = tid; i < n_kb * n_block; i += 128 * consumers) {
         xs_smem[i] =

@@ -11,7 +11,8 @@
 # Here:
 #   cmake --build build --target pdserve_decode_bench pdserve_cuda_bench pdserve_kernels_cuda_tests
 #   tools/gpu/run_trace64.sh pack      # .device-carry/trace64.tar.xz
-# There (carry .device-carry/trace64.tar.xz): OUT=<dir> [BUDGET=s] bash tools/gpu/run_trace64.sh
+# There (carry .device-carry/trace64.tar.xz [and trace64a.tar.xz]): OUT=<dir> [BUDGET=s]
+#   bash tools/gpu/run_trace64.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=tools/gpu/round_lib.sh
@@ -37,6 +38,18 @@ PDSERVE_BLOCK_TRACE=$out/trace_gemm.csv PDSERVE_DECODE_SHAPES=${SHAPES:-wq_b,wo_
   timeout -k 5 "$(cap 90)" pdserve_decode_bench gemm > "$out/bench.csv" 2> "$out/bench.err"
 row gemm "rc=$?" "$(($(date +%s) - s)) s"
 
+# A second build (.device-carry/trace64a.tar.xz, packed the same way under the name trace64a):
+# its decode_bench on the same rows without the trace, for a before / after table.
+if [ -f .device-carry/trace64a.tar.xz ]; then
+  [ -d .device-carry/trace64a ] || tar -xJf .device-carry/trace64a.tar.xz -C .device-carry
+  s=$(date +%s)
+  PDSERVE_DECODE_SHAPES=${SHAPES:-wq_b,wo_b,w13,w2} PDSERVE_DECODE_TOKENS=${TOKENS:-16,64} \
+    PDSERVE_DECODE_ROWS=${ROWS:-read,fp8,w8a16,fp8_wgmma_c,w8a16_wgmma_c,streamx_4.264} \
+    timeout -k 5 "$(cap 60)" .device-carry/trace64a/bin/pdserve_decode_bench gemm \
+    > "$out/bench_a.csv" 2> "$out/bench_a.err"
+  row gemm_a "rc=$?" "$(($(date +%s) - s)) s"
+fi
+
 s=$(date +%s)
 PDSERVE_BLOCK_TRACE=$out/trace_attn.csv PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention \
   timeout -k 5 "$(cap 150)" pdserve_cuda_bench > "$out/attn.csv" 2> "$out/attn.err"
@@ -56,8 +69,22 @@ if [ -n "$cuobjdump" ]; then
     paste - - > "$out/registers.txt"
 fi
 
-echo "== GEMM rows (us)"
-grep -v '^read_2GiB' "$out/bench.csv" | cut -d, -f1-4 | head -60
+echo "== GEMM rows (us): this build (traced rows), and the trace64a build where carried"
+python3 - "$out/bench.csv" "$out/bench_a.csv" <<'PY'
+import sys
+def rows(path):
+    try:
+        return {tuple(f[:3]): float(f[3]) for f in (l.strip().split(",") for l in open(path))
+                if len(f) == 5 and f[1] != "-"}
+    except OSError:
+        return {}
+new, old = rows(sys.argv[1]), rows(sys.argv[2])
+print("| row | shape | tokens | us | trace64a us |")
+print("| --- | --- | --- | --- | --- |")
+for k, v in new.items():
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {v:.2f} | {old[k]:.2f} |" if k in old else
+          f"| {k[0]} | {k[1]} | {k[2]} | {v:.2f} | - |")
+PY
 echo "== GEMM block timelines"
 python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv" --phases
 echo "== attention block timelines (batch 32 and 128)"
