@@ -177,18 +177,24 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   // block), the 128-k blocks turn, turn + turns, ... of the split, the block's tokens tg N ..
   // tg N + N - 1 (rows tg N .. of the activation box).
   // smem_scales: ws_smem [wgs, kb_span] and xs_smem [kb_span, n_block] (tokens clamped to the
-  // last, as LoadTokenScales reads them), after the barriers. The weight scales, like the weights,
-  // are not written by the kernel before this one: they are staged before its wait (their
-  // latency, a miss to HBM, then overlaps it), the activation scales after.
+  // last, as LoadTokenScales reads them). W8A8: copied by cp.async and waited for (wait_all and
+  // the consumers' barrier 3: scales_ready) only after the first block's products are issued, so
+  // the copies' latency (a miss to HBM behind the weight stream the producer issued: 1-2.4 us in
+  // tools/gpu/run_trace64.sh's timelines, H100, 2026-12-06) overlaps the first stage's wait and
+  // products instead of preceding them; the weight scales, like the weights, are not written by
+  // the kernel before this one, so they go out before its wait, the activation scales after.
+  // W8A16 (weight scales only): loaded after the wait and waited for before the loop, as before
+  // 2026-12-06 (the early copies were 0.2-0.5 us slower on wo_b, w13 and w2 at 16 tokens there).
   // (Token tiles past kEarlyScaleTokens compile without it: at 128 tokens it cost 168 registers
   // and spills.)
   constexpr bool kSmemScales = N <= kEarlyScaleTokens;
-  float* const ws_smem = reinterpret_cast<float*>(smem + (full_bar - base) + 16u * stages);
-  if (kSmemScales && a.smem_scales != 0) {
+  const bool staged = kSmemScales && a.smem_scales != 0;
+  const uint32_t ws_smem = full_bar + 16u * stages;  // shared address
+  if (!A16 && staged) {
     for (int i = static_cast<int>(threadIdx.x); i < wgs * n_kb; i += 128 * consumers) {
       const int w = i / n_kb;
-      ws_smem[w * a.kb_span + i % n_kb] =
-          __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
+      CopyAsync4(ws_smem + 4u * (w * a.kb_span + i % n_kb),
+                 a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
     }
   }
   bs::GridDependencyWait();  // xs
@@ -203,18 +209,36 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   const int g = lane / 4;
   const int t = lane % 4;
   const float* w_scale = a.w_scale + ((row0 + 64 * rg) / kBlockK) * kblocks;
-  if (kSmemScales && a.smem_scales != 0) {
-    float* const xs_smem = ws_smem + wgs * a.kb_span;
-    const int tid = static_cast<int>(threadIdx.x);
-    if constexpr (!A16) {
-      for (int i = tid; i < n_kb * n_block; i += 128 * consumers) {
-        xs_smem[i] =
-            __ldg(a.xs + (kb_begin + i / n_block) * a.m + min(block_token0 + i % n_block, a.m - 1));
+  if constexpr (A16) {
+    if (staged) {
+      float* const ws = reinterpret_cast<float*>(smem + (ws_smem - base));
+      for (int i = static_cast<int>(threadIdx.x); i < wgs * n_kb; i += 128 * consumers) {
+        const int w = i / n_kb;
+        ws[w * a.kb_span + i % n_kb] =
+            __ldg(a.w_scale + ((row0 + 64 * w) / kBlockK) * kblocks + kb_begin + i % n_kb);
+      }
+      asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's
+    }
+  } else {
+    if (staged) {
+      const uint32_t xs_smem = ws_smem + 4u * wgs * a.kb_span;
+      for (int i = static_cast<int>(threadIdx.x); i < n_kb * n_block; i += 128 * consumers) {
+        CopyAsync4(xs_smem + 4u * i,
+                   a.xs + (kb_begin + i / n_block) * a.m + min(block_token0 + i % n_block, a.m - 1));
       }
     }
-    asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's loads
   }
   if (threadIdx.x == 0) traced.Mark(kTraceSetup);
+  // W8A8: every consumer thread calls it exactly once, after its first block's products are
+  // issued (or first, when it has no block): the staged scales are then in shared memory.
+  // Unconditional (without staged scales a barrier that waits for nothing): a branch while
+  // products are in flight may make ptxas serialize the kernel's wgmma. W8A16: nothing.
+  const auto scales_ready = [consumers]() {
+    if constexpr (!A16) {
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's
+    }
+  };
   constexpr int kXs = A16 ? 1 : N / 4;
   // Block it's weight scale, and (early, where registers allow) its activation scales: loaded
   // before the stage wait so their latency hides behind it and the products.
@@ -304,7 +328,20 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   for (int i = 0; i < N / 2; ++i) acc[i] = p[i] = 0.0f;
   if constexpr (!IN_FLIGHT) {
     // One block at a time: its products are waited for before the next block's are issued.
-    for (int it = turn; it < n_kb; it += turns) {
+    int it = turn;
+    if (it < n_kb) {  // the first block: its products go out before the scales' wait
+      float xs[kXs];
+      RegisterA afrag;
+      issue(p, afrag, it);
+      scales_ready();
+      const float ws = load_scales(it, xs);
+      WgmmaWait<0>();
+      fold(p, it, ws, xs);
+      it += turns;
+    } else {
+      scales_ready();
+    }
+    for (; it < n_kb; it += turns) {
       float xs[kXs];
       RegisterA afrag;
       const float ws = load_scales(it, xs);
@@ -326,9 +363,11 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
     float ws_q = 0.0f;
     const int count = n_kb > turn ? (n_kb - turn + turns - 1) / turns : 0;
     const auto block = [&](int j) { return turn + j * turns; };
+    if (count == 0) scales_ready();
     if (count > 0) {
-      ws_p = load_scales(block(0), xs_p);
       issue(p, a_p, block(0));
+      scales_ready();
+      ws_p = load_scales(block(0), xs_p);
       int j = 1;  // p holds block j - 1, in flight
 #pragma unroll 1
       for (; j + 1 < count; j += 2) {
@@ -445,6 +484,7 @@ static_assert(fp8_workspace::kWgmmaClusterReduceTokens == kClusterReduceTokens);
 static_assert(fp8_workspace::kWgmmaAlternateA8Tokens == kAlternateA8Tokens);
 static_assert(fp8_workspace::kWgmmaSplitTokensMin == kSplitTokensMin);
 static_assert(fp8_workspace::kBlockK == kBlockK);
+static_assert(kFp8WgmmaClusterSplits == kMaxClusterReduceSplits);
 
 // a16: W8A16 (no quantized activations in the workspace; bf16 weight copies in shared memory).
 WgmmaPlan PlanWgmma(int64_t m, int64_t n, int64_t k, const Fp8WgmmaConfig& config, bool a16) {

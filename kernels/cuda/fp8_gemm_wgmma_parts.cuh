@@ -162,6 +162,11 @@ __device__ __forceinline__ float LoadSharedF32(uint32_t address) {
   return v;
 }
 
+// Copies 4 bytes global -> shared asynchronously (cp.async.ca; waited for by cp.async.wait_all).
+__device__ __forceinline__ void CopyAsync4(uint32_t dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 // Named barrier of consumer warpgroup wg's 128 threads (0 is __syncthreads).
 __device__ __forceinline__ void WarpgroupBarrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
@@ -241,6 +246,9 @@ __device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst,
   if constexpr (A16) TmaLoad2d(dst + box_bytes, x_map, k0 + 64, token0, bar);
 }
 
+// cluster_reduce's most splits (fp8_gemm_workspace.h's kFp8WgmmaClusterSplits).
+constexpr int kMaxClusterReduceSplits = 8;
+
 // cluster_reduce's epilogue, run by every thread of the block (acc: nullptr for the producer
 // warp). The block's sums [N tokens x 64 * wgs rows] go to its shared memory at `smem` (over
 // the ring: every stage has landed and been consumed once the consumers leave their loop, so
@@ -270,16 +278,40 @@ __device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem,
   cluster.sync();
   const int splits = a.k_splits;
   const int rank = static_cast<int>(cluster.block_rank());
+  // Four consecutive rows of one token per thread and step (elements = rows x N, N a multiple
+  // of 8, splits a power of two <= kMaxClusterReduceSplits: every slice begins on a float4), all
+  // splits' float4 loads issued before the sums, which add them in ascending split order from
+  // 0.0f as the two-pass reduce does (the same bits). One element at a time with a serial load
+  // per split was 2.5 us of the epilogue at 16 tokens and 4.7 us at 64 (tools/gpu/run_trace64.sh,
+  // H100, 2026-12-06).
   const int elements = rows * N;
-  const int begin = elements * rank / splits;
-  const int end = elements * (rank + 1) / splits;
-  for (int e = begin + static_cast<int>(threadIdx.x); e < end; e += static_cast<int>(blockDim.x)) {
+  const int begin = elements * rank / splits / 4;
+  const int end = elements * (rank + 1) / splits / 4;
+  for (int v = begin + static_cast<int>(threadIdx.x); v < end; v += static_cast<int>(blockDim.x)) {
+    float4 part[kMaxClusterReduceSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterReduceSplits; ++s) {
+      if (s < splits) part[s] = reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s))[v];
+    }
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < kMaxClusterReduceSplits; ++s) {
+      if (s < splits) {
+        sum.x += part[s].x;
+        sum.y += part[s].y;
+        sum.z += part[s].z;
+        sum.w += part[s].w;
+      }
+    }
+    const int e = 4 * v;
     const int64_t token = token0 + e / rows;
     const int64_t row = row0 + e % rows;
-    if (token >= a.m || row >= a.n) continue;
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(sums, s)[e];
-    bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, sum);
+    if (token >= a.m) continue;
+    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (row + j < a.n) bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row + j, values[j]);
+    }
   }
   cluster.sync();
 }

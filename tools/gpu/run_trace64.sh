@@ -6,7 +6,7 @@
 #    and w8a16 dispatch, the ring alone: streamx_4.264) -> bench.csv, trace_gemm.csv;
 # 2. cuda_bench, graph timing, attention only, PDSERVE_BLOCK_TRACE -> attn.csv, trace_attn.csv;
 # 3. the wgmma GEMM and sparse decode GPU tests (the kernels now carry the trace argument);
-# 4. cuobjdump's registers of the instrumented kernels (the trace must not add any);
+# 4. (ENGINE=1) the engine's GPU suite; cuobjdump's registers of the instrumented kernels (the trace must not add any);
 # the summaries last (tools/gpu/trace_summary.py).
 # Here:
 #   cmake --build build --target pdserve_decode_bench pdserve_cuda_bench pdserve_kernels_cuda_tests
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.." || exit 2
 source tools/gpu/round_lib.sh
 if [ "${1:-}" = pack ]; then
   pack_carry trace64 build/bench/cuda/pdserve_decode_bench build/bench/cuda/pdserve_cuda_bench \
-    build/tests/kernels_cuda/pdserve_kernels_cuda_tests
+    build/tests/kernels_cuda/pdserve_kernels_cuda_tests build/tests/engine_gpu/engine_gpu_tests
   exit $?
 fi
 out=${OUT:-gpu-out/trace64}
@@ -50,16 +50,36 @@ if [ -f .device-carry/trace64a.tar.xz ]; then
   row gemm_a "rc=$?" "$(($(date +%s) - s)) s"
 fi
 
-s=$(date +%s)
-PDSERVE_BLOCK_TRACE=$out/trace_attn.csv PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention \
-  timeout -k 5 "$(cap 150)" pdserve_cuda_bench > "$out/attn.csv" 2> "$out/attn.err"
-row attention "rc=$?" "$(($(date +%s) - s)) s"
+if [ -z "${SKIP_ATTN:-}" ]; then
+  s=$(date +%s)
+  PDSERVE_BLOCK_TRACE=$out/trace_attn.csv PDSERVE_BENCH_TIMING=graph PDSERVE_BENCH_ONLY=attention \
+    timeout -k 5 "$(cap 150)" pdserve_cuda_bench > "$out/attn.csv" 2> "$out/attn.err"
+  row attention "rc=$?" "$(($(date +%s) - s)) s"
+fi
+
+# LAYER=1: one V4-Flash layer's decode GEMMs (decode_bench layer) with the default config and
+# with cluster_reduce (PDSERVE_FP8_WGMMA=0,0,264,1,1,1), this build.
+if [ -n "${LAYER:-}" ]; then
+  s=$(date +%s)
+  timeout -k 5 "$(cap 60)" pdserve_decode_bench layer > "$out/layer_default.csv" 2>> "$out/bench.err"
+  PDSERVE_FP8_WGMMA=0,0,264,1,1,1 timeout -k 5 "$(cap 60)" pdserve_decode_bench layer \
+    > "$out/layer_cluster.csv" 2>> "$out/bench.err"
+  row layer "rc=$?" "$(($(date +%s) - s)) s"
+fi
 
 s=$(date +%s)
-timeout -k 5 "$(cap 60)" pdserve_kernels_cuda_tests \
-  --gtest_filter='*WgmmaEveryTokenTileAndOddCounts:*WgmmaTilesSplitsAndConfigs:*SparseDecode*' \
+timeout -k 5 "$(cap 100)" pdserve_kernels_cuda_tests \
+  --gtest_filter='*Wgmma*:*SparseDecode*' \
   > "$out/tests.log" 2>&1
 row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
+
+# ENGINE=1: the engine's GPU suite with this build's kernels (logits against the CPU engine,
+# graph against eager), while the budget allows.
+if [ -n "${ENGINE:-}" ] && [ "$(cap 120)" -ge 60 ]; then
+  s=$(date +%s)
+  PDSERVE_SOURCE_DIR=$PWD timeout -k 5 "$(cap 120)" engine_gpu_tests > "$out/engine.log" 2>&1
+  row engine "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/engine.log" | tr '\n' ' ')"
+fi
 
 cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null)
 if [ -n "$cuobjdump" ]; then
@@ -87,6 +107,12 @@ for k, v in new.items():
 PY
 echo "== GEMM block timelines"
 python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv" --phases
+if [ -f "$out/layer_default.csv" ]; then
+  echo "== one layer's decode GEMMs (us): default config / cluster_reduce"
+  join -t, <(awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$out/layer_default.csv" | sort) \
+    <(awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$out/layer_cluster.csv" | sort) |
+    grep -E '^layer_(w8a16|read)(_dense)?:' | sort -t: -k2 -n
+fi
 echo "== attention block timelines (batch 32 and 128)"
 python3 tools/gpu/trace_summary.py "$out/trace_attn.csv" --phases --rows '^(csa|hca)_attention(_split|_cluster)?$' |
   grep -E '^\| (row|---)|\| (32|128)x'
