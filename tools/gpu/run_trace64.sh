@@ -65,6 +65,10 @@ if [ -n "${LAYER:-}" ]; then
   PDSERVE_FP8_WGMMA=0,0,264,1,1,1 timeout -k 5 "$(cap 60)" pdserve_decode_bench layer \
     > "$out/layer_cluster.csv" 2>> "$out/bench.err"
   row layer "rc=$?" "$(($(date +%s) - s)) s"
+  if [ -x .device-carry/trace64a/bin/pdserve_decode_bench ]; then
+    timeout -k 5 "$(cap 60)" .device-carry/trace64a/bin/pdserve_decode_bench layer \
+      > "$out/layer_a.csv" 2>> "$out/bench.err"
+  fi
 fi
 
 s=$(date +%s)
@@ -108,12 +112,14 @@ PY
 echo "== GEMM block timelines"
 python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv" --phases
 if [ -f "$out/layer_default.csv" ]; then
-  echo "== one layer's decode GEMMs (us): default config / cluster_reduce"
-  join -t, <(awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$out/layer_default.csv" | sort) \
-    <(awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$out/layer_cluster.csv" | sort) |
-    grep -E '^layer_(w8a16|read)(_dense)?:' | sort -t: -k2 -n
+  echo "== one layer's decode GEMMs (us): default config / cluster_reduce / trace64a's default"
+  [ -f "$out/layer_a.csv" ] || cp "$out/layer_default.csv" "$out/layer_a.csv"
+  layer_rows() { awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$1" | sort; }
+  join -t, <(layer_rows "$out/layer_default.csv") <(layer_rows "$out/layer_cluster.csv") |
+    join -t, - <(layer_rows "$out/layer_a.csv") |
+    grep -E '^layer_(w8a16|fp8|read)(_dense)?:' | sort -t: -k2 -n
 fi
-echo "== attention block timelines (batch 32 and 128)"
+[ -f "$out/trace_attn.csv" ] && echo "== attention block timelines (batch 32 and 128)" &&
 python3 tools/gpu/trace_summary.py "$out/trace_attn.csv" --phases --rows '^(csa|hca)_attention(_split|_cluster)?$' |
   grep -E '^\| (row|---)|\| (32|128)x'
 echo "== registers"; cat "$out/registers.txt" 2>/dev/null
