@@ -248,6 +248,8 @@ __device__ __forceinline__ void LoadActivations(const void* x_map, uint32_t dst,
 
 // cluster_reduce's most splits (fp8_gemm_workspace.h's kFp8WgmmaClusterSplits).
 constexpr int kMaxClusterReduceSplits = 8;
+// ClusterReduce adds float4s from this token tile on (below: one element at a time).
+constexpr int kClusterReduceVectorTokens = 32;
 
 // cluster_reduce's epilogue, run by every thread of the block (acc: nullptr for the producer
 // warp). The block's sums [N tokens x 64 * wgs rows] go to its shared memory at `smem` (over
@@ -278,13 +280,32 @@ __device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem,
   cluster.sync();
   const int splits = a.k_splits;
   const int rank = static_cast<int>(cluster.block_rank());
-  // Four consecutive rows of one token per thread and step (elements = rows x N, N a multiple
-  // of 8, splits a power of two <= kMaxClusterReduceSplits: every slice begins on a float4), all
-  // splits' float4 loads issued before the sums, which add them in ascending split order from
-  // 0.0f as the two-pass reduce does (the same bits). One element at a time with a serial load
-  // per split was 2.5 us of the epilogue at 16 tokens and 4.7 us at 64 (tools/gpu/run_trace64.sh,
-  // H100, 2026-12-06).
+  // Token tiles from kClusterReduceVectorTokens on: four consecutive rows of one token per thread
+  // and step (elements = rows x N, N a multiple of 8, splits a power of two <=
+  // kMaxClusterReduceSplits: every slice begins on a float4), all splits' float4 loads issued
+  // before the sums, which add them in ascending split order from 0.0f as the two-pass reduce
+  // does (the same bits). At 64 tokens the epilogue took 3.2-3.3 us against 4.5-4.8 us one
+  // element at a time (tools/gpu/run_trace64.sh, H100, 2026-12-06); at 16 tokens about the same
+  // (2.2-2.5 us: there it waits for the cluster's slowest split).
   const int elements = rows * N;
+  if constexpr (N < kClusterReduceVectorTokens) {
+    // One element per thread and step, a serial load per split (few registers: the float4 loop
+    // took the W8A16 16-token kernel from 125 to 133 registers a thread, past the 128 that three
+    // 160-thread blocks per multiprocessor allow, and made it 1-2 us slower; H100, 2026-12-06).
+    const int begin = elements * rank / splits;
+    const int end = elements * (rank + 1) / splits;
+    for (int e = begin + static_cast<int>(threadIdx.x); e < end;
+         e += static_cast<int>(blockDim.x)) {
+      const int64_t token = token0 + e / rows;
+      const int64_t row = row0 + e % rows;
+      if (token >= a.m || row >= a.n) continue;
+      float sum = 0.0f;
+      for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(sums, s)[e];
+      bs::StoreOut(a.out, a.out_f32, token * a.out_stride + row, sum);
+    }
+    cluster.sync();
+    return;
+  }
   const int begin = elements * rank / splits / 4;
   const int end = elements * (rank + 1) / splits / 4;
   for (int v = begin + static_cast<int>(threadIdx.x); v < end; v += static_cast<int>(blockDim.x)) {
