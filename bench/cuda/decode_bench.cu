@@ -311,6 +311,7 @@ void GemmRows(const Buffers& b, cudaStream_t stream) {
   clustered.cluster_reduce = true;
   Fp8WgmmaConfig two_pass = fp8_gemm_wgmma_default_config();
   two_pass.cluster_reduce = false;
+  two_pass.a16_cluster_reduce_tokens = 0;
   const std::vector<std::string> shapes = EnvList("PDSERVE_DECODE_SHAPES");
   const std::vector<std::string> tokens = EnvList("PDSERVE_DECODE_TOKENS");
   const std::vector<std::string> rows = EnvList("PDSERVE_DECODE_ROWS");

@@ -21,7 +21,12 @@
 namespace pdserve::kernels::cuda {
 
 inline constexpr int kBlockTraceSlots = 8;
-enum BlockTraceMark : int { kTraceSetup = 4, kTraceFirstData = 5, kTraceLastData = 6, kTraceLoopDone = 7 };
+enum BlockTraceMark : int {
+  kTraceSetup = 4,
+  kTraceFirstData = 5,
+  kTraceLastData = 6,
+  kTraceLoopDone = 7
+};
 
 struct BlockTrace {
   uint64_t* slots = nullptr;  // device, [capacity, kBlockTraceSlots]

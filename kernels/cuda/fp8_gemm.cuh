@@ -159,15 +159,20 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // block from 128, and 96 adds a fourth only where shared memory has room. The member defaults
 // are the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
 // kFp8WgmmaDecodeConfig are defined in fp8_gemm_workspace.h, host arithmetic without CUDA.)
+// a16_cluster_reduce_tokens: W8A16 token tiles up to this size take cluster_reduce whatever
+// cluster_reduce says (0: none).
 // kFp8WgmmaDecodeConfig, the config fp8_gemm and fp8_gemm_w8a16 use (H200, 2026-12-04,
 // bench/cuda/decode_bench.cu at V4-Flash's dense shapes and 1-128 tokens; docs/perf.md): warpgroups
 // and stages by the rules above, 264 target blocks, smem_scales and register weights; not
 // cluster_reduce (at 32-64 tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for
-// W8A8 at 16-32). kFp8WgmmaDecodeConfig, or
-// PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
+// W8A8 at 16-32) but for W8A16 token tiles up to 16 (a16_cluster_reduce_tokens 16: one V4-Flash
+// layer's dense W8A16 GEMMs at 16 tokens 168.9 us against 186.1 with the reduce kernel, one H100
+// run of tools/gpu/run_trace64.sh, 2026-12-06; at 32-64 tokens 1-2% slower, so not there).
+// kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,
-// multicast_activations[,max_registers]]]]]]]]]" (the flags 0 or 1, max_registers 0, 96 or 128,
-// missing ones as in kFp8WgmmaDecodeConfig;
+// multicast_activations[,max_registers[,a16_cluster_reduce_tokens]]]]]]]]]]" (the flags 0 or 1,
+// max_registers 0, 96 or 128, a16_cluster_reduce_tokens 0-64, missing ones as in
+// kFp8WgmmaDecodeConfig;
 // read once per process; other text is warned about and ignored, kernels/env_switch.h). Host only.
 Fp8WgmmaConfig fp8_gemm_wgmma_default_config();
 // Device workspace bytes of fp8_gemm_wgmma (quantized activations, their scales, the split-k

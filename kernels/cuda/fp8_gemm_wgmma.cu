@@ -223,8 +223,8 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
     if (staged) {
       const uint32_t xs_smem = ws_smem + 4u * wgs * a.kb_span;
       for (int i = static_cast<int>(threadIdx.x); i < n_kb * n_block; i += 128 * consumers) {
-        CopyAsync4(xs_smem + 4u * i,
-                   a.xs + (kb_begin + i / n_block) * a.m + min(block_token0 + i % n_block, a.m - 1));
+        CopyAsync4(xs_smem + 4u * i, a.xs + (kb_begin + i / n_block) * a.m +
+                                         min(block_token0 + i % n_block, a.m - 1));
       }
     }
   }
@@ -602,9 +602,10 @@ cudaError_t LaunchWgmma(const CUtensorMap& w_map, const CUtensorMap& x_map, cons
 
 // PDSERVE_FP8_WGMMA's text: "warpgroups,stages,target" and up to eight flags 0 / 1 in
 // Fp8WgmmaConfig's order (cluster_reduce .. multicast_activations), then max_registers (0, 96 or
-// 128); missing fields as in kFp8WgmmaDecodeConfig; nullopt for anything else.
+// 128), then a16_cluster_reduce_tokens (0-64); missing fields as in kFp8WgmmaDecodeConfig;
+// nullopt for anything else.
 std::optional<Fp8WgmmaConfig> ParseWgmmaConfig(std::string_view text) {
-  const std::optional<std::vector<int64_t>> fields = ParseWholeNumbers(text, 3, 12);
+  const std::optional<std::vector<int64_t>> fields = ParseWholeNumbers(text, 3, 13);
   if (!fields) return std::nullopt;
   const std::vector<int64_t>& f = *fields;
   if (f[0] < 0 || f[0] > kMaxWarpgroups || (f[1] != 0 && f[1] < 2) || f[1] > kMaxStages ||
@@ -622,9 +623,13 @@ std::optional<Fp8WgmmaConfig> ParseWgmmaConfig(std::string_view text) {
     if (f[i] != 0 && f[i] != 1) return std::nullopt;
     *flags[i - 3] = f[i] == 1;
   }
-  if (f.size() == 12) {
+  if (f.size() >= 12) {
     if (f[11] != 0 && f[11] != 96 && f[11] != 128) return std::nullopt;
     c.max_registers = static_cast<int>(f[11]);
+  }
+  if (f.size() == 13) {
+    if (f[12] < 0 || f[12] > kClusterReduceTokens) return std::nullopt;
+    c.a16_cluster_reduce_tokens = static_cast<int>(f[12]);
   }
   return c;
 }
@@ -644,7 +649,8 @@ Fp8WgmmaConfig fp8_gemm_wgmma_default_config() {
       "warpgroups (0-" + std::to_string(kMaxWarpgroups) + "),stages (0 or 2-" +
           std::to_string(kMaxStages) +
           "),target blocks (>= 0), then up to 8 flags 0 or 1, then max registers 0, 96 or "
-          "128",
+          "128, then W8A16 cluster-reduce tokens 0-" +
+          std::to_string(kClusterReduceTokens),
       "the default config");
   return config;
 }

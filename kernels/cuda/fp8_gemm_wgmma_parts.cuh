@@ -312,7 +312,8 @@ __device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem,
     float4 part[kMaxClusterReduceSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterReduceSplits; ++s) {
-      if (s < splits) part[s] = reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s))[v];
+      if (s < splits)
+        part[s] = reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s))[v];
     }
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll

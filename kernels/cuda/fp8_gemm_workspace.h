@@ -49,9 +49,17 @@ struct Fp8WgmmaConfig {
   // build of the kernel capped at that many registers a thread (more blocks per multiprocessor;
   // same arithmetic and bits); 0: the kernel as it is.
   int max_registers = 0;
+  // W8A16 (fp8_gemm_w8a16_wgmma) token tiles up to this size reduce their k splits in the kernel
+  // as cluster_reduce does, whatever cluster_reduce says (0: none; at most 64).
+  int a16_cluster_reduce_tokens = 0;
 };
 // The config fp8_gemm and fp8_gemm_w8a16 use without PDSERVE_FP8_WGMMA (fp8_gemm.cuh says why).
-inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig{0, 0, 264, false, true, true};
+inline constexpr Fp8WgmmaConfig MakeFp8WgmmaDecodeConfig() {
+  Fp8WgmmaConfig c{0, 0, 264, false, true, true};
+  c.a16_cluster_reduce_tokens = 16;
+  return c;
+}
+inline constexpr Fp8WgmmaConfig kFp8WgmmaDecodeConfig = MakeFp8WgmmaDecodeConfig();
 
 namespace fp8_workspace {
 
@@ -159,8 +167,9 @@ inline WgmmaTiling PlanWgmmaTiling(int64_t m, int64_t n, int64_t k, const Fp8Wgm
   int64_t splits = config.target_blocks > 0 ? (config.target_blocks + tiles / 2) / tiles : 1;
   // cluster_reduce only for token tiles <= kWgmmaClusterReduceTokens (at 128 tokens it was 1.7x
   // slower than the reduce kernel on the H200, 2026-12-04 15:40 UTC).
-  const bool cluster = config.cluster_reduce && p.n_tile <= kWgmmaClusterReduceTokens &&
-                       p.turns == 1 && p.tgroups == 1;
+  const bool cluster =
+      (config.cluster_reduce || (a16 && p.n_tile <= config.a16_cluster_reduce_tokens)) &&
+      p.n_tile <= kWgmmaClusterReduceTokens && p.turns == 1 && p.tgroups == 1;
   const int64_t max_splits = cluster ? kFp8WgmmaClusterSplits : kWgmmaMaxSplits;
   splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(max_splits, kblocks));
   if (cluster) {

@@ -55,6 +55,30 @@ TEST(Fp8GemmWorkspaceTest, HostFormulasAreWhatTheKernelsAskFor) {
   }
 }
 
+// W8A16 token tiles up to a16_cluster_reduce_tokens reduce their k splits in the kernel (no
+// partial sums), larger ones through the workspace; cluster_reduce caps the splits at
+// kFp8WgmmaClusterSplits. [2, 1024] (one row tile, 8 k blocks): 8 splits either way.
+TEST(Fp8GemmWorkspaceTest, SmallW8a16TilesNeedNoPartialSums) {
+  const Fp8WgmmaConfig c = kFp8WgmmaDecodeConfig;
+  ASSERT_EQ(c.a16_cluster_reduce_tokens, 16);
+  for (const int64_t m : {9, 12, 16}) {
+    const fp8_workspace::WgmmaTiling t = fp8_workspace::PlanWgmmaTiling(m, 2, 1024, c, true);
+    EXPECT_TRUE(t.cluster_reduce) << m;
+    EXPECT_EQ(t.splits, 8) << m;
+    EXPECT_EQ(t.partial_bytes, 0u) << m;
+    // W8A8 is not affected.
+    EXPECT_FALSE(fp8_workspace::PlanWgmmaTiling(m, 2, 1024, c, false).cluster_reduce) << m;
+  }
+  for (const int64_t m : {17, 24, 64}) {
+    const fp8_workspace::WgmmaTiling t = fp8_workspace::PlanWgmmaTiling(m, 2, 1024, c, true);
+    EXPECT_FALSE(t.cluster_reduce) << m;
+    EXPECT_EQ(t.partial_bytes, fp8_workspace::AlignUp(static_cast<size_t>(8 * m * 2 * 4))) << m;
+  }
+  Fp8WgmmaConfig off = c;
+  off.a16_cluster_reduce_tokens = 0;
+  EXPECT_FALSE(fp8_workspace::PlanWgmmaTiling(12, 2, 1024, off, true).cluster_reduce);
+}
+
 // ProjectionBytes looks at every row up to MonotoneRows and the last 4 past it: the same as
 // every row.
 TEST(Fp8GemmWorkspaceTest, ProjectionBytesEqualsTheLargestOverEveryRow) {

@@ -291,8 +291,10 @@ TEST(CudaW8a16GemmTest, RefusalsNameTheArgument) {
   EXPECT_NE(refusal_of(2, 128, 120, w.get(), 16, all).find("x_stride:"), std::string::npos);
   EXPECT_NE(refusal_of(-1, 128, 128, w.get(), 16, all).find("m:"), std::string::npos);
   EXPECT_NE(refusal_of(2, 128, 128, nullptr, 16, all).find("w:"), std::string::npos);
-  // k = 1024, n = 2, 12 tokens (the wgmma path): split k, so the partial sums need a workspace.
-  EXPECT_NE(refusal_of(12, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
+  // k = 1024, n = 2, 24 tokens (the wgmma path, a 24-token tile): split k and reduced by the
+  // second kernel, so the partial sums need a workspace. (Tiles up to
+  // kFp8WgmmaDecodeConfig.a16_cluster_reduce_tokens reduce in the kernel and need none.)
+  EXPECT_NE(refusal_of(24, 1024, 1024, w.get(), 2, 8).find("workspace_bytes:"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------
