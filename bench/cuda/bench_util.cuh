@@ -141,10 +141,12 @@ double RandomRoutings(int64_t tokens, int64_t experts, int64_t top_k,
   return distinct;
 }
 
-// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r[,a[,i[,p[,k[,m[,R]]]]]]]]];..." (warpgroups, stages,
-// target blocks, then the flags cluster_reduce, smem_scales, a16_register_weights,
+// fp8_gemm_wgmma configs from "w,s,t[,c[,x[,r[,a[,i[,p[,k[,m[,R[,A]]]]]]]]]];..." (warpgroups,
+// stages, target blocks, then the flags cluster_reduce, smem_scales, a16_register_weights,
 // alternate_turns, two_in_flight, split_tokens (p), stagger_k, multicast_activations as 0 | 1, then
-// max_registers 96 | 128 (anything else: 0); missing ones 0); malformed entries are skipped.
+// max_registers 96 | 128 (anything else: 0), then a16_cluster_reduce_tokens (0-64); missing ones
+// 0, so unlike PDSERVE_FP8_WGMMA a variant without A has no a16_cluster_reduce_tokens: the
+// dispatch's default is "0,0,264,0,1,1,0,0,0,0,0,0,16"); malformed entries are skipped.
 std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
   std::vector<Fp8WgmmaConfig> v;
   size_t at = 0;
@@ -160,9 +162,11 @@ std::vector<Fp8WgmmaConfig> ParseWgmmaConfigs(const std::string& text) {
     int stagger = 0;
     int multicast = 0;
     int max_registers = 0;
-    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+    int a16_cluster = 0;
+    if (std::sscanf(text.substr(at, end - at).c_str(), "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
                     &c.warpgroups, &c.stages, &c.target_blocks, &cluster, &scales, &reg, &alternate,
-                    &in_flight, &split, &stagger, &multicast, &max_registers) >= 3) {
+                    &in_flight, &split, &stagger, &multicast, &max_registers, &a16_cluster) >= 3) {
+      c.a16_cluster_reduce_tokens = a16_cluster >= 0 && a16_cluster <= 64 ? a16_cluster : 0;
       c.max_registers = max_registers == 96 || max_registers == 128 ? max_registers : 0;
       c.multicast_activations = multicast == 1;
       c.split_tokens = split == 1;

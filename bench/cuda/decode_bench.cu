@@ -178,7 +178,9 @@ std::string ConfigName(const Fp8WgmmaConfig& c) {
          (c.alternate_turns ? ".a" : "") + (c.two_in_flight ? ".i" : "") +
          (c.split_tokens ? ".t" : "") + (c.stagger_k ? ".k" : "") +
          (c.multicast_activations ? ".m" : "") +
-         (c.max_registers != 0 ? ".x" + std::to_string(c.max_registers) : "");
+         (c.max_registers != 0 ? ".x" + std::to_string(c.max_registers) : "") +
+         (c.a16_cluster_reduce_tokens != 0 ? ".A" + std::to_string(c.a16_cluster_reduce_tokens)
+                                           : "");
 }
 
 // One FP8 weight matrix [n, k] with its 128 x 128 scales.

@@ -72,7 +72,9 @@ std::vector<Fp8WgmmaConfig> Variants() {
 
 std::string VariantName(const Fp8WgmmaConfig& c) {
   return "wgmma_v" + std::to_string(c.warpgroups) + "." + std::to_string(c.stages) + "." +
-         std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "");
+         std::to_string(c.target_blocks) + (c.cluster_reduce ? ".c" : "") +
+         (c.a16_cluster_reduce_tokens != 0 ? ".A" + std::to_string(c.a16_cluster_reduce_tokens)
+                                           : "");
 }
 
 using Shape = DenseShape;

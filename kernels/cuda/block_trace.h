@@ -8,12 +8,13 @@
 // [8 i, 8 i + 8) (kBlockTraceSlots): start (%globaltimer, ns, at entry), dependency (ns, when
 // griddepcontrol.wait returned in the block's first consumer thread; 0 where the kernel has
 // none), end (ns, the latest exit of the block's warps), the multiprocessor (%smid), then four
-// marks of the first consumer thread (0 where not reached): its setup done (the GEMM: its scales
-// staged; the attention: the queries landed), its first stage of data landed, its last stage
-// landed, its main loop done (before the epilogue). The launcher does not reset the slots: the
-// caller zeroes them before the traced launch (end is an atomicMax).
-// Plain C++ (no device code). Thread-safety: one process-wide setting, meant for a benchmark's
-// single launching thread; a CUDA graph captured while it is set keeps the pointer in its nodes.
+// marks of the first consumer thread (0 where not recorded): its setup done (the GEMM: W8A16's
+// scales staged, W8A8's scale copies issued; the attention: the queries landed), its first
+// stage of data landed and its last (the attention and TmaStreamKernel only: in the GEMM's loop
+// the marks cost registers), its main loop done (before the epilogue). The launcher does not reset
+// the slots: the caller zeroes them before the traced launch (end is an atomicMax). Plain C++ (no
+// device code). Thread-safety: one process-wide setting, meant for a benchmark's single launching
+// thread; a CUDA graph captured while it is set keeps the pointer in its nodes.
 #pragma once
 
 #include <cstdint>

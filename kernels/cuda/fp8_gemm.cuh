@@ -36,9 +36,10 @@
 // CUDA-graph safe: no allocation, no host synchronization; the launch shapes depend only on the
 // sizes. Asynchronous on `stream`; no state, so concurrent calls with different outputs and
 // workspaces are safe.
-// The wgmma kernels are launched as programmatic dependents of the kernel before them on the
-// stream: they read w and w_scale (weights) before that kernel has finished, x and the rest
-// after. w and w_scale must not be written by the kernel just before the call.
+// The wgmma kernels are launched as programmatic dependents: they read w (and, W8A8, w_scale)
+// before the kernels before them on the stream have finished (several may still run: kernels
+// that let their dependents start early), x and the rest after. So w and w_scale must not be
+// written by any kernel that may still be running on the stream (weights are not).
 #pragma once
 
 #include <cublasLt.h>
@@ -154,8 +155,9 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // block is 5 warps and a scheduler's quarter of the register file holds 16 K registers, so 3
 // blocks fit on a multiprocessor at <= 128 registers and 4 at <= 96, where shared memory allows
 // (W8A16 at 24 tokens, at 32 with more than 8 k blocks a split, and W8A8 at 48-64 fit 3 by their
-// stages). Uncapped, W8A16 tiles of 32-64 tokens take 131-153 registers (2 blocks) and tiles of
-// 8-24 119-128 (3); W8A8 tiles take 48-121 (3 or more), so only W8A16 at 32-64 tokens gains a
+// stages). Uncapped, W8A16 tiles of 32-64 tokens take 130-156 registers (2 blocks) and tiles of
+// 8-24 121-128 (3); W8A8 tiles take 56-123 (3 or more) (ptxas, 2026-12-06), so only W8A16 at
+// 32-64 tokens gains a
 // block from 128, and 96 adds a fourth only where shared memory has room. The member defaults
 // are the kernel without them. (Fp8WgmmaConfig, kFp8WgmmaClusterSplits and
 // kFp8WgmmaDecodeConfig are defined in fp8_gemm_workspace.h, host arithmetic without CUDA.)
@@ -166,7 +168,7 @@ cudaError_t fp8_gemm_mma(const __nv_bfloat16* x, int64_t m, int64_t k, int64_t x
 // and stages by the rules above, 264 target blocks, smem_scales and register weights; not
 // cluster_reduce (at 32-64 tokens 1.3-1.6x slower than the reduce kernel for W8A16, no faster for
 // W8A8 at 16-32) but for W8A16 token tiles up to 16 (a16_cluster_reduce_tokens 16: one V4-Flash
-// layer's dense W8A16 GEMMs at 16 tokens 168.9 us against 186.1 with the reduce kernel, one H100
+// layer's dense W8A16 GEMMs at 16 tokens 169.8 us against 184.4 with the reduce kernel, one H100
 // run of tools/gpu/run_trace64.sh, 2026-12-06; at 32-64 tokens 1-2% slower, so not there).
 // kFp8WgmmaDecodeConfig, or PDSERVE_FP8_WGMMA="warpgroups,stages,target[,cluster_reduce[,
 // smem_scales[,a16_register_weights[,alternate_turns[,two_in_flight[,split_tokens[,stagger_k[,

@@ -236,7 +236,9 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
   const auto scales_ready = [consumers]() {
     if constexpr (!A16) {
       asm volatile("cp.async.wait_all;\n" ::: "memory");
-      asm volatile("bar.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");  // every consumer's
+      // Not .aligned: the warpgroups may reach it from different places (a warpgroup without a
+      // block: before its loop).
+      asm volatile("barrier.sync 3, %0;\n" ::"r"(128 * consumers) : "memory");
     }
   };
   constexpr int kXs = A16 ? 1 : N / 4;
@@ -259,10 +261,9 @@ __device__ __forceinline__ void Fp8WgmmaBody(const CUtensorMap& w_map, const CUt
     const int s = it % stages;
     const uint32_t stage = base + s * stage_bytes;
     MbarrierWait(full_bar + 8u * s, static_cast<uint32_t>((it / stages) & 1));
-    if (threadIdx.x == 0) {
-      if (it == 0) traced.Mark(kTraceFirstData);
-      if (it + turns >= n_kb) traced.Mark(kTraceLastData);
-    }
+    // (No first / last stage marks here: inside the loop they cost 5-21 registers a thread,
+    // a block a multiprocessor at W8A16 24 / 80 tokens and W8A8 64; the ring's own timing is
+    // decode_bench's TmaStreamKernel.)
     __syncwarp();  // wgmma is .sync.aligned: the warp converged after its spin
     bool register_weights = A16 && IN_FLIGHT;
     if constexpr (A16 && N <= kRegWeightTokens && !IN_FLIGHT) {

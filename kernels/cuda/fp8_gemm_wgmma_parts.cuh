@@ -290,7 +290,7 @@ __device__ __forceinline__ void ClusterReduce(const WgmmaArgs& a, uint8_t* smem,
   const int elements = rows * N;
   if constexpr (N < kClusterReduceVectorTokens) {
     // One element per thread and step, a serial load per split (few registers: the float4 loop
-    // took the W8A16 16-token kernel from 125 to 133 registers a thread, past the 128 that three
+    // took the W8A16 16-token kernel to 133 registers a thread, past the 128 that three
     // 160-thread blocks per multiprocessor allow, and made it 1-2 us slower; H100, 2026-12-06).
     const int begin = elements * rank / splits;
     const int end = elements * (rank + 1) / splits;

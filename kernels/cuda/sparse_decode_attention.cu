@@ -525,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     GridDependencyWait();
     GridDependencyTrigger();
   }
-  if (tid == 0) traced.MarkDependency();
+  if (DEPENDENT && tid == 0) traced.MarkDependency();
   if constexpr (CLUSTER != kNoCluster) ClusterWait();
 
   const int64_t b = blockIdx.y;

@@ -23,7 +23,10 @@ inline std::string WgmmaConfigLabel(const Fp8WgmmaConfig& c) {
          std::to_string(c.target_blocks) + (c.cluster_reduce ? ",cluster" : "") +
          (c.smem_scales ? ",smem_scales" : "") + (c.a16_register_weights ? ",reg" : "") +
          (c.alternate_turns ? ",alternate" : "") + (c.two_in_flight ? ",in_flight" : "") +
-         (c.max_registers != 0 ? ",max_registers=" + std::to_string(c.max_registers) : "");
+         (c.max_registers != 0 ? ",max_registers=" + std::to_string(c.max_registers) : "") +
+         (c.a16_cluster_reduce_tokens != 0
+              ? ",a16_cluster_reduce_tokens=" + std::to_string(c.a16_cluster_reduce_tokens)
+              : "");
 }
 
 // The WgmmaMaxRegisters tests (W8A8: a16 false, W8A16: true) over the default decode config, one

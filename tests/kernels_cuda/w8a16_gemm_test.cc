@@ -154,8 +154,9 @@ TEST(CudaW8a16GemmTest, OddTokenCountsAndShapes) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   // n = 200 and 72: partial 64-row tiles and a partial 128-row scale block; k = 1024 with small n
-  // splits k over blocks (the reduction path), n = 2048 does not. m up to 130: 1, 2 and 4 tiles
-  // of 8 tokens, several token chunks.
+  // splits k over blocks (reduced in the kernel at 9-16 tokens, a16_cluster_reduce_tokens, by
+  // the reduction kernel at 17 and 33), n = 2048 does not. m up to 130: 1, 2 and 4 tiles of 8
+  // tokens, several token chunks.
   for (int64_t m : {1, 2, 3, 8, 9, 13, 16, 17, 33, 77, 130}) {
     RunAndCheckDense(MakeDense(rng, m, 200, 384));
     RunAndCheckDense(MakeDense(rng, m, 72, 1024));

@@ -60,11 +60,12 @@ fi
 # LAYER=1: one V4-Flash layer's decode GEMMs (decode_bench layer) with the default config and
 # with cluster_reduce (PDSERVE_FP8_WGMMA=0,0,264,1,1,1), this build.
 if [ -n "${LAYER:-}" ]; then
+  export LC_ALL=C  # join and sort agree on the order
   s=$(date +%s)
   timeout -k 5 "$(cap 60)" pdserve_decode_bench layer > "$out/layer_default.csv" 2>> "$out/bench.err"
   PDSERVE_FP8_WGMMA=0,0,264,1,1,1 timeout -k 5 "$(cap 60)" pdserve_decode_bench layer \
     > "$out/layer_cluster.csv" 2>> "$out/bench.err"
-  row layer "rc=$?" "$(($(date +%s) - s)) s"
+  row layer "rc=$? (the last of its runs)" "$(($(date +%s) - s)) s"
   if [ -x .device-carry/trace64a/bin/pdserve_decode_bench ]; then
     timeout -k 5 "$(cap 60)" .device-carry/trace64a/bin/pdserve_decode_bench layer \
       > "$out/layer_a.csv" 2>> "$out/bench.err"
@@ -113,10 +114,10 @@ echo "== GEMM block timelines"
 python3 tools/gpu/trace_summary.py "$out/trace_gemm.csv" --phases
 if [ -f "$out/layer_default.csv" ]; then
   echo "== one layer's decode GEMMs (us): default config / cluster_reduce / trace64a's default"
-  [ -f "$out/layer_a.csv" ] || cp "$out/layer_default.csv" "$out/layer_a.csv"
-  layer_rows() { awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$1" | sort; }
+  layer_rows() { awk -F, 'NF==5 && $1 ~ /^layer_/ {print $1":"$3","$4}' "$1" 2>/dev/null | sort; }
+  [ -f "$out/layer_a.csv" ] || layer_rows "$out/layer_default.csv" | sed 's/,.*/,-/' > "$out/layer_a.csv"
   join -t, <(layer_rows "$out/layer_default.csv") <(layer_rows "$out/layer_cluster.csv") |
-    join -t, - <(layer_rows "$out/layer_a.csv") |
+    join -t, - <(if grep -q ',-$' "$out/layer_a.csv"; then cat "$out/layer_a.csv"; else layer_rows "$out/layer_a.csv"; fi) |
     grep -E '^layer_(w8a16|fp8|read)(_dense)?:' | sort -t: -k2 -n
 fi
 [ -f "$out/trace_attn.csv" ] && echo "== attention block timelines (batch 32 and 128)" &&
