@@ -25,6 +25,15 @@ inline constexpr int64_t kWgmmaMaxItems = 65535;  // grid.y
 // PDSERVE_MOE_GEMM=auto (the default): the wgmma path from this many routed picks
 // (tokens * top_k) on (moe_gemm.cuh has the measurement).
 inline constexpr int64_t kMoeWgmmaMinPicks = 8192;
+// The grouped mma.sync path splits k only below this many blocks (work items x 64-row tiles,
+// about 2 a multiprocessor on a 132-SM Hopper): its split sums cost a reduce kernel, one launch
+// more, and at V4-Flash's batch 1 (6 routed experts x 64 row tiles = 384 blocks, ChooseKSplits
+// asked for 2 splits) one layer's routed experts took 73.9 us unsplit against 82.4 us with the 2
+// splits (W8A16; W8A8 77.3 against 82.7; 4 splits 78.7, 8 81.2, 16 86.7; decode_bench layer on
+// an H100, 2026-12-06), and with this rule 75.2 / 75.6 against 84.4 / 84.6 (W8A8 80.1 / 80.4
+// against 84.1 / 84.3) in a second call (tools/gpu/run_moesplit65.sh; docs/perf.md). Larger
+// batches had one split already.
+inline constexpr int64_t kMoeSplitMaxBlocks = 256;
 
 inline size_t AlignUp(size_t v) { return (v + 255) & ~size_t{255}; }
 
@@ -69,7 +78,8 @@ inline MmaSizes Mma(int64_t tokens, int64_t top_k, int64_t x_rows, int64_t n_exp
   const int64_t chunk = 8 * p.tiles;
   p.max_items = busy + picks / chunk;
   const int64_t row_tiles = (n + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock;
-  p.splits = ChooseKSplits(row_tiles * busy, k / kBlockK);
+  p.splits =
+      row_tiles * busy >= kMoeSplitMaxBlocks ? 1 : ChooseKSplits(row_tiles * busy, k / kBlockK);
   p.entry_bytes = AlignUp(static_cast<size_t>(picks) * 4);
   p.item_bytes = AlignUp(static_cast<size_t>(p.max_items) * kWorkItemBytes);
   if (!a16) {
