@@ -64,7 +64,10 @@ body = [r for r in rows[1:] if len(r) == len(head)]
 total = sum(num(r[alls]) for r in body) or 1.0
 ops = collections.Counter()
 for r in body:
-    ops[r[src].split()[0] if r[src].split() else "?"] += num(r[alls])
+    words = r[src].split()
+    if words and words[0].startswith("@"):  # a predicate, then the opcode
+        words = words[1:]
+    ops[words[0] if words else "?"] += num(r[alls])
 print("samples", int(total), "instructions", len(body))
 print("| opcode | % of samples |")
 print("| --- | --- |")
