@@ -25,15 +25,12 @@ inline constexpr int64_t kWgmmaMaxItems = 65535;  // grid.y
 // PDSERVE_MOE_GEMM=auto (the default): the wgmma path from this many routed picks
 // (tokens * top_k) on (moe_gemm.cuh has the measurement).
 inline constexpr int64_t kMoeWgmmaMinPicks = 8192;
-// The grouped mma.sync path splits k only below this many blocks (work items x 64-row tiles,
-// about 2 a multiprocessor on a 132-SM Hopper): its split sums cost a reduce kernel, one launch
-// more, and at V4-Flash's batch 1 (6 routed experts x 64 row tiles = 384 blocks, ChooseKSplits
-// asked for 2 splits) one layer's routed experts took 73.9 us unsplit against 82.4 us with the 2
-// splits (W8A16; W8A8 77.3 against 82.7; 4 splits 78.7, 8 81.2, 16 86.7; decode_bench layer on
-// an H100, 2026-12-06), and with this rule 75.2 / 75.6 against 84.4 / 84.6 (W8A8 80.1 / 80.4
-// against 84.1 / 84.3) in a second call (tools/gpu/run_moesplit65.sh; docs/perf.md). Larger
-// batches had one split already.
-inline constexpr int64_t kMoeSplitMaxBlocks = 256;
+// The grouped mma.sync path splits k only below this many blocks (work items x 64-row tiles):
+// from here on the split sums' reduce kernel, one launch more, costs more than the extra blocks
+// gain. Measured at V4-Flash's batch 1 (6 routed experts x 64 row tiles = 384 blocks, where
+// ChooseKSplits asked for 2 splits; docs/perf.md, "Issue 25, 2026-12-06 (later)"); below it (e.g.
+// V4-Pro's grouped o_a, 16 groups x 16 row tiles) the splits are ChooseKSplits' as before.
+inline constexpr int64_t kMoeSplitMaxBlocks = 384;
 
 inline size_t AlignUp(size_t v) { return (v + 255) & ~size_t{255}; }
 

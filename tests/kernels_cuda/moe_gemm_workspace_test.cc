@@ -46,27 +46,24 @@ TEST(MoeGemmWorkspaceTest, AutoPathBytesAreWhatTheKernelAsksFor) {
 
 // The grouped mma.sync path splits k only below kMoeSplitMaxBlocks blocks (work items x 64-row
 // tiles): at V4-Flash's batch 1 (top-6: 6 x 64 = 384 blocks) gate/up and down run unsplit, with
-// no partial sums; 4 experts (256 blocks) too; 3 experts (192 blocks) split as ChooseKSplits says
-// (4 at k = 4096, 4 at 2048), with the partial sums in the workspace.
+// no partial sums in the workspace; top-4 (256 blocks) and a grouped o_a of 16 groups x 16 row
+// tiles (256 blocks) split as ChooseKSplits says (2), with the partial sums.
 TEST(MoeGemmWorkspaceTest, GroupedMmaSplitsKOnlyBelowItsBlockThreshold) {
+  EXPECT_EQ(moe_workspace::kMoeSplitMaxBlocks, 384);
   for (const bool a16 : {false, true}) {
-    for (const int64_t top_k : {6, 4}) {
-      const moe_workspace::MmaSizes up = moe_workspace::Mma(1, top_k, 1, 256, 4096, 4096, a16);
-      const moe_workspace::MmaSizes down =
-          moe_workspace::Mma(1, top_k, top_k, 256, 4096, 2048, a16);
-      EXPECT_GE(64 * top_k, moe_workspace::kMoeSplitMaxBlocks);
-      EXPECT_EQ(up.splits, 1) << "top_k " << top_k << " a16 " << a16;
-      EXPECT_EQ(down.splits, 1) << "top_k " << top_k << " a16 " << a16;
-      EXPECT_EQ(up.partial_bytes, 0u);
-      EXPECT_EQ(down.partial_bytes, 0u);
-    }
-    const moe_workspace::MmaSizes up = moe_workspace::Mma(1, 3, 1, 256, 4096, 4096, a16);
-    const moe_workspace::MmaSizes down = moe_workspace::Mma(1, 3, 3, 256, 4096, 2048, a16);
-    EXPECT_EQ(up.splits, moe_workspace::ChooseKSplits(192, 32));
-    EXPECT_EQ(up.splits, 4);
-    EXPECT_EQ(down.splits, moe_workspace::ChooseKSplits(192, 16));
-    EXPECT_EQ(down.splits, 4);
-    EXPECT_EQ(up.partial_bytes, moe_workspace::AlignUp(size_t{4} * 3 * 4096 * 4));
+    const moe_workspace::MmaSizes up = moe_workspace::Mma(1, 6, 1, 256, 4096, 4096, a16);
+    const moe_workspace::MmaSizes down = moe_workspace::Mma(1, 6, 6, 256, 4096, 2048, a16);
+    EXPECT_EQ(up.splits, 1) << "a16 " << a16;
+    EXPECT_EQ(down.splits, 1) << "a16 " << a16;
+    EXPECT_EQ(up.partial_bytes, 0u);
+    EXPECT_EQ(down.partial_bytes, 0u);
+    const moe_workspace::MmaSizes top4 = moe_workspace::Mma(1, 4, 1, 256, 4096, 4096, a16);
+    EXPECT_EQ(top4.splits, moe_workspace::ChooseKSplits(256, 32));
+    EXPECT_EQ(top4.splits, 2);
+    EXPECT_EQ(top4.partial_bytes, moe_workspace::AlignUp(size_t{2} * 4 * 4096 * 4));
+    const moe_workspace::MmaSizes o_a = moe_workspace::Mma(1, 16, 16, 16, 1024, 4096, a16);
+    EXPECT_EQ(o_a.splits, 2);
+    EXPECT_GT(o_a.partial_bytes, 0u);
   }
 }
 

@@ -416,6 +416,33 @@ TEST(CudaW8a16MoeGemmTest, OddTokenCountsZeroTokenExperts) {
   }
 }
 
+// At kMoeSplitMaxBlocks blocks and more the grouped mma.sync path does not split k (the path
+// V4-Flash's batch 1 takes, 384 blocks): 24 row tiles (n = 1536) x the 16 routed experts of 3
+// tokens x top-6 (one of them an invalid id), k = 1024, gate/up and weighted down forms, against
+// the reference (the other grouped cases here have at most 48 blocks and split k in two).
+TEST(CudaW8a16MoeGemmTest, UnsplitAtTheBlockThreshold) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (const bool down : {false, true}) {
+    MoeCase c = MakeMoe(rng, 3, 6, 16, down, down);
+    c.n = 1536;
+    c.k = 1024;
+    c.x_stride = c.k + 8;
+    c.out_stride = c.n + 3;
+    const int64_t rows = down ? 3 * 6 : 3;
+    c.x = testing::RandomActivations(rng, rows, c.x_stride);
+    c.w = testing::RandomE4m3(rng, static_cast<size_t>(c.n_experts * c.n * c.k));
+    c.scale = testing::RandomScales(
+        rng, static_cast<size_t>(c.n_experts * ((c.n + 127) / 128) * (c.k / 128)));
+    c.experts[5] = -1;
+    const moe_workspace::MmaSizes plan =
+        moe_workspace::Mma(3, 6, rows, c.n_experts, c.n, c.k, true);
+    ASSERT_EQ(plan.splits, 1);
+    ASSERT_EQ(plan.partial_bytes, 0u);
+    RunAndCheckMoe(c, down ? "unsplit down" : "unsplit gate/up");
+  }
+}
+
 TEST(CudaW8a16MoeGemmTest, AllTokensOnOneExpert) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
