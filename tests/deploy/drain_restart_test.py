@@ -25,6 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402  (tests/test_ports.py)
 
+# The second worker is forked while this process's Generate stream is open on a gRPC thread.
+# With grpcio's fork support on, its fork handlers ran in the child ("Other threads are currently
+# calling into gRPC, skipping fork() handlers", then "epoll_wait error: Bad file descriptor") and
+# the child died before it ran pdserve (a CI run, 2026-12-06). This process never uses gRPC in a
+# child, so the handlers stay off (read when grpc is imported).
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 try:
     import grpc
     from google.protobuf import descriptor_pool, message_factory
