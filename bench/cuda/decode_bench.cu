@@ -235,8 +235,8 @@ double Graph(const std::function<void(int)>& launch, int layers, cudaStream_t st
 }
 
 // PDSERVE_DECODE_SHAPES / _TOKENS / _ROWS: comma lists that limit gemm mode to those shapes
-// (wq_b, ...), token counts and row kernels ("fp8_wgmma", "stream*": a trailing * matches a
-// prefix); unset or empty: all. (For Nsight Compute runs of one kernel.)
+// (wq_b, ...), token counts (layer mode too) and row kernels ("fp8_wgmma", "stream*": a trailing *
+// matches a prefix); unset or empty: all. (For Nsight Compute runs of one kernel.)
 std::vector<std::string> EnvList(const char* name) {
   std::vector<std::string> items;
   const char* env = std::getenv(name);
@@ -493,8 +493,11 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
   auto* act =
       reinterpret_cast<__nv_bfloat16*>(DeviceAlloc<uint16_t>(kTokens.back() * kTopK * 4096));
   std::mt19937_64 rng(12345);
+  // PDSERVE_DECODE_TOKENS limits layer mode too (the routings drawn are the same either way).
+  const std::vector<std::string> layer_tokens = EnvList("PDSERVE_DECODE_TOKENS");
   for (int64_t m : kTokens) {
     const double distinct = RandomRoutings(m, kExperts, kTopK, routing, rng);
+    if (!Wanted(layer_tokens, std::to_string(m))) continue;
     const double moe_bytes = distinct * expert_bytes;
     // part: "" (the whole step), "_dense", "_moe", "_dense_fused" (the dense GEMMs with the
     // projections of x fused), "_dense_fused_q" (and the two q_b projections).

@@ -73,12 +73,17 @@ struct GemmArgs {
   int64_t x_rows;
   int64_t n;
   int64_t k;
-  // Entries: nullptr items = dense (item z covers entries z * 8NT ..; entry i = x row i = out row
-  // i; `dense_rows` entries). Else items[0 .. *n_items) and entry i maps to pick entry_pick[i]:
-  // x row = pick / x_row_div, out row = pick.
+  // Entries: nullptr items and pick_experts = dense (item z covers entries z * 8NT ..; entry i =
+  // x row i = out row i; `dense_rows` entries). Else items[0 .. *n_items) and entry i maps to pick
+  // entry_pick[i]: x row = pick / x_row_div, out row = pick. Direct picks (pick_experts set, items
+  // and entry_pick null): item j is pick j alone, of expert pick_experts[j] (none when outside
+  // [0, n_experts)); entry i is pick i. The same bits as the grouped items: an entry's sums do not
+  // depend on the other entries of its item.
   const WorkItem* items;
   const int32_t* n_items;
   const int32_t* entry_pick;
+  const int32_t* pick_experts;
+  int32_t n_experts;
   int32_t x_row_div;
   int64_t dense_rows;
   const float* row_weight;  // [out rows] multiplier of each out row; nullptr = 1
@@ -151,11 +156,11 @@ __device__ __forceinline__ float E8m0ToFloat(uint32_t e) {
 // The x row and out row of entry `i` of the item.
 __device__ __forceinline__ void EntryRows(const GemmArgs& a, int64_t i, int64_t* x_row,
                                           int64_t* out_row) {
-  if (a.items == nullptr) {
+  if (a.items == nullptr && a.pick_experts == nullptr) {
     *x_row = i;
     *out_row = i;
   } else {
-    const int32_t pick = a.entry_pick[i];
+    const int32_t pick = a.entry_pick != nullptr ? a.entry_pick[i] : static_cast<int32_t>(i);
     *x_row = pick / a.x_row_div;
     *out_row = pick;
   }
@@ -348,13 +353,19 @@ __device__ __forceinline__ void ClusterReduce(const GemmArgs& a, const WorkItem&
 template <bool FP4, bool A16, int NT>
 __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   static_assert(!(FP4 && A16), "W8A16 takes FP8 weights");
-  const bool dense = a.items == nullptr;
-  if (!dense) GridDependencyWait();  // the items come from the grouping kernel
+  const bool dense = a.items == nullptr && a.pick_experts == nullptr;
+  // The items come from the grouping kernel; direct picks from the routing.
+  if (!dense) GridDependencyWait();
   WorkItem item;
   if (dense) {
     item.expert = 0;
     item.first = static_cast<int32_t>(blockIdx.x) * 8 * NT;
     item.count = static_cast<int32_t>(min(int64_t{8 * NT}, a.dense_rows - item.first));
+  } else if (a.pick_experts != nullptr) {
+    item.expert = a.pick_experts[blockIdx.x];
+    if (item.expert < 0 || item.expert >= a.n_experts) return;
+    item.first = static_cast<int32_t>(blockIdx.x);
+    item.count = 1;
   } else {
     if (static_cast<int32_t>(blockIdx.x) >= *a.n_items) return;
     item = a.items[blockIdx.x];

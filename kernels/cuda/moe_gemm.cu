@@ -54,6 +54,14 @@ PathMode DefaultPathMode() {
   return mode;
 }
 
+// PDSERVE_MOE_DIRECT's choice for MoeMmaGrouping::kAuto: direct picks for one token unless
+// "group".
+bool DirectPicksAllowed() {
+  static const bool allowed = ReadSwitch("PDSERVE_MOE_DIRECT", {{"auto", true}, {"group", false}},
+                                         true, "the default, auto");
+  return allowed;
+}
+
 }  // namespace
 
 namespace moe_gemm_internal {
@@ -162,8 +170,8 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
                                  const int32_t* experts, const float* pick_weights, int64_t tokens,
                                  int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream,
-                                 std::string* refusal) {
+                                 size_t workspace_bytes, cudaStream_t stream, std::string* refusal,
+                                 MoeMmaGrouping grouping) {
   const int64_t x_rows = x_per_pick ? tokens * top_k : tokens;
   cudaError_t status = ValidateSizes(tokens, top_k, x_rows, weights, refusal);
   if (status != cudaSuccess || tokens == 0) return status;
@@ -186,12 +194,17 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
   float* partial = reinterpret_cast<float*>(p);
 
   const int64_t picks = tokens * top_k;
-  // Programmatic launch: resident when the kernel before ends, and it waits for it first.
-  status = bs::LaunchDependent(GroupPicksKernel, dim3(1), dim3(kGroupThreads), stream, experts,
-                               static_cast<int32_t>(picks), static_cast<int32_t>(weights.n_experts),
-                               static_cast<int32_t>(8 * plan.tiles), entry_pick, items, n_items,
-                               static_cast<int32_t*>(nullptr));
-  if (status != cudaSuccess) return status;
+  // One token: each pick is its own work item (MoeMmaGrouping), no grouping kernel.
+  const bool direct = tokens == 1 && grouping == MoeMmaGrouping::kAuto && DirectPicksAllowed();
+  if (!direct) {
+    // Programmatic launch: resident when the kernel before ends, and it waits for it first.
+    status =
+        bs::LaunchDependent(GroupPicksKernel, dim3(1), dim3(kGroupThreads), stream, experts,
+                            static_cast<int32_t>(picks), static_cast<int32_t>(weights.n_experts),
+                            static_cast<int32_t>(8 * plan.tiles), entry_pick, items, n_items,
+                            static_cast<int32_t*>(nullptr));
+    if (status != cudaSuccess) return status;
+  }
   const bool a16 = weights.format == ExpertFormat::kFp8W8A16;
   if (!a16) {
     status = bs::LaunchActQuant(x, x_rows, weights.k, x_stride, ue8m0_act_scale, xq, xs, stream);
@@ -208,9 +221,14 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
   a.x_rows = x_rows;
   a.n = weights.n;
   a.k = weights.k;
-  a.items = items;
-  a.n_items = n_items;
-  a.entry_pick = entry_pick;
+  if (direct) {
+    a.pick_experts = experts;
+    a.n_experts = static_cast<int32_t>(weights.n_experts);
+  } else {
+    a.items = items;
+    a.n_items = n_items;
+    a.entry_pick = entry_pick;
+  }
   a.x_row_div = x_per_pick ? 1 : static_cast<int32_t>(top_k);
   a.row_weight = pick_weights;
   a.k_splits = plan.splits;
@@ -218,10 +236,11 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
   a.out_rows = picks;
   a.out = out;
   a.out_stride = out_stride;
+  const int64_t grid_items = direct ? picks : plan.max_items;
   status = weights.format == ExpertFormat::kFp4
-               ? bs::LaunchGemm<true>(a, plan.tiles, plan.max_items, stream)
-           : a16 ? bs::LaunchGemm<false, true>(a, plan.tiles, plan.max_items, stream)
-                 : bs::LaunchGemm<false>(a, plan.tiles, plan.max_items, stream);
+               ? bs::LaunchGemm<true>(a, plan.tiles, grid_items, stream)
+           : a16 ? bs::LaunchGemm<false, true>(a, plan.tiles, grid_items, stream)
+                 : bs::LaunchGemm<false>(a, plan.tiles, grid_items, stream);
   if (status != cudaSuccess || plan.splits == 1) return status;
   return bs::LaunchReduce(partial, plan.splits, picks, weights.n, pick_weights, experts,
                           static_cast<int32_t>(weights.n_experts), out, out_stride, stream);

@@ -17,9 +17,10 @@
 //
 // Grouping (decode and prefill alike): the picks are grouped by expert on the device (counting
 // sort in one block); each block then streams one 64-row tile of one routed expert's weights for
-// up to 64 of its picks. Experts nobody picked are never read. All of it is CUDA-graph safe: no
-// host synchronization, launch shapes from the sizes only (blocks past the device-side count of
-// work items exit at once).
+// up to 64 of its picks. Experts nobody picked are never read. One token (batch 1) skips the
+// grouping kernel: each pick is its own work item (MoeMmaGrouping below). All of it is CUDA-graph
+// safe: no host synchronization, launch shapes from the sizes only (blocks past the device-side
+// count of work items exit at once).
 //
 // Speed (one H200, docs/perf.md, 2026-12-04, V4-Flash's 256 experts, top-6): FP8 gate+up at
 // 16-64 tokens reads the routed experts at 81-82% of the read floor, 50% at 1 token, 2.0-2.6x
@@ -110,6 +111,15 @@ inline constexpr int64_t kMoeWgmmaMinPicks = moe_workspace::kMoeWgmmaMinPicks;
 // experts and for sizes moe_grouped_gemm_wgmma refuses). Host only.
 MoeGemmPath moe_grouped_gemm_path(int64_t tokens, int64_t top_k, const ExpertWeights& weights);
 
+// How the mma.sync path finds each block's expert. kGroupPicks: a grouping kernel lists the picks
+// expert by expert first (one work item per expert and up to 8 x NT of its picks). kAuto: the
+// same, except for one token (V4-Flash's batch 1), whose picks go to the GEMM directly (one item
+// per pick, its expert read from `experts` by the GEMM's blocks): one kernel less before the
+// GEMM. The two give the same bits (an entry's sums do not depend on the other entries of its
+// item); a token that picks one expert twice reads its weights twice in kAuto. PDSERVE_MOE_DIRECT
+// (docs/engine-gpu.md, "Environment switches"): "group" makes kAuto group as well.
+enum class MoeMmaGrouping { kAuto, kGroupPicks };
+
 // The mma.sync path alone: moe_grouped_gemm's contract; workspace
 // moe_grouped_gemm_mma_workspace_bytes (at most moe_grouped_gemm_workspace_bytes).
 size_t moe_grouped_gemm_mma_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
@@ -119,7 +129,8 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
                                  int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream,
-                                 std::string* refusal = nullptr);
+                                 std::string* refusal = nullptr,
+                                 MoeMmaGrouping grouping = MoeMmaGrouping::kAuto);
 
 // The warpgroup-MMA path's tile: token_tile entries per work item (0: 128 when the routed experts
 // average more than 64 picks, else 64; or 64 / 128), stages: shared-memory ring depth (0: 4, or

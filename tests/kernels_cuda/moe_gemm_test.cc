@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -84,7 +85,10 @@ MoeCase MakeMoe(std::mt19937_64& rng, bool fp4, int64_t tokens, int64_t top_k, i
   return c;
 }
 
-void RunAndCheck(const MoeCase& c, const std::string& what) {
+// The output rows (the sentinel where nothing was written) of moe_grouped_gemm (no `grouping`)
+// or of its mma.sync path with `grouping`, for `format` (kFp4 needs c.fp4).
+std::vector<uint16_t> RunGemm(const MoeCase& c, ExpertFormat format,
+                              std::optional<MoeMmaGrouping> grouping, const std::string& what) {
   const int64_t picks = c.tokens * c.top_k;
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<int32_t> experts(c.experts.size());
@@ -103,7 +107,7 @@ void RunAndCheck(const MoeCase& c, const std::string& what) {
     scale.Upload(c.scale);
   }
   ExpertWeights ew;
-  ew.format = c.fp4 ? ExpertFormat::kFp4 : ExpertFormat::kFp8;
+  ew.format = format;
   ew.w = w.get();
   ew.scale = c.fp4 ? nullptr : scale.get();
   ew.scale_e8m0 = c.fp4 ? scale_e8m0.get() : nullptr;
@@ -111,19 +115,33 @@ void RunAndCheck(const MoeCase& c, const std::string& what) {
   ew.n = c.n;
   ew.k = c.k;
   const int64_t rows = c.x_per_pick ? picks : c.tokens;
-  GuardedBuffer<uint8_t> ws(moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
-  ASSERT_TRUE(ws.ok() && out.ok() && ws.size() > 0) << what;
+  GuardedBuffer<uint8_t> ws(grouping
+                                ? moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, rows, ew)
+                                : moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
+  EXPECT_TRUE(ws.ok() && out.ok() && ws.size() > 0) << what;
+  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x.get());
+  const float* weights = c.weighted ? pick_weights.get() : nullptr;
+  auto* ob = reinterpret_cast<__nv_bfloat16*>(out.get());
   std::string refusal;
   const cudaError_t status =
-      moe_grouped_gemm(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.x_stride, c.x_per_pick,
-                       experts.get(), c.weighted ? pick_weights.get() : nullptr, c.tokens, c.top_k,
-                       ew, c.ue8m0, reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride,
-                       ws.get(), ws.size(), nullptr, &refusal);
-  ASSERT_EQ(status, cudaSuccess) << what << ": " << refusal;
-  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> got = out.Download();
+      grouping ? moe_grouped_gemm_mma(xb, c.x_stride, c.x_per_pick, experts.get(), weights,
+                                      c.tokens, c.top_k, ew, c.ue8m0, ob, c.out_stride, ws.get(),
+                                      ws.size(), nullptr, &refusal, *grouping)
+               : moe_grouped_gemm(xb, c.x_stride, c.x_per_pick, experts.get(), weights, c.tokens,
+                                  c.top_k, ew, c.ue8m0, ob, c.out_stride, ws.get(), ws.size(),
+                                  nullptr, &refusal);
+  EXPECT_EQ(status, cudaSuccess) << what << ": " << refusal;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   EXPECT_TRUE(out.GuardsIntact()) << what;
   EXPECT_TRUE(ws.GuardsIntact()) << what;
+  return out.Download();
+}
+
+void RunAndCheck(const MoeCase& c, const std::string& what) {
+  const int64_t picks = c.tokens * c.top_k;
+  const std::vector<uint16_t> got =
+      RunGemm(c, c.fp4 ? ExpertFormat::kFp4 : ExpertFormat::kFp8, std::nullopt, what);
+  ASSERT_FALSE(::testing::Test::HasFailure()) << what;
 
   std::vector<float> want(static_cast<size_t>(picks * c.n), 0.0f);
   const std::vector<float> xf = testing::ToFloatsBf16(c.x);
@@ -148,6 +166,51 @@ TEST(CudaMoeGemmTest, OddTokenCountsZeroTokenExpertsBothFormats) {
       // weighted).
       RunAndCheck(MakeMoe(rng, fp4, tokens, 6, 12, false, false), what + " gate/up");
       RunAndCheck(MakeMoe(rng, fp4, tokens, 6, 12, true, true), what + " down");
+    }
+  }
+}
+
+// One token: the picks handed to the GEMM directly (MoeMmaGrouping::kAuto) give the grouped
+// path's bits, every format and form, with invalid ids and an expert picked twice, with and
+// without k splits (n = 64: one row tile, so the plan splits k); rows of invalid picks keep the
+// sentinel in both.
+TEST(CudaMoeGemmTest, OneTokenDirectPicksMatchGroupedBits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4, ExpertFormat::kFp8W8A16}) {
+    for (bool down : {false, true}) {
+      for (int64_t n : {192, 64}) {
+        MoeCase c = MakeMoe(rng, format == ExpertFormat::kFp4, 1, 6, 12, down, down);
+        c.n = n;
+        c.out_stride = n + 3;
+        c.experts[1] = -1;
+        c.experts[3] = 16;            // = n_experts: invalid
+        c.experts[5] = c.experts[0];  // the same expert twice
+        if (format == ExpertFormat::kFp4) {
+          c.scale_e8m0 = testing::RandomUe8m0(rng, static_cast<size_t>(c.n_experts * n * c.k / 32));
+        } else {
+          c.scale = testing::RandomScales(
+              rng, static_cast<size_t>(c.n_experts * ((n + 127) / 128) * (c.k / 128)));
+        }
+        const std::string what = "format " + std::to_string(static_cast<int>(format)) +
+                                 (down ? " down" : " gate/up") + " n " + std::to_string(n);
+        const std::vector<uint16_t> direct = RunGemm(c, format, MoeMmaGrouping::kAuto, what);
+        const std::vector<uint16_t> grouped = RunGemm(c, format, MoeMmaGrouping::kGroupPicks, what);
+        ASSERT_EQ(direct.size(), grouped.size()) << what;
+        int64_t written = 0;
+        for (size_t i = 0; i < direct.size(); ++i) {
+          ASSERT_EQ(direct[i], grouped[i]) << what << " element " << i;
+          const int64_t row = static_cast<int64_t>(i) / c.out_stride;
+          const int64_t col = static_cast<int64_t>(i) % c.out_stride;
+          const bool valid = c.experts[row] >= 0 && c.experts[row] < c.n_experts;
+          if (!valid || col >= n) {
+            ASSERT_EQ(direct[i], kSentinel) << what << " element " << i;
+          } else {
+            written += direct[i] != kSentinel;
+          }
+        }
+        EXPECT_EQ(written, 4 * n) << what;  // 4 valid picks x n columns (none is the sentinel)
+      }
     }
   }
 }
