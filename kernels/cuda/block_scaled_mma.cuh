@@ -246,14 +246,25 @@ __device__ __forceinline__ void BlockProduct(const GemmArgs& a, const WeightRegs
   }
 }
 
-// W8A16: acc[j] += the 128-k block kb's contribution of token tile j (bf16 activations, weights
-// converted to bf16 once per block and shared by the tiles).
-template <int NT>
-__device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightRegs<false>& w,
-                                                float w_scale, int64_t kb, int t, int tiles,
-                                                const int32_t (&x_row)[NT], float (&acc)[NT][4]) {
-  // wb[h][q] = the A fragment of mma step q of half h.
-  uint32_t wb[2][4][4];
+// W8A16: this thread's bf16 activations of one 128-k block for the B fragments of the products
+// (token x_row: elements 64h + 16t .. + 15, b[h][0] = 0..7, b[h][1] = 8..15).
+struct XRegs {
+  uint4 b[2][2];
+};
+__device__ __forceinline__ void LoadX(const GemmArgs& a, int32_t x_row, int64_t kb, int t,
+                                      XRegs& x) {
+  const __nv_bfloat16* row = a.xb + int64_t{x_row} * a.xb_stride + kb * kBlockK;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + 64 * h + 16 * t);
+    x.b[h][0] = __ldg(p);
+    x.b[h][1] = __ldg(p + 1);
+  }
+}
+
+// W8A16: the e4m3 weights of one 128-k block converted exactly to bf16 A fragments:
+// wb[h][q] = the A fragment of mma step q of half h.
+__device__ __forceinline__ void ConvertA16(const WeightRegs<false>& w, uint32_t (&wb)[2][4][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -266,6 +277,34 @@ __device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightR
       wb[h][q][3] = E4m3x2ToBf16x2(r1 >> 16);
     }
   }
+}
+
+// W8A16: one token tile's products of the block (8 bf16 mma.sync, in k order), added to acc
+// scaled by the block's weight scale.
+__device__ __forceinline__ void MmaA16(const uint32_t (&wb)[2][4][4], const XRegs& x, float w_scale,
+                                       float (&acc)[4]) {
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    MmaBf16(d, wb[h][0], x.b[h][0].x, x.b[h][0].y);
+    MmaBf16(d, wb[h][1], x.b[h][0].z, x.b[h][0].w);
+    MmaBf16(d, wb[h][2], x.b[h][1].x, x.b[h][1].y);
+    MmaBf16(d, wb[h][3], x.b[h][1].z, x.b[h][1].w);
+  }
+  acc[0] += d[0] * w_scale;
+  acc[1] += d[1] * w_scale;
+  acc[2] += d[2] * w_scale;
+  acc[3] += d[3] * w_scale;
+}
+
+// W8A16: acc[j] += the 128-k block kb's contribution of token tile j (bf16 activations, weights
+// converted to bf16 once per block and shared by the tiles).
+template <int NT>
+__device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightRegs<false>& w,
+                                                float w_scale, int64_t kb, int t, int tiles,
+                                                const int32_t (&x_row)[NT], float (&acc)[NT][4]) {
+  uint32_t wb[2][4][4];
+  ConvertA16(w, wb);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     if (j >= tiles) break;
@@ -273,7 +312,7 @@ __device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightR
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // Elements 64h + 16t .. +15 of token g: b0 = elements 0..7, b1 = 8..15.
+      // Elements 64h + 16t .. +15 of token g: b0 = elements 0..7, b1 = 8..15 (LoadX's order).
       const uint4* p = reinterpret_cast<const uint4*>(x + 64 * h + 16 * t);
       const uint4 b0 = __ldg(p);
       const uint4 b1 = __ldg(p + 1);
@@ -287,6 +326,16 @@ __device__ __forceinline__ void BlockProductA16(const GemmArgs& a, const WeightR
     acc[j][2] += d[2] * w_scale;
     acc[j][3] += d[3] * w_scale;
   }
+}
+
+// BlockProductA16 for one token tile with its activations already loaded (LoadX): the same
+// products in the same order, so the same bits; the kernel loads the next block's x once these
+// are issued.
+__device__ __forceinline__ void BlockProductA16Loaded(const WeightRegs<false>& w, float w_scale,
+                                                      const XRegs& x, float (&acc)[4]) {
+  uint32_t wb[2][4][4];
+  ConvertA16(w, wb);
+  MmaA16(wb, x, w_scale, acc);
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched with LaunchDependent may start while
@@ -418,11 +467,22 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  // W8A16 with one token tile (1-8 tokens, and the routed experts' items of up to 8 picks): the
+  // next k block's activations are loaded while this one's products run (LoadX), as the weights
+  // two blocks ahead; with more tiles they are loaded at their products.
+  constexpr bool kPrefetchX = A16 && NT == 1;
+  XRegs x_cur{};
+  if constexpr (kPrefetchX) {
+    if (kb_begin < kb_end) LoadX(a, x_row[0], kb_begin, t, x_cur);
+  }
   for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
     WeightRegs<FP4> next = ahead;
     if (kb + 2 < kb_end) LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb + 2, t, next);
     const float ws = FP4 ? 1.0f : __ldg(w_scale + kb);
-    if constexpr (A16) {
+    if constexpr (kPrefetchX) {
+      BlockProductA16Loaded(cur, ws, x_cur, acc[0]);
+      if (kb + 1 < kb_end) LoadX(a, x_row[0], kb + 1, t, x_cur);
+    } else if constexpr (A16) {
       BlockProductA16<NT>(a, cur, ws, kb, t, tiles, x_row, acc);
     } else {
       BlockProduct<FP4, NT>(a, cur, ws, kb, t, tiles, x_row, xs_row, acc);

@@ -1,96 +1,13 @@
 #!/usr/bin/env bash
 # A one-token batch's routed experts without the grouping kernel (MoeMmaGrouping::kAuto,
-# kernels/cuda/moe_gemm.cuh, issue 25), in one device call (<= BUDGET s, default 420):
-# 1. the grouped-expert, W8A16 and FP8 GEMM GPU tests (*Moe*, *W8a16*, *Fp8Gemm*: the dense
-#    mma.sync kernel shares the grouped one's code);
-# 2. one V4-Flash layer's decode GEMMs at batch 1 and 8 (decode_bench layer): this build, this
-#    build with PDSERVE_MOE_DIRECT=group (the grouping kernel as before), and the build before
-#    (.device-carry/base66.tar.xz, main f48915d), three runs each, interleaved;
-# 3. the dense GEMMs at 1 and 8 tokens (decode_bench gemm, rows read / fp8 / w8a16: the mma.sync
-#    path), this build and the build before, twice each;
-# 4. (ENGINE=1) the engine's GPU suite; the tables last (us).
+# kernels/cuda/moe_gemm.cuh, issue 25): tools/gpu/run_decode_ab.sh with this build (direct66),
+# this build with PDSERVE_MOE_DIRECT=group (the grouping kernel as before) as its variant, and
+# main f48915d's kernels with this change's decode_bench as the build before (base66). The
+# 2026-12-06 09:00 UTC call ran this script's first form (the same steps, its own copy of them).
 # Here:
 #   cmake --build build --target pdserve_decode_bench pdserve_kernels_cuda_tests engine_gpu_tests
-#   tools/gpu/run_direct66.sh pack   # .device-carry/direct66.tar.xz (base66: main's decode_bench)
-# There (carry both): OUT=<dir> [ENGINE=1] bash tools/gpu/run_direct66.sh
-set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 2
-# shellcheck source=tools/gpu/round_lib.sh
-source tools/gpu/round_lib.sh
-if [ "${1:-}" = pack ]; then
-  pack_carry direct66 build/bench/cuda/pdserve_decode_bench \
-    build/tests/kernels_cuda/pdserve_kernels_cuda_tests build/tests/engine_gpu/engine_gpu_tests
-  exit $?
-fi
-out=${OUT:-gpu-out/direct66}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-t0=$(date +%s)
-budget=${BUDGET:-420}
-unpack .device-carry/direct66
-[ -d .device-carry/base66 ] || tar -xJf .device-carry/base66.tar.xz -C .device-carry
-base=.device-carry/base66/bin/pdserve_decode_bench
-
-s=$(date +%s)
-timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests --gtest_filter='*Moe*:*W8a16*:*Fp8Gemm*' \
-  > "$out/tests.log" 2>&1
-row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
-grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
-
-s=$(date +%s)
-export PDSERVE_DECODE_TOKENS=1,8
-for round in 1 2 3; do
-  may || break
-  timeout -k 5 "$(cap 40)" pdserve_decode_bench layer > "$out/layer_new_$round.csv" 2>> "$out/bench.err"
-  PDSERVE_MOE_DIRECT=group timeout -k 5 "$(cap 40)" pdserve_decode_bench layer \
-    > "$out/layer_group_$round.csv" 2>> "$out/bench.err"
-  timeout -k 5 "$(cap 40)" "$base" layer > "$out/layer_base_$round.csv" 2>> "$out/bench.err"
-done
-row layer "rc=$?" "$(($(date +%s) - s)) s"
-
-s=$(date +%s)
-export PDSERVE_DECODE_ROWS=read,fp8,w8a16
-for round in 1 2; do
-  may || break
-  timeout -k 5 "$(cap 40)" pdserve_decode_bench gemm > "$out/gemm_new_$round.csv" 2>> "$out/bench.err"
-  timeout -k 5 "$(cap 40)" "$base" gemm > "$out/gemm_base_$round.csv" 2>> "$out/bench.err"
-done
-row gemm "rc=$?" "$(($(date +%s) - s)) s"
-unset PDSERVE_DECODE_TOKENS PDSERVE_DECODE_ROWS
-
-if [ -n "${ENGINE:-}" ] && [ "$(cap 150)" -ge 60 ]; then
-  s=$(date +%s)
-  PDSERVE_SOURCE_DIR=$PWD timeout -k 5 "$(cap 150)" engine_gpu_tests > "$out/engine.log" 2>&1
-  row engine "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/engine.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$out/engine.log" | head -10
-fi
-
-echo "== us per layer or call: this build / PDSERVE_MOE_DIRECT=group / the build before (runs)"
-python3 - "$out" <<'PY'
-import sys, collections, glob, os
-out = sys.argv[1]
-t = collections.defaultdict(lambda: collections.defaultdict(list))
-for path in sorted(glob.glob(f"{out}/*_*_*.csv")):
-    mode, tag, _ = os.path.basename(path)[:-4].split("_")
-    for line in open(path):
-        f = line.strip().split(",")
-        if len(f) == 5 and f[0] not in ("kernel",):
-            try:
-                t[(mode, f[0], f[1], int(f[2]))][tag].append(float(f[3]))
-            except ValueError:
-                pass
-print("| mode | row | shape | tokens | this build | direct=group | before |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
-for key in sorted(t):
-    r = t[key]
-    g = lambda tag: " / ".join(f"{v:.1f}" for v in r.get(tag, [])) or "-"
-    print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {g('new')} | {g('group')} | {g('base')} |")
-PY
-# One csv back (the device tool returns a few files): call,kernel,shape,tokens,median_us,bytes.
-for f in "$out"/layer_*_*.csv "$out"/gemm_*_*.csv; do
-  [ -f "$f" ] || continue
-  tag=$(basename "$f" .csv)
-  grep -v '^kernel,' "$f" | sed "s/^/$tag,/"
-  rm -f "$f"
-done > "$out/direct66.csv"
-printf '%s\n' "${rows[@]}"
+#   tools/gpu/run_direct66.sh pack
+# There (carry .device-carry/direct66.tar.xz and base66.tar.xz): OUT=<dir> [ENGINE=1]
+#   bash tools/gpu/run_direct66.sh
+NAME=direct66 BASE=base66 VARIANT_ENV=PDSERVE_MOE_DIRECT=group \
+  exec "$(dirname "$0")/run_decode_ab.sh" "$@"
