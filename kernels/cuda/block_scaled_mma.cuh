@@ -395,10 +395,12 @@ __device__ __forceinline__ void ClusterReduce(const GemmArgs& a, const WorkItem&
 }
 
 // Grid: x = work item (fastest, so the items of one expert, or the token chunks of a dense
-// GEMM, run together and share the weight tile through L2), y = 64-row tile of n, z = k split.
-// 128 threads. Weights are streamed three 128-k blocks deep (two in flight while one is used); a
-// dense GEMM issues its first two weight loads before waiting for the act-quant kernel.
-// A16: W8A16 (FP4 false): x from a.xb in bf16, BlockProductA16.
+// GEMM, run together and share the weight tile through L2; with direct picks, one pick each),
+// y = 64-row tile of n, z = k split. 128 threads. Weights are streamed three 128-k blocks deep
+// (two in flight while one is used); a dense GEMM issues its first two weight loads before
+// waiting for the act-quant kernel. A16: W8A16 (FP4 false): x from a.xb in bf16; with one token
+// tile (NT 1) the next block's x is loaded after this block's products (LoadX,
+// BlockProductA16Loaded), else at them (BlockProductA16).
 template <bool FP4, bool A16, int NT>
 __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   static_assert(!(FP4 && A16), "W8A16 takes FP8 weights");

@@ -17,10 +17,10 @@
 //
 // Grouping (decode and prefill alike): the picks are grouped by expert on the device (counting
 // sort in one block); each block then streams one 64-row tile of one routed expert's weights for
-// up to 64 of its picks. Experts nobody picked are never read. One token (batch 1) skips the
-// grouping kernel: each pick is its own work item (MoeMmaGrouping below). All of it is CUDA-graph
-// safe: no host synchronization, launch shapes from the sizes only (blocks past the device-side
-// count of work items exit at once).
+// up to 32 of its picks (8 x NT, NT <= 4 token tiles). Experts nobody picked are never read. One
+// token (batch 1) skips the grouping kernel: each pick is its own work item (MoeMmaGrouping below).
+// All of it is CUDA-graph safe: no host synchronization, launch shapes from the sizes only (blocks
+// past the device-side count of work items exit at once).
 //
 // Speed (one H200, docs/perf.md, 2026-12-04, V4-Flash's 256 experts, top-6): FP8 gate+up at
 // 16-64 tokens reads the routed experts at 81-82% of the read floor, 50% at 1 token, 2.0-2.6x
@@ -112,7 +112,7 @@ inline constexpr int64_t kMoeWgmmaMinPicks = moe_workspace::kMoeWgmmaMinPicks;
 MoeGemmPath moe_grouped_gemm_path(int64_t tokens, int64_t top_k, const ExpertWeights& weights);
 
 // How the mma.sync path finds each block's expert. kGroupPicks: a grouping kernel lists the picks
-// expert by expert first (one work item per expert and up to 8 x NT of its picks). kAuto: the
+// expert by expert first (a work item per up to 8 x NT picks of one expert). kAuto: the
 // same, except for one token (V4-Flash's batch 1), whose picks go to the GEMM directly (one item
 // per pick, its expert read from `experts` by the GEMM's blocks): one kernel less before the
 // GEMM. The two give the same bits (an entry's sums do not depend on the other entries of its

@@ -9,13 +9,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/fp8_gemm.h"
+#include "kernels/cuda/moe_gemm_workspace.h"
 #include "tests/kernels_cuda/block_scaled_test_util.h"
 #include "tests/kernels_cuda/cuda_test_util.h"
 
@@ -86,9 +89,11 @@ MoeCase MakeMoe(std::mt19937_64& rng, bool fp4, int64_t tokens, int64_t top_k, i
 }
 
 // The output rows (the sentinel where nothing was written) of moe_grouped_gemm (no `grouping`)
-// or of its mma.sync path with `grouping`, for `format` (kFp4 needs c.fp4).
-std::vector<uint16_t> RunGemm(const MoeCase& c, ExpertFormat format,
-                              std::optional<MoeMmaGrouping> grouping, const std::string& what) {
+// or of its mma.sync path with `grouping`, for `format` (kFp4 needs c.fp4); nullopt (with the
+// failure reported) when a buffer, the launch, the run or a guard failed.
+std::optional<std::vector<uint16_t>> RunGemm(const MoeCase& c, ExpertFormat format,
+                                             std::optional<MoeMmaGrouping> grouping,
+                                             const std::string& what) {
   const int64_t picks = c.tokens * c.top_k;
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<int32_t> experts(c.experts.size());
@@ -118,7 +123,10 @@ std::vector<uint16_t> RunGemm(const MoeCase& c, ExpertFormat format,
   GuardedBuffer<uint8_t> ws(grouping
                                 ? moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, rows, ew)
                                 : moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
-  EXPECT_TRUE(ws.ok() && out.ok() && ws.size() > 0) << what;
+  if (!ws.ok() || !out.ok() || ws.size() == 0) {
+    ADD_FAILURE() << what << ": no buffers";
+    return std::nullopt;
+  }
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x.get());
   const float* weights = c.weighted ? pick_weights.get() : nullptr;
   auto* ob = reinterpret_cast<__nv_bfloat16*>(out.get());
@@ -131,17 +139,22 @@ std::vector<uint16_t> RunGemm(const MoeCase& c, ExpertFormat format,
                                   c.top_k, ew, c.ue8m0, ob, c.out_stride, ws.get(), ws.size(),
                                   nullptr, &refusal);
   EXPECT_EQ(status, cudaSuccess) << what << ": " << refusal;
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  const cudaError_t ran = cudaDeviceSynchronize();
+  EXPECT_EQ(ran, cudaSuccess) << what;
   EXPECT_TRUE(out.GuardsIntact()) << what;
   EXPECT_TRUE(ws.GuardsIntact()) << what;
+  if (status != cudaSuccess || ran != cudaSuccess || !out.GuardsIntact() || !ws.GuardsIntact()) {
+    return std::nullopt;
+  }
   return out.Download();
 }
 
 void RunAndCheck(const MoeCase& c, const std::string& what) {
   const int64_t picks = c.tokens * c.top_k;
-  const std::vector<uint16_t> got =
+  const std::optional<std::vector<uint16_t>> run =
       RunGemm(c, c.fp4 ? ExpertFormat::kFp4 : ExpertFormat::kFp8, std::nullopt, what);
-  ASSERT_FALSE(::testing::Test::HasFailure()) << what;
+  ASSERT_TRUE(run.has_value()) << what;
+  const std::vector<uint16_t>& got = *run;
 
   std::vector<float> want(static_cast<size_t>(picks * c.n), 0.0f);
   const std::vector<float> xf = testing::ToFloatsBf16(c.x);
@@ -171,45 +184,62 @@ TEST(CudaMoeGemmTest, OddTokenCountsZeroTokenExpertsBothFormats) {
 }
 
 // One token: the picks handed to the GEMM directly (MoeMmaGrouping::kAuto) give the grouped
-// path's bits, every format and form, with invalid ids and an expert picked twice, with and
-// without k splits (n = 64: one row tile, so the plan splits k); rows of invalid picks keep the
-// sentinel in both.
+// path's bits, every format and form, with invalid ids and an expert picked twice, with k split
+// (k 512: the plan's 2 splits and their reduce kernel) and unsplit (k 256: the GEMM writes the
+// rows itself, as at V4-Flash's batch 1); rows of invalid picks keep the sentinel in both.
 TEST(CudaMoeGemmTest, OneTokenDirectPicksMatchGroupedBits) {
   PDSERVE_SKIP_WITHOUT_GPU();
+  const char* direct_switch = std::getenv("PDSERVE_MOE_DIRECT");
+  if (direct_switch != nullptr && std::string(direct_switch) == "group") {
+    GTEST_SKIP() << "PDSERVE_MOE_DIRECT=group: kAuto groups too, nothing to compare";
+  }
   auto rng = FreshRng();
   for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4, ExpertFormat::kFp8W8A16}) {
+    const bool fp4 = format == ExpertFormat::kFp4;
     for (bool down : {false, true}) {
-      for (int64_t n : {192, 64}) {
-        MoeCase c = MakeMoe(rng, format == ExpertFormat::kFp4, 1, 6, 12, down, down);
-        c.n = n;
-        c.out_stride = n + 3;
+      for (const auto& [k, splits] : {std::pair<int64_t, int32_t>{512, 2}, {256, 1}}) {
+        MoeCase c = MakeMoe(rng, fp4, 1, 6, 12, down, down);
+        // The sizes of this case: x, weights and scales drawn anew for k.
+        c.k = k;
+        c.x_stride = k + 8;
+        c.x = testing::RandomActivations(rng, down ? 6 : 1, c.x_stride);
+        const auto per_experts = [&](int64_t n) { return static_cast<size_t>(c.n_experts * n); };
+        if (fp4) {
+          c.w = testing::RandomBytes(rng, per_experts(c.n * k / 2));
+          c.scale_e8m0 = testing::RandomUe8m0(rng, per_experts(c.n * k / 32));
+        } else {
+          c.w = testing::RandomE4m3(rng, per_experts(c.n * k));
+          c.scale = testing::RandomScales(rng, per_experts(((c.n + 127) / 128) * (k / 128)));
+        }
         c.experts[1] = -1;
         c.experts[3] = 16;            // = n_experts: invalid
         c.experts[5] = c.experts[0];  // the same expert twice
-        if (format == ExpertFormat::kFp4) {
-          c.scale_e8m0 = testing::RandomUe8m0(rng, static_cast<size_t>(c.n_experts * n * c.k / 32));
-        } else {
-          c.scale = testing::RandomScales(
-              rng, static_cast<size_t>(c.n_experts * ((n + 127) / 128) * (c.k / 128)));
-        }
         const std::string what = "format " + std::to_string(static_cast<int>(format)) +
-                                 (down ? " down" : " gate/up") + " n " + std::to_string(n);
-        const std::vector<uint16_t> direct = RunGemm(c, format, MoeMmaGrouping::kAuto, what);
-        const std::vector<uint16_t> grouped = RunGemm(c, format, MoeMmaGrouping::kGroupPicks, what);
-        ASSERT_EQ(direct.size(), grouped.size()) << what;
+                                 (down ? " down" : " gate/up") + " k " + std::to_string(k);
+        ASSERT_EQ(moe_workspace::Mma(1, 6, down ? 6 : 1, c.n_experts, c.n, k,
+                                     format == ExpertFormat::kFp8W8A16)
+                      .splits,
+                  splits)
+            << what;
+        const std::optional<std::vector<uint16_t>> direct =
+            RunGemm(c, format, MoeMmaGrouping::kAuto, what);
+        const std::optional<std::vector<uint16_t>> grouped =
+            RunGemm(c, format, MoeMmaGrouping::kGroupPicks, what);
+        ASSERT_TRUE(direct.has_value() && grouped.has_value()) << what;
+        ASSERT_EQ(direct->size(), grouped->size()) << what;
         int64_t written = 0;
-        for (size_t i = 0; i < direct.size(); ++i) {
-          ASSERT_EQ(direct[i], grouped[i]) << what << " element " << i;
+        for (size_t i = 0; i < direct->size(); ++i) {
+          ASSERT_EQ((*direct)[i], (*grouped)[i]) << what << " element " << i;
           const int64_t row = static_cast<int64_t>(i) / c.out_stride;
           const int64_t col = static_cast<int64_t>(i) % c.out_stride;
           const bool valid = c.experts[row] >= 0 && c.experts[row] < c.n_experts;
-          if (!valid || col >= n) {
-            ASSERT_EQ(direct[i], kSentinel) << what << " element " << i;
+          if (!valid || col >= c.n) {
+            ASSERT_EQ((*direct)[i], kSentinel) << what << " element " << i;
           } else {
-            written += direct[i] != kSentinel;
+            written += (*direct)[i] != kSentinel;
           }
         }
-        EXPECT_EQ(written, 4 * n) << what;  // 4 valid picks x n columns (none is the sentinel)
+        EXPECT_EQ(written, 4 * c.n) << what;  // 4 valid picks x n columns (none the sentinel)
       }
     }
   }

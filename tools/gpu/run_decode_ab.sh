@@ -5,7 +5,8 @@
 # 1. the grouped-expert, W8A16 and FP8 GEMM GPU tests (*Moe*, *W8a16*, *Fp8Gemm*);
 # 2. one V4-Flash layer's decode GEMMs at TOKENS (default 1,8; decode_bench layer), three runs
 #    of each build, interleaved;
-# 3. the dense GEMMs at TOKENS (decode_bench gemm, rows read / fp8 / w8a16), twice each;
+# 3. the dense GEMMs at TOKENS (decode_bench gemm, rows read / fp8 / w8a16), twice each (and the
+#    variant);
 # 4. (ENGINE=1) the engine's GPU suite; the table last (us), the rows in $OUT/$NAME.csv.
 # NAME: this build's pack (.device-carry/NAME.tar.xz); BASE: the build before's
 # (.device-carry/BASE.tar.xz, its pdserve_decode_bench alone). Here:
@@ -41,27 +42,36 @@ timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests --gtest_filter='*Moe*:*W8a1
 row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
 
+# bench MODE ROUND: this build, its variant (VARIANT_ENV) and the build before, one run each;
+# failed counts the runs that did not exit 0.
+failed=0
+bench() {
+  local mode=$1 round=$2
+  timeout -k 5 "$(cap 40)" pdserve_decode_bench "$mode" > "$out/${mode}_new_$round.csv" \
+    2>> "$out/bench.err" || failed=$((failed + 1))
+  if [ -n "$variant" ]; then
+    env "$variant" timeout -k 5 "$(cap 40)" pdserve_decode_bench "$mode" \
+      > "$out/${mode}_variant_$round.csv" 2>> "$out/bench.err" || failed=$((failed + 1))
+  fi
+  timeout -k 5 "$(cap 40)" "$base" "$mode" > "$out/${mode}_base_$round.csv" 2>> "$out/bench.err" ||
+    failed=$((failed + 1))
+}
 s=$(date +%s)
 export PDSERVE_DECODE_TOKENS=${TOKENS:-1,8}
 for round in 1 2 3; do
   may || break
-  timeout -k 5 "$(cap 40)" pdserve_decode_bench layer > "$out/layer_new_$round.csv" 2>> "$out/bench.err"
-  if [ -n "$variant" ]; then
-    env "$variant" timeout -k 5 "$(cap 40)" pdserve_decode_bench layer \
-      > "$out/layer_variant_$round.csv" 2>> "$out/bench.err"
-  fi
-  timeout -k 5 "$(cap 40)" "$base" layer > "$out/layer_base_$round.csv" 2>> "$out/bench.err"
+  bench layer "$round"
 done
-row layer "rc=$?" "$(($(date +%s) - s)) s"
+row layer "failed runs: $failed" "$(($(date +%s) - s)) s"
 
 s=$(date +%s)
+failed=0
 export PDSERVE_DECODE_ROWS=read,fp8,w8a16
 for round in 1 2; do
   may || break
-  timeout -k 5 "$(cap 40)" pdserve_decode_bench gemm > "$out/gemm_new_$round.csv" 2>> "$out/bench.err"
-  timeout -k 5 "$(cap 40)" "$base" gemm > "$out/gemm_base_$round.csv" 2>> "$out/bench.err"
+  bench gemm "$round"
 done
-row gemm "rc=$?" "$(($(date +%s) - s)) s"
+row gemm "failed runs: $failed" "$(($(date +%s) - s)) s"
 unset PDSERVE_DECODE_TOKENS PDSERVE_DECODE_ROWS
 
 if [ -n "${ENGINE:-}" ] && [ "$(cap 150)" -ge 60 ]; then
@@ -76,8 +86,11 @@ python3 - "$out" <<'PY'
 import sys, collections, glob, os
 out = sys.argv[1]
 t = collections.defaultdict(lambda: collections.defaultdict(list))
-for path in sorted(glob.glob(f"{out}/*_*_*.csv")):
-    mode, tag, _ = os.path.basename(path)[:-4].split("_")
+for path in sorted(glob.glob(f"{out}/layer_*_*.csv") + glob.glob(f"{out}/gemm_*_*.csv")):
+    try:
+        mode, tag, _ = os.path.basename(path)[:-4].split("_")
+    except ValueError:
+        continue
     for line in open(path):
         f = line.strip().split(",")
         if len(f) == 5 and f[0] != "kernel":
@@ -92,11 +105,12 @@ for key in sorted(t):
     g = lambda tag: " / ".join(f"{v:.1f}" for v in r.get(tag, [])) or "-"
     print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {g('new')} | {g('variant')} | {g('base')} |")
 PY
-# One csv back (the device tool returns a few files): call,kernel,shape,tokens,median_us,bytes.
+# One csv back (the device tool returns a few files): NAME_MODE_BUILD_ROUND,kernel,shape,tokens,
+# median_us,bytes (BUILD: new, variant or base).
 for f in "$out"/layer_*_*.csv "$out"/gemm_*_*.csv; do
   [ -f "$f" ] || continue
   tag=$(basename "$f" .csv)
-  grep -v '^kernel,' "$f" | sed "s/^/$tag,/"
+  grep -v '^kernel,' "$f" | sed "s/^/${name}_$tag,/"
   rm -f "$f"
 done > "$out/$name.csv"
 printf '%s\n' "${rows[@]}"
