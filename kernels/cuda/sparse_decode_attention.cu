@@ -531,16 +531,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t b = blockIdx.y;
   if (tid >= kConsumerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    // The queries go out first; the request's lengths and window page are loaded together.
+    // The request's lengths and window page are requested first (ahead of the 64 KB of query
+    // copies in the memory pipeline: the first tile's lookups wait on them), then the queries,
+    // then the lookups' prefetch.
+    const int window_len = p.window_len[b];
+    const int n_compressed = p.n_compressed[b];
+    const int window_page = p.window_size > 0 ? p.window_page[b] : 0;
     if (!multicast) {
       IssueQueries(p, base);
     } else if (tid == kConsumerThreads) {
       IssueQueriesMulticast(p, &q_map, base);
     }
     if (DEPENDENT && p.prefetch_lookups) PrefetchLookups(p);
-    const int window_len = p.window_len[b];
-    const int n_compressed = p.n_compressed[b];
-    const int window_page = p.window_size > 0 ? p.window_page[b] : 0;
     const BlockWork w = GetBlockWork(p, window_len, n_compressed);
     Produce(p, w, n_compressed, window_page, base, smem + kValidOffset);
     // A block with nothing to attend keeps its threads until the query copies have landed.
