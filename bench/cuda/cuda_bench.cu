@@ -182,7 +182,8 @@ void FreeInputs(std::vector<LayerInputs>& inputs) {
   }
 }
 
-// only_batch / only_context: 0 runs every size, else only that one (for profiling one case).
+// only_batch / only_context: 0 runs every size, else only that one (for profiling one case, or a
+// context between the listed ones).
 int Run(int64_t only_batch, int64_t only_context) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -229,7 +230,19 @@ int Run(int64_t only_batch, int64_t only_context) {
   // keys, then 16 x 4.3 GB of compressed KV (one phase at a time: AllocIndexerInputs).
   const int layers = graph ? 16 : 1;
   const std::vector<int64_t> batches = {1, 32, 128};
-  const std::vector<int64_t> contexts = {4096, 32768, 131072};
+  // A context outside the list (a multiple of 4 x 64 up to 128K, e.g. 65536) may be asked for as
+  // only_context: it is run alone.
+  std::vector<int64_t> contexts = {4096, 32768, 131072};
+  if (only_context != 0 &&
+      std::find(contexts.begin(), contexts.end(), only_context) == contexts.end()) {
+    if (only_context % (kRate * kPage) != 0 || only_context > kMaxKeys * kRate) {
+      std::fprintf(stderr, "context %lld: not a multiple of %lld up to %lld\n",
+                   static_cast<long long>(only_context), static_cast<long long>(kRate * kPage),
+                   static_cast<long long>(kMaxKeys * kRate));
+      return 2;
+    }
+    contexts = {only_context};
+  }
   const int64_t pages_per_request = kMaxKeys / kPage;
   const bool indexer_only = only != nullptr && std::string(only) == "indexer";
   std::vector<LayerInputs> inputs(layers);

@@ -613,10 +613,14 @@ constexpr int64_t kMaxAutoTopKBlocks = 2;
 // TopKSelectKernel: the most blocks per row up to kMaxAutoSelectBlocks (any count, not only powers
 // of two: where the device runs fewer than `rows` clusters of 4, 3 may still fit in one wave)
 // with rows x blocks within the SM count, every row's cluster running at once, and parts of at
-// least kMinSelectPart entries (rows of at most kMaxCandidates entries take one block: block 0
-// alone loads them).
+// least kMinSelectPart entries (kSelectSort) or kMinPrefetchPart (kSelectPrefetch; rows of at
+// most kMaxCandidates entries take one block: block 0 alone loads them). kMinPrefetchPart: on an
+// H100 (2026-12-06, graph timing, docs/perf.md issue 30) the fastest count, or within 0.11 us of
+// it, at batch 1 / 32 / 128 and rows of 8K / 16K / 32K entries (1 block at 8K: 8.90 us against
+// 9.97 with the 2 of parts of 4096, at batch 1; 9.23 against 10.29 at batch 32).
 constexpr int64_t kMaxAutoSelectBlocks = 4;
 constexpr int64_t kMinSelectPart = 4096;
+constexpr int64_t kMinPrefetchPart = 8192;
 
 int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
   const int64_t sms = SmCount();
@@ -625,7 +629,8 @@ int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
     for (int64_t blocks = kMaxAutoSelectBlocks; blocks > 1; --blocks) {
       const int clusters = prefetch ? MaxActiveClusters<TopKSelectKernel<true>>(blocks)
                                     : MaxActiveClusters<TopKSelectKernel<false>>(blocks);
-      if (rows * blocks <= sms && stride >= kMinSelectPart * blocks && rows <= clusters) {
+      const int64_t min_part = prefetch ? kMinPrefetchPart : kMinSelectPart;
+      if (rows * blocks <= sms && stride >= min_part * blocks && rows <= clusters) {
         return blocks;
       }
     }

@@ -33,8 +33,8 @@
 // must hold at most 32; else the count is redone over the bins from the k-th best up, and where
 // the picks still bunch, histogram rounds narrow the candidates to about k and a bitonic sort
 // orders them). Rows of at most 4096 entries are loaded and placed by that block alone. Up to 4
-// blocks per row (parts of at least 4096 entries; 3 where the device cannot run `rows` clusters
-// of 4 at once). It also lets the next kernel on the stream launch early
+// blocks per row (parts of at least 4096 entries, kSelectPrefetch 8192; 3 where the device cannot
+// run `rows` clusters of 4 at once). It also lets the next kernel on the stream launch early
 // (griddepcontrol.launch_dependents).
 //
 // CUDA-graph safe: the launch shape depends only on (rows, stride, k) and the device (its SM and
