@@ -32,7 +32,9 @@
 // o_a's groups as one, see MakeLayerGemms), _dense_fused_q (_dense_fused with q_b_proj and the
 // indexer's q_b_proj, which read the same normalized q_a output, as one GEMM too). bytes: the dense
 // weights + scales and the experts the routing touched. The elementwise kernels between the GEMMs
-// (norms, rope, SwiGLU, combine) and the fp32 router GEMM are not in it. fp8_gemm's path and config
+// (norms, rope, SwiGLU, combine) and the fp32 router GEMM are not in it. The down call reuses the
+// gate+up call's grouping of the picks (MoeMmaGrouping::kReuse) as the engine's does
+// (PDSERVE_DECODE_MOE_REUSE=0: it groups them again). fp8_gemm's path and config
 // come from PDSERVE_FP8_GEMM / PDSERVE_FP8_WGMMA.
 //
 // PDSERVE_BLOCK_TRACE=<file>: each gemm-mode row's block timelines (the wgmma GEMM kernel and
@@ -495,6 +497,12 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
   std::mt19937_64 rng(12345);
   // PDSERVE_DECODE_TOKENS limits layer mode too (the routings drawn are the same either way).
   const std::vector<std::string> layer_tokens = EnvList("PDSERVE_DECODE_TOKENS");
+  // PDSERVE_DECODE_MOE_REUSE=0: the down call groups the picks again (MoeMmaGrouping::kAuto), as
+  // the engine did before it reused the gate+up call's grouping.
+  const char* reuse_env = std::getenv("PDSERVE_DECODE_MOE_REUSE");
+  const MoeMmaGrouping moe_reuse = reuse_env != nullptr && std::string(reuse_env) == "0"
+                                       ? MoeMmaGrouping::kAuto
+                                       : MoeMmaGrouping::kReuse;
   for (int64_t m : kTokens) {
     const double distinct = RandomRoutings(m, kExperts, kTopK, routing, rng);
     if (!Wanted(layer_tokens, std::to_string(m))) continue;
@@ -541,9 +549,10 @@ void LayerRows(const Buffers& b, cudaStream_t stream) {
               if (!moe) return;
               BENCH_CHECK(moe_grouped_gemm(b.x, 4096, false, routing[l], nullptr, m, kTopK, up_view,
                                            false, b.out2, 8192, b.ws, b.ws_bytes, stream));
+              // As the engine: the down call reuses the gate+up call's grouping.
               BENCH_CHECK(moe_grouped_gemm(act, 4096, true, routing[l], b.pick_w, m, kTopK,
-                                           down_view, false, b.out2, 4096, b.ws, b.ws_bytes,
-                                           stream));
+                                           down_view, false, b.out2, 4096, b.ws, b.ws_bytes, stream,
+                                           nullptr, moe_reuse));
             },
             kStepLayers, stream);
         PrintRow((a16 ? "layer_w8a16" : "layer_fp8") + part, "layer", m, us, bytes);

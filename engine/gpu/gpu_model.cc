@@ -444,9 +444,12 @@ absl::Status GpuModel::Impl::RoutedExperts(const Layer& layer, const bf16* x, in
                                            moe_gate_up.get(), 2 * inter, ws, ws_bytes, stream));
   PDSERVE_CUDA_RETURN(kc::clamped_swiglu(moe_gate_up.get(), moe_gate_up.get() + inter, rows * k,
                                          inter, 2 * inter, limit, moe_act.get(), inter, stream));
+  // The same picks as the gate|up call, on the same workspace with nothing in between on it:
+  // its grouping is reused (no second grouping kernel).
   PDSERVE_CUDA_RETURN(kc::moe_grouped_gemm(moe_act.get(), inter, /*x_per_pick=*/true, experts,
                                            weights, rows, k, layer.down8.View(), /*ue8m0=*/false,
-                                           moe_down.get(), hidden, ws, ws_bytes, stream));
+                                           moe_down.get(), hidden, ws, ws_bytes, stream,
+                                           /*refusal=*/nullptr, kc::MoeMmaGrouping::kReuse));
   PDSERVE_CUDA_RETURN(kc::moe_combine(moe_down.get(), hidden, experts, rows, k, n_experts, hidden,
                                       out, hidden, stream));
   return absl::OkStatus();

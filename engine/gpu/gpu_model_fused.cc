@@ -212,10 +212,12 @@ absl::Status GpuModel::Impl::GroupedOa(const Layer& layer, int64_t rows) {
   w.n = c.o_lora_rank;
   w.k = group_in;
   std::string refusal;
+  // o_a_ids is the identity routing (row r's pick g is group g): no grouping kernel, and the
+  // GEMM's blocks stream their first weights while the kernel before drains.
   const cudaError_t e = kc::moe_grouped_gemm(
       attn_bf.get(), group_in, /*x_per_pick=*/true, o_a_ids.get(), /*pick_weights=*/nullptr, rows,
       groups, w, /*ue8m0_act_scale=*/false, grouped_bf.get(), c.o_lora_rank, o_a_workspace.get(),
-      o_a_workspace.size(), stream, &refusal);
+      o_a_workspace.size(), stream, &refusal, kc::MoeMmaGrouping::kIdentity);
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("moe_grouped_gemm (o_a): ", cudaGetErrorString(e),
                                           refusal.empty() ? "" : ": ", refusal));

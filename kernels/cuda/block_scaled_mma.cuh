@@ -79,6 +79,10 @@ struct GemmArgs {
   // and entry_pick null): item j is pick j alone, of expert pick_experts[j] (none when outside
   // [0, n_experts)); entry i is pick i. The same bits as the grouped items: an entry's sums do not
   // depend on the other entries of its item.
+  // Identity routing (identity_tokens > 0, items, entry_pick and pick_experts null): every token
+  // picks every expert in order (top_k = n_experts, pick t * n_experts + e is expert e); item j
+  // is expert j / p's tokens 8 NT (j % p) .. (p = ceil(identity_tokens / 8 NT)), entry i is
+  // token i % identity_tokens of expert i / identity_tokens.
   const WorkItem* items;
   const int32_t* n_items;
   const int32_t* entry_pick;
@@ -96,6 +100,7 @@ struct GemmArgs {
   __nv_bfloat16* out;  // k_splits == 1: [out_rows, out_stride] bf16
   float* out_f32;      // set: the output is fp32 here instead (same layout), out unused
   int64_t out_stride;
+  int32_t identity_tokens;  // identity routing (see Entries above); 0 otherwise
 };
 
 // out_f32[i] = v when out_f32 is set (fp32 output), else out[i] = bf16(v) (round to nearest).
@@ -154,9 +159,17 @@ __device__ __forceinline__ float E8m0ToFloat(uint32_t e) {
 }
 
 // The x row and out row of entry `i` of the item.
+// IDENTITY: the kernel instantiated for identity routing (a.identity_tokens > 0), the only
+// one that reads it.
+template <bool IDENTITY = false>
 __device__ __forceinline__ void EntryRows(const GemmArgs& a, int64_t i, int64_t* x_row,
                                           int64_t* out_row) {
-  if (a.items == nullptr && a.pick_experts == nullptr) {
+  if constexpr (IDENTITY) {
+    const int32_t pick = static_cast<int32_t>(i % a.identity_tokens) * a.n_experts +
+                         static_cast<int32_t>(i / a.identity_tokens);
+    *x_row = pick / a.x_row_div;
+    *out_row = pick;
+  } else if (a.items == nullptr && a.pick_experts == nullptr) {
     *x_row = i;
     *out_row = i;
   } else {
@@ -401,17 +414,27 @@ __device__ __forceinline__ void ClusterReduce(const GemmArgs& a, const WorkItem&
 // waiting for the act-quant kernel. A16: W8A16 (FP4 false): x from a.xb in bf16; with one token
 // tile (NT 1) the next block's x is loaded after this block's products (LoadX,
 // BlockProductA16Loaded), else at them (BlockProductA16).
-template <bool FP4, bool A16, int NT>
+template <bool FP4, bool A16, int NT, bool IDENTITY = false>
 __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   static_assert(!(FP4 && A16), "W8A16 takes FP8 weights");
-  const bool dense = a.items == nullptr && a.pick_experts == nullptr;
-  // The items come from the grouping kernel; direct picks from the routing.
-  if (!dense) GridDependencyWait();
+  constexpr bool identity = IDENTITY;  // a.identity_tokens > 0
+  const bool dense = !identity && a.items == nullptr && a.pick_experts == nullptr;
+  // Dense and identity-routed blocks know their weights from their index, so they issue their
+  // first weight loads before waiting for the kernel before; the items come from the grouping
+  // kernel, direct picks from the routing, read after the wait.
+  const bool known = dense || identity;
+  if (!known) GridDependencyWait();
   WorkItem item;
   if (dense) {
     item.expert = 0;
     item.first = static_cast<int32_t>(blockIdx.x) * 8 * NT;
     item.count = static_cast<int32_t>(min(int64_t{8 * NT}, a.dense_rows - item.first));
+  } else if constexpr (identity) {
+    const int32_t per_expert = (a.identity_tokens + 8 * NT - 1) / (8 * NT);
+    const int32_t chunk = static_cast<int32_t>(blockIdx.x) % per_expert;
+    item.expert = static_cast<int32_t>(blockIdx.x) / per_expert;
+    item.first = item.expert * a.identity_tokens + chunk * 8 * NT;
+    item.count = min(8 * NT, a.identity_tokens - chunk * 8 * NT);
   } else if (a.pick_experts != nullptr) {
     item.expert = a.pick_experts[blockIdx.x];
     if (item.expert < 0 || item.expert >= a.n_experts) return;
@@ -448,7 +471,7 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
   if (kb_begin + 1 < kb_end) {
     LoadWeights<FP4>(a, w_rows, sc_rows, valid0, valid1, kb_begin + 1, t, ahead);
   }
-  if (dense) GridDependencyWait();  // xq / xs (or x) come from the kernel before
+  if (known) GridDependencyWait();  // xq / xs (or x) come from the kernel before
   GridDependencyTrigger();
 
   // Per tile: this thread's B row (token g of the tile) and the x rows of its C columns.
@@ -459,11 +482,11 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
     int64_t row = 0;
     int64_t out_row = 0;
     const int last = item.count - 1;
-    EntryRows(a, item.first + min(j * 8 + g, last), &row, &out_row);
+    EntryRows<IDENTITY>(a, item.first + min(j * 8 + g, last), &row, &out_row);
     x_row[j] = static_cast<int32_t>(row);
-    EntryRows(a, item.first + min(j * 8 + 2 * t, last), &row, &out_row);
+    EntryRows<IDENTITY>(a, item.first + min(j * 8 + 2 * t, last), &row, &out_row);
     xs_row[j][0] = static_cast<int32_t>(row);
-    EntryRows(a, item.first + min(j * 8 + 2 * t + 1, last), &row, &out_row);
+    EntryRows<IDENTITY>(a, item.first + min(j * 8 + 2 * t + 1, last), &row, &out_row);
     xs_row[j][1] = static_cast<int32_t>(row);
   }
   float acc[NT][4];
@@ -508,7 +531,7 @@ __global__ void __launch_bounds__(128) BlockScaledGemmKernel(const GemmArgs a) {
       if (e >= item.count || n >= a.n) continue;
       int64_t x_row = 0;
       int64_t out_row = 0;
-      EntryRows(a, item.first + e, &x_row, &out_row);
+      EntryRows<IDENTITY>(a, item.first + e, &x_row, &out_row);
       if (a.k_splits > 1) {
         a.partial[(int64_t{blockIdx.z} * a.out_rows + out_row) * a.n + n] = acc[j][c];
       } else {
@@ -685,6 +708,23 @@ cudaError_t LaunchGemm(const GemmArgs& a, int tiles, int64_t items, cudaStream_t
       return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 2>, grid, dim3(128), stream, a);
     default:
       return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 4>, grid, dim3(128), stream, a);
+  }
+}
+
+// LaunchGemm for identity routing (a.identity_tokens > 0; never cluster_reduce): the kernel
+// instantiated for it, so that the other instantiations' code does not carry its branches.
+template <bool FP4, bool A16 = false>
+cudaError_t LaunchGemmIdentity(const GemmArgs& a, int tiles, int64_t items, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(items),
+                  static_cast<unsigned>((a.n + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(a.k_splits));
+  switch (tiles) {
+    case 1:
+      return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 1, true>, grid, dim3(128), stream, a);
+    case 2:
+      return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 2, true>, grid, dim3(128), stream, a);
+    default:
+      return LaunchDependent(BlockScaledGemmKernel<FP4, A16, 4, true>, grid, dim3(128), stream, a);
   }
 }
 

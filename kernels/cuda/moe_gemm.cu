@@ -62,6 +62,16 @@ bool DirectPicksAllowed() {
   return allowed;
 }
 
+// MoeMmaGrouping::kReuse is taken at its word only where the call before (the same picks) surely
+// ran this path and grouped them: not one token (direct picks), not sizes moe_grouped_gemm may
+// send to the warpgroup-MMA path, whose grouping lies in the workspace otherwise.
+bool ReuseHonoured(int64_t tokens, int64_t top_k, const ExpertWeights& w) {
+  if (tokens == 1) return false;
+  if (w.format == ExpertFormat::kFp4) return true;
+  const PathMode mode = DefaultPathMode();
+  return mode == PathMode::kMma || (mode == PathMode::kAuto && tokens * top_k < kMoeWgmmaMinPicks);
+}
+
 }  // namespace
 
 namespace moe_gemm_internal {
@@ -153,7 +163,8 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
                              const int32_t* experts, const float* pick_weights, int64_t tokens,
                              int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
                              __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                             size_t workspace_bytes, cudaStream_t stream, std::string* refusal) {
+                             size_t workspace_bytes, cudaStream_t stream, std::string* refusal,
+                             MoeMmaGrouping grouping) {
   if (tokens > 0 && moe_grouped_gemm_path(tokens, top_k, weights) == MoeGemmPath::kWgmma) {
     const cudaError_t status = moe_grouped_gemm_wgmma(
         x, x_stride, x_per_pick, experts, pick_weights, tokens, top_k, weights, ue8m0_act_scale,
@@ -163,7 +174,7 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
   }
   return moe_grouped_gemm_mma(x, x_stride, x_per_pick, experts, pick_weights, tokens, top_k,
                               weights, ue8m0_act_scale, out, out_stride, workspace, workspace_bytes,
-                              stream, refusal);
+                              stream, refusal, grouping);
 }
 
 cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
@@ -194,9 +205,16 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
   float* partial = reinterpret_cast<float*>(p);
 
   const int64_t picks = tokens * top_k;
-  // One token: each pick is its own work item (MoeMmaGrouping), no grouping kernel.
-  const bool direct = tokens == 1 && grouping == MoeMmaGrouping::kAuto && DirectPicksAllowed();
-  if (!direct) {
+  // MoeMmaGrouping: identity routing, the previous call's grouping, one token's picks directly,
+  // else the grouping kernel.
+  const bool identity = grouping == MoeMmaGrouping::kIdentity;
+  if (identity && top_k != weights.n_experts) {
+    return bs::Refuse(refusal, "grouping: kIdentity needs top_k == weights.n_experts");
+  }
+  const bool reuse = grouping == MoeMmaGrouping::kReuse && ReuseHonoured(tokens, top_k, weights);
+  const bool direct = !identity && !reuse && tokens == 1 &&
+                      grouping != MoeMmaGrouping::kGroupPicks && DirectPicksAllowed();
+  if (!identity && !reuse && !direct) {
     // Programmatic launch: resident when the kernel before ends, and it waits for it first.
     status =
         bs::LaunchDependent(GroupPicksKernel, dim3(1), dim3(kGroupThreads), stream, experts,
@@ -224,6 +242,9 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
   if (direct) {
     a.pick_experts = experts;
     a.n_experts = static_cast<int32_t>(weights.n_experts);
+  } else if (identity) {
+    a.identity_tokens = static_cast<int32_t>(tokens);
+    a.n_experts = static_cast<int32_t>(weights.n_experts);
   } else {
     a.items = items;
     a.n_items = n_items;
@@ -236,11 +257,21 @@ cudaError_t moe_grouped_gemm_mma(const __nv_bfloat16* x, int64_t x_stride, bool 
   a.out_rows = picks;
   a.out = out;
   a.out_stride = out_stride;
-  const int64_t grid_items = direct ? picks : plan.max_items;
-  status = weights.format == ExpertFormat::kFp4
-               ? bs::LaunchGemm<true>(a, plan.tiles, grid_items, stream)
-           : a16 ? bs::LaunchGemm<false, true>(a, plan.tiles, grid_items, stream)
-                 : bs::LaunchGemm<false>(a, plan.tiles, grid_items, stream);
+  const int64_t chunk = 8 * int64_t{plan.tiles};
+  const int64_t grid_items = direct     ? picks
+                             : identity ? weights.n_experts * ((tokens + chunk - 1) / chunk)
+                                        : plan.max_items;
+  if (identity) {
+    status = weights.format == ExpertFormat::kFp4
+                 ? bs::LaunchGemmIdentity<true>(a, plan.tiles, grid_items, stream)
+             : a16 ? bs::LaunchGemmIdentity<false, true>(a, plan.tiles, grid_items, stream)
+                   : bs::LaunchGemmIdentity<false>(a, plan.tiles, grid_items, stream);
+  } else {
+    status = weights.format == ExpertFormat::kFp4
+                 ? bs::LaunchGemm<true>(a, plan.tiles, grid_items, stream)
+             : a16 ? bs::LaunchGemm<false, true>(a, plan.tiles, grid_items, stream)
+                   : bs::LaunchGemm<false>(a, plan.tiles, grid_items, stream);
+  }
   if (status != cudaSuccess || plan.splits == 1) return status;
   return bs::LaunchReduce(partial, plan.splits, picks, weights.n, pick_weights, experts,
                           static_cast<int32_t>(weights.n_experts), out, out_stride, stream);

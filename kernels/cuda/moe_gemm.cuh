@@ -84,6 +84,27 @@ struct ExpertWeights {
 size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x_rows,
                                         const ExpertWeights& weights);
 
+// How the mma.sync path finds each block's expert. kGroupPicks: a grouping kernel lists the picks
+// expert by expert first (a work item per up to 8 x NT picks of one expert). kAuto: the same,
+// except for one token (V4-Flash's batch 1), whose picks go to the GEMM directly (one item per
+// pick, its expert read from `experts` by the GEMM's blocks): one kernel less before the GEMM. A
+// token that picks one expert twice reads its weights twice there. PDSERVE_MOE_DIRECT
+// (docs/engine-gpu.md, "Environment switches"): "group" makes kAuto group as well.
+// kReuse: no grouping kernel; the workspace already holds the grouping of the same picks (equal
+// `experts` contents, tokens, top_k and n_experts), written by the call before on this stream
+// with this workspace (the routed experts' down projection after their gate+up); one token, or
+// sizes that may take the warpgroup-MMA path (PDSERVE_MOE_GEMM=wgmma, or kMoeWgmmaMinPicks picks
+// or more, through moe_grouped_gemm), as kAuto. A call that ran in between on that workspace, or
+// other picks, give wrong sums: the caller's promise, not checked.
+// kIdentity: every token picks every expert in order (top_k == n_experts, pick t * top_k + j is
+// expert j, as V4's grouped o_a projection's groups); `experts` must say so (the split-K reduce
+// still reads it). No grouping kernel and no items: each block finds its expert and tokens from
+// its index, so it issues its first weight loads before waiting for the kernel before, as a dense
+// GEMM does. Refused (cudaErrorInvalidValue) when top_k != n_experts.
+// All of them give the same bits for the same picks: an entry's sums do not depend on the other
+// entries of its item, and the k splits are the plan's in every mode.
+enum class MoeMmaGrouping { kAuto, kGroupPicks, kReuse, kIdentity };
+
 // out[p, :] for every valid pick, as above.
 //   x [x_rows, x_stride] bf16: x_rows = tokens (x_per_pick false) or tokens * top_k (true).
 //   experts [tokens, top_k] int32 (moe_route's output); pick_weights [tokens, top_k] fp32 or
@@ -94,13 +115,15 @@ size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x
 // 16-byte aligned x, w and out, scales present for the format, workspace 256-byte aligned with
 // at least moe_grouped_gemm_workspace_bytes bytes. tokens of 0 writes nothing. Returns
 // cudaErrorInvalidValue on bad arguments, with `refusal` (when given) naming the argument and the
-// check that failed, else the launch status.
+// check that failed, else the launch status. `grouping`: the mma.sync path's (MoeMmaGrouping;
+// the warpgroup-MMA path groups the picks itself whatever it says).
 cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_per_pick,
                              const int32_t* experts, const float* pick_weights, int64_t tokens,
                              int64_t top_k, const ExpertWeights& weights, bool ue8m0_act_scale,
                              __nv_bfloat16* out, int64_t out_stride, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream,
-                             std::string* refusal = nullptr);
+                             std::string* refusal = nullptr,
+                             MoeMmaGrouping grouping = MoeMmaGrouping::kAuto);
 
 enum class MoeGemmPath { kMma, kWgmma };
 // PDSERVE_MOE_GEMM=auto (the default): kWgmma from this many picks (tokens * top_k) on (1366
@@ -110,15 +133,6 @@ inline constexpr int64_t kMoeWgmmaMinPicks = moe_workspace::kMoeWgmmaMinPicks;
 // The path moe_grouped_gemm takes for these sizes (PDSERVE_MOE_GEMM as above; kMma for FP4
 // experts and for sizes moe_grouped_gemm_wgmma refuses). Host only.
 MoeGemmPath moe_grouped_gemm_path(int64_t tokens, int64_t top_k, const ExpertWeights& weights);
-
-// How the mma.sync path finds each block's expert. kGroupPicks: a grouping kernel lists the picks
-// expert by expert first (a work item per up to 8 x NT picks of one expert). kAuto: the
-// same, except for one token (V4-Flash's batch 1), whose picks go to the GEMM directly (one item
-// per pick, its expert read from `experts` by the GEMM's blocks): one kernel less before the
-// GEMM. The two give the same bits (an entry's sums do not depend on the other entries of its
-// item); a token that picks one expert twice reads its weights twice in kAuto. PDSERVE_MOE_DIRECT
-// (docs/engine-gpu.md, "Environment switches"): "group" makes kAuto group as well.
-enum class MoeMmaGrouping { kAuto, kGroupPicks };
 
 // The mma.sync path alone: moe_grouped_gemm's contract; workspace
 // moe_grouped_gemm_mma_workspace_bytes (at most moe_grouped_gemm_workspace_bytes).

@@ -88,12 +88,29 @@ MoeCase MakeMoe(std::mt19937_64& rng, bool fp4, int64_t tokens, int64_t top_k, i
   return c;
 }
 
+// Draws c's activations (x_rows rows), weights and scales anew for inner size k (n_experts, n and
+// the format as they are).
+void Resize(MoeCase& c, std::mt19937_64& rng, int64_t k, int64_t x_rows) {
+  c.k = k;
+  c.x_stride = k + 8;
+  c.x = testing::RandomActivations(rng, x_rows, c.x_stride);
+  const auto per_experts = [&](int64_t n) { return static_cast<size_t>(c.n_experts * n); };
+  if (c.fp4) {
+    c.w = testing::RandomBytes(rng, per_experts(c.n * k / 2));
+    c.scale_e8m0 = testing::RandomUe8m0(rng, per_experts(c.n * k / 32));
+  } else {
+    c.w = testing::RandomE4m3(rng, per_experts(c.n * k));
+    c.scale = testing::RandomScales(rng, per_experts(((c.n + 127) / 128) * (k / 128)));
+  }
+}
+
 // The output rows (the sentinel where nothing was written) of moe_grouped_gemm (no `grouping`)
 // or of its mma.sync path with `grouping`, for `format` (kFp4 needs c.fp4); nullopt (with the
 // failure reported) when a buffer, the launch, the run or a guard failed.
 std::optional<std::vector<uint16_t>> RunGemm(const MoeCase& c, ExpertFormat format,
                                              std::optional<MoeMmaGrouping> grouping,
-                                             const std::string& what) {
+                                             const std::string& what,
+                                             GuardedBuffer<uint8_t>* shared_ws = nullptr) {
   const int64_t picks = c.tokens * c.top_k;
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<int32_t> experts(c.experts.size());
@@ -120,9 +137,12 @@ std::optional<std::vector<uint16_t>> RunGemm(const MoeCase& c, ExpertFormat form
   ew.n = c.n;
   ew.k = c.k;
   const int64_t rows = c.x_per_pick ? picks : c.tokens;
-  GuardedBuffer<uint8_t> ws(grouping
-                                ? moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, rows, ew)
-                                : moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
+  // shared_ws (when given): a workspace of the caller's, kept between calls (kReuse).
+  GuardedBuffer<uint8_t> own_ws(
+      shared_ws != nullptr ? 0
+      : grouping           ? moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, rows, ew)
+                           : moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
+  GuardedBuffer<uint8_t>& ws = shared_ws != nullptr ? *shared_ws : own_ws;
   if (!ws.ok() || !out.ok() || ws.size() == 0) {
     ADD_FAILURE() << what << ": no buffers";
     return std::nullopt;
@@ -199,18 +219,7 @@ TEST(CudaMoeGemmTest, OneTokenDirectPicksMatchGroupedBits) {
     for (bool down : {false, true}) {
       for (const auto& [k, splits] : {std::pair<int64_t, int32_t>{512, 2}, {256, 1}}) {
         MoeCase c = MakeMoe(rng, fp4, 1, 6, 12, down, down);
-        // The sizes of this case: x, weights and scales drawn anew for k.
-        c.k = k;
-        c.x_stride = k + 8;
-        c.x = testing::RandomActivations(rng, down ? 6 : 1, c.x_stride);
-        const auto per_experts = [&](int64_t n) { return static_cast<size_t>(c.n_experts * n); };
-        if (fp4) {
-          c.w = testing::RandomBytes(rng, per_experts(c.n * k / 2));
-          c.scale_e8m0 = testing::RandomUe8m0(rng, per_experts(c.n * k / 32));
-        } else {
-          c.w = testing::RandomE4m3(rng, per_experts(c.n * k));
-          c.scale = testing::RandomScales(rng, per_experts(((c.n + 127) / 128) * (k / 128)));
-        }
+        Resize(c, rng, k, down ? 6 : 1);
         c.experts[1] = -1;
         c.experts[3] = 16;            // = n_experts: invalid
         c.experts[5] = c.experts[0];  // the same expert twice
@@ -241,6 +250,104 @@ TEST(CudaMoeGemmTest, OneTokenDirectPicksMatchGroupedBits) {
         }
         EXPECT_EQ(written, 4 * c.n) << what;  // 4 valid picks x n columns (none the sentinel)
       }
+    }
+  }
+}
+
+// The identity routing (V4's grouped o_a: every token picks every group in order) without a
+// grouping kernel (MoeMmaGrouping::kIdentity) gives the grouped path's bits: FP8, FP4 and W8A16,
+// x per pick (as o_a) and per token, 1 / 3 / 5 / 37 tokens (items of 8, 16 and 32 entries, one
+// expert's tokens over several items), k split and unsplit; kIdentity with top_k != n_experts is
+// refused.
+TEST(CudaMoeGemmTest, IdentityRoutingMatchesGroupedBits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4, ExpertFormat::kFp8W8A16}) {
+    const bool fp4 = format == ExpertFormat::kFp4;
+    for (int64_t tokens : {1, 3, 5, 37}) {
+      for (bool per_pick : {true, false}) {
+        MoeCase c = MakeMoe(rng, fp4, tokens, 8, 8, per_pick, per_pick);
+        c.n_experts = 8;
+        // k 256 at 5 tokens: no k split.
+        Resize(c, rng, tokens == 5 ? 256 : 512, per_pick ? tokens * 8 : tokens);
+        for (size_t i = 0; i < c.experts.size(); ++i) c.experts[i] = static_cast<int32_t>(i % 8);
+        const std::string what = "format " + std::to_string(static_cast<int>(format)) + " tokens " +
+                                 std::to_string(tokens) +
+                                 (per_pick ? " x per pick" : " x per token");
+        const std::optional<std::vector<uint16_t>> identity =
+            RunGemm(c, format, MoeMmaGrouping::kIdentity, what);
+        const std::optional<std::vector<uint16_t>> grouped =
+            RunGemm(c, format, MoeMmaGrouping::kGroupPicks, what);
+        ASSERT_TRUE(identity.has_value() && grouped.has_value()) << what;
+        ASSERT_EQ(*identity, *grouped) << what;
+        int64_t written = 0;
+        for (size_t i = 0; i < identity->size(); ++i) {
+          const bool in_row = static_cast<int64_t>(i) % c.out_stride < c.n;
+          if (!in_row) {
+            ASSERT_EQ((*identity)[i], kSentinel) << what << " element " << i;
+          }
+          written += in_row && (*identity)[i] != kSentinel;
+        }
+        EXPECT_EQ(written, tokens * 8 * c.n) << what;
+      }
+    }
+  }
+  // top_k 6 of 16 experts: not an identity routing.
+  MoeCase c = MakeMoe(rng, false, 3, 6, 12, false, false);
+  const std::string what = "kIdentity, top_k != n_experts";
+  GuardedBuffer<uint16_t> x(c.x.size());
+  GuardedBuffer<int32_t> experts(c.experts.size());
+  GuardedBuffer<uint8_t> w(c.w.size());
+  GuardedBuffer<float> scale(c.scale.size());
+  GuardedBuffer<uint16_t> out(static_cast<size_t>(c.tokens * c.top_k * c.out_stride));
+  ExpertWeights ew;
+  ew.w = w.get();
+  ew.scale = scale.get();
+  ew.n_experts = c.n_experts;
+  ew.n = c.n;
+  ew.k = c.k;
+  GuardedBuffer<uint8_t> ws(moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, c.tokens, ew));
+  std::string refusal;
+  EXPECT_EQ(moe_grouped_gemm_mma(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.x_stride, false,
+                                 experts.get(), nullptr, c.tokens, c.top_k, ew, false,
+                                 reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride,
+                                 ws.get(), ws.size(), nullptr, &refusal, MoeMmaGrouping::kIdentity),
+            cudaErrorInvalidValue)
+      << what;
+  EXPECT_NE(refusal.find("kIdentity"), std::string::npos) << refusal;
+}
+
+// The routed experts' down projection reusing the gate+up call's grouping on the same workspace
+// (MoeMmaGrouping::kReuse, through moe_grouped_gemm as the engine calls it) gives the bits of a
+// down call that groups again: FP8, FP4 and W8A16, 5 and 37 tokens (k split and unsplit), with
+// an invalid id and an expert picked twice by one token.
+TEST(CudaMoeGemmTest, DownReusingTheGateUpGroupingMatchesGroupedBits) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4, ExpertFormat::kFp8W8A16}) {
+    const bool fp4 = format == ExpertFormat::kFp4;
+    for (int64_t tokens : {5, 37}) {
+      MoeCase gate_up = MakeMoe(rng, fp4, tokens, 6, 12, false, false);
+      gate_up.experts[2] = -1;
+      gate_up.experts[7] = gate_up.experts[6];
+      MoeCase down = MakeMoe(rng, fp4, tokens, 6, 12, true, true);
+      down.experts = gate_up.experts;
+      if (tokens == 5) Resize(down, rng, 256, tokens * 6);  // k 256: no k split
+      const std::string what = "format " + std::to_string(static_cast<int>(format)) + " tokens " +
+                               std::to_string(tokens);
+      ExpertWeights sizes;
+      sizes.format = format;
+      sizes.n_experts = down.n_experts;
+      sizes.n = down.n;
+      sizes.k = std::max(down.k, gate_up.k);
+      GuardedBuffer<uint8_t> ws(moe_grouped_gemm_workspace_bytes(tokens, 6, tokens * 6, sizes));
+      ASSERT_TRUE(RunGemm(gate_up, format, std::nullopt, what + " gate/up", &ws).has_value());
+      const std::optional<std::vector<uint16_t>> reused =
+          RunGemm(down, format, MoeMmaGrouping::kReuse, what + " down reused", &ws);
+      const std::optional<std::vector<uint16_t>> grouped =
+          RunGemm(down, format, MoeMmaGrouping::kGroupPicks, what + " down grouped");
+      ASSERT_TRUE(reused.has_value() && grouped.has_value()) << what;
+      ASSERT_EQ(*reused, *grouped) << what;
     }
   }
 }
