@@ -235,7 +235,8 @@ int Run(int64_t only_batch, int64_t only_context) {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   if (only_context != 0 &&
       std::find(contexts.begin(), contexts.end(), only_context) == contexts.end()) {
-    if (only_context % (kRate * kPage) != 0 || only_context > kMaxKeys * kRate) {
+    if (only_context < 0 || only_context % (kRate * kPage) != 0 ||
+        only_context > kMaxKeys * kRate) {
       std::fprintf(stderr, "context %lld: not a multiple of %lld up to %lld\n",
                    static_cast<long long>(only_context), static_cast<long long>(kRate * kPage),
                    static_cast<long long>(kMaxKeys * kRate));

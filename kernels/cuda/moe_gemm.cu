@@ -165,6 +165,10 @@ cudaError_t moe_grouped_gemm(const __nv_bfloat16* x, int64_t x_stride, bool x_pe
                              __nv_bfloat16* out, int64_t out_stride, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream, std::string* refusal,
                              MoeMmaGrouping grouping) {
+  // Refused whichever path the sizes take (the warpgroup-MMA path would ignore it).
+  if (grouping == MoeMmaGrouping::kIdentity && top_k != weights.n_experts) {
+    return bs::Refuse(refusal, "grouping: kIdentity needs top_k == weights.n_experts");
+  }
   if (tokens > 0 && moe_grouped_gemm_path(tokens, top_k, weights) == MoeGemmPath::kWgmma) {
     const cudaError_t status = moe_grouped_gemm_wgmma(
         x, x_stride, x_per_pick, experts, pick_weights, tokens, top_k, weights, ue8m0_act_scale,

@@ -91,14 +91,16 @@ size_t moe_grouped_gemm_workspace_bytes(int64_t tokens, int64_t top_k, int64_t x
 // token that picks one expert twice reads its weights twice there. PDSERVE_MOE_DIRECT
 // (docs/engine-gpu.md, "Environment switches"): "group" makes kAuto group as well.
 // kReuse: no grouping kernel; the workspace already holds the grouping of the same picks (equal
-// `experts` contents, tokens, top_k and n_experts), written by the call before on this stream
-// with this workspace (the routed experts' down projection after their gate+up); one token, or
+// `experts` contents, tokens, top_k, n_experts and expert format), written by the call before on
+// this stream with this workspace (the routed experts' down projection after their gate+up,
+// whatever their n and k: the grouping's place in the workspace depends on the picks alone,
+// moe_gemm_workspace.h); one token, or
 // sizes that may take the warpgroup-MMA path (PDSERVE_MOE_GEMM=wgmma, or kMoeWgmmaMinPicks picks
 // or more, through moe_grouped_gemm), as kAuto. A call that ran in between on that workspace, or
 // other picks, give wrong sums: the caller's promise, not checked.
 // kIdentity: every token picks every expert in order (top_k == n_experts, pick t * top_k + j is
-// expert j, as V4's grouped o_a projection's groups); `experts` must say so (the split-K reduce
-// still reads it). No grouping kernel and no items: each block finds its expert and tokens from
+// expert j, as V4's grouped o_a projection's groups); `experts` must say so (the warpgroup-MMA
+// path, which ignores kIdentity, routes by it, and the split-K reduce skips invalid ids). No grouping kernel and no items: each block finds its expert and tokens from
 // its index, so it issues its first weight loads before waiting for the kernel before, as a dense
 // GEMM does. Refused (cudaErrorInvalidValue) when top_k != n_experts.
 // All of them give the same bits for the same picks: an entry's sums do not depend on the other

@@ -110,7 +110,8 @@ void Resize(MoeCase& c, std::mt19937_64& rng, int64_t k, int64_t x_rows) {
 std::optional<std::vector<uint16_t>> RunGemm(const MoeCase& c, ExpertFormat format,
                                              std::optional<MoeMmaGrouping> grouping,
                                              const std::string& what,
-                                             GuardedBuffer<uint8_t>* shared_ws = nullptr) {
+                                             GuardedBuffer<uint8_t>* shared_ws = nullptr,
+                                             bool dispatcher = false) {
   const int64_t picks = c.tokens * c.top_k;
   GuardedBuffer<uint16_t> x(c.x.size());
   GuardedBuffer<int32_t> experts(c.experts.size());
@@ -138,9 +139,12 @@ std::optional<std::vector<uint16_t>> RunGemm(const MoeCase& c, ExpertFormat form
   ew.k = c.k;
   const int64_t rows = c.x_per_pick ? picks : c.tokens;
   // shared_ws (when given): a workspace of the caller's, kept between calls (kReuse).
+  // dispatcher: moe_grouped_gemm with `grouping`, as the engine calls it; else a grouping means
+  // moe_grouped_gemm_mma.
+  const bool mma_only = grouping.has_value() && !dispatcher;
   GuardedBuffer<uint8_t> own_ws(
       shared_ws != nullptr ? 0
-      : grouping           ? moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, rows, ew)
+      : mma_only           ? moe_grouped_gemm_mma_workspace_bytes(c.tokens, c.top_k, rows, ew)
                            : moe_grouped_gemm_workspace_bytes(c.tokens, c.top_k, rows, ew));
   GuardedBuffer<uint8_t>& ws = shared_ws != nullptr ? *shared_ws : own_ws;
   if (!ws.ok() || !out.ok() || ws.size() == 0) {
@@ -152,12 +156,12 @@ std::optional<std::vector<uint16_t>> RunGemm(const MoeCase& c, ExpertFormat form
   auto* ob = reinterpret_cast<__nv_bfloat16*>(out.get());
   std::string refusal;
   const cudaError_t status =
-      grouping ? moe_grouped_gemm_mma(xb, c.x_stride, c.x_per_pick, experts.get(), weights,
+      mma_only ? moe_grouped_gemm_mma(xb, c.x_stride, c.x_per_pick, experts.get(), weights,
                                       c.tokens, c.top_k, ew, c.ue8m0, ob, c.out_stride, ws.get(),
                                       ws.size(), nullptr, &refusal, *grouping)
                : moe_grouped_gemm(xb, c.x_stride, c.x_per_pick, experts.get(), weights, c.tokens,
                                   c.top_k, ew, c.ue8m0, ob, c.out_stride, ws.get(), ws.size(),
-                                  nullptr, &refusal);
+                                  nullptr, &refusal, grouping.value_or(MoeMmaGrouping::kAuto));
   EXPECT_EQ(status, cudaSuccess) << what << ": " << refusal;
   const cudaError_t ran = cudaDeviceSynchronize();
   EXPECT_EQ(ran, cudaSuccess) << what;
@@ -275,11 +279,20 @@ TEST(CudaMoeGemmTest, IdentityRoutingMatchesGroupedBits) {
                                  std::to_string(tokens) +
                                  (per_pick ? " x per pick" : " x per token");
         const std::optional<std::vector<uint16_t>> identity =
-            RunGemm(c, format, MoeMmaGrouping::kIdentity, what);
+            RunGemm(c, format, MoeMmaGrouping::kIdentity, what, nullptr, /*dispatcher=*/true);
         const std::optional<std::vector<uint16_t>> grouped =
             RunGemm(c, format, MoeMmaGrouping::kGroupPicks, what);
         ASSERT_TRUE(identity.has_value() && grouped.has_value()) << what;
         ASSERT_EQ(*identity, *grouped) << what;
+        // The blocks take their group from their index, not from the routing: with every pick
+        // saying group 0 (valid ids: the split-K reduce still checks them) the result is the same.
+        MoeCase all_zero = c;
+        std::fill(all_zero.experts.begin(), all_zero.experts.end(), 0);
+        const std::optional<std::vector<uint16_t>> from_index =
+            RunGemm(all_zero, format, MoeMmaGrouping::kIdentity, what + " (routing all 0)", nullptr,
+                    /*dispatcher=*/true);
+        ASSERT_TRUE(from_index.has_value()) << what;
+        ASSERT_EQ(*from_index, *identity) << what;
         int64_t written = 0;
         for (size_t i = 0; i < identity->size(); ++i) {
           const bool in_row = static_cast<int64_t>(i) % c.out_stride < c.n;
@@ -315,14 +328,28 @@ TEST(CudaMoeGemmTest, IdentityRoutingMatchesGroupedBits) {
             cudaErrorInvalidValue)
       << what;
   EXPECT_NE(refusal.find("kIdentity"), std::string::npos) << refusal;
+  refusal.clear();
+  EXPECT_EQ(moe_grouped_gemm(reinterpret_cast<const __nv_bfloat16*>(x.get()), c.x_stride, false,
+                             experts.get(), nullptr, c.tokens, c.top_k, ew, false,
+                             reinterpret_cast<__nv_bfloat16*>(out.get()), c.out_stride, ws.get(),
+                             ws.size(), nullptr, &refusal, MoeMmaGrouping::kIdentity),
+            cudaErrorInvalidValue)
+      << what << " (moe_grouped_gemm)";
+  EXPECT_NE(refusal.find("kIdentity"), std::string::npos) << refusal;
 }
 
 // The routed experts' down projection reusing the gate+up call's grouping on the same workspace
-// (MoeMmaGrouping::kReuse, through moe_grouped_gemm as the engine calls it) gives the bits of a
-// down call that groups again: FP8, FP4 and W8A16, 5 and 37 tokens (k split and unsplit), with
-// an invalid id and an expert picked twice by one token.
+// (MoeMmaGrouping::kReuse, through moe_grouped_gemm as the engine calls it): honoured (with the
+// stored item count zeroed after the gate+up call, the down call finds no items and writes
+// nothing), and with the grouping intact it gives the bits of a down call that groups again:
+// FP8, FP4 and W8A16, 5 and 37 tokens (k split and unsplit), an invalid id and an expert picked
+// twice by one token.
 TEST(CudaMoeGemmTest, DownReusingTheGateUpGroupingMatchesGroupedBits) {
   PDSERVE_SKIP_WITHOUT_GPU();
+  const char* path_switch = std::getenv("PDSERVE_MOE_GEMM");
+  if (path_switch != nullptr && std::string(path_switch) == "wgmma") {
+    GTEST_SKIP() << "PDSERVE_MOE_GEMM=wgmma: moe_grouped_gemm groups itself, kReuse is not taken";
+  }
   auto rng = FreshRng();
   for (ExpertFormat format : {ExpertFormat::kFp8, ExpertFormat::kFp4, ExpertFormat::kFp8W8A16}) {
     const bool fp4 = format == ExpertFormat::kFp4;
@@ -341,12 +368,29 @@ TEST(CudaMoeGemmTest, DownReusingTheGateUpGroupingMatchesGroupedBits) {
       sizes.n = down.n;
       sizes.k = std::max(down.k, gate_up.k);
       GuardedBuffer<uint8_t> ws(moe_grouped_gemm_workspace_bytes(tokens, 6, tokens * 6, sizes));
-      ASSERT_TRUE(RunGemm(gate_up, format, std::nullopt, what + " gate/up", &ws).has_value());
-      const std::optional<std::vector<uint16_t>> reused =
-          RunGemm(down, format, MoeMmaGrouping::kReuse, what + " down reused", &ws);
+      // The workspace's item count (moe_gemm_workspace.h: entry_pick | items | counts ...).
+      const moe_workspace::MmaSizes plan = moe_workspace::Mma(
+          tokens, 6, tokens * 6, down.n_experts, down.n, down.k, format == ExpertFormat::kFp8W8A16);
       const std::optional<std::vector<uint16_t>> grouped =
           RunGemm(down, format, MoeMmaGrouping::kGroupPicks, what + " down grouped");
-      ASSERT_TRUE(reused.has_value() && grouped.has_value()) << what;
+      ASSERT_TRUE(grouped.has_value()) << what;
+      ASSERT_TRUE(RunGemm(gate_up, format, std::nullopt, what + " gate/up", &ws).has_value());
+      ASSERT_EQ(cudaMemset(ws.get() + plan.entry_bytes + plan.item_bytes, 0, sizeof(int32_t)),
+                cudaSuccess);
+      const std::optional<std::vector<uint16_t>> no_items = RunGemm(
+          down, format, MoeMmaGrouping::kReuse, what + " down, no items", &ws, /*dispatcher=*/true);
+      ASSERT_TRUE(no_items.has_value()) << what;
+      if (plan.splits == 1) {  // nothing written at all
+        for (size_t i = 0; i < no_items->size(); ++i) {
+          ASSERT_EQ((*no_items)[i], kSentinel) << what << " element " << i << ": grouped again?";
+        }
+      } else {  // the split-K reduce still writes the rows, from partial sums nobody computed
+        EXPECT_NE(*no_items, *grouped) << what << ": grouped again?";
+      }
+      ASSERT_TRUE(RunGemm(gate_up, format, std::nullopt, what + " gate/up", &ws).has_value());
+      const std::optional<std::vector<uint16_t>> reused = RunGemm(
+          down, format, MoeMmaGrouping::kReuse, what + " down reused", &ws, /*dispatcher=*/true);
+      ASSERT_TRUE(reused.has_value()) << what;
       ASSERT_EQ(*reused, *grouped) << what;
     }
   }

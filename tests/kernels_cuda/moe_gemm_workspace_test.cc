@@ -67,5 +67,27 @@ TEST(MoeGemmWorkspaceTest, GroupedMmaSplitsKOnlyBelowItsBlockThreshold) {
   }
 }
 
+// MoeMmaGrouping::kReuse reads the grouping the gate+up call left: the down call finds it only
+// where the grouping's place and item size in the workspace depend on the picks alone, not on the
+// projection's n, k, input rows or format (V4-Flash's and V4-Pro's gate+up and down, every batch
+// to 128 and past the decode sizes).
+TEST(MoeGemmWorkspaceTest, TheGroupingsPlaceDependsOnThePicksAlone) {
+  for (const Shape s : {Shape{4096, 2048, 256, 6}, Shape{7168, 3072, 384, 6}}) {
+    for (int64_t tokens : {2, 5, 8, 37, 64, 128, 1000}) {
+      for (bool a16 : {false, true}) {
+        const moe_workspace::MmaSizes gate_up =
+            moe_workspace::Mma(tokens, s.top_k, tokens, s.experts, 2 * s.inter, s.hidden, a16);
+        const moe_workspace::MmaSizes down = moe_workspace::Mma(tokens, s.top_k, tokens * s.top_k,
+                                                                s.experts, s.hidden, s.inter, !a16);
+        EXPECT_EQ(gate_up.tiles, down.tiles) << tokens;
+        EXPECT_EQ(gate_up.max_items, down.max_items) << tokens;
+        EXPECT_EQ(gate_up.entry_bytes, down.entry_bytes) << tokens;
+        EXPECT_EQ(gate_up.item_bytes, down.item_bytes) << tokens;
+        EXPECT_EQ(gate_up.count_bytes, down.count_bytes) << tokens;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::kernels::cuda
