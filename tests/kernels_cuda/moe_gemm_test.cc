@@ -88,6 +88,12 @@ MoeCase MakeMoe(std::mt19937_64& rng, bool fp4, int64_t tokens, int64_t top_k, i
   return c;
 }
 
+// Whether environment switch `name` is set to `value` (tests whose comparison it would empty skip).
+bool SwitchIs(const char* name, const std::string& value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && value == set;
+}
+
 // Draws c's activations (x_rows rows), weights and scales anew for inner size k (n_experts, n and
 // the format as they are).
 void Resize(MoeCase& c, std::mt19937_64& rng, int64_t k, int64_t x_rows) {
@@ -213,8 +219,7 @@ TEST(CudaMoeGemmTest, OddTokenCountsZeroTokenExpertsBothFormats) {
 // rows itself, as at V4-Flash's batch 1); rows of invalid picks keep the sentinel in both.
 TEST(CudaMoeGemmTest, OneTokenDirectPicksMatchGroupedBits) {
   PDSERVE_SKIP_WITHOUT_GPU();
-  const char* direct_switch = std::getenv("PDSERVE_MOE_DIRECT");
-  if (direct_switch != nullptr && std::string(direct_switch) == "group") {
+  if (SwitchIs("PDSERVE_MOE_DIRECT", "group")) {
     GTEST_SKIP() << "PDSERVE_MOE_DIRECT=group: kAuto groups too, nothing to compare";
   }
   auto rng = FreshRng();
@@ -346,8 +351,7 @@ TEST(CudaMoeGemmTest, IdentityRoutingMatchesGroupedBits) {
 // twice by one token.
 TEST(CudaMoeGemmTest, DownReusingTheGateUpGroupingMatchesGroupedBits) {
   PDSERVE_SKIP_WITHOUT_GPU();
-  const char* path_switch = std::getenv("PDSERVE_MOE_GEMM");
-  if (path_switch != nullptr && std::string(path_switch) == "wgmma") {
+  if (SwitchIs("PDSERVE_MOE_GEMM", "wgmma")) {
     GTEST_SKIP() << "PDSERVE_MOE_GEMM=wgmma: moe_grouped_gemm groups itself, kReuse is not taken";
   }
   auto rng = FreshRng();
