@@ -291,8 +291,9 @@ double GraphMicros(const std::function<void(int)>& launch, int layers, int reps,
 // of the last two launches of a graph like GraphMicros's (layers - 2 and layers - 1, replayed
 // after one warm replay, so each runs behind its predecessor as in the timing) to <file>, one line
 // per block: "row,shape,tokens,launch,block,start,dependency,end,sm,setup,first_data,last_data,
-// loop_done" (launch 0 / 1; times in ns since the earliest start of the two, -1 where the kernel
-// did not mark it). Nothing when the variable is unset or the kernels are not instrumented.
+// loop_done,extra0,extra1,extra2,extra3" (launch 0 / 1; times in ns since the earliest start of the
+// two, -1 where the kernel did not mark it). Nothing when the variable is unset or the kernels are
+// not instrumented.
 inline void GraphTrace(const std::string& row, const std::string& shape, int64_t tokens,
                        const std::function<void(int)>& launch, int layers, cudaStream_t stream) {
   static FILE* const file = [] {
@@ -332,11 +333,12 @@ inline void GraphTrace(const std::string& row, const std::string& shape, int64_t
     const uint64_t* b = &host[kSlots * i];
     if (b[0] == 0) continue;
     const auto rel = [t0](uint64_t t) { return t != 0 ? static_cast<long long>(t - t0) : -1LL; };
-    std::fprintf(file, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%llu,%lld,%lld,%lld,%lld\n",
-                 row.c_str(), shape.c_str(), static_cast<long long>(tokens),
-                 static_cast<long long>(i / kCapacity), static_cast<long long>(i % kCapacity),
-                 rel(b[0]), rel(b[1]), rel(b[2]), static_cast<unsigned long long>(b[3]), rel(b[4]),
-                 rel(b[5]), rel(b[6]), rel(b[7]));
+    std::fprintf(
+        file, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%llu,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n",
+        row.c_str(), shape.c_str(), static_cast<long long>(tokens),
+        static_cast<long long>(i / kCapacity), static_cast<long long>(i % kCapacity), rel(b[0]),
+        rel(b[1]), rel(b[2]), static_cast<unsigned long long>(b[3]), rel(b[4]), rel(b[5]),
+        rel(b[6]), rel(b[7]), rel(b[8]), rel(b[9]), rel(b[10]), rel(b[11]));
   }
   std::fflush(file);
 }

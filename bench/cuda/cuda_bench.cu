@@ -18,8 +18,9 @@
 // a "skipped:" line on stderr (FitsDeviceMemory).
 // PDSERVE_BENCH_ONLY=attention: only the attention rows (and their read floors); the indexer's
 // pools are not allocated.
-// PDSERVE_BLOCK_TRACE=<file> (graph timing): each attention row's split-kernel block timelines
-// appended to <file> (bench_util.cuh's GraphTrace; shape "<batch>x<context>", tokens: entries).
+// PDSERVE_BLOCK_TRACE=<file> (graph timing): each attention row's split-kernel block timelines,
+// and the select top-k rows' (top_k_select / _prefetch / _quantile, whole), appended to <file>
+// (bench_util.cuh's GraphTrace; shape "<batch>x<context>", tokens: entries, keys a row).
 // PDSERVE_BENCH_ONLY=indexer: only the indexer and top-k rows (and their read floors); the
 // attention's pools are not allocated.
 // Attention rows, each at the split size SparseDecodeEntriesPerSplit picks: "csa_attention" /
@@ -373,14 +374,16 @@ int Run(int64_t only_batch, int64_t only_context) {
                     static_cast<long long>(batch), static_cast<long long>(context),
                     static_cast<long long>(keys), qr_scores_us,
                     batch * (keys * kIndexHeadDim * 2.0 + keys * 4.0), flops);
-        // "indexer_wgmma_prefetch": the kWgmma scores with TopKVariant::kSelectPrefetch.
-        for (const char* row_name :
-             {"indexer_select", "indexer_wgmma_select", "indexer_wgmma_prefetch"}) {
+        // "indexer_wgmma_prefetch": the kWgmma scores with TopKVariant::kSelectPrefetch,
+        // "indexer_wgmma_quantile": with kSelectQuantile.
+        for (const char* row_name : {"indexer_select", "indexer_wgmma_select",
+                                     "indexer_wgmma_prefetch", "indexer_wgmma_quantile"}) {
           const std::string name = row_name;
           const double select_us = time_us([&](int l) {
             IndexerParams lp = qr_ip(l);
             if (name != "indexer_select") lp.scores_variant = IndexerScoresVariant::kWgmma;
             if (name == "indexer_wgmma_prefetch") lp.topk_variant = TopKVariant::kSelectPrefetch;
+            if (name == "indexer_wgmma_quantile") lp.topk_variant = TopKVariant::kSelectQuantile;
             BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
           });
           std::printf("%s,%lld,%lld,%lld,%.3f,%.0f,%.0f\n", row_name, static_cast<long long>(batch),
@@ -392,33 +395,44 @@ int Run(int64_t only_batch, int64_t only_context) {
         std::printf("top_k,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
                     static_cast<long long>(context), static_cast<long long>(keys), topk_us,
                     batch * (keys * 4.0 + kTopK * 4.0));
-        // Rows "top_k_select": TopKVariant::kSelectSort, "top_k_prefetch": kSelectPrefetch; with
+        // Rows "top_k_select": TopKVariant::kSelectSort, "top_k_prefetch": kSelectPrefetch,
+        // "top_k_quantile": kSelectQuantile; with
         // PDSERVE_BENCH_TOPK_STAGES=1 also the same launches ended after their stages
         // (top_k_select_stages; rows "top_k_select_s<stage>", "top_k_prefetch_s<stage>").
         const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
         const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
-        for (const TopKVariant variant : {TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch}) {
+        for (const TopKVariant variant : {TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch,
+                                          TopKVariant::kSelectQuantile}) {
           const std::string name =
-              variant == TopKVariant::kSelectSort ? "top_k_select" : "top_k_prefetch";
+              variant == TopKVariant::kSelectSort
+                  ? "top_k_select"
+                  : (variant == TopKVariant::kSelectPrefetch ? "top_k_prefetch" : "top_k_quantile");
           for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
-            const double us_s = time_us([&](int) {
+            const auto launch = [&](int) {
               BENCH_CHECK(top_k_select_stages(scores, batch, keys, visible, kTopK, variant, stop,
                                               picks, stream));
-            });
+            };
+            const double us_s = time_us(launch);
             std::printf("%s%s,%lld,%lld,%lld,%.3f,%.0f,0\n", name.c_str(),
                         stop == 0 ? "" : ("_s" + std::to_string(stop)).c_str(),
                         static_cast<long long>(batch), static_cast<long long>(context),
                         static_cast<long long>(keys), us_s, batch * (keys * 4.0 + kTopK * 4.0));
+            if (graph && stop == 0) {  // PDSERVE_BLOCK_TRACE: the whole kernel's timelines
+              GraphTrace(name, std::to_string(batch) + "x" + std::to_string(context), keys, launch,
+                         layers, stream);
+            }
           }
         }
         // PDSERVE_BENCH_TOPK_SWEEP=1: top-k at 1, 2, 4 and 8 blocks per row (rows "top_k_b<blocks
         // per row>" of TopKVariant::kRadixCluster, "top_k_select_b<blocks>" of kSelectSort and
-        // "top_k_prefetch_b<blocks>" of kSelectPrefetch, which also run 3), to check the ones
+        // "top_k_prefetch_b<blocks>" of kSelectPrefetch and "top_k_quantile_b<blocks>" of
+        // kSelectQuantile, which also run 3), to check the ones
         // top_k picks.
         const char* topk_sweep = std::getenv("PDSERVE_BENCH_TOPK_SWEEP");
         const bool sweep_topk = topk_sweep != nullptr && std::string(topk_sweep) == "1";
         for (const TopKVariant variant :
-             {TopKVariant::kRadixCluster, TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch}) {
+             {TopKVariant::kRadixCluster, TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch,
+              TopKVariant::kSelectQuantile}) {
           for (const int64_t blocks : {1, 2, 3, 4, 8}) {
             if (!sweep_topk || (blocks == 3 && variant == TopKVariant::kRadixCluster)) continue;
             const double us_b = time_us([&](int) {
@@ -428,7 +442,10 @@ int Run(int64_t only_batch, int64_t only_context) {
             const char* prefix =
                 variant == TopKVariant::kSelectSort
                     ? "top_k_select_b"
-                    : (variant == TopKVariant::kSelectPrefetch ? "top_k_prefetch_b" : "top_k_b");
+                    : (variant == TopKVariant::kSelectPrefetch
+                           ? "top_k_prefetch_b"
+                           : (variant == TopKVariant::kSelectQuantile ? "top_k_quantile_b"
+                                                                      : "top_k_b"));
             std::printf("%s%lld,%lld,%lld,%lld,%.3f,%.0f,0\n", prefix,
                         static_cast<long long>(blocks), static_cast<long long>(batch),
                         static_cast<long long>(context), static_cast<long long>(keys), us_b,

@@ -130,12 +130,30 @@ bool BucketRank(const std::vector<uint64_t>& cand, int32_t picks, int bin_bits, 
 // key (stride >= sample_stride, at most max_samples samples), and the lower bound of the bin
 // holding the sample's r-th best key, r = ceil(1.5 picks / stride) + 24, by histogram rounds of
 // 2^sample_bin_bits bins that stop once that bin holds at most 8 samples or one key.
+// With sample_quantile, rows of at most kQuantileMaxEntries: kSelectQuantile's sample, and with a
+// QuantileRank of at least 2 its group ranks instead of the rounds.
 uint32_t SampleThreshold(const std::vector<uint32_t>& keys, int32_t picks,
                          const RadixSplitConfig& config) {
   const int32_t n = static_cast<int32_t>(keys.size());
-  const int32_t stride =
-      std::max(config.sample_stride, (n + config.max_samples - 1) / config.max_samples);
+  const bool quantile = config.sample_quantile && n <= kQuantileMaxEntries;
+  const int32_t max_samples =
+      quantile ? std::min(config.max_samples, kQuantileSamples) : config.max_samples;
+  const int32_t stride = SampleStride(n, config.sample_stride, max_samples);
   const int32_t samples = (n + stride - 1) / stride;
+  const int32_t rank = quantile ? QuantileRank(picks, stride, config.max_candidates) : 0;
+  if (rank >= 2) {
+    std::vector<uint32_t> group_keys;
+    for (int32_t g = 0; g < kQuantileGroups; ++g) {
+      std::vector<uint32_t> group;
+      for (int32_t e = g; e < samples; e += kQuantileGroups) {
+        group.push_back(keys[static_cast<size_t>(e) * stride]);
+      }
+      std::sort(group.begin(), group.end(), std::greater<>());
+      group_keys.push_back(static_cast<size_t>(rank) <= group.size() ? group[rank - 1] : 0u);
+    }
+    std::sort(group_keys.begin(), group_keys.end(), std::greater<>());
+    return group_keys[kQuantileMedianRank - 1];
+  }
   uint32_t need =
       static_cast<uint32_t>(std::min(samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
   const int bin_bits = config.sample_bin_bits > 0 ? config.sample_bin_bits : config.bin_bits;

@@ -76,8 +76,40 @@ PDSERVE_TOPK_HD RadixRange NarrowToBin(const RadixRange& range, uint32_t bin, in
   return {lo, hi, bits > bin_bits ? bits - bin_bits : 0};
 }
 
+// The select kernels' sample of a row of n entries: every stride-th entry, stride at least
+// `sample_stride` and large enough for at most `max_samples` samples.
+PDSERVE_TOPK_HD int32_t SampleStride(int32_t n, int32_t sample_stride, int32_t max_samples) {
+  const int32_t sparse = (n + max_samples - 1) / max_samples;
+  return sparse > sample_stride ? sparse : sample_stride;
+}
+
+// TopKVariant::kSelectQuantile's threshold from its sample (at most kQuantileSamples entries,
+// stride `stride`; the histogram rounds below rank 2 take the same sample), without histogram
+// rounds: sample e belongs to group e % kQuantileGroups (the kernel's warp), each group gives its
+// r-th best key (counted with repeats; 0 where the group has fewer), and the threshold is the
+// kQuantileMedianRank-th best of the group keys (their median). About 32 stride r entries of the
+// row then lie at or above it, r = QuantileRank: about min(3 picks, (picks + max_candidates) / 2),
+// inside the [picks, max_candidates] a sampled gather needs. Ranks below 2 give too coarse a
+// quantile (the kernel then takes the histogram rounds).
+constexpr int kQuantileGroups = 32;
+constexpr int32_t kQuantileSamples = 1024;  // the sample's most entries (one per kernel thread)
+// Longer rows take kSelectPrefetch's sample (2048 entries) and rounds: past it the 1024-entry
+// sample's stride would pass 32, where k = 512 has rank 1 and the rounds' margin of 24 samples
+// (about 1.5 k + 24 stride entries) outgrows the 4096-entry buffer at 256K entries (1M tokens at
+// compression 4: 6912 entries with 1024 samples, 3840 with 2048).
+constexpr int32_t kQuantileMaxEntries = 32 * kQuantileSamples;
+constexpr int kQuantileMedianRank = 16;
+PDSERVE_TOPK_HD int32_t QuantileRank(int32_t picks, int32_t stride, int32_t max_candidates) {
+  const int64_t three = 3 * static_cast<int64_t>(picks);
+  const int64_t middle = (static_cast<int64_t>(picks) + max_candidates) / 2;
+  const int64_t target = three < middle ? three : middle;
+  const int64_t per_rank = static_cast<int64_t>(kQuantileGroups) * stride;
+  return static_cast<int32_t>((target + per_rank - 1) / per_rank);
+}
+
 // Parameters of the CPU twin; the CUDA kernels' are {blocks per row, 12, 4096, 1024, variant}
-// (kSelectPrefetch: select_sort with sample_bin_bits 8).
+// (kSelectPrefetch: select_sort with sample_bin_bits 8; kSelectQuantile: that and
+// sample_quantile).
 struct RadixSplitConfig {
   int blocks = 1;             // parts per row, 1..8
   int bin_bits = 12;          // bins per round: 2^bin_bits
@@ -97,6 +129,9 @@ struct RadixSplitConfig {
   // The sample's histogram rounds: 2^sample_bin_bits bins each; 0 takes bin_bits (kSelectSort's
   // 12). TopKVariant::kSelectPrefetch (one warp scans each round): 8.
   int sample_bin_bits = 0;
+  // TopKVariant::kSelectQuantile: the sample's threshold by group ranks (QuantileRank >= 2;
+  // else the rounds above).
+  bool sample_quantile = false;
 };
 
 // What one TopKRadixSplit call did (for tests: which paths ran).

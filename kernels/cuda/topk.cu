@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/topk_radix.h"
+#include "kernels/cuda/block_trace.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/launch_check.h"
 #include "kernels/cuda/topk.cuh"
@@ -399,6 +400,77 @@ __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t
   }
 }
 
+// kSelectQuantile on a row of at most kMaxCandidates entries (the row's first block alone): the
+// row loaded straight into the registers the placing by bins reads (and into cand, in case the
+// picks bunch), its smallest and largest key and the zeroed counts ready at one block barrier,
+// then BucketRankPlace: two block barriers fewer than the load into cand and BucketRankWrite.
+// Returns whether the picks were placed; false (cand holds the row, every thread past a barrier)
+// where they bunch. `stop_after` as in TopKSelectKernel (4 or more: after the load; 2: after the
+// barrier), returning true.
+template <typename Traced>
+__device__ bool WholeRowPlace(const float* row, int n, int picks, uint64_t* cand, uint32_t* hist,
+                              Scratch& s, int stop_after, int32_t* out_row, const Traced& traced) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);  // BucketRankPlace's counts
+  uint64_t mine[kRankPerThread];
+  uint32_t key_min = 0xFFFFFFFFu;
+  uint32_t key_max = 0;
+#pragma unroll
+  for (int j = 0; j < kRankPerThread; ++j) {
+    const int e = tid + j * kThreads;
+    mine[j] = 0;
+    if (e < n) {
+      const uint32_t key = OrderKey(row[e]);
+      mine[j] = PickKey(key, e);
+      cand[e] = mine[j];
+      key_min = min(key_min, key);
+      key_max = max(key_max, key);
+    }
+  }
+  key_min = __reduce_min_sync(kFullMask, key_min);
+  key_max = __reduce_max_sync(kFullMask, key_max);
+  if (lane == 0) {
+    s.warp[0][warp] = key_min;
+    s.warp[1][warp] = key_max;
+  }
+  if (tid == 0) traced.Mark(kTraceSetup);
+  if (stop_after >= 4) return true;
+  __syncthreads();  // the row's keys and range, the zeroed counts
+  if (stop_after == 2) return true;
+  const RankInputs in{__reduce_min_sync(kFullMask, s.warp[0][lane]),
+                      __reduce_max_sync(kFullMask, s.warp[1][lane]), true, false};
+  return BucketRankPlace(mine, static_cast<uint32_t>(n), picks, in, cand, hist, s, out_row);
+}
+
+// The select kernels' block trace marks (kernels/cuda/block_trace.h): compiled only into the
+// TRACED instances, which the launcher runs while block_trace() is set (the marks would take
+// registers from the kernels, which have 64 a thread and spill with them).
+template <bool TRACED>
+struct Marks {
+  static constexpr bool kOn = false;
+  __device__ __forceinline__ explicit Marks(const BlockTrace&) {}
+  __device__ __forceinline__ void MarkDependency() const {}
+  __device__ __forceinline__ void Mark(int) const {}
+};
+template <>
+struct Marks<true> : trace::BlockTraceScope {
+  static constexpr bool kOn = true;
+  using trace::BlockTraceScope::BlockTraceScope;
+};
+
+// TRACED only: thread 0 waits for `value` (a load's result) and marks `slot`.
+template <typename Traced>
+__device__ __forceinline__ void MarkLanded(const Traced& traced, uint32_t value, int slot) {
+  if constexpr (Traced::kOn) {
+    if (threadIdx.x == 0) {
+      asm volatile("" ::"r"(value));
+      traced.Mark(slot);
+    }
+  }
+}
+
 // TopKVariant::kSelectPrefetch on a row longer than kMaxCandidates, every block of the row: the
 // sample's threshold (SampleThresholdByWarp) while the block's part is loaded into registers,
 // then the part's entries at or above it gathered into the block's own list (GatherAbove). After
@@ -415,16 +487,25 @@ struct PrefetchResult {
   uint32_t count;
   uint32_t threshold;
 };
+// QUANTILE (TopKVariant::kSelectQuantile), rows of at most cpu::kQuantileMaxEntries: the sample
+// is loaded first and spread over the warps (LoadSample<true>), and where cpu::QuantileRank is at
+// least 2 the threshold is the median of the warps' rank keys (WarpRankKey, then MedianOfWarps in
+// warp 0: two block barriers, no histogram rounds); else the rounds over that sample. Longer rows
+// as without QUANTILE.
+template <bool QUANTILE, typename Traced>
 __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks,
                                               cpu::RowPart row_part, uint64_t* cand, uint32_t* hist,
                                               Scratch& s, const RowBlocks& rb, int stop_after,
-                                              int32_t* out_row) {
+                                              int32_t* out_row, const Traced& traced) {
   const int tid = static_cast<int>(threadIdx.x);
   const float* part = row + row_part.first;
   const bool aligned = (reinterpret_cast<uintptr_t>(part) & 15) == 0;
-  uint4 u[kPrefetchVectors];  // issued first: nothing waits for them before the gathering
+  uint4 u[kPrefetchVectors];  // nothing waits for them before the gathering
+  RowSample sample;
+  const bool quantile = QUANTILE && n <= cpu::kQuantileMaxEntries;
+  if (quantile) sample = LoadSample<true>(row, n, picks);  // the threshold's first
   LoadVectors(u, reinterpret_cast<const uint4*>(part), 0, aligned ? row_part.count / 4 : 0);
-  const RowSample sample = LoadSample(row, n, picks);
+  if (!quantile) sample = LoadSample(row, n, picks);
   uint32_t* const sample_hists = hist + kBins;                   // BucketRankPlace's `first` later
   reinterpret_cast<uint4*>(hist)[tid] = make_uint4(0, 0, 0, 0);  // BucketRankPlace's counts
   sample_hists[tid] = 0;
@@ -433,25 +514,50 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
     s.key_min = 0xFFFFFFFFu;
     s.key_max = 0;
   }
-  __syncthreads();
-  LocalList list{cand,           &s.count,    SampleThresholdByWarp(sample, sample_hists, s),
-                 row_part.first, 0xFFFFFFFFu, 0};
+  MarkLanded(traced, sample.key[0], kTraceExtra1);
+  uint32_t threshold = 0;
+  const int rank = quantile ? cpu::QuantileRank(
+                                  picks, cpu::SampleStride(n, kSampleStride, cpu::kQuantileSamples),
+                                  kMaxCandidates)
+                            : 0;
+  if (rank >= 2) {
+    const uint32_t group_key = WarpRankKey(sample, rank);
+    if (tid % 32 == 0) s.group_keys[tid / 32] = group_key;
+    __syncthreads();  // the group keys; the zeroed counts and list
+    if (tid < 32) {   // one warp: every warp taking the median cost more than a second barrier
+      const uint32_t median = MedianOfWarps(s.group_keys);
+      if (tid == 0) s.group_threshold = median;
+    }
+    __syncthreads();
+    threshold = s.group_threshold;
+  } else {
+    __syncthreads();
+    threshold = SampleThresholdByWarp(sample, sample_hists, s);
+  }
+  LocalList list{cand, &s.count, threshold, row_part.first, 0xFFFFFFFFu, 0};
+  if (tid == 0) traced.Mark(kTraceSetup);
+  MarkLanded(traced, u[kPrefetchVectors - 1].w, kTraceExtra2);
   if (stop_after == 4) return {PrefetchOutcome::kDone, 0, 0};
   GatherAbove(u, part, row_part.count, aligned, list, s);
+  if (tid == 0) traced.Mark(kTraceFirstData);
   RowSync(rb);  // release: this block's list; acquire: everyone's
   const RowLists lists = ReadRowLists(s, rb);
+  if (tid == 0) traced.Mark(kTraceLastData);
   const bool sampled = lists.total >= static_cast<uint32_t>(picks) && lists.total <= kMaxCandidates;
   if (stop_after == 2 || !sampled || rb.rank != 0) {
     // No block leaves or changes its count before every block has read the counts (and block 0
     // the lists; the fallback selection zeroes block 0's count).
     RowSync(rb);
+    if (tid == 0) traced.Mark(kTraceLoopDone);
     return {stop_after == 2 || sampled ? PrefetchOutcome::kDone : PrefetchOutcome::kMissed, 0, 0};
   }
   uint64_t mine[kRankPerThread];
   LoadRowCandidates(cand, lists, rb, mine);
+  MarkLanded(traced, static_cast<uint32_t>(mine[0]), kTraceExtra3);
   const RankInputs in{lists.key_min, lists.key_max, true, rb.count > 1};
   const bool placed = BucketRankPlace(mine, lists.total, picks, in, cand, hist, s, out_row);
   if (rb.count > 1) ClusterWait();  // the other blocks have read block 0's count
+  if (tid == 0) traced.Mark(kTraceLoopDone);
   if (placed) return {PrefetchOutcome::kDone, 0, 0};
   __syncthreads();  // cand was read (BucketRankPlace's counts) before it takes every candidate
 #pragma unroll
@@ -475,18 +581,21 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
 // fill, 4 after the sample's threshold, 2 after the gathering (the candidates in block 0, or in
 // the blocks' lists for kSelectPrefetch), 3 before a fallback sort, 5 or 6 in a fallback
 // selection. Shared memory as TopKKernel.
-template <bool PREFETCH>
+template <bool PREFETCH, bool QUANTILE = false, bool TRACED = false>
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
-                     bool cache_part, int stop_after, int32_t* out) {
+                     bool cache_part, int stop_after, int32_t* out, const BlockTrace trace) {
   extern __shared__ __align__(16) uint64_t smem[];
   uint64_t* const cand = smem;                                                // [kMaxCandidates]
   uint32_t* const hist = reinterpret_cast<uint32_t*>(cand + kMaxCandidates);  // [2][kBins]
   uint32_t* const cache = cache_part ? hist + 2 * kBins : nullptr;
   __shared__ Scratch s;
+  const Marks<TRACED> traced(trace);
   GridDependencyWait();
   GridDependencyLaunchDependents();
+  if (threadIdx.x == 0) traced.MarkDependency();
   const auto [rb, row, n, picks, out_row] = BeginRow(scores, stride, lengths, k, out);
+  MarkLanded(traced, static_cast<uint32_t>(n), kTraceExtra0);
   if (picks == 0 || stop_after == 1) return;  // the whole row's blocks, before any cluster step
   uint32_t count = static_cast<uint32_t>(n);
   uint32_t lo = 0;
@@ -495,8 +604,17 @@ __global__ void __launch_bounds__(kThreads)
   bool try_bins = true;  // false where the picks were found bunched already
   if (n <= kMaxCandidates) {
     if (rb.rank != 0) return;  // no cluster step follows
-    for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
-    if (stop_after >= 4) return;  // benchmarks: no sample in this path
+    if constexpr (QUANTILE) {
+      if (WholeRowPlace(row, n, picks, cand, hist, s, stop_after, out_row, traced)) {
+        if (threadIdx.x == 0) traced.Mark(kTraceLoopDone);
+        return;
+      }
+      try_bins = false;  // bunched: narrowed and sorted below
+    } else {
+      for (int i = threadIdx.x; i < n; i += kThreads) cand[i] = PickKey(OrderKey(row[i]), i);
+      if (threadIdx.x == 0) traced.Mark(kTraceSetup);
+      if (stop_after >= 4) return;  // benchmarks: no sample in this path
+    }
   } else {
     // Every block gathers its candidates straight into block 0's list (distributed shared memory
     // where the row has several blocks); block 0 zeroes the count before a RowSync that orders
@@ -509,8 +627,8 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t threshold = 0;
     bool sampled = false;
     if constexpr (PREFETCH) {
-      const PrefetchResult result =
-          PrefetchGatherPlace(row, n, picks, row_part, cand, hist, s, rb, stop_after, out_row);
+      const PrefetchResult result = PrefetchGatherPlace<QUANTILE>(
+          row, n, picks, row_part, cand, hist, s, rb, stop_after, out_row, traced);
       if (result.outcome == PrefetchOutcome::kDone) return;
       if (result.outcome == PrefetchOutcome::kCandidatesInBlock) {  // block 0; picks bunched
         sampled = true;
@@ -552,7 +670,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (stop_after == 2) return;
-  if (try_bins && BucketRankWrite(cand, count, picks, hist, s, out_row)) return;
+  if (try_bins && BucketRankWrite(cand, count, picks, hist, s, out_row)) {
+    if (threadIdx.x == 0) traced.Mark(kTraceLoopDone);
+    return;
+  }
   // Candidates bunched at a few keys: narrowed by histogram rounds, then sorted.
   if (n > kThreads) count = NarrowCandidates(cand, count, lo, hi, need, picks, hist, s);
   if (stop_after == 3) return;
@@ -625,10 +746,12 @@ constexpr int64_t kMinPrefetchPart = 8192;
 int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
   const int64_t sms = SmCount();
   if (variant != TopKVariant::kRadixCluster) {
-    const bool prefetch = variant == TopKVariant::kSelectPrefetch;
+    const bool prefetch = variant != TopKVariant::kSelectSort;
     for (int64_t blocks = kMaxAutoSelectBlocks; blocks > 1; --blocks) {
-      const int clusters = prefetch ? MaxActiveClusters<TopKSelectKernel<true>>(blocks)
-                                    : MaxActiveClusters<TopKSelectKernel<false>>(blocks);
+      const int clusters = variant == TopKVariant::kSelectQuantile
+                               ? MaxActiveClusters<TopKSelectKernel<true, true>>(blocks)
+                               : (prefetch ? MaxActiveClusters<TopKSelectKernel<true>>(blocks)
+                                           : MaxActiveClusters<TopKSelectKernel<false>>(blocks));
       const int64_t min_part = prefetch ? kMinPrefetchPart : kMinSelectPart;
       if (rows * blocks <= sms && stride >= min_part * blocks && rows <= clusters) {
         return blocks;
@@ -656,7 +779,8 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   PDSERVE_LAUNCH_REQUIRE("top_k", blocks_per_row <= kMaxTopKBlocks);
   PDSERVE_LAUNCH_REQUIRE("top_k", variant == TopKVariant::kRadixCluster ||
                                       variant == TopKVariant::kSelectSort ||
-                                      variant == TopKVariant::kSelectPrefetch);
+                                      variant == TopKVariant::kSelectPrefetch ||
+                                      variant == TopKVariant::kSelectQuantile);
   if (variant == TopKVariant::kRadixCluster) {  // its merge ranks power-of-two clusters only
     PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
   }
@@ -669,10 +793,14 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
     cudaError_t status =
         SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(TopKKernel), bytes);
     if (status != cudaSuccess) return status;
-    status =
-        SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(TopKSelectKernel<false>), bytes);
-    if (status != cudaSuccess) return status;
-    return SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(TopKSelectKernel<true>), bytes);
+    for (const auto kernel :
+         {TopKSelectKernel<false>, TopKSelectKernel<true>, TopKSelectKernel<true, true>,
+          TopKSelectKernel<false, false, true>, TopKSelectKernel<true, false, true>,
+          TopKSelectKernel<true, true, true>}) {
+      status = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), bytes);
+      if (status != cudaSuccess) return status;
+    }
+    return cudaSuccess;
   }();
   if (attribute_status != cudaSuccess) return attribute_status;
   const int64_t blocks =
@@ -696,13 +824,20 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = blocks > 1 ? 2 : 1;
+  const BlockTrace trace = block_trace();
+  const bool traced = trace.slots != nullptr;
+  const auto select = [&](auto plain, auto with_marks) {
+    return cudaLaunchKernelEx(&config, traced ? with_marks : plain, scores, stride, lengths,
+                              static_cast<int>(k), cache_part, stop_after, out, trace);
+  };
   if (variant == TopKVariant::kSelectSort) {
-    return cudaLaunchKernelEx(&config, TopKSelectKernel<false>, scores, stride, lengths,
-                              static_cast<int>(k), cache_part, stop_after, out);
+    return select(TopKSelectKernel<false>, TopKSelectKernel<false, false, true>);
   }
   if (variant == TopKVariant::kSelectPrefetch) {
-    return cudaLaunchKernelEx(&config, TopKSelectKernel<true>, scores, stride, lengths,
-                              static_cast<int>(k), cache_part, stop_after, out);
+    return select(TopKSelectKernel<true>, TopKSelectKernel<true, false, true>);
+  }
+  if (variant == TopKVariant::kSelectQuantile) {
+    return select(TopKSelectKernel<true, true>, TopKSelectKernel<true, true, true>);
   }
   return cudaLaunchKernelEx(&config, TopKKernel, scores, stride, lengths, static_cast<int>(k),
                             cache_part, out);
@@ -731,8 +866,9 @@ cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t strid
                                 const int32_t* lengths, int64_t k, TopKVariant variant,
                                 int stop_after, int32_t* out, cudaStream_t stream) {
   PDSERVE_LAUNCH_REQUIRE("top_k", stop_after >= 0);
-  PDSERVE_LAUNCH_REQUIRE(
-      "top_k", variant == TopKVariant::kSelectSort || variant == TopKVariant::kSelectPrefetch);
+  PDSERVE_LAUNCH_REQUIRE("top_k", variant == TopKVariant::kSelectSort ||
+                                      variant == TopKVariant::kSelectPrefetch ||
+                                      variant == TopKVariant::kSelectQuantile);
   return LaunchTopK(scores, rows, stride, lengths, k, variant, 0, stop_after, out, stream);
 }
 

@@ -69,18 +69,22 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // steps on rows longer than 4096: each block of the row loads its part into registers while it
 // finds the sample's threshold by rounds of 256 bins (two barriers a round), gathers its part's
 // entries at or above it into its own list (one shared atomic per warp), and the row's first block
-// reads the lists through distributed shared memory straight into the placing by bins. The
-// default since 2026-12-05: on an H200 it was never slower than kSelectSort (within 0.1 us at
-// 4K-32K) and 15-21% faster at 128K (batch 32: 11.1 against 13.1 us; batch 128: 15.6 against
-// 19.7), docs/perf.md "the select top-k with its part prefetched". Its kernel tests (every
-// variant against the CPU rule, graph replay, memcheck) passed on that run, and the engine's 139
-// GPU tests with it as the default (H200, 2026-12-05 12:55 UTC).
-enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch };
+// reads the lists through distributed shared memory straight into the placing by bins (the
+// default since 2026-12-05; docs/perf.md "the select top-k with its part prefetched").
+// kSelectQuantile is kSelectPrefetch with the sample's threshold found without histogram rounds
+// on rows of 4097-32768 entries: a sample of at most 1024 entries, one a thread, loaded before
+// the part; each warp takes the r-th best of its 32 sample keys (warp max rounds) and warp 0 the
+// median of the 32 warps' keys, two block barriers in all (kernels/cpu/topk_radix.h QuantileRank;
+// below rank 2 the rounds over that sample; longer rows kSelectPrefetch's sample and rounds; its
+// CPU twin is select_sort with sample_bin_bits 8 and sample_quantile). Rows of at most 4096
+// entries go straight from global memory into the placing's registers (two block barriers
+// fewer).
+enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch, kSelectQuantile };
 inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectPrefetch;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
-// kSelectSort, kSelectPrefetch: 1 to 8; 0 picks as top_k does for that variant). The result depends
-// on neither; tests and benchmarks use them to reach every path.
+// kSelectSort, kSelectPrefetch, kSelectQuantile: 1 to 8; 0 picks as top_k does for that variant).
+// The result depends on neither; tests and benchmarks use them to reach every path.
 cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                           int64_t k, TopKVariant variant, int64_t blocks_per_row, int32_t* out,
                           cudaStream_t stream);
@@ -89,13 +93,13 @@ cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, con
 cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                         int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream);
 
-// Benchmarks only (bench/cuda): `variant` (kSelectSort or kSelectPrefetch) with the automatic
-// block count, ended early so that graph timing shows what each stage costs: stop_after 1 ends
-// after the output's -1 fill (launch, dependency wait, lengths), 4 after the sample's threshold
-// (rows longer than 4096; kSelectPrefetch: with the part's first loads in flight), 2 after the
-// gathering (kSelectSort: the candidates in the row's first block; kSelectPrefetch: in each
-// block's list, their counts read), 3 before a fallback sort, 5 and 6 in a fallback selection; 0
-// runs it whole. Outputs of a stopped run are incomplete.
+// Benchmarks only (bench/cuda): `variant` (kSelectSort, kSelectPrefetch or kSelectQuantile) with
+// the automatic block count, ended early so that graph timing shows what each stage costs:
+// stop_after 1 ends after the output's -1 fill (launch, dependency wait, lengths), 4 after the
+// sample's threshold (rows longer than 4096; kSelectPrefetch: with the part's first loads in
+// flight), 2 after the gathering (kSelectSort: the candidates in the row's first block;
+// kSelectPrefetch: in each block's list, their counts read), 3 before a fallback sort, 5 and 6 in a
+// fallback selection; 0 runs it whole. Outputs of a stopped run are incomplete.
 cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t stride,
                                 const int32_t* lengths, int64_t k, TopKVariant variant,
                                 int stop_after, int32_t* out, cudaStream_t stream);

@@ -32,23 +32,73 @@ constexpr int kPrefetchVectors = 3;
 // rank in the sample of the key the threshold sits at or below: ceil(1.5 picks / stride) + 24.
 struct RowSample {
   uint32_t key[kSamplesPerThread];
+  uint32_t valid;  // bit j: key[j] is a sample
   int samples;
   uint32_t need;
 };
+// SPREAD (kSelectQuantile): at most cpu::kQuantileSamples samples, one a thread, thread (warp w,
+// lane l) holding sample w + 32 l (key[1] is 0), so that each warp's samples span the row (every
+// 32nd sample: a row whose scores trend along it gives every warp the same quantile), and a
+// warp's 32 loads touch as many 128-byte lines as the 64 of a warp without SPREAD; else thread
+// tid holds samples tid + j kThreads.
+template <bool SPREAD = false>
 __device__ __forceinline__ RowSample LoadSample(const float* row, int n, int picks) {
+  static_assert(cpu::kQuantileSamples == kThreads, "SPREAD: one sample a thread");
+  constexpr int kPerThread = SPREAD ? 1 : kSamplesPerThread;
   const int tid = static_cast<int>(threadIdx.x);
-  const int stride =
-      max(kSampleStride, (n + kSamplesPerThread * kThreads - 1) / (kSamplesPerThread * kThreads));
+  const int first = SPREAD ? tid / 32 + 32 * (tid % 32) : tid;
+  const int stride = cpu::SampleStride(n, kSampleStride, kPerThread * kThreads);
   RowSample sample;
   sample.samples = (n + stride - 1) / stride;
   sample.need =
       static_cast<uint32_t>(min(sample.samples, (3 * picks + 2 * stride - 1) / (2 * stride) + 24));
+  sample.valid = 0;
 #pragma unroll
   for (int j = 0; j < kSamplesPerThread; ++j) {
-    const int e = tid + j * kThreads;
-    sample.key[j] = e < sample.samples ? OrderKey(row[static_cast<int64_t>(e) * stride]) : 0u;
+    const int e = first + j * kThreads;
+    const bool valid = j < kPerThread && e < sample.samples;
+    sample.key[j] = valid ? OrderKey(row[static_cast<int64_t>(e) * stride]) : 0u;
+    sample.valid |= valid ? 1u << j : 0u;
   }
   return sample;
+}
+
+// kSelectQuantile, one warp: the rank-th best of the warp's sample keys (LoadSample<true>),
+// counted with repeats (0 past the sample; the CPU twin's group key), by rank rounds of a warp
+// max that removes one holder's key each. Every lane gets it.
+static_assert(kSamplesPerThread == 2, "WarpRankKey keeps a lane's two keys as a high and a low");
+static_assert(kWarps == cpu::kQuantileGroups, "a warp's samples are one group of the twin");
+__device__ __forceinline__ uint32_t WarpRankKey(const RowSample& sample, int rank) {
+  const uint32_t lane = threadIdx.x % 32;
+  uint32_t high = max(sample.key[0], sample.key[1]);
+  uint32_t low = min(sample.key[0], sample.key[1]);
+  uint32_t best = 0;
+  for (int i = 0; i < rank; ++i) {
+    best = __reduce_max_sync(kFullMask, high);
+    const uint32_t holder = __ffs(__ballot_sync(kFullMask, high == best)) - 1;
+    if (lane == holder) {
+      high = low;
+      low = 0;
+    }
+  }
+  return best;
+}
+
+// kSelectQuantile: the cpu::kQuantileMedianRank-th best of the kWarps group keys at `group_keys`
+// (shared memory, written before a barrier that precedes the call): lane j counts the keys above
+// and at or above its key j. One warp calls; every lane gets it.
+__device__ __forceinline__ uint32_t MedianOfWarps(const uint32_t* group_keys) {
+  const uint32_t mine = group_keys[threadIdx.x % 32];
+  int above = 0;
+  int at_least = 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t other = __shfl_sync(kFullMask, mine, j);
+    above += other > mine ? 1 : 0;
+    at_least += other >= mine ? 1 : 0;
+  }
+  const bool median = above < cpu::kQuantileMedianRank && at_least >= cpu::kQuantileMedianRank;
+  return __shfl_sync(kFullMask, mine, __ffs(__ballot_sync(kFullMask, median)) - 1);
 }
 
 // The threshold of the sample: the lower bound of the bin holding its need-th best key, by
@@ -68,7 +118,7 @@ __device__ inline uint32_t SampleThresholdByWarp(const RowSample& sample, uint32
 #pragma unroll
     for (int j = 0; j < kSamplesPerThread; ++j) {
       const uint32_t key = sample.key[j];
-      CountInBin(hist, tid + j * kThreads < sample.samples && key - range.lo <= span,
+      CountInBin(hist, ((sample.valid >> j) & 1u) != 0 && key - range.lo <= span,
                  (key - range.lo) >> range.shift);
     }
     __syncthreads();

@@ -76,6 +76,9 @@ struct Scratch {
   // row's first block).
   uint32_t key_min;
   uint32_t key_max;
+  // TopKVariant::kSelectQuantile: each warp's rank key of the sample (WarpRankKey).
+  uint32_t group_keys[kWarps];
+  uint32_t group_threshold;  // their median
 };
 
 // The blocks of one row form a thread-block cluster; with one block per row the cluster steps are

@@ -30,22 +30,25 @@ std::vector<int32_t> Reference(const std::vector<float>& row, int32_t k) {
 }
 
 // Runs the twin over every block count, with both kernels' final steps (the select kernel's also
-// with kSelectPrefetch's 256-bin sample rounds), and returns the stats of each run.
+// with kSelectPrefetch's 256-bin sample rounds and with kSelectQuantile's group ranks), and returns
+// the stats of each run.
 std::vector<RadixSplitStats> ExpectMatches(const std::vector<float>& row, int32_t k,
                                            RadixSplitConfig config, const std::string& what) {
   const std::vector<int32_t> want = Reference(row, k);
   std::vector<RadixSplitStats> all;
-  for (int run = 0; run < 15; ++run) {
+  for (int run = 0; run < 20; ++run) {
     config.blocks = std::array<int, 5>{1, 2, 3, 4, 8}[run % 5];
     config.select_sort = run >= 5;
     config.sample_bin_bits = run >= 10 ? 8 : 0;
+    config.sample_quantile = run >= 15;
     std::vector<int32_t> got(static_cast<size_t>(k), 7);
     const RadixSplitStats stats =
         TopKRadixSplit(row.data(), static_cast<int32_t>(row.size()), k, config, got.data());
     EXPECT_EQ(got, want) << what << ": n " << row.size() << " k " << k << " blocks "
                          << config.blocks << " bin bits " << config.bin_bits << " buffer "
                          << config.max_candidates << " select-sort " << config.select_sort
-                         << " sample bin bits " << config.sample_bin_bits;
+                         << " sample bin bits " << config.sample_bin_bits << " quantile "
+                         << config.sample_quantile;
     if (config.select_sort) {
       // The select kernel's first block holds the gathered candidates and sorts at most them.
       EXPECT_LE(stats.candidates, std::max(config.max_candidates, k)) << what;
@@ -193,14 +196,15 @@ TEST(TopKRadixTest, MassiveTiesAtKernelSettingsTakeLowestIndices) {
 }
 
 // The body of SelectSortPlacesPicksByBins (below) with the sample's rounds of 2^sample_bin_bits
-// bins (0: bin_bits).
-void ExpectSelectSortPlacesPicksByBins(int sample_bin_bits) {
+// bins (0: bin_bits), or its group ranks (sample_quantile).
+void ExpectSelectSortPlacesPicksByBins(int sample_bin_bits, bool sample_quantile) {
   std::mt19937_64 rng(4);
   std::normal_distribution<float> normal;
   std::uniform_int_distribution<int> level(0, 3);
   RadixSplitConfig config;
   config.select_sort = true;
   config.sample_bin_bits = sample_bin_bits;
+  config.sample_quantile = sample_quantile;
   bool saw_fallback = false;
   bool saw_narrowing = false;
   for (int32_t n : {100, 1024, 1025, 4096, 8192, 32768}) {
@@ -237,12 +241,66 @@ void ExpectSelectSortPlacesPicksByBins(int sample_bin_bits) {
 // (rows of at most 4096 after a second count over the upper bins); four levels bunch the picks
 // (and miss the sample where a quarter of the row, tied at the threshold, overflows the buffer),
 // which are then narrowed (rows longer than 1024 with more entries than picks) and sorted. The
-// same with kSelectPrefetch's sample rounds (256 bins).
+// same with kSelectPrefetch's sample rounds (256 bins) and kSelectQuantile's group ranks.
 TEST(TopKRadixTest, SelectSortPlacesPicksByBins) {
   for (int sample_bin_bits : {0, 8}) {
     SCOPED_TRACE(sample_bin_bits);
-    ExpectSelectSortPlacesPicksByBins(sample_bin_bits);
+    ExpectSelectSortPlacesPicksByBins(sample_bin_bits, false);
   }
+  ExpectSelectSortPlacesPicksByBins(8, true);
+}
+
+// kSelectQuantile's threshold (group ranks of the sample, their median) holds the picks in
+// one gathering on rows of normal scores, on rows whose scores rise or fall along the row (each
+// group's samples span the row), and on normal scores plus a recency trend; the candidates stay
+// between k and the buffer, near the 32 x stride x rank it aims at (rank: QuantileRank, for about
+// 3k or (k + 4096) / 2). Below rank 2 (k = 37) it takes the rounds over the same sample, and rows
+// past 32768 entries kSelectPrefetch's sample and rounds, which hold the picks too up to 65536
+// entries (at 262144, 1M tokens, they miss for k >= 1024 and for the trending rows, as
+// kSelectPrefetch does: only the picks are checked there).
+TEST(TopKRadixTest, QuantileThresholdHoldsThePicks) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal;
+  for (int32_t n : {4097, 8192, 32768, 40001, 65536, 262144}) {
+    std::vector<std::vector<float>> rows(4, std::vector<float>(static_cast<size_t>(n)));
+    for (int32_t i = 0; i < n; ++i) {
+      rows[0][i] = normal(rng);
+      rows[1][i] = static_cast<float>(i);
+      rows[2][i] = static_cast<float>(n - i);
+      rows[3][i] = normal(rng) + 4.0f * static_cast<float>(i) / static_cast<float>(n);
+    }
+    for (int32_t k : {37, 512, 1024, 2048}) {
+      for (size_t r = 0; r < rows.size(); ++r) {
+        RadixSplitConfig config;
+        config.select_sort = true;
+        config.sample_bin_bits = 8;
+        config.sample_quantile = true;
+        config.blocks = 3;
+        std::vector<int32_t> got(static_cast<size_t>(k));
+        const RadixSplitStats stats = TopKRadixSplit(rows[r].data(), n, k, config, got.data());
+        EXPECT_EQ(got, Reference(rows[r], k)) << n << " " << k << " row " << r;
+        if (n > 65536) continue;  // 1M tokens: kSelectPrefetch's sample, which may miss
+        EXPECT_TRUE(stats.sampled) << n << " " << k << " row " << r;
+        EXPECT_GE(stats.candidates, k) << n << " " << k << " row " << r;
+        EXPECT_LE(stats.candidates, 4096) << n << " " << k << " row " << r;
+        const int32_t stride = SampleStride(n, 16, kQuantileSamples);
+        const int32_t rank = n <= kQuantileMaxEntries ? QuantileRank(k, stride, 4096) : 0;
+        if (rank >= 2 && r == 0) {  // iid: near the aim, 32 x stride x rank
+          const double aim = 32.0 * stride * rank;
+          EXPECT_GT(stats.candidates, 0.6 * aim) << n << " " << k;
+          EXPECT_LT(stats.candidates, 1.6 * aim) << n << " " << k;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(QuantileRank(512, 16, 4096), 3);
+  EXPECT_EQ(QuantileRank(37, 16, 4096), 1);
+  EXPECT_EQ(QuantileRank(2048, 16, 4096), 6);
+  EXPECT_EQ(SampleStride(32768, 16, 2048), 16);
+  EXPECT_EQ(SampleStride(32768, 16, kQuantileSamples), 32);
+  EXPECT_EQ(SampleStride(65536, 16, kQuantileSamples), 64);
+  EXPECT_EQ(QuantileRank(512, 32, 4096), 2);
+  EXPECT_EQ(QuantileRank(512, 64, 4096), 1);
 }
 
 TEST(TopKRadixTest, ShortAndEmptyRows) {

@@ -32,7 +32,7 @@ std::vector<int32_t> ReferenceTopK(const float* row, int64_t n, int64_t k) {
 }
 
 constexpr TopKVariant kAllVariants[] = {TopKVariant::kRadixCluster, TopKVariant::kSelectSort,
-                                        TopKVariant::kSelectPrefetch};
+                                        TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile};
 
 const char* VariantName(TopKVariant variant) {
   switch (variant) {
@@ -42,6 +42,8 @@ const char* VariantName(TopKVariant variant) {
       return "select-sort";
     case TopKVariant::kSelectPrefetch:
       return "select-prefetch";
+    case TopKVariant::kSelectQuantile:
+      return "select-quantile";
   }
   return "?";
 }
@@ -268,8 +270,9 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
   GuardedBuffer<int32_t> d_second(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_third(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_fourth(static_cast<size_t>(rows * k));
+  GuardedBuffer<int32_t> d_fifth(static_cast<size_t>(rows * k));
   ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok() && d_third.ok() &&
-              d_fourth.ok());
+              d_fourth.ok() && d_fifth.ok());
   d_scores.Upload(scores);
   d_lengths.Upload(lengths);
   cudaStream_t stream = nullptr;
@@ -282,6 +285,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
                                   TopKVariant::kSelectSort, 0, d_third.get(), stream));
     PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
                                   TopKVariant::kSelectPrefetch, 0, d_fourth.get(), stream));
+    PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
+                                  TopKVariant::kSelectQuantile, 0, d_fifth.get(), stream));
   };
   launch();  // the first launch outside capture sets the kernel attribute
   PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
@@ -303,8 +308,9 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
     const std::vector<int32_t> second = d_second.Download();
     const std::vector<int32_t> third = d_third.Download();
     const std::vector<int32_t> fourth = d_fourth.Download();
+    const std::vector<int32_t> fifth = d_fifth.Download();
     EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact() && d_third.GuardsIntact() &&
-                d_fourth.GuardsIntact());
+                d_fourth.GuardsIntact() && d_fifth.GuardsIntact());
     for (int64_t r = 0; r < rows; ++r) {
       const std::vector<int32_t> want = ReferenceTopK(scores.data() + r * stride, lengths[r], k);
       EXPECT_EQ(std::vector<int32_t>(first.begin() + r * k, first.begin() + (r + 1) * k), want)
@@ -315,6 +321,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
           << "replay " << replay << " row " << r << " select-sort";
       EXPECT_EQ(std::vector<int32_t>(fourth.begin() + r * k, fourth.begin() + (r + 1) * k), want)
           << "replay " << replay << " row " << r << " select-prefetch";
+      EXPECT_EQ(std::vector<int32_t>(fifth.begin() + r * k, fifth.begin() + (r + 1) * k), want)
+          << "replay " << replay << " row " << r << " select-quantile";
     }
   }
   cudaGraphExecDestroy(exec);
@@ -370,13 +378,13 @@ TEST(CudaTopKTest, RowsAtTheWholeRowLimitNarrowToK) {
   }
 }
 
-// kSelectPrefetch's own paths on rows longer than 4096, each reached as its CPU twin (kernels/cpu/
-// topk_radix.h with sample_bin_bits 8) says: picks placed by bins from the blocks' lists; picks
-// tied at the top so that the bins stay crowded (the candidates go to the first block, are
-// narrowed and sorted); a sample that misses (ties at the threshold past the buffer: the radix
-// selection); every candidate in the last block's part (ascending scores); parts longer than the
-// registers' first load (one block, 40000 entries) and not 16-byte aligned (odd strides); NaN
-// past the length; -inf and +inf among the picks.
+// kSelectPrefetch's and kSelectQuantile's own paths on rows longer than 4096, each reached as
+// their CPU twin (kernels/cpu/topk_radix.h with sample_bin_bits 8, and sample_quantile) says: picks
+// placed by bins from the blocks' lists; picks tied at the top so that the bins stay crowded (the
+// candidates go to the first block, are narrowed and sorted); a sample that misses (ties at the
+// threshold past the buffer: the radix selection); every candidate in the last block's part
+// (ascending scores); parts longer than the registers' first load (one block, 40000 entries) and
+// not 16-byte aligned (odd strides); NaN past the length; -inf and +inf among the picks.
 TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -401,20 +409,26 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
         static_cast<int32_t>(stride) - 2, 20001};
     std::fill(scores.begin() + 5 * stride + lengths[5], scores.end(),
               std::numeric_limits<float>::quiet_NaN());
-    // The paths the twin takes at k = 512 (the first row's are the ordinary ones).
-    cpu::RadixSplitConfig config;
-    config.select_sort = true;
-    config.sample_bin_bits = 8;
-    std::vector<int32_t> twin(512);
-    const auto stats = [&](int64_t r) {
-      return cpu::TopKRadixSplit(scores.data() + r * stride, lengths[r], 512, config, twin.data());
-    };
-    EXPECT_TRUE(stats(0).sampled && stats(0).bucket_ranked);
-    EXPECT_TRUE(stats(1).sampled && !stats(1).bucket_ranked);
-    EXPECT_FALSE(stats(2).sampled);
-    EXPECT_TRUE(stats(3).sampled && stats(3).bucket_ranked);
+    // The paths the twin takes at k = 512 (the first row's are the ordinary ones), with the
+    // sample's rounds (kSelectPrefetch) and its group ranks (kSelectQuantile).
+    for (const bool quantile : {false, true}) {
+      cpu::RadixSplitConfig config;
+      config.select_sort = true;
+      config.sample_bin_bits = 8;
+      config.sample_quantile = quantile;
+      std::vector<int32_t> twin(512);
+      const auto stats = [&](int64_t r) {
+        return cpu::TopKRadixSplit(scores.data() + r * stride, lengths[r], 512, config,
+                                   twin.data());
+      };
+      EXPECT_TRUE(stats(0).sampled && stats(0).bucket_ranked) << quantile;
+      EXPECT_TRUE(stats(1).sampled && !stats(1).bucket_ranked) << quantile;
+      EXPECT_FALSE(stats(2).sampled) << quantile;
+      EXPECT_TRUE(stats(3).sampled && stats(3).bucket_ranked) << quantile;
+    }
     for (int64_t k : {1, 512, 2048}) {
-      ExpectMatchesReference(scores, stride, lengths, k, {TopKVariant::kSelectPrefetch});
+      ExpectMatchesReference(scores, stride, lengths, k,
+                             {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile});
     }
   }
 }
