@@ -85,12 +85,17 @@ IndexerCase MakeCase(std::mt19937_64& rng, const std::vector<int32_t>& n_keys,
 struct Reference {
   std::vector<int32_t> visible;
   std::vector<double> scores;  // [batch, max_keys], NaN past visible
+  // [batch, max_keys]: scale x the sum over heads of |w| relu(q . k), the size of the terms a
+  // score adds (the heads' weights have both signs, so a score can be far smaller than its terms;
+  // float accumulation errs relative to the terms, not the sum).
+  std::vector<double> magnitude;
 };
 
 Reference Evaluate(const IndexerCase& c, float scale) {
   Reference r;
   const int64_t batch = static_cast<int64_t>(c.n_keys.size());
   r.scores.assign(static_cast<size_t>(batch * c.max_keys), std::nan(""));
+  r.magnitude.assign(static_cast<size_t>(batch * c.max_keys), 0.0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t visible = std::clamp<int64_t>(
         std::min<int64_t>(c.n_keys[b], (int64_t{c.positions[b]} + 1) / c.rate), 0, c.max_keys);
@@ -99,14 +104,17 @@ Reference Evaluate(const IndexerCase& c, float scale) {
       const int64_t page = c.page_table[b * c.table_stride + s / c.page_size];
       const uint16_t* key = c.pool.data() + (page * c.page_size + s % c.page_size) * kD;
       double score = 0.0;
+      double magnitude = 0.0;
       for (int64_t h = 0; h < kH; ++h) {
         double dot = 0.0;
         for (int64_t d = 0; d < kD; ++d) {
           dot += double{FromBf16(c.q[(b * kH + h) * kD + d])} * double{FromBf16(key[d])};
         }
         score += double{c.w[b * kH + h]} * std::max(dot, 0.0);
+        magnitude += std::abs(double{c.w[b * kH + h]}) * std::max(dot, 0.0);
       }
       r.scores[b * c.max_keys + s] = score * scale;
+      r.magnitude[b * c.max_keys + s] = magnitude * std::abs(double{scale});
     }
   }
   return r;
@@ -155,7 +163,8 @@ struct DeviceCase {
 
 // Every scores kernel and every top-k kernel runs every case (the register-query wgmma scores
 // with the select top-k, the wgmma scores with the radix-cluster and the select-prefetch top-k,
-// the mma.sync scores with the radix-cluster top-k).
+// the mma.sync scores with the radix-cluster top-k, the wgmma scores with the select-quantile
+// top-k).
 struct Variant {
   IndexerScoresVariant scores;
   TopKVariant topk;
@@ -164,17 +173,21 @@ constexpr Variant kVariants[] = {
     {IndexerScoresVariant::kMmaSync, TopKVariant::kRadixCluster},
     {IndexerScoresVariant::kWgmma, TopKVariant::kRadixCluster},
     {IndexerScoresVariant::kWgmmaQueryRegisters, TopKVariant::kSelectSort},
-    {IndexerScoresVariant::kWgmma, TopKVariant::kSelectPrefetch}};
+    {IndexerScoresVariant::kWgmma, TopKVariant::kSelectPrefetch},
+    {IndexerScoresVariant::kWgmma, TopKVariant::kSelectQuantile}};
 
 std::string VariantName(const Variant& v) {
   const char* scores =
       v.scores == IndexerScoresVariant::kMmaSync
           ? "mma.sync"
           : (v.scores == IndexerScoresVariant::kWgmma ? "wgmma" : "wgmma, register queries");
-  const char* topk = v.topk == TopKVariant::kSelectSort
-                         ? " + select-sort top-k"
-                         : (v.topk == TopKVariant::kSelectPrefetch ? " + select-prefetch top-k"
-                                                                   : " + radix-cluster top-k");
+  const char* topk =
+      v.topk == TopKVariant::kSelectSort
+          ? " + select-sort top-k"
+          : (v.topk == TopKVariant::kSelectPrefetch
+                 ? " + select-prefetch top-k"
+                 : (v.topk == TopKVariant::kSelectQuantile ? " + select-quantile top-k"
+                                                           : " + radix-cluster top-k"));
   return std::string(scores) + topk;
 }
 
@@ -203,7 +216,16 @@ void RunAndCheckVariant(const IndexerCase& c, int64_t topk, const Variant& varia
                                  want.scores.begin() + b * c.max_keys + n);
     const testing::ErrorReport err = testing::NormalizedError(got_row, want_row);
     EXPECT_EQ(err.mismatched, 0) << "request " << b;
-    EXPECT_LT(err.normalized, 1e-4) << "request " << b;
+    // The error's norm against the terms' (Reference::magnitude): a request of a few keys whose
+    // heads nearly cancel measured 2.0e-4 against its own small norm (2026-12-06, H100) with every
+    // scores kernel alike.
+    double diff = 0.0;
+    double terms = 0.0;
+    for (int64_t s = 0; s < n; ++s) {
+      diff += (got_row[s] - want_row[s]) * (got_row[s] - want_row[s]);
+      terms += want.magnitude[b * c.max_keys + s] * want.magnitude[b * c.max_keys + s];
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(terms)) << "request " << b;
     for (int64_t s = 0; s < n; ++s) {
       if (want_row[s] == 0.0) {
         EXPECT_EQ(got_row[s], 0.0) << "request " << b << " entry " << s;
