@@ -40,10 +40,16 @@ struct RowPart {
   int32_t first;
   int32_t count;
 };
+// In 32-bit unsigned arithmetic (the kernels' 1024 threads each run it; a 64-bit division is a
+// subroutine of ~80 instructions): cap <= n / blocks + 7, so cap * rank < n + 7 blocks and
+// first + cap < 2^32 for 0 <= rank < blocks <= 8 and 0 <= n < 2^31.
 PDSERVE_TOPK_HD RowPart PartOfRow(int32_t n, int32_t blocks, int32_t rank) {
-  const int64_t cap = ((static_cast<int64_t>(n) + blocks - 1) / blocks + 3) / 4 * 4;
-  const int64_t first = cap * rank < n ? cap * rank : n;
-  const int64_t end = first + cap < n ? first + cap : n;
+  const uint32_t un = static_cast<uint32_t>(n);
+  const uint32_t ub = static_cast<uint32_t>(blocks);
+  const uint32_t cap = ((un + ub - 1u) / ub + 3u) / 4u * 4u;
+  const uint32_t at = cap * static_cast<uint32_t>(rank);
+  const uint32_t first = at < un ? at : un;
+  const uint32_t end = first + cap < un ? first + cap : un;
   return {static_cast<int32_t>(first), static_cast<int32_t>(end - first)};
 }
 
@@ -94,17 +100,19 @@ PDSERVE_TOPK_HD int32_t SampleStride(int32_t n, int32_t sample_stride, int32_t m
 constexpr int kQuantileGroups = 32;
 constexpr int32_t kQuantileSamples = 1024;  // the sample's most entries (one per kernel thread)
 // Longer rows take kSelectPrefetch's sample (2048 entries) and rounds: past it the 1024-entry
-// sample's stride would pass 32, where k = 512 has rank 1 and the rounds' margin of 24 samples
-// (about 1.5 k + 24 stride entries) outgrows the 4096-entry buffer at 256K entries (1M tokens at
-// compression 4: 6912 entries with 1024 samples, 3840 with 2048).
+// sample's stride would pass 32 (k = 512 has rank 1 from stride 48) and the rounds' margin of 24
+// samples (about 1.5 k + 24 stride entries) outgrows the 4096-entry buffer at 256K entries (1M
+// tokens at compression 4: 6912 entries with 1024 samples, 3840 with 2048).
 constexpr int32_t kQuantileMaxEntries = 32 * kQuantileSamples;
 constexpr int kQuantileMedianRank = 16;
 PDSERVE_TOPK_HD int32_t QuantileRank(int32_t picks, int32_t stride, int32_t max_candidates) {
-  const int64_t three = 3 * static_cast<int64_t>(picks);
-  const int64_t middle = (static_cast<int64_t>(picks) + max_candidates) / 2;
-  const int64_t target = three < middle ? three : middle;
-  const int64_t per_rank = static_cast<int64_t>(kQuantileGroups) * stride;
-  return static_cast<int32_t>((target + per_rank - 1) / per_rank);
+  // 32-bit: picks <= 2^28 and stride <= 2^26 (at most 2^31 entries in 1024 samples or more).
+  const uint32_t three = 3u * static_cast<uint32_t>(picks);
+  const uint32_t middle =
+      (static_cast<uint32_t>(picks) + static_cast<uint32_t>(max_candidates)) / 2u;
+  const uint32_t target = three < middle ? three : middle;
+  const uint32_t per_rank = static_cast<uint32_t>(kQuantileGroups) * static_cast<uint32_t>(stride);
+  return static_cast<int32_t>((target + per_rank - 1u) / per_rank);
 }
 
 // Parameters of the CPU twin; the CUDA kernels' are {blocks per row, 12, 4096, 1024, variant}

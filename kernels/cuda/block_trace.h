@@ -32,7 +32,8 @@ enum BlockTraceMark : int {
   kTraceLastData = 6,
   kTraceLoopDone = 7,
   // Kernel-specific marks (the select top-k: its request's length read, its sample landed, its
-  // part's first loads landed, the placing's counts scanned), 0 where not recorded.
+  // part's loads landed, the row's first block holding every block's list in registers), 0 where
+  // not recorded.
   kTraceExtra0 = 8,
   kTraceExtra1 = 9,
   kTraceExtra2 = 10,

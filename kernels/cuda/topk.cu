@@ -557,8 +557,10 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
   const RankInputs in{lists.key_min, lists.key_max, true, rb.count > 1};
   const bool placed = BucketRankPlace(mine, lists.total, picks, in, cand, hist, s, out_row);
   if (rb.count > 1) ClusterWait();  // the other blocks have read block 0's count
-  if (tid == 0) traced.Mark(kTraceLoopDone);
-  if (placed) return {PrefetchOutcome::kDone, 0, 0};
+  if (placed) {
+    if (tid == 0) traced.Mark(kTraceLoopDone);
+    return {PrefetchOutcome::kDone, 0, 0};
+  }
   __syncthreads();  // cand was read (BucketRankPlace's counts) before it takes every candidate
 #pragma unroll
   for (int j = 0; j < kRankPerThread; ++j) {
@@ -606,7 +608,7 @@ __global__ void __launch_bounds__(kThreads)
     if (rb.rank != 0) return;  // no cluster step follows
     if constexpr (QUANTILE) {
       if (WholeRowPlace(row, n, picks, cand, hist, s, stop_after, out_row, traced)) {
-        if (threadIdx.x == 0) traced.Mark(kTraceLoopDone);
+        if (threadIdx.x == 0 && stop_after == 0) traced.Mark(kTraceLoopDone);
         return;
       }
       try_bins = false;  // bunched: narrowed and sorted below

@@ -66,12 +66,17 @@ std::vector<RadixSplitStats> ExpectMatches(const std::vector<float>& row, int32_
   return all;
 }
 
+// Consecutive aligned parts that cover the row, as the 64-bit rule would cut them (the 32-bit
+// arithmetic near the longest row, 2^31 - 33 entries, included).
 TEST(TopKRadixTest, PartsCoverTheRowInAlignedPieces) {
-  for (int32_t n : {0, 1, 5, 1023, 1024, 40001}) {
-    for (int32_t blocks : {1, 2, 4, 8}) {
+  for (int32_t n : {0, 1, 5, 1023, 1024, 40001, 2147483615}) {
+    for (int32_t blocks : {1, 2, 3, 4, 7, 8}) {
       int32_t next = 0;
       for (int32_t rank = 0; rank < blocks; ++rank) {
         const RowPart part = PartOfRow(n, blocks, rank);
+        const int64_t cap = ((int64_t{n} + blocks - 1) / blocks + 3) / 4 * 4;
+        EXPECT_EQ(part.first, std::min<int64_t>(cap * rank, n))
+            << n << " " << blocks << " " << rank;
         EXPECT_EQ(part.first, next) << n << " " << blocks << " " << rank;
         EXPECT_TRUE(part.count == 0 || part.first % 4 == 0) << part.first;
         EXPECT_GE(part.count, 0);

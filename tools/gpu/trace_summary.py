@@ -39,7 +39,7 @@ def main():
     runs = collections.OrderedDict()
     for line in open(sys.argv[1]):
         f = line.strip().split(",")
-        if len(f) not in (9, 13):
+        if len(f) not in (9, 13, 17):  # 17: the 12-slot traces (four kernel-specific marks)
             continue
         f += ["-1"] * (13 - len(f))
         key = (f[0], f[1], f[2])
