@@ -391,7 +391,9 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
   std::normal_distribution<float> normal;
   std::uniform_int_distribution<int> level(0, 3);
   const float inf = std::numeric_limits<float>::infinity();
-  for (int64_t stride : {40000, 40001, 32771}) {
+  // 40000 and 40001: parts longer than the first load (one block); 32768 and 20003 (at most
+  // cpu::kQuantileMaxEntries): the quantile kernel's own threshold.
+  for (int64_t stride : {40000, 40001, 32771, 32768, 20003}) {
     const int64_t rows = 6;
     std::vector<float> scores(static_cast<size_t>(rows * stride));
     for (int64_t i = 0; i < stride; ++i) {
