@@ -70,21 +70,22 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // finds the sample's threshold by rounds of 256 bins (two barriers a round), gathers its part's
 // entries at or above it into its own list (one shared atomic per warp), and the row's first block
 // reads the lists through distributed shared memory straight into the placing by bins (the
-// default since 2026-12-05; docs/perf.md "the select top-k with its part prefetched").
-// kSelectQuantile is kSelectPrefetch with the sample's threshold found without histogram rounds
-// on rows of 4097-32768 entries: a sample of at most 1024 entries, one a thread, loaded before
-// the part; each warp takes the r-th best of its 32 sample keys (warp max rounds) and warp 0 the
-// median of the 32 warps' keys, two block barriers in all (kernels/cpu/topk_radix.h QuantileRank;
-// below rank 2 the rounds over that sample; longer rows kSelectPrefetch's sample and rounds; its
-// CPU twin is select_sort with sample_bin_bits 8 and sample_quantile). Rows of at most 4096
-// entries go straight from global memory into the placing's registers (two block barriers
-// fewer). On an H100 (2026-12-06, graph timing, the same run) it was faster than kSelectPrefetch
-// at every batch 1 / 32 / 128 and context 4K / 32K / 128K (32 x 128K 11.23 against 11.83 us, 32 x
-// 32K 8.48 against 9.21, 32 x 4K 4.97 against 5.25; docs/perf.md "the top-k's threshold from the
-// warps' rank keys"). Not the default yet: the engine's GPU suite has not run with it as the
-// default (no device time was left).
+// default from 2026-12-05 to 2026-12-06; docs/perf.md "the select top-k with its part
+// prefetched").
+// kSelectQuantile, the default since 2026-12-06, is kSelectPrefetch with the sample's threshold
+// found without histogram rounds on rows of 4097-32768 entries: a sample of at most 1024
+// entries, one a thread, loaded before the part; each warp takes the r-th best of its 32 sample
+// keys (warp max rounds) and warp 0 the median of the 32 warps' keys, two block barriers in all
+// (kernels/cpu/topk_radix.h QuantileRank; below rank 2 the rounds over that sample; longer rows
+// kSelectPrefetch's sample and rounds; its CPU twin is select_sort with sample_bin_bits 8 and
+// sample_quantile). Rows of at most 4096 entries go straight from global memory into the
+// placing's registers (two block barriers fewer). On an H100 (2026-12-06 12:16 UTC, graph
+// timing, the same run) it was faster than kSelectPrefetch at every batch 1 / 32 / 128 and
+// context 4K / 32K / 128K: 32 x 128K 10.88 against 11.54 us, 32 x 32K 8.06 against 9.02, 32 x 4K
+// 5.05 against 5.24 (docs/perf.md "the top-k's threshold from the warps' rank keys"); the
+// engine's GPU suite passed with it as the default in that call (175 tests, 8 skipped).
 enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch, kSelectQuantile };
-inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectPrefetch;
+inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectQuantile;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
 // kSelectSort, kSelectPrefetch, kSelectQuantile: 1 to 8; 0 picks as top_k does for that variant).
