@@ -127,7 +127,10 @@ struct RadixSplitConfig {
   // gathered into one list whose picks are placed by bins of their keys (BucketRank); where bins
   // that hold picks have more than max_bin_entries, narrowed (NarrowSelected: not rows of at most
   // whole_sort entries, the kernel's threads) and sorted. Rows of at most max_candidates are
-  // gathered whole.
+  // gathered whole. Not modeled: kSelectQuantile's first count on such a row starts at an
+  // estimate from the row's mean and standard deviation (kernels/cuda/topk.cu BinStart, in the
+  // GPU's approximate arithmetic), so where this twin's count from the smallest key is crowded
+  // the kernel may place the picks by bins at once; the picks are the same.
   bool select_sort = false;
   uint32_t max_bin_entries = 32;
   // select_sort, rows longer than max_candidates: first the entries at or above a threshold from

@@ -250,6 +250,10 @@ struct RankInputs {
   uint32_t key_max;
   bool counts_zeroed;
   bool cluster_arrive;
+  // BucketRankPlace<true> only: where the first count's bins start, key_min or a higher key the
+  // picks likely lie at or above (WholeRowPlace's BinStart); checked by that count, which is made
+  // again from key_min where fewer than picks are at or above it.
+  uint32_t lo_start;
 };
 
 // TopKVariant::kSelectSort and kSelectPrefetch, block 0 of the row: writes the `picks` best of
@@ -258,28 +262,41 @@ struct RankInputs {
 // smallest and largest key) are counted in kBins bins; a bin's first place is the number of
 // counted candidates in the bins above it, and a candidate's place is its bin's plus the number
 // of its bin's candidates that rank above it (counted one by one, so the bins that hold picks
-// must be small). When one of them holds more than kMaxBinEntries, lo moves up to the bin holding
-// the picks-th best and the count is made once more over the narrower range; if that is still too
-// crowded (keys bunched at a few values), returns false having written nothing (mine unchanged,
-// cand untouched). cand: kMaxCandidates entries of scratch (may hold candidates: they are in
-// registers before it is written); hist: [2][kBins] scratch. Every thread of the block calls.
+// must be small; the candidates of those bins are first moved into their bins' slots, and each
+// thread places one slot's). When one of them holds more than kMaxBinEntries, lo moves up to the
+// bin holding the picks-th best and the count is made once more over the narrower range; if that is
+// still too crowded (keys bunched at a few values), returns false having written nothing (mine
+// unchanged, cand untouched). START: the first count's bins start at in.lo_start (see RankInputs; a
+// count that found fewer than picks at or above it is not the narrowing's). cand: kMaxCandidates
+// entries of scratch (may hold candidates: they are in registers before it is written); hist:
+// [2][kBins] scratch. Every thread of the block calls. `traced` (TopKSelectKernel's Marks; rows
+// of at most kMaxCandidates only, whose path leaves these slots free): kTraceFirstData once the
+// first count is done, kTraceExtra2 when a second count begins, kTraceLastData once the bins'
+// places are known, kTraceExtra1 once the picks' candidates are in their bins' slots.
+struct NoMarks {
+  __device__ __forceinline__ void Mark(int) const {}
+};
+template <bool START = false, typename Traced = NoMarks>
 __device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t count, int picks,
                                 const RankInputs& in, uint64_t* cand, uint32_t* hist, Scratch& s,
-                                int32_t* out_row) {
+                                int32_t* out_row, const Traced& traced = Traced()) {
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const uint32_t picks_u = static_cast<uint32_t>(picks);
   uint32_t* const counts = hist;         // [kBins]
   uint32_t* const first = hist + kBins;  // [kBins]: counted candidates in the bins above
-  uint32_t lo = in.key_min;
+  uint32_t lo = START ? in.lo_start : in.key_min;
   const uint32_t hi = in.key_max;
   uint32_t bin[kRankPerThread];
   bool counted[kRankPerThread];
   uint32_t counted_total = 0;
+  bool narrowed = false;
+  int shift = 0;
   for (int attempt = 0;; ++attempt) {
     const uint32_t span = hi - lo;
-    const int shift = span == 0 ? 0 : max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
+    shift = span == 0 ? 0 : max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
+    if (attempt > 0 && tid == 0) traced.Mark(kTraceExtra2);
     if (attempt > 0 || !in.counts_zeroed) {
       reinterpret_cast<uint4*>(counts)[tid] = make_uint4(0, 0, 0, 0);
       __syncthreads();
@@ -293,6 +310,7 @@ __device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t
     }
     if (attempt == 0 && in.cluster_arrive) ClusterArrive();  // the other blocks' lists are read
     __syncthreads();
+    if (attempt == 0 && tid == 0) traced.Mark(kTraceFirstData);
     // first[b] for this thread's bins 4 tid .. 4 tid + 3: the candidates of the higher threads'
     // bins, then of its own higher bins; s.bin: the bin holding the picks-th best.
     const uint4 c = reinterpret_cast<const uint4*>(counts)[tid];
@@ -313,9 +331,20 @@ __device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t
       if (running < picks_u && running + bin_counts[q] >= picks_u) s.bin = 4 * tid + q;
       running += bin_counts[q];
     }
+    if (START && counted_total < picks_u) {  // lo_start above the picks-th best: count all
+      __syncthreads();                       // every thread has read the counts
+      lo = in.key_min;
+      continue;
+    }
     if (!__syncthreads_or(crowded)) break;
-    if (attempt == 1) return false;
+    if (START ? narrowed : attempt == 1) return false;
+    narrowed = true;
     lo += s.bin << shift;
+  }
+  if (tid == 0) {
+    traced.Mark(kTraceLastData);
+    s.bin_lo = lo;  // read back after the next barrier: fewer registers live across the scatter
+    s.bin_shift = static_cast<uint32_t>(shift);
   }
   // Each counted candidate of a bin that holds picks goes to a slot of its bin's range.
 #pragma unroll
@@ -325,14 +354,22 @@ __device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t
     }
   }
   __syncthreads();
-#pragma unroll
-  for (int j = 0; j < kRankPerThread; ++j) {
-    const uint32_t begin = counted[j] ? first[bin[j]] : 0xFFFFFFFFu;
-    if (begin >= picks_u) continue;
-    const uint32_t end = bin[j] == 0 ? counted_total : first[bin[j] - 1];
+  if (tid == 0) traced.Mark(kTraceExtra1);
+  // Those bins fill cand[0, filled) (through the bin holding the picks-th best); slot q's thread
+  // places its candidate: its bin's first place plus its bin's candidates that rank above it.
+  // One slot a thread (not the thread's own candidates, of which a few threads may hold several
+  // picks while most hold none): the loop's length is one bin's count.
+  const uint32_t filled = s.bin == 0 ? counted_total : first[s.bin - 1];
+  const uint32_t bin_lo = s.bin_lo;
+  const uint32_t bin_shift = s.bin_shift;
+  for (uint32_t q = static_cast<uint32_t>(tid); q < filled; q += kThreads) {
+    const uint64_t v = cand[q];
+    const uint32_t b = (static_cast<uint32_t>(v >> 32) - bin_lo) >> bin_shift;
+    const uint32_t begin = first[b];
+    const uint32_t end = b == 0 ? counted_total : first[b - 1];
     uint32_t place = begin;
-    for (uint32_t q = begin; q < end; ++q) place += cand[q] > mine[j] ? 1u : 0u;
-    if (place < picks_u) out_row[place] = PickIndex(mine[j]);
+    for (uint32_t i = begin; i < end; ++i) place += cand[i] > v ? 1u : 0u;
+    if (place < picks_u) out_row[place] = PickIndex(v);
   }
   return true;
 }
@@ -363,8 +400,8 @@ __device__ bool BucketRankWrite(uint64_t* cand, uint32_t count, int picks, uint3
     s.warp[1][warp] = key_max;
   }
   __syncthreads();  // every thread holds its candidates: cand may be overwritten from here
-  const RankInputs in{__reduce_min_sync(kFullMask, s.warp[0][lane]),
-                      __reduce_max_sync(kFullMask, s.warp[1][lane]), false, false};
+  const uint32_t lo = __reduce_min_sync(kFullMask, s.warp[0][lane]);
+  const RankInputs in{lo, __reduce_max_sync(kFullMask, s.warp[1][lane]), false, false, lo};
   return BucketRankPlace(mine, count, picks, in, cand, hist, s, out_row);
 }
 
@@ -400,13 +437,46 @@ __device__ uint32_t SampleThreshold(const float* row, int n, int picks, uint32_t
   }
 }
 
+// The sum of `v` over the warp, the same bits in every lane (lane 0's tree, broadcast).
+__device__ __forceinline__ float WarpSumFromLane0(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(kFullMask, v, offset);
+  return __shfl_sync(kFullMask, v, 0);
+}
+
+// WholeRowPlace's first key for the bins: the key above which about 1.5 picks + 64 of the row's n
+// entries lie if its scores were normal with their mean and standard deviation (sum and sum of
+// squares given), at least key_min; key_min where that quantile is not finite or would hold
+// every entry. An estimate only: BucketRankPlace counts from key_min again where fewer than
+// picks lie at or above it. Why: counted from key_min, bins of equal key width (2^shift order
+// keys, each a fixed share of a binade) spend their resolution on the tiny-magnitude floats a
+// row of mixed signs spans, so the picks of such a row crowd a few bins (more than
+// kMaxBinEntries), which costs a second count (on an H100 at 32 x 4K, 2026-12-06: 1.0 of the
+// 3.4 us the placing took).
+__device__ __forceinline__ uint32_t BinStart(float sum, float squares, int n, int picks,
+                                             uint32_t key_min) {
+  const float above = 1.5f * static_cast<float>(picks) + 64.0f;
+  if (above >= static_cast<float>(n)) return key_min;
+  // Approximate reciprocals, square root and logarithm (a few instructions each, the same bits
+  // in every thread): 1024 threads run this, and an estimate suffices.
+  const float inv_n = __fdividef(1.0f, static_cast<float>(n));
+  const float mean = sum * inv_n;
+  const float var = fmaxf(squares * inv_n - mean * mean, 0.0f);
+  const float sd = var > 0.0f ? var * rsqrtf(var) : 0.0f;
+  // The normal quantile of 1 - above / n by the logistic approximation Phi(z) ~ 1 / (1 +
+  // exp(-1.702 z)) (within 0.1 of z between the 5th and 95th percentiles).
+  const float share = above * inv_n;
+  const float start = mean + sd * (__logf(__fdividef(1.0f - share, share)) * (1.0f / 1.702f));
+  return isfinite(start) ? max(OrderKey(start), key_min) : key_min;
+}
+
 // kSelectQuantile on a row of at most kMaxCandidates entries (the row's first block alone): the
 // row loaded straight into the registers the placing by bins reads (and into cand, in case the
-// picks bunch), its smallest and largest key and the zeroed counts ready at one block barrier,
-// then BucketRankPlace: two block barriers fewer than the load into cand and BucketRankWrite.
-// Returns whether the picks were placed; false (cand holds the row, every thread past a barrier)
-// where they bunch. `stop_after` as in TopKSelectKernel (4 or more: after the load; 2: after the
-// barrier), returning true.
+// picks bunch), its smallest and largest key, the sums BinStart takes and the zeroed counts ready
+// at one block barrier, then BucketRankPlace from BinStart's key: two block barriers fewer than
+// the load into cand and BucketRankWrite. Returns whether the picks were placed; false (cand
+// holds the row, every thread past a barrier) where they bunch. `stop_after` as in
+// TopKSelectKernel (4 or more: after the load; 2: after the barrier), returning true.
 template <typename Traced>
 __device__ bool WholeRowPlace(const float* row, int n, int picks, uint64_t* cand, uint32_t* hist,
                               Scratch& s, int stop_after, int32_t* out_row, const Traced& traced) {
@@ -417,31 +487,44 @@ __device__ bool WholeRowPlace(const float* row, int n, int picks, uint64_t* cand
   uint64_t mine[kRankPerThread];
   uint32_t key_min = 0xFFFFFFFFu;
   uint32_t key_max = 0;
+  float sum = 0.0f;
+  float squares = 0.0f;
 #pragma unroll
   for (int j = 0; j < kRankPerThread; ++j) {
     const int e = tid + j * kThreads;
     mine[j] = 0;
     if (e < n) {
-      const uint32_t key = OrderKey(row[e]);
+      const float score = row[e];
+      const uint32_t key = OrderKey(score);
       mine[j] = PickKey(key, e);
       cand[e] = mine[j];
       key_min = min(key_min, key);
       key_max = max(key_max, key);
+      sum += score;
+      squares += score * score;
     }
   }
   key_min = __reduce_min_sync(kFullMask, key_min);
   key_max = __reduce_max_sync(kFullMask, key_max);
+  sum = WarpSumFromLane0(sum);
+  squares = WarpSumFromLane0(squares);
   if (lane == 0) {
     s.warp[0][warp] = key_min;
     s.warp[1][warp] = key_max;
+    s.moments[0][warp] = sum;
+    s.moments[1][warp] = squares;
   }
   if (tid == 0) traced.Mark(kTraceSetup);
   if (stop_after >= 4) return true;
-  __syncthreads();  // the row's keys and range, the zeroed counts
+  __syncthreads();  // the row's keys, range and sums, the zeroed counts
   if (stop_after == 2) return true;
-  const RankInputs in{__reduce_min_sync(kFullMask, s.warp[0][lane]),
-                      __reduce_max_sync(kFullMask, s.warp[1][lane]), true, false};
-  return BucketRankPlace(mine, static_cast<uint32_t>(n), picks, in, cand, hist, s, out_row);
+  // Every warp sums the warps' sums in the same order: the same start in every thread.
+  const uint32_t lo = __reduce_min_sync(kFullMask, s.warp[0][lane]);
+  const uint32_t start = BinStart(WarpSumFromLane0(s.moments[0][lane]),
+                                  WarpSumFromLane0(s.moments[1][lane]), n, picks, lo);
+  const RankInputs in{lo, __reduce_max_sync(kFullMask, s.warp[1][lane]), true, false, start};
+  return BucketRankPlace<true>(mine, static_cast<uint32_t>(n), picks, in, cand, hist, s, out_row,
+                               traced);
 }
 
 // The select kernels' block trace marks (kernels/cuda/block_trace.h): compiled only into the
@@ -554,7 +637,7 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
   uint64_t mine[kRankPerThread];
   LoadRowCandidates(cand, lists, rb, mine);
   MarkLanded(traced, static_cast<uint32_t>(mine[0]), kTraceExtra3);
-  const RankInputs in{lists.key_min, lists.key_max, true, rb.count > 1};
+  const RankInputs in{lists.key_min, lists.key_max, true, rb.count > 1, lists.key_min};
   const bool placed = BucketRankPlace(mine, lists.total, picks, in, cand, hist, s, out_row);
   if (rb.count > 1) ClusterWait();  // the other blocks have read block 0's count
   if (placed) {

@@ -79,7 +79,10 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // (kernels/cpu/topk_radix.h QuantileRank; below rank 2 the rounds over that sample; longer rows
 // kSelectPrefetch's sample and rounds; its CPU twin is select_sort with sample_bin_bits 8 and
 // sample_quantile). Rows of at most 4096 entries go straight from global memory into the
-// placing's registers (two block barriers fewer). On an H100 (2026-12-06 12:16 UTC, graph
+// placing's registers (two block barriers fewer), and the placing's bins start at an estimate of
+// the picks' lowest score from the row's mean and standard deviation, not at its smallest score
+// (a row of mixed signs otherwise crowds the picks into a few bins and is counted twice; the
+// estimate is checked by the count). On an H100 (2026-12-06 12:16 UTC, graph
 // timing, the same run) it was faster than kSelectPrefetch at every batch 1 / 32 / 128 and
 // context 4K / 32K / 128K: 32 x 128K 10.88 against 11.54 us, 32 x 32K 8.06 against 9.02, 32 x 4K
 // 5.05 against 5.24 (docs/perf.md "the top-k's threshold from the warps' rank keys"); the

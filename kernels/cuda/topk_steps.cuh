@@ -79,6 +79,12 @@ struct Scratch {
   // TopKVariant::kSelectQuantile: each warp's rank key of the sample (WarpRankKey).
   uint32_t group_keys[kWarps];
   uint32_t group_threshold;  // their median
+  // kSelectQuantile, rows of at most kMaxCandidates: each warp's sum of its scores and of their
+  // squares (WholeRowPlace's start for the bins).
+  float moments[2][kWarps];
+  // BucketRankPlace: the last count's first key and bin width (log2).
+  uint32_t bin_lo;
+  uint32_t bin_shift;
 };
 
 // The blocks of one row form a thread-block cluster; with one block per row the cluster steps are

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -432,6 +433,59 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
       ExpectMatchesReference(scores, stride, lengths, k,
                              {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile});
     }
+  }
+}
+
+// kSelectQuantile on rows of at most 4096 entries starts its bins at an estimate of the picks'
+// lowest key from the row's mean and standard deviation (kernels/cuda/topk.cu BinStart): rows of
+// mixed signs whose picks would crowd bins counted from the smallest key (normal scores, as the
+// indexer's weighted sums are), and rows whose estimate lies above the picks-th best score, so
+// that the count is made again from the smallest key: there the picks are distinct (placed by
+// bins after the narrowing) or tied at three values (narrowed and sorted).
+TEST(CudaTopKTest, WholeRowsWhoseBinStartMissesThePicks) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::normal_distribution<float> normal(0.5f, 0.6f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  const int64_t stride = 4096;
+  const int64_t rows = 4;
+  std::vector<float> scores(static_cast<size_t>(rows * stride));
+  for (int64_t i = 0; i < stride; ++i) {
+    float* s = scores.data() + i;
+    s[0] = normal(rng);
+    s[stride] = normal(rng);  // its first 1024 entries (length 1024)
+    // 3000 low entries, 600 in [1, 2) and 496 in [10, 11): 496 < 512 picks above the estimate.
+    const float base = i < 3000 ? 0.0f : (i < 3600 ? 1.0f : 10.0f);
+    s[2 * stride] = base + (i < 3000 ? 0.01f : 1.0f) * unit(rng);
+    s[3 * stride] = base;
+  }
+  std::shuffle(scores.begin() + 2 * stride, scores.begin() + 3 * stride, rng);
+  std::shuffle(scores.begin() + 3 * stride, scores.end(), rng);
+  // The estimate as the kernel makes it (in double here; the rows leave a wide margin): the
+  // mean plus the logistic quantile of 1 - (1.5 k + 64) / n standard deviations.
+  const auto start = [&](int64_t r, int64_t n, int64_t k) {
+    double sum = 0;
+    double squares = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      sum += scores[r * stride + i];
+      squares += static_cast<double>(scores[r * stride + i]) * scores[r * stride + i];
+    }
+    const double mean = sum / n;
+    const double share = (1.5 * k + 64) / n;
+    return mean + std::sqrt(squares / n - mean * mean) * std::log((1 - share) / share) / 1.702;
+  };
+  const auto kth = [&](int64_t r, int64_t n, int64_t k) {
+    std::vector<float> row(scores.begin() + r * stride, scores.begin() + r * stride + n);
+    std::nth_element(row.begin(), row.begin() + (k - 1), row.end(), std::greater<float>());
+    return static_cast<double>(row[k - 1]);
+  };
+  EXPECT_LT(start(0, 4096, 512), kth(0, 4096, 512));
+  EXPECT_LT(start(1, 1024, 512), kth(1, 1024, 512));
+  EXPECT_GT(start(2, 4096, 512), kth(2, 4096, 512) + 1.0);
+  EXPECT_GT(start(3, 4096, 512), kth(3, 4096, 512) + 1.0);
+  for (int64_t k : {1, 100, 512}) {
+    ExpectMatchesReference(scores, stride, {4096, 1024, 4096, 4096}, k,
+                           {TopKVariant::kSelectQuantile});
   }
 }
 

@@ -6,7 +6,9 @@
 #   DETAIL: one line of the step table (rows); unpack NAME: NAME/ from NAME.tar.xz (a
 #   tools/gpu/pack_binaries.sh pack) unless it is there, its env.sh sourced, the host printed;
 #   pack_carry NAME BINARY...: here, .device-carry/NAME.tar.xz of those binaries (run from the
-#   repository root; needs nothing above).
+#   repository root; needs nothing above); engine_suite NAME [CAP]: the engine's GPU suite
+#   (engine_gpu_tests of the pack NAME, at most CAP s, default 120) into $out/engine.log, its
+#   row and failures in $out/engine.md (needs out).
 rows=()
 elapsed() { echo "$(($(date +%s) - t0)) s"; }
 cap() {
@@ -31,4 +33,15 @@ pack_carry() {
   (cd "$tmp" && XZ_OPT=-9 tar -cJf "$OLDPWD/.device-carry/$name.tar.xz" "$name") || return 1
   rm -rf "$tmp"
   ls -la ".device-carry/$name.tar.xz"
+}
+engine_suite() {
+  (
+    unpack ".device-carry/$1" > /dev/null
+    local s
+    s=$(date +%s)
+    PDSERVE_SOURCE_DIR=$PWD timeout -k 5 "$(cap "${2:-120}")" engine_gpu_tests > "$out/engine.log" 2>&1
+    echo "| engine tests | rc=$? | $(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/engine.log" | tr '\n' ' ') |"
+    grep -E '^\[  FAILED  \]' "$out/engine.log" | head -10
+  ) > "$out/engine.md"
+  rows+=("$(head -1 "$out/engine.md")")
 }

@@ -37,14 +37,7 @@ timeout -k 5 "$(cap 150)" pdserve_kernels_cuda_tests --gtest_filter="${TESTS:-*}
 row "kernel tests (${TESTS:-all})" "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
 if [ "${ENGINE:-0}" = 1 ] && may; then  # the engine's GPU suite with this build's default top-k
-  (
-    unpack .device-carry/engine69 > /dev/null
-    s=$(date +%s)
-    PDSERVE_SOURCE_DIR=$PWD timeout -k 5 "$(cap 120)" engine_gpu_tests > "$out/engine.log" 2>&1
-    echo "| engine tests | rc=$? | $(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/engine.log" | tr '\n' ' ') |"
-    grep -E '^\[  FAILED  \]' "$out/engine.log" | head -10
-  ) > "$out/engine.md"
-  rows+=("$(head -1 "$out/engine.md")")
+  engine_suite engine69
 fi
 if command -v compute-sanitizer > /dev/null && may; then
   s=$(date +%s)

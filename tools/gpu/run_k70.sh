@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Issue 30 in one device call (<= BUDGET s, default 380): this build against the build before
+# (BASE, default base70: main before the change), both timed in the same call.
+# 1. GPU tests of this build: the sparse decode attention, the top-k, the indexer (TESTS: a
+#    gtest filter instead);
+#    (MEMCHECK: a gtest filter also run under compute-sanitizer memcheck; SASS=1: the quantile
+#    top-k's machine code and its spills);
+# 2. pdserve_cuda_bench in graph timing, this build and the build before alternating, twice each:
+#    the attention (PDSERVE_BENCH_ONLY=attention) and the indexer with the top-k's stage rows
+#    (PDSERVE_BENCH_ONLY=indexer PDSERVE_BENCH_TOPK_STAGES=1) at the SHAPES (batch x context);
+#    WHAT: "attention", "indexer" or both (the default);
+# 3. one more run of each build with PDSERVE_BLOCK_TRACE: the attention's and the select top-k's
+#    block timelines ($OUT/trace_<what>_<build>.csv, summarized in $OUT/trace.md by
+#    tools/gpu/trace_summary.py --phases and tools/gpu/topk_phases.py);
+# the tables last (us, the mean of the two runs). Rows: $OUT/k70.csv (TAG,the bench's row).
+# Here:
+#   cmake --build build --target pdserve_cuda_bench pdserve_kernels_cuda_tests
+#   tools/gpu/run_k70.sh pack        # .device-carry/k70.tar.xz (NAME=k70)
+#   (the build before: its pdserve_cuda_bench alone, NAME=base70 tools/gpu/run_k70.sh pack-base;
+#   ENGINE=1 there: the engine's GPU suite too, packed here by tools/gpu/run_k70.sh pack-engine
+#   into .device-carry/engine70.tar.xz, carried as well)
+# There (carry both): OUT=<dir> bash tools/gpu/run_k70.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=tools/gpu/round_lib.sh
+source tools/gpu/round_lib.sh
+name=${NAME:-k70}
+if [ "${1:-}" = pack ]; then
+  pack_carry "$name" build/bench/cuda/pdserve_cuda_bench \
+    build/tests/kernels_cuda/pdserve_kernels_cuda_tests
+  exit $?
+fi
+if [ "${1:-}" = pack-engine ]; then
+  pack_carry "${NAME:-engine70}" build/tests/engine_gpu/engine_gpu_tests
+  exit $?
+fi
+if [ "${1:-}" = pack-base ]; then
+  pack_carry "${NAME:-base70}" build/bench/cuda/pdserve_cuda_bench
+  exit $?
+fi
+out=${OUT:-gpu-out/k70}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+t0=$(date +%s)
+budget=${BUDGET:-380}
+unpack ".device-carry/$name"
+base_name=${BASE:-base70}
+[ -d ".device-carry/$base_name" ] || tar -xJf ".device-carry/$base_name.tar.xz" -C .device-carry
+base=.device-carry/$base_name/bin/pdserve_cuda_bench
+new=$(command -v pdserve_cuda_bench)
+shapes=${SHAPES:-32x4096 32x32768 32x131072 128x32768}
+
+s=$(date +%s)
+timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests \
+  --gtest_filter="${TESTS:-CudaSparseDecode*:CudaTopK*:CudaIndexer*}" > "$out/tests.log" 2>&1
+row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
+grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
+
+if [ "${ENGINE:-0}" = 1 ] && may; then  # the engine's GPU suite with this build's kernels
+  engine_suite engine70 150
+fi
+if [ -n "${MEMCHECK:-}" ] && command -v compute-sanitizer > /dev/null && may; then
+  s=$(date +%s)  # MEMCHECK: a gtest filter run under compute-sanitizer memcheck
+  timeout -k 5 "$(cap 60)" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$(command -v pdserve_kernels_cuda_tests)" --gtest_filter="$MEMCHECK" > "$out/memcheck.log" 2>&1
+  row memcheck "rc=$?" "$(($(date +%s) - s)) s $(grep -E 'ERROR SUMMARY|^\[  PASSED' "$out/memcheck.log" | tr '\n' ' ')"
+fi
+
+# SASS=1: the untraced kSelectQuantile kernel's SASS ($OUT/topk_sass.txt) and its local-memory
+# (spill) instructions with their neighbours ($OUT/topk_spills.txt)
+if [ "${SASS:-0}" = 1 ] && command -v cuobjdump > /dev/null; then
+  cuobjdump -sass "$new" 2> /dev/null |
+    awk '/Function : .*TopKSelectKernelILb1ELb1ELb0E/ {p = 1} p {print} /^\t\t\.\.\.\.\.\.\.\.\.\./ {p = 0}' \
+    > "$out/topk_sass.txt"
+  grep -n -B6 -A2 -E 'STL|LDL' "$out/topk_sass.txt" > "$out/topk_spills.txt"
+  row sass "$(wc -l < "$out/topk_sass.txt") lines" "$(grep -c -E 'STL|LDL' "$out/topk_sass.txt") STL/LDL"
+fi
+
+export PDSERVE_BENCH_TIMING=graph
+failed=0
+s=$(date +%s)
+for round in 1 2; do
+  for what in ${WHAT:-attention indexer}; do
+    for shape in $shapes; do
+      for build in new base; do
+        may || break 4
+        bin=$new
+        [ "$build" = base ] && bin=$base
+        PDSERVE_BENCH_ONLY=$what PDSERVE_BENCH_TOPK_STAGES=1 timeout -k 5 "$(cap 40)" "$bin" \
+          "${shape%x*}" "${shape#*x}" > "$out/${what}_${build}_${round}_${shape}.csv" \
+          2>> "$out/bench.err" || failed=$((failed + 1))
+      done
+    done
+  done
+done
+row bench "failed runs: $failed" "$(($(date +%s) - s)) s"
+s=$(date +%s)
+for what in ${WHAT:-attention indexer}; do
+  for shape in $shapes; do
+    for build in new base; do
+      may || break 3
+      bin=$new
+      [ "$build" = base ] && bin=$base
+      PDSERVE_BENCH_ONLY=$what PDSERVE_BENCH_TOPK_STAGES=1 \
+        PDSERVE_BLOCK_TRACE="$out/trace_${what}_${build}.csv" timeout -k 5 "$(cap 40)" "$bin" \
+        "${shape%x*}" "${shape#*x}" > /dev/null 2>> "$out/bench.err"
+    done
+  done
+done
+row traces "" "$(($(date +%s) - s)) s"
+
+{
+  for build in new base; do
+    f=$out/trace_attention_$build.csv
+    [ -f "$f" ] && echo "== attention, $build" &&
+      python3 tools/gpu/trace_summary.py "$f" --phases --rows '^(csa|hca)_attention$'
+    f=$out/trace_indexer_$build.csv
+    [ -f "$f" ] && echo "== top-k, $build" && python3 tools/gpu/topk_phases.py "$f"
+  done
+} > "$out/trace.md" 2>&1
+python3 - "$out" <<'PY'
+import sys, glob, os, collections, statistics
+out = sys.argv[1]
+t = collections.defaultdict(lambda: collections.defaultdict(list))
+for path in glob.glob(f"{out}/*_*_*_*.csv"):
+    what, build, _, _ = os.path.basename(path)[:-4].split("_", 3)
+    if what not in ("attention", "indexer"):
+        continue
+    for line in open(path):
+        f = line.strip().split(",")
+        if len(f) >= 5:
+            try:
+                t[(f[0], int(f[1]), int(f[2]))][build].append(float(f[4]))
+            except ValueError:
+                pass
+keep = ("csa_attention", "hca_attention", "csa_attention_read", "hca_attention_read", "top_k",
+        "indexer_scores_wgmma",
+        "top_k_quantile_s2", "top_k_quantile_s4", "indexer_wgmma_quantile", "indexer_read")
+print("| row | batch | context | this build (runs) | before (runs) | change |")
+print("| --- | --- | --- | --- | --- | --- |")
+for key in sorted(t):
+    if key[0] not in keep:
+        continue
+    r = t[key]
+    new, base = r.get("new", []), r.get("base", [])
+    cell = lambda v: " / ".join(f"{x:.2f}" for x in v) or "-"
+    change = (f"{100 * (statistics.mean(new) / statistics.mean(base) - 1):+.1f}%"
+              if new and base else "-")
+    print(f"| {key[0]} | {key[1]} | {key[2]} | {cell(new)} | {cell(base)} | {change} |")
+PY
+for f in "$out"/*_*_*_*.csv; do
+  [ -f "$f" ] || continue
+  sed "s/^/k70_$(basename "$f" .csv),/" "$f"
+  rm -f "$f"
+done > "$out/k70.csv"
+printf '%s\n' "${rows[@]}"
