@@ -18,7 +18,7 @@
 #   tools/gpu/run_k70.sh pack        # .device-carry/k70.tar.xz (NAME=k70)
 #   (the build before: its pdserve_cuda_bench alone, NAME=base70 tools/gpu/run_k70.sh pack-base;
 #   ENGINE=1 there: the engine's GPU suite too, packed here by tools/gpu/run_k70.sh pack-engine
-#   into .device-carry/engine70.tar.xz, carried as well)
+#   into .device-carry/engine70.tar.xz (ENGINE_NAME: another), carried as well)
 # There (carry both): OUT=<dir> bash tools/gpu/run_k70.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -57,7 +57,7 @@ row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \]
 grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
 
 if [ "${ENGINE:-0}" = 1 ] && may; then  # the engine's GPU suite with this build's kernels
-  engine_suite engine70 150
+  engine_suite "${ENGINE_NAME:-engine70}" 150
 fi
 if [ -n "${MEMCHECK:-}" ] && command -v compute-sanitizer > /dev/null && may; then
   s=$(date +%s)  # MEMCHECK: a gtest filter run under compute-sanitizer memcheck
