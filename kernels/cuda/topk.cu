@@ -271,8 +271,10 @@ struct RankInputs {
 // entries of scratch (may hold candidates: they are in registers before it is written); hist:
 // [2][kBins] scratch. Every thread of the block calls. `traced` (TopKSelectKernel's Marks; rows
 // of at most kMaxCandidates only, whose path leaves these slots free): kTraceFirstData once the
-// first count is done, kTraceExtra2 when a second count begins, kTraceLastData once the bins'
-// places are known, kTraceExtra1 once the picks' candidates are in their bins' slots.
+// first count is done, kTraceExtra3 when START's count found fewer than picks (and is made
+// again from key_min), kTraceExtra2 when the count is narrowed, kTraceLastData once the bins'
+// places are known, kTraceExtra1 once the picks' candidates are in their bins' slots (tests read
+// Extra3 and Extra2 to see which counts ran).
 struct NoMarks {
   __device__ __forceinline__ void Mark(int) const {}
 };
@@ -296,7 +298,6 @@ __device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t
   for (int attempt = 0;; ++attempt) {
     const uint32_t span = hi - lo;
     shift = span == 0 ? 0 : max(32 - __clz(static_cast<int>(span)) - kBinBits, 0);
-    if (attempt > 0 && tid == 0) traced.Mark(kTraceExtra2);
     if (attempt > 0 || !in.counts_zeroed) {
       reinterpret_cast<uint4*>(counts)[tid] = make_uint4(0, 0, 0, 0);
       __syncthreads();
@@ -332,13 +333,15 @@ __device__ bool BucketRankPlace(const uint64_t (&mine)[kRankPerThread], uint32_t
       running += bin_counts[q];
     }
     if (START && counted_total < picks_u) {  // lo_start above the picks-th best: count all
-      __syncthreads();                       // every thread has read the counts
+      if (tid == 0) traced.Mark(kTraceExtra3);
+      __syncthreads();  // every thread has read the counts
       lo = in.key_min;
       continue;
     }
     if (!__syncthreads_or(crowded)) break;
     if (START ? narrowed : attempt == 1) return false;
     narrowed = true;
+    if (tid == 0) traced.Mark(kTraceExtra2);
     lo += s.bin << shift;
   }
   if (tid == 0) {
@@ -452,7 +455,9 @@ __device__ __forceinline__ float WarpSumFromLane0(float v) {
 // keys, each a fixed share of a binade) spend their resolution on the tiny-magnitude floats a
 // row of mixed signs spans, so the picks of such a row crowd a few bins (more than
 // kMaxBinEntries), which costs a second count (on an H100 at 32 x 4K, 2026-12-06: 1.0 of the
-// 3.4 us the placing took).
+// 3.4 us the placing took). Not solved here: an estimate below zero for picks above it (a row
+// centred near zero, k near n / 2) spans both signs' tiny magnitudes again, and the picks may
+// still crowd (bins linear in the score would not; not tried).
 __device__ __forceinline__ uint32_t BinStart(float sum, float squares, int n, int picks,
                                              uint32_t key_min) {
   const float above = 1.5f * static_cast<float>(picks) + 64.0f;

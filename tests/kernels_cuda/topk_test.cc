@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/topk_radix.h"
+#include "kernels/cuda/block_trace.h"
 #include "tests/kernels_cuda/cuda_test_util.h"
 
 namespace pdserve::kernels::cuda {
@@ -439,31 +440,39 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
 // kSelectQuantile on rows of at most 4096 entries starts its bins at an estimate of the picks'
 // lowest key from the row's mean and standard deviation (kernels/cuda/topk.cu BinStart): rows of
 // mixed signs whose picks would crowd bins counted from the smallest key (normal scores, as the
-// indexer's weighted sums are), and rows whose estimate lies above the picks-th best score, so
-// that the count is made again from the smallest key: there the picks are distinct (placed by
-// bins after the narrowing) or tied at three values (narrowed and sorted).
+// indexer's weighted sums are, with a positive estimate: placed at the first count), and rows whose
+// estimate lies above the picks-th best score, so that the count is made again from the smallest
+// key: distinct picks (placed by bins after the narrowing), picks tied at three values, an estimate
+// above the row's largest score (zeros and a few -100), and a constant row (narrowed, then sorted).
+// Which counts ran is read from the traced kernel's marks (BucketRankPlace: kTraceExtra3 a count
+// made again from the smallest key, kTraceExtra2 a narrowed count).
 TEST(CudaTopKTest, WholeRowsWhoseBinStartMissesThePicks) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
   std::normal_distribution<float> normal(0.5f, 0.6f);
+  std::normal_distribution<float> shifted(1.0f, 0.6f);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   const int64_t stride = 4096;
-  const int64_t rows = 4;
+  const int64_t rows = 6;
   std::vector<float> scores(static_cast<size_t>(rows * stride));
   for (int64_t i = 0; i < stride; ++i) {
     float* s = scores.data() + i;
     s[0] = normal(rng);
-    s[stride] = normal(rng);  // its first 1024 entries (length 1024)
+    s[stride] = shifted(rng);  // its first 1024 entries (length 1024)
     // 3000 low entries, 600 in [1, 2) and 496 in [10, 11): 496 < 512 picks above the estimate.
     const float base = i < 3000 ? 0.0f : (i < 3600 ? 1.0f : 10.0f);
     s[2 * stride] = base + (i < 3000 ? 0.01f : 1.0f) * unit(rng);
     s[3 * stride] = base;
+    s[4 * stride] = i % 43 == 0 ? -100.0f : 0.0f;
+    s[5 * stride] = 3.0f;
   }
   std::shuffle(scores.begin() + 2 * stride, scores.begin() + 3 * stride, rng);
-  std::shuffle(scores.begin() + 3 * stride, scores.end(), rng);
+  std::shuffle(scores.begin() + 3 * stride, scores.begin() + 4 * stride, rng);
+  const std::vector<int32_t> lengths = {4096, 1024, 4096, 4096, 4096, 4096};
   // The estimate as the kernel makes it (in double here; the rows leave a wide margin): the
   // mean plus the logistic quantile of 1 - (1.5 k + 64) / n standard deviations.
-  const auto start = [&](int64_t r, int64_t n, int64_t k) {
+  const auto start = [&](int64_t r, int64_t k) {
+    const int64_t n = lengths[r];
     double sum = 0;
     double squares = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -474,19 +483,50 @@ TEST(CudaTopKTest, WholeRowsWhoseBinStartMissesThePicks) {
     const double share = (1.5 * k + 64) / n;
     return mean + std::sqrt(squares / n - mean * mean) * std::log((1 - share) / share) / 1.702;
   };
-  const auto kth = [&](int64_t r, int64_t n, int64_t k) {
-    std::vector<float> row(scores.begin() + r * stride, scores.begin() + r * stride + n);
+  const auto kth = [&](int64_t r, int64_t k) {
+    std::vector<float> row(scores.begin() + r * stride, scores.begin() + r * stride + lengths[r]);
     std::nth_element(row.begin(), row.begin() + (k - 1), row.end(), std::greater<float>());
     return static_cast<double>(row[k - 1]);
   };
-  EXPECT_LT(start(0, 4096, 512), kth(0, 4096, 512));
-  EXPECT_LT(start(1, 1024, 512), kth(1, 1024, 512));
-  EXPECT_GT(start(2, 4096, 512), kth(2, 4096, 512) + 1.0);
-  EXPECT_GT(start(3, 4096, 512), kth(3, 4096, 512) + 1.0);
+  EXPECT_LT(start(0, 512), kth(0, 512));
+  EXPECT_LT(start(1, 512), kth(1, 512));
+  EXPECT_GT(start(2, 512), kth(2, 512) + 1.0);
+  EXPECT_GT(start(3, 512), kth(3, 512) + 1.0);
+  EXPECT_GT(start(4, 512), 1.0);  // above the row's largest score, 0
   for (int64_t k : {1, 100, 512}) {
-    ExpectMatchesReference(scores, stride, {4096, 1024, 4096, 4096}, k,
-                           {TopKVariant::kSelectQuantile});
+    ExpectMatchesReference(scores, stride, lengths, k, {TopKVariant::kSelectQuantile});
   }
+  // The traced kernel at k = 512, one block a row: its marks say which counts ran.
+  GuardedBuffer<float> d_scores(scores.size());
+  GuardedBuffer<int32_t> d_lengths(lengths.size());
+  GuardedBuffer<int32_t> d_out(static_cast<size_t>(rows * 512));
+  GuardedBuffer<uint64_t> slots(static_cast<size_t>(rows * kBlockTraceSlots));
+  ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_out.ok() && slots.ok());
+  d_scores.Upload(scores);
+  d_lengths.Upload(lengths);
+  slots.Upload(std::vector<uint64_t>(slots.size(), 0));
+  set_block_trace(slots.get(), rows);
+  const cudaError_t launched = top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), 512,
+                                             TopKVariant::kSelectQuantile, 1, d_out.get(), nullptr);
+  set_block_trace(nullptr, 0);
+  PDSERVE_CUDA_OK(launched);
+  PDSERVE_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint64_t> marks = slots.Download();
+  const std::vector<int32_t> got = d_out.Download();
+  const auto marked = [&](int64_t r, int slot) { return marks[r * kBlockTraceSlots + slot] != 0; };
+  const bool restarted[] = {false, false, true, true, true, false};
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(marked(r, kTraceExtra3), restarted[r]) << "row " << r;
+    EXPECT_EQ(std::vector<int32_t>(got.begin() + r * 512, got.begin() + (r + 1) * 512),
+              ReferenceTopK(scores.data() + r * stride, lengths[r], 512))
+        << "row " << r;
+  }
+  // The normal rows, whose estimate is positive: placed at the first count. (Where it falls
+  // below zero, as for normal(0.5, 0.6) at 1024 entries and k = 512, the bins span the tiny
+  // magnitudes of both signs again and the picks may still crowd them.)
+  EXPECT_FALSE(marked(0, kTraceExtra2));
+  EXPECT_FALSE(marked(1, kTraceExtra2));
+  EXPECT_TRUE(marked(5, kTraceExtra2));  // the constant row: narrowed (then sorted)
 }
 
 TEST(CudaTopKTest, ZeroLengthRowsAreAllInvalid) {

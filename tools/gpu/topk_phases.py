@@ -10,6 +10,10 @@ block's times after its dependency wait returned (us), per row, shape and block 
   above the threshold in the block's list; counted = the row barrier passed and the lists counted;
   lists = the row's first block holding every list in registers; placed = the picks placed (the
   first block) or the last row barrier passed; end = the block's last warp exited.
+  Rows of at most 4096 entries (kSelectQuantile's whole rows, BucketRankPlace's marks): threshold
+  = the row loaded; gathered = the first count of the keys in bins done; counted = the bins'
+  places known; sample = the picks in their bins' slots; part = a narrowed count begun; lists = a
+  count made again from the smallest key ("-": none).
 
 Usage: topk_phases.py TRACE.csv [BLOCKS_PER_ROW_BY_SHAPE, e.g. 32x131072=3,1x131072=4]
 (default: 1 block a row, 3 at 32x131072, 4 at 1x131072).
