@@ -48,7 +48,7 @@ base_name=${BASE:-base70}
 [ -d ".device-carry/$base_name" ] || tar -xJf ".device-carry/$base_name.tar.xz" -C .device-carry
 base=.device-carry/$base_name/bin/pdserve_cuda_bench
 new=$(command -v pdserve_cuda_bench)
-shapes=${SHAPES:-32x4096 32x32768 32x131072 128x32768}
+shapes=${SHAPES-32x4096 32x32768 32x131072 128x32768}
 
 s=$(date +%s)
 timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests \
