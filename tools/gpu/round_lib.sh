@@ -1,6 +1,7 @@
 # Sourced by the tools/gpu/run_*.sh scripts that share one device call: the time budget, the
 # step table and the packed binaries. Needs t0 (the start, date +%s) and budget (seconds) set
-# first.
+# first: start_round NAME SECONDS sets them (budget: BUDGET, default SECONDS) and out (OUT,
+# default gpu-out/NAME; made, absolute).
 #   elapsed: seconds since t0 ("12 s"); cap N: N cut to what is left of the budget (3 s kept for
 #   the tables; at least 1); may: whether a step may start (8 s or more left); row STEP RESULT
 #   DETAIL: one line of the step table (rows); unpack NAME: NAME/ from NAME.tar.xz (a
@@ -10,6 +11,13 @@
 #   (engine_gpu_tests of the pack NAME, at most CAP s, default 120) into $out/engine.log, its
 #   row and failures in $out/engine.md (needs out).
 rows=()
+start_round() {
+  out=${OUT:-gpu-out/$1}
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  t0=$(date +%s)
+  budget=${BUDGET:-$2}
+}
 elapsed() { echo "$(($(date +%s) - t0)) s"; }
 cap() {
   local rest=$((budget - ($(date +%s) - t0) - 3))

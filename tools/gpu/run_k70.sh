@@ -38,11 +38,7 @@ if [ "${1:-}" = pack-base ]; then
   pack_carry "${NAME:-base70}" build/bench/cuda/pdserve_cuda_bench
   exit $?
 fi
-out=${OUT:-gpu-out/k70}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-t0=$(date +%s)
-budget=${BUDGET:-380}
+start_round k70 380
 unpack ".device-carry/$name"
 base_name=${BASE:-base70}
 [ -d ".device-carry/$base_name" ] || tar -xJf ".device-carry/$base_name.tar.xz" -C .device-carry

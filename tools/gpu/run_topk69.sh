@@ -25,11 +25,7 @@ if [ "${1:-}" = pack ]; then
   [ "${ENGINE:-0}" = 1 ] && pack_carry engine69 build/tests/engine_gpu/engine_gpu_tests
   exit $?
 fi
-out=${OUT:-gpu-out/topk69}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-t0=$(date +%s)
-budget=${BUDGET:-330}
+start_round topk69 330
 unpack .device-carry/topk69
 
 s=$(date +%s)
