@@ -73,6 +73,14 @@ if [ "${SASS:-0}" = 1 ] && command -v cuobjdump > /dev/null; then
 fi
 
 export PDSERVE_BENCH_TIMING=graph
+# bench BUILD WHAT SHAPE OUTPUT [TRACE]: one pdserve_cuda_bench run of BUILD (new or base) with
+# PDSERVE_BENCH_ONLY=WHAT at SHAPE (batch x context), rows to OUTPUT, block timelines to TRACE.
+bench() {
+  local bin=$new
+  [ "$1" = base ] && bin=$base
+  PDSERVE_BENCH_ONLY=$2 PDSERVE_BENCH_TOPK_STAGES=1 PDSERVE_BLOCK_TRACE=${5:-} \
+    timeout -k 5 "$(cap 40)" "$bin" "${3%x*}" "${3#*x}" > "$4" 2>> "$out/bench.err"
+}
 failed=0
 s=$(date +%s)
 for round in 1 2; do
@@ -80,11 +88,8 @@ for round in 1 2; do
     for shape in $shapes; do
       for build in new base; do
         may || break 4
-        bin=$new
-        [ "$build" = base ] && bin=$base
-        PDSERVE_BENCH_ONLY=$what PDSERVE_BENCH_TOPK_STAGES=1 timeout -k 5 "$(cap 40)" "$bin" \
-          "${shape%x*}" "${shape#*x}" > "$out/${what}_${build}_${round}_${shape}.csv" \
-          2>> "$out/bench.err" || failed=$((failed + 1))
+        bench "$build" "$what" "$shape" "$out/${what}_${build}_${round}_${shape}.csv" ||
+          failed=$((failed + 1))
       done
     done
   done
@@ -95,11 +100,7 @@ for what in ${WHAT:-attention indexer}; do
   for shape in $shapes; do
     for build in new base; do
       may || break 3
-      bin=$new
-      [ "$build" = base ] && bin=$base
-      PDSERVE_BENCH_ONLY=$what PDSERVE_BENCH_TOPK_STAGES=1 \
-        PDSERVE_BLOCK_TRACE="$out/trace_${what}_${build}.csv" timeout -k 5 "$(cap 40)" "$bin" \
-        "${shape%x*}" "${shape#*x}" > /dev/null 2>> "$out/bench.err"
+      bench "$build" "$what" "$shape" /dev/null "$out/trace_${what}_${build}.csv"
     done
   done
 done
