@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 30 in one device call (<= BUDGET s, default 380): this build against the build before
-# (BASE, default base70: main before the change), both timed in the same call.
+# (BASE, default base70: main before the change), both timed in the same call (ALT: a third
+# build's pdserve_cuda_bench pack, packed as BASE is, timed with them as "alt").
 # 1. GPU tests of this build: the sparse decode attention, the top-k, the indexer (TESTS: a
 #    gtest filter instead);
 #    (MEMCHECK: a gtest filter also run under compute-sanitizer memcheck; SASS=1: the quantile
@@ -43,6 +44,12 @@ unpack ".device-carry/$name"
 base_name=${BASE:-base70}
 [ -d ".device-carry/$base_name" ] || tar -xJf ".device-carry/$base_name.tar.xz" -C .device-carry
 base=.device-carry/$base_name/bin/pdserve_cuda_bench
+builds="new base"
+if [ -n "${ALT:-}" ]; then
+  [ -d ".device-carry/$ALT" ] || tar -xJf ".device-carry/$ALT.tar.xz" -C .device-carry
+  alt=.device-carry/$ALT/bin/pdserve_cuda_bench
+  builds="new alt base"
+fi
 new=$(command -v pdserve_cuda_bench)
 shapes=${SHAPES-32x4096 32x32768 32x131072 128x32768}
 
@@ -78,6 +85,7 @@ export PDSERVE_BENCH_TIMING=graph
 bench() {
   local bin=$new
   [ "$1" = base ] && bin=$base
+  [ "$1" = alt ] && bin=$alt
   PDSERVE_BENCH_ONLY=$2 PDSERVE_BENCH_TOPK_STAGES=1 PDSERVE_BLOCK_TRACE=${5:-} \
     timeout -k 5 "$(cap 40)" "$bin" "${3%x*}" "${3#*x}" > "$4" 2>> "$out/bench.err"
 }
@@ -86,7 +94,7 @@ s=$(date +%s)
 for round in 1 2; do
   for what in ${WHAT:-attention indexer}; do
     for shape in $shapes; do
-      for build in new base; do
+      for build in $builds; do
         may || break 4
         bench "$build" "$what" "$shape" "$out/${what}_${build}_${round}_${shape}.csv" ||
           failed=$((failed + 1))
@@ -98,7 +106,7 @@ row bench "failed runs: $failed" "$(($(date +%s) - s)) s"
 s=$(date +%s)
 for what in ${WHAT:-attention indexer}; do
   for shape in $shapes; do
-    for build in new base; do
+    for build in $builds; do
       may || break 3
       bench "$build" "$what" "$shape" /dev/null "$out/trace_${what}_${build}.csv"
     done
@@ -107,7 +115,7 @@ done
 row traces "" "$(($(date +%s) - s)) s"
 
 {
-  for build in new base; do
+  for build in $builds; do
     f=$out/trace_attention_$build.csv
     [ -f "$f" ] && echo "== attention, $build" &&
       python3 tools/gpu/trace_summary.py "$f" --phases --rows '^(csa|hca)_attention$'
@@ -133,8 +141,10 @@ for path in glob.glob(f"{out}/*_*_*_*.csv"):
 keep = ("csa_attention", "hca_attention", "csa_attention_read", "hca_attention_read", "top_k",
         "indexer_scores_wgmma",
         "top_k_quantile_s2", "top_k_quantile_s4", "indexer_wgmma_quantile", "indexer_read")
-print("| row | batch | context | this build (runs) | before (runs) | change |")
-print("| --- | --- | --- | --- | --- | --- |")
+alt = any("alt" in r for r in t.values())
+print("| row | batch | context | this build (runs) | before (runs) | change |"
+      + (" alt (runs) | alt change |" if alt else ""))
+print("| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if alt else ""))
 for key in sorted(t):
     if key[0] not in keep:
         continue
@@ -143,7 +153,13 @@ for key in sorted(t):
     cell = lambda v: " / ".join(f"{x:.2f}" for x in v) or "-"
     change = (f"{100 * (statistics.mean(new) / statistics.mean(base) - 1):+.1f}%"
               if new and base else "-")
-    print(f"| {key[0]} | {key[1]} | {key[2]} | {cell(new)} | {cell(base)} | {change} |")
+    extra = ""
+    if alt:
+        other = r.get("alt", [])
+        extra = (f" {cell(other)} | "
+                 + (f"{100 * (statistics.mean(other) / statistics.mean(base) - 1):+.1f}% |"
+                    if other and base else "- |"))
+    print(f"| {key[0]} | {key[1]} | {key[2]} | {cell(new)} | {cell(base)} | {change} |{extra}")
 PY
 for f in "$out"/*_*_*_*.csv; do
   [ -f "$f" ] || continue
