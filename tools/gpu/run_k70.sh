@@ -13,7 +13,8 @@
 # 3. one more run of each build with PDSERVE_BLOCK_TRACE: the attention's and the select top-k's
 #    block timelines ($OUT/trace_<what>_<build>.csv, summarized in $OUT/trace.md by
 #    tools/gpu/trace_summary.py --phases and tools/gpu/topk_phases.py);
-# the tables last (us, the mean of the two runs). Rows: $OUT/k70.csv (TAG,the bench's row).
+# the tables last (us, the mean of the two runs). Rows: $OUT/k70.csv
+# (NAME_<what>_<build>_<round>_<shape>, then the bench's row).
 # Here:
 #   cmake --build build --target pdserve_cuda_bench pdserve_kernels_cuda_tests
 #   tools/gpu/run_k70.sh pack        # .device-carry/k70.tar.xz (NAME=k70)
@@ -163,7 +164,7 @@ for key in sorted(t):
 PY
 for f in "$out"/*_*_*_*.csv; do
   [ -f "$f" ] || continue
-  sed "s/^/k70_$(basename "$f" .csv),/" "$f"
+  sed "s/^/${name}_$(basename "$f" .csv),/" "$f"
   rm -f "$f"
 done > "$out/k70.csv"
 printf '%s\n' "${rows[@]}"
