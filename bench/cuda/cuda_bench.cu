@@ -452,6 +452,30 @@ int Run(int64_t only_batch, int64_t only_context) {
                         batch * (keys * 4.0 + kTopK * 4.0));
           }
         }
+        // Rows "indexer_wgmma_quantile_capacity" and "top_k_capacity" (contexts below the
+        // largest): the scores' row stride the engine passes (engine/gpu/gpu_model.cc
+        // FastIndexer: the compressor's capacity; here the largest context's kMaxKeys entries)
+        // with this context's lengths, the default kernels. top_k picks its blocks per row from
+        // the stride (kernels/cuda/topk.cu PickBlocksPerRow), not from the lengths. Last in the
+        // batch's rows: they leave the scores at that stride (the next batch's first rows write
+        // them again at `keys`).
+        if (keys < kMaxKeys) {
+          const double cap_indexer_us = time_us([&](int l) {
+            IndexerParams lp = wgmma_ip(l);
+            lp.max_keys = kMaxKeys;
+            lp.topk_variant = kDefaultTopKVariant;
+            BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
+          });
+          std::printf("indexer_wgmma_quantile_capacity,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
+                      static_cast<long long>(batch), static_cast<long long>(context),
+                      static_cast<long long>(keys), cap_indexer_us, bytes, flops);
+          const double cap_topk_us = time_us([&](int) {
+            BENCH_CHECK(top_k(scores, batch, kMaxKeys, visible, kTopK, picks, stream));
+          });
+          std::printf("top_k_capacity,%lld,%lld,%lld,%.3f,%.0f,0\n", static_cast<long long>(batch),
+                      static_cast<long long>(context), static_cast<long long>(keys), cap_topk_us,
+                      batch * (keys * 4.0 + kTopK * 4.0));
+        }
       }
       FreeInputs(inputs);
     }

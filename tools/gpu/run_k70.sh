@@ -141,7 +141,8 @@ for path in glob.glob(f"{out}/*_*_*_*.csv"):
                 pass
 keep = ("csa_attention", "hca_attention", "csa_attention_read", "hca_attention_read", "top_k",
         "indexer_scores_wgmma",
-        "top_k_quantile_s2", "top_k_quantile_s4", "indexer_wgmma_quantile", "indexer_read")
+        "top_k_quantile_s2", "top_k_quantile_s4", "indexer_wgmma_quantile", "indexer_read",
+        "top_k_capacity", "indexer_wgmma_quantile_capacity")
 alt = any("alt" in r for r in t.values())
 print("| row | batch | context | this build (runs) | before (runs) | change |"
       + (" alt (runs) | alt change |" if alt else ""))
