@@ -463,7 +463,7 @@ int Run(int64_t only_batch, int64_t only_context) {
           const double cap_indexer_us = time_us([&](int l) {
             IndexerParams lp = wgmma_ip(l);
             lp.max_keys = kMaxKeys;
-            lp.topk_variant = kDefaultTopKVariant;
+            lp.topk_variant = TopKVariant::kSelectQuantile;  // the default, as the row says
             BENCH_CHECK(lightning_indexer(lp, kTopK, scores, visible, picks, stream));
           });
           std::printf("indexer_wgmma_quantile_capacity,%lld,%lld,%lld,%.3f,%.0f,%.0f\n",
