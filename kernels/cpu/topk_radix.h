@@ -33,6 +33,34 @@ PDSERVE_TOPK_HD int32_t PickIndex(uint64_t pick) {
   return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(pick));
 }
 
+// The float bits whose order key is `key` (OrderKeyOfBits' inverse; -0.0's key is +0.0's, which
+// this returns).
+PDSERVE_TOPK_HD uint32_t BitsOfOrderKey(uint32_t key) {
+  return (key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key;
+}
+
+// The bits of a float t such that, for every non-NaN score x, `x >= t` (IEEE comparison, with
+// denormals kept: no flush to zero) holds exactly when OrderKeyOfBits(bits of x) >= key: -inf
+// where every score's key reaches `key`, NaN (no comparison holds) where none does. So a gathering
+// can compare scores as floats (one instruction) instead of computing each one's key first
+// (kernels/cuda/topk_prefetch.cuh AppendVectors). Keys between -0.0's and +0.0's: t = -0.0,
+// which compares equal to +0.0.
+PDSERVE_TOPK_HD uint32_t BitsAtOrAbove(uint32_t key) {
+  if (key > 0xFF800000u) return 0x7FC00000u;   // above +inf's key: no score
+  if (key <= 0x007FFFFFu) return 0xFF800000u;  // at or below -inf's key: every score
+  return (key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key;
+}
+
+// A gathering list's entry: the score's float bits over the pick's index word (as PickKey's), and
+// its PickKey.
+PDSERVE_TOPK_HD uint64_t ListEntryOfBits(uint32_t bits, int32_t index) {
+  return (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+PDSERVE_TOPK_HD uint64_t PickOfListEntry(uint64_t entry) {
+  return (static_cast<uint64_t>(OrderKeyOfBits(static_cast<uint32_t>(entry >> 32))) << 32) |
+         (entry & 0xFFFFFFFFu);
+}
+
 // Block `rank` of `blocks` takes entries [first, first + count) of a row of n: equal consecutive
 // parts, a multiple of 4 entries each (so 16-byte loads stay aligned); late parts may be short or
 // empty. n < 2^31 - 4 * blocks.

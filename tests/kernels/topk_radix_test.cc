@@ -120,6 +120,58 @@ TEST(TopKRadixTest, OrderKeysFollowFloatOrderWithOneZero) {
   EXPECT_GT(PickKey(5, 0), PickKey(5, 1));  // a lower index first on ties
 }
 
+// BitsAtOrAbove: comparing a score as a float with it takes exactly the scores whose order key
+// is at or above the threshold key (the CUDA gathering compares floats), for every non-NaN score
+// and every key: special keys (each side of -inf, -0, +0 and +inf's, NaN ranges) and random ones,
+// against special scores, random bit patterns and the scores next to the threshold's own float.
+// Also the list entries: float bits over the index word, turned into the PickKey.
+TEST(TopKRadixTest, FloatThresholdTakesTheKeysAtOrAbove) {
+  const auto float_of = [](uint32_t bits) {
+    float f = 0.0f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  std::vector<uint32_t> keys = {0u,          1u,          0x007FFFFEu, 0x007FFFFFu,
+                                0x00800000u, 0x00800001u, 0x7FFFFFFEu, 0x7FFFFFFFu,
+                                0x80000000u, 0x80000001u, 0x80000002u, 0xBF800000u,
+                                0xFF7FFFFFu, 0xFF800000u, 0xFF800001u, 0xFFFFFFFFu};
+  std::vector<uint32_t> scores = {0u,          0x80000000u, 1u,          0x80000001u, 0x007FFFFFu,
+                                  0x807FFFFFu, 0x00800000u, 0x80800000u, 0x3F800000u, 0xBF800000u,
+                                  0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u, 0xFF800000u};
+  std::mt19937 rng(20261206);
+  for (int i = 0; i < 2000; ++i) keys.push_back(static_cast<uint32_t>(rng()));
+  for (int i = 0; i < 2000; ++i) scores.push_back(static_cast<uint32_t>(rng()));
+  int compared = 0;
+  for (const uint32_t key : keys) {
+    const uint32_t t_bits = BitsAtOrAbove(key);
+    const float t = float_of(t_bits);
+    std::vector<uint32_t> near = scores;
+    if (!std::isnan(t)) {  // the threshold's float and its neighbours, both signs of zero
+      for (const uint32_t d : {0u, 1u, 2u}) {
+        near.push_back(t_bits + d);
+        near.push_back(t_bits - d);
+        near.push_back((t_bits ^ 0x80000000u) + d);
+      }
+    }
+    for (const uint32_t bits : near) {
+      const float x = float_of(bits);
+      if (std::isnan(x)) continue;
+      ++compared;
+      ASSERT_EQ(x >= t, OrderKeyOfBits(bits) >= key)
+          << std::hex << "key " << key << " score bits " << bits << " threshold bits " << t_bits;
+    }
+  }
+  EXPECT_GT(compared, 16 * 2000);
+  // BitsOfOrderKey inverts OrderKeyOfBits (-0.0 as +0.0), and a list entry becomes the PickKey.
+  for (const uint32_t bits : scores) {
+    if (std::isnan(float_of(bits))) continue;
+    const uint32_t key = OrderKeyOfBits(bits);
+    EXPECT_EQ(OrderKeyOfBits(BitsOfOrderKey(key)), key) << std::hex << bits;
+    EXPECT_EQ(PickOfListEntry(ListEntryOfBits(bits, 4097)), PickKey(key, 4097)) << std::hex << bits;
+  }
+  EXPECT_EQ(BitsOfOrderKey(OrderKeyOfBits(0x80000000u)), 0u);
+}
+
 TEST(TopKRadixTest, RandomRowsMatchTopKAtKernelSettings) {
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
