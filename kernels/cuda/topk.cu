@@ -622,7 +622,7 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
     __syncthreads();
     threshold = SampleThresholdByWarp(sample, sample_hists, s);
   }
-  LocalList list{cand, &s.count, threshold, row_part.first, 0xFFFFFFFFu, 0};
+  LocalList list = MakeLocalList(cand, &s.count, threshold, row_part.first);
   if (tid == 0) traced.Mark(kTraceSetup);
   MarkLanded(traced, u[kPrefetchVectors - 1].w, kTraceExtra2);
   if (stop_after == 4) return {PrefetchOutcome::kDone, 0, 0};

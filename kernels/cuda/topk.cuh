@@ -68,7 +68,8 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // kSelectPrefetch takes kSelectSort's decisions (its CPU twin with sample_bin_bits 8) with fewer
 // steps on rows longer than 4096: each block of the row loads its part into registers while it
 // finds the sample's threshold by rounds of 256 bins (two barriers a round), gathers its part's
-// entries at or above it into its own list (one shared atomic per warp), and the row's first block
+// entries at or above it into its own list (one shared atomic per warp; scores compared as floats
+// with cpu::BitsAtOrAbove of the threshold key, the same answer), and the row's first block
 // reads the lists through distributed shared memory straight into the placing by bins (the
 // default from 2026-12-05 to 2026-12-06; docs/perf.md "the select top-k with its part
 // prefetched").

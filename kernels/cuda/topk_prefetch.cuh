@@ -24,8 +24,8 @@ static_assert(kSampleRounds * kSampleBins == kThreads, "every thread zeroes one 
 static_assert(kSampleRounds * kSampleBins <= kBins, "the buffers fit one histogram");
 // 16-byte vectors of the block's part loaded per thread before the threshold is known (12
 // entries per thread: the whole part of a 32K-entry row split over 3 or more blocks); longer parts
-// go in chunks of as many, the next chunk's loads in flight while one is gathered (4 would spill
-// registers: 1024 threads have 64 each).
+// go in chunks of as many, each vector loaded again with the next chunk's once it is gathered (4
+// would spill registers: 1024 threads have 64 each).
 constexpr int kPrefetchVectors = 3;
 
 // This thread's share of the row's sample (kSamplesPerThread keys, 0 past the sample) and the
@@ -159,54 +159,90 @@ __device__ __forceinline__ void LoadVectors(uint4 (&u)[kPrefetchVectors], const 
   }
 }
 
+// The smaller and larger of two floats, NaN ignored (as fminf / fmaxf), denormals kept whatever
+// the build's flags (min.f32 / max.f32 without .ftz): the taken scores' range must cover every
+// taken key (BucketRankPlace bins from it). A comparison flushed to zero (a build with -ftz=true)
+// only takes more scores (the flush keeps their order), which the placing sorts out; the range
+// is what would misplace picks.
+__device__ __forceinline__ float TakenMin(float a, float b) {
+  float r;
+  asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float TakenMax(float a, float b) {
+  float r;
+  asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // This block's list of entries at or above a threshold: cand[0, *count) (the count goes on past
-// kMaxCandidates, whose entries are dropped) and the smallest and largest key taken, per thread.
+// kMaxCandidates, whose entries are dropped), entries cpu::ListEntryOfBits (the score's float
+// bits, turned into PickKeys by LoadRowCandidates), and the smallest and largest score taken, per
+// thread (NaN while none is: TakenMin and TakenMax return the other operand).
 struct LocalList {
   uint64_t* cand;
   uint32_t* count;
-  uint32_t threshold;
-  int first;  // the part's first entry in the row
-  uint32_t key_min;
-  uint32_t key_max;
+  uint32_t threshold;  // an order key
+  float at_least;      // cpu::BitsAtOrAbove(threshold): a score is taken when >= it
+  int first;           // the part's first entry in the row
+  float taken_min;
+  float taken_max;
 };
+__device__ __forceinline__ LocalList MakeLocalList(uint64_t* cand, uint32_t* count,
+                                                   uint32_t threshold, int first) {
+  const float nan = __uint_as_float(0x7FC00000u);
+  return LocalList{cand,  count, threshold, __uint_as_float(cpu::BitsAtOrAbove(threshold)),
+                   first, nan,   nan};
+}
 
 // Appends the entries of LoadVectors(u, ..., q0, n4) (floats) at or above the threshold to the
-// list: one warp-wide sum and one shared atomic per warp. Every lane of the warp calls.
+// list: one warp-wide sum and one shared atomic per warp. RELOAD: each u[j], once appended, is
+// loaded again with the next chunk's vector (LoadVectors(u, src, q1, n4)), so that its load is in
+// flight while the rest of this chunk is appended, in the same registers (a second set of
+// registers for the next chunk made the kernel spill: 64 a thread at 1024 threads). Every lane of
+// the warp calls.
+template <bool RELOAD = false>
 __device__ __forceinline__ void AppendVectors(uint4 (&u)[kPrefetchVectors], int q0, int n4,
-                                              LocalList& list) {
+                                              LocalList& list, const uint4* src = nullptr,
+                                              int q1 = 0) {
   const int tid = static_cast<int>(threadIdx.x);
   uint32_t taken = 0;
 #pragma unroll
   for (int j = 0; j < kPrefetchVectors; ++j) {
     const bool valid = q0 + j * kThreads + tid < n4;
-    u[j] = make_uint4(OrderKey(__uint_as_float(u[j].x)), OrderKey(__uint_as_float(u[j].y)),
-                      OrderKey(__uint_as_float(u[j].z)), OrderKey(__uint_as_float(u[j].w)));
-    const uint32_t keys[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+    const float x[4] = {__uint_as_float(u[j].x), __uint_as_float(u[j].y), __uint_as_float(u[j].z),
+                        __uint_as_float(u[j].w)};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (valid && keys[c] >= list.threshold) {
+      if (valid && x[c] >= list.at_least) {
         ++taken;
-        list.key_min = min(list.key_min, keys[c]);
-        list.key_max = max(list.key_max, keys[c]);
+        list.taken_min = TakenMin(list.taken_min, x[c]);
+        list.taken_max = TakenMax(list.taken_max, x[c]);
       }
     }
   }
   const uint32_t inclusive = WarpInclusiveSum(taken);
   const uint32_t total = __shfl_sync(kFullMask, inclusive, 31);
-  if (total == 0) return;  // warp-uniform
+  if (total == 0 && !RELOAD) return;  // warp-uniform
   uint32_t base = 0;
-  if ((tid & 31) == 31) base = atomicAdd(list.count, total);
+  if (total != 0 && (tid & 31) == 31) base = atomicAdd(list.count, total);
   uint32_t slot = __shfl_sync(kFullMask, base, 31) + inclusive - taken;
 #pragma unroll
   for (int j = 0; j < kPrefetchVectors; ++j) {
     const int q = q0 + j * kThreads + tid;
-    const uint32_t keys[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+    const uint32_t bits[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (q < n4 && keys[c] >= list.threshold) {
-        if (slot < kMaxCandidates) list.cand[slot] = PickKey(keys[c], list.first + 4 * q + c);
+      if (q < n4 && __uint_as_float(bits[c]) >= list.at_least) {
+        if (slot < kMaxCandidates) {
+          list.cand[slot] = cpu::ListEntryOfBits(bits[c], list.first + 4 * q + c);
+        }
         ++slot;
       }
+    }
+    if constexpr (RELOAD) {
+      const int next = q1 + j * kThreads + tid;
+      u[j] = next < n4 ? src[next] : make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -218,24 +254,24 @@ __device__ __forceinline__ void AppendVectors(uint4 (&u)[kPrefetchVectors], int 
 __device__ inline void GatherAbove(uint4 (&u)[kPrefetchVectors], const float* part, int part_n,
                                    bool aligned, LocalList& list, Scratch& s) {
   const auto append = [&](uint32_t key, int i, bool valid) {
-    const bool take = valid && key >= list.threshold;
+    // The same float comparison as AppendVectors, so that every path takes the same entries.
+    const uint32_t bits = cpu::BitsOfOrderKey(key);
+    const bool take = valid && __uint_as_float(bits) >= list.at_least;
     if (take) {
-      list.key_min = min(list.key_min, key);
-      list.key_max = max(list.key_max, key);
+      list.taken_min = TakenMin(list.taken_min, __uint_as_float(bits));
+      list.taken_max = TakenMax(list.taken_max, __uint_as_float(bits));
     }
-    AppendPick(take, key, list.first + i, list.cand, list.count);
+    AppendEntry(take, cpu::ListEntryOfBits(bits, list.first + i), list.cand, list.count);
   };
   if (aligned) {
     const int n4 = part_n / 4;
     const uint4* src = reinterpret_cast<const uint4*>(part);
-    for (int q0 = 0; q0 < n4; q0 += kPrefetchVectors * kThreads) {
-      // The next chunk's loads in flight while this one is gathered (zeros past the part).
-      uint4 next[kPrefetchVectors];
-      LoadVectors(next, src, q0 + kPrefetchVectors * kThreads, n4);
-      AppendVectors(u, q0, n4, list);
-#pragma unroll
-      for (int j = 0; j < kPrefetchVectors; ++j) u[j] = next[j];
+    int q0 = 0;
+    // Every chunk but the last reloads its vectors with the next chunk's as it appends them.
+    for (; q0 + kPrefetchVectors * kThreads < n4; q0 += kPrefetchVectors * kThreads) {
+      AppendVectors<true>(u, q0, n4, list, src, q0 + kPrefetchVectors * kThreads);
     }
+    AppendVectors(u, q0, n4, list);
     if (4 * n4 < part_n) {  // the last part_n % 4 entries
       const int i = 4 * n4 + static_cast<int>(threadIdx.x);
       append(i < part_n ? OrderKey(part[i]) : 0u, i, i < part_n);
@@ -243,8 +279,11 @@ __device__ inline void GatherAbove(uint4 (&u)[kPrefetchVectors], const float* pa
   } else {
     ForEachKey(part, nullptr, part_n, append);
   }
-  const uint32_t key_min = __reduce_min_sync(kFullMask, list.key_min);
-  const uint32_t key_max = __reduce_max_sync(kFullMask, list.key_max);
+  // NaN: nothing taken (the sentinels the block's key range starts from).
+  const uint32_t key_min =
+      __reduce_min_sync(kFullMask, isnan(list.taken_min) ? 0xFFFFFFFFu : OrderKey(list.taken_min));
+  const uint32_t key_max =
+      __reduce_max_sync(kFullMask, isnan(list.taken_max) ? 0u : OrderKey(list.taken_max));
   if ((threadIdx.x & 31) == 0) {
     atomicMin(&s.key_min, key_min);
     atomicMax(&s.key_max, key_max);
@@ -279,7 +318,8 @@ __device__ __forceinline__ RowLists ReadRowLists(Scratch& s, const RowBlocks& rb
 }
 
 // In the row's first block: candidate e (< lists.total <= kMaxCandidates) of the row's lists in
-// block order into mine[j] for e = tid + j kThreads (0 past the total); cand is this block's list.
+// block order into mine[j] for e = tid + j kThreads as its PickKey (0 past the total); cand is
+// this block's list.
 template <int PER_THREAD>
 __device__ __forceinline__ void LoadRowCandidates(const uint64_t* cand, const RowLists& lists,
                                                   const RowBlocks& rb,
@@ -295,6 +335,14 @@ __device__ __forceinline__ void LoadRowCandidates(const uint64_t* cand, const Ro
     for (int j = 0; j < PER_THREAD; ++j) {
       const uint32_t e = static_cast<uint32_t>(tid + j * kThreads);
       if (e - start < len) mine[j] = list[e - start];
+    }
+  }
+  // After every list's loads are out (converted inside the loop, each block's remote loads waited
+  // for the ones before: 0.4-0.6 us later at 3-4 blocks a row, docs/perf.md issue 30).
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    if (static_cast<uint32_t>(tid + j * kThreads) < lists.total) {
+      mine[j] = cpu::PickOfListEntry(mine[j]);
     }
   }
 }

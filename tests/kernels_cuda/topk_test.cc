@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -387,6 +388,17 @@ TEST(CudaTopKTest, RowsAtTheWholeRowLimitNarrowToK) {
 // threshold past the buffer: the radix selection); every candidate in the last block's part
 // (ascending scores); parts longer than the registers' first load (one block, 40000 entries) and
 // not 16-byte aligned (odd strides); NaN past the length; -inf and +inf among the picks.
+// The paths the CPU twin takes on a row at the prefetch kernels' settings (kSelectPrefetch: the
+// sample's rounds of 8-bit bins; quantile: kSelectQuantile's group ranks).
+cpu::RadixSplitStats PrefetchTwin(const float* row, int32_t n, int32_t k, bool quantile) {
+  cpu::RadixSplitConfig config;
+  config.select_sort = true;
+  config.sample_bin_bits = 8;
+  config.sample_quantile = quantile;
+  std::vector<int32_t> twin(static_cast<size_t>(k));
+  return cpu::TopKRadixSplit(row, n, k, config, twin.data());
+}
+
 TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -416,14 +428,8 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
     // The paths the twin takes at k = 512 (the first row's are the ordinary ones), with the
     // sample's rounds (kSelectPrefetch) and its group ranks (kSelectQuantile).
     for (const bool quantile : {false, true}) {
-      cpu::RadixSplitConfig config;
-      config.select_sort = true;
-      config.sample_bin_bits = 8;
-      config.sample_quantile = quantile;
-      std::vector<int32_t> twin(512);
       const auto stats = [&](int64_t r) {
-        return cpu::TopKRadixSplit(scores.data() + r * stride, lengths[r], 512, config,
-                                   twin.data());
+        return PrefetchTwin(scores.data() + r * stride, lengths[r], 512, quantile);
       };
       EXPECT_TRUE(stats(0).sampled && stats(0).bucket_ranked) << quantile;
       EXPECT_TRUE(stats(1).sampled && !stats(1).bucket_ranked) << quantile;
@@ -431,6 +437,54 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
       EXPECT_TRUE(stats(3).sampled && stats(3).bucket_ranked) << quantile;
     }
     for (int64_t k : {1, 512, 2048}) {
+      ExpectMatchesReference(scores, stride, lengths, k,
+                             {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile});
+    }
+  }
+}
+
+// The prefetch kernels gather by comparing scores as floats with cpu::BitsAtOrAbove of the
+// threshold key, and start the placing's bins at the smallest and largest score taken (kept as
+// floats): rows of negative normal scores with about 1500 denormals of both signs and zeros,
+// whose picks at k = 512 (positive denormals), threshold and taken range are denormal. Fewer than
+// kMaxCandidates entries lie at or above zero, so even a comparison that flushed them to zero
+// would gather (not fall back), and a range flushed to zero would misplace the picks. The twin
+// confirms that each row's first try gathers. Rows of one block's first load (12000), of several
+// chunks (40000) and of the quantile kernel's threshold (20003, unaligned parts past block 0).
+TEST(CudaTopKTest, SelectPrefetchGathersDenormalScores) {
+  PDSERVE_SKIP_WITHOUT_GPU();
+  auto rng = FreshRng();
+  std::uniform_int_distribution<uint32_t> magnitude(1u, 0x007FFFFFu);
+  std::uniform_real_distribution<float> negative(-2.0f, -1.0f);
+  std::uniform_int_distribution<int> kind(0, 999);
+  for (int64_t stride : {12000, 40000, 20003}) {
+    const int64_t rows = 3;
+    const int small_per_mille = static_cast<int>(1500 * 1000 / stride);  // ~1500 a row
+    std::vector<float> scores(static_cast<size_t>(rows * stride));
+    for (float& x : scores) {
+      const int what = kind(rng);
+      if (what >= small_per_mille) {
+        x = negative(rng);
+        continue;
+      }
+      // Of the small ones: 50% positive denormals, 10% zeros of either sign, 40% negative
+      // denormals.
+      const int part = what * 10 / small_per_mille;
+      uint32_t bits = magnitude(rng);
+      if (part == 5) bits = (what & 1) != 0 ? 0x80000000u : 0u;
+      if (part >= 6) bits |= 0x80000000u;
+      std::memcpy(&x, &bits, 4);
+    }
+    const std::vector<int32_t> lengths = {static_cast<int32_t>(stride),
+                                          static_cast<int32_t>(stride) - 3,
+                                          static_cast<int32_t>(stride / 2)};
+    for (const bool quantile : {false, true}) {
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_TRUE(PrefetchTwin(scores.data() + r * stride, lengths[r], 512, quantile).sampled)
+            << stride << " row " << r << " quantile " << quantile;
+      }
+    }
+    for (int64_t k : {1, 512}) {
       ExpectMatchesReference(scores, stride, lengths, k,
                              {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile});
     }
