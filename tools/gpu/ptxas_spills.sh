@@ -11,8 +11,8 @@
 # Prints one line per kernel: registers, spill stores / loads (bytes), stack frame, name. Why:
 # code generation moves these between builds of the same code path (the top-k at 1024 threads has
 # 64 registers a thread), and a timing A/B of a kernel change reads them beside its figures
-# (docs/perf.md, issue 30, 2026-12-06: 12 / 24 bytes on main, 24 / 60 on branch topk75, 0 with
-# the next chunk prefetched into L1).
+# (docs/perf.md, issue 30, 2026-12-06: 12 / 24 bytes on main 8e07771, 24 / 60 on branch topk75,
+# 0 since each chunk's vectors are reloaded in place).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build

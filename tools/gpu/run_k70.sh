@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 30 in one device call (<= BUDGET s, default 380): this build against the build before
 # (BASE, default base70: main before the change), both timed in the same call (ALT: a third
-# build's pdserve_cuda_bench pack, packed as BASE is, timed with them as "alt").
+# build's pdserve_cuda_bench pack, packed as BASE is, timed with them as "alt"; packed with its
+# tests as NAME is, its tests run too).
 # 1. GPU tests of this build: the sparse decode attention, the top-k, the indexer (TESTS: a
 #    gtest filter instead);
 #    (MEMCHECK: a gtest filter also run under compute-sanitizer memcheck; SASS=1: the quantile
@@ -60,6 +61,18 @@ timeout -k 5 "$(cap 120)" pdserve_kernels_cuda_tests \
 row tests "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/tests.log" | tr '\n' ' ')"
 grep -E '^\[  FAILED  \]' "$out/tests.log" | head -10
 
+# ALT packed with its tests (NAME=<alt> run_k70.sh pack): the same tests of that build too.
+if [ -n "${ALT:-}" ] && [ -x ".device-carry/$ALT/bin/pdserve_kernels_cuda_tests" ] && may; then
+  s=$(date +%s)
+  (
+    # shellcheck disable=SC1090
+    source ".device-carry/$ALT/env.sh"
+    timeout -k 5 "$(cap 120)" ".device-carry/$ALT/bin/pdserve_kernels_cuda_tests" \
+      --gtest_filter="${TESTS:-CudaSparseDecode*:CudaTopK*:CudaIndexer*}"
+  ) > "$out/tests_alt.log" 2>&1
+  row "tests ($ALT)" "rc=$?" "$(($(date +%s) - s)) s $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+|^\[  SKIPPED \] [0-9]+' "$out/tests_alt.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$out/tests_alt.log" | head -10
+fi
 if [ "${ENGINE:-0}" = 1 ] && may; then  # the engine's GPU suite with this build's kernels
   engine_suite "${ENGINE_NAME:-engine70}" 150
 fi
