@@ -396,17 +396,19 @@ int Run(int64_t only_batch, int64_t only_context) {
                     static_cast<long long>(context), static_cast<long long>(keys), topk_us,
                     batch * (keys * 4.0 + kTopK * 4.0));
         // Rows "top_k_select": TopKVariant::kSelectSort, "top_k_prefetch": kSelectPrefetch,
-        // "top_k_quantile": kSelectQuantile; with
+        // "top_k_quantile": kSelectQuantile, "top_k_quantile_push": kSelectQuantilePush; with
         // PDSERVE_BENCH_TOPK_STAGES=1 also the same launches ended after their stages
         // (top_k_select_stages; rows "top_k_select_s<stage>", "top_k_prefetch_s<stage>").
         const char* topk_stages = std::getenv("PDSERVE_BENCH_TOPK_STAGES");
         const bool stages = topk_stages != nullptr && std::string(topk_stages) == "1";
-        for (const TopKVariant variant : {TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch,
-                                          TopKVariant::kSelectQuantile}) {
-          const std::string name =
-              variant == TopKVariant::kSelectSort
-                  ? "top_k_select"
-                  : (variant == TopKVariant::kSelectPrefetch ? "top_k_prefetch" : "top_k_quantile");
+        for (const TopKVariant variant :
+             {TopKVariant::kSelectSort, TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile,
+              TopKVariant::kSelectQuantilePush}) {
+          const std::string name = variant == TopKVariant::kSelectSort       ? "top_k_select"
+                                   : variant == TopKVariant::kSelectPrefetch ? "top_k_prefetch"
+                                   : variant == TopKVariant::kSelectQuantile
+                                       ? "top_k_quantile"
+                                       : "top_k_quantile_push";
           for (int stop = 0; stop <= (stages ? 4 : 0); ++stop) {
             const auto launch = [&](int) {
               BENCH_CHECK(top_k_select_stages(scores, batch, keys, visible, kTopK, variant, stop,

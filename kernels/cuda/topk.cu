@@ -580,11 +580,15 @@ struct PrefetchResult {
 // least 2 the threshold is the median of the warps' rank keys (WarpRankKey, then MedianOfWarps in
 // warp 0: two block barriers, no histogram rounds); else the rounds over that sample. Longer rows
 // as without QUANTILE.
-template <bool QUANTILE, typename Traced>
+// PUSH (TopKVariant::kSelectQuantilePush): a row of several blocks exchanges its lists' counts
+// and key ranges by pushes into `push` (BeginRowListsExchange / EndRowListsExchange) instead of
+// a row barrier and remote loads; nullptr without PUSH.
+template <bool QUANTILE, bool PUSH, typename Traced>
 __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks,
                                               cpu::RowPart row_part, uint64_t* cand, uint32_t* hist,
                                               Scratch& s, const RowBlocks& rb, int stop_after,
-                                              int32_t* out_row, const Traced& traced) {
+                                              int32_t* out_row, RowListsPush* push,
+                                              const Traced& traced) {
   const int tid = static_cast<int>(threadIdx.x);
   const float* part = row + row_part.first;
   const bool aligned = (reinterpret_cast<uintptr_t>(part) & 15) == 0;
@@ -601,6 +605,9 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
     s.count = 0;
     s.key_min = 0xFFFFFFFFu;
     s.key_max = 0;
+  }
+  if constexpr (PUSH) {
+    if (rb.count > 1) BeginRowListsExchange(*push, rb);
   }
   MarkLanded(traced, sample.key[0], kTraceExtra1);
   uint32_t threshold = 0;
@@ -628,8 +635,16 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
   if (stop_after == 4) return {PrefetchOutcome::kDone, 0, 0};
   GatherAbove(u, part, row_part.count, aligned, list, s);
   if (tid == 0) traced.Mark(kTraceFirstData);
-  RowSync(rb);  // release: this block's list; acquire: everyone's
-  const RowLists lists = ReadRowLists(s, rb);
+  const RowLists lists = [&] {
+    if constexpr (PUSH) {
+      if (rb.count > 1) return EndRowListsExchange(*push, s, rb);  // their lists visible too
+      __syncthreads();
+      return ReadRowLists(s, rb);
+    } else {
+      RowSync(rb);  // release: this block's list; acquire: everyone's
+      return ReadRowLists(s, rb);
+    }
+  }();
   if (tid == 0) traced.Mark(kTraceLastData);
   const bool sampled = lists.total >= static_cast<uint32_t>(picks) && lists.total <= kMaxCandidates;
   if (stop_after == 2 || !sampled || rb.rank != 0) {
@@ -671,7 +686,7 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
 // fill, 4 after the sample's threshold, 2 after the gathering (the candidates in block 0, or in
 // the blocks' lists for kSelectPrefetch), 3 before a fallback sort, 5 or 6 in a fallback
 // selection. Shared memory as TopKKernel.
-template <bool PREFETCH, bool QUANTILE = false, bool TRACED = false>
+template <bool PREFETCH, bool QUANTILE = false, bool TRACED = false, bool PUSH = false>
 __global__ void __launch_bounds__(kThreads)
     TopKSelectKernel(const float* scores, int64_t stride, const int32_t* lengths, int k,
                      bool cache_part, int stop_after, int32_t* out, const BlockTrace trace) {
@@ -717,8 +732,13 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t threshold = 0;
     bool sampled = false;
     if constexpr (PREFETCH) {
-      const PrefetchResult result = PrefetchGatherPlace<QUANTILE>(
-          row, n, picks, row_part, cand, hist, s, rb, stop_after, out_row, traced);
+      RowListsPush* push = nullptr;
+      if constexpr (PUSH) {
+        __shared__ RowListsPush push_storage;
+        push = &push_storage;
+      }
+      const PrefetchResult result = PrefetchGatherPlace<QUANTILE, PUSH>(
+          row, n, picks, row_part, cand, hist, s, rb, stop_after, out_row, push, traced);
       if (result.outcome == PrefetchOutcome::kDone) return;
       if (result.outcome == PrefetchOutcome::kCandidatesInBlock) {  // block 0; picks bunched
         sampled = true;
@@ -838,10 +858,13 @@ int64_t PickBlocksPerRow(TopKVariant variant, int64_t rows, int64_t stride) {
   if (variant != TopKVariant::kRadixCluster) {
     const bool prefetch = variant != TopKVariant::kSelectSort;
     for (int64_t blocks = kMaxAutoSelectBlocks; blocks > 1; --blocks) {
-      const int clusters = variant == TopKVariant::kSelectQuantile
-                               ? MaxActiveClusters<TopKSelectKernel<true, true>>(blocks)
-                               : (prefetch ? MaxActiveClusters<TopKSelectKernel<true>>(blocks)
-                                           : MaxActiveClusters<TopKSelectKernel<false>>(blocks));
+      const int clusters =
+          variant == TopKVariant::kSelectQuantilePush
+              ? MaxActiveClusters<TopKSelectKernel<true, true, false, true>>(blocks)
+          : variant == TopKVariant::kSelectQuantile
+              ? MaxActiveClusters<TopKSelectKernel<true, true>>(blocks)
+              : (prefetch ? MaxActiveClusters<TopKSelectKernel<true>>(blocks)
+                          : MaxActiveClusters<TopKSelectKernel<false>>(blocks));
       const int64_t min_part = prefetch ? kMinPrefetchPart : kMinSelectPart;
       if (rows * blocks <= sms && stride >= min_part * blocks && rows <= clusters) {
         return blocks;
@@ -870,7 +893,8 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   PDSERVE_LAUNCH_REQUIRE("top_k", variant == TopKVariant::kRadixCluster ||
                                       variant == TopKVariant::kSelectSort ||
                                       variant == TopKVariant::kSelectPrefetch ||
-                                      variant == TopKVariant::kSelectQuantile);
+                                      variant == TopKVariant::kSelectQuantile ||
+                                      variant == TopKVariant::kSelectQuantilePush);
   if (variant == TopKVariant::kRadixCluster) {  // its merge ranks power-of-two clusters only
     PDSERVE_LAUNCH_REQUIRE("top_k", (blocks_per_row & (blocks_per_row - 1)) == 0);
   }
@@ -886,7 +910,8 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
     for (const auto kernel :
          {TopKSelectKernel<false>, TopKSelectKernel<true>, TopKSelectKernel<true, true>,
           TopKSelectKernel<false, false, true>, TopKSelectKernel<true, false, true>,
-          TopKSelectKernel<true, true, true>}) {
+          TopKSelectKernel<true, true, true>, TopKSelectKernel<true, true, false, true>,
+          TopKSelectKernel<true, true, true, true>}) {
       status = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), bytes);
       if (status != cudaSuccess) return status;
     }
@@ -929,6 +954,10 @@ cudaError_t LaunchTopK(const float* scores, int64_t rows, int64_t stride, const 
   if (variant == TopKVariant::kSelectQuantile) {
     return select(TopKSelectKernel<true, true>, TopKSelectKernel<true, true, true>);
   }
+  if (variant == TopKVariant::kSelectQuantilePush) {
+    return select(TopKSelectKernel<true, true, false, true>,
+                  TopKSelectKernel<true, true, true, true>);
+  }
   return cudaLaunchKernelEx(&config, TopKKernel, scores, stride, lengths, static_cast<int>(k),
                             cache_part, out);
 }
@@ -958,7 +987,8 @@ cudaError_t top_k_select_stages(const float* scores, int64_t rows, int64_t strid
   PDSERVE_LAUNCH_REQUIRE("top_k", stop_after >= 0);
   PDSERVE_LAUNCH_REQUIRE("top_k", variant == TopKVariant::kSelectSort ||
                                       variant == TopKVariant::kSelectPrefetch ||
-                                      variant == TopKVariant::kSelectQuantile);
+                                      variant == TopKVariant::kSelectQuantile ||
+                                      variant == TopKVariant::kSelectQuantilePush);
   return LaunchTopK(scores, rows, stride, lengths, k, variant, 0, stop_after, out, stream);
 }
 

@@ -88,11 +88,23 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // context 4K / 32K / 128K: 32 x 128K 10.88 against 11.54 us, 32 x 32K 8.06 against 9.02, 32 x 4K
 // 5.05 against 5.24 (docs/perf.md "the top-k's threshold from the warps' rank keys"); the
 // engine's GPU suite passed with it as the default in that call (175 tests, 8 skipped).
-enum class TopKVariant { kRadixCluster, kSelectSort, kSelectPrefetch, kSelectQuantile };
+// kSelectQuantilePush (opt-in, not yet run on a GPU in this form): kSelectQuantile whose row of
+// several blocks exchanges its lists' counts and key ranges by pushing them into each other's
+// shared memory (st.async on an mbarrier, the pushes to the row's first block after a release
+// arrival) instead of a cluster barrier and remote loads (kernels/cuda/topk_prefetch.cuh
+// EndRowListsExchange). A form whose pushes carried no release arrival took the top-k at 32 x
+// 128K from 10.02 to 9.85 us on an H100 (docs/perf.md issue 30, "the row's lists exchanged").
+enum class TopKVariant {
+  kRadixCluster,
+  kSelectSort,
+  kSelectPrefetch,
+  kSelectQuantile,
+  kSelectQuantilePush
+};
 inline constexpr TopKVariant kDefaultTopKVariant = TopKVariant::kSelectQuantile;
 
 // top_k with `variant` and `blocks_per_row` blocks per row (kRadixCluster: 1, 2, 4 or 8;
-// kSelectSort, kSelectPrefetch, kSelectQuantile: 1 to 8; 0 picks as top_k does for that variant).
+// the select variants: 1 to 8; 0 picks as top_k does for that variant).
 // The result depends on neither; tests and benchmarks use them to reach every path.
 cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                           int64_t k, TopKVariant variant, int64_t blocks_per_row, int32_t* out,
@@ -102,8 +114,9 @@ cudaError_t top_k_variant(const float* scores, int64_t rows, int64_t stride, con
 cudaError_t top_k_split(const float* scores, int64_t rows, int64_t stride, const int32_t* lengths,
                         int64_t k, int64_t blocks_per_row, int32_t* out, cudaStream_t stream);
 
-// Benchmarks only (bench/cuda): `variant` (kSelectSort, kSelectPrefetch or kSelectQuantile) with
-// the automatic block count, ended early so that graph timing shows what each stage costs:
+// Benchmarks only (bench/cuda): `variant` (kSelectSort, kSelectPrefetch, kSelectQuantile or
+// kSelectQuantilePush) with the automatic block count, ended early so that graph timing shows
+// what each stage costs:
 // stop_after 1 ends after the output's -1 fill (launch, dependency wait, lengths), 4 after the
 // sample's threshold (rows longer than 4096; kSelectPrefetch: with the part's first loads in
 // flight), 2 after the gathering (kSelectSort: the candidates in the row's first block;

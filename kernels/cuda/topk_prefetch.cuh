@@ -300,6 +300,16 @@ struct RowLists {
   uint32_t key_min;  // the row's smallest and largest key taken (every lane)
   uint32_t key_max;
 };
+// The row's lists from lane b's (< blocks) count and key range of block b's list (0, ~0 and 0 in
+// the other lanes).
+__device__ __forceinline__ RowLists RowListsOfLanes(RowLists lists) {
+  const uint32_t inclusive = WarpInclusiveSum(lists.count);
+  lists.before = inclusive - lists.count;
+  lists.total = __shfl_sync(kFullMask, inclusive, 31);
+  lists.key_min = __reduce_min_sync(kFullMask, lists.key_min);
+  lists.key_max = __reduce_max_sync(kFullMask, lists.key_max);
+  return lists;
+}
 __device__ __forceinline__ RowLists ReadRowLists(Scratch& s, const RowBlocks& rb) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   RowLists lists{0, 0, 0, 0xFFFFFFFFu, 0};
@@ -309,12 +319,93 @@ __device__ __forceinline__ RowLists ReadRowLists(Scratch& s, const RowBlocks& rb
     lists.key_min = other.key_min;
     lists.key_max = other.key_max;
   }
-  const uint32_t inclusive = WarpInclusiveSum(lists.count);
-  lists.before = inclusive - lists.count;
-  lists.total = __shfl_sync(kFullMask, inclusive, 31);
-  lists.key_min = __reduce_min_sync(kFullMask, lists.key_min);
-  lists.key_max = __reduce_max_sync(kFullMask, lists.key_max);
-  return lists;
+  return RowListsOfLanes(lists);
+}
+
+// TopKVariant::kSelectQuantilePush (opt-in, kernels/cuda/topk.cuh): the shared memory of the
+// row's lists exchange below, in that kernel only: the other blocks' (count, key_min, key_max,
+// 0) and the barrier whose phase their arrival completes.
+struct RowListsPush {
+  uint4 row_lists[kMaxTopKBlocks];
+  uint64_t bar;
+};
+
+// kSelectQuantilePush: a row of several blocks exchanges the lists' counts and key ranges by
+// pushing them, not by a cluster barrier and remote loads: thread b (< blocks, not this block's
+// rank) stores this block's (count, key_min, key_max) into block b's row_lists (st.async,
+// completing 16 bytes of block b's bar's transaction count); each block waits on its own bar
+// (acquire at cluster scope), whose phase its own thread 0's arrival (expecting the other blocks'
+// bytes) and, in the row's first block, one arrival from each other block complete. Only the first
+// block reads the other blocks' lists (LoadRowCandidates), so only the pushes to it arrive, with
+// release semantics at cluster scope, before their store: a block barrier before them orders
+// the whole block's list before that release (cumulative), so the first block's wait also makes
+// every list visible. The other blocks read only the pushed bytes. The barrier.cluster release
+// this replaces made every thread of every block wait on a GPU-scope memory barrier (nvdisasm,
+// docs/perf.md issue 30).
+//
+// BeginRowListsExchange, before the gathering, every thread: bar initialized by thread 0
+// (fence.mbarrier_init: its release to the cluster), then an early relaxed cluster arrival that
+// EndRowListsExchange's wait completes (no block stores into another before it has started and
+// initialized its barrier). Relaxed: a release arrival waits for every load the thread has in
+// flight (the part's), 0.9 us here at 128K (docs/perf.md issue 30).
+__device__ __forceinline__ void BeginRowListsExchange(RowListsPush& push, const RowBlocks& rb) {
+  if (threadIdx.x == 0) {
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push.bar));
+    // Arrivals: this block's thread 0; in the row's first block also one from each other block.
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+                 "r"(rb.rank == 0 ? rb.count : 1)
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+// After the gathering, every thread: the row's lists as ReadRowLists reads them.
+__device__ __forceinline__ RowLists EndRowListsExchange(RowListsPush& push, const Scratch& s,
+                                                        const RowBlocks& rb) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&push.bar));
+  ClusterWait();    // every block of the row has started and initialized its barrier
+  __syncthreads();  // this block's list, count and key range are complete
+  if (tid < rb.count && tid != rb.rank) {
+    const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(&push.row_lists[rb.rank]));
+    uint32_t remote_slot = 0;
+    uint32_t remote_bar = 0;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(remote_slot)
+                 : "r"(slot), "r"(tid));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_bar) : "r"(bar), "r"(tid));
+    if (tid == 0) {  // the row's first block reads this block's list: released first
+      asm volatile(
+          "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
+          : "memory");
+    }
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+        "[%5];\n" ::"r"(remote_slot),
+        "r"(s.count), "r"(s.key_min), "r"(s.key_max), "r"(0u), "r"(remote_bar)
+        : "memory");
+  }
+  if (tid == 0) {
+    asm volatile(
+        "mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+        "r"(16u * static_cast<uint32_t>(rb.count - 1))
+        : "memory");
+  }
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar)
+      : "memory");
+  const int lane = tid & 31;
+  RowLists lists{0, 0, 0, 0xFFFFFFFFu, 0};
+  if (lane < rb.count) {
+    const uint4 other =
+        lane == rb.rank ? make_uint4(s.count, s.key_min, s.key_max, 0) : push.row_lists[lane];
+    lists.count = other.x;
+    lists.key_min = other.y;
+    lists.key_max = other.z;
+  }
+  return RowListsOfLanes(lists);
 }
 
 // In the row's first block: candidate e (< lists.total <= kMaxCandidates) of the row's lists in

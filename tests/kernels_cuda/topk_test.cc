@@ -35,7 +35,8 @@ std::vector<int32_t> ReferenceTopK(const float* row, int64_t n, int64_t k) {
 }
 
 constexpr TopKVariant kAllVariants[] = {TopKVariant::kRadixCluster, TopKVariant::kSelectSort,
-                                        TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile};
+                                        TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile,
+                                        TopKVariant::kSelectQuantilePush};
 
 const char* VariantName(TopKVariant variant) {
   switch (variant) {
@@ -47,6 +48,8 @@ const char* VariantName(TopKVariant variant) {
       return "select-prefetch";
     case TopKVariant::kSelectQuantile:
       return "select-quantile";
+    case TopKVariant::kSelectQuantilePush:
+      return "select-quantile-push";
   }
   return "?";
 }
@@ -255,8 +258,8 @@ TEST(CudaTopKTest, TiesSpanningBlocksRankByIndex) {
   }
 }
 
-// A captured graph of two top-k launches on one stream (the second launched with programmatic
-// serialization after the first) follows scores and lengths changed between replays.
+// A captured graph of top-k launches of every kernel on one stream (each after the first launched
+// with programmatic serialization) follows scores and lengths changed between replays.
 TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
   PDSERVE_SKIP_WITHOUT_GPU();
   auto rng = FreshRng();
@@ -274,8 +277,9 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
   GuardedBuffer<int32_t> d_third(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_fourth(static_cast<size_t>(rows * k));
   GuardedBuffer<int32_t> d_fifth(static_cast<size_t>(rows * k));
+  GuardedBuffer<int32_t> d_sixth(static_cast<size_t>(rows * k));
   ASSERT_TRUE(d_scores.ok() && d_lengths.ok() && d_first.ok() && d_second.ok() && d_third.ok() &&
-              d_fourth.ok() && d_fifth.ok());
+              d_fourth.ok() && d_fifth.ok() && d_sixth.ok());
   d_scores.Upload(scores);
   d_lengths.Upload(lengths);
   cudaStream_t stream = nullptr;
@@ -290,6 +294,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
                                   TopKVariant::kSelectPrefetch, 0, d_fourth.get(), stream));
     PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
                                   TopKVariant::kSelectQuantile, 0, d_fifth.get(), stream));
+    PDSERVE_CUDA_OK(top_k_variant(d_scores.get(), rows, stride, d_lengths.get(), k,
+                                  TopKVariant::kSelectQuantilePush, 0, d_sixth.get(), stream));
   };
   launch();  // the first launch outside capture sets the kernel attribute
   PDSERVE_CUDA_OK(cudaStreamSynchronize(stream));
@@ -312,8 +318,9 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
     const std::vector<int32_t> third = d_third.Download();
     const std::vector<int32_t> fourth = d_fourth.Download();
     const std::vector<int32_t> fifth = d_fifth.Download();
+    const std::vector<int32_t> sixth = d_sixth.Download();
     EXPECT_TRUE(d_first.GuardsIntact() && d_second.GuardsIntact() && d_third.GuardsIntact() &&
-                d_fourth.GuardsIntact() && d_fifth.GuardsIntact());
+                d_fourth.GuardsIntact() && d_fifth.GuardsIntact() && d_sixth.GuardsIntact());
     for (int64_t r = 0; r < rows; ++r) {
       const std::vector<int32_t> want = ReferenceTopK(scores.data() + r * stride, lengths[r], k);
       EXPECT_EQ(std::vector<int32_t>(first.begin() + r * k, first.begin() + (r + 1) * k), want)
@@ -326,6 +333,8 @@ TEST(CudaTopKTest, GraphReplayFollowsScoresAndLengths) {
           << "replay " << replay << " row " << r << " select-prefetch";
       EXPECT_EQ(std::vector<int32_t>(fifth.begin() + r * k, fifth.begin() + (r + 1) * k), want)
           << "replay " << replay << " row " << r << " select-quantile";
+      EXPECT_EQ(std::vector<int32_t>(sixth.begin() + r * k, sixth.begin() + (r + 1) * k), want)
+          << "replay " << replay << " row " << r << " select-quantile-push";
     }
   }
   cudaGraphExecDestroy(exec);
@@ -438,7 +447,8 @@ TEST(CudaTopKTest, SelectPrefetchPathsMatchCpuRule) {
     }
     for (int64_t k : {1, 512, 2048}) {
       ExpectMatchesReference(scores, stride, lengths, k,
-                             {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile});
+                             {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile,
+                              TopKVariant::kSelectQuantilePush});
     }
   }
 }
@@ -486,7 +496,8 @@ TEST(CudaTopKTest, SelectPrefetchGathersDenormalScores) {
     }
     for (int64_t k : {1, 512}) {
       ExpectMatchesReference(scores, stride, lengths, k,
-                             {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile});
+                             {TopKVariant::kSelectPrefetch, TopKVariant::kSelectQuantile,
+                              TopKVariant::kSelectQuantilePush});
     }
   }
 }
