@@ -582,7 +582,7 @@ struct PrefetchResult {
 // as without QUANTILE.
 // PUSH (TopKVariant::kSelectQuantilePush): a row of several blocks exchanges its lists' counts
 // and key ranges by pushes into `push` (BeginRowListsExchange / EndRowListsExchange) instead of
-// a row barrier and remote loads; nullptr without PUSH.
+// a release row barrier after the gathering and remote loads; nullptr without PUSH.
 template <bool QUANTILE, bool PUSH, typename Traced>
 __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks,
                                               cpu::RowPart row_part, uint64_t* cand, uint32_t* hist,
@@ -632,6 +632,8 @@ __device__ PrefetchResult PrefetchGatherPlace(const float* row, int n, int picks
   LocalList list = MakeLocalList(cand, &s.count, threshold, row_part.first);
   if (tid == 0) traced.Mark(kTraceSetup);
   MarkLanded(traced, u[kPrefetchVectors - 1].w, kTraceExtra2);
+  // PUSH: this leaves the exchange's early cluster arrival unwaited, harmless only because no
+  // cluster step follows on this path.
   if (stop_after == 4) return {PrefetchOutcome::kDone, 0, 0};
   GatherAbove(u, part, row_part.count, aligned, list, s);
   if (tid == 0) traced.Mark(kTraceFirstData);

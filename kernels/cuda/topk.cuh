@@ -91,9 +91,10 @@ cudaError_t top_k(const float* scores, int64_t rows, int64_t stride, const int32
 // kSelectQuantilePush (opt-in, not yet run on a GPU in this form): kSelectQuantile whose row of
 // several blocks exchanges its lists' counts and key ranges by pushing them into each other's
 // shared memory (st.async on an mbarrier, the pushes to the row's first block after a release
-// arrival) instead of a cluster barrier and remote loads (kernels/cuda/topk_prefetch.cuh
-// EndRowListsExchange). A form whose pushes carried no release arrival took the top-k at 32 x
-// 128K from 10.02 to 9.85 us on an H100 (docs/perf.md issue 30, "the row's lists exchanged").
+// arrival) instead of a release cluster barrier after the gathering and remote loads
+// (kernels/cuda/topk_prefetch.cuh EndRowListsExchange). A form whose pushes carried no release
+// arrival took the top-k at 32 x 128K from 10.02 to 9.85 us on an H100 (docs/perf.md issue 30,
+// "the row's lists exchanged").
 enum class TopKVariant {
   kRadixCluster,
   kSelectSort,

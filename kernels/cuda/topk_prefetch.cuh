@@ -290,9 +290,9 @@ __device__ inline void GatherAbove(uint4 (&u)[kPrefetchVectors], const float* pa
   }
 }
 
-// The row's lists after every block gathered (read after a cluster barrier): lane b (< blocks)
-// of every warp holds block b's count and key range; `before` the counts of the blocks before
-// it, `total` the row's.
+// The row's lists after every block gathered (read after a cluster barrier, or after
+// EndRowListsExchange's wait): lane b (< blocks) of every warp holds block b's count and key
+// range; `before` the counts of the blocks before it, `total` the row's.
 struct RowLists {
   uint32_t count;
   uint32_t before;
@@ -331,17 +331,17 @@ struct RowListsPush {
 };
 
 // kSelectQuantilePush: a row of several blocks exchanges the lists' counts and key ranges by
-// pushing them, not by a cluster barrier and remote loads: thread b (< blocks, not this block's
-// rank) stores this block's (count, key_min, key_max) into block b's row_lists (st.async,
-// completing 16 bytes of block b's bar's transaction count); each block waits on its own bar
-// (acquire at cluster scope), whose phase its own thread 0's arrival (expecting the other blocks'
-// bytes) and, in the row's first block, one arrival from each other block complete. Only the first
-// block reads the other blocks' lists (LoadRowCandidates), so only the pushes to it arrive, with
-// release semantics at cluster scope, before their store: a block barrier before them orders
-// the whole block's list before that release (cumulative), so the first block's wait also makes
-// every list visible. The other blocks read only the pushed bytes. The barrier.cluster release
-// this replaces made every thread of every block wait on a GPU-scope memory barrier (nvdisasm,
-// docs/perf.md issue 30).
+// pushing them, not by a release cluster barrier after the gathering and remote loads: thread
+// b (< blocks, not this block's rank) stores this block's (count, key_min, key_max) into block b's
+// row_lists (st.async, completing 16 bytes of block b's bar's transaction count); each block waits
+// on its own bar (acquire at cluster scope), whose phase its own thread 0's arrival (expecting the
+// other blocks' bytes) and, in the row's first block, one arrival from each other block complete.
+// Only the first block reads the other blocks' lists (LoadRowCandidates), so only the pushes to it
+// arrive, with release semantics at cluster scope, before their store: a block barrier before them
+// orders the whole block's list before that release (cumulative), so the first block's wait also
+// makes every list visible. The other blocks read only the pushed bytes. The barrier.cluster
+// release this replaces made every thread of every block wait on a GPU-scope memory barrier
+// (nvdisasm, docs/perf.md issue 30).
 //
 // BeginRowListsExchange, before the gathering, every thread: bar initialized by thread 0
 // (fence.mbarrier_init: its release to the cluster), then an early relaxed cluster arrival that
