@@ -43,12 +43,20 @@ from chat_requests import TOOL_ROUND_TRIP, WEATHER_TOOL  # noqa: E402  (tests/ch
 
 FAILURES = []
 SKIPPED = []  # cases that could not run (a package missing); the test then exits 77
+# Passed checks print only with --verbose: a failure's lines then come first in ctest's output
+# (CI shows a part of it), followed by the tail of each process's log.
+VERBOSE = False
+PASSED = [0]
 
 
 def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
     if not cond:
         FAILURES.append(message)
+        print("FAIL: " + message, flush=True)
+    else:
+        PASSED[0] += 1
+        if VERBOSE:
+            print("ok: " + message, flush=True)
 
 
 def curl(url, body=None, stream=False, raw=None):
@@ -140,16 +148,18 @@ transfer:
   lease_ms: 30000
 """)
         self.procs = {}
+        self.logs = {}
         # A short drain (workers that have the flag): stop() waits 20 s for every process.
         helps = subprocess.run([worker_pdserve, "decode", "--help"], capture_output=True,
                                text=True).stdout
         drain = ["--drain-timeout-ms", "3000"] if "--drain-timeout-ms" in helps else []
         for role, name in [("prefill", "prefill-0"), ("decode", "decode-0"),
-                           ("decode", "decode-1")]:
-            self.procs[name] = popen(
-                [worker_pdserve, role, "--config", self.config, "--name", name] + drain)
-        self.procs["router"] = popen([pdserve, "router", "--config", self.config],
-                                                stdout=subprocess.PIPE, text=True)
+                           ("decode", "decode-1"), ("router", "router")]:
+            self.logs[name] = open(os.path.join(workdir, name + ".log"), "w+")
+            args = [worker_pdserve, role, "--config", self.config, "--name", name] + drain
+            if role == "router":
+                args = [pdserve, "router", "--config", self.config]
+            self.procs[name] = popen(args, stdout=self.logs[name], stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{p['http']}"
 
     def ready(self):
@@ -167,6 +177,14 @@ transfer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 check(False, f"{name} did not stop on SIGTERM")
+
+    def print_logs(self, lines=25):
+        """The last `lines` lines of each process's log (stdout and stderr)."""
+        for name, log in self.logs.items():
+            log.flush()
+            log.seek(0)
+            tail = log.read().splitlines()[-lines:]
+            print(f"--- {name} log, last {len(tail)} lines:\n" + "\n".join(tail), flush=True)
 
 
 def test_basic(c, model):
@@ -559,7 +577,10 @@ def main():
     parser.add_argument("--worker-pdserve", help="binary for the workers (default: --pdserve)")
     parser.add_argument("--only", help="comma-separated cases: basic, errors, openai, "
                         "concurrent, disconnect, sigstop, up (default: all)")
+    parser.add_argument("--verbose", action="store_true", help="print passed checks too")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     if subprocess.run(["which", "curl"], capture_output=True).returncode != 0:
         print("SKIP: curl is not installed")
         return 77
@@ -578,7 +599,8 @@ def main():
 
             def wanted(name):
                 if only is None or name in only:
-                    print(f"--- {name} (at {time.time() - started:.1f} s)", flush=True)
+                    print(f"--- {name} (at {time.time() - started:.1f} s, {PASSED[0]} checks "
+                          "passed so far)", flush=True)
                     return True
                 return False
 
@@ -597,8 +619,12 @@ def main():
                 test_sigstop(c, model)
         finally:
             c.stop()
+            cluster_failures = len(FAILURES)
         if args.only is None or "up" in args.only.split(","):
             test_up(args.pdserve, args.model, model, workdir)
+        print(f"{PASSED[0]} checks passed, {len(FAILURES)} failed", flush=True)
+        if cluster_failures:
+            c.print_logs()
     if FAILURES:
         print(f"{len(FAILURES)} failures:\n  " + "\n  ".join(FAILURES))
         return 1
