@@ -25,14 +25,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402
-
-FAILURES = []
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
 
 def post(port, body, timeout=60):

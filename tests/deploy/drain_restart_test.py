@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402  (tests/test_ports.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
 # The second worker is forked while this process's Generate stream is open on a gRPC thread.
 # With grpcio's fork support on, its fork handlers ran in the child ("Other threads are currently
@@ -41,15 +42,8 @@ except ImportError as e:
     print(f"SKIP: {e}")
     sys.exit(77)
 
-FAILURES = []
 DRAIN_MS = 60000  # longer than the lease, which ends the request
 SERVICE = "pdserve.worker.v1.DecodeWorker"
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def start_worker(pdserve, repo, port, metrics_port, log_path):

@@ -25,6 +25,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from up_cluster import running_up  # noqa: E402  (tests/up_cluster.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
 try:
     import grpc
@@ -34,14 +35,6 @@ try:
 except ImportError as e:
     print(f"SKIP: {e} (pip packages grpcio, grpcio-reflection, grpcio-health-checking)")
     sys.exit(77)
-
-FAILURES = []
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def list_services(channel):

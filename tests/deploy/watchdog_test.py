@@ -21,16 +21,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
 WATCHDOG_S = 2.0
 STALL_LINE = "TEST-ONLY: the decode loop stalls"
-FAILURES = []
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def run_worker(pdserve, repo, workdir, seconds, extra_env):

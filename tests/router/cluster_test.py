@@ -40,23 +40,9 @@ from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402,F401  (tests/test_ports.py)
 from up_cluster import start_up  # noqa: E402  (tests/up_cluster.py)
 from chat_requests import TOOL_ROUND_TRIP, WEATHER_TOOL  # noqa: E402  (tests/chat_requests.py)
+from checks import FAILURES, PASSED, VERBOSE, check  # noqa: E402  (tests/checks.py)
 
-FAILURES = []
 SKIPPED = []  # cases that could not run (a package missing); the test then exits 77
-# Passed checks print only with --verbose: a failure's lines then come first in ctest's output
-# (CI shows a part of it), followed by the tail of each process's log.
-VERBOSE = False
-PASSED = [0]
-
-
-def check(cond, message):
-    if not cond:
-        FAILURES.append(message)
-        print("FAIL: " + message, flush=True)
-    else:
-        PASSED[0] += 1
-        if VERBOSE:
-            print("ok: " + message, flush=True)
 
 
 def curl(url, body=None, stream=False, raw=None):
@@ -577,10 +563,10 @@ def main():
     parser.add_argument("--worker-pdserve", help="binary for the workers (default: --pdserve)")
     parser.add_argument("--only", help="comma-separated cases: basic, errors, openai, "
                         "concurrent, disconnect, sigstop, up (default: all)")
-    parser.add_argument("--verbose", action="store_true", help="print passed checks too")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print passed checks too (as PDSERVE_TEST_VERBOSE=1 does)")
     args = parser.parse_args()
-    global VERBOSE
-    VERBOSE = args.verbose
+    VERBOSE[0] = VERBOSE[0] or args.verbose
     if subprocess.run(["which", "curl"], capture_output=True).returncode != 0:
         print("SKIP: curl is not installed")
         return 77

@@ -29,6 +29,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from chat_requests import TOOL_ROUND_TRIP, WEATHER_TOOL  # noqa: E402  (tests/chat_requests.py)
 from up_cluster import running_up  # noqa: E402  (tests/up_cluster.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
 try:
     import grpc
@@ -38,17 +39,10 @@ except ImportError as e:
     print(f"SKIP: {e} (pip packages grpcio, grpcio-reflection, jsonschema)")
     sys.exit(77)
 
-FAILURES = []
 # Schemas of tests/structured/schemas.json: an object with required fields, escapes in enums and
 # consts, anyOf of objects.
 SCHEMAS = ["person", "escapes", "shape"]
 SEEDS = [11, 12]
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def http_chat(port, body):

@@ -27,8 +27,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from up_cluster import start_up, stop_up  # noqa: E402  (tests/up_cluster.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
-FAILURES = []
 
 # About 290 tokens of the bundled model's tokenizer (checked against usage.prompt_tokens below).
 PROMPT = " ".join([
@@ -47,12 +47,6 @@ PROMPT = " ".join([
     "bring forth grass, the herb yielding seed, and the fruit tree yielding fruit after his",
     "kind: and it was so. And the evening and the morning were the third day.",
 ])
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def post(url, body):

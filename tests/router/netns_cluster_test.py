@@ -33,8 +33,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402  (tests/test_ports.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
-FAILURES = []
 TAG = f"pn{os.getpid() % 100000}"
 NS = {role: f"{TAG}{role}" for role in ("r", "p", "d")}
 SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
@@ -42,12 +42,6 @@ ADDR = {"r": f"{SUBNET}.1", "p": f"{SUBNET}.2", "d": f"{SUBNET}.3"}
 LEASE_MS = 8000
 TRANSFER_S = 2.5  # how long one long prompt's transfer takes over the slowed link
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_TCP_CM_REUSEADDR": "y"}
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def ip(*args, check_rc=True):

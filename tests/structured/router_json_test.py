@@ -28,16 +28,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from child_process import popen  # noqa: E402  (tests/child_process.py)
 from test_ports import free_port  # noqa: E402  (tests/test_ports.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
-FAILURES = []
 SAMPLES = 8
 MAX_TOKENS = 128
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def local_config(repo, model_dir, workdir):

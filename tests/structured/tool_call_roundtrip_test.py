@@ -30,8 +30,8 @@ from typing import Literal
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from up_cluster import start_up, stop_up  # noqa: E402  (tests/up_cluster.py)
+from checks import FAILURES, check  # noqa: E402  (tests/checks.py)
 
-FAILURES = []
 SAMPLES = 8
 MAX_TOKENS = 400  # the block alone is ~250 bytes; the bundled tokenizer spells ｜ in 3 tokens
 
@@ -48,12 +48,6 @@ WEATHER_SCHEMA = {
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city", "parameters": WEATHER_SCHEMA}}]
 QUESTION = [{"role": "user", "content": "What is the weather in Jerusalem?"}]
-
-
-def check(cond, message):
-    print(("ok: " if cond else "FAIL: ") + message, flush=True)
-    if not cond:
-        FAILURES.append(message)
 
 
 def get_weather(city, unit, days=1):
