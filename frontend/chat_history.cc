@@ -105,7 +105,7 @@ std::optional<ApiError> CheckCallsAnswered(const ApiRequest& req, const CallAnsw
                      end < req.messages.size() ? absl::StrCat("before ", Where(end))
                                                : std::string("after it"),
                      "; every tool call needs a tool message with its 'tool_call_id' before the "
-                     "next assistant message"),
+                     "next assistant message or the end of the conversation"),
         "messages");
   }
   return std::nullopt;

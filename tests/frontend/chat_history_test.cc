@@ -95,11 +95,11 @@ TEST(ChatHistoryTest, ToolCallsWithoutAResultAre400) {
   EXPECT_EQ(never.message,
             "messages[1]: tool call 'a' has no tool message answering it after it; every tool "
             "call needs a tool message with its 'tool_call_id' before the next assistant "
-            "message");
+            "message or the end of the conversation");
   EXPECT_EQ(Err(user + kCalls + R"(,{"role":"tool","content":"1","tool_call_id":"a"}])").message,
             "messages[1]: tool call 'b' has no tool message answering it after it; every tool "
             "call needs a tool message with its 'tool_call_id' before the next assistant "
-            "message");
+            "message or the end of the conversation");
   // Answered after the next assistant message is too late: that result answers no call of it.
   EXPECT_EQ(Err(user + kCalls +
                 R"(,{"role":"tool","content":"1","tool_call_id":"a"},)"
@@ -107,14 +107,14 @@ TEST(ChatHistoryTest, ToolCallsWithoutAResultAre400) {
                 .message,
             "messages[1]: tool call 'b' has no tool message answering it before messages[3]; "
             "every tool call needs a tool message with its 'tool_call_id' before the next "
-            "assistant message");
+            "assistant message or the end of the conversation");
   EXPECT_EQ(Err(user + R"({"role":"assistant","tool_calls":[{"type":"function",)"
                        R"("function":{"name":"f","arguments":"{}"}}]},)"
                        R"({"role":"user","content":"y"}])")
                 .message,
             "messages[1]: tool_calls[0] (it has no 'id') has no tool message answering it after "
             "it; every tool call needs a tool message with its 'tool_call_id' before the next "
-            "assistant message");
+            "assistant message or the end of the conversation");
 }
 
 // A 400 on 'messages' that says `message`.
