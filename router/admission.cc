@@ -112,16 +112,21 @@ void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
 bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
   Actions actions;
   bool dispatch = false;
+  int avoid_prefill = -1;
   {
     absl::MutexLock lock(&request->mu);
     dispatch = request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
                !request->cancelled.load();
     if (dispatch) request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
-    // A new round: ask them all.
-    if (dispatch) request->choices[static_cast<size_t>(choice)].full_decode.clear();
+    // A new round: ask them all, but a prefill worker that failed this choice only when it is
+    // the only one up and none is full.
+    if (dispatch) {
+      request->choices[static_cast<size_t>(choice)].full_decode.clear();
+      avoid_prefill = request->choices[static_cast<size_t>(choice)].failed_prefill;
+    }
   }
   RunActions(actions);
-  return dispatch && Dispatch(request, choice, -1, -1, /*from_queue=*/true);
+  return dispatch && Dispatch(request, choice, avoid_prefill, -1, /*from_queue=*/true);
 }
 
 void RouterService::Expire(const std::shared_ptr<Request>& request, int choice) {

@@ -127,6 +127,33 @@ TEST_F(PrefillAdmissionTest, PrefillShareFullIs429AtOnceWithoutAQueue) {
   ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
 }
 
+// A prefill worker that fails (UNAVAILABLE: it died, not yet marked down) while the only other one
+// holds its share: the retry waits in the queue for room on the full one and is served there; it
+// does not go back to the failed worker (which would fail again and end the request with a 503).
+TEST_F(PrefillAdmissionTest, ARetryWaitsForTheFullWorkerRatherThanTheOneThatFailed) {
+  AddSecondPrefill();
+  prefill_->fail_first = 2;  // p0: every call fails, after 150 ms
+  prefill_->delay_ms = 150;
+  second_prefill_->delay_ms = 500;  // p1: holds its one request for 500 ms
+  decode_[0]->generate_wait_ms =
+      700;  // no token before the prefill answered (a real worker's wait)
+  max_prefills_per_worker_ = 1;
+  auto service = MakeService();
+  auto first = std::make_shared<CollectingSink>();
+  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
+  absl::SleepFor(absl::Milliseconds(30));  // p0 holds the first request: the second goes to p1
+  auto second = Run(*service, Completion({3, 4}, 2));
+  EXPECT_FALSE(second->failed) << second->error.message;
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_FALSE(first->failed) << first->error.message;
+  EXPECT_EQ(Prefills(*prefill_), 1u);         // asked once, not again on the retry
+  EXPECT_EQ(Prefills(*second_prefill_), 2u);  // the second request, then the first's retry
+  const std::string metrics = service->MetricsText();
+  EXPECT_NE(metrics.find("pdserve_router_queued_total 1\n"), std::string::npos) << metrics;
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
 // max_prefills_per_worker 0: no cap, every request goes to the prefill worker at once (its own
 // queue), each with its decode reservation.
 TEST_F(PrefillAdmissionTest, NoPrefillShareSendsEveryRequestAtOnce) {
