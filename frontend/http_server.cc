@@ -869,11 +869,11 @@ void Session::Route() {
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       return SendError(ModelNotFound(name));
     }
-    return SendJson(200, nlohmann::json{{"id", name},
-                                        {"object", "model"},
-                                        {"created", server_->started},
-                                        {"owned_by", "pdserve"}}
-                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    nlohmann::json model = {
+        {"id", name}, {"object", "model"}, {"created", server_->started}, {"owned_by", "pdserve"}};
+    // The same fields as the list's entry (vLLM's max_model_len included).
+    if (service->MaxModelLength() > 0) model["max_model_len"] = service->MaxModelLength();
+    return SendJson(200, model.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (method != http::verb::post) return SendMethodNotAllowed(true);

@@ -43,6 +43,8 @@ class FakeService : public GenerationService {
   absl::Notification slow_release;
 
   std::vector<std::string> ModelNames() const override { return {"tiny"}; }
+  int64_t max_model_length = 0;  // 0: not stated, as GenerationService's default
+  int64_t MaxModelLength() const override { return max_model_length; }
   bool Ready() const override { return true; }
   std::string metrics = "pdserve_up 1\n";
   std::string MetricsText() const override { return metrics; }
@@ -164,6 +166,13 @@ TEST_F(HttpServerTest, RetrieveModelByName) {
   EXPECT_EQ(model["id"], "tiny");
   EXPECT_EQ(model["object"], "model");
   EXPECT_EQ(model["owned_by"], "pdserve");
+  EXPECT_FALSE(model.contains("max_model_len"));  // not stated by the service
+  // The model's context, where the service states it: the same field as the list's entry.
+  service_.max_model_length = 512;
+  model = json::parse(Request(http::verb::get, "/v1/models/tiny").body());
+  EXPECT_EQ(model["max_model_len"], 512);
+  EXPECT_EQ(json::parse(Request(http::verb::get, "/v1/models").body())["data"][0]["max_model_len"],
+            512);
   auto missing = Request(http::verb::get, "/v1/models/nope");
   EXPECT_EQ(missing.result_int(), 404);
   EXPECT_EQ(json::parse(missing.body())["error"]["code"], "model_not_found");
