@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/json_depth.h"
 #include "common/json_parse_failure.h"
 #include "common/ordered_json.h"
@@ -230,6 +231,9 @@ std::variant<std::string, frontend::ApiError> ToOpenAiJson(const pv1::GenerateRe
   if (chat) {
     if (auto error = AddChat(request, body)) return *error;
   } else if (request.prompt_case() == pv1::GenerateRequest::kTokenIds) {
+    if (request.token_ids().ids().empty()) {
+      return frontend::InvalidRequest("'token_ids' must hold at least one token id", "token_ids");
+    }
     body["prompt"] =
         std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end());
   } else {
@@ -239,6 +243,29 @@ std::variant<std::string, frontend::ApiError> ToOpenAiJson(const pv1::GenerateRe
   body["stream"] = true;
   return body.dump();
 }
+
+namespace {
+
+// An error about an HTTP body field that the proto names otherwise names the proto's field:
+// chat's `top_logprobs` is GenerateRequest.logprobs, a completion's `prompt` is `token_ids` or
+// `text` (param and the quoted name in the message; the rest of the message is the HTTP front's).
+void NameGrpcField(const pv1::GenerateRequest& request, frontend::ApiError* error) {
+  std::string field;
+  if (error->param == "top_logprobs" && request.prompt_case() == pv1::GenerateRequest::kChat) {
+    field = "logprobs";
+  } else if (error->param == "prompt" && request.prompt_case() == pv1::GenerateRequest::kTokenIds) {
+    field = "token_ids";
+  } else if (error->param == "prompt" && request.prompt_case() == pv1::GenerateRequest::kText) {
+    field = "text";
+  } else {
+    return;
+  }
+  error->message = absl::StrReplaceAll(
+      error->message, {{absl::StrCat("'", error->param, "'"), absl::StrCat("'", field, "'")}});
+  error->param = field;
+}
+
+}  // namespace
 
 frontend::ParsedRequest ParseGenerateRequest(const pv1::GenerateRequest& request,
                                              frontend::Endpoint* endpoint) {
@@ -251,6 +278,7 @@ frontend::ParsedRequest ParseGenerateRequest(const pv1::GenerateRequest& request
   frontend::ParsedRequest parsed = frontend::ParseRequest(*endpoint, std::get<std::string>(body),
                                                           kMaxJsonDepth + kJsonTextWrapLevels);
   if (auto* api = std::get_if<frontend::ApiRequest>(&parsed)) api->front = frontend::Front::kGrpc;
+  if (auto* error = std::get_if<frontend::ApiError>(&parsed)) NameGrpcField(request, error);
   return parsed;
 }
 

@@ -496,6 +496,19 @@ TEST_F(GrpcFrontChatTest, ProtoOnlyRefusalsNameTheField) {
        "'response_format.json_schema.schema' nests deeper than 256 JSON levels"},
       {deep_arguments, "messages",
        "messages[1].tool_calls[0].function.arguments nests deeper than 256 JSON levels"},
+      // HTTP fields the proto names otherwise: the refusal names the proto's field.
+      {FromText(grpc_chat + R"pb(logprobs: 50)pb"), "logprobs",
+       "'logprobs' must be between 0 and 20, got 50"},
+      {FromText(R"pb(model: "tiny"
+                     token_ids {})pb"),
+       "token_ids", "'token_ids' must hold at least one token id"},
+      {FromText(R"pb(model: "tiny"
+                     token_ids { ids: [ 5, -1 ] })pb"),
+       "token_ids", "'token_ids' token ids must be non-negative integers"},
+      {FromText(R"pb(model: "tiny" text: "")pb"), "text", "'text' must not be empty"},
+      // A completion's logprobs is the HTTP field of the same name.
+      {FromText(R"pb(model: "tiny" text: "x" logprobs: 50)pb"), "logprobs",
+       "'logprobs' must be between 0 and 20, got 50"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
