@@ -339,8 +339,10 @@ class JsonSchema::Compiler {
 
   absl::Status Array(const json& schema, const std::string& path, int depth, SchemaNode& node) {
     node.items = out_->any_;
+    bool no_items = false;  // 'items': false
     if (auto it = schema.find("items"); it != schema.end()) {
       if (it->is_boolean() && !it->get<bool>()) {
+        no_items = true;
         node.max_items = 0;
       } else if (it->is_array()) {
         return Refuse(path, "'items' as an array (tuple validation) is not supported");
@@ -356,8 +358,19 @@ class JsonSchema::Compiler {
         return Refuse(path,
                       absl::StrCat("'", key, "' must be an integer in [0, ", kMaxItemsLimit, "]"));
       }
-      (std::string(key) == "minItems" ? node.min_items : node.max_items) =
-          std::min(node.max_items, it->get<int64_t>());
+      if (std::string(key) == "minItems") {
+        node.min_items = it->get<int64_t>();
+      } else {
+        node.max_items = std::min(node.max_items, it->get<int64_t>());
+      }
+    }
+    // An array of at least one item whose items must match false accepts nothing (the schema
+    // false is refused wherever it stands, above); minItems was clamped to 0 here before, and the
+    // answer, an empty array, then broke the schema.
+    if (no_items && node.min_items > 0) {
+      return Refuse(path,
+                    absl::StrCat("'items' false allows only the empty array, but 'minItems' is ",
+                                 node.min_items, ": the schema accepts nothing"));
     }
     if (node.min_items > node.max_items) {
       return Refuse(path, "'minItems' is larger than 'maxItems'");

@@ -189,6 +189,32 @@ TEST(JsonSchemaTest, RefusesKeywordsItCannotEnforceByName) {
   EXPECT_TRUE(JsonSchema::Parse(R"({"title":"t","description":"d","type":"null"})").ok());
 }
 
+// 'items': false allows only []: with minItems >= 1 the schema accepts nothing and is refused
+// (a breaker's trial got "[ ]" for it, the schema broken), nested too; with minItems 0 it is [].
+TEST(JsonSchemaTest, ItemsFalseWithMinItemsIsRefusedAsAcceptingNothing) {
+  for (const char* schema :
+       {R"({"type":"array","items":false,"minItems":1})",
+        R"({"type":"object","properties":{"a":{"type":"array","items":false,"minItems":2}}})",
+        R"({"type":"array","items":{"type":"array","items":false,"minItems":1}})",
+        R"({"type":"array","minItems":3,"items":false,"maxItems":5})"}) {
+    absl::StatusOr<std::shared_ptr<const JsonSchema>> compiled = JsonSchema::Parse(schema);
+    ASSERT_FALSE(compiled.ok()) << schema;
+    EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(compiled.status().message().find("accepts nothing"), std::string::npos)
+        << compiled.status();
+  }
+  const std::string empty_only = R"({"type":"array","items":false,"minItems":0})";
+  EXPECT_TRUE(Accepts(empty_only, "[]"));
+  EXPECT_FALSE(Reads(empty_only, "[1"));
+  EXPECT_TRUE(Accepts(R"({"type":"array","items":false})", "[ ]"));
+  // minItems above maxItems is still refused by name.
+  absl::StatusOr<std::shared_ptr<const JsonSchema>> crossed =
+      JsonSchema::Parse(R"({"type":"array","maxItems":1,"minItems":2})");
+  ASSERT_FALSE(crossed.ok());
+  EXPECT_NE(crossed.status().message().find("'minItems' is larger than 'maxItems'"),
+            std::string::npos);
+}
+
 // What the openai SDK's parse() sends for a pydantic model with a nested model, an enum and a
 // list of the nested model (openai.lib._pydantic.to_strict_json_schema).
 const char kPydanticNested[] = R"({"$defs":{
