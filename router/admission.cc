@@ -50,6 +50,15 @@ bool RouterService::FullDecodeUp(Request& request, int choice) const {
   return false;
 }
 
+std::string RouterService::FailedPrefillDetail(const Choice& choice) const {
+  const std::vector<Worker*> prefill = pool_->prefill();
+  if (choice.failed_prefill < 0 || choice.failed_prefill >= static_cast<int>(prefill.size())) {
+    return "";
+  }
+  return absl::StrCat(" after prefill worker ", prefill[choice.failed_prefill]->name(),
+                      " failed it");
+}
+
 void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
   Choice& c = request.choices[static_cast<size_t>(choice)];
   const std::string detail =
@@ -84,7 +93,8 @@ void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
                   absl::StrCat("every prefill worker stayed busy (",
                                options_.max_prefills_per_worker,
                                " requests each, router.max_prefills_per_worker) for the ", wait_ms,
-                               " ms the request may wait (router.queue_timeout_ms); retry later"),
+                               " ms the request may wait (router.queue_timeout_ms)",
+                               FailedPrefillDetail(c), "; retry later"),
                   "rate_limit_exceeded", "prefill_busy")
             : frontend::ServerError(
                   429,
@@ -112,21 +122,16 @@ void RouterService::Enqueue(Request& request, int choice, Actions* actions) {
 bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
   Actions actions;
   bool dispatch = false;
-  int avoid_prefill = -1;
   {
     absl::MutexLock lock(&request->mu);
     dispatch = request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
                !request->cancelled.load();
     if (dispatch) request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
-    // A new round: ask them all, but a prefill worker that failed this choice only when it is
-    // the only one up and none is full.
-    if (dispatch) {
-      request->choices[static_cast<size_t>(choice)].full_decode.clear();
-      avoid_prefill = request->choices[static_cast<size_t>(choice)].failed_prefill;
-    }
+    // A new round: ask them all (but a prefill worker that failed this choice, Dispatch).
+    if (dispatch) request->choices[static_cast<size_t>(choice)].full_decode.clear();
   }
   RunActions(actions);
-  return dispatch && Dispatch(request, choice, avoid_prefill, -1, /*from_queue=*/true);
+  return dispatch && Dispatch(request, choice, -1, -1, /*from_queue=*/true);
 }
 
 void RouterService::Expire(const std::shared_ptr<Request>& request, int choice) {

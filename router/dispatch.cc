@@ -169,31 +169,38 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   // Every prefill worker that is up holds max_prefills_per_worker of this router's requests:
   // the choice waits here, where no lease runs, rather than in a prefill worker's queue with
   // decode pages reserved.
+  bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
+  {
+    absl::MutexLock lock(&request->mu);
+    Choice& c = request->choices[static_cast<size_t>(choice)];
+    // A retry after a prefill failure avoids that worker until the choice holds a reservation,
+    // also on the tries that a full decode worker or the queue makes after it.
+    if (exclude_prefill >= 0) {
+      c.failed_prefill = exclude_prefill;
+    } else {
+      exclude_prefill = c.failed_prefill;
+    }
+    full_one_up = FullDecodeUp(*request, choice);
+    // The workers that had no room for this choice are not asked again before it waits.
+    for (int full : c.full_decode) d_candidates[static_cast<size_t>(full)].up = false;
+  }
   std::vector<bool> prefill_up;
   for (const Candidate& c : p_candidates) prefill_up.push_back(c.up);
   const bool prefill_full = PrefillFull(&p_candidates);
-  // A prefill worker other than the one a retry avoids is up but holds its share: the retry
-  // waits for room there rather than go back to the worker that just failed.
+  // A prefill worker other than the one a retry avoids is up but holds its share: with a queue,
+  // the retry waits for room there rather than go back to the worker that just failed.
   bool full_prefill_up = false;
   for (size_t i = 0; i < p_candidates.size(); ++i) {
     if (static_cast<int>(i) != exclude_prefill && prefill_up[i] && !p_candidates[i].up) {
       full_prefill_up = true;
     }
   }
-  bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
-  {
-    absl::MutexLock lock(&request->mu);
-    full_one_up = FullDecodeUp(*request, choice);
-    // The workers that had no room for this choice are not asked again before it waits.
-    for (int full : request->choices[static_cast<size_t>(choice)].full_decode) {
-      d_candidates[static_cast<size_t>(full)].up = false;
-    }
-  }
+  const bool wait_for_full_prefill = exclude_prefill >= 0 && full_prefill_up && queue_ != nullptr;
   int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
   int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
   // A retry prefers another worker but takes the same one when it is the only one up; not when
   // a full one is up: the choice waits for room there rather than retry the one that failed.
-  if (p < 0 && exclude_prefill >= 0 && !full_prefill_up)
+  if (p < 0 && exclude_prefill >= 0 && !wait_for_full_prefill)
     p = prefill_policy_->Pick(p_candidates, request->prepared.prompt);
   if (d < 0 && exclude_decode >= 0 && !full_one_up)
     d = decode_policy_->Pick(d_candidates, request->prepared.prompt);
@@ -201,11 +208,8 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   bool queued = false;
   if (p < 0 || d < 0) {
     absl::MutexLock lock(&request->mu);
-    if (p < 0 && (prefill_full || (exclude_prefill >= 0 && full_prefill_up))) {
+    if (p < 0 && (prefill_full || wait_for_full_prefill)) {
       request->waits_for_prefill = true;
-      if (exclude_prefill >= 0) {
-        request->choices[static_cast<size_t>(choice)].failed_prefill = exclude_prefill;
-      }
       if (!request->ended) Enqueue(*request, choice, &actions);
       queued = !request->ended;
     } else if (p >= 0 && full_one_up) {
@@ -392,6 +396,7 @@ bool RouterService::Reserved(Request& request, Attempt& attempt, Actions* action
   attempt.decode->RecordSuccess();
   attempt.ticket_id = attempt.reserved.ticket().ticket_id();
   Choice& c = request.choices[static_cast<size_t>(attempt.choice)];
+  c.failed_prefill = -1;  // its prefill worker is chosen: a later retry may ask any one again
   // Room was found: the queue's next entry gets a try too (room may be left).
   if (attempt.from_queue && queue_ != nullptr) queue_->Admitted();
   request.EndWait(attempt.choice, "admitted");

@@ -191,6 +191,10 @@ class RouterService : public frontend::GenerationService {
   // requests as not to be picked; returns whether that left none of those up (the choice waits
   // for prefill room). Always false with no cap.
   bool PrefillFull(std::vector<Candidate>* candidates) const;
+  // REQUIRES: the choice's request.mu held. " after prefill worker X failed it" when a prefill
+  // worker failed `choice` and its retry waits for room on another (Choice::failed_prefill),
+  // else empty: the end of a prefill_busy message.
+  std::string FailedPrefillDetail(const Choice& choice) const;
   // REQUIRES: request.mu held. Whether a decode worker that is up has not answered "no room" for
   // `choice` yet.
   bool DecodeLeftToAsk(Request& request, int choice) const

@@ -154,6 +154,86 @@ TEST_F(PrefillAdmissionTest, ARetryWaitsForTheFullWorkerRatherThanTheOneThatFail
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
 }
 
+// The retry's tries after a full decode worker answered "no room" still avoid the prefill
+// worker that failed (d0 is always full here; every choice ends up on d1). Whether a try that
+// forgot the failed worker would pick it depends on the round robin's turn: the first form of
+// the fix, which forgot it there (review), passed this too.
+TEST_F(PrefillAdmissionTest, ARetryAvoidsTheFailedWorkerAfterAFullDecodeWorkerToo) {
+  AddSecondPrefill();
+  prefill_->fail_first = 100;  // p0 fails every call
+  prefill_->delay_ms = 150;
+  second_prefill_->delay_ms = 500;
+  decode_[0]->slots = 0;
+  decode_[1]->generate_wait_ms = 700;
+  max_prefills_per_worker_ = 1;
+  auto service = MakeService(/*decode_workers=*/2);
+  auto first = std::make_shared<CollectingSink>();
+  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
+  absl::SleepFor(absl::Milliseconds(30));
+  auto second = Run(*service, Completion({3, 4}, 2));
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_FALSE(first->failed) << first->error.message;
+  EXPECT_EQ(Prefills(*prefill_), 1u) << "the failed worker was asked again";
+  EXPECT_EQ(Prefills(*second_prefill_), 2u);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// The same failure without a queue (queue_timeout 0): nothing can wait, so the retry goes back
+// to the failed worker as before (here it answers the second time).
+TEST_F(PrefillAdmissionTest, WithoutAQueueTheRetryGoesBackToTheFailedWorker) {
+  AddSecondPrefill();
+  prefill_->fail_first = 1;
+  prefill_->delay_ms = 150;
+  second_prefill_->delay_ms = 500;
+  decode_[0]->generate_wait_ms = 700;
+  max_prefills_per_worker_ = 1;
+  queue_timeout_ = absl::ZeroDuration();
+  auto service = MakeService();
+  auto first = std::make_shared<CollectingSink>();
+  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
+  absl::SleepFor(absl::Milliseconds(30));
+  auto second = Run(*service, Completion({3, 4}, 2));
+  EXPECT_FALSE(second->failed) << second->error.message;
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_FALSE(first->failed) << first->error.message;
+  EXPECT_EQ(Prefills(*prefill_), 2u);  // failed, then answered
+  EXPECT_EQ(Prefills(*second_prefill_), 1u);
+  EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
+}
+
+// The retry's wait for room ends at queue_timeout like any prefill wait: 429 prefill_busy, whose
+// message names the worker that failed it.
+TEST_F(PrefillAdmissionTest, ARetryThatWaitsPastTheTimeoutNamesTheWorkerThatFailed) {
+  AddSecondPrefill();
+  prefill_->fail_first = 100;
+  prefill_->delay_ms = 150;
+  second_prefill_->delay_ms = 3000;
+  decode_[0]->generate_wait_ms = 4000;
+  max_prefills_per_worker_ = 1;
+  queue_timeout_ = absl::Milliseconds(300);
+  auto service = MakeService();
+  auto first = std::make_shared<CollectingSink>();
+  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
+  absl::SleepFor(absl::Milliseconds(30));
+  auto second = std::make_shared<CollectingSink>();
+  frontend::StartResult held = service->Start(Completion({3, 4}, 2), second);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(held));
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ASSERT_TRUE(first->failed);
+  EXPECT_EQ(first->error.http_status, 429);
+  EXPECT_EQ(first->error.code, "prefill_busy");
+  EXPECT_EQ(first->error.message,
+            "every prefill worker stayed busy (1 requests each, router.max_prefills_per_worker) "
+            "for the 300 ms the request may wait (router.queue_timeout_ms) after prefill worker "
+            "p0 failed it; retry later");
+  EXPECT_EQ(Prefills(*prefill_), 1u);  // not asked again
+  ASSERT_TRUE(second->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_FALSE(second->failed) << second->error.message;
+}
+
 // max_prefills_per_worker 0: no cap, every request goes to the prefill worker at once (its own
 // queue), each with its decode reservation.
 TEST_F(PrefillAdmissionTest, NoPrefillShareSendsEveryRequestAtOnce) {
