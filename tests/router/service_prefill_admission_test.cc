@@ -6,6 +6,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "tests/router/service_fixture.h"
@@ -45,6 +47,34 @@ class PrefillAdmissionTest : public RouterServiceTest {
       absl::SleepFor(absl::Milliseconds(5));
     }
     return sinks;
+  }
+
+  // Two prefill workers, room for one request each (set before MakeService): p0 fails its first
+  // `p0_failures` calls (UNAVAILABLE, 150 ms in: a worker that died, not yet marked down), p1
+  // answers after `p1_ms`.
+  void FailingP0AndSlowP1(int p0_failures, int p1_ms) {
+    AddSecondPrefill();
+    prefill_->fail_first = p0_failures;
+    prefill_->delay_ms = 150;
+    second_prefill_->delay_ms = p1_ms;
+    max_prefills_per_worker_ = 1;
+  }
+
+  // Starts two completions 30 ms apart: p0 takes the first, p1 the second (p0 holds its share).
+  // Their sinks; their generations go to `generations`.
+  std::pair<std::shared_ptr<CollectingSink>, std::shared_ptr<CollectingSink>> StartOnP0ThenP1(
+      RouterService& service, std::vector<std::unique_ptr<frontend::Generation>>* generations) {
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (int i = 0; i < 2; ++i) {
+      if (i > 0) absl::SleepFor(absl::Milliseconds(30));
+      sinks.push_back(std::make_shared<CollectingSink>());
+      frontend::StartResult started = service.Start(Completion({1, 2 + i}, 2), sinks.back());
+      EXPECT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(started));
+      if (auto* g = std::get_if<std::unique_ptr<frontend::Generation>>(&started)) {
+        generations->push_back(std::move(*g));
+      }
+    }
+    return {sinks[0], sinks[1]};
   }
 };
 
@@ -131,22 +161,15 @@ TEST_F(PrefillAdmissionTest, PrefillShareFullIs429AtOnceWithoutAQueue) {
 // holds its share: the retry waits in the queue for room on the full one and is served there; it
 // does not go back to the failed worker (which would fail again and end the request with a 503).
 TEST_F(PrefillAdmissionTest, ARetryWaitsForTheFullWorkerRatherThanTheOneThatFailed) {
-  AddSecondPrefill();
-  prefill_->fail_first = 2;  // p0: every call fails, after 150 ms
-  prefill_->delay_ms = 150;
-  second_prefill_->delay_ms = 500;  // p1: holds its one request for 500 ms
-  decode_[0]->generate_wait_ms =
-      700;  // no token before the prefill answered (a real worker's wait)
-  max_prefills_per_worker_ = 1;
+  FailingP0AndSlowP1(/*p0_failures=*/2, /*p1_ms=*/500);
+  decode_[0]->generate_wait_ms = 700;  // no token before the prefill answered (a real worker)
   auto service = MakeService();
-  auto first = std::make_shared<CollectingSink>();
-  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
-  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
-  absl::SleepFor(absl::Milliseconds(30));  // p0 holds the first request: the second goes to p1
-  auto second = Run(*service, Completion({3, 4}, 2));
-  EXPECT_FALSE(second->failed) << second->error.message;
-  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  EXPECT_FALSE(first->failed) << first->error.message;
+  std::vector<std::unique_ptr<frontend::Generation>> generations;
+  auto [first, second] = StartOnP0ThenP1(*service, &generations);
+  for (const auto& sink : {first, second}) {
+    ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    EXPECT_FALSE(sink->failed) << sink->error.message;
+  }
   EXPECT_EQ(Prefills(*prefill_), 1u);         // asked once, not again on the retry
   EXPECT_EQ(Prefills(*second_prefill_), 2u);  // the second request, then the first's retry
   const std::string metrics = service->MetricsText();
@@ -159,21 +182,16 @@ TEST_F(PrefillAdmissionTest, ARetryWaitsForTheFullWorkerRatherThanTheOneThatFail
 // forgot the failed worker would pick it depends on the round robin's turn: the first form of
 // the fix, which forgot it there (review), passed this too.
 TEST_F(PrefillAdmissionTest, ARetryAvoidsTheFailedWorkerAfterAFullDecodeWorkerToo) {
-  AddSecondPrefill();
-  prefill_->fail_first = 100;  // p0 fails every call
-  prefill_->delay_ms = 150;
-  second_prefill_->delay_ms = 500;
+  FailingP0AndSlowP1(/*p0_failures=*/100, /*p1_ms=*/500);
   decode_[0]->slots = 0;
   decode_[1]->generate_wait_ms = 700;
-  max_prefills_per_worker_ = 1;
   auto service = MakeService(/*decode_workers=*/2);
-  auto first = std::make_shared<CollectingSink>();
-  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
-  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
-  absl::SleepFor(absl::Milliseconds(30));
-  auto second = Run(*service, Completion({3, 4}, 2));
-  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  EXPECT_FALSE(first->failed) << first->error.message;
+  std::vector<std::unique_ptr<frontend::Generation>> generations;
+  auto [first, second] = StartOnP0ThenP1(*service, &generations);
+  for (const auto& sink : {first, second}) {
+    ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    EXPECT_FALSE(sink->failed) << sink->error.message;
+  }
   EXPECT_EQ(Prefills(*prefill_), 1u) << "the failed worker was asked again";
   EXPECT_EQ(Prefills(*second_prefill_), 2u);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
@@ -182,22 +200,16 @@ TEST_F(PrefillAdmissionTest, ARetryAvoidsTheFailedWorkerAfterAFullDecodeWorkerTo
 // The same failure without a queue (queue_timeout 0): nothing can wait, so the retry goes back
 // to the failed worker as before (here it answers the second time).
 TEST_F(PrefillAdmissionTest, WithoutAQueueTheRetryGoesBackToTheFailedWorker) {
-  AddSecondPrefill();
-  prefill_->fail_first = 1;
-  prefill_->delay_ms = 150;
-  second_prefill_->delay_ms = 500;
+  FailingP0AndSlowP1(/*p0_failures=*/1, /*p1_ms=*/500);
   decode_[0]->generate_wait_ms = 700;
-  max_prefills_per_worker_ = 1;
   queue_timeout_ = absl::ZeroDuration();
   auto service = MakeService();
-  auto first = std::make_shared<CollectingSink>();
-  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
-  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
-  absl::SleepFor(absl::Milliseconds(30));
-  auto second = Run(*service, Completion({3, 4}, 2));
-  EXPECT_FALSE(second->failed) << second->error.message;
-  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  EXPECT_FALSE(first->failed) << first->error.message;
+  std::vector<std::unique_ptr<frontend::Generation>> generations;
+  auto [first, second] = StartOnP0ThenP1(*service, &generations);
+  for (const auto& sink : {first, second}) {
+    ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    EXPECT_FALSE(sink->failed) << sink->error.message;
+  }
   EXPECT_EQ(Prefills(*prefill_), 2u);  // failed, then answered
   EXPECT_EQ(Prefills(*second_prefill_), 1u);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
@@ -206,21 +218,12 @@ TEST_F(PrefillAdmissionTest, WithoutAQueueTheRetryGoesBackToTheFailedWorker) {
 // The retry's wait for room ends at queue_timeout like any prefill wait: 429 prefill_busy, whose
 // message names the worker that failed it.
 TEST_F(PrefillAdmissionTest, ARetryThatWaitsPastTheTimeoutNamesTheWorkerThatFailed) {
-  AddSecondPrefill();
-  prefill_->fail_first = 100;
-  prefill_->delay_ms = 150;
-  second_prefill_->delay_ms = 3000;
+  FailingP0AndSlowP1(/*p0_failures=*/100, /*p1_ms=*/3000);
   decode_[0]->generate_wait_ms = 4000;
-  max_prefills_per_worker_ = 1;
   queue_timeout_ = absl::Milliseconds(300);
   auto service = MakeService();
-  auto first = std::make_shared<CollectingSink>();
-  frontend::StartResult running = service->Start(Completion({1, 2}, 2), first);
-  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(running));
-  absl::SleepFor(absl::Milliseconds(30));
-  auto second = std::make_shared<CollectingSink>();
-  frontend::StartResult held = service->Start(Completion({3, 4}, 2), second);
-  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<frontend::Generation>>(held));
+  std::vector<std::unique_ptr<frontend::Generation>> generations;
+  auto [first, second] = StartOnP0ThenP1(*service, &generations);
   ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   ASSERT_TRUE(first->failed);
   EXPECT_EQ(first->error.http_status, 429);
