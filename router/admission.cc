@@ -127,7 +127,7 @@ bool RouterService::Admit(const std::shared_ptr<Request>& request, int choice) {
     dispatch = request->Move(choice, ChoiceEvent::kLeaveQueue, &actions) && !request->ended &&
                !request->cancelled.load();
     if (dispatch) request->MoveOthers(ChoiceEvent::kLeaveQueue, &actions);
-    // A new round: ask them all (but a prefill worker that failed this choice, Dispatch).
+    // A new round: ask them all (Dispatch still avoids an unreachable prefill worker).
     if (dispatch) request->choices[static_cast<size_t>(choice)].full_decode.clear();
   }
   RunActions(actions);

@@ -166,40 +166,38 @@ bool RouterService::Dispatch(const std::shared_ptr<Request>& request, int choice
   };
   std::vector<Candidate> p_candidates = candidates(prefill);
   std::vector<Candidate> d_candidates = candidates(decode);
-  // Every prefill worker that is up holds max_prefills_per_worker of this router's requests:
-  // the choice waits here, where no lease runs, rather than in a prefill worker's queue with
-  // decode pages reserved.
-  bool full_one_up = false;  // a decode worker that is up said "no room" for this choice
+  bool full_one_up = false;           // a decode worker that is up said "no room" for this choice
+  bool unreachable_excluded = false;  // exclude_prefill is a worker that could not be reached
   {
     absl::MutexLock lock(&request->mu);
     Choice& c = request->choices[static_cast<size_t>(choice)];
-    // A retry after a prefill failure avoids that worker until the choice holds a reservation,
-    // also on the tries that a full decode worker or the queue makes after it.
-    if (exclude_prefill >= 0) {
-      c.failed_prefill = exclude_prefill;
-    } else {
-      exclude_prefill = c.failed_prefill;
-    }
+    // A prefill worker that could not be reached (Choice::failed_prefill) is avoided until the
+    // choice holds a reservation, also on the tries a full decode worker or the queue makes.
+    if (exclude_prefill < 0) exclude_prefill = c.failed_prefill;
+    unreachable_excluded = exclude_prefill >= 0 && exclude_prefill == c.failed_prefill;
     full_one_up = FullDecodeUp(*request, choice);
     // The workers that had no room for this choice are not asked again before it waits.
     for (int full : c.full_decode) d_candidates[static_cast<size_t>(full)].up = false;
   }
   std::vector<bool> prefill_up;
   for (const Candidate& c : p_candidates) prefill_up.push_back(c.up);
+  // Every prefill worker that is up holds max_prefills_per_worker of this router's requests:
+  // the choice waits here, where no lease runs, rather than in a prefill worker's queue with
+  // decode pages reserved.
   const bool prefill_full = PrefillFull(&p_candidates);
-  // A prefill worker other than the one a retry avoids is up but holds its share: with a queue,
-  // the retry waits for room there rather than go back to the worker that just failed.
+  // A prefill worker other than the unreachable one a retry avoids is up but holds its share:
+  // with a queue, the retry waits for room there rather than go back to the unreachable one.
   bool full_prefill_up = false;
   for (size_t i = 0; i < p_candidates.size(); ++i) {
     if (static_cast<int>(i) != exclude_prefill && prefill_up[i] && !p_candidates[i].up) {
       full_prefill_up = true;
     }
   }
-  const bool wait_for_full_prefill = exclude_prefill >= 0 && full_prefill_up && queue_ != nullptr;
+  const bool wait_for_full_prefill = unreachable_excluded && full_prefill_up && queue_ != nullptr;
   int p = prefill_policy_->Pick(p_candidates, request->prepared.prompt, exclude_prefill);
   int d = decode_policy_->Pick(d_candidates, request->prepared.prompt, exclude_decode);
   // A retry prefers another worker but takes the same one when it is the only one up; not when
-  // a full one is up: the choice waits for room there rather than retry the one that failed.
+  // it was unreachable and a full one is up (with a queue): the choice waits for room there.
   if (p < 0 && exclude_prefill >= 0 && !wait_for_full_prefill)
     p = prefill_policy_->Pick(p_candidates, request->prepared.prompt);
   if (d < 0 && exclude_decode >= 0 && !full_one_up)
@@ -541,6 +539,13 @@ void RouterService::OnPrefilled(const std::shared_ptr<Request>& request,
             .Increment();
         request->AbortAll(&actions);  // the whole group goes again
         (decode_peer ? retry_decode : retry) = true;
+        // Unreachable (connection refused or reset, or marked down while it prefilled): its
+        // retry, and the tries after it, avoid it rather than come back while it is not yet
+        // marked down. A timeout or a full queue there is not that: they may come back to it.
+        if (!decode_peer && code == grpc::StatusCode::UNAVAILABLE) {
+          request->choices[static_cast<size_t>(attempt->choice)].failed_prefill =
+              attempt->prefill_index;
+        }
       } else {
         request->Fail(PrefillError(failure, attempt->prefill->name(), attempt->decode->name()),
                       &actions);

@@ -152,9 +152,10 @@ struct RouterService::Choice {
   // reset once it holds a reservation); its queue ticket (kept while it is being tried, so a try
   // that finds no room keeps its place); whether it ever held a reservation.
   std::vector<int> full_decode;
-  // The prefill worker that failed this choice's last prefill: Dispatch avoids it (with a queue,
-  // the retry waits for room on a full one rather than go back to it), also on the tries a full
-  // decode worker or the queue makes, until the choice holds a reservation. -1: none.
+  // The prefill worker that could not be reached for this choice's last prefill (UNAVAILABLE):
+  // Dispatch avoids it (with a queue, the retry waits for room on a full one rather than go back
+  // to it), also on the tries a full decode worker or the queue makes, until the choice holds a
+  // reservation. -1: none.
   int failed_prefill = -1;
   std::optional<absl::Time> queued_since;
   uint64_t queue_ticket = 0;

@@ -95,7 +95,7 @@ class RouterServiceTest : public ::testing::Test {
     }
     options.decode_policy = decode_policy;
     if (second_prefill_) options.prefill.push_back(WorkerAt("p1", second_prefill_server_->port()));
-    options.prefill_policy = PolicyKind::kRoundRobin;
+    options.prefill_policy = prefill_policy_;
     if (prefill_timeout_) options.prefill_timeout = *prefill_timeout_;
     if (reserve_timeout_) options.reserve_timeout = *reserve_timeout_;
     if (queue_timeout_) options.queue_timeout = *queue_timeout_;
@@ -162,6 +162,7 @@ class RouterServiceTest : public ::testing::Test {
   std::optional<absl::Duration> reserve_timeout_;
   std::optional<absl::Duration> queue_timeout_;
   std::optional<int64_t> max_prefills_per_worker_;
+  PolicyKind prefill_policy_ = PolicyKind::kRoundRobin;
   std::optional<absl::Duration> canary_timeout_;
   std::optional<absl::Duration> stall_timeout_;  // set: canaries on, with this deadline
 

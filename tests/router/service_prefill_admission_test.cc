@@ -178,11 +178,11 @@ TEST_F(PrefillAdmissionTest, ARetryWaitsForTheFullWorkerRatherThanTheOneThatFail
 }
 
 // The retry's tries after a full decode worker answered "no room" still avoid the prefill
-// worker that failed (d0 is always full here; every choice ends up on d1). Whether a try that
-// forgot the failed worker would pick it depends on the round robin's turn: the first form of
-// the fix, which forgot it there (review), passed this too.
+// worker that failed (d0 is always full here; every choice ends up on d1). least_load breaks
+// ties by the lowest index, so a try that forgot the failed worker would pick p0.
 TEST_F(PrefillAdmissionTest, ARetryAvoidsTheFailedWorkerAfterAFullDecodeWorkerToo) {
   FailingP0AndSlowP1(/*p0_failures=*/100, /*p1_ms=*/500);
+  prefill_policy_ = PolicyKind::kLeastLoad;
   decode_[0]->slots = 0;
   decode_[1]->generate_wait_ms = 700;
   auto service = MakeService(/*decode_workers=*/2);
