@@ -76,6 +76,16 @@ class PrefillAdmissionTest : public RouterServiceTest {
     }
     return {sinks[0], sinks[1]};
   }
+
+  // StartOnP0ThenP1, then waits for both: each must be served.
+  void RunOnP0ThenP1AndExpectBothServed(RouterService& service) {
+    std::vector<std::unique_ptr<frontend::Generation>> generations;
+    auto [first, second] = StartOnP0ThenP1(service, &generations);
+    for (const auto& sink : {first, second}) {
+      ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+      EXPECT_FALSE(sink->failed) << sink->error.message;
+    }
+  }
 };
 
 // Three requests at once on one prefill worker with room for one: the second and third wait in
@@ -164,12 +174,7 @@ TEST_F(PrefillAdmissionTest, ARetryWaitsForTheFullWorkerRatherThanTheOneThatFail
   FailingP0AndSlowP1(/*p0_failures=*/2, /*p1_ms=*/500);
   decode_[0]->generate_wait_ms = 700;  // no token before the prefill answered (a real worker)
   auto service = MakeService();
-  std::vector<std::unique_ptr<frontend::Generation>> generations;
-  auto [first, second] = StartOnP0ThenP1(*service, &generations);
-  for (const auto& sink : {first, second}) {
-    ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    EXPECT_FALSE(sink->failed) << sink->error.message;
-  }
+  RunOnP0ThenP1AndExpectBothServed(*service);
   EXPECT_EQ(Prefills(*prefill_), 1u);         // asked once, not again on the retry
   EXPECT_EQ(Prefills(*second_prefill_), 2u);  // the second request, then the first's retry
   const std::string metrics = service->MetricsText();
@@ -186,12 +191,7 @@ TEST_F(PrefillAdmissionTest, ARetryAvoidsTheFailedWorkerAfterAFullDecodeWorkerTo
   decode_[0]->slots = 0;
   decode_[1]->generate_wait_ms = 700;
   auto service = MakeService(/*decode_workers=*/2);
-  std::vector<std::unique_ptr<frontend::Generation>> generations;
-  auto [first, second] = StartOnP0ThenP1(*service, &generations);
-  for (const auto& sink : {first, second}) {
-    ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    EXPECT_FALSE(sink->failed) << sink->error.message;
-  }
+  RunOnP0ThenP1AndExpectBothServed(*service);
   EXPECT_EQ(Prefills(*prefill_), 1u) << "the failed worker was asked again";
   EXPECT_EQ(Prefills(*second_prefill_), 2u);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
@@ -204,12 +204,7 @@ TEST_F(PrefillAdmissionTest, WithoutAQueueTheRetryGoesBackToTheFailedWorker) {
   decode_[0]->generate_wait_ms = 700;
   queue_timeout_ = absl::ZeroDuration();
   auto service = MakeService();
-  std::vector<std::unique_ptr<frontend::Generation>> generations;
-  auto [first, second] = StartOnP0ThenP1(*service, &generations);
-  for (const auto& sink : {first, second}) {
-    ASSERT_TRUE(sink->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    EXPECT_FALSE(sink->failed) << sink->error.message;
-  }
+  RunOnP0ThenP1AndExpectBothServed(*service);
   EXPECT_EQ(Prefills(*prefill_), 2u);  // failed, then answered
   EXPECT_EQ(Prefills(*second_prefill_), 1u);
   EXPECT_TRUE(Eventually([&] { return service->in_flight() == 0; }));
